@@ -1,0 +1,165 @@
+"""Ring-buffer index arithmetic shared by every buffer: the ONE place wrap-around lives.
+
+Conventions (all buffers):
+
+* A ring has a static ``capacity`` (Python int) and two int32 scalars: ``head``, the physical
+  slot the next item is written to (in ``[0, capacity)``), and ``num_valid``, how many slots hold
+  data (in ``[0, capacity]``). Writes start at slot 0, so until the ring is full the valid slots are
+  exactly ``[0, num_valid)``; once full, ``head`` is also the oldest slot.
+* A *logical* index counts valid items from the oldest (0) to the newest (``num_valid - 1``);
+  :func:`logical_to_physical` maps it to a slot.
+* A *window* of ``length`` consecutive items starting at logical index ``k`` is valid when
+  ``k + length <= num_valid``: it then never straddles the write head (it never mixes the oldest
+  data with data written after wrap-around). Window starts are counted from the oldest valid item,
+  so a ``period`` keeps its meaning after wrap-around: the starts are ``0, period, 2*period, ...``.
+* The number of items ever added is kept in a two-word int32 counter (``[high, low]``, ``low`` in
+  ``[0, 2**30)``) so it never overflows silently (exact up to 2**61 items).
+
+Every function here is pure and jittable; ``capacity``, ``batch_size``, ``length`` and ``period``
+are static Python ints, the rest may be traced.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_LOW_BITS = 30
+_LOW_MASK = (1 << _LOW_BITS) - 1
+
+
+def check_batch_fits(batch_size: int, capacity: int, what: str = "batch") -> None:
+    """Raise ``ValueError`` unless ``0 < batch_size <= capacity`` (trace time: shapes are static)."""
+    if batch_size > capacity:
+        raise ValueError(
+            f"{what}: a batch of {batch_size} items does not fit a ring of capacity {capacity}; "
+            f"split it or create the buffer with capacity >= {batch_size}"
+        )
+    if batch_size < 1:
+        raise ValueError(f"{what}: expected at least one item along the batch axis, got {batch_size}")
+
+
+def write_indices(head: jax.Array, batch_size: int, capacity: int) -> jax.Array:
+    """Physical slots written by a batch of ``batch_size`` items starting at ``head``.
+
+    Returns:
+      int32[batch_size]: ``(head + arange(batch_size)) % capacity``; item ``i`` of the batch goes to
+      slot ``out[i]``. The oldest slots are overwritten first.
+    """
+    return (jnp.asarray(head, jnp.int32) + jnp.arange(batch_size, dtype=jnp.int32)) % capacity
+
+
+def advance(head: jax.Array, num_valid: jax.Array, batch_size: int, capacity: int):
+    """Ring state after writing ``batch_size`` items.
+
+    Returns:
+      ``(new_head, new_num_valid)``, int32 scalars: ``(head + B) % capacity`` and
+      ``min(num_valid + B, capacity)``.
+    """
+    new_head = (head + batch_size) % capacity
+    new_num_valid = jnp.minimum(num_valid + batch_size, capacity)
+    return new_head.astype(jnp.int32), new_num_valid.astype(jnp.int32)
+
+
+def write(storage: jax.Array, batch: jax.Array, head: jax.Array, axis: int = 0) -> jax.Array:
+    """Write ``batch`` into ``storage`` along ``axis`` at slots ``head, head+1, ...`` with wrap-around.
+
+    Args:
+      storage: ``[..., capacity, ...]`` with the ring along ``axis``.
+      batch: same shape as ``storage`` except ``batch_size <= capacity`` along ``axis``; same dtype.
+      head: int32 scalar, first slot to write.
+      axis: the ring axis (0 for item buffers, 1 for per-lane ``[num_envs, length, ...]`` storage).
+
+    Cost is O(batch): a scatter with unique in-bounds indices, which XLA performs in place when the
+    storage is donated (measured against dynamic-update-slice variants; see docs/benchmarks.md).
+    """
+    capacity = storage.shape[axis]
+    idx = write_indices(head, batch.shape[axis], capacity)
+    where = (slice(None),) * axis + (idx,)
+    return storage.at[where].set(batch, unique_indices=True, mode="promise_in_bounds")
+
+
+def oldest(head: jax.Array, num_valid: jax.Array, capacity: int) -> jax.Array:
+    """Physical slot of the oldest valid item (int32 scalar; ``head`` once the ring is full)."""
+    return ((head - num_valid) % capacity).astype(jnp.int32)
+
+
+def logical_to_physical(logical: jax.Array, head: jax.Array, num_valid: jax.Array, capacity: int):
+    """Map logical indices (0 = oldest valid item) to physical slots, int32, same shape."""
+    return ((oldest(head, num_valid, capacity) + logical) % capacity).astype(jnp.int32)
+
+
+def physical_to_logical(physical: jax.Array, head: jax.Array, num_valid: jax.Array, capacity: int):
+    """Inverse of :func:`logical_to_physical`; invalid slots map to values ``>= num_valid``."""
+    return ((physical - oldest(head, num_valid, capacity)) % capacity).astype(jnp.int32)
+
+
+def num_windows(num_valid: jax.Array, length: int, period: int = 1) -> jax.Array:
+    """How many windows of ``length`` items, starting every ``period`` items from the oldest,
+    lie wholly inside the valid range (never straddling the write head). int32 scalar, >= 0."""
+    if length < 1 or period < 1:
+        raise ValueError(f"window length and period must be >= 1, got length={length}, period={period}")
+    room = num_valid - length
+    return jnp.where(room >= 0, room // period + 1, 0).astype(jnp.int32)
+
+
+def window_starts(
+    window_ids: jax.Array, head: jax.Array, num_valid: jax.Array, capacity: int, period: int = 1
+) -> jax.Array:
+    """Physical start slot of window number ``window_ids`` (0-based, counted from the oldest valid item).
+
+    Window ``k`` covers logical items ``[k * period, k * period + length)``; callers draw ``k`` in
+    ``[0, num_windows(...))``. Returns int32 with the shape of ``window_ids``.
+    """
+    return logical_to_physical(window_ids * period, head, num_valid, capacity)
+
+
+def window_slots(starts: jax.Array, length: int, capacity: int) -> jax.Array:
+    """Physical slots of windows: ``starts[..., None] + arange(length)`` modulo ``capacity`` (int32)."""
+    return ((starts[..., None] + jnp.arange(length, dtype=jnp.int32)) % capacity).astype(jnp.int32)
+
+
+def sample_windows(
+    key: jax.Array,
+    shape: tuple[int, ...],
+    head: jax.Array,
+    num_valid: jax.Array,
+    capacity: int,
+    length: int = 1,
+    period: int = 1,
+) -> jax.Array:
+    """Uniformly sample physical start slots of valid windows (with replacement).
+
+    When no window is valid the draw is slot ``oldest`` (defined, never out of range); callers
+    expose ``can_sample`` so users can tell.
+    """
+    n = jnp.maximum(num_windows(num_valid, length, period), 1)
+    k = jax.random.randint(key, shape, 0, n, dtype=jnp.int32)
+    return window_starts(k, head, num_valid, capacity, period)
+
+
+# ---------------------------------------------------------------------------------------------
+# Overflow-safe count of items ever added.
+
+
+def counter_zero() -> jax.Array:
+    """A zero count: int32[2] ``[high, low]``."""
+    return jnp.zeros((2,), jnp.int32)
+
+
+def counter_add(counter: jax.Array, n) -> jax.Array:
+    """Add ``n`` (``0 <= n < 2**30``) to a two-word counter; exact, never wraps below 2**61."""
+    low = counter[1] + jnp.asarray(n, jnp.int32)
+    carry = low >> _LOW_BITS
+    return jnp.stack([counter[0] + carry, low & _LOW_MASK]).astype(jnp.int32)
+
+
+def counter_value(counter) -> int:
+    """Host-side exact value of a two-word counter (a Python int; forces a device transfer).
+
+    A stacked counter (``[..., 2]``, e.g. under ``vmap``) gives a numpy int64 array instead.
+    """
+    c = np.asarray(counter).astype(np.int64)
+    value = (c[..., 0] << _LOW_BITS) + c[..., 1]
+    return int(value) if value.ndim == 0 else value

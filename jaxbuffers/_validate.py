@@ -1,0 +1,145 @@
+"""Trace-time checks of pytrees against the example item a buffer was created with.
+
+Every buffer stores an *item spec*: a pytree of ``jax.ShapeDtypeStruct`` describing one item (no
+batch axis). :func:`check_batch` compares a batch against it before anything is written, so wrong
+input fails while tracing with a message naming the leaf path (e.g. ``obs['pixels']``), the
+expected and the received shape or dtype. Nothing is ever cast: a float64 numpy batch for a float32
+field is an error, not a silent conversion.
+
+Errors raised:
+  * ``TypeError``  wrong tree structure, a leaf that is not an array, or a dtype mismatch.
+  * ``ValueError`` wrong per-item shape, inconsistent or missing leading (batch) axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def leaf_name(path) -> str:
+    """Readable name of a leaf path: ``obs['pixels']``, ``[0].reward``; ``<root>`` for a bare array."""
+    s = jax.tree_util.keystr(tuple(path))
+    return s if s else "<root>"
+
+
+def _is_array_like(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def item_spec(example: Any, what: str = "example_item") -> Any:
+    """The per-item spec (pytree of ``jax.ShapeDtypeStruct``) of an example item.
+
+    Leaves may be jax/numpy arrays or ``jax.ShapeDtypeStruct``; their dtypes are kept exactly
+    (a numpy float64 leaf with x64 disabled is rejected rather than narrowed). Python scalars are
+    rejected: their dtype would be a guess.
+
+    Raises:
+      TypeError: a leaf is not array-like, or its dtype cannot be stored by JAX as it is.
+      ValueError: the example has no leaves.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(example)
+    if not leaves:
+        raise ValueError(f"{what}: expected a pytree with at least one array leaf, got {example!r}")
+    specs = []
+    for path, leaf in leaves:
+        if not _is_array_like(leaf):
+            raise TypeError(
+                f"{what}{leaf_name(path) if path else ''}: expected an array or jax.ShapeDtypeStruct "
+                f"(its dtype is stored exactly), got {type(leaf).__name__} {leaf!r}; wrap it, e.g. "
+                f"jnp.float32({leaf!r})"
+            )
+        dtype = np.dtype(leaf.dtype)
+        canonical = jax.dtypes.canonicalize_dtype(dtype)
+        if canonical != dtype:
+            raise TypeError(
+                f"{what}{leaf_name(path) if path else ''}: dtype {dtype} cannot be stored without "
+                f"narrowing to {canonical} (jax_enable_x64 is off); pass a {canonical} example or "
+                f"enable x64"
+            )
+        specs.append(jax.ShapeDtypeStruct(tuple(leaf.shape), dtype))
+    return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+def _structure_error(spec, batch, what: str) -> TypeError:
+    exp = {leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(spec)[0]}
+    got = {leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(batch)[0]}
+    missing, extra = sorted(exp - got), sorted(got - exp)
+    detail = []
+    if missing:
+        detail.append(f"missing leaves {missing}")
+    if extra:
+        detail.append(f"unexpected leaves {extra}")
+    if not detail:
+        detail.append(
+            f"same leaf names but different containers: expected {jax.tree_util.tree_structure(spec)}, "
+            f"got {jax.tree_util.tree_structure(batch)}"
+        )
+    return TypeError(f"{what}: tree structure differs from the example item: " + "; ".join(detail))
+
+
+def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch") -> tuple[int, ...]:
+    """Check ``batch`` against ``spec`` with ``batch_ndim`` leading axes; return those axes' sizes.
+
+    Args:
+      spec: per-item pytree of ``jax.ShapeDtypeStruct`` (see :func:`item_spec`).
+      batch: pytree with the same structure; each leaf has shape ``lead + spec.shape`` where
+        ``lead`` (length ``batch_ndim``) is the same for every leaf, and exactly the spec's dtype.
+      batch_ndim: number of leading axes (1 for ``[B, ...]``, 2 for ``[num_envs, t, ...]``).
+      what: name used in error messages (``"batch"``, ``"step"``...).
+
+    Returns:
+      The leading shape ``lead`` (a tuple of Python ints).
+
+    Raises:
+      TypeError: structure differs, a leaf is not an array, or a dtype differs.
+      ValueError: a per-item shape differs, or the leading axes disagree between leaves.
+    """
+    spec_leaves, spec_def = jax.tree_util.tree_flatten(spec)
+    try:
+        batch_leaves = spec_def.flatten_up_to(batch)
+    except (ValueError, TypeError):
+        raise _structure_error(spec, batch, what) from None
+    if jax.tree_util.tree_structure(batch) != spec_def:
+        raise _structure_error(spec, batch, what)
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(spec)[0]]
+    lead: tuple[int, ...] | None = None
+    lead_from = ""
+    for path, s, leaf in zip(paths, spec_leaves, batch_leaves):
+        name = f"{what}{leaf_name(path) if path else ''}"
+        if not _is_array_like(leaf):
+            raise TypeError(f"{name}: expected an array, got {type(leaf).__name__}")
+        shape = tuple(leaf.shape)
+        expected_tail = tuple(s.shape)
+        if len(shape) != batch_ndim + len(expected_tail) or shape[batch_ndim:] != expected_tail:
+            lead_desc = ", ".join(["B", "T"][:batch_ndim]) if batch_ndim <= 2 else f"{batch_ndim} axes"
+            raise ValueError(
+                f"{name}: expected shape [{lead_desc}, *{list(expected_tail)}] "
+                f"(per-item shape {expected_tail} after {batch_ndim} leading axes), got {shape}"
+            )
+        if np.dtype(leaf.dtype) != np.dtype(s.dtype):
+            raise TypeError(
+                f"{name}: expected dtype {np.dtype(s.dtype)}, got {np.dtype(leaf.dtype)} "
+                f"(nothing is cast implicitly; convert it explicitly if that is what you want)"
+            )
+        if lead is None:
+            lead, lead_from = shape[:batch_ndim], name
+        elif shape[:batch_ndim] != lead:
+            raise ValueError(
+                f"{name}: leading axes {shape[:batch_ndim]} disagree with {lead_from}'s {lead}; "
+                f"every leaf of one batch must have the same leading axes"
+            )
+    assert lead is not None
+    return lead
+
+
+def spec_nbytes(spec: Any) -> int:
+    """Bytes of one item described by ``spec`` (sum over leaves)."""
+    return int(sum(np.prod(s.shape, dtype=np.int64) * np.dtype(s.dtype).itemsize for s in jax.tree_util.tree_leaves(spec)))
+
+
+def tree_nbytes(tree: Any) -> int:
+    """Total bytes of the array leaves of ``tree`` (works on arrays and ShapeDtypeStructs)."""
+    return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
