@@ -1,0 +1,120 @@
+"""Ring arithmetic, checked exhaustively for small sizes against a plain-Python model."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbuffers import _ring
+
+
+def model_after(capacity, batch_sizes):
+    """Plain-Python ring: list of (slot -> absolute item number), head, num_valid."""
+    slots = [None] * capacity
+    n = 0
+    for b in batch_sizes:
+        for _ in range(b):
+            slots[n % capacity] = n
+            n += 1
+    return slots, n % capacity, min(n, capacity), n
+
+
+def replay_state(capacity, batch_sizes):
+    head, num_valid = jnp.int32(0), jnp.int32(0)
+    for b in batch_sizes:
+        head, num_valid = _ring.advance(head, num_valid, b, capacity)
+    return head, num_valid
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3, 5, 8])
+def test_write_indices_and_advance_exhaustive(capacity):
+    for length in range(0, 4):
+        for batches in itertools.product(range(1, capacity + 1), repeat=length):
+            storage = jnp.full((capacity,), -1, jnp.int32)
+            head, num_valid = jnp.int32(0), jnp.int32(0)
+            n = 0
+            for b in batches:
+                idx = _ring.write_indices(head, b, capacity)
+                assert idx.dtype == jnp.int32
+                assert len(set(np.asarray(idx).tolist())) == b  # unique slots
+                storage = _ring.write(storage, jnp.arange(n, n + b, dtype=jnp.int32), head)
+                head, num_valid = _ring.advance(head, num_valid, b, capacity)
+                n += b
+            slots, m_head, m_valid, _ = model_after(capacity, batches)
+            assert int(head) == m_head and int(num_valid) == m_valid
+            got = np.asarray(storage).tolist()
+            assert got == [-1 if s is None else s for s in slots]
+            # logical order: oldest .. newest are the last m_valid items, in order
+            logical = jnp.arange(m_valid)
+            phys = _ring.logical_to_physical(logical, head, num_valid, capacity)
+            assert np.asarray(storage)[np.asarray(phys)].tolist() == list(range(n - m_valid, n))
+            back = _ring.physical_to_logical(phys, head, num_valid, capacity)
+            assert np.asarray(back).tolist() == list(range(m_valid))
+
+
+@pytest.mark.parametrize("capacity", [1, 4, 7, 8])
+def test_windows_never_straddle_write_head(capacity):
+    for n_added in range(0, 3 * capacity):
+        head, num_valid = replay_state(capacity, [1] * n_added)
+        storage = np.full(capacity, -1)
+        for i in range(n_added):
+            storage[i % capacity] = i
+        for length in range(1, capacity + 1):
+            for period in range(1, 4):
+                count = int(_ring.num_windows(num_valid, length, period))
+                valid = int(num_valid)
+                expected = 0 if valid < length else (valid - length) // period + 1
+                assert count == expected
+                starts = _ring.window_starts(jnp.arange(count), head, num_valid, capacity, period)
+                slots = np.asarray(_ring.window_slots(starts, length, capacity))
+                oldest = n_added - valid
+                for k, row in enumerate(slots):
+                    values = storage[row].tolist()
+                    first = oldest + k * period
+                    assert values == list(range(first, first + length))  # contiguous, in order
+
+
+def test_sample_windows_uniform_and_in_range():
+    capacity, length, period = 8, 3, 2
+    head, num_valid = replay_state(capacity, [1] * 11)
+    starts = _ring.sample_windows(jax.random.key(0), (4000,), head, num_valid, capacity, length, period)
+    # valid logical starts 0, 2, 4 -> items 3, 5, 7 -> physical slots 3, 5, 7
+    values, counts = np.unique(np.asarray(starts), return_counts=True)
+    assert values.tolist() == [3, 5, 7]
+    assert counts.min() > 1100  # ~1333 each
+    # empty ring: defined output (the oldest slot), never out of range
+    s = _ring.sample_windows(jax.random.key(1), (5,), jnp.int32(0), jnp.int32(0), capacity, length)
+    assert np.all(np.asarray(s) == 0)
+
+
+def test_check_batch_fits():
+    _ring.check_batch_fits(4, 4)
+    with pytest.raises(ValueError, match="does not fit a ring of capacity 4"):
+        _ring.check_batch_fits(5, 4)
+    with pytest.raises(ValueError, match="at least one item"):
+        _ring.check_batch_fits(0, 4)
+    with pytest.raises(ValueError, match="length and period"):
+        _ring.num_windows(jnp.int32(3), 0)
+
+
+def test_write_along_lane_axis():
+    storage = jnp.zeros((2, 5), jnp.int32)
+    batch = jnp.array([[1, 2, 3], [4, 5, 6]], jnp.int32)
+    out = _ring.write(storage, batch, jnp.int32(3), axis=1)
+    assert np.asarray(out).tolist() == [[3, 0, 0, 1, 2], [6, 0, 0, 4, 5]]
+
+
+def test_counter_never_overflows_int32():
+    c = _ring.counter_zero()
+    add = jax.jit(_ring.counter_add)
+    step = (1 << 30) - 1
+    total = 0
+    for _ in range(10):  # 10 * (2**30 - 1) > 2**33, far past int32
+        c = add(c, step)
+        total += step
+    assert _ring.counter_value(c) == total
+    assert c.dtype == jnp.int32
+    stacked = jnp.stack([c, _ring.counter_add(_ring.counter_zero(), 5)])
+    assert _ring.counter_value(stacked).tolist() == [total, 5]

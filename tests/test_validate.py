@@ -1,0 +1,73 @@
+"""Trace-time validation: errors name the leaf, the expected and the received shape/dtype."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbuffers import _validate
+
+SPEC = _validate.item_spec({"obs": {"pixels": jnp.zeros((2, 3), jnp.uint8), "vec": jnp.zeros(4)}, "a": jnp.int32(0)})
+
+
+def batch(b=5, **over):
+    out = {"obs": {"pixels": jnp.zeros((b, 2, 3), jnp.uint8), "vec": jnp.zeros((b, 4))}, "a": jnp.zeros((b,), jnp.int32)}
+    out.update(over)
+    return out
+
+
+def test_ok_returns_leading_axes():
+    assert _validate.check_batch(SPEC, batch(7)) == (7,)
+    two = jax.tree.map(lambda x: jnp.stack([x, x]), batch(3))
+    assert _validate.check_batch(SPEC, two, batch_ndim=2) == (2, 3)
+
+
+def test_works_on_tracers():
+    jax.jit(lambda b: _validate.check_batch(SPEC, b) and 0)(batch(2))
+
+
+def test_structure_names_missing_and_extra():
+    with pytest.raises(TypeError, match=r"missing leaves \[\"\['a'\]\"\]"):
+        _validate.check_batch(SPEC, {"obs": batch()["obs"]})
+    with pytest.raises(TypeError, match=r"unexpected leaves .*'b'"):
+        _validate.check_batch(SPEC, {**batch(), "b": jnp.zeros(5)})
+
+
+def test_shape_error_names_leaf():
+    bad = batch()
+    bad["obs"]["pixels"] = jnp.zeros((5, 3, 2), jnp.uint8)
+    with pytest.raises(ValueError, match=r"batch\['obs'\]\['pixels'\]: expected shape .*\(2, 3\).*got \(5, 3, 2\)"):
+        _validate.check_batch(SPEC, bad)
+
+
+def test_dtype_error_names_leaf_and_never_casts():
+    bad = batch()
+    bad["obs"]["vec"] = np.zeros((5, 4), np.float64)
+    with pytest.raises(TypeError, match=r"batch\['obs'\]\['vec'\]: expected dtype float32, got float64"):
+        _validate.check_batch(SPEC, bad)
+
+
+def test_inconsistent_leading_axes():
+    bad = batch()
+    bad["a"] = jnp.zeros((4,), jnp.int32)
+    with pytest.raises(ValueError, match=r"leading axes \(5,\) disagree with batch\['a'\]'s \(4,\)"):
+        _validate.check_batch(SPEC, bad)
+
+
+def test_non_array_leaf():
+    with pytest.raises(TypeError, match=r"expected an array"):
+        _validate.check_batch(SPEC, batch(a=1.0))
+    with pytest.raises(TypeError, match=r"example_item\['x'\].*expected an array"):
+        _validate.item_spec({"x": 1.0})
+
+
+def test_item_spec_rejects_silent_narrowing():
+    with pytest.raises(TypeError, match="float64"):
+        _validate.item_spec({"x": np.zeros(3, np.float64)})
+    with pytest.raises(ValueError, match="at least one array leaf"):
+        _validate.item_spec({})
+
+
+def test_nbytes():
+    assert _validate.spec_nbytes(SPEC) == 6 + 16 + 4
+    assert _validate.tree_nbytes(batch(10)) == 10 * 26
