@@ -1,0 +1,797 @@
+"""Per-environment trajectory storage: :class:`TrajectoryBuffer` and :class:`PrioritisedTrajectoryBuffer`.
+
+Layout
+------
+Every field of a step is stored in *lanes*, one per environment: leaves ``[num_envs, length, ...]``.
+All lanes are written together (one step ``[num_envs, ...]`` or a chunk ``[num_envs, t, ...]`` per
+``add``), so they share one ring (``head``, ``num_valid``; see :mod:`jaxbuffers._ring`, the only
+place wrap-around lives). ``num_valid`` counts steps *per lane*.
+
+Step convention (``DESIGN.md``)
+-------------------------------
+Step ``t`` of a lane is the transition ``obs_t --action_t--> obs_{t+1}``. A step is a dict with at
+least the fields ``obs`` (any pytree of arrays), ``action`` and ``reward`` (a floating scalar per
+step); other keys are extras stored alongside (their names are configurable in :meth:`create`).
+The episode flags are passed to :meth:`TrajectoryBuffer.add` explicitly:
+
+* ``terminated[t]``: ``obs_{t+1}`` is terminal (no bootstrap).
+* ``truncated[t]``: the episode was cut after step ``t`` (time limit); ``obs_{t+1}`` is *not*
+  terminal and must be bootstrapped from. A step both terminated and truncated counts as
+  terminated (Gymnasium's rule).
+* An *episode end* is a step that is terminated or truncated; step ``t`` starts an episode iff
+  step ``t - 1`` ended one.
+
+Observations are stored once: the next observation of step ``t`` is the ``obs`` of step ``t + 1``
+of the same lane. That is wrong exactly where an environment auto-resets: after an episode end
+step ``t + 1`` holds the *reset* observation. After termination it does not matter (the discount
+is 0). After truncation the true final observation is needed, so ``add`` takes it as
+``final_obs`` and keeps it in a **final-observation ring**: per lane, ``final_obs_capacity`` (K)
+slots, one written per truncated (and not terminated) step, each step remembering its slot.
+
+Trade-off of the final-observation ring. Memory is ``K`` observations per lane instead of
+``length`` (a full ``next_obs`` store doubles observation memory). It is exact as long as no lane
+holds more than ``K`` truncated steps at once, i.e. ``K >= length / (shortest truncated episode)``
+(with a time limit ``T_max``: ``K = ceil(length / T_max) + 1``). The default ``K = length`` is
+always exact. If a lane ever holds more than ``K`` truncated steps, the oldest final observations
+are overwritten, and the sticky flag :attr:`TrajectoryBuffer.final_obs_lost` becomes True
+(transitions bootstrapping from a lost final observation then read a newer one: check the flag,
+or size ``K`` as above).
+
+Sampling
+--------
+A *window* of ``w`` steps starting at a lane's logical step ``l`` (0 = oldest stored) is valid when
+``l + w <= num_valid``: it never straddles the write head. Sequences use ``w = sequence_length``;
+n-step transitions use ``w = n_step + 1`` (the window must include the step that holds
+``obs_{t+n}``), so the newest ``n_step`` steps of a lane are sampled once later steps arrive.
+Positions are flat ``index = lane * length + physical_slot``.
+
+Example::
+
+    import jax, jax.numpy as jnp
+    import jaxbuffers as jb
+
+    step = {"obs": jnp.zeros(17), "action": jnp.zeros(6), "reward": jnp.float32(0)}
+    buf = jb.TrajectoryBuffer.create(step, num_envs=8, length=1000)
+    batch = jax.tree.map(lambda x: jnp.stack([x] * 8), step)          # [num_envs, ...]
+    done = jnp.zeros(8, bool)
+    buf = buf.add(batch, terminated=done, truncated=done, final_obs=batch["obs"])
+    # ... more adds ...
+    seq = buf.sample_sequences(jax.random.key(0), 256, sequence_length=32)   # seq.item["obs"]: [256, 32, 17]
+    tr = buf.sample_transitions(jax.random.key(1), 256, n_step=3, gamma=0.99)
+
+References: Schaul, Quan, Antonoglou, Silver (2016), *Prioritized Experience Replay*, ICLR
+(proportional prioritisation, importance weights); Sutton & Barto (2018), section 7.1 (n-step
+returns); Gymnasium's ``terminated`` / ``truncated`` API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxbuffers import _ring, _validate
+from jaxbuffers.sum_tree import MinTree, SumTree
+
+__all__ = [
+    "TrajectoryBuffer",
+    "SequenceSample",
+    "TransitionSample",
+    "PrioritisedTrajectoryBuffer",
+    "PrioritisedTrajectorySample",
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# sample types
+
+
+class SequenceSample(NamedTuple):
+    """What :meth:`TrajectoryBuffer.sample_sequences` returns (``B`` sequences of ``L`` steps)."""
+
+    item: Any  # dict like the example step, leaves [B, L, ...], stored dtypes
+    terminated: jax.Array  # shape=[B, L], dtype=bool: episode flags of each step
+    truncated: jax.Array  # shape=[B, L], dtype=bool
+    mask: jax.Array  # shape=[B, L], dtype=bool: step j is in the first step's episode (no end in steps [0, j))
+    indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical slot of the first step
+
+
+class TransitionSample(NamedTuple):
+    """What :meth:`TrajectoryBuffer.sample_transitions` returns (``B`` n-step transitions).
+
+    With ``k`` the number of rewards used (``1 <= k <= n``, cut at the first episode end):
+    ``n_step_return = sum_{i<k} gamma^i r_{t+i}``, ``discount = gamma^k (1 - terminated_{t+k-1})``,
+    and the bootstrap target is ``n_step_return + discount * V(next_obs)``.
+    """
+
+    obs: Any  # obs_t, leaves [B, ...]
+    action: Any  # action_t, leaves [B, ...]
+    n_step_return: jax.Array  # shape=[B], dtype=reward dtype: G_t^(k)
+    discount: jax.Array  # shape=[B], dtype=reward dtype: gamma**k, 0 if step t+k-1 terminated
+    next_obs: Any  # obs_{t+k}, leaves [B, ...]: the true final obs after truncation; after termination the next stored obs (the reset obs; discount is 0)
+    num_steps: jax.Array  # shape=[B], dtype=int32: k
+    item: Any  # the whole step t (every field, extras included), leaves [B, ...]
+    indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical slot of step t
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _check_static_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
+        raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
+    if not hasattr(flag, "shape") or not hasattr(flag, "dtype"):
+        raise TypeError(f"{name}: expected a bool array of shape {list(lead)}, got {type(flag).__name__}")
+    if tuple(flag.shape) != tuple(lead):
+        raise ValueError(f"{name}: expected shape {list(lead)} (one flag per env and step), got {list(flag.shape)}")
+    if np.dtype(flag.dtype) != np.dtype(bool):
+        raise TypeError(f"{name}: expected dtype bool, got {np.dtype(flag.dtype)} (convert with .astype(bool))")
+    return jnp.asarray(flag)
+
+
+def _window_mask(ends: jax.Array) -> jax.Array:
+    """``mask[..., j]`` = no episode end among steps ``[0, j)`` of the window (bool, same shape)."""
+    before = jnp.cumsum(ends.astype(jnp.int32), axis=-1) - ends.astype(jnp.int32)
+    return before == 0
+
+
+def _flat_take(x: jax.Array, flat: jax.Array) -> jax.Array:
+    """``x[lane, slot]`` for ``x`` of shape ``[E, length, ...]`` and flat ids ``lane * length + slot``."""
+    e, n = x.shape[:2]
+    return jnp.take(x.reshape(e * n, *x.shape[2:]), flat, axis=0, mode="clip")
+
+
+def _gamma(gamma, dtype) -> jax.Array:
+    if gamma is None:
+        raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
+    g = jnp.asarray(gamma)
+    if g.ndim != 0:
+        raise ValueError(f"gamma: expected a scalar, got shape {g.shape}")
+    try:
+        gv = float(gamma)  # concrete values only; a traced gamma is not range-checked
+    except Exception:  # noqa: BLE001 - tracers raise a concretization error
+        gv = None
+    if gv is not None and not 0.0 <= gv <= 1.0:
+        raise ValueError(f"gamma: expected a value in [0, 1], got {gv}")
+    return g.astype(dtype)
+
+
+def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array, gamma) -> tuple:
+    """n-step return over windows of ``n`` steps, cut at the first episode end.
+
+    Args:
+      reward: float[..., n], rewards ``r_t .. r_{t+n-1}`` of one window per row.
+      terminated, truncated: bool[..., n], flags of the same steps.
+      gamma: scalar discount in [0, 1].
+
+    Returns:
+      ``(G, discount, k)`` with ``k = min(n, 1 + first j with an episode end at step t+j)``,
+
+      .. math:: G = \\sum_{i=0}^{k-1} \\gamma^i r_{t+i}, \\qquad
+                \\text{discount} = \\gamma^k (1 - \\text{terminated}_{t+k-1})
+
+      ``G`` and ``discount`` have the reward dtype, ``k`` is int32. (:func:`jaxbuffers.returns.n_step_returns`
+      works on whole rollouts with values; this is the per-window form used at sample time.)
+    """
+    n = reward.shape[-1]
+    g = _gamma(gamma, reward.dtype)
+    alive = _window_mask(terminated | truncated)  # step i counts iff no end in [0, i)
+    powers = g ** jnp.arange(n, dtype=reward.dtype)
+    ret = jnp.sum(jnp.where(alive, powers * reward, 0), axis=-1)
+    k = jnp.sum(alive, axis=-1, dtype=jnp.int32)
+    term_last = jnp.take_along_axis(terminated, (k - 1)[..., None], axis=-1)[..., 0]
+    discount = jnp.where(term_last, 0, g**k).astype(reward.dtype)
+    return ret, discount, k
+
+
+# ------------------------------------------------------------------------------------------------
+# uniform trajectory buffer
+
+
+class TrajectoryBuffer(struct.PyTreeNode):
+    """Per-environment lanes of steps with episode flags; uniform sequence and n-step sampling.
+
+    See the module docstring for the layout, the step convention and the final-observation ring.
+    Build it with :meth:`create`; every method is pure and returns a new buffer. Works under
+    ``jit`` (donate it to update in place), ``lax.scan`` and ``vmap`` over stacked buffers.
+    """
+
+    storage: Any  # dict like the example step, leaves [num_envs, length, *shape], example dtypes
+    terminated: jax.Array  # shape=[num_envs, length], dtype=bool
+    truncated: jax.Array  # shape=[num_envs, length], dtype=bool
+    final_obs: Any  # obs pytree, leaves [num_envs, final_obs_capacity, *obs_shape]: final-observation ring
+    final_slot: jax.Array  # shape=[num_envs, length], dtype=int32: ring slot of each truncated step's final obs
+    final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-obs slot per lane, in [0, K)
+    final_live: jax.Array  # shape=[num_envs], dtype=int32: stored steps per lane needing a final obs
+    final_obs_lost: jax.Array  # shape=(), dtype=bool: sticky; some stored step's final obs was overwritten
+    head: jax.Array  # shape=(), dtype=int32: slot the next step is written to, in [0, length)
+    num_valid: jax.Array  # shape=(), dtype=int32: steps stored per lane, in [0, length]
+    added: jax.Array  # shape=(2,), dtype=int32: steps ever added per lane (two-word counter, see _ring)
+    num_envs: int = struct.field(pytree_node=False)
+    length: int = struct.field(pytree_node=False)
+    final_obs_capacity: int = struct.field(pytree_node=False)
+    obs_key: str = struct.field(pytree_node=False)
+    action_key: str = struct.field(pytree_node=False)
+    reward_key: str = struct.field(pytree_node=False)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(
+        cls,
+        example_step: Mapping,
+        num_envs: int,
+        length: int,
+        *,
+        final_obs_capacity: int | None = None,
+        obs_key: str = "obs",
+        action_key: str = "action",
+        reward_key: str = "reward",
+    ) -> "TrajectoryBuffer":
+        """An empty buffer of ``num_envs`` lanes of ``length`` steps.
+
+        Args:
+          example_step: one step of one env (no leading axes): a dict with at least ``obs_key``
+            (a pytree of arrays), ``action_key`` and ``reward_key`` (a floating scalar), plus any
+            extras. Arrays or ``jax.ShapeDtypeStruct``; dtypes are stored exactly.
+          num_envs: lanes (Python int >= 1).
+          length: steps kept per lane (Python int >= 1); the oldest are overwritten first.
+          final_obs_capacity: final observations kept per lane for truncated steps (K, see the
+            module docstring); ``None`` means ``length`` (always exact).
+          obs_key, action_key, reward_key: the field names.
+
+        Raises:
+          TypeError: ``example_step`` is not a dict, a leaf is not an array, reward not floating.
+          ValueError: a size is not a positive int, a required field is missing, reward not scalar.
+        """
+        num_envs = _check_static_int("num_envs", num_envs)
+        length = _check_static_int("length", length)
+        k = length if final_obs_capacity is None else _check_static_int("final_obs_capacity", final_obs_capacity)
+        if not isinstance(example_step, Mapping):
+            raise TypeError(
+                f"example_step: expected a dict with fields {obs_key!r}, {action_key!r}, {reward_key!r} "
+                f"(plus any extras), got {type(example_step).__name__}"
+            )
+        for name in (obs_key, action_key, reward_key):
+            if name not in example_step:
+                raise ValueError(
+                    f"example_step: missing field {name!r} (got fields {sorted(example_step)}); pass "
+                    f"obs_key/action_key/reward_key to create if your names differ"
+                )
+        spec = _validate.item_spec(dict(example_step), "example_step")
+        rspec = spec[reward_key]
+        if not isinstance(rspec, jax.ShapeDtypeStruct) or rspec.shape != () or not jnp.issubdtype(rspec.dtype, jnp.floating):
+            raise ValueError(f"example_step[{reward_key!r}]: expected a floating scalar per step, got {rspec}")
+        zeros = lambda s, n: jnp.zeros((num_envs, n, *s.shape), s.dtype)  # noqa: E731
+        return cls(
+            storage=jax.tree.map(lambda s: zeros(s, length), spec),
+            terminated=jnp.zeros((num_envs, length), bool),
+            truncated=jnp.zeros((num_envs, length), bool),
+            final_obs=jax.tree.map(lambda s: zeros(s, k), spec[obs_key]),
+            final_slot=jnp.zeros((num_envs, length), jnp.int32),
+            final_head=jnp.zeros((num_envs,), jnp.int32),
+            final_live=jnp.zeros((num_envs,), jnp.int32),
+            final_obs_lost=jnp.zeros((), bool),
+            head=jnp.int32(0),
+            num_valid=jnp.int32(0),
+            added=_ring.counter_zero(),
+            num_envs=num_envs,
+            length=length,
+            final_obs_capacity=k,
+            obs_key=obs_key,
+            action_key=action_key,
+            reward_key=reward_key,
+        )
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def step_spec(self) -> Any:
+        """Dict of ``jax.ShapeDtypeStruct``: one step of one env (derived from storage)."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), self.storage)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of every array the buffer holds (steps, flags, final-obs ring, bookkeeping)."""
+        return _validate.tree_nbytes(self)
+
+    def size(self) -> jax.Array:
+        """Steps stored over all lanes: ``num_envs * num_valid`` (int32 scalar)."""
+        return self.num_valid * self.num_envs
+
+    def is_full(self) -> jax.Array:
+        """Whether every lane holds ``length`` steps (bool scalar)."""
+        return self.num_valid >= self.length
+
+    def num_added(self) -> int:
+        """Exact number of steps ever added per lane (host-side Python int)."""
+        return _ring.counter_value(self.added)
+
+    def can_sample(self, sequence_length: int = 1, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
+        """Whether a valid window of ``sequence_length`` steps exists (bool scalar).
+
+        For :meth:`sample_transitions` with ``n_step=n`` pass ``sequence_length=n + 1``. With
+        ``cross_episodes=False`` it checks for a window wholly inside one episode (``O(num_envs *
+        length)``, like that sampling mode).
+        """
+        sequence_length = _check_static_int("sequence_length", sequence_length)
+        period = _check_static_int("period", period)
+        if sequence_length > self.length:
+            return jnp.zeros((), bool)
+        if cross_episodes:
+            return _ring.num_windows(self.num_valid, sequence_length, period) > 0
+        return self._episode_window_counts(sequence_length, period)[-1] > 0
+
+    # ------------------------------------------------------------------ add
+    def _prepare(self, step, terminated, truncated, final_obs):
+        """Validate an add; return ``(step, terminated, truncated, final_obs, t)`` with a time axis."""
+        if not isinstance(step, Mapping):
+            raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
+        spec = self.step_spec
+        # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the first leaf's rank.
+        leaves, spec0 = jax.tree.leaves(dict(step)), jax.tree.leaves(spec)[0]
+        nd = 2 if leaves and getattr(leaves[0], "ndim", -1) == len(spec0.shape) + 2 else 1
+        lead = _validate.check_batch(spec, dict(step), nd, "step")
+        if lead[0] != self.num_envs:
+            raise ValueError(f"step: expected leading axis num_envs={self.num_envs}, got {lead[0]}")
+        t = 1 if nd == 1 else lead[1]
+        _ring.check_batch_fits(t, self.length, "step chunk (time axis)")
+        terminated = _check_flag("terminated", terminated, lead)
+        if truncated is None:
+            if final_obs is not None:
+                raise ValueError("final_obs: given without truncated; pass truncated=... with it")
+            truncated = jnp.zeros(lead, bool)
+        else:
+            truncated = _check_flag("truncated", truncated, lead)
+            if final_obs is None:
+                raise TypeError(
+                    "final_obs: required when truncated is given: the true observation after each step, "
+                    "before any auto-reset (read only where truncated); shaped like step[obs] "
+                    f"({[list(lead)] } leading axes)"
+                )
+            _validate.check_batch(spec[self.obs_key], final_obs, nd, "final_obs")
+        if nd == 1:
+            ex = lambda x: jnp.expand_dims(x, 1)  # noqa: E731
+            step, terminated, truncated = jax.tree.map(ex, dict(step)), ex(terminated), ex(truncated)
+            final_obs = None if final_obs is None else jax.tree.map(ex, final_obs)
+        return dict(step), terminated, truncated, final_obs, t
+
+    def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "TrajectoryBuffer":
+        """Append one step or a chunk of steps to every lane.
+
+        Args:
+          step: dict like the example step, leaves ``[num_envs, ...]`` (one step) or
+            ``[num_envs, t, ...]`` (a chunk, ``1 <= t <= length``), exactly the stored dtypes.
+          terminated: bool ``[num_envs]`` or ``[num_envs, t]``: ``obs_{t+1}`` is terminal.
+          truncated: optional bool, same shape: the episode was cut after the step. Omitted means
+            never truncated.
+          final_obs: required with ``truncated``: obs pytree shaped like ``step[obs_key]``, the true
+            observation after each step before any auto-reset (Gymnasium/gymnax
+            ``final_observation``). Read only where ``truncated & ~terminated``.
+
+        Returns:
+          The new buffer. Cost O(num_envs * t); in place when donated.
+
+        Raises (trace time):
+          TypeError: wrong structure or dtype (flags must be bool), final_obs missing.
+          ValueError: wrong shapes, wrong ``num_envs``, ``t > length``.
+        """
+        step, terminated, truncated, final_obs, t = self._prepare(step, terminated, truncated, final_obs)
+        e, n, kcap = self.num_envs, self.length, self.final_obs_capacity
+        written = _ring.write_indices(self.head, t, n)
+        storage = jax.tree.map(lambda s, x: _ring.write(s, x, self.head, axis=1), self.storage, step)
+
+        # Final-observation ring: slot per truncated step, written only where needed.
+        boot = truncated & ~terminated  # [E, t]
+        cum = jnp.cumsum(boot.astype(jnp.int32), axis=1)
+        n_new = cum[:, -1]
+        slot = (self.final_head[:, None] + cum - 1) % kcap
+        final_obs_store, final_slot = self.final_obs, self.final_slot
+        if final_obs is not None:
+            # Within one chunk, a lane with more than K truncations keeps the last K.
+            keep = boot & (n_new[:, None] - cum < kcap)
+            rows = jnp.broadcast_to(jnp.arange(e, dtype=jnp.int32)[:, None], (e, t))
+            cols = jnp.where(keep, slot, kcap)
+            final_obs_store = jax.tree.map(
+                lambda s, x: s.at[rows, cols].set(x, mode="drop"), self.final_obs, final_obs
+            )
+            final_slot = _ring.write(self.final_slot, jnp.where(boot, slot, 0).astype(jnp.int32), self.head, axis=1)
+        old_boot = (self.truncated[:, written] & ~self.terminated[:, written]).sum(axis=1, dtype=jnp.int32)
+        final_live = self.final_live - old_boot + n_new
+
+        head, num_valid = _ring.advance(self.head, self.num_valid, t, n)
+        return self.replace(
+            storage=storage,
+            terminated=_ring.write(self.terminated, terminated, self.head, axis=1),
+            truncated=_ring.write(self.truncated, truncated, self.head, axis=1),
+            final_obs=final_obs_store,
+            final_slot=final_slot,
+            final_head=((self.final_head + n_new) % kcap).astype(jnp.int32),
+            final_live=final_live,
+            final_obs_lost=self.final_obs_lost | jnp.any(final_live > kcap),
+            head=head,
+            num_valid=num_valid,
+            added=_ring.counter_add(self.added, t),
+        )
+
+    # ------------------------------------------------------------------ sampling
+    def _uniform_positions(self, key, batch_size: int, window: int, period: int):
+        """Uniform (lane, physical start) over valid windows: one draw over ``num_envs * windows``."""
+        nw = _ring.num_windows(self.num_valid, window, period)
+        per_lane = jnp.maximum(nw, 1)
+        flat = jax.random.randint(key, (batch_size,), 0, per_lane * self.num_envs, dtype=jnp.int32)
+        lanes = flat // per_lane
+        starts = _ring.window_starts(flat % per_lane, self.head, self.num_valid, self.length, period)
+        return lanes, starts
+
+    def _episode_window_counts(self, window: int, period: int) -> jax.Array:
+        """Running count (int32[num_envs * (length - window + 1)]) of valid windows that stay in one episode.
+
+        Entry ``lane * W + l`` (logical start ``l``, ``W = length - window + 1``) is valid when
+        ``l + window <= num_valid``, ``l % period == 0`` and no episode end lies in steps
+        ``[l, l + window - 1)`` (an end at the last step is allowed). ``O(num_envs * length)``.
+        """
+        n = self.length
+        phys = _ring.logical_to_physical(jnp.arange(n, dtype=jnp.int32), self.head, self.num_valid, n)
+        ends = (self.terminated | self.truncated)[:, phys].astype(jnp.int32)  # logical order
+        c = jnp.concatenate([jnp.zeros((self.num_envs, 1), jnp.int32), jnp.cumsum(ends, axis=1)], axis=1)
+        w = n - window + 1
+        ls = jnp.arange(w, dtype=jnp.int32)
+        inside = (c[:, ls + window - 1] - c[:, ls]) == 0
+        ok = inside & (ls + window <= self.num_valid) & (ls % period == 0)
+        return jnp.cumsum(ok.reshape(-1).astype(jnp.int32))
+
+    def _episode_positions(self, key, batch_size: int, window: int, period: int):
+        """Exact uniform draw over windows inside one episode: cumulative counts + searchsorted."""
+        counts = self._episode_window_counts(window, period)
+        total = counts[-1]
+        r = jax.random.randint(key, (batch_size,), 0, jnp.maximum(total, 1), dtype=jnp.int32)
+        pos = jnp.searchsorted(counts, r, side="right").astype(jnp.int32)
+        w = self.length - window + 1
+        pos = jnp.minimum(pos, counts.shape[0] - 1)  # only when nothing is valid (can_sample False)
+        lanes, logical = pos // w, pos % w
+        return lanes, _ring.logical_to_physical(logical, self.head, self.num_valid, self.length)
+
+    def _sequences(self, lanes, starts, sequence_length: int) -> SequenceSample:
+        slots = _ring.window_slots(starts, sequence_length, self.length)  # [B, L]
+        flat = lanes[:, None] * self.length + slots
+        item = jax.tree.map(lambda x: _flat_take(x, flat), self.storage)
+        term, trunc = _flat_take(self.terminated, flat), _flat_take(self.truncated, flat)
+        return SequenceSample(
+            item=item, terminated=term, truncated=trunc, mask=_window_mask(term | trunc),
+            indices=(lanes * self.length + starts).astype(jnp.int32),
+        )
+
+    def _transitions(self, lanes, starts, n_step: int, gamma) -> TransitionSample:
+        slots = _ring.window_slots(starts, n_step + 1, self.length)  # [B, n + 1]
+        flat = lanes[:, None] * self.length + slots
+        fw = flat[:, :n_step]
+        reward = _flat_take(self.storage[self.reward_key], fw)
+        term, trunc = _flat_take(self.terminated, fw), _flat_take(self.truncated, fw)
+        ret, discount, k = n_step_window(reward, term, trunc, gamma)
+        rows = jnp.arange(lanes.shape[0])
+        last = fw[rows, k - 1]  # flat id of step t + k - 1
+        use_final = trunc[rows, k - 1] & ~term[rows, k - 1]
+        fslot = lanes * self.final_obs_capacity + _flat_take(self.final_slot, last)
+        next_flat = flat[rows, k]
+        next_obs = jax.tree.map(
+            lambda x, f: jnp.where(
+                use_final.reshape((-1,) + (1,) * (x.ndim - 2)), _flat_take(f, fslot), _flat_take(x, next_flat)
+            ),
+            self.storage[self.obs_key],
+            self.final_obs,
+        )
+        item = jax.tree.map(lambda x: _flat_take(x, flat[:, 0]), self.storage)
+        return TransitionSample(
+            obs=item[self.obs_key], action=item[self.action_key], n_step_return=ret, discount=discount,
+            next_obs=next_obs, num_steps=k, item=item, indices=flat[:, 0].astype(jnp.int32),
+        )
+
+    def sample_sequences(
+        self, key: jax.Array, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True
+    ) -> SequenceSample:
+        """Sample ``batch_size`` sequences of ``sequence_length`` consecutive steps of one lane.
+
+        Uniform with replacement over the valid (lane, start) positions: the start's logical index
+        ``l`` (0 = oldest stored step) is a multiple of ``period`` and ``l + sequence_length <=
+        num_valid`` (never straddles the write head). With ``cross_episodes=False`` only windows
+        with no episode end before their last step are candidates, drawn exactly uniformly by a
+        cumulative count over all positions and ``searchsorted`` (``O(num_envs * length)`` per call;
+        the default mode costs ``O(batch_size * sequence_length)``).
+
+        Args:
+          key: PRNG key. batch_size, sequence_length, period: static Python ints >= 1
+          (``sequence_length <= length``). cross_episodes: static bool.
+
+        Returns:
+          :class:`SequenceSample`. When ``can_sample(...)`` is False the result is defined (real
+          slots, zeros if empty) but not meaningful.
+        """
+        batch_size = _check_static_int("batch_size", batch_size)
+        sequence_length = _check_static_int("sequence_length", sequence_length)
+        period = _check_static_int("period", period)
+        if sequence_length > self.length:
+            raise ValueError(f"sequence_length: expected at most length={self.length}, got {sequence_length}")
+        if cross_episodes:
+            lanes, starts = self._uniform_positions(key, batch_size, sequence_length, period)
+        else:
+            lanes, starts = self._episode_positions(key, batch_size, sequence_length, period)
+        return self._sequences(lanes, starts, sequence_length)
+
+    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma=None) -> TransitionSample:
+        """Sample ``batch_size`` n-step transitions uniformly over valid (lane, step) positions.
+
+        Position ``t`` is valid when steps ``t .. t + n_step`` are stored (a window of ``n_step + 1``
+        that never crosses the write head). The return is cut at the first episode end
+        (:func:`n_step_window`); ``next_obs`` is ``obs_{t+k}``: read from step ``t + k`` of the same
+        lane, or from the final-observation ring if step ``t + k - 1`` was truncated (never the
+        reset observation). After termination ``next_obs`` is the stored step ``t + k`` (the next
+        episode's first observation), defined but multiplied by ``discount = 0``.
+
+        Args:
+          key: PRNG key. batch_size, n_step: static Python ints >= 1 (``n_step < length``).
+          gamma: discount in [0, 1], Python float or 0-d array (may be traced).
+
+        Returns:
+          :class:`TransitionSample`. Check ``can_sample(n_step + 1)`` first.
+        """
+        batch_size = _check_static_int("batch_size", batch_size)
+        n_step = _check_static_int("n_step", n_step)
+        if n_step + 1 > self.length:
+            raise ValueError(f"n_step: expected at most length - 1 = {self.length - 1}, got {n_step}")
+        _gamma(gamma, self.storage[self.reward_key].dtype)
+        lanes, starts = self._uniform_positions(key, batch_size, n_step + 1, 1)
+        return self._transitions(lanes, starts, n_step, gamma)
+
+
+# ------------------------------------------------------------------------------------------------
+# prioritised trajectory buffer
+
+
+class PrioritisedTrajectorySample(NamedTuple):
+    """What the sampling methods of :class:`PrioritisedTrajectoryBuffer` return."""
+
+    item: Any  # a SequenceSample or TransitionSample (leaves [B, ...])
+    indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical start slot (tree leaf)
+    probabilities: jax.Array  # shape=[B], dtype=float32: P(i) = p_i^alpha / sum_k p_k^alpha
+    importance_weights: jax.Array  # shape=[B], dtype=float32: (N P(i))^-beta / max_j (N P(j))^-beta
+    generations: jax.Array  # shape=[B], dtype=int32: write count of the start slot when sampled
+
+
+class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
+    """A :class:`TrajectoryBuffer` whose window starts are sampled in proportion to priority.
+
+    Positions (``lane * length + slot``) are leaves of an on-device :class:`~jaxbuffers.sum_tree.SumTree`.
+    A position holds ``p^alpha`` only while its window of ``window_length`` steps is valid (stored,
+    not straddling the write head, aligned to ``period``); every other leaf is 0, so invalid
+    windows are never sampled. Each ``add`` of ``t`` steps zeroes the ``num_envs * t`` overwritten
+    starts and gives the ``<= num_envs * t`` newly completed windows the running max priority:
+    O(num_envs * t * log capacity), never O(capacity).
+
+    ``period`` alignment here is absolute (step ``a`` ever added in a lane, counting from 0, starts
+    a window iff ``a % period == 0``), so a position's eligibility never changes while it is stored.
+    Before the ring wraps this equals the uniform buffer's "from the oldest" rule.
+
+    Importance weights (Schaul et al. 2016): ``w_i = (N P(i))^-beta / max_j (N P(j))^-beta`` with
+    ``N`` the number of valid positions; the max is over the valid positions (a min tree of
+    ``p^alpha``), so ``w_i = (p_i^alpha / min_j p_j^alpha)^-beta``.
+
+    Priority policy (:meth:`set_priorities`): NaN -> current max priority; negative, zero or
+    below ``min_priority`` -> ``min_priority``; +inf -> ``max_priority_limit``. Updates for a
+    position whose start slot was overwritten since it was sampled (generation differs), or whose
+    window is not valid now, are ignored.
+    """
+
+    buffer: TrajectoryBuffer
+    sum_tree: SumTree  # capacity num_envs * length; leaves p^alpha at valid starts, else 0
+    min_tree: MinTree  # same leaves, +inf at invalid starts
+    generations: jax.Array  # shape=[num_envs, length], dtype=int32: writes of each slot (wraps; compared for equality)
+    max_priority: jax.Array  # shape=(), dtype=float32: largest priority set so far (new windows get it)
+    phase: jax.Array  # shape=(), dtype=int32: steps ever added per lane, modulo period
+    window_length: int = struct.field(pytree_node=False)
+    period: int = struct.field(pytree_node=False)
+    priority_exponent: float = struct.field(pytree_node=False)
+    min_priority: float = struct.field(pytree_node=False)
+    max_priority_limit: float = struct.field(pytree_node=False)
+
+    @classmethod
+    def create(
+        cls,
+        example_step: Mapping,
+        num_envs: int,
+        length: int,
+        *,
+        window_length: int,
+        period: int = 1,
+        priority_exponent: float = 0.6,
+        min_priority: float = 1e-6,
+        max_priority_limit: float = 1e30,
+        **kwargs,
+    ) -> "PrioritisedTrajectoryBuffer":
+        """An empty prioritised buffer.
+
+        Args:
+          example_step, num_envs, length, **kwargs: as :meth:`TrajectoryBuffer.create`.
+          window_length: static window of a position: sequences of up to this length, or n-step
+            transitions with ``n_step <= window_length - 1``.
+          period: window starts every ``period`` steps (absolute alignment, see the class doc).
+          priority_exponent: alpha >= 0.
+          min_priority, max_priority_limit: clamps of the priority policy.
+
+        Raises:
+          ValueError: bad sizes, ``window_length > length``, alpha < 0.
+        """
+        buf = TrajectoryBuffer.create(example_step, num_envs, length, **kwargs)
+        window_length = _check_static_int("window_length", window_length)
+        period = _check_static_int("period", period)
+        if window_length > buf.length:
+            raise ValueError(f"window_length: expected at most length={buf.length}, got {window_length}")
+        if not float(priority_exponent) >= 0:
+            raise ValueError(f"priority_exponent: expected alpha >= 0, got {priority_exponent}")
+        if not 0 < float(min_priority) <= float(max_priority_limit) < np.inf:
+            raise ValueError("min_priority / max_priority_limit: expected 0 < min <= max < inf")
+        cap = buf.num_envs * buf.length
+        return cls(
+            buffer=buf,
+            sum_tree=SumTree.create(cap),
+            min_tree=MinTree.create(cap),
+            generations=jnp.zeros((buf.num_envs, buf.length), jnp.int32),
+            max_priority=jnp.float32(1.0),
+            phase=jnp.int32(0),
+            window_length=window_length,
+            period=period,
+            priority_exponent=float(priority_exponent),
+            min_priority=float(min_priority),
+            max_priority_limit=float(max_priority_limit),
+        )
+
+    # ------------------------------------------------------------------ delegation
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of every array held (buffer, trees, generations)."""
+        return _validate.tree_nbytes(self)
+
+    def size(self) -> jax.Array:
+        """Steps stored over all lanes (int32 scalar)."""
+        return self.buffer.size()
+
+    def is_full(self) -> jax.Array:
+        """Whether every lane holds ``length`` steps (bool scalar)."""
+        return self.buffer.is_full()
+
+    def can_sample(self) -> jax.Array:
+        """Whether some window is valid (the tree's total is positive), bool scalar."""
+        return self.sum_tree.total() > 0
+
+    def num_valid_windows(self) -> jax.Array:
+        """N: valid positions over all lanes (int32 scalar)."""
+        b = self.buffer
+        m = b.num_valid - self.window_length  # last valid logical start
+        first = (self.phase - b.num_valid) % self.period  # first aligned logical start
+        per_lane = jnp.where(m >= first, (m - first) // self.period + 1, 0)
+        return (per_lane * b.num_envs).astype(jnp.int32)
+
+    # ------------------------------------------------------------------ add
+    def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "PrioritisedTrajectoryBuffer":
+        """:meth:`TrajectoryBuffer.add`, plus the priority bookkeeping (class doc). Same args and errors."""
+        old = self.buffer
+        t = old._prepare(step, terminated, truncated, final_obs)[-1]
+        new = old.add(step, terminated=terminated, truncated=truncated, final_obs=final_obs)
+        e, n, w = old.num_envs, old.length, self.window_length
+        written = _ring.write_indices(old.head, t, n)
+        generations = self.generations.at[:, written].add(1, unique_indices=True)
+        phase = ((self.phase + t) % self.period).astype(jnp.int32)
+        # Newly completed windows, logical starts (new coordinates) v' - w - t + 1 + i, i < t.
+        logical = new.num_valid - w - t + 1 + jnp.arange(t, dtype=jnp.int32)
+        aligned = (phase - new.num_valid + logical) % self.period == 0
+        ok = (logical >= 0) & aligned
+        phys = _ring.logical_to_physical(logical, new.head, new.num_valid, n)
+        lane_base = (jnp.arange(e, dtype=jnp.int32) * n)[:, None]
+        idx = jnp.concatenate([(lane_base + written).reshape(-1), (lane_base + phys).reshape(-1)])
+        where = jnp.concatenate([jnp.ones((e * t,), bool), jnp.broadcast_to(ok, (e, t)).reshape(-1)])
+        fresh = self.max_priority ** self.priority_exponent
+        is_new = jnp.arange(2 * e * t) >= e * t
+        sum_vals = jnp.where(is_new, fresh, 0).astype(jnp.float32)
+        min_vals = jnp.where(is_new, fresh, jnp.inf).astype(jnp.float32)
+        return self.replace(
+            buffer=new,
+            sum_tree=self.sum_tree.set(idx, sum_vals, where),
+            min_tree=self.min_tree.set(idx, min_vals, where),
+            generations=generations,
+            phase=phase,
+        )
+
+    # ------------------------------------------------------------------ sample
+    def _draw(self, key, batch_size: int, beta):
+        batch_size = _check_static_int("batch_size", batch_size)
+        idx = self.sum_tree.sample_stratified(key, batch_size)
+        total = self.sum_tree.total()
+        v = self.sum_tree.get(idx)
+        probs = jnp.where(total > 0, v / total, 0).astype(jnp.float32)
+        beta = jnp.asarray(beta, jnp.float32)
+        vmin = self.min_tree.min()
+        weights = jnp.where((total > 0) & (v > 0), (v / vmin) ** (-beta), 0).astype(jnp.float32)
+        gens = _flat_take(self.generations, idx)
+        n = self.buffer.length
+        return idx, idx // n, idx % n, probs, weights, gens
+
+    def sample_sequences(
+        self, key: jax.Array, batch_size: int, *, beta, sequence_length: int | None = None
+    ) -> PrioritisedTrajectorySample:
+        """Sequences whose start is drawn in proportion to ``p^alpha`` (stratified, sum tree).
+
+        Args:
+          key: PRNG key. batch_size: static int >= 1. beta: importance exponent (float, may be traced).
+          sequence_length: static, ``<= window_length`` (default ``window_length``).
+
+        Returns:
+          :class:`PrioritisedTrajectorySample` whose ``item`` is a :class:`SequenceSample`.
+        """
+        sequence_length = self.window_length if sequence_length is None else _check_static_int("sequence_length", sequence_length)
+        if sequence_length > self.window_length:
+            raise ValueError(f"sequence_length: expected at most window_length={self.window_length}, got {sequence_length}")
+        idx, lanes, starts, probs, weights, gens = self._draw(key, batch_size, beta)
+        return PrioritisedTrajectorySample(self.buffer._sequences(lanes, starts, sequence_length), idx, probs, weights, gens)
+
+    def sample_transitions(
+        self, key: jax.Array, batch_size: int, *, beta, gamma, n_step: int | None = None
+    ) -> PrioritisedTrajectorySample:
+        """n-step transitions (see :meth:`TrajectoryBuffer.sample_transitions`) drawn by priority.
+
+        ``n_step`` defaults to ``window_length - 1`` and must not exceed it. The ``item`` is a
+        :class:`TransitionSample`.
+        """
+        n_step = self.window_length - 1 if n_step is None else _check_static_int("n_step", n_step)
+        if not 1 <= n_step <= self.window_length - 1:
+            raise ValueError(f"n_step: expected 1 <= n_step <= window_length - 1 = {self.window_length - 1}, got {n_step}")
+        _gamma(gamma, self.buffer.storage[self.buffer.reward_key].dtype)
+        idx, lanes, starts, probs, weights, gens = self._draw(key, batch_size, beta)
+        return PrioritisedTrajectorySample(self.buffer._transitions(lanes, starts, n_step, gamma), idx, probs, weights, gens)
+
+    # ------------------------------------------------------------------ priorities
+    def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "PrioritisedTrajectoryBuffer":
+        """Set the priorities of sampled positions (typically ``|TD error| + eps``).
+
+        Args:
+          indices: int32[B] from a sample's ``indices``.
+          priorities: float[B], raw priorities (alpha is applied here); policy in the class doc.
+          generations: int32[B] from the same sample's ``generations``.
+
+        An entry is ignored when its start slot was overwritten since sampling (generation
+        differs), when its window is not valid now (leaf is 0), or when the index is out of range.
+        Duplicate indices: the last entry wins. ``max_priority`` grows with the applied values.
+        """
+        indices = jnp.asarray(indices)
+        priorities = jnp.asarray(priorities)
+        generations = jnp.asarray(generations)
+        if indices.ndim != 1 or priorities.shape != indices.shape or generations.shape != indices.shape:
+            raise ValueError(
+                f"indices, priorities, generations: expected three [B] arrays, got shapes "
+                f"{indices.shape}, {priorities.shape}, {generations.shape}"
+            )
+        if not jnp.issubdtype(indices.dtype, jnp.integer) or not jnp.issubdtype(generations.dtype, jnp.integer):
+            raise TypeError(f"indices/generations: expected int32, got {indices.dtype}/{generations.dtype}")
+        if not jnp.issubdtype(priorities.dtype, jnp.floating):
+            raise TypeError(f"priorities: expected a floating dtype, got {priorities.dtype}")
+        indices = indices.astype(jnp.int32)
+        cap = self.sum_tree.capacity
+        in_range = (indices >= 0) & (indices < cap)
+        safe = jnp.clip(indices, 0, cap - 1)
+        live = in_range & (_flat_take(self.generations, safe) == generations) & (self.sum_tree.get(safe) > 0)
+        p = priorities.astype(jnp.float32)
+        p = jnp.where(jnp.isnan(p), self.max_priority, p)
+        p = jnp.clip(p, self.min_priority, self.max_priority_limit)
+        v = p ** self.priority_exponent
+        max_p = jnp.maximum(self.max_priority, jnp.max(jnp.where(live, p, 0)))
+        return self.replace(
+            sum_tree=self.sum_tree.set(safe, v, live),
+            min_tree=self.min_tree.set(safe, v, live),
+            max_priority=max_p.astype(jnp.float32),
+        )
