@@ -1,0 +1,343 @@
+"""On-device reduction trees over ``capacity`` non-negative leaves: :class:`SumTree` and :class:`MinTree`.
+
+Both are pure functional pytrees (``flax.struct.PyTreeNode``): every method returns a new tree
+and works under ``jit``, ``lax.scan`` and ``vmap`` (stack trees along a leading axis).
+
+Layout (shared by both trees)
+-----------------------------
+A complete binary tree stored as one flat array ``nodes`` of ``2 * P`` entries, where
+``P = 2 ** ceil(log2(capacity))`` is the capacity padded to a power of two. Node ``1`` is the root,
+node ``n`` has children ``2n`` and ``2n + 1``, and leaf ``i`` (a flat slot id in
+``[0, capacity)``) is node ``P + i``. Node ``0`` is unused. Leaves ``[capacity, P)`` are padding:
+they hold the reduction's identity (``0`` for the sum, ``+inf`` for the min) forever, because
+:meth:`set` ignores indices outside ``[0, capacity)``.
+
+Invariant: every internal node equals ``op(left child, right child)`` evaluated in the tree's
+dtype. :meth:`set` restores it after writing leaves by recomputing the ancestors of the touched
+leaves from their children, level by level (never by adding deltas), so the root never
+accumulates rounding drift however many updates are made. Cost of a batched set of ``B`` leaves:
+``O(B log B)`` for the duplicate resolution plus ``O(B log P)`` for the ancestors; never
+``O(capacity)``.
+
+Sum-tree sampling (prefix-sum search, "proportional prioritisation") follows Schaul et al.,
+"Prioritized Experience Replay", ICLR 2016, appendix B.2.1.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["SumTree", "MinTree", "last_write_mask"]
+
+
+def _padded_size(capacity: int) -> int:
+    """Smallest power of two ``>= capacity``."""
+    return 1 << max(0, (int(capacity) - 1).bit_length())
+
+
+def _check_capacity(capacity) -> int:
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+        raise TypeError(f"capacity: expected a Python int, got {type(capacity).__name__} {capacity!r}")
+    capacity = int(capacity)
+    if capacity < 1:
+        raise ValueError(f"capacity: expected an int >= 1, got {capacity}")
+    if capacity > 2**30:
+        raise ValueError(f"capacity: at most 2**30 leaves are supported (int32 node ids), got {capacity}")
+    return capacity
+
+
+def _check_indices(indices, what: str = "indices") -> jax.Array:
+    indices = jnp.asarray(indices)
+    if indices.ndim != 1:
+        raise ValueError(f"{what}: expected a 1-D array [B] of leaf indices, got shape {indices.shape}")
+    if not jnp.issubdtype(indices.dtype, jnp.integer):
+        raise TypeError(f"{what}: expected an integer dtype (int32), got {indices.dtype}")
+    return indices.astype(jnp.int32)
+
+
+def last_write_mask(indices: jax.Array, where: jax.Array | None = None) -> jax.Array:
+    """Which entries of a batched write survive when later writes to the same index win.
+
+    Args:
+      indices: int[B] leaf indices (any values; only equality matters).
+      where: optional bool[B]; entries with ``False`` are not writes at all (they never win and
+        never shadow an earlier entry).
+
+    Returns:
+      bool[B]: ``True`` at entry ``k`` iff ``where[k]`` and no later entry ``j > k`` with
+      ``where[j]`` has ``indices[j] == indices[k]``. Deterministic; ``O(B log B)`` (stable sort).
+    """
+    indices = jnp.asarray(indices, jnp.int32)
+    (b,) = indices.shape
+    if where is None:
+        where = jnp.ones((b,), bool)
+    # Sort key: (active, index, position). Inactive entries go to a separate group, so they can
+    # neither win nor hide an active write. The stable argsort keeps batch order within a group.
+    group = jnp.where(where, indices, 0)
+    order = jnp.lexsort((jnp.arange(b, dtype=jnp.int32), group, where.astype(jnp.int32)))
+    g_sorted = group[order]
+    w_sorted = where[order]
+    is_last_sorted = jnp.ones((b,), bool).at[:-1].set(
+        (g_sorted[:-1] != g_sorted[1:]) | (w_sorted[:-1] != w_sorted[1:])
+    )
+    keep_sorted = is_last_sorted & w_sorted
+    return jnp.zeros((b,), bool).at[order].set(keep_sorted, unique_indices=True)
+
+
+class _ReductionTree(flax.struct.PyTreeNode):
+    """Shared storage and batched update of :class:`SumTree` and :class:`MinTree` (see module doc)."""
+
+    nodes: jax.Array  # shape=(2 * P,), dtype=float32 (or the dtype given to create); P = padded capacity
+    capacity: int = flax.struct.field(pytree_node=False)
+
+    _identity: ClassVar[float]
+
+    @staticmethod
+    def _combine(left: jax.Array, right: jax.Array) -> jax.Array:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def create(cls, capacity: int, dtype=jnp.float32):
+        """An empty tree: every leaf holds the reduction identity (0 for sums, +inf for minima).
+
+        Args:
+          capacity: Python int >= 1, the number of addressable leaves (flat slot ids
+            ``0 .. capacity - 1``). Storage is padded to the next power of two.
+          dtype: a floating dtype (float32 default; float64 needs ``jax_enable_x64``).
+
+        Raises:
+          TypeError / ValueError: capacity not an int in ``[1, 2**30]``, or dtype not floating.
+        """
+        capacity = _check_capacity(capacity)
+        if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
+            raise TypeError(f"dtype: expected a floating dtype, got {jnp.dtype(dtype)}")
+        p = _padded_size(capacity)
+        return cls(nodes=jnp.full((2 * p,), cls._identity, dtype), capacity=capacity)
+
+    # -- static shape facts ----------------------------------------------------------------------
+
+    @property
+    def padded_capacity(self) -> int:
+        """``P``: capacity rounded up to a power of two (Python int)."""
+        return self.nodes.shape[-1] // 2
+
+    @property
+    def depth(self) -> int:
+        """Number of levels below the root: ``log2(P)`` (Python int)."""
+        return self.padded_capacity.bit_length() - 1
+
+    @property
+    def dtype(self):
+        return self.nodes.dtype
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def root(self) -> jax.Array:
+        """The reduction over all leaves: scalar of the tree's dtype."""
+        return self.nodes[..., 1]
+
+    def get(self, indices: jax.Array) -> jax.Array:
+        """Leaf values at ``indices`` (int[B] in ``[0, capacity)``); returns dtype[B].
+
+        Out-of-range indices are clamped to ``[0, P)`` (JAX gather semantics); callers must pass
+        valid slot ids.
+        """
+        indices = _check_indices(indices)
+        return self.nodes[self.padded_capacity + indices]
+
+    def leaves(self) -> jax.Array:
+        """All ``capacity`` leaf values, dtype[capacity] (an ``O(capacity)`` copy: for tests/debugging)."""
+        p = self.padded_capacity
+        return self.nodes[p : p + self.capacity]
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def set(self, indices: jax.Array, values: jax.Array, where: jax.Array | None = None):
+        """Write leaf values and recompute their ancestors from their children.
+
+        Args:
+          indices: int[B], flat leaf ids. Entries outside ``[0, capacity)`` are ignored (padding
+            leaves are never written).
+          values: floating [B], converted to the tree's dtype (an integer array raises). For a
+            :class:`SumTree` they must be finite and ``>= 0``: the tree does not sanitise values
+            (callers such as :class:`jaxbuffers.PrioritisedReplayBuffer` apply their own
+            documented policy).
+          where: optional bool[B]; entries with ``False`` are ignored entirely.
+
+        Duplicate indices within the batch are resolved deterministically: the LAST (highest batch
+        position) active write to an index wins.
+
+        Returns:
+          A new tree. Cost ``O(B log B + B log P)``.
+
+        Raises:
+          ValueError / TypeError (at trace time): indices not 1-D integer, values shape not equal
+          to indices shape, values not floating, ``where`` not bool[B].
+        """
+        indices, values, active = self._check_write(indices, values, where)
+        return self._write(indices, values, last_write_mask(indices, active), active)
+
+    def set_unique(self, indices: jax.Array, values: jax.Array, where: jax.Array | None = None):
+        """:meth:`set` for callers that guarantee the active indices are distinct (no sort).
+
+        Same arguments, checks and result as :meth:`set` when no active index repeats (e.g. the
+        slots of one ring-buffer write). With repeated active indices the winner is unspecified.
+        """
+        indices, values, active = self._check_write(indices, values, where)
+        return self._write(indices, values, active, active)
+
+    def _check_write(self, indices, values, where):
+        indices = _check_indices(indices)
+        values = jnp.asarray(values)
+        if values.shape != indices.shape:
+            raise ValueError(
+                f"values: expected shape {indices.shape} (one value per index), got {values.shape}"
+            )
+        if not jnp.issubdtype(values.dtype, jnp.floating):
+            raise TypeError(f"values: expected a floating dtype, got {values.dtype}")
+        active = (indices >= 0) & (indices < self.capacity)
+        if where is not None:
+            where = jnp.asarray(where)
+            if where.shape != indices.shape or where.dtype != jnp.bool_:
+                raise ValueError(
+                    f"where: expected bool{list(indices.shape)}, got {where.dtype}{list(where.shape)}"
+                )
+            active = active & where
+        return indices, values, active
+
+    def _write(self, indices, values, keep, touched):
+        """Scatter ``values`` at leaves where ``keep``; recompute ancestors of leaves where ``touched``."""
+        p = self.padded_capacity
+        nodes = self.nodes
+        # Losers and ignored entries are pointed past the end and dropped by the scatter.
+        leaf_nodes = jnp.where(keep, p + indices, 2 * p)
+        nodes = nodes.at[leaf_nodes].set(values.astype(nodes.dtype), mode="drop")
+
+        # Ancestors, bottom-up, each from its two children. Untouched entries recompute leaf 0's
+        # ancestors: recomputing an unchanged node from its children reproduces its value exactly,
+        # so that is a no-op. Duplicate parents all receive the same value, so scatter order does
+        # not matter.
+        node = jnp.where(touched, p + indices, p)
+        for _ in range(self.depth):
+            node = node >> 1
+            left = nodes[2 * node]
+            right = nodes[2 * node + 1]
+            nodes = nodes.at[node].set(self._combine(left, right), mode="promise_in_bounds")
+        return self.replace(nodes=nodes)
+
+
+class SumTree(_ReductionTree):
+    """Sum tree over ``capacity`` non-negative leaves with batched prefix-sum search.
+
+    Fields:
+      nodes: shape=(2 * P,), dtype=float32; ``nodes[1]`` is the total, leaf ``i`` is ``nodes[P + i]``.
+      capacity: static Python int.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> t = SumTree.create(3).set(jnp.array([0, 1, 2]), jnp.array([0.5, 1.5, 2.0]))
+      >>> t.total().item()
+      4.0
+      >>> t.find(jnp.array([0.0, 0.5, 3.9])).tolist()
+      [0, 1, 2]
+    """
+
+    _identity: ClassVar[float] = 0.0
+
+    @staticmethod
+    def _combine(left, right):
+        return left + right
+
+    def total(self) -> jax.Array:
+        """Sum of all leaves (scalar, tree dtype); exactly the pairwise sum held at the root."""
+        return self.root()
+
+    def find(self, queries: jax.Array) -> jax.Array:
+        """Leaf index ``i`` whose prefix-sum interval ``[S_i, S_i + v_i)`` contains each query.
+
+        ``S_i = sum_{j < i} v_j``. Queries are first mapped into ``[0, total)``: NaN and negative
+        queries become 0, queries ``>= total`` become the largest float below ``total``. The
+        descent goes left when ``q < left_sum`` and otherwise subtracts ``left_sum`` and goes
+        right; if the chosen child's subtree sums to zero it takes the other child instead. Since
+        every internal node is exactly ``left + right`` of non-negative values, a node with a
+        positive sum always has a positive child, so whenever ``total > 0`` the result is a leaf
+        with a POSITIVE value (never an empty or padding leaf), whatever the rounding.
+
+        If ``total == 0`` (empty tree) every query returns leaf 0.
+
+        Args:
+          queries: floating [Q].
+
+        Returns:
+          int32[Q] leaf indices in ``[0, capacity)``.
+        """
+        queries = jnp.asarray(queries)
+        if queries.ndim != 1:
+            raise ValueError(f"queries: expected a 1-D array [Q], got shape {queries.shape}")
+        if not jnp.issubdtype(queries.dtype, jnp.floating):
+            raise TypeError(f"queries: expected a floating dtype, got {queries.dtype}")
+        nodes = self.nodes
+        total = nodes[1]
+        q = queries.astype(nodes.dtype)
+        below_total = jnp.nextafter(total, jnp.zeros_like(total))
+        q = jnp.where(jnp.isnan(q), 0, q)
+        q = jnp.clip(q, 0, jnp.maximum(below_total, 0))
+
+        node = jnp.ones(q.shape, jnp.int32)
+        for _ in range(self.depth):
+            left = 2 * node
+            left_sum = nodes[left]
+            right_sum = nodes[left + 1]
+            go_left = q < left_sum
+            # Never step into an empty subtree: fall back to the other child. (If both are empty,
+            # which only happens in an empty tree, go left.)
+            go_left = jnp.where(go_left, left_sum > 0, right_sum <= 0)
+            q = jnp.where(go_left, q, q - left_sum)
+            node = jnp.where(go_left, left, left + 1)
+        return node - self.padded_capacity
+
+    def sample_stratified(self, key: jax.Array, batch_size: int) -> jax.Array:
+        """Stratified proportional sampling: one uniform query per stratum of the total.
+
+        Query ``k`` is ``(k + u_k) * total / B`` with ``u_k ~ U[0, 1)`` i.i.d., so draw ``k`` lies
+        in stratum ``[k total / B, (k + 1) total / B)``; then :meth:`find`. Each returned index
+        has marginal probability ``v_i / total`` averaged over strata (Schaul et al. 2016, B.2.1).
+
+        Args:
+          key: a PRNG key.
+          batch_size: static Python int >= 1.
+
+        Returns:
+          int32[batch_size] leaf indices with positive values (leaf 0 when the tree is empty).
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size: expected a Python int >= 1, got {batch_size!r}")
+        total = self.total()
+        u = jax.random.uniform(key, (batch_size,), dtype=self.dtype)
+        queries = (jnp.arange(batch_size, dtype=self.dtype) + u) * (total / batch_size)
+        return self.find(queries)
+
+
+class MinTree(_ReductionTree):
+    """Min tree over ``capacity`` leaves; unused leaves hold ``+inf``.
+
+    Same layout and update rule as :class:`SumTree`. :meth:`min` is the minimum over all leaves,
+    ``+inf`` if no leaf was written. Used for the smallest sampling probability over the valid
+    slots of a prioritised buffer (the importance-weight normaliser) in ``O(log capacity)`` per
+    update instead of an ``O(capacity)`` reduction per sample.
+    """
+
+    _identity: ClassVar[float] = float("inf")
+
+    @staticmethod
+    def _combine(left, right):
+        return jnp.minimum(left, right)
+
+    def min(self) -> jax.Array:
+        """Minimum over all leaves (scalar, tree dtype; ``+inf`` when empty)."""
+        return self.root()

@@ -1,0 +1,342 @@
+"""Tests of jaxbuffers.sum_tree: SumTree / MinTree layout, batched updates, prefix-sum search."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxbuffers.sum_tree import MinTree, SumTree, last_write_mask
+
+JIT = pytest.mark.parametrize("use_jit", [False, True], ids=["nojit", "jit"])
+
+
+def maybe_jit(fn, use_jit, **kw):
+    return jax.jit(fn, **kw) if use_jit else fn
+
+
+def _set_fn(t, i, v, w):
+    return t.set(i, v, where=w)
+
+
+def _find_fn(t, q):
+    return t.find(q)
+
+
+_SET = {False: _set_fn, True: jax.jit(_set_fn)}  # one jit object: compiled once per shape
+_FIND = {False: _find_fn, True: jax.jit(_find_fn)}
+
+
+def _set(tree, idx, val, use_jit, where=None):
+    idx = jnp.asarray(idx, jnp.int32)
+    where = jnp.ones(idx.shape, bool) if where is None else jnp.asarray(where)
+    return _SET[use_jit](tree, idx, jnp.asarray(val, jnp.float32), where)
+
+
+def _find(tree, q, use_jit):
+    return np.asarray(_FIND[use_jit](tree, jnp.asarray(q, jnp.float32)))
+
+
+def _check_invariant(tree):
+    """Every internal node equals op(children) exactly; padding leaves hold the identity."""
+    nodes = np.asarray(tree.nodes)
+    p = tree.padded_capacity
+    op = np.add if isinstance(tree, SumTree) else np.minimum
+    for n in range(1, p):
+        assert nodes[n] == op(nodes[2 * n], nodes[2 * n + 1]), f"node {n} != op(children)"
+    ident = 0.0 if isinstance(tree, SumTree) else np.inf
+    assert np.all(nodes[p + tree.capacity :] == ident), "a padding leaf was written"
+
+
+# ------------------------------------------------------------------------------------------------
+# The issue's exact case
+
+
+@JIT
+def test_find_issue_case(use_jit):
+    tree = _set(SumTree.create(8), [0, 1, 2], [0.5, 1.5, 2.0], use_jit)
+    assert float(tree.total()) == 4.0
+    queries = [0, 0.49, 0.5, 1.99, 2.0, 3.99, np.nextafter(np.float32(4.0), np.float32(0))]
+    assert _find(tree, queries, use_jit).tolist() == [0, 0, 1, 1, 2, 2, 2]
+
+
+@JIT
+def test_find_out_of_range_queries_clamped_and_never_empty(use_jit):
+    tree = _set(SumTree.create(8), [0, 1, 2], [0.5, 1.5, 2.0], use_jit)
+    # At/above the total, negative, NaN, inf: clamped into [0, total).
+    got = _find(tree, [4.0, 4.5, 1e30, np.inf, -1.0, -np.inf, np.nan], use_jit)
+    assert got.tolist() == [2, 2, 2, 2, 0, 0, 0]
+
+
+@JIT
+def test_find_skips_zero_weight_regions(use_jit):
+    # Zeros at the start, in the middle and at the end (incl. padding: capacity 6 -> P = 8).
+    tree = _set(SumTree.create(6), [0, 1, 2, 3, 4, 5], [0.0, 1.0, 0.0, 0.0, 2.0, 0.0], use_jit)
+    q = np.linspace(-1, 4, 501, dtype=np.float32)
+    got = _find(tree, q, use_jit)
+    assert set(got.tolist()) == {1, 4}
+    np.testing.assert_array_equal(got, np.where(q < 1.0, 1, 4))
+
+
+@JIT
+def test_find_with_inconsistent_query_falls_back_to_positive_leaf(use_jit):
+    # A query that, after subtracting a left sum, exceeds the right subtree (as rounding can
+    # produce) must still end on a positive leaf: the last positive leaf here.
+    tree = _set(SumTree.create(4), [0, 1], [1.0, 1e-3], use_jit)
+    assert _find(tree, [1.0009, 1.001, 5.0], use_jit).tolist() == [1, 1, 1]
+
+
+@JIT
+def test_empty_tree_returns_leaf_zero(use_jit):
+    tree = SumTree.create(5)
+    assert float(tree.total()) == 0.0
+    assert _find(tree, [0.0, 1.0], use_jit).tolist() == [0, 0]
+    key = jax.random.key(0)
+    idx = maybe_jit(lambda t, k: t.sample_stratified(k, 4), use_jit)(tree, key)
+    assert np.asarray(idx).tolist() == [0, 0, 0, 0]
+
+
+def test_capacity_one():
+    tree = SumTree.create(1).set(jnp.array([0]), jnp.array([3.0]))
+    assert tree.depth == 0 and float(tree.total()) == 3.0
+    assert tree.find(jnp.array([0.0, 2.9, 7.0])).tolist() == [0, 0, 0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Updates
+
+
+@JIT
+def test_duplicate_indices_last_write_wins(use_jit):
+    tree = _set(SumTree.create(8), [3, 1, 3, 1, 3], [1.0, 2.0, 5.0, 7.0, 0.25], use_jit)
+    leaves = np.asarray(tree.leaves())
+    assert leaves[3] == 0.25 and leaves[1] == 7.0
+    assert float(tree.total()) == 7.25
+    _check_invariant(tree)
+
+
+@JIT
+def test_where_mask_and_out_of_range_indices_ignored(use_jit):
+    fn = maybe_jit(lambda t, i, v, w: t.set(i, v, where=w), use_jit)
+    tree = SumTree.create(5)  # P = 8: leaves 5..7 are padding
+    idx = jnp.array([2, 2, 5, 7, -1, 4], jnp.int32)
+    val = jnp.array([1.0, 9.0, 3.0, 3.0, 3.0, 2.0], jnp.float32)
+    # The masked-out later write to slot 2 must not hide the earlier active one.
+    tree = fn(tree, idx, val, jnp.array([True, False, True, True, True, True]))
+    np.testing.assert_array_equal(np.asarray(tree.leaves()), [0, 0, 1.0, 0, 2.0])
+    assert float(tree.total()) == 3.0
+    _check_invariant(tree)
+
+
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 1000), st.booleans()), min_size=1, max_size=40))
+@settings(max_examples=40, deadline=None)
+def test_last_write_mask_matches_python(entries):
+    idx = np.array([e[0] for e in entries], np.int32)
+    where = np.array([e[2] for e in entries])
+    got = np.asarray(last_write_mask(jnp.asarray(idx), jnp.asarray(where)))
+    expected = np.zeros(len(entries), bool)
+    last = {}
+    for k, (i, _, w) in enumerate(entries):
+        if w:
+            last[i] = k
+    expected[list(last.values())] = True
+    np.testing.assert_array_equal(got, expected)
+
+
+@given(
+    capacity=st.sampled_from([1, 5, 8, 13, 40]),
+    batches=st.lists(
+        st.lists(st.tuples(st.integers(-2, 45), st.integers(0, 16)), min_size=1, max_size=12),
+        min_size=1,
+        max_size=6,
+    ),
+    use_jit=st.booleans(),
+)
+@settings(max_examples=40, deadline=None)
+def test_set_matches_python_dict(capacity, batches, use_jit):
+    tree = SumTree.create(capacity)
+    mtree = MinTree.create(capacity)
+    ref = np.zeros(capacity)
+    for batch in batches:
+        # Padded to 12 entries (masked out) so jit compiles once per capacity.
+        n = len(batch)
+        idx = np.array([b[0] for b in batch] + [0] * (12 - n), np.int32)
+        val = np.array([b[1] / 4 for b in batch] + [99.0] * (12 - n), np.float32)  # dyadic: exact sums
+        where = np.arange(12) < n
+        tree = _set(tree, idx, val, use_jit, where)
+        mtree = _set(mtree, idx, val, use_jit, where)
+        for i, v in zip(idx[:n], val[:n]):
+            if 0 <= i < capacity:
+                ref[i] = v
+    np.testing.assert_array_equal(np.asarray(tree.leaves()), ref)
+    assert float(tree.total()) == ref.sum()
+    written = {int(b[0]) for batch in batches for b in batch if 0 <= b[0] < capacity}
+    expected_min = min((ref[i] for i in written), default=np.inf)
+    assert float(mtree.min()) == expected_min
+    _check_invariant(tree)
+    _check_invariant(mtree)
+
+
+def test_50k_updates_root_exact_and_no_empty_leaf():
+    """50,000 random float32 updates in batches: the root stays the sum of the leaves (no drift)."""
+    capacity, batch, steps = 5000, 250, 200  # 200 x 250 = 50,000 updates
+    tree = SumTree.create(capacity)
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, capacity, (steps, batch)).astype(np.int32)
+    # Values spanning 8 orders of magnitude, with some exact zeros.
+    val = (10.0 ** rng.uniform(-4, 4, (steps, batch)) * (rng.random((steps, batch)) > 0.1)).astype(np.float32)
+
+    @jax.jit
+    def run(tree, idx, val):
+        return jax.lax.scan(lambda t, x: (t.set(*x), None), tree, (idx, val))[0]
+
+    tree = run(tree, jnp.asarray(idx), jnp.asarray(val))
+    # Empty the tail so the query just below the root falls in a long zero region.
+    tail = jnp.arange(capacity - 700, capacity, dtype=jnp.int32)
+    tree = tree.set(tail, jnp.zeros(tail.shape, jnp.float32))
+
+    leaves = np.asarray(tree.leaves()).astype(np.float64)
+    root = float(tree.total())
+    assert abs(root - leaves.sum()) <= 1e-6 * leaves.sum()
+    _check_invariant(tree)
+
+    below_root = np.nextafter(np.float32(root), np.float32(0))
+    queries = np.array([below_root, root, np.float32(root) * 2, 0.0], np.float32)
+    got = np.asarray(jax.jit(lambda t, q: t.find(q))(tree, jnp.asarray(queries)))
+    assert np.all(leaves[got] > 0), (got, leaves[got])
+    assert got[0] == np.flatnonzero(leaves)[-1]
+    # And many stratified samples: never a zero leaf.
+    idx = np.asarray(jax.jit(lambda t, k: t.sample_stratified(k, 4096))(tree, jax.random.key(1)))
+    assert np.all(leaves[idx] > 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Search against a numpy reference
+
+
+def _reference_find(leaves: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """cumsum + searchsorted over the positive leaves (float64), queries clamped into [0, total)."""
+    pos = np.flatnonzero(leaves > 0)
+    cum = np.cumsum(leaves[pos].astype(np.float64))
+    q = np.clip(queries.astype(np.float64), 0, np.nextafter(cum[-1], 0))
+    return pos[np.searchsorted(cum, q, side="right")]
+
+
+@given(
+    capacity=st.sampled_from([1, 7, 64, 70]),
+    values=st.lists(st.integers(0, 12), min_size=1, max_size=70),
+    query_steps=st.lists(st.integers(-4, 400), min_size=30, max_size=30),
+    use_jit=st.booleans(),
+)
+@settings(max_examples=50, deadline=None)
+def test_find_matches_numpy_reference_exact(capacity, values, query_steps, use_jit):
+    # Integer leaves and quarter-step queries: every float32 sum is exact, so the tree must agree
+    # with the float64 reference exactly, boundaries included.
+    values = (values + [0] * capacity)[:capacity]
+    values[-1] = max(values[-1], 1) if sum(values) == 0 else values[-1]
+    leaves = np.array(values, np.float32)
+    tree = _set(SumTree.create(capacity), np.arange(capacity), leaves, use_jit)
+    q = np.array(query_steps, np.float32) / 4
+    got = _find(tree, q, use_jit)
+    np.testing.assert_array_equal(got, _reference_find(leaves, q))
+
+
+@given(
+    values=st.lists(
+        st.one_of(st.just(0.0), st.floats(2.0**-20, 2.0**20, width=32)), min_size=1, max_size=70
+    ).filter(lambda v: sum(v) > 0),
+    fractions=st.lists(st.floats(0, 1), min_size=1, max_size=30),
+)
+@settings(max_examples=50, deadline=None)
+def test_find_with_rounding_lands_on_positive_leaf_near_reference(values, fractions):
+    leaves = np.array(values, np.float32)
+    tree = SumTree.create(len(values)).set(jnp.arange(len(values), dtype=jnp.int32), jnp.asarray(leaves))
+    total = float(tree.total())
+    q = (np.array(fractions) * total).astype(np.float32)
+    got = np.asarray(tree.find(jnp.asarray(q)))
+    assert np.all(leaves[got] > 0)
+    # Up to float32 rounding of partial sums, the leaf's prefix interval contains the query.
+    cum = np.concatenate([[0.0], np.cumsum(leaves.astype(np.float64))])
+    tol = 1e-5 * total
+    assert np.all(cum[got] - tol <= q) and np.all(q < cum[got + 1] + tol)
+
+
+@JIT
+def test_sample_stratified_one_query_per_stratum(use_jit):
+    leaves = np.arange(1, 17, dtype=np.float32)  # total 136
+    tree = SumTree.create(16).set(jnp.arange(16, dtype=jnp.int32), jnp.asarray(leaves))
+    b = 8
+    fn = maybe_jit(lambda t, k: t.sample_stratified(k, b), use_jit)
+    cum = np.concatenate([[0.0], np.cumsum(leaves)])
+    for seed in range(5):
+        idx = np.asarray(fn(tree, jax.random.key(seed)))
+        for k, i in enumerate(idx):
+            # leaf i's interval [cum[i], cum[i+1]) must intersect stratum k.
+            lo, hi = k * 136 / b, (k + 1) * 136 / b
+            assert cum[i] < hi and cum[i + 1] > lo, (k, i)
+        assert np.all(np.diff(idx) >= 0)  # strata are ordered
+
+
+# ------------------------------------------------------------------------------------------------
+# MinTree, vmap, errors
+
+
+@JIT
+def test_min_tree(use_jit):
+    tree = MinTree.create(6)
+    assert float(tree.min()) == np.inf
+    tree = _set(tree, [4, 1, 4], [3.0, 2.0, 0.5], use_jit)
+    assert float(tree.min()) == 0.5
+    tree = _set(tree, [4], [np.inf], use_jit)  # "clear" slot 4
+    assert float(tree.min()) == 2.0
+    _check_invariant(tree)
+
+
+def test_vmap_over_stacked_trees():
+    trees = jax.vmap(lambda _: SumTree.create(5))(jnp.arange(3))
+    idx = jnp.array([[0, 1], [2, 3], [4, 4]], jnp.int32)
+    val = jnp.array([[1.0, 2.0], [3.0, 0.0], [1.0, 5.0]], jnp.float32)
+    trees = jax.jit(jax.vmap(lambda t, i, v: t.set(i, v)))(trees, idx, val)
+    np.testing.assert_array_equal(np.asarray(trees.total()), [3.0, 3.0, 5.0])
+    found = jax.vmap(lambda t: t.find(jnp.array([0.0, 2.99], jnp.float32)))(trees)
+    np.testing.assert_array_equal(np.asarray(found), [[0, 1], [2, 2], [4, 4]])
+
+
+def test_trace_time_errors():
+    tree = SumTree.create(4)
+    with pytest.raises(TypeError, match="capacity"):
+        SumTree.create(4.0)
+    with pytest.raises(ValueError, match="capacity"):
+        SumTree.create(0)
+    with pytest.raises(TypeError, match="dtype"):
+        SumTree.create(4, dtype=jnp.int32)
+    with pytest.raises(ValueError, match=r"values: expected shape \(2,\)"):
+        tree.set(jnp.array([0, 1]), jnp.array([1.0, 2.0, 3.0]))
+    with pytest.raises(TypeError, match="indices: expected an integer"):
+        tree.set(jnp.array([0.0, 1.0]), jnp.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match="values: expected a floating"):
+        tree.set(jnp.array([0, 1]), jnp.array([1, 2]))
+    with pytest.raises(ValueError, match="indices: expected a 1-D"):
+        tree.set(jnp.zeros((2, 2), jnp.int32), jnp.zeros((2, 2)))
+    with pytest.raises(ValueError, match="where"):
+        tree.set(jnp.array([0, 1]), jnp.array([1.0, 2.0]), where=jnp.array([1, 0]))
+    with pytest.raises(ValueError, match="queries"):
+        tree.find(jnp.zeros((2, 2)))
+    with pytest.raises(ValueError, match="batch_size"):
+        tree.sample_stratified(jax.random.key(0), 0)
+    # Errors surface at trace time under jit, too.
+    with pytest.raises(ValueError, match="values"):
+        jax.jit(lambda t: t.set(jnp.array([0, 1]), jnp.array([1.0])))(tree)
+
+
+def test_set_compiles_once(compile_counter):
+    fn = jax.jit(lambda t, i, v: t.set(i, v))
+    tree = SumTree.create(100)
+    tree = fn(tree, jnp.array([1, 2], jnp.int32), jnp.array([1.0, 2.0], jnp.float32))
+    with compile_counter() as n:
+        for k in range(3):
+            tree = fn(tree, jnp.array([k, k + 3], jnp.int32), jnp.array([1.0, 2.0], jnp.float32))
+    assert n() == 0
