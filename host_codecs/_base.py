@@ -1,0 +1,313 @@
+"""Codec interface, dtype table and the thread pool shared by every codec.
+
+A codec turns a batch of equally shaped arrays into one contiguous ``uint8`` payload buffer
+(one 8-byte aligned payload per entry) and decodes payloads straight into a preallocated output.
+Codecs never see Python objects per entry in their public interface: the store hands them
+arena chunks, offsets and lengths, and they write into rows of an output array.
+
+Everything here imports with numpy alone; codec modules import their optional packages
+(numba, isal, zstandard) only when a codec object is created.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Sequence
+
+import numpy as np
+
+__all__ = [
+    "ALIGN",
+    "Codec",
+    "EncodedBatch",
+    "DTYPES",
+    "dtype_code",
+    "dtype_from_code",
+    "element_view_dtype",
+    "missing_extra",
+]
+
+#: Every payload starts on a multiple of this many bytes (in encoded batches and in the arena),
+#: so codecs may view their payload as uint16/32/64 arrays without unaligned access.
+ALIGN = 8
+
+#: Supported element dtypes and their on-disk codes (stored per entry, never reordered:
+#: append new codes only). Native byte order only.
+DTYPES: tuple[np.dtype, ...] = tuple(
+    np.dtype(d)
+    for d in (
+        "bool",
+        "int8",
+        "uint8",
+        "int16",
+        "uint16",
+        "int32",
+        "uint32",
+        "int64",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    )
+)
+_DTYPE_TO_CODE = {d: i for i, d in enumerate(DTYPES)}
+
+
+def dtype_code(dtype: np.dtype, *, field: str = "arrays") -> int:
+    """Small integer code of a supported numeric dtype.
+
+    Raises:
+      TypeError: if ``dtype`` is not one of :data:`DTYPES` in native byte order (object, string,
+        structured and byte-swapped dtypes are refused rather than converted).
+    """
+    dt = np.dtype(dtype)
+    code = _DTYPE_TO_CODE.get(dt)
+    if code is None:
+        if dt.byteorder not in ("=", "|") and dt.newbyteorder("=") in _DTYPE_TO_CODE:
+            raise TypeError(
+                f"{field}: dtype {dt.str} is not in native byte order; convert it explicitly "
+                f"with .astype({dt.newbyteorder('=').name!r})"
+            )
+        raise TypeError(
+            f"{field}: expected a numeric dtype, one of {[d.name for d in DTYPES]}, got {dt}"
+        )
+    return code
+
+
+def dtype_from_code(code: int) -> np.dtype:
+    """Inverse of :func:`dtype_code`."""
+    return DTYPES[int(code)]
+
+
+def element_view_dtype(dtype: np.dtype) -> np.dtype:
+    """Unsigned integer dtype used to view the raw bits of ``dtype`` for run-length coding.
+
+    The widest of uint64/32/16/8 whose size divides ``dtype.itemsize``: float32 -> uint32,
+    complex128 -> uint64 (two words per element), bool -> uint8. Comparing these words is a
+    bit-exact comparison (NaN payloads and -0.0 are distinct from other patterns); nothing is
+    ever cast to a narrower type.
+    """
+    size = np.dtype(dtype).itemsize
+    for width in (8, 4, 2, 1):
+        if size % width == 0:
+            return np.dtype(f"u{width}")
+    raise AssertionError(size)  # unreachable: every itemsize is divisible by 1
+
+
+def missing_extra(codec: str, package: str, exc: BaseException) -> ImportError:
+    """ImportError raised when a codec's optional package is not installed."""
+    err = ImportError(
+        f"the {codec!r} codec needs the optional package {package!r}, which could not be "
+        f"imported ({exc}). Install the 'codecs' extra: pip install 'jaxbuffers[codecs]' "
+        f"(or pip install {package})."
+    )
+    err.name = package
+    return err
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """The payloads of one encoded batch, packed in one buffer.
+
+    Attributes:
+      buffer: all payloads, entry ``i`` at ``buffer[offsets[i] : offsets[i] + lengths[i]]``.
+        # shape=(total_bytes,), dtype=uint8; ``offsets`` are multiples of :data:`ALIGN`.
+      offsets: # shape=(B,), dtype=int64, byte offset of each payload in ``buffer``.
+      lengths: # shape=(B,), dtype=int64, payload bytes of each entry (no padding).
+      meta: # shape=(B,), dtype=uint8, codec-specific per-entry byte stored in the index
+        (RLE: the count width in bytes; others: 0).
+    """
+
+    buffer: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    meta: np.ndarray
+
+
+def pack_payloads(payloads: Sequence[bytes], meta: np.ndarray | None = None) -> EncodedBatch:
+    """Pack per-entry ``bytes`` into one aligned buffer (used by the library-backed codecs)."""
+    lengths = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
+    padded = (lengths + (ALIGN - 1)) // ALIGN * ALIGN
+    offsets = np.zeros(len(payloads), dtype=np.int64)
+    if len(payloads) > 1:
+        np.cumsum(padded[:-1], out=offsets[1:])
+    buffer = np.empty(int(padded.sum()), dtype=np.uint8)
+    for p, o, n in zip(payloads, offsets.tolist(), lengths.tolist()):
+        buffer[o : o + n] = np.frombuffer(p, dtype=np.uint8)
+    if meta is None:
+        meta = np.zeros(len(payloads), dtype=np.uint8)
+    return EncodedBatch(buffer, offsets, lengths, meta)
+
+
+class Codec:
+    """Base class of all codecs.
+
+    Subclasses set ``name`` (registry name), ``tag`` (small integer stored with every entry;
+    never reused for another format) and implement :meth:`encode_batch` and :meth:`decode_into`.
+
+    Attributes:
+      name: registry name, e.g. ``"igzip"``.
+      tag: integer tag stored per entry; decoding dispatches on it, never on a guess.
+      level: compression level (``None`` for codecs without levels).
+    """
+
+    name: ClassVar[str] = ""
+    tag: ClassVar[int] = -1
+    levels: ClassVar[tuple[int, ...]] = ()
+    default_level: ClassVar[int | None] = None
+
+    def __init__(self, level: int | None = None):
+        if level is None:
+            level = self.default_level
+        if self.levels:
+            if isinstance(level, bool) or not isinstance(level, (int, np.integer)):
+                raise ValueError(
+                    f"codec {self.name!r}: level must be an int in {list(self.levels)}, "
+                    f"got {level!r}"
+                )
+            if int(level) not in self.levels:
+                raise ValueError(
+                    f"codec {self.name!r}: level must be one of {list(self.levels)}, got {level}"
+                )
+            level = int(level)
+        elif level is not None:
+            raise ValueError(f"codec {self.name!r} takes no level, got {level!r}")
+        self.level = level
+
+    @property
+    def spec(self) -> str:
+        """Registry string that recreates this codec, e.g. ``"igzip:1"``."""
+        return self.name if self.level is None else f"{self.name}:{self.level}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.level == other.level  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.level))
+
+    # -- interface -------------------------------------------------------------------------------
+    def encode_batch(self, rows: np.ndarray, dtype: np.dtype) -> EncodedBatch:
+        """Encode a batch.
+
+        Args:
+          rows: the raw bytes of each entry, # shape=(B, nbytes), dtype=uint8, C-contiguous.
+          dtype: element dtype of the entries (codecs that work on elements view ``rows``
+            through :func:`element_view_dtype`).
+
+        Returns:
+          An :class:`EncodedBatch` with one payload per row.
+        """
+        raise NotImplementedError
+
+    def decode_into(
+        self,
+        chunk: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        meta: np.ndarray,
+        out: np.ndarray,
+        rows: np.ndarray,
+        dtype: np.dtype,
+    ) -> None:
+        """Decode payloads that live in one arena chunk into rows of ``out``.
+
+        Args:
+          chunk: arena bytes, # shape=(chunk_bytes,), dtype=uint8, length a multiple of 8.
+          offsets, lengths: # shape=(k,), dtype=int64, payload positions in ``chunk``.
+          meta: # shape=(k,), dtype=uint8, the per-entry bytes returned by the encoder.
+          out: decoded bytes of the whole request, # shape=(B, nbytes), dtype=uint8.
+          rows: # shape=(k,), dtype=int64, which rows of ``out`` to fill.
+          dtype: element dtype of the entries.
+
+        Raises:
+          ValueError: if a payload is corrupt (wrong decoded size).
+        """
+        raise NotImplementedError
+
+    # Convenience single-array helpers (tests, users): not used by the store.
+    def encode(self, array: np.ndarray) -> bytes:
+        """Encode one array to ``bytes`` (dtype and shape are NOT stored: see CompressedStore)."""
+        a = np.ascontiguousarray(array)
+        dtype_code(a.dtype, field="array")
+        enc = self.encode_batch(a.reshape(1, -1).view(np.uint8), a.dtype)
+        o, n = int(enc.offsets[0]), int(enc.lengths[0])
+        return bytes([int(enc.meta[0])]) + enc.buffer[o : o + n].tobytes()
+
+    def decode(self, payload: bytes, dtype, shape) -> np.ndarray:
+        """Inverse of :meth:`encode` given the dtype and shape the caller recorded."""
+        dtype = np.dtype(dtype)
+        dtype_code(dtype, field="dtype")
+        shape = tuple(int(s) for s in shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        body = np.frombuffer(payload, dtype=np.uint8)
+        meta = body[:1].copy()
+        chunk = np.zeros((len(body) - 1 + ALIGN - 1) // ALIGN * ALIGN, dtype=np.uint8)
+        chunk[: len(body) - 1] = body[1:]
+        out = np.empty((1, nbytes), dtype=np.uint8)
+        self.decode_into(
+            chunk,
+            np.zeros(1, np.int64),
+            np.array([len(body) - 1], np.int64),
+            meta,
+            out,
+            np.zeros(1, np.int64),
+            dtype,
+        )
+        return out.view(dtype).reshape(shape)
+
+
+# -- thread pool -------------------------------------------------------------------------------
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def num_threads() -> int:
+    """Worker threads for library-backed codecs: ``HOST_CODECS_THREADS`` or the CPU count."""
+    env = os.environ.get("HOST_CODECS_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(
+                max_workers=num_threads(), thread_name_prefix="host_codecs"
+            )
+        return _POOL
+
+
+def parallel_for(
+    n: int, body: Callable[[int, int], None], *, work_bytes: int | None = None, min_shard_bytes: int = 1 << 18
+) -> None:
+    """Run ``body(start, stop)`` over ``range(n)`` split into one contiguous shard per thread.
+
+    One task per thread (not per entry) keeps the pool's per-task overhead (tens of
+    microseconds) out of the per-entry cost; with ``work_bytes`` (bytes the whole batch
+    touches), shards smaller than ``min_shard_bytes`` are merged, so small batches run inline on
+    the calling thread. ``body`` must release the GIL (isal, zstandard and our numba kernels do)
+    for this to scale.
+    """
+    shards = min(num_threads(), n)
+    if work_bytes is not None:
+        shards = min(shards, work_bytes // min_shard_bytes)
+    if shards <= 1:
+        body(0, n)
+        return
+    bounds = np.linspace(0, n, shards + 1).astype(np.int64).tolist()
+    futures = [_pool().submit(body, bounds[i], bounds[i + 1]) for i in range(1, shards)]
+    try:
+        body(bounds[0], bounds[1])  # the calling thread takes the first shard
+    finally:
+        for f in futures:
+            f.result()

@@ -1,0 +1,102 @@
+"""Codec registry: ``"name"`` or ``"name:level"`` -> codec object; tag -> codec class.
+
+Known codecs (tag, levels, default level, optional package):
+
+========  ===  =============  =======  ===========
+name      tag  levels         default  needs
+========  ===  =============  =======  ===========
+``none``  0    --             --       numpy only
+``rle``   1    8, 16, 32      8        numba
+``igzip`` 2    0, 1, 2, 3     1        isal
+``zstd``  3    1 .. 22        3        zstandard
+========  ===  =============  =======  ===========
+
+The tag is stored with every entry of a :class:`~host_codecs.store.CompressedStore`, so a store
+decodes each entry with the codec that wrote it. Tags are part of the stored format: never
+renumber them.
+
+Example:
+  >>> from host_codecs import get_codec
+  >>> get_codec("igzip:3").level
+  3
+  >>> get_codec("none").tag
+  0
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ._base import Codec
+from .gzip import IgzipCodec
+from .raw import NoneCodec
+from .rle import RLECodec
+from .zstd import ZstdCodec
+
+__all__ = ["CODECS", "available_codecs", "codec_for_tag", "get_codec", "known_codecs"]
+
+#: name -> codec class.
+CODECS: dict[str, type[Codec]] = {
+    c.name: c for c in (NoneCodec, RLECodec, IgzipCodec, ZstdCodec)
+}
+_BY_TAG: dict[int, type[Codec]] = {c.tag: c for c in CODECS.values()}
+_NEEDS = {"none": None, "rle": "numba", "igzip": "isal", "zstd": "zstandard"}
+_CACHE: dict[tuple[str, int | None], Codec] = {}
+
+
+def known_codecs() -> list[str]:
+    """Every codec name the registry knows, installed or not."""
+    return list(CODECS)
+
+
+def available_codecs() -> list[str]:
+    """Codec names whose optional package is importable in this environment."""
+    return [n for n, pkg in _NEEDS.items() if pkg is None or importlib.util.find_spec(pkg) is not None]
+
+
+def get_codec(spec: "str | Codec") -> Codec:
+    """Codec object for ``spec``: ``"rle"``, ``"igzip:1"``, ``"zstd:3"`` or a :class:`Codec`.
+
+    Codec objects are immutable and cached, so calling this per put is cheap.
+
+    Raises:
+      ValueError: unknown name (the message lists the known names) or bad level (the message
+        lists the valid levels).
+      TypeError: ``spec`` is neither a string nor a Codec.
+      ImportError: the codec's optional package is missing (the message names the extra).
+    """
+    if isinstance(spec, Codec):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"codec: expected a name like 'igzip:1' or a Codec, got {type(spec).__name__}")
+    name, sep, level_text = spec.strip().partition(":")
+    name = name.strip().lower()
+    cls = CODECS.get(name)
+    if cls is None:
+        raise ValueError(f"codec: unknown codec {spec!r}; known codecs: {known_codecs()}")
+    level: int | None = None
+    if sep:
+        try:
+            level = int(level_text)
+        except ValueError:
+            raise ValueError(
+                f"codec {spec!r}: level must be an integer"
+                + (f" in {list(cls.levels)}" if cls.levels else f" (codec {name!r} takes no level)")
+            ) from None
+    key = (name, level)
+    codec = _CACHE.get(key)
+    if codec is None:
+        codec = _CACHE[key] = cls(level)
+    return codec
+
+
+def codec_for_tag(tag: int) -> Codec:
+    """Default-level codec object that decodes entries stored with ``tag``.
+
+    Raises:
+      ValueError: unknown tag (corrupt index).
+    """
+    cls = _BY_TAG.get(int(tag))
+    if cls is None:
+        raise ValueError(f"codec tag {tag} is unknown; known tags: {sorted(_BY_TAG)}")
+    return get_codec(cls.name)

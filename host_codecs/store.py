@@ -1,0 +1,601 @@
+"""CompressedStore: a fixed number of slots, each holding one compressed array.
+
+Layout (all plain numpy arrays, simple to persist):
+
+* index, one row per slot (16 bytes per slot)::
+
+    chunk   # shape=(num_slots,), dtype=int32,  arena chunk id, -1 = empty slot
+    offset  # shape=(num_slots,), dtype=uint32, byte offset of the payload in its chunk
+    length  # shape=(num_slots,), dtype=uint32, payload bytes (without alignment padding)
+    codec   # shape=(num_slots,), dtype=uint8,  codec tag (host_codecs.registry)
+    meta    # shape=(num_slots,), dtype=uint8,  codec byte (RLE: count width in bytes)
+    layout  # shape=(num_slots,), dtype=uint16, id into the layout table
+
+* layout table: ``layout id -> (dtype code, shape)``, shared by all entries with that dtype and
+  shape, so every entry records its dtype and shape at 2 bytes per entry; decode never guesses.
+* arena: a few large ``np.uint8`` chunks (``min_chunk_bytes``, then each new chunk half the
+  arena so far, up to ``chunk_bytes``; unused tail <= 1/3 of the arena while it grows),
+  payloads packed at 8-byte aligned offsets. No Python object per entry.
+
+Concurrency: one lock guards the index and the allocator. ``put`` encodes outside the lock,
+then under the lock copies the payloads into never-used arena space (past the chunk's bump
+pointer), and only then publishes the index rows. ``get`` snapshots the index rows and
+references to the chunks under the lock and decodes outside it. Published payload bytes are
+never modified: freed space is reclaimed only by dropping a chunk whose entries are all gone or
+by compaction, which copies live entries into fresh space and drops the old chunk object (a
+reader still holding it keeps it alive). So a concurrent reader sees each entry either entirely
+before or entirely after a put, never torn.
+
+Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
+``max_dead_fraction`` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
+buffer) empties chunks in order and never needs compaction.
+
+Accounting (bytes, honest, no Python object overhead hidden):
+``nbytes = arena_nbytes + index_nbytes`` where ``arena_nbytes = payload_nbytes + slack``
+(alignment padding, freed space not yet reclaimed, unused tail of chunks);
+``compression_ratio = raw_nbytes / nbytes``.
+
+Example:
+  >>> import numpy as np
+  >>> from host_codecs import CompressedStore
+  >>> store = CompressedStore(1000, codec="none")
+  >>> store.put(np.array([3, 7]), np.zeros((2, 84, 84), np.uint8))
+  >>> store.get(np.array([7, 3])).shape
+  (2, 84, 84)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ._base import ALIGN, Codec, dtype_code, dtype_from_code
+from .registry import CODECS, codec_for_tag, get_codec
+
+__all__ = ["CompressedStore"]
+
+_MAX_CHUNK = (1 << 32) - ALIGN  # uint32 offsets/lengths
+_NUM_TAGS = max(c.tag for c in CODECS.values()) + 1
+
+
+def _ceil_align(n):
+    return (n + (ALIGN - 1)) // ALIGN * ALIGN
+
+
+class _Chunk:
+    """Arena chunk bookkeeping: the bytes, the bump pointer and what is still live."""
+
+    __slots__ = ("data", "used", "live_bytes", "live_count")
+
+    def __init__(self, size: int):
+        self.data = np.empty(size, dtype=np.uint8)  # shape=(size,), dtype=uint8
+        self.used = 0  # bytes handed out (bump pointer), multiple of ALIGN
+        self.live_bytes = 0  # padded bytes of entries still referenced by the index
+        self.live_count = 0  # entries still referenced (zero-length ones included)
+
+
+class CompressedStore:
+    """Thread-safe slots of compressed arrays, payloads packed in large arenas.
+
+    Args:
+      num_slots: number of slots; slot ids are ints in ``[-num_slots, num_slots)``
+        (negative ids count from the end, as in numpy).
+      codec: default codec for :meth:`put`: a registry name such as ``"rle"``, ``"igzip:1"``,
+        ``"zstd:3"``, ``"none"``, or a :class:`~host_codecs.Codec`.
+      item_shape, dtype: optional declared shape/dtype of one entry. When given, :meth:`put`
+        refuses anything else and ``get(..., missing="zeros")`` can fill a batch of only empty
+        slots. When omitted, each entry records its own dtype and shape.
+      chunk_bytes: largest arena chunk in bytes (default 64 MiB, at most 4 GiB - 8).
+      min_chunk_bytes: first chunk size; each later chunk is half the arena so far (at least this,
+        at most ``chunk_bytes``).
+      max_dead_fraction: compaction starts when freed-but-unreleased bytes exceed this fraction
+        of the arena.
+
+    Raises:
+      ValueError / ImportError: from :func:`host_codecs.get_codec` for a bad or unavailable codec;
+      ValueError for non-positive sizes.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        codec: "str | Codec" = "rle",
+        *,
+        item_shape: tuple[int, ...] | None = None,
+        dtype: Any = None,
+        chunk_bytes: int = 64 << 20,
+        min_chunk_bytes: int = 64 << 10,
+        max_dead_fraction: float = 0.25,
+    ):
+        if isinstance(num_slots, bool) or not isinstance(num_slots, (int, np.integer)) or num_slots < 1:
+            raise ValueError(f"num_slots: expected a positive int, got {num_slots!r}")
+        if not (ALIGN <= min_chunk_bytes <= chunk_bytes <= _MAX_CHUNK):
+            raise ValueError(
+                f"chunk sizes: expected {ALIGN} <= min_chunk_bytes <= chunk_bytes <= {_MAX_CHUNK}, "
+                f"got min_chunk_bytes={min_chunk_bytes}, chunk_bytes={chunk_bytes}"
+            )
+        if not 0.0 < max_dead_fraction < 1.0:
+            raise ValueError(f"max_dead_fraction: expected a float in (0, 1), got {max_dead_fraction}")
+        self.num_slots = int(num_slots)
+        self.codec = get_codec(codec)
+        self._declared: tuple[int, tuple[int, ...]] | None = None
+        if (item_shape is None) != (dtype is None):
+            raise ValueError("item_shape and dtype: give both or neither")
+        if item_shape is not None:
+            shape = tuple(int(s) for s in item_shape)
+            if any(s < 0 for s in shape):
+                raise ValueError(f"item_shape: expected non-negative sizes, got {item_shape}")
+            self._declared = (dtype_code(np.dtype(dtype), field="dtype"), shape)
+        self.chunk_bytes = _ceil_align(int(chunk_bytes))
+        self.min_chunk_bytes = _ceil_align(int(min_chunk_bytes))
+        self.max_dead_fraction = float(max_dead_fraction)
+
+        n = self.num_slots
+        self._chunk = np.full(n, -1, dtype=np.int32)  # shape=(num_slots,), dtype=int32
+        self._offset = np.zeros(n, dtype=np.uint32)  # shape=(num_slots,), dtype=uint32
+        self._length = np.zeros(n, dtype=np.uint32)  # shape=(num_slots,), dtype=uint32
+        self._codec = np.zeros(n, dtype=np.uint8)  # shape=(num_slots,), dtype=uint8
+        self._meta = np.zeros(n, dtype=np.uint8)  # shape=(num_slots,), dtype=uint8
+        self._layout = np.zeros(n, dtype=np.uint16)  # shape=(num_slots,), dtype=uint16
+
+        self._layouts: list[tuple[int, tuple[int, ...]]] = []  # id -> (dtype code, shape)
+        self._layout_ids: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._layout_nbytes = np.zeros(0, dtype=np.int64)  # shape=(num_layouts,), dtype=int64
+
+        self._chunks: dict[int, _Chunk] = {}
+        self._next_chunk_id = 0
+        self._open: int | None = None  # chunk receiving new payloads
+        self._arena_nbytes = 0
+        self._dead_nbytes = 0  # freed bytes in chunks that are still held
+        self._compactions = 0
+
+        # Per codec tag: live entries, their decoded bytes and payload bytes.
+        self._tag_entries = np.zeros(_NUM_TAGS, dtype=np.int64)
+        self._tag_raw = np.zeros(_NUM_TAGS, dtype=np.int64)
+        self._tag_payload = np.zeros(_NUM_TAGS, dtype=np.int64)
+
+        self._lock = threading.Lock()
+
+    # -- slots and layouts ----------------------------------------------------------------------
+    def _slots(self, slots: Any, field: str = "slots") -> np.ndarray:
+        s = np.asarray(slots)
+        if s.dtype == np.bool_ or not np.issubdtype(s.dtype, np.integer):
+            raise TypeError(f"{field}: expected integer slot ids, got dtype {s.dtype}")
+        s = s.astype(np.int64, copy=False)
+        if s.size:
+            lo, hi = int(s.min()), int(s.max())
+            if lo < -self.num_slots or hi >= self.num_slots:
+                bad = lo if lo < -self.num_slots else hi
+                raise IndexError(
+                    f"{field}: slot {bad} out of range for a store of {self.num_slots} slots"
+                )
+            if lo < 0:
+                s = np.where(s < 0, s + self.num_slots, s)
+        return s
+
+    def _layout_id(self, code: int, shape: tuple[int, ...]) -> int:
+        """Id of (dtype code, shape); call under the lock."""
+        key = (code, shape)
+        lid = self._layout_ids.get(key)
+        if lid is None:
+            lid = len(self._layouts)
+            if lid > np.iinfo(np.uint16).max:
+                raise ValueError("CompressedStore: more than 65,536 distinct (dtype, shape) layouts")
+            self._layouts.append(key)
+            self._layout_ids[key] = lid
+            nb = int(np.prod(shape, dtype=np.int64)) * dtype_from_code(code).itemsize
+            self._layout_nbytes = np.append(self._layout_nbytes, nb)
+        return lid
+
+    # -- write path ---------------------------------------------------------------------------
+    def put(self, slots: Any, arrays: Any, *, codec: "str | Codec | None" = None) -> None:
+        """Store ``arrays[i]`` in slot ``slots[i]``, replacing what was there.
+
+        Args:
+          slots: # shape=(B,), integer slot ids. Repeated ids: the last one wins (as numpy).
+          arrays: # shape=(B, *item_shape), any dtype of ``host_codecs._base.DTYPES``; not cast.
+          codec: codec for this call (default: the store's); entries of different codecs
+            coexist and each is decoded with its own.
+
+        Raises:
+          TypeError: unsupported dtype or non-integer slots; ValueError: batch size or declared
+          shape/dtype mismatch; IndexError: slot out of range.
+        """
+        cdc = self.codec if codec is None else get_codec(codec)
+        s = self._slots(slots)
+        if s.ndim != 1:
+            raise ValueError(f"slots: expected a 1-D array of slot ids, got shape {s.shape}")
+        a = np.asarray(arrays)
+        if a.ndim < 1 or a.shape[0] != s.shape[0]:
+            raise ValueError(
+                f"arrays: expected a leading batch axis of {s.shape[0]} (one per slot), got shape {a.shape}"
+            )
+        code = dtype_code(a.dtype)
+        item_shape = tuple(int(d) for d in a.shape[1:])
+        if self._declared is not None and (code, item_shape) != self._declared:
+            dcode, dshape = self._declared
+            raise ValueError(
+                f"arrays: this store holds items of shape {dshape} and dtype "
+                f"{dtype_from_code(dcode)}, got shape {item_shape} and dtype {a.dtype}"
+            )
+        if s.size == 0:
+            return
+        # Repeated slots: keep the last occurrence only (numpy assignment semantics).
+        if np.unique(s).size != s.size:
+            rev_last = np.unique(s[::-1], return_index=True)[1]
+            keep = np.sort(s.size - 1 - rev_last)
+            s, a = s[keep], a[keep]
+        a = np.ascontiguousarray(a)
+        b = s.shape[0]
+        nbytes = a.dtype.itemsize * (a.size // b if b else 0)
+        rows = a.reshape(b, nbytes // a.dtype.itemsize).view(np.uint8) if nbytes else np.empty((b, 0), np.uint8)
+        enc = cdc.encode_batch(rows, a.dtype)  # outside the lock: the expensive part
+        if int(enc.lengths.max(initial=0)) > _MAX_CHUNK:
+            raise ValueError(f"arrays: one compressed entry exceeds {_MAX_CHUNK} bytes")
+
+        with self._lock:
+            lid = self._layout_id(code, item_shape)
+            chunk_ids, offsets = self._place(enc)
+            self._free(s)
+            self._chunk[s] = chunk_ids
+            self._offset[s] = offsets
+            self._length[s] = enc.lengths
+            self._codec[s] = cdc.tag
+            self._meta[s] = enc.meta
+            self._layout[s] = lid
+            self._tag_entries[cdc.tag] += b
+            self._tag_raw[cdc.tag] += b * int(self._layout_nbytes[lid])
+            self._tag_payload[cdc.tag] += int(enc.lengths.sum())
+            self._maybe_compact()
+
+    def _new_chunk(self, need: int) -> int:
+        """Open a chunk of at least ``need`` bytes (geometric growth); call under the lock."""
+        size = min(self.chunk_bytes, max(self.min_chunk_bytes, self._arena_nbytes // 2, need))
+        size = max(size, _ceil_align(need))
+        old = self._open
+        cid = self._next_chunk_id
+        self._next_chunk_id += 1
+        self._chunks[cid] = _Chunk(size)
+        self._arena_nbytes += size
+        self._open = cid
+        if old is not None:
+            self._release_if_empty(old)
+        return cid
+
+    def _place(self, enc) -> tuple[np.ndarray, np.ndarray]:
+        """Copy an encoded batch into never-used arena space; returns (chunk id, offset) per
+        entry. Contiguous runs of entries are copied with one memcpy each."""
+        b = enc.offsets.shape[0]
+        ends = enc.offsets + _ceil_align(enc.lengths)  # padded end of each payload
+        chunk_ids = np.empty(b, dtype=np.int32)
+        offsets = np.empty(b, dtype=np.int64)
+        start = 0
+        while start < b:
+            base = int(enc.offsets[start])
+            ch = self._chunks[self._open] if self._open is not None else None
+            room = ch.data.shape[0] - ch.used if ch is not None else -1
+            # entries [start, stop) fit in the open chunk
+            stop = start + int(np.searchsorted(ends[start:] - base, room, side="right"))
+            if stop == start:
+                rest = int(ends[-1]) - base
+                self._new_chunk(max(rest if rest <= self.chunk_bytes else int(ends[start]) - base, ALIGN))
+                continue
+            span = int(ends[stop - 1]) - base
+            ch.data[ch.used : ch.used + span] = enc.buffer[base : base + span]
+            chunk_ids[start:stop] = self._open
+            offsets[start:stop] = enc.offsets[start:stop] - base + ch.used
+            ch.used += span
+            ch.live_bytes += span
+            ch.live_count += stop - start
+            start = stop
+        return chunk_ids, offsets
+
+    def _free(self, s: np.ndarray) -> None:
+        """Drop the current entries of slots ``s`` (unique ids) from the accounting; under lock."""
+        old = self._chunk[s]
+        live = old >= 0
+        if not live.any():
+            return
+        s = s[live]
+        old = old[live]
+        padded = _ceil_align(self._length[s].astype(np.int64))
+        tags = self._codec[s]
+        self._tag_entries -= np.bincount(tags, minlength=_NUM_TAGS)
+        self._tag_raw -= np.bincount(
+            tags, weights=self._layout_nbytes[self._layout[s]], minlength=_NUM_TAGS
+        ).astype(np.int64)
+        self._tag_payload -= np.bincount(
+            tags, weights=self._length[s].astype(np.float64), minlength=_NUM_TAGS
+        ).astype(np.int64)
+        ids, inv = np.unique(old, return_inverse=True)
+        freed = np.bincount(inv, weights=padded).astype(np.int64)
+        counts = np.bincount(inv)
+        for cid, nb, cnt in zip(ids.tolist(), freed.tolist(), counts.tolist()):
+            ch = self._chunks[cid]
+            ch.live_bytes -= nb
+            ch.live_count -= cnt
+            self._dead_nbytes += nb
+            self._release_if_empty(cid)
+        self._chunk[s] = -1
+
+    def _release_if_empty(self, cid: int) -> None:
+        ch = self._chunks[cid]
+        if cid != self._open and ch.live_count == 0:
+            del self._chunks[cid]
+            self._arena_nbytes -= ch.data.shape[0]
+            self._dead_nbytes -= ch.used - ch.live_bytes
+
+    def _maybe_compact(self) -> None:
+        """Move the live entries of the sparsest sealed chunks into fresh space while freed
+        bytes exceed ``max_dead_fraction`` of the arena; under the lock."""
+        while True:
+            sealed = [(ch.used - ch.live_bytes, cid) for cid, ch in self._chunks.items() if cid != self._open]
+            if not sealed or sum(d for d, _ in sealed) <= self.max_dead_fraction * self._arena_nbytes:
+                return
+            self._relocate(max(sealed)[1])
+            self._compactions += 1
+
+    def _relocate(self, cid: int) -> None:
+        src = self._chunks[cid]
+        slots = np.flatnonzero(self._chunk == cid)
+        slots = slots[np.argsort(self._offset[slots], kind="stable")]
+        offs = self._offset[slots].astype(np.int64)
+        lens = self._length[slots].astype(np.int64)
+        padded = _ceil_align(lens)
+        # Pack the live payloads back to back in a temporary buffer (one copy per span of
+        # adjacent entries), then place them like a freshly encoded batch.
+        new_offs = np.zeros(slots.size, dtype=np.int64)
+        if slots.size > 1:
+            np.cumsum(padded[:-1], out=new_offs[1:])
+        buf = np.empty(int(padded.sum()), dtype=np.uint8)
+        breaks = np.flatnonzero(offs[1:] != offs[:-1] + padded[:-1]) + 1
+        for a, z in zip(np.r_[0, breaks].tolist(), np.r_[breaks, slots.size].tolist()):
+            n = int(offs[z - 1] + padded[z - 1] - offs[a])
+            buf[new_offs[a] : new_offs[a] + n] = src.data[offs[a] : offs[a] + n]
+
+        class _Enc:  # the fields _place reads
+            buffer, offsets, lengths = buf, new_offs, lens
+
+        chunk_ids, offsets = self._place(_Enc)
+        # The moved entries' bytes are still counted live in ``src``; drop the chunk whole.
+        del self._chunks[cid]
+        self._arena_nbytes -= src.data.shape[0]
+        self._dead_nbytes -= src.used - src.live_bytes
+        self._chunk[slots] = chunk_ids
+        self._offset[slots] = offsets
+
+    def delete(self, slots: Any) -> None:
+        """Empty the given slots (their space is reclaimed as described in the module doc)."""
+        s = np.unique(self._slots(slots).reshape(-1))
+        with self._lock:
+            self._free(s)
+            self._maybe_compact()
+
+    def clear(self) -> None:
+        """Empty every slot and release the whole arena."""
+        with self._lock:
+            self._free(np.arange(self.num_slots))
+            if self._open is not None:
+                ch = self._chunks.pop(self._open)
+                self._arena_nbytes -= ch.data.shape[0]
+                self._dead_nbytes -= ch.used - ch.live_bytes
+                self._open = None
+
+    # -- read path ----------------------------------------------------------------------------
+    def get(self, slots: Any, *, missing: str = "raise", out: np.ndarray | None = None) -> np.ndarray:
+        """Decode a batch of slots.
+
+        Args:
+          slots: integer slot ids of any shape ``S`` (negative ids count from the end).
+          missing: what an empty (never written or deleted) slot gives: ``"raise"`` (default)
+            raises KeyError; ``"zeros"`` returns zeros of the batch's dtype and shape (taken
+            from the other entries of the batch, else the declared ``item_shape``/``dtype``).
+          out: optional C-contiguous array of shape ``S + item_shape`` and the entries' dtype
+            to decode into (e.g. a reused or pinned buffer).
+
+        Returns:
+          # shape=S + item_shape, dtype: the dtype the entries were stored with.
+
+        Raises:
+          KeyError: an empty slot with ``missing="raise"`` (the message lists them).
+          ValueError: entries of the batch have different shapes/dtypes; bad ``missing``/``out``;
+            a corrupt payload.
+          IndexError / TypeError: bad slot ids.
+        """
+        if missing not in ("raise", "zeros"):
+            raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")
+        s = self._slots(slots)
+        flat = s.reshape(-1)
+        with self._lock:  # snapshot; published payload bytes never change afterwards
+            chunk = self._chunk[flat]
+            offset = self._offset[flat].astype(np.int64)
+            length = self._length[flat].astype(np.int64)
+            tags = self._codec[flat]
+            meta = self._meta[flat]
+            layout = self._layout[flat]
+            chunks = {int(c): self._chunks[int(c)].data for c in np.unique(chunk[chunk >= 0])}
+            layouts = list(self._layouts)
+        present = chunk >= 0
+        if not present.all() and missing == "raise":
+            empty = np.unique(flat[~present])
+            raise KeyError(
+                f"slots never written (or deleted): {empty[:10].tolist()}"
+                + (f" and {empty.size - 10} more" if empty.size > 10 else "")
+                + "; pass missing='zeros' to get zeros instead"
+            )
+        if present.any():
+            lids = np.unique(layout[present])
+            if lids.size > 1:
+                desc = [
+                    f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in lids[:5].tolist()
+                ]
+                raise ValueError(
+                    f"slots: the requested entries have different dtypes/shapes {desc}; "
+                    "get them in separate calls"
+                )
+            code, item_shape = layouts[int(lids[0])]
+        elif self._declared is not None:
+            code, item_shape = self._declared
+        elif flat.size == 0:
+            code, item_shape = (self._declared or (dtype_code(np.dtype(np.uint8)), ()))
+        else:
+            raise KeyError(
+                "slots: all requested slots are empty and the store has no declared "
+                "item_shape/dtype, so the zeros' shape is unknown"
+            )
+        dtype = dtype_from_code(code)
+        full_shape = s.shape + tuple(item_shape)
+        if out is None:
+            result = np.empty(full_shape, dtype=dtype)
+        else:
+            if out.shape != full_shape or out.dtype != dtype or not out.flags.c_contiguous:
+                raise ValueError(
+                    f"out: expected a C-contiguous array of shape {full_shape} and dtype {dtype}, "
+                    f"got shape {out.shape}, dtype {out.dtype}"
+                )
+            result = out
+        b = flat.size
+        nbytes = int(np.prod(item_shape, dtype=np.int64)) * dtype.itemsize
+        rows_u8 = result.reshape(b, -1).view(np.uint8) if nbytes and b else np.empty((b, 0), np.uint8)
+        if not present.all():
+            rows_u8[~present] = 0
+        if b == 0 or nbytes == 0 or not present.any():
+            return result
+        # One decode call per (codec, chunk) group; each call is parallel over its entries.
+        rows = np.flatnonzero(present)
+        key = tags[rows].astype(np.int64) << 32 | chunk[rows].astype(np.int64)
+        keys, inv = np.unique(key, return_inverse=True)
+        order = np.argsort(inv, kind="stable")
+        bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=keys.size))]
+        for g, k in enumerate(keys.tolist()):
+            sel = rows[order[bounds[g] : bounds[g + 1]]]
+            codec = codec_for_tag(k >> 32)
+            codec.decode_into(
+                chunks[k & 0xFFFFFFFF], offset[sel], length[sel], meta[sel], rows_u8, sel, dtype
+            )
+        return result
+
+    def written(self, slots: Any) -> np.ndarray:
+        """Boolean mask (same shape as ``slots``): which slots hold an entry."""
+        s = self._slots(slots)
+        with self._lock:
+            return self._chunk[s] >= 0
+
+    # -- numpy-style access -------------------------------------------------------------------
+    def _key(self, key: Any) -> tuple[np.ndarray, bool]:
+        if isinstance(key, slice):
+            return np.arange(self.num_slots)[key], False
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            return np.asarray([key]), True
+        return np.asarray(key), False
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        """``store[i]`` -> one array; ``store[ids]`` / ``store[a:b]`` -> batch (see :meth:`get`)."""
+        s, scalar = self._key(key)
+        out = self.get(s)
+        return out[0] if scalar else out
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """``store[i] = array`` or ``store[ids] = batch`` (see :meth:`put`)."""
+        s, scalar = self._key(key)
+        v = np.asarray(value)
+        self.put(s, v[None] if scalar else v)
+
+    def __len__(self) -> int:
+        return self.num_slots
+
+    def __repr__(self) -> str:
+        return (
+            f"CompressedStore(num_slots={self.num_slots}, codec={self.codec.spec!r}, "
+            f"entries={self.num_entries}, nbytes={self.nbytes})"
+        )
+
+    # -- accounting ---------------------------------------------------------------------------
+    @property
+    def num_entries(self) -> int:
+        """Slots currently holding an entry."""
+        with self._lock:
+            return int(self._tag_entries.sum())
+
+    @property
+    def payload_nbytes(self) -> int:
+        """Bytes of the live compressed payloads (no padding, no index)."""
+        with self._lock:
+            return int(self._tag_payload.sum())
+
+    @property
+    def raw_nbytes(self) -> int:
+        """Bytes the live entries occupy decoded."""
+        with self._lock:
+            return int(self._tag_raw.sum())
+
+    @property
+    def arena_nbytes(self) -> int:
+        """Bytes of all arena chunks held (payload + slack)."""
+        with self._lock:
+            return self._arena_nbytes
+
+    @property
+    def index_nbytes(self) -> int:
+        """Bytes of the per-slot index arrays and the layout table."""
+        idx = sum(
+            a.nbytes for a in (self._chunk, self._offset, self._length, self._codec, self._meta, self._layout)
+        )
+        with self._lock:
+            table = self._layout_nbytes.nbytes + sum(16 + 8 * len(shp) for _, shp in self._layouts)
+        return idx + table
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the store: arena (payload + slack) + index. Python object headers of
+        the handful of containers are not counted; there is none per entry."""
+        return self.arena_nbytes + self.index_nbytes
+
+    @property
+    def compression_ratio(self) -> float:
+        """``raw_nbytes / nbytes``: decoded size over everything the store holds (0 if empty)."""
+        nb = self.nbytes
+        raw = self.raw_nbytes
+        return raw / nb if raw else 0.0
+
+    def stats(self) -> dict[str, Any]:
+        """Accounting snapshot.
+
+        Returns a dict with ``entries``, ``raw_nbytes``, ``payload_nbytes``, ``arena_nbytes``,
+        ``slack_nbytes`` (arena - payload), ``dead_nbytes`` (freed, not yet reclaimed),
+        ``index_nbytes``, ``nbytes``, ``compression_ratio``, ``num_chunks``, ``compactions`` and
+        ``codecs``: per codec name, ``{"entries", "raw_nbytes", "payload_nbytes",
+        "payload_ratio"}`` (raw / payload) for codecs holding at least one entry.
+        """
+        index = self.index_nbytes
+        with self._lock:
+            per = {}
+            for cls in CODECS.values():
+                t = cls.tag
+                if self._tag_entries[t]:
+                    raw, pay = int(self._tag_raw[t]), int(self._tag_payload[t])
+                    per[cls.name] = {
+                        "entries": int(self._tag_entries[t]),
+                        "raw_nbytes": raw,
+                        "payload_nbytes": pay,
+                        "payload_ratio": raw / pay if pay else float("inf"),
+                    }
+            raw = int(self._tag_raw.sum())
+            payload = int(self._tag_payload.sum())
+            arena = self._arena_nbytes
+            return {
+                "entries": int(self._tag_entries.sum()),
+                "raw_nbytes": raw,
+                "payload_nbytes": payload,
+                "arena_nbytes": arena,
+                "slack_nbytes": arena - payload,
+                "dead_nbytes": self._dead_nbytes,
+                "index_nbytes": index,
+                "nbytes": arena + index,
+                "compression_ratio": raw / (arena + index) if raw else 0.0,
+                "num_chunks": len(self._chunks),
+                "compactions": self._compactions,
+                "codecs": per,
+            }
