@@ -161,6 +161,8 @@ class CompressedStore:
     # -- slots and layouts ----------------------------------------------------------------------
     def _slots(self, slots: Any, field: str = "slots") -> np.ndarray:
         s = np.asarray(slots)
+        if s.size == 0 and s.dtype == np.float64:  # np.asarray([]) is float64: an empty id list
+            s = s.astype(np.int64)
         if s.dtype == np.bool_ or not np.issubdtype(s.dtype, np.integer):
             raise TypeError(f"{field}: expected integer slot ids, got dtype {s.dtype}")
         s = s.astype(np.int64, copy=False)
@@ -253,7 +255,7 @@ class CompressedStore:
     def _new_chunk(self, need: int) -> int:
         """Open a chunk of at least ``need`` bytes (geometric growth); call under the lock."""
         size = min(self.chunk_bytes, max(self.min_chunk_bytes, self._arena_nbytes // 2, need))
-        size = max(size, _ceil_align(need))
+        size = _ceil_align(max(size, need))  # multiple of ALIGN: codecs view chunks as u16/u32/u64
         old = self._open
         cid = self._next_chunk_id
         self._next_chunk_id += 1

@@ -1,0 +1,286 @@
+"""CompressedStore: batches, indexing, mixed codecs, missing slots, accounting, compaction,
+concurrency, and a model-based property test."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hc_helpers import assert_bit_exact
+from host_codecs import CompressedStore, available_codecs
+
+HAVE = set(available_codecs())
+needs_all = pytest.mark.skipif(
+    not {"rle", "igzip", "zstd"} <= HAVE, reason="needs numba, isal and zstandard (codecs extra)"
+)
+
+
+def frames(n, seed=0):
+    """Compressible uint8 [n, 84, 84] frames with a per-frame signature."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n, 84, 84), np.uint8)
+    for i in range(n):
+        r = rng.integers(0, 70)
+        out[i, r : r + 10] = i % 251
+        out[i, :, rng.integers(0, 84)] = 255
+    return out
+
+
+@needs_all
+def test_mixed_codecs_each_entry_decoded_with_its_own(atari_stacks):
+    obs = atari_stacks["breakout_obs"][:40]
+    store = CompressedStore(40, codec="rle")
+    specs = ["rle", "igzip:1", "none", "zstd:3", "rle:16"]
+    for k, spec in enumerate(specs):
+        slots = np.arange(k, 40, len(specs))
+        store.put(slots, obs[slots], codec=spec if spec != "rle" else None)
+    assert store._codec.tolist() == [[1, 2, 0, 3, 1][i % 5] for i in range(40)]
+    order = np.random.default_rng(0).permutation(40)
+    assert_bit_exact(store.get(order), obs[order])
+    per = store.stats()["codecs"]
+    assert {k: v["entries"] for k, v in per.items()} == {"none": 8, "rle": 16, "igzip": 8, "zstd": 8}
+    assert per["none"]["payload_ratio"] == 1.0
+
+
+@needs_all
+def test_store_with_other_default_decodes_entries():
+    # The default codec only picks how new entries are written; decoding follows the tags.
+    data = frames(6)
+    for default in ("none", "igzip:0", "zstd:1"):
+        store = CompressedStore(6, codec=default)
+        store.put([0, 1, 2], data[:3], codec="rle")
+        store.put([3, 4, 5], data[3:])
+        assert_bit_exact(store.get(np.arange(6)), data)
+
+
+def test_numpy_style_indexing():
+    store = CompressedStore(10, codec="none")
+    data = np.arange(10 * 6, dtype=np.int16).reshape(10, 2, 3)
+    store[:] = data
+    assert_bit_exact(store[3], data[3])
+    assert_bit_exact(store[-1], data[9])
+    assert_bit_exact(store[[1, 1, 4]], data[[1, 1, 4]])
+    assert_bit_exact(store[2:8:3], data[2:8:3])
+    assert_bit_exact(store[np.array([[0, 1], [2, 3]])], data[[[0, 1], [2, 3]]])
+    store[4] = -data[4]
+    assert_bit_exact(store[4], -data[4])
+    assert len(store) == 10
+
+
+def test_repeated_slots_last_write_wins():
+    store = CompressedStore(5, codec="none")
+    store.put([1, 2, 1], np.array([[1], [2], [3]], np.int32))
+    assert store.get([1, 2]).ravel().tolist() == [3, 2]
+    assert store.num_entries == 2
+
+
+def test_missing_slots():
+    store = CompressedStore(8, codec="none")
+    store.put([2], np.ones((1, 3), np.float32))
+    with pytest.raises(KeyError, match=r"never written.*\[0, 5\].*missing='zeros'"):
+        store.get([0, 2, 5])
+    got = store.get([0, 2, 5], missing="zeros")
+    assert_bit_exact(got, np.array([[0, 0, 0], [1, 1, 1], [0, 0, 0]], np.float32))
+    with pytest.raises(KeyError, match="shape is unknown"):
+        store.get([0, 1], missing="zeros")
+    declared = CompressedStore(8, codec="none", item_shape=(3,), dtype=np.float32)
+    assert_bit_exact(declared.get([0, 1], missing="zeros"), np.zeros((2, 3), np.float32))
+    store.delete([2])
+    assert not store.written([2]).any()
+    with pytest.raises(KeyError):
+        store[2]
+    with pytest.raises(ValueError, match="missing"):
+        store.get([2], missing="nan")
+
+
+def test_input_validation():
+    store = CompressedStore(4, codec="none", item_shape=(2,), dtype=np.uint8)
+    with pytest.raises(TypeError, match="integer slot ids"):
+        store.put(np.array([0.0]), np.zeros((1, 2), np.uint8))
+    with pytest.raises(IndexError, match="slot 4 out of range"):
+        store.put([4], np.zeros((1, 2), np.uint8))
+    with pytest.raises(ValueError, match="leading batch axis of 2"):
+        store.put([0, 1], np.zeros((3, 2), np.uint8))
+    with pytest.raises(ValueError, match=r"shape \(2,\) and dtype uint8, got shape \(2,\) and dtype float32"):
+        store.put([0], np.zeros((1, 2), np.float32))
+    free = CompressedStore(4, codec="none")
+    with pytest.raises(TypeError, match="numeric dtype"):
+        free.put([0], np.array([["a"]], dtype=object))
+    with pytest.raises(TypeError, match="native byte order"):
+        free.put([0], np.zeros((1, 2), ">f4"))
+    free.put([0], np.zeros((1, 2), np.uint8))
+    free.put([1], np.zeros((1, 3), np.uint8))
+    with pytest.raises(ValueError, match="different dtypes/shapes"):
+        free.get([0, 1])
+    with pytest.raises(ValueError, match="num_slots"):
+        CompressedStore(0)
+    with pytest.raises(ValueError, match="unknown codec"):
+        CompressedStore(4, codec="lzma")
+
+
+def test_out_argument():
+    store = CompressedStore(4, codec="none")
+    data = np.arange(12, dtype=np.float64).reshape(4, 3)
+    store[:] = data
+    out = np.empty((2, 3), np.float64)
+    assert store.get([3, 0], out=out) is out
+    assert_bit_exact(out, data[[3, 0]])
+    with pytest.raises(ValueError, match="out: expected"):
+        store.get([3, 0], out=np.empty((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("spec", sorted({"none", "rle", "igzip:1"} & {s.split(":")[0] for s in HAVE} | {"none"}))
+def test_accounting(spec, atari_stacks):
+    spec = {"igzip": "igzip:1"}.get(spec, spec)
+    obs = atari_stacks["pong_obs"][:100]
+    store = CompressedStore(1000, codec=spec)
+    assert store.nbytes == store.index_nbytes and store.compression_ratio == 0.0
+    store.put(np.arange(100), obs)
+    s = store.stats()
+    assert s["raw_nbytes"] == obs.nbytes == store.raw_nbytes
+    assert s["payload_nbytes"] == int(store._length[:100].sum()) == store.payload_nbytes
+    assert s["index_nbytes"] >= 16 * 1000  # 16 bytes per slot
+    assert s["nbytes"] == s["arena_nbytes"] + s["index_nbytes"] == store.nbytes
+    assert s["arena_nbytes"] == s["payload_nbytes"] + s["slack_nbytes"]
+    assert s["slack_nbytes"] >= 0 and s["arena_nbytes"] <= 2 * s["payload_nbytes"] + (64 << 10)
+    assert store.compression_ratio == pytest.approx(obs.nbytes / store.nbytes)
+    assert s["codecs"][store.codec.name]["entries"] == 100
+    # overwrite with the same data: same payload, more dead space until reclaimed
+    store.put(np.arange(100), obs)
+    assert store.payload_nbytes == s["payload_nbytes"]
+    store.delete(np.arange(50))
+    assert store.raw_nbytes == obs[50:].nbytes
+    store.clear()
+    s = store.stats()
+    assert (s["entries"], s["payload_nbytes"], s["arena_nbytes"], s["codecs"]) == (0, 0, 0, {})
+
+
+def test_fifo_overwrite_releases_chunks_without_compaction():
+    data = frames(64)
+    store = CompressedStore(256, codec="none", chunk_bytes=1 << 16, min_chunk_bytes=1 << 14)
+    for step in range(40):
+        slots = (np.arange(16) + 16 * step) % 256
+        store.put(slots, data[(np.arange(16) + step) % 64])
+    s = store.stats()
+    live = 256 * 84 * 84
+    assert s["payload_nbytes"] == live
+    assert s["arena_nbytes"] <= live + 2 * (1 << 16)  # at most ~two partly used chunks extra
+    assert s["compactions"] == 0
+
+
+def test_random_overwrite_compacts_and_stays_correct():
+    rng = np.random.default_rng(0)
+    data = frames(50)
+    store = CompressedStore(200, codec="none", chunk_bytes=1 << 15, min_chunk_bytes=1 << 12)
+    model = {}
+    for _ in range(300):
+        slots = rng.choice(200, size=rng.integers(1, 9), replace=False)
+        idx = rng.integers(0, 50, slots.size)
+        store.put(slots, data[idx])
+        model.update(zip(slots.tolist(), idx.tolist()))
+    s = store.stats()
+    assert s["compactions"] > 0
+    assert s["dead_nbytes"] <= 0.25 * s["arena_nbytes"] + (1 << 15)
+    keys = np.array(sorted(model))
+    assert_bit_exact(store.get(keys), data[[model[k] for k in keys.tolist()]])
+
+
+@pytest.mark.parametrize("spec", [s for s in ("rle", "igzip:0", "none") if s.split(":")[0] in HAVE])
+def test_concurrent_writer_and_reader_never_see_torn_entries(spec):
+    """A writer publishes versions 1..N of each slot (entry = the version everywhere); a reader
+    must see constant entries whose version never goes backwards. Small chunks force chunk
+    release and compaction while the reader runs."""
+    num_slots, n_ops = 32, 3000
+    store = CompressedStore(num_slots, codec=spec, chunk_bytes=1 << 14, min_chunk_bytes=1 << 12)
+    store.put(np.arange(num_slots), np.zeros((num_slots, 16, 16), np.int32))
+    errors: list[str] = []
+    done = threading.Event()
+
+    def writer():
+        rng = np.random.default_rng(1)
+        version = np.zeros(num_slots, np.int64)
+        try:
+            for _ in range(n_ops):
+                slots = rng.choice(num_slots, size=rng.integers(1, 5), replace=False)
+                version[slots] += 1
+                batch = np.broadcast_to(version[slots, None, None], (slots.size, 16, 16)).astype(np.int32)
+                store.put(slots, batch, codec=["none", spec][int(rng.integers(0, 2))])
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(f"writer: {exc!r}")
+        finally:
+            done.set()
+
+    def reader():
+        rng = np.random.default_rng(2)
+        seen = np.zeros(num_slots, np.int64)
+        reads = 0
+        try:
+            while not done.is_set() or reads < 100:
+                slots = rng.choice(num_slots, size=8, replace=False)
+                got = store.get(slots)
+                first = got[:, :1, :1]
+                if not (got == first).all():
+                    errors.append(f"torn entry in slots {slots.tolist()}")
+                    return
+                v = first.reshape(-1).astype(np.int64)
+                if (v < seen[slots]).any():
+                    errors.append("a slot went back to an older version")
+                    return
+                seen[slots] = v
+                reads += 1
+        except Exception as exc:  # pragma: no cover
+            errors.append(f"reader: {exc!r}")
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert store.stats()["compactions"] + store.stats()["num_chunks"] > 1
+
+
+@st.composite
+def operations(draw):
+    ops = []
+    for _ in range(draw(st.integers(1, 25))):
+        kind = draw(st.sampled_from(["put", "put", "delete", "get"]))
+        slots = draw(st.lists(st.integers(-12, 11), min_size=0, max_size=6))
+        ops.append((kind, slots, draw(st.integers(0, 2**31 - 1)), draw(st.sampled_from(["none", "rle", "igzip:0"]))))
+    return ops
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=operations())
+def test_model_based_against_a_dict(ops):
+    """Random put/delete/get sequences against a plain dict; tiny chunks exercise compaction."""
+    store = CompressedStore(12, codec="none", chunk_bytes=256, min_chunk_bytes=64)
+    model: dict[int, np.ndarray] = {}
+    for kind, slots, seed, spec in ops:
+        norm = [s % 12 for s in slots]
+        if kind == "put":
+            rng = np.random.default_rng(seed)
+            batch = (rng.integers(0, 3, (len(slots), 5, 4)) * rng.integers(0, 200)).astype(np.uint8)
+            store.put(slots, batch, codec=spec if spec.split(":")[0] in HAVE else "none")
+            for s, b in zip(norm, batch):
+                model[s] = b
+        elif kind == "delete":
+            store.delete(slots)
+            for s in norm:
+                model.pop(s, None)
+        else:
+            present = [s for s in slots if s % 12 in model]
+            if present:
+                assert_bit_exact(store.get(present), np.stack([model[s % 12] for s in present]))
+            absent = [s for s in slots if s % 12 not in model]
+            if absent:
+                with pytest.raises(KeyError):
+                    store.get(absent)
+        assert store.num_entries == len(model)
+        assert store.raw_nbytes == 20 * len(model)
+        s = store.stats()
+        assert s["arena_nbytes"] - s["payload_nbytes"] == s["slack_nbytes"] >= 0
