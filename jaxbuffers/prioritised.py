@@ -1,0 +1,327 @@
+"""Prioritised item replay: :class:`PrioritisedReplayBuffer` and :class:`PrioritisedSample`.
+
+Proportional prioritised experience replay (Schaul et al., "Prioritized Experience Replay",
+ICLR 2016). The buffer is a :class:`jaxbuffers.ReplayBuffer` (the same ring, validation and
+storage) plus, per slot, a priority leaf in a :class:`~jaxbuffers.sum_tree.SumTree` (for sampling)
+and a :class:`~jaxbuffers.sum_tree.MinTree` (for the importance-weight normaliser), and an int32
+generation counter that tells a fresh item from an overwritten one.
+
+Sampling probability and importance weight of slot ``i`` (``p_i``: its priority, ``alpha``: the
+priority exponent fixed at create time, ``N``: the number of valid items):
+
+.. math::
+
+    P(i) = \\frac{p_i^\\alpha}{\\sum_k p_k^\\alpha}, \\qquad
+    w_i = \\frac{(N P(i))^{-\\beta}}{\\max_j (N P(j))^{-\\beta}}
+        = \\left(\\frac{p_i^\\alpha}{\\min_j p_j^\\alpha}\\right)^{-\\beta},
+
+with ``j`` ranging over the VALID slots only (empty slots are excluded; ``N`` cancels).
+
+Priority policy (applied by :meth:`PrioritisedReplayBuffer.add` and
+:meth:`PrioritisedReplayBuffer.set_priorities`; values cannot be checked at trace time):
+
+* ``NaN``                  -> the running max priority (before this call): the item is revisited soon.
+* ``< epsilon`` (zero, negative, ``-inf``) -> ``epsilon``: a valid item is never unreachable.
+* ``> PRIORITY_MAX`` (incl. ``+inf``)      -> ``PRIORITY_MAX`` (1e20): the sum over 2**30 leaves
+  stays finite in float32.
+
+So every valid slot holds a leaf in ``[min(epsilon, epsilon**alpha), PRIORITY_MAX]``, the sum tree
+never holds NaN or inf, and sampling never returns an empty slot once one item was added.
+
+Example::
+
+    import jax, jax.numpy as jnp
+    import jaxbuffers as jb
+
+    item = {"obs": jnp.zeros(4), "reward": jnp.float32(0)}
+    buf = jb.PrioritisedReplayBuffer.create(item, capacity=10_000, priority_exponent=0.6)
+    batch = jax.tree.map(lambda x: jnp.stack([x] * 8), item)       # leading axis B = 8
+    buf = jax.jit(jb.PrioritisedReplayBuffer.add, donate_argnums=0)(buf, batch)
+    out = buf.sample(jax.random.key(0), 32, beta=0.4)
+    td_error = jnp.ones(32)                                         # from the learner
+    buf = buf.set_priorities(out.indices, jnp.abs(td_error), out.generations)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxbuffers import _ring, _validate
+from jaxbuffers.replay import ReplayBuffer
+from jaxbuffers.sum_tree import MinTree, SumTree, last_write_mask
+
+__all__ = ["PrioritisedReplayBuffer", "PrioritisedSample", "PRIORITY_MAX"]
+
+PRIORITY_MAX = 1e20
+"""Largest priority kept (larger values and ``+inf`` are clamped to it); see the module docstring."""
+
+
+class PrioritisedSample(NamedTuple):
+    """What :meth:`PrioritisedReplayBuffer.sample` returns (``B`` = batch size)."""
+
+    item: Any  # pytree like the example item, leaves [B, ...] with the stored dtypes
+    indices: jax.Array  # shape=[B], dtype=int32: physical slots the items were read from
+    probabilities: jax.Array  # shape=[B], dtype=float32: P(i) = p_i^alpha / sum_k p_k^alpha
+    importance_weights: jax.Array  # shape=[B], dtype=float32: (N P(i))^-beta / max_j (N P(j))^-beta, in (0, 1]
+    generations: jax.Array  # shape=[B], dtype=int32: slot generation at sampling; pass to set_priorities
+
+
+def _float_arg(name: str, value, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a Python float, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not (lo <= value <= hi):
+        raise ValueError(f"{name}: expected a float in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _check_vector(name: str, x, b: int, kind: str) -> jax.Array:
+    """A [b] array of the given kind ('floating' or 'integer'), checked at trace time."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name}: expected an array of shape [{b}], got {type(x).__name__}")
+    if tuple(x.shape) != (b,):
+        raise ValueError(f"{name}: expected shape ({b},), got {tuple(x.shape)}")
+    want = jnp.floating if kind == "floating" else jnp.integer
+    if not jnp.issubdtype(x.dtype, want):
+        raise TypeError(f"{name}: expected a{'n' if kind == 'integer' else ''} {kind} dtype, got {x.dtype}")
+    return jnp.asarray(x)
+
+
+class PrioritisedReplayBuffer(struct.PyTreeNode):
+    """Fixed-capacity ring of items with proportional prioritised, stratified sampling.
+
+    Build it with :meth:`create`; every method is pure and returns a new buffer. Works under
+    ``jit`` (donate the buffer for in-place adds), ``lax.scan`` and ``vmap`` over stacked buffers.
+    See the module docstring for the equations and the priority policy.
+    """
+
+    replay: ReplayBuffer  # the items, ring position and counts (see jaxbuffers.replay)
+    sum_tree: SumTree  # leaves p_i^alpha at valid slots, 0 elsewhere; nodes shape=(2P,), float32
+    min_tree: MinTree  # leaves p_i^alpha at valid slots, +inf elsewhere; nodes shape=(2P,), float32
+    generations: jax.Array  # shape=(capacity,), int32: writes to each slot (0 = never; wraps, compared by equality)
+    max_priority: jax.Array  # shape=(), float32: running max priority (before alpha); 1.0 initially
+    priority_exponent: float = struct.field(pytree_node=False)  # alpha, in [0, 1]
+    epsilon: float = struct.field(pytree_node=False)  # smallest priority kept, > 0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(
+        cls,
+        example_item: Any,
+        capacity: int,
+        *,
+        priority_exponent: float = 0.6,
+        min_size: int = 1,
+        epsilon: float = 1e-6,
+    ) -> "PrioritisedReplayBuffer":
+        """An empty buffer for items shaped like ``example_item``.
+
+        Args:
+          example_item: one item, no batch axis (see :meth:`jaxbuffers.ReplayBuffer.create`).
+          capacity: number of items kept (Python int in ``[1, 2**30]``); oldest overwritten first.
+          priority_exponent: ``alpha`` in ``[0, 1]`` (0: uniform; 1: fully proportional).
+          min_size: ``can_sample`` is False until this many items are stored.
+          epsilon: smallest priority kept, in ``[1e-30, 1]``; zero/negative priorities become it.
+
+        Raises:
+          ValueError / TypeError: as :meth:`jaxbuffers.ReplayBuffer.create`, or ``alpha`` /
+          ``epsilon`` outside their ranges.
+        """
+        alpha = _float_arg("priority_exponent", priority_exponent, 0.0, 1.0)
+        epsilon = _float_arg("epsilon", epsilon, 1e-30, 1.0)
+        replay = ReplayBuffer.create(example_item, capacity, min_size=min_size)
+        return cls(
+            replay=replay,
+            sum_tree=SumTree.create(replay.capacity),
+            min_tree=MinTree.create(replay.capacity),
+            generations=jnp.zeros((replay.capacity,), jnp.int32),
+            max_priority=jnp.float32(1.0),
+            priority_exponent=alpha,
+            epsilon=epsilon,
+        )
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def capacity(self) -> int:
+        return self.replay.capacity
+
+    @property
+    def min_size(self) -> int:
+        return self.replay.min_size
+
+    @property
+    def item_spec(self) -> Any:
+        """Pytree of ``jax.ShapeDtypeStruct``: one item's shapes and dtypes."""
+        return self.replay.item_spec
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held: item storage + both trees + generations + scalars (Python int)."""
+        return (
+            self.replay.memory_bytes
+            + _validate.tree_nbytes((self.sum_tree.nodes, self.min_tree.nodes, self.generations))
+            + _validate.tree_nbytes((self.replay.head, self.replay.num_valid, self.replay.added, self.max_priority))
+        )
+
+    def size(self) -> jax.Array:
+        """Number of valid items (int32 scalar)."""
+        return self.replay.size()
+
+    def is_full(self) -> jax.Array:
+        """Whether every slot holds an item (bool scalar)."""
+        return self.replay.is_full()
+
+    def num_added(self) -> int:
+        """Exact number of items ever added (host-side Python int)."""
+        return self.replay.num_added()
+
+    def can_sample(self, batch_size: int = 1) -> jax.Array:
+        """Whether at least ``min_size`` items are stored (bool scalar); sampling is with replacement."""
+        return self.replay.can_sample(batch_size)
+
+    # ------------------------------------------------------------------ priorities
+    def _sanitise(self, priorities: jax.Array) -> jax.Array:
+        """Apply the priority policy of the module docstring; float32 in ``[epsilon, PRIORITY_MAX]``."""
+        p = priorities.astype(jnp.float32)
+        p = jnp.where(jnp.isnan(p), self.max_priority, p)
+        return jnp.clip(p, jnp.float32(self.epsilon), jnp.float32(PRIORITY_MAX))
+
+    def _leaf(self, p: jax.Array) -> jax.Array:
+        """Tree leaf ``p ** alpha`` (exactly 1 for alpha = 0)."""
+        if self.priority_exponent == 1.0:
+            return p
+        return jnp.power(p, jnp.float32(self.priority_exponent))
+
+    def priorities(self, indices: jax.Array) -> jax.Array:
+        """Priorities ``p_i`` at slots ``indices`` (float32, recovered as ``leaf ** (1/alpha)``;
+        for alpha = 0 every valid slot reads 1). Empty slots read 0."""
+        leaf = self.sum_tree.get(indices)
+        if self.priority_exponent in (0.0, 1.0):
+            return leaf
+        return jnp.power(leaf, jnp.float32(1.0 / self.priority_exponent))
+
+    # ------------------------------------------------------------------ add / sample / update
+    def add(self, batch: Any, priorities: jax.Array | None = None) -> "PrioritisedReplayBuffer":
+        """Append a batch of items, overwriting the oldest ones once full.
+
+        Args:
+          batch: pytree like the example item with a leading axis ``B`` on every leaf,
+            ``1 <= B <= capacity``, exactly the stored dtypes.
+          priorities: optional floating ``[B]``; default: every new item gets the running max
+            priority. Given values follow the priority policy and update the running max.
+
+        Returns:
+          The new buffer; each written slot's generation is incremented. Cost ``O(B log C)``;
+          storage is updated in place when the buffer is donated.
+
+        Raises (at trace time):
+          TypeError / ValueError: as :meth:`jaxbuffers.ReplayBuffer.add`; ``priorities`` not a
+          floating ``[B]`` array.
+        """
+        (b,) = _validate.check_batch(self.item_spec, batch, 1, "batch")
+        _ring.check_batch_fits(b, self.capacity, "batch")
+        slots = _ring.write_indices(self.replay.head, b, self.capacity)  # distinct: B <= capacity
+        if priorities is None:
+            p = jnp.full((b,), self.max_priority, jnp.float32)
+            max_priority = self.max_priority
+        else:
+            p = self._sanitise(_check_vector("priorities", priorities, b, "floating"))
+            max_priority = jnp.maximum(self.max_priority, jnp.max(p))
+        leaf = self._leaf(p)
+        return self.replace(
+            replay=self.replay.add(batch),
+            sum_tree=self.sum_tree.set_unique(slots, leaf),
+            min_tree=self.min_tree.set_unique(slots, leaf),
+            generations=self.generations.at[slots].add(1, unique_indices=True, mode="promise_in_bounds"),
+            max_priority=max_priority,
+        )
+
+    def sample(self, key: jax.Array, batch_size: int, beta=0.4) -> PrioritisedSample:
+        """Draw ``batch_size`` items by stratified proportional sampling (with replacement).
+
+        Stratum ``k`` of ``[0, total)`` contributes one draw (Schaul et al. 2016, appendix B.2.1).
+
+        Args:
+          key: a JAX PRNG key.
+          batch_size: static Python int >= 1.
+          beta: importance-sampling exponent, a float or a float scalar array (may be traced, e.g.
+            annealed inside a jitted step); ``0`` gives weights of 1.
+
+        Returns:
+          :class:`PrioritisedSample`. Every index is a valid slot with positive priority once an
+          item was added. On an empty buffer (``can_sample`` False) it returns slot 0 (zeros),
+          probability 0 and weight 1: defined, never garbage, but check ``can_sample`` first.
+
+        Raises:
+          ValueError / TypeError: ``batch_size`` not an int >= 1, ``beta`` not a scalar, or a
+          Python ``beta`` that is negative or not finite.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size: expected a Python int >= 1, got {batch_size!r}")
+        if isinstance(beta, (int, float, np.integer, np.floating)) and not isinstance(beta, bool):
+            if not (math.isfinite(beta) and beta >= 0):
+                raise ValueError(f"beta: expected a finite float >= 0, got {beta}")
+        elif not hasattr(beta, "shape") or tuple(beta.shape) != () or not jnp.issubdtype(beta.dtype, jnp.floating):
+            raise TypeError(f"beta: expected a float or a float scalar array, got {beta!r}")
+        indices = self.sum_tree.sample_stratified(key, int(batch_size))
+        leaf = self.sum_tree.get(indices)
+        total = self.sum_tree.total()
+        min_leaf = self.min_tree.min()
+        nonempty = total > 0
+        probabilities = jnp.where(nonempty, leaf / jnp.where(nonempty, total, 1), 0)
+        ratio = leaf / jnp.where(nonempty, min_leaf, 1)
+        weights = jnp.where(nonempty, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)), 1)
+        return PrioritisedSample(
+            item=self.replay.get(indices),
+            indices=indices,
+            probabilities=probabilities.astype(jnp.float32),
+            importance_weights=weights.astype(jnp.float32),
+            generations=self.generations[indices],
+        )
+
+    def set_priorities(
+        self, indices: jax.Array, priorities: jax.Array, generations: jax.Array
+    ) -> "PrioritisedReplayBuffer":
+        """Set the priorities of sampled slots, ignoring slots overwritten since they were sampled.
+
+        Args:
+          indices: int ``[B]`` slots (``PrioritisedSample.indices``).
+          priorities: floating ``[B]`` new priorities (typically ``|TD error|``); the priority
+            policy of the module docstring applies.
+          generations: int ``[B]``, ``PrioritisedSample.generations`` from the same sample.
+
+        An entry is applied only if its slot is in ``[0, size())`` and the slot's generation still
+        equals ``generations``; others are ignored (stale or invalid). Among applied entries for
+        the same slot, the last one in the batch wins. The running max priority is raised to the
+        largest priority actually written (after that resolution).
+
+        Returns:
+          The new buffer. Cost ``O(B log B + B log C)``.
+
+        Raises (at trace time):
+          ValueError / TypeError: an argument not 1-D, lengths differ, wrong dtype kind.
+        """
+        if not hasattr(indices, "shape") or len(indices.shape) != 1:
+            raise ValueError(f"indices: expected a 1-D int array [B], got {getattr(indices, 'shape', indices)!r}")
+        (b,) = indices.shape
+        indices = _check_vector("indices", indices, b, "integer").astype(jnp.int32)
+        priorities = _check_vector("priorities", priorities, b, "floating")
+        generations = _check_vector("generations", generations, b, "integer").astype(jnp.int32)
+        in_range = (indices >= 0) & (indices < self.replay.num_valid)
+        current = self.generations[jnp.clip(indices, 0, self.capacity - 1)]
+        applied = in_range & (current == generations)
+        keep = last_write_mask(indices, applied)
+        p = self._sanitise(priorities)
+        leaf = self._leaf(p)
+        # keep marks distinct slots, so the unique-index write applies exactly the winners.
+        return self.replace(
+            sum_tree=self.sum_tree.set_unique(indices, leaf, where=keep),
+            min_tree=self.min_tree.set_unique(indices, leaf, where=keep),
+            max_priority=jnp.maximum(self.max_priority, jnp.max(jnp.where(keep, p, 0))),
+        )

@@ -1,0 +1,433 @@
+"""Tests of jaxbuffers.prioritised.PrioritisedReplayBuffer."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxbuffers.prioritised import PRIORITY_MAX, PrioritisedReplayBuffer, PrioritisedSample
+
+PRB = PrioritisedReplayBuffer
+JIT = pytest.mark.parametrize("use_jit", [False, True], ids=["nojit", "jit"])
+ITEM = {"id": jnp.int32(0), "v": jnp.zeros((2,), jnp.float32)}
+
+
+def _batch(ids):
+    ids = np.asarray(ids, np.int32)
+    return {"id": jnp.asarray(ids), "v": jnp.asarray(np.stack([ids, -ids], 1).astype(np.float32))}
+
+
+def _add(buf, b, p=None):
+    return buf.add(b) if p is None else buf.add(b, p)
+
+
+def _sample(buf, key, beta):
+    return buf.sample(key, 64, beta)
+
+
+def _set(buf, i, p, g):
+    return buf.set_priorities(i, p, g)
+
+
+FNS = {
+    False: {"add": _add, "sample": _sample, "set": _set},
+    True: {"add": jax.jit(_add), "sample": jax.jit(_sample), "set": jax.jit(_set)},
+}
+
+
+def _assert_tree_valid(buf):
+    """Root finite and equal to the sum of the leaves; non-valid slots are empty; min-tree agrees."""
+    leaves = np.asarray(buf.sum_tree.leaves()).astype(np.float64)
+    n = int(buf.size())
+    total = float(buf.sum_tree.total())
+    assert math.isfinite(total)
+    assert np.all(np.isfinite(leaves))
+    assert abs(total - leaves.sum()) <= 1e-6 * max(leaves.sum(), 1e-30)
+    assert np.all(leaves[:n] > 0), "a valid slot has a zero leaf"
+    assert np.all(leaves[n:] == 0), "an empty slot has a leaf"
+    if n:
+        assert float(buf.min_tree.min()) == np.float32(leaves[:n].min())
+
+
+# ------------------------------------------------------------------------------------------------
+# The issue's exact numbers
+
+
+@JIT
+def test_importance_weights_issue_case(use_jit):
+    buf = PRB.create({"x": jnp.float32(0)}, 8, priority_exponent=1.0)
+    add = jax.jit(PRB.add) if use_jit else PRB.add
+    buf = add(buf, {"x": jnp.arange(3, dtype=jnp.float32)}, jnp.array([1.0, 2.0, 4.0]))
+    sample = jax.jit(PRB.sample, static_argnums=2) if use_jit else PRB.sample
+    out = sample(buf, jax.random.key(0), 512, 0.4)
+    idx = np.asarray(out.indices)
+    assert set(idx.tolist()) == {0, 1, 2}
+    expected_p = np.array([1 / 7, 2 / 7, 4 / 7])
+    expected_w = np.array([1.0, 0.757858, 0.574349])
+    np.testing.assert_allclose(np.asarray(out.probabilities), expected_p[idx], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.importance_weights), expected_w[idx], rtol=1e-5)
+    # The items are the ones stored at those slots.
+    np.testing.assert_array_equal(np.asarray(out.item["x"]), idx.astype(np.float32))
+
+
+def _chi_square_p_value(counts, expected):
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    dof = len(counts) - 1
+    try:
+        from scipy.stats import chi2
+
+        return float(chi2.sf(stat, dof)), stat
+    except ImportError:  # 0.999 quantile of chi-square with 15 dof (tables): p > 0.001 iff stat < it
+        assert dof == 15
+        return (1.0 if stat < 37.697 else 0.0), stat
+
+
+def test_sampling_frequencies_match_priorities_chi_square():
+    """100k stratified draws (alpha 0.6, after wrap-around): frequencies match p^alpha / sum."""
+    capacity, alpha = 16, 0.6
+    buf = PRB.create({"x": jnp.float32(0)}, capacity, priority_exponent=alpha)
+    rng = np.random.default_rng(0)
+    # 20 adds into 16 slots: the first 4 are overwritten, so their priorities must not count.
+    pri = rng.uniform(0.05, 5.0, 20).astype(np.float32)
+    buf = buf.add({"x": jnp.zeros(20 - capacity)}, jnp.asarray(pri[: 20 - capacity] * 100))
+    buf = buf.add({"x": jnp.zeros(capacity)}, jnp.asarray(pri[20 - capacity :]))
+    keys = jax.random.split(jax.random.key(1234), 100)
+    idx = jax.jit(jax.vmap(lambda k: buf.sample(k, 1000, 0.5).indices))(keys)
+    counts = np.bincount(np.asarray(idx).ravel(), minlength=capacity).astype(np.float64)
+    assert counts.sum() == 100_000
+    # Item k (0-based, in add order) sits in slot k % 16; items 0..3 were overwritten.
+    slot_pri = np.empty(capacity)
+    for k in range(20 - capacity, 20):
+        slot_pri[k % capacity] = pri[k]
+    expected = slot_pri**alpha / (slot_pri**alpha).sum() * 100_000
+    p_value, stat = _chi_square_p_value(counts, expected)
+    assert p_value > 0.001, (stat, counts, expected)
+
+
+# ------------------------------------------------------------------------------------------------
+# Behaviour
+
+
+@JIT
+def test_new_items_get_running_max_priority(use_jit):
+    f = FNS[use_jit]
+    buf = PRB.create(ITEM, 8, priority_exponent=1.0)
+    buf = f["add"](buf, _batch([0, 1]))
+    np.testing.assert_array_equal(np.asarray(buf.sum_tree.leaves())[:2], [1.0, 1.0])  # initial max 1
+    out = f["sample"](buf, jax.random.key(0), jnp.float32(0.4))
+    buf = f["set"](buf, out.indices[:1], jnp.array([5.0]), out.generations[:1])
+    assert float(buf.max_priority) == 5.0
+    buf = f["add"](buf, _batch([2]))
+    assert float(buf.sum_tree.get(jnp.array([2]))[0]) == 5.0
+    # Explicit priorities raise the running max too.
+    buf = f["add"](buf, _batch([3]), jnp.array([7.0]))
+    assert float(buf.max_priority) == 7.0
+    _assert_tree_valid(buf)
+
+
+@JIT
+def test_stale_generation_update_ignored(use_jit):
+    f = FNS[use_jit]
+    buf = PRB.create(ITEM, 4, priority_exponent=1.0)
+    buf = f["add"](buf, _batch([0, 1, 2, 3]))
+    gens = buf.generations[jnp.array([0, 1])]
+    np.testing.assert_array_equal(np.asarray(gens), [1, 1])
+    buf = f["add"](buf, _batch([4]))  # overwrites slot 0
+    assert int(buf.generations[0]) == 2
+    buf = f["set"](buf, jnp.array([0, 1]), jnp.array([9.0, 3.0]), gens)
+    leaves = np.asarray(buf.sum_tree.leaves())
+    assert leaves[0] == 1.0  # stale: ignored
+    assert leaves[1] == 3.0  # fresh: applied
+    assert float(buf.max_priority) == 3.0  # the ignored 9 did not raise the max
+
+
+@JIT
+def test_updates_to_empty_or_out_of_range_slots_ignored(use_jit):
+    f = FNS[use_jit]
+    buf = f["add"](PRB.create(ITEM, 8, priority_exponent=1.0), _batch([0, 1]))
+    # Slot 5 was never written (generation 0 == the passed 0), -1 and 8 are out of range.
+    buf = f["set"](buf, jnp.array([5, -1, 8, 1]), jnp.array([4.0, 4.0, 4.0, 2.0]), jnp.array([0, 1, 1, 1]))
+    np.testing.assert_array_equal(np.asarray(buf.sum_tree.leaves()), [1, 2, 0, 0, 0, 0, 0, 0])
+    _assert_tree_valid(buf)
+
+
+@JIT
+def test_duplicate_updates_last_wins(use_jit):
+    f = FNS[use_jit]
+    buf = f["add"](PRB.create(ITEM, 8, priority_exponent=1.0), _batch([0, 1, 2]))
+    g = jnp.ones(4, jnp.int32)
+    buf = f["set"](buf, jnp.array([1, 2, 1, 2]), jnp.array([8.0, 3.0, 0.5, 6.0]), g)
+    np.testing.assert_array_equal(np.asarray(buf.sum_tree.leaves())[:3], [1.0, 0.5, 6.0])
+    # A stale later duplicate does not hide an earlier fresh one.
+    buf = f["set"](buf, jnp.array([0, 0]), jnp.array([2.0, 9.0]), jnp.array([1, 7], jnp.int32))
+    assert float(buf.sum_tree.leaves()[0]) == 2.0
+
+
+@JIT
+def test_priority_policy_nan_inf_negative_zero(use_jit):
+    f = FNS[use_jit]
+    eps = 1e-4
+    buf = PRB.create(ITEM, 8, priority_exponent=1.0, epsilon=eps)
+    buf = f["add"](buf, _batch(range(6)), jnp.array([1.0, 2.0, 3.0, 1.0, 1.0, 1.0]))
+    bad = jnp.array([np.nan, -3.0, 0.0, np.inf, -np.inf, 2.5], jnp.float32)
+    buf = f["set"](buf, jnp.arange(6, dtype=jnp.int32), bad, jnp.ones(6, jnp.int32))
+    leaves = np.asarray(buf.sum_tree.leaves())
+    np.testing.assert_allclose(leaves[:6], [3.0, eps, eps, PRIORITY_MAX, eps, 2.5], rtol=1e-6)
+    assert float(buf.max_priority) == np.float32(PRIORITY_MAX)
+    _assert_tree_valid(buf)
+    out = f["sample"](buf, jax.random.key(0), jnp.float32(1.0))
+    assert np.all(np.isfinite(np.asarray(out.probabilities)))
+    assert np.all(np.isfinite(np.asarray(out.importance_weights)))
+    assert np.all(np.asarray(out.indices) < 6)
+    # Add-time priorities follow the same policy (NaN -> current max).
+    buf = f["add"](buf, _batch([6, 7]), jnp.array([np.nan, -1.0]))
+    np.testing.assert_allclose(np.asarray(buf.sum_tree.leaves())[6:], [PRIORITY_MAX, eps], rtol=1e-6)
+    _assert_tree_valid(buf)
+
+
+@JIT
+def test_never_samples_empty_slots(use_jit):
+    f = FNS[use_jit]
+    buf = PRB.create(ITEM, 1000, priority_exponent=0.6)
+    buf = f["add"](buf, _batch([10, 11, 12]), jnp.array([1e-9, 0.0, 1.0]))
+    for seed in range(20):
+        out = f["sample"](buf, jax.random.key(seed), jnp.float32(0.4))
+        idx = np.asarray(out.indices)
+        assert np.all(idx < 3)
+        np.testing.assert_array_equal(np.asarray(out.item["id"]), idx + 10)
+
+
+@JIT
+def test_empty_buffer_sample_is_defined(use_jit):
+    f = FNS[use_jit]
+    buf = PRB.create(ITEM, 8)
+    assert not bool(buf.can_sample(1))
+    out = f["sample"](buf, jax.random.key(0), jnp.float32(0.4))
+    np.testing.assert_array_equal(np.asarray(out.indices), 0)
+    np.testing.assert_array_equal(np.asarray(out.probabilities), 0)
+    np.testing.assert_array_equal(np.asarray(out.importance_weights), 1)
+
+
+def test_alpha_zero_is_uniform_with_unit_weights():
+    buf = PRB.create(ITEM, 8, priority_exponent=0.0)
+    buf = buf.add(_batch([0, 1, 2, 3]), jnp.array([1.0, 100.0, 0.0, np.nan]))
+    out = buf.sample(jax.random.key(0), 64, 0.7)
+    np.testing.assert_allclose(np.asarray(out.probabilities), 0.25)
+    np.testing.assert_allclose(np.asarray(out.importance_weights), 1.0)
+
+
+def test_priorities_getter_roundtrip():
+    buf = PRB.create(ITEM, 8, priority_exponent=0.5)
+    buf = buf.add(_batch([0, 1, 2]), jnp.array([1.0, 4.0, 9.0]))
+    np.testing.assert_allclose(np.asarray(buf.priorities(jnp.array([0, 1, 2, 3]))), [1, 4, 9, 0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(buf.sum_tree.leaves())[:3], [1, 2, 3], rtol=1e-6)
+
+
+def test_scan_with_donation_and_compiles_once(compile_counter):
+    buf = PRB.create(ITEM, 32, priority_exponent=0.6, min_size=4)
+
+    def step(buf, xs):
+        key, ids = xs
+        buf = buf.add(_batch_traced(ids))
+        out = buf.sample(key, 8, 0.5)
+        buf = buf.set_priorities(out.indices, out.item["v"][:, 0] % 5.0, out.generations)
+        return buf, out.item["id"]
+
+    @jax.jit
+    def run(buf, keys, ids):
+        return jax.lax.scan(step, buf, (keys, ids))
+
+    keys = jax.random.split(jax.random.key(0), 50)
+    ids = jnp.arange(150, dtype=jnp.int32).reshape(50, 3)
+    buf, sampled = run(buf, keys, ids)
+    assert buf.num_added() == 150
+    # Everything sampled at step t was added at or before t and is still in the ring (32 slots).
+    s = np.asarray(sampled)
+    for t in range(50):
+        assert np.all(s[t] <= 3 * t + 2) and np.all(s[t] > 3 * t + 2 - 32)
+    _assert_tree_valid(buf)
+
+    add = jax.jit(PRB.add, donate_argnums=0)
+    sample = jax.jit(PRB.sample, static_argnums=2)
+    buf = add(buf, _batch([1, 2]))
+    sample(buf, jax.random.key(1), 8, 0.4)
+    with compile_counter() as n:
+        for k in range(3):
+            before = buf.replay.storage["v"].unsafe_buffer_pointer()
+            buf = add(buf, _batch([k, k + 1]))
+            assert buf.replay.storage["v"].unsafe_buffer_pointer() == before  # in place when donated
+            sample(buf, jax.random.key(k), 8, 0.4 + k / 10)
+    assert n() == 0
+
+
+def _batch_traced(ids):
+    return {"id": ids, "v": jnp.stack([ids, -ids], 1).astype(jnp.float32)}
+
+
+def test_vmap_over_stacked_buffers():
+    bufs = jax.vmap(lambda _: PRB.create(ITEM, 8, priority_exponent=1.0))(jnp.arange(3))
+    ids = jnp.arange(9, dtype=jnp.int32).reshape(3, 3)
+    pri = jnp.array([[1.0, 1.0, 1.0], [0.0, 0.0, 5.0], [2.0, np.nan, 1.0]])
+    bufs = jax.jit(jax.vmap(lambda b, i, p: b.add(_batch_traced(i), p)))(bufs, ids, pri)
+    keys = jax.random.split(jax.random.key(0), 3)
+    out = jax.jit(jax.vmap(lambda b, k: b.sample(k, 100, 0.4)))(bufs, keys)
+    assert out.indices.shape == (3, 100)
+    assert np.all(np.asarray(out.indices) < 3)
+    np.testing.assert_array_equal(np.asarray(out.item["id"]), np.asarray(out.indices) + 3 * np.arange(3)[:, None])
+    # Buffer 1: slot 2 holds almost all the mass.
+    assert np.mean(np.asarray(out.indices[1]) == 2) > 0.9
+    np.testing.assert_array_equal(np.asarray(bufs.size()), [3, 3, 3])
+
+
+def test_trace_time_errors():
+    buf = PRB.create(ITEM, 8)
+    with pytest.raises(ValueError, match="priority_exponent"):
+        PRB.create(ITEM, 8, priority_exponent=1.5)
+    with pytest.raises(ValueError, match="epsilon"):
+        PRB.create(ITEM, 8, epsilon=0.0)
+    with pytest.raises(TypeError, match="v"):
+        buf.add({"id": jnp.zeros(2, jnp.int32), "v": jnp.zeros((2, 2), jnp.int32)})
+    with pytest.raises(ValueError, match=r"priorities: expected shape \(2,\)"):
+        buf.add(_batch([0, 1]), jnp.ones(3))
+    with pytest.raises(TypeError, match="priorities: expected a floating"):
+        buf.add(_batch([0, 1]), jnp.ones(2, jnp.int32))
+    with pytest.raises(ValueError, match="batch_size"):
+        buf.sample(jax.random.key(0), 0, 0.4)
+    with pytest.raises(ValueError, match="beta"):
+        buf.sample(jax.random.key(0), 4, -0.1)
+    with pytest.raises(TypeError, match="beta"):
+        buf.sample(jax.random.key(0), 4, jnp.ones(2))
+    with pytest.raises(ValueError, match=r"generations: expected shape \(2,\)"):
+        buf.set_priorities(jnp.array([0, 1]), jnp.ones(2), jnp.ones(3, jnp.int32))
+    with pytest.raises(TypeError, match="generations: expected an integer"):
+        buf.set_priorities(jnp.array([0, 1]), jnp.ones(2), jnp.ones(2))
+    with pytest.raises(ValueError, match="indices"):
+        buf.set_priorities(jnp.zeros((2, 2), jnp.int32), jnp.ones(2), jnp.ones(2, jnp.int32))
+    with pytest.raises(ValueError, match="priorities"):  # also under jit
+        jax.jit(lambda b: b.add(_batch([0, 1]), jnp.ones(1)))(buf)
+
+
+def test_memory_bytes_and_counts():
+    buf = PRB.create(ITEM, 10)
+    assert buf.memory_bytes >= 10 * 12 + 2 * 2 * 16 * 4 + 10 * 4
+    buf = buf.add(_batch(range(7))).add(_batch(range(5)))
+    assert int(buf.size()) == 10 and bool(buf.is_full()) and buf.num_added() == 12
+    assert isinstance(buf.sample(jax.random.key(0), 2, 0.4), PrioritisedSample)
+
+
+# ------------------------------------------------------------------------------------------------
+# Model-based test against a plain-Python reference
+
+
+class _Model:
+    """Plain-Python prioritised ring with the documented priority policy."""
+
+    def __init__(self, capacity, alpha, eps):
+        self.c, self.alpha, self.eps = capacity, alpha, eps
+        self.items = [None] * capacity
+        self.gen = [0] * capacity
+        self.pri = [0.0] * capacity
+        self.head = self.n = 0
+        self.max_p = 1.0
+
+    def sanitise(self, p):
+        p = float(np.float32(p))
+        if math.isnan(p):
+            return self.max_p
+        return min(max(p, self.eps), float(np.float32(PRIORITY_MAX)))
+
+    def add(self, ids, pri):
+        ps = [self.max_p] * len(ids) if pri is None else [self.sanitise(p) for p in pri]
+        for i, p in zip(ids, ps):
+            s = self.head
+            self.items[s], self.pri[s] = i, p
+            self.gen[s] += 1
+            self.head, self.n = (s + 1) % self.c, min(self.n + 1, self.c)
+        self.max_p = max([self.max_p] + ps)
+
+    def set(self, idx, pri, gens):
+        written = {}  # slot -> value; later entries overwrite earlier ones
+        for i, p, g in zip(idx, pri, gens):
+            if 0 <= i < self.n and self.gen[i] == g:
+                written[i] = self.sanitise(p)  # NaN maps to the max before this call
+        for i, p in written.items():
+            self.pri[i] = p
+        self.max_p = max([self.max_p] + list(written.values()))
+
+    def leaves(self):
+        return np.array([self.pri[s] ** self.alpha if s < self.n else 0.0 for s in range(self.c)])
+
+
+_PRIORITY = st.one_of(
+    st.floats(0.0, 50.0, width=32),
+    st.floats(-5.0, 0.0, width=32),
+    st.sampled_from([float("nan"), float("inf"), float("-inf"), 0.0]),
+)
+_OP = st.one_of(
+    st.tuples(st.just("add"), st.sampled_from([1, 3]), st.one_of(st.none(), st.lists(_PRIORITY, min_size=3, max_size=3))),
+    st.tuples(st.just("sample"), st.integers(0, 2**30)),
+    st.tuples(
+        st.just("set"),
+        st.lists(_PRIORITY, min_size=4, max_size=4),
+        st.lists(st.sampled_from(["ok", "ok", "stale", "oob"]), min_size=4, max_size=4),
+    ),
+)
+
+
+@given(
+    ops=st.lists(_OP, min_size=1, max_size=15),
+    alpha=st.sampled_from([0.5, 1.0]),
+    use_jit=st.booleans(),
+)
+@settings(max_examples=30, deadline=None)
+def test_model_based_against_python_reference(ops, alpha, use_jit):
+    capacity, eps = 5, 1e-3
+    f = FNS[use_jit]
+    buf = PRB.create(ITEM, capacity, priority_exponent=alpha, epsilon=eps)
+    model = _Model(capacity, alpha, eps)
+    next_id, last = 0, None
+    for op in ops:
+        if op[0] == "add":
+            _, b, pri = op
+            ids = list(range(next_id, next_id + b))
+            next_id += b
+            p = None if pri is None else jnp.asarray(np.array(pri[:b], np.float32))
+            buf = f["add"](buf, _batch(ids), p)
+            model.add(ids, None if pri is None else pri[:b])
+        elif op[0] == "sample":
+            if model.n == 0:
+                continue
+            out = f["sample"](buf, jax.random.key(op[1]), jnp.float32(0.4))
+            idx = np.asarray(out.indices)
+            assert np.all(idx < model.n), "sampled an empty slot"
+            np.testing.assert_array_equal(np.asarray(out.item["id"]), [model.items[i] for i in idx])
+            np.testing.assert_array_equal(np.asarray(out.generations), [model.gen[i] for i in idx])
+            leaves = model.leaves()
+            np.testing.assert_allclose(np.asarray(out.probabilities), leaves[idx] / leaves.sum(), rtol=2e-5)
+            w = (leaves[idx] / leaves[: model.n].min()) ** -0.4
+            np.testing.assert_allclose(np.asarray(out.importance_weights), w, rtol=2e-5)
+            last = out
+        else:
+            if last is None:
+                continue
+            _, pri, kinds = op
+            idx = np.asarray(last.indices[:4]).copy()
+            gens = np.asarray(last.generations[:4]).copy()
+            for k, kind in enumerate(kinds):
+                if kind == "stale":
+                    gens[k] -= 1
+                elif kind == "oob":
+                    idx[k] = capacity + k
+            p = np.array(pri, np.float32)
+            buf = f["set"](buf, jnp.asarray(idx), jnp.asarray(p), jnp.asarray(gens))
+            model.set(idx.tolist(), p.tolist(), gens.tolist())
+        np.testing.assert_allclose(np.asarray(buf.sum_tree.leaves()), model.leaves(), rtol=2e-6)
+        assert float(buf.max_priority) == pytest.approx(model.max_p, rel=1e-6)
+        assert int(buf.size()) == model.n
+        _assert_tree_valid(buf)
