@@ -1,0 +1,311 @@
+"""Whole pytrees between JAX and PyTorch through DLPack, zero copy where the frameworks allow it.
+
+Import this submodule explicitly (``from jaxbuffers.interop import torch as jbt`` or
+``import jaxbuffers.interop.torch``); importing :mod:`jaxbuffers` never imports PyTorch.
+
+Example::
+
+    import jaxbuffers as jb
+    from jaxbuffers.interop.torch import to_torch, from_torch
+
+    out = buf.sample(key, 256)                  # a ReplaySample of jax arrays
+    batch = to_torch(out.item)                  # same tree of torch tensors, no copy on CPU
+    td_error = learner(batch)                   # torch.Tensor [256]
+    prios = from_torch(td_error.detach())       # jax.Array [256], no copy on CPU
+
+Trees are walked with :mod:`jax.tree_util`, so dicts, lists, tuples, NamedTuples (e.g.
+``ReplaySample``), ``flax.struct`` dataclasses and any registered pytree keep their structure;
+``None`` is an empty subtree and is kept as it is. Torch tensors are not pytrees, so they are leaves.
+
+Leaf policy (both functions raise ``TypeError`` naming the leaf path, e.g. ``['obs'][0]``, for a
+leaf that is none of these):
+
+============================  ===============================================  =====================================
+leaf                          ``to_torch``                                     ``from_torch``
+============================  ===============================================  =====================================
+``jax.Array``                 ``torch.from_dlpack``: aliases the JAX buffer    returned unchanged (``copy=True``:
+                              (same device); copied when ``device`` differs    a fresh copy)
+``torch.Tensor``              returned unchanged (moved to ``device``,         ``jax.dlpack.from_dlpack``: aliases
+                              cloned with ``copy=True``)                       the tensor's memory (see below)
+``numpy.ndarray`` / scalar    aliases the numpy memory, as                     copied with ``jnp.array`` (numpy
+(``np.float32(1)``)           ``torch.from_numpy`` does (negative strides:     arrays are mutable); same x64 rule
+                              copied)                                          as torch tensors
+Python ``int/float/bool``     ``TypeError``: its dtype would be a guess;       ``TypeError``, same reason
+                              wrap it, e.g. ``np.float32(x)``
+============================  ===============================================  =====================================
+
+Dtypes carried: bool, uint8/16/32/64, int8/16/32/64, float16, bfloat16, float32, float64,
+complex64, complex128 (:data:`SUPPORTED_DTYPES`), each to the same dtype on the other side.
+Anything else (strings, objects, float8, int4, quantised or sparse tensors) raises ``TypeError``.
+JAX runs with 32-bit types unless ``jax_enable_x64`` is on; then a 64-bit tensor (int64, uint64,
+float64, complex128) cannot become a JAX array without narrowing, so ``from_torch`` raises
+``TypeError`` instead of narrowing silently: cast it (``tensor.to(torch.int32)``) or enable x64
+(``jax.config.update("jax_enable_x64", True)``).
+
+Zero copy and when a copy happens (measured on CPU, jax 0.10.2, torch 2.13):
+  * JAX -> torch on the array's own device: always aliased (``tensor.data_ptr() ==
+    array.unsafe_buffer_pointer()``). A fully replicated multi-device array gives its first
+    local shard; a partly sharded array is an error (gather or convert its shards yourself).
+  * torch -> JAX: aliased when the tensor is dense or a permutation of a dense layout (e.g. a
+    transpose) and its data pointer is aligned as XLA wants; otherwise JAX (unaligned, e.g.
+    ``t[1:]`` of a float32 vector) or this module (strided slices ``t[:, ::2]``, broadcasts
+    ``expand``) makes one contiguous copy first. Values are right either way.
+  * ``requires_grad`` tensors are detached (JAX has no torch autograd); lazily conjugated or
+    negated tensors are resolved first (a copy).
+
+Aliasing rules you must respect:
+  * JAX arrays are immutable, torch tensors are not. A tensor made by ``to_torch`` shares the
+    JAX buffer: **writing it in place (``t += 1``, ``t[0] = 0``, an in-place optimiser step)
+    silently changes the JAX array too**. Pass ``copy=True`` when you want a tensor to write to.
+  * Likewise an array made by ``from_torch`` sees later in-place writes to the source tensor
+    (JAX warns this is undefined behaviour). Use ``copy=True`` or stop writing the tensor.
+  * Lifetimes are handled by DLPack: the tensor keeps the JAX buffer alive after the JAX array is
+    deleted (``x.delete()``) or garbage collected, and the JAX array keeps the torch memory alive.
+  * Donation: while a tensor from ``to_torch`` is alive, donating its source array to a jitted
+    function (``donate_argnums``) does not reuse the buffer: JAX keeps the input (it is not marked
+    deleted) and writes the output to a new buffer, so the tensor stays valid but the in-place
+    update (and its memory saving) is lost. Drop the tensor before the donated call (or use
+    ``copy=True``) when a buffer state must be updated in place. Donating an array made by
+    ``from_torch`` marks it deleted, writes the output elsewhere and leaves the tensor unchanged.
+
+Errors raised: ``TypeError`` (unsupported leaf or dtype, 64-bit tensor with x64 off, a traced JAX
+value inside ``jit``); ``ValueError`` (a deleted/donated JAX array, a JAX array sharded over
+several devices). Device errors (e.g. ``device="cuda"`` without CUDA) are torch's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+try:
+    import torch
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "jaxbuffers.interop.torch needs PyTorch; install it with `pip install 'jaxbuffers[torch]'`"
+    ) from err
+
+from jaxbuffers._validate import leaf_name
+
+__all__ = ["SUPPORTED_DTYPES", "from_torch", "to_torch"]
+
+#: numpy/JAX dtype -> torch dtype, for every dtype this module converts (both directions).
+SUPPORTED_DTYPES: dict[np.dtype, torch.dtype] = {
+    np.dtype(np.bool_): torch.bool,
+    np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.uint16): torch.uint16,
+    np.dtype(np.uint32): torch.uint32,
+    np.dtype(np.uint64): torch.uint64,
+    np.dtype(np.int8): torch.int8,
+    np.dtype(np.int16): torch.int16,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(jnp.float16): torch.float16,
+    np.dtype(jnp.bfloat16): torch.bfloat16,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+    np.dtype(np.complex64): torch.complex64,
+    np.dtype(np.complex128): torch.complex128,
+}
+_TORCH_TO_NUMPY = {t: n for n, t in SUPPORTED_DTYPES.items()}
+_NARROW = {  # what JAX would silently narrow a 64-bit dtype to with x64 off
+    np.dtype(np.int64): "int32",
+    np.dtype(np.uint64): "uint32",
+    np.dtype(np.float64): "float32",
+    np.dtype(np.complex128): "complex64",
+}
+_BF16 = np.dtype(jnp.bfloat16)
+_SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+
+
+def _where(fn: str, path) -> str:
+    return f"{fn}: leaf {leaf_name(path)}"
+
+
+def _bad_leaf(fn: str, path, leaf) -> TypeError:
+    if isinstance(leaf, (bool, int, float, complex)):
+        hint = f"its dtype would be a guess; wrap it with an explicit dtype, e.g. np.float32({leaf!r}) or np.int32({leaf!r})"
+    else:
+        hint = "expected a jax.Array, torch.Tensor, numpy array or numpy scalar"
+    text = repr(leaf)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return TypeError(f"{_where(fn, path)}: cannot convert {type(leaf).__name__} {text}: {hint}")
+
+
+def _check_dtype(fn: str, path, dtype: np.dtype, shown) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{_where(fn, path)}: dtype {shown} is not supported (supported: {_SUPPORTED_NAMES}); "
+            f"cast it explicitly first"
+        )
+
+
+def _check_x64(fn: str, path, dtype: np.dtype, shown) -> None:
+    """Refuse a 64-bit dtype that JAX would narrow (x64 off) instead of narrowing it silently."""
+    if jax.dtypes.canonicalize_dtype(dtype) != dtype:
+        narrow = _NARROW.get(dtype, str(jax.dtypes.canonicalize_dtype(dtype)))
+        raise TypeError(
+            f"{_where(fn, path)}: {shown} cannot become a JAX array without narrowing to {narrow} "
+            f"because jax_enable_x64 is off; cast it explicitly (e.g. tensor.to(torch.{narrow})) or "
+            f'enable 64-bit JAX with jax.config.update("jax_enable_x64", True)'
+        )
+
+
+# ------------------------------------------------------------------------------------ to torch
+
+
+def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError(
+            f"{_where('to_torch', path)}: got a traced value ({type(x).__name__}); to_torch converts "
+            f"concrete arrays, so call it outside jit/vmap/scan, on the function's outputs"
+        )
+    dtype = np.dtype(x.dtype)
+    _check_dtype("to_torch", path, dtype, dtype)
+    if x.is_deleted():
+        raise ValueError(f"{_where('to_torch', path)}: the JAX array has been deleted or donated")
+    if len(x.sharding.device_set) > 1:
+        if not x.is_fully_replicated:
+            raise ValueError(
+                f"{_where('to_torch', path)}: array of shape {x.shape} is sharded over "
+                f"{len(x.sharding.device_set)} devices; gather it first (jax.device_get or a "
+                f"replicated sharding) or convert its shards: [to_torch(s.data) for s in x.addressable_shards]"
+            )
+        x = x.addressable_data(0)  # every local shard holds the whole array: use the first, no copy
+    return torch.from_dlpack(x)
+
+
+def _numpy_leaf_to_torch(path, a: np.ndarray) -> torch.Tensor:
+    dtype = a.dtype
+    if not dtype.isnative:
+        raise TypeError(
+            f"{_where('to_torch', path)}: non-native byte order {dtype.str}; convert it first with "
+            f"a.astype(a.dtype.newbyteorder('='))"
+        )
+    _check_dtype("to_torch", path, dtype, dtype)
+    if a.size and any(s < 0 or s % a.itemsize for s in a.strides):
+        # torch cannot represent these strides (DLPack import of negative strides even aborts the
+        # process in torch 2.13): one contiguous copy.
+        a = np.ascontiguousarray(a)
+    if dtype == _BF16:  # numpy has no DLPack code for ml_dtypes.bfloat16: reinterpret the bits
+        return torch.from_dlpack(a.view(np.uint16)).view(torch.bfloat16)
+    # from_dlpack rather than from_numpy: same aliasing, but no warning for read-only arrays
+    # (e.g. np.asarray(jax_array)); the aliasing rules in the module docstring apply.
+    return torch.from_dlpack(a)
+
+
+def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy: bool = False) -> Any:
+    """Convert every array leaf of a pytree to a ``torch.Tensor``, zero copy where possible.
+
+    Args:
+      tree: any pytree (dict, tuple, NamedTuple such as ``ReplaySample``, flax struct dataclass...)
+        whose leaves are ``jax.Array``, ``numpy.ndarray``/numpy scalars or ``torch.Tensor``.
+      device: torch device (``torch.device``, ``"cpu"``, ``"cuda:0"``, index) for every tensor, or
+        ``None`` to keep each leaf on the device it is on (a JAX GPU array becomes a CUDA tensor).
+        A device other than the leaf's means one copy (``tensor.to(device)``); errors for an
+        unavailable device are torch's own.
+      copy: if True every returned tensor owns its memory (safe to write in place). If False
+        (default) tensors alias the JAX/numpy buffers where possible: do not write them in place.
+
+    Returns:
+      The same tree structure with ``torch.Tensor`` leaves: same shapes (0-d and empty included)
+      and same dtypes (see :data:`SUPPORTED_DTYPES`).
+
+    Raises:
+      TypeError: a leaf that is not an array (e.g. a Python number or string), an unsupported dtype,
+        or a traced value (called inside ``jit``); the message names the leaf path.
+      ValueError: a deleted/donated JAX array, or one sharded over several devices.
+    """
+    dev = None if device is None else torch.device(device)
+
+    def convert(path, leaf):
+        if isinstance(leaf, torch.Tensor):
+            t = leaf
+        elif isinstance(leaf, jax.Array):
+            t = _jax_leaf_to_torch(path, leaf)
+        elif isinstance(leaf, (np.ndarray, np.generic)):
+            t = _numpy_leaf_to_torch(path, np.asarray(leaf))
+        else:
+            raise _bad_leaf("to_torch", path, leaf)
+        moved = t if dev is None else t.to(dev)
+        if copy and moved is t:  # .to() returns the tensor itself when nothing moves
+            moved = moved.clone(memory_format=torch.contiguous_format)
+        return moved
+
+    return jax.tree_util.tree_map_with_path(convert, tree)
+
+
+# ---------------------------------------------------------------------------------- from torch
+
+
+def _dense_up_to_permutation(t: torch.Tensor) -> bool:
+    """True if the strides are a permutation of a dense row-major layout (what XLA can alias)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _torch_leaf_to_jax(path, t: torch.Tensor, copy: bool) -> jax.Array:
+    if t.layout != torch.strided:
+        raise TypeError(f"{_where('from_torch', path)}: {t.layout} tensors are not supported; convert with tensor.to_dense()")
+    if t.dtype not in _TORCH_TO_NUMPY:
+        raise TypeError(
+            f"{_where('from_torch', path)}: dtype {t.dtype} is not supported (supported: "
+            f"{', '.join(str(d) for d in _TORCH_TO_NUMPY)}); cast it explicitly first"
+        )
+    _check_x64("from_torch", path, _TORCH_TO_NUMPY[t.dtype], t.dtype)
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if copy:
+        t = t.clone(memory_format=torch.contiguous_format)
+    elif t.numel() == 0 or not _dense_up_to_permutation(t):
+        t = t.contiguous()
+    try:
+        return jax.dlpack.from_dlpack(t)
+    except BufferError as err:
+        raise TypeError(f"{_where('from_torch', path)}: DLPack refused the tensor: {err}") from err
+
+
+def from_torch(tree: Any, *, copy: bool = False) -> Any:
+    """Convert every ``torch.Tensor`` leaf of a pytree to a ``jax.Array``, zero copy where possible.
+
+    Args:
+      tree: any pytree whose leaves are ``torch.Tensor``, ``jax.Array`` (kept as they are) or
+        numpy arrays/scalars (copied into JAX).
+      copy: if True the JAX arrays own their memory, so later in-place writes to the tensors
+        cannot reach them. If False (default) each array aliases its tensor's memory where the
+        layout allows it (on the tensor's device): do not write the tensor in place afterwards.
+
+    Returns:
+      The same tree structure with ``jax.Array`` leaves of the same shapes and dtypes, on the
+      JAX device matching each tensor's device.
+
+    Raises:
+      TypeError: a leaf that is not an array, an unsupported dtype or layout, or a 64-bit tensor
+        (int64, uint64, float64, complex128) while ``jax_enable_x64`` is off: it is never narrowed
+        silently; cast it or enable x64. The message names the leaf path.
+    """
+
+    def convert(path, leaf):
+        if isinstance(leaf, torch.Tensor):
+            return _torch_leaf_to_jax(path, leaf, copy)
+        if isinstance(leaf, jax.Array):
+            return jnp.array(leaf, copy=True) if copy else leaf
+        if isinstance(leaf, (np.ndarray, np.generic)):
+            a = np.asarray(leaf)
+            _check_dtype("from_torch", path, a.dtype, a.dtype)
+            _check_x64("from_torch", path, a.dtype, f"numpy {a.dtype}")
+            return jnp.array(a, copy=True)
+        raise _bad_leaf("from_torch", path, leaf)
+
+    return jax.tree_util.tree_map_with_path(convert, tree)
