@@ -11,8 +11,8 @@ only; each codec imports its optional package when it is created (install them a
 * :class:`IgzipCodec` (``"igzip:0".."igzip:3"``, isal) -- raw DEFLATE via ISA-L.
 * :class:`ZstdCodec` (``"zstd:1".."zstd:22"``, zstandard) -- Zstandard frames.
 
-Library-backed codecs run a batch in a thread pool (``HOST_CODECS_THREADS`` threads, default
-the CPU count). A codec missing its package raises ImportError naming the extra.
+Batches are split over a shared thread pool (:func:`set_num_threads`, or the
+``HOST_CODECS_THREADS`` variable; default: the CPUs this process may use). A codec missing its package raises ImportError naming the extra.
 
 Public API:
 
@@ -30,7 +30,7 @@ Example:
   array([3., 4., 5.], dtype=float32)
 """
 
-from ._base import Codec, EncodedBatch
+from ._base import Codec, EncodedBatch, num_threads, set_num_threads
 from .gzip import IgzipCodec
 from .raw import NoneCodec
 from .registry import available_codecs, codec_for_tag, get_codec, known_codecs
@@ -50,4 +50,6 @@ __all__ = [
     "codec_for_tag",
     "get_codec",
     "known_codecs",
+    "num_threads",
+    "set_num_threads",
 ]

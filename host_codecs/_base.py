@@ -269,12 +269,34 @@ _POOL: concurrent.futures.ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
+_NUM_THREADS: int | None = None
+
+
 def num_threads() -> int:
-    """Worker threads for library-backed codecs: ``HOST_CODECS_THREADS`` or the CPU count."""
-    env = os.environ.get("HOST_CODECS_THREADS")
-    if env:
-        return max(1, int(env))
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    """Worker threads of library-backed codecs and RLE shards (cached): the value given to
+    :func:`set_num_threads`, else ``HOST_CODECS_THREADS``, else the CPUs this process may use."""
+    global _NUM_THREADS
+    if _NUM_THREADS is None:
+        env = os.environ.get("HOST_CODECS_THREADS")
+        if env:
+            _NUM_THREADS = max(1, int(env))
+        elif hasattr(os, "sched_getaffinity"):
+            _NUM_THREADS = max(1, len(os.sched_getaffinity(0)))
+        else:
+            _NUM_THREADS = max(1, os.cpu_count() or 1)
+    return _NUM_THREADS
+
+
+def set_num_threads(n: int | None) -> None:
+    """Set how many threads a batch is split over (``None``: back to the default). The pool
+    grows if needed; it never runs more shards than this number."""
+    global _NUM_THREADS, _POOL
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"set_num_threads: expected a positive int or None, got {n!r}")
+    with _POOL_LOCK:
+        _NUM_THREADS = n
+        if _POOL is not None and n is not None and n > _POOL._max_workers:
+            _POOL = None  # recreated bigger on next use; the old one finishes its tasks
 
 
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
@@ -282,7 +304,7 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = concurrent.futures.ThreadPoolExecutor(
-                max_workers=num_threads(), thread_name_prefix="host_codecs"
+                max_workers=max(num_threads(), 1), thread_name_prefix="host_codecs"
             )
         return _POOL
 
@@ -298,6 +320,9 @@ def parallel_for(
     the calling thread. ``body`` must release the GIL (isal, zstandard and our numba kernels do)
     for this to scale.
     """
+    if work_bytes is not None and work_bytes < 2 * min_shard_bytes:
+        body(0, n)
+        return
     shards = min(num_threads(), n)
     if work_bytes is not None:
         shards = min(shards, work_bytes // min_shard_bytes)

@@ -150,8 +150,9 @@ class RLECodec(Codec):
         val_idx = np.where(values_first, offsets, offsets + nruns * cw) // vw
         cnt_byte = np.where(values_first, offsets + nruns * vw, offsets)
         vals = buf.view(word)
-        for w in np.unique(cw).tolist():
-            sel = np.flatnonzero(cw == w)
+        single = b == 0 or cw.min() == cw.max()
+        for w in ([int(cw[0])] if single and b else np.unique(cw).tolist()):
+            sel = ar if single else np.flatnonzero(cw == w)
             cnts = buf.view(_COUNT_DTYPES[w])
             vi, ci, mc = val_idx[sel], cnt_byte[sel] // w, _MAX_COUNT[w]
             if self.engine == "prange":
@@ -169,7 +170,7 @@ class RLECodec(Codec):
         word = element_view_dtype(dtype)
         vw = word.itemsize
         cw = meta.astype(np.int64)
-        if not np.isin(cw, _WIDTHS).all():
+        if cw.size and not ((cw == 1) | (cw == 2) | (cw == 4)).all():
             raise ValueError(f"codec 'rle': corrupt entry, count width {sorted(set(cw.tolist()))}")
         nruns, rem = np.divmod(lengths, vw + cw)
         if rem.any():
@@ -180,9 +181,9 @@ class RLECodec(Codec):
         vals = chunk.view(word)
         out_w = out.view(word)
         ok = np.ones(rows.shape[0], dtype=np.bool_)
-        widths = np.unique(cw)
-        for w in widths.tolist():
-            if widths.size == 1:  # common case: one count width, no gathers
+        single = cw.size == 0 or cw.min() == cw.max()
+        for w in [int(cw[0])] if single and cw.size else np.unique(cw).tolist():
+            if single:  # common case: one count width, no gathers
                 vi, ci, nr, rw = val_idx, cnt_byte // w, nruns, rows
             else:
                 sel = np.flatnonzero(cw == w)

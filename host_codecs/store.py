@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from ._base import ALIGN, Codec, dtype_code, dtype_from_code
+from ._gather import gather
 from .registry import CODECS, codec_for_tag, get_codec
 
 __all__ = ["CompressedStore"]
@@ -465,18 +466,27 @@ class CompressedStore:
             rows_u8[~present] = 0
         if b == 0 or nbytes == 0 or not present.any():
             return result
-        # One decode call per (codec, chunk) group; each call is parallel over its entries.
         rows = np.flatnonzero(present)
-        key = tags[rows].astype(np.int64) << 32 | chunk[rows].astype(np.int64)
-        keys, inv = np.unique(key, return_inverse=True)
-        order = np.argsort(inv, kind="stable")
-        bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=keys.size))]
-        for g, k in enumerate(keys.tolist()):
-            sel = rows[order[bounds[g] : bounds[g + 1]]]
-            codec = codec_for_tag(k >> 32)
-            codec.decode_into(
-                chunks[k & 0xFFFFFFFF], offset[sel], length[sel], meta[sel], rows_u8, sel, dtype
-            )
+        ch, off, lens, tg, mt = chunk[rows], offset[rows], length[rows], tags[rows], meta[rows]
+        if ch.min() == ch.max():  # one chunk: decode in place
+            src = chunks[int(ch[0])]
+        else:
+            # Gather the payloads into one staging buffer (compressed bytes: cheap) so each
+            # codec decodes the whole batch in one parallel call instead of one per chunk.
+            padded = _ceil_align(lens)
+            dst_off = np.zeros(rows.size, dtype=np.int64)
+            np.cumsum(padded[:-1], out=dst_off[1:])
+            src = np.empty(int(padded.sum()), dtype=np.uint8)
+            ids, inv = np.unique(ch, return_inverse=True)
+            order = np.argsort(inv, kind="stable")
+            bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=ids.size))]
+            for g, cid in enumerate(ids.tolist()):
+                sel = order[bounds[g] : bounds[g + 1]]
+                gather(chunks[cid], off[sel], lens[sel], src, dst_off[sel])
+            off = dst_off
+        for tag in np.unique(tg).tolist() if tg.min() != tg.max() else [int(tg[0])]:
+            sel = slice(None) if tg.min() == tg.max() else np.flatnonzero(tg == tag)
+            codec_for_tag(tag).decode_into(src, off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
         return result
 
     def written(self, slots: Any) -> np.ndarray:

@@ -1,0 +1,156 @@
+"""Encode/decode throughput of every host codec on real Atari frames, against numpy memcpy.
+
+Prints one JSON line per case:
+
+* ``mode="item"``: one entry per call (the serial, per-observation pattern of sb3-extra-buffers),
+  one thread: MB/s per core.
+* ``mode="batch256_1thread"``: batches of 256 entries, one thread (``host_codecs.set_num_threads(1)``).
+* ``mode="batch256"``: batches of 256 entries, all threads (numba/isal release the GIL).
+* ``mode="store_get256"``: ``CompressedStore.get`` of 256 random slots out of the whole data set
+  (index snapshot, grouping by arena chunk, decode), all threads.
+
+MB/s are of raw (decoded) bytes, 1 MB = 1e6 bytes; ``ratio`` = raw bytes / payload bytes;
+``enc_vs_memcpy`` / ``dec_vs_memcpy`` = throughput / numpy memcpy bandwidth measured in the same
+process (``np.copyto`` of 256 MiB, or 64 MiB with ``--quick``). Medians of several repetitions.
+
+Usage: ``python benchmarks/bench_codecs.py [--quick] [--codecs rle,igzip:1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import host_codecs  # noqa: E402
+from host_codecs import CompressedStore, RLECodec, get_codec  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "atari_stacked_5k.npz"
+DEFAULT_CODECS = ["none", "rle", "rle:16", "rle/prange", "igzip:0", "igzip:1", "igzip:3", "zstd:1", "zstd:3"]
+
+
+def make_codec(spec: str):
+    if spec == "rle/prange":
+        return RLECodec(8, engine="prange")
+    return get_codec(spec)
+
+
+def median_time(fn, reps: int) -> float:
+    fn()  # warm up (numba compile, pool start)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def memcpy_mbps(nbytes: int, reps: int) -> float:
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    return nbytes / 1e6 / median_time(lambda: np.copyto(dst, src), reps)
+
+
+def set_threads(n: int | None) -> None:
+    host_codecs.set_num_threads(n)
+
+
+def bench_batches(codec, items: np.ndarray, batch: int, reps: int):
+    """Encode/decode ``items`` in batches; returns (enc s, dec s, payload bytes)."""
+    rows = items.reshape(len(items), -1)
+    starts = range(0, len(rows), batch)
+    encs = [codec.encode_batch(rows[s : s + batch], items.dtype) for s in starts]
+    out = np.empty_like(rows)
+
+    def enc():
+        for s in starts:
+            codec.encode_batch(rows[s : s + batch], items.dtype)
+
+    def dec():
+        for s, e in zip(starts, encs):
+            k = e.offsets.shape[0]
+            codec.decode_into(e.buffer, e.offsets, e.lengths, e.meta, out, np.arange(s, s + k), items.dtype)
+
+    t_enc, t_dec = median_time(enc, reps), median_time(dec, reps)
+    assert np.array_equal(out, rows), f"{codec} round trip failed"
+    return t_enc, t_dec, int(sum(int(e.lengths.sum()) for e in encs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer items and repetitions")
+    ap.add_argument("--codecs", default=",".join(DEFAULT_CODECS))
+    args = ap.parse_args()
+    if not DATA.exists():
+        sys.exit(f"real frames not found at {DATA}")
+    reps = 3 if args.quick else 7
+    n_items = 256 if args.quick else 1024
+    with np.load(DATA) as f:
+        data = {g: f[f"{g}_obs"] for g in ("breakout", "pong")}
+    avail = set(host_codecs.available_codecs())
+    specs = [s for s in args.codecs.split(",") if s.split(":")[0].split("/")[0] in avail]
+
+    memcpy = memcpy_mbps((64 if args.quick else 256) << 20, reps)
+    import isal
+    import numba
+
+    print(json.dumps({
+        "case": "environment", "memcpy_MBps": round(memcpy), "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(), "numpy": np.__version__, "numba": numba.__version__,
+        "numba_threading_layer_default": numba.config.THREADING_LAYER, "isal": isal.__version__,
+        "python": platform.python_version(),
+    }), flush=True)
+
+    for game, obs in data.items():
+        shapes = {"frame84": obs[:n_items, -1], "stack4x84": obs[:n_items]}
+        for shape_name, items in shapes.items():
+            raw = items.nbytes
+            for spec in specs:
+                codec = make_codec(spec)
+                for mode, batch, threads in (("item", 1, 1), ("batch256_1thread", 256, 1), ("batch256", 256, None)):
+                    if mode == "item" and spec in ("rle/prange",):
+                        continue
+                    set_threads(threads)
+                    t_enc, t_dec, payload = bench_batches(codec, items, batch, reps)
+                    enc, dec = raw / 1e6 / t_enc, raw / 1e6 / t_dec
+                    print(json.dumps({
+                        "case": f"{game}/{shape_name}/{spec}/{mode}", "codec": spec, "game": game,
+                        "shape": shape_name, "mode": mode, "threads": host_codecs.num_threads(),
+                        "enc_MBps": round(enc), "dec_MBps": round(dec), "ratio": round(raw / payload, 2),
+                        "memcpy_MBps": round(memcpy), "enc_vs_memcpy": round(enc / memcpy, 3),
+                        "dec_vs_memcpy": round(dec / memcpy, 3),
+                    }), flush=True)
+                set_threads(None)
+                # Store path: sample 256 random stacks from a store holding all 5,000 stacks.
+                if shape_name == "stack4x84":
+                    full = obs if not args.quick else obs[:2000]
+                    store = CompressedStore(len(full), codec=codec)
+                    for s in range(0, len(full), 256):
+                        store.put(np.arange(s, min(s + 256, len(full))), full[s : s + 256])
+                    rng = np.random.default_rng(0)
+                    idx = [rng.integers(0, len(full), 256) for _ in range(reps + 1)]
+                    it = iter(idx)
+                    t = median_time(lambda: store.get(next(it)), reps)
+                    assert np.array_equal(store.get(idx[0]), full[idx[0]])
+                    mb = 256 * full[0].nbytes / 1e6
+                    st = store.stats()
+                    print(json.dumps({
+                        "case": f"{game}/{shape_name}/{spec}/store_get256", "codec": spec, "game": game,
+                        "mode": "store_get256", "get256_ms": round(t * 1e3, 3), "dec_MBps": round(mb / t),
+                        "stacks_per_s": round(256 / t), "dec_vs_memcpy": round(mb / t / memcpy, 3),
+                        "bytes_per_stack": round(st["nbytes"] / len(full), 1),
+                        "store_ratio": round(st["compression_ratio"], 2), "payload_ratio": round(st["raw_nbytes"] / st["payload_nbytes"], 2),
+                    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Gather payloads scattered over arena chunks into one staging buffer (numba when installed,
+else a numpy loop), so a batch is decoded by one parallel codec call, not one per chunk."""
+
+from __future__ import annotations
+
+import numpy as np
+
+_KERNEL = None
+
+
+def _numpy_gather(src, src_off, lengths, dst, dst_off):
+    for s, n, d in zip(src_off.tolist(), lengths.tolist(), dst_off.tolist()):
+        dst[d : d + n] = src[s : s + n]
+
+
+def _kernel():
+    global _KERNEL
+    if _KERNEL is None:
+        try:
+            from numba import njit
+        except ImportError:
+            _KERNEL = _numpy_gather
+        else:
+
+            @njit(nogil=True, cache=True)
+            def gather(src, src_off, lengths, dst, dst_off):
+                for i in range(src_off.shape[0]):
+                    s, n, d = src_off[i], lengths[i], dst_off[i]
+                    dst[d : d + n] = src[s : s + n]
+
+            _KERNEL = gather
+    return _KERNEL
+
+
+def gather(src: np.ndarray, src_off: np.ndarray, lengths: np.ndarray, dst: np.ndarray, dst_off: np.ndarray) -> None:
+    """``dst[dst_off[i] : dst_off[i] + lengths[i]] = src[src_off[i] : ...]`` for every i.
+
+    src, dst: # dtype=uint8, 1-D. src_off, lengths, dst_off: # shape=(k,), dtype=int64.
+    """
+    _kernel()(src, src_off, lengths, dst, dst_off)
