@@ -1,0 +1,29 @@
+"""Host-compressed buffers: device metadata + pixels compressed in host stores, reached via callbacks.
+
+* :class:`CompressedTrajectoryBuffer` / :class:`CompressedPrioritisedTrajectoryBuffer`: a
+  :class:`jaxbuffers.TrajectoryBuffer` (transitions, n-step, sequences) with host-compressed
+  observation leaves and optional frame-stack dedup (one stored frame per step).
+* :class:`CompressedRolloutBuffer`: a :class:`jaxbuffers.RolloutBuffer` with host-compressed step
+  leaves, decoded per minibatch.
+
+The host half is :mod:`host_codecs` (codecs and :class:`host_codecs.CompressedStore`). How the
+two halves talk (ordered exactly-once writes, versioned reads, why these buffers cannot be
+vmapped) is documented in :mod:`jaxbuffers.compressed._host`.
+"""
+
+from jaxbuffers.compressed._host import HostStores, StaleBufferError
+from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
+from jaxbuffers.compressed.trajectory import (
+    DEFAULT_CODEC,
+    CompressedPrioritisedTrajectoryBuffer,
+    CompressedTrajectoryBuffer,
+)
+
+__all__ = [
+    "CompressedTrajectoryBuffer",
+    "CompressedPrioritisedTrajectoryBuffer",
+    "CompressedRolloutBuffer",
+    "HostStores",
+    "StaleBufferError",
+    "DEFAULT_CODEC",
+]

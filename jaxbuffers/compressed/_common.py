@@ -1,0 +1,134 @@
+"""Device-side helpers shared by the compressed buffers: leaf selection, callbacks, output finishing."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from jaxbuffers import _validate
+from jaxbuffers.compressed._host import HostStores
+
+
+def _path_names(path) -> tuple[str, ...]:
+    """Dict keys / attribute names along a leaf path (sequence indices are skipped)."""
+    out = []
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            out.append(str(k.key))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            out.append(k.name)
+    return tuple(out)
+
+
+def select_leaves(spec: Any, compress: Sequence[str] | None, what: str) -> tuple[int, ...]:
+    """Flat indices (in ``jax.tree.leaves`` order) of the leaves of ``spec`` to compress.
+
+    A leaf is selected when one of the dict keys (or attribute names) on its path is in
+    ``compress``, or when its full name (``_validate.leaf_name``, e.g. ``['pixels']``) is.
+    ``compress=None`` selects every leaf.
+
+    Raises:
+      ValueError: a name selects nothing (the message lists the leaves), or nothing is selected.
+      TypeError: ``compress`` is a bare string (``("pixels",)`` was meant).
+    """
+    leaves = jax.tree_util.tree_flatten_with_path(spec)[0]
+    if compress is None:
+        return tuple(range(len(leaves)))
+    if isinstance(compress, str):
+        raise TypeError(f"compress: expected a tuple of leaf names, e.g. ({compress!r},), got the string {compress!r}")
+    names = set(compress)
+    chosen, used = [], set()
+    for i, (path, _) in enumerate(leaves):
+        keys = set(_path_names(path)) | {_validate.leaf_name(path)}
+        hit = keys & names
+        if hit:
+            chosen.append(i)
+            used |= hit
+    missing = sorted(names - used)
+    if missing:
+        avail = [_validate.leaf_name(p) for p, _ in leaves]
+        raise ValueError(f"compress: {missing} match no leaf of {what}; its leaves are {avail}")
+    if not chosen:
+        raise ValueError(f"compress: selects no leaf of {what}")
+    return tuple(chosen)
+
+
+def replace_leaves(tree: Any, indices: Sequence[int], values: Sequence[Any]) -> Any:
+    """``tree`` with its leaves number ``indices`` (``jax.tree.leaves`` order) replaced by ``values``."""
+    leaves, treedef = jax.tree.flatten(tree)
+    leaves = list(leaves)
+    for i, v in zip(indices, values):
+        leaves[i] = v
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def pick_leaves(tree: Any, indices: Sequence[int]) -> list:
+    leaves = jax.tree.leaves(tree)
+    return [leaves[i] for i in indices]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafInfo:
+    """Static description of one compressed leaf (hashable: it lives in a static field)."""
+
+    name: str
+    shape: tuple[int, ...]  # one observation (a whole stack with frame dedup)
+    dtype: np.dtype
+    frame_shape: tuple[int, ...]  # what one store entry holds
+    stack_axis: int | None  # axis of ``shape`` holding the k frames (frame dedup), else None
+
+
+def newest_frame(x: jax.Array, info: LeafInfo, lead: int) -> jax.Array:
+    """The entry to store for observations ``x`` (``[*lead, *info.shape]``): the newest frame of
+    each stack (index ``k - 1`` along the stack axis), or the whole observation."""
+    if info.stack_axis is None:
+        return x
+    k = info.shape[info.stack_axis]
+    return jax.lax.index_in_dim(x, k - 1, axis=lead + info.stack_axis, keepdims=False)
+
+
+def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array]) -> jax.Array:
+    """Ordered io_callback writing ``datas[i][valid]`` at ``slots[valid]``; returns the new version."""
+    return io_callback(
+        host.write,
+        jax.ShapeDtypeStruct((), jnp.int32),
+        version,
+        slots.astype(jnp.int32),
+        valid,
+        *datas,
+        ordered=True,
+    )
+
+
+def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, ids: jax.Array) -> tuple:
+    """pure_callback decoding store slots ``ids`` (int32, any shape ``S``) for every leaf.
+
+    The version argument is the data dependency on the write that produced the state.
+    Returns one ``[*S, *frame_shape]`` array per leaf.
+    """
+    shapes = tuple(jax.ShapeDtypeStruct((*ids.shape, *i.frame_shape), i.dtype) for i in infos)
+    return jax.pure_callback(host.read, shapes, version, ids.astype(jnp.int32), vmap_method="expand_dims")
+
+
+def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool) -> jax.Array:
+    """Decoded entries -> observations.
+
+    Args:
+      frames: with frame dedup ``[*S, k, *frame_shape]`` (stack position ``j``: oldest ``0`` to
+        newest ``k - 1``), else ``[*S, *shape]``. ``lead = len(S)``.
+      pad: bool ``[*S, k]``, frames to zero (``padding="zero"``), or None.
+      normalize: return float32 ``x / 255`` instead of the stored dtype.
+    """
+    if info.stack_axis is not None:
+        if pad is not None:
+            zero = jnp.zeros((), frames.dtype)
+            frames = jnp.where(pad.reshape(pad.shape + (1,) * len(info.frame_shape)), zero, frames)
+        frames = jnp.moveaxis(frames, lead, lead + info.stack_axis)
+    if normalize:
+        frames = frames.astype(jnp.float32) / jnp.float32(255.0)
+    return frames

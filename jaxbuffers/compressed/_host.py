@@ -1,0 +1,173 @@
+"""Host half of the compressed buffers: the stores, the write/read callbacks and their versions.
+
+Everything that crosses from jitted code to the host goes through one :class:`HostStores`
+object, which a buffer keeps in a *static* field (it is not a pytree leaf):
+
+* Identity hash and equality (Python's default), so a jitted function compiles once per buffer
+  and reuses the executable for every later state of that buffer (same object), while two
+  buffers never share a cache entry by accident.
+* **Writes** go through ``jax.experimental.io_callback(..., ordered=True)``: run exactly once per
+  executed ``add``, in program order, also inside ``lax.scan`` and with donation. (A
+  ``pure_callback`` whose result is unused is removed by XLA: a write through it never happens.)
+  Each write returns the new *version* (writes so far, int32) which the buffer carries as a leaf.
+* **Reads** go through ``jax.pure_callback`` and take that version as an argument: the data
+  dependency makes a read run after the write that produced the state it samples from.
+* **Stale reads are refused, not served.** Every slot remembers the version that last wrote it.
+  A read made with version ``v`` raises if one of its slots was written by a later version, i.e.
+  when it would return frames newer than the buffer state it was sampled from (an old state kept
+  after later adds, or a sample that XLA scheduled after a later add of the same program). A write
+  from a state whose version is not the store's current one (adding twice to the same state: a
+  fork) is refused too, before anything is written. Errors raised inside callbacks surface as
+  ``jax.errors.JaxRuntimeError`` (``XlaRuntimeError``) when the result is used.
+* Ordered callbacks cannot be ``vmap``-ed ("Cannot vmap ordered IO callback"): a compressed buffer
+  is one host store, so stacking buffers under ``vmap`` is not supported. ``vmap`` over sampling
+  keys of one buffer works (reads are batched).
+
+The store layout is the :class:`host_codecs.CompressedStore` layout (numpy arrays) plus one int32
+``slot_version`` array per store: simple to persist.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import numpy as np
+
+from host_codecs import CompressedStore
+
+__all__ = ["HostStores", "StaleBufferError"]
+
+
+class StaleBufferError(RuntimeError):
+    """A read or write used a buffer state older than the host store's contents."""
+
+
+class HostStores:
+    """One :class:`~host_codecs.CompressedStore` per compressed leaf, sharing slot numbering.
+
+    Args:
+      num_slots: slots per store (every compressed leaf uses the same slot ids).
+      codec: codec name of the stores (``"zstd:3"``, ``"igzip:1"``, ``"rle"``, ``"none"``...).
+      item_shapes: per compressed leaf, the shape of one stored entry (a frame).
+      dtypes: per compressed leaf, its dtype.
+      names: per compressed leaf, a readable name for error messages.
+      chunk_bytes: largest arena chunk of each store.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        codec: str,
+        item_shapes: Sequence[tuple[int, ...]],
+        dtypes: Sequence[np.dtype],
+        names: Sequence[str],
+        chunk_bytes: int = 64 << 20,
+    ):
+        self.names = tuple(names)
+        self.stores = [
+            CompressedStore(num_slots, codec, item_shape=tuple(s), dtype=d, chunk_bytes=chunk_bytes)
+            for s, d in zip(item_shapes, dtypes)
+        ]
+        self.num_slots = int(num_slots)
+        self.codec = codec
+        self.version = 0  # writes so far; the version a buffer state carries
+        self.slot_version = np.zeros(num_slots, np.int32)  # shape=(num_slots,), int32: version that last wrote each slot
+        self.num_writes = 0  # write callbacks executed (tests count these)
+        self.num_rows = 0  # entries put, summed over writes (one row = one slot in every store)
+        self.num_reads = 0  # read callbacks executed
+        self._lock = threading.Lock()
+        self.closed = False
+
+    # Identity semantics on purpose (see module doc): do not define __eq__/__hash__.
+
+    def __repr__(self) -> str:
+        return f"HostStores(leaves={list(self.names)}, num_slots={self.num_slots}, codec={self.codec!r}, version={self.version})"
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held: every store's ``nbytes`` (arena + index) plus ``slot_version``."""
+        return sum(s.nbytes for s in self.stores) + self.slot_version.nbytes
+
+    def close(self) -> None:
+        """Release the payload memory now. Later reads/writes raise. (A jitted function that
+        compiled against the buffer keeps this object alive; closing frees its arenas anyway.)"""
+        with self._lock:
+            for s in self.stores:
+                s.clear()
+            self.closed = True
+
+    def _check_open(self, what: str) -> None:
+        if self.closed:
+            raise RuntimeError(f"compressed buffer: {what} after close(); create a new buffer")
+
+    # ------------------------------------------------------------------ callbacks
+    def write(self, version, slots, valid, *datas) -> np.ndarray:
+        """Host side of an add: put ``datas[i][valid]`` into store ``i`` at ``slots[valid]``.
+
+        Args (numpy, from the io_callback):
+          version: int32 scalar, the version of the buffer state being added to.
+          slots: int32[M] store slot ids. valid: bool[M], rows to write.
+          datas: one [M, *item_shape] array per store.
+
+        Returns:
+          int32 scalar: the new version.
+
+        Raises:
+          StaleBufferError: ``version`` is not the store's current version (the state was
+            already added to: writing again would fork the shared store).
+        """
+        self._check_open("add")
+        version = int(np.asarray(version))
+        sel = np.flatnonzero(np.asarray(valid).reshape(-1))
+        slots = np.asarray(slots).reshape(-1)[sel]
+        with self._lock:
+            if version != self.version:
+                raise StaleBufferError(
+                    f"compressed buffer add: this buffer state has version {version} but its host "
+                    f"store is at version {self.version}; the store is shared by every state of the "
+                    f"buffer, so only the state returned by the last add can be added to"
+                )
+            for store, data in zip(self.stores, datas):
+                if sel.size:
+                    store.put(slots, np.asarray(data)[sel])
+            self.version += 1
+            if sel.size:
+                self.slot_version[slots] = self.version
+            self.num_writes += 1
+            self.num_rows += int(sel.size)
+            return np.int32(self.version)
+
+    def read(self, version, ids) -> tuple[np.ndarray, ...]:
+        """Host side of a sample: decode slots ``ids`` (any shape ``S``) from every store.
+
+        Each distinct slot is decoded once (the store decodes in parallel), then gathered.
+
+        Returns:
+          One array per store, shape ``S + item_shape``, the store's dtype.
+
+        Raises:
+          StaleBufferError: a slot was rewritten after ``version`` (see module doc).
+        """
+        self._check_open("sample")
+        v = int(np.max(np.asarray(version)))
+        ids = np.asarray(ids)
+        flat = ids.reshape(-1)
+        uniq, inv = np.unique(flat, return_inverse=True)
+        with self._lock:
+            newest = int(self.slot_version[uniq].max(initial=0))
+            self.num_reads += 1
+        if newest > v:
+            raise StaleBufferError(
+                f"compressed buffer sample: the buffer state has version {v} but some sampled slots "
+                f"were rewritten by version {newest}; sample from the state returned by the last add "
+                f"(and inside one jitted program, sample before adding again)"
+            )
+        outs = []
+        for store in self.stores:
+            dec = store.get(uniq, missing="zeros")
+            out = np.empty((flat.size, *dec.shape[1:]), dec.dtype)
+            np.take(dec, inv.reshape(-1), axis=0, out=out)
+            outs.append(out.reshape(*ids.shape, *dec.shape[1:]))
+        return tuple(outs)

@@ -1,0 +1,570 @@
+"""Host-compressed trajectory buffers: :class:`CompressedTrajectoryBuffer` and its prioritised variant.
+
+A :class:`CompressedTrajectoryBuffer` is a :class:`jaxbuffers.TrajectoryBuffer` (lanes, episode
+flags, final-observation ring, sequences and n-step transitions: all of that logic is reused,
+not copied) whose chosen observation leaves (``compress=("pixels",)``) are replaced by small
+int32 ids, while the pixels live compressed in host :class:`host_codecs.CompressedStore` s.
+Sampling asks the device buffer for the ids of the sampled steps (cheap int32 gathers) and
+decodes them in one host callback per sample (see :mod:`jaxbuffers.compressed._host` for the
+callback rules: exactly-once ordered writes, versioned reads, not vmappable).
+
+Frame-stack dedup (``frame_stack=k``)
+-------------------------------------
+When an observation leaf is a stack of the last ``k`` frames (Gymnasium's
+``FrameStackObservation``; ``stack_axis`` says where the ``k`` axis is: ``0`` for ``[4, 84, 84]``,
+``-1`` for ``[84, 84, 4]``), only the *newest* frame of each step's observation is stored and the
+stacks are rebuilt at sample time:
+
+* Each lane has a ring of ``length + k - 1`` frames (the frame of every stored step plus the
+  ``k - 1`` before the oldest one, which its stack needs).
+* Each step records ``ep_pos = min(steps since its episode started, k - 1)``. A step starts an
+  episode when the previous step of its lane was terminated *or truncated* (a time-limit end is
+  an episode end too), and the lane's very first step starts one. The stack of a step reads the
+  frames ``d = k-1, ..., 0`` steps back; frames from before the episode start are padding:
+  ``padding="reset"`` repeats the episode's first frame (Gymnasium's ``padding_type="reset"``),
+  ``padding="zero"`` gives zeros. So a stack never mixes two episodes.
+* A truncated step's true final observation (``final_obs``) keeps its own newest frame in a
+  per-lane ring of ``final_obs_capacity`` frames (the same ring discipline as the device buffer's
+  final-observation ring), stacked on the step's own frames.
+
+This is exact when the observations given to ``add`` are what such a frame stacker produced (the
+older ``k - 1`` frames of each stack are *not* read at add time). Without ``frame_stack`` every
+compressed leaf is stored whole, one entry per step.
+
+Ids stored on device: per compressed leaf, int32 ``[3]`` per step: ``(newest, prev, ep_pos)``,
+the store slot of the newest frame, the store slot of the frame one step back (in the lane's
+frame ring), and ``ep_pos``. Store slots: lane ``e``'s frame ring is ``[e * F, (e + 1) * F)``
+(``F = length + k - 1``); final frames follow at ``num_envs * F + e * K + j``.
+
+Example::
+
+    import jax, jax.numpy as jnp, numpy as np
+    import jaxbuffers as jb
+    from jaxbuffers.compressed import CompressedTrajectoryBuffer
+
+    step = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = CompressedTrajectoryBuffer.create(step, num_envs=8, length=100_000, frame_stack=4)
+    batch = jax.tree.map(lambda x: jnp.stack([x] * 8), step)
+    done = jnp.zeros(8, bool)
+    add = jax.jit(CompressedTrajectoryBuffer.add, donate_argnums=0)
+    buf = add(buf, batch, terminated=done, truncated=done, final_obs=batch["obs"])
+    buf = add(buf, batch, terminated=done, truncated=done, final_obs=batch["obs"])
+    tr = buf.sample_transitions(jax.random.key(0), 32, n_step=1, gamma=0.99)   # tr.obs: uint8[32, 4, 84, 84]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxbuffers import _validate
+from jaxbuffers.compressed import _common
+from jaxbuffers.compressed._common import LeafInfo
+from jaxbuffers.compressed._host import HostStores
+from jaxbuffers.trajectory import (
+    PrioritisedTrajectoryBuffer,
+    PrioritisedTrajectorySample,
+    SequenceSample,
+    TrajectoryBuffer,
+    TransitionSample,
+    _check_flag,
+)
+
+__all__ = ["CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "DEFAULT_CODEC"]
+
+#: Codec of the host stores unless ``codec=`` is given (see docs/benchmarks.md for the trade-offs).
+DEFAULT_CODEC = "zstd:3"
+
+_ID = jax.ShapeDtypeStruct((3,), jnp.int32)
+
+
+def _build(
+    example_step: Mapping,
+    num_envs: int,
+    length: int,
+    *,
+    compress,
+    frame_stack,
+    stack_axis: int,
+    padding: str,
+    codec: str,
+    normalize_images: bool,
+    final_obs_capacity,
+    obs_key: str,
+    chunk_bytes: int,
+):
+    """Shared part of both ``create`` s: returns (inner example step, config dict)."""
+    if not isinstance(example_step, Mapping):
+        raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
+    if obs_key not in example_step:
+        raise ValueError(f"example_step: missing field {obs_key!r} (got fields {sorted(example_step)})")
+    num_envs, length = int(num_envs), int(length)
+    if num_envs < 1 or length < 1:
+        raise ValueError(f"num_envs, length: expected ints >= 1, got {num_envs}, {length}")
+    if padding not in ("reset", "zero"):
+        raise ValueError(f"padding: expected 'reset' (repeat the episode's first frame, Gymnasium's default) or 'zero', got {padding!r}")
+    k = 1
+    if frame_stack is not None:
+        if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
+            raise ValueError(f"frame_stack: expected an int >= 1 (frames per observation) or None, got {frame_stack!r}")
+        k = int(frame_stack)
+    kcap = length if final_obs_capacity is None else int(final_obs_capacity)
+    if kcap < 1:
+        raise ValueError(f"final_obs_capacity: expected an int >= 1, got {final_obs_capacity!r}")
+    spec = _validate.item_spec(dict(example_step), "example_step")
+    obs_spec = spec[obs_key]
+    what = f"example_step[{obs_key!r}]"
+    idx = _common.select_leaves(obs_spec, compress, what)
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(obs_spec)[0]]
+    leaves = jax.tree.leaves(obs_spec)
+    infos = []
+    for i in idx:
+        s = leaves[i]
+        name = f"{what}{_validate.leaf_name(paths[i]) if paths[i] else ''}"
+        if normalize_images and np.dtype(s.dtype) != np.uint8:
+            raise ValueError(f"normalize_images: {name} has dtype {s.dtype}; x / 255 is defined for uint8 images only")
+        if frame_stack is None:
+            infos.append(LeafInfo(name, tuple(s.shape), np.dtype(s.dtype), tuple(s.shape), None))
+            continue
+        rank = len(s.shape)
+        if not -rank <= stack_axis < rank:
+            raise ValueError(f"stack_axis: {stack_axis} is out of range for {name} of shape {tuple(s.shape)}")
+        ax = stack_axis % rank
+        if s.shape[ax] != k:
+            raise ValueError(
+                f"frame_stack: {name} has shape {tuple(s.shape)}, so axis {stack_axis} holds {s.shape[ax]} "
+                f"frames, expected frame_stack={k}; set stack_axis to the frame axis (0 for [k, H, W], "
+                f"-1 for [H, W, k])"
+            )
+        frame = tuple(d for j, d in enumerate(s.shape) if j != ax)
+        infos.append(LeafInfo(name, tuple(s.shape), np.dtype(s.dtype), frame, ax))
+    ring = length + k - 1
+    host = HostStores(
+        num_envs * ring + num_envs * kcap,
+        codec,
+        [i.frame_shape for i in infos],
+        [i.dtype for i in infos],
+        [i.name for i in infos],
+        chunk_bytes=chunk_bytes,
+    )
+    inner_obs = _common.replace_leaves(obs_spec, idx, [_ID] * len(idx))
+    inner_step = dict(spec)
+    inner_step[obs_key] = inner_obs
+    config = dict(
+        host=host,
+        leaves=tuple(infos),
+        leaf_index=tuple(idx),
+        frame_stack=k,
+        padding=padding,
+        normalize_images=bool(normalize_images),
+        frame_ring=ring,
+    )
+    return inner_step, kcap, config
+
+
+class CompressedTrajectoryBuffer(struct.PyTreeNode):
+    """A :class:`~jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
+
+    Same methods and sample types as :class:`~jaxbuffers.TrajectoryBuffer`; sampled observations
+    are decoded (and frame stacks rebuilt) on the host. With the same adds and keys it returns
+    exactly what a ``TrajectoryBuffer`` returns (float32 ``x / 255`` for compressed leaves when
+    ``normalize_images``). See the module docstring for frame dedup and the id layout, and
+    :mod:`jaxbuffers.compressed._host` for the callback rules. Not vmappable (one host store);
+    jittable, ``lax.scan``-able, donatable.
+    """
+
+    buffer: Any  # TrajectoryBuffer (PrioritisedTrajectoryBuffer for the subclass); compressed leaves hold int32[3] ids
+    frame_head: jax.Array  # shape=(), dtype=int32: position of the next step in every lane's frame ring, in [0, frame_ring)
+    next_ep_pos: jax.Array  # shape=[num_envs], dtype=int32: ep_pos of each lane's next step (0 = starts an episode)
+    final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-frame slot per lane, in [0, final_obs_capacity)
+    version: jax.Array  # shape=(), dtype=int32: host-store writes included in this state
+    host: HostStores = struct.field(pytree_node=False)
+    leaves: tuple = struct.field(pytree_node=False)  # LeafInfo per compressed leaf
+    leaf_index: tuple = struct.field(pytree_node=False)  # flat index of each compressed leaf within obs
+    frame_stack: int = struct.field(pytree_node=False)  # k (1: no dedup)
+    padding: str = struct.field(pytree_node=False)
+    normalize_images: bool = struct.field(pytree_node=False)
+    frame_ring: int = struct.field(pytree_node=False)  # F = length + k - 1 frames per lane
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(
+        cls,
+        example_step: Mapping,
+        num_envs: int,
+        length: int,
+        *,
+        compress: Sequence[str] | None = None,
+        frame_stack: int | None = None,
+        stack_axis: int = 0,
+        padding: str = "reset",
+        codec: str = DEFAULT_CODEC,
+        normalize_images: bool = False,
+        final_obs_capacity: int | None = None,
+        obs_key: str = "obs",
+        action_key: str = "action",
+        reward_key: str = "reward",
+        chunk_bytes: int = 64 << 20,
+    ) -> "CompressedTrajectoryBuffer":
+        """An empty compressed buffer of ``num_envs`` lanes of ``length`` steps.
+
+        Args:
+          example_step, num_envs, length, final_obs_capacity, obs_key, action_key, reward_key: as
+            :meth:`jaxbuffers.TrajectoryBuffer.create`. Size ``final_obs_capacity`` (K) to the
+            number of truncations a lane can hold (``ceil(length / T_max) + 1``): it also sizes the
+            host's final-frame ring.
+          compress: names of the observation leaves to store on the host (dict keys on the leaf's
+            path, e.g. ``("pixels",)``); ``None``: every leaf of the observation. Other leaves
+            stay on device.
+          frame_stack: ``k`` when the compressed leaves are stacks of the last ``k`` frames: store
+            one frame per step and rebuild stacks at sample time (module docstring). ``None``:
+            store each observation whole.
+          stack_axis: axis of the ``k`` frames within one observation (``0``: ``[k, H, W]``,
+            ``-1``: ``[H, W, k]``).
+          padding: ``"reset"`` (repeat the episode's first frame) or ``"zero"``.
+          codec: host codec (``"zstd:3"``, ``"igzip:0".."igzip:3"``, ``"rle"``, ``"none"``).
+          normalize_images: sampled compressed leaves come back float32 in ``[0, 1]`` (``x / 255``,
+            uint8 leaves only) instead of their stored dtype.
+          chunk_bytes: largest host arena chunk.
+
+        Raises:
+          TypeError / ValueError: as ``TrajectoryBuffer.create``; ``compress`` naming no leaf;
+            a stacked leaf whose ``stack_axis`` does not hold ``frame_stack`` frames;
+            ``normalize_images`` on a non-uint8 leaf; a bad ``padding``; an unknown codec.
+        """
+        inner_step, kcap, config = _build(
+            example_step, num_envs, length, compress=compress, frame_stack=frame_stack,
+            stack_axis=stack_axis, padding=padding, codec=codec, normalize_images=normalize_images,
+            final_obs_capacity=final_obs_capacity, obs_key=obs_key, chunk_bytes=chunk_bytes,
+        )
+        inner = TrajectoryBuffer.create(
+            inner_step, num_envs, length, final_obs_capacity=kcap, obs_key=obs_key,
+            action_key=action_key, reward_key=reward_key,
+        )
+        return cls._wrap(inner, config)
+
+    @classmethod
+    def _wrap(cls, inner, config):
+        e = int(num_envs_of(inner))
+        return cls(
+            buffer=inner,
+            frame_head=jnp.int32(0),
+            next_ep_pos=jnp.zeros((e,), jnp.int32),
+            final_head=jnp.zeros((e,), jnp.int32),
+            version=jnp.int32(0),
+            **config,
+        )
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def trajectory(self) -> TrajectoryBuffer:
+        """The device-side :class:`~jaxbuffers.TrajectoryBuffer` (compressed leaves hold ids)."""
+        return self.buffer
+
+    @property
+    def num_envs(self) -> int:
+        return self.trajectory.num_envs
+
+    @property
+    def length(self) -> int:
+        return self.trajectory.length
+
+    @property
+    def final_obs_capacity(self) -> int:
+        return self.trajectory.final_obs_capacity
+
+    @property
+    def step_spec(self) -> Any:
+        """Dict of ``jax.ShapeDtypeStruct``: one step of one env as the user sees it."""
+        traj = self.trajectory
+        spec = dict(traj.step_spec)
+        spec[traj.obs_key] = _common.replace_leaves(
+            spec[traj.obs_key], self.leaf_index, [jax.ShapeDtypeStruct(i.shape, i.dtype) for i in self.leaves]
+        )
+        return spec
+
+    @property
+    def device_nbytes(self) -> int:
+        """Bytes of every device array (the id-holding trajectory buffer and the counters)."""
+        return _validate.tree_nbytes(self)
+
+    @property
+    def host_nbytes(self) -> int:
+        """Host bytes held: compressed arenas, store indexes and slot versions (honest, see host_codecs)."""
+        return self.host.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """``device_nbytes + host_nbytes``."""
+        return self.device_nbytes + self.host_nbytes
+
+    def uncompressed_nbytes(self) -> int:
+        """Bytes a plain ``TrajectoryBuffer`` with the same configuration would hold (shapes only)."""
+        traj = self.trajectory
+        abstract = jax.eval_shape(
+            lambda: TrajectoryBuffer.create(
+                self.step_spec, traj.num_envs, traj.length, final_obs_capacity=traj.final_obs_capacity,
+                obs_key=traj.obs_key, action_key=traj.action_key, reward_key=traj.reward_key,
+            )
+        )
+        return _validate.tree_nbytes(abstract)
+
+    def size(self) -> jax.Array:
+        """Steps stored over all lanes (int32 scalar)."""
+        return self.buffer.size()
+
+    def is_full(self) -> jax.Array:
+        return self.buffer.is_full()
+
+    def num_added(self) -> int:
+        return self.trajectory.num_added()
+
+    def can_sample(self, sequence_length: int = 1, **kwargs) -> jax.Array:
+        """:meth:`jaxbuffers.TrajectoryBuffer.can_sample` (for n-step transitions pass ``n_step + 1``)."""
+        return self.buffer.can_sample(sequence_length, **kwargs)
+
+    def close(self) -> None:
+        """Free the host memory now (the buffer cannot be used afterwards)."""
+        self.host.close()
+
+    # ------------------------------------------------------------------ add
+    def _prepare(self, step, terminated, truncated, final_obs):
+        """Validate against the user-facing spec; return everything with a time axis."""
+        if not isinstance(step, Mapping):
+            raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
+        traj = self.trajectory
+        spec = self.step_spec
+        step = dict(step)
+        leaves, spec0 = jax.tree.leaves(step), jax.tree.leaves(spec)[0]
+        nd = 2 if leaves and getattr(leaves[0], "ndim", -1) == len(spec0.shape) + 2 else 1
+        lead = _validate.check_batch(spec, step, nd, "step")
+        if lead[0] != traj.num_envs:
+            raise ValueError(f"step: expected leading axis num_envs={traj.num_envs}, got {lead[0]}")
+        terminated = _check_flag("terminated", terminated, lead)
+        if truncated is None:
+            if final_obs is not None:
+                raise ValueError("final_obs: given without truncated; pass truncated=... with it")
+        else:
+            truncated = _check_flag("truncated", truncated, lead)
+            if final_obs is None:
+                raise TypeError(
+                    "final_obs: required when truncated is given: the true observation after each step, "
+                    "before any auto-reset (read only where truncated); shaped like step[obs]"
+                )
+            _validate.check_batch(spec[traj.obs_key], final_obs, nd, "final_obs")
+        if nd == 1:
+            ex = lambda x: jnp.expand_dims(jnp.asarray(x), 1)  # noqa: E731
+            step = jax.tree.map(ex, step)
+            terminated = ex(terminated)
+            truncated = None if truncated is None else ex(truncated)
+            final_obs = None if final_obs is None else jax.tree.map(ex, final_obs)
+        return step, terminated, truncated, final_obs
+
+    def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
+        """Append one step ``[num_envs, ...]`` or a chunk ``[num_envs, t, ...]`` to every lane.
+
+        Same arguments, shapes and errors as :meth:`jaxbuffers.TrajectoryBuffer.add`. The newest
+        frame of each compressed observation (the whole observation without ``frame_stack``) and,
+        where ``truncated & ~terminated``, of its ``final_obs`` are written to the host in one
+        ordered callback; the device buffer gets their ids.
+
+        Returns:
+          The new buffer (the previous state must not be added to again: that would fork the
+          shared host store, and the write raises).
+        """
+        traj = self.trajectory
+        step, terminated, truncated, final_obs = self._prepare(step, terminated, truncated, final_obs)
+        e, t = terminated.shape
+        k, ring, kcap = self.frame_stack, self.frame_ring, traj.final_obs_capacity
+        j = jnp.arange(t, dtype=jnp.int32)
+        lane = jnp.arange(e, dtype=jnp.int32)[:, None]
+        pos = (self.frame_head + j) % ring  # [t]
+        newest = lane * ring + pos[None, :]  # [E, t] store slots of this chunk's frames
+        prev = lane * ring + ((pos - 1) % ring)[None, :]
+        ends = terminated if truncated is None else terminated | truncated
+        # ep_pos: steps since the episode start (clipped to k - 1). Step j starts an episode iff
+        # step j - 1 ended one (or, for j = 0, the previous add's last step did: next_ep_pos == 0).
+        last_end = jax.lax.cummax(jnp.where(ends, j[None, :], -1), axis=1)
+        before = jnp.concatenate([jnp.full((e, 1), -1, jnp.int32), last_end[:, :-1]], axis=1)
+        ep = jnp.where(before >= 0, j[None, :] - before - 1, self.next_ep_pos[:, None] + j[None, :])
+        ep = jnp.minimum(ep, k - 1).astype(jnp.int32)
+        next_ep = jnp.where(ends[:, -1], 0, jnp.minimum(ep[:, -1] + 1, k - 1)).astype(jnp.int32)
+        ids = jnp.stack([newest, prev, ep], axis=-1).astype(jnp.int32)  # [E, t, 3]
+
+        obs = step[traj.obs_key]
+        frames = [_common.newest_frame(x, i, 2) for x, i in zip(_common.pick_leaves(obs, self.leaf_index), self.leaves)]
+        slots = newest.reshape(-1)
+        valid = jnp.ones((e * t,), bool)
+        datas = [f.reshape(e * t, *i.frame_shape) for f, i in zip(frames, self.leaves)]
+        final_head = self.final_head
+        inner_final = None
+        if truncated is not None:
+            boot = truncated & ~terminated
+            cum = jnp.cumsum(boot.astype(jnp.int32), axis=1)
+            fslot = (final_head[:, None] + cum - 1) % kcap
+            fstore = e * ring + lane * kcap + fslot  # [E, t]
+            final_head = ((final_head + cum[:, -1]) % kcap).astype(jnp.int32)
+            fids = jnp.stack([fstore, newest, jnp.minimum(ep + 1, k - 1)], axis=-1).astype(jnp.int32)
+            fframes = [
+                _common.newest_frame(x, i, 2).reshape(e * t, *i.frame_shape)
+                for x, i in zip(_common.pick_leaves(final_obs, self.leaf_index), self.leaves)
+            ]
+            slots = jnp.concatenate([slots, fstore.reshape(-1)])
+            valid = jnp.concatenate([valid, boot.reshape(-1)])
+            datas = [jnp.concatenate([d, f]) for d, f in zip(datas, fframes)]
+            inner_final = _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves))
+        version = _common.write(self.host, self.version, slots, valid, datas)
+        inner_step = dict(step)
+        inner_step[traj.obs_key] = _common.replace_leaves(obs, self.leaf_index, [ids] * len(self.leaves))
+        inner = self.buffer.add(inner_step, terminated=terminated, truncated=truncated, final_obs=inner_final)
+        return self.replace(
+            buffer=inner,
+            frame_head=((self.frame_head + t) % ring).astype(jnp.int32),
+            next_ep_pos=next_ep,
+            final_head=final_head,
+            version=version,
+        )
+
+    # ------------------------------------------------------------------ decode
+    def _frame_ids(self, ids: jax.Array):
+        """ids ``[*S, 3]`` -> (store slots ``[*S, k]`` oldest to newest, zero-pad mask or None)."""
+        k, ring = self.frame_stack, self.frame_ring
+        newest, prev, ep = ids[..., 0], ids[..., 1], ids[..., 2]
+        if self.leaves[0].stack_axis is None:
+            return newest, None
+        d = (k - 1) - jnp.arange(k, dtype=jnp.int32)  # frames back, per stack position
+        pad = None
+        if self.padding == "reset":
+            back = jnp.minimum(d, ep[..., None])
+        else:
+            pad = d > ep[..., None]
+            back = jnp.where(pad, 0, d)
+        base = (prev // ring)[..., None] * ring
+        older = base + ((prev % ring)[..., None] - (back - 1)) % ring
+        return jnp.where(back == 0, newest[..., None], older).astype(jnp.int32), pad
+
+    def decode_obs(self, obs: Any) -> Any:
+        """Replace the id leaves of a sampled observation pytree (leaves ``[*S, 3]``) by the decoded
+        observations ``[*S, *shape]`` (one host callback for all compressed leaves)."""
+        ids = _common.pick_leaves(obs, self.leaf_index)[0]
+        lead = ids.ndim - 1
+        fids, pad = self._frame_ids(ids)
+        decoded = _common.read(self.host, self.leaves, self.version, fids)
+        out = [_common.finish(x, i, lead, pad, self.normalize_images) for x, i in zip(decoded, self.leaves)]
+        return _common.replace_leaves(obs, self.leaf_index, out)
+
+    def _decode_pair(self, obs: Any, next_obs: Any):
+        """Decode ``obs`` and ``next_obs`` in one callback (they share most stack frames)."""
+        both = jax.tree.map(lambda a, b: jnp.stack([a, b], axis=1), obs, next_obs)
+        dec = self.decode_obs(both)
+        return jax.tree.map(lambda x: x[:, 0], dec), jax.tree.map(lambda x: x[:, 1], dec)
+
+    def _decode_transitions(self, s: TransitionSample) -> TransitionSample:
+        obs, next_obs = self._decode_pair(s.obs, s.next_obs)
+        item = dict(s.item)
+        item[self.trajectory.obs_key] = obs
+        return s._replace(obs=obs, next_obs=next_obs, item=item)
+
+    def _decode_sequences(self, s: SequenceSample) -> SequenceSample:
+        item = dict(s.item)
+        key = self.trajectory.obs_key
+        item[key] = self.decode_obs(item[key])
+        return s._replace(item=item)
+
+    # ------------------------------------------------------------------ sample
+    def sample_sequences(
+        self, key: jax.Array, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True
+    ) -> SequenceSample:
+        """:meth:`jaxbuffers.TrajectoryBuffer.sample_sequences`, observations decoded (``[B, L, ...]``)."""
+        s = self.buffer.sample_sequences(key, batch_size, sequence_length, period=period, cross_episodes=cross_episodes)
+        return self._decode_sequences(s)
+
+    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma=None) -> TransitionSample:
+        """:meth:`jaxbuffers.TrajectoryBuffer.sample_transitions`, ``obs`` / ``next_obs`` decoded.
+
+        ``next_obs`` after a truncation is the true final observation (its stack rebuilt from the
+        step's frames and the stored final frame).
+        """
+        return self._decode_transitions(self.buffer.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma))
+
+
+def num_envs_of(inner) -> int:
+    return inner.buffer.num_envs if isinstance(inner, PrioritisedTrajectoryBuffer) else inner.num_envs
+
+
+class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
+    """A :class:`~jaxbuffers.trajectory.PrioritisedTrajectoryBuffer` with host-compressed observations.
+
+    ``create`` takes the arguments of both :meth:`CompressedTrajectoryBuffer.create` and
+    :meth:`PrioritisedTrajectoryBuffer.create`; sampling returns a
+    :class:`~jaxbuffers.trajectory.PrioritisedTrajectorySample` whose ``item`` is decoded.
+    """
+
+    @classmethod
+    def create(
+        cls,
+        example_step: Mapping,
+        num_envs: int,
+        length: int,
+        *,
+        window_length: int,
+        period: int = 1,
+        priority_exponent: float = 0.6,
+        min_priority: float = 1e-6,
+        max_priority_limit: float = 1e30,
+        compress: Sequence[str] | None = None,
+        frame_stack: int | None = None,
+        stack_axis: int = 0,
+        padding: str = "reset",
+        codec: str = DEFAULT_CODEC,
+        normalize_images: bool = False,
+        final_obs_capacity: int | None = None,
+        obs_key: str = "obs",
+        action_key: str = "action",
+        reward_key: str = "reward",
+        chunk_bytes: int = 64 << 20,
+    ) -> "CompressedPrioritisedTrajectoryBuffer":
+        """An empty prioritised compressed buffer (arguments: see the two ``create`` s it combines)."""
+        inner_step, kcap, config = _build(
+            example_step, num_envs, length, compress=compress, frame_stack=frame_stack,
+            stack_axis=stack_axis, padding=padding, codec=codec, normalize_images=normalize_images,
+            final_obs_capacity=final_obs_capacity, obs_key=obs_key, chunk_bytes=chunk_bytes,
+        )
+        inner = PrioritisedTrajectoryBuffer.create(
+            inner_step, num_envs, length, window_length=window_length, period=period,
+            priority_exponent=priority_exponent, min_priority=min_priority,
+            max_priority_limit=max_priority_limit, final_obs_capacity=kcap, obs_key=obs_key,
+            action_key=action_key, reward_key=reward_key,
+        )
+        return cls._wrap(inner, config)
+
+    @property
+    def trajectory(self) -> TrajectoryBuffer:
+        return self.buffer.buffer
+
+    def can_sample(self) -> jax.Array:  # type: ignore[override]
+        """Whether some window is valid (bool scalar)."""
+        return self.buffer.can_sample()
+
+    def sample_sequences(  # type: ignore[override]
+        self, key: jax.Array, batch_size: int, *, beta, sequence_length: int | None = None
+    ) -> PrioritisedTrajectorySample:
+        """:meth:`PrioritisedTrajectoryBuffer.sample_sequences`, observations decoded."""
+        s = self.buffer.sample_sequences(key, batch_size, beta=beta, sequence_length=sequence_length)
+        return s._replace(item=self._decode_sequences(s.item))
+
+    def sample_transitions(  # type: ignore[override]
+        self, key: jax.Array, batch_size: int, *, beta, gamma, n_step: int | None = None
+    ) -> PrioritisedTrajectorySample:
+        """:meth:`PrioritisedTrajectoryBuffer.sample_transitions`, ``obs`` / ``next_obs`` decoded."""
+        s = self.buffer.sample_transitions(key, batch_size, beta=beta, gamma=gamma, n_step=n_step)
+        return s._replace(item=self._decode_transitions(s.item))
+
+    def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "CompressedPrioritisedTrajectoryBuffer":
+        """:meth:`PrioritisedTrajectoryBuffer.set_priorities` (device only, no host work)."""
+        return self.replace(buffer=self.buffer.set_priorities(indices, priorities, generations))
