@@ -220,18 +220,19 @@ class RolloutBuffer(struct.PyTreeNode):
             raise TypeError(f"float_dtype: expected a floating dtype, got {float_dtype}")
         spec = _validate.item_spec(example_step, "example_step")
         shape = (num_steps, num_envs)
-        zeros_f = jnp.zeros(shape, float_dtype)
-        zeros_b = jnp.zeros(shape, jnp.bool_)
+        # Distinct arrays per field (never one shared zeros array): donation needs unaliased buffers.
+        zeros_f = lambda: jnp.zeros(shape, float_dtype)  # noqa: E731
+        zeros_b = lambda: jnp.zeros(shape, jnp.bool_)  # noqa: E731
         return cls(
             step=jax.tree.map(lambda s: jnp.zeros((*shape, *s.shape), s.dtype), spec),
-            reward=zeros_f,
-            value=zeros_f,
-            terminated=zeros_b,
-            truncated=zeros_b,
-            final_value=zeros_f,
-            trainable=zeros_b,
-            advantages=zeros_f,
-            returns=zeros_f,
+            reward=zeros_f(),
+            value=zeros_f(),
+            terminated=zeros_b(),
+            truncated=zeros_b(),
+            final_value=zeros_f(),
+            trainable=zeros_b(),
+            advantages=zeros_f(),
+            returns=zeros_f(),
             step_index=jnp.int32(0),
             overflowed=jnp.bool_(False),
             has_advantages=jnp.bool_(False),
@@ -278,11 +279,17 @@ class RolloutBuffer(struct.PyTreeNode):
 
     # ------------------------------------------------------------------ add
     def _per_env(self, name: str, x: Any, dtype: Any) -> jax.Array:
-        spec = jax.ShapeDtypeStruct((), np.dtype(dtype))
-        (n,) = _validate.check_batch(spec, x, 1, name)
-        if n != self.num_envs:
-            raise ValueError(f"{name}: expected shape ({self.num_envs},) (num_envs), got {tuple(x.shape)}")
-        return x
+        """Check a per-env field: an array of shape [num_envs] and exactly ``dtype`` (trace time)."""
+        dtype = np.dtype(dtype)
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise TypeError(
+                f"{name}: expected an array of shape ({self.num_envs},) and dtype {dtype}, got {type(x).__name__}"
+            )
+        if tuple(x.shape) != (self.num_envs,):
+            raise ValueError(f"{name}: expected shape ({self.num_envs},) (one value per env), got {tuple(x.shape)}")
+        if np.dtype(x.dtype) != dtype:
+            raise TypeError(f"{name}: expected dtype {dtype}, got {np.dtype(x.dtype)} (nothing is cast implicitly)")
+        return jnp.asarray(x)
 
     def add(
         self,
@@ -404,7 +411,7 @@ class RolloutBuffer(struct.PyTreeNode):
           TypeError / ValueError: ``last_value`` has the wrong dtype / shape (message names it),
             or ``gae`` rejects ``gamma``, ``gae_lambda`` or ``method``.
         """
-        last_value = self._per_env_value("last_value", last_value)
+        last_value = self._per_env("last_value", last_value, self.float_dtype)
         t = jnp.arange(self.num_steps, dtype=jnp.int32)[:, None]
         filled = t < self.step_index
         # The last filled row bootstraps from last_value: expressed as a truncation there (a
@@ -430,17 +437,6 @@ class RolloutBuffer(struct.PyTreeNode):
             returns=jnp.where(filled, ret, zero),
             has_advantages=jnp.bool_(True),
         )
-
-    def _per_env_value(self, name: str, x: Any) -> jax.Array:
-        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-            raise TypeError(f"{name}: expected an array of shape ({self.num_envs},) and dtype {self.float_dtype}, got {type(x).__name__}")
-        if tuple(x.shape) != (self.num_envs,):
-            raise ValueError(f"{name}: expected shape ({self.num_envs},) (num_envs), got {tuple(x.shape)}")
-        if np.dtype(x.dtype) != self.float_dtype:
-            raise TypeError(
-                f"{name}: expected dtype {self.float_dtype}, got {np.dtype(x.dtype)} (nothing is cast implicitly)"
-            )
-        return jnp.asarray(x)
 
     # ------------------------------------------------------------------ minibatches
     def _check_num_minibatches(self, num_minibatches: Any) -> int:
