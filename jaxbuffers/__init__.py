@@ -1,15 +1,62 @@
 """jaxbuffers: JAX-native reinforcement-learning experience buffers.
 
 Every buffer is an immutable pytree with pure ``create`` / ``add`` / ``sample`` / ``can_sample`` /
-``size`` methods that run inside jitted training steps. This module is the public namespace:
-import from here, not from the private modules.
+``size`` methods that run inside jitted training steps; the return functions (``gae``,
+``lambda_returns``, ``n_step_returns``, ``discounted_returns``) are pure and time-major. This module
+is the public namespace: import from here, not from the private modules. Optional parts are
+submodules: ``jaxbuffers.interop.torch`` (needs torch) and ``jaxbuffers.interop.sb3`` (needs
+stable-baselines3). The host-compressed buffers need the ``codecs`` extra only for the ``rle`` /
+``igzip`` / ``zstd`` codecs they use.
 """
 
+from jaxbuffers.compressed import (
+    CompressedPrioritisedTrajectoryBuffer,
+    CompressedRolloutBuffer,
+    CompressedTrajectoryBuffer,
+    StaleBufferError,
+)
+from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
 from jaxbuffers.replay import ReplayBuffer, ReplaySample
+from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
+from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
+from jaxbuffers.sum_tree import MinTree, SumTree
+from jaxbuffers.trajectory import (
+    PrioritisedTrajectoryBuffer,
+    PrioritisedTrajectorySample,
+    SequenceSample,
+    TrajectoryBuffer,
+    TransitionSample,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # item replay
     "ReplayBuffer",
     "ReplaySample",
+    "PrioritisedReplayBuffer",
+    "PrioritisedSample",
+    "SumTree",
+    "MinTree",
+    # trajectories
+    "TrajectoryBuffer",
+    "SequenceSample",
+    "TransitionSample",
+    "PrioritisedTrajectoryBuffer",
+    "PrioritisedTrajectorySample",
+    # on-policy
+    "RolloutBuffer",
+    "RolloutMinibatch",
+    "RolloutMemoryPressure",
+    # returns
+    "gae",
+    "lambda_returns",
+    "discounted_returns",
+    "n_step_returns",
+    "NStepReturns",
+    # host-compressed
+    "CompressedTrajectoryBuffer",
+    "CompressedPrioritisedTrajectoryBuffer",
+    "CompressedRolloutBuffer",
+    "StaleBufferError",
 ]
