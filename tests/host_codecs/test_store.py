@@ -284,3 +284,36 @@ def test_model_based_against_a_dict(ops):
         assert store.raw_nbytes == 20 * len(model)
         s = store.stats()
         assert s["arena_nbytes"] - s["payload_nbytes"] == s["slack_nbytes"] >= 0
+
+
+def test_gather_kernels_agree():
+    from host_codecs._gather import _numpy_gather, gather
+
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 256, 1000, dtype=np.uint8)
+    src_off = np.array([0, 100, 640, 5], np.int64)
+    lens = np.array([8, 0, 40, 16], np.int64)
+    dst_off = np.array([0, 8, 8, 48], np.int64)
+    a, b = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+    gather(src, src_off, lens, a, dst_off)
+    _numpy_gather(src, src_off, lens, b, dst_off)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a[8:48], src[640:680])
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_thread_count_does_not_change_results(threads, atari_stacks):
+    import host_codecs
+
+    obs = atari_stacks["pong_obs"][:96]
+    try:
+        host_codecs.set_num_threads(threads)
+        assert host_codecs.num_threads() == threads
+        for spec in [s for s in ("rle", "igzip:1", "zstd:1") if s.split(":")[0] in HAVE]:
+            store = CompressedStore(96, codec=spec, chunk_bytes=1 << 14, min_chunk_bytes=1 << 12)
+            store.put(np.arange(96), obs)
+            assert_bit_exact(store.get(np.arange(96)[::-1]), obs[::-1])
+    finally:
+        host_codecs.set_num_threads(None)
+    with pytest.raises(ValueError, match="positive int"):
+        host_codecs.set_num_threads(0)
