@@ -1,0 +1,131 @@
+"""Plumbing shared by the SB3 adapters: storable dtypes, per-env specs from gym spaces, torch hand-off.
+
+Nothing here is public; :mod:`jaxbuffers.interop.sb3` re-exports what users need.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch as th
+from gymnasium import spaces
+
+
+def _space_int_bounds(space: spaces.Space) -> tuple[int, int] | None:
+    """Smallest and largest integer a space can hold, or None when unknown."""
+    if isinstance(space, spaces.Discrete):
+        return int(space.start), int(space.start + space.n - 1)
+    if isinstance(space, spaces.MultiDiscrete):
+        return int(np.min(space.start)), int(np.max(space.start + space.nvec - 1))
+    if isinstance(space, spaces.MultiBinary):
+        return 0, 1
+    if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.integer):
+        return int(np.min(space.low)), int(np.max(space.high))
+    return None
+
+
+def storage_dtype(dtype: Any, space: spaces.Space | None, what: str) -> np.dtype:
+    """The dtype JAX stores ``dtype`` in, losslessly, or a ``TypeError``.
+
+    With ``jax_enable_x64`` off, JAX cannot hold 64-bit values. Integer data is narrowed to
+    32 bits only when the space's bounds prove it fits (Discrete actions are int64 in gymnasium,
+    their values are small); samples are cast back to ``dtype``. float64 data is refused: the
+    narrowing would change values.
+    """
+    dtype = np.dtype(dtype)
+    canonical = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    if canonical == dtype:
+        return dtype
+    if np.issubdtype(dtype, np.integer):
+        bounds = _space_int_bounds(space) if space is not None else None
+        info = np.iinfo(canonical)
+        if bounds is not None and info.min <= bounds[0] and bounds[1] <= info.max:
+            return canonical
+        raise TypeError(
+            f"{what}: dtype {dtype} with bounds {bounds} cannot be stored in {canonical} without loss "
+            f"(jax_enable_x64 is off); use a space with 32-bit bounds or enable x64"
+        )
+    raise TypeError(
+        f"{what}: dtype {dtype} cannot be stored losslessly by JAX with jax_enable_x64 off "
+        f"(it would be narrowed to {canonical}); use a {canonical} space (e.g. wrap the env with "
+        f"gymnasium.wrappers.DtypeObservation) or enable x64"
+    )
+
+
+def obs_spec(observation_space: spaces.Space, obs_shape: Any, lead: tuple[int, ...], what: str) -> Any:
+    """Spec ``[*lead, *obs_shape]`` of an observation in storable dtypes (a dict for Dict spaces)."""
+    if isinstance(observation_space, spaces.Dict):
+        return {
+            key: jax.ShapeDtypeStruct((*lead, *obs_shape[key]), storage_dtype(sub.dtype, sub, f"{what}[{key!r}]"))
+            for key, sub in observation_space.spaces.items()
+        }
+    return jax.ShapeDtypeStruct((*lead, *obs_shape), storage_dtype(observation_space.dtype, observation_space, what))
+
+
+def obs_dtypes(observation_space: spaces.Space) -> Any:
+    """SB3's dtypes of the observations (a dict for Dict spaces)."""
+    if isinstance(observation_space, spaces.Dict):
+        return {k: np.dtype(s.dtype) for k, s in observation_space.spaces.items()}
+    return np.dtype(observation_space.dtype)
+
+
+def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str) -> np.ndarray:
+    """``x`` as a numpy array of ``shape`` and ``dtype``.
+
+    The cast follows numpy assignment, i.e. exactly what SB3's own buffers do when they write
+    into their preallocated arrays (SB3 passes float64 rewards and bool dones, for instance).
+    Only the shape is checked: a mismatch raises ``ValueError`` naming the field.
+    """
+    if isinstance(x, th.Tensor):
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    if arr.size != int(np.prod(shape, dtype=np.int64)):
+        raise ValueError(f"{what}: expected {int(np.prod(shape))} values shaped {shape}, got shape {arr.shape}")
+    return arr.reshape(shape).astype(dtype, copy=False)
+
+
+def to_torch_tensor(x: jax.Array, device: th.device, dtype: Any = None) -> th.Tensor:
+    """A jax array as a torch tensor on ``device`` (DLPack: no copy for CPU -> CPU).
+
+    ``dtype`` (numpy) casts the result afterwards, used to give back SB3's 64-bit dtypes.
+    """
+    t = _hand_off(x, device)
+    if dtype is not None:
+        tdt = _TORCH_DTYPES[np.dtype(dtype)]
+        if t.dtype != tdt:
+            t = t.to(tdt)
+    return t
+
+
+def _hand_off(x: jax.Array, device: th.device) -> th.Tensor:
+    try:  # the library's own DLPack bridge, once present
+        from jaxbuffers.interop.torch import to_torch
+    except ImportError:  # pragma: no cover - depends on what has landed
+        t = th.from_dlpack(x)
+        return t if t.device == device else t.to(device)
+    return to_torch(x, device=device)
+
+
+_TORCH_DTYPES = {
+    np.dtype(np.bool_): th.bool,
+    np.dtype(np.uint8): th.uint8,
+    np.dtype(np.int8): th.int8,
+    np.dtype(np.int16): th.int16,
+    np.dtype(np.int32): th.int32,
+    np.dtype(np.int64): th.int64,
+    np.dtype(np.float16): th.float16,
+    np.dtype(np.float32): th.float32,
+    np.dtype(np.float64): th.float64,
+}
+
+
+def tree_to_numpy(tree: Any) -> Any:
+    """Every leaf as a numpy array (host copy if needed)."""
+    return jax.tree.map(np.asarray, tree)
+
+
+def jnp_tree(tree: Any) -> Any:
+    return jax.tree.map(jnp.asarray, tree)

@@ -1,0 +1,217 @@
+"""JaxReplayBuffer / JaxDictReplayBuffer against SB3's own ReplayBuffer / DictReplayBuffer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+th = pytest.importorskip("torch")
+pytest.importorskip("stable_baselines3")
+
+from gymnasium import spaces  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer  # noqa: E402
+
+from jaxbuffers.interop.sb3 import FieldView, JaxDictReplayBuffer, JaxReplayBuffer, sb3_replay_nbytes  # noqa: E402
+
+BOX = spaces.Box(-5, 5, (3,), np.float32)
+PIX = spaces.Box(0, 255, (2, 4, 4), np.uint8)
+DICT = spaces.Dict({"img": spaces.Box(0, 255, (2, 3), np.uint8), "vec": spaces.Box(-1, 1, (2,), np.float32), "k": spaces.Discrete(5)})
+DISC_A = spaces.Discrete(4)
+BOX_A = spaces.Box(-1, 1, (2,), np.float32)
+
+
+def random_obs(space, n, rng):
+    if isinstance(space, spaces.Dict):
+        return {k: random_obs(s, n, rng) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Discrete):
+        return rng.integers(0, space.n, size=(n,))
+    if space.dtype == np.uint8:
+        return rng.integers(0, 256, size=(n, *space.shape), dtype=np.uint8)
+    return rng.uniform(-5, 5, size=(n, *space.shape)).astype(space.dtype)
+
+
+def random_step(obs_space, act_space, n, rng, p_done=0.2, p_timeout=0.5):
+    obs, nxt = random_obs(obs_space, n, rng), random_obs(obs_space, n, rng)
+    if isinstance(act_space, spaces.Discrete):
+        act = rng.integers(0, act_space.n, size=(n,))
+    else:
+        act = rng.uniform(-1, 1, size=(n, *act_space.shape)).astype(np.float32)
+    rew = rng.normal(size=n)  # float64, as SB3 may pass it
+    done = rng.random(n) < p_done
+    infos = [{"TimeLimit.truncated": bool(d and rng.random() < p_timeout)} for d in done]
+    return obs, nxt, act, rew, done, infos
+
+
+def make_pair(obs_space, act_space, size, n_envs, omu=False, hto=True):
+    cls_sb3, cls_jax = (DictReplayBuffer, JaxDictReplayBuffer) if isinstance(obs_space, spaces.Dict) else (ReplayBuffer, JaxReplayBuffer)
+    kw = dict(device="cpu", n_envs=n_envs, optimize_memory_usage=omu, handle_timeout_termination=hto)
+    return cls_sb3(size, obs_space, act_space, **kw), cls_jax(size, obs_space, act_space, **kw)
+
+
+def assert_samples_equal(a, b):
+    assert type(a) is type(b)
+    for name in a._fields:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None:
+            assert y is None, name
+            continue
+        if isinstance(x, dict):
+            assert x.keys() == y.keys()
+            pairs = [(f"{name}[{k}]", x[k], y[k]) for k in x]
+        else:
+            pairs = [(name, x, y)]
+        for nm, u, v in pairs:
+            assert u.dtype == v.dtype, (nm, u.dtype, v.dtype)
+            assert u.shape == v.shape, (nm, u.shape, v.shape)
+            assert u.device == v.device, nm
+            assert th.equal(u, v), nm
+
+
+CASES = [
+    (BOX, DISC_A, False, True),
+    (PIX, BOX_A, False, True),
+    (PIX, DISC_A, True, False),
+    (BOX, BOX_A, False, False),
+    (DICT, DISC_A, False, True),
+]
+
+
+@pytest.mark.parametrize("obs_space, act_space, omu, hto", CASES, ids=["box-disc", "pix-box", "pix-omu", "box-nohto", "dict"])
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_same_adds_same_samples(obs_space, act_space, omu, hto, data):
+    n_envs = data.draw(st.sampled_from([1, 3]), "n_envs")
+    # few distinct shapes: every new shape is a new XLA compilation
+    size = data.draw(st.sampled_from([3, 7]), "rows") * n_envs + data.draw(st.sampled_from([0, n_envs - 1]), "remainder")
+    n_adds = data.draw(st.integers(1, 25), "n_adds")
+    seed = data.draw(st.integers(0, 2**31 - 1), "seed")
+    rng = np.random.default_rng(seed)
+    sb3, jb = make_pair(obs_space, act_space, size, n_envs, omu, hto)
+    assert jb.buffer_size == sb3.buffer_size  # n_envs split, max(size // n_envs, 1)
+    for _ in range(n_adds):
+        step = random_step(obs_space, act_space, n_envs, rng)
+        sb3.add(*step)
+        jb.add(*step)
+        assert (jb.pos, jb.full, jb.size()) == (sb3.pos, sb3.full, sb3.size())
+    assert int(jb.jax_buffer.head) == jb.pos
+    # Explicit indices, every valid row (and every env) at least once.
+    rows = np.arange(sb3.size())
+    if omu and sb3.full:
+        rows = rows[rows != sb3.pos]
+    rows = np.resize(np.concatenate([rows, rng.integers(0, sb3.buffer_size, 40)]), 40)  # fixed length
+    np.random.seed(seed % 1000)
+    a = sb3._get_samples(rows)
+    np.random.seed(seed % 1000)
+    b = jb._get_samples(rows)
+    assert_samples_equal(a, b)
+    b2 = jb.samples_at(rows, np.random.RandomState(seed % 1000).randint(0, n_envs, rows.shape[0]))
+    assert_samples_equal(a, b2)
+    # The public sample(): same numpy seed, same batch as SB3.
+    np.random.seed(seed % 997)
+    a = sb3.sample(16)
+    np.random.seed(seed % 997)
+    b = jb.sample(16)
+    assert_samples_equal(a, b)
+    # SB3's numpy fields through the views.
+    fields = ["actions", "rewards", "dones", "timeouts"] + ([] if omu else ["next_observations"]) + ["observations"]
+    for name in fields:
+        x, y = getattr(sb3, name), getattr(jb, name)
+        if isinstance(x, dict):
+            for k in x:
+                np.testing.assert_array_equal(np.asarray(y[k]), x[k], err_msg=f"{name}[{k}]")
+        else:
+            got = np.asarray(y)
+            assert got.dtype == x.dtype, name
+            np.testing.assert_array_equal(got, x, err_msg=name)
+
+
+def test_timeouts_are_not_dones_in_samples():
+    sb3, jb = make_pair(BOX, DISC_A, 4, 1)
+    rng = np.random.default_rng(0)
+    for done, trunc in [(True, True), (True, False), (False, False), (True, True)]:
+        obs, nxt, act, rew, _, _ = random_step(BOX, DISC_A, 1, rng)
+        for buf in (sb3, jb):
+            buf.add(obs, nxt, act, rew, np.array([done]), [{"TimeLimit.truncated": trunc}])
+    got = jb.samples_at(np.arange(4), np.zeros(4, int))
+    assert got.dones[:, 0].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert got.dones.shape == (4, 1) and got.rewards.shape == (4, 1)
+    assert got.actions.dtype == th.int64  # gymnasium's Discrete dtype, stored as int32 inside
+
+
+def test_terminal_observation_is_next_observation_in_dqn_loop():
+    """SB3's off-policy loop puts infos['terminal_observation'] into next_obs before add()."""
+    import gymnasium as gym
+    from stable_baselines3 import DQN
+
+    model = DQN("MlpPolicy", "CartPole-v1", learning_starts=10**9, buffer_size=500, replay_buffer_class=JaxReplayBuffer, device="cpu", seed=0)
+    model.learn(300)
+    buf = model.replay_buffer
+    assert isinstance(buf, ReplayBuffer) and isinstance(buf, JaxReplayBuffer)
+    obs = np.asarray(buf.observations)[: buf.pos, 0]
+    nxt = np.asarray(buf.next_observations)[: buf.pos, 0]
+    dones = np.asarray(buf.dones)[: buf.pos, 0].astype(bool)
+    assert dones.any()
+    # continuing steps chain; at an episode end next_obs is the terminal one (not the reset obs)
+    np.testing.assert_array_equal(nxt[:-1][~dones[:-1]], obs[1:][~dones[:-1]])
+    ends = np.flatnonzero(dones[:-1])
+    assert all(not np.array_equal(nxt[i], obs[i + 1]) for i in ends)
+    assert all(abs(nxt[i][2]) > 0.2 or abs(nxt[i][0]) > 2.3 for i in ends)  # CartPole terminal: pole or cart out
+    del gym
+
+
+def test_views_write_through_like_sb3_truncation():
+    sb3, jb = make_pair(PIX, DISC_A, 6, 2, omu=True, hto=False)
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        step = random_step(PIX, DISC_A, 2, rng, p_done=0.0)
+        sb3.add(*step)
+        jb.add(*step)
+    for buf in (sb3, jb):  # what SB3's _setup_learn does with optimize_memory_usage
+        buf.dones[(buf.pos - 1) % buf.buffer_size] = True
+    assert isinstance(jb.dones, FieldView)
+    np.testing.assert_array_equal(np.asarray(jb.dones), sb3.dones)
+    assert_samples_equal(sb3.samples_at(np.arange(3), np.ones(3, int)) if hasattr(sb3, "samples_at") else _sb3_at(sb3, np.arange(3), np.ones(3, int)),
+                         jb.samples_at(np.arange(3), np.ones(3, int)))
+
+
+def _sb3_at(buf, rows, envs):
+    state = np.random.get_state()
+    orig = np.random.randint
+    np.random.randint = lambda *a, **k: envs  # SB3 draws env indices inside _get_samples
+    try:
+        return buf._get_samples(rows)
+    finally:
+        np.random.randint = orig
+        np.random.set_state(state)
+
+
+def test_reset_and_memory():
+    sb3, jb = make_pair(PIX, DISC_A, 10, 2)
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        jb.add(*random_step(PIX, DISC_A, 2, rng))
+    jb.reset()
+    assert (jb.pos, jb.full, jb.size(), int(jb.jax_buffer.size())) == (0, False, 0, 0)
+    per = 2 * 32 + 8 + 3 * 4  # SB3: obs + next obs (uint8) + int64 action + float32 reward/done/timeout
+    assert sb3_replay_nbytes(10, PIX, DISC_A, n_envs=2) == 10 * per
+    exact = sum(a.nbytes for a in (sb3.observations, sb3.next_observations, sb3.actions, sb3.rewards, sb3.dones, sb3.timeouts))
+    assert sb3_replay_nbytes(10, PIX, DISC_A, n_envs=2) == exact
+    assert jb.nbytes < exact
+
+
+def test_errors_are_clear():
+    with pytest.raises(ValueError, match="handle_timeout_termination"):
+        JaxReplayBuffer(10, BOX, DISC_A, optimize_memory_usage=True, handle_timeout_termination=True)
+    with pytest.raises(TypeError, match="JaxDictReplayBuffer"):
+        JaxReplayBuffer(10, DICT, DISC_A)
+    with pytest.raises(TypeError, match="float64"):
+        JaxReplayBuffer(10, spaces.Box(-1, 1, (2,), np.float64), DISC_A)
+    jb = JaxReplayBuffer(10, BOX, DISC_A, device="cpu", n_envs=2)
+    obs, nxt, act, rew, done, infos = random_step(BOX, DISC_A, 2, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="reward"):
+        jb.add(obs, nxt, act, rew[:1], done, infos)
+    jb.add(obs, nxt, act, rew, done, infos)
+    with pytest.raises(IndexError, match="batch_inds"):
+        jb.samples_at(np.array([7]), np.array([0]))
