@@ -47,9 +47,13 @@ Zero copy and when a copy happens (measured on CPU, jax 0.10.2, torch 2.13):
     array.unsafe_buffer_pointer()``). A fully replicated multi-device array gives its first
     local shard; a partly sharded array is an error (gather or convert its shards yourself).
   * torch -> JAX: aliased when the tensor is dense or a permutation of a dense layout (e.g. a
-    transpose) and its data pointer is aligned as XLA wants; otherwise JAX (unaligned, e.g.
-    ``t[1:]`` of a float32 vector) or this module (strided slices ``t[:, ::2]``, broadcasts
-    ``expand``) makes one contiguous copy first. Values are right either way.
+    transpose) and its data pointer is 64-byte aligned (XLA CPU's requirement). torch's own
+    allocations are; views starting mid-buffer (``t[1:]``) and tensors wrapping numpy memory
+    (``torch.from_numpy``: numpy aligns to 16 bytes) usually are not, and JAX copies them.
+    Strided slices (``t[:, ::2]``) and broadcasts (``expand``) are copied by this module. One
+    copy at most; values are right either way.
+  * ``copy=True`` on CPU copies through numpy (``np.array`` / ``jnp.array``), measured ~100x
+    faster here than ``tensor.clone()``, whose fresh allocations page-fault on first touch.
   * ``requires_grad`` tensors are detached (JAX has no torch autograd); lazily conjugated or
     negated tensors are resolved first (a copy).
 
@@ -233,7 +237,12 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
             raise _bad_leaf("to_torch", path, leaf)
         moved = t if dev is None else t.to(dev)
         if copy and moved is t:  # .to() returns the tensor itself when nothing moves
-            moved = moved.clone(memory_format=torch.contiguous_format)
+            if isinstance(leaf, jax.Array) and moved.device.type == "cpu":
+                # np.array copies through numpy's allocator: measured ~150 us for 7 MB here, while
+                # tensor.clone() took 8-25 ms (fresh torch CPU allocations page-fault on first touch)
+                moved = _numpy_leaf_to_torch(path, np.array(leaf))
+            else:
+                moved = moved.clone(memory_format=torch.contiguous_format)
         return moved
 
     return jax.tree_util.tree_map_with_path(convert, tree)
@@ -252,6 +261,13 @@ def _dense_up_to_permutation(t: torch.Tensor) -> bool:
     return True
 
 
+def _numpy_view(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy numpy view of a detached, resolved CPU tensor (bfloat16 through its bits)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16).numpy().view(_BF16)
+    return t.numpy()
+
+
 def _torch_leaf_to_jax(path, t: torch.Tensor, copy: bool) -> jax.Array:
     if t.layout != torch.strided:
         raise TypeError(f"{_where('from_torch', path)}: {t.layout} tensors are not supported; convert with tensor.to_dense()")
@@ -266,9 +282,14 @@ def _torch_leaf_to_jax(path, t: torch.Tensor, copy: bool) -> jax.Array:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
+    dense = t.numel() > 0 and _dense_up_to_permutation(t)
+    if t.device.type == "cpu" and (copy or not dense):
+        # one copy into XLA-owned memory straight from a numpy view of the tensor (any strides);
+        # cheaper here than tensor.clone()/contiguous(), whose fresh allocations page-fault
+        return jnp.array(_numpy_view(t), copy=True)
     if copy:
         t = t.clone(memory_format=torch.contiguous_format)
-    elif t.numel() == 0 or not _dense_up_to_permutation(t):
+    elif not dense:
         t = t.contiguous()
     try:
         return jax.dlpack.from_dlpack(t)

@@ -131,8 +131,9 @@ def test_bfloat16_numpy_leaf():
     shape=st.lists(st.integers(0, 4), min_size=0, max_size=4),
     view=st.sampled_from(["none", "transpose", "step", "offset"]),
     seed=st.integers(0, 2**16),
+    copy=st.booleans(),
 )
-def test_property_from_torch_views_match_numpy(dtype, shape, view, seed):
+def test_property_from_torch_views_match_numpy(dtype, shape, view, seed, copy):
     t = to_torch(random_np(dtype, shape, seed), copy=True)  # a tensor torch owns
     if view == "transpose" and t.ndim >= 2:
         t = t.transpose(0, t.ndim - 1)
@@ -141,11 +142,18 @@ def test_property_from_torch_views_match_numpy(dtype, shape, view, seed):
     elif view == "offset" and t.ndim >= 1:
         t = t[1:]
     expected = bits(t.contiguous())
-    x = from_torch(t)
-    assert x.shape == tuple(t.shape)
+    x = from_torch(t, copy=copy)
+    assert x.shape == tuple(t.shape) and x.dtype == jnp.dtype(dtype)
+    if copy and t.numel():
+        assert x.unsafe_buffer_pointer() != t.data_ptr()
     np.testing.assert_array_equal(bits(x), expected)
     np.testing.assert_array_equal(bits(jax.jit(lambda a: a)(x)), expected)  # usable under jit
     np.testing.assert_array_equal(bits(to_torch(x)), expected)
+    t_copy = to_torch(x, copy=True)
+    assert t_copy.dtype == t.dtype
+    np.testing.assert_array_equal(bits(t_copy), expected)
+    if x.size:
+        assert t_copy.data_ptr() != x.unsafe_buffer_pointer()
 
 
 # ------------------------------------------------------------------------------------ trees
