@@ -66,6 +66,7 @@ class PPOConfig:
     lr: float = 2.5e-4
     anneal_lr: bool = True
     hidden: int = 64
+    max_episode_steps: int = 0  # time limit override (0: the environment's own, 500 on CartPole-v1)
     window: int = 20  # episodes in the rolling mean return
     chunk_updates: int = 0  # updates per compiled chunk (0: about 20 chunks)
     num_seeds: int = 1
@@ -201,6 +202,8 @@ class Trainer(NamedTuple):
 
 def make_train(config: PPOConfig) -> Trainer:
     env, env_params = gymnax.make(config.env_name)
+    if config.max_episode_steps > 0:
+        env_params = env_params.replace(max_steps_in_episode=config.max_episode_steps)
     action_space = env.action_space(env_params)
     discrete = isinstance(action_space, gymnax.environments.spaces.Discrete)
     if discrete:
@@ -470,6 +473,7 @@ def parse_args(argv=None) -> tuple[PPOConfig, argparse.Namespace]:
     p.add_argument("--num-minibatches", type=int, default=d.num_minibatches)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--no-anneal-lr", action="store_true")
+    p.add_argument("--max-episode-steps", type=int, default=0, help="override the time limit (0: the env's own)")
     p.add_argument("--chunk-updates", type=int, default=d.chunk_updates, help="updates per progress line (0: auto)")
     p.add_argument(
         "--target",
@@ -492,6 +496,7 @@ def parse_args(argv=None) -> tuple[PPOConfig, argparse.Namespace]:
         lr=a.lr,
         anneal_lr=not a.no_anneal_lr,
         chunk_updates=a.chunk_updates,
+        max_episode_steps=a.max_episode_steps,
     )
     return config, a
 
