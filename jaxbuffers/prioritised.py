@@ -102,8 +102,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     """
 
     replay: ReplayBuffer  # the items, ring position and counts (see jaxbuffers.replay)
-    sum_tree: SumTree  # leaves p_i^alpha at valid slots, 0 elsewhere; nodes shape=(2P,), float32
-    min_tree: MinTree  # leaves p_i^alpha at valid slots, +inf elsewhere; nodes shape=(2P,), float32
+    sum_tree: SumTree  # leaves p_i^alpha at valid slots, 0 elsewhere; levels of float32 (see sum_tree)
+    min_tree: MinTree  # leaves p_i^alpha at valid slots, +inf elsewhere; levels of float32 (see sum_tree)
     generations: jax.Array  # shape=(capacity,), int32: writes to each slot (0 = never; wraps, compared by equality)
     max_priority: jax.Array  # shape=(), float32: running max priority (before alpha); 1.0 initially
     priority_exponent: float = struct.field(pytree_node=False)  # alpha, in [0, 1]
@@ -165,7 +165,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         """Bytes held: item storage + both trees + generations + scalars (Python int)."""
         return (
             self.replay.memory_bytes
-            + _validate.tree_nbytes((self.sum_tree.nodes, self.min_tree.nodes, self.generations))
+            + _validate.tree_nbytes((self.sum_tree.levels, self.min_tree.levels, self.generations))
             + _validate.tree_nbytes((self.replay.head, self.replay.num_valid, self.replay.added, self.max_priority))
         )
 

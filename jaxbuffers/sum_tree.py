@@ -5,12 +5,16 @@ and works under ``jit``, ``lax.scan`` and ``vmap`` (stack trees along a leading 
 
 Layout (shared by both trees)
 -----------------------------
-A complete binary tree stored as one flat array ``nodes`` of ``2 * P`` entries, where
-``P = 2 ** ceil(log2(capacity))`` is the capacity padded to a power of two. Node ``1`` is the root,
-node ``n`` has children ``2n`` and ``2n + 1``, and leaf ``i`` (a flat slot id in
-``[0, capacity)``) is node ``P + i``. Node ``0`` is unused. Leaves ``[capacity, P)`` are padding:
-they hold the reduction's identity (``0`` for the sum, ``+inf`` for the min) forever, because
-:meth:`set` ignores indices outside ``[0, capacity)``.
+A complete binary tree over ``P = 2 ** ceil(log2(capacity))`` leaves (the capacity padded to a
+power of two), stored level by level: ``levels[l]`` holds the ``2 ** l`` nodes of depth ``l``, so
+``levels[0]`` is the root (shape ``[1]``) and ``levels[-1]`` the ``P`` leaves; node ``j`` of level
+``l`` has children ``2j`` and ``2j + 1`` in level ``l + 1``. Leaf ``i`` is the flat slot id ``i``
+in ``[0, capacity)``. Leaves ``[capacity, P)`` are padding: they hold the reduction's identity
+(``0`` for the sum, ``+inf`` for the min) forever, because :meth:`set` ignores indices outside
+``[0, capacity)``. (One array per level, rather than one flat heap array, lets XLA update every
+level in place: a level is written from reads of a DIFFERENT array, the level below. With a flat
+array, a one-leaf update copied the whole array once per level on CPU: measured ~0.8 ms instead of
+a few microseconds at capacity 100k.)
 
 Invariant: every internal node equals ``op(left child, right child)`` evaluated in the tree's
 dtype. :meth:`set` restores it after writing leaves by recomputing the ancestors of the touched
@@ -92,7 +96,7 @@ def last_write_mask(indices: jax.Array, where: jax.Array | None = None) -> jax.A
 class _ReductionTree(flax.struct.PyTreeNode):
     """Shared storage and batched update of :class:`SumTree` and :class:`MinTree` (see module doc)."""
 
-    nodes: jax.Array  # shape=(2 * P,), dtype=float32 (or the dtype given to create); P = padded capacity
+    levels: tuple  # of arrays, levels[l]: shape=(2**l,), dtype=float32 (or create's dtype); levels[-1]: the P leaves
     capacity: int = flax.struct.field(pytree_node=False)
 
     _identity: ClassVar[float]
@@ -116,30 +120,31 @@ class _ReductionTree(flax.struct.PyTreeNode):
         capacity = _check_capacity(capacity)
         if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
             raise TypeError(f"dtype: expected a floating dtype, got {jnp.dtype(dtype)}")
-        p = _padded_size(capacity)
-        return cls(nodes=jnp.full((2 * p,), cls._identity, dtype), capacity=capacity)
+        depth = _padded_size(capacity).bit_length() - 1
+        levels = tuple(jnp.full((1 << l,), cls._identity, dtype) for l in range(depth + 1))
+        return cls(levels=levels, capacity=capacity)
 
     # -- static shape facts ----------------------------------------------------------------------
 
     @property
     def padded_capacity(self) -> int:
         """``P``: capacity rounded up to a power of two (Python int)."""
-        return self.nodes.shape[-1] // 2
+        return self.levels[-1].shape[-1]
 
     @property
     def depth(self) -> int:
         """Number of levels below the root: ``log2(P)`` (Python int)."""
-        return self.padded_capacity.bit_length() - 1
+        return len(self.levels) - 1
 
     @property
     def dtype(self):
-        return self.nodes.dtype
+        return self.levels[0].dtype
 
     # -- reads -----------------------------------------------------------------------------------
 
     def root(self) -> jax.Array:
         """The reduction over all leaves: scalar of the tree's dtype."""
-        return self.nodes[..., 1]
+        return self.levels[0][..., 0]
 
     def get(self, indices: jax.Array) -> jax.Array:
         """Leaf values at ``indices`` (int[B] in ``[0, capacity)``); returns dtype[B].
@@ -148,12 +153,11 @@ class _ReductionTree(flax.struct.PyTreeNode):
         valid slot ids.
         """
         indices = _check_indices(indices)
-        return self.nodes[self.padded_capacity + indices]
+        return self.levels[-1][indices]
 
     def leaves(self) -> jax.Array:
         """All ``capacity`` leaf values, dtype[capacity] (an ``O(capacity)`` copy: for tests/debugging)."""
-        p = self.padded_capacity
-        return self.nodes[p : p + self.capacity]
+        return self.levels[-1][..., : self.capacity]
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -213,29 +217,30 @@ class _ReductionTree(flax.struct.PyTreeNode):
     def _write(self, indices, values, keep, touched):
         """Scatter ``values`` at leaves where ``keep``; recompute ancestors of leaves where ``touched``."""
         p = self.padded_capacity
-        nodes = self.nodes
+        levels = list(self.levels)
         # Losers and ignored entries are pointed past the end and dropped by the scatter.
-        leaf_nodes = jnp.where(keep, p + indices, 2 * p)
-        nodes = nodes.at[leaf_nodes].set(values.astype(nodes.dtype), mode="drop")
+        leaf = jnp.where(keep, indices, p)
+        levels[-1] = levels[-1].at[leaf].set(values.astype(self.dtype), mode="drop")
 
         # Ancestors, bottom-up, each from its two children. Untouched entries recompute leaf 0's
         # ancestors: recomputing an unchanged node from its children reproduces its value exactly,
         # so that is a no-op. Duplicate parents all receive the same value, so scatter order does
         # not matter.
-        node = jnp.where(touched, p + indices, p)
-        for _ in range(self.depth):
+        node = jnp.where(touched, indices, 0)
+        for level in range(self.depth - 1, -1, -1):
             node = node >> 1
-            left = nodes[2 * node]
-            right = nodes[2 * node + 1]
-            nodes = nodes.at[node].set(self._combine(left, right), mode="promise_in_bounds")
-        return self.replace(nodes=nodes)
+            children = levels[level + 1]
+            parent = self._combine(children[2 * node], children[2 * node + 1])
+            levels[level] = levels[level].at[node].set(parent, mode="promise_in_bounds")
+        return self.replace(levels=tuple(levels))
 
 
 class SumTree(_ReductionTree):
     """Sum tree over ``capacity`` non-negative leaves with batched prefix-sum search.
 
     Fields:
-      nodes: shape=(2 * P,), dtype=float32; ``nodes[1]`` is the total, leaf ``i`` is ``nodes[P + i]``.
+      levels: tuple of arrays, ``levels[l]`` shape=(2**l,), dtype=float32; ``levels[0][0]`` is the
+        total, leaf ``i`` is ``levels[-1][i]``.
       capacity: static Python int.
 
     Example:
@@ -281,25 +286,24 @@ class SumTree(_ReductionTree):
             raise ValueError(f"queries: expected a 1-D array [Q], got shape {queries.shape}")
         if not jnp.issubdtype(queries.dtype, jnp.floating):
             raise TypeError(f"queries: expected a floating dtype, got {queries.dtype}")
-        nodes = self.nodes
-        total = nodes[1]
-        q = queries.astype(nodes.dtype)
+        total = self.total()
+        q = queries.astype(self.dtype)
         below_total = jnp.nextafter(total, jnp.zeros_like(total))
         q = jnp.where(jnp.isnan(q), 0, q)
         q = jnp.clip(q, 0, jnp.maximum(below_total, 0))
 
-        node = jnp.ones(q.shape, jnp.int32)
-        for _ in range(self.depth):
+        node = jnp.zeros(q.shape, jnp.int32)
+        for level in range(1, self.depth + 1):
             left = 2 * node
-            left_sum = nodes[left]
-            right_sum = nodes[left + 1]
+            left_sum = self.levels[level][left]
+            right_sum = self.levels[level][left + 1]
             go_left = q < left_sum
             # Never step into an empty subtree: fall back to the other child. (If both are empty,
             # which only happens in an empty tree, go left.)
             go_left = jnp.where(go_left, left_sum > 0, right_sum <= 0)
             q = jnp.where(go_left, q, q - left_sum)
             node = jnp.where(go_left, left, left + 1)
-        return node - self.padded_capacity
+        return node
 
     def sample_stratified(self, key: jax.Array, batch_size: int) -> jax.Array:
         """Stratified proportional sampling: one uniform query per stratum of the total.

@@ -42,13 +42,13 @@ def _find(tree, q, use_jit):
 
 def _check_invariant(tree):
     """Every internal node equals op(children) exactly; padding leaves hold the identity."""
-    nodes = np.asarray(tree.nodes)
-    p = tree.padded_capacity
+    levels = [np.asarray(x) for x in tree.levels]
+    assert [len(x) for x in levels] == [2**l for l in range(tree.depth + 1)]
     op = np.add if isinstance(tree, SumTree) else np.minimum
-    for n in range(1, p):
-        assert nodes[n] == op(nodes[2 * n], nodes[2 * n + 1]), f"node {n} != op(children)"
+    for l in range(tree.depth):
+        np.testing.assert_array_equal(levels[l], op(levels[l + 1][0::2], levels[l + 1][1::2]), f"level {l}")
     ident = 0.0 if isinstance(tree, SumTree) else np.inf
-    assert np.all(nodes[p + tree.capacity :] == ident), "a padding leaf was written"
+    assert np.all(levels[-1][tree.capacity :] == ident), "a padding leaf was written"
 
 
 # ------------------------------------------------------------------------------------------------

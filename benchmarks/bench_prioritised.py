@@ -1,0 +1,187 @@
+"""Prioritised replay: jaxbuffers.PrioritisedReplayBuffer vs flashbax's prioritised item buffer.
+
+Same process, same sizes and dtypes, every call jitted with the buffer donated on both sides.
+Cases:
+  * add, B in {1, 8, 256}: K adds inside one jitted ``lax.scan`` ("scan") and one jitted call per
+    add from Python ("call"); items/s.
+  * sample, batch 256 (ours also computes importance weights; flashbax returns probabilities
+    only); items/s.
+  * set_priorities, batch 256 at sampled indices; updates/s.
+Items: vector (obs f32[17], action f32[6], reward f32, done bool; capacity 100k) and Atari
+(pixels u8[84,84,4]; capacity 50k). Buffers are filled to a quarter of capacity before the sample
+and set_priorities cases. One JSON line per case; ratio = flashbax time / ours (> 1: ours faster).
+
+Run: python benchmarks/bench_prioritised.py [--quick] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, machine_info, median_seconds, parser, versions  # noqa: E402
+
+import flashbax as fbx  # noqa: E402
+
+from jaxbuffers.prioritised import PrioritisedReplayBuffer  # noqa: E402
+
+ITEMS = {
+    "vector": ({"obs": jnp.zeros(17), "action": jnp.zeros(6), "reward": jnp.float32(0), "done": jnp.bool_(False)}, 100_000),
+    "atari": ({"pixels": jnp.zeros((84, 84, 4), jnp.uint8)}, 50_000),
+}
+SAMPLE = 256
+ALPHA, BETA = 0.6, 0.4
+
+
+def batch_of(item, b, fill=1):
+    return jax.tree.map(lambda x: jnp.full((b, *x.shape), fill, x.dtype), item)
+
+
+class Ours:
+    name = "jaxbuffers"
+
+    def __init__(self, item, capacity):
+        self.state = PrioritisedReplayBuffer.create(item, capacity, priority_exponent=ALPHA)
+        self.add = jax.jit(self.add_fn(), donate_argnums=0)
+        self._sample = jax.jit(lambda s, k: s.sample(k, SAMPLE, BETA))
+        self._set = jax.jit(lambda s, i, g, p: s.set_priorities(i, p, g), donate_argnums=0)
+
+    def add_fn(self):
+        return lambda s, batch: s.add(batch)
+
+    def sample(self, state, key):
+        return self._sample(state, key)
+
+    def set_priorities(self, state, indices, generations, p):
+        return self._set(state, indices, generations, p)
+
+
+class Flashbax:
+    name = "flashbax_prioritised_item"
+
+    def __init__(self, item, capacity):
+        self.buf = fbx.make_prioritised_item_buffer(
+            max_length=capacity, min_length=1, sample_batch_size=SAMPLE, add_sequences=True,
+            priority_exponent=ALPHA, device="cpu",
+        )
+        self.state = self.buf.init(item)
+        self.add = jax.jit(self.buf.add, donate_argnums=0)
+        self._sample = jax.jit(self.buf.sample)
+        self._set = jax.jit(lambda s, i, g, p: self.buf.set_priorities(s, i, p), donate_argnums=0)
+
+    def add_fn(self):
+        return self.buf.add
+
+    def sample(self, state, key):
+        return self._sample(state, key)
+
+    def set_priorities(self, state, indices, generations, p):
+        return self._set(state, indices, generations, p)
+
+
+def time_add_call(impl, batch, calls, repeats):
+    box = {"s": impl.state}
+
+    def run():
+        s = box["s"]
+        for _ in range(calls):
+            s = impl.add(s, batch)
+        box["s"] = jax.block_until_ready(s)
+
+    t = median_seconds(run, repeats=repeats)
+    impl.state = box["s"]
+    return t / calls
+
+
+def time_add_scan(impl, batch, steps, repeats):
+    add = impl.add_fn()
+    f = jax.jit(lambda s, b: jax.lax.scan(lambda c, _: (add(c, b), None), s, None, length=steps)[0], donate_argnums=0)
+    box = {"s": impl.state}
+
+    def run():
+        box["s"] = jax.block_until_ready(f(box["s"], batch))
+
+    t = median_seconds(run, repeats=repeats)
+    impl.state = box["s"]
+    return t / steps
+
+
+def time_sample(impl, calls, repeats):
+    keys = list(jax.random.split(jax.random.key(0), calls))
+
+    def run():
+        out = None
+        for k in keys:
+            out = impl.sample(impl.state, k)
+        jax.block_until_ready(out)
+
+    return median_seconds(run, repeats=repeats) / calls
+
+
+def time_set_priorities(impl, calls, repeats):
+    outs = [impl.sample(impl.state, k) for k in jax.random.split(jax.random.key(1), calls)]
+    outs = [(o.indices, getattr(o, "generations", None)) for o in outs]  # flashbax has no generations
+    pris = [jax.random.uniform(k, (SAMPLE,), minval=0.1, maxval=3.0) for k in jax.random.split(jax.random.key(2), calls)]
+    box = {"s": impl.state}
+
+    def run():
+        s = box["s"]
+        for (i, g), p in zip(outs, pris):
+            s = impl.set_priorities(s, i, g, p)
+        box["s"] = jax.block_until_ready(s)
+
+    t = median_seconds(run, repeats=repeats)
+    impl.state = box["s"]
+    return t / calls
+
+
+def fill(impl, item, capacity, b=256):
+    """Fill a quarter of the capacity so sampling reads real data."""
+    batch = batch_of(item, b)
+    for _ in range(max(1, capacity // 4 // b)):
+        impl.state = impl.add(impl.state, batch)
+
+
+def report(case, times, per_call_items, unit="items_per_s"):
+    ours = times["jaxbuffers"]
+    for other in [n for n in times if n != "jaxbuffers"]:
+        emit({
+            "case": case, "anchor": other,
+            f"ours_{unit}": per_call_items / ours, f"anchor_{unit}": per_call_items / times[other],
+            "ratio": times[other] / ours,
+        })
+
+
+def main():
+    args = parser(__doc__).parse_args()
+    repeats = args.repeats or (3 if args.quick else 7)
+    emit({"bench": "prioritised", "machine": machine_info(), "versions": versions("jax", "jaxlib", "flashbax", "jaxbuffers")})
+    for item_name, (item, capacity) in ITEMS.items():
+        impls = [Ours(item, capacity), Flashbax(item, capacity)]
+        for b in (1, 8, 256):
+            batch = batch_of(item, b)
+            calls = 20 if item_name == "atari" and b == 256 else 200
+            steps = max(2, min(200, 2 * capacity // b // 4))
+            if args.quick:
+                calls, steps = max(2, calls // 10), max(2, steps // 10)
+            for mode in ("scan", "call"):
+                fn = time_add_scan if mode == "scan" else time_add_call
+                n = steps if mode == "scan" else calls
+                report(f"add/{item_name}/B={b}/{mode}", {i.name: fn(i, batch, n, repeats) for i in impls}, b)
+        for impl in impls:
+            fill(impl, item, capacity)
+        calls = 5 if args.quick else 50
+        report(f"sample/{item_name}/batch={SAMPLE}", {i.name: time_sample(i, calls, repeats) for i in impls}, SAMPLE)
+        report(
+            f"set_priorities/{item_name}/batch={SAMPLE}",
+            {i.name: time_set_priorities(i, calls, repeats) for i in impls}, SAMPLE, "updates_per_s",
+        )
+        del impls
+
+
+if __name__ == "__main__":
+    main()
