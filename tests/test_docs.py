@@ -5,7 +5,7 @@ import inspect
 
 import pytest
 
-PUBLIC_MODULES = ["jaxbuffers", "host_codecs"]
+PUBLIC_MODULES = ["jaxbuffers", "host_codecs", "jaxbuffers.interop.torch"]
 
 
 def public_objects():
