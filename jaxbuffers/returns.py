@@ -106,6 +106,14 @@ def _missing(fn: str, name: str) -> TypeError:
 def _as_array(fn: str, name: str, x: Any) -> jax.Array:
     if x is None:
         raise _missing(fn, name)
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and not isinstance(x, jax.core.Tracer):
+        canonical = jax.dtypes.canonicalize_dtype(dtype)
+        if canonical != dtype:  # e.g. numpy float64 with x64 off: JAX would narrow it silently
+            raise TypeError(
+                f"{fn}: `{name}` has dtype {dtype}, which JAX would narrow to {canonical} "
+                f"(jax_enable_x64 is off); convert it explicitly with `.astype({canonical})`"
+            )
     try:
         return jnp.asarray(x)
     except TypeError as e:
@@ -487,7 +495,7 @@ def n_step_returns(
     :func:`discounted_returns`. ``discount`` lets the caller re-bootstrap from another value
     estimate (e.g. a target network): ``target - discount * V_next[t+k-1] + discount * V'``.
 
-    Cost: ``O(min(n, T) * T * B)``, one vectorised pass per window offset.
+    Cost: ``O(min(n, T) * T * B)``: one vectorised pass per window offset, in a ``lax.fori_loop``.
 
     Args:
       reward, value, terminated, truncated, final_value, last_value: as in :func:`gae`
@@ -519,29 +527,38 @@ def n_step_returns(
     ended = _episode_end(terminated, truncated)
     zero = jnp.zeros((), dtype)
 
-    def shift(x: jax.Array, i: int, fill) -> jax.Array:
-        # y[t] = x[t + i], padded with `fill` past the end of the rollout
-        if i == 0:
-            return x
-        pad = jnp.full((i,) + x.shape[1:], fill, x.dtype)
-        return jnp.concatenate([x[i:], pad], axis=0)
+    # Offset i of every window at once: y[t] = x[t + i], read from arrays padded past the end of
+    # the rollout (rewards 0, flags False, `in_rollout` False). A fori_loop keeps compile time flat in n.
+    def pad(x: jax.Array, fill) -> jax.Array:
+        return jnp.concatenate([x, jnp.full(x.shape, fill, x.dtype)], axis=0)
 
-    target = jnp.zeros_like(reward)
-    num_steps = jnp.zeros(reward.shape, jnp.int32)
-    discount = jnp.zeros_like(reward)
-    open_ = jnp.ones(reward.shape, jnp.bool_)  # the window of t still reaches step t + i
-    gamma_i = jnp.ones((), dtype)  # gamma ** i
-    for i in range(min(n, T)):
-        r_i = shift(reward, i, 0)
-        in_rollout = shift(jnp.ones(reward.shape, jnp.bool_), i, False)
-        active = open_ & in_rollout
+    padded = (
+        pad(reward, 0),
+        pad(v_next, 0),
+        pad(ended, False),
+        pad(terminated, False),
+        pad(jnp.zeros(reward.shape, jnp.bool_).at[-1].set(True), False),  # last step of the rollout
+        pad(jnp.ones(reward.shape, jnp.bool_), False),  # inside the rollout
+    )
+
+    def body(i, carry):
+        target, num_steps, discount, open_, gamma_i = carry
+        r_i, v_i, end_i, term_i, last_i, in_i = (lax.dynamic_slice_in_dim(x, i, T, axis=0) for x in padded)
+        active = open_ & in_i  # the window of t still reaches step t + i
         target = target + jnp.where(active, gamma_i * r_i, zero)
         num_steps = num_steps + active.astype(jnp.int32)
-        last_in_rollout = shift(jnp.zeros(reward.shape, jnp.bool_).at[-1].set(True), i, False)
-        closes = active & (shift(ended, i, False) | last_in_rollout | (i == n - 1))
-        boot = jnp.where(shift(terminated, i, False), zero, gamma_i * gamma_)
-        target = target + jnp.where(closes, boot * shift(v_next, i, 0), zero)
+        closes = active & (end_i | last_i | (i == n - 1))
+        boot = jnp.where(term_i, zero, gamma_i * gamma_)
+        target = target + jnp.where(closes, boot * v_i, zero)
         discount = jnp.where(closes, boot, discount)
-        open_ = active & ~closes
-        gamma_i = gamma_i * gamma_
+        return target, num_steps, discount, active & ~closes, gamma_i * gamma_
+
+    init = (
+        jnp.zeros_like(reward),
+        jnp.zeros(reward.shape, jnp.int32),
+        jnp.zeros_like(reward),
+        jnp.ones(reward.shape, jnp.bool_),
+        jnp.ones((), dtype),  # gamma ** i
+    )
+    target, num_steps, discount, _, _ = lax.fori_loop(0, min(n, T), body, init)
     return NStepReturns(target, num_steps, discount)
