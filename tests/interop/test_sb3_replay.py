@@ -215,3 +215,14 @@ def test_errors_are_clear():
     jb.add(obs, nxt, act, rew, done, infos)
     with pytest.raises(IndexError, match="batch_inds"):
         jb.samples_at(np.array([7]), np.array([0]))
+
+
+def test_importing_jaxbuffers_does_not_import_sb3_or_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, jaxbuffers, jaxbuffers.interop; bad = [m for m in ('torch', 'stable_baselines3') if m in sys.modules]; "
+        "assert not bad, bad; import jaxbuffers.interop.sb3; assert 'stable_baselines3' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

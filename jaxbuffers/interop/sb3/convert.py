@@ -194,6 +194,8 @@ def _unflatten_if_ready(buffer: RolloutBuffer, name: str, value: Any) -> Any:
     if not getattr(buffer, "generator_ready", False) or name not in ("observations", "actions", "values", "log_probs", "advantages", "returns"):
         return value
     t, n = buffer.buffer_size, buffer.n_envs
+    if name in ("values", "log_probs", "advantages", "returns"):  # [T, N] became [N * T, 1]
+        return np.asarray(value).reshape(n, t).T
     return jax.tree.map(lambda a: np.asarray(a).reshape(n, t, *a.shape[1:]).swapaxes(0, 1), value)
 
 
