@@ -69,13 +69,45 @@ def _add_row(state: _replay.ReplayBuffer, row: Any, next_obs: Any, next_in_obs: 
 @functools.partial(jax.jit, static_argnames=("next_in_obs",))
 def _gather(state: _replay.ReplayBuffer, rows: jax.Array, envs: jax.Array, next_in_obs: bool):
     s = state.storage
-    obs = jax.tree.map(lambda x: x[rows, envs], s["observations"])
-    if next_in_obs:
+    if "observations" not in s:  # compressed: decoded separately
+        obs = nxt = None
+    else:
+        obs = jax.tree.map(lambda x: x[rows, envs], s["observations"])
+    if obs is None:
+        pass
+    elif next_in_obs:
         nxt = jax.tree.map(lambda x: x[(rows + 1) % x.shape[0], envs], s["observations"])
     else:
         nxt = jax.tree.map(lambda x: x[rows, envs], s["next_observations"])
     dones = (s["dones"][rows, envs] & ~s["timeouts"][rows, envs]).astype(jnp.float32)[:, None]
     return obs, s["actions"][rows, envs], nxt, dones, s["rewards"][rows, envs][:, None]
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _compressed_add(cbuf, obs: jax.Array, next_obs: jax.Array, done: jax.Array):
+    n = done.shape[0]
+    step = {"obs": obs, "action": jnp.zeros((n,), jnp.uint8), "reward": jnp.zeros((n,), jnp.float16)}
+    # Every SB3 episode end is handed over as a truncation so that its true next observation
+    # (the terminal one SB3 stores) is kept in the final-observation ring; SB3's own dones and
+    # timeouts live in the row store.
+    return cbuf.add(step, terminated=jnp.zeros_like(done), truncated=done, final_obs=next_obs)
+
+
+@jax.jit
+def _compressed_gather(cbuf, rows: jax.Array, envs: jax.Array, newest: jax.Array, pending: jax.Array):
+    traj = cbuf.trajectory
+    ids = traj.storage["obs"]  # [n_envs, rows, 3] int32 ids
+    obs_ids = ids[envs, rows]
+    ended = traj.truncated[envs, rows]
+    final_ids = traj.final_obs[envs, traj.final_slot[envs, rows]]
+    # The newest row's next observation is not in the ring yet (it becomes the next row's obs):
+    # it is held in `pending` and decoding is pointed at a valid slot instead.
+    use_pending = (rows == newest) & ~ended
+    next_ids = jnp.where(ended[:, None], final_ids, jnp.where(use_pending[:, None], obs_ids, ids[envs, (rows + 1) % ids.shape[1]]))
+    dec = cbuf.decode_obs(jnp.stack([obs_ids, next_ids], axis=1))
+    obs, nxt = dec[:, 0], dec[:, 1]
+    mask = use_pending.reshape((-1,) + (1,) * (nxt.ndim - 1))
+    return obs, jnp.where(mask, pending[envs], nxt)
 
 
 class FieldView:
@@ -124,6 +156,22 @@ class FieldView:
         return f"FieldView({'/'.join(map(str, self._path))}, shape={self.shape}, dtype={self._dtype})"
 
 
+def _compress_options(compress: bool | dict) -> dict | None:
+    """Options for :meth:`jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (None: off)."""
+    if compress is False or compress is None:
+        return None
+    if compress is True:
+        compress = {}
+    if not isinstance(compress, dict):
+        raise TypeError(f"compress: expected a bool or a dict of options, got {type(compress).__name__}")
+    allowed = {"codec", "frame_stack", "stack_axis", "padding", "chunk_bytes"}
+    extra = set(compress) - allowed
+    if extra:
+        raise ValueError(f"compress: unknown options {sorted(extra)}; expected some of {sorted(allowed)}")
+    # SB3's VecFrameStack fills a new episode's stack with zeros.
+    return {"padding": "zero", **compress}
+
+
 def sb3_replay_nbytes(
     buffer_size: int,
     observation_space: spaces.Space,
@@ -165,6 +213,7 @@ class _JaxReplayImpl:
         n_envs: int = 1,
         optimize_memory_usage: bool = False,
         handle_timeout_termination: bool = True,
+        compress: bool | dict = False,
     ):
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(int(buffer_size) // int(n_envs), 1)
@@ -183,8 +232,15 @@ class _JaxReplayImpl:
             )
         if optimize_memory_usage and is_dict:
             raise ValueError("optimize_memory_usage: not supported with Dict observations (as in SB3's DictReplayBuffer)")
+        if compress and (is_dict or optimize_memory_usage):
+            raise ValueError(
+                "compress: supported for JaxReplayBuffer with optimize_memory_usage=False (compression "
+                "with frame dedup already stores each frame once); got "
+                + ("a Dict observation space" if is_dict else "optimize_memory_usage=True")
+            )
         self.optimize_memory_usage = bool(optimize_memory_usage)
         self.handle_timeout_termination = bool(handle_timeout_termination)
+        self.compress = _compress_options(compress)
 
         n = self.n_envs
         obs_spec = _common.obs_spec(observation_space, self.obs_shape, (n,), "observation_space")
@@ -199,10 +255,25 @@ class _JaxReplayImpl:
             "dones": jax.ShapeDtypeStruct((n,), np.bool_),
             "timeouts": jax.ShapeDtypeStruct((n,), np.bool_),
         }
-        if not self.optimize_memory_usage:
+        self._spec = dict(spec)
+        if self.compress is not None:
+            del spec["observations"]  # observations live in the compressed buffer
+            self._cbuf = self._new_compressed()
+            self._pending = None  # device [n_envs, *obs_shape]: the newest row's next observation
+        elif not self.optimize_memory_usage:
             spec["next_observations"] = obs_spec
-        self._spec = spec
         self._state = _replay.ReplayBuffer.create(spec, capacity=self.buffer_size)
+
+    def _new_compressed(self):
+        from jaxbuffers.compressed import CompressedTrajectoryBuffer
+
+        s = self._spec["observations"]
+        example = {
+            "obs": jax.ShapeDtypeStruct(s.shape[1:], s.dtype),
+            "action": jax.ShapeDtypeStruct((), np.uint8),  # unused (the row store keeps actions)
+            "reward": jax.ShapeDtypeStruct((), np.float16),  # unused (the row store keeps rewards)
+        }
+        return CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size, **self.compress)
 
     # ------------------------------------------------------------------ state access
     @property
@@ -212,8 +283,10 @@ class _JaxReplayImpl:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the stored arrays (all rows, allocated up front), a Python int."""
-        return self._state.memory_bytes
+        """Bytes held: the device arrays (allocated up front) plus, with ``compress``, the
+        compressed buffer's device ids and host bytes (arenas, indexes), a Python int."""
+        extra = 0 if self.compress is None else self._cbuf.nbytes + (0 if self._pending is None else self._pending.nbytes)
+        return self._state.memory_bytes + extra
 
     def _replace_leaf(self, path: tuple, value: jax.Array) -> None:
         def put(tree, keys):
@@ -224,6 +297,8 @@ class _JaxReplayImpl:
         self._state = self._state.replace(storage=put(self._state.storage, path))
 
     def _views(self, name: str, dtypes: Any) -> Any:
+        if self.compress is not None and name in ("observations", "next_observations"):
+            raise AttributeError(f"{name}: held compressed (compress=...); sample() decodes them")
         if isinstance(dtypes, dict):
             return {k: FieldView(self, (name, k), d) for k, d in dtypes.items()}
         return FieldView(self, (name,), dtypes)
@@ -265,6 +340,9 @@ class _JaxReplayImpl:
     def reset(self) -> None:
         """Empty the buffer (``pos`` 0, not full); storage is kept, as in SB3."""
         super().reset()
+        if self.compress is not None:
+            self._cbuf.close()
+            self._cbuf, self._pending = self._new_compressed(), None
         self._state = self._state.replace(
             head=jnp.zeros_like(self._state.head),
             num_valid=jnp.zeros_like(self._state.num_valid),
@@ -317,7 +395,12 @@ class _JaxReplayImpl:
         else:
             row["timeouts"] = np.zeros(n, np.bool_)
         next_row = self._obs_row(next_obs, "next_obs")
-        if self.optimize_memory_usage:
+        if self.compress is not None:
+            obs_row = row.pop("observations")
+            self._cbuf = _compressed_add(self._cbuf, obs_row, next_row, row["dones"])
+            self._pending = jnp.asarray(next_row)
+            self._state = _add_row(self._state, row, None, next_in_obs=False)
+        elif self.optimize_memory_usage:
             self._state = _add_row(self._state, row, next_row, next_in_obs=True)
         else:
             row["next_observations"] = next_row
@@ -361,9 +444,13 @@ class _JaxReplayImpl:
         for name, idx, hi in (("batch_inds", rows, self.buffer_size), ("env_indices", envs, self.n_envs)):
             if idx.size and (idx.min() < 0 or idx.max() >= hi):
                 raise IndexError(f"{name}: values must lie in [0, {hi}), got range [{idx.min()}, {idx.max()}]")
-        obs, act, nxt, dones, rew = _gather(
-            self._state, jnp.asarray(rows, jnp.int32), jnp.asarray(envs, jnp.int32), next_in_obs=self.optimize_memory_usage
-        )
+        rows_j, envs_j = jnp.asarray(rows, jnp.int32), jnp.asarray(envs, jnp.int32)
+        obs, act, nxt, dones, rew = _gather(self._state, rows_j, envs_j, next_in_obs=self.optimize_memory_usage)
+        if self.compress is not None:
+            if self._pending is None:
+                raise IndexError("samples_at: the buffer is empty")
+            newest = jnp.int32((self.pos - 1) % self.buffer_size)
+            obs, nxt = _compressed_gather(self._cbuf, rows_j, envs_j, newest, self._pending)
         dev = self.device
         if env is not None:
             obs = self._normalize_obs(_common.tree_to_numpy(obs), env)
