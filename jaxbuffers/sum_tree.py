@@ -39,6 +39,9 @@ import numpy as np
 __all__ = ["SumTree", "MinTree", "last_write_mask"]
 
 
+_SMALL_BATCH = 1  # batches up to this size update ancestors entry by entry (see _write)
+
+
 def _padded_size(capacity: int) -> int:
     """Smallest power of two ``>= capacity``."""
     return 1 << max(0, (int(capacity) - 1).bit_length())
@@ -68,28 +71,28 @@ def last_write_mask(indices: jax.Array, where: jax.Array | None = None) -> jax.A
     """Which entries of a batched write survive when later writes to the same index win.
 
     Args:
-      indices: int[B] leaf indices (any values; only equality matters).
+      indices: int[B] leaf indices; only equality matters, but active entries must be ``>= 0``
+        (a negative index is treated as inactive).
       where: optional bool[B]; entries with ``False`` are not writes at all (they never win and
         never shadow an earlier entry).
 
     Returns:
       bool[B]: ``True`` at entry ``k`` iff ``where[k]`` and no later entry ``j > k`` with
-      ``where[j]`` has ``indices[j] == indices[k]``. Deterministic; ``O(B log B)`` (stable sort).
+      ``where[j]`` has ``indices[j] == indices[k]``. Deterministic; ``O(B log B)`` (one stable sort).
     """
     indices = jnp.asarray(indices, jnp.int32)
     (b,) = indices.shape
     if where is None:
         where = jnp.ones((b,), bool)
-    # Sort key: (active, index, position). Inactive entries go to a separate group, so they can
-    # neither win nor hide an active write. The stable argsort keeps batch order within a group.
-    group = jnp.where(where, indices, 0)
-    order = jnp.lexsort((jnp.arange(b, dtype=jnp.int32), group, where.astype(jnp.int32)))
+    if b == 1:
+        return where
+    # Inactive entries get the key -1 (a group of their own: they neither win nor hide an active
+    # write); a stable sort keeps batch order within each index group, so the last one wins.
+    group = jnp.where(where, indices, -1)
+    order = jnp.argsort(group, stable=True)
     g_sorted = group[order]
-    w_sorted = where[order]
-    is_last_sorted = jnp.ones((b,), bool).at[:-1].set(
-        (g_sorted[:-1] != g_sorted[1:]) | (w_sorted[:-1] != w_sorted[1:])
-    )
-    keep_sorted = is_last_sorted & w_sorted
+    is_last_sorted = jnp.ones((b,), bool).at[:-1].set(g_sorted[:-1] != g_sorted[1:])
+    keep_sorted = is_last_sorted & (g_sorted >= 0)
     return jnp.zeros((b,), bool).at[order].set(keep_sorted, unique_indices=True)
 
 
@@ -225,13 +228,29 @@ class _ReductionTree(flax.struct.PyTreeNode):
         # Ancestors, bottom-up, each from its two children. Untouched entries recompute leaf 0's
         # ancestors: recomputing an unchanged node from its children reproduces its value exactly,
         # so that is a no-op. Duplicate parents all receive the same value, so scatter order does
-        # not matter.
+        # not matter. Levels with at most 2B nodes are recomputed whole (one dense, vectorised
+        # pass of <= 2B nodes is cheaper than a B-wide gather + scatter); the total stays O(B log P).
+        (b,) = indices.shape
         node = jnp.where(touched, indices, 0)
+        if b <= _SMALL_BATCH:
+            # Few entries: scalar dynamic slices per entry beat B-wide gathers/scatters on CPU.
+            for level in range(self.depth - 1, -1, -1):
+                node = node >> 1
+                children, out = levels[level + 1], levels[level]
+                for k in range(b):
+                    kids = jax.lax.dynamic_slice_in_dim(children, 2 * node[k], 2)
+                    out = jax.lax.dynamic_update_slice_in_dim(out, self._combine(kids[:1], kids[1:]), node[k], 0)
+                levels[level] = out
+            return self.replace(levels=tuple(levels))
         for level in range(self.depth - 1, -1, -1):
             node = node >> 1
-            children = levels[level + 1]
-            parent = self._combine(children[2 * node], children[2 * node + 1])
-            levels[level] = levels[level].at[node].set(parent, mode="promise_in_bounds")
+            pairs = levels[level + 1].reshape(-1, 2)  # row j: the two children of node j
+            if (1 << level) <= 2 * b:
+                levels[level] = self._combine(pairs[:, 0], pairs[:, 1])
+            else:
+                kids = pairs[node]
+                parent = self._combine(kids[:, 0], kids[:, 1])
+                levels[level] = levels[level].at[node].set(parent, mode="promise_in_bounds")
         return self.replace(levels=tuple(levels))
 
 
