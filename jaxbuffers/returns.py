@@ -63,7 +63,16 @@ All checks run at trace time and raise ``TypeError`` (dtype) or ``ValueError`` (
 ``x_t = a_t x_{t+1} + b_t``. ``method="scan"`` (default) evaluates them with a reverse
 ``lax.scan`` (``T`` sequential steps, cheapest on CPU). ``method="associative"`` composes the
 affine maps ``(a, b)`` with ``lax.associative_scan`` in ``O(log T)`` depth, meant for long
-horizons on accelerators. Both agree to float32 rounding (tested to 1e-5 relative, ``T <= 2048``).
+horizons on accelerators; on a CPU it is 1.2-4x slower than the scan (``docs/benchmarks.md``).
+Both agree to float32 rounding: measured at ``T = 2048`` with all-positive rewards (returns up
+to ~1600), the two differ by at most ~7e-6 relative (``gamma = 0.999, lambda = 1``; ~6e-7 at
+``gamma = 0.99, lambda = 0.95``), each within 6e-6 of a float64 evaluation with the same float32
+``gamma``. Note that rounding ``gamma = 0.999`` itself to float32 changes ``gamma**1000`` by
+~1.3e-5 relative, more than either method's own error.
+
+*Finite inputs.* ``final_value`` is selected with ``where``, so NaN/inf where it is not read
+never propagate. The other float inputs must be finite: an episode end multiplies the later
+trace by 0, and ``0 * inf`` is NaN.
 
 References:
     Schulman, Moritz, Levine, Jordan, Abbeel (2016). *High-Dimensional Continuous Control Using
