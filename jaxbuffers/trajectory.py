@@ -674,7 +674,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         """N: valid positions over all lanes (int32 scalar)."""
         b = self.buffer
         m = b.num_valid - self.window_length  # last valid logical start
-        first = (self.phase - b.num_valid) % self.period  # first aligned logical start
+        first = (b.num_valid - self.phase) % self.period  # first l with (added - num_valid + l) % period == 0
         per_lane = jnp.where(m >= first, (m - first) // self.period + 1, 0)
         return (per_lane * b.num_envs).astype(jnp.int32)
 

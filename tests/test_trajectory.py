@@ -1,0 +1,671 @@
+"""Tests of jaxbuffers.trajectory: TrajectoryBuffer and PrioritisedTrajectoryBuffer.
+
+A plain-Python reference model (`Ref`) keeps every step ever added per lane; every sampled
+sequence / transition is located in it (from its flat index) and recomputed there.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxbuffers._validate import tree_nbytes
+from jaxbuffers.trajectory import (
+    PrioritisedTrajectoryBuffer,
+    TrajectoryBuffer,
+    n_step_window,
+)
+
+OBS_DIM = 2
+EXAMPLE = {"obs": jnp.zeros((OBS_DIM,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0)}
+
+
+# --------------------------------------------------------------------------------------------
+# reference model
+
+
+class Ref:
+    """Every step ever added, per lane: obs, action, reward, flags, final obs."""
+
+    def __init__(self, num_envs: int, length: int):
+        self.e, self.n = num_envs, length
+        self.steps: list[list[dict]] = [[] for _ in range(num_envs)]
+
+    @property
+    def total(self) -> int:
+        return len(self.steps[0])
+
+    @property
+    def num_valid(self) -> int:
+        return min(self.total, self.n)
+
+    def add(self, obs, action, reward, term, trunc, final):
+        """Arrays [E, t, ...]."""
+        for e in range(self.e):
+            for j in range(obs.shape[1]):
+                self.steps[e].append(
+                    dict(obs=obs[e, j], action=action[e, j], reward=float(reward[e, j]),
+                         term=bool(term[e, j]), trunc=bool(trunc[e, j]), final=final[e, j])
+                )
+
+    def locate(self, flat_index: int) -> tuple[int, int]:
+        """(lane, absolute step) of a flat index lane * length + physical slot; must be stored."""
+        lane, slot = divmod(int(flat_index), self.n)
+        lo = self.total - self.num_valid
+        candidates = [a for a in range(lo, self.total) if a % self.n == slot]
+        assert len(candidates) == 1, (flat_index, lo, self.total)
+        return lane, candidates[0]
+
+    def end(self, lane, a) -> bool:
+        s = self.steps[lane][a]
+        return s["term"] or s["trunc"]
+
+    def transition(self, lane, a, n_step, gamma):
+        g, k = 0.0, 0
+        for i in range(n_step):
+            s = self.steps[lane][a + i]
+            g += gamma**i * s["reward"]
+            k = i + 1
+            if s["term"] or s["trunc"]:
+                break
+        last = self.steps[lane][a + k - 1]
+        discount = 0.0 if last["term"] else gamma**k
+        nxt = last["final"] if (last["trunc"] and not last["term"]) else self.steps[lane][a + k]["obs"]
+        return g, discount, k, nxt
+
+
+def make_chunk(rng, num_envs, t, counter, p_term=0.15, p_trunc=0.15):
+    """A chunk with unique obs values (identify the step), small-int rewards, random flags."""
+    base = counter + np.arange(t)[None, :] + 1000 * np.arange(num_envs)[:, None]
+    obs = np.stack([base, base + 0.5], axis=-1).astype(np.float32)
+    action = base.astype(np.int32)
+    reward = rng.integers(-3, 4, size=(num_envs, t)).astype(np.float32)
+    term = rng.random((num_envs, t)) < p_term
+    trunc = rng.random((num_envs, t)) < p_trunc
+    final = (-obs - 7).astype(np.float32)
+    return obs, action, reward, term, trunc, final
+
+
+def do_add(buf, add_fn, obs, action, reward, term, trunc, final, as_step):
+    step = {"obs": obs, "action": action, "reward": reward}
+    if as_step:  # one step, no time axis
+        step = {k: v[:, 0] for k, v in step.items()}
+        term, trunc, final = term[:, 0], trunc[:, 0], final[:, 0]
+    return add_fn(buf, step, term, trunc, final)
+
+
+def _add(b, s, te, tr, fo):
+    return b.add(s, terminated=te, truncated=tr, final_obs=fo)
+
+
+# Jitted once at module level (cached per shape): eager op-by-op dispatch is slow on 2 cores.
+ADD = jax.jit(_add)
+SEQ = jax.jit(
+    lambda b, k, bs, n, period=1, cross=True: b.sample_sequences(k, bs, n, period=period, cross_episodes=cross),
+    static_argnums=(2, 3, 4, 5),
+)
+TRANS = jax.jit(lambda b, k, bs, n, gamma: b.sample_transitions(k, bs, n_step=n, gamma=gamma), static_argnums=(2, 3))
+AT = jax.jit(lambda b, flat, n, gamma: b._transitions(flat // b.length, flat % b.length, n, gamma), static_argnums=(2,))
+PSEQ = jax.jit(lambda b, k, bs, beta: b.sample_sequences(k, bs, beta=beta), static_argnums=(2,))
+PTRANS = jax.jit(lambda b, k, bs, beta, gamma: b.sample_transitions(k, bs, beta=beta, gamma=gamma), static_argnums=(2,))
+CAN = jax.jit(lambda b, n, period, cross: b.can_sample(n, period=period, cross_episodes=cross), static_argnums=(1, 2, 3))
+SETP = jax.jit(lambda b, i, p, g: b.set_priorities(i, p, g))
+
+
+def host(tree):
+    return jax.device_get(tree)
+
+
+def payload_buffer(num_adds, length=8):
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=1, length=length)
+    f = np.zeros((1,), bool)
+    for i in range(num_adds):
+        step = {"obs": np.full((1, OBS_DIM), i, np.float32), "action": np.array([i], np.int32),
+                "reward": np.array([i], np.float32)}
+        buf = ADD(buf, step, f, None, None)
+    return buf
+
+
+def sampled_sequences(buf, length, period=1, keys=60, batch=16):
+    seen = set()
+    for s in range(keys):
+        out = SEQ(buf, jax.random.key(s), batch, length, period)
+        for row in np.asarray(out.item["obs"][..., 0]).astype(int):
+            seen.add(tuple(row.tolist()))
+    return seen
+
+
+# --------------------------------------------------------------------------------------------
+# write head (issue 4)
+
+
+def test_write_head_sequences_exact():
+    buf = payload_buffer(11)
+    assert sampled_sequences(buf, 3) == {(3, 4, 5), (4, 5, 6), (5, 6, 7), (6, 7, 8), (7, 8, 9), (8, 9, 10)}
+    assert sampled_sequences(buf, 3, period=2) == {(3, 4, 5), (5, 6, 7), (7, 8, 9)}
+    assert sampled_sequences(payload_buffer(4), 3) == {(0, 1, 2), (1, 2, 3)}
+    assert bool(payload_buffer(4).can_sample(3))
+    assert not bool(payload_buffer(2).can_sample(3))
+    assert bool(payload_buffer(3).can_sample(3))
+
+
+def test_write_head_transitions():
+    buf = payload_buffer(11)
+    seen = set()
+    for s in range(40):
+        out = host(TRANS(buf, jax.random.key(s), 16, 2, 0.5))
+        for o, nxt, ret in zip(np.asarray(out.obs[:, 0]), np.asarray(out.next_obs[:, 0]), np.asarray(out.n_step_return)):
+            seen.add(int(o))
+            assert nxt == o + 2 and ret == o + 0.5 * (o + 1)
+    assert seen == {3, 4, 5, 6, 7, 8}  # obs 9 needs step 11 for its 2-step next obs
+    assert not bool(payload_buffer(2).can_sample(3))
+
+
+# --------------------------------------------------------------------------------------------
+# n-step hand cases
+
+
+def _lane_buffer(rewards, term, trunc, length=8, final=None):
+    """One lane; obs of step i is [i, i + 0.5]; final obs of step i is [-(i + 1), 0]."""
+    t = len(rewards)
+    obs = np.stack([np.arange(t), np.arange(t) + 0.5], -1).astype(np.float32)[None]
+    fin = np.stack([-(np.arange(t) + 1.0), np.zeros(t)], -1).astype(np.float32)[None] if final is None else final
+    buf = TrajectoryBuffer.create(EXAMPLE, 1, length)
+    # add in two chunks to exercise both paths
+    step = {"obs": obs, "action": np.arange(t, dtype=np.int32)[None], "reward": np.asarray(rewards, np.float32)[None]}
+    te, tr = np.asarray(term)[None], np.asarray(trunc)[None]
+    h = t // 2
+    cut = lambda x, a, b: x[:, a:b]  # noqa: E731
+    buf = ADD(buf, jax.tree.map(lambda x: cut(x, 0, h), step), cut(te, 0, h), cut(tr, 0, h), cut(fin, 0, h))
+    buf = ADD(buf, jax.tree.map(lambda x: cut(x, h, t), step), cut(te, h, t), cut(tr, h, t), cut(fin, h, t))
+    return buf
+
+
+def _transition_at(buf, flat, n_step, gamma):
+    return host(AT(buf, jnp.array([flat], jnp.int32), n_step, gamma))
+
+
+def test_n_step_termination_inside_window():
+    r = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    term = [False, True, False, False, False, False]
+    buf = _lane_buffer(r, term, [False] * 6)
+    out = _transition_at(buf, 0, 3, 0.5)
+    assert float(out.n_step_return[0]) == 1.0 + 0.5 * 2.0  # cut after step 1
+    assert float(out.discount[0]) == 0.0
+    assert int(out.num_steps[0]) == 2
+    np.testing.assert_array_equal(out.next_obs[0], [2.0, 2.5])  # defined: the next stored obs
+    full = _transition_at(buf, 2, 3, 0.5)
+    assert float(full.n_step_return[0]) == 4 + 0.5 * 8 + 0.25 * 16
+    assert float(full.discount[0]) == 0.125 and int(full.num_steps[0]) == 3
+    np.testing.assert_array_equal(full.next_obs[0], [5.0, 5.5])
+
+
+def test_n_step_truncation_bootstraps_from_final_obs():
+    r = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    trunc = [False, True, False, False, False, False]
+    buf = _lane_buffer(r, [False] * 6, trunc)
+    out = _transition_at(buf, 0, 3, 0.5)
+    assert float(out.n_step_return[0]) == 2.0
+    assert float(out.discount[0]) == 0.25  # gamma^2, bootstrap kept
+    np.testing.assert_array_equal(out.next_obs[0], [-2.0, 0.0])  # final obs of step 1, not reset obs [2, 2.5]
+    one = _transition_at(buf, 1, 1, 0.5)
+    np.testing.assert_array_equal(one.next_obs[0], [-2.0, 0.0])
+    assert float(one.discount[0]) == 0.5
+    # terminated and truncated together count as terminated
+    both = _lane_buffer(r, trunc, trunc)
+    out = _transition_at(both, 0, 3, 0.5)
+    assert float(out.discount[0]) == 0.0
+
+
+def test_n_step_wrap_around():
+    # 12 steps into length 8: the window [6, 7, 8, 9] wraps physical slots 6, 7, 0, 1.
+    r = np.arange(12, dtype=np.float32)
+    trunc = np.zeros(12, bool)
+    trunc[8] = True
+    buf = _lane_buffer(r, np.zeros(12, bool), trunc)
+    out = _transition_at(buf, 6, 3, 0.5)  # physical slot 6 holds step 6
+    np.testing.assert_array_equal(out.obs[0], [6.0, 6.5])
+    assert float(out.n_step_return[0]) == 6 + 0.5 * 7 + 0.25 * 8
+    np.testing.assert_array_equal(out.next_obs[0], [-9.0, 0.0])
+    out = _transition_at(buf, 5, 2, 0.5)  # step 5 -> step 7, no end
+    np.testing.assert_array_equal(out.next_obs[0], [7.0, 7.5])
+    out = _transition_at(buf, 7, 2, 1.0)  # step 7 -> steps 8 (truncated): k = 2, final obs of step 8
+    assert int(out.num_steps[0]) == 2 and float(out.discount[0]) == 1.0
+    np.testing.assert_array_equal(out.next_obs[0], [-9.0, 0.0])
+
+
+def test_n_step_window_function():
+    r = jnp.array([[1.0, 2, 3], [1, 2, 3], [1, 2, 3]])
+    te = jnp.array([[False, False, False], [False, False, True], [True, False, False]])
+    tr = jnp.array([[False, False, False], [False, True, False], [False, False, False]])
+    g, d, k = n_step_window(r, te, tr, 0.9)
+    np.testing.assert_allclose(g, [1 + 1.8 + 0.81 * 3, 1 + 1.8, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(d, [0.9**3, 0.81, 0.0], rtol=1e-6)
+    np.testing.assert_array_equal(k, [3, 2, 1])
+
+
+def test_episode_mask_and_within_episode_sampling():
+    t = 8
+    term = np.zeros(t, bool)
+    term[2] = True
+    trunc = np.zeros(t, bool)
+    trunc[5] = True
+    buf = _lane_buffer(np.zeros(t), term, trunc)
+    seq = host(buf._sequences(jnp.array([0]), jnp.array([1]), 5))
+    np.testing.assert_array_equal(seq.mask[0], [True, True, False, False, False])  # step 2 ends it
+    np.testing.assert_array_equal(seq.terminated[0], [False, True, False, False, False])
+    seen = set()
+    for s in range(40):
+        out = host(SEQ(buf, jax.random.key(s), 16, 3, 1, False))
+        ends = np.asarray(out.terminated | out.truncated)
+        assert not ends[:, :-1].any()
+        assert np.asarray(out.mask).all()
+        seen |= set(np.asarray(out.item["obs"][:, 0, 0]).astype(int).tolist())
+    # windows of 3 wholly in one episode: starts 0 (0,1,2), 3 (3,4,5), and none crossing 2 or 5.
+    assert seen == {0, 3}
+    assert bool(buf.can_sample(3, cross_episodes=False))
+    assert not bool(buf.can_sample(4, cross_episodes=False))
+
+
+def test_within_episode_sampling_is_uniform():
+    # 2 lanes x 10 steps; valid starts for length 2 in lane 0: all 9; lane 1: 3 (ends everywhere else).
+    buf = TrajectoryBuffer.create(EXAMPLE, 2, 10)
+    term = np.zeros((2, 10), bool)
+    term[1, [0, 1, 2, 4, 5, 7]] = True
+    obs = np.zeros((2, 10, OBS_DIM), np.float32)
+    obs[..., 0] = np.arange(10)[None] + 100 * np.arange(2)[:, None]
+    buf = ADD(buf, {"obs": obs, "action": np.zeros((2, 10), np.int32), "reward": np.zeros((2, 10), np.float32)}, term, None, None)
+    out = host(SEQ(buf, jax.random.key(3), 24_000, 2, 1, False))
+    starts = np.asarray(out.item["obs"][:, 0, 0]).astype(int)
+    expected = set(range(9)) | {103, 106, 108}
+    assert set(starts.tolist()) == expected
+    counts = np.array([np.sum(starts == s) for s in sorted(expected)])
+    # 12 equally likely starts: each ~2000; 5 sigma of a binomial(24000, 1/12) is ~215.
+    assert np.all(np.abs(counts - 2000) < 215), counts
+
+
+# --------------------------------------------------------------------------------------------
+# model-based test
+
+
+# Shapes come from small fixed sets so jitted functions are compiled once per shape and reused
+# across examples (compilation dominates on 2 cores); the slow variant draws them freely.
+FAST = dict(num_envs=st.sampled_from([1, 3]), length=st.sampled_from([3, 7]), t=lambda n: st.sampled_from(sorted({1, 2, n})),
+            seq_len=lambda n: st.sampled_from([1, 3]), period=st.sampled_from([1, 2]), n_step=st.sampled_from([1, 2]))
+FREE = dict(num_envs=st.integers(1, 3), length=st.integers(2, 7), t=lambda n: st.integers(1, n),
+            seq_len=lambda n: st.integers(1, n), period=st.integers(1, 3), n_step=None)
+
+
+def run_model(use_jit, data, draws):
+    num_envs = data.draw(draws["num_envs"], "num_envs")
+    length = data.draw(draws["length"], "length")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), "seed"))
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs, length)
+    ref = Ref(num_envs, length)
+    add_fn = ADD if use_jit else _add
+    counter = 0
+    num_ops = data.draw(st.integers(1, 6), "num_ops")
+    for _ in range(num_ops):
+        t = data.draw(draws["t"](length), "t")
+        as_step = t == 1 and data.draw(st.booleans(), "as_step")
+        chunk = make_chunk(rng, num_envs, t, counter)
+        counter += t
+        buf = do_add(buf, add_fn, *chunk, as_step)
+        ref.add(*chunk)
+        assert int(buf.num_valid) == ref.num_valid
+        assert buf.num_added() == ref.total
+        assert not bool(buf.final_obs_lost)
+
+        seq_len = data.draw(draws["seq_len"](length), "seq_len")
+        period = data.draw(draws["period"], "period")
+        cross = data.draw(st.booleans(), "cross")
+        key = jax.random.key(int(rng.integers(2**31)))
+        if use_jit:
+            sample = lambda b, k: SEQ(b, k, 12, seq_len, period, cross)  # noqa: E731
+            can = lambda b: CAN(b, seq_len, period, cross)  # noqa: E731
+        else:
+            sample = lambda b, k: b.sample_sequences(k, 12, seq_len, period=period, cross_episodes=cross)  # noqa: E731
+            can = lambda b: b.can_sample(seq_len, period=period, cross_episodes=cross)  # noqa: E731
+        lo = ref.total - ref.num_valid
+        starts_ok = [
+            (e, a) for e in range(num_envs) for a in range(lo, ref.total - seq_len + 1)
+            if (a - lo) % period == 0 and (cross or not any(ref.end(e, a + i) for i in range(seq_len - 1)))
+        ]
+        assert bool(can(buf)) == bool(starts_ok)
+        if starts_ok:
+            out = host(sample(buf, key))
+            for b in range(12):
+                lane, a = ref.locate(out.indices[b])
+                assert (lane, a) in starts_ok
+                alive = True
+                for i in range(seq_len):
+                    s = ref.steps[lane][a + i]
+                    np.testing.assert_array_equal(out.item["obs"][b, i], s["obs"])
+                    assert int(out.item["action"][b, i]) == s["action"]
+                    assert float(out.item["reward"][b, i]) == s["reward"]
+                    assert bool(out.terminated[b, i]) == s["term"] and bool(out.truncated[b, i]) == s["trunc"]
+                    assert bool(out.mask[b, i]) == alive
+                    alive = alive and not (s["term"] or s["trunc"])
+
+        n_step = data.draw(st.integers(1, length - 1) if draws["n_step"] is None else draws["n_step"], "n_step")
+        gamma = 0.5
+        if use_jit:
+            trans = lambda b, k: TRANS(b, k, 12, n_step, gamma)  # noqa: E731
+        else:
+            trans = lambda b, k: b.sample_transitions(k, 12, n_step=n_step, gamma=gamma)  # noqa: E731
+        if ref.total >= n_step + 1:
+            assert bool(buf.can_sample(n_step + 1))
+            out = host(trans(buf, key))
+            for b in range(12):
+                lane, a = ref.locate(out.indices[b])
+                assert a + n_step + 1 <= ref.total
+                g, d, k, nxt = ref.transition(lane, a, n_step, gamma)
+                np.testing.assert_array_equal(out.obs[b], ref.steps[lane][a]["obs"])
+                assert int(out.action[b]) == ref.steps[lane][a]["action"]
+                assert float(out.n_step_return[b]) == pytest.approx(g, rel=1e-6, abs=1e-6)
+                assert float(out.discount[b]) == pytest.approx(d)
+                assert int(out.num_steps[b]) == k
+                np.testing.assert_array_equal(out.next_obs[b], nxt)
+        else:
+            assert not bool(buf.can_sample(n_step + 1))
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_model_based_jit(data):
+    run_model(True, data, FAST)
+
+
+@settings(max_examples=5, deadline=None)  # eager: every op dispatched on its own, ~4x slower
+@given(data=st.data())
+def test_model_based_no_jit(data):
+    run_model(False, data, FAST)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_jit", [False, True])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_model_based_free_shapes(use_jit, data):
+    run_model(use_jit, data, FREE)
+
+
+# --------------------------------------------------------------------------------------------
+# final-observation ring
+
+
+def test_small_final_obs_ring_exact_until_overflow():
+    # K = 2 slots per lane, length 6: fine while a lane holds <= 2 truncated steps.
+    buf = TrajectoryBuffer.create(EXAMPLE, 1, 6, final_obs_capacity=2)
+    ref = Ref(1, 6)
+    rng = np.random.default_rng(0)
+    trunc_pattern = [0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0]  # at most 2 in any 6 consecutive steps
+    for i, tr in enumerate(trunc_pattern):
+        obs, action, reward, term, _, final = make_chunk(rng, 1, 1, i, p_term=0)
+        trunc = np.array([[bool(tr)]])
+        buf = ADD(buf, {"obs": obs, "action": action, "reward": reward}, term, trunc, final)
+        ref.add(obs, action, reward, term, trunc, final)
+    assert not bool(buf.final_obs_lost)
+    out = host(TRANS(buf, jax.random.key(0), 64, 1, 0.9))
+    for b in range(64):
+        lane, a = ref.locate(out.indices[b])
+        np.testing.assert_array_equal(out.next_obs[b], ref.transition(lane, a, 1, 0.9)[3])
+    # three truncations within 6 steps overflow K = 2: the sticky flag says so.
+    for i in range(3):
+        obs, action, reward, term, _, final = make_chunk(rng, 1, 1, 100 + i, p_term=0)
+        buf = ADD(buf, {"obs": obs, "action": action, "reward": reward}, term, np.array([[True]]), final)
+    assert bool(buf.final_obs_lost)
+
+
+def test_memory_bytes_and_ring_size():
+    big = TrajectoryBuffer.create(EXAMPLE, 4, 100)
+    small = TrajectoryBuffer.create(EXAMPLE, 4, 100, final_obs_capacity=5)
+    obs_bytes = 4 * OBS_DIM * 4
+    assert big.memory_bytes - small.memory_bytes == (100 - 5) * obs_bytes
+    assert big.memory_bytes == tree_nbytes(big)
+    steps = 4 * 100 * (OBS_DIM * 4 + 4 + 4)
+    assert steps < big.memory_bytes < 3 * steps
+
+
+# --------------------------------------------------------------------------------------------
+# errors, jit, scan, vmap, compile count, donation
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="missing field 'reward'"):
+        TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0)}, 1, 4)
+    with pytest.raises(TypeError, match="expected a dict"):
+        TrajectoryBuffer.create(jnp.zeros(3), 1, 4)
+    with pytest.raises(ValueError, match="floating scalar"):
+        TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.zeros(2)}, 1, 4)
+    buf = TrajectoryBuffer.create(EXAMPLE, 2, 4)
+    step = {"obs": np.zeros((2, OBS_DIM), np.float32), "action": np.zeros(2, np.int32), "reward": np.zeros(2, np.float32)}
+    f = np.zeros(2, bool)
+    with pytest.raises(TypeError, match="terminated: expected dtype bool"):
+        buf.add(step, terminated=np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match="terminated: expected shape"):
+        buf.add(step, terminated=np.zeros(3, bool))
+    with pytest.raises(TypeError, match="final_obs: required"):
+        buf.add(step, terminated=f, truncated=f)
+    with pytest.raises(TypeError, match=r"step\['reward'\]: expected dtype float32, got float64"):
+        buf.add({**step, "reward": np.zeros(2)}, terminated=f)
+    with pytest.raises(ValueError, match="num_envs=2"):
+        buf.add(jax.tree.map(lambda x: x[:1], step), terminated=f[:1])
+    chunk = jax.tree.map(lambda x: np.repeat(x[:, None], 5, axis=1), step)
+    with pytest.raises(ValueError, match="does not fit"):
+        buf.add(chunk, terminated=np.zeros((2, 5), bool))
+    with pytest.raises(ValueError, match="sequence_length"):
+        buf.sample_sequences(jax.random.key(0), 4, 5)
+    with pytest.raises(ValueError, match="gamma"):
+        buf.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=1.5)
+    with pytest.raises(TypeError, match="gamma"):
+        buf.sample_transitions(jax.random.key(0), 4, n_step=1)
+
+
+def test_scan_matches_sequential_adds_and_vmap():
+    rng = np.random.default_rng(1)
+    chunks = [make_chunk(rng, 2, 1, i) for i in range(9)]
+    seq = TrajectoryBuffer.create(EXAMPLE, 2, 5)
+    for c in chunks:
+        seq = do_add(seq, ADD, *c, as_step=True)
+    stacked = [np.stack([c[i][:, 0] for c in chunks]) for i in range(6)]
+
+    def body(b, xs):
+        obs, action, reward, term, trunc, final = xs
+        return b.add({"obs": obs, "action": action, "reward": reward}, terminated=term, truncated=trunc, final_obs=final), None
+
+    scanned, _ = jax.jit(lambda b, xs: jax.lax.scan(body, b, xs))(TrajectoryBuffer.create(EXAMPLE, 2, 5), stacked)
+    jax.tree.map(np.testing.assert_array_equal, scanned, seq)
+
+    # vmap over 3 stacked buffers: each behaves like its own buffer.
+    many = jax.tree.map(lambda x: jnp.stack([x] * 3), TrajectoryBuffer.create(EXAMPLE, 2, 5))
+    vadd = jax.jit(jax.vmap(lambda b, s, te, tr, fo: b.add(s, terminated=te, truncated=tr, final_obs=fo)))
+    for c in chunks:
+        obs, action, reward, term, trunc, final = (np.stack([x[:, 0]] * 3) for x in c)
+        many = vadd(many, {"obs": obs, "action": action, "reward": reward}, term, trunc, final)
+    keys = jax.random.split(jax.random.key(0), 3)
+    out = jax.jit(jax.vmap(lambda b, k: b.sample_transitions(k, 8, n_step=2, gamma=0.9)))(many, keys)
+    single = jax.tree.map(lambda x: x[1], many)
+    ref = AT(single, out.indices[1], 2, 0.9)
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(lambda x: x[1], out), ref)
+
+
+def test_compiles_once_per_shape_and_donation(compile_counter):
+    buf = TrajectoryBuffer.create(EXAMPLE, 2, 6)
+    add = jax.jit(_add, donate_argnums=0)
+    samp = jax.jit(lambda b, k: b.sample_sequences(k, 4, 3))
+    rng = np.random.default_rng(0)
+    buf = do_add(buf, add, *make_chunk(rng, 2, 1, 0), as_step=True)
+    samp(buf, jax.random.key(0))
+    with compile_counter() as n:
+        for i in range(1, 8):
+            buf = do_add(buf, add, *make_chunk(rng, 2, 1, i), as_step=True)
+            samp(buf, jax.random.key(i))
+    assert n() == 0
+    old = buf
+    do_add(buf, add, *make_chunk(rng, 2, 1, 9), as_step=True)
+    assert old.storage["obs"].is_deleted()  # donated: updated in place
+
+
+# --------------------------------------------------------------------------------------------
+# prioritised
+
+
+def _valid_starts(ref: Ref, window: int, period: int) -> set[int]:
+    """Flat indices of valid positions (absolute period alignment)."""
+    lo = ref.total - ref.num_valid
+    return {
+        e * ref.n + a % ref.n
+        for e in range(ref.e) for a in range(lo, ref.total - window + 1) if a % period == 0
+    }
+
+
+def run_prioritised_model(data, free):
+    num_envs = data.draw(st.integers(1, 3) if free else st.sampled_from([1, 3]))
+    length = data.draw(st.integers(2, 8) if free else st.sampled_from([4, 7]))
+    window = data.draw(st.integers(1, length) if free else st.sampled_from([1, 3]))
+    period = data.draw(st.integers(1, 3) if free else st.sampled_from([1, 2]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs, length, window_length=window, period=period)
+    ref = Ref(num_envs, length)
+    add = ADD
+    counter = 0
+    for _ in range(data.draw(st.integers(1, 6))):
+        t = data.draw(st.integers(1, length) if free else st.sampled_from(sorted({1, 2, length})))
+        chunk = make_chunk(rng, num_envs, t, counter)
+        counter += t
+        buf = add(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
+        ref.add(*chunk)
+        valid = _valid_starts(ref, window, period)
+        leaves = np.asarray(buf.sum_tree.leaves())
+        assert set(np.flatnonzero(leaves > 0).tolist()) == valid
+        mins = np.asarray(buf.min_tree.leaves())
+        assert set(np.flatnonzero(np.isfinite(mins)).tolist()) == valid
+        assert int(buf.num_valid_windows()) == len(valid)
+        assert bool(buf.can_sample()) == bool(valid)
+        if valid:
+            out = host(PSEQ(buf, jax.random.key(counter), 32, 0.5))
+            assert set(np.asarray(out.indices).tolist()) <= valid
+            for b in range(32):
+                lane, a = ref.locate(out.indices[b])
+                np.testing.assert_array_equal(out.item.item["obs"][b, 0], ref.steps[lane][a]["obs"])
+                assert a + window <= ref.total
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_prioritised_tree_holds_exactly_the_valid_windows(data):
+    run_prioritised_model(data, free=False)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_prioritised_tree_free_shapes(data):
+    run_prioritised_model(data, free=True)
+
+
+def _three_position_buffer():
+    """1 lane, length 8, window 6, 8 steps added: valid positions are slots 0, 1, 2."""
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=6, priority_exponent=1.0)
+    rng = np.random.default_rng(0)
+    chunk = make_chunk(rng, 1, 8, 0, p_term=0, p_trunc=0)
+    return ADD(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
+
+
+def test_prioritised_importance_weights():
+    buf = _three_position_buffer()
+    gens = buf.generations.reshape(-1)[jnp.arange(3)]
+    buf = SETP(buf, jnp.arange(3), jnp.array([1.0, 2.0, 4.0]), gens)
+    out = host(PSEQ(buf, jax.random.key(0), 300, 0.4))
+    idx = np.asarray(out.indices)
+    assert set(idx.tolist()) == {0, 1, 2}
+    np.testing.assert_allclose(np.asarray(out.probabilities), np.array([1, 2, 4])[idx] / 7, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.importance_weights), np.array([1.0, 0.757858, 0.574349])[idx], rtol=1e-5)
+    # frequencies follow priorities (stratified: deterministic bands, so a loose bound suffices)
+    freq = np.bincount(idx, minlength=3) / 300
+    np.testing.assert_allclose(freq, [1 / 7, 2 / 7, 4 / 7], atol=0.02)
+
+
+def test_prioritised_transitions_and_new_max_priority():
+    buf = _three_position_buffer()
+    gens = buf.generations.reshape(-1)[jnp.arange(3)]
+    buf = SETP(buf, jnp.arange(3), jnp.array([1.0, 2.0, 9.0]), gens)
+    assert float(buf.max_priority) == 9.0
+    out = host(PTRANS(buf, jax.random.key(1), 16, 1.0, 0.9))
+    assert out.item.n_step_return.shape == (16,) and set(np.asarray(out.indices).tolist()) <= {0, 1, 2}
+    np.testing.assert_array_equal(out.item.num_steps, 5)  # n_step defaults to window_length - 1
+    # a new step completes the window at slot 3 with the running max priority (9 ** alpha)
+    rng = np.random.default_rng(5)
+    c = make_chunk(rng, 1, 1, 8, p_term=0, p_trunc=0)
+    buf = ADD(buf, {"obs": c[0], "action": c[1], "reward": c[2]}, *c[3:])
+    leaves = np.asarray(buf.sum_tree.leaves())
+    np.testing.assert_array_equal(leaves, [0, 2, 9, 9, 0, 0, 0, 0])  # slot 0 overwritten, slot 3 new
+
+
+def test_prioritised_stale_updates_ignored_and_policy():
+    buf = _three_position_buffer()
+    gens0 = buf.generations.reshape(-1)[jnp.arange(3)]
+    rng = np.random.default_rng(1)
+    # Overwrite slots 0..5 (6 steps): slots 0..2 become valid again only after more steps.
+    c = make_chunk(rng, 1, 6, 8, p_term=0, p_trunc=0)
+    buf = ADD(buf, {"obs": c[0], "action": c[1], "reward": c[2]}, *c[3:])
+    before = np.asarray(buf.sum_tree.leaves())
+    after = SETP(buf, jnp.arange(3), jnp.array([5.0, 5.0, 5.0]), gens0)
+    np.testing.assert_array_equal(np.asarray(after.sum_tree.leaves()), before)  # stale: ignored
+    # Valid positions now: logical starts 0..2 = absolute steps 6, 7, 8 = slots 6, 7, 0.
+    assert set(np.flatnonzero(before).tolist()) == {6, 7, 0}
+    # slot 0 is valid again but was rewritten: the old generation must not update it
+    assert float(after.sum_tree.get(jnp.array([0]))[0]) == before[0]
+    cur = after.generations.reshape(-1)
+    idx = jnp.array([6, 7, 0, 3])  # 3 is not a valid window: ignored
+    after = SETP(after, idx, jnp.array([jnp.nan, -1.0, jnp.inf, 2.0]), cur[idx])
+    leaves = np.asarray(after.sum_tree.leaves())
+    assert leaves[3] == 0
+    assert leaves[6] == pytest.approx(1.0)  # NaN -> current max priority (1)
+    assert leaves[7] == pytest.approx(1e-6)  # negative -> min_priority
+    assert leaves[0] == pytest.approx(1e30, rel=1e-6)  # +inf -> max_priority_limit
+    np.testing.assert_allclose(float(after.sum_tree.total()), leaves.sum(), rtol=1e-6)
+
+
+def test_prioritised_jit_scan_vmap():
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 2, 6, window_length=3)
+    rng = np.random.default_rng(2)
+    chunks = [make_chunk(rng, 2, 1, i) for i in range(8)]
+    xs = [np.stack([c[i][:, 0] for c in chunks]) for i in range(6)]
+
+    def body(b, x):
+        obs, action, reward, term, trunc, final = x
+        return b.add({"obs": obs, "action": action, "reward": reward}, terminated=term, truncated=trunc, final_obs=final), None
+
+    scanned, _ = jax.jit(lambda b, xs: jax.lax.scan(body, b, xs))(buf, xs)
+    seq = buf
+    for c in chunks:
+        seq = do_add(seq, ADD, *c, as_step=True)
+    jax.tree.map(np.testing.assert_array_equal, scanned, seq)
+    many = jax.tree.map(lambda x: jnp.stack([x] * 2), scanned)
+    out = jax.jit(jax.vmap(lambda b, k: b.sample_sequences(k, 8, beta=0.4)))(many, jax.random.split(jax.random.key(0), 2))
+    assert out.item.item["obs"].shape == (2, 8, 3, OBS_DIM)
+    upd = jax.jit(jax.vmap(lambda b, i, g: b.set_priorities(i, jnp.full(i.shape, 3.0), g)))(many, out.indices, out.generations)
+    assert np.all(np.asarray(upd.max_priority) == 3.0)
+
+
+def test_prioritised_weight_formula_matches_n_times_p():
+    # w_i = (N P(i))^-beta / max_j (N P(j))^-beta, with N the number of valid positions.
+    buf = _three_position_buffer()
+    gens = buf.generations.reshape(-1)[jnp.arange(3)]
+    buf = SETP(buf, jnp.arange(3), jnp.array([3.0, 1.0, 2.0]), gens)
+    out = host(PSEQ(buf, jax.random.key(2), 64, 0.7))
+    n = int(buf.num_valid_windows())
+    assert n == 3
+    p = np.array([3.0, 1.0, 2.0]) / 6
+    w = (n * p) ** -0.7
+    w = w / w.max()
+    np.testing.assert_allclose(np.asarray(out.importance_weights), w[np.asarray(out.indices)], rtol=1e-5)
+    assert math.isclose(float(np.asarray(out.probabilities).max()), 0.5, rel_tol=1e-6)
