@@ -84,6 +84,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -227,38 +228,67 @@ def _check_method(fn: str, method: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _next_value(
-    value: jax.Array | None,
-    terminated: jax.Array,
-    truncated: jax.Array | None,
-    final_value: jax.Array | None,
-    last_value: jax.Array,
-) -> jax.Array:
-    """V_next of the module docstring. `where`, not products, so NaN in unread slots cannot leak."""
-    if value is None:  # discounted returns: value[t + 1] is never read (the trace is never cut short)
-        nxt = jnp.zeros_like(terminated, dtype=last_value.dtype)
-        nxt = nxt.at[-1].set(last_value)
-    else:
-        nxt = jnp.concatenate([value[1:], last_value[None]], axis=0)
-    if truncated is not None:
-        nxt = jnp.where(truncated, final_value, nxt)
-    return jnp.where(terminated, jnp.zeros((), nxt.dtype), nxt)
+class _Steps(NamedTuple):
+    """The per-step inputs, either all steps ([T, *B]) or one step ([*B]) inside the scan."""
+
+    reward: jax.Array
+    value: jax.Array | None
+    terminated: jax.Array
+    truncated: jax.Array | None
+    final_value: jax.Array | None
 
 
-def _episode_end(terminated: jax.Array, truncated: jax.Array | None) -> jax.Array:
-    return terminated if truncated is None else terminated | truncated
+def _bootstrap(step: _Steps, value_after: jax.Array) -> jax.Array:
+    """V_next of the module docstring, given value_after = V(obs_{t+1}) as stored (value[t+1] or
+    last_value). `where`, not products, so NaN in unread final_value slots cannot leak."""
+    nxt = value_after
+    if step.truncated is not None:
+        nxt = jnp.where(step.truncated, step.final_value, nxt)
+    return jnp.where(step.terminated, jnp.zeros((), nxt.dtype), nxt)
 
 
-def _affine_backward(a: jax.Array, b: jax.Array, init: jax.Array, method: str) -> jax.Array:
-    """Solves x_t = a_t * x_{t+1} + b_t for t = T-1, ..., 0 with x_T = init; returns x[0:T]."""
+def _ended(step: _Steps) -> jax.Array:
+    return step.terminated if step.truncated is None else step.terminated | step.truncated
+
+
+def _value_after(steps: _Steps, last_value: jax.Array) -> jax.Array:
+    """[T, *B]: value[t + 1], and last_value at t = T - 1."""
+    return jnp.concatenate([steps.value[1:], last_value[None]], axis=0)
+
+
+# Per-step width (prod of the batch shape) from which the scan evaluates (a_t, b_t) inside its
+# body: one pass over memory, a win for wide batches (memory-bound); for narrow ones the extra
+# ops per iteration cost more, so (a, b) are computed up front in one fused elementwise pass.
+# Measured on a 2-core CPU (noisy): fused 1.2-1.6x faster at width 256, 1.4x slower at 32.
+_FUSED_SCAN_MIN_WIDTH = 128
+
+
+def _solve(coeffs, steps: _Steps, last_value: jax.Array, init: jax.Array, method: str) -> jax.Array:
+    """Solves x_t = a_t * x_{t+1} + b_t for t = T-1, ..., 0 with x_T = init; returns x[0:T].
+
+    (a_t, b_t) = coeffs(step_t, value_after_t) is elementwise, so it can be evaluated per step
+    inside the scan (value[t + 1] carried along) or on whole arrays up front.
+    """
+    if method == "scan" and math.prod(init.shape) >= _FUSED_SCAN_MIN_WIDTH:
+
+        def fused_body(carry, step):
+            x_next, value_after = carry
+            a_t, b_t = coeffs(step, value_after)
+            x_t = a_t * x_next + b_t
+            return (x_t, value_after if step.value is None else step.value), x_t
+
+        _, xs = lax.scan(fused_body, (init, last_value), steps, reverse=True)
+        return xs
+
+    value_after = None if steps.value is None else _value_after(steps, last_value)
+    a, b = coeffs(steps, value_after)
     if method == "scan":
 
-        def step(x_next, ab):
-            a_t, b_t = ab
-            x_t = a_t * x_next + b_t
+        def body(x_next, ab):
+            x_t = ab[0] * x_next + ab[1]
             return x_t, x_t
 
-        _, xs = lax.scan(step, init, (a, b), reverse=True)
+        _, xs = lax.scan(body, init, (a, b), reverse=True)
         return xs
 
     # Fold x_T into the last step, then compose the maps f_t(x) = a_t x + b_t from the end:
@@ -351,11 +381,15 @@ def gae(
     )
     dtype = reward.dtype
     gamma_ = jnp.asarray(gamma, dtype)
-    lambda_ = jnp.asarray(gae_lambda, dtype)
-    v_next = _next_value(value, terminated, truncated, final_value, last_value)
-    delta = reward + gamma_ * v_next - value
-    trace = jnp.where(_episode_end(terminated, truncated), jnp.zeros((), dtype), gamma_ * lambda_)
-    advantages = _affine_backward(trace, delta, jnp.zeros_like(last_value), method)
+    trace = gamma_ * jnp.asarray(gae_lambda, dtype)
+    zero = jnp.zeros((), dtype)
+
+    def coeffs(step, value_after):
+        delta = step.reward + gamma_ * _bootstrap(step, value_after) - step.value
+        return jnp.where(_ended(step), zero, trace), delta
+
+    steps = _Steps(reward, value, terminated, truncated, final_value)
+    advantages = _solve(coeffs, steps, last_value, jnp.zeros_like(last_value), method)
     return advantages, advantages + value
 
 
@@ -409,12 +443,15 @@ def lambda_returns(
     dtype = reward.dtype
     gamma_ = jnp.asarray(gamma, dtype)
     lam = jnp.asarray(lambda_, dtype)
-    v_next = _next_value(value, terminated, truncated, final_value, last_value)
-    ended = _episode_end(terminated, truncated)
-    one = jnp.ones((), dtype)
-    b = reward + gamma_ * jnp.where(ended, one, one - lam) * v_next
-    a = jnp.where(ended, jnp.zeros((), dtype), gamma_ * lam)
-    return _affine_backward(a, b, last_value, method)
+    zero, one = jnp.zeros((), dtype), jnp.ones((), dtype)
+
+    def coeffs(step, value_after):
+        ended = _ended(step)
+        b = step.reward + gamma_ * jnp.where(ended, one, one - lam) * _bootstrap(step, value_after)
+        return jnp.where(ended, zero, gamma_ * lam), b
+
+    steps = _Steps(reward, value, terminated, truncated, final_value)
+    return _solve(coeffs, steps, last_value, last_value, method)
 
 
 def discounted_returns(
@@ -463,13 +500,16 @@ def discounted_returns(
     )
     dtype = reward.dtype
     gamma_ = jnp.asarray(gamma, dtype)
-    ended = _episode_end(terminated, truncated)
     zero = jnp.zeros((), dtype)
-    b = reward
-    if truncated is not None:
-        b = b + jnp.where(truncated & ~terminated, gamma_ * final_value, zero)
-    a = jnp.where(ended, zero, gamma_)
-    return _affine_backward(a, b, last_value, method)
+
+    def coeffs(step, value_after):  # value_after is never needed: G_{t+1} carries last_value
+        b = step.reward
+        if step.truncated is not None:
+            b = b + jnp.where(step.truncated & ~step.terminated, gamma_ * step.final_value, zero)
+        return jnp.where(_ended(step), zero, gamma_), b
+
+    steps = _Steps(reward, None, terminated, truncated, final_value)
+    return _solve(coeffs, steps, last_value, last_value, method)
 
 
 def n_step_returns(
@@ -532,8 +572,9 @@ def n_step_returns(
     dtype = reward.dtype
     T = reward.shape[0]
     gamma_ = jnp.asarray(gamma, dtype)
-    v_next = _next_value(value, terminated, truncated, final_value, last_value)
-    ended = _episode_end(terminated, truncated)
+    steps = _Steps(reward, value, terminated, truncated, final_value)
+    v_next = _bootstrap(steps, _value_after(steps, last_value))
+    ended = _ended(steps)
     zero = jnp.zeros((), dtype)
 
     # Offset i of every window at once: y[t] = x[t + i], read from arrays padded past the end of

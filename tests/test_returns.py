@@ -518,3 +518,25 @@ def test_other_functions_check_inputs():
         lambda_returns(r, v, te, tr, fv, lv, 0.9, 0.5, method="parallel")
     with pytest.raises(TypeError, match="gamma"):
         discounted_returns(r, te, tr, fv, lv)
+
+
+def test_wide_batch_uses_fused_scan_and_matches_reference():
+    # prod(batch) >= 128 switches the scan to evaluating its coefficients inside the loop body
+    from jaxbuffers import returns as R
+
+    batch = (2, 64)
+    assert np.prod(batch) >= R._FUSED_SCAN_MIN_WIDTH
+    arrays = make_rollout(21, 12, batch, p_term=0.15, p_trunc=0.15)
+    a64 = [a.astype(np.float64) for a in arrays]
+    adv_ref, ret_ref = ref_batched(ref_gae, *a64, gamma=0.95, lam=0.9)
+    (lam_ref,) = ref_batched(ref_lambda_returns, *a64, gamma=0.95, lam=0.7)
+    (disc_ref,) = ref_batched(ref_n_step, *a64, gamma=0.95, n=100)[:1]
+    for method in METHODS:
+        adv, ret = JIT["gae"](*arrays, gamma=f32(0.95), gae_lambda=f32(0.9), method=method)
+        np.testing.assert_allclose(adv, adv_ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ret, ret_ref, rtol=1e-5, atol=1e-5)
+        lam = JIT["lambda_returns"](*arrays, gamma=f32(0.95), lambda_=f32(0.7), method=method)
+        np.testing.assert_allclose(lam, lam_ref, rtol=1e-5, atol=1e-5)
+        r, _, te, tr, fv, lv = arrays
+        disc = JIT["discounted_returns"](r, te, tr, fv, lv, f32(0.95), method=method)
+        np.testing.assert_allclose(disc, disc_ref, rtol=1e-5, atol=1e-5)
