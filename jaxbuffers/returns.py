@@ -63,7 +63,8 @@ All checks run at trace time and raise ``TypeError`` (dtype) or ``ValueError`` (
 ``x_t = a_t x_{t+1} + b_t``. ``method="scan"`` (default) evaluates them with a reverse
 ``lax.scan`` (``T`` sequential steps, cheapest on CPU). ``method="associative"`` composes the
 affine maps ``(a, b)`` with ``lax.associative_scan`` in ``O(log T)`` depth, meant for long
-horizons on accelerators; on a CPU it is 1.2-4x slower than the scan (``docs/benchmarks.md``).
+horizons on accelerators; on a CPU it is 2-6x slower than the scan at ``T = 2048``
+(``docs/benchmarks.md``).
 Both agree to float32 rounding: measured at ``T = 2048`` with all-positive rewards (returns up
 to ~1600), the two differ by at most ~7e-6 relative (``gamma = 0.999, lambda = 1``; ~6e-7 at
 ``gamma = 0.99, lambda = 0.95``), each within 6e-6 of a float64 evaluation with the same float32
@@ -259,7 +260,7 @@ def _value_after(steps: _Steps, last_value: jax.Array) -> jax.Array:
 # Per-step width (prod of the batch shape) from which the scan evaluates (a_t, b_t) inside its
 # body: one pass over memory, a win for wide batches (memory-bound); for narrow ones the extra
 # ops per iteration cost more, so (a, b) are computed up front in one fused elementwise pass.
-# Measured on a 2-core CPU (noisy): fused 1.2-1.6x faster at width 256, 1.4x slower at 32.
+# Measured on a 2-core CPU (noisy): fused 1.1-1.6x faster at width 256, 1.4-1.8x slower at 32.
 _FUSED_SCAN_MIN_WIDTH = 128
 
 
