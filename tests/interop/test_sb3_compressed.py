@@ -7,13 +7,17 @@ import pytest
 
 th = pytest.importorskip("torch")
 pytest.importorskip("stable_baselines3")
-pytest.importorskip("ale_py")
+ale_py = pytest.importorskip("ale_py")
+
+import gymnasium as gym  # noqa: E402
 
 from stable_baselines3.common.buffers import ReplayBuffer  # noqa: E402
 from stable_baselines3.common.env_util import make_atari_env  # noqa: E402
 from stable_baselines3.common.vec_env import VecFrameStack  # noqa: E402
 
 from jaxbuffers.interop.sb3 import JaxReplayBuffer, sb3_replay_nbytes  # noqa: E402
+
+gym.register_envs(ale_py)
 
 
 def _collect(bufs, n_envs, steps, seed):

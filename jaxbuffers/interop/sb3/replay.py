@@ -25,6 +25,26 @@ Semantics kept from SB3 (``stable_baselines3.common.buffers``, 2.x):
   stored next observation is replaced by the next episode's first one (harmless for true
   terminations, whose target ignores it).
 
+Compression (``compress=``, :class:`JaxReplayBuffer` only, not with ``optimize_memory_usage``):
+``True`` or a dict of options for :meth:`jaxbuffers.compressed.CompressedTrajectoryBuffer.create`
+(``codec``, ``frame_stack``, ``stack_axis``, ``padding``, ``chunk_bytes``; ``padding`` defaults to
+``"zero"``, what SB3's ``VecFrameStack`` does at an episode start). The observations then live in
+a :class:`~jaxbuffers.compressed.CompressedTrajectoryBuffer` with one lane per env (row ``t`` of
+env ``e`` is step ``t`` of lane ``e``); with ``frame_stack=k`` only the newest frame of each
+observation is stored and the stacks are rebuilt at sample time. Every SB3 episode end (``done``)
+is handed to it as a truncation so that its next observation (the terminal one SB3 stores) is
+kept in the final-observation ring; the newest row's next observation, not yet in the ring, is
+held uncompressed until the next ``add``. Samples are identical to SB3's (tested on real
+Breakout with ``AtariWrapper`` + ``VecFrameStack``). Example for SB3's Atari stack (CnnPolicy
+transposes to channels-first, so the frame axis is 0)::
+
+    DQN("CnnPolicy", env, replay_buffer_class=JaxReplayBuffer,
+        replay_buffer_kwargs=dict(compress=dict(frame_stack=4, stack_axis=0, codec="zstd:3")))
+
+The stacks are rebuilt from the newest frames, so ``frame_stack`` is exact only for observations
+made by a frame stacker (the older frames of a stack are not read at ``add``); the
+``observations`` / ``next_observations`` views are not available when compressed.
+
 Differences, all lossless: flags are stored as bool (SB3: float32 0/1); 64-bit integer data
 (e.g. ``Discrete`` actions, int64 in gymnasium) is stored as int32 when the space's bounds prove
 it fits and is given back as int64; float64 observation spaces are refused (JAX would narrow them

@@ -1,0 +1,203 @@
+"""SB3 DQN with SB3's own ReplayBuffer vs JaxReplayBuffer (uncompressed and compressed), same process.
+
+Environment: a replay of the recorded Breakout transitions in ``../shared/data/atari_rollouts.npz``
+(ale-py, AtariPreprocessing + FrameStackObservation(4, padding "reset"), 20,000 steps): a
+gymnasium env that ignores the agent's action and returns the recorded next observation, reward
+and termination, so every variant sees the same real frames. Observations uint8 [4, 84, 84].
+
+Cases:
+  * ``train``: DQN("CnnPolicy") training throughput, env steps/s over the training phase
+    (after ``learning_starts``; train_freq 4, batch 32, one gradient step per 4 env steps), the
+    three buffers interleaved over repetitions, median reported; ratio = ours / SB3's.
+  * ``memory``: resident memory of a buffer of capacity ``N`` filled with ``N`` recorded
+    transitions (cycled), measured as the process RSS increase (psutil) in a fresh subprocess
+    per variant, from before the buffer is created to after the last add (allocation, fill and
+    the compilations of its shapes all count). Measured at two sizes ``N1 < N2``; extrapolated to
+    1M as ``fixed + slope * 1e6`` with ``slope = (rss(N2) - rss(N1)) / (N2 - N1)`` and
+    ``fixed = rss(N2) - slope * N2`` (the buffers are O(N) by construction: per-row arrays and one
+    compressed frame per step). ratio = SB3 / ours.
+  * ``buffer_calls``: on the filled N2 buffer, median time of one ``add`` (one env step) and one
+    ``sample(32)`` (one gradient step's batch, torch tensors), the buffer's share of a step.
+
+Run: python benchmarks/bench_sb3.py [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, machine_info, parser, versions  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "atari_rollouts.npz"
+COMPRESS = dict(frame_stack=4, stack_axis=0, padding="reset", codec="zstd:3")  # the recorder's FrameStackObservation
+
+
+def load(game: str = "breakout"):
+    with np.load(DATA) as f:
+        frames = f[f"{game}_frames"]
+        return {
+            "obs": frames[f[f"{game}_obs_idx"]],
+            "next_obs": frames[f[f"{game}_next_idx"]],
+            "reward": f[f"{game}_rewards"],
+            "terminated": f[f"{game}_terminated"],
+            "truncated": f[f"{game}_truncated"],
+        }
+
+
+def make_env(data):
+    import gymnasium as gym
+    from gymnasium import spaces
+
+    class Replay(gym.Env):
+        observation_space = spaces.Box(0, 255, (4, 84, 84), np.uint8)
+        action_space = spaces.Discrete(4)
+
+        def __init__(self):
+            self.t = 0
+
+        def reset(self, *, seed=None, options=None):
+            return data["obs"][self.t % len(data["obs"])], {}
+
+        def step(self, action):
+            i = self.t % len(data["obs"])
+            self.t += 1
+            return data["next_obs"][i], float(data["reward"][i]), bool(data["terminated"][i]), bool(data["truncated"][i]), {}
+
+    return Replay
+
+
+def buffer_kwargs(variant: str):
+    from jaxbuffers.interop.sb3 import JaxReplayBuffer
+
+    return {
+        "sb3": (None, {}),
+        "jax": (JaxReplayBuffer, {}),
+        "jax_compressed": (JaxReplayBuffer, {"compress": COMPRESS}),
+    }[variant]
+
+
+def train_rate(data, variant: str, buffer_size: int, learning_starts: int, train_steps: int) -> float:
+    import torch as th
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    th.set_num_threads(2)
+    cls, kw = buffer_kwargs(variant)
+    env = DummyVecEnv([make_env(data)])
+    model = DQN("CnnPolicy", env, buffer_size=buffer_size, learning_starts=learning_starts, train_freq=4, batch_size=32,
+                replay_buffer_class=cls, replay_buffer_kwargs=kw, device="cpu", seed=0, verbose=0)
+
+    class Clock(BaseCallback):
+        t0 = None
+
+        def _on_step(self):
+            if self.num_timesteps == learning_starts + 1:
+                Clock.t0 = time.perf_counter()
+            return True
+
+    model.learn(learning_starts + train_steps, callback=Clock())
+    return train_steps / (time.perf_counter() - Clock.t0)
+
+
+def memory_child(variant: str, n: int) -> None:
+    """Fill a buffer of capacity n with n recorded transitions; print RSS delta, nbytes and the
+    per-call cost of add and sample(32) on the filled buffer, as JSON."""
+    import psutil
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    data = load()
+    env_cls = make_env(data)
+    proc = psutil.Process()
+    cls, kw = buffer_kwargs(variant)
+    cls = cls or ReplayBuffer
+    if variant != "sb3":  # start JAX outside the measured window (compiles of the real shapes stay inside)
+        import jax.numpy as jnp
+
+        jnp.zeros(1).block_until_ready()
+    m = len(data["obs"])
+
+    def add(buf, j):
+        done = data["terminated"][j] | data["truncated"][j]
+        buf.add(data["obs"][j : j + 1], data["next_obs"][j : j + 1], np.zeros(1, np.int64), data["reward"][j : j + 1],
+                np.array([done]), [{"TimeLimit.truncated": bool(data["truncated"][j])}])
+
+    rss0 = proc.memory_info().rss
+    buf = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+    for i in range(n):
+        add(buf, i % m)
+    rss = proc.memory_info().rss - rss0
+    nbytes = buf.nbytes if hasattr(buf, "nbytes") else sum(
+        a.nbytes for a in (buf.observations, buf.next_observations, buf.actions, buf.rewards, buf.dones, buf.timeouts))
+    t_add, t_sample = [], []
+    for i in range(300):
+        t = time.perf_counter()
+        add(buf, (n + i) % m)
+        t_add.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        buf.sample(32).observations.sum()
+        t_sample.append(time.perf_counter() - t)
+    print(json.dumps({"rss": rss, "nbytes": int(nbytes), "add_us": 1e6 * float(np.median(t_add)), "sample32_us": 1e6 * float(np.median(t_sample))}))
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--memory-child", nargs=2, metavar=("VARIANT", "N"), help=ARGPARSE_SUPPRESS)
+    args = p.parse_args()
+    if args.memory_child:
+        memory_child(args.memory_child[0], int(args.memory_child[1]))
+        return
+    quick = args.quick
+    repeats = args.repeats or (1 if quick else 3)
+    info = {"machine": machine_info(), "versions": versions("jax", "torch", "stable-baselines3", "zstandard")}
+    emit({"bench": "sb3", "info": info})
+    variants = ["sb3", "jax", "jax_compressed"]
+
+    # memory at two sizes, a fresh subprocess each: slope = marginal bytes per transition,
+    # fixed = the rest (runtime, compiled code); 1M estimate = fixed + slope * 1e6.
+    n1, n2 = (2_000, 6_000) if quick else (10_000, 30_000)
+    mem = {}
+    for v in variants:
+        for n in (n1, n2):
+            out = subprocess.run([sys.executable, __file__, "--memory-child", v, str(n)], capture_output=True, text=True, check=True)
+            mem[v, n] = json.loads(out.stdout.strip().splitlines()[-1])
+    est = {}
+    for v in variants:
+        slope = (mem[v, n2]["rss"] - mem[v, n1]["rss"]) / (n2 - n1)
+        fixed = mem[v, n2]["rss"] - slope * n2
+        est[v] = fixed + slope * 1e6
+    for v in variants:
+        emit({"case": "memory", "variant": v, "transitions": [n1, n2], "rss_bytes": [mem[v, n1]["rss"], mem[v, n2]["rss"]],
+              "nbytes_per_transition": round(mem[v, n2]["nbytes"] / n2, 1),
+              "rss_slope_per_transition": round((mem[v, n2]["rss"] - mem[v, n1]["rss"]) / (n2 - n1), 1),
+              "rss_1M_GB_extrapolated": round(est[v] / 1e9, 3), "ratio_sb3_over_ours": round(est["sb3"] / est[v], 2)})
+    for v in variants:
+        r = mem[v, n2]
+        emit({"case": "buffer_calls", "variant": v, "filled": n2, "add_us": round(r["add_us"], 1), "sample32_us": round(r["sample32_us"], 1),
+              "ratio_sb3_over_ours_add": round(mem["sb3", n2]["add_us"] / r["add_us"], 3),
+              "ratio_sb3_over_ours_sample": round(mem["sb3", n2]["sample32_us"] / r["sample32_us"], 3)})
+
+    # training throughput: interleaved repetitions, medians
+    data = load()
+    ls, steps = (500, 100) if quick else (1_000, 200)
+    rates = {v: [] for v in variants}
+    for _ in range(repeats):
+        for v in variants:
+            rates[v].append(train_rate(data, v, buffer_size=20_000, learning_starts=ls, train_steps=steps))
+    med = {v: float(np.median(r)) for v, r in rates.items()}
+    for v in variants:
+        emit({"case": "train", "variant": v, "env_steps_per_s": round(med[v], 2), "runs": [round(x, 2) for x in rates[v]],
+              "ratio_ours_over_sb3": round(med[v] / med["sb3"], 3), "learning_starts": ls, "train_steps": steps})
+
+
+ARGPARSE_SUPPRESS = "==SUPPRESS=="
+
+if __name__ == "__main__":
+    main()
