@@ -122,7 +122,9 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
       frames: with frame dedup ``[*S, k, *frame_shape]`` (stack position ``j``: oldest ``0`` to
         newest ``k - 1``), else ``[*S, *shape]``. ``lead = len(S)``.
       pad: bool ``[*S, k]``, frames to zero (``padding="zero"``), or None.
-      normalize: return float32 ``x / 255`` instead of the stored dtype.
+      normalize: return float32 ``x * float32(1 / 255)`` instead of the stored dtype (XLA turns a
+        division by 255 into this product anyway; it is within 1 ulp of ``x / 255``, exactly 0 and 1
+        at 0 and 255).
     """
     if info.stack_axis is not None:
         if pad is not None:
@@ -130,5 +132,5 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
             frames = jnp.where(pad.reshape(pad.shape + (1,) * len(info.frame_shape)), zero, frames)
         frames = jnp.moveaxis(frames, lead, lead + info.stack_axis)
     if normalize:
-        frames = frames.astype(jnp.float32) / jnp.float32(255.0)
+        frames = frames.astype(jnp.float32) * jnp.float32(1.0 / 255.0)
     return frames

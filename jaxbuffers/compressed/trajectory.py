@@ -145,7 +145,7 @@ def _build(
         infos.append(LeafInfo(name, tuple(s.shape), np.dtype(s.dtype), frame, ax))
     ring = length + k - 1
     host = HostStores(
-        num_envs * ring + num_envs * kcap,
+        num_envs * ring + num_envs * kcap + 1,  # the last slot is never written: the empty slot
         codec,
         [i.frame_shape for i in infos],
         [i.dtype for i in infos],
@@ -251,6 +251,17 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
     @classmethod
     def _wrap(cls, inner, config):
         e = int(num_envs_of(inner))
+        # Unwritten steps hold id -1 (decoded as zeros, like the zeros of an unwritten plain
+        # TrajectoryBuffer), so even a sample taken before can_sample is True matches it exactly.
+        traj = inner.buffer if isinstance(inner, PrioritisedTrajectoryBuffer) else inner
+        idx = config["leaf_index"]
+        empty = lambda tree: _common.replace_leaves(  # noqa: E731
+            tree, idx, [jnp.full_like(x, -1) for x in _common.pick_leaves(tree, idx)]
+        )
+        storage = dict(traj.storage)
+        storage[traj.obs_key] = empty(storage[traj.obs_key])
+        traj = traj.replace(storage=storage, final_obs=empty(traj.final_obs))
+        inner = inner.replace(buffer=traj) if isinstance(inner, PrioritisedTrajectoryBuffer) else traj
         return cls(
             buffer=inner,
             frame_head=jnp.int32(0),
@@ -435,6 +446,8 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         """ids ``[*S, 3]`` -> (store slots ``[*S, k]`` oldest to newest, zero-pad mask or None)."""
         k, ring = self.frame_stack, self.frame_ring
         newest, prev, ep = ids[..., 0], ids[..., 1], ids[..., 2]
+        empty = self.host.num_slots - 1  # never written: decodes as zeros
+        newest = jnp.where(newest < 0, empty, newest)
         if self.leaves[0].stack_axis is None:
             return newest, None
         d = (k - 1) - jnp.arange(k, dtype=jnp.int32)  # frames back, per stack position
@@ -446,7 +459,8 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
             back = jnp.where(pad, 0, d)
         base = (prev // ring)[..., None] * ring
         older = base + ((prev % ring)[..., None] - (back - 1)) % ring
-        return jnp.where(back == 0, newest[..., None], older).astype(jnp.int32), pad
+        fids = jnp.where((back == 0) | (prev < 0)[..., None], newest[..., None], older)
+        return fids.astype(jnp.int32), pad
 
     def decode_obs(self, obs: Any) -> Any:
         """Replace the id leaves of a sampled observation pytree (leaves ``[*S, 3]``) by the decoded

@@ -1,0 +1,41 @@
+"""Smoke test of examples/dqn_atari.py: a few hundred env steps with a tiny compressed buffer."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+pytest.importorskip("gymnasium")
+pytest.importorskip("optax")
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "dqn_atari.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("dqn_atari", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["dqn_atari"] = mod  # flax modules are dataclasses: their module must be registered
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [pytest.param([], id="dqn"), pytest.param(["--n-step", "3", "--prioritised"], id="nstep-per", marks=pytest.mark.slow)],
+)
+def test_dqn_atari_smoke(extra, capsys):
+    summary = _load().main(
+        ["--total-steps", "200", "--buffer-size", "150", "--learning-starts", "100", "--train-freq", "4",
+         "--log-every", "100", "--codec", "zstd:3", *extra]
+    )
+    out = capsys.readouterr().out
+    assert "steps/s" in out and "MiB" in out  # progress lines with throughput and buffer bytes
+    assert summary["env_steps"] == 200
+    # 150-transition ring: full after 200 steps; one compressed 84x84 frame per stored step.
+    assert summary["stored_transitions"] == 150
+    assert 0 < summary["buffer_host_nbytes"] < summary["buffer_raw_nbytes"] / 10
