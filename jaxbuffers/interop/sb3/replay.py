@@ -106,7 +106,7 @@ def _gather(state: _replay.ReplayBuffer, rows: jax.Array, envs: jax.Array, next_
 @functools.partial(jax.jit, donate_argnums=0)
 def _compressed_add(cbuf, obs: jax.Array, next_obs: jax.Array, done: jax.Array):
     n = done.shape[0]
-    step = {"obs": obs, "action": jnp.zeros((n,), jnp.uint8), "reward": jnp.zeros((n,), jnp.float16)}
+    step = {"obs": obs, "action": jnp.zeros((n,), jnp.uint8), "reward": jnp.zeros((n,), jnp.float32)}
     # Every SB3 episode end is handed over as a truncation so that its true next observation
     # (the terminal one SB3 stores) is kept in the final-observation ring; SB3's own dones and
     # timeouts live in the row store.
@@ -114,16 +114,17 @@ def _compressed_add(cbuf, obs: jax.Array, next_obs: jax.Array, done: jax.Array):
 
 
 @jax.jit
-def _compressed_gather(cbuf, rows: jax.Array, envs: jax.Array, newest: jax.Array, pending: jax.Array):
-    traj = cbuf.trajectory
-    ids = traj.storage["obs"]  # [n_envs, rows, 3] int32 ids
-    obs_ids = ids[envs, rows]
-    ended = traj.truncated[envs, rows]
-    final_ids = traj.final_obs[envs, traj.final_slot[envs, rows]]
+def _compressed_gather(cbuf, rows: jax.Array, envs: jax.Array, done: jax.Array, newest: jax.Array, pending: jax.Array):
+    # One-step transitions at (lane = env, slot = row): ids of obs and next obs; after an episode
+    # end the next obs comes from the final-observation ring (every done was given as truncated).
+    # TrajectoryBuffer._transitions is the gather behind its sample_transitions (no public
+    # "transitions at these positions" yet).
+    tr = cbuf.trajectory._transitions(envs, rows, 1, jnp.float32(1.0))
+    obs_ids, next_ids = tr.obs, tr.next_obs
     # The newest row's next observation is not in the ring yet (it becomes the next row's obs):
-    # it is held in `pending` and decoding is pointed at a valid slot instead.
-    use_pending = (rows == newest) & ~ended
-    next_ids = jnp.where(ended[:, None], final_ids, jnp.where(use_pending[:, None], obs_ids, ids[envs, (rows + 1) % ids.shape[1]]))
+    # it is held in `pending`, and decoding is pointed at a valid slot instead.
+    use_pending = (rows == newest) & ~done
+    next_ids = jnp.where(use_pending[:, None], obs_ids, next_ids)
     dec = cbuf.decode_obs(jnp.stack([obs_ids, next_ids], axis=1))
     obs, nxt = dec[:, 0], dec[:, 1]
     mask = use_pending.reshape((-1,) + (1,) * (nxt.ndim - 1))
@@ -291,7 +292,7 @@ class _JaxReplayImpl:
         example = {
             "obs": jax.ShapeDtypeStruct(s.shape[1:], s.dtype),
             "action": jax.ShapeDtypeStruct((), np.uint8),  # unused (the row store keeps actions)
-            "reward": jax.ShapeDtypeStruct((), np.float16),  # unused (the row store keeps rewards)
+            "reward": jax.ShapeDtypeStruct((), np.float32),  # unused (the row store keeps rewards)
         }
         return CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size, **self.compress)
 
@@ -470,7 +471,8 @@ class _JaxReplayImpl:
             if self._pending is None:
                 raise IndexError("samples_at: the buffer is empty")
             newest = jnp.int32((self.pos - 1) % self.buffer_size)
-            obs, nxt = _compressed_gather(self._cbuf, rows_j, envs_j, newest, self._pending)
+            done_j = self._state.storage["dones"][rows_j, envs_j]
+            obs, nxt = _compressed_gather(self._cbuf, rows_j, envs_j, done_j, newest, self._pending)
         dev = self.device
         if env is not None:
             obs = self._normalize_obs(_common.tree_to_numpy(obs), env)
