@@ -358,6 +358,7 @@ def run(config: PPOConfig, target: float | None, out_dir: str | None, log: Calla
         f"updates; compiled in {compile_s:.1f} s"
     )
     chunks: list[dict] = []
+    chunk_s: list[float] = []
     crossed_wall: list[float | None] = [None] * k
     train_s = 0.0
     for c in range(config.num_chunks):
@@ -366,6 +367,7 @@ def run(config: PPOConfig, target: float | None, out_dir: str | None, log: Calla
         metrics = jax.device_get(metrics)  # blocks until the chunk is done
         dt = time.perf_counter() - tc
         train_s += dt
+        chunk_s.append(dt)
         chunks.append(metrics)
         wall = time.perf_counter() - t0
         if target is not None:
@@ -405,6 +407,7 @@ def run(config: PPOConfig, target: float | None, out_dir: str | None, log: Calla
         "total_s": total_s,
         "env_steps_per_seed": int(config.num_updates * spu),
         "steps_per_s": config.num_updates * spu * k / train_s,
+        "median_chunk_steps_per_s": config.chunk * spu * k / float(np.median(chunk_s)),
         "seeds": seeds,
         "final_loss_finite": bool(np.isfinite(metrics["loss"]).all()),
     }
