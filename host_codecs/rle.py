@@ -4,6 +4,16 @@ Kernels (``host_codecs._rle_kernels``) are ``nogil`` numba functions over a rang
 a batch is split into one shard per thread either by the shared thread pool (engine
 ``"threads"``, default) or by a numba ``prange`` over shards (engine ``"prange"``).
 
+Encoding is one numba call per shard and one pass over the input: each shard records the runs
+of an entry in its scratch (``n`` slots: an entry never has more runs than words), picks the
+count width, and writes the payload into its own output arena; the arenas are then packed into
+the result with one copy of the compressed bytes. Arena and scratch are kept per calling thread
+between calls (up to :data:`KEEP_BYTES`); an arena starts at :data:`ARENA_FRACTION` of the raw
+bytes and doubles (keeping what was written) when an entry does not fit, e.g. noise, whose
+payload is up to ``1 + cw / vw`` times the raw size. Rows whose byte size is a multiple of 8
+and that start 8-byte aligned are scanned 8 bytes at a time; others one word at a time (same
+output). Decoding is one numba call per shard over entries of any count width.
+
 Payload format of one entry with ``R`` runs, element word width ``vw`` bytes (the unsigned view
 of the dtype, see :func:`host_codecs._base.element_view_dtype`) and count width ``cw`` bytes
 (1, 2 or 4; recorded per entry in the store's ``meta`` byte)::
@@ -32,7 +42,7 @@ import threading
 
 import numpy as np
 
-from ._base import ALIGN, Codec, EncodedBatch, element_view_dtype, missing_extra, parallel_for
+from ._base import Codec, EncodedBatch, element_view_dtype, missing_extra, num_threads, parallel_for
 
 __all__ = ["RLECodec"]
 
@@ -77,10 +87,78 @@ def _shards(n: int) -> int:
     return max(1, min(numba.get_num_threads(), n))
 
 
-_WIDTHS = np.array([1, 2, 4], dtype=np.int64)
-_COUNT_DTYPES = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32)}
-_MAX_COUNT = {1: 255, 2: 65535, 4: 4294967295}
 ENGINES = ("threads", "prange")
+
+_REP = {
+    1: np.uint64(0x0101010101010101),
+    2: np.uint64(0x0001000100010001),
+    4: np.uint64(0x0000000100000001),
+    8: np.uint64(1),
+}
+_U2, _U4, _U8 = np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.uint64)
+_NO_WORDS = np.zeros((1, 0), np.uint64)  # x64 stand-in when rows are not 8-byte aligned
+#: First arena size per shard = this fraction of the shard's raw bytes (grown by doubling when
+#: an entry does not fit; Atari stacks compress 8-18x, so one pass almost always fits).
+ARENA_FRACTION = 0.25
+#: Scratch and arena kept between calls (per calling thread) only up to this many bytes.
+KEEP_BYTES = 32 << 20
+_MIN_SHARD_BYTES = 1 << 18  # same rule as parallel_for: small batches run on one thread
+
+
+def _round8(v: int) -> int:
+    return (int(v) + 7) // 8 * 8
+
+
+def _pool_shards(b: int, nbytes: int) -> int:
+    if nbytes < 2 * _MIN_SHARD_BYTES:
+        return 1
+    return max(1, min(num_threads(), b, nbytes // _MIN_SHARD_BYTES))
+
+
+class _Scratch:
+    """Per calling thread: run scratch (``ncap`` slots per shard) and output arena (``acap``
+    bytes per shard), reused across calls to avoid re-allocating and page-faulting them."""
+
+    def __init__(self):
+        self.svals = self.slens = self.arena = None
+        self.ncap = self.acap = 0
+
+    def prepare(self, word: np.dtype, shards: int, n: int, b: int, raw_bytes: int) -> None:
+        if self.svals is None or self.svals.dtype != word or self.ncap < n or self.svals.size < shards * self.ncap:
+            self.ncap = n
+            self.svals = np.empty(shards * n, word)
+            self.slens = np.empty(shards * n, np.int64)
+        want = _round8(raw_bytes * ARENA_FRACTION / shards + 8 * (b // shards + 1))
+        have = 0 if self.arena is None else self.arena.size // shards // 8 * 8
+        if have < want:
+            self.arena = np.empty(shards * want, np.uint8)
+            have = want
+        self.acap = have
+
+    def grow(self, shards: int, acap: int, new_cap: int, used: np.ndarray) -> None:
+        new = np.empty(shards * new_cap, np.uint8)
+        for s in range(shards):
+            new[s * new_cap : s * new_cap + used[s]] = self.arena[s * acap : s * acap + used[s]]
+        self.arena = new
+
+    def release_if_large(self) -> None:
+        if self.arena is not None and self.arena.nbytes > KEEP_BYTES:
+            self.arena = None
+        if self.svals is not None and self.svals.nbytes + self.slens.nbytes > KEEP_BYTES:
+            self.svals = self.slens = None
+            self.ncap = 0
+
+
+_LOCAL = threading.local()
+
+
+def _scratch(word: np.dtype, shards: int, n: int, b: int, raw_bytes: int) -> _Scratch:
+    st = getattr(_LOCAL, "scratch", None)
+    if st is None:
+        st = _LOCAL.scratch = _Scratch()
+    st.prepare(word, shards, n, b, raw_bytes)
+    return st
+
 
 
 class RLECodec(Codec):
@@ -126,79 +204,100 @@ class RLECodec(Codec):
         k = self._k
         word = element_view_dtype(dtype)
         vw = word.itemsize
-        b = rows.shape[0]
-        x = rows.view(word)  # [B, n_words]
-        runs = np.empty((b, 3), dtype=np.int64)
-        if self.engine == "prange":
-            _call_prange(k.count_runs_prange, x, runs, _shards(b))
-        else:
-            parallel_for(b, lambda lo, hi: k.count_runs(x, lo, hi, runs), work_bytes=rows.nbytes)
-        sizes = runs * (vw + _WIDTHS)
-        sizes = np.where(_WIDTHS >= self._min_width, sizes, np.iinfo(np.int64).max)
-        # argmin over reversed columns so that ties pick the wider count.
-        col = 2 - np.argmin(sizes[:, ::-1], axis=1)
-        ar = np.arange(b)
-        cw = _WIDTHS[col]
-        nruns = runs[ar, col]
-        lengths = sizes[ar, col]
-        padded = (lengths + ALIGN - 1) // ALIGN * ALIGN
-        offsets = np.zeros(b, dtype=np.int64)
-        if b > 1:
-            np.cumsum(padded[:-1], out=offsets[1:])
-        buf = np.zeros(int(padded.sum()), dtype=np.uint8)
-        values_first = vw >= cw
-        val_idx = np.where(values_first, offsets, offsets + nruns * cw) // vw
-        cnt_byte = np.where(values_first, offsets + nruns * vw, offsets)
-        vals = buf.view(word)
-        single = b == 0 or cw.min() == cw.max()
-        for w in ([int(cw[0])] if single and b else np.unique(cw).tolist()):
-            sel = ar if single else np.flatnonzero(cw == w)
-            cnts = buf.view(_COUNT_DTYPES[w])
-            vi, ci, mc = val_idx[sel], cnt_byte[sel] // w, _MAX_COUNT[w]
-            if self.engine == "prange":
-                _call_prange(k.encode_runs_prange, x, vals, cnts, mc, vi, ci, sel, _shards(sel.size))
+        rows = np.ascontiguousarray(rows)
+        b, nbytes = rows.shape
+        n = nbytes // vw
+        if b == 0:
+            z = np.zeros(0, np.int64)
+            return EncodedBatch(np.zeros(0, np.uint8), z, z.copy(), np.zeros(0, np.uint8))
+        x = rows.view(word)  # [B, n]
+        fast = nbytes > 0 and nbytes % 8 == 0 and rows.ctypes.data % 8 == 0
+        x64 = rows.view(_U8) if fast else _NO_WORDS
+        prange_engine = self.engine == "prange"
+        shards = _shards(b) if prange_engine else _pool_shards(b, rows.nbytes)
+        st = _scratch(word, shards, n, b, rows.nbytes)
+        bounds = np.arange(shards + 1, dtype=np.int64) * b // shards
+        los, his = bounds[:-1].copy(), bounds[1:].copy()
+        acap = st.acap
+        pos = np.arange(shards, dtype=np.int64) * acap
+        offs = np.empty(b, np.int64)
+        lens = np.empty(b, np.int64)
+        cws = np.empty(b, np.uint8)
+        res = np.zeros((shards, 4), np.int64)
+        todo = np.arange(shards, dtype=np.int64)
+        rep = _REP[vw]
+        while True:
+            arena = st.arena
+            views = (arena, arena.view(_U2), arena.view(_U4), arena.view(word))
+            limit = (np.arange(shards, dtype=np.int64) + 1) * acap
+            args = (x, x64, fast, rep, self._min_width)
+            tail = (los, his, st.svals, st.slens, st.ncap, *views, pos, limit, offs, lens, cws, res)
+            if prange_engine:
+                _call_prange(k.encode_shards_prange, *args, todo, *tail)
+            elif todo.size == 1:
+                k.encode_shards(*args, todo, *tail)
             else:
-                parallel_for(
-                    sel.size,
-                    lambda lo, hi: k.encode_runs(x, vals, cnts, mc, vi, ci, sel, lo, hi),
-                    work_bytes=sel.size * rows.shape[1],
-                )
-        return EncodedBatch(buf, offsets, lengths, cw.astype(np.uint8))
+                parallel_for(todo.size, lambda lo, hi: k.encode_shards(*args, todo[lo:hi], *tail))
+            full = res[:, 0] != k.ENC_OK
+            if not full.any():
+                break
+            # Some shard ran out of arena: grow it (keeping what is written) and resume there.
+            used = res[:, 2] - np.arange(shards, dtype=np.int64) * acap
+            new_cap = _round8(max(2 * acap, int((used + res[:, 3]).max())))
+            st.grow(shards, acap, new_cap, used)
+            shift = np.arange(shards, dtype=np.int64) * (new_cap - acap)
+            for s in range(shards):  # entries done so far move with their shard
+                offs[bounds[s] : res[s, 1]] += shift[s]
+            res[:, 2] += shift
+            acap = st.acap = new_cap
+            todo = np.flatnonzero(full).astype(np.int64)
+            los[todo] = res[todo, 1]
+            pos = res[:, 2].copy()
+        ends = res[:, 2]
+        starts = np.arange(shards, dtype=np.int64) * acap
+        used = ends - starts
+        if shards == 1:
+            buf = st.arena[: int(used[0])].copy()
+        else:
+            dest = np.zeros(shards, np.int64)
+            np.cumsum(used[:-1], out=dest[1:])
+            buf = np.empty(int(used.sum()), np.uint8)
+            for s in range(shards):
+                buf[dest[s] : dest[s] + used[s]] = st.arena[starts[s] : ends[s]]
+                offs[bounds[s] : bounds[s + 1]] += dest[s] - starts[s]
+        st.release_if_large()
+        return EncodedBatch(buf, offs, lens, cws)
 
     def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
         k = self._k
         word = element_view_dtype(dtype)
-        vw = word.itemsize
-        cw = meta.astype(np.int64)
-        if cw.size and not ((cw == 1) | (cw == 2) | (cw == 4)).all():
-            raise ValueError(f"codec 'rle': corrupt entry, count width {sorted(set(cw.tolist()))}")
-        nruns, rem = np.divmod(lengths, vw + cw)
-        if rem.any():
-            raise ValueError("codec 'rle': corrupt entry, payload length is not a whole number of runs")
-        values_first = vw >= cw
-        val_idx = np.where(values_first, offsets, offsets + nruns * cw) // vw
-        cnt_byte = np.where(values_first, offsets + nruns * vw, offsets)
-        vals = chunk.view(word)
+        b = rows.shape[0]
+        if b == 0:
+            return
+        if chunk.shape[0] % 8:
+            raise ValueError(f"codec 'rle': chunk length must be a multiple of 8, got {chunk.shape[0]}")
+        views = (chunk, chunk.view(_U2), chunk.view(_U4), chunk.view(word))
+        offsets = np.ascontiguousarray(offsets, np.int64)
+        lengths = np.ascontiguousarray(lengths, np.int64)
+        rows = np.ascontiguousarray(rows, np.int64)
+        meta = np.ascontiguousarray(meta)
         out_w = out.view(word)
-        ok = np.ones(rows.shape[0], dtype=np.bool_)
-        single = cw.size == 0 or cw.min() == cw.max()
-        for w in [int(cw[0])] if single and cw.size else np.unique(cw).tolist():
-            if single:  # common case: one count width, no gathers
-                vi, ci, nr, rw = val_idx, cnt_byte // w, nruns, rows
-            else:
-                sel = np.flatnonzero(cw == w)
-                vi, ci, nr, rw = val_idx[sel], cnt_byte[sel] // w, nruns[sel], rows[sel]
-            cnts = chunk.view(_COUNT_DTYPES[w])
-            okw = np.ones(rw.shape[0], dtype=np.bool_)
-            if self.engine == "prange":
-                _call_prange(k.decode_runs_prange, vals, cnts, vi, ci, nr, out_w, rw, okw, _shards(rw.shape[0]))
-            else:
-                parallel_for(
-                    rw.shape[0],
-                    lambda lo, hi: k.decode_runs(vals, cnts, vi, ci, nr, out_w, rw, lo, hi, okw),
-                    work_bytes=rw.shape[0] * out.shape[1],
-                )
-            if not okw.all():
-                raise ValueError(
-                    f"codec 'rle': corrupt entry, run counts do not add up to {out.shape[1] // vw} words"
-                )
+        status = np.zeros(b, np.int8)
+        args = (*views, offsets, lengths, meta, out_w, rows)
+        if self.engine == "prange":
+            _call_prange(k.decode_range_prange, *args, status, _shards(b))
+        else:
+            parallel_for(b, lambda lo, hi: k.decode_range(*args, lo, hi, status), work_bytes=b * out.shape[1])
+        if status.any():
+            bad = status[status != 0]
+            code = int(bad[0])
+            if code == k.DEC_BAD_WIDTH:
+                widths = sorted(set(meta[status == code].tolist()))
+                raise ValueError(f"codec 'rle': corrupt entry, count width {widths}")
+            if code == k.DEC_BAD_LENGTH:
+                raise ValueError("codec 'rle': corrupt entry, payload length is not a whole number of runs")
+            if code == k.DEC_OUT_OF_CHUNK:
+                raise ValueError("codec 'rle': corrupt entry, payload lies outside its chunk")
+            raise ValueError(
+                f"codec 'rle': corrupt entry, run counts do not add up to {out.shape[1] // word.itemsize} words"
+            )
