@@ -35,7 +35,8 @@ holds more than ``K`` truncated steps at once, i.e. ``K >= length / (shortest tr
 always exact. If a lane ever holds more than ``K`` truncated steps, the oldest final observations
 are overwritten, and the sticky flag :attr:`TrajectoryBuffer.final_obs_lost` becomes True
 (transitions bootstrapping from a lost final observation then read a newer one: check the flag,
-or size ``K`` as above).
+or size ``K`` as above). The ring costs nothing on steps without a truncation (its write sits
+under a ``lax.cond``); the flags and the ring slot share one int32 per step (``meta``).
 
 Sampling
 --------
@@ -165,6 +166,12 @@ def _gamma(gamma, dtype) -> jax.Array:
     return g.astype(dtype)
 
 
+def _stamp(added: jax.Array) -> jax.Array:
+    """Steps ever added (two-word counter) as an int32 modulo 2**32: differences of stamps less
+    than 2**31 apart are exact (used only to tell whether a step is still stored)."""
+    return (added[0] << 30) + added[1]
+
+
 def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array, gamma) -> tuple:
     """n-step return over windows of ``n`` steps, cut at the first episode end.
 
@@ -206,13 +213,11 @@ class TrajectoryBuffer(struct.PyTreeNode):
     """
 
     storage: Any  # dict like the example step, leaves [num_envs, length, *shape], example dtypes
-    terminated: jax.Array  # shape=[num_envs, length], dtype=bool
-    truncated: jax.Array  # shape=[num_envs, length], dtype=bool
+    meta: jax.Array  # shape=[num_envs, length], dtype=int32: bit 0 terminated, bit 1 truncated, bits 2.. final-obs ring slot
     final_obs: Any  # obs pytree, leaves [num_envs, final_obs_capacity, *obs_shape]: final-observation ring
-    final_slot: jax.Array  # shape=[num_envs, length], dtype=int32: ring slot of each truncated step's final obs
-    final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-obs slot per lane, in [0, K)
-    final_live: jax.Array  # shape=[num_envs], dtype=int32: stored steps per lane needing a final obs
-    final_obs_lost: jax.Array  # shape=(), dtype=bool: sticky; some stored step's final obs was overwritten
+    final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-obs ring slot per lane, in [0, K)
+    final_step: jax.Array  # shape=[num_envs, K], dtype=int32: step stamp (steps added before it, mod 2**32) of each ring slot's owner
+    final_obs_lost: jax.Array  # shape=(), dtype=bool: sticky; a stored step's final obs was overwritten
     head: jax.Array  # shape=(), dtype=int32: slot the next step is written to, in [0, length)
     num_valid: jax.Array  # shape=(), dtype=int32: steps stored per lane, in [0, length]
     added: jax.Array  # shape=(2,), dtype=int32: steps ever added per lane (two-word counter, see _ring)
@@ -273,12 +278,11 @@ class TrajectoryBuffer(struct.PyTreeNode):
         zeros = lambda s, n: jnp.zeros((num_envs, n, *s.shape), s.dtype)  # noqa: E731
         return cls(
             storage=jax.tree.map(lambda s: zeros(s, length), spec),
-            terminated=jnp.zeros((num_envs, length), bool),
-            truncated=jnp.zeros((num_envs, length), bool),
+            meta=jnp.zeros((num_envs, length), jnp.int32),
             final_obs=jax.tree.map(lambda s: zeros(s, k), spec[obs_key]),
-            final_slot=jnp.zeros((num_envs, length), jnp.int32),
             final_head=jnp.zeros((num_envs,), jnp.int32),
-            final_live=jnp.zeros((num_envs,), jnp.int32),
+            # "never written": a stamp further back than any stored step (see add)
+            final_step=jnp.full((num_envs, k), -(length + 1), jnp.int32),
             final_obs_lost=jnp.zeros((), bool),
             head=jnp.int32(0),
             num_valid=jnp.int32(0),
@@ -296,6 +300,16 @@ class TrajectoryBuffer(struct.PyTreeNode):
     def step_spec(self) -> Any:
         """Dict of ``jax.ShapeDtypeStruct``: one step of one env (derived from storage)."""
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), self.storage)
+
+    @property
+    def terminated(self) -> jax.Array:
+        """bool[num_envs, length]: stored ``terminated`` flags by physical slot (unpacked from ``meta``)."""
+        return (self.meta & 1) != 0
+
+    @property
+    def truncated(self) -> jax.Array:
+        """bool[num_envs, length]: stored ``truncated`` flags by physical slot (unpacked from ``meta``)."""
+        return (self.meta & 2) != 0
 
     @property
     def memory_bytes(self) -> int:
@@ -385,37 +399,43 @@ class TrajectoryBuffer(struct.PyTreeNode):
         """
         step, terminated, truncated, final_obs, t = self._prepare(step, terminated, truncated, final_obs)
         e, n, kcap = self.num_envs, self.length, self.final_obs_capacity
-        written = _ring.write_indices(self.head, t, n)
         storage = jax.tree.map(lambda s, x: _ring.write(s, x, self.head, axis=1), self.storage, step)
 
-        # Final-observation ring: slot per truncated step, written only where needed.
+        # Final-observation ring: one slot per step that bootstraps from its final obs.
         boot = truncated & ~terminated  # [E, t]
         cum = jnp.cumsum(boot.astype(jnp.int32), axis=1)
         n_new = cum[:, -1]
         slot = (self.final_head[:, None] + cum - 1) % kcap
-        final_obs_store, final_slot = self.final_obs, self.final_slot
-        if final_obs is not None:
-            # Within one chunk, a lane with more than K truncations keeps the last K.
-            keep = boot & (n_new[:, None] - cum < kcap)
-            rows = jnp.broadcast_to(jnp.arange(e, dtype=jnp.int32)[:, None], (e, t))
-            cols = jnp.where(keep, slot, kcap)
-            final_obs_store = jax.tree.map(
-                lambda s, x: s.at[rows, cols].set(x, mode="drop"), self.final_obs, final_obs
-            )
-            final_slot = _ring.write(self.final_slot, jnp.where(boot, slot, 0).astype(jnp.int32), self.head, axis=1)
-        old_boot = (self.truncated[:, written] & ~self.terminated[:, written]).sum(axis=1, dtype=jnp.int32)
-        final_live = self.final_live - old_boot + n_new
-
+        meta = terminated.astype(jnp.int32) | (truncated.astype(jnp.int32) << 1) | (jnp.where(boot, slot, 0) << 2)
         head, num_valid = _ring.advance(self.head, self.num_valid, t, n)
+        final = (self.final_obs, self.final_step, self.final_obs_lost)
+        if final_obs is not None:
+            stamp0 = _stamp(self.added)  # steps added before this chunk
+
+            def write_final(final):
+                store, owner, lost = final
+                # A lane with more than K truncations in one chunk keeps the last K (the rest are lost).
+                keep = boot & (n_new[:, None] - cum < kcap)
+                rows = jnp.broadcast_to(jnp.arange(e, dtype=jnp.int32)[:, None], (e, t))
+                cols = jnp.where(keep, slot, kcap)  # kcap: dropped by the scatter
+                # Overwriting a slot whose owner step is still stored loses that final obs.
+                stamp_after = stamp0 + t
+                age = stamp_after - owner[rows, jnp.minimum(cols, kcap - 1)]  # int32, wraps safely
+                evicts = keep & (age >= 0) & (age <= num_valid)
+                lost = lost | jnp.any(evicts) | jnp.any(boot & ~keep)
+                store = jax.tree.map(lambda s, x: s.at[rows, cols].set(x, mode="drop"), store, final_obs)
+                owner = owner.at[rows, cols].set(stamp0 + jnp.arange(t, dtype=jnp.int32)[None, :], mode="drop")
+                return store, owner, lost
+
+            # Truncations are rare: skip the scatter entirely on steps without one.
+            final = jax.lax.cond(jnp.any(boot), write_final, lambda f: f, final)
         return self.replace(
             storage=storage,
-            terminated=_ring.write(self.terminated, terminated, self.head, axis=1),
-            truncated=_ring.write(self.truncated, truncated, self.head, axis=1),
-            final_obs=final_obs_store,
-            final_slot=final_slot,
+            meta=_ring.write(self.meta, meta, self.head, axis=1),
+            final_obs=final[0],
             final_head=((self.final_head + n_new) % kcap).astype(jnp.int32),
-            final_live=final_live,
-            final_obs_lost=self.final_obs_lost | jnp.any(final_live > kcap),
+            final_step=final[1],
+            final_obs_lost=final[2],
             head=head,
             num_valid=num_valid,
             added=_ring.counter_add(self.added, t),
@@ -440,7 +460,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         """
         n = self.length
         phys = _ring.logical_to_physical(jnp.arange(n, dtype=jnp.int32), self.head, self.num_valid, n)
-        ends = (self.terminated | self.truncated)[:, phys].astype(jnp.int32)  # logical order
+        ends = ((self.meta[:, phys] & 3) != 0).astype(jnp.int32)  # logical order
         c = jnp.concatenate([jnp.zeros((self.num_envs, 1), jnp.int32), jnp.cumsum(ends, axis=1)], axis=1)
         w = n - window + 1
         ls = jnp.arange(w, dtype=jnp.int32)
@@ -463,7 +483,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
         slots = _ring.window_slots(starts, sequence_length, self.length)  # [B, L]
         flat = lanes[:, None] * self.length + slots
         item = jax.tree.map(lambda x: _flat_take(x, flat), self.storage)
-        term, trunc = _flat_take(self.terminated, flat), _flat_take(self.truncated, flat)
+        meta = _flat_take(self.meta, flat)
+        term, trunc = (meta & 1) != 0, (meta & 2) != 0
         return SequenceSample(
             item=item, terminated=term, truncated=trunc, mask=_window_mask(term | trunc),
             indices=(lanes * self.length + starts).astype(jnp.int32),
@@ -474,12 +495,13 @@ class TrajectoryBuffer(struct.PyTreeNode):
         flat = lanes[:, None] * self.length + slots
         fw = flat[:, :n_step]
         reward = _flat_take(self.storage[self.reward_key], fw)
-        term, trunc = _flat_take(self.terminated, fw), _flat_take(self.truncated, fw)
+        meta = _flat_take(self.meta, fw)
+        term, trunc = (meta & 1) != 0, (meta & 2) != 0
         ret, discount, k = n_step_window(reward, term, trunc, gamma)
         rows = jnp.arange(lanes.shape[0])
-        last = fw[rows, k - 1]  # flat id of step t + k - 1
-        use_final = trunc[rows, k - 1] & ~term[rows, k - 1]
-        fslot = lanes * self.final_obs_capacity + _flat_take(self.final_slot, last)
+        last = meta[rows, k - 1]  # meta of step t + k - 1
+        use_final = (last & 3) == 2  # truncated and not terminated
+        fslot = lanes * self.final_obs_capacity + (last >> 2)
         next_flat = flat[rows, k]
         next_obs = jax.tree.map(
             lambda x, f: jnp.where(

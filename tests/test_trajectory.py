@@ -426,8 +426,8 @@ def test_small_final_obs_ring_exact_until_overflow():
 def test_memory_bytes_and_ring_size():
     big = TrajectoryBuffer.create(EXAMPLE, 4, 100)
     small = TrajectoryBuffer.create(EXAMPLE, 4, 100, final_obs_capacity=5)
-    obs_bytes = 4 * OBS_DIM * 4
-    assert big.memory_bytes - small.memory_bytes == (100 - 5) * obs_bytes
+    ring_slot = 4 * (OBS_DIM * 4 + 4)  # 4 lanes x (one obs + its int32 owner stamp)
+    assert big.memory_bytes - small.memory_bytes == (100 - 5) * ring_slot
     assert big.memory_bytes == tree_nbytes(big)
     steps = 4 * 100 * (OBS_DIM * 4 + 4 + 4)
     assert steps < big.memory_bytes < 3 * steps
