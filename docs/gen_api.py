@@ -1,0 +1,71 @@
+"""Generate docs/api.md, the API reference, from the public docstrings.
+
+Run ``python docs/gen_api.py`` after changing a public docstring or signature;
+``tests/test_docs.py`` fails when docs/api.md is out of date.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pathlib
+
+MODULES = [
+    ("jaxbuffers", "The device side: buffers, sample types, return functions."),
+    ("host_codecs", "The host side (no JAX): codecs and the compressed store."),
+    ("jaxbuffers.interop.torch", "DLPack hand-off between JAX and torch (needs the `torch` extra)."),
+    ("jaxbuffers.interop.sb3", "Stable-Baselines3 buffer classes and conversions (needs the `sb3` extra)."),
+]
+
+OUT = pathlib.Path(__file__).with_name("api.md")
+
+
+def _signature(obj) -> str:
+    try:
+        return str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def _members(cls):
+    for name, member in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(member, property):
+            yield name, member.fget, "property"
+        elif isinstance(member, (classmethod, staticmethod)):
+            yield name, member.__func__, "classmethod" if isinstance(member, classmethod) else "staticmethod"
+        elif inspect.isfunction(member):
+            yield name, member, "method"
+
+
+def render() -> str:
+    lines = [
+        "# API reference",
+        "",
+        "Generated from the docstrings by `python docs/gen_api.py`; do not edit by hand.",
+        "The conventions every function follows are in `docs/guide.md`.",
+        "",
+    ]
+    for mod_name, blurb in MODULES:
+        mod = importlib.import_module(mod_name)
+        lines += [f"## `{mod_name}`", "", blurb, ""]
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if inspect.isclass(obj):
+                lines += [f"### class `{mod_name}.{name}`", ""]
+                lines += [inspect.getdoc(obj) or "", ""]
+                for mname, fn, kind in _members(obj):
+                    sig = "" if kind == "property" else _signature(fn)
+                    prefix = f"{kind} " if kind != "method" else ""
+                    lines += [f"#### {prefix}`{name}.{mname}{sig}`", "", inspect.getdoc(fn) or "", ""]
+            elif callable(obj):
+                lines += [f"### `{mod_name}.{name}{_signature(obj)}`", "", inspect.getdoc(obj) or "", ""]
+            else:
+                lines += [f"### `{mod_name}.{name}` = `{obj!r}`", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    OUT.write_text(render())
+    print(f"wrote {OUT}")
