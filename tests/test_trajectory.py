@@ -320,7 +320,7 @@ def run_model(use_jit, data, draws):
         ref.add(*chunk)
         assert int(buf.num_valid) == ref.num_valid
         assert buf.num_added() == ref.total
-        assert not bool(buf.final_obs_lost)
+        assert not bool(buf.final_obs_lost())
 
         seq_len = data.draw(draws["seq_len"](length), "seq_len")
         period = data.draw(draws["period"], "period")
@@ -411,7 +411,7 @@ def test_small_final_obs_ring_exact_until_overflow():
         trunc = np.array([[bool(tr)]])
         buf = ADD(buf, {"obs": obs, "action": action, "reward": reward}, term, trunc, final)
         ref.add(obs, action, reward, term, trunc, final)
-    assert not bool(buf.final_obs_lost)
+    assert not bool(buf.final_obs_lost())
     out = host(TRANS(buf, jax.random.key(0), 64, 1, 0.9))
     for b in range(64):
         lane, a = ref.locate(out.indices[b])
@@ -420,7 +420,7 @@ def test_small_final_obs_ring_exact_until_overflow():
     for i in range(3):
         obs, action, reward, term, _, final = make_chunk(rng, 1, 1, 100 + i, p_term=0)
         buf = ADD(buf, {"obs": obs, "action": action, "reward": reward}, term, np.array([[True]]), final)
-    assert bool(buf.final_obs_lost)
+    assert bool(buf.final_obs_lost())
 
 
 def test_memory_bytes_and_ring_size():
