@@ -105,14 +105,22 @@ def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Arr
     )
 
 
-def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, ids: jax.Array) -> tuple:
-    """pure_callback decoding store slots ``ids`` (int32, any shape ``S``) for every leaf.
+def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: jax.Array) -> list:
+    """pure_callback decoding store slots for every leaf, for one or more id arrays at once.
+
+    Args:
+      ids: int32 arrays of any shapes ``S_j``; slots shared between them are decoded once
+        (e.g. an observation and its next observation share most stack frames).
 
     The version argument is the data dependency on the write that produced the state.
-    Returns one ``[*S, *frame_shape]`` array per leaf.
+    Returns ``out[leaf][j]``: ``[*S_j, *frame_shape]`` per leaf and id array.
     """
-    shapes = tuple(jax.ShapeDtypeStruct((*ids.shape, *i.frame_shape), i.dtype) for i in infos)
-    return jax.pure_callback(host.read, shapes, version, ids.astype(jnp.int32), vmap_method="expand_dims")
+    shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
+    flat = jax.pure_callback(
+        host.read, shapes, version, *[x.astype(jnp.int32) for x in ids], vmap_method="expand_dims"
+    )
+    m = len(ids)
+    return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
 
 
 def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool) -> jax.Array:

@@ -139,21 +139,23 @@ class HostStores:
             self.num_rows += int(sel.size)
             return np.int32(self.version)
 
-    def read(self, version, ids) -> tuple[np.ndarray, ...]:
-        """Host side of a sample: decode slots ``ids`` (any shape ``S``) from every store.
+    def read(self, version, *ids) -> tuple[np.ndarray, ...]:
+        """Host side of a sample: decode slots ``ids[j]`` (any shapes ``S_j``) from every store.
 
-        Each distinct slot is decoded once (the store decodes in parallel), then gathered.
+        Each distinct slot (over all ``ids``) is decoded once (the store decodes in parallel),
+        then gathered into each output.
 
         Returns:
-          One array per store, shape ``S + item_shape``, the store's dtype.
+          For store ``i`` and id array ``j``, output ``i * len(ids) + j``: shape
+          ``S_j + item_shape``, the store's dtype.
 
         Raises:
           StaleBufferError: a slot was rewritten after ``version`` (see module doc).
         """
         self._check_open("sample")
         v = int(np.max(np.asarray(version)))
-        ids = np.asarray(ids)
-        flat = ids.reshape(-1)
+        ids = [np.asarray(x) for x in ids]
+        flat = np.concatenate([x.reshape(-1) for x in ids])
         uniq, inv = np.unique(flat, return_inverse=True)
         with self._lock:
             newest = int(self.slot_version[uniq].max(initial=0))
@@ -164,10 +166,13 @@ class HostStores:
                 f"were rewritten by version {newest}; sample from the state returned by the last add "
                 f"(and inside one jitted program, sample before adding again)"
             )
+        inv = inv.reshape(-1)
+        bounds = np.cumsum([0] + [x.size for x in ids])
         outs = []
         for store in self.stores:
             dec = store.get(uniq, missing="zeros")
-            out = np.empty((flat.size, *dec.shape[1:]), dec.dtype)
-            np.take(dec, inv.reshape(-1), axis=0, out=out)
-            outs.append(out.reshape(*ids.shape, *dec.shape[1:]))
+            for x, a, b in zip(ids, bounds[:-1], bounds[1:]):
+                out = np.empty((x.size, *dec.shape[1:]), dec.dtype)
+                np.take(dec, inv[a:b], axis=0, out=out)
+                outs.append(out.reshape(*x.shape, *dec.shape[1:]))
         return tuple(outs)

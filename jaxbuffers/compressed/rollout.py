@@ -187,7 +187,7 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
         mb = self.buffer.gather(indices)
         ids = _common.pick_leaves(mb.step, self.leaf_index)[0]
         decoded = _common.read(self.host, self.leaves, self.version, ids)
-        out = [_common.finish(x, i, ids.ndim, None, self.normalize_images) for x, i in zip(decoded, self.leaves)]
+        out = [_common.finish(x[0], i, ids.ndim, None, self.normalize_images) for x, i in zip(decoded, self.leaves)]
         return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
 
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:

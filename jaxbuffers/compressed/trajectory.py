@@ -462,21 +462,27 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         fids = jnp.where((back == 0) | (prev < 0)[..., None], newest[..., None], older)
         return fids.astype(jnp.int32), pad
 
-    def decode_obs(self, obs: Any) -> Any:
-        """Replace the id leaves of a sampled observation pytree (leaves ``[*S, 3]``) by the decoded
-        observations ``[*S, *shape]`` (one host callback for all compressed leaves)."""
-        ids = _common.pick_leaves(obs, self.leaf_index)[0]
-        lead = ids.ndim - 1
-        fids, pad = self._frame_ids(ids)
-        decoded = _common.read(self.host, self.leaves, self.version, fids)
-        out = [_common.finish(x, i, lead, pad, self.normalize_images) for x, i in zip(decoded, self.leaves)]
-        return _common.replace_leaves(obs, self.leaf_index, out)
+    def decode_obs(self, *obs: Any) -> Any:
+        """Replace the id leaves of sampled observation pytrees (leaves ``[*S, 3]``) by the decoded
+        observations ``[*S, *shape]``. Several pytrees are decoded in one host callback (frames
+        they share are decoded once); one pytree in, one out; several in, a tuple out."""
+        fids, pads, leads = [], [], []
+        for o in obs:
+            ids = _common.pick_leaves(o, self.leaf_index)[0]
+            f, p = self._frame_ids(ids)
+            fids.append(f)
+            pads.append(p)
+            leads.append(ids.ndim - 1)
+        decoded = _common.read(self.host, self.leaves, self.version, *fids)
+        outs = []
+        for j, o in enumerate(obs):
+            leaves = [_common.finish(decoded[i][j], info, leads[j], pads[j], self.normalize_images) for i, info in enumerate(self.leaves)]
+            outs.append(_common.replace_leaves(o, self.leaf_index, leaves))
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _decode_pair(self, obs: Any, next_obs: Any):
         """Decode ``obs`` and ``next_obs`` in one callback (they share most stack frames)."""
-        both = jax.tree.map(lambda a, b: jnp.stack([a, b], axis=1), obs, next_obs)
-        dec = self.decode_obs(both)
-        return jax.tree.map(lambda x: x[:, 0], dec), jax.tree.map(lambda x: x[:, 1], dec)
+        return self.decode_obs(obs, next_obs)
 
     def _decode_transitions(self, s: TransitionSample) -> TransitionSample:
         obs, next_obs = self._decode_pair(s.obs, s.next_obs)

@@ -1,0 +1,273 @@
+"""Compressed replay of real Atari transitions: jaxbuffers vs sb3-extra-buffers vs SB3.
+
+Same transitions for every buffer (the first ``--n`` steps of ``../shared/data/atari_rollouts.npz``,
+obs and next obs [4, 84, 84] uint8), one buffer per case, each case in a fresh subprocess so that
+process memory can be measured honestly:
+
+* ``bytes_per_transition``: (RSS after filling - RSS before filling) / n, measured after
+  ``gc.collect()`` and ``malloc_trim(0)``; compile and warm-up happen before the first RSS reading.
+  For jaxbuffers the device arrays (CPU backend, allocated at create) are added from their exact
+  shapes (``device_nbytes``). The accounting numbers (``accounted_bytes_per_transition``) are
+  printed alongside.
+* ``add_tps``: transitions/s when adding one transition per call (SB3 style; for jaxbuffers a
+  jitted, donated ``add`` of one step). jaxbuffers also reports ``add_chunk_tps`` (500 steps per call).
+* ``sample_tps_32`` / ``sample_tps_256``: transitions/s of ``sample`` (decode + stack rebuild +
+  result on device: a jax array for jaxbuffers, a torch tensor for SB3), median of repeats.
+
+Cases: SB3 ``ReplayBuffer`` (with and without ``optimize_memory_usage``), sb3-extra-buffers
+``CompressedReplayBuffer`` with every codec it has, and jaxbuffers ``CompressedTrajectoryBuffer``
+(frame dedup: one stored frame per step) with several codecs. Prints one JSON line per case, then
+one ``summary`` line per game with the targets of issue 5.
+
+Usage: ``python benchmarks/bench_compressed.py [--quick] [--game breakout|pong|all]``
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "atari_rollouts.npz"
+
+JAX_CODECS = ["zstd:3", "zstd:1", "igzip:0", "igzip:1", "rle"]
+DEFAULT = "jaxbuffers zstd:3"
+SB3X_CODECS = ["none", "rle", "rle-old", "rle-jit", "gzip", "igzip", "igzip1"]
+
+
+def rss() -> int:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def load(game: str, n: int):
+    with np.load(DATA) as d:
+        frames = d[f"{game}_frames"]
+        obs = frames[d[f"{game}_obs_idx"][:n]]
+        nxt = frames[d[f"{game}_next_idx"][:n]]
+        return obs, nxt, d[f"{game}_actions"][:n], d[f"{game}_rewards"][:n], d[f"{game}_terminated"][:n]
+
+
+def timed_samples(fn, batch: int, repeats: int) -> float:
+    fn(batch)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(batch)
+        times.append(time.perf_counter() - t0)
+    return batch / statistics.median(times)
+
+
+# ------------------------------------------------------------------------------------------------
+# one case (runs in a subprocess)
+
+
+def run_sb3(kind: str, codec: str | None, game: str, n: int, repeats: int) -> dict:
+    import torch
+    from gymnasium import spaces
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    obs, nxt, act, rew, term = load(game, n)
+    ospace = spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    aspace = spaces.Discrete(18)
+    if kind == "sb3x":
+        from sb3_extra_buffers.compressed import CompressedReplayBuffer
+
+        buf = CompressedReplayBuffer(n, ospace, aspace, device="cpu", compression_method=codec)
+    else:
+        buf = ReplayBuffer(n, ospace, aspace, device="cpu", optimize_memory_usage=(kind == "sb3-opt"),
+                           handle_timeout_termination=False)
+    info = [{}]
+
+    def add(i):
+        buf.add(obs[i : i + 1], nxt[i : i + 1], act[i : i + 1], rew[i : i + 1], term[i : i + 1], info)
+
+    add(0)
+    buf.sample(32)
+    buf.sample(256)
+    r0 = rss()
+    t0 = time.perf_counter()
+    for i in range(1, n):
+        add(i)
+    t_add = time.perf_counter() - t0
+    r1 = rss()
+
+    def sample_plain(b):
+        return buf.sample(b)
+
+    return {
+        "bytes_per_transition": (r1 - r0) / (n - 1),
+        "add_tps": (n - 1) / t_add,
+        "sample_tps_32": timed_samples(sample_plain, 32, repeats),
+        "sample_tps_256": timed_samples(sample_plain, 256, repeats),
+    }
+
+
+def run_jax(codec: str, game: str, n: int, repeats: int, chunked: bool) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxbuffers.compressed import CompressedTrajectoryBuffer
+
+    obs, nxt, act, rew, term = load(game, n)
+    ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = CompressedTrajectoryBuffer.create(ex, 1, n, frame_stack=4, codec=codec, final_obs_capacity=2)
+    add = jax.jit(lambda b, s, t: b.add(s, terminated=t), donate_argnums=0)
+    act32, rew32 = act.astype(np.int32), rew.astype(np.float32)
+
+    def step(a, z):
+        s = {"obs": jnp.asarray(obs[a:z])[None], "action": jnp.asarray(act32[a:z])[None], "reward": jnp.asarray(rew32[a:z])[None]}
+        return s, jnp.asarray(term[a:z])[None]
+
+    samplers = {b: jax.jit(lambda bf, k, b=b: bf.sample_transitions(k, b, gamma=0.99)) for b in (32, 256)}
+    chunk = 500 if chunked else 1
+    buf = add(buf, *step(0, chunk))
+    keys = iter(jax.random.split(jax.random.key(0), 10_000))
+    for b in (32, 256):
+        jax.block_until_ready(samplers[b](buf, next(keys)))
+    r0 = rss()
+    t0 = time.perf_counter()
+    for a in range(chunk, n, chunk):
+        buf = add(buf, *step(a, min(a + chunk, n)))
+    jax.block_until_ready(buf)
+    t_add = time.perf_counter() - t0
+    r1 = rss()
+    stored = int(buf.size())
+    assert stored == n, stored
+
+    def sample(b):
+        out = samplers[b](buf, next(keys))
+        jax.block_until_ready((out.obs, out.next_obs))
+
+    return {
+        # host growth per added transition + device arrays (allocated at create) per transition
+        "bytes_per_transition": (r1 - r0) / (n - chunk) + buf.device_nbytes / n,
+        "accounted_bytes_per_transition": buf.nbytes / n,
+        "host_payload_bytes_per_frame": sum(s.payload_nbytes for s in buf.host.stores) / buf.host.stores[0].num_entries,
+        ("add_chunk_tps" if chunked else "add_tps"): (n - chunk) / t_add,
+        "sample_tps_32": timed_samples(sample, 32, repeats),
+        "sample_tps_256": timed_samples(sample, 256, repeats),
+    }
+
+
+def child(args) -> None:
+    kind, codec, game, n, repeats = args.case, args.codec, args.game, args.n, args.repeats
+    if kind == "jax":
+        rec = run_jax(codec, game, n, repeats, chunked=False)
+        # Chunked adds in a second buffer: same transitions, 500 per call.
+        rec2 = run_jax(codec, game, n, 1, chunked=True)
+        rec["add_chunk_tps"] = rec2["add_chunk_tps"]
+    else:
+        rec = run_sb3(kind, codec, game, n, repeats)
+    print("RESULT " + json.dumps(rec), flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# driver
+
+
+def cases():
+    out = [("sb3", None, "sb3 ReplayBuffer"), ("sb3-opt", None, "sb3 ReplayBuffer optimize_memory_usage")]
+    out += [("sb3x", c, f"sb3x {c}") for c in SB3X_CODECS]
+    out += [("jax", c, f"jaxbuffers {c}") for c in JAX_CODECS]
+    return out
+
+
+def main() -> None:
+    from _common import emit, machine_info, parser, versions
+
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--game", default="breakout", choices=["breakout", "pong", "all"])
+    p.add_argument("--n", type=int, default=None, help="transitions (default 20000, 5000 with --quick)")
+    p.add_argument("--case", default=None, help=argparse_hidden())
+    p.add_argument("--codec", default=None, help=argparse_hidden())
+    p.add_argument("--only", default=None, help="comma-separated substrings of case names to run")
+    args = p.parse_args()
+    args.n = args.n or (5000 if args.quick else 20000)
+    args.repeats = args.repeats or (5 if args.quick else 15)
+    if args.case:
+        child(args)
+        return
+    games = ["breakout", "pong"] if args.game == "all" else [args.game]
+    emit({"machine": machine_info(), "versions": versions("jax", "numpy", "stable-baselines3", "sb3-extra-buffers", "zstandard", "isal", "numba", "torch")})
+    for game in games:
+        results = {}
+        for kind, codec, name in cases():
+            if args.only and not any(s in name for s in args.only.split(",")):
+                continue
+            cmd = [sys.executable, __file__, "--case", kind, "--game", game, "--n", str(args.n), "--repeats", str(args.repeats)]
+            if codec:
+                cmd += ["--codec", codec]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+            except subprocess.TimeoutExpired:
+                emit({"game": game, "case": name, "error": "timeout"})
+                continue
+            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            if not line:
+                emit({"game": game, "case": name, "error": proc.stderr[-800:]})
+                continue
+            rec = json.loads(line[-1][7:])
+            results[name] = rec
+            emit({"game": game, "case": name, "n": args.n, **{k: round(v, 1) for k, v in rec.items()}})
+        summarize(game, results)
+
+
+def argparse_hidden():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+def summarize(game: str, results: dict) -> None:
+    from _common import emit
+
+    sb3x = {k: v for k, v in results.items() if k.startswith("sb3x") and not k.endswith(" none")}
+    jaxs = {k: v for k, v in results.items() if k.startswith("jaxbuffers")}
+    if not sb3x or not jaxs:
+        return
+    metrics = ("add_tps", "sample_tps_32", "sample_tps_256")
+    per_codec = {}
+    for name, r in sb3x.items():
+        winners = [
+            j for j, q in jaxs.items()
+            if q["bytes_per_transition"] <= r["bytes_per_transition"] and all(q[m] >= r[m] for m in metrics)
+        ]
+        per_codec[name] = winners or None
+    smallest = min(sb3x, key=lambda k: sb3x[k]["bytes_per_transition"])
+    d = jaxs.get(DEFAULT)
+    rec = {"game": game, "summary": True, "dominating_jax_setting_per_sb3x_codec": per_codec}
+    if d:
+        rec["default"] = DEFAULT
+        rec["default_bytes_vs_smallest_sb3x"] = {
+            "smallest_sb3x": smallest,
+            "ratio": round(sb3x[smallest]["bytes_per_transition"] / d["bytes_per_transition"], 2),
+            "target": ">= 2",
+        }
+        if "sb3x rle-jit" in sb3x:
+            rj = sb3x["sb3x rle-jit"]
+            rec["default_sample_vs_rle_jit"] = {
+                f"b{b}": round(d[f"sample_tps_{b}"] / rj[f"sample_tps_{b}"], 2) for b in (32, 256)
+            }
+            rec["default_sample_vs_rle_jit"]["target"] = ">= 2"
+    emit(rec)
+
+
+if __name__ == "__main__":
+    main()
