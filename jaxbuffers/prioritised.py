@@ -54,7 +54,7 @@ from flax import struct
 
 from jaxbuffers import _ring, _validate
 from jaxbuffers.replay import ReplayBuffer
-from jaxbuffers.sum_tree import MinTree, SumTree, last_write_mask
+from jaxbuffers.sum_tree import MinTree, SumTree, set_sum_and_min
 
 __all__ = ["PrioritisedReplayBuffer", "PrioritisedSample", "PRIORITY_MAX"]
 
@@ -102,8 +102,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     """
 
     replay: ReplayBuffer  # the items, ring position and counts (see jaxbuffers.replay)
-    sum_tree: SumTree  # leaves p_i^alpha at valid slots, 0 elsewhere; levels of float32 (see sum_tree)
-    min_tree: MinTree  # leaves p_i^alpha at valid slots, +inf elsewhere; levels of float32 (see sum_tree)
+    sum_tree: SumTree  # leaves p_i^alpha at valid slots, 0 elsewhere; one float32 heap (see sum_tree)
+    min_tree: MinTree  # leaves p_i^alpha at valid slots, +inf elsewhere; one float32 heap (see sum_tree)
     generations: jax.Array  # shape=(capacity,), int32: writes to each slot (0 = never; wraps, compared by equality)
     max_priority: jax.Array  # shape=(), float32: running max priority (before alpha); 1.0 initially
     priority_exponent: float = struct.field(pytree_node=False)  # alpha, in [0, 1]
@@ -165,7 +165,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         """Bytes held: item storage + both trees + generations + scalars (Python int)."""
         return (
             self.replay.memory_bytes
-            + _validate.tree_nbytes((self.sum_tree.levels, self.min_tree.levels, self.generations))
+            + _validate.tree_nbytes((self.sum_tree.nodes, self.min_tree.nodes, self.generations))
             + _validate.tree_nbytes((self.replay.head, self.replay.num_valid, self.replay.added, self.max_priority))
         )
 
@@ -233,11 +233,11 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         else:
             p = self._sanitise(_check_vector("priorities", priorities, b, "floating"))
             max_priority = jnp.maximum(self.max_priority, jnp.max(p))
-        leaf = self._leaf(p)
+        sum_tree, min_tree = set_sum_and_min(self.sum_tree, self.min_tree, slots, self._leaf(p), unique=True)
         return self.replace(
             replay=self.replay.add(batch),
-            sum_tree=self.sum_tree.set_unique(slots, leaf),
-            min_tree=self.min_tree.set_unique(slots, leaf),
+            sum_tree=sum_tree,
+            min_tree=min_tree,
             generations=self.generations.at[slots].add(1, unique_indices=True, mode="promise_in_bounds"),
             max_priority=max_priority,
         )
@@ -302,7 +302,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         largest priority actually written (after that resolution).
 
         Returns:
-          The new buffer. Cost ``O(B log B + B log C)``.
+          The new buffer. Cost ``O(B log C)`` (see :meth:`jaxbuffers.sum_tree.SumTree.set`).
 
         Raises (at trace time):
           ValueError / TypeError: an argument not 1-D, lengths differ, wrong dtype kind.
@@ -316,12 +316,16 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         in_range = (indices >= 0) & (indices < self.replay.num_valid)
         current = self.generations[jnp.clip(indices, 0, self.capacity - 1)]
         applied = in_range & (current == generations)
-        keep = last_write_mask(indices, applied)
         p = self._sanitise(priorities)
         leaf = self._leaf(p)
-        # keep marks distinct slots, so the unique-index write applies exactly the winners.
+        sum_tree, min_tree = set_sum_and_min(self.sum_tree, self.min_tree, indices, leaf, where=applied)
+        # The running max over the WINNING writes only, without a sort: every touched slot now
+        # holds its winner's leaf, so an applied entry whose leaf equals its slot's stored leaf is
+        # the winner (or a loser with the same leaf p**alpha, i.e. the same p up to the rounding
+        # of the power).
+        won = applied & (sum_tree.get(indices) == leaf)
         return self.replace(
-            sum_tree=self.sum_tree.set_unique(indices, leaf, where=keep),
-            min_tree=self.min_tree.set_unique(indices, leaf, where=keep),
-            max_priority=jnp.maximum(self.max_priority, jnp.max(jnp.where(keep, p, 0))),
+            sum_tree=sum_tree,
+            min_tree=min_tree,
+            max_priority=jnp.maximum(self.max_priority, jnp.max(jnp.where(won, p, 0))),
         )

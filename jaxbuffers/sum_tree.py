@@ -6,22 +6,21 @@ and works under ``jit``, ``lax.scan`` and ``vmap`` (stack trees along a leading 
 Layout (shared by both trees)
 -----------------------------
 A complete binary tree over ``P = 2 ** ceil(log2(capacity))`` leaves (the capacity padded to a
-power of two), stored level by level: ``levels[l]`` holds the ``2 ** l`` nodes of depth ``l``, so
-``levels[0]`` is the root (shape ``[1]``) and ``levels[-1]`` the ``P`` leaves; node ``j`` of level
-``l`` has children ``2j`` and ``2j + 1`` in level ``l + 1``. Leaf ``i`` is the flat slot id ``i``
-in ``[0, capacity)``. Leaves ``[capacity, P)`` are padding: they hold the reduction's identity
-(``0`` for the sum, ``+inf`` for the min) forever, because :meth:`set` ignores indices outside
-``[0, capacity)``. (One array per level, rather than one flat heap array, lets XLA update every
-level in place: a level is written from reads of a DIFFERENT array, the level below. With a flat
-array, a one-leaf update copied the whole array once per level on CPU: measured ~0.8 ms instead of
-a few microseconds at capacity 100k.)
+power of two), stored as ONE flat heap array ``nodes`` of length ``2 P``: ``nodes[1]`` is the
+root, node ``n`` has children ``2n`` and ``2n + 1``, so depth ``l`` occupies ``nodes[2**l :
+2**(l+1)]`` and leaf ``i`` (the flat slot id, ``0 <= i < capacity``) is ``nodes[P + i]``.
+``nodes[0]`` is unused and, like the padding leaves ``[capacity, P)``, holds the reduction's
+identity (``0`` for the sum, ``+inf`` for the min) forever: :meth:`set` ignores indices outside
+``[0, capacity)``. One array (rather than one per level) keeps the pytree to a single leaf, which
+matters for per-call dispatch cost: every leaf of a jitted function's arguments costs host time.
 
 Invariant: every internal node equals ``op(left child, right child)`` evaluated in the tree's
 dtype. :meth:`set` restores it after writing leaves by recomputing the ancestors of the touched
-leaves from their children, level by level (never by adding deltas), so the root never
-accumulates rounding drift however many updates are made. Cost of a batched set of ``B`` leaves:
-``O(B log B)`` for the duplicate resolution plus ``O(B log P)`` for the ancestors; never
-``O(capacity)``.
+leaves from their children (never by adding deltas), so the root never accumulates rounding drift
+however many updates are made. Updates are in place when the tree is donated (no copy of the heap:
+the small-batch path is a ``lax.fori_loop`` whose carry is the heap; the large-batch path keeps
+XLA from fusing its reads into its writes). Cost of a batched set of ``B`` leaves: ``O(B log P)``
+(plus ``O(B log B)`` duplicate resolution on the large-batch path); never ``O(capacity)``.
 
 Sum-tree sampling (prefix-sum search, "proportional prioritisation") follows Schaul et al.,
 "Prioritized Experience Replay", ICLR 2016, appendix B.2.1.
@@ -36,10 +35,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["SumTree", "MinTree", "last_write_mask"]
+__all__ = ["SumTree", "MinTree", "last_write_mask", "set_sum_and_min"]
 
 
-_SMALL_BATCH = 1  # batches up to this size update ancestors entry by entry (see _write)
+# Batches up to this size update the tree with a sequential scalar walk (see _walk); larger ones
+# with one vectorised gather/scatter per level (see _vector_update). Measured on a 2-core CPU at
+# P = 2**17: walk 13 us vs 490 us vectorised at B = 256, 70 vs 180 us at B = 2048, but 3.7 ms vs
+# 0.8 ms at B = 32768 (the walk's random accesses miss the cache). Only the CPU was measured; other
+# backends launch kernels per loop step, so they take the vectorised path for every batch size.
+_WALK_MAX_BATCH_CPU = 4096
+
+
+def _walk_max_batch() -> int:
+    return _WALK_MAX_BATCH_CPU if jax.default_backend() == "cpu" else 0
 
 
 def _padded_size(capacity: int) -> int:
@@ -96,10 +104,116 @@ def last_write_mask(indices: jax.Array, where: jax.Array | None = None) -> jax.A
     return jnp.zeros((b,), bool).at[order].set(keep_sorted, unique_indices=True)
 
 
+def _walk(trees, indices, values, active):
+    """Sequential update: for k = 0 .. B-1 write leaf ``indices[k]`` of every tree, then recompute
+    its ``depth`` ancestors from their children (scalar slices of the flat heap).
+
+    Runs one ``lax.fori_loop`` per tree whose carry is that tree's heap, so XLA updates it in
+    place. Writes are applied in batch order, so the last active write to a leaf wins without any
+    sort. An inactive entry rewrites its leaf's CURRENT value (read inside the loop) and recomputes
+    its ancestors: a no-op, since an unchanged node recomputed from its children is unchanged.
+    """
+    p, depth = trees[0].padded_capacity, trees[0].depth
+    if indices.shape[0] == 1:
+        # A one-entry loop body compiled with a copy of the heap at every level (measured at
+        # B = 1 only, XLA CPU); one extra inactive entry (a no-op walk) keeps the update in place.
+        indices, values = jnp.concatenate([indices, indices]), jnp.concatenate([values, values])
+        active = jnp.concatenate([active, jnp.zeros((1,), bool)])
+    combines = [t._combine for t in trees]
+    vals = [values.astype(t.dtype) for t in trees]
+    node0 = jnp.where(active, indices, 0) + p
+
+    def walk_one(nodes, v, combine):
+        def body(k, nodes):
+            n = node0[k]
+            cur = jax.lax.dynamic_slice(nodes, (n,), (1,))
+            nodes = jax.lax.dynamic_update_slice(nodes, jnp.where(active[k], v[k][None], cur), (n,))
+            for _ in range(depth):
+                n = n >> 1
+                kids = jax.lax.dynamic_slice(nodes, (2 * n,), (2,))
+                nodes = jax.lax.dynamic_update_slice(nodes, combine(kids[:1], kids[1:]), (n,))
+            return nodes
+
+        return jax.lax.fori_loop(0, indices.shape[0], body, nodes)
+
+    # One loop per tree: with both heaps in one loop carry XLA copied both heaps once per level
+    # per step (17 copies of f32[2P] per entry at P = 2**17, measured in the compiled HLO).
+    arrays = [walk_one(t.nodes, v, c) for t, v, c in zip(trees, vals, combines)]
+    return [t.replace(nodes=a) for t, a in zip(trees, arrays)]
+
+
+def _vector_update(trees, indices, values, keep, touched):
+    """Vectorised update: scatter the ``keep`` entries' leaves, then one gather + scatter per level
+    for the ancestors of the ``touched`` leaves. Untouched entries recompute leaf 0's ancestors
+    (a no-op); duplicate parents all receive the same value, so scatter order does not matter.
+
+    The recomputed parents go through ``lax.optimization_barrier`` before the scatter so that XLA
+    does not fuse the gather (a read of the array being written) into the scatter, which would make
+    it copy the whole heap once per level.
+    """
+    p, depth = trees[0].padded_capacity, trees[0].depth
+    leaf_ids = jnp.where(keep, indices, 2 * p) + p  # losers / ignored entries: past the end, dropped
+    node = jnp.where(touched, indices, 0) + p
+    arrays = [t.nodes.at[leaf_ids].set(values.astype(t.dtype), mode="drop") for t in trees]
+    for _ in range(depth):
+        node = node >> 1
+        for a, t in enumerate(trees):
+            kids = arrays[a].reshape(-1, 2)[node]  # row n of the pair view: the children of node n
+            parent = jax.lax.optimization_barrier(t._combine(kids[:, 0], kids[:, 1]))
+            arrays[a] = arrays[a].at[node].set(parent, mode="promise_in_bounds")
+    return [t.replace(nodes=a) for t, a in zip(trees, arrays)]
+
+
+def _check_write(tree, indices, values, where):
+    indices = _check_indices(indices)
+    values = jnp.asarray(values)
+    if values.shape != indices.shape:
+        raise ValueError(f"values: expected shape {indices.shape} (one value per index), got {values.shape}")
+    if not jnp.issubdtype(values.dtype, jnp.floating):
+        raise TypeError(f"values: expected a floating dtype, got {values.dtype}")
+    active = (indices >= 0) & (indices < tree.capacity)
+    if where is not None:
+        where = jnp.asarray(where)
+        if where.shape != indices.shape or where.dtype != jnp.bool_:
+            raise ValueError(f"where: expected bool{list(indices.shape)}, got {where.dtype}{list(where.shape)}")
+        active = active & where
+    return indices, values, active
+
+
+def _set_trees(trees, indices, values, where, unique: bool):
+    for t in trees[1:]:
+        if t.capacity != trees[0].capacity:
+            raise ValueError(f"trees: expected equal capacities, got {trees[0].capacity} and {t.capacity}")
+    indices, values, active = _check_write(trees[0], indices, values, where)
+    if indices.shape[0] == 0:
+        return list(trees)
+    if indices.shape[0] <= _walk_max_batch():
+        return _walk(trees, indices, values, active)
+    keep = active if unique else last_write_mask(indices, active)
+    return _vector_update(trees, indices, values, keep, active)
+
+
+def set_sum_and_min(sum_tree: "SumTree", min_tree: "MinTree", indices, values, where=None, *, unique: bool = False):
+    """Write the same leaf values into a :class:`SumTree` and a :class:`MinTree` of equal capacity.
+
+    Equivalent to ``(sum_tree.set(...), min_tree.set(...))`` (or ``set_unique`` when ``unique``),
+    with the same arguments, checks and duplicate rule, but both trees are updated in one pass
+    (one loop over the batch instead of two).
+
+    Returns:
+      ``(new_sum_tree, new_min_tree)``.
+
+    Raises:
+      ValueError: the capacities differ; otherwise as :meth:`SumTree.set`.
+    """
+    s, m = _set_trees([sum_tree, min_tree], indices, values, where, unique)
+    return s, m
+
+
 class _ReductionTree(flax.struct.PyTreeNode):
     """Shared storage and batched update of :class:`SumTree` and :class:`MinTree` (see module doc)."""
 
-    levels: tuple  # of arrays, levels[l]: shape=(2**l,), dtype=float32 (or create's dtype); levels[-1]: the P leaves
+    nodes: jax.Array  # shape=(2 * P,), dtype=float32 (or create's dtype): heap; nodes[1] root, leaf i at nodes[P + i]
     capacity: int = flax.struct.field(pytree_node=False)
 
     _identity: ClassVar[float]
@@ -110,7 +224,7 @@ class _ReductionTree(flax.struct.PyTreeNode):
 
     @classmethod
     def create(cls, capacity: int, dtype=jnp.float32):
-        """An empty tree: every leaf holds the reduction identity (0 for sums, +inf for minima).
+        """An empty tree: every node holds the reduction identity (0 for sums, +inf for minima).
 
         Args:
           capacity: Python int >= 1, the number of addressable leaves (flat slot ids
@@ -123,44 +237,48 @@ class _ReductionTree(flax.struct.PyTreeNode):
         capacity = _check_capacity(capacity)
         if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
             raise TypeError(f"dtype: expected a floating dtype, got {jnp.dtype(dtype)}")
-        depth = _padded_size(capacity).bit_length() - 1
-        levels = tuple(jnp.full((1 << l,), cls._identity, dtype) for l in range(depth + 1))
-        return cls(levels=levels, capacity=capacity)
+        return cls(nodes=jnp.full((2 * _padded_size(capacity),), cls._identity, dtype), capacity=capacity)
 
     # -- static shape facts ----------------------------------------------------------------------
 
     @property
     def padded_capacity(self) -> int:
         """``P``: capacity rounded up to a power of two (Python int)."""
-        return self.levels[-1].shape[-1]
+        return self.nodes.shape[-1] // 2
 
     @property
     def depth(self) -> int:
         """Number of levels below the root: ``log2(P)`` (Python int)."""
-        return len(self.levels) - 1
+        return self.padded_capacity.bit_length() - 1
 
     @property
     def dtype(self):
-        return self.levels[0].dtype
+        return self.nodes.dtype
+
+    @property
+    def levels(self) -> tuple:
+        """The heap split by depth: ``levels[l]`` = ``nodes[2**l : 2**(l+1)]`` (copies; for tests/debugging)."""
+        return tuple(self.nodes[..., 1 << l : 2 << l] for l in range(self.depth + 1))
 
     # -- reads -----------------------------------------------------------------------------------
 
     def root(self) -> jax.Array:
         """The reduction over all leaves: scalar of the tree's dtype."""
-        return self.levels[0][..., 0]
+        return self.nodes[..., 1]
 
     def get(self, indices: jax.Array) -> jax.Array:
         """Leaf values at ``indices`` (int[B] in ``[0, capacity)``); returns dtype[B].
 
-        Out-of-range indices are clamped to ``[0, P)`` (JAX gather semantics); callers must pass
-        valid slot ids.
+        Out-of-range indices are clamped to ``[0, P)``; callers must pass valid slot ids.
         """
         indices = _check_indices(indices)
-        return self.levels[-1][indices]
+        p = self.padded_capacity
+        return self.nodes[jnp.clip(indices, 0, p - 1) + p]
 
     def leaves(self) -> jax.Array:
         """All ``capacity`` leaf values, dtype[capacity] (an ``O(capacity)`` copy: for tests/debugging)."""
-        return self.levels[-1][..., : self.capacity]
+        p = self.padded_capacity
+        return self.nodes[..., p : p + self.capacity]
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -179,15 +297,21 @@ class _ReductionTree(flax.struct.PyTreeNode):
         Duplicate indices within the batch are resolved deterministically: the LAST (highest batch
         position) active write to an index wins.
 
+        Two code paths, same result bit for bit (tested): on CPU, batches of up to 4096 entries
+        are applied one entry after another in a ``lax.fori_loop`` (``O(B log P)`` scalar steps;
+        batch order makes the last write win); larger batches (and every batch on other backends)
+        use one vectorised gather/scatter per level after a stable sort that picks the last write
+        (``O(B log B + B log P)``). Never ``O(capacity)``; in place when the tree is donated.
+
         Returns:
-          A new tree. Cost ``O(B log B + B log P)``.
+          A new tree.
 
         Raises:
           ValueError / TypeError (at trace time): indices not 1-D integer, values shape not equal
           to indices shape, values not floating, ``where`` not bool[B].
         """
-        indices, values, active = self._check_write(indices, values, where)
-        return self._write(indices, values, last_write_mask(indices, active), active)
+        (tree,) = _set_trees([self], indices, values, where, unique=False)
+        return tree
 
     def set_unique(self, indices: jax.Array, values: jax.Array, where: jax.Array | None = None):
         """:meth:`set` for callers that guarantee the active indices are distinct (no sort).
@@ -195,71 +319,16 @@ class _ReductionTree(flax.struct.PyTreeNode):
         Same arguments, checks and result as :meth:`set` when no active index repeats (e.g. the
         slots of one ring-buffer write). With repeated active indices the winner is unspecified.
         """
-        indices, values, active = self._check_write(indices, values, where)
-        return self._write(indices, values, active, active)
-
-    def _check_write(self, indices, values, where):
-        indices = _check_indices(indices)
-        values = jnp.asarray(values)
-        if values.shape != indices.shape:
-            raise ValueError(
-                f"values: expected shape {indices.shape} (one value per index), got {values.shape}"
-            )
-        if not jnp.issubdtype(values.dtype, jnp.floating):
-            raise TypeError(f"values: expected a floating dtype, got {values.dtype}")
-        active = (indices >= 0) & (indices < self.capacity)
-        if where is not None:
-            where = jnp.asarray(where)
-            if where.shape != indices.shape or where.dtype != jnp.bool_:
-                raise ValueError(
-                    f"where: expected bool{list(indices.shape)}, got {where.dtype}{list(where.shape)}"
-                )
-            active = active & where
-        return indices, values, active
-
-    def _write(self, indices, values, keep, touched):
-        """Scatter ``values`` at leaves where ``keep``; recompute ancestors of leaves where ``touched``."""
-        p = self.padded_capacity
-        levels = list(self.levels)
-        # Losers and ignored entries are pointed past the end and dropped by the scatter.
-        leaf = jnp.where(keep, indices, p)
-        levels[-1] = levels[-1].at[leaf].set(values.astype(self.dtype), mode="drop")
-
-        # Ancestors, bottom-up, each from its two children. Untouched entries recompute leaf 0's
-        # ancestors: recomputing an unchanged node from its children reproduces its value exactly,
-        # so that is a no-op. Duplicate parents all receive the same value, so scatter order does
-        # not matter. Levels with at most 2B nodes are recomputed whole (one dense, vectorised
-        # pass of <= 2B nodes is cheaper than a B-wide gather + scatter); the total stays O(B log P).
-        (b,) = indices.shape
-        node = jnp.where(touched, indices, 0)
-        if b <= _SMALL_BATCH:
-            # Few entries: scalar dynamic slices per entry beat B-wide gathers/scatters on CPU.
-            for level in range(self.depth - 1, -1, -1):
-                node = node >> 1
-                children, out = levels[level + 1], levels[level]
-                for k in range(b):
-                    kids = jax.lax.dynamic_slice_in_dim(children, 2 * node[k], 2)
-                    out = jax.lax.dynamic_update_slice_in_dim(out, self._combine(kids[:1], kids[1:]), node[k], 0)
-                levels[level] = out
-            return self.replace(levels=tuple(levels))
-        for level in range(self.depth - 1, -1, -1):
-            node = node >> 1
-            pairs = levels[level + 1].reshape(-1, 2)  # row j: the two children of node j
-            if (1 << level) <= 2 * b:
-                levels[level] = self._combine(pairs[:, 0], pairs[:, 1])
-            else:
-                kids = pairs[node]
-                parent = self._combine(kids[:, 0], kids[:, 1])
-                levels[level] = levels[level].at[node].set(parent, mode="promise_in_bounds")
-        return self.replace(levels=tuple(levels))
+        (tree,) = _set_trees([self], indices, values, where, unique=True)
+        return tree
 
 
 class SumTree(_ReductionTree):
     """Sum tree over ``capacity`` non-negative leaves with batched prefix-sum search.
 
     Fields:
-      levels: tuple of arrays, ``levels[l]`` shape=(2**l,), dtype=float32; ``levels[0][0]`` is the
-        total, leaf ``i`` is ``levels[-1][i]``.
+      nodes: shape=(2 * P,), dtype=float32: the heap (see the module docstring); ``nodes[1]`` is
+        the total, leaf ``i`` is ``nodes[P + i]``.
       capacity: static Python int.
 
     Example:
@@ -311,18 +380,18 @@ class SumTree(_ReductionTree):
         q = jnp.where(jnp.isnan(q), 0, q)
         q = jnp.clip(q, 0, jnp.maximum(below_total, 0))
 
-        node = jnp.zeros(q.shape, jnp.int32)
-        for level in range(1, self.depth + 1):
-            left = 2 * node
-            left_sum = self.levels[level][left]
-            right_sum = self.levels[level][left + 1]
+        pairs = self.nodes.reshape(-1, 2)  # row n: the two children of node n
+        node = jnp.ones(q.shape, jnp.int32)
+        for _ in range(self.depth):
+            kids = pairs[node]  # one gather per level for both children
+            left_sum, right_sum = kids[:, 0], kids[:, 1]
             go_left = q < left_sum
             # Never step into an empty subtree: fall back to the other child. (If both are empty,
             # which only happens in an empty tree, go left.)
             go_left = jnp.where(go_left, left_sum > 0, right_sum <= 0)
             q = jnp.where(go_left, q, q - left_sum)
-            node = jnp.where(go_left, left, left + 1)
-        return node
+            node = jnp.where(go_left, 2 * node, 2 * node + 1)
+        return node - self.padded_capacity
 
     def sample_stratified(self, key: jax.Array, batch_size: int) -> jax.Array:
         """Stratified proportional sampling: one uniform query per stratum of the total.

@@ -266,6 +266,33 @@ def test_scan_with_donation_and_compiles_once(compile_counter):
     assert n() == 0
 
 
+@pytest.mark.parametrize("batch", [1, 256])
+def test_donated_add_and_set_priorities_do_not_copy_the_trees(batch):
+    """Compiled donated add / set_priorities hold no copy of either tree's heap (in place), on
+    the small-batch walk path (both trees updated in one call)."""
+    buf = PRB.create(ITEM, 100_000)
+    heap = f"f32[{2 * buf.sum_tree.padded_capacity}]"
+    ids = jnp.arange(batch, dtype=jnp.int32)
+    fns = {
+        "add": (lambda b, i: b.add(_batch_traced(i)), (buf, ids)),
+        "set_priorities": (lambda b, i: b.set_priorities(i, jnp.ones(i.shape), i), (buf, ids)),
+    }
+    for name, (fn, args) in fns.items():
+        text = jax.jit(fn, donate_argnums=0).lower(*args).compile().as_text()
+        copies = [l for l in text.splitlines() if " copy(" in l and heap in l.split("copy(")[0]]
+        assert not copies, (name, copies[:2])
+
+
+def test_duplicate_updates_running_max_counts_winners_only():
+    """A slot updated twice in one batch: only the last (winning) priority may raise the max."""
+    buf = PRB.create(ITEM, 8, priority_exponent=0.5)
+    buf = buf.add(_batch([0, 1]), jnp.array([1.0, 1.0]))
+    gens = buf.generations[:2]
+    buf = buf.set_priorities(jnp.array([0, 0, 1]), jnp.array([9.0, 2.0, 3.0]), jnp.array([gens[0], gens[0], gens[1]]))
+    assert float(buf.max_priority) == 3.0  # the overwritten 9 does not count
+    np.testing.assert_allclose(np.asarray(buf.priorities(jnp.array([0, 1]))), [2.0, 3.0], rtol=1e-6)
+
+
 def _batch_traced(ids):
     return {"id": ids, "v": jnp.stack([ids, -ids], 1).astype(jnp.float32)}
 
