@@ -35,8 +35,9 @@ holds more than ``K`` truncated steps at once, i.e. ``K >= length / (shortest tr
 always exact. If a lane ever holds more than ``K`` truncated steps, the oldest final observations
 are overwritten and :meth:`TrajectoryBuffer.final_obs_lost` (an exact ``O(capacity)`` check) says
 so; transitions bootstrapping from a lost final observation would read a newer one, so size ``K``
-as above and check now and then. Each ring slot remembers its owner step (an int32 stamp), and
-the flags and the ring slot of a step share one int32 (``meta``).
+as above and check now and then. The flags and the ring slot of a step share one int32
+(``meta``); the ring cursors (``head``, ``num_valid``, ``added``, ``final_head``) share one int32
+array (``counters``), because every array of the state costs dispatch time on each jitted call.
 
 Sampling
 --------
@@ -166,10 +167,11 @@ def _gamma(gamma, dtype) -> jax.Array:
     return g.astype(dtype)
 
 
-def _stamp(added: jax.Array) -> jax.Array:
-    """Steps ever added (two-word counter) as an int32 modulo 2**32: differences of stamps less
-    than 2**31 apart are exact (used only to tell whether a step is still stored)."""
-    return (added[0] << 30) + added[1]
+_COUNTERS = 4  # scalar cursors at the front of TrajectoryBuffer.counters: head, num_valid, added[2]
+
+
+def _pack_counters(head, num_valid, added, final_head) -> jax.Array:
+    return jnp.concatenate([jnp.stack([head, num_valid]), added, final_head]).astype(jnp.int32)
 
 
 def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array, gamma) -> tuple:
@@ -215,11 +217,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
     storage: Any  # dict like the example step, leaves [num_envs, length, *shape], example dtypes
     meta: jax.Array  # shape=[num_envs, length], dtype=int32: bit 0 terminated, bit 1 truncated, bits 2.. final-obs ring slot
     final_obs: Any  # obs pytree, leaves [num_envs, final_obs_capacity, *obs_shape]: final-observation ring
-    final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-obs ring slot per lane, in [0, K)
-    final_step: jax.Array  # shape=[num_envs, K], dtype=int32: stamp (steps added before it, mod 2**32) of each ring slot's owner step
-    head: jax.Array  # shape=(), dtype=int32: slot the next step is written to, in [0, length)
-    num_valid: jax.Array  # shape=(), dtype=int32: steps stored per lane, in [0, length]
-    added: jax.Array  # shape=(2,), dtype=int32: steps ever added per lane (two-word counter, see _ring)
+    counters: jax.Array  # shape=[4 + num_envs], dtype=int32: head, num_valid, added (2 words), final_head per lane (see properties)
     num_envs: int = struct.field(pytree_node=False)
     length: int = struct.field(pytree_node=False)
     final_obs_capacity: int = struct.field(pytree_node=False)
@@ -279,11 +277,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
             storage=jax.tree.map(lambda s: zeros(s, length), spec),
             meta=jnp.zeros((num_envs, length), jnp.int32),
             final_obs=jax.tree.map(lambda s: zeros(s, k), spec[obs_key]),
-            final_head=jnp.zeros((num_envs,), jnp.int32),
-            final_step=jnp.full((num_envs, k), -1, jnp.int32),
-            head=jnp.int32(0),
-            num_valid=jnp.int32(0),
-            added=_ring.counter_zero(),
+            counters=jnp.zeros((_COUNTERS + num_envs,), jnp.int32),
             num_envs=num_envs,
             length=length,
             final_obs_capacity=k,
@@ -293,6 +287,29 @@ class TrajectoryBuffer(struct.PyTreeNode):
         )
 
     # ------------------------------------------------------------------ properties
+    # The ring cursors share one int32 array (``counters``): every pytree leaf of a jitted call's
+    # arguments and results costs host dispatch time (~1 us per leaf per call measured on CPU), and
+    # these are always read and written together.
+    @property
+    def head(self) -> jax.Array:
+        """int32 scalar: slot the next step is written to, in ``[0, length)``."""
+        return self.counters[..., 0]
+
+    @property
+    def num_valid(self) -> jax.Array:
+        """int32 scalar: steps stored per lane, in ``[0, length]``."""
+        return self.counters[..., 1]
+
+    @property
+    def added(self) -> jax.Array:
+        """int32[2]: steps ever added per lane, a two-word counter (see :mod:`jaxbuffers._ring`)."""
+        return self.counters[..., 2:_COUNTERS]
+
+    @property
+    def final_head(self) -> jax.Array:
+        """int32[num_envs]: next final-observation ring slot per lane, in ``[0, final_obs_capacity)``."""
+        return self.counters[..., _COUNTERS:]
+
     @property
     def step_spec(self) -> Any:
         """Dict of ``jax.ShapeDtypeStruct``: one step of one env (derived from storage)."""
@@ -404,47 +421,46 @@ class TrajectoryBuffer(struct.PyTreeNode):
         n_new = cum[:, -1]
         slot = (self.final_head[:, None] + cum - 1) % kcap
         meta = terminated.astype(jnp.int32) | (truncated.astype(jnp.int32) << 1) | (jnp.where(boot, slot, 0) << 2)
-        store, owner = self.final_obs, self.final_step
+        store = self.final_obs
         if final_obs is not None:
-            # Two scatters that skip (mode="drop") every step without a truncation. A lane with more
-            # than K truncations in one chunk keeps the last K. (A lax.cond around them measured
-            # slower on CPU than the dropped scatters.)
+            # One scatter that skips (mode="drop") every step without a truncation. A lane with more
+            # than K truncations in one chunk keeps the last K. (A lax.cond around it measured no
+            # faster on CPU than the dropped scatter.)
             keep = boot if t == 1 else boot & (n_new[:, None] - cum < kcap)
             rows = jnp.broadcast_to(jnp.arange(e, dtype=jnp.int32)[:, None], (e, t))
             # Skipped entries point past the end, each to its own index, so all (row, col) pairs are
             # distinct: unique_indices lets XLA scatter them in parallel (a measured 10x here).
             cols = jnp.where(keep, slot, kcap + jnp.arange(t, dtype=jnp.int32)[None, :])
             put = dict(mode="drop", unique_indices=True)
+            if t == 1:  # [E] indices and [E, ...] rows: no relayout copy of the update before the scatter
+                rows, cols, final_obs = rows[:, 0], cols[:, 0], jax.tree.map(lambda x: x[:, 0], final_obs)
             store = jax.tree.map(lambda s, x: s.at[rows, cols].set(x, **put), store, final_obs)
-            stamps = _stamp(self.added) + jnp.arange(t, dtype=jnp.int32)
-            owner = owner.at[rows, cols].set(jnp.broadcast_to(stamps, (e, t)), **put)
         head, num_valid = _ring.advance(self.head, self.num_valid, t, n)
+        final_head = (self.final_head + n_new) % kcap
         return self.replace(
             storage=storage,
             meta=_ring.write(self.meta, meta, self.head, axis=1),
             final_obs=store,
-            final_head=((self.final_head + n_new) % kcap).astype(jnp.int32),
-            final_step=owner,
-            head=head,
-            num_valid=num_valid,
-            added=_ring.counter_add(self.added, t),
+            counters=_pack_counters(head, num_valid, _ring.counter_add(self.added, t), final_head),
         )
 
     def final_obs_lost(self) -> jax.Array:
         """Whether some stored truncated step's final observation was overwritten (bool scalar).
 
-        True only when a lane held more than ``final_obs_capacity`` truncated steps at once (see
-        the module docstring). Exact: compares each stored truncated step with the owner stamp of
-        its ring slot. Costs ``O(num_envs * length)``: a diagnostic, call it now and then, not per step.
+        True only when a lane held more than ``final_obs_capacity`` (K) truncated steps at once (see
+        the module docstring). Exact: ring slots are handed out in order per lane, so a truncated
+        step's final observation survives iff fewer than K truncated (and not terminated) steps
+        came after it in its lane, and every later step is still stored. Costs ``O(num_envs *
+        length)``: a diagnostic, call it now and then, not per step.
         """
         n = self.length
         logical = jnp.arange(n, dtype=jnp.int32)
         phys = _ring.logical_to_physical(logical, self.head, self.num_valid, n)
         meta = self.meta[:, phys]  # [E, n], logical order
-        stamps = _stamp(self.added) - self.num_valid + logical  # stamp of each logical step
-        owner = jnp.take_along_axis(self.final_step, meta >> 2, axis=1)
         needs = ((meta & 3) == 2) & (logical < self.num_valid)
-        return jnp.any(needs & (owner != stamps[None, :]))
+        c = needs.astype(jnp.int32)
+        later = jnp.sum(c, axis=1, keepdims=True) - jnp.cumsum(c, axis=1)  # ring writes after each step
+        return jnp.any(needs & (later >= self.final_obs_capacity))
 
     # ------------------------------------------------------------------ sampling
     def _uniform_positions(self, key, batch_size: int, window: int, period: int):
@@ -576,6 +592,98 @@ class TrajectoryBuffer(struct.PyTreeNode):
         _gamma(gamma, self.storage[self.reward_key].dtype)
         lanes, starts = self._uniform_positions(key, batch_size, n_step + 1, 1)
         return self._transitions(lanes, starts, n_step, gamma)
+
+
+    # ------------------------------------------------------------------ reads at given positions
+    def _split_indices(self, indices) -> tuple[jax.Array, jax.Array]:
+        indices = jnp.asarray(indices)
+        if indices.ndim != 1:
+            raise ValueError(f"indices: expected a 1-D array [B] of flat positions (lane * length + slot), got shape {indices.shape}")
+        if not jnp.issubdtype(indices.dtype, jnp.integer):
+            raise TypeError(f"indices: expected an integer dtype (int32), got {indices.dtype}")
+        flat = jnp.clip(indices.astype(jnp.int32), 0, self.num_envs * self.length - 1)
+        return flat // self.length, flat % self.length
+
+    def valid_starts(self, indices, window: int, *, period: int = 1) -> jax.Array:
+        """Whether a window of ``window`` steps starting at each flat position is valid now.
+
+        Valid means what the uniform samplers draw from: the start's logical index ``l`` (0 = oldest
+        stored step of its lane) is a multiple of ``period`` and ``l + window <= num_valid`` (the
+        window is stored and does not straddle the write head). For :meth:`transitions_at` with
+        ``n_step=n`` pass ``window=n + 1``.
+
+        Args:
+          indices: int[B], flat positions ``lane * length + physical slot``.
+          window, period: static Python ints >= 1.
+
+        Returns:
+          bool[B]; ``False`` for indices outside ``[0, num_envs * length)``.
+        """
+        window = _check_static_int("window", window)
+        period = _check_static_int("period", period)
+        lanes, slots = self._split_indices(indices)
+        raw = jnp.asarray(indices)
+        in_range = (raw >= 0) & (raw < self.num_envs * self.length)
+        logical = _ring.physical_to_logical(slots, self.head, self.num_valid, self.length)
+        return in_range & (logical + window <= self.num_valid) & (logical % period == 0)
+
+    def sequences_at(self, indices, sequence_length: int) -> SequenceSample:
+        """The sequences of ``sequence_length`` steps starting at given flat positions.
+
+        The read behind :meth:`sample_sequences`: ``sequences_at(s.indices, L)`` equals a sample
+        ``s`` taken with sequence length ``L``. Use it to re-read positions you sampled or chose
+        yourself (e.g. an external sampler, or another library's layout on top of the lanes).
+
+        Args:
+          indices: int[B] (any integer dtype), flat positions ``lane * length + physical slot`` of
+            the first step, as the sample types' ``indices`` hold them.
+          sequence_length: static Python int in ``[1, length]``.
+
+        Returns:
+          :class:`SequenceSample` (leaves ``[B, sequence_length, ...]``). Positions are NOT checked
+          against the write head: a window that runs past the newest step reads physically
+          following slots (older data after wrap-around, zeros if never written); check with
+          :meth:`valid_starts` when positions are not from a sampler. Indices outside
+          ``[0, num_envs * length)`` are clamped into it (garbage in, defined out).
+
+        Raises (trace time):
+          ValueError / TypeError: ``indices`` not a 1-D integer array, bad ``sequence_length``.
+        """
+        sequence_length = _check_static_int("sequence_length", sequence_length)
+        if sequence_length > self.length:
+            raise ValueError(f"sequence_length: expected at most length={self.length}, got {sequence_length}")
+        lanes, slots = self._split_indices(indices)
+        return self._sequences(lanes, slots, sequence_length)
+
+    def transitions_at(self, indices, *, n_step: int = 1, gamma) -> TransitionSample:
+        """The n-step transitions starting at given flat positions.
+
+        The read behind :meth:`sample_transitions` (same return, cut at the first episode end,
+        ``next_obs`` from the final-observation ring after a truncation): ``transitions_at(s.indices,
+        n_step=n, gamma=g)`` equals a sample ``s`` taken with the same ``n`` and ``g``.
+
+        Args:
+          indices: int[B] (any integer dtype), flat positions ``lane * length + physical slot`` of
+            step ``t``, as the sample types' ``indices`` hold them.
+          n_step: static Python int in ``[1, length - 1]``.
+          gamma: discount in [0, 1], Python float or 0-d array (may be traced).
+
+        Returns:
+          :class:`TransitionSample` (leaves ``[B, ...]``). Positions are NOT checked: a window of
+          ``n_step + 1`` steps that runs past the newest step reads physically following slots
+          (older data after wrap-around), and so may the ``next_obs`` of the newest step; check
+          with :meth:`valid_starts` (``window=n_step + 1``) when positions are not from a sampler.
+          Indices outside ``[0, num_envs * length)`` are clamped into it.
+
+        Raises (trace time):
+          ValueError / TypeError: ``indices`` not a 1-D integer array, bad ``n_step`` or ``gamma``.
+        """
+        n_step = _check_static_int("n_step", n_step)
+        if n_step + 1 > self.length:
+            raise ValueError(f"n_step: expected at most length - 1 = {self.length - 1}, got {n_step}")
+        _gamma(gamma, self.storage[self.reward_key].dtype)
+        lanes, slots = self._split_indices(indices)
+        return self._transitions(lanes, slots, n_step, gamma)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -111,7 +111,9 @@ SEQ = jax.jit(
     static_argnums=(2, 3, 4, 5),
 )
 TRANS = jax.jit(lambda b, k, bs, n, gamma: b.sample_transitions(k, bs, n_step=n, gamma=gamma), static_argnums=(2, 3))
-AT = jax.jit(lambda b, flat, n, gamma: b._transitions(flat // b.length, flat % b.length, n, gamma), static_argnums=(2,))
+AT = jax.jit(lambda b, flat, n, gamma: b.transitions_at(flat, n_step=n, gamma=gamma), static_argnums=(2,))
+SEQ_AT = jax.jit(lambda b, flat, n: b.sequences_at(flat, n), static_argnums=(2,))
+VALID = jax.jit(lambda b, flat, n, period: b.valid_starts(flat, n, period=period), static_argnums=(2, 3))
 PSEQ = jax.jit(lambda b, k, bs, beta: b.sample_sequences(k, bs, beta=beta), static_argnums=(2,))
 PTRANS = jax.jit(lambda b, k, bs, beta, gamma: b.sample_transitions(k, bs, beta=beta, gamma=gamma), static_argnums=(2,))
 CAN = jax.jit(lambda b, n, period, cross: b.can_sample(n, period=period, cross_episodes=cross), static_argnums=(1, 2, 3))
@@ -338,8 +340,16 @@ def run_model(use_jit, data, draws):
             if (a - lo) % period == 0 and (cross or not any(ref.end(e, a + i) for i in range(seq_len - 1)))
         ]
         assert bool(can(buf)) == bool(starts_ok)
+        every = jnp.arange(num_envs * length, dtype=jnp.int32)
+        valid = VALID(buf, every, seq_len, period) if use_jit else buf.valid_starts(every, seq_len, period=period)
+        flat_ok = {e * length + a % length for e, a in starts_ok} if cross else None
+        if cross:
+            assert set(np.flatnonzero(np.asarray(valid)).tolist()) == flat_ok
         if starts_ok:
             out = host(sample(buf, key))
+            # the public read at the sampled positions returns exactly the sample
+            again = host(SEQ_AT(buf, out.indices, seq_len) if use_jit else buf.sequences_at(out.indices, seq_len))
+            jax.tree.map(np.testing.assert_array_equal, again, out)
             for b in range(12):
                 lane, a = ref.locate(out.indices[b])
                 assert (lane, a) in starts_ok
@@ -362,6 +372,9 @@ def run_model(use_jit, data, draws):
         if ref.total >= n_step + 1:
             assert bool(buf.can_sample(n_step + 1))
             out = host(trans(buf, key))
+            again = AT(buf, out.indices, n_step, gamma) if use_jit else buf.transitions_at(out.indices, n_step=n_step, gamma=gamma)
+            jax.tree.map(np.testing.assert_array_equal, host(again), out)
+            assert np.all(np.asarray(buf.valid_starts(out.indices, n_step + 1)))
             for b in range(12):
                 lane, a = ref.locate(out.indices[b])
                 assert a + n_step + 1 <= ref.total
@@ -423,10 +436,62 @@ def test_small_final_obs_ring_exact_until_overflow():
     assert bool(buf.final_obs_lost())
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    k=st.integers(1, 3), length=st.integers(2, 9), seed=st.integers(0, 2**31 - 1),
+    chunks=st.lists(st.integers(1, 4), min_size=1, max_size=6),
+)
+def test_final_obs_lost_is_exact(k, length, seed, chunks):
+    # final_obs_lost() is True iff some stored truncated step reads a final obs that is not its own.
+    rng = np.random.default_rng(seed)
+    buf = TrajectoryBuffer.create(EXAMPLE, 2, length, final_obs_capacity=k)
+    ref = Ref(2, length)
+    counter = 0
+    for t in chunks:
+        t = min(t, length)
+        chunk = make_chunk(rng, 2, t, counter, p_term=0.1, p_trunc=0.5)
+        counter += t
+        buf = ADD(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
+        ref.add(*chunk)
+        lo = ref.total - ref.num_valid
+        boots = [(e, a) for e in range(2) for a in range(lo, ref.total)
+                 if ref.steps[e][a]["trunc"] and not ref.steps[e][a]["term"]]
+        wrong = False
+        if boots:
+            flat = jnp.array([e * length + a % length for e, a in boots], jnp.int32)
+            got = np.asarray(AT(buf, flat, 1, 0.5).next_obs)
+            want = np.stack([ref.steps[e][a]["final"] for e, a in boots])
+            wrong = bool(np.any(got != want))
+        assert bool(buf.final_obs_lost()) == wrong
+
+
+def test_positions_api_errors_and_clamping():
+    buf = _lane_buffer([1.0] * 6, [False] * 6, [False] * 6, length=8)
+    with pytest.raises(ValueError, match="indices"):
+        buf.transitions_at(jnp.zeros((2, 2), jnp.int32), gamma=0.9)
+    with pytest.raises(TypeError, match="indices"):
+        buf.sequences_at(jnp.zeros((2,), jnp.float32), 2)
+    with pytest.raises(ValueError, match="n_step"):
+        buf.transitions_at(jnp.zeros((2,), jnp.int32), n_step=8, gamma=0.9)
+    with pytest.raises(ValueError, match="gamma"):
+        buf.transitions_at(jnp.zeros((2,), jnp.int32), gamma=1.5)
+    with pytest.raises(ValueError, match="sequence_length"):
+        buf.sequences_at(jnp.zeros((2,), jnp.int32), 9)
+    # 6 steps stored in slots 0..5: windows of 3 start at 0..3 only; out-of-range is not valid
+    np.testing.assert_array_equal(
+        np.asarray(buf.valid_starts(jnp.array([-1, 0, 3, 4, 7, 8]), 3)), [False, True, True, False, False, False]
+    )
+    np.testing.assert_array_equal(np.asarray(buf.valid_starts(jnp.arange(4), 1, period=2)), [True, False, True, False])
+    # indices outside [0, num_envs * length) are clamped: -5 reads slot 0, 99 reads slot 7
+    out = host(buf.sequences_at(jnp.array([-5, 99], jnp.int64 if jax.config.x64_enabled else jnp.int32), 1))
+    np.testing.assert_array_equal(out.item["action"][:, 0], [0, 0])  # slot 7 never written: zeros
+    np.testing.assert_array_equal(out.indices, [0, 7])
+
+
 def test_memory_bytes_and_ring_size():
     big = TrajectoryBuffer.create(EXAMPLE, 4, 100)
     small = TrajectoryBuffer.create(EXAMPLE, 4, 100, final_obs_capacity=5)
-    ring_slot = 4 * (OBS_DIM * 4 + 4)  # 4 lanes x (one obs + its int32 owner stamp)
+    ring_slot = 4 * OBS_DIM * 4  # 4 lanes x one float32 obs
     assert big.memory_bytes - small.memory_bytes == (100 - 5) * ring_slot
     assert big.memory_bytes == tree_nbytes(big)
     steps = 4 * 100 * (OBS_DIM * 4 + 4 + 4)
