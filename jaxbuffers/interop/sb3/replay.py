@@ -117,9 +117,8 @@ def _compressed_add(cbuf, obs: jax.Array, next_obs: jax.Array, done: jax.Array):
 def _compressed_gather(cbuf, rows: jax.Array, envs: jax.Array, done: jax.Array, newest: jax.Array, pending: jax.Array):
     # One-step transitions at (lane = env, slot = row): ids of obs and next obs; after an episode
     # end the next obs comes from the final-observation ring (every done was given as truncated).
-    # TrajectoryBuffer._transitions is the gather behind its sample_transitions (no public
-    # "transitions at these positions" yet).
-    tr = cbuf.trajectory._transitions(envs, rows, 1, jnp.float32(1.0))
+    traj = cbuf.trajectory
+    tr = traj.transitions_at(envs * traj.length + rows, n_step=1, gamma=jnp.float32(1.0))
     obs_ids, next_ids = tr.obs, tr.next_obs
     # The newest row's next observation is not in the ring yet (it becomes the next row's obs):
     # it is held in `pending`, and decoding is pointed at a valid slot instead.
