@@ -77,7 +77,7 @@ import numpy as np
 from flax import struct
 
 from jaxbuffers import _ring, _validate
-from jaxbuffers.sum_tree import MinTree, SumTree
+from jaxbuffers.sum_tree import MinTree, SumTree, set_sum_and_min
 
 __all__ = [
     "TrajectoryBuffer",
@@ -835,6 +835,9 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         is_new = jnp.arange(2 * e * t) >= e * t
         sum_vals = jnp.where(is_new, fresh, 0).astype(jnp.float32)
         min_vals = jnp.where(is_new, fresh, jnp.inf).astype(jnp.float32)
+        # O(E t log P) per tree (the trees need different values at the zeroed starts: 0 / +inf).
+        # When window_length <= t a newly completed window can start at a slot written by this very
+        # add; it comes later in `idx` and the last write wins, so no unique_indices here.
         return self.replace(
             buffer=new,
             sum_tree=self.sum_tree.set(idx, sum_vals, where),
@@ -925,8 +928,5 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         p = jnp.clip(p, self.min_priority, self.max_priority_limit)
         v = p ** self.priority_exponent
         max_p = jnp.maximum(self.max_priority, jnp.max(jnp.where(live, p, 0)))
-        return self.replace(
-            sum_tree=self.sum_tree.set(safe, v, live),
-            min_tree=self.min_tree.set(safe, v, live),
-            max_priority=max_p.astype(jnp.float32),
-        )
+        sum_tree, min_tree = set_sum_and_min(self.sum_tree, self.min_tree, safe, v.astype(jnp.float32), live)
+        return self.replace(sum_tree=sum_tree, min_tree=min_tree, max_priority=max_p.astype(jnp.float32))
