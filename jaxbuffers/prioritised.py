@@ -149,10 +149,12 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     # ------------------------------------------------------------------ properties
     @property
     def capacity(self) -> int:
+        """Number of item slots (static Python int)."""
         return self.replay.capacity
 
     @property
     def min_size(self) -> int:
+        """Items needed before ``can_sample`` is True (static Python int)."""
         return self.replay.min_size
 
     @property

@@ -113,10 +113,12 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
     # ------------------------------------------------------------------ properties
     @property
     def num_steps(self) -> int:
+        """Rows T of the rollout (static Python int)."""
         return self.buffer.num_steps
 
     @property
     def num_envs(self) -> int:
+        """Envs N per row (static Python int)."""
         return self.buffer.num_envs
 
     @property
@@ -128,20 +130,25 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
 
     @property
     def device_nbytes(self) -> int:
+        """Bytes of the device-side arrays (uncompressed fields, ids, GAE fields)."""
         return _validate.tree_nbytes(self)
 
     @property
     def host_nbytes(self) -> int:
+        """Bytes held by the host stores (payload arenas plus index; see ``CompressedStore.nbytes``)."""
         return self.host.nbytes
 
     @property
     def nbytes(self) -> int:
+        """Device plus host bytes."""
         return self.device_nbytes + self.host_nbytes
 
     def size(self) -> jax.Array:
+        """Rows filled so far (int32 scalar)."""
         return self.buffer.size()
 
     def is_full(self) -> jax.Array:
+        """Whether all ``num_steps`` rows are filled (bool scalar)."""
         return self.buffer.is_full()
 
     def close(self) -> None:

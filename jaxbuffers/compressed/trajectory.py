@@ -279,14 +279,17 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
 
     @property
     def num_envs(self) -> int:
+        """Number of lanes (static Python int)."""
         return self.trajectory.num_envs
 
     @property
     def length(self) -> int:
+        """Steps kept per lane (static Python int)."""
         return self.trajectory.length
 
     @property
     def final_obs_capacity(self) -> int:
+        """Final observations kept per lane for truncated steps (K; static Python int)."""
         return self.trajectory.final_obs_capacity
 
     @property
@@ -330,9 +333,11 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         return self.buffer.size()
 
     def is_full(self) -> jax.Array:
+        """Whether every slot of every lane holds a step (bool scalar)."""
         return self.buffer.is_full()
 
     def num_added(self) -> int:
+        """Exact number of steps ever added per lane (host-side Python int)."""
         return self.trajectory.num_added()
 
     def can_sample(self, sequence_length: int = 1, **kwargs) -> jax.Array:
@@ -565,6 +570,7 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
 
     @property
     def trajectory(self) -> TrajectoryBuffer:
+        """The device-side :class:`~jaxbuffers.TrajectoryBuffer` under the prioritised wrapper."""
         return self.buffer.buffer
 
     def can_sample(self) -> jax.Array:  # type: ignore[override]
