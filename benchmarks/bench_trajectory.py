@@ -11,8 +11,8 @@ Cases (every call jitted, buffer donated):
   * ours only: n-step transitions (batch 256, n = 3) and within-episode sequences.
 
 Work is not identical: jaxbuffers also stores the episode flags separately, keeps the
-final-observation ring (written on truncated steps; the "call"/"scan" cases pass a final_obs every
-step), masks sequences at episode ends, and never samples across the write head; flashbax samples
+final-observation ring (written on truncated steps; the add cases pass ``truncated`` and a
+``final_obs`` every step, so the ring scatter is always compiled in), masks sequences at episode ends, and never samples across the write head; flashbax samples
 across episode ends. For fairness flashbax's step also carries ``terminated``/``truncated`` fields.
 Steps: vector (obs f32[17], action f32[6], reward f32; 8 envs x 12,500 steps) and Atari (pixels
 u8[84,84,4] as obs, action i32, reward f32; 8 envs x 1,250 steps). Buffers are filled completely
@@ -233,8 +233,10 @@ def report(case, unit, per_op, times, ours="jaxbuffers"):
 
 def main():
     args = parser(__doc__).parse_args()
+    # The default run takes about 5 minutes on a 2-core CPU (compiles included), --quick about 2.5.
     repeats = args.repeats or (3 if args.quick else 9)
     q = 10 if args.quick else 1
+    start = time.perf_counter()
     emit({"bench": "trajectory", "machine": machine_info(), "versions": versions("jax", "jaxlib", "flashbax", "jaxbuffers")})
     for name, (step, length, ring) in STEPS.items():
         one, chunk = env_step(step), env_step(step, CHUNK)
@@ -297,6 +299,7 @@ def main():
             times = interleaved({i.name: sample_update_scan_runner(i, n, nsamp) for i in impls}, repeats, nsamp)
             report(f"prioritised/sample+set_priorities/{name}/scan/batch={SAMPLE}/seq={n}", "sequences", SAMPLE, times)
             del impls
+    emit({"bench": "trajectory", "done": True, "elapsed_s": round(time.perf_counter() - start, 1)})
 
 
 if __name__ == "__main__":

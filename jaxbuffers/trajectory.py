@@ -45,7 +45,10 @@ A *window* of ``w`` steps starting at a lane's logical step ``l`` (0 = oldest st
 ``l + w <= num_valid``: it never straddles the write head. Sequences use ``w = sequence_length``;
 n-step transitions use ``w = n_step + 1`` (the window must include the step that holds
 ``obs_{t+n}``), so the newest ``n_step`` steps of a lane are sampled once later steps arrive.
-Positions are flat ``index = lane * length + physical_slot``.
+Positions are flat ``index = lane * length + physical_slot``; :meth:`TrajectoryBuffer.transitions_at`
+and :meth:`TrajectoryBuffer.sequences_at` read the transitions / sequences at given positions (what
+the samplers return there), and :meth:`TrajectoryBuffer.valid_starts` says which positions the
+samplers can draw.
 
 Example::
 
@@ -424,8 +427,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
         store = self.final_obs
         if final_obs is not None:
             # One scatter that skips (mode="drop") every step without a truncation. A lane with more
-            # than K truncations in one chunk keeps the last K. (A lax.cond around it measured no
-            # faster on CPU than the dropped scatter.)
+            # than K truncations in one chunk keeps the last K. For one step a lax.cond around it
+            # measured no faster on CPU than the dropped scatter; for chunks (whose dropped scatter
+            # grows with t) the cond skips it when no step of the chunk bootstraps.
             keep = boot if t == 1 else boot & (n_new[:, None] - cum < kcap)
             rows = jnp.broadcast_to(jnp.arange(e, dtype=jnp.int32)[:, None], (e, t))
             # Skipped entries point past the end, each to its own index, so all (row, col) pairs are
@@ -434,7 +438,11 @@ class TrajectoryBuffer(struct.PyTreeNode):
             put = dict(mode="drop", unique_indices=True)
             if t == 1:  # [E] indices and [E, ...] rows: no relayout copy of the update before the scatter
                 rows, cols, final_obs = rows[:, 0], cols[:, 0], jax.tree.map(lambda x: x[:, 0], final_obs)
-            store = jax.tree.map(lambda s, x: s.at[rows, cols].set(x, **put), store, final_obs)
+            scatter = lambda st: jax.tree.map(lambda s, x: s.at[rows, cols].set(x, **put), st, final_obs)  # noqa: E731
+            if t == 1:
+                store = scatter(store)
+            else:
+                store = jax.lax.cond(jnp.any(keep), scatter, lambda st: st, store)
         head, num_valid = _ring.advance(self.head, self.num_valid, t, n)
         final_head = (self.final_head + n_new) % kcap
         return self.replace(
@@ -717,6 +725,9 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     Importance weights (Schaul et al. 2016): ``w_i = (N P(i))^-beta / max_j (N P(j))^-beta`` with
     ``N`` the number of valid positions; the max is over the valid positions (a min tree of
     ``p^alpha``), so ``w_i = (p_i^alpha / min_j p_j^alpha)^-beta``.
+
+    To re-read sampled positions use ``self.buffer.transitions_at(indices, ...)`` /
+    ``self.buffer.sequences_at(indices, ...)`` (:class:`TrajectoryBuffer`).
 
     Priority policy (:meth:`set_priorities`): NaN -> current max priority; negative, zero or
     below ``min_priority`` -> ``min_priority``; +inf -> ``max_priority_limit``. Updates for a
