@@ -61,3 +61,56 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="short run (fewer repetitions and sizes)")
     p.add_argument("--repeats", type=int, default=None, help="timed repetitions per case (median reported)")
     return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Buffer timing: an "impl" wraps one library's buffer with ``state``, jitted ``add(state, batch)``
+# and ``sample(state, key)`` (donated where the library allows), and ``add_fn()``, the un-jitted
+# add for use inside ``lax.scan``.
+
+
+def batch_of(item, b: int, fill=1):
+    """A batch of ``b`` copies of ``item`` filled with ``fill`` (leading axis ``b``)."""
+    return jax.tree.map(lambda x: jax.numpy.full((b, *x.shape), fill, x.dtype), item)
+
+
+def time_add_call(impl, batch, calls: int, repeats: int) -> float:
+    """Seconds per jitted add called from Python (median over ``repeats`` runs of ``calls`` adds)."""
+    box = {"s": impl.state}
+
+    def run():
+        s = box["s"]
+        for _ in range(calls):
+            s = impl.add(s, batch)
+        box["s"] = jax.block_until_ready(s)
+
+    t = median_seconds(run, repeats=repeats)
+    impl.state = box["s"]
+    return t / calls
+
+
+def time_add_scan(impl, batch, steps: int, repeats: int) -> float:
+    """Seconds per add when ``steps`` adds run inside one jitted, donated ``lax.scan``."""
+    add = impl.add_fn()
+    f = jax.jit(lambda s, b: jax.lax.scan(lambda c, _: (add(c, b), None), s, None, length=steps)[0], donate_argnums=0)
+    box = {"s": impl.state}
+
+    def run():
+        box["s"] = jax.block_until_ready(f(box["s"], batch))
+
+    t = median_seconds(run, repeats=repeats)
+    impl.state = box["s"]
+    return t / steps
+
+
+def time_sample(impl, calls: int, repeats: int) -> float:
+    """Seconds per jitted sample called from Python (fresh key per call)."""
+    keys = list(jax.random.split(jax.random.key(0), calls))
+
+    def run():
+        out = None
+        for k in keys:
+            out = impl.sample(impl.state, k)
+        jax.block_until_ready(out)
+
+    return median_seconds(run, repeats=repeats) / calls

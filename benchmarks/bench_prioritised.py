@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, machine_info, median_seconds, parser, versions  # noqa: E402
+from _common import batch_of, emit, machine_info, median_seconds, parser, time_add_call, time_add_scan, time_sample, versions  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
@@ -35,10 +35,6 @@ ITEMS = {
 }
 SAMPLE = 256
 ALPHA, BETA = 0.6, 0.4
-
-
-def batch_of(item, b, fill=1):
-    return jax.tree.map(lambda x: jnp.full((b, *x.shape), fill, x.dtype), item)
 
 
 class Ours:
@@ -81,45 +77,6 @@ class Flashbax:
 
     def set_priorities(self, state, indices, generations, p):
         return self._set(state, indices, generations, p)
-
-
-def time_add_call(impl, batch, calls, repeats):
-    box = {"s": impl.state}
-
-    def run():
-        s = box["s"]
-        for _ in range(calls):
-            s = impl.add(s, batch)
-        box["s"] = jax.block_until_ready(s)
-
-    t = median_seconds(run, repeats=repeats)
-    impl.state = box["s"]
-    return t / calls
-
-
-def time_add_scan(impl, batch, steps, repeats):
-    add = impl.add_fn()
-    f = jax.jit(lambda s, b: jax.lax.scan(lambda c, _: (add(c, b), None), s, None, length=steps)[0], donate_argnums=0)
-    box = {"s": impl.state}
-
-    def run():
-        box["s"] = jax.block_until_ready(f(box["s"], batch))
-
-    t = median_seconds(run, repeats=repeats)
-    impl.state = box["s"]
-    return t / steps
-
-
-def time_sample(impl, calls, repeats):
-    keys = list(jax.random.split(jax.random.key(0), calls))
-
-    def run():
-        out = None
-        for k in keys:
-            out = impl.sample(impl.state, k)
-        jax.block_until_ready(out)
-
-    return median_seconds(run, repeats=repeats) / calls
 
 
 def time_set_priorities(impl, calls, repeats):

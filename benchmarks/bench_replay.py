@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, machine_info, median_seconds, parser, versions  # noqa: E402
+from _common import batch_of, emit, machine_info, parser, time_add_call, time_add_scan, time_sample, versions  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
@@ -31,10 +31,6 @@ ITEMS = {
     "atari": ({"pixels": jnp.zeros((84, 84, 4), jnp.uint8)}, 50_000),
 }
 SAMPLE = 256
-
-
-def batch_of(item, b, fill=1):
-    return jax.tree.map(lambda x: jnp.full((b, *x.shape), fill, x.dtype), item)
 
 
 class Ours:
@@ -93,50 +89,6 @@ class FlashbaxFlat:
 
     def sample(self, state, key):
         return self._sample(state, key)
-
-
-def time_add_call(impl, batch, calls, repeats):
-    state = {"s": impl.state}
-
-    def run():
-        s = state["s"]
-        for _ in range(calls):
-            s = impl.add(s, batch)
-        jax.block_until_ready(s)
-        state["s"] = s
-
-    t = median_seconds(run, repeats=repeats)
-    impl.state = state["s"]
-    return t / calls
-
-
-def time_add_scan(impl, batch, steps, repeats):
-    add = impl.add_fn()
-
-    def many(s, batch):
-        return jax.lax.scan(lambda c, _: (add(c, batch), None), s, None, length=steps)[0]
-
-    f = jax.jit(many, donate_argnums=0)
-    state = {"s": impl.state}
-
-    def run():
-        state["s"] = jax.block_until_ready(f(state["s"], batch))
-
-    t = median_seconds(run, repeats=repeats)
-    impl.state = state["s"]
-    return t / steps
-
-
-def time_sample(impl, calls, repeats):
-    keys = list(jax.random.split(jax.random.key(0), calls))
-
-    def run():
-        out = None
-        for k in keys:
-            out = impl.sample(impl.state, k)
-        jax.block_until_ready(out)
-
-    return median_seconds(run, repeats=repeats) / calls
 
 
 def make_impls(item, capacity, b):
