@@ -92,6 +92,10 @@ class Ours:
     def sample(self, state, key, n):
         return self._sample(state, key) if self.prioritised else self._sample(state, key, n)
 
+    @staticmethod
+    def handles(out):
+        return out._replace(item=None, probabilities=None, importance_weights=None)
+
     def set_priorities(self, state, out, p):
         return self._set(state, out.indices, out.generations, p)
 
@@ -131,6 +135,10 @@ class Flashbax:
 
     def sample(self, state, key, n):
         return self._sample(state, key)
+
+    @staticmethod
+    def handles(out):
+        return out.replace(experience=None) if hasattr(out, "replace") else out._replace(experience=None)
 
     def set_priorities(self, state, out, p):
         return self._set(state, out.indices, p)
@@ -195,7 +203,9 @@ def sample_runner(impl, n, calls):
 
 
 def set_priorities_runner(impl, n, calls):
-    outs = [impl.sample(impl.state, k, n) for k in jax.random.split(jax.random.key(1), calls)]
+    # Keep only what set_priorities needs: whole samples (Atari, seq 32: 230 MB each) for every call
+    # exhausted memory in an earlier version of this benchmark.
+    outs = [impl.handles(impl.sample(impl.state, k, n)) for k in jax.random.split(jax.random.key(1), calls)]
     pris = [jax.random.uniform(k, (SAMPLE,), minval=0.1, maxval=3.0) for k in jax.random.split(jax.random.key(2), calls)]
 
     def run():
