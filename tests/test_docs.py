@@ -51,3 +51,15 @@ def test_jaxbuffers_import_does_not_pull_torch_or_sb3():
         "assert not bad, f'importing jaxbuffers imported {bad}'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_api_reference_is_current():
+    """docs/api.md is generated from the docstrings; regenerate with `python docs/gen_api.py`."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "docs" / "gen_api.py"
+    spec = importlib.util.spec_from_file_location("gen_api", path)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.OUT.read_text() == gen.render(), "docs/api.md is stale: run `python docs/gen_api.py`"
