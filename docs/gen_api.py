@@ -21,10 +21,13 @@ OUT = pathlib.Path(__file__).with_name("api.md")
 
 
 def _signature(obj) -> str:
+    """Parameters and defaults only: the docstrings give types, shapes and dtypes."""
     try:
-        return str(inspect.signature(obj))
+        sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return "(...)"
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
 
 
 def _members(cls):
