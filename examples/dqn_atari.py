@@ -163,6 +163,13 @@ def main(argv=None) -> dict:
     t0, last_t, last_steps, loss = time.time(), time.time(), 0, 0.0
     steps = 0
     raw_bytes = state["buf"].uncompressed_nbytes()
+    buf0 = state["buf"]
+    raw_per_transition = raw_bytes / (buf0.num_envs * buf0.length)  # an uncompressed buffer, per slot
+
+    def per_stored(b):
+        """Device + host bytes (host arenas counted whole, preallocated space included) per stored step."""
+        return b.nbytes / max(int(b.size()), 1)
+
     while steps < args.total_steps:
         eps = max(args.eps_end, 1.0 - (1.0 - args.eps_end) * steps / max(1.0, args.eps_fraction * args.total_steps))
         key, ka, ku = jax.random.split(key, 3)
@@ -196,8 +203,8 @@ def main(argv=None) -> dict:
             print(
                 f"steps {steps:>9,}  {sps:7.0f} steps/s  episodes {len(all_returns):5d}  "
                 f"return(last {len(returns)}) {mean_ret:7.2f}  loss {float(loss):.4f}  eps {eps:.3f}  "
-                f"buffer {b.nbytes / 2**20:8.1f} MiB (raw {raw_bytes / 2**20:,.0f} MiB, "
-                f"{raw_bytes / max(b.nbytes, 1):.0f}x smaller)",
+                f"buffer {b.nbytes / 2**20:8.1f} MiB: {per_stored(b):,.0f} B per stored transition vs "
+                f"{raw_per_transition:,.0f} B raw ({raw_per_transition / max(per_stored(b), 1):.0f}x smaller)",
                 flush=True,
             )
             last_t, last_steps = now, steps
@@ -213,7 +220,8 @@ def main(argv=None) -> dict:
         "buffer_host_nbytes": b.host_nbytes,
         "buffer_raw_nbytes": raw_bytes,
         "stored_transitions": int(b.size()),
-        "bytes_per_stored_transition": b.host_nbytes / max(int(b.size()), 1),
+        "bytes_per_stored_transition": per_stored(b),
+        "raw_bytes_per_transition": raw_per_transition,
     }
     print(summary, flush=True)
     envs.close()

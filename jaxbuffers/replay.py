@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jaxbuffers import _ring, _validate
@@ -148,8 +149,8 @@ class ReplayBuffer(struct.PyTreeNode):
           On an empty buffer (``can_sample`` False) it returns slot 0, which holds zeros: defined,
           never garbage, but check ``can_sample`` first.
         """
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size: expected an int >= 1, got {batch_size}")
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size: expected a Python int >= 1 (static), got {batch_size!r}")
         indices = _ring.sample_windows(key, (int(batch_size),), self.head, self.num_valid, self.capacity)
         return ReplaySample(item=self.get(indices), indices=indices)
 

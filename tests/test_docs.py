@@ -5,7 +5,7 @@ import inspect
 
 import pytest
 
-PUBLIC_MODULES = ["jaxbuffers", "host_codecs", "jaxbuffers.interop.torch"]
+PUBLIC_MODULES = ["jaxbuffers", "host_codecs", "jaxbuffers.interop.torch", "jaxbuffers.interop.sb3"]
 
 
 def public_objects():

@@ -160,8 +160,9 @@ def test_create_errors():
         jb.ReplayBuffer.create(ITEM, 0)
     with pytest.raises(ValueError, match="min_size"):
         jb.ReplayBuffer.create(ITEM, 4, min_size=5)
-    with pytest.raises(ValueError, match="batch_size"):
-        jb.ReplayBuffer.create(ITEM, 4).sample(jax.random.key(0), 0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="batch_size"):
+            jb.ReplayBuffer.create(ITEM, 4).sample(jax.random.key(0), bad)
 
 
 def test_min_size_and_empty_sample_is_defined():
