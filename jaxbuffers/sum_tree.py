@@ -210,6 +210,33 @@ def set_sum_and_min(sum_tree: "SumTree", min_tree: "MinTree", indices, values, w
     return s, m
 
 
+@jax.jit
+def _descend(nodes: jax.Array, q: jax.Array) -> jax.Array:
+    """The descent of :meth:`SumTree.find` for clamped queries ``q`` (tree dtype [Q]): leaf ids int32[Q].
+
+    A ``lax.fori_loop`` over the ``log2(P)`` levels, one gather of both children per level. Not a
+    Python-unrolled loop: unrolled, XLA fused each level's gather with a recomputation of every
+    earlier level's selects (and, in :meth:`SumTree.sample_stratified`, of the queries' random
+    bits): ``O(depth**2)`` work in one multi-threaded fusion per level, measured 3-5x slower at
+    ``P = 2**17``, ``Q = 256`` on a 2-core CPU. Jitted so that eager calls reuse one compiled loop.
+    """
+    p = nodes.shape[-1] // 2
+    pairs = nodes.reshape(-1, 2)  # row n: the two children of node n
+
+    def level(_, carry):
+        node, q = carry
+        kids = pairs[node]  # one gather per level for both children
+        left_sum, right_sum = kids[:, 0], kids[:, 1]
+        go_left = q < left_sum
+        # Never step into an empty subtree: fall back to the other child. (If both are empty,
+        # which only happens in an empty tree, go left.)
+        go_left = jnp.where(go_left, left_sum > 0, right_sum <= 0)
+        return jnp.where(go_left, 2 * node, 2 * node + 1), jnp.where(go_left, q, q - left_sum)
+
+    node, _ = jax.lax.fori_loop(0, p.bit_length() - 1, level, (jnp.ones(q.shape, jnp.int32), q))
+    return node - p
+
+
 class _ReductionTree(flax.struct.PyTreeNode):
     """Shared storage and batched update of :class:`SumTree` and :class:`MinTree` (see module doc)."""
 
@@ -380,18 +407,7 @@ class SumTree(_ReductionTree):
         q = jnp.where(jnp.isnan(q), 0, q)
         q = jnp.clip(q, 0, jnp.maximum(below_total, 0))
 
-        pairs = self.nodes.reshape(-1, 2)  # row n: the two children of node n
-        node = jnp.ones(q.shape, jnp.int32)
-        for _ in range(self.depth):
-            kids = pairs[node]  # one gather per level for both children
-            left_sum, right_sum = kids[:, 0], kids[:, 1]
-            go_left = q < left_sum
-            # Never step into an empty subtree: fall back to the other child. (If both are empty,
-            # which only happens in an empty tree, go left.)
-            go_left = jnp.where(go_left, left_sum > 0, right_sum <= 0)
-            q = jnp.where(go_left, q, q - left_sum)
-            node = jnp.where(go_left, 2 * node, 2 * node + 1)
-        return node - self.padded_capacity
+        return _descend(self.nodes, q)
 
     def sample_stratified(self, key: jax.Array, batch_size: int) -> jax.Array:
         """Stratified proportional sampling: one uniform query per stratum of the total.

@@ -359,7 +359,7 @@ def _both_paths(trees, idx, val, where):
 @given(
     capacity=st.integers(1, 70),
     batches=st.lists(
-        st.lists(st.tuples(st.integers(-3, 75), st.floats(0.0, 100.0, width=32), st.booleans()), min_size=1, max_size=20),
+        st.lists(st.tuples(st.integers(-3, 75), st.floats(0.0, 100.0, width=32, allow_subnormal=False), st.booleans()), min_size=1, max_size=20),
         min_size=1, max_size=4,
     ),
 )
@@ -367,7 +367,8 @@ def _both_paths(trees, idx, val, where):
 def test_walk_and_vectorised_paths_agree_exactly(capacity, batches):
     """Random batches with many duplicates, masked and out-of-range entries: the sequential walk
     and the sorted vectorised update produce bit-identical heaps for both trees, and match a
-    Python dict reference (last active write wins)."""
+    Python dict reference (last active write wins). No subnormal values: XLA on CPU flushes them to
+    zero in the parent sums, which the numpy invariant check does not."""
     walked = [SumTree.create(capacity), MinTree.create(capacity)]
     vectorised = list(walked)
     ref = {}
