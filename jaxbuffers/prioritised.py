@@ -180,7 +180,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         return self.replay.is_full()
 
     def num_added(self) -> int:
-        """Exact number of items ever added (host-side Python int)."""
+        """Exact number of items ever added (host-side Python int; a numpy int64 array for a stacked, vmapped buffer)."""
         return self.replay.num_added()
 
     def can_sample(self, batch_size: int = 1) -> jax.Array:

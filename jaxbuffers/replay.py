@@ -102,7 +102,7 @@ class ReplayBuffer(struct.PyTreeNode):
         return self.num_valid >= self.capacity
 
     def num_added(self) -> int:
-        """Exact number of items ever added (host-side Python int; never overflows int32)."""
+        """Exact number of items ever added (host-side Python int; a numpy int64 array for a stacked, vmapped buffer). Never overflows int32."""
         return _ring.counter_value(self.added)
 
     def can_sample(self, batch_size: int = 1) -> jax.Array:

@@ -342,7 +342,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         return self.num_valid >= self.length
 
     def num_added(self) -> int:
-        """Exact number of steps ever added per lane (host-side Python int)."""
+        """Exact number of steps ever added per lane (host-side Python int; a numpy int64 array for a stacked, vmapped buffer)."""
         return _ring.counter_value(self.added)
 
     def can_sample(self, sequence_length: int = 1, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
