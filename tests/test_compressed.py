@@ -543,3 +543,37 @@ def test_real_atari_channels_last(atari_rollouts):
     t0 = np.asarray(s.indices)
     want = hwc(frames[obs_idx[t0[:, None] + np.arange(8)]]).astype(np.float32) * np.float32(1 / 255)
     np.testing.assert_array_equal(np.asarray(s.item["obs"]), want)
+
+
+def test_add_from_host_equals_add_and_raises_stale_directly(atari_rollouts):
+    """The eager host-write path gives the identical buffer; a stale state raises StaleBufferError."""
+    import jaxbuffers as jb
+
+    d = atari_rollouts
+    frames, oi, ni = d["breakout_frames"], d["breakout_obs_idx"], d["breakout_next_idx"]
+    term, act, rew = d["breakout_terminated"], d["breakout_actions"], d["breakout_rewards"]
+    trunc = (np.arange(len(term)) % 37 == 5) & ~term
+    ex = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+
+    def make():
+        return jb.CompressedTrajectoryBuffer.create(ex, 1, 40, frame_stack=4, codec="rle", final_obs_capacity=8)
+
+    a, b = make(), make()
+    add = jax.jit(jb.CompressedTrajectoryBuffer.add)
+    start = 60  # a window with a termination (Breakout's first ends fall in the first few hundred steps)
+    for s in range(start, start + 90):  # wraps the 40-step lanes twice
+        step = {"obs": jnp.asarray(frames[oi[s]])[None], "action": jnp.asarray([act[s]], jnp.int32), "reward": jnp.asarray(rew[s : s + 1])}
+        kw = dict(terminated=jnp.asarray(term[s : s + 1]), truncated=jnp.asarray(trunc[s : s + 1]), final_obs=jnp.asarray(frames[ni[s]])[None])
+        a = add(a, step, **kw)
+        b = b.add_from_host(step, **kw)
+    assert a.host.num_writes == b.host.num_writes == 90
+    for k in range(3):
+        x = a.sample_transitions(jax.random.key(k), 32, n_step=3, gamma=0.9)
+        y = b.sample_transitions(jax.random.key(k), 32, n_step=3, gamma=0.9)
+        jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, x), jax.tree.map(np.asarray, y))
+    stale = b
+    b = b.add_from_host(step, **kw)
+    with pytest.raises(jb.StaleBufferError, match="version"):
+        stale.add_from_host(step, **kw)
+    with pytest.raises(TypeError, match="cannot be traced"):
+        jax.jit(lambda buf: buf.add_from_host(step, **kw))(b)
