@@ -138,7 +138,7 @@ def test_take_windows_equals_row_gather(n, length, jit):
         np.zeros(b, np.int64),  # none wraps
         np.where(np.arange(b) < 2, n - 1, 0),  # exactly two wrap (patched)
         np.full(b, n - 1),  # all wrap when length > 1 (fallback)
-        np.where(np.arange(b) < _ring._WRAP_PATCH_MAX, n - 1, 0),  # exactly the patch limit
+        np.where(np.arange(b) < _ring._PATCH_MAX, n - 1, 0),  # exactly the patch limit
     ]
     for starts in cases:
         lanes = rng.integers(0, e, b)
@@ -147,3 +147,23 @@ def test_take_windows_equals_row_gather(n, length, jit):
         for k, x in tree.items():
             want = np.asarray(x)[lanes[:, None], slots]
             np.testing.assert_array_equal(np.asarray(got[k]), want, err_msg=f"{k} starts={starts}")
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_patch_where_every_branch(jit):
+    """0, a few, exactly _PATCH_MAX and more than _PATCH_MAX masked entries: same as a full select,
+    and fetch is only asked for masked ids (or for all ids in the fallback)."""
+    b = 20
+    out = {"x": jnp.zeros((b, 3), jnp.float32), "y": jnp.zeros((b,), jnp.int32)}
+
+    def fetch(ids):
+        return {"x": jnp.stack([ids.astype(jnp.float32)] * 3, axis=1) + 1, "y": ids * 10 + 5}
+
+    fn = jax.jit(_ring.patch_where, static_argnums=2) if jit else _ring.patch_where
+    for count in [0, 1, 3, _ring._PATCH_MAX, _ring._PATCH_MAX + 1, b]:
+        mask = np.zeros(b, bool)
+        mask[np.random.default_rng(count).choice(b, count, replace=False)] = True
+        got = fn(out, jnp.asarray(mask), fetch)
+        ids = np.arange(b)
+        np.testing.assert_array_equal(np.asarray(got["y"]), np.where(mask, ids * 10 + 5, 0), err_msg=f"count={count}")
+        np.testing.assert_array_equal(np.asarray(got["x"]), np.where(mask[:, None], ids[:, None] + 1.0, 0.0) * np.ones((1, 3)))
