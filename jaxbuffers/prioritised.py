@@ -2,8 +2,8 @@
 
 Proportional prioritised experience replay (Schaul et al., "Prioritized Experience Replay",
 ICLR 2016). The buffer is a :class:`jaxbuffers.ReplayBuffer` (the same ring, validation and
-storage) plus, per slot, a priority leaf in a :class:`~jaxbuffers.sum_tree.SumTree` (for sampling)
-and a :class:`~jaxbuffers.sum_tree.MinTree` (for the importance-weight normaliser), and an int32
+storage) plus, per slot, a priority leaf in a :class:`~jaxbuffers.sum_tree.SumMinTree` (one heap
+holding the sums, for sampling, and the minima, for the importance-weight normaliser), and an int32
 generation counter that tells a fresh item from an overwritten one.
 
 Sampling probability and importance weight of slot ``i`` (``p_i``: its priority, ``alpha``: the
@@ -54,7 +54,7 @@ from flax import struct
 
 from jaxbuffers import _ring, _validate
 from jaxbuffers.replay import ReplayBuffer
-from jaxbuffers.sum_tree import MinTree, SumTree, set_sum_and_min
+from jaxbuffers.sum_tree import SumMinTree
 
 __all__ = ["PrioritisedReplayBuffer", "PrioritisedSample", "PRIORITY_MAX"]
 
@@ -102,8 +102,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     """
 
     replay: ReplayBuffer  # the items, ring position and counts (see jaxbuffers.replay)
-    sum_tree: SumTree  # leaves p_i^alpha at valid slots, 0 elsewhere; one float32 heap (see sum_tree)
-    min_tree: MinTree  # leaves p_i^alpha at valid slots, +inf elsewhere; one float32 heap (see sum_tree)
+    tree: SumMinTree  # leaves p_i^alpha at valid slots, 0 elsewhere: sums and minima, one float32 heap [2P, 2]
     generations: jax.Array  # shape=(capacity,), int32: writes to each slot (0 = never; wraps, compared by equality)
     max_priority: jax.Array  # shape=(), float32: running max priority (before alpha); 1.0 initially
     priority_exponent: float = struct.field(pytree_node=False)  # alpha, in [0, 1]
@@ -138,8 +137,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         replay = ReplayBuffer.create(example_item, capacity, min_size=min_size)
         return cls(
             replay=replay,
-            sum_tree=SumTree.create(replay.capacity),
-            min_tree=MinTree.create(replay.capacity),
+            tree=SumMinTree.create(replay.capacity),
             generations=jnp.zeros((replay.capacity,), jnp.int32),
             max_priority=jnp.float32(1.0),
             priority_exponent=alpha,
@@ -164,10 +162,10 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held: item storage + both trees + generations + scalars (Python int)."""
+        """Bytes held: item storage + the tree + generations + scalars (Python int)."""
         return (
             self.replay.memory_bytes
-            + _validate.tree_nbytes((self.sum_tree.nodes, self.min_tree.nodes, self.generations))
+            + _validate.tree_nbytes((self.tree.nodes, self.generations))
             + _validate.tree_nbytes((self.replay.head, self.replay.num_valid, self.replay.added, self.max_priority))
         )
 
@@ -203,7 +201,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     def priorities(self, indices: jax.Array) -> jax.Array:
         """Priorities ``p_i`` at slots ``indices`` (float32, recovered as ``leaf ** (1/alpha)``;
         for alpha = 0 every valid slot reads 1). Empty slots read 0."""
-        leaf = self.sum_tree.get(indices)
+        leaf = self.tree.get(indices)
         if self.priority_exponent in (0.0, 1.0):
             return leaf
         return jnp.power(leaf, jnp.float32(1.0 / self.priority_exponent))
@@ -235,11 +233,9 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         else:
             p = self._sanitise(_check_vector("priorities", priorities, b, "floating"))
             max_priority = jnp.maximum(self.max_priority, jnp.max(p))
-        sum_tree, min_tree = set_sum_and_min(self.sum_tree, self.min_tree, slots, self._leaf(p), unique=True)
         return self.replace(
             replay=self.replay.add(batch),
-            sum_tree=sum_tree,
-            min_tree=min_tree,
+            tree=self.tree.set_unique(slots, self._leaf(p)),
             generations=self.generations.at[slots].add(1, unique_indices=True, mode="promise_in_bounds"),
             max_priority=max_priority,
         )
@@ -271,10 +267,10 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
                 raise ValueError(f"beta: expected a finite float >= 0, got {beta}")
         elif not hasattr(beta, "shape") or tuple(beta.shape) != () or not jnp.issubdtype(beta.dtype, jnp.floating):
             raise TypeError(f"beta: expected a float or a float scalar array, got {beta!r}")
-        indices = self.sum_tree.sample_stratified(key, int(batch_size))
-        leaf = self.sum_tree.get(indices)
-        total = self.sum_tree.total()
-        min_leaf = self.min_tree.min()
+        indices = self.tree.sample_stratified(key, int(batch_size))
+        leaf = self.tree.get(indices)
+        total = self.tree.total()
+        min_leaf = self.tree.min()
         nonempty = total > 0
         probabilities = jnp.where(nonempty, leaf / jnp.where(nonempty, total, 1), 0)
         ratio = leaf / jnp.where(nonempty, min_leaf, 1)
@@ -304,7 +300,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         largest priority actually written (after that resolution).
 
         Returns:
-          The new buffer. Cost ``O(B log C)`` (see :meth:`jaxbuffers.sum_tree.SumTree.set`).
+          The new buffer. Cost ``O(B log C)`` (see :meth:`jaxbuffers.sum_tree.SumMinTree.set`).
 
         Raises (at trace time):
           ValueError / TypeError: an argument not 1-D, lengths differ, wrong dtype kind.
@@ -320,14 +316,13 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         applied = in_range & (current == generations)
         p = self._sanitise(priorities)
         leaf = self._leaf(p)
-        sum_tree, min_tree = set_sum_and_min(self.sum_tree, self.min_tree, indices, leaf, where=applied)
+        tree = self.tree.set(indices, leaf, where=applied)
         # The running max over the WINNING writes only, without a sort: every touched slot now
         # holds its winner's leaf, so an applied entry whose leaf equals its slot's stored leaf is
         # the winner (or a loser with the same leaf p**alpha, i.e. the same p up to the rounding
         # of the power).
-        won = applied & (sum_tree.get(indices) == leaf)
+        won = applied & (tree.get(indices) == leaf)
         return self.replace(
-            sum_tree=sum_tree,
-            min_tree=min_tree,
+            tree=tree,
             max_priority=jnp.maximum(self.max_priority, jnp.max(jnp.where(won, p, 0))),
         )

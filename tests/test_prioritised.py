@@ -43,16 +43,16 @@ FNS = {
 
 def _assert_tree_valid(buf):
     """Root finite and equal to the sum of the leaves; non-valid slots are empty; min-tree agrees."""
-    leaves = np.asarray(buf.sum_tree.leaves()).astype(np.float64)
+    leaves = np.asarray(buf.tree.leaves()).astype(np.float64)
     n = int(buf.size())
-    total = float(buf.sum_tree.total())
+    total = float(buf.tree.total())
     assert math.isfinite(total)
     assert np.all(np.isfinite(leaves))
     assert abs(total - leaves.sum()) <= 1e-6 * max(leaves.sum(), 1e-30)
     assert np.all(leaves[:n] > 0), "a valid slot has a zero leaf"
     assert np.all(leaves[n:] == 0), "an empty slot has a leaf"
     if n:
-        assert float(buf.min_tree.min()) == np.float32(leaves[:n].min())
+        assert float(buf.tree.min()) == np.float32(leaves[:n].min())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -119,12 +119,12 @@ def test_new_items_get_running_max_priority(use_jit):
     f = FNS[use_jit]
     buf = PRB.create(ITEM, 8, priority_exponent=1.0)
     buf = f["add"](buf, _batch([0, 1]))
-    np.testing.assert_array_equal(np.asarray(buf.sum_tree.leaves())[:2], [1.0, 1.0])  # initial max 1
+    np.testing.assert_array_equal(np.asarray(buf.tree.leaves())[:2], [1.0, 1.0])  # initial max 1
     out = f["sample"](buf, jax.random.key(0), jnp.float32(0.4))
     buf = f["set"](buf, out.indices[:1], jnp.array([5.0]), out.generations[:1])
     assert float(buf.max_priority) == 5.0
     buf = f["add"](buf, _batch([2]))
-    assert float(buf.sum_tree.get(jnp.array([2]))[0]) == 5.0
+    assert float(buf.tree.get(jnp.array([2]))[0]) == 5.0
     # Explicit priorities raise the running max too.
     buf = f["add"](buf, _batch([3]), jnp.array([7.0]))
     assert float(buf.max_priority) == 7.0
@@ -141,7 +141,7 @@ def test_stale_generation_update_ignored(use_jit):
     buf = f["add"](buf, _batch([4]))  # overwrites slot 0
     assert int(buf.generations[0]) == 2
     buf = f["set"](buf, jnp.array([0, 1]), jnp.array([9.0, 3.0]), gens)
-    leaves = np.asarray(buf.sum_tree.leaves())
+    leaves = np.asarray(buf.tree.leaves())
     assert leaves[0] == 1.0  # stale: ignored
     assert leaves[1] == 3.0  # fresh: applied
     assert float(buf.max_priority) == 3.0  # the ignored 9 did not raise the max
@@ -153,7 +153,7 @@ def test_updates_to_empty_or_out_of_range_slots_ignored(use_jit):
     buf = f["add"](PRB.create(ITEM, 8, priority_exponent=1.0), _batch([0, 1]))
     # Slot 5 was never written (generation 0 == the passed 0), -1 and 8 are out of range.
     buf = f["set"](buf, jnp.array([5, -1, 8, 1]), jnp.array([4.0, 4.0, 4.0, 2.0]), jnp.array([0, 1, 1, 1]))
-    np.testing.assert_array_equal(np.asarray(buf.sum_tree.leaves()), [1, 2, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(np.asarray(buf.tree.leaves()), [1, 2, 0, 0, 0, 0, 0, 0])
     _assert_tree_valid(buf)
 
 
@@ -163,10 +163,10 @@ def test_duplicate_updates_last_wins(use_jit):
     buf = f["add"](PRB.create(ITEM, 8, priority_exponent=1.0), _batch([0, 1, 2]))
     g = jnp.ones(4, jnp.int32)
     buf = f["set"](buf, jnp.array([1, 2, 1, 2]), jnp.array([8.0, 3.0, 0.5, 6.0]), g)
-    np.testing.assert_array_equal(np.asarray(buf.sum_tree.leaves())[:3], [1.0, 0.5, 6.0])
+    np.testing.assert_array_equal(np.asarray(buf.tree.leaves())[:3], [1.0, 0.5, 6.0])
     # A stale later duplicate does not hide an earlier fresh one.
     buf = f["set"](buf, jnp.array([0, 0]), jnp.array([2.0, 9.0]), jnp.array([1, 7], jnp.int32))
-    assert float(buf.sum_tree.leaves()[0]) == 2.0
+    assert float(buf.tree.leaves()[0]) == 2.0
 
 
 @JIT
@@ -177,7 +177,7 @@ def test_priority_policy_nan_inf_negative_zero(use_jit):
     buf = f["add"](buf, _batch(range(6)), jnp.array([1.0, 2.0, 3.0, 1.0, 1.0, 1.0]))
     bad = jnp.array([np.nan, -3.0, 0.0, np.inf, -np.inf, 2.5], jnp.float32)
     buf = f["set"](buf, jnp.arange(6, dtype=jnp.int32), bad, jnp.ones(6, jnp.int32))
-    leaves = np.asarray(buf.sum_tree.leaves())
+    leaves = np.asarray(buf.tree.leaves())
     np.testing.assert_allclose(leaves[:6], [3.0, eps, eps, PRIORITY_MAX, eps, 2.5], rtol=1e-6)
     assert float(buf.max_priority) == np.float32(PRIORITY_MAX)
     _assert_tree_valid(buf)
@@ -187,7 +187,7 @@ def test_priority_policy_nan_inf_negative_zero(use_jit):
     assert np.all(np.asarray(out.indices) < 6)
     # Add-time priorities follow the same policy (NaN -> current max).
     buf = f["add"](buf, _batch([6, 7]), jnp.array([np.nan, -1.0]))
-    np.testing.assert_allclose(np.asarray(buf.sum_tree.leaves())[6:], [PRIORITY_MAX, eps], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(buf.tree.leaves())[6:], [PRIORITY_MAX, eps], rtol=1e-6)
     _assert_tree_valid(buf)
 
 
@@ -226,7 +226,7 @@ def test_priorities_getter_roundtrip():
     buf = PRB.create(ITEM, 8, priority_exponent=0.5)
     buf = buf.add(_batch([0, 1, 2]), jnp.array([1.0, 4.0, 9.0]))
     np.testing.assert_allclose(np.asarray(buf.priorities(jnp.array([0, 1, 2, 3]))), [1, 4, 9, 0], rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(buf.sum_tree.leaves())[:3], [1, 2, 3], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(buf.tree.leaves())[:3], [1, 2, 3], rtol=1e-6)
 
 
 def test_scan_with_donation_and_compiles_once(compile_counter):
@@ -268,10 +268,10 @@ def test_scan_with_donation_and_compiles_once(compile_counter):
 
 @pytest.mark.parametrize("batch", [1, 256])
 def test_donated_add_and_set_priorities_do_not_copy_the_trees(batch):
-    """Compiled donated add / set_priorities hold no copy of either tree's heap (in place), on
-    the small-batch walk path (both trees updated in one call)."""
+    """Compiled donated add / set_priorities hold no copy of the tree's heap (in place), on the
+    small-batch walk path (sums and minima updated in one walk)."""
     buf = PRB.create(ITEM, 100_000)
-    heap = f"f32[{2 * buf.sum_tree.padded_capacity}]"
+    heap = f"f32[{2 * buf.tree.padded_capacity},2]"
     ids = jnp.arange(batch, dtype=jnp.int32)
     fns = {
         "add": (lambda b, i: b.add(_batch_traced(i)), (buf, ids)),
@@ -279,6 +279,7 @@ def test_donated_add_and_set_priorities_do_not_copy_the_trees(batch):
     }
     for name, (fn, args) in fns.items():
         text = jax.jit(fn, donate_argnums=0).lower(*args).compile().as_text()
+        assert heap in text  # the heap's shape as the pattern below spells it
         copies = [l for l in text.splitlines() if " copy(" in l and heap in l.split("copy(")[0]]
         assert not copies, (name, copies[:2])
 
@@ -454,7 +455,7 @@ def test_model_based_against_python_reference(ops, alpha, use_jit):
             p = np.array(pri, np.float32)
             buf = f["set"](buf, jnp.asarray(idx), jnp.asarray(p), jnp.asarray(gens))
             model.set(idx.tolist(), p.tolist(), gens.tolist())
-        np.testing.assert_allclose(np.asarray(buf.sum_tree.leaves()), model.leaves(), rtol=2e-6)
+        np.testing.assert_allclose(np.asarray(buf.tree.leaves()), model.leaves(), rtol=2e-6)
         assert float(buf.max_priority) == pytest.approx(model.max_p, rel=1e-6)
         assert int(buf.size()) == model.n
         _assert_tree_valid(buf)

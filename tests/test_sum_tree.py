@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxbuffers import sum_tree as sum_tree_module
-from jaxbuffers.sum_tree import MinTree, SumTree, last_write_mask, set_sum_and_min
+from jaxbuffers.sum_tree import MinTree, SumMinTree, SumTree, last_write_mask, set_sum_and_min
 
 JIT = pytest.mark.parametrize("use_jit", [False, True], ids=["nojit", "jit"])
 
@@ -42,14 +42,21 @@ def _find(tree, q, use_jit):
 
 
 def _check_invariant(tree):
-    """Every internal node equals op(children) exactly; padding leaves hold the identity."""
+    """Every internal node equals op(children) exactly (per column for SumMinTree); padding leaves
+    hold the identity; a SumMinTree leaf's min is its value if positive, else +inf."""
     levels = [np.asarray(x) for x in tree.levels]
     assert [len(x) for x in levels] == [2**l for l in range(tree.depth + 1)]
-    op = np.add if isinstance(tree, SumTree) else np.minimum
-    for l in range(tree.depth):
-        np.testing.assert_array_equal(levels[l], op(levels[l + 1][0::2], levels[l + 1][1::2]), f"level {l}")
-    ident = 0.0 if isinstance(tree, SumTree) else np.inf
-    assert np.all(levels[-1][tree.capacity :] == ident), "a padding leaf was written"
+    if isinstance(tree, SumMinTree):
+        cols = [(np.add, 0.0, [l[:, 0] for l in levels]), (np.minimum, np.inf, [l[:, 1] for l in levels])]
+        leaf = levels[-1][: tree.capacity]
+        np.testing.assert_array_equal(leaf[:, 1], np.where(leaf[:, 0] > 0, leaf[:, 0], np.inf))
+    else:
+        op, ident = (np.add, 0.0) if isinstance(tree, SumTree) else (np.minimum, np.inf)
+        cols = [(op, ident, levels)]
+    for op, ident, lv in cols:
+        for l in range(tree.depth):
+            np.testing.assert_array_equal(lv[l], op(lv[l + 1][0::2], lv[l + 1][1::2]), f"level {l}")
+        assert np.all(lv[-1][tree.capacity :] == ident), "a padding leaf was written"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -181,10 +188,11 @@ def test_set_matches_python_dict(capacity, batches, use_jit):
     _check_invariant(mtree)
 
 
-def test_50k_updates_root_exact_and_no_empty_leaf():
+@pytest.mark.parametrize("cls", [SumTree, SumMinTree])
+def test_50k_updates_root_exact_and_no_empty_leaf(cls):
     """50,000 random float32 updates in batches: the root stays the sum of the leaves (no drift)."""
     capacity, batch, steps = 5000, 250, 200  # 200 x 250 = 50,000 updates
-    tree = SumTree.create(capacity)
+    tree = cls.create(capacity)
     rng = np.random.default_rng(0)
     idx = rng.integers(0, capacity, (steps, batch)).astype(np.int32)
     # Values spanning 8 orders of magnitude, with some exact zeros.
@@ -296,6 +304,47 @@ def test_min_tree(use_jit):
     _check_invariant(tree)
 
 
+@JIT
+def test_sum_min_tree_issue_case_and_min_over_positive_leaves(use_jit):
+    tree = _set(SumMinTree.create(8), [0, 1, 2], [0.5, 1.5, 2.0], use_jit)
+    assert float(tree.total()) == 4.0 and float(tree.min()) == 0.5
+    queries = [0, 0.49, 0.5, 1.99, 2.0, 3.99, np.nextafter(np.float32(4.0), np.float32(0))]
+    assert _find(tree, queries, use_jit).tolist() == [0, 0, 1, 1, 2, 2, 2]
+    tree = _set(tree, [0], [0.0], use_jit)  # a zero leaf leaves the min (never sampled)
+    assert float(tree.total()) == 3.5 and float(tree.min()) == 1.5
+    assert _find(tree, [0.0, 1.49, 3.4], use_jit).tolist() == [1, 1, 2]
+    tree = _set(tree, [1, 2], [0.0, 0.0], use_jit)
+    assert float(tree.total()) == 0.0 and float(tree.min()) == np.inf
+    _check_invariant(tree)
+    np.testing.assert_array_equal(np.asarray(tree.get(jnp.array([0, 1, 2, 3]))), [0, 0, 0, 0])
+
+
+def test_sum_min_tree_stratified_and_errors():
+    tree = SumMinTree.create(6).set(jnp.array([1, 4]), jnp.array([1.0, 3.0]))
+    idx = np.asarray(jax.jit(lambda t, k: t.sample_stratified(k, 8))(tree, jax.random.key(0)))
+    assert idx.tolist() == [1, 1, 4, 4, 4, 4, 4, 4]  # strata of width 0.5 over [0, 4)
+    with pytest.raises(ValueError, match=r"values: expected shape \(2,\)"):
+        tree.set(jnp.array([0, 1]), jnp.array([1.0, 2.0, 3.0]))
+    with pytest.raises(TypeError, match="values: expected a floating"):
+        tree.set(jnp.array([0, 1]), jnp.array([1, 2]))
+    with pytest.raises(ValueError, match="where"):
+        tree.set(jnp.array([0, 1]), jnp.array([1.0, 2.0]), where=jnp.array([1, 0]))
+    with pytest.raises(ValueError, match="batch_size"):
+        tree.sample_stratified(jax.random.key(0), 0)
+
+
+def test_vmap_over_stacked_sum_min_trees():
+    trees = jax.vmap(lambda _: SumMinTree.create(5))(jnp.arange(3))
+    idx = jnp.array([[0, 1], [2, 3], [4, 4]], jnp.int32)
+    val = jnp.array([[1.0, 2.0], [3.0, 0.0], [1.0, 5.0]], jnp.float32)
+    trees = jax.jit(jax.vmap(lambda t, i, v: t.set(i, v)))(trees, idx, val)
+    np.testing.assert_array_equal(np.asarray(trees.total()), [3.0, 3.0, 5.0])
+    np.testing.assert_array_equal(np.asarray(trees.min()), [1.0, 3.0, 5.0])
+    assert trees.padded_capacity == 8 and trees.depth == 3
+    found = jax.vmap(lambda t: t.find(jnp.array([0.0, 2.99], jnp.float32)))(trees)
+    np.testing.assert_array_equal(np.asarray(found), [[0, 1], [2, 2], [4, 4]])
+
+
 def test_vmap_over_stacked_trees():
     trees = jax.vmap(lambda _: SumTree.create(5))(jnp.arange(3))
     idx = jnp.array([[0, 1], [2, 3], [4, 4]], jnp.int32)
@@ -347,37 +396,72 @@ def test_set_compiles_once(compile_counter):
 # The two update paths (sequential walk for small batches on CPU, vectorised per level otherwise)
 
 
-def _both_paths(trees, idx, val, where):
-    idx, val, where = jnp.asarray(idx, jnp.int32), jnp.asarray(val, jnp.float32), jnp.asarray(where)
-    _, _, active = sum_tree_module._check_write(trees[0], idx, val, where)
-    walked = sum_tree_module._walk(trees, idx, val, active)
-    keep = last_write_mask(idx, active)
-    vectorised = sum_tree_module._vector_update(trees, idx, val, keep, active)
+class _knobs:
+    """Temporarily set the module's path choices: walk threshold and dense top levels."""
+
+    def __init__(self, walk_max=None, dense_extra=None):
+        self.new = {"_WALK_MAX_BATCH_CPU": walk_max, "_DENSE_EXTRA_LEVELS": dense_extra}
+
+    def __enter__(self):
+        self.old = {k: getattr(sum_tree_module, k) for k in self.new}
+        for k, v in self.new.items():
+            if v is not None:
+                setattr(sum_tree_module, k, v)
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            setattr(sum_tree_module, k, v)
+
+
+_PATH_FNS = {}  # (walk_max, dense_extra) -> one jitted update of a tuple of trees, traced under those knobs
+
+
+def _set_with_knobs(trees, idx, val, where, walk_max, dense_extra):
+    key = (walk_max, dense_extra)
+    if key not in _PATH_FNS:
+        _PATH_FNS[key] = jax.jit(lambda ts, i, v, w: tuple(t.set(i, v, w) for t in ts))
+    with _knobs(walk_max=walk_max, dense_extra=dense_extra):  # read at trace time
+        return list(_PATH_FNS[key](tuple(trees), idx, val, where))
+
+
+def _both_paths(trees, idx, val, where, dense_extra):
+    """(walked, vectorised): the trees updated by the sequential walk and by the vectorised path,
+    with ``dense_extra`` choosing how many top levels are recomputed whole. Batches are padded to
+    20 entries with inactive ones (fewer shapes to compile)."""
+    pad = 20 - len(idx)
+    idx = jnp.asarray(list(idx) + [0] * pad, jnp.int32)
+    val = jnp.asarray(list(val) + [7.0] * pad, jnp.float32)
+    where = jnp.asarray(list(where) + [False] * pad)
+    walked = _set_with_knobs(trees, idx, val, where, sum_tree_module._WALK_MAX_BATCH_CPU, dense_extra)
+    vectorised = _set_with_knobs(trees, idx, val, where, 0, dense_extra)
     return walked, vectorised
 
 
 @given(
-    capacity=st.integers(1, 70),
+    capacity=st.sampled_from([1, 2, 5, 33, 70]),
     batches=st.lists(
         st.lists(st.tuples(st.integers(-3, 75), st.floats(0.0, 100.0, width=32, allow_subnormal=False), st.booleans()), min_size=1, max_size=20),
         min_size=1, max_size=4,
     ),
+    dense_extra=st.sampled_from([-99, 2, 99]),  # from no dense top (full walk) to all levels dense
 )
 @settings(max_examples=40, deadline=None)
-def test_walk_and_vectorised_paths_agree_exactly(capacity, batches):
+def test_walk_and_vectorised_paths_agree_exactly(capacity, batches, dense_extra):
     """Random batches with many duplicates, masked and out-of-range entries: the sequential walk
-    and the sorted vectorised update produce bit-identical heaps for both trees, and match a
-    Python dict reference (last active write wins). No subnormal values: XLA on CPU flushes them to
-    zero in the parent sums, which the numpy invariant check does not."""
-    walked = [SumTree.create(capacity), MinTree.create(capacity)]
+    and the sorted vectorised update produce bit-identical heaps for all three trees, whatever the
+    number of densely recomputed top levels, and match a Python dict reference (last active write
+    wins). The SumMinTree's columns equal the SumTree and the MinTree over the positive leaves. No
+    subnormal values: XLA on CPU flushes them to zero in the parent sums, which the numpy invariant
+    check does not."""
+    walked = [SumTree.create(capacity), MinTree.create(capacity), SumMinTree.create(capacity)]
     vectorised = list(walked)
     ref = {}
     for batch in batches:
         idx = [b[0] for b in batch]
         val = [b[1] for b in batch]
         where = [b[2] for b in batch]
-        walked, _ = _both_paths(walked, idx, val, where)
-        _, vectorised = _both_paths(vectorised, idx, val, where)
+        walked, _ = _both_paths(walked, idx, val, where, dense_extra)
+        _, vectorised = _both_paths(vectorised, idx, val, where, dense_extra)
         for i, v, w in zip(idx, val, where):
             if w and 0 <= i < capacity:
                 ref[i] = np.float32(v)
@@ -388,30 +472,61 @@ def test_walk_and_vectorised_paths_agree_exactly(capacity, batches):
     for i, v in ref.items():
         expected[i] = v
     np.testing.assert_array_equal(np.asarray(walked[0].leaves()), expected)
+    np.testing.assert_array_equal(np.asarray(walked[2].leaves()), expected)
+    np.testing.assert_array_equal(np.asarray(walked[2].nodes[:, 0]), np.asarray(walked[0].nodes))
     assert float(walked[1].min()) == (min(ref.values()) if ref else np.inf)
+    positive = [v for v in ref.values() if v > 0]
+    assert float(walked[2].min()) == (min(positive) if positive else np.inf)
 
 
-def test_large_batch_takes_vectorised_path_and_matches_walk(monkeypatch):
+@pytest.mark.parametrize("dense_extra", [-99, -3, 2])
+def test_deep_walk_grouped_levels_match_reference(dense_extra):
+    """Deep trees walk their levels in an inner loop of groups (more than _UNROLL_LEVELS levels per
+    entry): capacity 3000 (12 levels) with every level walked (3 groups of 4), 9 levels (2 groups
+    and 1 level) and the default split. Jitted, duplicates included; exact invariant and leaves."""
+    rng = np.random.default_rng(dense_extra + 100)
+    trees = [SumTree.create(3000), MinTree.create(3000), SumMinTree.create(3000)]
+    ref = np.zeros(3000, np.float32)
+    with _knobs(dense_extra=dense_extra):
+        fn = jax.jit(lambda t, i, v: t.set(i, v))
+        for _ in range(3):
+            idx = rng.integers(0, 3000, 64).astype(np.int32)
+            idx[10:20] = idx[0]  # duplicates: the last one (position 19) wins
+            val = rng.uniform(0, 5, 64).astype(np.float32)
+            val[5] = 0.0
+            trees = [fn(t, jnp.asarray(idx), jnp.asarray(val)) for t in trees]
+            for i, v in zip(idx, val):
+                ref[i] = v
+    for t in trees:
+        _check_invariant(t)
+    np.testing.assert_array_equal(np.asarray(trees[0].leaves()), ref)
+    np.testing.assert_array_equal(np.asarray(trees[2].leaves()), ref)
+    assert float(trees[2].min()) == ref[ref > 0].min()
+
+
+def test_large_batch_takes_vectorised_path_and_matches_walk():
     """A batch above the walk threshold goes through the vectorised path; lowering the threshold
     to 0 must not change any result (jitted, duplicates included)."""
     rng = np.random.default_rng(0)
     idx = jnp.asarray(rng.integers(-5, 1005, 300), jnp.int32)  # many duplicates, some out of range
     val = jnp.asarray(rng.uniform(0, 4, 300), jnp.float32)
     where = jnp.asarray(rng.random(300) < 0.8)
-    fn = lambda t, m: set_sum_and_min(t, m, idx, val, where)  # noqa: E731
-    ref = jax.jit(fn)(SumTree.create(1000), MinTree.create(1000))
-    monkeypatch.setattr(sum_tree_module, "_WALK_MAX_BATCH_CPU", 0)
-    got = jax.jit(fn)(SumTree.create(1000), MinTree.create(1000))
+    fn = lambda t, m, sm: (*set_sum_and_min(t, m, idx, val, where), sm.set(idx, val, where))  # noqa: E731
+    new = lambda: (SumTree.create(1000), MinTree.create(1000), SumMinTree.create(1000))  # noqa: E731
+    ref = jax.jit(fn)(*new())
+    with _knobs(walk_max=0):
+        got = jax.jit(fn)(*new())
     for a, b in zip(ref, got):
         np.testing.assert_array_equal(np.asarray(a.nodes), np.asarray(b.nodes))
     separate = (SumTree.create(1000).set(idx, val, where), MinTree.create(1000).set(idx, val, where))
     for a, b in zip(ref, separate):
         np.testing.assert_array_equal(np.asarray(a.nodes), np.asarray(b.nodes))
+    np.testing.assert_array_equal(np.asarray(ref[2].nodes[:, 0]), np.asarray(ref[0].nodes))
 
 
-def heap_copies(hlo_text: str, heap_len: int) -> list:
-    """Lines of compiled HLO that copy a whole float32 heap of ``heap_len`` nodes."""
-    heap = f"f32[{heap_len}]"
+def heap_copies(hlo_text: str, heap_len: int, row: str = "") -> list:
+    """Lines of compiled HLO that copy a whole float32 heap of ``heap_len`` nodes (rows ``row``)."""
+    heap = f"f32[{heap_len}{row}]"
     return [line for line in hlo_text.splitlines() if " copy(" in line and heap in line.split("copy(")[0]]
 
 
@@ -423,13 +538,15 @@ def test_donated_set_does_not_copy_the_heap(batch):
     idx = jnp.arange(batch, dtype=jnp.int32)
     val = jnp.ones(batch, jnp.float32)
     fns = {
-        "set": (lambda t, i, v: t.set(i, v), trees[:1]),
-        "set_sum_and_min": (lambda s, m, i, v: set_sum_and_min(s, m, i, v), trees),
+        "set": (lambda t, i, v: t.set(i, v), trees[:1], ""),
+        "set_sum_and_min": (lambda s, m, i, v: set_sum_and_min(s, m, i, v), trees, ""),
+        "SumMinTree.set": (lambda t, i, v: t.set(i, v), (SumMinTree.create(100_000),), ",2"),
     }
-    for name, (fn, args) in fns.items():
+    for name, (fn, args, row) in fns.items():
         donate = tuple(range(len(args)))
         text = jax.jit(fn, donate_argnums=donate).lower(*args, idx, val).compile().as_text()
-        assert not heap_copies(text, 2 * trees[0].padded_capacity), name
+        assert f"f32[{2 * trees[0].padded_capacity}{row}]" in text  # the pattern can match
+        assert not heap_copies(text, 2 * trees[0].padded_capacity, row), name
 
 
 def test_set_sum_and_min_rejects_different_capacities():
