@@ -9,8 +9,11 @@ process memory can be measured honestly:
   For jaxbuffers the device arrays (CPU backend, allocated at create) are added from their exact
   shapes (``device_nbytes``). The accounting numbers (``accounted_bytes_per_transition``) are
   printed alongside.
-* ``add_tps``: transitions/s when adding one transition per call (SB3 style; for jaxbuffers a
-  jitted, donated ``add`` of one step). jaxbuffers also reports ``add_chunk_tps`` (500 steps per call).
+* ``add_tps``: transitions/s when adding one transition per call from Python (SB3 style). For
+  jaxbuffers this is :class:`jaxbuffers.compressed.StagingWriter` (``add_staged_tps``: steps
+  staged in host numpy arrays, flushed as chunk adds, the last flush timed too); also reported:
+  ``add_host_tps`` (``add_from_host`` per step), ``add_jit_tps`` (a jitted donated ``add`` per
+  step; both over the first 3,000 transitions) and ``add_chunk_tps`` (500 steps per jitted call).
 * ``sample_tps_32`` / ``sample_tps_256``: transitions/s of ``sample`` (decode + stack rebuild +
   result on device: a jax array for jaxbuffers, a torch tensor for SB3), median of repeats.
 
@@ -40,8 +43,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "atari_rollouts.npz"
 
-JAX_CODECS = ["zstd:1", "zstd:3", "igzip:0", "igzip:1", "rle"]
-DEFAULT = "jaxbuffers zstd:1"  # jaxbuffers.compressed.DEFAULT_CODEC
+JAX_CODECS = ["zstd:-1", "zstd:1", "zstd:3", "igzip:0", "igzip:1", "rle"]
+DEFAULT = "jaxbuffers zstd:-1"  # jaxbuffers.compressed.DEFAULT_CODEC
 SB3X_CODECS = ["none", "rle", "rle-old", "rle-jit", "gzip", "igzip", "igzip1"]
 
 
@@ -119,11 +122,14 @@ def run_sb3(kind: str, codec: str | None, game: str, n: int, repeats: int) -> di
     }
 
 
-def run_jax(codec: str, game: str, n: int, repeats: int, chunked: bool) -> dict:
+def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
+    """One jaxbuffers case. ``mode``: how the n transitions are added, one per call from Python:
+    ``staged`` (:class:`StagingWriter`, the documented Python-loop path), ``host``
+    (``add_from_host``), ``jit`` (a jitted donated ``add``); or ``chunk`` (500 per jitted call)."""
     import jax
     import jax.numpy as jnp
 
-    from jaxbuffers.compressed import CompressedTrajectoryBuffer
+    from jaxbuffers.compressed import CompressedTrajectoryBuffer, StagingWriter
 
     obs, nxt, act, rew, term = load(game, n)
     ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
@@ -131,48 +137,86 @@ def run_jax(codec: str, game: str, n: int, repeats: int, chunked: bool) -> dict:
     add = jax.jit(lambda b, s, t: b.add(s, terminated=t), donate_argnums=0)
     act32, rew32 = act.astype(np.int32), rew.astype(np.float32)
 
-    def step(a, z):
-        s = {"obs": jnp.asarray(obs[a:z])[None], "action": jnp.asarray(act32[a:z])[None], "reward": jnp.asarray(rew32[a:z])[None]}
-        return s, jnp.asarray(term[a:z])[None]
+    def step_np(a, z):  # host arrays, [1, t, ...]
+        return {"obs": obs[None, a:z], "action": act32[None, a:z], "reward": rew32[None, a:z]}, term[None, a:z]
+
+    def step(a, z):  # device arrays
+        s, t = step_np(a, z)
+        return jax.tree.map(jnp.asarray, s), jnp.asarray(t)
 
     samplers = {b: jax.jit(lambda bf, k, b=b: bf.sample_transitions(k, b, gamma=0.99)) for b in (32, 256)}
-    chunk = 500 if chunked else 1
-    buf = add(buf, *step(0, chunk))
+    chunk = 500 if mode == "chunk" else 1
+    writer = None
+    if mode == "staged":
+        writer = StagingWriter(buf)
+        # Warm-up: compile every chunk shape and touch the staging arrays (fixed host memory,
+        # writer.max_pending steps: reported as staging_bytes, not per transition).
+        warm = writer.max_pending + writer.max_pending - 1
+        for i in range(warm):
+            s, t = step_np(i, i + 1)
+            writer.add({k: v[:, 0] for k, v in s.items()}, terminated=t[:, 0])
+        buf = writer.flush()
+        start = warm
+    elif mode == "host":
+        buf = buf.add_from_host(*step(0, 1)[:1], terminated=step(0, 1)[1])
+        start = 1
+    else:
+        buf = add(buf, *step(0, chunk))
+        start = chunk
     keys = iter(jax.random.split(jax.random.key(0), 10_000))
     for b in (32, 256):
         jax.block_until_ready(samplers[b](buf, next(keys)))
     r0 = rss()
     t0 = time.perf_counter()
-    for a in range(chunk, n, chunk):
-        buf = add(buf, *step(a, min(a + chunk, n)))
+    if mode == "staged":
+        for i in range(start, n):
+            s, t = step_np(i, i + 1)
+            writer.add({k: v[:, 0] for k, v in s.items()}, terminated=t[:, 0])
+        buf = writer.flush()  # the timing includes the last flush
+    elif mode == "host":
+        for i in range(start, n):
+            s, t = step_np(i, i + 1)
+            buf = buf.add_from_host(s, terminated=t)
+    else:
+        for a in range(start, n, chunk):
+            buf = add(buf, *step(a, min(a + chunk, n)))
     jax.block_until_ready(buf)
     t_add = time.perf_counter() - t0
     r1 = rss()
     stored = int(buf.size())
     assert stored == n, stored
+    rec = {f"add_{mode}_tps": (n - start) / t_add}
+    if repeats == 0:
+        return rec
 
     def sample(b):
         out = samplers[b](buf, next(keys))
         jax.block_until_ready((out.obs, out.next_obs))
 
-    return {
+    rec.update({
         # host growth per added transition + device arrays (allocated at create) per transition
-        "bytes_per_transition": (r1 - r0) / (n - chunk) + buf.device_nbytes / n,
+        "bytes_per_transition": (r1 - r0) / (n - start) + buf.device_nbytes / n,
         "accounted_bytes_per_transition": buf.nbytes / n,
         "host_payload_bytes_per_frame": sum(s.payload_nbytes for s in buf.host.stores) / buf.host.stores[0].num_entries,
-        ("add_chunk_tps" if chunked else "add_tps"): (n - chunk) / t_add,
         "sample_tps_32": timed_samples(sample, 32, repeats),
         "sample_tps_256": timed_samples(sample, 256, repeats),
-    }
+    })
+    if writer is not None:
+        rec["staging_bytes"] = writer.staging_nbytes
+    return rec
 
 
 def child(args) -> None:
     kind, codec, game, n, repeats = args.case, args.codec, args.game, args.n, args.repeats
     if kind == "jax":
-        rec = run_jax(codec, game, n, repeats, chunked=False)
-        # Chunked adds in a second buffer: same transitions, 500 per call.
-        rec2 = run_jax(codec, game, n, 1, chunked=True)
-        rec["add_chunk_tps"] = rec2["add_chunk_tps"]
+        # Main buffer filled one transition per call through the StagingWriter (bytes, samples);
+        # then the other add paths in fresh buffers (add throughput only; fewer transitions
+        # for the slow one-step paths).
+        rec = run_jax(codec, game, n, repeats, mode="staged")
+        rec["add_tps"] = rec["add_staged_tps"]
+        rec.update(run_jax(codec, game, n, 0, mode="chunk"))
+        rec.update(run_jax(codec, game, min(n, 3000), 0, mode="host"))
+        rec.update(run_jax(codec, game, min(n, 3000), 0, mode="jit"))
     else:
         rec = run_sb3(kind, codec, game, n, repeats)
     print("RESULT " + json.dumps(rec), flush=True)
@@ -243,22 +287,22 @@ def summarize(game: str, results: dict) -> None:
     if not sb3x or not jaxs:
         return
     metrics = ("add_tps", "sample_tps_32", "sample_tps_256")
-    per_codec, per_codec_chunked = {}, {}
+    per_codec, per_codec_chunked, per_codec_jit = {}, {}, {}
     # Bytes: the larger of the RSS reading and the accounting (RSS of a small host store can even
     # read negative when warm-up temporaries are released during the fill).
     size = lambda q: max(q["bytes_per_transition"], q.get("accounted_bytes_per_transition", 0))  # noqa: E731
     for name, r in sb3x.items():
-        for add_key, table in (("add_tps", per_codec), ("add_chunk_tps", per_codec_chunked)):
+        for add_key, table in (("add_tps", per_codec), ("add_chunk_tps", per_codec_chunked), ("add_jit_tps", per_codec_jit)):
             winners = [
                 j for j, q in jaxs.items()
-                if size(q) <= r["bytes_per_transition"] and q[add_key] >= r["add_tps"]
+                if size(q) <= r["bytes_per_transition"] and q.get(add_key, 0) >= r["add_tps"]
                 and all(q[m] >= r[m] for m in metrics[1:])
             ]
             table[name] = winners or None
     smallest = min(sb3x, key=lambda k: sb3x[k]["bytes_per_transition"])
     d = jaxs.get(DEFAULT)
     rec = {"game": game, "summary": True, "dominating_jax_setting_per_sb3x_codec": per_codec,
-           "dominating_with_chunked_adds": per_codec_chunked}
+           "dominating_with_chunked_adds": per_codec_chunked, "dominating_with_jitted_one_step_adds": per_codec_jit}
     if d:
         rec["default"] = DEFAULT
         rec["default_bytes_vs_smallest_sb3x"] = {

@@ -8,7 +8,7 @@ name      tag  levels         default  needs
 ``none``  0    --             --       numpy only
 ``rle``   1    8, 16, 32      8        numba
 ``igzip`` 2    0, 1, 2, 3     1        isal
-``zstd``  3    1 .. 22        3        zstandard
+``zstd``  3    -7..-1, 1..22  3        zstandard
 ========  ===  =============  =======  ===========
 
 The tag is stored with every entry of a :class:`~host_codecs.store.CompressedStore`, so a store

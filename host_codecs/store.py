@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from ._base import ALIGN, Codec, dtype_code, dtype_from_code
-from ._gather import gather
+from ._gather import copy_rows, gather
 from .registry import CODECS, codec_for_tag, get_codec
 
 __all__ = ["CompressedStore"]
@@ -467,6 +467,17 @@ class CompressedStore:
         if b == 0 or nbytes == 0 or not present.any():
             return result
         rows = np.flatnonzero(present)
+        # Each distinct slot is decoded once, into the row of its first occurrence; the other
+        # occurrences are copied from it afterwards (a sampled batch of frame stacks repeats
+        # most frames: an observation and its next observation share k - 1 of them).
+        dup_src = dup_dst = None
+        if rows.size > 1:
+            _, first, inv = np.unique(flat[rows], return_index=True, return_inverse=True)
+            if first.size < rows.size:
+                src_rows = rows[first[inv.reshape(-1)]]
+                is_dup = src_rows != rows
+                dup_src, dup_dst = src_rows[is_dup], rows[is_dup]
+                rows = rows[np.sort(first)]
         ch, off, lens, tg, mt = chunk[rows], offset[rows], length[rows], tags[rows], meta[rows]
         if ch.min() == ch.max():  # one chunk: decode in place
             src = chunks[int(ch[0])]
@@ -487,6 +498,8 @@ class CompressedStore:
         for tag in np.unique(tg).tolist() if tg.min() != tg.max() else [int(tg[0])]:
             sel = slice(None) if tg.min() == tg.max() else np.flatnonzero(tg == tag)
             codec_for_tag(tag).decode_into(src, off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
+        if dup_src is not None:
+            copy_rows(rows_u8, dup_src, dup_dst)
         return result
 
     def written(self, slots: Any) -> np.ndarray:

@@ -577,3 +577,112 @@ def test_add_from_host_equals_add_and_raises_stale_directly(atari_rollouts):
         stale.add_from_host(step, **kw)
     with pytest.raises(TypeError, match="cannot be traced"):
         jax.jit(lambda buf: buf.add_from_host(step, **kw))(b)
+
+
+# ------------------------------------------------------------------------------------------------
+# StagingWriter: staged one-step adds flushed as power-of-two chunks == the same adds one by one.
+
+
+def _device_leaves_equal(a, b):
+    """Every device array of two compressed buffer states equal, except ``version`` (host writes)."""
+    la, lb = jax.tree.leaves(a.replace(version=jnp.int32(0))), jax.tree.leaves(b.replace(version=jnp.int32(0)))
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=NO_SHRINK)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    num_envs=st.integers(1, 2),
+    length=st.integers(3, 9),
+    steps=st.integers(1, 30),
+    max_pending=st.integers(1, 8),
+    use_trunc=st.sampled_from(["never", "always", "mixed"]),
+    dict_obs=st.booleans(),
+)
+def test_staging_writer_equals_one_step_adds(seed, num_envs, length, steps, max_pending, use_trunc, dict_obs):
+    from jaxbuffers.compressed import StagingWriter
+
+    rng = np.random.default_rng(seed)
+    k = 3
+    stk = Stacker(rng, num_envs, k, "reset", 0)
+    pix = jax.ShapeDtypeStruct((k, H, W), jnp.uint8)
+    obs_ex = {"pixels": pix, "vec": jax.ShapeDtypeStruct((2,), jnp.float32)} if dict_obs else pix
+    ex = {"obs": obs_ex, "action": jax.ShapeDtypeStruct((), jnp.int32), "reward": jax.ShapeDtypeStruct((), jnp.float32)}
+    kw = dict(frame_stack=k, codec="zstd:-1", final_obs_capacity=4, compress=("pixels",) if dict_obs else None)
+    plain = CompressedTrajectoryBuffer.create(ex, num_envs, length, **kw)
+    writer = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs, length, **kw), max_pending=max_pending)
+    flush_at = set(rng.choice(steps, size=min(3, steps), replace=False).tolist())
+    for t in range(steps):
+        o, term, trunc, nxt = stk.step(0.15, 0.15)
+        if dict_obs:
+            vec = rng.standard_normal((num_envs, 2)).astype(np.float32)
+            o, nxt = {"pixels": o, "vec": vec}, {"pixels": nxt, "vec": vec + 1}
+        step = {"obs": o, "action": rng.integers(0, 5, num_envs).astype(np.int32), "reward": rng.standard_normal(num_envs).astype(np.float32)}
+        give = use_trunc == "always" or (use_trunc == "mixed" and t % 2 == 1)
+        akw = dict(terminated=term, truncated=trunc & ~term, final_obs=nxt) if give else dict(terminated=term | trunc)
+        plain = plain.add_from_host(step, **akw)
+        writer.add(step, **akw)
+        assert writer.pending == (t + 1) % max_pending or t in flush_at or writer.pending <= max_pending
+        if t in flush_at:
+            writer.flush()
+            assert writer.pending == 0
+    staged = writer.buffer
+    assert writer.pending == 0
+    _device_leaves_equal(plain, staged)
+    assert staged.host.num_rows == plain.host.num_rows  # same frames written, in fewer writes
+    for key in range(2):
+        x = plain.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)
+        y = writer.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)
+        jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, x), jax.tree.map(np.asarray, y))
+
+
+def test_staging_writer_compiles_power_of_two_chunks_and_keeps_data_on_failure():
+    from jaxbuffers.compressed import StagingWriter
+    from jaxbuffers.compressed.staging import _pow2_pieces
+
+    assert _pow2_pieces(13) == [8, 4, 1] and _pow2_pieces(16) == [16] and _pow2_pieces(1) == [1]
+    assert _pow2_pieces(13, 4) == [4, 4, 4, 1] and _pow2_pieces(7, 6) == [4, 2, 1]
+    ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = CompressedTrajectoryBuffer.create(ex, 1, 50, frame_stack=2, codec="none")
+    seen = []
+    real = type(buf).add_from_host
+
+    def spy(self, step, **kw):
+        seen.append(step["obs"].shape[1])
+        return real(self, step, **kw)
+
+    writer = StagingWriter(buf, max_pending=16)
+    step = {"obs": np.ones((1, 2, H, W), np.uint8), "action": np.zeros(1, np.int32), "reward": np.zeros(1, np.float32)}
+    no = np.zeros(1, bool)
+    try:
+        type(buf).add_from_host = spy
+        for _ in range(16 + 13):
+            writer.add(step, terminated=no)
+        assert seen == [16] and writer.pending == 13  # auto flush at max_pending
+        writer.flush()
+        assert seen == [16, 8, 4, 1]
+    finally:
+        type(buf).add_from_host = real
+    # A stale wrapped state: the flush raises and every staged step stays staged.
+    for _ in range(5):
+        writer.add(step, terminated=no)
+    good = writer._buf
+    writer._buf.add_from_host(jax.tree.map(lambda x: x[:, None], step), terminated=no[:, None])  # forks the store
+    with pytest.raises(StaleBufferError):
+        writer.flush()
+    assert writer.pending == 5
+    assert writer._buf is good
+    # Bad input is refused at add time, naming the field, before anything is staged.
+    with pytest.raises(TypeError, match="dtype"):
+        writer.add({**step, "action": np.zeros(1, np.int64)}, terminated=no)
+    with pytest.raises(ValueError, match="num_envs=1"):
+        writer.add(jax.tree.map(lambda x: np.concatenate([x, x]), step), terminated=np.zeros(2, bool))
+    with pytest.raises(TypeError, match="bool"):
+        writer.add(step, terminated=np.zeros(1, np.int32))
+    with pytest.raises(TypeError, match="final_obs"):
+        writer.add(step, terminated=no, truncated=no)
+    assert writer.pending == 5
+    with pytest.raises(TypeError, match="CompressedTrajectoryBuffer"):
+        StagingWriter(TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}, 1, 4))

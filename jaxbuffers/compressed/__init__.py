@@ -5,6 +5,8 @@
   observation leaves and optional frame-stack dedup (one stored frame per step).
 * :class:`CompressedRolloutBuffer`: a :class:`jaxbuffers.RolloutBuffer` with host-compressed step
   leaves, decoded per minibatch.
+* :class:`StagingWriter`: for Python-driven loops (one env step per call), stages steps in host
+  numpy arrays and adds them to a compressed trajectory buffer in chunks (flushed before sampling).
 
 The host half is :mod:`host_codecs` (codecs and :class:`host_codecs.CompressedStore`). How the
 two halves talk (ordered exactly-once writes, versioned reads, why these buffers cannot be
@@ -13,6 +15,7 @@ vmapped) is documented in :mod:`jaxbuffers.compressed._host`.
 
 from jaxbuffers.compressed._host import HostStores, StaleBufferError
 from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
+from jaxbuffers.compressed.staging import StagingWriter
 from jaxbuffers.compressed.trajectory import (
     DEFAULT_CODEC,
     CompressedPrioritisedTrajectoryBuffer,
@@ -25,5 +28,6 @@ __all__ = [
     "CompressedRolloutBuffer",
     "HostStores",
     "StaleBufferError",
+    "StagingWriter",
     "DEFAULT_CODEC",
 ]

@@ -142,8 +142,8 @@ class HostStores:
     def read(self, version, *ids) -> tuple[np.ndarray, ...]:
         """Host side of a sample: decode slots ``ids[j]`` (any shapes ``S_j``) from every store.
 
-        Each distinct slot (over all ``ids``) is decoded once (the store decodes in parallel),
-        then gathered into each output.
+        Each distinct slot (over all ``ids``) is decoded once, in parallel, directly into the
+        output (:meth:`host_codecs.CompressedStore.get`); its other occurrences are row copies.
 
         Returns:
           For store ``i`` and id array ``j``, output ``i * len(ids) + j``: shape
@@ -155,10 +155,9 @@ class HostStores:
         self._check_open("sample")
         v = int(np.max(np.asarray(version)))
         ids = [np.asarray(x) for x in ids]
-        flat = np.concatenate([x.reshape(-1) for x in ids])
-        uniq, inv = np.unique(flat, return_inverse=True)
+        flat = np.concatenate([x.reshape(-1) for x in ids]) if ids else np.zeros(0, np.int32)
         with self._lock:
-            newest = int(self.slot_version[uniq].max(initial=0))
+            newest = int(self.slot_version[flat].max(initial=0))
             self.num_reads += 1
         if newest > v:
             raise StaleBufferError(
@@ -166,13 +165,12 @@ class HostStores:
                 f"were rewritten by version {newest}; sample from the state returned by the last add "
                 f"(and inside one jitted program, sample before adding again)"
             )
-        inv = inv.reshape(-1)
-        bounds = np.cumsum([0] + [x.size for x in ids])
+        bounds = np.cumsum([0] + [x.size for x in ids]).tolist()
         outs = []
         for store in self.stores:
-            dec = store.get(uniq, missing="zeros")
+            # One output for all id arrays; the store decodes each distinct slot once, straight
+            # into its first row, and copies the repeats. The outputs are contiguous slices.
+            dec = store.get(flat, missing="zeros")
             for x, a, b in zip(ids, bounds[:-1], bounds[1:]):
-                out = np.empty((x.size, *dec.shape[1:]), dec.dtype)
-                np.take(dec, inv[a:b], axis=0, out=out)
-                outs.append(out.reshape(*x.shape, *dec.shape[1:]))
+                outs.append(dec[a:b].reshape(*x.shape, *dec.shape[1:]))
         return tuple(outs)

@@ -78,7 +78,7 @@ from jaxbuffers.trajectory import (
 __all__ = ["CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "DEFAULT_CODEC"]
 
 #: Codec of the host stores unless ``codec=`` is given (see docs/benchmarks.md for the trade-offs).
-DEFAULT_CODEC = "zstd:1"
+DEFAULT_CODEC = "zstd:-1"
 
 _ID = jax.ShapeDtypeStruct((3,), jnp.int32)
 
@@ -233,7 +233,7 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
           stack_axis: axis of the ``k`` frames within one observation (``0``: ``[k, H, W]``,
             ``-1``: ``[H, W, k]``).
           padding: ``"reset"`` (repeat the episode's first frame) or ``"zero"``.
-          codec: host codec (``"zstd:1"`` default, ``"igzip:0".."igzip:3"``, ``"rle"``, ``"none"``).
+          codec: host codec (``"zstd:-1"`` default: zstd's fast level -1, see :mod:`host_codecs.zstd`; ``"zstd:1".."zstd:22"``, ``"igzip:0".."igzip:3"``, ``"rle"``, ``"none"``).
           normalize_images: sampled compressed leaves come back float32 in ``[0, 1]`` (``x / 255``,
             uint8 leaves only) instead of their stored dtype.
           chunk_bytes: largest host arena chunk.

@@ -28,7 +28,11 @@ Semantics kept from SB3 (``stable_baselines3.common.buffers``, 2.x):
 Compression (``compress=``, :class:`JaxReplayBuffer` only, not with ``optimize_memory_usage``):
 ``True`` or a dict of options for :meth:`jaxbuffers.compressed.CompressedTrajectoryBuffer.create`
 (``codec``, ``frame_stack``, ``stack_axis``, ``padding``, ``chunk_bytes``; ``padding`` defaults to
-``"zero"``, what SB3's ``VecFrameStack`` does at an episode start). The observations then live in
+``"zero"``, what SB3's ``VecFrameStack`` does at an episode start), plus ``max_pending`` (default
+16) for the :class:`~jaxbuffers.compressed.StagingWriter` that adds SB3's one-step ``add`` s to it
+in chunks: up to ``max_pending`` steps (observation and next observation of every env) are held
+uncompressed in host numpy arrays, counted in ``nbytes``, and flushed when full or when SB3
+samples (so a sample always sees every added step; DQN samples every ``train_freq`` steps). The observations then live in
 a :class:`~jaxbuffers.compressed.CompressedTrajectoryBuffer` with one lane per env (row ``t`` of
 env ``e`` is step ``t`` of lane ``e``); with ``frame_stack=k`` only the newest frame of each
 observation is stored and the stacks are rebuilt at sample time. Every SB3 episode end (``done``)
@@ -103,14 +107,15 @@ def _gather(state: _replay.ReplayBuffer, rows: jax.Array, envs: jax.Array, next_
     return obs, s["actions"][rows, envs], nxt, dones, s["rewards"][rows, envs][:, None]
 
 
-def _compressed_add(cbuf, obs: jax.Array, next_obs: jax.Array, done: jax.Array):
+def _compressed_add(writer, obs: np.ndarray, next_obs: np.ndarray, done: np.ndarray) -> None:
     n = done.shape[0]
-    step = {"obs": obs, "action": jnp.zeros((n,), jnp.uint8), "reward": jnp.zeros((n,), jnp.float32)}
+    step = {"obs": obs, "action": np.zeros((n,), np.uint8), "reward": np.zeros((n,), np.float32)}
     # Every SB3 episode end is handed over as a truncation so that its true next observation
     # (the terminal one SB3 stores) is kept in the final-observation ring; SB3's own dones and
-    # timeouts live in the row store. SB3 adds from Python one step at a time: the eager path
-    # skips the io_callback dispatch (about half the cost of a one-step add).
-    return cbuf.add_from_host(step, terminated=jnp.zeros_like(done), truncated=jnp.asarray(done), final_obs=next_obs)
+    # timeouts live in the row store. SB3 adds from Python one step at a time: the StagingWriter
+    # copies the step into host arrays and adds them to the compressed buffer in chunks (at the
+    # latest when SB3 next samples), instead of one device call per step.
+    writer.add(step, terminated=np.zeros_like(done), truncated=done, final_obs=next_obs)
 
 
 @jax.jit
@@ -184,7 +189,7 @@ def _compress_options(compress: bool | dict) -> dict | None:
         compress = {}
     if not isinstance(compress, dict):
         raise TypeError(f"compress: expected a bool or a dict of options, got {type(compress).__name__}")
-    allowed = {"codec", "frame_stack", "stack_axis", "padding", "chunk_bytes"}
+    allowed = {"codec", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending"}
     extra = set(compress) - allowed
     if extra:
         raise ValueError(f"compress: unknown options {sorted(extra)}; expected some of {sorted(allowed)}")
@@ -278,14 +283,14 @@ class _JaxReplayImpl:
         self._spec = dict(spec)
         if self.compress is not None:
             del spec["observations"]  # observations live in the compressed buffer
-            self._cbuf = self._new_compressed()
-            self._pending = None  # device [n_envs, *obs_shape]: the newest row's next observation
+            self._writer = self._new_compressed()  # StagingWriter around the CompressedTrajectoryBuffer
+            self._pending = None  # host [n_envs, *obs_shape]: the newest row's next observation
         elif not self.optimize_memory_usage:
             spec["next_observations"] = obs_spec
         self._state = _replay.ReplayBuffer.create(spec, capacity=self.buffer_size)
 
     def _new_compressed(self):
-        from jaxbuffers.compressed import CompressedTrajectoryBuffer
+        from jaxbuffers.compressed import CompressedTrajectoryBuffer, StagingWriter
 
         s = self._spec["observations"]
         example = {
@@ -293,7 +298,10 @@ class _JaxReplayImpl:
             "action": jax.ShapeDtypeStruct((), np.uint8),  # unused (the row store keeps actions)
             "reward": jax.ShapeDtypeStruct((), np.float32),  # unused (the row store keeps rewards)
         }
-        return CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size, **self.compress)
+        opts = dict(self.compress)
+        max_pending = opts.pop("max_pending", 16)
+        cbuf = CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size, **opts)
+        return StagingWriter(cbuf, max_pending=max_pending)
 
     # ------------------------------------------------------------------ state access
     @property
@@ -305,7 +313,7 @@ class _JaxReplayImpl:
     def nbytes(self) -> int:
         """Bytes held: the device arrays (allocated up front) plus, with ``compress``, the
         compressed buffer's device ids and host bytes (arenas, indexes), a Python int."""
-        extra = 0 if self.compress is None else self._cbuf.nbytes + (0 if self._pending is None else self._pending.nbytes)
+        extra = 0 if self.compress is None else self._writer.nbytes + (0 if self._pending is None else self._pending.nbytes)
         return self._state.memory_bytes + extra
 
     def _replace_leaf(self, path: tuple, value: jax.Array) -> None:
@@ -361,8 +369,8 @@ class _JaxReplayImpl:
         """Empty the buffer (``pos`` 0, not full); storage is kept, as in SB3."""
         super().reset()
         if self.compress is not None:
-            self._cbuf.close()
-            self._cbuf, self._pending = self._new_compressed(), None
+            self._writer.close()
+            self._writer, self._pending = self._new_compressed(), None
         self._state = self._state.replace(
             head=jnp.zeros_like(self._state.head),
             num_valid=jnp.zeros_like(self._state.num_valid),
@@ -417,8 +425,8 @@ class _JaxReplayImpl:
         next_row = self._obs_row(next_obs, "next_obs")
         if self.compress is not None:
             obs_row = row.pop("observations")
-            self._cbuf = _compressed_add(self._cbuf, obs_row, next_row, row["dones"])
-            self._pending = jnp.asarray(next_row)
+            _compressed_add(self._writer, obs_row, next_row, row["dones"])
+            self._pending = next_row
             self._state = _add_row(self._state, row, None, next_in_obs=False)
         elif self.optimize_memory_usage:
             self._state = _add_row(self._state, row, next_row, next_in_obs=True)
@@ -471,7 +479,8 @@ class _JaxReplayImpl:
                 raise IndexError("samples_at: the buffer is empty")
             newest = jnp.int32((self.pos - 1) % self.buffer_size)
             done_j = self._state.storage["dones"][rows_j, envs_j]
-            obs, nxt = _compressed_gather(self._cbuf, rows_j, envs_j, done_j, newest, self._pending)
+            cbuf = self._writer.buffer  # flushes the staged steps first
+            obs, nxt = _compressed_gather(cbuf, rows_j, envs_j, done_j, newest, jnp.asarray(self._pending))
         dev = self.device
         if env is not None:
             obs = self._normalize_obs(_common.tree_to_numpy(obs), env)
