@@ -54,6 +54,7 @@ from flax import struct
 
 from jaxbuffers import _ring, _validate
 from jaxbuffers.replay import ReplayBuffer
+from jaxbuffers import sum_tree
 from jaxbuffers.sum_tree import SumMinTree
 
 __all__ = ["PrioritisedReplayBuffer", "PrioritisedSample", "PRIORITY_MAX"]
@@ -314,15 +315,33 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         in_range = (indices >= 0) & (indices < self.replay.num_valid)
         current = self.generations[jnp.clip(indices, 0, self.capacity - 1)]
         applied = in_range & (current == generations)
-        p = self._sanitise(priorities)
-        leaf = self._leaf(p)
-        tree = self.tree.set(indices, leaf, where=applied)
-        # The running max over the WINNING writes only, without a sort: every touched slot now
-        # holds its winner's leaf, so an applied entry whose leaf equals its slot's stored leaf is
-        # the winner (or a loser with the same leaf p**alpha, i.e. the same p up to the rounding
-        # of the power).
-        won = applied & (tree.get(indices) == leaf)
-        return self.replace(
-            tree=tree,
-            max_priority=jnp.maximum(self.max_priority, jnp.max(jnp.where(won, p, 0))),
-        )
+        # One vector op for every per-entry input of the walk (a NaN leaf is skipped by the tree):
+        # on CPU each separate small op costs about a microsecond of executor time per call.
+        leaf = jnp.where(applied, self._leaf(self._sanitise(priorities)), jnp.nan)
+        tree, max_priority = self._set_leaves(indices, priorities, leaf)
+        return self.replace(tree=tree, max_priority=max_priority)
+
+    def _set_leaves(self, indices, priorities, leaf):
+        """Write ``leaf`` (NaN: skipped) and raise the running max to the largest priority actually
+        written, without a sort. Returns ``(tree, max_priority)``.
+
+        Every touched slot now holds its winner's leaf, so an applied entry whose leaf equals its
+        slot's stored leaf is the winner (or a loser with the same leaf ``p**alpha``, i.e. the same
+        ``p`` up to the rounding of the power); skipped entries have a NaN leaf, equal to nothing.
+        Where the tree walks (CPU, small batches: see :mod:`jaxbuffers.sum_tree`) this is one scalar
+        loop (a single compiled kernel) instead of a gather and a reduction (three ops): on CPU
+        every op costs executor time per call.
+        """
+        tree = self.tree.set(indices, leaf)
+        b = indices.shape[0]
+        if b > sum_tree._walk_max_batch():
+            won = tree.get(indices) == leaf
+            return tree, jnp.maximum(self.max_priority, jnp.max(jnp.where(won, self._sanitise(priorities), 0)))
+        leaf_row = tree.padded_capacity
+
+        def body(k, m):
+            slot = jnp.clip(indices[k], 0, self.capacity - 1) + leaf_row
+            stored = jax.lax.dynamic_index_in_dim(tree.nodes, slot, keepdims=False)[0]
+            return jnp.maximum(m, jnp.where(stored == leaf[k], self._sanitise(priorities[k]), 0))
+
+        return tree, jax.lax.fori_loop(0, b, body, self.max_priority)

@@ -52,12 +52,16 @@ __all__ = ["SumTree", "MinTree", "SumMinTree", "last_write_mask", "set_sum_and_m
 _WALK_MAX_BATCH_CPU = 4096
 
 # A batch of B updates touches nearly every node of the levels with fewer than ~B nodes, so walking
-# them once per entry is wasted work: the walk (or the vectorised update) stops at depth
-# ``_dense_levels(B, depth)`` and the levels above it are recomputed whole, level by level, from
-# the level below (``O(2**k)`` vectorised work, ``k = ceil(log2 B) + 2``, so ``O(4 B)``). Measured
-# (2-core CPU, P = 2**17, B = 256, both trees): k = 8..12 all within noise, 2x faster than walking
-# all 17 levels.
-_DENSE_EXTRA_LEVELS = 2
+# them once per entry is wasted work: the update stops at depth ``_dense_levels(B, depth, walk)``
+# and the ``k`` levels above it are recomputed whole from the level below (``2**k - 1`` nodes, i.e.
+# ``O(B)`` work). With the sequential walk (CPU) the top is recomputed by a second scalar loop, one
+# node per step (``k = ceil(log2 B) + 1``: a node costs about one walk step, and 2**k ~ B minimises
+# ``B (depth - k) + 2**k``); with the vectorised path by one vectorised combine per level
+# (``k = ceil(log2 B) + 2``). Measured on a 2-core CPU, P = 2**17, B = 256, one jitted call per
+# update: walking all 17 levels 20 us; 7 levels + vectorised top 10 levels 19.5 us (each of the
+# top's ~12 small ops costs ~1 us of executor time per call); 8 levels + scalar-loop top ~11 us.
+_DENSE_EXTRA_LEVELS = 1  # walk path
+_DENSE_EXTRA_LEVELS_VECTOR = 2  # vectorised path
 
 # XLA:CPU compiles a while loop whose body touches under ~1 KB per iteration (its cost model's
 # bytes accessed) into one kernel ("small call"); above that, every op of the body is a separate
@@ -72,9 +76,10 @@ def _walk_max_batch() -> int:
     return _WALK_MAX_BATCH_CPU if jax.default_backend() == "cpu" else 0
 
 
-def _dense_levels(batch: int, depth: int) -> int:
-    """Number of top levels (depths ``0 .. k-1``) recomputed densely after a batch of ``batch`` writes."""
-    return max(0, min(depth, (max(batch, 1) - 1).bit_length() + _DENSE_EXTRA_LEVELS))
+def _dense_levels(batch: int, depth: int, walk: bool) -> int:
+    """Number of top levels (depths ``0 .. k-1``) recomputed whole after a batch of ``batch`` writes."""
+    extra = _DENSE_EXTRA_LEVELS if walk else _DENSE_EXTRA_LEVELS_VECTOR
+    return max(0, min(depth, (max(batch, 1) - 1).bit_length() + extra))
 
 
 def _padded_size(capacity: int) -> int:
@@ -153,12 +158,34 @@ def _dense_top(nodes, combine, top: int):
     return jax.lax.dynamic_update_slice(nodes, block, (1,) + (0,) * len(row))
 
 
-def _walk(nodes, combine, node0, rows, active, steps: int):
-    """Sequential update: for k = 0 .. B-1 write heap row ``node0[k]`` (a leaf) with ``rows[k]``
-    where ``active[k]`` (else rewrite its current value: a no-op), then recompute its ``steps``
-    nearest ancestors from their children, each a scalar ``dynamic_slice`` / ``dynamic_update_slice``
-    of the heap. The heap is the ``lax.fori_loop`` carry, so XLA updates it in place; batch order
-    makes the last active write to a leaf win without any sort."""
+def _dense_top_loop(nodes, combine, top: int):
+    """:func:`_dense_top` as one scalar loop: nodes ``2**top - 1`` down to 1, each recomputed from
+    its two children (children before parents). On CPU the loop compiles to one small kernel, where
+    the vectorised version costs one executor step per level."""
+    if top <= 0:
+        return nodes
+    row = nodes.shape[1:]
+    zeros = (0,) * len(row)
+    last = (1 << top) - 1
+
+    def body(j, nodes):
+        n = last - j
+        kids = jax.lax.dynamic_slice(nodes, (2 * n,) + zeros, (2,) + row)
+        return jax.lax.dynamic_update_slice(nodes, combine(kids[:1], kids[1:]), (n,) + zeros)
+
+    return jax.lax.fori_loop(0, last, body, nodes)
+
+
+def _walk(nodes, combine, to_rows, capacity: int, indices, values, steps: int):
+    """Sequential update: for k = 0 .. B-1 write leaf ``indices[k]`` with the row
+    ``to_rows(values[k])`` unless the value is NaN or the index is outside ``[0, capacity)`` (then
+    rewrite leaf 0's current row: a no-op), and recompute its ``steps`` nearest ancestors from their
+    children, each a ``dynamic_slice`` / ``dynamic_update_slice`` of the heap. The heap is the
+    ``lax.fori_loop`` carry, so XLA updates it in place; batch order makes the last write to a leaf
+    win without any sort. Every per-entry decision is made inside the loop (scalar work in the one
+    compiled loop kernel) rather than by separate vector ops before it, each of which costs about
+    a microsecond of executor time per call on CPU."""
+    p = nodes.shape[0] // 2
     row = nodes.shape[1:]
     zeros = (0,) * len(row)
 
@@ -169,17 +196,19 @@ def _walk(nodes, combine, node0, rows, active, steps: int):
             nodes = jax.lax.dynamic_update_slice(nodes, combine(kids[:1], kids[1:]), (n,) + zeros)
         return nodes, n
 
-    def body(k, nodes):
-        n = node0[k]
+    def entry(k, nodes):
+        i, v = indices[k], values[k]
+        ok = (i >= 0) & (i < capacity) & ~jnp.isnan(v)
+        n = jnp.where(ok, i, 0) + p
         cur = jax.lax.dynamic_slice(nodes, (n,) + zeros, (1,) + row)
-        nodes = jax.lax.dynamic_update_slice(nodes, jnp.where(active[k], rows[k][None], cur), (n,) + zeros)
+        nodes = jax.lax.dynamic_update_slice(nodes, jnp.where(ok, to_rows(v[None]), cur), (n,) + zeros)
         if steps <= _UNROLL_LEVELS:
             return up(nodes, n, steps)[0]
         groups, rest = divmod(steps, _GROUP_LEVELS)
         nodes, n = jax.lax.fori_loop(0, groups, lambda _, c: up(*c, _GROUP_LEVELS), (nodes, n))
         return up(nodes, n, rest)[0]
 
-    return jax.lax.fori_loop(0, node0.shape[0], body, nodes)
+    return jax.lax.fori_loop(0, indices.shape[0], entry, nodes)
 
 
 def _vector_walk(nodes, combine, node0, rows, keep, touched, steps: int):
@@ -204,25 +233,31 @@ def _vector_walk(nodes, combine, node0, rows, keep, touched, steps: int):
     return nodes
 
 
-def _update_heap(nodes, combine, indices, rows, active, unique: bool):
-    """Write ``rows`` at leaves ``indices`` where ``active`` (last active write wins) and restore
-    every ancestor; dispatches between the walk and the vectorised path, then the dense top."""
+def _update_heap(nodes, combine, to_rows, capacity: int, indices, values, where, unique: bool):
+    """Write ``to_rows(values)`` at leaves ``indices`` (entries with a NaN value, an index outside
+    ``[0, capacity)`` or ``where`` False are skipped; the last write to a leaf wins) and restore
+    every ancestor: the walk (CPU, small batches) or the vectorised path below the top ``k``
+    levels, then the top levels whole."""
     p = nodes.shape[0] // 2
     depth = p.bit_length() - 1
     b = indices.shape[0]
-    top = _dense_levels(b, depth)
-    steps = depth - top
-    if b <= _walk_max_batch():
+    walk = b <= _walk_max_batch()
+    top = _dense_levels(b, depth, walk)
+    nan = jnp.full((), jnp.nan, values.dtype)
+    if walk:
+        if where is not None:
+            values = jnp.where(where, values, nan)
         if b == 1:
             # A one-entry loop body compiled with a copy of the heap at every level (measured at
-            # B = 1 only, XLA CPU); one extra inactive entry (a no-op walk) keeps the update in place.
-            indices, rows = jnp.concatenate([indices, indices]), jnp.concatenate([rows, rows])
-            active = jnp.concatenate([active, jnp.zeros((1,), bool)])
-        node0 = jnp.where(active, indices, 0) + p
-        nodes = _walk(nodes, combine, node0, rows, active, steps)
-    else:
-        keep = active if unique else last_write_mask(indices, active)
-        nodes = _vector_walk(nodes, combine, indices + p, rows, keep, active, steps)
+            # B = 1 only, XLA CPU); one extra skipped entry (a no-op walk) keeps the update in place.
+            indices, values = jnp.concatenate([indices, indices]), jnp.concatenate([values, nan[None]])
+        nodes = _walk(nodes, combine, to_rows, capacity, indices, values, depth - top)
+        return _dense_top_loop(nodes, combine, top)
+    active = (indices >= 0) & (indices < capacity) & ~jnp.isnan(values)
+    if where is not None:
+        active = active & where
+    keep = active if unique else last_write_mask(indices, active)
+    nodes = _vector_walk(nodes, combine, indices + p, to_rows(values), keep, active, depth - top)
     return _dense_top(nodes, combine, top)
 
 
@@ -233,26 +268,24 @@ def _check_write(tree, indices, values, where):
         raise ValueError(f"values: expected shape {indices.shape} (one value per index), got {values.shape}")
     if not jnp.issubdtype(values.dtype, jnp.floating):
         raise TypeError(f"values: expected a floating dtype, got {values.dtype}")
-    active = (indices >= 0) & (indices < tree.capacity)
     if where is not None:
         where = jnp.asarray(where)
         if where.shape != indices.shape or where.dtype != jnp.bool_:
             raise ValueError(f"where: expected bool{list(indices.shape)}, got {where.dtype}{list(where.shape)}")
-        active = active & where
-    return indices, values, active
+    return indices, values, where
 
 
 def _set_trees(trees, indices, values, where, unique: bool):
     for t in trees[1:]:
         if t.capacity != trees[0].capacity:
             raise ValueError(f"trees: expected equal capacities, got {trees[0].capacity} and {t.capacity}")
-    indices, values, active = _check_write(trees[0], indices, values, where)
+    indices, values, where = _check_write(trees[0], indices, values, where)
     if indices.shape[0] == 0:
         return list(trees)
     # One loop per tree: with both heaps in one loop carry XLA copied both heaps once per level per
     # step (measured in the compiled HLO). SumMinTree interleaves the two in one heap instead.
     return [
-        t.replace(nodes=_update_heap(t.nodes, t._combine, indices, t._rows(values.astype(t.dtype)), active, unique))
+        t.replace(nodes=_update_heap(t.nodes, t._combine, t._rows, t.capacity, indices, values.astype(t.dtype), where, unique))
         for t in trees
     ]
 
@@ -397,21 +430,22 @@ class _ReductionTree(flax.struct.PyTreeNode):
         Args:
           indices: int[B], flat leaf ids. Entries outside ``[0, capacity)`` are ignored (padding
             leaves are never written).
-          values: floating [B], converted to the tree's dtype (an integer array raises). For a
-            sum they must be finite and ``>= 0``: the tree does not sanitise values (callers such
-            as :class:`jaxbuffers.PrioritisedReplayBuffer` apply their own documented policy).
+          values: floating [B], converted to the tree's dtype (an integer array raises). A NaN
+            value is not written: the entry is ignored, as if ``where`` were False, so NaN never
+            enters the tree. For a sum the others must be finite and ``>= 0``: the tree does not
+            sanitise them (callers such as :class:`jaxbuffers.PrioritisedReplayBuffer` apply their
+            own documented policy).
           where: optional bool[B]; entries with ``False`` are ignored entirely.
 
         Duplicate indices within the batch are resolved deterministically: the LAST (highest batch
         position) active write to an index wins.
 
         Cost ``O(B log P)``, never ``O(capacity)``; in place when the tree is donated. The top
-        ``k = min(log2 P, ceil(log2 B) + 2)`` levels are recomputed whole (``O(4 B)`` vectorised
-        work) and only the levels below are updated per entry: on CPU, batches of up to 4096
-        entries one entry after another in a ``lax.fori_loop`` (batch order makes the last write
-        win); larger batches (and every batch on other backends) with one vectorised
-        gather/scatter per level after a stable sort that picks the last write. Both paths give the
-        same result bit for bit (tested).
+        ``k ~ log2 B`` levels are recomputed whole (``2**k - 1 = O(B)`` nodes) and only the levels
+        below are updated per entry: on CPU, batches of up to 4096 entries one entry after another
+        in a ``lax.fori_loop`` (batch order makes the last write win); larger batches (and every
+        batch on other backends) with one vectorised gather/scatter per level after a stable sort
+        that picks the last write. Both paths give the same result bit for bit (tested).
 
         Returns:
           A new tree.

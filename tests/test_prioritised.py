@@ -459,3 +459,25 @@ def test_model_based_against_python_reference(ops, alpha, use_jit):
         assert float(buf.max_priority) == pytest.approx(model.max_p, rel=1e-6)
         assert int(buf.size()) == model.n
         _assert_tree_valid(buf)
+
+
+def test_set_priorities_walk_and_vectorised_paths_agree(monkeypatch):
+    """The running max over winning writes is folded into a scalar loop on the CPU walk path and
+    computed with a gather on the vectorised path: same tree and same max, duplicates, stale and
+    NaN entries included."""
+    from jaxbuffers import sum_tree as sum_tree_module
+
+    buf = PRB.create(ITEM, 64, priority_exponent=0.7)
+    buf = buf.add(_batch(np.arange(40)), jnp.linspace(0.5, 2.0, 40))
+    rng = np.random.default_rng(3)
+    idx = jnp.asarray(rng.integers(-2, 45, 100), jnp.int32)  # duplicates, out of range, empty slots
+    gens = buf.generations[jnp.clip(idx, 0, 63)]
+    gens = gens.at[::7].add(1)  # some stale
+    pri = jnp.asarray(rng.uniform(0, 30, 100), jnp.float32).at[5].set(jnp.nan).at[9].set(-1.0)
+    fn = lambda b: b.set_priorities(idx, pri, gens)  # noqa: E731
+    walked = jax.jit(fn)(buf)
+    monkeypatch.setattr(sum_tree_module, "_WALK_MAX_BATCH_CPU", 0)
+    vectorised = jax.jit(fn)(buf)
+    np.testing.assert_array_equal(np.asarray(walked.tree.nodes), np.asarray(vectorised.tree.nodes))
+    assert float(walked.max_priority) == float(vectorised.max_priority) > 1.0
+    _assert_tree_valid(walked)

@@ -400,7 +400,7 @@ class _knobs:
     """Temporarily set the module's path choices: walk threshold and dense top levels."""
 
     def __init__(self, walk_max=None, dense_extra=None):
-        self.new = {"_WALK_MAX_BATCH_CPU": walk_max, "_DENSE_EXTRA_LEVELS": dense_extra}
+        self.new = {"_WALK_MAX_BATCH_CPU": walk_max, "_DENSE_EXTRA_LEVELS": dense_extra, "_DENSE_EXTRA_LEVELS_VECTOR": dense_extra}
 
     def __enter__(self):
         self.old = {k: getattr(sum_tree_module, k) for k in self.new}
@@ -443,7 +443,7 @@ def _both_paths(trees, idx, val, where, dense_extra):
         st.lists(st.tuples(st.integers(-3, 75), st.floats(0.0, 100.0, width=32, allow_subnormal=False), st.booleans()), min_size=1, max_size=20),
         min_size=1, max_size=4,
     ),
-    dense_extra=st.sampled_from([-99, 2, 99]),  # from no dense top (full walk) to all levels dense
+    dense_extra=st.sampled_from([None, -99, 2, 99]),  # defaults; no dense top (full walk); all levels dense
 )
 @settings(max_examples=40, deadline=None)
 def test_walk_and_vectorised_paths_agree_exactly(capacity, batches, dense_extra):
