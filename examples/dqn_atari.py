@@ -72,7 +72,7 @@ def parse_args(argv=None):
     p.add_argument("--total-steps", type=int, default=1_000_000, help="env steps (all envs)")
     p.add_argument("--num-envs", type=int, default=1)
     p.add_argument("--buffer-size", type=int, default=1_000_000, help="transitions kept (all envs)")
-    p.add_argument("--codec", default="zstd:1")
+    p.add_argument("--codec", default="zstd:-1", help="host codec (jaxbuffers.compressed.DEFAULT_CODEC; zstd:1..22, zstd:-7..-1, igzip:0..3, rle, none)")
     p.add_argument("--learning-starts", type=int, default=80_000)
     p.add_argument("--train-freq", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=32)

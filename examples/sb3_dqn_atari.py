@@ -27,7 +27,7 @@ def main() -> None:
     p.add_argument("--buffer-size", type=int, default=100_000)
     p.add_argument("--learning-starts", type=int, default=None, help="default: min(10_000, total_steps // 2)")
     p.add_argument("--n-envs", type=int, default=1)
-    p.add_argument("--codec", default="zstd:3", help="host codec: zstd:3, igzip:0..3, rle, none")
+    p.add_argument("--codec", default="zstd:-1", help="host codec: zstd:-1 (default), zstd:1..22, igzip:0..3, rle, none")
     p.add_argument("--no-compress", action="store_true", help="uncompressed JaxReplayBuffer (for comparison)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()

@@ -138,7 +138,8 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
         if pad is not None:
             zero = jnp.zeros((), frames.dtype)
             frames = jnp.where(pad.reshape(pad.shape + (1,) * len(info.frame_shape)), zero, frames)
-        frames = jnp.moveaxis(frames, lead, lead + info.stack_axis)
+        if info.stack_axis:  # 0: already in place (skip the identity transpose)
+            frames = jnp.moveaxis(frames, lead, lead + info.stack_axis)
     if normalize:
         frames = frames.astype(jnp.float32) * jnp.float32(1.0 / 255.0)
     return frames

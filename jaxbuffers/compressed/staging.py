@@ -15,7 +15,8 @@ every step. :class:`StagingWriter` pays it once per *chunk* instead:
   ``floor(log2(min(max_pending, length))) + 1`` chunk shapes are ever compiled (twice that if
   some steps carry ``truncated`` and others do not).
 * :attr:`buffer`, :meth:`sample_transitions` and :meth:`sample_sequences` flush first: a sample
-  always sees every step added before it.
+  always sees every step added before it. :meth:`sample_transitions` then decodes on the host
+  without a JAX callback (:meth:`CompressedTrajectoryBuffer.sample_transitions_from_host`).
 
 Where the data lives: until a flush, staged steps are held **uncompressed in host memory owned
 by the writer** (``max_pending`` steps per env, e.g. 256 x 28 KB = 7 MB for one Atari env), and
@@ -97,14 +98,34 @@ class StagingWriter:
         leaves, self._treedef = jax.tree.flatten(self._spec)
         self._shapes = [(e, *s.shape) for s in leaves]
         self._dtypes = [np.dtype(s.dtype) for s in leaves]
-        self._stage = [np.zeros((e, p, *s.shape), s.dtype) for s in leaves]  # shape=[E, P, *leaf], leaf dtype
         obs_leaves, self._obs_treedef = jax.tree.flatten(self._spec[self._obs_key])
         self._obs_shapes = [(e, *s.shape) for s in obs_leaves]
         self._obs_dtypes = [np.dtype(s.dtype) for s in obs_leaves]
+        # Flat step leaves = the obs leaves, contiguous, at some offset (dict keys are sorted):
+        # find it, and which of them are compressed (staged as their newest frame only).
+        keys = sorted(self._spec)
+        self._obs_offset = sum(len(jax.tree.leaves(self._spec[k])) for k in keys[: keys.index(self._obs_key)])
+        self._info = dict(zip(buffer.leaf_index, buffer.leaves))  # obs leaf index -> LeafInfo
+        self._stage = []  # per step leaf: [E, P, *leaf] (compressed obs leaves: [E, P, *frame])
+        for i, sp in enumerate(leaves):
+            info = self._info.get(i - self._obs_offset)
+            shape = sp.shape if info is None else info.frame_shape
+            self._stage.append(np.zeros((e, p, *shape), sp.dtype))
+        self._placeholder = np.zeros((e, p, 3), np.int32)  # stands in for compressed leaves (not read)
         self._terminated = np.zeros((e, p), bool)  # shape=[E, P], dtype=bool
         self._truncated = np.zeros((e, p), bool)  # shape=[E, P], dtype=bool
-        self._final: list[np.ndarray] | None = None  # obs leaves [E, P, *leaf], allocated on first truncated
+        self._final: list[np.ndarray] | None = None  # obs leaves [E, P, ...] (frames when compressed), on first truncated
         self._n = 0  # staged steps
+
+    def _staged(self, x: Any, obs_index: int | None) -> np.ndarray:
+        """What to stage of one validated leaf ``[E, ...]``: the newest frame of a compressed
+        frame-stacked leaf, the leaf otherwise."""
+        x = np.asarray(x)
+        info = None if obs_index is None else self._info.get(obs_index)
+        if info is None or info.stack_axis is None:
+            return x
+        k = info.shape[info.stack_axis]
+        return np.take(x, k - 1, axis=1 + info.stack_axis)
 
     # ------------------------------------------------------------------ state
     @property
@@ -134,7 +155,7 @@ class StagingWriter:
     def staging_nbytes(self) -> int:
         """Host bytes of the staging arrays (allocated up front; the final-observation ones on
         the first ``truncated``)."""
-        arrays = self._stage + [self._terminated, self._truncated] + (self._final or [])
+        arrays = self._stage + [self._placeholder, self._terminated, self._truncated] + (self._final or [])
         return sum(x.nbytes for x in arrays)
 
     @property
@@ -205,16 +226,19 @@ class StagingWriter:
                                self._spec[self._obs_key], "final_obs")
         # Validated: stage (copies; JAX arrays are fetched to the host here).
         j = self._n
-        for dst, x in zip(self._stage, leaves):
-            dst[:, j] = np.asarray(x)
+        off = self._obs_offset
+        for i, (dst, x) in enumerate(zip(self._stage, leaves)):
+            dst[:, j] = self._staged(x, i - off if 0 <= i - off < len(self._obs_shapes) else None)
         self._terminated[:, j] = term
         if fin is not None:
             if self._final is None:
-                self._final = [np.zeros((self.num_envs, self.max_pending, *s[1:]), d)
-                               for s, d in zip(self._obs_shapes, self._obs_dtypes)]
+                self._final = [
+                    np.zeros((self.num_envs, self.max_pending, *(s[1:] if i not in self._info else self._info[i].frame_shape)), d)
+                    for i, (s, d) in enumerate(zip(self._obs_shapes, self._obs_dtypes))
+                ]
             self._truncated[:, j] = trunc
-            for dst, x in zip(self._final, fin):
-                dst[:, j] = np.asarray(x)
+            for i, (dst, x) in enumerate(zip(self._final, fin)):
+                dst[:, j] = self._staged(x, i)
         else:
             self._truncated[:, j] = False
             if self._final is not None:
@@ -241,13 +265,14 @@ class StagingWriter:
                 # Slices of the staging arrays go straight to add_from_host; it returns only after
                 # the device computation that reads them has finished (it fetches its host-write
                 # parts), so refilling the staging arrays afterwards cannot race with it.
-                step = jax.tree.unflatten(self._treedef, [x[:, a:b] for x in self._stage])
+                step, frames = self._chunk(self._stage, self._treedef, self._obs_offset, a, b)
+                term = self._terminated[:, a:b]
                 if self._final is None:
-                    self._buf = self._buf.add_from_host(step, terminated=self._terminated[:, a:b])
+                    self._buf = self._buf._add_frames_from_host(step, frames, term)
                 else:
-                    fin = jax.tree.unflatten(self._obs_treedef, [x[:, a:b] for x in self._final])
-                    self._buf = self._buf.add_from_host(
-                        step, terminated=self._terminated[:, a:b], truncated=self._truncated[:, a:b], final_obs=fin
+                    fin, fframes = self._chunk(self._final, self._obs_treedef, 0, a, b)
+                    self._buf = self._buf._add_frames_from_host(
+                        step, frames, term, self._truncated[:, a:b], fin, fframes
                     )
                 done = b
         finally:
@@ -260,10 +285,31 @@ class StagingWriter:
                 self._n = rest
         return self._buf
 
+    def _chunk(self, arrays, treedef, offset: int, a: int, b: int):
+        """Steps ``[a, b)`` as (pytree with placeholders for compressed leaves, their frames)."""
+        leaves, frames = [], []
+        for i, x in enumerate(arrays):
+            if (i - offset) in self._info:
+                leaves.append(self._placeholder[:, a:b])
+                frames.append(x[:, a:b])
+            else:
+                leaves.append(x[:, a:b])
+        # frames are in leaf order, which is the order of buffer.leaf_index (sorted flat indices)
+        return jax.tree.unflatten(treedef, leaves), frames
+
     # ------------------------------------------------------------------ sample
     def sample_transitions(self, key: jax.Array, batch_size: int, **kwargs) -> Any:
-        """Flush, then :meth:`CompressedTrajectoryBuffer.sample_transitions` (same arguments)."""
-        return self.flush().sample_transitions(key, batch_size, **kwargs)
+        """Flush, then sample (same arguments and result as
+        :meth:`CompressedTrajectoryBuffer.sample_transitions`). For a
+        :class:`CompressedTrajectoryBuffer` this runs
+        :meth:`~CompressedTrajectoryBuffer.sample_transitions_from_host` (the eager path, no host
+        callback); for the prioritised buffer its ``sample_transitions``."""
+        from jaxbuffers.compressed.trajectory import CompressedPrioritisedTrajectoryBuffer
+
+        buf = self.flush()
+        if isinstance(buf, CompressedPrioritisedTrajectoryBuffer):
+            return buf.sample_transitions(key, batch_size, **kwargs)
+        return buf.sample_transitions_from_host(key, batch_size, **kwargs)
 
     def sample_sequences(self, key: jax.Array, batch_size: int, *args, **kwargs) -> Any:
         """Flush, then :meth:`CompressedTrajectoryBuffer.sample_sequences` (same arguments)."""

@@ -54,6 +54,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Sequence
 
@@ -171,6 +172,22 @@ def _build(
 def _add_device_jit(buf, step, terminated, truncated, final_obs):
     """The device half of an add, jitted once per buffer configuration (see ``add_from_host``)."""
     return buf._add_device(step, terminated, truncated, final_obs)
+
+
+@functools.partial(jax.jit, static_argnames=("batch_size", "n_step"))
+def _sample_ids_jit(buf, key, batch_size, n_step, gamma):
+    """The device half of ``sample_transitions_from_host``: the sample with id leaves, and the
+    store slots (+ zero-pad masks) of the obs and next-obs stacks."""
+    s = buf.buffer.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma)
+    return s, buf._frame_ids(_common.pick_leaves(s.obs, buf.leaf_index)[0]), buf._frame_ids(
+        _common.pick_leaves(s.next_obs, buf.leaf_index)[0]
+    )
+
+
+@jax.jit
+def _add_ids_jit(buf, step, terminated, truncated, final_obs):
+    """The device half of a staged chunk add (no pixels on device; see ``_add_frames_from_host``)."""
+    return buf._add_ids(step, terminated, truncated, final_obs)
 
 
 class CompressedTrajectoryBuffer(struct.PyTreeNode):
@@ -424,8 +441,29 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
 
     def _add_device(self, step, terminated, truncated, final_obs):
         """Everything :meth:`add` does on device; returns (state without the version bump, write parts)."""
-        traj = self.trajectory
         step, terminated, truncated, final_obs = self._prepare(step, terminated, truncated, final_obs)
+        e, t = terminated.shape
+        obs = step[self.trajectory.obs_key]
+        datas = [
+            _common.newest_frame(x, i, 2).reshape(e * t, *i.frame_shape)
+            for x, i in zip(_common.pick_leaves(obs, self.leaf_index), self.leaves)
+        ]
+        if truncated is not None:
+            fframes = [
+                _common.newest_frame(x, i, 2).reshape(e * t, *i.frame_shape)
+                for x, i in zip(_common.pick_leaves(final_obs, self.leaf_index), self.leaves)
+            ]
+            datas = [jnp.concatenate([d, f]) for d, f in zip(datas, fframes)]
+        new, (slots, valid) = self._add_ids(step, terminated, truncated, final_obs)
+        return new, (slots, valid, datas)
+
+    def _add_ids(self, step, terminated, truncated, final_obs):
+        """The device half of an add given a time axis (``[E, t]`` flags): ids, episode positions,
+        the inner buffer's add. The compressed leaves of ``step[obs]`` / ``final_obs`` are not read
+        (they are replaced by ids; any array stands in for them). Returns (state without the
+        version bump, (store slots ``[M]``, rows to write ``[M]``)): rows ``[0, E*t)`` are the
+        newest frames of the steps, lane-major, then (with ``truncated``) ``E*t`` final frames."""
+        traj = self.trajectory
         e, t = terminated.shape
         k, ring, kcap = self.frame_stack, self.frame_ring, traj.final_obs_capacity
         j = jnp.arange(t, dtype=jnp.int32)
@@ -444,10 +482,8 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         ids = jnp.stack([newest, prev, ep], axis=-1).astype(jnp.int32)  # [E, t, 3]
 
         obs = step[traj.obs_key]
-        frames = [_common.newest_frame(x, i, 2) for x, i in zip(_common.pick_leaves(obs, self.leaf_index), self.leaves)]
         slots = newest.reshape(-1)
         valid = jnp.ones((e * t,), bool)
-        datas = [f.reshape(e * t, *i.frame_shape) for f, i in zip(frames, self.leaves)]
         final_head = self.final_head
         inner_final = None
         if truncated is not None:
@@ -457,13 +493,8 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
             fstore = e * ring + lane * kcap + fslot  # [E, t]
             final_head = ((final_head + cum[:, -1]) % kcap).astype(jnp.int32)
             fids = jnp.stack([fstore, newest, jnp.minimum(ep + 1, k - 1)], axis=-1).astype(jnp.int32)
-            fframes = [
-                _common.newest_frame(x, i, 2).reshape(e * t, *i.frame_shape)
-                for x, i in zip(_common.pick_leaves(final_obs, self.leaf_index), self.leaves)
-            ]
             slots = jnp.concatenate([slots, fstore.reshape(-1)])
             valid = jnp.concatenate([valid, boot.reshape(-1)])
-            datas = [jnp.concatenate([d, f]) for d, f in zip(datas, fframes)]
             inner_final = _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves))
         inner_step = dict(step)
         inner_step[traj.obs_key] = _common.replace_leaves(obs, self.leaf_index, [ids] * len(self.leaves))
@@ -474,7 +505,27 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
             next_ep_pos=next_ep,
             final_head=final_head,
         )
-        return new, (slots, valid, datas)
+        return new, (slots, valid)
+
+    def _add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None):
+        """:meth:`add_from_host` of a chunk whose compressed leaves are given as host frames.
+
+        For :class:`~jaxbuffers.compressed.StagingWriter`, which has already validated the
+        steps. ``step`` / ``final_obs``: ``[E, t, ...]`` pytrees whose compressed leaves are
+        placeholders (not read); ``frames`` / ``final_frames``: per compressed leaf, numpy
+        ``[E, t, *frame_shape]``, the newest frame of each observation (of each final
+        observation). Only the flags and the other leaves go to the device; the frames are
+        written to the host store directly. Same resulting state as :meth:`add_from_host` of
+        the full observations.
+        """
+        new, (slots, valid) = _add_ids_jit(self, step, terminated, truncated, final_obs)
+        slots, valid = jax.device_get((slots, valid))
+        e, t = terminated.shape
+        datas = [np.reshape(f, (e * t, *i.frame_shape)) for f, i in zip(frames, self.leaves)]
+        if truncated is not None:
+            datas = [np.concatenate([d, np.reshape(f, (e * t, *i.frame_shape))]) for d, f, i in zip(datas, final_frames, self.leaves)]
+        version = self.host.write(np.asarray(self.version), slots, valid, *datas)
+        return new.replace(version=jnp.asarray(version, jnp.int32))
 
     # ------------------------------------------------------------------ decode
     def _frame_ids(self, ids: jax.Array):
@@ -538,6 +589,36 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         """:meth:`jaxbuffers.TrajectoryBuffer.sample_sequences`, observations decoded (``[B, L, ...]``)."""
         s = self.buffer.sample_sequences(key, batch_size, sequence_length, period=period, cross_episodes=cross_episodes)
         return self._decode_sequences(s)
+
+    def sample_transitions_from_host(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma=None) -> TransitionSample:
+        """:meth:`sample_transitions` for Python-driven loops; not traceable. Same arguments and
+        the same result (bit for bit, tested) for the same buffer and key.
+
+        The index draw runs as one jitted call (compiled once per buffer and shape); the frames
+        are then decoded by a direct host call into fresh 64-byte aligned numpy arrays, which
+        JAX adopts without a copy on the CPU backend (other backends copy them to the device
+        once). Compared with the jitted :meth:`sample_transitions`, this skips the host callback
+        (JAX's slow dispatch path for callback-holding programs) and the copy of the callback's
+        result into XLA's output buffers. Inside ``jit`` use :meth:`sample_transitions`.
+
+        Raises:
+          TypeError: called under a JAX transformation.
+          StaleBufferError: the buffer state is older than the host store (raised directly).
+        """
+        if isinstance(self.version, jax.core.Tracer) or isinstance(key, jax.core.Tracer):
+            raise TypeError("sample_transitions_from_host cannot be traced (jit/scan/vmap); call sample_transitions() there")
+        s, (f1, p1), (f2, p2) = _sample_ids_jit(self, key, batch_size, n_step, gamma)
+        f1, f2 = jax.device_get((f1, f2))
+        decoded = self.host.read(np.asarray(self.version), f1, f2, aligned=True)
+        obs, nxt = [], []
+        for i, info in enumerate(self.leaves):
+            for out, frames, pad in ((obs, decoded[2 * i], p1), (nxt, decoded[2 * i + 1], p2)):
+                out.append(_common.finish(jnp.asarray(frames), info, 1, pad, self.normalize_images))
+        obs = _common.replace_leaves(s.obs, self.leaf_index, obs)
+        nxt = _common.replace_leaves(s.next_obs, self.leaf_index, nxt)
+        item = dict(s.item)
+        item[self.trajectory.obs_key] = obs
+        return s._replace(obs=obs, next_obs=nxt, item=item)
 
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma=None) -> TransitionSample:
         """:meth:`jaxbuffers.TrajectoryBuffer.sample_transitions`, ``obs`` / ``next_obs`` decoded.
@@ -613,6 +694,13 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
         """:meth:`PrioritisedTrajectoryBuffer.sample_sequences`, observations decoded."""
         s = self.buffer.sample_sequences(key, batch_size, beta=beta, sequence_length=sequence_length)
         return s._replace(item=self._decode_sequences(s.item))
+
+    def sample_transitions_from_host(self, *args, **kwargs):  # type: ignore[override]
+        """Not available for the prioritised buffer (use :meth:`sample_transitions`)."""
+        raise NotImplementedError(
+            "sample_transitions_from_host: not implemented for CompressedPrioritisedTrajectoryBuffer; "
+            "use sample_transitions(key, batch_size, beta=..., gamma=...)"
+        )
 
     def sample_transitions(  # type: ignore[override]
         self, key: jax.Array, batch_size: int, *, beta, gamma, n_step: int | None = None

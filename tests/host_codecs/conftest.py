@@ -21,6 +21,7 @@ CODEC_SPECS = {
     "igzip:3": "isal",
     "zstd:1": "zstandard",
     "zstd:3": "zstandard",
+    "zstd:-1": "zstandard",
 }
 
 

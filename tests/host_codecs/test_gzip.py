@@ -52,3 +52,53 @@ def test_batch_larger_than_thread_shards_keeps_order(atari_stacks):
         perm = np.random.default_rng(1).permutation(300)
         store.put(perm, obs)
         assert_bit_exact(store.get(perm), obs)
+
+
+def test_zstd_native_and_python_engines_agree(atari_stacks):
+    """The native engine (numba calling libzstd) writes the same frames as zstandard and both
+    engines decode each other's payloads bit-exactly; corrupt payloads raise in both."""
+    pytest.importorskip("zstandard")
+    from host_codecs.zstd import ZstdCodec, _native
+
+    if _native() is None:
+        pytest.skip("no native zstd engine here (numba or an exported libzstd missing)")
+    frames = atari_stacks["breakout_obs"][:64, -1]  # [64, 84, 84] single frames
+    rows = frames.reshape(64, -1)
+    for level in (-1, 3):
+        nat, py = ZstdCodec(level, engine="native"), ZstdCodec(level, engine="python")
+        assert (nat.engine, py.engine) == ("native", "python")
+        a, b = nat.encode_batch(rows, np.uint8), py.encode_batch(rows, np.uint8)
+        np.testing.assert_array_equal(a.lengths, b.lengths)
+        for o, p, n in zip(a.offsets, b.offsets, a.lengths):
+            assert a.buffer[o : o + n].tobytes() == b.buffer[p : p + n].tobytes()
+        for enc in (a, b):
+            for dec in (nat, py):
+                out = np.zeros_like(rows)
+                order = np.arange(64)[::-1].copy()  # rows written out of order
+                dec.decode_into(enc.buffer, enc.offsets, enc.lengths, enc.meta, out, order, np.uint8)
+                np.testing.assert_array_equal(out[order], rows)
+        bad = a.buffer.copy()
+        bad[a.offsets[3] + 6] ^= 0xFF  # inside the first block of entry 3
+        for dec in (nat, py):
+            with pytest.raises(ValueError, match="codec 'zstd': corrupt entry"):
+                dec.decode_into(bad, a.offsets, a.lengths, a.meta, np.zeros_like(rows), np.arange(64), np.uint8)
+        short = np.zeros((64, rows.shape[1] - 1), np.uint8)  # declared size larger than the output rows
+        with pytest.raises(ValueError, match="codec 'zstd': corrupt entry"):
+            nat.decode_into(a.buffer, a.offsets, a.lengths, a.meta, short, np.arange(64), np.uint8)
+    with pytest.raises(ValueError, match="engine"):
+        ZstdCodec(3, engine="fast")
+    with pytest.raises(ValueError, match="out of range"):
+        nat.decode_into(a.buffer, a.offsets + len(a.buffer), a.lengths, a.meta, np.zeros_like(rows), np.arange(64), np.uint8)
+
+
+def test_zstd_fast_levels_round_trip_and_are_larger(atari_stacks):
+    obs = atari_stacks["breakout_obs"][:64, -1]
+    sizes = {}
+    for spec in ("zstd:-7", "zstd:-1", "zstd:1"):
+        store = CompressedStore(64, codec=spec)
+        store.put(np.arange(64), obs)
+        assert_bit_exact(store.get(np.arange(64)), obs)
+        sizes[spec] = store.payload_nbytes
+    assert sizes["zstd:-7"] > sizes["zstd:-1"] > sizes["zstd:1"]
+    with pytest.raises(ValueError, match="level must be one of"):
+        get_codec("zstd:-8")
