@@ -15,11 +15,19 @@ process memory can be measured honestly:
   ``add_host_tps`` (``add_from_host`` per step), ``add_jit_tps`` (a jitted donated ``add`` per
   step; both over the first 3,000 transitions) and ``add_chunk_tps`` (500 steps per jitted call).
 * ``sample_tps_32`` / ``sample_tps_256``: transitions/s of ``sample`` (decode + stack rebuild +
-  result on device: a jax array for jaxbuffers, a torch tensor for SB3), median of repeats.
+  result on device: a jax array for jaxbuffers, a torch tensor for SB3), median of repeats. For
+  jaxbuffers a jitted ``sample_transitions`` returning the fields SB3's sample returns (obs,
+  action, next_obs, n-step return, discount); ``sample_full_tps_*`` returns the whole
+  ``TransitionSample`` (its ``item`` repeats obs: one more device copy of obs under jit).
 
 Cases: SB3 ``ReplayBuffer`` (with and without ``optimize_memory_usage``), sb3-extra-buffers
 ``CompressedReplayBuffer`` with every codec it has, and jaxbuffers ``CompressedTrajectoryBuffer``
-(frame dedup: one stored frame per step) with several codecs. Prints one JSON line per case, then
+(frame dedup: one stored frame per step) with several codecs. Because the cases run one after
+another, a change of machine load between them moves the ratios (sb3x's sample time swung 4-20x
+between runs on the shared 2-core machine: its ``torch ... .to(copy=True)`` runs on torch's
+intra-op threads, which stall when a core is busy). So the last cases measure sb3x rle-jit and
+the jaxbuffers default **in one process, interleaved** (torch threads = the CPU count, and 1):
+the ratios to quote. Prints one JSON line per case, then
 one ``summary`` line per game with the targets of issue 5.
 
 Usage: ``python benchmarks/bench_compressed.py [--quick] [--game breakout|pong|all]``
@@ -144,7 +152,13 @@ def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
         s, t = step_np(a, z)
         return jax.tree.map(jnp.asarray, s), jnp.asarray(t)
 
-    samplers = {b: jax.jit(lambda bf, k, b=b: bf.sample_transitions(k, b, gamma=0.99)) for b in (32, 256)}
+    # What SB3's sample returns (observations, actions, next observations, rewards, dones):
+    # obs, action, next_obs, n-step return, discount. The whole TransitionSample also repeats obs
+    # and action in ``item``; returned from jit, XLA materialises that repeat as a second device
+    # copy of obs (timed separately as sample_full_tps_*).
+    sb3_fields = lambda s: (s.obs, s.action, s.next_obs, s.n_step_return, s.discount)  # noqa: E731
+    samplers = {b: jax.jit(lambda bf, k, b=b: sb3_fields(bf.sample_transitions(k, b, gamma=0.99))) for b in (32, 256)}
+    full_samplers = {b: jax.jit(lambda bf, k, b=b: bf.sample_transitions(k, b, gamma=0.99)) for b in (32, 256)}
     chunk = 500 if mode == "chunk" else 1
     writer = None
     if mode == "staged":
@@ -190,8 +204,13 @@ def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
         return rec
 
     def sample(b):
-        out = samplers[b](buf, next(keys))
-        jax.block_until_ready((out.obs, out.next_obs))
+        jax.block_until_ready(samplers[b](buf, next(keys)))
+
+    def sample_full(b):
+        jax.block_until_ready(full_samplers[b](buf, next(keys)))
+
+    def sample_eager(b):
+        jax.block_until_ready(sb3_fields(buf.sample_transitions_from_host(next(keys), b, gamma=0.99)))
 
     rec.update({
         # host growth per added transition + device arrays (allocated at create) per transition
@@ -200,15 +219,72 @@ def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
         "host_payload_bytes_per_frame": sum(s.payload_nbytes for s in buf.host.stores) / buf.host.stores[0].num_entries,
         "sample_tps_32": timed_samples(sample, 32, repeats),
         "sample_tps_256": timed_samples(sample, 256, repeats),
+        "sample_full_tps_32": timed_samples(sample_full, 32, repeats),
+        "sample_full_tps_256": timed_samples(sample_full, 256, repeats),
+        "sample_eager_tps_32": timed_samples(sample_eager, 32, repeats),
+        "sample_eager_tps_256": timed_samples(sample_eager, 256, repeats),
     })
     if writer is not None:
         rec["staging_bytes"] = writer.staging_nbytes
     return rec
 
 
+def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dict:
+    """sb3x rle-jit and the jaxbuffers default in ONE process, samples interleaved (same load for
+    both): medians and ratios at batch 32 and 256. jaxbuffers: jitted ``sample_transitions``
+    (SB3's fields) and the eager ``sample_transitions_from_host``."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from gymnasium import spaces
+    from sb3_extra_buffers.compressed import CompressedReplayBuffer
+
+    from jaxbuffers.compressed import DEFAULT_CODEC, CompressedTrajectoryBuffer, StagingWriter
+
+    torch.set_num_threads(torch_threads)
+    obs, nxt, act, rew, term = load(game, n)
+    sb = CompressedReplayBuffer(n, spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(18), device="cpu",
+                                compression_method="rle-jit")
+    for i in range(n):
+        sb.add(obs[i : i + 1], nxt[i : i + 1], act[i : i + 1], rew[i : i + 1], term[i : i + 1], [{}])
+    ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    w = StagingWriter(CompressedTrajectoryBuffer.create(ex, 1, n, frame_stack=4, final_obs_capacity=2))
+    act32 = act.astype(np.int32)
+    for i in range(n):
+        w.add({"obs": obs[i : i + 1], "action": act32[i : i + 1], "reward": rew[i : i + 1]}, terminated=term[i : i + 1])
+    buf = w.buffer
+    keys = iter(jax.random.split(jax.random.key(0), 100_000))
+    fields = lambda s: (s.obs, s.action, s.next_obs, s.n_step_return, s.discount)  # noqa: E731
+    rec = {"codec": DEFAULT_CODEC, "torch_threads": torch_threads, "load_before": os.getloadavg()[0]}
+    for b in (32, 256):
+        jitted = jax.jit(lambda bf, k, b=b: fields(bf.sample_transitions(k, b, gamma=0.99)))
+        cases = {
+            "sb3x_rle_jit": lambda b=b: sb.sample(b),
+            "jax_jit": lambda: jax.block_until_ready(jitted(buf, next(keys))),
+            "jax_eager": lambda b=b: jax.block_until_ready(fields(buf.sample_transitions_from_host(next(keys), b, gamma=0.99))),
+        }
+        times = {k: [] for k in cases}
+        for fn in cases.values():
+            fn(), fn()
+        for _ in range(repeats):
+            for k, fn in cases.items():
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for k in cases:
+            rec[f"{k}_tps_{b}"] = b / med[k]
+        rec[f"ratio_jit_vs_rle_jit_{b}"] = med["sb3x_rle_jit"] / med["jax_jit"]
+        rec[f"ratio_eager_vs_rle_jit_{b}"] = med["sb3x_rle_jit"] / med["jax_eager"]
+    rec["load_after"] = os.getloadavg()[0]
+    return rec
+
+
 def child(args) -> None:
     kind, codec, game, n, repeats = args.case, args.codec, args.game, args.n, args.repeats
-    if kind == "jax":
+    if kind == "side":
+        rec = run_side_by_side(game, n, max(repeats, 30), int(codec))
+    elif kind == "jax":
         # Main buffer filled one transition per call through the StagingWriter (bytes, samples);
         # then the other add paths in fresh buffers (add throughput only; fewer transitions
         # for the slow one-step paths).
@@ -230,6 +306,7 @@ def cases():
     out = [("sb3", None, "sb3 ReplayBuffer"), ("sb3-opt", None, "sb3 ReplayBuffer optimize_memory_usage")]
     out += [("sb3x", c, f"sb3x {c}") for c in SB3X_CODECS]
     out += [("jax", c, f"jaxbuffers {c}") for c in JAX_CODECS]
+    out += [("side", str(t), f"side-by-side default vs sb3x rle-jit, torch threads {t}") for t in sorted({os.cpu_count() or 1, 1})]
     return out
 
 
@@ -269,7 +346,7 @@ def main() -> None:
                 continue
             rec = json.loads(line[-1][7:])
             results[name] = rec
-            emit({"game": game, "case": name, "n": args.n, **{k: round(v, 1) for k, v in rec.items()}})
+            emit({"game": game, "case": name, "n": args.n, **{k: round(v, 2) if isinstance(v, float) else v for k, v in rec.items()}})
         summarize(game, results)
 
 
@@ -282,6 +359,7 @@ def argparse_hidden():
 def summarize(game: str, results: dict) -> None:
     from _common import emit
 
+    sides = {k: v for k, v in results.items() if k.startswith("side-by-side")}
     sb3x = {k: v for k, v in results.items() if k.startswith("sb3x") and not k.endswith(" none")}
     jaxs = {k: v for k, v in results.items() if k.startswith("jaxbuffers")}
     if not sb3x or not jaxs:
@@ -316,6 +394,10 @@ def summarize(game: str, results: dict) -> None:
                 f"b{b}": round(d[f"sample_tps_{b}"] / rj[f"sample_tps_{b}"], 2) for b in (32, 256)
             }
             rec["default_sample_vs_rle_jit"]["target"] = ">= 2"
+    for k, v in sides.items():
+        rec.setdefault("same_process_default_vs_rle_jit", {})[k] = {
+            key: round(val, 2) for key, val in v.items() if key.startswith("ratio")
+        }
     emit(rec)
 
 
