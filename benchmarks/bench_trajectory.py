@@ -18,7 +18,7 @@ Steps: vector (obs f32[17], action f32[6], reward f32; 8 envs x 12,500 steps) an
 u8[84,84,4] as obs, action i32, reward f32; 8 envs x 1,250 steps). Buffers are filled completely
 (wrapped) before sampling. One JSON line per case; ratio = flashbax time / ours (> 1: ours faster).
 
-Run: python benchmarks/bench_trajectory.py [--quick] [--repeats N]
+Run: python benchmarks/bench_trajectory.py [--quick] [--repeats N] [--steps vector,atari] [--part uniform|prioritised]
 """
 
 from __future__ import annotations
@@ -241,74 +241,87 @@ def report(case, unit, per_op, times, ours="jaxbuffers"):
         })
 
 
+def uniform(name, step, length, ring, one, chunk, calls, scan_steps, nsamp, repeats):
+    # ---------------- uniform: add
+    impls = [Ours(step, length, ring=ring), Flashbax(step, length)]
+    for mode in ("call", "scan", f"chunk{CHUNK}"):
+        if mode == "call":
+            runs = {i.name: add_call_runner(i, i.pick(one), calls) for i in impls}
+            times = interleaved(runs, repeats, calls)
+        elif mode == "scan":
+            runs = {i.name: add_scan_runner(i, i.pick(one), scan_steps) for i in impls}
+            times = interleaved(runs, repeats, scan_steps)
+        else:
+            k = max(10, scan_steps // 4)
+            runs = {i.name: add_scan_runner(i, i.pick(chunk), k) for i in impls}
+            times = interleaved(runs, repeats, k * CHUNK)
+        report(f"add/{name}/{mode}", "env_steps", NUM_ENVS, times)
+
+    # ---------------- uniform: sample
+    for impl in impls:
+        fill(impl, impl.pick(chunk), length)
+    for n in SEQ_LENS:
+        fb = Flashbax(step, length, seq_len=n)  # flashbax fixes the sequence length at construction
+        fb.state = impls[1].state
+        times = interleaved({i.name: sample_runner(i, n, nsamp) for i in (impls[0], fb)}, repeats, nsamp)
+        report(f"sample/{name}/batch={SAMPLE}/seq={n}", "sequences", SAMPLE, times)
+    ours = impls[0]
+    fns = {
+        "transitions_n3": jax.jit(lambda s, k: s.sample_transitions(k, SAMPLE, n_step=3, gamma=0.99)),
+        "seq32_within_episode": jax.jit(lambda s, k: s.sample_sequences(k, SAMPLE, 32, cross_episodes=False)),
+    }
+    for label, fn in fns.items():
+        keys = list(jax.random.split(jax.random.key(3), nsamp))
+
+        def run(fn=fn, keys=keys):
+            out = None
+            for k in keys:
+                out = fn(ours.state, k)
+            jax.block_until_ready(out)
+
+        t = interleaved({"ours": run}, repeats, nsamp)["ours"]
+        emit({"case": f"sample/{name}/batch={SAMPLE}/{label}", "anchor": None, "ours_samples_per_s": SAMPLE / t})
+    del impls, fb
+
+
+def prioritised(name, step, length, ring, one, chunk, scan_steps, nsamp, repeats):
+    for n in SEQ_LENS:
+        impls = [Ours(step, length, prioritised=True, seq_len=n, ring=ring), Flashbax(step, length, prioritised=True, seq_len=n)]
+        runs = {i.name: add_scan_runner(i, i.pick(one), scan_steps) for i in impls}
+        report(f"prioritised/add/{name}/scan/seq={n}", "env_steps", NUM_ENVS, interleaved(runs, repeats, scan_steps))
+        for impl in impls:
+            fill(impl, impl.pick(chunk), length)
+        times = interleaved({i.name: sample_runner(i, n, nsamp) for i in impls}, repeats, nsamp)
+        report(f"prioritised/sample/{name}/batch={SAMPLE}/seq={n}", "sequences", SAMPLE, times)
+        times = interleaved({i.name: set_priorities_runner(i, n, nsamp) for i in impls}, repeats, nsamp)
+        report(f"prioritised/set_priorities/{name}/call/batch={SAMPLE}/seq={n}", "updates", SAMPLE, times)
+        times = interleaved({i.name: sample_update_scan_runner(i, n, nsamp) for i in impls}, repeats, nsamp)
+        report(f"prioritised/sample+set_priorities/{name}/scan/batch={SAMPLE}/seq={n}", "sequences", SAMPLE, times)
+        del impls
+
+
 def main():
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    p.add_argument("--steps", default="vector,atari", help="comma-separated step kinds to run (vector, atari)")
+    p.add_argument("--part", choices=("all", "uniform", "prioritised"), default="all", help="which buffers to time")
+    args = p.parse_args()
     # The default run takes about 5 minutes on a 2-core CPU (compiles included), --quick about 2.5.
     repeats = args.repeats or (3 if args.quick else 9)
     q = 10 if args.quick else 1
     start = time.perf_counter()
     emit({"bench": "trajectory", "machine": machine_info(), "versions": versions("jax", "jaxlib", "flashbax", "jaxbuffers")})
     for name, (step, length, ring) in STEPS.items():
+        if name not in args.steps.split(","):
+            continue
         one, chunk = env_step(step), env_step(step, CHUNK)
         calls = max(5, (50 if name == "atari" else 200) // q)
         scan_steps = max(10, min(length, 500) // q)
         nsamp = max(5, 50 // q)
 
-        # ---------------- uniform: add
-        impls = [Ours(step, length, ring=ring), Flashbax(step, length)]
-        for mode in ("call", "scan", f"chunk{CHUNK}"):
-            if mode == "call":
-                runs = {i.name: add_call_runner(i, i.pick(one), calls) for i in impls}
-                times = interleaved(runs, repeats, calls)
-            elif mode == "scan":
-                runs = {i.name: add_scan_runner(i, i.pick(one), scan_steps) for i in impls}
-                times = interleaved(runs, repeats, scan_steps)
-            else:
-                k = max(10, scan_steps // 4)
-                runs = {i.name: add_scan_runner(i, i.pick(chunk), k) for i in impls}
-                times = interleaved(runs, repeats, k * CHUNK)
-            report(f"add/{name}/{mode}", "env_steps", NUM_ENVS, times)
-
-        # ---------------- uniform: sample
-        for impl in impls:
-            fill(impl, impl.pick(chunk), length)
-        for n in SEQ_LENS:
-            fb = Flashbax(step, length, seq_len=n)  # flashbax fixes the sequence length at construction
-            fb.state = impls[1].state
-            times = interleaved({i.name: sample_runner(i, n, nsamp) for i in (impls[0], fb)}, repeats, nsamp)
-            report(f"sample/{name}/batch={SAMPLE}/seq={n}", "sequences", SAMPLE, times)
-        ours = impls[0]
-        fns = {
-            "transitions_n3": jax.jit(lambda s, k: s.sample_transitions(k, SAMPLE, n_step=3, gamma=0.99)),
-            "seq32_within_episode": jax.jit(lambda s, k: s.sample_sequences(k, SAMPLE, 32, cross_episodes=False)),
-        }
-        for label, fn in fns.items():
-            keys = list(jax.random.split(jax.random.key(3), nsamp))
-
-            def run(fn=fn, keys=keys):
-                out = None
-                for k in keys:
-                    out = fn(ours.state, k)
-                jax.block_until_ready(out)
-
-            t = interleaved({"ours": run}, repeats, nsamp)["ours"]
-            emit({"case": f"sample/{name}/batch={SAMPLE}/{label}", "anchor": None, "ours_samples_per_s": SAMPLE / t})
-        del impls, fb
-
-        # ---------------- prioritised
-        for n in SEQ_LENS:
-            impls = [Ours(step, length, prioritised=True, seq_len=n, ring=ring), Flashbax(step, length, prioritised=True, seq_len=n)]
-            runs = {i.name: add_scan_runner(i, i.pick(one), scan_steps) for i in impls}
-            report(f"prioritised/add/{name}/scan/seq={n}", "env_steps", NUM_ENVS, interleaved(runs, repeats, scan_steps))
-            for impl in impls:
-                fill(impl, impl.pick(chunk), length)
-            times = interleaved({i.name: sample_runner(i, n, nsamp) for i in impls}, repeats, nsamp)
-            report(f"prioritised/sample/{name}/batch={SAMPLE}/seq={n}", "sequences", SAMPLE, times)
-            times = interleaved({i.name: set_priorities_runner(i, n, nsamp) for i in impls}, repeats, nsamp)
-            report(f"prioritised/set_priorities/{name}/call/batch={SAMPLE}/seq={n}", "updates", SAMPLE, times)
-            times = interleaved({i.name: sample_update_scan_runner(i, n, nsamp) for i in impls}, repeats, nsamp)
-            report(f"prioritised/sample+set_priorities/{name}/scan/batch={SAMPLE}/seq={n}", "sequences", SAMPLE, times)
-            del impls
+        if args.part != "prioritised":
+            uniform(name, step, length, ring, one, chunk, calls, scan_steps, nsamp, repeats)
+        if args.part != "uniform":
+            prioritised(name, step, length, ring, one, chunk, scan_steps, nsamp, repeats)
     emit({"bench": "trajectory", "done": True, "elapsed_s": round(time.perf_counter() - start, 1)})
 
 

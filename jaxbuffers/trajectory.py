@@ -80,7 +80,7 @@ import numpy as np
 from flax import struct
 
 from jaxbuffers import _ring, _validate
-from jaxbuffers.sum_tree import MinTree, SumTree, set_sum_and_min
+from jaxbuffers.sum_tree import SumMinTree
 
 __all__ = [
     "TrajectoryBuffer",
@@ -708,7 +708,7 @@ class PrioritisedTrajectorySample(NamedTuple):
 class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     """A :class:`TrajectoryBuffer` whose window starts are sampled in proportion to priority.
 
-    Positions (``lane * length + slot``) are leaves of an on-device :class:`~jaxbuffers.sum_tree.SumTree`.
+    Positions (``lane * length + slot``) are leaves of an on-device :class:`~jaxbuffers.sum_tree.SumMinTree`.
     A position holds ``p^alpha`` only while its window of ``window_length`` steps is valid (stored,
     not straddling the write head, aligned to ``period``); every other leaf is 0, so invalid
     windows are never sampled. Each ``add`` of ``t`` steps zeroes the ``num_envs * t`` overwritten
@@ -720,8 +720,8 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     Before the ring wraps this equals the uniform buffer's "from the oldest" rule.
 
     Importance weights (Schaul et al. 2016): ``w_i = (N P(i))^-beta / max_j (N P(j))^-beta`` with
-    ``N`` the number of valid positions; the max is over the valid positions (a min tree of
-    ``p^alpha``), so ``w_i = (p_i^alpha / min_j p_j^alpha)^-beta``.
+    ``N`` the number of valid positions; the max is over the valid positions (the tree's minimum
+    over positive leaves), so ``w_i = (p_i^alpha / min_j p_j^alpha)^-beta``.
 
     To re-read sampled positions use ``self.buffer.transitions_at(indices, ...)`` /
     ``self.buffer.sequences_at(indices, ...)`` (:class:`TrajectoryBuffer`).
@@ -733,8 +733,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     """
 
     buffer: TrajectoryBuffer
-    sum_tree: SumTree  # capacity num_envs * length; leaves p^alpha at valid starts, else 0
-    min_tree: MinTree  # same leaves, +inf at invalid starts
+    tree: SumMinTree  # capacity num_envs * length; leaves p^alpha at valid starts, else 0 (sums + min over positive leaves)
     generations: jax.Array  # shape=[num_envs, length], dtype=int32: writes of each slot (wraps; compared for equality)
     max_priority: jax.Array  # shape=(), dtype=float32: largest priority set so far (new windows get it)
     phase: jax.Array  # shape=(), dtype=int32: steps ever added per lane, modulo period
@@ -783,8 +782,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         cap = buf.num_envs * buf.length
         return cls(
             buffer=buf,
-            sum_tree=SumTree.create(cap),
-            min_tree=MinTree.create(cap),
+            tree=SumMinTree.create(cap),
             generations=jnp.zeros((buf.num_envs, buf.length), jnp.int32),
             max_priority=jnp.float32(1.0),
             phase=jnp.int32(0),
@@ -811,7 +809,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
 
     def can_sample(self) -> jax.Array:
         """Whether some window is valid (the tree's total is positive), bool scalar."""
-        return self.sum_tree.total() > 0
+        return self.tree.total() > 0
 
     def num_valid_windows(self) -> jax.Array:
         """N: valid positions over all lanes (int32 scalar)."""
@@ -841,15 +839,12 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         where = jnp.concatenate([jnp.ones((e * t,), bool), jnp.broadcast_to(ok, (e, t)).reshape(-1)])
         fresh = self.max_priority ** self.priority_exponent
         is_new = jnp.arange(2 * e * t) >= e * t
-        sum_vals = jnp.where(is_new, fresh, 0).astype(jnp.float32)
-        min_vals = jnp.where(is_new, fresh, jnp.inf).astype(jnp.float32)
-        # O(E t log P) per tree (the trees need different values at the zeroed starts: 0 / +inf).
-        # When window_length <= t a newly completed window can start at a slot written by this very
-        # add; it comes later in `idx` and the last write wins, so no unique_indices here.
+        vals = jnp.where(is_new, fresh, 0).astype(jnp.float32)
+        # O(E t log P). When window_length <= t a newly completed window can start at a slot written
+        # by this very add; it comes later in `idx` and the last write wins, so no set_unique here.
         return self.replace(
             buffer=new,
-            sum_tree=self.sum_tree.set(idx, sum_vals, where),
-            min_tree=self.min_tree.set(idx, min_vals, where),
+            tree=self.tree.set(idx, vals, where),
             generations=generations,
             phase=phase,
         )
@@ -857,12 +852,12 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     # ------------------------------------------------------------------ sample
     def _draw(self, key, batch_size: int, beta):
         batch_size = _check_static_int("batch_size", batch_size)
-        idx = self.sum_tree.sample_stratified(key, batch_size)
-        total = self.sum_tree.total()
-        v = self.sum_tree.get(idx)
+        idx = self.tree.sample_stratified(key, batch_size)
+        total = self.tree.total()
+        v = self.tree.get(idx)
         probs = jnp.where(total > 0, v / total, 0).astype(jnp.float32)
         beta = jnp.asarray(beta, jnp.float32)
-        vmin = self.min_tree.min()
+        vmin = self.tree.min()
         weights = jnp.where((total > 0) & (v > 0), (v / vmin) ** (-beta), 0).astype(jnp.float32)
         gens = _flat_take(self.generations, idx)
         n = self.buffer.length
@@ -927,14 +922,13 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         if not jnp.issubdtype(priorities.dtype, jnp.floating):
             raise TypeError(f"priorities: expected a floating dtype, got {priorities.dtype}")
         indices = indices.astype(jnp.int32)
-        cap = self.sum_tree.capacity
+        cap = self.tree.capacity
         in_range = (indices >= 0) & (indices < cap)
         safe = jnp.clip(indices, 0, cap - 1)
-        live = in_range & (_flat_take(self.generations, safe) == generations) & (self.sum_tree.get(safe) > 0)
+        live = in_range & (_flat_take(self.generations, safe) == generations) & (self.tree.get(safe) > 0)
         p = priorities.astype(jnp.float32)
         p = jnp.where(jnp.isnan(p), self.max_priority, p)
         p = jnp.clip(p, self.min_priority, self.max_priority_limit)
         v = p ** self.priority_exponent
         max_p = jnp.maximum(self.max_priority, jnp.max(jnp.where(live, p, 0)))
-        sum_tree, min_tree = set_sum_and_min(self.sum_tree, self.min_tree, safe, v.astype(jnp.float32), live)
-        return self.replace(sum_tree=sum_tree, min_tree=min_tree, max_priority=max_p.astype(jnp.float32))
+        return self.replace(tree=self.tree.set(safe, v.astype(jnp.float32), live), max_priority=max_p.astype(jnp.float32))

@@ -608,10 +608,10 @@ def run_prioritised_model(data, free):
         buf = add(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
         ref.add(*chunk)
         valid = _valid_starts(ref, window, period)
-        leaves = np.asarray(buf.sum_tree.leaves())
+        leaves = np.asarray(buf.tree.leaves())
         assert set(np.flatnonzero(leaves > 0).tolist()) == valid
-        mins = np.asarray(buf.min_tree.leaves())
-        assert set(np.flatnonzero(np.isfinite(mins)).tolist()) == valid
+        pos = leaves[leaves > 0]
+        assert float(buf.tree.min()) == (pos.min() if pos.size else np.inf)  # min over valid windows only
         assert int(buf.num_valid_windows()) == len(valid)
         assert bool(buf.can_sample()) == bool(valid)
         if valid:
@@ -670,7 +670,7 @@ def test_prioritised_transitions_and_new_max_priority():
     rng = np.random.default_rng(5)
     c = make_chunk(rng, 1, 1, 8, p_term=0, p_trunc=0)
     buf = ADD(buf, {"obs": c[0], "action": c[1], "reward": c[2]}, *c[3:])
-    leaves = np.asarray(buf.sum_tree.leaves())
+    leaves = np.asarray(buf.tree.leaves())
     np.testing.assert_array_equal(leaves, [0, 2, 9, 9, 0, 0, 0, 0])  # slot 0 overwritten, slot 3 new
 
 
@@ -681,22 +681,22 @@ def test_prioritised_stale_updates_ignored_and_policy():
     # Overwrite slots 0..5 (6 steps): slots 0..2 become valid again only after more steps.
     c = make_chunk(rng, 1, 6, 8, p_term=0, p_trunc=0)
     buf = ADD(buf, {"obs": c[0], "action": c[1], "reward": c[2]}, *c[3:])
-    before = np.asarray(buf.sum_tree.leaves())
+    before = np.asarray(buf.tree.leaves())
     after = SETP(buf, jnp.arange(3), jnp.array([5.0, 5.0, 5.0]), gens0)
-    np.testing.assert_array_equal(np.asarray(after.sum_tree.leaves()), before)  # stale: ignored
+    np.testing.assert_array_equal(np.asarray(after.tree.leaves()), before)  # stale: ignored
     # Valid positions now: logical starts 0..2 = absolute steps 6, 7, 8 = slots 6, 7, 0.
     assert set(np.flatnonzero(before).tolist()) == {6, 7, 0}
     # slot 0 is valid again but was rewritten: the old generation must not update it
-    assert float(after.sum_tree.get(jnp.array([0]))[0]) == before[0]
+    assert float(after.tree.get(jnp.array([0]))[0]) == before[0]
     cur = after.generations.reshape(-1)
     idx = jnp.array([6, 7, 0, 3])  # 3 is not a valid window: ignored
     after = SETP(after, idx, jnp.array([jnp.nan, -1.0, jnp.inf, 2.0]), cur[idx])
-    leaves = np.asarray(after.sum_tree.leaves())
+    leaves = np.asarray(after.tree.leaves())
     assert leaves[3] == 0
     assert leaves[6] == pytest.approx(1.0)  # NaN -> current max priority (1)
     assert leaves[7] == pytest.approx(1e-6)  # negative -> min_priority
     assert leaves[0] == pytest.approx(1e30, rel=1e-6)  # +inf -> max_priority_limit
-    np.testing.assert_allclose(float(after.sum_tree.total()), leaves.sum(), rtol=1e-6)
+    np.testing.assert_allclose(float(after.tree.total()), leaves.sum(), rtol=1e-6)
 
 
 def test_prioritised_jit_scan_vmap():
