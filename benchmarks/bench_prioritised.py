@@ -6,7 +6,10 @@ Cases:
     add from Python ("call"); items/s.
   * sample, batch 256 (ours also computes importance weights; flashbax returns probabilities
     only); items/s.
-  * set_priorities, batch 256 at sampled indices; updates/s.
+  * set_priorities, batch 256 at sampled indices; updates/s: one jitted call per update from Python
+    ("call", includes dispatch) and K updates inside one jitted ``lax.scan`` ("scan", the cost
+    inside a training step). Both implementations are timed interleaved (round-robin per
+    repetition), median reported.
 Items: vector (obs f32[17], action f32[6], reward f32, done bool; capacity 100k) and Atari
 (pixels u8[84,84,4]; capacity 50k). Buffers are filled to a quarter of capacity before the sample
 and set_priorities cases. One JSON line per case; ratio = flashbax time / ours (> 1: ours faster).
@@ -16,7 +19,9 @@ Run: python benchmarks/bench_prioritised.py [--quick] [--repeats N]
 
 from __future__ import annotations
 
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -55,6 +60,9 @@ class Ours:
     def set_priorities(self, state, indices, generations, p):
         return self._set(state, indices, generations, p)
 
+    def set_priorities_fn(self):
+        return lambda s, i, g, p: s.set_priorities(i, p, g)
+
 
 class Flashbax:
     name = "flashbax_prioritised_item"
@@ -78,22 +86,51 @@ class Flashbax:
     def set_priorities(self, state, indices, generations, p):
         return self._set(state, indices, generations, p)
 
+    def set_priorities_fn(self):
+        return lambda s, i, g, p: self.buf.set_priorities(s, i, p)
 
-def time_set_priorities(impl, calls, repeats):
+
+def _set_inputs(impl, calls):
     outs = [impl.sample(impl.state, k) for k in jax.random.split(jax.random.key(1), calls)]
-    outs = [(o.indices, getattr(o, "generations", None)) for o in outs]  # flashbax has no generations
+    idx = [o.indices for o in outs]
+    gens = [getattr(o, "generations", o.indices) for o in outs]  # flashbax has no generations
     pris = [jax.random.uniform(k, (SAMPLE,), minval=0.1, maxval=3.0) for k in jax.random.split(jax.random.key(2), calls)]
-    box = {"s": impl.state}
+    return idx, gens, pris
 
-    def run():
-        s = box["s"]
-        for (i, g), p in zip(outs, pris):
-            s = impl.set_priorities(s, i, g, p)
-        box["s"] = jax.block_until_ready(s)
 
-    t = median_seconds(run, repeats=repeats)
-    impl.state = box["s"]
-    return t / calls
+def time_set_priorities(impls, calls, repeats):
+    """Seconds per set_priorities call, {name: (call, scan)}, timed round-robin over ``impls``."""
+    runs = {}
+    for impl in impls:
+        idx, gens, pris = _set_inputs(impl, calls)
+        stacked = (jnp.stack(idx), jnp.stack(gens), jnp.stack(pris))
+        fn = impl.set_priorities_fn()
+        scan = jax.jit(
+            lambda s, i, g, p, fn=fn: jax.lax.scan(lambda c, x: (fn(c, *x), None), s, (i, g, p))[0], donate_argnums=0
+        )
+        box = {"s": impl.state}
+
+        def call(impl=impl, box=box, args=list(zip(idx, gens, pris))):
+            s = box["s"]
+            for i, g, p in args:
+                s = impl.set_priorities(s, i, g, p)
+            box["s"] = jax.block_until_ready(s)
+
+        def scanned(box=box, scan=scan, stacked=stacked):
+            box["s"] = jax.block_until_ready(scan(box["s"], *stacked))
+
+        call(), scanned()  # compile and warm up
+        runs[impl.name] = (call, scanned, box, impl)
+    times = {name: ([], []) for name in runs}
+    for _ in range(repeats):
+        for name, (call, scanned, _, _) in runs.items():
+            for fn, out in ((call, times[name][0]), (scanned, times[name][1])):
+                t0 = time.perf_counter()
+                fn()
+                out.append((time.perf_counter() - t0) / calls)
+    for name, (_, _, box, impl) in runs.items():
+        impl.state = box["s"]
+    return {name: (statistics.median(c), statistics.median(sc)) for name, (c, sc) in times.items()}
 
 
 def fill(impl, item, capacity, b=256):
@@ -133,10 +170,12 @@ def main():
             fill(impl, item, capacity)
         calls = 5 if args.quick else 50
         report(f"sample/{item_name}/batch={SAMPLE}", {i.name: time_sample(i, calls, repeats) for i in impls}, SAMPLE)
-        report(
-            f"set_priorities/{item_name}/batch={SAMPLE}",
-            {i.name: time_set_priorities(i, calls, repeats) for i in impls}, SAMPLE, "updates_per_s",
-        )
+        set_times = time_set_priorities(impls, calls, repeats)
+        for k, mode in enumerate(("call", "scan")):
+            report(
+                f"set_priorities/{item_name}/batch={SAMPLE}/{mode}",
+                {name: t[k] for name, t in set_times.items()}, SAMPLE, "updates_per_s",
+            )
         del impls
 
 
