@@ -3,8 +3,12 @@
 Proportional prioritised experience replay (Schaul et al., "Prioritized Experience Replay",
 ICLR 2016). The buffer is a :class:`jaxbuffers.ReplayBuffer` (the same ring, validation and
 storage) plus, per slot, a priority leaf in a :class:`~jaxbuffers.sum_tree.SumMinTree` (one heap
-holding the sums, for sampling, and the minima, for the importance-weight normaliser), and an int32
-generation counter that tells a fresh item from an overwritten one.
+holding the sums, for sampling, and the minima, for the importance-weight normaliser). A slot's
+*generation* (what :meth:`PrioritisedReplayBuffer.set_priorities` compares to tell a fresh item from
+an overwritten one) is the number, modulo ``2**32``, of the item last written there; the ring
+writes items in order, so it follows from the ring's head and item count and needs no per-slot
+array (a stale update goes undetected only if a multiple of ``2**32`` items were added between
+the sample and the update).
 
 Sampling probability and importance weight of slot ``i`` (``p_i``: its priority, ``alpha``: the
 priority exponent fixed at create time, ``N``: the number of valid items):
@@ -104,7 +108,6 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
 
     replay: ReplayBuffer  # the items, ring position and counts (see jaxbuffers.replay)
     tree: SumMinTree  # leaves p_i^alpha at valid slots, 0 elsewhere: sums and minima, one float32 heap [2P, 2]
-    generations: jax.Array  # shape=(capacity,), int32: writes to each slot (0 = never; wraps, compared by equality)
     max_priority: jax.Array  # shape=(), float32: running max priority (before alpha); 1.0 initially
     priority_exponent: float = struct.field(pytree_node=False)  # alpha, in [0, 1]
     epsilon: float = struct.field(pytree_node=False)  # smallest priority kept, > 0
@@ -139,7 +142,6 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         return cls(
             replay=replay,
             tree=SumMinTree.create(replay.capacity),
-            generations=jnp.zeros((replay.capacity,), jnp.int32),
             max_priority=jnp.float32(1.0),
             priority_exponent=alpha,
             epsilon=epsilon,
@@ -163,10 +165,10 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held: item storage + the tree + generations + scalars (Python int)."""
+        """Bytes held: item storage + the tree + scalars (Python int)."""
         return (
             self.replay.memory_bytes
-            + _validate.tree_nbytes((self.tree.nodes, self.generations))
+            + _validate.tree_nbytes(self.tree.nodes)
             + _validate.tree_nbytes((self.replay.head, self.replay.num_valid, self.replay.added, self.max_priority))
         )
 
@@ -185,6 +187,29 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     def can_sample(self, batch_size: int = 1) -> jax.Array:
         """Whether at least ``min_size`` items are stored (bool scalar); sampling is with replacement."""
         return self.replay.can_sample(batch_size)
+
+    # ------------------------------------------------------------------ generations
+    def generations_at(self, indices: jax.Array) -> jax.Array:
+        """Generation of slots ``indices`` (int ``[B]`` in ``[0, capacity)``): int32 ``[B]``.
+
+        The number, modulo ``2**32`` (int32 wrap-around), of the item last written to each slot:
+        ``added - 1 - ((head - 1 - i) mod capacity)``, since the ring writes items ``0, 1, 2, ...``
+        to slots ``0, 1, 2, ... mod capacity``. Only meaningful for slots in ``[0, size())``;
+        compare by equality (see :meth:`set_priorities`).
+        """
+        indices = jnp.asarray(indices, jnp.int32)
+        added = self.replay.added
+        # Items added modulo 2**32 from the two-word counter [high, low] (low has 30 bits); the
+        # shift and the sums wrap in int32.
+        added32 = jnp.left_shift(added[..., 0], 30) + added[..., 1]
+        back = jnp.mod(self.replay.head - 1 - indices, self.capacity)
+        return (added32 - 1 - back).astype(jnp.int32)
+
+    @property
+    def generations(self) -> jax.Array:
+        """Generations of every slot, int32 ``[capacity]`` (an ``O(capacity)`` array: for tests
+        and debugging; see :meth:`generations_at`)."""
+        return self.generations_at(jnp.arange(self.capacity, dtype=jnp.int32))
 
     # ------------------------------------------------------------------ priorities
     def _sanitise(self, priorities: jax.Array) -> jax.Array:
@@ -218,7 +243,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
             priority. Given values follow the priority policy and update the running max.
 
         Returns:
-          The new buffer; each written slot's generation is incremented. Cost ``O(B log C)``;
+          The new buffer; each written slot's generation becomes its new item's number. Cost ``O(B log C)``;
           storage is updated in place when the buffer is donated.
 
         Raises (at trace time):
@@ -237,7 +262,6 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         return self.replace(
             replay=self.replay.add(batch),
             tree=self.tree.set_unique(slots, self._leaf(p)),
-            generations=self.generations.at[slots].add(1, unique_indices=True, mode="promise_in_bounds"),
             max_priority=max_priority,
         )
 
@@ -281,7 +305,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
             indices=indices,
             probabilities=probabilities.astype(jnp.float32),
             importance_weights=weights.astype(jnp.float32),
-            generations=self.generations[indices],
+            generations=self.generations_at(indices),
         )
 
     def set_priorities(
@@ -313,7 +337,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         priorities = _check_vector("priorities", priorities, b, "floating")
         generations = _check_vector("generations", generations, b, "integer").astype(jnp.int32)
         in_range = (indices >= 0) & (indices < self.replay.num_valid)
-        current = self.generations[jnp.clip(indices, 0, self.capacity - 1)]
+        current = self.generations_at(jnp.clip(indices, 0, self.capacity - 1))
         applied = in_range & (current == generations)
         # One vector op for every per-entry input of the walk (a NaN leaf is skipped by the tree):
         # on CPU each separate small op costs about a microsecond of executor time per call.

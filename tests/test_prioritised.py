@@ -136,10 +136,11 @@ def test_stale_generation_update_ignored(use_jit):
     f = FNS[use_jit]
     buf = PRB.create(ITEM, 4, priority_exponent=1.0)
     buf = f["add"](buf, _batch([0, 1, 2, 3]))
-    gens = buf.generations[jnp.array([0, 1])]
-    np.testing.assert_array_equal(np.asarray(gens), [1, 1])
+    gens = buf.generations_at(jnp.array([0, 1]))
+    np.testing.assert_array_equal(np.asarray(gens), [0, 1])  # the number of the item last written
     buf = f["add"](buf, _batch([4]))  # overwrites slot 0
-    assert int(buf.generations[0]) == 2
+    assert int(buf.generations_at(jnp.array([0]))[0]) == 4
+    np.testing.assert_array_equal(np.asarray(buf.generations), [4, 1, 2, 3])
     buf = f["set"](buf, jnp.array([0, 1]), jnp.array([9.0, 3.0]), gens)
     leaves = np.asarray(buf.tree.leaves())
     assert leaves[0] == 1.0  # stale: ignored
@@ -151,8 +152,9 @@ def test_stale_generation_update_ignored(use_jit):
 def test_updates_to_empty_or_out_of_range_slots_ignored(use_jit):
     f = FNS[use_jit]
     buf = f["add"](PRB.create(ITEM, 8, priority_exponent=1.0), _batch([0, 1]))
-    # Slot 5 was never written (generation 0 == the passed 0), -1 and 8 are out of range.
-    buf = f["set"](buf, jnp.array([5, -1, 8, 1]), jnp.array([4.0, 4.0, 4.0, 2.0]), jnp.array([0, 1, 1, 1]))
+    # Slot 5 was never written (passed the generation the formula gives it), -1 and 8 are out of range.
+    gens = buf.generations_at(jnp.array([5, 0, 0, 1]))
+    buf = f["set"](buf, jnp.array([5, -1, 8, 1]), jnp.array([4.0, 4.0, 4.0, 2.0]), gens)
     np.testing.assert_array_equal(np.asarray(buf.tree.leaves()), [1, 2, 0, 0, 0, 0, 0, 0])
     _assert_tree_valid(buf)
 
@@ -161,11 +163,12 @@ def test_updates_to_empty_or_out_of_range_slots_ignored(use_jit):
 def test_duplicate_updates_last_wins(use_jit):
     f = FNS[use_jit]
     buf = f["add"](PRB.create(ITEM, 8, priority_exponent=1.0), _batch([0, 1, 2]))
-    g = jnp.ones(4, jnp.int32)
+    g = buf.generations_at(jnp.array([1, 2, 1, 2]))
     buf = f["set"](buf, jnp.array([1, 2, 1, 2]), jnp.array([8.0, 3.0, 0.5, 6.0]), g)
     np.testing.assert_array_equal(np.asarray(buf.tree.leaves())[:3], [1.0, 0.5, 6.0])
     # A stale later duplicate does not hide an earlier fresh one.
-    buf = f["set"](buf, jnp.array([0, 0]), jnp.array([2.0, 9.0]), jnp.array([1, 7], jnp.int32))
+    g0 = buf.generations_at(jnp.array([0]))[0]
+    buf = f["set"](buf, jnp.array([0, 0]), jnp.array([2.0, 9.0]), jnp.stack([g0, g0 + 7]))
     assert float(buf.tree.leaves()[0]) == 2.0
 
 
@@ -176,7 +179,7 @@ def test_priority_policy_nan_inf_negative_zero(use_jit):
     buf = PRB.create(ITEM, 8, priority_exponent=1.0, epsilon=eps)
     buf = f["add"](buf, _batch(range(6)), jnp.array([1.0, 2.0, 3.0, 1.0, 1.0, 1.0]))
     bad = jnp.array([np.nan, -3.0, 0.0, np.inf, -np.inf, 2.5], jnp.float32)
-    buf = f["set"](buf, jnp.arange(6, dtype=jnp.int32), bad, jnp.ones(6, jnp.int32))
+    buf = f["set"](buf, jnp.arange(6, dtype=jnp.int32), bad, buf.generations_at(jnp.arange(6)))
     leaves = np.asarray(buf.tree.leaves())
     np.testing.assert_allclose(leaves[:6], [3.0, eps, eps, PRIORITY_MAX, eps, 2.5], rtol=1e-6)
     assert float(buf.max_priority) == np.float32(PRIORITY_MAX)
@@ -343,7 +346,7 @@ def test_trace_time_errors():
 
 def test_memory_bytes_and_counts():
     buf = PRB.create(ITEM, 10)
-    assert buf.memory_bytes >= 10 * 12 + 2 * 2 * 16 * 4 + 10 * 4
+    assert buf.memory_bytes >= 10 * 12 + 2 * 16 * 2 * 4  # items + one (sum, min) heap of 2P rows
     buf = buf.add(_batch(range(7))).add(_batch(range(5)))
     assert int(buf.size()) == 10 and bool(buf.is_full()) and buf.num_added() == 12
     assert isinstance(buf.sample(jax.random.key(0), 2, 0.4), PrioritisedSample)
@@ -359,7 +362,8 @@ class _Model:
     def __init__(self, capacity, alpha, eps):
         self.c, self.alpha, self.eps = capacity, alpha, eps
         self.items = [None] * capacity
-        self.gen = [0] * capacity
+        self.gen = [0] * capacity  # generation: number of the item last written to the slot
+        self.count = 0
         self.pri = [0.0] * capacity
         self.head = self.n = 0
         self.max_p = 1.0
@@ -375,7 +379,8 @@ class _Model:
         for i, p in zip(ids, ps):
             s = self.head
             self.items[s], self.pri[s] = i, p
-            self.gen[s] += 1
+            self.gen[s] = self.count
+            self.count += 1
             self.head, self.n = (s + 1) % self.c, min(self.n + 1, self.c)
         self.max_p = max([self.max_p] + ps)
 
@@ -481,3 +486,22 @@ def test_set_priorities_walk_and_vectorised_paths_agree(monkeypatch):
     np.testing.assert_array_equal(np.asarray(walked.tree.nodes), np.asarray(vectorised.tree.nodes))
     assert float(walked.max_priority) == float(vectorised.max_priority) > 1.0
     _assert_tree_valid(walked)
+
+
+def test_generations_wrap_with_the_item_count():
+    """Generations are item numbers modulo 2**32 computed from the two-word item counter: right
+    across the counter's low-word carry (2**30) and the int32 wrap (2**32), and a slot rewritten
+    later gets a different generation."""
+    buf = PRB.create(ITEM, 4)
+    for added in (5, 2**30 - 1, 2**30 + 2, 2**32 + 1, 2**33 + 3):
+        hi, lo = divmod(added, 2**30)
+        b = buf.replace(replay=buf.replay.replace(
+            added=jnp.array([hi, lo], jnp.int32), head=jnp.int32(added % 4), num_valid=jnp.int32(4)))
+        got = np.asarray(b.generations).astype(np.int64)
+        # slot i last held item k < added with k % 4 == i
+        want = np.array([max(k for k in range(added - 4, added) if k % 4 == i) for i in range(4)], np.int64)
+        np.testing.assert_array_equal(got % 2**32, want % 2**32)
+        b2 = jax.jit(lambda b: b.add(_batch([7])))(b)  # overwrites slot added % 4
+        slot = added % 4
+        assert int(b2.generations_at(jnp.array([slot]))[0]) % 2**32 == added % 2**32
+        assert int(b2.generations_at(jnp.array([slot]))[0]) != int(b.generations_at(jnp.array([slot]))[0])
