@@ -35,7 +35,7 @@ import host_codecs  # noqa: E402
 from host_codecs import CompressedStore, RLECodec, get_codec  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "atari_stacked_5k.npz"
-DEFAULT_CODECS = ["none", "rle", "rle:16", "rle/prange", "igzip:0", "igzip:1", "igzip:3", "zstd:1", "zstd:3"]
+DEFAULT_CODECS = ["none", "rle", "rle:16", "rle/prange", "igzip:0", "igzip:1", "igzip:3", "zstd:-1", "zstd:1", "zstd:3"]
 
 
 def make_codec(spec: str):

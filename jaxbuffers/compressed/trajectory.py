@@ -608,17 +608,36 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         if isinstance(self.version, jax.core.Tracer) or isinstance(key, jax.core.Tracer):
             raise TypeError("sample_transitions_from_host cannot be traced (jit/scan/vmap); call sample_transitions() there")
         s, (f1, p1), (f2, p2) = _sample_ids_jit(self, key, batch_size, n_step, gamma)
-        f1, f2 = jax.device_get((f1, f2))
-        decoded = self.host.read(np.asarray(self.version), f1, f2, aligned=True)
-        obs, nxt = [], []
-        for i, info in enumerate(self.leaves):
-            for out, frames, pad in ((obs, decoded[2 * i], p1), (nxt, decoded[2 * i + 1], p2)):
-                out.append(_common.finish(jnp.asarray(frames), info, 1, pad, self.normalize_images))
+        obs, nxt = self._decode_host([f1, f2], [p1, p2])
         obs = _common.replace_leaves(s.obs, self.leaf_index, obs)
         nxt = _common.replace_leaves(s.next_obs, self.leaf_index, nxt)
         item = dict(s.item)
         item[self.trajectory.obs_key] = obs
         return s._replace(obs=obs, next_obs=nxt, item=item)
+
+    def _decode_host(self, fids: list, pads: list) -> list[list[jax.Array]]:
+        """Eager decode (no callback) of store-slot arrays from :meth:`_frame_ids`.
+
+        Args:
+          fids: per request, int32 ``[*S, k]`` slots (``[*S]`` without frame dedup), device or host.
+          pads: per request, bool ``[*S, k]`` zero-padding mask or None.
+
+        Returns:
+          Per request, per compressed leaf: the finished observations (jax arrays; on the CPU
+          backend they adopt the decoded, 64-byte aligned host memory without a copy).
+        """
+        fids, pads = jax.device_get((list(fids), list(pads)))
+        decoded = self.host.read(np.asarray(self.version), *fids, aligned=True)
+        m = len(fids)
+        out: list[list[jax.Array]] = [[] for _ in range(m)]
+        for i, info in enumerate(self.leaves):
+            for j in range(m):
+                frames = decoded[i * m + j]  # a fresh array: zero the padded frames in place
+                if pads[j] is not None:
+                    frames[np.asarray(pads[j])] = 0
+                lead = fids[j].ndim - (0 if info.stack_axis is None else 1)
+                out[j].append(_common.finish(jnp.asarray(frames), info, lead, None, self.normalize_images))
+        return out
 
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma=None) -> TransitionSample:
         """:meth:`jaxbuffers.TrajectoryBuffer.sample_transitions`, ``obs`` / ``next_obs`` decoded.

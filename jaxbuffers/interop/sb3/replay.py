@@ -119,7 +119,7 @@ def _compressed_add(writer, obs: np.ndarray, next_obs: np.ndarray, done: np.ndar
 
 
 @jax.jit
-def _compressed_gather(cbuf, rows: jax.Array, envs: jax.Array, done: jax.Array, newest: jax.Array, pending: jax.Array):
+def _compressed_ids(cbuf, rows: jax.Array, envs: jax.Array, done: jax.Array, newest: jax.Array):
     # One-step transitions at (lane = env, slot = row): ids of obs and next obs; after an episode
     # end the next obs comes from the final-observation ring (every done was given as truncated).
     traj = cbuf.trajectory
@@ -129,10 +129,20 @@ def _compressed_gather(cbuf, rows: jax.Array, envs: jax.Array, done: jax.Array, 
     # it is held in `pending`, and decoding is pointed at a valid slot instead.
     use_pending = (rows == newest) & ~done
     next_ids = jnp.where(use_pending[:, None], obs_ids, next_ids)
-    dec = cbuf.decode_obs(jnp.stack([obs_ids, next_ids], axis=1))
-    obs, nxt = dec[:, 0], dec[:, 1]
-    mask = use_pending.reshape((-1,) + (1,) * (nxt.ndim - 1))
-    return obs, jnp.where(mask, pending[envs], nxt)
+    return cbuf._frame_ids(obs_ids), cbuf._frame_ids(next_ids), use_pending
+
+
+def _compressed_gather(cbuf, rows: jax.Array, envs: jax.Array, done: jax.Array, newest: jax.Array, pending: np.ndarray):
+    """Decoded (obs, next_obs) of SB3 rows/envs: ids on device (one jitted call), frames decoded
+    by a direct host call (no JAX callback; on CPU the result is adopted without a copy)."""
+    (f1, p1), (f2, p2), use_pending = _compressed_ids(cbuf, rows, envs, done, newest)
+    (obs,), (nxt,) = cbuf._decode_host([f1, f2], [p1, p2])
+    use_pending = np.asarray(use_pending)
+    if use_pending.any():
+        nxt = jnp.where(
+            jnp.asarray(use_pending).reshape((-1,) + (1,) * (nxt.ndim - 1)), jnp.asarray(pending)[envs], nxt
+        )
+    return obs, nxt
 
 
 class FieldView:
@@ -480,7 +490,7 @@ class _JaxReplayImpl:
             newest = jnp.int32((self.pos - 1) % self.buffer_size)
             done_j = self._state.storage["dones"][rows_j, envs_j]
             cbuf = self._writer.buffer  # flushes the staged steps first
-            obs, nxt = _compressed_gather(cbuf, rows_j, envs_j, done_j, newest, jnp.asarray(self._pending))
+            obs, nxt = _compressed_gather(cbuf, rows_j, envs_j, done_j, newest, self._pending)
         dev = self.device
         if env is not None:
             obs = self._normalize_obs(_common.tree_to_numpy(obs), env)
