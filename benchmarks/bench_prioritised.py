@@ -8,8 +8,9 @@ Cases:
     only); items/s.
   * set_priorities, batch 256 at sampled indices; updates/s: one jitted call per update from Python
     ("call", includes dispatch) and K updates inside one jitted ``lax.scan`` ("scan", the cost
-    inside a training step). Both implementations are timed interleaved (round-robin per
-    repetition), median reported.
+    inside a training step).
+Every case times both implementations interleaved (round-robin per repetition, the order rotated
+each repetition), median reported.
 Items: vector (obs f32[17], action f32[6], reward f32, done bool; capacity 100k) and Atari
 (pixels u8[84,84,4]; capacity 50k). Buffers are filled to a quarter of capacity before the sample
 and set_priorities cases. One JSON line per case; ratio = flashbax time / ours (> 1: ours faster).
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import batch_of, emit, machine_info, median_seconds, parser, time_add_call, time_add_scan, time_sample, versions  # noqa: E402
+from _common import batch_of, emit, machine_info, parser, versions  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
@@ -90,47 +91,90 @@ class Flashbax:
         return lambda s, i, g, p: self.buf.set_priorities(s, i, p)
 
 
-def _set_inputs(impl, calls):
-    outs = [impl.sample(impl.state, k) for k in jax.random.split(jax.random.key(1), calls)]
-    idx = [o.indices for o in outs]
-    gens = [getattr(o, "generations", o.indices) for o in outs]  # flashbax has no generations
-    pris = [jax.random.uniform(k, (SAMPLE,), minval=0.1, maxval=3.0) for k in jax.random.split(jax.random.key(2), calls)]
-    return idx, gens, pris
+def interleaved(runs: dict, repeats: int) -> dict:
+    """Median seconds of each ``runs[name]()`` (one warm-up each), timed round-robin: every
+    repetition runs each implementation once, in an order rotated by one per repetition. On this
+    shared 2-core machine the implementation timed first in a round measured up to 1.5x slower
+    than the same code timed second (same process), so a fixed order would bias the ratio."""
+    for fn in runs.values():
+        fn()
+    order = list(runs)
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        order = order[1:] + order[:1]
+        for name in order:
+            t0 = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-def time_set_priorities(impls, calls, repeats):
-    """Seconds per set_priorities call, {name: (call, scan)}, timed round-robin over ``impls``."""
+def _stateful(impl, step):
+    """A timed run that threads ``impl.state`` through ``step(state) -> state`` and blocks."""
+
+    def run():
+        impl.state = jax.block_until_ready(step(impl.state))
+
+    return run
+
+
+def add_runs(impls, batch, mode: str, n: int) -> dict:
+    """Per implementation: ``n`` adds, as ``n`` jitted calls ("call") or one jitted scan ("scan")."""
     runs = {}
     for impl in impls:
-        idx, gens, pris = _set_inputs(impl, calls)
-        stacked = (jnp.stack(idx), jnp.stack(gens), jnp.stack(pris))
-        fn = impl.set_priorities_fn()
-        scan = jax.jit(
-            lambda s, i, g, p, fn=fn: jax.lax.scan(lambda c, x: (fn(c, *x), None), s, (i, g, p))[0], donate_argnums=0
-        )
-        box = {"s": impl.state}
+        if mode == "scan":
+            add = impl.add_fn()
+            f = jax.jit(lambda s, b, add=add: jax.lax.scan(lambda c, _: (add(c, b), None), s, None, length=n)[0], donate_argnums=0)
+            runs[impl.name] = _stateful(impl, lambda s, f=f: f(s, batch))
+        else:
 
-        def call(impl=impl, box=box, args=list(zip(idx, gens, pris))):
-            s = box["s"]
-            for i, g, p in args:
-                s = impl.set_priorities(s, i, g, p)
-            box["s"] = jax.block_until_ready(s)
+            def calls(s, impl=impl):
+                for _ in range(n):
+                    s = impl.add(s, batch)
+                return s
 
-        def scanned(box=box, scan=scan, stacked=stacked):
-            box["s"] = jax.block_until_ready(scan(box["s"], *stacked))
+            runs[impl.name] = _stateful(impl, calls)
+    return runs
 
-        call(), scanned()  # compile and warm up
-        runs[impl.name] = (call, scanned, box, impl)
-    times = {name: ([], []) for name in runs}
-    for _ in range(repeats):
-        for name, (call, scanned, _, _) in runs.items():
-            for fn, out in ((call, times[name][0]), (scanned, times[name][1])):
-                t0 = time.perf_counter()
-                fn()
-                out.append((time.perf_counter() - t0) / calls)
-    for name, (_, _, box, impl) in runs.items():
-        impl.state = box["s"]
-    return {name: (statistics.median(c), statistics.median(sc)) for name, (c, sc) in times.items()}
+
+def sample_runs(impls, calls: int) -> dict:
+    keys = list(jax.random.split(jax.random.key(0), calls))
+    runs = {}
+    for impl in impls:
+
+        def run(impl=impl):
+            out = None
+            for k in keys:
+                out = impl.sample(impl.state, k)
+            jax.block_until_ready(out)
+
+        runs[impl.name] = run
+    return runs
+
+
+def set_priorities_runs(impls, calls: int, mode: str) -> dict:
+    """Per implementation: ``calls`` set_priorities at indices of earlier samples (fresh
+    generations), as jitted calls ("call") or inside one jitted scan ("scan")."""
+    runs = {}
+    for impl in impls:
+        outs = [impl.sample(impl.state, k) for k in jax.random.split(jax.random.key(1), calls)]
+        idx = [o.indices for o in outs]
+        gens = [getattr(o, "generations", o.indices) for o in outs]  # flashbax has no generations
+        pris = [jax.random.uniform(k, (SAMPLE,), minval=0.1, maxval=3.0) for k in jax.random.split(jax.random.key(2), calls)]
+        if mode == "scan":
+            fn = impl.set_priorities_fn()
+            f = jax.jit(lambda s, i, g, p, fn=fn: jax.lax.scan(lambda c, x: (fn(c, *x), None), s, (i, g, p))[0], donate_argnums=0)
+            stacked = (jnp.stack(idx), jnp.stack(gens), jnp.stack(pris))
+            runs[impl.name] = _stateful(impl, lambda s, f=f, a=stacked: f(s, *a))
+        else:
+
+            def calls_(s, impl=impl, args=list(zip(idx, gens, pris))):
+                for i, g, p in args:
+                    s = impl.set_priorities(s, i, g, p)
+                return s
+
+            runs[impl.name] = _stateful(impl, calls_)
+    return runs
 
 
 def fill(impl, item, capacity, b=256):
@@ -163,19 +207,17 @@ def main():
             if args.quick:
                 calls, steps = max(2, calls // 10), max(2, steps // 10)
             for mode in ("scan", "call"):
-                fn = time_add_scan if mode == "scan" else time_add_call
                 n = steps if mode == "scan" else calls
-                report(f"add/{item_name}/B={b}/{mode}", {i.name: fn(i, batch, n, repeats) for i in impls}, b)
+                times = interleaved(add_runs(impls, batch, mode, n), repeats)
+                report(f"add/{item_name}/B={b}/{mode}", {k: t / n for k, t in times.items()}, b)
         for impl in impls:
             fill(impl, item, capacity)
         calls = 5 if args.quick else 50
-        report(f"sample/{item_name}/batch={SAMPLE}", {i.name: time_sample(i, calls, repeats) for i in impls}, SAMPLE)
-        set_times = time_set_priorities(impls, calls, repeats)
-        for k, mode in enumerate(("call", "scan")):
-            report(
-                f"set_priorities/{item_name}/batch={SAMPLE}/{mode}",
-                {name: t[k] for name, t in set_times.items()}, SAMPLE, "updates_per_s",
-            )
+        times = interleaved(sample_runs(impls, calls), repeats)
+        report(f"sample/{item_name}/batch={SAMPLE}", {k: t / calls for k, t in times.items()}, SAMPLE)
+        for mode in ("call", "scan"):
+            times = interleaved(set_priorities_runs(impls, calls, mode), repeats)
+            report(f"set_priorities/{item_name}/batch={SAMPLE}/{mode}", {k: t / calls for k, t in times.items()}, SAMPLE, "updates_per_s")
         del impls
 
 
