@@ -231,3 +231,23 @@ def counter_value(counter) -> int:
     c = np.asarray(counter).astype(np.int64)
     value = (c[..., 0] << _LOW_BITS) + c[..., 1]
     return int(value) if value.ndim == 0 else value
+
+
+def last_item_number(counter: jax.Array, head: jax.Array, slots: jax.Array, capacity: int) -> jax.Array:
+    """Number (0-based, modulo ``2**32``: int32 wrap-around) of the item last written to ``slots``.
+
+    A ring writes items ``0, 1, 2, ...`` to slots ``0, 1, 2, ... mod capacity``, so slot ``s`` last
+    received item ``added - 1 - ((head - 1 - s) mod capacity)`` (``added`` from the two-word
+    ``counter``). Only meaningful for slots holding data. Prioritised buffers use it as the slot's
+    *generation*: it changes exactly when the slot is overwritten, with no per-slot state.
+
+    Args:
+      counter: int32[2] items ever added. head: int32 scalar. slots: int[...] physical slots.
+      capacity: static ring capacity.
+
+    Returns:
+      int32 with the shape of ``slots``.
+    """
+    added32 = jnp.left_shift(counter[..., 0], _LOW_BITS) + counter[..., 1]  # wraps in int32
+    back = jnp.mod(head - 1 - jnp.asarray(slots, jnp.int32), capacity)
+    return (added32 - 1 - back).astype(jnp.int32)

@@ -702,7 +702,7 @@ class PrioritisedTrajectorySample(NamedTuple):
     indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical start slot (tree leaf)
     probabilities: jax.Array  # shape=[B], dtype=float32: P(i) = p_i^alpha / sum_k p_k^alpha
     importance_weights: jax.Array  # shape=[B], dtype=float32: (N P(i))^-beta / max_j (N P(j))^-beta
-    generations: jax.Array  # shape=[B], dtype=int32: write count of the start slot when sampled
+    generations: jax.Array  # shape=[B], dtype=int32: generation of the start slot when sampled (see generations_at)
 
 
 class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
@@ -734,7 +734,6 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
 
     buffer: TrajectoryBuffer
     tree: SumMinTree  # capacity num_envs * length; leaves p^alpha at valid starts, else 0 (sums + min over positive leaves)
-    generations: jax.Array  # shape=[num_envs, length], dtype=int32: writes of each slot (wraps; compared for equality)
     max_priority: jax.Array  # shape=(), dtype=float32: largest priority set so far (new windows get it)
     phase: jax.Array  # shape=(), dtype=int32: steps ever added per lane, modulo period
     window_length: int = struct.field(pytree_node=False)
@@ -783,7 +782,6 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         return cls(
             buffer=buf,
             tree=SumMinTree.create(cap),
-            generations=jnp.zeros((buf.num_envs, buf.length), jnp.int32),
             max_priority=jnp.float32(1.0),
             phase=jnp.int32(0),
             window_length=window_length,
@@ -796,7 +794,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     # ------------------------------------------------------------------ delegation
     @property
     def memory_bytes(self) -> int:
-        """Bytes of every array held (buffer, trees, generations)."""
+        """Bytes of every array held (the buffer and the tree)."""
         return _validate.tree_nbytes(self)
 
     def size(self) -> jax.Array:
@@ -819,6 +817,27 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         per_lane = jnp.where(m >= first, (m - first) // self.period + 1, 0)
         return (per_lane * b.num_envs).astype(jnp.int32)
 
+    # ------------------------------------------------------------------ generations
+    def generations_at(self, indices: jax.Array) -> jax.Array:
+        """Generation of flat positions ``indices`` (int[B], ``lane * length + slot``): int32[B].
+
+        The number (modulo ``2**32``) of the step last written to the position's slot, counted per
+        lane from 0 (all lanes advance together): it changes exactly when the slot is overwritten,
+        which is what :meth:`set_priorities` checks. Derived from the ring cursors
+        (:func:`jaxbuffers._ring.last_item_number`), so no per-slot array is stored or updated.
+        """
+        b = self.buffer
+        slots = jnp.mod(jnp.asarray(indices, jnp.int32), b.length)
+        return _ring.last_item_number(b.added, b.head, slots, b.length)
+
+    @property
+    def generations(self) -> jax.Array:
+        """Generations of every position, int32 ``[num_envs, length]`` (an ``O(capacity)`` array
+        for tests and debugging; see :meth:`generations_at`)."""
+        b = self.buffer
+        flat = jnp.arange(b.num_envs * b.length, dtype=jnp.int32)
+        return self.generations_at(flat).reshape(b.num_envs, b.length)
+
     # ------------------------------------------------------------------ add
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "PrioritisedTrajectoryBuffer":
         """:meth:`TrajectoryBuffer.add`, plus the priority bookkeeping (class doc). Same args and errors."""
@@ -827,7 +846,6 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         new = old.add(step, terminated=terminated, truncated=truncated, final_obs=final_obs)
         e, n, w = old.num_envs, old.length, self.window_length
         written = _ring.write_indices(old.head, t, n)
-        generations = self.generations.at[:, written].add(1, unique_indices=True)
         phase = ((self.phase + t) % self.period).astype(jnp.int32)
         # Newly completed windows, logical starts (new coordinates) v' - w - t + 1 + i, i < t.
         logical = new.num_valid - w - t + 1 + jnp.arange(t, dtype=jnp.int32)
@@ -845,7 +863,6 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         return self.replace(
             buffer=new,
             tree=self.tree.set(idx, vals, where),
-            generations=generations,
             phase=phase,
         )
 
@@ -859,7 +876,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         beta = jnp.asarray(beta, jnp.float32)
         vmin = self.tree.min()
         weights = jnp.where((total > 0) & (v > 0), (v / vmin) ** (-beta), 0).astype(jnp.float32)
-        gens = _flat_take(self.generations, idx)
+        gens = self.generations_at(idx)
         n = self.buffer.length
         return idx, idx // n, idx % n, probs, weights, gens
 
@@ -925,7 +942,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         cap = self.tree.capacity
         in_range = (indices >= 0) & (indices < cap)
         safe = jnp.clip(indices, 0, cap - 1)
-        live = in_range & (_flat_take(self.generations, safe) == generations) & (self.tree.get(safe) > 0)
+        live = in_range & (self.generations_at(safe) == generations) & (self.tree.get(safe) > 0)
         p = priorities.astype(jnp.float32)
         p = jnp.where(jnp.isnan(p), self.max_priority, p)
         p = jnp.clip(p, self.min_priority, self.max_priority_limit)

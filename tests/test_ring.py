@@ -167,3 +167,29 @@ def test_patch_where_every_branch(jit):
         ids = np.arange(b)
         np.testing.assert_array_equal(np.asarray(got["y"]), np.where(mask, ids * 10 + 5, 0), err_msg=f"count={count}")
         np.testing.assert_array_equal(np.asarray(got["x"]), np.where(mask[:, None], ids[:, None] + 1.0, 0.0) * np.ones((1, 3)))
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 8])
+def test_last_item_number_matches_model(capacity):
+    """The item last written to each slot, from the cursors alone, for every fill level."""
+    counter = _ring.counter_zero()
+    slots_model = [None] * capacity
+    n = 0
+    for b in [1, 2, capacity, 1, 3, 2 * capacity, 1]:
+        for _ in range(b):
+            slots_model[n % capacity] = n
+            n += 1
+        counter = _ring.counter_add(counter, b)
+        head = jnp.int32(n % capacity)  # where the ring's next write goes
+        got = np.asarray(_ring.last_item_number(counter, head, jnp.arange(capacity), capacity))
+        for s, want in enumerate(slots_model):
+            if want is not None:
+                assert got[s] == want, (s, got, slots_model)
+
+
+def test_last_item_number_wraps_in_int32():
+    """Past 2**31 items the number wraps like int32 (equality still tells writes apart)."""
+    counter = jnp.array([2, 5], jnp.int32)  # 2 * 2**30 + 5 items = 2**31 + 5
+    got = int(_ring.last_item_number(counter, jnp.int32(0), jnp.array([3]), 4)[0])
+    want = ((2**31 + 5 - 1 - ((0 - 1 - 3) % 4)) + 2**31) % 2**32 - 2**31
+    assert got == want
