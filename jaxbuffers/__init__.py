@@ -14,12 +14,13 @@ from jaxbuffers.compressed import (
     CompressedRolloutBuffer,
     CompressedTrajectoryBuffer,
     StaleBufferError,
+    StagingWriter,
 )
 from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
 from jaxbuffers.replay import ReplayBuffer, ReplaySample
 from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
 from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
-from jaxbuffers.sum_tree import MinTree, SumTree
+from jaxbuffers.sum_tree import MinTree, SumMinTree, SumTree
 from jaxbuffers.trajectory import (
     PrioritisedTrajectoryBuffer,
     PrioritisedTrajectorySample,
@@ -38,6 +39,7 @@ __all__ = [
     "PrioritisedSample",
     "SumTree",
     "MinTree",
+    "SumMinTree",
     # trajectories
     "TrajectoryBuffer",
     "SequenceSample",
@@ -59,4 +61,5 @@ __all__ = [
     "CompressedPrioritisedTrajectoryBuffer",
     "CompressedRolloutBuffer",
     "StaleBufferError",
+    "StagingWriter",
 ]
