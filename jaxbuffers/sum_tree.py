@@ -55,11 +55,12 @@ _WALK_MAX_BATCH_CPU = 4096
 # them once per entry is wasted work: the update stops at depth ``_dense_levels(B, depth, walk)``
 # and the ``k`` levels above it are recomputed whole from the level below (``2**k - 1`` nodes, i.e.
 # ``O(B)`` work). With the sequential walk (CPU) the top is recomputed by a second scalar loop, one
-# node per step (``k = ceil(log2 B) + 1``: a node costs about one walk step, and 2**k ~ B minimises
-# ``B (depth - k) + 2**k``); with the vectorised path by one vectorised combine per level
-# (``k = ceil(log2 B) + 2``). Measured on a 2-core CPU, P = 2**17, B = 256, one jitted call per
-# update: walking all 17 levels 20 us; 7 levels + vectorised top 10 levels 19.5 us (each of the
-# top's ~12 small ops costs ~1 us of executor time per call); 8 levels + scalar-loop top ~11 us.
+# node per step (``k = ceil(log2 B) + 1``: a node costs about one walk step, and
+# ``B (depth - k) + 2**k`` is smallest near ``2**k = B / ln 2``); with the vectorised path by one
+# vectorised combine per level (``k = ceil(log2 B) + 2``). Measured in one run on a 2-core CPU,
+# P = 2**17, B = 256, one jitted call per update (dispatch included): walking all 17 levels 30.7 us;
+# 7 levels + vectorised top 10 levels 31.2 us (each of the top's ~12 small ops costs about a
+# microsecond of executor time per call); 8 levels + scalar-loop top 9 levels 19.3 us.
 _DENSE_EXTRA_LEVELS = 1  # walk path
 _DENSE_EXTRA_LEVELS_VECTOR = 2  # vectorised path
 
