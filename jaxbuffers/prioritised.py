@@ -77,6 +77,17 @@ class PrioritisedSample(NamedTuple):
     generations: jax.Array  # shape=[B], dtype=int32: slot generation at sampling; pass to set_priorities
 
 
+def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon: float) -> jax.Array:
+    """The priority policy of every prioritised buffer (module docstring): float32, same shape.
+
+    ``NaN -> max_priority``; values below ``epsilon`` (zero, negative, ``-inf``) -> ``epsilon``;
+    values above :data:`PRIORITY_MAX` (incl. ``+inf``) -> ``PRIORITY_MAX``.
+    """
+    p = priorities.astype(jnp.float32)
+    p = jnp.where(jnp.isnan(p), max_priority, p)
+    return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
+
+
 def _float_arg(name: str, value, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: expected a Python float, got {type(value).__name__} {value!r}")
@@ -214,9 +225,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     # ------------------------------------------------------------------ priorities
     def _sanitise(self, priorities: jax.Array) -> jax.Array:
         """Apply the priority policy of the module docstring; float32 in ``[epsilon, PRIORITY_MAX]``."""
-        p = priorities.astype(jnp.float32)
-        p = jnp.where(jnp.isnan(p), self.max_priority, p)
-        return jnp.clip(p, jnp.float32(self.epsilon), jnp.float32(PRIORITY_MAX))
+        return sanitise_priorities(priorities, self.max_priority, self.epsilon)
 
     def _leaf(self, p: jax.Array) -> jax.Array:
         """Tree leaf ``p ** alpha`` (exactly 1 for alpha = 0)."""

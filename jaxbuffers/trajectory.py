@@ -80,6 +80,7 @@ import numpy as np
 from flax import struct
 
 from jaxbuffers import _ring, _validate
+from jaxbuffers.prioritised import _float_arg, sanitise_priorities
 from jaxbuffers.sum_tree import SumMinTree
 
 __all__ = [
@@ -726,8 +727,9 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     To re-read sampled positions use ``self.buffer.transitions_at(indices, ...)`` /
     ``self.buffer.sequences_at(indices, ...)`` (:class:`TrajectoryBuffer`).
 
-    Priority policy (:meth:`set_priorities`): NaN -> current max priority; negative, zero or
-    below ``min_priority`` -> ``min_priority``; +inf -> ``max_priority_limit``. Updates for a
+    Priority policy (:meth:`set_priorities`), the same as :class:`jaxbuffers.PrioritisedReplayBuffer`'s:
+    NaN -> current max priority; negative, zero or below ``epsilon`` -> ``epsilon``; above
+    :data:`jaxbuffers.prioritised.PRIORITY_MAX` (1e20, incl. +inf) -> ``PRIORITY_MAX``. Updates for a
     position whose start slot was overwritten since it was sampled (generation differs), or whose
     window is not valid now, are ignored.
     """
@@ -739,8 +741,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     window_length: int = struct.field(pytree_node=False)
     period: int = struct.field(pytree_node=False)
     priority_exponent: float = struct.field(pytree_node=False)
-    min_priority: float = struct.field(pytree_node=False)
-    max_priority_limit: float = struct.field(pytree_node=False)
+    epsilon: float = struct.field(pytree_node=False)  # smallest priority kept, > 0
 
     @classmethod
     def create(
@@ -752,8 +753,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         window_length: int,
         period: int = 1,
         priority_exponent: float = 0.6,
-        min_priority: float = 1e-6,
-        max_priority_limit: float = 1e30,
+        epsilon: float = 1e-6,
         **kwargs,
     ) -> "PrioritisedTrajectoryBuffer":
         """An empty prioritised buffer.
@@ -764,10 +764,10 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
             transitions with ``n_step <= window_length - 1``.
           period: window starts every ``period`` steps (absolute alignment, see the class doc).
           priority_exponent: alpha >= 0.
-          min_priority, max_priority_limit: clamps of the priority policy.
+          epsilon: smallest priority kept, in ``[1e-30, 1]`` (policy in the class doc).
 
         Raises:
-          ValueError: bad sizes, ``window_length > length``, alpha < 0.
+          ValueError: bad sizes, ``window_length > length``, alpha < 0, ``epsilon`` out of range.
         """
         buf = TrajectoryBuffer.create(example_step, num_envs, length, **kwargs)
         window_length = _check_static_int("window_length", window_length)
@@ -776,8 +776,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
             raise ValueError(f"window_length: expected at most length={buf.length}, got {window_length}")
         if not float(priority_exponent) >= 0:
             raise ValueError(f"priority_exponent: expected alpha >= 0, got {priority_exponent}")
-        if not 0 < float(min_priority) <= float(max_priority_limit) < np.inf:
-            raise ValueError("min_priority / max_priority_limit: expected 0 < min <= max < inf")
+        epsilon = _float_arg("epsilon", epsilon, 1e-30, 1.0)
         cap = buf.num_envs * buf.length
         return cls(
             buffer=buf,
@@ -787,8 +786,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
             window_length=window_length,
             period=period,
             priority_exponent=float(priority_exponent),
-            min_priority=float(min_priority),
-            max_priority_limit=float(max_priority_limit),
+            epsilon=epsilon,
         )
 
     # ------------------------------------------------------------------ delegation
@@ -943,9 +941,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         in_range = (indices >= 0) & (indices < cap)
         safe = jnp.clip(indices, 0, cap - 1)
         live = in_range & (self.generations_at(safe) == generations) & (self.tree.get(safe) > 0)
-        p = priorities.astype(jnp.float32)
-        p = jnp.where(jnp.isnan(p), self.max_priority, p)
-        p = jnp.clip(p, self.min_priority, self.max_priority_limit)
+        p = sanitise_priorities(priorities, self.max_priority, self.epsilon)
         v = p ** self.priority_exponent
         max_p = jnp.maximum(self.max_priority, jnp.max(jnp.where(live, p, 0)))
         return self.replace(tree=self.tree.set(safe, v.astype(jnp.float32), live), max_priority=max_p.astype(jnp.float32))

@@ -694,8 +694,8 @@ def test_prioritised_stale_updates_ignored_and_policy():
     leaves = np.asarray(after.tree.leaves())
     assert leaves[3] == 0
     assert leaves[6] == pytest.approx(1.0)  # NaN -> current max priority (1)
-    assert leaves[7] == pytest.approx(1e-6)  # negative -> min_priority
-    assert leaves[0] == pytest.approx(1e30, rel=1e-6)  # +inf -> max_priority_limit
+    assert leaves[7] == pytest.approx(1e-6)  # negative -> epsilon
+    assert leaves[0] == pytest.approx(1e20, rel=1e-6)  # +inf -> PRIORITY_MAX (same policy as PrioritisedReplayBuffer)
     np.testing.assert_allclose(float(after.tree.total()), leaves.sum(), rtol=1e-6)
 
 

@@ -670,8 +670,7 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
         window_length: int,
         period: int = 1,
         priority_exponent: float = 0.6,
-        min_priority: float = 1e-6,
-        max_priority_limit: float = 1e30,
+        epsilon: float = 1e-6,
         compress: Sequence[str] | None = None,
         frame_stack: int | None = None,
         stack_axis: int = 0,
@@ -692,8 +691,7 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
         )
         inner = PrioritisedTrajectoryBuffer.create(
             inner_step, num_envs, length, window_length=window_length, period=period,
-            priority_exponent=priority_exponent, min_priority=min_priority,
-            max_priority_limit=max_priority_limit, final_obs_capacity=kcap, obs_key=obs_key,
+            priority_exponent=priority_exponent, epsilon=epsilon, final_obs_capacity=kcap, obs_key=obs_key,
             action_key=action_key, reward_key=reward_key,
         )
         return cls._wrap(inner, config)
