@@ -88,6 +88,41 @@ def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon:
     return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
 
 
+def set_leaves_and_max(tree: SumMinTree, indices, leaf, priorities, max_priority, epsilon: float):
+    """Write priority leaves and raise the running max priority to the largest one actually written.
+
+    Args:
+      tree: the buffer's :class:`~jaxbuffers.sum_tree.SumMinTree`.
+      indices: int32[B] leaves (out-of-range entries must carry a NaN ``leaf``).
+      leaf: float32[B] new leaf values ``p**alpha``; NaN = skip the entry.
+      priorities: floating[B] raw priorities (the policy, :func:`sanitise_priorities`, is applied
+        here to the winners only).
+      max_priority: float32 scalar, the running max before this call. epsilon: as the buffer's.
+
+    Returns:
+      ``(tree, max_priority)``. Duplicate indices: the last entry wins (:meth:`SumMinTree.set`), and
+      only the winners raise the max. No sort: every touched slot now holds its winner's leaf, so
+      an applied entry whose leaf equals its slot's stored leaf is the winner (or a loser with the
+      same leaf ``p**alpha``, i.e. the same ``p`` up to the rounding of the power); skipped entries
+      have a NaN leaf, equal to nothing. Where the tree walks (CPU, small batches: see
+      :mod:`jaxbuffers.sum_tree`) this is one scalar loop (a single compiled kernel) instead of a
+      gather and a reduction (three ops): on CPU every op costs executor time per call.
+    """
+    new = tree.set(indices, leaf)
+    b = indices.shape[0]
+    if b > sum_tree._walk_max_batch():
+        won = new.get(jnp.clip(indices, 0, tree.capacity - 1)) == leaf
+        return new, jnp.maximum(max_priority, jnp.max(jnp.where(won, sanitise_priorities(priorities, max_priority, epsilon), 0)))
+    leaf_row = new.padded_capacity
+
+    def body(k, m):
+        slot = jnp.clip(indices[k], 0, tree.capacity - 1) + leaf_row
+        stored = jax.lax.dynamic_index_in_dim(new.nodes, slot, keepdims=False)[0]
+        return jnp.maximum(m, jnp.where(stored == leaf[k], sanitise_priorities(priorities[k], max_priority, epsilon), 0))
+
+    return new, jax.lax.fori_loop(0, b, body, max_priority)
+
+
 def _float_arg(name: str, value, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: expected a Python float, got {type(value).__name__} {value!r}")
@@ -355,26 +390,5 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         return self.replace(tree=tree, max_priority=max_priority)
 
     def _set_leaves(self, indices, priorities, leaf):
-        """Write ``leaf`` (NaN: skipped) and raise the running max to the largest priority actually
-        written, without a sort. Returns ``(tree, max_priority)``.
-
-        Every touched slot now holds its winner's leaf, so an applied entry whose leaf equals its
-        slot's stored leaf is the winner (or a loser with the same leaf ``p**alpha``, i.e. the same
-        ``p`` up to the rounding of the power); skipped entries have a NaN leaf, equal to nothing.
-        Where the tree walks (CPU, small batches: see :mod:`jaxbuffers.sum_tree`) this is one scalar
-        loop (a single compiled kernel) instead of a gather and a reduction (three ops): on CPU
-        every op costs executor time per call.
-        """
-        tree = self.tree.set(indices, leaf)
-        b = indices.shape[0]
-        if b > sum_tree._walk_max_batch():
-            won = tree.get(indices) == leaf
-            return tree, jnp.maximum(self.max_priority, jnp.max(jnp.where(won, self._sanitise(priorities), 0)))
-        leaf_row = tree.padded_capacity
-
-        def body(k, m):
-            slot = jnp.clip(indices[k], 0, self.capacity - 1) + leaf_row
-            stored = jax.lax.dynamic_index_in_dim(tree.nodes, slot, keepdims=False)[0]
-            return jnp.maximum(m, jnp.where(stored == leaf[k], self._sanitise(priorities[k]), 0))
-
-        return tree, jax.lax.fori_loop(0, b, body, self.max_priority)
+        """:func:`set_leaves_and_max` on this buffer's tree and running max."""
+        return set_leaves_and_max(self.tree, indices, leaf, priorities, self.max_priority, self.epsilon)

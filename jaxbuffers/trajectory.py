@@ -80,7 +80,7 @@ import numpy as np
 from flax import struct
 
 from jaxbuffers import _ring, _validate
-from jaxbuffers.prioritised import _float_arg, sanitise_priorities
+from jaxbuffers.prioritised import _float_arg, sanitise_priorities, set_leaves_and_max
 from jaxbuffers.sum_tree import SumMinTree
 
 __all__ = [
@@ -922,7 +922,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
 
         An entry is ignored when its start slot was overwritten since sampling (generation
         differs), when its window is not valid now (leaf is 0), or when the index is out of range.
-        Duplicate indices: the last entry wins. ``max_priority`` grows with the applied values.
+        Duplicate indices: the last entry wins; ``max_priority`` grows to the largest priority actually written.
         """
         indices = jnp.asarray(indices)
         priorities = jnp.asarray(priorities)
@@ -941,7 +941,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         in_range = (indices >= 0) & (indices < cap)
         safe = jnp.clip(indices, 0, cap - 1)
         live = in_range & (self.generations_at(safe) == generations) & (self.tree.get(safe) > 0)
-        p = sanitise_priorities(priorities, self.max_priority, self.epsilon)
-        v = p ** self.priority_exponent
-        max_p = jnp.maximum(self.max_priority, jnp.max(jnp.where(live, p, 0)))
-        return self.replace(tree=self.tree.set(safe, v.astype(jnp.float32), live), max_priority=max_p.astype(jnp.float32))
+        # One vector op for every per-entry input of the walk (a NaN leaf is skipped by the tree).
+        leaf = jnp.where(live, sanitise_priorities(priorities, self.max_priority, self.epsilon) ** self.priority_exponent, jnp.nan)
+        tree, max_p = set_leaves_and_max(self.tree, safe, leaf.astype(jnp.float32), priorities, self.max_priority, self.epsilon)
+        return self.replace(tree=tree, max_priority=max_p.astype(jnp.float32))

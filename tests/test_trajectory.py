@@ -734,3 +734,13 @@ def test_prioritised_weight_formula_matches_n_times_p():
     w = w / w.max()
     np.testing.assert_allclose(np.asarray(out.importance_weights), w[np.asarray(out.indices)], rtol=1e-5)
     assert math.isclose(float(np.asarray(out.probabilities).max()), 0.5, rel_tol=1e-6)
+
+
+def test_prioritised_duplicates_last_wins_and_only_winners_raise_max():
+    buf = _three_position_buffer()
+    gens = buf.generations.reshape(-1)[jnp.array([1, 1, 2])]
+    # slot 1 twice: 50 loses to 3; slot 2 gets 2. The running max must be 3, not 50.
+    out = SETP(buf, jnp.array([1, 1, 2]), jnp.array([50.0, 3.0, 2.0]), gens)
+    leaves = np.asarray(out.tree.leaves())
+    np.testing.assert_allclose(leaves[:3], [1.0, 3.0, 2.0], rtol=1e-6)  # alpha = 1; slot 0 keeps max 1
+    assert float(out.max_priority) == 3.0
