@@ -510,7 +510,10 @@ class TrajectoryBuffer(struct.PyTreeNode):
         return lanes, _ring.logical_to_physical(logical, self.head, self.num_valid, self.length)
 
     def _sequences(self, lanes, starts, sequence_length: int) -> SequenceSample:
-        item, meta = _ring.take_windows((self.storage, self.meta), lanes, starts, sequence_length)
+        slots = _ring.window_slots(starts, sequence_length, self.length)  # [B, L]
+        flat = lanes[:, None] * self.length + slots
+        item = jax.tree.map(lambda x: _flat_take(x, flat), self.storage)
+        meta = _flat_take(self.meta, flat)
         term, trunc = (meta & 1) != 0, (meta & 2) != 0
         return SequenceSample(
             item=item, terminated=term, truncated=trunc, mask=_window_mask(term | trunc),

@@ -120,55 +120,6 @@ def test_counter_never_overflows_int32():
     assert _ring.counter_value(stacked).tolist() == [total, 5]
 
 
-@pytest.mark.parametrize("jit", [False, True])
-@pytest.mark.parametrize("n,length", [(7, 1), (7, 3), (7, 7), (50, 5), (4, 2)])
-def test_take_windows_equals_row_gather(n, length, jit):
-    """Contiguous-slice reads + wrap patching give exactly the per-row gather, whatever the number of
-    wrapping windows (none, a few: patched, more than _WRAP_PATCH_MAX: row-gather fallback)."""
-    e = 3
-    tree = {
-        "a": jnp.arange(e * n * 2, dtype=jnp.float32).reshape(e, n, 2),
-        "b": (jnp.arange(e * n, dtype=jnp.int32) * 7).reshape(e, n),
-    }
-    fn = jax.jit(_ring.take_windows, static_argnums=3) if jit else _ring.take_windows
-    rng = np.random.default_rng(n * 100 + length)
-    b = 24
-    cases = [
-        rng.integers(0, n, b),  # random: some wrap
-        np.zeros(b, np.int64),  # none wraps
-        np.where(np.arange(b) < 2, n - 1, 0),  # exactly two wrap (patched)
-        np.full(b, n - 1),  # all wrap when length > 1 (fallback)
-        np.where(np.arange(b) < _ring._PATCH_MAX, n - 1, 0),  # exactly the patch limit
-    ]
-    for starts in cases:
-        lanes = rng.integers(0, e, b)
-        got = fn(tree, jnp.asarray(lanes, jnp.int32), jnp.asarray(starts, jnp.int32), length)
-        slots = (starts[:, None] + np.arange(length)) % n
-        for k, x in tree.items():
-            want = np.asarray(x)[lanes[:, None], slots]
-            np.testing.assert_array_equal(np.asarray(got[k]), want, err_msg=f"{k} starts={starts}")
-
-
-@pytest.mark.parametrize("jit", [False, True])
-def test_patch_where_every_branch(jit):
-    """0, a few, exactly _PATCH_MAX and more than _PATCH_MAX masked entries: same as a full select,
-    and fetch is only asked for masked ids (or for all ids in the fallback)."""
-    b = 20
-    out = {"x": jnp.zeros((b, 3), jnp.float32), "y": jnp.zeros((b,), jnp.int32)}
-
-    def fetch(ids):
-        return {"x": jnp.stack([ids.astype(jnp.float32)] * 3, axis=1) + 1, "y": ids * 10 + 5}
-
-    fn = jax.jit(_ring.patch_where, static_argnums=2) if jit else _ring.patch_where
-    for count in [0, 1, 3, _ring._PATCH_MAX, _ring._PATCH_MAX + 1, b]:
-        mask = np.zeros(b, bool)
-        mask[np.random.default_rng(count).choice(b, count, replace=False)] = True
-        got = fn(out, jnp.asarray(mask), fetch)
-        ids = np.arange(b)
-        np.testing.assert_array_equal(np.asarray(got["y"]), np.where(mask, ids * 10 + 5, 0), err_msg=f"count={count}")
-        np.testing.assert_array_equal(np.asarray(got["x"]), np.where(mask[:, None], ids[:, None] + 1.0, 0.0) * np.ones((1, 3)))
-
-
 @pytest.mark.parametrize("capacity", [1, 3, 8])
 def test_last_item_number_matches_model(capacity):
     """The item last written to each slot, from the cursors alone, for every fill level."""
