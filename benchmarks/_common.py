@@ -114,3 +114,22 @@ def time_sample(impl, calls: int, repeats: int) -> float:
         jax.block_until_ready(out)
 
     return median_seconds(run, repeats=repeats) / calls
+
+
+def interleaved(runs: dict, repeats: int, per: int = 1) -> dict:
+    """Median seconds per operation of each ``runs[name]()`` (which does ``per`` operations and
+    blocks; one warm-up call each), timed round-robin: every repetition runs each implementation
+    once, in an order rotated by one per repetition. On this shared 2-core machine the
+    implementation timed first in a round measured up to 1.5x slower than the same code timed
+    second (same process), so a fixed order would bias the ratio."""
+    for fn in runs.values():
+        fn()
+    order = list(runs)
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        order = order[1:] + order[:1]
+        for name in order:
+            t0 = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) / per for name, t in times.items()}

@@ -20,16 +20,14 @@ Run: python benchmarks/bench_prioritised.py [--quick] [--repeats N]
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import batch_of, emit, machine_info, parser, versions  # noqa: E402
+from _common import batch_of, emit, interleaved, machine_info, parser, versions  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
@@ -89,24 +87,6 @@ class Flashbax:
 
     def set_priorities_fn(self):
         return lambda s, i, g, p: self.buf.set_priorities(s, i, p)
-
-
-def interleaved(runs: dict, repeats: int) -> dict:
-    """Median seconds of each ``runs[name]()`` (one warm-up each), timed round-robin: every
-    repetition runs each implementation once, in an order rotated by one per repetition. On this
-    shared 2-core machine the implementation timed first in a round measured up to 1.5x slower
-    than the same code timed second (same process), so a fixed order would bias the ratio."""
-    for fn in runs.values():
-        fn()
-    order = list(runs)
-    times = {name: [] for name in runs}
-    for _ in range(repeats):
-        order = order[1:] + order[:1]
-        for name in order:
-            t0 = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _stateful(impl, step):

@@ -23,7 +23,6 @@ Run: python benchmarks/bench_trajectory.py [--quick] [--repeats N] [--steps vect
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, machine_info, parser, versions  # noqa: E402
+from _common import emit, interleaved, machine_info, parser, versions  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
@@ -152,20 +151,6 @@ class Flashbax:
 
     def set_fn(self, state, out, p):
         return self.buf.set_priorities(state, out.indices, p)
-
-
-def interleaved(runs: dict, repeats: int, per: int) -> dict:
-    """Median seconds per operation of each ``runs[name]()`` (which does ``per`` operations and
-    blocks), alternating implementations round by round so machine noise hits both alike."""
-    for run in runs.values():
-        run()  # warm-up / compile
-    times = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            t0 = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) / per for name, ts in times.items()}
 
 
 def add_call_runner(impl, batch, calls):
