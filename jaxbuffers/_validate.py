@@ -143,3 +143,15 @@ def spec_nbytes(spec: Any) -> int:
 def tree_nbytes(tree: Any) -> int:
     """Total bytes of the array leaves of ``tree`` (works on arrays and ShapeDtypeStructs)."""
     return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
+
+
+def static_int(name: str, value, minimum: int = 1) -> int:
+    """A static size argument: a Python (or numpy) int ``>= minimum``, returned as ``int``.
+
+    Raises:
+      ValueError: a bool, a float (even ``10.0``: sizes are never rounded silently), a traced or
+        other non-int value, or a value below ``minimum``; the message names the argument.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
+        raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
+    return int(value)

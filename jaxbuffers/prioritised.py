@@ -88,7 +88,7 @@ def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon:
     return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
 
 
-def set_leaves_and_max(tree: SumMinTree, indices, leaf, priorities, max_priority, epsilon: float):
+def set_leaves_and_max(tree: SumMinTree, indices, leaf, priorities, max_priority, epsilon: float, exact: bool = False):
     """Write priority leaves and raise the running max priority to the largest one actually written.
 
     Args:
@@ -98,6 +98,9 @@ def set_leaves_and_max(tree: SumMinTree, indices, leaf, priorities, max_priority
       priorities: floating[B] raw priorities (the policy, :func:`sanitise_priorities`, is applied
         here to the winners only).
       max_priority: float32 scalar, the running max before this call. epsilon: as the buffer's.
+      exact: static; find the winners with :func:`~jaxbuffers.sum_tree.last_write_mask` (a sort)
+        instead of by leaf equality. Needed when different priorities give equal leaves
+        (``alpha = 0``: every leaf is 1).
 
     Returns:
       ``(tree, max_priority)``. Duplicate indices: the last entry wins (:meth:`SumMinTree.set`), and
@@ -110,8 +113,11 @@ def set_leaves_and_max(tree: SumMinTree, indices, leaf, priorities, max_priority
     """
     new = tree.set(indices, leaf)
     b = indices.shape[0]
-    if b > sum_tree._walk_max_batch():
-        won = new.get(jnp.clip(indices, 0, tree.capacity - 1)) == leaf
+    if b > sum_tree._walk_max_batch() or exact:
+        if exact:  # every leaf is 1 at alpha = 0: find the winners by position instead (one sort)
+            won = sum_tree.last_write_mask(jnp.clip(indices, 0, tree.capacity - 1), ~jnp.isnan(leaf))
+        else:
+            won = new.get(jnp.clip(indices, 0, tree.capacity - 1)) == leaf
         return new, jnp.maximum(max_priority, jnp.max(jnp.where(won, sanitise_priorities(priorities, max_priority, epsilon), 0)))
     leaf_row = new.padded_capacity
 
@@ -121,6 +127,37 @@ def set_leaves_and_max(tree: SumMinTree, indices, leaf, priorities, max_priority
         return jnp.maximum(m, jnp.where(stored == leaf[k], sanitise_priorities(priorities[k], max_priority, epsilon), 0))
 
     return new, jax.lax.fori_loop(0, b, body, max_priority)
+
+
+def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[jax.Array, jax.Array]:
+    """Sampling probabilities and normalised importance weights of sampled leaves (module doc).
+
+    ``P(i) = leaf_i / total`` and ``w_i = (leaf_i / min_leaf)^-beta`` (the minimum over positive
+    leaves, i.e. over the valid slots). On an empty tree: probability 0 and weight 1.
+
+    Args:
+      tree: the buffer's tree. leaf: float32[B], the sampled leaves ``p^alpha``.
+      beta: importance exponent, a Python float (checked: finite, >= 0) or a float scalar array
+        (may be traced; not range-checked).
+
+    Returns:
+      ``(probabilities, weights)``, float32[B] each.
+
+    Raises (trace time):
+      ValueError: a Python ``beta`` that is negative or not finite. TypeError: ``beta`` not a
+      float or a float scalar array.
+    """
+    if isinstance(beta, (int, float, np.integer, np.floating)) and not isinstance(beta, bool):
+        if not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"beta: expected a finite float >= 0, got {beta}")
+    elif not hasattr(beta, "shape") or tuple(beta.shape) != () or not jnp.issubdtype(beta.dtype, jnp.floating):
+        raise TypeError(f"beta: expected a float or a float scalar array, got {beta!r}")
+    total = tree.total()
+    nonempty = total > 0
+    probabilities = jnp.where(nonempty, leaf / jnp.where(nonempty, total, 1), 0)
+    ratio = leaf / jnp.where(nonempty, tree.min(), 1)
+    weights = jnp.where(nonempty, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)), 1)
+    return probabilities.astype(jnp.float32), weights.astype(jnp.float32)
 
 
 def _float_arg(name: str, value, lo: float, hi: float) -> float:
@@ -331,24 +368,13 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size: expected a Python int >= 1, got {batch_size!r}")
-        if isinstance(beta, (int, float, np.integer, np.floating)) and not isinstance(beta, bool):
-            if not (math.isfinite(beta) and beta >= 0):
-                raise ValueError(f"beta: expected a finite float >= 0, got {beta}")
-        elif not hasattr(beta, "shape") or tuple(beta.shape) != () or not jnp.issubdtype(beta.dtype, jnp.floating):
-            raise TypeError(f"beta: expected a float or a float scalar array, got {beta!r}")
         indices = self.tree.sample_stratified(key, int(batch_size))
-        leaf = self.tree.get(indices)
-        total = self.tree.total()
-        min_leaf = self.tree.min()
-        nonempty = total > 0
-        probabilities = jnp.where(nonempty, leaf / jnp.where(nonempty, total, 1), 0)
-        ratio = leaf / jnp.where(nonempty, min_leaf, 1)
-        weights = jnp.where(nonempty, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)), 1)
+        probabilities, weights = probabilities_and_weights(self.tree, self.tree.get(indices), beta)
         return PrioritisedSample(
             item=self.replay.get(indices),
             indices=indices,
-            probabilities=probabilities.astype(jnp.float32),
-            importance_weights=weights.astype(jnp.float32),
+            probabilities=probabilities,
+            importance_weights=weights,
             generations=self.generations_at(indices),
         )
 
@@ -391,4 +417,6 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
 
     def _set_leaves(self, indices, priorities, leaf):
         """:func:`set_leaves_and_max` on this buffer's tree and running max."""
-        return set_leaves_and_max(self.tree, indices, leaf, priorities, self.max_priority, self.epsilon)
+        return set_leaves_and_max(
+            self.tree, indices, leaf, priorities, self.max_priority, self.epsilon, exact=self.priority_exponent == 0
+        )

@@ -66,9 +66,8 @@ class ReplayBuffer(struct.PyTreeNode):
           ValueError: ``capacity < 1``, ``min_size`` outside ``[1, capacity]``, empty example.
           TypeError: a leaf of the example is not an array (see ``_validate.item_spec``).
         """
-        capacity, min_size = int(capacity), int(min_size)
-        if capacity < 1:
-            raise ValueError(f"capacity: expected an int >= 1, got {capacity}")
+        capacity = _validate.static_int("capacity", capacity)
+        min_size = _validate.static_int("min_size", min_size)
         if not 1 <= min_size <= capacity:
             raise ValueError(f"min_size: expected an int in [1, capacity={capacity}], got {min_size}")
         spec = _validate.item_spec(example_item)
@@ -155,5 +154,10 @@ class ReplayBuffer(struct.PyTreeNode):
         return ReplaySample(item=self.get(indices), indices=indices)
 
     def get(self, indices: jax.Array) -> Any:
-        """Items at physical slots ``indices`` (int32[...]); leaves ``[*indices.shape, ...]``."""
+        """Items at physical slots ``indices`` (int32[...]); leaves ``[*indices.shape, ...]``.
+
+        Indices outside ``[0, capacity)`` are clamped into it (``-1`` reads slot 0, not the last
+        slot: no Python-style negative indexing), and slots never written read as zeros; check
+        against :meth:`size` when indices do not come from :meth:`sample`.
+        """
         return jax.tree.map(lambda s: jnp.take(s, indices, axis=0, mode="clip"), self.storage)

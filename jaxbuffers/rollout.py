@@ -210,11 +210,8 @@ class RolloutBuffer(struct.PyTreeNode):
           ValueError: ``num_steps`` or ``num_envs`` < 1, or an empty example.
           TypeError: a leaf of the example is not an array, or ``float_dtype`` is not floating.
         """
-        num_steps, num_envs = int(num_steps), int(num_envs)
-        if num_steps < 1:
-            raise ValueError(f"num_steps: expected an int >= 1, got {num_steps}")
-        if num_envs < 1:
-            raise ValueError(f"num_envs: expected an int >= 1, got {num_envs}")
+        num_steps = _validate.static_int("num_steps", num_steps)
+        num_envs = _validate.static_int("num_envs", num_envs)
         float_dtype = np.dtype(float_dtype)
         if not jnp.issubdtype(float_dtype, jnp.floating):
             raise TypeError(f"float_dtype: expected a floating dtype, got {float_dtype}")
@@ -509,6 +506,10 @@ class RolloutBuffer(struct.PyTreeNode):
         Drop non-trainable (and unfilled) steps in the loss with ``mask``. This materialises a
         shuffled copy of the buffer (see :class:`RolloutMemoryPressure`); to avoid it, scan over
         ``minibatch_indices`` and ``gather`` one minibatch per iteration.
+
+        ``advantages`` / ``returns`` are whatever :meth:`compute_gae` last wrote: zeros (or the
+        previous rollout's values) if it was not called after the last ``add``. That cannot be
+        checked at trace time; ``has_advantages`` (traced bool) says whether it was.
 
         Raises:
           ValueError: ``num_minibatches <= 0`` or it does not divide ``T * N`` (trace time).

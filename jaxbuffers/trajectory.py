@@ -80,7 +80,7 @@ import numpy as np
 from flax import struct
 
 from jaxbuffers import _ring, _validate
-from jaxbuffers.prioritised import _float_arg, sanitise_priorities, set_leaves_and_max
+from jaxbuffers.prioritised import _float_arg, probabilities_and_weights, sanitise_priorities, set_leaves_and_max
 from jaxbuffers.sum_tree import SumMinTree
 
 __all__ = [
@@ -126,12 +126,6 @@ class TransitionSample(NamedTuple):
 
 # ------------------------------------------------------------------------------------------------
 # helpers
-
-
-def _check_static_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _check_flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
@@ -258,9 +252,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
           TypeError: ``example_step`` is not a dict, a leaf is not an array, reward not floating.
           ValueError: a size is not a positive int, a required field is missing, reward not scalar.
         """
-        num_envs = _check_static_int("num_envs", num_envs)
-        length = _check_static_int("length", length)
-        k = length if final_obs_capacity is None else _check_static_int("final_obs_capacity", final_obs_capacity)
+        num_envs = _validate.static_int("num_envs", num_envs)
+        length = _validate.static_int("length", length)
+        k = length if final_obs_capacity is None else _validate.static_int("final_obs_capacity", final_obs_capacity)
         if not isinstance(example_step, Mapping):
             raise TypeError(
                 f"example_step: expected a dict with fields {obs_key!r}, {action_key!r}, {reward_key!r} "
@@ -353,8 +347,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
         ``cross_episodes=False`` it checks for a window wholly inside one episode (``O(num_envs *
         length)``, like that sampling mode).
         """
-        sequence_length = _check_static_int("sequence_length", sequence_length)
-        period = _check_static_int("period", period)
+        sequence_length = _validate.static_int("sequence_length", sequence_length)
+        period = _validate.static_int("period", period)
         if sequence_length > self.length:
             return jnp.zeros((), bool)
         if cross_episodes:
@@ -386,7 +380,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
                 raise TypeError(
                     "final_obs: required when truncated is given: the true observation after each step, "
                     "before any auto-reset (read only where truncated); shaped like step[obs] "
-                    f"({[list(lead)] } leading axes)"
+                    f"(leading axes {list(lead)})"
                 )
             _validate.check_batch(spec[self.obs_key], final_obs, nd, "final_obs")
         if nd == 1:
@@ -566,9 +560,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
           :class:`SequenceSample`. When ``can_sample(...)`` is False the result is defined (real
           slots, zeros if empty) but not meaningful.
         """
-        batch_size = _check_static_int("batch_size", batch_size)
-        sequence_length = _check_static_int("sequence_length", sequence_length)
-        period = _check_static_int("period", period)
+        batch_size = _validate.static_int("batch_size", batch_size)
+        sequence_length = _validate.static_int("sequence_length", sequence_length)
+        period = _validate.static_int("period", period)
         if sequence_length > self.length:
             raise ValueError(f"sequence_length: expected at most length={self.length}, got {sequence_length}")
         if cross_episodes:
@@ -594,8 +588,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
         Returns:
           :class:`TransitionSample`. Check ``can_sample(n_step + 1)`` first.
         """
-        batch_size = _check_static_int("batch_size", batch_size)
-        n_step = _check_static_int("n_step", n_step)
+        batch_size = _validate.static_int("batch_size", batch_size)
+        n_step = _validate.static_int("n_step", n_step)
         if n_step + 1 > self.length:
             raise ValueError(f"n_step: expected at most length - 1 = {self.length - 1}, got {n_step}")
         _gamma(gamma, self.storage[self.reward_key].dtype)
@@ -628,8 +622,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
         Returns:
           bool[B]; ``False`` for indices outside ``[0, num_envs * length)``.
         """
-        window = _check_static_int("window", window)
-        period = _check_static_int("period", period)
+        window = _validate.static_int("window", window)
+        period = _validate.static_int("period", period)
         lanes, slots = self._split_indices(indices)
         raw = jnp.asarray(indices)
         in_range = (raw >= 0) & (raw < self.num_envs * self.length)
@@ -658,7 +652,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         Raises (trace time):
           ValueError / TypeError: ``indices`` not a 1-D integer array, bad ``sequence_length``.
         """
-        sequence_length = _check_static_int("sequence_length", sequence_length)
+        sequence_length = _validate.static_int("sequence_length", sequence_length)
         if sequence_length > self.length:
             raise ValueError(f"sequence_length: expected at most length={self.length}, got {sequence_length}")
         lanes, slots = self._split_indices(indices)
@@ -687,7 +681,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         Raises (trace time):
           ValueError / TypeError: ``indices`` not a 1-D integer array, bad ``n_step`` or ``gamma``.
         """
-        n_step = _check_static_int("n_step", n_step)
+        n_step = _validate.static_int("n_step", n_step)
         if n_step + 1 > self.length:
             raise ValueError(f"n_step: expected at most length - 1 = {self.length - 1}, got {n_step}")
         _gamma(gamma, self.storage[self.reward_key].dtype)
@@ -766,19 +760,18 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
           window_length: static window of a position: sequences of up to this length, or n-step
             transitions with ``n_step <= window_length - 1``.
           period: window starts every ``period`` steps (absolute alignment, see the class doc).
-          priority_exponent: alpha >= 0.
+          priority_exponent: alpha in ``[0, 1]`` (as :class:`jaxbuffers.PrioritisedReplayBuffer`: larger exponents overflow float32 leaves at PRIORITY_MAX).
           epsilon: smallest priority kept, in ``[1e-30, 1]`` (policy in the class doc).
 
         Raises:
-          ValueError: bad sizes, ``window_length > length``, alpha < 0, ``epsilon`` out of range.
+          ValueError: bad sizes, ``window_length > length``, alpha outside ``[0, 1]``, ``epsilon`` out of range.
         """
         buf = TrajectoryBuffer.create(example_step, num_envs, length, **kwargs)
-        window_length = _check_static_int("window_length", window_length)
-        period = _check_static_int("period", period)
+        window_length = _validate.static_int("window_length", window_length)
+        period = _validate.static_int("period", period)
         if window_length > buf.length:
             raise ValueError(f"window_length: expected at most length={buf.length}, got {window_length}")
-        if not float(priority_exponent) >= 0:
-            raise ValueError(f"priority_exponent: expected alpha >= 0, got {priority_exponent}")
+        alpha = _float_arg("priority_exponent", priority_exponent, 0.0, 1.0)
         epsilon = _float_arg("epsilon", epsilon, 1e-30, 1.0)
         cap = buf.num_envs * buf.length
         return cls(
@@ -788,7 +781,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
             phase=jnp.int32(0),
             window_length=window_length,
             period=period,
-            priority_exponent=float(priority_exponent),
+            priority_exponent=alpha,
             epsilon=epsilon,
         )
 
@@ -869,14 +862,9 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
 
     # ------------------------------------------------------------------ sample
     def _draw(self, key, batch_size: int, beta):
-        batch_size = _check_static_int("batch_size", batch_size)
+        batch_size = _validate.static_int("batch_size", batch_size)
         idx = self.tree.sample_stratified(key, batch_size)
-        total = self.tree.total()
-        v = self.tree.get(idx)
-        probs = jnp.where(total > 0, v / total, 0).astype(jnp.float32)
-        beta = jnp.asarray(beta, jnp.float32)
-        vmin = self.tree.min()
-        weights = jnp.where((total > 0) & (v > 0), (v / vmin) ** (-beta), 0).astype(jnp.float32)
+        probs, weights = probabilities_and_weights(self.tree, self.tree.get(idx), beta)
         gens = self.generations_at(idx)
         n = self.buffer.length
         return idx, idx // n, idx % n, probs, weights, gens
@@ -893,7 +881,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         Returns:
           :class:`PrioritisedTrajectorySample` whose ``item`` is a :class:`SequenceSample`.
         """
-        sequence_length = self.window_length if sequence_length is None else _check_static_int("sequence_length", sequence_length)
+        sequence_length = self.window_length if sequence_length is None else _validate.static_int("sequence_length", sequence_length)
         if sequence_length > self.window_length:
             raise ValueError(f"sequence_length: expected at most window_length={self.window_length}, got {sequence_length}")
         idx, lanes, starts, probs, weights, gens = self._draw(key, batch_size, beta)
@@ -907,7 +895,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         ``n_step`` defaults to ``window_length - 1`` and must not exceed it. The ``item`` is a
         :class:`TransitionSample`.
         """
-        n_step = self.window_length - 1 if n_step is None else _check_static_int("n_step", n_step)
+        n_step = self.window_length - 1 if n_step is None else _validate.static_int("n_step", n_step)
         if not 1 <= n_step <= self.window_length - 1:
             raise ValueError(f"n_step: expected 1 <= n_step <= window_length - 1 = {self.window_length - 1}, got {n_step}")
         _gamma(gamma, self.buffer.storage[self.buffer.reward_key].dtype)
@@ -946,5 +934,8 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         live = in_range & (self.generations_at(safe) == generations) & (self.tree.get(safe) > 0)
         # One vector op for every per-entry input of the walk (a NaN leaf is skipped by the tree).
         leaf = jnp.where(live, sanitise_priorities(priorities, self.max_priority, self.epsilon) ** self.priority_exponent, jnp.nan)
-        tree, max_p = set_leaves_and_max(self.tree, safe, leaf.astype(jnp.float32), priorities, self.max_priority, self.epsilon)
+        tree, max_p = set_leaves_and_max(
+            self.tree, safe, leaf.astype(jnp.float32), priorities, self.max_priority, self.epsilon,
+            exact=self.priority_exponent == 0,
+        )
         return self.replace(tree=tree, max_priority=max_p.astype(jnp.float32))

@@ -505,3 +505,11 @@ def test_generations_wrap_with_the_item_count():
         slot = added % 4
         assert int(b2.generations_at(jnp.array([slot]))[0]) % 2**32 == added % 2**32
         assert int(b2.generations_at(jnp.array([slot]))[0]) != int(b.generations_at(jnp.array([slot]))[0])
+
+
+def test_alpha_zero_losing_duplicate_does_not_raise_max():
+    """At alpha = 0 every leaf is 1, so winners are found by position, not by leaf value."""
+    buf = PrioritisedReplayBuffer.create({"o": jnp.zeros(())}, 4, priority_exponent=0.0).add({"o": jnp.zeros(4)})
+    idx = jnp.array([1, 1])
+    out = buf.set_priorities(idx, jnp.array([100.0, 2.0]), buf.generations_at(idx))
+    assert float(out.max_priority) == 2.0

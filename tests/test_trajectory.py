@@ -744,3 +744,26 @@ def test_prioritised_duplicates_last_wins_and_only_winners_raise_max():
     leaves = np.asarray(out.tree.leaves())
     np.testing.assert_allclose(leaves[:3], [1.0, 3.0, 2.0], rtol=1e-6)  # alpha = 1; slot 0 keeps max 1
     assert float(out.max_priority) == 3.0
+
+
+def test_prioritised_argument_checks_match_the_item_buffer():
+    buf = _three_position_buffer()
+    with pytest.raises(ValueError, match="priority_exponent"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, priority_exponent=2.0)
+    with pytest.raises(ValueError, match="beta"):
+        buf.sample_sequences(jax.random.key(0), 4, beta=-1.0)
+    with pytest.raises(ValueError, match="beta"):
+        buf.sample_transitions(jax.random.key(0), 4, beta=float("nan"), gamma=0.9)
+    empty = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2)
+    out = empty.sample_sequences(jax.random.key(0), 4, beta=0.4)
+    np.testing.assert_array_equal(np.asarray(out.importance_weights), 1.0)  # as PrioritisedReplayBuffer
+    np.testing.assert_array_equal(np.asarray(out.probabilities), 0.0)
+
+
+def test_prioritised_alpha_zero_losing_duplicate_does_not_raise_max():
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=6, priority_exponent=0.0)
+    chunk = make_chunk(np.random.default_rng(0), 1, 8, 0, p_term=0, p_trunc=0)
+    buf = ADD(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
+    gens = buf.generations.reshape(-1)[jnp.array([1, 1])]
+    out = SETP(buf, jnp.array([1, 1]), jnp.array([100.0, 2.0]), gens)
+    assert float(out.max_priority) == 2.0

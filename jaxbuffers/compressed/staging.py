@@ -38,7 +38,7 @@ Example::
     for t in range(n):
         writer.add(step_t, terminated=term_t)            # numpy [num_envs, ...]: a copy, ~us
         if t % 4 == 0:
-            batch = writer.sample_transitions(key, 32)   # flushes, then samples
+            batch = writer.sample_transitions(key, 32, gamma=0.99)   # flushes, then samples
     buf = writer.buffer                                   # flushed buffer state (pytree)
 """
 
