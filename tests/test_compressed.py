@@ -699,7 +699,7 @@ def test_staging_writer_compiles_power_of_two_chunks_and_keeps_data_on_failure()
         StagingWriter(TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}, 1, 4))
 
 
-def test_sample_transitions_from_host_refuses_tracing_stale_states_and_prioritised():
+def test_sample_transitions_from_host_equals_callback_and_refuses_tracing_and_stale_states():
     ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     buf = CompressedTrajectoryBuffer.create(ex, 1, 8, frame_stack=2, codec="zstd:-1")
     chunk = {"obs": np.arange(6 * 2 * H * W, dtype=np.uint8).reshape(1, 6, 2, H, W), "action": np.zeros((1, 6), np.int32),
@@ -714,6 +714,13 @@ def test_sample_transitions_from_host_refuses_tracing_stale_states_and_prioritis
     buf = buf.add_from_host(chunk, terminated=np.zeros((1, 6), bool))  # wraps: old's slots are rewritten
     with pytest.raises(StaleBufferError, match="version"):
         old.sample_transitions_from_host(jax.random.key(0), 8, gamma=0.5)
-    pbuf = CompressedPrioritisedTrajectoryBuffer.create(ex, 1, 8, window_length=2, frame_stack=2, codec="zstd:-1")
-    with pytest.raises(NotImplementedError, match="prioritised|Prioritised"):
-        pbuf.sample_transitions_from_host(jax.random.key(0), 4, gamma=0.5)
+    # Prioritised: the eager sample equals the callback sample (item decoded, weights, indices).
+    pbuf = CompressedPrioritisedTrajectoryBuffer.create(ex, 1, 8, window_length=3, frame_stack=2, codec="zstd:-1")
+    pbuf = pbuf.add_from_host(chunk, terminated=np.array([[False, False, True, False, False, False]]))
+    pbuf = pbuf.set_priorities(jnp.arange(3), jnp.array([1.0, 5.0, 2.0]), pbuf.buffer.generations_at(jnp.arange(3)))
+    for key in jax.random.split(jax.random.key(3), 3):
+        a = pbuf.sample_transitions_from_host(key, 6, beta=0.4, gamma=0.5)
+        b = pbuf.sample_transitions(key, 6, beta=0.4, gamma=0.5)
+        jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
+    with pytest.raises(TypeError, match="cannot be traced"):
+        jax.jit(lambda bf, k: bf.sample_transitions_from_host(k, 4, beta=0.4, gamma=0.5))(pbuf, jax.random.key(0))

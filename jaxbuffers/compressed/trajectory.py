@@ -184,6 +184,15 @@ def _sample_ids_jit(buf, key, batch_size, n_step, gamma):
     )
 
 
+@functools.partial(jax.jit, static_argnames=("batch_size", "n_step"))
+def _sample_ids_prioritised_jit(buf, key, batch_size, n_step, gamma, beta):
+    """:func:`_sample_ids_jit` for the prioritised buffer (the sample's ``item`` holds the ids)."""
+    s = buf.buffer.sample_transitions(key, batch_size, beta=beta, gamma=gamma, n_step=n_step)
+    return s, buf._frame_ids(_common.pick_leaves(s.item.obs, buf.leaf_index)[0]), buf._frame_ids(
+        _common.pick_leaves(s.item.next_obs, buf.leaf_index)[0]
+    )
+
+
 @jax.jit
 def _add_ids_jit(buf, step, terminated, truncated, final_obs):
     """The device half of a staged chunk add (no pixels on device; see ``_add_frames_from_host``)."""
@@ -605,10 +614,17 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
           TypeError: called under a JAX transformation.
           StaleBufferError: the buffer state is older than the host store (raised directly).
         """
+        self._check_eager(key)
+        s, obs_ids, next_ids = _sample_ids_jit(self, key, batch_size, n_step, gamma)
+        return self._decode_host_transitions(s, obs_ids, next_ids)
+
+    def _check_eager(self, key) -> None:
         if isinstance(self.version, jax.core.Tracer) or isinstance(key, jax.core.Tracer):
             raise TypeError("sample_transitions_from_host cannot be traced (jit/scan/vmap); call sample_transitions() there")
-        s, (f1, p1), (f2, p2) = _sample_ids_jit(self, key, batch_size, n_step, gamma)
-        obs, nxt = self._decode_host([f1, f2], [p1, p2])
+
+    def _decode_host_transitions(self, s: TransitionSample, obs_ids, next_ids) -> TransitionSample:
+        """A sample with id leaves -> the decoded sample (eager; see :meth:`_decode_host`)."""
+        obs, nxt = self._decode_host([obs_ids[0], next_ids[0]], [obs_ids[1], next_ids[1]])
         obs = _common.replace_leaves(s.obs, self.leaf_index, obs)
         nxt = _common.replace_leaves(s.next_obs, self.leaf_index, nxt)
         item = dict(s.item)
@@ -712,12 +728,21 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
         s = self.buffer.sample_sequences(key, batch_size, beta=beta, sequence_length=sequence_length)
         return s._replace(item=self._decode_sequences(s.item))
 
-    def sample_transitions_from_host(self, *args, **kwargs):  # type: ignore[override]
-        """Not available for the prioritised buffer (use :meth:`sample_transitions`)."""
-        raise NotImplementedError(
-            "sample_transitions_from_host: not implemented for CompressedPrioritisedTrajectoryBuffer; "
-            "use sample_transitions(key, batch_size, beta=..., gamma=...)"
-        )
+    def sample_transitions_from_host(  # type: ignore[override]
+        self, key: jax.Array, batch_size: int, *, beta, gamma, n_step: int | None = None
+    ) -> PrioritisedTrajectorySample:
+        """:meth:`sample_transitions` for Python-driven loops; not traceable. Same arguments and
+        the same result (bit for bit, tested) for the same buffer and key: the draw runs as one
+        jitted call, the frames are decoded by a direct host call (see
+        :meth:`CompressedTrajectoryBuffer.sample_transitions_from_host`).
+
+        Raises:
+          TypeError: called under a JAX transformation.
+          StaleBufferError: the buffer state is older than the host store (raised directly).
+        """
+        self._check_eager(key)
+        s, obs_ids, next_ids = _sample_ids_prioritised_jit(self, key, batch_size, n_step, gamma, beta)
+        return s._replace(item=self._decode_host_transitions(s.item, obs_ids, next_ids))
 
     def sample_transitions(  # type: ignore[override]
         self, key: jax.Array, batch_size: int, *, beta, gamma, n_step: int | None = None
