@@ -5,31 +5,43 @@ from __future__ import annotations
 
 import numpy as np
 
-_KERNEL = None
-
 
 def _numpy_gather(src, src_off, lengths, dst, dst_off):
     for s, n, d in zip(src_off.tolist(), lengths.tolist(), dst_off.tolist()):
         dst[d : d + n] = src[s : s + n]
 
 
-def _kernel():
-    global _KERNEL
-    if _KERNEL is None:
+def _numba_gather(src, src_off, lengths, dst, dst_off):
+    for i in range(src_off.shape[0]):
+        s, n, d = src_off[i], lengths[i], dst_off[i]
+        dst[d : d + n] = src[s : s + n]
+
+
+def _numpy_copy_rows(out, src, dst, start, stop):
+    out[dst[start:stop]] = out[src[start:stop]]
+
+
+def _numba_copy_rows(out, src, dst, start, stop):
+    for i in range(start, stop):
+        out[dst[i], :] = out[src[i], :]
+
+
+_KERNELS: dict = {}
+
+
+def _kernel(python_fn, numpy_fallback):
+    """``python_fn`` compiled by numba (``nogil``, cached on disk) on first use, or
+    ``numpy_fallback`` when numba is not installed; one compile per process."""
+    k = _KERNELS.get(python_fn)
+    if k is None:
         try:
             from numba import njit
         except ImportError:
-            _KERNEL = _numpy_gather
+            k = numpy_fallback
         else:
-
-            @njit(nogil=True, cache=True)
-            def gather(src, src_off, lengths, dst, dst_off):
-                for i in range(src_off.shape[0]):
-                    s, n, d = src_off[i], lengths[i], dst_off[i]
-                    dst[d : d + n] = src[s : s + n]
-
-            _KERNEL = gather
-    return _KERNEL
+            k = njit(nogil=True, cache=True)(python_fn)
+        _KERNELS[python_fn] = k
+    return k
 
 
 def gather(src: np.ndarray, src_off: np.ndarray, lengths: np.ndarray, dst: np.ndarray, dst_off: np.ndarray) -> None:
@@ -37,32 +49,7 @@ def gather(src: np.ndarray, src_off: np.ndarray, lengths: np.ndarray, dst: np.nd
 
     src, dst: # dtype=uint8, 1-D. src_off, lengths, dst_off: # shape=(k,), dtype=int64.
     """
-    _kernel()(src, src_off, lengths, dst, dst_off)
-
-
-_COPY_KERNEL = None
-
-
-def _numpy_copy_rows(out, src, dst, start, stop):
-    out[dst[start:stop]] = out[src[start:stop]]
-
-
-def _copy_kernel():
-    global _COPY_KERNEL
-    if _COPY_KERNEL is None:
-        try:
-            from numba import njit
-        except ImportError:
-            _COPY_KERNEL = _numpy_copy_rows
-        else:
-
-            @njit(nogil=True, cache=True)
-            def copy(out, src, dst, start, stop):
-                for i in range(start, stop):
-                    out[dst[i], :] = out[src[i], :]
-
-            _COPY_KERNEL = copy
-    return _COPY_KERNEL
+    _kernel(_numba_gather, _numpy_gather)(src, src_off, lengths, dst, dst_off)
 
 
 def copy_rows(out: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
@@ -75,5 +62,5 @@ def copy_rows(out: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
 
     src = np.ascontiguousarray(src, dtype=np.int64)
     dst = np.ascontiguousarray(dst, dtype=np.int64)
-    kernel = _copy_kernel()
+    kernel = _kernel(_numba_copy_rows, _numpy_copy_rows)
     parallel_for(src.shape[0], lambda a, b: kernel(out, src, dst, a, b), work_bytes=src.shape[0] * out.shape[1])

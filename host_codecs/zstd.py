@@ -108,25 +108,24 @@ class _Native:
         self.decode, self.encode, self.pack = decode, encode, pack
         self._local = threading.local()
 
+    def _context(self, slot: str, create, free, what: str) -> int:
+        """This thread's context in ``self._local.<slot>`` (created on first use, reused afterwards)."""
+        h = getattr(self._local, slot, None)
+        if h is None:
+            ptr = create()
+            if not ptr:
+                raise MemoryError(f"{what} failed")
+            h = _Handle(ptr, free)
+            setattr(self._local, slot, h)
+        return h.ptr
+
     def dctx(self) -> int:
         """This thread's decompression context (created on first use, reused afterwards)."""
-        h = getattr(self._local, "d", None)
-        if h is None:
-            ptr = self.create()
-            if not ptr:
-                raise MemoryError("ZSTD_createDCtx failed")
-            h = self._local.d = _Handle(ptr, self.free)
-        return h.ptr
+        return self._context("d", self.create, self.free, "ZSTD_createDCtx")
 
     def cctx(self) -> int:
         """This thread's compression context (created on first use, reused afterwards)."""
-        h = getattr(self._local, "c", None)
-        if h is None:
-            ptr = self.create_c()
-            if not ptr:
-                raise MemoryError("ZSTD_createCCtx failed")
-            h = self._local.c = _Handle(ptr, self.free_c)
-        return h.ptr
+        return self._context("c", self.create_c, self.free_c, "ZSTD_createCCtx")
 
 
 class _Handle:
