@@ -77,6 +77,14 @@ class PrioritisedSample(NamedTuple):
     generations: jax.Array  # shape=[B], dtype=int32: slot generation at sampling; pass to set_priorities
 
 
+def priority_leaf(p: jax.Array, alpha: float) -> jax.Array:
+    """Tree leaf ``p ** alpha`` for float32 priorities ``p`` (any shape); ``p`` itself when
+    ``alpha == 1`` and exactly 1 when ``alpha == 0`` (``alpha`` is a static Python float)."""
+    if alpha == 1.0:
+        return p
+    return jnp.power(p, jnp.float32(alpha))
+
+
 def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon: float) -> jax.Array:
     """The priority policy of every prioritised buffer (module docstring): float32, same shape.
 
@@ -300,10 +308,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         return sanitise_priorities(priorities, self.max_priority, self.epsilon)
 
     def _leaf(self, p: jax.Array) -> jax.Array:
-        """Tree leaf ``p ** alpha`` (exactly 1 for alpha = 0)."""
-        if self.priority_exponent == 1.0:
-            return p
-        return jnp.power(p, jnp.float32(self.priority_exponent))
+        """Tree leaf ``p ** alpha`` (:func:`priority_leaf`)."""
+        return priority_leaf(p, self.priority_exponent)
 
     def priorities(self, indices: jax.Array) -> jax.Array:
         """Priorities ``p_i`` at slots ``indices`` (float32, recovered as ``leaf ** (1/alpha)``;

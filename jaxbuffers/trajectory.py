@@ -80,7 +80,13 @@ import numpy as np
 from flax import struct
 
 from jaxbuffers import _ring, _validate
-from jaxbuffers.prioritised import _float_arg, probabilities_and_weights, sanitise_priorities, set_leaves_and_max
+from jaxbuffers.prioritised import (
+    _float_arg,
+    priority_leaf,
+    probabilities_and_weights,
+    sanitise_priorities,
+    set_leaves_and_max,
+)
 from jaxbuffers.sum_tree import SumMinTree
 
 __all__ = [
@@ -849,7 +855,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         lane_base = (jnp.arange(e, dtype=jnp.int32) * n)[:, None]
         idx = jnp.concatenate([(lane_base + written).reshape(-1), (lane_base + phys).reshape(-1)])
         where = jnp.concatenate([jnp.ones((e * t,), bool), jnp.broadcast_to(ok, (e, t)).reshape(-1)])
-        fresh = self.max_priority ** self.priority_exponent
+        fresh = priority_leaf(self.max_priority, self.priority_exponent)
         is_new = jnp.arange(2 * e * t) >= e * t
         vals = jnp.where(is_new, fresh, 0).astype(jnp.float32)
         # O(E t log P). When window_length <= t a newly completed window can start at a slot written
@@ -933,7 +939,8 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         safe = jnp.clip(indices, 0, cap - 1)
         live = in_range & (self.generations_at(safe) == generations) & (self.tree.get(safe) > 0)
         # One vector op for every per-entry input of the walk (a NaN leaf is skipped by the tree).
-        leaf = jnp.where(live, sanitise_priorities(priorities, self.max_priority, self.epsilon) ** self.priority_exponent, jnp.nan)
+        p = sanitise_priorities(priorities, self.max_priority, self.epsilon)
+        leaf = jnp.where(live, priority_leaf(p, self.priority_exponent), jnp.nan)
         tree, max_p = set_leaves_and_max(
             self.tree, safe, leaf.astype(jnp.float32), priorities, self.max_priority, self.epsilon,
             exact=self.priority_exponent == 0,
