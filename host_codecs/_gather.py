@@ -22,8 +22,13 @@ def _numpy_copy_rows(out, src, dst, start, stop):
 
 
 def _numba_copy_rows(out, src, dst, start, stop):
+    # An element loop, not ``out[d, :] = out[s, :]``: numba cannot prove two rows of one array
+    # disjoint, so the slice form copies every row through a temporary (15x slower, measured).
+    n = out.shape[1]
     for i in range(start, stop):
-        out[dst[i], :] = out[src[i], :]
+        s, d = src[i], dst[i]
+        for j in range(n):
+            out[d, j] = out[s, j]
 
 
 _KERNELS: dict = {}

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxbuffers import _random
+
 _LOW_BITS = 30
 _LOW_MASK = (1 << _LOW_BITS) - 1
 
@@ -138,7 +140,7 @@ def sample_windows(
     expose ``can_sample`` so users can tell.
     """
     n = jnp.maximum(num_windows(num_valid, length, period), 1)
-    k = jax.random.randint(key, shape, 0, n, dtype=jnp.int32)
+    k = _random.randint(key, shape, n)
     return window_starts(k, head, num_valid, capacity, period)
 
 

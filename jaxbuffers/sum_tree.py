@@ -40,6 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxbuffers import _random
+
 __all__ = ["SumTree", "MinTree", "SumMinTree", "last_write_mask", "set_sum_and_min"]
 
 
@@ -353,7 +355,7 @@ def _find(total, nodes, dtype, queries):
 def _stratified_queries(total, dtype, key, batch_size):
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size: expected a Python int >= 1, got {batch_size!r}")
-    u = jax.random.uniform(key, (batch_size,), dtype=dtype)
+    u = _random.uniform(key, (batch_size,), dtype)
     return (jnp.arange(batch_size, dtype=dtype) + u) * (total / batch_size)
 
 

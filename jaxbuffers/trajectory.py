@@ -79,7 +79,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuffers import _ring, _validate
+from jaxbuffers import _random, _ring, _validate
 from jaxbuffers.prioritised import (
     _float_arg,
     priority_leaf,
@@ -476,7 +476,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         """Uniform (lane, physical start) over valid windows: one draw over ``num_envs * windows``."""
         nw = _ring.num_windows(self.num_valid, window, period)
         per_lane = jnp.maximum(nw, 1)
-        flat = jax.random.randint(key, (batch_size,), 0, per_lane * self.num_envs, dtype=jnp.int32)
+        flat = _random.randint(key, (batch_size,), per_lane * self.num_envs)
         lanes = flat // per_lane
         starts = _ring.window_starts(flat % per_lane, self.head, self.num_valid, self.length, period)
         return lanes, starts
@@ -502,7 +502,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         """Exact uniform draw over windows inside one episode: cumulative counts + searchsorted."""
         counts = self._episode_window_counts(window, period)
         total = counts[-1]
-        r = jax.random.randint(key, (batch_size,), 0, jnp.maximum(total, 1), dtype=jnp.int32)
+        r = _random.randint(key, (batch_size,), jnp.maximum(total, 1))
         pos = jnp.searchsorted(counts, r, side="right").astype(jnp.int32)
         w = self.length - window + 1
         pos = jnp.minimum(pos, counts.shape[0] - 1)  # only when nothing is valid (can_sample False)

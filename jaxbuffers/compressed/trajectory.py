@@ -652,7 +652,9 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
                 if pads[j] is not None:
                     frames[np.asarray(pads[j])] = 0
                 lead = fids[j].ndim - (0 if info.stack_axis is None else 1)
-                out[j].append(_common.finish(jnp.asarray(frames), info, lead, None, self.normalize_images))
+                # device_put, not jnp.asarray: the latter copies host memory (measured: 0.67 ms at batch
+                # 256); device_put adopts it on the CPU backend.
+                out[j].append(_common.finish(jax.device_put(frames), info, lead, None, self.normalize_images))
         return out
 
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma=None) -> TransitionSample:
