@@ -89,6 +89,11 @@ from jaxbuffers.prioritised import (
 )
 from jaxbuffers.sum_tree import SumMinTree
 
+# Episode-flag bits of the per-step meta word (bits 2+ hold the final-observation ring slot) and of
+# SequenceSample.flags.
+FLAG_TERMINATED = 1
+FLAG_TRUNCATED = 2
+
 __all__ = [
     "TrajectoryBuffer",
     "SequenceSample",
@@ -103,13 +108,32 @@ __all__ = [
 
 
 class SequenceSample(NamedTuple):
-    """What :meth:`TrajectoryBuffer.sample_sequences` returns (``B`` sequences of ``L`` steps)."""
+    """What :meth:`TrajectoryBuffer.sample_sequences` returns (``B`` sequences of ``L`` steps).
+
+    The episode flags travel packed in one ``uint8`` array (one output array instead of three:
+    every output of a jitted sample costs executor time and memory, measured ~35 us of a 256 x 32
+    vector sample on CPU); ``terminated``, ``truncated`` and ``mask`` are computed from it on
+    access, so inside a jitted step they fuse into whatever uses them.
+    """
 
     item: Any  # dict like the example step, leaves [B, L, ...], stored dtypes
-    terminated: jax.Array  # shape=[B, L], dtype=bool: episode flags of each step
-    truncated: jax.Array  # shape=[B, L], dtype=bool
-    mask: jax.Array  # shape=[B, L], dtype=bool: step j is in the first step's episode (no end in steps [0, j))
+    flags: jax.Array  # shape=[B, L], dtype=uint8: bit 0 terminated, bit 1 truncated (FLAG_TERMINATED | FLAG_TRUNCATED)
     indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical slot of the first step
+
+    @property
+    def terminated(self) -> jax.Array:
+        """bool [B, L]: step ``j`` ended its episode by termination."""
+        return (self.flags & FLAG_TERMINATED) != 0
+
+    @property
+    def truncated(self) -> jax.Array:
+        """bool [B, L]: step ``j`` ended its episode by truncation (time limit)."""
+        return (self.flags & FLAG_TRUNCATED) != 0
+
+    @property
+    def mask(self) -> jax.Array:
+        """bool [B, L]: step ``j`` is in the first step's episode (no episode end in steps ``[0, j)``)."""
+        return _window_mask(self.flags != 0)
 
 
 class TransitionSample(NamedTuple):
@@ -146,8 +170,11 @@ def _check_flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
 
 def _window_mask(ends: jax.Array) -> jax.Array:
     """``mask[..., j]`` = no episode end among steps ``[0, j)`` of the window (bool, same shape)."""
-    before = jnp.cumsum(ends.astype(jnp.int32), axis=-1) - ends.astype(jnp.int32)
-    return before == 0
+    # First end's position (L when none) by one min-reduction: a cumsum over the window lowers to
+    # a log-depth scan of many small ops on CPU (measured ~40 us of a 256 x 32 sample).
+    pos = jnp.arange(ends.shape[-1], dtype=jnp.int32)
+    first = jnp.min(jnp.where(ends, pos, ends.shape[-1]), axis=-1, keepdims=True)
+    return pos <= first
 
 
 def _flat_take(x: jax.Array, flat: jax.Array) -> jax.Array:
@@ -322,12 +349,12 @@ class TrajectoryBuffer(struct.PyTreeNode):
     @property
     def terminated(self) -> jax.Array:
         """bool[num_envs, length]: stored ``terminated`` flags by physical slot (unpacked from ``meta``)."""
-        return (self.meta & 1) != 0
+        return (self.meta & FLAG_TERMINATED) != 0
 
     @property
     def truncated(self) -> jax.Array:
         """bool[num_envs, length]: stored ``truncated`` flags by physical slot (unpacked from ``meta``)."""
-        return (self.meta & 2) != 0
+        return (self.meta & FLAG_TRUNCATED) != 0
 
     @property
     def memory_bytes(self) -> int:
@@ -513,12 +540,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
         slots = _ring.window_slots(starts, sequence_length, self.length)  # [B, L]
         flat = lanes[:, None] * self.length + slots
         item = jax.tree.map(lambda x: _flat_take(x, flat), self.storage)
-        meta = _flat_take(self.meta, flat)
-        term, trunc = (meta & 1) != 0, (meta & 2) != 0
-        return SequenceSample(
-            item=item, terminated=term, truncated=trunc, mask=_window_mask(term | trunc),
-            indices=(lanes * self.length + starts).astype(jnp.int32),
-        )
+        flags = (_flat_take(self.meta, flat) & (FLAG_TERMINATED | FLAG_TRUNCATED)).astype(jnp.uint8)
+        return SequenceSample(item=item, flags=flags, indices=(lanes * self.length + starts).astype(jnp.int32))
 
     def _transitions(self, lanes, starts, n_step: int, gamma) -> TransitionSample:
         slots = _ring.window_slots(starts, n_step + 1, self.length)  # [B, n + 1]
@@ -526,7 +549,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         fw = flat[:, :n_step]
         reward = _flat_take(self.storage[self.reward_key], fw)
         meta = _flat_take(self.meta, fw)
-        term, trunc = (meta & 1) != 0, (meta & 2) != 0
+        term, trunc = (meta & FLAG_TERMINATED) != 0, (meta & FLAG_TRUNCATED) != 0
         ret, discount, k = n_step_window(reward, term, trunc, gamma)
         rows = jnp.arange(lanes.shape[0])
         last = meta[rows, k - 1]  # meta of step t + k - 1

@@ -262,6 +262,9 @@ def test_episode_mask_and_within_episode_sampling():
     seq = host(buf._sequences(jnp.array([0]), jnp.array([1]), 5))
     np.testing.assert_array_equal(seq.mask[0], [True, True, False, False, False])  # step 2 ends it
     np.testing.assert_array_equal(seq.terminated[0], [False, True, False, False, False])
+    assert seq.flags.dtype == jnp.uint8  # packed: bit 0 terminated, bit 1 truncated
+    np.testing.assert_array_equal(seq.flags[0], [0, 1, 0, 0, 2])
+    np.testing.assert_array_equal(seq.truncated[0], [False, False, False, False, True])
     seen = set()
     for s in range(40):
         out = host(SEQ(buf, jax.random.key(s), 16, 3, 1, False))
