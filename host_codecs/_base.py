@@ -15,7 +15,7 @@ import concurrent.futures
 import os
 import threading
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -231,6 +231,38 @@ class Codec:
           ValueError: if a payload is corrupt (wrong decoded size).
         """
         raise NotImplementedError
+
+    def decode_scattered(
+        self,
+        chunks: Mapping[int, np.ndarray],
+        chunk_ids: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        meta: np.ndarray,
+        out: np.ndarray,
+        rows: np.ndarray,
+        dtype: np.dtype,
+    ) -> None:
+        """:meth:`decode_into` for payloads spread over several arena chunks: entry ``i`` lives at
+        ``chunks[chunk_ids[i]][offsets[i] : offsets[i] + lengths[i]]``.
+
+        The default gathers the payloads (compressed bytes: cheap) into one staging buffer and
+        makes one :meth:`decode_into` call, so the batch is decoded by one parallel call instead
+        of one per chunk. Codecs that can read each payload where it lies override it.
+        """
+        from ._gather import gather
+
+        padded = (lengths + (ALIGN - 1)) // ALIGN * ALIGN
+        dst_off = np.zeros(rows.size, dtype=np.int64)
+        np.cumsum(padded[:-1], out=dst_off[1:])
+        src = np.empty(int(padded.sum()), dtype=np.uint8)
+        ids, inv = np.unique(chunk_ids, return_inverse=True)
+        order = np.argsort(inv, kind="stable")
+        bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=ids.size))]
+        for g, cid in enumerate(ids.tolist()):
+            sel = order[bounds[g] : bounds[g + 1]]
+            gather(chunks[cid], offsets[sel], lengths[sel], src, dst_off[sel])
+        self.decode_into(src, dst_off, lengths, meta, out, rows, dtype)
 
     # Convenience single-array helpers (tests, users): not used by the store.
     def encode(self, array: np.ndarray) -> bytes:

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from ._base import ALIGN, Codec, dtype_code, dtype_from_code
-from ._gather import copy_rows, gather
+from ._gather import copy_rows
 from .registry import CODECS, codec_for_tag, get_codec
 
 __all__ = ["CompressedStore"]
@@ -479,25 +479,14 @@ class CompressedStore:
                 dup_src, dup_dst = src_rows[is_dup], rows[is_dup]
                 rows = rows[np.sort(first)]
         ch, off, lens, tg, mt = chunk[rows], offset[rows], length[rows], tags[rows], meta[rows]
-        if ch.min() == ch.max():  # one chunk: decode in place
-            src = chunks[int(ch[0])]
-        else:
-            # Gather the payloads into one staging buffer (compressed bytes: cheap) so each
-            # codec decodes the whole batch in one parallel call instead of one per chunk.
-            padded = _ceil_align(lens)
-            dst_off = np.zeros(rows.size, dtype=np.int64)
-            np.cumsum(padded[:-1], out=dst_off[1:])
-            src = np.empty(int(padded.sum()), dtype=np.uint8)
-            ids, inv = np.unique(ch, return_inverse=True)
-            order = np.argsort(inv, kind="stable")
-            bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=ids.size))]
-            for g, cid in enumerate(ids.tolist()):
-                sel = order[bounds[g] : bounds[g + 1]]
-                gather(chunks[cid], off[sel], lens[sel], src, dst_off[sel])
-            off = dst_off
+        one_chunk = ch.min() == ch.max()
         for tag in np.unique(tg).tolist() if tg.min() != tg.max() else [int(tg[0])]:
             sel = slice(None) if tg.min() == tg.max() else np.flatnonzero(tg == tag)
-            codec_for_tag(tag).decode_into(src, off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
+            codec = codec_for_tag(tag)
+            if one_chunk:  # decode in place
+                codec.decode_into(chunks[int(ch[0])], off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
+            else:
+                codec.decode_scattered(chunks, ch[sel], off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
         if dup_src is not None:
             copy_rows(rows_u8, dup_src, dup_dst)
         return result

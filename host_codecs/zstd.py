@@ -92,6 +92,15 @@ class _Native:
                 status[t] = dec(dctx, dst + rows[t] * stride, cap, src + offsets[t], lengths[t])
 
         @njit(nogil=True)
+        def decode_at(dctx, addresses, lengths, out, rows, start, stop, status):
+            # Payload i at the absolute address addresses[i] (payloads spread over arena chunks).
+            dst = out.ctypes.data
+            stride = out.strides[0]
+            cap = out.shape[1]
+            for t in range(start, stop):
+                status[t] = dec(dctx, dst + rows[t] * stride, cap, addresses[t], lengths[t])
+
+        @njit(nogil=True)
         def encode(cctx, rows, dst, offsets, capacity, level, start, stop, status):
             src = rows.ctypes.data
             out = dst.ctypes.data
@@ -105,7 +114,7 @@ class _Native:
             for i in range(src_offsets.shape[0]):
                 dst[dst_offsets[i] : dst_offsets[i] + lengths[i]] = src[src_offsets[i] : src_offsets[i] + lengths[i]]
 
-        self.decode, self.encode, self.pack = decode, encode, pack
+        self.decode, self.decode_at, self.encode, self.pack = decode, decode_at, encode, pack
         self._local = threading.local()
 
     def _context(self, slot: str, create, free, what: str) -> int:
@@ -276,24 +285,44 @@ class ZstdCodec(Codec):
         else:
             self._decode_python(chunk, offsets, lengths, out, rows)
 
+    def decode_scattered(self, chunks, chunk_ids, offsets, lengths, meta, out, rows, dtype) -> None:
+        """Native engine: every payload is decoded where it lies (no staging copy of the
+        compressed bytes, which cost ~12% of a batch-256 read of 84x84 frames)."""
+        if self._native is None or not out.shape[1] or not out.flags.c_contiguous:
+            return super().decode_scattered(chunks, chunk_ids, offsets, lengths, meta, out, rows, dtype)
+        ids = np.asarray(chunk_ids, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        used = np.unique(ids).tolist()
+        base = np.zeros(max(used) + 1, dtype=np.int64)
+        size = np.zeros(max(used) + 1, dtype=np.int64)
+        for c in used:
+            base[c], size[c] = chunks[c].ctypes.data, chunks[c].shape[0]
+        # The kernel reads through raw addresses: check every range against its chunk first.
+        if ids.size and (int(offsets.min()) < 0 or int(lengths.min()) < 0 or bool((offsets + lengths > size[ids]).any())):
+            raise ValueError("codec 'zstd': payload index out of range")
+        addresses = base[ids] + offsets
+        self._decode_native_with(lambda nat, r, a, b, st: nat.decode_at(nat.dctx(), addresses, lengths, out, r, a, b, st), out, rows)
+
     def _decode_native(self, chunk, offsets, lengths, out, rows) -> None:
-        nat = self._native
-        k = rows.shape[0]
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        # The kernel reads through raw addresses: check every range before calling it.
+        if offsets.size and (int(offsets.min()) < 0 or int(lengths.min()) < 0 or int((offsets + lengths).max()) > chunk.shape[0]):
+            raise ValueError("codec 'zstd': payload index out of range")
+        self._decode_native_with(lambda nat, r, a, b, st: nat.decode(nat.dctx(), chunk, offsets, lengths, out, r, a, b, st), out, rows)
+
+    def _decode_native_with(self, kernel, out, rows) -> None:
+        """Run ``kernel(native, rows, start, stop, status)`` over the entries on the thread pool, after
+        checking the output rows (the kernel writes through raw addresses), then check every
+        entry's decoded size."""
+        nat = self._native
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        # The kernel writes through raw addresses: check every range before calling it.
-        if k and (
-            int(offsets.min()) < 0 or int(lengths.min()) < 0 or int((offsets + lengths).max()) > chunk.shape[0]
-            or int(rows.min()) < 0 or int(rows.max()) >= out.shape[0]
-        ):
-            raise ValueError("codec 'zstd': payload or row index out of range")
+        k = rows.shape[0]
+        if k and (int(rows.min()) < 0 or int(rows.max()) >= out.shape[0]):
+            raise ValueError("codec 'zstd': row index out of range")
         status = np.zeros(k, dtype=np.uint64)
-
-        def work(start: int, stop: int) -> None:
-            nat.decode(nat.dctx(), chunk, offsets, lengths, out, rows, start, stop, status)
-
-        parallel_for(k, work, work_bytes=k * out.shape[1])
+        parallel_for(k, lambda a, b: kernel(nat, rows, a, b, status), work_bytes=k * out.shape[1])
         bad = np.flatnonzero(status != out.shape[1])
         if bad.size:
             code = int(status[bad[0]])

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hc_helpers import assert_bit_exact
-from host_codecs import CompressedStore, available_codecs
+from host_codecs import CompressedStore, available_codecs, get_codec
 
 HAVE = set(available_codecs())
 needs_all = pytest.mark.skipif(
@@ -317,3 +317,42 @@ def test_thread_count_does_not_change_results(threads, atari_stacks):
         host_codecs.set_num_threads(None)
     with pytest.raises(ValueError, match="positive int"):
         host_codecs.set_num_threads(0)
+
+
+@pytest.mark.parametrize("spec", ["zstd:-1", "zstd:-1/python", "rle", "igzip:1"])
+def test_decode_scattered_reads_payloads_across_chunks(spec, atari_stacks):
+    """Codec.decode_scattered (payloads spread over several arena chunks; the zstd native engine
+    reads each where it lies, the others gather first) equals decode_into on one contiguous
+    buffer; the native engine checks every payload range against its own chunk."""
+    name = spec.split("/")[0]
+    if name.split(":")[0] not in HAVE:
+        pytest.skip(f"{name} not installed")
+    codec = get_codec(name)
+    if spec.endswith("/python"):
+        from host_codecs.zstd import ZstdCodec
+
+        codec = ZstdCodec(-1, engine="python")
+    rows = atari_stacks["pong_obs"][:48, -1].reshape(48, -1)
+    enc = codec.encode_batch(rows, np.uint8)
+    # Spread the payloads over three chunks (ids 0, 2, 5: ids need not be contiguous).
+    rng = np.random.default_rng(0)
+    chunk_of = rng.choice([0, 2, 5], size=48)
+    chunks, offsets = {}, np.zeros(48, np.int64)
+    for c in (0, 2, 5):
+        sel = np.flatnonzero(chunk_of == c)
+        buf = np.zeros(int(sum((int(enc.lengths[i]) + 7) // 8 * 8 for i in sel)) + 64, np.uint8)
+        pos = 16  # payloads do not start at the chunk's first byte
+        for i in sel.tolist():
+            n = int(enc.lengths[i])
+            buf[pos : pos + n] = enc.buffer[enc.offsets[i] : enc.offsets[i] + n]
+            offsets[i], pos = pos, pos + (n + 7) // 8 * 8
+        chunks[c] = buf
+    order = rng.permutation(48)  # rows written out of order
+    out = np.zeros_like(rows)
+    codec.decode_scattered(chunks, chunk_of[order], offsets[order], enc.lengths[order], enc.meta[order], out, order, np.uint8)
+    np.testing.assert_array_equal(out, rows)
+    if getattr(codec, "engine", None) == "native":
+        too_long = enc.lengths.astype(np.int64).copy()
+        too_long[7] = chunks[chunk_of[7]].shape[0]  # runs past the end of its own chunk
+        with pytest.raises(ValueError, match="out of range"):
+            codec.decode_scattered(chunks, chunk_of, offsets, too_long, enc.meta, np.zeros_like(rows), np.arange(48), np.uint8)
