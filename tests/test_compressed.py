@@ -357,6 +357,30 @@ def test_vmap_over_sample_keys_of_one_buffer():
         assert_tree_equal(jax.tree.map(lambda x: x[i], many), one)
 
 
+def test_in_place_callback_and_pure_callback_reads_agree(monkeypatch):
+    """On CPU the jitted read decodes into XLA's buffers (buffer_callback); other backends use
+    pure_callback. Both give the same samples, also under vmap and for sequences."""
+    from jaxbuffers.compressed import _common
+
+    if _common._buffer_callback is None or jax.default_backend() != "cpu":
+        pytest.skip("the in-place read is the CPU path of JAX versions that have buffer_callback")
+    obs, term = _steps(9)
+    buf = _simple()
+    for i in range(9):
+        buf = buf.add({"obs": obs[i], "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}, terminated=term[i])
+    keys = jax.random.split(jax.random.key(4), 3)
+
+    def draws(b):
+        tr = jax.jit(lambda bf, k: bf.sample_transitions(k, 5, gamma=0.9))(b, keys[0])
+        seq = jax.jit(lambda bf, k: bf.sample_sequences(k, 3, 4))(b, keys[1])
+        many = jax.jit(jax.vmap(lambda k: b.sample_transitions(k, 4, gamma=0.9)))(keys)
+        return jax.tree.map(np.asarray, (tr, seq, many))
+
+    in_place = draws(buf)
+    monkeypatch.setattr(_common, "_buffer_callback", None)
+    assert_tree_equal(draws(buf), in_place)
+
+
 # ------------------------------------------------------------------------------------------------
 # Errors.
 

@@ -10,6 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+try:  # in-place host callback (CPU/GPU), experimental in JAX
+    from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
+except ImportError:  # pragma: no cover - older or newer JAX without it
+    _buffer_callback = None
+
 from jaxbuffers import _validate
 from jaxbuffers.compressed._host import HostStores
 
@@ -106,7 +111,7 @@ def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Arr
 
 
 def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: jax.Array) -> list:
-    """pure_callback decoding store slots for every leaf, for one or more id arrays at once.
+    """Host callback decoding store slots for every leaf, for one or more id arrays at once.
 
     Args:
       ids: int32 arrays of any shapes ``S_j``; slots shared between them are decoded once
@@ -114,13 +119,36 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
 
     The version argument is the data dependency on the write that produced the state.
     Returns ``out[leaf][j]``: ``[*S_j, *frame_shape]`` per leaf and id array.
+
+    On the CPU backend this is a ``jax.experimental.buffer_callback``: the frames are decoded
+    straight into XLA's output buffers (one per leaf, all id arrays concatenated, split by
+    slicing here, which XLA fuses into the consumers), where a ``pure_callback`` returns numpy
+    arrays that XLA then copies (measured on Breakout frames, jitted sample of batch 256: 3.1 vs
+    3.8 ms returning the sample, 2.8 vs 5.7 ms when a loss consumes it inside the jit). Other
+    backends, or a JAX without that API, use ``pure_callback``.
     """
-    shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
-    flat = jax.pure_callback(
-        host.read, shapes, version, *[x.astype(jnp.int32) for x in ids], vmap_method="expand_dims"
-    )
+    ids = [x.astype(jnp.int32) for x in ids]
     m = len(ids)
-    return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
+    if _buffer_callback is None or jax.default_backend() != "cpu":
+        shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
+        flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="expand_dims")
+        return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
+    sizes = [int(np.prod(x.shape, dtype=np.int64)) for x in ids]
+    ndims = [x.ndim for x in ids]
+    shapes = tuple(jax.ShapeDtypeStruct((sum(sizes), *i.frame_shape), i.dtype) for i in infos)
+
+    def fill(ctx, outs, version, *id_buffers):
+        del ctx
+        arrays = [np.asarray(b) for b in id_buffers]
+        lead = arrays[0].shape[: arrays[0].ndim - ndims[0]]  # vmap's leading axes (expand_dims)
+        slots = np.concatenate([a.reshape(*lead, -1) for a in arrays], axis=-1)
+        host.read_into(np.asarray(version), slots, [np.asarray(o) for o in outs])
+
+    flat = _buffer_callback(fill, shapes, vmap_method="expand_dims")(version, *ids)
+    bounds = np.cumsum([0] + sizes).tolist()
+    return [
+        [f[a:b].reshape(*x.shape, *f.shape[1:]) for x, a, b in zip(ids, bounds[:-1], bounds[1:])] for f in flat
+    ]
 
 
 def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool) -> jax.Array:

@@ -149,6 +149,29 @@ class HostStores:
             self.num_rows += int(sel.size)
             return np.int32(self.version)
 
+    def _check_read(self, version, slots: np.ndarray) -> None:
+        """Raise StaleBufferError when a slot in ``slots`` was rewritten after ``version``."""
+        self._check_open("sample")
+        v = int(np.max(np.asarray(version)))
+        with self._lock:
+            newest = int(self.slot_version[slots.reshape(-1)].max(initial=0))
+            self.num_reads += 1
+        if newest > v:
+            raise StaleBufferError(
+                f"compressed buffer sample: the buffer state has version {v} but some sampled slots "
+                f"were rewritten by version {newest}; sample from the state returned by the last add "
+                f"(and inside one jitted program, sample before adding again)"
+            )
+
+    def read_into(self, version, slots: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        """Host side of a jitted sample on CPU: decode ``slots`` (any shape ``S``) of store ``i``
+        into ``outs[i]`` (``S + item_shape``, C-contiguous: XLA's own output buffers, so the
+        result is not copied again). Same checks and decode as :meth:`read`."""
+        slots = np.asarray(slots)
+        self._check_read(version, slots)
+        for store, out in zip(self.stores, outs):
+            store.get(slots, missing="zeros", out=out)
+
     def read(self, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
         """Host side of a sample: decode slots ``ids[j]`` (any shapes ``S_j``) from every store.
 
@@ -166,19 +189,9 @@ class HostStores:
         Raises:
           StaleBufferError: a slot was rewritten after ``version`` (see module doc).
         """
-        self._check_open("sample")
-        v = int(np.max(np.asarray(version)))
         ids = [np.asarray(x) for x in ids]
         flat = np.concatenate([x.reshape(-1) for x in ids]) if ids else np.zeros(0, np.int32)
-        with self._lock:
-            newest = int(self.slot_version[flat].max(initial=0))
-            self.num_reads += 1
-        if newest > v:
-            raise StaleBufferError(
-                f"compressed buffer sample: the buffer state has version {v} but some sampled slots "
-                f"were rewritten by version {newest}; sample from the state returned by the last add "
-                f"(and inside one jitted program, sample before adding again)"
-            )
+        self._check_read(version, flat)
         bounds = np.cumsum([0] + [x.size for x in ids]).tolist()
         outs = []
         for store in self.stores:
