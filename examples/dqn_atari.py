@@ -202,7 +202,7 @@ def main(argv=None) -> dict:
             mean_ret = float(np.mean(returns)) if returns else float("nan")
             print(
                 f"steps {steps:>9,}  {sps:7.0f} steps/s  episodes {len(all_returns):5d}  "
-                f"return(last {len(returns)}) {mean_ret:7.2f}  loss {float(loss):.4f}  eps {eps:.3f}  "
+                f"return(last {len(returns)}) {mean_ret:7.2f}  loss {float(loss):.3g}  eps {eps:.3f}  "
                 f"buffer {b.nbytes / 2**20:8.1f} MiB: {per_stored(b):,.0f} B per stored transition vs "
                 f"{raw_per_transition:,.0f} B raw ({raw_per_transition / max(per_stored(b), 1):.0f}x smaller)",
                 flush=True,
