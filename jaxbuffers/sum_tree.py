@@ -168,11 +168,11 @@ def _dense_top_loop(nodes, combine, top: int):
     if top <= 0:
         return nodes
     row = nodes.shape[1:]
-    zeros = (0,) * len(row)
+    zeros = (jnp.int32(0),) * len(row)  # int32 like every node index (also under jax_enable_x64)
     last = (1 << top) - 1
 
     def body(j, nodes):
-        n = last - j
+        n = (last - j).astype(jnp.int32)
         kids = jax.lax.dynamic_slice(nodes, (2 * n,) + zeros, (2,) + row)
         return jax.lax.dynamic_update_slice(nodes, combine(kids[:1], kids[1:]), (n,) + zeros)
 
@@ -190,7 +190,7 @@ def _walk(nodes, combine, to_rows, capacity: int, indices, values, steps: int):
     a microsecond of executor time per call on CPU."""
     p = nodes.shape[0] // 2
     row = nodes.shape[1:]
-    zeros = (0,) * len(row)
+    zeros = (jnp.int32(0),) * len(row)  # int32 like every node index (also under jax_enable_x64)
 
     def up(nodes, n, levels: int):
         for _ in range(levels):
@@ -202,7 +202,7 @@ def _walk(nodes, combine, to_rows, capacity: int, indices, values, steps: int):
     def entry(k, nodes):
         i, v = indices[k], values[k]
         ok = (i >= 0) & (i < capacity) & ~jnp.isnan(v)
-        n = jnp.where(ok, i, 0) + p
+        n = (jnp.where(ok, i, 0) + p).astype(jnp.int32)
         cur = jax.lax.dynamic_slice(nodes, (n,) + zeros, (1,) + row)
         nodes = jax.lax.dynamic_update_slice(nodes, jnp.where(ok, to_rows(v[None]), cur), (n,) + zeros)
         if steps <= _UNROLL_LEVELS:

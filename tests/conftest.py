@@ -6,19 +6,21 @@ Helpers live here once; test modules import them through fixtures.
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 
 import numpy as np
 import pytest
 
-DATA_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# The real frames sit in ../shared/data beside the checkout; JAXBUFFERS_DATA points elsewhere.
+DATA_DIR = pathlib.Path(os.environ.get("JAXBUFFERS_DATA") or pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def load_atari(name: str) -> dict:
     """Load ``../shared/data/<name>.npz`` as a dict of numpy arrays, or skip with a reason."""
     path = DATA_DIR / f"{name}.npz"
     if not path.exists():
-        pytest.skip(f"real Atari frames not found at {path} (the shared/ folder sits beside the repo)")
+        pytest.skip(f"real Atari frames not found at {path} (the shared/ folder sits beside the repo; or set JAXBUFFERS_DATA)")
     with np.load(path) as f:
         return {k: f[k] for k in f.files}
 

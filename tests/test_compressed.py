@@ -357,9 +357,28 @@ def test_vmap_over_sample_keys_of_one_buffer():
         assert_tree_equal(jax.tree.map(lambda x: x[i], many), one)
 
 
+def test_small_chunk_bytes_spread_frames_over_many_arena_chunks(atari_rollouts):
+    """create(chunk_bytes=4 KiB) (below the store's default first-chunk size) works, and samples
+    read frames spread over many arena chunks equal the uncompressed buffer's."""
+    d = atari_rollouts
+    frames = d["breakout_frames"][:120]
+    ex = {"obs": jax.ShapeDtypeStruct(frames.shape[1:], jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    for codec in ("zstd:-1", "rle"):
+        cb = CompressedTrajectoryBuffer.create(ex, 1, 128, codec=codec, chunk_bytes=1 << 12)
+        tb = TrajectoryBuffer.create({"obs": jnp.zeros(frames.shape[1:], jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}, 1, 128)
+        chunk = {"obs": jnp.asarray(frames)[None], "action": jnp.zeros((1, 120), jnp.int32), "reward": jnp.zeros((1, 120), jnp.float32)}
+        cb = cb.add(chunk, terminated=jnp.zeros((1, 120), bool))
+        tb = tb.add(chunk, terminated=jnp.zeros((1, 120), bool))
+        assert len(cb.host.stores[0]._chunks) > 3
+        for s in range(3):
+            want = tb.sample_transitions(jax.random.key(s), 64, gamma=0.9)
+            assert_tree_equal(jax.tree.map(np.asarray, cb.sample_transitions(jax.random.key(s), 64, gamma=0.9)), jax.tree.map(np.asarray, want))
+
+
 def test_in_place_callback_and_pure_callback_reads_agree(monkeypatch):
     """On CPU the jitted read decodes into XLA's buffers (buffer_callback); other backends use
-    pure_callback. Both give the same samples, also under vmap and for sequences."""
+    pure_callback. Both give the same samples, also under vmap (with id trees batched
+    differently) and for sequences."""
     from jaxbuffers.compressed import _common
 
     if _common._buffer_callback is None or jax.default_backend() != "cpu":
@@ -370,13 +389,20 @@ def test_in_place_callback_and_pure_callback_reads_agree(monkeypatch):
         buf = buf.add({"obs": obs[i], "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}, terminated=term[i])
     keys = jax.random.split(jax.random.key(4), 3)
 
+    ids0 = buf.buffer.sample_transitions(keys[2], 5, gamma=0.9).obs  # id leaves, outside the vmap
+
     def draws(b):
         tr = jax.jit(lambda bf, k: bf.sample_transitions(k, 5, gamma=0.9))(b, keys[0])
         seq = jax.jit(lambda bf, k: bf.sample_sequences(k, 3, 4))(b, keys[1])
         many = jax.jit(jax.vmap(lambda k: b.sample_transitions(k, 4, gamma=0.9)))(keys)
-        return jax.tree.map(np.asarray, (tr, seq, many))
+        # One id tree batched by the vmap, one not: both decoded in one callback.
+        mixed = jax.jit(jax.vmap(lambda k: b.decode_obs(ids0, b.buffer.sample_transitions(k, 5, gamma=0.9).obs)))(keys)
+        return jax.tree.map(np.asarray, (tr, seq, many, mixed))
 
     in_place = draws(buf)
+    mixed = in_place[3]
+    for i in range(3):  # the unbatched tree decodes the same under every key
+        assert_tree_equal(jax.tree.map(lambda x: x[i], mixed[0]), jax.tree.map(np.asarray, buf.decode_obs(ids0)))
     monkeypatch.setattr(_common, "_buffer_callback", None)
     assert_tree_equal(draws(buf), in_place)
 

@@ -513,3 +513,25 @@ def test_alpha_zero_losing_duplicate_does_not_raise_max():
     idx = jnp.array([1, 1])
     out = buf.set_priorities(idx, jnp.array([100.0, 2.0]), buf.generations_at(idx))
     assert float(out.max_priority) == 2.0
+
+
+def test_both_prioritised_buffers_work_with_x64_enabled():
+    """jax_enable_x64 (documented as an option): Python-int node offsets used to become int64 and
+    clash with the int32 node ids in the tree walk's dynamic slices (a TypeError at trace time)."""
+    from jaxbuffers import PrioritisedTrajectoryBuffer
+
+    with jax.enable_x64(True):
+        buf = PrioritisedReplayBuffer.create({"obs": jnp.zeros(4, jnp.float32)}, 512)
+        buf = buf.add({"obs": jnp.ones((3, 4), jnp.float32)})
+        buf = jax.jit(lambda b: b.add({"obs": jnp.ones((300, 4), jnp.float32)}))(buf)  # vectorised path
+        s = buf.sample(jax.random.key(0), 8)
+        buf = buf.set_priorities(s.indices, jnp.arange(1.0, 9.0, dtype=jnp.float32), s.generations)
+        leaves = np.asarray(buf.tree.nodes[buf.tree.nodes.shape[0] // 2 :, 0])
+        np.testing.assert_allclose(float(buf.tree.total()), leaves.sum(dtype=np.float64), rtol=1e-6)
+        step = {"obs": jnp.ones((2, 4), jnp.float32), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}
+        t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 2, 16, window_length=2)
+        for _ in range(5):
+            t = t.add(step, terminated=jnp.zeros(2, bool))
+        seq = t.sample_sequences(jax.random.key(1), 8, beta=0.4)
+        t = t.set_priorities(seq.indices, jnp.full(8, 3.0, jnp.float32), seq.generations)
+        assert float(t.tree.total()) > 0

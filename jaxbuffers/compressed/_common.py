@@ -131,7 +131,7 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
     m = len(ids)
     if _buffer_callback is None or jax.default_backend() != "cpu":
         shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
-        flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="expand_dims")
+        flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="broadcast_all")
         return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
     sizes = [int(np.prod(x.shape, dtype=np.int64)) for x in ids]
     ndims = [x.ndim for x in ids]
@@ -140,11 +140,11 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
     def fill(ctx, outs, version, *id_buffers):
         del ctx
         arrays = [np.asarray(b) for b in id_buffers]
-        lead = arrays[0].shape[: arrays[0].ndim - ndims[0]]  # vmap's leading axes (expand_dims)
+        lead = arrays[0].shape[: arrays[0].ndim - ndims[0]]  # vmap's leading axes (the same for all: broadcast_all)
         slots = np.concatenate([a.reshape(*lead, -1) for a in arrays], axis=-1)
         host.read_into(np.asarray(version), slots, [np.asarray(o) for o in outs])
 
-    flat = _buffer_callback(fill, shapes, vmap_method="expand_dims")(version, *ids)
+    flat = _buffer_callback(fill, shapes, vmap_method="broadcast_all")(version, *ids)
     bounds = np.cumsum([0] + sizes).tolist()
     return [
         [f[a:b].reshape(*x.shape, *f.shape[1:]) for x, a, b in zip(ids, bounds[:-1], bounds[1:])] for f in flat

@@ -10,8 +10,11 @@ object, which a buffer keeps in a *static* field (it is not a pytree leaf):
   executed ``add``, in program order, also inside ``lax.scan`` and with donation. (A
   ``pure_callback`` whose result is unused is removed by XLA: a write through it never happens.)
   Each write returns the new *version* (writes so far, int32) which the buffer carries as a leaf.
-* **Reads** go through ``jax.pure_callback`` and take that version as an argument: the data
-  dependency makes a read run after the write that produced the state it samples from.
+* **Reads** take that version as an argument: the data dependency makes a read run after the
+  write that produced the state it samples from. On CPU a read is a
+  ``jax.experimental.buffer_callback`` that decodes into XLA's own output buffers
+  (:meth:`HostStores.read_into`); elsewhere a ``jax.pure_callback`` (:meth:`HostStores.read`).
+  Under ``vmap`` both use ``vmap_method="broadcast_all"``.
 * **Stale reads are refused, not served.** Every slot remembers the version that last wrote it.
   A read made with version ``v`` raises if one of its slots was written by a later version, i.e.
   when it would return frames newer than the buffer state it was sampled from (an old state kept
@@ -76,7 +79,10 @@ class HostStores:
     ):
         self.names = tuple(names)
         self.stores = [
-            CompressedStore(num_slots, codec, item_shape=tuple(s), dtype=d, chunk_bytes=chunk_bytes)
+            CompressedStore(
+                num_slots, codec, item_shape=tuple(s), dtype=d, chunk_bytes=chunk_bytes,
+                min_chunk_bytes=min(64 << 10, chunk_bytes),  # buffers expose only chunk_bytes
+            )
             for s, d in zip(item_shapes, dtypes)
         ]
         self.num_slots = int(num_slots)
