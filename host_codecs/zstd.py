@@ -83,17 +83,8 @@ class _Native:
 
         # Not cached on disk: the libzstd function address differs from process to process.
         @njit(nogil=True)
-        def decode(dctx, chunk, offsets, lengths, out, rows, start, stop, status):
-            src = chunk.ctypes.data
-            dst = out.ctypes.data
-            stride = out.strides[0]
-            cap = out.shape[1]
-            for t in range(start, stop):
-                status[t] = dec(dctx, dst + rows[t] * stride, cap, src + offsets[t], lengths[t])
-
-        @njit(nogil=True)
         def decode_at(dctx, addresses, lengths, out, rows, start, stop, status):
-            # Payload i at the absolute address addresses[i] (payloads spread over arena chunks).
+            # Payload t at the absolute address addresses[t] (its arena chunk's address + offset).
             dst = out.ctypes.data
             stride = out.strides[0]
             cap = out.shape[1]
@@ -114,7 +105,7 @@ class _Native:
             for i in range(src_offsets.shape[0]):
                 dst[dst_offsets[i] : dst_offsets[i] + lengths[i]] = src[src_offsets[i] : src_offsets[i] + lengths[i]]
 
-        self.decode, self.decode_at, self.encode, self.pack = decode, decode_at, encode, pack
+        self.decode_at, self.encode, self.pack = decode_at, encode, pack
         self._local = threading.local()
 
     def _context(self, slot: str, create, free, what: str) -> int:
@@ -302,7 +293,7 @@ class ZstdCodec(Codec):
         if ids.size and (int(offsets.min()) < 0 or int(lengths.min()) < 0 or bool((offsets + lengths > size[ids]).any())):
             raise ValueError("codec 'zstd': payload index out of range")
         addresses = base[ids] + offsets
-        self._decode_native_with(lambda nat, r, a, b, st: nat.decode_at(nat.dctx(), addresses, lengths, out, r, a, b, st), out, rows)
+        self._decode_native_with(addresses, lengths, out, rows)
 
     def _decode_native(self, chunk, offsets, lengths, out, rows) -> None:
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
@@ -310,11 +301,12 @@ class ZstdCodec(Codec):
         # The kernel reads through raw addresses: check every range before calling it.
         if offsets.size and (int(offsets.min()) < 0 or int(lengths.min()) < 0 or int((offsets + lengths).max()) > chunk.shape[0]):
             raise ValueError("codec 'zstd': payload index out of range")
-        self._decode_native_with(lambda nat, r, a, b, st: nat.decode(nat.dctx(), chunk, offsets, lengths, out, r, a, b, st), out, rows)
+        self._decode_native_with(chunk.ctypes.data + offsets, lengths, out, rows)
 
-    def _decode_native_with(self, kernel, out, rows) -> None:
-        """Run ``kernel(native, rows, start, stop, status)`` over the entries on the thread pool, after
-        checking the output rows (the kernel writes through raw addresses), then check every
+    def _decode_native_with(self, addresses, lengths, out, rows) -> None:
+        """Decode payload ``t`` (at absolute address ``addresses[t]``, ``lengths[t]`` bytes, every
+        range already checked by the caller) into row ``rows[t]`` of ``out`` on the thread pool,
+        after checking the rows (the kernel writes through raw addresses); then check every
         entry's decoded size."""
         nat = self._native
         rows = np.ascontiguousarray(rows, dtype=np.int64)
@@ -322,7 +314,9 @@ class ZstdCodec(Codec):
         if k and (int(rows.min()) < 0 or int(rows.max()) >= out.shape[0]):
             raise ValueError("codec 'zstd': row index out of range")
         status = np.zeros(k, dtype=np.uint64)
-        parallel_for(k, lambda a, b: kernel(nat, rows, a, b, status), work_bytes=k * out.shape[1])
+        parallel_for(
+            k, lambda a, b: nat.decode_at(nat.dctx(), addresses, lengths, out, rows, a, b, status), work_bytes=k * out.shape[1]
+        )
         bad = np.flatnonzero(status != out.shape[1])
         if bad.size:
             code = int(status[bad[0]])
