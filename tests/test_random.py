@@ -43,9 +43,8 @@ def test_fast_path_is_one_fused_kernel():
     """The point of the module: no while loop (JAX's rolled CPU lowering) in the compiled draw."""
     hlo = jax.jit(lambda k: _random.uniform(k, (256,))).lower(jax.random.key(0)).compile().as_text()
     assert " while(" not in hlo
-    ref = jax.jit(lambda k: jax.random.uniform(k, (256,))).lower(jax.random.key(0)).compile().as_text()
-    if jax.default_backend() == "cpu":
-        assert " while(" in ref  # if JAX stops rolling the loop on CPU, this module can go
+    # (JAX 0.10's own CPU lowering of the same draw is a rolled while loop; if a later JAX unrolls
+    # it on CPU too, this module can go.)
 
 
 @pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg"])
