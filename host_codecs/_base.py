@@ -21,6 +21,7 @@ import numpy as np
 
 __all__ = [
     "ALIGN",
+    "ceil_align",
     "Codec",
     "EncodedBatch",
     "DTYPES",
@@ -33,6 +34,11 @@ __all__ = [
 #: Every payload starts on a multiple of this many bytes (in encoded batches and in the arena),
 #: so codecs may view their payload as uint16/32/64 arrays without unaligned access.
 ALIGN = 8
+
+
+def ceil_align(n):
+    """``n`` (int or int array) rounded up to a multiple of :data:`ALIGN`."""
+    return (n + (ALIGN - 1)) // ALIGN * ALIGN
 
 #: Supported element dtypes and their on-disk codes (stored per entry, never reordered:
 #: append new codes only). Native byte order only.
@@ -132,7 +138,7 @@ class EncodedBatch:
 def pack_payloads(payloads: Sequence[bytes], meta: np.ndarray | None = None) -> EncodedBatch:
     """Pack per-entry ``bytes`` into one aligned buffer (used by the library-backed codecs)."""
     lengths = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
-    padded = (lengths + (ALIGN - 1)) // ALIGN * ALIGN
+    padded = ceil_align(lengths)
     offsets = np.zeros(len(payloads), dtype=np.int64)
     if len(payloads) > 1:
         np.cumsum(padded[:-1], out=offsets[1:])
@@ -249,10 +255,18 @@ class Codec:
         The default gathers the payloads (compressed bytes: cheap) into one staging buffer and
         makes one :meth:`decode_into` call, so the batch is decoded by one parallel call instead
         of one per chunk. Codecs that can read each payload where it lies override it.
+
+        Args:
+          chunks: arena chunk id -> bytes, # shape=(chunk_bytes,), dtype=uint8.
+          chunk_ids, offsets, lengths: # shape=(k,), dtype=int64, where each payload lives.
+          meta, out, rows, dtype: as in :meth:`decode_into`.
+
+        Raises:
+          ValueError: a payload is corrupt, or (codecs reading in place) lies outside its chunk.
         """
         from ._gather import gather
 
-        padded = (lengths + (ALIGN - 1)) // ALIGN * ALIGN
+        padded = ceil_align(lengths)
         dst_off = np.zeros(rows.size, dtype=np.int64)
         np.cumsum(padded[:-1], out=dst_off[1:])
         src = np.empty(int(padded.sum()), dtype=np.uint8)
@@ -281,7 +295,7 @@ class Codec:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         body = np.frombuffer(payload, dtype=np.uint8)
         meta = body[:1].copy()
-        chunk = np.zeros((len(body) - 1 + ALIGN - 1) // ALIGN * ALIGN, dtype=np.uint8)
+        chunk = np.zeros(ceil_align(len(body) - 1), dtype=np.uint8)
         chunk[: len(body) - 1] = body[1:]
         out = np.empty((1, nbytes), dtype=np.uint8)
         self.decode_into(

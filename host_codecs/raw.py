@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import ALIGN, Codec, EncodedBatch
+from ._base import Codec, EncodedBatch, ceil_align
 
 __all__ = ["NoneCodec"]
 
@@ -20,7 +20,7 @@ class NoneCodec(Codec):
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype) -> EncodedBatch:
         b, nbytes = rows.shape
-        stride = (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        stride = ceil_align(nbytes)
         buf = np.empty((b, stride), dtype=np.uint8)
         buf[:, :nbytes] = rows
         buf[:, nbytes:] = 0  # deterministic padding bytes

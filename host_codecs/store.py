@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import ALIGN, Codec, dtype_code, dtype_from_code
+from ._base import ALIGN, Codec, ceil_align, dtype_code, dtype_from_code
 from ._gather import copy_rows
 from .registry import CODECS, codec_for_tag, get_codec
 
@@ -59,10 +59,6 @@ __all__ = ["CompressedStore"]
 
 _MAX_CHUNK = (1 << 32) - ALIGN  # uint32 offsets/lengths
 _NUM_TAGS = max(c.tag for c in CODECS.values()) + 1
-
-
-def _ceil_align(n):
-    return (n + (ALIGN - 1)) // ALIGN * ALIGN
 
 
 class _Chunk:
@@ -129,8 +125,8 @@ class CompressedStore:
             if any(s < 0 for s in shape):
                 raise ValueError(f"item_shape: expected non-negative sizes, got {item_shape}")
             self._declared = (dtype_code(np.dtype(dtype), field="dtype"), shape)
-        self.chunk_bytes = _ceil_align(int(chunk_bytes))
-        self.min_chunk_bytes = _ceil_align(int(min_chunk_bytes))
+        self.chunk_bytes = ceil_align(int(chunk_bytes))
+        self.min_chunk_bytes = ceil_align(int(min_chunk_bytes))
         self.max_dead_fraction = float(max_dead_fraction)
 
         n = self.num_slots
@@ -256,7 +252,7 @@ class CompressedStore:
     def _new_chunk(self, need: int) -> int:
         """Open a chunk of at least ``need`` bytes (geometric growth); call under the lock."""
         size = min(self.chunk_bytes, max(self.min_chunk_bytes, self._arena_nbytes // 2, need))
-        size = _ceil_align(max(size, need))  # multiple of ALIGN: codecs view chunks as u16/u32/u64
+        size = ceil_align(max(size, need))  # multiple of ALIGN: codecs view chunks as u16/u32/u64
         old = self._open
         cid = self._next_chunk_id
         self._next_chunk_id += 1
@@ -271,7 +267,7 @@ class CompressedStore:
         """Copy an encoded batch into never-used arena space; returns (chunk id, offset) per
         entry. Contiguous runs of entries are copied with one memcpy each."""
         b = enc.offsets.shape[0]
-        ends = enc.offsets + _ceil_align(enc.lengths)  # padded end of each payload
+        ends = enc.offsets + ceil_align(enc.lengths)  # padded end of each payload
         chunk_ids = np.empty(b, dtype=np.int32)
         offsets = np.empty(b, dtype=np.int64)
         start = 0
@@ -303,7 +299,7 @@ class CompressedStore:
             return
         s = s[live]
         old = old[live]
-        padded = _ceil_align(self._length[s].astype(np.int64))
+        padded = ceil_align(self._length[s].astype(np.int64))
         tags = self._codec[s]
         self._tag_entries -= np.bincount(tags, minlength=_NUM_TAGS)
         self._tag_raw -= np.bincount(
@@ -346,7 +342,7 @@ class CompressedStore:
         slots = slots[np.argsort(self._offset[slots], kind="stable")]
         offs = self._offset[slots].astype(np.int64)
         lens = self._length[slots].astype(np.int64)
-        padded = _ceil_align(lens)
+        padded = ceil_align(lens)
         # Pack the live payloads back to back in a temporary buffer (one copy per span of
         # adjacent entries), then place them like a freshly encoded batch.
         new_offs = np.zeros(slots.size, dtype=np.int64)

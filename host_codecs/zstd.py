@@ -36,7 +36,7 @@ import threading
 
 import numpy as np
 
-from ._base import ALIGN, Codec, EncodedBatch, missing_extra, pack_payloads, parallel_for
+from ._base import Codec, EncodedBatch, ceil_align, missing_extra, pack_payloads, parallel_for
 
 __all__ = ["ZstdCodec"]
 
@@ -237,7 +237,7 @@ class ZstdCodec(Codec):
     def _encode_native(self, rows: np.ndarray) -> EncodedBatch:
         nat = self._native
         b, n = rows.shape
-        cap = (int(nat.bound(n)) + ALIGN - 1) // ALIGN * ALIGN
+        cap = ceil_align(int(nat.bound(n)))
         scratch = np.empty(b * cap, np.uint8)  # entry i compressed at i * cap, then packed
         offsets = np.arange(b, dtype=np.int64) * cap
         status = np.zeros(b, np.uint64)
@@ -251,7 +251,7 @@ class ZstdCodec(Codec):
         bad = np.flatnonzero(lengths > cap)  # error codes are huge size_t values
         if bad.size:
             raise ValueError(f"codec 'zstd': compression failed: {nat.error_name(int(status[bad[0]])).decode()}")
-        padded = (lengths + ALIGN - 1) // ALIGN * ALIGN
+        padded = ceil_align(lengths)
         packed = np.zeros(b, np.int64)
         if b > 1:
             np.cumsum(padded[:-1], out=packed[1:])
