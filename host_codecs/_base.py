@@ -355,6 +355,9 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
         return _POOL
 
 
+_SHARD = threading.local()  # .active: this thread is running a parallel_for shard
+
+
 def parallel_for(
     n: int, body: Callable[[int, int], None], *, work_bytes: int | None = None, min_shard_bytes: int = 1 << 18
 ) -> None:
@@ -365,7 +368,15 @@ def parallel_for(
     touches), shards smaller than ``min_shard_bytes`` are merged, so small batches run inline on
     the calling thread. ``body`` must release the GIL (isal, zstandard and our numba kernels do)
     for this to scale.
+
+    A ``parallel_for`` called from inside a shard runs inline (``body(0, n)`` on that thread):
+    a caller that shards a larger job itself (e.g. :meth:`host_codecs.CompressedStore.get`: the
+    decode of a batch and the copies that depend on it, one pool round trip for both) can call
+    the codecs, which shard on their own when called directly.
     """
+    if getattr(_SHARD, "active", False):
+        body(0, n)
+        return
     if work_bytes is not None and work_bytes < 2 * min_shard_bytes:
         body(0, n)
         return
@@ -376,9 +387,17 @@ def parallel_for(
         body(0, n)
         return
     bounds = np.linspace(0, n, shards + 1).astype(np.int64).tolist()
-    futures = [_pool().submit(body, bounds[i], bounds[i + 1]) for i in range(1, shards)]
+    futures = [_pool().submit(_run_shard, body, bounds[i], bounds[i + 1]) for i in range(1, shards)]
     try:
-        body(bounds[0], bounds[1])  # the calling thread takes the first shard
+        _run_shard(body, bounds[0], bounds[1])  # the calling thread takes the first shard
     finally:
         for f in futures:
             f.result()
+
+
+def _run_shard(body: Callable[[int, int], None], start: int, stop: int) -> None:
+    _SHARD.active = True
+    try:
+        body(start, stop)
+    finally:
+        _SHARD.active = False

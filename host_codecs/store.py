@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import ALIGN, Codec, ceil_align, dtype_code, dtype_from_code
+from ._base import ALIGN, Codec, ceil_align, dtype_code, dtype_from_code, parallel_for
 from ._gather import copy_rows
 from .registry import CODECS, codec_for_tag, get_codec
 
@@ -464,8 +464,8 @@ class CompressedStore:
             return result
         rows = np.flatnonzero(present)
         # Each distinct slot is decoded once, into the row of its first occurrence; the other
-        # occurrences are copied from it afterwards (a sampled batch of frame stacks repeats
-        # most frames: an observation and its next observation share k - 1 of them).
+        # occurrences are copied from it (a sampled batch of frame stacks repeats most frames: an
+        # observation and its next observation share k - 1 of them).
         dup_src = dup_dst = None
         if rows.size > 1:
             _, first, inv = np.unique(flat[rows], return_index=True, return_inverse=True)
@@ -474,17 +474,33 @@ class CompressedStore:
                 is_dup = src_rows != rows
                 dup_src, dup_dst = src_rows[is_dup], rows[is_dup]
                 rows = rows[np.sort(first)]
+                # Copies grouped by the position of their source in ``rows`` (ascending), so the
+                # shard that decodes rows[a:b] copies exactly the repeats of those rows.
+                order = np.argsort(dup_src, kind="stable")
+                dup_src, dup_dst = dup_src[order], dup_dst[order]
         ch, off, lens, tg, mt = chunk[rows], offset[rows], length[rows], tags[rows], meta[rows]
-        one_chunk = ch.min() == ch.max()
-        for tag in np.unique(tg).tolist() if tg.min() != tg.max() else [int(tg[0])]:
-            sel = slice(None) if tg.min() == tg.max() else np.flatnonzero(tg == tag)
-            codec = codec_for_tag(tag)
-            if one_chunk:  # decode in place
-                codec.decode_into(chunks[int(ch[0])], off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
-            else:
-                codec.decode_scattered(chunks, ch[sel], off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
-        if dup_src is not None:
-            copy_rows(rows_u8, dup_src, dup_dst)
+        one_tag = tg.min() == tg.max()
+
+        def shard(a: int, b: int) -> None:
+            """Decode entries ``a:b`` of ``rows``, then copy their repeats (codec calls made here
+            run inline: see ``parallel_for``)."""
+            t = tg[a:b]
+            for tag in [int(t[0])] if one_tag else np.unique(t).tolist():
+                sel = np.arange(a, b) if one_tag else a + np.flatnonzero(t == tag)
+                codec = codec_for_tag(tag)
+                c = ch[sel]
+                if c.min() == c.max():  # one arena chunk: decode in place
+                    codec.decode_into(chunks[int(c[0])], off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
+                else:
+                    codec.decode_scattered(chunks, c, off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
+            if dup_src is not None:
+                lo = np.searchsorted(dup_src, rows[a], side="left")
+                hi = np.searchsorted(dup_src, rows[b - 1], side="right")
+                if hi > lo:
+                    copy_rows(rows_u8, dup_src[lo:hi], dup_dst[lo:hi])
+
+        copies = 0 if dup_src is None else dup_src.size
+        parallel_for(rows.size, shard, work_bytes=(rows.size + copies) * nbytes)
         return result
 
     def written(self, slots: Any) -> np.ndarray:

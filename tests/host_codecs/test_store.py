@@ -356,3 +356,60 @@ def test_decode_scattered_reads_payloads_across_chunks(spec, atari_stacks):
         too_long[7] = chunks[chunk_of[7]].shape[0]  # runs past the end of its own chunk
         with pytest.raises(ValueError, match="out of range"):
             codec.decode_scattered(chunks, chunk_of, offsets, too_long, enc.meta, np.zeros_like(rows), np.arange(48), np.uint8)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_sharded_get_with_repeats_mixed_codecs_and_chunks(threads, atari_stacks):
+    """A batch large enough to be split over threads (decode and the copies of repeated slots
+    run in one shard per thread), with repeats, empty slots, two codecs and many arena chunks:
+    every row equals the entry of its slot."""
+    import host_codecs
+
+    obs = atari_stacks["breakout_obs"][:120, -1]  # 84 x 84 frames: 7 KB each
+    specs = [s for s in ("zstd:-1", "rle", "none") if s.split(":")[0] in HAVE]
+    store = CompressedStore(130, codec=specs[0], chunk_bytes=1 << 14, min_chunk_bytes=1 << 12)
+    for k, spec in enumerate(specs):
+        slots = np.arange(k, 120, len(specs))
+        store.put(slots, obs[slots], codec=spec)
+    rng = np.random.default_rng(threads)
+    slots = np.concatenate([rng.integers(0, 120, 300), [125, 3, 3, 126]])  # ~2 MB decoded, 2 empty
+    rng.shuffle(slots)
+    expect = np.where((slots < 120)[:, None, None], obs[np.minimum(slots, 119)], 0)
+    try:
+        host_codecs.set_num_threads(threads)
+        assert store._chunk[:120].max() > 3  # the entries span several chunks
+        assert_bit_exact(store.get(slots, missing="zeros"), expect)
+        out = np.full((slots.size, 84, 84), 7, np.uint8)
+        store.get(slots, missing="zeros", out=out)
+        assert_bit_exact(out, expect)
+    finally:
+        host_codecs.set_num_threads(None)
+
+
+def test_nested_parallel_for_runs_inline():
+    """parallel_for called from inside a shard runs its whole range on that thread, once."""
+    import host_codecs
+    from host_codecs._base import parallel_for
+
+    seen, outer = [], []
+    lock = threading.Lock()
+
+    def inner(a, b):
+        with lock:
+            seen.append((threading.get_ident(), a, b))
+
+    def body(a, b):
+        with lock:
+            outer.append((threading.get_ident(), a, b))
+        parallel_for(10, inner, work_bytes=1 << 30)
+
+    try:
+        host_codecs.set_num_threads(2)
+        parallel_for(4, body, work_bytes=1 << 30)
+    finally:
+        host_codecs.set_num_threads(None)
+    assert sorted((a, b) for _, a, b in outer) == [(0, 2), (2, 4)]
+    assert sorted((a, b) for _, a, b in seen) == [(0, 10), (0, 10)]  # one inline call per shard
+    assert {t for t, _, _ in seen} == {t for t, _, _ in outer}  # on the shard's own thread
+    parallel_for(10, inner, work_bytes=1 << 30)  # top level again: sharded
+    assert len(seen) == 4
