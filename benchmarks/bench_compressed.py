@@ -230,9 +230,9 @@ def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
 
 
 def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dict:
-    """sb3x rle-jit and the jaxbuffers default in ONE process, samples interleaved (same load for
-    both): medians and ratios at batch 32 and 256. jaxbuffers: jitted ``sample_transitions``
-    (SB3's fields) and the eager ``sample_transitions_from_host``."""
+    """sb3x rle-jit and two jaxbuffers settings (the default codec and ``rle``) in ONE process,
+    samples interleaved (same load for all): medians and ratios at batch 32 and 256. jaxbuffers:
+    jitted ``sample_transitions`` (SB3's fields) and the eager ``sample_transitions_from_host``."""
     import jax
     import jax.numpy as jnp
     import torch
@@ -248,34 +248,39 @@ def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dic
     for i in range(n):
         sb.add(obs[i : i + 1], nxt[i : i + 1], act[i : i + 1], rew[i : i + 1], term[i : i + 1], [{}])
     ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-    w = StagingWriter(CompressedTrajectoryBuffer.create(ex, 1, n, frame_stack=4, final_obs_capacity=2))
     act32 = act.astype(np.int32)
-    for i in range(n):
-        w.add({"obs": obs[i : i + 1], "action": act32[i : i + 1], "reward": rew[i : i + 1]}, terminated=term[i : i + 1])
-    buf = w.buffer
+    bufs = {}
+    for tag, codec in (("default", DEFAULT_CODEC), ("rle", "rle")):
+        w = StagingWriter(CompressedTrajectoryBuffer.create(ex, 1, n, frame_stack=4, final_obs_capacity=2, codec=codec))
+        for i in range(n):
+            w.add({"obs": obs[i : i + 1], "action": act32[i : i + 1], "reward": rew[i : i + 1]}, terminated=term[i : i + 1])
+        bufs[tag] = w.buffer
     keys = iter(jax.random.split(jax.random.key(0), 100_000))
     fields = lambda s: (s.obs, s.action, s.next_obs, s.n_step_return, s.discount)  # noqa: E731
-    rec = {"codec": DEFAULT_CODEC, "torch_threads": torch_threads, "load_before": os.getloadavg()[0]}
+    rec = {"codec": DEFAULT_CODEC, "torch_threads": torch_threads, "load_before": os.getloadavg()[0],
+           **{f"{tag}_accounted_bytes_per_transition": buf.nbytes / n for tag, buf in bufs.items()}}
     for b in (32, 256):
-        jitted = jax.jit(lambda bf, k, b=b: fields(bf.sample_transitions(k, b, gamma=0.99)))
-        cases = {
-            "sb3x_rle_jit": lambda b=b: sb.sample(b),
-            "jax_jit": lambda: jax.block_until_ready(jitted(buf, next(keys))),
-            "jax_eager": lambda b=b: jax.block_until_ready(fields(buf.sample_transitions_from_host(next(keys), b, gamma=0.99))),
-        }
+        cases = {"sb3x_rle_jit": lambda b=b: sb.sample(b)}
+        for tag, buf in bufs.items():
+            jitted = jax.jit(lambda bf, k, b=b: fields(bf.sample_transitions(k, b, gamma=0.99)))
+            cases[f"{tag}_jit"] = lambda f=jitted, buf=buf: jax.block_until_ready(f(buf, next(keys)))
+            cases[f"{tag}_eager"] = lambda b=b, buf=buf: jax.block_until_ready(
+                fields(buf.sample_transitions_from_host(next(keys), b, gamma=0.99)))
         times = {k: [] for k in cases}
         for fn in cases.values():
             fn(), fn()
-        for _ in range(repeats):
-            for k, fn in cases.items():
+        for r in range(repeats):
+            order = list(cases)[r % len(cases):] + list(cases)[: r % len(cases)]  # rotated each round
+            for k in order:
                 t0 = time.perf_counter()
-                fn()
+                cases[k]()
                 times[k].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) for k, v in times.items()}
         for k in cases:
             rec[f"{k}_tps_{b}"] = b / med[k]
-        rec[f"ratio_jit_vs_rle_jit_{b}"] = med["sb3x_rle_jit"] / med["jax_jit"]
-        rec[f"ratio_eager_vs_rle_jit_{b}"] = med["sb3x_rle_jit"] / med["jax_eager"]
+        for tag in bufs:
+            for mode in ("jit", "eager"):
+                rec[f"ratio_{tag}_{mode}_vs_rle_jit_{b}"] = med["sb3x_rle_jit"] / med[f"{tag}_{mode}"]
     rec["load_after"] = os.getloadavg()[0]
     return rec
 
@@ -306,7 +311,7 @@ def cases():
     out = [("sb3", None, "sb3 ReplayBuffer"), ("sb3-opt", None, "sb3 ReplayBuffer optimize_memory_usage")]
     out += [("sb3x", c, f"sb3x {c}") for c in SB3X_CODECS]
     out += [("jax", c, f"jaxbuffers {c}") for c in JAX_CODECS]
-    out += [("side", str(t), f"side-by-side default vs sb3x rle-jit, torch threads {t}") for t in sorted({os.cpu_count() or 1, 1})]
+    out += [("side", str(t), f"side-by-side default and rle vs sb3x rle-jit, torch threads {t}") for t in sorted({os.cpu_count() or 1, 1})]
     return out
 
 
