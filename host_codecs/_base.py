@@ -278,6 +278,44 @@ class Codec:
             gather(chunks[cid], offsets[sel], lengths[sel], src, dst_off[sel])
         self.decode_into(src, dst_off, lengths, meta, out, rows, dtype)
 
+    def decode_many(
+        self,
+        chunks: Mapping[int, np.ndarray],
+        chunk_ids: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        meta: np.ndarray,
+        outs: Sequence[np.ndarray],
+        out_ids: np.ndarray,
+        rows: np.ndarray,
+        dtype: np.dtype,
+    ) -> None:
+        """:meth:`decode_scattered` into several outputs: entry ``i`` is decoded into row
+        ``rows[i]`` of ``outs[out_ids[i]]`` (e.g. a batch of observations and of next
+        observations, decoded straight into their two outputs).
+
+        The default makes one :meth:`decode_into` (payloads in one chunk) or
+        :meth:`decode_scattered` call per output; codecs that can address any output row in one
+        call override it.
+
+        Args:
+          chunks, chunk_ids, offsets, lengths, meta, dtype: as in :meth:`decode_scattered`.
+          outs: 2-D uint8 arrays with the same row size, # shape=(B_j, nbytes).
+          out_ids, rows: # shape=(k,), dtype=int64, where each entry goes.
+
+        Raises:
+          ValueError: a payload is corrupt or (codecs reading in place) lies outside its chunk.
+        """
+        out_ids = np.asarray(out_ids)
+        groups = [int(out_ids[0])] if out_ids.size and out_ids.min() == out_ids.max() else np.unique(out_ids).tolist()
+        for j in groups:
+            sel = slice(None) if len(groups) == 1 else np.flatnonzero(out_ids == j)
+            c = chunk_ids[sel]
+            if c.min() == c.max():
+                self.decode_into(chunks[int(c[0])], offsets[sel], lengths[sel], meta[sel], outs[j], rows[sel], dtype)
+            else:
+                self.decode_scattered(chunks, c, offsets[sel], lengths[sel], meta[sel], outs[j], rows[sel], dtype)
+
     # Convenience single-array helpers (tests, users): not used by the store.
     def encode(self, array: np.ndarray) -> bytes:
         """Encode one array to ``bytes`` (dtype and shape are NOT stored: see CompressedStore)."""

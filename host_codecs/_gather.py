@@ -17,18 +17,20 @@ def _numba_gather(src, src_off, lengths, dst, dst_off):
         dst[d : d + n] = src[s : s + n]
 
 
-def _numpy_copy_rows(out, src, dst, start, stop):
-    out[dst[start:stop]] = out[src[start:stop]]
-
-
-def _numba_copy_rows(out, src, dst, start, stop):
-    # An element loop, not ``out[d, :] = out[s, :]``: numba cannot prove two rows of one array
-    # disjoint, so the slice form copies every row through a temporary (15x slower, measured).
-    n = out.shape[1]
+def _numpy_copy_rows(outs, src_out, src, dst_out, dst, start, stop):
     for i in range(start, stop):
+        outs[dst_out[i]][dst[i]] = outs[src_out[i]][src[i]]
+
+
+def _numba_copy_rows(outs, src_out, src, dst_out, dst, start, stop):
+    # An element loop, not ``b[d, :] = a[s, :]``: numba cannot prove the two rows disjoint (they
+    # may be rows of one array), so the slice form copies every row through a temporary (15x
+    # slower, measured).
+    for i in range(start, stop):
+        a, b = outs[src_out[i]], outs[dst_out[i]]
         s, d = src[i], dst[i]
-        for j in range(n):
-            out[d, j] = out[s, j]
+        for j in range(a.shape[1]):
+            b[d, j] = a[s, j]
 
 
 _KERNELS: dict = {}
@@ -57,15 +59,17 @@ def gather(src: np.ndarray, src_off: np.ndarray, lengths: np.ndarray, dst: np.nd
     _kernel(_numba_gather, _numpy_gather)(src, src_off, lengths, dst, dst_off)
 
 
-def copy_rows(out: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
-    """``out[dst[i]] = out[src[i]]`` for every i, split over the codec thread pool.
+def copy_rows(outs: tuple, src_out: np.ndarray, src: np.ndarray, dst_out: np.ndarray, dst: np.ndarray) -> None:
+    """``outs[dst_out[i]][dst[i]] = outs[src_out[i]][src[i]]`` for every i, split over the codec
+    thread pool.
 
-    out: # shape=(B, nbytes), dtype=uint8. src, dst: # shape=(k,), dtype=int64; no ``dst`` row
-    may be a ``src`` row (rows are copied from already decoded rows into the other ones).
+    outs: tuple of 2-D uint8 arrays with one row size, # shape=(B_j, nbytes). src_out, src,
+    dst_out, dst: # shape=(k,), dtype=int64, in range (not checked here). No destination row may
+    be a source row (rows are copied from already decoded rows into the other ones).
     """
     from ._base import parallel_for
 
-    src = np.ascontiguousarray(src, dtype=np.int64)
-    dst = np.ascontiguousarray(dst, dtype=np.int64)
+    args = [np.ascontiguousarray(x, dtype=np.int64) for x in (src_out, src, dst_out, dst)]
     kernel = _kernel(_numba_copy_rows, _numpy_copy_rows)
-    parallel_for(src.shape[0], lambda a, b: kernel(out, src, dst, a, b), work_bytes=src.shape[0] * out.shape[1])
+    outs = tuple(outs)
+    parallel_for(args[0].shape[0], lambda a, b: kernel(outs, *args, a, b), work_bytes=args[0].shape[0] * outs[0].shape[1])

@@ -47,7 +47,7 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -403,10 +403,36 @@ class CompressedStore:
             a corrupt payload.
           IndexError / TypeError: bad slot ids.
         """
+        return self.get_many([slots], missing=missing, outs=None if out is None else [out])[0]
+
+    def get_many(
+        self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None
+    ) -> list[np.ndarray]:
+        """:meth:`get` for several slot arrays at once, each into its own output.
+
+        A slot that occurs several times, in one array or across arrays, is decoded once (into
+        its first occurrence) and copied to the others: e.g. a sampled batch of frame stacks and
+        the next stacks, which share most frames, decoded straight into two separate outputs
+        (a jitted sample's output buffers), with no concatenated intermediate to split.
+
+        Args:
+          slot_arrays: ``m`` integer arrays of slot ids, shapes ``S_j``.
+          missing: as in :meth:`get` (all entries of all arrays must share one dtype and shape).
+          outs: optional ``m`` C-contiguous arrays, shapes ``S_j + item_shape``, to decode into.
+
+        Returns:
+          ``m`` arrays, # shape=S_j + item_shape, dtype: the stored dtype.
+
+        Raises:
+          As :meth:`get`; ValueError when ``outs`` does not have one array per slot array.
+        """
         if missing not in ("raise", "zeros"):
             raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")
-        s = self._slots(slots)
-        flat = s.reshape(-1)
+        ss = [self._slots(x) for x in slot_arrays]
+        if outs is not None and len(outs) != len(ss):
+            raise ValueError(f"outs: expected {len(ss)} arrays (one per slot array), got {len(outs)}")
+        flat = ss[0].reshape(-1) if len(ss) == 1 else np.concatenate([x.reshape(-1) for x in ss])
+        bounds = np.cumsum([0] + [x.size for x in ss])  # output j holds global rows bounds[j]:bounds[j+1]
         with self._lock:  # snapshot; published payload bytes never change afterwards
             chunk = self._chunk[flat]
             offset = self._offset[flat].astype(np.int64)
@@ -445,24 +471,27 @@ class CompressedStore:
                 "item_shape/dtype, so the zeros' shape is unknown"
             )
         dtype = dtype_from_code(code)
-        full_shape = s.shape + tuple(item_shape)
-        if out is None:
-            result = np.empty(full_shape, dtype=dtype)
-        else:
-            if out.shape != full_shape or out.dtype != dtype or not out.flags.c_contiguous:
-                raise ValueError(
-                    f"out: expected a C-contiguous array of shape {full_shape} and dtype {dtype}, "
-                    f"got shape {out.shape}, dtype {out.dtype}"
-                )
-            result = out
-        b = flat.size
         nbytes = int(np.prod(item_shape, dtype=np.int64)) * dtype.itemsize
-        rows_u8 = result.reshape(b, -1).view(np.uint8) if nbytes and b else np.empty((b, 0), np.uint8)
-        if not present.all():
-            rows_u8[~present] = 0
-        if b == 0 or nbytes == 0 or not present.any():
-            return result
-        rows = np.flatnonzero(present)
+        results, views = [], []
+        for j, s in enumerate(ss):
+            full_shape = s.shape + tuple(item_shape)
+            if outs is None:
+                result = np.empty(full_shape, dtype=dtype)
+            else:
+                result = outs[j]
+                if result.shape != full_shape or result.dtype != dtype or not result.flags.c_contiguous:
+                    name = "out" if len(ss) == 1 else f"outs[{j}]"
+                    raise ValueError(
+                        f"{name}: expected a C-contiguous array of shape {full_shape} and dtype {dtype}, "
+                        f"got shape {result.shape}, dtype {result.dtype}"
+                    )
+            results.append(result)
+            views.append(result.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8))
+            if not present[bounds[j] : bounds[j + 1]].all():
+                views[j][~present[bounds[j] : bounds[j + 1]]] = 0
+        if flat.size == 0 or nbytes == 0 or not present.any():
+            return results
+        rows = np.flatnonzero(present)  # global rows (positions in ``flat``), ascending
         # Each distinct slot is decoded once, into the row of its first occurrence; the other
         # occurrences are copied from it (a sampled batch of frame stacks repeats most frames: an
         # observation and its next observation share k - 1 of them).
@@ -480,28 +509,32 @@ class CompressedStore:
                 dup_src, dup_dst = dup_src[order], dup_dst[order]
         ch, off, lens, tg, mt = chunk[rows], offset[rows], length[rows], tags[rows], meta[rows]
         one_tag = tg.min() == tg.max()
+        m = len(ss)
+        # Global row g lives in output j = out_of(g), at its row g - bounds[j].
+        out_of = (lambda g: np.zeros(len(g), np.int64)) if m == 1 else (lambda g: np.searchsorted(bounds, g, side="right") - 1)
+        row_out = out_of(rows)
+        row_local = rows - bounds[row_out]
 
         def shard(a: int, b: int) -> None:
             """Decode entries ``a:b`` of ``rows``, then copy their repeats (codec calls made here
             run inline: see ``parallel_for``)."""
             t = tg[a:b]
             for tag in [int(t[0])] if one_tag else np.unique(t).tolist():
-                sel = np.arange(a, b) if one_tag else a + np.flatnonzero(t == tag)
-                codec = codec_for_tag(tag)
-                c = ch[sel]
-                if c.min() == c.max():  # one arena chunk: decode in place
-                    codec.decode_into(chunks[int(c[0])], off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
-                else:
-                    codec.decode_scattered(chunks, c, off[sel], lens[sel], mt[sel], rows_u8, rows[sel], dtype)
+                sel = slice(a, b) if one_tag else a + np.flatnonzero(t == tag)
+                codec_for_tag(tag).decode_many(
+                    chunks, ch[sel], off[sel], lens[sel], mt[sel], views, row_out[sel], row_local[sel], dtype
+                )
             if dup_src is not None:
                 lo = np.searchsorted(dup_src, rows[a], side="left")
                 hi = np.searchsorted(dup_src, rows[b - 1], side="right")
                 if hi > lo:
-                    copy_rows(rows_u8, dup_src[lo:hi], dup_dst[lo:hi])
+                    src, dst = dup_src[lo:hi], dup_dst[lo:hi]
+                    so, do = out_of(src), out_of(dst)
+                    copy_rows(views, so, src - bounds[so], do, dst - bounds[do])
 
         copies = 0 if dup_src is None else dup_src.size
         parallel_for(rows.size, shard, work_bytes=(rows.size + copies) * nbytes)
-        return result
+        return results
 
     def written(self, slots: Any) -> np.ndarray:
         """Boolean mask (same shape as ``slots``): which slots hold an entry."""

@@ -83,13 +83,11 @@ class _Native:
 
         # Not cached on disk: the libzstd function address differs from process to process.
         @njit(nogil=True)
-        def decode_at(dctx, addresses, lengths, out, rows, start, stop, status):
-            # Payload t at the absolute address addresses[t] (its arena chunk's address + offset).
-            dst = out.ctypes.data
-            stride = out.strides[0]
-            cap = out.shape[1]
+        def decode_at(dctx, addresses, lengths, destinations, cap, start, stop, status):
+            # Payload t at the absolute address addresses[t] (its arena chunk's address + offset),
+            # decoded to the absolute address destinations[t] (an output row of cap bytes).
             for t in range(start, stop):
-                status[t] = dec(dctx, dst + rows[t] * stride, cap, addresses[t], lengths[t])
+                status[t] = dec(dctx, destinations[t], cap, addresses[t], lengths[t])
 
         @njit(nogil=True)
         def encode(cctx, rows, dst, offsets, capacity, level, start, stop, status):
@@ -281,6 +279,13 @@ class ZstdCodec(Codec):
         compressed bytes, which cost ~12% of a batch-256 read of 84x84 frames)."""
         if self._native is None or not out.shape[1] or not out.flags.c_contiguous:
             return super().decode_scattered(chunks, chunk_ids, offsets, lengths, meta, out, rows, dtype)
+        self.decode_many(chunks, chunk_ids, offsets, lengths, meta, [out], np.zeros(len(rows), np.int64), rows, dtype)
+
+    def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype) -> None:
+        """Native engine: one kernel call for every payload, each read where it lies and decoded
+        straight into its output row, whichever output that is."""
+        if self._native is None or not all(o.shape[1] and o.flags.c_contiguous for o in outs):
+            return super().decode_many(chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype)
         ids = np.asarray(chunk_ids, dtype=np.int64)
         offsets = np.asarray(offsets, dtype=np.int64)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
@@ -292,8 +297,7 @@ class ZstdCodec(Codec):
         # The kernel reads through raw addresses: check every range against its chunk first.
         if ids.size and (int(offsets.min()) < 0 or int(lengths.min()) < 0 or bool((offsets + lengths > size[ids]).any())):
             raise ValueError("codec 'zstd': payload index out of range")
-        addresses = base[ids] + offsets
-        self._decode_native_with(addresses, lengths, out, rows)
+        self._decode_native_with(base[ids] + offsets, lengths, outs, out_ids, rows)
 
     def _decode_native(self, chunk, offsets, lengths, out, rows) -> None:
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
@@ -301,26 +305,40 @@ class ZstdCodec(Codec):
         # The kernel reads through raw addresses: check every range before calling it.
         if offsets.size and (int(offsets.min()) < 0 or int(lengths.min()) < 0 or int((offsets + lengths).max()) > chunk.shape[0]):
             raise ValueError("codec 'zstd': payload index out of range")
-        self._decode_native_with(chunk.ctypes.data + offsets, lengths, out, rows)
+        self._decode_native_with(chunk.ctypes.data + offsets, lengths, [out], np.zeros(len(rows), np.int64), rows)
 
-    def _decode_native_with(self, addresses, lengths, out, rows) -> None:
+    def _decode_native_with(self, addresses, lengths, outs, out_ids, rows) -> None:
         """Decode payload ``t`` (at absolute address ``addresses[t]``, ``lengths[t]`` bytes, every
-        range already checked by the caller) into row ``rows[t]`` of ``out`` on the thread pool,
-        after checking the rows (the kernel writes through raw addresses); then check every
-        entry's decoded size."""
+        range already checked by the caller) into row ``rows[t]`` of ``outs[out_ids[t]]`` (2-D
+        uint8, C-contiguous, one row size) on the thread pool, after checking the rows (the kernel
+        writes through raw addresses); then check every entry's decoded size."""
         nat = self._native
-        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        nbytes = outs[0].shape[1]
+        if any(o.shape[1] != nbytes for o in outs):
+            raise ValueError("codec 'zstd': outputs with different row sizes")
+        rows = np.asarray(rows, dtype=np.int64)
+        out_ids = np.asarray(out_ids, dtype=np.int64)
         k = rows.shape[0]
-        if k and (int(rows.min()) < 0 or int(rows.max()) >= out.shape[0]):
-            raise ValueError("codec 'zstd': row index out of range")
+        if len(outs) == 1:
+            if k and (int(rows.min()) < 0 or int(rows.max()) >= outs[0].shape[0]):
+                raise ValueError("codec 'zstd': row index out of range")
+            destinations = outs[0].ctypes.data + rows * nbytes
+        else:
+            heights = np.array([o.shape[0] for o in outs], dtype=np.int64)
+            bases = np.array([o.ctypes.data for o in outs], dtype=np.int64)
+            if k and (int(out_ids.min()) < 0 or int(out_ids.max()) >= len(outs)):
+                raise ValueError("codec 'zstd': output index out of range")
+            if k and (int(rows.min()) < 0 or bool((rows >= heights[out_ids]).any())):
+                raise ValueError("codec 'zstd': row index out of range")
+            destinations = bases[out_ids] + rows * nbytes
         status = np.zeros(k, dtype=np.uint64)
         parallel_for(
-            k, lambda a, b: nat.decode_at(nat.dctx(), addresses, lengths, out, rows, a, b, status), work_bytes=k * out.shape[1]
+            k, lambda a, b: nat.decode_at(nat.dctx(), addresses, lengths, destinations, nbytes, a, b, status), work_bytes=k * nbytes
         )
-        bad = np.flatnonzero(status != out.shape[1])
+        bad = np.flatnonzero(status != nbytes)
         if bad.size:
             code = int(status[bad[0]])
-            why = nat.error_name(code).decode() if nat.is_error(code) else f"decoded {code} bytes, expected {out.shape[1]}"
+            why = nat.error_name(code).decode() if nat.is_error(code) else f"decoded {code} bytes, expected {nbytes}"
             raise ValueError(f"codec 'zstd': corrupt entry: {why}")
 
     def _decode_python(self, chunk, offsets, lengths, out, rows) -> None:

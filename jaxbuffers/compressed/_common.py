@@ -121,34 +121,27 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
     Returns ``out[leaf][j]``: ``[*S_j, *frame_shape]`` per leaf and id array.
 
     On the CPU backend this is a ``jax.experimental.buffer_callback``: the frames are decoded
-    straight into XLA's output buffers (one per leaf, all id arrays concatenated, split by
-    slicing here, which XLA fuses into the consumers), where a ``pure_callback`` returns numpy
-    arrays that XLA then copies (measured on Breakout frames, jitted sample of batch 256: 3.1 vs
-    3.8 ms returning the sample, 2.8 vs 5.7 ms when a loss consumes it inside the jit). Other
-    backends, or a JAX without that API, use ``pure_callback``.
+    straight into XLA's output buffers, one per leaf and id array
+    (:meth:`HostStores.read_into`), where a ``pure_callback`` returns numpy arrays that XLA then
+    copies (measured on Breakout frames, jitted sample of batch 256: 3.1 vs 3.8 ms returning the
+    sample, 2.8 vs 5.7 ms when a loss consumes it inside the jit). Other backends, or a JAX
+    without that API, use ``pure_callback``.
     """
     ids = [x.astype(jnp.int32) for x in ids]
     m = len(ids)
+    shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
     if _buffer_callback is None or jax.default_backend() != "cpu":
-        shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
         flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="broadcast_all")
-        return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
-    sizes = [int(np.prod(x.shape, dtype=np.int64)) for x in ids]
-    ndims = [x.ndim for x in ids]
-    shapes = tuple(jax.ShapeDtypeStruct((sum(sizes), *i.frame_shape), i.dtype) for i in infos)
+    else:
 
-    def fill(ctx, outs, version, *id_buffers):
-        del ctx
-        arrays = [np.asarray(b) for b in id_buffers]
-        lead = arrays[0].shape[: arrays[0].ndim - ndims[0]]  # vmap's leading axes (the same for all: broadcast_all)
-        slots = np.concatenate([a.reshape(*lead, -1) for a in arrays], axis=-1)
-        host.read_into(np.asarray(version), slots, [np.asarray(o) for o in outs])
+        def fill(ctx, outs, version, *id_buffers):
+            del ctx
+            outs = [np.asarray(o) for o in outs]
+            per_leaf = [outs[i * m : (i + 1) * m] for i in range(len(infos))]
+            host.read_into(np.asarray(version), [np.asarray(b) for b in id_buffers], per_leaf)
 
-    flat = _buffer_callback(fill, shapes, vmap_method="broadcast_all")(version, *ids)
-    bounds = np.cumsum([0] + sizes).tolist()
-    return [
-        [f[a:b].reshape(*x.shape, *f.shape[1:]) for x, a, b in zip(ids, bounds[:-1], bounds[1:])] for f in flat
-    ]
+        flat = _buffer_callback(fill, shapes, vmap_method="broadcast_all")(version, *ids)
+    return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
 
 
 def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool) -> jax.Array:

@@ -169,14 +169,15 @@ class HostStores:
                 f"(and inside one jitted program, sample before adding again)"
             )
 
-    def read_into(self, version, slots: np.ndarray, outs: Sequence[np.ndarray]) -> None:
-        """Host side of a jitted sample on CPU: decode ``slots`` (any shape ``S``) of store ``i``
-        into ``outs[i]`` (``S + item_shape``, C-contiguous: XLA's own output buffers, so the
-        result is not copied again). Same checks and decode as :meth:`read`."""
-        slots = np.asarray(slots)
-        self._check_read(version, slots)
+    def read_into(self, version, ids: Sequence[np.ndarray], outs: Sequence[Sequence[np.ndarray]]) -> None:
+        """Host side of a jitted sample on CPU: decode slot arrays ``ids[j]`` (any shapes ``S_j``)
+        of store ``i`` into ``outs[i][j]`` (``S_j + item_shape``, C-contiguous: XLA's own output
+        buffers, so the result is not copied again). A slot shared between the id arrays is
+        decoded once (:meth:`host_codecs.CompressedStore.get_many`). Same checks as :meth:`read`."""
+        ids = [np.asarray(x) for x in ids]
+        self._check_read(version, ids[0] if len(ids) == 1 else np.concatenate([x.reshape(-1) for x in ids]))
         for store, out in zip(self.stores, outs):
-            store.get(slots, missing="zeros", out=out)
+            store.get_many(ids, missing="zeros", outs=out)
 
     def read(self, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
         """Host side of a sample: decode slots ``ids[j]`` (any shapes ``S_j``) from every store.

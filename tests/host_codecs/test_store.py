@@ -413,3 +413,85 @@ def test_nested_parallel_for_runs_inline():
     assert {t for t, _, _ in seen} == {t for t, _, _ in outer}  # on the shard's own thread
     parallel_for(10, inner, work_bytes=1 << 30)  # top level again: sharded
     assert len(seen) == 4
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_get_many_decodes_each_slot_once_into_separate_outputs(threads, atari_stacks):
+    """get_many: several slot arrays (shapes S_j), each into its own output; slots repeated within
+    and across the arrays, empty slots, two codecs, many arena chunks, given and fresh outputs."""
+    import host_codecs
+
+    frames_ = atari_stacks["pong_obs"][:90, -1]
+    specs = [s for s in ("zstd:-1", "rle", "igzip:0", "none") if s.split(":")[0] in HAVE]
+    store = CompressedStore(100, codec=specs[0], chunk_bytes=1 << 13, min_chunk_bytes=1 << 12)
+    for k, spec in enumerate(specs[:2]):
+        sl = np.arange(k, 90, 2)
+        store.put(sl, frames_[sl], codec=spec)
+    rng = np.random.default_rng(threads)
+    starts = rng.integers(0, 86, 40)
+    obs_ids = starts[:, None] + np.arange(4)[None]  # [40, 4] stacks
+    next_ids = obs_ids + 1  # shares 3 of 4 frames with obs_ids
+    extra = np.array([[95, 3], [3, 3]])  # 95: empty
+    ids = [obs_ids, next_ids, extra]
+
+    def want(x):
+        return np.where((x < 90)[..., None, None], frames_[np.minimum(x, 89)], 0)
+
+    try:
+        host_codecs.set_num_threads(threads)
+        got = store.get_many(ids, missing="zeros")
+        outs = [np.full(x.shape + (84, 84), 9, np.uint8) for x in ids]
+        back = store.get_many(ids, missing="zeros", outs=outs)
+    finally:
+        host_codecs.set_num_threads(None)
+    for x, g, o, b in zip(ids, got, outs, back):
+        assert b is o
+        assert_bit_exact(g, want(x))
+        assert_bit_exact(o, want(x))
+    with pytest.raises(KeyError, match="never written"):
+        store.get_many(ids)
+    with pytest.raises(ValueError, match="one per slot array"):
+        store.get_many(ids, outs=outs[:2])
+    with pytest.raises(ValueError, match=r"outs\[1\]: expected a C-contiguous array of shape \(40, 4, 84, 84\)"):
+        store.get_many(ids, missing="zeros", outs=[outs[0], outs[1][:, :2], outs[2]])
+    empty = store.get_many([np.zeros(0, np.int64), obs_ids[:2]])
+    assert empty[0].shape == (0, 84, 84) and empty[1].shape == (2, 4, 84, 84)
+
+
+@pytest.mark.parametrize("spec", ["zstd:-1", "zstd:-1/python", "rle", "igzip:1", "none"])
+def test_decode_many_into_several_outputs(spec, atari_stacks):
+    """Codec.decode_many (payloads over several chunks, entries to rows of several outputs)
+    equals decoding every payload on its own; the native zstd engine checks the rows."""
+    name = spec.split("/")[0]
+    if name.split(":")[0] not in HAVE:
+        pytest.skip(f"{name} not installed")
+    codec = get_codec(name)
+    if spec.endswith("/python"):
+        from host_codecs.zstd import ZstdCodec
+
+        codec = ZstdCodec(-1, engine="python")
+    rows = atari_stacks["breakout_obs"][:30, -1].reshape(30, -1)
+    enc = codec.encode_batch(rows, np.uint8)
+    rng = np.random.default_rng(1)
+    chunk_of = rng.choice([1, 4], size=30)
+    chunks, offsets = {}, np.zeros(30, np.int64)
+    for c in (1, 4):
+        sel = np.flatnonzero(chunk_of == c)
+        buf = np.zeros(int(sum((int(enc.lengths[i]) + 7) // 8 * 8 for i in sel)) + 8, np.uint8)
+        pos = 8
+        for i in sel.tolist():
+            n = int(enc.lengths[i])
+            buf[pos : pos + n] = enc.buffer[enc.offsets[i] : enc.offsets[i] + n]
+            offsets[i], pos = pos, pos + (n + 7) // 8 * 8
+        chunks[c] = buf
+    outs = [np.zeros((12, rows.shape[1]), np.uint8), np.zeros((25, rows.shape[1]), np.uint8)]
+    out_ids = np.array([0] * 12 + [1] * 18, np.int64)
+    dest = np.concatenate([rng.permutation(12), rng.permutation(25)[:18]]).astype(np.int64)
+    codec.decode_many(chunks, chunk_of, offsets, enc.lengths, enc.meta, outs, out_ids, dest, np.uint8)
+    for i in range(30):
+        np.testing.assert_array_equal(outs[out_ids[i]][dest[i]], rows[i])
+    if getattr(codec, "engine", None) == "native":
+        bad = dest.copy()
+        bad[3] = 12  # past the end of output 0
+        with pytest.raises(ValueError, match="row index out of range"):
+            codec.decode_many(chunks, chunk_of, offsets, enc.lengths, enc.meta, outs, out_ids, bad, np.uint8)
