@@ -319,6 +319,22 @@ def test_thread_count_does_not_change_results(threads, atari_stacks):
         host_codecs.set_num_threads(0)
 
 
+def _spread_over_chunks(enc, chunk_of):
+    """Copy the payloads of an EncodedBatch into arena-like chunks: payload ``i`` into chunk
+    ``chunk_of[i]``, 8-byte aligned, not at the chunk's first byte. Returns (chunks, offsets)."""
+    chunks, offsets = {}, np.zeros(len(chunk_of), np.int64)
+    for c in np.unique(chunk_of).tolist():
+        sel = np.flatnonzero(chunk_of == c)
+        buf = np.zeros(int(sum((int(enc.lengths[i]) + 7) // 8 * 8 for i in sel)) + 64, np.uint8)
+        pos = 16
+        for i in sel.tolist():
+            n = int(enc.lengths[i])
+            buf[pos : pos + n] = enc.buffer[enc.offsets[i] : enc.offsets[i] + n]
+            offsets[i], pos = pos, pos + (n + 7) // 8 * 8
+        chunks[c] = buf
+    return chunks, offsets
+
+
 @pytest.mark.parametrize("spec", ["zstd:-1", "zstd:-1/python", "rle", "igzip:1"])
 def test_decode_scattered_reads_payloads_across_chunks(spec, atari_stacks):
     """Codec.decode_scattered (payloads spread over several arena chunks; the zstd native engine
@@ -337,16 +353,7 @@ def test_decode_scattered_reads_payloads_across_chunks(spec, atari_stacks):
     # Spread the payloads over three chunks (ids 0, 2, 5: ids need not be contiguous).
     rng = np.random.default_rng(0)
     chunk_of = rng.choice([0, 2, 5], size=48)
-    chunks, offsets = {}, np.zeros(48, np.int64)
-    for c in (0, 2, 5):
-        sel = np.flatnonzero(chunk_of == c)
-        buf = np.zeros(int(sum((int(enc.lengths[i]) + 7) // 8 * 8 for i in sel)) + 64, np.uint8)
-        pos = 16  # payloads do not start at the chunk's first byte
-        for i in sel.tolist():
-            n = int(enc.lengths[i])
-            buf[pos : pos + n] = enc.buffer[enc.offsets[i] : enc.offsets[i] + n]
-            offsets[i], pos = pos, pos + (n + 7) // 8 * 8
-        chunks[c] = buf
+    chunks, offsets = _spread_over_chunks(enc, chunk_of)
     order = rng.permutation(48)  # rows written out of order
     out = np.zeros_like(rows)
     codec.decode_scattered(chunks, chunk_of[order], offsets[order], enc.lengths[order], enc.meta[order], out, order, np.uint8)
@@ -474,16 +481,7 @@ def test_decode_many_into_several_outputs(spec, atari_stacks):
     enc = codec.encode_batch(rows, np.uint8)
     rng = np.random.default_rng(1)
     chunk_of = rng.choice([1, 4], size=30)
-    chunks, offsets = {}, np.zeros(30, np.int64)
-    for c in (1, 4):
-        sel = np.flatnonzero(chunk_of == c)
-        buf = np.zeros(int(sum((int(enc.lengths[i]) + 7) // 8 * 8 for i in sel)) + 8, np.uint8)
-        pos = 8
-        for i in sel.tolist():
-            n = int(enc.lengths[i])
-            buf[pos : pos + n] = enc.buffer[enc.offsets[i] : enc.offsets[i] + n]
-            offsets[i], pos = pos, pos + (n + 7) // 8 * 8
-        chunks[c] = buf
+    chunks, offsets = _spread_over_chunks(enc, chunk_of)
     outs = [np.zeros((12, rows.shape[1]), np.uint8), np.zeros((25, rows.shape[1]), np.uint8)]
     out_ids = np.array([0] * 12 + [1] * 18, np.int64)
     dest = np.concatenate([rng.permutation(12), rng.permutation(25)[:18]]).astype(np.int64)
