@@ -26,6 +26,10 @@ by compaction, which copies live entries into fresh space and drops the old chun
 reader still holding it keeps it alive). So a concurrent reader sees each entry either entirely
 before or entirely after a put, never torn.
 
+Reads: ``get`` (one slot array) and ``get_many`` (several, each into its own output) decode every
+distinct slot of the request once, into its first row, and copy it to its other rows. The
+decode and those copies run in one shard per thread (``host_codecs.parallel_for``).
+
 Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
 ``max_dead_fraction`` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
 buffer) empties chunks in order and never needs compaction.
