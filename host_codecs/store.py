@@ -395,8 +395,8 @@ class CompressedStore:
           missing: what an empty (never written or deleted) slot gives: ``"raise"`` (default)
             raises KeyError; ``"zeros"`` returns zeros of the batch's dtype and shape (taken
             from the other entries of the batch, else the declared ``item_shape``/``dtype``).
-          out: optional C-contiguous array of shape ``S + item_shape`` and the entries' dtype
-            to decode into (e.g. a reused or pinned buffer).
+          out: optional writeable C-contiguous array of shape ``S + item_shape`` and the entries'
+            dtype to decode into (e.g. a reused or pinned buffer).
 
         Returns:
           # shape=S + item_shape, dtype: the dtype the entries were stored with.
@@ -422,7 +422,8 @@ class CompressedStore:
         Args:
           slot_arrays: ``m`` integer arrays of slot ids, shapes ``S_j``.
           missing: as in :meth:`get` (all entries of all arrays must share one dtype and shape).
-          outs: optional ``m`` C-contiguous arrays, shapes ``S_j + item_shape``, to decode into.
+          outs: optional ``m`` writeable C-contiguous arrays, shapes ``S_j + item_shape``, to decode
+            into.
 
         Returns:
           ``m`` arrays, # shape=S_j + item_shape, dtype: the stored dtype.
@@ -483,11 +484,14 @@ class CompressedStore:
                 result = np.empty(full_shape, dtype=dtype)
             else:
                 result = outs[j]
-                if result.shape != full_shape or result.dtype != dtype or not result.flags.c_contiguous:
+                ok = result.shape == full_shape and result.dtype == dtype and result.flags.c_contiguous
+                if not ok or not result.flags.writeable:
                     name = "out" if len(ss) == 1 else f"outs[{j}]"
                     raise ValueError(
-                        f"{name}: expected a C-contiguous array of shape {full_shape} and dtype {dtype}, "
-                        f"got shape {result.shape}, dtype {result.dtype}"
+                        f"{name}: expected a writeable C-contiguous array of shape {full_shape} and dtype "
+                        f"{dtype}, got shape {result.shape}, dtype {result.dtype}"
+                        + ("" if result.flags.c_contiguous else ", not C-contiguous")
+                        + ("" if result.flags.writeable else ", read-only")
                     )
             results.append(result)
             views.append(result.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8))

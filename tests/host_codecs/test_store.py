@@ -133,6 +133,23 @@ def test_out_argument():
         store.get([3, 0], out=np.empty((2, 3), np.float32))
 
 
+@pytest.mark.parametrize("spec", [s for s in ("zstd:-1", "rle", "igzip:1", "none") if s.split(":")[0] in HAVE])
+def test_read_only_or_strided_out_is_refused_before_writing(spec):
+    # The native kernels write through raw addresses: a read-only output (e.g. a read-only
+    # memory map) must be refused up front, and left untouched.
+    store = CompressedStore(4, codec=spec)
+    store.put(np.arange(3), np.arange(36, dtype=np.float32).reshape(3, 3, 4) + 1)
+    for ids in ([0, 1, 2], [0, 1, 1]):
+        ro = np.zeros((3, 3, 4), np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(ValueError, match="out: expected a writeable .*read-only"):
+            store.get(np.array(ids), out=ro)
+        assert not ro.any()
+    strided = np.zeros((3, 3, 8), np.float32)[..., ::2]
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        store.get(np.arange(3), out=strided)
+
+
 @pytest.mark.parametrize("spec", sorted({"none", "rle", "igzip:1"} & {s.split(":")[0] for s in HAVE} | {"none"}))
 def test_accounting(spec, atari_stacks):
     spec = {"igzip": "igzip:1"}.get(spec, spec)
@@ -459,7 +476,7 @@ def test_get_many_decodes_each_slot_once_into_separate_outputs(threads, atari_st
         store.get_many(ids)
     with pytest.raises(ValueError, match="one per slot array"):
         store.get_many(ids, outs=outs[:2])
-    with pytest.raises(ValueError, match=r"outs\[1\]: expected a C-contiguous array of shape \(40, 4, 84, 84\)"):
+    with pytest.raises(ValueError, match=r"outs\[1\]: expected a writeable C-contiguous array of shape \(40, 4, 84, 84\)"):
         store.get_many(ids, missing="zeros", outs=[outs[0], outs[1][:, :2], outs[2]])
     empty = store.get_many([np.zeros(0, np.int64), obs_ids[:2]])
     assert empty[0].shape == (0, 84, 84) and empty[1].shape == (2, 4, 84, 84)
