@@ -150,6 +150,17 @@ def pack_payloads(payloads: Sequence[bytes], meta: np.ndarray | None = None) -> 
     return EncodedBatch(buffer, offsets, lengths, meta)
 
 
+def check_decode_args(codec: str, chunk_nbytes: int, offsets: np.ndarray, lengths: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
+    """Raise ValueError unless every payload range ``[offsets[i], offsets[i] + lengths[i])`` lies
+    in a chunk of ``chunk_nbytes`` bytes and every row is in ``[0, out.shape[0])``. Codecs call it
+    before decoding: their kernels read and write without bounds checks (numba, raw addresses),
+    and numpy indexing would wrap a negative row silently."""
+    if len(offsets) and (int(np.min(offsets)) < 0 or int(np.min(lengths)) < 0 or int(np.max(np.add(offsets, lengths))) > chunk_nbytes):
+        raise ValueError(f"codec {codec!r}: payload index out of range (a payload lies outside its chunk)")
+    if len(rows) and (int(np.min(rows)) < 0 or int(np.max(rows)) >= out.shape[0]):
+        raise ValueError(f"codec {codec!r}: row index out of range for an output of {out.shape[0]} rows")
+
+
 class Codec:
     """Base class of all codecs.
 
@@ -307,6 +318,8 @@ class Codec:
           ValueError: a payload is corrupt or (codecs reading in place) lies outside its chunk.
         """
         out_ids = np.asarray(out_ids)
+        if out_ids.size and (int(out_ids.min()) < 0 or int(out_ids.max()) >= len(outs)):
+            raise ValueError(f"codec {self.name!r}: output index out of range for {len(outs)} outputs")
         groups = [int(out_ids[0])] if out_ids.size and out_ids.min() == out_ids.max() else np.unique(out_ids).tolist()
         for j in groups:
             sel = slice(None) if len(groups) == 1 else np.flatnonzero(out_ids == j)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, missing_extra, pack_payloads, parallel_for
+from ._base import Codec, EncodedBatch, check_decode_args, missing_extra, pack_payloads, parallel_for
 
 __all__ = ["IgzipCodec"]
 
@@ -51,6 +51,7 @@ class IgzipCodec(Codec):
         return pack_payloads(payloads)
 
     def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
+        check_decode_args(self.name, chunk.shape[0], offsets, lengths, out, rows)
         lib = self._lib
         nbytes = out.shape[1]
         offs, lens, rws = offsets.tolist(), lengths.tolist(), rows.tolist()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, ceil_align
+from ._base import Codec, EncodedBatch, ceil_align, check_decode_args
 
 __all__ = ["NoneCodec"]
 
@@ -32,6 +32,7 @@ class NoneCodec(Codec):
         )
 
     def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
+        check_decode_args(self.name, chunk.shape[0], offsets, lengths, out, rows)
         nbytes = out.shape[1]
         bad = lengths != nbytes
         if bad.any():

@@ -42,7 +42,7 @@ import threading
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, element_view_dtype, missing_extra, num_threads, parallel_for
+from ._base import Codec, EncodedBatch, check_decode_args, element_view_dtype, missing_extra, num_threads, parallel_for
 
 __all__ = ["RLECodec"]
 
@@ -276,6 +276,7 @@ class RLECodec(Codec):
             return
         if chunk.shape[0] % 8:
             raise ValueError(f"codec 'rle': chunk length must be a multiple of 8, got {chunk.shape[0]}")
+        check_decode_args("rle", chunk.shape[0], offsets, lengths, out, rows)
         views = (chunk, chunk.view(_U2), chunk.view(_U4), chunk.view(word))
         offsets = np.ascontiguousarray(offsets, np.int64)
         lengths = np.ascontiguousarray(lengths, np.int64)

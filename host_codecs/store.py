@@ -434,6 +434,8 @@ class CompressedStore:
         if missing not in ("raise", "zeros"):
             raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")
         ss = [self._slots(x) for x in slot_arrays]
+        if not ss:
+            raise ValueError("slot_arrays: expected at least one array of slot ids, got none")
         if outs is not None and len(outs) != len(ss):
             raise ValueError(f"outs: expected {len(ss)} arrays (one per slot array), got {len(outs)}")
         flat = ss[0].reshape(-1) if len(ss) == 1 else np.concatenate([x.reshape(-1) for x in ss])
@@ -477,23 +479,26 @@ class CompressedStore:
             )
         dtype = dtype_from_code(code)
         nbytes = int(np.prod(item_shape, dtype=np.int64)) * dtype.itemsize
-        results, views = [], []
-        for j, s in enumerate(ss):
+        results = []
+        for j, s in enumerate(ss):  # every output is checked before any is written
             full_shape = s.shape + tuple(item_shape)
             if outs is None:
-                result = np.empty(full_shape, dtype=dtype)
-            else:
-                result = outs[j]
-                ok = result.shape == full_shape and result.dtype == dtype and result.flags.c_contiguous
-                if not ok or not result.flags.writeable:
-                    name = "out" if len(ss) == 1 else f"outs[{j}]"
-                    raise ValueError(
-                        f"{name}: expected a writeable C-contiguous array of shape {full_shape} and dtype "
-                        f"{dtype}, got shape {result.shape}, dtype {result.dtype}"
-                        + ("" if result.flags.c_contiguous else ", not C-contiguous")
-                        + ("" if result.flags.writeable else ", read-only")
-                    )
+                results.append(np.empty(full_shape, dtype=dtype))
+                continue
+            result, name = outs[j], "out" if len(ss) == 1 else f"outs[{j}]"
+            if not isinstance(result, np.ndarray):
+                raise TypeError(f"{name}: expected a numpy array, got {type(result).__name__}")
+            ok = result.shape == full_shape and result.dtype == dtype and result.flags.c_contiguous
+            if not ok or not result.flags.writeable:
+                raise ValueError(
+                    f"{name}: expected a writeable C-contiguous array of shape {full_shape} and dtype "
+                    f"{dtype}, got shape {result.shape}, dtype {result.dtype}"
+                    + ("" if result.flags.c_contiguous else ", not C-contiguous")
+                    + ("" if result.flags.writeable else ", read-only")
+                )
             results.append(result)
+        views = []
+        for j, (s, result) in enumerate(zip(ss, results)):
             views.append(result.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8))
             if not present[bounds[j] : bounds[j + 1]].all():
                 views[j][~present[bounds[j] : bounds[j + 1]]] = 0

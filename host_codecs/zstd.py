@@ -36,7 +36,7 @@ import threading
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, ceil_align, missing_extra, pack_payloads, parallel_for
+from ._base import Codec, EncodedBatch, ceil_align, check_decode_args, missing_extra, pack_payloads, parallel_for
 
 __all__ = ["ZstdCodec"]
 
@@ -302,9 +302,8 @@ class ZstdCodec(Codec):
     def _decode_native(self, chunk, offsets, lengths, out, rows) -> None:
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-        # The kernel reads through raw addresses: check every range before calling it.
-        if offsets.size and (int(offsets.min()) < 0 or int(lengths.min()) < 0 or int((offsets + lengths).max()) > chunk.shape[0]):
-            raise ValueError("codec 'zstd': payload index out of range")
+        # The kernel reads and writes through raw addresses: check every range before calling it.
+        check_decode_args(self.name, chunk.shape[0], offsets, lengths, out, rows)
         self._decode_native_with(chunk.ctypes.data + offsets, lengths, [out], np.zeros(len(rows), np.int64), rows)
 
     def _decode_native_with(self, addresses, lengths, outs, out_ids, rows) -> None:
@@ -319,15 +318,14 @@ class ZstdCodec(Codec):
         rows = np.asarray(rows, dtype=np.int64)
         out_ids = np.asarray(out_ids, dtype=np.int64)
         k = rows.shape[0]
+        if k and (int(out_ids.min()) < 0 or int(out_ids.max()) >= len(outs)):
+            raise ValueError(f"codec 'zstd': output index out of range for {len(outs)} outputs")
         if len(outs) == 1:
-            if k and (int(rows.min()) < 0 or int(rows.max()) >= outs[0].shape[0]):
-                raise ValueError("codec 'zstd': row index out of range")
+            check_decode_args(self.name, 0, (), (), outs[0], rows)
             destinations = outs[0].ctypes.data + rows * nbytes
         else:
             heights = np.array([o.shape[0] for o in outs], dtype=np.int64)
             bases = np.array([o.ctypes.data for o in outs], dtype=np.int64)
-            if k and (int(out_ids.min()) < 0 or int(out_ids.max()) >= len(outs)):
-                raise ValueError("codec 'zstd': output index out of range")
             if k and (int(rows.min()) < 0 or bool((rows >= heights[out_ids]).any())):
                 raise ValueError("codec 'zstd': row index out of range")
             destinations = bases[out_ids] + rows * nbytes
@@ -342,6 +340,7 @@ class ZstdCodec(Codec):
             raise ValueError(f"codec 'zstd': corrupt entry: {why}")
 
     def _decode_python(self, chunk, offsets, lengths, out, rows) -> None:
+        check_decode_args(self.name, chunk.shape[0], offsets, lengths, out, rows)
         nbytes = out.shape[1]
         offs, lens, rws = offsets.tolist(), lengths.tolist(), rows.tolist()
         errors: list[str] = []

@@ -510,3 +510,43 @@ def test_decode_many_into_several_outputs(spec, atari_stacks):
         bad[3] = 12  # past the end of output 0
         with pytest.raises(ValueError, match="row index out of range"):
             codec.decode_many(chunks, chunk_of, offsets, enc.lengths, enc.meta, outs, out_ids, bad, np.uint8)
+
+
+def test_get_many_argument_errors_leave_outputs_untouched():
+    store = CompressedStore(4, codec="none")
+    store.put([0, 1], np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="slot_arrays: expected at least one array"):
+        store.get_many([])
+    good = np.full((2, 3), 5, np.float32)
+    with pytest.raises(TypeError, match=r"outs\[1\]: expected a numpy array, got list"):
+        store.get_many([[0, 3], [1]], missing="zeros", outs=[good, [[0.0, 0.0, 0.0]]])
+    with pytest.raises(ValueError, match=r"outs\[1\]: expected a writeable"):
+        store.get_many([[0, 3], [1]], missing="zeros", outs=[good, np.zeros((2, 3), np.float32)])
+    assert (good == 5).all()  # slot 3 is empty, but outs[0] was not zeroed: the call failed first
+
+
+@pytest.mark.parametrize("spec", [s for s in ("zstd:-1", "zstd:-1/python", "rle", "igzip:1", "none") if s.split(":")[0] in HAVE])
+def test_codecs_refuse_rows_and_ranges_out_of_bounds(spec):
+    """decode_into / decode_many check rows (also negative ones) and payload ranges before their
+    kernels write or read without bounds checks."""
+    name = spec.split("/")[0]
+    codec = get_codec(name)
+    if spec.endswith("/python"):
+        from host_codecs.zstd import ZstdCodec
+
+        codec = ZstdCodec(-1, engine="python")
+    rows = np.arange(4 * 64, dtype=np.uint8).reshape(4, 64)
+    enc = codec.encode_batch(rows, np.uint8)
+    chunk = np.zeros(-(-enc.buffer.size // 8) * 8, np.uint8)
+    chunk[: enc.buffer.size] = enc.buffer
+    for bad in ([0, 1, 2, 4], [0, -1, 2, 3]):
+        out = np.zeros((4, 64), np.uint8)
+        with pytest.raises(ValueError, match="row index out of range"):
+            codec.decode_into(chunk, enc.offsets, enc.lengths, enc.meta, out, np.array(bad, np.int64), np.uint8)
+        assert not out.any()
+    too_long = enc.lengths.astype(np.int64) + chunk.shape[0]
+    with pytest.raises(ValueError, match="payload index out of range"):
+        codec.decode_into(chunk, enc.offsets, too_long, enc.meta, np.zeros((4, 64), np.uint8), np.arange(4), np.uint8)
+    with pytest.raises(ValueError, match="output index out of range"):
+        codec.decode_many({0: chunk}, np.zeros(4, np.int64), enc.offsets, enc.lengths, enc.meta,
+                          [np.zeros((4, 64), np.uint8)], np.array([0, 0, 1, 0]), np.arange(4), np.uint8)
