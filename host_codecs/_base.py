@@ -152,11 +152,18 @@ def pack_payloads(payloads: Sequence[bytes], meta: np.ndarray | None = None) -> 
 
 def check_decode_args(codec: str, chunk_nbytes: int, offsets: np.ndarray, lengths: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
     """Raise ValueError unless every payload range ``[offsets[i], offsets[i] + lengths[i])`` lies
-    in a chunk of ``chunk_nbytes`` bytes and every row is in ``[0, out.shape[0])``. Codecs call it
-    before decoding: their kernels read and write without bounds checks (numba, raw addresses),
-    and numpy indexing would wrap a negative row silently."""
+    in a chunk of ``chunk_nbytes`` bytes and :func:`check_rows` passes. Codecs call it before
+    decoding: their kernels read and write without bounds checks (numba, raw addresses), and
+    numpy indexing would wrap a negative row silently."""
     if len(offsets) and (int(np.min(offsets)) < 0 or int(np.min(lengths)) < 0 or int(np.max(np.add(offsets, lengths))) > chunk_nbytes):
         raise ValueError(f"codec {codec!r}: payload index out of range (a payload lies outside its chunk)")
+    check_rows(codec, out, rows)
+
+
+def check_rows(codec: str, out: np.ndarray, rows: np.ndarray) -> None:
+    """Raise ValueError unless ``out`` is writeable and every row is in ``[0, out.shape[0])``."""
+    if not out.flags.writeable:
+        raise ValueError(f"codec {codec!r}: the output array is read-only")
     if len(rows) and (int(np.min(rows)) < 0 or int(np.max(rows)) >= out.shape[0]):
         raise ValueError(f"codec {codec!r}: row index out of range for an output of {out.shape[0]} rows")
 

@@ -36,7 +36,7 @@ import threading
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, ceil_align, check_decode_args, missing_extra, pack_payloads, parallel_for
+from ._base import Codec, EncodedBatch, ceil_align, check_decode_args, check_rows, missing_extra, pack_payloads, parallel_for
 
 __all__ = ["ZstdCodec"]
 
@@ -321,13 +321,12 @@ class ZstdCodec(Codec):
         if k and (int(out_ids.min()) < 0 or int(out_ids.max()) >= len(outs)):
             raise ValueError(f"codec 'zstd': output index out of range for {len(outs)} outputs")
         if len(outs) == 1:
-            check_decode_args(self.name, 0, (), (), outs[0], rows)
+            check_rows(self.name, outs[0], rows)
             destinations = outs[0].ctypes.data + rows * nbytes
         else:
-            heights = np.array([o.shape[0] for o in outs], dtype=np.int64)
+            for j, o in enumerate(outs):
+                check_rows(self.name, o, rows[out_ids == j])
             bases = np.array([o.ctypes.data for o in outs], dtype=np.int64)
-            if k and (int(rows.min()) < 0 or bool((rows >= heights[out_ids]).any())):
-                raise ValueError("codec 'zstd': row index out of range")
             destinations = bases[out_ids] + rows * nbytes
         status = np.zeros(k, dtype=np.uint64)
         parallel_for(

@@ -544,6 +544,10 @@ def test_codecs_refuse_rows_and_ranges_out_of_bounds(spec):
         with pytest.raises(ValueError, match="row index out of range"):
             codec.decode_into(chunk, enc.offsets, enc.lengths, enc.meta, out, np.array(bad, np.int64), np.uint8)
         assert not out.any()
+    read_only = np.zeros((4, 64), np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        codec.decode_into(chunk, enc.offsets, enc.lengths, enc.meta, read_only, np.arange(4), np.uint8)
     too_long = enc.lengths.astype(np.int64) + chunk.shape[0]
     with pytest.raises(ValueError, match="payload index out of range"):
         codec.decode_into(chunk, enc.offsets, too_long, enc.meta, np.zeros((4, 64), np.uint8), np.arange(4), np.uint8)
