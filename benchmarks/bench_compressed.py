@@ -269,7 +269,7 @@ def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dic
         times = {k: [] for k in cases}
         for fn in cases.values():
             fn(), fn()
-        for r in range(repeats):
+        for r in range(repeats * (256 // b)):  # more rounds for the short calls (noisier)
             order = list(cases)[r % len(cases):] + list(cases)[: r % len(cases)]  # rotated each round
             for k in order:
                 t0 = time.perf_counter()
