@@ -336,6 +336,19 @@ def test_thread_count_does_not_change_results(threads, atari_stacks):
         host_codecs.set_num_threads(0)
 
 
+def _codec_for(spec):
+    """The codec named by ``spec`` ("zstd:-1/python": the zstd python engine); skips the test
+    when its package is not installed."""
+    name = spec.split("/")[0]
+    if name.split(":")[0] not in HAVE:
+        pytest.skip(f"{name} not installed")
+    if spec.endswith("/python"):
+        from host_codecs.zstd import ZstdCodec
+
+        return ZstdCodec(int(name.split(":")[1]), engine="python")
+    return get_codec(name)
+
+
 def _spread_over_chunks(enc, chunk_of):
     """Copy the payloads of an EncodedBatch into arena-like chunks: payload ``i`` into chunk
     ``chunk_of[i]``, 8-byte aligned, not at the chunk's first byte. Returns (chunks, offsets)."""
@@ -357,14 +370,7 @@ def test_decode_scattered_reads_payloads_across_chunks(spec, atari_stacks):
     """Codec.decode_scattered (payloads spread over several arena chunks; the zstd native engine
     reads each where it lies, the others gather first) equals decode_into on one contiguous
     buffer; the native engine checks every payload range against its own chunk."""
-    name = spec.split("/")[0]
-    if name.split(":")[0] not in HAVE:
-        pytest.skip(f"{name} not installed")
-    codec = get_codec(name)
-    if spec.endswith("/python"):
-        from host_codecs.zstd import ZstdCodec
-
-        codec = ZstdCodec(-1, engine="python")
+    codec = _codec_for(spec)
     rows = atari_stacks["pong_obs"][:48, -1].reshape(48, -1)
     enc = codec.encode_batch(rows, np.uint8)
     # Spread the payloads over three chunks (ids 0, 2, 5: ids need not be contiguous).
@@ -486,14 +492,7 @@ def test_get_many_decodes_each_slot_once_into_separate_outputs(threads, atari_st
 def test_decode_many_into_several_outputs(spec, atari_stacks):
     """Codec.decode_many (payloads over several chunks, entries to rows of several outputs)
     equals decoding every payload on its own; the native zstd engine checks the rows."""
-    name = spec.split("/")[0]
-    if name.split(":")[0] not in HAVE:
-        pytest.skip(f"{name} not installed")
-    codec = get_codec(name)
-    if spec.endswith("/python"):
-        from host_codecs.zstd import ZstdCodec
-
-        codec = ZstdCodec(-1, engine="python")
+    codec = _codec_for(spec)
     rows = atari_stacks["breakout_obs"][:30, -1].reshape(30, -1)
     enc = codec.encode_batch(rows, np.uint8)
     rng = np.random.default_rng(1)
@@ -529,12 +528,7 @@ def test_get_many_argument_errors_leave_outputs_untouched():
 def test_codecs_refuse_rows_and_ranges_out_of_bounds(spec):
     """decode_into / decode_many check rows (also negative ones) and payload ranges before their
     kernels write or read without bounds checks."""
-    name = spec.split("/")[0]
-    codec = get_codec(name)
-    if spec.endswith("/python"):
-        from host_codecs.zstd import ZstdCodec
-
-        codec = ZstdCodec(-1, engine="python")
+    codec = _codec_for(spec)
     rows = np.arange(4 * 64, dtype=np.uint8).reshape(4, 64)
     enc = codec.encode_batch(rows, np.uint8)
     chunk = np.zeros(-(-enc.buffer.size // 8) * 8, np.uint8)
