@@ -119,29 +119,22 @@ def _compressed_add(writer, obs: np.ndarray, next_obs: np.ndarray, done: np.ndar
 
 
 @jax.jit
-def _compressed_ids(cbuf, rows: jax.Array, envs: jax.Array, done: jax.Array, newest: jax.Array):
-    # One-step transitions at (lane = env, slot = row): ids of obs and next obs; after an episode
-    # end the next obs comes from the final-observation ring (every done was given as truncated).
+def _compressed_gather(cbuf, dones: jax.Array, rows: jax.Array, envs: jax.Array, newest: jax.Array, pending: jax.Array):
+    """Decoded (obs, next_obs) of SB3 rows/envs in ONE jitted call: the one-step transitions at
+    (lane = env, slot = row), their frames decoded by the buffer's host callback straight into the
+    outputs (on CPU), and the newest rows' next observations taken from ``pending``.
+
+    ``dones``: SB3's stored dones ``[rows, n_envs]``; after an episode end the next observation
+    comes from the final-observation ring (every done was added as a truncation). The newest
+    row's next observation is not stored yet (it becomes the next row's obs): it is held in
+    ``pending`` ``[n_envs, *obs_shape]`` and used instead.
+    """
     traj = cbuf.trajectory
     tr = traj.transitions_at(envs * traj.length + rows, n_step=1, gamma=jnp.float32(1.0))
-    obs_ids, next_ids = tr.obs, tr.next_obs
-    # The newest row's next observation is not in the ring yet (it becomes the next row's obs):
-    # it is held in `pending`, and decoding is pointed at a valid slot instead.
-    use_pending = (rows == newest) & ~done
-    next_ids = jnp.where(use_pending[:, None], obs_ids, next_ids)
-    return cbuf._frame_ids(obs_ids), cbuf._frame_ids(next_ids), use_pending
-
-
-def _compressed_gather(cbuf, rows: jax.Array, envs: jax.Array, done: jax.Array, newest: jax.Array, pending: np.ndarray):
-    """Decoded (obs, next_obs) of SB3 rows/envs: ids on device (one jitted call), frames decoded
-    by a direct host call (no JAX callback; on CPU the result is adopted without a copy)."""
-    (f1, p1), (f2, p2), use_pending = _compressed_ids(cbuf, rows, envs, done, newest)
-    (obs,), (nxt,) = cbuf._decode_host([f1, f2], [p1, p2])
-    use_pending = np.asarray(use_pending)
-    if use_pending.any():
-        nxt = jnp.where(
-            jnp.asarray(use_pending).reshape((-1,) + (1,) * (nxt.ndim - 1)), jnp.asarray(pending)[envs], nxt
-        )
+    use_pending = (rows == newest) & ~dones[rows, envs]
+    next_ids = jnp.where(use_pending[:, None], tr.obs, tr.next_obs)  # a valid slot to decode; replaced below
+    obs, nxt = cbuf.decode_obs(tr.obs, next_ids)
+    nxt = jnp.where(use_pending.reshape((-1,) + (1,) * (nxt.ndim - 1)), pending[envs], nxt)
     return obs, nxt
 
 
@@ -488,9 +481,8 @@ class _JaxReplayImpl:
             if self._pending is None:
                 raise IndexError("samples_at: the buffer is empty")
             newest = jnp.int32((self.pos - 1) % self.buffer_size)
-            done_j = self._state.storage["dones"][rows_j, envs_j]
             cbuf = self._writer.buffer  # flushes the staged steps first
-            obs, nxt = _compressed_gather(cbuf, rows_j, envs_j, done_j, newest, self._pending)
+            obs, nxt = _compressed_gather(cbuf, self._state.storage["dones"], rows_j, envs_j, newest, self._pending)
         dev = self.device
         if env is not None:
             obs = self._normalize_obs(_common.tree_to_numpy(obs), env)
