@@ -150,14 +150,21 @@ def pack_payloads(payloads: Sequence[bytes], meta: np.ndarray | None = None) -> 
     return EncodedBatch(buffer, offsets, lengths, meta)
 
 
-def check_decode_args(codec: str, chunk_nbytes: int, offsets: np.ndarray, lengths: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
-    """Raise ValueError unless every payload range ``[offsets[i], offsets[i] + lengths[i])`` lies
-    in a chunk of ``chunk_nbytes`` bytes and :func:`check_rows` passes. Codecs call it before
-    decoding: their kernels read and write without bounds checks (numba, raw addresses), and
-    numpy indexing would wrap a negative row silently."""
-    if len(offsets) and (int(np.min(offsets)) < 0 or int(np.min(lengths)) < 0 or int(np.max(np.add(offsets, lengths))) > chunk_nbytes):
-        raise ValueError(f"codec {codec!r}: payload index out of range (a payload lies outside its chunk)")
+def check_decode_args(codec: str, chunk_nbytes, offsets: np.ndarray, lengths: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
+    """:func:`check_ranges` and :func:`check_rows` for one output. Codecs call it before decoding:
+    their kernels read and write without bounds checks (numba, raw addresses), and numpy
+    indexing would wrap a negative row silently."""
+    check_ranges(codec, chunk_nbytes, offsets, lengths)
     check_rows(codec, out, rows)
+
+
+def check_ranges(codec: str, chunk_nbytes, offsets: np.ndarray, lengths: np.ndarray) -> None:
+    """Raise ValueError unless every payload range ``[offsets[i], offsets[i] + lengths[i])`` lies
+    in its chunk; ``chunk_nbytes``: one chunk size (int) or each entry's chunk size (int64[k])."""
+    if len(offsets) and (
+        int(np.min(offsets)) < 0 or int(np.min(lengths)) < 0 or bool(np.any(np.add(offsets, lengths) > chunk_nbytes))
+    ):
+        raise ValueError(f"codec {codec!r}: payload index out of range (a payload lies outside its chunk)")
 
 
 def check_rows(codec: str, out: np.ndarray, rows: np.ndarray) -> None:
@@ -166,6 +173,12 @@ def check_rows(codec: str, out: np.ndarray, rows: np.ndarray) -> None:
         raise ValueError(f"codec {codec!r}: the output array is read-only")
     if len(rows) and (int(np.min(rows)) < 0 or int(np.max(rows)) >= out.shape[0]):
         raise ValueError(f"codec {codec!r}: row index out of range for an output of {out.shape[0]} rows")
+
+
+def check_out_ids(codec: str, out_ids: np.ndarray, num_outs: int) -> None:
+    """Raise ValueError unless every output index is in ``[0, num_outs)``."""
+    if len(out_ids) and (int(np.min(out_ids)) < 0 or int(np.max(out_ids)) >= num_outs):
+        raise ValueError(f"codec {codec!r}: output index out of range for {num_outs} outputs")
 
 
 class Codec:
@@ -252,7 +265,9 @@ class Codec:
           dtype: element dtype of the entries.
 
         Raises:
-          ValueError: if a payload is corrupt (wrong decoded size).
+          ValueError: a payload is corrupt (wrong decoded size), a payload range lies outside
+            ``chunk``, a row is outside ``[0, B)``, or ``out`` is read-only (all checked before
+            anything is written: :func:`check_decode_args`).
         """
         raise NotImplementedError
 
@@ -280,7 +295,7 @@ class Codec:
           meta, out, rows, dtype: as in :meth:`decode_into`.
 
         Raises:
-          ValueError: a payload is corrupt, or (codecs reading in place) lies outside its chunk.
+          ValueError: as :meth:`decode_into`; a payload lies outside its chunk.
         """
         from ._gather import gather
 
@@ -322,11 +337,10 @@ class Codec:
           out_ids, rows: # shape=(k,), dtype=int64, where each entry goes.
 
         Raises:
-          ValueError: a payload is corrupt or (codecs reading in place) lies outside its chunk.
+          ValueError: as :meth:`decode_scattered`; an output index outside ``[0, len(outs))``.
         """
         out_ids = np.asarray(out_ids)
-        if out_ids.size and (int(out_ids.min()) < 0 or int(out_ids.max()) >= len(outs)):
-            raise ValueError(f"codec {self.name!r}: output index out of range for {len(outs)} outputs")
+        check_out_ids(self.name, out_ids, len(outs))
         groups = [int(out_ids[0])] if out_ids.size and out_ids.min() == out_ids.max() else np.unique(out_ids).tolist()
         for j in groups:
             sel = slice(None) if len(groups) == 1 else np.flatnonzero(out_ids == j)

@@ -36,7 +36,10 @@ import threading
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, ceil_align, check_decode_args, check_rows, missing_extra, pack_payloads, parallel_for
+from ._base import (
+    Codec, EncodedBatch, ceil_align, check_decode_args, check_out_ids, check_ranges, check_rows, missing_extra,
+    pack_payloads, parallel_for,
+)
 
 __all__ = ["ZstdCodec"]
 
@@ -295,8 +298,7 @@ class ZstdCodec(Codec):
         for c in used:
             base[c], size[c] = chunks[c].ctypes.data, chunks[c].shape[0]
         # The kernel reads through raw addresses: check every range against its chunk first.
-        if ids.size and (int(offsets.min()) < 0 or int(lengths.min()) < 0 or bool((offsets + lengths > size[ids]).any())):
-            raise ValueError("codec 'zstd': payload index out of range")
+        check_ranges(self.name, size[ids], offsets, lengths)
         self._decode_native_with(base[ids] + offsets, lengths, outs, out_ids, rows)
 
     def _decode_native(self, chunk, offsets, lengths, out, rows) -> None:
@@ -318,8 +320,7 @@ class ZstdCodec(Codec):
         rows = np.asarray(rows, dtype=np.int64)
         out_ids = np.asarray(out_ids, dtype=np.int64)
         k = rows.shape[0]
-        if k and (int(out_ids.min()) < 0 or int(out_ids.max()) >= len(outs)):
-            raise ValueError(f"codec 'zstd': output index out of range for {len(outs)} outputs")
+        check_out_ids(self.name, out_ids, len(outs))
         if len(outs) == 1:
             check_rows(self.name, outs[0], rows)
             destinations = outs[0].ctypes.data + rows * nbytes
