@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuffers import _ring, _validate
+from jaxbuffers import _kernel, _ring, _validate
 from jaxbuffers.replay import ReplayBuffer
 from jaxbuffers import sum_tree
 from jaxbuffers.sum_tree import SumMinTree
@@ -339,12 +339,18 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         """
         (b,) = _validate.check_batch(self.item_spec, batch, 1, "batch")
         _ring.check_batch_fits(b, self.capacity, "batch")
+        if priorities is not None:
+            priorities = _check_vector("priorities", priorities, b, "floating")
+        return _kernel.as_one_kernel(lambda buf: buf._add(batch, priorities), self, self.replay.head)
+
+    def _add(self, batch: Any, priorities: jax.Array | None) -> "PrioritisedReplayBuffer":
+        (b,) = _validate.check_batch(self.item_spec, batch, 1, "batch")
         slots = _ring.write_indices(self.replay.head, b, self.capacity)  # distinct: B <= capacity
         if priorities is None:
             p = jnp.full((b,), self.max_priority, jnp.float32)
             max_priority = self.max_priority
         else:
-            p = self._sanitise(_check_vector("priorities", priorities, b, "floating"))
+            p = self._sanitise(priorities)
             max_priority = jnp.maximum(self.max_priority, jnp.max(p))
         return self.replace(
             replay=self.replay.add(batch),

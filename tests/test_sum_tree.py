@@ -273,6 +273,36 @@ def test_find_with_rounding_lands_on_positive_leaf_near_reference(values, fracti
     assert np.all(cum[got] - tol <= q) and np.all(q < cum[got + 1] + tol)
 
 
+_DESCENTS = {"chained": jax.jit(sum_tree_module._descend_chained), "vector": jax.jit(sum_tree_module._descend_vector)}
+
+
+@given(
+    capacity=st.sampled_from([1, 2, 3, 5, 64, 70, 3000]),
+    values=st.lists(st.one_of(st.just(0.0), st.floats(2.0**-10, 2.0**10, width=32)), min_size=1, max_size=80),
+    fractions=st.lists(st.floats(-0.1, 1.1), min_size=1, max_size=13),
+    pair=st.booleans(),
+)
+@settings(max_examples=60, deadline=None)
+def test_chained_and_vector_descents_agree_exactly(capacity, values, fractions, pair):
+    """The CPU descent (scalar loop, 4 queries at a time, 2 levels per inner step) and the
+    level-by-level vector descent return the same leaves for any tree and any number of queries
+    (not only multiples of 4), for one-column and (sum, min) heaps, depths 0 to 12 (odd and even),
+    empty trees included; and the default path (CPU) is the chained one."""
+    leaves = np.zeros(capacity, np.float32)
+    idx = np.arange(len(values)) * 37 % capacity
+    leaves[idx] = np.array(values, np.float32)
+    tree = (SumMinTree if pair else SumTree).create(capacity).set(jnp.asarray(idx, jnp.int32), jnp.asarray(leaves[idx]))
+    total = float(tree.total())
+    q = jnp.clip(jnp.asarray(np.array(fractions) * total, jnp.float32), 0, max(np.nextafter(np.float32(total), 0), 0))
+    chained = np.asarray(_DESCENTS["chained"](tree.nodes, q))
+    np.testing.assert_array_equal(chained, np.asarray(_DESCENTS["vector"](tree.nodes, q)))
+    np.testing.assert_array_equal(np.asarray(tree.find(q)), chained)
+    if total > 0:
+        assert np.all(leaves[chained] > 0)
+    else:
+        assert np.all(chained == 0)
+
+
 @JIT
 def test_sample_stratified_one_query_per_stratum(use_jit):
     leaves = np.arange(1, 17, dtype=np.float32)  # total 136

@@ -1,0 +1,47 @@
+"""Running a small buffer update as ONE compiled kernel on XLA:CPU.
+
+XLA:CPU turns a jitted program into a sequence of kernels ("thunks") and runs a sequence of more
+than 8 of them that does not form a single dependency chain *concurrently*, handing ready kernels
+to its worker threads. For an update that touches a few hundred bytes (one item written, a
+17-level sum-tree walk) the hand-offs cost far more than the work: on the 2-core test machine a
+prioritised add of one item was 13-18 kernels and took 36-90 us per call, of which the work is a
+few microseconds.
+
+XLA:CPU also compiles a ``while`` loop whose one iteration accesses under ~1 KB (its cost model's
+bytes accessed; option ``xla_cpu_small_while_loop_byte_threshold``) into a single kernel. So
+:func:`as_one_kernel` runs the update as the body of a loop of exactly one iteration whose trip
+count XLA cannot see (a constant trip count of 1 would be inlined away): for small updates the
+whole program is then ~4 kernels and runs on the calling thread (measured: 44-90 -> 14-15 us per
+one-item prioritised add; flashbax 16-18 us). For larger updates the loop is an ordinary one
+iteration ``while`` and costs about the same as the unwrapped program (measured within noise at
+256 vector items and at one Atari frame). The result is the same computation, bit for bit
+(tested). Other backends run ``update`` unchanged: GPU/TPU launch kernels per loop step.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import jax
+import jax.numpy as jnp
+
+T = TypeVar("T")
+
+
+def as_one_kernel(update: Callable[[T], T], state: T, nonnegative: jax.Array) -> T:
+    """``update(state)``, compiled as one kernel on CPU when small enough (module doc).
+
+    Args:
+      update: pure function ``state -> new state`` (same pytree structure, shapes and dtypes).
+      state: the pytree to update (donation still updates it in place).
+      nonnegative: an int32 scalar of ``state`` that is never negative (e.g. a ring head); it
+        makes the trip count ``1 + (nonnegative >> 31) == 1`` opaque to the compiler. Under
+        ``vmap`` it may be batched.
+
+    Returns:
+      ``update(state)``.
+    """
+    if jax.default_backend() != "cpu":
+        return update(state)
+    trips = 1 + jnp.right_shift(jnp.asarray(nonnegative, jnp.int32), 31)
+    return jax.lax.fori_loop(0, trips, lambda _, s: update(s), state)
