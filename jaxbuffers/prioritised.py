@@ -137,6 +137,16 @@ def set_leaves_and_max(tree: SumMinTree, indices, leaf, priorities, max_priority
     return new, jax.lax.fori_loop(0, b, body, max_priority)
 
 
+def check_beta(beta) -> None:
+    """Raise unless ``beta`` is a Python float (finite, >= 0) or a float scalar array (may be traced;
+    not range-checked): ValueError / TypeError naming ``beta``."""
+    if isinstance(beta, (int, float, np.integer, np.floating)) and not isinstance(beta, bool):
+        if not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"beta: expected a finite float >= 0, got {beta}")
+    elif not hasattr(beta, "shape") or tuple(beta.shape) != () or not jnp.issubdtype(beta.dtype, jnp.floating):
+        raise TypeError(f"beta: expected a float or a float scalar array, got {beta!r}")
+
+
 def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[jax.Array, jax.Array]:
     """Sampling probabilities and normalised importance weights of sampled leaves (module doc).
 
@@ -155,11 +165,7 @@ def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[
       ValueError: a Python ``beta`` that is negative or not finite. TypeError: ``beta`` not a
       float or a float scalar array.
     """
-    if isinstance(beta, (int, float, np.integer, np.floating)) and not isinstance(beta, bool):
-        if not (math.isfinite(beta) and beta >= 0):
-            raise ValueError(f"beta: expected a finite float >= 0, got {beta}")
-    elif not hasattr(beta, "shape") or tuple(beta.shape) != () or not jnp.issubdtype(beta.dtype, jnp.floating):
-        raise TypeError(f"beta: expected a float or a float scalar array, got {beta!r}")
+    check_beta(beta)
     total = tree.total()
     nonempty = total > 0
     probabilities = jnp.where(nonempty, leaf / jnp.where(nonempty, total, 1), 0)

@@ -656,8 +656,9 @@ def _device_leaves_equal(a, b):
 )
 def test_staging_writer_equals_one_step_adds(seed, num_envs, length, steps, max_pending, use_trunc, dict_obs, layout,
                                              padding, normalize):
-    """Staged adds == one-step adds (device state and samples), and the writer's eager host-side
-    sample (sample_transitions_from_host) == the callback sample_transitions, bit for bit."""
+    """Staged adds == one-step adds (device state and samples), and the writer's sample (a cached
+    jit), the eager host-side sample (sample_transitions_from_host) and the callback
+    sample_transitions agree bit for bit."""
     from jaxbuffers.compressed import StagingWriter
 
     rng = np.random.default_rng(seed)
@@ -692,9 +693,11 @@ def test_staging_writer_equals_one_step_adds(seed, num_envs, length, steps, max_
     assert staged.host.num_rows == plain.host.num_rows  # same frames written, in fewer writes
     for key in range(2):
         x = plain.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)
-        y = writer.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)  # eager host path
+        y = writer.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)  # the writer's cached jit
         z = jax.jit(lambda b, kk: b.sample_transitions(kk, 16, n_step=2, gamma=0.9))(staged, jax.random.key(key))
-        for other in (y, z):
+        h = staged.sample_transitions_from_host(jax.random.key(key), 16, n_step=2, gamma=0.9)  # eager host path
+        assert y.item["obs"] is y.obs  # one array, not a second copy
+        for other in (y, z, h):
             jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, x), jax.tree.map(np.asarray, other))
 
 
@@ -747,6 +750,43 @@ def test_staging_writer_compiles_power_of_two_chunks_and_keeps_data_on_failure()
     assert writer.pending == 5
     with pytest.raises(TypeError, match="CompressedTrajectoryBuffer"):
         StagingWriter(TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}, 1, 4))
+
+
+def test_staging_writer_sample_prioritised_cached_jit_and_argument_errors(compile_counter):
+    """The writer samples both buffer kinds through one cached jit: equal to the buffer's own
+    sample, no recompile when gamma or beta change, arguments checked with clear errors."""
+    from jaxbuffers.compressed import StagingWriter
+
+    ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    rng = np.random.default_rng(1)
+    pw = StagingWriter(CompressedPrioritisedTrajectoryBuffer.create(ex, 1, 16, window_length=3, frame_stack=2, codec="zstd:-1"))
+    uw = StagingWriter(CompressedTrajectoryBuffer.create(ex, 1, 16, frame_stack=2, codec="rle"))
+    for t in range(12):
+        step = {"obs": rng.integers(0, 255, (1, 2, H, W), dtype=np.uint8), "action": np.full(1, t, np.int32), "reward": np.ones(1, np.float32)}
+        for w in (pw, uw):
+            w.add(step, terminated=np.array([t % 5 == 4]))
+    pbuf = pw.flush()
+    pbuf = pbuf.set_priorities(jnp.arange(6), jnp.arange(1.0, 7.0), pbuf.buffer.generations_at(jnp.arange(6)))
+    pw.buffer = pbuf
+    for key in range(2):
+        a = pw.sample_transitions(jax.random.key(key), 8, beta=0.4, gamma=0.5)
+        b = pbuf.sample_transitions(jax.random.key(key), 8, beta=0.4, gamma=0.5)
+        jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
+        assert a.item.item["obs"] is a.item.obs
+    uw.sample_transitions(jax.random.key(0), 8, gamma=0.5, n_step=2)
+    with compile_counter() as n:
+        for g, beta in ((0.9, 0.5), (0.99, 1.0)):
+            pw.sample_transitions(jax.random.key(1), 8, beta=beta, gamma=g)
+            uw.sample_transitions(jax.random.key(1), 8, gamma=g, n_step=2)
+    assert n() == 0
+    with pytest.raises(TypeError, match="beta: required"):
+        pw.sample_transitions(jax.random.key(0), 8, gamma=0.5)
+    with pytest.raises(TypeError, match="only a prioritised buffer takes beta"):
+        uw.sample_transitions(jax.random.key(0), 8, gamma=0.5, beta=0.4)
+    with pytest.raises(ValueError, match="gamma"):
+        uw.sample_transitions(jax.random.key(0), 8, gamma=1.5)
+    with pytest.raises(ValueError, match="beta"):
+        pw.sample_transitions(jax.random.key(0), 8, gamma=0.5, beta=-1.0)
 
 
 def test_sample_transitions_from_host_equals_callback_and_refuses_tracing_and_stale_states():
