@@ -964,8 +964,10 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         # One vector op for every per-entry input of the walk (a NaN leaf is skipped by the tree).
         p = sanitise_priorities(priorities, self.max_priority, self.epsilon)
         leaf = jnp.where(live, priority_leaf(p, self.priority_exponent), jnp.nan)
+        # The raw indices: entries out of range carry a NaN leaf (skipped), and passing `safe`
+        # would make the clip a separate kernel (on CPU each one costs executor time per call).
         tree, max_p = set_leaves_and_max(
-            self.tree, safe, leaf.astype(jnp.float32), priorities, self.max_priority, self.epsilon,
+            self.tree, indices, leaf.astype(jnp.float32), priorities, self.max_priority, self.epsilon,
             exact=self.priority_exponent == 0,
         )
         return self.replace(tree=tree, max_priority=max_p.astype(jnp.float32))
