@@ -328,9 +328,10 @@ class StagingWriter:
 
         Runs one cached jitted sample (compiled once per ``batch_size`` and ``n_step``; ``gamma``
         and ``beta`` may change between calls without a recompile), whose decode runs in a host
-        callback writing straight into the output arrays. Measured 1.2-1.8x faster than the
-        eager :meth:`~CompressedTrajectoryBuffer.sample_transitions_from_host` at batch 32 and on
-        par at 256 (``docs/benchmarks.md``).
+        callback writing straight into the output arrays. Measured on Breakout frames (2-core
+        CPU, ``docs/benchmarks.md``): 1.10-1.15x the speed of the eager
+        :meth:`~CompressedTrajectoryBuffer.sample_transitions_from_host` at batch 32, on par at
+        256 (0.87-1.05x).
 
         Raises:
           ValueError / TypeError: ``gamma`` not a float in ``[0, 1]`` or a float scalar; ``beta``
