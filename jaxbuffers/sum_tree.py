@@ -73,6 +73,10 @@ _DENSE_EXTRA_LEVELS_VECTOR = 2  # vectorised path
 # an inner loop over groups of _GROUP_LEVELS levels.
 _UNROLL_LEVELS = 8
 _GROUP_LEVELS = 4
+# Batches of at least twice this many entries are walked this many at a time (see _walk); the
+# inner loop then steps _GROUP_LEVELS // _WALK_CHAINS levels of all of them (8 chains did not fit
+# the small-loop threshold: ~5x slower).
+_WALK_CHAINS = 4
 # The CPU descent (see _descend_chained) follows this many queries at once, this many levels per
 # inner loop step: 4 x 2 stays under the small-loop threshold; 4 x 4 or 8 x 1 do not (measured:
 # ~250 us and ~70 us instead of ~15 us at P = 2**17, Q = 256).
@@ -192,31 +196,55 @@ def _walk(nodes, combine, to_rows, capacity: int, indices, values, steps: int):
     ``lax.fori_loop`` carry, so XLA updates it in place; batch order makes the last write to a leaf
     win without any sort. Every per-entry decision is made inside the loop (scalar work in the one
     compiled loop kernel) rather than by separate vector ops before it, each of which costs about
-    a microsecond of executor time per call on CPU."""
+    a microsecond of executor time per call on CPU.
+
+    Batches of at least ``2 * _WALK_CHAINS`` entries are walked ``_WALK_CHAINS`` at a time: their
+    leaves are written in batch order, then their ancestors are recomputed level by level, every entry of the
+    group one level up before any goes further (so a shared ancestor is recomputed after all the
+    group's writes below it, as in the one-at-a-time walk: the heaps are identical, tested). The
+    independent chains of reads overlap. Measured at P = 2**17 inside a ``lax.scan``, us per
+    update, chained vs one at a time: B = 64 1.8 vs 2.9, B = 256 5.2-5.3 vs 6.5-6.9, B = 1024
+    17.0 vs 19.7."""
     p = nodes.shape[0] // 2
     row = nodes.shape[1:]
     zeros = (jnp.int32(0),) * len(row)  # int32 like every node index (also under jax_enable_x64)
+    b = indices.shape[0]
+    width = _WALK_CHAINS if b >= 2 * _WALK_CHAINS else 1  # one group only: measured slower (4 entries: 0.7 vs 0.4 us)
+    padded = -(-b // width) * width
+    if padded > b:  # skipped entries (NaN) complete the last group
+        indices = jnp.pad(indices, (0, padded - b))
+        values = jnp.pad(values, (0, padded - b), constant_values=jnp.nan)
 
-    def up(nodes, n, levels: int):
+    def up(nodes, ns, levels: int):
+        ns = list(ns)
         for _ in range(levels):
-            n = n >> 1
-            kids = jax.lax.dynamic_slice(nodes, (2 * n,) + zeros, (2,) + row)
-            nodes = jax.lax.dynamic_update_slice(nodes, combine(kids[:1], kids[1:]), (n,) + zeros)
-        return nodes, n
+            for c, n in enumerate(ns):
+                n = n >> 1
+                kids = jax.lax.dynamic_slice(nodes, (2 * n,) + zeros, (2,) + row)
+                nodes = jax.lax.dynamic_update_slice(nodes, combine(kids[:1], kids[1:]), (n,) + zeros)
+                ns[c] = n
+        return nodes, tuple(ns)
 
-    def entry(k, nodes):
+    def write_leaf(nodes, k):
         i, v = indices[k], values[k]
         ok = (i >= 0) & (i < capacity) & ~jnp.isnan(v)
         n = (jnp.where(ok, i, 0) + p).astype(jnp.int32)
         cur = jax.lax.dynamic_slice(nodes, (n,) + zeros, (1,) + row)
-        nodes = jax.lax.dynamic_update_slice(nodes, jnp.where(ok, to_rows(v[None]), cur), (n,) + zeros)
-        if steps <= _UNROLL_LEVELS:
-            return up(nodes, n, steps)[0]
-        groups, rest = divmod(steps, _GROUP_LEVELS)
-        nodes, n = jax.lax.fori_loop(0, groups, lambda _, c: up(*c, _GROUP_LEVELS), (nodes, n))
-        return up(nodes, n, rest)[0]
+        return jax.lax.dynamic_update_slice(nodes, jnp.where(ok, to_rows(v[None]), cur), (n,) + zeros), n
 
-    return jax.lax.fori_loop(0, indices.shape[0], entry, nodes)
+    def group(k, nodes):
+        ns = []
+        for c in range(width):
+            nodes, n = write_leaf(nodes, k * width + c)
+            ns.append(n)
+        if width * steps <= _UNROLL_LEVELS:
+            return up(nodes, ns, steps)[0]
+        per_step = max(1, _GROUP_LEVELS // width)
+        groups, rest = divmod(steps, per_step)
+        nodes, ns = jax.lax.fori_loop(0, groups, lambda _, c: up(*c, per_step), (nodes, tuple(ns)))
+        return up(nodes, ns, rest)[0]
+
+    return jax.lax.fori_loop(0, padded // width, group, nodes)
 
 
 def _vector_walk(nodes, combine, node0, rows, keep, touched, steps: int):
