@@ -441,22 +441,23 @@ def parallel_for(
     the calling thread. ``body`` must release the GIL (isal, zstandard and our numba kernels do)
     for this to scale.
 
-    A ``parallel_for`` called from inside a shard runs inline (``body(0, n)`` on that thread):
-    a caller that shards a larger job itself (e.g. :meth:`host_codecs.CompressedStore.get`: the
-    decode of a batch and the copies that depend on it, one pool round trip for both) can call
-    the codecs, which shard on their own when called directly.
+    A batch too small to split runs inline as one shard, and a ``parallel_for`` called from
+    inside a shard runs inline (``body(0, n)`` on that thread). So a caller that shards a larger
+    job itself (e.g. :meth:`host_codecs.CompressedStore.get`: the decode of a batch and the copies
+    that depend on it, one pool round trip for both) can call the codecs, which shard on their
+    own when called directly, and its decision (split or not) holds for everything inside.
     """
     if getattr(_SHARD, "active", False):
         body(0, n)
         return
     if work_bytes is not None and work_bytes < 2 * min_shard_bytes:
-        body(0, n)
+        _run_shard(body, 0, n)  # inline, as one shard: the calls it makes stay inline too
         return
     shards = min(num_threads(), n)
     if work_bytes is not None:
         shards = min(shards, work_bytes // min_shard_bytes)
     if shards <= 1:
-        body(0, n)
+        _run_shard(body, 0, n)
         return
     bounds = np.linspace(0, n, shards + 1).astype(np.int64).tolist()
     futures = [_pool().submit(_run_shard, body, bounds[i], bounds[i + 1]) for i in range(1, shards)]
@@ -468,8 +469,9 @@ def parallel_for(
 
 
 def _run_shard(body: Callable[[int, int], None], start: int, stop: int) -> None:
+    prev = getattr(_SHARD, "active", False)
     _SHARD.active = True
     try:
         body(start, stop)
     finally:
-        _SHARD.active = False
+        _SHARD.active = prev

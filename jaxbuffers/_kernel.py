@@ -41,7 +41,7 @@ def as_one_kernel(update: Callable[[T], T], state: T, nonnegative: jax.Array) ->
     Returns:
       ``update(state)``.
     """
-    if jax.default_backend() != "cpu":
-        return update(state)
+    if jax.default_backend() != "cpu" or not isinstance(nonnegative, jax.core.Tracer):
+        return update(state)  # other backends; and eager calls (a loop would compile per call)
     trips = 1 + jnp.right_shift(jnp.asarray(nonnegative, jnp.int32), 31)
     return jax.lax.fori_loop(0, trips, lambda _, s: update(s), state)

@@ -424,7 +424,7 @@ def _descend(nodes: jax.Array, q: jax.Array) -> jax.Array:
     vs 84, Q = 4096 142 vs 171, Q = 16384 556 vs 505. Jitted so that eager calls reuse one
     compiled loop.
     """
-    if q.shape[0] <= _walk_max_batch():
+    if 0 < q.shape[0] <= _walk_max_batch():
         return _descend_chained(nodes, q)
     return _descend_vector(nodes, q)
 

@@ -779,6 +779,9 @@ def test_staging_writer_sample_prioritised_cached_jit_and_argument_errors(compil
             pw.sample_transitions(jax.random.key(1), 8, beta=beta, gamma=g)
             uw.sample_transitions(jax.random.key(1), 8, gamma=g, n_step=2)
     assert n() == 0
+    c = pw.sample_transitions(jax.random.key(0), 8, beta=1, gamma=np.float64(0.5))  # an int beta, a numpy gamma
+    d = pbuf.sample_transitions(jax.random.key(0), 8, beta=1.0, gamma=0.5)
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, c), jax.tree.map(np.asarray, d))
     with pytest.raises(TypeError, match="beta: required"):
         pw.sample_transitions(jax.random.key(0), 8, gamma=0.5)
     with pytest.raises(TypeError, match="only a prioritised buffer takes beta"):

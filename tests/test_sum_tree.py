@@ -297,6 +297,7 @@ def test_chained_and_vector_descents_agree_exactly(capacity, values, fractions, 
     chained = np.asarray(_DESCENTS["chained"](tree.nodes, q))
     np.testing.assert_array_equal(chained, np.asarray(_DESCENTS["vector"](tree.nodes, q)))
     np.testing.assert_array_equal(np.asarray(tree.find(q)), chained)
+    assert tree.find(jnp.zeros((0,), jnp.float32)).shape == (0,)  # no queries: no leaves
     if total > 0:
         assert np.all(leaves[chained] > 0)
     else:

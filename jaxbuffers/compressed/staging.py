@@ -55,6 +55,14 @@ from jaxbuffers import _validate
 __all__ = ["StagingWriter"]
 
 
+def _as_float(x):
+    """A Python or numpy real scalar as a Python float (traced into the jit as a float32 scalar,
+    whatever it was); anything else unchanged, for the checks to judge."""
+    if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
+        return float(x)
+    return x
+
+
 def _without_item_obs(s, obs_key: str):
     """The transition sample ``s`` with ``s.item[obs_key]`` (the same observations as ``s.obs``)
     set to None: returned from a jitted function, the repeat would be a second device copy (7 MB
@@ -344,6 +352,7 @@ class StagingWriter:
         from jaxbuffers.trajectory import _gamma
 
         buf = self.flush()
+        gamma, beta = _as_float(gamma), _as_float(beta)  # ints too, as the buffers accept them
         _gamma(gamma, np.float32)  # range-checked here: inside the jit gamma is a tracer
         if isinstance(buf, CompressedPrioritisedTrajectoryBuffer):
             if beta is None:

@@ -443,6 +443,17 @@ def test_nested_parallel_for_runs_inline():
     assert {t for t, _, _ in seen} == {t for t, _, _ in outer}  # on the shard's own thread
     parallel_for(10, inner, work_bytes=1 << 30)  # top level again: sharded
     assert len(seen) == 4
+    # A batch too small to split runs inline as one shard, and what it calls stays inline (the
+    # store's read decides once for the decode and the copies it contains).
+    seen.clear()
+    try:
+        host_codecs.set_num_threads(2)
+        parallel_for(4, lambda a, b: parallel_for(10, inner, work_bytes=1 << 30), work_bytes=1 << 10)
+        assert [(a, b) for _, a, b in seen] == [(0, 10)] and seen[0][0] == threading.get_ident()
+        parallel_for(10, inner, work_bytes=1 << 30)  # the flag is restored: sharded again
+        assert len(seen) == 3
+    finally:
+        host_codecs.set_num_threads(None)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
