@@ -350,6 +350,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         return _kernel.as_one_kernel(lambda buf: buf._add(batch, priorities), self, self.replay.head)
 
     def _add(self, batch: Any, priorities: jax.Array | None) -> "PrioritisedReplayBuffer":
+        """The update of :meth:`add` (arguments already checked), run as one kernel by it."""
         (b,) = _validate.check_batch(self.item_spec, batch, 1, "batch")
         slots = _ring.write_indices(self.replay.head, b, self.capacity)  # distinct: B <= capacity
         if priorities is None:
