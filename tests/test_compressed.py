@@ -792,6 +792,29 @@ def test_staging_writer_sample_prioritised_cached_jit_and_argument_errors(compil
         pw.sample_transitions(jax.random.key(0), 8, gamma=0.5, beta=-1.0)
 
 
+def test_close_frees_the_pixels_even_while_jit_caches_hold_the_store():
+    """JAX's jit caches keep the host store referenced (it is static pytree data), so deleting
+    the buffer does not free it; close() does, at once (after a jitted sample compiled against
+    it), and later use raises."""
+    from jaxbuffers.compressed import StagingWriter
+
+    ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    w = StagingWriter(CompressedTrajectoryBuffer.create(ex, 1, 32, frame_stack=2, codec="zstd:-1"))
+    rng = np.random.default_rng(0)
+    for t in range(20):
+        step = {"obs": rng.integers(0, 255, (1, 2, H, W), dtype=np.uint8), "action": np.zeros(1, np.int32),
+                "reward": np.zeros(1, np.float32)}
+        w.add(step, terminated=np.array([False]))
+    buf = w.buffer
+    w.sample_transitions(jax.random.key(0), 4, gamma=0.9)
+    stores = buf.host.stores
+    assert sum(st.payload_nbytes for st in stores) > 0 and sum(st.arena_nbytes for st in stores) > 0
+    w.close()
+    assert sum(st.payload_nbytes for st in stores) == 0 and sum(st.arena_nbytes for st in stores) == 0
+    with pytest.raises(RuntimeError, match="after close"):
+        buf.sample_transitions_from_host(jax.random.key(0), 4, gamma=0.9)
+
+
 def test_sample_transitions_from_host_equals_callback_and_refuses_tracing_and_stale_states():
     ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     buf = CompressedTrajectoryBuffer.create(ex, 1, 8, frame_stack=2, codec="zstd:-1")
