@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Sequence
 
@@ -440,7 +441,10 @@ class CompressedStore:
         if outs is not None and len(outs) != len(ss):
             raise ValueError(f"outs: expected {len(ss)} arrays (one per slot array), got {len(outs)}")
         flat = ss[0].reshape(-1) if len(ss) == 1 else np.concatenate([x.reshape(-1) for x in ss])
-        bounds = np.cumsum([0] + [x.size for x in ss])  # output j holds global rows bounds[j]:bounds[j+1]
+        ends = [0]
+        for x in ss:
+            ends.append(ends[-1] + x.size)
+        bounds = np.array(ends, dtype=np.int64)  # output j holds global rows bounds[j]:bounds[j+1]
         with self._lock:  # snapshot; published payload bytes never change afterwards
             chunk = self._chunk[flat]
             offset = self._offset[flat].astype(np.int64)
@@ -448,7 +452,8 @@ class CompressedStore:
             tags = self._codec[flat]
             meta = self._meta[flat]
             layout = self._layout[flat]
-            chunks = {int(c): self._chunks[int(c)].data for c in np.unique(chunk[chunk >= 0])}
+            used = np.flatnonzero(np.bincount(chunk[chunk >= 0])).tolist() if chunk.size else []
+            chunks = {c: self._chunks[c].data for c in used}
             layouts = list(self._layouts)
         present = chunk >= 0
         if not present.all() and missing == "raise":
@@ -459,16 +464,16 @@ class CompressedStore:
                 + "; pass missing='zeros' to get zeros instead"
             )
         if present.any():
-            lids = np.unique(layout[present])
-            if lids.size > 1:
+            lay = layout[present]
+            if lay.min() != lay.max():
                 desc = [
-                    f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in lids[:5].tolist()
+                    f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in np.unique(lay)[:5].tolist()
                 ]
                 raise ValueError(
                     f"slots: the requested entries have different dtypes/shapes {desc}; "
                     "get them in separate calls"
                 )
-            code, item_shape = layouts[int(lids[0])]
+            code, item_shape = layouts[int(lay[0])]
         elif self._declared is not None:
             code, item_shape = self._declared
         elif flat.size == 0:
@@ -479,7 +484,7 @@ class CompressedStore:
                 "item_shape/dtype, so the zeros' shape is unknown"
             )
         dtype = dtype_from_code(code)
-        nbytes = int(np.prod(item_shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(item_shape) * dtype.itemsize
         results = []
         for j, s in enumerate(ss):  # every output is checked before any is written
             full_shape = s.shape + tuple(item_shape)
