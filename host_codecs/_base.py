@@ -181,6 +181,27 @@ def check_out_ids(codec: str, out_ids: np.ndarray, num_outs: int) -> None:
         raise ValueError(f"codec {codec!r}: output index out of range for {num_outs} outputs")
 
 
+class ChunkTable(dict):
+    """Arena chunk id -> bytes (a ``dict``), plus each chunk's address and size for codecs that
+    decode through raw addresses (one table per state of a store's arena, built once, not per
+    read).
+
+    Attributes:
+      base: # shape=(max id + 1,), dtype=int64, address of chunk ``c``'s first byte (0 if absent).
+      size: # shape=(max id + 1,), dtype=int64, its length in bytes, -1 if ``c`` is absent (so
+        every payload range in an absent chunk fails the range check).
+    """
+
+    __slots__ = ("base", "size")
+
+    def __init__(self, chunks: Mapping[int, np.ndarray]):
+        super().__init__(chunks)
+        self.base = np.zeros(max(self, default=-1) + 1, dtype=np.int64)
+        self.size = np.full(self.base.shape, -1, dtype=np.int64)
+        for c, data in self.items():
+            self.base[c], self.size[c] = data.ctypes.data, data.shape[0]
+
+
 class Codec:
     """Base class of all codecs.
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._base import parallel_for
+
 
 def _numpy_gather(src, src_off, lengths, dst, dst_off):
     for s, n, d in zip(src_off.tolist(), lengths.tolist(), dst_off.tolist()):
@@ -67,8 +69,6 @@ def copy_rows(outs: tuple, src_out: np.ndarray, src: np.ndarray, dst_out: np.nda
     dst_out, dst: # shape=(k,), dtype=int64, in range (not checked here). No destination row may
     be a source row (rows are copied from already decoded rows into the other ones).
     """
-    from ._base import parallel_for
-
     args = [np.ascontiguousarray(x, dtype=np.int64) for x in (src_out, src, dst_out, dst)]
     kernel = _kernel(_numba_copy_rows, _numpy_copy_rows)
     outs = tuple(outs)

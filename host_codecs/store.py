@@ -56,8 +56,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, ceil_align, dtype_code, dtype_from_code, parallel_for
+from ._base import ALIGN, ChunkTable, Codec, ceil_align, dtype_code, dtype_from_code, parallel_for
 from ._gather import copy_rows
+from ._plan import CHUNK, DST_OUT, DST_ROW, LENGTH, META, OFFSET, OUT, ROW, SRC_OUT, SRC_ROW, TAG, read_plan
 from .registry import CODECS, codec_for_tag, get_codec
 
 __all__ = ["CompressedStore"]
@@ -77,6 +78,16 @@ class _Chunk:
         self.used = 0  # bytes handed out (bump pointer), multiple of ALIGN
         self.live_bytes = 0  # padded bytes of entries still referenced by the index
         self.live_count = 0  # entries still referenced (zero-length ones included)
+
+
+def _integer_ids(slots: Any, field: str) -> np.ndarray:
+    """``slots`` as an integer array (any integer dtype); TypeError for anything else."""
+    s = np.asarray(slots)
+    if s.size == 0 and s.dtype == np.float64:  # np.asarray([]) is float64: an empty id list
+        s = s.astype(np.int64)
+    if s.dtype == np.bool_ or not np.issubdtype(s.dtype, np.integer):
+        raise TypeError(f"{field}: expected integer slot ids, got dtype {s.dtype}")
+    return s
 
 
 class CompressedStore:
@@ -148,6 +159,7 @@ class CompressedStore:
         self._layout_nbytes = np.zeros(0, dtype=np.int64)  # shape=(num_layouts,), dtype=int64
 
         self._chunks: dict[int, _Chunk] = {}
+        self._table: ChunkTable | None = None  # the chunks' bytes and addresses for reads (lazy)
         self._next_chunk_id = 0
         self._open: int | None = None  # chunk receiving new payloads
         self._arena_nbytes = 0
@@ -163,11 +175,10 @@ class CompressedStore:
 
     # -- slots and layouts ----------------------------------------------------------------------
     def _slots(self, slots: Any, field: str = "slots") -> np.ndarray:
-        s = np.asarray(slots)
-        if s.size == 0 and s.dtype == np.float64:  # np.asarray([]) is float64: an empty id list
-            s = s.astype(np.int64)
-        if s.dtype == np.bool_ or not np.issubdtype(s.dtype, np.integer):
-            raise TypeError(f"{field}: expected integer slot ids, got dtype {s.dtype}")
+        """Slot ids as int64, negative ones wrapped; TypeError / IndexError for bad ids."""
+        return self._in_range(_integer_ids(slots, field), field)
+
+    def _in_range(self, s: np.ndarray, field: str) -> np.ndarray:
         s = s.astype(np.int64, copy=False)
         if s.size:
             lo, hi = int(s.min()), int(s.max())
@@ -263,6 +274,7 @@ class CompressedStore:
         cid = self._next_chunk_id
         self._next_chunk_id += 1
         self._chunks[cid] = _Chunk(size)
+        self._table = None
         self._arena_nbytes += size
         self._open = cid
         if old is not None:
@@ -329,6 +341,7 @@ class CompressedStore:
         ch = self._chunks[cid]
         if cid != self._open and ch.live_count == 0:
             del self._chunks[cid]
+            self._table = None
             self._arena_nbytes -= ch.data.shape[0]
             self._dead_nbytes -= ch.used - ch.live_bytes
 
@@ -366,6 +379,7 @@ class CompressedStore:
         chunk_ids, offsets = self._place(_Enc)
         # The moved entries' bytes are still counted live in ``src``; drop the chunk whole.
         del self._chunks[cid]
+        self._table = None
         self._arena_nbytes -= src.data.shape[0]
         self._dead_nbytes -= src.used - src.live_bytes
         self._chunk[slots] = chunk_ids
@@ -384,6 +398,7 @@ class CompressedStore:
             self._free(np.arange(self.num_slots))
             if self._open is not None:
                 ch = self._chunks.pop(self._open)
+                self._table = None
                 self._arena_nbytes -= ch.data.shape[0]
                 self._dead_nbytes -= ch.used - ch.live_bytes
                 self._open = None
@@ -435,45 +450,43 @@ class CompressedStore:
         """
         if missing not in ("raise", "zeros"):
             raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")
-        ss = [self._slots(x) for x in slot_arrays]
+        ss = [_integer_ids(x, "slots") for x in slot_arrays]
         if not ss:
             raise ValueError("slot_arrays: expected at least one array of slot ids, got none")
         if outs is not None and len(outs) != len(ss):
             raise ValueError(f"outs: expected {len(ss)} arrays (one per slot array), got {len(outs)}")
-        flat = ss[0].reshape(-1) if len(ss) == 1 else np.concatenate([x.reshape(-1) for x in ss])
+        flat = ss[0].reshape(-1) if len(ss) == 1 else np.concatenate([x.reshape(-1) for x in ss], dtype=np.int64)
+        flat = self._in_range(flat, "slots")
         ends = [0]
         for x in ss:
             ends.append(ends[-1] + x.size)
-        bounds = np.array(ends, dtype=np.int64)  # output j holds global rows bounds[j]:bounds[j+1]
+        bounds = np.array(ends, dtype=np.int64)  # output j holds positions bounds[j]:bounds[j+1]
         with self._lock:  # snapshot; published payload bytes never change afterwards
-            chunk = self._chunk[flat]
-            offset = self._offset[flat].astype(np.int64)
-            length = self._length[flat].astype(np.int64)
-            tags = self._codec[flat]
-            meta = self._meta[flat]
-            layout = self._layout[flat]
-            used = np.flatnonzero(np.bincount(chunk[chunk >= 0])).tolist() if chunk.size else []
-            chunks = {c: self._chunks[c].data for c in used}
-            layouts = list(self._layouts)
-        present = chunk >= 0
-        if not present.all() and missing == "raise":
-            empty = np.unique(flat[~present])
+            entries, starts, copies, stats = read_plan(
+                flat, bounds, self._chunk, self._offset, self._length, self._codec, self._meta, self._layout
+            )
+            if self._table is None:
+                self._table = ChunkTable({c: ch.data for c, ch in self._chunks.items()})
+            table = self._table  # immutable once built: keeps the chunks it names alive
+            layouts = self._layouts[: int(stats[2]) + 1]
+            missing_pos = np.flatnonzero(self._chunk[flat] < 0) if stats[0] else None
+            if stats[1] != stats[2] and stats[2] >= 0:  # mixed layouts: name them (error path)
+                mixed = np.unique(self._layout[flat][self._chunk[flat] >= 0])[:5].tolist()
+        if missing_pos is not None and missing == "raise":
+            empty = np.unique(flat[missing_pos])
             raise KeyError(
                 f"slots never written (or deleted): {empty[:10].tolist()}"
                 + (f" and {empty.size - 10} more" if empty.size > 10 else "")
                 + "; pass missing='zeros' to get zeros instead"
             )
-        if present.any():
-            lay = layout[present]
-            if lay.min() != lay.max():
-                desc = [
-                    f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in np.unique(lay)[:5].tolist()
-                ]
+        if stats[2] >= 0:  # some entry is written
+            if stats[1] != stats[2]:
+                desc = [f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in mixed]
                 raise ValueError(
                     f"slots: the requested entries have different dtypes/shapes {desc}; "
                     "get them in separate calls"
                 )
-            code, item_shape = layouts[int(lay[0])]
+            code, item_shape = layouts[int(stats[1])]
         elif self._declared is not None:
             code, item_shape = self._declared
         elif flat.size == 0:
@@ -503,60 +516,39 @@ class CompressedStore:
                     + ("" if result.flags.writeable else ", read-only")
                 )
             results.append(result)
-        views = []
-        for j, (s, result) in enumerate(zip(ss, results)):
-            views.append(result.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8))
-            if not present[bounds[j] : bounds[j + 1]].all():
-                views[j][~present[bounds[j] : bounds[j + 1]]] = 0
-        if flat.size == 0 or nbytes == 0 or not present.any():
+        views = [
+            r.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8)
+            for s, r in zip(ss, results)
+        ]
+        if missing_pos is not None:  # zeros for the empty slots
+            j_of = np.searchsorted(bounds, missing_pos, side="right") - 1
+            for j in np.unique(j_of).tolist():
+                views[j][missing_pos[j_of == j] - bounds[j]] = 0
+        k = entries.shape[1]
+        if k == 0 or nbytes == 0:
             return results
-        rows = np.flatnonzero(present)  # global rows (positions in ``flat``), ascending
-        # Each distinct slot is decoded once, into the row of its first occurrence; the other
-        # occurrences are copied from it (a sampled batch of frame stacks repeats most frames: an
-        # observation and its next observation share k - 1 of them).
-        dup_src = dup_dst = None
-        if rows.size > 1:
-            _, first, inv = np.unique(flat[rows], return_index=True, return_inverse=True)
-            if first.size < rows.size:
-                src_rows = rows[first[inv.reshape(-1)]]
-                is_dup = src_rows != rows
-                dup_src, dup_dst = src_rows[is_dup], rows[is_dup]
-                rows = rows[np.sort(first)]
-                # Copies grouped by the position of their source in ``rows`` (ascending), so the
-                # shard that decodes rows[a:b] copies exactly the repeats of those rows.
-                order = np.argsort(dup_src, kind="stable")
-                dup_src, dup_dst = dup_src[order], dup_dst[order]
-        ch, off, lens, tg, mt = chunk[rows], offset[rows], length[rows], tags[rows], meta[rows]
-        one_tag = tg.min() == tg.max()
-        m = len(ss)
-        # Global row g lives in output j = out_of(g), at its row g - bounds[j].
-        out_of = (lambda g: np.zeros(len(g), np.int64)) if m == 1 else (lambda g: np.searchsorted(bounds, g, side="right") - 1)
-        row_out = out_of(rows)
-        row_local = rows - bounds[row_out]
+        one_tag = stats[3] == stats[4]
+        meta = entries[META].astype(np.uint8)
 
         def shard(a: int, b: int) -> None:
-            """Decode entries ``a:b`` of ``rows``, then copy their repeats (codec calls made here
-            run inline: see ``parallel_for``)."""
-            t = tg[a:b]
-            for tag in [int(t[0])] if one_tag else np.unique(t).tolist():
-                sel = slice(a, b) if one_tag else a + np.flatnonzero(t == tag)
+            """Decode entries ``a:b``, then copy their repeats (codec calls made here run inline:
+            see ``parallel_for``)."""
+            e = entries[:, a:b]
+            for tag in [int(stats[3])] if one_tag else np.unique(e[TAG]).tolist():
+                sel = slice(None) if one_tag else np.flatnonzero(e[TAG] == tag)
                 codec_for_tag(tag).decode_many(
-                    chunks, ch[sel], off[sel], lens[sel], mt[sel], views, row_out[sel], row_local[sel], dtype
+                    table, e[CHUNK, sel], e[OFFSET, sel], e[LENGTH, sel], meta[a:b][sel], views, e[OUT, sel], e[ROW, sel], dtype
                 )
-            if dup_src is not None:
-                lo = np.searchsorted(dup_src, rows[a], side="left")
-                hi = np.searchsorted(dup_src, rows[b - 1], side="right")
-                if hi > lo:
-                    src, dst = dup_src[lo:hi], dup_dst[lo:hi]
-                    so, do = out_of(src), out_of(dst)
-                    copy_rows(views, so, src - bounds[so], do, dst - bounds[do])
+            lo, hi = int(starts[a]), int(starts[b])
+            if hi > lo:
+                c = copies[:, lo:hi]
+                copy_rows(views, c[SRC_OUT], c[SRC_ROW], c[DST_OUT], c[DST_ROW])
 
-        copies = 0 if dup_src is None else dup_src.size
         # Decoding is fast per byte (zstd -1: ~5 GB/s per core), so a shard must be large for a
         # second thread to pay for its wake-up (tens of microseconds on a VM). Measured on the
         # 2-core test machine, Breakout frames, jitted sample (decode + copies of repeats): batch
         # 32 (1.8 MB) 437 us on one thread vs 524 us on two; batch 64 (3.6 MB) 861 vs 774 us.
-        parallel_for(rows.size, shard, work_bytes=(rows.size + copies) * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
+        parallel_for(k, shard, work_bytes=(k + copies.shape[1]) * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
         return results
 
     def written(self, slots: Any) -> np.ndarray:

@@ -37,7 +37,7 @@ import threading
 import numpy as np
 
 from ._base import (
-    Codec, EncodedBatch, ceil_align, check_decode_args, missing_extra, pack_payloads, parallel_for,
+    ChunkTable, Codec, EncodedBatch, ceil_align, check_decode_args, missing_extra, pack_payloads, parallel_for,
 )
 from ._gather import _kernel
 
@@ -136,7 +136,7 @@ _ADDRESS_ERRORS = {
 }
 
 
-def _addresses(chunk_base, chunk_size, chunk_ids, offsets, lengths, out_base, out_rows, nbytes, out_ids, rows,
+def _addresses(chunk_base, chunk_size, chunk_ids, offsets, lengths, outs, nbytes, out_ids, rows,
                addresses, destinations, err):
     """Check entry ``t``'s payload range, output and row, and compute where it is read from and
     decoded to; stop at the first bad entry (``err = [kind, t]``, kinds of ``_ADDRESS_ERRORS``)."""
@@ -146,14 +146,14 @@ def _addresses(chunk_base, chunk_size, chunk_ids, offsets, lengths, out_base, ou
             err[0], err[1] = 1, t
             return
         j, r = out_ids[t], rows[t]
-        if j < 0 or j >= out_base.shape[0]:
+        if j < 0 or j >= len(outs):
             err[0], err[1] = 2, t
             return
-        if r < 0 or r >= out_rows[j]:
+        if r < 0 or r >= outs[j].shape[0]:
             err[0], err[1] = 3, t
             return
         addresses[t] = chunk_base[c] + o
-        destinations[t] = out_base[j] + r * nbytes
+        destinations[t] = outs[j].ctypes.data + r * nbytes
 
 
 class _Handle:
@@ -316,14 +316,8 @@ class ZstdCodec(Codec):
         straight into its output row, whichever output that is."""
         if self._native is None or not all(o.shape[1] and o.flags.c_contiguous for o in outs):
             return super().decode_many(chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype)
-        ids = np.ascontiguousarray(chunk_ids, dtype=np.int64)
-        used = np.flatnonzero(np.bincount(ids)).tolist() if ids.size and ids.min() >= 0 else []
-        base = np.zeros(max(used, default=0) + 1, dtype=np.int64)
-        size = np.full(base.shape, -1, dtype=np.int64)  # -1: no such chunk (every range fails)
-        for c in used:
-            if c in chunks:
-                base[c], size[c] = chunks[c].ctypes.data, chunks[c].shape[0]
-        self._decode_native_at(base, size, ids, offsets, lengths, outs, out_ids, rows)
+        table = chunks if isinstance(chunks, ChunkTable) else ChunkTable(chunks)
+        self._decode_native_at(table.base, table.size, chunk_ids, offsets, lengths, outs, out_ids, rows)
 
     def _decode_native(self, chunk, offsets, lengths, out, rows) -> None:
         base = np.array([chunk.ctypes.data], dtype=np.int64)
@@ -353,8 +347,7 @@ class ZstdCodec(Codec):
         _kernel(_addresses, _addresses)(
             chunk_base, chunk_size, np.ascontiguousarray(chunk_ids, dtype=np.int64),
             np.ascontiguousarray(offsets, dtype=np.int64), np.ascontiguousarray(lengths, dtype=np.int64),
-            np.array([o.ctypes.data for o in outs], dtype=np.int64), np.array([o.shape[0] for o in outs], dtype=np.int64),
-            nbytes, np.ascontiguousarray(out_ids, dtype=np.int64), np.ascontiguousarray(rows, dtype=np.int64),
+            tuple(outs), nbytes, np.ascontiguousarray(out_ids, dtype=np.int64), np.ascontiguousarray(rows, dtype=np.int64),
             addresses, destinations, err,
         )
         if err[0]:
