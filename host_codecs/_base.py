@@ -182,20 +182,23 @@ def check_out_ids(codec: str, out_ids: np.ndarray, num_outs: int) -> None:
 
 
 class ChunkTable(dict):
-    """Arena chunk id -> bytes (a ``dict``), plus each chunk's address and size for codecs that
-    decode through raw addresses (one table per state of a store's arena, built once, not per
-    read).
+    """What a codec needs from a store to decode its entries: arena chunk id -> bytes (a
+    ``dict``), each chunk's address and size for codecs that decode through raw addresses, and
+    the store's trained dictionary if it has one (one table per state of a store's arena,
+    built once, not per read).
 
     Attributes:
       base: # shape=(max id + 1,), dtype=int64, address of chunk ``c``'s first byte (0 if absent).
       size: # shape=(max id + 1,), dtype=int64, its length in bytes, -1 if ``c`` is absent (so
         every payload range in an absent chunk fails the range check).
+      dictionary: the store's :class:`host_codecs.zstd.ZstdDictionary`, or None.
     """
 
-    __slots__ = ("base", "size")
+    __slots__ = ("base", "size", "dictionary")
 
-    def __init__(self, chunks: Mapping[int, np.ndarray]):
+    def __init__(self, chunks: Mapping[int, np.ndarray], dictionary=None):
         super().__init__(chunks)
+        self.dictionary = dictionary
         self.base = np.zeros(max(self, default=-1) + 1, dtype=np.int64)
         self.size = np.full(self.base.shape, -1, dtype=np.int64)
         for c, data in self.items():

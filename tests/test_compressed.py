@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from jaxbuffers.compressed import (
+    DEFAULT_CODEC,
     CompressedPrioritisedTrajectoryBuffer,
     CompressedRolloutBuffer,
     CompressedTrajectoryBuffer,
@@ -540,8 +541,13 @@ def test_rollout_gather_per_minibatch_in_scan():
 # Real Atari stacks: rebuilt stacks equal the recorded ones exactly.
 
 
-@pytest.mark.parametrize("game", ["breakout", pytest.param("pong", marks=pytest.mark.slow)])
-def test_real_atari_stacks_rebuilt_exactly(atari_rollouts, game):
+@pytest.mark.parametrize("game, codec", [
+    ("breakout", "rle"), ("breakout", "default"), pytest.param("pong", "rle", marks=pytest.mark.slow),
+])
+def test_real_atari_stacks_rebuilt_exactly(atari_rollouts, game, codec):
+    """Every stored frame, final frame and sampled stack is the recorded one. ``default``: zstd
+    with the store's trained dictionary (trained on the first 1,024 frames, then used)."""
+    codec = DEFAULT_CODEC if codec == "default" else codec
     d = atari_rollouts
     frames, obs_idx, next_idx = d[f"{game}_frames"], d[f"{game}_obs_idx"], d[f"{game}_next_idx"]
     term = d[f"{game}_terminated"]
@@ -551,7 +557,7 @@ def test_real_atari_stacks_rebuilt_exactly(atari_rollouts, game):
     # Episode ends passed as truncations with the recorded next stacks as final observations, so
     # both the in-lane stacks and the final-frame path are checked at every one of them.
     ends = term | trunc
-    buf = CompressedTrajectoryBuffer.create(ex, 1, n, frame_stack=4, codec="rle", final_obs_capacity=int(ends.sum()) + 1)
+    buf = CompressedTrajectoryBuffer.create(ex, 1, n, frame_stack=4, codec=codec, final_obs_capacity=int(ends.sum()) + 1)
     add = jax.jit(CompressedTrajectoryBuffer.add, donate_argnums=0)
     chunk = 2000
     for a in range(0, n, chunk):
@@ -577,7 +583,10 @@ def test_real_atari_stacks_rebuilt_exactly(atari_rollouts, game):
         np.testing.assert_array_equal(np.asarray(s.obs), frames[obs_idx[t]])
         np.testing.assert_array_equal(np.asarray(s.next_obs), frames[next_idx[t]])
     # The store holds one frame per step plus one per episode end.
-    assert buf.host.stores[0].num_entries == n + len(end_steps)
+    store = buf.host.stores[0]
+    assert store.num_entries == n + len(end_steps)
+    if codec == DEFAULT_CODEC:  # a dictionary was trained, and most frames use it
+        assert store.dictionary is not None and (store._meta[: n] == 1).mean() > 0.5
 
 
 def test_real_atari_channels_last(atari_rollouts):

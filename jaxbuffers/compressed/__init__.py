@@ -13,7 +13,7 @@ two halves talk (ordered exactly-once writes, versioned reads, why these buffers
 vmapped) is documented in :mod:`jaxbuffers.compressed._host`.
 """
 
-from jaxbuffers.compressed._host import HostStores, StaleBufferError
+from jaxbuffers.compressed._host import DEFAULT_DICTIONARY_BYTES, HostStores, StaleBufferError
 from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
 from jaxbuffers.compressed.staging import StagingWriter
 from jaxbuffers.compressed.trajectory import (
@@ -30,4 +30,5 @@ __all__ = [
     "StaleBufferError",
     "StagingWriter",
     "DEFAULT_CODEC",
+    "DEFAULT_DICTIONARY_BYTES",
 ]

@@ -73,6 +73,7 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
         normalize_images: bool = False,
         float_dtype: Any = jnp.float32,
         chunk_bytes: int = 64 << 20,
+        dictionary_bytes: int | None = None,
     ) -> "CompressedRolloutBuffer":
         """An empty buffer for ``num_steps`` steps of ``num_envs`` envs.
 
@@ -81,7 +82,8 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
           compress: names of the step leaves to store on the host (dict keys on the leaf's path;
             default ``("obs",)``, every leaf under an ``obs`` key); ``None``: every leaf.
           codec: host codec name. normalize_images: return compressed uint8 leaves as float32
-            ``x / 255``. chunk_bytes: largest host arena chunk.
+            ``x / 255``. chunk_bytes: largest host arena chunk. dictionary_bytes: as
+            :meth:`jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
 
         Raises:
           As ``RolloutBuffer.create``; ValueError when ``compress`` names no leaf or
@@ -103,7 +105,7 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
         )
         host = HostStores(
             inner.num_steps * inner.num_envs, codec, [i.frame_shape for i in infos], [i.dtype for i in infos],
-            [i.name for i in infos], chunk_bytes=chunk_bytes,
+            [i.name for i in infos], chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes,
         )
         return cls(
             buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),

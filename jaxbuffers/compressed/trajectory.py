@@ -98,6 +98,7 @@ def _build(
     final_obs_capacity,
     obs_key: str,
     chunk_bytes: int,
+    dictionary_bytes: int | None,
 ):
     """Shared part of both ``create`` s: returns (inner example step, config dict)."""
     if not isinstance(example_step, Mapping):
@@ -152,6 +153,7 @@ def _build(
         [i.dtype for i in infos],
         [i.name for i in infos],
         chunk_bytes=chunk_bytes,
+        dictionary_bytes=dictionary_bytes,
     )
     inner_obs = _common.replace_leaves(obs_spec, idx, [_ID] * len(idx))
     inner_step = dict(spec)
@@ -242,6 +244,7 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         action_key: str = "action",
         reward_key: str = "reward",
         chunk_bytes: int = 64 << 20,
+        dictionary_bytes: int | None = None,
     ) -> "CompressedTrajectoryBuffer":
         """An empty compressed buffer of ``num_envs`` lanes of ``length`` steps.
 
@@ -263,16 +266,21 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
           normalize_images: sampled compressed leaves come back float32 in ``[0, 1]`` (``x / 255``,
             uint8 leaves only) instead of their stored dtype.
           chunk_bytes: largest host arena chunk.
+          dictionary_bytes: size of the zstd dictionary each host store trains on its first
+            1,024 frames and encodes later frames with (``None``: 16 KiB for a zstd codec, 0
+            otherwise; 0: no dictionary). Atari frames: ~3x smaller, decode ~2x faster.
 
         Raises:
           TypeError / ValueError: as ``TrajectoryBuffer.create``; ``compress`` naming no leaf;
             a stacked leaf whose ``stack_axis`` does not hold ``frame_stack`` frames;
-            ``normalize_images`` on a non-uint8 leaf; a bad ``padding``; an unknown codec.
+            ``normalize_images`` on a non-uint8 leaf; a bad ``padding``; an unknown codec;
+            ``dictionary_bytes`` with a codec other than zstd.
         """
         inner_step, kcap, config = _build(
             example_step, num_envs, length, compress=compress, frame_stack=frame_stack,
             stack_axis=stack_axis, padding=padding, codec=codec, normalize_images=normalize_images,
             final_obs_capacity=final_obs_capacity, obs_key=obs_key, chunk_bytes=chunk_bytes,
+            dictionary_bytes=dictionary_bytes,
         )
         inner = TrajectoryBuffer.create(
             inner_step, num_envs, length, final_obs_capacity=kcap, obs_key=obs_key,
@@ -700,12 +708,14 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
         action_key: str = "action",
         reward_key: str = "reward",
         chunk_bytes: int = 64 << 20,
+        dictionary_bytes: int | None = None,
     ) -> "CompressedPrioritisedTrajectoryBuffer":
         """An empty prioritised compressed buffer (arguments: see the two ``create`` s it combines)."""
         inner_step, kcap, config = _build(
             example_step, num_envs, length, compress=compress, frame_stack=frame_stack,
             stack_axis=stack_axis, padding=padding, codec=codec, normalize_images=normalize_images,
             final_obs_capacity=final_obs_capacity, obs_key=obs_key, chunk_bytes=chunk_bytes,
+            dictionary_bytes=dictionary_bytes,
         )
         inner = PrioritisedTrajectoryBuffer.create(
             inner_step, num_envs, length, window_length=window_length, period=period,

@@ -1,0 +1,208 @@
+"""zstd dictionaries: a store trains one on its first entries and encodes later ones with it;
+every engine decodes what every engine wrote; entries never decode with the wrong dictionary."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from hc_helpers import assert_bit_exact
+from host_codecs import CompressedStore, available_codecs
+from host_codecs._base import ChunkTable
+
+pytestmark = pytest.mark.skipif("zstd" not in available_codecs(), reason="needs zstandard (codecs extra)")
+
+
+@pytest.fixture(scope="module")
+def breakout_frames(atari_stacks):
+    """uint8 [5000, 84, 84]: the newest frame of each stacked observation."""
+    return np.ascontiguousarray(atari_stacks["breakout_obs"][:, -1])
+
+
+def _fill(store, frames, batch):
+    for a in range(0, len(frames), batch):
+        store.put(np.arange(a, min(a + batch, len(frames))), frames[a : a + batch])
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_store_trains_once_then_encodes_smaller_and_reads_back_exactly(engine, breakout_frames):
+    from host_codecs.zstd import ZstdCodec, _native
+
+    if engine == "native" and _native() is None:
+        pytest.skip("no native zstd engine here")
+    codec = ZstdCodec(-1, engine=engine)
+    frames = breakout_frames[:3000]
+    plain = CompressedStore(len(frames), codec)
+    store = CompressedStore(len(frames), codec, dictionary_bytes=8192, dictionary_samples=600)
+    _fill(plain, frames, 256)
+    for a in range(0, len(frames), 256):
+        store.put(np.arange(a, min(a + 256, len(frames))), frames[a : a + 256])
+        if a + 256 < 600:
+            assert store.dictionary is None and store.dictionary_nbytes == 0
+    d = store.dictionary
+    assert d is not None and 0 < len(d.data) <= 8192
+    # Entries before the training put have no dictionary (meta 0); that put and later ones do.
+    assert (store._meta[:512] == 0).all() and (store._meta[512:] == 1).all()
+    assert_bit_exact(store.get(np.arange(len(frames))), frames)
+    ids = np.random.default_rng(0).integers(0, len(frames), (64, 4))
+    assert_bit_exact(store.get(ids), frames[ids])
+    later = np.arange(1000, len(frames))
+    with_dict = store._length[later].astype(np.int64).sum()
+    without = plain._length[later].astype(np.int64).sum()
+    assert with_dict < 0.6 * without, (with_dict, without)
+    # Accounted: the dictionary (and its digested forms, native engine) count in nbytes.
+    s = store.stats()
+    assert s["dictionary_nbytes"] == store.dictionary_nbytes >= len(d.data)
+    assert s["nbytes"] == store.nbytes == store.arena_nbytes + store.index_nbytes + store.dictionary_nbytes
+    # Trained once: more puts keep the same dictionary.
+    store.put(np.arange(10), frames[:10])
+    assert store.dictionary is d
+
+
+def test_engines_decode_each_others_dictionary_frames(breakout_frames):
+    from host_codecs.zstd import ZstdCodec, ZstdDictionary, _native
+
+    if _native() is None:
+        pytest.skip("no native zstd engine here")
+    rows = breakout_frames[:400].reshape(400, -1)
+    d = ZstdDictionary.train(rows[:300], 4096, -1)
+    assert d is not None
+    engines = {"native": ZstdCodec(-1, engine="native"), "python": ZstdCodec(-1, engine="python")}
+    for src, enc_codec in engines.items():
+        enc = enc_codec.encode_batch(rows[300:], np.dtype(np.uint8), d)
+        assert (enc.meta == 1).all()
+        chunk = np.zeros(len(enc.buffer) + 8, np.uint8)
+        chunk[: len(enc.buffer)] = enc.buffer
+        for dst, dec_codec in engines.items():
+            out = np.zeros((100, rows.shape[1]), np.uint8)
+            zeros = np.zeros(100, np.int64)
+            dec_codec.decode_many(
+                ChunkTable({0: chunk}, d), zeros, enc.offsets, enc.lengths, enc.meta, [out], zeros,
+                np.arange(100, dtype=np.int64), np.dtype(np.uint8),
+            )
+            assert_bit_exact(out, rows[300:]), (src, dst)
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_dictionary_entries_never_decode_without_or_with_another_dictionary(engine, breakout_frames):
+    from host_codecs.zstd import ZstdCodec, ZstdDictionary, _native
+
+    if engine == "native" and _native() is None:
+        pytest.skip("no native zstd engine here")
+    codec = ZstdCodec(-1, engine=engine)
+    rows = breakout_frames[:300].reshape(300, -1)
+    d = ZstdDictionary.train(rows[:200], 4096, -1)
+    other = ZstdDictionary.train(breakout_frames[2000:2300].reshape(300, -1), 4096, -1)
+    enc = codec.encode_batch(rows[200:], np.dtype(np.uint8), d)
+    chunk = np.zeros(len(enc.buffer) + 8, np.uint8)
+    chunk[: len(enc.buffer)] = enc.buffer
+    out = np.full((100, rows.shape[1]), 7, np.uint8)
+    zeros = np.zeros(100, np.int64)
+    args = (zeros, enc.offsets, enc.lengths, enc.meta, [out], zeros, np.arange(100, dtype=np.int64), np.dtype(np.uint8))
+    with pytest.raises(ValueError, match="encoded with a dictionary, and none was given"):
+        codec.decode_many({0: chunk}, *args)
+    assert (out == 7).all()  # refused before writing
+    with pytest.raises(ValueError, match="corrupt entry"):
+        codec.decode_many(ChunkTable({0: chunk}, other), *args)
+    bad_meta = enc.meta.copy()
+    bad_meta[3] = 2
+    with pytest.raises(ValueError, match="unknown entry format"):
+        codec.decode_many(ChunkTable({0: chunk}, d), zeros, enc.offsets, enc.lengths, bad_meta, [out], zeros,
+                          np.arange(100, dtype=np.int64), np.dtype(np.uint8))
+
+
+def test_trainer_refusal_leaves_the_store_without_a_dictionary_and_correct():
+    data = np.arange(40 * 4, dtype=np.uint8).reshape(40, 4)  # 3 entries of 4 bytes: too little to train on
+    store = CompressedStore(40, "zstd:-1", dictionary_bytes=4096, dictionary_samples=3)
+    _fill(store, data, 3)
+    assert store.dictionary is None and store._trained and (store._meta[:40] == 0).all()
+    assert store.dictionary_nbytes == 0
+    assert_bit_exact(store.get(np.arange(40)), data)
+
+
+def test_dictionary_arguments_are_checked():
+    with pytest.raises(ValueError, match="dictionaries are for the zstd codec"):
+        CompressedStore(8, "none", dictionary_bytes=1024)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="dictionary_bytes: expected an int"):
+            CompressedStore(8, "zstd:-1", dictionary_bytes=bad)
+    with pytest.raises(ValueError, match="dictionary_samples: expected an int >= 1"):
+        CompressedStore(8, "zstd:-1", dictionary_bytes=1024, dictionary_samples=0)
+
+
+def test_other_codecs_and_levels_in_a_dictionary_store_are_stored_without_it(breakout_frames):
+    store = CompressedStore(1200, "zstd:-1", dictionary_bytes=4096, dictionary_samples=300)
+    _fill(store, breakout_frames[:600], 300)
+    assert store.dictionary is not None
+    store.put(np.arange(600, 700), breakout_frames[600:700], codec="zstd:3")
+    store.put(np.arange(700, 800), breakout_frames[700:800], codec="none")
+    store.put(np.arange(800, 900), breakout_frames[800:900], codec="zstd:-1")  # the default: with it
+    assert (store._meta[600:800] == 0).all() and (store._meta[800:900] == 1).all()
+    ids = np.random.default_rng(1).integers(0, 900, (50, 4))
+    assert_bit_exact(store.get(ids), breakout_frames[ids])
+
+
+def test_concurrent_writers_and_reader_across_training(breakout_frames):
+    """Two writers put versioned frames while a reader reads; the dictionary is trained while
+    they run. Every read entry must be exactly the frame of some version of its slot, and a
+    slot's version never goes backwards."""
+    num_slots, pool = 48, breakout_frames[:256]
+
+    def entry(slot, v):  # a real frame, with the slot and version in its first pixels
+        f = pool[(slot * 31 + v) % len(pool)].copy()
+        f[0, 0], f[0, 1], f[0, 2] = slot, v % 256, v // 256
+        return f
+
+    store = CompressedStore(num_slots, "zstd:-1", dictionary_bytes=4096, dictionary_samples=200,
+                            chunk_bytes=1 << 15, min_chunk_bytes=1 << 12)
+    store.put(np.arange(num_slots), np.stack([entry(s, 0) for s in range(num_slots)]))
+    errors: list[str] = []
+    done = threading.Event()
+    lock = threading.Lock()
+    version = np.zeros(num_slots, np.int64)
+
+    def writer(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(600):
+                slots = rng.choice(num_slots, size=int(rng.integers(1, 6)), replace=False)
+                with lock:  # the two writers agree on version numbers
+                    version[slots] += 1
+                    batch = np.stack([entry(int(s), int(version[s])) for s in slots])
+                    store.put(slots, batch)
+        except Exception as exc:  # pragma: no cover
+            errors.append(f"writer: {exc!r}")
+
+    def reader():
+        rng = np.random.default_rng(3)
+        seen = np.zeros(num_slots, np.int64)
+        try:
+            while not done.is_set():
+                slots = rng.choice(num_slots, size=8, replace=False)
+                got = store.get(slots)
+                for s, g in zip(slots.tolist(), got):
+                    v = int(g[0, 1]) + 256 * int(g[0, 2])
+                    if int(g[0, 0]) != s or not np.array_equal(g, entry(s, v)):
+                        errors.append(f"slot {s}: not an entry of this slot (torn or wrong dictionary)")
+                        return
+                    if v < seen[s]:
+                        errors.append(f"slot {s} went back from version {seen[s]} to {v}")
+                        return
+                    seen[s] = v
+        except Exception as exc:  # pragma: no cover
+            errors.append(f"reader: {exc!r}")
+
+    writers = [threading.Thread(target=writer, args=(i,)) for i in (1, 2)]
+    r = threading.Thread(target=reader)
+    r.start()
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(timeout=300)
+    done.set()
+    r.join(timeout=60)
+    assert not errors, errors
+    assert store.dictionary is not None
+    assert (store._meta == 1).any()
