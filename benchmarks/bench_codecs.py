@@ -9,6 +9,9 @@ Prints one JSON line per case:
 * ``mode="store_get256"``: ``CompressedStore.get`` of 256 random slots out of the whole data set
   (index snapshot, grouping by arena chunk, decode), all threads.
 
+``zstd:-1/dict``: zstd level -1 with a 16 KiB dictionary trained on other frames of the same game
+(frames 2048-3071; in the store case the store trains its own on its first 1,024 entries).
+
 MB/s are of raw (decoded) bytes, 1 MB = 1e6 bytes; ``ratio`` = raw bytes / payload bytes;
 ``enc_vs_memcpy`` / ``dec_vs_memcpy`` = throughput / numpy memcpy bandwidth measured in the same
 process (``np.copyto`` of 256 MiB, or 64 MiB with ``--quick``). Medians of several repetitions.
@@ -33,14 +36,39 @@ sys.path.insert(0, str(ROOT))
 
 import host_codecs  # noqa: E402
 from host_codecs import CompressedStore, RLECodec, get_codec  # noqa: E402
+from host_codecs._base import ChunkTable  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "atari_stacked_5k.npz"
-DEFAULT_CODECS = ["none", "rle", "rle:16", "rle/prange", "igzip:0", "igzip:1", "igzip:3", "zstd:-1", "zstd:1", "zstd:3"]
+DEFAULT_CODECS = [
+    "none", "rle", "rle:16", "rle/prange", "igzip:0", "igzip:1", "igzip:3", "zstd:-1", "zstd:-1/dict", "zstd:1", "zstd:3",
+]
 
 
-def make_codec(spec: str):
+class WithDictionary:
+    """A zstd codec with a 16 KiB dictionary trained on other frames of the same game (frames
+    2048-3071, never benchmarked), as a store with ``dictionary_bytes`` does."""
+
+    def __init__(self, codec, dictionary):
+        self.codec, self.dictionary = codec, dictionary
+
+    def encode_batch(self, rows, dtype):
+        return self.codec.encode_batch(rows, dtype, self.dictionary)
+
+    def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype):
+        zeros = np.zeros(len(rows), np.int64)
+        table = ChunkTable({0: chunk}, self.dictionary)
+        self.codec.decode_many(table, zeros, offsets, lengths, meta, [out], zeros, rows, dtype)
+
+
+def make_codec(spec: str, train_items: np.ndarray | None = None):
     if spec == "rle/prange":
         return RLECodec(8, engine="prange")
+    if spec.endswith("/dict"):
+        from host_codecs.zstd import ZstdDictionary
+
+        codec = get_codec(spec.split("/")[0])
+        d = ZstdDictionary.train(train_items.reshape(len(train_items), -1), 16384, codec.level)
+        return WithDictionary(codec, d)
     return get_codec(spec)
 
 
@@ -111,11 +139,11 @@ def main() -> None:
     }), flush=True)
 
     for game, obs in data.items():
-        shapes = {"frame84": obs[:n_items, -1], "stack4x84": obs[:n_items]}
-        for shape_name, items in shapes.items():
+        shapes = {"frame84": (obs[:n_items, -1], obs[2048:3072, -1]), "stack4x84": (obs[:n_items], obs[2048:3072])}
+        for shape_name, (items, train_items) in shapes.items():
             raw = items.nbytes
             for spec in specs:
-                codec = make_codec(spec)
+                codec = make_codec(spec, train_items)
                 for mode, batch, threads in (("item", 1, 1), ("batch256_1thread", 256, 1), ("batch256", 256, None)):
                     if mode == "item" and spec in ("rle/prange",):
                         continue
@@ -133,7 +161,10 @@ def main() -> None:
                 # Store path: sample 256 random stacks from a store holding all 5,000 stacks.
                 if shape_name == "stack4x84":
                     full = obs if not args.quick else obs[:2000]
-                    store = CompressedStore(len(full), codec=codec)
+                    if spec.endswith("/dict"):  # the store trains its own on its first 1,024 entries
+                        store = CompressedStore(len(full), codec=codec.codec, dictionary_bytes=16384)
+                    else:
+                        store = CompressedStore(len(full), codec=codec)
                     for s in range(0, len(full), 256):
                         store.put(np.arange(s, min(s + 256, len(full))), full[s : s + 256])
                     rng = np.random.default_rng(0)

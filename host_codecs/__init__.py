@@ -9,7 +9,9 @@ only; each codec imports its optional package when it is created (install them a
   dtype, bit-exact, count width chosen per entry, runs split so counts never overflow; encode
   and decode are numba kernels parallel over the batch (``prange``, GIL released).
 * :class:`IgzipCodec` (``"igzip:0".."igzip:3"``, isal) -- raw DEFLATE via ISA-L.
-* :class:`ZstdCodec` (``"zstd:1".."zstd:22"``, zstandard) -- Zstandard frames.
+* :class:`ZstdCodec` (``"zstd:1".."zstd:22"``, ``"zstd:-7".."zstd:-1"``, zstandard) -- Zstandard
+  frames, optionally with a :class:`ZstdDictionary` the store trains on its first entries
+  (``CompressedStore(..., dictionary_bytes=16384)``).
 
 Batches are split over a shared thread pool (:func:`set_num_threads`, or the
 ``HOST_CODECS_THREADS`` variable; default: the CPUs this process may use). A codec missing its package raises ImportError naming the extra.
@@ -36,7 +38,7 @@ from .raw import NoneCodec
 from .registry import available_codecs, codec_for_tag, get_codec, known_codecs
 from .rle import RLECodec
 from .store import CompressedStore
-from .zstd import ZstdCodec
+from .zstd import ZstdCodec, ZstdDictionary
 
 __all__ = [
     "Codec",
@@ -46,6 +48,7 @@ __all__ = [
     "NoneCodec",
     "RLECodec",
     "ZstdCodec",
+    "ZstdDictionary",
     "available_codecs",
     "codec_for_tag",
     "get_codec",

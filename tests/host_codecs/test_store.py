@@ -559,3 +559,66 @@ def test_codecs_refuse_rows_and_ranges_out_of_bounds(spec):
     with pytest.raises(ValueError, match="output index out of range"):
         codec.decode_many({0: chunk}, np.zeros(4, np.int64), enc.offsets, enc.lengths, enc.meta,
                           [np.zeros((4, 64), np.uint8)], np.array([0, 0, 1, 0]), np.arange(4), np.uint8)
+
+
+@st.composite
+def read_requests(draw):
+    """A store index (some slots empty, several layouts and codec tags) and a read of several
+    slot arrays with repeats."""
+    num_slots = draw(st.integers(1, 40))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    chunk = np.where(rng.random(num_slots) < draw(st.floats(0, 0.5)), -1, rng.integers(0, 5, num_slots)).astype(np.int32)
+    index = (
+        chunk,
+        rng.integers(0, 1 << 20, num_slots).astype(np.uint32),
+        rng.integers(0, 1 << 12, num_slots).astype(np.uint32),
+        rng.integers(0, draw(st.integers(1, 4)), num_slots).astype(np.uint8),
+        rng.integers(0, 3, num_slots).astype(np.uint8),
+        rng.integers(0, draw(st.integers(1, 3)), num_slots).astype(np.uint16),
+    )
+    sizes = draw(st.lists(st.integers(0, 30), min_size=1, max_size=4))
+    hot = rng.integers(0, num_slots, max(1, draw(st.integers(1, num_slots))))  # few distinct ids: repeats
+    flat = rng.choice(hot, sum(sizes)).astype(np.int64)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return flat, bounds, index
+
+
+@settings(max_examples=200, deadline=None)
+@given(req=read_requests())
+def test_compiled_read_plan_equals_the_numpy_plan_and_the_definition(req):
+    """The numba read plan (what every read uses when numba is installed) and the numpy one
+    (without numba) agree exactly, and both follow the definition: each distinct written slot
+    decoded once into its first occurrence, every later occurrence copied from it."""
+    pytest.importorskip("numba")
+    from host_codecs import _plan
+    from host_codecs._gather import _kernel
+
+    flat, bounds, index = req
+    compiled = _kernel(_plan._read_plan_numba, _plan._read_plan_numpy)(flat, bounds, *index)
+    reference = _plan._read_plan_numpy(flat, bounds, *index)
+    for got, want in zip(compiled, reference):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    entries, starts, copies, stats = reference
+    chunk = index[0]
+    out_of = np.searchsorted(bounds, np.arange(flat.size), side="right") - 1
+    present = chunk[flat] >= 0
+    firsts = [i for i in range(flat.size) if present[i] and flat[i] not in flat[:i][present[:i]]]
+    assert entries[_plan.OUT].tolist() == out_of[firsts].tolist()
+    assert entries[_plan.ROW].tolist() == (np.array(firsts, np.int64) - bounds[out_of[firsts]]).tolist()
+    for field, arr in zip((_plan.CHUNK, _plan.OFFSET, _plan.LENGTH, _plan.TAG, _plan.META), index[:5]):
+        assert entries[field].tolist() == arr[flat[firsts]].astype(np.int64).tolist()
+    dst = {(int(copies[_plan.DST_OUT, c]), int(copies[_plan.DST_ROW, c])) for c in range(copies.shape[1])}
+    repeats = {(int(out_of[i]), int(i - bounds[out_of[i]])) for i in range(flat.size) if present[i] and i not in firsts}
+    assert dst == repeats
+    for t, i in enumerate(firsts):  # copies of entry t come from its row and hold its slot
+        for c in range(starts[t], starts[t + 1]):
+            assert (copies[_plan.SRC_OUT, c], copies[_plan.SRC_ROW, c]) == (entries[_plan.OUT, t], entries[_plan.ROW, t])
+            j, r = copies[_plan.DST_OUT, c], copies[_plan.DST_ROW, c]
+            assert flat[bounds[j] + r] == flat[i]
+    lay, tag = index[5][flat[present]], index[3][flat[present]]
+    assert stats.tolist() == [
+        int((~present).sum()),
+        int(lay.min()) if lay.size else 1 << 30, int(lay.max()) if lay.size else -1,
+        int(tag.min()) if tag.size else 1 << 30, int(tag.max()) if tag.size else -1,
+    ]
