@@ -114,12 +114,32 @@ def test_dictionary_entries_never_decode_without_or_with_another_dictionary(engi
 
 
 def test_trainer_refusal_leaves_the_store_without_a_dictionary_and_correct():
-    data = np.arange(40 * 4, dtype=np.uint8).reshape(40, 4)  # 3 entries of 4 bytes: too little to train on
+    from host_codecs.zstd import ZstdDictionary
+
+    data = np.zeros((40, 0), np.uint8)  # empty entries: nothing to train on
     store = CompressedStore(40, "zstd:-1", dictionary_bytes=4096, dictionary_samples=3)
     _fill(store, data, 3)
     assert store.dictionary is None and store._trained and (store._meta[:40] == 0).all()
     assert store.dictionary_nbytes == 0
     assert_bit_exact(store.get(np.arange(40)), data)
+    # Entries of mixed sizes go to zstd's trainer, which refuses three tiny ones.
+    assert ZstdDictionary.train([np.zeros(4, np.uint8), np.ones(5, np.uint8), np.zeros(6, np.uint8)], 4096, -1) is None
+
+
+def test_dictionary_content_is_the_bytewise_mode_of_the_samples():
+    """Same-size entries: the dictionary's content is, at each byte, the most frequent value
+    (zstd places the raw content at the end of the dictionary, after its entropy tables)."""
+    from host_codecs.zstd import ZstdDictionary
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 256, 1000).astype(np.uint8)
+    rows = np.repeat(base[None], 50, axis=0)
+    noise = rng.random(rows.shape) < 0.3  # every position keeps its base value in most rows
+    rows[noise] = rng.integers(0, 256, int(noise.sum()))
+    d = ZstdDictionary.train(rows, 4096, -1)
+    assert d is not None and d.data[:4] == b"\x37\xa4\x30\xec"  # zstd dictionary magic
+    assert d.data.endswith(base.tobytes())
+    assert ZstdDictionary.train(rows, 600, -1).data.endswith(base[:600].tobytes())  # at most size bytes
 
 
 def test_dictionary_arguments_are_checked():
