@@ -24,16 +24,27 @@ SRC_OUT, SRC_ROW, DST_OUT, DST_ROW = range(4)
 
 def _read_plan_numba(flat, bounds, chunk, offset, length, codec, meta, layout):
     n = flat.shape[0]
-    order = np.argsort(flat, kind="mergesort")  # stable: a group starts at its first occurrence
+    for i in range(n):
+        if flat[i] < 0 or flat[i] >= chunk.shape[0]:
+            return np.empty((7, 0), np.int64), np.zeros(1, np.int64), np.empty((4, 0), np.int64), np.full(5, -1, np.int64)
+    # first[i]: position of the first occurrence of flat[i], by an open-addressing hash table
+    # (linear probing, at most half full): O(n), where a stable argsort of 256 ids took 4.7 us.
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    mask = size - 1
+    keys = np.full(size, -1, np.int64)
+    where = np.empty(size, np.int64)
     first = np.empty(n, np.int64)
-    i = 0
-    while i < n:
-        p = order[i]
-        j = i
-        while j < n and flat[order[j]] == flat[p]:
-            first[order[j]] = p
-            j += 1
-        i = j
+    for i in range(n):
+        s = flat[i]
+        h = (s * 2654435761) & mask
+        while keys[h] != -1 and keys[h] != s:
+            h = (h + 1) & mask
+        if keys[h] == -1:
+            keys[h] = s
+            where[h] = i
+        first[i] = where[h]
     entry_of = np.full(n, -1, np.int64)  # position of a first occurrence -> its entry
     k = 0
     d = 0
@@ -94,6 +105,8 @@ def _read_plan_numba(flat, bounds, chunk, offset, length, codec, meta, layout):
 
 def _read_plan_numpy(flat, bounds, chunk, offset, length, codec, meta, layout):
     n = flat.size
+    if n and (flat.min() < 0 or flat.max() >= chunk.shape[0]):
+        return np.empty((7, 0), np.int64), np.zeros(1, np.int64), np.empty((4, 0), np.int64), np.full(5, -1, np.int64)
     ch = chunk[flat]
     present = np.flatnonzero(ch >= 0)  # positions, ascending
     s = flat[present]
@@ -133,7 +146,8 @@ def read_plan(flat, bounds, chunk, offset, length, codec, meta, layout):
     """Plan a read of the slots ``flat`` from a store index.
 
     Args:
-      flat: # shape=(n,), dtype=int64, slot ids in ``[0, num_slots)`` (all outputs, in order).
+      flat: # shape=(n,), dtype=int64, slot ids (all outputs, in order); any id outside
+        ``[0, num_slots)`` (negative ones included) gives no plan, only ``stats`` of -1.
       bounds: # shape=(m + 1,), dtype=int64, ascending, ``bounds[0] = 0``, ``bounds[m] = n``:
         output ``j`` holds the positions ``bounds[j]:bounds[j + 1]`` of ``flat``.
       chunk, offset, length, codec, meta, layout: the store's index, # shape=(num_slots,)

@@ -82,6 +82,8 @@ class _Chunk:
 
 def _integer_ids(slots: Any, field: str) -> np.ndarray:
     """``slots`` as an integer array (any integer dtype); TypeError for anything else."""
+    if type(slots) is np.ndarray and slots.dtype.kind in "iu":
+        return slots
     s = np.asarray(slots)
     if s.size == 0 and s.dtype == np.float64:  # np.asarray([]) is float64: an empty id list
         s = s.astype(np.int64)
@@ -521,15 +523,17 @@ class CompressedStore:
         if outs is not None and len(outs) != len(ss):
             raise ValueError(f"outs: expected {len(ss)} arrays (one per slot array), got {len(outs)}")
         flat = ss[0].reshape(-1) if len(ss) == 1 else np.concatenate([x.reshape(-1) for x in ss], dtype=np.int64)
-        flat = self._in_range(flat, "slots")
+        flat = flat.astype(np.int64, copy=False)
         ends = [0]
         for x in ss:
             ends.append(ends[-1] + x.size)
         bounds = np.array(ends, dtype=np.int64)  # output j holds positions bounds[j]:bounds[j+1]
         with self._lock:  # snapshot; published payload bytes never change afterwards
-            entries, starts, copies, stats = read_plan(
-                flat, bounds, self._chunk, self._offset, self._length, self._codec, self._meta, self._layout
-            )
+            index = (self._chunk, self._offset, self._length, self._codec, self._meta, self._layout)
+            entries, starts, copies, stats = read_plan(flat, bounds, *index)
+            if stats[0] < 0:  # ids outside [0, num_slots): wrap negative ones (or raise), plan again
+                flat = self._in_range(flat, "slots")
+                entries, starts, copies, stats = read_plan(flat, bounds, *index)
             if self._table is None:
                 self._table = ChunkTable({c: ch.data for c, ch in self._chunks.items()}, self._dictionary)
             table = self._table  # immutable once built: keeps the chunks it names alive

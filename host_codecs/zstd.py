@@ -109,15 +109,15 @@ class _Native:
 
         # Not cached on disk: the libzstd function address differs from process to process.
         @njit(nogil=True)
-        def decode_at(dctx, addresses, lengths, destinations, ddicts, cap, start, stop, status):
+        def decode_at(dctx, addresses, lengths, destinations, meta, ddict, cap, start, stop, status):
             # Payload t at the absolute address addresses[t] (its arena chunk's address + offset),
-            # decoded to the absolute address destinations[t] (an output row of cap bytes), with
-            # the digested dictionary ddicts[t] (0: none).
+            # decoded to the absolute address destinations[t] (an output row of cap bytes); with
+            # the digested dictionary ddict when meta[t] is 1.
             for t in range(start, stop):
-                if ddicts[t] == 0:
+                if meta[t] == 0:
                     status[t] = dec(dctx, destinations[t], cap, addresses[t], lengths[t])
                 else:
-                    status[t] = dec_dict(dctx, destinations[t], cap, addresses[t], lengths[t], ddicts[t])
+                    status[t] = dec_dict(dctx, destinations[t], cap, addresses[t], lengths[t], ddict)
 
         @njit(nogil=True)
         def encode(cctx, rows, dst, offsets, capacity, level, cdict, start, stop, status):
@@ -500,18 +500,15 @@ class ZstdCodec(Codec):
             raise ValueError("codec 'zstd': an entry was encoded with a dictionary, and none was given to decode it")
         if self._native is None or not all(o.shape[1] and o.flags.c_contiguous for o in outs):
             return self._decode_python(table, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dictionary)
-        if dictionary is None:
-            ddicts = np.zeros(len(rows), np.int64)
-        else:
-            ddicts = np.where(meta != 0, dictionary.ddict(self._native), 0).astype(np.int64)
-        self._decode_native_at(table.base, table.size, chunk_ids, offsets, lengths, outs, out_ids, rows, ddicts)
+        ddict = 0 if dictionary is None else dictionary.ddict(self._native)
+        self._decode_native_at(table.base, table.size, chunk_ids, offsets, lengths, outs, out_ids, rows, meta, ddict)
 
-    def _decode_native_at(self, chunk_base, chunk_size, chunk_ids, offsets, lengths, outs, out_ids, rows, ddicts) -> None:
+    def _decode_native_at(self, chunk_base, chunk_size, chunk_ids, offsets, lengths, outs, out_ids, rows, meta, ddict) -> None:
         """Decode payload ``t`` (``lengths[t]`` bytes at ``offsets[t]`` in chunk ``chunk_ids[t]``,
         which starts at address ``chunk_base[c]`` and holds ``chunk_size[c]`` bytes) into row
         ``rows[t]`` of ``outs[out_ids[t]]`` (2-D uint8, C-contiguous, one row size), with the
-        digested dictionary ``ddicts[t]`` (0: none), on the thread pool; then check every entry's
-        decoded size. The kernel reads and writes through raw addresses, so every payload range,
+        digested dictionary ``ddict`` where ``meta[t]`` is 1 (meta checked by the caller), on the
+        thread pool; then check every entry's decoded size. The kernel reads and writes through raw addresses, so every payload range,
         output index and row is checked first, in one compiled pass that also computes the
         addresses (the numpy checks it replaces cost ~45 us of a 160-frame read)."""
         nat = self._native
@@ -534,10 +531,11 @@ class ZstdCodec(Codec):
         if err[0]:
             raise ValueError(f"codec {self.name!r}: " + _ADDRESS_ERRORS[int(err[0])].format(n=len(outs), t=int(err[1])))
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        meta = np.ascontiguousarray(meta, dtype=np.uint8)
         status = np.zeros(k, dtype=np.uint64)
         parallel_for(
             k,
-            lambda a, b: nat.decode_at(nat.dctx(), addresses, lengths, destinations, ddicts, nbytes, a, b, status),
+            lambda a, b: nat.decode_at(nat.dctx(), addresses, lengths, destinations, meta, ddict, nbytes, a, b, status),
             work_bytes=k * nbytes,
         )
         bad = np.flatnonzero(status != nbytes)
