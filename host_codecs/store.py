@@ -108,15 +108,15 @@ class CompressedStore:
         at most ``chunk_bytes``).
       max_dead_fraction: compaction starts when freed-but-unreleased bytes exceed this fraction
         of the arena.
-      dictionary_bytes: 0 (default) or the size of a zstd dictionary (a zstd default codec
-        only, e.g. 16384): the :meth:`put` that brings the entries put with the default codec
-        to ``dictionary_samples`` trains a dictionary on its batch and on stored entries of the
-        same dtype and shape (once, ~0.1 s for 1,024 Atari frames), and encodes that batch and
-        every later entry of the default codec with it. Small similar entries then take ~3x less
-        space and decode ~2x faster (see :class:`host_codecs.zstd.ZstdDictionary`); entries
-        written before keep their format. If zstd's trainer refuses the samples, the store goes
-        on without a dictionary.
-      dictionary_samples: entries to train the dictionary on.
+      dictionary_bytes: 0 (default) or the most content bytes of a zstd dictionary (a zstd
+        default codec only, e.g. 16384): the :meth:`put` that brings the entries put with the
+        default codec to ``dictionary_samples`` builds a dictionary from its batch and stored
+        entries of the same dtype and shape (once, ~30 ms for 1,024 Atari frames; see
+        :meth:`host_codecs.zstd.ZstdDictionary.train`), and encodes that batch and every later
+        entry of the default codec with it. 84x84 Atari frames then take 2-3x less space and
+        decode ~2x faster; entries written before keep their format. If zstd refuses the
+        samples, the store goes on without a dictionary.
+      dictionary_samples: entries to build the dictionary from.
 
     Raises:
       ValueError / ImportError: from :func:`host_codecs.get_codec` for a bad or unavailable codec;

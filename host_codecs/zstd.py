@@ -21,10 +21,12 @@ length (NOTES.md: ~28 KB each); the store copies every payload into its arena an
 so none survives an encode.
 
 Dictionaries (:class:`ZstdDictionary`): a :class:`~host_codecs.CompressedStore` created with
-``dictionary_bytes`` trains one on its first entries and encodes its default codec's later entries
-with it (meta byte 1; the frame header names the dictionary, so a wrong one fails loudly). Small
-similar entries such as 84x84 Atari frames then skip most of their per-frame cost: Breakout at
-level -1, 333 -> 134 B and ~2.3x faster decode per frame.
+``dictionary_bytes`` builds one from its first entries (their bytewise mode, see
+:meth:`ZstdDictionary.train`) and encodes its default codec's later entries with it (meta byte 1;
+the frame header names the dictionary, so a wrong one fails loudly). Small similar entries such as
+84x84 Atari frames then skip most of their per-frame cost: at level -1, Breakout 333 -> 112 B and
+Pong 181 -> 97 B per frame, a random 160-frame read 298 -> 111 us and 188 -> ~120 us (native
+engine, docs/benchmarks.md).
 
 Levels 1-22 (default 3) and zstd's "fast" levels -7..-1: a negative level stores literals
 without Huffman coding, so a frame is a little larger but decodes ~1.7x faster (84x84 Breakout
@@ -203,14 +205,13 @@ class _Handle:
 
 
 class ZstdDictionary:
-    """A zstd dictionary trained on a store's first entries, and its digested forms.
+    """A zstd dictionary built from a store's first entries, and its digested forms.
 
     Why: a zstd frame of one small entry (an 84x84 Atari frame, 7 KB) pays for its own entropy
-    tables and finds no earlier data to match; with a dictionary trained on similar entries it
-    does neither. Breakout frames at level -1: 334 -> 118 B per frame and decode 1.7 -> 0.76 us
-    per frame (python engine; 16 KiB dictionary trained on 2,000 frames, docs/benchmarks.md).
-    Frames written with a dictionary carry its id (zstd's frame header), so decoding with
-    another dictionary fails instead of returning wrong bytes. Thread-safe; the digested forms
+    tables and finds no earlier data to match; with a dictionary made for similar entries it
+    does neither (numbers in :meth:`train`). Frames written with a dictionary carry its id
+    (zstd's frame header), so decoding with another dictionary fails instead of returning wrong
+    bytes. Thread-safe; the digested forms
     (``ZSTD_CDict`` for ``level``, ``ZSTD_DDict``) are built on first use and freed with it.
 
     Args:

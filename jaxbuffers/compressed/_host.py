@@ -42,8 +42,9 @@ from host_codecs._base import dtype_from_code
 
 __all__ = ["DEFAULT_DICTIONARY_BYTES", "HostStores", "StaleBufferError"]
 
-#: Size of the zstd dictionary a compressed buffer's store trains on its first 1,024 frames when
-#: the codec is zstd (84x84 Atari frames: ~3x smaller, decode ~2x faster; docs/benchmarks.md).
+#: Most content bytes of the zstd dictionary a compressed buffer's store builds from its first
+#: 1,024 frames when the codec is zstd (84x84 Atari frames: 2-3x smaller, decode ~2x faster;
+#: docs/benchmarks.md).
 DEFAULT_DICTIONARY_BYTES = 16384
 
 
@@ -70,7 +71,7 @@ class HostStores:
       dtypes: per compressed leaf, its dtype.
       names: per compressed leaf, a readable name for error messages.
       chunk_bytes: largest arena chunk of each store.
-      dictionary_bytes: size of the zstd dictionary each store trains on its first 1,024 frames
+      dictionary_bytes: most content bytes of the zstd dictionary each store builds from its first 1,024 frames
         (``None``: :data:`DEFAULT_DICTIONARY_BYTES` for a zstd codec, else 0; 0: none; see
         :class:`host_codecs.CompressedStore`).
     """

@@ -266,9 +266,10 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
           normalize_images: sampled compressed leaves come back float32 in ``[0, 1]`` (``x / 255``,
             uint8 leaves only) instead of their stored dtype.
           chunk_bytes: largest host arena chunk.
-          dictionary_bytes: size of the zstd dictionary each host store trains on its first
-            1,024 frames and encodes later frames with (``None``: 16 KiB for a zstd codec, 0
-            otherwise; 0: no dictionary). Atari frames: ~3x smaller, decode ~2x faster.
+          dictionary_bytes: most content bytes of the zstd dictionary each host store builds
+            from its first 1,024 frames and encodes later frames with (``None``: 16 KiB for a
+            zstd codec, 0 otherwise; 0: no dictionary). 84x84 Atari frames: 2-3x smaller,
+            decode ~2x faster (:class:`host_codecs.ZstdDictionary`).
 
         Raises:
           TypeError / ValueError: as ``TrajectoryBuffer.create``; ``compress`` naming no leaf;
