@@ -92,6 +92,13 @@ def _integer_ids(slots: Any, field: str) -> np.ndarray:
     return s
 
 
+def _as_int64(s: np.ndarray, field: str) -> np.ndarray:
+    """Integer ids as int64; IndexError for unsigned ids past int64 (which would wrap negative)."""
+    if s.dtype == np.uint64 and s.size and int(s.max()) > np.iinfo(np.int64).max:
+        raise IndexError(f"{field}: slot {int(s.max())} out of range")
+    return s.astype(np.int64, copy=False)
+
+
 class CompressedStore:
     """Thread-safe slots of compressed arrays, payloads packed in large arenas.
 
@@ -205,7 +212,7 @@ class CompressedStore:
         return self._in_range(_integer_ids(slots, field), field)
 
     def _in_range(self, s: np.ndarray, field: str) -> np.ndarray:
-        s = s.astype(np.int64, copy=False)
+        s = _as_int64(s, field)
         if s.size:
             lo, hi = int(s.min()), int(s.max())
             if lo < -self.num_slots or hi >= self.num_slots:
@@ -316,7 +323,12 @@ class CompressedStore:
                     (self._chunk >= 0) & (self._codec == tag) & (self._layout == lid)
                 )[: self.dictionary_samples - len(fresh)]
             # Stored entries first, then the new ones (zstd's trainer depends on the order).
-            samples = list(self.get(stored, missing="zeros").reshape(stored.size, -1).view(np.uint8)) if stored.size else []
+            samples = []
+            if stored.size:
+                try:
+                    samples = list(self.get(stored, missing="zeros").reshape(stored.size, -1).view(np.uint8))
+                except ValueError:  # a concurrent put changed a sample's dtype or shape: skip them
+                    pass
             samples += fresh
             from .zstd import ZstdDictionary
 
@@ -522,8 +534,9 @@ class CompressedStore:
             raise ValueError("slot_arrays: expected at least one array of slot ids, got none")
         if outs is not None and len(outs) != len(ss):
             raise ValueError(f"outs: expected {len(ss)} arrays (one per slot array), got {len(outs)}")
-        flat = ss[0].reshape(-1) if len(ss) == 1 else np.concatenate([x.reshape(-1) for x in ss], dtype=np.int64)
-        flat = flat.astype(np.int64, copy=False)
+        flat = _as_int64(ss[0].reshape(-1), "slots") if len(ss) == 1 else np.concatenate(
+            [_as_int64(x.reshape(-1), "slots") for x in ss]
+        )
         ends = [0]
         for x in ss:
             ends.append(ends[-1] + x.size)
@@ -716,8 +729,7 @@ class CompressedStore:
         Returns a dict with ``entries``, ``raw_nbytes``, ``payload_nbytes``, ``arena_nbytes``,
         ``slack_nbytes`` (arena - payload), ``dead_nbytes`` (freed, not yet reclaimed),
         ``index_nbytes``, ``dictionary_nbytes``, ``nbytes``, ``compression_ratio``, ``num_chunks``,
-        ``compactions`` and
-        ``codecs``: per codec name, ``{"entries", "raw_nbytes", "payload_nbytes",
+        ``compactions`` and ``codecs``: per codec name, ``{"entries", "raw_nbytes", "payload_nbytes",
         "payload_ratio"}`` (raw / payload) for codecs holding at least one entry.
         """
         index = self.index_nbytes

@@ -622,3 +622,13 @@ def test_compiled_read_plan_equals_the_numpy_plan_and_the_definition(req):
         int(lay.min()) if lay.size else 1 << 30, int(lay.max()) if lay.size else -1,
         int(tag.min()) if tag.size else 1 << 30, int(tag.max()) if tag.size else -1,
     ]
+
+
+def test_unsigned_ids_past_int64_are_refused_not_wrapped():
+    store = CompressedStore(10, "none")
+    store.put(np.arange(10), np.arange(10, dtype=np.int32)[:, None])
+    huge = np.array([2**64 - 1], np.uint64)  # as int64 this is -1, i.e. slot 9
+    for call in (lambda: store.get(huge), lambda: store.get_many([np.array([0]), huge]), lambda: store.put(huge, np.zeros((1, 1), np.int32))):
+        with pytest.raises(IndexError, match="slots: slot 18446744073709551615 out of range"):
+            call()
+    assert store.get(np.array([9], np.uint64)).tolist() == [[9]]
