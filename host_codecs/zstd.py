@@ -211,8 +211,8 @@ class ZstdDictionary:
     tables and finds no earlier data to match; with a dictionary made for similar entries it
     does neither (numbers in :meth:`train`). Frames written with a dictionary carry its id
     (zstd's frame header), so decoding with another dictionary fails instead of returning wrong
-    bytes. Thread-safe; the digested forms
-    (``ZSTD_CDict`` for ``level``, ``ZSTD_DDict``) are built on first use and freed with it.
+    bytes. Thread-safe; the digested forms (``ZSTD_CDict`` for ``level``, ``ZSTD_DDict``) are
+    built on first use and freed with it.
 
     Args:
       data: the dictionary bytes (from :meth:`train` or saved earlier).
@@ -317,11 +317,12 @@ def _finalize(rows: np.ndarray, size: int, level: int) -> bytes | None:
     if not hasattr(lib, "ZDICT_finalizeDictionary") or not hasattr(lib, "ZDICT_isError"):
         return None
     n, width = rows.shape
-    counts = np.zeros((256, width), np.int32)
-    cols = np.arange(width)
-    for r in rows:  # columns are distinct within a row: a plain fancy-index increment is exact
+    head = rows[:, :size]  # the content is the mode of the first ``size`` bytes
+    counts = np.zeros((256, head.shape[1]), np.int32)
+    cols = np.arange(head.shape[1])
+    for r in head:  # columns are distinct within a row: a plain fancy-index increment is exact
         counts[r, cols] += 1
-    content = counts.argmax(axis=0).astype(np.uint8)[:size].tobytes()
+    content = counts.argmax(axis=0).astype(np.uint8).tobytes()
     fn = lib.ZDICT_finalizeDictionary
     fn.restype = ctypes.c_size_t
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p,
@@ -430,7 +431,7 @@ class ZstdCodec(Codec):
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype, dictionary: ZstdDictionary | None = None) -> EncodedBatch:
         """:meth:`Codec.encode_batch`; with ``dictionary``, every entry is encoded with it (at the
         dictionary's level) and gets meta byte 1, which tells decoders to use the dictionary
-        (:class:`ZstdDictionary`; a :class:`~host_codecs.CompressedStore` trains and passes its
+        (:class:`ZstdDictionary`; a :class:`~host_codecs.CompressedStore` builds and passes its
         own)."""
         if self._native is not None and rows.shape[0] and rows.shape[1] and rows.flags.c_contiguous:
             enc = self._encode_native(rows, dictionary)
