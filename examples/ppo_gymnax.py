@@ -417,10 +417,11 @@ def run(config: PPOConfig, target: float | None, out_dir: str | None, log: Calla
         os.makedirs(out_dir, exist_ok=True)
         png = os.path.join(out_dir, f"ppo_{config.env_name}.png")
         plot_curves(steps_axis, metrics["return_mean"], target, config, png)
-        with open(os.path.join(out_dir, f"ppo_{config.env_name}.json"), "w") as f:
+        summary_path = os.path.join(out_dir, f"ppo_{config.env_name}.json")
+        with open(summary_path, "w") as f:
             json.dump(summary, f, indent=2)
         summary["png"] = png
-        log(f"learning curve: {png}")
+        log(f"learning curve: {png}; summary: {summary_path}")
     summary["metrics"] = metrics
     return summary
 

@@ -65,6 +65,8 @@ __all__ = ["CompressedStore"]
 
 _MAX_CHUNK = (1 << 32) - ALIGN  # uint32 offsets/lengths
 _NUM_TAGS = max(c.tag for c in CODECS.values()) + 1
+_MAX_SAMPLE_BYTES = 64 << 20  # entries decoded (at least 8) to build a dictionary from
+_MAX_DICTIONARY_BYTES = 1 << 20
 _READ_SHARD_BYTES = 1 << 20  # a read (decode + copies) is split over threads in shards of >= 1 MiB
 
 
@@ -116,14 +118,16 @@ class CompressedStore:
       max_dead_fraction: compaction starts when freed-but-unreleased bytes exceed this fraction
         of the arena.
       dictionary_bytes: 0 (default) or the most content bytes of a zstd dictionary (a zstd
-        default codec only, e.g. 16384): the :meth:`put` that brings the entries put with the
+        default codec only, e.g. 16384; at most 1 MiB): the :meth:`put` that brings the entries put with the
         default codec to ``dictionary_samples`` builds a dictionary from its batch and stored
         entries of the same dtype and shape (once, ~30 ms for 1,024 Atari frames; see
         :meth:`host_codecs.zstd.ZstdDictionary.train`), and encodes that batch and every later
         entry of the default codec with it. 84x84 Atari frames then take 2-3x less space and
-        decode ~2x faster; entries written before keep their format. If zstd refuses the
-        samples, the store goes on without a dictionary.
-      dictionary_samples: entries to build the dictionary from.
+        decode ~2x faster; entries written before keep their format. If the build fails (zstd
+        refuses the samples, memory runs out), the store goes on without a dictionary and
+        ``dictionary_error`` says why.
+      dictionary_samples: entries to build the dictionary from (fewer for large entries: at
+        most 64 MiB of them, at least 8).
 
     Raises:
       ValueError / ImportError: from :func:`host_codecs.get_codec` for a bad or unavailable codec;
@@ -165,9 +169,11 @@ class CompressedStore:
         self.chunk_bytes = ceil_align(int(chunk_bytes))
         self.min_chunk_bytes = ceil_align(int(min_chunk_bytes))
         self.max_dead_fraction = float(max_dead_fraction)
-        for name, v, lo in (("dictionary_bytes", dictionary_bytes, 0), ("dictionary_samples", dictionary_samples, 1)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-                raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
+        for name, v, lo, hi in (
+            ("dictionary_bytes", dictionary_bytes, 0, _MAX_DICTIONARY_BYTES), ("dictionary_samples", dictionary_samples, 1, None)
+        ):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or (hi is not None and v > hi):
+                raise ValueError(f"{name}: expected an int in [{lo}, {hi or 'inf'}], got {v!r}")
         if dictionary_bytes and self.codec.name != "zstd":
             raise ValueError(
                 f"dictionary_bytes: dictionaries are for the zstd codec, this store's codec is {self.codec.spec!r}"
@@ -177,6 +183,8 @@ class CompressedStore:
         self._dictionary = None  # host_codecs.zstd.ZstdDictionary once trained
         self._trained = not dictionary_bytes  # True: no (more) training to do
         self._rows_seen = 0  # entries put with the default codec until then
+        #: Why no dictionary was built (``dictionary_bytes`` > 0 and samples seen), else None.
+        self.dictionary_error: str | None = None
         self._samples_lock = threading.Lock()
 
         n = self.num_slots
@@ -304,11 +312,13 @@ class CompressedStore:
             self._maybe_compact()
 
     def _train(self, rows: np.ndarray, code: int, item_shape: tuple[int, ...]):
-        """The dictionary to encode ``rows`` with: trained here (once, outside the store lock)
+        """The dictionary to encode ``rows`` with: built here (once, outside the store lock)
         when the entries put with the default codec, ``rows`` included, reach
-        ``dictionary_samples``; None before. Samples: ``rows`` and stored entries of the same
-        dtype and shape (decoded again, so nothing is kept around until then; fewer when the
-        store has fewer slots)."""
+        ``dictionary_samples``; None before. Samples: stored entries of the same dtype and shape
+        (decoded again, so nothing is kept around until then; fewer when the store has fewer
+        slots) and ``rows``, at most ``_MAX_SAMPLE_BYTES`` of them. A build that fails for any
+        reason leaves the store without a dictionary (``dictionary_error`` says why); the put
+        goes on."""
         with self._samples_lock:
             if self._trained:  # by another thread meanwhile
                 return self._dictionary
@@ -316,23 +326,32 @@ class CompressedStore:
             self._rows_seen += rows.shape[0]
             if self._rows_seen < self.dictionary_samples:
                 return None
-            fresh = list(rows[: self.dictionary_samples])
-            with self._lock:
-                lid = self._layout_ids.get((code, item_shape))
-                stored = np.zeros(0, np.int64) if lid is None else np.flatnonzero(
-                    (self._chunk >= 0) & (self._codec == tag) & (self._layout == lid)
-                )[: self.dictionary_samples - len(fresh)]
-            # Stored entries first, then the new ones (zstd's trainer depends on the order).
-            samples = []
-            if stored.size:
-                try:
-                    samples = list(self.get(stored, missing="zeros").reshape(stored.size, -1).view(np.uint8))
-                except ValueError:  # a concurrent put changed a sample's dtype or shape: skip them
-                    pass
-            samples += fresh
-            from .zstd import ZstdDictionary
+            limit = min(self.dictionary_samples, max(8, _MAX_SAMPLE_BYTES // max(rows.shape[1], 1)))
+            fresh = list(rows[:limit])
+            d = None
+            try:
+                with self._lock:
+                    lid = self._layout_ids.get((code, item_shape))
+                    stored = np.zeros(0, np.int64) if lid is None else np.flatnonzero(
+                        (self._chunk >= 0) & (self._codec == tag) & (self._layout == lid)
+                    )[: limit - len(fresh)]
+                # Stored entries first, then the new ones (zstd's trainer depends on the order).
+                samples = []
+                if stored.size:
+                    try:
+                        samples = list(self.get(stored, missing="zeros").reshape(stored.size, -1).view(np.uint8))
+                    except ValueError:  # a concurrent put changed a sample's dtype or shape: skip them
+                        pass
+                samples += fresh
+                from .zstd import ZstdDictionary
 
-            d = ZstdDictionary.train(samples, self.dictionary_bytes, self.codec.level)
+                d = ZstdDictionary.train(samples, self.dictionary_bytes, self.codec.level)
+                if d is None:
+                    self.dictionary_error = "zstd refused the samples"
+                else:
+                    d.digest()  # built now, so nbytes counts them from the start
+            except Exception as exc:  # e.g. MemoryError: the dictionary is an optimisation only
+                d, self.dictionary_error = None, f"{type(exc).__name__}: {exc}"
             with self._lock:
                 self._dictionary = d
                 self._table = None  # readers' next table carries the dictionary
@@ -618,7 +637,8 @@ class CompressedStore:
             e = entries[:, a:b]
             for tag in [int(stats[3])] if one_tag else np.unique(e[TAG]).tolist():
                 sel = slice(None) if one_tag else np.flatnonzero(e[TAG] == tag)
-                codec_for_tag(tag).decode_many(
+                # The store's own codec for its tag (e.g. a python-engine zstd), else the registry's.
+                (self.codec if tag == self.codec.tag else codec_for_tag(tag)).decode_many(
                     table, e[CHUNK, sel], e[OFFSET, sel], e[LENGTH, sel], meta[a:b][sel], views, e[OUT, sel], e[ROW, sel], dtype
                 )
             lo, hi = int(starts[a]), int(starts[b])

@@ -40,6 +40,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import secrets
 import threading
 
 import numpy as np
@@ -209,7 +210,7 @@ class ZstdDictionary:
 
     Why: a zstd frame of one small entry (an 84x84 Atari frame, 7 KB) pays for its own entropy
     tables and finds no earlier data to match; with a dictionary made for similar entries it
-    does neither (numbers in :meth:`train`). Frames written with a dictionary carry its id
+    does neither (numbers in :meth:`train`). Frames written with a dictionary carry its (random) id
     (zstd's frame header), so decoding with another dictionary fails instead of returning wrong
     bytes. Thread-safe; the digested forms (``ZSTD_CDict`` for ``level``, ``ZSTD_DDict``) are
     built on first use and freed with it.
@@ -230,13 +231,13 @@ class ZstdDictionary:
     def train(cls, samples, size: int, level: int) -> "ZstdDictionary | None":
         """A dictionary of at most ``size`` content bytes for entries like ``samples`` (a sequence
         of 1-D uint8 arrays, or a 2-D array: one entry per row); ``None`` if zstd refuses them
-        (too few or too small: entries are then simply encoded without one).
+        (e.g. entries of mixed sizes that are too few or too small for its trainer).
 
         Entries of one size (a store's entries of one dtype and shape, e.g. frames): the content
         is their **bytewise mode** (at each byte position the most frequent value over the
         samples: the static part of a frame, background and walls), at most its first ``size``
         bytes, and libzstd's ``ZDICT_finalizeDictionary`` adds entropy tables fitted to the
-        samples and a dictionary id. An entry then matches the content at one constant offset
+        samples and a random 31-bit dictionary id (so two dictionaries almost never share one). An entry then matches the content at one constant offset
         for most of its length, which decodes almost as a copy. Measured on 84x84 Atari frames
         (level -1, python engine, 1,024 training frames): Breakout 111 B and 0.53 us per frame
         (zstd's own trainer, 16 KiB: 126 B, 0.71 us; no dictionary: 332 B, 1.6 us), Pong 97 B,
@@ -277,6 +278,14 @@ class ZstdDictionary:
                     setattr(self, slot, h)
         return h.ptr
 
+    def digest(self) -> None:
+        """Build both digested forms now (native engine; the python engine builds its own per
+        thread), so their memory is counted in :attr:`nbytes` from the start."""
+        nat = _native()
+        if nat is not None:
+            self.cdict(nat)
+            self.ddict(nat)
+
     def cdict(self, nat: "_Native") -> int:
         """Address of the ``ZSTD_CDict`` (native engine)."""
         return self._digested("_cdict", lambda: nat.create_cdict(self.data, len(self.data), self.level), nat.free_cdict)
@@ -308,8 +317,8 @@ class _ZdictParams(ctypes.Structure):
 
 
 def _finalize(rows: np.ndarray, size: int, level: int) -> bytes | None:
-    """``ZDICT_finalizeDictionary`` over the bytewise mode of ``rows`` (uint8 [n, L]): the
-    dictionary bytes, or None when libzstd is not loadable or refuses (e.g. content < 128 B)."""
+    """``ZDICT_finalizeDictionary`` over the bytewise mode of ``rows`` (uint8 [n, L]) with a random
+    dictionary id: the dictionary bytes, or None when libzstd is not loadable or refuses."""
     found = _load_libzstd()
     if found is None:
         return None
@@ -332,8 +341,11 @@ def _finalize(rows: np.ndarray, size: int, level: int) -> bytes | None:
     sizes = np.full(n, width, np.uint64)  # size_t[n]
     dst = ctypes.create_string_buffer(len(content) + (1 << 14))
     # The level only shapes the entropy statistics; ZDICT wants a regular (positive) one.
+    # A random id (4 bytes in each frame header, above zstd's reserved range), not the default
+    # hash of the content: two dictionaries with the same mode but other tables must differ.
+    dict_id = 65536 + secrets.randbelow((1 << 31) - 65536)
     got = fn(dst, len(dst), content, len(content), samples.ctypes.data, sizes.ctypes.data, n,
-             _ZdictParams(max(int(level), 1), 0, 0))
+             _ZdictParams(max(int(level), 1), 0, dict_id))
     if lib.ZDICT_isError(got):
         return None
     return dst.raw[:got]

@@ -428,6 +428,13 @@ def test_create_errors():
         CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), padding="same")
     with pytest.raises(ValueError, match="known codecs"):
         CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), codec="brotli")
+    with pytest.raises(ValueError, match="dictionary_bytes: dictionaries are for zstd codecs, got codec='rle'"):
+        CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), codec="rle", dictionary_bytes=4096)
+    for codec, want in (("rle", 0), ("zstd:3", 16384)):  # the default: on for zstd only
+        buf = CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), codec=codec)
+        assert buf.host.stores[0].dictionary_bytes == want
+    buf = CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), dictionary_bytes=0)
+    assert buf.host.stores[0].dictionary_bytes == 0
 
 
 def test_add_errors_name_the_field():

@@ -86,8 +86,11 @@ class HostStores:
         chunk_bytes: int = 64 << 20,
         dictionary_bytes: int | None = None,
     ):
+        zstd = get_codec(codec).name == "zstd"
         if dictionary_bytes is None:
-            dictionary_bytes = DEFAULT_DICTIONARY_BYTES if get_codec(codec).name == "zstd" else 0
+            dictionary_bytes = DEFAULT_DICTIONARY_BYTES if zstd else 0
+        elif dictionary_bytes and not zstd:
+            raise ValueError(f"dictionary_bytes: dictionaries are for zstd codecs, got codec={codec!r} (pass 0 or None)")
         self.names = tuple(names)
         self.stores = [
             CompressedStore(

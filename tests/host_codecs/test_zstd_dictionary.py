@@ -148,7 +148,7 @@ def test_dictionary_arguments_are_checked():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="dictionary_bytes: expected an int"):
             CompressedStore(8, "zstd:-1", dictionary_bytes=bad)
-    with pytest.raises(ValueError, match="dictionary_samples: expected an int >= 1"):
+    with pytest.raises(ValueError, match=r"dictionary_samples: expected an int in \[1, inf\]"):
         CompressedStore(8, "zstd:-1", dictionary_bytes=1024, dictionary_samples=0)
 
 
@@ -226,3 +226,62 @@ def test_concurrent_writers_and_reader_across_training(breakout_frames):
     assert not errors, errors
     assert store.dictionary is not None
     assert (store._meta == 1).any()
+
+
+def test_a_failed_build_leaves_puts_working_and_says_why(monkeypatch, breakout_frames):
+    from host_codecs.zstd import ZstdDictionary
+
+    def boom(*a, **k):
+        raise MemoryError("no room for the samples")
+
+    monkeypatch.setattr(ZstdDictionary, "train", classmethod(lambda cls, *a, **k: boom()))
+    store = CompressedStore(300, "zstd:-1", dictionary_bytes=4096, dictionary_samples=50)
+    _fill(store, breakout_frames[:300], 40)  # every put lands, before and after the failed build
+    assert store.dictionary is None and store.dictionary_nbytes == 0
+    assert store.dictionary_error == "MemoryError: no room for the samples"
+    assert_bit_exact(store.get(np.arange(300)), breakout_frames[:300])
+    with pytest.raises(ValueError, match=r"dictionary_bytes: expected an int in \[0, 1048576\]"):
+        CompressedStore(8, "zstd:-1", dictionary_bytes=1 << 30)
+
+
+def test_large_entries_build_from_a_bounded_sample(monkeypatch):
+    """Entries of 1 MiB: at most 64 MiB of samples (64 entries) are decoded for the build."""
+    from host_codecs import store as store_mod
+    from host_codecs.zstd import ZstdDictionary
+
+    seen = {}
+    real = ZstdDictionary.train.__func__
+
+    def spy(cls, samples, size, level):
+        seen["n"] = len(samples)
+        return real(cls, samples, size, level)
+
+    monkeypatch.setattr(ZstdDictionary, "train", classmethod(spy))
+    rng = np.random.default_rng(0)
+    big = np.repeat(rng.integers(0, 4, (1, 1 << 20), dtype=np.uint8), 100, axis=0)
+    store = CompressedStore(100, "zstd:-1", dictionary_bytes=4096, dictionary_samples=90)
+    _fill(store, big, 30)
+    assert seen["n"] == store_mod._MAX_SAMPLE_BYTES >> 20 == 64
+    assert store.dictionary is not None
+    assert_bit_exact(store.get(np.arange(100)), big)
+
+
+def test_dictionaries_with_the_same_content_get_different_ids(breakout_frames):
+    from host_codecs.zstd import ZstdDictionary
+
+    rows = breakout_frames[:200].reshape(200, -1)
+    a, b = ZstdDictionary.train(rows, 8192, -1), ZstdDictionary.train(rows, 8192, -1)
+    assert a.data[8:] == b.data[8:] and a.data[4:8] != b.data[4:8]  # same tables and content, new id
+
+
+def test_a_python_engine_store_decodes_with_the_python_engine(breakout_frames, monkeypatch):
+    from host_codecs.zstd import ZstdCodec
+
+    codec = ZstdCodec(-1, engine="python")
+    store = CompressedStore(600, codec, dictionary_bytes=8192, dictionary_samples=300)
+    _fill(store, breakout_frames[:600], 100)
+    calls = []
+    real = ZstdCodec._decode_python
+    monkeypatch.setattr(ZstdCodec, "_decode_python", lambda self, *a: (calls.append(self), real(self, *a))[1])
+    assert_bit_exact(store.get(np.arange(600)), breakout_frames[:600])
+    assert calls and all(c is codec for c in calls)
