@@ -348,7 +348,7 @@ class CompressedStore:
                 d = ZstdDictionary.train(samples, self.dictionary_bytes, self.codec.level)
                 if d is None:
                     self.dictionary_error = "zstd refused the samples"
-                else:
+                elif getattr(self.codec, "engine", None) == "native":
                     d.digest()  # built now, so nbytes counts them from the start
             except Exception as exc:  # e.g. MemoryError: the dictionary is an optimisation only
                 d, self.dictionary_error = None, f"{type(exc).__name__}: {exc}"
