@@ -9,8 +9,9 @@ Prints one JSON line per case:
 * ``mode="store_get256"``: ``CompressedStore.get`` of 256 random slots out of the whole data set
   (index snapshot, grouping by arena chunk, decode), all threads.
 
-``zstd:-1/dict``: zstd level -1 with a 16 KiB dictionary trained on other frames of the same game
-(frames 2048-3071; in the store case the store trains its own on its first 1,024 entries).
+``zstd:-1/dict``: zstd level -1 with a dictionary (``ZstdDictionary.train``, at most 16 KiB of
+content) built from other frames of the same game (frames 2048-3071; in the store case the store
+builds its own from its first 1,024 entries).
 
 MB/s are of raw (decoded) bytes, 1 MB = 1e6 bytes; ``ratio`` = raw bytes / payload bytes;
 ``enc_vs_memcpy`` / ``dec_vs_memcpy`` = throughput / numpy memcpy bandwidth measured in the same
@@ -45,8 +46,8 @@ DEFAULT_CODECS = [
 
 
 class WithDictionary:
-    """A zstd codec with a 16 KiB dictionary trained on other frames of the same game (frames
-    2048-3071, never benchmarked), as a store with ``dictionary_bytes`` does."""
+    """A zstd codec with a dictionary built from other frames of the same game (frames 2048-3071,
+    never benchmarked), as a store with ``dictionary_bytes`` does."""
 
     def __init__(self, codec, dictionary):
         self.codec, self.dictionary = codec, dictionary
@@ -161,7 +162,7 @@ def main() -> None:
                 # Store path: sample 256 random stacks from a store holding all 5,000 stacks.
                 if shape_name == "stack4x84":
                     full = obs if not args.quick else obs[:2000]
-                    if spec.endswith("/dict"):  # the store trains its own on its first 1,024 entries
+                    if spec.endswith("/dict"):  # the store builds its own from its first 1,024 entries
                         store = CompressedStore(len(full), codec=codec.codec, dictionary_bytes=16384)
                     else:
                         store = CompressedStore(len(full), codec=codec)
