@@ -120,7 +120,7 @@ class CompressedStore:
       dictionary_bytes: 0 (default) or the most content bytes of a zstd dictionary (a zstd
         default codec only, e.g. 16384; at most 1 MiB): the :meth:`put` that brings the entries put with the
         default codec to ``dictionary_samples`` builds a dictionary from its batch and stored
-        entries of the same dtype and shape (once, ~30 ms for 1,024 Atari frames; see
+        entries of the same dtype and shape (once, ~60 ms for 1,024 Atari frames; see
         :meth:`host_codecs.zstd.ZstdDictionary.train`), and encodes that batch and every later
         entry of the default codec with it. 84x84 Atari frames then take 2-3x less space and
         decode ~2x faster; entries written before keep their format. If the build fails (zstd
