@@ -8,8 +8,9 @@
 Everything between two progress lines is one compiled XLA program: a ``lax.scan`` over PPO
 updates, each a ``lax.scan`` over env steps (acting, stepping the env, ``RolloutBuffer.add``)
 followed by ``RolloutBuffer.compute_gae`` and ``lax.scan``s over epochs and shuffled minibatches
-(``RolloutBuffer.minibatches``). Seeds are a ``jax.vmap`` axis over all of it. Python only calls
-the compiled chunk repeatedly and prints progress.
+(``RolloutBuffer.minibatches``). Seeds are a ``jax.vmap`` axis over all of it (the one-off
+parameter init runs seed by seed, see ``make_train``). Python only calls the compiled chunk
+repeatedly and prints progress.
 
 Time limits are handled properly: gymnax (>= 1.0) returns ``terminated`` and ``truncated``
 separately and the observation before the auto-reset in ``info["final_observation"]``; a
@@ -321,7 +322,11 @@ def make_train(config: PPOConfig) -> Trainer:
     def run_chunk_one(runner: RunnerState):
         return lax.scan(update_one, runner, None, config.chunk)
 
-    init = jax.vmap(init_one)
+    # Seeds are initialised one after another (``lax.map``), not vmapped: the orthogonal init's
+    # QR of a batch of seeds is split by jaxlib's LAPACK kernel over XLA's intra-op threads, and
+    # two such kernels running at once on a 2-thread pool deadlocked (seen once in a test run,
+    # jax 0.10.2). One matrix per QR runs inline; the parameters are the same either way.
+    init = lambda keys: lax.map(init_one, keys)  # noqa: E731
     run_chunk = jax.vmap(run_chunk_one)
 
     def train(keys: jax.Array):
