@@ -327,11 +327,16 @@ def _finalize(rows: np.ndarray, size: int, level: int) -> bytes | None:
         return None
     n, width = rows.shape
     head = rows[:, :size]  # the content is the mode of the first ``size`` bytes
-    counts = np.zeros((256, head.shape[1]), np.int32)
-    cols = np.arange(head.shape[1])
-    for r in head:  # columns are distinct within a row: a plain fancy-index increment is exact
-        counts[r, cols] += 1
-    content = counts.argmax(axis=0).astype(np.uint8).tobytes()
+    mode = np.empty(head.shape[1], np.uint8)
+    block = 1 << 14  # columns per pass: the counts stay at 16 MiB whatever ``size`` is
+    for a in range(0, head.shape[1], block):
+        cols = head[:, a : a + block]
+        counts = np.zeros((256, cols.shape[1]), np.int32)
+        idx = np.arange(cols.shape[1])
+        for r in cols:  # columns are distinct within a row: a plain fancy-index increment is exact
+            counts[r, idx] += 1
+        mode[a : a + cols.shape[1]] = counts.argmax(axis=0)
+    content = mode.tobytes()
     fn = lib.ZDICT_finalizeDictionary
     fn.restype = ctypes.c_size_t
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p,

@@ -140,6 +140,8 @@ def test_dictionary_content_is_the_bytewise_mode_of_the_samples():
     assert d is not None and d.data[:4] == b"\x37\xa4\x30\xec"  # zstd dictionary magic
     assert d.data.endswith(base.tobytes())
     assert ZstdDictionary.train(rows, 600, -1).data.endswith(base[:600].tobytes())  # at most size bytes
+    wide = np.tile(rows, (1, 40))  # 40,000 bytes per entry: the mode is counted in column blocks
+    assert ZstdDictionary.train(wide, 40_000, -1).data.endswith(np.tile(base, 40).tobytes())
 
 
 def test_dictionary_arguments_are_checked():
