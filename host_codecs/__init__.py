@@ -10,7 +10,7 @@ only; each codec imports its optional package when it is created (install them a
   and decode are numba kernels parallel over the batch (``prange``, GIL released).
 * :class:`IgzipCodec` (``"igzip:0".."igzip:3"``, isal) -- raw DEFLATE via ISA-L.
 * :class:`ZstdCodec` (``"zstd:1".."zstd:22"``, ``"zstd:-7".."zstd:-1"``, zstandard) -- Zstandard
-  frames, optionally with a :class:`ZstdDictionary` the store trains on its first entries
+  frames, optionally with a :class:`ZstdDictionary` the store builds from its first entries
   (``CompressedStore(..., dictionary_bytes=16384)``).
 
 Batches are split over a shared thread pool (:func:`set_num_threads`, or the

@@ -71,9 +71,9 @@ class HostStores:
       dtypes: per compressed leaf, its dtype.
       names: per compressed leaf, a readable name for error messages.
       chunk_bytes: largest arena chunk of each store.
-      dictionary_bytes: most content bytes of the zstd dictionary each store builds from its first 1,024 frames
-        (``None``: :data:`DEFAULT_DICTIONARY_BYTES` for a zstd codec, else 0; 0: none; see
-        :class:`host_codecs.CompressedStore`).
+      dictionary_bytes: most content bytes of the zstd dictionary each store builds from its
+        first 1,024 frames (``None``: :data:`DEFAULT_DICTIONARY_BYTES` for a zstd codec, else 0;
+        0: none; see :class:`host_codecs.CompressedStore`). ValueError: > 0 with another codec.
     """
 
     def __init__(
