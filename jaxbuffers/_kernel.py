@@ -45,3 +45,26 @@ def as_one_kernel(update: Callable[[T], T], state: T, nonnegative: jax.Array) ->
         return update(state)  # other backends; and eager calls (a loop would compile per call)
     trips = 1 + jnp.right_shift(jnp.asarray(nonnegative, jnp.int32), 31)
     return jax.lax.fori_loop(0, trips, lambda _, s: update(s), state)
+
+
+def map_entries(fn: Callable[[jax.Array], jax.Array], n: int, *, scalar_loop: bool) -> jax.Array:
+    """``[fn(k) for k in range(n)]`` stacked: ``fn`` maps an int32 entry number to a scalar.
+
+    With ``scalar_loop`` on CPU it is ONE ``fori_loop`` over the entries (one small kernel, whose
+    operations XLA's cost model counts once, not ``n`` times). Otherwise ``fn`` is vectorised over
+    ``arange(n)`` with ``vmap`` (one fused elementwise kernel; what GPU/TPU need). Same values
+    either way.
+
+    Why the loop matters on CPU: XLA's CPU client runs a program whose cost model counts fewer
+    than 1,000 flops *inline* on the calling thread, and every other program on a worker thread.
+    A per-call update of a few microseconds of work (a sum-tree write of 256 priorities) then
+    pays a thread hand-off that cost 10-35 us on the 2-core test machine, bimodal with the
+    scheduler's placement of the two threads. ``n`` elementwise operations written as vector ops
+    count ``n`` flops each (transcendentals such as ``pow`` count none); in the loop they count
+    once.
+    """
+    ks = jnp.arange(n, dtype=jnp.int32)
+    if not scalar_loop or jax.default_backend() != "cpu":
+        return jax.vmap(fn)(ks)
+    out = jax.eval_shape(fn, ks[0])
+    return jax.lax.fori_loop(0, n, lambda k, o: o.at[k].set(fn(k)), jnp.zeros((n,), out.dtype))

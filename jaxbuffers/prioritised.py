@@ -96,41 +96,60 @@ def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon:
     return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
 
 
-def set_leaves_and_max(tree: SumMinTree, indices, leaf, priorities, max_priority, epsilon: float, exact: bool = False):
-    """Write priority leaves and raise the running max priority to the largest one actually written.
+def write_priorities(tree: SumMinTree, indices, priorities, generations, applies, max_priority, epsilon: float, alpha: float):
+    """The update of every prioritised buffer's ``set_priorities``: the priority policy, the leaf
+    ``p**alpha``, the tree write and the running max, for the entries that apply.
 
     Args:
       tree: the buffer's :class:`~jaxbuffers.sum_tree.SumMinTree`.
-      indices: int32[B] leaves (out-of-range entries must carry a NaN ``leaf``).
-      leaf: float32[B] new leaf values ``p**alpha``; NaN = skip the entry.
-      priorities: floating[B] raw priorities (the policy, :func:`sanitise_priorities`, is applied
-        here to the winners only).
-      max_priority: float32 scalar, the running max before this call. epsilon: as the buffer's.
-      exact: static; find the winners with :func:`~jaxbuffers.sum_tree.last_write_mask` (a sort)
-        instead of by leaf equality. Needed when different priorities give equal leaves
-        (``alpha = 0``: every leaf is 1).
+      indices: int32[B] leaves; entries outside ``[0, capacity)`` are ignored.
+      priorities: floating[B] raw priorities (the policy, :func:`sanitise_priorities`, applies).
+      generations: int32[B], the generations the caller sampled.
+      applies: ``(slots, generations) -> bool``, elementwise over int32 scalars or arrays
+        (``slots`` in ``[0, capacity)``): whether an entry may be written (its slot still holds
+        what was sampled, and whatever else the buffer requires).
+      max_priority: float32 scalar, the running max before this call. epsilon, alpha: the buffer's.
 
     Returns:
-      ``(tree, max_priority)``. Duplicate indices: the last entry wins (:meth:`SumMinTree.set`), and
-      only the winners raise the max. No sort: every touched slot now holds its winner's leaf, so
-      an applied entry whose leaf equals its slot's stored leaf is the winner (or a loser with the
-      same leaf ``p**alpha``, i.e. the same ``p`` up to the rounding of the power); skipped entries
-      have a NaN leaf, equal to nothing. Where the tree walks (CPU, small batches: see
-      :mod:`jaxbuffers.sum_tree`) this is one scalar loop (a single compiled kernel) instead of a
-      gather and a reduction (three ops): on CPU every op costs executor time per call.
+      ``(tree, max_priority)``. Duplicate indices: the last applied entry wins
+      (:meth:`SumMinTree.set`), and only the winners raise the max (to the largest priority
+      actually written).
+
+    Cost: where the tree walks (CPU, up to 4,096 entries) the per-entry tests (range,
+    ``applies``, NaN) run in one scalar loop (:func:`jaxbuffers._kernel.map_entries`) and the
+    winner test for the max in another, so XLA's cost model counts the update at a few hundred
+    flops and XLA's CPU client runs a per-call update on the calling thread. Written as vector ops
+    (256 entries: ~4,800 flops) it went to a worker thread, and a jitted call took 15 us or
+    35-50 us depending on where the scheduler put the two threads (2-core machine). ``p**alpha``
+    stays one vector op: a transcendental, which the cost model does not count.
     """
-    new = tree.set(indices, leaf)
     b = indices.shape[0]
-    if b > sum_tree._walk_max_batch() or exact:
-        if exact:  # every leaf is 1 at alpha = 0: find the winners by position instead (one sort)
-            won = sum_tree.last_write_mask(jnp.clip(indices, 0, tree.capacity - 1), ~jnp.isnan(leaf))
+    cap = tree.capacity
+    walk = b <= sum_tree._walk_max_batch()
+    eps, top = jnp.float32(epsilon), jnp.float32(PRIORITY_MAX)
+    # p**alpha of the clipped priorities and, last, of the running max (which replaces NaN).
+    leaves = priority_leaf(jnp.clip(jnp.concatenate([priorities.astype(jnp.float32), jnp.reshape(max_priority, (1,)).astype(jnp.float32)]), eps, top), alpha)
+
+    def leaf_of(k):
+        i = indices[k]
+        ok = (i >= 0) & (i < cap) & applies(jnp.clip(i, 0, cap - 1), generations[k])
+        return jnp.where(ok, jnp.where(jnp.isnan(priorities[k]), leaves[b], leaves[k]), jnp.nan)
+
+    leaf = _kernel.map_entries(leaf_of, b, scalar_loop=walk)
+    new = tree.set(indices, leaf)
+    if not walk or alpha == 0:
+        if alpha == 0:  # every leaf is 1: find the winners by position instead (one sort)
+            won = sum_tree.last_write_mask(jnp.clip(indices, 0, cap - 1), ~jnp.isnan(leaf))
         else:
-            won = new.get(jnp.clip(indices, 0, tree.capacity - 1)) == leaf
+            # Every touched slot now holds its winner's leaf, so an applied entry whose leaf equals
+            # its slot's stored leaf is the winner (or a loser with the same p**alpha); skipped
+            # entries have a NaN leaf, equal to nothing.
+            won = new.get(jnp.clip(indices, 0, cap - 1)) == leaf
         return new, jnp.maximum(max_priority, jnp.max(jnp.where(won, sanitise_priorities(priorities, max_priority, epsilon), 0)))
     leaf_row = new.padded_capacity
 
-    def body(k, m):
-        slot = jnp.clip(indices[k], 0, tree.capacity - 1) + leaf_row
+    def body(k, m):  # the same winner test, one entry per step of a scalar loop
+        slot = jnp.clip(indices[k], 0, cap - 1) + leaf_row
         stored = jax.lax.dynamic_index_in_dim(new.nodes, slot, keepdims=False)[0]
         return jnp.maximum(m, jnp.where(stored == leaf[k], sanitise_priorities(priorities[k], max_priority, epsilon), 0))
 
@@ -294,13 +313,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         to slots ``0, 1, 2, ... mod capacity``. Only meaningful for slots in ``[0, size())``;
         compare by equality (see :meth:`set_priorities`).
         """
-        indices = jnp.asarray(indices, jnp.int32)
-        added = self.replay.added
-        # Items added modulo 2**32 from the two-word counter [high, low] (low has 30 bits); the
-        # shift and the sums wrap in int32.
-        added32 = jnp.left_shift(added[..., 0], 30) + added[..., 1]
-        back = jnp.mod(self.replay.head - 1 - indices, self.capacity)
-        return (added32 - 1 - back).astype(jnp.int32)
+        return _ring.last_item_number(self.replay.added, self.replay.head, indices, self.capacity)
 
     @property
     def generations(self) -> jax.Array:
@@ -425,17 +438,11 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         indices = _check_vector("indices", indices, b, "integer").astype(jnp.int32)
         priorities = _check_vector("priorities", priorities, b, "floating")
         generations = _check_vector("generations", generations, b, "integer").astype(jnp.int32)
-        in_range = (indices >= 0) & (indices < self.replay.num_valid)
-        current = self.generations_at(jnp.clip(indices, 0, self.capacity - 1))
-        applied = in_range & (current == generations)
-        # One vector op for every per-entry input of the walk (a NaN leaf is skipped by the tree):
-        # on CPU each separate small op costs about a microsecond of executor time per call.
-        leaf = jnp.where(applied, self._leaf(self._sanitise(priorities)), jnp.nan)
-        tree, max_priority = self._set_leaves(indices, priorities, leaf)
+        valid = self.replay.num_valid
+        tree, max_priority = write_priorities(
+            self.tree, indices, priorities, generations,
+            lambda slot, gen: (slot < valid) & (self.generations_at(slot) == gen),
+            self.max_priority, self.epsilon, self.priority_exponent,
+        )
         return self.replace(tree=tree, max_priority=max_priority)
 
-    def _set_leaves(self, indices, priorities, leaf):
-        """:func:`set_leaves_and_max` on this buffer's tree and running max."""
-        return set_leaves_and_max(
-            self.tree, indices, leaf, priorities, self.max_priority, self.epsilon, exact=self.priority_exponent == 0
-        )

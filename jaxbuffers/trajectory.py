@@ -84,8 +84,7 @@ from jaxbuffers.prioritised import (
     _float_arg,
     priority_leaf,
     probabilities_and_weights,
-    sanitise_priorities,
-    set_leaves_and_max,
+    write_priorities,
 )
 from jaxbuffers.sum_tree import SumMinTree
 
@@ -956,18 +955,11 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
             raise TypeError(f"indices/generations: expected int32, got {indices.dtype}/{generations.dtype}")
         if not jnp.issubdtype(priorities.dtype, jnp.floating):
             raise TypeError(f"priorities: expected a floating dtype, got {priorities.dtype}")
-        indices = indices.astype(jnp.int32)
-        cap = self.tree.capacity
-        in_range = (indices >= 0) & (indices < cap)
-        safe = jnp.clip(indices, 0, cap - 1)
-        live = in_range & (self.generations_at(safe) == generations) & (self.tree.get(safe) > 0)
-        # One vector op for every per-entry input of the walk (a NaN leaf is skipped by the tree).
-        p = sanitise_priorities(priorities, self.max_priority, self.epsilon)
-        leaf = jnp.where(live, priority_leaf(p, self.priority_exponent), jnp.nan)
-        # The raw indices: entries out of range carry a NaN leaf (skipped), and passing `safe`
-        # would make the clip a separate kernel (on CPU each one costs executor time per call).
-        tree, max_p = set_leaves_and_max(
-            self.tree, indices, leaf.astype(jnp.float32), priorities, self.max_priority, self.epsilon,
-            exact=self.priority_exponent == 0,
+        leaf_row = self.tree.padded_capacity
+        tree, max_p = write_priorities(
+            self.tree, indices.astype(jnp.int32), priorities, generations.astype(jnp.int32),
+            # a position whose window is not valid now has leaf 0
+            lambda slot, gen: (self.generations_at(slot) == gen) & (self.tree.nodes[slot + leaf_row, 0] > 0),
+            self.max_priority, self.epsilon, self.priority_exponent,
         )
         return self.replace(tree=tree, max_priority=max_p.astype(jnp.float32))

@@ -1,4 +1,6 @@
-"""Tests of jaxbuffers._kernel.as_one_kernel: the update runs exactly once, bit for bit."""
+"""Tests of jaxbuffers._kernel: as_one_kernel runs the update exactly once, bit for bit;
+map_entries gives the same values as a loop and vectorised; the per-call priority updates are
+programs XLA's CPU client runs inline."""
 
 from __future__ import annotations
 
@@ -6,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuffers import PrioritisedReplayBuffer, _kernel
+import pytest
+
+from jaxbuffers import PrioritisedReplayBuffer, PrioritisedTrajectoryBuffer, _kernel
 
 ITEM = {"obs": jnp.zeros(17, jnp.float32), "action": jnp.zeros(6, jnp.float32), "done": jnp.bool_(False)}
 
@@ -50,3 +54,33 @@ def test_prioritised_add_equals_the_unwrapped_update_bit_for_bit():
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(d)):
         np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
     assert a.num_added() == d.num_added() > 50
+
+
+def test_map_entries_loop_and_vectorised_agree():
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 37):
+        x = jnp.asarray(rng.normal(size=n), jnp.float32).at[0].set(jnp.nan)
+        i = jnp.asarray(rng.integers(-3, n + 3, n), jnp.int32)
+        fn = lambda k: jnp.where((i[k] >= 0) & ~jnp.isnan(x[k]), x[jnp.clip(i[k], 0, n - 1)] * 2.0, -1.0)  # noqa: E731
+        loop = jax.jit(lambda: _kernel.map_entries(fn, n, scalar_loop=True))()
+        vec = jax.jit(lambda: _kernel.map_entries(fn, n, scalar_loop=False))()
+        assert loop.shape == (n,) and loop.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(loop), np.asarray(vec))
+        np.testing.assert_array_equal(np.asarray(loop), np.asarray(jax.vmap(fn)(jnp.arange(n))))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's inline-execution rule")
+def test_set_priorities_of_256_is_a_cheap_program_on_cpu():
+    """XLA's CPU client runs a program whose cost model counts under 1,000 flops on the calling
+    thread and hands any other to a worker thread (tens of microseconds on a loaded 2-core
+    machine). A 256-entry set_priorities must stay under it (it counted ~4,800 written as vector
+    ops); so must flashbax's, the anchor (~580)."""
+    buffers = [
+        PrioritisedReplayBuffer.create(ITEM, 100_000, priority_exponent=0.6),
+        PrioritisedTrajectoryBuffer.create({"obs": jnp.zeros(17), "action": jnp.zeros(6), "reward": jnp.float32(0)}, 8, 12_500, window_length=2, priority_exponent=0.6),
+    ]
+    i, p = jnp.zeros(256, jnp.int32), jnp.ones(256, jnp.float32)
+    for buf in buffers:
+        compiled = jax.jit(lambda b: b.set_priorities(i, p, i), donate_argnums=0).lower(buf).compile()
+        flops = compiled.cost_analysis()["flops"]
+        assert 0 < flops < 1000, (type(buf).__name__, flops)

@@ -702,6 +702,31 @@ def test_prioritised_stale_updates_ignored_and_policy():
     np.testing.assert_allclose(float(after.tree.total()), leaves.sum(), rtol=1e-6)
 
 
+def test_prioritised_set_priorities_walk_and_vectorised_paths_agree(monkeypatch):
+    """On the CPU walk path the per-entry tests (range, generation, valid window, NaN) run in a
+    scalar loop; elsewhere as vector ops: the same tree and running max, with duplicates, stale
+    entries, invalid windows and out-of-range indices."""
+    from jaxbuffers import sum_tree as sum_tree_module
+
+    rng = np.random.default_rng(5)
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 2, 16, window_length=3, priority_exponent=0.7)
+    for counter in range(0, 22, 11):
+        obs, action, reward, term, trunc, final = make_chunk(rng, 2, 11, counter)
+        buf = ADD(buf, {"obs": obs, "action": action, "reward": reward}, term, trunc, final)
+    idx = jnp.asarray(rng.integers(-2, 34, 90), jnp.int32)  # duplicates, out of range, invalid windows
+    gens = buf.generations.reshape(-1)[jnp.clip(idx, 0, 31)].at[::6].add(1)  # some stale
+    pri = jnp.asarray(rng.uniform(0, 30, 90), jnp.float32).at[4].set(jnp.nan).at[8].set(-1.0)
+    fn = lambda b: b.set_priorities(idx, pri, gens)  # noqa: E731
+    walked = jax.jit(fn)(buf)
+    monkeypatch.setattr(sum_tree_module, "_WALK_MAX_BATCH_CPU", 0)
+    vectorised = jax.jit(fn)(buf)
+    np.testing.assert_array_equal(np.asarray(walked.tree.nodes), np.asarray(vectorised.tree.nodes))
+    assert float(walked.max_priority) == float(vectorised.max_priority) > 1.0
+    before, after = np.asarray(buf.tree.leaves()), np.asarray(walked.tree.leaves())
+    assert set(np.flatnonzero(after > 0)) == set(np.flatnonzero(before > 0))  # no invalid window written
+    assert not np.array_equal(before, after)
+
+
 def test_prioritised_jit_scan_vmap():
     buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 2, 6, window_length=3)
     rng = np.random.default_rng(2)
