@@ -285,7 +285,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         return (
             self.replay.memory_bytes
             + _validate.tree_nbytes(self.tree.nodes)
-            + _validate.tree_nbytes((self.replay.head, self.replay.num_valid, self.replay.added, self.max_priority))
+            + _validate.tree_nbytes((self.replay.counters, self.max_priority))
         )
 
     def size(self) -> jax.Array:

@@ -45,9 +45,7 @@ class ReplayBuffer(struct.PyTreeNode):
     """
 
     storage: Any  # pytree like the example item, leaves [capacity, *item_shape], example's dtypes
-    head: jax.Array  # shape=(), int32: slot the next item is written to, in [0, capacity)
-    num_valid: jax.Array  # shape=(), int32: slots holding data, in [0, capacity]
-    added: jax.Array  # shape=(2,), int32: items ever added, two-word counter (see _ring)
+    counters: jax.Array  # shape=(4,), int32: head, num_valid, added (two words); see the properties
     capacity: int = struct.field(pytree_node=False)
     min_size: int = struct.field(pytree_node=False)
 
@@ -74,14 +72,37 @@ class ReplayBuffer(struct.PyTreeNode):
         storage = jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), spec)
         return cls(
             storage=storage,
-            head=jnp.int32(0),
-            num_valid=jnp.int32(0),
-            added=_ring.counter_zero(),
+            counters=jnp.zeros((_ring.CURSORS,), jnp.int32),
             capacity=capacity,
             min_size=min_size,
         )
 
     # ------------------------------------------------------------------ properties
+    # The ring cursors share one int32 array (``counters``, see :data:`jaxbuffers._ring.CURSORS`).
+    @property
+    def head(self) -> jax.Array:
+        """int32 scalar: slot the next item is written to, in ``[0, capacity)``."""
+        return self.counters[..., 0]
+
+    @property
+    def num_valid(self) -> jax.Array:
+        """int32 scalar: slots holding data, in ``[0, capacity]``."""
+        return self.counters[..., 1]
+
+    @property
+    def added(self) -> jax.Array:
+        """int32[2]: items ever added, a two-word counter (see :mod:`jaxbuffers._ring`)."""
+        return self.counters[..., 2:_ring.CURSORS]
+
+    def with_cursors(self, *, head=None, num_valid=None, added=None) -> "ReplayBuffer":
+        """A copy with the given ring cursors replaced (int32 scalars; ``added`` an int32[2]
+        two-word counter), the others kept: for adapters that rebuild a ring (e.g. from SB3)."""
+        return self.replace(counters=_ring.pack_cursors(
+            self.head if head is None else head,
+            self.num_valid if num_valid is None else num_valid,
+            self.added if added is None else added,
+        ))
+
     @property
     def item_spec(self) -> Any:
         """Pytree of ``jax.ShapeDtypeStruct``: one item's shapes and dtypes (derived from storage)."""
@@ -132,9 +153,7 @@ class ReplayBuffer(struct.PyTreeNode):
         _ring.check_batch_fits(b, self.capacity, "batch")
         storage = jax.tree.map(lambda s, x: _ring.write(s, x, self.head), self.storage, batch)
         head, num_valid = _ring.advance(self.head, self.num_valid, b, self.capacity)
-        return self.replace(
-            storage=storage, head=head, num_valid=num_valid, added=_ring.counter_add(self.added, b)
-        )
+        return self.replace(storage=storage, counters=_ring.pack_cursors(head, num_valid, _ring.counter_add(self.added, b)))
 
     def sample(self, key: jax.Array, batch_size: int) -> ReplaySample:
         """Draw ``batch_size`` items uniformly with replacement from the valid items.

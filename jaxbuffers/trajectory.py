@@ -197,13 +197,6 @@ def _gamma(gamma, dtype) -> jax.Array:
     return g.astype(dtype)
 
 
-_COUNTERS = 4  # scalar cursors at the front of TrajectoryBuffer.counters: head, num_valid, added[2]
-
-
-def _pack_counters(head, num_valid, added, final_head) -> jax.Array:
-    return jnp.concatenate([jnp.stack([head, num_valid]), added, final_head]).astype(jnp.int32)
-
-
 def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array, gamma) -> tuple:
     """n-step return over windows of ``n`` steps, cut at the first episode end.
 
@@ -307,7 +300,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
             storage=jax.tree.map(lambda s: zeros(s, length), spec),
             meta=jnp.zeros((num_envs, length), jnp.int32),
             final_obs=jax.tree.map(lambda s: zeros(s, k), spec[obs_key]),
-            counters=jnp.zeros((_COUNTERS + num_envs,), jnp.int32),
+            counters=jnp.zeros((_ring.CURSORS + num_envs,), jnp.int32),
             num_envs=num_envs,
             length=length,
             final_obs_capacity=k,
@@ -333,12 +326,12 @@ class TrajectoryBuffer(struct.PyTreeNode):
     @property
     def added(self) -> jax.Array:
         """int32[2]: steps ever added per lane, a two-word counter (see :mod:`jaxbuffers._ring`)."""
-        return self.counters[..., 2:_COUNTERS]
+        return self.counters[..., 2:_ring.CURSORS]
 
     @property
     def final_head(self) -> jax.Array:
         """int32[num_envs]: next final-observation ring slot per lane, in ``[0, final_obs_capacity)``."""
-        return self.counters[..., _COUNTERS:]
+        return self.counters[..., _ring.CURSORS:]
 
     @property
     def step_spec(self) -> Any:
@@ -476,7 +469,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
             storage=storage,
             meta=_ring.write(self.meta, meta, self.head, axis=1),
             final_obs=store,
-            counters=_pack_counters(head, num_valid, _ring.counter_add(self.added, t), final_head),
+            counters=_ring.pack_cursors(head, num_valid, _ring.counter_add(self.added, t), final_head),
         )
 
     def final_obs_lost(self) -> jax.Array:

@@ -495,8 +495,8 @@ def test_generations_wrap_with_the_item_count():
     buf = PRB.create(ITEM, 4)
     for added in (5, 2**30 - 1, 2**30 + 2, 2**32 + 1, 2**33 + 3):
         hi, lo = divmod(added, 2**30)
-        b = buf.replace(replay=buf.replay.replace(
-            added=jnp.array([hi, lo], jnp.int32), head=jnp.int32(added % 4), num_valid=jnp.int32(4)))
+        b = buf.replace(replay=buf.replay.with_cursors(
+            added=jnp.array([hi, lo], jnp.int32), head=added % 4, num_valid=4))
         got = np.asarray(b.generations).astype(np.int64)
         # slot i last held item k < added with k % 4 == i
         want = np.array([max(k for k in range(added - 4, added) if k % 4 == i) for i in range(4)], np.int64)

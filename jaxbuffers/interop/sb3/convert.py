@@ -107,11 +107,8 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
         added = total
     else:
         valid = added = buffer.pos * n
-    return out.replace(
-        storage=jax.tree.map(jnp.asarray, item),
-        head=jnp.int32(buffer.pos * n),
-        num_valid=jnp.int32(valid),
-        added=_ring.counter_add(_ring.counter_zero(), added),
+    return out.replace(storage=jax.tree.map(jnp.asarray, item)).with_cursors(
+        head=buffer.pos * n, num_valid=valid, added=_ring.counter_add(_ring.counter_zero(), added)
     )
 
 

@@ -374,11 +374,7 @@ class _JaxReplayImpl:
         if self.compress is not None:
             self._writer.close()
             self._writer, self._pending = self._new_compressed(), None
-        self._state = self._state.replace(
-            head=jnp.zeros_like(self._state.head),
-            num_valid=jnp.zeros_like(self._state.num_valid),
-            added=_ring.counter_zero(),
-        )
+        self._state = self._state.with_cursors(head=0, num_valid=0, added=_ring.counter_zero())
 
     def _obs_row(self, obs: Any, what: str) -> Any:
         spec = self._spec["observations"]
