@@ -202,6 +202,11 @@ def _float_arg(name: str, value, lo: float, hi: float) -> float:
     return value
 
 
+def _float_bits(x: jax.Array) -> jax.Array:
+    """The int32 bit pattern of a float32 scalar (stored among int32 counters, read back exactly)."""
+    return jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.int32)
+
+
 def _check_vector(name: str, x, b: int, kind: str) -> jax.Array:
     """A [b] array of the given kind ('floating' or 'integer'), checked at trace time."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
@@ -222,9 +227,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     See the module docstring for the equations and the priority policy.
     """
 
-    replay: ReplayBuffer  # the items, ring position and counts (see jaxbuffers.replay)
+    replay: ReplayBuffer  # the items, ring position and counts (see jaxbuffers.replay); its counters end with the running max priority's bits
     tree: SumMinTree  # leaves p_i^alpha at valid slots, 0 elsewhere: sums and minima, one float32 heap [2P, 2]
-    max_priority: jax.Array  # shape=(), float32: running max priority (before alpha); 1.0 initially
     priority_exponent: float = struct.field(pytree_node=False)  # alpha, in [0, 1]
     epsilon: float = struct.field(pytree_node=False)  # smallest priority kept, > 0
 
@@ -256,9 +260,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         epsilon = _float_arg("epsilon", epsilon, 1e-30, 1.0)
         replay = ReplayBuffer.create(example_item, capacity, min_size=min_size)
         return cls(
-            replay=replay,
+            replay=replay.replace(counters=jnp.concatenate([replay.counters, _float_bits(jnp.float32(1.0))[None]])),
             tree=SumMinTree.create(replay.capacity),
-            max_priority=jnp.float32(1.0),
             priority_exponent=alpha,
             epsilon=epsilon,
         )
@@ -285,8 +288,21 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         return (
             self.replay.memory_bytes
             + _validate.tree_nbytes(self.tree.nodes)
-            + _validate.tree_nbytes((self.replay.counters, self.max_priority))
+            + _validate.tree_nbytes(self.replay.counters)
         )
+
+    @property
+    def max_priority(self) -> jax.Array:
+        """float32 scalar: the running max priority (before alpha), 1.0 initially; what new items get.
+
+        Kept as its bit pattern in the last word of ``replay.counters`` (one int32 array with the
+        ring cursors): every array of a jitted call's arguments and results costs host dispatch
+        time (~0.8 us per donated array per call on the 2-core CPU)."""
+        return jax.lax.bitcast_convert_type(self.replay.counters[..., _ring.CURSORS], jnp.float32)
+
+    def _with_max_priority(self, max_priority: jax.Array) -> "PrioritisedReplayBuffer":
+        counters = self.replay.counters.at[_ring.CURSORS].set(_float_bits(max_priority))
+        return self.replace(replay=self.replay.replace(counters=counters))
 
     def size(self) -> jax.Array:
         """Number of valid items (int32 scalar)."""
@@ -372,11 +388,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         else:
             p = self._sanitise(priorities)
             max_priority = jnp.maximum(self.max_priority, jnp.max(p))
-        return self.replace(
-            replay=self.replay.add(batch),
-            tree=self.tree.set_unique(slots, self._leaf(p)),
-            max_priority=max_priority,
-        )
+        return self.replace(replay=self.replay.add(batch), tree=self.tree.set_unique(slots, self._leaf(p)))._with_max_priority(max_priority)
 
     def sample(self, key: jax.Array, batch_size: int, beta=0.4) -> PrioritisedSample:
         """Draw ``batch_size`` items by stratified proportional sampling (with replacement).
@@ -444,5 +456,5 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
             lambda slot, gen: (slot < valid) & (self.generations_at(slot) == gen),
             self.max_priority, self.epsilon, self.priority_exponent,
         )
-        return self.replace(tree=tree, max_priority=max_priority)
+        return self.replace(tree=tree)._with_max_priority(max_priority)
 

@@ -45,7 +45,7 @@ class ReplayBuffer(struct.PyTreeNode):
     """
 
     storage: Any  # pytree like the example item, leaves [capacity, *item_shape], example's dtypes
-    counters: jax.Array  # shape=(4,), int32: head, num_valid, added (two words); see the properties
+    counters: jax.Array  # shape=(4 + k,), int32: head, num_valid, added (two words), then k words of a wrapping buffer (add keeps them); see the properties
     capacity: int = struct.field(pytree_node=False)
     min_size: int = struct.field(pytree_node=False)
 
@@ -101,6 +101,7 @@ class ReplayBuffer(struct.PyTreeNode):
             self.head if head is None else head,
             self.num_valid if num_valid is None else num_valid,
             self.added if added is None else added,
+            self.counters[_ring.CURSORS:],
         ))
 
     @property
@@ -153,7 +154,8 @@ class ReplayBuffer(struct.PyTreeNode):
         _ring.check_batch_fits(b, self.capacity, "batch")
         storage = jax.tree.map(lambda s, x: _ring.write(s, x, self.head), self.storage, batch)
         head, num_valid = _ring.advance(self.head, self.num_valid, b, self.capacity)
-        return self.replace(storage=storage, counters=_ring.pack_cursors(head, num_valid, _ring.counter_add(self.added, b)))
+        counters = _ring.pack_cursors(head, num_valid, _ring.counter_add(self.added, b), self.counters[_ring.CURSORS:])
+        return self.replace(storage=storage, counters=counters)
 
     def sample(self, key: jax.Array, batch_size: int) -> ReplaySample:
         """Draw ``batch_size`` items uniformly with replacement from the valid items.
