@@ -82,6 +82,7 @@ from flax import struct
 from jaxbuffers import _random, _ring, _validate
 from jaxbuffers.prioritised import (
     _float_arg,
+    _float_bits,
     priority_leaf,
     probabilities_and_weights,
     write_priorities,
@@ -240,7 +241,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
     storage: Any  # dict like the example step, leaves [num_envs, length, *shape], example dtypes
     meta: jax.Array  # shape=[num_envs, length], dtype=int32: bit 0 terminated, bit 1 truncated, bits 2.. final-obs ring slot
     final_obs: Any  # obs pytree, leaves [num_envs, final_obs_capacity, *obs_shape]: final-observation ring
-    counters: jax.Array  # shape=[4 + num_envs], dtype=int32: head, num_valid, added (2 words), final_head per lane (see properties)
+    counters: jax.Array  # shape=[4 + num_envs + k], dtype=int32: head, num_valid, added (2 words), final_head per lane (see properties), then k words of a wrapping buffer (add keeps them)
     num_envs: int = struct.field(pytree_node=False)
     length: int = struct.field(pytree_node=False)
     final_obs_capacity: int = struct.field(pytree_node=False)
@@ -331,7 +332,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
     @property
     def final_head(self) -> jax.Array:
         """int32[num_envs]: next final-observation ring slot per lane, in ``[0, final_obs_capacity)``."""
-        return self.counters[..., _ring.CURSORS:]
+        return self.counters[..., _ring.CURSORS : _ring.CURSORS + self.num_envs]
 
     @property
     def step_spec(self) -> Any:
@@ -469,7 +470,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
             storage=storage,
             meta=_ring.write(self.meta, meta, self.head, axis=1),
             final_obs=store,
-            counters=_ring.pack_cursors(head, num_valid, _ring.counter_add(self.added, t), final_head),
+            counters=_ring.pack_cursors(
+                head, num_valid, _ring.counter_add(self.added, t), final_head, self.counters[_ring.CURSORS + self.num_envs :]
+            ),
         )
 
     def final_obs_lost(self) -> jax.Array:
@@ -752,10 +755,8 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     window is not valid now, are ignored.
     """
 
-    buffer: TrajectoryBuffer
+    buffer: TrajectoryBuffer  # its counters end with two words of ours: max_priority's bits, phase (see the properties)
     tree: SumMinTree  # capacity num_envs * length; leaves p^alpha at valid starts, else 0 (sums + min over positive leaves)
-    max_priority: jax.Array  # shape=(), dtype=float32: largest priority set so far (new windows get it)
-    phase: jax.Array  # shape=(), dtype=int32: steps ever added per lane, modulo period
     window_length: int = struct.field(pytree_node=False)
     period: int = struct.field(pytree_node=False)
     priority_exponent: float = struct.field(pytree_node=False)
@@ -795,16 +796,37 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         alpha = _float_arg("priority_exponent", priority_exponent, 0.0, 1.0)
         epsilon = _float_arg("epsilon", epsilon, 1e-30, 1.0)
         cap = buf.num_envs * buf.length
+        tail = jnp.stack([_float_bits(jnp.float32(1.0)), jnp.int32(0)])  # max_priority 1, phase 0
         return cls(
-            buffer=buf,
+            buffer=buf.replace(counters=jnp.concatenate([buf.counters, tail])),
             tree=SumMinTree.create(cap),
-            max_priority=jnp.float32(1.0),
-            phase=jnp.int32(0),
             window_length=window_length,
             period=period,
             priority_exponent=alpha,
             epsilon=epsilon,
         )
+
+    # ------------------------------------------------------------------ state in the counters
+    # Two int32 words at the end of ``buffer.counters`` (one array with the ring cursors: every
+    # array of a jitted call's arguments and results costs host dispatch time, ~0.8 us per donated
+    # array per call on the 2-core CPU).
+    @property
+    def max_priority(self) -> jax.Array:
+        """float32 scalar: the largest priority set so far, 1.0 initially (new windows get it)."""
+        return jax.lax.bitcast_convert_type(self.buffer.counters[..., -2], jnp.float32)
+
+    @property
+    def phase(self) -> jax.Array:
+        """int32 scalar: steps ever added per lane, modulo ``period``."""
+        return self.buffer.counters[..., -1]
+
+    def _with(self, *, max_priority=None, phase=None) -> "PrioritisedTrajectoryBuffer":
+        c = self.buffer.counters
+        if max_priority is not None:
+            c = c.at[-2].set(_float_bits(max_priority))
+        if phase is not None:
+            c = c.at[-1].set(jnp.asarray(phase, jnp.int32))
+        return self.replace(buffer=self.buffer.replace(counters=c))
 
     # ------------------------------------------------------------------ delegation
     @property
@@ -875,11 +897,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         vals = jnp.where(is_new, fresh, 0).astype(jnp.float32)
         # O(E t log P). When window_length <= t a newly completed window can start at a slot written
         # by this very add; it comes later in `idx` and the last write wins, so no set_unique here.
-        return self.replace(
-            buffer=new,
-            tree=self.tree.set(idx, vals, where),
-            phase=phase,
-        )
+        return self.replace(buffer=new, tree=self.tree.set(idx, vals, where))._with(phase=phase)
 
     # ------------------------------------------------------------------ sample
     def _draw(self, key, batch_size: int, beta):
@@ -955,4 +973,4 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
             lambda slot, gen: (self.generations_at(slot) == gen) & (self.tree.nodes[slot + leaf_row, 0] > 0),
             self.max_priority, self.epsilon, self.priority_exponent,
         )
-        return self.replace(tree=tree, max_priority=max_p.astype(jnp.float32))
+        return self.replace(tree=tree)._with(max_priority=max_p)
