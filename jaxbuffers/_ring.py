@@ -29,6 +29,7 @@ from jaxbuffers import _random
 
 _LOW_BITS = 30
 _LOW_MASK = (1 << _LOW_BITS) - 1
+LOW_MASK = _LOW_MASK  # largest low word of a two-word counter
 
 CURSORS = 4
 """Length of the packed cursor array that starts every ring buffer's ``counters``: ``head``,

@@ -95,12 +95,38 @@ class ReplayBuffer(struct.PyTreeNode):
         return self.counters[..., 2:_ring.CURSORS]
 
     def with_cursors(self, *, head=None, num_valid=None, added=None) -> "ReplayBuffer":
-        """A copy with the given ring cursors replaced (int32 scalars; ``added`` an int32[2]
-        two-word counter), the others kept: for adapters that rebuild a ring (e.g. from SB3)."""
+        """A copy with the given ring cursors replaced, the others kept: for adapters that rebuild a
+        ring (e.g. from SB3's buffers). Only the ring changes: a wrapping buffer's other state (a
+        prioritised buffer's sum tree) is not updated.
+
+        Args:
+          head: int scalar in ``[0, capacity)``, the slot the next item goes to.
+          num_valid: int scalar in ``[0, capacity]``, slots holding data (``[0, num_valid)`` until
+            the ring wraps).
+          added: int32[2] two-word count of items ever added, ``[high, low]`` with
+            ``0 <= low < 2**30`` (value ``high * 2**30 + low``; build one with
+            ``jaxbuffers._ring.counter_add(jaxbuffers._ring.counter_zero(), n)``).
+
+        Raises:
+          TypeError: a value that is not an integer array or int; ValueError: ``added`` not of
+          shape (2,), or a concrete value out of its range.
+        """
+        def checked(name, value, current, shape, lo, hi, expected):
+            if value is None:
+                return current
+            v = jnp.asarray(value)
+            if not jnp.issubdtype(v.dtype, jnp.integer):
+                raise TypeError(f"{name}: expected an integer value, got dtype {v.dtype}")
+            if v.shape != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {v.shape}")
+            if not isinstance(v, jax.core.Tracer) and (np.any(np.asarray(v) < lo) or np.any(np.asarray(v) > hi)):
+                raise ValueError(f"{name}: expected {expected}, got {np.asarray(v).tolist()}")
+            return v.astype(jnp.int32)
+
         return self.replace(counters=_ring.pack_cursors(
-            self.head if head is None else head,
-            self.num_valid if num_valid is None else num_valid,
-            self.added if added is None else added,
+            checked("head", head, self.head, (), 0, self.capacity - 1, f"a value in [0, {self.capacity - 1}]"),
+            checked("num_valid", num_valid, self.num_valid, (), 0, self.capacity, f"a value in [0, {self.capacity}]"),
+            checked("added", added, self.added, (2,), [0, 0], [2**31 - 1, _ring.LOW_MASK], "[high, low] with high >= 0 and 0 <= low < 2**30"),
             self.counters[_ring.CURSORS:],
         ))
 

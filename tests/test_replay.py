@@ -1,5 +1,7 @@
 """ReplayBuffer: model-based tests against a plain-Python ring, compile counts, donation, errors."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -204,3 +206,28 @@ def test_vmap_over_stacked_buffers_equals_separate_buffers():
         np.testing.assert_array_equal(np.asarray(out.indices[s]), np.asarray(ref.indices))
     assert np.asarray(bufs.size()).tolist() == [5, 5, 5]
     assert jb.ReplayBuffer.num_added(bufs).tolist() == [9, 9, 9]
+
+
+def test_with_cursors_checks_and_keeps_the_rest():
+    """The cursors share one int32 array: with_cursors replaces the given ones, keeps the others
+    and any trailing words (add keeps them too), and rejects wrong dtypes, shapes and concrete
+    values out of range, naming the cursor."""
+    from jaxbuffers import _ring
+
+    buf = jb.ReplayBuffer.create(ITEM, 10)
+    buf = buf.replace(counters=jnp.concatenate([buf.counters, jnp.array([-7], jnp.int32)]))  # a wrapping buffer's word
+    b = buf.with_cursors(head=3, num_valid=10, added=_ring.counter_add(_ring.counter_zero(), 2**30 + 5))
+    assert (int(b.head), int(b.num_valid), b.num_added(), int(b.counters[-1])) == (3, 10, 2**30 + 5, -7)
+    b = jax.jit(lambda x: x.with_cursors(head=x.head + 1))(b)  # traced values are not range-checked
+    assert (int(b.head), int(b.num_valid), b.num_added()) == (4, 10, 2**30 + 5)
+    b = b.add({"obs": jnp.ones((2, 3)), "action": jnp.zeros(2, jnp.int32), "done": jnp.zeros(2, bool)})
+    assert (int(b.head), b.num_added(), int(b.counters[-1])) == (6, 2**30 + 7, -7)
+    for kw, err, words in [
+        (dict(head=10), ValueError, "head: expected a value in [0, 9]"),
+        (dict(num_valid=-1), ValueError, "num_valid: expected a value in [0, 10]"),
+        (dict(head=jnp.float32(3)), TypeError, "head: expected an integer value"),
+        (dict(added=5), ValueError, "added: expected shape (2,)"),
+        (dict(added=jnp.array([0, 2**30])), ValueError, "added: expected [high, low]"),
+    ]:
+        with pytest.raises(err, match=re.escape(words)):
+            buf.with_cursors(**kw)
