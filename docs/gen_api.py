@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pathlib
+import re
 
 MODULES = [
     ("jaxbuffers", "The device side: buffers, sample types, return functions."),
@@ -28,6 +29,24 @@ def _signature(obj) -> str:
         return "(...)"
     params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
     return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+def _fields(cls) -> list[str]:
+    """One Markdown line per public field annotated in the class body (``name: type = ...  # what
+    it holds``; class variables left out): name, type, ``static`` for a non-pytree field, and the
+    inline comment."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return []
+    found = []
+    for line in source.splitlines()[1:]:
+        m = re.match(r"^    ([a-z][A-Za-z0-9_]*): ([^#=]+?)( = [^#]*?)?(?:  # (.*))?$", line)
+        if m and not m.group(2).startswith("ClassVar"):
+            name, kind, default, comment = m.groups()
+            static = ", static" if default and "pytree_node=False" in default else ""
+            found.append(f"- `{name}` ({kind.strip()}{static})" + (f": {comment}" if comment else ""))
+    return found
 
 
 def _members(cls):
@@ -58,6 +77,9 @@ def render() -> str:
             if inspect.isclass(obj):
                 lines += [f"### class `{mod_name}.{name}`", ""]
                 lines += [inspect.getdoc(obj) or "", ""]
+                fields = _fields(obj)
+                if fields:
+                    lines += ["Fields:", ""] + fields + [""]
                 for mname, fn, kind in _members(obj):
                     sig = "" if kind == "property" else _signature(fn)
                     prefix = f"{kind} " if kind != "method" else ""
