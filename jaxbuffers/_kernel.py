@@ -66,5 +66,5 @@ def map_entries(fn: Callable[[jax.Array], jax.Array], n: int, *, scalar_loop: bo
     ks = jnp.arange(n, dtype=jnp.int32)
     if not scalar_loop or jax.default_backend() != "cpu":
         return jax.vmap(fn)(ks)
-    out = jax.eval_shape(fn, ks[0])
+    out = jax.eval_shape(fn, jnp.int32(0))
     return jax.lax.fori_loop(0, n, lambda k, o: o.at[k].set(fn(k)), jnp.zeros((n,), out.dtype))

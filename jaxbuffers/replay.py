@@ -109,19 +109,21 @@ class ReplayBuffer(struct.PyTreeNode):
 
         Raises:
           TypeError: a value that is not an integer array or int; ValueError: ``added`` not of
-          shape (2,), or a concrete value out of its range.
+          shape (2,), or a concrete value out of its range. One buffer at a time (under ``vmap``
+          for stacked buffers).
         """
         def checked(name, value, current, shape, lo, hi, expected):
             if value is None:
                 return current
-            v = jnp.asarray(value)
+            traced = isinstance(value, jax.core.Tracer)
+            v = value if traced else np.asarray(value)  # concrete values checked before any narrowing
             if not jnp.issubdtype(v.dtype, jnp.integer):
                 raise TypeError(f"{name}: expected an integer value, got dtype {v.dtype}")
             if v.shape != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {v.shape}")
-            if not isinstance(v, jax.core.Tracer) and (np.any(np.asarray(v) < lo) or np.any(np.asarray(v) > hi)):
-                raise ValueError(f"{name}: expected {expected}, got {np.asarray(v).tolist()}")
-            return v.astype(jnp.int32)
+            if not traced and (np.any(v < lo) or np.any(v > hi)):
+                raise ValueError(f"{name}: expected {expected}, got {v.tolist()}")
+            return v.astype(jnp.int32) if traced else jnp.asarray(v.astype(np.int32))
 
         return self.replace(counters=_ring.pack_cursors(
             checked("head", head, self.head, (), 0, self.capacity - 1, f"a value in [0, {self.capacity - 1}]"),

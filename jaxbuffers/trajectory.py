@@ -962,8 +962,9 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
                 f"indices, priorities, generations: expected three [B] arrays, got shapes "
                 f"{indices.shape}, {priorities.shape}, {generations.shape}"
             )
-        if not jnp.issubdtype(indices.dtype, jnp.integer) or not jnp.issubdtype(generations.dtype, jnp.integer):
-            raise TypeError(f"indices/generations: expected int32, got {indices.dtype}/{generations.dtype}")
+        for name, x in (("indices", indices), ("generations", generations)):
+            if not jnp.issubdtype(x.dtype, jnp.integer):
+                raise TypeError(f"{name}: expected an integer dtype (int32), got {x.dtype}")
         if not jnp.issubdtype(priorities.dtype, jnp.floating):
             raise TypeError(f"priorities: expected a floating dtype, got {priorities.dtype}")
         leaf_row = self.tree.padded_capacity

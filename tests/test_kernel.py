@@ -84,3 +84,20 @@ def test_set_priorities_of_256_is_a_cheap_program_on_cpu():
         compiled = jax.jit(lambda b: b.set_priorities(i, p, i), donate_argnums=0).lower(buf).compile()
         flops = compiled.cost_analysis()["flops"]
         assert 0 < flops < 1000, (type(buf).__name__, flops)
+
+
+def test_empty_set_priorities_is_a_no_op_and_bad_dtypes_are_named():
+    empty_i, empty_p = jnp.zeros((0,), jnp.int32), jnp.zeros((0,), jnp.float32)
+    step = {"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    prb = PrioritisedReplayBuffer.create(ITEM, 8).add(_batch(np.random.default_rng(0), 3))
+    ptb = PrioritisedTrajectoryBuffer.create(step, 1, 8, window_length=2)
+    for buf in (prb, ptb):
+        for f in (lambda b: b.set_priorities(empty_i, empty_p, empty_i), jax.jit(lambda b: b.set_priorities(empty_i, empty_p, empty_i))):
+            out = f(buf)
+            for u, v in zip(jax.tree.leaves(out), jax.tree.leaves(buf)):
+                np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+        two = jnp.zeros(2, jnp.int32)
+        with pytest.raises(TypeError, match="indices: expected an integer"):
+            buf.set_priorities(jnp.zeros(2), jnp.ones(2), two)
+        with pytest.raises(TypeError, match="generations: expected an integer"):
+            buf.set_priorities(two, jnp.ones(2), jnp.zeros(2))

@@ -224,6 +224,7 @@ def test_with_cursors_checks_and_keeps_the_rest():
     assert (int(b.head), b.num_added(), int(b.counters[-1])) == (6, 2**30 + 7, -7)
     for kw, err, words in [
         (dict(head=10), ValueError, "head: expected a value in [0, 9]"),
+        (dict(head=np.int64(2**32 + 3)), ValueError, "head: expected a value in [0, 9]"),  # not wrapped to 3
         (dict(num_valid=-1), ValueError, "num_valid: expected a value in [0, 10]"),
         (dict(head=jnp.float32(3)), TypeError, "head: expected an integer value"),
         (dict(added=5), ValueError, "added: expected shape (2,)"),
