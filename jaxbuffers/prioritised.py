@@ -118,12 +118,13 @@ def write_priorities(tree: SumMinTree, indices, priorities, generations, applies
     Cost: where the tree walks (CPU, up to 4,096 entries) the per-entry tests (range,
     ``applies``, NaN) run in one scalar loop (:func:`jaxbuffers._kernel.map_entries`) and the
     winner test for the max in another, so XLA's cost model counts the update at a few hundred
-    flops (457 at B = 256; the vector ``p**alpha`` and the walk's top levels grow with B: ~900
-    entries reach 1,000, and ``alpha = 0`` takes a sort, 6,078) and XLA's CPU client runs a
-    per-call update on the calling thread. Written as vector ops
-    (256 entries: ~4,800 flops) it went to a worker thread, and a jitted call took 15 us or
-    35-50 us depending on where the scheduler put the two threads (2-core machine). ``p**alpha``
-    stays one vector op: a transcendental, which the cost model does not count.
+    flops (~500 at B = 256; the vector ``p**alpha`` and the walk's top levels grow with B: ~900
+    entries reach 1,000, and ``alpha = 0`` takes a sort, ~6,000) and XLA's CPU client runs a
+    per-call update on the calling thread. Written as vector ops (256 entries: ~4,800 flops) it
+    went to a worker thread, and a jitted call took 15 us or 35-50 us depending on where the
+    scheduler put the two threads (2-core machine). ``p**alpha`` stays one vector op: a
+    transcendental, which the cost model does not count. Called eagerly (no trace) both steps are
+    vector ops: a loop would be compiled again at every call.
     """
     b = indices.shape[0]
     if b == 0:
@@ -139,11 +140,11 @@ def write_priorities(tree: SumMinTree, indices, priorities, generations, applies
         ok = (i >= 0) & (i < cap) & applies(jnp.clip(i, 0, cap - 1), generations[k])
         return jnp.where(ok, jnp.where(jnp.isnan(priorities[k]), leaves[b], leaves[k]), jnp.nan)
 
-    # The loop only under a trace: called eagerly it would be compiled again at every call.
     traced = any(isinstance(x, jax.core.Tracer) for x in (tree.nodes, indices, priorities, generations))
-    leaf = _kernel.map_entries(leaf_of, b, scalar_loop=walk and traced)
+    loops = walk and traced
+    leaf = _kernel.map_entries(leaf_of, b, scalar_loop=loops)
     new = tree.set(indices, leaf)
-    if not walk or alpha == 0:
+    if not loops or alpha == 0:
         if alpha == 0:  # every leaf is 1: find the winners by position instead (one sort)
             won = sum_tree.last_write_mask(jnp.clip(indices, 0, cap - 1), ~jnp.isnan(leaf))
         else:
