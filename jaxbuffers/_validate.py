@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -155,3 +156,23 @@ def static_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
         raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
     return int(value)
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def int32_indices(indices: Any) -> jax.Array:
+    """Integer ``indices`` (any integer dtype) as int32, saturating values outside int32's range.
+
+    A plain ``astype(int32)`` wraps: under ``jax_enable_x64`` an int64 index ``2**32 + 3`` became
+    slot 3 and a write meant to be ignored as out of range landed on a valid slot. Saturated, an
+    out-of-range index stays out of range (buffers hold at most ``2**30`` slots), so it is ignored
+    by writes and clipped by reads as documented. Values already in range are unchanged.
+    """
+    x = jnp.asarray(indices)
+    info = jnp.iinfo(x.dtype)
+    if info.max > _INT32.max:
+        x = jnp.minimum(x, _INT32.max)
+    if info.min < _INT32.min:
+        x = jnp.maximum(x, _INT32.min)
+    return x.astype(jnp.int32)

@@ -454,7 +454,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         if not hasattr(indices, "shape") or len(indices.shape) != 1:
             raise ValueError(f"indices: expected a 1-D int array [B], got {getattr(indices, 'shape', indices)!r}")
         (b,) = indices.shape
-        indices = _check_vector("indices", indices, b, "integer").astype(jnp.int32)
+        indices = _validate.int32_indices(_check_vector("indices", indices, b, "integer"))
         priorities = _check_vector("priorities", priorities, b, "floating")
         generations = _check_vector("generations", generations, b, "integer").astype(jnp.int32)
         valid = self.replay.num_valid

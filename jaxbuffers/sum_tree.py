@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuffers import _random
+from jaxbuffers import _random, _validate
 
 __all__ = ["SumTree", "MinTree", "SumMinTree", "last_write_mask", "set_sum_and_min"]
 
@@ -116,7 +116,7 @@ def _check_indices(indices, what: str = "indices") -> jax.Array:
         raise ValueError(f"{what}: expected a 1-D array [B] of leaf indices, got shape {indices.shape}")
     if not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"{what}: expected an integer dtype (int32), got {indices.dtype}")
-    return indices.astype(jnp.int32)
+    return _validate.int32_indices(indices)
 
 
 def last_write_mask(indices: jax.Array, where: jax.Array | None = None) -> jax.Array:

@@ -71,6 +71,7 @@ returns); Gymnasium's ``terminated`` / ``truncated`` API.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -628,7 +629,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
             raise ValueError(f"indices: expected a 1-D array [B] of flat positions (lane * length + slot), got shape {indices.shape}")
         if not jnp.issubdtype(indices.dtype, jnp.integer):
             raise TypeError(f"indices: expected an integer dtype (int32), got {indices.dtype}")
-        flat = jnp.clip(indices.astype(jnp.int32), 0, self.num_envs * self.length - 1)
+        flat = jnp.clip(_validate.int32_indices(indices), 0, self.num_envs * self.length - 1)
         return flat // self.length, flat % self.length
 
     def valid_starts(self, indices, window: int, *, period: int = 1) -> jax.Array:
@@ -717,6 +718,12 @@ class TrajectoryBuffer(struct.PyTreeNode):
 # prioritised trajectory buffer
 
 
+# Keywords PrioritisedTrajectoryBuffer.create passes on to TrajectoryBuffer.create.
+_TRAJECTORY_CREATE_KEYWORDS = frozenset(
+    name for name, p in inspect.signature(TrajectoryBuffer.create).parameters.items() if p.kind is p.KEYWORD_ONLY
+)
+
+
 class PrioritisedTrajectorySample(NamedTuple):
     """What the sampling methods of :class:`PrioritisedTrajectoryBuffer` return."""
 
@@ -787,7 +794,15 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
 
         Raises:
           ValueError: bad sizes, ``window_length > length``, alpha outside ``[0, 1]``, ``epsilon`` out of range.
+          TypeError: a keyword this method does not take (named, with the ones it takes).
         """
+        unknown = sorted(set(kwargs) - _TRAJECTORY_CREATE_KEYWORDS)
+        if unknown:
+            hint = " (renamed to epsilon)" if "min_priority" in unknown else ""
+            raise TypeError(
+                f"PrioritisedTrajectoryBuffer.create: unexpected keyword {', '.join(map(repr, unknown))}{hint}; it takes "
+                f"window_length, period, priority_exponent, epsilon and {', '.join(sorted(_TRAJECTORY_CREATE_KEYWORDS))}"
+            )
         buf = TrajectoryBuffer.create(example_step, num_envs, length, **kwargs)
         window_length = _validate.static_int("window_length", window_length)
         period = _validate.static_int("period", period)
@@ -969,7 +984,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
             raise TypeError(f"priorities: expected a floating dtype, got {priorities.dtype}")
         leaf_row = self.tree.padded_capacity
         tree, max_p = write_priorities(
-            self.tree, indices.astype(jnp.int32), priorities, generations.astype(jnp.int32),
+            self.tree, _validate.int32_indices(indices), priorities, generations.astype(jnp.int32),
             # a position whose window is not valid now has leaf 0
             lambda slot, gen: (self.generations_at(slot) == gen) & (self.tree.nodes[slot + leaf_row, 0] > 0),
             self.max_priority, self.epsilon, self.priority_exponent,

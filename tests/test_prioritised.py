@@ -535,3 +535,41 @@ def test_both_prioritised_buffers_work_with_x64_enabled():
         seq = t.sample_sequences(jax.random.key(1), 8, beta=0.4)
         t = t.set_priorities(seq.indices, jnp.full(8, 3.0, jnp.float32), seq.generations)
         assert float(t.tree.total()) > 0
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_wide_out_of_range_indices_are_ignored_not_wrapped(use_jit):
+    """An int64 index 2**32 + 3 (x64 enabled) or a uint32 2**31 + 3 is out of range: ignored by
+    set_priorities and SumMinTree.set. A plain cast to int32 wrapped 2**32 + 3 to slot 3, which
+    then took the write (its generation matched)."""
+    from jaxbuffers import PrioritisedTrajectoryBuffer
+    from jaxbuffers.sum_tree import SumMinTree
+
+    maybe_jit = jax.jit if use_jit else (lambda f: f)
+    with jax.enable_x64(True):
+        buf = PrioritisedReplayBuffer.create({"obs": jnp.zeros(2, jnp.float32)}, 8, priority_exponent=1.0)
+        buf = buf.add({"obs": jnp.ones((6, 2), jnp.float32)})
+        gens = buf.generations_at(jnp.array([3, 3]))
+        for idx in (jnp.array([2**32 + 3, 3 - 2**32], jnp.int64), jnp.array([2**31 + 3, 2**32 - 1], jnp.uint32)):
+            out = maybe_jit(lambda b, i, g: b.set_priorities(i, jnp.array([50.0, 60.0], jnp.float32), g))(buf, idx, gens)
+            np.testing.assert_array_equal(np.asarray(out.tree.nodes), np.asarray(buf.tree.nodes))
+            assert float(out.max_priority) == 1.0
+        # in-range int64 indices still apply
+        out = buf.set_priorities(jnp.array([3], jnp.int64), jnp.array([50.0], jnp.float32), gens[:1])
+        assert float(out.priorities(jnp.array([3]))[0]) == pytest.approx(50.0)
+
+        tree = SumMinTree.create(8).set(jnp.arange(8), jnp.ones(8, jnp.float32))
+        moved = maybe_jit(lambda t, i: t.set(i, jnp.full(i.shape, 9.0, jnp.float32)))(tree, jnp.array([2**32 + 3], jnp.int64))
+        np.testing.assert_array_equal(np.asarray(moved.nodes), np.asarray(tree.nodes))
+
+        step = {"obs": jnp.ones((1, 2), jnp.float32), "action": jnp.zeros(1, jnp.int32), "reward": jnp.zeros(1, jnp.float32)}
+        t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 1, 8, window_length=2, priority_exponent=1.0)
+        for _ in range(6):
+            t = t.add(step, terminated=jnp.zeros(1, bool))
+        g = t.generations.reshape(-1)[jnp.array([3])]
+        t2 = maybe_jit(lambda b, i: b.set_priorities(i, jnp.array([50.0], jnp.float32), g))(t, jnp.array([2**32 + 3], jnp.int64))
+        np.testing.assert_array_equal(np.asarray(t2.tree.nodes), np.asarray(t.tree.nodes))
+        # reads clip (documented): a huge position reads the last position, not position 3
+        far = t.buffer.sequences_at(jnp.array([2**32 + 3], jnp.int64), 1)
+        np.testing.assert_array_equal(np.asarray(far.indices), [7])
+        assert not bool(t.buffer.valid_starts(jnp.array([2**32 + 3], jnp.int64), 2)[0])

@@ -795,3 +795,12 @@ def test_prioritised_alpha_zero_losing_duplicate_does_not_raise_max():
     gens = buf.generations.reshape(-1)[jnp.array([1, 1])]
     out = SETP(buf, jnp.array([1, 1]), jnp.array([100.0, 2.0]), gens)
     assert float(out.max_priority) == 2.0
+
+
+def test_prioritised_create_names_an_unknown_keyword():
+    with pytest.raises(TypeError, match=r"PrioritisedTrajectoryBuffer.create: unexpected keyword 'min_priority' \(renamed to epsilon\)"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, min_priority=1e-3)
+    with pytest.raises(TypeError, match="unexpected keyword 'lenght'.*final_obs_capacity"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, lenght=3)
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, final_obs_capacity=3)
+    assert buf.buffer.final_obs_capacity == 3
