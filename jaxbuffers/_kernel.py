@@ -27,6 +27,11 @@ import jax.numpy as jnp
 
 T = TypeVar("T")
 
+# Bytes an update may write and still be part of a small loop kernel (module doc: XLA:CPU's
+# small-loop threshold, ~1 KB accessed per iteration). Larger item writes are done as ops of their
+# own, next to the one-kernel update of the rest (see PrioritisedReplayBuffer.add).
+SMALL_LOOP_BYTES = 1024
+
 
 def as_one_kernel(update: Callable[[T], T], state: T, nonnegative: jax.Array) -> T:
     """``update(state)``, compiled as one kernel on CPU when small enough (module doc).

@@ -180,10 +180,16 @@ class ReplayBuffer(struct.PyTreeNode):
         """
         (b,) = _validate.check_batch(self.item_spec, batch, 1, "batch")
         _ring.check_batch_fits(b, self.capacity, "batch")
-        storage = jax.tree.map(lambda s, x: _ring.write(s, x, self.head), self.storage, batch)
+        return self._write(batch)._advance(b)
+
+    def _write(self, batch: Any) -> "ReplayBuffer":
+        """The items of a checked ``batch`` written to slots ``head, head + 1, ...``; cursors unchanged."""
+        return self.replace(storage=jax.tree.map(lambda s, x: _ring.write(s, x, self.head), self.storage, batch))
+
+    def _advance(self, b: int) -> "ReplayBuffer":
+        """The cursors moved past ``b`` newly written items (trailing words of ``counters`` kept)."""
         head, num_valid = _ring.advance(self.head, self.num_valid, b, self.capacity)
-        counters = _ring.pack_cursors(head, num_valid, _ring.counter_add(self.added, b), self.counters[_ring.CURSORS:])
-        return self.replace(storage=storage, counters=counters)
+        return self.replace(counters=_ring.pack_cursors(head, num_valid, _ring.counter_add(self.added, b), self.counters[_ring.CURSORS:]))
 
     def sample(self, key: jax.Array, batch_size: int) -> ReplaySample:
         """Draw ``batch_size`` items uniformly with replacement from the valid items.

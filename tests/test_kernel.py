@@ -10,7 +10,7 @@ import numpy as np
 
 import pytest
 
-from jaxbuffers import PrioritisedReplayBuffer, PrioritisedTrajectoryBuffer, _kernel
+from jaxbuffers import PrioritisedReplayBuffer, PrioritisedTrajectoryBuffer, ReplayBuffer, _kernel, _validate
 
 ITEM = {"obs": jnp.zeros(17, jnp.float32), "action": jnp.zeros(6, jnp.float32), "done": jnp.bool_(False)}
 
@@ -30,7 +30,12 @@ def test_update_runs_exactly_once_eager_jit_vmap_scan():
     assert int(out["n"]) == 12 and float(out["x"]) == 1.5 * 2**7
 
 
-def _batch(rng, b):
+FRAME = {"pixels": jnp.zeros((40, 40), jnp.uint8)}  # 1,600 bytes an item: over SMALL_LOOP_BYTES
+
+
+def _batch(rng, b, item=ITEM):
+    if item is FRAME:
+        return {"pixels": jnp.asarray(rng.integers(0, 256, (b, 40, 40)), jnp.uint8)}
     return {
         "obs": jnp.asarray(rng.normal(size=(b, 17)), jnp.float32),
         "action": jnp.asarray(rng.normal(size=(b, 6)), jnp.float32),
@@ -38,22 +43,31 @@ def _batch(rng, b):
     }
 
 
-def test_prioritised_add_equals_the_unwrapped_update_bit_for_bit():
-    """The buffer's add (wrapped) and its body called directly give identical states, one-item and
-    larger batches, with and without priorities, jitted with donation, past wrap-around."""
+@pytest.mark.parametrize("item", [ITEM, FRAME], ids=["vector", "frame"])
+def test_prioritised_add_equals_the_unwrapped_update_bit_for_bit(item):
+    """The buffer's add (run as one kernel; batches over SMALL_LOOP_BYTES write their items
+    outside it) and its body called directly give identical states, and the items sit where a
+    plain ReplayBuffer puts them: batches on both sides of the threshold, with and without
+    priorities, jitted with donation, past wrap-around."""
     rng = np.random.default_rng(0)
     wrapped = jax.jit(lambda b, x, p: b.add(x, p), donate_argnums=0)
-    direct = jax.jit(lambda b, x, p: b._add(x, p), donate_argnums=0)
-    a = PrioritisedReplayBuffer.create(ITEM, 50, priority_exponent=0.6)
-    d = PrioritisedReplayBuffer.create(ITEM, 50, priority_exponent=0.6)
+    direct = jax.jit(lambda b, x, p: b._add(jax.tree.leaves(x)[0].shape[0], p, replay=b.replay._write(x)), donate_argnums=0)
+    a = PrioritisedReplayBuffer.create(item, 50, priority_exponent=0.6)
+    d = PrioritisedReplayBuffer.create(item, 50, priority_exponent=0.6)
+    ring = ReplayBuffer.create(item, 50)
+    large = set()
     for step in range(40):
-        b = int(rng.choice([1, 1, 3, 8]))
-        x = _batch(rng, b)
+        b = int(rng.choice([1, 1, 3, 8, 16]))
+        x = _batch(rng, b, item)
+        large.add(_validate.tree_nbytes(x) > _kernel.SMALL_LOOP_BYTES)
         p = None if step % 3 == 0 else jnp.asarray(rng.uniform(0.1, 5.0, b), jnp.float32)
-        a, d = wrapped(a, x, p), direct(d, x, p)
+        a, d, ring = wrapped(a, x, p), direct(d, x, p), ring.add(x)
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(d)):
         np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    for u, v in zip(jax.tree.leaves(a.replay), jax.tree.leaves(ring)):
+        np.testing.assert_array_equal(np.asarray(u)[: v.shape[0]], np.asarray(v))  # a's counters end with max_priority
     assert a.num_added() == d.num_added() > 50
+    assert large == ({False, True} if item is ITEM else {True})  # both paths taken
 
 
 def test_map_entries_loop_and_vectorised_agree():
