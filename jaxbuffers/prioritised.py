@@ -29,7 +29,7 @@ Priority policy (applied by :meth:`PrioritisedReplayBuffer.add` and
 * ``> PRIORITY_MAX`` (incl. ``+inf``)      -> ``PRIORITY_MAX`` (1e20): the sum over 2**30 leaves
   stays finite in float32.
 
-So every valid slot holds a leaf in ``[min(epsilon, epsilon**alpha), PRIORITY_MAX]``, the sum tree
+So every valid slot holds a leaf ``p**alpha`` in ``[epsilon**alpha, PRIORITY_MAX**alpha]``, the sum tree
 never holds NaN or inf, and sampling never returns an empty slot once one item was added.
 
 Example::
@@ -73,7 +73,7 @@ class PrioritisedSample(NamedTuple):
     item: Any  # pytree like the example item, leaves [B, ...] with the stored dtypes
     indices: jax.Array  # shape=[B], dtype=int32: physical slots the items were read from
     probabilities: jax.Array  # shape=[B], dtype=float32: P(i) = p_i^alpha / sum_k p_k^alpha
-    importance_weights: jax.Array  # shape=[B], dtype=float32: (N P(i))^-beta / max_j (N P(j))^-beta, in (0, 1]
+    importance_weights: jax.Array  # shape=[B], dtype=float32: (N P(i))^-beta / max_j (N P(j))^-beta, in [0, 1] (0 only when p_i^alpha / min_j p_j^alpha overflows float32, e.g. epsilon 1e-30 next to 1e20)
     generations: jax.Array  # shape=[B], dtype=int32: slot generation at sampling; pass to set_priorities
 
 
@@ -94,6 +94,34 @@ def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon:
     p = priorities.astype(jnp.float32)
     p = jnp.where(jnp.isnan(p), max_priority, p)
     return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
+
+
+def integer_indices(name: str, indices) -> jax.Array:
+    """``indices`` (an integer array of any shape and integer dtype) as int32, values outside
+    int32's range saturated (:func:`jaxbuffers._validate.int32_indices`). Raises TypeError naming
+    ``name`` for a non-integer dtype."""
+    indices = jnp.asarray(indices)
+    if not jnp.issubdtype(indices.dtype, jnp.integer):
+        raise TypeError(f"{name}: expected an integer dtype (int32), got {indices.dtype}")
+    return _validate.int32_indices(indices)
+
+
+def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
+    """Priorities recovered from the leaves at ``indices`` (int, any shape): float32, same shape.
+
+    ``p = leaf ** (1 / alpha)``, so equal to the priority written up to float32 rounding (relative
+    error ~1e-7; ``+inf`` written reads ~1e20, :data:`PRIORITY_MAX`); with ``alpha = 0`` every
+    written leaf is 1 and reads 1. Leaves holding nothing (a slot never written, a window that is
+    not valid now) and indices outside ``[0, capacity)`` read 0.
+
+    Raises:
+      TypeError: ``indices`` of a non-integer dtype.
+    """
+    i = integer_indices("indices", indices)
+    leaf = jnp.where((i >= 0) & (i < tree.capacity), tree.get(i.reshape(-1)).reshape(i.shape), 0)
+    if alpha in (0.0, 1.0):
+        return leaf.astype(jnp.float32)
+    return jnp.power(leaf, jnp.float32(1.0 / alpha)).astype(jnp.float32)
 
 
 def write_priorities(tree: SumMinTree, indices, priorities, generations, applies, max_priority, epsilon: float, alpha: float):
@@ -329,14 +357,17 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
 
     # ------------------------------------------------------------------ generations
     def generations_at(self, indices: jax.Array) -> jax.Array:
-        """Generation of slots ``indices`` (int ``[B]`` in ``[0, capacity)``): int32 ``[B]``.
+        """Generation of slots ``indices`` (int, any shape, in ``[0, capacity)``): int32, same shape.
 
         The number, modulo ``2**32`` (int32 wrap-around), of the item last written to each slot:
         ``added - 1 - ((head - 1 - i) mod capacity)``, since the ring writes items ``0, 1, 2, ...``
         to slots ``0, 1, 2, ... mod capacity``. Only meaningful for slots in ``[0, size())``;
         compare by equality (see :meth:`set_priorities`).
+
+        Raises:
+          TypeError: ``indices`` of a non-integer dtype.
         """
-        return _ring.last_item_number(self.replay.added, self.replay.head, indices, self.capacity)
+        return _ring.last_item_number(self.replay.added, self.replay.head, integer_indices("indices", indices), self.capacity)
 
     @property
     def generations(self) -> jax.Array:
@@ -354,12 +385,15 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         return priority_leaf(p, self.priority_exponent)
 
     def priorities(self, indices: jax.Array) -> jax.Array:
-        """Priorities ``p_i`` at slots ``indices`` (float32, recovered as ``leaf ** (1/alpha)``;
-        for alpha = 0 every valid slot reads 1). Empty slots read 0."""
-        leaf = self.tree.get(indices)
-        if self.priority_exponent in (0.0, 1.0):
-            return leaf
-        return jnp.power(leaf, jnp.float32(1.0 / self.priority_exponent))
+        """Priorities ``p_i`` at slots ``indices`` (int, any shape): float32, same shape.
+
+        Recovered as ``leaf ** (1/alpha)`` (:func:`priorities_at`: float32 rounding; for alpha = 0
+        every valid slot reads 1). Empty slots and indices outside ``[0, capacity)`` read 0.
+
+        Raises:
+          TypeError: ``indices`` of a non-integer dtype.
+        """
+        return priorities_at(self.tree, indices, self.priority_exponent)
 
     # ------------------------------------------------------------------ add / sample / update
     def add(self, batch: Any, priorities: jax.Array | None = None) -> "PrioritisedReplayBuffer":

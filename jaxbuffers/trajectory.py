@@ -84,6 +84,8 @@ from jaxbuffers import _random, _ring, _validate
 from jaxbuffers.prioritised import (
     _float_arg,
     _float_bits,
+    integer_indices,
+    priorities_at,
     priority_leaf,
     probabilities_and_weights,
     write_priorities,
@@ -718,6 +720,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
 # prioritised trajectory buffer
 
 
+# Names users bring from older versions or other libraries, and ours.
+_RENAMED = {"min_priority": "epsilon", "alpha": "priority_exponent", "sequence_length": "window_length"}
+
 # Keywords PrioritisedTrajectoryBuffer.create passes on to TrajectoryBuffer.create.
 _TRAJECTORY_CREATE_KEYWORDS = frozenset(
     name for name, p in inspect.signature(TrajectoryBuffer.create).parameters.items() if p.kind is p.KEYWORD_ONLY
@@ -798,7 +803,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         """
         unknown = sorted(set(kwargs) - _TRAJECTORY_CREATE_KEYWORDS)
         if unknown:
-            hint = " (renamed to epsilon)" if "min_priority" in unknown else ""
+            hint = "".join(f" ({k}: use {_RENAMED[k]})" for k in unknown if k in _RENAMED)
             raise TypeError(
                 f"PrioritisedTrajectoryBuffer.create: unexpected keyword {', '.join(map(repr, unknown))}{hint}; it takes "
                 f"window_length, period, priority_exponent, epsilon and {', '.join(sorted(_TRAJECTORY_CREATE_KEYWORDS))}"
@@ -871,7 +876,8 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
 
     # ------------------------------------------------------------------ generations
     def generations_at(self, indices: jax.Array) -> jax.Array:
-        """Generation of flat positions ``indices`` (int[B], ``lane * length + slot``): int32[B].
+        """Generation of flat positions ``indices`` (int, any shape, ``lane * length + slot``):
+        int32, same shape. Raises TypeError for a non-integer dtype.
 
         The number (modulo ``2**32``) of the step last written to the position's slot, counted per
         lane from 0 (all lanes advance together): it changes exactly when the slot is overwritten,
@@ -879,8 +885,21 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         (:func:`jaxbuffers._ring.last_item_number`), so no per-slot array is stored or updated.
         """
         b = self.buffer
-        slots = jnp.mod(jnp.asarray(indices, jnp.int32), b.length)
+        slots = jnp.mod(integer_indices("indices", indices), b.length)
         return _ring.last_item_number(b.added, b.head, slots, b.length)
+
+    def priorities(self, indices: jax.Array) -> jax.Array:
+        """Priorities of flat positions ``indices`` (int, any shape): float32, same shape.
+
+        Recovered from the tree as ``leaf ** (1/alpha)``
+        (:func:`jaxbuffers.prioritised.priorities_at`: float32 rounding; alpha = 0 reads 1).
+        Positions whose window is not valid now and indices outside ``[0, num_envs * length)``
+        read 0.
+
+        Raises:
+          TypeError: ``indices`` of a non-integer dtype.
+        """
+        return priorities_at(self.tree, indices, self.priority_exponent)
 
     @property
     def generations(self) -> jax.Array:

@@ -573,3 +573,52 @@ def test_wide_out_of_range_indices_are_ignored_not_wrapped(use_jit):
         far = t.buffer.sequences_at(jnp.array([2**32 + 3], jnp.int64), 1)
         np.testing.assert_array_equal(np.asarray(far.indices), [7])
         assert not bool(t.buffer.valid_starts(jnp.array([2**32 + 3], jnp.int64), 2)[0])
+
+
+def test_eager_calls_reuse_their_compiled_updates():
+    """Called eagerly (no jit), the prioritised buffers' add and set_priorities and a tree's set
+    compile once per shape: each call used to trace and compile the tree walk's loops again
+    (~270-330 ms per eager call; found by the eighth session's new-user review)."""
+    from jaxbuffers import PrioritisedTrajectoryBuffer
+    from jaxbuffers.sum_tree import SumMinTree
+
+    events = []
+    listener = lambda name, secs, **kw: events.append(name)  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        def calls():
+            buf = PrioritisedReplayBuffer.create({"obs": jnp.zeros(4)}, 100).add({"obs": jnp.ones((5, 4))})
+            s = buf.sample(jax.random.key(0), 4)
+            buf = buf.set_priorities(s.indices, jnp.full(4, 2.0), s.generations).add({"obs": jnp.ones((3, 4))})
+            step = {"obs": jnp.ones((2, 3)), "action": jnp.zeros(2), "reward": jnp.zeros(2)}
+            t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 2, 16, window_length=2)
+            for _ in range(3):
+                t = t.add(step, terminated=jnp.zeros(2, bool))
+            seq = t.sample_sequences(jax.random.key(1), 4, beta=0.4)
+            t = t.set_priorities(seq.indices, jnp.full(4, 3.0), seq.generations)
+            tree = SumMinTree.create(64).set(jnp.arange(6), jnp.ones(6))
+            return jax.block_until_ready((buf, t, tree))
+
+        first = calls()
+        events.clear()
+        second = calls()
+        compiles = [e for e in events if "compile" in e]
+        assert not compiles, compiles[:5]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    for u, v in zip(jax.tree.leaves(first), jax.tree.leaves(second)):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+
+
+def test_priorities_read_zero_outside_the_buffer_and_generations_at_checks_its_indices():
+    """Negative indices used to read slot 0's priority (the tree clamps), past-the-end ones 0;
+    generations_at took float indices. Now both read 0 and float indices raise."""
+    buf = PrioritisedReplayBuffer.create({"o": jnp.zeros(())}, 16, priority_exponent=0.5)
+    buf = buf.add({"o": jnp.zeros(10)}, jnp.arange(1.0, 11.0))
+    got = np.asarray(buf.priorities(jnp.array([-1, -5, 0, 9, 10, 16, 1000])))
+    np.testing.assert_allclose(got, [0, 0, 1, 10, 0, 0, 0], rtol=1e-6)
+    assert buf.priorities(jnp.array([[0, 1], [2, 3]])).shape == (2, 2)
+    assert buf.generations_at(jnp.array([[0, 1], [2, 3]])).shape == (2, 2)
+    for bad in (buf.priorities, buf.generations_at):
+        with pytest.raises(TypeError, match="indices: expected an integer dtype"):
+            bad(jnp.array([1.0]))

@@ -798,9 +798,29 @@ def test_prioritised_alpha_zero_losing_duplicate_does_not_raise_max():
 
 
 def test_prioritised_create_names_an_unknown_keyword():
-    with pytest.raises(TypeError, match=r"PrioritisedTrajectoryBuffer.create: unexpected keyword 'min_priority' \(renamed to epsilon\)"):
+    with pytest.raises(TypeError, match=r"PrioritisedTrajectoryBuffer.create: unexpected keyword 'min_priority' \(min_priority: use epsilon\)"):
         PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, min_priority=1e-3)
+    with pytest.raises(TypeError, match=r"'alpha' \(alpha: use priority_exponent\)"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, alpha=0.5)
     with pytest.raises(TypeError, match="unexpected keyword 'lenght'.*final_obs_capacity"):
         PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, lenght=3)
     buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, final_obs_capacity=3)
     assert buf.buffer.final_obs_capacity == 3
+
+
+def test_prioritised_priorities_read_back_what_was_set():
+    buf = _three_position_buffer()
+    gens = buf.generations.reshape(-1)[jnp.arange(3)]
+    buf = SETP(buf, jnp.arange(3), jnp.array([3.0, 0.5, 2.0]), gens)
+    got = np.asarray(buf.priorities(jnp.array([0, 1, 2, 3, 7, -1, 8, 100])))
+    # valid windows read their priority; slot 3 and 7 start no valid window, -1 / 8 / 100 are outside
+    np.testing.assert_allclose(got, [3.0, 0.5, 2.0, 0, 0, 0, 0, 0], rtol=1e-6)
+    half = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=6, priority_exponent=0.5)
+    chunk = make_chunk(np.random.default_rng(0), 1, 8, 0, p_term=0, p_trunc=0)
+    half = ADD(half, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
+    half = SETP(half, jnp.arange(3), jnp.array([3.0, 0.5, 2.0]), gens)
+    np.testing.assert_allclose(np.asarray(half.priorities(jnp.arange(3))), [3.0, 0.5, 2.0], rtol=1e-6)
+    with pytest.raises(TypeError, match="indices"):
+        buf.priorities(jnp.array([1.0]))
+    with pytest.raises(TypeError, match="indices"):
+        buf.generations_at(jnp.array([1.0]))
