@@ -161,18 +161,48 @@ def static_int(name: str, value, minimum: int = 1) -> int:
 _INT32 = np.iinfo(np.int32)
 
 
+def as_array(x: Any) -> Any:
+    """``x`` itself if it is an array (JAX or numpy, its dtype kept), else ``np.asarray(x)``.
+
+    For checking an argument's shape and dtype before anything narrows it: ``jnp.asarray`` of a
+    numpy int64 array gives int32 when x64 is off, wrapping large values."""
+    return x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+
+
 def int32_indices(indices: Any) -> jax.Array:
     """Integer ``indices`` (any integer dtype) as int32, saturating values outside int32's range.
 
     A plain ``astype(int32)`` wraps: under ``jax_enable_x64`` an int64 index ``2**32 + 3`` became
     slot 3 and a write meant to be ignored as out of range landed on a valid slot. Saturated, an
     out-of-range index stays out of range (buffers hold at most ``2**30`` slots), so it is ignored
-    by writes and clipped by reads as documented. Values already in range are unchanged.
+    by writes and clipped by reads as documented. Values already in range are unchanged. numpy
+    (and Python) input is saturated with numpy first, before JAX converts it (which, with x64 off,
+    narrows int64 by wrapping). A numpy int64 array passed as an argument of a *jitted* function
+    is narrowed by JAX at the call boundary, before any library code runs; pass int32 there, or
+    enable x64.
     """
-    x = jnp.asarray(indices)
+    if not isinstance(indices, jax.Array):  # numpy / Python input: saturate before JAX sees it
+        x = np.asarray(indices)
+        info = np.iinfo(x.dtype)
+        if info.max > _INT32.max:
+            x = np.minimum(x, np.array(_INT32.max, x.dtype))
+        if info.min < _INT32.min:
+            x = np.maximum(x, np.array(_INT32.min, x.dtype))
+        return jnp.asarray(x.astype(np.int32))
+    x = indices
     info = jnp.iinfo(x.dtype)
     if info.max > _INT32.max:
         x = jnp.minimum(x, _INT32.max)
     if info.min < _INT32.min:
         x = jnp.maximum(x, _INT32.min)
     return x.astype(jnp.int32)
+
+
+def integer_indices(name: str, indices) -> jax.Array:
+    """``indices`` (an integer array of any shape and integer dtype) as int32, values outside
+    int32's range saturated (:func:`int32_indices`). Raises TypeError naming
+    ``name`` for a non-integer dtype."""
+    indices = as_array(indices)
+    if not jnp.issubdtype(indices.dtype, jnp.integer):
+        raise TypeError(f"{name}: expected an integer dtype (int32), got {indices.dtype}")
+    return int32_indices(indices)

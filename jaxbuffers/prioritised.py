@@ -96,16 +96,6 @@ def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon:
     return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
 
 
-def integer_indices(name: str, indices) -> jax.Array:
-    """``indices`` (an integer array of any shape and integer dtype) as int32, values outside
-    int32's range saturated (:func:`jaxbuffers._validate.int32_indices`). Raises TypeError naming
-    ``name`` for a non-integer dtype."""
-    indices = jnp.asarray(indices)
-    if not jnp.issubdtype(indices.dtype, jnp.integer):
-        raise TypeError(f"{name}: expected an integer dtype (int32), got {indices.dtype}")
-    return _validate.int32_indices(indices)
-
-
 def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
     """Priorities recovered from the leaves at ``indices`` (int, any shape): float32, same shape.
 
@@ -117,7 +107,7 @@ def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
     Raises:
       TypeError: ``indices`` of a non-integer dtype.
     """
-    i = integer_indices("indices", indices)
+    i = _validate.integer_indices("indices", indices)
     leaf = jnp.where((i >= 0) & (i < tree.capacity), tree.get(i.reshape(-1)).reshape(i.shape), 0)
     if alpha in (0.0, 1.0):
         return leaf.astype(jnp.float32)
@@ -367,7 +357,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         Raises:
           TypeError: ``indices`` of a non-integer dtype.
         """
-        return _ring.last_item_number(self.replay.added, self.replay.head, integer_indices("indices", indices), self.capacity)
+        return _ring.last_item_number(self.replay.added, self.replay.head, _validate.integer_indices("indices", indices), self.capacity)
 
     @property
     def generations(self) -> jax.Array:
@@ -495,7 +485,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         if not hasattr(indices, "shape") or len(indices.shape) != 1:
             raise ValueError(f"indices: expected a 1-D int array [B], got {getattr(indices, 'shape', indices)!r}")
         (b,) = indices.shape
-        indices = _validate.int32_indices(_check_vector("indices", indices, b, "integer"))
+        _check_vector("indices", indices, b, "integer")
+        indices = _validate.int32_indices(indices)
         priorities = _check_vector("priorities", priorities, b, "floating")
         generations = _check_vector("generations", generations, b, "integer").astype(jnp.int32)
         valid = self.replay.num_valid

@@ -478,9 +478,12 @@ class RolloutBuffer(struct.PyTreeNode):
         Returns:
           :class:`RolloutMinibatch` with leaves ``[*L, ...]``; ``mask`` is ``trainable & filled``.
           Out-of-range indices are clipped (defined, but a caller bug).
+
+        Raises:
+          TypeError: ``indices`` of a non-integer dtype (they were truncated before).
         """
         total = self.num_steps * self.num_envs
-        indices = jnp.asarray(indices, jnp.int32)
+        indices = _validate.integer_indices("indices", indices)  # wide ints saturate, floats raise
 
         def take(x: jax.Array) -> jax.Array:
             return jnp.take(x.reshape(total, *x.shape[2:]), indices, axis=0, mode="clip")

@@ -113,7 +113,7 @@ def _check_capacity(capacity) -> int:
 
 
 def _check_indices(indices, what: str = "indices") -> jax.Array:
-    indices = jnp.asarray(indices)
+    indices = _validate.as_array(indices)
     if indices.ndim != 1:
         raise ValueError(f"{what}: expected a 1-D array [B] of leaf indices, got shape {indices.shape}")
     if not jnp.issubdtype(indices.dtype, jnp.integer):

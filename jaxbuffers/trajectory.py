@@ -84,7 +84,6 @@ from jaxbuffers import _random, _ring, _validate
 from jaxbuffers.prioritised import (
     _float_arg,
     _float_bits,
-    integer_indices,
     priorities_at,
     priority_leaf,
     probabilities_and_weights,
@@ -626,7 +625,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
 
     # ------------------------------------------------------------------ reads at given positions
     def _split_indices(self, indices) -> tuple[jax.Array, jax.Array]:
-        indices = jnp.asarray(indices)
+        indices = _validate.as_array(indices)
         if indices.ndim != 1:
             raise ValueError(f"indices: expected a 1-D array [B] of flat positions (lane * length + slot), got shape {indices.shape}")
         if not jnp.issubdtype(indices.dtype, jnp.integer):
@@ -652,8 +651,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
         window = _validate.static_int("window", window)
         period = _validate.static_int("period", period)
         lanes, slots = self._split_indices(indices)
-        raw = jnp.asarray(indices)
-        in_range = (raw >= 0) & (raw < self.num_envs * self.length)
+        wide = _validate.int32_indices(_validate.as_array(indices))  # saturated: out of range stays out
+        in_range = (wide >= 0) & (wide < self.num_envs * self.length)
         logical = _ring.physical_to_logical(slots, self.head, self.num_valid, self.length)
         return in_range & (logical + window <= self.num_valid) & (logical % period == 0)
 
@@ -885,7 +884,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         (:func:`jaxbuffers._ring.last_item_number`), so no per-slot array is stored or updated.
         """
         b = self.buffer
-        slots = jnp.mod(integer_indices("indices", indices), b.length)
+        slots = jnp.mod(_validate.integer_indices("indices", indices), b.length)
         return _ring.last_item_number(b.added, b.head, slots, b.length)
 
     def priorities(self, indices: jax.Array) -> jax.Array:
@@ -988,7 +987,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         differs), when its window is not valid now (leaf is 0), or when the index is out of range.
         Duplicate indices: the last entry wins; ``max_priority`` grows to the largest priority actually written.
         """
-        indices = jnp.asarray(indices)
+        indices = _validate.as_array(indices)
         priorities = jnp.asarray(priorities)
         generations = jnp.asarray(generations)
         if indices.ndim != 1 or priorities.shape != indices.shape or generations.shape != indices.shape:

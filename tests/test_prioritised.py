@@ -622,3 +622,38 @@ def test_priorities_read_zero_outside_the_buffer_and_generations_at_checks_its_i
     for bad in (buf.priorities, buf.generations_at):
         with pytest.raises(TypeError, match="indices: expected an integer dtype"):
             bad(jnp.array([1.0]))
+
+
+def test_numpy_int64_indices_saturate_with_x64_off():
+    """With x64 off, jnp.asarray narrows a numpy int64 2**32 + 3 to 3; the buffers saturate numpy
+    input before JAX converts it (eager calls; found by the eighth session's try-to-break review)."""
+    from jaxbuffers import PrioritisedTrajectoryBuffer, TrajectoryBuffer
+    from jaxbuffers.sum_tree import SumMinTree
+
+    assert not jax.config.jax_enable_x64
+    buf = PrioritisedReplayBuffer.create({"obs": jnp.zeros(2, jnp.float32)}, 8, priority_exponent=1.0)
+    buf = buf.add({"obs": jnp.ones((8, 2), jnp.float32)})
+    gens = buf.generations_at(jnp.array([3]))
+    for idx in (np.array([2**32 + 3]), np.array([2**32 + 3], np.uint64), [2**32 + 3]):
+        idx = np.asarray(idx)
+        out = buf.set_priorities(idx, jnp.array([100.0]), gens)
+        np.testing.assert_array_equal(np.asarray(out.tree.nodes), np.asarray(buf.tree.nodes))
+        assert float(buf.priorities(idx)[0]) == 0.0
+    tree = SumMinTree.create(8).set(jnp.arange(8), jnp.ones(8, jnp.float32))
+    np.testing.assert_array_equal(np.asarray(tree.set(np.array([2**32 + 3]), np.array([9.0], np.float32)).nodes), np.asarray(tree.nodes))
+
+    step = {"obs": jnp.ones((3, 2), jnp.float32), "action": jnp.zeros(3, jnp.int32), "reward": jnp.zeros(3, jnp.float32)}
+    t = TrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 3, 100)
+    for _ in range(10):
+        t = t.add(step, terminated=jnp.zeros(3, bool))
+    far = np.array([2**32 + 3, -(2**31) - 1, 2**31])
+    np.testing.assert_array_equal(np.asarray(t.sequences_at(far, 1).indices), [299, 0, 299])
+    assert not np.asarray(t.valid_starts(far, 2)).any()
+    # a narrow dtype whose range is below num_envs * length: 100 is a valid position (lane 1, slot 0)
+    np.testing.assert_array_equal(np.asarray(t.valid_starts(jnp.array([0, 5, 100], jnp.uint8), 2)), [True, True, True])
+    p = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 3, 16, window_length=2, priority_exponent=1.0)
+    for _ in range(5):
+        p = p.add(step, terminated=jnp.zeros(3, bool))
+    g = p.generations_at(jnp.array([3]))
+    p2 = p.set_priorities(np.array([2**32 + 3]), jnp.array([50.0]), g)
+    np.testing.assert_array_equal(np.asarray(p2.tree.nodes), np.asarray(p.tree.nodes))

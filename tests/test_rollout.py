@@ -485,3 +485,15 @@ def test_memory_pressure_atari_scale_and_abstract():
     per_step = 84 * 84 * 4 + 4 + 5 * 4 + 3 + 4
     assert mp.minibatch_bytes == 256 * per_step
     assert mp.peak_bytes == mp.storage_bytes + 4 * 256 * per_step + 256 * per_step
+
+
+def test_gather_saturates_wide_indices_and_rejects_floats():
+    """gather clips out-of-range indices (documented); a numpy int64 2**32 + 3 used to wrap to 3
+    and read step 3, and float indices were truncated silently."""
+    t, n = 4, 2
+    data = random_rollout(np.random.default_rng(6), t, n)
+    buf = fill(RolloutBuffer.create(EXAMPLE, t, n), data, t, jit=False)
+    out = buf.gather(np.array([2**32 + 3, -(2**31) - 1, 5]))
+    np.testing.assert_array_equal(np.asarray(out.index), [t * n - 1, 0, 5])
+    with pytest.raises(TypeError, match="indices: expected an integer dtype"):
+        buf.gather(jnp.array([1.0, 2.0]))
