@@ -162,11 +162,17 @@ _INT32 = np.iinfo(np.int32)
 
 
 def as_array(x: Any) -> Any:
-    """``x`` itself if it is an array (JAX or numpy, its dtype kept), else ``np.asarray(x)``.
+    """``x`` itself if it is an array (JAX or numpy, its dtype kept); a sequence holding JAX
+    arrays or tracers (e.g. ``[i, 1]`` built inside ``jit``) through ``jnp.asarray``; anything
+    else through ``np.asarray``.
 
     For checking an argument's shape and dtype before anything narrows it: ``jnp.asarray`` of a
     numpy int64 array gives int32 when x64 is off, wrapping large values."""
-    return x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return x
+    if any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(x)):
+        return jnp.asarray(x)
+    return np.asarray(x)
 
 
 def int32_indices(indices: Any) -> jax.Array:
@@ -176,20 +182,19 @@ def int32_indices(indices: Any) -> jax.Array:
     slot 3 and a write meant to be ignored as out of range landed on a valid slot. Saturated, an
     out-of-range index stays out of range (buffers hold at most ``2**30`` slots), so it is ignored
     by writes and clipped by reads as documented. Values already in range are unchanged. numpy
-    (and Python) input is saturated with numpy first, before JAX converts it (which, with x64 off,
-    narrows int64 by wrapping). A numpy int64 array passed as an argument of a *jitted* function
-    is narrowed by JAX at the call boundary, before any library code runs; pass int32 there, or
-    enable x64.
+    input (and Python ints that fit int64 / uint64) is saturated with numpy first, before JAX
+    converts it (which, with x64 off, narrows int64 by wrapping). A numpy int64 array passed as
+    an argument of a *jitted* function is narrowed by JAX at the call boundary, before any
+    library code runs; pass int32 there, or enable x64.
     """
-    if not isinstance(indices, jax.Array):  # numpy / Python input: saturate before JAX sees it
-        x = np.asarray(indices)
+    x = as_array(indices)
+    if not isinstance(x, jax.Array):  # numpy / Python input: saturate before JAX sees it
         info = np.iinfo(x.dtype)
         if info.max > _INT32.max:
             x = np.minimum(x, np.array(_INT32.max, x.dtype))
         if info.min < _INT32.min:
             x = np.maximum(x, np.array(_INT32.min, x.dtype))
         return jnp.asarray(x.astype(np.int32))
-    x = indices
     info = jnp.iinfo(x.dtype)
     if info.max > _INT32.max:
         x = jnp.minimum(x, _INT32.max)

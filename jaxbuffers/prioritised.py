@@ -482,8 +482,9 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         Raises (at trace time):
           ValueError / TypeError: an argument not 1-D, lengths differ, wrong dtype kind.
         """
-        if not hasattr(indices, "shape") or len(indices.shape) != 1:
-            raise ValueError(f"indices: expected a 1-D int array [B], got {getattr(indices, 'shape', indices)!r}")
+        indices, priorities, generations = (_validate.as_array(x) for x in (indices, priorities, generations))
+        if len(indices.shape) != 1:
+            raise ValueError(f"indices: expected a 1-D int array [B], got shape {indices.shape}")
         (b,) = indices.shape
         _check_vector("indices", indices, b, "integer")
         indices = _validate.int32_indices(indices)

@@ -90,6 +90,13 @@ def _walk_max_batch() -> int:
     return _WALK_MAX_BATCH_CPU if jax.default_backend() == "cpu" else 0
 
 
+def _tuning() -> tuple:
+    """The module's tuning values above, read when a jitted update is traced. Passed to the jitted
+    helpers as a static argument, so that their compile caches key on them: changing one (tests
+    compare the walk and vectorised paths this way) retraces instead of reusing the old path."""
+    return (_walk_max_batch(), _DENSE_EXTRA_LEVELS, _DENSE_EXTRA_LEVELS_VECTOR, _UNROLL_LEVELS, _GROUP_LEVELS, _WALK_CHAINS, _DESCENT_CHAINS, _DESCENT_GROUP)
+
+
 def _dense_levels(batch: int, depth: int, walk: bool) -> int:
     """Number of top levels (depths ``0 .. k-1``) recomputed whole after a batch of ``batch`` writes."""
     extra = _DENSE_EXTRA_LEVELS if walk else _DENSE_EXTRA_LEVELS_VECTOR
@@ -183,7 +190,7 @@ def _dense_top_loop(nodes, combine, top: int):
     last = (1 << top) - 1
 
     def body(j, nodes):
-        n = (last - j).astype(jnp.int32)
+        n = jnp.asarray(last - j, jnp.int32)  # (j is a Python int under jax.disable_jit)
         kids = jax.lax.dynamic_slice(nodes, (2 * n,) + zeros, (2,) + row)
         return jax.lax.dynamic_update_slice(nodes, combine(kids[:1], kids[1:]), (n,) + zeros)
 
@@ -272,8 +279,8 @@ def _vector_walk(nodes, combine, node0, rows, keep, touched, steps: int):
     return nodes
 
 
-@functools.partial(jax.jit, static_argnames=("combine", "to_rows", "capacity", "unique"))
-def _update_heap(nodes, combine, to_rows, capacity: int, indices, values, where, unique: bool):
+@functools.partial(jax.jit, static_argnames=("combine", "to_rows", "capacity", "unique", "tuning"))
+def _update_heap(nodes, combine, to_rows, capacity: int, indices, values, where, unique: bool, tuning: tuple = ()):
     """Write ``to_rows(values)`` at leaves ``indices`` (entries with a NaN value, an index outside
     ``[0, capacity)`` or ``where`` False are skipped; the last write to a leaf wins) and restore
     every ancestor: the walk (CPU, small batches) or the vectorised path below the top ``k``
@@ -282,7 +289,8 @@ def _update_heap(nodes, combine, to_rows, capacity: int, indices, values, where,
     Jitted (the functions, capacity and ``unique`` static) so that an eager call reuses one
     compiled update per shape: unjitted, every eager ``set`` traced and compiled its loops again
     (~270-330 ms per eager ``add`` / ``set_priorities`` of a prioritised buffer). Inside a jitted
-    caller it is inlined; the compiled program is the same."""
+    caller it is inlined; the compiled program is the same. ``tuning`` (:func:`_tuning`) is only a
+    cache key."""
     p = nodes.shape[0] // 2
     depth = p.bit_length() - 1
     b = indices.shape[0]
@@ -330,7 +338,7 @@ def _set_trees(trees, indices, values, where, unique: bool):
     # One loop per tree: with both heaps in one loop carry XLA copied both heaps once per level per
     # step (measured in the compiled HLO). SumMinTree interleaves the two in one heap instead.
     return [
-        t.replace(nodes=_update_heap(t.nodes, t._combine, t._rows, t.capacity, indices, values.astype(t.dtype), where, unique))
+        t.replace(nodes=_update_heap(t.nodes, t._combine, t._rows, t.capacity, indices, values.astype(t.dtype), where, unique, tuning=_tuning()))
         for t in trees
     ]
 
@@ -420,8 +428,8 @@ def _descend_vector(nodes: jax.Array, q: jax.Array) -> jax.Array:
     return node - p
 
 
-@jax.jit
-def _descend(nodes: jax.Array, q: jax.Array) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("tuning",))
+def _descend(nodes: jax.Array, q: jax.Array, tuning: tuple = ()) -> jax.Array:
     """The descent of :meth:`SumTree.find` for clamped queries ``q`` (tree dtype [Q]): leaf ids int32[Q].
 
     ``nodes`` is a heap [2P] of sums, or [2P, 2] with the sums in column 0 (:class:`SumMinTree`).
@@ -447,7 +455,7 @@ def _find(total, nodes, dtype, queries):
     below_total = jnp.nextafter(total, jnp.zeros_like(total))
     q = jnp.where(jnp.isnan(q), 0, q)
     q = jnp.clip(q, 0, jnp.maximum(below_total, 0))
-    return _descend(nodes, q)
+    return _descend(nodes, q, tuning=_tuning())
 
 
 def _stratified_queries(total, dtype, key, batch_size):

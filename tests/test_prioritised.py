@@ -479,10 +479,10 @@ def test_set_priorities_walk_and_vectorised_paths_agree(monkeypatch):
     gens = buf.generations[jnp.clip(idx, 0, 63)]
     gens = gens.at[::7].add(1)  # some stale
     pri = jnp.asarray(rng.uniform(0, 30, 100), jnp.float32).at[5].set(jnp.nan).at[9].set(-1.0)
-    fn = lambda b: b.set_priorities(idx, pri, gens)  # noqa: E731
-    walked = jax.jit(fn)(buf)
+    # a new function per path: jax.jit of the same function object reuses its first trace
+    walked = jax.jit(lambda b: b.set_priorities(idx, pri, gens))(buf)
     monkeypatch.setattr(sum_tree_module, "_WALK_MAX_BATCH_CPU", 0)
-    vectorised = jax.jit(fn)(buf)
+    vectorised = jax.jit(lambda b: b.set_priorities(idx, pri, gens))(buf)
     np.testing.assert_array_equal(np.asarray(walked.tree.nodes), np.asarray(vectorised.tree.nodes))
     assert float(walked.max_priority) == float(vectorised.max_priority) > 1.0
     _assert_tree_valid(walked)
@@ -657,3 +657,32 @@ def test_numpy_int64_indices_saturate_with_x64_off():
     g = p.generations_at(jnp.array([3]))
     p2 = p.set_priorities(np.array([2**32 + 3]), jnp.array([50.0]), g)
     np.testing.assert_array_equal(np.asarray(p2.tree.nodes), np.asarray(p.tree.nodes))
+
+
+def test_index_lists_with_traced_entries_and_disable_jit():
+    """Index lists built inside jit ([i, 1] with a traced i) are accepted wherever arrays are, and
+    every prioritised operation also runs under jax.disable_jit() (a fori_loop body called
+    .astype on its Python-int counter)."""
+    from jaxbuffers import RolloutBuffer
+    from jaxbuffers.sum_tree import SumTree
+
+    buf = PrioritisedReplayBuffer.create({"obs": jnp.zeros(2, jnp.float32)}, 8, priority_exponent=1.0)
+    buf = buf.add({"obs": jnp.ones((5, 2), jnp.float32)}, jnp.arange(1.0, 6.0))
+    got = jax.jit(lambda b, i: b.priorities([i, 1]))(buf, jnp.int32(2))
+    np.testing.assert_allclose(np.asarray(got), [3.0, 2.0])
+    got = jax.jit(lambda b, i: b.generations_at([i, 1]))(buf, jnp.int32(2))
+    np.testing.assert_array_equal(np.asarray(got), [2, 1])
+    tree = jax.jit(lambda i: SumTree.create(4).set([i, 1], jnp.array([2.0, 3.0])))(jnp.int32(0))
+    assert float(tree.total()) == 5.0
+    out = buf.set_priorities([1, 2], [7.0, 8.0], buf.generations_at(jnp.array([1, 2])))  # lists, eager
+    np.testing.assert_allclose(np.asarray(out.priorities(jnp.array([1, 2]))), [7.0, 8.0])
+    rb = RolloutBuffer.create({"obs": jnp.zeros(2)}, 4, 2)
+    got = jax.jit(lambda r, i: r.gather([i, 2]).index)(rb, jnp.int32(1))
+    np.testing.assert_array_equal(np.asarray(got), [1, 2])
+
+    with jax.disable_jit():
+        b = PrioritisedReplayBuffer.create({"obs": jnp.zeros(2, jnp.float32)}, 8).add({"obs": jnp.ones((3, 2), jnp.float32)})
+        s = b.sample(jax.random.key(0), 4)
+        b = b.set_priorities(s.indices, jnp.full(4, 2.0), s.generations)
+        assert float(b.tree.total()) > 0
+        assert float(SumTree.create(16).set(jnp.arange(3), jnp.ones(3)).total()) == 3.0

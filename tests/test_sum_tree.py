@@ -534,11 +534,12 @@ def test_large_batch_takes_vectorised_path_and_matches_walk():
     idx = jnp.asarray(rng.integers(-5, 1005, 300), jnp.int32)  # many duplicates, some out of range
     val = jnp.asarray(rng.uniform(0, 4, 300), jnp.float32)
     where = jnp.asarray(rng.random(300) < 0.8)
-    fn = lambda t, m, sm: (*set_sum_and_min(t, m, idx, val, where), sm.set(idx, val, where))  # noqa: E731
+    # a new function per path: jax.jit of the same function object reuses its first trace
+    fn = lambda: lambda t, m, sm: (*set_sum_and_min(t, m, idx, val, where), sm.set(idx, val, where))  # noqa: E731
     new = lambda: (SumTree.create(1000), MinTree.create(1000), SumMinTree.create(1000))  # noqa: E731
-    ref = jax.jit(fn)(*new())
+    ref = jax.jit(fn())(*new())
     with _knobs(walk_max=0):
-        got = jax.jit(fn)(*new())
+        got = jax.jit(fn())(*new())
     for a, b in zip(ref, got):
         np.testing.assert_array_equal(np.asarray(a.nodes), np.asarray(b.nodes))
     separate = (SumTree.create(1000).set(idx, val, where), MinTree.create(1000).set(idx, val, where))
@@ -596,3 +597,16 @@ def test_one_jitted_function_never_confuses_sum_and_min_trees():
     for capacity in range(2, 120):
         assert float(g(SumTree.create(capacity))) == 4.0
         assert float(g(MinTree.create(capacity))) == 1.0
+
+
+def test_path_tests_really_take_both_paths(monkeypatch):
+    """The walk-vs-vectorised tests change module knobs between two traces; the jitted helpers must
+    retrace when a knob changes (they did not once their compile caches keyed on shapes only)."""
+    traced = []
+    monkeypatch.setattr(sum_tree_module, "_vector_walk", lambda *a, _f=sum_tree_module._vector_walk: traced.append("vector") or _f(*a))
+    monkeypatch.setattr(sum_tree_module, "_walk", lambda *a, _f=sum_tree_module._walk: traced.append("walk") or _f(*a))
+    idx, val = jnp.arange(5), jnp.ones(5, jnp.float32)
+    jax.jit(lambda t: t.set(idx, val))(SumMinTree.create(37))
+    with _knobs(walk_max=0):
+        jax.jit(lambda t: t.set(idx, val))(SumMinTree.create(37))
+    assert traced == ["walk", "vector"]

@@ -716,10 +716,10 @@ def test_prioritised_set_priorities_walk_and_vectorised_paths_agree(monkeypatch)
     idx = jnp.asarray(rng.integers(-2, 34, 90), jnp.int32)  # duplicates, out of range, invalid windows
     gens = buf.generations.reshape(-1)[jnp.clip(idx, 0, 31)].at[::6].add(1)  # some stale
     pri = jnp.asarray(rng.uniform(0, 30, 90), jnp.float32).at[4].set(jnp.nan).at[8].set(-1.0)
-    fn = lambda b: b.set_priorities(idx, pri, gens)  # noqa: E731
-    walked = jax.jit(fn)(buf)
+    # a new function per path: jax.jit of the same function object reuses its first trace
+    walked = jax.jit(lambda b: b.set_priorities(idx, pri, gens))(buf)
     monkeypatch.setattr(sum_tree_module, "_WALK_MAX_BATCH_CPU", 0)
-    vectorised = jax.jit(fn)(buf)
+    vectorised = jax.jit(lambda b: b.set_priorities(idx, pri, gens))(buf)
     np.testing.assert_array_equal(np.asarray(walked.tree.nodes), np.asarray(vectorised.tree.nodes))
     assert float(walked.max_priority) == float(vectorised.max_priority) > 1.0
     before, after = np.asarray(buf.tree.leaves()), np.asarray(walked.tree.leaves())
