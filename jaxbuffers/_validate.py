@@ -188,19 +188,13 @@ def int32_indices(indices: Any) -> jax.Array:
     library code runs; pass int32 there, or enable x64.
     """
     x = as_array(indices)
-    if not isinstance(x, jax.Array):  # numpy / Python input: saturate before JAX sees it
-        info = np.iinfo(x.dtype)
-        if info.max > _INT32.max:
-            x = np.minimum(x, np.array(_INT32.max, x.dtype))
-        if info.min < _INT32.min:
-            x = np.maximum(x, np.array(_INT32.min, x.dtype))
-        return jnp.asarray(x.astype(np.int32))
-    info = jnp.iinfo(x.dtype)
+    xp = jnp if isinstance(x, jax.Array) else np  # numpy input is saturated before JAX sees it
+    info = np.iinfo(x.dtype)
     if info.max > _INT32.max:
-        x = jnp.minimum(x, _INT32.max)
+        x = xp.minimum(x, xp.asarray(_INT32.max, x.dtype))
     if info.min < _INT32.min:
-        x = jnp.maximum(x, _INT32.min)
-    return x.astype(jnp.int32)
+        x = xp.maximum(x, xp.asarray(_INT32.min, x.dtype))
+    return jnp.asarray(x.astype(np.int32))
 
 
 def integer_indices(name: str, indices) -> jax.Array:

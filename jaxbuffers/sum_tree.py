@@ -123,9 +123,7 @@ def _check_indices(indices, what: str = "indices") -> jax.Array:
     indices = _validate.as_array(indices)
     if indices.ndim != 1:
         raise ValueError(f"{what}: expected a 1-D array [B] of leaf indices, got shape {indices.shape}")
-    if not jnp.issubdtype(indices.dtype, jnp.integer):
-        raise TypeError(f"{what}: expected an integer dtype (int32), got {indices.dtype}")
-    return _validate.int32_indices(indices)
+    return _validate.integer_indices(what, indices)
 
 
 def last_write_mask(indices: jax.Array, where: jax.Array | None = None) -> jax.Array:

@@ -628,9 +628,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         indices = _validate.as_array(indices)
         if indices.ndim != 1:
             raise ValueError(f"indices: expected a 1-D array [B] of flat positions (lane * length + slot), got shape {indices.shape}")
-        if not jnp.issubdtype(indices.dtype, jnp.integer):
-            raise TypeError(f"indices: expected an integer dtype (int32), got {indices.dtype}")
-        flat = jnp.clip(_validate.int32_indices(indices), 0, self.num_envs * self.length - 1)
+        flat = jnp.clip(_validate.integer_indices("indices", indices), 0, self.num_envs * self.length - 1)
         return flat // self.length, flat % self.length
 
     def valid_starts(self, indices, window: int, *, period: int = 1) -> jax.Array:
@@ -651,7 +649,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         window = _validate.static_int("window", window)
         period = _validate.static_int("period", period)
         lanes, slots = self._split_indices(indices)
-        wide = _validate.int32_indices(_validate.as_array(indices))  # saturated: out of range stays out
+        wide = _validate.int32_indices(indices)  # saturated: out of range stays out
         in_range = (wide >= 0) & (wide < self.num_envs * self.length)
         logical = _ring.physical_to_logical(slots, self.head, self.num_valid, self.length)
         return in_range & (logical + window <= self.num_valid) & (logical % period == 0)

@@ -606,6 +606,7 @@ def test_path_tests_really_take_both_paths(monkeypatch):
     monkeypatch.setattr(sum_tree_module, "_vector_walk", lambda *a, _f=sum_tree_module._vector_walk: traced.append("vector") or _f(*a))
     monkeypatch.setattr(sum_tree_module, "_walk", lambda *a, _f=sum_tree_module._walk: traced.append("walk") or _f(*a))
     idx, val = jnp.arange(5), jnp.ones(5, jnp.float32)
+    sum_tree_module._update_heap.clear_cache()  # an earlier test may have traced these shapes
     jax.jit(lambda t: t.set(idx, val))(SumMinTree.create(37))
     with _knobs(walk_max=0):
         jax.jit(lambda t: t.set(idx, val))(SumMinTree.create(37))
