@@ -159,12 +159,13 @@ def static_int(name: str, value, minimum: int = 1) -> int:
 
 
 _INT32 = np.iinfo(np.int32)
+_INT64 = np.iinfo(np.int64)
 
 
 def as_array(x: Any) -> Any:
     """``x`` itself if it is an array (JAX or numpy, its dtype kept); a sequence holding JAX
     arrays or tracers (e.g. ``[i, 1]`` built inside ``jit``) through ``jnp.asarray``; anything
-    else through ``np.asarray``.
+    else through ``np.asarray`` (Python ints beyond the 64-bit range clipped to int64).
 
     For checking an argument's shape and dtype before anything narrows it: ``jnp.asarray`` of a
     numpy int64 array gives int32 when x64 is off, wrapping large values."""
@@ -172,7 +173,16 @@ def as_array(x: Any) -> Any:
         return x
     if any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(x)):
         return jnp.asarray(x)
-    return np.asarray(x)
+    out = np.asarray(x)
+    if out.dtype == object and out.size and all(_is_python_int(v) for v in out.flat):
+        # Python ints beyond the 64-bit range (numpy keeps them as objects): clipped to int64,
+        # which keeps an out-of-range index out of range (see int32_indices).
+        out = np.array([min(max(int(v), _INT64.min), _INT64.max) for v in out.flat], np.int64).reshape(out.shape)
+    return out
+
+
+def _is_python_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def int32_indices(indices: Any) -> jax.Array:

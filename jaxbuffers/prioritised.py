@@ -352,7 +352,9 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         The number, modulo ``2**32`` (int32 wrap-around), of the item last written to each slot:
         ``added - 1 - ((head - 1 - i) mod capacity)``, since the ring writes items ``0, 1, 2, ...``
         to slots ``0, 1, 2, ... mod capacity``. Only meaningful for slots in ``[0, size())``;
-        compare by equality (see :meth:`set_priorities`).
+        compare by equality (see :meth:`set_priorities`). A slot never written reads
+        ``slot - capacity`` (negative), e.g. in the sample of an empty buffer; updates for it are
+        ignored since it is outside ``[0, size())``.
 
         Raises:
           TypeError: ``indices`` of a non-integer dtype.
@@ -428,7 +430,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
             max_priority = jnp.maximum(self.max_priority, jnp.max(p))
         return self.replace(replay=replay._advance(b), tree=self.tree.set_unique(slots, self._leaf(p)))._with_max_priority(max_priority)
 
-    def sample(self, key: jax.Array, batch_size: int, beta=0.4) -> PrioritisedSample:
+    def sample(self, key: jax.Array, batch_size: int, beta) -> PrioritisedSample:
         """Draw ``batch_size`` items by stratified proportional sampling (with replacement).
 
         Stratum ``k`` of ``[0, total)`` contributes one draw (Schaul et al. 2016, appendix B.2.1).
@@ -437,7 +439,9 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
           key: a JAX PRNG key.
           batch_size: static Python int >= 1.
           beta: importance-sampling exponent, a float or a float scalar array (may be traced, e.g.
-            annealed inside a jitted step); ``0`` gives weights of 1.
+            annealed inside a jitted step); ``0`` gives weights of 1. Required, as in every
+            prioritised sampler here: Schaul et al. anneal it from ~0.4 to 1 over training, so no
+            default would suit every step.
 
         Returns:
           :class:`PrioritisedSample`. Every index is a valid slot with positive priority once an

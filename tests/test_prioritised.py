@@ -215,6 +215,21 @@ def test_empty_buffer_sample_is_defined(use_jit):
     np.testing.assert_array_equal(np.asarray(out.indices), 0)
     np.testing.assert_array_equal(np.asarray(out.probabilities), 0)
     np.testing.assert_array_equal(np.asarray(out.importance_weights), 1)
+    np.testing.assert_array_equal(np.asarray(out.generations), 0 - 8)  # slot - capacity: never written
+    after = f["set"](buf, out.indices, jnp.full(out.indices.shape, 5.0), out.generations)
+    np.testing.assert_array_equal(np.asarray(after.tree.nodes), np.asarray(buf.tree.nodes))
+
+
+def test_beta_is_required_by_every_prioritised_sampler():
+    """No sampler defaults beta (it is annealed over training); the two buffers agree."""
+    import inspect
+
+    from jaxbuffers import PrioritisedTrajectoryBuffer
+
+    for method in (PRB.sample, PrioritisedTrajectoryBuffer.sample_sequences, PrioritisedTrajectoryBuffer.sample_transitions):
+        assert inspect.signature(method).parameters["beta"].default is inspect.Parameter.empty, method
+    with pytest.raises(TypeError, match="beta"):
+        PRB.create(ITEM, 8).sample(jax.random.key(0), 4)
 
 
 def test_alpha_zero_is_uniform_with_unit_weights():
@@ -524,7 +539,7 @@ def test_both_prioritised_buffers_work_with_x64_enabled():
         buf = PrioritisedReplayBuffer.create({"obs": jnp.zeros(4, jnp.float32)}, 512)
         buf = buf.add({"obs": jnp.ones((3, 4), jnp.float32)})
         buf = jax.jit(lambda b: b.add({"obs": jnp.ones((300, 4), jnp.float32)}))(buf)  # vectorised path
-        s = buf.sample(jax.random.key(0), 8)
+        s = buf.sample(jax.random.key(0), 8, 0.4)
         buf = buf.set_priorities(s.indices, jnp.arange(1.0, 9.0, dtype=jnp.float32), s.generations)
         leaves = np.asarray(buf.tree.nodes[buf.tree.nodes.shape[0] // 2 :, 0])
         np.testing.assert_allclose(float(buf.tree.total()), leaves.sum(dtype=np.float64), rtol=1e-6)
@@ -588,7 +603,7 @@ def test_eager_calls_reuse_their_compiled_updates():
     try:
         def calls():
             buf = PrioritisedReplayBuffer.create({"obs": jnp.zeros(4)}, 100).add({"obs": jnp.ones((5, 4))})
-            s = buf.sample(jax.random.key(0), 4)
+            s = buf.sample(jax.random.key(0), 4, 0.4)
             buf = buf.set_priorities(s.indices, jnp.full(4, 2.0), s.generations).add({"obs": jnp.ones((3, 4))})
             step = {"obs": jnp.ones((2, 3)), "action": jnp.zeros(2), "reward": jnp.zeros(2)}
             t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 2, 16, window_length=2)
@@ -659,6 +674,30 @@ def test_numpy_int64_indices_saturate_with_x64_off():
     np.testing.assert_array_equal(np.asarray(p2.tree.nodes), np.asarray(p.tree.nodes))
 
 
+def test_python_ints_beyond_64_bits_are_out_of_range_indices():
+    """Python ints past the 64-bit range (numpy holds them as objects) were rejected with
+    "expected an integer dtype, got object"; they are indices out of range like any other:
+    ignored by writes, read as 0 by priorities, clipped by sequence reads."""
+    from jaxbuffers import TrajectoryBuffer
+    from jaxbuffers._validate import as_array
+
+    got = as_array([2**70, -(2**70), 3])
+    assert got.dtype == np.int64 and got.tolist() == [2**63 - 1, -(2**63), 3]
+    assert as_array([[2**64], [1]]).shape == (2, 1)
+    assert as_array([True, False]).dtype == np.bool_  # bools are not ints here
+    buf = PrioritisedReplayBuffer.create({"obs": jnp.zeros(2, jnp.float32)}, 8, priority_exponent=1.0)
+    buf = buf.add({"obs": jnp.ones((8, 2), jnp.float32)})
+    np.testing.assert_array_equal(np.asarray(buf.priorities([2**70, -(2**70), 2])), [0.0, 0.0, 1.0])
+    out = buf.set_priorities([2**70, -(2**64)], [100.0, 100.0], [0, 0])
+    np.testing.assert_array_equal(np.asarray(out.tree.nodes), np.asarray(buf.tree.nodes))
+    with pytest.raises(TypeError, match="indices: expected an integer dtype"):
+        buf.priorities([2**70, 1.5])
+    step = {"obs": jnp.ones((2, 2), jnp.float32), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}
+    t = TrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 2, 10)
+    t = t.add(step, terminated=jnp.zeros(2, bool))
+    assert not np.asarray(t.valid_starts([2**80], 1)).any()
+
+
 def test_index_lists_with_traced_entries_and_disable_jit():
     """Index lists built inside jit ([i, 1] with a traced i) are accepted wherever arrays are, and
     every prioritised operation also runs under jax.disable_jit() (a fori_loop body called
@@ -682,7 +721,7 @@ def test_index_lists_with_traced_entries_and_disable_jit():
 
     with jax.disable_jit():
         b = PrioritisedReplayBuffer.create({"obs": jnp.zeros(2, jnp.float32)}, 8).add({"obs": jnp.ones((3, 2), jnp.float32)})
-        s = b.sample(jax.random.key(0), 4)
+        s = b.sample(jax.random.key(0), 4, 0.4)
         b = b.set_priorities(s.indices, jnp.full(4, 2.0), s.generations)
         assert float(b.tree.total()) > 0
         assert float(SumTree.create(16).set(jnp.arange(3), jnp.ones(3)).total()) == 3.0
