@@ -913,22 +913,22 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         t = old._prepare(step, terminated, truncated, final_obs)[-1]
         new = old.add(step, terminated=terminated, truncated=truncated, final_obs=final_obs)
         e, n, w = old.num_envs, old.length, self.window_length
-        written = _ring.write_indices(old.head, t, n)
         phase = ((self.phase + t) % self.period).astype(jnp.int32)
-        # Newly completed windows, logical starts (new coordinates) v' - w - t + 1 + i, i < t.
-        logical = new.num_valid - w - t + 1 + jnp.arange(t, dtype=jnp.int32)
-        aligned = (phase - new.num_valid + logical) % self.period == 0
-        ok = (logical >= 0) & aligned
-        phys = _ring.logical_to_physical(logical, new.head, new.num_valid, n)
-        lane_base = (jnp.arange(e, dtype=jnp.int32) * n)[:, None]
-        idx = jnp.concatenate([(lane_base + written).reshape(-1), (lane_base + phys).reshape(-1)])
-        where = jnp.concatenate([jnp.ones((e * t,), bool), jnp.broadcast_to(ok, (e, t)).reshape(-1)])
+        # 2 E t tree writes, entry k = (part, lane, i): part 0 zeroes the overwritten start
+        # old.head + i of each lane; part 1 gives each lane's newly completed window, logical start
+        # (new coordinates) v' - w - t + 1 + i, the max priority if it is a window start. One
+        # elementwise expression of k (XLA: one or two kernels, not one per piece; every kernel
+        # is an executor step on CPU).
+        k = jnp.arange(2 * e * t, dtype=jnp.int32)
+        is_new, lane, i = k >= e * t, (k // t) % e, k % t
+        logical = new.num_valid - w - t + 1 + i
+        ok = (logical >= 0) & ((phase - new.num_valid + logical) % self.period == 0)
+        slot = jnp.where(is_new, _ring.logical_to_physical(logical, new.head, new.num_valid, n), (old.head + i) % n)
         fresh = priority_leaf(self.max_priority, self.priority_exponent)
-        is_new = jnp.arange(2 * e * t) >= e * t
-        vals = jnp.where(is_new, fresh, 0).astype(jnp.float32)
+        vals = jnp.where(is_new, jnp.where(ok, fresh, jnp.nan), 0).astype(jnp.float32)  # NaN: not written
         # O(E t log P). When window_length <= t a newly completed window can start at a slot written
-        # by this very add; it comes later in `idx` and the last write wins, so no set_unique here.
-        return self.replace(buffer=new, tree=self.tree.set(idx, vals, where))._with(phase=phase)
+        # by this very add; it comes later in the batch and the last write wins, so no set_unique here.
+        return self.replace(buffer=new, tree=self.tree.set(lane * n + slot, vals))._with(phase=phase)
 
     # ------------------------------------------------------------------ sample
     def _draw(self, key, batch_size: int, beta):
