@@ -53,7 +53,7 @@ def check_batch_fits(batch_size: int, capacity: int, what: str = "batch") -> Non
             f"split it or create the buffer with capacity >= {batch_size}"
         )
     if batch_size < 1:
-        raise ValueError(f"{what}: expected at least one item along the batch axis, got {batch_size}")
+        raise ValueError(f"{what}: expected at least one item, got {batch_size}")
 
 
 def write_indices(head: jax.Array, batch_size: int, capacity: int) -> jax.Array:

@@ -158,6 +158,18 @@ def static_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
+def static_bool(name: str, value) -> bool:
+    """A static flag: a Python (or numpy) bool, returned as ``bool``.
+
+    Raises:
+      TypeError: anything else, e.g. the string ``"False"`` (truthy) or a traced value; names the
+        argument.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a Python bool, got {value!r}")
+    return bool(value)
+
+
 _INT32 = np.iinfo(np.int32)
 _INT64 = np.iinfo(np.int64)
 

@@ -170,6 +170,53 @@ def _check_flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
     return jnp.asarray(flag)
 
 
+def prepare_add(spec, obs_key: str, num_envs: int, step, terminated, truncated, final_obs):
+    """Check the arguments of a trajectory buffer's ``add`` against the step ``spec`` (trace time)
+    and give them a time axis: ``(step, terminated, truncated, final_obs)``, leaves ``[E, t, ...]``
+    (``truncated`` and ``final_obs`` stay None when not given). Shared by the device and the
+    compressed buffers.
+
+    Raises:
+      TypeError: ``step`` not a dict, wrong structure or dtype, flags not bool, ``final_obs``
+        missing with ``truncated``.
+      ValueError: wrong shapes or ``num_envs``; ``final_obs`` without ``truncated`` or with other
+        leading axes than ``step`` (it is never broadcast).
+    """
+    if not isinstance(step, Mapping):
+        raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
+    step = dict(step)
+    # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the first leaf's rank.
+    leaves, spec0 = jax.tree.leaves(step), jax.tree.leaves(spec)[0]
+    nd = 2 if leaves and getattr(leaves[0], "ndim", -1) == len(spec0.shape) + 2 else 1
+    lead = _validate.check_batch(spec, step, nd, "step")
+    if lead[0] != num_envs:
+        raise ValueError(f"step: expected leading axis num_envs={num_envs}, got {lead[0]}")
+    terminated = _check_flag("terminated", terminated, lead)
+    if truncated is None:
+        if final_obs is not None:
+            raise ValueError("final_obs: given without truncated; pass truncated=... with it")
+    else:
+        truncated = _check_flag("truncated", truncated, lead)
+        if final_obs is None:
+            raise TypeError(
+                "final_obs: required when truncated is given: the true observation after each step, "
+                "before any auto-reset (read only where truncated); shaped like step[obs] "
+                f"(leading axes {list(lead)})"
+            )
+        got = _validate.check_batch(spec[obs_key], final_obs, nd, "final_obs")
+        if tuple(got) != tuple(lead):
+            raise ValueError(
+                f"final_obs: expected leading axes {list(lead)} like step (one observation per env"
+                f"{' and step' if nd == 2 else ''}), got {list(got)}"
+            )
+    if nd == 1:
+        ex = lambda x: jnp.expand_dims(jnp.asarray(x), 1)  # noqa: E731
+        step, terminated = jax.tree.map(ex, step), ex(terminated)
+        truncated = None if truncated is None else ex(truncated)
+        final_obs = None if final_obs is None else jax.tree.map(ex, final_obs)
+    return step, terminated, truncated, final_obs
+
+
 def _window_mask(ends: jax.Array) -> jax.Array:
     """``mask[..., j]`` = no episode end among steps ``[0, j)`` of the window (bool, same shape)."""
     # First end's position (L when none) by one min-reduction: a cumsum over the window lowers to
@@ -188,6 +235,9 @@ def _flat_take(x: jax.Array, flat: jax.Array) -> jax.Array:
 def _gamma(gamma, dtype) -> jax.Array:
     if gamma is None:
         raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
+    if isinstance(gamma, (bool, np.bool_)) or (isinstance(gamma, (jax.Array, np.ndarray)) and not jnp.issubdtype(gamma.dtype, jnp.floating)):
+        # a bool or an integer array is a mistake, not a discount (Python / numpy numbers are fine)
+        raise TypeError(f"gamma: expected a float in [0, 1] or a 0-d float array, got {gamma!r}")
     g = jnp.asarray(gamma)
     if g.ndim != 0:
         raise ValueError(f"gamma: expected a scalar, got shape {g.shape}")
@@ -216,12 +266,16 @@ def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array
 
       ``G`` and ``discount`` have the reward dtype, ``k`` is int32. (:func:`jaxbuffers.returns.n_step_returns`
       works on whole rollouts with values; this is the per-window form used at sample time.)
+      For rewards narrower than float32 (bfloat16, float16) ``gamma``, its powers and the sum are
+      computed in float32 and rounded once at the end: rounding ``gamma`` first (bfloat16 0.99 is
+      0.98828) compounds in ``gamma^k`` (k = 100: 0.309 instead of 0.366).
     """
     n = reward.shape[-1]
-    g = _gamma(gamma, reward.dtype)
+    acc = jnp.promote_types(reward.dtype, jnp.float32)  # float32, or float64 rewards kept
+    g = _gamma(gamma, acc)
     alive = _window_mask(terminated | truncated)  # step i counts iff no end in [0, i)
-    powers = g ** jnp.arange(n, dtype=reward.dtype)
-    ret = jnp.sum(jnp.where(alive, powers * reward, 0), axis=-1)
+    powers = g ** jnp.arange(n, dtype=acc)
+    ret = jnp.sum(jnp.where(alive, powers * reward.astype(acc), 0), axis=-1).astype(reward.dtype)
     k = jnp.sum(alive, axis=-1, dtype=jnp.int32)
     term_last = jnp.take_along_axis(terminated, (k - 1)[..., None], axis=-1)[..., 0]
     discount = jnp.where(term_last, 0, g**k).astype(reward.dtype)
@@ -273,7 +327,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
           num_envs: lanes (Python int >= 1).
           length: steps kept per lane (Python int >= 1); the oldest are overwritten first.
           final_obs_capacity: final observations kept per lane for truncated steps (K, see the
-            module docstring); ``None`` means ``length`` (always exact).
+            module docstring); ``None`` means ``length`` (always exact). A value above ``length``
+            is reduced to ``length``: a lane never holds more truncated steps than that, so the
+            extra slots would be memory never used.
           obs_key, action_key, reward_key: the field names.
 
         Raises:
@@ -283,6 +339,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         num_envs = _validate.static_int("num_envs", num_envs)
         length = _validate.static_int("length", length)
         k = length if final_obs_capacity is None else _validate.static_int("final_obs_capacity", final_obs_capacity)
+        k = min(k, length)  # a lane never holds more than `length` truncated steps: more slots would never be used
         if not isinstance(example_step, Mapping):
             raise TypeError(
                 f"example_step: expected a dict with fields {obs_key!r}, {action_key!r}, {reward_key!r} "
@@ -373,10 +430,16 @@ class TrajectoryBuffer(struct.PyTreeNode):
 
         For :meth:`sample_transitions` with ``n_step=n`` pass ``sequence_length=n + 1``. With
         ``cross_episodes=False`` it checks for a window wholly inside one episode (``O(num_envs *
-        length)``, like that sampling mode).
+        length)``, like that sampling mode). A ``sequence_length`` above ``length`` gives False
+        (no such window can exist; :meth:`sample_sequences` raises for it).
+
+        Raises (trace time):
+          ValueError: ``sequence_length`` or ``period`` not an int >= 1. TypeError:
+          ``cross_episodes`` not a bool.
         """
         sequence_length = _validate.static_int("sequence_length", sequence_length)
         period = _validate.static_int("period", period)
+        cross_episodes = _validate.static_bool("cross_episodes", cross_episodes)
         if sequence_length > self.length:
             return jnp.zeros((), bool)
         if cross_episodes:
@@ -386,36 +449,14 @@ class TrajectoryBuffer(struct.PyTreeNode):
     # ------------------------------------------------------------------ add
     def _prepare(self, step, terminated, truncated, final_obs):
         """Validate an add; return ``(step, terminated, truncated, final_obs, t)`` with a time axis."""
-        if not isinstance(step, Mapping):
-            raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
-        spec = self.step_spec
-        # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the first leaf's rank.
-        leaves, spec0 = jax.tree.leaves(dict(step)), jax.tree.leaves(spec)[0]
-        nd = 2 if leaves and getattr(leaves[0], "ndim", -1) == len(spec0.shape) + 2 else 1
-        lead = _validate.check_batch(spec, dict(step), nd, "step")
-        if lead[0] != self.num_envs:
-            raise ValueError(f"step: expected leading axis num_envs={self.num_envs}, got {lead[0]}")
-        t = 1 if nd == 1 else lead[1]
+        step, terminated, truncated, final_obs = prepare_add(
+            self.step_spec, self.obs_key, self.num_envs, step, terminated, truncated, final_obs
+        )
+        t = terminated.shape[1]
         _ring.check_batch_fits(t, self.length, "step chunk (time axis)")
-        terminated = _check_flag("terminated", terminated, lead)
         if truncated is None:
-            if final_obs is not None:
-                raise ValueError("final_obs: given without truncated; pass truncated=... with it")
-            truncated = jnp.zeros(lead, bool)
-        else:
-            truncated = _check_flag("truncated", truncated, lead)
-            if final_obs is None:
-                raise TypeError(
-                    "final_obs: required when truncated is given: the true observation after each step, "
-                    "before any auto-reset (read only where truncated); shaped like step[obs] "
-                    f"(leading axes {list(lead)})"
-                )
-            _validate.check_batch(spec[self.obs_key], final_obs, nd, "final_obs")
-        if nd == 1:
-            ex = lambda x: jnp.expand_dims(x, 1)  # noqa: E731
-            step, terminated, truncated = jax.tree.map(ex, dict(step)), ex(terminated), ex(truncated)
-            final_obs = None if final_obs is None else jax.tree.map(ex, final_obs)
-        return dict(step), terminated, truncated, final_obs, t
+            truncated = jnp.zeros_like(terminated)
+        return step, terminated, truncated, final_obs, t
 
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "TrajectoryBuffer":
         """Append one step or a chunk of steps to every lane.
@@ -591,7 +632,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         period = _validate.static_int("period", period)
         if sequence_length > self.length:
             raise ValueError(f"sequence_length: expected at most length={self.length}, got {sequence_length}")
-        if cross_episodes:
+        if _validate.static_bool("cross_episodes", cross_episodes):
             lanes, starts = self._uniform_positions(key, batch_size, sequence_length, period)
         else:
             lanes, starts = self._episode_positions(key, batch_size, sequence_length, period)
@@ -755,7 +796,10 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     over positive leaves), so ``w_i = (p_i^alpha / min_j p_j^alpha)^-beta``.
 
     To re-read sampled positions use ``self.buffer.transitions_at(indices, ...)`` /
-    ``self.buffer.sequences_at(indices, ...)`` (:class:`TrajectoryBuffer`).
+    ``self.buffer.sequences_at(indices, ...)`` (:class:`TrajectoryBuffer`). To ask whether a
+    position is valid here use ``priorities(indices) > 0``, not ``self.buffer.valid_starts(indices,
+    window_length, period=period)``: that counts ``period`` from the oldest stored step, so with
+    ``period > 1`` the two can disagree once the ring has wrapped.
 
     Priority policy (:meth:`set_priorities`), the same as :class:`jaxbuffers.PrioritisedReplayBuffer`'s:
     NaN -> current max priority; negative, zero or below ``epsilon`` -> ``epsilon``; above

@@ -856,3 +856,18 @@ def test_sample_transitions_from_host_equals_callback_and_refuses_tracing_and_st
         jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
     with pytest.raises(TypeError, match="cannot be traced"):
         jax.jit(lambda bf, k: bf.sample_transitions_from_host(k, 4, beta=0.4, gamma=0.5))(pbuf, jax.random.key(0))
+
+
+def test_final_obs_leading_axes_are_checked():
+    """The compressed buffer shares the device buffer's add checks: a final_obs with other leading
+    axes than the step is an error naming final_obs (it was broadcast to every lane)."""
+    import jaxbuffers as jb
+
+    ex = {"obs": jnp.zeros((4, 8, 8), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = jb.CompressedTrajectoryBuffer.create(ex, 2, 8, frame_stack=4, stack_axis=0, codec="rle")
+    step = {"obs": jnp.zeros((2, 4, 8, 8), jnp.uint8), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}
+    flags = dict(terminated=jnp.zeros(2, bool), truncated=jnp.ones(2, bool))
+    with pytest.raises(ValueError, match=r"final_obs: expected leading axes \[2\].*got \[1\]"):
+        buf.add(step, **flags, final_obs=jnp.zeros((1, 4, 8, 8), jnp.uint8))
+    buf.add(step, **flags, final_obs=jnp.ones((2, 4, 8, 8), jnp.uint8))  # the right shape is accepted
+    buf.close()

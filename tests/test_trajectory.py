@@ -536,6 +536,73 @@ def test_errors():
         buf.sample_transitions(jax.random.key(0), 4, n_step=1)
 
 
+def test_final_obs_must_match_the_steps_leading_axes():
+    """A final_obs with other leading axes than the step was broadcast: [1, ...] gave every lane
+    the same final observation, [E, 1, ...] every step of a chunk (found by the ninth session's
+    review); others failed with JAX's unnamed broadcasting error. Both buffers, jit or not."""
+    e = 3
+    buf = TrajectoryBuffer.create(EXAMPLE, e, 4)
+    pbuf = PrioritisedTrajectoryBuffer.create(EXAMPLE, e, 4, window_length=2)
+    step = {"obs": jnp.ones((e, OBS_DIM)), "action": jnp.zeros(e, jnp.int32), "reward": jnp.zeros(e)}
+    chunk = jax.tree.map(lambda x: jnp.stack([x] * 3, 1), step)
+    one, three = jnp.ones(e, bool), jnp.ones((e, 3), bool)
+    cases = [
+        (step, one, jnp.zeros((1, OBS_DIM)), r"\[3\].*got \[1\]"),
+        (step, one, jnp.zeros((e + 1, OBS_DIM)), r"\[3\].*got \[4\]"),
+        (chunk, three, jnp.zeros((e, 1, OBS_DIM)), r"\[3, 3\].*got \[3, 1\]"),
+        (chunk, three, jnp.zeros((e, 2, OBS_DIM)), r"\[3, 3\].*got \[3, 2\]"),
+    ]
+    for b in (buf, pbuf):
+        for s, flags, final, msg in cases:
+            def f(b, fo, s=s, flags=flags):
+                return b.add(s, terminated=~flags, truncated=flags, final_obs=fo)
+
+            with pytest.raises(ValueError, match="final_obs: expected leading axes " + msg):
+                f(b, final)
+            with pytest.raises(ValueError, match="final_obs: expected leading axes " + msg):
+                jax.jit(f)(b, final)
+    good = buf.add(chunk, terminated=~three, truncated=three, final_obs=jnp.arange(e * 3 * OBS_DIM, dtype=jnp.float32).reshape(e, 3, OBS_DIM))
+    assert len({tuple(np.asarray(good.final_obs[i, j]).tolist()) for i in range(e) for j in range(3)}) == 9
+
+
+def test_static_flag_and_gamma_types():
+    """cross_episodes must be a bool (the string "False" is truthy and sampled across episodes);
+    gamma must not be a bool or an integer array; final_obs_capacity above length is length."""
+    buf = TrajectoryBuffer.create(EXAMPLE, 1, 4)
+    for bad in ("False", 0, None, jnp.bool_(False)):
+        with pytest.raises(TypeError, match="cross_episodes: expected a Python bool"):
+            buf.can_sample(2, cross_episodes=bad)
+        with pytest.raises(TypeError, match="cross_episodes: expected a Python bool"):
+            buf.sample_sequences(jax.random.key(0), 4, 2, cross_episodes=bad)
+    assert not bool(buf.can_sample(2, cross_episodes=np.bool_(False)))
+    for bad in (True, jnp.int32(1), np.array(1), jnp.array([True])[0]):
+        with pytest.raises(TypeError, match="gamma: expected a float"):
+            buf.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=bad)
+    for ok in (1, 0, np.float32(0.5), jnp.float32(0.9), np.int64(1)):
+        buf.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=ok)
+    big = TrajectoryBuffer.create(EXAMPLE, 1, 4, final_obs_capacity=100)  # never more than length slots used
+    assert big.final_obs_capacity == 4 and big.final_obs.shape == (1, 4, OBS_DIM)
+    with pytest.raises(ValueError, match=r"step chunk \(time axis\): expected at least one item, got 0"):
+        buf.add({"obs": jnp.zeros((1, 0, OBS_DIM)), "action": jnp.zeros((1, 0), jnp.int32), "reward": jnp.zeros((1, 0))},
+                terminated=jnp.zeros((1, 0), bool))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_n_step_powers_of_gamma_are_not_rounded_first(dtype):
+    """bfloat16 rounds 0.99 to 0.98828; raising the rounded gamma to k = 100 gave 0.309 where
+    0.99**100 = 0.366 (16% off). The powers and the sum are float32, rounded once at the end."""
+    n = 100
+    r = jnp.ones((1, n), dtype)
+    f = jnp.zeros((1, n), bool)
+    g, d, k = n_step_window(r, f, f, 0.99)
+    assert g.dtype == dtype and d.dtype == dtype and int(k[0]) == n
+    want_d = np.float32(0.99) ** np.arange(n + 1, dtype=np.float32)
+    assert float(d[0]) == float(jnp.asarray(want_d[n], dtype))  # one rounding of the float32 value
+    assert abs(float(g[0]) - want_d[:n].sum()) <= 0.01 * want_d[:n].sum()
+    f32 = n_step_window(r.astype(jnp.float32), f, f, 0.99)
+    assert float(f32[1][0]) == pytest.approx(float(want_d[n]), rel=1e-6)
+
+
 def test_scan_matches_sequential_adds_and_vmap():
     rng = np.random.default_rng(1)
     chunks = [make_chunk(rng, 2, 1, i) for i in range(9)]

@@ -71,3 +71,12 @@ def test_item_spec_rejects_silent_narrowing():
 def test_nbytes():
     assert _validate.spec_nbytes(SPEC) == 6 + 16 + 4
     assert _validate.tree_nbytes(batch(10)) == 10 * 26
+
+
+def test_static_bool():
+    from jaxbuffers._validate import static_bool
+
+    assert static_bool("flag", True) is True and static_bool("flag", np.bool_(False)) is False
+    for bad in ("False", 0, 1, None, jnp.bool_(True)):
+        with pytest.raises(TypeError, match="flag: expected a Python bool"):
+            static_bool("flag", bad)

@@ -73,7 +73,7 @@ from jaxbuffers.trajectory import (
     SequenceSample,
     TrajectoryBuffer,
     TransitionSample,
-    _check_flag,
+    prepare_add,
 )
 
 __all__ = ["CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "DEFAULT_CODEC"]
@@ -392,35 +392,8 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
     # ------------------------------------------------------------------ add
     def _prepare(self, step, terminated, truncated, final_obs):
         """Validate against the user-facing spec; return everything with a time axis."""
-        if not isinstance(step, Mapping):
-            raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
         traj = self.trajectory
-        spec = self.step_spec
-        step = dict(step)
-        leaves, spec0 = jax.tree.leaves(step), jax.tree.leaves(spec)[0]
-        nd = 2 if leaves and getattr(leaves[0], "ndim", -1) == len(spec0.shape) + 2 else 1
-        lead = _validate.check_batch(spec, step, nd, "step")
-        if lead[0] != traj.num_envs:
-            raise ValueError(f"step: expected leading axis num_envs={traj.num_envs}, got {lead[0]}")
-        terminated = _check_flag("terminated", terminated, lead)
-        if truncated is None:
-            if final_obs is not None:
-                raise ValueError("final_obs: given without truncated; pass truncated=... with it")
-        else:
-            truncated = _check_flag("truncated", truncated, lead)
-            if final_obs is None:
-                raise TypeError(
-                    "final_obs: required when truncated is given: the true observation after each step, "
-                    "before any auto-reset (read only where truncated); shaped like step[obs]"
-                )
-            _validate.check_batch(spec[traj.obs_key], final_obs, nd, "final_obs")
-        if nd == 1:
-            ex = lambda x: jnp.expand_dims(jnp.asarray(x), 1)  # noqa: E731
-            step = jax.tree.map(ex, step)
-            terminated = ex(terminated)
-            truncated = None if truncated is None else ex(truncated)
-            final_obs = None if final_obs is None else jax.tree.map(ex, final_obs)
-        return step, terminated, truncated, final_obs
+        return prepare_add(self.step_spec, traj.obs_key, traj.num_envs, step, terminated, truncated, final_obs)
 
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """Append one step ``[num_envs, ...]`` or a chunk ``[num_envs, t, ...]`` to every lane.
