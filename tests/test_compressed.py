@@ -871,3 +871,20 @@ def test_final_obs_leading_axes_are_checked():
         buf.add(step, **flags, final_obs=jnp.zeros((1, 4, 8, 8), jnp.uint8))
     buf.add(step, **flags, final_obs=jnp.ones((2, 4, 8, 8), jnp.uint8))  # the right shape is accepted
     buf.close()
+
+
+def test_create_sizes_are_python_ints_and_the_final_ring_is_at_most_length():
+    """num_envs / length / final_obs_capacity went through int(): 8.7 became 8 silently; they are
+    checked as everywhere else. A final-frame ring above length is length (as the device buffer)."""
+    import jaxbuffers as jb
+
+    ex = {"obs": jnp.zeros((4, 8, 8), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    kw = dict(frame_stack=4, stack_axis=0, codec="rle")
+    for bad in (dict(num_envs=2.0), dict(length=8.7), dict(final_obs_capacity=2.5), dict(final_obs_capacity=0)):
+        args = {"num_envs": 2, "length": 8, **bad}
+        name = next(iter(bad))
+        with pytest.raises(ValueError, match=f"{name}: expected a Python int"):
+            jb.CompressedTrajectoryBuffer.create(ex, args.pop("num_envs"), args.pop("length"), **kw, **args)
+    buf = jb.CompressedTrajectoryBuffer.create(ex, 2, 8, final_obs_capacity=50, **kw)
+    assert buf.final_obs_capacity == 8
+    buf.close()

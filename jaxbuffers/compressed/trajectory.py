@@ -105,9 +105,7 @@ def _build(
         raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
     if obs_key not in example_step:
         raise ValueError(f"example_step: missing field {obs_key!r} (got fields {sorted(example_step)})")
-    num_envs, length = int(num_envs), int(length)
-    if num_envs < 1 or length < 1:
-        raise ValueError(f"num_envs, length: expected ints >= 1, got {num_envs}, {length}")
+    num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
     if padding not in ("reset", "zero"):
         raise ValueError(f"padding: expected 'reset' (repeat the episode's first frame, Gymnasium's default) or 'zero', got {padding!r}")
     k = 1
@@ -115,9 +113,8 @@ def _build(
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
             raise ValueError(f"frame_stack: expected an int >= 1 (frames per observation) or None, got {frame_stack!r}")
         k = int(frame_stack)
-    kcap = length if final_obs_capacity is None else int(final_obs_capacity)
-    if kcap < 1:
-        raise ValueError(f"final_obs_capacity: expected an int >= 1, got {final_obs_capacity!r}")
+    # as TrajectoryBuffer.create: at most `length` (more slots would never be used)
+    kcap = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
     spec = _validate.item_spec(dict(example_step), "example_step")
     obs_spec = spec[obs_key]
     what = f"example_step[{obs_key!r}]"
