@@ -638,7 +638,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
             lanes, starts = self._episode_positions(key, batch_size, sequence_length, period)
         return self._sequences(lanes, starts, sequence_length)
 
-    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma=None) -> TransitionSample:
+    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> TransitionSample:
         """Sample ``batch_size`` n-step transitions uniformly over valid (lane, step) positions.
 
         Position ``t`` is valid when steps ``t .. t + n_step`` are stored (a window of ``n_step + 1``
@@ -650,10 +650,15 @@ class TrajectoryBuffer(struct.PyTreeNode):
 
         Args:
           key: PRNG key. batch_size, n_step: static Python ints >= 1 (``n_step < length``).
-          gamma: discount in [0, 1], Python float or 0-d array (may be traced).
+          gamma: discount in [0, 1], Python float or 0-d float array (may be traced). Required.
 
         Returns:
           :class:`TransitionSample`. Check ``can_sample(n_step + 1)`` first.
+
+        Raises (trace time):
+          ValueError: ``batch_size`` / ``n_step`` not an int >= 1, ``n_step >= length``, a
+          concrete ``gamma`` outside [0, 1] or not a scalar. TypeError: ``gamma`` missing, a bool
+          or an integer array.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         n_step = _validate.static_int("n_step", n_step)

@@ -578,7 +578,7 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         s = self.buffer.sample_sequences(key, batch_size, sequence_length, period=period, cross_episodes=cross_episodes)
         return self._decode_sequences(s)
 
-    def sample_transitions_from_host(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma=None) -> TransitionSample:
+    def sample_transitions_from_host(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> TransitionSample:
         """:meth:`sample_transitions` for Python-driven loops; not traceable. Same arguments and
         the same result (bit for bit, tested) for the same buffer and key.
 
@@ -636,7 +636,7 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
                 out[j].append(_common.finish(jax.device_put(frames), info, lead, None, self.normalize_images))
         return out
 
-    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma=None) -> TransitionSample:
+    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> TransitionSample:
         """:meth:`jaxbuffers.TrajectoryBuffer.sample_transitions`, ``obs`` / ``next_obs`` decoded.
 
         ``next_obs`` after a truncation is the true final observation (its stack rebuilt from the
