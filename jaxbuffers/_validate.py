@@ -177,7 +177,7 @@ _INT64 = np.iinfo(np.int64)
 def as_array(x: Any) -> Any:
     """``x`` itself if it is an array (JAX or numpy, its dtype kept); a sequence holding JAX
     arrays or tracers (e.g. ``[i, 1]`` built inside ``jit``) through ``jnp.asarray``; anything
-    else through ``np.asarray`` (Python ints beyond the 64-bit range clipped to int64).
+    else through ``np.asarray``.
 
     For checking an argument's shape and dtype before anything narrows it: ``jnp.asarray`` of a
     numpy int64 array gives int32 when x64 is off, wrapping large values."""
@@ -185,10 +185,16 @@ def as_array(x: Any) -> Any:
         return x
     if any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(x)):
         return jnp.asarray(x)
-    out = np.asarray(x)
-    if out.dtype == object and out.size and all(_is_python_int(v) for v in out.flat):
-        # Python ints beyond the 64-bit range (numpy keeps them as objects): clipped to int64,
-        # which keeps an out-of-range index out of range (see int32_indices).
+    return np.asarray(x)
+
+
+def index_array(x: Any) -> Any:
+    """:func:`as_array` for index arguments: Python ints beyond the 64-bit range (numpy keeps
+    them as objects) are clipped to int64, so an index out of range stays out of range once
+    :func:`int32_indices` saturates it. (Not for values compared modulo ``2**32``, such as
+    generations: clipping would change their residue.)"""
+    out = as_array(x)
+    if isinstance(out, np.ndarray) and out.dtype == object and out.size and all(_is_python_int(v) for v in out.flat):
         out = np.array([min(max(int(v), _INT64.min), _INT64.max) for v in out.flat], np.int64).reshape(out.shape)
     return out
 
@@ -209,7 +215,7 @@ def int32_indices(indices: Any) -> jax.Array:
     an argument of a *jitted* function is narrowed by JAX at the call boundary, before any
     library code runs; pass int32 there, or enable x64.
     """
-    x = as_array(indices)
+    x = index_array(indices)
     xp = jnp if isinstance(x, jax.Array) else np  # numpy input is saturated before JAX sees it
     info = np.iinfo(x.dtype)
     if info.max > _INT32.max:
@@ -223,7 +229,7 @@ def integer_indices(name: str, indices) -> jax.Array:
     """``indices`` (an integer array of any shape and integer dtype) as int32, values outside
     int32's range saturated (:func:`int32_indices`). Raises TypeError naming
     ``name`` for a non-integer dtype."""
-    indices = as_array(indices)
+    indices = index_array(indices)
     if not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an integer dtype (int32), got {indices.dtype}")
     return int32_indices(indices)

@@ -486,7 +486,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         Raises (at trace time):
           ValueError / TypeError: an argument not 1-D, lengths differ, wrong dtype kind.
         """
-        indices, priorities, generations = (_validate.as_array(x) for x in (indices, priorities, generations))
+        indices = _validate.index_array(indices)
+        priorities, generations = _validate.as_array(priorities), _validate.as_array(generations)
         if len(indices.shape) != 1:
             raise ValueError(f"indices: expected a 1-D int array [B], got shape {indices.shape}")
         (b,) = indices.shape

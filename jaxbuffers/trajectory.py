@@ -170,7 +170,7 @@ def _check_flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
     return jnp.asarray(flag)
 
 
-def prepare_add(spec, obs_key: str, num_envs: int, step, terminated, truncated, final_obs):
+def prepare_add(spec, obs_key: str, num_envs: int, length: int, step, terminated, truncated, final_obs):
     """Check the arguments of a trajectory buffer's ``add`` against the step ``spec`` (trace time)
     and give them a time axis: ``(step, terminated, truncated, final_obs)``, leaves ``[E, t, ...]``
     (``truncated`` and ``final_obs`` stay None when not given). Shared by the device and the
@@ -179,8 +179,9 @@ def prepare_add(spec, obs_key: str, num_envs: int, step, terminated, truncated, 
     Raises:
       TypeError: ``step`` not a dict, wrong structure or dtype, flags not bool, ``final_obs``
         missing with ``truncated``.
-      ValueError: wrong shapes or ``num_envs``; ``final_obs`` without ``truncated`` or with other
-        leading axes than ``step`` (it is never broadcast).
+      ValueError: wrong shapes or ``num_envs``; a chunk of ``t < 1`` or ``t > length`` steps;
+        ``final_obs`` without ``truncated`` or with other leading axes than ``step`` (it is never
+        broadcast).
     """
     if not isinstance(step, Mapping):
         raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
@@ -191,6 +192,7 @@ def prepare_add(spec, obs_key: str, num_envs: int, step, terminated, truncated, 
     lead = _validate.check_batch(spec, step, nd, "step")
     if lead[0] != num_envs:
         raise ValueError(f"step: expected leading axis num_envs={num_envs}, got {lead[0]}")
+    _ring.check_batch_fits(1 if nd == 1 else lead[1], length, "step chunk (time axis)")
     terminated = _check_flag("terminated", terminated, lead)
     if truncated is None:
         if final_obs is not None:
@@ -235,8 +237,9 @@ def _flat_take(x: jax.Array, flat: jax.Array) -> jax.Array:
 def _gamma(gamma, dtype) -> jax.Array:
     if gamma is None:
         raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
-    if isinstance(gamma, (bool, np.bool_)) or (isinstance(gamma, (jax.Array, np.ndarray)) and not jnp.issubdtype(gamma.dtype, jnp.floating)):
-        # a bool or an integer array is a mistake, not a discount (Python / numpy numbers are fine)
+    if isinstance(gamma, (bool, np.bool_)) or getattr(gamma, "dtype", None) == np.bool_:
+        # a flag passed by mistake; an integer discount (0 or 1, also a Python int traced by jit
+        # into an int32 tracer) is a number like any other
         raise TypeError(f"gamma: expected a float in [0, 1] or a 0-d float array, got {gamma!r}")
     g = jnp.asarray(gamma)
     if g.ndim != 0:
@@ -450,10 +453,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
     def _prepare(self, step, terminated, truncated, final_obs):
         """Validate an add; return ``(step, terminated, truncated, final_obs, t)`` with a time axis."""
         step, terminated, truncated, final_obs = prepare_add(
-            self.step_spec, self.obs_key, self.num_envs, step, terminated, truncated, final_obs
+            self.step_spec, self.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
         )
         t = terminated.shape[1]
-        _ring.check_batch_fits(t, self.length, "step chunk (time axis)")
         if truncated is None:
             truncated = jnp.zeros_like(terminated)
         return step, terminated, truncated, final_obs, t
@@ -671,7 +673,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
 
     # ------------------------------------------------------------------ reads at given positions
     def _split_indices(self, indices) -> tuple[jax.Array, jax.Array]:
-        indices = _validate.as_array(indices)
+        indices = _validate.index_array(indices)
         if indices.ndim != 1:
             raise ValueError(f"indices: expected a 1-D array [B] of flat positions (lane * length + slot), got shape {indices.shape}")
         flat = jnp.clip(_validate.integer_indices("indices", indices), 0, self.num_envs * self.length - 1)
@@ -1034,7 +1036,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         differs), when its window is not valid now (leaf is 0), or when the index is out of range.
         Duplicate indices: the last entry wins; ``max_priority`` grows to the largest priority actually written.
         """
-        indices = _validate.as_array(indices)
+        indices = _validate.index_array(indices)
         priorities = jnp.asarray(priorities)
         generations = jnp.asarray(generations)
         if indices.ndim != 1 or priorities.shape != indices.shape or generations.shape != indices.shape:

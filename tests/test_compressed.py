@@ -870,6 +870,9 @@ def test_final_obs_leading_axes_are_checked():
     with pytest.raises(ValueError, match=r"final_obs: expected leading axes \[2\].*got \[1\]"):
         buf.add(step, **flags, final_obs=jnp.zeros((1, 4, 8, 8), jnp.uint8))
     buf.add(step, **flags, final_obs=jnp.ones((2, 4, 8, 8), jnp.uint8))  # the right shape is accepted
+    empty = jax.tree.map(lambda x: x[:, None][:, :0], step)  # a chunk of 0 steps: was an IndexError
+    with pytest.raises(ValueError, match=r"step chunk \(time axis\): expected at least one item, got 0"):
+        buf.add(empty, terminated=jnp.zeros((2, 0), bool))
     buf.close()
 
 

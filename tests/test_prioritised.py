@@ -679,12 +679,12 @@ def test_python_ints_beyond_64_bits_are_out_of_range_indices():
     "expected an integer dtype, got object"; they are indices out of range like any other:
     ignored by writes, read as 0 by priorities, clipped by sequence reads."""
     from jaxbuffers import TrajectoryBuffer
-    from jaxbuffers._validate import as_array
+    from jaxbuffers._validate import index_array
 
-    got = as_array([2**70, -(2**70), 3])
+    got = index_array([2**70, -(2**70), 3])
     assert got.dtype == np.int64 and got.tolist() == [2**63 - 1, -(2**63), 3]
-    assert as_array([[2**64], [1]]).shape == (2, 1)
-    assert as_array([True, False]).dtype == np.bool_  # bools are not ints here
+    assert index_array([[2**64], [1]]).shape == (2, 1)
+    assert index_array([True, False]).dtype == np.bool_  # bools are not ints here
     buf = PrioritisedReplayBuffer.create({"obs": jnp.zeros(2, jnp.float32)}, 8, priority_exponent=1.0)
     buf = buf.add({"obs": jnp.ones((8, 2), jnp.float32)})
     np.testing.assert_array_equal(np.asarray(buf.priorities([2**70, -(2**70), 2])), [0.0, 0.0, 1.0])
@@ -692,6 +692,9 @@ def test_python_ints_beyond_64_bits_are_out_of_range_indices():
     np.testing.assert_array_equal(np.asarray(out.tree.nodes), np.asarray(buf.tree.nodes))
     with pytest.raises(TypeError, match="indices: expected an integer dtype"):
         buf.priorities([2**70, 1.5])
+    # generations compare modulo 2**32, so clipping would change them: still rejected
+    with pytest.raises(TypeError, match="generations: expected an integer"):
+        buf.set_priorities([0], [5.0], [2**70])
     step = {"obs": jnp.ones((2, 2), jnp.float32), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}
     t = TrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 2, 10)
     t = t.add(step, terminated=jnp.zeros(2, bool))

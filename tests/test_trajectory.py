@@ -567,7 +567,7 @@ def test_final_obs_must_match_the_steps_leading_axes():
 
 def test_static_flag_and_gamma_types():
     """cross_episodes must be a bool (the string "False" is truthy and sampled across episodes);
-    gamma must not be a bool or an integer array; final_obs_capacity above length is length."""
+    gamma must not be a bool (integers are discounts too); final_obs_capacity above length is length."""
     buf = TrajectoryBuffer.create(EXAMPLE, 1, 4)
     for bad in ("False", 0, None, jnp.bool_(False)):
         with pytest.raises(TypeError, match="cross_episodes: expected a Python bool"):
@@ -575,11 +575,13 @@ def test_static_flag_and_gamma_types():
         with pytest.raises(TypeError, match="cross_episodes: expected a Python bool"):
             buf.sample_sequences(jax.random.key(0), 4, 2, cross_episodes=bad)
     assert not bool(buf.can_sample(2, cross_episodes=np.bool_(False)))
-    for bad in (True, jnp.int32(1), np.array(1), jnp.array([True])[0]):
+    for bad in (True, np.bool_(False), np.array(True), jnp.array([True])[0]):
         with pytest.raises(TypeError, match="gamma: expected a float"):
             buf.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=bad)
-    for ok in (1, 0, np.float32(0.5), jnp.float32(0.9), np.int64(1)):
+    for ok in (1, 0, np.float32(0.5), jnp.float32(0.9), np.int64(1), jnp.int32(1), np.array(1)):
         buf.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=ok)
+    # a Python int traced by jit is an int32 tracer: still a discount (a regression caught in review)
+    jax.jit(lambda b, g: b.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=g))(buf, 1)
     big = TrajectoryBuffer.create(EXAMPLE, 1, 4, final_obs_capacity=100)  # never more than length slots used
     assert big.final_obs_capacity == 4 and big.final_obs.shape == (1, 4, OBS_DIM)
     with pytest.raises(ValueError, match=r"step chunk \(time axis\): expected at least one item, got 0"):

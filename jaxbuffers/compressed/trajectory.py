@@ -390,7 +390,7 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
     def _prepare(self, step, terminated, truncated, final_obs):
         """Validate against the user-facing spec; return everything with a time axis."""
         traj = self.trajectory
-        return prepare_add(self.step_spec, traj.obs_key, traj.num_envs, step, terminated, truncated, final_obs)
+        return prepare_add(self.step_spec, traj.obs_key, traj.num_envs, traj.length, step, terminated, truncated, final_obs)
 
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """Append one step ``[num_envs, ...]`` or a chunk ``[num_envs, t, ...]`` to every lane.
