@@ -659,8 +659,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
 
         Raises (trace time):
           ValueError: ``batch_size`` / ``n_step`` not an int >= 1, ``n_step >= length``, a
-          concrete ``gamma`` outside [0, 1] or not a scalar. TypeError: ``gamma`` missing, a bool
-          or an integer array.
+          concrete ``gamma`` outside [0, 1] or not a scalar. TypeError: ``gamma`` missing or a
+          bool.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         n_step = _validate.static_int("n_step", n_step)
