@@ -90,13 +90,26 @@ def write(storage: jax.Array, batch: jax.Array, head: jax.Array, axis: int = 0) 
     Cost is O(batch): a scatter with unique in-bounds indices (a slice update when ``batch_size`` is
     1), which XLA performs in place when the storage is donated. A ``lax.cond`` between a slice
     update and a scatter was measured 2-20x slower on CPU (the conditional's overhead and copies).
+
+    With ``axis > 0`` and rows with axes of their own (e.g. per-lane ``[E, length, 17]``
+    storage), the leading axes are flattened and the ``E * batch_size`` rows are scattered one by
+    one into the ``[E * length, ...]`` view (a free reshape): on CPU the scatter along ``axis``
+    moved each ``[E, ...]`` window strided and took 2x as long for 17 floats and 8x for Atari
+    frames (chunk of 16 steps x 8 lanes, measured 1.33 -> 0.62 us and 3.06 -> 0.38 ms). Scalar
+    rows keep the scatter along ``axis`` (0.19 us against 0.34-0.40 for the flat one).
     """
     capacity = storage.shape[axis]
     if batch.shape[axis] == 1:  # cannot wrap: a plain slice update (measured faster for big rows)
         return jax.lax.dynamic_update_slice_in_dim(storage, batch, jnp.asarray(head, jnp.int32), axis)
     idx = write_indices(head, batch.shape[axis], capacity)
+    put = dict(unique_indices=True, mode="promise_in_bounds")
+    if axis > 0 and storage.ndim > axis + 1:
+        lead = int(np.prod(storage.shape[:axis]))
+        flat = (jnp.arange(lead, dtype=jnp.int32)[:, None] * capacity + idx[None, :]).reshape(-1)
+        rows = storage.reshape((lead * capacity,) + storage.shape[axis + 1 :])
+        return rows.at[flat].set(batch.reshape((flat.shape[0],) + batch.shape[axis + 1 :]), **put).reshape(storage.shape)
     where = (slice(None),) * axis + (idx,)
-    return storage.at[where].set(batch, unique_indices=True, mode="promise_in_bounds")
+    return storage.at[where].set(batch, **put)
 
 
 def oldest(head: jax.Array, num_valid: jax.Array, capacity: int) -> jax.Array:

@@ -106,6 +106,25 @@ def test_write_along_lane_axis():
     assert np.asarray(out).tolist() == [[3, 0, 0, 1, 2], [6, 0, 0, 4, 5]]
 
 
+@pytest.mark.parametrize("row", [(), (1,), (3,), (2, 3)])
+@pytest.mark.parametrize("lead", [(1,), (3,), (2, 3)])
+def test_write_along_later_axis_matches_numpy(lead, row):
+    # Rows of more than one element take the flattened-rows scatter, scalar rows the scatter along
+    # the axis: both must write exactly the slots (head + i) % capacity of every lane, wrap included.
+    capacity, axis = 5, len(lead)
+    rng = np.random.default_rng(0)
+    storage = rng.integers(0, 100, (*lead, capacity, *row)).astype(np.int32)
+    jitted = jax.jit(_ring.write, static_argnames="axis")
+    for t, head in itertools.product([1, 2, 4, 5], range(capacity)):
+        batch = rng.integers(100, 200, (*lead, t, *row)).astype(np.int32)
+        want = storage.copy()
+        for i in range(t):
+            want[(slice(None),) * axis + ((head + i) % capacity,)] = batch[(slice(None),) * axis + (i,)]
+        for write in (_ring.write, jitted):
+            got = write(jnp.asarray(storage), jnp.asarray(batch), jnp.int32(head), axis=axis)
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"t={t} head={head} {write}")
+
+
 def test_counter_never_overflows_int32():
     c = _ring.counter_zero()
     add = jax.jit(_ring.counter_add)
