@@ -184,7 +184,7 @@ class ReplayBuffer(struct.PyTreeNode):
 
     def _write(self, batch: Any) -> "ReplayBuffer":
         """The items of a checked ``batch`` written to slots ``head, head + 1, ...``; cursors unchanged."""
-        return self.replace(storage=jax.tree.map(lambda s, x: _ring.write(s, x, self.head), self.storage, batch))
+        return self.replace(storage=_ring.write(self.storage, batch, self.head))
 
     def _advance(self, b: int) -> "ReplayBuffer":
         """The cursors moved past ``b`` newly written items (trailing words of ``counters`` kept)."""

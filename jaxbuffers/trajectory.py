@@ -482,7 +482,6 @@ class TrajectoryBuffer(struct.PyTreeNode):
         """
         step, terminated, truncated, final_obs, t = self._prepare(step, terminated, truncated, final_obs)
         e, n, kcap = self.num_envs, self.length, self.final_obs_capacity
-        storage = jax.tree.map(lambda s, x: _ring.write(s, x, self.head, axis=1), self.storage, step)
 
         # Final-observation ring: one slot per step that bootstraps from its final obs.
         boot = truncated & ~terminated  # [E, t]
@@ -490,6 +489,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         n_new = cum[:, -1]
         slot = (self.final_head[:, None] + cum - 1) % kcap
         meta = terminated.astype(jnp.int32) | (truncated.astype(jnp.int32) << 1) | (jnp.where(boot, slot, 0) << 2)
+        storage, meta = _ring.write((self.storage, self.meta), (step, meta), self.head, axis=1)
         store = self.final_obs
         if final_obs is not None:
             # One scatter that skips (mode="drop") every step without a truncation. A lane with more
@@ -513,7 +513,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         final_head = (self.final_head + n_new) % kcap
         return self.replace(
             storage=storage,
-            meta=_ring.write(self.meta, meta, self.head, axis=1),
+            meta=meta,
             final_obs=store,
             counters=_ring.pack_cursors(
                 head, num_valid, _ring.counter_add(self.added, t), final_head, self.counters[_ring.CURSORS + self.num_envs :]

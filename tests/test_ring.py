@@ -163,3 +163,14 @@ def test_last_item_number_wraps_in_int32():
     got = int(_ring.last_item_number(counter, jnp.int32(0), jnp.array([3]), 4)[0])
     want = ((2**31 + 5 - 1 - ((0 - 1 - 3) % 4)) + 2**31) % 2**32 - 2**31
     assert got == want
+
+
+def test_write_pytree_equals_leaf_by_leaf():
+    # One call for a whole storage pytree (indices shared) writes what per-leaf calls write.
+    rng = np.random.default_rng(1)
+    storage = {"obs": jnp.asarray(rng.normal(size=(3, 7, 2, 2)), jnp.float32), "flag": jnp.zeros((3, 7), jnp.int32)}
+    for t in (1, 4):
+        batch = {"obs": jnp.ones((3, t, 2, 2), jnp.float32), "flag": jnp.full((3, t), 5, jnp.int32)}
+        got = _ring.write(storage, batch, jnp.int32(5), axis=1)
+        for k in storage:
+            np.testing.assert_array_equal(got[k], _ring.write(storage[k], batch[k], jnp.int32(5), axis=1))

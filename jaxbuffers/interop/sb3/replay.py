@@ -83,9 +83,7 @@ __all__ = ["JaxReplayBuffer", "JaxDictReplayBuffer", "FieldView", "sb3_replay_nb
 def _add_row(state: _replay.ReplayBuffer, row: Any, next_obs: Any, next_in_obs: bool) -> _replay.ReplayBuffer:
     state = state.add(jax.tree.map(lambda x: x[None], row))
     if next_in_obs:  # optimize_memory_usage: next_obs goes to the next row's observation slot
-        obs = jax.tree.map(
-            lambda s, x: _ring.write(s, x[None], state.head), state.storage["observations"], next_obs
-        )
+        obs = _ring.write(state.storage["observations"], jax.tree.map(lambda x: x[None], next_obs), state.head)
         state = state.replace(storage={**state.storage, "observations": obs})
     return state
 
