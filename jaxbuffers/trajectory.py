@@ -337,12 +337,18 @@ class TrajectoryBuffer(struct.PyTreeNode):
 
         Raises:
           TypeError: ``example_step`` is not a dict, a leaf is not an array, reward not floating.
-          ValueError: a size is not a positive int, a required field is missing, reward not scalar.
+          ValueError: a size is not a positive int, ``num_envs * length`` above ``2**31 - 1`` (positions
+            are int32 ``lane * length + slot``), a required field is missing, reward not scalar.
         """
         num_envs = _validate.static_int("num_envs", num_envs)
         length = _validate.static_int("length", length)
         k = length if final_obs_capacity is None else _validate.static_int("final_obs_capacity", final_obs_capacity)
         k = min(k, length)  # a lane never holds more than `length` truncated steps: more slots would never be used
+        if num_envs * length > 2**31 - 1:
+            raise ValueError(
+                f"num_envs * length: expected at most 2**31 - 1 steps in all (positions are int32 lane * length + slot), "
+                f"got {num_envs} * {length} = {num_envs * length}"
+            )
         if not isinstance(example_step, Mapping):
             raise TypeError(
                 f"example_step: expected a dict with fields {obs_key!r}, {action_key!r}, {reward_key!r} "

@@ -512,6 +512,9 @@ def test_errors():
         TrajectoryBuffer.create(jnp.zeros(3), 1, 4)
     with pytest.raises(ValueError, match="floating scalar"):
         TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.zeros(2)}, 1, 4)
+    # positions lane * length + slot are int32: refused before anything is allocated
+    with pytest.raises(ValueError, match=r"num_envs \* length: expected at most 2\*\*31 - 1 .* = 2147549184"):
+        TrajectoryBuffer.create(EXAMPLE, 2**16, 2**15 + 1)
     buf = TrajectoryBuffer.create(EXAMPLE, 2, 4)
     step = {"obs": np.zeros((2, OBS_DIM), np.float32), "action": np.zeros(2, np.int32), "reward": np.zeros(2, np.float32)}
     f = np.zeros(2, bool)
