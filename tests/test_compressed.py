@@ -657,8 +657,7 @@ def _device_leaves_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=NO_SHRINK)
-@given(
+_staging_strategy = given(
     seed=st.integers(0, 2**31 - 1),
     num_envs=st.integers(1, 2),
     length=st.integers(3, 9),
@@ -670,8 +669,23 @@ def _device_leaves_equal(a, b):
     padding=st.sampled_from(["reset", "zero"]),
     normalize=st.booleans(),
 )
-def test_staging_writer_equals_one_step_adds(seed, num_envs, length, steps, max_pending, use_trunc, dict_obs, layout,
-                                             padding, normalize):
+
+
+# ~5 s an example (each draws new shapes and options, so new compiles): 8 here, 60 in the slow run.
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=NO_SHRINK)
+@_staging_strategy
+def test_staging_writer_equals_one_step_adds(**kw):
+    _check_staging(**kw)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=NO_SHRINK)
+@_staging_strategy
+def test_staging_writer_equals_one_step_adds_many(**kw):
+    _check_staging(**kw)
+
+
+def _check_staging(seed, num_envs, length, steps, max_pending, use_trunc, dict_obs, layout, padding, normalize):
     """Staged adds == one-step adds (device state and samples), and the writer's sample (a cached
     jit), the eager host-side sample (sample_transitions_from_host) and the callback
     sample_transitions agree bit for bit."""
