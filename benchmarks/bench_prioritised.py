@@ -5,7 +5,8 @@ Cases:
   * add, B in {1, 8, 256}: K adds inside one jitted ``lax.scan`` ("scan") and one jitted call per
     add from Python ("call"); items/s.
   * sample, batch 256 (ours also computes importance weights; flashbax returns probabilities
-    only); items/s.
+    only); items/s: one jitted call per sample from Python, and (``.../scan``) K samples inside one
+    jitted ``lax.scan``; vector items also at batch 1024 (per call and in a scan).
   * set_priorities, batch 256 at sampled indices; updates/s: one jitted call per update from Python
     ("call", includes dispatch) and K updates inside one jitted ``lax.scan`` ("scan", the cost
     inside a training step).
@@ -56,6 +57,10 @@ class Ours:
     def sample(self, state, key):
         return self._sample(state, key)
 
+    @staticmethod
+    def sample_fn(batch_size):
+        return lambda s, k: s.sample(k, batch_size, BETA)
+
     def set_priorities(self, state, indices, generations, p):
         return self._set(state, indices, generations, p)
 
@@ -67,10 +72,11 @@ class Flashbax:
     name = "flashbax_prioritised_item"
 
     def __init__(self, item, capacity):
-        self.buf = fbx.make_prioritised_item_buffer(
+        self.kwargs = dict(
             max_length=capacity, min_length=1, sample_batch_size=SAMPLE, add_sequences=True,
             priority_exponent=ALPHA, device="cpu",
         )
+        self.buf = fbx.make_prioritised_item_buffer(**self.kwargs)
         self.state = self.buf.init(item)
         self.add = jax.jit(self.buf.add, donate_argnums=0)
         self._sample = jax.jit(self.buf.sample)
@@ -81,6 +87,11 @@ class Flashbax:
 
     def sample(self, state, key):
         return self._sample(state, key)
+
+    def sample_fn(self, batch_size):
+        # flashbax fixes the batch size when the buffer is made; the state is the same pytree
+        buf = self.buf if batch_size == SAMPLE else fbx.make_prioritised_item_buffer(**{**self.kwargs, "sample_batch_size": batch_size})
+        return buf.sample
 
     def set_priorities(self, state, indices, generations, p):
         return self._set(state, indices, generations, p)
@@ -117,18 +128,29 @@ def add_runs(impls, batch, mode: str, n: int) -> dict:
     return runs
 
 
-def sample_runs(impls, calls: int) -> dict:
-    keys = list(jax.random.split(jax.random.key(0), calls))
+def sample_runs(impls, calls: int, batch_size: int = SAMPLE, mode: str = "call") -> dict:
+    """Per implementation: ``calls`` samples of ``batch_size``, as jitted calls ("call") or inside
+    one jitted scan ("scan"; every leaf of each sample is summed, so none of it is dead code)."""
+    keys = jax.random.split(jax.random.key(0), calls)
     runs = {}
     for impl in impls:
+        fn = impl.sample_fn(batch_size)
+        if mode == "scan":
+            def body(acc, k, fn=fn, s=None):
+                return acc + sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(fn(s, k))), None
 
-        def run(impl=impl):
-            out = None
-            for k in keys:
-                out = impl.sample(impl.state, k)
-            jax.block_until_ready(out)
+            f = jax.jit(lambda s, ks, body=body: jax.lax.scan(lambda acc, k: body(acc, k, s=s), jnp.float32(0), ks)[0])
+            runs[impl.name] = lambda f=f, impl=impl: jax.block_until_ready(f(impl.state, keys))
+        else:
+            f = jax.jit(fn) if batch_size != SAMPLE else impl.sample
 
-        runs[impl.name] = run
+            def run(impl=impl, f=f):
+                out = None
+                for k in keys:
+                    out = f(impl.state, k)
+                jax.block_until_ready(out)
+
+            runs[impl.name] = run
     return runs
 
 
@@ -195,6 +217,9 @@ def main():
         calls = 5 if args.quick else 50
         times = interleaved(sample_runs(impls, calls), repeats)
         report(f"sample/{item_name}/batch={SAMPLE}", {k: t / calls for k, t in times.items()}, SAMPLE)
+        for b, mode in [(SAMPLE, "scan")] + ([(1024, "call"), (1024, "scan")] if item_name == "vector" else []):
+            times = interleaved(sample_runs(impls, calls, b, mode), repeats)
+            report(f"sample/{item_name}/batch={b}/{mode}", {k: t / calls for k, t in times.items()}, b)
         for mode in ("call", "scan"):
             times = interleaved(set_priorities_runs(impls, calls, mode), repeats)
             report(f"set_priorities/{item_name}/batch={SAMPLE}/{mode}", {k: t / calls for k, t in times.items()}, SAMPLE, "updates_per_s")

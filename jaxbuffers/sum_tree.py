@@ -84,17 +84,26 @@ _WALK_CHAINS = 4
 # ~250 us and ~70 us instead of ~15 us at P = 2**17, Q = 256).
 _DESCENT_CHAINS = 4
 _DESCENT_GROUP = 2
+# The vectorised descent (see _descend_vector) takes this many levels per loop step; on CPU,
+# descents of up to _DESCENT_CHAINED_MAX_CPU queries take the chained loop instead (measured in
+# _descend's docstring).
+_DESCENT_JUMP = 3
+_DESCENT_CHAINED_MAX_CPU = 64
 
 
 def _walk_max_batch() -> int:
     return _WALK_MAX_BATCH_CPU if jax.default_backend() == "cpu" else 0
 
 
+def _descent_chained_max() -> int:
+    return _DESCENT_CHAINED_MAX_CPU if jax.default_backend() == "cpu" else 0
+
+
 def _tuning() -> tuple:
     """The module's tuning values above, read when a jitted update is traced. Passed to the jitted
     helpers as a static argument, so that their compile caches key on them: changing one (tests
     compare the walk and vectorised paths this way) retraces instead of reusing the old path."""
-    return (_walk_max_batch(), _DENSE_EXTRA_LEVELS, _DENSE_EXTRA_LEVELS_VECTOR, _UNROLL_LEVELS, _GROUP_LEVELS, _WALK_CHAINS, _DESCENT_CHAINS, _DESCENT_GROUP)
+    return (_walk_max_batch(), _DENSE_EXTRA_LEVELS, _DENSE_EXTRA_LEVELS_VECTOR, _UNROLL_LEVELS, _GROUP_LEVELS, _WALK_CHAINS, _DESCENT_CHAINS, _DESCENT_GROUP, _DESCENT_JUMP, _descent_chained_max())
 
 
 def _dense_levels(batch: int, depth: int, walk: bool) -> int:
@@ -387,8 +396,9 @@ def _descend_chained(nodes: jax.Array, q: jax.Array) -> jax.Array:
     loop body (``_DESCENT_CHAINS`` queries x ``_DESCENT_GROUP`` levels per inner step) stays
     under XLA:CPU's small-loop threshold, so the whole descent runs as ONE compiled kernel instead
     of ~5 executor steps per level. Measured on a 2-core CPU, ``P = 2**17``, ``Q = 256``, one
-    jitted draw + descent per call: 14-15 us against 31-37 us for the level-by-level vector loop
-    (dispatch floor ~6 us), with identical results."""
+    jitted draw + descent per call: 14-15 us against 31-37 us for a level-by-level vector loop
+    (dispatch floor ~6 us), with identical results; the vector loop of :func:`_descend_vector`
+    (3 levels per step) is faster from ~128 queries (see :func:`_descend`)."""
     p = nodes.shape[0] // 2
     depth = p.bit_length() - 1
     n = q.shape[0]
@@ -408,22 +418,52 @@ def _descend_chained(nodes: jax.Array, q: jax.Array) -> jax.Array:
     return out[:n]
 
 
+def _descend_jump(nodes: jax.Array, node: jax.Array, q: jax.Array, k: int):
+    """``k`` levels of the descent for every query from ONE gather per query: the ``2**k``
+    descendants ``k`` levels below ``node`` are rows ``node * 2**k ...`` of the heap, contiguous.
+
+    The sums of the nodes in between are recomputed from them by the tree's own additions (every
+    internal node holds exactly ``left + right`` in the tree dtype, recomputed from its children
+    on every update), so each level compares with the very values :func:`_descend_step` would
+    read and takes the same decisions, bit for bit (tested against the chained descent).
+    ``nodes``: the heap, [2P] or [2P, 2] (sums in column 0; the rows are gathered whole, since
+    slicing the column first copied all of it, 1 MB at P = 2**17, on every call). Returns
+    ``(node k levels down, q)``.
+    """
+    rows = nodes.reshape(-1, 2**k, *nodes.shape[1:])[node]  # [Q, 2**k(, 2)]: level k below node
+    below = [rows if nodes.ndim == 1 else rows[:, :, 0]]  # sums, left to right
+    while below[-1].shape[1] > 2:
+        v = below[-1]
+        below.append(v[:, 0::2] + v[:, 1::2])
+    went_right = []  # this step's decisions so far, one bool [Q] per level
+    for level in reversed(below):  # [Q, 2], [Q, 4], ...: the next level's nodes under ``node``
+        cols = [level[:, i] for i in range(level.shape[1])]
+        for right in went_right:  # keep the half under the path taken so far
+            half = len(cols) // 2
+            cols = [jnp.where(right, cols[half + i], cols[i]) for i in range(half)]
+        left_sum, right_sum = cols
+        node, q = _descend_step(node, q, left_sum, right_sum)
+        went_right.append((node & 1) == 1)
+    return node, q
+
+
 def _descend_vector(nodes: jax.Array, q: jax.Array) -> jax.Array:
-    """Descent for other backends: a ``lax.fori_loop`` over the ``log2(P)`` levels, one gather of
-    both children of every query per level (a loop step launches kernels on GPU/TPU, so fewer,
-    wider steps win there). Not a Python-unrolled loop: unrolled, XLA fused each level's gather
-    with a recomputation of every earlier level's selects: ``O(depth**2)`` work."""
+    """Vectorised descent: a ``lax.fori_loop`` over groups of ``_DESCENT_JUMP`` levels, one gather
+    of ``2**_DESCENT_JUMP`` contiguous descendants per query per step (:func:`_descend_jump`), so
+    ``ceil(log2(P) / 3)`` loop steps instead of ``log2(P)`` (a loop step launches kernels on
+    GPU/TPU, and is an executor step on CPU). Not a Python-unrolled loop: unrolled, XLA fused each
+    level's gather with a recomputation of every earlier level's selects: ``O(depth**2)`` work."""
     p = nodes.shape[0] // 2
-    pairs = nodes.reshape(p, -1)  # row n: the two children of node n (each one value or one row)
-    right_col = pairs.shape[1] // 2
-
-    def level(_, carry):
-        node, q = carry
-        kids = pairs[node]  # one gather per level for both children
-        return _descend_step(node, q, kids[:, 0], kids[:, right_col])
-
-    node, _ = jax.lax.fori_loop(0, p.bit_length() - 1, level, (jnp.ones(q.shape, jnp.int32), q))
-    return node - p
+    steps, rest = divmod(p.bit_length() - 1, _DESCENT_JUMP)
+    carry = (jnp.ones(q.shape, jnp.int32), q)
+    # The remainder levels are taken first, from the root, so that the leaf ids come out of the
+    # loop: taken last, XLA fused that step's gather and selects into every consumer of the ids,
+    # and a gather of items then redid them per element (measured at Q = 1024: +50-80 us).
+    if rest:
+        carry = _descend_jump(nodes, *carry, rest)
+    if steps:
+        carry = jax.lax.fori_loop(0, steps, lambda _, c: _descend_jump(nodes, *c, _DESCENT_JUMP), carry)
+    return carry[0] - p
 
 
 @functools.partial(jax.jit, static_argnames=("tuning",))
@@ -431,14 +471,17 @@ def _descend(nodes: jax.Array, q: jax.Array, tuning: tuple = ()) -> jax.Array:
     """The descent of :meth:`SumTree.find` for clamped queries ``q`` (tree dtype [Q]): leaf ids int32[Q].
 
     ``nodes`` is a heap [2P] of sums, or [2P, 2] with the sums in column 0 (:class:`SumMinTree`).
-    On CPU, batches up to ``_WALK_MAX_BATCH_CPU`` queries take the chained scalar loop
-    (:func:`_descend_chained`), larger ones and other backends the level-by-level vector loop
-    (:func:`_descend_vector`); both make the same decisions in the same order, so they return the
-    same leaves (tested). Measured at P = 2**17 (2-core CPU, chained vs vector, us): Q = 1024 40
-    vs 84, Q = 4096 142 vs 171, Q = 16384 556 vs 505. Jitted so that eager calls reuse one
-    compiled loop.
+    On CPU, batches up to ``_DESCENT_CHAINED_MAX_CPU`` (64) queries take the chained scalar loop
+    (:func:`_descend_chained`, one kernel), larger ones and other backends the vector loop
+    (:func:`_descend_vector`, 3 levels per step); both make the same decisions in the same order,
+    so they return the same leaves (tested). Measured at P = 2**17 on the 2-core CPU
+    (2026-12-01, two runs), draw and descent, chained vs vector, us inside a ``lax.scan`` / per
+    jitted call: Q = 8 5-11 vs 13-30 / 16-28 vs 28-48; Q = 64 20-22 vs 27-32 / 27-28 vs 34-41;
+    Q = 128 46-49 vs 42-43 / 56-82 vs 60-78; Q = 256 57-59 vs 37-38 / 66-77 vs 66-70; Q = 1024
+    118-136 vs 71-72 / 165-191 vs 120-126; Q = 2048 306-474 vs 130-195 / 313-530 vs 203-314.
+    Jitted so that eager calls reuse one compiled loop.
     """
-    if 0 < q.shape[0] <= _walk_max_batch():
+    if 0 < q.shape[0] <= _descent_chained_max():
         return _descend_chained(nodes, q)
     return _descend_vector(nodes, q)
 
