@@ -434,7 +434,11 @@ def _descend_jump(nodes: jax.Array, node: jax.Array, q: jax.Array, k: int):
     below = [rows if nodes.ndim == 1 else rows[:, :, 0]]  # sums, left to right
     while below[-1].shape[1] > 2:
         v = below[-1]
-        below.append(v[:, 0::2] + v[:, 1::2])
+        total = v[:, 0::2] + v[:, 1::2]
+        if total.dtype.itemsize < 4:  # XLA may keep bf16/f16 sums in float32 (excess precision): round as stored
+            info = jnp.finfo(total.dtype)
+            total = jax.lax.reduce_precision(total, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+        below.append(total)
     went_right = []  # this step's decisions so far, one bool [Q] per level
     for level in reversed(below):  # [Q, 2], [Q, 4], ...: the next level's nodes under ``node``
         cols = [level[:, i] for i in range(level.shape[1])]

@@ -309,16 +309,19 @@ def test_vector_descent_agrees_after_many_updates():
     """The vector descent recomputes the sums between a node and its descendants 3 levels down
     instead of reading them; that is exact only because every internal node holds exactly
     ``left + right`` of its children. Check it on trees built by thousands of batched updates
-    (walk and vectorised update paths, duplicates, zeros), not only by one write."""
+    (walk and vectorised update paths, duplicates, zeros; float32, bfloat16 and float16), not only
+    by one write."""
     rng = np.random.default_rng(7)
-    for capacity, batch in ((100_000, 256), (4096, 5000), (777, 64)):
-        tree = SumMinTree.create(capacity)
+    cases = [(SumMinTree, jnp.float32, 100_000, 256), (SumMinTree, jnp.float32, 4096, 5000), (SumTree, jnp.float32, 777, 64)]
+    cases += [(SumTree, dtype, 3000, 300) for dtype in (jnp.bfloat16, jnp.float16)]  # sums rounded as stored
+    for cls, dtype, capacity, batch in cases:
+        tree = cls.create(capacity, dtype=dtype)
         for _ in range(40):
             idx = rng.integers(0, capacity, batch).astype(np.int32)
-            vals = rng.exponential(1.0, batch).astype(np.float32) * (rng.random(batch) > 0.2)
-            tree = tree.set(jnp.asarray(idx), jnp.asarray(vals))
+            vals = rng.exponential(1.0, batch) * (rng.random(batch) > 0.2)
+            tree = tree.set(jnp.asarray(idx), jnp.asarray(vals, dtype))
         total = tree.total()
-        q = jnp.minimum(jnp.asarray(rng.random(4096), jnp.float32) * total, jnp.nextafter(total, 0.0))
+        q = jnp.minimum(jnp.asarray(rng.random(4096), dtype) * total, jnp.nextafter(total, jnp.zeros_like(total)))
         np.testing.assert_array_equal(
             np.asarray(_DESCENTS["chained"](tree.nodes, q)), np.asarray(_DESCENTS["vector"](tree.nodes, q))
         )
