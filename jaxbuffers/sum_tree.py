@@ -692,7 +692,8 @@ class SumTree(_ScalarTree):
         positive sum always has a positive child, so whenever ``total > 0`` the result is a leaf
         with a POSITIVE value (never an empty or padding leaf), whatever the rounding.
 
-        If ``total == 0`` (empty tree) every query returns leaf 0.
+        If ``total == 0`` (an empty tree, or one whose only positive leaves are float32 subnormals,
+        which XLA:CPU flushes to zero in sums) every query returns leaf 0.
 
         Args:
           queries: floating [Q].
@@ -714,7 +715,7 @@ class SumTree(_ScalarTree):
           batch_size: static Python int >= 1.
 
         Returns:
-          int32[batch_size] leaf indices with positive values (leaf 0 when the tree is empty).
+          int32[batch_size] leaf indices with positive values (leaf 0 when ``total() == 0``).
         """
         return self.find(_stratified_queries(self.total(), self.dtype, key, batch_size))
 
