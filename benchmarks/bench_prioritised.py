@@ -136,11 +136,14 @@ def sample_runs(impls, calls: int, batch_size: int = SAMPLE, mode: str = "call")
     for impl in impls:
         fn = impl.sample_fn(batch_size)
         if mode == "scan":
-            def body(acc, k, fn=fn, s=None):
-                return acc + sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(fn(s, k))), None
 
-            f = jax.jit(lambda s, ks, body=body: jax.lax.scan(lambda acc, k: body(acc, k, s=s), jnp.float32(0), ks)[0])
-            runs[impl.name] = lambda f=f, impl=impl: jax.block_until_ready(f(impl.state, keys))
+            def many(s, ks, fn=fn):
+                def body(acc, k):
+                    return acc + sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(fn(s, k))), None
+
+                return jax.lax.scan(body, jnp.float32(0), ks)[0]
+
+            runs[impl.name] = lambda f=jax.jit(many), impl=impl: jax.block_until_ready(f(impl.state, keys))
         else:
             f = jax.jit(fn) if batch_size != SAMPLE else impl.sample
 

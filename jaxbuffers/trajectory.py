@@ -505,17 +505,16 @@ class TrajectoryBuffer(struct.PyTreeNode):
             keep = boot if t == 1 else boot & (n_new[:, None] - cum < kcap)
 
             def scatter(st):
-                # The indices are computed here, inside the cond's branch for chunks: 2 kernels
+                # The indices are computed here, inside the cond's branch for chunks: one kernel
                 # fewer per chunk add without truncations (every kernel is an executor step on CPU).
                 rows = jnp.broadcast_to(jnp.arange(e, dtype=jnp.int32)[:, None], (e, t))
                 # Skipped entries point past the end, each to its own index, so all (row, col) pairs
                 # are distinct: unique_indices lets XLA scatter them in parallel (a measured 10x here).
                 cols = jnp.where(keep, slot, kcap + jnp.arange(t, dtype=jnp.int32)[None, :])
-                rows_obs = rows, cols, final_obs
+                obs = final_obs
                 if t == 1:  # [E] indices and [E, ...] rows: no relayout copy of the update before the scatter
-                    rows_obs = rows[:, 0], cols[:, 0], jax.tree.map(lambda x: x[:, 0], final_obs)
-                r, c, obs = rows_obs
-                return jax.tree.map(lambda s, x: s.at[r, c].set(x, mode="drop", unique_indices=True), st, obs)
+                    rows, cols, obs = rows[:, 0], cols[:, 0], jax.tree.map(lambda x: x[:, 0], final_obs)
+                return jax.tree.map(lambda s, x: s.at[rows, cols].set(x, mode="drop", unique_indices=True), st, obs)
 
             store = scatter(store) if t == 1 else jax.lax.cond(jnp.any(keep), scatter, lambda st: st, store)
         head, num_valid = _ring.advance(self.head, self.num_valid, t, n)
