@@ -12,7 +12,8 @@ The results are **identical** to ``jax.random.randint(key, shape, 0, maxval, jnp
 The fast path is taken only for what it reproduces exactly: Threefry-2x32 keys (typed keys of that
 implementation, or raw ``uint32[2]`` keys while it is JAX's default) with JAX's default
 ``jax_threefry_partitionable=True``. Any other key or setting is passed to ``jax.random``
-unchanged.
+unchanged. ``uniform_pair`` (the sum tree's two-stage draw) is the one exception: two uniforms
+from the two output words of one evaluation, which ``jax.random`` does not offer.
 
 Threefry-2x32 with 20 rounds: J. K. Salmon, M. A. Moraes, R. O. Dror, D. E. Shaw, "Parallel random
 numbers: as easy as 1, 2, 3", SC 2011 (Random123). Counters and key derivation follow JAX's
@@ -99,10 +100,29 @@ def randint(key, shape: tuple[int, ...], maxval) -> jax.Array:
     return offset.astype(jnp.int32)
 
 
+def uniform_pair(key, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """Two independent float32 ``shape`` arrays in ``[0, 1)`` from one Threefry evaluation per
+    element: the first from its first output word, the second from its second (``uniform`` XORs
+    the two words into one value, as ``jax.random.bits`` does). Not ``jax.random``'s stream; keys
+    other than Threefry ones fall back to ``jax.random.uniform(key, (2, *shape))``."""
+    words = _threefry_words(key)
+    if words is None:
+        u = jax.random.uniform(key, (2, *shape), dtype=jnp.float32)
+        return u[0], u[1]
+    n = math.prod(shape)
+    lo = jnp.arange(n, dtype=jnp.uint32).reshape(shape)
+    return tuple(_to_unit(b) for b in threefry2x32(words[0], words[1], jnp.zeros_like(lo), lo))
+
+
+def _to_unit(bits: jax.Array) -> jax.Array:
+    """float32 in ``[0, 1)`` from uint32 bits (their top 23 bits as the mantissa, as JAX does)."""
+    bits = (bits >> np.uint32(9)) | np.uint32(0x3F800000)
+    return jnp.maximum(jnp.float32(0), jax.lax.bitcast_convert_type(bits, jnp.float32) - jnp.float32(1))
+
+
 def uniform(key, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
     """``dtype`` ``shape`` in ``[0, 1)``: ``jax.random.uniform(key, shape, dtype)``."""
     words = _threefry_words(key) if jnp.dtype(dtype) == jnp.float32 else None
     if words is None:
         return jax.random.uniform(key, shape, dtype=dtype)
-    bits = (_bits(words, shape) >> np.uint32(9)) | np.uint32(0x3F800000)
-    return jnp.maximum(jnp.float32(0), jax.lax.bitcast_convert_type(bits, jnp.float32) - jnp.float32(1))
+    return _to_unit(_bits(words, shape))

@@ -433,7 +433,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     def sample(self, key: jax.Array, batch_size: int, beta) -> PrioritisedSample:
         """Draw ``batch_size`` items by stratified proportional sampling (with replacement).
 
-        Stratum ``k`` of ``[0, total)`` contributes one draw (Schaul et al. 2016, appendix B.2.1).
+        Stratum ``k`` of ``[0, total)`` contributes one draw (Schaul et al. 2016, appendix B.2.1),
+        resolved to the leaf as :meth:`jaxbuffers.sum_tree.SumTree.sample_stratified` describes.
 
         Args:
           key: a JAX PRNG key.

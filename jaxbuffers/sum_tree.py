@@ -388,7 +388,7 @@ def _descend_levels(nodes, chains, levels: int):
     return tuple(chains)
 
 
-def _descend_chained(nodes: jax.Array, q: jax.Array) -> jax.Array:
+def _descend_chained(nodes: jax.Array, q: jax.Array, u2: jax.Array | None = None) -> jax.Array:
     """CPU descent: a scalar loop over the queries, ``_DESCENT_CHAINS`` of them at a time.
 
     Each query's descent is a chain of dependent reads (one per level); the chains of the
@@ -398,24 +398,73 @@ def _descend_chained(nodes: jax.Array, q: jax.Array) -> jax.Array:
     of ~5 executor steps per level. Measured on a 2-core CPU, ``P = 2**17``, ``Q = 256``, one
     jitted draw + descent per call: 14-15 us against 31-37 us for a level-by-level vector loop
     (dispatch floor ~6 us), with identical results; the vector loop of :func:`_descend_vector`
-    (3 levels per step) is faster from ~128 queries (see :func:`_descend`)."""
+    (3 levels per step) is faster from ~128 queries (see :func:`_descend`). With ``u2`` the
+    descent restarts below level :func:`_restart_level` (see :func:`_restart`)."""
     p = nodes.shape[0] // 2
     depth = p.bit_length() - 1
     n = q.shape[0]
     width = _DESCENT_CHAINS
     padded = -(-n // width) * width
     qp = jnp.pad(q, (0, padded - n))  # query 0 is valid; the padding's results are dropped
-    groups, rest = divmod(depth, _DESCENT_GROUP)
+    row = nodes.shape[1:]
+    zeros = (jnp.int32(0),) * len(row)
 
-    def queries(k, out):
-        chains = tuple((jnp.int32(1), qp[k * width + c]) for c in range(width))
+    def levels(chains, count):
+        groups, rest = divmod(count, _DESCENT_GROUP)
         chains = jax.lax.fori_loop(0, groups, lambda _, ch: _descend_levels(nodes, ch, _DESCENT_GROUP), chains)
-        chains = _descend_levels(nodes, chains, rest)
-        leaves = jnp.stack([node for node, _ in chains]) - p
-        return jax.lax.dynamic_update_slice(out, leaves, (k * width,))
+        return _descend_levels(nodes, chains, rest)
 
-    out = jax.lax.fori_loop(0, padded // width, queries, jnp.zeros((padded,), jnp.int32))
-    return out[:n]
+    def run(start, qs, count, restart=None):
+        """One scalar loop over the query groups: ``count`` levels from nodes ``start`` with queries
+        ``qs`` (both [padded]); returns the nodes reached and, with ``restart``, the new queries."""
+
+        def body(k, out):
+            nodes_out, q_out = out
+            ch = levels(tuple((start[k * width + c], qs[k * width + c]) for c in range(width)), count)
+            if restart is not None:
+                sums = [jax.lax.dynamic_slice(nodes, (node,) + zeros, (1,) * (1 + len(row))).reshape(()) for node, _ in ch]
+                ch = tuple((node, _restart(sm, restart[k * width + c])) for c, ((node, _), sm) in enumerate(zip(ch, sums)))
+            nodes_out = jax.lax.dynamic_update_slice(nodes_out, jnp.stack([node for node, _ in ch]), (k * width,))
+            q_out = jax.lax.dynamic_update_slice(q_out, jnp.stack([q for _, q in ch]), (k * width,))
+            return nodes_out, q_out
+
+        return jax.lax.fori_loop(0, padded // width, body, (jnp.zeros((padded,), jnp.int32), jnp.zeros_like(qs)))
+
+    ones = jnp.ones((padded,), jnp.int32)
+    split = depth if u2 is None else _restart_level(depth)
+    if split == depth:
+        return (run(ones, qp, depth)[0] - p)[:n]
+    # Two loops (each one kernel): the restart inside one loop with both halves made its body too
+    # large for XLA:CPU's small-loop threshold (Q = 64 in a scan: 65-74 us instead of 31-36).
+    node, q2 = run(ones, qp, split, restart=jnp.pad(u2, (0, padded - n)))
+    return (run(node, q2, depth - split)[0] - p)[:n]
+
+
+def _restart_level(depth: int) -> int:
+    """Levels decided by the stratified query before :func:`_restart` (``depth``: none): about
+    half the depth, at a step boundary of the vector descent (its remainder levels, then steps of
+    ``_DESCENT_JUMP``); trees of fewer than 6 levels do not restart."""
+    steps, rest = divmod(depth, _DESCENT_JUMP)
+    if depth < 6:
+        return depth
+    jumps = min(steps, max(1, int((depth / 2 - rest) / _DESCENT_JUMP + 0.5)))
+    return rest + _DESCENT_JUMP * jumps
+
+
+def _restart(subtree_sum: jax.Array, u2: jax.Array) -> jax.Array:
+    """The query that continues a descent inside a subtree of stored sum ``subtree_sum``:
+    ``u2 * subtree_sum``, kept in ``[0, subtree_sum)`` (0 for an empty subtree), in ``u2``'s dtype.
+
+    Why: a float32 query near ``total`` is a multiple of ``ulp(total) ~ total * 2**-24``, so a
+    leaf narrower than that spacing (at ``2**20`` leaves of mean 1: leaves under ~0.06) is either
+    missed by every query or given a whole spacing's probability, depending on where it sits.
+    Replacing the rest of the query, once the descent has chosen a subtree of sum ``S``, by a
+    fresh uniform times ``S`` keeps the probability of every leaf ``v_i / total`` (the first
+    levels choose the subtree with probability ``S / total``, the rest the leaf with ``v_i / S``)
+    and resolves leaves down to ``~S * 2**-24`` instead."""
+    s = subtree_sum.astype(u2.dtype)
+    q = u2 * s
+    return jnp.where(q < s, q, jnp.where(s > 0, jnp.nextafter(s, jnp.zeros_like(s)), jnp.zeros_like(s)))
 
 
 def _descend_jump(nodes: jax.Array, node: jax.Array, q: jax.Array, k: int):
@@ -428,7 +477,7 @@ def _descend_jump(nodes: jax.Array, node: jax.Array, q: jax.Array, k: int):
     read and takes the same decisions, bit for bit (tested against the chained descent).
     ``nodes``: the heap, [2P] or [2P, 2] (sums in column 0; the rows are gathered whole, since
     slicing the column first copied all of it, 1 MB at P = 2**17, on every call). Returns
-    ``(node k levels down, q)``.
+    ``(node k levels down, q, that node's stored sum)``.
     """
     rows = nodes.reshape(-1, 2**k, *nodes.shape[1:])[node]  # [Q, 2**k(, 2)]: level k below node
     below = [rows if nodes.ndim == 1 else rows[:, :, 0]]  # sums, left to right
@@ -448,31 +497,44 @@ def _descend_jump(nodes: jax.Array, node: jax.Array, q: jax.Array, k: int):
         left_sum, right_sum = cols
         node, q = _descend_step(node, q, left_sum, right_sum)
         went_right.append((node & 1) == 1)
-    return node, q
+    return node, q, jnp.where(went_right[-1], right_sum, left_sum)
 
 
-def _descend_vector(nodes: jax.Array, q: jax.Array) -> jax.Array:
+def _descend_vector(nodes: jax.Array, q: jax.Array, u2: jax.Array | None = None) -> jax.Array:
     """Vectorised descent: a ``lax.fori_loop`` over groups of ``_DESCENT_JUMP`` levels, one gather
     of ``2**_DESCENT_JUMP`` contiguous descendants per query per step (:func:`_descend_jump`), so
     ``ceil(log2(P) / 3)`` loop steps instead of ``log2(P)`` (a loop step launches kernels on
     GPU/TPU, and is an executor step on CPU). Not a Python-unrolled loop: unrolled, XLA fused each
-    level's gather with a recomputation of every earlier level's selects: ``O(depth**2)`` work."""
+    level's gather with a recomputation of every earlier level's selects: ``O(depth**2)`` work.
+    With ``u2`` the descent restarts below level :func:`_restart_level` (see :func:`_restart`)."""
     p = nodes.shape[0] // 2
-    steps, rest = divmod(p.bit_length() - 1, _DESCENT_JUMP)
+    depth = p.bit_length() - 1
+    steps, rest = divmod(depth, _DESCENT_JUMP)
     carry = (jnp.ones(q.shape, jnp.int32), q)
     # The remainder levels are taken first, from the root, so that the leaf ids come out of the
     # loop: taken last, XLA fused that step's gather and selects into every consumer of the ids,
     # and a gather of items then redid them per element (measured at Q = 1024: +50-80 us).
     if rest:
-        carry = _descend_jump(nodes, *carry, rest)
+        carry = _descend_jump(nodes, *carry, rest)[:2]
+    # The restart (if any) happens at the end of loop step ``last``, from the sum of the node the
+    # step reached (one where on [Q] per step, fused into it: a second loop and a gather of the
+    # node sums cost another executor step and kernel each).
+    last = -1 if u2 is None or _restart_level(depth) == depth else (_restart_level(depth) - rest) // _DESCENT_JUMP - 1
+
+    def step(i, c):
+        node, q, s = _descend_jump(nodes, *c, _DESCENT_JUMP)
+        return node, q if last < 0 else jnp.where(i == last, _restart(s, u2), q)
+
     if steps:
-        carry = jax.lax.fori_loop(0, steps, lambda _, c: _descend_jump(nodes, *c, _DESCENT_JUMP), carry)
+        carry = jax.lax.fori_loop(0, steps, step, carry)
     return carry[0] - p
 
 
 @functools.partial(jax.jit, static_argnames=("tuning",))
-def _descend(nodes: jax.Array, q: jax.Array, tuning: tuple = ()) -> jax.Array:
-    """The descent of :meth:`SumTree.find` for clamped queries ``q`` (tree dtype [Q]): leaf ids int32[Q].
+def _descend(nodes: jax.Array, q: jax.Array, u2: jax.Array | None = None, tuning: tuple = ()) -> jax.Array:
+    """The descent of :meth:`SumTree.find` for clamped queries ``q`` ([Q], the tree dtype promoted to at
+    least float32): leaf ids int32[Q]. With ``u2`` ([Q] in ``[0, 1)``, same dtype) the descent
+    restarts halfway down (:func:`_restart`).
 
     ``nodes`` is a heap [2P] of sums, or [2P, 2] with the sums in column 0 (:class:`SumMinTree`).
     On CPU, batches up to ``_DESCENT_CHAINED_MAX_CPU`` (64) queries take the chained scalar loop
@@ -486,28 +548,40 @@ def _descend(nodes: jax.Array, q: jax.Array, tuning: tuple = ()) -> jax.Array:
     Jitted so that eager calls reuse one compiled loop.
     """
     if 0 < q.shape[0] <= _descent_chained_max():
-        return _descend_chained(nodes, q)
-    return _descend_vector(nodes, q)
+        return _descend_chained(nodes, q, u2)
+    return _descend_vector(nodes, q, u2)
 
 
-def _find(total, nodes, dtype, queries):
+def _query_dtype(dtype):
+    """Queries of a bfloat16 / float16 tree are float32 (compared with the stored sums converted
+    up): a 1,000-leaf bfloat16 tree reached 442 of its leaves with bfloat16 queries."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _find(total, nodes, dtype, queries, u2=None):
     queries = jnp.asarray(queries)
     if queries.ndim != 1:
         raise ValueError(f"queries: expected a 1-D array [Q], got shape {queries.shape}")
     if not jnp.issubdtype(queries.dtype, jnp.floating):
         raise TypeError(f"queries: expected a floating dtype, got {queries.dtype}")
-    q = queries.astype(dtype)
-    below_total = jnp.nextafter(total, jnp.zeros_like(total))
+    q = queries.astype(_query_dtype(dtype))
+    below_total = jnp.nextafter(total.astype(q.dtype), jnp.zeros_like(q, shape=()))
     q = jnp.where(jnp.isnan(q), 0, q)
     q = jnp.clip(q, 0, jnp.maximum(below_total, 0))
-    return _descend(nodes, q, tuning=_tuning())
+    return _descend(nodes, q, u2, tuning=_tuning())
 
 
-def _stratified_queries(total, dtype, key, batch_size):
+def _sample_stratified(total, nodes, dtype, key, batch_size):
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size: expected a Python int >= 1, got {batch_size!r}")
-    u = _random.uniform(key, (batch_size,), dtype)
-    return (jnp.arange(batch_size, dtype=dtype) + u) * (total / batch_size)
+    u, u2 = _random.uniform_pair(key, (int(batch_size),))
+    qdt = _query_dtype(dtype)
+    # The stratum width as a product with 1/B (not a division): XLA rewrites a division by a
+    # constant into that product under jit but not in an eager op, which changed a last bit of
+    # the queries, and so at boundaries the sampled leaf, between jit and eager.
+    width = total.astype(qdt) * jnp.asarray(1.0 / batch_size, qdt)
+    q = (jnp.arange(batch_size, dtype=qdt) + u.astype(qdt)) * width
+    return _find(total, nodes, dtype, q, u2.astype(qdt))
 
 
 class _ReductionTree(flax.struct.PyTreeNode):
@@ -695,6 +769,12 @@ class SumTree(_ScalarTree):
         If ``total == 0`` (an empty tree, or one whose only positive leaves are float32 subnormals,
         which XLA:CPU flushes to zero in sums) every query returns leaf 0.
 
+        Resolution: a query is one float (at least float32; a bfloat16 / float16 tree compares
+        float32 queries with its stored sums), so near a prefix sum ``S`` only leaves wider than
+        about ``S * 2**-24`` can be told apart; narrower ones are reached by some float queries
+        and not by others. :meth:`sample_stratified` is not limited by this (it restarts the
+        descent inside the subtree it reached).
+
         Args:
           queries: floating [Q].
 
@@ -704,20 +784,31 @@ class SumTree(_ScalarTree):
         return _find(self.total(), self.nodes, self.dtype, queries)
 
     def sample_stratified(self, key: jax.Array, batch_size: int) -> jax.Array:
-        """Stratified proportional sampling: one uniform query per stratum of the total.
+        """Stratified proportional sampling: one draw per stratum of the total, resolved to the leaf.
 
-        Query ``k`` is ``(k + u_k) * total / B`` with ``u_k ~ U[0, 1)`` i.i.d., so draw ``k`` lies
-        in stratum ``[k total / B, (k + 1) total / B)``; then :meth:`find`. Each returned index
-        has marginal probability ``v_i / total`` averaged over strata (Schaul et al. 2016, B.2.1).
+        Draw ``k`` starts from the query ``(k + u_k) * total / B`` (``u_k ~ U[0, 1)`` i.i.d.), which
+        lies in stratum ``[k total / B, (k + 1) total / B)`` (Schaul et al. 2016, B.2.1). That query
+        chooses the path through the top levels (about half the depth; trees of at most 32 padded
+        leaves use it all the way, as :meth:`find` does); below them the descent continues with a second
+        uniform ``u'_k`` times the sum of the subtree reached. Each index therefore has marginal
+        probability ``v_i / total`` averaged over strata, and draw ``k`` lies in a subtree that
+        intersects stratum ``k``.
+
+        Why the second uniform: one float32 query near ``total`` is a multiple of about
+        ``total * 2**-24``, so leaves narrower than that (at ``2**20`` leaves of mean 1, those
+        under ~0.06: priority ``1e-3`` at alpha 0.6 is 0.016) were sampled 0 to ~4x their due
+        depending only on their position. With the restart a leaf is resolved to about
+        ``2**-24`` of its subtree's sum (``2**-24 * total / 2**(depth / 2)`` for an even tree).
 
         Args:
           key: a PRNG key.
           batch_size: static Python int >= 1.
 
         Returns:
-          int32[batch_size] leaf indices with positive values (leaf 0 when ``total() == 0``).
+          int32[batch_size] leaf indices with positive values (leaf 0 when ``total() == 0``). The
+          same under ``jit`` and eagerly (the queries are computed by the same operations).
         """
-        return self.find(_stratified_queries(self.total(), self.dtype, key, batch_size))
+        return _sample_stratified(self.total(), self.nodes, self.dtype, key, batch_size)
 
 
 class MinTree(_ScalarTree):
@@ -813,4 +904,4 @@ class SumMinTree(_ReductionTree):
 
     def sample_stratified(self, key: jax.Array, batch_size: int) -> jax.Array:
         """As :meth:`SumTree.sample_stratified`: int32[batch_size] leaves with positive values."""
-        return self.find(_stratified_queries(self.total(), self.dtype, key, batch_size))
+        return _sample_stratified(self.total(), self.nodes, self.dtype, key, batch_size)

@@ -95,6 +95,8 @@ from jaxbuffers.sum_tree import SumMinTree
 # SequenceSample.flags.
 FLAG_TERMINATED = 1
 FLAG_TRUNCATED = 2
+# Largest final-observation ring (per lane): its slot is packed above the 2 flag bits of an int32.
+_FINAL_SLOT_MAX = 2**29
 
 __all__ = [
     "TrajectoryBuffer",
@@ -338,12 +340,18 @@ class TrajectoryBuffer(struct.PyTreeNode):
         Raises:
           TypeError: ``example_step`` is not a dict, a leaf is not an array, reward not floating.
           ValueError: a size is not a positive int, ``num_envs * length`` above ``2**31 - 1`` (positions
-            are int32 ``lane * length + slot``), a required field is missing, reward not scalar.
+            are int32 ``lane * length + slot``), a final-observation ring above ``2**29`` slots per
+            lane, a required field is missing, reward not scalar.
         """
         num_envs = _validate.static_int("num_envs", num_envs)
         length = _validate.static_int("length", length)
         k = length if final_obs_capacity is None else _validate.static_int("final_obs_capacity", final_obs_capacity)
         k = min(k, length)  # a lane never holds more than `length` truncated steps: more slots would never be used
+        if k > _FINAL_SLOT_MAX:  # the ring slot is packed into the int32 step flags, above 2 bits
+            raise ValueError(
+                f"final_obs_capacity: expected at most 2**29 = {_FINAL_SLOT_MAX} (the slot is packed into int32 "
+                f"step flags), got {k}{'' if final_obs_capacity is not None else ' (from length; pass a smaller final_obs_capacity)'}"
+            )
         if num_envs * length > 2**31 - 1:
             raise ValueError(
                 f"num_envs * length: expected at most 2**31 - 1 steps in all (positions are int32 lane * length + slot), "
@@ -837,7 +845,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         num_envs: int,
         length: int,
         *,
-        window_length: int,
+        window_length: int | None = None,
         period: int = 1,
         priority_exponent: float = 0.6,
         epsilon: float = 1e-6,
@@ -847,22 +855,32 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
 
         Args:
           example_step, num_envs, length, **kwargs: as :meth:`TrajectoryBuffer.create`.
-          window_length: static window of a position: sequences of up to this length, or n-step
-            transitions with ``n_step <= window_length - 1``.
+          window_length: static window of a position (required): sequences of up to this length,
+            or n-step transitions with ``n_step <= window_length - 1``.
           period: window starts every ``period`` steps (absolute alignment, see the class doc).
           priority_exponent: alpha in ``[0, 1]`` (as :class:`jaxbuffers.PrioritisedReplayBuffer`: larger exponents overflow float32 leaves at PRIORITY_MAX).
           epsilon: smallest priority kept, in ``[1e-30, 1]`` (policy in the class doc).
 
         Raises:
-          ValueError: bad sizes, ``window_length > length``, alpha outside ``[0, 1]``, ``epsilon`` out of range.
-          TypeError: a keyword this method does not take (named, with the ones it takes).
+          ValueError: bad sizes (``num_envs * length`` above ``2**30``: one sum-tree leaf per position),
+            ``window_length > length``, alpha outside ``[0, 1]``, ``epsilon`` out of range.
+          TypeError: ``window_length`` missing, or a keyword this method does not take (named,
+            with the ones it takes).
         """
         unknown = sorted(set(kwargs) - _TRAJECTORY_CREATE_KEYWORDS)
+        if window_length is None:  # required; a default of None only so that a renamed keyword gets its hint
+            hint = "".join(f" ({k}: use {_RENAMED[k]})" for k in unknown if _RENAMED.get(k) == "window_length")
+            raise TypeError(f"PrioritisedTrajectoryBuffer.create: window_length is required{hint}")
         if unknown:
             hint = "".join(f" ({k}: use {_RENAMED[k]})" for k in unknown if k in _RENAMED)
             raise TypeError(
                 f"PrioritisedTrajectoryBuffer.create: unexpected keyword {', '.join(map(repr, unknown))}{hint}; it takes "
                 f"window_length, period, priority_exponent, epsilon and {', '.join(sorted(_TRAJECTORY_CREATE_KEYWORDS))}"
+            )
+        num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
+        if num_envs * length > 2**30:  # checked before any storage is allocated
+            raise ValueError(
+                f"num_envs * length: expected at most 2**30 positions (one sum-tree leaf each), got {num_envs} * {length} = {num_envs * length}"
             )
         buf = TrajectoryBuffer.create(example_step, num_envs, length, **kwargs)
         window_length = _validate.static_int("window_length", window_length)

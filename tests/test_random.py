@@ -73,3 +73,34 @@ def test_threefry_known_answer():
     ones = jnp.uint32(0xFFFFFFFF)
     x1, x2 = _random.threefry2x32(ones, ones, jnp.full((1,), ones), jnp.full((1,), ones))
     assert (int(x1[0]), int(x2[0])) == (0x1CB996FC, 0xBB002BE7)
+
+
+@pytest.mark.parametrize("key", KEYS[:2], ids=lambda k: str(np.asarray(jax.random.key_data(k)).tolist()))
+def test_uniform_pair_is_the_two_threefry_words(key):
+    """``uniform_pair``: one Threefry evaluation per element, its first word for the first array and
+    its second for the second (``uniform`` XORs them: ``a ^ b`` of the same bits), in [0, 1), the
+    same under jit and vmap; and the two are not the same draw."""
+    u, v = _random.uniform_pair(key, (4096,))
+    words = _random._threefry_words(key)
+    lo = jnp.arange(4096, dtype=jnp.uint32)
+    b1, b2 = _random.threefry2x32(words[0], words[1], jnp.zeros_like(lo), lo)
+    np.testing.assert_array_equal(np.asarray(u), np.asarray(_random._to_unit(b1)))
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(_random._to_unit(b2)))
+    np.testing.assert_array_equal(np.asarray(_random._to_unit(b1 ^ b2)), np.asarray(jax.random.uniform(key, (4096,))))
+    ju, jv = jax.jit(lambda k: _random.uniform_pair(k, (4096,)))(key)
+    np.testing.assert_array_equal(np.asarray(ju), np.asarray(u))
+    np.testing.assert_array_equal(np.asarray(jv), np.asarray(v))
+    for x in (u, v):
+        assert float(x.min()) >= 0 and float(x.max()) < 1 and abs(float(x.mean()) - 0.5) < 0.02
+    assert abs(np.corrcoef(np.asarray(u), np.asarray(v))[0, 1]) < 0.05
+    vu, vv = jax.vmap(lambda k: _random.uniform_pair(k, (7,)))(jax.random.split(key, 3))
+    np.testing.assert_array_equal(np.asarray(vu[1]), np.asarray(_random.uniform_pair(jax.random.split(key, 3)[1], (7,))[0]))
+    np.testing.assert_array_equal(np.asarray(vv[2]), np.asarray(_random.uniform_pair(jax.random.split(key, 3)[2], (7,))[1]))
+
+
+def test_uniform_pair_other_keys_fall_back_to_jax():
+    key = jax.random.key(3, impl="rbg")
+    u, v = _random.uniform_pair(key, (5,))
+    want = jax.random.uniform(key, (2, 5))
+    np.testing.assert_array_equal(np.asarray(u), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(want[1]))

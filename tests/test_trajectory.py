@@ -515,6 +515,11 @@ def test_errors():
     # positions lane * length + slot are int32: refused before anything is allocated
     with pytest.raises(ValueError, match=r"num_envs \* length: expected at most 2\*\*31 - 1 .* = 2147549184"):
         TrajectoryBuffer.create(EXAMPLE, 2**16, 2**15 + 1)
+    # the final-observation ring slot is packed above 2 flag bits of an int32: at most 2**29 slots
+    with pytest.raises(ValueError, match=r"final_obs_capacity: expected at most 2\*\*29 .* got 536870913 \(from length"):
+        TrajectoryBuffer.create(EXAMPLE, 1, 2**29 + 1)
+    with pytest.raises(ValueError, match=r"final_obs_capacity: expected at most 2\*\*29 .* got 536870917$"):
+        TrajectoryBuffer.create(EXAMPLE, 1, 2**29 + 9, final_obs_capacity=2**29 + 5)
     buf = TrajectoryBuffer.create(EXAMPLE, 2, 4)
     step = {"obs": np.zeros((2, OBS_DIM), np.float32), "action": np.zeros(2, np.int32), "reward": np.zeros(2, np.float32)}
     f = np.zeros(2, bool)
@@ -878,6 +883,13 @@ def test_prioritised_create_names_an_unknown_keyword():
         PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, lenght=3)
     buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, final_obs_capacity=3)
     assert buf.buffer.final_obs_capacity == 3
+    with pytest.raises(TypeError, match=r"window_length is required \(sequence_length: use window_length\)"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, sequence_length=2)
+    with pytest.raises(TypeError, match=r"window_length is required$"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8)
+    # one sum-tree leaf per position: refused before any storage is allocated
+    with pytest.raises(ValueError, match=r"num_envs \* length: expected at most 2\*\*30 positions .* = 1073741832"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 8, 2**27 + 1, window_length=2)
 
 
 def test_prioritised_priorities_read_back_what_was_set():
