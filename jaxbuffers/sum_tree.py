@@ -461,7 +461,7 @@ def _restart(subtree_sum: jax.Array, u2: jax.Array) -> jax.Array:
     Replacing the rest of the query, once the descent has chosen a subtree of sum ``S``, by a
     fresh uniform times ``S`` keeps the probability of every leaf ``v_i / total`` (the first
     levels choose the subtree with probability ``S / total``, the rest the leaf with ``v_i / S``)
-    and resolves leaves down to ``~S * 2**-24`` instead."""
+    and resolves leaves down to ``~S * 2**-23`` instead (the uniforms carry 23 bits)."""
     s = subtree_sum.astype(u2.dtype)
     q = u2 * s
     return jnp.where(q < s, q, jnp.where(s > 0, jnp.nextafter(s, jnp.zeros_like(s)), jnp.zeros_like(s)))
@@ -616,7 +616,13 @@ class _ReductionTree(flax.struct.PyTreeNode):
         Args:
           capacity: Python int >= 1, the number of addressable leaves (flat slot ids
             ``0 .. capacity - 1``). Storage is padded to the next power of two.
-          dtype: a floating dtype (float32 default; float64 needs ``jax_enable_x64``).
+          dtype: a floating dtype (float32 default; float64 needs ``jax_enable_x64``). Every
+            internal sum is stored, and so rounded, in this dtype, and the last positive leaf of a
+            subtree gains or loses that subtree's rounding: with bfloat16 (8-bit significand) or
+            float16 sums, sampling is approximate (a review measured single leaves drawn 0 to 13x
+            their due in skewed bfloat16 trees); the prioritised buffers use float32. The total
+            must stay finite (float16 sums overflow at 65504): past ``inf`` the descent is
+            degenerate.
 
         Raises:
           TypeError / ValueError: capacity not an int in ``[1, 2**30]``, or dtype not floating.
@@ -798,7 +804,8 @@ class SumTree(_ScalarTree):
         ``total * 2**-24``, so leaves narrower than that (at ``2**20`` leaves of mean 1, those
         under ~0.06: priority ``1e-3`` at alpha 0.6 is 0.016) were sampled 0 to ~4x their due
         depending only on their position. With the restart a leaf is resolved to about
-        ``2**-24`` of its subtree's sum (``2**-24 * total / 2**(depth / 2)`` for an even tree).
+        ``2**-23`` of its subtree's sum (the uniforms carry 23 bits; ``2**-23 * total / 2**(depth / 2)``
+        for an even tree), where the tree's own float32 sums allow it (see :meth:`create`).
 
         Args:
           key: a PRNG key.
