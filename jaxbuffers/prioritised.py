@@ -218,6 +218,20 @@ def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[
     return probabilities.astype(jnp.float32), weights.astype(jnp.float32)
 
 
+# Keywords other prioritised-replay APIs use for our parameters (Schaul et al.'s alpha; flashbax),
+# named in the TypeError for an unexpected keyword (each create adds its own, e.g. sizes).
+RENAMED_KEYWORDS = {"alpha": "priority_exponent", "min_priority": "epsilon", "beta": "sample(..., beta=...)"}
+
+
+def unexpected_keywords(method: str, unknown, takes: str, renamed: dict) -> TypeError:
+    """The TypeError for keywords ``unknown`` passed to ``method``: names each, with the keyword
+    to use where ``renamed`` knows it as another API's name, and what ``method`` takes."""
+    unknown = sorted(unknown)
+    hint = "".join(f" ({k}: use {renamed[k]})" for k in unknown if k in renamed)
+    word = "keyword" if len(unknown) == 1 else "keywords"
+    return TypeError(f"{method}: unexpected {word} {', '.join(map(repr, unknown))}{hint}; its keywords are {takes}")
+
+
 def _float_arg(name: str, value, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: expected a Python float, got {type(value).__name__} {value!r}")
@@ -267,6 +281,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         priority_exponent: float = 0.6,
         min_size: int = 1,
         epsilon: float = 1e-6,
+        **unknown,
     ) -> "PrioritisedReplayBuffer":
         """An empty buffer for items shaped like ``example_item``.
 
@@ -280,7 +295,12 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         Raises:
           ValueError / TypeError: as :meth:`jaxbuffers.ReplayBuffer.create`, or ``alpha`` /
           ``epsilon`` outside their ranges.
+          TypeError: a keyword this method does not take (named, with the one to use where it is
+            another library's name, e.g. ``alpha``: ``priority_exponent``).
         """
+        if unknown:
+            renamed = {**RENAMED_KEYWORDS, "max_length": "capacity", "min_length": "min_size"}  # flashbax's names
+            raise unexpected_keywords("PrioritisedReplayBuffer.create", unknown, "priority_exponent, min_size and epsilon", renamed)
         alpha = _float_arg("priority_exponent", priority_exponent, 0.0, 1.0)
         epsilon = _float_arg("epsilon", epsilon, 1e-30, 1.0)
         replay = ReplayBuffer.create(example_item, capacity, min_size=min_size)

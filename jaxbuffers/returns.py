@@ -58,6 +58,10 @@ must share one floating dtype; nothing is cast silently. A Python ``float`` is a
 ``last_value`` when the batch shape is ``()``. ``gamma`` and the lambdas are scalars (Python
 floats or 0-d float arrays, possibly traced); when concrete they must lie in ``[0, 1]``.
 All checks run at trace time and raise ``TypeError`` (dtype) or ``ValueError`` (shape, range).
+Results have the dtype of ``reward``. Inputs of fewer than 32 bits (``bfloat16``, ``float16``) are
+computed in ``float32`` and the results rounded to their dtype once, at the end: in ``bfloat16``
+itself ``gamma = 0.99`` would round to ``0.98828125`` (an effective horizon of 85 steps instead of
+100) and every step of the recursion would round again.
 
 *Two evaluation strategies.* The backward recursions here are all affine,
 ``x_t = a_t x_{t+1} + b_t``. ``method="scan"`` (default) evaluates them with a reverse
@@ -216,6 +220,12 @@ def _check_rollout(
         last_value = jnp.asarray(last_value, dtype)  # a Python scalar carries no dtype of its own
     last_value = check_float("last_value", _as_array(fn, "last_value", last_value), batch, "[*B]")
     return reward, value, terminated, truncated, final_value, last_value
+
+
+def _widen(*xs: jax.Array | None) -> tuple:
+    """The float inputs in the dtype the returns are computed in: at least float32 (module doc,
+    *Dtypes*); ``None`` stays ``None``."""
+    return tuple(None if x is None else x.astype(jnp.promote_types(x.dtype, jnp.float32)) for x in xs)
 
 
 def _check_method(fn: str, method: Any) -> str:
@@ -380,6 +390,8 @@ def gae(
     reward, value, terminated, truncated, final_value, last_value = _check_rollout(
         fn, reward, value, terminated, truncated, final_value, last_value
     )
+    out = reward.dtype
+    reward, value, final_value, last_value = _widen(reward, value, final_value, last_value)
     dtype = reward.dtype
     gamma_ = jnp.asarray(gamma, dtype)
     trace = gamma_ * jnp.asarray(gae_lambda, dtype)
@@ -391,7 +403,7 @@ def gae(
 
     steps = _Steps(reward, value, terminated, truncated, final_value)
     advantages = _solve(coeffs, steps, last_value, jnp.zeros_like(last_value), method)
-    return advantages, advantages + value
+    return advantages.astype(out), (advantages + value).astype(out)
 
 
 def lambda_returns(
@@ -441,6 +453,8 @@ def lambda_returns(
     reward, value, terminated, truncated, final_value, last_value = _check_rollout(
         fn, reward, value, terminated, truncated, final_value, last_value
     )
+    out = reward.dtype
+    reward, value, final_value, last_value = _widen(reward, value, final_value, last_value)
     dtype = reward.dtype
     gamma_ = jnp.asarray(gamma, dtype)
     lam = jnp.asarray(lambda_, dtype)
@@ -452,7 +466,7 @@ def lambda_returns(
         return jnp.where(ended, zero, gamma_ * lam), b
 
     steps = _Steps(reward, value, terminated, truncated, final_value)
-    return _solve(coeffs, steps, last_value, last_value, method)
+    return _solve(coeffs, steps, last_value, last_value, method).astype(out)
 
 
 def discounted_returns(
@@ -499,6 +513,8 @@ def discounted_returns(
     reward, _, terminated, truncated, final_value, last_value = _check_rollout(
         fn, reward, None, terminated, truncated, final_value, last_value, need_value=False
     )
+    out = reward.dtype
+    reward, final_value, last_value = _widen(reward, final_value, last_value)
     dtype = reward.dtype
     gamma_ = jnp.asarray(gamma, dtype)
     zero = jnp.zeros((), dtype)
@@ -510,7 +526,7 @@ def discounted_returns(
         return jnp.where(_ended(step), zero, gamma_), b
 
     steps = _Steps(reward, None, terminated, truncated, final_value)
-    return _solve(coeffs, steps, last_value, last_value, method)
+    return _solve(coeffs, steps, last_value, last_value, method).astype(out)
 
 
 def n_step_returns(
@@ -570,6 +586,8 @@ def n_step_returns(
     reward, value, terminated, truncated, final_value, last_value = _check_rollout(
         fn, reward, value, terminated, truncated, final_value, last_value
     )
+    out = reward.dtype
+    reward, value, final_value, last_value = _widen(reward, value, final_value, last_value)
     dtype = reward.dtype
     T = reward.shape[0]
     gamma_ = jnp.asarray(gamma, dtype)
@@ -612,4 +630,4 @@ def n_step_returns(
         jnp.ones((), dtype),  # gamma ** i
     )
     target, num_steps, discount, _, _ = lax.fori_loop(0, min(n, T), body, init)
-    return NStepReturns(target, num_steps, discount)
+    return NStepReturns(target.astype(out), num_steps, discount.astype(out))

@@ -84,9 +84,11 @@ from jaxbuffers import _random, _ring, _validate
 from jaxbuffers.prioritised import (
     _float_arg,
     _float_bits,
+    RENAMED_KEYWORDS,
     priorities_at,
     priority_leaf,
     probabilities_and_weights,
+    unexpected_keywords,
     write_priorities,
 )
 from jaxbuffers.sum_tree import SumMinTree
@@ -781,8 +783,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
 # prioritised trajectory buffer
 
 
-# Names users bring from older versions or other libraries, and ours.
-_RENAMED = {"min_priority": "epsilon", "alpha": "priority_exponent", "sequence_length": "window_length"}
+# Other APIs' names for PrioritisedTrajectoryBuffer.create's keywords (flashbax's included), named in its errors.
+_TRAJECTORY_RENAMED = {**RENAMED_KEYWORDS, "sequence_length": "window_length", "sample_sequence_length": "window_length", "max_length_time_axis": "length"}
 
 # Keywords PrioritisedTrajectoryBuffer.create passes on to TrajectoryBuffer.create.
 _TRAJECTORY_CREATE_KEYWORDS = frozenset(
@@ -869,13 +871,13 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         """
         unknown = sorted(set(kwargs) - _TRAJECTORY_CREATE_KEYWORDS)
         if window_length is None:  # required; a default of None only so that a renamed keyword gets its hint
-            hint = "".join(f" ({k}: use {_RENAMED[k]})" for k in unknown if _RENAMED.get(k) == "window_length")
+            hint = "".join(f" ({k}: use window_length)" for k in unknown if _TRAJECTORY_RENAMED.get(k) == "window_length")
             raise TypeError(f"PrioritisedTrajectoryBuffer.create: window_length is required{hint}")
         if unknown:
-            hint = "".join(f" ({k}: use {_RENAMED[k]})" for k in unknown if k in _RENAMED)
-            raise TypeError(
-                f"PrioritisedTrajectoryBuffer.create: unexpected keyword {', '.join(map(repr, unknown))}{hint}; it takes "
-                f"window_length, period, priority_exponent, epsilon and {', '.join(sorted(_TRAJECTORY_CREATE_KEYWORDS))}"
+            raise unexpected_keywords(
+                "PrioritisedTrajectoryBuffer.create", unknown,
+                f"window_length, period, priority_exponent, epsilon and {', '.join(sorted(_TRAJECTORY_CREATE_KEYWORDS))}",
+                _TRAJECTORY_RENAMED,
             )
         num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
         if num_envs * length > 2**30:  # checked before any storage is allocated

@@ -331,6 +331,16 @@ def test_vmap_over_stacked_buffers():
     np.testing.assert_array_equal(np.asarray(bufs.size()), [3, 3, 3])
 
 
+def test_create_names_an_unknown_keyword():
+    with pytest.raises(TypeError, match=r"PrioritisedReplayBuffer.create: unexpected keyword 'alpha' \(alpha: use priority_exponent\); its keywords are priority_exponent, min_size and epsilon"):
+        PRB.create(ITEM, 8, alpha=0.5)
+    with pytest.raises(TypeError, match=r"keywords 'beta', 'max_length' \(beta: use sample\(\.\.\., beta=\.\.\.\)\) \(max_length: use capacity\)"):
+        PRB.create(ITEM, 8, beta=0.4, max_length=8)  # flashbax / other APIs' names
+    with pytest.raises(TypeError, match=r"unexpected keyword 'min_sise'; its keywords"):
+        PRB.create(ITEM, 8, min_sise=2)
+    assert PRB.create(ITEM, 8, priority_exponent=0.5, min_size=2, epsilon=1e-3).min_size == 2
+
+
 def test_trace_time_errors():
     buf = PRB.create(ITEM, 8)
     with pytest.raises(ValueError, match="priority_exponent"):

@@ -404,6 +404,30 @@ def test_multiple_trailing_batch_axes_equal_columnwise(wrap):
                 np.testing.assert_allclose(ret[:, i, j], r1, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_low_precision_inputs_are_computed_in_float32(dtype):
+    """bfloat16 / float16 inputs give results in their dtype, computed in float32 and rounded once:
+    each result is within one rounding of the float64 reference with gamma = 0.99 (in bfloat16
+    itself gamma rounds to 0.98828125 and the return of 200 rewards of 1 would be ~76 instead of
+    ~86.6)."""
+    r, v, term, trunc, fv, lv = make_rollout(3, 200, p_term=0.0, p_trunc=0.02, nan_final=False)
+    r = np.abs(r) + 0.5  # positive rewards: long discounted sums, where gamma's rounding shows
+    low = [jnp.asarray(x, dtype) for x in (r, v, fv, lv)]
+    r, v, fv, lv = (np.asarray(x, np.float64) for x in low)  # the inputs as the function sees them
+    args = dict(terminated=jnp.asarray(term), truncated=jnp.asarray(trunc), final_value=low[2], last_value=low[3])
+    eps = float(jnp.finfo(dtype).eps)
+    cases = [
+        (gae(low[0], low[1], gamma=0.99, gae_lambda=0.95, **args), ref_gae(r, v, term, trunc, fv, lv, 0.99, 0.95)),
+        (lambda_returns(low[0], low[1], gamma=0.99, lambda_=0.95, **args), ref_lambda_returns(r, v, term, trunc, fv, lv, 0.99, 0.95)),
+        (discounted_returns(low[0], gamma=0.99, **args), ref_lambda_returns(r, np.zeros_like(v), term, trunc, fv, lv, 0.99, 1.0)),
+        (n_step_returns(low[0], low[1], gamma=0.99, n=50, **args)[::2], ref_n_step(r, v, term, trunc, fv, lv, 0.99, 50)[::2]),
+    ]
+    for got, want in cases:
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert g.dtype == dtype
+            np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=2 * eps, atol=1e-3)
+
+
 def test_traced_gamma_and_lambda_under_jit():
     arrays = make_rollout(3, 20, (2,))
     f = jax.jit(lambda g, lam: gae(*arrays, gamma=g, gae_lambda=lam))

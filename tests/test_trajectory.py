@@ -887,6 +887,10 @@ def test_prioritised_create_names_an_unknown_keyword():
         PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, sequence_length=2)
     with pytest.raises(TypeError, match=r"window_length is required$"):
         PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8)
+    with pytest.raises(TypeError, match=r"window_length is required \(sample_sequence_length: use window_length\)"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, sample_sequence_length=2)  # flashbax's name
+    with pytest.raises(TypeError, match=r"'max_length_time_axis' \(max_length_time_axis: use length\)"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, max_length_time_axis=8)
     # one sum-tree leaf per position: refused before any storage is allocated
     with pytest.raises(ValueError, match=r"num_envs \* length: expected at most 2\*\*30 positions .* = 1073741832"):
         PrioritisedTrajectoryBuffer.create(EXAMPLE, 8, 2**27 + 1, window_length=2)
