@@ -1,7 +1,7 @@
 """``igzip``: raw DEFLATE streams (RFC 1951) compressed and decompressed with Intel ISA-L.
 
 Uses ``isal.igzip_lib`` with ``COMP_DEFLATE``/``DECOMP_DEFLATE``: no gzip header or CRC, which
-cost a lot on payloads of a few kilobytes (NOTES.md: level 1 decode 1.0k vs 0.7k MB/s on 84x84
+cost a lot on payloads of a few kilobytes (measured: level 1 decode 1.0k vs 0.7k MB/s on 84x84
 frames). Levels 0-3 are ISA-L's (0 fastest, 3 smallest); the default is 1. A batch is split into
 one shard per thread (``host_codecs._base.parallel_for``); ISA-L releases the GIL.
 """

@@ -17,7 +17,7 @@ reads them):
 
 ``HOST_CODECS_ZSTD_ENGINE=python`` (or ``ZstdCodec(level, engine="python")``) selects the python
 engine. The ``bytes`` objects zstandard returns keep much more memory allocated than their
-length (NOTES.md: ~28 KB each); the store copies every payload into its arena and drops them,
+length (measured: ~28 KB each); the store copies every payload into its arena and drops them,
 so none survives an encode.
 
 Dictionaries (:class:`ZstdDictionary`): a :class:`~host_codecs.CompressedStore` created with

@@ -13,6 +13,7 @@ Errors raised:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -147,15 +148,51 @@ def tree_nbytes(tree: Any) -> int:
 
 
 def static_int(name: str, value, minimum: int = 1) -> int:
-    """A static size argument: a Python (or numpy) int ``>= minimum``, returned as ``int``.
+    """A static size argument: a Python (or numpy) int in ``[minimum, 2**31 - 1]``, returned as ``int``.
 
     Raises:
       ValueError: a bool, a float (even ``10.0``: sizes are never rounded silently), a traced or
-        other non-int value, or a value below ``minimum``; the message names the argument.
+        other non-int value, or a value outside the range (every position, size and period is
+        computed in int32); the message names the argument.
     """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
         raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
+    if int(value) > _INT32.max:
+        raise ValueError(f"{name}: expected at most 2**31 - 1 (int32 arithmetic), got {value!r}")
     return int(value)
+
+
+def scalar_parameter(name: str, x: Any, lo: float, hi: float = math.inf) -> Any:
+    """A scalar hyperparameter that may be traced (a discount, a lambda, an importance exponent).
+
+    Accepted: a Python or numpy int or float, or a 0-d JAX / numpy array of an integer or floating
+    dtype. (Integers are numbers like any other: a Python ``1`` passed through ``jit`` arrives as
+    an int32 tracer, e.g. once an annealed ``beta = min(1, ...)`` saturates.) A concrete value must
+    be finite and lie in ``[lo, hi]``; a traced one cannot be range-checked.
+
+    Returns:
+      ``x`` unchanged (callers convert it to their compute dtype).
+
+    Raises:
+      TypeError: a bool (a flag passed by mistake), a complex number, a string, any other kind.
+      ValueError: an array that is not 0-d, or a concrete value that is NaN, infinite or outside
+        ``[lo, hi]``. Messages start with ``name``.
+    """
+    want = "a float" + (f" in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f" >= {lo:g}") + " or a 0-d float array"
+    if x is None or isinstance(x, (bool, np.bool_, complex, np.complexfloating)):
+        raise TypeError(f"{name}: expected {want}, got {x!r}")
+    if not isinstance(x, (int, float, np.integer, np.floating)):
+        dtype = getattr(x, "dtype", None)
+        if dtype is None or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+            raise TypeError(f"{name}: expected {want}, got {type(x).__name__} {getattr(x, 'dtype', '')}".rstrip())
+        if jnp.ndim(x) != 0:
+            raise ValueError(f"{name}: expected a scalar (shape ()), got shape {jnp.shape(x)}")
+        if isinstance(x, jax.core.Tracer):
+            return x  # value unknown at trace time: the range cannot be checked
+    value = float(x)
+    if not (math.isfinite(value) and lo <= value <= hi):  # also rejects NaN
+        raise ValueError(f"{name}: expected {want}, got {value}")
+    return x
 
 
 def static_bool(name: str, value) -> bool:

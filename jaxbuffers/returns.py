@@ -9,7 +9,7 @@ over environments.
 Conventions (shared by every function in this module)
 -----------------------------------------------------
 
-These are the step conventions of ``DESIGN.md``. Step ``t`` (``0 <= t < T``) is the transition
+These are the step conventions of ``docs/guide.md`` (section 2). Step ``t`` (``0 <= t < T``) is the transition
 ``obs_t --action_t--> obs_{t+1}``, and every ``[T, ...]`` argument is indexed by that step:
 
 ==================  ============  =====================================================================
@@ -96,6 +96,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxbuffers import _validate
+
 __all__ = ["gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns"]
 
 _METHODS = ("scan", "associative")
@@ -136,24 +138,11 @@ def _as_array(fn: str, name: str, x: Any) -> jax.Array:
 
 
 def _check_scalar(fn: str, name: str, x: Any) -> Any:
-    """gamma / lambda: a float scalar, in [0, 1] when its value is known at trace time."""
+    """gamma / lambda: a scalar in [0, 1] when its value is known at trace time
+    (:func:`jaxbuffers._validate.scalar_parameter`)."""
     if x is None:
         raise _missing(fn, name)
-    if isinstance(x, bool):
-        raise TypeError(f"{fn}: `{name}` must be a float scalar, got bool")
-    if not isinstance(x, (int, float)):
-        if not hasattr(x, "dtype"):
-            raise TypeError(f"{fn}: `{name}` must be a float scalar, got {type(x).__name__}")
-        if jnp.ndim(x) != 0:
-            raise ValueError(f"{fn}: `{name}` must be a scalar (shape ()), got shape {jnp.shape(x)}")
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"{fn}: `{name}` must have a floating dtype, got {x.dtype}")
-        if isinstance(x, jax.core.Tracer):
-            return x  # value unknown at trace time: the range cannot be checked
-    value = float(x)
-    if not 0.0 <= value <= 1.0:  # also rejects NaN
-        raise ValueError(f"{fn}: `{name}` must be in [0, 1], got {value}")
-    return x
+    return _validate.scalar_parameter(f"{fn}: `{name}`", x, 0.0, 1.0)
 
 
 def _check_rollout(

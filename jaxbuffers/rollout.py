@@ -16,7 +16,7 @@ Two kinds of fields, kept apart so that neither can be confused with the other:
   recurrent state, anything), exactly as given by ``example_step`` in :meth:`RolloutBuffer.create`
   (no batch axis there; ``[num_envs, ...]`` at ``add``; ``[T, N, ...]`` in storage). It is stored
   and handed back, never interpreted.
-* The fields GAE needs, with the step conventions of ``DESIGN.md`` / :mod:`jaxbuffers.returns`
+* The fields GAE needs, with the step conventions of ``docs/guide.md`` (section 2) / :mod:`jaxbuffers.returns`
   (step ``t`` is the transition ``obs_t --action_t--> obs_{t+1}``), passed to ``add`` as keyword
   arguments so their meaning is explicit: ``reward`` (``r_t``), ``value`` (``V(obs_t)``),
   ``terminated`` (``obs_{t+1}`` is terminal), and optionally ``truncated`` (episode cut by a time

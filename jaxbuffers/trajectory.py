@@ -7,8 +7,8 @@ All lanes are written together (one step ``[num_envs, ...]`` or a chunk ``[num_e
 ``add``), so they share one ring (``head``, ``num_valid``; see :mod:`jaxbuffers._ring`, the only
 place wrap-around lives). ``num_valid`` counts steps *per lane*.
 
-Step convention (``DESIGN.md``)
--------------------------------
+Step convention (``docs/guide.md``, section 2)
+----------------------------------------------
 Step ``t`` of a lane is the transition ``obs_t --action_t--> obs_{t+1}``. A step is a dict with at
 least the fields ``obs`` (any pytree of arrays), ``action`` and ``reward`` (a floating scalar per
 step); other keys are extras stored alongside (their names are configurable in :meth:`create`).
@@ -32,10 +32,11 @@ Trade-off of the final-observation ring. Memory is ``K`` observations per lane i
 ``length`` (a full ``next_obs`` store doubles observation memory). It is exact as long as no lane
 holds more than ``K`` truncated steps at once, i.e. ``K >= length / (shortest truncated episode)``
 (with a time limit ``T_max``: ``K = ceil(length / T_max) + 1``). The default ``K = length`` is
-always exact. If a lane ever holds more than ``K`` truncated steps, the oldest final observations
-are overwritten and :meth:`TrajectoryBuffer.final_obs_lost` (an exact ``O(capacity)`` check) says
-so; transitions bootstrapping from a lost final observation would read a newer one, so size ``K``
-as above and check now and then. The flags and the ring slot of a step share one int32
+always exact. If a lane holds more than ``K`` truncated steps, the oldest final observations are
+overwritten, and transitions bootstrapping from a lost one read a newer one.
+:meth:`TrajectoryBuffer.final_obs_lost` (an exact ``O(capacity)`` check) tells whether a step
+stored *now* has lost its final observation; it keeps no record of the past (it reads False again
+once such steps are overwritten), so size ``K`` as above rather than rely on checking it. The flags and the ring slot of a step share one int32
 (``meta``); the ring cursors (``head``, ``num_valid``, ``added``, ``final_head``) share one int32
 array (``counters``), because every array of the state costs dispatch time on each jitted call.
 
@@ -239,22 +240,10 @@ def _flat_take(x: jax.Array, flat: jax.Array) -> jax.Array:
 
 
 def _gamma(gamma, dtype) -> jax.Array:
+    """``gamma`` (:func:`jaxbuffers._validate.scalar_parameter`, in [0, 1]) as a 0-d ``dtype`` array."""
     if gamma is None:
         raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
-    if isinstance(gamma, (bool, np.bool_)) or getattr(gamma, "dtype", None) == np.bool_:
-        # a flag passed by mistake; an integer discount (0 or 1, also a Python int traced by jit
-        # into an int32 tracer) is a number like any other
-        raise TypeError(f"gamma: expected a float in [0, 1] or a 0-d float array, got {gamma!r}")
-    g = jnp.asarray(gamma)
-    if g.ndim != 0:
-        raise ValueError(f"gamma: expected a scalar, got shape {g.shape}")
-    try:
-        gv = float(gamma)  # concrete values only; a traced gamma is not range-checked
-    except Exception:  # noqa: BLE001 - tracers raise a concretization error
-        gv = None
-    if gv is not None and not 0.0 <= gv <= 1.0:
-        raise ValueError(f"gamma: expected a value in [0, 1], got {gv}")
-    return g.astype(dtype)
+    return jnp.asarray(_validate.scalar_parameter("gamma", gamma, 0.0, 1.0)).astype(dtype)
 
 
 def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array, gamma) -> tuple:
@@ -541,11 +530,13 @@ class TrajectoryBuffer(struct.PyTreeNode):
     def final_obs_lost(self) -> jax.Array:
         """Whether some stored truncated step's final observation was overwritten (bool scalar).
 
-        True only when a lane held more than ``final_obs_capacity`` (K) truncated steps at once (see
+        True only when a lane holds more than ``final_obs_capacity`` (K) truncated steps at once (see
         the module docstring). Exact: ring slots are handed out in order per lane, so a truncated
         step's final observation survives iff fewer than K truncated (and not terminated) steps
-        came after it in its lane, and every later step is still stored. Costs ``O(num_envs *
-        length)``: a diagnostic, call it now and then, not per step.
+        came after it in its lane, and every later step is still stored. It describes the steps
+        stored now, not the past: once the affected steps are overwritten it is False again,
+        although samples drawn meanwhile may have read a wrong final observation. Costs
+        ``O(num_envs * length)``: a diagnostic, not a per-step check.
         """
         n = self.length
         logical = jnp.arange(n, dtype=jnp.int32)

@@ -1,4 +1,4 @@
-"""Docs coverage: every public symbol and every public method has a docstring (STYLE.md)."""
+"""Docs coverage: every public symbol and every public method has a docstring; every document the docs name exists."""
 
 import importlib
 import inspect
@@ -63,3 +63,22 @@ def test_api_reference_is_current():
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.OUT.read_text() == gen.render(), "docs/api.md is stale: run `python docs/gen_api.py`"
+
+
+def test_documents_named_in_the_sources_exist():
+    """Every ``*.md`` file the package sources, examples, benchmarks and docs name is in the
+    repository (a docstring once pointed at a design note that only lived outside it)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    for folder in ("jaxbuffers", "host_codecs", "examples", "benchmarks"):
+        files += sorted((root / folder).rglob("*.py"))
+    missing = []
+    for f in files:
+        for name in set(re.findall(r"[A-Za-z0-9_./-]*[A-Za-z0-9_]\.md\b", f.read_text())):
+            candidates = [root / name, f.parent / name, root / "docs" / name]
+            if not any(c.is_file() for c in candidates):
+                missing.append(f"{f.relative_to(root)}: {name}")
+    assert not missing, missing

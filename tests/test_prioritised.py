@@ -331,6 +331,16 @@ def test_vmap_over_stacked_buffers():
     np.testing.assert_array_equal(np.asarray(bufs.size()), [3, 3, 3])
 
 
+def test_priority_read_back_precision_is_as_documented():
+    """priorities() reads p to ~6e-8 / alpha relative (the float32 leaf's rounding raised to 1/alpha;
+    a review found the old "~1e-7" wrong for small alpha: 2.0 read 2.000106 at alpha 1e-3)."""
+    p = np.geomspace(1e-3, 1e6, 64).astype(np.float32)
+    for alpha in (1.0, 0.6, 0.1, 1e-3):
+        buf = PRB.create({"x": jnp.float32(0)}, 64, priority_exponent=alpha).add({"x": jnp.zeros(64)}, jnp.asarray(p))
+        rel = np.abs(np.asarray(buf.priorities(jnp.arange(64)), np.float64) / p - 1)
+        assert rel.max() <= 1.5 * 6e-8 / alpha + 1e-7, (alpha, rel.max())
+
+
 def test_create_names_an_unknown_keyword():
     with pytest.raises(TypeError, match=r"PrioritisedReplayBuffer.create: unexpected keyword 'alpha' \(alpha: use priority_exponent\); its keywords are priority_exponent, min_size and epsilon"):
         PRB.create(ITEM, 8, alpha=0.5)
@@ -357,8 +367,17 @@ def test_trace_time_errors():
         buf.sample(jax.random.key(0), 0, 0.4)
     with pytest.raises(ValueError, match="beta"):
         buf.sample(jax.random.key(0), 4, -0.1)
-    with pytest.raises(TypeError, match="beta"):
+    with pytest.raises(ValueError, match=r"beta: expected a scalar \(shape \(\)\), got shape \(2,\)"):
         buf.sample(jax.random.key(0), 4, jnp.ones(2))
+    for bad in (True, 1j, "0.4", None):
+        with pytest.raises(TypeError, match="beta: expected a float >= 0 or a 0-d float array"):
+            buf.sample(jax.random.key(0), 4, bad)
+    # an integer beta is a number: eagerly, and as the int32 tracer a Python 1 becomes under jit
+    # (an annealed beta = min(1, ...) saturates at the int 1; found by a review)
+    want = buf.sample(jax.random.key(0), 4, 1.0).importance_weights
+    for beta in (1, np.int64(1), jnp.int32(1)):
+        np.testing.assert_array_equal(buf.sample(jax.random.key(0), 4, beta).importance_weights, want)
+        np.testing.assert_array_equal(jax.jit(lambda b, k, x: b.sample(k, 4, x))(buf, jax.random.key(0), beta).importance_weights, want)
     with pytest.raises(ValueError, match=r"generations: expected shape \(2,\)"):
         buf.set_priorities(jnp.array([0, 1]), jnp.ones(2), jnp.ones(3, jnp.int32))
     with pytest.raises(TypeError, match="generations: expected an integer"):

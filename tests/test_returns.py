@@ -508,7 +508,9 @@ _DROP = object()
         (dict(gae_lambda=-0.1), ValueError, ["gae_lambda", "[0, 1]"]),
         (dict(gamma=float("nan")), ValueError, ["gamma"]),
         (dict(gamma=jnp.ones(2) * 0.9), ValueError, ["gamma", "scalar"]),
-        (dict(gamma=jnp.int32(1)), TypeError, ["gamma", "floating"]),
+        (dict(gamma=True), TypeError, ["gamma", "got True"]),
+        (dict(gamma=1 + 0j), TypeError, ["gamma", "(1+0j)"]),
+        (dict(gamma="0.9"), TypeError, ["gamma", "str"]),
         (dict(gamma=None), TypeError, ["gamma"]),
         (dict(method="cumsum"), ValueError, ["method", "cumsum", "associative"]),
     ],
@@ -518,6 +520,17 @@ def test_gae_bad_input(changes, exc, words):
         call_gae(**changes)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+
+
+def test_integer_gamma_and_lambda_are_numbers_also_traced():
+    """An integer discount is a number like any other: a Python 1 passed through jit arrives as an
+    int32 tracer (it was refused with "must have a floating dtype")."""
+    r, v, term, trunc, fv, lv = make_rollout(0, 6)
+    want = gae(r, v, term, trunc, fv, lv, gamma=1.0, gae_lambda=1.0)
+    for g in (1, np.int64(1), jnp.int32(1)):
+        for got in (gae(r, v, term, trunc, fv, lv, gamma=g, gae_lambda=g), jax.jit(gae)(r, v, term, trunc, fv, lv, gamma=g, gae_lambda=g)):
+            np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(jax.jit(discounted_returns)(r, term, trunc, fv, lv, 1), discounted_returns(r, term, trunc, fv, lv, 1.0))
 
 
 def test_bad_input_fails_at_trace_time_under_jit():

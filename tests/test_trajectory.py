@@ -432,11 +432,16 @@ def test_small_final_obs_ring_exact_until_overflow():
     for b in range(64):
         lane, a = ref.locate(out.indices[b])
         np.testing.assert_array_equal(out.next_obs[b], ref.transition(lane, a, 1, 0.9)[3])
-    # three truncations within 6 steps overflow K = 2: the sticky flag says so.
+    # three truncations within 6 steps overflow K = 2: final_obs_lost says so while the step is stored
     for i in range(3):
         obs, action, reward, term, _, final = make_chunk(rng, 1, 1, 100 + i, p_term=0)
         buf = ADD(buf, {"obs": obs, "action": action, "reward": reward}, term, np.array([[True]]), final)
     assert bool(buf.final_obs_lost())
+    # ... and not once the step that lost it is overwritten (no record of the past, as documented)
+    for i in range(6):
+        obs, action, reward, term, _, final = make_chunk(rng, 1, 1, 200 + i, p_term=0)
+        buf = ADD(buf, {"obs": obs, "action": action, "reward": reward}, term, np.array([[False]]), final)
+    assert not bool(buf.final_obs_lost())
 
 
 @settings(max_examples=25, deadline=None)
@@ -583,9 +588,14 @@ def test_static_flag_and_gamma_types():
         with pytest.raises(TypeError, match="cross_episodes: expected a Python bool"):
             buf.sample_sequences(jax.random.key(0), 4, 2, cross_episodes=bad)
     assert not bool(buf.can_sample(2, cross_episodes=np.bool_(False)))
-    for bad in (True, np.bool_(False), np.array(True), jnp.array([True])[0]):
+    for bad in (True, np.bool_(False), np.array(True), jnp.array([True])[0], complex(0.5, 0), np.complex64(1), jnp.complex64(1), "0.9"):
         with pytest.raises(TypeError, match="gamma: expected a float"):
             buf.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=bad)
+    # sizes past int32 are named (they failed inside JAX with "argument path is x2")
+    with pytest.raises(ValueError, match=r"period: expected at most 2\*\*31 - 1"):
+        buf.sample_sequences(jax.random.key(0), 4, 2, period=2**31)
+    with pytest.raises(ValueError, match=r"period: expected at most 2\*\*31 - 1"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, period=2**40)
     for ok in (1, 0, np.float32(0.5), jnp.float32(0.9), np.int64(1), jnp.int32(1), np.array(1)):
         buf.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=ok)
     # a Python int traced by jit is an int32 tracer: still a discount (a regression caught in review)

@@ -348,7 +348,6 @@ class StagingWriter:
           added first, as for every sample.
         """
         from jaxbuffers.compressed.trajectory import CompressedPrioritisedTrajectoryBuffer
-        from jaxbuffers.prioritised import check_beta
         from jaxbuffers.trajectory import _gamma
 
         buf = self.flush()
@@ -357,7 +356,7 @@ class StagingWriter:
         if isinstance(buf, CompressedPrioritisedTrajectoryBuffer):
             if beta is None:
                 raise TypeError("beta: required for a prioritised buffer (a float >= 0 or a float scalar array)")
-            check_beta(beta)
+            _validate.scalar_parameter("beta", beta, 0.0)
         elif beta is not None:
             raise TypeError(f"beta: only a prioritised buffer takes beta, got beta={beta!r} for {type(buf).__name__}")
         elif n_step is None:

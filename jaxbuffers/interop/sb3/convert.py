@@ -7,7 +7,7 @@ single transitions with items ``{"obs", "action", "reward", "next_obs", "termina
 "truncated"}`` and capacity ``rows * n_envs``. SB3's row ``t``, env ``e`` is slot ``t * n_envs + e``
 (the physical layout is kept, so ``head = pos * n_envs``), ``num_valid`` counts the transitions SB3
 would sample, and ``num_added()`` is ``rows * n_envs`` once SB3 was full (``pos * n_envs`` before).
-Flags (our conventions, DESIGN.md): ``terminated = done and not timeout``, ``truncated = done and
+Flags (our conventions, docs/guide.md section 2): ``terminated = done and not timeout``, ``truncated = done and
 timeout``; back: ``dones = terminated or truncated``, ``timeouts = truncated`` (all 0 when exported
 with ``handle_timeout_termination=False``: SB3 then treats time limits as terminal, as it does
 itself).
