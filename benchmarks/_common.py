@@ -133,3 +133,60 @@ def interleaved(runs: dict, repeats: int, per: int = 1) -> dict:
             runs[name]()
             times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(t) / per for name, t in times.items()}
+
+
+def tree_leaves_and_root(impl_name: str, state) -> tuple:
+    """The priority sum tree of a prioritised buffer state, ours or flashbax's: (float64 leaves as
+    numpy, float root). Ours: ``state.tree`` (:class:`jaxbuffers.sum_tree.SumMinTree`); flashbax:
+    ``state.sum_tree_state.nodes``, a flat heap whose last level (from ``2**depth - 1``) holds the
+    leaves and whose node 0 is the root."""
+    import numpy as np
+
+    if impl_name == "jaxbuffers":
+        return np.asarray(state.tree.leaves(), np.float64), float(state.tree.total())
+    tree = state.sum_tree_state
+    first = 2**tree.tree_depth - 1
+    nodes = np.asarray(tree.nodes)
+    return nodes[first : first + tree.capacity].astype(np.float64), float(nodes[0])
+
+
+def tree_check(case: str, impl_name: str, state, indices_of_samples) -> dict:
+    """One correctness record of a prioritised buffer: the root's relative error against the
+    float64 sum of its leaves (a tree whose parents are recomputed from their children stays at
+    float32 rounding; one updated by adding deltas drifts), and how many of the given sampled
+    indices landed on a slot of priority 0 (must be none)."""
+    import numpy as np
+
+    leaves, root = tree_leaves_and_root(impl_name, state)
+    exact = leaves.sum()
+    hits = np.concatenate([np.asarray(i).reshape(-1) for i in indices_of_samples])
+    return {
+        "check": case, "impl": impl_name, "root_rel_error": abs(root - exact) / exact if exact > 0 else abs(root),
+        "zero_priority_draws": int((leaves[np.clip(hits, 0, leaves.size - 1)] <= 0).sum()), "draws": int(hits.size),
+    }
+
+
+def priority_checks(case: str, impls, sample_and_update, rounds: int, batch: int = 256) -> None:
+    """The "correct results" half of a prioritised target, one ``check`` line (:func:`tree_check`)
+    per implementation after each of two phases, each ``rounds`` samples of ``batch`` followed by
+    set_priorities at the sampled indices inside one jitted ``lax.scan``: priorities ``1000 u**3``
+    (``u ~ U[0, 1)``: six decades), then priorities 1e-4 (what remains when large priorities
+    fall; a tree updated by deltas keeps their rounding). ``sample_and_update(impl)`` returns
+    ``(sample(state, key) -> out with .indices, update(state, out, priorities) -> state)``."""
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.key(11), rounds)
+    phases = [
+        (f"{rounds} sample+set_priorities of {batch}, priorities 1000 u**3", lambda k: 1000.0 * jax.random.uniform(k, (batch,)) ** 3),
+        (f"then {rounds} more with priorities 1e-4", lambda k: jnp.full((batch,), 1e-4)),
+    ]
+    for impl in impls:
+        sample, update = sample_and_update(impl)
+        for label, priorities in phases:
+
+            def step(s, k, priorities=priorities):
+                return update(s, sample(s, k), priorities(jax.random.fold_in(k, 1))), None
+
+            impl.state = jax.jit(lambda s, ks, step=step: jax.lax.scan(step, s, ks)[0])(impl.state, keys)
+            draws = [sample(impl.state, k).indices for k in jax.random.split(jax.random.key(12), 50)]
+            emit(tree_check(f"correctness/{case}/{label}", impl.name, impl.state, draws))

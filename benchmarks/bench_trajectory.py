@@ -17,6 +17,9 @@ across episode ends. For fairness flashbax's step also carries ``terminated``/``
 Steps: vector (obs f32[17], action f32[6], reward f32; 8 envs x 12,500 steps) and Atari (pixels
 u8[84,84,4] as obs, action i32, reward f32; 8 envs x 1,250 steps). Buffers are filled completely
 (wrapped) before sampling. One JSON line per case; ratio = flashbax time / ours (> 1: ours faster).
+After the prioritised vector cases of window 2, ``check`` lines (``_common.priority_checks``): the
+sum tree's root against the float64 sum of its leaves and draws of zero-priority positions, after
+4,000 sample+set_priorities of 256 and 4,000 more with priorities 1e-4.
 
 Run: python benchmarks/bench_trajectory.py [--quick] [--repeats N] [--steps vector,atari] [--part uniform|prioritised]
 """
@@ -31,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, interleaved, machine_info, parser, versions  # noqa: E402
+from _common import emit, interleaved, machine_info, parser, priority_checks, versions  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
@@ -269,7 +272,7 @@ def uniform(name, step, length, ring, one, chunk, calls, scan_steps, nsamp, repe
     del impls, fb
 
 
-def prioritised(name, step, length, ring, one, chunk, scan_steps, nsamp, repeats):
+def prioritised(name, step, length, ring, one, chunk, scan_steps, nsamp, repeats, checks):
     for n in SEQ_LENS:
         impls = [Ours(step, length, prioritised=True, seq_len=n, ring=ring), Flashbax(step, length, prioritised=True, seq_len=n)]
         runs = {i.name: add_scan_runner(i, i.pick(one), scan_steps) for i in impls}
@@ -282,6 +285,8 @@ def prioritised(name, step, length, ring, one, chunk, scan_steps, nsamp, repeats
         report(f"prioritised/set_priorities/{name}/call/batch={SAMPLE}/seq={n}", "updates", SAMPLE, times)
         times = interleaved({i.name: sample_update_scan_runner(i, n, nsamp) for i in impls}, repeats, nsamp)
         report(f"prioritised/sample+set_priorities/{name}/scan/batch={SAMPLE}/seq={n}", "sequences", SAMPLE, times)
+        if name == "vector" and n == SEQ_LENS[0]:  # the tree code is the same for every step and window
+            priority_checks(f"prioritised/{name}/seq={n}", impls, lambda i, n=n: (lambda s, k: i.sample_fn(s, k, n), i.set_fn), checks)
         del impls
 
 
@@ -306,7 +311,7 @@ def main():
         if args.part != "prioritised":
             uniform(name, step, length, ring, one, chunk, calls, scan_steps, nsamp, repeats)
         if args.part != "uniform":
-            prioritised(name, step, length, ring, one, chunk, scan_steps, nsamp, repeats)
+            prioritised(name, step, length, ring, one, chunk, scan_steps, nsamp, repeats, 200 if args.quick else 4000)
     emit({"bench": "trajectory", "done": True, "elapsed_s": round(time.perf_counter() - start, 1)})
 
 
