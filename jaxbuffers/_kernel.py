@@ -16,6 +16,10 @@ one-item prioritised add; flashbax 16-18 us). For larger updates the loop is an 
 iteration ``while`` and costs about the same as the unwrapped program (measured within noise at
 256 vector items and at one Atari frame). The result is the same computation, bit for bit
 (tested). Other backends run ``update`` unchanged: GPU/TPU launch kernels per loop step.
+
+The opposite case: a program that only copies many bytes (a one-step write of an Atari frame per
+lane) also counts under XLA's 1,000-flop bar for inline execution, and is faster run
+asynchronously; :func:`counted_as_work` makes its cost model count it as work.
 """
 
 from __future__ import annotations
@@ -73,3 +77,32 @@ def map_entries(fn: Callable[[jax.Array], jax.Array], n: int, *, scalar_loop: bo
         return jax.vmap(fn)(ks)
     out = jax.eval_shape(fn, jnp.int32(0))
     return jax.lax.fori_loop(0, n, lambda k, o: o.at[k].set(fn(k)), jnp.zeros((n,), out.dtype))
+
+
+# Writes of at least this many bytes are made to count as work for XLA's CPU client (see
+# counted_as_work). Measured on the 2-core CPU, one jitted trajectory add per Python call of 8
+# lanes, asynchronous vs inline: from ~32 KB per add as fast or faster, at 8 KB and below equal;
+# at 226 KB (one Atari frame per lane) 30-58 vs 36-63 us per add (noisy, faster in 6 of 9 rounds),
+# and bench_trajectory's add/atari/call went from 0.59-0.98x flashbax (4 runs) to 0.94-1.23x (3).
+# Inside a lax.scan the extra index arithmetic measured within noise.
+ASYNC_MIN_BYTES = 32 * 1024
+
+
+def counted_as_work(nbytes: int, index: jax.Array) -> jax.Array:
+    """``index`` (an int32 scalar >= 0, e.g. a ring head about to be written at), unchanged, but
+    computed so that XLA's cost model counts about 2,000 flops, when the write it positions moves
+    at least :data:`ASYNC_MIN_BYTES` (``nbytes``; CPU backend, traced; otherwise returned as is).
+
+    Why: XLA's CPU client runs a program whose cost model counts under 1,000 flops *inline* on the
+    calling thread (see :func:`map_entries`), and a slice update counts none, however many bytes
+    it copies. A jitted call that writes one Atari frame per lane then copies its ~226 KB on the
+    Python thread, while asynchronously the next call's dispatch overlaps the copy on another
+    core. The index gains ``sum(iota(1024) * (index >> 31))``: always 0 (``index >= 0``) but opaque
+    to the compiler, one small fused loop (well under a microsecond), and the data path is not
+    touched (a select fused into the update itself slowed writes inside a ``lax.scan``).
+    """
+    if jax.default_backend() != "cpu" or nbytes < ASYNC_MIN_BYTES or not isinstance(index, jax.core.Tracer):
+        return index
+    index = jnp.asarray(index, jnp.int32)
+    zero = jnp.right_shift(index, 31)
+    return index + jnp.sum(jnp.arange(1024, dtype=jnp.int32) * zero)

@@ -1,6 +1,7 @@
 """Tests of jaxbuffers._kernel: as_one_kernel runs the update exactly once, bit for bit;
 map_entries gives the same values as a loop and vectorised; the per-call priority updates are
-programs XLA's CPU client runs inline."""
+programs XLA's CPU client runs inline, and large one-step trajectory writes are not
+(counted_as_work)."""
 
 from __future__ import annotations
 
@@ -115,3 +116,27 @@ def test_empty_set_priorities_is_a_no_op_and_bad_dtypes_are_named():
             buf.set_priorities(jnp.zeros(2), jnp.ones(2), two)
         with pytest.raises(TypeError, match="generations: expected an integer"):
             buf.set_priorities(two, jnp.ones(2), jnp.zeros(2))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's inline-execution rule")
+def test_large_one_step_trajectory_writes_are_asynchronous_programs_small_ones_inline():
+    """counted_as_work: a per-call add of one Atari frame per lane (226 KB) counts >= 1,000 flops,
+    so XLA's CPU client runs it asynchronously (the Python thread's next dispatch overlaps the
+    copy); an add of small vector steps stays a cheap, inline program. The index is unchanged:
+    the buffers equal those of the plain write (checked by every trajectory test), and here the
+    head it returns."""
+    from jaxbuffers import TrajectoryBuffer
+
+    flops = {}
+    for name, obs in (("atari", jnp.zeros((84, 84, 4), jnp.uint8)), ("vector", jnp.zeros(17, jnp.float32))):
+        step = {"obs": obs, "action": jnp.int32(0), "reward": jnp.float32(0)}
+        buf = TrajectoryBuffer.create(step, 8, 64, final_obs_capacity=4)
+        batch = jax.tree.map(lambda x: jnp.ones((8,) + x.shape, x.dtype), step)
+        add = jax.jit(lambda b, s: b.add(s, terminated=jnp.zeros(8, bool)))
+        flops[name] = add.lower(buf, batch).compile().cost_analysis()["flops"]
+        out = add(buf, batch)
+        np.testing.assert_array_equal(np.asarray(out.storage["obs"][:, 0]), np.asarray(batch["obs"]))
+        assert int(out.head) == 1
+    assert flops["atari"] >= 1000 and flops["vector"] < 1000, flops
+    for head in (0, 7, 2**31 - 1):
+        assert int(jax.jit(lambda h: _kernel.counted_as_work(_kernel.ASYNC_MIN_BYTES, h))(jnp.int32(head))) == head
