@@ -82,27 +82,33 @@ def map_entries(fn: Callable[[jax.Array], jax.Array], n: int, *, scalar_loop: bo
 # Writes of at least this many bytes are made to count as work for XLA's CPU client (see
 # counted_as_work). Measured on the 2-core CPU, one jitted trajectory add per Python call of 8
 # lanes, asynchronous vs inline: from ~32 KB per add as fast or faster, at 8 KB and below equal;
-# at 226 KB (one Atari frame per lane) 30-58 vs 36-63 us per add (noisy, faster in 6 of 9 rounds),
-# and bench_trajectory's add/atari/call went from 0.59-0.98x flashbax (4 runs) to 0.94-1.23x (3).
-# Inside a lax.scan the extra index arithmetic measured within noise.
+# at 226 KB (one Atari frame per lane) 26-42 vs 47-82 us per add over 8 rounds in one process;
+# inside a lax.scan 18.8-23.9 vs 19.8-24.6 (no cost). An opaque zero added to the write index
+# (a reduction over 1,024 elements, instead of the select) was as fast per call but is a kernel
+# of its own: 20.2-26.2 us in the scan.
 ASYNC_MIN_BYTES = 32 * 1024
 
 
-def counted_as_work(nbytes: int, index: jax.Array) -> jax.Array:
-    """``index`` (an int32 scalar >= 0, e.g. a ring head about to be written at), unchanged, but
-    computed so that XLA's cost model counts about 2,000 flops, when the write it positions moves
-    at least :data:`ASYNC_MIN_BYTES` (``nbytes``; CPU backend, traced; otherwise returned as is).
+def counted_as_work(update: T, nonnegative: jax.Array) -> T:
+    """``update`` unchanged, written so that XLA's cost model counts its elements as work, when it
+    holds at least :data:`ASYNC_MIN_BYTES` (CPU backend, traced; otherwise returned as is). For
+    the operand of a slice update: the select below fuses into it (into a scatter it did not, and
+    cost an extra pass over the rows).
 
     Why: XLA's CPU client runs a program whose cost model counts under 1,000 flops *inline* on the
     calling thread (see :func:`map_entries`), and a slice update counts none, however many bytes
     it copies. A jitted call that writes one Atari frame per lane then copies its ~226 KB on the
     Python thread, while asynchronously the next call's dispatch overlaps the copy on another
-    core. The index gains ``sum(iota(1024) * (index >> 31))``: always 0 (``index >= 0``) but opaque
-    to the compiler, one small fused loop (well under a microsecond), and the data path is not
-    touched (a select fused into the update itself slowed writes inside a ``lax.scan``).
+    core. Each leaf becomes ``where(nonnegative >= 0, leaf, 0)``: the predicate is always true but
+    opaque to the compiler, so the values are the same bits.
+
+    Args:
+      update: pytree of arrays about to be written.
+      nonnegative: an int32 scalar that is never negative (e.g. a ring head); may be batched
+        under ``vmap``.
     """
-    if jax.default_backend() != "cpu" or nbytes < ASYNC_MIN_BYTES or not isinstance(index, jax.core.Tracer):
-        return index
-    index = jnp.asarray(index, jnp.int32)
-    zero = jnp.right_shift(index, 31)
-    return index + jnp.sum(jnp.arange(1024, dtype=jnp.int32) * zero)
+    nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(update))
+    if jax.default_backend() != "cpu" or nbytes < ASYNC_MIN_BYTES or not isinstance(nonnegative, jax.core.Tracer):
+        return update
+    keep = jnp.asarray(nonnegative, jnp.int32) >= 0
+    return jax.tree.map(lambda x: jnp.where(keep, x, jnp.zeros((), x.dtype)), update)

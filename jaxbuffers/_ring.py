@@ -100,9 +100,9 @@ def write(storage, batch, head: jax.Array, axis: int = 0):
     1), which XLA performs in place when the storage is donated. A ``lax.cond`` between a slice
     update and a scatter was measured 2-20x slower on CPU (the conditional's overhead and copies).
     The indices are computed once for all leaves (each computation is a kernel of its own). A
-    one-step write of at least 32 KB positions its slice update with
+    one-step write of at least 32 KB passes its rows through
     :func:`jaxbuffers._kernel.counted_as_work`, so that a per-call add of it runs asynchronously on
-    CPU (the same slots and values).
+    CPU (the same values).
 
     With ``axis > 0`` and rows with axes of their own (e.g. per-lane ``[E, length, 17]``
     storage), the leading axes are flattened and the ``E * batch_size`` rows are scattered one by
@@ -117,8 +117,7 @@ def write(storage, batch, head: jax.Array, axis: int = 0):
     capacity, b = leaves[0].shape[axis], rows_in[0].shape[axis]
     head = jnp.asarray(head, jnp.int32)
     if b == 1:  # cannot wrap: a plain slice update (measured faster for big rows)
-        # counted_as_work: a large one-step write (e.g. an Atari frame per lane) runs asynchronously on CPU
-        head = _kernel.counted_as_work(sum(x.size * x.dtype.itemsize for x in rows_in), head)
+        rows_in = _kernel.counted_as_work(rows_in, head)  # a large one-step write runs asynchronously on CPU
         out = [jax.lax.dynamic_update_slice_in_dim(s, x, head, axis) for s, x in zip(leaves, rows_in)]
         return jax.tree.unflatten(treedef, out)
     idx = write_indices(head, b, capacity)

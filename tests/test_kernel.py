@@ -138,5 +138,10 @@ def test_large_one_step_trajectory_writes_are_asynchronous_programs_small_ones_i
         np.testing.assert_array_equal(np.asarray(out.storage["obs"][:, 0]), np.asarray(batch["obs"]))
         assert int(out.head) == 1
     assert flops["atari"] >= 1000 and flops["vector"] < 1000, flops
+    # the same bits, floats' -0.0 and NaN payloads included, for any head >= 0
+    bits = np.arange(_kernel.ASYNC_MIN_BYTES // 4, dtype=np.uint32) * np.uint32(2654435761)
+    x = {"f": jnp.asarray(bits.view(np.float32)), "u": jnp.asarray(bits.view(np.uint8)[: bits.size])}
     for head in (0, 7, 2**31 - 1):
-        assert int(jax.jit(lambda h: _kernel.counted_as_work(_kernel.ASYNC_MIN_BYTES, h))(jnp.int32(head))) == head
+        out = jax.jit(_kernel.counted_as_work)(x, jnp.int32(head))
+        np.testing.assert_array_equal(np.asarray(out["f"]).view(np.uint32), bits)
+        np.testing.assert_array_equal(np.asarray(out["u"]), bits.view(np.uint8)[: bits.size])
