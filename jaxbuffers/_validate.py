@@ -39,7 +39,8 @@ def item_spec(example: Any, what: str = "example_item") -> Any:
     rejected: their dtype would be a guess.
 
     Raises:
-      TypeError: a leaf is not array-like, or its dtype cannot be stored by JAX as it is.
+      TypeError: a leaf is not array-like, is a typed PRNG key array, or its dtype cannot be stored
+        by JAX as it is.
       ValueError: the example has no leaves.
     """
     leaves, treedef = jax.tree_util.tree_flatten_with_path(example)
@@ -52,6 +53,12 @@ def item_spec(example: Any, what: str = "example_item") -> Any:
                 f"{what}{leaf_name(path) if path else ''}: expected an array or jax.ShapeDtypeStruct "
                 f"(its dtype is stored exactly), got {type(leaf).__name__} {leaf!r}; wrap it, e.g. "
                 f"jnp.float32({leaf!r})"
+            )
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            raise TypeError(
+                f"{what}{leaf_name(path) if path else ''}: expected a numeric array, got a PRNG key array "
+                f"({leaf.dtype}); store its raw bits, jax.random.key_data(key), and rebuild it with "
+                f"jax.random.wrap_key_data"
             )
         dtype = np.dtype(leaf.dtype)
         canonical = jax.dtypes.canonicalize_dtype(dtype)

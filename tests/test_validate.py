@@ -80,3 +80,16 @@ def test_static_bool():
     for bad in ("False", 0, 1, None, jnp.bool_(True)):
         with pytest.raises(TypeError, match="flag: expected a Python bool"):
             static_bool("flag", bad)
+
+
+def test_item_spec_names_a_prng_key_leaf():
+    """A typed PRNG key leaf is refused with the leaf named and the way to store it (it failed
+    with numpy's "Cannot interpret 'key<fry>' as a data type"; found by a fresh-clone review)."""
+    import jaxbuffers as jb
+
+    item = {"obs": jnp.zeros(3), "rng": jax.random.key(0)}
+    for create in (lambda: _validate.item_spec(item), lambda: jb.ReplayBuffer.create(item, 8)):
+        with pytest.raises(TypeError, match=r"example_item\['rng'\]: expected a numeric array, got a PRNG key array.*key_data"):
+            create()
+    raw = {"obs": jnp.zeros(3), "rng": jax.random.key_data(jax.random.key(0))}  # what to store instead
+    assert jb.ReplayBuffer.create(raw, 8).item_spec["rng"].dtype == jnp.uint32
