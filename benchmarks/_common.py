@@ -12,6 +12,8 @@ from importlib import metadata
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 
 def machine_info() -> dict:
@@ -140,8 +142,6 @@ def tree_leaves_and_root(impl_name: str, state) -> tuple:
     numpy, float root). Ours: ``state.tree`` (:class:`jaxbuffers.sum_tree.SumMinTree`); flashbax:
     ``state.sum_tree_state.nodes``, a flat heap whose last level (from ``2**depth - 1``) holds the
     leaves and whose node 0 is the root."""
-    import numpy as np
-
     if impl_name == "jaxbuffers":
         return np.asarray(state.tree.leaves(), np.float64), float(state.tree.total())
     tree = state.sum_tree_state
@@ -155,8 +155,6 @@ def tree_check(case: str, impl_name: str, state, indices_of_samples) -> dict:
     float64 sum of its leaves (a tree whose parents are recomputed from their children stays at
     float32 rounding; one updated by adding deltas drifts), and how many of the given sampled
     indices landed on a slot of priority 0 (must be none)."""
-    import numpy as np
-
     leaves, root = tree_leaves_and_root(impl_name, state)
     exact = leaves.sum()
     hits = np.concatenate([np.asarray(i).reshape(-1) for i in indices_of_samples])
@@ -173,8 +171,6 @@ def priority_checks(case: str, impls, sample_and_update, rounds: int, batch: int
     (``u ~ U[0, 1)``: six decades), then priorities 1e-4 (what remains when large priorities
     fall; a tree updated by deltas keeps their rounding). ``sample_and_update(impl)`` returns
     ``(sample(state, key) -> out with .indices, update(state, out, priorities) -> state)``."""
-    import jax.numpy as jnp
-
     keys = jax.random.split(jax.random.key(11), rounds)
     phases = [
         (f"{rounds} sample+set_priorities of {batch}, priorities 1000 u**3", lambda k: 1000.0 * jax.random.uniform(k, (batch,)) ** 3),

@@ -55,7 +55,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -197,15 +196,16 @@ def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[
 
     Args:
       tree: the buffer's tree. leaf: float32[B], the sampled leaves ``p^alpha``.
-      beta: importance exponent, a Python float (checked: finite, >= 0) or a float scalar array
-        (may be traced; not range-checked).
+      beta: importance exponent, a Python / numpy number or a 0-d integer or floating array
+        (:func:`jaxbuffers._validate.scalar_parameter`; a concrete value must be finite and
+        ``>= 0``, a traced one is not range-checked).
 
     Returns:
       ``(probabilities, weights)``, float32[B] each.
 
     Raises (trace time):
-      ValueError: a Python ``beta`` that is negative or not finite. TypeError: ``beta`` not a
-      float or a float scalar array.
+      ValueError: a concrete ``beta`` that is negative or not finite, or an array that is not 0-d.
+      TypeError: ``beta`` a bool, complex, or not a number or array.
     """
     _validate.scalar_parameter("beta", beta, 0.0)
     total = tree.total()
@@ -457,7 +457,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         Args:
           key: a JAX PRNG key.
           batch_size: static Python int >= 1.
-          beta: importance-sampling exponent, a float or a float scalar array (may be traced, e.g.
+          beta: importance-sampling exponent, a number or a 0-d array (may be traced, e.g.
             annealed inside a jitted step); ``0`` gives weights of 1. Required, as in every
             prioritised sampler here: Schaul et al. anneal it from ~0.4 to 1 over training, so no
             default would suit every step.

@@ -56,7 +56,8 @@ function bootstraps there from ``last_value`` (pass zeros to disable).
 *Dtypes.* Flags must be ``bool`` (``x.astype(bool)`` for 0/1 arrays) and all float arguments
 must share one floating dtype; nothing is cast silently. A Python ``float`` is accepted for
 ``last_value`` when the batch shape is ``()``. ``gamma`` and the lambdas are scalars (Python
-floats or 0-d float arrays, possibly traced); when concrete they must lie in ``[0, 1]``.
+numbers or 0-d integer or float arrays, possibly traced; bools and complex numbers are refused);
+when concrete they must lie in ``[0, 1]``.
 All checks run at trace time and raise ``TypeError`` (dtype) or ``ValueError`` (shape, range).
 Results have the dtype of ``reward``. Inputs of fewer than 32 bits (``bfloat16``, ``float16``) are
 computed in ``float32`` and the results rounded to their dtype once, at the end: in ``bfloat16``

@@ -36,9 +36,10 @@ always exact. If a lane holds more than ``K`` truncated steps, the oldest final 
 overwritten, and transitions bootstrapping from a lost one read a newer one.
 :meth:`TrajectoryBuffer.final_obs_lost` (an exact ``O(capacity)`` check) tells whether a step
 stored *now* has lost its final observation; it keeps no record of the past (it reads False again
-once such steps are overwritten), so size ``K`` as above rather than rely on checking it. The flags and the ring slot of a step share one int32
-(``meta``); the ring cursors (``head``, ``num_valid``, ``added``, ``final_head``) share one int32
-array (``counters``), because every array of the state costs dispatch time on each jitted call.
+once such steps are overwritten), so size ``K`` as above rather than rely on checking it. The
+flags and the ring slot of a step share one int32 (``meta``); the ring cursors (``head``,
+``num_valid``, ``added``, ``final_head``) share one int32 array (``counters``), because every
+array of the state costs dispatch time on each jitted call.
 
 Sampling
 --------
@@ -661,7 +662,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
 
         Args:
           key: PRNG key. batch_size, n_step: static Python ints >= 1 (``n_step < length``).
-          gamma: discount in [0, 1], Python float or 0-d float array (may be traced). Required.
+          gamma: discount in [0, 1], a Python number or 0-d integer or float array (may be traced). Required.
 
         Returns:
           :class:`TransitionSample`. Check ``can_sample(n_step + 1)`` first.
