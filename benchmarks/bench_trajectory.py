@@ -8,7 +8,8 @@ Cases (every call jitted, buffer donated):
   * sample batch 256 of sequences of length 2 and 32 (period 1); sequences/s.
   * prioritised: add (scan, one step), sample (batch 256, length 2 and 32; ours computes
     importance weights, flashbax returns probabilities only), set_priorities (256 updates).
-  * ours only: n-step transitions (batch 256, n = 3) and within-episode sequences.
+  * ours only: n-step transitions (batch 256, n = 3), within-episode sequences, and sequences of
+    32 with their final observations (``final_obs_at``, the ring read for truncated steps).
 
 Work is not identical: jaxbuffers also stores the episode flags separately, keeps the
 final-observation ring (written on truncated steps; the add cases pass ``truncated`` and a
@@ -257,6 +258,7 @@ def uniform(name, step, length, ring, one, chunk, calls, scan_steps, nsamp, repe
     fns = {
         "transitions_n3": jax.jit(lambda s, k: s.sample_transitions(k, SAMPLE, n_step=3, gamma=0.99)),
         "seq32_within_episode": jax.jit(lambda s, k: s.sample_sequences(k, SAMPLE, 32, cross_episodes=False)),
+        "seq32_with_final_obs": jax.jit(lambda s, k: (q := s.sample_sequences(k, SAMPLE, 32), s.final_obs_at(q.indices, 32))),
     }
     for label, fn in fns.items():
         keys = list(jax.random.split(jax.random.key(3), nsamp))

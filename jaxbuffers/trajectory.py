@@ -49,7 +49,8 @@ n-step transitions use ``w = n_step + 1`` (the window must include the step that
 ``obs_{t+n}``), so the newest ``n_step`` steps of a lane are sampled once later steps arrive.
 Positions are flat ``index = lane * length + physical_slot``; :meth:`TrajectoryBuffer.transitions_at`
 and :meth:`TrajectoryBuffer.sequences_at` read the transitions / sequences at given positions (what
-the samplers return there), and :meth:`TrajectoryBuffer.valid_starts` says which positions the
+the samplers return there), :meth:`TrajectoryBuffer.final_obs_at` the final observations of a
+sequence's truncated steps, and :meth:`TrajectoryBuffer.valid_starts` says which positions the
 samplers can draw.
 
 Example::
@@ -121,7 +122,8 @@ class SequenceSample(NamedTuple):
     The episode flags travel packed in one ``uint8`` array (one output array instead of three:
     every output of a jitted sample costs executor time and memory, measured ~35 us of a 256 x 32
     vector sample on CPU); ``terminated``, ``truncated`` and ``mask`` are computed from it on
-    access, so inside a jitted step they fuse into whatever uses them.
+    access, so inside a jitted step they fuse into whatever uses them. The final observations of
+    truncated steps (to bootstrap from) are read separately: :meth:`TrajectoryBuffer.final_obs_at`.
     """
 
     item: Any  # dict like the example step, leaves [B, L, ...], stored dtypes
@@ -238,6 +240,11 @@ def _flat_take(x: jax.Array, flat: jax.Array) -> jax.Array:
     """``x[lane, slot]`` for ``x`` of shape ``[E, length, ...]`` and flat ids ``lane * length + slot``."""
     e, n = x.shape[:2]
     return jnp.take(x.reshape(e * n, *x.shape[2:]), flat, axis=0, mode="clip")
+
+
+def where_real(real: jax.Array, tree: Any) -> Any:
+    """``tree`` (leaves ``[B, L, ...]``) with zeros wherever ``real`` (bool ``[B, L]``) is False."""
+    return jax.tree.map(lambda x: jnp.where(real.reshape(real.shape + (1,) * (x.ndim - 2)), x, jnp.zeros((), x.dtype)), tree)
 
 
 def _gamma(gamma, dtype) -> jax.Array:
@@ -586,12 +593,26 @@ class TrajectoryBuffer(struct.PyTreeNode):
         lanes, logical = pos // w, pos % w
         return lanes, _ring.logical_to_physical(logical, self.head, self.num_valid, self.length)
 
+    def _sequence_length(self, sequence_length) -> int:
+        sequence_length = _validate.static_int("sequence_length", sequence_length)
+        if sequence_length > self.length:
+            raise ValueError(f"sequence_length: expected at most length={self.length}, got {sequence_length}")
+        return sequence_length
+
     def _sequences(self, lanes, starts, sequence_length: int) -> SequenceSample:
         slots = _ring.window_slots(starts, sequence_length, self.length)  # [B, L]
         flat = lanes[:, None] * self.length + slots
         item = jax.tree.map(lambda x: _flat_take(x, flat), self.storage)
         flags = (_flat_take(self.meta, flat) & (FLAG_TERMINATED | FLAG_TRUNCATED)).astype(jnp.uint8)
         return SequenceSample(item=item, flags=flags, indices=(lanes * self.length + starts).astype(jnp.int32))
+
+    def _final_obs(self, lanes, starts, sequence_length: int):
+        """``(final obs [B, L, ...] read from the ring at every step, bool [B, L] where it is real)``."""
+        slots = _ring.window_slots(starts, sequence_length, self.length)  # [B, L]
+        meta = _flat_take(self.meta, lanes[:, None] * self.length + slots)
+        real = (meta & 3) == FLAG_TRUNCATED  # truncated and not terminated: the step has a ring slot
+        fslot = lanes[:, None] * self.final_obs_capacity + (meta >> 2)  # slot 0 where not real (in range)
+        return jax.tree.map(lambda f: _flat_take(f, fslot), self.final_obs), real
 
     def _transitions(self, lanes, starts, n_step: int, gamma) -> TransitionSample:
         slots = _ring.window_slots(starts, n_step + 1, self.length)  # [B, n + 1]
@@ -640,10 +661,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
           slots, zeros if empty) but not meaningful.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
-        sequence_length = _validate.static_int("sequence_length", sequence_length)
+        sequence_length = self._sequence_length(sequence_length)
         period = _validate.static_int("period", period)
-        if sequence_length > self.length:
-            raise ValueError(f"sequence_length: expected at most length={self.length}, got {sequence_length}")
         if _validate.static_bool("cross_episodes", cross_episodes):
             lanes, starts = self._uniform_positions(key, batch_size, sequence_length, period)
         else:
@@ -734,11 +753,42 @@ class TrajectoryBuffer(struct.PyTreeNode):
         Raises (trace time):
           ValueError / TypeError: ``indices`` not a 1-D integer array, bad ``sequence_length``.
         """
-        sequence_length = _validate.static_int("sequence_length", sequence_length)
-        if sequence_length > self.length:
-            raise ValueError(f"sequence_length: expected at most length={self.length}, got {sequence_length}")
+        sequence_length = self._sequence_length(sequence_length)
         lanes, slots = self._split_indices(indices)
         return self._sequences(lanes, slots, sequence_length)
+
+    def final_obs_at(self, indices, sequence_length: int) -> Any:
+        """The true final observations of the steps of the sequences starting at given flat positions.
+
+        What a sequence learner needs to bootstrap at a time-limit truncation inside a sequence:
+        the step after a truncated step ``j`` holds the next episode's reset observation, so the
+        bootstrap value of step ``j`` must be computed from its final observation instead, e.g.
+        ``v_next[:, j] = where(s.truncated[:, j] & ~s.terminated[:, j], V(final[:, j]),
+        V(s.item["obs"][:, j + 1]))``. Entry ``[b, j]`` is the ``final_obs`` given to :meth:`add`
+        with step ``j`` of sequence ``b`` where that step was truncated and not terminated, read
+        from the final-observation ring (exact unless :meth:`final_obs_lost`); zeros at every other
+        step. Not part of :meth:`sample_sequences` because few learners need it and it is a
+        gather of ``B x L`` observations: call it with the sample's ``indices`` when you do
+        (``final_obs_at(s.indices, L)``, also with a :class:`PrioritisedTrajectoryBuffer`'s
+        ``buffer``).
+
+        Args:
+          indices: int[B] (any integer dtype), flat positions ``lane * length + physical slot`` of
+            the first step, as the sample types' ``indices`` hold them.
+          sequence_length: static Python int in ``[1, length]``.
+
+        Returns:
+          obs pytree like ``step[obs_key]``, leaves ``[B, sequence_length, ...]`` in the stored
+          dtypes. Positions are not checked against the write head (as :meth:`sequences_at`);
+          indices outside ``[0, num_envs * length)`` are clamped into it.
+
+        Raises (trace time):
+          ValueError / TypeError: ``indices`` not a 1-D integer array, bad ``sequence_length``.
+        """
+        sequence_length = self._sequence_length(sequence_length)
+        lanes, slots = self._split_indices(indices)
+        final, real = self._final_obs(lanes, slots, sequence_length)
+        return where_real(real, final)
 
     def transitions_at(self, indices, *, n_step: int = 1, gamma) -> TransitionSample:
         """The n-step transitions starting at given flat positions.

@@ -169,7 +169,11 @@ def _check_matches(seed, num_envs, length, k, stack_axis, padding, dict_obs, cod
                 ref.sample_transitions(key, 16, n_step=n, gamma=0.9),
             )
     L = min(3, length)
-    assert_tree_equal(comp.sample_sequences(jax.random.key(seed), 8, L), ref.sample_sequences(jax.random.key(seed), 8, L))
+    seq = comp.sample_sequences(jax.random.key(seed), 8, L)
+    assert_tree_equal(seq, ref.sample_sequences(jax.random.key(seed), 8, L))
+    # the final observations of the sequences' truncated steps (zeros elsewhere), decoded
+    final = jax.jit(lambda b, i: b.final_obs_at(i, L))(comp, seq.indices) if use_jit else comp.final_obs_at(seq.indices, L)
+    assert_tree_equal(final, ref.final_obs_at(seq.indices, L))
 
 
 def test_jitted_sampling_matches_and_compiles_once(compile_counter):
@@ -476,7 +480,9 @@ def test_prioritised_matches_uncompressed():
     pr = jnp.arange(16, dtype=jnp.float32) + 1
     comp = comp.set_priorities(a.indices, pr, a.generations)
     ref = ref.set_priorities(b.indices, pr, b.generations)
-    assert_tree_equal(comp.sample_sequences(jax.random.key(1), 8, beta=0.4), ref.sample_sequences(jax.random.key(1), 8, beta=0.4))
+    seq = comp.sample_sequences(jax.random.key(1), 8, beta=0.4)
+    assert_tree_equal(seq, ref.sample_sequences(jax.random.key(1), 8, beta=0.4))
+    assert_tree_equal(comp.final_obs_at(seq.indices, 3), ref.buffer.final_obs_at(seq.indices, 3))
 
 
 # ------------------------------------------------------------------------------------------------

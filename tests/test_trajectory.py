@@ -113,6 +113,7 @@ SEQ = jax.jit(
 TRANS = jax.jit(lambda b, k, bs, n, gamma: b.sample_transitions(k, bs, n_step=n, gamma=gamma), static_argnums=(2, 3))
 AT = jax.jit(lambda b, flat, n, gamma: b.transitions_at(flat, n_step=n, gamma=gamma), static_argnums=(2,))
 SEQ_AT = jax.jit(lambda b, flat, n: b.sequences_at(flat, n), static_argnums=(2,))
+FINAL_AT = jax.jit(lambda b, flat, n: b.final_obs_at(flat, n), static_argnums=(2,))
 VALID = jax.jit(lambda b, flat, n, period: b.valid_starts(flat, n, period=period), static_argnums=(2, 3))
 PSEQ = jax.jit(lambda b, k, bs, beta: b.sample_sequences(k, bs, beta=beta), static_argnums=(2,))
 PTRANS = jax.jit(lambda b, k, bs, beta, gamma: b.sample_transitions(k, bs, beta=beta, gamma=gamma), static_argnums=(2,))
@@ -223,6 +224,38 @@ def test_n_step_truncation_bootstraps_from_final_obs():
     both = _lane_buffer(r, trunc, trunc)
     out = _transition_at(both, 0, 3, 0.5)
     assert float(out.discount[0]) == 0.0
+
+
+def test_sequence_final_obs_at_truncations_only():
+    # steps 1 (truncated) and 4 (terminated and truncated: counts as terminated) end episodes
+    trunc = [False, True, False, False, True, False]
+    buf = _lane_buffer([1.0] * 6, [False, False, False, False, True, False], trunc)
+    seq = host(SEQ_AT(buf, jnp.array([0, 1, 2], jnp.int32), 4))
+    final = np.asarray(FINAL_AT(buf, jnp.array([0, 1, 2], jnp.int32), 4))
+    assert final.shape == (3, 4, OBS_DIM) and final.dtype == np.float32
+    want = np.zeros((6, OBS_DIM), np.float32)
+    want[1] = [-2.0, 0.0]  # step 1's final obs; the next stored obs is the reset obs [2, 2.5]
+    np.testing.assert_array_equal(seq.item["obs"][0, 2], [2.0, 2.5])
+    for b, start in enumerate([0, 1, 2]):
+        np.testing.assert_array_equal(final[b], want[start : start + 4])
+    np.testing.assert_array_equal(np.asarray(buf.final_obs_at(jnp.array([0, 1, 2]), 4)), final)  # eager == jit
+
+
+def test_prioritised_sequences_final_obs_through_the_buffer():
+    pbuf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 2, 6, window_length=3)
+    rng = np.random.default_rng(5)
+    ref = Ref(2, 6)
+    for i in range(9):
+        chunk = make_chunk(rng, 2, 1, i, p_term=0.2, p_trunc=0.5)
+        pbuf = do_add(pbuf, ADD, *chunk, as_step=True)
+        ref.add(*chunk)
+    out = host(PSEQ(pbuf, jax.random.key(0), 32, 0.4))
+    final = np.asarray(FINAL_AT(pbuf.buffer, out.item.indices, 3))
+    for b in range(32):
+        lane, a = ref.locate(out.indices[b])
+        for i in range(3):
+            s = ref.steps[lane][a + i]
+            np.testing.assert_array_equal(final[b, i], s["final"] if s["trunc"] and not s["term"] else 0)
 
 
 def test_n_step_wrap_around():
@@ -353,12 +386,15 @@ def run_model(use_jit, data, draws):
             # the public read at the sampled positions returns exactly the sample
             again = host(SEQ_AT(buf, out.indices, seq_len) if use_jit else buf.sequences_at(out.indices, seq_len))
             jax.tree.map(np.testing.assert_array_equal, again, out)
+            final = host(FINAL_AT(buf, out.indices, seq_len) if use_jit else buf.final_obs_at(out.indices, seq_len))
             for b in range(12):
                 lane, a = ref.locate(out.indices[b])
                 assert (lane, a) in starts_ok
                 alive = True
                 for i in range(seq_len):
                     s = ref.steps[lane][a + i]
+                    want = s["final"] if s["trunc"] and not s["term"] else np.zeros_like(s["obs"])
+                    np.testing.assert_array_equal(final[b, i], want)
                     np.testing.assert_array_equal(out.item["obs"][b, i], s["obs"])
                     assert int(out.item["action"][b, i]) == s["action"]
                     assert float(out.item["reward"][b, i]) == s["reward"]
@@ -485,6 +521,10 @@ def test_positions_api_errors_and_clamping():
         buf.transitions_at(jnp.zeros((2,), jnp.int32), gamma=1.5)
     with pytest.raises(ValueError, match="sequence_length"):
         buf.sequences_at(jnp.zeros((2,), jnp.int32), 9)
+    with pytest.raises(ValueError, match="sequence_length"):
+        buf.final_obs_at(jnp.zeros((2,), jnp.int32), 9)
+    with pytest.raises(ValueError, match="indices"):
+        buf.final_obs_at(jnp.zeros((2, 2), jnp.int32), 2)
     # 6 steps stored in slots 0..5: windows of 3 start at 0..3 only; out-of-range is not valid
     np.testing.assert_array_equal(
         np.asarray(buf.valid_starts(jnp.array([-1, 0, 3, 4, 7, 8]), 3)), [False, True, True, False, False, False]

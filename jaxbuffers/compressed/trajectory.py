@@ -74,6 +74,7 @@ from jaxbuffers.trajectory import (
     TrajectoryBuffer,
     TransitionSample,
     prepare_add,
+    where_real,
 )
 
 __all__ = ["CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "DEFAULT_CODEC"]
@@ -569,6 +570,18 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         key = self.trajectory.obs_key
         item[key] = self.decode_obs(item[key])
         return s._replace(item=item)
+
+    def final_obs_at(self, indices, sequence_length: int) -> Any:
+        """:meth:`jaxbuffers.TrajectoryBuffer.final_obs_at`, observations decoded (``[B, L, ...]``):
+        at every truncated (and not terminated) step of the sequences starting at ``indices``, the
+        true final observation (for the prioritised buffer too); zeros elsewhere. One host callback
+        (frames at the other steps are not read)."""
+        inner = self.trajectory
+        sequence_length = inner._sequence_length(sequence_length)
+        lanes, slots = inner._split_indices(indices)
+        final, real = inner._final_obs(lanes, slots, sequence_length)
+        ids = [jnp.where(real[..., None], x, -1) for x in _common.pick_leaves(final, self.leaf_index)]  # -1: decodes as zeros
+        return self.decode_obs(_common.replace_leaves(where_real(real, final), self.leaf_index, ids))
 
     # ------------------------------------------------------------------ sample
     def sample_sequences(
