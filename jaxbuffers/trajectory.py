@@ -863,7 +863,8 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     over positive leaves), so ``w_i = (p_i^alpha / min_j p_j^alpha)^-beta``.
 
     To re-read sampled positions use ``self.buffer.transitions_at(indices, ...)`` /
-    ``self.buffer.sequences_at(indices, ...)`` (:class:`TrajectoryBuffer`). To ask whether a
+    ``self.buffer.sequences_at(indices, ...)`` (:class:`TrajectoryBuffer`); :meth:`final_obs_at` reads
+the final observations of sampled sequences. To ask whether a
     position is valid here use ``priorities(indices) > 0``, not ``self.buffer.valid_starts(indices,
     window_length, period=period)``: that counts ``period`` from the oldest stored step, so with
     ``period > 1`` the two can disagree once the ring has wrapped.
@@ -1077,6 +1078,11 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
             raise ValueError(f"sequence_length: expected at most window_length={self.window_length}, got {sequence_length}")
         idx, lanes, starts, probs, weights, gens = self._draw(key, batch_size, beta)
         return PrioritisedTrajectorySample(self.buffer._sequences(lanes, starts, sequence_length), idx, probs, weights, gens)
+
+    def final_obs_at(self, indices, sequence_length: int) -> Any:
+        """:meth:`TrajectoryBuffer.final_obs_at` of ``self.buffer``: the final observations at the
+        truncated steps of the sequences starting at ``indices`` (a sample's ``indices``)."""
+        return self.buffer.final_obs_at(indices, sequence_length)
 
     def sample_transitions(
         self, key: jax.Array, batch_size: int, *, beta, gamma, n_step: int | None = None

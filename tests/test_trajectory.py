@@ -251,6 +251,7 @@ def test_prioritised_sequences_final_obs_through_the_buffer():
         ref.add(*chunk)
     out = host(PSEQ(pbuf, jax.random.key(0), 32, 0.4))
     final = np.asarray(FINAL_AT(pbuf.buffer, out.item.indices, 3))
+    np.testing.assert_array_equal(np.asarray(pbuf.final_obs_at(out.indices, 3)), final)
     for b in range(32):
         lane, a = ref.locate(out.indices[b])
         for i in range(3):
