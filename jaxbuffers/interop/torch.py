@@ -131,7 +131,8 @@ def _where(fn: str, path) -> str:
 
 def _bad_leaf(fn: str, path, leaf) -> TypeError:
     if isinstance(leaf, (bool, int, float, complex)):
-        hint = f"its dtype would be a guess; wrap it with an explicit dtype, e.g. np.float32({leaf!r}) or np.int32({leaf!r})"
+        wrap = next(w for t, w in ((bool, "np.bool_"), (int, "np.int32"), (float, "np.float32"), (complex, "np.complex64")) if isinstance(leaf, t))
+        hint = f"its dtype would be a guess; wrap it with an explicit dtype, e.g. {wrap}({leaf!r})"
     else:
         hint = "expected a jax.Array, torch.Tensor, numpy array or numpy scalar"
     text = repr(leaf)
@@ -148,13 +149,14 @@ def _check_dtype(fn: str, path, dtype: np.dtype, shown) -> None:
         )
 
 
-def _check_x64(fn: str, path, dtype: np.dtype, shown) -> None:
+def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> None:
     """Refuse a 64-bit dtype that JAX would narrow (x64 off) instead of narrowing it silently."""
     if jax.dtypes.canonicalize_dtype(dtype) != dtype:
         narrow = _NARROW.get(dtype, str(jax.dtypes.canonicalize_dtype(dtype)))
+        cast = f"array.astype(np.{narrow})" if numpy else f"tensor.to(torch.{narrow})"
         raise TypeError(
             f"{_where(fn, path)}: {shown} cannot become a JAX array without narrowing to {narrow} "
-            f"because jax_enable_x64 is off; cast it explicitly (e.g. tensor.to(torch.{narrow})) or "
+            f"because jax_enable_x64 is off; cast it explicitly (e.g. {cast}) or "
             f'enable 64-bit JAX with jax.config.update("jax_enable_x64", True)'
         )
 
@@ -324,8 +326,10 @@ def from_torch(tree: Any, *, copy: bool = False) -> Any:
             return jnp.array(leaf, copy=True) if copy else leaf
         if isinstance(leaf, (np.ndarray, np.generic)):
             a = np.asarray(leaf)
+            if not a.dtype.isnative:  # e.g. big-endian '>f4' read from a file: the same values, native order
+                a = a.astype(a.dtype.newbyteorder("="))
             _check_dtype("from_torch", path, a.dtype, a.dtype)
-            _check_x64("from_torch", path, a.dtype, f"numpy {a.dtype}")
+            _check_x64("from_torch", path, a.dtype, f"numpy {a.dtype}", numpy=True)
             return jnp.array(a, copy=True)
         raise _bad_leaf("from_torch", path, leaf)
 

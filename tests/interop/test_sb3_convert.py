@@ -8,6 +8,7 @@ import pytest
 th = pytest.importorskip("torch")
 pytest.importorskip("stable_baselines3")
 
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from gymnasium import spaces  # noqa: E402
 from stable_baselines3.common.buffers import DictReplayBuffer, DictRolloutBuffer, ReplayBuffer, RolloutBuffer  # noqa: E402
@@ -15,6 +16,7 @@ from stable_baselines3.common.buffers import DictReplayBuffer, DictRolloutBuffer
 import jaxbuffers as jb  # noqa: E402
 from jaxbuffers.interop.sb3 import (  # noqa: E402
     JaxReplayBuffer,
+    JaxRolloutBuffer,
     replay_from_jax,
     replay_to_jax,
     rollout_from_jax,
@@ -169,3 +171,123 @@ def test_rollout_from_native_folds_truncation_into_reward():
     assert sb3.episode_starts[:, 0].tolist() == [0, 1, 0]
     sb3.compute_returns_and_advantage(th.zeros(1, 1), np.array([True]))
     np.testing.assert_allclose(sb3.advantages, np.asarray(buf.advantages), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_rollout_to_jax_of_our_buffer_after_get(n):
+    # Our get() sets generator_ready like SB3's but keeps the [T, n_envs, ...] layout.
+    space = spaces.Box(-9, 9, (1, 3), np.float32)  # a leading 1 in the item: shapes must not be guessed from ndim alone
+    src, last_dones = filled_rollout(JaxRolloutBuffer, space, 4, n, 4, seed=n)
+    src.compute_returns_and_advantage(th.zeros(n, 1), last_dones)
+    before = rollout_to_jax(src, last_dones=last_dones)
+    list(src.get(3))
+    after = rollout_to_jax(src, last_dones=last_dones)
+    assert after.step["obs"].shape == (4, n, 1, 3)
+    for path, x in jax.tree_util.tree_leaves_with_path(before):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(_at(after, path)), err_msg=jax.tree_util.keystr(path))
+
+
+def _at(tree, path):
+    for leaf_path, x in jax.tree_util.tree_leaves_with_path(tree):
+        if leaf_path == path:
+            return x
+    raise KeyError(path)
+
+
+def test_rollout_to_jax_names_a_badly_shaped_array():
+    src, _ = filled_rollout(RolloutBuffer, PIX, 4, 2, 4)
+    src.values = src.values[:3]
+    with pytest.raises(ValueError, match=r"buffer\.values: expected shape \(4, 2\).*got \(3, 2\)"):
+        rollout_to_jax(src)
+
+
+def _counting_replay(size, n, adds, omu):
+    """Transition k of env e: obs = action = 10 * k + e, next obs = obs + 10 (the next transition's obs)."""
+    box = spaces.Box(-1e4, 1e4, (1,), np.float32)
+    buf = ReplayBuffer(size, box, box, device="cpu", n_envs=n, optimize_memory_usage=omu, handle_timeout_termination=False)
+    for k in range(adds):
+        o = (10 * k + np.arange(n, dtype=np.float32))[:, None]
+        buf.add(o, o + 10, o, np.zeros(n), np.zeros(n), [{}] * n)
+    return buf, box
+
+
+def _sb3_samplable(buf):
+    """Every (row, env) SB3's sample() can draw, as ReplayBufferSamples."""
+    if not buf.full:
+        rows = np.arange(buf.pos)
+    else:
+        rows = np.arange(buf.buffer_size)
+        if buf.optimize_memory_usage:
+            rows = rows[rows != buf.pos]
+    rows, envs = np.repeat(rows, buf.n_envs), np.tile(np.arange(buf.n_envs), len(rows))
+    obs = buf._normalize_obs(buf.observations[rows, envs])
+    nxt = buf.observations[(rows + 1) % buf.buffer_size, envs] if buf.optimize_memory_usage else buf.next_observations[rows, envs]
+    return obs[:, 0], buf.actions[rows, envs][:, 0], nxt[:, 0]
+
+
+@pytest.mark.parametrize("omu_out", [False, True])
+@pytest.mark.parametrize("n", [1, 2])
+def test_replay_from_jax_samples_only_valid_transitions(n, omu_out):
+    # A full SB3 buffer with optimize_memory_usage: one row (pos) is not valid in jaxbuffers.
+    src, box = _counting_replay(4 * n, n, 6, omu=True)
+    mid = replay_to_jax(src)
+    assert int(mid.num_valid) < mid.capacity <= mid.num_added()
+    # ... and a native one whose valid range wraps and ends short of the capacity.
+    short = mid.with_cursors(num_valid=2 * n)
+    for buf in (mid, short):
+        slots = (int(buf.head) - int(buf.num_valid) + np.arange(int(buf.num_valid))) % buf.capacity  # the valid ones
+        valid = np.asarray(buf.storage["obs"])[slots, 0]
+        back = replay_from_jax(buf, box, box, n_envs=n, device="cpu", optimize_memory_usage=omu_out, handle_timeout_termination=False)
+        obs, act, nxt = _sb3_samplable(back)
+        np.testing.assert_array_equal(act, obs)
+        np.testing.assert_array_equal(nxt, obs + 10)
+        np.testing.assert_array_equal(np.sort(obs), np.sort(valid))  # each valid transition once, nothing else
+
+
+def test_replay_from_jax_checks_item_shapes_and_values():
+    src = ReplayBuffer(4, spaces.Box(-1, 1, (1,), np.float32), spaces.Box(-1, 1, (1,), np.float32), device="cpu")
+    src.add(np.array([[0.25]]), np.array([[0.5]]), np.array([[0.75]]), np.ones(1), np.zeros(1), [{}])
+    mid = replay_to_jax(src)
+    box1, box2, box3 = (spaces.Box(-1, 1, (k,), np.float32) for k in (1, 2, 3))
+    with pytest.raises(ValueError, match=r"storage\['obs'\]: expected items of shape \(3,\), got \(1,\)"):
+        replay_from_jax(mid, box3, box1)
+    with pytest.raises(ValueError, match=r"storage\['action'\]: expected items of shape \(2,\), got \(1,\)"):
+        replay_from_jax(mid, box1, box2)
+    with pytest.raises(TypeError, match=r"storage\['obs'\].*float32.*uint8"):
+        replay_from_jax(mid, spaces.Box(0, 255, (1,), np.uint8), box1)
+    # The spaces' own shapes are accepted where SB3 flattens: a Discrete action stored as ().
+    spec = {"obs": jnp.zeros(1), "action": jnp.int32(0), "reward": jnp.float32(0), "next_obs": jnp.zeros(1),
+            "terminated": jnp.bool_(False), "truncated": jnp.bool_(False)}
+    batch = {k: jnp.broadcast_to(v, (2, *v.shape)) for k, v in spec.items()}
+    native = jb.ReplayBuffer.create(spec, capacity=4).add(dict(batch, action=jnp.arange(2, dtype=jnp.int32)))
+    assert replay_from_jax(native, box1, DISC_A, device="cpu").actions[:2, 0, 0].tolist() == [0, 1]
+
+
+def test_rollout_from_jax_checks_shapes_and_trainable():
+    buf = jb.RolloutBuffer.create({"obs": jnp.zeros(2), "action": jnp.zeros(1, jnp.int32), "log_prob": jnp.float32(0)}, 3, 1)
+    for t in range(3):
+        buf = buf.add({"obs": jnp.full((1, 2), t, jnp.float32), "action": jnp.zeros((1, 1), jnp.int32), "log_prob": jnp.zeros(1)},
+                      reward=jnp.ones(1), value=jnp.zeros(1), terminated=jnp.array([False]), trainable=jnp.array([t != 1]))
+    box2 = spaces.Box(-9, 9, (2,), np.float32)
+    with pytest.raises(ValueError, match=r"buffer\.trainable: .*1 that are not.*\(1, 0\)"):
+        rollout_from_jax(buf, box2, DISC_A, device="cpu")
+    buf = buf.replace(trainable=jnp.ones_like(buf.trainable))
+    assert rollout_from_jax(buf, box2, DISC_A, device="cpu").observations[:, 0, 0].tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"step\['obs'\]: expected items of shape \(3,\), got \(2,\)"):
+        rollout_from_jax(buf, spaces.Box(-9, 9, (3,), np.float32), DISC_A, device="cpu")
+    with pytest.raises(ValueError, match=r"step\['action'\]: expected items of shape \(2,\), got \(1,\)"):
+        rollout_from_jax(buf, box2, spaces.Box(-1, 1, (2,), np.float32), device="cpu")
+
+
+def test_rollout_float64_actions_round_trip_or_raise():
+    f64 = spaces.Box(-1, 1, (2,), np.float64)
+    src = RolloutBuffer(2, PIX, f64, device="cpu", n_envs=1)
+    rng = np.random.default_rng(0)
+    for _ in range(2):  # what PPO stores: float32 policy outputs
+        src.add(_obs(PIX, 1, rng), rng.uniform(-1, 1, (1, 2)).astype(np.float32), np.ones(1), np.zeros(1), th.zeros(1, 1), th.zeros(1))
+    back = rollout_from_jax(rollout_to_jax(src), PIX, f64, device="cpu")
+    assert back.actions.dtype == np.float64
+    np.testing.assert_array_equal(back.actions, src.actions)
+    src.actions[0, 0, 0] = 0.1  # not a float32 value
+    with pytest.raises(TypeError, match="actions"):
+        rollout_to_jax(src)

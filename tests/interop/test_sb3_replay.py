@@ -226,3 +226,77 @@ def test_importing_jaxbuffers_does_not_import_sb3_or_torch():
         "assert not bad, bad; import jaxbuffers.interop.sb3; assert 'stable_baselines3' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_unsigned_observation_spaces_sample_like_sb3(dtype):
+    # depth images are often uint16; the torch hand-off had no entry for the wider unsigned types
+    space = spaces.Box(0, 1000, (2,), dtype)
+    sb3, jb = make_pair(space, BOX_A, 6, 2)
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        obs, nxt = (rng.integers(0, 1000, (2, 2)).astype(dtype) for _ in range(2))
+        step = (obs, nxt, rng.uniform(-1, 1, (2, 2)).astype(np.float32), rng.normal(size=2), rng.random(2) < 0.3, [{}, {}])
+        sb3.add(*step)
+        jb.add(*step)
+    np.random.seed(4)
+    a = sb3.sample(8)
+    np.random.seed(4)
+    b = jb.sample(8)
+    assert b.observations.dtype == a.observations.dtype == getattr(th, np.dtype(dtype).name)
+    assert_samples_equal(a, b)
+
+
+def test_vecnormalize_keeps_sb3_integer_dtypes():
+    # normalising a Discrete observation (left as is) used to hand back the int32 it is stored in
+    gym = pytest.importorskip("gymnasium")
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    env = VecNormalize(DummyVecEnv([lambda: gym.make("FrozenLake-v1")]), norm_obs=False, norm_reward=True)
+    env.reset()
+    sb3, jb = make_pair(env.observation_space, env.action_space, 10, 1)
+    for b in (sb3, jb):
+        b.add(np.array([3]), np.array([4]), np.array([1]), np.ones(1), np.zeros(1), [{}])
+    np.random.seed(0)
+    a = sb3.sample(2, env)
+    np.random.seed(0)
+    b = jb.sample(2, env)
+    assert a.observations.dtype == b.observations.dtype == th.int64
+    assert_samples_equal(a, b)
+
+
+def test_add_refuses_what_sb3_refuses_and_silent_casts():
+    jb = JaxReplayBuffer(4, BOX, BOX_A, device="cpu", n_envs=2)
+    obs, nxt, act, rew, done, infos = random_step(BOX, BOX_A, 2, np.random.default_rng(1))
+    with pytest.raises(ValueError, match=r"obs: expected shape \(2, 3\), got shape \(3, 2\)"):
+        jb.add(obs.T, nxt, act, rew, done, infos)  # the right size in another layout (SB3: cannot broadcast)
+    with pytest.raises(ValueError, match="done: expected booleans"):
+        jb.add(obs, nxt, act, rew, np.array([0.5, 0.0]), infos)
+    with pytest.raises(ValueError, match="obs: cannot convert"):
+        jb.add(np.full((2, 3), "a"), nxt, act, rew, done, infos)
+    jb.add(obs, nxt, act.reshape(-1), rew, done, infos)  # actions are reshaped, as SB3 does
+    jb.add(obs[None], nxt, act, rew, done, infos)  # a leading unit axis, as numpy assignment drops it
+    with pytest.raises(IndexError, match="batch_inds: expected integer"):
+        jb.samples_at(np.array([0.7]), np.array([0]))
+
+
+def test_compressed_buffer_refuses_pickling_with_the_reason():
+    import pickle
+
+    jb = JaxReplayBuffer(4, PIX, DISC_A, device="cpu", compress=True)
+    with pytest.raises(TypeError, match="compress=False"):
+        pickle.dumps(jb)
+    plain = JaxReplayBuffer(4, PIX, DISC_A, device="cpu")
+    assert pickle.loads(pickle.dumps(plain)).buffer_size == 4
+
+
+def test_narrowed_integers_are_refused_when_they_do_not_fit():
+    # Discrete data is int64 in gymnasium and held as int32 (its bounds fit); a value beyond int32
+    # is refused instead of wrapping
+    jb = JaxReplayBuffer(4, spaces.Discrete(5), DISC_A, device="cpu")
+    ok = (np.array([1.0]), np.zeros(1, bool), [{}])
+    jb.add(np.array([3]), np.array([4]), np.array([1]), *ok)
+    with pytest.raises(TypeError, match="obs: values of dtype int64"):
+        jb.add(np.array([2**40]), np.array([4]), np.array([1]), *ok)
+    with pytest.raises(TypeError, match="action: values of dtype int64"):
+        jb.add(np.array([3]), np.array([4]), np.array([2**33]), *ok)

@@ -137,3 +137,27 @@ def test_partial_rollout_bootstraps_last_filled_step():
     np.testing.assert_allclose(jb.returns[:2, 0], [r[0] + 0.5 * expect1, expect1], rtol=1e-6)
     np.testing.assert_array_equal(jb.advantages[2:], 0.0)
     del v
+
+
+def test_add_takes_sb3_layouts_and_refuses_others():
+    sb3, jb = (cls(4, BOX, BOX_A, "cpu", n_envs=2) for cls in (RolloutBuffer, JaxRolloutBuffer))
+    obs = np.arange(6, dtype=np.float32).reshape(2, 3)
+    args = (np.zeros(4, np.float32), np.ones(2, np.float32), np.zeros(2, bool), th.zeros(2, 1), th.zeros(2))
+    for b in (sb3, jb):  # actions flat and values [n_envs, 1] are reshaped by SB3 too
+        b.add(obs, *args)
+    np.testing.assert_array_equal(np.asarray(jb.observations)[0], sb3.observations[0])
+    with pytest.raises(ValueError):
+        sb3.add(obs.T, *args)
+    with pytest.raises(ValueError, match=r"obs: expected shape \(2, 3\), got shape \(3, 2\)"):
+        jb.add(obs.T, *args)
+    with pytest.raises(ValueError, match="episode_start: expected booleans"):
+        jb.add(obs, args[0], args[1], np.array([2, 0]), *args[3:])
+
+
+def test_float64_actions_are_held_exactly_or_refused():
+    space = spaces.Box(-1, 1, (2,), np.float64)
+    jb = JaxRolloutBuffer(4, BOX, space, "cpu", n_envs=1)
+    args = (np.ones(1, np.float32), np.zeros(1, bool), th.zeros(1, 1), th.zeros(1))
+    jb.add(np.zeros((1, 3), np.float32), np.array([[0.5, -0.25]]), *args)  # float32 values: kept exactly
+    with pytest.raises(TypeError, match="action: values of dtype float64"):
+        jb.add(np.zeros((1, 3), np.float32), np.array([[0.1, 0.0]]), *args)

@@ -468,3 +468,18 @@ def test_multi_device_arrays():
         {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"},
     )
     assert out.strip() == "ok"
+
+
+def test_error_hints_fit_the_leaf():
+    with pytest.raises(TypeError, match=r"np\.float32\(1\.5\)") as e:
+        to_torch({"x": 1.5})
+    assert "np.int32" not in str(e.value)
+    with pytest.raises(TypeError, match=r"np\.int32\(3\)"):
+        to_torch({"x": 3})
+    if not jax.config.jax_enable_x64:
+        with pytest.raises(TypeError, match=r"array\.astype\(np\.float32\)"):
+            from_torch({"x": np.zeros(2, np.float64)})
+    # a big-endian numpy leaf is float32 all the same: converted, values kept
+    got = from_torch({"x": np.arange(3, dtype=">f4")})["x"]
+    assert got.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got), [0, 1, 2])

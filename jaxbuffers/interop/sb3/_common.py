@@ -72,19 +72,59 @@ def obs_dtypes(observation_space: spaces.Space) -> Any:
     return np.dtype(observation_space.dtype)
 
 
-def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str) -> np.ndarray:
-    """``x`` as a numpy array of ``shape`` and ``dtype``.
+def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
+    """``a`` in ``dtype``, or ``TypeError`` when a value does not survive the cast."""
+    out = a.astype(dtype, copy=False)
+    if out is not a and not np.array_equal(out.astype(a.dtype), a, equal_nan=np.issubdtype(a.dtype, np.inexact)):
+        raise TypeError(f"{what}: values of dtype {a.dtype} that {np.dtype(dtype)} does not hold exactly")
+    return out
 
-    The cast follows numpy assignment, i.e. exactly what SB3's own buffers do when they write
-    into their preallocated arrays (SB3 passes float64 rewards and bool dones, for instance).
-    Only the shape is checked: a mismatch raises ``ValueError`` naming the field.
+
+def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bool = False, exact: bool = False) -> np.ndarray:
+    """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's own buffers accept it.
+
+    ``x`` must have ``shape``'s number of values. SB3 writes a step into its preallocated arrays by
+    numpy assignment, so ``x``'s shape must also be one that assignment accepts (``shape`` itself,
+    up to leading unit axes: a scalar for an ``[n_envs]`` field when ``n_envs`` is 1, for
+    instance); values are never repeated to fill the field, where numpy would broadcast them. With
+    ``reshape`` (SB3 reshapes actions to ``[n_envs, action_dim]`` and Discrete observations before
+    writing them) any ``x`` with the right number of values is reshaped instead. The cast
+    follows numpy assignment too (SB3 passes float64 rewards and bool dones, for instance),
+    except that a bool field refuses values other than 0 and 1 (SB3 keeps a done of 0.5 in its
+    float32 array; a bool cannot hold it). With ``exact`` (where we store a narrower dtype than
+    SB3 keeps: int64 data held as int32, a rollout's float64 actions held as float32) a value the
+    stored dtype does not hold exactly raises ``TypeError`` instead of being rounded or wrapped.
+
+    Raises:
+      ValueError: the wrong number of values, a shape assignment would refuse (without
+        ``reshape``), a bool field given other values, or values numpy cannot convert; each names
+        the field. TypeError: with ``exact``, a value the stored dtype does not hold.
     """
     if isinstance(x, th.Tensor):
         x = x.detach().cpu().numpy()
     arr = np.asarray(x)
     if arr.size != int(np.prod(shape, dtype=np.int64)):
         raise ValueError(f"{what}: expected {int(np.prod(shape))} values shaped {shape}, got shape {arr.shape}")
-    return arr.reshape(shape).astype(dtype, copy=False)
+    if reshape:
+        arr = arr.reshape(shape)
+    else:
+        got = arr.shape
+        while arr.ndim > len(shape) and arr.shape[0] == 1:  # numpy assignment drops leading unit axes
+            arr = arr[0]
+        try:
+            arr = np.broadcast_to(arr, shape)  # same size: only unit axes are added
+        except ValueError:
+            raise ValueError(f"{what}: expected shape {shape}, got shape {got} (same size, another layout)") from None
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_ and arr.dtype != np.bool_ and arr.size and not np.all((arr == 0) | (arr == 1)):
+        bad = arr[(arr != 0) & (arr != 1)].flat[0]
+        raise ValueError(f"{what}: expected booleans (0 or 1), got the value {bad!r}")
+    if exact and np.issubdtype(arr.dtype, np.number):
+        arr = exact_cast(arr, dtype, what)
+    try:
+        return np.array(arr, dtype=dtype)  # a copy: a broadcast view is read-only, and later edits of x must not leak in
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what}: cannot convert values of dtype {arr.dtype} to the stored {dtype}: {e}") from None
 
 
 def to_torch_tensor(x: jax.Array, device: th.device, dtype: Any = None) -> th.Tensor:
@@ -112,6 +152,9 @@ def _hand_off(x: jax.Array, device: th.device) -> th.Tensor:
 _TORCH_DTYPES = {
     np.dtype(np.bool_): th.bool,
     np.dtype(np.uint8): th.uint8,
+    np.dtype(np.uint16): th.uint16,
+    np.dtype(np.uint32): th.uint32,
+    np.dtype(np.uint64): th.uint64,
     np.dtype(np.int8): th.int8,
     np.dtype(np.int16): th.int16,
     np.dtype(np.int32): th.int32,

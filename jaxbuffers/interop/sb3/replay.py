@@ -46,8 +46,11 @@ transposes to channels-first, so the frame axis is 0)::
         replay_buffer_kwargs=dict(compress=dict(frame_stack=4, stack_axis=0, codec="zstd:3")))
 
 The stacks are rebuilt from the newest frames, so ``frame_stack`` is exact only for observations
-made by a frame stacker (the older frames of a stack are not read at ``add``); the
-``observations`` / ``next_observations`` views are not available when compressed.
+made by a frame stacker (the older frames of a stack are not read at ``add``). Likewise the
+``next_obs`` given to ``add`` is read only where ``done`` (the terminal observation); elsewhere
+the next row's ``obs`` is used, which is the same array in SB3's loop. The
+``observations`` / ``next_observations`` views are not available when compressed, and a
+compressed buffer cannot be pickled (SB3's ``save_replay_buffer``): it raises ``TypeError``.
 
 Differences, all lossless: flags are stored as bool (SB3: float32 0/1); 64-bit integer data
 (e.g. ``Discrete`` actions, int64 in gymnasium) is stored as int32 when the space's bounds prove
@@ -141,7 +144,8 @@ class FieldView:
 
     ``np.asarray(view)`` and ``view[k]`` read a host copy; ``view[k] = v`` writes through to the
     device storage (O(field size); meant for rare edits such as SB3 marking the last stored
-    transition done). ``shape`` and ``dtype`` are SB3's.
+    transition done). ``shape`` and ``dtype`` are SB3's. Because ``view[k]`` is a copy, a chained
+    write ``view[k][j] = v`` changes only that copy; write ``view[k, j] = v``.
     """
 
     def __init__(self, owner: "_JaxReplayImpl", path: tuple, dtype: np.dtype):
@@ -307,7 +311,11 @@ class _JaxReplayImpl:
     # ------------------------------------------------------------------ state access
     @property
     def jax_buffer(self) -> _replay.ReplayBuffer:
-        """The backing :class:`jaxbuffers.ReplayBuffer`: one item per SB3 row, leaves ``[rows, n_envs, ...]``."""
+        """The backing :class:`jaxbuffers.ReplayBuffer`: one item per SB3 row, leaves ``[rows, n_envs, ...]``.
+
+        The adapter's next ``add`` donates these arrays (they are updated in place), after which
+        the object returned here raises "Array has been deleted" when read: read it right away, or
+        keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
         return self._state
 
     @property
@@ -374,14 +382,31 @@ class _JaxReplayImpl:
             self._writer, self._pending = self._new_compressed(), None
         self._state = self._state.with_cursors(head=0, num_valid=0, added=_ring.counter_zero())
 
+    def __getstate__(self) -> dict:
+        if self.compress is not None:
+            raise TypeError(
+                "JaxReplayBuffer(compress=...) cannot be pickled (SB3's save_replay_buffer pickles it): its "
+                "observations live in host compressed stores that jitted code reaches by callbacks. Use "
+                "compress=False for a buffer you need to save."
+            )
+        return self.__dict__.copy()
+
     def _obs_row(self, obs: Any, what: str) -> Any:
         spec = self._spec["observations"]
         if isinstance(spec, dict):
             if not isinstance(obs, dict) or set(obs) != set(spec):
                 got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
                 raise ValueError(f"{what}: expected a dict with keys {sorted(spec)}, got {got}")
-            return {k: _common.as_row(obs[k], s.shape, s.dtype, f"{what}[{k!r}]") for k, s in spec.items()}
-        return _common.as_row(obs, spec.shape, spec.dtype, what)
+            return {
+                k: _common.as_row(
+                    obs[k], s.shape, s.dtype, f"{what}[{k!r}]", reshape=isinstance(self.observation_space[k], spaces.Discrete),
+                    exact=s.dtype != self._obs_dtypes[k],
+                )
+                for k, s in spec.items()
+            }
+        return _common.as_row(
+            obs, spec.shape, spec.dtype, what, reshape=isinstance(self.observation_space, spaces.Discrete), exact=spec.dtype != self._obs_dtypes
+        )
 
     def add(
         self,
@@ -402,14 +427,18 @@ class _JaxReplayImpl:
           reward: ``[n_envs]``. done: ``[n_envs]`` (terminated or truncated).
           infos: ``n_envs`` dicts; ``"TimeLimit.truncated"`` marks a timeout.
 
-        Values are cast to the stored dtypes as numpy assignment does (as SB3); a wrong number
-        of values raises ``ValueError`` naming the argument.
+        Values are cast to the stored dtypes as numpy assignment does (as SB3). ``ValueError``
+        (naming the argument): a wrong number of values, a layout SB3's assignment would refuse,
+        a done other than 0 / 1. ``TypeError``: an integer beyond the int32 an int64 field is held
+        in (``_common.as_row``).
         """
         n = self.n_envs
         sp = self._spec
         row = {
             "observations": self._obs_row(obs, "obs"),
-            "actions": _common.as_row(action, sp["actions"].shape, sp["actions"].dtype, "action"),
+            "actions": _common.as_row(
+                action, sp["actions"].shape, sp["actions"].dtype, "action", reshape=True, exact=sp["actions"].dtype != self._action_dtype
+            ),
             "rewards": _common.as_row(reward, (n,), np.float32, "reward"),
             "dones": _common.as_row(done, (n,), np.bool_, "done"),
         }
@@ -460,13 +489,16 @@ class _JaxReplayImpl:
         Equals SB3's ``_get_samples`` with the same indices, field by field.
 
         Raises:
-          IndexError: an index outside ``[0, rows)`` / ``[0, n_envs)`` (as numpy would).
+          IndexError: an index outside ``[0, rows)`` / ``[0, n_envs)``, or not of an integer dtype
+          (as numpy would).
         """
         rows = np.asarray(batch_inds)
         envs = np.asarray(env_indices)
         if rows.shape != envs.shape or rows.ndim != 1:
             raise ValueError(f"batch_inds, env_indices: expected two 1-d arrays of one length, got {rows.shape} and {envs.shape}")
         for name, idx, hi in (("batch_inds", rows, self.buffer_size), ("env_indices", envs, self.n_envs)):
+            if not np.issubdtype(idx.dtype, np.integer):
+                raise IndexError(f"{name}: expected integer indices (as numpy indexing), got dtype {idx.dtype}")
             if idx.size and (idx.min() < 0 or idx.max() >= hi):
                 raise IndexError(f"{name}: values must lie in [0, {hi}), got range [{idx.min()}, {idx.max()}]")
         rows_j, envs_j = jnp.asarray(rows, jnp.int32), jnp.asarray(envs, jnp.int32)
@@ -478,9 +510,10 @@ class _JaxReplayImpl:
             cbuf = self._writer.buffer  # flushes the staged steps first
             obs, nxt = _compressed_gather(cbuf, self._state.storage["dones"], rows_j, envs_j, newest, self._pending)
         dev = self.device
-        if env is not None:
-            obs = self._normalize_obs(_common.tree_to_numpy(obs), env)
-            nxt = self._normalize_obs(_common.tree_to_numpy(nxt), env)
+        if env is not None:  # normalised from SB3's dtypes, as SB3 does (int32-stored fields come back int64)
+            sb3_dtypes = lambda t: jax.tree.map(lambda x, d: np.asarray(x).astype(d, copy=False), t, self._obs_dtypes)  # noqa: E731
+            obs = self._normalize_obs(sb3_dtypes(obs), env)
+            nxt = self._normalize_obs(sb3_dtypes(nxt), env)
             rew_t = self.to_torch(self._normalize_reward(np.asarray(rew), env))
             obs_t = jax.tree.map(self.to_torch, obs)
             nxt_t = jax.tree.map(self.to_torch, nxt)

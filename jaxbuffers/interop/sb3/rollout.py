@@ -138,7 +138,11 @@ class _JaxRolloutImpl:
     @property
     def jax_buffer(self) -> _rollout.RolloutBuffer:
         """The backing :class:`jaxbuffers.RolloutBuffer` (step pytree: ``obs``, ``action``,
-        ``log_prob``, ``episode_start``; the layout :func:`rollout_to_jax` produces)."""
+        ``log_prob``, ``episode_start``; the layout :func:`rollout_to_jax` produces).
+
+        The adapter's next ``add`` or ``compute_returns_and_advantage`` donates these arrays,
+        after which the object returned here raises "Array has been deleted" when read: read it right away, or keep a copy
+        (``jax.tree.map(jnp.copy, buf.jax_buffer)``)."""
         return self._state
 
     @property
@@ -201,8 +205,16 @@ class _JaxRolloutImpl:
             if not isinstance(obs, dict) or set(obs) != set(spec):
                 got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
                 raise ValueError(f"obs: expected a dict with keys {sorted(spec)}, got {got}")
-            return {k: _common.as_row(obs[k], (n, *s.shape), s.dtype, f"obs[{k!r}]") for k, s in spec.items()}
-        return _common.as_row(obs, (n, *spec.shape), spec.dtype, "obs")
+            return {
+                k: _common.as_row(
+                    obs[k], (n, *s.shape), s.dtype, f"obs[{k!r}]", reshape=isinstance(self.observation_space[k], spaces.Discrete),
+                    exact=s.dtype != self._obs_dtypes[k],
+                )
+                for k, s in spec.items()
+            }
+        return _common.as_row(
+            obs, (n, *spec.shape), spec.dtype, "obs", reshape=isinstance(self.observation_space, spaces.Discrete), exact=spec.dtype != self._obs_dtypes
+        )
 
     def add(
         self,
@@ -224,7 +236,10 @@ class _JaxRolloutImpl:
 
         Raises:
           IndexError: the buffer is full (``buffer_size`` steps since ``reset``), as in SB3.
-          ValueError: a wrong number of values (message names the argument).
+          ValueError: a wrong number of values, a layout SB3's assignment would refuse, or an
+            ``episode_start`` other than 0 / 1 (message names the argument).
+          TypeError: a value the stored dtype cannot hold where it is narrower than SB3's (a
+            float64 action space's actions are held as float32, int64 data as int32).
         """
         if self.full:
             raise IndexError(f"add: the rollout buffer is full ({self.buffer_size} steps); call reset() first")
@@ -233,12 +248,15 @@ class _JaxRolloutImpl:
             log_prob = log_prob.reshape(-1, 1)
         step = {
             "obs": self._obs_row(obs),
-            "action": _common.as_row(action, (n, self.action_dim), self._spec["action"].dtype, "action"),
+            "action": _common.as_row(
+                action, (n, self.action_dim), self._spec["action"].dtype, "action", reshape=True,
+                exact=self._spec["action"].dtype != self._action_dtype,  # e.g. a float64 space held as float32
+            ),
             "log_prob": _common.as_row(log_prob, (n,), np.float32, "log_prob"),
             "episode_start": _common.as_row(episode_start, (n,), np.bool_, "episode_start"),
         }
         reward = _common.as_row(reward, (n,), np.float32, "reward")
-        value = _common.as_row(value, (n,), np.float32, "value")
+        value = _common.as_row(value, (n,), np.float32, "value", reshape=True)
         self._state = _add_step(self._state, step, reward, value)
         self.pos += 1
         if self.pos == self.buffer_size:
@@ -252,7 +270,7 @@ class _JaxRolloutImpl:
           dones: ``[n_envs]``: the last step ended an episode.
         """
         n = self.n_envs
-        last_values = _common.as_row(last_values, (n,), np.float32, "last_values")
+        last_values = _common.as_row(last_values, (n,), np.float32, "last_values", reshape=True)
         dones = _common.as_row(dones, (n,), np.bool_, "dones")
         self._state = _compute(self._state, last_values, dones, jnp.float32(self.gamma), jnp.float32(self.gae_lambda))
 
