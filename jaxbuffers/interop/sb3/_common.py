@@ -5,6 +5,7 @@ Nothing here is public; :mod:`jaxbuffers.interop.sb3` re-exports what users need
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -103,9 +104,11 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
     if isinstance(x, th.Tensor):
         x = x.detach().cpu().numpy()
     arr = np.asarray(x)
-    if arr.size != int(np.prod(shape, dtype=np.int64)):
-        raise ValueError(f"{what}: expected {int(np.prod(shape))} values shaped {shape}, got shape {arr.shape}")
-    if reshape:
+    if arr.shape == shape:  # the common case, checked first: this runs on every env step
+        pass
+    elif arr.size != math.prod(shape):
+        raise ValueError(f"{what}: expected {math.prod(shape)} values shaped {shape}, got shape {arr.shape}")
+    elif reshape:
         arr = arr.reshape(shape)
     else:
         got = arr.shape
@@ -122,7 +125,7 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
     if exact and np.issubdtype(arr.dtype, np.number):
         arr = exact_cast(arr, dtype, what)
     try:
-        return np.array(arr, dtype=dtype)  # a copy: a broadcast view is read-only, and later edits of x must not leak in
+        return arr.astype(dtype, copy=False)  # the adapters copy the rows they store
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what}: cannot convert values of dtype {arr.dtype} to the stored {dtype}: {e}") from None
 

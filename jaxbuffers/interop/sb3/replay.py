@@ -452,7 +452,7 @@ class _JaxReplayImpl:
         if self.compress is not None:
             obs_row = row.pop("observations")
             _compressed_add(self._writer, obs_row, next_row, row["dones"])
-            self._pending = next_row
+            self._pending = np.array(next_row)  # a copy: next_row may be a view of the caller's array
             self._state = _add_row(self._state, row, None, next_in_obs=False)
         elif self.optimize_memory_usage:
             self._state = _add_row(self._state, row, next_row, next_in_obs=True)
