@@ -574,8 +574,8 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
     def final_obs_at(self, indices, sequence_length: int) -> Any:
         """:meth:`jaxbuffers.TrajectoryBuffer.final_obs_at`, observations decoded (``[B, L, ...]``):
         at every truncated (and not terminated) step of the sequences starting at ``indices``, the
-        true final observation (for the prioritised buffer too); zeros elsewhere. One host callback
-        (frames at the other steps are not read)."""
+        true final observation (for the prioritised buffer too); zeros elsewhere. One host callback;
+        the other steps read the store's never-written slot (zeros), not their frames."""
         inner = self.trajectory
         sequence_length = inner._sequence_length(sequence_length)
         lanes, slots = inner._split_indices(indices)
