@@ -130,6 +130,25 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
         raise ValueError(f"{what}: cannot convert values of dtype {arr.dtype} to the stored {dtype}: {e}") from None
 
 
+def obs_row(obs: Any, spec: Any, lead: tuple[int, ...], observation_space: spaces.Space, sb3_dtypes: Any, what: str) -> Any:
+    """One step's observation (a dict for Dict spaces) as :func:`as_row` s of ``[*lead, *spec.shape]``
+    in the spec's dtypes: Discrete observations reshaped and narrowed dtypes checked, as SB3's
+    ``add`` treats them (``sb3_dtypes``: SB3's dtypes, :func:`obs_dtypes`).
+
+    Raises:
+      ValueError: a dict without exactly the space's keys (Dict spaces), or :func:`as_row`'s errors.
+    """
+    def one(x, s, space, sb3, name):
+        return as_row(x, (*lead, *s.shape), s.dtype, name, reshape=isinstance(space, spaces.Discrete), exact=s.dtype != sb3)
+
+    if isinstance(spec, dict):
+        if not isinstance(obs, dict) or set(obs) != set(spec):
+            got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
+            raise ValueError(f"{what}: expected a dict with keys {sorted(spec)}, got {got}")
+        return {k: one(obs[k], s, observation_space[k], sb3_dtypes[k], f"{what}[{k!r}]") for k, s in spec.items()}
+    return one(obs, spec, observation_space, sb3_dtypes, what)
+
+
 def to_torch_tensor(x: jax.Array, device: th.device, dtype: Any = None) -> th.Tensor:
     """A jax array as a torch tensor on ``device`` (DLPack: no copy for CPU -> CPU).
 

@@ -392,21 +392,7 @@ class _JaxReplayImpl:
         return self.__dict__.copy()
 
     def _obs_row(self, obs: Any, what: str) -> Any:
-        spec = self._spec["observations"]
-        if isinstance(spec, dict):
-            if not isinstance(obs, dict) or set(obs) != set(spec):
-                got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
-                raise ValueError(f"{what}: expected a dict with keys {sorted(spec)}, got {got}")
-            return {
-                k: _common.as_row(
-                    obs[k], s.shape, s.dtype, f"{what}[{k!r}]", reshape=isinstance(self.observation_space[k], spaces.Discrete),
-                    exact=s.dtype != self._obs_dtypes[k],
-                )
-                for k, s in spec.items()
-            }
-        return _common.as_row(
-            obs, spec.shape, spec.dtype, what, reshape=isinstance(self.observation_space, spaces.Discrete), exact=spec.dtype != self._obs_dtypes
-        )
+        return _common.obs_row(obs, self._spec["observations"], (), self.observation_space, self._obs_dtypes, what)
 
     def add(
         self,

@@ -141,8 +141,8 @@ class _JaxRolloutImpl:
         ``log_prob``, ``episode_start``; the layout :func:`rollout_to_jax` produces).
 
         The adapter's next ``add`` or ``compute_returns_and_advantage`` donates these arrays,
-        after which the object returned here raises "Array has been deleted" when read: read it right away, or keep a copy
-        (``jax.tree.map(jnp.copy, buf.jax_buffer)``)."""
+        after which the object returned here raises "Array has been deleted" when read: read it
+        right away, or keep a copy (``jax.tree.map(jnp.copy, buf.jax_buffer)``)."""
         return self._state
 
     @property
@@ -200,21 +200,7 @@ class _JaxRolloutImpl:
         BaseBuffer.reset(self)
 
     def _obs_row(self, obs: Any) -> Any:
-        spec, n = self._spec["obs"], self.n_envs
-        if isinstance(spec, dict):
-            if not isinstance(obs, dict) or set(obs) != set(spec):
-                got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
-                raise ValueError(f"obs: expected a dict with keys {sorted(spec)}, got {got}")
-            return {
-                k: _common.as_row(
-                    obs[k], (n, *s.shape), s.dtype, f"obs[{k!r}]", reshape=isinstance(self.observation_space[k], spaces.Discrete),
-                    exact=s.dtype != self._obs_dtypes[k],
-                )
-                for k, s in spec.items()
-            }
-        return _common.as_row(
-            obs, (n, *spec.shape), spec.dtype, "obs", reshape=isinstance(self.observation_space, spaces.Discrete), exact=spec.dtype != self._obs_dtypes
-        )
+        return _common.obs_row(obs, self._spec["obs"], (self.n_envs,), self.observation_space, self._obs_dtypes, "obs")
 
     def add(
         self,
