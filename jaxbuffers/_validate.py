@@ -232,14 +232,21 @@ def as_array(x: Any) -> Any:
     return np.asarray(x)
 
 
-def index_array(x: Any) -> Any:
+def index_array(x: Any, name: str = "indices") -> Any:
     """:func:`as_array` for index arguments: Python ints beyond the 64-bit range (numpy keeps
     them as objects) are clipped to int64, so an index out of range stays out of range once
     :func:`int32_indices` saturates it. (Not for values compared modulo ``2**32``, such as
-    generations: clipping would change their residue.)"""
+    generations: clipping would change their residue.)
+
+    Raises:
+      TypeError: naming ``name``, for what is not numbers (``None``, a string, other objects),
+        before a shape check would report it as a 0-d array.
+    """
     out = as_array(x)
     if isinstance(out, np.ndarray) and out.dtype == object and out.size and all(_is_python_int(v) for v in out.flat):
         out = np.array([min(max(int(v), _INT64.min), _INT64.max) for v in out.flat], np.int64).reshape(out.shape)
+    if isinstance(out, np.ndarray) and out.dtype.kind not in "biufc":
+        raise TypeError(f"{name}: expected an integer array (int32), got {type(x).__name__} {x!r:.60}")
     return out
 
 
@@ -272,8 +279,8 @@ def int32_indices(indices: Any) -> jax.Array:
 def integer_indices(name: str, indices) -> jax.Array:
     """``indices`` (an integer array of any shape and integer dtype) as int32, values outside
     int32's range saturated (:func:`int32_indices`). Raises TypeError naming
-    ``name`` for a non-integer dtype."""
-    indices = index_array(indices)
+    ``name`` for a non-integer dtype or what is not numbers (:func:`index_array`)."""
+    indices = index_array(indices, name)
     if not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an integer dtype (int32), got {indices.dtype}")
     return int32_indices(indices)

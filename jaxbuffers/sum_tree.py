@@ -129,7 +129,7 @@ def _check_capacity(capacity) -> int:
 
 
 def _check_indices(indices, what: str = "indices") -> jax.Array:
-    indices = _validate.index_array(indices)
+    indices = _validate.index_array(indices, what)
     if indices.ndim != 1:
         raise ValueError(f"{what}: expected a 1-D array [B] of leaf indices, got shape {indices.shape}")
     return _validate.integer_indices(what, indices)

@@ -365,6 +365,11 @@ def test_trace_time_errors():
         buf.add(_batch([0, 1]), jnp.ones(2, jnp.int32))
     with pytest.raises(ValueError, match="batch_size"):
         buf.sample(jax.random.key(0), 0, 0.4)
+    for bad in (None, "1"):  # named as not numbers, not reported as a 0-d array
+        with pytest.raises(TypeError, match=rf"indices: expected an integer array \(int32\), got {type(bad).__name__}"):
+            buf.set_priorities(bad, jnp.ones(1), jnp.zeros(1, jnp.int32))
+        with pytest.raises(TypeError, match=rf"indices: expected an integer array \(int32\), got {type(bad).__name__}"):
+            buf.generations_at(bad)
     with pytest.raises(ValueError, match="beta"):
         buf.sample(jax.random.key(0), 4, -0.1)
     with pytest.raises(ValueError, match=r"beta: expected a scalar \(shape \(\)\), got shape \(2,\)"):
@@ -719,7 +724,7 @@ def test_python_ints_beyond_64_bits_are_out_of_range_indices():
     np.testing.assert_array_equal(np.asarray(buf.priorities([2**70, -(2**70), 2])), [0.0, 0.0, 1.0])
     out = buf.set_priorities([2**70, -(2**64)], [100.0, 100.0], [0, 0])
     np.testing.assert_array_equal(np.asarray(out.tree.nodes), np.asarray(buf.tree.nodes))
-    with pytest.raises(TypeError, match="indices: expected an integer dtype"):
+    with pytest.raises(TypeError, match=r"indices: expected an integer array \(int32\), got list"):
         buf.priorities([2**70, 1.5])
     # generations compare modulo 2**32, so clipping would change them: still rejected
     with pytest.raises(TypeError, match="generations: expected an integer"):

@@ -482,6 +482,8 @@ def test_trace_time_errors():
         tree.set(jnp.array([0, 1]), jnp.array([1.0, 2.0, 3.0]))
     with pytest.raises(TypeError, match="indices: expected an integer"):
         tree.set(jnp.array([0.0, 1.0]), jnp.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match=r"indices: expected an integer array \(int32\), got NoneType"):
+        tree.get(None)
     with pytest.raises(TypeError, match="values: expected a floating"):
         tree.set(jnp.array([0, 1]), jnp.array([1, 2]))
     with pytest.raises(ValueError, match="indices: expected a 1-D"):

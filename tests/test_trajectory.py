@@ -526,6 +526,11 @@ def test_positions_api_errors_and_clamping():
         buf.final_obs_at(jnp.zeros((2,), jnp.int32), 9)
     with pytest.raises(ValueError, match="indices"):
         buf.final_obs_at(jnp.zeros((2, 2), jnp.int32), 2)
+    # what is not numbers is named as such, not reported as a 0-d array
+    for bad in (None, "3", object()):
+        for read in (lambda i: buf.final_obs_at(i, 2), lambda i: buf.sequences_at(i, 2), lambda i: buf.valid_starts(i, 2)):
+            with pytest.raises(TypeError, match=rf"indices: expected an integer array \(int32\), got {type(bad).__name__}"):
+                read(bad)
     # 6 steps stored in slots 0..5: windows of 3 start at 0..3 only; out-of-range is not valid
     np.testing.assert_array_equal(
         np.asarray(buf.valid_starts(jnp.array([-1, 0, 3, 4, 7, 8]), 3)), [False, True, True, False, False, False]
