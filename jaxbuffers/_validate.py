@@ -239,14 +239,26 @@ def index_array(x: Any, name: str = "indices") -> Any:
     generations: clipping would change their residue.)
 
     Raises:
-      TypeError: naming ``name``, for what is not numbers (``None``, a string, other objects),
-        before a shape check would report it as a 0-d array.
+      TypeError: naming ``name``, for what is not an array of numbers: ``None``, a string, a
+        dict, other objects, ragged or mixed lists (also lists holding JAX arrays or tracers),
+        or an object with ``shape`` and ``dtype`` that numpy cannot read as numbers
+        (``jax.ShapeDtypeStruct``). Array-likes numpy can read (a CPU torch tensor) are accepted.
+        Raised before a shape check would report such input as a 0-d array.
     """
-    out = as_array(x)
+    def refuse(why: str = "") -> TypeError:
+        return TypeError(f"{name}: expected an integer array (int32), got {type(x).__name__} {x!r:.60}{why}")
+
+    # Array-likes of other libraries (a torch tensor, a pandas Series) are read through numpy; an
+    # abstract jax.ShapeDtypeStruct becomes a 0-d object array there, refused below.
+    other = hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (np.ndarray, np.generic, jax.Array))
+    try:
+        out = np.asarray(x) if other else as_array(x)
+    except (TypeError, ValueError, OverflowError) as e:  # dicts, ragged lists, None / str / huge ints next to JAX arrays
+        raise refuse(f" ({type(e).__name__}: {str(e).splitlines()[0][:80]})") from None
     if isinstance(out, np.ndarray) and out.dtype == object and out.size and all(_is_python_int(v) for v in out.flat):
         out = np.array([min(max(int(v), _INT64.min), _INT64.max) for v in out.flat], np.int64).reshape(out.shape)
     if isinstance(out, np.ndarray) and out.dtype.kind not in "biufc":
-        raise TypeError(f"{name}: expected an integer array (int32), got {type(x).__name__} {x!r:.60}")
+        raise refuse()
     return out
 
 

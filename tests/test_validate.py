@@ -93,3 +93,41 @@ def test_item_spec_names_a_prng_key_leaf():
             create()
     raw = {"obs": jnp.zeros(3), "rng": jax.random.key_data(jax.random.key(0))}  # what to store instead
     assert jb.ReplayBuffer.create(raw, 8).item_spec["rng"].dtype == jnp.uint32
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        (None, ""),
+        ("3", ""),
+        (object(), ""),
+        ({"a": jnp.array([1])}, "entry not a 2- or 3- tuple"),  # a dict holding a JAX array
+        ([jnp.int32(1), None], "None is not a valid value"),  # a list mixing a JAX array and None
+        ([jnp.int32(1), "a"], "not a valid JAX array type"),
+        ([jnp.int32(1), 2**70], "too large"),  # next to a JAX array numpy cannot keep it as an object
+        ([[0, 1], [2]], "setting an array element with a sequence"),  # ragged
+        (jax.ShapeDtypeStruct((2,), jnp.int32), ""),  # has shape and dtype, holds no values
+    ],
+)
+def test_index_array_refuses_what_is_not_numbers_naming_the_argument(bad, why):
+    with pytest.raises(TypeError, match=rf"^where: expected an integer array \(int32\), got {type(bad).__name__} .*{why}"):
+        _validate.integer_indices("where", bad)
+    with pytest.raises(TypeError, match=r"^indices: expected an integer array"):  # the same inside jit
+        jax.jit(lambda: _validate.integer_indices("indices", bad))()
+
+
+def test_index_array_keeps_valid_input():
+    np.testing.assert_array_equal(_validate.integer_indices("i", [1, 2]), [1, 2])
+    np.testing.assert_array_equal(_validate.integer_indices("i", np.array([3], np.int64)), [3])
+    got = jax.jit(lambda i: _validate.integer_indices("i", [i, 1, [0, 2][1]]))(jnp.int32(5))
+    np.testing.assert_array_equal(got, [5, 1, 2])  # a list holding a tracer
+    assert _validate.integer_indices("i", [2**70, -(2**70)]).tolist() == [2**31 - 1, -(2**31)]  # saturated
+    with pytest.raises(TypeError, match="i: expected an integer dtype"):
+        _validate.integer_indices("i", [1.5])
+
+
+def test_index_array_reads_other_array_likes_through_numpy():
+    torch = pytest.importorskip("torch")
+    np.testing.assert_array_equal(_validate.integer_indices("i", torch.tensor([4, 2**40])), [4, 2**31 - 1])
+    with pytest.raises(TypeError, match="i: expected an integer dtype"):
+        _validate.integer_indices("i", torch.tensor([1.0]))

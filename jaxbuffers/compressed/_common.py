@@ -98,16 +98,43 @@ def newest_frame(x: jax.Array, info: LeafInfo, lead: int) -> jax.Array:
 
 
 def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array]) -> jax.Array:
-    """Ordered io_callback writing ``datas[i][valid]`` at ``slots[valid]``; returns the new version."""
-    return io_callback(
-        host.write,
-        jax.ShapeDtypeStruct((), jnp.int32),
-        version,
-        slots.astype(jnp.int32),
-        valid,
-        *datas,
-        ordered=True,
-    )
+    """Host callback writing ``datas[i][valid]`` at ``slots[valid]`` (:meth:`HostStores.write`);
+    returns the new version (int32 scalar), which orders every later read and write of the store
+    by data dependency.
+
+    On the CPU backend this is a ``jax.experimental.buffer_callback`` with a side effect: XLA keeps
+    it when the result is unused, runs it once per executed ``add`` (also in ``lax.scan``), and
+    hands it XLA's own buffers. Not an ``io_callback``: JAX copies an io_callback's arguments into
+    new device arrays first, and when the process may use one CPU (``taskset``, a SLURM or
+    container CPU set) reading such a copy of over ~100 KB inside the callback never returns. The
+    add of 16 steps x 8 envs of Atari frames hung, as did the test suite's add of 2,000 frames.
+    Other backends, or a JAX without that API, use ``io_callback(..., ordered=True)``.
+
+    Raises:
+      ValueError: under ``vmap`` (CPU; elsewhere JAX refuses the ordered callback): a buffer is
+        one host store, so states cannot be stacked.
+    """
+    args = (version, slots.astype(jnp.int32), valid, *datas)
+    out = jax.ShapeDtypeStruct((), jnp.int32)
+    if _buffer_callback is None or jax.default_backend() != "cpu":
+        return io_callback(host.write, out, *args, ordered=True)
+
+    def fill(ctx, new_version, *buffers):
+        del ctx
+        np.asarray(new_version)[...] = host.write(*(np.asarray(b) for b in buffers))
+
+    @jax.custom_batching.custom_vmap
+    def write_once(*args):
+        return _buffer_callback(fill, out, has_side_effect=True)(*args)
+
+    @write_once.def_vmap
+    def _refuse_vmap(axis_size, in_batched, *args):
+        raise ValueError(
+            "compressed buffer add: cannot be vmapped; a compressed buffer is one host store, so "
+            "buffers cannot be stacked (vmap over sampling keys of one buffer works)"
+        )
+
+    return write_once(*args)
 
 
 def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: jax.Array) -> list:

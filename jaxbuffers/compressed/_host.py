@@ -6,10 +6,13 @@ object, which a buffer keeps in a *static* field (it is not a pytree leaf):
 * Identity hash and equality (Python's default), so a jitted function compiles once per buffer
   and reuses the executable for every later state of that buffer (same object), while two
   buffers never share a cache entry by accident.
-* **Writes** go through ``jax.experimental.io_callback(..., ordered=True)``: run exactly once per
-  executed ``add``, in program order, also inside ``lax.scan`` and with donation. (A
-  ``pure_callback`` whose result is unused is removed by XLA: a write through it never happens.)
-  Each write returns the new *version* (writes so far, int32) which the buffer carries as a leaf.
+* **Writes** run exactly once per executed ``add``, in program order, also inside ``lax.scan``
+  and with donation. On CPU a write is a ``jax.experimental.buffer_callback`` with a side effect
+  (an ``io_callback`` hangs in a process limited to one CPU: ``_common.write``); elsewhere
+  ``jax.experimental.io_callback(..., ordered=True)``. (A ``pure_callback`` whose result is unused
+  is removed by XLA: a write through it never happens.) Each write returns the new *version*
+  (writes so far, int32) which the buffer carries as a leaf; every later write and read of the
+  store takes it as an argument, which orders them.
 * **Reads** take that version as an argument: the data dependency makes a read run after the
   write that produced the state it samples from. On CPU a read is a
   ``jax.experimental.buffer_callback`` that decodes into XLA's own output buffers
@@ -22,8 +25,9 @@ object, which a buffer keeps in a *static* field (it is not a pytree leaf):
   from a state whose version is not the store's current one (adding twice to the same state: a
   fork) is refused too, before anything is written. Errors raised inside callbacks surface as
   ``jax.errors.JaxRuntimeError`` (``XlaRuntimeError``) when the result is used.
-* Ordered callbacks cannot be ``vmap``-ed ("Cannot vmap ordered IO callback"): a compressed buffer
-  is one host store, so stacking buffers under ``vmap`` is not supported. ``vmap`` over sampling
+* Writes cannot be ``vmap``-ed (on CPU the write's vmap rule raises "cannot be vmapped"; JAX
+  refuses the ordered ``io_callback`` elsewhere): a compressed buffer is one host store, so
+  stacking buffers under ``vmap`` is not supported. ``vmap`` over sampling
   keys of one buffer works (reads are batched).
 
 The store layout is the :class:`host_codecs.CompressedStore` layout (numpy arrays) plus one int32
@@ -137,7 +141,7 @@ class HostStores:
     def write(self, version, slots, valid, *datas) -> np.ndarray:
         """Host side of an add: put ``datas[i][valid]`` into store ``i`` at ``slots[valid]``.
 
-        Args (numpy, from the io_callback):
+        Args (numpy, from the write callback):
           version: int32 scalar, the version of the buffer state being added to.
           slots: int32[M] store slot ids. valid: bool[M], rows to write.
           datas: one [M, *item_shape] array per store.
