@@ -434,14 +434,14 @@ def test_nested_parallel_for_runs_inline():
         parallel_for(10, inner, work_bytes=1 << 30)
 
     try:
-        host_codecs.set_num_threads(2)
+        host_codecs.set_num_threads(2)  # two shards also where the process may use one CPU only
         parallel_for(4, body, work_bytes=1 << 30)
+        assert sorted((a, b) for _, a, b in outer) == [(0, 2), (2, 4)]
+        assert sorted((a, b) for _, a, b in seen) == [(0, 10), (0, 10)]  # one inline call per shard
+        assert {t for t, _, _ in seen} == {t for t, _, _ in outer}  # on the shard's own thread
+        parallel_for(10, inner, work_bytes=1 << 30)  # top level again: sharded
     finally:
         host_codecs.set_num_threads(None)
-    assert sorted((a, b) for _, a, b in outer) == [(0, 2), (2, 4)]
-    assert sorted((a, b) for _, a, b in seen) == [(0, 10), (0, 10)]  # one inline call per shard
-    assert {t for t, _, _ in seen} == {t for t, _, _ in outer}  # on the shard's own thread
-    parallel_for(10, inner, work_bytes=1 << 30)  # top level again: sharded
     assert len(seen) == 4
     # A batch too small to split runs inline as one shard, and what it calls stays inline (the
     # store's read decides once for the decode and the copies it contains).
