@@ -2,8 +2,8 @@
 
 The environment runs on the host (ale-py through Gymnasium, standard preprocessing: 84x84
 grayscale, frame skip 4, up to 30 no-ops, stacks of 4 frames). Everything else is one jitted
-function per env step: the buffer's ``add`` (newest frames go to the host store through an
-ordered callback), and every ``--train-freq`` steps a ``sample`` (decode + stack rebuild through
+function per env step: the buffer's ``add`` (newest frames go to the host store through a
+host callback), and every ``--train-freq`` steps a ``sample`` (decode + stack rebuild through
 a host callback) and the Q-learning update (Mnih et al. 2015; optional n-step returns and
 proportional prioritised replay, Schaul et al. 2016).
 
