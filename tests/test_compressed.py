@@ -378,6 +378,33 @@ def test_jitted_adds_in_a_process_limited_to_one_cpu():
     assert run.returncode == 0 and run.stdout.split() == ["ok", "3"], run.stderr[-2000:]
 
 
+_TWO_DEVICE_ADD = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxbuffers.compressed import CompressedTrajectoryBuffer
+assert jax.device_count() == 2
+ex = {"obs": jnp.zeros((3, 5), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+rep = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), P())
+b = jax.device_put(CompressedTrajectoryBuffer.create(ex, 2, 8, codec="rle"), rep)
+s = jax.device_put({"obs": jnp.ones((2, 3, 5), jnp.uint8), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}, rep)
+b = jax.jit(lambda b, s: b.add(s, terminated=jnp.zeros(2, bool)))(b, s)
+assert np.array_equal(np.asarray(b.decode_obs(b.trajectory.storage["obs"][:, :1])), np.ones((2, 1, 3, 5), np.uint8))
+print("ok", b.host.num_writes)
+"""
+
+
+def test_jitted_add_in_a_process_with_two_cpu_devices():
+    """A partitioned program cannot hold the CPU write's side-effecting buffer_callback (XLA: "Side-
+    effect HLO must have sharding"); with more than one device the write is the ordered io_callback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()}
+    run = subprocess.run([sys.executable, "-c", _TWO_DEVICE_ADD], capture_output=True, text=True, timeout=180, env=env)
+    assert run.returncode == 0 and run.stdout.split() == ["ok", "1"], run.stderr[-2000:]
+
+
 def test_not_vmappable_over_stacked_buffers():
     obs, term = _steps(1)
     buf = _simple()

@@ -108,7 +108,9 @@ def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Arr
     new device arrays first, and when the process may use one CPU (``taskset``, a SLURM or
     container CPU set) reading such a copy of over ~100 KB inside the callback never returns. The
     add of 16 steps x 8 envs of Atari frames hung, as did the test suite's add of 2,000 frames.
-    Other backends, or a JAX without that API, use ``io_callback(..., ordered=True)``.
+    Other backends, processes with more than one device (XLA refuses to partition a program
+    holding a side-effecting ``buffer_callback``: "Side-effect HLO must have sharding"), or a
+    JAX without that API, use ``io_callback(..., ordered=True)``.
 
     Raises:
       ValueError: under ``vmap`` (CPU; elsewhere JAX refuses the ordered callback): a buffer is
@@ -116,7 +118,7 @@ def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Arr
     """
     args = (version, slots.astype(jnp.int32), valid, *datas)
     out = jax.ShapeDtypeStruct((), jnp.int32)
-    if _buffer_callback is None or jax.default_backend() != "cpu":
+    if _buffer_callback is None or jax.default_backend() != "cpu" or jax.device_count() > 1:
         return io_callback(host.write, out, *args, ordered=True)
 
     def fill(ctx, new_version, *buffers):

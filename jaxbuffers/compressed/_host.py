@@ -185,7 +185,9 @@ class HostStores:
             raise StaleBufferError(
                 f"compressed buffer sample: the buffer state has version {v} but some sampled slots "
                 f"were rewritten by version {newest}; sample from the state returned by the last add "
-                f"(and inside one jitted program, sample before adding again)"
+                f"(inside one jitted program XLA may run an add before a sample written above it: "
+                f"add first and sample the state the add returned, or sample and add in separate "
+                f"jitted calls)"
             )
 
     def read_into(self, version, ids: Sequence[np.ndarray], outs: Sequence[Sequence[np.ndarray]]) -> None:
