@@ -7,8 +7,9 @@ object, which a buffer keeps in a *static* field (it is not a pytree leaf):
   and reuses the executable for every later state of that buffer (same object), while two
   buffers never share a cache entry by accident.
 * **Writes** run exactly once per executed ``add``, in program order, also inside ``lax.scan``
-  and with donation. On CPU a write is a ``jax.experimental.buffer_callback`` with a side effect
-  (an ``io_callback`` hangs in a process limited to one CPU: ``_common.write``); elsewhere
+  and with donation. On CPU, in a process with one device, a write is a
+  ``jax.experimental.buffer_callback`` with a side effect (an ``io_callback`` hangs in a process
+  limited to one CPU: ``_common.write``); elsewhere (other backends, several devices)
   ``jax.experimental.io_callback(..., ordered=True)``. (A ``pure_callback`` whose result is unused
   is removed by XLA: a write through it never happens.) Each write returns the new *version*
   (writes so far, int32) which the buffer carries as a leaf; every later write and read of the
