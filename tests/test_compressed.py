@@ -3,6 +3,10 @@ dedup (synthetic and real Atari stacks), exactly-once ordered writes, stale-stat
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -363,19 +367,21 @@ print("ok", buf.host.num_writes)
 """
 
 
-def test_jitted_adds_in_a_process_limited_to_one_cpu():
-    import os
-    import subprocess
-    import sys
+def _run_fresh_process(code: str, *args: str, env: dict | None = None) -> list[str]:
+    """Run ``code`` in a new Python process (JAX set up from scratch); its stdout words. Fails the
+    test on a non-zero exit (showing stderr) or after 180 s (a hang)."""
+    try:
+        run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=180, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process hung (no exit after 180 s)")
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.split()
 
+
+def test_jitted_adds_in_a_process_limited_to_one_cpu():
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("needs os.sched_setaffinity (Linux)")
-    cpu = min(os.sched_getaffinity(0))
-    try:
-        run = subprocess.run([sys.executable, "-c", _ONE_CPU_ADDS, str(cpu)], capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        pytest.fail("jitted compressed adds hung in a process limited to one CPU")
-    assert run.returncode == 0 and run.stdout.split() == ["ok", "3"], run.stderr[-2000:]
+    assert _run_fresh_process(_ONE_CPU_ADDS, str(min(os.sched_getaffinity(0)))) == ["ok", "3"]
 
 
 _TWO_DEVICE_ADD = """
@@ -396,13 +402,8 @@ print("ok", b.host.num_writes)
 def test_jitted_add_in_a_process_with_two_cpu_devices():
     """A partitioned program cannot hold the CPU write's side-effecting buffer_callback (XLA: "Side-
     effect HLO must have sharding"); with more than one device the write is the ordered io_callback."""
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()}
-    run = subprocess.run([sys.executable, "-c", _TWO_DEVICE_ADD], capture_output=True, text=True, timeout=180, env=env)
-    assert run.returncode == 0 and run.stdout.split() == ["ok", "1"], run.stderr[-2000:]
+    assert _run_fresh_process(_TWO_DEVICE_ADD, env=env) == ["ok", "1"]
 
 
 def test_not_vmappable_over_stacked_buffers():
