@@ -24,12 +24,41 @@ asynchronously; :func:`counted_as_work` makes its cost model count it as work.
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+import contextlib
+from typing import Callable, Iterator, TypeVar
 
 import jax
 import jax.numpy as jnp
 
 T = TypeVar("T")
+
+_accelerator_paths = False  # set only by accelerator_paths() (tests)
+
+
+def cpu_paths() -> bool:
+    """Whether the XLA:CPU-specific code paths apply: the default backend is CPU.
+
+    Every CPU-only choice of the library (this module's loop and cost-model tricks, the sum tree's
+    scalar walk and chained descent, the compressed buffers' ``buffer_callback``) asks this one
+    function, so that :func:`accelerator_paths` can switch all of them at once."""
+    return not _accelerator_paths and jax.default_backend() == "cpu"
+
+
+@contextlib.contextmanager
+def accelerator_paths() -> Iterator[None]:
+    """Inside this context the library takes the code paths it takes on GPU/TPU, while running on
+    the CPU backend, so the test suite checks those paths without an accelerator (they must give
+    the same results). JAX's compile caches are cleared on entry and exit: a function jitted under
+    one setting must not be reused under the other. For tests only; not thread-safe."""
+    global _accelerator_paths
+    old = _accelerator_paths
+    jax.clear_caches()
+    _accelerator_paths = True
+    try:
+        yield
+    finally:
+        _accelerator_paths = old
+        jax.clear_caches()
 
 # Bytes an update may write and still be part of a small loop kernel (module doc: XLA:CPU's
 # small-loop threshold, ~1 KB accessed per iteration). Larger item writes are done as ops of their
@@ -50,7 +79,7 @@ def as_one_kernel(update: Callable[[T], T], state: T, nonnegative: jax.Array) ->
     Returns:
       ``update(state)``.
     """
-    if jax.default_backend() != "cpu" or not isinstance(nonnegative, jax.core.Tracer):
+    if not cpu_paths() or not isinstance(nonnegative, jax.core.Tracer):
         return update(state)  # other backends; and eager calls (a loop would compile per call)
     trips = 1 + jnp.right_shift(jnp.asarray(nonnegative, jnp.int32), 31)
     return jax.lax.fori_loop(0, trips, lambda _, s: update(s), state)
@@ -73,7 +102,7 @@ def map_entries(fn: Callable[[jax.Array], jax.Array], n: int, *, scalar_loop: bo
     once.
     """
     ks = jnp.arange(n, dtype=jnp.int32)
-    if not scalar_loop or jax.default_backend() != "cpu":
+    if not scalar_loop or not cpu_paths():
         return jax.vmap(fn)(ks)
     out = jax.eval_shape(fn, jnp.int32(0))
     return jax.lax.fori_loop(0, n, lambda k, o: o.at[k].set(fn(k)), jnp.zeros((n,), out.dtype))
@@ -108,7 +137,7 @@ def counted_as_work(update: T, nonnegative: jax.Array) -> T:
         under ``vmap``.
     """
     nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(update))
-    if jax.default_backend() != "cpu" or nbytes < ASYNC_MIN_BYTES or not isinstance(nonnegative, jax.core.Tracer):
+    if not cpu_paths() or nbytes < ASYNC_MIN_BYTES or not isinstance(nonnegative, jax.core.Tracer):
         return update
     keep = jnp.asarray(nonnegative, jnp.int32) >= 0
     return jax.tree.map(lambda x: jnp.where(keep, x, jnp.zeros((), x.dtype)), update)

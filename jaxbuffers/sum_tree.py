@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuffers import _random, _validate
+from jaxbuffers import _kernel, _random, _validate
 
 __all__ = ["SumTree", "MinTree", "SumMinTree", "last_write_mask", "set_sum_and_min"]
 
@@ -92,11 +92,11 @@ _DESCENT_CHAINED_MAX_CPU = 64
 
 
 def _walk_max_batch() -> int:
-    return _WALK_MAX_BATCH_CPU if jax.default_backend() == "cpu" else 0
+    return _WALK_MAX_BATCH_CPU if _kernel.cpu_paths() else 0
 
 
 def _descent_chained_max() -> int:
-    return _DESCENT_CHAINED_MAX_CPU if jax.default_backend() == "cpu" else 0
+    return _DESCENT_CHAINED_MAX_CPU if _kernel.cpu_paths() else 0
 
 
 def _tuning() -> tuple:
@@ -304,13 +304,16 @@ def _update_heap(nodes, combine, to_rows, capacity: int, indices, values, where,
     walk = b <= _walk_max_batch()
     top = _dense_levels(b, depth, walk)
     nan = jnp.full((), jnp.nan, values.dtype)
+    if b == 1:
+        # One entry compiled with copies of the heap, on both paths: the walk's loop body copied it
+        # at every level, and the vectorised path (its one-row scatters and gathers rewritten into
+        # slice updates and slices) 24-46 times (XLA:CPU; found with _kernel.accelerator_paths).
+        # One extra skipped entry (NaN: a no-op) keeps the update in place.
+        indices, values = jnp.concatenate([indices, indices]), jnp.concatenate([values, nan[None]])
+        where = None if where is None else jnp.concatenate([where, where])
     if walk:
         if where is not None:
             values = jnp.where(where, values, nan)
-        if b == 1:
-            # A one-entry loop body compiled with a copy of the heap at every level (measured at
-            # B = 1 only, XLA CPU); one extra skipped entry (a no-op walk) keeps the update in place.
-            indices, values = jnp.concatenate([indices, indices]), jnp.concatenate([values, nan[None]])
         nodes = _walk(nodes, combine, to_rows, capacity, indices, values, depth - top)
         return _dense_top_loop(nodes, combine, top)
     active = (indices >= 0) & (indices < capacity) & ~jnp.isnan(values)

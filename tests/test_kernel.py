@@ -84,7 +84,7 @@ def test_map_entries_loop_and_vectorised_agree():
         np.testing.assert_array_equal(np.asarray(loop), np.asarray(jax.vmap(fn)(jnp.arange(n))))
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's inline-execution rule")
+@pytest.mark.usefixtures("cpu_paths_only")  # XLA:CPU's inline-execution rule
 def test_set_priorities_of_256_is_a_cheap_program_on_cpu():
     """XLA's CPU client runs a program whose cost model counts under 1,000 flops on the calling
     thread and hands any other to a worker thread (tens of microseconds on a loaded 2-core
@@ -118,7 +118,7 @@ def test_empty_set_priorities_is_a_no_op_and_bad_dtypes_are_named():
             buf.set_priorities(two, jnp.ones(2), jnp.zeros(2))
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's inline-execution rule")
+@pytest.mark.usefixtures("cpu_paths_only")  # XLA:CPU's inline-execution rule
 def test_large_one_step_trajectory_writes_are_asynchronous_programs_small_ones_inline():
     """counted_as_work: a per-call add of one Atari frame per lane (226 KB) counts >= 1,000 flops,
     so XLA's CPU client runs it asynchronously (the Python thread's next dispatch overlaps the
@@ -145,3 +145,69 @@ def test_large_one_step_trajectory_writes_are_asynchronous_programs_small_ones_i
         out = jax.jit(_kernel.counted_as_work)(x, jnp.int32(head))
         np.testing.assert_array_equal(np.asarray(out["f"]).view(np.uint32), bits)
         np.testing.assert_array_equal(np.asarray(out["u"]), bits.view(np.uint8)[: bits.size])
+
+
+def _every_path_scenario() -> list:
+    """A fixed history on every device buffer whose code differs between XLA:CPU and other
+    backends (the one-kernel adds, the walk vs the vectorised tree update, the chained vs the
+    vectorised descent, the asynchronous one-step write): adds of 1, 8 and 40 items (past
+    wrap-around), samples of 1, 5 and 100 (both descents), set_priorities with duplicates and
+    stale generations, one-step trajectory adds of 41 KB (over ASYNC_MIN_BYTES) with truncations.
+    Returns every sample and final state as numpy pytrees."""
+    from jaxbuffers import TrajectoryBuffer
+
+    rng = np.random.default_rng(1)
+    out = []
+    buf = PrioritisedReplayBuffer.create(ITEM, 50, priority_exponent=0.6)
+    add = jax.jit(lambda b, x: b.add(x), donate_argnums=0)
+    sample = jax.jit(lambda b, k, n: b.sample(k, n, 0.4), static_argnums=2)
+    setp = jax.jit(lambda b, i, p, g: b.set_priorities(i, p, g), donate_argnums=0)
+    for b in (1, 8, 3, 1, 40):
+        buf = add(buf, _batch(rng, b))
+    for n in (1, 5, 100):
+        s = sample(buf, jax.random.key(n), n)
+        out.append(s)
+        stale = s.generations.at[0].add(1)  # the first entry is refused as stale
+        buf = setp(buf, s.indices, jnp.asarray(rng.gamma(1.0, size=n), jnp.float32), stale)
+        buf = add(buf, _batch(rng, 1))
+    out.append(buf)
+
+    step = {"obs": jnp.zeros((72, 72), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}  # 8 lanes: 41 KB an add
+    lanes = lambda: {  # noqa: E731
+        "obs": jnp.asarray(rng.integers(0, 256, (8, 72, 72)), jnp.uint8),
+        "action": jnp.asarray(rng.integers(0, 4, 8), jnp.int32),
+        "reward": jnp.asarray(rng.normal(size=8), jnp.float32),
+    }
+    flags = lambda p: jnp.asarray(rng.random(8) < p)  # noqa: E731
+    tb = TrajectoryBuffer.create(step, 8, 12, final_obs_capacity=3)
+    pb = PrioritisedTrajectoryBuffer.create(step, 8, 12, window_length=3, priority_exponent=0.6, final_obs_capacity=3)
+    tadd = jax.jit(lambda b, s, te, tr, f: b.add(s, terminated=te, truncated=tr, final_obs=f), donate_argnums=0)
+    for _ in range(20):
+        s, te, tr = lanes(), flags(0.1), flags(0.2)
+        final = lanes()["obs"]
+        tb, pb = tadd(tb, s, te, tr, final), tadd(pb, s, te, tr, final)
+    out.append(jax.jit(lambda b, k: b.sample_sequences(k, 100, 4))(tb, jax.random.key(7)))
+    out.append(jax.jit(lambda b, k: b.sample_transitions(k, 100, n_step=2, gamma=0.9))(tb, jax.random.key(8)))
+    for n in (1, 64, 100):
+        s = jax.jit(lambda b, k, n: b.sample_transitions(k, n, beta=0.4, gamma=0.9), static_argnums=2)(pb, jax.random.key(n), n)
+        out.append(s)
+        pb = jax.jit(lambda b, i, p, g: b.set_priorities(i, p, g), donate_argnums=0)(pb, s.indices, jnp.asarray(rng.gamma(1.0, size=n), jnp.float32), s.generations)
+    out.extend([tb, pb])
+    return [jax.tree.map(np.asarray, x) for x in out]
+
+
+def test_accelerator_paths_give_the_cpu_paths_results_bit_for_bit():
+    """The code paths taken on GPU/TPU (``_kernel.accelerator_paths``, run here on the CPU
+    backend) give every sample and state of the CPU paths, bit for bit. Without an accelerator
+    this is what checks them; ``pytest --accelerator-paths`` runs the whole suite on them."""
+    cpu = _every_path_scenario()
+    with _kernel.accelerator_paths():
+        assert not _kernel.cpu_paths()
+        other = _every_path_scenario()
+    assert _kernel.cpu_paths() == (jax.default_backend() == "cpu")
+    assert len(cpu) == len(other)
+    for a, b in zip(cpu, other):
+        assert jax.tree.structure(a) == jax.tree.structure(b)
+        for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            assert u.dtype == v.dtype and u.shape == v.shape
+            np.testing.assert_array_equal(u.view(np.uint8) if u.dtype.kind == "f" else u, v.view(np.uint8) if v.dtype.kind == "f" else v)

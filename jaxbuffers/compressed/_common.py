@@ -15,7 +15,7 @@ try:  # in-place host callback (CPU/GPU), experimental in JAX
 except ImportError:  # pragma: no cover - older or newer JAX without it
     _buffer_callback = None
 
-from jaxbuffers import _validate
+from jaxbuffers import _kernel, _validate
 from jaxbuffers.compressed._host import HostStores
 
 
@@ -113,21 +113,28 @@ def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Arr
     JAX without that API, use ``io_callback(..., ordered=True)``.
 
     Raises:
-      ValueError: under ``vmap`` (CPU; elsewhere JAX refuses the ordered callback): a buffer is
-        one host store, so states cannot be stacked.
+      ValueError: under ``vmap`` (any backend): a buffer is one host store, so states cannot be
+        stacked.
     """
     args = (version, slots.astype(jnp.int32), valid, *datas)
     out = jax.ShapeDtypeStruct((), jnp.int32)
-    if _buffer_callback is None or jax.default_backend() != "cpu" or jax.device_count() > 1:
-        return io_callback(host.write, out, *args, ordered=True)
+    if _buffer_callback is None or not _kernel.cpu_paths() or jax.device_count() > 1:
 
-    def fill(ctx, new_version, *buffers):
-        del ctx
-        np.asarray(new_version)[...] = host.write(*(np.asarray(b) for b in buffers))
+        def call(*args):
+            return io_callback(host.write, out, *args, ordered=True)
+
+    else:
+
+        def fill(ctx, new_version, *buffers):
+            del ctx
+            np.asarray(new_version)[...] = host.write(*(np.asarray(b) for b in buffers))
+
+        def call(*args):
+            return _buffer_callback(fill, out, has_side_effect=True)(*args)
 
     @jax.custom_batching.custom_vmap
     def write_once(*args):
-        return _buffer_callback(fill, out, has_side_effect=True)(*args)
+        return call(*args)
 
     @write_once.def_vmap
     def _refuse_vmap(axis_size, in_batched, *args):
@@ -159,7 +166,7 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
     ids = [x.astype(jnp.int32) for x in ids]
     m = len(ids)
     shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
-    if _buffer_callback is None or jax.default_backend() != "cpu":
+    if _buffer_callback is None or not _kernel.cpu_paths():
         flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="broadcast_all")
     else:
 

@@ -26,8 +26,8 @@ object, which a buffer keeps in a *static* field (it is not a pytree leaf):
   from a state whose version is not the store's current one (adding twice to the same state: a
   fork) is refused too, before anything is written. Errors raised inside callbacks surface as
   ``jax.errors.JaxRuntimeError`` (``XlaRuntimeError``) when the result is used.
-* Writes cannot be ``vmap``-ed (on CPU the write's vmap rule raises "cannot be vmapped"; JAX
-  refuses the ordered ``io_callback`` elsewhere): a compressed buffer is one host store, so
+* Writes cannot be ``vmap``-ed (the write's vmap rule raises ``ValueError: ... cannot be
+  vmapped`` on every backend): a compressed buffer is one host store, so
   stacking buffers under ``vmap`` is not supported. ``vmap`` over sampling
   keys of one buffer works (reads are batched).
 
