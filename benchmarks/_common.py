@@ -30,6 +30,13 @@ def machine_info() -> dict:
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "backend": jax.default_backend()}
 
 
+def flashbax_device() -> str:
+    """flashbax's ``device`` argument for the JAX backend in use ("cpu", "gpu" or "tpu"): flashbax
+    picks its sum-tree update for that device, so the anchor runs its own best code on each."""
+    backend = jax.default_backend()
+    return "gpu" if backend in ("gpu", "cuda", "rocm") else backend if backend == "tpu" else "cpu"
+
+
 def versions(*packages: str) -> dict:
     """Installed versions of ``packages`` (``None`` where not installed)."""
     out = {}

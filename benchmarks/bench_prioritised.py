@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import batch_of, emit, interleaved, machine_info, parser, priority_checks, versions  # noqa: E402
+from _common import batch_of, emit, flashbax_device, interleaved, machine_info, parser, priority_checks, versions  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
@@ -78,7 +78,7 @@ class Flashbax:
     def __init__(self, item, capacity):
         self.kwargs = dict(
             max_length=capacity, min_length=1, sample_batch_size=SAMPLE, add_sequences=True,
-            priority_exponent=ALPHA, device="cpu",
+            priority_exponent=ALPHA, device=flashbax_device(),
         )
         self.buf = fbx.make_prioritised_item_buffer(**self.kwargs)
         self.state = self.buf.init(item)

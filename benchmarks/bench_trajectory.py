@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, interleaved, machine_info, parser, priority_checks, versions  # noqa: E402
+from _common import emit, flashbax_device, interleaved, machine_info, parser, priority_checks, versions  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
@@ -119,7 +119,7 @@ class Flashbax:
                   min_length_time_axis=seq_len, max_length_time_axis=length)
         if prioritised:
             self.name = "flashbax_prioritised_trajectory"
-            self.buf = fbx.make_prioritised_trajectory_buffer(**kw, priority_exponent=ALPHA, device="cpu")
+            self.buf = fbx.make_prioritised_trajectory_buffer(**kw, priority_exponent=ALPHA, device=flashbax_device())
         else:
             self.name = "flashbax_trajectory"
             self.buf = fbx.make_trajectory_buffer(**kw)
