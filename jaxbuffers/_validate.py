@@ -89,7 +89,7 @@ def _structure_error(spec, batch, what: str) -> TypeError:
     return TypeError(f"{what}: tree structure differs from the example item: " + "; ".join(detail))
 
 
-def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch") -> tuple[int, ...]:
+def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch", lead_names: tuple[str, ...] = ("B", "T")) -> tuple[int, ...]:
     """Check ``batch`` against ``spec`` with ``batch_ndim`` leading axes; return those axes' sizes.
 
     Args:
@@ -98,6 +98,7 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch")
         ``lead`` (length ``batch_ndim``) is the same for every leaf, and exactly the spec's dtype.
       batch_ndim: number of leading axes (1 for ``[B, ...]``, 2 for ``[num_envs, t, ...]``).
       what: name used in error messages (``"batch"``, ``"step"``...).
+      lead_names: names of the leading axes in error messages (e.g. ``("num_envs", "t")``).
 
     Returns:
       The leading shape ``lead`` (a tuple of Python ints).
@@ -123,7 +124,7 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch")
         shape = tuple(leaf.shape)
         expected_tail = tuple(s.shape)
         if len(shape) != batch_ndim + len(expected_tail) or shape[batch_ndim:] != expected_tail:
-            lead_desc = ", ".join(["B", "T"][:batch_ndim]) if batch_ndim <= 2 else f"{batch_ndim} axes"
+            lead_desc = ", ".join(lead_names[:batch_ndim]) if batch_ndim <= len(lead_names) else f"{batch_ndim} axes"
             raise ValueError(
                 f"{name}: expected shape [{lead_desc}, *{list(expected_tail)}] "
                 f"(per-item shape {expected_tail} after {batch_ndim} leading axes), got {shape}"
@@ -140,7 +141,8 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch")
                 f"{name}: leading axes {shape[:batch_ndim]} disagree with {lead_from}'s {lead}; "
                 f"every leaf of one batch must have the same leading axes"
             )
-    assert lead is not None
+    if lead is None:
+        raise ValueError(f"{what}: expected at least one array leaf, got {batch!r}")
     return lead
 
 

@@ -211,7 +211,10 @@ def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[
     total = tree.total()
     nonempty = total > 0
     probabilities = jnp.where(nonempty, leaf / jnp.where(nonempty, total, 1), 0)
-    ratio = leaf / jnp.where(nonempty, tree.min(), 1)
+    # Every sampled leaf is >= the minimum, so the ratio is >= 1 and the weight <= 1; XLA may turn
+    # the division into a product with 1/min, which gave 0.99999994 (a weight of 1.0000001) for a
+    # leaf equal to the minimum: the clamp keeps the documented range.
+    ratio = jnp.maximum(leaf / jnp.where(nonempty, tree.min(), 1), 1)
     weights = jnp.where(nonempty, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)), 1)
     return probabilities.astype(jnp.float32), weights.astype(jnp.float32)
 

@@ -197,7 +197,7 @@ def prepare_add(spec, obs_key: str, num_envs: int, length: int, step, terminated
     # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the first leaf's rank.
     leaves, spec0 = jax.tree.leaves(step), jax.tree.leaves(spec)[0]
     nd = 2 if leaves and getattr(leaves[0], "ndim", -1) == len(spec0.shape) + 2 else 1
-    lead = _validate.check_batch(spec, step, nd, "step")
+    lead = _validate.check_batch(spec, step, nd, "step", ("num_envs", "t"))
     if lead[0] != num_envs:
         raise ValueError(f"step: expected leading axis num_envs={num_envs}, got {lead[0]}")
     _ring.check_batch_fits(1 if nd == 1 else lead[1], length, "step chunk (time axis)")
@@ -213,7 +213,7 @@ def prepare_add(spec, obs_key: str, num_envs: int, length: int, step, terminated
                 "before any auto-reset (read only where truncated); shaped like step[obs] "
                 f"(leading axes {list(lead)})"
             )
-        got = _validate.check_batch(spec[obs_key], final_obs, nd, "final_obs")
+        got = _validate.check_batch(spec[obs_key], final_obs, nd, "final_obs", ("num_envs", "t"))
         if tuple(got) != tuple(lead):
             raise ValueError(
                 f"final_obs: expected leading axes {list(lead)} like step (one observation per env"
@@ -368,6 +368,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
                     f"obs_key/action_key/reward_key to create if your names differ"
                 )
         spec = _validate.item_spec(dict(example_step), "example_step")
+        if not jax.tree.leaves(spec[obs_key]):
+            raise ValueError(f"example_step[{obs_key!r}]: expected at least one array leaf (the observation), got {example_step[obs_key]!r}")
         rspec = spec[reward_key]
         if not isinstance(rspec, jax.ShapeDtypeStruct) or rspec.shape != () or not jnp.issubdtype(rspec.dtype, jnp.floating):
             raise ValueError(f"example_step[{reward_key!r}]: expected a floating scalar per step, got {rspec}")
@@ -1093,6 +1095,11 @@ the final observations of sampled sequences. To ask whether a
         :class:`TransitionSample`.
         """
         n_step = self.window_length - 1 if n_step is None else _validate.static_int("n_step", n_step)
+        if self.window_length < 2:
+            raise ValueError(
+                "sample_transitions: needs window_length >= 2 (an n-step transition spans n_step + 1 steps); "
+                f"this buffer was created with window_length={self.window_length}"
+            )
         if not 1 <= n_step <= self.window_length - 1:
             raise ValueError(f"n_step: expected 1 <= n_step <= window_length - 1 = {self.window_length - 1}, got {n_step}")
         _gamma(gamma, self.buffer.storage[self.buffer.reward_key].dtype)

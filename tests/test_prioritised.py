@@ -762,3 +762,16 @@ def test_index_lists_with_traced_entries_and_disable_jit():
         b = b.set_priorities(s.indices, jnp.full(4, 2.0), s.generations)
         assert float(b.tree.total()) > 0
         assert float(SumTree.create(16).set(jnp.arange(3), jnp.ones(3)).total()) == 3.0
+
+
+def test_weights_never_exceed_one_when_sampled_leaves_equal_the_minimum():
+    """A leaf equal to the minimum has weight exactly 1: XLA may divide by the minimum as a
+    product with its reciprocal (0.99999994 here), which gave weights of 1.0000001 before the
+    ratio was clamped (found by a fresh-user review)."""
+    buf = PRB.create({"x": jnp.float32(0)}, 4).add({"x": jnp.arange(2.0)}, priorities=jnp.array([-1.0, 0.0]))
+    for f in (lambda b: b.sample(jax.random.key(0), 4, beta=1.0), jax.jit(lambda b: b.sample(jax.random.key(0), 4, beta=1.0))):
+        np.testing.assert_array_equal(np.asarray(f(buf).importance_weights), np.ones(4, np.float32))
+    rng = np.random.default_rng(3)
+    buf = PRB.create({"x": jnp.float32(0)}, 64, priority_exponent=0.7).add({"x": jnp.arange(64.0)}, priorities=jnp.asarray(rng.gamma(0.5, size=64), jnp.float32))
+    w = np.asarray(jax.jit(lambda b, k: b.sample(k, 512, beta=1.0))(buf, jax.random.key(1)).importance_weights)
+    assert w.max() <= 1.0 and w.min() > 0

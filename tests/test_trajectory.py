@@ -968,3 +968,18 @@ def test_prioritised_priorities_read_back_what_was_set():
         buf.priorities(jnp.array([1.0]))
     with pytest.raises(TypeError, match="indices"):
         buf.generations_at(jnp.array([1.0]))
+
+
+def test_odd_configurations_are_refused_with_the_reason():
+    """From a fresh-user review: an observation with no array leaves is refused at create (an add
+    with truncation used to fail on a bare assert); transitions of a window of one step name
+    window_length, not the default n_step; a one-step shape error names the num_envs axis."""
+    with pytest.raises(ValueError, match=r"example_step\['obs'\]: expected at least one array leaf"):
+        TrajectoryBuffer.create({"obs": {}, "action": jnp.int32(0), "reward": jnp.float32(0)}, 2, 4)
+    one = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 4, window_length=1)
+    with pytest.raises(ValueError, match="needs window_length >= 2.*window_length=1"):
+        one.sample_transitions(jax.random.key(0), 2, beta=0.4, gamma=0.9)
+    buf = TrajectoryBuffer.create(EXAMPLE, 2, 4)
+    bad = {"obs": jnp.zeros((2, OBS_DIM + 1)), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}
+    with pytest.raises(ValueError, match=r"step\['obs'\]: expected shape \[num_envs, \*\[" + str(OBS_DIM) + r"\]\]"):
+        buf.add(bad, terminated=jnp.zeros(2, bool))
