@@ -34,7 +34,9 @@ def flashbax_device() -> str:
     """flashbax's ``device`` argument for the JAX backend in use ("cpu", "gpu" or "tpu"): flashbax
     picks its sum-tree update for that device, so the anchor runs its own best code on each."""
     backend = jax.default_backend()
-    return "gpu" if backend in ("gpu", "cuda", "rocm") else backend if backend == "tpu" else "cpu"
+    if backend in ("gpu", "cuda", "rocm"):
+        return "gpu"
+    return "tpu" if backend == "tpu" else "cpu"
 
 
 def versions(*packages: str) -> dict:

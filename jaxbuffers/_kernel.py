@@ -20,6 +20,9 @@ iteration ``while`` and costs about the same as the unwrapped program (measured 
 The opposite case: a program that only copies many bytes (a one-step write of an Atari frame per
 lane) also counts under XLA's 1,000-flop bar for inline execution, and is faster run
 asynchronously; :func:`counted_as_work` makes its cost model count it as work.
+
+Every choice of the library that depends on the backend asks :func:`cpu_paths`; tests switch all
+of them to the GPU/TPU side with :func:`accelerator_paths` (``pytest --accelerator-paths``).
 """
 
 from __future__ import annotations

@@ -188,10 +188,11 @@ def _every_path_scenario() -> list:
         tb, pb = tadd(tb, s, te, tr, final), tadd(pb, s, te, tr, final)
     out.append(jax.jit(lambda b, k: b.sample_sequences(k, 100, 4))(tb, jax.random.key(7)))
     out.append(jax.jit(lambda b, k: b.sample_transitions(k, 100, n_step=2, gamma=0.9))(tb, jax.random.key(8)))
+    psample = jax.jit(lambda b, k, n: b.sample_transitions(k, n, beta=0.4, gamma=0.9), static_argnums=2)
     for n in (1, 64, 100):
-        s = jax.jit(lambda b, k, n: b.sample_transitions(k, n, beta=0.4, gamma=0.9), static_argnums=2)(pb, jax.random.key(n), n)
+        s = psample(pb, jax.random.key(n), n)
         out.append(s)
-        pb = jax.jit(lambda b, i, p, g: b.set_priorities(i, p, g), donate_argnums=0)(pb, s.indices, jnp.asarray(rng.gamma(1.0, size=n), jnp.float32), s.generations)
+        pb = setp(pb, s.indices, jnp.asarray(rng.gamma(1.0, size=n), jnp.float32), s.generations)
     out.extend([tb, pb])
     return [jax.tree.map(np.asarray, x) for x in out]
 
