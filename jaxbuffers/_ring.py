@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuffers import _kernel, _random
 
 _LOW_BITS = 30
 _LOW_MASK = (1 << _LOW_BITS) - 1
@@ -96,30 +95,17 @@ def write(storage, batch, head: jax.Array, axis: int = 0):
     Returns:
       The written storage, same structure.
 
-    Cost is O(batch): a scatter with unique in-bounds indices (a slice update when ``batch_size`` is
-    1), which XLA performs in place when the storage is donated. A ``lax.cond`` between a slice
-    update and a scatter was measured 2-20x slower on CPU (the conditional's overhead and copies).
-    The indices are computed once for all leaves (each computation is a kernel of its own). A
-    one-step write of at least 32 KB passes its rows through
-    :func:`jaxbuffers._kernel.counted_as_work`, so that a per-call add of it runs asynchronously on
-    CPU (the same values).
-
-    With ``axis > 0`` and rows with axes of their own (e.g. per-lane ``[E, length, 17]``
-    storage), the leading axes are flattened and the ``E * batch_size`` rows are scattered one by
-    one into the ``[E * length, ...]`` view (a free reshape): on CPU the scatter along ``axis``
-    moved each ``[E, ...]`` window strided and took 2x as long for 17 floats and 8x for Atari
-    frames (chunk of 16 steps x 8 lanes, measured 1.33 -> 0.62 us and 3.06 -> 0.38 ms). Scalar
-    rows keep the scatter along ``axis`` (0.19 us against 0.34-0.40 for the flat one), and so do
-    storages of more than ``2**31 - 1`` rows (their flat int32 row ids would overflow).
+    Cost is O(batch): one scatter with unique in-bounds indices, which XLA performs in place when
+    the storage is donated. With ``axis > 0`` and rows with axes of their own (per-lane
+    ``[E, length, ...]`` storage) the leading axes are flattened first and the ``E * batch_size``
+    rows scattered into the ``[E * length, ...]`` view (a free reshape), so each row is one
+    contiguous copy; storages of more than ``2**31 - 1`` rows keep the scatter along ``axis``
+    (their flat int32 row ids would overflow).
     """
     leaves, treedef = jax.tree.flatten(storage)
     rows_in = treedef.flatten_up_to(batch)
     capacity, b = leaves[0].shape[axis], rows_in[0].shape[axis]
     head = jnp.asarray(head, jnp.int32)
-    if b == 1:  # cannot wrap: a plain slice update (measured faster for big rows)
-        rows_in = _kernel.counted_as_work(rows_in, head)  # a large one-step write runs asynchronously on CPU
-        out = [jax.lax.dynamic_update_slice_in_dim(s, x, head, axis) for s, x in zip(leaves, rows_in)]
-        return jax.tree.unflatten(treedef, out)
     idx = write_indices(head, b, capacity)
     lead = int(np.prod(leaves[0].shape[:axis]))
     flat = (jnp.arange(lead, dtype=jnp.int32)[:, None] * capacity + idx[None, :]).reshape(-1)
@@ -189,7 +175,7 @@ def sample_windows(
     expose ``can_sample`` so users can tell.
     """
     n = jnp.maximum(num_windows(num_valid, length, period), 1)
-    k = _random.randint(key, shape, n)
+    k = jax.random.randint(key, shape, 0, n, jnp.int32)
     return window_starts(k, head, num_valid, capacity, period)
 
 

@@ -298,3 +298,33 @@ def integer_indices(name: str, indices) -> jax.Array:
     if not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an integer dtype (int32), got {indices.dtype}")
     return int32_indices(indices)
+
+
+def static_float(name: str, value, lo: float, hi: float) -> float:
+    """A static float hyperparameter (a Python or numpy number, not a bool) in ``[lo, hi]``, as ``float``.
+
+    Raises:
+      TypeError: not a number; ValueError: outside ``[lo, hi]`` (or NaN). Messages name the argument.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a Python float, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not (lo <= value <= hi):
+        raise ValueError(f"{name}: expected a float in [{lo}, {hi}], got {value}")
+    return value
+
+
+def vector(name: str, x, b: int, kind: str) -> jax.Array:
+    """``x`` as a ``[b]`` array of the given kind (``'floating'`` or ``'integer'``), checked at trace time.
+
+    Raises:
+      TypeError: not an array, or the wrong dtype kind; ValueError: not of shape ``(b,)``.
+    """
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name}: expected an array of shape [{b}], got {type(x).__name__}")
+    if tuple(x.shape) != (b,):
+        raise ValueError(f"{name}: expected shape ({b},), got {tuple(x.shape)}")
+    want = jnp.floating if kind == "floating" else jnp.integer
+    if not jnp.issubdtype(x.dtype, want):
+        raise TypeError(f"{name}: expected a{'n' if kind == 'integer' else ''} {kind} dtype, got {x.dtype}")
+    return jnp.asarray(x)

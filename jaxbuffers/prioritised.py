@@ -62,16 +62,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuffers import _kernel, _ring, _validate
+from jaxbuffers import _ring, _validate
+from jaxbuffers._priority import (
+    PRIORITY_MAX,
+    RENAMED_KEYWORDS,
+    float_bits as _float_bits,
+    priorities_at,
+    priority_leaf,
+    probabilities_and_weights,
+    sanitise_priorities,
+    unexpected_keywords,
+    write_priorities,
+)
 from jaxbuffers.replay import ReplayBuffer
-from jaxbuffers import sum_tree
 from jaxbuffers.sum_tree import SumMinTree
 
 __all__ = ["PrioritisedReplayBuffer", "PrioritisedSample", "PRIORITY_MAX"]
-
-PRIORITY_MAX = 1e20
-"""Largest priority kept (larger values and ``+inf`` are clamped to it); see the module docstring."""
-
 
 class PrioritisedSample(NamedTuple):
     """What :meth:`PrioritisedReplayBuffer.sample` returns (``B`` = batch size)."""
@@ -81,182 +87,6 @@ class PrioritisedSample(NamedTuple):
     probabilities: jax.Array  # shape=[B], dtype=float32: P(i) = p_i^alpha / sum_k p_k^alpha
     importance_weights: jax.Array  # shape=[B], dtype=float32: (N P(i))^-beta / max_j (N P(j))^-beta, in [0, 1] (0 only when p_i^alpha / min_j p_j^alpha overflows float32, e.g. epsilon 1e-30 next to 1e20)
     generations: jax.Array  # shape=[B], dtype=int32: slot generation at sampling; pass to set_priorities
-
-
-def priority_leaf(p: jax.Array, alpha: float) -> jax.Array:
-    """Tree leaf ``p ** alpha`` for float32 priorities ``p`` (any shape); ``p`` itself when
-    ``alpha == 1`` and exactly 1 when ``alpha == 0`` (``alpha`` is a static Python float)."""
-    if alpha == 1.0:
-        return p
-    return jnp.power(p, jnp.float32(alpha))
-
-
-def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon: float) -> jax.Array:
-    """The priority policy of every prioritised buffer (module docstring): float32, same shape.
-
-    ``NaN -> max_priority``; values below ``epsilon`` (zero, negative, ``-inf``) -> ``epsilon``;
-    values above :data:`PRIORITY_MAX` (incl. ``+inf``) -> ``PRIORITY_MAX``.
-    """
-    p = priorities.astype(jnp.float32)
-    p = jnp.where(jnp.isnan(p), max_priority, p)
-    return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
-
-
-def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
-    """Priorities recovered from the leaves at ``indices`` (int, any shape): float32, same shape.
-
-    ``p = leaf ** (1 / alpha)``, so equal to the priority written up to the leaf's float32 rounding
-    raised to ``1 / alpha`` (relative error ~``6e-8 / alpha``: ~1e-7 at alpha 0.6, ~6e-5 at 1e-3;
-    ``+inf`` written reads ~1e20, :data:`PRIORITY_MAX`); with ``alpha = 0`` every
-    written leaf is 1 and reads 1. Leaves holding nothing (a slot never written, a window that is
-    not valid now) and indices outside ``[0, capacity)`` read 0.
-
-    Raises:
-      TypeError: ``indices`` of a non-integer dtype.
-    """
-    i = _validate.integer_indices("indices", indices)
-    leaf = jnp.where((i >= 0) & (i < tree.capacity), tree.get(i.reshape(-1)).reshape(i.shape), 0)
-    if alpha in (0.0, 1.0):
-        return leaf.astype(jnp.float32)
-    return jnp.power(leaf, jnp.float32(1.0 / alpha)).astype(jnp.float32)
-
-
-def write_priorities(tree: SumMinTree, indices, priorities, generations, applies, max_priority, epsilon: float, alpha: float):
-    """The update of every prioritised buffer's ``set_priorities``: the priority policy, the leaf
-    ``p**alpha``, the tree write and the running max, for the entries that apply.
-
-    Args:
-      tree: the buffer's :class:`~jaxbuffers.sum_tree.SumMinTree`.
-      indices: int32[B] leaves; entries outside ``[0, capacity)`` are ignored.
-      priorities: floating[B] raw priorities (the policy, :func:`sanitise_priorities`, applies).
-      generations: int32[B], the generations the caller sampled.
-      applies: ``(slots, generations) -> bool``, elementwise over int32 scalars or arrays
-        (``slots`` in ``[0, capacity)``): whether an entry may be written (its slot still holds
-        what was sampled, and whatever else the buffer requires).
-      max_priority: float32 scalar, the running max before this call. epsilon, alpha: the buffer's.
-
-    Returns:
-      ``(tree, max_priority)``. Duplicate indices: the last applied entry wins
-      (:meth:`SumMinTree.set`), and only the winners raise the max (to the largest priority
-      actually written).
-
-    Cost: where the tree walks (CPU, up to 4,096 entries) the per-entry tests (range,
-    ``applies``, NaN) run in one scalar loop (:func:`jaxbuffers._kernel.map_entries`) and the
-    winner test for the max in another, so XLA's cost model counts the update at a few hundred
-    flops (~500 at B = 256; the vector ``p**alpha`` and the walk's top levels grow with B: ~900
-    entries reach 1,000, and ``alpha = 0`` takes a sort, ~6,000) and XLA's CPU client runs a
-    per-call update on the calling thread. Written as vector ops (256 entries: ~4,800 flops) it
-    went to a worker thread, and a jitted call took 15 us or 35-50 us depending on where the
-    scheduler put the two threads (2-core machine). ``p**alpha`` stays one vector op: a
-    transcendental, which the cost model does not count. Called eagerly (no trace) both steps are
-    vector ops: a loop would be compiled again at every call.
-    """
-    b = indices.shape[0]
-    if b == 0:
-        return tree, max_priority
-    cap = tree.capacity
-    walk = b <= sum_tree._walk_max_batch()
-    eps, top = jnp.float32(epsilon), jnp.float32(PRIORITY_MAX)
-    # p**alpha of the clipped priorities and, last, of the running max (which replaces NaN).
-    leaves = priority_leaf(jnp.clip(jnp.concatenate([priorities.astype(jnp.float32), jnp.reshape(max_priority, (1,)).astype(jnp.float32)]), eps, top), alpha)
-
-    def leaf_of(k):
-        i = indices[k]
-        ok = (i >= 0) & (i < cap) & applies(jnp.clip(i, 0, cap - 1), generations[k])
-        return jnp.where(ok, jnp.where(jnp.isnan(priorities[k]), leaves[b], leaves[k]), jnp.nan)
-
-    traced = any(isinstance(x, jax.core.Tracer) for x in (tree.nodes, indices, priorities, generations))
-    loops = walk and traced
-    leaf = _kernel.map_entries(leaf_of, b, scalar_loop=loops)
-    new = tree.set(indices, leaf)
-    if not loops or alpha == 0:
-        if alpha == 0:  # every leaf is 1: find the winners by position instead (one sort)
-            won = sum_tree.last_write_mask(jnp.clip(indices, 0, cap - 1), ~jnp.isnan(leaf))
-        else:
-            # Every touched slot now holds its winner's leaf, so an applied entry whose leaf equals
-            # its slot's stored leaf is the winner (or a loser with the same p**alpha); skipped
-            # entries have a NaN leaf, equal to nothing.
-            won = new.get(jnp.clip(indices, 0, cap - 1)) == leaf
-        return new, jnp.maximum(max_priority, jnp.max(jnp.where(won, sanitise_priorities(priorities, max_priority, epsilon), 0)))
-    leaf_row = new.padded_capacity
-
-    def body(k, m):  # the same winner test, one entry per step of a scalar loop
-        slot = jnp.clip(indices[k], 0, cap - 1) + leaf_row
-        stored = jax.lax.dynamic_index_in_dim(new.nodes, slot, keepdims=False)[0]
-        return jnp.maximum(m, jnp.where(stored == leaf[k], sanitise_priorities(priorities[k], max_priority, epsilon), 0))
-
-    return new, jax.lax.fori_loop(0, b, body, max_priority)
-
-
-def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[jax.Array, jax.Array]:
-    """Sampling probabilities and normalised importance weights of sampled leaves (module doc).
-
-    ``P(i) = leaf_i / total`` and ``w_i = (leaf_i / min_leaf)^-beta`` (the minimum over positive
-    leaves, i.e. over the valid slots). On an empty tree: probability 0 and weight 1.
-
-    Args:
-      tree: the buffer's tree. leaf: float32[B], the sampled leaves ``p^alpha``.
-      beta: importance exponent, a Python / numpy number or a 0-d integer or floating array
-        (:func:`jaxbuffers._validate.scalar_parameter`; a concrete value must be finite and
-        ``>= 0``, a traced one is not range-checked).
-
-    Returns:
-      ``(probabilities, weights)``, float32[B] each.
-
-    Raises (trace time):
-      ValueError: a concrete ``beta`` that is negative or not finite, or an array that is not 0-d.
-      TypeError: ``beta`` a bool, complex, or not a number or array.
-    """
-    _validate.scalar_parameter("beta", beta, 0.0)
-    total = tree.total()
-    nonempty = total > 0
-    probabilities = jnp.where(nonempty, leaf / jnp.where(nonempty, total, 1), 0)
-    # Every sampled leaf is >= the minimum, so the ratio is >= 1 and the weight <= 1; XLA may turn
-    # the division into a product with 1/min, which gave 0.99999994 (a weight of 1.0000001) for a
-    # leaf equal to the minimum: the clamp keeps the documented range.
-    ratio = jnp.maximum(leaf / jnp.where(nonempty, tree.min(), 1), 1)
-    weights = jnp.where(nonempty, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)), 1)
-    return probabilities.astype(jnp.float32), weights.astype(jnp.float32)
-
-
-# Keywords other prioritised-replay APIs use for our parameters (Schaul et al.'s alpha; flashbax),
-# named in the TypeError for an unexpected keyword (each create adds its own, e.g. sizes).
-RENAMED_KEYWORDS = {"alpha": "priority_exponent", "min_priority": "epsilon", "beta": "sample(..., beta=...)"}
-
-
-def unexpected_keywords(method: str, unknown, takes: str, renamed: dict) -> TypeError:
-    """The TypeError for keywords ``unknown`` passed to ``method``: names each, with the keyword
-    to use where ``renamed`` knows it as another API's name, and what ``method`` takes."""
-    unknown = sorted(unknown)
-    hint = "".join(f" ({k}: use {renamed[k]})" for k in unknown if k in renamed)
-    word = "keyword" if len(unknown) == 1 else "keywords"
-    return TypeError(f"{method}: unexpected {word} {', '.join(map(repr, unknown))}{hint}; its keywords are {takes}")
-
-
-def _float_arg(name: str, value, lo: float, hi: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a Python float, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not (lo <= value <= hi):
-        raise ValueError(f"{name}: expected a float in [{lo}, {hi}], got {value}")
-    return value
-
-
-def _float_bits(x: jax.Array) -> jax.Array:
-    """The int32 bit pattern of a float32 scalar (stored among int32 counters, read back exactly)."""
-    return jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.int32)
-
-
-def _check_vector(name: str, x, b: int, kind: str) -> jax.Array:
-    """A [b] array of the given kind ('floating' or 'integer'), checked at trace time."""
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise TypeError(f"{name}: expected an array of shape [{b}], got {type(x).__name__}")
-    if tuple(x.shape) != (b,):
-        raise ValueError(f"{name}: expected shape ({b},), got {tuple(x.shape)}")
-    want = jnp.floating if kind == "floating" else jnp.integer
-    if not jnp.issubdtype(x.dtype, want):
-        raise TypeError(f"{name}: expected a{'n' if kind == 'integer' else ''} {kind} dtype, got {x.dtype}")
-    return jnp.asarray(x)
 
 
 class PrioritisedReplayBuffer(struct.PyTreeNode):
@@ -302,8 +132,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         if unknown:
             renamed = {**RENAMED_KEYWORDS, "max_length": "capacity", "min_length": "min_size"}  # flashbax's names
             raise unexpected_keywords("PrioritisedReplayBuffer.create", unknown, "priority_exponent, min_size and epsilon", renamed)
-        alpha = _float_arg("priority_exponent", priority_exponent, 0.0, 1.0)
-        epsilon = _float_arg("epsilon", epsilon, 1e-30, 1.0)
+        alpha = _validate.static_float("priority_exponent", priority_exponent, 0.0, 1.0)
+        epsilon = _validate.static_float("epsilon", epsilon, 1e-30, 1.0)
         replay = ReplayBuffer.create(example_item, capacity, min_size=min_size)
         return cls(
             replay=replay.replace(counters=jnp.concatenate([replay.counters, _float_bits(jnp.float32(1.0))[None]])),
@@ -429,14 +259,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         (b,) = _validate.check_batch(self.item_spec, batch, 1, "batch")
         _ring.check_batch_fits(b, self.capacity, "batch")
         if priorities is not None:
-            priorities = _check_vector("priorities", priorities, b, "floating")
-        if _validate.tree_nbytes(batch) <= _kernel.SMALL_LOOP_BYTES:
-            return _kernel.as_one_kernel(lambda buf: buf._add(b, priorities, batch), self, self.replay.head)
-        # Items too large for a small kernel (e.g. one Atari frame, 28 KB): written as ops of their
-        # own, so that the tree and cursor update still runs as one small kernel. One frame per add
-        # inside a lax.scan: 2.09 -> 1.60-1.68 us (flashbax 2.67-2.70; a bare slice update 1.26-1.44).
-        written = self.replace(replay=self.replay._write(batch))
-        return _kernel.as_one_kernel(lambda buf: buf._add(b, priorities), written, self.replay.head)
+            priorities = _validate.vector("priorities", priorities, b, "floating")
+        return self._add(b, priorities, batch)
 
     def _add(self, b: int, priorities: jax.Array | None, batch: Any = None) -> "PrioritisedReplayBuffer":
         """The update of :meth:`add` for ``b`` checked items: the items (``batch``; ``None`` when
@@ -513,10 +337,10 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         if len(indices.shape) != 1:
             raise ValueError(f"indices: expected a 1-D int array [B], got shape {indices.shape}")
         (b,) = indices.shape
-        _check_vector("indices", indices, b, "integer")
+        _validate.vector("indices", indices, b, "integer")
         indices = _validate.int32_indices(indices)
-        priorities = _check_vector("priorities", priorities, b, "floating")
-        generations = _check_vector("generations", generations, b, "integer").astype(jnp.int32)
+        priorities = _validate.vector("priorities", priorities, b, "floating")
+        generations = _validate.vector("generations", generations, b, "integer").astype(jnp.int32)
         valid = self.replay.num_valid
         tree, max_priority = write_priorities(
             self.tree, indices, priorities, generations,

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuffers import _kernel, _random, _validate
+from jaxbuffers import _validate
 
 __all__ = ["SumTree", "MinTree", "SumMinTree", "last_write_mask", "set_sum_and_min"]
 
@@ -92,11 +92,11 @@ _DESCENT_CHAINED_MAX_CPU = 64
 
 
 def _walk_max_batch() -> int:
-    return _WALK_MAX_BATCH_CPU if _kernel.cpu_paths() else 0
+    return 0
 
 
 def _descent_chained_max() -> int:
-    return _DESCENT_CHAINED_MAX_CPU if _kernel.cpu_paths() else 0
+    return 0
 
 
 def _tuning() -> tuple:
@@ -577,7 +577,7 @@ def _find(total, nodes, dtype, queries, u2=None):
 def _sample_stratified(total, nodes, dtype, key, batch_size):
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size: expected a Python int >= 1, got {batch_size!r}")
-    u, u2 = _random.uniform_pair(key, (int(batch_size),))
+    u, u2 = jax.random.uniform(key, (2, int(batch_size)), jnp.float32)
     qdt = _query_dtype(dtype)
     # The stratum width as a product with 1/B (not a division): XLA rewrites a division by a
     # constant into that product under jit but not in an eager op, which changed a last bit of

@@ -83,10 +83,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuffers import _random, _ring, _validate
-from jaxbuffers.prioritised import (
-    _float_arg,
-    _float_bits,
+from jaxbuffers import _ring, _validate
+from jaxbuffers._priority import (
+    float_bits as _float_bits,
     RENAMED_KEYWORDS,
     priorities_at,
     priority_leaf,
@@ -562,7 +561,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         """Uniform (lane, physical start) over valid windows: one draw over ``num_envs * windows``."""
         nw = _ring.num_windows(self.num_valid, window, period)
         per_lane = jnp.maximum(nw, 1)
-        flat = _random.randint(key, (batch_size,), per_lane * self.num_envs)
+        flat = jax.random.randint(key, (batch_size,), 0, per_lane * self.num_envs, jnp.int32)
         lanes = flat // per_lane
         starts = _ring.window_starts(flat % per_lane, self.head, self.num_valid, self.length, period)
         return lanes, starts
@@ -588,7 +587,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         """Exact uniform draw over windows inside one episode: cumulative counts + searchsorted."""
         counts = self._episode_window_counts(window, period)
         total = counts[-1]
-        r = _random.randint(key, (batch_size,), jnp.maximum(total, 1))
+        r = jax.random.randint(key, (batch_size,), 0, jnp.maximum(total, 1), jnp.int32)
         pos = jnp.searchsorted(counts, r, side="right").astype(jnp.int32)
         w = self.length - window + 1
         pos = jnp.minimum(pos, counts.shape[0] - 1)  # only when nothing is valid (can_sample False)
@@ -934,8 +933,8 @@ the final observations of sampled sequences. To ask whether a
         period = _validate.static_int("period", period)
         if window_length > buf.length:
             raise ValueError(f"window_length: expected at most length={buf.length}, got {window_length}")
-        alpha = _float_arg("priority_exponent", priority_exponent, 0.0, 1.0)
-        epsilon = _float_arg("epsilon", epsilon, 1e-30, 1.0)
+        alpha = _validate.static_float("priority_exponent", priority_exponent, 0.0, 1.0)
+        epsilon = _validate.static_float("epsilon", epsilon, 1e-30, 1.0)
         cap = buf.num_envs * buf.length
         tail = jnp.stack([_float_bits(jnp.float32(1.0)), jnp.int32(0)])  # max_priority 1, phase 0
         return cls(

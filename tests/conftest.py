@@ -59,33 +59,3 @@ def count_compiles():
 def compile_counter():
     """The :func:`count_compiles` context manager, as a fixture."""
     return count_compiles
-
-
-def pytest_addoption(parser):
-    parser.addoption(
-        "--accelerator-paths",
-        action="store_true",
-        help="run every test with the code paths the library takes on GPU/TPU (jaxbuffers._kernel.accelerator_paths), on the CPU backend",
-    )
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _library_code_paths(request):
-    """With ``--accelerator-paths``: the whole session on the GPU/TPU code paths (see the option)."""
-    if not request.config.getoption("--accelerator-paths"):
-        yield
-        return
-    from jaxbuffers import _kernel
-
-    with _kernel.accelerator_paths():
-        yield
-
-
-@pytest.fixture
-def cpu_paths_only():
-    """Skip a test of an XLA:CPU-specific code path when the library is not taking it (another
-    backend, or ``--accelerator-paths``)."""
-    from jaxbuffers import _kernel
-
-    if not _kernel.cpu_paths():
-        pytest.skip("tests an XLA:CPU-specific code path, which the library is not taking here")

@@ -15,7 +15,7 @@ try:  # in-place host callback (CPU/GPU), experimental in JAX
 except ImportError:  # pragma: no cover - older or newer JAX without it
     _buffer_callback = None
 
-from jaxbuffers import _kernel, _validate
+from jaxbuffers import _validate
 from jaxbuffers.compressed._host import HostStores
 
 
@@ -118,7 +118,7 @@ def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Arr
     """
     args = (version, slots.astype(jnp.int32), valid, *datas)
     out = jax.ShapeDtypeStruct((), jnp.int32)
-    if _buffer_callback is None or not _kernel.cpu_paths() or jax.device_count() > 1:
+    if _buffer_callback is None or jax.default_backend() != "cpu" or jax.device_count() > 1:
 
         def call(*args):
             return io_callback(host.write, out, *args, ordered=True)
@@ -166,7 +166,7 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
     ids = [x.astype(jnp.int32) for x in ids]
     m = len(ids)
     shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
-    if _buffer_callback is None or not _kernel.cpu_paths():
+    if _buffer_callback is None or jax.default_backend() != "cpu":
         flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="broadcast_all")
     else:
 
