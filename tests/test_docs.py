@@ -110,10 +110,36 @@ def test_public_symbols_in_site(site):
     assert not missing, f"not in the built site: {missing}"
 
 
-SPHINX = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj|ref|doc|py:\w+):`|^\s*\.\. \w+::", re.M)
+SPHINX = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj|ref|doc|py:\w+):`|^\s*\.\. (?:[\w-]+::|_)", re.M)
 DEVELOPMENT = re.compile(
     r"\bsessions?\b|\breview(?:s|ed|er|ers)?\b|\b\d+-core\b|\bissue #?\d+|\bwas lent\b|\bhelpers?\b", re.I
 )
+
+
+def docstrings(path):
+    """(line, docstring) of the module, every class and every function in a source file."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                yield node.body[0].lineno, doc
+
+
+def test_docstrings_use_no_sphinx_markup():
+    """Docstrings are Markdown for mkdocstrings: names in backticks, maths between `$$` lines,
+    examples fenced; Sphinx roles, directives and `::` literal blocks show as raw text."""
+    literal = re.compile(r"\S+::\s*$", re.M)  # a reST literal block
+    found = []
+    for folder in ("jaxbuffers", "host_codecs"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for line, doc in docstrings(path):
+                hits = [m.group(0).strip() for m in (*SPHINX.finditer(doc), *literal.finditer(doc))]
+                if hits:
+                    found.append(f"{path.relative_to(ROOT)}:{line}: {sorted(set(hits))}")
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.parametrize("path", MARKDOWN_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
