@@ -41,7 +41,8 @@ def rollout(game: str, num_steps: int, seed: int = 0) -> dict[str, np.ndarray]:
     from gymnasium.wrappers import AtariPreprocessing
 
     gym.register_envs(ale_py)
-    env = AtariPreprocessing(gym.make(GAMES[game], frameskip=1), noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+    env = gym.make(GAMES[game], frameskip=1)
+    env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
     rng = np.random.default_rng(seed)
     n_actions = int(env.action_space.n)
     frames = [env.reset(seed=seed)[0]]
