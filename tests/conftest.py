@@ -1,4 +1,4 @@
-"""Shared test helpers: real Atari data loading and a compile counter.
+"""Shared test helpers: real Atari frames (generated once per test run) and a compile counter.
 
 Helpers live here once; test modules import them through fixtures.
 """
@@ -7,34 +7,34 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pathlib
 
-import numpy as np
 import pytest
 
-# The real frames sit in ../shared/data beside the checkout; JAXBUFFERS_DATA points elsewhere.
-DATA_DIR = pathlib.Path(os.environ.get("JAXBUFFERS_DATA") or pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data")
+import atari_frames
 
-
-def load_atari(name: str) -> dict:
-    """Load ``../shared/data/<name>.npz`` as a dict of numpy arrays, or skip with a reason."""
-    path = DATA_DIR / f"{name}.npz"
-    if not path.exists():
-        pytest.skip(f"real Atari frames not found at {path} (the shared/ folder sits beside the repo; or set JAXBUFFERS_DATA)")
-    with np.load(path) as f:
-        return {k: f[k] for k in f.files}
+#: Steps played per game: enough for every test (5,000 consecutive stacks, several episode ends
+#: of each game).
+ATARI_STEPS = 5000
 
 
 @pytest.fixture(scope="session")
-def atari_rollouts() -> dict:
-    """Breakout and Pong: frames stored once plus stacked indices (see shared/data/README.md)."""
-    return load_atari("atari_rollouts")
+def atari_rollouts(tmp_path_factory) -> dict:
+    """Breakout and Pong, `ATARI_STEPS` random steps each: frames stored once plus stacked
+    indices (keys, shapes and dtypes in tests/atari_frames.py).
+
+    Generated once per test run: pytest-xdist workers share one file in the run's temporary
+    directory (the first worker writes it, the others wait and read it).
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / "atari_frames" / f"rollouts_{ATARI_STEPS}.npz"
+    return atari_frames.cached(path, lambda: atari_frames.rollouts(ATARI_STEPS))
 
 
 @pytest.fixture(scope="session")
-def atari_stacks() -> dict:
-    """``breakout_obs`` / ``pong_obs``: uint8 [5000, 4, 84, 84] consecutive stacked observations."""
-    return load_atari("atari_stacked_5k")
+def atari_stacks(atari_rollouts) -> dict:
+    """`breakout_obs` / `pong_obs`: uint8 [5000, 4, 84, 84] consecutive stacked observations."""
+    return atari_frames.stacks(atari_rollouts)
 
 
 @contextlib.contextmanager

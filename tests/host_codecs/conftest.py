@@ -1,6 +1,6 @@
 """Fixtures for host_codecs tests: codec specs (skipped when their package is missing) and the
 awkward arrays every codec must round-trip. Real Atari frames come from tests/conftest.py
-(``atari_stacks`` / ``atari_rollouts`` fixtures, skipped when ../shared/data is absent)."""
+(`atari_stacks` / `atari_rollouts` fixtures, generated with ale-py once per test run)."""
 
 from __future__ import annotations
 
