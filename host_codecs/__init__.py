@@ -40,21 +40,7 @@ from .store import CompressedStore
 from .zstd import ZstdCodec, ZstdDictionary
 
 __all__ = [
-    "DTYPES",
-    "Codec",
-    "CompressedStore",
-    "EncodedBatch",
-    "IgzipCodec",
-    "NoneCodec",
-    "RLECodec",
-    "ZstdCodec",
-    "ZstdDictionary",
-    "available_codecs",
-    "codec_for_tag",
-    "dtype_from_code",
-    "get_codec",
-    "known_codecs",
-    "num_threads",
-    "parallel_for",
-    "set_num_threads",
+    "DTYPES", "Codec", "CompressedStore", "EncodedBatch", "IgzipCodec", "NoneCodec", "RLECodec", "ZstdCodec",
+    "ZstdDictionary", "available_codecs", "codec_for_tag", "dtype_from_code", "get_codec", "known_codecs",
+    "num_threads", "parallel_for", "set_num_threads",
 ]

@@ -130,10 +130,8 @@ class ChunkTable(dict):
 
 
 def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows) -> None:
-    """Check a decode request before anything is read or written.
-
-    Codec kernels read and write without bounds checks, and numpy indexing would wrap a negative
-    row silently, so every codec calls this first. Arguments as in `Codec.decode_many`.
+    """Check a decode request (arguments as in `Codec.decode_many`) before anything is read or
+    written: kernels have no bounds checks, and numpy would wrap a negative row silently.
 
     Raises:
       ValueError: a payload lies outside its chunk (or its chunk is absent), an output index or a
@@ -159,8 +157,7 @@ def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids,
 class Codec:
     """Base class of all codecs.
 
-    Subclasses set `name` (registry name), `tag` (the integer stored with every entry, never
-    reused for another format), `levels` and `default_level`, and implement `encode_batch` and
+    Subclasses set `name`, `tag`, `levels` and `default_level`, and implement `encode_batch` and
     `decode_into` (or `decode_many`).
 
     Args:
@@ -184,10 +181,8 @@ class Codec:
         if level is None:
             level = self.default_level
         if self.levels:
-            if isinstance(level, bool) or not isinstance(level, (int, np.integer)):
-                raise ValueError(f"codec {self.name!r}: level must be an int in {list(self.levels)}, got {level!r}")
-            if int(level) not in self.levels:
-                raise ValueError(f"codec {self.name!r}: level must be one of {list(self.levels)}, got {level}")
+            if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or int(level) not in self.levels:
+                raise ValueError(f"codec {self.name!r}: level must be one of {list(self.levels)}, got {level!r}")
             level = int(level)
         elif level is not None:
             raise ValueError(f"codec {self.name!r} takes no level, got {level!r}")

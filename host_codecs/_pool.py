@@ -1,11 +1,9 @@
 """The thread pool every codec and the store split their batches over.
 
-A batch is cut into one contiguous shard per thread (one task per thread, not per entry, so the
-pool's per-task cost stays out of the per-entry cost). The shard bodies must release the GIL
-(isal, zstandard and the numba kernels of the RLE codec do). A `parallel_for` called from inside
-a shard runs inline on that thread, so a caller that shards a larger job itself (the store's
-read: the decode of a batch and the row copies that depend on it) decides once for everything
-inside it.
+A batch is cut into one contiguous shard per thread (one task per thread, not per entry). The
+shard bodies release the GIL (isal, zstandard and the RLE kernels do). A `parallel_for` called
+inside a shard runs inline on that thread, so a caller that shards a larger job itself (a store
+read) decides once for everything inside it.
 """
 
 from __future__ import annotations
@@ -63,14 +61,6 @@ def set_num_threads(n: int | None) -> None:
             _POOL = None  # recreated bigger on next use; the old one finishes its tasks
 
 
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _POOL
-    with _LOCK:
-        if _POOL is None:
-            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="host_codecs")
-        return _POOL
-
-
 def parallel_for(
     n: int, body: Callable[[int, int], None], *, work_bytes: int | None = None, min_shard_bytes: int = 1 << 18
 ) -> None:
@@ -86,17 +76,17 @@ def parallel_for(
     Raises:
       Whatever a shard raised (after every shard has finished).
     """
-    if getattr(_SHARD, "active", False):
-        body(0, n)
-        return
-    shards = min(num_threads(), n)
-    if work_bytes is not None:
-        shards = min(shards, work_bytes // min_shard_bytes)
-    if shards <= 1:
+    shards = min(num_threads(), n, n if work_bytes is None else work_bytes // min_shard_bytes)
+    if shards <= 1 or getattr(_SHARD, "active", False):
         _run_shard(body, 0, n)
         return
+    global _POOL
+    with _LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="host_codecs")
+        pool = _POOL
     bounds = np.linspace(0, n, shards + 1).astype(np.int64).tolist()
-    futures = [_pool().submit(_run_shard, body, bounds[i], bounds[i + 1]) for i in range(1, shards)]
+    futures = [pool.submit(_run_shard, body, bounds[i], bounds[i + 1]) for i in range(1, shards)]
     try:
         _run_shard(body, bounds[0], bounds[1])
     finally:

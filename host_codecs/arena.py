@@ -6,10 +6,9 @@ while it grows. Payloads are packed at `ALIGN`-byte offsets behind each chunk's 
 there is no Python object per payload.
 
 Published bytes are never modified: space is reclaimed only by releasing a chunk with no live
-payload left, or by relocating a sparse chunk's live payloads into fresh space and dropping the
-old chunk object (a reader still holding it keeps it alive). So a reader that took a `table`
-snapshot reads every payload whole. The arena is not thread-safe: the store calls it under its
-lock.
+payload left, or by moving a sparse chunk's live payloads into fresh space and dropping the old
+chunk (a reader holding it keeps it alive), so a reader's `table` snapshot stays whole. Not
+thread-safe: the store calls it under its lock.
 """
 
 from __future__ import annotations

@@ -33,9 +33,7 @@ from .zstd import ZstdCodec
 __all__ = ["CODECS", "available_codecs", "codec_for_tag", "get_codec", "known_codecs"]
 
 #: name -> codec class.
-CODECS: dict[str, type[Codec]] = {
-    c.name: c for c in (NoneCodec, RLECodec, IgzipCodec, ZstdCodec)
-}
+CODECS: dict[str, type[Codec]] = {c.name: c for c in (NoneCodec, RLECodec, IgzipCodec, ZstdCodec)}
 _BY_TAG: dict[int, type[Codec]] = {c.tag: c for c in CODECS.values()}
 _NEEDS = {"none": None, "rle": "numba", "igzip": "isal", "zstd": "zstandard"}
 _CACHE: dict[tuple[str, int | None], Codec] = {}

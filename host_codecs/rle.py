@@ -12,17 +12,12 @@ vw <  cw:  counts[R] | values[R]
 The wider section comes first so both stay aligned (payloads start on 8 bytes).
 `R = len(payload) / (vw + cw)` and `sum(counts)` is the number of words; little-endian (native).
 
-Exactness: values are compared and stored as raw unsigned words, so every dtype (uint8, bool,
-int16, float32 NaN payloads, -0.0, complex...) round-trips bit-exactly. A run longer than the
-count's maximum (255, 65,535, 4,294,967,295) is split into several runs, so counts never
-overflow.
-
-Count width (per entry, from the data): the smallest payload among the widths the level allows
-(the level is the minimum count width in bits: `rle:8` any width, `rle:16` 16- or 32-bit counts,
-which expand faster but take more room); ties go to the wider count (fewer runs to expand).
-
-Encoding is two passes over the batch: the first finds every entry's runs, count width and
-payload size; the second writes each payload at its place in one zeroed output buffer.
+Values are compared and stored as raw words, so every dtype (NaN payloads, -0.0, complex...)
+round-trips bit-exactly; a run longer than the count's maximum is split, so no count overflows.
+The count width of an entry gives its smallest payload among the widths the level allows (the
+level is the minimum count width in bits: `rle:16` counts expand faster but take more room);
+ties go to the wider count. Encoding is two passes over the batch: the first finds every
+entry's runs, count width and size, the second writes the payloads into one zeroed buffer.
 """
 
 from __future__ import annotations
@@ -68,8 +63,7 @@ class RLECodec(Codec):
         self._k = _rle_kernels
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype) -> EncodedBatch:
-        word = element_view_dtype(dtype)
-        rows = np.ascontiguousarray(rows)
+        word, rows = element_view_dtype(dtype), np.ascontiguousarray(rows)
         b, nbytes = rows.shape
         x = rows.view(word)  # [B, n]
         fast = nbytes > 0 and nbytes % 8 == 0 and rows.ctypes.data % 8 == 0
@@ -90,15 +84,13 @@ class RLECodec(Codec):
         return EncodedBatch(buf, offs, sizes, cws)
 
     def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
-        k = self._k
-        word = element_view_dtype(dtype)
+        k, word = self._k, element_view_dtype(dtype)
         if chunk.shape[0] % 8:
             raise ValueError(f"codec 'rle': chunk length must be a multiple of 8, got {chunk.shape[0]}")
         zeros = np.zeros(len(rows), np.int64)
         check_decode(self.name, {0: chunk}, zeros, offsets, lengths, [out], zeros, rows)
-        b = len(rows)
         offsets, lengths, rows = (np.ascontiguousarray(a, np.int64) for a in (offsets, lengths, rows))
-        meta = np.ascontiguousarray(meta)
+        meta, b = np.ascontiguousarray(meta), len(rows)
         status = np.zeros(b, np.int8)
         args = (*_views(chunk, word), offsets, lengths, meta, out.view(word), rows)
         parallel_for(b, lambda lo, hi: k.decode_range(*args, lo, hi, status), work_bytes=b * out.shape[1])

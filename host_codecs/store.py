@@ -24,17 +24,15 @@ Published payload bytes never change, so a concurrent reader sees each entry ent
 entirely after a put, never torn.
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
-distinct slot of the request once, into its first row, and copy it to its other rows; the
-decode and those copies run in one shard per thread (`host_codecs.parallel_for`).
+distinct slot of the request once, into its first row, in one shard per thread
+(`host_codecs.parallel_for`), then copy it to its other rows.
 
 Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
 buffer) empties chunks in order and never needs compaction.
 
-Accounting (bytes, with no per-entry Python object to hide): `nbytes = arena_nbytes +
-index_nbytes + dictionary_nbytes`, where `arena_nbytes = payload_nbytes + slack` (alignment
-padding, freed space not yet reclaimed, unused chunk tails); `compression_ratio = raw_nbytes /
-nbytes`.
+Accounting: `nbytes = arena_nbytes + index_nbytes + dictionary_nbytes`, `arena_nbytes =
+payload_nbytes + slack` (padding, freed space, unused chunk tails).
 
 Example:
   >>> import numpy as np
@@ -74,6 +72,16 @@ def _integer_ids(slots: Any, field: str) -> np.ndarray:
     if s.dtype == np.bool_ or not np.issubdtype(s.dtype, np.integer):
         raise TypeError(f"{field}: expected integer slot ids, got dtype {s.dtype}")
     return s
+
+
+def _stat(key: str, doc: str) -> property:
+    """A read-only property giving `stats()[key]`, documented by `doc`."""
+
+    def get(self) -> Any:
+        return self.stats()[key]
+
+    get.__doc__ = doc
+    return property(get)
 
 
 def _out_of(pos: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -173,11 +181,12 @@ class CompressedStore:
         self._arena = Arena(ceil_align(int(chunk_bytes)), ceil_align(int(min_chunk_bytes)))
         self._chunks = self._arena.chunks  # chunk id -> chunk (the arena's own dict)
         self._compactions = 0
-        # Per codec tag: live entries, their decoded bytes and their payload bytes.
-        self._tag_entries = np.zeros(_NUM_TAGS, dtype=np.int64)
-        self._tag_raw = np.zeros(_NUM_TAGS, dtype=np.int64)
-        self._tag_payload = np.zeros(_NUM_TAGS, dtype=np.int64)
+        # shape=(3, num_tags), int64: per codec tag, live entries, their decoded and payload bytes
+        self._tags = np.zeros((3, _NUM_TAGS), dtype=np.int64)
         self._lock = threading.Lock()
+
+    def _index(self) -> tuple[np.ndarray, ...]:
+        return self._chunk, self._offset, self._length, self._codec, self._meta, self._layout
 
     def _slots(self, slots: Any, field: str = "slots") -> np.ndarray:
         """Slot ids as int64, negative ones wrapped; TypeError / IndexError for bad ids."""
@@ -258,16 +267,13 @@ class CompressedStore:
             self._free(s)
             self._chunk[s], self._offset[s], self._length[s] = chunk_ids, offsets, enc.lengths
             self._codec[s], self._meta[s], self._layout[s] = cdc.tag, enc.meta, lid
-            self._tag_entries[cdc.tag] += b
-            self._tag_raw[cdc.tag] += b * int(self._layout_nbytes[lid])
-            self._tag_payload[cdc.tag] += int(enc.lengths.sum())
+            self._tags[:, cdc.tag] += (b, b * int(self._layout_nbytes[lid]), int(enc.lengths.sum()))
             self._maybe_compact()
 
     def _train(self, rows: np.ndarray, code: int, item_shape: tuple[int, ...]):
-        """The dictionary to encode `rows` with: built here (once, outside the store lock) when
-        the entries put with the default codec, `rows` included, reach `dictionary_samples`;
-        None before. Samples: stored entries of the same dtype and shape (decoded again, so
-        nothing is kept until then) and `rows`, at most `_MAX_SAMPLE_BYTES` of them."""
+        """The dictionary to encode `rows` with, built (once, outside the store lock) when the
+        entries put with the default codec reach `dictionary_samples`, from stored entries of
+        their dtype and shape (decoded again) and `rows`; None before."""
         with self._samples_lock:
             if self._trained:  # by another thread meanwhile
                 return self._dictionary
@@ -276,7 +282,6 @@ class CompressedStore:
                 return None
             limit = min(self.dictionary_samples, max(8, _MAX_SAMPLE_BYTES // max(rows.shape[1], 1)))
             fresh = list(rows[:limit])
-            d = None
             try:
                 with self._lock:
                     lid = self._layout_ids.get((code, item_shape))
@@ -307,15 +312,12 @@ class CompressedStore:
         return self._dictionary
 
     def _free(self, s: np.ndarray) -> None:
-        """Drop the entries of slots `s` (unique ids) from the arena and the accounting; under
-        the lock."""
+        """Drop the entries of slots `s` (unique ids); under the lock."""
         s = s[self._chunk[s] >= 0]
         if not s.size:
             return
-        tags = self._codec[s]
-        self._tag_entries -= np.bincount(tags, minlength=_NUM_TAGS)
-        self._tag_raw -= np.bincount(tags, weights=self._layout_nbytes[self._layout[s]], minlength=_NUM_TAGS).astype(np.int64)
-        self._tag_payload -= np.bincount(tags, weights=self._length[s].astype(np.float64), minlength=_NUM_TAGS).astype(np.int64)
+        for row, w in enumerate((None, self._layout_nbytes[self._layout[s]], self._length[s].astype(np.float64))):
+            self._tags[row] -= np.bincount(self._codec[s], weights=w, minlength=_NUM_TAGS).astype(np.int64)
         self._arena.free(self._chunk[s], self._length[s])
         self._chunk[s] = -1
 
@@ -393,10 +395,8 @@ class CompressedStore:
         flat = np.concatenate([self._slots(x.reshape(-1)) for x in ss])
         bounds = np.cumsum([0] + [x.size for x in ss]).astype(np.int64)
         with self._lock:  # a snapshot: published payload bytes never change afterwards
-            chunk, offset, length = self._chunk[flat], self._offset[flat], self._length[flat]
-            tag, meta, layout = self._codec[flat], self._meta[flat], self._layout[flat]
-            table = self._arena.table(self._dictionary)
-            layouts = list(self._layouts)
+            chunk, offset, length, tag, meta, layout = (a[flat] for a in self._index())
+            table, layouts = self._arena.table(self._dictionary), list(self._layouts)
         present = np.flatnonzero(chunk >= 0)
         empty = np.flatnonzero(chunk < 0)
         if empty.size and missing == "raise":
@@ -406,8 +406,8 @@ class CompressedStore:
                 + (f" and {ids.size - 10} more" if ids.size > 10 else "")
                 + "; pass missing='zeros' to get zeros instead"
             )
+        lids = np.unique(layout[present])
         if present.size:
-            lids = np.unique(layout[present])
             if lids.size > 1:
                 desc = [f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in lids[:5].tolist()]
                 raise ValueError(f"slots: the requested entries have different dtypes/shapes {desc}; get them in separate calls")
@@ -432,35 +432,24 @@ class CompressedStore:
         source = present[first[inverse.reshape(-1)]]
         is_first = source == present
         pos = present[is_first]  # positions decoded, ascending
-        entry_of = np.zeros(flat.size, np.int64)
-        entry_of[pos] = np.arange(pos.size)
-        dup, dup_entry = present[~is_first], entry_of[source[~is_first]]
-        order = np.argsort(dup_entry, kind="stable")
-        dup, dup_entry = dup[order], dup_entry[order]
-        starts = np.zeros(pos.size + 1, np.int64)  # copies of entry t: dup[starts[t]:starts[t + 1]]
-        np.cumsum(np.bincount(dup_entry, minlength=pos.size), out=starts[1:])
         pos_out, pos_row = _out_of(pos, bounds)
         chunk, offset, length = chunk.astype(np.int64), offset.astype(np.int64), length.astype(np.int64)
 
         def shard(a: int, b: int) -> None:
-            """Decode entries `a:b`, then copy their repeats (the codecs' own `parallel_for`
-            calls run inline here)."""
-            p = pos[a:b]
+            p = pos[a:b]  # the codecs' own parallel_for calls run inline here
             for t in np.unique(tag[p]).tolist():
                 sel = np.flatnonzero(tag[p] == t)
                 q = p[sel]
                 codec_for_tag(t).decode_many(
                     table, chunk[q], offset[q], length[q], meta[q], views, pos_out[a:b][sel], pos_row[a:b][sel], dtype
                 )
-            d = dup[starts[a] : starts[b]]
-            src_j, src_row = pos_out[dup_entry[starts[a] : starts[b]]], pos_row[dup_entry[starts[a] : starts[b]]]
-            dst_j, dst_row = _out_of(d, bounds)
-            pair = src_j * len(views) + dst_j
-            for kk in np.unique(pair).tolist():
-                sel = pair == kk
-                views[kk % len(views)][dst_row[sel]] = views[kk // len(views)][src_row[sel]]
 
-        parallel_for(pos.size, shard, work_bytes=(pos.size + dup.size) * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
+        parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
+        (src_j, src_row), (dst_j, dst_row) = _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds)
+        pair = src_j * len(views) + dst_j
+        for k in np.unique(pair).tolist():
+            sel = pair == k
+            views[k % len(views)][dst_row[sel]] = views[k // len(views)][src_row[sel]]
         return results
 
     @staticmethod
@@ -490,21 +479,18 @@ class CompressedStore:
     def _key(self, key: Any) -> tuple[np.ndarray, bool]:
         if isinstance(key, slice):
             return np.arange(self.num_slots)[key], False
-        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-            return np.asarray([key]), True
-        return np.asarray(key), False
+        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, bool)
+        return np.asarray([key] if scalar else key), scalar
 
     def __getitem__(self, key: Any) -> np.ndarray:
         """`store[i]` -> one array; `store[ids]` / `store[a:b]` -> a batch (see `get`)."""
         s, scalar = self._key(key)
-        out = self.get(s)
-        return out[0] if scalar else out
+        return self.get(s)[0] if scalar else self.get(s)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         """`store[i] = array` or `store[ids] = batch` (see `put`)."""
         s, scalar = self._key(key)
-        v = np.asarray(value)
-        self.put(s, v[None] if scalar else v)
+        self.put(s, np.asarray(value)[None] if scalar else value)
 
     def __len__(self) -> int:
         return self.num_slots
@@ -513,47 +499,19 @@ class CompressedStore:
         return f"CompressedStore(num_slots={self.num_slots}, codec={self.codec.spec!r}, entries={self.num_entries}, nbytes={self.nbytes})"
 
     # -- accounting ---------------------------------------------------------------------------
-    @property
-    def num_entries(self) -> int:
-        """Slots currently holding an entry."""
-        return self.stats()["entries"]
-
-    @property
-    def payload_nbytes(self) -> int:
-        """Bytes of the live compressed payloads (no padding, no index)."""
-        return self.stats()["payload_nbytes"]
-
-    @property
-    def raw_nbytes(self) -> int:
-        """Bytes the live entries take decoded."""
-        return self.stats()["raw_nbytes"]
-
-    @property
-    def arena_nbytes(self) -> int:
-        """Bytes of all arena chunks held (payload and slack)."""
-        return self.stats()["arena_nbytes"]
-
-    @property
-    def index_nbytes(self) -> int:
-        """Bytes of the per-slot index arrays and the layout table."""
-        return self.stats()["index_nbytes"]
+    num_entries = _stat("entries", "Slots currently holding an entry.")
+    payload_nbytes = _stat("payload_nbytes", "Bytes of the live compressed payloads (no padding, no index).")
+    raw_nbytes = _stat("raw_nbytes", "Bytes the live entries take decoded.")
+    arena_nbytes = _stat("arena_nbytes", "Bytes of all arena chunks held (payload and slack).")
+    index_nbytes = _stat("index_nbytes", "Bytes of the per-slot index arrays and the layout table.")
+    nbytes = _stat("nbytes", "Memory the store holds: arena + index + dictionary (no Python object per entry).")
+    compression_ratio = _stat("compression_ratio", "`raw_nbytes / nbytes`: decoded size over everything held (0 when empty).")
 
     @property
     def dictionary_nbytes(self) -> int:
         """Bytes of the zstd dictionary (0 without one)."""
         d = self._dictionary
         return d.nbytes if d is not None else 0
-
-    @property
-    def nbytes(self) -> int:
-        """Memory the store holds: arena + index + dictionary (Python object headers of its few
-        containers aside; there is none per entry)."""
-        return self.stats()["nbytes"]
-
-    @property
-    def compression_ratio(self) -> float:
-        """`raw_nbytes / nbytes`: decoded size over everything the store holds (0 when empty)."""
-        return self.stats()["compression_ratio"]
 
     def stats(self) -> dict[str, Any]:
         """An accounting snapshot.
@@ -565,20 +523,19 @@ class CompressedStore:
           `codecs`: per codec name holding an entry, `{"entries", "raw_nbytes",
           "payload_nbytes", "payload_ratio"}` (raw / payload).
         """
-        index = sum(a.nbytes for a in (self._chunk, self._offset, self._length, self._codec, self._meta, self._layout))
+        index = sum(a.nbytes for a in self._index())
         dict_nbytes = self.dictionary_nbytes
         with self._lock:
             index += self._layout_nbytes.nbytes + sum(16 + 8 * len(shp) for _, shp in self._layouts)
-            per = {}
-            for cls in CODECS.values():
-                raw, pay = int(self._tag_raw[cls.tag]), int(self._tag_payload[cls.tag])
-                if self._tag_entries[cls.tag]:
-                    per[cls.name] = {"entries": int(self._tag_entries[cls.tag]), "raw_nbytes": raw, "payload_nbytes": pay,
-                                     "payload_ratio": raw / pay if pay else float("inf")}
-            raw, payload, arena = int(self._tag_raw.sum()), int(self._tag_payload.sum()), self._arena.nbytes
+            tags, arena = self._tags.copy(), self._arena.nbytes
+            per = {
+                c.name: {"entries": int(n), "raw_nbytes": int(raw), "payload_nbytes": int(pay), "payload_ratio": raw / pay if pay else float("inf")}
+                for c in CODECS.values() for n, raw, pay in [tags[:, c.tag]] if n
+            }
+            (entries, raw, payload) = (int(x) for x in tags.sum(axis=1))
             total = arena + index + dict_nbytes
             return {
-                "entries": int(self._tag_entries.sum()), "raw_nbytes": raw, "payload_nbytes": payload,
+                "entries": entries, "raw_nbytes": raw, "payload_nbytes": payload,
                 "arena_nbytes": arena, "slack_nbytes": arena - payload, "dead_nbytes": self._arena.dead_nbytes,
                 "index_nbytes": index, "dictionary_nbytes": dict_nbytes, "nbytes": total,
                 "compression_ratio": raw / total if raw else 0.0, "num_chunks": len(self._arena.chunks),

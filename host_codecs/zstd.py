@@ -78,8 +78,7 @@ class ZstdDictionary:
         decodes almost as a copy.
 
         Args:
-          samples: a sequence of 1-D uint8 arrays of one length, or a 2-D uint8 array (one entry
-            per row).
+          samples: 1-D uint8 arrays of one length, or a 2-D uint8 array (one entry per row).
           size: most bytes of content.
           level: compression level of the frames encoded with it.
 
@@ -130,8 +129,7 @@ class ZstdCodec(Codec):
 
     def __init__(self, level: int | None = None):
         super().__init__(level)
-        self._error = _zstandard().ZstdError
-        self._frame_content_size = _zstandard().frame_content_size
+        self._z = _zstandard()
         self._local = threading.local()
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype, dictionary: ZstdDictionary | None = None) -> EncodedBatch:
@@ -175,12 +173,12 @@ class ZstdCodec(Codec):
             for t in range(start, stop):
                 src = chunks[cids[t]][offs[t] : offs[t] + lens[t]]
                 try:
-                    size = self._frame_content_size(src)
+                    size = self._z.frame_content_size(src)
                     if size != nbytes:  # checked first: a corrupt header must not size an allocation
                         errors.append(f"the frame declares {size} bytes, expected {nbytes}")
                         return
                     data = (with_dict if mts[t] else plain).decompress(src)
-                except self._error as exc:
+                except self._z.ZstdError as exc:
                     errors.append(str(exc))
                     return
                 outs[oids[t]][rws[t]] = np.frombuffer(data, dtype=np.uint8)
