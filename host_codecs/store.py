@@ -55,6 +55,7 @@ from ._base import ALIGN, Codec, ceil_align, dtype_code, dtype_from_code
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
 from .registry import CODECS, codec_for_tag, get_codec
+from .zstd import ZstdDictionary
 
 __all__ = ["CompressedStore"]
 
@@ -294,8 +295,6 @@ class CompressedStore:
                         samples = list(self.get(stored, missing="zeros").reshape(stored.size, -1).view(np.uint8))
                     except ValueError:  # a concurrent put changed a sample's dtype or shape: skip them
                         pass
-                from .zstd import ZstdDictionary
-
                 d = ZstdDictionary.train(samples + fresh, self.dictionary_bytes, self.codec.level)
                 if d is None:
                     self.dictionary_error = "no dictionary can be built from the samples (entries of 0 bytes)"
