@@ -1,13 +1,14 @@
-"""The ``none`` codec: payload = the raw bytes of the entry (numpy only).
+"""The `none` codec: the payload is the entry's raw bytes (numpy only).
 
-Useful as a baseline, for incompressible data, and when the optional packages are missing.
+A baseline, a home for incompressible data, and what works when the optional packages are
+missing.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, ceil_align, check_decode_args
+from ._base import Codec, EncodedBatch, ceil_align, check_decode
 
 __all__ = ["NoneCodec"]
 
@@ -21,9 +22,8 @@ class NoneCodec(Codec):
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype) -> EncodedBatch:
         b, nbytes = rows.shape
         stride = ceil_align(nbytes)
-        buf = np.empty((b, stride), dtype=np.uint8)
+        buf = np.zeros((b, stride), dtype=np.uint8)  # zero padding: the output is deterministic
         buf[:, :nbytes] = rows
-        buf[:, nbytes:] = 0  # deterministic padding bytes
         return EncodedBatch(
             buffer=buf.reshape(-1),
             offsets=np.arange(b, dtype=np.int64) * stride,
@@ -32,13 +32,11 @@ class NoneCodec(Codec):
         )
 
     def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
-        check_decode_args(self.name, chunk.shape[0], offsets, lengths, out, rows)
+        zeros = np.zeros(len(rows), np.int64)
+        check_decode(self.name, {0: chunk}, zeros, offsets, lengths, [out], zeros, rows)
         nbytes = out.shape[1]
         bad = lengths != nbytes
         if bad.any():
-            raise ValueError(
-                f"codec 'none': corrupt entry, payload has {int(lengths[bad][0])} bytes, "
-                f"expected {nbytes}"
-            )
+            raise ValueError(f"codec 'none': corrupt entry, payload has {int(lengths[bad][0])} bytes, expected {nbytes}")
         for o, r in zip(offsets.tolist(), rows.tolist()):
             out[r] = chunk[o : o + nbytes]

@@ -1,19 +1,16 @@
-"""Codec registry: ``"name"`` or ``"name:level"`` -> codec object; tag -> codec class.
+"""Codec registry: `"name"` or `"name:level"` -> codec object; tag -> codec.
 
-Known codecs (tag, levels, default level, optional package):
+Known codecs:
 
-========  ===  =============  =======  ===========
-name      tag  levels         default  needs
-========  ===  =============  =======  ===========
-``none``  0    --             --       numpy only
-``rle``   1    8, 16, 32      8        numba
-``igzip`` 2    0, 1, 2, 3     1        isal
-``zstd``  3    -7..-1, 1..22  3        zstandard
-========  ===  =============  =======  ===========
+| name    | tag | levels        | default | needs      |
+|---------|-----|---------------|---------|------------|
+| `none`  | 0   | --            | --      | numpy only |
+| `rle`   | 1   | 8, 16, 32     | 8       | numba      |
+| `igzip` | 2   | 0, 1, 2, 3    | 1       | isal       |
+| `zstd`  | 3   | -7..-1, 1..22 | 3       | zstandard  |
 
-The tag is stored with every entry of a :class:`~host_codecs.store.CompressedStore`, so a store
-decodes each entry with the codec that wrote it. Tags are part of the stored format: never
-renumber them.
+The tag is stored with every entry of a `host_codecs.CompressedStore`, so a store decodes each
+entry with the codec that wrote it. Tags are part of the stored format: never renumber them.
 
 Example:
   >>> from host_codecs import get_codec
@@ -36,9 +33,7 @@ from .zstd import ZstdCodec
 __all__ = ["CODECS", "available_codecs", "codec_for_tag", "get_codec", "known_codecs"]
 
 #: name -> codec class.
-CODECS: dict[str, type[Codec]] = {
-    c.name: c for c in (NoneCodec, RLECodec, IgzipCodec, ZstdCodec)
-}
+CODECS: dict[str, type[Codec]] = {c.name: c for c in (NoneCodec, RLECodec, IgzipCodec, ZstdCodec)}
 _BY_TAG: dict[int, type[Codec]] = {c.tag: c for c in CODECS.values()}
 _NEEDS = {"none": None, "rle": "numba", "igzip": "isal", "zstd": "zstandard"}
 _CACHE: dict[tuple[str, int | None], Codec] = {}
@@ -55,14 +50,20 @@ def available_codecs() -> list[str]:
 
 
 def get_codec(spec: "str | Codec") -> Codec:
-    """Codec object for ``spec``: ``"rle"``, ``"igzip:1"``, ``"zstd:3"`` or a :class:`Codec`.
+    """The codec object for `spec`.
 
     Codec objects are immutable and cached, so calling this per put is cheap.
+
+    Args:
+      spec: `"rle"`, `"igzip:1"`, `"zstd:3"`, ... or a `host_codecs.Codec` (returned as it is).
+
+    Returns:
+      The codec.
 
     Raises:
       ValueError: unknown name (the message lists the known names) or bad level (the message
         lists the valid levels).
-      TypeError: ``spec`` is neither a string nor a Codec.
+      TypeError: `spec` is neither a string nor a Codec.
       ImportError: the codec's optional package is missing (the message names the extra).
     """
     if isinstance(spec, Codec):
@@ -91,7 +92,7 @@ def get_codec(spec: "str | Codec") -> Codec:
 
 
 def codec_for_tag(tag: int) -> Codec:
-    """Default-level codec object that decodes entries stored with ``tag``.
+    """The default-level codec object that decodes entries stored with `tag`.
 
     Raises:
       ValueError: unknown tag (corrupt index).

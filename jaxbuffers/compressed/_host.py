@@ -42,8 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
-from host_codecs import CompressedStore, get_codec
-from host_codecs._base import dtype_from_code
+from host_codecs import CompressedStore, dtype_from_code, get_codec
 
 __all__ = ["DEFAULT_DICTIONARY_BYTES", "HostStores", "StaleBufferError"]
 

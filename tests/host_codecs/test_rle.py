@@ -1,4 +1,4 @@
-"""RLE codec: payload format, count width choice, run splitting, engines, property tests."""
+"""RLE codec: payload format, count width choice, run splitting, property tests."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from hc_helpers import assert_bit_exact
 from host_codecs import RLECodec
 from host_codecs._base import element_view_dtype
 
-ENGINES = ["threads", "prange"]
-
 
 def parse_payload(payload: bytes, dtype) -> tuple[np.ndarray, np.ndarray]:
     """Independent pure-numpy reader of the documented format -> (values words, counts)."""
@@ -32,12 +30,11 @@ def parse_payload(payload: bytes, dtype) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(vals, f"u{vw}"), np.frombuffer(cnts, f"u{cw}")
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("run", [1, 254, 255, 256, 510, 511, 65_535, 65_536, 200_001])
-def test_run_boundaries_split_exactly(engine, run):
+def test_run_boundaries_split_exactly(run):
     a = np.concatenate([np.full(run, 7, np.uint8), [1, 2], np.full(run, 9, np.uint8)])
     for level in (8, 16, 32):
-        codec = RLECodec(level, engine=engine)
+        codec = RLECodec(level)
         payload = codec.encode(a)
         vals, cnts = parse_payload(payload, a.dtype)
         assert cnts.sum() == a.size
@@ -78,25 +75,14 @@ def test_each_entry_of_a_batch_gets_its_own_count_width():
     assert_bit_exact(store.get([0, 1]), batch)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_engines_agree_on_real_stacks(engine, atari_stacks):
+def test_real_stacks_match_the_reference_encoder(atari_stacks):
     obs = atari_stacks["breakout_obs"][:64]
-    rows = obs.reshape(64, -1)
-    ref = RLECodec(engine="threads").encode_batch(rows, obs.dtype)
-    enc = RLECodec(engine=engine).encode_batch(rows, obs.dtype)
-    np.testing.assert_array_equal(enc.buffer, ref.buffer)
-    out = np.empty_like(rows)
-    RLECodec(engine=engine).decode_into(
-        enc.buffer, enc.offsets, enc.lengths, enc.meta, out, np.arange(64), obs.dtype
-    )
-    assert_bit_exact(out, rows)
+    check_against_reference(RLECodec(), obs.reshape(64, -1), obs.dtype)
 
 
-def test_bad_level_and_engine():
+def test_bad_level():
     with pytest.raises(ValueError, match="level must be one of"):
         RLECodec(12)
-    with pytest.raises(ValueError, match="engine"):
-        RLECodec(engine="gpu")
 
 
 _dtypes = st.sampled_from(["uint8", "bool", "int16", "uint16", "int32", "float32", "float64", "complex64"])
@@ -113,18 +99,17 @@ def runny_arrays(draw):
 
 
 @settings(max_examples=40, deadline=None)
-@given(a=runny_arrays(), level=st.sampled_from([8, 16, 32]), engine=st.sampled_from(ENGINES))
-def test_roundtrip_property(a, level, engine):
-    codec = RLECodec(level, engine=engine)
+@given(a=runny_arrays(), level=st.sampled_from([8, 16, 32]))
+def test_roundtrip_property(a, level):
+    codec = RLECodec(level)
     payload = codec.encode(a)
     assert_bit_exact(codec.decode(payload, a.dtype, a.shape), a)
     vals, cnts = parse_payload(payload, a.dtype)
     assert cnts.sum() * vals.dtype.itemsize == a.nbytes
 
 
-# -- batch encoder: single pass into per-shard arenas -------------------------------------------
+# -- batch encoder against an independent reference ------------------------------------------
 import host_codecs  # noqa: E402
-from host_codecs import rle as rle_module  # noqa: E402
 
 
 def reference_encode_batch(rows: np.ndarray, dtype, min_width: int):
@@ -178,21 +163,10 @@ def check_against_reference(codec: RLECodec, rows: np.ndarray, dtype) -> None:
     assert out.tobytes() == rows.tobytes()
 
 
-@pytest.fixture
-def tiny_arena(monkeypatch):
-    """First arena of each call sized for ~nothing, so most entries make it grow; the per-thread
-    cache is dropped before and after so other tests do not inherit a large arena."""
-    monkeypatch.setattr(rle_module, "ARENA_FRACTION", 0.0)
-    monkeypatch.setattr(rle_module._LOCAL, "scratch", None, raising=False)
-    yield
-    rle_module._LOCAL.scratch = None
-
-
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_arena_growth_across_shards_matches_reference(engine, threads, tiny_arena, atari_stacks):
+def test_batch_split_over_threads_matches_reference(threads, atari_stacks):
     # 2 x 256 KiB+ of rows -> the thread pool runs 2 shards; noise entries (payload 2x raw)
-    # exceed any size guessed from the raw bytes, Atari stacks compress 8x.
+    # between Atari stacks (which compress 8x).
     rng = np.random.default_rng(1)
     stacks = atari_stacks["breakout_obs"][:40].reshape(40, -1)
     noise = rng.integers(0, 256, (6, stacks.shape[1]), dtype=np.uint8)
@@ -200,24 +174,22 @@ def test_arena_growth_across_shards_matches_reference(engine, threads, tiny_aren
     host_codecs.set_num_threads(threads)
     try:
         for level in (8, 16):
-            check_against_reference(RLECodec(level, engine=engine), rows, np.uint8)
+            check_against_reference(RLECodec(level), rows, np.uint8)
     finally:
         host_codecs.set_num_threads(None)
 
 
-def test_large_entry_after_small_cached_arena():
-    rle_module._LOCAL.scratch = None
+def test_small_large_small_batches():
     codec = RLECodec()
     small = np.zeros((4, 64), np.uint8)
-    check_against_reference(codec, small, np.uint8)  # caches a small arena on this thread
+    check_against_reference(codec, small, np.uint8)
     big = np.random.default_rng(2).integers(0, 256, (2, 300_000), dtype=np.uint8)
-    check_against_reference(codec, big, np.uint8)  # worst case 2x raw: must grow, not overflow
-    check_against_reference(codec, small, np.uint8)  # and still right with the grown arena
+    check_against_reference(codec, big, np.uint8)  # worst case: payload 2x raw
+    check_against_reference(codec, small, np.uint8)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_empty_batches_and_empty_entries(engine):
-    codec = RLECodec(engine=engine)
+def test_empty_batches_and_empty_entries():
+    codec = RLECodec()
     enc = codec.encode_batch(np.empty((0, 16), np.uint8), np.uint8)
     assert enc.buffer.size == 0 and enc.offsets.size == enc.lengths.size == enc.meta.size == 0
     check_against_reference(codec, np.empty((3, 0), np.uint8), np.uint8)
@@ -225,18 +197,17 @@ def test_empty_batches_and_empty_entries(engine):
                       np.empty((0, 4), np.uint8), np.zeros(0, np.int64), np.uint8)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_unaligned_rows_take_the_bytewise_path(engine):
+def test_unaligned_rows_take_the_bytewise_path():
     # Rows of 13 bytes (not a multiple of 8) and a batch starting 1 byte past an aligned
     # address: both encode without the 8-byte scan and must give the same bytes.
     rng = np.random.default_rng(3)
     a = np.repeat(rng.integers(0, 3, (5, 13)), 3, axis=1).astype(np.uint8)  # [5, 39]
-    check_against_reference(RLECodec(engine=engine), a, np.uint8)
+    check_against_reference(RLECodec(), a, np.uint8)
     raw = np.zeros(5 * 40 + 1, np.uint8)
     shifted = raw[1:].reshape(5, 40)
     shifted[:] = np.repeat(rng.integers(0, 3, (5, 10)), 4, axis=1)
     assert shifted.ctypes.data % 8 != 0
-    check_against_reference(RLECodec(engine=engine), shifted, np.uint8)
+    check_against_reference(RLECodec(), shifted, np.uint8)
 
 
 @settings(max_examples=40, deadline=None)
@@ -246,14 +217,12 @@ def test_unaligned_rows_take_the_bytewise_path(engine):
     n=st.integers(0, 70),
     long_run=st.sampled_from([0, 255, 256, 65_535, 65_536, 70_001]),
     level=st.sampled_from([8, 16, 32]),
-    engine=st.sampled_from(ENGINES),
-    tiny=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_batch_encoding_equals_numpy_reference(dtype, b, n, long_run, level, engine, tiny, seed):
+def test_batch_encoding_equals_numpy_reference(dtype, b, n, long_run, level, seed):
     # Any dtype (1/2/4/8-byte words, multi-word complex), rows of any length (fast 8-byte scan
-    # or bytewise), runs straddling the 8/16-bit count maxima and word boundaries, with and
-    # without arena growth: byte-identical to the reference and round-tripping.
+    # or bytewise), runs straddling the 8/16-bit count maxima and word boundaries:
+    # byte-identical to the reference and round-tripping.
     rng = np.random.default_rng(seed)
     dt = np.dtype(dtype)
     palette = rng.integers(0, 256, (3, dt.itemsize), dtype=np.uint8)
@@ -262,12 +231,7 @@ def test_batch_encoding_equals_numpy_reference(dtype, b, n, long_run, level, eng
         idx = np.concatenate([idx, np.zeros((b, long_run), idx.dtype)], axis=1)
         idx[:, -1] = 1
     rows = np.ascontiguousarray(palette[idx].reshape(b, idx.shape[1] * dt.itemsize))
-    old = rle_module.ARENA_FRACTION
-    rle_module.ARENA_FRACTION = 0.0 if tiny else old
-    try:
-        check_against_reference(RLECodec(level, engine=engine), rows, dt)
-    finally:
-        rle_module.ARENA_FRACTION = old
+    check_against_reference(RLECodec(level), rows, dt)
 
 
 @pytest.mark.parametrize(

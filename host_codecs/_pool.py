@@ -1,0 +1,103 @@
+"""The thread pool every codec and the store split their batches over.
+
+A batch is cut into one contiguous shard per thread (one task per thread, not per entry). The
+shard bodies release the GIL (isal, zstandard and the RLE kernels do). A `parallel_for` called
+inside a shard runs inline on that thread, so a caller that shards a larger job itself (a store
+read) decides once for everything inside it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["num_threads", "parallel_for", "set_num_threads"]
+
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_LOCK = threading.Lock()
+_NUM_THREADS: int | None = None
+_SHARD = threading.local()  # .active: this thread is running a parallel_for shard
+
+
+def num_threads() -> int:
+    """How many threads a batch is split over.
+
+    Returns:
+      The value given to `set_num_threads`, else the `HOST_CODECS_THREADS` environment
+      variable, else the number of CPUs this process may use.
+    """
+    global _NUM_THREADS
+    if _NUM_THREADS is None:
+        env = os.environ.get("HOST_CODECS_THREADS")
+        if env:
+            _NUM_THREADS = max(1, int(env))
+        elif hasattr(os, "sched_getaffinity"):
+            _NUM_THREADS = max(1, len(os.sched_getaffinity(0)))
+        else:
+            _NUM_THREADS = max(1, os.cpu_count() or 1)
+    return _NUM_THREADS
+
+
+def set_num_threads(n: int | None) -> None:
+    """Set how many threads a batch is split over.
+
+    Args:
+      n: a positive int, or None for the default of `num_threads`. The pool grows when needed;
+        it never runs more shards than this number.
+
+    Raises:
+      ValueError: `n` is not a positive int or None.
+    """
+    global _NUM_THREADS, _POOL
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"set_num_threads: expected a positive int or None, got {n!r}")
+    with _LOCK:
+        _NUM_THREADS = n
+        if _POOL is not None and n is not None and n > _POOL._max_workers:
+            _POOL = None  # recreated bigger on next use; the old one finishes its tasks
+
+
+def parallel_for(
+    n: int, body: Callable[[int, int], None], *, work_bytes: int | None = None, min_shard_bytes: int = 1 << 18
+) -> None:
+    """Run `body(start, stop)` over `range(n)`, cut into one contiguous shard per thread.
+
+    Args:
+      n: number of items.
+      body: called once per shard with its item range; the calling thread runs the first shard.
+      work_bytes: bytes the whole batch touches; shards smaller than `min_shard_bytes` are
+        merged, so a small batch runs inline as one shard (and what it calls stays inline).
+      min_shard_bytes: smallest shard worth a thread's wake-up.
+
+    Raises:
+      Whatever a shard raised (after every shard has finished).
+    """
+    shards = min(num_threads(), n, n if work_bytes is None else work_bytes // min_shard_bytes)
+    if shards <= 1 or getattr(_SHARD, "active", False):
+        _run_shard(body, 0, n)
+        return
+    global _POOL
+    with _LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="host_codecs")
+        pool = _POOL
+    bounds = np.linspace(0, n, shards + 1).astype(np.int64).tolist()
+    futures = [pool.submit(_run_shard, body, bounds[i], bounds[i + 1]) for i in range(1, shards)]
+    try:
+        _run_shard(body, bounds[0], bounds[1])
+    finally:
+        for f in futures:
+            f.result()
+
+
+def _run_shard(body: Callable[[int, int], None], start: int, stop: int) -> None:
+    prev = getattr(_SHARD, "active", False)
+    _SHARD.active = True
+    try:
+        body(start, stop)
+    finally:
+        _SHARD.active = prev

@@ -1,0 +1,157 @@
+"""The arena a `host_codecs.CompressedStore` packs its payloads in.
+
+A few large `uint8` chunks: the first of `min_chunk_bytes`, each later one half the arena so far
+(at least that, at most `chunk_bytes`), so the unused tail stays at most a third of the arena
+while it grows. Payloads are packed at `ALIGN`-byte offsets behind each chunk's bump pointer;
+there is no Python object per payload.
+
+Published bytes are never modified: space is reclaimed only by releasing a chunk with no live
+payload left, or by moving a sparse chunk's live payloads into fresh space and dropping the old
+chunk (a reader holding it keeps it alive), so a reader's `table` snapshot stays whole. Not
+thread-safe: the store calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._base import ALIGN, ChunkTable, ceil_align
+
+__all__ = ["MAX_CHUNK_BYTES", "Arena"]
+
+#: Largest chunk: offsets and lengths are stored as uint32.
+MAX_CHUNK_BYTES = (1 << 32) - ALIGN
+
+
+class _Chunk:
+    """One chunk: its bytes, its bump pointer and what is still live in it."""
+
+    __slots__ = ("data", "used", "live_bytes", "live_count")
+
+    def __init__(self, size: int):
+        self.data = np.empty(size, dtype=np.uint8)  # shape=(size,), dtype=uint8
+        self.used = 0  # bytes handed out (the bump pointer), a multiple of ALIGN
+        self.live_bytes = 0  # padded bytes of payloads still in use
+        self.live_count = 0  # payloads still in use (zero-length ones included)
+
+
+class Arena:
+    """Aligned payload space in growing chunks.
+
+    Args:
+      chunk_bytes: largest chunk in bytes (a multiple of `ALIGN`, at most `MAX_CHUNK_BYTES`).
+      min_chunk_bytes: first chunk size (a multiple of `ALIGN`).
+
+    Attributes:
+      chunks: chunk id -> `_Chunk`, the chunks held.
+      nbytes: bytes of all chunks held (payload and slack).
+      dead_nbytes: freed bytes in chunks still held.
+    """
+
+    def __init__(self, chunk_bytes: int, min_chunk_bytes: int):
+        self.chunk_bytes, self.min_chunk_bytes = chunk_bytes, min_chunk_bytes
+        self.chunks: dict[int, _Chunk] = {}
+        self.nbytes = 0
+        self.dead_nbytes = 0
+        self._next_id = 0
+        self._open: int | None = None  # the chunk receiving new payloads
+        self._table: ChunkTable | None = None  # snapshot for readers, rebuilt when chunks change
+
+    def table(self, dictionary=None) -> ChunkTable:
+        """The chunks' bytes for readers (immutable once built: it keeps its chunks alive)."""
+        if self._table is None or self._table.dictionary is not dictionary:
+            self._table = ChunkTable({c: ch.data for c, ch in self.chunks.items()}, dictionary)
+        return self._table
+
+    def place(self, buffer: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Copy payloads into never-used space, one copy per run of payloads that fit a chunk.
+
+        Args:
+          buffer: # dtype=uint8: the payloads, each padded to `ALIGN`, at ascending `offsets`.
+          offsets, lengths: # shape=(B,), dtype=int64: where each payload is in `buffer`.
+
+        Returns:
+          `(chunk_ids, offsets)`, # shape=(B,), dtype=int32 and int64: where each payload now is.
+        """
+        b = offsets.shape[0]
+        ends = offsets + ceil_align(lengths)  # padded end of each payload
+        chunk_ids = np.empty(b, dtype=np.int32)
+        placed = np.empty(b, dtype=np.int64)
+        start = 0
+        while start < b:
+            base = int(offsets[start])
+            ch = self.chunks[self._open] if self._open is not None else None
+            room = ch.data.shape[0] - ch.used if ch is not None else -1
+            stop = start + int(np.searchsorted(ends[start:] - base, room, side="right"))  # [start, stop) fit
+            if stop == start:
+                rest = int(ends[-1]) - base
+                self._new_chunk(max(rest if rest <= self.chunk_bytes else int(ends[start]) - base, ALIGN))
+                continue
+            span = int(ends[stop - 1]) - base
+            ch.data[ch.used : ch.used + span] = buffer[base : base + span]
+            chunk_ids[start:stop] = self._open
+            placed[start:stop] = offsets[start:stop] - base + ch.used
+            ch.used += span
+            ch.live_bytes += span
+            ch.live_count += stop - start
+            start = stop
+        return chunk_ids, placed
+
+    def free(self, chunk_ids: np.ndarray, lengths: np.ndarray) -> None:
+        """Mark payloads as no longer used (`lengths` without padding); release emptied chunks."""
+        ids, inv = np.unique(chunk_ids, return_inverse=True)
+        freed = np.bincount(inv.reshape(-1), weights=ceil_align(lengths.astype(np.int64))).astype(np.int64)
+        for cid, nb, cnt in zip(ids.tolist(), freed.tolist(), np.bincount(inv.reshape(-1)).tolist()):
+            ch = self.chunks[cid]
+            ch.live_bytes -= nb
+            ch.live_count -= cnt
+            self.dead_nbytes += nb
+            self._release_if_empty(cid)
+
+    def sparsest(self, max_dead_fraction: float) -> int | None:
+        """The sealed chunk with the most freed bytes while freed bytes exceed `max_dead_fraction`
+        of the arena, else None: the next chunk to `relocate`."""
+        sealed = [(ch.used - ch.live_bytes, cid) for cid, ch in self.chunks.items() if cid != self._open]
+        if not sealed or sum(d for d, _ in sealed) <= max_dead_fraction * self.nbytes:
+            return None
+        return max(sealed)[1]
+
+    def relocate(self, cid: int, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Move the live payloads of chunk `cid` (`offsets`, `lengths` of every one) into fresh
+        space and drop the chunk; returns their new `(chunk_ids, offsets)` as `place` does."""
+        src = self.chunks[cid]
+        padded = ceil_align(lengths.astype(np.int64))
+        packed = np.zeros(len(padded), np.int64)
+        np.cumsum(padded[:-1], out=packed[1:])
+        buf = np.empty(int(padded.sum()), np.uint8)
+        for o, n, d in zip(offsets.tolist(), padded.tolist(), packed.tolist()):
+            buf[d : d + n] = src.data[o : o + n]
+        placed = self.place(buf, packed, lengths.astype(np.int64))
+        self._drop(cid)  # the moved payloads are still counted live in it: drop it whole
+        return placed
+
+    def clear(self) -> None:
+        """Release every chunk."""
+        for cid in list(self.chunks):
+            self._drop(cid)
+        self._open = None
+
+    def _new_chunk(self, need: int) -> None:
+        size = ceil_align(max(min(self.chunk_bytes, max(self.min_chunk_bytes, self.nbytes // 2)), need))
+        old, self._open = self._open, self._next_id
+        self.chunks[self._next_id] = _Chunk(size)
+        self._next_id += 1
+        self._table = None
+        self.nbytes += size
+        if old is not None:
+            self._release_if_empty(old)
+
+    def _release_if_empty(self, cid: int) -> None:
+        if cid != self._open and self.chunks[cid].live_count == 0:
+            self._drop(cid)
+
+    def _drop(self, cid: int) -> None:
+        ch = self.chunks.pop(cid)
+        self._table = None
+        self.nbytes -= ch.data.shape[0]
+        self.dead_nbytes -= ch.used - ch.live_bytes
