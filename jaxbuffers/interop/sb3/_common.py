@@ -23,20 +23,17 @@ from jaxbuffers import _ring
 from jaxbuffers.interop.torch import SUPPORTED_DTYPES, to_torch
 
 
-# ------------------------------------------------------------------ ring cursors of a ReplayBuffer
+# The ring cursors of a ReplayBuffer are read and set only through these two.
 def ring_state(buf: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(head, num_valid, added)`` of a `jaxbuffers.ReplayBuffer` (int32 scalars; ``added`` the
-    two-word int32[2] count). Every adapter reads the cursors here."""
+    """``(head, num_valid, added)`` of a `jaxbuffers.ReplayBuffer` (``added``: the int32[2] count)."""
     return buf.head, buf.num_valid, buf.added
 
 
 def with_ring_state(buf: Any, head: int, num_valid: int, added: int) -> Any:
-    """``buf`` with its ring cursors set (``added``: the number of items ever added, a Python int).
-    Every adapter sets the cursors here."""
+    """``buf`` with its ring cursors set (``added``: the number of items ever added, a Python int)."""
     return buf.with_cursors(head=head, num_valid=num_valid, added=_ring.counter_add(_ring.counter_zero(), added))
 
 
-# ------------------------------------------------------------------ dtypes
 def sb3_float32(dtype: Any) -> np.dtype:
     """SB3's replay buffers keep float64 actions as float32 (`ReplayBuffer._maybe_cast_dtype`'s rule)."""
     dtype = np.dtype(dtype)
@@ -97,7 +94,6 @@ def flags(x: Any, what: str) -> np.ndarray:
     return a.astype(np.bool_)
 
 
-# ------------------------------------------------------------------ observations (Dict spaces key by key)
 def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> Any:
     """``fn(space, *leaves, what)`` once, or per key of a Dict space (a dict back).
 
@@ -115,18 +111,17 @@ def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> A
 
 
 def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bool = False, exact: bool = False) -> np.ndarray:
-    """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's own buffers accept it.
+    """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's numpy assignment accepts it.
 
-    SB3 writes a step into its arrays by numpy assignment, so ``x`` must hold ``shape``'s number of
-    values in a shape assignment accepts (``shape`` up to leading unit axes; values are never
-    repeated to fill the field). With ``reshape`` (SB3 reshapes actions and Discrete observations)
-    any ``x`` of the right size is reshaped. The cast follows numpy assignment (SB3 passes float64
-    rewards), except that a bool field refuses values other than 0 and 1, and with ``exact`` (a
-    stored dtype narrower than SB3's) a value the stored dtype does not hold raises.
+    ``x`` holds ``shape``'s number of values in ``shape`` up to leading unit axes (values are never
+    repeated to fill the field), or any shape with ``reshape`` (SB3 reshapes actions and Discrete
+    observations). The cast is numpy's (SB3 passes float64 rewards), but a bool field refuses
+    values other than 0 and 1, and with ``exact`` (a stored dtype narrower than SB3's) so does a
+    value the stored dtype does not hold.
 
     Raises:
       ValueError: the wrong number of values, a layout assignment would refuse, a bool field given
-        other values, or values numpy cannot convert; each names the field.
+        other values, or values numpy cannot convert (naming the field).
       TypeError: with ``exact``, a value the stored dtype does not hold.
     """
     if hasattr(x, "detach"):  # a torch tensor
@@ -158,14 +153,9 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
 
 
 class Rows:
-    """One SB3 ``add`` call's observation and action (``[n_envs, ...]``) as stored rows.
-
-    Attributes:
-      obs: spec of the stored observations ``[n_envs, *obs_shape]`` (a dict for Dict spaces).
-      obs_dtypes: SB3's observation dtypes (a dict for Dict spaces).
-      action: spec of the stored actions ``[n_envs, action_dim]``.
-      action_dtype: SB3's action dtype.
-    """
+    """One SB3 ``add`` call's observation and action as stored rows: ``obs`` and ``action`` are the
+    specs ``[n_envs, *obs_shape]`` (a dict for Dict spaces) and ``[n_envs, action_dim]``,
+    ``obs_dtypes`` and ``action_dtype`` SB3's dtypes."""
 
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int, action_dtype: Any):
         self.space = observation_space
@@ -206,7 +196,6 @@ def check_space_kind(adapter: Any, dict_class: type, observation_space: spaces.S
         )
 
 
-# ------------------------------------------------------------------ torch hand-off
 def to_sb3(tree: Any, device: Any, dtypes: Any = None) -> Any:
     """Arrays (jax or numpy) as torch tensors on ``device`` (no copy CPU to CPU), in ``dtypes``
     (a matching tree of numpy dtypes, e.g. SB3's int64 for int32-held data) when given."""

@@ -1,26 +1,21 @@
 """Move the contents of SB3 buffers into jaxbuffers buffers and back.
 
-Replay (`replay_to_jax` / `replay_from_jax`): a `jaxbuffers.ReplayBuffer` of single transitions
-with items `{"obs", "action", "reward", "next_obs", "terminated", "truncated"}` and capacity
-`rows * n_envs`. SB3's row `t`, env `e` is slot `t * n_envs + e` (the physical layout is kept, so
-`head = pos * n_envs`), `num_valid` counts the transitions SB3 would sample, and `num_added()` is
-`rows * n_envs` once SB3 was full (`pos * n_envs` before). Back to SB3 the layout is kept too,
-unless SB3's `pos` / `full` cannot describe the valid transitions there (see `replay_from_jax`).
-Flags: `terminated = done and not timeout`, `truncated = done and timeout`; back,
-`dones = terminated or truncated`, `timeouts = truncated` (all 0 when exported with
-`handle_timeout_termination=False`: SB3 then treats time limits as terminal, as it does itself).
+Replay (`replay_to_jax` / `replay_from_jax`): a `jaxbuffers.ReplayBuffer` of single transitions,
+items `{"obs", "action", "reward", "next_obs", "terminated", "truncated"}`, capacity
+`rows * n_envs`. SB3's row `t`, env `e` is slot `t * n_envs + e` (so `head = pos * n_envs`),
+`num_valid` counts the transitions SB3 would sample, and `num_added()` is `rows * n_envs` once SB3
+was full (`pos * n_envs` before). Flags: `terminated = done and not timeout`,
+`truncated = done and timeout`; back, `dones = terminated or truncated`, `timeouts = truncated`
+(all 0 with `handle_timeout_termination=False`: SB3 then treats time limits as terminal).
 
-Rollout (`rollout_to_jax` / `rollout_from_jax`): a `jaxbuffers.RolloutBuffer` whose step pytree is
-`{"obs", "action", "log_prob", "episode_start"}` (the layout `JaxRolloutBuffer` uses), with SB3's
-episode flags translated as `jaxbuffers.interop.sb3.rollout` explains. Back to SB3, a truncated
-step of a native rollout has `gamma * final_value` folded into its reward and the next step marked
-as an episode start.
+Rollout (`rollout_to_jax` / `rollout_from_jax`): a `jaxbuffers.RolloutBuffer` with step pytree
+`{"obs", "action", "log_prob", "episode_start"}` (`JaxRolloutBuffer`'s layout), the flags mapped
+as the `jaxbuffers.interop.sb3.rollout` module doc explains.
 
-Dtypes as in `jaxbuffers.interop.sb3._common`; a `RolloutBuffer`'s float64 actions (SB3 keeps the
-space's dtype there) are held as float32 and refused (`TypeError`) when a value is not a float32
-one (PPO / A2C store float32 policy outputs). Nothing is cast silently the other way either. So
-round trips SB3 -> jaxbuffers -> SB3 (same settings) give back every stored array bit for bit
-(including rows not yet written) with `pos` and `full`, or raise.
+Dtypes as the `jaxbuffers.interop.sb3._common` module doc says; a `RolloutBuffer`'s float64
+actions are held as float32 and refused when a value is not a float32 one (PPO and A2C store
+float32 policy outputs). Nothing is cast silently either way, so a round trip SB3 -> jaxbuffers ->
+SB3 (same settings) gives back every array bit for bit with `pos` and `full`, or raises.
 """
 
 from __future__ import annotations
@@ -116,40 +111,24 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     return _common.with_ring_state(out.replace(storage=jax.tree.map(jnp.asarray, item)), buffer.pos * n, valid, added)
 
 
-def replay_from_jax(
-    buffer: _replay.ReplayBuffer,
-    observation_space: spaces.Space,
-    action_space: spaces.Space,
-    *,
-    n_envs: int = 1,
-    device: th.device | str = "auto",
-    optimize_memory_usage: bool = False,
-    handle_timeout_termination: bool = True,
-) -> ReplayBuffer:
+def replay_from_jax(buffer: _replay.ReplayBuffer, observation_space: spaces.Space, action_space: spaces.Space, *, n_envs: int = 1,
+                    device: th.device | str = "auto", optimize_memory_usage: bool = False, handle_timeout_termination: bool = True) -> ReplayBuffer:
     """An SB3 ``ReplayBuffer`` (``DictReplayBuffer`` for Dict spaces) holding ``buffer``'s transitions.
 
-    ``buffer`` must have the layout of `replay_to_jax` (items ``obs``, ``action``,
-    ``reward``, ``next_obs``, ``terminated``, ``truncated``; ``[capacity, *item]``) and
-    ``capacity``, ``head`` and ``num_valid`` divisible by ``n_envs``. Item shapes: observations
-    SB3's ``obs_shape`` or the space's shape (a Discrete observation may be ``()``), actions
-    ``(action_dim,)`` or the action space's shape, rewards and flags ``()``.
-
-    SB3 gets ``capacity // n_envs`` rows and samples only ``buffer``'s ``num_valid`` valid
-    transitions (the newest ones, ending at ``head``). When SB3's ``pos`` / ``full`` can describe
-    them in place, the layout is kept: ``pos = head // n_envs``, ``full`` when every row is valid
-    (with ``optimize_memory_usage``: also when all rows but ``pos`` are and ``num_added() >=
-    capacity``, as `replay_to_jax` makes of a full SB3 buffer). Otherwise the valid rows are
-    moved to rows ``[0, num_valid // n_envs)`` (oldest first), ``pos = num_valid // n_envs`` and
-    ``full`` False. With ``optimize_memory_usage`` the next observation of the newest row is
-    written to row ``pos``, as SB3 does; a buffer valid in every row then loses its oldest
-    observation row (SB3's design: it never samples that row).
+    ``buffer`` has the `replay_to_jax` layout, with ``capacity``, ``head`` and ``num_valid``
+    divisible by ``n_envs``; items may also have the spaces' own shapes (a Discrete observation or
+    action ``()``). SB3 gets ``capacity // n_envs`` rows and samples only the ``num_valid`` valid
+    transitions: the layout is kept where SB3's ``pos`` / ``full`` can describe them (``pos = head
+    // n_envs``; ``full`` when every row is valid, or with ``optimize_memory_usage`` all but row
+    ``pos`` and ``num_added() >= capacity``), else the valid rows move to the front, oldest first,
+    and ``pos = num_valid // n_envs``. With ``optimize_memory_usage`` the newest next observation
+    goes to row ``pos``, as SB3 does (a buffer valid in every row then loses its oldest row, which
+    SB3 never samples).
 
     Raises:
-      ValueError: missing or extra item fields (or observation keys), an item of another shape
-        than the spaces give (the field, both shapes named), flags other than 0/1, or sizes not
-        divisible by ``n_envs``.
-      TypeError: a value that SB3's dtype for the field does not hold exactly (e.g. 0.5 for a
-        uint8 observation space).
+      ValueError: missing or extra fields or keys, an item shape the spaces do not give (both
+        named), flags other than 0/1, or sizes not divisible by ``n_envs``.
+      TypeError: a value SB3's dtype for the field does not hold exactly (0.5 for uint8 pixels).
     """
     storage = buffer.storage
     want = {"obs", "action", "reward", "next_obs", "terminated", "truncated"}
@@ -213,21 +192,19 @@ def _sb3_layout(buffer: RolloutBuffer, name: str, item: Any) -> Any:
 def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) -> _rollout.RolloutBuffer:
     """The contents of an SB3 ``RolloutBuffer`` / ``DictRolloutBuffer`` as a `jaxbuffers.RolloutBuffer`.
 
-    Also accepts `JaxRolloutBuffer`, and SB3 buffers already
-    reordered by ``get()`` (told apart by their shapes: ``[T, n_envs, ...]`` as stored,
-    ``[n_envs * T, ...]`` after SB3's ``get()``). Every field is copied (``advantages`` and
-    ``returns`` as they are; ``has_advantages`` is set True; ``trainable`` all True).
-    ``step_index`` is ``buffer_size`` when full, ``pos`` before.
+    Also accepts `JaxRolloutBuffer`, and SB3 buffers reordered by ``get()`` (told apart by their
+    shapes, ``[T, n_envs, ...]`` or ``[n_envs * T, ...]``). Every field is copied, ``advantages``
+    and ``returns`` as they are (``has_advantages`` True, ``trainable`` all True); the rows filled
+    are ``buffer_size`` when full, ``pos`` before.
 
     Args:
       buffer: the SB3 buffer.
-      last_dones: ``[n_envs]`` bool, whether the last filled step ended an episode: the
-        ``dones`` SB3 passed to ``compute_returns_and_advantage``. SB3 does not store it; without
-        it the last step counts as not terminated (only matters if GAE is recomputed).
+      last_dones: ``[n_envs]`` bool, the ``dones`` SB3 passed to ``compute_returns_and_advantage``
+        (SB3 does not store it); without it the last step counts as not terminated.
 
     Raises:
-      ValueError: ``episode_starts`` other than 0/1, ``last_dones`` of the wrong size, or an array
-        of neither shape above (named, with both shapes).
+      ValueError: flags other than 0/1, ``last_dones`` of the wrong size, or an array of neither
+        shape above (named, with both shapes).
       TypeError: float64 observations, 64-bit integers outside int32, or float64 actions that
         float32 does not hold exactly.
     """
@@ -260,36 +237,23 @@ def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) 
     )
 
 
-def rollout_from_jax(
-    buffer: _rollout.RolloutBuffer,
-    observation_space: spaces.Space,
-    action_space: spaces.Space,
-    *,
-    device: th.device | str = "auto",
-    gamma: float = 0.99,
-    gae_lambda: float = 1.0,
-    first_episode_start: np.ndarray | None = None,
-) -> RolloutBuffer:
+def rollout_from_jax(buffer: _rollout.RolloutBuffer, observation_space: spaces.Space, action_space: spaces.Space, *, device: th.device | str = "auto",
+                     gamma: float = 0.99, gae_lambda: float = 1.0, first_episode_start: np.ndarray | None = None) -> RolloutBuffer:
     """An SB3 ``RolloutBuffer`` (``DictRolloutBuffer`` for Dict spaces) with ``buffer``'s contents.
 
-    ``buffer``'s step pytree must hold ``obs``, ``action`` and ``log_prob`` (``episode_start``
-    optional). Flags: if the step holds ``episode_start`` it is used as is (the SB3 layout of
-    `rollout_to_jax`); otherwise ``episode_starts[t] = terminated[t-1] or truncated[t-1]``
-    and ``episode_starts[0] = first_episode_start`` (default all False). Rewards: where a step is
-    truncated and not terminated, ``gamma * final_value`` is added, SB3's timeout convention.
-    ``advantages`` and ``returns`` are copied as they are (zeros if GAE never ran); ``pos`` is
-    ``step_index``, ``full`` is ``step_index == num_steps``. Step leaves are ``[T, N, *item]``,
-    items shaped as `replay_from_jax` describes (``log_prob`` and ``episode_start``: ``()``).
-
-    SB3 has no per-step ``trainable`` mask and learns from every step, so a filled step marked
-    not trainable is refused rather than silently made trainable; to convert anyway, pass
+    The step pytree holds ``obs``, ``action``, ``log_prob`` and optionally ``episode_start`` (the
+    `rollout_to_jax` layout, used as is); without it ``episode_starts[t] = terminated[t-1] or
+    truncated[t-1]`` and ``episode_starts[0] = first_episode_start`` (default False). Where a step
+    is truncated and not terminated, ``gamma * final_value`` is added to its reward (SB3's timeout
+    convention). ``advantages`` and ``returns`` are copied as they are; ``pos`` is the rows filled.
+    Items are shaped as `replay_from_jax` describes. SB3 learns from every step, so a filled step
+    not ``trainable`` is refused; to convert anyway pass
     ``buffer.replace(trainable=jnp.ones_like(buffer.trainable))``.
 
     Raises:
-      ValueError: the step pytree lacks ``obs``, ``action`` or ``log_prob``; a filled step has
-        ``trainable`` False; a step leaf of another item shape than the spaces give (the field,
-        both shapes named); ``episode_start`` other than 0/1.
-      TypeError: a value that SB3's dtype for the field does not hold exactly.
+      ValueError: the step lacks ``obs``, ``action`` or ``log_prob``; a filled step is not
+        ``trainable``; an item shape the spaces do not give (both named); flags other than 0/1.
+      TypeError: a value SB3's dtype for the field does not hold exactly.
     """
     step = buffer.step
     if not isinstance(step, dict) or not {"obs", "action", "log_prob"} <= set(step):

@@ -3,49 +3,40 @@
 `JaxReplayBuffer` and `JaxDictReplayBuffer` subclass SB3's `ReplayBuffer` and `DictReplayBuffer`,
 so every off-policy SB3 algorithm (DQN, SAC, TD3, ...) accepts them as `replay_buffer_class`.
 One SB3 row (one `add`: a transition of each of the `n_envs` envs) is one item of a
-`jaxbuffers.ReplayBuffer` of capacity `buffer_size // n_envs`: the device storage has SB3's
-layout `[buffer_size // n_envs, n_envs, ...]` and `pos` equals the ring's `head`.
+`jaxbuffers.ReplayBuffer` of capacity `max(buffer_size // n_envs, 1)`: the storage has SB3's
+layout `[rows, n_envs, ...]` and `pos` equals the ring's `head`.
 
-Semantics kept from SB3 (`stable_baselines3.common.buffers`, 2.x):
-
-* `buffer_size` is split over envs: `max(buffer_size // n_envs, 1)` rows.
-* `add(obs, next_obs, action, reward, done, infos)`: SB3's loop has already put the terminal
-  observation into `next_obs` of envs that ended; `timeouts` records
-  `infos[i]["TimeLimit.truncated"]` when `handle_timeout_termination` (default), else all False.
-* `sample(batch_size, env)` draws rows then envs with `np.random` exactly as SB3 does (same seed,
-  same batch) and returns `ReplayBufferSamples` of torch tensors on `device` with
-  `dones = done and not timeout` (`[B, 1]` float32), `rewards` `[B, 1]` float32, observations and
-  actions in SB3's dtypes; with a `VecNormalize` `env` observations and rewards are normalised at
-  sampling time, as SB3 does.
-* `optimize_memory_usage=True` (non-Dict only, exclusive with `handle_timeout_termination`):
-  observations are stored once, the next observation of row `i` is row `i + 1`, and the row at
-  `pos` is never sampled once full (with SB3's limitation: at an episode end the stored next
-  observation is the next episode's first one, harmless for true terminations).
+Semantics kept from SB3 (2.x): `add(obs, next_obs, action, reward, done, infos)` gets the terminal
+observation already in `next_obs` of envs that ended; `timeouts` records
+`infos[i]["TimeLimit.truncated"]` when `handle_timeout_termination` (default). `sample(batch_size,
+env)` draws rows then envs with `np.random` exactly as SB3 does (same seed, same batch) and
+returns torch tensors on `device`: `dones = done and not timeout` and `rewards` `[B, 1]` float32,
+observations and actions in SB3's dtypes, normalised by a `VecNormalize` `env` as SB3 does.
+`optimize_memory_usage=True` (non-Dict, without `handle_timeout_termination`) stores observations
+once: the next observation of row `i` is row `i + 1`, and the row at `pos` is never sampled once
+full (with SB3's limitation at episode ends, harmless for true terminations).
 
 Compression (`compress=`, `JaxReplayBuffer` without `optimize_memory_usage`): `True` or a dict of
 options of `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (`codec`, `frame_stack`,
-`stack_axis`, `padding`, `chunk_bytes`; `padding` defaults to `"zero"`, what SB3's `VecFrameStack`
-does at an episode start) plus `max_pending` (default 16) for the
-`jaxbuffers.compressed.StagingWriter` that holds up to that many steps uncompressed on the host
-(counted in `nbytes`) and flushes them when full or when SB3 samples. The observations live in a
-compressed trajectory buffer with one lane per env (row `t` of env `e` is step `t` of lane `e`);
-with `frame_stack=k` only the newest frame of each observation is stored and stacks are rebuilt
-at sample time, so `frame_stack` is exact only for observations made by a frame stacker. Every
-SB3 episode end is handed to it as a truncation, so its next observation (the terminal one) is
-kept in the final-observation ring; elsewhere the next row's `obs` is used (the same array in
-SB3's loop), and the newest row's next observation is held uncompressed until the next `add`.
-Samples equal SB3's. The `observations` / `next_observations` views are unavailable when
-compressed, and a compressed buffer cannot be pickled (SB3's `save_replay_buffer`: `TypeError`).
-For SB3's Atari stack (CnnPolicy transposes to channels-first, so the frame axis is 0):
+`stack_axis`, `padding`, `chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`)
+plus `max_pending` (default 16): the steps a `jaxbuffers.compressed.StagingWriter` holds
+uncompressed on the host (counted in `nbytes`) before it adds them, at the latest when SB3
+samples. The observations live in a compressed trajectory buffer with one lane per env; with
+`frame_stack=k` only the newest frame of each observation is stored and stacks are rebuilt at
+sample time (exact for observations made by a frame stacker). Every SB3 episode end goes in as a
+truncation, so its terminal observation is kept in the final-observation ring; elsewhere the next
+row's `obs` is the next observation (the same array in SB3's loop). Samples equal SB3's. The
+observation views are unavailable when compressed, and pickling (SB3's `save_replay_buffer`)
+raises `TypeError`. For SB3's Atari stack (CnnPolicy is channels-first, so the frame axis is 0):
 
 ```python
 DQN("CnnPolicy", env, replay_buffer_class=JaxReplayBuffer,
     replay_buffer_kwargs=dict(compress=dict(frame_stack=4, stack_axis=0, codec="zstd:3")))
 ```
 
-Differences, all lossless: flags are stored as bool (SB3: float32 0/1); dtypes as in
-`jaxbuffers.interop.sb3._common`. SB3's numpy fields (`observations`, `dones`, ...) are
-`FieldView`s; writing through them (SB3 writes `dones[pos] = True` when it truncates the last
+Differences, all lossless: flags are stored as bool (SB3: float32 0/1); dtypes as the
+`jaxbuffers.interop.sb3._common` module doc says. SB3's numpy fields (`observations`, `dones`, ...)
+are `FieldView`s; writing through them (SB3 writes `dones[pos] = True` when it truncates the last
 trajectory) costs a copy of the field.
 """
 
@@ -106,15 +97,8 @@ class FieldView:
     def __init__(self, name: str, dtype: Any, read: Callable[[], jax.Array], write: Callable[[jax.Array], None]):
         self._name, self._dtype, self._read, self._write = name, np.dtype(dtype), read, write
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """SB3's shape of the field, ``(rows, n_envs, ...)``."""
-        return tuple(self._read().shape)
-
-    @property
-    def dtype(self) -> np.dtype:
-        """SB3's dtype of the field (float32 for flags, int64 for Discrete actions ...)."""
-        return self._dtype
+    shape = property(lambda self: tuple(self._read().shape), doc="SB3's shape of the field, ``(rows, n_envs, ...)``.")
+    dtype = property(lambda self: self._dtype, doc="SB3's dtype of the field (float32 for flags, int64 for Discrete actions ...).")
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -171,35 +155,20 @@ class _JaxReplayImpl:
 
     _samples_type: type = ReplayBufferSamples
 
-    def __init__(
-        self,
-        buffer_size: int,
-        observation_space: spaces.Space,
-        action_space: spaces.Space,
-        device: th.device | str = "auto",
-        n_envs: int = 1,
-        optimize_memory_usage: bool = False,
-        handle_timeout_termination: bool = True,
-        compress: bool | dict = False,
-    ):
+    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
+                 n_envs: int = 1, optimize_memory_usage: bool = False, handle_timeout_termination: bool = True, compress: bool | dict = False):
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(int(buffer_size) // int(n_envs), 1)
         _common.check_space_kind(self, DictReplayBuffer, observation_space)
         is_dict = isinstance(observation_space, spaces.Dict)
         if optimize_memory_usage and handle_timeout_termination:
-            raise ValueError(
-                "optimize_memory_usage=True and handle_timeout_termination=True cannot be combined "
-                "(as in SB3's ReplayBuffer: the stored next observation of a timeout would be the "
-                "next episode's first one); pass handle_timeout_termination=False"
-            )
+            raise ValueError("optimize_memory_usage=True and handle_timeout_termination=True cannot be combined (as in SB3: the "
+                             "next observation of a timeout would be the next episode's first one); pass handle_timeout_termination=False")
         if optimize_memory_usage and is_dict:
             raise ValueError("optimize_memory_usage: not supported with Dict observations (as in SB3's DictReplayBuffer)")
         if compress and (is_dict or optimize_memory_usage):
-            raise ValueError(
-                "compress: supported for JaxReplayBuffer with optimize_memory_usage=False (compression "
-                "with frame dedup already stores each frame once); got "
-                + ("a Dict observation space" if is_dict else "optimize_memory_usage=True")
-            )
+            got = "a Dict observation space" if is_dict else "optimize_memory_usage=True"
+            raise ValueError(f"compress: supported for JaxReplayBuffer with optimize_memory_usage=False (it stores each frame once); got {got}")
         self.optimize_memory_usage = bool(optimize_memory_usage)
         self.handle_timeout_termination = bool(handle_timeout_termination)
         self.compress = _compress_options(compress)
@@ -311,12 +280,9 @@ class _JaxReplayImpl:
         """Store one transition per env (SB3's signature and semantics; see the module doc).
 
         Args:
-          obs: ``[n_envs, *obs_shape]`` (a dict of them for Dict spaces), the observation before the step.
-          next_obs: the same after it, the terminal observation already put in for envs that ended.
-          action: ``[n_envs, action_dim]`` or anything reshapeable to it (e.g. ``[n_envs]``).
-          reward: ``[n_envs]``.
-          done: ``[n_envs]``, terminated or truncated.
-          infos: ``n_envs`` dicts; ``"TimeLimit.truncated"`` marks a timeout.
+          obs: ``[n_envs, *obs_shape]`` (a dict of them for Dict spaces); next_obs: the same after
+            the step (the terminal observation for envs that ended); action: ``[n_envs, action_dim]``
+            or reshapeable to it; reward, done: ``[n_envs]``; infos: ``n_envs`` dicts.
 
         Raises:
           ValueError: a wrong number of values, a layout SB3's assignment would refuse, or a done
@@ -351,21 +317,8 @@ class _JaxReplayImpl:
             self.full = True
             self.pos = 0
 
-    def sample(self, batch_size: int, env: VecNormalize | None = None):
-        """``batch_size`` transitions drawn uniformly with replacement, as SB3 draws them.
-
-        Rows come from ``np.random.randint`` over the valid rows (skipping the row at ``pos`` when
-        full with ``optimize_memory_usage``), then one env per sample: with the same numpy seed this
-        is exactly SB3's batch. Returns ``ReplayBufferSamples`` (``DictReplayBufferSamples``) of
-        torch tensors on ``device``.
-        """
-        if self.optimize_memory_usage and self.full:
-            rows = (np.random.randint(1, self.buffer_size, size=batch_size) + self.pos) % self.buffer_size
-        else:
-            rows = np.random.randint(0, self.buffer_size if self.full else self.pos, size=batch_size)
-        return self._get_samples(rows, env=env)
-
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None):
+        # SB3's own `sample` (inherited) draws the rows and calls this, as SB3's `_get_samples` draws the envs.
         env_indices = np.random.randint(0, high=self.n_envs, size=(len(batch_inds),))
         return self.samples_at(batch_inds, env_indices, env=env)
 
@@ -427,12 +380,8 @@ class _JaxReplayImpl:
 
 class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
     """Drop-in replacement for SB3's ``ReplayBuffer`` (Box, Discrete, MultiDiscrete, MultiBinary
-    observations) with jaxbuffers storage; see the module doc.
-
-    Args:
-      buffer_size, observation_space, action_space, device, n_envs, optimize_memory_usage,
-        handle_timeout_termination: SB3's, same meaning.
-      compress: ``False``, ``True`` or a dict of options (see the module doc).
+    observations) with jaxbuffers storage; see the module doc. SB3's arguments, plus ``compress``
+    (``False``, ``True`` or a dict of options).
 
     Raises:
       ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3), or

@@ -1,39 +1,29 @@
 r"""SB3-compatible rollout buffers backed by `jaxbuffers.RolloutBuffer`.
 
 `JaxRolloutBuffer` and `JaxDictRolloutBuffer` subclass SB3's `RolloutBuffer` and
-`DictRolloutBuffer`, so on-policy SB3 algorithms (PPO, A2C) accept them as `rollout_buffer_class`.
-Storage, GAE and minibatch gathering are done by jaxbuffers.
+`DictRolloutBuffer`, so PPO and A2C accept them as `rollout_buffer_class`; storage, GAE and
+minibatches are jaxbuffers'.
 
 Episode flags. SB3's loop calls `add(obs_t, action_t, reward_t, episode_start_t, V(obs_t),
-log_prob_t)`, where `episode_start_t` says that `obs_t` is the first observation of an episode (the
-previous step ended one), and at a time-limit end it has already folded the bootstrap into the
-reward, `reward_t += gamma * V(terminal_obs)`. In the conventions of `jaxbuffers.returns` (step `t`
-is `obs_t -> obs_{t+1}`) that is `terminated[t] = episode_start[t + 1]` for `t < T - 1`,
-`terminated[T - 1] = dones` (the argument of `compute_returns_and_advantage`), no truncation:
-every SB3 episode end is a terminated step, the time-limit bootstrap being in the reward. So
-`compute_returns_and_advantage` runs `jaxbuffers.RolloutBuffer.compute_gae`, which equals SB3's
-recursion (Schulman et al. 2016):
+log_prob_t)`, where `episode_start_t` says that the previous step ended an episode, and at a
+time-limit end it has already folded `gamma * V(terminal_obs)` into the reward. In the conventions
+of `jaxbuffers.returns` that is `terminated[t] = episode_start[t + 1]`, `terminated[T - 1] = dones`
+(the argument of `compute_returns_and_advantage`) and no truncation, so
+`jaxbuffers.RolloutBuffer.compute_gae` gives SB3's recursion (Schulman et al. 2016), with $s$ the
+episode starts:
 
 $$
 \delta_t = r_t + \gamma V_{t+1} (1 - s_{t+1}) - V_t, \qquad
 A_t = \delta_t + \gamma \lambda (1 - s_{t+1}) A_{t+1}, \qquad R_t = A_t + V_t
 $$
 
-with $s$ the episode starts. `jaxbuffers.interop.sb3.rollout_to_jax` uses the same mapping.
-
-Semantics kept from SB3: `add` on a full buffer raises `IndexError`; `get` asserts `full`,
-shuffles the `T * n_envs` flat indices with `np.random.permutation` in SB3's env-major order
-(`index = env * T + t`) and yields minibatches of `batch_size` (the last one smaller), so with the
-same numpy seed the minibatches are SB3's. Samples: observations in their space's dtype, actions
-float32, `old_values`, `old_log_prob`, `advantages`, `returns` float32 `[B]`, torch tensors on
-`device`.
-
-Differences, all lossless for what SB3 stores: `episode_starts` is bool (SB3: float32 0/1); a
-float64 action space's actions are held as float32 (the policy produces float32) and int64 as
-int32 when the bounds fit. The numpy fields SB3 exposes (`values`, `returns`, ...) are host copies
-`[T, n_envs, ...]`: SB3 reorders its own arrays inside `get`, ours keep their layout (PPO and A2C
-read `values` and `returns` only in pairs). A partly filled buffer is handled exactly (the last
-filled step bootstraps from `last_values` unless `dones`), where SB3 would read zero rows.
+Kept from SB3: `add` on a full buffer raises `IndexError`; `get` asserts `full` and yields
+minibatches of `batch_size` over SB3's env-major `np.random.permutation` of the `T * n_envs` steps
+(the same numpy seed gives SB3's minibatches); samples are torch tensors on `device`, actions
+float32. Differences, lossless for what SB3 stores: `episode_starts` is bool; float64 actions are
+held as float32, int64 as int32 when the bounds fit; the numpy fields (`values`, `returns`, ...)
+are host copies `[T, n_envs, ...]` that `get` does not reorder; a partly filled buffer is handled
+exactly (the last filled step bootstraps from `last_values` unless `dones`).
 """
 
 from __future__ import annotations
@@ -89,16 +79,8 @@ class _JaxRolloutImpl:
 
     _samples_type: type = RolloutBufferSamples
 
-    def __init__(
-        self,
-        buffer_size: int,
-        observation_space: spaces.Space,
-        action_space: spaces.Space,
-        device: th.device | str = "auto",
-        gae_lambda: float = 1,
-        gamma: float = 0.99,
-        n_envs: int = 1,
-    ):
+    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
+                 gae_lambda: float = 1, gamma: float = 0.99, n_envs: int = 1):
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         _common.check_space_kind(self, DictRolloutBuffer, observation_space)
         self.gae_lambda = gae_lambda
