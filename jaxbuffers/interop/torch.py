@@ -5,56 +5,44 @@ Import this submodule explicitly; importing `jaxbuffers` never imports PyTorch.
 ```python
 from jaxbuffers.interop.torch import from_torch, to_torch
 
-out = buf.sample(key, 256)                  # a ReplaySample of jax arrays
-batch = to_torch(out.item)                  # the same tree of torch tensors, no copy on CPU
-td_error = learner(batch)                   # torch.Tensor [256]
-prios = from_torch(td_error.detach())       # jax.Array [256], no copy on CPU
+batch = to_torch(buf.sample(key, 256).item)  # the same tree of torch tensors, no copy on CPU
+prios = from_torch(learner(batch).detach())  # jax.Array [256], no copy on CPU
 ```
 
-Trees are walked with `jax.tree_util`, so dicts, lists, tuples, NamedTuples, `flax.struct`
-dataclasses and any registered pytree keep their structure; `None` is an empty subtree. Torch
-tensors are not pytrees, so they are leaves. Leaf policy (an unsupported leaf raises `TypeError`
-naming its path, e.g. `['obs'][0]`):
+Trees are walked with `jax.tree_util`: every registered pytree keeps its structure, `None` is an
+empty subtree, torch tensors are leaves. Leaf policy (anything else raises `TypeError` naming the
+leaf path, e.g. `['obs'][0]`):
 
 | leaf | `to_torch` | `from_torch` |
 |---|---|---|
-| `jax.Array` | `torch.from_dlpack`: aliases the JAX buffer; copied when `device` differs | unchanged (`copy=True`: a fresh copy) |
-| `torch.Tensor` | unchanged (moved to `device`, cloned with `copy=True`) | `jax.dlpack.from_dlpack`: aliases the tensor's memory |
+| `jax.Array` | aliases the JAX buffer; copied when `device` differs | unchanged (`copy=True`: a copy) |
+| `torch.Tensor` | unchanged (moved to `device`, cloned with `copy=True`) | aliases the tensor's memory |
 | numpy array / scalar | aliases the numpy memory (negative strides: copied) | copied (numpy arrays are mutable) |
-| Python `int` / `float` / `bool` | `TypeError`: its dtype would be a guess; wrap it, e.g. `np.float32(x)` | `TypeError` |
+| Python number | `TypeError`: its dtype would be a guess; wrap it, e.g. `np.float32(x)` | `TypeError` |
 
-Dtypes (`SUPPORTED_DTYPES`): bool, uint8/16/32/64, int8/16/32/64, float16, bfloat16, float32,
-float64, complex64, complex128, each to the same dtype on the other side; anything else raises
-`TypeError`. With `jax_enable_x64` off a 64-bit tensor or numpy array cannot become a JAX array
-without narrowing, so `from_torch` raises `TypeError` instead: cast it or enable x64.
+Dtypes (`SUPPORTED_DTYPES`): bool, (u)int8 to (u)int64, float16, bfloat16, float32, float64,
+complex64, complex128, each to the same dtype on the other side. With `jax_enable_x64` off a
+64-bit tensor or numpy array cannot become a JAX array without narrowing: `from_torch` raises
+`TypeError` instead (cast it or enable x64).
 
-When a copy happens:
+Copies. JAX to torch on the array's own device is always aliased (a fully replicated array gives
+its first local shard; a partly sharded one is an error). Torch to JAX is aliased when the tensor
+is dense up to a permutation of its axes and its data pointer is 64-byte aligned (XLA CPU's
+requirement; views starting mid-buffer and tensors over numpy memory usually are not, and JAX
+copies them); strided slices and broadcasts are copied here. `copy=True` on CPU copies through
+numpy, whose allocations are already paged in. `requires_grad` tensors are detached; lazily
+conjugated or negated tensors are resolved.
 
-* JAX to torch on the array's own device: always aliased. A fully replicated multi-device array
-  gives its first local shard; a partly sharded one is an error.
-* Torch to JAX: aliased when the tensor is dense or a permutation of a dense layout and its data
-  pointer is 64-byte aligned (XLA CPU's requirement; views starting mid-buffer and tensors over
-  numpy memory usually are not, and JAX copies them). Strided slices and broadcasts are copied
-  here. One copy at most.
-* `copy=True` on CPU copies through numpy, whose allocations are already paged in (a fresh torch
-  allocation page-faults on first touch).
-* `requires_grad` tensors are detached; lazily conjugated or negated tensors are resolved (a copy).
-
-Aliasing rules:
-
-* A tensor made by `to_torch` shares the JAX buffer: writing it in place (`t += 1`, an in-place
-  optimiser step) changes the JAX array too. Pass `copy=True` for a tensor to write to. Likewise an
-  array made by `from_torch` sees later in-place writes to its tensor.
-* DLPack handles lifetimes: the tensor keeps the JAX buffer alive after the array is deleted, and
-  the array keeps the torch memory alive.
-* While a tensor from `to_torch` is alive, donating its source array to a jitted function does not
-  reuse the buffer (JAX keeps the input and writes a new one), so the in-place update is lost:
-  drop the tensor first, or use `copy=True`. Donating an array made by `from_torch` leaves the
-  tensor unchanged.
+Aliasing. A tensor made by `to_torch` shares the JAX buffer: writing it in place (an in-place
+optimiser step) changes the JAX array too; pass `copy=True` for a tensor to write to. Likewise an
+array made by `from_torch` sees later in-place writes to its tensor. DLPack keeps either memory
+alive as long as the other side needs it. While a tensor from `to_torch` is alive, donating its
+source array to a jitted function does not reuse the buffer (the in-place update is lost): drop
+the tensor first or use `copy=True`.
 
 Errors: `TypeError` (unsupported leaf or dtype, a 64-bit tensor with x64 off, a traced value inside
-`jit`); `ValueError` (a deleted or donated JAX array, an array sharded over several devices).
-Device errors (`device="cuda"` without CUDA) are torch's own.
+`jit`); `ValueError` (a deleted or donated JAX array, an array sharded over several devices);
+device errors (`device="cuda"` without CUDA) are torch's own.
 """
 
 from __future__ import annotations
@@ -68,9 +56,7 @@ import numpy as np
 try:
     import torch
 except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "jaxbuffers.interop.torch needs PyTorch; install it with `pip install 'jaxbuffers[torch]'`"
-    ) from err
+    raise ImportError("jaxbuffers.interop.torch needs PyTorch; install it with `pip install 'jaxbuffers[torch]'`") from err
 
 from jaxbuffers._validate import leaf_name
 
@@ -103,10 +89,7 @@ def _bad_leaf(fn: str, path, leaf) -> TypeError:
 
 def _check_dtype(fn: str, path, dtype: np.dtype, shown) -> None:
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"{_where(fn, path)}: dtype {shown} is not supported (supported: {_SUPPORTED_NAMES}); "
-            f"cast it explicitly first"
-        )
+        raise TypeError(f"{_where(fn, path)}: dtype {shown} is not supported (supported: {_SUPPORTED_NAMES}); cast it explicitly first")
 
 
 def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> None:
@@ -121,15 +104,10 @@ def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> No
         )
 
 
-# ------------------------------------------------------------------------------------ to torch
-
-
 def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
     if isinstance(x, jax.core.Tracer):
-        raise TypeError(
-            f"{_where('to_torch', path)}: got a traced value ({type(x).__name__}); to_torch converts "
-            f"concrete arrays, so call it outside jit/vmap/scan, on the function's outputs"
-        )
+        raise TypeError(f"{_where('to_torch', path)}: got a traced value ({type(x).__name__}); to_torch converts "
+                        f"concrete arrays, so call it outside jit/vmap/scan, on the function's outputs")
     dtype = np.dtype(x.dtype)
     _check_dtype("to_torch", path, dtype, dtype)
     if x.is_deleted():
@@ -148,10 +126,7 @@ def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
 def _numpy_leaf_to_torch(path, a: np.ndarray) -> torch.Tensor:
     dtype = a.dtype
     if not dtype.isnative:
-        raise TypeError(
-            f"{_where('to_torch', path)}: non-native byte order {dtype.str}; convert it first with "
-            f"a.astype(a.dtype.newbyteorder('='))"
-        )
+        raise TypeError(f"{_where('to_torch', path)}: non-native byte order {dtype.str}; convert it first with a.astype(a.dtype.newbyteorder('='))")
     _check_dtype("to_torch", path, dtype, dtype)
     if a.size and any(s < 0 or s % a.itemsize for s in a.strides):
         # torch cannot represent these strides (DLPack import of negative strides even aborts the
@@ -206,9 +181,6 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
         return moved
 
     return jax.tree_util.tree_map_with_path(convert, tree)
-
-
-# ---------------------------------------------------------------------------------- from torch
 
 
 def _dense_up_to_permutation(t: torch.Tensor) -> bool:

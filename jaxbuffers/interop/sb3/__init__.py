@@ -26,15 +26,5 @@ from jaxbuffers.interop.sb3.convert import replay_from_jax, replay_to_jax, rollo
 from jaxbuffers.interop.sb3.replay import FieldView, JaxDictReplayBuffer, JaxReplayBuffer, sb3_replay_nbytes
 from jaxbuffers.interop.sb3.rollout import JaxDictRolloutBuffer, JaxRolloutBuffer
 
-__all__ = [
-    "JaxReplayBuffer",
-    "JaxDictReplayBuffer",
-    "JaxRolloutBuffer",
-    "JaxDictRolloutBuffer",
-    "FieldView",
-    "replay_to_jax",
-    "replay_from_jax",
-    "rollout_to_jax",
-    "rollout_from_jax",
-    "sb3_replay_nbytes",
-]
+__all__ = ["JaxReplayBuffer", "JaxDictReplayBuffer", "JaxRolloutBuffer", "JaxDictRolloutBuffer", "FieldView",
+           "replay_to_jax", "replay_from_jax", "rollout_to_jax", "rollout_from_jax", "sb3_replay_nbytes"]

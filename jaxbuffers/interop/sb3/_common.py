@@ -35,9 +35,8 @@ def with_ring_state(buf: Any, head: int, num_valid: int, added: int) -> Any:
 
 
 def sb3_float32(dtype: Any) -> np.dtype:
-    """SB3's replay buffers keep float64 actions as float32 (`ReplayBuffer._maybe_cast_dtype`'s rule)."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype == np.float64 else dtype
+    """SB3's replay buffers keep float64 actions as float32 (the rule of SB3's `ReplayBuffer._maybe_cast_dtype`)."""
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float64 else np.dtype(dtype)
 
 
 def _int_bounds(space: spaces.Space | None) -> tuple[int, int] | None:
@@ -159,11 +158,8 @@ class Rows:
 
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int, action_dtype: Any):
         self.space = observation_space
-        shapes = get_obs_shape(observation_space)
-        self.obs = per_key(
-            lambda sp, shape, what: jax.ShapeDtypeStruct((n_envs, *shape), storage_dtype(sp.dtype, sp, what)),
-            observation_space, shapes, what="observation_space",
-        )
+        spec = lambda sp, shape, what: jax.ShapeDtypeStruct((n_envs, *shape), storage_dtype(sp.dtype, sp, what))  # noqa: E731
+        self.obs = per_key(spec, observation_space, get_obs_shape(observation_space), what="observation_space")
         self.obs_dtypes = per_key(lambda sp, what: np.dtype(sp.dtype), observation_space)
         self.action_dtype = np.dtype(action_dtype)
         stored = storage_dtype(sb3_float32(action_dtype), action_space, "action_space")
@@ -191,15 +187,11 @@ def check_space_kind(adapter: Any, dict_class: type, observation_space: spaces.S
     is_dict = isinstance(observation_space, spaces.Dict)
     if is_dict != isinstance(adapter, dict_class):
         want = dict_class.__name__ if is_dict else dict_class.__name__.replace("Dict", "")
-        raise TypeError(
-            f"observation_space: {type(adapter).__name__} got a {type(observation_space).__name__} space; use Jax{want} for it"
-        )
+        raise TypeError(f"observation_space: {type(adapter).__name__} got a {type(observation_space).__name__} space; use Jax{want} for it")
 
 
 def to_sb3(tree: Any, device: Any, dtypes: Any = None) -> Any:
     """Arrays (jax or numpy) as torch tensors on ``device`` (no copy CPU to CPU), in ``dtypes``
     (a matching tree of numpy dtypes, e.g. SB3's int64 for int32-held data) when given."""
     out = to_torch(tree, device=device)
-    if dtypes is None:
-        return out
-    return jax.tree.map(lambda t, d: t.to(SUPPORTED_DTYPES[np.dtype(d)]), out, dtypes)
+    return out if dtypes is None else jax.tree.map(lambda t, d: t.to(SUPPORTED_DTYPES[np.dtype(d)]), out, dtypes)

@@ -49,12 +49,10 @@ def _stored(tree: Any, space: spaces.Space, what: str) -> Any:
 def _put(dst: Any, src: Any, lead: int, what: str, space: spaces.Space | None = None, shift: int = 0) -> Any:
     """Write ``src`` (``[*L, *item]``, ``lead = len(L)``) into SB3's ``dst`` (``[rows, n_envs, *sb3_item]``).
 
-    ``item`` must be SB3's ``sb3_item`` or the space's own shape (SB3 flattens actions to
-    ``action_dim`` and Discrete observations to ``(1,)``); ``shift``: rows rolled to the front.
-    Returns what was written.
-
-    Raises:
-      ValueError: another item shape (both named). TypeError: a value ``dst.dtype`` does not hold.
+    ``item`` is SB3's ``sb3_item`` or the space's own shape (SB3 flattens actions to ``action_dim``
+    and Discrete observations to ``(1,)``); ``shift``: rows rolled to the front. Returns what was
+    written. Raises ``ValueError`` for another item shape, ``TypeError`` for a value ``dst.dtype``
+    does not hold.
     """
     if isinstance(space, spaces.Dict):
         return _common.per_key(lambda sp, d, s, w: _put(d, s, lead, w, sp, shift), space, dst, src, what=what)

@@ -100,15 +100,11 @@ class FieldView:
     shape = property(lambda self: tuple(self._read().shape), doc="SB3's shape of the field, ``(rows, n_envs, ...)``.")
     dtype = property(lambda self: self._dtype, doc="SB3's dtype of the field (float32 for flags, int64 for Discrete actions ...).")
 
-    def __len__(self) -> int:
-        return self.shape[0]
+    __len__ = lambda self: self.shape[0]  # noqa: E731
+    __getitem__ = lambda self, key: np.asarray(self)[key]  # noqa: E731
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = np.array(self._read()).astype(self._dtype, copy=False)
-        return out if dtype is None else out.astype(dtype, copy=False)
-
-    def __getitem__(self, key) -> np.ndarray:
-        return np.asarray(self)[key]
+        return np.array(self._read()).astype(self._dtype if dtype is None else dtype, copy=False)
 
     def __setitem__(self, key, value) -> None:
         arr = np.array(self._read())
@@ -134,9 +130,8 @@ def _compress_options(compress: bool | dict) -> dict | None:
     return {"padding": "zero", **compress}  # SB3's VecFrameStack fills a new episode's stack with zeros
 
 
-def sb3_replay_nbytes(
-    buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int = 1, optimize_memory_usage: bool = False
-) -> int:
+def sb3_replay_nbytes(buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int = 1,
+                      optimize_memory_usage: bool = False) -> int:
     """Bytes SB3's own ``ReplayBuffer`` / ``DictReplayBuffer`` allocates for these arguments.
 
     ``rows * n_envs * (obs [* 2 unless optimize_memory_usage] + actions + 3 * 4)`` with
@@ -192,16 +187,11 @@ class _JaxReplayImpl:
     def _new_compressed(self):
         from jaxbuffers.compressed import CompressedTrajectoryBuffer, StagingWriter
 
-        s = self._rows.obs
-        example = {  # the row store keeps actions and rewards: the compressed buffer's are unused
-            "obs": jax.ShapeDtypeStruct(s.shape[1:], s.dtype),
-            "action": jax.ShapeDtypeStruct((), np.uint8),
-            "reward": jax.ShapeDtypeStruct((), np.float32),
-        }
-        opts = dict(self.compress)
+        s, opts = self._rows.obs, dict(self.compress)
+        # The row store keeps actions and rewards: the compressed buffer's are unused.
+        example = {"obs": jax.ShapeDtypeStruct(s.shape[1:], s.dtype), "action": np.uint8(0), "reward": np.float32(0)}
         max_pending = opts.pop("max_pending", 16)
-        cbuf = CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size, **opts)
-        return StagingWriter(cbuf, max_pending=max_pending)
+        return StagingWriter(CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size, **opts), max_pending=max_pending)
 
     # ------------------------------------------------------------------ state access
     @property
@@ -217,9 +207,8 @@ class _JaxReplayImpl:
     def nbytes(self) -> int:
         """Bytes held: the device arrays plus, with ``compress``, the compressed buffer's device
         ids and host bytes and the staged steps, a Python int."""
-        if self.compress is None:
-            return self._state.memory_bytes
-        return self._state.memory_bytes + self._writer.nbytes + (0 if self._pending is None else self._pending.nbytes)
+        extra = 0 if self.compress is None else self._writer.nbytes + (0 if self._pending is None else self._pending.nbytes)
+        return self._state.memory_bytes + extra
 
     def _view(self, name: str, dtype: Any, key: str | None = None) -> FieldView:
         def read() -> jax.Array:
@@ -236,10 +225,8 @@ class _JaxReplayImpl:
     def _obs_views(self, name: str) -> Any:
         if self.compress is not None:
             raise AttributeError(f"{name}: held compressed (compress=...); sample() decodes them")
-        dtypes = self._rows.obs_dtypes
-        if isinstance(dtypes, dict):
-            return {k: self._view(name, d, k) for k, d in dtypes.items()}
-        return self._view(name, dtypes)
+        d = self._rows.obs_dtypes
+        return {k: self._view(name, dk, k) for k, dk in d.items()} if isinstance(d, dict) else self._view(name, d)
 
     @property
     def observations(self) -> Any:
@@ -312,10 +299,8 @@ class _JaxReplayImpl:
         elif not self.optimize_memory_usage:
             row["next_observations"] = next_row
         self._state = _add_row(self._state, row, next_row if self.optimize_memory_usage else None, next_in_obs=self.optimize_memory_usage)
-        self.pos += 1
-        if self.pos == self.buffer_size:
-            self.full = True
-            self.pos = 0
+        self.pos = (self.pos + 1) % self.buffer_size
+        self.full = self.full or self.pos == 0
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None):
         # SB3's own `sample` (inherited) draws the rows and calls this, as SB3's `_get_samples` draws the envs.
@@ -323,9 +308,8 @@ class _JaxReplayImpl:
         return self.samples_at(batch_inds, env_indices, env=env)
 
     def samples_at(self, batch_inds: np.ndarray, env_indices: np.ndarray, env: VecNormalize | None = None):
-        """The transitions at rows ``batch_inds`` and envs ``env_indices`` (int arrays ``[B]``).
-
-        Equals SB3's ``_get_samples`` with the same indices, field by field.
+        """The transitions at rows ``batch_inds`` and envs ``env_indices`` (int arrays ``[B]``): SB3's
+        ``_get_samples`` with the same indices, field by field.
 
         Raises:
           ValueError: the two are not 1-d arrays of one length.
@@ -362,13 +346,10 @@ class _JaxReplayImpl:
         )
 
     def _decode(self, rows: np.ndarray, envs: np.ndarray, dones: np.ndarray) -> tuple[jax.Array, np.ndarray]:
-        """Decoded observations and next observations at (row, env) pairs of a compressed buffer.
-
-        The one-step transitions at (lane = env, slot = row) are read and their frames decoded in
-        one host callback. The newest row's next observation is not stored yet (it becomes the next
-        row's obs) unless the step ended an episode (then it is in the final-observation ring): it
-        comes from the held copy.
-        """
+        """Decoded (obs, next_obs) at (row, env) pairs: the transitions at (lane = env, slot = row), their
+        frames decoded in one host callback. The newest row's next observation is not stored yet (it
+        becomes the next row's obs) unless the step ended an episode (then it is in the
+        final-observation ring): it comes from the held copy."""
         cbuf = self._writer.buffer  # flushes the staged steps first
         traj = cbuf.trajectory
         tr = traj.transitions_at(envs * traj.length + rows, n_step=1, gamma=1.0)

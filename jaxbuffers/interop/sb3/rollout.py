@@ -62,16 +62,9 @@ def sb3_terminated(episode_starts: jax.Array, dones: jax.Array, num_filled: jax.
     return jnp.where(t == num_filled - 1, dones[None, :], nxt)
 
 
-def _host(name: str, doc: str, dtype: Any = None) -> property:
-    """A read-only host copy of a field of the backing buffer (``step/...`` for step fields)."""
-    def get(self) -> np.ndarray:
-        tree = self._state
-        for part in name.split("/"):
-            tree = tree[part] if isinstance(tree, dict) else getattr(tree, part)
-        a = np.asarray(tree)
-        return a if dtype is None else a.astype(dtype)
-
-    return property(get, doc=doc)
+def _host(get: Any, doc: str, dtype: Any = None) -> property:
+    """A read-only host copy of ``get(backing buffer)``."""
+    return property(lambda self: np.asarray(get(self._state), dtype), doc=doc)
 
 
 class _JaxRolloutImpl:
@@ -83,9 +76,7 @@ class _JaxRolloutImpl:
                  gae_lambda: float = 1, gamma: float = 0.99, n_envs: int = 1):
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         _common.check_space_kind(self, DictRolloutBuffer, observation_space)
-        self.gae_lambda = gae_lambda
-        self.gamma = gamma
-        self.generator_ready = False
+        self.gae_lambda, self.gamma, self.generator_ready = gae_lambda, gamma, False
         self._rows = _common.Rows(observation_space, action_space, self.n_envs, action_space.dtype)
         per_env = lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype)  # noqa: E731
         example = {
@@ -112,10 +103,8 @@ class _JaxRolloutImpl:
         """Bytes of the stored arrays, a Python int."""
         return self._state.memory_bytes
 
-    @property
-    def observations(self) -> Any:
-        """``[T, n_envs, *obs_shape]`` host copy in the space's dtype (a dict for Dict spaces)."""
-        return self._rows.to_sb3_obs(self._state.step["obs"])
+    observations = property(lambda self: self._rows.to_sb3_obs(self._state.step["obs"]),
+                            doc="``[T, n_envs, *obs_shape]`` host copy in the space's dtypes (a dict for Dict spaces).")
 
     @property
     def actions(self) -> np.ndarray:
@@ -123,12 +112,12 @@ class _JaxRolloutImpl:
         a = np.asarray(self._state.step["action"])
         return a if np.issubdtype(a.dtype, np.floating) else a.astype(self._rows.action_dtype)
 
-    rewards = _host("reward", "``[T, n_envs]`` float32 host copy (SB3's timeout bootstrap folded in).")
-    episode_starts = _host("step/episode_start", "``[T, n_envs]`` float32 0/1 host copy.", np.float32)
-    values = _host("value", "``[T, n_envs]`` float32 host copy of ``V(obs_t)``.")
-    log_probs = _host("step/log_prob", "``[T, n_envs]`` float32 host copy.")
-    advantages = _host("advantages", "``[T, n_envs]`` float32 host copy (zeros before ``compute_returns_and_advantage``).")
-    returns = _host("returns", "``[T, n_envs]`` float32 host copy, ``advantages + values``.")
+    rewards = _host(lambda s: s.reward, "``[T, n_envs]`` float32 host copy (SB3's timeout bootstrap folded in).")
+    episode_starts = _host(lambda s: s.step["episode_start"], "``[T, n_envs]`` float32 0/1 host copy.", np.float32)
+    values = _host(lambda s: s.value, "``[T, n_envs]`` float32 host copy of ``V(obs_t)``.")
+    log_probs = _host(lambda s: s.step["log_prob"], "``[T, n_envs]`` float32 host copy.")
+    advantages = _host(lambda s: s.advantages, "``[T, n_envs]`` float32 host copy (zeros before ``compute_returns_and_advantage``).")
+    returns = _host(lambda s: s.returns, "``[T, n_envs]`` float32 host copy, ``advantages + values``.")
 
     # ------------------------------------------------------------------ SB3 interface
     def reset(self) -> None:
@@ -168,8 +157,7 @@ class _JaxRolloutImpl:
         value = _common.as_row(value, (n,), np.float32, "value", reshape=True)
         self._state = _add_step(self._state, step, reward, value)
         self.pos += 1
-        if self.pos == self.buffer_size:
-            self.full = True
+        self.full = self.pos == self.buffer_size
 
     def compute_returns_and_advantage(self, last_values: th.Tensor, dones: np.ndarray) -> None:
         """GAE advantages and returns, equal to SB3's (see the module doc for the mapping).
@@ -185,14 +173,10 @@ class _JaxRolloutImpl:
         self._state = s.replace(terminated=terminated).compute_gae(jnp.asarray(last_values), self.gamma, self.gae_lambda)
 
     def get(self, batch_size: int | None = None) -> Generator[Any, None, None]:
-        """Every stored step once, shuffled, in minibatches of ``batch_size`` (all if None).
-
-        The same order as SB3 for the same ``np.random`` state; asserts ``full`` as SB3 does.
-        """
+        """Every stored step once, shuffled as SB3 shuffles them, in minibatches of ``batch_size`` (all if None)."""
         assert self.full, ""
         total = self.buffer_size * self.n_envs
-        indices = np.random.permutation(total)
-        self.generator_ready = True
+        indices, self.generator_ready = np.random.permutation(total), True
         batch_size = total if batch_size is None else batch_size
         for start in range(0, total, batch_size):
             yield self._get_samples(indices[start : start + batch_size])
