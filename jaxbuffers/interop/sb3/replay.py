@@ -55,7 +55,7 @@ from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
-from jaxbuffers import _ring
+from jaxbuffers import _ring, _validate
 from jaxbuffers import replay as _replay
 from jaxbuffers.interop.sb3 import _common
 
@@ -156,6 +156,8 @@ class _JaxReplayImpl:
         self.buffer_size = max(int(buffer_size) // int(n_envs), 1)
         _common.check_space_kind(self, DictReplayBuffer, observation_space)
         is_dict = isinstance(observation_space, spaces.Dict)
+        optimize_memory_usage = _validate.static_bool("optimize_memory_usage", optimize_memory_usage)
+        handle_timeout_termination = _validate.static_bool("handle_timeout_termination", handle_timeout_termination)
         if optimize_memory_usage and handle_timeout_termination:
             raise ValueError("optimize_memory_usage=True and handle_timeout_termination=True cannot be combined (as in SB3: the "
                              "next observation of a timeout would be the next episode's first one); pass handle_timeout_termination=False")
@@ -164,8 +166,7 @@ class _JaxReplayImpl:
         if compress and (is_dict or optimize_memory_usage):
             got = "a Dict observation space" if is_dict else "optimize_memory_usage=True"
             raise ValueError(f"compress: supported for JaxReplayBuffer with optimize_memory_usage=False (it stores each frame once); got {got}")
-        self.optimize_memory_usage = bool(optimize_memory_usage)
-        self.handle_timeout_termination = bool(handle_timeout_termination)
+        self.optimize_memory_usage, self.handle_timeout_termination = optimize_memory_usage, handle_timeout_termination
         self.compress = _compress_options(compress)
         n = self.n_envs
         self._rows = _common.Rows(observation_space, action_space, n, _common.sb3_float32(action_space.dtype))
