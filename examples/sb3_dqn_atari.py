@@ -11,7 +11,7 @@ buffer would return (tests/interop/test_sb3_compressed.py checks it on Breakout)
 At the end it prints SB3's usual logs (``verbose=1``) and the buffer's bytes against what SB3's
 own ``ReplayBuffer`` allocates for the same ``buffer_size``.
 
-Run: python examples/sb3_dqn_atari.py --total-steps 20000   (a short run: seconds to minutes on CPU)
+Run: python examples/sb3_dqn_atari.py --total-steps 20000   (a short run)
 """
 
 from __future__ import annotations

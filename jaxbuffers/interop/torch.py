@@ -1,80 +1,48 @@
 """Whole pytrees between JAX and PyTorch through DLPack, zero copy where the frameworks allow it.
 
-Import this submodule explicitly (``from jaxbuffers.interop import torch as jbt`` or
-``import jaxbuffers.interop.torch``); importing :mod:`jaxbuffers` never imports PyTorch.
+Import this submodule explicitly; importing `jaxbuffers` never imports PyTorch.
 
-Example::
+```python
+from jaxbuffers.interop.torch import from_torch, to_torch
 
-    import jaxbuffers as jb
-    from jaxbuffers.interop.torch import to_torch, from_torch
+batch = to_torch(buf.sample(key, 256).item)  # the same tree of torch tensors, no copy on CPU
+prios = from_torch(learner(batch).detach())  # jax.Array [256], no copy on CPU
+```
 
-    out = buf.sample(key, 256)                  # a ReplaySample of jax arrays
-    batch = to_torch(out.item)                  # same tree of torch tensors, no copy on CPU
-    td_error = learner(batch)                   # torch.Tensor [256]
-    prios = from_torch(td_error.detach())       # jax.Array [256], no copy on CPU
+Trees are walked with `jax.tree_util`: every registered pytree keeps its structure, `None` is an
+empty subtree, torch tensors are leaves. Leaf policy (anything else raises `TypeError` naming the
+leaf path, e.g. `['obs'][0]`):
 
-Trees are walked with :mod:`jax.tree_util`, so dicts, lists, tuples, NamedTuples (e.g.
-``ReplaySample``), ``flax.struct`` dataclasses and any registered pytree keep their structure;
-``None`` is an empty subtree and is kept as it is. Torch tensors are not pytrees, so they are leaves.
+| leaf | `to_torch` | `from_torch` |
+|---|---|---|
+| `jax.Array` | aliases the JAX buffer; copied when `device` differs | unchanged (`copy=True`: a copy) |
+| `torch.Tensor` | unchanged (moved to `device`, cloned with `copy=True`) | aliases the tensor's memory |
+| numpy array / scalar | aliases the numpy memory (negative strides: copied) | copied (numpy arrays are mutable) |
+| Python number | `TypeError`: its dtype would be a guess; wrap it, e.g. `np.float32(x)` | `TypeError` |
 
-Leaf policy (both functions raise ``TypeError`` naming the leaf path, e.g. ``['obs'][0]``, for a
-leaf that is none of these):
+Dtypes (`SUPPORTED_DTYPES`): bool, (u)int8 to (u)int64, float16, bfloat16, float32, float64,
+complex64, complex128, each to the same dtype on the other side. With `jax_enable_x64` off a
+64-bit tensor or numpy array cannot become a JAX array without narrowing: `from_torch` raises
+`TypeError` instead (cast it or enable x64).
 
-============================  ===============================================  =====================================
-leaf                          ``to_torch``                                     ``from_torch``
-============================  ===============================================  =====================================
-``jax.Array``                 ``torch.from_dlpack``: aliases the JAX buffer    returned unchanged (``copy=True``:
-                              (same device); copied when ``device`` differs    a fresh copy)
-``torch.Tensor``              returned unchanged (moved to ``device``,         ``jax.dlpack.from_dlpack``: aliases
-                              cloned with ``copy=True``)                       the tensor's memory (see below)
-``numpy.ndarray`` / scalar    aliases the numpy memory, as                     copied with ``jnp.array`` (numpy
-(``np.float32(1)``)           ``torch.from_numpy`` does (negative strides:     arrays are mutable); same x64 rule
-                              copied)                                          as torch tensors
-Python ``int/float/bool``     ``TypeError``: its dtype would be a guess;       ``TypeError``, same reason
-                              wrap it, e.g. ``np.float32(x)``
-============================  ===============================================  =====================================
+Copies. JAX to torch on the array's own device is always aliased (a fully replicated array gives
+its first local shard; a partly sharded one is an error). Torch to JAX is aliased when the tensor
+is dense up to a permutation of its axes and its data pointer is 64-byte aligned (XLA CPU's
+requirement; views starting mid-buffer and tensors over numpy memory usually are not, and JAX
+copies them); strided slices and broadcasts are copied here. `copy=True` on CPU copies through
+numpy, whose allocations are already paged in. `requires_grad` tensors are detached; lazily
+conjugated or negated tensors are resolved.
 
-Dtypes carried: bool, uint8/16/32/64, int8/16/32/64, float16, bfloat16, float32, float64,
-complex64, complex128 (:data:`SUPPORTED_DTYPES`), each to the same dtype on the other side.
-Anything else (strings, objects, float8, int4, quantised or sparse tensors) raises ``TypeError``.
-JAX runs with 32-bit types unless ``jax_enable_x64`` is on; then a 64-bit tensor (int64, uint64,
-float64, complex128) cannot become a JAX array without narrowing, so ``from_torch`` raises
-``TypeError`` instead of narrowing silently: cast it (``tensor.to(torch.int32)``) or enable x64
-(``jax.config.update("jax_enable_x64", True)``).
+Aliasing. A tensor made by `to_torch` shares the JAX buffer: writing it in place (an in-place
+optimiser step) changes the JAX array too; pass `copy=True` for a tensor to write to. Likewise an
+array made by `from_torch` sees later in-place writes to its tensor. DLPack keeps either memory
+alive as long as the other side needs it. While a tensor from `to_torch` is alive, donating its
+source array to a jitted function does not reuse the buffer (the in-place update is lost): drop
+the tensor first or use `copy=True`.
 
-Zero copy and when a copy happens (measured on CPU, jax 0.10.2, torch 2.13):
-  * JAX -> torch on the array's own device: always aliased (``tensor.data_ptr() ==
-    array.unsafe_buffer_pointer()``). A fully replicated multi-device array gives its first
-    local shard; a partly sharded array is an error (gather or convert its shards yourself).
-  * torch -> JAX: aliased when the tensor is dense or a permutation of a dense layout (e.g. a
-    transpose) and its data pointer is 64-byte aligned (XLA CPU's requirement). torch's own
-    allocations are; views starting mid-buffer (``t[1:]``) and tensors wrapping numpy memory
-    (``torch.from_numpy``: numpy aligns to 16 bytes) usually are not, and JAX copies them.
-    Strided slices (``t[:, ::2]``) and broadcasts (``expand``) are copied by this module. One
-    copy at most; values are right either way.
-  * ``copy=True`` on CPU copies through numpy (``np.array`` / ``jnp.array``), measured ~100x
-    faster here than ``tensor.clone()``, whose fresh allocations page-fault on first touch.
-  * ``requires_grad`` tensors are detached (JAX has no torch autograd); lazily conjugated or
-    negated tensors are resolved first (a copy).
-
-Aliasing rules you must respect:
-  * JAX arrays are immutable, torch tensors are not. A tensor made by ``to_torch`` shares the
-    JAX buffer: **writing it in place (``t += 1``, ``t[0] = 0``, an in-place optimiser step)
-    silently changes the JAX array too**. Pass ``copy=True`` when you want a tensor to write to.
-  * Likewise an array made by ``from_torch`` sees later in-place writes to the source tensor
-    (JAX warns this is undefined behaviour). Use ``copy=True`` or stop writing the tensor.
-  * Lifetimes are handled by DLPack: the tensor keeps the JAX buffer alive after the JAX array is
-    deleted (``x.delete()``) or garbage collected, and the JAX array keeps the torch memory alive.
-  * Donation: while a tensor from ``to_torch`` is alive, donating its source array to a jitted
-    function (``donate_argnums``) does not reuse the buffer: JAX keeps the input (it is not marked
-    deleted) and writes the output to a new buffer, so the tensor stays valid but the in-place
-    update (and its memory saving) is lost. Drop the tensor before the donated call (or use
-    ``copy=True``) when a buffer state must be updated in place. Donating an array made by
-    ``from_torch`` marks it deleted, writes the output elsewhere and leaves the tensor unchanged.
-
-Errors raised: ``TypeError`` (unsupported leaf or dtype, 64-bit tensor with x64 off, a traced JAX
-value inside ``jit``); ``ValueError`` (a deleted/donated JAX array, a JAX array sharded over
-several devices). Device errors (e.g. ``device="cuda"`` without CUDA) are torch's own.
+Errors: `TypeError` (unsupported leaf or dtype, a 64-bit tensor with x64 off, a traced value inside
+`jit`); `ValueError` (a deleted or donated JAX array, an array sharded over several devices);
+device errors (`device="cuda"` without CUDA) are torch's own.
 """
 
 from __future__ import annotations
@@ -88,39 +56,17 @@ import numpy as np
 try:
     import torch
 except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "jaxbuffers.interop.torch needs PyTorch; install it with `pip install 'jaxbuffers[torch]'`"
-    ) from err
+    raise ImportError("jaxbuffers.interop.torch needs PyTorch; install it with `pip install 'jaxbuffers[torch]'`") from err
 
 from jaxbuffers._validate import leaf_name
 
 __all__ = ["SUPPORTED_DTYPES", "from_torch", "to_torch"]
 
-#: numpy/JAX dtype -> torch dtype, for every dtype this module converts (both directions).
-SUPPORTED_DTYPES: dict[np.dtype, torch.dtype] = {
-    np.dtype(np.bool_): torch.bool,
-    np.dtype(np.uint8): torch.uint8,
-    np.dtype(np.uint16): torch.uint16,
-    np.dtype(np.uint32): torch.uint32,
-    np.dtype(np.uint64): torch.uint64,
-    np.dtype(np.int8): torch.int8,
-    np.dtype(np.int16): torch.int16,
-    np.dtype(np.int32): torch.int32,
-    np.dtype(np.int64): torch.int64,
-    np.dtype(jnp.float16): torch.float16,
-    np.dtype(jnp.bfloat16): torch.bfloat16,
-    np.dtype(np.float32): torch.float32,
-    np.dtype(np.float64): torch.float64,
-    np.dtype(np.complex64): torch.complex64,
-    np.dtype(np.complex128): torch.complex128,
-}
+_NAMES = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
+          "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+# numpy/JAX dtype -> torch dtype, for every dtype this module converts (both directions).
+SUPPORTED_DTYPES: dict[np.dtype, torch.dtype] = {np.dtype(getattr(jnp, n.replace("bool", "bool_"))): getattr(torch, n) for n in _NAMES}
 _TORCH_TO_NUMPY = {t: n for n, t in SUPPORTED_DTYPES.items()}
-_NARROW = {  # what JAX would silently narrow a 64-bit dtype to with x64 off
-    np.dtype(np.int64): "int32",
-    np.dtype(np.uint64): "uint32",
-    np.dtype(np.float64): "float32",
-    np.dtype(np.complex128): "complex64",
-}
 _BF16 = np.dtype(jnp.bfloat16)
 _SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED_DTYPES)
 
@@ -143,16 +89,13 @@ def _bad_leaf(fn: str, path, leaf) -> TypeError:
 
 def _check_dtype(fn: str, path, dtype: np.dtype, shown) -> None:
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"{_where(fn, path)}: dtype {shown} is not supported (supported: {_SUPPORTED_NAMES}); "
-            f"cast it explicitly first"
-        )
+        raise TypeError(f"{_where(fn, path)}: dtype {shown} is not supported (supported: {_SUPPORTED_NAMES}); cast it explicitly first")
 
 
 def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> None:
     """Refuse a 64-bit dtype that JAX would narrow (x64 off) instead of narrowing it silently."""
     if jax.dtypes.canonicalize_dtype(dtype) != dtype:
-        narrow = _NARROW.get(dtype, str(jax.dtypes.canonicalize_dtype(dtype)))
+        narrow = str(jax.dtypes.canonicalize_dtype(dtype))
         cast = f"array.astype(np.{narrow})" if numpy else f"tensor.to(torch.{narrow})"
         raise TypeError(
             f"{_where(fn, path)}: {shown} cannot become a JAX array without narrowing to {narrow} "
@@ -161,15 +104,10 @@ def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> No
         )
 
 
-# ------------------------------------------------------------------------------------ to torch
-
-
 def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
     if isinstance(x, jax.core.Tracer):
-        raise TypeError(
-            f"{_where('to_torch', path)}: got a traced value ({type(x).__name__}); to_torch converts "
-            f"concrete arrays, so call it outside jit/vmap/scan, on the function's outputs"
-        )
+        raise TypeError(f"{_where('to_torch', path)}: got a traced value ({type(x).__name__}); to_torch converts "
+                        f"concrete arrays, so call it outside jit/vmap/scan, on the function's outputs")
     dtype = np.dtype(x.dtype)
     _check_dtype("to_torch", path, dtype, dtype)
     if x.is_deleted():
@@ -188,14 +126,11 @@ def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
 def _numpy_leaf_to_torch(path, a: np.ndarray) -> torch.Tensor:
     dtype = a.dtype
     if not dtype.isnative:
-        raise TypeError(
-            f"{_where('to_torch', path)}: non-native byte order {dtype.str}; convert it first with "
-            f"a.astype(a.dtype.newbyteorder('='))"
-        )
+        raise TypeError(f"{_where('to_torch', path)}: non-native byte order {dtype.str}; convert it first with a.astype(a.dtype.newbyteorder('='))")
     _check_dtype("to_torch", path, dtype, dtype)
     if a.size and any(s < 0 or s % a.itemsize for s in a.strides):
         # torch cannot represent these strides (DLPack import of negative strides even aborts the
-        # process in torch 2.13): one contiguous copy.
+        # process): one contiguous copy.
         a = np.ascontiguousarray(a)
     if dtype == _BF16:  # numpy has no DLPack code for ml_dtypes.bfloat16: reinterpret the bits
         return torch.from_dlpack(a.view(np.uint16)).view(torch.bfloat16)
@@ -219,7 +154,7 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
 
     Returns:
       The same tree structure with ``torch.Tensor`` leaves: same shapes (0-d and empty included)
-      and same dtypes (see :data:`SUPPORTED_DTYPES`).
+      and same dtypes (see `SUPPORTED_DTYPES`).
 
     Raises:
       TypeError: a leaf that is not an array (e.g. a Python number or string), an unsupported dtype,
@@ -239,18 +174,13 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
             raise _bad_leaf("to_torch", path, leaf)
         moved = t if dev is None else t.to(dev)
         if copy and moved is t:  # .to() returns the tensor itself when nothing moves
-            if isinstance(leaf, jax.Array) and moved.device.type == "cpu":
-                # np.array copies through numpy's allocator: measured ~150 us for 7 MB here, while
-                # tensor.clone() took 8-25 ms (fresh torch CPU allocations page-fault on first touch)
+            if isinstance(leaf, jax.Array) and moved.device.type == "cpu":  # see "When a copy happens"
                 moved = _numpy_leaf_to_torch(path, np.array(leaf))
             else:
                 moved = moved.clone(memory_format=torch.contiguous_format)
         return moved
 
     return jax.tree_util.tree_map_with_path(convert, tree)
-
-
-# ---------------------------------------------------------------------------------- from torch
 
 
 def _dense_up_to_permutation(t: torch.Tensor) -> bool:
@@ -286,8 +216,7 @@ def _torch_leaf_to_jax(path, t: torch.Tensor, copy: bool) -> jax.Array:
         t = t.resolve_neg()
     dense = t.numel() > 0 and _dense_up_to_permutation(t)
     if t.device.type == "cpu" and (copy or not dense):
-        # one copy into XLA-owned memory straight from a numpy view of the tensor (any strides);
-        # cheaper here than tensor.clone()/contiguous(), whose fresh allocations page-fault
+        # one copy into XLA-owned memory straight from a numpy view of the tensor (any strides)
         return jnp.array(_numpy_view(t), copy=True)
     if copy:
         t = t.clone(memory_format=torch.contiguous_format)

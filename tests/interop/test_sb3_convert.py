@@ -14,6 +14,7 @@ from gymnasium import spaces  # noqa: E402
 from stable_baselines3.common.buffers import DictReplayBuffer, DictRolloutBuffer, ReplayBuffer, RolloutBuffer  # noqa: E402
 
 import jaxbuffers as jb  # noqa: E402
+from jaxbuffers.interop.sb3 import _common  # noqa: E402
 from jaxbuffers.interop.sb3 import (  # noqa: E402
     JaxReplayBuffer,
     JaxRolloutBuffer,
@@ -158,7 +159,7 @@ def test_rollout_round_trip_and_gae(space, cls, steps, after_get):
 
 
 def test_rollout_from_native_folds_truncation_into_reward():
-    buf = jb.RolloutBuffer.create({"obs": jnp.zeros(2), "action": jnp.zeros(1, jnp.int32), "log_prob": jnp.float32(0)}, 3, 1)
+    buf = jb.RolloutBuffer.create({"obs": jnp.zeros(2), "action": jnp.zeros(1, jnp.int32), "log_prob": jnp.float32(0)}, num_steps=3, num_envs=1)
     for t in range(3):
         buf = buf.add(
             {"obs": jnp.full((1, 2), t, jnp.float32), "action": jnp.zeros((1, 1), jnp.int32), "log_prob": jnp.zeros(1)},
@@ -233,7 +234,8 @@ def test_replay_from_jax_samples_only_valid_transitions(n, omu_out):
     mid = replay_to_jax(src)
     assert int(mid.num_valid) < mid.capacity <= mid.num_added()
     # ... and a native one whose valid range wraps and ends short of the capacity.
-    short = mid.with_cursors(num_valid=2 * n)
+    head, _, _ = _common.ring_state(mid)
+    short = _common.with_ring_state(mid, int(head), 2 * n, mid.num_added())
     for buf in (mid, short):
         slots = (int(buf.head) - int(buf.num_valid) + np.arange(int(buf.num_valid))) % buf.capacity  # the valid ones
         valid = np.asarray(buf.storage["obs"])[slots, 0]
@@ -264,7 +266,7 @@ def test_replay_from_jax_checks_item_shapes_and_values():
 
 
 def test_rollout_from_jax_checks_shapes_and_trainable():
-    buf = jb.RolloutBuffer.create({"obs": jnp.zeros(2), "action": jnp.zeros(1, jnp.int32), "log_prob": jnp.float32(0)}, 3, 1)
+    buf = jb.RolloutBuffer.create({"obs": jnp.zeros(2), "action": jnp.zeros(1, jnp.int32), "log_prob": jnp.float32(0)}, num_steps=3, num_envs=1)
     for t in range(3):
         buf = buf.add({"obs": jnp.full((1, 2), t, jnp.float32), "action": jnp.zeros((1, 1), jnp.int32), "log_prob": jnp.zeros(1)},
                       reward=jnp.ones(1), value=jnp.zeros(1), terminated=jnp.array([False]), trainable=jnp.array([t != 1]))

@@ -1,21 +1,45 @@
-"""Plumbing shared by the SB3 adapters: storable dtypes, per-env specs from gym spaces, torch hand-off.
+"""What the SB3 adapters and conversions share: the ring cursors, storable dtypes, SB3 rows, the torch hand-off.
 
-Nothing here is public; :mod:`jaxbuffers.interop.sb3` re-exports what users need.
+Nothing here is public; `jaxbuffers.interop.sb3` re-exports what users need.
+
+Dtypes: with `jax_enable_x64` off JAX cannot hold 64-bit values. Integer data is held in 32
+bits when the space's bounds prove it fits (Discrete actions are int64 in gymnasium, their values
+are small) and given back in SB3's dtype; float64 observations are refused (narrowing would change
+values). Where a stored dtype is narrower than SB3's, a value it does not hold exactly raises
+`TypeError`: nothing is cast silently.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
+
+from jaxbuffers import _ring
+from jaxbuffers.interop.torch import SUPPORTED_DTYPES, to_torch
 
 
-def _space_int_bounds(space: spaces.Space) -> tuple[int, int] | None:
+# The ring cursors of a ReplayBuffer are read and set only through these two.
+def ring_state(buf: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(head, num_valid, added)`` of a `jaxbuffers.ReplayBuffer` (``added``: the int32[2] count)."""
+    return buf.head, buf.num_valid, buf.added
+
+
+def with_ring_state(buf: Any, head: int, num_valid: int, added: int) -> Any:
+    """``buf`` with its ring cursors set (``added``: the number of items ever added, a Python int)."""
+    return buf.with_cursors(head=head, num_valid=num_valid, added=_ring.counter_add(_ring.counter_zero(), added))
+
+
+def sb3_float32(dtype: Any) -> np.dtype:
+    """SB3's replay buffers keep float64 actions as float32 (the rule of SB3's `ReplayBuffer._maybe_cast_dtype`)."""
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float64 else np.dtype(dtype)
+
+
+def _int_bounds(space: spaces.Space | None) -> tuple[int, int] | None:
     """Smallest and largest integer a space can hold, or None when unknown."""
     if isinstance(space, spaces.Discrete):
         return int(space.start), int(space.start + space.n - 1)
@@ -29,20 +53,17 @@ def _space_int_bounds(space: spaces.Space) -> tuple[int, int] | None:
 
 
 def storage_dtype(dtype: Any, space: spaces.Space | None, what: str) -> np.dtype:
-    """The dtype JAX stores ``dtype`` in, losslessly, or a ``TypeError``.
+    """The dtype JAX holds ``dtype`` in without loss (see the module doc).
 
-    With ``jax_enable_x64`` off, JAX cannot hold 64-bit values. Integer data is narrowed to
-    32 bits only when the space's bounds prove it fits (Discrete actions are int64 in gymnasium,
-    their values are small); samples are cast back to ``dtype``. float64 data is refused: the
-    narrowing would change values.
+    Raises:
+      TypeError: float64, or 64-bit integers whose space bounds do not fit 32 bits; names ``what``.
     """
     dtype = np.dtype(dtype)
     canonical = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
     if canonical == dtype:
         return dtype
     if np.issubdtype(dtype, np.integer):
-        bounds = _space_int_bounds(space) if space is not None else None
-        info = np.iinfo(canonical)
+        bounds, info = _int_bounds(space), np.iinfo(canonical)
         if bounds is not None and info.min <= bounds[0] and bounds[1] <= info.max:
             return canonical
         raise TypeError(
@@ -56,23 +77,6 @@ def storage_dtype(dtype: Any, space: spaces.Space | None, what: str) -> np.dtype
     )
 
 
-def obs_spec(observation_space: spaces.Space, obs_shape: Any, lead: tuple[int, ...], what: str) -> Any:
-    """Spec ``[*lead, *obs_shape]`` of an observation in storable dtypes (a dict for Dict spaces)."""
-    if isinstance(observation_space, spaces.Dict):
-        return {
-            key: jax.ShapeDtypeStruct((*lead, *obs_shape[key]), storage_dtype(sub.dtype, sub, f"{what}[{key!r}]"))
-            for key, sub in observation_space.spaces.items()
-        }
-    return jax.ShapeDtypeStruct((*lead, *obs_shape), storage_dtype(observation_space.dtype, observation_space, what))
-
-
-def obs_dtypes(observation_space: spaces.Space) -> Any:
-    """SB3's dtypes of the observations (a dict for Dict spaces)."""
-    if isinstance(observation_space, spaces.Dict):
-        return {k: np.dtype(s.dtype) for k, s in observation_space.spaces.items()}
-    return np.dtype(observation_space.dtype)
-
-
 def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
     """``a`` in ``dtype``, or ``TypeError`` when a value does not survive the cast."""
     out = a.astype(dtype, copy=False)
@@ -81,30 +85,48 @@ def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
     return out
 
 
-def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bool = False, exact: bool = False) -> np.ndarray:
-    """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's own buffers accept it.
+def flags(x: Any, what: str) -> np.ndarray:
+    """``x`` as bool, or ``ValueError`` for a value other than 0 and 1 (SB3 keeps flags as float32)."""
+    a = np.asarray(x)
+    if a.dtype != np.bool_ and a.size and not np.all((a == 0) | (a == 1)):
+        raise ValueError(f"{what}: expected booleans (0 or 1), got the value {a[(a != 0) & (a != 1)].flat[0]!r}")
+    return a.astype(np.bool_)
 
-    ``x`` must have ``shape``'s number of values. SB3 writes a step into its preallocated arrays by
-    numpy assignment, so ``x``'s shape must also be one that assignment accepts (``shape`` itself,
-    up to leading unit axes: a scalar for an ``[n_envs]`` field when ``n_envs`` is 1, for
-    instance); values are never repeated to fill the field, where numpy would broadcast them. With
-    ``reshape`` (SB3 reshapes actions to ``[n_envs, action_dim]`` and Discrete observations before
-    writing them) any ``x`` with the right number of values is reshaped instead. The cast
-    follows numpy assignment too (SB3 passes float64 rewards and bool dones, for instance),
-    except that a bool field refuses values other than 0 and 1 (SB3 keeps a done of 0.5 in its
-    float32 array; a bool cannot hold it). With ``exact`` (where we store a narrower dtype than
-    SB3 keeps: int64 data held as int32, a rollout's float64 actions held as float32) a value the
-    stored dtype does not hold exactly raises ``TypeError`` instead of being rounded or wrapped.
+
+def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> Any:
+    """``fn(space, *leaves, what)`` once, or per key of a Dict space (a dict back).
 
     Raises:
-      ValueError: the wrong number of values, a shape assignment would refuse (without
-        ``reshape``), a bool field given other values, or values numpy cannot convert; each names
-        the field. TypeError: with ``exact``, a value the stored dtype does not hold.
+      ValueError: for a Dict space, a tree that is not a dict with exactly the space's keys.
     """
-    if isinstance(x, th.Tensor):
+    if not isinstance(space, spaces.Dict):
+        return fn(space, *trees, what)
+    keys = sorted(space.spaces)
+    for tree in trees:
+        if not isinstance(tree, dict) or sorted(tree) != keys:
+            got = sorted(tree) if isinstance(tree, dict) else type(tree).__name__
+            raise ValueError(f"{what}: expected a dict with keys {keys} (from the observation space), got {got}")
+    return {k: fn(sub, *(t[k] for t in trees), f"{what}[{k!r}]") for k, sub in space.spaces.items()}
+
+
+def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bool = False, exact: bool = False) -> np.ndarray:
+    """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's numpy assignment accepts it.
+
+    ``x`` holds ``shape``'s number of values in ``shape`` up to leading unit axes (values are never
+    repeated to fill the field), or any shape with ``reshape`` (SB3 reshapes actions and Discrete
+    observations). The cast is numpy's (SB3 passes float64 rewards), but a bool field refuses
+    values other than 0 and 1, and with ``exact`` (a stored dtype narrower than SB3's) so does a
+    value the stored dtype does not hold.
+
+    Raises:
+      ValueError: the wrong number of values, a layout assignment would refuse, a bool field given
+        other values, or values numpy cannot convert (naming the field).
+      TypeError: with ``exact``, a value the stored dtype does not hold.
+    """
+    if hasattr(x, "detach"):  # a torch tensor
         x = x.detach().cpu().numpy()
     arr = np.asarray(x)
-    if arr.shape == shape:  # the common case, checked first: this runs on every env step
+    if arr.shape == shape:
         pass
     elif arr.size != math.prod(shape):
         raise ValueError(f"{what}: expected {math.prod(shape)} values shaped {shape}, got shape {arr.shape}")
@@ -119,78 +141,57 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
         except ValueError:
             raise ValueError(f"{what}: expected shape {shape}, got shape {got} (same size, another layout)") from None
     dtype = np.dtype(dtype)
-    if dtype == np.bool_ and arr.dtype != np.bool_ and arr.size and not np.all((arr == 0) | (arr == 1)):
-        bad = arr[(arr != 0) & (arr != 1)].flat[0]
-        raise ValueError(f"{what}: expected booleans (0 or 1), got the value {bad!r}")
+    if dtype == np.bool_:
+        return flags(arr, what)
     if exact and np.issubdtype(arr.dtype, np.number):
         arr = exact_cast(arr, dtype, what)
     try:
-        return arr.astype(dtype, copy=False)  # the adapters copy the rows they store
+        return arr.astype(dtype, copy=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what}: cannot convert values of dtype {arr.dtype} to the stored {dtype}: {e}") from None
 
 
-def obs_row(obs: Any, spec: Any, lead: tuple[int, ...], observation_space: spaces.Space, sb3_dtypes: Any, what: str) -> Any:
-    """One step's observation (a dict for Dict spaces) as :func:`as_row` s of ``[*lead, *spec.shape]``
-    in the spec's dtypes: Discrete observations reshaped and narrowed dtypes checked, as SB3's
-    ``add`` treats them (``sb3_dtypes``: SB3's dtypes, :func:`obs_dtypes`).
+class Rows:
+    """One SB3 ``add`` call's observation and action as stored rows: ``obs`` and ``action`` are the
+    specs ``[n_envs, *obs_shape]`` (a dict for Dict spaces) and ``[n_envs, action_dim]``,
+    ``obs_dtypes`` and ``action_dtype`` SB3's dtypes."""
 
-    Raises:
-      ValueError: a dict without exactly the space's keys (Dict spaces), or :func:`as_row`'s errors.
-    """
-    def one(x, s, space, sb3, name):
-        return as_row(x, (*lead, *s.shape), s.dtype, name, reshape=isinstance(space, spaces.Discrete), exact=s.dtype != sb3)
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int, action_dtype: Any):
+        self.space = observation_space
+        spec = lambda sp, shape, what: jax.ShapeDtypeStruct((n_envs, *shape), storage_dtype(sp.dtype, sp, what))  # noqa: E731
+        self.obs = per_key(spec, observation_space, get_obs_shape(observation_space), what="observation_space")
+        self.obs_dtypes = per_key(lambda sp, what: np.dtype(sp.dtype), observation_space)
+        self.action_dtype = np.dtype(action_dtype)
+        stored = storage_dtype(sb3_float32(action_dtype), action_space, "action_space")
+        self.action = jax.ShapeDtypeStruct((n_envs, get_action_dim(action_space)), stored)
 
-    if isinstance(spec, dict):
-        if not isinstance(obs, dict) or set(obs) != set(spec):
-            got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
-            raise ValueError(f"{what}: expected a dict with keys {sorted(spec)}, got {got}")
-        return {k: one(obs[k], s, observation_space[k], sb3_dtypes[k], f"{what}[{k!r}]") for k, s in spec.items()}
-    return one(obs, spec, observation_space, sb3_dtypes, what)
+    def observation(self, obs: Any, what: str) -> Any:
+        """One step's observation in the stored shapes and dtypes (`as_row`'s errors)."""
+        def one(sp, s, sb3, x, name):
+            return as_row(x, s.shape, s.dtype, name, reshape=isinstance(sp, spaces.Discrete), exact=s.dtype != sb3)
 
+        return per_key(one, self.space, self.obs, self.obs_dtypes, obs, what=what)
 
-def to_torch_tensor(x: jax.Array, device: th.device, dtype: Any = None) -> th.Tensor:
-    """A jax array as a torch tensor on ``device`` (DLPack: no copy for CPU -> CPU).
+    def action_row(self, action: Any) -> np.ndarray:
+        """One step's actions (anything reshapeable to ``[n_envs, action_dim]``) in the stored dtype."""
+        a = self.action
+        return as_row(action, a.shape, a.dtype, "action", reshape=True, exact=a.dtype != self.action_dtype)
 
-    ``dtype`` (numpy) casts the result afterwards, used to give back SB3's 64-bit dtypes.
-    """
-    t = _hand_off(x, device)
-    if dtype is not None:
-        tdt = _TORCH_DTYPES[np.dtype(dtype)]
-        if t.dtype != tdt:
-            t = t.to(tdt)
-    return t
-
-
-def _hand_off(x: jax.Array, device: th.device) -> th.Tensor:
-    try:  # the library's own DLPack bridge, once present
-        from jaxbuffers.interop.torch import to_torch
-    except ImportError:  # pragma: no cover - depends on what has landed
-        t = th.from_dlpack(x)
-        return t if t.device == device else t.to(device)
-    return to_torch(x, device=device)
+    def to_sb3_obs(self, obs: Any) -> Any:
+        """Host copies of stored observations in SB3's dtypes."""
+        return jax.tree.map(lambda x, d: np.asarray(x).astype(d, copy=False), obs, self.obs_dtypes)
 
 
-_TORCH_DTYPES = {
-    np.dtype(np.bool_): th.bool,
-    np.dtype(np.uint8): th.uint8,
-    np.dtype(np.uint16): th.uint16,
-    np.dtype(np.uint32): th.uint32,
-    np.dtype(np.uint64): th.uint64,
-    np.dtype(np.int8): th.int8,
-    np.dtype(np.int16): th.int16,
-    np.dtype(np.int32): th.int32,
-    np.dtype(np.int64): th.int64,
-    np.dtype(np.float16): th.float16,
-    np.dtype(np.float32): th.float32,
-    np.dtype(np.float64): th.float64,
-}
+def check_space_kind(adapter: Any, dict_class: type, observation_space: spaces.Space) -> None:
+    """``TypeError`` unless a Dict space goes to the Dict adapter and any other space to the plain one."""
+    is_dict = isinstance(observation_space, spaces.Dict)
+    if is_dict != isinstance(adapter, dict_class):
+        want = dict_class.__name__ if is_dict else dict_class.__name__.replace("Dict", "")
+        raise TypeError(f"observation_space: {type(adapter).__name__} got a {type(observation_space).__name__} space; use Jax{want} for it")
 
 
-def tree_to_numpy(tree: Any) -> Any:
-    """Every leaf as a numpy array (host copy if needed)."""
-    return jax.tree.map(np.asarray, tree)
-
-
-def jnp_tree(tree: Any) -> Any:
-    return jax.tree.map(jnp.asarray, tree)
+def to_sb3(tree: Any, device: Any, dtypes: Any = None) -> Any:
+    """Arrays (jax or numpy) as torch tensors on ``device`` (no copy CPU to CPU), in ``dtypes``
+    (a matching tree of numpy dtypes, e.g. SB3's int64 for int32-held data) when given."""
+    out = to_torch(tree, device=device)
+    return out if dtypes is None else jax.tree.map(lambda t, d: t.to(SUPPORTED_DTYPES[np.dtype(d)]), out, dtypes)
