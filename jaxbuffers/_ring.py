@@ -7,7 +7,7 @@ Conventions (all buffers):
   data (in ``[0, capacity]``). Writes start at slot 0, so until the ring is full the valid slots are
   exactly ``[0, num_valid)``; once full, ``head`` is also the oldest slot.
 * A *logical* index counts valid items from the oldest (0) to the newest (``num_valid - 1``);
-  :func:`logical_to_physical` maps it to a slot.
+  `logical_to_physical` maps it to a slot.
 * A *window* of ``length`` consecutive items starting at logical index ``k`` is valid when
   ``k + length <= num_valid``: it then never straddles the write head (it never mixes the oldest
   data with data written after wrap-around). Window starts are counted from the oldest valid item,
@@ -29,20 +29,6 @@ import numpy as np
 _LOW_BITS = 30
 _LOW_MASK = (1 << _LOW_BITS) - 1
 LOW_MASK = _LOW_MASK  # largest low word of a two-word counter
-
-CURSORS = 4
-"""Length of the packed cursor array that starts every ring buffer's ``counters``: ``head``,
-``num_valid``, ``added`` (two words). One array instead of three: every array of a jitted call's
-arguments and results costs host dispatch time (~0.8 us per donated array per call, measured on
-the 2-core CPU), and the cursors are always read and written together."""
-
-
-def pack_cursors(head, num_valid, added, *more) -> jax.Array:
-    """int32 ``[CURSORS + ...]``: ``head``, ``num_valid``, the two words of ``added``, then ``more``
-    (1-D int arrays appended in order; e.g. the trajectory buffer's per-lane final-observation heads)."""
-    parts = [jnp.stack([jnp.asarray(head, jnp.int32), jnp.asarray(num_valid, jnp.int32)]), jnp.asarray(added, jnp.int32)]
-    return jnp.concatenate(parts + [jnp.asarray(m, jnp.int32) for m in more])
-
 
 def check_batch_fits(batch_size: int, capacity: int, what: str = "batch") -> None:
     """Raise ``ValueError`` unless ``0 < batch_size <= capacity`` (trace time: shapes are static)."""
@@ -131,7 +117,7 @@ def logical_to_physical(logical: jax.Array, head: jax.Array, num_valid: jax.Arra
 
 
 def physical_to_logical(physical: jax.Array, head: jax.Array, num_valid: jax.Array, capacity: int):
-    """Inverse of :func:`logical_to_physical`; invalid slots map to values ``>= num_valid``."""
+    """Inverse of `logical_to_physical`; invalid slots map to values ``>= num_valid``."""
     return ((physical - oldest(head, num_valid, capacity)) % capacity).astype(jnp.int32)
 
 

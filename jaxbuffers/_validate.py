@@ -1,7 +1,7 @@
 """Trace-time checks of pytrees against the example item a buffer was created with.
 
 Every buffer stores an *item spec*: a pytree of ``jax.ShapeDtypeStruct`` describing one item (no
-batch axis). :func:`check_batch` compares a batch against it before anything is written, so wrong
+batch axis). `check_batch` compares a batch against it before anything is written, so wrong
 input fails while tracing with a message naming the leaf path (e.g. ``obs['pixels']``), the
 expected and the received shape or dtype. Nothing is ever cast: a float64 numpy batch for a float32
 field is an error, not a silent conversion.
@@ -93,7 +93,7 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
     """Check ``batch`` against ``spec`` with ``batch_ndim`` leading axes; return those axes' sizes.
 
     Args:
-      spec: per-item pytree of ``jax.ShapeDtypeStruct`` (see :func:`item_spec`).
+      spec: per-item pytree of ``jax.ShapeDtypeStruct`` (see `item_spec`).
       batch: pytree with the same structure; each leaf has shape ``lead + spec.shape`` where
         ``lead`` (length ``batch_ndim``) is the same for every leaf, and exactly the spec's dtype.
       batch_ndim: number of leading axes (1 for ``[B, ...]``, 2 for ``[num_envs, t, ...]``).
@@ -156,18 +156,19 @@ def tree_nbytes(tree: Any) -> int:
     return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
 
 
-def static_int(name: str, value, minimum: int = 1) -> int:
-    """A static size argument: a Python (or numpy) int in ``[minimum, 2**31 - 1]``, returned as ``int``.
+def static_int(name: str, value, minimum: int = 1, maximum: int = 2**31 - 1) -> int:
+    """A static size argument: a Python (or numpy) int in `[minimum, maximum]`, returned as `int`.
+
+    The default maximum is int32's: every position, size and period is computed in int32.
 
     Raises:
-      ValueError: a bool, a float (even ``10.0``: sizes are never rounded silently), a traced or
-        other non-int value, or a value outside the range (every position, size and period is
-        computed in int32); the message names the argument.
+      ValueError: a bool, a float (even `10.0`: sizes are never rounded silently), a traced or
+        other non-int value, or a value outside the range; the message names the argument.
     """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
         raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
-    if int(value) > _INT32.max:
-        raise ValueError(f"{name}: expected at most 2**31 - 1 (int32 arithmetic), got {value!r}")
+    if int(value) > maximum:
+        raise ValueError(f"{name}: expected at most {maximum}, got {value!r}")
     return int(value)
 
 
@@ -235,9 +236,9 @@ def as_array(x: Any) -> Any:
 
 
 def index_array(x: Any, name: str = "indices") -> Any:
-    """:func:`as_array` for index arguments: Python ints beyond the 64-bit range (numpy keeps
+    """`as_array` for index arguments: Python ints beyond the 64-bit range (numpy keeps
     them as objects) are clipped to int64, so an index out of range stays out of range once
-    :func:`int32_indices` saturates it. (Not for values compared modulo ``2**32``, such as
+    `int32_indices` saturates it. (Not for values compared modulo ``2**32``, such as
     generations: clipping would change their residue.)
 
     Raises:
@@ -292,8 +293,8 @@ def int32_indices(indices: Any) -> jax.Array:
 
 def integer_indices(name: str, indices) -> jax.Array:
     """``indices`` (an integer array of any shape and integer dtype) as int32, values outside
-    int32's range saturated (:func:`int32_indices`). Raises TypeError naming
-    ``name`` for a non-integer dtype or what is not numbers (:func:`index_array`)."""
+    int32's range saturated (`int32_indices`). Raises TypeError naming
+    ``name`` for a non-integer dtype or what is not numbers (`index_array`)."""
     indices = index_array(indices, name)
     if not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an integer dtype (int32), got {indices.dtype}")
@@ -315,11 +316,17 @@ def static_float(name: str, value, lo: float, hi: float) -> float:
 
 
 def vector(name: str, x, b: int, kind: str) -> jax.Array:
-    """``x`` as a ``[b]`` array of the given kind (``'floating'`` or ``'integer'``), checked at trace time.
+    """`x` (an array or a list) as a `[b]` array of the given kind (`'floating'` or `'integer'`),
+    checked at trace time; its dtype is kept.
 
     Raises:
-      TypeError: not an array, or the wrong dtype kind; ValueError: not of shape ``(b,)``.
+      TypeError: not an array, or the wrong dtype kind; ValueError: not of shape `(b,)`.
     """
+    if x is not None and not isinstance(x, str):
+        try:
+            x = as_array(x)
+        except (TypeError, ValueError):
+            pass
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"{name}: expected an array of shape [{b}], got {type(x).__name__}")
     if tuple(x.shape) != (b,):
@@ -328,3 +335,33 @@ def vector(name: str, x, b: int, kind: str) -> jax.Array:
     if not jnp.issubdtype(x.dtype, want):
         raise TypeError(f"{name}: expected a{'n' if kind == 'integer' else ''} {kind} dtype, got {x.dtype}")
     return jnp.asarray(x)
+
+
+def index_vector(name: str, indices) -> jax.Array:
+    """`indices` as a 1-D int32 array `[B]`: `integer_indices` plus a rank check.
+
+    Raises:
+      TypeError: naming `name`, what is not an integer array; ValueError: not 1-D.
+    """
+    x = index_array(indices, name)
+    if x.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D int array [B], got shape {x.shape}")
+    return integer_indices(name, x)
+
+
+def integer_value(name: str, value, shape: tuple, lo, hi, expected: str = "") -> jax.Array:
+    """An integer array of `shape` (a cursor, a counter) as int32; concrete values must lie in
+    `[lo, hi]` (elementwise; checked before any narrowing; `expected` describes the range in the
+    error), traced ones are not range-checked.
+
+    Raises:
+      TypeError: not of an integer dtype; ValueError: wrong shape, or a concrete value out of range.
+    """
+    v = value if isinstance(value, jax.core.Tracer) else np.asarray(value)
+    if not jnp.issubdtype(v.dtype, jnp.integer):
+        raise TypeError(f"{name}: expected an integer value, got dtype {v.dtype}")
+    if v.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {v.shape}")
+    if isinstance(v, np.ndarray) and (np.any(v < lo) or np.any(v > hi)):
+        raise ValueError(f"{name}: expected {expected or f'a value in [{lo}, {hi}]'}, got {v.tolist()}")
+    return jnp.asarray(v.astype(np.int32))
