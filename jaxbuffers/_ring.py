@@ -209,3 +209,14 @@ def last_item_number(counter: jax.Array, head: jax.Array, slots: jax.Array, capa
     added32 = jnp.left_shift(counter[..., 0], _LOW_BITS) + counter[..., 1]  # wraps in int32
     back = jnp.mod(head - 1 - jnp.asarray(slots, jnp.int32), capacity)
     return (added32 - 1 - back).astype(jnp.int32)
+
+
+# CURSORS and pack_cursors remain only while jaxbuffers.trajectory packs its cursors into one
+# array; delete them with their last use (every buffer's state is named fields).
+CURSORS = 4
+
+
+def pack_cursors(head, num_valid, added, *more) -> jax.Array:
+    """int32 `[CURSORS + ...]`: `head`, `num_valid`, the two words of `added`, then `more`."""
+    parts = [jnp.stack([jnp.asarray(head, jnp.int32), jnp.asarray(num_valid, jnp.int32)]), jnp.asarray(added, jnp.int32)]
+    return jnp.concatenate(parts + [jnp.asarray(m, jnp.int32) for m in more])
