@@ -59,11 +59,8 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
       function is its `uncompiled` attribute.
 
     Example:
-      ```python
-      class Buffer(struct.PyTreeNode):
-          @_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})
-          def sample(self, key, batch_size, *, beta=1.0): ...
-      ```
+      `@_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})` above
+      `def sample(self, key, batch_size, *, beta=1.0)`.
     """
     scalars = dict(scalars or {})
 

@@ -26,27 +26,19 @@ def priority_leaf(p: jax.Array, alpha: float) -> jax.Array:
 
 
 def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon: float) -> jax.Array:
-    """The priority policy of every prioritised buffer (module doc of `jaxbuffers.prioritised`): float32, same shape.
-
-    ``NaN -> max_priority``; values below ``epsilon`` (zero, negative, ``-inf``) -> ``epsilon``;
-    values above `PRIORITY_MAX` (incl. ``+inf``) -> ``PRIORITY_MAX``.
-    """
+    """The priority policy (module doc of `jaxbuffers.prioritised`), float32 of the same shape:
+    `NaN -> max_priority`, below `epsilon` -> `epsilon`, above `PRIORITY_MAX` -> `PRIORITY_MAX`."""
     p = priorities.astype(jnp.float32)
     p = jnp.where(jnp.isnan(p), max_priority, p)
     return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
 
 
 def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
-    """Priorities recovered from the leaves at ``indices`` (int, any shape): float32, same shape.
+    """Priorities `leaf ** (1 / alpha)` at `indices` (int, any shape): float32, same shape.
 
-    ``p = leaf ** (1 / alpha)``, so equal to the priority written up to the leaf's float32 rounding
-    raised to ``1 / alpha`` (relative error about ``6e-8 / alpha``; ``+inf`` written reads
-    `PRIORITY_MAX`); with ``alpha = 0`` every
-    written leaf is 1 and reads 1. Leaves holding nothing (a slot never written, a window that is
-    not valid now) and indices outside ``[0, capacity)`` read 0.
-
-    Raises:
-      TypeError: ``indices`` of a non-integer dtype.
+    Exact up to the leaf's float32 rounding raised to `1 / alpha` (about `6e-8 / alpha`
+    relative); 1 for every written leaf when `alpha = 0`. Empty leaves and indices outside
+    `[0, capacity)` read 0. Raises TypeError for `indices` of a non-integer dtype.
     """
     i = _validate.integer_indices("indices", indices)
     leaf = jnp.where((i >= 0) & (i < tree.capacity), tree.get(i.reshape(-1)).reshape(i.shape), 0)
@@ -56,23 +48,19 @@ def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
 
 
 def write_priorities(tree: SumMinTree, indices, priorities, generations, applies, max_priority, epsilon: float, alpha: float):
-    """The update of every prioritised buffer's ``set_priorities``: the priority policy, the leaf
-    ``p**alpha``, the tree write and the running max, for the entries that apply.
+    """The update of every prioritised buffer's `set_priorities`: the policy, the leaf
+    `p**alpha`, the tree write and the running max, for the entries that apply.
 
     Args:
-      tree: the buffer's `jaxbuffers.SumMinTree`.
-      indices: int32[B] leaves; entries outside ``[0, capacity)`` are ignored.
-      priorities: floating[B] raw priorities (the policy, `sanitise_priorities`, applies).
-      generations: int32[B], the generations the caller sampled.
-      applies: ``(slots, generations) -> bool[B]`` (``slots`` clipped into ``[0, capacity)``):
-        whether an entry may be written (its slot still holds what was sampled, and whatever else
-        the buffer requires).
+      tree: the buffer's `jaxbuffers.SumMinTree`. indices: int32[B]; outside `[0, capacity)`
+        ignored. priorities: floating[B], raw. generations: int32[B], as sampled.
+      applies: `(slots, generations) -> bool[B]` (slots clipped into `[0, capacity)`): whether an
+        entry may be written (its slot still holds what was sampled).
       max_priority: float32 scalar, the running max before this call. epsilon, alpha: the buffer's.
 
     Returns:
-      ``(tree, max_priority)``. Duplicate indices: the last applied entry wins
-      (`SumMinTree.set`), and only the winners raise the max (to the largest priority
-      actually written).
+      `(tree, max_priority)`: of duplicates the last applied entry wins, and only winners raise
+      the max.
     """
     if indices.shape[0] == 0:
         return tree, max_priority
@@ -93,24 +81,12 @@ def write_priorities(tree: SumMinTree, indices, priorities, generations, applies
 
 
 def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[jax.Array, jax.Array]:
-    """Sampling probabilities and normalised importance weights of sampled leaves (module doc of
-    `jaxbuffers.prioritised`).
-
-    ``P(i) = leaf_i / total`` and ``w_i = (leaf_i / min_leaf)^-beta`` (the minimum over positive
-    leaves, i.e. over the valid slots). On an empty tree: probability 0 and weight 1.
-
-    Args:
-      tree: the buffer's tree. leaf: float32[B], the sampled leaves ``p^alpha``.
-      beta: importance exponent, a Python / numpy number or a 0-d integer or floating array
-        (`jaxbuffers._validate.scalar_parameter`; a concrete value must be finite and
-        ``>= 0``, a traced one is not range-checked).
-
-    Returns:
-      ``(probabilities, weights)``, float32[B] each.
+    """Sampling probabilities `leaf / total` and importance weights `(leaf / min_leaf)^-beta`
+    of sampled leaves `leaf` (float32[B]; module doc of `jaxbuffers.prioritised`), float32[B]
+    each; probability 0 and weight 1 on an empty tree.
 
     Raises (trace time):
-      ValueError: a concrete ``beta`` that is negative or not finite, or an array that is not 0-d.
-      TypeError: ``beta`` a bool, complex, or not a number or array.
+      ValueError / TypeError: `beta` rejected by `_validate.scalar_parameter` (`>= 0`).
     """
     _validate.scalar_parameter("beta", beta, 0.0)
     total = tree.total()
@@ -130,8 +106,7 @@ RENAMED_KEYWORDS = {"alpha": "priority_exponent", "min_priority": "epsilon", "be
 
 
 def unexpected_keywords(method: str, unknown, takes: str, renamed: dict) -> TypeError:
-    """The TypeError for keywords ``unknown`` passed to ``method``: names each, with the keyword
-    to use where ``renamed`` knows it as another API's name, and what ``method`` takes."""
+    """The TypeError naming the keywords `unknown` passed to `method`."""
     unknown = sorted(unknown)
     hint = "".join(f" ({k}: use {renamed[k]})" for k in unknown if k in renamed)
     word = "keyword" if len(unknown) == 1 else "keywords"

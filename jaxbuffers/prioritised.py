@@ -1,10 +1,9 @@
 r"""Prioritised item replay: `PrioritisedReplayBuffer` and `PrioritisedSample`.
 
-Proportional prioritised experience replay. The buffer is a `jaxbuffers.ReplayBuffer` (the same
-ring, validation and storage) plus, per slot, a priority leaf $p_i^\alpha$ in a
-`jaxbuffers.SumMinTree` (the sums for sampling, the minima for the importance-weight normaliser).
-With $p_i$ the priority of slot $i$, $\alpha$ the priority exponent fixed at create time and $N$
-the number of stored items, the sampling probability and importance weight are
+A `jaxbuffers.ReplayBuffer` plus, per slot, a leaf $p_i^\alpha$ in a `jaxbuffers.SumMinTree`
+(sums for sampling, minima for the weights' normaliser). With $p_i$ the priority of slot $i$,
+$\alpha$ the priority exponent and $N$ the number of stored items, the sampling probability and
+importance weight are
 
 $$
 P(i) = \frac{p_i^\alpha}{\sum_k p_k^\alpha}, \qquad
@@ -12,8 +11,7 @@ w_i = \frac{(N P(i))^{-\beta}}{\max_j (N P(j))^{-\beta}}
     = \left(\frac{p_i^\alpha}{\min_j p_j^\alpha}\right)^{-\beta},
 $$
 
-with $j$ over the stored slots only ($N$ cancels). These are the maths of every prioritised
-buffer (`jaxbuffers._priority` computes them).
+with $j$ over the stored slots only ($N$ cancels): the maths of every prioritised buffer.
 
 Priority policy (applied by `add` and `set_priorities`; values cannot be checked at trace time):
 
@@ -22,19 +20,16 @@ Priority policy (applied by `add` and `set_priorities`; values cannot be checked
 * `> PRIORITY_MAX` (incl. `+inf`) -> `PRIORITY_MAX` (1e20): the sum over `2**30` leaves stays
   finite in float32.
 
-So every stored slot holds a leaf in `[epsilon**alpha, PRIORITY_MAX**alpha]`, the tree never
-holds NaN or inf, and sampling never returns an empty slot once one item was added.
+So the tree never holds NaN or inf, and sampling never returns an empty slot once one item was
+added.
 
-Generations: a slot's generation (what `set_priorities` compares to tell a fresh item from an
-overwritten one) is the number, modulo `2**32`, of the item last written there. The ring writes
-items in order, so it follows from `head` and `added` with no per-slot array (a stale update goes
-undetected only if a multiple of `2**32` items were added between the sample and the update).
+A slot's generation (what `set_priorities` compares to tell a fresh item from an overwritten one)
+is the number, modulo `2**32`, of the item last written there: it follows from `head` and `added`
+(a stale update goes undetected only if a multiple of `2**32` items were added in between).
 
-Precision: only the float32 leaf $p^\alpha$ is stored, so a priority read back (`priorities`) is
-`p` to about `6e-8 / alpha` relative (the leaf's rounding raised to the power `1 / alpha`). The
-running max priority has the same resolution: within one `set_priorities` call, a losing duplicate
-entry whose $p^\alpha$ rounds to the winner's leaf is not told apart from it (exact for
-`alpha = 0`, where every leaf is 1 and the winners are found by position).
+Precision: only the float32 leaf $p^\alpha$ is stored, so `priorities` reads `p` to about
+`6e-8 / alpha` relative, and within one `set_priorities` call a losing duplicate whose $p^\alpha$
+rounds to the winner's leaf may raise the running max (exact for `alpha = 0`).
 
 Example:
   ```python
@@ -84,11 +79,9 @@ class PrioritisedSample(NamedTuple):
 class PrioritisedReplayBuffer(struct.PyTreeNode):
     """Fixed-capacity ring of items with proportional prioritised, stratified sampling.
 
-    A drop-in for `jaxbuffers.ReplayBuffer`: the same `create` sizes and `add` call, and `sample`
-    returns the same fields plus `probabilities`, `importance_weights` and `generations`. Every
-    method is pure and returns a new buffer; works under `jit` (donate the buffer for in-place
-    adds), `lax.scan` and `vmap` over stacked buffers. See the module doc for the equations and
-    the priority policy.
+    A drop-in for `jaxbuffers.ReplayBuffer`: the same `create` sizes and `add` call; `sample`
+    returns the same fields plus `probabilities`, `importance_weights` and `generations`. Pure
+    methods, under `jit` (donate for in-place adds), `lax.scan` and `vmap`. See the module doc.
     """
 
     replay: ReplayBuffer  # the items, ring position and counts
@@ -159,23 +152,16 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
 
     @_compiled.method("batch_size")
     def can_sample(self, batch_size: int = 1) -> jax.Array:
-        """Whether `sample(key, batch_size)` returns only stored items (bool scalar): at least
-        `min_size` items are stored (every stored slot has a positive leaf; sampling is with
-        replacement).
-
-        Raises:
-          ValueError: `batch_size` not an int >= 1.
-        """
+        """Whether `sample(key, batch_size)` returns only stored items (bool scalar), as
+        `jaxbuffers.ReplayBuffer.can_sample` (every stored slot has a positive leaf)."""
         return self.replay.can_sample(batch_size)
 
     @_compiled.method()
     def generations_at(self, indices) -> jax.Array:
         """Generation of slots `indices` (int, any shape, in `[0, capacity)`): int32, same shape.
 
-        `added - 1 - ((head - 1 - i) mod capacity)` modulo `2**32` (module doc). Only meaningful
-        for slots in `[0, size())`; compare by equality (see `set_priorities`). A slot never
-        written reads `slot - capacity` (negative), e.g. in the sample of an empty buffer; updates
-        for it are ignored since it is outside `[0, size())`.
+        `_ring.last_item_number` (module doc); only meaningful for slots in `[0, size())`. A slot
+        never written reads `slot - capacity` (negative); updates for it are ignored.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
@@ -185,16 +171,15 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
 
     @property
     def generations(self) -> jax.Array:
-        """Generations of every slot, int32 `[capacity]` (an `O(capacity)` array: for tests and
-        debugging; see `generations_at`)."""
+        """Generations of every slot, int32 `[capacity]` (`O(capacity)`: for tests)."""
         return self.generations_at(jnp.arange(self.capacity, dtype=jnp.int32))
 
     @_compiled.method()
     def priorities(self, indices) -> jax.Array:
         """Priorities `p_i` at slots `indices` (int, any shape): float32, same shape.
 
-        Recovered as `leaf ** (1 / alpha)` (float32 rounding, module doc; for alpha = 0 every
-        stored slot reads 1). Empty slots and indices outside `[0, capacity)` read 0.
+        Recovered as `leaf ** (1 / alpha)` (module doc; 1 for alpha = 0). Empty slots and indices
+        outside `[0, capacity)` read 0.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
@@ -237,8 +222,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     def sample(self, key: jax.Array, batch_size: int, *, beta=1.0) -> PrioritisedSample:
         """Draw `batch_size` items by stratified proportional sampling (with replacement).
 
-        Stratum `k` of `[0, total)` contributes one draw, resolved to the leaf as
-        `jaxbuffers.SumMinTree.sample_stratified` describes.
+        One draw per stratum of the total (`jaxbuffers.SumMinTree.sample_stratified`).
 
         Args:
           key: a JAX PRNG key.
@@ -247,9 +231,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
             annealed inside a jitted step from ~0.4 to 1 over training); `0` gives weights of 1.
 
         Returns:
-          `PrioritisedSample`. Every index is a stored slot with positive priority once an item
-          was added. On an empty buffer (`can_sample` False) it returns slot 0 (zeros),
-          probability 0 and weight 1: defined, never garbage, but check `can_sample` first.
+          `PrioritisedSample`; every index is a stored slot once an item was added. On an empty
+          buffer: slot 0 (zeros), probability 0 and weight 1 (defined; check `can_sample`).
 
         Raises:
           ValueError / TypeError: `batch_size` not an int >= 1, `beta` not a scalar, or a concrete
@@ -275,13 +258,10 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
             of the module doc applies.
           generations: int `[B]`, `PrioritisedSample.generations` from the same sample.
 
-        An entry is applied only if its slot is in `[0, size())` and the slot's generation still
-        equals `generations`; others are ignored (stale or invalid). Among applied entries for the
-        same slot the last one in the batch wins, and the running max priority is raised to the
-        largest priority actually written.
-
         Returns:
-          The new buffer. Cost `O(B log C)`.
+          The new buffer. An entry applies only if its slot is in `[0, size())` and still has
+          `generations`; among applied entries for one slot the last wins, and the running max
+          rises to the largest priority written. Cost `O(B log C)`.
 
         Raises (at trace time):
           ValueError / TypeError: an argument not 1-D, lengths differ, wrong dtype kind.

@@ -83,12 +83,8 @@ class ReplayBuffer(struct.PyTreeNode):
 
     def with_cursors(self, *, head=None, num_valid=None, added=None) -> "ReplayBuffer":
         """A copy with the given ring fields replaced after a range check (for adapters that
-        rebuild a ring, e.g. from SB3's buffers); `replace(head=...)` skips the check.
-
-        Args:
-          head: int scalar in `[0, capacity)`. num_valid: int scalar in `[0, capacity]`.
-          added: int[2] two-word count `[high, low]`, `0 <= low < 2**30` (value
-            `high * 2**30 + low`; e.g. `_ring.counter_add(_ring.counter_zero(), n)`).
+        rebuild a ring); `replace(head=...)` skips the check. `head` in `[0, capacity)`,
+        `num_valid` in `[0, capacity]`, `added` an int[2] `[high, low]` with `0 <= low < 2**30`.
 
         Raises:
           TypeError: not an integer value. ValueError: wrong shape, or a concrete value out of
@@ -123,8 +119,7 @@ class ReplayBuffer(struct.PyTreeNode):
         return self.num_valid >= self.capacity
 
     def num_added(self) -> int:
-        """Exact number of items ever added: a host-side Python int (a numpy int64 array for a
-        stacked buffer). Never overflows int32."""
+        """Exact number of items ever added: a host-side Python int (numpy int64 when stacked)."""
         return _ring.counter_value(self.added)
 
     @_compiled.method("batch_size")
@@ -187,9 +182,8 @@ class ReplayBuffer(struct.PyTreeNode):
     def get(self, indices: jax.Array) -> Any:
         """Items at physical slots `indices` (int32[...]); leaves `[*indices.shape, ...]`.
 
-        Indices outside `[0, capacity)` are clamped into it (`-1` reads slot 0, not the last slot:
-        no Python-style negative indexing), and slots never written read as zeros; check against
-        `size` when indices do not come from `sample`.
+        Indices outside `[0, capacity)` are clamped into it (`-1` reads slot 0: no negative
+        indexing); slots never written read as zeros.
 
         Raises:
           TypeError: `indices` not an integer array.

@@ -15,14 +15,10 @@ So the root holds $\sum_i v_i$ (for sampling) and the smallest POSITIVE leaf (th
 importance-weight normaliser over the slots that can be sampled). Row 0 and the padding leaves
 `[capacity, P)` hold the identity `(0, +inf)` forever.
 
-Invariant: every internal row equals the combination of its children evaluated in the tree's
-dtype. `SumMinTree.set` restores it after writing leaves by recomputing the ancestors of the
-touched leaves from their children (never by adding deltas), so the root never drifts however
-many updates are made. A batch of `B` writes costs `O(B log P)`, never `O(capacity)`, and updates
-the heap in place when the tree is donated.
-
-The tree is a pure pytree (`flax.struct.PyTreeNode`): every method returns a new tree and works
-under `jit`, `lax.scan` and `vmap` (stack trees along a leading axis).
+Invariant: every internal row is the combination of its children in the tree's dtype.
+`SumMinTree.set` recomputes the ancestors of the written leaves from their children (never by
+adding deltas), so the root never drifts. A batch of `B` writes costs `O(B log P)`, in place when
+the tree is donated. The tree is a pure pytree: it works under `jit`, `lax.scan` and `vmap`.
 
 References:
   Schaul et al., "Prioritized Experience Replay", ICLR 2016, appendix B.2.1 (prefix-sum search and
@@ -99,13 +95,9 @@ def _restart(subtree_sum: jax.Array, u2: jax.Array) -> jax.Array:
 
 
 def _descend(nodes: jax.Array, q: jax.Array, u2: jax.Array | None = None) -> jax.Array:
-    """Leaf ids int32[Q] of clamped queries `q` ([Q]): one vectorised step per level.
-
-    Each step goes left when `q < left_sum`, else subtracts `left_sum` and goes right, and never
-    steps into an empty subtree (it takes the other child; both are empty only in an empty tree,
-    which then ends at leaf 0). With `u2` ([Q] in `[0, 1)`) the query is replaced at
-    `_restart_level` by `_restart`.
-    """
+    """Leaf ids int32[Q] of clamped queries `q` [Q], one vectorised step per level: left when
+    `q < left_sum`, else right with `q - left_sum`, never into an empty subtree. With `u2` ([Q] in
+    `[0, 1)`) the query is replaced at `_restart_level` by `_restart`."""
     p = nodes.shape[0] // 2
     depth = p.bit_length() - 1
     pairs = nodes.reshape(p, 2, 2)  # row n: the rows of node n's two children
@@ -122,12 +114,6 @@ def _descend(nodes: jax.Array, q: jax.Array, u2: jax.Array | None = None) -> jax
     if split < depth:
         node, q = jax.lax.fori_loop(split, depth, step, (node, _restart(nodes[node, 0], u2)))
     return node - p
-
-
-def _query_dtype(dtype):
-    """Queries of a bfloat16 / float16 tree are float32, compared with the stored sums converted
-    up: bfloat16 queries cannot tell apart most leaves of a 1,000-leaf bfloat16 tree."""
-    return jnp.promote_types(dtype, jnp.float32)
 
 
 class SumMinTree(flax.struct.PyTreeNode):
@@ -154,11 +140,8 @@ class SumMinTree(flax.struct.PyTreeNode):
         Args:
           capacity: Python int in `[1, 2**30]`, the number of leaves (ids `0 .. capacity - 1`);
             storage is padded to the next power of two.
-          dtype: a floating dtype (float32 default; float64 needs `jax_enable_x64`). Every internal
-            sum is stored, and so rounded, in this dtype, so with bfloat16 or float16 sums sampling
-            is only approximate (single leaves drawn far from their due in skewed trees); the
-            prioritised buffers use float32. The total must stay finite (float16 overflows at
-            65504).
+          dtype: a floating dtype (float32 default). Sums are rounded in it, so bfloat16 or float16
+            trees sample only approximately; the total must stay finite.
 
         Raises:
           ValueError: capacity not an int in `[1, 2**30]`. TypeError: dtype not floating.
@@ -184,6 +167,11 @@ class SumMinTree(flax.struct.PyTreeNode):
     def dtype(self):
         """The dtype of the stored sums and minima."""
         return self.nodes.dtype
+
+    @property
+    def query_dtype(self):
+        """Queries are at least float32: bfloat16 queries miss most leaves of a bfloat16 tree."""
+        return jnp.promote_types(self.dtype, jnp.float32)
 
     @property
     def levels(self) -> tuple:
@@ -229,8 +217,7 @@ class SumMinTree(flax.struct.PyTreeNode):
           where: optional bool[B]; entries with `False` are ignored.
 
         Returns:
-          A new tree. Duplicate indices: the LAST active entry (highest batch position) wins.
-          Cost `O(B log P)` plus `O(B log B)` for the duplicates; in place when donated.
+          A new tree; of duplicate indices the LAST active entry wins. Cost `O(B log P + B log B)`.
 
         Raises (at trace time):
           TypeError / ValueError: indices not 1-D integer, values not floating of the indices'
@@ -245,8 +232,6 @@ class SumMinTree(flax.struct.PyTreeNode):
             if tuple(where.shape) != (b,) or where.dtype != jnp.bool_:
                 raise ValueError(f"where: expected bool[{b}], got {where.dtype}{list(where.shape)}")
             active = active & jnp.asarray(where)
-        if b == 0:
-            return self
         p = self.padded_capacity
         keep = last_write_mask(indices, active)
         nodes = self.nodes.at[jnp.where(keep, indices + p, 2 * p)].set(_rows(values), mode="drop")
@@ -264,14 +249,10 @@ class SumMinTree(flax.struct.PyTreeNode):
     def find(self, queries) -> jax.Array:
         r"""Leaf `i` whose prefix-sum interval $[S_i, S_i + v_i)$ contains each query, $S_i = \sum_{j<i} v_j$.
 
-        Queries are first mapped into `[0, total)`: NaN and negative queries become 0, queries
-        `>= total` the largest float below `total`. Every internal sum is exactly the sum of its
-        children, so a node with a positive sum always has a positive child: whenever
-        `total() > 0` the result is a leaf with a POSITIVE value, whatever the rounding. When
-        `total() == 0` every query returns leaf 0.
-
-        Near a prefix sum `S` a float32 query only tells apart leaves wider than about
-        `S * 2**-24`; `sample_stratified` is not limited by this (it restarts the descent).
+        Queries are clamped into `[0, total)` (NaN to 0). A node with a positive sum always has a
+        positive child, so whenever `total() > 0` the result is a POSITIVE leaf, whatever the
+        rounding; otherwise leaf 0. Near a prefix sum `S` a float32 query only tells apart leaves
+        wider than about `S * 2**-24` (`sample_stratified` restarts the descent instead).
 
         Args:
           queries: floating [Q].
@@ -286,7 +267,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         if queries.ndim != 1:
             raise ValueError(f"queries: expected a 1-D array [Q], got shape {queries.shape}")
         queries = _validate.vector("queries", queries, queries.shape[0], "floating")
-        return _descend(self.nodes, self._clamp(queries.astype(_query_dtype(self.dtype))))
+        return _descend(self.nodes, self._clamp(queries.astype(self.query_dtype)))
 
     def _clamp(self, q: jax.Array) -> jax.Array:
         below_total = jnp.nextafter(self.total().astype(q.dtype), jnp.zeros((), q.dtype))
@@ -302,12 +283,10 @@ class SumMinTree(flax.struct.PyTreeNode):
         q_k = (k + u_k) \frac{\mathrm{total}}{B}, \qquad u_k \sim U[0, 1)\ \text{i.i.d.},
         $$
 
-        which lies in stratum `k` (Schaul et al. 2016, B.2.1). That query chooses the path through
-        the top half of the levels (trees of at most 32 padded leaves use it all the way, as
-        `find` does); below, the descent continues with a second uniform times the sum of the
-        subtree reached (see `_restart`). Each index has marginal probability `v_i / total`
-        averaged over strata, draw `k` lies in a subtree that intersects stratum `k`, and leaves
-        narrower than a float32 spacing of the total are drawn at their due rate.
+        in stratum `k`. It chooses the path through the top half of the levels (all of them up to
+        32 padded leaves); below, a second uniform times the subtree's sum continues (`_restart`).
+        Each index has probability `v_i / total` averaged over strata, and leaves narrower than a
+        float32 spacing of the total are drawn at their due rate.
 
         Args:
           key: a PRNG key.
@@ -320,7 +299,7 @@ class SumMinTree(flax.struct.PyTreeNode):
           ValueError: `batch_size` not an int >= 1.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
-        qdt = _query_dtype(self.dtype)
+        qdt = self.query_dtype
         u, u2 = jax.random.uniform(key, (2, batch_size), jnp.float32).astype(qdt)
         # A product with 1/B, not a division: XLA rewrites a division by a constant into this
         # product under jit only, which would make eager and jitted draws differ in a last bit.
