@@ -20,7 +20,7 @@ from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
 from jaxbuffers.replay import ReplayBuffer, ReplaySample
 from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
 from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
-from jaxbuffers.sum_tree import MinTree, SumMinTree, SumTree
+from jaxbuffers.sum_tree import SumMinTree
 from jaxbuffers.trajectory import (
     PrioritisedTrajectoryBuffer,
     PrioritisedTrajectorySample,
@@ -37,8 +37,6 @@ __all__ = [
     "ReplaySample",
     "PrioritisedReplayBuffer",
     "PrioritisedSample",
-    "SumTree",
-    "MinTree",
     "SumMinTree",
     # trajectories
     "TrajectoryBuffer",

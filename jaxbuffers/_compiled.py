@@ -1,23 +1,25 @@
 """Eager calls at jit speed: every public buffer method runs as one cached compiled program.
 
-A method decorated with :func:`method` is ``jax.jit`` of itself. Called eagerly (a notebook, an
+A method decorated with `method` is `jax.jit` of itself. Called eagerly (a notebook, an
 SB3-style host loop) it compiles once per argument structure, shapes, dtypes and static values,
 then runs one program per call instead of dispatching its operations one by one. Called inside
-``jit``, ``lax.scan``, ``vmap`` or ``grad`` it is traced into the caller's program as usual (a
-nested ``jit`` is inlined), so the same code serves both.
+`jit`, `lax.scan`, `vmap` or `grad` it is traced into the caller's program as usual (a nested
+`jit` is inlined), so the same code serves both.
 
-Two things a bare ``jax.jit`` would lose are kept:
+What a bare `jax.jit` would lose is kept:
 
-* Concrete hyperparameters (``beta``, ``gamma``, ...) become tracers inside the program, where
-  their range cannot be checked; the ones a method declares in ``scalars`` are checked first
-  (:func:`jaxbuffers._validate.scalar_parameter`), so ``gamma=7`` still raises a ``ValueError``
-  naming ``gamma``.
-* Arguments JAX cannot pass to a program (a string, ``None`` where an array belongs, an
-  unhashable static value) make the method run uncompiled, so that its own checks raise their
-  error naming the argument, instead of JAX's generic one.
+* Concrete hyperparameters (`beta`, `gamma`, ...) become tracers inside the program, where their
+  range cannot be checked; the ones a method declares in `scalars` are checked first
+  (`jaxbuffers._validate.scalar_parameter`), so `gamma=7` still raises a `ValueError` naming
+  `gamma`.
+* Arguments a program would not take as they are run the method uncompiled, so that its own
+  checks see them and raise their error naming the argument: a string, an unhashable static
+  value, a Python int outside int32, and a numpy array JAX would narrow at the call boundary (an
+  int64 or float64 array with `jax_enable_x64` off: narrowed, a float64 batch would pass the
+  dtype check and an int64 index `2**32 + 3` would wrap to slot 3).
 
 Trace-time checks (tree structure, shapes, dtypes, static sizes) run while the program is traced,
-on the first call with a new structure, and raise the same errors eagerly and under ``jit``.
+on the first call with a new structure, and raise the same errors eagerly and under `jit`.
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ import numpy as np
 
 from jaxbuffers import _validate
 
-_PROGRAM_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, bool, complex)
+_INT32 = np.iinfo(np.int32)
 
 
-def _passable(tree) -> bool:
-    """Whether every leaf of ``tree`` is something a compiled program takes as an argument."""
-    return all(isinstance(leaf, _PROGRAM_LEAVES) for leaf in jax.tree_util.tree_leaves(tree))
+def _passable(leaf) -> bool:
+    """Whether a compiled program takes ``leaf`` as an argument without changing its value or dtype."""
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        return leaf.dtype.kind in "biufc" and jax.dtypes.canonicalize_dtype(leaf.dtype) == leaf.dtype
+    if isinstance(leaf, int):  # bool included
+        return _INT32.min <= leaf <= _INT32.max
+    return isinstance(leaf, (jax.Array, float, complex))
 
 
 def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = None) -> Callable:
@@ -45,11 +51,16 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
     Args:
       *static: names of the arguments that are static Python values (batch sizes, lengths,
         flags); each distinct value compiles a program of its own.
-      scalars: ``{name: (lo, hi)}`` of traced scalar hyperparameters whose concrete values are
+      scalars: `{name: (lo, hi)}` of traced scalar hyperparameters whose concrete values are
         range-checked before the call (see the module doc).
 
     Returns:
-      The decorated function, with the original's name, signature and docstring.
+      The decorated function, with the original's name, signature and docstring; the plain
+      function is its `uncompiled` attribute.
+
+    Example:
+      `@_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})` above
+      `def sample(self, key, batch_size, *, beta=1.0)`.
     """
     scalars = dict(scalars or {})
 
@@ -61,18 +72,18 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
         def call(*args, **kwargs):
             bound = signature.bind_partial(*args, **kwargs).arguments
             for name, (lo, hi) in scalars.items():
-                if bound.get(name) is not None:
+                if name in bound:
                     _validate.scalar_parameter(name, bound[name], lo, hi)
-            traced = {k: v for k, v in bound.items() if k not in static}
             try:
                 statics_ok = all(hash(bound[k]) is not None for k in static if k in bound)
             except TypeError:
                 statics_ok = False
-            if not statics_ok or not _passable(traced):
-                return fn(*args, **kwargs)  # its own checks name what is wrong
-            return jitted(*args, **kwargs)
+            traced = [v for k, v in bound.items() if k not in static]
+            if statics_ok and all(_passable(leaf) for leaf in jax.tree_util.tree_leaves(traced)):
+                return jitted(*args, **kwargs)
+            return fn(*args, **kwargs)  # its own checks name what is wrong
 
-        call.uncompiled = fn  # the plain function, e.g. for tests that compare both
+        call.uncompiled = fn
         return call
 
     return wrap

@@ -1,24 +1,7 @@
-"""Priority policy, tree leaves, sampling probabilities and importance weights: the maths shared
-by every prioritised buffer (:class:`jaxbuffers.PrioritisedReplayBuffer`,
-:class:`jaxbuffers.PrioritisedTrajectoryBuffer` and the compressed one).
-
-Proportional prioritisation (Schaul et al., "Prioritized Experience Replay", ICLR 2016), with
-``p_i`` the priority of slot ``i`` and ``alpha`` the priority exponent:
-
-.. math::
-
-    P(i) = \\frac{p_i^\\alpha}{\\sum_k p_k^\\alpha}, \\qquad
-    w_i = \\frac{(N P(i))^{-\\beta}}{\\max_j (N P(j))^{-\\beta}}
-        = \\left(\\frac{p_i^\\alpha}{\\min_j p_j^\\alpha}\\right)^{-\\beta},
-
-with ``j`` over the valid slots only (``N`` cancels).
-
-Priority policy (values cannot be checked at trace time):
-
-* ``NaN`` -> the running max priority (before this call): the item is revisited soon.
-* ``< epsilon`` (zero, negative, ``-inf``) -> ``epsilon``: a valid item is never unreachable.
-* ``> PRIORITY_MAX`` (incl. ``+inf``) -> ``PRIORITY_MAX`` (1e20): the sum over 2**30 leaves stays
-  finite in float32.
+r"""Priority maths shared by every prioritised buffer (`jaxbuffers.PrioritisedReplayBuffer`,
+`jaxbuffers.PrioritisedTrajectoryBuffer` and the compressed one): the priority policy, the tree
+leaf $p^\alpha$, sampling probabilities and importance weights. The equations and the policy are
+stated once, in the module doc of `jaxbuffers.prioritised`.
 """
 
 from __future__ import annotations
@@ -26,11 +9,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxbuffers import _validate, sum_tree
-from jaxbuffers.sum_tree import SumMinTree
+from jaxbuffers import _validate
+from jaxbuffers.sum_tree import SumMinTree, last_write_mask
 
 PRIORITY_MAX = 1e20
-"""Largest priority kept (larger values and ``+inf`` are clamped to it); see the module docstring."""
+"""Largest priority kept (larger values and `+inf` are clamped to it): the sum over `2**30`
+leaves stays finite in float32."""
 
 
 def priority_leaf(p: jax.Array, alpha: float) -> jax.Array:
@@ -42,27 +26,19 @@ def priority_leaf(p: jax.Array, alpha: float) -> jax.Array:
 
 
 def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon: float) -> jax.Array:
-    """The priority policy of every prioritised buffer (module docstring): float32, same shape.
-
-    ``NaN -> max_priority``; values below ``epsilon`` (zero, negative, ``-inf``) -> ``epsilon``;
-    values above :data:`PRIORITY_MAX` (incl. ``+inf``) -> ``PRIORITY_MAX``.
-    """
+    """The priority policy (module doc of `jaxbuffers.prioritised`), float32 of the same shape:
+    `NaN -> max_priority`, below `epsilon` -> `epsilon`, above `PRIORITY_MAX` -> `PRIORITY_MAX`."""
     p = priorities.astype(jnp.float32)
     p = jnp.where(jnp.isnan(p), max_priority, p)
     return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
 
 
 def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
-    """Priorities recovered from the leaves at ``indices`` (int, any shape): float32, same shape.
+    """Priorities `leaf ** (1 / alpha)` at `indices` (int, any shape): float32, same shape.
 
-    ``p = leaf ** (1 / alpha)``, so equal to the priority written up to the leaf's float32 rounding
-    raised to ``1 / alpha`` (relative error ~``6e-8 / alpha``: ~1e-7 at alpha 0.6, ~6e-5 at 1e-3;
-    ``+inf`` written reads ~1e20, :data:`PRIORITY_MAX`); with ``alpha = 0`` every
-    written leaf is 1 and reads 1. Leaves holding nothing (a slot never written, a window that is
-    not valid now) and indices outside ``[0, capacity)`` read 0.
-
-    Raises:
-      TypeError: ``indices`` of a non-integer dtype.
+    Exact up to the leaf's float32 rounding raised to `1 / alpha` (about `6e-8 / alpha`
+    relative); 1 for every written leaf when `alpha = 0`. Empty leaves and indices outside
+    `[0, capacity)` read 0. Raises TypeError for `indices` of a non-integer dtype.
     """
     i = _validate.integer_indices("indices", indices)
     leaf = jnp.where((i >= 0) & (i < tree.capacity), tree.get(i.reshape(-1)).reshape(i.shape), 0)
@@ -72,23 +48,19 @@ def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
 
 
 def write_priorities(tree: SumMinTree, indices, priorities, generations, applies, max_priority, epsilon: float, alpha: float):
-    """The update of every prioritised buffer's ``set_priorities``: the priority policy, the leaf
-    ``p**alpha``, the tree write and the running max, for the entries that apply.
+    """The update of every prioritised buffer's `set_priorities`: the policy, the leaf
+    `p**alpha`, the tree write and the running max, for the entries that apply.
 
     Args:
-      tree: the buffer's :class:`~jaxbuffers.SumMinTree`.
-      indices: int32[B] leaves; entries outside ``[0, capacity)`` are ignored.
-      priorities: floating[B] raw priorities (the policy, :func:`sanitise_priorities`, applies).
-      generations: int32[B], the generations the caller sampled.
-      applies: ``(slots, generations) -> bool[B]`` (``slots`` clipped into ``[0, capacity)``):
-        whether an entry may be written (its slot still holds what was sampled, and whatever else
-        the buffer requires).
+      tree: the buffer's `jaxbuffers.SumMinTree`. indices: int32[B]; outside `[0, capacity)`
+        ignored. priorities: floating[B], raw. generations: int32[B], as sampled.
+      applies: `(slots, generations) -> bool[B]` (slots clipped into `[0, capacity)`): whether an
+        entry may be written (its slot still holds what was sampled).
       max_priority: float32 scalar, the running max before this call. epsilon, alpha: the buffer's.
 
     Returns:
-      ``(tree, max_priority)``. Duplicate indices: the last applied entry wins
-      (:meth:`SumMinTree.set`), and only the winners raise the max (to the largest priority
-      actually written).
+      `(tree, max_priority)`: of duplicates the last applied entry wins, and only winners raise
+      the max.
     """
     if indices.shape[0] == 0:
         return tree, max_priority
@@ -99,7 +71,7 @@ def write_priorities(tree: SumMinTree, indices, priorities, generations, applies
     leaf = jnp.where(ok, priority_leaf(p, alpha), jnp.nan)  # NaN: skipped by the tree write
     new = tree.set(indices, leaf)
     if alpha == 0:  # every leaf is 1: find the winners by position instead
-        won = sum_tree.last_write_mask(slots, ok)
+        won = last_write_mask(slots, ok)
     else:
         # Every touched slot now holds its winner's leaf, so an applied entry whose leaf equals its
         # slot's stored leaf is the winner (or a loser with the same p**alpha); skipped entries
@@ -109,23 +81,12 @@ def write_priorities(tree: SumMinTree, indices, priorities, generations, applies
 
 
 def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[jax.Array, jax.Array]:
-    """Sampling probabilities and normalised importance weights of sampled leaves (module doc).
-
-    ``P(i) = leaf_i / total`` and ``w_i = (leaf_i / min_leaf)^-beta`` (the minimum over positive
-    leaves, i.e. over the valid slots). On an empty tree: probability 0 and weight 1.
-
-    Args:
-      tree: the buffer's tree. leaf: float32[B], the sampled leaves ``p^alpha``.
-      beta: importance exponent, a Python / numpy number or a 0-d integer or floating array
-        (:func:`jaxbuffers._validate.scalar_parameter`; a concrete value must be finite and
-        ``>= 0``, a traced one is not range-checked).
-
-    Returns:
-      ``(probabilities, weights)``, float32[B] each.
+    """Sampling probabilities `leaf / total` and importance weights `(leaf / min_leaf)^-beta`
+    of sampled leaves `leaf` (float32[B]; module doc of `jaxbuffers.prioritised`), float32[B]
+    each; probability 0 and weight 1 on an empty tree.
 
     Raises (trace time):
-      ValueError: a concrete ``beta`` that is negative or not finite, or an array that is not 0-d.
-      TypeError: ``beta`` a bool, complex, or not a number or array.
+      ValueError / TypeError: `beta` rejected by `_validate.scalar_parameter` (`>= 0`).
     """
     _validate.scalar_parameter("beta", beta, 0.0)
     total = tree.total()
@@ -139,14 +100,13 @@ def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[
     return probabilities.astype(jnp.float32), weights.astype(jnp.float32)
 
 
-# Keywords other prioritised-replay APIs use for our parameters (Schaul et al.'s alpha; flashbax),
-# named in the TypeError for an unexpected keyword (each create adds its own, e.g. sizes).
+# RENAMED_KEYWORDS, unexpected_keywords and float_bits remain only while jaxbuffers.trajectory
+# imports them; delete them with their last use.
 RENAMED_KEYWORDS = {"alpha": "priority_exponent", "min_priority": "epsilon", "beta": "sample(..., beta=...)"}
 
 
 def unexpected_keywords(method: str, unknown, takes: str, renamed: dict) -> TypeError:
-    """The TypeError for keywords ``unknown`` passed to ``method``: names each, with the keyword
-    to use where ``renamed`` knows it as another API's name, and what ``method`` takes."""
+    """The TypeError naming the keywords `unknown` passed to `method`."""
     unknown = sorted(unknown)
     hint = "".join(f" ({k}: use {renamed[k]})" for k in unknown if k in renamed)
     word = "keyword" if len(unknown) == 1 else "keywords"

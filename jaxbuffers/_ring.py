@@ -7,7 +7,7 @@ Conventions (all buffers):
   data (in ``[0, capacity]``). Writes start at slot 0, so until the ring is full the valid slots are
   exactly ``[0, num_valid)``; once full, ``head`` is also the oldest slot.
 * A *logical* index counts valid items from the oldest (0) to the newest (``num_valid - 1``);
-  :func:`logical_to_physical` maps it to a slot.
+  `logical_to_physical` maps it to a slot.
 * A *window* of ``length`` consecutive items starting at logical index ``k`` is valid when
   ``k + length <= num_valid``: it then never straddles the write head (it never mixes the oldest
   data with data written after wrap-around). Window starts are counted from the oldest valid item,
@@ -27,21 +27,7 @@ import numpy as np
 
 
 _LOW_BITS = 30
-_LOW_MASK = (1 << _LOW_BITS) - 1
-LOW_MASK = _LOW_MASK  # largest low word of a two-word counter
-
-CURSORS = 4
-"""Length of the packed cursor array that starts every ring buffer's ``counters``: ``head``,
-``num_valid``, ``added`` (two words). One array instead of three: every array of a jitted call's
-arguments and results costs host dispatch time (~0.8 us per donated array per call, measured on
-the 2-core CPU), and the cursors are always read and written together."""
-
-
-def pack_cursors(head, num_valid, added, *more) -> jax.Array:
-    """int32 ``[CURSORS + ...]``: ``head``, ``num_valid``, the two words of ``added``, then ``more``
-    (1-D int arrays appended in order; e.g. the trajectory buffer's per-lane final-observation heads)."""
-    parts = [jnp.stack([jnp.asarray(head, jnp.int32), jnp.asarray(num_valid, jnp.int32)]), jnp.asarray(added, jnp.int32)]
-    return jnp.concatenate(parts + [jnp.asarray(m, jnp.int32) for m in more])
+LOW_MASK = (1 << _LOW_BITS) - 1  # largest low word of a two-word counter
 
 
 def check_batch_fits(batch_size: int, capacity: int, what: str = "batch") -> None:
@@ -56,68 +42,39 @@ def check_batch_fits(batch_size: int, capacity: int, what: str = "batch") -> Non
 
 
 def write_indices(head: jax.Array, batch_size: int, capacity: int) -> jax.Array:
-    """Physical slots written by a batch of ``batch_size`` items starting at ``head``.
-
-    Returns:
-      int32[batch_size]: ``(head + arange(batch_size)) % capacity``; item ``i`` of the batch goes to
-      slot ``out[i]``. The oldest slots are overwritten first.
-    """
+    """Physical slots int32[batch_size] written by a batch starting at `head`:
+    `(head + arange(batch_size)) % capacity` (the oldest slots are overwritten first)."""
     return (jnp.asarray(head, jnp.int32) + jnp.arange(batch_size, dtype=jnp.int32)) % capacity
 
 
 def advance(head: jax.Array, num_valid: jax.Array, batch_size: int, capacity: int):
-    """Ring state after writing ``batch_size`` items.
-
-    Returns:
-      ``(new_head, new_num_valid)``, int32 scalars: ``(head + B) % capacity`` and
-      ``min(num_valid + B, capacity)``.
-    """
+    """Ring state `(head, num_valid)` after writing `batch_size` items, int32 scalars:
+    `(head + B) % capacity` and `min(num_valid + B, capacity)`."""
     new_head = (head + batch_size) % capacity
     new_num_valid = jnp.minimum(num_valid + batch_size, capacity)
     return new_head.astype(jnp.int32), new_num_valid.astype(jnp.int32)
 
 
-# Largest [lead * capacity] row count whose flat row ids fit int32 (see write).
-_FLAT_ROWS_MAX = 2**31 - 1
-
-
 def write(storage, batch, head: jax.Array, axis: int = 0):
-    """Write ``batch`` into ``storage`` along ``axis`` at slots ``head, head+1, ...`` with wrap-around.
+    """Write `batch` into `storage` along `axis` at slots `head, head+1, ...` with wrap-around.
 
     Args:
-      storage: an array ``[..., capacity, ...]`` with the ring along ``axis``, or a pytree of them
-        (all with the same leading axes up to ``axis``).
-      batch: the same structure; each leaf has its storage leaf's shape except ``batch_size <=
-        capacity`` along ``axis``, and its dtype.
+      storage: an array `[..., capacity, ...]` with the ring along `axis`, or a pytree of them.
+      batch: the same structure; each leaf has its storage leaf's shape and dtype except
+        `batch_size <= capacity` along `axis`.
       head: int32 scalar, first slot to write.
-      axis: the ring axis (0 for item buffers, 1 for per-lane ``[num_envs, length, ...]`` storage).
+      axis: the ring axis (0 for item buffers, 1 for per-lane `[num_envs, length, ...]` storage).
 
     Returns:
-      The written storage, same structure.
-
-    Cost is O(batch): one scatter with unique in-bounds indices, which XLA performs in place when
-    the storage is donated. With ``axis > 0`` and rows with axes of their own (per-lane
-    ``[E, length, ...]`` storage) the leading axes are flattened first and the ``E * batch_size``
-    rows scattered into the ``[E * length, ...]`` view (a free reshape), so each row is one
-    contiguous copy; storages of more than ``2**31 - 1`` rows keep the scatter along ``axis``
-    (their flat int32 row ids would overflow).
+      The written storage, same structure. Cost O(batch): one scatter with distinct in-bounds
+      slots, which XLA performs in place when the storage is donated.
     """
     leaves, treedef = jax.tree.flatten(storage)
-    rows_in = treedef.flatten_up_to(batch)
-    capacity, b = leaves[0].shape[axis], rows_in[0].shape[axis]
-    head = jnp.asarray(head, jnp.int32)
-    idx = write_indices(head, b, capacity)
-    lead = int(np.prod(leaves[0].shape[:axis]))
-    flat = (jnp.arange(lead, dtype=jnp.int32)[:, None] * capacity + idx[None, :]).reshape(-1)
-    put = dict(unique_indices=True, mode="promise_in_bounds")
-
-    def one(s, x):
-        if axis > 0 and s.ndim > axis + 1 and lead * capacity <= _FLAT_ROWS_MAX:
-            rows = s.reshape((lead * capacity,) + s.shape[axis + 1 :])
-            return rows.at[flat].set(x.reshape((flat.shape[0],) + x.shape[axis + 1 :]), **put).reshape(s.shape)
-        return s.at[(slice(None),) * axis + (idx,)].set(x, **put)
-
-    return jax.tree.unflatten(treedef, [one(s, x) for s, x in zip(leaves, rows_in)])
+    rows = treedef.flatten_up_to(batch)
+    idx = write_indices(head, rows[0].shape[axis], leaves[0].shape[axis])
+    at = (slice(None),) * axis + (idx,)
+    out = [s.at[at].set(x, unique_indices=True, mode="promise_in_bounds") for s, x in zip(leaves, rows)]
+    return jax.tree.unflatten(treedef, out)
 
 
 def oldest(head: jax.Array, num_valid: jax.Array, capacity: int) -> jax.Array:
@@ -131,7 +88,7 @@ def logical_to_physical(logical: jax.Array, head: jax.Array, num_valid: jax.Arra
 
 
 def physical_to_logical(physical: jax.Array, head: jax.Array, num_valid: jax.Array, capacity: int):
-    """Inverse of :func:`logical_to_physical`; invalid slots map to values ``>= num_valid``."""
+    """Inverse of `logical_to_physical`; invalid slots map to values ``>= num_valid``."""
     return ((physical - oldest(head, num_valid, capacity)) % capacity).astype(jnp.int32)
 
 
@@ -144,14 +101,9 @@ def num_windows(num_valid: jax.Array, length: int, period: int = 1) -> jax.Array
     return jnp.where(room >= 0, room // period + 1, 0).astype(jnp.int32)
 
 
-def window_starts(
-    window_ids: jax.Array, head: jax.Array, num_valid: jax.Array, capacity: int, period: int = 1
-) -> jax.Array:
-    """Physical start slot of window number ``window_ids`` (0-based, counted from the oldest valid item).
-
-    Window ``k`` covers logical items ``[k * period, k * period + length)``; callers draw ``k`` in
-    ``[0, num_windows(...))``. Returns int32 with the shape of ``window_ids``.
-    """
+def window_starts(window_ids: jax.Array, head: jax.Array, num_valid: jax.Array, capacity: int, period: int = 1) -> jax.Array:
+    """Physical start slots (int32, shape of `window_ids`) of windows `k` (0-based from the oldest
+    valid item), each covering logical items `[k * period, k * period + length)`."""
     return logical_to_physical(window_ids * period, head, num_valid, capacity)
 
 
@@ -160,20 +112,9 @@ def window_slots(starts: jax.Array, length: int, capacity: int) -> jax.Array:
     return ((starts[..., None] + jnp.arange(length, dtype=jnp.int32)) % capacity).astype(jnp.int32)
 
 
-def sample_windows(
-    key: jax.Array,
-    shape: tuple[int, ...],
-    head: jax.Array,
-    num_valid: jax.Array,
-    capacity: int,
-    length: int = 1,
-    period: int = 1,
-) -> jax.Array:
-    """Uniformly sample physical start slots of valid windows (with replacement).
-
-    When no window is valid the draw is slot ``oldest`` (defined, never out of range); callers
-    expose ``can_sample`` so users can tell.
-    """
+def sample_windows(key, shape: tuple[int, ...], head, num_valid, capacity: int, length: int = 1, period: int = 1) -> jax.Array:
+    """Uniformly sample physical start slots of valid windows (with replacement). When no window
+    is valid the draw is slot `oldest` (defined, never out of range); see `can_sample`."""
     n = jnp.maximum(num_windows(num_valid, length, period), 1)
     k = jax.random.randint(key, shape, 0, n, jnp.int32)
     return window_starts(k, head, num_valid, capacity, period)
@@ -192,14 +133,12 @@ def counter_add(counter: jax.Array, n) -> jax.Array:
     """Add ``n`` (``0 <= n < 2**30``) to a two-word counter; exact, never wraps below 2**61."""
     low = counter[1] + jnp.asarray(n, jnp.int32)
     carry = low >> _LOW_BITS
-    return jnp.stack([counter[0] + carry, low & _LOW_MASK]).astype(jnp.int32)
+    return jnp.stack([counter[0] + carry, low & LOW_MASK]).astype(jnp.int32)
 
 
 def counter_value(counter) -> int:
-    """Host-side exact value of a two-word counter (a Python int; forces a device transfer).
-
-    A stacked counter (``[..., 2]``, e.g. under ``vmap``) gives a numpy int64 array instead.
-    """
+    """Host-side exact value of a two-word counter: a Python int (a numpy int64 array for a
+    stacked counter `[..., 2]`); forces a device transfer."""
     c = np.asarray(counter).astype(np.int64)
     value = (c[..., 0] << _LOW_BITS) + c[..., 1]
     return int(value) if value.ndim == 0 else value
@@ -210,16 +149,21 @@ def last_item_number(counter: jax.Array, head: jax.Array, slots: jax.Array, capa
 
     A ring writes items ``0, 1, 2, ...`` to slots ``0, 1, 2, ... mod capacity``, so slot ``s`` last
     received item ``added - 1 - ((head - 1 - s) mod capacity)`` (``added`` from the two-word
-    ``counter``). Only meaningful for slots holding data. Prioritised buffers use it as the slot's
-    *generation*: it changes exactly when the slot is overwritten, with no per-slot state.
-
-    Args:
-      counter: int32[2] items ever added. head: int32 scalar. slots: int[...] physical slots.
-      capacity: static ring capacity.
-
-    Returns:
-      int32 with the shape of ``slots``.
+    ``counter``): int32, the shape of `slots`; only meaningful for slots holding data.
+    Prioritised buffers use it as the slot's *generation*: it changes exactly when the slot is
+    overwritten, with no per-slot state.
     """
     added32 = jnp.left_shift(counter[..., 0], _LOW_BITS) + counter[..., 1]  # wraps in int32
     back = jnp.mod(head - 1 - jnp.asarray(slots, jnp.int32), capacity)
     return (added32 - 1 - back).astype(jnp.int32)
+
+
+# CURSORS and pack_cursors remain only while jaxbuffers.trajectory packs its cursors into one
+# array; delete them with their last use (every buffer's state is named fields).
+CURSORS = 4
+
+
+def pack_cursors(head, num_valid, added, *more) -> jax.Array:
+    """int32 `[CURSORS + ...]`: `head`, `num_valid`, the two words of `added`, then `more`."""
+    parts = [jnp.stack([jnp.asarray(head, jnp.int32), jnp.asarray(num_valid, jnp.int32)]), jnp.asarray(added, jnp.int32)]
+    return jnp.concatenate(parts + [jnp.asarray(m, jnp.int32) for m in more])

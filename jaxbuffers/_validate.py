@@ -1,14 +1,13 @@
-"""Trace-time checks of pytrees against the example item a buffer was created with.
+"""Every trace-time argument and input check of the library, each in one place.
 
-Every buffer stores an *item spec*: a pytree of ``jax.ShapeDtypeStruct`` describing one item (no
-batch axis). :func:`check_batch` compares a batch against it before anything is written, so wrong
-input fails while tracing with a message naming the leaf path (e.g. ``obs['pixels']``), the
-expected and the received shape or dtype. Nothing is ever cast: a float64 numpy batch for a float32
-field is an error, not a silent conversion.
-
-Errors raised:
-  * ``TypeError``  wrong tree structure, a leaf that is not an array, or a dtype mismatch.
-  * ``ValueError`` wrong per-item shape, inconsistent or missing leading (batch) axes.
+Every buffer stores an *item spec*: a pytree of `jax.ShapeDtypeStruct` describing one item (no
+batch axis). `check_batch` compares a batch against it before anything is written, so wrong input
+fails while tracing with a message naming the leaf path (e.g. `obs['pixels']`), the expected and
+the received shape or dtype. Nothing is ever cast: a float64 numpy batch for a float32 field is an
+error. Static sizes go through `static_int`, flags `static_bool`, static floats `static_float`,
+traced hyperparameters `scalar_parameter`, index arguments `integer_indices` / `index_vector`,
+per-entry vectors `vector`. Wrong structure, kind or dtype raises `TypeError`; wrong shape or
+value `ValueError`; every message starts with the argument's name.
 """
 
 from __future__ import annotations
@@ -48,25 +47,23 @@ def item_spec(example: Any, what: str = "example_item") -> Any:
         raise ValueError(f"{what}: expected a pytree with at least one array leaf, got {example!r}")
     specs = []
     for path, leaf in leaves:
+        name = f"{what}{leaf_name(path) if path else ''}"
         if not _is_array_like(leaf):
             raise TypeError(
-                f"{what}{leaf_name(path) if path else ''}: expected an array or jax.ShapeDtypeStruct "
-                f"(its dtype is stored exactly), got {type(leaf).__name__} {leaf!r}; wrap it, e.g. "
-                f"jnp.float32({leaf!r})"
+                f"{name}: expected an array or jax.ShapeDtypeStruct (its dtype is stored exactly), "
+                f"got {type(leaf).__name__} {leaf!r}; wrap it, e.g. jnp.float32({leaf!r})"
             )
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             raise TypeError(
-                f"{what}{leaf_name(path) if path else ''}: expected a numeric array, got a PRNG key array "
-                f"({leaf.dtype}); store its raw bits, jax.random.key_data(key), and rebuild it with "
-                f"jax.random.wrap_key_data"
+                f"{name}: expected a numeric array, got a PRNG key array ({leaf.dtype}); store its raw "
+                f"bits, jax.random.key_data(key), and rebuild it with jax.random.wrap_key_data"
             )
         dtype = np.dtype(leaf.dtype)
         canonical = jax.dtypes.canonicalize_dtype(dtype)
         if canonical != dtype:
             raise TypeError(
-                f"{what}{leaf_name(path) if path else ''}: dtype {dtype} cannot be stored without "
-                f"narrowing to {canonical} (jax_enable_x64 is off); pass a {canonical} example or "
-                f"enable x64"
+                f"{name}: dtype {dtype} cannot be stored without narrowing to {canonical} "
+                f"(jax_enable_x64 is off); pass a {canonical} example or enable x64"
             )
         specs.append(jax.ShapeDtypeStruct(tuple(leaf.shape), dtype))
     return jax.tree_util.tree_unflatten(treedef, specs)
@@ -93,7 +90,7 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
     """Check ``batch`` against ``spec`` with ``batch_ndim`` leading axes; return those axes' sizes.
 
     Args:
-      spec: per-item pytree of ``jax.ShapeDtypeStruct`` (see :func:`item_spec`).
+      spec: per-item pytree of ``jax.ShapeDtypeStruct`` (see `item_spec`).
       batch: pytree with the same structure; each leaf has shape ``lead + spec.shape`` where
         ``lead`` (length ``batch_ndim``) is the same for every leaf, and exactly the spec's dtype.
       batch_ndim: number of leading axes (1 for ``[B, ...]``, 2 for ``[num_envs, t, ...]``).
@@ -146,46 +143,40 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
     return lead
 
 
-def spec_nbytes(spec: Any) -> int:
-    """Bytes of one item described by ``spec`` (sum over leaves)."""
-    return int(sum(np.prod(s.shape, dtype=np.int64) * np.dtype(s.dtype).itemsize for s in jax.tree_util.tree_leaves(spec)))
-
-
 def tree_nbytes(tree: Any) -> int:
-    """Total bytes of the array leaves of ``tree`` (works on arrays and ShapeDtypeStructs)."""
+    """Total bytes of the array leaves of `tree` (arrays or ShapeDtypeStructs, e.g. an item spec)."""
     return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
 
 
-def static_int(name: str, value, minimum: int = 1) -> int:
-    """A static size argument: a Python (or numpy) int in ``[minimum, 2**31 - 1]``, returned as ``int``.
+spec_nbytes = tree_nbytes  # bytes of one item described by a spec
+
+
+def static_int(name: str, value, minimum: int = 1, maximum: int = 2**31 - 1) -> int:
+    """A static size argument: a Python (or numpy) int in `[minimum, maximum]`, returned as `int`.
+
+    The default maximum is int32's: every position, size and period is computed in int32.
 
     Raises:
-      ValueError: a bool, a float (even ``10.0``: sizes are never rounded silently), a traced or
-        other non-int value, or a value outside the range (every position, size and period is
-        computed in int32); the message names the argument.
+      ValueError: a bool, a float (even `10.0`: sizes are never rounded silently), a traced or
+        other non-int value, or a value outside the range; the message names the argument.
     """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
         raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
-    if int(value) > _INT32.max:
-        raise ValueError(f"{name}: expected at most 2**31 - 1 (int32 arithmetic), got {value!r}")
+    if int(value) > maximum:
+        raise ValueError(f"{name}: expected at most {maximum}, got {value!r}")
     return int(value)
 
 
 def scalar_parameter(name: str, x: Any, lo: float, hi: float = math.inf) -> Any:
     """A scalar hyperparameter that may be traced (a discount, a lambda, an importance exponent).
 
-    Accepted: a Python or numpy int or float, or a 0-d JAX / numpy array of an integer or floating
-    dtype. (Integers are numbers like any other: a Python ``1`` passed through ``jit`` arrives as
-    an int32 tracer, e.g. once an annealed ``beta = min(1, ...)`` saturates.) A concrete value must
-    be finite and lie in ``[lo, hi]``; a traced one cannot be range-checked.
-
-    Returns:
-      ``x`` unchanged (callers convert it to their compute dtype).
+    Accepted: a Python or numpy int or float, or a 0-d array of an integer or floating dtype (a
+    Python `1` through `jit` is an int32 tracer). A concrete value must be finite and in
+    `[lo, hi]`; a traced one cannot be range-checked. Returns `x` unchanged.
 
     Raises:
       TypeError: a bool (a flag passed by mistake), a complex number, a string, any other kind.
-      ValueError: an array that is not 0-d, or a concrete value that is NaN, infinite or outside
-        ``[lo, hi]``. Messages start with ``name``.
+      ValueError: an array that is not 0-d, or a concrete value NaN, infinite or outside the range.
     """
     want = "a float" + (f" in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f" >= {lo:g}") + " or a 0-d float array"
     if x is None or isinstance(x, (bool, np.bool_, complex, np.complexfloating)):
@@ -221,12 +212,9 @@ _INT64 = np.iinfo(np.int64)
 
 
 def as_array(x: Any) -> Any:
-    """``x`` itself if it is an array (JAX or numpy, its dtype kept); a sequence holding JAX
-    arrays or tracers (e.g. ``[i, 1]`` built inside ``jit``) through ``jnp.asarray``; anything
-    else through ``np.asarray``.
-
-    For checking an argument's shape and dtype before anything narrows it: ``jnp.asarray`` of a
-    numpy int64 array gives int32 when x64 is off, wrapping large values."""
+    """`x` itself if it is an array (its dtype kept); a sequence holding JAX arrays or tracers
+    (`[i, 1]` inside `jit`) through `jnp.asarray`; anything else through `np.asarray` (so that
+    checks see a numpy int64 before JAX narrows it)."""
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return x
     if any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(x)):
@@ -235,17 +223,13 @@ def as_array(x: Any) -> Any:
 
 
 def index_array(x: Any, name: str = "indices") -> Any:
-    """:func:`as_array` for index arguments: Python ints beyond the 64-bit range (numpy keeps
-    them as objects) are clipped to int64, so an index out of range stays out of range once
-    :func:`int32_indices` saturates it. (Not for values compared modulo ``2**32``, such as
-    generations: clipping would change their residue.)
+    """`as_array` for index arguments: Python ints beyond 64 bits are clipped to int64, so an
+    index out of range stays out of range once `int32_indices` saturates it (not for generations,
+    compared modulo `2**32`). Array-likes numpy can read (a CPU torch tensor) are accepted.
 
     Raises:
-      TypeError: naming ``name``, for what is not an array of numbers: ``None``, a string, a
-        dict, other objects, ragged or mixed lists (also lists holding JAX arrays or tracers),
-        or an object with ``shape`` and ``dtype`` that numpy cannot read as numbers
-        (``jax.ShapeDtypeStruct``). Array-likes numpy can read (a CPU torch tensor) are accepted.
-        Raised before a shape check would report such input as a 0-d array.
+      TypeError: naming `name`, for what is not an array of numbers (`None`, a string, a dict,
+        ragged or mixed lists, a `jax.ShapeDtypeStruct`), before a shape check sees a 0-d array.
     """
     def refuse(why: str = "") -> TypeError:
         return TypeError(f"{name}: expected an integer array (int32), got {type(x).__name__} {x!r:.60}{why}")
@@ -269,16 +253,12 @@ def _is_python_int(v: Any) -> bool:
 
 
 def int32_indices(indices: Any) -> jax.Array:
-    """Integer ``indices`` (any integer dtype) as int32, saturating values outside int32's range.
+    """Integer `indices` (any integer dtype) as int32, saturating values outside int32's range.
 
-    A plain ``astype(int32)`` wraps: under ``jax_enable_x64`` an int64 index ``2**32 + 3`` became
-    slot 3 and a write meant to be ignored as out of range landed on a valid slot. Saturated, an
-    out-of-range index stays out of range (buffers hold at most ``2**30`` slots), so it is ignored
-    by writes and clipped by reads as documented. Values already in range are unchanged. numpy
-    input (and Python ints that fit int64 / uint64) is saturated with numpy first, before JAX
-    converts it (which, with x64 off, narrows int64 by wrapping). A numpy int64 array passed as
-    an argument of a *jitted* function is narrowed by JAX at the call boundary, before any
-    library code runs; pass int32 there, or enable x64.
+    A plain `astype(int32)` wraps (an int64 `2**32 + 3` becomes slot 3); saturated, an index out
+    of range stays out of range (buffers hold at most `2**30` slots), so writes ignore it and
+    reads clip it. numpy input is saturated before JAX converts it. (A numpy int64 argument of a
+    user's own jitted function is narrowed by JAX at its boundary: pass int32 there.)
     """
     x = index_array(indices)
     xp = jnp if isinstance(x, jax.Array) else np  # numpy input is saturated before JAX sees it
@@ -291,9 +271,8 @@ def int32_indices(indices: Any) -> jax.Array:
 
 
 def integer_indices(name: str, indices) -> jax.Array:
-    """``indices`` (an integer array of any shape and integer dtype) as int32, values outside
-    int32's range saturated (:func:`int32_indices`). Raises TypeError naming
-    ``name`` for a non-integer dtype or what is not numbers (:func:`index_array`)."""
+    """`indices` (integer, any shape) as int32 saturated (`int32_indices`). Raises TypeError
+    naming `name` for a non-integer dtype or what is not numbers (`index_array`)."""
     indices = index_array(indices, name)
     if not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an integer dtype (int32), got {indices.dtype}")
@@ -315,11 +294,17 @@ def static_float(name: str, value, lo: float, hi: float) -> float:
 
 
 def vector(name: str, x, b: int, kind: str) -> jax.Array:
-    """``x`` as a ``[b]`` array of the given kind (``'floating'`` or ``'integer'``), checked at trace time.
+    """`x` (an array or a list) as a `[b]` array of the given kind (`'floating'` or `'integer'`),
+    checked at trace time; its dtype is kept.
 
     Raises:
-      TypeError: not an array, or the wrong dtype kind; ValueError: not of shape ``(b,)``.
+      TypeError: not an array, or the wrong dtype kind; ValueError: not of shape `(b,)`.
     """
+    if x is not None and not isinstance(x, str):
+        try:
+            x = as_array(x)
+        except (TypeError, ValueError):
+            pass
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"{name}: expected an array of shape [{b}], got {type(x).__name__}")
     if tuple(x.shape) != (b,):
@@ -328,3 +313,33 @@ def vector(name: str, x, b: int, kind: str) -> jax.Array:
     if not jnp.issubdtype(x.dtype, want):
         raise TypeError(f"{name}: expected a{'n' if kind == 'integer' else ''} {kind} dtype, got {x.dtype}")
     return jnp.asarray(x)
+
+
+def index_vector(name: str, indices) -> jax.Array:
+    """`indices` as a 1-D int32 array `[B]`: `integer_indices` plus a rank check.
+
+    Raises:
+      TypeError: naming `name`, what is not an integer array; ValueError: not 1-D.
+    """
+    x = index_array(indices, name)
+    if x.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D int array [B], got shape {x.shape}")
+    return integer_indices(name, x)
+
+
+def integer_value(name: str, value, shape: tuple, lo, hi, expected: str = "") -> jax.Array:
+    """An integer array of `shape` (a cursor, a counter) as int32; concrete values must lie in
+    `[lo, hi]` (elementwise; checked before any narrowing; `expected` describes the range in the
+    error), traced ones are not range-checked.
+
+    Raises:
+      TypeError: not of an integer dtype; ValueError: wrong shape, or a concrete value out of range.
+    """
+    v = value if isinstance(value, jax.core.Tracer) else np.asarray(value)
+    if not jnp.issubdtype(v.dtype, jnp.integer):
+        raise TypeError(f"{name}: expected an integer value, got dtype {v.dtype}")
+    if v.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {v.shape}")
+    if isinstance(v, np.ndarray) and (np.any(v < lo) or np.any(v > hi)):
+        raise ValueError(f"{name}: expected {expected or f'a value in [{lo}, {hi}]'}, got {v.tolist()}")
+    return jnp.asarray(v.astype(np.int32))

@@ -168,6 +168,7 @@ def test_create_errors():
 
 
 def test_min_size_and_empty_sample_is_defined():
+    """can_sample is True exactly when sample returns only stored items (size >= min_size)."""
     buf = jb.ReplayBuffer.create(ITEM, 8, min_size=3)
     assert not bool(buf.can_sample(1))
     out = buf.sample(jax.random.key(0), 4)  # empty: zeros from slot 0, never garbage
@@ -208,20 +209,21 @@ def test_vmap_over_stacked_buffers_equals_separate_buffers():
     assert jb.ReplayBuffer.num_added(bufs).tolist() == [9, 9, 9]
 
 
-def test_with_cursors_checks_and_keeps_the_rest():
-    """The cursors share one int32 array: with_cursors replaces the given ones, keeps the others
-    and any trailing words (add keeps them too), and rejects wrong dtypes, shapes and concrete
-    values out of range, naming the cursor."""
+def test_named_ring_fields_and_with_cursors_checks():
+    """The ring state is named fields (head, num_valid, added); with_cursors replaces the given
+    ones after a range check and rejects wrong dtypes, shapes and concrete values out of range,
+    naming the field; add carries on from what was set."""
     from jaxbuffers import _ring
 
     buf = jb.ReplayBuffer.create(ITEM, 10)
-    buf = buf.replace(counters=jnp.concatenate([buf.counters, jnp.array([-7], jnp.int32)]))  # a wrapping buffer's word
+    assert buf.head.dtype == buf.num_valid.dtype == buf.added.dtype == jnp.int32
+    assert (buf.head.shape, buf.num_valid.shape, buf.added.shape) == ((), (), (2,))
     b = buf.with_cursors(head=3, num_valid=10, added=_ring.counter_add(_ring.counter_zero(), 2**30 + 5))
-    assert (int(b.head), int(b.num_valid), b.num_added(), int(b.counters[-1])) == (3, 10, 2**30 + 5, -7)
+    assert (int(b.head), int(b.num_valid), b.num_added()) == (3, 10, 2**30 + 5)
     b = jax.jit(lambda x: x.with_cursors(head=x.head + 1))(b)  # traced values are not range-checked
     assert (int(b.head), int(b.num_valid), b.num_added()) == (4, 10, 2**30 + 5)
     b = b.add({"obs": jnp.ones((2, 3)), "action": jnp.zeros(2, jnp.int32), "done": jnp.zeros(2, bool)})
-    assert (int(b.head), b.num_added(), int(b.counters[-1])) == (6, 2**30 + 7, -7)
+    assert (int(b.head), b.num_added()) == (6, 2**30 + 7)
     for kw, err, words in [
         (dict(head=10), ValueError, "head: expected a value in [0, 9]"),
         (dict(head=np.int64(2**32 + 3)), ValueError, "head: expected a value in [0, 9]"),  # not wrapped to 3
@@ -232,3 +234,20 @@ def test_with_cursors_checks_and_keeps_the_rest():
     ]:
         with pytest.raises(err, match=re.escape(words)):
             buf.with_cursors(**kw)
+
+
+def test_eager_calls_compile_once_per_shape_and_equal_jitted(compile_counter):
+    """Eager add / sample / can_sample run one cached program each: after the first call of a
+    shape nothing compiles, and the results equal the jitted calls'."""
+    buf = jb.ReplayBuffer.create(ITEM, 16)
+    add, sample = jax.jit(jb.ReplayBuffer.add), jax.jit(jb.ReplayBuffer.sample, static_argnums=2)
+    eager, jitted = buf.add(make_batch(0, 3)), add(buf, make_batch(0, 3))
+    eager.sample(jax.random.key(0), 8), eager.can_sample(8)
+    with compile_counter() as n:
+        for k in range(1, 6):
+            eager, jitted = eager.add(make_batch(3 * k, 3)), add(jitted, make_batch(3 * k, 3))
+            out = eager.sample(jax.random.key(k), 8)
+            assert bool(eager.can_sample(8))
+            jax.tree.map(np.testing.assert_array_equal, out, sample(jitted, jax.random.key(k), 8))
+    assert n() == 1  # the jitted sample of the reference; none for the eager calls
+    jax.tree.map(np.testing.assert_array_equal, eager, jitted)

@@ -109,8 +109,7 @@ def test_write_along_lane_axis():
 @pytest.mark.parametrize("row", [(), (1,), (3,), (2, 3)])
 @pytest.mark.parametrize("lead", [(1,), (3,), (2, 3)])
 def test_write_along_later_axis_matches_numpy(lead, row):
-    # Rows of more than one element take the flattened-rows scatter, scalar rows the scatter along
-    # the axis: both must write exactly the slots (head + i) % capacity of every lane, wrap included.
+    # Every lane's slots (head + i) % capacity are written, wrap included, whatever the row shape.
     capacity, axis = 5, len(lead)
     rng = np.random.default_rng(0)
     storage = rng.integers(0, 100, (*lead, capacity, *row)).astype(np.int32)
@@ -174,16 +173,3 @@ def test_write_pytree_equals_leaf_by_leaf():
         got = _ring.write(storage, batch, jnp.int32(5), axis=1)
         for k in storage:
             np.testing.assert_array_equal(got[k], _ring.write(storage[k], batch[k], jnp.int32(5), axis=1))
-
-
-def test_write_keeps_the_axis_scatter_when_flat_row_ids_would_overflow(monkeypatch):
-    # Storages of more than 2**31 - 1 rows (lead * capacity) cannot use int32 flat row ids; they
-    # take the scatter along the axis. Shown with the limit lowered below a small storage's rows.
-    storage = jnp.arange(2 * 5 * 3, dtype=jnp.int32).reshape(2, 5, 3)
-    batch = jnp.full((2, 3, 3), -1, jnp.int32)
-    want = _ring.write(storage, batch, jnp.int32(4), axis=1)
-    jaxpr = lambda: str(jax.make_jaxpr(lambda s, b: _ring.write(s, b, jnp.int32(4), axis=1))(storage, batch))  # noqa: E731
-    assert "i32[10,3]" in jaxpr()  # the flat [lead * capacity, ...] view, under the real limit
-    monkeypatch.setattr(_ring, "_FLAT_ROWS_MAX", 9)
-    assert "i32[10,3]" not in jaxpr()
-    np.testing.assert_array_equal(_ring.write(storage, batch, jnp.int32(4), axis=1), want)

@@ -84,7 +84,7 @@ def test_static_bool():
 
 def test_item_spec_names_a_prng_key_leaf():
     """A typed PRNG key leaf is refused with the leaf named and the way to store it (it failed
-    with numpy's "Cannot interpret 'key<fry>' as a data type"; found by a fresh-clone review)."""
+    with numpy's "Cannot interpret 'key<fry>' as a data type")."""
     import jaxbuffers as jb
 
     item = {"obs": jnp.zeros(3), "rng": jax.random.key(0)}
