@@ -328,3 +328,38 @@ def vector(name: str, x, b: int, kind: str) -> jax.Array:
     if not jnp.issubdtype(x.dtype, want):
         raise TypeError(f"{name}: expected a{'n' if kind == 'integer' else ''} {kind} dtype, got {x.dtype}")
     return jnp.asarray(x)
+
+
+def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> jax.Array:
+    """``x`` as an array of exactly ``shape`` (None: any) and ``dtype``, checked at trace time.
+
+    ``dtype`` is a dtype (matched exactly), ``"floating"`` (any floating dtype) or None (any).
+
+    Raises:
+      TypeError: not an array (``None``, a Python scalar, a list), a numpy dtype that JAX would
+        narrow (float64 with ``jax_enable_x64`` off), or the wrong dtype. ValueError: the wrong
+        shape. Messages start with ``name``.
+    """
+    if not _is_array_like(x):
+        raise TypeError(f"{name}: expected an array{'' if shape is None else f' of shape {shape}'}, got {type(x).__name__}")
+    got = np.dtype(x.dtype)
+    if not isinstance(x, jax.core.Tracer) and jax.dtypes.canonicalize_dtype(got) != got:
+        raise TypeError(
+            f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (jax_enable_x64 "
+            f"is off); convert it explicitly"
+        )
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if dtype == "floating":
+        if not jnp.issubdtype(got, jnp.floating):
+            raise TypeError(f"{name}: expected a floating dtype, got {got}")
+    elif dtype is not None and got != np.dtype(dtype):
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got} (nothing is cast implicitly)")
+    return jnp.asarray(x)
+
+
+def choice(name: str, value: Any, options: tuple) -> Any:
+    """A static option: ``value`` if it is one of ``options``, else ValueError naming ``name``."""
+    if value not in options:
+        raise ValueError(f"{name}: expected one of {options}, got {value!r}")
+    return value
