@@ -35,8 +35,13 @@ _PROGRAM_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, bool, complex)
 
 
 def _passable(tree) -> bool:
-    """Whether every leaf of ``tree`` is something a compiled program takes as an argument."""
-    return all(isinstance(leaf, _PROGRAM_LEAVES) for leaf in jax.tree_util.tree_leaves(tree))
+    """Whether every leaf of ``tree`` is something a compiled program takes as an argument, as it
+    is: a numpy float64 leaf with x64 off would be narrowed at the call, before any check ran."""
+    return all(
+        isinstance(leaf, _PROGRAM_LEAVES)
+        and not (isinstance(leaf, (np.ndarray, np.generic)) and jax.dtypes.canonicalize_dtype(leaf.dtype) != leaf.dtype)
+        for leaf in jax.tree_util.tree_leaves(tree)
+    )
 
 
 def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = None) -> Callable:

@@ -343,18 +343,14 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
     if not _is_array_like(x):
         raise TypeError(f"{name}: expected an array{'' if shape is None else f' of shape {shape}'}, got {type(x).__name__}")
     got = np.dtype(x.dtype)
-    if not isinstance(x, jax.core.Tracer) and jax.dtypes.canonicalize_dtype(got) != got:
-        raise TypeError(
-            f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (jax_enable_x64 "
-            f"is off); convert it explicitly"
-        )
     if shape is not None and tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
-    if dtype == "floating":
-        if not jnp.issubdtype(got, jnp.floating):
-            raise TypeError(f"{name}: expected a floating dtype, got {got}")
-    elif dtype is not None and got != np.dtype(dtype):
+    if dtype == "floating" and not jnp.issubdtype(got, jnp.floating):
+        raise TypeError(f"{name}: expected a floating dtype, got {got}")
+    if dtype not in (None, "floating") and got != np.dtype(dtype):
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got} (nothing is cast implicitly)")
+    if jax.dtypes.canonicalize_dtype(got) != got:
+        raise TypeError(f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (x64 is off); convert it")
     return jnp.asarray(x)
 
 

@@ -558,7 +558,6 @@ def test_other_functions_check_inputs():
 
 
 def test_wide_batch_matches_reference():
-
     batch = (2, 64)
     arrays = make_rollout(21, 12, batch, p_term=0.15, p_trunc=0.15)
     a64 = [a.astype(np.float64) for a in arrays]
