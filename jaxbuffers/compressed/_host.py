@@ -1,38 +1,28 @@
 """Host half of the compressed buffers: the stores, the write/read callbacks and their versions.
 
-Everything that crosses from jitted code to the host goes through one :class:`HostStores`
-object, which a buffer keeps in a *static* field (it is not a pytree leaf):
+Everything that crosses from jitted code to the host goes through one `HostStores` object, which a
+buffer keeps in a *static* field (not a pytree leaf):
 
-* Identity hash and equality (Python's default), so a jitted function compiles once per buffer
-  and reuses the executable for every later state of that buffer (same object), while two
-  buffers never share a cache entry by accident.
-* **Writes** run exactly once per executed ``add``, in program order, also inside ``lax.scan``
-  and with donation. On CPU, in a process with one device, a write is a
-  ``jax.experimental.buffer_callback`` with a side effect (an ``io_callback`` hangs in a process
-  limited to one CPU: ``_common.write``); elsewhere (other backends, several devices)
-  ``jax.experimental.io_callback(..., ordered=True)``. (A ``pure_callback`` whose result is unused
-  is removed by XLA: a write through it never happens.) Each write returns the new *version*
-  (writes so far, int32) which the buffer carries as a leaf; every later write and read of the
-  store takes it as an argument, which orders them.
-* **Reads** take that version as an argument: the data dependency makes a read run after the
-  write that produced the state it samples from. On CPU a read is a
-  ``jax.experimental.buffer_callback`` that decodes into XLA's own output buffers
-  (:meth:`HostStores.read_into`); elsewhere a ``jax.pure_callback`` (:meth:`HostStores.read`).
-  Under ``vmap`` both use ``vmap_method="broadcast_all"``.
-* **Stale reads are refused, not served.** Every slot remembers the version that last wrote it.
-  A read made with version ``v`` raises if one of its slots was written by a later version, i.e.
-  when it would return frames newer than the buffer state it was sampled from (an old state kept
-  after later adds, or a sample that XLA scheduled after a later add of the same program). A write
-  from a state whose version is not the store's current one (adding twice to the same state: a
-  fork) is refused too, before anything is written. Errors raised inside callbacks surface as
-  ``jax.errors.JaxRuntimeError`` (``XlaRuntimeError``) when the result is used.
-* Writes cannot be ``vmap``-ed (the write's vmap rule raises ``ValueError: ... cannot be
-  vmapped`` on every backend): a compressed buffer is one host store, so
-  stacking buffers under ``vmap`` is not supported. ``vmap`` over sampling
-  keys of one buffer works (reads are batched).
+* Identity hash and equality (Python's default): a jitted function compiles once per buffer and
+  reuses the program for every later state of it, and two buffers never share a cache entry.
+* **Writes** run exactly once per executed `add`, in program order, also inside `lax.scan` and
+  with donation (a `pure_callback` whose result is unused is removed by XLA, so writes never use
+  one). Each returns the new *version* (writes so far, int32), which the buffer carries as a
+  leaf; every later write and read of the store takes it as an argument, which orders them.
+* **Reads** take that version too: the data dependency makes a read run after the write that
+  produced the state it samples from. The callback carrying writes and reads is chosen in one
+  place, `jaxbuffers.compressed._common.in_place_callbacks` (which says why).
+* **Stale reads are refused, not served.** Every slot remembers the version that last wrote it;
+  a read with version `v` raises if one of its slots was written later (an old state kept after
+  later adds, or a sample XLA scheduled after a later add of the same program). A write from a
+  state whose version is not the store's current one (adding twice to one state: a fork) is
+  refused before anything is written. Errors raised inside callbacks surface as
+  `jax.errors.JaxRuntimeError` when the result is used.
+* Writes cannot be `vmap`-ed (`ValueError: ... cannot be vmapped`): a compressed buffer is one
+  host store, so buffers cannot be stacked; `vmap` over sampling keys of one buffer works.
 
-The store layout is the :class:`host_codecs.CompressedStore` layout (numpy arrays) plus one int32
-``slot_version`` array per store: simple to persist.
+The store layout is the `host_codecs.CompressedStore` layout (numpy arrays) plus one int32
+`slot_version` array per store.
 """
 
 from __future__ import annotations
@@ -48,8 +38,7 @@ from host_codecs._base import dtype_from_code
 __all__ = ["DEFAULT_DICTIONARY_BYTES", "HostStores", "StaleBufferError"]
 
 #: Most content bytes of the zstd dictionary a compressed buffer's store builds from its first
-#: 1,024 frames when the codec is zstd (84x84 Atari frames: 2-3x smaller, decode ~2x faster;
-#: docs/benchmarks.md).
+#: 1,024 frames when the codec is zstd (docs/benchmarks.md compares sizes and speeds).
 DEFAULT_DICTIONARY_BYTES = 16384
 
 
@@ -192,7 +181,7 @@ class HostStores:
             )
 
     def read_into(self, version, ids: Sequence[np.ndarray], outs: Sequence[Sequence[np.ndarray]]) -> None:
-        """Host side of a jitted sample on CPU: decode slot arrays ``ids[j]`` (any shapes ``S_j``)
+        """Host side of an in-place jitted sample: decode slot arrays ``ids[j]`` (any shapes ``S_j``)
         of store ``i`` into ``outs[i][j]`` (``S_j + item_shape``, C-contiguous: XLA's own output
         buffers, so the result is not copied again). A slot shared between the id arrays is
         decoded once (:meth:`host_codecs.CompressedStore.get_many`). Same checks as :meth:`read`."""
