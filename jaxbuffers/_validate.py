@@ -330,8 +330,9 @@ def vector(name: str, x, b: int, kind: str) -> jax.Array:
     return jnp.asarray(x)
 
 
-def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> jax.Array:
-    """``x`` as an array of exactly ``shape`` (None: any) and ``dtype``, checked at trace time.
+def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
+    """``x`` itself once checked to be an array (JAX or numpy, not converted) of exactly ``shape``
+    (None: any) and ``dtype``, at trace time.
 
     ``dtype`` is a dtype (matched exactly), ``"floating"`` (any floating dtype) or None (any).
 
@@ -351,7 +352,7 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got} (nothing is cast implicitly)")
     if jax.dtypes.canonicalize_dtype(got) != got:
         raise TypeError(f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (x64 is off); convert it")
-    return jnp.asarray(x)
+    return x
 
 
 def choice(name: str, value: Any, options: tuple) -> Any:

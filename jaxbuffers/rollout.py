@@ -277,15 +277,12 @@ class RolloutBuffer(struct.PyTreeNode):
         """Write one step of every env at row `step_index` and advance it.
 
         Args:
-          step: pytree like `example_step` with a leading axis `num_envs` on every leaf, exactly
-            the stored dtypes.
+          step: pytree like `example_step`, leading axis `num_envs` on every leaf, stored dtypes.
           reward: `[N]` float_dtype, $r_t$.
           value: `[N]` float_dtype, $V(o_t)$.
           terminated: `[N]` bool, $o_{t+1}$ is terminal (no bootstrap).
-          truncated: `[N]` bool, the episode was cut after this step (time limit); requires
-            `final_value`. Omitted: False.
-          final_value: `[N]` float_dtype, $V$ of the real $o_{t+1}$ before the auto-reset, read
-            only where `truncated`. Requires `truncated`.
+          truncated: `[N]` bool, the episode was cut after this step; with `final_value`. Omitted: False.
+          final_value: `[N]` float_dtype, $V$ of the real $o_{t+1}$, read only where `truncated`.
           trainable: `[N]` bool, learn from this step. Omitted: True.
 
         Returns:
@@ -456,32 +453,17 @@ class RolloutBuffer(struct.PyTreeNode):
         m = self._check_num_minibatches(num_minibatches)
         steps = self.num_steps * self.num_envs
         copies = int(np.prod(self.reward.shape, dtype=np.int64)) // steps  # K for a stacked buffer
-        field_bytes: list[tuple[str, int]] = []
-        for path, leaf in jax.tree_util.tree_flatten_with_path(self.step)[0]:
-            field_bytes.append((f"step{_validate.leaf_name(path) if path else ''}", _validate.tree_nbytes(leaf)))
-        for name in _GAE_FIELDS:
-            field_bytes.append((name, _validate.tree_nbytes(getattr(self, name))))
-        field_bytes.append(
-            ("counters (step_index, flags)", _validate.tree_nbytes((self.step_index, self.overflowed, self.has_advantages)))
-        )
-        storage = sum(b for _, b in field_bytes)
-        # Per step: every stored [T, N] field except `trainable` (replaced by `mask`, also bool) plus
-        # the int32 `index`: exactly the fields of RolloutMinibatch.
-        per_step = sum(b for name, b in field_bytes if not name.startswith("counters")) // (copies * steps)
-        per_step += np.dtype(np.int32).itemsize
-        mb_size = steps // m
-        minibatch = copies * mb_size * per_step
-        shuffled = m * minibatch
-        perm = copies * steps * np.dtype(np.int32).itemsize
+        field_bytes = [(f"step{_validate.leaf_name(p) if p else ''}", _validate.tree_nbytes(x)) for p, x in jax.tree_util.tree_flatten_with_path(self.step)[0]]
+        field_bytes += [(name, _validate.tree_nbytes(getattr(self, name))) for name in _GAE_FIELDS]
+        counters = _validate.tree_nbytes((self.step_index, self.overflowed, self.has_advantages))
+        storage = sum(b for _, b in field_bytes) + counters
+        # Per step: every stored [T, N] field (`trainable` becomes `mask`, also bool) plus the int32
+        # `index`: exactly the fields of RolloutMinibatch.
+        per_step = sum(b for _, b in field_bytes) // (copies * steps) + 4
+        minibatch = copies * (steps // m) * per_step
         return RolloutMemoryPressure(
-            num_steps=self.num_steps,
-            num_envs=self.num_envs,
-            num_minibatches=m,
-            minibatch_size=mb_size,
-            field_bytes=tuple(field_bytes),
-            storage_bytes=storage,
-            minibatch_bytes=minibatch,
-            shuffled_bytes=shuffled,
-            peak_bytes=storage + shuffled + minibatch,
-            peak_bytes_gathered=storage + perm + minibatch,
+            num_steps=self.num_steps, num_envs=self.num_envs, num_minibatches=m, minibatch_size=steps // m,
+            field_bytes=(*field_bytes, ("counters (step_index, flags)", counters)), storage_bytes=storage,
+            minibatch_bytes=minibatch, shuffled_bytes=m * minibatch, peak_bytes=storage + m * minibatch + minibatch,
+            peak_bytes_gathered=storage + copies * steps * 4 + minibatch,  # the int32 permutation
         )

@@ -24,57 +24,43 @@ from jaxbuffers import _validate
 from jaxbuffers.compressed._host import HostStores
 
 
-def _path_names(path) -> tuple[str, ...]:
-    """Dict keys / attribute names along a leaf path (sequence indices are skipped)."""
-    out = []
-    for k in path:
-        if isinstance(k, jax.tree_util.DictKey):
-            out.append(str(k.key))
-        elif isinstance(k, jax.tree_util.GetAttrKey):
-            out.append(k.name)
-    return tuple(out)
-
-
 def select_leaves(spec: Any, compress: Sequence[str] | None, what: str) -> tuple[int, ...]:
-    """Flat indices (in ``jax.tree.leaves`` order) of the leaves of ``spec`` to compress.
+    """Flat indices (in `jax.tree.leaves` order) of the leaves of `spec` to compress.
 
     A leaf is selected when one of the dict keys (or attribute names) on its path is in
-    ``compress``, or when its full name (``_validate.leaf_name``, e.g. ``['pixels']``) is.
-    ``compress=None`` selects every leaf.
+    `compress`, or when its full name (`_validate.leaf_name`, e.g. `['pixels']`) is.
+    `compress=None` selects every leaf.
 
     Raises:
       ValueError: a name selects nothing (the message lists the leaves), or nothing is selected.
-      TypeError: ``compress`` is a bare string (``("pixels",)`` was meant).
+      TypeError: `compress` is a bare string (`("pixels",)` was meant).
     """
     leaves = jax.tree_util.tree_flatten_with_path(spec)[0]
     if compress is None:
         return tuple(range(len(leaves)))
     if isinstance(compress, str):
         raise TypeError(f"compress: expected a tuple of leaf names, e.g. ({compress!r},), got the string {compress!r}")
-    names = set(compress)
-    chosen, used = [], set()
+    names, chosen, used = set(compress), [], set()
     for i, (path, _) in enumerate(leaves):
-        keys = set(_path_names(path)) | {_validate.leaf_name(path)}
-        hit = keys & names
-        if hit:
+        # dict keys and attribute names along the path (sequence indices skipped), and the full name
+        keys = {str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)}
+        keys |= {k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)} | {_validate.leaf_name(path)}
+        if keys & names:
             chosen.append(i)
-            used |= hit
-    missing = sorted(names - used)
-    if missing:
+            used |= keys & names
+    if names - used:
         avail = [_validate.leaf_name(p) for p, _ in leaves]
-        raise ValueError(f"compress: {missing} match no leaf of {what}; its leaves are {avail}")
+        raise ValueError(f"compress: {sorted(names - used)} match no leaf of {what}; its leaves are {avail}")
     if not chosen:
         raise ValueError(f"compress: selects no leaf of {what}")
     return tuple(chosen)
 
 
 def replace_leaves(tree: Any, indices: Sequence[int], values: Sequence[Any]) -> Any:
-    """``tree`` with its leaves number ``indices`` (``jax.tree.leaves`` order) replaced by ``values``."""
+    """`tree` with its leaves number `indices` (`jax.tree.leaves` order) replaced by `values`."""
     leaves, treedef = jax.tree.flatten(tree)
-    leaves = list(leaves)
-    for i, v in zip(indices, values):
-        leaves[i] = v
-    return jax.tree.unflatten(treedef, leaves)
+    new = dict(zip(indices, values))
+    return jax.tree.unflatten(treedef, [new.get(i, x) for i, x in enumerate(leaves)])
 
 
 def pick_leaves(tree: Any, indices: Sequence[int]) -> list:
@@ -90,12 +76,12 @@ class LeafInfo:
     shape: tuple[int, ...]  # one observation (a whole stack with frame dedup)
     dtype: np.dtype
     frame_shape: tuple[int, ...]  # what one store entry holds
-    stack_axis: int | None  # axis of ``shape`` holding the k frames (frame dedup), else None
+    stack_axis: int | None  # axis of `shape` holding the k frames (frame dedup), else None
 
 
 def newest_frame(x: jax.Array, info: LeafInfo, lead: int) -> jax.Array:
-    """The entry to store for observations ``x`` (``[*lead, *info.shape]``): the newest frame of
-    each stack (index ``k - 1`` along the stack axis), or the whole observation."""
+    """The entry to store for observations `x` (`[*lead, *info.shape]`): the newest frame of
+    each stack (index `k - 1` along the stack axis), or the whole observation."""
     if info.stack_axis is None:
         return x
     k = info.shape[info.stack_axis]
@@ -204,11 +190,11 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
     """Decoded entries -> observations.
 
     Args:
-      frames: with frame dedup ``[*S, k, *frame_shape]`` (stack position ``j``: oldest ``0`` to
-        newest ``k - 1``), else ``[*S, *shape]``. ``lead = len(S)``.
-      pad: bool ``[*S, k]``, frames to zero (``padding="zero"``), or None.
-      normalize: return float32 ``x * float32(1 / 255)`` instead of the stored dtype (XLA turns a
-        division by 255 into this product anyway; it is within 1 ulp of ``x / 255``, exactly 0 and 1
+      frames: with frame dedup `[*S, k, *frame_shape]` (stack position `j`: oldest `0` to
+        newest `k - 1`), else `[*S, *shape]`. `lead = len(S)`.
+      pad: bool `[*S, k]`, frames to zero (`padding="zero"`), or None.
+      normalize: return float32 `x * float32(1 / 255)` instead of the stored dtype (XLA turns a
+        division by 255 into this product anyway; it is within 1 ulp of `x / 255`, exactly 0 and 1
         at 0 and 255).
     """
     if info.stack_axis is not None:

@@ -43,7 +43,7 @@ DEFAULT_DICTIONARY_BYTES = 16384
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype, align: int = 64) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on an ``align``-byte boundary."""
+    """An uninitialised C-contiguous array whose data starts on an `align`-byte boundary."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + align, np.uint8)
@@ -56,18 +56,18 @@ class StaleBufferError(RuntimeError):
 
 
 class HostStores:
-    """One :class:`~host_codecs.CompressedStore` per compressed leaf, sharing slot numbering.
+    """One `host_codecs.CompressedStore` per compressed leaf, sharing slot numbering.
 
     Args:
       num_slots: slots per store (every compressed leaf uses the same slot ids).
-      codec: codec name of the stores (``"zstd:3"``, ``"igzip:1"``, ``"rle"``, ``"none"``...).
+      codec: codec name of the stores (`"zstd:3"`, `"igzip:1"`, `"rle"`, `"none"`...).
       item_shapes: per compressed leaf, the shape of one stored entry (a frame).
       dtypes: per compressed leaf, its dtype.
       names: per compressed leaf, a readable name for error messages.
       chunk_bytes: largest arena chunk of each store.
       dictionary_bytes: most content bytes of the zstd dictionary each store builds from its
-        first 1,024 frames (``None``: :data:`DEFAULT_DICTIONARY_BYTES` for a zstd codec, else 0;
-        0: none; see :class:`host_codecs.CompressedStore`). ValueError: > 0 with another codec.
+        first 1,024 frames (`None`: `DEFAULT_DICTIONARY_BYTES` for a zstd codec, else 0;
+        0: none; see `host_codecs.CompressedStore`). ValueError: > 0 with another codec.
     """
 
     def __init__(
@@ -112,7 +112,7 @@ class HostStores:
     # ------------------------------------------------------------------ accounting
     @property
     def nbytes(self) -> int:
-        """Host bytes held: every store's ``nbytes`` (arena + index) plus ``slot_version``."""
+        """Host bytes held: every store's `nbytes` (arena + index) plus `slot_version`."""
         return sum(s.nbytes for s in self.stores) + self.slot_version.nbytes
 
     def close(self) -> None:
@@ -129,7 +129,7 @@ class HostStores:
 
     # ------------------------------------------------------------------ callbacks
     def write(self, version, slots, valid, *datas) -> np.ndarray:
-        """Host side of an add: put ``datas[i][valid]`` into store ``i`` at ``slots[valid]``.
+        """Host side of an add: put `datas[i][valid]` into store `i` at `slots[valid]`.
 
         Args (numpy, from the write callback):
           version: int32 scalar, the version of the buffer state being added to.
@@ -140,7 +140,7 @@ class HostStores:
           int32 scalar: the new version.
 
         Raises:
-          StaleBufferError: ``version`` is not the store's current version (the state was
+          StaleBufferError: `version` is not the store's current version (the state was
             already added to: writing again would fork the shared store).
         """
         self._check_open("add")
@@ -165,7 +165,7 @@ class HostStores:
             return np.int32(self.version)
 
     def _check_read(self, version, slots: np.ndarray) -> None:
-        """Raise StaleBufferError when a slot in ``slots`` was rewritten after ``version``."""
+        """Raise StaleBufferError when a slot in `slots` was rewritten after `version`."""
         self._check_open("sample")
         v = int(np.max(np.asarray(version)))
         with self._lock:
@@ -181,31 +181,31 @@ class HostStores:
             )
 
     def read_into(self, version, ids: Sequence[np.ndarray], outs: Sequence[Sequence[np.ndarray]]) -> None:
-        """Host side of an in-place jitted sample: decode slot arrays ``ids[j]`` (any shapes ``S_j``)
-        of store ``i`` into ``outs[i][j]`` (``S_j + item_shape``, C-contiguous: XLA's own output
+        """Host side of an in-place jitted sample: decode slot arrays `ids[j]` (any shapes `S_j`)
+        of store `i` into `outs[i][j]` (`S_j + item_shape`, C-contiguous: XLA's own output
         buffers, so the result is not copied again). A slot shared between the id arrays is
-        decoded once (:meth:`host_codecs.CompressedStore.get_many`). Same checks as :meth:`read`."""
+        decoded once (`host_codecs.CompressedStore.get_many`). Same checks as `read`."""
         ids = [np.asarray(x) for x in ids]
         self._check_read(version, ids[0] if len(ids) == 1 else np.concatenate([x.reshape(-1) for x in ids]))
         for store, out in zip(self.stores, outs):
             store.get_many(ids, missing="zeros", outs=out)
 
     def read(self, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
-        """Host side of a sample: decode slots ``ids[j]`` (any shapes ``S_j``) from every store.
+        """Host side of a sample: decode slots `ids[j]` (any shapes `S_j`) from every store.
 
-        Each distinct slot (over all ``ids``) is decoded once, in parallel, directly into the
-        output (:meth:`host_codecs.CompressedStore.get`); its other occurrences are row copies.
+        Each distinct slot (over all `ids`) is decoded once, in parallel, directly into the
+        output (`host_codecs.CompressedStore.get`); its other occurrences are row copies.
 
         Args:
           aligned: decode into 64-byte aligned memory (each output starts on a 64-byte boundary
             when its byte size allows), which JAX's CPU backend adopts without a copy.
 
         Returns:
-          For store ``i`` and id array ``j``, output ``i * len(ids) + j``: shape
-          ``S_j + item_shape``, the store's dtype.
+          For store `i` and id array `j`, output `i * len(ids) + j`: shape
+          `S_j + item_shape`, the store's dtype.
 
         Raises:
-          StaleBufferError: a slot was rewritten after ``version`` (see module doc).
+          StaleBufferError: a slot was rewritten after `version` (see module doc).
         """
         ids = [np.asarray(x) for x in ids]
         flat = np.concatenate([x.reshape(-1) for x in ids]) if ids else np.zeros(0, np.int32)
