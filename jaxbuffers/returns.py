@@ -84,7 +84,7 @@ class NStepReturns(NamedTuple):
 
 
 class _Rollout(NamedTuple):
-    """Checked inputs, floats widened to at least float32 (module doc, *Dtypes*)."""
+    """Checked inputs, floats widened to at least float32 (module doc)."""
 
     reward: jax.Array
     value: jax.Array | None
@@ -191,10 +191,10 @@ def gae(
       `(advantages, returns)`, both `[T, *B]` with the dtype of `reward`.
 
     Raises:
-      TypeError: a required argument is missing, a flag is not bool, or a float argument does not
-        share the floating dtype of `reward`.
-      ValueError: shapes disagree with `reward`, `truncated` comes without `final_value` (or the
-        reverse), a concrete `gamma` / `gae_lambda` is outside $[0, 1]$, or `method` is unknown.
+      TypeError: a required argument is missing, a flag is not bool, or a float argument's dtype
+        is not `reward`'s. ValueError: shapes disagree with `reward`, `truncated` without
+        `final_value` (or the reverse), a concrete `gamma` / `gae_lambda` outside $[0, 1]$, or an
+        unknown `method`.
 
     Example:
       >>> import jax.numpy as jnp
@@ -384,5 +384,5 @@ def n_step_returns(
         return target, num_steps, discount, active & ~closes, gamma_i * gamma
 
     init = (jnp.zeros(shape, dtype), jnp.zeros(shape, jnp.int32), jnp.zeros(shape, dtype), jnp.ones(shape, jnp.bool_), jnp.ones((), dtype))
-    target, num_steps, discount, _, _ = lax.fori_loop(0, min(n, T), body, init)
+    target, num_steps, discount, _, _ = lax.fori_loop(0, min(n, T), body, init)  # gamma_i = gamma**i
     return NStepReturns(target.astype(ro.out), num_steps, discount.astype(ro.out))
