@@ -110,8 +110,15 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
         return cls(buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
                    normalize_images=bool(normalize_images))
 
-    num_steps = property(lambda self: self.buffer.num_steps, doc="Rows $T$ of the rollout (static Python int).")
-    num_envs = property(lambda self: self.buffer.num_envs, doc="Envs $N$ per row (static Python int).")
+    @property
+    def num_steps(self) -> int:
+        """Rows $T$ of the rollout (static Python int)."""
+        return self.buffer.num_steps
+
+    @property
+    def num_envs(self) -> int:
+        """Envs $N$ per row (static Python int)."""
+        return self.buffer.num_envs
 
     @property
     def step_spec(self) -> Any:
@@ -119,9 +126,20 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
         specs = [jax.ShapeDtypeStruct(i.shape, i.dtype) for i in self.leaves]
         return _common.replace_leaves(self.buffer.step_spec, self.leaf_index, specs)
 
-    device_nbytes = property(lambda self: _validate.tree_nbytes(self), doc="Bytes of the device arrays (uncompressed fields, slots, GAE fields).")
-    host_nbytes = property(lambda self: self.host.nbytes, doc="Bytes held by the host stores (payload arenas plus index).")
-    nbytes = property(lambda self: self.device_nbytes + self.host_nbytes, doc="Device plus host bytes.")
+    @property
+    def device_nbytes(self) -> int:
+        """Bytes of the device arrays (uncompressed fields, slots, GAE fields)."""
+        return _validate.tree_nbytes(self)
+
+    @property
+    def host_nbytes(self) -> int:
+        """Bytes held by the host stores (payload arenas plus index)."""
+        return self.host.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Device plus host bytes."""
+        return self.device_nbytes + self.host_nbytes
 
     @_compiled.method()
     def size(self) -> jax.Array:
