@@ -7,19 +7,13 @@ with `add`, compute advantages once with `compute_gae`, iterate over shuffled mi
 jittable (eagerly, each runs as one cached compiled program); the buffer can be carried through
 `lax.scan` and stacked under `jax.vmap` (one buffer per seed or learner).
 
-**What is stored.** Two kinds of fields, kept apart:
-
-* `step`: the user's pytree for one env step (observation, action, log-probability, recurrent
-  state...), exactly as `example_step` in `create` (no batch axis there, `[N, ...]` at `add`,
-  `[T, N, ...]` in storage). Stored and handed back, never interpreted.
-* The fields GAE needs, with the step convention of `jaxbuffers.returns` (step $t$ is the
-  transition $o_t \to o_{t+1}$), passed to `add` as keywords: `reward` ($r_t$), `value`
-  ($V(o_t)$), `terminated` ($o_{t+1}$ is terminal), optionally `truncated` (cut by a time limit
-  after step $t$) with `final_value` ($V$ of the real $o_{t+1}$ before the auto-reset), and
-  `trainable` (default True): steps that take part in GAE but must not be learned from (e.g.
-  taken by a scripted controller).
-
-`compute_gae` adds `advantages` and `returns` (`[T, N]`).
+**What is stored.** `step`, the user's pytree for one env step (observation, action,
+log-probability...), as `example_step` in `create`: stored and handed back, never interpreted.
+Beside it, the fields GAE needs, with the step convention of `jaxbuffers.returns` (step $t$ is
+$o_t \to o_{t+1}$), given to `add` as keywords: `reward` ($r_t$), `value` ($V(o_t)$),
+`terminated`, optionally `truncated` with `final_value`, and `trainable` (default True: steps
+that take part in GAE but are not learned from, e.g. a scripted controller's). `compute_gae`
+adds `advantages` and `returns` (`[T, N]`).
 
 **At the edges.**
 
