@@ -185,7 +185,7 @@ class RunnerState(NamedTuple):
 
 
 class Trainer(NamedTuple):
-    """What :func:`make_train` returns.
+    """What `make_train` returns.
 
     ``init(keys)`` builds the stacked runner state for ``keys`` ``[num_seeds]``;
     ``run_chunk(state)`` performs ``config.chunk`` updates for every seed and returns

@@ -343,3 +343,35 @@ def integer_value(name: str, value, shape: tuple, lo, hi, expected: str = "") ->
     if isinstance(v, np.ndarray) and (np.any(v < lo) or np.any(v > hi)):
         raise ValueError(f"{name}: expected {expected or f'a value in [{lo}, {hi}]'}, got {v.tolist()}")
     return jnp.asarray(v.astype(np.int32))
+
+
+def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
+    """``x`` itself once checked to be an array (JAX or numpy, not converted) of exactly ``shape``
+    (None: any) and ``dtype``, at trace time.
+
+    ``dtype`` is a dtype (matched exactly), ``"floating"`` (any floating dtype) or None (any).
+
+    Raises:
+      TypeError: not an array (``None``, a Python scalar, a list), a numpy dtype that JAX would
+        narrow (float64 with ``jax_enable_x64`` off), or the wrong dtype. ValueError: the wrong
+        shape. Messages start with ``name``.
+    """
+    if not _is_array_like(x):
+        raise TypeError(f"{name}: expected an array{'' if shape is None else f' of shape {shape}'}, got {type(x).__name__}")
+    got = np.dtype(x.dtype)
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if dtype == "floating" and not jnp.issubdtype(got, jnp.floating):
+        raise TypeError(f"{name}: expected a floating dtype, got {got}")
+    if dtype not in (None, "floating") and got != np.dtype(dtype):
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got} (nothing is cast implicitly)")
+    if jax.dtypes.canonicalize_dtype(got) != got:
+        raise TypeError(f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (x64 is off); convert it")
+    return x
+
+
+def choice(name: str, value: Any, options: tuple) -> Any:
+    """A static option: ``value`` if it is one of ``options``, else ValueError naming ``name``."""
+    if value not in options:
+        raise ValueError(f"{name}: expected one of {options}, got {value!r}")
+    return value

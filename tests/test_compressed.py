@@ -21,6 +21,7 @@ from jaxbuffers.compressed import (
     CompressedTrajectoryBuffer,
     StaleBufferError,
 )
+from jaxbuffers.compressed import _common
 from jaxbuffers.rollout import RolloutBuffer
 from jaxbuffers.trajectory import PrioritisedTrajectoryBuffer, TrajectoryBuffer
 
@@ -447,36 +448,31 @@ def test_small_chunk_bytes_spread_frames_over_many_arena_chunks(atari_rollouts):
             assert_tree_equal(jax.tree.map(np.asarray, cb.sample_transitions(jax.random.key(s), 64, gamma=0.9)), jax.tree.map(np.asarray, want))
 
 
-def test_in_place_callback_and_pure_callback_reads_agree(monkeypatch):
-    """On CPU the jitted read decodes into XLA's buffers (buffer_callback); other backends use
-    pure_callback. Both give the same samples, also under vmap (with id trees batched
-    differently) and for sequences."""
-    from jaxbuffers.compressed import _common
-
-    if _common._buffer_callback is None or jax.default_backend() != "cpu":
-        pytest.skip("the in-place read is the CPU path of JAX versions that have buffer_callback")
+def test_in_place_callback_and_pure_callback_reads_agree():
+    """Reads decode into XLA's buffers (buffer_callback) or return arrays (pure_callback), as
+    _common.in_place_callbacks decides; forced each way on CPU, both give the same samples, also
+    under vmap (with id trees batched differently) and for sequences."""
     obs, term = _steps(9)
-    buf = _simple()
-    for i in range(9):
-        buf = buf.add({"obs": obs[i], "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}, terminated=term[i])
     keys = jax.random.split(jax.random.key(4), 3)
 
-    ids0 = buf.buffer.sample_transitions(keys[2], 5, gamma=0.9).obs  # id leaves, outside the vmap
-
-    def draws(b):
-        tr = jax.jit(lambda bf, k: bf.sample_transitions(k, 5, gamma=0.9))(b, keys[0])
-        seq = jax.jit(lambda bf, k: bf.sample_sequences(k, 3, 4))(b, keys[1])
-        many = jax.jit(jax.vmap(lambda k: b.sample_transitions(k, 4, gamma=0.9)))(keys)
+    def draws():
+        buf = _simple()  # a new buffer: programs are cached per buffer, with the mechanism traced
+        for i in range(9):
+            buf = buf.add({"obs": obs[i], "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}, terminated=term[i])
+        ids0 = buf.buffer.sample_transitions(keys[2], 5, gamma=0.9).obs  # id leaves, outside the vmap
+        tr = jax.jit(lambda bf, k: bf.sample_transitions(k, 5, gamma=0.9))(buf, keys[0])
+        seq = jax.jit(lambda bf, k: bf.sample_sequences(k, 3, 4))(buf, keys[1])
+        many = jax.jit(jax.vmap(lambda k: buf.sample_transitions(k, 4, gamma=0.9)))(keys)
         # One id tree batched by the vmap, one not: both decoded in one callback.
-        mixed = jax.jit(jax.vmap(lambda k: b.decode_obs(ids0, b.buffer.sample_transitions(k, 5, gamma=0.9).obs)))(keys)
+        mixed = jax.jit(jax.vmap(lambda k: buf.decode_obs(ids0, buf.buffer.sample_transitions(k, 5, gamma=0.9).obs)))(keys)
+        for i in range(3):  # the unbatched tree decodes the same under every key
+            assert_tree_equal(jax.tree.map(lambda x: np.asarray(x[i]), mixed[0]), jax.tree.map(np.asarray, buf.decode_obs(ids0)))
         return jax.tree.map(np.asarray, (tr, seq, many, mixed))
 
-    in_place = draws(buf)
-    mixed = in_place[3]
-    for i in range(3):  # the unbatched tree decodes the same under every key
-        assert_tree_equal(jax.tree.map(lambda x: x[i], mixed[0]), jax.tree.map(np.asarray, buf.decode_obs(ids0)))
-    monkeypatch.setattr(_common, "_buffer_callback", None)
-    assert_tree_equal(draws(buf), in_place)
+    with _common.forced_callbacks(True):
+        in_place = draws()
+    with _common.forced_callbacks(False):
+        assert_tree_equal(draws(), in_place)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -568,8 +564,8 @@ def test_prioritised_matches_uncompressed():
 def test_rollout_matches_rollout_buffer(seed, num_steps, num_envs, adds, normalize, use_jit):
     rng = np.random.default_rng(seed)
     ex = {"obs": {"pixels": jnp.zeros((H, W, 2), jnp.uint8), "vec": jnp.zeros(3, jnp.float32)}, "logp": jnp.float32(0)}
-    comp = CompressedRolloutBuffer.create(ex, num_steps, num_envs, compress=("pixels",), normalize_images=normalize, codec="rle")
-    ref = RolloutBuffer.create(ex, num_steps, num_envs)
+    comp = CompressedRolloutBuffer.create(ex, num_envs=num_envs, num_steps=num_steps, compress=("pixels",), normalize_images=normalize, codec="rle")
+    ref = RolloutBuffer.create(ex, num_envs=num_envs, num_steps=num_steps)
     cadd = jax.jit(CompressedRolloutBuffer.add, donate_argnums=0) if use_jit else CompressedRolloutBuffer.add
     for r, n_adds in enumerate(adds):  # each round: reset, then n_adds adds (may overflow)
         comp, ref = comp.reset(), ref.reset()
@@ -597,8 +593,8 @@ def test_rollout_matches_rollout_buffer(seed, num_steps, num_envs, adds, normali
 def test_rollout_gather_per_minibatch_in_scan():
     n, e = 4, 2
     ex = {"obs": jnp.zeros((H, W), jnp.uint8)}
-    comp = CompressedRolloutBuffer.create(ex, n, e, codec="zstd:3")
-    ref = RolloutBuffer.create(ex, n, e)
+    comp = CompressedRolloutBuffer.create(ex, num_envs=e, num_steps=n, codec="zstd:3")
+    ref = RolloutBuffer.create(ex, num_envs=e, num_steps=n)
     rng = np.random.default_rng(0)
     for _ in range(n):
         step = {"obs": jnp.asarray(rng.integers(0, 256, (e, H, W)).astype(np.uint8))}
@@ -615,6 +611,81 @@ def test_rollout_gather_per_minibatch_in_scan():
     assert comp.host.num_reads - reads == 4  # one decode per minibatch
     want = ref.minibatches(jax.random.key(3), 4).step["obs"]
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+MECHANISMS = pytest.mark.parametrize("in_place", [True, False], ids=["buffer_callback", "io_callback"])
+
+
+def _rollout(num_envs=2, num_steps=8):
+    ex = {"obs": jnp.zeros((H, W), jnp.uint8), "action": jnp.int32(0)}
+    return CompressedRolloutBuffer.create(ex, num_envs=num_envs, num_steps=num_steps, codec="rle")
+
+
+def _rollout_add(buf, obs):
+    e = obs.shape[0]
+    return buf.add({"obs": obs, "action": jnp.zeros(e, jnp.int32)}, reward=jnp.ones(e), value=jnp.zeros(e), terminated=jnp.zeros(e, bool))
+
+
+@MECHANISMS
+def test_rollout_writes_once_under_jit_scan_donation_and_eagerly(in_place):
+    """Each write mechanism, forced on CPU: one host write per executed add, in a jitted scan, with
+    donation, when the add's result is unused, and eagerly (one compiled program per call)."""
+    obs = jnp.asarray(np.random.default_rng(1).integers(0, 256, (8, 2, H, W)).astype(np.uint8))
+    collect = lambda buf, obs: jax.lax.scan(lambda b, o: (_rollout_add(b, o), None), buf, obs)[0]  # noqa: E731
+    with _common.forced_callbacks(in_place):
+        buf = _rollout()
+        buf = jax.block_until_ready(jax.jit(collect)(buf, obs[:3]))
+        assert (buf.host.num_writes, buf.host.num_rows, int(buf.version)) == (3, 6, 3)
+        buf = jax.block_until_ready(jax.jit(collect, donate_argnums=0)(buf, obs[3:5]))
+        assert (buf.host.num_writes, buf.host.num_rows, int(buf.version)) == (5, 10, 5)
+        buf = jax.block_until_ready(_rollout_add(buf, obs[5]))  # eager
+        assert (buf.host.num_writes, int(buf.version)) == (6, 6)
+        jax.block_until_ready(jax.jit(lambda b: _rollout_add(b, obs[6]).size() * 0)(buf))
+        assert buf.host.num_writes == 7  # kept although its result is unused
+        got = buf.gather(jnp.arange(12))  # rows 0-5 (row 6 was rewritten by the dropped state)
+        np.testing.assert_array_equal(np.asarray(got.step["obs"]), np.asarray(obs[:6]).reshape(12, H, W))
+        with pytest.raises(Exception, match="version"):  # the dropped add advanced the store: a fork
+            jax.block_until_ready(_rollout_add(buf, obs[7]))
+
+
+@MECHANISMS
+def test_rollout_add_refuses_vmap(in_place):
+    with _common.forced_callbacks(in_place):
+        stacked = jax.tree.map(lambda x: jnp.stack([x, x]), _rollout())
+        obs = jnp.zeros((2, 2, H, W), jnp.uint8)
+        with pytest.raises(ValueError, match="cannot be vmapped"):
+            jax.vmap(_rollout_add)(stacked, obs)
+
+
+def test_rollout_create_takes_sizes_as_keywords_and_size_counts_steps():
+    with pytest.raises(TypeError):
+        CompressedRolloutBuffer.create({"obs": jnp.zeros((H, W), jnp.uint8)}, 2, 8)
+    buf = _rollout_add(_rollout(num_envs=3), jnp.zeros((3, H, W), jnp.uint8))
+    assert int(buf.size()) == 3 == int(buf.buffer.size())
+
+
+def test_rollout_eager_calls_compile_once_and_equal_jitted(compile_counter):
+    obs = jnp.asarray(np.random.default_rng(2).integers(0, 256, (4, 2, H, W)).astype(np.uint8))
+
+    def run(add, gae, gather):
+        buf = _rollout(num_steps=4)
+        for t in range(4):
+            buf = add(buf, obs[t])
+        buf = gae(buf, jnp.zeros(2), 0.9, 0.95)
+        return buf.buffer, gather(buf, jnp.arange(8)[::-1])
+
+    run(_rollout_add, CompressedRolloutBuffer.compute_gae, CompressedRolloutBuffer.gather)
+    eager = run(_rollout_add, CompressedRolloutBuffer.compute_gae, CompressedRolloutBuffer.gather)
+    buf = _rollout(num_steps=4)
+    buf = _rollout_add(buf, obs[0])  # the new buffer's first add compiles (its store is a static field)
+    with compile_counter() as count:
+        for t in range(1, 4):
+            buf = _rollout_add(buf, obs[t])
+        buf.gather(jnp.arange(8))
+        buf.gather(jnp.arange(8)[::-1])
+    assert count() <= 1  # gather's one program for this buffer
+    jitted = run(jax.jit(_rollout_add), jax.jit(CompressedRolloutBuffer.compute_gae), jax.jit(CompressedRolloutBuffer.gather))
+    jax.tree.map(np.testing.assert_array_equal, eager, jitted)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -743,7 +743,7 @@ def test_index_lists_with_traced_entries_and_disable_jit():
     assert float(tree.total()) == 5.0
     out = buf.set_priorities([1, 2], [7.0, 8.0], buf.generations_at(jnp.array([1, 2])))  # lists, eager
     np.testing.assert_allclose(np.asarray(out.priorities(jnp.array([1, 2]))), [7.0, 8.0])
-    rb = RolloutBuffer.create({"obs": jnp.zeros(2)}, 4, 2)
+    rb = RolloutBuffer.create({"obs": jnp.zeros(2)}, num_steps=4, num_envs=2)
     got = jax.jit(lambda r, i: r.gather([i, 2]).index)(rb, jnp.int32(1))
     np.testing.assert_array_equal(np.asarray(got), [1, 2])
 

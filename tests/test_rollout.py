@@ -71,8 +71,16 @@ def test_create_shapes_and_dtypes():
     for name in ("terminated", "truncated", "trainable"):
         assert getattr(buf, name).dtype == jnp.bool_
     assert int(buf.size()) == 0 and not bool(buf.is_full())
-    b16 = RolloutBuffer.create(EXAMPLE, 5, 3, float_dtype=jnp.bfloat16)
+    b16 = RolloutBuffer.create(EXAMPLE, num_steps=5, num_envs=3, float_dtype=jnp.bfloat16)
     assert b16.advantages.dtype == jnp.bfloat16
+
+
+def test_create_takes_sizes_as_keywords_and_refuses_float64_without_x64():
+    with pytest.raises(TypeError):
+        RolloutBuffer.create(EXAMPLE, 5, 3)  # positional sizes could be swapped silently
+    if not jax.config.jax_enable_x64:
+        with pytest.raises(TypeError, match="float_dtype.*float64"):
+            RolloutBuffer.create(EXAMPLE, num_steps=5, num_envs=3, float_dtype=jnp.float64)
 
 
 @pytest.mark.parametrize(
@@ -87,7 +95,7 @@ def test_create_errors(kw, exc, match):
     with pytest.raises(exc, match=match):
         RolloutBuffer.create(EXAMPLE, **kw)
     with pytest.raises(TypeError, match=r"example_step\['x'\]"):
-        RolloutBuffer.create({"x": 1.0}, 2, 2)
+        RolloutBuffer.create({"x": 1.0}, num_steps=2, num_envs=2)
 
 
 @JIT
@@ -95,8 +103,8 @@ def test_add_writes_rows_in_order_and_full_is_noop(jit):
     t, n = 3, 2
     rng = np.random.default_rng(0)
     data = random_rollout(rng, t + 2, n, trainable_p=0.5)
-    buf = fill(RolloutBuffer.create(EXAMPLE, t, n), data, t, jit)
-    assert int(buf.size()) == t and bool(buf.is_full()) and not bool(buf.overflowed)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, t, jit)
+    assert int(buf.size()) == t * n and int(buf.step_index) == t and bool(buf.is_full()) and not bool(buf.overflowed)
     np.testing.assert_array_equal(np.asarray(buf.step["action"]), np.arange(t * n).reshape(t, n))
     for name in ("reward", "value", "terminated", "truncated", "trainable"):
         np.testing.assert_array_equal(np.asarray(getattr(buf, name)), data[name][:t])
@@ -105,7 +113,7 @@ def test_add_writes_rows_in_order_and_full_is_noop(jit):
     before = jax.tree.map(np.asarray, buf)
     # Two more adds to a full buffer: nothing changes but the overflow flag.
     buf = fill(buf, {k: v[t:] for k, v in data.items()}, 2, jit, start=t)
-    assert bool(buf.overflowed) and int(buf.size()) == t
+    assert bool(buf.overflowed) and int(buf.size()) == t * n
     after = jax.tree.map(np.asarray, buf)
     for name in ("step", "reward", "value", "terminated", "truncated", "final_value", "trainable"):
         jax.tree.map(np.testing.assert_array_equal, getattr(before, name), getattr(after, name))
@@ -114,7 +122,7 @@ def test_add_writes_rows_in_order_and_full_is_noop(jit):
 @JIT
 def test_add_defaults(jit):
     n = 3
-    buf = RolloutBuffer.create(EXAMPLE, 2, n)
+    buf = RolloutBuffer.create(EXAMPLE, num_steps=2, num_envs=n)
     add = maybe_jit(RolloutBuffer.add, jit)
     buf = add(buf, make_step(0, n), reward=jnp.ones(n), value=jnp.zeros(n), terminated=jnp.zeros(n, bool))
     assert not np.asarray(buf.truncated[0]).any()
@@ -126,7 +134,7 @@ def test_add_defaults(jit):
 def test_reset_keeps_storage_and_restarts_at_row_zero(jit):
     t, n = 4, 2
     data = random_rollout(np.random.default_rng(1), t, n)
-    buf = fill(RolloutBuffer.create(EXAMPLE, t, n), data, t, jit)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, t, jit)
     buf = buf.compute_gae(jnp.zeros(n), 0.9, 0.8)
     buf = fill(buf, data, 1, jit)  # overflow
     old_obs = np.asarray(buf.step["obs"])
@@ -139,7 +147,7 @@ def test_reset_keeps_storage_and_restarts_at_row_zero(jit):
     buf = fill(buf, data, 1, jit, start=100)
     np.testing.assert_array_equal(np.asarray(buf.step["action"][0]), 100 * n + np.arange(n))
     np.testing.assert_array_equal(np.asarray(buf.step["obs"][1:]), old_obs[1:])
-    assert int(buf.size()) == 1 and int(buf.trainable_size()) == n
+    assert int(buf.size()) == n and int(buf.trainable_size()) == n
 
 
 @settings(max_examples=25, deadline=None)
@@ -150,7 +158,7 @@ def test_reset_keeps_storage_and_restarts_at_row_zero(jit):
 def test_model_based_fill_level(ops, t):
     """Random add/reset sequences against a Python model of the fill level and overflow flag."""
     n = 2
-    buf = RolloutBuffer.create(EXAMPLE, t, n)
+    buf = RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n)
     add = jax.jit(RolloutBuffer.add)
     rows, overflowed, written = 0, False, {}
     for i, op in enumerate(ops):
@@ -162,7 +170,7 @@ def test_model_based_fill_level(ops, t):
                 written[rows], rows = i, rows + 1
             else:
                 overflowed = True
-        assert int(buf.size()) == rows and bool(buf.overflowed) == overflowed
+        assert int(buf.size()) == rows * n and int(buf.step_index) == rows and bool(buf.overflowed) == overflowed
         assert bool(buf.is_full()) == (rows == t)
     for row, i in written.items():
         np.testing.assert_array_equal(np.asarray(buf.step["action"][row]), i * n + np.arange(n))
@@ -193,7 +201,7 @@ def _good(n=3):
     ],
 )
 def test_add_errors_name_the_field(jit, mutate, exc, match):
-    buf = RolloutBuffer.create(EXAMPLE, 2, 3)
+    buf = RolloutBuffer.create(EXAMPLE, num_steps=2, num_envs=3)
     step, kw = mutate(make_step(0, 3), _good())
     with pytest.raises(exc, match=match):
         maybe_jit(RolloutBuffer.add, jit)(buf, step, **kw)
@@ -201,14 +209,14 @@ def test_add_errors_name_the_field(jit, mutate, exc, match):
 
 def test_add_rejects_float64_numpy_eagerly():
     """Eagerly nothing is cast (under jit, JAX itself canonicalises float64 arguments first)."""
-    buf = RolloutBuffer.create(EXAMPLE, 2, 3)
+    buf = RolloutBuffer.create(EXAMPLE, num_steps=2, num_envs=3)
     with pytest.raises(TypeError, match="reward.*float32.*float64"):
         buf.add(make_step(0, 3), **{**_good(), "reward": np.ones(3, np.float64)})
 
 
 @JIT
 def test_compute_gae_errors(jit):
-    buf = RolloutBuffer.create(EXAMPLE, 2, 3)
+    buf = RolloutBuffer.create(EXAMPLE, num_steps=2, num_envs=3)
     f = maybe_jit(RolloutBuffer.compute_gae, jit, static_argnames="method")
     with pytest.raises(ValueError, match=r"last_value.*\(3,\)"):
         f(buf, jnp.zeros(2), 0.9, 0.9)
@@ -220,7 +228,7 @@ def test_compute_gae_errors(jit):
 
 @pytest.mark.parametrize("m", [0, -2, 5, 7])
 def test_num_minibatches_errors(m):
-    buf = RolloutBuffer.create(EXAMPLE, 4, 3)  # 12 steps
+    buf = RolloutBuffer.create(EXAMPLE, num_steps=4, num_envs=3)  # 12 steps
     match = "not divisible" if m > 0 else ">= 1"
     with pytest.raises(ValueError, match=match):
         buf.minibatches(jax.random.key(0), m)
@@ -228,7 +236,7 @@ def test_num_minibatches_errors(m):
         jax.jit(RolloutBuffer.minibatches, static_argnums=2)(buf, jax.random.key(0), m)
     with pytest.raises(ValueError, match=match):
         buf.estimate_memory_pressure(m)
-    with pytest.raises(TypeError, match="Python int"):
+    with pytest.raises(ValueError, match="Python int"):
         buf.minibatches(jax.random.key(0), 2.0)
 
 
@@ -238,7 +246,7 @@ def test_num_minibatches_errors(m):
 def test_compute_gae_equals_returns_gae_on_stored_arrays(jit, method):
     t, n = 16, 3
     data = random_rollout(np.random.default_rng(2), t, n, trainable_p=0.6)
-    buf = fill(RolloutBuffer.create(EXAMPLE, t, n), data, t, jit)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, t, jit)
     last_value = jnp.asarray(np.random.default_rng(3).normal(size=n), jnp.float32)
     f = maybe_jit(RolloutBuffer.compute_gae, jit, static_argnames="method")
     out = f(buf, last_value, 0.97, 0.9, method=method)
@@ -251,7 +259,7 @@ def test_compute_gae_equals_returns_gae_on_stored_arrays(jit, method):
     assert np.isfinite(np.asarray(out.advantages)).all()  # NaN in unread final_value never leaks
     assert bool(out.has_advantages) and not bool(buf.has_advantages)
     # trainable does not enter GAE: non-trainable steps still carry real rewards and values
-    all_trainable = fill(RolloutBuffer.create(EXAMPLE, t, n), {**data, "trainable": np.ones((t, n), bool)}, t, jit)
+    all_trainable = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), {**data, "trainable": np.ones((t, n), bool)}, t, jit)
     np.testing.assert_array_equal(
         np.asarray(f(all_trainable, last_value, 0.97, 0.9, method=method).advantages), np.asarray(out.advantages)
     )
@@ -261,7 +269,7 @@ def test_compute_gae_equals_returns_gae_on_stored_arrays(jit, method):
 
 def test_compute_gae_hand_checked():
     """The issue's hand-computed case (one env), through the buffer."""
-    buf = RolloutBuffer.create(EXAMPLE, 5, 1)
+    buf = RolloutBuffer.create(EXAMPLE, num_steps=5, num_envs=1)
     reward = [1.0] * 5
     value = [0.5, 0.6, 0.7, 0.8, 0.9]
     terminated = [0, 0, 0, 1, 0]
@@ -286,7 +294,7 @@ def test_compute_gae_on_partial_buffer(jit, k):
     """k of T rows filled: equals gae on the first k rows (bootstrapping from last_value), zeros after."""
     t, n = 9, 2
     data = random_rollout(np.random.default_rng(4 + k), t, n, trainable_p=0.7)
-    buf = fill(RolloutBuffer.create(EXAMPLE, t, n), data, k, jit)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, k, jit)
     last_value = jnp.asarray([0.3, -1.2], jnp.float32)
     out = maybe_jit(RolloutBuffer.compute_gae, jit)(buf, last_value, 0.95, 0.7)
     adv, ret = np.asarray(out.advantages), np.asarray(out.returns)
@@ -314,7 +322,7 @@ def test_compute_gae_on_partial_buffer(jit, k):
 def test_minibatches_is_a_permutation(jit, shape, seed):
     t, n, m = shape
     data = random_rollout(np.random.default_rng(seed), t, n, trainable_p=0.5)
-    buf = fill(RolloutBuffer.create(EXAMPLE, t, n), data, t, jit=True)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, t, jit=True)
     buf = jax.jit(RolloutBuffer.compute_gae)(buf, jnp.zeros(n), 0.99, 0.95)
     mb = maybe_jit(RolloutBuffer.minibatches, jit, static_argnums=2)(buf, jax.random.key(seed), m)
     assert isinstance(mb, RolloutMinibatch)
@@ -334,7 +342,7 @@ def test_minibatches_is_a_permutation(jit, shape, seed):
 def test_minibatches_shuffle_differs_by_key_and_matches_gather():
     t, n = 8, 4
     data = random_rollout(np.random.default_rng(5), t, n)
-    buf = fill(RolloutBuffer.create(EXAMPLE, t, n), data, t, jit=False)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, t, jit=False)
     a = np.asarray(buf.minibatches(jax.random.key(0), 4).index)
     b = np.asarray(buf.minibatches(jax.random.key(1), 4).index)
     assert not np.array_equal(a, b)
@@ -349,7 +357,7 @@ def test_minibatches_shuffle_differs_by_key_and_matches_gather():
 def test_minibatches_mask_excludes_unfilled_rows():
     t, n = 4, 2
     data = random_rollout(np.random.default_rng(6), t, n)
-    buf = fill(RolloutBuffer.create(EXAMPLE, t, n), data, 2, jit=False)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, 2, jit=False)
     mb = buf.minibatches(jax.random.key(0), 2)
     index, mask = np.asarray(mb.index).ravel(), np.asarray(mb.mask).ravel()
     np.testing.assert_array_equal(mask, (index // n < 2) & data["trainable"][index // n, index % n])
@@ -359,7 +367,7 @@ def test_minibatches_scan_loss_drops_masked_steps():
     """A masked loss under lax.scan over minibatches sees exactly the trainable steps."""
     t, n = 6, 4
     data = random_rollout(np.random.default_rng(7), t, n, trainable_p=0.5)
-    buf = fill(RolloutBuffer.create(EXAMPLE, t, n), data, t, jit=False)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, t, jit=False)
 
     @jax.jit
     def masked_sum(buf, key):
@@ -395,17 +403,17 @@ def test_vmap_equals_separate_buffers(jit):
         return d
 
     stacked_data = jax.tree.map(lambda *xs: jnp.stack(xs), *[as_jnp(i) for i in range(k)])
-    stacked = jax.vmap(lambda: RolloutBuffer.create(EXAMPLE, t, n), axis_size=k)()
+    stacked = jax.vmap(lambda: RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), axis_size=k)()
     assert stacked.reward.shape == (k, t, n) and stacked.step_index.shape == (k,)
     v_buf, v_mb = maybe_jit(jax.vmap(run), jit)(stacked, stacked_data, last_values, keys)
     for i in range(k):
-        s_buf, s_mb = maybe_jit(run, jit)(RolloutBuffer.create(EXAMPLE, t, n), as_jnp(i), last_values[i], keys[i])
+        s_buf, s_mb = maybe_jit(run, jit)(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), as_jnp(i), last_values[i], keys[i])
         jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a)[i], np.asarray(b)), v_buf, s_buf)
         jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a)[i], np.asarray(b)), v_mb, s_mb)
     # the buffers really differ (the test would pass trivially otherwise)
     assert not np.array_equal(np.asarray(v_buf.advantages[0]), np.asarray(v_buf.advantages[1]))
     # memory of a stacked buffer counts all k copies
-    single = RolloutBuffer.create(EXAMPLE, t, n)
+    single = RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n)
     assert stacked.memory_bytes == k * single.memory_bytes
     assert stacked.estimate_memory_pressure(3).peak_bytes == k * single.estimate_memory_pressure(3).peak_bytes
 
@@ -413,7 +421,7 @@ def test_vmap_equals_separate_buffers(jit):
 # ----------------------------------------------------------------------------------- compile / scan
 def test_add_compiles_once_and_runs_in_scan(compile_counter):
     t, n = 6, 2
-    buf = RolloutBuffer.create(EXAMPLE, t, n)
+    buf = RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n)
     add = jax.jit(RolloutBuffer.add, donate_argnums=0)
     kw = _good(n)
     buf = add(buf, make_step(0, n), **kw)
@@ -436,10 +444,37 @@ def test_add_compiles_once_and_runs_in_scan(compile_counter):
     assert bool(out.is_full()) and not bool(out.overflowed)
 
 
+def test_eager_methods_compile_once_per_shape_and_equal_jitted(compile_counter):
+    """Eager calls run one cached program each: after a first call per shape, more adds, a new
+    gamma and new keys compile nothing; the results equal the same calls under jax.jit."""
+    t, n = 4, 2
+    data = random_rollout(np.random.default_rng(9), t, n)
+    kw = lambda r: {k: jnp.asarray(v[r]) for k, v in data.items()}  # noqa: E731
+
+    def run(buf, gamma, key, add, gae, mbs, idx, gather):
+        for r in range(t):
+            buf = add(buf, make_step(r, n), **kw(r))
+        buf = gae(buf, jnp.ones(n), gamma, 0.9)
+        return buf, buf.size(), mbs(buf, key, 2), gather(buf, idx(buf, key, 4)[1])
+
+    eager = (RolloutBuffer.add, RolloutBuffer.compute_gae, RolloutBuffer.minibatches,
+             RolloutBuffer.minibatch_indices, RolloutBuffer.gather)
+    empty = RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n)
+    run(empty, 0.9, jax.random.key(0), *eager)
+    with compile_counter() as count:
+        got = run(empty, 0.97, jax.random.key(1), *eager)
+    assert count() == 0
+    jitted = [jax.jit(RolloutBuffer.add), jax.jit(RolloutBuffer.compute_gae)]
+    jitted += [jax.jit(f, static_argnums=2) for f in (RolloutBuffer.minibatches, RolloutBuffer.minibatch_indices)]
+    want = run(empty, 0.97, jax.random.key(1), *jitted, jax.jit(RolloutBuffer.gather))
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+    assert int(got[1]) == t * n  # size(): steps over all envs
+
+
 # ----------------------------------------------------------------------------------- memory
 def test_memory_pressure_hand_checked():
     t, n, m = 8, 4, 4
-    buf = RolloutBuffer.create(EXAMPLE, t, n)
+    buf = RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n)
     mp = buf.estimate_memory_pressure(m)
     assert isinstance(mp, RolloutMemoryPressure)
     # storage, by hand: obs 32 steps * 4 * 4 B = 512; action 128; log_prob 128;
@@ -478,7 +513,7 @@ def dataclasses_frozen_error():
 def test_memory_pressure_atari_scale_and_abstract():
     """Works on an abstract buffer (no allocation): 128 x 8 Atari stacks, uint8 obs."""
     example = {"obs": jax.ShapeDtypeStruct((84, 84, 4), jnp.uint8), "action": jax.ShapeDtypeStruct((), jnp.int32)}
-    abstract = jax.eval_shape(lambda: RolloutBuffer.create(example, 128, 8))
+    abstract = jax.eval_shape(lambda: RolloutBuffer.create(example, num_steps=128, num_envs=8))
     mp = abstract.estimate_memory_pressure(4)
     obs_bytes = 128 * 8 * 84 * 84 * 4
     assert dict(mp.field_bytes)["step['obs']"] == obs_bytes
@@ -492,7 +527,7 @@ def test_gather_saturates_wide_indices_and_rejects_floats():
     and read step 3, and float indices were truncated silently."""
     t, n = 4, 2
     data = random_rollout(np.random.default_rng(6), t, n)
-    buf = fill(RolloutBuffer.create(EXAMPLE, t, n), data, t, jit=False)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, t, jit=False)
     out = buf.gather(np.array([2**32 + 3, -(2**31) - 1, 5]))
     np.testing.assert_array_equal(np.asarray(out.index), [t * n - 1, 0, 5])
     with pytest.raises(TypeError, match="indices: expected an integer dtype"):

@@ -1,9 +1,14 @@
-"""Device-side helpers shared by the compressed buffers: leaf selection, callbacks, output finishing."""
+"""Device-side helpers shared by the compressed buffers: leaf selection, host callbacks, output finishing.
+
+How the two halves talk (exactly-once ordered writes, versioned reads, no vmap over buffers) is in
+`jaxbuffers.compressed._host`; which callback carries them is decided by `in_place_callbacks`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,57 +24,43 @@ from jaxbuffers import _validate
 from jaxbuffers.compressed._host import HostStores
 
 
-def _path_names(path) -> tuple[str, ...]:
-    """Dict keys / attribute names along a leaf path (sequence indices are skipped)."""
-    out = []
-    for k in path:
-        if isinstance(k, jax.tree_util.DictKey):
-            out.append(str(k.key))
-        elif isinstance(k, jax.tree_util.GetAttrKey):
-            out.append(k.name)
-    return tuple(out)
-
-
 def select_leaves(spec: Any, compress: Sequence[str] | None, what: str) -> tuple[int, ...]:
-    """Flat indices (in ``jax.tree.leaves`` order) of the leaves of ``spec`` to compress.
+    """Flat indices (in `jax.tree.leaves` order) of the leaves of `spec` to compress.
 
     A leaf is selected when one of the dict keys (or attribute names) on its path is in
-    ``compress``, or when its full name (``_validate.leaf_name``, e.g. ``['pixels']``) is.
-    ``compress=None`` selects every leaf.
+    `compress`, or when its full name (`_validate.leaf_name`, e.g. `['pixels']`) is.
+    `compress=None` selects every leaf.
 
     Raises:
       ValueError: a name selects nothing (the message lists the leaves), or nothing is selected.
-      TypeError: ``compress`` is a bare string (``("pixels",)`` was meant).
+      TypeError: `compress` is a bare string (`("pixels",)` was meant).
     """
     leaves = jax.tree_util.tree_flatten_with_path(spec)[0]
     if compress is None:
         return tuple(range(len(leaves)))
     if isinstance(compress, str):
         raise TypeError(f"compress: expected a tuple of leaf names, e.g. ({compress!r},), got the string {compress!r}")
-    names = set(compress)
-    chosen, used = [], set()
+    names, chosen, used = set(compress), [], set()
     for i, (path, _) in enumerate(leaves):
-        keys = set(_path_names(path)) | {_validate.leaf_name(path)}
-        hit = keys & names
-        if hit:
+        # dict keys and attribute names along the path (sequence indices skipped), and the full name
+        keys = {str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)}
+        keys |= {k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)} | {_validate.leaf_name(path)}
+        if keys & names:
             chosen.append(i)
-            used |= hit
-    missing = sorted(names - used)
-    if missing:
+            used |= keys & names
+    if names - used:
         avail = [_validate.leaf_name(p) for p, _ in leaves]
-        raise ValueError(f"compress: {missing} match no leaf of {what}; its leaves are {avail}")
+        raise ValueError(f"compress: {sorted(names - used)} match no leaf of {what}; its leaves are {avail}")
     if not chosen:
         raise ValueError(f"compress: selects no leaf of {what}")
     return tuple(chosen)
 
 
 def replace_leaves(tree: Any, indices: Sequence[int], values: Sequence[Any]) -> Any:
-    """``tree`` with its leaves number ``indices`` (``jax.tree.leaves`` order) replaced by ``values``."""
+    """`tree` with its leaves number `indices` (`jax.tree.leaves` order) replaced by `values`."""
     leaves, treedef = jax.tree.flatten(tree)
-    leaves = list(leaves)
-    for i, v in zip(indices, values):
-        leaves[i] = v
-    return jax.tree.unflatten(treedef, leaves)
+    new = dict(zip(indices, values))
+    return jax.tree.unflatten(treedef, [new.get(i, x) for i, x in enumerate(leaves)])
 
 
 def pick_leaves(tree: Any, indices: Sequence[int]) -> list:
@@ -85,52 +76,72 @@ class LeafInfo:
     shape: tuple[int, ...]  # one observation (a whole stack with frame dedup)
     dtype: np.dtype
     frame_shape: tuple[int, ...]  # what one store entry holds
-    stack_axis: int | None  # axis of ``shape`` holding the k frames (frame dedup), else None
+    stack_axis: int | None  # axis of `shape` holding the k frames (frame dedup), else None
 
 
 def newest_frame(x: jax.Array, info: LeafInfo, lead: int) -> jax.Array:
-    """The entry to store for observations ``x`` (``[*lead, *info.shape]``): the newest frame of
-    each stack (index ``k - 1`` along the stack axis), or the whole observation."""
+    """The entry to store for observations `x` (`[*lead, *info.shape]`): the newest frame of
+    each stack (index `k - 1` along the stack axis), or the whole observation."""
     if info.stack_axis is None:
         return x
     k = info.shape[info.stack_axis]
     return jax.lax.index_in_dim(x, k - 1, axis=lead + info.stack_axis, keepdims=False)
 
 
-def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array]) -> jax.Array:
-    """Host callback writing ``datas[i][valid]`` at ``slots[valid]`` (:meth:`HostStores.write`);
-    returns the new version (int32 scalar), which orders every later read and write of the store
-    by data dependency.
+_forced: bool | None = None  # set by forced_callbacks only
 
-    On the CPU backend this is a ``jax.experimental.buffer_callback`` with a side effect: XLA keeps
-    it when the result is unused, runs it once per executed ``add`` (also in ``lax.scan``), and
-    hands it XLA's own buffers. Not an ``io_callback``: JAX copies an io_callback's arguments into
-    new device arrays first, and when the process may use one CPU (``taskset``, a SLURM or
-    container CPU set) reading such a copy of over ~100 KB inside the callback never returns. The
-    add of 16 steps x 8 envs of Atari frames hung, as did the test suite's add of 2,000 frames.
-    Other backends, processes with more than one device (XLA refuses to partition a program
-    holding a side-effecting ``buffer_callback``: "Side-effect HLO must have sharding"), or a
-    JAX without that API, use ``io_callback(..., ordered=True)``.
+
+def in_place_callbacks() -> bool:
+    """Whether host callbacks traced now use `buffer_callback` (True) or `io_callback` / `pure_callback`.
+
+    The one place this is decided, for writes and reads alike. A `buffer_callback` hands the host
+    function XLA's own buffers: that needs them in host memory (the CPU backend; on GPU they are
+    device memory) and a program on one device (XLA refuses to partition a side-effecting one:
+    "Side-effect HLO must have sharding"). Where it can be used it must be: an ordered
+    `io_callback` copies its arguments into new arrays first, and in a process allowed one CPU
+    (`taskset`, a container or SLURM CPU set) reading a copy of over ~100 KB inside the callback
+    never returns. Elsewhere the ordered `io_callback` is the exactly-once write. Both run once
+    per executed add, in program order, under `jit`, `lax.scan` and donation (tested on CPU with
+    each forced by `forced_callbacks`).
+    """
+    if _forced is not None:
+        return _forced
+    return _buffer_callback is not None and jax.default_backend() == "cpu" and jax.device_count() == 1
+
+
+@contextlib.contextmanager
+def forced_callbacks(in_place: bool) -> Iterator[None]:
+    """Trace host callbacks with the given mechanism inside the block (tests run both on CPU).
+
+    Compiled programs are cached per buffer (its host store is a static field): use buffers
+    created inside the block, or the cached program keeps the mechanism it was traced with.
+    """
+    global _forced
+    before, _forced = _forced, bool(in_place)
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array]) -> jax.Array:
+    """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`); returns the
+    new version (int32 scalar), which orders every later read and write of the store by data
+    dependency. The mechanism is `in_place_callbacks`'s.
 
     Raises:
-      ValueError: under ``vmap`` (any backend): a buffer is one host store, so states cannot be
-        stacked.
+      ValueError: under `vmap`: a buffer is one host store, so states cannot be stacked.
     """
     args = (version, slots.astype(jnp.int32), valid, *datas)
     out = jax.ShapeDtypeStruct((), jnp.int32)
-    if _buffer_callback is None or jax.default_backend() != "cpu" or jax.device_count() > 1:
-
-        def call(*args):
-            return io_callback(host.write, out, *args, ordered=True)
-
-    else:
+    if in_place_callbacks():
 
         def fill(ctx, new_version, *buffers):
-            del ctx
             np.asarray(new_version)[...] = host.write(*(np.asarray(b) for b in buffers))
 
-        def call(*args):
-            return _buffer_callback(fill, out, has_side_effect=True)(*args)
+        call = _buffer_callback(fill, out, has_side_effect=True)
+    else:
+        call = lambda *a: io_callback(host.write, out, *a, ordered=True)  # noqa: E731
 
     @jax.custom_batching.custom_vmap
     def write_once(*args):
@@ -150,33 +161,28 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
     """Host callback decoding store slots for every leaf, for one or more id arrays at once.
 
     Args:
-      ids: int32 arrays of any shapes ``S_j``; slots shared between them are decoded once
-        (e.g. an observation and its next observation share most stack frames).
+      host: the stores. infos: the compressed leaves.
+      version: the state's version: the data dependency on the write that produced it.
+      *ids: int32 arrays of any shapes `S_j`; slots shared between them are decoded once (an
+        observation and its next observation share most stack frames).
 
-    The version argument is the data dependency on the write that produced the state.
-    Returns ``out[leaf][j]``: ``[*S_j, *frame_shape]`` per leaf and id array.
-
-    On the CPU backend this is a ``jax.experimental.buffer_callback``: the frames are decoded
-    straight into XLA's output buffers, one per leaf and id array
-    (:meth:`HostStores.read_into`), where a ``pure_callback`` returns numpy arrays that XLA then
-    copies (measured on Breakout frames, jitted sample of batch 256: 3.1 vs 3.8 ms returning the
-    sample, 2.8 vs 5.7 ms when a loss consumes it inside the jit). Other backends, or a JAX
-    without that API, use ``pure_callback``.
+    Returns:
+      `out[leaf][j]`: `[*S_j, *frame_shape]` per leaf and id array. With `in_place_callbacks` the
+      frames are decoded straight into XLA's output buffers (`HostStores.read_into`), otherwise
+      a `pure_callback` returns them (`HostStores.read`). Both batch under `vmap`.
     """
     ids = [x.astype(jnp.int32) for x in ids]
     m = len(ids)
     shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
-    if _buffer_callback is None or jax.default_backend() != "cpu":
-        flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="broadcast_all")
-    else:
+    if in_place_callbacks():
 
         def fill(ctx, outs, version, *id_buffers):
-            del ctx
             outs = [np.asarray(o) for o in outs]
-            per_leaf = [outs[i * m : (i + 1) * m] for i in range(len(infos))]
-            host.read_into(np.asarray(version), [np.asarray(b) for b in id_buffers], per_leaf)
+            host.read_into(np.asarray(version), [np.asarray(b) for b in id_buffers], [outs[i * m : (i + 1) * m] for i in range(len(infos))])
 
         flat = _buffer_callback(fill, shapes, vmap_method="broadcast_all")(version, *ids)
+    else:
+        flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="broadcast_all")
     return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
 
 
@@ -184,11 +190,11 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
     """Decoded entries -> observations.
 
     Args:
-      frames: with frame dedup ``[*S, k, *frame_shape]`` (stack position ``j``: oldest ``0`` to
-        newest ``k - 1``), else ``[*S, *shape]``. ``lead = len(S)``.
-      pad: bool ``[*S, k]``, frames to zero (``padding="zero"``), or None.
-      normalize: return float32 ``x * float32(1 / 255)`` instead of the stored dtype (XLA turns a
-        division by 255 into this product anyway; it is within 1 ulp of ``x / 255``, exactly 0 and 1
+      frames: with frame dedup `[*S, k, *frame_shape]` (stack position `j`: oldest `0` to
+        newest `k - 1`), else `[*S, *shape]`. `lead = len(S)`.
+      pad: bool `[*S, k]`, frames to zero (`padding="zero"`), or None.
+      normalize: return float32 `x * float32(1 / 255)` instead of the stored dtype (XLA turns a
+        division by 255 into this product anyway; it is within 1 ulp of `x / 255`, exactly 0 and 1
         at 0 and 255).
     """
     if info.stack_axis is not None:

@@ -1,38 +1,28 @@
 """Host half of the compressed buffers: the stores, the write/read callbacks and their versions.
 
-Everything that crosses from jitted code to the host goes through one :class:`HostStores`
-object, which a buffer keeps in a *static* field (it is not a pytree leaf):
+Everything that crosses from jitted code to the host goes through one `HostStores` object, which a
+buffer keeps in a *static* field (not a pytree leaf):
 
-* Identity hash and equality (Python's default), so a jitted function compiles once per buffer
-  and reuses the executable for every later state of that buffer (same object), while two
-  buffers never share a cache entry by accident.
-* **Writes** run exactly once per executed ``add``, in program order, also inside ``lax.scan``
-  and with donation. On CPU, in a process with one device, a write is a
-  ``jax.experimental.buffer_callback`` with a side effect (an ``io_callback`` hangs in a process
-  limited to one CPU: ``_common.write``); elsewhere (other backends, several devices)
-  ``jax.experimental.io_callback(..., ordered=True)``. (A ``pure_callback`` whose result is unused
-  is removed by XLA: a write through it never happens.) Each write returns the new *version*
-  (writes so far, int32) which the buffer carries as a leaf; every later write and read of the
-  store takes it as an argument, which orders them.
-* **Reads** take that version as an argument: the data dependency makes a read run after the
-  write that produced the state it samples from. On CPU a read is a
-  ``jax.experimental.buffer_callback`` that decodes into XLA's own output buffers
-  (:meth:`HostStores.read_into`); elsewhere a ``jax.pure_callback`` (:meth:`HostStores.read`).
-  Under ``vmap`` both use ``vmap_method="broadcast_all"``.
-* **Stale reads are refused, not served.** Every slot remembers the version that last wrote it.
-  A read made with version ``v`` raises if one of its slots was written by a later version, i.e.
-  when it would return frames newer than the buffer state it was sampled from (an old state kept
-  after later adds, or a sample that XLA scheduled after a later add of the same program). A write
-  from a state whose version is not the store's current one (adding twice to the same state: a
-  fork) is refused too, before anything is written. Errors raised inside callbacks surface as
-  ``jax.errors.JaxRuntimeError`` (``XlaRuntimeError``) when the result is used.
-* Writes cannot be ``vmap``-ed (the write's vmap rule raises ``ValueError: ... cannot be
-  vmapped`` on every backend): a compressed buffer is one host store, so
-  stacking buffers under ``vmap`` is not supported. ``vmap`` over sampling
-  keys of one buffer works (reads are batched).
+* Identity hash and equality (Python's default): a jitted function compiles once per buffer and
+  reuses the program for every later state of it, and two buffers never share a cache entry.
+* **Writes** run exactly once per executed `add`, in program order, also inside `lax.scan` and
+  with donation (a `pure_callback` whose result is unused is removed by XLA, so writes never use
+  one). Each returns the new *version* (writes so far, int32), which the buffer carries as a
+  leaf; every later write and read of the store takes it as an argument, which orders them.
+* **Reads** take that version too: the data dependency makes a read run after the write that
+  produced the state it samples from. The callback carrying writes and reads is chosen in one
+  place, `jaxbuffers.compressed._common.in_place_callbacks` (which says why).
+* **Stale reads are refused, not served.** Every slot remembers the version that last wrote it;
+  a read with version `v` raises if one of its slots was written later (an old state kept after
+  later adds, or a sample XLA scheduled after a later add of the same program). A write from a
+  state whose version is not the store's current one (adding twice to one state: a fork) is
+  refused before anything is written. Errors raised inside callbacks surface as
+  `jax.errors.JaxRuntimeError` when the result is used.
+* Writes cannot be `vmap`-ed (`ValueError: ... cannot be vmapped`): a compressed buffer is one
+  host store, so buffers cannot be stacked; `vmap` over sampling keys of one buffer works.
 
-The store layout is the :class:`host_codecs.CompressedStore` layout (numpy arrays) plus one int32
-``slot_version`` array per store: simple to persist.
+The store layout is the `host_codecs.CompressedStore` layout (numpy arrays) plus one int32
+`slot_version` array per store.
 """
 
 from __future__ import annotations
@@ -47,13 +37,12 @@ from host_codecs import CompressedStore, dtype_from_code, get_codec
 __all__ = ["DEFAULT_DICTIONARY_BYTES", "HostStores", "StaleBufferError"]
 
 #: Most content bytes of the zstd dictionary a compressed buffer's store builds from its first
-#: 1,024 frames when the codec is zstd (84x84 Atari frames: 2-3x smaller, decode ~2x faster;
-#: docs/benchmarks.md).
+#: 1,024 frames when the codec is zstd (docs/benchmarks.md compares sizes and speeds).
 DEFAULT_DICTIONARY_BYTES = 16384
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype, align: int = 64) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on an ``align``-byte boundary."""
+    """An uninitialised C-contiguous array whose data starts on an `align`-byte boundary."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + align, np.uint8)
@@ -66,18 +55,18 @@ class StaleBufferError(RuntimeError):
 
 
 class HostStores:
-    """One :class:`~host_codecs.CompressedStore` per compressed leaf, sharing slot numbering.
+    """One `host_codecs.CompressedStore` per compressed leaf, sharing slot numbering.
 
     Args:
       num_slots: slots per store (every compressed leaf uses the same slot ids).
-      codec: codec name of the stores (``"zstd:3"``, ``"igzip:1"``, ``"rle"``, ``"none"``...).
+      codec: codec name of the stores (`"zstd:3"`, `"igzip:1"`, `"rle"`, `"none"`...).
       item_shapes: per compressed leaf, the shape of one stored entry (a frame).
       dtypes: per compressed leaf, its dtype.
       names: per compressed leaf, a readable name for error messages.
       chunk_bytes: largest arena chunk of each store.
       dictionary_bytes: most content bytes of the zstd dictionary each store builds from its
-        first 1,024 frames (``None``: :data:`DEFAULT_DICTIONARY_BYTES` for a zstd codec, else 0;
-        0: none; see :class:`host_codecs.CompressedStore`). ValueError: > 0 with another codec.
+        first 1,024 frames (`None`: `DEFAULT_DICTIONARY_BYTES` for a zstd codec, else 0;
+        0: none; see `host_codecs.CompressedStore`). ValueError: > 0 with another codec.
     """
 
     def __init__(
@@ -122,7 +111,7 @@ class HostStores:
     # ------------------------------------------------------------------ accounting
     @property
     def nbytes(self) -> int:
-        """Host bytes held: every store's ``nbytes`` (arena + index) plus ``slot_version``."""
+        """Host bytes held: every store's `nbytes` (arena + index) plus `slot_version`."""
         return sum(s.nbytes for s in self.stores) + self.slot_version.nbytes
 
     def close(self) -> None:
@@ -139,7 +128,7 @@ class HostStores:
 
     # ------------------------------------------------------------------ callbacks
     def write(self, version, slots, valid, *datas) -> np.ndarray:
-        """Host side of an add: put ``datas[i][valid]`` into store ``i`` at ``slots[valid]``.
+        """Host side of an add: put `datas[i][valid]` into store `i` at `slots[valid]`.
 
         Args (numpy, from the write callback):
           version: int32 scalar, the version of the buffer state being added to.
@@ -150,7 +139,7 @@ class HostStores:
           int32 scalar: the new version.
 
         Raises:
-          StaleBufferError: ``version`` is not the store's current version (the state was
+          StaleBufferError: `version` is not the store's current version (the state was
             already added to: writing again would fork the shared store).
         """
         self._check_open("add")
@@ -175,7 +164,7 @@ class HostStores:
             return np.int32(self.version)
 
     def _check_read(self, version, slots: np.ndarray) -> None:
-        """Raise StaleBufferError when a slot in ``slots`` was rewritten after ``version``."""
+        """Raise StaleBufferError when a slot in `slots` was rewritten after `version`."""
         self._check_open("sample")
         v = int(np.max(np.asarray(version)))
         with self._lock:
@@ -191,31 +180,31 @@ class HostStores:
             )
 
     def read_into(self, version, ids: Sequence[np.ndarray], outs: Sequence[Sequence[np.ndarray]]) -> None:
-        """Host side of a jitted sample on CPU: decode slot arrays ``ids[j]`` (any shapes ``S_j``)
-        of store ``i`` into ``outs[i][j]`` (``S_j + item_shape``, C-contiguous: XLA's own output
+        """Host side of an in-place jitted sample: decode slot arrays `ids[j]` (any shapes `S_j`)
+        of store `i` into `outs[i][j]` (`S_j + item_shape`, C-contiguous: XLA's own output
         buffers, so the result is not copied again). A slot shared between the id arrays is
-        decoded once (:meth:`host_codecs.CompressedStore.get_many`). Same checks as :meth:`read`."""
+        decoded once (`host_codecs.CompressedStore.get_many`). Same checks as `read`."""
         ids = [np.asarray(x) for x in ids]
         self._check_read(version, ids[0] if len(ids) == 1 else np.concatenate([x.reshape(-1) for x in ids]))
         for store, out in zip(self.stores, outs):
             store.get_many(ids, missing="zeros", outs=out)
 
     def read(self, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
-        """Host side of a sample: decode slots ``ids[j]`` (any shapes ``S_j``) from every store.
+        """Host side of a sample: decode slots `ids[j]` (any shapes `S_j`) from every store.
 
-        Each distinct slot (over all ``ids``) is decoded once, in parallel, directly into the
-        output (:meth:`host_codecs.CompressedStore.get`); its other occurrences are row copies.
+        Each distinct slot (over all `ids`) is decoded once, in parallel, directly into the
+        output (`host_codecs.CompressedStore.get`); its other occurrences are row copies.
 
         Args:
           aligned: decode into 64-byte aligned memory (each output starts on a 64-byte boundary
             when its byte size allows), which JAX's CPU backend adopts without a copy.
 
         Returns:
-          For store ``i`` and id array ``j``, output ``i * len(ids) + j``: shape
-          ``S_j + item_shape``, the store's dtype.
+          For store `i` and id array `j`, output `i * len(ids) + j`: shape
+          `S_j + item_shape`, the store's dtype.
 
         Raises:
-          StaleBufferError: a slot was rewritten after ``version`` (see module doc).
+          StaleBufferError: a slot was rewritten after `version` (see module doc).
         """
         ids = [np.asarray(x) for x in ids]
         flat = np.concatenate([x.reshape(-1) for x in ids]) if ids else np.zeros(0, np.int32)

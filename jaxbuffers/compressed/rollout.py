@@ -1,27 +1,27 @@
-"""Host-compressed on-policy storage: :class:`CompressedRolloutBuffer`.
+"""Host-compressed on-policy storage: `CompressedRolloutBuffer`.
 
-A :class:`jaxbuffers.RolloutBuffer` (``[num_steps, num_envs]`` storage, GAE, shuffled minibatches:
-all of it reused) whose chosen step leaves (``compress=("pixels",)``) are replaced by one int32
-store slot per step (``t * num_envs + env``); the pixels live compressed in host stores. Pixels
-are decoded per minibatch: :meth:`CompressedRolloutBuffer.gather` decodes only the steps it is
-given, so scanning over :meth:`CompressedRolloutBuffer.minibatch_indices` and gathering one
-minibatch per iteration never materialises the decoded rollout. The callback rules (ordered
-exactly-once writes, versioned reads, not vmappable) are in :mod:`jaxbuffers.compressed._host`.
+A `jaxbuffers.RolloutBuffer` (`[num_steps, num_envs]` storage, GAE, shuffled minibatches: all of
+it reused) whose chosen step leaves (`compress=("pixels",)`) are replaced by one int32 store slot
+per step (`t * num_envs + env`); the pixels live compressed in host stores. `gather` decodes only
+the steps it is given, so scanning over `minibatch_indices` and gathering one minibatch per
+iteration never materialises the decoded rollout. The callback rules (exactly-once ordered
+writes, versioned reads, not vmappable) are in `jaxbuffers.compressed._host`.
 
-Example::
-
+Example:
+    ```python
     import jax, jax.numpy as jnp
     from jaxbuffers.compressed import CompressedRolloutBuffer
 
     N, T = 8, 128
     example = {"pixels": jnp.zeros((84, 84, 4), jnp.uint8), "action": jnp.int32(0)}
-    buf = CompressedRolloutBuffer.create(example, num_steps=T, num_envs=N, compress=("pixels",),
+    buf = CompressedRolloutBuffer.create(example, num_envs=N, num_steps=T, compress=("pixels",),
                                          normalize_images=True)
     step = jax.tree.map(lambda x: jnp.stack([x] * N), example)
     buf = buf.add(step, reward=jnp.ones(N), value=jnp.zeros(N), terminated=jnp.zeros(N, bool))
     buf = buf.compute_gae(last_value=jnp.zeros(N), gamma=0.99, gae_lambda=0.95)
     idx = buf.minibatch_indices(jax.random.key(0), num_minibatches=4)   # [4, T * N / 4]
     mb = buf.gather(idx[0])            # mb.step["pixels"]: float32[T * N / 4, 84, 84, 4]
+    ```
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxbuffers import _validate
+from jaxbuffers import _compiled, _validate
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._common import LeafInfo
 from jaxbuffers.compressed._host import HostStores
@@ -46,16 +46,16 @@ _ID = jax.ShapeDtypeStruct((), jnp.int32)
 
 
 class CompressedRolloutBuffer(struct.PyTreeNode):
-    """A :class:`~jaxbuffers.RolloutBuffer` whose chosen step leaves live compressed on the host.
+    """A `jaxbuffers.RolloutBuffer` whose chosen step leaves live compressed on the host.
 
-    Same methods as :class:`~jaxbuffers.RolloutBuffer` (``add``, ``reset``, ``compute_gae``,
-    ``minibatch_indices``, ``gather``, ``minibatches``); with the same adds and keys the
-    minibatches are exactly those of a ``RolloutBuffer`` (float32 ``x / 255`` for compressed
-    leaves with ``normalize_images``). Jittable, ``lax.scan``-able, donatable; not vmappable.
+    Same methods as `RolloutBuffer` (`add`, `reset`, `compute_gae`, `minibatch_indices`,
+    `gather`, `minibatches`, `size`); with the same adds and keys the minibatches are exactly a
+    `RolloutBuffer`'s (float32 `x / 255` for compressed leaves with `normalize_images`).
+    Jittable, `lax.scan`-able, donatable; not vmappable.
     """
 
     buffer: RolloutBuffer  # compressed leaves hold int32 store slots
-    version: jax.Array  # shape=(), dtype=int32: host-store writes included in this state
+    version: jax.Array  # shape=(), int32: host-store writes included in this state
     host: HostStores = struct.field(pytree_node=False)
     leaves: tuple = struct.field(pytree_node=False)  # LeafInfo per compressed leaf
     leaf_index: tuple = struct.field(pytree_node=False)  # flat index of each compressed leaf in the step
@@ -65,9 +65,9 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
     def create(
         cls,
         example_step: Any,
-        num_steps: int,
-        num_envs: int,
         *,
+        num_envs: int,
+        num_steps: int,
         compress: Sequence[str] | None = ("obs",),
         codec: str = DEFAULT_CODEC,
         normalize_images: bool = False,
@@ -75,69 +75,65 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
         chunk_bytes: int = 64 << 20,
         dictionary_bytes: int | None = None,
     ) -> "CompressedRolloutBuffer":
-        """An empty buffer for ``num_steps`` steps of ``num_envs`` envs.
+        """An empty buffer for `num_steps` steps of `num_envs` envs.
 
         Args:
-          example_step, num_steps, num_envs, float_dtype: as :meth:`jaxbuffers.RolloutBuffer.create`.
+          example_step, num_envs, num_steps, float_dtype: as `jaxbuffers.RolloutBuffer.create`.
           compress: names of the step leaves to store on the host (dict keys on the leaf's path;
-            default ``("obs",)``, every leaf under an ``obs`` key); ``None``: every leaf.
-          codec: host codec name. normalize_images: return compressed uint8 leaves as float32
-            ``x / 255``. chunk_bytes: largest host arena chunk. dictionary_bytes: as
-            :meth:`jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
+            default `("obs",)`, every leaf under an `obs` key); None: every leaf.
+          codec: host codec name.
+          normalize_images: return compressed uint8 leaves as float32 `x / 255`.
+          chunk_bytes: largest host arena chunk.
+          dictionary_bytes: as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
 
         Raises:
-          As ``RolloutBuffer.create``; ValueError when ``compress`` names no leaf or
-          ``normalize_images`` meets a non-uint8 leaf.
+          As `RolloutBuffer.create`; ValueError when `compress` names no leaf or
+          `normalize_images` meets a non-uint8 leaf.
         """
         spec = _validate.item_spec(example_step, "example_step")
         idx = _common.select_leaves(spec, compress, "example_step")
-        paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(spec)[0]]
-        leaves = jax.tree.leaves(spec)
+        named = jax.tree_util.tree_flatten_with_path(spec)[0]
         infos = []
         for i in idx:
-            s = leaves[i]
-            name = f"example_step{_validate.leaf_name(paths[i]) if paths[i] else ''}"
+            path, s = named[i]
+            name = f"example_step{_validate.leaf_name(path) if path else ''}"
             if normalize_images and np.dtype(s.dtype) != np.uint8:
                 raise ValueError(f"normalize_images: {name} has dtype {s.dtype}; x / 255 is defined for uint8 images only")
             infos.append(LeafInfo(name, tuple(s.shape), np.dtype(s.dtype), tuple(s.shape), None))
         inner = RolloutBuffer.create(
-            _common.replace_leaves(spec, idx, [_ID] * len(idx)), num_steps, num_envs, float_dtype=float_dtype
+            _common.replace_leaves(spec, idx, [_ID] * len(idx)), num_envs=num_envs, num_steps=num_steps, float_dtype=float_dtype
         )
         host = HostStores(
             inner.num_steps * inner.num_envs, codec, [i.frame_shape for i in infos], [i.dtype for i in infos],
             [i.name for i in infos], chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes,
         )
-        return cls(
-            buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
-            normalize_images=bool(normalize_images),
-        )
+        return cls(buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
+                   normalize_images=bool(normalize_images))
 
-    # ------------------------------------------------------------------ properties
     @property
     def num_steps(self) -> int:
-        """Rows T of the rollout (static Python int)."""
+        """Rows $T$ of the rollout (static Python int)."""
         return self.buffer.num_steps
 
     @property
     def num_envs(self) -> int:
-        """Envs N per row (static Python int)."""
+        """Envs $N$ per row (static Python int)."""
         return self.buffer.num_envs
 
     @property
     def step_spec(self) -> Any:
-        """One env step as the user sees it (pytree of ``jax.ShapeDtypeStruct``)."""
-        return _common.replace_leaves(
-            self.buffer.step_spec, self.leaf_index, [jax.ShapeDtypeStruct(i.shape, i.dtype) for i in self.leaves]
-        )
+        """One env step as the user sees it (pytree of `jax.ShapeDtypeStruct`)."""
+        specs = [jax.ShapeDtypeStruct(i.shape, i.dtype) for i in self.leaves]
+        return _common.replace_leaves(self.buffer.step_spec, self.leaf_index, specs)
 
     @property
     def device_nbytes(self) -> int:
-        """Bytes of the device-side arrays (uncompressed fields, ids, GAE fields)."""
+        """Bytes of the device arrays (uncompressed fields, slots, GAE fields)."""
         return _validate.tree_nbytes(self)
 
     @property
     def host_nbytes(self) -> int:
-        """Bytes held by the host stores (payload arenas plus index; see ``CompressedStore.nbytes``)."""
+        """Bytes held by the host stores (payload arenas plus index)."""
         return self.host.nbytes
 
     @property
@@ -145,61 +141,64 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
         """Device plus host bytes."""
         return self.device_nbytes + self.host_nbytes
 
+    @_compiled.method()
     def size(self) -> jax.Array:
-        """Rows filled so far (int32 scalar)."""
+        """The number of steps stored, counted over all envs (int32 scalar), as `RolloutBuffer.size`."""
         return self.buffer.size()
 
+    @_compiled.method()
     def is_full(self) -> jax.Array:
-        """Whether all ``num_steps`` rows are filled (bool scalar)."""
+        """Whether all `num_steps` rows are filled (bool scalar)."""
         return self.buffer.is_full()
 
     def close(self) -> None:
         """Free the host memory now (the buffer cannot be used afterwards)."""
         self.host.close()
 
-    # ------------------------------------------------------------------ add / reset / gae
+    @_compiled.method()
     def add(self, step: Any, **fields) -> "CompressedRolloutBuffer":
-        """:meth:`jaxbuffers.RolloutBuffer.add` (same keyword fields, shapes and errors).
+        """`jaxbuffers.RolloutBuffer.add` (same keyword fields, shapes and errors).
 
-        The compressed leaves of the ``num_envs`` steps go to the host in one ordered callback
-        at row ``step_index``; on a full buffer nothing is written (host included) and
-        ``overflowed`` becomes True, as for ``RolloutBuffer``.
+        The compressed leaves of the `num_envs` steps go to the host in one ordered callback at
+        row `step_index`, after every check passed; on a full buffer nothing is written (host
+        included) and `overflowed` becomes True, as for `RolloutBuffer`.
         """
-        (n,) = _validate.check_batch(self.step_spec, step, 1, "step")
+        (n,) = _validate.check_batch(self.step_spec, step, 1, "step")  # the compressed leaves; inner.add checks the rest
         inner = self.buffer
-        if n != inner.num_envs:
-            raise ValueError(f"step: expected a leading axis of num_envs={inner.num_envs} on every leaf, got {n}")
         row = jnp.minimum(inner.step_index, inner.num_steps - 1)
-        slots = (row * inner.num_envs + jnp.arange(inner.num_envs, dtype=jnp.int32)).astype(jnp.int32)
-        valid = jnp.broadcast_to(~inner.is_full(), (inner.num_envs,))
-        datas = _common.pick_leaves(step, self.leaf_index)
-        version = _common.write(self.host, self.version, slots, valid, datas)
-        inner_step = _common.replace_leaves(step, self.leaf_index, [slots] * len(self.leaves))
-        return self.replace(buffer=inner.add(inner_step, **fields), version=version)
+        slots = (row * inner.num_envs + jnp.arange(n, dtype=jnp.int32)).astype(jnp.int32)
+        new = inner.add(_common.replace_leaves(step, self.leaf_index, [slots] * len(self.leaves)), **fields)
+        valid = jnp.broadcast_to(~inner.is_full(), (n,))
+        version = _common.write(self.host, self.version, slots, valid, _common.pick_leaves(step, self.leaf_index))
+        return self.replace(buffer=new, version=version)
 
+    @_compiled.method()
     def reset(self) -> "CompressedRolloutBuffer":
-        """:meth:`jaxbuffers.RolloutBuffer.reset` (host entries are overwritten by the next adds)."""
+        """`jaxbuffers.RolloutBuffer.reset` (host entries are overwritten by the next adds)."""
         return self.replace(buffer=self.buffer.reset())
 
+    @_compiled.method("method", scalars={"gamma": (0.0, 1.0), "gae_lambda": (0.0, 1.0)})
     def compute_gae(self, last_value, gamma, gae_lambda, method: str = "scan") -> "CompressedRolloutBuffer":
-        """:meth:`jaxbuffers.RolloutBuffer.compute_gae` (device only)."""
+        """`jaxbuffers.RolloutBuffer.compute_gae` (device only)."""
         return self.replace(buffer=self.buffer.compute_gae(last_value, gamma, gae_lambda, method))
 
-    # ------------------------------------------------------------------ minibatches
+    @_compiled.method("num_minibatches")
     def minibatch_indices(self, key: jax.Array, num_minibatches: int) -> jax.Array:
-        """:meth:`jaxbuffers.RolloutBuffer.minibatch_indices`: int32 ``[M, T * N / M]``."""
+        """`jaxbuffers.RolloutBuffer.minibatch_indices`: int32 `[M, T * N / M]`."""
         return self.buffer.minibatch_indices(key, num_minibatches)
 
+    @_compiled.method()
     def gather(self, indices: jax.Array) -> RolloutMinibatch:
-        """:meth:`jaxbuffers.RolloutBuffer.gather` with the compressed leaves decoded (one host
-        callback for the ``indices`` given: call it per minibatch to decode per minibatch)."""
+        """`jaxbuffers.RolloutBuffer.gather` with the compressed leaves decoded (one host callback
+        for the `indices` given: call it per minibatch to decode per minibatch)."""
         mb = self.buffer.gather(indices)
         ids = _common.pick_leaves(mb.step, self.leaf_index)[0]
         decoded = _common.read(self.host, self.leaves, self.version, ids)
         out = [_common.finish(x[0], i, ids.ndim, None, self.normalize_images) for x, i in zip(decoded, self.leaves)]
         return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
 
+    @_compiled.method("num_minibatches")
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
-        """All steps shuffled into ``num_minibatches`` minibatches, decoded at once (the whole
-        rollout decoded in memory; prefer :meth:`minibatch_indices` + :meth:`gather`)."""
+        """All steps shuffled into `num_minibatches` minibatches, decoded at once (the whole
+        rollout in memory; prefer `minibatch_indices` + `gather`)."""
         return self.gather(self.minibatch_indices(key, num_minibatches))

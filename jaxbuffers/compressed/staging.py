@@ -1,45 +1,38 @@
-"""Host-side staging of one-step adds for Python-driven loops: :class:`StagingWriter`.
+"""Host-side staging of one-step adds for Python-driven loops: `StagingWriter`.
 
-A jitted ``add`` of one env step costs a JAX dispatch (and, for a compressed buffer, a host
-callback) per call: ~0.4-0.8 ms on a 2-core CPU, whatever the step's size. A training loop
-written in Python (SB3 style: ``env.step`` then ``buffer.add`` one step at a time) pays it for
-every step. :class:`StagingWriter` pays it once per *chunk* instead:
+A training loop written in Python (SB3 style: `env.step`, then `buffer.add` of one step) pays a
+program launch and a host callback per add. `StagingWriter` pays them once per *chunk*:
 
-* ``writer.add(step, terminated=..., truncated=..., final_obs=...)`` validates the step against
-  the buffer (same errors as :meth:`CompressedTrajectoryBuffer.add`, raised here, not later) and
-  copies it into preallocated numpy arrays ``[num_envs, max_pending, ...]``. Nothing else.
-* When ``max_pending`` steps are staged, or on :meth:`flush`, the staged steps go into the buffer
-  as chunk adds (:meth:`CompressedTrajectoryBuffer.add_from_host` of ``[num_envs, t, ...]``),
-  oldest first. A flush of ``p`` steps is split into power-of-two chunks (``p = 13`` ->
-  ``8 + 4 + 1``; no chunk longer than the buffer's ``length``), so at most
-  ``floor(log2(min(max_pending, length))) + 1`` chunk shapes are ever compiled (twice that if
-  some steps carry ``truncated`` and others do not).
-* :attr:`buffer`, :meth:`sample_transitions` and :meth:`sample_sequences` flush first: a sample
-  always sees every step added before it. :meth:`sample_transitions` then runs one cached jitted
-  sample (compiled once per batch size and ``n_step``).
+* `writer.add(step, terminated=..., truncated=..., final_obs=...)` checks the step against the
+  buffer (the errors of `CompressedTrajectoryBuffer.add`, raised here, not later) and copies it
+  into preallocated numpy arrays `[num_envs, max_pending, ...]`. Nothing else.
+* When `max_pending` steps are staged, or on `flush`, the staged steps go into the buffer as
+  chunk adds `[num_envs, t, ...]`, oldest first, in power-of-two chunks no longer than the
+  buffer's `length` (`p = 13` -> `8 + 4 + 1`), so at most `floor(log2(min(max_pending,
+  length))) + 1` chunk shapes are ever compiled (twice that when only some carry `truncated`).
+* `buffer`, `sample_transitions` and `sample_sequences` flush first: a sample sees every step
+  added before it. `sample_transitions` then runs one cached jitted sample (compiled once per
+  batch size and `n_step`).
 
-Where the data lives: until a flush, staged steps are held **uncompressed in host memory owned
-by the writer** (``max_pending`` steps per env, e.g. 256 x 28 KB = 7 MB for one Atari env), and
-are *not* in the buffer pytree: a buffer state obtained before the flush does not contain them.
-A flush that fails (e.g. :class:`~jaxbuffers.compressed.StaleBufferError`) keeps every step not
-yet added staged, so a retry loses nothing.
+Until a flush, staged steps are held uncompressed in host memory owned by the writer
+(`max_pending` steps per env) and are not in the buffer pytree: a state obtained before the
+flush does not contain them. A flush that fails (e.g. `StaleBufferError`) keeps every step not
+yet added staged, so a retry loses nothing. After a flush the buffer equals the one the same
+steps added one by one give (every device array, hence the same samples for the same keys),
+except `version`, which counts host writes (one per chunk here).
 
-Result: the buffer after a flush is the buffer that the same steps added one by one give
-(every device array equal, and therefore the same samples for the same keys), except the
-``version`` counter, which counts host writes (one per chunk here). Tested model-based
-(``tests/test_compressed.py``).
+The buffer stays a pure pytree: the writer is a plain Python object around it, for host loops
+only; inside `jit` / `lax.scan` call `CompressedTrajectoryBuffer.add` directly.
 
-The buffer stays a pure pytree: the writer is a plain Python object *around* it, for host
-loops only; inside ``jit`` / ``lax.scan`` call :meth:`CompressedTrajectoryBuffer.add` directly.
-
-Example::
-
+Example:
+    ``python
     writer = StagingWriter(CompressedTrajectoryBuffer.create(example, 1, 100_000, frame_stack=4))
     for t in range(n):
-        writer.add(step_t, terminated=term_t)            # numpy [num_envs, ...]: a copy, ~us
+        writer.add(step_t, terminated=term_t)            # numpy [num_envs, ...]: a copy
         if t % 4 == 0:
             batch = writer.sample_transitions(key, 32, gamma=0.99)   # flushes, then samples
     buf = writer.buffer                                   # flushed buffer state (pytree)
+    ``
 """
 
 from __future__ import annotations
@@ -64,21 +57,20 @@ def _as_float(x):
 
 
 def _without_item_obs(s, obs_key: str):
-    """The transition sample ``s`` with ``s.item[obs_key]`` (the same observations as ``s.obs``)
-    set to None: returned from a jitted function, the repeat would be a second device copy (7 MB
-    for 256 Atari stacks)."""
+    """The transition sample `s` with `s.item[obs_key]` (the same observations as `s.obs`) set to
+    None: returned from a jitted function, the repeat would be a second device copy."""
     return s._replace(item={**s.item, obs_key: None})
 
 
 def _with_item_obs(s, obs_key: str):
-    """Undo :func:`_without_item_obs`: ``s.item[obs_key]`` is ``s.obs`` again (no copy)."""
+    """Undo `_without_item_obs`: `s.item[obs_key]` is `s.obs` again (no copy)."""
     return s._replace(item={**s.item, obs_key: s.obs})
 
 
 @functools.partial(jax.jit, static_argnames=("batch_size", "n_step"))
 def _sample_transitions_jit(buf, key, batch_size, n_step, gamma, beta):
-    """``buf.sample_transitions`` (uniform when ``beta`` is None, else prioritised), jitted once
-    per shape, without the sample's repeat of the observations (see :func:`_without_item_obs`)."""
+    """`buf.sample_transitions` (uniform when `beta` is None, else prioritised), jitted once
+    per shape, without the sample's repeat of the observations (see `_without_item_obs`)."""
     obs_key = buf.trajectory.obs_key
     if beta is None:
         return _without_item_obs(buf.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma), obs_key)
@@ -87,7 +79,8 @@ def _sample_transitions_jit(buf, key, batch_size, n_step, gamma, beta):
 
 
 def _pow2_pieces(n: int, cap: int | None = None) -> list[int]:
-    """``n`` as decreasing powers of two, none above ``cap``: 13 -> [8, 4, 1]; cap 4 -> [4, 4, 4, 1]."""
+    """`n` as decreasing powers of two, none above `cap`: 13 -> [8, 4, 1]; cap 4 -> [4, 4, 4, 1].
+    Chunk lengths, so that a flush of any size compiles one of O(log max_pending) programs."""
     top = 1 << ((cap if cap is not None else n).bit_length() - 1)  # largest power of two <= cap
     out = []
     while n:
@@ -103,15 +96,15 @@ class StagingWriter:
     See the module docstring for where staged data lives and when it is flushed.
 
     Args:
-      buffer: a :class:`~jaxbuffers.compressed.CompressedTrajectoryBuffer` (or its prioritised
+      buffer: a `jaxbuffers.compressed.CompressedTrajectoryBuffer` (or its prioritised
         subclass) state; the writer owns it from now on (add through the writer only).
       max_pending: steps staged before an automatic flush (int >= 1; default 256). Host memory
-        held: ``max_pending`` x one step of every env (x2 for the observations once
-        ``truncated`` is used: the final observations are staged too).
+        held: `max_pending` x one step of every env (x2 for the observations once
+        `truncated` is used: the final observations are staged too).
 
     Raises:
-      TypeError: ``buffer`` is not a compressed trajectory buffer.
-      ValueError: ``max_pending`` < 1.
+      TypeError: `buffer` is not a compressed trajectory buffer.
+      ValueError: `max_pending` < 1.
     """
 
     def __init__(self, buffer: Any, max_pending: int = 256):
@@ -119,20 +112,14 @@ class StagingWriter:
 
         if not isinstance(buffer, CompressedTrajectoryBuffer):
             raise TypeError(f"buffer: expected a CompressedTrajectoryBuffer, got {type(buffer).__name__}")
-        if isinstance(max_pending, bool) or not isinstance(max_pending, (int, np.integer)) or max_pending < 1:
-            raise ValueError(f"max_pending: expected an int >= 1, got {max_pending!r}")
         self._buf = buffer
-        self.max_pending = int(max_pending)
+        self.max_pending = _validate.static_int("max_pending", max_pending)
         self._spec = buffer.step_spec
         self._obs_key = buffer.trajectory.obs_key
         e, p = buffer.num_envs, self.max_pending
         self.num_envs = e
         leaves, self._treedef = jax.tree.flatten(self._spec)
-        self._shapes = [(e, *s.shape) for s in leaves]
-        self._dtypes = [np.dtype(s.dtype) for s in leaves]
-        obs_leaves, self._obs_treedef = jax.tree.flatten(self._spec[self._obs_key])
-        self._obs_shapes = [(e, *s.shape) for s in obs_leaves]
-        self._obs_dtypes = [np.dtype(s.dtype) for s in obs_leaves]
+        self._obs_leaves, self._obs_treedef = jax.tree.flatten(self._spec[self._obs_key])
         # Flat step leaves = the obs leaves, contiguous, at some offset (dict keys are sorted):
         # find it, and which of them are compressed (staged as their newest frame only).
         keys = sorted(self._spec)
@@ -150,7 +137,7 @@ class StagingWriter:
         self._n = 0  # staged steps
 
     def _staged(self, x: Any, obs_index: int | None) -> np.ndarray:
-        """What to stage of one validated leaf ``[E, ...]``: the newest frame of a compressed
+        """What to stage of one validated leaf `[E, ...]`: the newest frame of a compressed
         frame-stacked leaf, the leaf otherwise."""
         x = np.asarray(x)
         info = None if obs_index is None else self._info.get(obs_index)
@@ -172,8 +159,8 @@ class StagingWriter:
 
     @buffer.setter
     def buffer(self, new: Any) -> None:
-        """Replace the wrapped buffer state (e.g. after ``set_priorities``); staged steps are
-        flushed into the old state first, so ``new`` should be derived from :attr:`buffer`."""
+        """Replace the wrapped buffer state (e.g. after `set_priorities`); staged steps are
+        flushed into the old state first, so `new` should be derived from `buffer`."""
         if self._n:
             raise RuntimeError(
                 f"StagingWriter.buffer: {self._n} staged steps are not in the buffer yet; read "
@@ -186,62 +173,48 @@ class StagingWriter:
     @property
     def staging_nbytes(self) -> int:
         """Host bytes of the staging arrays (allocated up front; the final-observation ones on
-        the first ``truncated``)."""
+        the first `truncated`)."""
         arrays = self._stage + [self._placeholder, self._terminated, self._truncated] + (self._final or [])
         return sum(x.nbytes for x in arrays)
 
     @property
     def nbytes(self) -> int:
-        """The wrapped buffer's ``nbytes`` plus :attr:`staging_nbytes` (does not flush)."""
+        """The wrapped buffer's `nbytes` plus `staging_nbytes` (does not flush)."""
         return self._buf.nbytes + self.staging_nbytes
 
     def close(self) -> None:
-        """Drop the staged steps and free the buffer's host memory (``buffer.close()``)."""
+        """Drop the staged steps and free the buffer's host memory (`buffer.close()`)."""
         self._n = 0
         self._buf.close()
 
     # ------------------------------------------------------------------ add
-    def _leaves(self, tree: Any, treedef, shapes, dtypes, spec: Any, what: str) -> list:
-        """Flat leaves of a one-step pytree, exactly shaped ``[num_envs, *leaf]`` and typed."""
-        try:
-            leaves = treedef.flatten_up_to(tree)
-        except (ValueError, TypeError):
-            leaves = None
-        if leaves is None or any(
-            not hasattr(x, "shape") or tuple(x.shape) != s or np.dtype(x.dtype) != d
-            for x, s, d in zip(leaves, shapes, dtypes)
-        ):
-            # Slow path only on a mismatch: the shared validator words the error.
-            lead = _validate.check_batch(spec, tree, 1, what)
-            raise ValueError(f"{what}: expected leading axis num_envs={self.num_envs} (one step of every env), got {lead[0]}")
-        return leaves
+    def _leaves(self, tree: Any, spec: Any, what: str) -> list:
+        """Flat leaves of a one-step pytree, checked to be `[num_envs, *leaf]` of the spec's dtypes."""
+        (n,) = _validate.check_batch(spec, tree, 1, what)
+        if n != self.num_envs:
+            raise ValueError(f"{what}: expected leading axis num_envs={self.num_envs} (one step of every env), got {n}")
+        return jax.tree.leaves(tree)
 
     def _flag(self, name: str, x: Any) -> np.ndarray:
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise TypeError(f"{name}: expected a bool array of shape [{self.num_envs}], got {type(x).__name__}")
-        if tuple(x.shape) != (self.num_envs,):
-            raise ValueError(f"{name}: expected shape [{self.num_envs}] (one flag per env), got {list(x.shape)}")
-        if np.dtype(x.dtype) != np.dtype(bool):
-            raise TypeError(f"{name}: expected dtype bool, got {np.dtype(x.dtype)} (convert with .astype(bool))")
-        return np.asarray(x)
+        return np.asarray(_validate.array(name, x, (self.num_envs,), np.bool_))
 
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> None:
-        """Stage one step of every env; flush when ``max_pending`` steps are staged.
+        """Stage one step of every env; flush when `max_pending` steps are staged.
 
-        Args: as :meth:`CompressedTrajectoryBuffer.add` for one step: ``step`` leaves
-        ``[num_envs, ...]`` with the example step's dtypes (numpy or JAX arrays), ``terminated``
-        bool ``[num_envs]``, optional ``truncated`` bool ``[num_envs]`` with ``final_obs``
-        (shaped like ``step[obs_key]``, read only where ``truncated & ~terminated``).
+        Args: as `CompressedTrajectoryBuffer.add` for one step: `step` leaves
+        `[num_envs, ...]` with the example step's dtypes (numpy or JAX arrays), `terminated`
+        bool `[num_envs]`, optional `truncated` bool `[num_envs]` with `final_obs`
+        (shaped like `step[obs_key]`, read only where `truncated & ~terminated`).
 
         Raises (before anything is staged):
           TypeError / ValueError: wrong structure, shape or dtype (naming the field), a missing
-            ``final_obs``, or a call under a JAX transformation.
+            `final_obs`, or a call under a JAX transformation.
         """
         if not isinstance(step, Mapping):
             raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((step, terminated, truncated, final_obs))):
             raise TypeError("StagingWriter.add cannot be traced (jit/scan/vmap); call buffer.add() inside traced code")
-        leaves = self._leaves(dict(step), self._treedef, self._shapes, self._dtypes, self._spec, "step")
+        leaves = self._leaves(dict(step), self._spec, "step")
         term = self._flag("terminated", terminated)
         fin = None
         if truncated is None:
@@ -254,19 +227,16 @@ class StagingWriter:
                     "final_obs: required when truncated is given: the true observation after each step, "
                     "before any auto-reset (read only where truncated); shaped like step[obs]"
                 )
-            fin = self._leaves(final_obs, self._obs_treedef, self._obs_shapes, self._obs_dtypes,
-                               self._spec[self._obs_key], "final_obs")
-        # Validated: stage (copies; JAX arrays are fetched to the host here).
-        j = self._n
-        off = self._obs_offset
+            fin = self._leaves(final_obs, self._spec[self._obs_key], "final_obs")
+        j, off = self._n, self._obs_offset  # checked: stage copies (JAX arrays are fetched here)
         for i, (dst, x) in enumerate(zip(self._stage, leaves)):
-            dst[:, j] = self._staged(x, i - off if 0 <= i - off < len(self._obs_shapes) else None)
+            dst[:, j] = self._staged(x, i - off if 0 <= i - off < len(self._obs_leaves) else None)
         self._terminated[:, j] = term
         if fin is not None:
             if self._final is None:
                 self._final = [
-                    np.zeros((self.num_envs, self.max_pending, *(s[1:] if i not in self._info else self._info[i].frame_shape)), d)
-                    for i, (s, d) in enumerate(zip(self._obs_shapes, self._obs_dtypes))
+                    np.zeros((self.num_envs, self.max_pending, *(self._info[i].frame_shape if i in self._info else s.shape)), s.dtype)
+                    for i, s in enumerate(self._obs_leaves)
                 ]
             self._truncated[:, j] = trunc
             for i, (dst, x) in enumerate(zip(self._final, fin)):
@@ -303,9 +273,7 @@ class StagingWriter:
                     self._buf = self._buf._add_frames_from_host(step, frames, term)
                 else:
                     fin, fframes = self._chunk(self._final, self._obs_treedef, 0, a, b)
-                    self._buf = self._buf._add_frames_from_host(
-                        step, frames, term, self._truncated[:, a:b], fin, fframes
-                    )
+                    self._buf = self._buf._add_frames_from_host(step, frames, term, self._truncated[:, a:b], fin, fframes)
                 done = b
         finally:
             if done:
@@ -318,7 +286,7 @@ class StagingWriter:
         return self._buf
 
     def _chunk(self, arrays, treedef, offset: int, a: int, b: int):
-        """Steps ``[a, b)`` as (pytree with placeholders for compressed leaves, their frames)."""
+        """Steps `[a, b)` as (pytree with placeholders for compressed leaves, their frames)."""
         leaves, frames = [], []
         for i, x in enumerate(arrays):
             if (i - offset) in self._info:
@@ -331,28 +299,23 @@ class StagingWriter:
 
     # ------------------------------------------------------------------ sample
     def sample_transitions(self, key: jax.Array, batch_size: int, *, gamma, n_step: int | None = None, beta=None) -> Any:
-        """Flush, then sample: same arguments and result as the buffer's ``sample_transitions``
-        (``beta`` only for the prioritised buffer, where it is required).
+        """Flush, then sample: same arguments and result as the buffer's `sample_transitions`
+        (`beta` only for the prioritised buffer, where it is required).
 
-        Runs one cached jitted sample (compiled once per ``batch_size`` and ``n_step``; ``gamma``
-        and ``beta`` may change between calls without a recompile), whose decode runs in a host
-        callback writing straight into the output arrays. Measured on Breakout frames (2-core
-        CPU, ``docs/benchmarks.md``): 1.10-1.15x the speed of the eager
-        :meth:`~CompressedTrajectoryBuffer.sample_transitions_from_host` at batch 32, on par at
-        256 (0.87-1.05x).
+        Runs one cached jitted sample (compiled once per `batch_size` and `n_step`; `gamma` and
+        `beta` may change between calls without a recompile).
 
         Raises:
-          ValueError / TypeError: ``gamma`` not a float in ``[0, 1]`` or a float scalar; ``beta``
+          ValueError / TypeError: `gamma` not a float in `[0, 1]` or a float scalar; `beta`
           given for the uniform buffer, missing or invalid for the prioritised one; as the
-          buffer's ``sample_transitions`` otherwise. Checked after the flush: staged steps are
+          buffer's `sample_transitions` otherwise. Checked after the flush: staged steps are
           added first, as for every sample.
         """
         from jaxbuffers.compressed.trajectory import CompressedPrioritisedTrajectoryBuffer
-        from jaxbuffers.trajectory import _gamma
 
         buf = self.flush()
         gamma, beta = _as_float(gamma), _as_float(beta)  # ints too, as the buffers accept them
-        _gamma(gamma, np.float32)  # range-checked here: inside the jit gamma is a tracer
+        _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)  # checked here: inside the jit gamma is a tracer
         if isinstance(buf, CompressedPrioritisedTrajectoryBuffer):
             if beta is None:
                 raise TypeError("beta: required for a prioritised buffer (a float >= 0 or a float scalar array)")
@@ -368,7 +331,7 @@ class StagingWriter:
         return s._replace(item=_with_item_obs(s.item, obs_key))
 
     def sample_sequences(self, key: jax.Array, batch_size: int, *args, **kwargs) -> Any:
-        """Flush, then :meth:`CompressedTrajectoryBuffer.sample_sequences` (same arguments)."""
+        """Flush, then `CompressedTrajectoryBuffer.sample_sequences` (same arguments)."""
         return self.flush().sample_sequences(key, batch_size, *args, **kwargs)
 
     def __repr__(self) -> str:
