@@ -103,10 +103,10 @@ def main(argv=None) -> dict:
     common = dict(frame_stack=4, stack_axis=0, codec=args.codec, final_obs_capacity=length // 20_000 + 2)
     if args.prioritised:
         buf = CompressedPrioritisedTrajectoryBuffer.create(
-            example, n_envs, length, window_length=args.n_step + 1, priority_exponent=args.alpha, **common
+            example, num_envs=n_envs, length=length, window_length=args.n_step + 1, priority_exponent=args.alpha, **common
         )
     else:
-        buf = CompressedTrajectoryBuffer.create(example, n_envs, length, **common)
+        buf = CompressedTrajectoryBuffer.create(example, num_envs=n_envs, length=length, **common)
 
     net = QNetwork(num_actions)
     key = jax.random.key(args.seed)
