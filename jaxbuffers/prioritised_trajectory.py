@@ -199,11 +199,10 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         """
         return _priority.priorities_at(self.tree, indices, self.priority_exponent)
 
-    @property
-    def generations(self) -> jax.Array:
-        """Generations of every position, int32 `[num_envs, length]` (`O(capacity)`, for tests and debugging)."""
-        b = self.buffer
-        return self.generations_at(jnp.arange(b.num_envs * b.length, dtype=jnp.int32)).reshape(b.num_envs, b.length)
+    generations = property(
+        lambda self: self.generations_at(jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)).reshape(self.buffer.num_envs, -1),
+        doc="Generations of every position, int32 `[num_envs, length]` (`O(capacity)`, for tests and debugging).",
+    )
 
     # ------------------------------------------------------------------ add
     @_compiled.method()
@@ -213,8 +212,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         return self.add_prepared(*_validate.trajectory_add(b.step_spec, b.obs_key, b.num_envs, b.length, step, terminated, truncated, final_obs))
 
     def add_prepared(self, step, terminated, truncated, final_obs) -> "PrioritisedTrajectoryBuffer":
-        """`add` of arguments already checked by `jaxbuffers._validate.trajectory_add` (see
-        `jaxbuffers.TrajectoryBuffer.add_prepared`)."""
+        """`jaxbuffers.TrajectoryBuffer.add_prepared`, plus the priority bookkeeping."""
         old = self.buffer
         new = old.add_prepared(step, terminated, truncated, final_obs)
         e, n, w, t = old.num_envs, old.length, self.window_length, terminated.shape[1]
@@ -229,8 +227,7 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         slot = jnp.where(is_new, _ring.logical_to_physical(logical, new.head, new.num_valid, n), (old.head + i) % n)
         fresh = _priority.priority_leaf(self.max_priority, self.priority_exponent)
         vals = jnp.where(is_new, jnp.where(ok, fresh, jnp.nan), 0).astype(jnp.float32)  # NaN: not written
-        # A newly completed window may start at a slot this add zeroed (window_length <= t): it
-        # comes later in the batch, and the last write wins.
+        # A new window may start at a slot this add zeroed (window_length <= t): it comes later, the last write wins.
         return self.replace(buffer=new, tree=self.tree.set(lane * n + slot, vals), phase=phase)
 
     # ------------------------------------------------------------------ sample

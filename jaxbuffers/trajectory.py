@@ -141,10 +141,8 @@ def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array
     \text{discount} = \gamma^k (1 - \text{terminated}_{t+k-1})
     $$
 
-    (`jaxbuffers.n_step_returns` works on whole rollouts with values; this is the per-window form
-    used at sample time.) For rewards narrower than float32, $\gamma$, its powers and the sum are
-    computed in float32 and rounded once at the end: rounding $\gamma$ first (bfloat16 0.99 is
-    0.98828) compounds in $\gamma^k$.
+    (`jaxbuffers.n_step_returns` is the whole-rollout form.) For rewards narrower than float32 the
+    powers and the sum are float32, rounded once at the end (a rounded $\gamma$ compounds in $\gamma^k$).
 
     Args:
       reward: float[..., n], rewards $r_t, \dots, r_{t+n-1}$ of one window per row.
@@ -174,10 +172,9 @@ def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array
 class TrajectoryBuffer(struct.PyTreeNode):
     """Per-environment lanes of steps with episode flags; uniform sequence and n-step sampling.
 
-    See the module doc for the layout, the step convention and the final-observation ring. Build
-    it with `create`; every method is pure and returns a new buffer. Works under `jit` (donate it
-    to update in place), `lax.scan` and `vmap` over stacked buffers; called eagerly, each method
-    runs as one cached compiled program (`jaxbuffers._compiled`).
+    Module doc: layout, step convention, final-observation ring. Every method is pure; it works
+    under `jit` (donated: in place), `lax.scan` and `vmap`, and eagerly runs as one cached
+    compiled program (`jaxbuffers._compiled`).
     """
 
     storage: Any  # dict like the example step, leaves [num_envs, length, *shape], example dtypes
@@ -274,12 +271,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
 
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def can_sample(self, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
-        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar).
-
-        True when some valid window exists (`cross_episodes=False`: one wholly inside an
-        episode, an `O(num_envs * length)` count like that sampling mode). Same arguments and
-        errors as `sample_sequences`, without the key.
-        """
+        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar):
+        some valid window exists (`cross_episodes=False`: inside one episode, an `O(num_envs *
+        length)` count). Same arguments and errors as `sample_sequences`, without the key."""
         _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
         period = _validate.static_int("period", period)
@@ -345,11 +339,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
     def final_obs_lost(self) -> jax.Array:
         """Whether some stored truncated step's final observation was overwritten (bool scalar).
 
-        True only when a lane holds more than `final_obs_capacity` ($K$) truncated steps at once
-        (module doc). Exact: ring slots are handed out in order per lane, so a truncated step's
-        final observation survives iff fewer than $K$ truncated (and not terminated) steps came
-        after it in its lane. It describes the steps stored now, not the past: once the affected
-        steps are overwritten it is False again. Costs `O(num_envs * length)`: a diagnostic.
+        Exact: a truncated step's final observation survives iff fewer than $K$ truncated (and not
+        terminated) steps came after it in its lane. It describes the steps stored now (False
+        again once those are overwritten). Costs `O(num_envs * length)`: a diagnostic.
         """
         n = self.length
         logical = jnp.arange(n, dtype=jnp.int32)

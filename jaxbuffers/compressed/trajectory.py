@@ -319,16 +319,11 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
     # ------------------------------------------------------------------ add
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
-        """Append one step `[num_envs, ...]` or a chunk `[num_envs, t, ...]` to every lane.
+        """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors), checked once here.
 
-        Same arguments, shapes and errors as `jaxbuffers.TrajectoryBuffer.add`. The newest frame
-        of each compressed observation (the whole observation without `frame_stack`) and, where
-        `truncated & ~terminated`, of its `final_obs` are written to the host in one ordered
-        callback; the device buffer gets their ids.
-
-        Returns:
-          The new buffer (the previous state must not be added to again: that would fork the
-          shared host store, and the write raises).
+        The newest frame of each compressed observation and, where `truncated & ~terminated`, of
+        its `final_obs` go to the host in one ordered callback; the device buffer gets their ids.
+        The previous state must not be added to again (that would fork the host store: it raises).
         """
         new, (slots, valid, datas) = self._add_device(step, terminated, truncated, final_obs)
         return new.replace(version=_common.write(self.host, self.version, slots, valid, datas))
