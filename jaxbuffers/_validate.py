@@ -421,3 +421,33 @@ def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, termina
         ex = lambda x: None if x is None else jax.tree.map(lambda v: jnp.expand_dims(jnp.asarray(v), 1), x)  # noqa: E731
         step, terminated, truncated, final_obs = ex(step), ex(terminated), ex(truncated), ex(final_obs)
     return step, terminated, truncated, final_obs
+
+
+def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, normalize_images: bool) -> list[tuple]:
+    """`(name, shape, dtype, frame_shape, stack_axis or None)` of the observation leaves number
+    `indices` that a compressed trajectory buffer stores on the host (its `create`'s errors).
+
+    Raises:
+      ValueError: `normalize_images` on a non-uint8 leaf; with `frame_stack=k`, a `stack_axis`
+        out of range or not holding `k` frames.
+    """
+    flat = jax.tree_util.tree_flatten_with_path(obs_spec)[0]
+    out = []
+    for i in indices:
+        path, s = flat[i]
+        name, shape = f"{what}{leaf_name(path) if path else ''}", tuple(s.shape)
+        if normalize_images and np.dtype(s.dtype) != np.uint8:
+            raise ValueError(f"normalize_images: {name} has dtype {s.dtype}; x / 255 is defined for uint8 images only")
+        if frame_stack is None:
+            out.append((name, shape, np.dtype(s.dtype), shape, None))
+            continue
+        if not -len(shape) <= stack_axis < len(shape):
+            raise ValueError(f"stack_axis: {stack_axis} is out of range for {name} of shape {shape}")
+        ax = stack_axis % len(shape)
+        if shape[ax] != frame_stack:
+            raise ValueError(
+                f"frame_stack: {name} has shape {shape}, so axis {stack_axis} holds {shape[ax]} frames, expected "
+                f"frame_stack={frame_stack}; set stack_axis to the frame axis (0 for [k, H, W], -1 for [H, W, k])"
+            )
+        out.append((name, shape, np.dtype(s.dtype), tuple(d for j, d in enumerate(shape) if j != ax), ax))
+    return out

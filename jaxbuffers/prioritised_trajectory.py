@@ -55,12 +55,8 @@ class PrioritisedSequenceSample(NamedTuple):
 
 
 class PrioritisedTransitionSample(NamedTuple):
-    r"""`jaxbuffers.TransitionSample`'s fields, plus the priority fields.
-
-    `probabilities` are $P(i) = p_i^\alpha / \sum_k p_k^\alpha$, `importance_weights`
-    $w_i = (N P(i))^{-\beta} / \max_j (N P(j))^{-\beta}$ (`jaxbuffers._priority`), `generations`
-    what `set_priorities` takes back.
-    """
+    """`jaxbuffers.TransitionSample`'s fields, plus `probabilities`, `importance_weights` (in
+    (0, 1], `jaxbuffers._priority`) and `generations` (what `set_priorities` takes back)."""
 
     obs: Any
     action: Any
@@ -142,7 +138,10 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         )
 
     # ------------------------------------------------------------------ delegation
-    memory_bytes = property(lambda self: _validate.tree_nbytes(self), doc="Bytes of every array held (steps and tree).")
+    @property
+    def memory_bytes(self):
+        """Bytes of every array held (steps and tree)."""
+        return _validate.tree_nbytes(self)
 
     @_compiled.method()
     def size(self) -> jax.Array:
@@ -199,10 +198,10 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
         """
         return _priority.priorities_at(self.tree, indices, self.priority_exponent)
 
-    generations = property(
-        lambda self: self.generations_at(jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)).reshape(self.buffer.num_envs, -1),
-        doc="Generations of every position, int32 `[num_envs, length]` (`O(capacity)`, for tests and debugging).",
-    )
+    @property
+    def generations(self):
+        """Generations of every position, int32 `[num_envs, length]` (`O(capacity)`, for tests and debugging)."""
+        return self.generations_at(jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)).reshape(self.buffer.num_envs, -1)
 
     # ------------------------------------------------------------------ add
     @_compiled.method()

@@ -68,11 +68,8 @@ _GAMMA = {"gamma": (0.0, 1.0)}
 
 
 class SequenceSample(NamedTuple):
-    """What `TrajectoryBuffer.sample_sequences` returns: `B` sequences of `L` steps.
-
-    The final observations of truncated steps (to bootstrap from) are read separately, by
-    `TrajectoryBuffer.final_obs_at(sample.indices, L)`.
-    """
+    """What `TrajectoryBuffer.sample_sequences` returns: `B` sequences of `L` steps (their final
+    observations to bootstrap from: `TrajectoryBuffer.final_obs_at(sample.indices, L)`)."""
 
     item: Any  # dict like the example step, leaves [B, L, ...], stored dtypes
     terminated: jax.Array  # shape=[B, L], dtype=bool: step j ended its episode by termination
@@ -253,7 +250,10 @@ class TrajectoryBuffer(struct.PyTreeNode):
         """Dict of `jax.ShapeDtypeStruct`: one step of one env (derived from storage)."""
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), self.storage)
 
-    memory_bytes = property(lambda self: _validate.tree_nbytes(self), doc="Bytes of every array held (steps, flags, ring, cursors).")
+    @property
+    def memory_bytes(self):
+        """Bytes of every array held (steps, flags, ring, cursors)."""
+        return _validate.tree_nbytes(self)
 
     @_compiled.method()
     def size(self) -> jax.Array:

@@ -110,29 +110,7 @@ def _build(
     obs_spec = spec[obs_key]
     what = f"example_step[{obs_key!r}]"
     idx = _common.select_leaves(obs_spec, compress, what)
-    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(obs_spec)[0]]
-    leaves = jax.tree.leaves(obs_spec)
-    infos = []
-    for i in idx:
-        s = leaves[i]
-        name = f"{what}{_validate.leaf_name(paths[i]) if paths[i] else ''}"
-        if normalize_images and np.dtype(s.dtype) != np.uint8:
-            raise ValueError(f"normalize_images: {name} has dtype {s.dtype}; x / 255 is defined for uint8 images only")
-        if frame_stack is None:
-            infos.append(LeafInfo(name, tuple(s.shape), np.dtype(s.dtype), tuple(s.shape), None))
-            continue
-        rank = len(s.shape)
-        if not -rank <= stack_axis < rank:
-            raise ValueError(f"stack_axis: {stack_axis} is out of range for {name} of shape {tuple(s.shape)}")
-        ax = stack_axis % rank
-        if s.shape[ax] != k:
-            raise ValueError(
-                f"frame_stack: {name} has shape {tuple(s.shape)}, so axis {stack_axis} holds {s.shape[ax]} "
-                f"frames, expected frame_stack={k}; set stack_axis to the frame axis (0 for [k, H, W], "
-                f"-1 for [H, W, k])"
-            )
-        frame = tuple(d for j, d in enumerate(s.shape) if j != ax)
-        infos.append(LeafInfo(name, tuple(s.shape), np.dtype(s.dtype), frame, ax))
+    infos = [LeafInfo(*f) for f in _validate.frame_leaves(obs_spec, idx, what, frame_stack and k, stack_axis, normalize_images)]
     ring = length + k - 1
     host = HostStores(
         num_envs * ring + num_envs * kcap + 1,  # the last slot is never written: the empty slot
@@ -222,9 +200,8 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
 
         Raises:
           TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string.
-          ValueError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` naming no leaf; a stack
-            axis not holding `frame_stack` frames; `normalize_images` on a non-uint8 leaf; a bad
-            `padding` or codec; `dictionary_bytes` with a codec other than zstd.
+          ValueError: as `jaxbuffers.TrajectoryBuffer.create` and `jaxbuffers._validate.frame_leaves`;
+            `compress` naming no leaf; a bad `padding` or codec; `dictionary_bytes` without zstd.
         """
         args = dict(locals())
         del args["cls"]
@@ -263,9 +240,20 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         """The device-side `jaxbuffers.TrajectoryBuffer` (compressed leaves hold ids)."""
         return _steps(self.buffer)
 
-    num_envs = property(lambda self: self.trajectory.num_envs, doc="Number of lanes (static int).")
-    length = property(lambda self: self.trajectory.length, doc="Steps kept per lane (static int).")
-    final_obs_capacity = property(lambda self: self.trajectory.final_obs_capacity, doc="Final observations kept per lane (static int).")
+    @property
+    def num_envs(self):
+        """Number of lanes (static int)."""
+        return self.trajectory.num_envs
+
+    @property
+    def length(self):
+        """Steps kept per lane (static int)."""
+        return self.trajectory.length
+
+    @property
+    def final_obs_capacity(self):
+        """Final observations kept per lane (static int)."""
+        return self.trajectory.final_obs_capacity
 
     @property
     def step_spec(self) -> Any:
@@ -277,9 +265,20 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         )
         return spec
 
-    device_nbytes = property(lambda self: _validate.tree_nbytes(self), doc="Bytes of every device array.")
-    host_nbytes = property(lambda self: self.host.nbytes, doc="Host bytes held: arenas, store indexes, slot versions.")
-    nbytes = property(lambda self: self.device_nbytes + self.host_nbytes, doc="`device_nbytes + host_nbytes`.")
+    @property
+    def device_nbytes(self):
+        """Bytes of every device array."""
+        return _validate.tree_nbytes(self)
+
+    @property
+    def host_nbytes(self):
+        """Host bytes held: arenas, store indexes, slot versions."""
+        return self.host.nbytes
+
+    @property
+    def nbytes(self):
+        """`device_nbytes + host_nbytes`."""
+        return self.device_nbytes + self.host_nbytes
 
     def uncompressed_nbytes(self) -> int:
         """Bytes a plain `TrajectoryBuffer` with the same configuration would hold (shapes only)."""
