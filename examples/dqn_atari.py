@@ -103,10 +103,10 @@ def main(argv=None) -> dict:
     common = dict(frame_stack=4, stack_axis=0, codec=args.codec, final_obs_capacity=length // 20_000 + 2)
     if args.prioritised:
         buf = CompressedPrioritisedTrajectoryBuffer.create(
-            example, n_envs, length, window_length=args.n_step + 1, priority_exponent=args.alpha, **common
+            example, num_envs=n_envs, length=length, window_length=args.n_step + 1, priority_exponent=args.alpha, **common
         )
     else:
-        buf = CompressedTrajectoryBuffer.create(example, n_envs, length, **common)
+        buf = CompressedTrajectoryBuffer.create(example, num_envs=n_envs, length=length, **common)
 
     net = QNetwork(num_actions)
     key = jax.random.key(args.seed)
@@ -127,9 +127,9 @@ def main(argv=None) -> dict:
 
     def update(state, key):
         b = state["buf"]
-        if args.prioritised:
-            s = b.sample_transitions(key, args.batch_size, beta=args.beta, gamma=args.gamma, n_step=args.n_step)
-            tr, weights = s.item, s.importance_weights
+        if args.prioritised:  # a drop-in: the uniform sample's fields plus importance weights
+            tr = b.sample_transitions(key, args.batch_size, n_step=args.n_step, gamma=args.gamma, beta=args.beta)
+            weights = tr.importance_weights
         else:
             tr = b.sample_transitions(key, args.batch_size, n_step=args.n_step, gamma=args.gamma)
             weights = jnp.ones(args.batch_size)
@@ -137,7 +137,7 @@ def main(argv=None) -> dict:
         upd, opt = tx.update(grads, state["opt"], state["params"])
         params = optax.apply_updates(state["params"], upd)
         if args.prioritised:
-            b = b.set_priorities(s.indices, jnp.abs(td) + 1e-6, s.generations)
+            b = b.set_priorities(tr.indices, jnp.abs(td) + 1e-6, tr.generations)
         return {**state, "params": params, "opt": opt, "buf": b}, loss
 
     @jax.jit

@@ -21,13 +21,8 @@ from jaxbuffers.replay import ReplayBuffer, ReplaySample
 from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
 from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
 from jaxbuffers.sum_tree import SumMinTree
-from jaxbuffers.trajectory import (
-    PrioritisedTrajectoryBuffer,
-    PrioritisedTrajectorySample,
-    SequenceSample,
-    TrajectoryBuffer,
-    TransitionSample,
-)
+from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
+from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample
 
 __version__ = "0.1.0"
 
@@ -43,7 +38,8 @@ __all__ = [
     "SequenceSample",
     "TransitionSample",
     "PrioritisedTrajectoryBuffer",
-    "PrioritisedTrajectorySample",
+    "PrioritisedSequenceSample",
+    "PrioritisedTransitionSample",
     # on-policy
     "RolloutBuffer",
     "RolloutMinibatch",

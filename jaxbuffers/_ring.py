@@ -158,12 +158,41 @@ def last_item_number(counter: jax.Array, head: jax.Array, slots: jax.Array, capa
     return (added32 - 1 - back).astype(jnp.int32)
 
 
-# CURSORS and pack_cursors remain only while jaxbuffers.trajectory packs its cursors into one
-# array; delete them with their last use (every buffer's state is named fields).
-CURSORS = 4
+# ---------------------------------------------------------------------------------------------
+# Final-observation ring of the trajectory buffers: per lane, K slots handed out in order, one per
+# step that bootstraps from its final observation (truncated and not terminated).
 
 
-def pack_cursors(head, num_valid, added, *more) -> jax.Array:
-    """int32 `[CURSORS + ...]`: `head`, `num_valid`, the two words of `added`, then `more`."""
-    parts = [jnp.stack([jnp.asarray(head, jnp.int32), jnp.asarray(num_valid, jnp.int32)]), jnp.asarray(added, jnp.int32)]
-    return jnp.concatenate(parts + [jnp.asarray(m, jnp.int32) for m in more])
+def final_slots(final_head: jax.Array, boot: jax.Array, capacity: int):
+    """Ring slots of a chunk's final observations, per lane.
+
+    Args:
+      final_head: int32[E], each lane's next final-observation slot, in ``[0, capacity)``.
+      boot: bool[E, t], the chunk's steps that keep a final observation.
+      capacity: static ring size ``K`` per lane.
+
+    Returns:
+      ``(slot, keep, new_head)``: int32[E, t] the slot of each step (meaningful where ``boot``);
+      bool[E, t] where ``boot`` and not overwritten within this chunk (a lane with more than
+      ``K`` such steps in one chunk keeps its last ``K``); int32[E] the heads after the chunk.
+    """
+    cum = jnp.cumsum(boot.astype(jnp.int32), axis=1)
+    n_new = cum[:, -1]
+    slot = ((final_head[:, None] + cum - 1) % capacity).astype(jnp.int32)
+    keep = boot & (n_new[:, None] - cum < capacity)
+    return slot, keep, ((final_head + n_new) % capacity).astype(jnp.int32)
+
+
+def write_lanes(storage, rows, slots: jax.Array, keep: jax.Array):
+    """Scatter ``rows`` (leaves ``[E, t, ...]``) into ``storage`` (leaves ``[E, K, ...]``) at
+    ``storage[e, slots[e, j]]`` where ``keep[e, j]``; the other rows are dropped.
+
+    The ``(lane, slot)`` pairs written must be distinct where ``keep`` (what :func:`final_slots`
+    gives): dropped rows point past the end, each to its own column, so every pair is unique and
+    the scatter may run in parallel.
+    """
+    e, t = slots.shape
+    k = jax.tree.leaves(storage)[0].shape[1]
+    lanes = jnp.broadcast_to(jnp.arange(e, dtype=jnp.int32)[:, None], (e, t))
+    cols = jnp.where(keep, slots, k + jnp.arange(t, dtype=jnp.int32)[None, :])
+    return jax.tree.map(lambda s, x: s.at[lanes, cols].set(x, mode="drop", unique_indices=True), storage, rows)

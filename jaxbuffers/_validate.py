@@ -13,6 +13,7 @@ value `ValueError`; every message starts with the argument's name.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -375,3 +376,125 @@ def choice(name: str, value: Any, options: tuple) -> Any:
     if value not in options:
         raise ValueError(f"{name}: expected one of {options}, got {value!r}")
     return value
+
+
+# ------------------------------------------------------------------------------------------------
+# trajectory buffers
+
+
+
+def trajectory_example(example_step, num_envs, length, obs_key: str, action_key: str, reward_key: str):
+    """`(num_envs, length, spec)` of a trajectory buffer's `create` (its errors): sizes whose flat
+    positions `lane * length + slot` fit int32, and an example step dict with an observation of at
+    least one leaf, an action and a floating scalar reward."""
+    num_envs, length = static_int("num_envs", num_envs), static_int("length", length)
+    if num_envs * length > 2**31 - 1:
+        raise ValueError(
+            f"num_envs * length: expected at most 2**31 - 1 steps in all (positions are int32 lane * length + slot), "
+            f"got {num_envs} * {length} = {num_envs * length}"
+        )
+    if not isinstance(example_step, Mapping):
+        raise TypeError(
+            f"example_step: expected a dict with fields {obs_key!r}, {action_key!r}, {reward_key!r} "
+            f"(plus any extras), got {type(example_step).__name__}"
+        )
+    for name in (obs_key, action_key, reward_key):
+        if name not in example_step:
+            raise ValueError(
+                f"example_step: missing field {name!r} (got fields {sorted(example_step)}); pass "
+                f"obs_key/action_key/reward_key to create if your names differ"
+            )
+    spec = item_spec(dict(example_step), "example_step")
+    if not jax.tree.leaves(spec[obs_key]):
+        raise ValueError(f"example_step[{obs_key!r}]: expected at least one array leaf (the observation), got {example_step[obs_key]!r}")
+    rspec = spec[reward_key]
+    if not isinstance(rspec, jax.ShapeDtypeStruct) or rspec.shape != () or not jnp.issubdtype(rspec.dtype, jnp.floating):
+        raise ValueError(f"example_step[{reward_key!r}]: expected a floating scalar per step, got {rspec}")
+    return num_envs, length, spec
+
+
+def _flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
+    """A bool episode-flag array of shape `lead` (trace time)."""
+    if not hasattr(flag, "shape") or not hasattr(flag, "dtype"):
+        raise TypeError(f"{name}: expected a bool array of shape {list(lead)}, got {type(flag).__name__}")
+    if tuple(flag.shape) != tuple(lead):
+        raise ValueError(f"{name}: expected shape {list(lead)} (one flag per env and step), got {list(flag.shape)}")
+    if np.dtype(flag.dtype) != np.dtype(bool):
+        raise TypeError(f"{name}: expected dtype bool, got {np.dtype(flag.dtype)} (convert with .astype(bool))")
+    return jnp.asarray(flag)
+
+
+def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, terminated, truncated, final_obs):
+    """Check the arguments of a trajectory buffer's `add` against the step `spec` (trace time).
+
+    Shared by the device and the compressed buffers (each checks the step its user sees); the
+    errors are those of `TrajectoryBuffer.add`.
+
+    Returns:
+      `(step, terminated, truncated, final_obs)` with a time axis, leaves `[num_envs, t, ...]`
+      (`truncated` and `final_obs` stay None when not given).
+    """
+    from jaxbuffers import _ring  # the ring's own fit check
+
+    if not isinstance(step, Mapping):
+        raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
+    step = dict(step)
+    # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the first leaf's rank.
+    leaves, spec0 = jax.tree.leaves(step), jax.tree.leaves(spec)[0]
+    nd = 2 if leaves and getattr(leaves[0], "ndim", -1) == len(spec0.shape) + 2 else 1
+    lead = check_batch(spec, step, nd, "step", ("num_envs", "t"))
+    if lead[0] != num_envs:
+        raise ValueError(f"step: expected leading axis num_envs={num_envs}, got {lead[0]}")
+    _ring.check_batch_fits(1 if nd == 1 else lead[1], length, "step chunk (time axis)")
+    terminated = _flag("terminated", terminated, lead)
+    if truncated is None:
+        if final_obs is not None:
+            raise ValueError("final_obs: given without truncated; pass truncated=... with it")
+    else:
+        truncated = _flag("truncated", truncated, lead)
+        if final_obs is None:
+            raise TypeError(
+                "final_obs: required when truncated is given: the true observation after each step, "
+                "before any auto-reset (read only where truncated); shaped like step[obs] "
+                f"(leading axes {list(lead)})"
+            )
+        got = check_batch(spec[obs_key], final_obs, nd, "final_obs", ("num_envs", "t"))
+        if tuple(got) != tuple(lead):
+            raise ValueError(
+                f"final_obs: expected leading axes {list(lead)} like step (one observation per env"
+                f"{' and step' if nd == 2 else ''}), got {list(got)}"
+            )
+    if nd == 1:
+        ex = lambda x: None if x is None else jax.tree.map(lambda v: jnp.expand_dims(jnp.asarray(v), 1), x)  # noqa: E731
+        step, terminated, truncated, final_obs = ex(step), ex(terminated), ex(truncated), ex(final_obs)
+    return step, terminated, truncated, final_obs
+
+
+def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, normalize_images: bool) -> list[tuple]:
+    """`(name, shape, dtype, frame_shape, stack_axis or None)` of the observation leaves number
+    `indices` that a compressed trajectory buffer stores on the host (its `create`'s errors).
+
+    Raises:
+      ValueError: `normalize_images` on a non-uint8 leaf; with `frame_stack=k`, a `stack_axis`
+        out of range or not holding `k` frames.
+    """
+    flat = jax.tree_util.tree_flatten_with_path(obs_spec)[0]
+    out = []
+    for i in indices:
+        path, s = flat[i]
+        name, shape = f"{what}{leaf_name(path) if path else ''}", tuple(s.shape)
+        if normalize_images and np.dtype(s.dtype) != np.uint8:
+            raise ValueError(f"normalize_images: {name} has dtype {s.dtype}; x / 255 is defined for uint8 images only")
+        if frame_stack is None:
+            out.append((name, shape, np.dtype(s.dtype), shape, None))
+            continue
+        if not -len(shape) <= stack_axis < len(shape):
+            raise ValueError(f"stack_axis: {stack_axis} is out of range for {name} of shape {shape}")
+        ax = stack_axis % len(shape)
+        if shape[ax] != frame_stack:
+            raise ValueError(
+                f"frame_stack: {name} has shape {shape}, so axis {stack_axis} holds {shape[ax]} frames, expected "
+                f"frame_stack={frame_stack}; set stack_axis to the frame axis (0 for [k, H, W], -1 for [H, W, k])"
+            )
+        out.append((name, shape, np.dtype(s.dtype), tuple(d for j, d in enumerate(shape) if j != ax), ax))
+    return out

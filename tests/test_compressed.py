@@ -23,7 +23,8 @@ from jaxbuffers.compressed import (
 )
 from jaxbuffers.compressed import _common
 from jaxbuffers.rollout import RolloutBuffer
-from jaxbuffers.trajectory import PrioritisedTrajectoryBuffer, TrajectoryBuffer
+from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
+from jaxbuffers.trajectory import TrajectoryBuffer
 
 # Shrinking replays the slow jitted model many times; failures print their inputs anyway.
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
@@ -139,10 +140,10 @@ def _check_matches(seed, num_envs, length, k, stack_axis, padding, dict_obs, cod
     stacker = Stacker(rng, num_envs, kk, padding, stack_axis if k else 0)
     ex = example(k, stack_axis, dict_obs)
     comp = CompressedTrajectoryBuffer.create(
-        ex, num_envs, length, compress=("pixels",) if dict_obs else None, frame_stack=k,
+        ex, num_envs=num_envs, length=length, compress=("pixels",) if dict_obs else None, frame_stack=k,
         stack_axis=stack_axis, padding=padding, codec=codec,
     )
-    ref = TrajectoryBuffer.create(ex, num_envs, length)
+    ref = TrajectoryBuffer.create(ex, num_envs=num_envs, length=length)
     cadd = jax.jit(CompressedTrajectoryBuffer.add, donate_argnums=0) if use_jit else CompressedTrajectoryBuffer.add
     radd = TrajectoryBuffer.add
     for t in chunks * 2:  # enough steps to wrap around for most lengths
@@ -168,7 +169,7 @@ def _check_matches(seed, num_envs, length, k, stack_axis, padding, dict_obs, cod
         if n > 3:
             break
         key = jax.random.key(seed + i)
-        if bool(ref.can_sample(n + 1)):
+        if bool(ref.can_sample_transitions(16, n_step=n)):
             assert_tree_equal(
                 comp.sample_transitions(key, 16, n_step=n, gamma=0.9),
                 ref.sample_transitions(key, 16, n_step=n, gamma=0.9),
@@ -185,8 +186,8 @@ def test_jitted_sampling_matches_and_compiles_once(compile_counter):
     rng = np.random.default_rng(1)
     stacker = Stacker(rng, 2, 4, "reset", 0)
     ex = example(4, 0, False)
-    comp = CompressedTrajectoryBuffer.create(ex, 2, 8, frame_stack=4, codec="rle")
-    ref = TrajectoryBuffer.create(ex, 2, 8)
+    comp = CompressedTrajectoryBuffer.create(ex, num_envs=2, length=8, frame_stack=4, codec="rle")
+    ref = TrajectoryBuffer.create(ex, num_envs=2, length=8)
     add = jax.jit(lambda b, s, kw: b.add(s, **kw), donate_argnums=0)
     sample = jax.jit(lambda b, key: b.sample_transitions(key, 8, n_step=2, gamma=0.99))
     inputs = []
@@ -214,8 +215,8 @@ def test_normalize_images_matches_reference_over_255():
     rng = np.random.default_rng(2)
     stacker = Stacker(rng, 2, 3, "reset", -1)
     ex = example(3, -1, True)
-    comp = CompressedTrajectoryBuffer.create(ex, 2, 6, compress=("pixels",), frame_stack=3, stack_axis=-1, normalize_images=True, codec="igzip:1")
-    ref = TrajectoryBuffer.create(ex, 2, 6)
+    comp = CompressedTrajectoryBuffer.create(ex, num_envs=2, length=6, compress=("pixels",), frame_stack=3, stack_axis=-1, normalize_images=True, codec="igzip:1")
+    ref = TrajectoryBuffer.create(ex, num_envs=2, length=6)
     for _ in range(9):
         obs, term, trunc, nxt = stacker.step(0.3, 0.0)
         step = make_step(obs, 2, None, True, rng)
@@ -234,7 +235,7 @@ def test_normalize_images_matches_reference_over_255():
 def test_frame_dedup_stores_one_frame_per_step():
     rng = np.random.default_rng(3)
     stacker = Stacker(rng, 2, 4, "reset", 0)
-    comp = CompressedTrajectoryBuffer.create(example(4, 0, False), 2, 10, frame_stack=4, codec="none")
+    comp = CompressedTrajectoryBuffer.create(example(4, 0, False), num_envs=2, length=10, frame_stack=4, codec="none")
     for _ in range(5):
         obs, term, trunc, nxt = stacker.step(0.0, 0.0)
         comp = comp.add(make_step(obs, 2, None, False, rng), terminated=jnp.asarray(term))
@@ -247,7 +248,7 @@ def test_stack_never_mixes_episodes():
     k = 3
     ex = {"obs": jnp.zeros((k, 1, 1), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     for padding in ("reset", "zero"):
-        comp = CompressedTrajectoryBuffer.create(ex, 1, 8, frame_stack=k, padding=padding, codec="rle")
+        comp = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=8, frame_stack=k, padding=padding, codec="rle")
         newest = np.arange(1, 9, dtype=np.uint8)  # the newest frame of step t is t + 1
         term = np.array([0, 0, 0, 1, 0, 0, 0, 0], bool)  # step 3 terminates
         trunc = np.array([0, 1, 0, 0, 0, 0, 0, 0], bool)  # step 1 truncated (time limit)
@@ -277,7 +278,7 @@ def test_stack_never_mixes_episodes():
 
 def _simple(num_envs=2, length=16, k=4):
     ex = example(k, 0, False)
-    return CompressedTrajectoryBuffer.create(ex, num_envs, length, frame_stack=k, codec="rle")
+    return CompressedTrajectoryBuffer.create(ex, num_envs=num_envs, length=length, frame_stack=k, codec="rle")
 
 
 def _steps(n, num_envs=2, k=4, seed=0):
@@ -308,7 +309,7 @@ def test_writes_once_under_jit_scan_and_donation():
     jax.block_until_ready(buf)
     assert buf.host.num_writes == 2 * n and buf.host.num_rows == 4 * n and int(buf.version) == 2 * n
     # The data are right too (14 steps in a 16-step lane: no wrap yet).
-    ref = TrajectoryBuffer.create(example(4, 0, False), 2, 16)
+    ref = TrajectoryBuffer.create(example(4, 0, False), num_envs=2, length=16)
     for i in range(2 * n):
         ref = ref.add({"obs": obs[i], "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}, terminated=term[i])
     assert_tree_equal(buf.sample_sequences(jax.random.key(0), 4, 5), ref.sample_sequences(jax.random.key(0), 4, 5))
@@ -330,7 +331,7 @@ def test_write_kept_when_result_unused():
 def test_fork_and_stale_reads_are_refused():
     obs, term = _steps(20, num_envs=1)
     ex = example(4, 0, False)
-    buf = CompressedTrajectoryBuffer.create(ex, 1, 4, frame_stack=4, codec="rle")
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, frame_stack=4, codec="rle")
     mk = lambda i: {"obs": obs[i], "action": jnp.zeros(1, jnp.int32), "reward": jnp.zeros(1, jnp.float32)}  # noqa: E731
     for i in range(5):
         buf = buf.add(mk(i), terminated=term[i])
@@ -354,7 +355,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jaxbuffers.compressed import CompressedTrajectoryBuffer
 E, T = 8, 16
 ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-buf = CompressedTrajectoryBuffer.create(ex, E, 4 * T, frame_stack=4, final_obs_capacity=4 * T)
+buf = CompressedTrajectoryBuffer.create(ex, num_envs=E, length=4 * T, frame_stack=4, final_obs_capacity=4 * T)
 add = jax.jit(CompressedTrajectoryBuffer.add, donate_argnums=0)
 rng = np.random.default_rng(0)
 frames = rng.integers(0, 255, (E, T, 4, 84, 84), np.uint8)  # ~0.9 MB of new frames per add
@@ -392,7 +393,7 @@ from jaxbuffers.compressed import CompressedTrajectoryBuffer
 assert jax.device_count() == 2
 ex = {"obs": jnp.zeros((3, 5), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
 rep = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), P())
-b = jax.device_put(CompressedTrajectoryBuffer.create(ex, 2, 8, codec="rle"), rep)
+b = jax.device_put(CompressedTrajectoryBuffer.create(ex, num_envs=2, length=8, codec="rle"), rep)
 s = jax.device_put({"obs": jnp.ones((2, 3, 5), jnp.uint8), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}, rep)
 b = jax.jit(lambda b, s: b.add(s, terminated=jnp.zeros(2, bool)))(b, s)
 assert np.array_equal(np.asarray(b.decode_obs(b.trajectory.storage["obs"][:, :1])), np.ones((2, 1, 3, 5), np.uint8))
@@ -437,8 +438,8 @@ def test_small_chunk_bytes_spread_frames_over_many_arena_chunks(atari_rollouts):
     frames = d["breakout_frames"][:120]
     ex = {"obs": jax.ShapeDtypeStruct(frames.shape[1:], jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     for codec in ("zstd:-1", "rle"):
-        cb = CompressedTrajectoryBuffer.create(ex, 1, 128, codec=codec, chunk_bytes=1 << 12)
-        tb = TrajectoryBuffer.create({"obs": jnp.zeros(frames.shape[1:], jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}, 1, 128)
+        cb = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=128, codec=codec, chunk_bytes=1 << 12)
+        tb = TrajectoryBuffer.create({"obs": jnp.zeros(frames.shape[1:], jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}, num_envs=1, length=128)
         chunk = {"obs": jnp.asarray(frames)[None], "action": jnp.zeros((1, 120), jnp.int32), "reward": jnp.zeros((1, 120), jnp.float32)}
         cb = cb.add(chunk, terminated=jnp.zeros((1, 120), bool))
         tb = tb.add(chunk, terminated=jnp.zeros((1, 120), bool))
@@ -482,30 +483,30 @@ def test_in_place_callback_and_pure_callback_reads_agree():
 def test_create_errors():
     ex = example(4, 0, True)
     with pytest.raises(ValueError, match="rgb"):
-        CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("rgb",))
+        CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("rgb",))
     with pytest.raises(TypeError, match="tuple"):
-        CompressedTrajectoryBuffer.create(ex, 1, 4, compress="pixels")
+        CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress="pixels")
     with pytest.raises(ValueError, match="frame_stack=3"):
-        CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), frame_stack=3)
+        CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("pixels",), frame_stack=3)
     with pytest.raises(ValueError, match="stack_axis"):
-        CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), frame_stack=4, stack_axis=-1)
+        CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("pixels",), frame_stack=4, stack_axis=-1)
     with pytest.raises(ValueError, match="normalize_images"):
-        CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("vec",), normalize_images=True)
+        CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("vec",), normalize_images=True)
     with pytest.raises(ValueError, match="padding"):
-        CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), padding="same")
+        CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("pixels",), padding="same")
     with pytest.raises(ValueError, match="known codecs"):
-        CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), codec="brotli")
+        CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("pixels",), codec="brotli")
     with pytest.raises(ValueError, match="dictionary_bytes: dictionaries are for zstd codecs, got codec='rle'"):
-        CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), codec="rle", dictionary_bytes=4096)
+        CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("pixels",), codec="rle", dictionary_bytes=4096)
     for codec, want in (("rle", 0), ("zstd:3", 16384)):  # the default: on for zstd only
-        buf = CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), codec=codec)
+        buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("pixels",), codec=codec)
         assert buf.host.stores[0].dictionary_bytes == want
-    buf = CompressedTrajectoryBuffer.create(ex, 1, 4, compress=("pixels",), dictionary_bytes=0)
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("pixels",), dictionary_bytes=0)
     assert buf.host.stores[0].dictionary_bytes == 0
 
 
 def test_add_errors_name_the_field():
-    buf = CompressedTrajectoryBuffer.create(example(4, 0, True), 2, 4, compress=("pixels",), frame_stack=4)
+    buf = CompressedTrajectoryBuffer.create(example(4, 0, True), num_envs=2, length=4, compress=("pixels",), frame_stack=4)
     good = {"obs": {"pixels": jnp.zeros((2, 4, H, W), jnp.uint8), "vec": jnp.zeros((2, 2), jnp.float32)},
             "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}
     bad = dict(good, obs=dict(good["obs"], pixels=jnp.zeros((2, 4, H, W), jnp.float32)))
@@ -530,8 +531,8 @@ def test_prioritised_matches_uncompressed():
     rng = np.random.default_rng(4)
     stacker = Stacker(rng, 2, 4, "reset", 0)
     ex = example(4, 0, False)
-    comp = CompressedPrioritisedTrajectoryBuffer.create(ex, 2, 8, window_length=3, frame_stack=4, codec="igzip:0")
-    ref = PrioritisedTrajectoryBuffer.create(ex, 2, 8, window_length=3)
+    comp = CompressedPrioritisedTrajectoryBuffer.create(ex, num_envs=2, length=8, window_length=3, frame_stack=4, codec="igzip:0")
+    ref = PrioritisedTrajectoryBuffer.create(ex, num_envs=2, length=8, window_length=3)
     for i in range(11):
         obs, term, trunc, nxt = stacker.step(0.2, 0.2)
         step = make_step(obs, 2, None, False, rng)
@@ -708,7 +709,7 @@ def test_real_atari_stacks_rebuilt_exactly(atari_rollouts, game, codec):
     # Episode ends passed as truncations with the recorded next stacks as final observations, so
     # both the in-lane stacks and the final-frame path are checked at every one of them.
     ends = term | trunc
-    buf = CompressedTrajectoryBuffer.create(ex, 1, n, frame_stack=4, codec=codec, final_obs_capacity=int(ends.sum()) + 1)
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=n, frame_stack=4, codec=codec, final_obs_capacity=int(ends.sum()) + 1)
     add = jax.jit(CompressedTrajectoryBuffer.add, donate_argnums=0)
     chunk = 2000
     for a in range(0, n, chunk):
@@ -746,7 +747,7 @@ def test_real_atari_channels_last(atari_rollouts):
     term = d["breakout_terminated"][:3000]
     hwc = lambda x: np.moveaxis(x, -3, -1)  # noqa: E731  [.., 4, 84, 84] -> [.., 84, 84, 4]
     ex = {"obs": jax.ShapeDtypeStruct((84, 84, 4), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-    buf = CompressedTrajectoryBuffer.create(ex, 1, 3000, frame_stack=4, stack_axis=-1, codec="igzip:1", normalize_images=True)
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=3000, frame_stack=4, stack_axis=-1, codec="igzip:1", normalize_images=True)
     step = {"obs": jnp.asarray(hwc(frames[obs_idx]))[None], "action": jnp.zeros((1, 3000), jnp.int32), "reward": jnp.zeros((1, 3000), jnp.float32)}
     buf = buf.add(step, terminated=jnp.asarray(term)[None])
     s = buf.sample_sequences(jax.random.key(0), 32, 8)
@@ -766,7 +767,7 @@ def test_add_from_host_equals_add_and_raises_stale_directly(atari_rollouts):
     ex = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
 
     def make():
-        return jb.CompressedTrajectoryBuffer.create(ex, 1, 40, frame_stack=4, codec="rle", final_obs_capacity=8)
+        return jb.CompressedTrajectoryBuffer.create(ex, num_envs=1, length=40, frame_stack=4, codec="rle", final_obs_capacity=8)
 
     a, b = make(), make()
     add = jax.jit(jb.CompressedTrajectoryBuffer.add)
@@ -831,7 +832,7 @@ def test_staging_writer_equals_one_step_adds_many(**kw):
 
 def _check_staging(seed, num_envs, length, steps, max_pending, use_trunc, dict_obs, layout, padding, normalize):
     """Staged adds == one-step adds (device state and samples), and the writer's sample (a cached
-    jit), the eager host-side sample (sample_transitions_from_host) and the callback
+    jit), the eager sample (one compiled program) and the jitted
     sample_transitions agree bit for bit."""
     from jaxbuffers.compressed import StagingWriter
 
@@ -844,8 +845,8 @@ def _check_staging(seed, num_envs, length, steps, max_pending, use_trunc, dict_o
     ex = {"obs": obs_ex, "action": jax.ShapeDtypeStruct((), jnp.int32), "reward": jax.ShapeDtypeStruct((), jnp.float32)}
     kw = dict(frame_stack=None if layout == "whole" else k, stack_axis=axis, codec="zstd:-1", final_obs_capacity=4,
               compress=("pixels",) if dict_obs else None, padding=padding, normalize_images=normalize)
-    plain = CompressedTrajectoryBuffer.create(ex, num_envs, length, **kw)
-    writer = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs, length, **kw), max_pending=max_pending)
+    plain = CompressedTrajectoryBuffer.create(ex, num_envs=num_envs, length=length, **kw)
+    writer = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs=num_envs, length=length, **kw), max_pending=max_pending)
     flush_at = set(rng.choice(steps, size=min(3, steps), replace=False).tolist())
     for t in range(steps):
         o, term, trunc, nxt = stk.step(0.15, 0.15)
@@ -869,7 +870,7 @@ def _check_staging(seed, num_envs, length, steps, max_pending, use_trunc, dict_o
         x = plain.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)
         y = writer.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)  # the writer's cached jit
         z = jax.jit(lambda b, kk: b.sample_transitions(kk, 16, n_step=2, gamma=0.9))(staged, jax.random.key(key))
-        h = staged.sample_transitions_from_host(jax.random.key(key), 16, n_step=2, gamma=0.9)  # eager host path
+        h = staged.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)  # eager: one compiled program
         assert y.item["obs"] is y.obs  # one array, not a second copy
         for other in (y, z, h):
             jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, x), jax.tree.map(np.asarray, other))
@@ -882,7 +883,7 @@ def test_staging_writer_compiles_power_of_two_chunks_and_keeps_data_on_failure()
     assert _pow2_pieces(13) == [8, 4, 1] and _pow2_pieces(16) == [16] and _pow2_pieces(1) == [1]
     assert _pow2_pieces(13, 4) == [4, 4, 4, 1] and _pow2_pieces(7, 6) == [4, 2, 1]
     ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-    buf = CompressedTrajectoryBuffer.create(ex, 1, 50, frame_stack=2, codec="none")
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=50, frame_stack=2, codec="none")
     seen = []
     real = type(buf)._add_frames_from_host
 
@@ -923,7 +924,7 @@ def test_staging_writer_compiles_power_of_two_chunks_and_keeps_data_on_failure()
         writer.add(step, terminated=no, truncated=no)
     assert writer.pending == 5
     with pytest.raises(TypeError, match="CompressedTrajectoryBuffer"):
-        StagingWriter(TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}, 1, 4))
+        StagingWriter(TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}, num_envs=1, length=4))
 
 
 def test_staging_writer_sample_prioritised_cached_jit_and_argument_errors(compile_counter):
@@ -933,8 +934,8 @@ def test_staging_writer_sample_prioritised_cached_jit_and_argument_errors(compil
 
     ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     rng = np.random.default_rng(1)
-    pw = StagingWriter(CompressedPrioritisedTrajectoryBuffer.create(ex, 1, 16, window_length=3, frame_stack=2, codec="zstd:-1"))
-    uw = StagingWriter(CompressedTrajectoryBuffer.create(ex, 1, 16, frame_stack=2, codec="rle"))
+    pw = StagingWriter(CompressedPrioritisedTrajectoryBuffer.create(ex, num_envs=1, length=16, window_length=3, frame_stack=2, codec="zstd:-1"))
+    uw = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs=1, length=16, frame_stack=2, codec="rle"))
     for t in range(12):
         step = {"obs": rng.integers(0, 255, (1, 2, H, W), dtype=np.uint8), "action": np.full(1, t, np.int32), "reward": np.ones(1, np.float32)}
         for w in (pw, uw):
@@ -946,7 +947,7 @@ def test_staging_writer_sample_prioritised_cached_jit_and_argument_errors(compil
         a = pw.sample_transitions(jax.random.key(key), 8, beta=0.4, gamma=0.5)
         b = pbuf.sample_transitions(jax.random.key(key), 8, beta=0.4, gamma=0.5)
         jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
-        assert a.item.item["obs"] is a.item.obs
+        assert a.item["obs"] is a.obs
     uw.sample_transitions(jax.random.key(0), 8, gamma=0.5, n_step=2)
     with compile_counter() as n:
         for g, beta in ((0.9, 0.5), (0.99, 1.0)):
@@ -973,7 +974,7 @@ def test_close_frees_the_pixels_even_while_jit_caches_hold_the_store():
     from jaxbuffers.compressed import StagingWriter
 
     ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-    w = StagingWriter(CompressedTrajectoryBuffer.create(ex, 1, 32, frame_stack=2, codec="zstd:-1"))
+    w = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs=1, length=32, frame_stack=2, codec="zstd:-1"))
     rng = np.random.default_rng(0)
     for t in range(20):
         step = {"obs": rng.integers(0, 255, (1, 2, H, W), dtype=np.uint8), "action": np.zeros(1, np.int32),
@@ -985,35 +986,42 @@ def test_close_frees_the_pixels_even_while_jit_caches_hold_the_store():
     assert sum(st.payload_nbytes for st in stores) > 0 and sum(st.arena_nbytes for st in stores) > 0
     w.close()
     assert sum(st.payload_nbytes for st in stores) == 0 and sum(st.arena_nbytes for st in stores) == 0
-    with pytest.raises(RuntimeError, match="after close"):
-        buf.sample_transitions_from_host(jax.random.key(0), 4, gamma=0.9)
+    with pytest.raises(Exception, match="after close"):
+        jax.block_until_ready(buf.sample_transitions(jax.random.key(0), 4, gamma=0.9))
 
 
-def test_sample_transitions_from_host_equals_callback_and_refuses_tracing_and_stale_states():
+def test_eager_sample_is_one_compiled_program_and_refuses_stale_states(compile_counter):
+    """An eager sample_transitions runs one cached compiled program (no compile after the first
+    call of a shape; gamma and beta traced) equal to the jitted call, and a stale state's read
+    raises StaleBufferError's message from the callback."""
     ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-    buf = CompressedTrajectoryBuffer.create(ex, 1, 8, frame_stack=2, codec="zstd:-1")
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=8, frame_stack=2, codec="zstd:-1")
     chunk = {"obs": np.arange(6 * 2 * H * W, dtype=np.uint8).reshape(1, 6, 2, H, W), "action": np.zeros((1, 6), np.int32),
              "reward": np.zeros((1, 6), np.float32)}
     buf = buf.add_from_host(chunk, terminated=np.zeros((1, 6), bool))
     old = buf
-    a = buf.sample_transitions_from_host(jax.random.key(0), 4, gamma=0.5)
-    b = buf.sample_transitions(jax.random.key(0), 4, gamma=0.5)
-    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
-    with pytest.raises(TypeError, match="cannot be traced"):
-        jax.jit(lambda bf, k: bf.sample_transitions_from_host(k, 4, gamma=0.5))(buf, jax.random.key(0))
+    sample = jax.jit(lambda bf, k, g: bf.sample_transitions(k, 4, n_step=3, gamma=g))
+    jax.block_until_ready((buf.sample_transitions(jax.random.key(0), 4, n_step=3, gamma=0.5), sample(buf, jax.random.key(0), 0.5)))
+    with compile_counter() as n:
+        for i, g in enumerate((0.5, 0.9, 0.99)):
+            a = buf.sample_transitions(jax.random.key(i), 4, n_step=3, gamma=g)
+            b = sample(buf, jax.random.key(i), g)
+            jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
+    assert n() == 0
     buf = buf.add_from_host(chunk, terminated=np.zeros((1, 6), bool))  # wraps: old's slots are rewritten
+    with pytest.raises(Exception, match="rewritten"):
+        jax.block_until_ready(old.sample_transitions(jax.random.key(0), 8, gamma=0.5))
     with pytest.raises(StaleBufferError, match="version"):
-        old.sample_transitions_from_host(jax.random.key(0), 8, gamma=0.5)
-    # Prioritised: the eager sample equals the callback sample (item decoded, weights, indices).
-    pbuf = CompressedPrioritisedTrajectoryBuffer.create(ex, 1, 8, window_length=3, frame_stack=2, codec="zstd:-1")
+        old.add_from_host(chunk, terminated=np.zeros((1, 6), bool))
+    # Prioritised: eager == jitted, flat samples (item is the step dict, decoded)
+    pbuf = CompressedPrioritisedTrajectoryBuffer.create(ex, num_envs=1, length=8, window_length=3, frame_stack=2, codec="zstd:-1")
     pbuf = pbuf.add_from_host(chunk, terminated=np.array([[False, False, True, False, False, False]]))
     pbuf = pbuf.set_priorities(jnp.arange(3), jnp.array([1.0, 5.0, 2.0]), pbuf.buffer.generations_at(jnp.arange(3)))
+    psample = jax.jit(lambda bf, k: bf.sample_transitions(k, 6, beta=0.4, gamma=0.5))
     for key in jax.random.split(jax.random.key(3), 3):
-        a = pbuf.sample_transitions_from_host(key, 6, beta=0.4, gamma=0.5)
-        b = pbuf.sample_transitions(key, 6, beta=0.4, gamma=0.5)
-        jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
-    with pytest.raises(TypeError, match="cannot be traced"):
-        jax.jit(lambda bf, k: bf.sample_transitions_from_host(k, 4, beta=0.4, gamma=0.5))(pbuf, jax.random.key(0))
+        a = pbuf.sample_transitions(key, 6, beta=0.4, gamma=0.5)
+        jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, psample(pbuf, key)))
+        assert a.item["obs"].shape == (6, 2, H, W) and a.importance_weights.shape == (6,)
 
 
 def test_final_obs_leading_axes_are_checked():
@@ -1022,7 +1030,7 @@ def test_final_obs_leading_axes_are_checked():
     import jaxbuffers as jb
 
     ex = {"obs": jnp.zeros((4, 8, 8), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-    buf = jb.CompressedTrajectoryBuffer.create(ex, 2, 8, frame_stack=4, stack_axis=0, codec="rle")
+    buf = jb.CompressedTrajectoryBuffer.create(ex, num_envs=2, length=8, frame_stack=4, stack_axis=0, codec="rle")
     step = {"obs": jnp.zeros((2, 4, 8, 8), jnp.uint8), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}
     flags = dict(terminated=jnp.zeros(2, bool), truncated=jnp.ones(2, bool))
     with pytest.raises(ValueError, match=r"final_obs: expected leading axes \[2\].*got \[1\]"):
@@ -1045,7 +1053,7 @@ def test_create_sizes_are_python_ints_and_the_final_ring_is_at_most_length():
         args = {"num_envs": 2, "length": 8, **bad}
         name = next(iter(bad))
         with pytest.raises(ValueError, match=f"{name}: expected a Python int"):
-            jb.CompressedTrajectoryBuffer.create(ex, args.pop("num_envs"), args.pop("length"), **kw, **args)
-    buf = jb.CompressedTrajectoryBuffer.create(ex, 2, 8, final_obs_capacity=50, **kw)
+            jb.CompressedTrajectoryBuffer.create(ex, num_envs=args.pop("num_envs"), length=args.pop("length"), **kw, **args)
+    buf = jb.CompressedTrajectoryBuffer.create(ex, num_envs=2, length=8, final_obs_capacity=50, **kw)
     assert buf.final_obs_capacity == 8
     buf.close()

@@ -1,4 +1,4 @@
-"""Tests of jaxbuffers.trajectory: TrajectoryBuffer and PrioritisedTrajectoryBuffer.
+"""Tests of jaxbuffers.trajectory: TrajectoryBuffer (the prioritised one: test_prioritised_trajectory.py).
 
 A plain-Python reference model (`Ref`) keeps every step ever added per lane; every sampled
 sequence / transition is located in it (from its flat index) and recomputed there.
@@ -16,11 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxbuffers._validate import tree_nbytes
-from jaxbuffers.trajectory import (
-    PrioritisedTrajectoryBuffer,
-    TrajectoryBuffer,
-    n_step_window,
-)
+from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
+from jaxbuffers.trajectory import TrajectoryBuffer, n_step_window
 
 OBS_DIM = 2
 EXAMPLE = {"obs": jnp.zeros((OBS_DIM,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0)}
@@ -104,7 +101,7 @@ def _add(b, s, te, tr, fo):
     return b.add(s, terminated=te, truncated=tr, final_obs=fo)
 
 
-# Jitted once at module level (cached per shape): eager op-by-op dispatch is slow on 2 cores.
+# Jitted once at module level (cached per shape).
 ADD = jax.jit(_add)
 SEQ = jax.jit(
     lambda b, k, bs, n, period=1, cross=True: b.sample_sequences(k, bs, n, period=period, cross_episodes=cross),
@@ -117,7 +114,7 @@ FINAL_AT = jax.jit(lambda b, flat, n: b.final_obs_at(flat, n), static_argnums=(2
 VALID = jax.jit(lambda b, flat, n, period: b.valid_starts(flat, n, period=period), static_argnums=(2, 3))
 PSEQ = jax.jit(lambda b, k, bs, beta: b.sample_sequences(k, bs, beta=beta), static_argnums=(2,))
 PTRANS = jax.jit(lambda b, k, bs, beta, gamma: b.sample_transitions(k, bs, beta=beta, gamma=gamma), static_argnums=(2,))
-CAN = jax.jit(lambda b, n, period, cross: b.can_sample(n, period=period, cross_episodes=cross), static_argnums=(1, 2, 3))
+CAN = jax.jit(lambda b, n, period, cross: b.can_sample(1, n, period=period, cross_episodes=cross), static_argnums=(1, 2, 3))
 SETP = jax.jit(lambda b, i, p, g: b.set_priorities(i, p, g))
 
 
@@ -145,7 +142,7 @@ def sampled_sequences(buf, length, period=1, keys=60, batch=16):
 
 
 # --------------------------------------------------------------------------------------------
-# write head (issue 4)
+# write head
 
 
 def test_write_head_sequences_exact():
@@ -153,9 +150,9 @@ def test_write_head_sequences_exact():
     assert sampled_sequences(buf, 3) == {(3, 4, 5), (4, 5, 6), (5, 6, 7), (6, 7, 8), (7, 8, 9), (8, 9, 10)}
     assert sampled_sequences(buf, 3, period=2) == {(3, 4, 5), (5, 6, 7), (7, 8, 9)}
     assert sampled_sequences(payload_buffer(4), 3) == {(0, 1, 2), (1, 2, 3)}
-    assert bool(payload_buffer(4).can_sample(3))
-    assert not bool(payload_buffer(2).can_sample(3))
-    assert bool(payload_buffer(3).can_sample(3))
+    assert bool(payload_buffer(4).can_sample(1, 3))
+    assert not bool(payload_buffer(2).can_sample(1, 3))
+    assert bool(payload_buffer(3).can_sample(1, 3))
 
 
 def test_write_head_transitions():
@@ -167,7 +164,7 @@ def test_write_head_transitions():
             seen.add(int(o))
             assert nxt == o + 2 and ret == o + 0.5 * (o + 1)
     assert seen == {3, 4, 5, 6, 7, 8}  # obs 9 needs step 11 for its 2-step next obs
-    assert not bool(payload_buffer(2).can_sample(3))
+    assert not bool(payload_buffer(2).can_sample_transitions(1, n_step=2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,7 +176,7 @@ def _lane_buffer(rewards, term, trunc, length=8, final=None):
     t = len(rewards)
     obs = np.stack([np.arange(t), np.arange(t) + 0.5], -1).astype(np.float32)[None]
     fin = np.stack([-(np.arange(t) + 1.0), np.zeros(t)], -1).astype(np.float32)[None] if final is None else final
-    buf = TrajectoryBuffer.create(EXAMPLE, 1, length)
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=1, length=length)
     # add in two chunks to exercise both paths
     step = {"obs": obs, "action": np.arange(t, dtype=np.int32)[None], "reward": np.asarray(rewards, np.float32)[None]}
     te, tr = np.asarray(term)[None], np.asarray(trunc)[None]
@@ -241,24 +238,6 @@ def test_sequence_final_obs_at_truncations_only():
     np.testing.assert_array_equal(np.asarray(buf.final_obs_at(jnp.array([0, 1, 2]), 4)), final)  # eager == jit
 
 
-def test_prioritised_sequences_final_obs_through_the_buffer():
-    pbuf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 2, 6, window_length=3)
-    rng = np.random.default_rng(5)
-    ref = Ref(2, 6)
-    for i in range(9):
-        chunk = make_chunk(rng, 2, 1, i, p_term=0.2, p_trunc=0.5)
-        pbuf = do_add(pbuf, ADD, *chunk, as_step=True)
-        ref.add(*chunk)
-    out = host(PSEQ(pbuf, jax.random.key(0), 32, 0.4))
-    final = np.asarray(FINAL_AT(pbuf.buffer, out.item.indices, 3))
-    np.testing.assert_array_equal(np.asarray(pbuf.final_obs_at(out.indices, 3)), final)
-    for b in range(32):
-        lane, a = ref.locate(out.indices[b])
-        for i in range(3):
-            s = ref.steps[lane][a + i]
-            np.testing.assert_array_equal(final[b, i], s["final"] if s["trunc"] and not s["term"] else 0)
-
-
 def test_n_step_wrap_around():
     # 12 steps into length 8: the window [6, 7, 8, 9] wraps physical slots 6, 7, 0, 1.
     r = np.arange(12, dtype=np.float32)
@@ -293,11 +272,9 @@ def test_episode_mask_and_within_episode_sampling():
     trunc = np.zeros(t, bool)
     trunc[5] = True
     buf = _lane_buffer(np.zeros(t), term, trunc)
-    seq = host(buf._sequences(jnp.array([0]), jnp.array([1]), 5))
+    seq = host(buf.sequences_at(jnp.array([1]), 5))
     np.testing.assert_array_equal(seq.mask[0], [True, True, False, False, False])  # step 2 ends it
     np.testing.assert_array_equal(seq.terminated[0], [False, True, False, False, False])
-    assert seq.flags.dtype == jnp.uint8  # packed: bit 0 terminated, bit 1 truncated
-    np.testing.assert_array_equal(seq.flags[0], [0, 1, 0, 0, 2])
     np.testing.assert_array_equal(seq.truncated[0], [False, False, False, False, True])
     seen = set()
     for s in range(40):
@@ -308,13 +285,13 @@ def test_episode_mask_and_within_episode_sampling():
         seen |= set(np.asarray(out.item["obs"][:, 0, 0]).astype(int).tolist())
     # windows of 3 wholly in one episode: starts 0 (0,1,2), 3 (3,4,5), and none crossing 2 or 5.
     assert seen == {0, 3}
-    assert bool(buf.can_sample(3, cross_episodes=False))
-    assert not bool(buf.can_sample(4, cross_episodes=False))
+    assert bool(buf.can_sample(1, 3, cross_episodes=False))
+    assert not bool(buf.can_sample(1, 4, cross_episodes=False))
 
 
 def test_within_episode_sampling_is_uniform():
     # 2 lanes x 10 steps; valid starts for length 2 in lane 0: all 9; lane 1: 3 (ends everywhere else).
-    buf = TrajectoryBuffer.create(EXAMPLE, 2, 10)
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=10)
     term = np.zeros((2, 10), bool)
     term[1, [0, 1, 2, 4, 5, 7]] = True
     obs = np.zeros((2, 10, OBS_DIM), np.float32)
@@ -334,7 +311,7 @@ def test_within_episode_sampling_is_uniform():
 
 
 # Shapes come from small fixed sets so jitted functions are compiled once per shape and reused
-# across examples (compilation dominates on 2 cores); the slow variant draws them freely.
+# across examples; the slow variant draws them freely.
 FAST = dict(num_envs=st.sampled_from([1, 3]), length=st.sampled_from([3, 7]), t=lambda n: st.sampled_from(sorted({1, 2, n})),
             seq_len=lambda n: st.sampled_from([1, 3]), period=st.sampled_from([1, 2]), n_step=st.sampled_from([1, 2]))
 FREE = dict(num_envs=st.integers(1, 3), length=st.integers(2, 7), t=lambda n: st.integers(1, n),
@@ -345,7 +322,7 @@ def run_model(use_jit, data, draws):
     num_envs = data.draw(draws["num_envs"], "num_envs")
     length = data.draw(draws["length"], "length")
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), "seed"))
-    buf = TrajectoryBuffer.create(EXAMPLE, num_envs, length)
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=num_envs, length=length)
     ref = Ref(num_envs, length)
     add_fn = ADD if use_jit else _add
     counter = 0
@@ -370,7 +347,7 @@ def run_model(use_jit, data, draws):
             can = lambda b: CAN(b, seq_len, period, cross)  # noqa: E731
         else:
             sample = lambda b, k: b.sample_sequences(k, 12, seq_len, period=period, cross_episodes=cross)  # noqa: E731
-            can = lambda b: b.can_sample(seq_len, period=period, cross_episodes=cross)  # noqa: E731
+            can = lambda b: b.can_sample(1, seq_len, period=period, cross_episodes=cross)  # noqa: E731
         lo = ref.total - ref.num_valid
         starts_ok = [
             (e, a) for e in range(num_envs) for a in range(lo, ref.total - seq_len + 1)
@@ -410,7 +387,7 @@ def run_model(use_jit, data, draws):
         else:
             trans = lambda b, k: b.sample_transitions(k, 12, n_step=n_step, gamma=gamma)  # noqa: E731
         if ref.total >= n_step + 1:
-            assert bool(buf.can_sample(n_step + 1))
+            assert bool(buf.can_sample_transitions(1, n_step=n_step))
             out = host(trans(buf, key))
             again = AT(buf, out.indices, n_step, gamma) if use_jit else buf.transitions_at(out.indices, n_step=n_step, gamma=gamma)
             jax.tree.map(np.testing.assert_array_equal, host(again), out)
@@ -426,7 +403,7 @@ def run_model(use_jit, data, draws):
                 assert int(out.num_steps[b]) == k
                 np.testing.assert_array_equal(out.next_obs[b], nxt)
         else:
-            assert not bool(buf.can_sample(n_step + 1))
+            assert not bool(buf.can_sample_transitions(1, n_step=n_step))
 
 
 @settings(max_examples=12, deadline=None)
@@ -435,7 +412,7 @@ def test_model_based_jit(data):
     run_model(True, data, FAST)
 
 
-@settings(max_examples=5, deadline=None)  # eager: every op dispatched on its own, ~4x slower
+@settings(max_examples=5, deadline=None)  # eager: each method one cached compiled program
 @given(data=st.data())
 def test_model_based_no_jit(data):
     run_model(False, data, FAST)
@@ -455,7 +432,7 @@ def test_model_based_free_shapes(use_jit, data):
 
 def test_small_final_obs_ring_exact_until_overflow():
     # K = 2 slots per lane, length 6: fine while a lane holds <= 2 truncated steps.
-    buf = TrajectoryBuffer.create(EXAMPLE, 1, 6, final_obs_capacity=2)
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=1, length=6, final_obs_capacity=2)
     ref = Ref(1, 6)
     rng = np.random.default_rng(0)
     trunc_pattern = [0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0]  # at most 2 in any 6 consecutive steps
@@ -489,7 +466,7 @@ def test_small_final_obs_ring_exact_until_overflow():
 def test_final_obs_lost_is_exact(k, length, seed, chunks):
     # final_obs_lost() is True iff some stored truncated step reads a final obs that is not its own.
     rng = np.random.default_rng(seed)
-    buf = TrajectoryBuffer.create(EXAMPLE, 2, length, final_obs_capacity=k)
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=length, final_obs_capacity=k)
     ref = Ref(2, length)
     counter = 0
     for t in chunks:
@@ -543,8 +520,8 @@ def test_positions_api_errors_and_clamping():
 
 
 def test_memory_bytes_and_ring_size():
-    big = TrajectoryBuffer.create(EXAMPLE, 4, 100)
-    small = TrajectoryBuffer.create(EXAMPLE, 4, 100, final_obs_capacity=5)
+    big = TrajectoryBuffer.create(EXAMPLE, num_envs=4, length=100)
+    small = TrajectoryBuffer.create(EXAMPLE, num_envs=4, length=100, final_obs_capacity=5)
     ring_slot = 4 * OBS_DIM * 4  # 4 lanes x one float32 obs
     assert big.memory_bytes - small.memory_bytes == (100 - 5) * ring_slot
     assert big.memory_bytes == tree_nbytes(big)
@@ -558,20 +535,15 @@ def test_memory_bytes_and_ring_size():
 
 def test_errors():
     with pytest.raises(ValueError, match="missing field 'reward'"):
-        TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0)}, 1, 4)
+        TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0)}, num_envs=1, length=4)
     with pytest.raises(TypeError, match="expected a dict"):
-        TrajectoryBuffer.create(jnp.zeros(3), 1, 4)
+        TrajectoryBuffer.create(jnp.zeros(3), num_envs=1, length=4)
     with pytest.raises(ValueError, match="floating scalar"):
-        TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.zeros(2)}, 1, 4)
+        TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.zeros(2)}, num_envs=1, length=4)
     # positions lane * length + slot are int32: refused before anything is allocated
     with pytest.raises(ValueError, match=r"num_envs \* length: expected at most 2\*\*31 - 1 .* = 2147549184"):
-        TrajectoryBuffer.create(EXAMPLE, 2**16, 2**15 + 1)
-    # the final-observation ring slot is packed above 2 flag bits of an int32: at most 2**29 slots
-    with pytest.raises(ValueError, match=r"final_obs_capacity: expected at most 2\*\*29 .* got 536870913 \(from length"):
-        TrajectoryBuffer.create(EXAMPLE, 1, 2**29 + 1)
-    with pytest.raises(ValueError, match=r"final_obs_capacity: expected at most 2\*\*29 .* got 536870917$"):
-        TrajectoryBuffer.create(EXAMPLE, 1, 2**29 + 9, final_obs_capacity=2**29 + 5)
-    buf = TrajectoryBuffer.create(EXAMPLE, 2, 4)
+        TrajectoryBuffer.create(EXAMPLE, num_envs=2**16, length=2**15 + 1)
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=4)
     step = {"obs": np.zeros((2, OBS_DIM), np.float32), "action": np.zeros(2, np.int32), "reward": np.zeros(2, np.float32)}
     f = np.zeros(2, bool)
     with pytest.raises(TypeError, match="terminated: expected dtype bool"):
@@ -580,8 +552,8 @@ def test_errors():
         buf.add(step, terminated=np.zeros(3, bool))
     with pytest.raises(TypeError, match="final_obs: required"):
         buf.add(step, terminated=f, truncated=f)
-    with pytest.raises(TypeError, match=r"step\['reward'\]: expected dtype float32, got float64"):
-        buf.add({**step, "reward": np.zeros(2)}, terminated=f)
+    with pytest.raises(TypeError, match=r"step\['reward'\]: expected dtype float32, got float16"):
+        buf.add({**step, "reward": jnp.zeros(2, jnp.float16)}, terminated=f)
     with pytest.raises(ValueError, match="num_envs=2"):
         buf.add(jax.tree.map(lambda x: x[:1], step), terminated=f[:1])
     chunk = jax.tree.map(lambda x: np.repeat(x[:, None], 5, axis=1), step)
@@ -597,11 +569,11 @@ def test_errors():
 
 def test_final_obs_must_match_the_steps_leading_axes():
     """A final_obs with other leading axes than the step was broadcast: [1, ...] gave every lane
-    the same final observation, [E, 1, ...] every step of a chunk (found by the ninth session's
-    review); others failed with JAX's unnamed broadcasting error. Both buffers, jit or not."""
+    the same final observation, [E, 1, ...] every step of a chunk; others failed with JAX's
+    unnamed broadcasting error. Both buffers, jit or not."""
     e = 3
-    buf = TrajectoryBuffer.create(EXAMPLE, e, 4)
-    pbuf = PrioritisedTrajectoryBuffer.create(EXAMPLE, e, 4, window_length=2)
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=e, length=4)
+    pbuf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=e, length=4, window_length=2)
     step = {"obs": jnp.ones((e, OBS_DIM)), "action": jnp.zeros(e, jnp.int32), "reward": jnp.zeros(e)}
     chunk = jax.tree.map(lambda x: jnp.stack([x] * 3, 1), step)
     one, three = jnp.ones(e, bool), jnp.ones((e, 3), bool)
@@ -627,13 +599,13 @@ def test_final_obs_must_match_the_steps_leading_axes():
 def test_static_flag_and_gamma_types():
     """cross_episodes must be a bool (the string "False" is truthy and sampled across episodes);
     gamma must not be a bool (integers are discounts too); final_obs_capacity above length is length."""
-    buf = TrajectoryBuffer.create(EXAMPLE, 1, 4)
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=1, length=4)
     for bad in ("False", 0, None, jnp.bool_(False)):
         with pytest.raises(TypeError, match="cross_episodes: expected a Python bool"):
-            buf.can_sample(2, cross_episodes=bad)
+            buf.can_sample(1, 2, cross_episodes=bad)
         with pytest.raises(TypeError, match="cross_episodes: expected a Python bool"):
             buf.sample_sequences(jax.random.key(0), 4, 2, cross_episodes=bad)
-    assert not bool(buf.can_sample(2, cross_episodes=np.bool_(False)))
+    assert not bool(buf.can_sample(1, 2, cross_episodes=np.bool_(False)))
     for bad in (True, np.bool_(False), np.array(True), jnp.array([True])[0], complex(0.5, 0), np.complex64(1), jnp.complex64(1), "0.9"):
         with pytest.raises(TypeError, match="gamma: expected a float"):
             buf.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=bad)
@@ -641,12 +613,12 @@ def test_static_flag_and_gamma_types():
     with pytest.raises(ValueError, match=r"period: expected at most 2\*\*31 - 1"):
         buf.sample_sequences(jax.random.key(0), 4, 2, period=2**31)
     with pytest.raises(ValueError, match=r"period: expected at most 2\*\*31 - 1"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, period=2**40)
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8, window_length=2, period=2**40)
     for ok in (1, 0, np.float32(0.5), jnp.float32(0.9), np.int64(1), jnp.int32(1), np.array(1)):
         buf.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=ok)
-    # a Python int traced by jit is an int32 tracer: still a discount (a regression caught in review)
+    # a Python int traced by jit is an int32 tracer: still a discount
     jax.jit(lambda b, g: b.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=g))(buf, 1)
-    big = TrajectoryBuffer.create(EXAMPLE, 1, 4, final_obs_capacity=100)  # never more than length slots used
+    big = TrajectoryBuffer.create(EXAMPLE, num_envs=1, length=4, final_obs_capacity=100)  # never more than length slots used
     assert big.final_obs_capacity == 4 and big.final_obs.shape == (1, 4, OBS_DIM)
     with pytest.raises(ValueError, match=r"step chunk \(time axis\): expected at least one item, got 0"):
         buf.add({"obs": jnp.zeros((1, 0, OBS_DIM)), "action": jnp.zeros((1, 0), jnp.int32), "reward": jnp.zeros((1, 0))},
@@ -672,7 +644,7 @@ def test_n_step_powers_of_gamma_are_not_rounded_first(dtype):
 def test_scan_matches_sequential_adds_and_vmap():
     rng = np.random.default_rng(1)
     chunks = [make_chunk(rng, 2, 1, i) for i in range(9)]
-    seq = TrajectoryBuffer.create(EXAMPLE, 2, 5)
+    seq = TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=5)
     for c in chunks:
         seq = do_add(seq, ADD, *c, as_step=True)
     stacked = [np.stack([c[i][:, 0] for c in chunks]) for i in range(6)]
@@ -681,11 +653,11 @@ def test_scan_matches_sequential_adds_and_vmap():
         obs, action, reward, term, trunc, final = xs
         return b.add({"obs": obs, "action": action, "reward": reward}, terminated=term, truncated=trunc, final_obs=final), None
 
-    scanned, _ = jax.jit(lambda b, xs: jax.lax.scan(body, b, xs))(TrajectoryBuffer.create(EXAMPLE, 2, 5), stacked)
+    scanned, _ = jax.jit(lambda b, xs: jax.lax.scan(body, b, xs))(TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=5), stacked)
     jax.tree.map(np.testing.assert_array_equal, scanned, seq)
 
     # vmap over 3 stacked buffers: each behaves like its own buffer.
-    many = jax.tree.map(lambda x: jnp.stack([x] * 3), TrajectoryBuffer.create(EXAMPLE, 2, 5))
+    many = jax.tree.map(lambda x: jnp.stack([x] * 3), TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=5))
     vadd = jax.jit(jax.vmap(lambda b, s, te, tr, fo: b.add(s, terminated=te, truncated=tr, final_obs=fo)))
     for c in chunks:
         obs, action, reward, term, trunc, final = (np.stack([x[:, 0]] * 3) for x in c)
@@ -698,7 +670,7 @@ def test_scan_matches_sequential_adds_and_vmap():
 
 
 def test_compiles_once_per_shape_and_donation(compile_counter):
-    buf = TrajectoryBuffer.create(EXAMPLE, 2, 6)
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=6)
     add = jax.jit(_add, donate_argnums=0)
     samp = jax.jit(lambda b, k: b.sample_sequences(k, 4, 3))
     rng = np.random.default_rng(0)
@@ -714,272 +686,46 @@ def test_compiles_once_per_shape_and_donation(compile_counter):
     assert old.storage["obs"].is_deleted()  # donated: updated in place
 
 
-# --------------------------------------------------------------------------------------------
-# prioritised
-
-
-def _valid_starts(ref: Ref, window: int, period: int) -> set[int]:
-    """Flat indices of valid positions (absolute period alignment)."""
-    lo = ref.total - ref.num_valid
-    return {
-        e * ref.n + a % ref.n
-        for e in range(ref.e) for a in range(lo, ref.total - window + 1) if a % period == 0
-    }
-
-
-def run_prioritised_model(data, free):
-    num_envs = data.draw(st.integers(1, 3) if free else st.sampled_from([1, 3]))
-    length = data.draw(st.integers(2, 8) if free else st.sampled_from([4, 7]))
-    window = data.draw(st.integers(1, length) if free else st.sampled_from([1, 3]))
-    period = data.draw(st.integers(1, 3) if free else st.sampled_from([1, 2]))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
-    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs, length, window_length=window, period=period)
-    ref = Ref(num_envs, length)
-    add = ADD
-    counter = 0
-    for _ in range(data.draw(st.integers(1, 6))):
-        t = data.draw(st.integers(1, length) if free else st.sampled_from(sorted({1, 2, length})))
-        chunk = make_chunk(rng, num_envs, t, counter)
-        counter += t
-        buf = add(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
-        ref.add(*chunk)
-        valid = _valid_starts(ref, window, period)
-        leaves = np.asarray(buf.tree.leaves())
-        assert set(np.flatnonzero(leaves > 0).tolist()) == valid
-        pos = leaves[leaves > 0]
-        assert float(buf.tree.min()) == (pos.min() if pos.size else np.inf)  # min over valid windows only
-        assert int(buf.num_valid_windows()) == len(valid)
-        assert bool(buf.can_sample()) == bool(valid)
-        if valid:
-            out = host(PSEQ(buf, jax.random.key(counter), 32, 0.5))
-            assert set(np.asarray(out.indices).tolist()) <= valid
-            for b in range(32):
-                lane, a = ref.locate(out.indices[b])
-                np.testing.assert_array_equal(out.item.item["obs"][b, 0], ref.steps[lane][a]["obs"])
-                assert a + window <= ref.total
-
-
-@settings(max_examples=15, deadline=None)
-@given(data=st.data())
-def test_prioritised_tree_holds_exactly_the_valid_windows(data):
-    run_prioritised_model(data, free=False)
-
-
-@pytest.mark.slow
-@settings(max_examples=60, deadline=None)
-@given(data=st.data())
-def test_prioritised_tree_free_shapes(data):
-    run_prioritised_model(data, free=True)
-
-
-def _three_position_buffer():
-    """1 lane, length 8, window 6, 8 steps added: valid positions are slots 0, 1, 2."""
-    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=6, priority_exponent=1.0)
-    rng = np.random.default_rng(0)
-    chunk = make_chunk(rng, 1, 8, 0, p_term=0, p_trunc=0)
-    return ADD(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
-
-
-def test_prioritised_importance_weights():
-    buf = _three_position_buffer()
-    gens = buf.generations.reshape(-1)[jnp.arange(3)]
-    buf = SETP(buf, jnp.arange(3), jnp.array([1.0, 2.0, 4.0]), gens)
-    out = host(PSEQ(buf, jax.random.key(0), 300, 0.4))
-    idx = np.asarray(out.indices)
-    assert set(idx.tolist()) == {0, 1, 2}
-    np.testing.assert_allclose(np.asarray(out.probabilities), np.array([1, 2, 4])[idx] / 7, rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(out.importance_weights), np.array([1.0, 0.757858, 0.574349])[idx], rtol=1e-5)
-    # frequencies follow priorities (stratified: deterministic bands, so a loose bound suffices)
-    freq = np.bincount(idx, minlength=3) / 300
-    np.testing.assert_allclose(freq, [1 / 7, 2 / 7, 4 / 7], atol=0.02)
-
-
-def test_prioritised_transitions_and_new_max_priority():
-    buf = _three_position_buffer()
-    gens = buf.generations.reshape(-1)[jnp.arange(3)]
-    buf = SETP(buf, jnp.arange(3), jnp.array([1.0, 2.0, 9.0]), gens)
-    assert float(buf.max_priority) == 9.0
-    out = host(PTRANS(buf, jax.random.key(1), 16, 1.0, 0.9))
-    assert out.item.n_step_return.shape == (16,) and set(np.asarray(out.indices).tolist()) <= {0, 1, 2}
-    np.testing.assert_array_equal(out.item.num_steps, 5)  # n_step defaults to window_length - 1
-    # a new step completes the window at slot 3 with the running max priority (9 ** alpha)
-    rng = np.random.default_rng(5)
-    c = make_chunk(rng, 1, 1, 8, p_term=0, p_trunc=0)
-    buf = ADD(buf, {"obs": c[0], "action": c[1], "reward": c[2]}, *c[3:])
-    leaves = np.asarray(buf.tree.leaves())
-    np.testing.assert_array_equal(leaves, [0, 2, 9, 9, 0, 0, 0, 0])  # slot 0 overwritten, slot 3 new
-
-
-def test_prioritised_stale_updates_ignored_and_policy():
-    buf = _three_position_buffer()
-    gens0 = buf.generations.reshape(-1)[jnp.arange(3)]
-    rng = np.random.default_rng(1)
-    # Overwrite slots 0..5 (6 steps): slots 0..2 become valid again only after more steps.
-    c = make_chunk(rng, 1, 6, 8, p_term=0, p_trunc=0)
-    buf = ADD(buf, {"obs": c[0], "action": c[1], "reward": c[2]}, *c[3:])
-    before = np.asarray(buf.tree.leaves())
-    after = SETP(buf, jnp.arange(3), jnp.array([5.0, 5.0, 5.0]), gens0)
-    np.testing.assert_array_equal(np.asarray(after.tree.leaves()), before)  # stale: ignored
-    # Valid positions now: logical starts 0..2 = absolute steps 6, 7, 8 = slots 6, 7, 0.
-    assert set(np.flatnonzero(before).tolist()) == {6, 7, 0}
-    # slot 0 is valid again but was rewritten: the old generation must not update it
-    assert float(after.tree.get(jnp.array([0]))[0]) == before[0]
-    cur = after.generations.reshape(-1)
-    idx = jnp.array([6, 7, 0, 3])  # 3 is not a valid window: ignored
-    after = SETP(after, idx, jnp.array([jnp.nan, -1.0, jnp.inf, 2.0]), cur[idx])
-    leaves = np.asarray(after.tree.leaves())
-    assert leaves[3] == 0
-    assert leaves[6] == pytest.approx(1.0)  # NaN -> current max priority (1)
-    assert leaves[7] == pytest.approx(1e-6)  # negative -> epsilon
-    assert leaves[0] == pytest.approx(1e20, rel=1e-6)  # +inf -> PRIORITY_MAX (same policy as PrioritisedReplayBuffer)
-    np.testing.assert_allclose(float(after.tree.total()), leaves.sum(), rtol=1e-6)
-
-
-def test_prioritised_set_priorities_walk_and_vectorised_paths_agree(monkeypatch):
-    """On the CPU walk path the per-entry tests (range, generation, valid window, NaN) run in a
-    scalar loop; elsewhere as vector ops: the same tree and running max, with duplicates, stale
-    entries, invalid windows and out-of-range indices."""
-    from jaxbuffers import sum_tree as sum_tree_module
-
-    rng = np.random.default_rng(5)
-    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 2, 16, window_length=3, priority_exponent=0.7)
-    for counter in range(0, 22, 11):
-        obs, action, reward, term, trunc, final = make_chunk(rng, 2, 11, counter)
-        buf = ADD(buf, {"obs": obs, "action": action, "reward": reward}, term, trunc, final)
-    idx = jnp.asarray(rng.integers(-2, 34, 90), jnp.int32)  # duplicates, out of range, invalid windows
-    gens = buf.generations.reshape(-1)[jnp.clip(idx, 0, 31)].at[::6].add(1)  # some stale
-    pri = jnp.asarray(rng.uniform(0, 30, 90), jnp.float32).at[4].set(jnp.nan).at[8].set(-1.0)
-    # a new function per path: jax.jit of the same function object reuses its first trace
-    walked = jax.jit(lambda b: b.set_priorities(idx, pri, gens))(buf)
-    monkeypatch.setattr(sum_tree_module, "_WALK_MAX_BATCH_CPU", 0)
-    vectorised = jax.jit(lambda b: b.set_priorities(idx, pri, gens))(buf)
-    np.testing.assert_array_equal(np.asarray(walked.tree.nodes), np.asarray(vectorised.tree.nodes))
-    assert float(walked.max_priority) == float(vectorised.max_priority) > 1.0
-    before, after = np.asarray(buf.tree.leaves()), np.asarray(walked.tree.leaves())
-    assert set(np.flatnonzero(after > 0)) == set(np.flatnonzero(before > 0))  # no invalid window written
-    assert not np.array_equal(before, after)
-
-
-def test_prioritised_jit_scan_vmap():
-    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 2, 6, window_length=3)
-    rng = np.random.default_rng(2)
-    chunks = [make_chunk(rng, 2, 1, i) for i in range(8)]
-    xs = [np.stack([c[i][:, 0] for c in chunks]) for i in range(6)]
-
-    def body(b, x):
-        obs, action, reward, term, trunc, final = x
-        return b.add({"obs": obs, "action": action, "reward": reward}, terminated=term, truncated=trunc, final_obs=final), None
-
-    scanned, _ = jax.jit(lambda b, xs: jax.lax.scan(body, b, xs))(buf, xs)
-    seq = buf
-    for c in chunks:
-        seq = do_add(seq, ADD, *c, as_step=True)
-    jax.tree.map(np.testing.assert_array_equal, scanned, seq)
-    many = jax.tree.map(lambda x: jnp.stack([x] * 2), scanned)
-    out = jax.jit(jax.vmap(lambda b, k: b.sample_sequences(k, 8, beta=0.4)))(many, jax.random.split(jax.random.key(0), 2))
-    assert out.item.item["obs"].shape == (2, 8, 3, OBS_DIM)
-    upd = jax.jit(jax.vmap(lambda b, i, g: b.set_priorities(i, jnp.full(i.shape, 3.0), g)))(many, out.indices, out.generations)
-    assert np.all(np.asarray(upd.max_priority) == 3.0)
-
-
-def test_prioritised_weight_formula_matches_n_times_p():
-    # w_i = (N P(i))^-beta / max_j (N P(j))^-beta, with N the number of valid positions.
-    buf = _three_position_buffer()
-    gens = buf.generations.reshape(-1)[jnp.arange(3)]
-    buf = SETP(buf, jnp.arange(3), jnp.array([3.0, 1.0, 2.0]), gens)
-    out = host(PSEQ(buf, jax.random.key(2), 64, 0.7))
-    n = int(buf.num_valid_windows())
-    assert n == 3
-    p = np.array([3.0, 1.0, 2.0]) / 6
-    w = (n * p) ** -0.7
-    w = w / w.max()
-    np.testing.assert_allclose(np.asarray(out.importance_weights), w[np.asarray(out.indices)], rtol=1e-5)
-    assert math.isclose(float(np.asarray(out.probabilities).max()), 0.5, rel_tol=1e-6)
-
-
-def test_prioritised_duplicates_last_wins_and_only_winners_raise_max():
-    buf = _three_position_buffer()
-    gens = buf.generations.reshape(-1)[jnp.array([1, 1, 2])]
-    # slot 1 twice: 50 loses to 3; slot 2 gets 2. The running max must be 3, not 50.
-    out = SETP(buf, jnp.array([1, 1, 2]), jnp.array([50.0, 3.0, 2.0]), gens)
-    leaves = np.asarray(out.tree.leaves())
-    np.testing.assert_allclose(leaves[:3], [1.0, 3.0, 2.0], rtol=1e-6)  # alpha = 1; slot 0 keeps max 1
-    assert float(out.max_priority) == 3.0
-
-
-def test_prioritised_argument_checks_match_the_item_buffer():
-    buf = _three_position_buffer()
-    with pytest.raises(ValueError, match="priority_exponent"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, priority_exponent=2.0)
-    with pytest.raises(ValueError, match="beta"):
-        buf.sample_sequences(jax.random.key(0), 4, beta=-1.0)
-    with pytest.raises(ValueError, match="beta"):
-        buf.sample_transitions(jax.random.key(0), 4, beta=float("nan"), gamma=0.9)
-    empty = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2)
-    out = empty.sample_sequences(jax.random.key(0), 4, beta=0.4)
-    np.testing.assert_array_equal(np.asarray(out.importance_weights), 1.0)  # as PrioritisedReplayBuffer
-    np.testing.assert_array_equal(np.asarray(out.probabilities), 0.0)
-
-
-def test_prioritised_alpha_zero_losing_duplicate_does_not_raise_max():
-    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=6, priority_exponent=0.0)
-    chunk = make_chunk(np.random.default_rng(0), 1, 8, 0, p_term=0, p_trunc=0)
-    buf = ADD(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
-    gens = buf.generations.reshape(-1)[jnp.array([1, 1])]
-    out = SETP(buf, jnp.array([1, 1]), jnp.array([100.0, 2.0]), gens)
-    assert float(out.max_priority) == 2.0
-
-
-def test_prioritised_create_names_an_unknown_keyword():
-    with pytest.raises(TypeError, match=r"PrioritisedTrajectoryBuffer.create: unexpected keyword 'min_priority' \(min_priority: use epsilon\)"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, min_priority=1e-3)
-    with pytest.raises(TypeError, match=r"'alpha' \(alpha: use priority_exponent\)"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, alpha=0.5)
-    with pytest.raises(TypeError, match="unexpected keyword 'lenght'.*final_obs_capacity"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, lenght=3)
-    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, final_obs_capacity=3)
-    assert buf.buffer.final_obs_capacity == 3
-    with pytest.raises(TypeError, match=r"window_length is required \(sequence_length: use window_length\)"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, sequence_length=2)
-    with pytest.raises(TypeError, match=r"window_length is required$"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8)
-    with pytest.raises(TypeError, match=r"window_length is required \(sample_sequence_length: use window_length\)"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, sample_sequence_length=2)  # flashbax's name
-    with pytest.raises(TypeError, match=r"'max_length_time_axis' \(max_length_time_axis: use length\)"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2, max_length_time_axis=8)
-    # one sum-tree leaf per position: refused before any storage is allocated
-    with pytest.raises(ValueError, match=r"num_envs \* length: expected at most 2\*\*30 positions .* = 1073741832"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, 8, 2**27 + 1, window_length=2)
-
-
-def test_prioritised_priorities_read_back_what_was_set():
-    buf = _three_position_buffer()
-    gens = buf.generations.reshape(-1)[jnp.arange(3)]
-    buf = SETP(buf, jnp.arange(3), jnp.array([3.0, 0.5, 2.0]), gens)
-    got = np.asarray(buf.priorities(jnp.array([0, 1, 2, 3, 7, -1, 8, 100])))
-    # valid windows read their priority; slot 3 and 7 start no valid window, -1 / 8 / 100 are outside
-    np.testing.assert_allclose(got, [3.0, 0.5, 2.0, 0, 0, 0, 0, 0], rtol=1e-6)
-    half = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=6, priority_exponent=0.5)
-    chunk = make_chunk(np.random.default_rng(0), 1, 8, 0, p_term=0, p_trunc=0)
-    half = ADD(half, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
-    half = SETP(half, jnp.arange(3), jnp.array([3.0, 0.5, 2.0]), gens)
-    np.testing.assert_allclose(np.asarray(half.priorities(jnp.arange(3))), [3.0, 0.5, 2.0], rtol=1e-6)
-    with pytest.raises(TypeError, match="indices"):
-        buf.priorities(jnp.array([1.0]))
-    with pytest.raises(TypeError, match="indices"):
-        buf.generations_at(jnp.array([1.0]))
-
-
 def test_odd_configurations_are_refused_with_the_reason():
-    """From a fresh-user review: an observation with no array leaves is refused at create (an add
-    with truncation used to fail on a bare assert); transitions of a window of one step name
+    """An observation with no array leaves is refused at create (an add with truncation used to
+    fail on a bare assert); transitions of a window of one step name
     window_length, not the default n_step; a one-step shape error names the num_envs axis."""
     with pytest.raises(ValueError, match=r"example_step\['obs'\]: expected at least one array leaf"):
-        TrajectoryBuffer.create({"obs": {}, "action": jnp.int32(0), "reward": jnp.float32(0)}, 2, 4)
-    one = PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 4, window_length=1)
+        TrajectoryBuffer.create({"obs": {}, "action": jnp.int32(0), "reward": jnp.float32(0)}, num_envs=2, length=4)
+    one = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=4, window_length=1)
     with pytest.raises(ValueError, match="needs window_length >= 2.*window_length=1"):
         one.sample_transitions(jax.random.key(0), 2, beta=0.4, gamma=0.9)
-    buf = TrajectoryBuffer.create(EXAMPLE, 2, 4)
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=4)
     bad = {"obs": jnp.zeros((2, OBS_DIM + 1)), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}
     with pytest.raises(ValueError, match=r"step\['obs'\]: expected shape \[num_envs, \*\[" + str(OBS_DIM) + r"\]\]"):
         buf.add(bad, terminated=jnp.zeros(2, bool))
+
+
+def test_eager_calls_compile_once_per_shape_and_equal_jit(compile_counter):
+    """An eager add / sample / can_sample is one cached compiled program: after the first call of
+    a shape no call compiles again, and each returns what the jitted call returns."""
+    rng = np.random.default_rng(3)
+    chunks = [make_chunk(rng, 2, 1, i) for i in range(9)]
+    calls = lambda b, k: (  # noqa: E731
+        b.sample_sequences(k, 4, 2), b.sample_transitions(k, 4, n_step=1, gamma=0.9),
+        b.can_sample(4, 2), b.can_sample_transitions(4, n_step=1), b.size(),
+    )
+    jitted_calls = jax.jit(calls)
+    eager = jitted = TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=6)
+    for i, c in enumerate(chunks):
+        if i == 2:
+            counter = compile_counter()
+            n = counter.__enter__()
+        eager = do_add(eager, _add, *c, as_step=True)
+        jitted = do_add(jitted, ADD, *c, as_step=True)
+        got, want = calls(eager, jax.random.key(i)), jitted_calls(jitted, jax.random.key(i))
+        jax.tree.map(np.testing.assert_array_equal, host(got), host(want))
+    counter.__exit__(None, None, None)
+    assert n() == 0
+    jax.tree.map(np.testing.assert_array_equal, eager, jitted)
+    # gamma stays a traced argument: another value compiles nothing new; a bad one is named
+    with compile_counter() as n:
+        eager.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=0.5)
+    assert n() == 0
+    with pytest.raises(ValueError, match="gamma"):
+        eager.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=7.0)

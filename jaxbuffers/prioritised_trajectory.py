@@ -1,0 +1,338 @@
+r"""`PrioritisedTrajectoryBuffer`: a `jaxbuffers.TrajectoryBuffer` whose window starts are drawn by priority.
+
+A drop-in for the uniform buffer: the same `create` sizes, the same `add`, and
+`sample_sequences` / `sample_transitions` with the same arguments plus a keyword `beta=1.0`;
+the samples have the uniform samples' fields plus `probabilities`, `importance_weights` and
+`generations`. The priority policy, the probabilities and the importance weights are those of
+every prioritised buffer (`jaxbuffers._priority`, Schaul et al. 2016).
+
+Positions (`lane * length + slot`) are leaves of an on-device `jaxbuffers.SumMinTree`. A position
+holds $p^\alpha$ only while its window of `window_length` steps is valid (stored, not straddling
+the write head, aligned to `period`); every other leaf is 0, so invalid windows are never
+sampled. Each `add` of `t` steps zeroes the `num_envs * t` overwritten starts and gives the
+newly completed windows the running max priority: O(num_envs * t * log capacity).
+
+`period` alignment here is absolute (step $a$ ever added in a lane, counting from 0, starts a
+window iff $a \bmod \text{period} = 0$), so a position's eligibility never changes while it is
+stored. Before the ring wraps this equals the uniform buffer's "from the oldest" rule; to ask
+whether a position is valid here use `priorities(indices) > 0`.
+
+References:
+  Schaul, Quan, Antonoglou, Silver (2016), *Prioritized Experience Replay*, ICLR.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxbuffers import _compiled, _priority, _ring, _validate
+from jaxbuffers.sum_tree import SumMinTree
+from jaxbuffers.trajectory import TrajectoryBuffer, episode_mask
+
+__all__ = ["PrioritisedTrajectoryBuffer", "PrioritisedSequenceSample", "PrioritisedTransitionSample"]
+
+
+class PrioritisedSequenceSample(NamedTuple):
+    """`jaxbuffers.SequenceSample`'s fields, plus the priority fields (`PrioritisedTransitionSample`)."""
+
+    item: Any  # dict like the example step, leaves [B, L, ...]
+    terminated: jax.Array  # shape=[B, L], dtype=bool
+    truncated: jax.Array  # shape=[B, L], dtype=bool
+    indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical start slot (tree leaf)
+    probabilities: jax.Array  # shape=[B], dtype=float32: P(i)
+    importance_weights: jax.Array  # shape=[B], dtype=float32: w_i, in (0, 1]
+    generations: jax.Array  # shape=[B], dtype=int32: generation of the start slot when sampled
+
+    @property
+    def mask(self) -> jax.Array:
+        """bool [B, L]: as `jaxbuffers.SequenceSample.mask`."""
+        return episode_mask(self.terminated, self.truncated)
+
+
+class PrioritisedTransitionSample(NamedTuple):
+    """`jaxbuffers.TransitionSample`'s fields, plus `probabilities`, `importance_weights` (in
+    (0, 1], `jaxbuffers._priority`) and `generations` (what `set_priorities` takes back)."""
+
+    obs: Any
+    action: Any
+    n_step_return: jax.Array  # shape=[B]
+    discount: jax.Array  # shape=[B]
+    next_obs: Any
+    num_steps: jax.Array  # shape=[B], dtype=int32
+    item: Any  # the whole step t, leaves [B, ...]
+    indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical slot of step t (tree leaf)
+    probabilities: jax.Array  # shape=[B], dtype=float32
+    importance_weights: jax.Array  # shape=[B], dtype=float32
+    generations: jax.Array  # shape=[B], dtype=int32
+
+
+class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
+    """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority (module doc)."""
+
+    buffer: TrajectoryBuffer  # the steps
+    tree: SumMinTree  # capacity num_envs * length; leaves p^alpha at valid window starts, else 0
+    max_priority: jax.Array  # shape=(), dtype=float32: largest priority set so far (1 initially); new windows get it
+    phase: jax.Array  # shape=(), dtype=int32: steps ever added per lane modulo period (window alignment)
+    window_length: int = struct.field(pytree_node=False)
+    period: int = struct.field(pytree_node=False)
+    priority_exponent: float = struct.field(pytree_node=False)
+    epsilon: float = struct.field(pytree_node=False)  # smallest priority kept, > 0
+
+    @classmethod
+    def create(
+        cls,
+        example_step: Mapping,
+        *,
+        num_envs: int,
+        length: int,
+        window_length: int,
+        period: int = 1,
+        priority_exponent: float = 0.6,
+        epsilon: float = 1e-6,
+        final_obs_capacity: int | None = None,
+        obs_key: str = "obs",
+        action_key: str = "action",
+        reward_key: str = "reward",
+    ) -> "PrioritisedTrajectoryBuffer":
+        r"""An empty prioritised buffer.
+
+        Args:
+          example_step: as `jaxbuffers.TrajectoryBuffer.create`, like `num_envs`, `length`,
+            `final_obs_capacity`, `obs_key`, `action_key` and `reward_key` (not repeated here).
+          window_length: static window of a position: sequences of up to this length, or n-step
+            transitions with `n_step <= window_length - 1`.
+          period: window starts every `period` steps (absolute alignment, module doc).
+          priority_exponent: $\alpha$ in `[0, 1]`.
+          epsilon: smallest priority kept, in `[1e-30, 1]`.
+
+        Raises:
+          ValueError: bad sizes (`num_envs * length` above `2**30`: one tree leaf per position),
+            `window_length > length`, $\alpha$ or `epsilon` out of range.
+        """
+        num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
+        if num_envs * length > 2**30:  # checked before any storage is allocated
+            raise ValueError(
+                f"num_envs * length: expected at most 2**30 positions (one sum-tree leaf each), got {num_envs} * {length} = {num_envs * length}"
+            )
+        window_length = _validate.static_int("window_length", window_length)
+        if window_length > length:
+            raise ValueError(f"window_length: expected at most length={length}, got {window_length}")
+        buf = TrajectoryBuffer.create(
+            example_step, num_envs=num_envs, length=length, final_obs_capacity=final_obs_capacity,
+            obs_key=obs_key, action_key=action_key, reward_key=reward_key,
+        )
+        return cls(
+            buffer=buf,
+            tree=SumMinTree.create(num_envs * length),
+            max_priority=jnp.float32(1.0),
+            phase=jnp.int32(0),
+            window_length=window_length,
+            period=_validate.static_int("period", period),
+            priority_exponent=_validate.static_float("priority_exponent", priority_exponent, 0.0, 1.0),
+            epsilon=_validate.static_float("epsilon", epsilon, 1e-30, 1.0),
+        )
+
+    # ------------------------------------------------------------------ delegation
+    @property
+    def memory_bytes(self):
+        """Bytes of every array held (steps and tree)."""
+        return _validate.tree_nbytes(self)
+
+    @_compiled.method()
+    def size(self) -> jax.Array:
+        """The number of steps stored, counted over all envs (int32 scalar)."""
+        return self.buffer.size()
+
+    @_compiled.method()
+    def is_full(self) -> jax.Array:
+        """Whether every lane holds `length` steps (bool scalar)."""
+        return self.buffer.is_full()
+
+    @_compiled.method("batch_size", "sequence_length")
+    def can_sample(self, batch_size: int, sequence_length: int | None = None) -> jax.Array:
+        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar):
+        some window is valid (the tree's total is positive). Same errors as `sample_sequences`."""
+        _validate.static_int("batch_size", batch_size)
+        self._sequence_length(sequence_length)
+        return self.tree.total() > 0
+
+    @_compiled.method("batch_size", "n_step")
+    def can_sample_transitions(self, batch_size: int, *, n_step: int | None = None) -> jax.Array:
+        """Whether `sample_transitions` with these arguments returns only valid data (bool scalar)."""
+        _validate.static_int("batch_size", batch_size)
+        self._n_step(n_step)
+        return self.tree.total() > 0
+
+    @_compiled.method()
+    def num_valid_windows(self) -> jax.Array:
+        """The number of valid positions over all lanes (int32 scalar)."""
+        b = self.buffer
+        m = b.num_valid - self.window_length  # last valid logical start
+        first = (b.num_valid - self.phase) % self.period  # first l with (added - num_valid + l) % period == 0
+        per_lane = jnp.where(m >= first, (m - first) // self.period + 1, 0)
+        return (per_lane * b.num_envs).astype(jnp.int32)
+
+    # ------------------------------------------------------------------ generations and priorities
+    @_compiled.method()
+    def generations_at(self, indices: jax.Array) -> jax.Array:
+        """Generation of flat positions `indices` (int, any shape; TypeError for other dtypes): int32.
+
+        The number (modulo `2**32`) of the step last written to the position's slot: it changes
+        exactly when the slot is overwritten (`jaxbuffers._ring.last_item_number`).
+        """
+        b = self.buffer
+        slots = jnp.mod(_validate.integer_indices("indices", indices), b.length)
+        return _ring.last_item_number(b.added, b.head, slots, b.length)
+
+    @_compiled.method()
+    def priorities(self, indices: jax.Array) -> jax.Array:
+        """Priorities of flat positions `indices` (int, any shape; TypeError for other dtypes): float32.
+
+        From the tree (`jaxbuffers._priority.priorities_at`); invalid windows and indices outside
+        `[0, num_envs * length)` read 0.
+        """
+        return _priority.priorities_at(self.tree, indices, self.priority_exponent)
+
+    @property
+    def generations(self):
+        """Generations of every position, int32 `[num_envs, length]` (`O(capacity)`, for tests and debugging)."""
+        return self.generations_at(jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)).reshape(self.buffer.num_envs, -1)
+
+    # ------------------------------------------------------------------ add
+    @_compiled.method()
+    def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "PrioritisedTrajectoryBuffer":
+        """`jaxbuffers.TrajectoryBuffer.add`, plus the priority bookkeeping (module doc). Same arguments and errors."""
+        b = self.buffer
+        return self.add_prepared(*_validate.trajectory_add(b.step_spec, b.obs_key, b.num_envs, b.length, step, terminated, truncated, final_obs))
+
+    def add_prepared(self, step, terminated, truncated, final_obs) -> "PrioritisedTrajectoryBuffer":
+        """`jaxbuffers.TrajectoryBuffer.add_prepared`, plus the priority bookkeeping."""
+        old = self.buffer
+        new = old.add_prepared(step, terminated, truncated, final_obs)
+        e, n, w, t = old.num_envs, old.length, self.window_length, terminated.shape[1]
+        phase = ((self.phase + t) % self.period).astype(jnp.int32)
+        # 2 E t tree writes, entry k = (part, lane, i): part 0 zeroes the overwritten start
+        # old.head + i of each lane; part 1 gives each lane's newly completed window, logical start
+        # (new coordinates) num_valid - w - t + 1 + i, the max priority if it is a window start.
+        k = jnp.arange(2 * e * t, dtype=jnp.int32)
+        is_new, lane, i = k >= e * t, (k // t) % e, k % t
+        logical = new.num_valid - w - t + 1 + i
+        ok = (logical >= 0) & ((phase - new.num_valid + logical) % self.period == 0)
+        slot = jnp.where(is_new, _ring.logical_to_physical(logical, new.head, new.num_valid, n), (old.head + i) % n)
+        fresh = _priority.priority_leaf(self.max_priority, self.priority_exponent)
+        vals = jnp.where(is_new, jnp.where(ok, fresh, jnp.nan), 0).astype(jnp.float32)  # NaN: not written
+        # A new window may start at a slot this add zeroed (window_length <= t): it comes later, the last write wins.
+        return self.replace(buffer=new, tree=self.tree.set(lane * n + slot, vals), phase=phase)
+
+    # ------------------------------------------------------------------ sample
+    def _sequence_length(self, sequence_length) -> int:
+        if sequence_length is None:
+            return self.window_length
+        sequence_length = _validate.static_int("sequence_length", sequence_length)
+        if sequence_length > self.window_length:
+            raise ValueError(f"sequence_length: expected at most window_length={self.window_length}, got {sequence_length}")
+        return sequence_length
+
+    def _n_step(self, n_step) -> int:
+        if self.window_length < 2:
+            raise ValueError(
+                "sample_transitions: needs window_length >= 2 (an n-step transition spans n_step + 1 steps); "
+                f"this buffer was created with window_length={self.window_length}"
+            )
+        if n_step is None:
+            return self.window_length - 1
+        n_step = _validate.static_int("n_step", n_step)
+        if n_step > self.window_length - 1:
+            raise ValueError(f"n_step: expected 1 <= n_step <= window_length - 1 = {self.window_length - 1}, got {n_step}")
+        return n_step
+
+    def _draw(self, key, batch_size: int, beta):
+        idx = self.tree.sample_stratified(key, _validate.static_int("batch_size", batch_size))
+        probs, weights = _priority.probabilities_and_weights(self.tree, self.tree.get(idx), beta)
+        return idx, (probs, weights, self.generations_at(idx))
+
+    @_compiled.method("batch_size", "sequence_length", scalars={"beta": (0.0, float("inf"))})
+    def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int | None = None, *, beta=1.0) -> PrioritisedSequenceSample:
+        r"""Sequences whose start is drawn in proportion to $p^\alpha$ (stratified, sum tree).
+
+        Args:
+          key: PRNG key.
+          batch_size: static int >= 1.
+          sequence_length: static int `<= window_length` (default `window_length`).
+          beta: importance exponent >= 0 (may be traced).
+
+        Returns:
+          `PrioritisedSequenceSample`.
+
+        Raises:
+          ValueError: bad sizes, `sequence_length > window_length`, a concrete `beta` < 0.
+        """
+        sequence_length = self._sequence_length(sequence_length)
+        idx, extra = self._draw(key, batch_size, beta)
+        return PrioritisedSequenceSample(*self.buffer.sequences_at(idx, sequence_length), *extra)
+
+    @_compiled.method("batch_size", "n_step", scalars={"gamma": (0.0, 1.0), "beta": (0.0, float("inf"))})
+    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int | None = None, gamma, beta=1.0) -> PrioritisedTransitionSample:
+        """n-step transitions (`jaxbuffers.TrajectoryBuffer.sample_transitions`) drawn by priority.
+
+        Args:
+          key: PRNG key.
+          batch_size: static int >= 1.
+          n_step: static int in `[1, window_length - 1]` (default `window_length - 1`).
+          gamma: discount in [0, 1] (may be traced). Required.
+          beta: importance exponent >= 0 (may be traced).
+
+        Returns:
+          `PrioritisedTransitionSample`.
+
+        Raises:
+          ValueError: bad sizes, `window_length < 2`, `n_step` too large, `gamma` / `beta` out of range.
+          TypeError: `gamma` missing or a bool.
+        """
+        n_step = self._n_step(n_step)
+        idx, extra = self._draw(key, batch_size, beta)
+        return PrioritisedTransitionSample(*self.buffer.transitions_at(idx, n_step=n_step, gamma=gamma), *extra)
+
+    @_compiled.method("sequence_length")
+    def final_obs_at(self, indices, sequence_length: int) -> Any:
+        """`jaxbuffers.TrajectoryBuffer.final_obs_at` of the steps: the final observations at the
+        truncated steps of the sequences starting at `indices` (a sample's `indices`)."""
+        return self.buffer.final_obs_at(indices, sequence_length)
+
+    # ------------------------------------------------------------------ priorities
+    @_compiled.method()
+    def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "PrioritisedTrajectoryBuffer":
+        r"""Set the priorities of sampled positions (typically `|TD error| + eps`).
+
+        An entry is ignored when its start slot was overwritten since sampling (generation
+        differs), when its window is not valid now (leaf 0), or when the index is out of range.
+        Duplicate indices: the last entry wins; `max_priority` grows to the largest priority
+        actually written. Policy for NaN, small and huge values: `jaxbuffers._priority`.
+
+        Args:
+          indices: int32[B] from a sample's `indices`.
+          priorities: float[B], raw priorities ($\alpha$ is applied here).
+          generations: int32[B] from the same sample's `generations`.
+
+        Raises:
+          ValueError: the three not of one shape `[B]`.
+          TypeError: wrong dtype kinds.
+        """
+        indices = _validate.index_array(indices)
+        b = indices.shape[0] if indices.ndim == 1 else -1
+        if b < 0:
+            raise ValueError(f"indices: expected a [B] array, got shape {indices.shape}")
+        indices = _validate.integer_indices("indices", indices)
+        priorities = _validate.vector("priorities", priorities, b, "floating")
+        generations = _validate.vector("generations", generations, b, "integer")
+        tree, max_p = _priority.write_priorities(
+            self.tree, indices, priorities, generations.astype(jnp.int32),
+            lambda slot, gen: (self.generations_at(slot) == gen) & (self.tree.get(slot) > 0),  # leaf 0: window not valid now
+            self.max_priority, self.epsilon, self.priority_exponent,
+        )
+        return self.replace(tree=tree, max_priority=max_p)

@@ -1,0 +1,333 @@
+"""Tests of jaxbuffers.prioritised_trajectory: PrioritisedTrajectoryBuffer against the reference
+model of test_trajectory.py (the tree holds exactly the valid windows), weights, priority policy."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_trajectory import ADD, EXAMPLE, FINAL_AT, OBS_DIM, PSEQ, PTRANS, SETP, Ref, do_add, host, make_chunk
+
+from jaxbuffers import TrajectoryBuffer
+from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
+
+
+def tree_leaves(buf) -> np.ndarray:
+    """Every tree leaf of a prioritised buffer (p^alpha at valid starts, else 0)."""
+    return np.asarray(buf.tree.get(jnp.arange(buf.buffer.num_envs * buf.buffer.length, dtype=jnp.int32)))
+
+
+def test_prioritised_sequences_final_obs_through_the_buffer():
+    pbuf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=2, length=6, window_length=3)
+    rng = np.random.default_rng(5)
+    ref = Ref(2, 6)
+    for i in range(9):
+        chunk = make_chunk(rng, 2, 1, i, p_term=0.2, p_trunc=0.5)
+        pbuf = do_add(pbuf, ADD, *chunk, as_step=True)
+        ref.add(*chunk)
+    out = host(PSEQ(pbuf, jax.random.key(0), 32, 0.4))
+    final = np.asarray(FINAL_AT(pbuf.buffer, out.indices, 3))
+    np.testing.assert_array_equal(np.asarray(pbuf.final_obs_at(out.indices, 3)), final)
+    for b in range(32):
+        lane, a = ref.locate(out.indices[b])
+        for i in range(3):
+            s = ref.steps[lane][a + i]
+            np.testing.assert_array_equal(final[b, i], s["final"] if s["trunc"] and not s["term"] else 0)
+
+
+
+
+
+
+def _valid_starts(ref: Ref, window: int, period: int) -> set[int]:
+    """Flat indices of valid positions (absolute period alignment)."""
+    lo = ref.total - ref.num_valid
+    return {
+        e * ref.n + a % ref.n
+        for e in range(ref.e) for a in range(lo, ref.total - window + 1) if a % period == 0
+    }
+
+
+def run_prioritised_model(data, free):
+    num_envs = data.draw(st.integers(1, 3) if free else st.sampled_from([1, 3]))
+    length = data.draw(st.integers(2, 8) if free else st.sampled_from([4, 7]))
+    window = data.draw(st.integers(1, length) if free else st.sampled_from([1, 3]))
+    period = data.draw(st.integers(1, 3) if free else st.sampled_from([1, 2]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=num_envs, length=length, window_length=window, period=period)
+    ref = Ref(num_envs, length)
+    add = ADD
+    counter = 0
+    for _ in range(data.draw(st.integers(1, 6))):
+        t = data.draw(st.integers(1, length) if free else st.sampled_from(sorted({1, 2, length})))
+        chunk = make_chunk(rng, num_envs, t, counter)
+        counter += t
+        buf = add(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
+        ref.add(*chunk)
+        valid = _valid_starts(ref, window, period)
+        leaves = np.asarray(tree_leaves(buf))
+        assert set(np.flatnonzero(leaves > 0).tolist()) == valid
+        pos = leaves[leaves > 0]
+        assert float(buf.tree.min()) == (pos.min() if pos.size else np.inf)  # min over valid windows only
+        assert int(buf.num_valid_windows()) == len(valid)
+        assert bool(buf.can_sample(1)) == bool(valid)
+        if valid:
+            out = host(PSEQ(buf, jax.random.key(counter), 32, 0.5))
+            assert set(np.asarray(out.indices).tolist()) <= valid
+            for b in range(32):
+                lane, a = ref.locate(out.indices[b])
+                np.testing.assert_array_equal(out.item["obs"][b, 0], ref.steps[lane][a]["obs"])
+                assert a + window <= ref.total
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_prioritised_tree_holds_exactly_the_valid_windows(data):
+    run_prioritised_model(data, free=False)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_prioritised_tree_free_shapes(data):
+    run_prioritised_model(data, free=True)
+
+
+def _three_position_buffer():
+    """1 lane, length 8, window 6, 8 steps added: valid positions are slots 0, 1, 2."""
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8, window_length=6, priority_exponent=1.0)
+    rng = np.random.default_rng(0)
+    chunk = make_chunk(rng, 1, 8, 0, p_term=0, p_trunc=0)
+    return ADD(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
+
+
+def test_prioritised_importance_weights():
+    buf = _three_position_buffer()
+    gens = buf.generations.reshape(-1)[jnp.arange(3)]
+    buf = SETP(buf, jnp.arange(3), jnp.array([1.0, 2.0, 4.0]), gens)
+    out = host(PSEQ(buf, jax.random.key(0), 300, 0.4))
+    idx = np.asarray(out.indices)
+    assert set(idx.tolist()) == {0, 1, 2}
+    np.testing.assert_allclose(np.asarray(out.probabilities), np.array([1, 2, 4])[idx] / 7, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.importance_weights), np.array([1.0, 0.757858, 0.574349])[idx], rtol=1e-5)
+    # frequencies follow priorities (stratified: deterministic bands, so a loose bound suffices)
+    freq = np.bincount(idx, minlength=3) / 300
+    np.testing.assert_allclose(freq, [1 / 7, 2 / 7, 4 / 7], atol=0.02)
+
+
+def test_prioritised_transitions_and_new_max_priority():
+    buf = _three_position_buffer()
+    gens = buf.generations.reshape(-1)[jnp.arange(3)]
+    buf = SETP(buf, jnp.arange(3), jnp.array([1.0, 2.0, 9.0]), gens)
+    assert float(buf.max_priority) == 9.0
+    out = host(PTRANS(buf, jax.random.key(1), 16, 1.0, 0.9))
+    assert out.n_step_return.shape == (16,) and set(np.asarray(out.indices).tolist()) <= {0, 1, 2}
+    np.testing.assert_array_equal(out.num_steps, 5)  # n_step defaults to window_length - 1
+    # a new step completes the window at slot 3 with the running max priority (9 ** alpha)
+    rng = np.random.default_rng(5)
+    c = make_chunk(rng, 1, 1, 8, p_term=0, p_trunc=0)
+    buf = ADD(buf, {"obs": c[0], "action": c[1], "reward": c[2]}, *c[3:])
+    leaves = np.asarray(tree_leaves(buf))
+    np.testing.assert_array_equal(leaves, [0, 2, 9, 9, 0, 0, 0, 0])  # slot 0 overwritten, slot 3 new
+
+
+def test_prioritised_stale_updates_ignored_and_policy():
+    buf = _three_position_buffer()
+    gens0 = buf.generations.reshape(-1)[jnp.arange(3)]
+    rng = np.random.default_rng(1)
+    # Overwrite slots 0..5 (6 steps): slots 0..2 become valid again only after more steps.
+    c = make_chunk(rng, 1, 6, 8, p_term=0, p_trunc=0)
+    buf = ADD(buf, {"obs": c[0], "action": c[1], "reward": c[2]}, *c[3:])
+    before = np.asarray(tree_leaves(buf))
+    after = SETP(buf, jnp.arange(3), jnp.array([5.0, 5.0, 5.0]), gens0)
+    np.testing.assert_array_equal(np.asarray(tree_leaves(after)), before)  # stale: ignored
+    # Valid positions now: logical starts 0..2 = absolute steps 6, 7, 8 = slots 6, 7, 0.
+    assert set(np.flatnonzero(before).tolist()) == {6, 7, 0}
+    # slot 0 is valid again but was rewritten: the old generation must not update it
+    assert float(after.tree.get(jnp.array([0]))[0]) == before[0]
+    cur = after.generations.reshape(-1)
+    idx = jnp.array([6, 7, 0, 3])  # 3 is not a valid window: ignored
+    after = SETP(after, idx, jnp.array([jnp.nan, -1.0, jnp.inf, 2.0]), cur[idx])
+    leaves = np.asarray(tree_leaves(after))
+    assert leaves[3] == 0
+    assert leaves[6] == pytest.approx(1.0)  # NaN -> current max priority (1)
+    assert leaves[7] == pytest.approx(1e-6)  # negative -> epsilon
+    assert leaves[0] == pytest.approx(1e20, rel=1e-6)  # +inf -> PRIORITY_MAX (same policy as PrioritisedReplayBuffer)
+    np.testing.assert_allclose(float(after.tree.total()), leaves.sum(), rtol=1e-6)
+
+
+def test_prioritised_set_priorities_eager_uncompiled_and_jitted_agree():
+    """The compiled eager call, the op-by-op function and a jitted call give the same tree and
+    running max, with duplicates, stale entries, invalid windows and out-of-range indices."""
+    rng = np.random.default_rng(5)
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=2, length=16, window_length=3, priority_exponent=0.7)
+    for counter in range(0, 22, 11):
+        obs, action, reward, term, trunc, final = make_chunk(rng, 2, 11, counter)
+        buf = ADD(buf, {"obs": obs, "action": action, "reward": reward}, term, trunc, final)
+    idx = jnp.asarray(rng.integers(-2, 34, 90), jnp.int32)  # duplicates, out of range, invalid windows
+    gens = buf.generations.reshape(-1)[jnp.clip(idx, 0, 31)].at[::6].add(1)  # some stale
+    pri = jnp.asarray(rng.uniform(0, 30, 90), jnp.float32).at[4].set(jnp.nan).at[8].set(-1.0)
+    eager = buf.set_priorities(idx, pri, gens)
+    plain = PrioritisedTrajectoryBuffer.set_priorities.uncompiled(buf, idx, pri, gens)
+    jitted = SETP(buf, idx, pri, gens)
+    for other in (plain, jitted):
+        np.testing.assert_array_equal(tree_leaves(eager), tree_leaves(other))
+        assert float(eager.max_priority) == float(other.max_priority) > 1.0
+    before, after = tree_leaves(buf), tree_leaves(eager)
+    assert set(np.flatnonzero(after > 0)) == set(np.flatnonzero(before > 0))  # no invalid window written
+    assert not np.array_equal(before, after)
+
+
+def test_prioritised_jit_scan_vmap():
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=2, length=6, window_length=3)
+    rng = np.random.default_rng(2)
+    chunks = [make_chunk(rng, 2, 1, i) for i in range(8)]
+    xs = [np.stack([c[i][:, 0] for c in chunks]) for i in range(6)]
+
+    def body(b, x):
+        obs, action, reward, term, trunc, final = x
+        return b.add({"obs": obs, "action": action, "reward": reward}, terminated=term, truncated=trunc, final_obs=final), None
+
+    scanned, _ = jax.jit(lambda b, xs: jax.lax.scan(body, b, xs))(buf, xs)
+    seq = buf
+    for c in chunks:
+        seq = do_add(seq, ADD, *c, as_step=True)
+    jax.tree.map(np.testing.assert_array_equal, scanned, seq)
+    many = jax.tree.map(lambda x: jnp.stack([x] * 2), scanned)
+    out = jax.jit(jax.vmap(lambda b, k: b.sample_sequences(k, 8, beta=0.4)))(many, jax.random.split(jax.random.key(0), 2))
+    assert out.item["obs"].shape == (2, 8, 3, OBS_DIM)
+    upd = jax.jit(jax.vmap(lambda b, i, g: b.set_priorities(i, jnp.full(i.shape, 3.0), g)))(many, out.indices, out.generations)
+    assert np.all(np.asarray(upd.max_priority) == 3.0)
+
+
+def test_prioritised_weight_formula_matches_n_times_p():
+    # w_i = (N P(i))^-beta / max_j (N P(j))^-beta, with N the number of valid positions.
+    buf = _three_position_buffer()
+    gens = buf.generations.reshape(-1)[jnp.arange(3)]
+    buf = SETP(buf, jnp.arange(3), jnp.array([3.0, 1.0, 2.0]), gens)
+    out = host(PSEQ(buf, jax.random.key(2), 64, 0.7))
+    n = int(buf.num_valid_windows())
+    assert n == 3
+    p = np.array([3.0, 1.0, 2.0]) / 6
+    w = (n * p) ** -0.7
+    w = w / w.max()
+    np.testing.assert_allclose(np.asarray(out.importance_weights), w[np.asarray(out.indices)], rtol=1e-5)
+    assert math.isclose(float(np.asarray(out.probabilities).max()), 0.5, rel_tol=1e-6)
+
+
+def test_prioritised_duplicates_last_wins_and_only_winners_raise_max():
+    buf = _three_position_buffer()
+    gens = buf.generations.reshape(-1)[jnp.array([1, 1, 2])]
+    # slot 1 twice: 50 loses to 3; slot 2 gets 2. The running max must be 3, not 50.
+    out = SETP(buf, jnp.array([1, 1, 2]), jnp.array([50.0, 3.0, 2.0]), gens)
+    leaves = np.asarray(tree_leaves(out))
+    np.testing.assert_allclose(leaves[:3], [1.0, 3.0, 2.0], rtol=1e-6)  # alpha = 1; slot 0 keeps max 1
+    assert float(out.max_priority) == 3.0
+
+
+def test_prioritised_argument_checks_match_the_item_buffer():
+    buf = _three_position_buffer()
+    with pytest.raises(ValueError, match="priority_exponent"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8, window_length=2, priority_exponent=2.0)
+    with pytest.raises(ValueError, match="beta"):
+        buf.sample_sequences(jax.random.key(0), 4, beta=-1.0)
+    with pytest.raises(ValueError, match="beta"):
+        buf.sample_transitions(jax.random.key(0), 4, beta=float("nan"), gamma=0.9)
+    empty = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8, window_length=2)
+    out = empty.sample_sequences(jax.random.key(0), 4, beta=0.4)
+    np.testing.assert_array_equal(np.asarray(out.importance_weights), 1.0)  # as PrioritisedReplayBuffer
+    np.testing.assert_array_equal(np.asarray(out.probabilities), 0.0)
+
+
+def test_prioritised_alpha_zero_losing_duplicate_does_not_raise_max():
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8, window_length=6, priority_exponent=0.0)
+    chunk = make_chunk(np.random.default_rng(0), 1, 8, 0, p_term=0, p_trunc=0)
+    buf = ADD(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
+    gens = buf.generations.reshape(-1)[jnp.array([1, 1])]
+    out = SETP(buf, jnp.array([1, 1]), jnp.array([100.0, 2.0]), gens)
+    assert float(out.max_priority) == 2.0
+
+
+def test_prioritised_create_arguments():
+    buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8, window_length=2, final_obs_capacity=3)
+    assert buf.buffer.final_obs_capacity == 3
+    with pytest.raises(TypeError, match="window_length"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8)
+    with pytest.raises(TypeError, match="positional"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2)  # sizes are keywords
+    with pytest.raises(ValueError, match="window_length: expected at most length=8"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8, window_length=9)
+    # one sum-tree leaf per position: refused before any storage is allocated
+    with pytest.raises(ValueError, match=r"num_envs \* length: expected at most 2\*\*30 positions .* = 1073741832"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=8, length=2**27 + 1, window_length=2)
+
+
+def test_prioritised_priorities_read_back_what_was_set():
+    buf = _three_position_buffer()
+    gens = buf.generations.reshape(-1)[jnp.arange(3)]
+    buf = SETP(buf, jnp.arange(3), jnp.array([3.0, 0.5, 2.0]), gens)
+    got = np.asarray(buf.priorities(jnp.array([0, 1, 2, 3, 7, -1, 8, 100])))
+    # valid windows read their priority; slot 3 and 7 start no valid window, -1 / 8 / 100 are outside
+    np.testing.assert_allclose(got, [3.0, 0.5, 2.0, 0, 0, 0, 0, 0], rtol=1e-6)
+    half = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8, window_length=6, priority_exponent=0.5)
+    chunk = make_chunk(np.random.default_rng(0), 1, 8, 0, p_term=0, p_trunc=0)
+    half = ADD(half, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
+    half = SETP(half, jnp.arange(3), jnp.array([3.0, 0.5, 2.0]), gens)
+    np.testing.assert_allclose(np.asarray(half.priorities(jnp.arange(3))), [3.0, 0.5, 2.0], rtol=1e-6)
+    with pytest.raises(TypeError, match="indices"):
+        buf.priorities(jnp.array([1.0]))
+    with pytest.raises(TypeError, match="indices"):
+        buf.generations_at(jnp.array([1.0]))
+
+
+def test_drop_in_for_the_uniform_buffer_and_flat_samples():
+    """The same create sizes, add and sampler calls work on both buffers; the prioritised samples
+    have the uniform fields (item is the stored step dict) plus the priority fields."""
+    rng = np.random.default_rng(7)
+    bufs = [TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=8), PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=2, length=8, window_length=3)]
+    for i in range(6):
+        c = make_chunk(rng, 2, 1, i)
+        bufs = [do_add(b, ADD, *c, as_step=True) for b in bufs]
+    uni, pri = bufs
+    key = jax.random.key(0)
+    su, sp = uni.sample_sequences(key, 4, 3), pri.sample_sequences(key, 4, 3)
+    st_u, st_p = uni.sample_transitions(key, 4, n_step=2, gamma=0.9), pri.sample_transitions(key, 4, n_step=2, gamma=0.9)
+    assert sp._fields[: len(su._fields)] == su._fields and st_p._fields[: len(st_u._fields)] == st_u._fields
+    for s in (sp, st_p):
+        assert s._fields[-3:] == ("probabilities", "importance_weights", "generations")
+        assert set(s.item) == {"obs", "action", "reward"}
+    assert sp.mask.shape == (4, 3) and sp.item["obs"].shape == (4, 3, OBS_DIM)
+    # the sampled positions read back what the uniform reads return there
+    jax.tree.map(np.testing.assert_array_equal, host(pri.buffer.sequences_at(sp.indices, 3))[:4], host(sp)[:4])
+    assert bool(pri.can_sample(4, 3)) and bool(pri.can_sample_transitions(4, n_step=2))
+    assert int(pri.size()) == int(uni.size()) == 12  # steps over all envs
+
+
+def test_prioritised_eager_calls_compile_once_and_equal_jit(compile_counter):
+    rng = np.random.default_rng(8)
+    chunks = [make_chunk(rng, 2, 1, i) for i in range(8)]
+    eager = jitted = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=2, length=6, window_length=3)
+    calls = lambda b, k: (b.sample_sequences(k, 4, beta=0.5), b.sample_transitions(k, 4, gamma=0.9, beta=0.5), b.can_sample(4))  # noqa: E731
+    jitted_calls = jax.jit(calls)
+    for i, c in enumerate(chunks):
+        if i == 4:
+            counter = compile_counter()
+            n = counter.__enter__()
+        eager = eager.add({"obs": c[0][:, 0], "action": c[1][:, 0], "reward": c[2][:, 0]}, terminated=c[3][:, 0], truncated=c[4][:, 0], final_obs=c[5][:, 0])
+        jitted = do_add(jitted, ADD, *c, as_step=True)
+        if i >= 3:
+            got, want = calls(eager, jax.random.key(i)), jitted_calls(jitted, jax.random.key(i))
+            jax.tree.map(np.testing.assert_array_equal, host(got), host(want))
+            s = got[0]
+            eager = eager.set_priorities(s.indices, jnp.full(4, float(i)), s.generations)
+            jitted = SETP(jitted, s.indices, jnp.full(4, float(i)), s.generations)
+    counter.__exit__(None, None, None)
+    assert n() == 0
+    jax.tree.map(np.testing.assert_array_equal, eager, jitted)
+    with pytest.raises(ValueError, match="beta"):
+        eager.sample_sequences(jax.random.key(0), 4, beta=-0.5)
