@@ -98,21 +98,3 @@ def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[
     ratio = jnp.maximum(leaf / jnp.where(nonempty, tree.min(), 1), 1)
     weights = jnp.where(nonempty, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)), 1)
     return probabilities.astype(jnp.float32), weights.astype(jnp.float32)
-
-
-# RENAMED_KEYWORDS, unexpected_keywords and float_bits remain only while jaxbuffers.trajectory
-# imports them; delete them with their last use.
-RENAMED_KEYWORDS = {"alpha": "priority_exponent", "min_priority": "epsilon", "beta": "sample(..., beta=...)"}
-
-
-def unexpected_keywords(method: str, unknown, takes: str, renamed: dict) -> TypeError:
-    """The TypeError naming the keywords `unknown` passed to `method`."""
-    unknown = sorted(unknown)
-    hint = "".join(f" ({k}: use {renamed[k]})" for k in unknown if k in renamed)
-    word = "keyword" if len(unknown) == 1 else "keywords"
-    return TypeError(f"{method}: unexpected {word} {', '.join(map(repr, unknown))}{hint}; its keywords are {takes}")
-
-
-def float_bits(x: jax.Array) -> jax.Array:
-    """The int32 bit pattern of a float32 scalar (stored among int32 counters, read back exactly)."""
-    return jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.int32)

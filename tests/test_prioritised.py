@@ -570,7 +570,7 @@ def test_both_prioritised_buffers_work_with_x64_enabled():
         leaves = np.asarray(buf.tree.nodes[buf.tree.nodes.shape[0] // 2 :, 0])
         np.testing.assert_allclose(float(buf.tree.total()), leaves.sum(dtype=np.float64), rtol=1e-6)
         step = {"obs": jnp.ones((2, 4), jnp.float32), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}
-        t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 2, 16, window_length=2)
+        t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), num_envs=2, length=16, window_length=2)
         for _ in range(5):
             t = t.add(step, terminated=jnp.zeros(2, bool))
         seq = t.sample_sequences(jax.random.key(1), 8, beta=0.4)
@@ -604,7 +604,7 @@ def test_wide_out_of_range_indices_are_ignored_not_wrapped(use_jit):
         np.testing.assert_array_equal(np.asarray(moved.nodes), np.asarray(tree.nodes))
 
         step = {"obs": jnp.ones((1, 2), jnp.float32), "action": jnp.zeros(1, jnp.int32), "reward": jnp.zeros(1, jnp.float32)}
-        t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 1, 8, window_length=2, priority_exponent=1.0)
+        t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), num_envs=1, length=8, window_length=2, priority_exponent=1.0)
         for _ in range(6):
             t = t.add(step, terminated=jnp.zeros(1, bool))
         g = t.generations.reshape(-1)[jnp.array([3])]
@@ -632,7 +632,7 @@ def test_eager_calls_reuse_their_compiled_updates():
             s = buf.sample(jax.random.key(0), 4, beta=0.4)
             buf = buf.set_priorities(s.indices, jnp.full(4, 2.0), s.generations).add({"obs": jnp.ones((3, 4))})
             step = {"obs": jnp.ones((2, 3)), "action": jnp.zeros(2), "reward": jnp.zeros(2)}
-            t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 2, 16, window_length=2)
+            t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), num_envs=2, length=16, window_length=2)
             for _ in range(3):
                 t = t.add(step, terminated=jnp.zeros(2, bool))
             seq = t.sample_sequences(jax.random.key(1), 4, beta=0.4)
@@ -684,7 +684,7 @@ def test_numpy_int64_indices_saturate_with_x64_off():
     np.testing.assert_array_equal(np.asarray(tree.set(np.array([2**32 + 3]), np.array([9.0], np.float32)).nodes), np.asarray(tree.nodes))
 
     step = {"obs": jnp.ones((3, 2), jnp.float32), "action": jnp.zeros(3, jnp.int32), "reward": jnp.zeros(3, jnp.float32)}
-    t = TrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 3, 100)
+    t = TrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), num_envs=3, length=100)
     for _ in range(10):
         t = t.add(step, terminated=jnp.zeros(3, bool))
     far = np.array([2**32 + 3, -(2**31) - 1, 2**31])
@@ -692,7 +692,7 @@ def test_numpy_int64_indices_saturate_with_x64_off():
     assert not np.asarray(t.valid_starts(far, 2)).any()
     # a narrow dtype whose range is below num_envs * length: 100 is a valid position (lane 1, slot 0)
     np.testing.assert_array_equal(np.asarray(t.valid_starts(jnp.array([0, 5, 100], jnp.uint8), 2)), [True, True, True])
-    p = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 3, 16, window_length=2, priority_exponent=1.0)
+    p = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), num_envs=3, length=16, window_length=2, priority_exponent=1.0)
     for _ in range(5):
         p = p.add(step, terminated=jnp.zeros(3, bool))
     g = p.generations_at(jnp.array([3]))
@@ -722,7 +722,7 @@ def test_python_ints_beyond_64_bits_are_out_of_range_indices():
     with pytest.raises(TypeError, match="generations: expected an integer"):
         buf.set_priorities([0], [5.0], [2**70])
     step = {"obs": jnp.ones((2, 2), jnp.float32), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}
-    t = TrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), 2, 10)
+    t = TrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), num_envs=2, length=10)
     t = t.add(step, terminated=jnp.zeros(2, bool))
     assert not np.asarray(t.valid_starts([2**80], 1)).any()
 

@@ -26,7 +26,7 @@ only; inside `jit` / `lax.scan` call `CompressedTrajectoryBuffer.add` directly.
 
 Example:
     ``python
-    writer = StagingWriter(CompressedTrajectoryBuffer.create(example, 1, 100_000, frame_stack=4))
+    writer = StagingWriter(CompressedTrajectoryBuffer.create(example, num_envs=1, length=100_000, frame_stack=4))
     for t in range(n):
         writer.add(step_t, terminated=term_t)            # numpy [num_envs, ...]: a copy
         if t % 4 == 0:
@@ -71,11 +71,8 @@ def _with_item_obs(s, obs_key: str):
 def _sample_transitions_jit(buf, key, batch_size, n_step, gamma, beta):
     """`buf.sample_transitions` (uniform when `beta` is None, else prioritised), jitted once
     per shape, without the sample's repeat of the observations (see `_without_item_obs`)."""
-    obs_key = buf.trajectory.obs_key
-    if beta is None:
-        return _without_item_obs(buf.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma), obs_key)
-    s = buf.sample_transitions(key, batch_size, beta=beta, gamma=gamma, n_step=n_step)
-    return s._replace(item=_without_item_obs(s.item, obs_key))
+    prioritised = {} if beta is None else {"beta": beta}
+    return _without_item_obs(buf.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma, **prioritised), buf.trajectory.obs_key)
 
 
 def _pow2_pieces(n: int, cap: int | None = None) -> list[int]:
@@ -270,10 +267,10 @@ class StagingWriter:
                 step, frames = self._chunk(self._stage, self._treedef, self._obs_offset, a, b)
                 term = self._terminated[:, a:b]
                 if self._final is None:
-                    self._buf = self._buf._add_frames_from_host(step, frames, term)
+                    self._buf = self._buf.add_frames_from_host(step, frames, term)
                 else:
                     fin, fframes = self._chunk(self._final, self._obs_treedef, 0, a, b)
-                    self._buf = self._buf._add_frames_from_host(step, frames, term, self._truncated[:, a:b], fin, fframes)
+                    self._buf = self._buf.add_frames_from_host(step, frames, term, self._truncated[:, a:b], fin, fframes)
                 done = b
         finally:
             if done:
@@ -300,35 +297,32 @@ class StagingWriter:
     # ------------------------------------------------------------------ sample
     def sample_transitions(self, key: jax.Array, batch_size: int, *, gamma, n_step: int | None = None, beta=None) -> Any:
         """Flush, then sample: same arguments and result as the buffer's `sample_transitions`
-        (`beta` only for the prioritised buffer, where it is required).
+        (`n_step` and, for the prioritised buffer, `beta`: the buffer's defaults when None).
 
-        Runs one cached jitted sample (compiled once per `batch_size` and `n_step`; `gamma` and
-        `beta` may change between calls without a recompile).
+        Runs one cached compiled sample per `batch_size` and `n_step` that does not return the
+        observations twice (`gamma` and `beta` may change between calls without a recompile).
 
         Raises:
-          ValueError / TypeError: `gamma` not a float in `[0, 1]` or a float scalar; `beta`
-          given for the uniform buffer, missing or invalid for the prioritised one; as the
-          buffer's `sample_transitions` otherwise. Checked after the flush: staged steps are
-          added first, as for every sample.
+          ValueError: `gamma` outside `[0, 1]`, a negative `beta`.
+          TypeError: `beta` given for the uniform buffer; as the buffer's `sample_transitions`
+            otherwise. Checked after the flush: staged steps are added first, as for every sample.
         """
         from jaxbuffers.compressed.trajectory import CompressedPrioritisedTrajectoryBuffer
 
         buf = self.flush()
-        gamma, beta = _as_float(gamma), _as_float(beta)  # ints too, as the buffers accept them
-        _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)  # checked here: inside the jit gamma is a tracer
-        if isinstance(buf, CompressedPrioritisedTrajectoryBuffer):
-            if beta is None:
-                raise TypeError("beta: required for a prioritised buffer (a float >= 0 or a float scalar array)")
-            _validate.scalar_parameter("beta", beta, 0.0)
-        elif beta is not None:
+        prioritised = isinstance(buf, CompressedPrioritisedTrajectoryBuffer)
+        gamma, beta = _as_float(gamma), _as_float(beta)  # one program whether ints or floats come
+        _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)  # inside the program gamma is a tracer
+        if beta is not None and not prioritised:
             raise TypeError(f"beta: only a prioritised buffer takes beta, got beta={beta!r} for {type(buf).__name__}")
-        elif n_step is None:
+        if beta is not None:
+            _validate.scalar_parameter("beta", beta, 0.0)
+        elif prioritised:
+            beta = 1.0
+        if n_step is None and not prioritised:
             n_step = 1
         s = _sample_transitions_jit(buf, key, batch_size, n_step, gamma, beta)
-        obs_key = buf.trajectory.obs_key
-        if beta is None:
-            return _with_item_obs(s, obs_key)
-        return s._replace(item=_with_item_obs(s.item, obs_key))
+        return _with_item_obs(s, buf.trajectory.obs_key)
 
     def sample_sequences(self, key: jax.Array, batch_size: int, *args, **kwargs) -> Any:
         """Flush, then `CompressedTrajectoryBuffer.sample_sequences` (same arguments)."""

@@ -398,7 +398,7 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         new = self.replace(buffer=inner, frame_head=((self.frame_head + t) % ring).astype(jnp.int32), next_ep_pos=next_ep, final_head=final_head)
         return new, (slots, valid)
 
-    def _add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None):
+    def add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None):
         """`add_from_host` of a checked chunk whose compressed leaves come as host frames (for
         `jaxbuffers.compressed.StagingWriter`): `step` / `final_obs` `[E, t, ...]` with placeholder
         compressed leaves, `frames` / `final_frames` per compressed leaf numpy `[E, t, *frame_shape]`
