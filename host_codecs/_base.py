@@ -220,7 +220,8 @@ class Codec:
 
         Args:
           chunk: # shape=(chunk_bytes,), dtype=uint8, length a multiple of `ALIGN`.
-          offsets, lengths: # shape=(k,), dtype=int64: where each payload lies in `chunk`.
+          offsets: # shape=(k,), dtype=int64: where each payload starts in `chunk`.
+          lengths: # shape=(k,), dtype=int64: each payload's byte length.
           meta: # shape=(k,), dtype=uint8: the per-entry bytes the encoder returned.
           out: # shape=(B, nbytes), dtype=uint8: decoded bytes of the whole request.
           rows: # shape=(k,), dtype=int64: the row of `out` each payload fills.
@@ -244,10 +245,14 @@ class Codec:
 
         Args:
           chunks: arena chunk id -> bytes, or a `ChunkTable` (which also carries the dictionary).
-          chunk_ids, offsets, lengths: # shape=(k,), dtype=int64: where each payload lies.
-          meta, dtype: as in `decode_into`.
+          chunk_ids: # shape=(k,), dtype=int64: the chunk each payload lies in.
+          offsets: as in `decode_into`.
+          lengths: as in `decode_into`.
+          meta: as in `decode_into`.
           outs: 2-D uint8 arrays with one row size, # shape=(B_j, nbytes).
-          out_ids, rows: # shape=(k,), dtype=int64: where each entry goes.
+          out_ids: # shape=(k,), dtype=int64: the output each entry goes to.
+          rows: # shape=(k,), dtype=int64: the row of its output each entry fills.
+          dtype: as in `decode_into`.
 
         Raises:
           ValueError: as `decode_into`.

@@ -74,7 +74,7 @@ def parallel_for(
       min_shard_bytes: smallest shard worth a thread's wake-up.
 
     Raises:
-      Whatever a shard raised (after every shard has finished).
+      Exception: whatever a shard raised (after every shard has finished).
     """
     shards = min(num_threads(), n, n if work_bytes is None else work_bytes // min_shard_bytes)
     if shards <= 1 or getattr(_SHARD, "active", False):

@@ -99,9 +99,10 @@ class CompressedStore:
         count from the end, as in numpy).
       codec: the default codec of `put`: a registry name (`"rle"`, `"igzip:1"`, `"zstd:3"`,
         `"none"`) or a `host_codecs.Codec`.
-      item_shape, dtype: optional shape and dtype of every entry. When given, `put` refuses
+      item_shape: optional shape of every entry. When given (with `dtype`), `put` refuses
         anything else and `get(..., missing="zeros")` can fill a batch of only empty slots.
         When omitted, each entry records its own.
+      dtype: optional dtype of every entry (see `item_shape`).
       chunk_bytes: largest arena chunk in bytes (at most 4 GiB - 8).
       min_chunk_bytes: first arena chunk size (`host_codecs.arena`).
       max_dead_fraction: compaction starts when freed-but-unreleased bytes exceed this fraction
@@ -382,7 +383,7 @@ class CompressedStore:
           `m` arrays, # shape=S_j + item_shape, the stored dtype.
 
         Raises:
-          As `get`; ValueError when `outs` does not have one array per slot array.
+          ValueError: as `get`, or `outs` does not have one array per slot array.
         """
         if missing not in ("raise", "zeros"):
             raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")

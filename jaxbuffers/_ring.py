@@ -187,7 +187,7 @@ def write_lanes(storage, rows, slots: jax.Array, keep: jax.Array):
     """Scatter ``rows`` (leaves ``[E, t, ...]``) into ``storage`` (leaves ``[E, K, ...]``) at
     ``storage[e, slots[e, j]]`` where ``keep[e, j]``; the other rows are dropped.
 
-    The ``(lane, slot)`` pairs written must be distinct where ``keep`` (what :func:`final_slots`
+    The ``(lane, slot)`` pairs written must be distinct where ``keep`` (what `final_slots`
     gives): dropped rows point past the end, each to its own column, so every pair is unique and
     the scatter may run in parallel.
     """

@@ -104,8 +104,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
           epsilon: smallest priority kept, in `[1e-30, 1]`; zero or negative priorities become it.
 
         Raises:
-          ValueError / TypeError: as `jaxbuffers.ReplayBuffer.create`, or `priority_exponent` /
-          `epsilon` outside their ranges.
+          ValueError: as `jaxbuffers.ReplayBuffer.create`, or `priority_exponent` / `epsilon`
+            outside their ranges.
         """
         alpha = _validate.static_float("priority_exponent", priority_exponent, 0.0, 1.0)
         epsilon = _validate.static_float("epsilon", epsilon, 1e-30, 1.0)
@@ -235,8 +235,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
           buffer: slot 0 (zeros), probability 0 and weight 1 (defined; check `can_sample`).
 
         Raises:
-          ValueError / TypeError: `batch_size` not an int >= 1, `beta` not a scalar, or a concrete
-          `beta` that is negative or not finite.
+          ValueError: `batch_size` not an int >= 1, `beta` not a scalar, or a concrete `beta`
+            that is negative or not finite.
         """
         indices = self.tree.sample_stratified(key, batch_size)
         probabilities, weights = _priority.probabilities_and_weights(self.tree, self.tree.get(indices), beta)

@@ -87,8 +87,9 @@ class ReplayBuffer(struct.PyTreeNode):
         `num_valid` in `[0, capacity]`, `added` an int[2] `[high, low]` with `0 <= low < 2**30`.
 
         Raises:
-          TypeError: not an integer value. ValueError: wrong shape, or a concrete value out of
-          range (traced values are not range-checked).
+          TypeError: not an integer value.
+          ValueError: wrong shape, or a concrete value out of range (traced values are not
+            range-checked).
         """
         new = {}
         if head is not None:

@@ -192,9 +192,9 @@ def gae(
 
     Raises:
       TypeError: a required argument is missing, a flag is not bool, or a float argument's dtype
-        is not `reward`'s. ValueError: shapes disagree with `reward`, `truncated` without
-        `final_value` (or the reverse), a concrete `gamma` / `gae_lambda` outside $[0, 1]$, or an
-        unknown `method`.
+        is not `reward`'s.
+      ValueError: shapes disagree with `reward`, `truncated` without `final_value` (or the
+        reverse), a concrete `gamma` / `gae_lambda` outside $[0, 1]$, or an unknown `method`.
 
     Example:
       >>> import jax.numpy as jnp
@@ -242,7 +242,12 @@ def lambda_returns(
     `gae_lambda = lambda_` (computed independently).
 
     Args:
-      reward, value, terminated, truncated, final_value, last_value: as in `gae` (same steps).
+      reward: as in `gae`.
+      value: as in `gae`.
+      terminated: as in `gae`.
+      truncated: as in `gae`.
+      final_value: as in `gae`.
+      last_value: as in `gae`.
       gamma: discount, scalar in $[0, 1]$. Required.
       lambda_: mixing parameter $\lambda$, scalar in $[0, 1]$. Required.
       method: `"scan"` or `"associative"` (static).
@@ -251,7 +256,8 @@ def lambda_returns(
       `[T, *B]` lambda-returns, dtype of `reward`.
 
     Raises:
-      TypeError, ValueError: as in `gae`.
+      TypeError: as in `gae`.
+      ValueError: as in `gae`.
     """
     fn = "lambda_returns"
     ro = _check(fn, method, reward, value, terminated, truncated, final_value, last_value)
@@ -289,7 +295,11 @@ def discounted_returns(
     returns that ignore the unfinished tail.
 
     Args:
-      reward, terminated, truncated, final_value, last_value: as in `gae` (same steps).
+      reward: as in `gae`.
+      terminated: as in `gae`.
+      truncated: as in `gae`.
+      final_value: as in `gae`.
+      last_value: as in `gae`.
       gamma: discount, scalar in $[0, 1]$. Required.
       method: `"scan"` or `"associative"` (static).
 
@@ -297,7 +307,8 @@ def discounted_returns(
       `[T, *B]` returns, dtype of `reward`.
 
     Raises:
-      TypeError, ValueError: as in `gae`.
+      TypeError: as in `gae`.
+      ValueError: as in `gae`.
     """
     fn = "discounted_returns"
     ro = _check(fn, method, reward, None, terminated, truncated, final_value, last_value, need_value=False)
@@ -338,8 +349,12 @@ def n_step_returns(
     per batch element: one vectorised pass per window offset, in a `lax.fori_loop`.
 
     Args:
-      reward, value, terminated, truncated, final_value, last_value: as in `gae` (same steps;
-        `value[0]` is never read: a bootstrap is at least one step ahead).
+      reward: as in `gae`.
+      value: as in `gae` (`value[0]` is never read: a bootstrap is at least one step ahead).
+      terminated: as in `gae`.
+      truncated: as in `gae`.
+      final_value: as in `gae`.
+      last_value: as in `gae`.
       gamma: discount, scalar in $[0, 1]$. Required.
       n: window length, a static Python int >= 1.
 
@@ -348,7 +363,8 @@ def n_step_returns(
       $k$ (`[T, *B]` int32) and $\gamma^{boot}_t$ (`[T, *B]`, dtype of `reward`).
 
     Raises:
-      TypeError, ValueError: as in `gae`; ValueError: `n` not a Python int >= 1.
+      TypeError: as in `gae`.
+      ValueError: as in `gae`, or `n` not a Python int >= 1.
     """
     fn = "n_step_returns"
     n = _validate.static_int(f"{fn}: n", n)

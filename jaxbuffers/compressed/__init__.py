@@ -1,16 +1,16 @@
 """Host-compressed buffers: device metadata + pixels compressed in host stores, reached via callbacks.
 
-* :class:`CompressedTrajectoryBuffer` / :class:`CompressedPrioritisedTrajectoryBuffer`: a
-  :class:`jaxbuffers.TrajectoryBuffer` (transitions, n-step, sequences) with host-compressed
+* `CompressedTrajectoryBuffer` / `CompressedPrioritisedTrajectoryBuffer`: a
+  `jaxbuffers.TrajectoryBuffer` (transitions, n-step, sequences) with host-compressed
   observation leaves and optional frame-stack dedup (one stored frame per step).
-* :class:`CompressedRolloutBuffer`: a :class:`jaxbuffers.RolloutBuffer` with host-compressed step
+* `CompressedRolloutBuffer`: a `jaxbuffers.RolloutBuffer` with host-compressed step
   leaves, decoded per minibatch.
-* :class:`StagingWriter`: for Python-driven loops (one env step per call), stages steps in host
+* `StagingWriter`: for Python-driven loops (one env step per call), stages steps in host
   numpy arrays and adds them to a compressed trajectory buffer in chunks (flushed before sampling).
 
-The host half is :mod:`host_codecs` (codecs and :class:`host_codecs.CompressedStore`). How the
+The host half is `host_codecs` (codecs and `host_codecs.CompressedStore`). How the
 two halves talk (ordered exactly-once writes, versioned reads, why these buffers cannot be
-vmapped) is documented in :mod:`jaxbuffers.compressed._host`.
+vmapped) is documented in `jaxbuffers.compressed._host`.
 """
 
 from jaxbuffers.compressed._host import DEFAULT_DICTIONARY_BYTES, HostStores, StaleBufferError

@@ -78,7 +78,10 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
         """An empty buffer for `num_steps` steps of `num_envs` envs.
 
         Args:
-          example_step, num_envs, num_steps, float_dtype: as `jaxbuffers.RolloutBuffer.create`.
+          example_step: as `jaxbuffers.RolloutBuffer.create`.
+          num_envs: as `jaxbuffers.RolloutBuffer.create`.
+          num_steps: as `jaxbuffers.RolloutBuffer.create`.
+          float_dtype: as `jaxbuffers.RolloutBuffer.create`.
           compress: names of the step leaves to store on the host (dict keys on the leaf's path;
             default `("obs",)`, every leaf under an `obs` key); None: every leaf.
           codec: host codec name.
@@ -87,8 +90,8 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
           dictionary_bytes: as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
 
         Raises:
-          As `RolloutBuffer.create`; ValueError when `compress` names no leaf or
-          `normalize_images` meets a non-uint8 leaf.
+          ValueError: as `jaxbuffers.RolloutBuffer.create`, or `compress` names no leaf, or
+            `normalize_images` meets a non-uint8 leaf.
         """
         spec = _validate.item_spec(example_step, "example_step")
         idx = _common.select_leaves(spec, compress, "example_step")

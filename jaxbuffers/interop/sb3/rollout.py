@@ -203,9 +203,8 @@ class _JaxRolloutImpl:
 class JaxRolloutBuffer(_JaxRolloutImpl, RolloutBuffer):
     """Drop-in replacement for SB3's ``RolloutBuffer`` with jaxbuffers storage and GAE.
 
-    Args:
-      buffer_size, observation_space, action_space, device, gae_lambda, gamma, n_envs: SB3's, same
-        meaning (``buffer_size``: steps per env). See the module doc for the flag mapping.
+    Takes SB3's arguments with SB3's meaning (`buffer_size`: steps per env); the module doc gives
+    the flag mapping.
 
     Raises:
       TypeError: a Dict observation space (use `JaxDictRolloutBuffer`) or a float64 one.
