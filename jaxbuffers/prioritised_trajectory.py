@@ -32,6 +32,7 @@ from flax import struct
 
 from jaxbuffers import _compiled, _priority, _ring, _validate
 from jaxbuffers.sum_tree import SumMinTree
+from jaxbuffers._wrapper import Wrapper
 from jaxbuffers.trajectory import TrajectoryBuffer, episode_mask
 
 __all__ = ["PrioritisedTrajectoryBuffer", "PrioritisedSequenceSample", "PrioritisedTransitionSample"]
@@ -71,7 +72,7 @@ class PrioritisedTransitionSample(NamedTuple):
     generations: jax.Array  # shape=[B], dtype=int32
 
 
-class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
+class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
     """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority (module doc)."""
 
     buffer: TrajectoryBuffer  # the steps
@@ -142,16 +143,6 @@ class PrioritisedTrajectoryBuffer(struct.PyTreeNode):
     def memory_bytes(self):
         """Bytes of every array held (steps and tree)."""
         return _validate.tree_nbytes(self)
-
-    @_compiled.method()
-    def size(self) -> jax.Array:
-        """The number of steps stored, counted over all envs (int32 scalar)."""
-        return self.buffer.size()
-
-    @_compiled.method()
-    def is_full(self) -> jax.Array:
-        """Whether every lane holds `length` steps (bool scalar)."""
-        return self.buffer.is_full()
 
     @_compiled.method("batch_size", "sequence_length")
     def can_sample(self, batch_size: int, sequence_length: int | None = None) -> jax.Array:

@@ -33,6 +33,8 @@ from typing import Sequence
 import numpy as np
 
 from host_codecs import CompressedStore, dtype_from_code, get_codec
+from jaxbuffers import _validate
+from jaxbuffers._wrapper import Wrapper
 
 __all__ = ["DEFAULT_DICTIONARY_BYTES", "HostStores", "StaleBufferError"]
 
@@ -221,3 +223,27 @@ class HostStores:
             for x, a, b in zip(ids, bounds[:-1], bounds[1:]):
                 outs.append(dec[a:b].reshape(*x.shape, *dec.shape[1:]))
         return tuple(outs)
+
+
+class HostBacked(Wrapper):
+    """Mixin of the compressed buffers: byte counts and `close` of a buffer whose `host` field is a
+    `HostStores` (and `size` / `is_full` of its wrapped device buffer)."""
+
+    @property
+    def device_nbytes(self) -> int:
+        """Bytes of every device array (uncompressed fields, ids, cursors)."""
+        return _validate.tree_nbytes(self)
+
+    @property
+    def host_nbytes(self) -> int:
+        """Host bytes held: arenas, store indexes, slot versions."""
+        return self.host.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """`device_nbytes + host_nbytes`."""
+        return self.device_nbytes + self.host_nbytes
+
+    def close(self) -> None:
+        """Free the host memory now (the buffer cannot be used afterwards)."""
+        self.host.close()

@@ -36,7 +36,7 @@ from flax import struct
 from jaxbuffers import _compiled, _validate
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._common import LeafInfo
-from jaxbuffers.compressed._host import HostStores
+from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
 from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
 
@@ -45,7 +45,7 @@ __all__ = ["CompressedRolloutBuffer"]
 _ID = jax.ShapeDtypeStruct((), jnp.int32)
 
 
-class CompressedRolloutBuffer(struct.PyTreeNode):
+class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
     """A `jaxbuffers.RolloutBuffer` whose chosen step leaves live compressed on the host.
 
     Same methods as `RolloutBuffer` (`add`, `reset`, `compute_gae`, `minibatch_indices`,
@@ -128,35 +128,6 @@ class CompressedRolloutBuffer(struct.PyTreeNode):
         """One env step as the user sees it (pytree of `jax.ShapeDtypeStruct`)."""
         specs = [jax.ShapeDtypeStruct(i.shape, i.dtype) for i in self.leaves]
         return _common.replace_leaves(self.buffer.step_spec, self.leaf_index, specs)
-
-    @property
-    def device_nbytes(self) -> int:
-        """Bytes of the device arrays (uncompressed fields, slots, GAE fields)."""
-        return _validate.tree_nbytes(self)
-
-    @property
-    def host_nbytes(self) -> int:
-        """Bytes held by the host stores (payload arenas plus index)."""
-        return self.host.nbytes
-
-    @property
-    def nbytes(self) -> int:
-        """Device plus host bytes."""
-        return self.device_nbytes + self.host_nbytes
-
-    @_compiled.method()
-    def size(self) -> jax.Array:
-        """The number of steps stored, counted over all envs (int32 scalar), as `RolloutBuffer.size`."""
-        return self.buffer.size()
-
-    @_compiled.method()
-    def is_full(self) -> jax.Array:
-        """Whether all `num_steps` rows are filled (bool scalar)."""
-        return self.buffer.is_full()
-
-    def close(self) -> None:
-        """Free the host memory now (the buffer cannot be used afterwards)."""
-        self.host.close()
 
     @_compiled.method()
     def add(self, step: Any, **fields) -> "CompressedRolloutBuffer":

@@ -60,7 +60,7 @@ from flax import struct
 from jaxbuffers import _compiled, _ring, _validate
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._common import LeafInfo
-from jaxbuffers.compressed._host import HostStores
+from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
 from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample
 
@@ -81,22 +81,11 @@ def _steps(inner) -> TrajectoryBuffer:
 
 
 def _build(
-    example_step: Mapping,
-    num_envs: int,
-    length: int,
-    final_obs_capacity,
-    obs_key: str,
-    *,
-    compress: Sequence[str] | None = None,
-    frame_stack: int | None = None,
-    stack_axis: int = 0,
-    padding: str = "reset",
-    codec: str = DEFAULT_CODEC,
-    normalize_images: bool = False,
-    chunk_bytes: int = 64 << 20,
-    dictionary_bytes: int | None = None,
+    example_step, num_envs, length, final_obs_capacity, obs_key, *,
+    compress, frame_stack, stack_axis, padding, codec, normalize_images, chunk_bytes, dictionary_bytes,
 ):
-    """Shared part of both `create`s: returns (inner example step, final-obs ring size, config)."""
+    """Shared part of both `create`s (arguments and defaults as there): returns (inner example
+    step, final-obs ring size, config)."""
     if not isinstance(example_step, Mapping):
         raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
     if obs_key not in example_step:
@@ -136,7 +125,7 @@ def _build(
     return inner_step, kcap, config
 
 
-class CompressedTrajectoryBuffer(struct.PyTreeNode):
+class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
 
     Same methods and sample types as `jaxbuffers.TrajectoryBuffer`; sampled observations are
@@ -265,37 +254,12 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
         )
         return spec
 
-    @property
-    def device_nbytes(self):
-        """Bytes of every device array."""
-        return _validate.tree_nbytes(self)
-
-    @property
-    def host_nbytes(self):
-        """Host bytes held: arenas, store indexes, slot versions."""
-        return self.host.nbytes
-
-    @property
-    def nbytes(self):
-        """`device_nbytes + host_nbytes`."""
-        return self.device_nbytes + self.host_nbytes
-
     def uncompressed_nbytes(self) -> int:
         """Bytes a plain `TrajectoryBuffer` with the same configuration would hold (shapes only)."""
         t = self.trajectory
         keys = dict(obs_key=t.obs_key, action_key=t.action_key, reward_key=t.reward_key)
         create = lambda: TrajectoryBuffer.create(self.step_spec, num_envs=t.num_envs, length=t.length, final_obs_capacity=t.final_obs_capacity, **keys)  # noqa: E731
         return _validate.tree_nbytes(jax.eval_shape(create))
-
-    @_compiled.method()
-    def size(self) -> jax.Array:
-        """The number of steps stored, counted over all envs (int32 scalar)."""
-        return self.buffer.size()
-
-    @_compiled.method()
-    def is_full(self) -> jax.Array:
-        """Whether every lane holds `length` steps (bool scalar)."""
-        return self.buffer.is_full()
 
     def num_added(self) -> int:
         """Exact number of steps ever added per lane (host-side Python int)."""
@@ -310,10 +274,6 @@ class CompressedTrajectoryBuffer(struct.PyTreeNode):
     def can_sample_transitions(self, batch_size: int, *, n_step: int = 1) -> jax.Array:
         """`jaxbuffers.TrajectoryBuffer.can_sample_transitions`: whether `sample_transitions` returns only valid data."""
         return self.buffer.can_sample_transitions(batch_size, n_step=n_step)
-
-    def close(self) -> None:
-        """Free the host memory now (the buffer cannot be used afterwards)."""
-        self.host.close()
 
     # ------------------------------------------------------------------ add
     @_compiled.method()
