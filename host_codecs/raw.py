@@ -25,10 +25,8 @@ class NoneCodec(Codec):
         buf = np.zeros((b, stride), dtype=np.uint8)  # zero padding: the output is deterministic
         buf[:, :nbytes] = rows
         return EncodedBatch(
-            buffer=buf.reshape(-1),
-            offsets=np.arange(b, dtype=np.int64) * stride,
-            lengths=np.full(b, nbytes, dtype=np.int64),
-            meta=np.zeros(b, dtype=np.uint8),
+            buffer=buf.reshape(-1), offsets=np.arange(b, dtype=np.int64) * stride,
+            lengths=np.full(b, nbytes, dtype=np.int64), meta=np.zeros(b, dtype=np.uint8),
         )
 
     def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:

@@ -112,9 +112,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         capacity = _validate.static_int("capacity", capacity, maximum=2**30)
         return cls(
             replay=ReplayBuffer.create(example_item, capacity, min_size=min_size),
-            tree=SumMinTree.create(capacity),
-            max_priority=jnp.float32(1.0),
-            priority_exponent=alpha,
+            tree=SumMinTree.create(capacity), max_priority=jnp.float32(1.0), priority_exponent=alpha,
             epsilon=epsilon,
         )
 
@@ -213,8 +211,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
             priorities = _validate.vector("priorities", priorities, b, "floating")
             p = _priority.sanitise_priorities(priorities, self.max_priority, self.epsilon)
         return self.replace(
-            replay=replay,
-            tree=self.tree.set(slots, _priority.priority_leaf(p, self.priority_exponent)),
+            replay=replay, tree=self.tree.set(slots, _priority.priority_leaf(p, self.priority_exponent)),
             max_priority=jnp.maximum(self.max_priority, jnp.max(p)),
         )
 
@@ -241,11 +238,8 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         indices = self.tree.sample_stratified(key, batch_size)
         probabilities, weights = _priority.probabilities_and_weights(self.tree, self.tree.get(indices), beta)
         return PrioritisedSample(
-            item=self.replay.get(indices),
-            indices=indices,
-            probabilities=probabilities,
-            importance_weights=weights,
-            generations=self.generations_at(indices),
+            item=self.replay.get(indices), indices=indices, probabilities=probabilities,
+            importance_weights=weights, generations=self.generations_at(indices),
         )
 
     @_compiled.method()

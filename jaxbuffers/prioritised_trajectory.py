@@ -128,12 +128,8 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
             obs_key=obs_key, action_key=action_key, reward_key=reward_key,
         )
         return cls(
-            buffer=buf,
-            tree=SumMinTree.create(num_envs * length),
-            max_priority=jnp.float32(1.0),
-            phase=jnp.int32(0),
-            window_length=window_length,
-            period=_validate.static_int("period", period),
+            buffer=buf, tree=SumMinTree.create(num_envs * length), max_priority=jnp.float32(1.0),
+            phase=jnp.int32(0), window_length=window_length, period=_validate.static_int("period", period),
             priority_exponent=_validate.static_float("priority_exponent", priority_exponent, 0.0, 1.0),
             epsilon=_validate.static_float("epsilon", epsilon, 1e-30, 1.0),
         )

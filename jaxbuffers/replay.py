@@ -73,12 +73,8 @@ class ReplayBuffer(struct.PyTreeNode):
             raise ValueError(f"min_size: expected an int in [1, capacity={capacity}], got {min_size}")
         spec = _validate.item_spec(example_item)
         return cls(
-            storage=jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), spec),
-            head=jnp.int32(0),
-            num_valid=jnp.int32(0),
-            added=_ring.counter_zero(),
-            capacity=capacity,
-            min_size=min_size,
+            storage=jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), spec), head=jnp.int32(0),
+            num_valid=jnp.int32(0), added=_ring.counter_zero(), capacity=capacity, min_size=min_size,
         )
 
     def with_cursors(self, *, head=None, num_valid=None, added=None) -> "ReplayBuffer":
@@ -153,9 +149,7 @@ class ReplayBuffer(struct.PyTreeNode):
         _ring.check_batch_fits(b, self.capacity, "batch")
         head, num_valid = _ring.advance(self.head, self.num_valid, b, self.capacity)
         return self.replace(
-            storage=_ring.write(self.storage, batch, self.head),
-            head=head,
-            num_valid=num_valid,
+            storage=_ring.write(self.storage, batch, self.head), head=head, num_valid=num_valid,
             added=_ring.counter_add(self.added, b),
         )
 

@@ -202,11 +202,8 @@ class RolloutBuffer(struct.PyTreeNode):
         return cls(
             step=jax.tree.map(lambda s: jnp.zeros((*shape, *s.shape), s.dtype), spec),
             **{k: zeros(jnp.bool_ if k in ("terminated", "truncated", "trainable") else float_dtype) for k in _GAE_FIELDS},
-            step_index=jnp.int32(0),
-            overflowed=jnp.bool_(False),
-            has_advantages=jnp.bool_(False),
-            num_steps=num_steps,
-            num_envs=num_envs,
+            step_index=jnp.int32(0), overflowed=jnp.bool_(False), has_advantages=jnp.bool_(False),
+            num_steps=num_steps, num_envs=num_envs,
         )
 
     @property
@@ -318,8 +315,7 @@ class RolloutBuffer(struct.PyTreeNode):
             step=jax.tree.map(write, self.step, step),
             **{k: write(getattr(self, k), v) for k, v in fields.items()},
             step_index=jnp.where(full, self.step_index, self.step_index + 1).astype(jnp.int32),
-            overflowed=self.overflowed | full,
-            has_advantages=jnp.bool_(False),
+            overflowed=self.overflowed | full, has_advantages=jnp.bool_(False),
         )
 
     @_compiled.method()

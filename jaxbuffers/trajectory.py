@@ -228,19 +228,11 @@ class TrajectoryBuffer(struct.PyTreeNode):
         zeros = lambda s, n: jnp.zeros((num_envs, n, *s.shape), s.dtype)  # noqa: E731
         return cls(
             storage=jax.tree.map(lambda s: zeros(s, length), spec),
-            terminated=jnp.zeros((num_envs, length), bool),
-            truncated=jnp.zeros((num_envs, length), bool),
+            terminated=jnp.zeros((num_envs, length), bool), truncated=jnp.zeros((num_envs, length), bool),
             final_slot=jnp.zeros((num_envs, length), jnp.int32),
-            final_obs=jax.tree.map(lambda s: zeros(s, k), spec[obs_key]),
-            head=jnp.int32(0),
-            num_valid=jnp.int32(0),
-            added=_ring.counter_zero(),
-            final_head=jnp.zeros((num_envs,), jnp.int32),
-            num_envs=num_envs,
-            length=length,
-            final_obs_capacity=k,
-            obs_key=obs_key,
-            action_key=action_key,
+            final_obs=jax.tree.map(lambda s: zeros(s, k), spec[obs_key]), head=jnp.int32(0),
+            num_valid=jnp.int32(0), added=_ring.counter_zero(), final_head=jnp.zeros((num_envs,), jnp.int32),
+            num_envs=num_envs, length=length, final_obs_capacity=k, obs_key=obs_key, action_key=action_key,
             reward_key=reward_key,
         )
 
@@ -399,8 +391,7 @@ class TrajectoryBuffer(struct.PyTreeNode):
         flat = lanes[:, None] * self.length + _ring.window_slots(starts, sequence_length, self.length)  # [B, L]
         return SequenceSample(
             item=jax.tree.map(lambda x: _flat_take(x, flat), self.storage),
-            terminated=_flat_take(self.terminated, flat),
-            truncated=_flat_take(self.truncated, flat),
+            terminated=_flat_take(self.terminated, flat), truncated=_flat_take(self.truncated, flat),
             indices=(lanes * self.length + starts).astype(jnp.int32),
         )
 

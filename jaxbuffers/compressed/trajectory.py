@@ -114,13 +114,8 @@ def _build(
     inner_step = dict(spec)
     inner_step[obs_key] = inner_obs
     config = dict(
-        host=host,
-        leaves=tuple(infos),
-        leaf_index=tuple(idx),
-        frame_stack=k,
-        padding=padding,
-        normalize_images=bool(normalize_images),
-        frame_ring=ring,
+        host=host, leaves=tuple(infos), leaf_index=tuple(idx), frame_stack=k, padding=padding,
+        normalize_images=bool(normalize_images), frame_ring=ring,
     )
     return inner_step, kcap, config
 

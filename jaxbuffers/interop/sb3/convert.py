@@ -223,15 +223,10 @@ def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) 
     out = _rollout.RolloutBuffer.create(spec, num_envs=n, num_steps=t)
     f32 = lambda name: jnp.asarray(np.asarray(get(name), np.float32))  # noqa: E731
     return out.replace(
-        step=jax.tree.map(jnp.asarray, step),
-        reward=f32("rewards"),
-        value=f32("values"),
+        step=jax.tree.map(jnp.asarray, step), reward=f32("rewards"), value=f32("values"),
         terminated=sb3_terminated(jnp.asarray(starts), jnp.asarray(dones), jnp.int32(filled)),
-        trainable=jnp.ones((t, n), jnp.bool_),
-        advantages=f32("advantages"),
-        returns=f32("returns"),
-        step_index=jnp.int32(filled),
-        has_advantages=jnp.bool_(True),
+        trainable=jnp.ones((t, n), jnp.bool_), advantages=f32("advantages"), returns=f32("returns"),
+        step_index=jnp.int32(filled), has_advantages=jnp.bool_(True),
     )
 
 

@@ -341,8 +341,7 @@ class _JaxReplayImpl:
         return self._samples_type(
             observations=_common.to_sb3(obs, dev, dtypes),
             actions=_common.to_sb3(g["actions"], dev, self._rows.action_dtype),
-            next_observations=_common.to_sb3(nxt, dev, dtypes),
-            dones=_common.to_sb3(g["sb3_dones"], dev),
+            next_observations=_common.to_sb3(nxt, dev, dtypes), dones=_common.to_sb3(g["sb3_dones"], dev),
             rewards=_common.to_sb3(rew, dev),
         )
 

@@ -193,10 +193,8 @@ class _JaxRolloutImpl:
         return self._samples_type(
             observations=_common.to_sb3(mb.step["obs"], dev, self._rows.obs_dtypes),
             actions=_common.to_sb3(mb.step["action"], dev, np.float32),
-            old_values=_common.to_sb3(mb.value, dev),
-            old_log_prob=_common.to_sb3(mb.step["log_prob"], dev),
-            advantages=_common.to_sb3(mb.advantages, dev),
-            returns=_common.to_sb3(mb.returns, dev),
+            old_values=_common.to_sb3(mb.value, dev), old_log_prob=_common.to_sb3(mb.step["log_prob"], dev),
+            advantages=_common.to_sb3(mb.advantages, dev), returns=_common.to_sb3(mb.returns, dev),
         )
 
 
