@@ -10,6 +10,7 @@ isal, zstandard) only when a codec object is created.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import ClassVar, Mapping, Sequence
 
@@ -75,15 +76,18 @@ def element_view_dtype(dtype) -> np.dtype:
     return np.dtype(f"u{next(w for w in (8, 4, 2, 1) if size % w == 0)}")
 
 
-def missing_extra(codec: str, package: str, exc: BaseException) -> ImportError:
-    """The ImportError a codec raises when its optional package is not installed."""
-    err = ImportError(
-        f"the {codec!r} codec needs the optional package {package!r}, which could not be "
-        f"imported ({exc}). Install the 'codecs' extra: pip install 'jaxbuffers[codecs]' "
-        f"(or pip install {package})."
-    )
-    err.name = package
-    return err
+def import_extra(codec: str, package: str, module: str):
+    """Import `module` of the optional `package` a codec needs, or raise an ImportError naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        err = ImportError(
+            f"the {codec!r} codec needs the optional package {package!r}, which could not be "
+            f"imported ({exc}). Install the 'codecs' extra: pip install 'jaxbuffers[codecs]' "
+            f"(or pip install {package})."
+        )
+        err.name = package
+        raise err from exc
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, check_decode, missing_extra, pack_payloads
+from ._base import Codec, EncodedBatch, check_decode, import_extra, pack_payloads
 from ._pool import parallel_for
 
 __all__ = ["IgzipCodec"]
@@ -29,11 +29,7 @@ class IgzipCodec(Codec):
 
     def __init__(self, level: int | None = None):
         super().__init__(level)
-        try:
-            from isal import igzip_lib
-        except ImportError as exc:
-            raise missing_extra("igzip", "isal", exc) from exc
-        self._lib = igzip_lib
+        self._lib = import_extra("igzip", "isal", "isal.igzip_lib")
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype) -> EncodedBatch:
         lib, level = self._lib, self.level

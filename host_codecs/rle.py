@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, ceil_align, check_decode, element_view_dtype, missing_extra
+from ._base import Codec, EncodedBatch, ceil_align, check_decode, element_view_dtype, import_extra
 from ._pool import parallel_for
 
 __all__ = ["RLECodec"]
@@ -56,11 +56,7 @@ class RLECodec(Codec):
 
     def __init__(self, level: int | None = None):
         super().__init__(level)
-        try:
-            from . import _rle_kernels
-        except ImportError as exc:
-            raise missing_extra("rle", "numba", exc) from exc
-        self._k = _rle_kernels
+        self._k = import_extra("rle", "numba", "host_codecs._rle_kernels")
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype) -> EncodedBatch:
         word, rows = element_view_dtype(dtype), np.ascontiguousarray(rows)

@@ -22,18 +22,14 @@ import threading
 
 import numpy as np
 
-from ._base import ChunkTable, Codec, EncodedBatch, check_decode, missing_extra, pack_payloads
+from ._base import ChunkTable, Codec, EncodedBatch, check_decode, import_extra, pack_payloads
 from ._pool import parallel_for
 
 __all__ = ["ZstdCodec", "ZstdDictionary"]
 
 
 def _zstandard():
-    try:
-        import zstandard
-    except ImportError as exc:
-        raise missing_extra("zstd", "zstandard", exc) from exc
-    return zstandard
+    return import_extra("zstd", "zstandard", "zstandard")
 
 
 def _coders(local: threading.local, level: int, data: bytes | None):
