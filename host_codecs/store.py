@@ -122,17 +122,9 @@ class CompressedStore:
     """
 
     def __init__(
-        self,
-        num_slots: int,
-        codec: "str | Codec" = "rle",
-        *,
-        item_shape: tuple[int, ...] | None = None,
-        dtype: Any = None,
-        chunk_bytes: int = 64 << 20,
-        min_chunk_bytes: int = 64 << 10,
-        max_dead_fraction: float = 0.25,
-        dictionary_bytes: int = 0,
-        dictionary_samples: int = 1024,
+        self, num_slots: int, codec: "str | Codec" = "rle", *, item_shape: tuple[int, ...] | None = None,
+        dtype: Any = None, chunk_bytes: int = 64 << 20, min_chunk_bytes: int = 64 << 10,
+        max_dead_fraction: float = 0.25, dictionary_bytes: int = 0, dictionary_samples: int = 1024,
     ):
         for name, v, lo, hi in (
             ("num_slots", num_slots, 1, None),

@@ -150,15 +150,9 @@ def _solve(a: jax.Array, b: jax.Array, init: jax.Array, method: str) -> jax.Arra
 
 
 def gae(
-    reward: jax.Array,
-    value: jax.Array,
-    terminated: jax.Array,
-    truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None,
-    last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None,
-    gae_lambda: float | jax.Array | None = None,
-    *,
+    reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+    gamma: float | jax.Array | None = None, gae_lambda: float | jax.Array | None = None, *,
     method: str = "scan",
 ) -> tuple[jax.Array, jax.Array]:
     r"""Generalized advantage estimates and their returns (Schulman et al. 2016).
@@ -214,16 +208,9 @@ def gae(
 
 
 def lambda_returns(
-    reward: jax.Array,
-    value: jax.Array,
-    terminated: jax.Array,
-    truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None,
-    last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None,
-    lambda_: float | jax.Array | None = None,
-    *,
-    method: str = "scan",
+    reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+    gamma: float | jax.Array | None = None, lambda_: float | jax.Array | None = None, *, method: str = "scan",
 ) -> jax.Array:
     r"""Lambda-returns (Sutton & Barto 2018, section 12.1), cut at episode ends.
 
@@ -270,14 +257,9 @@ def lambda_returns(
 
 
 def discounted_returns(
-    reward: jax.Array,
-    terminated: jax.Array,
-    truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None,
-    last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None,
-    *,
-    method: str = "scan",
+    reward: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+    gamma: float | jax.Array | None = None, *, method: str = "scan",
 ) -> jax.Array:
     r"""Discounted returns, bootstrapped at truncations and at the end of the rollout.
 
@@ -321,15 +303,9 @@ def discounted_returns(
 
 
 def n_step_returns(
-    reward: jax.Array,
-    value: jax.Array,
-    terminated: jax.Array,
-    truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None,
-    last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None,
-    *,
-    n: int,
+    reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+    gamma: float | jax.Array | None = None, *, n: int,
 ) -> NStepReturns:
     r"""n-step bootstrapped returns (Sutton & Barto 2018, section 7.1), cut at episode ends.
 

@@ -255,14 +255,8 @@ class RolloutBuffer(struct.PyTreeNode):
 
     @_compiled.method()
     def add(
-        self,
-        step: Any,
-        *,
-        reward: jax.Array,
-        value: jax.Array,
-        terminated: jax.Array,
-        truncated: jax.Array | None = None,
-        final_value: jax.Array | None = None,
+        self, step: Any, *, reward: jax.Array, value: jax.Array, terminated: jax.Array,
+        truncated: jax.Array | None = None, final_value: jax.Array | None = None,
         trainable: jax.Array | None = None,
     ) -> "RolloutBuffer":
         """Write one step of every env at row `step_index` and advance it.

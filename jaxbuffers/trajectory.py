@@ -192,15 +192,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
 
     @classmethod
     def create(
-        cls,
-        example_step: Mapping,
-        *,
-        num_envs: int,
-        length: int,
-        final_obs_capacity: int | None = None,
-        obs_key: str = "obs",
-        action_key: str = "action",
-        reward_key: str = "reward",
+        cls, example_step: Mapping, *, num_envs: int, length: int, final_obs_capacity: int | None = None,
+        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
     ) -> "TrajectoryBuffer":
         """An empty buffer of `num_envs` lanes of `length` steps.
 

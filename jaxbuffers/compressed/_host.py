@@ -72,14 +72,8 @@ class HostStores:
     """
 
     def __init__(
-        self,
-        num_slots: int,
-        codec: str,
-        item_shapes: Sequence[tuple[int, ...]],
-        dtypes: Sequence[np.dtype],
-        names: Sequence[str],
-        chunk_bytes: int = 64 << 20,
-        dictionary_bytes: int | None = None,
+        self, num_slots: int, codec: str, item_shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
+        names: Sequence[str], chunk_bytes: int = 64 << 20, dictionary_bytes: int | None = None,
     ):
         zstd = get_codec(codec).name == "zstd"
         if dictionary_bytes is None:

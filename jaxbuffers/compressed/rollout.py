@@ -63,17 +63,9 @@ class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
 
     @classmethod
     def create(
-        cls,
-        example_step: Any,
-        *,
-        num_envs: int,
-        num_steps: int,
-        compress: Sequence[str] | None = ("obs",),
-        codec: str = DEFAULT_CODEC,
-        normalize_images: bool = False,
-        float_dtype: Any = jnp.float32,
-        chunk_bytes: int = 64 << 20,
-        dictionary_bytes: int | None = None,
+        cls, example_step: Any, *, num_envs: int, num_steps: int, compress: Sequence[str] | None = ("obs",),
+        codec: str = DEFAULT_CODEC, normalize_images: bool = False, float_dtype: Any = jnp.float32,
+        chunk_bytes: int = 64 << 20, dictionary_bytes: int | None = None,
     ) -> "CompressedRolloutBuffer":
         """An empty buffer for `num_steps` steps of `num_envs` envs.
 

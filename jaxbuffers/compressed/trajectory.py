@@ -146,23 +146,11 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
     # ------------------------------------------------------------------ construction
     @classmethod
     def create(
-        cls,
-        example_step: Mapping,
-        *,
-        num_envs: int,
-        length: int,
-        compress: Sequence[str] | None = None,
-        frame_stack: int | None = None,
-        stack_axis: int = 0,
-        padding: str = "reset",
-        codec: str = DEFAULT_CODEC,
-        normalize_images: bool = False,
-        final_obs_capacity: int | None = None,
-        obs_key: str = "obs",
-        action_key: str = "action",
-        reward_key: str = "reward",
-        chunk_bytes: int = 64 << 20,
-        dictionary_bytes: int | None = None,
+        cls, example_step: Mapping, *, num_envs: int, length: int, compress: Sequence[str] | None = None,
+        frame_stack: int | None = None, stack_axis: int = 0, padding: str = "reset",
+        codec: str = DEFAULT_CODEC, normalize_images: bool = False, final_obs_capacity: int | None = None,
+        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
+        chunk_bytes: int = 64 << 20, dictionary_bytes: int | None = None,
     ) -> "CompressedTrajectoryBuffer":
         """An empty compressed buffer of `num_envs` lanes of `length` steps.
 
