@@ -124,7 +124,6 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
             epsilon=_validate.static_float("epsilon", epsilon, 1e-30, 1.0),
         )
 
-    # ------------------------------------------------------------------ delegation
     @property
     def memory_bytes(self):
         """Bytes of every array held (steps and tree)."""
@@ -154,7 +153,6 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
         per_lane = jnp.where(m >= first, (m - first) // self.period + 1, 0)
         return (per_lane * b.num_envs).astype(jnp.int32)
 
-    # ------------------------------------------------------------------ generations and priorities
     @_compiled.method()
     def generations_at(self, indices: jax.Array) -> jax.Array:
         """Generation of flat positions `indices` (int, any shape; TypeError for other dtypes): int32.
@@ -180,7 +178,6 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
         """Generations of every position, int32 `[num_envs, length]` (`O(capacity)`, for tests and debugging)."""
         return self.generations_at(jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)).reshape(self.buffer.num_envs, -1)
 
-    # ------------------------------------------------------------------ add
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "PrioritisedTrajectoryBuffer":
         """`jaxbuffers.TrajectoryBuffer.add`, plus the priority bookkeeping (module doc). Same arguments and errors."""
@@ -206,7 +203,6 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
         # A new window may start at a slot this add zeroed (window_length <= t): it comes later, the last write wins.
         return self.replace(buffer=new, tree=self.tree.set(lane * n + slot, vals), phase=phase)
 
-    # ------------------------------------------------------------------ sample
     def _sequence_length(self, sequence_length) -> int:
         if sequence_length is None:
             return self.window_length
@@ -281,7 +277,6 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
         truncated steps of the sequences starting at `indices` (a sample's `indices`)."""
         return self.buffer.final_obs_at(indices, sequence_length)
 
-    # ------------------------------------------------------------------ priorities
     @_compiled.method()
     def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "PrioritisedTrajectoryBuffer":
         r"""Set the priorities of sampled positions (typically `|TD error| + eps`).

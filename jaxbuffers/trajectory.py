@@ -99,10 +99,6 @@ class TransitionSample(NamedTuple):
     indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical slot of step t
 
 
-# ------------------------------------------------------------------------------------------------
-# helpers
-
-
 def _window_mask(ends: jax.Array) -> jax.Array:
     """`mask[..., j]` = no episode end among steps `[0, j)` of the window (bool, same shape)."""
     pos = jnp.arange(ends.shape[-1], dtype=jnp.int32)
@@ -160,10 +156,6 @@ def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array
     term_last = jnp.take_along_axis(terminated, (k - 1)[..., None], axis=-1)[..., 0]
     discount = jnp.where(term_last, 0, g**k).astype(reward.dtype)
     return ret, discount, k
-
-
-# ------------------------------------------------------------------------------------------------
-# the buffer
 
 
 class TrajectoryBuffer(struct.PyTreeNode):
@@ -229,7 +221,6 @@ class TrajectoryBuffer(struct.PyTreeNode):
             reward_key=reward_key,
         )
 
-    # ------------------------------------------------------------------ properties
     @property
     def step_spec(self) -> Any:
         """Dict of `jax.ShapeDtypeStruct`: one step of one env (derived from storage)."""
@@ -273,7 +264,6 @@ class TrajectoryBuffer(struct.PyTreeNode):
         _validate.static_int("batch_size", batch_size)
         return _ring.num_windows(self.num_valid, self._n_step(n_step) + 1) > 0
 
-    # ------------------------------------------------------------------ add
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "TrajectoryBuffer":
         """Append one step or a chunk of steps to every lane.
@@ -336,7 +326,6 @@ class TrajectoryBuffer(struct.PyTreeNode):
         later = jnp.sum(c, axis=1, keepdims=True) - jnp.cumsum(c, axis=1)  # ring writes after each step
         return jnp.any(needs & (later >= self.final_obs_capacity))
 
-    # ------------------------------------------------------------------ sampling
     def _sequence_length(self, sequence_length) -> int:
         sequence_length = _validate.static_int("sequence_length", sequence_length)
         if sequence_length > self.length:
@@ -467,7 +456,6 @@ class TrajectoryBuffer(struct.PyTreeNode):
         _gamma(gamma, self.storage[self.reward_key].dtype)
         return self._transitions(*self._uniform_positions(key, batch_size, n_step + 1, 1), n_step, gamma)
 
-    # ------------------------------------------------------------------ reads at given positions
     def _split_indices(self, indices) -> tuple[jax.Array, jax.Array]:
         indices = _validate.index_array(indices)
         if indices.ndim != 1:

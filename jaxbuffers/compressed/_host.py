@@ -104,7 +104,6 @@ class HostStores:
     def __repr__(self) -> str:
         return f"HostStores(leaves={list(self.names)}, num_slots={self.num_slots}, codec={self.codec!r}, version={self.version})"
 
-    # ------------------------------------------------------------------ accounting
     @property
     def nbytes(self) -> int:
         """Host bytes held: every store's `nbytes` (arena + index) plus `slot_version`."""
@@ -122,7 +121,6 @@ class HostStores:
         if self.closed:
             raise RuntimeError(f"compressed buffer: {what} after close(); create a new buffer")
 
-    # ------------------------------------------------------------------ callbacks
     def write(self, version, slots, valid, *datas) -> np.ndarray:
         """Host side of an add: put `datas[i][valid]` into store `i` at `slots[valid]`.
 

@@ -143,7 +143,6 @@ class StagingWriter:
         k = info.shape[info.stack_axis]
         return np.take(x, k - 1, axis=1 + info.stack_axis)
 
-    # ------------------------------------------------------------------ state
     @property
     def pending(self) -> int:
         """Steps staged on the host and not yet in the buffer."""
@@ -184,7 +183,6 @@ class StagingWriter:
         self._n = 0
         self._buf.close()
 
-    # ------------------------------------------------------------------ add
     def _leaves(self, tree: Any, spec: Any, what: str) -> list:
         """Flat leaves of a one-step pytree, checked to be `[num_envs, *leaf]` of the spec's dtypes."""
         (n,) = _validate.check_batch(spec, tree, 1, what)
@@ -294,7 +292,6 @@ class StagingWriter:
         # frames are in leaf order, which is the order of buffer.leaf_index (sorted flat indices)
         return jax.tree.unflatten(treedef, leaves), frames
 
-    # ------------------------------------------------------------------ sample
     def sample_transitions(self, key: jax.Array, batch_size: int, *, gamma, n_step: int | None = None, beta=None) -> Any:
         """Flush, then sample: same arguments and result as the buffer's `sample_transitions`
         (`n_step` and, for the prioritised buffer, `beta`: the buffer's defaults when None).

@@ -143,7 +143,6 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
     normalize_images: bool = struct.field(pytree_node=False)
     frame_ring: int = struct.field(pytree_node=False)  # F = length + k - 1 frames per lane
 
-    # ------------------------------------------------------------------ construction
     @classmethod
     def create(
         cls, example_step: Mapping, *, num_envs: int, length: int, compress: Sequence[str] | None = None,
@@ -206,7 +205,6 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
             final_head=jnp.zeros((e,), jnp.int32), version=jnp.int32(0), **config,
         )
 
-    # ------------------------------------------------------------------ properties
     @property
     def trajectory(self) -> TrajectoryBuffer:
         """The device-side `jaxbuffers.TrajectoryBuffer` (compressed leaves hold ids)."""
@@ -258,7 +256,6 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         """`jaxbuffers.TrajectoryBuffer.can_sample_transitions`: whether `sample_transitions` returns only valid data."""
         return self.buffer.can_sample_transitions(batch_size, n_step=n_step)
 
-    # ------------------------------------------------------------------ add
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors), checked once here.
@@ -355,7 +352,6 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         version = self.host.write(np.asarray(self.version), slots, valid, *datas)
         return new.replace(version=jnp.asarray(version, jnp.int32))
 
-    # ------------------------------------------------------------------ decode
     def _frame_ids(self, ids: jax.Array):
         """ids `[*S, 3]` -> (store slots `[*S, k]` oldest to newest, zero-pad mask or None)."""
         k, ring = self.frame_stack, self.frame_ring
@@ -415,7 +411,6 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         ids = [jnp.where(real[..., None], x, -1) for x in _common.pick_leaves(final, self.leaf_index)]  # -1: zeros
         return self.decode_obs(_common.replace_leaves(final, self.leaf_index, ids))
 
-    # ------------------------------------------------------------------ sample
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def sample_sequences(
         self, key: jax.Array, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True

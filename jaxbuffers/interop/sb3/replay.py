@@ -194,7 +194,6 @@ class _JaxReplayImpl:
         max_pending = opts.pop("max_pending", 16)
         return StagingWriter(CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size, **opts), max_pending=max_pending)
 
-    # ------------------------------------------------------------------ state access
     @property
     def jax_buffer(self) -> _replay.ReplayBuffer:
         """The backing `jaxbuffers.ReplayBuffer`: one item per SB3 row, leaves ``[rows, n_envs, ...]``.
@@ -246,7 +245,6 @@ class _JaxReplayImpl:
     dones = property(lambda self: self._view("dones", np.float32), doc="SB3's ``dones`` ``[rows, n_envs]`` as float32 0/1.")
     timeouts = property(lambda self: self._view("timeouts", np.float32), doc="SB3's ``timeouts`` ``[rows, n_envs]`` as float32 0/1.")
 
-    # ------------------------------------------------------------------ SB3 interface
     def reset(self) -> None:
         """Empty the buffer (``pos`` 0, not full); storage is kept, as in SB3."""
         super().reset()

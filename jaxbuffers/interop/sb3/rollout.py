@@ -88,7 +88,6 @@ class _JaxRolloutImpl:
         self._state = _rollout.RolloutBuffer.create(example, num_envs=self.n_envs, num_steps=self.buffer_size)
         BaseBuffer.reset(self)
 
-    # ------------------------------------------------------------------ state access
     @property
     def jax_buffer(self) -> _rollout.RolloutBuffer:
         """The backing `jaxbuffers.RolloutBuffer` (step pytree: ``obs``, ``action``, ``log_prob``,
@@ -119,7 +118,6 @@ class _JaxRolloutImpl:
     advantages = _host(lambda s: s.advantages, "``[T, n_envs]`` float32 host copy (zeros before ``compute_returns_and_advantage``).")
     returns = _host(lambda s: s.returns, "``[T, n_envs]`` float32 host copy, ``advantages + values``.")
 
-    # ------------------------------------------------------------------ SB3 interface
     def reset(self) -> None:
         """Start a new rollout: ``pos`` 0, not full (storage kept, no zeroing)."""
         if hasattr(self, "_state"):
