@@ -10,11 +10,8 @@ stable-baselines3). The host-compressed buffers need the ``codecs`` extra only f
 """
 
 from jaxbuffers.compressed import (
-    CompressedPrioritisedTrajectoryBuffer,
-    CompressedRolloutBuffer,
-    CompressedTrajectoryBuffer,
-    StaleBufferError,
-    StagingWriter,
+    CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
+    StaleBufferError, StagingWriter,
 )
 from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
 from jaxbuffers.replay import ReplayBuffer, ReplaySample

@@ -289,8 +289,7 @@ class RolloutBuffer(struct.PyTreeNode):
             )
         fdt = self.float_dtype
         fields = {
-            "reward": self._per_env("reward", reward, fdt),
-            "value": self._per_env("value", value, fdt),
+            "reward": self._per_env("reward", reward, fdt), "value": self._per_env("value", value, fdt),
             "terminated": self._per_env("terminated", terminated, jnp.bool_),
             "truncated": self._per_env("truncated", truncated, jnp.bool_, False),
             "final_value": self._per_env("final_value", final_value, fdt, 0),

@@ -17,18 +17,10 @@ from jaxbuffers.compressed._host import DEFAULT_DICTIONARY_BYTES, HostStores, St
 from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
 from jaxbuffers.compressed.staging import StagingWriter
 from jaxbuffers.compressed.trajectory import (
-    DEFAULT_CODEC,
-    CompressedPrioritisedTrajectoryBuffer,
-    CompressedTrajectoryBuffer,
+    DEFAULT_CODEC, CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer,
 )
 
 __all__ = [
-    "CompressedTrajectoryBuffer",
-    "CompressedPrioritisedTrajectoryBuffer",
-    "CompressedRolloutBuffer",
-    "HostStores",
-    "StaleBufferError",
-    "StagingWriter",
-    "DEFAULT_CODEC",
-    "DEFAULT_DICTIONARY_BYTES",
+    "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",
+    "HostStores", "StaleBufferError", "StagingWriter", "DEFAULT_CODEC", "DEFAULT_DICTIONARY_BYTES",
 ]

@@ -93,12 +93,8 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     if (timeouts & ~dones).any():
         raise ValueError("timeouts: set where dones is not; a timeout is an episode end (done) in SB3's VecEnvs")
     item = {
-        "obs": obs,
-        "action": act,
-        "reward": np.asarray(buffer.rewards, np.float32),
-        "next_obs": next_obs,
-        "terminated": dones & ~timeouts,
-        "truncated": dones & timeouts,
+        "obs": obs, "action": act, "reward": np.asarray(buffer.rewards, np.float32), "next_obs": next_obs,
+        "terminated": dones & ~timeouts, "truncated": dones & timeouts,
     }
     item = jax.tree.map(flat, item)
     out = _replay.ReplayBuffer.create(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), item), capacity=total)
@@ -216,8 +212,7 @@ def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) 
     step = {
         "obs": _stored(get("observations", buffer.obs_shape), buffer.observation_space, "observations"),
         "action": _common.exact_cast(act, act_dtype, "actions"),
-        "log_prob": np.asarray(get("log_probs"), np.float32),
-        "episode_start": starts,
+        "log_prob": np.asarray(get("log_probs"), np.float32), "episode_start": starts,
     }
     spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[2:], a.dtype), step)
     out = _rollout.RolloutBuffer.create(spec, num_envs=n, num_steps=t)

@@ -171,10 +171,8 @@ class _JaxReplayImpl:
         n = self.n_envs
         self._rows = _common.Rows(observation_space, action_space, n, _common.sb3_float32(action_space.dtype))
         spec = {
-            "observations": self._rows.obs,
-            "actions": self._rows.action,
-            "rewards": jax.ShapeDtypeStruct((n,), np.float32),
-            "dones": jax.ShapeDtypeStruct((n,), np.bool_),
+            "observations": self._rows.obs, "actions": self._rows.action,
+            "rewards": jax.ShapeDtypeStruct((n,), np.float32), "dones": jax.ShapeDtypeStruct((n,), np.bool_),
             "timeouts": jax.ShapeDtypeStruct((n,), np.bool_),
         }
         if self.compress is not None:
@@ -277,11 +275,9 @@ class _JaxReplayImpl:
         """
         n = self.n_envs
         row = {
-            "observations": self._rows.observation(obs, "obs"),
-            "actions": self._rows.action_row(action),
+            "observations": self._rows.observation(obs, "obs"), "actions": self._rows.action_row(action),
             "rewards": _common.as_row(reward, (n,), np.float32, "reward"),
-            "dones": _common.as_row(done, (n,), np.bool_, "done"),
-            "timeouts": np.zeros(n, np.bool_),
+            "dones": _common.as_row(done, (n,), np.bool_, "done"), "timeouts": np.zeros(n, np.bool_),
         }
         if self.handle_timeout_termination:
             if len(infos) != n:

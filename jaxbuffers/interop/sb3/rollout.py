@@ -80,8 +80,7 @@ class _JaxRolloutImpl:
         self._rows = _common.Rows(observation_space, action_space, self.n_envs, action_space.dtype)
         per_env = lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype)  # noqa: E731
         example = {
-            "obs": jax.tree.map(per_env, self._rows.obs),
-            "action": per_env(self._rows.action),
+            "obs": jax.tree.map(per_env, self._rows.obs), "action": per_env(self._rows.action),
             "log_prob": jax.ShapeDtypeStruct((), np.float32),
             "episode_start": jax.ShapeDtypeStruct((), np.bool_),
         }
@@ -146,8 +145,7 @@ class _JaxRolloutImpl:
             raise IndexError(f"add: the rollout buffer is full ({self.buffer_size} steps); call reset() first")
         n = self.n_envs
         step = {
-            "obs": self._rows.observation(obs, "obs"),
-            "action": self._rows.action_row(action),
+            "obs": self._rows.observation(obs, "obs"), "action": self._rows.action_row(action),
             "log_prob": _common.as_row(log_prob, (n,), np.float32, "log_prob"),
             "episode_start": _common.as_row(episode_start, (n,), np.bool_, "episode_start"),
         }
