@@ -228,13 +228,9 @@ def lambda_returns(
     the one-step target $r_t + \gamma V^{next}_t$. Equals the `returns` of `gae` with
     `gae_lambda = lambda_` (computed independently).
 
+    `reward`, `value`, `terminated`, `truncated`, `final_value` and `last_value` are as in `gae`.
+
     Args:
-      reward: as in `gae`.
-      value: as in `gae`.
-      terminated: as in `gae`.
-      truncated: as in `gae`.
-      final_value: as in `gae`.
-      last_value: as in `gae`.
       gamma: discount, scalar in $[0, 1]$. Required.
       lambda_: mixing parameter $\lambda$, scalar in $[0, 1]$. Required.
       method: `"scan"` or `"associative"` (static).
@@ -276,12 +272,9 @@ def discounted_returns(
     is no `value` argument: values serve only to bootstrap. `last_value = 0` gives Monte-Carlo
     returns that ignore the unfinished tail.
 
+    `reward`, `terminated`, `truncated`, `final_value` and `last_value` are as in `gae`.
+
     Args:
-      reward: as in `gae`.
-      terminated: as in `gae`.
-      truncated: as in `gae`.
-      final_value: as in `gae`.
-      last_value: as in `gae`.
       gamma: discount, scalar in $[0, 1]$. Required.
       method: `"scan"` or `"associative"` (static).
 
@@ -324,13 +317,10 @@ def n_step_returns(
     network): `target - discount * V_next[t+k-1] + discount * V'`. Cost $O(\min(n, T) \cdot T)$
     per batch element: one vectorised pass per window offset, in a `lax.fori_loop`.
 
+    `reward`, `value`, `terminated`, `truncated`, `final_value` and `last_value` are as in `gae`
+    (`value[0]` is never read: a bootstrap is at least one step ahead).
+
     Args:
-      reward: as in `gae`.
-      value: as in `gae` (`value[0]` is never read: a bootstrap is at least one step ahead).
-      terminated: as in `gae`.
-      truncated: as in `gae`.
-      final_value: as in `gae`.
-      last_value: as in `gae`.
       gamma: discount, scalar in $[0, 1]$. Required.
       n: window length, a static Python int >= 1.
 
