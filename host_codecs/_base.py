@@ -95,8 +95,7 @@ class EncodedBatch:
     """The payloads of one encoded batch, packed in one buffer.
 
     Attributes:
-      buffer: # shape=(total_bytes,), dtype=uint8: payload `i` is
-        `buffer[offsets[i] : offsets[i] + lengths[i]]`.
+      buffer: # shape=(total_bytes,), dtype=uint8: payload `i` is `buffer[offsets[i] : offsets[i] + lengths[i]]`.
       offsets: # shape=(B,), dtype=int64: byte offset of each payload, a multiple of `ALIGN`.
       lengths: # shape=(B,), dtype=int64: payload bytes of each entry (without padding).
       meta: # shape=(B,), dtype=uint8: the codec's byte per entry, stored in the index (RLE: the
@@ -211,8 +210,7 @@ class Codec:
 
         Args:
           rows: # shape=(B, nbytes), dtype=uint8, C-contiguous: the raw bytes of each entry.
-          dtype: the entries' element dtype (codecs that work on elements view `rows` through
-            `element_view_dtype`).
+          dtype: the entries' element dtype (codecs that work on elements view `rows` through `element_view_dtype`).
 
         Returns:
           An `EncodedBatch` with one payload per row.
@@ -232,8 +230,7 @@ class Codec:
           dtype: the entries' element dtype.
 
         Raises:
-          ValueError: a corrupt payload, or a request `check_decode` refuses (checked before
-            anything is written).
+          ValueError: a corrupt payload, or a request `check_decode` refuses (checked before anything is written).
         """
         zeros = np.zeros(len(rows), np.int64)
         self.decode_many({0: chunk}, zeros, offsets, lengths, meta, [out], zeros, rows, dtype)
@@ -241,11 +238,10 @@ class Codec:
     def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype) -> None:
         """Decode payloads spread over arena chunks into rows of several outputs.
 
-        Entry `i` lives at `chunks[chunk_ids[i]][offsets[i] : offsets[i] + lengths[i]]` and is
-        decoded into row `rows[i]` of `outs[out_ids[i]]` (e.g. a batch of observations and of
-        next observations, decoded straight into their two outputs). The default makes one
-        `decode_into` call per (output, chunk) group; a codec that reads each payload where it
-        lies overrides it (and then `decode_into`).
+        Entry `i` lives at `chunks[chunk_ids[i]][offsets[i] : offsets[i] + lengths[i]]` and is decoded into row
+        `rows[i]` of `outs[out_ids[i]]` (e.g. a batch of observations and of next observations, decoded straight
+        into their two outputs). The default makes one `decode_into` call per (output, chunk) group; a codec that
+        reads each payload where it lies overrides it (and then `decode_into`).
 
         Args:
           chunks: arena chunk id -> bytes, or a `ChunkTable` (which also carries the dictionary).

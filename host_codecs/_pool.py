@@ -1,9 +1,8 @@
 """The thread pool every codec and the store split their batches over.
 
-A batch is cut into one contiguous shard per thread (one task per thread, not per entry). The
-shard bodies release the GIL (isal, zstandard and the RLE kernels do). A `parallel_for` called
-inside a shard runs inline on that thread, so a caller that shards a larger job itself (a store
-read) decides once for everything inside it.
+A batch is cut into one contiguous shard per thread (one task per thread, not per entry). The shard bodies release
+the GIL (isal, zstandard and the RLE kernels do). A `parallel_for` called inside a shard runs inline on that thread,
+so a caller that shards a larger job itself (a store read) decides once for everything inside it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """The arena a `host_codecs.CompressedStore` packs its payloads in.
 
-A few large `uint8` chunks: the first of `min_chunk_bytes`, each later one half the arena so far
-(at least that, at most `chunk_bytes`), so the unused tail stays at most a third of the arena
-while it grows. Payloads are packed at `ALIGN`-byte offsets behind each chunk's bump pointer;
-there is no Python object per payload.
+A few large `uint8` chunks: the first of `min_chunk_bytes`, each later one half the arena so far (at least that, at
+most `chunk_bytes`), so the unused tail stays at most a third of the arena while it grows. Payloads are packed at
+`ALIGN`-byte offsets behind each chunk's bump pointer; there is no Python object per payload.
 
-Published bytes are never modified: space is reclaimed only by releasing a chunk with no live
-payload left, or by moving a sparse chunk's live payloads into fresh space and dropping the old
-chunk (a reader holding it keeps it alive), so a reader's `table` snapshot stays whole. Not
-thread-safe: the store calls it under its lock.
+Published bytes are never modified: space is reclaimed only by releasing a chunk with no live payload left, or by
+moving a sparse chunk's live payloads into fresh space and dropping the old chunk (a reader holding it keeps it
+alive), so a reader's `table` snapshot stays whole. Not thread-safe: the store calls it under its lock.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The `none` codec: the payload is the entry's raw bytes (numpy only).
 
-A baseline, a home for incompressible data, and what works when the optional packages are
-missing.
+A baseline, a home for incompressible data, and what works when the optional packages are missing.
 """
 
 from __future__ import annotations

@@ -12,12 +12,11 @@ vw <  cw:  counts[R] | values[R]
 The wider section comes first so both stay aligned (payloads start on 8 bytes).
 `R = len(payload) / (vw + cw)` and `sum(counts)` is the number of words; little-endian (native).
 
-Values are compared and stored as raw words, so every dtype (NaN payloads, -0.0, complex...)
-round-trips bit-exactly; a run longer than the count's maximum is split, so no count overflows.
-The count width of an entry gives its smallest payload among the widths the level allows (the
-level is the minimum count width in bits: `rle:16` counts expand faster but take more room);
-ties go to the wider count. Encoding is two passes over the batch: the first finds every
-entry's runs, count width and size, the second writes the payloads into one zeroed buffer.
+Values are compared and stored as raw words, so every dtype (NaN payloads, -0.0, complex...) round-trips
+bit-exactly; a run longer than the count's maximum is split, so no count overflows. The count width of an entry
+gives its smallest payload among the widths the level allows (the level is the minimum count width in bits: `rle:16`
+counts expand faster but take more room); ties go to the wider count. Encoding is two passes over the batch: the
+first finds every entry's runs, count width and size, the second writes the payloads into one zeroed buffer.
 """
 
 from __future__ import annotations

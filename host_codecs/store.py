@@ -17,11 +17,10 @@ Layout (plain numpy arrays, simple to persist):
   So every entry records its codec, dtype and shape, and decode never guesses.
 * arena: the payload bytes (`host_codecs.arena`).
 
-Concurrency: one lock guards the index and the arena. `put` encodes outside the lock, then under
-it copies the payloads into never-used arena space and only then publishes the index rows.
-`get` snapshots the index rows and the arena's chunks under the lock and decodes outside it.
-Published payload bytes never change, so a concurrent reader sees each entry entirely before or
-entirely after a put, never torn.
+Concurrency: one lock guards the index and the arena. `put` encodes outside the lock, then under it copies the
+payloads into never-used arena space and only then publishes the index rows. `get` snapshots the index rows and the
+arena's chunks under the lock and decodes outside it. Published payload bytes never change, so a concurrent reader
+sees each entry entirely before or entirely after a put, never torn.
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
 distinct slot of the request once, into its first row, in one shard per thread
@@ -99,20 +98,17 @@ class CompressedStore:
         count from the end, as in numpy).
       codec: the default codec of `put`: a registry name (`"rle"`, `"igzip:1"`, `"zstd:3"`,
         `"none"`) or a `host_codecs.Codec`.
-      item_shape: optional shape of every entry. When given (with `dtype`), `put` refuses
-        anything else and `get(..., missing="zeros")` can fill a batch of only empty slots.
-        When omitted, each entry records its own.
+      item_shape: optional shape of every entry. When given (with `dtype`), `put` refuses anything else and
+        `get(..., missing="zeros")` can fill a batch of only empty slots. When omitted, each entry records its own.
       dtype: optional dtype of every entry (see `item_shape`).
       chunk_bytes: largest arena chunk in bytes (at most 4 GiB - 8).
       min_chunk_bytes: first arena chunk size (`host_codecs.arena`).
-      max_dead_fraction: compaction starts when freed-but-unreleased bytes exceed this fraction
-        of the arena.
-      dictionary_bytes: 0 (default), or the most content bytes of a zstd dictionary (zstd default
-        codec only; at most 1 MiB). The `put` that brings the entries put with the default codec
-        to `dictionary_samples` builds one from its batch and the stored entries of its dtype and
-        shape (`host_codecs.ZstdDictionary.train`), and encodes that batch and every later entry
-        of the default codec with it; earlier entries keep their format. A failed build leaves
-        the store without a dictionary, and `dictionary_error` says why.
+      max_dead_fraction: compaction starts when freed-but-unreleased bytes exceed this fraction of the arena.
+      dictionary_bytes: 0 (default), or the most content bytes of a zstd dictionary (zstd default codec only; at
+        most 1 MiB). The `put` that brings the entries put with the default codec to `dictionary_samples` builds one
+        from its batch and the stored entries of its dtype and shape (`host_codecs.ZstdDictionary.train`), and
+        encodes that batch and every later entry of the default codec with it; earlier entries keep their format. A
+        failed build leaves the store without a dictionary, and `dictionary_error` says why.
       dictionary_samples: entries to build the dictionary from (fewer for large entries: at most
         64 MiB of them, at least 8).
 
@@ -351,8 +347,7 @@ class CompressedStore:
 
         Raises:
           KeyError: an empty slot with `missing="raise"` (the message lists them).
-          ValueError: entries of different shapes or dtypes; a bad `missing` or `out`; a corrupt
-            payload.
+          ValueError: entries of different shapes or dtypes; a bad `missing` or `out`; a corrupt payload.
           IndexError, TypeError: bad slot ids.
         """
         return self.get_many([slots], missing=missing, outs=None if out is None else [out])[0]
@@ -509,11 +504,10 @@ class CompressedStore:
         """An accounting snapshot.
 
         Returns:
-          A dict with `entries`, `raw_nbytes`, `payload_nbytes`, `arena_nbytes`, `slack_nbytes`
-          (arena - payload), `dead_nbytes` (freed, not yet reclaimed), `index_nbytes`,
-          `dictionary_nbytes`, `nbytes`, `compression_ratio`, `num_chunks`, `compactions` and
-          `codecs`: per codec name holding an entry, `{"entries", "raw_nbytes",
-          "payload_nbytes", "payload_ratio"}` (raw / payload).
+          A dict with `entries`, `raw_nbytes`, `payload_nbytes`, `arena_nbytes`, `slack_nbytes` (arena - payload),
+          `dead_nbytes` (freed, not yet reclaimed), `index_nbytes`, `dictionary_nbytes`, `nbytes`,
+          `compression_ratio`, `num_chunks`, `compactions` and `codecs`: per codec name holding an entry,
+          `{"entries", "raw_nbytes", "payload_nbytes", "payload_ratio"}` (raw / payload).
         """
         index = sum(a.nbytes for a in self._index())
         dict_nbytes = self.dictionary_nbytes

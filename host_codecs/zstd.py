@@ -1,19 +1,16 @@
 """`zstd`: Zstandard frames through the optional `zstandard` package.
 
-Every frame records its content size and a content checksum, so a corrupt payload, or one
-decoded with the wrong dictionary, raises instead of reading back wrong bytes; any zstd decoder
-reads the frames. Levels 1-22 (default 3) and zstd's fast levels -7..-1, which store literals
-without Huffman coding: a frame is a little larger and decodes faster. Decoding is the same for
-every level.
+Every frame records its content size and a content checksum, so a corrupt payload, or one decoded with the wrong
+dictionary, raises instead of reading back wrong bytes; any zstd decoder reads the frames. Levels 1-22 (default 3)
+and zstd's fast levels -7..-1, which store literals without Huffman coding: a frame is a little larger and decodes
+faster. Decoding is the same for every level.
 
-A batch is split over the thread pool (`host_codecs.parallel_for`), every thread with its own
-compressor and decompressor objects (they are not safe to share between threads); zstandard
-releases the GIL while it works.
+A batch is split over the thread pool (`host_codecs.parallel_for`), every thread with its own compressor and
+decompressor objects (they are not safe to share between threads); zstandard releases the GIL while it works.
 
-Dictionaries (`ZstdDictionary`): a `host_codecs.CompressedStore` created with `dictionary_bytes`
-builds one from its first entries and encodes its default codec's later entries with it (meta
-byte 1). Small similar entries such as 84x84 Atari frames then skip most of their per-frame cost
-and decode faster (`docs/benchmarks.md` has the numbers).
+Dictionaries (`ZstdDictionary`): a `host_codecs.CompressedStore` created with `dictionary_bytes` builds one from its
+first entries and encodes its default codec's later entries with it (meta byte 1). Small similar entries such as
+84x84 Atari frames then skip most of their per-frame cost and decode faster (`docs/benchmarks.md` has the numbers).
 """
 
 from __future__ import annotations
@@ -69,9 +66,8 @@ class ZstdDictionary:
         """Build a dictionary of at most `size` bytes for entries like `samples`.
 
         The content is the bytewise mode of the samples: at each byte position the most frequent
-        value (the static part of a frame: background, walls), at most the first `size` bytes.
-        An entry then matches the content at one constant offset for most of its length, which
-        decodes almost as a copy.
+        value (the static part of a frame: background, walls), at most the first `size` bytes. An entry then matches
+        the content at one constant offset for most of its length, which decodes almost as a copy.
 
         Args:
           samples: 1-D uint8 arrays of one length, or a 2-D uint8 array (one entry per row).

@@ -59,8 +59,7 @@ def write_priorities(tree: SumMinTree, indices, priorities, generations, applies
       max_priority: float32 scalar, the running max before this call. epsilon, alpha: the buffer's.
 
     Returns:
-      `(tree, max_priority)`: of duplicates the last applied entry wins, and only winners raise
-      the max.
+      `(tree, max_priority)`: of duplicates the last applied entry wins, and only winners raise the max.
     """
     if indices.shape[0] == 0:
         return tree, max_priority

@@ -147,11 +147,10 @@ def counter_value(counter) -> int:
 def last_item_number(counter: jax.Array, head: jax.Array, slots: jax.Array, capacity: int) -> jax.Array:
     """Number (0-based, modulo ``2**32``: int32 wrap-around) of the item last written to ``slots``.
 
-    A ring writes items ``0, 1, 2, ...`` to slots ``0, 1, 2, ... mod capacity``, so slot ``s`` last
-    received item ``added - 1 - ((head - 1 - s) mod capacity)`` (``added`` from the two-word
-    ``counter``): int32, the shape of `slots`; only meaningful for slots holding data.
-    Prioritised buffers use it as the slot's *generation*: it changes exactly when the slot is
-    overwritten, with no per-slot state.
+    A ring writes items ``0, 1, 2, ...`` to slots ``0, 1, 2, ... mod capacity``, so slot ``s`` last received item
+    ``added - 1 - ((head - 1 - s) mod capacity)`` (``added`` from the two-word ``counter``): int32, the shape of
+    `slots`; only meaningful for slots holding data. Prioritised buffers use it as the slot's *generation*: it
+    changes exactly when the slot is overwritten, with no per-slot state.
     """
     added32 = jnp.left_shift(counter[..., 0], _LOW_BITS) + counter[..., 1]  # wraps in int32
     back = jnp.mod(head - 1 - jnp.asarray(slots, jnp.int32), capacity)
@@ -187,9 +186,8 @@ def write_lanes(storage, rows, slots: jax.Array, keep: jax.Array):
     """Scatter ``rows`` (leaves ``[E, t, ...]``) into ``storage`` (leaves ``[E, K, ...]``) at
     ``storage[e, slots[e, j]]`` where ``keep[e, j]``; the other rows are dropped.
 
-    The ``(lane, slot)`` pairs written must be distinct where ``keep`` (what `final_slots`
-    gives): dropped rows point past the end, each to its own column, so every pair is unique and
-    the scatter may run in parallel.
+    The ``(lane, slot)`` pairs written must be distinct where ``keep`` (what `final_slots` gives): dropped rows
+    point past the end, each to its own column, so every pair is unique and the scatter may run in parallel.
     """
     e, t = slots.shape
     k = jax.tree.leaves(storage)[0].shape[1]

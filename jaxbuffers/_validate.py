@@ -1,13 +1,12 @@
 """Every trace-time argument and input check of the library, each in one place.
 
-Every buffer stores an *item spec*: a pytree of `jax.ShapeDtypeStruct` describing one item (no
-batch axis). `check_batch` compares a batch against it before anything is written, so wrong input
-fails while tracing with a message naming the leaf path (e.g. `obs['pixels']`), the expected and
-the received shape or dtype. Nothing is ever cast: a float64 numpy batch for a float32 field is an
-error. Static sizes go through `static_int`, flags `static_bool`, static floats `static_float`,
-traced hyperparameters `scalar_parameter`, index arguments `integer_indices` / `index_vector`,
-per-entry vectors `vector`. Wrong structure, kind or dtype raises `TypeError`; wrong shape or
-value `ValueError`; every message starts with the argument's name.
+Every buffer stores an *item spec*: a pytree of `jax.ShapeDtypeStruct` describing one item (no batch axis).
+`check_batch` compares a batch against it before anything is written, so wrong input fails while tracing with a
+message naming the leaf path (e.g. `obs['pixels']`), the expected and the received shape or dtype. Nothing is ever
+cast: a float64 numpy batch for a float32 field is an error. Static sizes go through `static_int`, flags
+`static_bool`, static floats `static_float`, traced hyperparameters `scalar_parameter`, index arguments
+`integer_indices` / `index_vector`, per-entry vectors `vector`. Wrong structure, kind or dtype raises `TypeError`;
+wrong shape or value `ValueError`; every message starts with the argument's name.
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ def item_spec(example: Any, what: str = "example_item") -> Any:
     rejected: their dtype would be a guess.
 
     Raises:
-      TypeError: a leaf is not array-like, is a typed PRNG key array, or its dtype cannot be stored
-        by JAX as it is.
+      TypeError: a leaf is not array-like, is a typed PRNG key array, or its dtype cannot be stored by JAX as it is.
       ValueError: the example has no leaves.
     """
     leaves, treedef = jax.tree_util.tree_flatten_with_path(example)
@@ -200,8 +198,7 @@ def static_bool(name: str, value) -> bool:
     """A static flag: a Python (or numpy) bool, returned as ``bool``.
 
     Raises:
-      TypeError: anything else, e.g. the string ``"False"`` (truthy) or a traced value; names the
-        argument.
+      TypeError: anything else, e.g. the string ``"False"`` (truthy) or a traced value; names the argument.
     """
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}: expected a Python bool, got {value!r}")
@@ -353,9 +350,8 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
     ``dtype`` is a dtype (matched exactly), ``"floating"`` (any floating dtype) or None (any).
 
     Raises:
-      TypeError: not an array (``None``, a Python scalar, a list), a numpy dtype that JAX would
-        narrow (float64 with ``jax_enable_x64`` off), or the wrong dtype. ValueError: the wrong
-        shape. Messages start with ``name``.
+      TypeError: not an array (``None``, a Python scalar, a list), a numpy dtype that JAX would narrow (float64 with
+        ``jax_enable_x64`` off), or the wrong dtype. ValueError: the wrong shape. Messages start with ``name``.
     """
     if not _is_array_like(x):
         raise TypeError(f"{name}: expected an array{'' if shape is None else f' of shape {shape}'}, got {type(x).__name__}")

@@ -1,9 +1,8 @@
 r"""Prioritised item replay: `PrioritisedReplayBuffer` and `PrioritisedSample`.
 
-A `jaxbuffers.ReplayBuffer` plus, per slot, a leaf $p_i^\alpha$ in a `jaxbuffers.SumMinTree`
-(sums for sampling, minima for the weights' normaliser). With $p_i$ the priority of slot $i$,
-$\alpha$ the priority exponent and $N$ the number of stored items, the sampling probability and
-importance weight are
+A `jaxbuffers.ReplayBuffer` plus, per slot, a leaf $p_i^\alpha$ in a `jaxbuffers.SumMinTree` (sums for sampling,
+minima for the weights' normaliser). With $p_i$ the priority of slot $i$, $\alpha$ the priority exponent and $N$ the
+number of stored items, the sampling probability and importance weight are
 
 $$
 P(i) = \frac{p_i^\alpha}{\sum_k p_k^\alpha}, \qquad
@@ -17,11 +16,9 @@ Priority policy (applied by `add` and `set_priorities`; values cannot be checked
 
 * `NaN` -> the running max priority (before this call): the item is revisited soon.
 * `< epsilon` (zero, negative, `-inf`) -> `epsilon`: a stored item is never unreachable.
-* `> PRIORITY_MAX` (incl. `+inf`) -> `PRIORITY_MAX` (1e20): the sum over `2**30` leaves stays
-  finite in float32.
+* `> PRIORITY_MAX` (incl. `+inf`) -> `PRIORITY_MAX` (1e20): the sum over `2**30` leaves stays finite in float32.
 
-So the tree never holds NaN or inf, and sampling never returns an empty slot once one item was
-added.
+So the tree never holds NaN or inf, and sampling never returns an empty slot once one item was added.
 
 A slot's generation (what `set_priorities` compares to tell a fresh item from an overwritten one)
 is the number, modulo `2**32`, of the item last written there: it follows from `head` and `added`
@@ -104,8 +101,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
           epsilon: smallest priority kept, in `[1e-30, 1]`; zero or negative priorities become it.
 
         Raises:
-          ValueError: as `jaxbuffers.ReplayBuffer.create`, or `priority_exponent` / `epsilon`
-            outside their ranges.
+          ValueError: as `jaxbuffers.ReplayBuffer.create`, or `priority_exponent` / `epsilon` outside their ranges.
         """
         alpha = _validate.static_float("priority_exponent", priority_exponent, 0.0, 1.0)
         epsilon = _validate.static_float("epsilon", epsilon, 1e-30, 1.0)

@@ -1,10 +1,9 @@
 r"""`PrioritisedTrajectoryBuffer`: a `jaxbuffers.TrajectoryBuffer` whose window starts are drawn by priority.
 
-A drop-in for the uniform buffer: the same `create` sizes, the same `add`, and
-`sample_sequences` / `sample_transitions` with the same arguments plus a keyword `beta=1.0`;
-the samples have the uniform samples' fields plus `probabilities`, `importance_weights` and
-`generations`. The priority policy, the probabilities and the importance weights are those of
-every prioritised buffer (`jaxbuffers._priority`, Schaul et al. 2016).
+A drop-in for the uniform buffer: the same `create` sizes, the same `add`, and `sample_sequences` /
+`sample_transitions` with the same arguments plus a keyword `beta=1.0`; the samples have the uniform samples' fields
+plus `probabilities`, `importance_weights` and `generations`. The priority policy, the probabilities and the
+importance weights are those of every prioritised buffer (`jaxbuffers._priority`, Schaul et al. 2016).
 
 Positions (`lane * length + slot`) are leaves of an on-device `jaxbuffers.SumMinTree`. A position
 holds $p^\alpha$ only while its window of `window_length` steps is valid (stored, not straddling

@@ -1,10 +1,9 @@
 """Uniform item replay: `ReplayBuffer` and its sample type `ReplaySample`.
 
-A fixed-capacity ring of items (any pytree of arrays). `add` overwrites the oldest items first;
-`sample` draws uniformly with replacement over the stored items. Everything is pure and jittable;
-with `jax.jit(..., donate_argnums=...)` on a state holding the buffer, `add` updates the storage
-in place (cost O(batch), never O(capacity)). Called outside `jit`, every method runs one cached
-compiled program.
+A fixed-capacity ring of items (any pytree of arrays). `add` overwrites the oldest items first; `sample` draws
+uniformly with replacement over the stored items. Everything is pure and jittable; with
+`jax.jit(..., donate_argnums=...)` on a state holding the buffer, `add` updates the storage in place (cost O(batch),
+never O(capacity)). Called outside `jit`, every method runs one cached compiled program.
 
 Example:
   ```python
@@ -40,10 +39,9 @@ class ReplaySample(NamedTuple):
 class ReplayBuffer(struct.PyTreeNode):
     """Fixed-capacity ring of items with uniform sampling (with replacement).
 
-    Build it with `ReplayBuffer.create`; every method is pure and returns a new buffer. Under
-    `jax.vmap` a stacked buffer (every leaf with a leading axis) behaves as independent buffers,
-    e.g. one per seed. The ring conventions (`head`, `num_valid`, `added`) are those of
-    `jaxbuffers._ring`.
+    Build it with `ReplayBuffer.create`; every method is pure and returns a new buffer. Under `jax.vmap` a stacked
+    buffer (every leaf with a leading axis) behaves as independent buffers, e.g. one per seed. The ring conventions
+    (`head`, `num_valid`, `added`) are those of `jaxbuffers._ring`.
     """
 
     storage: Any  # pytree like the example item, leaves [capacity, *item_shape], the example's dtypes
@@ -84,8 +82,7 @@ class ReplayBuffer(struct.PyTreeNode):
 
         Raises:
           TypeError: not an integer value.
-          ValueError: wrong shape, or a concrete value out of range (traced values are not
-            range-checked).
+          ValueError: wrong shape, or a concrete value out of range (traced values are not range-checked).
         """
         new = {}
         if head is not None:
@@ -162,9 +159,8 @@ class ReplayBuffer(struct.PyTreeNode):
           batch_size: static Python int >= 1.
 
         Returns:
-          `ReplaySample` with `item` (leaves `[batch_size, ...]`) and `indices`. On an empty
-          buffer (`can_sample` False) it returns slot 0, which holds zeros: defined, never
-          garbage, but check `can_sample` first.
+          `ReplaySample` with `item` (leaves `[batch_size, ...]`) and `indices`. On an empty buffer (`can_sample`
+          False) it returns slot 0, which holds zeros: defined, never garbage, but check `can_sample` first.
 
         Raises:
           ValueError: `batch_size` not an int >= 1.

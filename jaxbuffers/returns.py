@@ -1,12 +1,10 @@
 r"""Return and advantage estimators over time-major rollouts: GAE, lambda-, discounted and n-step returns.
 
-All functions are pure and jittable. They take whole rollouts, time-major, with any number of
-trailing batch axes `*B` (`[T]`, `[T, N]`, `[T, N, M]`, ...): there is no need to `vmap` over
-environments.
+All functions are pure and jittable. They take whole rollouts, time-major, with any number of trailing batch axes
+`*B` (`[T]`, `[T, N]`, `[T, N, M]`, ...): there is no need to `vmap` over environments.
 
-**Step convention** (shared by every function here and every buffer). Step $t$, $0 \le t < T$,
-is the transition $o_t \xrightarrow{a_t} o_{t+1}$, and every `[T, *B]` argument is indexed by
-the step it belongs to:
+**Step convention** (shared by every function here and every buffer). Step $t$, $0 \le t < T$, is the transition
+$o_t \xrightarrow{a_t} o_{t+1}$, and every `[T, *B]` argument is indexed by the step it belongs to:
 
 | argument | shape | at index $t$ |
 |---|---|---|
@@ -17,10 +15,9 @@ the step it belongs to:
 | `final_value` | `[T, *B]` float | $V(o_{t+1})$ of the real last observation, before the auto-reset; read only where `truncated[t]` (elsewhere anything, even NaN) |
 | `last_value` | `[*B]` float | $V(o_T)$, the value of the observation after the rollout |
 
-A step both terminated and truncated counts as terminated. An *episode end* is a step that is
-terminated or truncated, $d_t = \text{terminated}_t \lor \text{truncated}_t$: after it,
-`value[t + 1]` belongs to the next episode, so no reward, value or trace crosses it. Every
-estimator is built on the value step $t$ bootstraps from:
+A step both terminated and truncated counts as terminated. An *episode end* is a step that is terminated or
+truncated, $d_t = \text{terminated}_t \lor \text{truncated}_t$: after it, `value[t + 1]` belongs to the next
+episode, so no reward, value or trace crosses it. Every estimator is built on the value step $t$ bootstraps from:
 
 $$
 V^{next}_t = \begin{cases}
@@ -43,14 +40,13 @@ reward $r_{t+1}$: our `reward[t]` is rlax's `r_t[t]` in a sequence at times $[1,
 composes the maps $(a_t, b_t)$ with `lax.associative_scan` in $O(\log T)$ depth, for long
 horizons on accelerators. Both are correct everywhere and agree to float32 rounding.
 
-**Dtypes and checks.** Flags must be `bool` and all float arguments share one floating dtype;
-nothing is cast silently. A Python float is accepted for `last_value` when `*B` is `()`.
-`gamma` and the lambdas are scalars (Python numbers or 0-d arrays, possibly traced), in $[0, 1]$
-when concrete. Checks run at trace time (`TypeError` for dtypes, `ValueError` for shapes and
-ranges). Results have the dtype of `reward`; inputs narrower than 32 bits are computed in
-float32 and rounded once at the end (in bfloat16 itself `gamma = 0.99` would round to
-`0.98828125`). `final_value` is selected with `where`, so NaN where it is not read never
-propagates; other float inputs must be finite (an episode end multiplies the later trace by 0).
+**Dtypes and checks.** Flags must be `bool` and all float arguments share one floating dtype; nothing is cast
+silently. A Python float is accepted for `last_value` when `*B` is `()`. `gamma` and the lambdas are scalars (Python
+numbers or 0-d arrays, possibly traced), in $[0, 1]$ when concrete. Checks run at trace time (`TypeError` for
+dtypes, `ValueError` for shapes and ranges). Results have the dtype of `reward`; inputs narrower than 32 bits are
+computed in float32 and rounded once at the end (in bfloat16 itself `gamma = 0.99` would round to `0.98828125`).
+`final_value` is selected with `where`, so NaN where it is not read never propagates; other float inputs must be
+finite (an episode end multiplies the later trace by 0).
 
 References:
     Schulman, Moritz, Levine, Jordan, Abbeel (2016). High-Dimensional Continuous Control Using
@@ -185,8 +181,7 @@ def gae(
       `(advantages, returns)`, both `[T, *B]` with the dtype of `reward`.
 
     Raises:
-      TypeError: a required argument is missing, a flag is not bool, or a float argument's dtype
-        is not `reward`'s.
+      TypeError: a required argument is missing, a flag is not bool, or a float argument's dtype is not `reward`'s.
       ValueError: shapes disagree with `reward`, `truncated` without `final_value` (or the
         reverse), a concrete `gamma` / `gae_lambda` outside $[0, 1]$, or an unknown `method`.
 
@@ -223,10 +218,9 @@ def lambda_returns(
     \end{cases}, \qquad G^\lambda_T = \text{last\_value},
     $$
 
-    the lambda-weighted mix of the n-step returns over rewards at times $[t, t+k-1]$, each window
-    stopping at the first episode end. $\lambda = 1$ gives `discounted_returns`, $\lambda = 0$
-    the one-step target $r_t + \gamma V^{next}_t$. Equals the `returns` of `gae` with
-    `gae_lambda = lambda_` (computed independently).
+    the lambda-weighted mix of the n-step returns over rewards at times $[t, t+k-1]$, each window stopping at the
+    first episode end. $\lambda = 1$ gives `discounted_returns`, $\lambda = 0$ the one-step target
+    $r_t + \gamma V^{next}_t$. Equals the `returns` of `gae` with `gae_lambda = lambda_` (computed independently).
 
     `reward`, `value`, `terminated`, `truncated`, `final_value` and `last_value` are as in `gae`.
 

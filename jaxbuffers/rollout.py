@@ -1,25 +1,22 @@
 r"""On-policy storage: `RolloutBuffer`, its minibatch type and its memory-pressure report.
 
-A rollout buffer holds one rollout of `num_steps` ($T$) steps from `num_envs` ($N$) parallel
-environments, time-major `[T, N, ...]`, for algorithms such as PPO and A2C: collect $T$ steps
-with `add`, compute advantages once with `compute_gae`, iterate over shuffled minibatches with
-`minibatches` for a few epochs, then `reset` for the next rollout. Every method is pure and
-jittable (eagerly, each runs as one cached compiled program); the buffer can be carried through
-`lax.scan` and stacked under `jax.vmap` (one buffer per seed or learner).
+A rollout buffer holds one rollout of `num_steps` ($T$) steps from `num_envs` ($N$) parallel environments,
+time-major `[T, N, ...]`, for algorithms such as PPO and A2C: collect $T$ steps with `add`, compute advantages once
+with `compute_gae`, iterate over shuffled minibatches with `minibatches` for a few epochs, then `reset` for the next
+rollout. Every method is pure and jittable (eagerly, each runs as one cached compiled program); the buffer can be
+carried through `lax.scan` and stacked under `jax.vmap` (one buffer per seed or learner).
 
-**What is stored.** `step`, the user's pytree for one env step (observation, action,
-log-probability...), as `example_step` in `create`: stored and handed back, never interpreted.
-Beside it, the fields GAE needs, with the step convention of `jaxbuffers.returns` (step $t$ is
-$o_t \to o_{t+1}$), given to `add` as keywords: `reward` ($r_t$), `value` ($V(o_t)$),
-`terminated`, optionally `truncated` with `final_value`, and `trainable` (default True: steps
-that take part in GAE but are not learned from, e.g. a scripted controller's). `compute_gae`
-adds `advantages` and `returns` (`[T, N]`).
+**What is stored.** `step`, the user's pytree for one env step (observation, action, log-probability...), as
+`example_step` in `create`: stored and handed back, never interpreted. Beside it, the fields GAE needs, with the
+step convention of `jaxbuffers.returns` (step $t$ is $o_t \to o_{t+1}$), given to `add` as keywords: `reward`
+($r_t$), `value` ($V(o_t)$), `terminated`, optionally `truncated` with `final_value`, and `trainable` (default True:
+steps that take part in GAE but are not learned from, e.g. a scripted controller's). `compute_gae` adds `advantages`
+and `returns` (`[T, N]`).
 
 **At the edges.**
 
-* `add` on a full buffer (`step_index == num_steps`) writes nothing (overwriting row 0 would
-  break the time order GAE relies on) and sets `overflowed` until `reset`: the fill level is
-  traced, so it cannot raise.
+* `add` on a full buffer (`step_index == num_steps`) writes nothing (overwriting row 0 would break the time order
+  GAE relies on) and sets `overflowed` until `reset`: the fill level is traced, so it cannot raise.
 * A partial buffer is handled exactly: `compute_gae` bootstraps the last filled row from
   `last_value` and writes zeros into the unfilled rows, which are masked out of learning.
 * `reset` only moves `step_index` to 0 (no reallocation, no zeroing); stale rows count as
@@ -66,8 +63,7 @@ class RolloutMinibatch(NamedTuple):
     """Steps gathered from a `RolloutBuffer` (what `minibatches` and `gather` return).
 
     Every leaf has the leading shape of the indices it was gathered with, written `[*L]`
-    (`[num_minibatches, minibatch_size]` for `minibatches`). Float fields have the buffer's
-    `float_dtype`.
+    (`[num_minibatches, minibatch_size]` for `minibatches`). Float fields have the buffer's `float_dtype`.
     """
 
     step: Any  # user pytree like example_step, leaves [*L, ...], the stored dtypes
@@ -150,10 +146,9 @@ _GAE_FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "tra
 class RolloutBuffer(struct.PyTreeNode):
     """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches.
 
-    See the module doc for what is stored and the behaviour at the edges. Build it with
-    `create`. Under `jax.vmap` a stacked buffer (every array leaf with a leading axis $K$)
-    behaves as $K$ independent buffers: `jax.vmap(lambda _: RolloutBuffer.create(...),
-    axis_size=K)(None)` builds one.
+    See the module doc for what is stored and the behaviour at the edges. Build it with `create`. Under `jax.vmap` a
+    stacked buffer (every array leaf with a leading axis $K$) behaves as $K$ independent buffers:
+    `jax.vmap(lambda _: RolloutBuffer.create(...), axis_size=K)(None)` builds one.
     """
 
     step: Any  # user pytree like example_step, leaves [T, N, *step_shape], example's dtypes
@@ -321,10 +316,9 @@ class RolloutBuffer(struct.PyTreeNode):
     def compute_gae(self, last_value: jax.Array, gamma: float | jax.Array, gae_lambda: float | jax.Array, method: str = "scan") -> "RolloutBuffer":
         r"""Store GAE `advantages` and `returns` computed with `jaxbuffers.returns.gae`.
 
-        For a full buffer this is `returns.gae` on the stored arrays (its doc gives the
-        recursion and the reference). With $k$ = `step_index` $< T$ rows filled it equals `gae`
-        on the first $k$ rows (row $k - 1$ bootstraps from `last_value` unless it ended an
-        episode), and rows $\ge k$ get zeros.
+        For a full buffer this is `returns.gae` on the stored arrays (its doc gives the recursion and the
+        reference). With $k$ = `step_index` $< T$ rows filled it equals `gae` on the first $k$ rows (row $k - 1$
+        bootstraps from `last_value` unless it ended an episode), and rows $\ge k$ get zeros.
 
         Args:
           last_value: `[N]` float_dtype, $V(o_k)$: the value of the observation after the last
@@ -334,8 +328,7 @@ class RolloutBuffer(struct.PyTreeNode):
           method: `"scan"` or `"associative"` (static), see `jaxbuffers.returns`.
 
         Returns:
-          The buffer with `advantages` and `returns` (`[T, N]` float_dtype) written and
-          `has_advantages` True.
+          The buffer with `advantages` and `returns` (`[T, N]` float_dtype) written and `has_advantages` True.
 
         Raises:
           TypeError, ValueError: `last_value` has the wrong dtype or shape (the message names it),
@@ -411,13 +404,11 @@ class RolloutBuffer(struct.PyTreeNode):
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
         """All `T * N` steps, shuffled, as `num_minibatches` minibatches for `lax.scan`.
 
-        `gather(minibatch_indices(key, num_minibatches))`: leaves
-        `[num_minibatches, T * N / num_minibatches, ...]`; each step appears exactly once; drop
-        non-trainable and unfilled steps in the loss with `mask`. This materialises a shuffled
-        copy of the buffer (see `RolloutMemoryPressure`); to avoid it, scan over
-        `minibatch_indices` and `gather` one minibatch per iteration. `advantages` / `returns`
-        are what `compute_gae` last wrote (`has_advantages` says whether it ran after the last
-        `add`).
+        `gather(minibatch_indices(key, num_minibatches))`: leaves `[num_minibatches, T * N / num_minibatches, ...]`;
+        each step appears exactly once; drop non-trainable and unfilled steps in the loss with `mask`. This
+        materialises a shuffled copy of the buffer (see `RolloutMemoryPressure`); to avoid it, scan over
+        `minibatch_indices` and `gather` one minibatch per iteration. `advantages` / `returns` are what
+        `compute_gae` last wrote (`has_advantages` says whether it ran after the last `add`).
 
         Raises:
           ValueError: as `minibatch_indices`.

@@ -1,19 +1,17 @@
 r"""On-device sum tree with minima: `SumMinTree`, the index of every prioritised buffer.
 
-A complete binary tree over `P = 2 ** ceil(log2(capacity))` leaves (the capacity padded to a power
-of two) is stored as ONE heap array `nodes` of shape `[2P, 2]`: row 1 is the root, node `n` has
-children `2n` and `2n + 1`, so depth `l` occupies rows `2**l .. 2**(l+1) - 1` and leaf `i`
-(`0 <= i < capacity`) is row `P + i`. Each row is the pair `(sum, min)` of its subtree: leaf `i`
-with value $v_i \ge 0$ holds $(v_i, v_i)$ if $v_i > 0$ and $(0, +\infty)$ otherwise, and every
-internal row is
+A complete binary tree over `P = 2 ** ceil(log2(capacity))` leaves (the capacity padded to a power of two) is stored
+as ONE heap array `nodes` of shape `[2P, 2]`: row 1 is the root, node `n` has children `2n` and `2n + 1`, so depth
+`l` occupies rows `2**l .. 2**(l+1) - 1` and leaf `i` (`0 <= i < capacity`) is row `P + i`. Each row is the pair
+`(sum, min)` of its subtree: leaf `i` with value $v_i \ge 0$ holds $(v_i, v_i)$ if $v_i > 0$ and $(0, +\infty)$
+otherwise, and every internal row is
 
 $$
 (\mathrm{sum}, \mathrm{min})_n = (\mathrm{sum}_{2n} + \mathrm{sum}_{2n+1},\ \min(\mathrm{min}_{2n}, \mathrm{min}_{2n+1})).
 $$
 
-So the root holds $\sum_i v_i$ (for sampling) and the smallest POSITIVE leaf (the
-importance-weight normaliser over the slots that can be sampled). Row 0 and the padding leaves
-`[capacity, P)` hold the identity `(0, +inf)` forever.
+So the root holds $\sum_i v_i$ (for sampling) and the smallest POSITIVE leaf (the importance-weight normaliser over
+the slots that can be sampled). Row 0 and the padding leaves `[capacity, P)` hold the identity `(0, +inf)` forever.
 
 Invariant: every internal row is the combination of its children in the tree's dtype.
 `SumMinTree.set` recomputes the ancestors of the written leaves from their children (never by
@@ -210,10 +208,9 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Args:
           indices: int[B] leaf ids. Entries outside `[0, capacity)` are ignored.
-          values: floating [B], converted to the tree's dtype. A NaN value is not written (the
-            entry is ignored, as if `where` were False), so NaN never enters the tree. The others
-            must be finite and `>= 0`: the tree does not sanitise them (the prioritised buffers
-            apply their own documented policy first).
+          values: floating [B], converted to the tree's dtype. A NaN value is not written (the entry is ignored, as
+            if `where` were False), so NaN never enters the tree. The others must be finite and `>= 0`: the tree
+            does not sanitise them (the prioritised buffers apply their own documented policy first).
           where: optional bool[B]; entries with `False` are ignored.
 
         Returns:

@@ -5,28 +5,25 @@ Layout: every field of a step is stored in *lanes*, one per environment, leaves
 `[num_envs, t, ...]` per `add`), so they share one ring (`head`, `num_valid` counting steps *per
 lane*; `jaxbuffers._ring`). Positions are flat: `index = lane * length + physical_slot`.
 
-Step convention (`docs/guide.md`, section 2): step `t` of a lane is the transition
-`obs_t --action_t--> obs_{t+1}`, a dict with at least `obs` (any pytree of arrays), `action` and
-`reward` (a floating scalar), plus any extras (the three names are configurable in `create`).
-`add` takes the episode flags: `terminated[t]` (`obs_{t+1}` is terminal, no bootstrap) and
-`truncated[t]` (the episode was cut after step `t`, e.g. a time limit: bootstrap from the true
-`obs_{t+1}`). A step both terminated and truncated counts as terminated (Gymnasium's rule). An
-*episode end* is a step that is terminated or truncated.
+Step convention (`docs/guide.md`, section 2): step `t` of a lane is the transition `obs_t --action_t--> obs_{t+1}`,
+a dict with at least `obs` (any pytree of arrays), `action` and `reward` (a floating scalar), plus any extras (the
+three names are configurable in `create`). `add` takes the episode flags: `terminated[t]` (`obs_{t+1}` is terminal,
+no bootstrap) and `truncated[t]` (the episode was cut after step `t`, e.g. a time limit: bootstrap from the true
+`obs_{t+1}`). A step both terminated and truncated counts as terminated (Gymnasium's rule). An *episode end* is a
+step that is terminated or truncated.
 
-Final-observation ring. Observations are stored once: the next observation of step `t` is the
-`obs` of step `t + 1`, which after an auto-reset is the *reset* observation. After termination
-that does not matter (discount 0); after truncation the true final observation is needed, so
-`add` takes it as `final_obs` and keeps it in a ring of `final_obs_capacity` ($K$) slots per lane,
-one per truncated (and not terminated) step (`final_slot`). It is exact while no lane holds more
-than $K$ such steps at once: with a time limit $T_{max}$,
-$K = \lceil \text{length} / T_{max} \rceil + 1$ suffices, and the default $K$ = `length` always
-does. Past that the oldest final observations are overwritten (`TrajectoryBuffer.final_obs_lost`).
+Final-observation ring. Observations are stored once: the next observation of step `t` is the `obs` of step `t + 1`,
+which after an auto-reset is the *reset* observation. After termination that does not matter (discount 0); after
+truncation the true final observation is needed, so `add` takes it as `final_obs` and keeps it in a ring of
+`final_obs_capacity` ($K$) slots per lane, one per truncated (and not terminated) step (`final_slot`). It is exact
+while no lane holds more than $K$ such steps at once: with a time limit $T_{max}$,
+$K = \lceil \text{length} / T_{max} \rceil + 1$ suffices, and the default $K$ = `length` always does. Past that the
+oldest final observations are overwritten (`TrajectoryBuffer.final_obs_lost`).
 
-Windows. A window of $w$ steps starting at a lane's logical step $l$ (0 = oldest stored) is valid
-when $l + w \le$ `num_valid`: it never straddles the write head. Sequences use
-$w$ = `sequence_length`, n-step transitions $w$ = `n_step + 1` (the window includes the step
-holding $obs_{t+n}$). The reads at given positions (`sequences_at`, `transitions_at`,
-`final_obs_at`) return what the samplers return there; they do not check positions against the
+Windows. A window of $w$ steps starting at a lane's logical step $l$ (0 = oldest stored) is valid when $l + w \le$
+`num_valid`: it never straddles the write head. Sequences use $w$ = `sequence_length`, n-step transitions $w$ =
+`n_step + 1` (the window includes the step holding $obs_{t+n}$). The reads at given positions (`sequences_at`,
+`transitions_at`, `final_obs_at`) return what the samplers return there; they do not check positions against the
 write head (`valid_starts` does) and clamp indices outside `[0, num_envs * length)` into it.
 
 Example:
@@ -404,10 +401,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
     ) -> SequenceSample:
         """Sample `batch_size` sequences of `sequence_length` consecutive steps of one lane.
 
-        Uniform with replacement over the valid windows (module doc) whose start's logical index
-        is a multiple of `period`. With `cross_episodes=False` only windows with no episode end
-        before their last step count, drawn exactly uniformly (`O(num_envs * length)` per call;
-        the default costs `O(batch_size * sequence_length)`).
+        Uniform with replacement over the valid windows (module doc) whose start's logical index is a multiple of
+        `period`. With `cross_episodes=False` only windows with no episode end before their last step count, drawn
+        exactly uniformly (`O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`).
 
         Args:
           key: PRNG key.
@@ -433,10 +429,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> TransitionSample:
         """Sample `batch_size` n-step transitions uniformly over the valid windows of `n_step + 1` steps.
 
-        The return is cut at the first episode end (`n_step_window`); `next_obs` is `obs_{t+k}`,
-        from step `t + k` of the lane or, if step `t + k - 1` was truncated, from the
-        final-observation ring (never the reset observation). After termination it is the stored
-        step `t + k`, defined and multiplied by `discount = 0`.
+        The return is cut at the first episode end (`n_step_window`); `next_obs` is `obs_{t+k}`, from step `t + k`
+        of the lane or, if step `t + k - 1` was truncated, from the final-observation ring (never the reset
+        observation). After termination it is the stored step `t + k`, defined and multiplied by `discount = 0`.
 
         Args:
           key: PRNG key.
@@ -490,9 +485,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
     def sequences_at(self, indices, sequence_length: int) -> SequenceSample:
         """The sequences of `sequence_length` steps starting at flat positions `indices` (int[B]).
 
-        `sequences_at(s.indices, L)` equals the sample `s` of `sample_sequences` (positions: module
-        doc). Returns a `SequenceSample`; raises as `sample_sequences` and for `indices` that are
-        not a 1-D integer array.
+        `sequences_at(s.indices, L)` equals the sample `s` of `sample_sequences` (positions: module doc). Returns a
+        `SequenceSample`; raises as `sample_sequences` and for `indices` that are not a 1-D integer array.
         """
         sequence_length = self._sequence_length(sequence_length)
         return self._sequences(*self._split_indices(indices), sequence_length)
@@ -516,10 +510,9 @@ class TrajectoryBuffer(struct.PyTreeNode):
     def transitions_at(self, indices, *, n_step: int = 1, gamma) -> TransitionSample:
         """The n-step transitions starting at flat positions `indices` (int[B]).
 
-        `transitions_at(s.indices, n_step=n, gamma=g)` equals the sample `s` of
-        `sample_transitions` with the same `n` and `g` (positions: module doc). Returns a
-        `TransitionSample`; raises as `sample_transitions` and for `indices` that are not a 1-D
-        integer array.
+        `transitions_at(s.indices, n_step=n, gamma=g)` equals the sample `s` of `sample_transitions` with the same
+        `n` and `g` (positions: module doc). Returns a `TransitionSample`; raises as `sample_transitions` and for
+        `indices` that are not a 1-D integer array.
         """
         n_step = self._n_step(n_step)
         _gamma(gamma, self.storage[self.reward_key].dtype)

@@ -3,8 +3,7 @@
 * `CompressedTrajectoryBuffer` / `CompressedPrioritisedTrajectoryBuffer`: a
   `jaxbuffers.TrajectoryBuffer` (transitions, n-step, sequences) with host-compressed
   observation leaves and optional frame-stack dedup (one stored frame per step).
-* `CompressedRolloutBuffer`: a `jaxbuffers.RolloutBuffer` with host-compressed step
-  leaves, decoded per minibatch.
+* `CompressedRolloutBuffer`: a `jaxbuffers.RolloutBuffer` with host-compressed step leaves, decoded per minibatch.
 * `StagingWriter`: for Python-driven loops (one env step per call), stages steps in host
   numpy arrays and adds them to a compressed trajectory buffer in chunks (flushed before sampling).
 

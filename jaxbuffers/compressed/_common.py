@@ -27,9 +27,8 @@ from jaxbuffers.compressed._host import HostStores
 def select_leaves(spec: Any, compress: Sequence[str] | None, what: str) -> tuple[int, ...]:
     """Flat indices (in `jax.tree.leaves` order) of the leaves of `spec` to compress.
 
-    A leaf is selected when one of the dict keys (or attribute names) on its path is in
-    `compress`, or when its full name (`_validate.leaf_name`, e.g. `['pixels']`) is.
-    `compress=None` selects every leaf.
+    A leaf is selected when one of the dict keys (or attribute names) on its path is in `compress`, or when its full
+    name (`_validate.leaf_name`, e.g. `['pixels']`) is. `compress=None` selects every leaf.
 
     Raises:
       ValueError: a name selects nothing (the message lists the leaves), or nothing is selected.
@@ -94,15 +93,13 @@ _forced: bool | None = None  # set by forced_callbacks only
 def in_place_callbacks() -> bool:
     """Whether host callbacks traced now use `buffer_callback` (True) or `io_callback` / `pure_callback`.
 
-    The one place this is decided, for writes and reads alike. A `buffer_callback` hands the host
-    function XLA's own buffers: that needs them in host memory (the CPU backend; on GPU they are
-    device memory) and a program on one device (XLA refuses to partition a side-effecting one:
-    "Side-effect HLO must have sharding"). Where it can be used it must be: an ordered
-    `io_callback` copies its arguments into new arrays first, and in a process allowed one CPU
-    (`taskset`, a container or SLURM CPU set) reading a copy of over ~100 KB inside the callback
-    never returns. Elsewhere the ordered `io_callback` is the exactly-once write. Both run once
-    per executed add, in program order, under `jit`, `lax.scan` and donation (tested on CPU with
-    each forced by `forced_callbacks`).
+    The one place this is decided, for writes and reads alike. A `buffer_callback` hands the host function XLA's own
+    buffers: that needs them in host memory (the CPU backend; on GPU they are device memory) and a program on one
+    device (XLA refuses to partition a side-effecting one: "Side-effect HLO must have sharding"). Where it can be
+    used it must be: an ordered `io_callback` copies its arguments into new arrays first, and in a process allowed
+    one CPU (`taskset`, a container or SLURM CPU set) reading a copy of over ~100 KB inside the callback never
+    returns. Elsewhere the ordered `io_callback` is the exactly-once write. Both run once per executed add, in
+    program order, under `jit`, `lax.scan` and donation (tested on CPU with each forced by `forced_callbacks`).
     """
     if _forced is not None:
         return _forced
@@ -193,9 +190,8 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
       frames: with frame dedup `[*S, k, *frame_shape]` (stack position `j`: oldest `0` to
         newest `k - 1`), else `[*S, *shape]`. `lead = len(S)`.
       pad: bool `[*S, k]`, frames to zero (`padding="zero"`), or None.
-      normalize: return float32 `x * float32(1 / 255)` instead of the stored dtype (XLA turns a
-        division by 255 into this product anyway; it is within 1 ulp of `x / 255`, exactly 0 and 1
-        at 0 and 255).
+      normalize: return float32 `x * float32(1 / 255)` instead of the stored dtype (XLA turns a division by 255 into
+        this product anyway; it is within 1 ulp of `x / 255`, exactly 0 and 1 at 0 and 255).
     """
     if info.stack_axis is not None:
         if pad is not None:

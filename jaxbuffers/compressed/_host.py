@@ -12,11 +12,10 @@ buffer keeps in a *static* field (not a pytree leaf):
 * **Reads** take that version too: the data dependency makes a read run after the write that
   produced the state it samples from. The callback carrying writes and reads is chosen in one
   place, `jaxbuffers.compressed._common.in_place_callbacks` (which says why).
-* **Stale reads are refused, not served.** Every slot remembers the version that last wrote it;
-  a read with version `v` raises if one of its slots was written later (an old state kept after
-  later adds, or a sample XLA scheduled after a later add of the same program). A write from a
-  state whose version is not the store's current one (adding twice to one state: a fork) is
-  refused before anything is written. Errors raised inside callbacks surface as
+* **Stale reads are refused, not served.** Every slot remembers the version that last wrote it; a read with version
+  `v` raises if one of its slots was written later (an old state kept after later adds, or a sample XLA scheduled
+  after a later add of the same program). A write from a state whose version is not the store's current one (adding
+  twice to one state: a fork) is refused before anything is written. Errors raised inside callbacks surface as
   `jax.errors.JaxRuntimeError` when the result is used.
 * Writes cannot be `vmap`-ed (`ValueError: ... cannot be vmapped`): a compressed buffer is one
   host store, so buffers cannot be stacked; `vmap` over sampling keys of one buffer works.
@@ -194,8 +193,7 @@ class HostStores:
             when its byte size allows), which JAX's CPU backend adopts without a copy.
 
         Returns:
-          For store `i` and id array `j`, output `i * len(ids) + j`: shape
-          `S_j + item_shape`, the store's dtype.
+          For store `i` and id array `j`, output `i * len(ids) + j`: shape `S_j + item_shape`, the store's dtype.
 
         Raises:
           StaleBufferError: a slot was rewritten after `version` (see module doc).

@@ -1,11 +1,10 @@
 """Host-compressed on-policy storage: `CompressedRolloutBuffer`.
 
-A `jaxbuffers.RolloutBuffer` (`[num_steps, num_envs]` storage, GAE, shuffled minibatches: all of
-it reused) whose chosen step leaves (`compress=("pixels",)`) are replaced by one int32 store slot
-per step (`t * num_envs + env`); the pixels live compressed in host stores. `gather` decodes only
-the steps it is given, so scanning over `minibatch_indices` and gathering one minibatch per
-iteration never materialises the decoded rollout. The callback rules (exactly-once ordered
-writes, versioned reads, not vmappable) are in `jaxbuffers.compressed._host`.
+A `jaxbuffers.RolloutBuffer` (`[num_steps, num_envs]` storage, GAE, shuffled minibatches: all of it reused) whose
+chosen step leaves (`compress=("pixels",)`) are replaced by one int32 store slot per step (`t * num_envs + env`);
+the pixels live compressed in host stores. `gather` decodes only the steps it is given, so scanning over
+`minibatch_indices` and gathering one minibatch per iteration never materialises the decoded rollout. The callback
+rules (exactly-once ordered writes, versioned reads, not vmappable) are in `jaxbuffers.compressed._host`.
 
 Example:
     ```python
@@ -48,10 +47,9 @@ _ID = jax.ShapeDtypeStruct((), jnp.int32)
 class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
     """A `jaxbuffers.RolloutBuffer` whose chosen step leaves live compressed on the host.
 
-    Same methods as `RolloutBuffer` (`add`, `reset`, `compute_gae`, `minibatch_indices`,
-    `gather`, `minibatches`, `size`); with the same adds and keys the minibatches are exactly a
-    `RolloutBuffer`'s (float32 `x / 255` for compressed leaves with `normalize_images`).
-    Jittable, `lax.scan`-able, donatable; not vmappable.
+    Same methods as `RolloutBuffer` (`add`, `reset`, `compute_gae`, `minibatch_indices`, `gather`, `minibatches`,
+    `size`); with the same adds and keys the minibatches are exactly a `RolloutBuffer`'s (float32 `x / 255` for
+    compressed leaves with `normalize_images`). Jittable, `lax.scan`-able, donatable; not vmappable.
     """
 
     buffer: RolloutBuffer  # compressed leaves hold int32 store slots

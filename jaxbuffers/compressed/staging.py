@@ -10,29 +10,24 @@ program launch and a host callback per add. `StagingWriter` pays them once per *
   chunk adds `[num_envs, t, ...]`, oldest first, in power-of-two chunks no longer than the
   buffer's `length` (`p = 13` -> `8 + 4 + 1`), so at most `floor(log2(min(max_pending,
   length))) + 1` chunk shapes are ever compiled (twice that when only some carry `truncated`).
-* `buffer`, `sample_transitions` and `sample_sequences` flush first: a sample sees every step
-  added before it. `sample_transitions` then runs one cached jitted sample (compiled once per
-  batch size and `n_step`).
+* `buffer`, `sample_transitions` and `sample_sequences` flush first: a sample sees every step added before it.
+  `sample_transitions` then runs one cached jitted sample (compiled once per batch size and `n_step`).
 
-Until a flush, staged steps are held uncompressed in host memory owned by the writer
-(`max_pending` steps per env) and are not in the buffer pytree: a state obtained before the
-flush does not contain them. A flush that fails (e.g. `StaleBufferError`) keeps every step not
-yet added staged, so a retry loses nothing. After a flush the buffer equals the one the same
-steps added one by one give (every device array, hence the same samples for the same keys),
-except `version`, which counts host writes (one per chunk here).
+Until a flush, staged steps are held uncompressed in host memory owned by the writer (`max_pending` steps per env)
+and are not in the buffer pytree: a state obtained before the flush does not contain them. A flush that fails (e.g.
+`StaleBufferError`) keeps every step not yet added staged, so a retry loses nothing. After a flush the buffer equals
+the one the same steps added one by one give (every device array, hence the same samples for the same keys), except
+`version`, which counts host writes (one per chunk here).
 
 The buffer stays a pure pytree: the writer is a plain Python object around it, for host loops
 only; inside `jit` / `lax.scan` call `CompressedTrajectoryBuffer.add` directly.
 
 Example:
-    ``python
-    writer = StagingWriter(CompressedTrajectoryBuffer.create(example, num_envs=1, length=100_000, frame_stack=4))
-    for t in range(n):
-        writer.add(step_t, terminated=term_t)            # numpy [num_envs, ...]: a copy
-        if t % 4 == 0:
+    ``python writer = StagingWriter(CompressedTrajectoryBuffer.create(example, num_envs=1, length=100_000,
+    frame_stack=4)) for t in range(n):
+        writer.add(step_t, terminated=term_t) # numpy [num_envs, ...]: a copy if t % 4 == 0:
             batch = writer.sample_transitions(key, 32, gamma=0.99)   # flushes, then samples
-    buf = writer.buffer                                   # flushed buffer state (pytree)
-    ``
+    buf = writer.buffer # flushed buffer state (pytree) ``
 """
 
 from __future__ import annotations
@@ -249,8 +244,7 @@ class StagingWriter:
         """Add every staged step to the buffer (power-of-two chunks, oldest first); return it.
 
         Raises:
-          StaleBufferError: the wrapped state was already added to elsewhere (the staged steps
-            stay staged).
+          StaleBufferError: the wrapped state was already added to elsewhere (the staged steps stay staged).
         """
         n = self._n
         if n == 0:

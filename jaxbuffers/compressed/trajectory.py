@@ -1,30 +1,26 @@
 """Host-compressed trajectory buffers: `CompressedTrajectoryBuffer` and its prioritised variant.
 
-A `CompressedTrajectoryBuffer` is a `jaxbuffers.TrajectoryBuffer` (all of its logic reused)
-whose chosen observation leaves (`compress=("pixels",)`) are replaced by int32 ids, while the
-pixels live compressed in host `host_codecs.CompressedStore`s. Sampling gathers the ids of the
-sampled steps and decodes them in one host callback (`jaxbuffers.compressed._host`: exactly-once
-ordered writes, versioned reads, not vmappable). Called eagerly, each method runs as one cached
-compiled program, callbacks included.
+A `CompressedTrajectoryBuffer` is a `jaxbuffers.TrajectoryBuffer` (all of its logic reused) whose chosen observation
+leaves (`compress=("pixels",)`) are replaced by int32 ids, while the pixels live compressed in host
+`host_codecs.CompressedStore`s. Sampling gathers the ids of the sampled steps and decodes them in one host callback
+(`jaxbuffers.compressed._host`: exactly-once ordered writes, versioned reads, not vmappable). Called eagerly, each
+method runs as one cached compiled program, callbacks included.
 
-Frame-stack dedup (`frame_stack=k`). When an observation leaf is a stack of the last `k` frames
-(Gymnasium's `FrameStackObservation`; `stack_axis` is the `k` axis: `0` for `[4, 84, 84]`, `-1`
-for `[84, 84, 4]`), only the newest frame of each step is stored and stacks are rebuilt at sample
-time:
+Frame-stack dedup (`frame_stack=k`). When an observation leaf is a stack of the last `k` frames (Gymnasium's
+`FrameStackObservation`; `stack_axis` is the `k` axis: `0` for `[4, 84, 84]`, `-1` for `[84, 84, 4]`), only the
+newest frame of each step is stored and stacks are rebuilt at sample time:
 
 * Each lane has a ring of `F = length + k - 1` frames (every stored step's frame plus the `k - 1`
   before the oldest, which its stack needs).
-* Each step records `ep_pos = min(steps since its episode started, k - 1)`; a step starts an
-  episode when the previous step of its lane ended one (terminated *or truncated*). A stack reads
-  the frames `k-1, ..., 0` steps back; those from before the episode start are padding:
-  `padding="reset"` repeats the episode's first frame (Gymnasium's default), `"zero"` gives
-  zeros. So a stack never mixes two episodes.
+* Each step records `ep_pos = min(steps since its episode started, k - 1)`; a step starts an episode when the
+  previous step of its lane ended one (terminated *or truncated*). A stack reads the frames `k-1, ..., 0` steps
+  back; those from before the episode start are padding: `padding="reset"` repeats the episode's first frame
+  (Gymnasium's default), `"zero"` gives zeros. So a stack never mixes two episodes.
 * A truncated step's final observation keeps its newest frame in a per-lane ring of
   `final_obs_capacity` frames (`jaxbuffers._ring.final_slots`), stacked on the step's frames.
 
-This is exact when the observations given to `add` are what such a frame stacker produced (the
-older frames of a stack are not read at add time). Without `frame_stack` every compressed leaf
-is stored whole.
+This is exact when the observations given to `add` are what such a frame stacker produced (the older frames of a
+stack are not read at add time). Without `frame_stack` every compressed leaf is stored whole.
 
 Ids on device, per compressed leaf and step: int32 `[3]` = `(newest, prev, ep_pos)`, the store
 slots of the step's frame and of the frame one step back. Lane `e`'s frame ring is store slots
@@ -123,11 +119,10 @@ def _build(
 class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
 
-    Same methods and sample types as `jaxbuffers.TrajectoryBuffer`; sampled observations are
-    decoded (and frame stacks rebuilt) on the host. With the same adds and keys it returns exactly
-    what a `TrajectoryBuffer` returns (float32 `x / 255` for compressed leaves when
-    `normalize_images`). Module doc: frame dedup and the id layout. Not vmappable (one host
-    store); jittable, `lax.scan`-able, donatable.
+    Same methods and sample types as `jaxbuffers.TrajectoryBuffer`; sampled observations are decoded (and frame
+    stacks rebuilt) on the host. With the same adds and keys it returns exactly what a `TrajectoryBuffer` returns
+    (float32 `x / 255` for compressed leaves when `normalize_images`). Module doc: frame dedup and the id layout.
+    Not vmappable (one host store); jittable, `lax.scan`-able, donatable.
     """
 
     buffer: Any  # TrajectoryBuffer (PrioritisedTrajectoryBuffer for the subclass); compressed leaves hold int32[3] ids
@@ -154,9 +149,8 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         """An empty compressed buffer of `num_envs` lanes of `length` steps.
 
         Args:
-          example_step: as `jaxbuffers.TrajectoryBuffer.create`, like `num_envs`, `length`,
-            `final_obs_capacity` (it also sizes the host's final-frame ring), `obs_key`,
-            `action_key` and `reward_key` (not repeated here).
+          example_step: as `jaxbuffers.TrajectoryBuffer.create`, like `num_envs`, `length`, `final_obs_capacity` (it
+            also sizes the host's final-frame ring), `obs_key`, `action_key` and `reward_key` (not repeated here).
           compress: names of the observation leaves to store on the host (dict keys on the
             leaf's path, e.g. `("pixels",)`); `None`: every leaf of the observation.
           frame_stack: `k` when the compressed leaves are stacks of the last `k` frames (module

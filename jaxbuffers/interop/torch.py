@@ -9,9 +9,8 @@ batch = to_torch(buf.sample(key, 256).item)  # the same tree of torch tensors, n
 prios = from_torch(learner(batch).detach())  # jax.Array [256], no copy on CPU
 ```
 
-Trees are walked with `jax.tree_util`: every registered pytree keeps its structure, `None` is an
-empty subtree, torch tensors are leaves. Leaf policy (anything else raises `TypeError` naming the
-leaf path, e.g. `['obs'][0]`):
+Trees are walked with `jax.tree_util`: every registered pytree keeps its structure, `None` is an empty subtree,
+torch tensors are leaves. Leaf policy (anything else raises `TypeError` naming the leaf path, e.g. `['obs'][0]`):
 
 | leaf | `to_torch` | `from_torch` |
 |---|---|---|
@@ -20,25 +19,22 @@ leaf path, e.g. `['obs'][0]`):
 | numpy array / scalar | aliases the numpy memory (negative strides: copied) | copied (numpy arrays are mutable) |
 | Python number | `TypeError`: its dtype would be a guess; wrap it, e.g. `np.float32(x)` | `TypeError` |
 
-Dtypes (`SUPPORTED_DTYPES`): bool, (u)int8 to (u)int64, float16, bfloat16, float32, float64,
-complex64, complex128, each to the same dtype on the other side. With `jax_enable_x64` off a
-64-bit tensor or numpy array cannot become a JAX array without narrowing: `from_torch` raises
-`TypeError` instead (cast it or enable x64).
+Dtypes (`SUPPORTED_DTYPES`): bool, (u)int8 to (u)int64, float16, bfloat16, float32, float64, complex64, complex128,
+each to the same dtype on the other side. With `jax_enable_x64` off a 64-bit tensor or numpy array cannot become a
+JAX array without narrowing: `from_torch` raises `TypeError` instead (cast it or enable x64).
 
-Copies. JAX to torch on the array's own device is always aliased (a fully replicated array gives
-its first local shard; a partly sharded one is an error). Torch to JAX is aliased when the tensor
-is dense up to a permutation of its axes and its data pointer is 64-byte aligned (XLA CPU's
-requirement; views starting mid-buffer and tensors over numpy memory usually are not, and JAX
-copies them); strided slices and broadcasts are copied here. `copy=True` on CPU copies through
-numpy, whose allocations are already paged in. `requires_grad` tensors are detached; lazily
+Copies. JAX to torch on the array's own device is always aliased (a fully replicated array gives its first local
+shard; a partly sharded one is an error). Torch to JAX is aliased when the tensor is dense up to a permutation of
+its axes and its data pointer is 64-byte aligned (XLA CPU's requirement; views starting mid-buffer and tensors over
+numpy memory usually are not, and JAX copies them); strided slices and broadcasts are copied here. `copy=True` on
+CPU copies through numpy, whose allocations are already paged in. `requires_grad` tensors are detached; lazily
 conjugated or negated tensors are resolved.
 
-Aliasing. A tensor made by `to_torch` shares the JAX buffer: writing it in place (an in-place
-optimiser step) changes the JAX array too; pass `copy=True` for a tensor to write to. Likewise an
-array made by `from_torch` sees later in-place writes to its tensor. DLPack keeps either memory
-alive as long as the other side needs it. While a tensor from `to_torch` is alive, donating its
-source array to a jitted function does not reuse the buffer (the in-place update is lost): drop
-the tensor first or use `copy=True`.
+Aliasing. A tensor made by `to_torch` shares the JAX buffer: writing it in place (an in-place optimiser step)
+changes the JAX array too; pass `copy=True` for a tensor to write to. Likewise an array made by `from_torch` sees
+later in-place writes to its tensor. DLPack keeps either memory alive as long as the other side needs it. While a
+tensor from `to_torch` is alive, donating its source array to a jitted function does not reuse the buffer (the
+in-place update is lost): drop the tensor first or use `copy=True`.
 
 Errors: `TypeError` (unsupported leaf or dtype, a 64-bit tensor with x64 off, a traced value inside
 `jit`); `ValueError` (a deleted or donated JAX array, an array sharded over several devices);
@@ -145,10 +141,9 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
     Args:
       tree: any pytree (dict, tuple, NamedTuple such as ``ReplaySample``, flax struct dataclass...)
         whose leaves are ``jax.Array``, ``numpy.ndarray``/numpy scalars or ``torch.Tensor``.
-      device: torch device (``torch.device``, ``"cpu"``, ``"cuda:0"``, index) for every tensor, or
-        ``None`` to keep each leaf on the device it is on (a JAX GPU array becomes a CUDA tensor).
-        A device other than the leaf's means one copy (``tensor.to(device)``); errors for an
-        unavailable device are torch's own.
+      device: torch device (``torch.device``, ``"cpu"``, ``"cuda:0"``, index) for every tensor, or ``None`` to keep
+        each leaf on the device it is on (a JAX GPU array becomes a CUDA tensor). A device other than the leaf's
+        means one copy (``tensor.to(device)``); errors for an unavailable device are torch's own.
       copy: if True every returned tensor owns its memory (safe to write in place). If False
         (default) tensors alias the JAX/numpy buffers where possible: do not write them in place.
 

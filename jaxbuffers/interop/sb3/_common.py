@@ -2,11 +2,10 @@
 
 Nothing here is public; `jaxbuffers.interop.sb3` re-exports what users need.
 
-Dtypes: with `jax_enable_x64` off JAX cannot hold 64-bit values. Integer data is held in 32
-bits when the space's bounds prove it fits (Discrete actions are int64 in gymnasium, their values
-are small) and given back in SB3's dtype; float64 observations are refused (narrowing would change
-values). Where a stored dtype is narrower than SB3's, a value it does not hold exactly raises
-`TypeError`: nothing is cast silently.
+Dtypes: with `jax_enable_x64` off JAX cannot hold 64-bit values. Integer data is held in 32 bits when the space's
+bounds prove it fits (Discrete actions are int64 in gymnasium, their values are small) and given back in SB3's
+dtype; float64 observations are refused (narrowing would change values). Where a stored dtype is narrower than
+SB3's, a value it does not hold exactly raises `TypeError`: nothing is cast silently.
 """
 
 from __future__ import annotations
@@ -112,11 +111,10 @@ def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> A
 def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bool = False, exact: bool = False) -> np.ndarray:
     """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's numpy assignment accepts it.
 
-    ``x`` holds ``shape``'s number of values in ``shape`` up to leading unit axes (values are never
-    repeated to fill the field), or any shape with ``reshape`` (SB3 reshapes actions and Discrete
-    observations). The cast is numpy's (SB3 passes float64 rewards), but a bool field refuses
-    values other than 0 and 1, and with ``exact`` (a stored dtype narrower than SB3's) so does a
-    value the stored dtype does not hold.
+    ``x`` holds ``shape``'s number of values in ``shape`` up to leading unit axes (values are never repeated to fill
+    the field), or any shape with ``reshape`` (SB3 reshapes actions and Discrete observations). The cast is numpy's
+    (SB3 passes float64 rewards), but a bool field refuses values other than 0 and 1, and with ``exact`` (a stored
+    dtype narrower than SB3's) so does a value the stored dtype does not hold.
 
     Raises:
       ValueError: the wrong number of values, a layout assignment would refuse, a bool field given

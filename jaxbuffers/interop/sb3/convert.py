@@ -1,12 +1,11 @@
 """Move the contents of SB3 buffers into jaxbuffers buffers and back.
 
-Replay (`replay_to_jax` / `replay_from_jax`): a `jaxbuffers.ReplayBuffer` of single transitions,
-items `{"obs", "action", "reward", "next_obs", "terminated", "truncated"}`, capacity
-`rows * n_envs`. SB3's row `t`, env `e` is slot `t * n_envs + e` (so `head = pos * n_envs`),
-`num_valid` counts the transitions SB3 would sample, and `num_added()` is `rows * n_envs` once SB3
-was full (`pos * n_envs` before). Flags: `terminated = done and not timeout`,
-`truncated = done and timeout`; back, `dones = terminated or truncated`, `timeouts = truncated`
-(all 0 with `handle_timeout_termination=False`: SB3 then treats time limits as terminal).
+Replay (`replay_to_jax` / `replay_from_jax`): a `jaxbuffers.ReplayBuffer` of single transitions, items
+`{"obs", "action", "reward", "next_obs", "terminated", "truncated"}`, capacity `rows * n_envs`. SB3's row `t`, env
+`e` is slot `t * n_envs + e` (so `head = pos * n_envs`), `num_valid` counts the transitions SB3 would sample, and
+`num_added()` is `rows * n_envs` once SB3 was full (`pos * n_envs` before). Flags:
+`terminated = done and not timeout`, `truncated = done and timeout`; back, `dones = terminated or truncated`,
+`timeouts = truncated` (all 0 with `handle_timeout_termination=False`: SB3 then treats time limits as terminal).
 
 Rollout (`rollout_to_jax` / `rollout_from_jax`): a `jaxbuffers.RolloutBuffer` with step pytree
 `{"obs", "action", "log_prob", "episode_start"}` (`JaxRolloutBuffer`'s layout), the flags mapped
@@ -49,10 +48,9 @@ def _stored(tree: Any, space: spaces.Space, what: str) -> Any:
 def _put(dst: Any, src: Any, lead: int, what: str, space: spaces.Space | None = None, shift: int = 0) -> Any:
     """Write ``src`` (``[*L, *item]``, ``lead = len(L)``) into SB3's ``dst`` (``[rows, n_envs, *sb3_item]``).
 
-    ``item`` is SB3's ``sb3_item`` or the space's own shape (SB3 flattens actions to ``action_dim``
-    and Discrete observations to ``(1,)``); ``shift``: rows rolled to the front. Returns what was
-    written. Raises ``ValueError`` for another item shape, ``TypeError`` for a value ``dst.dtype``
-    does not hold.
+    ``item`` is SB3's ``sb3_item`` or the space's own shape (SB3 flattens actions to ``action_dim`` and Discrete
+    observations to ``(1,)``); ``shift``: rows rolled to the front. Returns what was written. Raises ``ValueError``
+    for another item shape, ``TypeError`` for a value ``dst.dtype`` does not hold.
     """
     if isinstance(space, spaces.Dict):
         return _common.per_key(lambda sp, d, s, w: _put(d, s, lead, w, sp, shift), space, dst, src, what=what)
@@ -113,11 +111,10 @@ def replay_from_jax(buffer: _replay.ReplayBuffer, observation_space: spaces.Spac
     divisible by ``n_envs``; items may also have the spaces' own shapes (a Discrete observation or
     action ``()``). SB3 gets ``capacity // n_envs`` rows and samples only the ``num_valid`` valid
     transitions: the layout is kept where SB3's ``pos`` / ``full`` can describe them (``pos = head
-    // n_envs``; ``full`` when every row is valid, or with ``optimize_memory_usage`` all but row
-    ``pos`` and ``num_added() >= capacity``), else the valid rows move to the front, oldest first,
-    and ``pos = num_valid // n_envs``. With ``optimize_memory_usage`` the newest next observation
-    goes to row ``pos``, as SB3 does (a buffer valid in every row then loses its oldest row, which
-    SB3 never samples).
+    // n_envs``; ``full`` when every row is valid, or with ``optimize_memory_usage`` all but row ``pos`` and
+    ``num_added() >= capacity``), else the valid rows move to the front, oldest first, and ``pos = num_valid //
+    n_envs``. With ``optimize_memory_usage`` the newest next observation goes to row ``pos``, as SB3 does (a buffer
+    valid in every row then loses its oldest row, which SB3 never samples).
 
     Raises:
       ValueError: missing or extra fields or keys, an item shape the spaces do not give (both
@@ -229,13 +226,12 @@ def rollout_from_jax(buffer: _rollout.RolloutBuffer, observation_space: spaces.S
                      gamma: float = 0.99, gae_lambda: float = 1.0, first_episode_start: np.ndarray | None = None) -> RolloutBuffer:
     """An SB3 ``RolloutBuffer`` (``DictRolloutBuffer`` for Dict spaces) with ``buffer``'s contents.
 
-    The step pytree holds ``obs``, ``action``, ``log_prob`` and optionally ``episode_start`` (the
-    `rollout_to_jax` layout, used as is); without it ``episode_starts[t] = terminated[t-1] or
-    truncated[t-1]`` and ``episode_starts[0] = first_episode_start`` (default False). Where a step
-    is truncated and not terminated, ``gamma * final_value`` is added to its reward (SB3's timeout
-    convention). ``advantages`` and ``returns`` are copied as they are; ``pos`` is the rows filled.
-    Items are shaped as `replay_from_jax` describes. SB3 learns from every step, so a filled step
-    not ``trainable`` is refused; to convert anyway pass
+    The step pytree holds ``obs``, ``action``, ``log_prob`` and optionally ``episode_start`` (the `rollout_to_jax`
+    layout, used as is); without it ``episode_starts[t] = terminated[t-1] or truncated[t-1]`` and
+    ``episode_starts[0] = first_episode_start`` (default False). Where a step is truncated and not terminated,
+    ``gamma * final_value`` is added to its reward (SB3's timeout convention). ``advantages`` and ``returns`` are
+    copied as they are; ``pos`` is the rows filled. Items are shaped as `replay_from_jax` describes. SB3 learns from
+    every step, so a filled step not ``trainable`` is refused; to convert anyway pass
     ``buffer.replace(trainable=jnp.ones_like(buffer.trainable))``.
 
     Raises:

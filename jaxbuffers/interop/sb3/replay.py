@@ -6,28 +6,26 @@ One SB3 row (one `add`: a transition of each of the `n_envs` envs) is one item o
 `jaxbuffers.ReplayBuffer` of capacity `max(buffer_size // n_envs, 1)`: the storage has SB3's
 layout `[rows, n_envs, ...]` and `pos` equals the ring's `head`.
 
-Semantics kept from SB3 (2.x): `add(obs, next_obs, action, reward, done, infos)` gets the terminal
-observation already in `next_obs` of envs that ended; `timeouts` records
-`infos[i]["TimeLimit.truncated"]` when `handle_timeout_termination` (default). `sample(batch_size,
-env)` draws rows then envs with `np.random` exactly as SB3 does (same seed, same batch) and
-returns torch tensors on `device`: `dones = done and not timeout` and `rewards` `[B, 1]` float32,
-observations and actions in SB3's dtypes, normalised by a `VecNormalize` `env` as SB3 does.
-`optimize_memory_usage=True` (non-Dict, without `handle_timeout_termination`) stores observations
-once: the next observation of row `i` is row `i + 1`, and the row at `pos` is never sampled once
-full (with SB3's limitation at episode ends, harmless for true terminations).
+Semantics kept from SB3 (2.x): `add(obs, next_obs, action, reward, done, infos)` gets the terminal observation
+already in `next_obs` of envs that ended; `timeouts` records `infos[i]["TimeLimit.truncated"]` when
+`handle_timeout_termination` (default). `sample(batch_size, env)` draws rows then envs with `np.random` exactly as
+SB3 does (same seed, same batch) and returns torch tensors on `device`: `dones = done and not timeout` and `rewards`
+`[B, 1]` float32, observations and actions in SB3's dtypes, normalised by a `VecNormalize` `env` as SB3 does.
+`optimize_memory_usage=True` (non-Dict, without `handle_timeout_termination`) stores observations once: the next
+observation of row `i` is row `i + 1`, and the row at `pos` is never sampled once full (with SB3's limitation at
+episode ends, harmless for true terminations).
 
-Compression (`compress=`, `JaxReplayBuffer` without `optimize_memory_usage`): `True` or a dict of
-options of `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (`codec`, `frame_stack`,
-`stack_axis`, `padding`, `chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`)
-plus `max_pending` (default 16): the steps a `jaxbuffers.compressed.StagingWriter` holds
-uncompressed on the host (counted in `nbytes`) before it adds them, at the latest when SB3
-samples. The observations live in a compressed trajectory buffer with one lane per env; with
-`frame_stack=k` only the newest frame of each observation is stored and stacks are rebuilt at
-sample time (exact for observations made by a frame stacker). Every SB3 episode end goes in as a
-truncation, so its terminal observation is kept in the final-observation ring; elsewhere the next
-row's `obs` is the next observation (the same array in SB3's loop). Samples equal SB3's. The
-observation views are unavailable when compressed, and pickling (SB3's `save_replay_buffer`)
-raises `TypeError`. For SB3's Atari stack (CnnPolicy is channels-first, so the frame axis is 0):
+Compression (`compress=`, `JaxReplayBuffer` without `optimize_memory_usage`): `True` or a dict of options of
+`jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (`codec`, `frame_stack`, `stack_axis`, `padding`,
+`chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`) plus `max_pending` (default 16): the steps
+a `jaxbuffers.compressed.StagingWriter` holds uncompressed on the host (counted in `nbytes`) before it adds them, at
+the latest when SB3 samples. The observations live in a compressed trajectory buffer with one lane per env; with
+`frame_stack=k` only the newest frame of each observation is stored and stacks are rebuilt at sample time (exact for
+observations made by a frame stacker). Every SB3 episode end goes in as a truncation, so its terminal observation is
+kept in the final-observation ring; elsewhere the next row's `obs` is the next observation (the same array in SB3's
+loop). Samples equal SB3's. The observation views are unavailable when compressed, and pickling (SB3's
+`save_replay_buffer`) raises `TypeError`. For SB3's Atari stack (CnnPolicy is channels-first, so the frame axis is
+0):
 
 ```python
 DQN("CnnPolicy", env, replay_buffer_class=JaxReplayBuffer,
@@ -88,10 +86,9 @@ def _gather(storage: dict, rows: jax.Array, envs: jax.Array, next_in_obs: bool) 
 class FieldView:
     """A numpy-like window on one stored field, in SB3's layout ``[rows, n_envs, ...]`` and dtype.
 
-    ``np.asarray(view)`` and ``view[k]`` read a host copy; ``view[k] = v`` writes through to the
-    device storage (a copy of the field; meant for rare edits such as SB3 marking the last stored
-    transition done). ``view[k]`` is a copy, so a chained write ``view[k][j] = v`` changes only that
-    copy; write ``view[k, j] = v``.
+    ``np.asarray(view)`` and ``view[k]`` read a host copy; ``view[k] = v`` writes through to the device storage (a
+    copy of the field; meant for rare edits such as SB3 marking the last stored transition done). ``view[k]`` is a
+    copy, so a chained write ``view[k][j] = v`` changes only that copy; write ``view[k, j] = v``.
     """
 
     def __init__(self, name: str, dtype: Any, read: Callable[[], jax.Array], write: Callable[[jax.Array], None]):
@@ -134,10 +131,9 @@ def sb3_replay_nbytes(buffer_size: int, observation_space: spaces.Space, action_
                       optimize_memory_usage: bool = False) -> int:
     """Bytes SB3's own ``ReplayBuffer`` / ``DictReplayBuffer`` allocates for these arguments.
 
-    ``rows * n_envs * (obs [* 2 unless optimize_memory_usage] + actions + 3 * 4)`` with
-    ``rows = max(buffer_size // n_envs, 1)``: observations in the space's dtype, actions
-    ``[action_dim]`` (float64 kept as float32), rewards, dones and timeouts as float32. This is the
-    allocation; its resident size grows as SB3 fills the buffer.
+    ``rows * n_envs * (obs [* 2 unless optimize_memory_usage] + actions + 3 * 4)`` with ``rows = max(buffer_size //
+    n_envs, 1)``: observations in the space's dtype, actions ``[action_dim]`` (float64 kept as float32), rewards,
+    dones and timeouts as float32. This is the allocation; its resident size grows as SB3 fills the buffer.
     """
     shape = get_obs_shape(observation_space)
     obs = sum(jax.tree.leaves(_common.per_key(lambda sp, s, _: int(np.prod(s)) * np.dtype(sp.dtype).itemsize, observation_space, shape)))

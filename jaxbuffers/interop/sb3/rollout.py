@@ -1,29 +1,26 @@
 r"""SB3-compatible rollout buffers backed by `jaxbuffers.RolloutBuffer`.
 
-`JaxRolloutBuffer` and `JaxDictRolloutBuffer` subclass SB3's `RolloutBuffer` and
-`DictRolloutBuffer`, so PPO and A2C accept them as `rollout_buffer_class`; storage, GAE and
-minibatches are jaxbuffers'.
+`JaxRolloutBuffer` and `JaxDictRolloutBuffer` subclass SB3's `RolloutBuffer` and `DictRolloutBuffer`, so PPO and A2C
+accept them as `rollout_buffer_class`; storage, GAE and minibatches are jaxbuffers'.
 
-Episode flags. SB3's loop calls `add(obs_t, action_t, reward_t, episode_start_t, V(obs_t),
-log_prob_t)`, where `episode_start_t` says that the previous step ended an episode, and at a
-time-limit end it has already folded `gamma * V(terminal_obs)` into the reward. In the conventions
-of `jaxbuffers.returns` that is `terminated[t] = episode_start[t + 1]`, `terminated[T - 1] = dones`
-(the argument of `compute_returns_and_advantage`) and no truncation, so
-`jaxbuffers.RolloutBuffer.compute_gae` gives SB3's recursion (Schulman et al. 2016), with $s$ the
-episode starts:
+Episode flags. SB3's loop calls `add(obs_t, action_t, reward_t, episode_start_t, V(obs_t), log_prob_t)`, where
+`episode_start_t` says that the previous step ended an episode, and at a time-limit end it has already folded
+`gamma * V(terminal_obs)` into the reward. In the conventions of `jaxbuffers.returns` that is
+`terminated[t] = episode_start[t + 1]`, `terminated[T - 1] = dones` (the argument of
+`compute_returns_and_advantage`) and no truncation, so `jaxbuffers.RolloutBuffer.compute_gae` gives SB3's recursion
+(Schulman et al. 2016), with $s$ the episode starts:
 
 $$
 \delta_t = r_t + \gamma V_{t+1} (1 - s_{t+1}) - V_t, \qquad
 A_t = \delta_t + \gamma \lambda (1 - s_{t+1}) A_{t+1}, \qquad R_t = A_t + V_t
 $$
 
-Kept from SB3: `add` on a full buffer raises `IndexError`; `get` asserts `full` and yields
-minibatches of `batch_size` over SB3's env-major `np.random.permutation` of the `T * n_envs` steps
-(the same numpy seed gives SB3's minibatches); samples are torch tensors on `device`, actions
-float32. Differences, lossless for what SB3 stores: `episode_starts` is bool; float64 actions are
-held as float32, int64 as int32 when the bounds fit; the numpy fields (`values`, `returns`, ...)
-are host copies `[T, n_envs, ...]` that `get` does not reorder; a partly filled buffer is handled
-exactly (the last filled step bootstraps from `last_values` unless `dones`).
+Kept from SB3: `add` on a full buffer raises `IndexError`; `get` asserts `full` and yields minibatches of
+`batch_size` over SB3's env-major `np.random.permutation` of the `T * n_envs` steps (the same numpy seed gives SB3's
+minibatches); samples are torch tensors on `device`, actions float32. Differences, lossless for what SB3 stores:
+`episode_starts` is bool; float64 actions are held as float32, int64 as int32 when the bounds fit; the numpy fields
+(`values`, `returns`, ...) are host copies `[T, n_envs, ...]` that `get` does not reorder; a partly filled buffer is
+handled exactly (the last filled step bootstraps from `last_values` unless `dones`).
 """
 
 from __future__ import annotations
@@ -197,8 +194,7 @@ class _JaxRolloutImpl:
 class JaxRolloutBuffer(_JaxRolloutImpl, RolloutBuffer):
     """Drop-in replacement for SB3's ``RolloutBuffer`` with jaxbuffers storage and GAE.
 
-    Takes SB3's arguments with SB3's meaning (`buffer_size`: steps per env); the module doc gives
-    the flag mapping.
+    Takes SB3's arguments with SB3's meaning (`buffer_size`: steps per env); the module doc gives the flag mapping.
 
     Raises:
       TypeError: a Dict observation space (use `JaxDictRolloutBuffer`) or a float64 one.
