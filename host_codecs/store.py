@@ -206,7 +206,6 @@ class CompressedStore:
             self._layout_nbytes = np.append(self._layout_nbytes, nb)
         return lid
 
-    # -- write path ---------------------------------------------------------------------------
     def put(self, slots: Any, arrays: Any, *, codec: "str | Codec | None" = None) -> None:
         """Store `arrays[i]` in slot `slots[i]`, replacing what was there.
 
@@ -330,7 +329,6 @@ class CompressedStore:
             self._free(np.arange(self.num_slots))
             self._arena.clear()
 
-    # -- read path ----------------------------------------------------------------------------
     def get(self, slots: Any, *, missing: str = "raise", out: np.ndarray | None = None) -> np.ndarray:
         """Decode a batch of slots.
 
@@ -462,7 +460,6 @@ class CompressedStore:
         with self._lock:
             return self._chunk[s] >= 0
 
-    # -- numpy-style access -------------------------------------------------------------------
     def _key(self, key: Any) -> tuple[np.ndarray, bool]:
         if isinstance(key, slice):
             return np.arange(self.num_slots)[key], False
@@ -485,7 +482,6 @@ class CompressedStore:
     def __repr__(self) -> str:
         return f"CompressedStore(num_slots={self.num_slots}, codec={self.codec.spec!r}, entries={self.num_entries}, nbytes={self.nbytes})"
 
-    # -- accounting ---------------------------------------------------------------------------
     num_entries = _stat("entries", "Slots currently holding an entry.")
     payload_nbytes = _stat("payload_nbytes", "Bytes of the live compressed payloads (no padding, no index).")
     raw_nbytes = _stat("raw_nbytes", "Bytes the live entries take decoded.")

@@ -72,9 +72,8 @@ def write_priorities(tree: SumMinTree, indices, priorities, generations, applies
     if alpha == 0:  # every leaf is 1: find the winners by position instead
         won = last_write_mask(slots, ok)
     else:
-        # Every touched slot now holds its winner's leaf, so an applied entry whose leaf equals its
-        # slot's stored leaf is the winner (or a loser with the same p**alpha); skipped entries
-        # have a NaN leaf, equal to nothing.
+        # Every touched slot now holds its winner's leaf, so an applied entry whose leaf equals its slot's stored
+        # leaf is the winner (or a loser with the same p**alpha); skipped entries have a NaN leaf, equal to nothing.
         won = new.get(slots) == leaf
     return new, jnp.maximum(max_priority, jnp.max(jnp.where(won, p, 0)))
 

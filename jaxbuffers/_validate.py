@@ -374,9 +374,6 @@ def choice(name: str, value: Any, options: tuple) -> Any:
     return value
 
 
-# ------------------------------------------------------------------------------------------------
-# trajectory buffers
-
 
 
 def trajectory_example(example_step, num_envs, length, obs_key: str, action_key: str, reward_key: str):
