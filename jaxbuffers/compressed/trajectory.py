@@ -427,22 +427,13 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
     """A `jaxbuffers.PrioritisedTrajectoryBuffer` with host-compressed observations.
 
     `create` takes the arguments of both `CompressedTrajectoryBuffer.create` and
-    `jaxbuffers.PrioritisedTrajectoryBuffer.create`; sampling returns the prioritised samples
-    with their observations decoded.
+    `jaxbuffers.PrioritisedTrajectoryBuffer.create`; sampling returns the prioritised samples, observations decoded.
     """
 
     @classmethod
     def create(  # type: ignore[override]
-        cls,
-        example_step: Mapping,
-        *,
-        num_envs: int,
-        length: int,
-        window_length: int,
-        period: int = 1,
-        priority_exponent: float = 0.6,
-        epsilon: float = 1e-6,
-        **options,
+        cls, example_step: Mapping, *, num_envs: int, length: int, window_length: int, period: int = 1,
+        priority_exponent: float = 0.6, epsilon: float = 1e-6, **options,
     ) -> "CompressedPrioritisedTrajectoryBuffer":
         """An empty prioritised compressed buffer.
 
