@@ -54,7 +54,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from jaxbuffers import _compiled, _ring, _validate
