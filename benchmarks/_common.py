@@ -73,11 +73,12 @@ def header(bench: str, quick: bool, **extra) -> None:
 def row(bench: str, case: str, impl: str, seconds: float | None, *, n: int, repeats: int, items: float = 1,
         unit: str = "items/s", anchor: str | None = None, anchor_seconds: float | None = None, **extra) -> dict:
     """Emit (and return) one result row: ``seconds`` is the median time of one operation, which
-    handles ``items`` items (throughput = items / seconds in ``unit``)."""
+    handles ``items`` items (throughput = items / seconds in ``unit``; ``unit="s"``: a duration,
+    no throughput)."""
     rec = {
         "bench": bench, "case": case, "impl": impl,
         "median_us": None if seconds is None else round(seconds * 1e6, 3),
-        "throughput": None if not seconds else round(items / seconds, 3), "unit": unit,
+        "throughput": None if not seconds or unit == "s" else round(items / seconds, 3), "unit": unit,
         "n": n, "repeats": repeats, "anchor": anchor,
         "ratio": round(anchor_seconds / seconds, 4) if anchor_seconds and seconds else None, **extra,
     }
@@ -177,3 +178,14 @@ def sample_runner(impl, sample, mode: str, n: int):
         jax.block_until_ready(out)
 
     return calls
+
+
+def data_file(name: str):
+    """``shared/data/<name>`` (recorded Atari frames) from ``$JAXBUFFERS_DATA`` or a ``shared``
+    folder in or above the checkout; ``None`` when absent."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    dirs = [Path(os.environ["JAXBUFFERS_DATA"])] if os.environ.get("JAXBUFFERS_DATA") else []
+    dirs += [p / "shared" / "data" for p in (root, *root.parents)]
+    return next((d / name for d in dirs if (d / name).is_file()), None)
