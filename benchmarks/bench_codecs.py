@@ -14,9 +14,9 @@ Prints ``_common`` rows, ``impl="ours"``, ``variant`` = the codec, ``anchor="mem
 content) built from other frames of the same game (frames 2048-3071; in the store case the store
 builds its own from its first 1,024 entries).
 
-MB/s are of raw (decoded) bytes, 1 MB = 1e6 bytes; ``ratio`` = raw bytes / payload bytes;
-``enc_vs_memcpy`` / ``dec_vs_memcpy`` = throughput / numpy memcpy bandwidth measured in the same
-process (``np.copyto`` of 256 MiB, or 64 MiB with ``--quick``). Medians of several repetitions.
+MB/s are of raw (decoded) bytes, 1 MB = 1e6 bytes; ``compression_ratio`` = raw bytes / payload
+bytes; the memcpy bandwidth is ``np.copyto`` of 256 MiB (64 MiB with ``--quick``). Medians of
+several repetitions.
 
 Usage: ``python benchmarks/bench_codecs.py [--quick] [--codecs rle,igzip:1]``
 """
