@@ -95,7 +95,8 @@ def header_section(rows, sources) -> list[str]:
             "runs `n` operations); implementations of a case are timed interleaved in one process. "
             "`ratio` = the anchor's time / this row's time (> 1: faster than the anchor), given only when both ran "
             "in the same process. Where a baseline revision ran, `baseline` is its median for the same row and "
-            "`vs baseline` = baseline time / current time (> 1: the current tree is faster).", ""]
+            "`vs baseline` = baseline time / current time (> 1: the current tree is faster); on rows of other "
+            "libraries, whose code is the same in both runs, it shows the run-to-run noise.", ""]
     return out
 
 
