@@ -126,7 +126,9 @@ def bench_section(bench, rows) -> list[str]:
         if has_base:
             b = base.get((r["case"], r.get("impl"), r.get("variant")))
             if b and b.get("median_us") and r.get("median_us"):
-                cells += [f"{fmt(b['median_us'])} µs", fmt(b["median_us"] / r["median_us"])]
+                unit_s = r.get("unit") == "s"
+                cells += [f"{fmt(b['median_us'] / 1e6)} s" if unit_s else f"{fmt(b['median_us'])} µs",
+                          fmt(b["median_us"] / r["median_us"])]
             elif b and "value" in b:
                 cells += [f"{fmt(b['value'])} {b.get('unit', '')}", ""]
             else:
