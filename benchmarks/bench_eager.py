@@ -54,7 +54,8 @@ def cases():
 
     out = []
     replay = jb.ReplayBuffer.create(VEC, 10_000)
-    replay_add = lambda s, k: s.add(batch_of(VEC, 8))  # noqa: E731
+    items = batch_of(VEC, 8)  # built once: inside `op` the eager side would pay its construction
+    replay_add = lambda s, k: s.add(items)  # noqa: E731
     out += [("ReplayBuffer.add", replay, replay_add, True),
             ("ReplayBuffer.sample", filled(replay, replay_add, 100), lambda s, k: s.sample(k, 256), False)]
     pri = jb.PrioritisedReplayBuffer.create(VEC, 10_000, priority_exponent=0.6)
@@ -70,10 +71,10 @@ def cases():
             ("PrioritisedTrajectoryBuffer.sample_sequences", filled(ptraj, traj_add, 200),
              lambda s, k: s.sample_sequences(k, 256, beta=0.4), False)]
     ro_step = batch_of({"obs": jnp.zeros(4), "action": jnp.int32(0), "log_prob": jnp.float32(0)}, 4)
-    zeros = jnp.zeros(4)
+    zeros, no = jnp.zeros(4), jnp.zeros(4, bool)
 
     def ro_add(s, k):
-        return s.add(ro_step, reward=zeros, value=zeros, terminated=zeros.astype(bool))
+        return s.add(ro_step, reward=zeros, value=zeros, terminated=no)
 
     ro = jb.RolloutBuffer.create({"obs": jnp.zeros(4), "action": jnp.int32(0), "log_prob": jnp.float32(0)},
                                  num_steps=128, num_envs=4)
