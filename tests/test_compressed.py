@@ -526,7 +526,7 @@ def test_add_errors_name_the_field():
 # Prioritised variant.
 
 
-@pytest.mark.slow  # eager prioritised ops: ~30 s on the shared 2-core CI machine
+@pytest.mark.slow  # many eager prioritised calls
 def test_prioritised_matches_uncompressed():
     rng = np.random.default_rng(4)
     stacker = Stacker(rng, 2, 4, "reset", 0)
