@@ -1,4 +1,22 @@
-"""Shared benchmark helpers: timing with medians, JSON lines, machine and version info."""
+"""Shared benchmark helpers: interleaved timing with medians, the JSON-lines row format, machine
+and version info.
+
+Every benchmark prints one JSON object per line. A header line per run
+(``{"bench", "header": true, "machine", "versions", "quick"}``) and then one row per case and
+implementation:
+
+```
+{"bench": "replay", "case": "add/vector/B=8/scan", "impl": "ours", "median_us": 3.1,
+ "throughput": 2.6e6, "unit": "items/s", "n": 200, "repeats": 7,
+ "anchor": "flashbax", "ratio": 1.4}
+```
+
+``median_us`` is the median over ``repeats`` timed repetitions of the time of one operation (each
+repetition runs ``n`` operations and is divided by ``n``); ``throughput`` is items per second
+derived from it. ``ratio`` is the anchor's median time divided by this row's (> 1: this
+implementation is faster than its anchor); it is set only when both ran in the same process. Rows
+may carry more keys (a case's parameters, a correctness flag).
+"""
 
 from __future__ import annotations
 
@@ -13,36 +31,28 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+VERSIONED = ("jax", "jaxlib", "flax", "flashbax", "rlax", "stable-baselines3", "sb3-extra-buffers", "torch", "numba",
+             "zstandard", "numpy", "gymnax", "optax")
 
 
 def machine_info() -> dict:
-    """CPU model, core count, platform and JAX backend, for the docs table header."""
+    """CPU model, core count, Python version and JAX backend (with its devices)."""
     model = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "backend": jax.default_backend()}
-
-
-def flashbax_device() -> str:
-    """flashbax's ``device`` argument for the JAX backend in use ("cpu", "gpu" or "tpu"): flashbax
-    picks its sum-tree update for that device, so the anchor runs its own best code on each."""
-    backend = jax.default_backend()
-    if backend in ("gpu", "cuda", "rocm"):
-        return "gpu"
-    return "tpu" if backend == "tpu" else "cpu"
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()]}
 
 
 def versions(*packages: str) -> dict:
-    """Installed versions of ``packages`` (``None`` where not installed)."""
+    """Installed versions of ``packages`` (default: every package the benchmarks use; ``None``
+    where not installed)."""
     out = {}
-    for p in packages:
+    for p in packages or VERSIONED:
         try:
             out[p] = metadata.version(p)
         except metadata.PackageNotFoundError:
@@ -50,89 +60,54 @@ def versions(*packages: str) -> dict:
     return out
 
 
-def median_seconds(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs; ``fn`` must block on its result."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def emit(record: dict) -> None:
-    """Print one JSON line (the benchmark protocol)."""
+    """Print one JSON line."""
     print(json.dumps(record), flush=True)
+
+
+def header(bench: str, quick: bool, **extra) -> None:
+    """The first line of every benchmark's output."""
+    emit({"bench": bench, "header": True, "quick": quick, "machine": machine_info(), "versions": versions(), **extra})
+
+
+def row(bench: str, case: str, impl: str, seconds: float | None, *, n: int, repeats: int, items: float = 1,
+        unit: str = "items/s", anchor: str | None = None, anchor_seconds: float | None = None, **extra) -> dict:
+    """Emit (and return) one result row: ``seconds`` is the median time of one operation, which
+    handles ``items`` items (throughput = items / seconds in ``unit``; ``unit="s"``: a duration,
+    no throughput)."""
+    rec = {
+        "bench": bench, "case": case, "impl": impl,
+        "median_us": None if seconds is None else round(seconds * 1e6, 3),
+        "throughput": None if not seconds or unit == "s" else round(items / seconds, 3), "unit": unit,
+        "n": n, "repeats": repeats, "anchor": anchor,
+        "ratio": round(anchor_seconds / seconds, 4) if anchor_seconds and seconds else None, **extra,
+    }
+    emit(rec)
+    return rec
+
+
+def compare(bench: str, case: str, times: dict, anchor: str | None, *, n: int, repeats: int, items: float = 1,
+            unit: str = "items/s", **extra) -> None:
+    """One row per implementation of ``times`` (name -> median seconds per operation), each
+    non-anchor row with its ratio to ``anchor``."""
+    for impl, t in times.items():
+        a = None if impl == anchor or anchor not in times else anchor
+        row(bench, case, impl, t, n=n, repeats=repeats, items=items, unit=unit, anchor=a,
+            anchor_seconds=times[a] if a else None, **extra)
 
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--quick", action="store_true", help="short run (fewer repetitions and sizes)")
+    p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, few repetitions")
     p.add_argument("--repeats", type=int, default=None, help="timed repetitions per case (median reported)")
     return p
 
 
-# ---------------------------------------------------------------------------------------------
-# Buffer timing: an "impl" wraps one library's buffer with ``state``, jitted ``add(state, batch)``
-# and ``sample(state, key)`` (donated where the library allows), and ``add_fn()``, the un-jitted
-# add for use inside ``lax.scan``.
-
-
-def batch_of(item, b: int, fill=1):
-    """A batch of ``b`` copies of ``item`` filled with ``fill`` (leading axis ``b``)."""
-    return jax.tree.map(lambda x: jax.numpy.full((b, *x.shape), fill, x.dtype), item)
-
-
-def time_add_call(impl, batch, calls: int, repeats: int) -> float:
-    """Seconds per jitted add called from Python (median over ``repeats`` runs of ``calls`` adds)."""
-    box = {"s": impl.state}
-
-    def run():
-        s = box["s"]
-        for _ in range(calls):
-            s = impl.add(s, batch)
-        box["s"] = jax.block_until_ready(s)
-
-    t = median_seconds(run, repeats=repeats)
-    impl.state = box["s"]
-    return t / calls
-
-
-def time_add_scan(impl, batch, steps: int, repeats: int) -> float:
-    """Seconds per add when ``steps`` adds run inside one jitted, donated ``lax.scan``."""
-    add = impl.add_fn()
-    f = jax.jit(lambda s, b: jax.lax.scan(lambda c, _: (add(c, b), None), s, None, length=steps)[0], donate_argnums=0)
-    box = {"s": impl.state}
-
-    def run():
-        box["s"] = jax.block_until_ready(f(box["s"], batch))
-
-    t = median_seconds(run, repeats=repeats)
-    impl.state = box["s"]
-    return t / steps
-
-
-def time_sample(impl, calls: int, repeats: int) -> float:
-    """Seconds per jitted sample called from Python (fresh key per call)."""
-    keys = list(jax.random.split(jax.random.key(0), calls))
-
-    def run():
-        out = None
-        for k in keys:
-            out = impl.sample(impl.state, k)
-        jax.block_until_ready(out)
-
-    return median_seconds(run, repeats=repeats) / calls
-
-
-def interleaved(runs: dict, repeats: int, per: int = 1) -> dict:
+def interleaved(runs: dict[str, Callable[[], object]], repeats: int, per: int = 1) -> dict:
     """Median seconds per operation of each ``runs[name]()`` (which does ``per`` operations and
-    blocks; one warm-up call each), timed round-robin: every repetition runs each implementation
-    once, in an order rotated by one per repetition. On this shared 2-core machine the
-    implementation timed first in a round measured up to 1.5x slower than the same code timed
-    second (same process), so a fixed order would bias the ratio."""
+    blocks on its result; one untimed warm-up call each, which also compiles), timed round-robin:
+    each repetition runs every implementation once, in an order rotated by one per repetition, so
+    a change of machine load or a first-in-round penalty hits every implementation alike."""
     for fn in runs.values():
         fn()
     order = list(runs)
@@ -146,52 +121,71 @@ def interleaved(runs: dict, repeats: int, per: int = 1) -> dict:
     return {name: statistics.median(t) / per for name, t in times.items()}
 
 
-def tree_leaves_and_root(impl_name: str, state) -> tuple:
-    """The priority sum tree of a prioritised buffer state, ours or flashbax's: (float64 leaves as
-    numpy, float root). Ours: ``state.tree`` (:class:`jaxbuffers.sum_tree.SumMinTree`); flashbax:
-    ``state.sum_tree_state.nodes``, a flat heap whose last level (from ``2**depth - 1``) holds the
-    leaves and whose node 0 is the root."""
-    if impl_name == "jaxbuffers":
-        return np.asarray(state.tree.leaves(), np.float64), float(state.tree.total())
-    tree = state.sum_tree_state
-    first = 2**tree.tree_depth - 1
-    nodes = np.asarray(tree.nodes)
-    return nodes[first : first + tree.capacity].astype(np.float64), float(nodes[0])
+def batch_of(item, b: int, fill=1):
+    """A batch of ``b`` copies of ``item`` filled with ``fill`` (leading axis ``b``)."""
+    return jax.tree.map(lambda x: jnp.full((b, *x.shape), fill, x.dtype), item)
 
 
-def tree_check(case: str, impl_name: str, state, indices_of_samples) -> dict:
-    """One correctness record of a prioritised buffer: the root's relative error against the
-    float64 sum of its leaves (a tree whose parents are recomputed from their children stays at
-    float32 rounding; one updated by adding deltas drifts), and how many of the given sampled
-    indices landed on a slot of priority 0 (must be none)."""
-    leaves, root = tree_leaves_and_root(impl_name, state)
-    exact = leaves.sum()
-    hits = np.concatenate([np.asarray(i).reshape(-1) for i in indices_of_samples])
-    return {
-        "check": case, "impl": impl_name, "root_rel_error": abs(root - exact) / exact if exact > 0 else abs(root),
-        "zero_priority_draws": int((leaves[np.clip(hits, 0, leaves.size - 1)] <= 0).sum()), "draws": int(hits.size),
-    }
+# ---------------------------------------------------------------------------------------------
+# Runners over an "impl": an object with a ``state`` attribute and ``add_fn()`` /
+# ``sample_fn(batch_size)`` returning pure functions ``add(state, batch) -> state`` and
+# ``sample(state, key) -> pytree``. "call" runs one jitted (donated) call per operation from
+# Python; "scan" runs all operations inside one jitted ``lax.scan``, as a jitted training step does.
 
 
-def priority_checks(case: str, impls, sample_and_update, rounds: int, batch: int = 256) -> None:
-    """The "correct results" half of a prioritised target, one ``check`` line (:func:`tree_check`)
-    per implementation after each of two phases, each ``rounds`` samples of ``batch`` followed by
-    set_priorities at the sampled indices inside one jitted ``lax.scan``: priorities ``1000 u**3``
-    (``u ~ U[0, 1)``: six decades), then priorities 1e-4 (what remains when large priorities
-    fall; a tree updated by deltas keeps their rounding). ``sample_and_update(impl)`` returns
-    ``(sample(state, key) -> out with .indices, update(state, out, priorities) -> state)``."""
-    keys = jax.random.split(jax.random.key(11), rounds)
-    phases = [
-        (f"{rounds} sample+set_priorities of {batch}, priorities 1000 u**3", lambda k: 1000.0 * jax.random.uniform(k, (batch,)) ** 3),
-        (f"then {rounds} more with priorities 1e-4", lambda k: jnp.full((batch,), 1e-4)),
-    ]
-    for impl in impls:
-        sample, update = sample_and_update(impl)
-        for label, priorities in phases:
+def _threaded(impl, step):
+    def run():
+        impl.state = jax.block_until_ready(step(impl.state))
 
-            def step(s, k, priorities=priorities):
-                return update(s, sample(s, k), priorities(jax.random.fold_in(k, 1))), None
+    return run
 
-            impl.state = jax.jit(lambda s, ks, step=step: jax.lax.scan(step, s, ks)[0])(impl.state, keys)
-            draws = [sample(impl.state, k).indices for k in jax.random.split(jax.random.key(12), 50)]
-            emit(tree_check(f"correctness/{case}/{label}", impl.name, impl.state, draws))
+
+def add_runner(impl, batch, mode: str, n: int):
+    """``n`` adds of ``batch``, as ``n`` jitted calls ("call") or one jitted scan ("scan")."""
+    add = impl.add_fn()
+    if mode == "scan":
+        f = jax.jit(lambda s, b: jax.lax.scan(lambda c, _: (add(c, b), None), s, None, length=n)[0], donate_argnums=0)
+        return _threaded(impl, lambda s: f(s, batch))
+    g = jax.jit(add, donate_argnums=0)
+
+    def calls(s):
+        for _ in range(n):
+            s = g(s, batch)
+        return s
+
+    return _threaded(impl, calls)
+
+
+def checksum(tree) -> jax.Array:
+    """A float32 sum over every leaf: keeps a sample's gathers live inside a scan."""
+    return sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.number))
+
+
+def sample_runner(impl, sample, mode: str, n: int):
+    """``n`` samples ``sample(state, key)``, as ``n`` jitted calls ("call") or inside one jitted
+    scan ("scan", every sampled leaf summed so none of it is dead code)."""
+    keys = jax.random.split(jax.random.key(0), n)
+    if mode == "scan":
+        f = jax.jit(lambda s, ks: jax.lax.scan(lambda acc, k: (acc + checksum(sample(s, k)), None), jnp.float32(0), ks)[0])
+        return lambda: jax.block_until_ready(f(impl.state, keys))
+    g = jax.jit(sample)
+    key_list = list(keys)
+
+    def calls():
+        out = None
+        for k in key_list:
+            out = g(impl.state, k)
+        jax.block_until_ready(out)
+
+    return calls
+
+
+def data_file(name: str):
+    """``shared/data/<name>`` (recorded Atari frames) from ``$JAXBUFFERS_DATA`` or a ``shared``
+    folder in or above the checkout; ``None`` when absent."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    dirs = [Path(os.environ["JAXBUFFERS_DATA"])] if os.environ.get("JAXBUFFERS_DATA") else []
+    dirs += [p / "shared" / "data" for p in (root, *root.parents)]
+    return next((d / name for d in dirs if (d / name).is_file()), None)

@@ -1,6 +1,7 @@
 """Encode/decode throughput of every host codec on real Atari frames, against numpy memcpy.
 
-Prints one JSON line per case:
+Prints ``_common`` rows, ``impl="ours"``, ``variant`` = the codec, ``anchor="memcpy"`` (``ratio``
+= throughput / numpy memcpy bandwidth in the same process), one per case:
 
 * ``mode="item"``: one entry per call (the serial, per-observation pattern of sb3-extra-buffers),
   one thread: MB/s per core.
@@ -13,9 +14,9 @@ Prints one JSON line per case:
 content) built from other frames of the same game (frames 2048-3071; in the store case the store
 builds its own from its first 1,024 entries).
 
-MB/s are of raw (decoded) bytes, 1 MB = 1e6 bytes; ``ratio`` = raw bytes / payload bytes;
-``enc_vs_memcpy`` / ``dec_vs_memcpy`` = throughput / numpy memcpy bandwidth measured in the same
-process (``np.copyto`` of 256 MiB, or 64 MiB with ``--quick``). Medians of several repetitions.
+MB/s are of raw (decoded) bytes, 1 MB = 1e6 bytes; ``compression_ratio`` = raw bytes / payload
+bytes; the memcpy bandwidth is ``np.copyto`` of 256 MiB (64 MiB with ``--quick``). Medians of
+several repetitions.
 
 Usage: ``python benchmarks/bench_codecs.py [--quick] [--codecs rle,igzip:1]``
 """
@@ -32,14 +33,15 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _common import data_file, emit, header, row  # noqa: E402
 
 import host_codecs  # noqa: E402
 from host_codecs import CompressedStore, RLECodec, get_codec  # noqa: E402
 from host_codecs._base import ChunkTable  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "atari_stacked_5k.npz"
+DATA = data_file("atari_stacked_5k.npz")
+BENCH = "codecs"
 DEFAULT_CODECS = [
     "none", "rle", "rle:16", "rle/prange", "igzip:0", "igzip:1", "igzip:3", "zstd:-1", "zstd:-1/dict", "zstd:1", "zstd:3",
 ]
@@ -119,8 +121,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer items and repetitions")
     ap.add_argument("--codecs", default=",".join(DEFAULT_CODECS))
     args = ap.parse_args()
-    if not DATA.exists():
-        sys.exit(f"real frames not found at {DATA}")
+    header(BENCH, args.quick)
+    if DATA is None:
+        emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_stacked_5k.npz not found"})
+        return
     reps = 3 if args.quick else 7
     n_items = 256 if args.quick else 1024
     with np.load(DATA) as f:
@@ -133,7 +137,7 @@ def main() -> None:
     import numba
 
     print(json.dumps({
-        "case": "environment", "memcpy_MBps": round(memcpy), "cpu": platform.processor() or platform.machine(),
+        "bench": BENCH, "case": "environment", "memcpy_MBps": round(memcpy), "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(), "numpy": np.__version__, "numba": numba.__version__,
         "numba_threading_layer_default": numba.config.THREADING_LAYER, "isal": isal.__version__,
         "python": platform.python_version(),
@@ -151,13 +155,10 @@ def main() -> None:
                     set_threads(threads)
                     t_enc, t_dec, payload = bench_batches(codec, items, batch, reps)
                     enc, dec = raw / 1e6 / t_enc, raw / 1e6 / t_dec
-                    print(json.dumps({
-                        "case": f"{game}/{shape_name}/{spec}/{mode}", "codec": spec, "game": game,
-                        "shape": shape_name, "mode": mode, "threads": host_codecs.num_threads(),
-                        "enc_MBps": round(enc), "dec_MBps": round(dec), "ratio": round(raw / payload, 2),
-                        "memcpy_MBps": round(memcpy), "enc_vs_memcpy": round(enc / memcpy, 3),
-                        "dec_vs_memcpy": round(dec / memcpy, 3),
-                    }), flush=True)
+                    for op, t in (("encode", t_enc), ("decode", t_dec)):
+                        row(BENCH, f"{game}/{shape_name}/{mode}/{op}", "ours", t, n=len(items), repeats=reps, items=raw / 1e6,
+                            unit="MB/s", anchor="memcpy", anchor_seconds=raw / 1e6 / memcpy, variant=spec,
+                            threads=host_codecs.num_threads(), compression_ratio=round(raw / payload, 2))
                 set_threads(None)
                 # Store path: sample 256 random stacks from a store holding all 5,000 stacks.
                 if shape_name == "stack4x84":
@@ -175,13 +176,9 @@ def main() -> None:
                     assert np.array_equal(store.get(idx[0]), full[idx[0]])
                     mb = 256 * full[0].nbytes / 1e6
                     st = store.stats()
-                    print(json.dumps({
-                        "case": f"{game}/{shape_name}/{spec}/store_get256", "codec": spec, "game": game,
-                        "mode": "store_get256", "get256_ms": round(t * 1e3, 3), "dec_MBps": round(mb / t),
-                        "stacks_per_s": round(256 / t), "dec_vs_memcpy": round(mb / t / memcpy, 3),
-                        "bytes_per_stack": round(st["nbytes"] / len(full), 1),
-                        "store_ratio": round(st["compression_ratio"], 2), "payload_ratio": round(st["raw_nbytes"] / st["payload_nbytes"], 2),
-                    }), flush=True)
+                    row(BENCH, f"{game}/{shape_name}/store_get256", "ours", t, n=256, repeats=reps, items=mb, unit="MB/s",
+                        anchor="memcpy", anchor_seconds=mb / memcpy, variant=spec, bytes_per_stack=round(st["nbytes"] / len(full), 1),
+                        store_ratio=round(st["compression_ratio"], 2))
 
 
 if __name__ == "__main__":

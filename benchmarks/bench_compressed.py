@@ -1,6 +1,6 @@
 """Compressed replay of real Atari transitions: jaxbuffers vs sb3-extra-buffers vs SB3.
 
-Same transitions for every buffer (the first ``--n`` steps of ``../shared/data/atari_rollouts.npz``,
+Same transitions for every buffer (the first ``--n`` steps of ``shared/data/atari_rollouts.npz``,
 obs and next obs [4, 84, 84] uint8), one buffer per case, each case in a fresh subprocess so that
 process memory can be measured honestly:
 
@@ -23,12 +23,15 @@ process memory can be measured honestly:
 Cases: SB3 ``ReplayBuffer`` (with and without ``optimize_memory_usage``), sb3-extra-buffers
 ``CompressedReplayBuffer`` with every codec it has, and jaxbuffers ``CompressedTrajectoryBuffer``
 (frame dedup: one stored frame per step) with several codecs. Because the cases run one after
-another, a change of machine load between them moves the ratios (sb3x's sample time swung 4-20x
-between runs on the shared 2-core machine: its ``torch ... .to(copy=True)`` runs on torch's
-intra-op threads, which stall when a core is busy). So the last cases measure sb3x rle-jit and
-the jaxbuffers default **in one process, interleaved** (torch threads = the CPU count, and 1):
-the ratios to quote. Prints one JSON line per case, then
-one ``summary`` line per game with the targets of issue 5.
+another, a change of machine load between them moves their ratios (sb3x's sample copies run on
+torch's intra-op threads, which stall when a core is busy). So the last cases measure sb3x
+rle-jit and jaxbuffers (default codec and rle) **in one process, interleaved** (torch threads =
+the CPU count, and 1): the ratios to quote (``anchor="sb3-extra-buffers"``).
+
+Output: ``_common`` rows, one per case and metric (``case`` = ``<game>/<metric>``, ``variant`` =
+the buffer and codec): throughputs in transitions/s, memory as ``value`` in bytes/transition;
+then one ``summary`` line per game (which jaxbuffers settings beat each sb3x codec on memory, add
+and sample at once). Without the recorded frames the benchmark prints one ``skipped`` row.
 
 Usage: ``python benchmarks/bench_compressed.py [--quick] [--game breakout|pong|all]``
 """
@@ -40,6 +43,7 @@ import gc
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -49,8 +53,11 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "atari_rollouts.npz"
+from _common import data_file  # noqa: E402
 
+DATA = data_file("atari_rollouts.npz")
+
+BENCH = "compressed"
 JAX_CODECS = ["zstd:-1", "zstd:1", "zstd:3", "igzip:0", "igzip:1", "rle"]
 DEFAULT = "jaxbuffers zstd:-1"  # jaxbuffers.compressed.DEFAULT_CODEC
 SB3X_CODECS = ["none", "rle", "rle-old", "rle-jit", "gzip", "igzip", "igzip1"]
@@ -137,11 +144,11 @@ def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from jaxbuffers.compressed import CompressedTrajectoryBuffer, StagingWriter
+    from jaxbuffers import CompressedTrajectoryBuffer, StagingWriter
 
     obs, nxt, act, rew, term = load(game, n)
     ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-    buf = CompressedTrajectoryBuffer.create(ex, 1, n, frame_stack=4, codec=codec, final_obs_capacity=2)
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=n, frame_stack=4, codec=codec, final_obs_capacity=2)
     add = jax.jit(lambda b, s, t: b.add(s, terminated=t), donate_argnums=0)
     act32, rew32 = act.astype(np.int32), rew.astype(np.float32)
 
@@ -239,7 +246,8 @@ def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dic
     from gymnasium import spaces
     from sb3_extra_buffers.compressed import CompressedReplayBuffer
 
-    from jaxbuffers.compressed import DEFAULT_CODEC, CompressedTrajectoryBuffer, StagingWriter
+    from jaxbuffers import CompressedTrajectoryBuffer, StagingWriter
+    from jaxbuffers.compressed import DEFAULT_CODEC
 
     torch.set_num_threads(torch_threads)
     obs, nxt, act, rew, term = load(game, n)
@@ -251,7 +259,7 @@ def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dic
     act32 = act.astype(np.int32)
     bufs = {}
     for tag, codec in (("default", DEFAULT_CODEC), ("rle", "rle")):
-        w = StagingWriter(CompressedTrajectoryBuffer.create(ex, 1, n, frame_stack=4, final_obs_capacity=2, codec=codec))
+        w = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs=1, length=n, frame_stack=4, final_obs_capacity=2, codec=codec))
         for i in range(n):
             w.add({"obs": obs[i : i + 1], "action": act32[i : i + 1], "reward": rew[i : i + 1]}, terminated=term[i : i + 1])
         bufs[tag] = w.buffer
@@ -316,22 +324,27 @@ def cases():
 
 
 def main() -> None:
-    from _common import emit, machine_info, parser, versions
+    from _common import emit, header, parser
 
     p = parser(__doc__.split("\n\n")[0])
     p.add_argument("--game", default="breakout", choices=["breakout", "pong", "all"])
-    p.add_argument("--n", type=int, default=None, help="transitions (default 20000, 5000 with --quick)")
+    p.add_argument("--n", type=int, default=None, help="transitions (default 20000; --quick: 1000, and one case of each kind)")
     p.add_argument("--case", default=None, help=argparse_hidden())
     p.add_argument("--codec", default=None, help=argparse_hidden())
     p.add_argument("--only", default=None, help="comma-separated substrings of case names to run")
     args = p.parse_args()
-    args.n = args.n or (5000 if args.quick else 20000)
+    args.n = args.n or (1000 if args.quick else 20000)
+    if args.quick and not args.only:  # smoke run: one case of each kind
+        args.only = "sb3 ReplayBuffer,sb3x rle-jit,jaxbuffers zstd:-1,side-by-side"
     args.repeats = args.repeats or (5 if args.quick else 15)
     if args.case:
         child(args)
         return
     games = ["breakout", "pong"] if args.game == "all" else [args.game]
-    emit({"machine": machine_info(), "versions": versions("jax", "numpy", "stable-baselines3", "sb3-extra-buffers", "zstandard", "isal", "numba", "torch")})
+    header(BENCH, args.quick, transitions=args.n)
+    if DATA is None:
+        emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_rollouts.npz not found"})
+        return
     for game in games:
         results = {}
         for kind, codec, name in cases():
@@ -343,16 +356,43 @@ def main() -> None:
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=ROOT)
             except subprocess.TimeoutExpired:
-                emit({"game": game, "case": name, "error": "timeout"})
+                emit({"bench": BENCH, "case": f"{game}/all", "variant": name, "error": "timeout"})
                 continue
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
             if not line:
-                emit({"game": game, "case": name, "error": proc.stderr[-800:]})
+                emit({"bench": BENCH, "case": f"{game}/all", "variant": name, "error": proc.stderr[-800:]})
                 continue
             rec = json.loads(line[-1][7:])
             results[name] = rec
-            emit({"game": game, "case": name, "n": args.n, **{k: round(v, 2) if isinstance(v, float) else v for k, v in rec.items()}})
+            rows(game, kind, name, rec, args.n, args.repeats)
         summarize(game, results)
+
+
+IMPL = {"sb3": "sb3", "sb3-opt": "sb3", "sb3x": "sb3-extra-buffers", "jax": "ours"}
+
+
+def rows(game: str, kind: str, name: str, rec: dict, n: int, repeats: int) -> None:
+    """One ``_common`` row per metric of one case's record."""
+    from _common import emit, row
+
+    if kind == "side":
+        for key, tps in rec.items():
+            m = re.fullmatch(r"(.+)_tps_(\d+)", key)
+            if m:
+                tag, b = m.groups()
+                anchor = f"sb3x_rle_jit_tps_{b}"
+                impl = "sb3-extra-buffers" if tag.startswith("sb3x") else "ours"
+                row(BENCH, f"{game}/same-process/sample_{b}/torch_threads={rec['torch_threads']}", impl, 1 / tps, n=n,
+                    repeats=repeats, unit="transitions/s", items=1, variant=tag,
+                    anchor=None if impl != "ours" else "sb3-extra-buffers", anchor_seconds=None if impl != "ours" else 1 / rec[anchor])
+        return
+    for key, v in rec.items():
+        if key.endswith("bytes_per_transition"):
+            emit({"bench": BENCH, "case": f"{game}/{key}", "impl": IMPL[kind], "variant": name, "value": round(v, 1),
+                  "unit": "bytes/transition", "n": n, "repeats": 1})
+        elif "_tps" in key and isinstance(v, (int, float)) and v > 0:
+            row(BENCH, f"{game}/{key.replace('_tps', '')}", IMPL[kind], 1 / v, n=n, repeats=repeats, unit="transitions/s",
+                variant=name)
 
 
 def argparse_hidden():
@@ -384,21 +424,19 @@ def summarize(game: str, results: dict) -> None:
             table[name] = winners or None
     smallest = min(sb3x, key=lambda k: sb3x[k]["bytes_per_transition"])
     d = jaxs.get(DEFAULT)
-    rec = {"game": game, "summary": True, "dominating_jax_setting_per_sb3x_codec": per_codec,
+    rec = {"bench": BENCH, "game": game, "summary": True, "dominating_jax_setting_per_sb3x_codec": per_codec,
            "dominating_with_chunked_adds": per_codec_chunked, "dominating_with_jitted_one_step_adds": per_codec_jit}
     if d:
         rec["default"] = DEFAULT
         rec["default_bytes_vs_smallest_sb3x"] = {
             "smallest_sb3x": smallest,
             "ratio": round(sb3x[smallest]["bytes_per_transition"] / size(d), 2),
-            "target": ">= 2",
         }
         if "sb3x rle-jit" in sb3x:
             rj = sb3x["sb3x rle-jit"]
             rec["default_sample_vs_rle_jit"] = {
                 f"b{b}": round(d[f"sample_tps_{b}"] / rj[f"sample_tps_{b}"], 2) for b in (32, 256)
             }
-            rec["default_sample_vs_rle_jit"]["target"] = ">= 2"
     for k, v in sides.items():
         rec.setdefault("same_process_default_vs_rle_jit", {})[k] = {
             key: round(val, 2) for key, val in v.items() if key.startswith("ratio")

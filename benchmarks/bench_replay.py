@@ -1,14 +1,21 @@
-"""Uniform replay: jaxbuffers.ReplayBuffer vs flashbax item and flat buffers, same process.
+"""Uniform replay: `jaxbuffers.ReplayBuffer` against flashbax's item and flat buffers.
 
-Cases (all with donation on both sides, jitted):
-  * add, B in {1, 8, 256}: called once per step from Python ("call") and K times inside one
-    jitted ``lax.scan`` ("scan"); throughput in items/s.
-  * sample, batch 256, called per step; items/s.
-  * capacity scaling: jaxbuffers add (B=256, scan) at capacity 10k vs 1M (the O(B) claim).
-Items: vector (obs f32[17], action f32[6], reward f32, done bool; capacity 100k) and Atari
-(pixels u8[84,84,4]; capacity 50k). One JSON line per case, ratio = flashbax time / ours.
+Cases, for vector items (obs f32[17], action f32[6], reward f32, done bool; capacity 100k) and
+Atari items (pixels u8[84,84,4]; capacity 50k):
 
-Run: python benchmarks/bench_replay.py [--quick]
+* ``add/<item>/B=<b>/call``: one jitted, donated add of ``b`` items per call from Python.
+* ``add/<item>/B=<b>/scan``: ``n`` adds inside one jitted, donated ``lax.scan`` (what a jitted
+  training step does); b in {1, 8, 256}.
+* ``sample/<item>/batch=256/call`` and ``.../scan``: the same two ways, after filling a quarter
+  of the capacity (the scan sums every sampled leaf so the gather is not dead code).
+* ``add/vector/B=256/scan/capacity=<c>``: the add at capacity 10k and 1M (an add costs O(B), not
+  O(capacity); at 1M the storage leaves the caches, which both sides pay).
+
+All implementations of a case run in one process, interleaved (``_common.interleaved``); the
+anchor is flashbax's item buffer (flashbax's flat buffer is an extra row for b > 1).
+``--quick`` shrinks capacities and repetition counts for a smoke run.
+
+Run: python benchmarks/bench_replay.py [--quick] [--repeats N]
 """
 
 from __future__ import annotations
@@ -16,16 +23,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import batch_of, emit, machine_info, parser, time_add_call, time_add_scan, time_sample, versions  # noqa: E402
+from _common import add_runner, batch_of, compare, header, interleaved, parser, sample_runner  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
 import jaxbuffers as jb  # noqa: E402
 
+BENCH = "replay"
 ITEMS = {
     "vector": ({"obs": jnp.zeros(17), "action": jnp.zeros(6), "reward": jnp.float32(0), "done": jnp.bool_(False)}, 100_000),
     "atari": ({"pixels": jnp.zeros((84, 84, 4), jnp.uint8)}, 50_000),
@@ -34,128 +41,72 @@ SAMPLE = 256
 
 
 class Ours:
-    name = "jaxbuffers"
+    """The only place this benchmark touches the jaxbuffers API."""
 
-    def __init__(self, item, capacity):
+    name = "ours"
+
+    def __init__(self, item, capacity, b):
         self.state = jb.ReplayBuffer.create(item, capacity)
-        self._add = jax.jit(jb.ReplayBuffer.add, donate_argnums=0)
-        self._sample = jax.jit(lambda s, k: s.sample(k, SAMPLE))
-
-    def add(self, state, batch):
-        return self._add(state, batch)
 
     def add_fn(self):
-        return jb.ReplayBuffer.add
+        return lambda s, batch: s.add(batch)
 
-    def sample(self, state, key):
-        return self._sample(state, key)
+    def sample_fn(self):
+        return lambda s, k: s.sample(k, SAMPLE)
 
 
-class FlashbaxItem:
-    name = "flashbax_item"
+class Flashbax:
+    name = "flashbax"
 
-    def __init__(self, item, capacity):
+    def __init__(self, item, capacity, b):
         self.buf = fbx.make_item_buffer(max_length=capacity, min_length=1, sample_batch_size=SAMPLE, add_sequences=True)
         self.state = self.buf.init(item)
-        self._add = jax.jit(self.buf.add, donate_argnums=0)
-        self._sample = jax.jit(self.buf.sample)
-
-    def add(self, state, batch):
-        return self._add(state, batch)
 
     def add_fn(self):
         return self.buf.add
 
-    def sample(self, state, key):
-        return self._sample(state, key)
+    def sample_fn(self):
+        return self.buf.sample
 
 
-class FlashbaxFlat:
-    """flashbax flat buffer: adds a fixed batch of B, stores [B, capacity // B] lanes."""
+class FlashbaxFlat(Flashbax):
+    """flashbax's flat buffer: a fixed add batch of b, stored as [b, capacity // b] lanes."""
 
-    name = "flashbax_flat"
+    name = "flashbax-flat"
 
     def __init__(self, item, capacity, b):
         self.buf = fbx.make_flat_buffer(max_length=capacity, min_length=2 * b, sample_batch_size=SAMPLE, add_batch_size=b)
         self.state = self.buf.init(item)
-        self._add = jax.jit(self.buf.add, donate_argnums=0)
-        self._sample = jax.jit(self.buf.sample)
-
-    def add(self, state, batch):
-        return self._add(state, batch)
-
-    def add_fn(self):
-        return self.buf.add
-
-    def sample(self, state, key):
-        return self._sample(state, key)
-
-
-def make_impls(item, capacity, b):
-    impls = [Ours(item, capacity), FlashbaxItem(item, capacity)]
-    if b > 1:
-        impls.append(FlashbaxFlat(item, capacity, b))
-    return impls
-
-
-def fill(impl, item, b, capacity):
-    """Fill a quarter of the capacity so sampling reads real data."""
-    batch = batch_of(item, b)
-    for _ in range(max(1, capacity // 4 // b)):
-        impl.state = impl.add(impl.state, batch)
 
 
 def main():
-    args = parser(__doc__).parse_args()
-    repeats = args.repeats or (3 if args.quick else 7)
-    emit({"bench": "replay", "machine": machine_info(), "versions": versions("jax", "jaxlib", "flashbax", "jaxbuffers")})
-    batch_sizes = [1, 8, 256]
+    args = parser(__doc__.splitlines()[0]).parse_args()
+    repeats = args.repeats or (3 if args.quick else 9)
+    shrink = 20 if args.quick else 1
+    header(BENCH, args.quick)
     for item_name, (item, capacity) in ITEMS.items():
-        for b in batch_sizes:
+        capacity //= shrink
+        for b in (1, 8, 256):
             batch = batch_of(item, b)
-            calls = 20 if item_name == "atari" and b == 256 else 200
-            steps = max(2, min(200, 2 * capacity // b // 4))
-            if args.quick:
-                calls, steps = max(2, calls // 10), max(2, steps // 10)
-            impls = make_impls(item, capacity, b)
+            impls = [Ours(item, capacity, b), Flashbax(item, capacity, b)] + ([FlashbaxFlat(item, capacity, b)] if b > 1 else [])
             for mode in ("call", "scan"):
-                times = {}
-                for impl in impls:
-                    fn = time_add_call if mode == "call" else time_add_scan
-                    times[impl.name] = fn(impl, batch, calls if mode == "call" else steps, repeats)
-                for other in [n for n in times if n != "jaxbuffers"]:
-                    emit({
-                        "case": f"add/{item_name}/B={b}/{mode}", "anchor": other,
-                        "ours_items_per_s": b / times["jaxbuffers"], "anchor_items_per_s": b / times[other],
-                        "ratio": times[other] / times["jaxbuffers"],
-                    })
-            if b == batch_sizes[-1]:
-                times = {}
-                for impl in impls:
-                    fill(impl, item, b, capacity)
-                    times[impl.name] = time_sample(impl, 5 if args.quick else 50, repeats)
-                for other in [n for n in times if n != "jaxbuffers"]:
-                    emit({
-                        "case": f"sample/{item_name}/batch={SAMPLE}", "anchor": other,
-                        "ours_items_per_s": SAMPLE / times["jaxbuffers"], "anchor_items_per_s": SAMPLE / times[other],
-                        "ratio": times[other] / times["jaxbuffers"],
-                    })
+                n = max(4, min(200, capacity // b // 4) // (5 if args.quick else 1))
+                times = interleaved({i.name: add_runner(i, batch, mode, n) for i in impls}, repeats, n)
+                compare(BENCH, f"add/{item_name}/B={b}/{mode}", times, "flashbax", n=n, repeats=repeats, items=b)
+            if b == 256:
+                for impl in impls:  # a quarter of the capacity, so sampling reads real data
+                    add_runner(impl, batch, "scan", max(1, capacity // 4 // b))()
+                n = 5 if args.quick else 50
+                for mode in ("call", "scan"):
+                    times = interleaved({i.name: sample_runner(i, i.sample_fn(), mode, n) for i in impls}, repeats, n)
+                    compare(BENCH, f"sample/{item_name}/batch={SAMPLE}/{mode}", times, "flashbax", n=n, repeats=repeats, items=SAMPLE)
             del impls
-    # capacity scaling: add must cost O(B), not O(capacity). At 1M the storage no longer fits in
-    # cache, so some growth is memory bandwidth, not work: the anchor is measured the same way.
-    item = ITEMS["vector"][0]
-    batch = batch_of(item, 256)
-    steps = 20 if args.quick else 200
-    for cls in (Ours, FlashbaxItem):
-        per = {}
-        for cap in (10_000, 1_000_000):
-            impl = cls(item, cap)
-            per[cap] = time_add_scan(impl, batch, steps, repeats)
-            del impl
-        emit({
-            "case": "add/vector/B=256/scan/capacity-scaling", "impl": cls.name, "us_per_add_10k": per[10_000] * 1e6,
-            "us_per_add_1M": per[1_000_000] * 1e6, "ratio_1M_over_10k": per[1_000_000] / per[10_000],
-        })
+    item, batch = ITEMS["vector"][0], batch_of(ITEMS["vector"][0], 256)
+    n = 20 if args.quick else 200
+    for capacity in (10_000, 1_000_000 // shrink):
+        impls = [Ours(item, capacity, 256), Flashbax(item, capacity, 256)]
+        times = interleaved({i.name: add_runner(i, batch, "scan", n) for i in impls}, repeats, n)
+        compare(BENCH, f"add/vector/B=256/scan/capacity={capacity}", times, "flashbax", n=n, repeats=repeats, items=256)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Both sides are jitted, float32, time-major [T, N] with terminations (no truncation: rlax has no
 separate truncation input), on the same inputs, in the same process, timed alternately. Each
-case prints one JSON line; ``ratio`` = rlax time / jaxbuffers time (> 1: jaxbuffers is faster).
+case prints ``_common`` rows: ``impl`` ``ours`` (``variant`` scan / associative, anchor ``rlax``)
+and ``rlax``; ``ratio`` = rlax time / ours (> 1: ours is faster).
 
     python benchmarks/bench_returns.py            # T in {128, 2048}, N in {8, 256}
     python benchmarks/bench_returns.py --quick    # fewer repetitions
@@ -10,19 +11,20 @@ case prints one JSON line; ``ratio`` = rlax time / jaxbuffers time (> 1: jaxbuff
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import rlax
 
-import jaxbuffers
-from jaxbuffers.returns import gae
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import header, parser, row  # noqa: E402
+
+from jaxbuffers import gae  # noqa: E402
 
 GAMMA, LAMBDA = 0.99, 0.95
 
@@ -56,11 +58,9 @@ def time_call(fn, args, inner):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="few repetitions (smoke run)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repetitions per case (median)")
-    args = parser.parse_args()
+    args = parser(__doc__.splitlines()[0]).parse_args()
     repeats = args.repeats or (5 if args.quick else 21)
+    header("returns", args.quick)
 
     rng = np.random.default_rng(0)
     for T in (128, 2048):
@@ -83,29 +83,11 @@ def main():
                 for k, f in fns.items():
                     times[k].append(time_call(f, inputs, inner))
             med = {k: statistics.median(v) for k, v in times.items()}
+            case = f"gae/T={T}/N={N}/float32"
+            row("returns", case, "rlax", med["rlax"], n=inner, repeats=repeats, items=T * N, unit="steps/s")
             for method in ("scan", "associative"):
-                print(
-                    json.dumps(
-                        {
-                            "bench": "gae",
-                            "T": T,
-                            "N": N,
-                            "dtype": "float32",
-                            "method": method,
-                            "jaxbuffers_us": round(med[method] * 1e6, 2),
-                            "rlax_us": round(med["rlax"] * 1e6, 2),
-                            "ratio": round(med["rlax"] / med[method], 3),
-                            "repeats": repeats,
-                            "calls_per_repeat": inner,
-                            "backend": jax.default_backend(),
-                            "jax": jax.__version__,
-                            "rlax": getattr(rlax, "__version__", "?"),
-                            "jaxbuffers": jaxbuffers.__version__,
-                            "python": platform.python_version(),
-                        }
-                    ),
-                    flush=True,
-                )
+                row("returns", case, "ours", med[method], n=inner, repeats=repeats, items=T * N, unit="steps/s",
+                    anchor="rlax", anchor_seconds=med["rlax"], variant=method)
 
 
 if __name__ == "__main__":

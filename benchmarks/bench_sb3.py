@@ -1,6 +1,6 @@
 """SB3 DQN with SB3's own ReplayBuffer vs JaxReplayBuffer (uncompressed and compressed), same process.
 
-Environment: a replay of the recorded Breakout transitions in ``../shared/data/atari_rollouts.npz``
+Environment: a replay of the recorded Breakout transitions in ``shared/data/atari_rollouts.npz``
 (ale-py, AtariPreprocessing + FrameStackObservation(4, padding "reset"), 20,000 steps): a
 gymnasium env that ignores the agent's action and returns the recorded next observation, reward
 and termination, so every variant sees the same real frames. Observations uint8 [4, 84, 84].
@@ -20,6 +20,10 @@ Cases:
     ``sample(32)`` (one gradient step's batch, torch tensors), the buffer's share of a step, and
     of the pair (the compressed adapter stages adds on the host and flushes them at the sample).
 
+Rows (``_common`` format): ``impl`` is ``sb3`` (the anchor) or ``ours`` with ``variant`` ``jax``
+(uncompressed) or ``jax_compressed``; memory rows carry ``value`` in GB. Without the recorded
+frames the benchmark prints one ``skipped`` row.
+
 Run: python benchmarks/bench_sb3.py [--quick]
 """
 
@@ -34,9 +38,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, machine_info, parser, versions  # noqa: E402
+from _common import data_file, emit, header, parser, row  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "atari_rollouts.npz"
+BENCH = "sb3"
+DATA = data_file("atari_rollouts.npz")
+IMPL = {"sb3": "sb3", "jax": "ours", "jax_compressed": "ours"}
 WARM_STEPS = 40  # training env steps (10 gradient steps) before the training clock starts
 COMPRESS = dict(frame_stack=4, stack_axis=0, padding="reset", codec="zstd:-1")  # padding: the recorder's FrameStackObservation; codec: jaxbuffers.compressed.DEFAULT_CODEC
 
@@ -167,8 +173,10 @@ def main() -> None:
         return
     quick = args.quick
     repeats = args.repeats or (1 if quick else 3)
-    info = {"machine": machine_info(), "versions": versions("jax", "torch", "stable-baselines3", "zstandard")}
-    emit({"bench": "sb3", "info": info})
+    header(BENCH, quick)
+    if DATA is None:
+        emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_rollouts.npz not found"})
+        return
     variants = ["sb3", "jax", "jax_compressed"]
 
     # memory at two sizes, a fresh subprocess each: slope = marginal bytes per transition,
@@ -185,16 +193,17 @@ def main() -> None:
         fixed = mem[v, n2]["rss"] - slope * n2
         est[v] = fixed + slope * 1e6
     for v in ([] if args.train_only else variants):
-        emit({"case": "memory", "variant": v, "transitions": [n1, n2], "rss_bytes": [mem[v, n1]["rss"], mem[v, n2]["rss"]],
-              "nbytes_per_transition": round(mem[v, n2]["nbytes"] / n2, 1),
-              "rss_slope_per_transition": round((mem[v, n2]["rss"] - mem[v, n1]["rss"]) / (n2 - n1), 1),
-              "rss_1M_GB_extrapolated": round(est[v] / 1e9, 3), "ratio_sb3_over_ours": round(est["sb3"] / est[v], 2)})
+        emit({"bench": BENCH, "case": "memory/rss_1M_extrapolated", "impl": IMPL[v], "variant": v, "value": round(est[v] / 1e9, 3),
+              "unit": "GB", "n": n2, "repeats": 1, "anchor": None if v == "sb3" else "sb3",
+              "ratio": None if v == "sb3" else round(est["sb3"] / est[v], 2), "transitions": [n1, n2],
+              "rss_bytes": [mem[v, n1]["rss"], mem[v, n2]["rss"]], "nbytes_per_transition": round(mem[v, n2]["nbytes"] / n2, 1),
+              "rss_slope_per_transition": round((mem[v, n2]["rss"] - mem[v, n1]["rss"]) / (n2 - n1), 1)})
     for v in ([] if args.train_only else variants):
         r = mem[v, n2]
-        emit({"case": "buffer_calls", "variant": v, "filled": n2, "add_us": round(r["add_us"], 1), "sample32_us": round(r["sample32_us"], 1),
-              "add_plus_sample32_us": round(r["add_plus_sample32_us"], 1),
-              "ratio_sb3_over_ours_add": round(mem["sb3", n2]["add_us"] / r["add_us"], 3),
-              "ratio_sb3_over_ours_sample": round(mem["sb3", n2]["sample32_us"] / r["sample32_us"], 3)})
+        for call in ("add", "sample32", "add_plus_sample32"):
+            a = None if v == "sb3" else "sb3"
+            row(BENCH, f"buffer_calls/{call}", IMPL[v], r[f"{call}_us"] / 1e6, n=300, repeats=1, unit="calls/s", anchor=a,
+                anchor_seconds=mem["sb3", n2][f"{call}_us"] / 1e6 if a else None, variant=v, filled=n2)
 
     # training throughput: interleaved repetitions, medians
     data = load()
@@ -205,9 +214,10 @@ def main() -> None:
             rates[v].append(train_rate(data, v, buffer_size=20_000, learning_starts=ls, train_steps=steps))
     med = {v: float(np.median(r)) for v, r in rates.items()}
     for v in variants:
-        emit({"case": "train", "variant": v, "env_steps_per_s": round(med[v], 2), "runs": [round(x, 2) for x in rates[v]],
-              "ratio_ours_over_sb3": round(med[v] / med["sb3"], 3), "learning_starts": ls, "warm_steps": WARM_STEPS,
-              "train_steps": steps})
+        a = None if v == "sb3" else "sb3"
+        row(BENCH, "train/dqn", IMPL[v], 1 / med[v], n=steps, repeats=repeats, unit="env steps/s", anchor=a,
+            anchor_seconds=1 / med["sb3"] if a else None, variant=v, runs=[round(x, 2) for x in rates[v]],
+            learning_starts=ls, warm_steps=WARM_STEPS)
 
 
 ARGPARSE_SUPPRESS = "==SUPPRESS=="

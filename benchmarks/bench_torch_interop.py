@@ -8,7 +8,8 @@ Cases (median wall time per call; ratio = anchor time / ours, >1 means ours is f
   * from_torch          vs jnp.asarray(t.numpy())                 (ours zero copy; anchor copies)
   * from_torch(copy=True) vs jnp.asarray(t.numpy())               (both one copy)
   * from_torch of a torch.from_numpy tensor (16-byte aligned: JAX copies it) vs the same anchor
-Each line also says whether the result shares memory with its source.
+``_common`` rows (``impl`` ours / numpy-route), timed interleaved; each row also says whether the
+result shares memory with its source (``zero_copy``).
 
 Run: python benchmarks/bench_torch_interop.py [--quick]
 """
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, machine_info, median_seconds, parser, versions  # noqa: E402
+from _common import header, interleaved, parser, row  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -41,7 +42,7 @@ def jax_ptr(x) -> int:
 def main() -> None:
     args = parser(__doc__.splitlines()[0]).parse_args()
     repeats = args.repeats or (20 if args.quick else 200)
-    emit({"bench": "torch_interop", "machine": machine_info(), "versions": versions("jax", "jaxlib", "torch", "numpy")})
+    header("torch_interop", args.quick)
 
     key = jax.random.key(0)
     obs = jax.random.randint(key, (256, 84, 84, 4), 0, 256, jnp.int32).astype(jnp.uint8)
@@ -81,22 +82,12 @@ def main() -> None:
     ]
     for name, ours, anchor, ours_shared, anchor_shared in cases:
         block = jax.block_until_ready
-        # interleave ours and the anchor in rounds so machine noise hits both alike
-        t_ours, t_anchor = [], []
-        for _ in range(3):
-            t_ours.append(median_seconds(lambda: block(ours()), repeats=max(1, repeats // 3)))
-            t_anchor.append(median_seconds(lambda: block(anchor()), repeats=max(1, repeats // 3)))
-        ours_s, anchor_s = float(np.median(t_ours)), float(np.median(t_anchor))
-        emit({
-            "case": name,
-            "bytes": int(obs.size) * (2 if "tree" in name else 1),
-            "ours_us": round(ours_s * 1e6, 2),
-            "anchor_us": round(anchor_s * 1e6, 2),
-            "ratio": round(anchor_s / ours_s, 3),
-            "ours_zero_copy": bool(ours_shared(ours())),
-            "anchor_zero_copy": bool(anchor_shared(anchor())),
-            "repeats": repeats,
-        })
+        times = interleaved({"ours": lambda: block(ours()), "numpy-route": lambda: block(anchor())}, repeats)
+        nbytes = int(obs.size) * (2 if "tree" in name else 1)
+        row("torch_interop", name, "numpy-route", times["numpy-route"], n=1, repeats=repeats, items=nbytes / 1e6, unit="MB/s",
+            zero_copy=bool(anchor_shared(anchor())))
+        row("torch_interop", name, "ours", times["ours"], n=1, repeats=repeats, items=nbytes / 1e6, unit="MB/s",
+            anchor="numpy-route", anchor_seconds=times["numpy-route"], zero_copy=bool(ours_shared(ours())))
 
 
 if __name__ == "__main__":

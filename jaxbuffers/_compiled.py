@@ -35,11 +35,13 @@ _INT32 = np.iinfo(np.int32)
 
 def _passable(leaf) -> bool:
     """Whether a compiled program takes ``leaf`` as an argument without changing its value or dtype."""
+    if isinstance(leaf, jax.Array):  # the common case first (tracers included)
+        return True
     if isinstance(leaf, (np.ndarray, np.generic)):
         return leaf.dtype.kind in "biufc" and jax.dtypes.canonicalize_dtype(leaf.dtype) == leaf.dtype
     if isinstance(leaf, int):  # bool included
         return _INT32.min <= leaf <= _INT32.max
-    return isinstance(leaf, (jax.Array, float, complex))
+    return isinstance(leaf, (float, complex))
 
 
 def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = None) -> Callable:
@@ -63,20 +65,25 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
 
     def wrap(fn: Callable) -> Callable:
         jitted = jax.jit(fn, static_argnames=static)
-        signature = inspect.signature(fn)
+        names = list(inspect.signature(fn).parameters)
+        checked = [(names.index(n), n, lo, hi) for n, (lo, hi) in scalars.items()]
+        fixed = [(names.index(n), n) for n in static]
+        fixed_at = {i for i, _ in fixed}
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            bound = signature.bind_partial(*args, **kwargs).arguments
-            for name, (lo, hi) in scalars.items():
-                if name in bound:
-                    _validate.scalar_parameter(name, bound[name], lo, hi)
+            # Arguments by position or keyword, without inspect's binding (this runs every call).
+            for i, name, lo, hi in checked:
+                x = kwargs[name] if name in kwargs else args[i] if i < len(args) else None
+                if x is not None:
+                    _validate.scalar_parameter(name, x, lo, hi)
             try:
-                statics_ok = all(hash(bound[k]) is not None for k in static if k in bound)
+                for i, name in fixed:
+                    hash(kwargs[name] if name in kwargs else args[i] if i < len(args) else None)
             except TypeError:
-                statics_ok = False
-            traced = [v for k, v in bound.items() if k not in static]
-            if statics_ok and all(_passable(leaf) for leaf in jax.tree_util.tree_leaves(traced)):
+                return fn(*args, **kwargs)  # an unhashable static value: its own check names it
+            traced = [a for i, a in enumerate(args) if i not in fixed_at] + [v for k, v in kwargs.items() if k not in static]
+            if all(_passable(leaf) for leaf in jax.tree_util.tree_leaves(traced)):
                 return jitted(*args, **kwargs)
             return fn(*args, **kwargs)  # its own checks name what is wrong
 

@@ -162,7 +162,8 @@ def static_int(name: str, value, minimum: int = 1, maximum: int = 2**31 - 1) -> 
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
         raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
     if int(value) > maximum:
-        raise ValueError(f"{name}: expected at most {maximum}, got {value!r}")
+        limit = "2**31 - 1 (int32 arithmetic)" if maximum == 2**31 - 1 else maximum
+        raise ValueError(f"{name}: expected at most {limit}, got {value!r}")
     return int(value)
 
 

@@ -229,6 +229,11 @@ class SumMinTree(flax.struct.PyTreeNode):
             if tuple(where.shape) != (b,) or where.dtype != jnp.bool_:
                 raise ValueError(f"where: expected bool[{b}], got {where.dtype}{list(where.shape)}")
             active = active & jnp.asarray(where)
+        # One inactive entry more: XLA updated the heap of a one-entry write by copying it whole
+        # (a slice update in place of the scatter); with two entries every write stays a scatter.
+        indices = jnp.concatenate([indices, jnp.full((1,), -1, jnp.int32)])
+        values = jnp.concatenate([values, jnp.zeros((1,), values.dtype)])
+        active = jnp.concatenate([active, jnp.zeros((1,), bool)])
         p = self.padded_capacity
         keep = last_write_mask(indices, active)
         nodes = self.nodes.at[jnp.where(keep, indices + p, 2 * p)].set(_rows(values), mode="drop")

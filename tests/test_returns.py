@@ -143,7 +143,7 @@ lambdas = st.sampled_from([0.0, 0.5, 0.95, 1.0])
 
 
 # ------------------------------------------------------------------------------------------
-# the hand-checked case of issue 3
+# a hand-checked case
 # ------------------------------------------------------------------------------------------
 # gamma 0.9, lambda 0.95; steps 3 (terminated) and 1 (truncated, final_value 2.0) end episodes.
 #   t=4: delta = 1 + 0.9 * last_value(1.0) - 0.9 = 1.0                  A = 1.0

@@ -478,3 +478,13 @@ def test_donated_set_updates_the_heap_in_place():
             tree = fn(tree, idx, 2 * val)
             assert tree.nodes.unsafe_buffer_pointer() == ptr, batch
         assert float(tree.total()) == 2 * batch
+
+
+@pytest.mark.parametrize("batch", [1, 2, 256])
+def test_donated_set_needs_no_heap_sized_temporary(batch):
+    """A donated update of a few leaves works in place: its compiled program needs no temporary
+    buffer of the heap's size (a one-entry write once copied the heap whole)."""
+    tree = SumMinTree.create(1 << 16)
+    fn = jax.jit(lambda t, i, v: t.set(i, v), donate_argnums=0)
+    compiled = fn.lower(tree, jnp.zeros(batch, jnp.int32), jnp.ones(batch)).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes < tree.nodes.nbytes // 8

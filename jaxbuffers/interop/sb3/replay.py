@@ -94,8 +94,15 @@ class FieldView:
     def __init__(self, name: str, dtype: Any, read: Callable[[], jax.Array], write: Callable[[jax.Array], None]):
         self._name, self._dtype, self._read, self._write = name, np.dtype(dtype), read, write
 
-    shape = property(lambda self: tuple(self._read().shape), doc="SB3's shape of the field, ``(rows, n_envs, ...)``.")
-    dtype = property(lambda self: self._dtype, doc="SB3's dtype of the field (float32 for flags, int64 for Discrete actions ...).")
+    @property
+    def shape(self) -> tuple:
+        """SB3's shape of the field, `(rows, n_envs, ...)`."""
+        return tuple(self._read().shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """SB3's dtype of the field (float32 for flags, int64 for Discrete actions ...)."""
+        return self._dtype
 
     __len__ = lambda self: self.shape[0]  # noqa: E731
     __getitem__ = lambda self, key: np.asarray(self)[key]  # noqa: E731

@@ -1,0 +1,132 @@
+"""Eager against jitted: every add and sample method of every buffer, called as a plain method
+from Python against the same call wrapped in `jax.jit`.
+
+A buffer method called eagerly should run as one cached compiled program, so its cost is the
+jitted call's. Each case times ``n`` calls per repetition both ways, interleaved in one process;
+the buffer state is threaded through the adds (no donation on either side, so both pay the same
+copies). Row ``impl="ours-eager"`` has ``anchor="ours-jit"`` and ``ratio`` = jitted time / eager
+time (1.0: the eager call is as fast as the jitted one; the target is >= 0.8).
+
+Cases: ``ReplayBuffer.add`` (B = 8) / ``sample`` (256); ``PrioritisedReplayBuffer.add`` /
+``sample`` (256, beta 0.4); ``TrajectoryBuffer.add`` (8 envs, one step) / ``sample_sequences``
+(256 x 32) / ``sample_transitions`` (256, n_step 3); ``PrioritisedTrajectoryBuffer.add`` /
+``sample_sequences`` (256, window 32); ``RolloutBuffer.add`` (4 envs; a rollout of 128 steps per
+repetition from an empty buffer) / ``minibatches`` (4 of 128 steps x 4 envs);
+``CompressedTrajectoryBuffer.add`` (8 envs of u8[84,84,4] frames) / ``sample_transitions``
+(256, n_step 3). ``--quick`` lowers the repetition counts.
+
+Run: python benchmarks/bench_eager.py [--quick] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import batch_of, compare, header, interleaved, parser  # noqa: E402
+
+import jaxbuffers as jb  # noqa: E402
+
+BENCH = "eager"
+VEC = {"obs": jnp.zeros(17), "action": jnp.zeros(6), "reward": jnp.float32(0)}
+ENVS = 8
+
+
+def cases():
+    """(name, initial state (or a function making a fresh one per side), operation, threads
+    state) per case. The operation is
+    ``op(state, key) -> new state`` for adds, ``-> sample`` for samplers. The only place this
+    benchmark touches the jaxbuffers API."""
+    step = batch_of(VEC, ENVS)
+    flags = jnp.zeros(ENVS, bool)
+
+    def traj_add(s, k):
+        return s.add(step, terminated=flags, truncated=flags, final_obs=step["obs"])
+
+    def filled(state, add, n):
+        for i in range(n):
+            state = add(state, jax.random.key(i))
+        return state
+
+    out = []
+    replay = jb.ReplayBuffer.create(VEC, 10_000)
+    items = batch_of(VEC, 8)  # built once: inside `op` the eager side would pay its construction
+    replay_add = lambda s, k: s.add(items)  # noqa: E731
+    out += [("ReplayBuffer.add", replay, replay_add, True),
+            ("ReplayBuffer.sample", filled(replay, replay_add, 100), lambda s, k: s.sample(k, 256), False)]
+    pri = jb.PrioritisedReplayBuffer.create(VEC, 10_000, priority_exponent=0.6)
+    out += [("PrioritisedReplayBuffer.add", pri, replay_add, True),
+            ("PrioritisedReplayBuffer.sample", filled(pri, replay_add, 100), lambda s, k: s.sample(k, 256, beta=0.4), False)]
+    traj = jb.TrajectoryBuffer.create(VEC, num_envs=ENVS, length=1_000, final_obs_capacity=8)
+    full = filled(traj, traj_add, 200)
+    out += [("TrajectoryBuffer.add", traj, traj_add, True),
+            ("TrajectoryBuffer.sample_sequences", full, lambda s, k: s.sample_sequences(k, 256, 32), False),
+            ("TrajectoryBuffer.sample_transitions", full, lambda s, k: s.sample_transitions(k, 256, n_step=3, gamma=0.99), False)]
+    ptraj = jb.PrioritisedTrajectoryBuffer.create(VEC, num_envs=ENVS, length=1_000, window_length=32, final_obs_capacity=8)
+    out += [("PrioritisedTrajectoryBuffer.add", ptraj, traj_add, True),
+            ("PrioritisedTrajectoryBuffer.sample_sequences", filled(ptraj, traj_add, 200),
+             lambda s, k: s.sample_sequences(k, 256, beta=0.4), False)]
+    ro_step = batch_of({"obs": jnp.zeros(4), "action": jnp.int32(0), "log_prob": jnp.float32(0)}, 4)
+    zeros, no = jnp.zeros(4), jnp.zeros(4, bool)
+
+    def ro_add(s, k):
+        return s.add(ro_step, reward=zeros, value=zeros, terminated=no)
+
+    ro = jb.RolloutBuffer.create({"obs": jnp.zeros(4), "action": jnp.int32(0), "log_prob": jnp.float32(0)},
+                                 num_steps=128, num_envs=4)
+    out += [("RolloutBuffer.add", ro, ro_add, "rollout"),
+            ("RolloutBuffer.minibatches", filled(ro, ro_add, 128), lambda s, k: s.minibatches(k, 4), False)]
+    pix = {"obs": jnp.zeros((84, 84, 4), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    frames = {"obs": jax.random.randint(jax.random.key(0), (ENVS, 84, 84, 4), 0, 4, jnp.int32).astype(jnp.uint8),
+              "action": jnp.zeros(ENVS, jnp.int32), "reward": jnp.zeros(ENVS)}
+
+    def comp_add(s, k):
+        return s.add(frames, terminated=flags, truncated=flags, final_obs=frames["obs"])
+
+    def comp():  # each side adds to its own buffer: states of one buffer share its host store
+        return jb.CompressedTrajectoryBuffer.create(pix, num_envs=ENVS, length=500, final_obs_capacity=8)
+
+    comp_full = filled(comp(), comp_add, 100)
+    out += [("CompressedTrajectoryBuffer.add", comp, comp_add, True),
+            ("CompressedTrajectoryBuffer.sample_transitions", comp_full,
+             lambda s, k: s.sample_transitions(k, 256, n_step=3, gamma=0.99), False)]
+    return out
+
+
+def runner(op, state, threads, n):
+    """``n`` calls of ``op``; adds thread the state (a rollout restarts from the empty buffer)."""
+    keys = list(jax.random.split(jax.random.key(1), n))
+    state = state() if callable(state) else state
+    box = {"s": state}
+
+    def run():
+        s = state if threads == "rollout" else box["s"]
+        out = None
+        for k in keys:
+            out = op(s, k)
+            if threads:
+                s = out
+        box["s"] = s if threads else box["s"]
+        jax.block_until_ready(out)
+
+    return run
+
+
+def main():
+    args = parser(__doc__.splitlines()[0]).parse_args()
+    repeats = args.repeats or (3 if args.quick else 15)
+    header(BENCH, args.quick)
+    for name, state, op, threads in cases():
+        n = 128 if threads == "rollout" else (10 if args.quick else 100)
+        jitted = jax.jit(op)
+        times = interleaved({"ours-eager": runner(op, state, threads, n), "ours-jit": runner(jitted, state, threads, n)},
+                            repeats, n)
+        compare(BENCH, name, times, "ours-jit", n=n, repeats=repeats, unit="calls/s")
+
+
+if __name__ == "__main__":
+    main()
