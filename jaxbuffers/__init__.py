@@ -23,33 +23,11 @@ from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSa
 __version__ = "0.1.0"
 
 __all__ = [
-    # item replay
-    "ReplayBuffer",
-    "ReplaySample",
-    "PrioritisedReplayBuffer",
-    "PrioritisedSample",
-    "SumMinTree",
-    # trajectories
-    "TrajectoryBuffer",
-    "SequenceSample",
-    "TransitionSample",
-    "PrioritisedTrajectoryBuffer",
-    "PrioritisedSequenceSample",
-    "PrioritisedTransitionSample",
-    # on-policy
-    "RolloutBuffer",
-    "RolloutMinibatch",
-    "RolloutMemoryPressure",
-    # returns
-    "gae",
-    "lambda_returns",
-    "discounted_returns",
-    "n_step_returns",
-    "NStepReturns",
-    # host-compressed
-    "CompressedTrajectoryBuffer",
-    "CompressedPrioritisedTrajectoryBuffer",
-    "CompressedRolloutBuffer",
-    "StaleBufferError",
-    "StagingWriter",
+    "ReplayBuffer", "ReplaySample", "PrioritisedReplayBuffer", "PrioritisedSample", "SumMinTree",  # item replay
+    "TrajectoryBuffer", "SequenceSample", "TransitionSample",  # trajectories
+    "PrioritisedTrajectoryBuffer", "PrioritisedSequenceSample", "PrioritisedTransitionSample",
+    "RolloutBuffer", "RolloutMinibatch", "RolloutMemoryPressure",  # on-policy
+    "gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns",  # returns
+    "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
+    "StaleBufferError", "StagingWriter",
 ]
