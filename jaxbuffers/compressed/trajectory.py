@@ -77,11 +77,12 @@ def _steps(inner) -> TrajectoryBuffer:
 
 
 def _build(
-    example_step, num_envs, length, final_obs_capacity, obs_key, *,
-    compress, frame_stack, stack_axis, padding, codec, normalize_images, chunk_bytes, dictionary_bytes,
+    example_step: Mapping, num_envs: int, length: int, final_obs_capacity, obs_key: str, *,
+    compress: Sequence[str] | None = None, frame_stack: int | None = None, stack_axis: int = 0, padding: str = "reset",
+    codec: str = DEFAULT_CODEC, normalize_images: bool = False, chunk_bytes: int = 64 << 20,
+    dictionary_bytes: int | None = None,
 ):
-    """Shared part of both `create`s (arguments and defaults as there): returns (inner example
-    step, final-obs ring size, config)."""
+    """Shared part of both `create`s: returns (inner example step, final-obs ring size, config)."""
     if not isinstance(example_step, Mapping):
         raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
     if obs_key not in example_step:
