@@ -10,9 +10,9 @@ Prints ``_common`` rows, ``impl="ours"``, ``variant`` = the codec, ``anchor="mem
 * ``mode="store_get256"``: ``CompressedStore.get`` of 256 random slots out of the whole data set
   (index snapshot, grouping by arena chunk, decode), all threads.
 
-``zstd:-1/dict``: zstd level -1 with a dictionary (``ZstdDictionary.train``, at most 16 KiB of
-content) built from other frames of the same game (frames 2048-3071; in the store case the store
-builds its own from its first 1,024 entries).
+``zstd:-1/dict``: zstd level -1 with a dictionary (``ZstdDictionary.train``, at most 32 KiB, the
+compressed buffers' default) built from other frames of the same game (frames 2048-3071; in the
+store case the store builds its own from its first 1,024 entries).
 
 MB/s are of raw (decoded) bytes, 1 MB = 1e6 bytes; ``compression_ratio`` = raw bytes / payload
 bytes; the memcpy bandwidth is ``np.copyto`` of 256 MiB (64 MiB with ``--quick``). Medians of
@@ -70,7 +70,7 @@ def make_codec(spec: str, train_items: np.ndarray | None = None):
         from host_codecs.zstd import ZstdDictionary
 
         codec = get_codec(spec.split("/")[0])
-        d = ZstdDictionary.train(train_items.reshape(len(train_items), -1), 16384, codec.level)
+        d = ZstdDictionary.train(train_items.reshape(len(train_items), -1), 32768, codec.level)
         return WithDictionary(codec, d)
     return get_codec(spec)
 
@@ -164,7 +164,7 @@ def main() -> None:
                 if shape_name == "stack4x84":
                     full = obs if not args.quick else obs[:2000]
                     if spec.endswith("/dict"):  # the store builds its own from its first 1,024 entries
-                        store = CompressedStore(len(full), codec=codec.codec, dictionary_bytes=16384)
+                        store = CompressedStore(len(full), codec=codec.codec, dictionary_bytes=32768)
                     else:
                         store = CompressedStore(len(full), codec=codec)
                     for s in range(0, len(full), 256):

@@ -9,7 +9,7 @@ imports its optional package when it is created (install them all with the `code
   bit-exact, count width chosen per entry, runs split so counts never overflow.
 * `IgzipCodec` (`"igzip:0"`..`"igzip:3"`, isal): raw DEFLATE via ISA-L.
 * `ZstdCodec` (`"zstd:1"`..`"zstd:22"`, `"zstd:-7"`..`"zstd:-1"`, zstandard): checksummed zstd frames, optionally
-  with a `ZstdDictionary` the store builds from its first entries (`CompressedStore(..., dictionary_bytes=16384)`).
+  with a `ZstdDictionary` the store builds from its first entries (`CompressedStore(..., dictionary_bytes=32768)`).
 
 Batches are split over a shared thread pool (`set_num_threads`, or the `HOST_CODECS_THREADS`
 environment variable; default: the CPUs this process may use).

@@ -9,7 +9,7 @@ Layout (plain numpy arrays, simple to persist):
   offset  # shape=(num_slots,), dtype=uint32, byte offset of the payload in its chunk
   length  # shape=(num_slots,), dtype=uint32, payload bytes (without alignment padding)
   codec   # shape=(num_slots,), dtype=uint8,  codec tag (host_codecs.registry)
-  meta    # shape=(num_slots,), dtype=uint8,  the codec's byte (RLE: count width; zstd: dictionary)
+  meta    # shape=(num_slots,), dtype=uint8,  the codec's byte (RLE: count width; zstd: dictionary kind)
   layout  # shape=(num_slots,), dtype=uint16, id into the layout table
   ```
 
@@ -104,11 +104,12 @@ class CompressedStore:
       chunk_bytes: largest arena chunk in bytes (at most 4 GiB - 8).
       min_chunk_bytes: first arena chunk size (`host_codecs.arena`).
       max_dead_fraction: compaction starts when freed-but-unreleased bytes exceed this fraction of the arena.
-      dictionary_bytes: 0 (default), or the most content bytes of a zstd dictionary (zstd default codec only; at
-        most 1 MiB). The `put` that brings the entries put with the default codec to `dictionary_samples` builds one
-        from its batch and the stored entries of its dtype and shape (`host_codecs.ZstdDictionary.train`), and
-        encodes that batch and every later entry of the default codec with it; earlier entries keep their format. A
-        failed build leaves the store without a dictionary, and `dictionary_error` says why.
+      dictionary_bytes: 0 (default), or the most bytes of a zstd dictionary (zstd default codec only; at most
+        1 MiB). The `put` that brings the entries put with the default codec to `dictionary_samples` builds one from
+        its batch and the stored entries of its dtype and shape (`host_codecs.ZstdDictionary.train`: zstd's trainer,
+        or the samples' bytewise mode when the trainer refuses them), and encodes that batch and every later entry of
+        the default codec with it; earlier entries keep their format. A failed build leaves the store without a
+        dictionary, and `dictionary_error` says why.
       dictionary_samples: entries to build the dictionary from (fewer for large entries: at most
         64 MiB of them, at least 8).
 

@@ -161,8 +161,8 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
           codec: host codec (`"zstd:-1".."zstd:22"`, `"igzip:0".."igzip:3"`, `"rle"`, `"none"`).
           normalize_images: sampled compressed leaves come back float32 `x / 255` (uint8 only).
           chunk_bytes: largest host arena chunk.
-          dictionary_bytes: most content bytes of each store's zstd dictionary (`None`: 16 KiB for
-            a zstd codec, else 0; 0: none).
+          dictionary_bytes: most bytes of each store's zstd dictionary (`None`:
+            `DEFAULT_DICTIONARY_BYTES`, 32 KiB, for a zstd codec, else 0; 0: none).
 
         Raises:
           TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string.
