@@ -8,7 +8,12 @@ from jaxbuffers import _compiled
 
 
 class Wrapper:
-    """Mixin: `size` and `is_full` answered by the wrapped `self.buffer`."""
+    """Mixin: `num_envs`, `size` and `is_full` answered by the wrapped `self.buffer`."""
+
+    @property
+    def num_envs(self) -> int:
+        """Envs (lanes) whose steps are stored (static Python int): the wrapped buffer's `num_envs`."""
+        return self.buffer.num_envs
 
     @_compiled.method()
     def size(self) -> jax.Array:

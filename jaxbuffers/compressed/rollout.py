@@ -29,7 +29,6 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from jaxbuffers import _compiled, _validate
@@ -85,14 +84,7 @@ class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
         """
         spec = _validate.item_spec(example_step, "example_step")
         idx = _common.select_leaves(spec, compress, "example_step")
-        named = jax.tree_util.tree_flatten_with_path(spec)[0]
-        infos = []
-        for i in idx:
-            path, s = named[i]
-            name = f"example_step{_validate.leaf_name(path) if path else ''}"
-            if normalize_images and np.dtype(s.dtype) != np.uint8:
-                raise ValueError(f"normalize_images: {name} has dtype {s.dtype}; x / 255 is defined for uint8 images only")
-            infos.append(LeafInfo(name, tuple(s.shape), np.dtype(s.dtype), tuple(s.shape), None))
+        infos = [LeafInfo(*f) for f in _validate.frame_leaves(spec, idx, "example_step", None, 0, normalize_images)]
         inner = RolloutBuffer.create(
             _common.replace_leaves(spec, idx, [_ID] * len(idx)), num_envs=num_envs, num_steps=num_steps, float_dtype=float_dtype
         )
@@ -107,11 +99,6 @@ class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
     def num_steps(self) -> int:
         """Rows $T$ of the rollout (static Python int)."""
         return self.buffer.num_steps
-
-    @property
-    def num_envs(self) -> int:
-        """Envs $N$ per row (static Python int)."""
-        return self.buffer.num_envs
 
     @property
     def step_spec(self) -> Any:

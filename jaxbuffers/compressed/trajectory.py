@@ -206,11 +206,6 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         return _steps(self.buffer)
 
     @property
-    def num_envs(self):
-        """Number of lanes (static int)."""
-        return self.trajectory.num_envs
-
-    @property
     def length(self):
         """Steps kept per lane (static int)."""
         return self.trajectory.length
