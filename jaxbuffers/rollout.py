@@ -53,6 +53,7 @@ from jax import lax
 
 from jaxbuffers import _compiled, _validate
 from jaxbuffers import returns as _returns
+from jaxbuffers._steps import EnvSteps
 
 __all__ = ["RolloutBuffer", "RolloutMinibatch", "RolloutMemoryPressure"]
 
@@ -143,7 +144,7 @@ class RolloutMemoryPressure:
 _GAE_FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "trainable", "advantages", "returns")
 
 
-class RolloutBuffer(struct.PyTreeNode):
+class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches.
 
     See the module doc for what is stored and the behaviour at the edges. Build it with `create`. Under `jax.vmap` a
@@ -206,25 +207,8 @@ class RolloutBuffer(struct.PyTreeNode):
         """dtype of the float fields (reward, value, final_value, advantages, returns)."""
         return np.dtype(self.reward.dtype)
 
-    @property
-    def step_spec(self) -> Any:
-        """Pytree of `jax.ShapeDtypeStruct`: one env step's shapes and dtypes (no batch axis)."""
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), self.step)
-
-    @property
-    def memory_bytes(self) -> int:
-        """Bytes of every stored array (the step pytree, the GAE fields and the counters), Python int."""
-        return _validate.tree_nbytes(self)
-
-    @_compiled.method()
-    def size(self) -> jax.Array:
-        """The number of steps stored, counted over all envs: `step_index * num_envs` (int32 scalar)."""
-        return (self.step_index * self.num_envs).astype(jnp.int32)
-
-    @_compiled.method()
-    def is_full(self) -> jax.Array:
-        """Whether all `num_steps` rows are filled (bool scalar)."""
-        return self.step_index >= self.num_steps
+    def _env_steps(self) -> tuple[Any, jax.Array, int]:
+        return self.step, self.step_index, self.num_steps
 
     @_compiled.method()
     def filled(self) -> jax.Array:

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxbuffers import _compiled, _ring, _validate
+from jaxbuffers._steps import EnvSteps
 
 __all__ = ["TrajectoryBuffer", "SequenceSample", "TransitionSample", "episode_mask", "n_step_window"]
 
@@ -154,7 +155,7 @@ def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array
     return ret, discount, k
 
 
-class TrajectoryBuffer(struct.PyTreeNode):
+class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
     """Per-environment lanes of steps with episode flags; uniform sequence and n-step sampling.
 
     Module doc: layout, step convention, final-observation ring. Every method is pure; it works
@@ -217,25 +218,8 @@ class TrajectoryBuffer(struct.PyTreeNode):
             reward_key=reward_key,
         )
 
-    @property
-    def step_spec(self) -> Any:
-        """Dict of `jax.ShapeDtypeStruct`: one step of one env (derived from storage)."""
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), self.storage)
-
-    @property
-    def memory_bytes(self):
-        """Bytes of every array held (steps, flags, ring, cursors)."""
-        return _validate.tree_nbytes(self)
-
-    @_compiled.method()
-    def size(self) -> jax.Array:
-        """The number of steps stored, counted over all envs: `num_envs * num_valid` (int32 scalar)."""
-        return (self.num_valid * self.num_envs).astype(jnp.int32)
-
-    @_compiled.method()
-    def is_full(self) -> jax.Array:
-        """Whether every lane holds `length` steps (bool scalar)."""
-        return self.num_valid >= self.length
+    def _env_steps(self) -> tuple[Any, jax.Array, int]:
+        return self.storage, self.num_valid, self.length
 
     def num_added(self) -> int:
         """Exact number of steps ever added per lane (host-side Python int; a numpy int64 array for a stacked buffer)."""
