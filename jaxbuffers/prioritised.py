@@ -82,7 +82,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     """
 
     replay: ReplayBuffer  # the items, ring position and counts
-    tree: SumMinTree  # leaves p_i^alpha at stored slots, 0 elsewhere: float32 heap [2P, 2]
+    tree: SumMinTree  # leaves p_i^alpha at stored slots, 0 elsewhere: float32 (sum, min) rows, one array per depth
     max_priority: jax.Array  # shape=(), float32: running max priority (before alpha), 1 initially; what new items get
     priority_exponent: float = struct.field(pytree_node=False)  # alpha, in [0, 1]
     epsilon: float = struct.field(pytree_node=False)  # smallest priority kept, > 0

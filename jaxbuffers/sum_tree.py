@@ -1,21 +1,26 @@
 r"""On-device sum tree with minima: `SumMinTree`, the index of every prioritised buffer.
 
 A complete binary tree over `P = 2 ** ceil(log2(capacity))` leaves (the capacity padded to a power of two) is stored
-as ONE heap array `nodes` of shape `[2P, 2]`: row 1 is the root, node `n` has children `2n` and `2n + 1`, so depth
-`l` occupies rows `2**l .. 2**(l+1) - 1` and leaf `i` (`0 <= i < capacity`) is row `P + i`. Each row is the pair
+one array per depth: `levels[l]` has shape `[2**l, 2]`, so `levels[0]` is the root, node `n` of depth `l` has children
+`2n` and `2n + 1` of depth `l + 1`, and leaf `i` (`0 <= i < capacity`) is row `i` of `levels[-1]`. Each row is the pair
 `(sum, min)` of its subtree: leaf `i` with value $v_i \ge 0$ holds $(v_i, v_i)$ if $v_i > 0$ and $(0, +\infty)$
 otherwise, and every internal row is
 
 $$
-(\mathrm{sum}, \mathrm{min})_n = (\mathrm{sum}_{2n} + \mathrm{sum}_{2n+1},\ \min(\mathrm{min}_{2n}, \mathrm{min}_{2n+1})).
+(\mathrm{sum}, \mathrm{min})^{(l)}_n = \left(\mathrm{sum}^{(l+1)}_{2n} + \mathrm{sum}^{(l+1)}_{2n+1},\
+\min(\mathrm{min}^{(l+1)}_{2n}, \mathrm{min}^{(l+1)}_{2n+1})\right).
 $$
 
 So the root holds $\sum_i v_i$ (for sampling) and the smallest POSITIVE leaf (the importance-weight normaliser over
-the slots that can be sampled). Row 0 and the padding leaves `[capacity, P)` hold the identity `(0, +inf)` forever.
+the slots that can be sampled). The padding leaves `[capacity, P)` hold the identity `(0, +inf)` forever.
+
+One array per depth, not one heap: an update reads depth `l + 1` and writes depth `l`, two different buffers, so
+every write is an in-place scatter under donation on every backend (a heap read and written by the same level step
+forces a copy or a serialising barrier).
 
 Invariant: every internal row is the combination of its children in the tree's dtype.
 `SumMinTree.set` recomputes the ancestors of the written leaves from their children (never by
-adding deltas), so the root never drifts. A batch of `B` writes costs `O(B log P)`, in place when
+adding deltas), so the root never drifts. A batch of `B` writes costs `O(B log P + B log B)`, in place when
 the tree is donated. The tree is a pure pytree: it works under `jit`, `lax.scan` and `vmap`.
 
 References:
@@ -92,26 +97,32 @@ def _restart(subtree_sum: jax.Array, u2: jax.Array) -> jax.Array:
     return jnp.where(q < s, q, jnp.where(s > 0, jnp.nextafter(s, zero), zero))
 
 
-def _descend(nodes: jax.Array, q: jax.Array, u2: jax.Array | None = None) -> jax.Array:
-    """Leaf ids int32[Q] of clamped queries `q` [Q], one vectorised step per level: left when
+def _descend(levels: tuple, q: jax.Array, u2: jax.Array | None = None) -> jax.Array:
+    """Leaf ids int32[Q] of clamped queries `q` [Q], one vectorised step per depth: left when
     `q < left_sum`, else right with `q - left_sum`, never into an empty subtree. With `u2` ([Q] in
-    `[0, 1)`) the query is replaced at `_restart_level` by `_restart`."""
-    p = nodes.shape[0] // 2
-    depth = p.bit_length() - 1
-    pairs = nodes.reshape(p, 2, 2)  # row n: the rows of node n's two children
+    `[0, 1)`) the query is replaced at `_restart_level` by `_restart`.
 
-    def step(_, carry):
+    The steps run in one `fori_loop` whose body reads the children of depth `l` through a
+    `lax.switch` on `l` (the depths are arrays of different shapes): one compiled step, however
+    deep the tree.
+    """
+    depth = len(levels) - 1
+    if depth == 0:
+        return jnp.zeros(q.shape, jnp.int32)
+    children = [lambda node, kids=kids: kids.reshape(-1, 2, 2)[node, :, 0].astype(q.dtype) for kids in levels[1:]]
+
+    def step(l, carry):
         node, q = carry
-        kids = pairs[node]
-        left, right = kids[:, 0, 0].astype(q.dtype), kids[:, 1, 0].astype(q.dtype)
+        sums = jax.lax.switch(l, children, node)  # [Q, 2]: left and right child sums
+        left, right = sums[:, 0], sums[:, 1]
         go_left = jnp.where(q < left, left > 0, right <= 0)
         return jnp.where(go_left, 2 * node, 2 * node + 1), jnp.where(go_left, q, q - left)
 
     split = depth if u2 is None else _restart_level(depth)
-    node, q = jax.lax.fori_loop(0, split, step, (jnp.ones(q.shape, jnp.int32), q))
+    node, q = jax.lax.fori_loop(0, split, step, (jnp.zeros(q.shape, jnp.int32), q))
     if split < depth:
-        node, q = jax.lax.fori_loop(split, depth, step, (node, _restart(nodes[node, 0], u2)))
-    return node - p
+        node, q = jax.lax.fori_loop(split, depth, step, (node, _restart(levels[split][node, 0], u2)))
+    return node
 
 
 class SumMinTree(flax.struct.PyTreeNode):
@@ -128,12 +139,12 @@ class SumMinTree(flax.struct.PyTreeNode):
       [0, 2, 2]
     """
 
-    nodes: jax.Array  # shape=(2 * P, 2), float32 (or create's dtype): row n = (sum, min) of node n; row 1 the root, leaf i at row P + i
+    levels: tuple  # levels[l]: shape=(2**l, 2), float32 (or create's dtype): row n = (sum, min) of node n at depth l; levels[0] the root, levels[-1] the P leaves
     capacity: int = flax.struct.field(pytree_node=False)
 
     @classmethod
     def create(cls, capacity: int, dtype=jnp.float32) -> "SumMinTree":
-        """An empty tree: every row holds the identity `(0, +inf)`.
+        """An empty tree: every row of every depth holds the identity `(0, +inf)`.
 
         Args:
           capacity: Python int in `[1, 2**30]`, the number of leaves (ids `0 .. capacity - 1`);
@@ -147,47 +158,41 @@ class SumMinTree(flax.struct.PyTreeNode):
         capacity = _validate.static_int("capacity", capacity, maximum=2**30)
         if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
             raise TypeError(f"dtype: expected a floating dtype, got {jnp.dtype(dtype)}")
-        p = 1 << (capacity - 1).bit_length()
-        nodes = jnp.tile(jnp.array([0.0, jnp.inf], dtype), (2 * p, 1))
-        return cls(nodes=nodes, capacity=capacity)
+        identity = jnp.array([0.0, jnp.inf], dtype)
+        depth = (capacity - 1).bit_length()
+        return cls(levels=tuple(jnp.tile(identity, (1 << l, 1)) for l in range(depth + 1)), capacity=capacity)
 
     @property
     def padded_capacity(self) -> int:
         """`P`: capacity rounded up to a power of two (Python int)."""
-        return self.nodes.shape[-2] // 2
+        return self.levels[-1].shape[-2]
 
     @property
     def depth(self) -> int:
         """Number of levels below the root: `log2(P)` (Python int)."""
-        return self.padded_capacity.bit_length() - 1
+        return len(self.levels) - 1
 
     @property
     def dtype(self):
         """The dtype of the stored sums and minima."""
-        return self.nodes.dtype
+        return self.levels[0].dtype
 
     @property
     def query_dtype(self):
         """Queries are at least float32: bfloat16 queries miss most leaves of a bfloat16 tree."""
         return jnp.promote_types(self.dtype, jnp.float32)
 
-    @property
-    def levels(self) -> tuple:
-        """The heap split by depth: `levels[l]` = rows `2**l .. 2**(l+1) - 1` (copies; for tests)."""
-        return tuple(self.nodes[..., 1 << l : 2 << l, :] for l in range(self.depth + 1))
-
     def total(self) -> jax.Array:
         """Sum of all leaves (scalar, tree dtype): exactly the pairwise sum held at the root."""
-        return self.nodes[..., 1, 0]
+        return self.levels[0][..., 0, 0]
 
     def min(self) -> jax.Array:
         """Smallest positive leaf (scalar, tree dtype; `+inf` when no leaf is positive)."""
-        return self.nodes[..., 1, 1]
+        return self.levels[0][..., 0, 1]
 
     def leaves(self) -> jax.Array:
         """All `capacity` leaf values, dtype[capacity] (an `O(capacity)` copy: for tests)."""
-        p = self.padded_capacity
-        return self.nodes[..., p : p + self.capacity, 0]
+        return self.levels[-1][..., : self.capacity, 0]
 
     @_compiled.method()
     def get(self, indices) -> jax.Array:
@@ -199,8 +204,7 @@ class SumMinTree(flax.struct.PyTreeNode):
           TypeError / ValueError: `indices` not a 1-D integer array.
         """
         i = _validate.index_vector("indices", indices)
-        p = self.padded_capacity
-        return self.nodes[jnp.clip(i, 0, p - 1) + p, 0]
+        return self.levels[-1][jnp.clip(i, 0, self.padded_capacity - 1), 0]
 
     @_compiled.method()
     def set(self, indices, values, where=None) -> "SumMinTree":
@@ -229,23 +233,15 @@ class SumMinTree(flax.struct.PyTreeNode):
             if tuple(where.shape) != (b,) or where.dtype != jnp.bool_:
                 raise ValueError(f"where: expected bool[{b}], got {where.dtype}{list(where.shape)}")
             active = active & jnp.asarray(where)
-        # One inactive entry more: XLA updated the heap of a one-entry write by copying it whole
-        # (a slice update in place of the scatter); with two entries every write stays a scatter.
-        indices = jnp.concatenate([indices, jnp.full((1,), -1, jnp.int32)])
-        values = jnp.concatenate([values, jnp.zeros((1,), values.dtype)])
-        active = jnp.concatenate([active, jnp.zeros((1,), bool)])
-        p = self.padded_capacity
         keep = last_write_mask(indices, active)
-        nodes = self.nodes.at[jnp.where(keep, indices + p, 2 * p)].set(_rows(values), mode="drop")
-        node = jnp.where(active, indices + p, p)  # inactive entries recompute leaf 0's ancestors: a no-op
-        for _ in range(self.depth):
+        levels = list(self.levels)
+        levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(_rows(values), mode="drop")
+        node = jnp.where(active, indices, 0)  # inactive entries recompute leaf 0's ancestors: a no-op
+        for l in reversed(range(self.depth)):
             node = node >> 1
-            kids = nodes.reshape(p, 2, 2)[node]
-            # The barrier keeps XLA from fusing this read of the heap into the scatter that writes
-            # it, which would make the scatter copy the heap instead of updating it in place.
-            parent = jax.lax.optimization_barrier(_combine(kids[:, 0], kids[:, 1]))
-            nodes = nodes.at[node].set(parent, mode="promise_in_bounds")  # duplicates write equal rows
-        return self.replace(nodes=nodes)
+            kids = levels[l + 1].reshape(-1, 2, 2)[node]
+            levels[l] = levels[l].at[node].set(_combine(kids[:, 0], kids[:, 1]), mode="promise_in_bounds")  # duplicates write equal rows
+        return self.replace(levels=tuple(levels))
 
     @_compiled.method()
     def find(self, queries) -> jax.Array:
@@ -269,7 +265,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         if queries.ndim != 1:
             raise ValueError(f"queries: expected a 1-D array [Q], got shape {queries.shape}")
         queries = _validate.vector("queries", queries, queries.shape[0], "floating")
-        return _descend(self.nodes, self._clamp(queries.astype(self.query_dtype)))
+        return _descend(self.levels, self._clamp(queries.astype(self.query_dtype)))
 
     def _clamp(self, q: jax.Array) -> jax.Array:
         below_total = jnp.nextafter(self.total().astype(q.dtype), jnp.zeros((), q.dtype))
@@ -307,4 +303,4 @@ class SumMinTree(flax.struct.PyTreeNode):
         # product under jit only, which would make eager and jitted draws differ in a last bit.
         width = self.total().astype(qdt) * jnp.asarray(1.0 / batch_size, qdt)
         q = (jnp.arange(batch_size, dtype=qdt) + u) * width
-        return _descend(self.nodes, self._clamp(q), u2)
+        return _descend(self.levels, self._clamp(q), u2)

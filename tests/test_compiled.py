@@ -52,9 +52,9 @@ def test_what_a_program_cannot_take_gets_the_library_error():
     buf = PrioritisedReplayBuffer.create(ITEM, 8).add({"obs": jnp.ones((3, 2))})
     with pytest.raises(TypeError, match=r"batch\['obs'\]: expected dtype float32, got float64"):
         buf.add({"obs": np.ones((1, 2))})  # narrowed at a jit boundary, the dtype check would pass
-    before = np.asarray(buf.tree.nodes)
+    before = np.concatenate(buf.tree.levels)
     out = buf.set_priorities(np.array([2**32 + 1]), jnp.ones(1), jnp.zeros(1, jnp.int32))  # not wrapped to slot 1
-    np.testing.assert_array_equal(np.asarray(out.tree.nodes), before)
+    np.testing.assert_array_equal(np.concatenate(out.tree.levels), before)
 
 
 def test_works_inside_jit_scan_and_vmap():

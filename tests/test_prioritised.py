@@ -217,7 +217,7 @@ def test_empty_buffer_sample_is_defined(use_jit):
     np.testing.assert_array_equal(np.asarray(out.importance_weights), 1)
     np.testing.assert_array_equal(np.asarray(out.generations), 0 - 8)  # slot - capacity: never written
     after = f["set"](buf, out.indices, jnp.full(out.indices.shape, 5.0), out.generations)
-    np.testing.assert_array_equal(np.asarray(after.tree.nodes), np.asarray(buf.tree.nodes))
+    np.testing.assert_array_equal(np.concatenate(after.tree.levels), np.concatenate(buf.tree.levels))
 
 
 def test_sample_signature_is_the_uniform_one_plus_a_beta_keyword():
@@ -298,9 +298,9 @@ def test_donated_add_and_set_priorities_update_in_place(batch):
     update = jax.jit(lambda b, i: b.set_priorities(i, jnp.full(i.shape, 2.0), b.generations_at(i)), donate_argnums=0)
     buf = update(add(buf, ids), ids)
     for fn in (add, update, add, update):
-        before = (buf.tree.nodes.unsafe_buffer_pointer(), buf.replay.storage["v"].unsafe_buffer_pointer())
+        before = [x.unsafe_buffer_pointer() for x in (*buf.tree.levels, buf.replay.storage["v"])]
         buf = fn(buf, ids)
-        assert (buf.tree.nodes.unsafe_buffer_pointer(), buf.replay.storage["v"].unsafe_buffer_pointer()) == before
+        assert [x.unsafe_buffer_pointer() for x in (*buf.tree.levels, buf.replay.storage["v"])] == before
     assert int(buf.size()) == 3 * batch and float(buf.max_priority) == 2.0
 
 
@@ -525,7 +525,7 @@ def test_set_priorities_eager_equals_jitted():
     pri = jnp.asarray(rng.uniform(0, 30, 100), jnp.float32).at[5].set(jnp.nan).at[9].set(-1.0)
     eager = buf.set_priorities(idx, pri, gens)
     jitted = jax.jit(lambda b: b.set_priorities(idx, pri, gens))(buf)
-    np.testing.assert_array_equal(np.asarray(eager.tree.nodes), np.asarray(jitted.tree.nodes))
+    np.testing.assert_array_equal(np.concatenate(eager.tree.levels), np.concatenate(jitted.tree.levels))
     assert float(eager.max_priority) == float(jitted.max_priority) > 1.0
     _assert_tree_valid(eager)
 
@@ -567,7 +567,7 @@ def test_both_prioritised_buffers_work_with_x64_enabled():
         buf = jax.jit(lambda b: b.add({"obs": jnp.ones((300, 4), jnp.float32)}))(buf)
         s = buf.sample(jax.random.key(0), 8, beta=0.4)
         buf = buf.set_priorities(s.indices, jnp.arange(1.0, 9.0, dtype=jnp.float32), s.generations)
-        leaves = np.asarray(buf.tree.nodes[buf.tree.nodes.shape[0] // 2 :, 0])
+        leaves = np.asarray(buf.tree.levels[-1][:, 0])
         np.testing.assert_allclose(float(buf.tree.total()), leaves.sum(dtype=np.float64), rtol=1e-6)
         step = {"obs": jnp.ones((2, 4), jnp.float32), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}
         t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), num_envs=2, length=16, window_length=2)
@@ -593,7 +593,7 @@ def test_wide_out_of_range_indices_are_ignored_not_wrapped(use_jit):
         gens = buf.generations_at(jnp.array([3, 3]))
         for idx in (jnp.array([2**32 + 3, 3 - 2**32], jnp.int64), jnp.array([2**31 + 3, 2**32 - 1], jnp.uint32)):
             out = maybe_jit(lambda b, i, g: b.set_priorities(i, jnp.array([50.0, 60.0], jnp.float32), g))(buf, idx, gens)
-            np.testing.assert_array_equal(np.asarray(out.tree.nodes), np.asarray(buf.tree.nodes))
+            np.testing.assert_array_equal(np.concatenate(out.tree.levels), np.concatenate(buf.tree.levels))
             assert float(out.max_priority) == 1.0
         # in-range int64 indices still apply
         out = buf.set_priorities(jnp.array([3], jnp.int64), jnp.array([50.0], jnp.float32), gens[:1])
@@ -601,7 +601,7 @@ def test_wide_out_of_range_indices_are_ignored_not_wrapped(use_jit):
 
         tree = SumMinTree.create(8).set(jnp.arange(8), jnp.ones(8, jnp.float32))
         moved = maybe_jit(lambda t, i: t.set(i, jnp.full(i.shape, 9.0, jnp.float32)))(tree, jnp.array([2**32 + 3], jnp.int64))
-        np.testing.assert_array_equal(np.asarray(moved.nodes), np.asarray(tree.nodes))
+        np.testing.assert_array_equal(np.concatenate(moved.levels), np.concatenate(tree.levels))
 
         step = {"obs": jnp.ones((1, 2), jnp.float32), "action": jnp.zeros(1, jnp.int32), "reward": jnp.zeros(1, jnp.float32)}
         t = PrioritisedTrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), num_envs=1, length=8, window_length=2, priority_exponent=1.0)
@@ -609,7 +609,7 @@ def test_wide_out_of_range_indices_are_ignored_not_wrapped(use_jit):
             t = t.add(step, terminated=jnp.zeros(1, bool))
         g = t.generations.reshape(-1)[jnp.array([3])]
         t2 = maybe_jit(lambda b, i: b.set_priorities(i, jnp.array([50.0], jnp.float32), g))(t, jnp.array([2**32 + 3], jnp.int64))
-        np.testing.assert_array_equal(np.asarray(t2.tree.nodes), np.asarray(t.tree.nodes))
+        np.testing.assert_array_equal(np.concatenate(t2.tree.levels), np.concatenate(t.tree.levels))
         # reads clip (documented): a huge position reads the last position, not position 3
         far = t.buffer.sequences_at(jnp.array([2**32 + 3], jnp.int64), 1)
         np.testing.assert_array_equal(np.asarray(far.indices), [7])
@@ -678,10 +678,10 @@ def test_numpy_int64_indices_saturate_with_x64_off():
     for idx in (np.array([2**32 + 3]), np.array([2**32 + 3], np.uint64), [2**32 + 3]):
         idx = np.asarray(idx)
         out = buf.set_priorities(idx, jnp.array([100.0]), gens)
-        np.testing.assert_array_equal(np.asarray(out.tree.nodes), np.asarray(buf.tree.nodes))
+        np.testing.assert_array_equal(np.concatenate(out.tree.levels), np.concatenate(buf.tree.levels))
         assert float(buf.priorities(idx)[0]) == 0.0
     tree = SumMinTree.create(8).set(jnp.arange(8), jnp.ones(8, jnp.float32))
-    np.testing.assert_array_equal(np.asarray(tree.set(np.array([2**32 + 3]), np.array([9.0], np.float32)).nodes), np.asarray(tree.nodes))
+    np.testing.assert_array_equal(np.concatenate(tree.set(np.array([2**32 + 3]), np.array([9.0], np.float32)).levels), np.concatenate(tree.levels))
 
     step = {"obs": jnp.ones((3, 2), jnp.float32), "action": jnp.zeros(3, jnp.int32), "reward": jnp.zeros(3, jnp.float32)}
     t = TrajectoryBuffer.create(jax.tree.map(lambda x: x[0], step), num_envs=3, length=100)
@@ -697,7 +697,7 @@ def test_numpy_int64_indices_saturate_with_x64_off():
         p = p.add(step, terminated=jnp.zeros(3, bool))
     g = p.generations_at(jnp.array([3]))
     p2 = p.set_priorities(np.array([2**32 + 3]), jnp.array([50.0]), g)
-    np.testing.assert_array_equal(np.asarray(p2.tree.nodes), np.asarray(p.tree.nodes))
+    np.testing.assert_array_equal(np.concatenate(p2.tree.levels), np.concatenate(p.tree.levels))
 
 
 def test_python_ints_beyond_64_bits_are_out_of_range_indices():
@@ -715,7 +715,7 @@ def test_python_ints_beyond_64_bits_are_out_of_range_indices():
     buf = buf.add({"obs": jnp.ones((8, 2), jnp.float32)})
     np.testing.assert_array_equal(np.asarray(buf.priorities([2**70, -(2**70), 2])), [0.0, 0.0, 1.0])
     out = buf.set_priorities([2**70, -(2**64)], [100.0, 100.0], [0, 0])
-    np.testing.assert_array_equal(np.asarray(out.tree.nodes), np.asarray(buf.tree.nodes))
+    np.testing.assert_array_equal(np.concatenate(out.tree.levels), np.concatenate(buf.tree.levels))
     with pytest.raises(TypeError, match=r"indices: expected an integer array \(int32\), got list"):
         buf.priorities([2**70, 1.5])
     # generations compare modulo 2**32, so clipping would change them: still rejected

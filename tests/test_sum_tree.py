@@ -284,7 +284,7 @@ def test_descent_lands_on_positive_leaves(capacity, values, fractions, restart):
     total = float(tree.total())
     q = jnp.clip(jnp.asarray(np.array(fractions) * total, jnp.float32), 0, max(np.nextafter(np.float32(total), 0), 0))
     u2 = jnp.asarray(np.mod(np.array(fractions) * 7.31 + 0.17, 1.0), jnp.float32) if restart else None
-    got = np.asarray(_DESCEND(tree.nodes, q, u2))
+    got = np.asarray(_DESCEND(tree.levels, q, u2))
     if not restart:
         np.testing.assert_array_equal(np.asarray(tree.find(q)), got)
     assert tree.find(jnp.zeros((0,), jnp.float32)).shape == (0,)  # no queries: no leaves
@@ -467,16 +467,16 @@ def test_set_compiles_once(compile_counter):
 
 
 def test_donated_set_updates_the_heap_in_place():
-    """A donated jitted set writes into the heap it was given (no copy of the [2P, 2] heap
+    """A donated jitted set writes into the arrays it was given (no copy of any depth's array
     allocated for the result), for one entry and for many."""
     for batch in (1, 8, 5000):
         fn = jax.jit(lambda t, i, v: t.set(i, v), donate_argnums=0)
         idx, val = jnp.arange(batch, dtype=jnp.int32), jnp.ones(batch, jnp.float32)
         tree = fn(SumMinTree.create(100_000), idx, val)
         for _ in range(2):
-            ptr = tree.nodes.unsafe_buffer_pointer()
+            ptr = [x.unsafe_buffer_pointer() for x in tree.levels]
             tree = fn(tree, idx, 2 * val)
-            assert tree.nodes.unsafe_buffer_pointer() == ptr, batch
+            assert [x.unsafe_buffer_pointer() for x in tree.levels] == ptr, batch
         assert float(tree.total()) == 2 * batch
 
 
@@ -487,4 +487,4 @@ def test_donated_set_needs_no_heap_sized_temporary(batch):
     tree = SumMinTree.create(1 << 16)
     fn = jax.jit(lambda t, i, v: t.set(i, v), donate_argnums=0)
     compiled = fn.lower(tree, jnp.zeros(batch, jnp.int32), jnp.ones(batch)).compile()
-    assert compiled.memory_analysis().temp_size_in_bytes < tree.nodes.nbytes // 8
+    assert compiled.memory_analysis().temp_size_in_bytes < sum(x.nbytes for x in tree.levels) // 8
