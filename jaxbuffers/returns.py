@@ -124,7 +124,13 @@ def _check(fn: str, method, reward, value, terminated, truncated, final_value, l
         final_value = _validate.array(f"{fn}: final_value", final_value, shape, dtype)
     if isinstance(last_value, float):
         last_value = jnp.asarray(last_value, dtype)  # a Python scalar carries no dtype of its own
-    last_value = _validate.array(f"{fn}: last_value", last_value, shape[1:], dtype)
+    try:
+        last_value = _validate.array(f"{fn}: last_value", last_value, shape[1:], dtype)
+    except ValueError as e:  # its shape: most often batch-major inputs, whose first axis is not time
+        raise ValueError(
+            f"{e}; inputs are time-major: reward [T, N], last_value [N] (reward {tuple(shape)} reads as T={shape[0]} "
+            f"steps; transpose batch-major [N, T] inputs)"
+        ) from None
     wide = jnp.promote_types(dtype, jnp.float32)
     widen = lambda x: None if x is None else x.astype(wide)  # noqa: E731
     return _Rollout(widen(reward), widen(value), terminated, truncated, widen(final_value), widen(last_value), dtype)

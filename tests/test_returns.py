@@ -541,6 +541,21 @@ def test_bad_input_fails_at_trace_time_under_jit():
         jax.jit(lambda lv: gae(r, v, te, tr, fv, lv, 0.9, 0.95))(lv[:1])
 
 
+def test_batch_major_input_is_told_inputs_are_time_major():
+    """reward [N, T] with last_value [N]: the last_value shape error says which axis is time."""
+    n, t = 4, 16
+    r, v, te = np.zeros((n, t), np.float32), np.zeros((n, t), np.float32), np.zeros((n, t), bool)
+    lv = np.zeros(n, np.float32)
+    hint = "inputs are time-major: reward [T, N], last_value [N]"
+    for f in (lambda: gae(r, v, te, last_value=lv, gamma=0.9, gae_lambda=0.95),
+              lambda: jax.jit(lambda lv: gae(r, v, te, last_value=lv, gamma=0.9, gae_lambda=0.95))(lv),
+              lambda: lambda_returns(r, v, te, last_value=lv, gamma=0.9, lambda_=0.95),
+              lambda: discounted_returns(r, te, last_value=lv, gamma=0.9)):
+        with pytest.raises(ValueError, match=r"last_value: expected shape \(16,\), got \(4,\)") as info:
+            f()
+        assert hint in str(info.value) and "(4, 16) reads as T=4 steps" in str(info.value), str(info.value)
+
+
 def test_other_functions_check_inputs():
     r, v, te, tr, fv, lv = GOOD
     with pytest.raises(ValueError, match="n"):
