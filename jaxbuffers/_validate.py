@@ -3,16 +3,19 @@
 Every buffer stores an *item spec*: a pytree of `jax.ShapeDtypeStruct` describing one item (no batch axis).
 `check_batch` compares a batch against it before anything is written, so wrong input fails while tracing with a
 message naming the leaf path (e.g. `obs['pixels']`), the expected and the received shape or dtype. Nothing is ever
-cast: a float64 numpy batch for a float32 field is an error. Static sizes go through `static_int`, flags
-`static_bool`, static floats `static_float`, traced hyperparameters `scalar_parameter`, index arguments
-`integer_indices` / `index_vector`, per-entry vectors `vector`. Wrong structure, kind or dtype raises `TypeError`;
-wrong shape or value `ValueError`; every message starts with the argument's name.
+cast: a float64 numpy batch for a float32 field is an error. Static sizes go through `static_int` (given by position
+to a `create` that takes them by keyword: `keyword_sizes`), flags `static_bool`, static floats `static_float`,
+traced hyperparameters `scalar_parameter`, index arguments `integer_indices` / `index_vector`, per-entry vectors
+`vector`. Wrong structure, kind or dtype raises `TypeError`; wrong shape or value `ValueError`; every message starts
+with the argument's name.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -165,6 +168,31 @@ def static_int(name: str, value, minimum: int = 1, maximum: int = 2**31 - 1) -> 
         limit = "2**31 - 1 (int32 arithmetic)" if maximum == 2**31 - 1 else maximum
         raise ValueError(f"{name}: expected at most {limit}, got {value!r}")
     return int(value)
+
+
+def keyword_sizes(create: Callable) -> Callable:
+    """Decorate a buffer's `create(cls, example, *, sizes...)` (below its `classmethod`): sizes given by position
+    raise a TypeError that names the keyword-only sizes and shows the call, e.g.
+    `TrajectoryBuffer.create(example_step, num_envs=..., length=...)`, instead of Python's "takes 2 positional
+    arguments but 4 were given". The sizes are the keyword-only arguments without a default."""
+    params = list(inspect.signature(create).parameters.values())[1:]  # after cls
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    sizes = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+
+    @functools.wraps(create)
+    def call(cls, *args, **kwargs):
+        if len(args) > len(positional):
+            name = f"{cls.__name__}.create"
+            names = f"{', '.join(sizes[:-1])} and {sizes[-1]} are" if len(sizes) > 1 else f"{sizes[0]} is"
+            usage = ", ".join([*positional, *(f"{s}=..." for s in sizes)])
+            extra = len(args) - len(positional)
+            raise TypeError(
+                f"{name}: {names} keyword-only, got {extra} positional argument{'s' if extra > 1 else ''} after "
+                f"{', '.join(positional)}; call {name}({usage})"
+            )
+        return create(cls, *args, **kwargs)
+
+    return call
 
 
 def scalar_parameter(name: str, x: Any, lo: float, hi: float = math.inf) -> Any:

@@ -84,6 +84,7 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
     epsilon: float = struct.field(pytree_node=False)  # smallest priority kept, > 0
 
     @classmethod
+    @_validate.keyword_sizes
     def create(
         cls, example_step: Mapping, *, num_envs: int, length: int, window_length: int, period: int = 1,
         priority_exponent: float = 0.6, epsilon: float = 1e-6, final_obs_capacity: int | None = None,

@@ -168,6 +168,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     num_envs: int = struct.field(pytree_node=False)  # N
 
     @classmethod
+    @_validate.keyword_sizes
     def create(cls, example_step: Any, *, num_envs: int, num_steps: int, float_dtype: Any = jnp.float32) -> "RolloutBuffer":
         """An empty buffer for `num_steps` steps of `num_envs` envs.
 

@@ -180,6 +180,7 @@ class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
     reward_key: str = struct.field(pytree_node=False)
 
     @classmethod
+    @_validate.keyword_sizes
     def create(
         cls, example_step: Mapping, *, num_envs: int, length: int, final_obs_capacity: int | None = None,
         obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",

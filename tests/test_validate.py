@@ -131,3 +131,33 @@ def test_index_array_reads_other_array_likes_through_numpy():
     np.testing.assert_array_equal(_validate.integer_indices("i", torch.tensor([4, 2**40])), [4, 2**31 - 1])
     with pytest.raises(TypeError, match="i: expected an integer dtype"):
         _validate.integer_indices("i", torch.tensor([1.0]))
+
+
+def _creates():
+    from jaxbuffers import PrioritisedTrajectoryBuffer, RolloutBuffer, TrajectoryBuffer
+    from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer
+
+    trajectory, rollout = ("num_envs", "length"), ("num_envs", "num_steps")
+    prioritised = (*trajectory, "window_length")
+    return [(TrajectoryBuffer, trajectory), (PrioritisedTrajectoryBuffer, prioritised), (RolloutBuffer, rollout),
+            (CompressedTrajectoryBuffer, trajectory), (CompressedPrioritisedTrajectoryBuffer, prioritised),
+            (CompressedRolloutBuffer, rollout)]
+
+
+CREATES = _creates()
+
+
+@pytest.mark.parametrize("cls, sizes", CREATES, ids=[cls.__name__ for cls, _ in CREATES])
+def test_sizes_by_position_name_the_keyword_only_sizes_and_show_the_call(cls, sizes):
+    """`create(step, 4, 100)` raised Python's "takes 2 positional arguments but 4 were given"."""
+    step = {"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    names = f"{', '.join(sizes[:-1])} and {sizes[-1]}"
+    call = ", ".join(f"{s}=..." for s in sizes)
+    with pytest.raises(TypeError) as info:
+        cls.create(step, *range(4, 4 + len(sizes)))
+    assert str(info.value) == (
+        f"{cls.__name__}.create: {names} are keyword-only, got {len(sizes)} positional arguments after "
+        f"example_step; call {cls.__name__}.create(example_step, {call})"
+    )
+    with pytest.raises(TypeError, match=rf"got 1 positional argument after example_step; call {cls.__name__}\.create"):
+        cls.create(step, 4, **{s: 4 for s in sizes[1:]})

@@ -59,6 +59,7 @@ class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
     normalize_images: bool = struct.field(pytree_node=False)
 
     @classmethod
+    @_validate.keyword_sizes
     def create(
         cls, example_step: Any, *, num_envs: int, num_steps: int, compress: Sequence[str] | None = ("obs",),
         codec: str = DEFAULT_CODEC, normalize_images: bool = False, float_dtype: Any = jnp.float32,

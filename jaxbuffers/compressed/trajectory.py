@@ -140,6 +140,7 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
     frame_ring: int = struct.field(pytree_node=False)  # F = length + k - 1 frames per lane
 
     @classmethod
+    @_validate.keyword_sizes
     def create(
         cls, example_step: Mapping, *, num_envs: int, length: int, compress: Sequence[str] | None = None,
         frame_stack: int | None = None, stack_axis: int = 0, padding: str = "reset",
@@ -427,6 +428,7 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
     """
 
     @classmethod
+    @_validate.keyword_sizes
     def create(  # type: ignore[override]
         cls, example_step: Mapping, *, num_envs: int, length: int, window_length: int, period: int = 1,
         priority_exponent: float = 0.6, epsilon: float = 1e-6, **options,
