@@ -446,6 +446,20 @@ def _flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
     return jnp.asarray(flag)
 
 
+def final_obs_not_step(obs_spec, obs_key: str, final_obs) -> None:
+    """Refuse a whole step passed as a trajectory buffer's `final_obs` (a dict with an `obs_key` field that the
+    observation `obs_spec` has not), naming the mistake where `check_batch` would report a tree structure difference.
+
+    Raises:
+      TypeError: `final_obs` is a whole step rather than an observation.
+    """
+    if isinstance(final_obs, Mapping) and obs_key in final_obs and not (isinstance(obs_spec, Mapping) and obs_key in obs_spec):
+        raise TypeError(
+            f"final_obs: expected the observation only, shaped like the step's {obs_key!r} field, not the whole step "
+            f"(got a dict with the fields {sorted(final_obs, key=str)}); pass its {obs_key!r} field alone"
+        )
+
+
 def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, terminated, truncated, final_obs):
     """Check the arguments of a trajectory buffer's `add` against the step `spec` (trace time).
 
@@ -480,6 +494,7 @@ def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, termina
                 "before any auto-reset (read only where truncated); shaped like step[obs] "
                 f"(leading axes {list(lead)})"
             )
+        final_obs_not_step(spec[obs_key], obs_key, final_obs)
         got = check_batch(spec[obs_key], final_obs, nd, "final_obs", ("num_envs", "t"))
         if tuple(got) != tuple(lead):
             raise ValueError(

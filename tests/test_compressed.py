@@ -506,6 +506,27 @@ def test_create_errors():
     assert buf.host.stores[0].dictionary_bytes == 0
 
 
+def test_final_obs_given_the_whole_step_says_it_is_the_observation():
+    """A whole step dict as final_obs: the error says final_obs is shaped like the observation (the
+    obs field), not the whole step (it reported a tree structure difference); buffer and writer."""
+    from jaxbuffers.compressed import StagingWriter
+
+    ex = {"obs": jax.ShapeDtypeStruct((H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=8, codec="rle")
+    step = {"obs": np.ones((1, H, W), np.uint8), "action": np.zeros(1, np.int32), "reward": np.zeros(1, np.float32)}
+    yes = np.ones(1, bool)
+    msg = (r"final_obs: expected the observation only, shaped like the step's 'obs' field, not the whole step "
+           r"\(got a dict with the fields \['action', 'obs', 'reward'\]\)")
+    with pytest.raises(TypeError, match=msg):
+        buf.add(step, terminated=~yes, truncated=yes, final_obs=step)
+    writer = StagingWriter(buf)
+    with pytest.raises(TypeError, match=msg):
+        writer.add(step, terminated=~yes, truncated=yes, final_obs=step)
+    assert writer.pending == 0
+    writer.add(step, terminated=~yes, truncated=yes, final_obs=step["obs"])
+    assert writer.pending == 1
+
+
 def test_add_errors_name_the_field():
     buf = CompressedTrajectoryBuffer.create(example(4, 0, True), num_envs=2, length=4, compress=("pixels",), frame_stack=4)
     good = {"obs": {"pixels": jnp.zeros((2, 4, H, W), jnp.uint8), "vec": jnp.zeros((2, 2), jnp.float32)},

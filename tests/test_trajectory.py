@@ -567,6 +567,30 @@ def test_errors():
         buf.sample_transitions(jax.random.key(0), 4, n_step=1)
 
 
+def test_final_obs_given_the_whole_step_says_it_is_the_observation():
+    """A whole step dict as final_obs was reported as a tree structure difference; the error says
+    final_obs is shaped like the observation (the obs field). Both buffers, jit or not."""
+    e = 2
+    step = {"obs": jnp.ones((e, OBS_DIM)), "action": jnp.zeros(e, jnp.int32), "reward": jnp.zeros(e)}
+    flags = jnp.ones(e, bool)
+    msg = (r"^final_obs: expected the observation only, shaped like the step's 'obs' field, not the whole step "
+           r"\(got a dict with the fields \['action', 'obs', 'reward'\]\); pass its 'obs' field alone")
+    for buf in (TrajectoryBuffer.create(EXAMPLE, num_envs=e, length=4),
+                PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=e, length=4, window_length=2)):
+        def f(b, fo):
+            return b.add(step, terminated=~flags, truncated=flags, final_obs=fo)
+
+        with pytest.raises(TypeError, match=msg):
+            f(buf, step)
+        with pytest.raises(TypeError, match=msg):
+            jax.jit(f)(buf, step)
+        f(buf, step["obs"])  # the observation alone is what it takes
+    # An observation that is itself a dict keeps the structure error for other mistakes.
+    nested = TrajectoryBuffer.create({**EXAMPLE, "obs": {"pos": jnp.zeros(2)}}, num_envs=e, length=4)
+    with pytest.raises(TypeError, match="final_obs: tree structure differs"):
+        nested.add({**step, "obs": {"pos": step["obs"]}}, terminated=~flags, truncated=flags, final_obs={"vel": step["obs"]})
+
+
 def test_final_obs_must_match_the_steps_leading_axes():
     """A final_obs with other leading axes than the step was broadcast: [1, ...] gave every lane
     the same final observation, [E, 1, ...] every step of a chunk; others failed with JAX's

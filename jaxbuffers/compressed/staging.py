@@ -217,6 +217,7 @@ class StagingWriter:
                     "final_obs: required when truncated is given: the true observation after each step, "
                     "before any auto-reset (read only where truncated); shaped like step[obs]"
                 )
+            _validate.final_obs_not_step(self._spec[self._obs_key], self._obs_key, final_obs)
             fin = self._leaves(final_obs, self._spec[self._obs_key], "final_obs")
         j, off = self._n, self._obs_offset  # checked: stage copies (JAX arrays are fetched here)
         for i, (dst, x) in enumerate(zip(self._stage, leaves)):
