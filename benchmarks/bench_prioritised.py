@@ -14,7 +14,11 @@ Atari items (pixels u8[84,84,4]; capacity 50k), priority exponent 0.6, beta 0.4:
 * ``sample+set_priorities/<item>/batch=256/scan``: the pair a prioritised training step runs,
   inside one scan (the new priorities depend on the sample, so the sample stays live).
 
-All implementations of a case run in one process, interleaved; the anchor is flashbax.
+All implementations of a case run in one process, interleaved; the anchor is flashbax with the
+sum-tree update it picks for the backend in use (on CPU a sequential scan over the batch, one
+leaf-to-root walk per item). ``flashbax-bincount`` is the same buffer with the update flashbax
+runs on GPU and TPU (a ``bincount`` over the whole capacity per write), shown on every backend
+for comparison; jaxbuffers has one update for every backend.
 ``--quick`` shrinks capacities and repetition counts for a smoke run.
 
 Run: python benchmarks/bench_prioritised.py [--quick] [--repeats N]
@@ -65,9 +69,10 @@ class Ours:
 class Flashbax:
     name = "flashbax"
 
-    def __init__(self, item, capacity):
+    def __init__(self, item, capacity, device=None):
+        device = device or ("gpu" if jax.default_backend() == "gpu" else "cpu")
         self.kwargs = dict(max_length=capacity, min_length=1, sample_batch_size=SAMPLE, add_sequences=True,
-                           priority_exponent=ALPHA, device="gpu" if jax.default_backend() == "gpu" else "cpu")
+                           priority_exponent=ALPHA, device=device)
         self.buf = fbx.make_prioritised_item_buffer(**self.kwargs)
         self.state = self.buf.init(item)
 
@@ -80,6 +85,15 @@ class Flashbax:
 
     def set_fn(self):
         return lambda s, out, p: self.buf.set_priorities(s, out.indices, p)
+
+
+class FlashbaxBincount(Flashbax):
+    """flashbax's prioritised item buffer with its GPU/TPU sum-tree update (``device="tpu"``)."""
+
+    name = "flashbax-bincount"
+
+    def __init__(self, item, capacity):
+        super().__init__(item, capacity, device="tpu")
 
 
 def set_runner(impl, mode: str, n: int, with_sample: bool = False):
@@ -118,7 +132,7 @@ def main():
     header(BENCH, args.quick)
     for item_name, (item, capacity) in ITEMS.items():
         capacity //= shrink
-        impls = [Ours(item, capacity), Flashbax(item, capacity)]
+        impls = [Ours(item, capacity), Flashbax(item, capacity), FlashbaxBincount(item, capacity)]
         for b in (1, 8, 256):
             batch = batch_of(item, b)
             for mode in ("call", "scan"):
