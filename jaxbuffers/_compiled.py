@@ -31,11 +31,15 @@ import numpy as np
 from jaxbuffers import _validate
 
 _INT32 = np.iinfo(np.int32)
+_ARRAY_TYPES: set[type] = set()  # concrete classes of the JAX arrays seen: a set lookup is cheaper than isinstance
 
 
 def _passable(leaf) -> bool:
     """Whether a compiled program takes ``leaf`` as an argument without changing its value or dtype."""
-    if isinstance(leaf, jax.Array):  # the common case first (tracers included)
+    if type(leaf) in _ARRAY_TYPES:  # the common case first
+        return True
+    if isinstance(leaf, jax.Array):  # tracers included
+        _ARRAY_TYPES.add(type(leaf))
         return True
     if isinstance(leaf, (np.ndarray, np.generic)):
         return leaf.dtype.kind in "biufc" and jax.dtypes.canonicalize_dtype(leaf.dtype) == leaf.dtype
