@@ -99,7 +99,7 @@ class EncodedBatch:
       offsets: # shape=(B,), dtype=int64: byte offset of each payload, a multiple of `ALIGN`.
       lengths: # shape=(B,), dtype=int64: payload bytes of each entry (without padding).
       meta: # shape=(B,), dtype=uint8: the codec's byte per entry, stored in the index (RLE: the
-        count width in bytes; zstd: 1 or 2 when encoded with a raw-content or trained dictionary; others: 0).
+        count width in bytes; zstd: 1 when encoded with the store's dictionary; others: 0).
     """
 
     buffer: np.ndarray

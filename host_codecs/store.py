@@ -9,7 +9,7 @@ Layout (plain numpy arrays, simple to persist):
   offset  # shape=(num_slots,), dtype=uint32, byte offset of the payload in its chunk
   length  # shape=(num_slots,), dtype=uint32, payload bytes (without alignment padding)
   codec   # shape=(num_slots,), dtype=uint8,  codec tag (host_codecs.registry)
-  meta    # shape=(num_slots,), dtype=uint8,  the codec's byte (RLE: count width; zstd: dictionary kind)
+  meta    # shape=(num_slots,), dtype=uint8,  the codec's byte (RLE: count width; zstd: 1 with the dictionary)
   layout  # shape=(num_slots,), dtype=uint16, id into the layout table
   ```
 
@@ -106,10 +106,10 @@ class CompressedStore:
       max_dead_fraction: compaction starts when freed-but-unreleased bytes exceed this fraction of the arena.
       dictionary_bytes: 0 (default), or the most bytes of a zstd dictionary (zstd default codec only; at most
         1 MiB). The `put` that brings the entries put with the default codec to `dictionary_samples` builds one from
-        its batch and the stored entries of its dtype and shape (`host_codecs.ZstdDictionary.train`: zstd's trainer,
-        or the samples' bytewise mode when the trainer refuses them), and encodes that batch and every later entry of
-        the default codec with it; earlier entries keep their format. A failed build leaves the store without a
-        dictionary, and `dictionary_error` says why.
+        its batch and the stored entries of its dtype and shape (`host_codecs.ZstdDictionary.train`: zstd's trainer),
+        and encodes that batch and every later entry of the default codec with it; earlier entries keep their format.
+        A failed build (the trainer refusing the samples, e.g. fewer than 5 or too few bytes) leaves the store
+        without a dictionary, and `dictionary_error` says why.
       dictionary_samples: entries to build the dictionary from (fewer for large entries: at most
         64 MiB of them, at least 8).
 
@@ -284,9 +284,9 @@ class CompressedStore:
                         samples = list(self.get(stored, missing="zeros").reshape(stored.size, -1).view(np.uint8))
                     except ValueError:  # a concurrent put changed a sample's dtype or shape: skip them
                         pass
-                d = ZstdDictionary.train(samples + fresh, self.dictionary_bytes, self.codec.level)
-                if d is None:
-                    self.dictionary_error = "no dictionary can be built from the samples (entries of 0 bytes)"
+                why: list[str] = []
+                d = ZstdDictionary.train(samples + fresh, self.dictionary_bytes, self.codec.level, why)
+                self.dictionary_error = why[0] if why else None
             except Exception as exc:  # e.g. MemoryError: the dictionary is an optimisation only
                 d, self.dictionary_error = None, f"{type(exc).__name__}: {exc}"
             with self._lock:

@@ -12,8 +12,9 @@ Dictionaries (`ZstdDictionary`): a `host_codecs.CompressedStore` created with `d
 first entries with zstd's own trainer (`zstandard.train_dictionary`: content picked from the samples, plus entropy
 tables fitted to them) and encodes its default codec's later entries with it. Small similar entries such as 84x84
 Atari frames then skip most of their per-frame cost: at level -1 with a 32 KiB dictionary, about 100 B per Breakout
-frame and 90 B per Pong frame against 340 B and 185 B without one. Frames carry no dictionary id (the entry's meta
-byte records which dictionary it needs, and the content checksum rejects any other).
+frame and 90 B per Pong frame against 340 B and 185 B without one. When the trainer refuses the samples, the store
+keeps encoding without a dictionary. Frames carry no dictionary id: an entry's meta byte is 0 (no dictionary) or 1
+(the store's dictionary), and the content checksum rejects any other dictionary.
 """
 
 from __future__ import annotations
@@ -38,10 +39,7 @@ def _coders(local: threading.local, level: int, dictionary: "ZstdDictionary | No
     coders = getattr(local, "coders", None)
     if coders is None:
         z = _zstandard()
-        d = None
-        if dictionary is not None:  # the recorded kind, never guessed from the bytes
-            kind = z.DICT_TYPE_RAWCONTENT if dictionary.raw_content else z.DICT_TYPE_FULLDICT
-            d = z.ZstdCompressionDict(dictionary.data, dict_type=kind)
+        d = None if dictionary is None else z.ZstdCompressionDict(dictionary.data, dict_type=z.DICT_TYPE_FULLDICT)
         coders = local.coders = (
             z.ZstdCompressor(level=level, dict_data=d, write_checksum=True, write_content_size=True, write_dict_id=False),
             z.ZstdDecompressor(dict_data=d),
@@ -49,80 +47,46 @@ def _coders(local: threading.local, level: int, dictionary: "ZstdDictionary | No
     return coders
 
 
-def _bytewise_mode(rows: list[np.ndarray], size: int) -> bytes | None:
-    """At each of the first `size` byte positions, the most frequent value of `rows` (1-D uint8,
-    one length); None for no rows, rows of 0 bytes or of mixed lengths."""
-    if not rows or len({r.shape[0] for r in rows}) != 1 or not rows[0].shape[0]:
-        return None
-    head = np.stack(rows)[:, :size]
-    mode = np.empty(head.shape[1], np.uint8)
-    block = 1 << 14  # columns per pass: the counts stay at 16 MiB whatever `size` is
-    for a in range(0, head.shape[1], block):
-        cols = head[:, a : a + block]
-        counts = np.zeros((256, cols.shape[1]), np.int32)
-        idx = np.arange(cols.shape[1])
-        for r in cols:  # columns are distinct within a row: a fancy-index increment is exact
-            counts[r, idx] += 1
-        mode[a : a + cols.shape[1]] = counts.argmax(axis=0)
-    return mode.tobytes()
-
-
 class ZstdDictionary:
-    """A zstd dictionary built from a store's first entries, of one of two kinds.
-
-    * Trained (meta byte 2): a standard zstd dictionary from zstd's own trainer: content picked
-      from the samples, entropy tables fitted to them.
-    * Raw content (meta byte 1): the bytewise mode of the samples, used as plain content; built
-      only when the trainer refuses the samples (see `train`).
+    """A zstd dictionary trained on a store's first entries by zstd's own trainer: content picked
+    from the samples, entropy tables fitted to them.
 
     A zstd frame of one small entry (an 84x84 frame, 7 KB) finds no earlier data to match; with a
     dictionary made of what similar entries share, most of the entry is a few long matches.
-    Frames encoded with it carry no dictionary id: each entry's meta byte names the kind it
-    needs, and a frame decoded with another dictionary (or none) fails its content checksum and
-    raises. Thread-safe.
+    Frames encoded with it carry no dictionary id: their entries have meta byte 1, and a frame
+    decoded with another dictionary (or none) fails its content checksum and raises. Thread-safe.
 
     Args:
       data: the dictionary bytes (from `train`, or saved earlier).
       level: compression level of the frames encoded with it.
-      raw_content: True for a raw-content dictionary, False (default) for a trained one.
     """
 
-    #: Meta byte of the entries encoded with a raw-content dictionary.
-    RAW_CONTENT = 1
-    #: Meta byte of the entries encoded with a trained dictionary.
-    TRAINED = 2
+    #: Meta byte of the entries encoded with a dictionary.
+    meta = 1
 
-    def __init__(self, data: bytes, level: int, raw_content: bool = False):
+    def __init__(self, data: bytes, level: int):
         self.data = bytes(data)
         self.level = int(level)
-        self.meta = self.RAW_CONTENT if raw_content else self.TRAINED
         self._local = threading.local()
 
-    @property
-    def raw_content(self) -> bool:
-        """True for a raw-content dictionary, False for a trained one."""
-        return self.meta == self.RAW_CONTENT
-
     @classmethod
-    def train(cls, samples, size: int, level: int) -> "ZstdDictionary | None":
+    def train(cls, samples, size: int, level: int, why: list[str] | None = None) -> "ZstdDictionary | None":
         """Build a dictionary of at most `size` bytes for entries like `samples`.
 
-        zstd's trainer (`zstandard.train_dictionary`, fastCover) first, with segments as long as
-        the longest sample (at most `size`), tried with both dmer sizes (6 and 8) on all the
-        samples, and entropy tables for `level`: on 84x84 Atari frames the segments are whole
-        frames, which an entry matches for most of its length. When the trainer refuses the
-        samples (`zstandard.ZstdError`: fewer than 5 samples, too few bytes, `size` under 256),
-        and only then, the bytewise mode of the samples (at each byte position the most frequent
-        value, at most the first `size` bytes) as a raw-content dictionary.
+        zstd's trainer (`zstandard.train_dictionary`, fastCover), with segments as long as the
+        longest sample (at most `size`), tried with both dmer sizes (6 and 8) on all the samples,
+        and entropy tables for `level`: on 84x84 Atari frames the segments are whole frames, which
+        an entry matches for most of its length.
 
         Args:
           samples: 1-D uint8 arrays, or a 2-D uint8 array (one entry per row).
           size: most bytes of the dictionary.
           level: compression level of the frames encoded with it.
+          why: when given, the reason is appended to it when the trainer refuses the samples.
 
         Returns:
-          The dictionary, or None when neither kind can be built (no samples, `size` < 1, or a
-          refused training on samples of length 0 or of mixed lengths).
+          The dictionary, or None: no samples, `size` < 1, or the trainer refused the samples
+          (`zstandard.ZstdError`: fewer than 5 samples, too few bytes, `size` under 256).
         """
         rows = [np.ascontiguousarray(r, dtype=np.uint8).reshape(-1) for r in samples]
         size = int(size)
@@ -135,9 +99,11 @@ class ZstdDictionary:
                 size, [r.tobytes() for r in rows], k=max(8, min(longest, size)), split_point=1.0,
                 level=int(level), threads=min(2, num_threads()),  # a thread per dmer size tried
             )
-        except z.ZstdError:  # the one fallback: the trainer refused these samples
-            mode = _bytewise_mode(rows, size)
-            return None if mode is None else cls(mode, level, raw_content=True)
+        except z.ZstdError as exc:
+            if why is not None:
+                why.append(f"zstd's trainer refused {len(rows)} samples of {sum(r.shape[0] for r in rows)} bytes "
+                           f"for a dictionary of at most {size} bytes ({exc})")
+            return None
         return cls(d.as_bytes(), level)
 
     @property
@@ -174,8 +140,7 @@ class ZstdCodec(Codec):
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype, dictionary: ZstdDictionary | None = None) -> EncodedBatch:
         """`Codec.encode_batch`; with `dictionary`, every entry is encoded with it (at the
-        dictionary's level) and gets its meta byte (1 raw content, 2 trained), which tells
-        decoders to use it."""
+        dictionary's level) and gets meta byte 1, which tells decoders to use it."""
         payloads: list[bytes] = [b""] * rows.shape[0]
 
         def work(start: int, stop: int) -> None:
@@ -187,29 +152,22 @@ class ZstdCodec(Codec):
         return pack_payloads(payloads, np.full(rows.shape[0], 0 if dictionary is None else dictionary.meta, np.uint8))
 
     def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype) -> None:
-        """`Codec.decode_many`, every payload read where it lies. Entries with meta byte 1 (raw
-        content) or 2 (trained) were encoded with a dictionary of that kind: `chunks` must then be
-        a `ChunkTable` carrying it (a store passes its own).
+        """`Codec.decode_many`, every payload read where it lies. Entries with meta byte 1 were
+        encoded with a dictionary: `chunks` must then be a `ChunkTable` carrying it (a store passes
+        its own).
 
         Raises:
-          ValueError: an unknown meta byte, a dictionary entry without a dictionary or with one of
-            the other kind, a corrupt payload (bad frame, wrong content size or checksum), or as
+          ValueError: an unknown meta byte, a dictionary entry without a dictionary, a corrupt
+            payload (bad frame, wrong content size or checksum, another dictionary), or as
             `check_decode`.
         """
         meta = np.asarray(meta)
         top = int(meta.max(initial=0))
-        if top > 2:
-            raise ValueError(f"codec 'zstd': unknown entry format (meta byte {top}; expected 0, 1 or 2)")
+        if top > 1:
+            raise ValueError(f"codec 'zstd': unknown entry format (meta byte {top}; expected 0 or 1)")
         dictionary = chunks.dictionary if isinstance(chunks, ChunkTable) else None
         if top and dictionary is None:
             raise ValueError("codec 'zstd': an entry was encoded with a dictionary, and none was given to decode it")
-        other = meta[(meta != 0) & (meta != (dictionary.meta if top else 0))]
-        if other.size:
-            kinds = {ZstdDictionary.RAW_CONTENT: "raw-content", ZstdDictionary.TRAINED: "trained"}
-            raise ValueError(
-                f"codec 'zstd': an entry was encoded with a {kinds[int(other[0])]} dictionary, "
-                f"the one given is {kinds[dictionary.meta]}"
-            )
         check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows)
         nbytes = outs[0].shape[1]
         cids, offs, lens = (np.asarray(x).tolist() for x in (chunk_ids, offsets, lengths))

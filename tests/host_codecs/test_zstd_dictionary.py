@@ -1,6 +1,6 @@
 """zstd dictionaries: a store builds one from its first entries and encodes later ones with it;
 entries read back exactly, are smaller than without it and are standard zstd frames; entries
-never decode with the wrong dictionary; a sample the trainer refuses falls back to raw content."""
+never decode with the wrong dictionary; samples the trainer refuses give no dictionary."""
 
 from __future__ import annotations
 
@@ -34,11 +34,10 @@ def _fill(store, frames, batch):
 
 
 def _reader(d):
-    """A zstandard decoder given the dictionary's bytes as the kind it records."""
+    """A zstandard decoder given the dictionary's bytes as a standard zstd dictionary."""
     import zstandard
 
-    kind = zstandard.DICT_TYPE_RAWCONTENT if d.raw_content else zstandard.DICT_TYPE_FULLDICT
-    return zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(d.data, dict_type=kind))
+    return zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(d.data, dict_type=zstandard.DICT_TYPE_FULLDICT))
 
 
 def _payload(store, slot):
@@ -63,7 +62,7 @@ def test_store_trains_once_then_encodes_smaller_and_reads_back_exactly(game_fram
     d = store.dictionary
     assert d is not None and 0 < len(d.data) <= 8192 and store.dictionary_error is None
     # Entries before the training put have no dictionary (meta 0); that put and later ones do.
-    assert (store._meta[:512] == 0).all() and (store._meta[512:] == d.meta).all() and d.meta != 0
+    assert (store._meta[:512] == 0).all() and (store._meta[512:] == 1).all() and d.meta == 1
     assert_bit_exact(store.get(np.arange(len(frames))), frames)
     ids = np.random.default_rng(0).integers(0, len(frames), (64, 4))
     assert_bit_exact(store.get(ids), frames[ids])
@@ -88,16 +87,16 @@ def test_store_trains_once_then_encodes_smaller_and_reads_back_exactly(game_fram
 
 
 def test_dictionary_frames_are_standard_zstd_frames(breakout_frames):
-    """zstandard itself, given the dictionary bytes as the kind the dictionary records, reads them."""
+    """zstandard itself, given the dictionary bytes as a standard zstd dictionary, reads them."""
     from host_codecs.zstd import ZstdCodec, ZstdDictionary
 
     rows = breakout_frames[:400].reshape(400, -1)
-    for d in (ZstdDictionary.train(rows[:300], 4096, -1), ZstdDictionary.train(rows[:3], 4096, -1)):
-        enc = ZstdCodec(-1).encode_batch(rows[300:], np.dtype(np.uint8), d)
-        assert (enc.meta == d.meta).all() and d.meta != 0
-        reader = _reader(d)
-        for i, (o, n) in enumerate(zip(enc.offsets.tolist(), enc.lengths.tolist())):
-            assert reader.decompress(enc.buffer[o : o + n].tobytes()) == rows[300 + i].tobytes()
+    d = ZstdDictionary.train(rows[:300], 4096, -1)
+    enc = ZstdCodec(-1).encode_batch(rows[300:], np.dtype(np.uint8), d)
+    assert (enc.meta == 1).all()
+    reader = _reader(d)
+    for i, (o, n) in enumerate(zip(enc.offsets.tolist(), enc.lengths.tolist())):
+        assert reader.decompress(enc.buffer[o : o + n].tobytes()) == rows[300 + i].tobytes()
 
 
 def test_dictionary_entries_never_decode_without_or_with_another_dictionary(breakout_frames):
@@ -107,8 +106,6 @@ def test_dictionary_entries_never_decode_without_or_with_another_dictionary(brea
     rows = breakout_frames[:300].reshape(300, -1)
     d = ZstdDictionary.train(rows[:200], 4096, -1)
     other = ZstdDictionary.train(breakout_frames[2000:2300].reshape(300, -1), 4096, -1)
-    raw = ZstdDictionary.train(rows[:3], 4096, -1)  # too few samples: the other kind
-    assert d.meta == other.meta != raw.meta
     enc = codec.encode_batch(rows[200:], np.dtype(np.uint8), d)
     chunk = np.zeros(len(enc.buffer) + 8, np.uint8)
     chunk[: len(enc.buffer)] = enc.buffer
@@ -124,69 +121,47 @@ def test_dictionary_entries_never_decode_without_or_with_another_dictionary(brea
     assert (out == 7).all()  # refused before writing
     with pytest.raises(ValueError, match="corrupt entry"):
         decode(ChunkTable({0: chunk}, other), enc.meta)
-    with pytest.raises(ValueError, match="encoded with a trained dictionary, the one given is raw-content"):
-        decode(ChunkTable({0: chunk}, raw), enc.meta)
-    bad_meta = enc.meta.copy()
-    bad_meta[3] = 3
-    with pytest.raises(ValueError, match="unknown entry format"):
-        decode(ChunkTable({0: chunk}, d), bad_meta)
+    for byte in (2, 3, 255):
+        bad_meta = enc.meta.copy()
+        bad_meta[3] = byte
+        with pytest.raises(ValueError, match=rf"unknown entry format \(meta byte {byte}; expected 0 or 1\)"):
+            decode(ChunkTable({0: chunk}, d), bad_meta)
     decode(ChunkTable({0: chunk}, d), enc.meta)
     assert_bit_exact(out, rows[200:])
 
 
-def test_a_sample_the_trainer_refuses_falls_back_to_the_bytewise_mode(breakout_frames):
-    """zstd's trainer refuses fewer than 5 samples and sizes under 256 bytes: the dictionary is then
-    the samples' bytewise mode as raw content (meta 1), used and read back exactly."""
+def test_samples_the_trainer_refuses_give_no_dictionary_and_entries_still_read_back(breakout_frames):
+    """zstd's trainer refuses fewer than 5 samples and sizes under 256 bytes: no dictionary, the
+    reason kept; a store then encodes every entry without one (meta 0) and reads it back exactly."""
     import zstandard
 
-    from host_codecs.zstd import ZstdCodec, ZstdDictionary, _bytewise_mode
+    from host_codecs.zstd import ZstdDictionary
 
-    rows = breakout_frames[:4].reshape(4, -1)
+    rows = breakout_frames[:300].reshape(300, -1)
     with pytest.raises(zstandard.ZstdError):
-        zstandard.train_dictionary(4096, [r.tobytes() for r in rows])
-    d = ZstdDictionary.train(rows, 4096, -1)
-    assert d.raw_content and d.meta == ZstdDictionary.RAW_CONTENT
-    assert d.data == _bytewise_mode(list(rows), 4096) and d.nbytes == 4096
-    small = ZstdDictionary.train(breakout_frames[:300].reshape(300, -1), 200, -1)
-    assert small.raw_content and small.data == _bytewise_mode(list(breakout_frames[:300].reshape(300, -1)), 200)
-    trained = ZstdDictionary.train(breakout_frames[:300].reshape(300, -1), 4096, -1)
-    assert not trained.raw_content and trained.meta == ZstdDictionary.TRAINED
-    # A store whose sample is 3 entries builds the raw-content one and uses it.
+        zstandard.train_dictionary(4096, [r.tobytes() for r in rows[:4]])
+    why: list[str] = []
+    assert ZstdDictionary.train(rows[:4], 4096, -1, why) is None
+    assert why == [f"zstd's trainer refused 4 samples of {4 * 7056} bytes for a dictionary of at most 4096 bytes "
+                   "(cannot train dict: Src size is incorrect)"]
+    assert ZstdDictionary.train(rows, 200, -1) is None  # too small a dictionary
+    assert ZstdDictionary.train([], 4096, -1) is None and ZstdDictionary.train(rows, 0, -1) is None
+    assert ZstdDictionary.train(rows, 4096, -1).meta == 1  # the same samples, enough of them: trained
+    # A store whose sample is 3 entries: no dictionary, every entry without one, read back exactly.
     frames = breakout_frames[:1000]
-    plain = CompressedStore(len(frames), ZstdCodec(-1))
-    store = CompressedStore(len(frames), ZstdCodec(-1), dictionary_bytes=4096, dictionary_samples=3)
-    _fill(plain, frames, 3)
+    store = CompressedStore(len(frames), "zstd:-1", dictionary_bytes=4096, dictionary_samples=3)
     _fill(store, frames, 3)
-    assert store.dictionary is not None and store.dictionary.raw_content and (store._meta[:1000] == 1).all()
+    assert store.dictionary is None and store._trained and store.dictionary_nbytes == 0
+    assert (store._meta[:1000] == 0).all()
+    assert store.dictionary_error.startswith("zstd's trainer refused 3 samples")
+    assert "cannot train dict" in store.dictionary_error
     assert_bit_exact(store.get(np.arange(len(frames))), frames)
-    assert store.payload_nbytes < plain.payload_nbytes
-    # Samples the trainer refuses and that have no bytewise mode: no dictionary.
-    assert ZstdDictionary.train([np.zeros(4, np.uint8), np.ones(5, np.uint8), np.zeros(6, np.uint8)], 4096, -1) is None
-
-
-def test_trainer_refusal_without_a_mode_leaves_the_store_without_a_dictionary_and_correct():
-    data = np.zeros((40, 0), np.uint8)  # empty entries: nothing to train on
-    store = CompressedStore(40, "zstd:-1", dictionary_bytes=4096, dictionary_samples=3)
-    _fill(store, data, 3)
-    assert store.dictionary is None and store._trained and (store._meta[:40] == 0).all()
-    assert store.dictionary_nbytes == 0 and "0 bytes" in store.dictionary_error
-    assert_bit_exact(store.get(np.arange(40)), data)
-
-
-def test_bytewise_mode_is_the_most_frequent_value_at_each_byte():
-    """The fallback content: at each byte, the most frequent value of the samples."""
-    from host_codecs.zstd import _bytewise_mode
-
-    rng = np.random.default_rng(0)
-    base = rng.integers(0, 256, 1000).astype(np.uint8)
-    rows = np.repeat(base[None], 50, axis=0)
-    noise = rng.random(rows.shape) < 0.3  # every position keeps its base value in most rows
-    rows[noise] = rng.integers(0, 256, int(noise.sum()))
-    assert _bytewise_mode(list(rows), 4096) == base.tobytes()
-    assert _bytewise_mode(list(rows), 600) == base[:600].tobytes()  # at most size bytes
-    wide = np.tile(rows, (1, 40))  # 40,000 bytes per entry: the mode is counted in column blocks
-    assert _bytewise_mode(list(wide), 40_000) == np.tile(base, 40).tobytes()
-    assert _bytewise_mode([], 10) is None and _bytewise_mode([np.zeros(0, np.uint8)] * 3, 10) is None
+    # Entries of 0 bytes: refused too, and read back.
+    empty = CompressedStore(40, "zstd:-1", dictionary_bytes=4096, dictionary_samples=3)
+    _fill(empty, np.zeros((40, 0), np.uint8), 3)
+    assert empty.dictionary is None and (empty._meta[:40] == 0).all()
+    assert "3 samples of 0 bytes" in empty.dictionary_error
+    assert_bit_exact(empty.get(np.arange(40)), np.zeros((40, 0), np.uint8))
 
 
 def test_dictionary_arguments_are_checked():
@@ -206,7 +181,7 @@ def test_other_codecs_and_levels_in_a_dictionary_store_are_stored_without_it(bre
     store.put(np.arange(600, 700), breakout_frames[600:700], codec="zstd:3")
     store.put(np.arange(700, 800), breakout_frames[700:800], codec="none")
     store.put(np.arange(800, 900), breakout_frames[800:900], codec="zstd:-1")  # the default: with it
-    assert (store._meta[600:800] == 0).all() and (store._meta[800:900] == store.dictionary.meta).all()
+    assert (store._meta[600:800] == 0).all() and (store._meta[800:900] == 1).all()
     ids = np.random.default_rng(1).integers(0, 900, (50, 4))
     assert_bit_exact(store.get(ids), breakout_frames[ids])
 
@@ -272,7 +247,7 @@ def test_concurrent_writers_and_reader_across_training(breakout_frames):
     r.join(timeout=60)
     assert not errors, errors
     assert store.dictionary is not None
-    assert (store._meta == store.dictionary.meta).any()
+    assert (store._meta == 1).any()
 
 
 def test_a_failed_build_leaves_puts_working_and_says_why(monkeypatch, breakout_frames):
@@ -299,9 +274,9 @@ def test_large_entries_build_from_a_bounded_sample(monkeypatch):
     seen = {}
     real = ZstdDictionary.train.__func__
 
-    def spy(cls, samples, size, level):
+    def spy(cls, samples, size, level, why=None):
         seen["n"] = len(samples)
-        return real(cls, samples, size, level)
+        return real(cls, samples, size, level, why)
 
     monkeypatch.setattr(ZstdDictionary, "train", classmethod(spy))
     rng = np.random.default_rng(0)
