@@ -284,9 +284,9 @@ class CompressedStore:
                         samples = list(self.get(stored, missing="zeros").reshape(stored.size, -1).view(np.uint8))
                     except ValueError:  # a concurrent put changed a sample's dtype or shape: skip them
                         pass
-                why: list[str] = []
-                d = ZstdDictionary.train(samples + fresh, self.dictionary_bytes, self.codec.level, why)
-                self.dictionary_error = why[0] if why else None
+                d = ZstdDictionary.train(samples + fresh, self.dictionary_bytes, self.codec.level)
+            except ValueError as exc:  # the trainer refused the samples
+                d, self.dictionary_error = None, str(exc)
             except Exception as exc:  # e.g. MemoryError: the dictionary is an optimisation only
                 d, self.dictionary_error = None, f"{type(exc).__name__}: {exc}"
             with self._lock:

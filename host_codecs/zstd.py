@@ -70,7 +70,7 @@ class ZstdDictionary:
         self._local = threading.local()
 
     @classmethod
-    def train(cls, samples, size: int, level: int, why: list[str] | None = None) -> "ZstdDictionary | None":
+    def train(cls, samples, size: int, level: int) -> "ZstdDictionary | None":
         """Build a dictionary of at most `size` bytes for entries like `samples`.
 
         zstd's trainer (`zstandard.train_dictionary`, fastCover), with segments as long as the
@@ -82,11 +82,13 @@ class ZstdDictionary:
           samples: 1-D uint8 arrays, or a 2-D uint8 array (one entry per row).
           size: most bytes of the dictionary.
           level: compression level of the frames encoded with it.
-          why: when given, the reason is appended to it when the trainer refuses the samples.
 
         Returns:
-          The dictionary, or None: no samples, `size` < 1, or the trainer refused the samples
-          (`zstandard.ZstdError`: fewer than 5 samples, too few bytes, `size` under 256).
+          The dictionary, or None for no samples or `size` < 1.
+
+        Raises:
+          ValueError: the trainer refused the samples (fewer than 5, too few bytes, `size` under
+            256); the message gives their count, their bytes and the trainer's reason.
         """
         rows = [np.ascontiguousarray(r, dtype=np.uint8).reshape(-1) for r in samples]
         size = int(size)
@@ -100,10 +102,10 @@ class ZstdDictionary:
                 level=int(level), threads=min(2, num_threads()),  # a thread per dmer size tried
             )
         except z.ZstdError as exc:
-            if why is not None:
-                why.append(f"zstd's trainer refused {len(rows)} samples of {sum(r.shape[0] for r in rows)} bytes "
-                           f"for a dictionary of at most {size} bytes ({exc})")
-            return None
+            raise ValueError(
+                f"zstd's trainer refused {len(rows)} samples of {sum(r.shape[0] for r in rows)} bytes "
+                f"for a dictionary of at most {size} bytes ({exc})"
+            ) from exc
         return cls(d.as_bytes(), level)
 
     @property
