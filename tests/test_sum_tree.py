@@ -243,18 +243,26 @@ def test_find_matches_numpy_reference_exact(capacity, values, query_steps, use_j
     np.testing.assert_array_equal(got, _reference_find(leaves, q))
 
 
+# Capacities from a fixed set (depths 0 to 7, powers of two and not) and a fixed number of queries
+# (the drawn ones repeated): one compiled program per capacity, reused across examples.
+_CAPACITIES = [1, 2, 3, 5, 8, 13, 24, 45, 70]
+_NUM_QUERIES = 30
+
+
 @given(
-    values=st.lists(
-        st.one_of(st.just(0.0), st.floats(2.0**-20, 2.0**20, width=32)), min_size=1, max_size=70
-    ).filter(lambda v: sum(v) > 0),
-    fractions=st.lists(st.floats(0, 1), min_size=1, max_size=30),
+    capacity_values=st.sampled_from(_CAPACITIES).flatmap(lambda c: st.tuples(st.just(c), st.lists(
+        st.one_of(st.just(0.0), st.floats(2.0**-20, 2.0**20, width=32)), min_size=1, max_size=c
+    ).filter(lambda v: sum(v) > 0))),
+    fractions=st.lists(st.floats(0, 1), min_size=1, max_size=_NUM_QUERIES),
 )
 @settings(max_examples=50, deadline=None)
-def test_find_with_rounding_lands_on_positive_leaf_near_reference(values, fractions):
-    leaves = np.array(values, np.float32)
-    tree = SumMinTree.create(len(values)).set(jnp.arange(len(values), dtype=jnp.int32), jnp.asarray(leaves))
+def test_find_with_rounding_lands_on_positive_leaf_near_reference(capacity_values, fractions):
+    capacity, values = capacity_values
+    leaves = np.zeros(capacity, np.float32)
+    leaves[: len(values)] = values  # the leaves past the drawn values are 0
+    tree = SumMinTree.create(capacity).set(jnp.arange(capacity, dtype=jnp.int32), jnp.asarray(leaves))
     total = float(tree.total())
-    q = (np.array(fractions) * total).astype(np.float32)
+    q = (np.resize(np.array(fractions), _NUM_QUERIES) * total).astype(np.float32)
     got = np.asarray(tree.find(jnp.asarray(q)))
     assert np.all(leaves[got] > 0)
     # Up to float32 rounding of partial sums, the leaf's prefix interval contains the query.
@@ -280,10 +288,13 @@ def test_descent_lands_on_positive_leaves(capacity, values, fractions, restart):
     leaves = np.zeros(capacity, np.float32)
     idx = np.arange(len(values)) * 37 % capacity
     leaves[idx] = np.array(values, np.float32)
-    tree = SumMinTree.create(capacity).set(jnp.asarray(idx, jnp.int32), jnp.asarray(leaves[idx]))
+    # every leaf written (the unwritten ones as 0) and 13 queries (the drawn ones repeated): one
+    # compiled program per capacity
+    tree = SumMinTree.create(capacity).set(jnp.arange(capacity, dtype=jnp.int32), jnp.asarray(leaves))
     total = float(tree.total())
-    q = jnp.clip(jnp.asarray(np.array(fractions) * total, jnp.float32), 0, max(np.nextafter(np.float32(total), 0), 0))
-    u2 = jnp.asarray(np.mod(np.array(fractions) * 7.31 + 0.17, 1.0), jnp.float32) if restart else None
+    fractions = np.resize(np.array(fractions), 13)
+    q = jnp.clip(jnp.asarray(fractions * total, jnp.float32), 0, max(np.nextafter(np.float32(total), 0), 0))
+    u2 = jnp.asarray(np.mod(fractions * 7.31 + 0.17, 1.0), jnp.float32) if restart else None
     got = np.asarray(_DESCEND(tree.levels, q, u2))
     if not restart:
         np.testing.assert_array_equal(np.asarray(tree.find(q)), got)
