@@ -852,6 +852,10 @@ def test_staging_writer_equals_one_step_adds_many(**kw):
     _check_staging(**kw)
 
 
+# A user's jitted sample, defined once: compiled once per buffer, not once per key.
+_SAMPLE_2_STEPS = jax.jit(lambda b, kk: b.sample_transitions(kk, 16, n_step=2, gamma=0.9))
+
+
 def _check_staging(seed, num_envs, length, steps, max_pending, use_trunc, dict_obs, layout, padding, normalize):
     """Staged adds == one-step adds (device state and samples), and the writer's sample (a cached
     jit), the eager sample (one compiled program) and the jitted
@@ -891,7 +895,7 @@ def _check_staging(seed, num_envs, length, steps, max_pending, use_trunc, dict_o
     for key in range(2):
         x = plain.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)
         y = writer.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)  # the writer's cached jit
-        z = jax.jit(lambda b, kk: b.sample_transitions(kk, 16, n_step=2, gamma=0.9))(staged, jax.random.key(key))
+        z = _SAMPLE_2_STEPS(staged, jax.random.key(key))
         h = staged.sample_transitions(jax.random.key(key), 16, n_step=2, gamma=0.9)  # eager: one compiled program
         assert y.item["obs"] is y.obs  # one array, not a second copy
         for other in (y, z, h):

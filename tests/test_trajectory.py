@@ -458,9 +458,11 @@ def test_small_final_obs_ring_exact_until_overflow():
     assert not bool(buf.final_obs_lost())
 
 
+# Lengths from a fixed set (below, at and above k = 1..3 final-obs slots) so that each shape's
+# programs compile once and are reused across examples.
 @settings(max_examples=25, deadline=None)
 @given(
-    k=st.integers(1, 3), length=st.integers(2, 9), seed=st.integers(0, 2**31 - 1),
+    k=st.integers(1, 3), length=st.sampled_from([2, 3, 5, 9]), seed=st.integers(0, 2**31 - 1),
     chunks=st.lists(st.integers(1, 4), min_size=1, max_size=6),
 )
 def test_final_obs_lost_is_exact(k, length, seed, chunks):
@@ -480,8 +482,10 @@ def test_final_obs_lost_is_exact(k, length, seed, chunks):
                  if ref.steps[e][a]["trunc"] and not ref.steps[e][a]["term"]]
         wrong = False
         if boots:
-            flat = jnp.array([e * length + a % length for e, a in boots], jnp.int32)
-            got = np.asarray(AT(buf, flat, 1, 0.5).next_obs)
+            # read at 2 * length positions (the truncated steps, then the first one repeated): one program per shape
+            flat = [e * length + a % length for e, a in boots]
+            flat = jnp.array(flat + flat[:1] * (2 * length - len(flat)), jnp.int32)
+            got = np.asarray(AT(buf, flat, 1, 0.5).next_obs)[: len(boots)]
             want = np.stack([ref.steps[e][a]["final"] for e, a in boots])
             wrong = bool(np.any(got != want))
         assert bool(buf.final_obs_lost()) == wrong
