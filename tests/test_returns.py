@@ -94,7 +94,8 @@ def ref_lambda_returns(r, v, term, trunc, fv, lv, gamma, lam):
     out = np.zeros(T)
     for t in range(T):
         K = ref_window(term, trunc, t)
-        g = [ref_n_step(r[t:], v[t:], term[t:], trunc[t:], fv[t:], lv, gamma, n)[0][0] for n in range(1, K + 1)]
+        # the n-step return from t reads steps t .. t + n only: the same sums over that slice
+        g = [ref_n_step(*(a[t:t + n + 1] for a in (r, v, term, trunc, fv)), lv, gamma, n)[0][0] for n in range(1, K + 1)]
         out[t] = (1 - lam) * sum(lam ** (n - 1) * g[n - 1] for n in range(1, K)) + lam ** (K - 1) * g[K - 1]
     return out
 
