@@ -31,7 +31,7 @@ def _load():
 def test_dqn_atari_smoke(extra, capsys):
     summary = _load().main(
         ["--total-steps", "200", "--buffer-size", "150", "--learning-starts", "100", "--train-freq", "4",
-         "--log-every", "100", "--codec", "zstd:3", *extra]
+         "--log-every", "100", "--codec", "zstd:3", "--batch-size", "8", *extra]
     )
     out = capsys.readouterr().out
     assert "steps/s" in out and "MiB" in out  # progress lines with throughput and buffer bytes
