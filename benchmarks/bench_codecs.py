@@ -37,13 +37,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _common import data_file, emit, header, row  # noqa: E402
 
 import host_codecs  # noqa: E402
-from host_codecs import CompressedStore, RLECodec, get_codec  # noqa: E402
+from host_codecs import CompressedStore, get_codec  # noqa: E402
 from host_codecs._base import ChunkTable  # noqa: E402
 
 DATA = data_file("atari_stacked_5k.npz")
 BENCH = "codecs"
 DEFAULT_CODECS = [
-    "none", "rle", "rle:16", "rle/prange", "igzip:0", "igzip:1", "igzip:3", "zstd:-1", "zstd:-1/dict", "zstd:1", "zstd:3",
+    "none", "rle", "rle:16", "igzip:0", "igzip:1", "igzip:3", "zstd:-1", "zstd:-1/dict", "zstd:1", "zstd:3",
 ]
 
 
@@ -64,8 +64,6 @@ class WithDictionary:
 
 
 def make_codec(spec: str, train_items: np.ndarray | None = None):
-    if spec == "rle/prange":
-        return RLECodec(8, engine="prange")
     if spec.endswith("/dict"):
         from host_codecs.zstd import ZstdDictionary
 
@@ -150,8 +148,6 @@ def main() -> None:
             for spec in specs:
                 codec = make_codec(spec, train_items)
                 for mode, batch, threads in (("item", 1, 1), ("batch256_1thread", 256, 1), ("batch256", 256, None)):
-                    if mode == "item" and spec in ("rle/prange",):
-                        continue
                     set_threads(threads)
                     t_enc, t_dec, payload = bench_batches(codec, items, batch, reps)
                     enc, dec = raw / 1e6 / t_enc, raw / 1e6 / t_dec

@@ -217,7 +217,7 @@ def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
         jax.block_until_ready(full_samplers[b](buf, next(keys)))
 
     def sample_eager(b):
-        jax.block_until_ready(sb3_fields(buf.sample_transitions_from_host(next(keys), b, gamma=0.99)))
+        jax.block_until_ready(sb3_fields(buf.sample_transitions(next(keys), b, gamma=0.99)))
 
     rec.update({
         # host growth per added transition + device arrays (allocated at create) per transition
@@ -239,7 +239,7 @@ def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
 def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dict:
     """sb3x rle-jit and two jaxbuffers settings (the default codec and ``rle``) in ONE process,
     samples interleaved (same load for all): medians and ratios at batch 32 and 256. jaxbuffers:
-    jitted ``sample_transitions`` (SB3's fields) and the eager ``sample_transitions_from_host``."""
+    jitted ``sample_transitions`` (SB3's fields) and the same call made eagerly."""
     import jax
     import jax.numpy as jnp
     import torch
@@ -273,7 +273,7 @@ def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dic
             jitted = jax.jit(lambda bf, k, b=b: fields(bf.sample_transitions(k, b, gamma=0.99)))
             cases[f"{tag}_jit"] = lambda f=jitted, buf=buf: jax.block_until_ready(f(buf, next(keys)))
             cases[f"{tag}_eager"] = lambda b=b, buf=buf: jax.block_until_ready(
-                fields(buf.sample_transitions_from_host(next(keys), b, gamma=0.99)))
+                fields(buf.sample_transitions(next(keys), b, gamma=0.99)))
         times = {k: [] for k in cases}
         for fn in cases.values():
             fn(), fn()
