@@ -93,7 +93,15 @@ class FlashbaxBincount(Flashbax):
     name = "flashbax-bincount"
 
     def __init__(self, item, capacity):
-        super().__init__(item, capacity, device="tpu")
+        # flashbax falls back to its CPU update when the named device is absent; let it keep "tpu".
+        from flashbax.buffers import prioritised_item_buffer, prioritised_trajectory_buffer
+
+        saved = prioritised_item_buffer.validate_device, prioritised_trajectory_buffer.validate_device
+        prioritised_item_buffer.validate_device = prioritised_trajectory_buffer.validate_device = lambda device: True
+        try:
+            super().__init__(item, capacity, device="tpu")
+        finally:
+            prioritised_item_buffer.validate_device, prioritised_trajectory_buffer.validate_device = saved
 
 
 def set_runner(impl, mode: str, n: int, with_sample: bool = False):
