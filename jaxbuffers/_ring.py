@@ -30,12 +30,13 @@ _LOW_BITS = 30
 LOW_MASK = (1 << _LOW_BITS) - 1  # largest low word of a two-word counter
 
 
-def check_batch_fits(batch_size: int, capacity: int, what: str = "batch") -> None:
-    """Raise ``ValueError`` unless ``0 < batch_size <= capacity`` (trace time: shapes are static)."""
+def check_batch_fits(batch_size: int, capacity: int, what: str = "batch", size_name: str = "capacity") -> None:
+    """Raise ``ValueError`` unless ``0 < batch_size <= capacity`` (trace time: shapes are static);
+    ``size_name`` is the name of the ring's size in the buffer's ``create``."""
     if batch_size > capacity:
         raise ValueError(
-            f"{what}: a batch of {batch_size} items does not fit a ring of capacity {capacity}; "
-            f"split it or create the buffer with capacity >= {batch_size}"
+            f"{what}: a batch of {batch_size} items does not fit a ring of {size_name} {capacity}; "
+            f"split it or create the buffer with {size_name} >= {batch_size}"
         )
     if batch_size < 1:
         raise ValueError(f"{what}: expected at least one item, got {batch_size}")

@@ -481,7 +481,7 @@ def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, termina
     lead = check_batch(spec, step, nd, "step", ("num_envs", "t"))
     if lead[0] != num_envs:
         raise ValueError(f"step: expected leading axis num_envs={num_envs}, got {lead[0]}")
-    _ring.check_batch_fits(1 if nd == 1 else lead[1], length, "step chunk (time axis)")
+    _ring.check_batch_fits(1 if nd == 1 else lead[1], length, "step chunk (time axis)", "length")
     terminated = _flag("terminated", terminated, lead)
     if truncated is None:
         if final_obs is not None:

@@ -69,7 +69,7 @@ class PrioritisedSample(NamedTuple):
     item: Any  # pytree like the example item, leaves [B, ...] with the stored dtypes
     indices: jax.Array  # shape=[B], dtype=int32: physical slots the items were read from
     probabilities: jax.Array  # shape=[B], dtype=float32: P(i) (module doc)
-    importance_weights: jax.Array  # shape=[B], dtype=float32: w_i (module doc), in [0, 1] (0 only when the leaf ratio overflows float32)
+    importance_weights: jax.Array  # shape=[B], dtype=float32: w_i (module doc), in [0, 1] (0 only when the weight underflows float32: a huge leaf ratio or a large beta)
     generations: jax.Array  # shape=[B], dtype=int32: slot generation at sampling; pass to set_priorities
 
 

@@ -45,7 +45,7 @@ class PrioritisedSequenceSample(NamedTuple):
     truncated: jax.Array  # shape=[B, L], dtype=bool
     indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical start slot (tree leaf)
     probabilities: jax.Array  # shape=[B], dtype=float32: P(i)
-    importance_weights: jax.Array  # shape=[B], dtype=float32: w_i, in (0, 1]
+    importance_weights: jax.Array  # shape=[B], dtype=float32: w_i, in [0, 1] (0 only when w_i underflows float32)
     generations: jax.Array  # shape=[B], dtype=int32: generation of the start slot when sampled
 
     @property
@@ -56,7 +56,7 @@ class PrioritisedSequenceSample(NamedTuple):
 
 class PrioritisedTransitionSample(NamedTuple):
     """`jaxbuffers.TransitionSample`'s fields, plus `probabilities`, `importance_weights` (in
-    (0, 1], `jaxbuffers._priority`) and `generations` (what `set_priorities` takes back)."""
+    [0, 1], 0 only when the weight underflows float32; `jaxbuffers._priority`) and `generations` (what `set_priorities` takes back)."""
 
     obs: Any
     action: Any
@@ -177,6 +177,10 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
     def generations(self):
         """Generations of every position, int32 `[num_envs, length]` (`O(capacity)`, for tests and debugging)."""
         return self.generations_at(jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)).reshape(self.buffer.num_envs, -1)
+
+    def num_added(self) -> int:
+        """Exact number of steps ever added per lane (host-side Python int): `jaxbuffers.TrajectoryBuffer.num_added`."""
+        return self.buffer.num_added()
 
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "PrioritisedTrajectoryBuffer":

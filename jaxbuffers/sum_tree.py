@@ -126,7 +126,7 @@ def _descend(levels: tuple, q: jax.Array, u2: jax.Array | None = None) -> jax.Ar
 
 
 class SumMinTree(flax.struct.PyTreeNode):
-    """Sums and minima over `capacity` non-negative leaves in one heap (see the module doc).
+    """Sums and minima over `capacity` non-negative leaves, one array per depth (see the module doc).
 
     Build it with `SumMinTree.create`; every method is pure and returns a new tree or arrays.
 

@@ -332,3 +332,17 @@ def test_prioritised_eager_calls_compile_once_and_equal_jit(compile_counter):
     jax.tree.map(np.testing.assert_array_equal, eager, jitted)
     with pytest.raises(ValueError, match="beta"):
         eager.sample_sequences(jax.random.key(0), 4, beta=-0.5)
+
+
+def test_num_added_and_a_too_long_chunk_name_the_buffer_sizes():
+    """`num_added` as on the uniform buffer; a chunk longer than the lanes names `length`."""
+    step = {"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = PrioritisedTrajectoryBuffer.create(step, num_envs=2, length=5, window_length=2)
+    chunk = {"obs": jnp.zeros((2, 3, 2)), "action": jnp.zeros((2, 3), jnp.int32), "reward": jnp.zeros((2, 3))}
+    for _ in range(3):
+        buf = buf.add(chunk, terminated=jnp.zeros((2, 3), bool))
+    assert buf.num_added() == 9 == buf.buffer.num_added()
+    long = jax.tree.map(lambda x: jnp.concatenate([x, x], axis=1), chunk)
+    for b in (buf, buf.buffer):
+        with pytest.raises(ValueError, match=r"does not fit a ring of length 5; split it or create the buffer with length >= 6"):
+            b.add(long, terminated=jnp.zeros((2, 6), bool))
