@@ -24,7 +24,7 @@ import threading
 import numpy as np
 
 from ._base import ChunkTable, Codec, EncodedBatch, check_decode, import_extra, pack_payloads
-from ._pool import num_threads, parallel_for
+from ._pool import parallel_for
 
 __all__ = ["ZstdCodec", "ZstdDictionary"]
 
@@ -99,7 +99,7 @@ class ZstdDictionary:
         try:
             d = z.train_dictionary(
                 size, [r.tobytes() for r in rows], k=max(8, min(longest, size)), split_point=1.0,
-                level=int(level), threads=min(2, num_threads()),  # a thread per dmer size tried
+                level=int(level), threads=1,  # a trainer thread's malloc arena kept ~11 MB of the process's memory
             )
         except z.ZstdError as exc:
             raise ValueError(
