@@ -327,11 +327,11 @@ def make_train(config: PPOConfig) -> Trainer:
     # two such kernels running at once on a 2-thread pool deadlocked (seen once in a test run,
     # jax 0.10.2). One matrix per QR runs inline; the parameters are the same either way.
     init = lambda keys: lax.map(init_one, keys)  # noqa: E731
-    # Seeds are a vmap axis; a single seed skips the vmap (it cost compile time and throughput) and keeps the axis.
-    if config.num_seeds > 1:
-        run_chunk = jax.vmap(run_chunk_one)
-    else:
-        run_chunk = lambda runner: jax.tree.map(lambda x: x[None], run_chunk_one(jax.tree.map(lambda x: x[0], runner)))  # noqa: E731
+    def run_chunk(runner: RunnerState):
+        # Seeds are a vmap axis; one seed skips the vmap (it cost compile time and throughput) and keeps the axis.
+        if jax.tree.leaves(runner)[0].shape[0] > 1:
+            return jax.vmap(run_chunk_one)(runner)
+        return jax.tree.map(lambda x: x[None], run_chunk_one(jax.tree.map(lambda x: x[0], runner)))
 
     def train(keys: jax.Array):
         def chunk(runner, _):

@@ -55,8 +55,8 @@ class PrioritisedSequenceSample(NamedTuple):
 
 
 class PrioritisedTransitionSample(NamedTuple):
-    """`jaxbuffers.TransitionSample`'s fields, plus `probabilities`, `importance_weights` (in
-    [0, 1], 0 only when the weight underflows float32; `jaxbuffers._priority`) and `generations` (what `set_priorities` takes back)."""
+    """`jaxbuffers.TransitionSample`'s fields, plus `probabilities`, `importance_weights` (in [0, 1], 0 only when
+    the weight underflows float32; `jaxbuffers._priority`) and `generations` (what `set_priorities` takes back)."""
 
     obs: Any
     action: Any

@@ -481,7 +481,7 @@ def test_set_compiles_once(compile_counter):
     assert n() == 0
 
 
-def test_donated_set_updates_the_heap_in_place():
+def test_donated_set_updates_every_depth_in_place():
     """A donated jitted set writes into the arrays it was given (no copy of any depth's array
     allocated for the result), for one entry and for many."""
     for batch in (1, 8, 5000):
@@ -496,7 +496,7 @@ def test_donated_set_updates_the_heap_in_place():
 
 
 @pytest.mark.parametrize("batch", [1, 2, 256])
-def test_donated_set_needs_no_heap_sized_temporary(batch):
+def test_donated_set_needs_no_tree_sized_temporary(batch):
     """A donated update of a few leaves works in place: its compiled program needs no temporary
     buffer of the heap's size (a one-entry write once copied the heap whole)."""
     tree = SumMinTree.create(1 << 16)
