@@ -17,6 +17,11 @@ buffer keeps in a *static* field (not a pytree leaf):
   after a later add of the same program). A write from a state whose version is not the store's current one (adding
   twice to one state: a fork) is refused before anything is written. Errors raised inside callbacks surface as
   `jax.errors.JaxRuntimeError` when the result is used.
+* **Reads are linearisable under threads.** A write marks its slots with its version *before* it puts a byte, and a
+  read checks its slots' versions before and again after it decodes (a sequence lock per slot): a read that
+  overlaps a write of one of its slots raises `StaleBufferError`, so a read returns exactly the entries of the
+  version it asked for or raises, never a later write's frames. Writers are serialised; readers take no lock while
+  they decode, so concurrent reads decode in parallel.
 * Writes cannot be `vmap`-ed (`ValueError: ... cannot be vmapped`): a compressed buffer is one
   host store, so buffers cannot be stacked; `vmap` over sampling keys of one buffer works.
 
@@ -96,7 +101,8 @@ class HostStores:
         self.num_writes = 0  # write callbacks executed (tests count these)
         self.num_rows = 0  # entries put, summed over writes (one row = one slot in every store)
         self.num_reads = 0  # read callbacks executed
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one writer at a time (held for a whole write)
+        self._versions_lock = threading.Lock()  # slot_version and num_reads (held briefly)
         self.closed = False
 
     # Identity semantics on purpose (see module doc): do not define __eq__/__hash__.
@@ -135,11 +141,16 @@ class HostStores:
         Raises:
           StaleBufferError: `version` is not the store's current version (the state was
             already added to: writing again would fork the shared store).
+          ValueError: `datas` do not match the stores (count, rows, item shape or dtype);
+            checked, like the version, before anything is written.
         """
         self._check_open("add")
         version = int(np.asarray(version))
-        sel = np.flatnonzero(np.asarray(valid).reshape(-1))
+        valid = np.asarray(valid).reshape(-1)
+        sel = np.flatnonzero(valid)
         slots = np.asarray(slots).reshape(-1)[sel]
+        datas = [np.asarray(d) for d in datas]
+        self._check_datas(datas, valid.shape[0])
         with self._lock:
             if version != self.version:
                 raise StaleBufferError(
@@ -147,23 +158,38 @@ class HostStores:
                     f"store is at version {self.version}; the store is shared by every state of the "
                     f"buffer, so only the state returned by the last add can be added to"
                 )
-            for store, data in zip(self.stores, datas):
-                if sel.size:
-                    store.put(slots, np.asarray(data)[sel])
-            self.version += 1
+            new = self.version + 1
             if sel.size:
-                self.slot_version[slots] = self.version
+                with self._versions_lock:  # before any byte is put: a read that sees one sees this
+                    self.slot_version[slots] = new
+                for store, data in zip(self.stores, datas):
+                    store.put(slots, data[sel])
+            self.version = new
             self.num_writes += 1
             self.num_rows += int(sel.size)
-            return np.int32(self.version)
+            return np.int32(new)
 
-    def _check_read(self, version, slots: np.ndarray) -> None:
-        """Raise StaleBufferError when a slot in `slots` was rewritten after `version`."""
+    def _check_datas(self, datas: Sequence[np.ndarray], rows: int) -> None:
+        """ValueError unless `datas` holds one `[rows, *item_shape]` array of its store's dtype per store."""
+        if len(datas) != len(self.stores):
+            raise ValueError(f"compressed buffer add: expected {len(self.stores)} arrays (one per leaf {list(self.names)}), got {len(datas)}")
+        for name, store, d in zip(self.names, self.stores, datas):
+            code, shape = store._declared
+            want = (rows, *shape)
+            if d.shape != want or d.dtype != dtype_from_code(code):
+                raise ValueError(
+                    f"compressed buffer add: {name}: expected shape {want} and dtype {dtype_from_code(code)}, "
+                    f"got shape {d.shape} and dtype {d.dtype}"
+                )
+
+    def _check_read(self, version, slots: np.ndarray, *, count: bool = True) -> None:
+        """Raise StaleBufferError when a slot in `slots` was rewritten after `version`, or is being
+        rewritten now (a read checks before and after it decodes: see the module doc)."""
         self._check_open("sample")
         v = int(np.max(np.asarray(version)))
-        with self._lock:
+        with self._versions_lock:
             newest = int(self.slot_version[slots.reshape(-1)].max(initial=0))
-            self.num_reads += 1
+            self.num_reads += count
         if newest > v:
             raise StaleBufferError(
                 f"compressed buffer sample: the buffer state has version {v} but some sampled slots "
@@ -179,9 +205,11 @@ class HostStores:
         buffers, so the result is not copied again). A slot shared between the id arrays is
         decoded once (`host_codecs.CompressedStore.get_many`). Same checks as `read`."""
         ids = [np.asarray(x) for x in ids]
-        self._check_read(version, ids[0] if len(ids) == 1 else np.concatenate([x.reshape(-1) for x in ids]))
+        flat = ids[0] if len(ids) == 1 else np.concatenate([x.reshape(-1) for x in ids])
+        self._check_read(version, flat)
         for store, out in zip(self.stores, outs):
             store.get_many(ids, missing="zeros", outs=out)
+        self._check_read(version, flat, count=False)
 
     def read(self, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
         """Host side of a sample: decode slots `ids[j]` (any shapes `S_j`) from every store.
@@ -197,7 +225,7 @@ class HostStores:
           For store `i` and id array `j`, output `i * len(ids) + j`: shape `S_j + item_shape`, the store's dtype.
 
         Raises:
-          StaleBufferError: a slot was rewritten after `version` (see module doc).
+          StaleBufferError: a slot was rewritten after `version`, or while it was read (see module doc).
         """
         ids = [np.asarray(x) for x in ids]
         flat = np.concatenate([x.reshape(-1) for x in ids]) if ids else np.zeros(0, np.int32)
@@ -213,6 +241,7 @@ class HostStores:
             dec = store.get(flat, missing="zeros", out=out)
             for x, a, b in zip(ids, bounds[:-1], bounds[1:]):
                 outs.append(dec[a:b].reshape(*x.shape, *dec.shape[1:]))
+        self._check_read(version, flat, count=False)
         return tuple(outs)
 
 

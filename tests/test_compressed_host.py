@@ -1,0 +1,192 @@
+"""Tests of jaxbuffers.compressed._host: the host stores' versions under concurrent writers and
+readers (every read returns the entries of the version it asked for, or raises
+StaleBufferError), and write arguments refused before anything is written."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbuffers.compressed import CompressedTrajectoryBuffer, StaleBufferError
+from jaxbuffers.compressed._host import HostStores
+
+FRAME = (6, 7)
+
+
+def _frames(steps: np.ndarray) -> np.ndarray:
+    """One frame per step number, every pixel the step (so a frame names the step that wrote it)."""
+    return np.broadcast_to(np.asarray(steps, np.int32)[:, None, None], (len(steps), *FRAME)).copy()
+
+
+class _Switching:
+    """Run the threads with a tiny GIL switch interval, so they interleave between most bytecodes."""
+
+    def __enter__(self):
+        self.before = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+
+    def __exit__(self, *exc):
+        sys.setswitchinterval(self.before)
+
+
+def _run_threads(targets, seconds: float) -> None:
+    """Run every `targets[i](stop)` in its own thread for `seconds`; re-raise the first failure."""
+    stop, errors = threading.Event(), []
+
+    def guard(fn):
+        try:
+            fn(stop)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=guard, args=(fn,)) for fn in targets]
+    with _Switching():
+        for t in threads:
+            t.start()
+        stop.wait(seconds)
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+    if errors:
+        raise errors[0]
+
+
+def _stress_host_stores(codec: str, seconds: float, writers: int = 2, readers: int = 3, num_slots: int = 6) -> dict:
+    """Writers add steps to a shared `HostStores` (each from the newest published state; a fork
+    is refused), readers decode random slots of whichever state was published last and compare
+    every frame with the step that state says the slot holds. Returns the counts."""
+    host = HostStores(num_slots, codec, [FRAME, FRAME], [np.int32, np.int32], ["obs", "next_obs"])
+    published = {"state": (0, np.full(num_slots, -1, np.int64))}  # (version, slot -> step), swapped whole
+    counts = {"writes": 0, "forks": 0, "reads": 0, "stale": 0}
+    publish = threading.Lock()
+
+    def writer(seed):
+        def run(stop):
+            rng = np.random.default_rng(seed)
+            while not stop.is_set():
+                version, held = published["state"]
+                step = version + 1
+                slots = rng.choice(num_slots, size=int(rng.integers(1, 4)), replace=False)
+                try:
+                    host.write(np.int32(version), slots.astype(np.int32), np.ones(len(slots), bool), _frames([step] * len(slots)), _frames([step + 1] * len(slots)))
+                except StaleBufferError:
+                    counts["forks"] += 1
+                    continue
+                held = held.copy()
+                held[slots] = step
+                with publish:
+                    published["state"] = (version + 1, held)
+                counts["writes"] += 1
+        return run
+
+    def reader(seed):
+        def run(stop):
+            rng = np.random.default_rng(seed)
+            while not stop.is_set():
+                version, held = published["state"]
+                ids = rng.integers(0, num_slots, size=(2, int(rng.integers(1, 8))))
+                try:
+                    obs, nxt = host.read(np.int32(version), ids[0], ids[1])[:2]  # store 0, both id arrays
+                    obs1 = host.read(np.int32(version), ids[0])[1]  # store 1 only
+                except StaleBufferError:
+                    counts["stale"] += 1
+                    continue
+                for got, slot_ids, shift in ((obs, ids[0], 0), (nxt, ids[1], 0), (obs1, ids[0], 1)):
+                    want = np.where(held[slot_ids] >= 0, held[slot_ids] + shift, 0)  # never written: zeros
+                    np.testing.assert_array_equal(got[:, 0, 0], want, err_msg=f"version {version}: frames of another step")
+                    assert (got == got[:, :1, :1]).all(), "a torn frame"
+                counts["reads"] += 1
+        return run
+
+    _run_threads([writer(i) for i in range(writers)] + [reader(100 + i) for i in range(readers)], seconds)
+    return counts
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd:-1"])
+def test_reads_see_their_version_or_raise_under_threads(codec):
+    counts = _stress_host_stores(codec, seconds=2.0)
+    assert counts["writes"] > 20 and counts["reads"] > 20, counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codec", ["none", "rle", "igzip:1", "zstd:-1"])
+def test_reads_see_their_version_or_raise_under_threads_long(codec):
+    counts = _stress_host_stores(codec, seconds=30.0, writers=3, readers=4)
+    assert counts["writes"] > 1000 and counts["reads"] > 1000, counts
+
+
+def test_trajectory_samples_match_their_flags_under_threads():
+    """A thread adding to a compressed trajectory buffer while others sample it: every sampled
+    frame stack is the one of the step the sample's own fields name (the action carries the step
+    number, every pixel of a step's frame is that number mod 251), or the sample raises."""
+    k, n_slots, mod = 4, 8, 251
+    ex = {"obs": jax.ShapeDtypeStruct((k, *FRAME), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    published = {"buf": CompressedTrajectoryBuffer.create(ex, num_envs=1, length=n_slots, frame_stack=k, codec="none")}
+    add = jax.jit(CompressedTrajectoryBuffer.add)
+    sample = jax.jit(lambda b, key: b.sample_transitions(key, 8, n_step=1, gamma=0.9))
+    counts = {"writes": 0, "reads": 0, "stale": 0}
+    no_end = jnp.zeros((1,), bool)
+
+    def writer(stop):
+        t = 0
+        while not stop.is_set():
+            stack = _frames(np.arange(t - k + 1, t + 1) % mod).astype(np.uint8)[None]
+            step = {"obs": jnp.asarray(stack), "action": jnp.asarray([t], jnp.int32), "reward": jnp.zeros(1)}
+            published["buf"] = jax.block_until_ready(add(published["buf"], step, terminated=no_end))
+            counts["writes"] += 1
+            t += 1
+
+    def reader(seed):
+        def run(stop):
+            key = jax.random.key(seed)
+            while not stop.is_set():
+                buf = published["buf"]
+                if not bool(buf.can_sample_transitions(8)):
+                    continue
+                key, sub = jax.random.split(key)
+                try:
+                    s = jax.device_get(sample(buf, sub))
+                except Exception as exc:  # the stale read surfaces from the callback wrapped by JAX
+                    assert "rewritten" in str(exc), exc
+                    counts["stale"] += 1
+                    continue
+                t = s.action.astype(np.int64)
+                np.testing.assert_array_equal(s.obs[:, -1, 0, 0], t % mod, err_msg="obs of another step")
+                np.testing.assert_array_equal(s.next_obs[:, -1, 0, 0], (t + 1) % mod, err_msg="next_obs of another step")
+                np.testing.assert_array_equal(s.obs[:, 0, 0, 0], np.where(t >= k - 1, t - k + 1, 0) % mod)
+                counts["reads"] += 1
+        return run
+
+    _run_threads([writer, reader(1), reader(2)], seconds=4.0)
+    assert counts["writes"] > 20 and counts["reads"] > 5, counts
+
+
+def test_write_refuses_mismatched_arrays_before_writing_anything():
+    host = HostStores(4, "none", [FRAME, FRAME], [np.int32, np.int32], ["obs", "depth"])
+    good = _frames([1, 2])
+    slots, valid = np.array([0, 1], np.int32), np.ones(2, bool)
+    host.write(np.int32(0), slots, valid, good, good)
+    before = [s.get(np.arange(4), missing="zeros").copy() for s in host.stores], host.slot_version.copy()
+    bad_cases = [
+        ((good,), "expected 2 arrays"),
+        ((good, good.astype(np.int16)), "depth: expected shape"),
+        ((good, good[:1]), "depth: expected shape"),
+        ((good[:, :3], good), "obs: expected shape"),
+    ]
+    for datas, match in bad_cases:
+        with pytest.raises(ValueError, match=match):
+            host.write(np.int32(1), slots, valid, *datas)
+        assert host.version == 1 and host.num_writes == 1
+        np.testing.assert_array_equal(host.slot_version, before[1])
+        for s, b in zip(host.stores, before[0]):
+            np.testing.assert_array_equal(s.get(np.arange(4), missing="zeros"), b)
+    host.write(np.int32(1), slots, valid, good + 1, good)  # still usable
+    assert host.version == 2
