@@ -2,7 +2,9 @@
 
 The host half of jaxbuffers' compressed buffers, usable on its own. Importing it needs numpy only; each codec
 imports its optional package when it is created (install them all with the `codecs` extra:
-`pip install 'jaxbuffers[codecs]'`); a codec missing its package raises ImportError naming the extra.
+`pip install 'jaxbuffers[codecs]'`); a codec missing its package raises ImportError naming the extra. A
+`CompressedStore` imports `xxhash` (a dependency of jaxbuffers) when created: it checksums every entry, and a read
+raises `CorruptEntryError` naming the slots whose bytes changed.
 
 * `NoneCodec` (`"none"`, numpy only): raw bytes.
 * `RLECodec` (`"rle"`, numba): run-length coding of the raw words of any numeric dtype,
@@ -27,7 +29,7 @@ Example:
   array([3., 4., 5.], dtype=float32)
 """
 
-from ._base import DTYPES, Codec, EncodedBatch, dtype_from_code
+from ._base import DTYPES, Codec, CorruptEntryError, EncodedBatch, dtype_from_code
 from ._pool import num_threads, parallel_for, set_num_threads
 from .gzip import IgzipCodec
 from .raw import NoneCodec
@@ -37,7 +39,7 @@ from .store import CompressedStore
 from .zstd import ZstdCodec, ZstdDictionary
 
 __all__ = [
-    "DTYPES", "Codec", "CompressedStore", "EncodedBatch", "IgzipCodec", "NoneCodec", "RLECodec", "ZstdCodec",
+    "DTYPES", "Codec", "CompressedStore", "CorruptEntryError", "EncodedBatch", "IgzipCodec", "NoneCodec", "RLECodec", "ZstdCodec",
     "ZstdDictionary", "available_codecs", "codec_for_tag", "dtype_from_code", "get_codec", "known_codecs",
     "num_threads", "parallel_for", "set_num_threads",
 ]

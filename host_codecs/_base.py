@@ -16,7 +16,7 @@ from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ALIGN", "DTYPES", "ChunkTable", "Codec", "EncodedBatch", "dtype_code", "dtype_from_code"]
+__all__ = ["ALIGN", "DTYPES", "ChunkTable", "Codec", "CorruptEntryError", "EncodedBatch", "dtype_code", "dtype_from_code"]
 
 #: Every payload starts on a multiple of this many bytes (in encoded batches and in the arena),
 #: so codecs may view a payload as uint16/32/64 words without unaligned access.
@@ -30,6 +30,10 @@ DTYPES: tuple[np.dtype, ...] = tuple(
               "float16", "float32", "float64", "complex64", "complex128")
 )
 _DTYPE_TO_CODE = {d: i for i, d in enumerate(DTYPES)}
+
+
+class CorruptEntryError(ValueError):
+    """A stored entry's bytes (its payload or its index row) differ from what was written."""
 
 
 def ceil_align(n):

@@ -1,7 +1,9 @@
 """`igzip`: raw DEFLATE streams (RFC 1951) compressed and decompressed with Intel ISA-L.
 
 Uses `isal.igzip_lib` with `COMP_DEFLATE` / `DECOMP_DEFLATE`: no gzip header or CRC, whose
-per-payload cost is large for payloads of a few kilobytes. Levels 0-3 are ISA-L's (0 fastest,
+per-payload cost is large for payloads of a few kilobytes (a `host_codecs.CompressedStore` checks
+every entry's bytes itself). Decoding stops one byte past the entry's size, so a corrupt stream
+never inflates beyond it. Levels 0-3 are ISA-L's (0 fastest,
 3 smallest); the default is 1. A batch is split over the thread pool; ISA-L releases the GIL.
 """
 
@@ -52,13 +54,18 @@ class IgzipCodec(Codec):
 
         def work(start: int, stop: int) -> None:
             for t in range(start, stop):
-                try:
-                    data = lib.decompress(chunk[offs[t] : offs[t] + lens[t]], lib.DECOMP_DEFLATE, bufsize=max(nbytes, 1))
+                dec = lib.IgzipDecompressor(lib.DECOMP_DEFLATE)
+                try:  # at most one byte more than the entry's size: a corrupt stream cannot inflate further
+                    data = dec.decompress(chunk[offs[t] : offs[t] + lens[t]], nbytes + 1)
                 except lib.error as exc:
                     errors.append(str(exc))
                     return
-                if len(data) != nbytes:
-                    errors.append(f"decoded {len(data)} bytes, expected {nbytes}")
+                if len(data) > nbytes:
+                    errors.append(f"the stream inflates past the entry's {nbytes} bytes")
+                    return
+                if len(data) < nbytes or not dec.eof or dec.unused_data:
+                    errors.append(f"the stream gives {len(data)} bytes (expected {nbytes}), "
+                                  f"{'ends' if dec.eof else 'does not end'} there, and has {len(dec.unused_data)} bytes after its end")
                     return
                 out[rws[t]] = np.frombuffer(data, dtype=np.uint8)
 

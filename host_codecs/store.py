@@ -2,7 +2,7 @@
 
 Layout (plain numpy arrays, simple to persist):
 
-* index, one row per slot (16 bytes per slot):
+* index, one row per slot (20 bytes per slot):
 
   ```
   chunk   # shape=(num_slots,), dtype=int32,  arena chunk id, -1 = empty slot
@@ -11,11 +11,19 @@ Layout (plain numpy arrays, simple to persist):
   codec   # shape=(num_slots,), dtype=uint8,  codec tag (host_codecs.registry)
   meta    # shape=(num_slots,), dtype=uint8,  the codec's byte (RLE: count width; zstd: 1 with the dictionary)
   layout  # shape=(num_slots,), dtype=uint16, id into the layout table
+  check   # shape=(num_slots,), dtype=uint32, the entry's checksum (below)
   ```
 
 * layout table: layout id -> (dtype code, shape), shared by every entry of that dtype and shape.
   So every entry records its codec, dtype and shape, and decode never guesses.
 * arena: the payload bytes (`host_codecs.arena`).
+
+Checksums: an entry's `check` is the low 32 bits of XXH3-64 of its payload seeded with its slot id, XOR
+`codec | meta << 8 | layout << 16`. Every read verifies the entries it decodes before decoding them and raises
+`host_codecs.CorruptEntryError` naming the store and the slots whose payload, length, offset, chunk, codec, meta byte
+or layout changed since they were written (any change of codec, meta or layout always; a changed payload, offset or
+length unless the hashes collide, about 1 in 4e9); a payload moved to another slot fails too. The other chunk ids
+below -1 are refused as corrupt, never read as empty.
 
 Concurrency: one lock guards the index and the arena. `put` encodes outside the lock, then under it copies the
 payloads into never-used arena space and only then publishes the index rows. `get` snapshots the index rows and the
@@ -50,7 +58,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, ceil_align, dtype_code, dtype_from_code
+from ._base import ALIGN, Codec, CorruptEntryError, ceil_align, dtype_code, dtype_from_code
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
 from .registry import CODECS, codec_for_tag, get_codec
@@ -62,6 +70,24 @@ _NUM_TAGS = max(c.tag for c in CODECS.values()) + 1
 _MAX_SAMPLE_BYTES = 64 << 20  # most bytes of entries (at least 8 entries) a dictionary is built from
 _MAX_DICTIONARY_BYTES = 1 << 20
 _READ_SHARD_BYTES = 1 << 20  # decoding is fast per byte: a smaller shard does not pay for a thread
+_HASH = None  # xxhash.xxh3_64_intdigest, imported by the first store (a declared dependency)
+
+
+def _payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
+    """# shape=(k,), dtype=uint32: the low 32 bits of XXH3-64 of each payload seeded with its slot
+    id (`chunk_ids`, `offsets`, `lengths`, `slots`: # shape=(k,), integer arrays; a payload past
+    its chunk's end is hashed as far as it goes, so its sum differs)."""
+    views = {c: memoryview(chunks[c]) for c in np.unique(chunk_ids).tolist()}
+    sums = [
+        _HASH(views[c][o : o + n], s)
+        for c, o, n, s in zip(chunk_ids.tolist(), offsets.tolist(), lengths.tolist(), slots.tolist())
+    ]
+    return (np.array(sums, np.uint64) & 0xFFFFFFFF).astype(np.uint32)
+
+
+def _fields(tag, meta, layout) -> np.ndarray:
+    """# dtype=uint32: `tag | meta << 8 | layout << 16`, the index fields an entry's check covers exactly."""
+    return np.asarray(tag, np.uint32) | np.asarray(meta, np.uint32) << 8 | np.asarray(layout, np.uint32) << 16
 
 
 def _integer_ids(slots: Any, field: str) -> np.ndarray:
@@ -112,6 +138,7 @@ class CompressedStore:
         without a dictionary, and `dictionary_error` says why.
       dictionary_samples: entries to build the dictionary from (fewer for large entries: at most
         64 MiB of them, at least 8).
+      name: what error messages call this store (e.g. the field it holds).
 
     Raises:
       ValueError: bad sizes, a bad codec, or `dictionary_bytes` with a codec other than zstd.
@@ -121,15 +148,20 @@ class CompressedStore:
     def __init__(
         self, num_slots: int, codec: "str | Codec" = "rle", *, item_shape: tuple[int, ...] | None = None,
         dtype: Any = None, chunk_bytes: int = 64 << 20, min_chunk_bytes: int = 64 << 10,
-        max_dead_fraction: float = 0.25, dictionary_bytes: int = 0, dictionary_samples: int = 1024,
+        max_dead_fraction: float = 0.25, dictionary_bytes: int = 0, dictionary_samples: int = 1024, name: str = "",
     ):
-        for name, v, lo, hi in (
+        global _HASH
+        if _HASH is None:
+            import xxhash
+
+            _HASH = xxhash.xxh3_64_intdigest
+        for arg, v, lo, hi in (
             ("num_slots", num_slots, 1, None),
             ("dictionary_bytes", dictionary_bytes, 0, _MAX_DICTIONARY_BYTES),
             ("dictionary_samples", dictionary_samples, 1, None),
         ):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or (hi is not None and v > hi):
-                raise ValueError(f"{name}: expected an int in [{lo}, {hi or 'inf'}], got {v!r}")
+                raise ValueError(f"{arg}: expected an int in [{lo}, {hi or 'inf'}], got {v!r}")
         if not (ALIGN <= min_chunk_bytes <= chunk_bytes <= MAX_CHUNK_BYTES):
             raise ValueError(
                 f"chunk sizes: expected {ALIGN} <= min_chunk_bytes <= chunk_bytes <= {MAX_CHUNK_BYTES}, "
@@ -140,6 +172,7 @@ class CompressedStore:
         if (item_shape is None) != (dtype is None):
             raise ValueError("item_shape and dtype: give both or neither")
         self.num_slots = int(num_slots)
+        self.name = str(name)
         self.codec = get_codec(codec)
         if dictionary_bytes and self.codec.name != "zstd":
             raise ValueError(f"dictionary_bytes: dictionaries are for the zstd codec, this store's codec is {self.codec.spec!r}")
@@ -166,6 +199,7 @@ class CompressedStore:
         self._codec = np.zeros(n, dtype=np.uint8)  # shape=(num_slots,), uint8: codec tag
         self._meta = np.zeros(n, dtype=np.uint8)  # shape=(num_slots,), uint8
         self._layout = np.zeros(n, dtype=np.uint16)  # shape=(num_slots,), uint16
+        self._check = np.zeros(n, dtype=np.uint32)  # shape=(num_slots,), uint32: see the module doc
         self._layouts: list[tuple[int, tuple[int, ...]]] = []  # layout id -> (dtype code, shape)
         self._layout_ids: dict[tuple[int, tuple[int, ...]], int] = {}
         self._layout_nbytes = np.zeros(0, dtype=np.int64)  # shape=(num_layouts,), int64
@@ -177,7 +211,7 @@ class CompressedStore:
         self._lock = threading.Lock()
 
     def _index(self) -> tuple[np.ndarray, ...]:
-        return self._chunk, self._offset, self._length, self._codec, self._meta, self._layout
+        return self._chunk, self._offset, self._length, self._codec, self._meta, self._layout, self._check
 
     def _slots(self, slots: Any, field: str = "slots") -> np.ndarray:
         """Slot ids as int64, negative ones wrapped; TypeError / IndexError for bad ids."""
@@ -251,12 +285,14 @@ class CompressedStore:
         enc = cdc.encode_batch(rows, a.dtype) if dictionary is None else cdc.encode_batch(rows, a.dtype, dictionary)
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
+        sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s)
         with self._lock:
             lid = self._layout_id(code, item_shape)
             chunk_ids, offsets = self._arena.place(enc.buffer, enc.offsets, enc.lengths)
             self._free(s)
             self._chunk[s], self._offset[s], self._length[s] = chunk_ids, offsets, enc.lengths
             self._codec[s], self._meta[s], self._layout[s] = cdc.tag, enc.meta, lid
+            self._check[s] = sums ^ _fields(cdc.tag, enc.meta, lid)
             self._tags[:, cdc.tag] += (b, b * int(self._layout_nbytes[lid]), int(enc.lengths.sum()))
             self._maybe_compact()
 
@@ -346,7 +382,9 @@ class CompressedStore:
 
         Raises:
           KeyError: an empty slot with `missing="raise"` (the message lists them).
-          ValueError: entries of different shapes or dtypes; a bad `missing` or `out`; a corrupt payload.
+          CorruptEntryError: (a ValueError) an entry whose bytes changed since it was written (the message names
+            the store and the slots).
+          ValueError: entries of different shapes or dtypes; a bad `missing` or `out`.
           IndexError, TypeError: bad slot ids.
         """
         return self.get_many([slots], missing=missing, outs=None if out is None else [out])[0]
@@ -381,10 +419,18 @@ class CompressedStore:
         flat = np.concatenate([self._slots(x.reshape(-1)) for x in ss])
         bounds = np.cumsum([0] + [x.size for x in ss]).astype(np.int64)
         with self._lock:  # a snapshot: published payload bytes never change afterwards
-            chunk, offset, length, tag, meta, layout = (a[flat] for a in self._index())
+            chunk, offset, length, tag, meta, layout, check = (a[flat] for a in self._index())
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
         present = np.flatnonzero(chunk >= 0)
-        empty = np.flatnonzero(chunk < 0)
+        empty = np.flatnonzero(chunk == -1)
+        if empty.size + present.size < flat.size:
+            self._corrupt(flat[chunk < -1], "an invalid chunk id")
+        # Each distinct slot is decoded at its first position; the others are copies of it.
+        _, first, inverse = np.unique(flat[present], return_index=True, return_inverse=True)
+        source = present[first[inverse.reshape(-1)]]
+        is_first = source == present
+        pos = present[is_first]  # positions decoded, ascending
+        self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos])
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
             raise KeyError(
@@ -413,11 +459,6 @@ class CompressedStore:
             views[j][out_row[out_j == j]] = 0
         if not present.size or not nbytes:
             return results
-        # Each distinct slot is decoded at its first position; the others are copies of it.
-        _, first, inverse = np.unique(flat[present], return_index=True, return_inverse=True)
-        source = present[first[inverse.reshape(-1)]]
-        is_first = source == present
-        pos = present[is_first]  # positions decoded, ascending
         pos_out, pos_row = _out_of(pos, bounds)
         chunk, offset, length = chunk.astype(np.int64), offset.astype(np.int64), length.astype(np.int64)
 
@@ -437,6 +478,29 @@ class CompressedStore:
             sel = pair == k
             views[k % len(views)][dst_row[sel]] = views[k // len(views)][src_row[sel]]
         return results
+
+    def _corrupt(self, slots: np.ndarray, why: str):
+        ids = np.unique(slots)
+        raise CorruptEntryError(
+            f"CompressedStore{' ' + repr(self.name) if self.name else ''}: slots {ids[:10].tolist()}"
+            + (f" and {ids.size - 10} more" if ids.size > 10 else "")
+            + f" are corrupt ({why}): their bytes changed after they were written"
+        )
+
+    def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check) -> None:
+        """Raise CorruptEntryError naming the slots whose entries fail their checksum (module doc)."""
+        if not slots.size:
+            return
+        ids, inv = np.unique(chunk, return_inverse=True)
+        sizes = np.array([table[c].shape[0] if c in table else -1 for c in ids.tolist()], np.int64)[inv.reshape(-1)]
+        if (sizes < 0).any():
+            self._corrupt(slots[sizes < 0], "an arena chunk id the store does not hold")
+        past = offset.astype(np.int64) + length > sizes
+        if past.any():
+            self._corrupt(slots[past], "a payload past the end of its arena chunk")
+        bad = _payload_sums(table, chunk, offset, length, slots) ^ _fields(tag, meta, layout) != check
+        if bad.any():
+            self._corrupt(slots[bad], "checksum mismatch")
 
     @staticmethod
     def _output(outs, j: int, shape: tuple[int, ...], dtype: np.dtype, m: int) -> np.ndarray:

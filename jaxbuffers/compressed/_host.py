@@ -85,14 +85,14 @@ class HostStores:
             dictionary_bytes = DEFAULT_DICTIONARY_BYTES if zstd else 0
         elif dictionary_bytes and not zstd:
             raise ValueError(f"dictionary_bytes: dictionaries are for zstd codecs, got codec={codec!r} (pass 0 or None)")
-        self.names = tuple(names)
+        self.names = tuple(str(n) for n in names)
         self.stores = [
             CompressedStore(
                 num_slots, codec, item_shape=tuple(s), dtype=d, chunk_bytes=chunk_bytes,
                 min_chunk_bytes=min(64 << 10, chunk_bytes),  # buffers expose only chunk_bytes
-                dictionary_bytes=dictionary_bytes,
+                dictionary_bytes=dictionary_bytes, name=n,
             )
-            for s, d in zip(item_shapes, dtypes)
+            for s, d, n in zip(item_shapes, dtypes, self.names)
         ]
         self.num_slots = int(num_slots)
         self.codec = codec
