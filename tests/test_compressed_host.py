@@ -127,7 +127,7 @@ def test_trajectory_samples_match_their_flags_under_threads():
     """A thread adding to a compressed trajectory buffer while others sample it: every sampled
     frame stack is the one of the step the sample's own fields name (the action carries the step
     number, every pixel of a step's frame is that number mod 251), or the sample raises."""
-    k, n_slots, mod = 4, 8, 251
+    k, n_slots, mod = 4, 16, 251
     ex = {"obs": jax.ShapeDtypeStruct((k, *FRAME), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     published = {"buf": CompressedTrajectoryBuffer.create(ex, num_envs=1, length=n_slots, frame_stack=k, codec="none")}
     add = jax.jit(CompressedTrajectoryBuffer.add)
@@ -135,22 +135,27 @@ def test_trajectory_samples_match_their_flags_under_threads():
     counts = {"writes": 0, "reads": 0, "stale": 0}
     no_end = jnp.zeros((1,), bool)
 
+    def step(t):
+        stack = _frames(np.arange(t - k + 1, t + 1) % mod).astype(np.uint8)[None]
+        return {"obs": jnp.asarray(stack), "action": jnp.asarray([t], jnp.int32), "reward": jnp.zeros(1)}
+
+    for t in range(n_slots):  # compiled before the threads start, and sampleable
+        published["buf"] = add(published["buf"], step(t), terminated=no_end)
+    jax.block_until_ready(sample(published["buf"], jax.random.key(0)))
+
     def writer(stop):
-        t = 0
+        t = n_slots
         while not stop.is_set():
-            stack = _frames(np.arange(t - k + 1, t + 1) % mod).astype(np.uint8)[None]
-            step = {"obs": jnp.asarray(stack), "action": jnp.asarray([t], jnp.int32), "reward": jnp.zeros(1)}
-            published["buf"] = jax.block_until_ready(add(published["buf"], step, terminated=no_end))
+            published["buf"] = jax.block_until_ready(add(published["buf"], step(t), terminated=no_end))
             counts["writes"] += 1
             t += 1
+            time.sleep(0.001 * (t % 2))  # every other rewrite waits: some samples finish between them
 
     def reader(seed):
         def run(stop):
             key = jax.random.key(seed)
             while not stop.is_set():
                 buf = published["buf"]
-                if not bool(buf.can_sample_transitions(8)):
-                    continue
                 key, sub = jax.random.split(key)
                 try:
                     s = jax.device_get(sample(buf, sub))
