@@ -11,12 +11,13 @@ isal, zstandard) only when a codec object is created.
 from __future__ import annotations
 
 import importlib
+import operator
 from dataclasses import dataclass
 from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ALIGN", "DTYPES", "ChunkTable", "Codec", "CorruptEntryError", "EncodedBatch", "dtype_code", "dtype_from_code"]
+__all__ = ["ALIGN", "DTYPES", "as_array", "ChunkTable", "Codec", "CorruptEntryError", "EncodedBatch", "dtype_code", "dtype_from_code"]
 
 #: Every payload starts on a multiple of this many bytes (in encoded batches and in the arena),
 #: so codecs may view a payload as uint16/32/64 words without unaligned access.
@@ -41,6 +42,15 @@ def ceil_align(n):
     return (n + (ALIGN - 1)) // ALIGN * ALIGN
 
 
+def as_array(x, field: str) -> np.ndarray:
+    """`np.asarray(x)`, or a TypeError naming `field` for what numpy cannot make one array of (ragged
+    nesting, a tensor that refuses conversion)."""
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"{field}: expected an array, got {type(x).__name__} that numpy cannot convert ({exc})") from None
+
+
 def dtype_code(dtype, *, field: str = "arrays") -> int:
     """The stored code of a supported dtype (its position in `DTYPES`).
 
@@ -52,7 +62,10 @@ def dtype_code(dtype, *, field: str = "arrays") -> int:
       TypeError: `dtype` is not in `DTYPES` in native byte order (object, string, structured and
         byte-swapped dtypes are refused, never converted).
     """
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{field}: expected a numeric dtype, one of {[d.name for d in DTYPES]}, got {dtype!r}") from None
     code = _DTYPE_TO_CODE.get(dt)
     if code is None:
         if dt.byteorder not in ("=", "|") and dt.newbyteorder("=") in _DTYPE_TO_CODE:
@@ -271,7 +284,7 @@ class Codec:
     def encode(self, array: np.ndarray) -> bytes:
         """Encode one array to `bytes`: its meta byte, then its payload (the dtype and shape are
         not stored; a `CompressedStore` records them)."""
-        a = np.ascontiguousarray(array)
+        a = np.ascontiguousarray(as_array(array, "array"))
         dtype_code(a.dtype, field="array")
         enc = self.encode_batch(a.reshape(1, -1).view(np.uint8), a.dtype)
         o, n = int(enc.offsets[0]), int(enc.lengths[0])
@@ -281,11 +294,20 @@ class Codec:
         """Inverse of `encode`, given the dtype and shape the caller recorded.
 
         Raises:
-          ValueError: a corrupt payload.
+          TypeError: `payload` is not bytes, `dtype` not a supported dtype, `shape` not a sequence of ints.
+          ValueError: an empty `payload` (no meta byte), a negative size in `shape`, a corrupt payload.
         """
-        dtype = np.dtype(dtype)
-        dtype_code(dtype, field="dtype")
-        shape = tuple(int(s) for s in shape)
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"payload: expected the bytes `encode` returned, got {type(payload).__name__}")
+        if len(payload) < 1:
+            raise ValueError("payload: expected the bytes `encode` returned (a meta byte, then the codec's payload), got none")
+        dtype = dtype_from_code(dtype_code(dtype, field="dtype"))
+        try:
+            shape = tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"shape: expected a sequence of ints, got {shape!r}") from None
+        if any(s < 0 for s in shape):
+            raise ValueError(f"shape: expected non-negative sizes, got {shape}")
         body = np.frombuffer(payload, dtype=np.uint8)
         chunk = np.zeros(ceil_align(len(body) - 1), dtype=np.uint8)
         chunk[: len(body) - 1] = body[1:]

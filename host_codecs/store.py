@@ -58,7 +58,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, ceil_align, dtype_code, dtype_from_code
+from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
 from .registry import CODECS, codec_for_tag, get_codec
@@ -92,7 +92,7 @@ def _fields(tag, meta, layout) -> np.ndarray:
 
 def _integer_ids(slots: Any, field: str) -> np.ndarray:
     """`slots` as an integer array of any integer dtype; TypeError for anything else."""
-    s = np.asarray(slots)
+    s = as_array(slots, field)
     if s.size == 0 and s.dtype == np.float64:  # np.asarray([]) is float64: an empty id list
         s = s.astype(np.int64)
     if s.dtype == np.bool_ or not np.issubdtype(s.dtype, np.integer):
@@ -254,20 +254,25 @@ class CompressedStore:
           TypeError: an unsupported dtype or non-integer slots.
           ValueError: a batch size, or a declared shape or dtype, that does not match.
           IndexError: a slot out of range.
+        (Every argument is checked before anything is stored.)
         """
+        self._put(slots, arrays, codec, "slots", "arrays")
+
+    def _put(self, slots: Any, arrays: Any, codec, ids: str, values: str) -> None:
+        """`put`, its error messages naming the arguments `ids` and `values`."""
         cdc = self.codec if codec is None else get_codec(codec)
-        s = self._slots(slots)
+        s = self._slots(slots, ids)
         if s.ndim != 1:
-            raise ValueError(f"slots: expected a 1-D array of slot ids, got shape {s.shape}")
-        a = np.asarray(arrays)
+            raise ValueError(f"{ids}: expected a 1-D array of slot ids, got shape {s.shape}")
+        a = as_array(arrays, values)
         if a.ndim < 1 or a.shape[0] != s.shape[0]:
-            raise ValueError(f"arrays: expected a leading batch axis of {s.shape[0]} (one per slot), got shape {a.shape}")
-        code = dtype_code(a.dtype)
+            raise ValueError(f"{values}: expected a leading batch axis of {s.shape[0]} (one per slot), got shape {a.shape}")
+        code = dtype_code(a.dtype, field=values)
         item_shape = tuple(int(d) for d in a.shape[1:])
         if self._declared is not None and (code, item_shape) != self._declared:
             dcode, dshape = self._declared
             raise ValueError(
-                f"arrays: this store holds items of shape {dshape} and dtype "
+                f"{values}: this store holds items of shape {dshape} and dtype "
                 f"{dtype_from_code(dcode)}, got shape {item_shape} and dtype {a.dtype}"
             )
         if s.size == 0:
@@ -387,7 +392,7 @@ class CompressedStore:
           ValueError: entries of different shapes or dtypes; a bad `missing` or `out`.
           IndexError, TypeError: bad slot ids.
         """
-        return self.get_many([slots], missing=missing, outs=None if out is None else [out])[0]
+        return self._get_many([slots], missing, None if out is None else [out], "slots")[0]
 
     def get_many(
         self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None
@@ -409,14 +414,21 @@ class CompressedStore:
         Raises:
           ValueError: as `get`, or `outs` does not have one array per slot array.
         """
-        if missing not in ("raise", "zeros"):
+        return self._get_many(slot_arrays, missing, outs, "slot_arrays")
+
+    def _get_many(self, slot_arrays, missing, outs, field: str) -> list[np.ndarray]:
+        """`get_many`, its errors naming the slot ids `field` (`field[j]` for array `j` of several)."""
+        if not isinstance(missing, str) or missing not in ("raise", "zeros"):
             raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")
-        ss = [_integer_ids(x, "slots") for x in slot_arrays]
-        if not ss:
-            raise ValueError("slot_arrays: expected at least one array of slot ids, got none")
-        if outs is not None and len(outs) != len(ss):
-            raise ValueError(f"outs: expected {len(ss)} arrays (one per slot array), got {len(outs)}")
-        flat = np.concatenate([self._slots(x.reshape(-1)) for x in ss])
+        if not isinstance(slot_arrays, (list, tuple)):
+            raise TypeError(f"{field}: expected a list of slot id arrays, got {type(slot_arrays).__name__}")
+        if not slot_arrays:
+            raise ValueError(f"{field}: expected at least one array of slot ids, got none")
+        if outs is not None and (not isinstance(outs, (list, tuple)) or len(outs) != len(slot_arrays)):
+            raise ValueError(f"outs: expected a list of {len(slot_arrays)} arrays (one per slot array), got {outs!r:.80}")
+        names = [field] if len(slot_arrays) == 1 else [f"{field}[{j}]" for j in range(len(slot_arrays))]
+        ss = [_integer_ids(x, n) for x, n in zip(slot_arrays, names)]
+        flat = np.concatenate([self._slots(x.reshape(-1), n) for x, n in zip(ss, names)])
         bounds = np.cumsum([0] + [x.size for x in ss]).astype(np.int64)
         with self._lock:  # a snapshot: published payload bytes never change afterwards
             chunk, offset, length, tag, meta, layout, check = (a[flat] for a in self._index())
@@ -526,10 +538,14 @@ class CompressedStore:
             return self._chunk[s] >= 0
 
     def _key(self, key: Any) -> tuple[np.ndarray, bool]:
+        """Slot ids (int64, wrapped) of `store[key]` and whether `key` is one int."""
         if isinstance(key, slice):
-            return np.arange(self.num_slots)[key], False
+            try:
+                return np.arange(*key.indices(self.num_slots)), False
+            except (TypeError, ValueError) as exc:
+                raise (type(exc))(f"key: a slice of slot ids with int bounds and a non-zero step, got {key} ({exc})") from None
         scalar = isinstance(key, (int, np.integer)) and not isinstance(key, bool)
-        return np.asarray([key] if scalar else key), scalar
+        return self._slots([key] if scalar else key, "key"), scalar
 
     def __getitem__(self, key: Any) -> np.ndarray:
         """`store[i]` -> one array; `store[ids]` / `store[a:b]` -> a batch (see `get`)."""
@@ -539,7 +555,7 @@ class CompressedStore:
     def __setitem__(self, key: Any, value: Any) -> None:
         """`store[i] = array` or `store[ids] = batch` (see `put`)."""
         s, scalar = self._key(key)
-        self.put(s, np.asarray(value)[None] if scalar else value)
+        self._put(s, as_array(value, "value")[None] if scalar else value, None, "key", "value")
 
     def __len__(self) -> int:
         return self.num_slots

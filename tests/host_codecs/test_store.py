@@ -571,6 +571,6 @@ def test_unsigned_ids_past_int64_are_refused_not_wrapped():
     store.put(np.arange(10), np.arange(10, dtype=np.int32)[:, None])
     huge = np.array([2**64 - 1], np.uint64)  # as int64 this is -1, i.e. slot 9
     for call in (lambda: store.get(huge), lambda: store.get_many([np.array([0]), huge]), lambda: store.put(huge, np.zeros((1, 1), np.int32))):
-        with pytest.raises(IndexError, match="slots: slot 18446744073709551615 out of range"):
+        with pytest.raises(IndexError, match=r"(slots|slot_arrays\[1\]): slot 18446744073709551615 out of range"):
             call()
     assert store.get(np.array([9], np.uint64)).tolist() == [[9]]
