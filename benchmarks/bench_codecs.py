@@ -10,6 +10,14 @@ Prints ``_common`` rows, ``impl="ours"``, ``variant`` = the codec, ``anchor="mem
 * ``mode="store_get256"``: ``CompressedStore.get`` of 256 random slots out of the whole data set
   (index snapshot, grouping by arena chunk, decode), all threads.
 
+* ``mode="checksum"`` (also alone with ``--checksums``): what the store's per-entry checksums cost,
+  ``CompressedStore.put`` of 256 single frames and ``get`` of 256 random ones (a compressed buffer's host
+  add and sample), timed interleaved in one process with the checksums on (``impl="ours"``) and replaced
+  by zeros (``impl="no-checksum"``, the anchor; ``ratio`` < 1: the checksums' cost, ``overhead_pct``).
+  Before them, ``checksum_function/<size>B`` rows: one call of each candidate checksum (``impl``: xxhash's
+  ``xxh3_64`` (the store's, the anchor), ``xxh32``, ``zlib.crc32``, isal's ``crc32``) on a payload of a
+  compressed frame's size (100, 1,000 B) and of a raw frame (7,056 B), as the store calls it per entry.
+
 ``zstd:-1/dict``: zstd level -1 with a dictionary (``ZstdDictionary.train``, at most 32 KiB, the
 compressed buffers' default) built from other frames of the same game (frames 2048-3071; in the
 store case the store builds its own from its first 1,024 entries).
@@ -18,7 +26,7 @@ MB/s are of raw (decoded) bytes, 1 MB = 1e6 bytes; ``compression_ratio`` = raw b
 bytes; the memcpy bandwidth is ``np.copyto`` of 256 MiB (64 MiB with ``--quick``). Medians of
 several repetitions.
 
-Usage: ``python benchmarks/bench_codecs.py [--quick] [--codecs rle,igzip:1]``
+Usage: ``python benchmarks/bench_codecs.py [--quick] [--checksums] [--codecs rle,igzip:1]``
 """
 
 from __future__ import annotations
@@ -34,9 +42,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _common import data_file, emit, header, row  # noqa: E402
+from _common import data_file, emit, header, interleaved, row  # noqa: E402
 
 import host_codecs  # noqa: E402
+import host_codecs.store  # noqa: E402
 from host_codecs import CompressedStore, get_codec  # noqa: E402
 from host_codecs._base import ChunkTable  # noqa: E402
 
@@ -114,10 +123,77 @@ def bench_batches(codec, items: np.ndarray, batch: int, reps: int):
     return t_enc, t_dec, int(sum(int(e.lengths.sum()) for e in encs))
 
 
+def _no_checksums(fn):
+    """`fn` run with every entry checksum replaced by 0 (puts store 0, gets compare against 0)."""
+    real = host_codecs.store._payload_sums
+
+    def run():
+        host_codecs.store._payload_sums = lambda chunks, chunk_ids, *_: np.zeros(len(chunk_ids), np.uint32)
+        try:
+            fn()
+        finally:
+            host_codecs.store._payload_sums = real
+
+    return run
+
+
+def bench_checksum_functions(reps: int) -> None:
+    """Rows of one call of each candidate checksum per payload size (see the module doc)."""
+    import zlib
+
+    import xxhash
+
+    fns = {"xxh3_64": xxhash.xxh3_64_intdigest, "xxh32": xxhash.xxh32_intdigest, "zlib.crc32": zlib.crc32}
+    if "igzip" in host_codecs.available_codecs():
+        from isal import isal_zlib
+
+        fns["isal.crc32"] = isal_zlib.crc32
+    view = memoryview(np.random.default_rng(0).integers(0, 256, 4 << 20, dtype=np.uint8))
+    for size in (100, 1000, 7056):
+        starts = range(0, 2000 * 7064, 7064)
+        runs = {name: (lambda f=f: [f(view[o : o + size]) for o in starts]) for name, f in fns.items()}
+        times = interleaved(runs, reps, per=len(starts))
+        for name, t in times.items():
+            anchor = None if name == "xxh3_64" else "xxh3_64"
+            row(BENCH, f"checksum_function/{size}B", name, t, n=len(starts), repeats=reps, items=size / 1e6, unit="MB/s",
+                anchor=anchor, anchor_seconds=times["xxh3_64"] if anchor else None)
+
+
+def bench_checksums(game: str, frames: np.ndarray, spec: str, reps: int) -> None:
+    """Rows of the checksums' cost on put and get of 256 frames (see the module doc)."""
+    n = len(frames)
+    codec, dictionary = (spec.split("/")[0], 32768) if spec.endswith("/dict") else (spec, 0)
+    stores = {k: CompressedStore(n, codec=codec, dictionary_bytes=dictionary, dictionary_samples=256) for k in ("ours", "no-checksum")}
+    for k, store in stores.items():
+        for s in range(0, n, 256):
+            fill = lambda: store.put(np.arange(s, s + 256), frames[s : s + 256])  # noqa: E731
+            (_no_checksums(fill) if k == "no-checksum" else fill)()
+    rng = np.random.default_rng(0)
+    ids = iter([rng.integers(0, n, 256) for _ in range(10_000)])
+    heads = dict.fromkeys(stores, 0)
+
+    def put(k):  # overwrites the oldest 256 frames, as a replay buffer does
+        s = heads[k] = (heads[k] + 256) % n
+        stores[k].put(np.arange(s, s + 256), frames[s : s + 256])
+
+    ops = {"put256": put, "get256": lambda k: stores[k].get(next(ids))}
+    mb = 256 * frames[0].nbytes / 1e6
+    for op, make in ops.items():
+        runs = {"ours": lambda: make("ours"), "no-checksum": _no_checksums(lambda: make("no-checksum"))}
+        times = interleaved(runs, reps)
+        for impl, t in times.items():
+            anchor = None if impl == "no-checksum" else "no-checksum"
+            row(BENCH, f"{game}/frame84/checksum/{op}", impl, t, n=256, repeats=reps, items=mb, unit="MB/s", anchor=anchor,
+                anchor_seconds=times["no-checksum"] if anchor else None, variant=spec,
+                overhead_pct=round(100 * (t / times["no-checksum"] - 1), 2))
+    np.testing.assert_array_equal(stores["ours"].get(np.arange(n)), frames)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer items and repetitions")
     ap.add_argument("--codecs", default=",".join(DEFAULT_CODECS))
+    ap.add_argument("--checksums", action="store_true", help="only the checksum-cost rows")
     args = ap.parse_args()
     header(BENCH, args.quick)
     if DATA is None:
@@ -141,7 +217,13 @@ def main() -> None:
         "python": platform.python_version(),
     }), flush=True)
 
+    bench_checksum_functions(reps)
     for game, obs in data.items():
+        for spec in ("none", "rle", "igzip:1", "zstd:-1", "zstd:-1/dict"):
+            if spec.split(":")[0] in avail:
+                bench_checksums(game, np.ascontiguousarray(obs[: (1024 if args.quick else 4096), -1]), spec, 5 * reps)
+        if args.checksums:
+            continue
         shapes = {"frame84": (obs[:n_items, -1], obs[2048:3072, -1]), "stack4x84": (obs[:n_items], obs[2048:3072])}
         for shape_name, (items, train_items) in shapes.items():
             raw = items.nbytes
