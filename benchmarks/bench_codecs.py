@@ -13,7 +13,9 @@ Prints ``_common`` rows, ``impl="ours"``, ``variant`` = the codec, ``anchor="mem
 * ``mode="checksum"`` (also alone with ``--checksums``): what the store's per-entry checksums cost,
   ``CompressedStore.put`` of 256 single frames and ``get`` of 256 random ones (a compressed buffer's host
   add and sample), timed interleaved in one process with the checksums on (``impl="ours"``) and replaced
-  by zeros (``impl="no-checksum"``, the anchor; ``ratio`` < 1: the checksums' cost, ``overhead_pct``).
+  by zeros (``impl="no-checksum"``, the anchor; ``ratio`` < 1: the checksums' cost, ``overhead_pct``), and
+  the checksums alone (``impl="checksums-only"``: hashing the 256 entries' payloads, ``overhead_pct`` = its
+  time over the op's without checksums: the cost with less of the machine's noise than the difference).
   Before them, ``checksum_function/<size>B`` rows: one call of each candidate checksum (``impl``: xxhash's
   ``xxh3_64`` (the store's, the anchor), ``xxh32``, ``zlib.crc32``, isal's ``crc32``) on a payload of a
   compressed frame's size (100, 1,000 B) and of a raw frame (7,056 B), as the store calls it per entry.
@@ -176,16 +178,28 @@ def bench_checksums(game: str, frames: np.ndarray, spec: str, reps: int) -> None
         s = heads[k] = (heads[k] + 256) % n
         stores[k].put(np.arange(s, s + 256), frames[s : s + 256])
 
+    def sums(op):  # what put hashes (the encoded batch) or get verifies (entries where they lie), alone
+        store = stores["ours"]
+        if op == "put256":
+            enc = store.codec.encode_batch(frames[:256].reshape(256, -1), np.dtype(np.uint8), *([store.dictionary] if store.dictionary else []))
+            args = ({0: enc.buffer}, np.zeros(256, np.int64), enc.offsets, enc.lengths, np.arange(256))
+        else:
+            i = np.unique(rng.integers(0, n, 256))
+            table = store._arena.table(store.dictionary)
+            args = (table, store._chunk[i], store._offset[i].astype(np.int64), store._length[i].astype(np.int64), i)
+        return lambda: host_codecs.store._payload_sums(*args)
+
     ops = {"put256": put, "get256": lambda k: stores[k].get(next(ids))}
     mb = 256 * frames[0].nbytes / 1e6
     for op, make in ops.items():
-        runs = {"ours": lambda: make("ours"), "no-checksum": _no_checksums(lambda: make("no-checksum"))}
+        runs = {"ours": lambda: make("ours"), "no-checksum": _no_checksums(lambda: make("no-checksum")), "checksums-only": sums(op)}
         times = interleaved(runs, reps)
+        t0 = times["no-checksum"]
         for impl, t in times.items():
-            anchor = None if impl == "no-checksum" else "no-checksum"
+            anchor = "no-checksum" if impl == "ours" else None
             row(BENCH, f"{game}/frame84/checksum/{op}", impl, t, n=256, repeats=reps, items=mb, unit="MB/s", anchor=anchor,
-                anchor_seconds=times["no-checksum"] if anchor else None, variant=spec,
-                overhead_pct=round(100 * (t / times["no-checksum"] - 1), 2))
+                anchor_seconds=t0 if anchor else None, variant=spec,
+                overhead_pct=round(100 * (t / t0 if impl == "checksums-only" else t / t0 - 1), 2))
     np.testing.assert_array_equal(stores["ours"].get(np.arange(n)), frames)
 
 
