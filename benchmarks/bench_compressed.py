@@ -28,6 +28,11 @@ torch's intra-op threads, which stall when a core is busy). So the last cases me
 rle-jit and jaxbuffers (default codec and rle) **in one process, interleaved** (torch threads =
 the CPU count, and 1): the ratios to quote (``anchor="sb3-extra-buffers"``).
 
+The ``checksum`` case measures what the host stores' per-entry checksums cost a jaxbuffers buffer (default
+codec): jitted adds of 500 steps and jitted ``sample_transitions`` of 256, interleaved in one process on two
+buffers of the same transitions, one with the checksums (``impl="ours"``) and one with every checksum replaced by
+zero (``impl="no-checksum"``, the anchor; ``overhead_pct`` = the relative cost).
+
 Output: ``_common`` rows, one per case and metric (``case`` = ``<game>/<metric>``, ``variant`` =
 the buffer and codec): throughputs in transitions/s, memory as ``value`` in bytes/transition;
 then one ``summary`` line per game (which jaxbuffers settings beat each sb3x codec on memory, add
@@ -293,10 +298,67 @@ def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dic
     return rec
 
 
+def run_checksums(game: str, n: int, repeats: int) -> dict:
+    """The ``checksum`` case (module doc): median seconds of a 500-step add and a 256 sample, with
+    the store's checksums on and off."""
+    import jax
+    import jax.numpy as jnp
+
+    import host_codecs.store as hs
+    from jaxbuffers import CompressedTrajectoryBuffer
+
+    obs, nxt, act, rew, term = load(game, n)
+    ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    chunk = 500
+    steps = [({"obs": jnp.asarray(obs[None, a : a + chunk]), "action": jnp.asarray(act[None, a : a + chunk].astype(np.int32)),
+               "reward": jnp.asarray(rew[None, a : a + chunk].astype(np.float32))}, jnp.asarray(term[None, a : a + chunk]))
+             for a in range(0, n - chunk + 1, chunk)]
+    add = jax.jit(lambda b, s, t: b.add(s, terminated=t), donate_argnums=0)
+    sample = jax.jit(lambda b, k: (lambda x: (x.obs, x.action, x.next_obs, x.n_step_return, x.discount))(
+        b.sample_transitions(k, 256, gamma=0.99)))
+    real, zeros = hs._payload_sums, (lambda chunks, chunk_ids, *_: np.zeros(len(chunk_ids), np.uint32))
+    bufs, heads, keys = {}, {"ours": 0, "no-checksum": 0}, iter(jax.random.split(jax.random.key(0), 100_000))
+
+    def run(impl, fn):
+        hs._payload_sums = real if impl == "ours" else zeros
+        try:
+            return jax.block_until_ready(fn())
+        finally:
+            hs._payload_sums = real
+
+    for impl in heads:
+        def fill(impl=impl):
+            b = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=len(steps) * chunk, frame_stack=4, final_obs_capacity=2)
+            for st, t in steps:
+                b = add(b, st, t)
+            return b
+        bufs[impl] = run(impl, fill)
+
+    def add_next(impl):  # the next chunk of the ring (overwrites the oldest)
+        bufs[impl] = run(impl, lambda: add(bufs[impl], *steps[heads[impl] % len(steps)]))
+        heads[impl] += 1
+
+    ops = {"add_chunk500": add_next, "sample_256": lambda impl: run(impl, lambda: sample(bufs[impl], next(keys)))}
+    rec = {}
+    for op, fn in ops.items():
+        times = {impl: [] for impl in heads}
+        fn("ours"), fn("no-checksum")
+        for r in range(repeats):
+            for impl in (list(heads) if r % 2 else list(heads)[::-1]):
+                t0 = time.perf_counter()
+                fn(impl)
+                times[impl].append(time.perf_counter() - t0)
+        for impl, ts in times.items():
+            rec[f"{op}/{impl}"] = statistics.median(ts)
+    return rec
+
+
 def child(args) -> None:
     kind, codec, game, n, repeats = args.case, args.codec, args.game, args.n, args.repeats
     if kind == "side":
         rec = run_side_by_side(game, n, max(repeats, 30), int(codec))
+    elif kind == "checksum":
+        rec = run_checksums(game, n, max(repeats, 30))
     elif kind == "jax":
         # Main buffer filled one transition per call through the StagingWriter (bytes, samples);
         # then the other add paths in fresh buffers (add throughput only; fewer transitions
@@ -320,6 +382,7 @@ def cases():
     out += [("sb3x", c, f"sb3x {c}") for c in SB3X_CODECS]
     out += [("jax", c, f"jaxbuffers {c}") for c in JAX_CODECS]
     out += [("side", str(t), f"side-by-side default and rle vs sb3x rle-jit, torch threads {t}") for t in sorted({os.cpu_count() or 1, 1})]
+    out += [("checksum", None, "checksums on and off")]
     return out
 
 
@@ -335,7 +398,7 @@ def main() -> None:
     args = p.parse_args()
     args.n = args.n or (1000 if args.quick else 20000)
     if args.quick and not args.only:  # smoke run: one case of each kind
-        args.only = "sb3 ReplayBuffer,sb3x rle-jit,jaxbuffers zstd:-1,side-by-side"
+        args.only = "sb3 ReplayBuffer,sb3x rle-jit,jaxbuffers zstd:-1,side-by-side,checksums"
     args.repeats = args.repeats or (5 if args.quick else 15)
     if args.case:
         child(args)
@@ -375,6 +438,14 @@ def rows(game: str, kind: str, name: str, rec: dict, n: int, repeats: int) -> No
     """One ``_common`` row per metric of one case's record."""
     from _common import emit, row
 
+    if kind == "checksum":
+        for key, t in rec.items():
+            op, impl = key.split("/")
+            t0 = rec[f"{op}/no-checksum"]
+            row(BENCH, f"{game}/checksum/{op}", impl, t, n=n, repeats=max(repeats, 30), unit="transitions/s",
+                items=500 if op.startswith("add") else 256, anchor="no-checksum" if impl == "ours" else None,
+                anchor_seconds=t0 if impl == "ours" else None, overhead_pct=round(100 * (t / t0 - 1), 2))
+        return
     if kind == "side":
         for key, tps in rec.items():
             m = re.fullmatch(r"(.+)_tps_(\d+)", key)
