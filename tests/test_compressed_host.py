@@ -195,3 +195,34 @@ def test_write_refuses_mismatched_arrays_before_writing_anything():
             np.testing.assert_array_equal(s.get(np.arange(4), missing="zeros"), b)
     host.write(np.int32(1), slots, valid, good + 1, good)  # still usable
     assert host.version == 2
+
+
+def test_concurrent_reads_decode_at_the_same_time(monkeypatch):
+    """Two reads of one store are inside their decoders together (a read holds no lock while it
+    decodes): each decode waits for the other at a barrier, which times out if reads take turns."""
+    from host_codecs import NoneCodec
+
+    host = HostStores(4, "none", [FRAME], [np.int32], ["obs"])
+    host.write(np.int32(0), np.arange(4, dtype=np.int32), np.ones(4, bool), _frames([1, 2, 3, 4]))
+    barrier, real = threading.Barrier(2, timeout=10), NoneCodec.decode_into
+
+    def meeting(self, *args):
+        barrier.wait()
+        return real(self, *args)
+
+    monkeypatch.setattr(NoneCodec, "decode_into", meeting)
+    results, errors = [], []
+
+    def read(slot):
+        try:
+            results.append(host.read(np.int32(1), np.array([slot]))[0][0, 0, 0])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read, args=(s,)) for s in (0, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert sorted(results) == [1, 4]
