@@ -128,3 +128,21 @@ def test_a_small_igzip_payload_never_inflates_past_the_entry_size():
     assert_bit_exact(codec.decode(ok, np.uint8, SHAPE), np.ones(SHAPE, np.uint8))
     with pytest.raises(ValueError, match="gives 7056 bytes .* has 3 bytes after its end"):
         codec.decode(ok + b"abc", np.uint8, SHAPE)
+
+
+@pytest.mark.skipif("zstd" not in HAVE, reason="needs zstandard")
+def test_a_small_zstd_frame_never_inflates_past_the_entry_size():
+    """A zstd frame of 64 MiB of zeros (a few KB), decoded as a 7,056-byte entry: refused from its
+    header, before anything is allocated for it."""
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor(level=1).compress(bytes(64 << 20))
+    assert len(bomb) < 100_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="declares 67108864 bytes, expected 7056"):
+            get_codec("zstd:1").decode(b"\0" + bomb, np.uint8, SHAPE)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
