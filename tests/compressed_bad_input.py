@@ -1,0 +1,124 @@
+"""Shared by the bad-input tests of the compressed buffers and the staging writer: strategies for wrong arguments
+and the check that a refused call changed nothing (device leaves byte for byte, host store contents and version).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+
+from jaxbuffers.compressed import StagingWriter, StaleBufferError
+
+# Each example traces a new program (refused at trace time, so nothing compiles): a few dozen per test.
+SETTINGS = settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
+
+#: What a refusal may raise: errors of ours, never JAX's runtime error from inside a callback.
+OURS = (TypeError, ValueError, RuntimeError, StaleBufferError)
+
+
+def host_record(host) -> dict:
+    """The host stores' contents (every slot decoded; empty slots as zeros) and counters."""
+    if host.closed:
+        return {"closed": True}
+    slots = np.arange(host.num_slots)
+    return {
+        "version": host.version, "num_writes": host.num_writes, "num_rows": host.num_rows,
+        "slot_version": host.slot_version.tobytes(),
+        "contents": [s.get(slots, missing="zeros").tobytes() for s in host.stores],
+    }
+
+
+def record(thing: Any) -> dict:
+    """Everything a refused call must leave as it was: a compressed buffer state's device leaves (dtype, shape,
+    bytes) and host record; for a `StagingWriter`, also its staged rows and wrapped state."""
+    if isinstance(thing, StagingWriter):
+        n = thing.pending
+        staged = [x[:, :n].tobytes() for x in thing._stage + [thing._terminated, thing._truncated] + (thing._final or [])]
+        return {"pending": n, "staged": staged, "buffer": record(thing._buf)}
+    leaves = [(str(x.dtype), x.shape, np.asarray(x).tobytes()) for x in jax.tree.leaves(thing)]
+    return {"device": leaves, "host": host_record(thing.host)}
+
+
+def assert_refused(call: Callable[[], Any], names: tuple[str, ...], *things: Any, errors: tuple = OURS) -> Exception:
+    """`call()` raises one of `errors` whose message starts with, or names, one of `names` (an argument or leaf),
+    and every one of `things` (buffer states, writers) is exactly as it was before. Returns the error."""
+    before = [record(t) for t in things]
+    try:
+        out = call()
+        jax.block_until_ready(out)
+    except errors as e:
+        err = e
+    else:
+        raise AssertionError(f"accepted, expected an error naming one of {names}; returned {type(out).__name__}")
+    msg = str(err)
+    assert any(re.search(rf"(^|\W){re.escape(n)}(\W|$)", msg) for n in names), f"{type(err).__name__} does not name {names}: {msg}"
+    for t, b in zip(things, before):
+        assert record(t) == b, f"{type(t).__name__} changed by a refused call ({msg[:120]})"
+    return err
+
+
+# ------------------------------------------------------------------------------------------------
+# Strategies. Each draws (description, wrong value) for one argument, given the right value.
+
+NOT_ARRAYS = st.sampled_from([None, "x", "0", b"0", 1.5, True, {"a": 1}, object()])
+
+
+@st.composite
+def wrong_array(draw, good: Any) -> tuple[str, Any]:
+    """A wrong stand-in for the array `good`: another dtype, another shape, a list or a non-array."""
+    good = np.asarray(good)
+    kind = draw(st.sampled_from(["dtype", "shape", "list", "other"]))
+    if kind == "dtype":
+        others = [d for d in (np.bool_, np.uint8, np.int32, np.int64, np.float16, np.float32, np.float64, np.complex64) if np.dtype(d) != good.dtype]
+        bad = good.astype(draw(st.sampled_from(others)))
+        if bad.dtype.itemsize < 8 and draw(st.booleans()):  # a JAX array too (64-bit ones JAX would narrow)
+            bad = jnp.asarray(bad)
+        return f"dtype {bad.dtype}", bad
+    if kind == "shape":
+        shape = list(good.shape)
+        how = draw(st.sampled_from(["grow", "shrink", "add_axis", "drop_axis"] if shape else ["add_axis"]))
+        if how == "add_axis":
+            shape.insert(draw(st.integers(0, len(shape))), draw(st.integers(0, 3)))
+        elif how == "drop_axis":
+            shape.pop(draw(st.integers(0, len(shape) - 1)))
+        else:
+            i = draw(st.integers(0, len(shape) - 1))
+            shape[i] = shape[i] + 1 if how == "grow" else max(shape[i] - 1, 0) if shape[i] != 1 else 2
+        return f"shape {tuple(shape)}", np.zeros(shape, good.dtype)
+    if kind == "list":
+        return "list", good.tolist()
+    return "not an array", draw(NOT_ARRAYS)
+
+
+@st.composite
+def wrong_tree(draw, good: dict) -> tuple[str, Any]:
+    """`good` (a dict pytree of arrays) with one thing wrong: a leaf (`wrong_array`), a missing or extra field,
+    or the whole tree replaced. Returns (description, tree)."""
+    kind = draw(st.sampled_from(["leaf", "leaf", "leaf", "missing", "extra", "whole"]))
+    if kind == "whole":
+        return "not a dict", draw(st.sampled_from([None, "step", [1, 2], 3.0]))
+    if kind == "extra":
+        return "extra field", {**good, "extra": np.zeros(1, np.float32)}
+    if kind == "missing" and len(good) > 1:
+        key = draw(st.sampled_from(sorted(good)))
+        return f"missing {key!r}", {k: v for k, v in good.items() if k != key}
+    leaves, treedef = jax.tree.flatten(good)
+    i = draw(st.integers(0, len(leaves) - 1))
+    what, bad = draw(wrong_array(leaves[i]))
+    return f"leaf {i}: {what}", jax.tree.unflatten(treedef, [bad if j == i else x for j, x in enumerate(leaves)])
+
+
+BAD_SIZES = st.sampled_from([0, -1, 2.5, 2.0, True, "3", None, 2**40, np.float32(2)])
+#: Wrong values of a discount or a lambda (a number in [0, 1]); `BAD_EXPONENTS`: of beta (a number >= 0).
+BAD_SCALARS = st.sampled_from([-0.5, 1.5, 7, float("nan"), float("inf"), None, "0.9", True, [0.9], np.ones(2, np.float32), 1 + 2j])
+BAD_EXPONENTS = st.sampled_from([-0.5, -1, float("nan"), float("inf"), "0.9", True, [0.9], np.ones(2, np.float32), 1 + 2j])
+BAD_KEYS = st.sampled_from([None, "key", 0, 1.5, [0, 1], np.zeros(2, np.int32), np.zeros(3, np.uint32)])
