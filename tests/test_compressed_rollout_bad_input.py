@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compressed_bad_input import BAD_SCALARS, BAD_SIZES, SETTINGS, assert_refused, record, wrong_array, wrong_tree
+from compressed_bad_input import (
+    BAD_SCALARS, BAD_SIZES, SETTINGS, WRONG_KEYS, assert_refused, foreign_inputs, record, torch_tensor, wrong_array, wrong_tree,
+)
 from jaxbuffers.compressed import CompressedRolloutBuffer, StaleBufferError
 
 E, T, H, W = 2, 4, 3, 4
@@ -145,3 +147,13 @@ def test_calls_after_close_are_refused_before_dispatch():
     for call in (lambda: buf.add(step, **fields), lambda: buf.gather(jnp.arange(4)), lambda: buf.minibatches(jax.random.key(0), 2)):
         with pytest.raises(RuntimeError, match="after close"):
             call()
+
+
+@foreign_inputs
+def test_torch_tensors_and_wrong_keys_are_named(buf):
+    step, fields = _good(np.random.default_rng(0))
+    assert_refused(lambda: buf.add({**step, "obs": torch_tensor(step["obs"])}, **fields), ("step",), buf)
+    assert_refused(lambda: buf.add(step, **{**fields, "reward": torch_tensor(fields["reward"])}), ("reward",), buf)
+    for key in WRONG_KEYS:
+        assert_refused(lambda: buf.minibatch_indices(key, 2), ("key",), buf)
+        assert_refused(lambda: jax.jit(lambda b: b.minibatches(key, 2))(buf), ("key",), buf)

@@ -11,7 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compressed_bad_input import BAD_EXPONENTS, BAD_SCALARS, BAD_SIZES, SETTINGS, assert_refused, record, wrong_array, wrong_tree
+from compressed_bad_input import (
+    BAD_EXPONENTS, BAD_SCALARS, BAD_SIZES, SETTINGS, assert_refused, foreign_inputs, record, torch_tensor, WRONG_KEYS,
+    wrong_array, wrong_tree,
+)
 from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer, StaleBufferError
 
 E, LENGTH, K, H, W = 2, 6, 2, 3, 4
@@ -267,3 +270,17 @@ def test_calls_after_close_are_refused_before_dispatch():
                  lambda: buf.decode_obs(buf.trajectory.storage["obs"])):
         with pytest.raises(RuntimeError, match="after close"):
             call()
+
+
+@foreign_inputs
+@pytest.mark.parametrize("kind", ["uniform", "prioritised"])
+def test_torch_tensors_and_wrong_keys_are_named(bufs, kind):
+    buf = bufs[kind]
+    step, flags = _good_add(np.random.default_rng(0))
+    assert_refused(lambda: buf.add({**step, "action": torch_tensor(step["action"])}, **flags), ("step",), buf)
+    assert_refused(lambda: buf.add(step, **{**flags, "terminated": torch_tensor(flags["terminated"])}), ("terminated",), buf)
+    ids = np.asarray(buf.trajectory.storage["obs"]["pixels"])
+    assert_refused(lambda: buf.decode_obs({"pixels": torch_tensor(ids), "vec": np.zeros((E, LENGTH, 2), np.float32)}), ("obs",), buf)
+    for key in WRONG_KEYS:
+        assert_refused(lambda: buf.sample_transitions(key, 2, gamma=0.9), ("key",), buf)
+        assert_refused(lambda: jax.jit(lambda b: b.sample_sequences(key, 2, 2 if kind == "uniform" else None))(buf), ("key",), buf)

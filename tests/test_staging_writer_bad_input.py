@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compressed_bad_input import BAD_EXPONENTS, BAD_SCALARS, BAD_SIZES, SETTINGS, assert_refused, record, wrong_array, wrong_tree
+from compressed_bad_input import (
+    BAD_EXPONENTS, BAD_SCALARS, BAD_SIZES, SETTINGS, WRONG_KEYS, assert_refused, foreign_inputs, torch_tensor, wrong_array, wrong_tree,
+)
 from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer, StagingWriter, StaleBufferError
 
 E, LENGTH, K, H, W = 2, 8, 2, 3, 4
@@ -148,3 +150,15 @@ def test_stale_wrapped_state_refused_at_flush_keeping_every_staged_step():
     assert_refused(w.flush, ("add",), w, errors=(StaleBufferError,))
     assert_refused(lambda: w.sample_transitions(jax.random.key(0), 2, gamma=0.9), ("add",), w, errors=(StaleBufferError,))
     w.close()
+
+
+@foreign_inputs
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_torch_tensors_and_wrong_keys_are_named_before_flushing(writers, kind):
+    w = writers[kind]
+    step, flags = _good(np.random.default_rng(0))
+    assert_refused(lambda: w.add({**step, "obs": torch_tensor(step["obs"])}, **flags), ("step",), w)
+    assert_refused(lambda: w.add(step, **{**flags, "truncated": torch_tensor(flags["truncated"])}), ("truncated",), w)
+    for key in WRONG_KEYS:
+        assert_refused(lambda: w.sample_transitions(key, 2, gamma=0.9), ("key",), w)
+        assert_refused(lambda: w.sample_sequences(key, 2, *((2,) if kind == "uniform" else ())), ("key",), w)
