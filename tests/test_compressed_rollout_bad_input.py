@@ -140,6 +140,16 @@ def test_stale_state_refused_before_dispatch_and_the_newer_state_keeps_its_array
     b1.close()
 
 
+def test_states_share_no_arrays_so_donating_an_old_one_spares_the_new(buf):
+    """What the guide promises: a state returned by a method holds no array of the state it came from."""
+    def pointers(tree):
+        return {x.unsafe_buffer_pointer() for x in jax.tree.leaves(tree)}
+
+    b0 = jax.tree.map(jnp.copy, buf)
+    for b1 in (b0.reset(), b0.compute_gae(jnp.zeros(E, jnp.float32), 0.9, 0.95), jax.jit(CompressedRolloutBuffer.reset)(b0)):
+        assert not pointers(b0) & pointers(b1)
+
+
 def test_calls_after_close_are_refused_before_dispatch():
     buf = _filled()
     step, fields = _good(np.random.default_rng(0))

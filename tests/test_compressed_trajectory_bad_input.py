@@ -238,6 +238,21 @@ def test_stale_state_refused_before_dispatch_and_the_newer_state_keeps_its_array
     ref.close()
 
 
+def test_states_share_no_arrays_so_donating_an_old_one_spares_the_new():
+    """What the guide promises: a state returned by a method holds no array of the state it came from."""
+    def pointers(tree):
+        return {x.unsafe_buffer_pointer() for x in jax.tree.leaves(tree)}
+
+    b0 = _filled(CompressedPrioritisedTrajectoryBuffer, window_length=2)
+    step, flags = _good_add(np.random.default_rng(3))
+    new = [b0.set_priorities(jnp.arange(2), jnp.ones(2), b0.buffer.generations_at(jnp.arange(2))),
+           jax.jit(lambda b: b.set_priorities(jnp.arange(2), jnp.ones(2), b.buffer.generations_at(jnp.arange(2))))(b0),
+           b0.add(step, **flags)]
+    for b1 in new:
+        assert not pointers(b0) & pointers(b1)
+    b0.close()
+
+
 def test_sample_of_an_older_state_served_while_its_slots_are_unchanged_refused_once_rewritten():
     """Samples check slots, not states: an older state samples what it sampled before until a later add rewrites
     one of its slots; then its sample is refused (inside the read callback), also with the state donated, and
