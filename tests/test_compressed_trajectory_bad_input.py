@@ -94,6 +94,27 @@ def test_add_refuses_each_wrong_argument_and_changes_nothing(bufs, data, kind, a
         assert_refused(call, names, target)
 
 
+@SETTINGS
+@given(data=st.data(), kind=st.sampled_from(["uniform", "prioritised"]), arg=st.sampled_from(["frames", "final_frames", "step", "terminated"]))
+def test_add_frames_from_host_refuses_each_wrong_argument(bufs, data, kind, arg):
+    """The staging writer's add (frames given as host arrays, placeholders in the step) checks what it is given."""
+    buf = bufs[kind]
+    rng = np.random.default_rng(0)
+    step = _step(rng, t=2)
+    frames = [step["obs"]["pixels"][:, :, -1]]
+    step["obs"]["pixels"] = np.zeros((E, 2, 3), np.int32)
+    args = {"step": step, "frames": frames, "terminated": np.zeros((E, 2), bool), "truncated": np.ones((E, 2), bool),
+            "final_obs": dict(step["obs"]), "final_frames": [frames[0].copy()]}
+    if arg in ("frames", "final_frames"):
+        _, bad = data.draw(wrong_array(frames[0]), arg)
+        args[arg] = data.draw(st.sampled_from([[bad], bad, None]).filter(lambda v: not (arg == "frames" and v is None)), arg)
+    elif arg == "step":
+        _, args["step"] = data.draw(wrong_tree(step), "step")
+    else:
+        _, args["terminated"] = data.draw(wrong_array(args["terminated"]), "terminated")
+    assert_refused(lambda: buf.add_frames_from_host(**args), (arg,), buf)
+
+
 def _sample_calls(kind):
     """(method, argument name, strategy for a wrong value, call taking (buf, value))."""
     seq = {"sequence_length": 2} if kind == "uniform" else {}

@@ -337,14 +337,26 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         return new, (slots, valid)
 
     def add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None):
-        """`add_from_host` of a checked chunk whose compressed leaves come as host frames (for
-        `jaxbuffers.compressed.StagingWriter`): `step` / `final_obs` `[E, t, ...]` with placeholder
-        compressed leaves, `frames` / `final_frames` per compressed leaf numpy `[E, t, *frame_shape]`
-        (the newest frames), written to the host store directly. Same state as `add_from_host`."""
+        """`add_from_host` of a chunk whose compressed leaves come as host frames (for
+        `jaxbuffers.compressed.StagingWriter`): `step` / `final_obs` `[E, t, ...]` with int32 `[E, t, 3]`
+        placeholders for the compressed leaves (not read), `frames` / `final_frames` per compressed leaf
+        `[E, t, *frame_shape]` of its dtype (the newest frames), written to the host store directly. Same
+        state as `add_from_host`; the same errors (`frames` and `final_frames` named)."""
+        traj = self.trajectory
+        step, terminated, truncated, final_obs = _validate.trajectory_add(
+            traj.step_spec, traj.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
+        )
+        e, t = terminated.shape
+        for name, given in (("frames", frames), ("final_frames", None if truncated is None else final_frames)):
+            if given is not None and (not isinstance(given, (list, tuple)) or len(given) != len(self.leaves)):
+                raise TypeError(f"{name}: expected a list of {len(self.leaves)} arrays (one per compressed leaf), got {type(given).__name__}")
+            for f, i in zip(given or (), self.leaves):
+                _validate.array(f"{name} of {i.name}", f, (e, t, *i.frame_shape), i.dtype)
+        if truncated is not None and final_frames is None:
+            raise TypeError("final_frames: required with truncated (the newest frames of final_obs)")
         _common.check_before_dispatch(self, add=True)
         new, (slots, valid) = self._add_ids(step, terminated, truncated, final_obs)
         slots, valid = jax.device_get((slots, valid))
-        e, t = terminated.shape
         datas = [np.reshape(f, (e * t, *i.frame_shape)) for f, i in zip(frames, self.leaves)]
         if truncated is not None:
             datas = [np.concatenate([d, np.reshape(f, (e * t, *i.frame_shape))]) for d, f, i in zip(datas, final_frames, self.leaves)]
