@@ -69,6 +69,19 @@ def assert_refused(call: Callable[[], Any], names: tuple[str, ...], *things: Any
     return err
 
 
+MODES = st.sampled_from(["eager", "jit", "donated"])
+
+
+def run_in(mode: str, buf: Any, call: Callable[[Any], Any]) -> tuple[Callable[[], Any], Any]:
+    """(`call(buf)` eagerly, under `jit`, or under `jit` with the state donated; the state it is given). A donated
+    state is a copy of `buf`, so that a wrong acceptance fails one example, not the ones after it."""
+    if mode == "eager":
+        return lambda: call(buf), buf
+    if mode == "donated":
+        buf = jax.tree.map(jnp.copy, buf)
+    return lambda: jax.jit(call, donate_argnums=(0,) if mode == "donated" else ())(buf), buf
+
+
 # ------------------------------------------------------------------------------------------------
 # Strategies. Each draws (description, wrong value) for one argument, given the right value.
 
@@ -120,10 +133,50 @@ def wrong_tree(draw, good: dict) -> tuple[str, Any]:
     return f"leaf {i}: {what}", jax.tree.unflatten(treedef, [bad if j == i else x for j, x in enumerate(leaves)])
 
 
+def wrong_trajectory_add(data: Any, arg: str, step: dict, flags: dict) -> tuple[dict, dict, tuple[str, ...]]:
+    """The arguments of a trajectory add, `step` and `flags` (`terminated`, `truncated`, `final_obs`), with `arg`
+    wrong (drawn from hypothesis' `data`; `truncated` and `final_obs` sometimes left out when right); and the
+    names an error may give."""
+    flags = dict(flags)
+    if not data.draw(st.booleans(), "truncated given") and arg not in ("truncated", "final_obs"):
+        del flags["truncated"], flags["final_obs"]
+    args = {"step": step, **flags}
+    strategy = wrong_tree if isinstance(args[arg], dict) else wrong_array
+    _, args[arg] = data.draw(strategy(args[arg]), arg)
+    step = args.pop("step")
+    return step, args, ("truncated", "final_obs") if arg == "truncated" else (arg,)
+
+
 BAD_SIZES = st.sampled_from([0, -1, 2.5, 2.0, True, "3", None, 2**40, np.float32(2)])
 #: Wrong values of a discount or a lambda (a number in [0, 1]); `BAD_EXPONENTS`: of beta (a number >= 0).
 BAD_SCALARS = st.sampled_from([-0.5, 1.5, 7, float("nan"), float("inf"), None, "0.9", True, [0.9], np.ones(2, np.float32), 1 + 2j])
 BAD_EXPONENTS = st.sampled_from([-0.5, -1, float("nan"), float("inf"), "0.9", True, [0.9], np.ones(2, np.float32), 1 + 2j])
+NOT_DEFAULT = BAD_SIZES.filter(lambda v: v is not None)  # None: the default n_step / sequence_length of some buffers
+
+
+def sampling_calls(prioritised: bool, length: int) -> list:
+    """(argument, strategy of wrong values, call of (state or writer, value)) for `sample_transitions` and
+    `sample_sequences` of a compressed trajectory buffer (lanes of `length` steps) or a writer around one."""
+    key = jax.random.key(0)
+    beta = {"beta": 0.5} if prioritised else {}
+    seq = () if prioritised else (2,)
+    calls = [
+        ("batch_size", BAD_SIZES, lambda b, v: b.sample_transitions(key, v, gamma=0.9, **beta)),
+        ("n_step", NOT_DEFAULT | st.just(length), lambda b, v: b.sample_transitions(key, 4, n_step=v, gamma=0.9, **beta)),
+        ("gamma", BAD_SCALARS, lambda b, v: b.sample_transitions(key, 4, gamma=v, **beta)),
+        ("batch_size", BAD_SIZES, lambda b, v: b.sample_sequences(key, v, *seq, **beta)),
+        ("sequence_length", NOT_DEFAULT | st.just(length + 1), lambda b, v: b.sample_sequences(key, 4, v, **beta)),
+    ]
+    if prioritised:
+        return calls + [
+            ("beta", BAD_EXPONENTS, lambda b, v: b.sample_transitions(key, 4, gamma=0.9, beta=v)),
+            ("beta", BAD_EXPONENTS, lambda b, v: b.sample_sequences(key, 4, beta=v)),
+        ]
+    return calls + [
+        ("beta", st.sampled_from([0.5, 1.0, -1.0]), lambda b, v: b.sample_transitions(key, 4, gamma=0.9, beta=v)),  # uniform: none
+        ("period", BAD_SIZES, lambda b, v: b.sample_sequences(key, 4, 2, period=v)),
+        ("cross_episodes", st.sampled_from(["no", 1, None, np.array(True)]), lambda b, v: b.sample_sequences(key, 4, 2, cross_episodes=v)),
+    ]
 #: Wrong PRNG keys: not a key, a raw key of the wrong dtype or length, a batch of keys.
 WRONG_KEYS = [None, "key", 0, 1.5, [0, 1], np.zeros(2, np.int32), np.zeros(3, np.uint32), jax.random.split(jax.random.key(0))]
 

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compressed_bad_input import (
-    BAD_SCALARS, BAD_SIZES, SETTINGS, WRONG_KEYS, assert_refused, foreign_inputs, record, torch_tensor, wrong_array, wrong_tree,
+    BAD_SCALARS, BAD_SIZES, MODES, SETTINGS, WRONG_KEYS, assert_refused, foreign_inputs, record, run_in, torch_tensor, wrong_array,
+    wrong_tree,
 )
 from jaxbuffers.compressed import CompressedRolloutBuffer, StaleBufferError
 
@@ -42,18 +43,6 @@ def buf():
     b.close()
 
 
-def _run(mode, buf, call):
-    """(`call` of `buf` eagerly, under `jit`, or under `jit` with a copy of the buffer donated; that state)."""
-    if mode == "eager":
-        return lambda: call(buf), buf
-    if mode == "donated":
-        buf = jax.tree.map(jnp.copy, buf)
-    return lambda: jax.jit(call, donate_argnums=(0,) if mode == "donated" else ())(buf), buf
-
-
-MODES = st.sampled_from(["eager", "jit", "donated"])
-
-
 @SETTINGS
 @given(data=st.data(), arg=st.sampled_from(["step", *FIELDS]), mode=MODES, seed=st.integers(0, 2**16))
 def test_add_refuses_each_wrong_argument_and_changes_nothing(buf, data, arg, mode, seed):
@@ -66,7 +55,7 @@ def test_add_refuses_each_wrong_argument_and_changes_nothing(buf, data, arg, mod
         # None is the documented default of the optional fields (truncated and final_value go together)
         _, fields[arg] = data.draw(wrong_array(fields[arg]).filter(lambda d: not (arg == "trainable" and d[1] is None)), arg)
     names = ("truncated", "final_value") if arg in ("truncated", "final_value") else (arg,)
-    call, target = _run(mode, buf, lambda b: b.add(step, **fields))
+    call, target = run_in(mode, buf, lambda b: b.add(step, **fields))
     assert_refused(call, names, target)
 
 
@@ -109,7 +98,7 @@ def test_methods_refuse_each_wrong_argument_and_change_nothing(buf, data, mode):
     calls = _calls()
     name, values, method = calls[data.draw(st.integers(0, len(calls) - 1), "call")]
     value = data.draw(values if values is not None else wrong_array(np.zeros(E, np.float32)).map(lambda d: d[1]), name)
-    call, target = _run(mode, buf, lambda b: method(b, value))
+    call, target = run_in(mode, buf, lambda b: method(b, value))
     assert_refused(call, (name,), target)
 
 

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compressed_bad_input import (
-    BAD_EXPONENTS, BAD_SCALARS, BAD_SIZES, SETTINGS, assert_refused, foreign_inputs, record, torch_tensor, WRONG_KEYS,
-    wrong_array, wrong_tree,
+    BAD_SIZES, MODES, SETTINGS, WRONG_KEYS, assert_refused, foreign_inputs, record, run_in, sampling_calls, torch_tensor,
+    wrong_array, wrong_trajectory_add, wrong_tree,
 )
 from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer, StaleBufferError
 
@@ -57,40 +57,16 @@ def bufs():
         b.close()
 
 
-def _run(mode, buf, call):
-    """(`call` of `buf` eagerly, under `jit`, or under `jit` with the buffer donated; the state it is given). A
-    donated state is a copy of `buf`, so that a wrong acceptance fails one example, not the ones after it."""
-    if mode == "eager":
-        return lambda: call(buf), buf
-    if mode == "donated":
-        buf = jax.tree.map(jnp.copy, buf)
-    return lambda: jax.jit(call, donate_argnums=(0,) if mode == "donated" else ())(buf), buf
-
-
-NOT_DEFAULT = BAD_SIZES.filter(lambda v: v is not None)  # None: the default n_step / sequence_length
-
-MODES = st.sampled_from(["eager", "jit", "donated"])
-
-
 @SETTINGS
 @given(data=st.data(), kind=st.sampled_from(["uniform", "prioritised"]), arg=st.sampled_from(["step", "terminated", "truncated", "final_obs"]),
        mode=st.sampled_from(["eager", "jit", "donated", "from_host"]), seed=st.integers(0, 2**16))
 def test_add_refuses_each_wrong_argument_and_changes_nothing(bufs, data, kind, arg, mode, seed):
     buf = bufs[kind]
-    step, flags = _good_add(np.random.default_rng(seed))
-    if not data.draw(st.booleans(), "truncated given") and arg not in ("truncated", "final_obs"):
-        del flags["truncated"], flags["final_obs"]
-    if arg == "step":
-        _, step = data.draw(wrong_tree(step), "step")
-    elif arg == "final_obs":
-        _, flags["final_obs"] = data.draw(wrong_tree(flags["final_obs"]), "final_obs")
-    else:
-        _, flags[arg] = data.draw(wrong_array(flags[arg]), arg)
-    names = {"step": ("step",), "terminated": ("terminated",), "truncated": ("truncated", "final_obs"), "final_obs": ("final_obs",)}[arg]
+    step, flags, names = wrong_trajectory_add(data, arg, *_good_add(np.random.default_rng(seed)))
     if mode == "from_host":
         assert_refused(lambda: buf.add_from_host(step, **flags), names, buf)
     else:
-        call, target = _run(mode, buf, lambda b: b.add(step, **flags))
+        call, target = run_in(mode, buf, lambda b: b.add(step, **flags))
         assert_refused(call, names, target)
 
 
@@ -116,31 +92,12 @@ def test_add_frames_from_host_refuses_each_wrong_argument(bufs, data, kind, arg)
 
 
 def _sample_calls(kind):
-    """(method, argument name, strategy for a wrong value, call taking (buf, value))."""
-    seq = {"sequence_length": 2} if kind == "uniform" else {}
-    beta = {"beta": 0.5} if kind == "prioritised" else {}
-    key = jax.random.key(0)
-    calls = [
-        ("batch_size", BAD_SIZES, lambda b, v: b.sample_transitions(key, v, gamma=0.9, **beta)),
-        ("n_step", NOT_DEFAULT | st.just(LENGTH), lambda b, v: b.sample_transitions(key, 4, n_step=v, gamma=0.9, **beta)),
-        ("gamma", BAD_SCALARS, lambda b, v: b.sample_transitions(key, 4, gamma=v, **beta)),
-        ("batch_size", BAD_SIZES, lambda b, v: b.sample_sequences(key, v, **seq, **beta)),
-        ("sequence_length", NOT_DEFAULT | st.just(LENGTH + 1), lambda b, v: b.sample_sequences(key, 4, v, **beta)),
+    """`sampling_calls` and the buffer's other readers: (argument, wrong values, call of (state, value))."""
+    return sampling_calls(kind == "prioritised", LENGTH) + [
         ("indices", st.sampled_from([None, "0", np.zeros(2, np.float32), np.zeros((2, 2), np.int32), [0.5]]), lambda b, v: b.final_obs_at(v, 2)),
         ("sequence_length", BAD_SIZES | st.just(LENGTH + 1), lambda b, v: b.final_obs_at(jnp.arange(2), v)),
         ("batch_size", BAD_SIZES, lambda b, v: b.can_sample_transitions(v)),
     ]
-    if kind == "uniform":
-        calls += [
-            ("period", BAD_SIZES, lambda b, v: b.sample_sequences(key, 4, 2, period=v)),
-            ("cross_episodes", st.sampled_from(["no", 1, None, np.array(True)]), lambda b, v: b.sample_sequences(key, 4, 2, cross_episodes=v)),
-        ]
-    else:
-        calls += [
-            ("beta", BAD_EXPONENTS, lambda b, v: b.sample_transitions(key, 4, gamma=0.9, beta=v)),
-            ("beta", BAD_EXPONENTS, lambda b, v: b.sample_sequences(key, 4, beta=v)),
-        ]
-    return calls
 
 
 @SETTINGS
@@ -150,7 +107,7 @@ def test_samplers_refuse_each_wrong_argument_and_change_nothing(bufs, data, kind
     calls = _sample_calls(kind)
     name, values, method = calls[data.draw(st.integers(0, len(calls) - 1), "call")]
     value = data.draw(values, name)
-    call, target = _run(mode, buf, lambda b: method(b, value))
+    call, target = run_in(mode, buf, lambda b: method(b, value))
     assert_refused(call, (name,), target)
 
 
@@ -163,7 +120,7 @@ def test_decode_obs_refuses_ids_of_another_structure_shape_or_dtype(bufs, data, 
     what, bad = data.draw(wrong_tree({k: v[:, :3] for k, v in stored.items()}), "obs")
     if what.startswith("leaf") and data.draw(st.booleans(), "float ids"):
         bad = {**bad, "pixels": stored["pixels"][:, :3].astype(np.float32) + 0.5}
-    call, target = _run(mode, buf, lambda b: b.decode_obs(bad))
+    call, target = run_in(mode, buf, lambda b: b.decode_obs(bad))
     assert_refused(call, ("obs",), target)
 
 
@@ -175,7 +132,7 @@ def test_set_priorities_refuses_each_wrong_argument_and_changes_nothing(bufs, da
             "generations": np.asarray(buf.buffer.generations_at(jnp.arange(3)))}
     arg = data.draw(st.sampled_from(sorted(good)), "argument")
     _, good[arg] = data.draw(wrong_array(good[arg]).filter(lambda d: not _accepted_vector(arg, d[1])), arg)
-    call, target = _run(mode, buf, lambda b: b.set_priorities(**good))
+    call, target = run_in(mode, buf, lambda b: b.set_priorities(**good))
     assert_refused(call, tuple(good), target)  # a length names the first to disagree
 
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compressed_bad_input import (
-    BAD_EXPONENTS, BAD_SCALARS, BAD_SIZES, SETTINGS, WRONG_KEYS, assert_refused, foreign_inputs, torch_tensor, wrong_array, wrong_tree,
+    BAD_SIZES, SETTINGS, WRONG_KEYS, assert_refused, foreign_inputs, sampling_calls, torch_tensor, wrong_trajectory_add,
 )
 from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer, StagingWriter, StaleBufferError
 
@@ -55,39 +55,8 @@ def writers():
        seed=st.integers(0, 2**16))
 def test_add_refuses_each_wrong_argument_before_staging(writers, data, kind, arg, seed):
     w = writers[kind]
-    step, flags = _good(np.random.default_rng(seed))
-    if not data.draw(st.booleans(), "truncated given") and arg not in ("truncated", "final_obs"):
-        del flags["truncated"], flags["final_obs"]
-    if arg == "step":
-        _, step = data.draw(wrong_tree(step), "step")
-    else:
-        _, flags[arg] = data.draw(wrong_array(flags[arg]), arg)
-    names = ("truncated", "final_obs") if arg == "truncated" else (arg,)
+    step, flags, names = wrong_trajectory_add(data, arg, *_good(np.random.default_rng(seed)))
     assert_refused(lambda: w.add(step, **flags), names, w)
-
-
-def _sample_calls(kind):
-    key = jax.random.key(0)
-    beta = {"beta": 0.5} if kind == "prioritised" else {}
-    seq = (2,) if kind == "uniform" else ()
-    calls = [
-        ("batch_size", BAD_SIZES, lambda w, v: w.sample_transitions(key, v, gamma=0.9, **beta)),
-        ("n_step", BAD_SIZES.filter(lambda v: v is not None) | st.just(LENGTH), lambda w, v: w.sample_transitions(key, 4, n_step=v, gamma=0.9)),
-        ("gamma", BAD_SCALARS, lambda w, v: w.sample_transitions(key, 4, gamma=v, **beta)),
-        ("batch_size", BAD_SIZES, lambda w, v: w.sample_sequences(key, v, *seq, **beta)),
-        ("sequence_length", BAD_SIZES.filter(lambda v: v is not None) | st.just(LENGTH + 1), lambda w, v: w.sample_sequences(key, 4, v, **beta)),
-    ]
-    if kind == "uniform":
-        calls += [
-            ("beta", st.sampled_from([0.5, 1.0, -1.0]), lambda w, v: w.sample_transitions(key, 4, gamma=0.9, beta=v)),
-            ("cross_episodes", st.sampled_from(["no", 1, None]), lambda w, v: w.sample_sequences(key, 4, 2, cross_episodes=v)),
-        ]
-    else:
-        calls += [
-            ("beta", BAD_EXPONENTS, lambda w, v: w.sample_transitions(key, 4, gamma=0.9, beta=v)),
-            ("beta", BAD_EXPONENTS, lambda w, v: w.sample_sequences(key, 4, beta=v)),
-        ]
-    return calls
 
 
 @SETTINGS
@@ -95,7 +64,7 @@ def _sample_calls(kind):
 def test_samples_refuse_each_wrong_argument_before_flushing(writers, data, kind):
     """`gamma=7` used to flush the staged steps and then raise; every argument is now checked first."""
     w = writers[kind]
-    calls = _sample_calls(kind)
+    calls = sampling_calls(kind == "prioritised", LENGTH)
     name, values, method = calls[data.draw(st.integers(0, len(calls) - 1), "call")]
     value = data.draw(values, name)
     assert_refused(lambda: method(w, value), (name,), w)
