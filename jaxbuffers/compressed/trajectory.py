@@ -347,13 +347,11 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
             traj.step_spec, traj.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
         )
         e, t = terminated.shape
-        for name, given in (("frames", frames), ("final_frames", None if truncated is None else final_frames)):
-            if given is not None and (not isinstance(given, (list, tuple)) or len(given) != len(self.leaves)):
+        for name, given in {"frames": frames, **({} if truncated is None else {"final_frames": final_frames})}.items():
+            if not isinstance(given, (list, tuple)) or len(given) != len(self.leaves):
                 raise TypeError(f"{name}: expected a list of {len(self.leaves)} arrays (one per compressed leaf), got {type(given).__name__}")
-            for f, i in zip(given or (), self.leaves):
+            for f, i in zip(given, self.leaves):
                 _validate.array(f"{name} of {i.name}", f, (e, t, *i.frame_shape), i.dtype)
-        if truncated is not None and final_frames is None:
-            raise TypeError("final_frames: required with truncated (the newest frames of final_obs)")
         _common.check_before_dispatch(self, add=True)
         new, (slots, valid) = self._add_ids(step, terminated, truncated, final_obs)
         slots, valid = jax.device_get((slots, valid))
