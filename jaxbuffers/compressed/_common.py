@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterator, Sequence
+import functools
+import weakref
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +23,7 @@ except ImportError:  # pragma: no cover - older or newer JAX without it
     _buffer_callback = None
 
 from jaxbuffers import _validate
-from jaxbuffers.compressed._host import HostStores
+from jaxbuffers.compressed._host import HostStores, StaleBufferError
 
 
 def select_leaves(spec: Any, compress: Sequence[str] | None, what: str) -> tuple[int, ...]:
@@ -181,6 +183,69 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
     else:
         flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="broadcast_all")
     return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
+
+
+# HostStores -> the version array of the newest add dispatched eagerly (its write may not have run yet).
+_newest_add: "weakref.WeakKeyDictionary[HostStores, jax.Array]" = weakref.WeakKeyDictionary()
+
+
+def check_before_dispatch(buf: Any, add: bool) -> bool:
+    """The checks of a compressed buffer's eager call, made before anything is dispatched.
+
+    With a concrete state (not under `jit`, `lax.scan` or another transformation): the store must be open and, for
+    an add, the state must be the newest one (`HostStores.check_state`). An add dispatched eagerly before is waited
+    for first, so that its write counts. Returns whether the state was concrete (checked); under a transformation
+    the version is traced and the write callback refuses a stale add when it runs.
+
+    Raises:
+      RuntimeError: the buffer was closed.
+      StaleBufferError: `add` and a later add was made from this state (or from one derived from it).
+    """
+    if isinstance(buf.version, jax.core.Tracer):
+        return False
+    version = None
+    if add:
+        last = _newest_add.get(buf.host)
+        if last is not None and last is not buf.version:
+            try:
+                last.block_until_ready()
+            except Exception:  # that add failed: the store did not move (its caller got the error)
+                pass
+        version = int(buf.version)  # waits for the add that produced this state
+    buf.host.check_state("add" if add else "sample", version)
+    return True
+
+
+def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> bool:
+    """`check_before_dispatch` of an add; a stale state's wrong arguments are named first, as under `jit` (where
+    they fail while tracing, before the write callback refuses the state): `add(buf)` is traced, not run."""
+    try:
+        return check_before_dispatch(buf, True)
+    except StaleBufferError:
+        jax.eval_shape(add, buf)
+        raise
+
+
+def checked_before_dispatch(add: bool = False) -> Callable:
+    """Decorate a public method of a compressed buffer (above `jaxbuffers._compiled.method`) with
+    `check_before_dispatch` (`check_add_before_dispatch` for an add, which is then remembered as the newest one
+    of its store)."""
+
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            if add:
+                concrete = check_add_before_dispatch(self, lambda b: method(b, *args, **kwargs))
+            else:
+                concrete = check_before_dispatch(self, False)
+            out = method(self, *args, **kwargs)
+            if add and concrete:
+                _newest_add[self.host] = out.version
+            return out
+
+        return call
+
+    return wrap
 
 
 def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool) -> jax.Array:

@@ -127,6 +127,22 @@ class HostStores:
         if self.closed:
             raise RuntimeError(f"compressed buffer: {what} after close(); create a new buffer")
 
+    def check_state(self, what: str, version: int | None = None) -> None:
+        """Checks made before an eager call is dispatched (nothing has run yet).
+
+        Raises:
+          RuntimeError: the store was closed.
+          StaleBufferError: `version` (given for an add) is not the store's current version: a later
+            add was made from this state or from one derived from it.
+        """
+        self._check_open(what)
+        if version is not None and version != self.version:
+            raise StaleBufferError(
+                f"compressed buffer {what}: this buffer state has version {version} but its host store is at version "
+                f"{self.version}; only the state returned by the last add can be added to (refused before anything "
+                f"ran: the newer state and the store are unchanged)"
+            )
+
     def write(self, version, slots, valid, *datas) -> np.ndarray:
         """Host side of an add: put `datas[i][valid]` into store `i` at `slots[valid]`.
 

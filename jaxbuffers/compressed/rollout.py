@@ -107,6 +107,7 @@ class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
         specs = [jax.ShapeDtypeStruct(i.shape, i.dtype) for i in self.leaves]
         return _common.replace_leaves(self.buffer.step_spec, self.leaf_index, specs)
 
+    @_common.checked_before_dispatch(add=True)
     @_compiled.method()
     def add(self, step: Any, **fields) -> "CompressedRolloutBuffer":
         """`jaxbuffers.RolloutBuffer.add` (same keyword fields, shapes and errors).
@@ -114,6 +115,11 @@ class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
         The compressed leaves of the `num_envs` steps go to the host in one ordered callback at
         row `step_index`, after every check passed; on a full buffer nothing is written (host
         included) and `overflowed` becomes True, as for `RolloutBuffer`.
+
+        Raises:
+          StaleBufferError: called eagerly on a state that is not the newest, before anything runs
+            (under `jit` the write callback refuses it: `jax.errors.JaxRuntimeError`).
+          RuntimeError: the buffer was closed.
         """
         (n,) = _validate.check_batch(self.step_spec, step, 1, "step")  # the compressed leaves; inner.add checks the rest
         inner = self.buffer
@@ -139,6 +145,7 @@ class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
         """`jaxbuffers.RolloutBuffer.minibatch_indices`: int32 `[M, T * N / M]`."""
         return self.buffer.minibatch_indices(key, num_minibatches)
 
+    @_common.checked_before_dispatch()
     @_compiled.method()
     def gather(self, indices: jax.Array) -> RolloutMinibatch:
         """`jaxbuffers.RolloutBuffer.gather` with the compressed leaves decoded (one host callback
@@ -149,6 +156,7 @@ class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
         out = [_common.finish(x[0], i, ids.ndim, None, self.normalize_images) for x, i in zip(decoded, self.leaves)]
         return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
 
+    @_common.checked_before_dispatch()
     @_compiled.method("num_minibatches")
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
         """All steps shuffled into `num_minibatches` minibatches, decoded at once (the whole

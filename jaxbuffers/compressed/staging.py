@@ -96,7 +96,11 @@ class StagingWriter:
 
     Raises:
       TypeError: `buffer` is not a compressed trajectory buffer.
-      ValueError: `max_pending` < 1.
+      ValueError: `max_pending` not an int >= 1.
+      RuntimeError: `buffer` was closed.
+
+    Every method checks all of its arguments before it stages, flushes or samples anything; after `close()` each
+    raises `RuntimeError`.
     """
 
     def __init__(self, buffer: Any, max_pending: int = 256):
@@ -104,8 +108,10 @@ class StagingWriter:
 
         if not isinstance(buffer, CompressedTrajectoryBuffer):
             raise TypeError(f"buffer: expected a CompressedTrajectoryBuffer, got {type(buffer).__name__}")
-        self._buf = buffer
         self.max_pending = _validate.static_int("max_pending", max_pending)
+        buffer.host.check_state("StagingWriter")
+        self._buf = buffer
+        self._checked: set = set()  # (method, static arguments, key type) whose sample was traced once (`_sample`)
         self._spec = buffer.step_spec
         self._obs_key = buffer.trajectory.obs_key
         e, p = buffer.num_envs, self.max_pending
@@ -152,13 +158,14 @@ class StagingWriter:
     def buffer(self, new: Any) -> None:
         """Replace the wrapped buffer state (e.g. after `set_priorities`); staged steps are
         flushed into the old state first, so `new` should be derived from `buffer`."""
+        if type(new) is not type(self._buf) or new.host is not self._buf.host:
+            raise TypeError(f"StagingWriter.buffer: expected a state of the same compressed buffer, got {type(new).__name__}")
+        self._buf.host.check_state("StagingWriter.buffer")
         if self._n:
             raise RuntimeError(
                 f"StagingWriter.buffer: {self._n} staged steps are not in the buffer yet; read "
                 "writer.buffer (which flushes) and derive the new state from it"
             )
-        if type(new) is not type(self._buf) or new.host is not self._buf.host:
-            raise TypeError("StagingWriter.buffer: expected a state of the same compressed buffer")
         self._buf = new
 
     @property
@@ -199,7 +206,9 @@ class StagingWriter:
         Raises (before anything is staged):
           TypeError / ValueError: wrong structure, shape or dtype (naming the field), a missing
             `final_obs`, or a call under a JAX transformation.
+          RuntimeError: after `close()`.
         """
+        self._buf.host.check_state("StagingWriter.add")
         if not isinstance(step, Mapping):
             raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((step, terminated, truncated, final_obs))):
@@ -246,7 +255,9 @@ class StagingWriter:
 
         Raises:
           StaleBufferError: the wrapped state was already added to elsewhere (the staged steps stay staged).
+          RuntimeError: after `close()`.
         """
+        self._buf.host.check_state("StagingWriter.flush")
         n = self._n
         if n == 0:
             return self._buf
@@ -294,31 +305,57 @@ class StagingWriter:
         Runs one cached compiled sample per `batch_size` and `n_step` that does not return the
         observations twice (`gamma` and `beta` may change between calls without a recompile).
 
-        Raises:
+        Raises (before the flush: a refused call leaves the staged steps staged):
           ValueError: `gamma` outside `[0, 1]`, a negative `beta`.
           TypeError: `beta` given for the uniform buffer; as the buffer's `sample_transitions`
-            otherwise. Checked after the flush: staged steps are added first, as for every sample.
+            otherwise.
+          RuntimeError: after `close()`.
         """
         from jaxbuffers.compressed.trajectory import CompressedPrioritisedTrajectoryBuffer
 
-        buf = self.flush()
-        prioritised = isinstance(buf, CompressedPrioritisedTrajectoryBuffer)
+        prioritised = isinstance(self._buf, CompressedPrioritisedTrajectoryBuffer)
         gamma, beta = _as_float(gamma), _as_float(beta)  # one program whether ints or floats come
         _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)  # inside the program gamma is a tracer
         if beta is not None and not prioritised:
-            raise TypeError(f"beta: only a prioritised buffer takes beta, got beta={beta!r} for {type(buf).__name__}")
+            raise TypeError(f"beta: only a prioritised buffer takes beta, got beta={beta!r} for {type(self._buf).__name__}")
         if beta is not None:
             _validate.scalar_parameter("beta", beta, 0.0)
         elif prioritised:
             beta = 1.0
         if n_step is None and not prioritised:
             n_step = 1
+        extra = {"beta": beta} if prioritised else {}
+        self._check_sample(
+            key, ("transitions", batch_size, n_step),
+            lambda b: b.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma, **extra),
+        )
+        buf = self.flush()
         s = _sample_transitions_jit(buf, key, batch_size, n_step, gamma, beta)
         return _with_item_obs(s, buf.trajectory.obs_key)
 
     def sample_sequences(self, key: jax.Array, batch_size: int, *args, **kwargs) -> Any:
-        """Flush, then `CompressedTrajectoryBuffer.sample_sequences` (same arguments)."""
+        """Flush, then `CompressedTrajectoryBuffer.sample_sequences` (same arguments and errors, raised
+        before the flush)."""
+        if kwargs.get("beta") is not None:  # traced in the sample: its value is checked here, every call
+            _validate.scalar_parameter("beta", kwargs["beta"], 0.0)
+        statics = (batch_size, args, tuple(sorted((k, v) for k, v in kwargs.items() if k != "beta")))
+        self._check_sample(key, ("sequences", *statics), lambda b: b.sample_sequences(key, batch_size, *args, **kwargs))
         return self.flush().sample_sequences(key, batch_size, *args, **kwargs)
+
+    def _check_sample(self, key: Any, statics: tuple, sample) -> None:
+        """Raise the errors `sample(buffer)` would raise, without flushing: the sample is traced on the
+        unflushed buffer (`jax.eval_shape`, nothing runs) once per `statics` and kind of `key`; the traced
+        scalars' values are the caller's to check, every call."""
+        self._buf.host.check_state("StagingWriter sample")
+        signature = (statics, type(key), getattr(key, "shape", None), str(getattr(key, "dtype", None)))
+        try:
+            if signature in self._checked:
+                return
+        except TypeError:  # an unhashable argument: its check names it below
+            signature = None
+        jax.eval_shape(sample, self._buf)
+        if signature is not None:
+            self._checked.add(signature)
 
     def __repr__(self) -> str:
         return f"StagingWriter(pending={self._n}, max_pending={self.max_pending}, buffer={type(self._buf).__name__})"

@@ -247,13 +247,19 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         """`jaxbuffers.TrajectoryBuffer.can_sample_transitions`: whether `sample_transitions` returns only valid data."""
         return self.buffer.can_sample_transitions(batch_size, n_step=n_step)
 
+    @_common.checked_before_dispatch(add=True)
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors), checked once here.
 
         The newest frame of each compressed observation and, where `truncated & ~terminated`, of
         its `final_obs` go to the host in one ordered callback; the device buffer gets their ids.
-        The previous state must not be added to again (that would fork the host store: it raises).
+        The previous state must not be added to again (that would fork the host store).
+
+        Raises:
+          StaleBufferError: called eagerly on a state that is not the newest, before anything runs
+            (under `jit` the write callback refuses it: `jax.errors.JaxRuntimeError`).
+          RuntimeError: the buffer was closed.
         """
         new, (slots, valid, datas) = self._add_device(step, terminated, truncated, final_obs)
         return new.replace(version=_common.write(self.host, self.version, slots, valid, datas))
@@ -269,6 +275,7 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         """
         if isinstance(self.version, jax.core.Tracer):
             raise TypeError("add_from_host cannot be traced (jit/scan/vmap); call add() inside traced code")
+        _common.check_add_before_dispatch(self, lambda b: b._add_device(step, terminated, truncated, final_obs))
         new, parts = self._add_device(step, terminated, truncated, final_obs)
         slots, valid, datas = jax.device_get(parts)
         return new.replace(version=jnp.asarray(self.host.write(np.asarray(self.version), slots, valid, *datas), jnp.int32))
@@ -330,13 +337,24 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         return new, (slots, valid)
 
     def add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None):
-        """`add_from_host` of a checked chunk whose compressed leaves come as host frames (for
-        `jaxbuffers.compressed.StagingWriter`): `step` / `final_obs` `[E, t, ...]` with placeholder
-        compressed leaves, `frames` / `final_frames` per compressed leaf numpy `[E, t, *frame_shape]`
-        (the newest frames), written to the host store directly. Same state as `add_from_host`."""
+        """`add_from_host` of a chunk whose compressed leaves come as host frames (for
+        `jaxbuffers.compressed.StagingWriter`): `step` / `final_obs` `[E, t, ...]` with int32 `[E, t, 3]`
+        placeholders for the compressed leaves (not read), `frames` / `final_frames` per compressed leaf
+        `[E, t, *frame_shape]` of its dtype (the newest frames), written to the host store directly. Same
+        state as `add_from_host`; the same errors (`frames` and `final_frames` named)."""
+        traj = self.trajectory
+        step, terminated, truncated, final_obs = _validate.trajectory_add(
+            traj.step_spec, traj.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
+        )
+        e, t = terminated.shape
+        for name, given in {"frames": frames, **({} if truncated is None else {"final_frames": final_frames})}.items():
+            if not isinstance(given, (list, tuple)) or len(given) != len(self.leaves):
+                raise TypeError(f"{name}: expected a list of {len(self.leaves)} arrays (one per compressed leaf), got {type(given).__name__}")
+            for f, i in zip(given, self.leaves):
+                _validate.array(f"{name} of {i.name}", f, (e, t, *i.frame_shape), i.dtype)
+        _common.check_before_dispatch(self, add=True)
         new, (slots, valid) = self._add_ids(step, terminated, truncated, final_obs)
         slots, valid = jax.device_get((slots, valid))
-        e, t = terminated.shape
         datas = [np.reshape(f, (e * t, *i.frame_shape)) for f, i in zip(frames, self.leaves)]
         if truncated is not None:
             datas = [np.concatenate([d, np.reshape(f, (e * t, *i.frame_shape))]) for d, f, i in zip(datas, final_frames, self.leaves)]
@@ -347,7 +365,11 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         """ids `[*S, 3]` -> (store slots `[*S, k]` oldest to newest, zero-pad mask or None)."""
         k, ring = self.frame_stack, self.frame_ring
         newest, prev, ep = ids[..., 0], ids[..., 1], ids[..., 2]
-        newest = jnp.where(newest < 0, self.host.num_slots - 1, newest)  # never written: decodes as zeros
+        empty = self.host.num_slots - 1  # never written: decodes as zeros
+        outside = (newest < 0) | (newest >= empty)  # -1 (an unwritten step), or ids the buffer never made
+        newest = jnp.where(outside, empty, newest)
+        prev = jnp.where(outside | (prev >= self.num_envs * ring), -1, prev)  # -1: no older frame
+        ep = jnp.clip(ep, 0, k - 1)
         if self.leaves[0].stack_axis is None:
             return newest, None
         d = (k - 1) - jnp.arange(k, dtype=jnp.int32)  # frames back, per stack position
@@ -362,13 +384,33 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         fids = jnp.where((back == 0) | (prev < 0)[..., None], newest[..., None], older)
         return fids.astype(jnp.int32), pad
 
+    @_common.checked_before_dispatch()
     def decode_obs(self, *obs: Any) -> Any:
-        """Replace the id leaves of sampled observation pytrees (leaves `[*S, 3]`) by the decoded
-        observations `[*S, *shape]`. Several pytrees are decoded in one host callback (frames they
-        share are decoded once); one pytree in, one out; several in, a tuple out."""
+        """Replace the id leaves of stored observation pytrees by the decoded observations.
+
+        Args:
+          *obs: pytrees like the stored observation (a sample's `obs` before decoding, or a slice of
+            `trajectory.storage[obs_key]`): each compressed leaf int32 `[*S, 3]` holding the same ids, the other
+            leaves `[*S, ...]` of their stored dtypes. Several pytrees are decoded in one host callback (frames
+            they share are decoded once).
+
+        Returns:
+          Each pytree with its compressed leaves `[*S, *shape]` (float32 with `normalize_images`); one pytree in,
+          one out; several in, a tuple. Ids outside the store (not made by this buffer) decode as zeros, like a
+          step never written.
+
+        Raises:
+          TypeError: no pytree, a structure other than the stored observation's, or another dtype (float ids
+            included: nothing is cast).
+          ValueError: shapes other than `[*S, *stored shape]` with one `S`; concrete compressed leaves holding
+            different ids.
+        """
+        if not obs:
+            raise TypeError("obs: expected at least one observation pytree (compressed leaves int32 [*S, 3])")
+        spec = self.trajectory.step_spec[self.trajectory.obs_key]
         fids, pads, leads = [], [], []
-        for o in obs:
-            ids = _common.pick_leaves(o, self.leaf_index)[0]
+        for j, o in enumerate(obs):
+            ids = self._checked_ids(spec, o, "obs" if len(obs) == 1 else f"obs[{j}]")
             f, p = self._frame_ids(ids)
             fids.append(f)
             pads.append(p)
@@ -380,6 +422,22 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
             outs.append(_common.replace_leaves(o, self.leaf_index, leaves))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def _checked_ids(self, spec, obs, what: str) -> jax.Array:
+        """The ids `[*S, 3]` of one observation pytree, checked against the stored observation `spec`."""
+        leaves = jax.tree.leaves(obs)
+        first = leaves[self.leaf_index[0]] if len(leaves) > self.leaf_index[0] else None
+        nd = max(getattr(first, "ndim", 1) - 1, 0)
+        _validate.check_batch(spec, obs, nd, what, tuple(f"S{i}" for i in range(nd)))
+        ids = _common.pick_leaves(obs, self.leaf_index)
+        if not any(isinstance(x, jax.core.Tracer) for x in ids):
+            for x, info in zip(ids[1:], self.leaves[1:]):
+                if not np.array_equal(np.asarray(x), np.asarray(ids[0])):
+                    raise ValueError(
+                        f"{what}: the ids of {info.name} differ from those of {self.leaves[0].name}; every compressed "
+                        f"leaf of a stored observation holds the same ids"
+                    )
+        return jnp.asarray(ids[0])
+
     def _decode_transitions(self, s):
         """A transition sample (uniform or prioritised) with `obs` / `next_obs` decoded in one callback."""
         obs, next_obs = self.decode_obs(s.obs, s.next_obs)
@@ -390,6 +448,7 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         key = self.trajectory.obs_key
         return s._replace(item={**s.item, key: self.decode_obs(s.item[key])})
 
+    @_common.checked_before_dispatch()
     @_compiled.method("sequence_length")
     def final_obs_at(self, indices, sequence_length: int) -> Any:
         """`jaxbuffers.TrajectoryBuffer.final_obs_at`, observations decoded (`[B, L, ...]`): at
@@ -402,6 +461,7 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         ids = [jnp.where(real[..., None], x, -1) for x in _common.pick_leaves(final, self.leaf_index)]  # -1: zeros
         return self.decode_obs(_common.replace_leaves(final, self.leaf_index, ids))
 
+    @_common.checked_before_dispatch()
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def sample_sequences(
         self, key: jax.Array, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True
@@ -409,6 +469,7 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         """`jaxbuffers.TrajectoryBuffer.sample_sequences`, observations decoded (`[B, L, ...]`)."""
         return self._decode_sequences(self.buffer.sample_sequences(key, batch_size, sequence_length, period=period, cross_episodes=cross_episodes))
 
+    @_common.checked_before_dispatch()
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> TransitionSample:
         """`jaxbuffers.TrajectoryBuffer.sample_transitions`, `obs` / `next_obs` decoded.
@@ -457,6 +518,7 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
         """`jaxbuffers.PrioritisedTrajectoryBuffer.can_sample_transitions`."""
         return self.buffer.can_sample_transitions(batch_size, n_step=n_step)
 
+    @_common.checked_before_dispatch()
     @_compiled.method("batch_size", "sequence_length", scalars=_BETA)
     def sample_sequences(  # type: ignore[override]
         self, key: jax.Array, batch_size: int, sequence_length: int | None = None, *, beta=1.0
@@ -464,6 +526,7 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
         """`jaxbuffers.PrioritisedTrajectoryBuffer.sample_sequences`, observations decoded."""
         return self._decode_sequences(self.buffer.sample_sequences(key, batch_size, sequence_length, beta=beta))
 
+    @_common.checked_before_dispatch()
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
     def sample_transitions(  # type: ignore[override]
         self, key: jax.Array, batch_size: int, *, n_step: int | None = None, gamma, beta=1.0
