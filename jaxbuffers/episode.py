@@ -312,7 +312,7 @@ class EpisodeBuffer(struct.PyTreeNode):
         length = _lengths("length", length, (), t)
         terminated, truncated = _flag("terminated", terminated, ()), _flag("truncated", truncated, ())
         final_obs = self._final_obs_arg(final_obs, 0, ())
-        meta = self._meta_arg(meta, ())
+        meta = meta_values(self.meta_spec, self.meta_defaults, meta, ())
         ex = lambda x: jax.tree.map(lambda v: jnp.asarray(v)[None], x)  # noqa: E731
         return self._add_checked(ex(episode), ex(length), ex(terminated), ex(truncated), ex(final_obs), ex(meta), split_long)
 
@@ -346,7 +346,7 @@ class EpisodeBuffer(struct.PyTreeNode):
         terminated = _flag("terminated", terminated, (b,))
         truncated = jnp.zeros((b,), bool) if truncated is None else _flag("truncated", truncated, (b,))
         final_obs = self._final_obs_arg(final_obs, 1, (b,))
-        return self._add_checked(dict(episodes), lengths, terminated, truncated, final_obs, self._meta_arg(meta, (b,)), split_long)
+        return self._add_checked(dict(episodes), lengths, terminated, truncated, final_obs, meta_values(self.meta_spec, self.meta_defaults, meta, (b,)), split_long)
 
     def _final_obs_arg(self, final_obs, nd: int, lead: tuple):
         """`final_obs` checked against the observation spec with `nd` leading axes `lead`."""
@@ -358,36 +358,6 @@ class EpisodeBuffer(struct.PyTreeNode):
         if tuple(got) != tuple(lead):
             raise ValueError(f"final_obs: expected leading axes {list(lead)} (one observation per episode), got {list(got)}")
         return final_obs
-
-    def _meta_arg(self, meta, lead: tuple) -> dict:
-        """The meta dict of an add, every declared field present (defaults filled in), leaves `[*lead, *shape]`.
-
-        A value is an array of exactly the field's dtype and shape `[*lead, *shape]`, or a Python scalar of the
-        field's kind (bool for bool fields; int for integer or floating fields; float for floating fields), which
-        is given to every episode of the add.
-        """
-        meta = {} if meta is None else meta
-        if not isinstance(meta, Mapping):
-            raise TypeError(f"meta: expected a dict {{name: value}}, got {type(meta).__name__}")
-        unknown = sorted(set(meta) - set(self.meta), key=str)
-        if unknown:
-            raise TypeError(f"meta: unknown fields {unknown}; the buffer declares {sorted(self.meta)} (create(..., meta=...))")
-        out = {}
-        for k, s in self.meta_spec.items():
-            want, name, dtype = (*lead, *s.shape), f"meta[{k!r}]", np.dtype(s.dtype)
-            v = meta.get(k, None)
-            if v is None:
-                out[k] = jnp.broadcast_to(self.meta_defaults[k], want)
-                continue
-            if isinstance(v, (bool, int, float)):
-                kinds = "b" if isinstance(v, bool) else "iuf" if isinstance(v, int) else "f"
-                if dtype.kind not in kinds:
-                    raise TypeError(f"{name}: expected a value of dtype {dtype}, got {type(v).__name__} {v!r}")
-                out[k] = jnp.broadcast_to(jnp.asarray(np.asarray(v, dtype)), want)
-                continue
-            _validate.array(name, v, want, dtype)
-            out[k] = jnp.asarray(v)
-        return out
 
     def _add_checked(self, episodes, lengths, terminated, truncated, final_obs, meta, split_long) -> "EpisodeBuffer":
         split_long = _validate.static_bool("split_long", split_long)
@@ -743,6 +713,42 @@ class EpisodeBuffer(struct.PyTreeNode):
             window_mask=jnp.arange(n_step, dtype=jnp.int32)[None, :] < k[:, None], meta=self._meta(ep),
             indices=ep.astype(jnp.int32), steps=t.astype(jnp.int32),
         )
+
+
+def meta_values(meta_spec: Mapping, defaults: Mapping, meta, lead: tuple = ()) -> dict:
+    """The meta dict of an add, checked against `meta_spec` (`{name: jax.ShapeDtypeStruct}`), every declared field
+    present (`defaults` filled in), leaves `[*lead, *shape]`.
+
+    A value is an array of exactly the field's dtype and shape `[*lead, *shape]`, or a Python scalar of the
+    field's kind (bool for bool fields; int for integer or floating fields; float for floating fields), which
+    is given to every episode of the add.
+
+    Raises:
+      TypeError: `meta` not a dict, an unknown name, a wrong dtype or kind.
+      ValueError: a wrong shape.
+    """
+    meta = {} if meta is None else meta
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta: expected a dict {{name: value}}, got {type(meta).__name__}")
+    unknown = sorted(set(meta) - set(meta_spec), key=str)
+    if unknown:
+        raise TypeError(f"meta: unknown fields {unknown}; the buffer declares {sorted(meta_spec)} (create(..., meta=...))")
+    out = {}
+    for k, s in meta_spec.items():
+        want, name, dtype = (*lead, *s.shape), f"meta[{k!r}]", np.dtype(s.dtype)
+        v = meta.get(k, None)
+        if v is None:
+            out[k] = jnp.broadcast_to(defaults[k], want)
+            continue
+        if isinstance(v, (bool, int, float)):
+            kinds = "b" if isinstance(v, bool) else "iuf" if isinstance(v, int) else "f"
+            if dtype.kind not in kinds:
+                raise TypeError(f"{name}: expected a value of dtype {dtype}, got {type(v).__name__} {v!r}")
+            out[k] = jnp.broadcast_to(jnp.asarray(np.asarray(v, dtype)), want)
+            continue
+        _validate.array(name, v, want, dtype)
+        out[k] = jnp.asarray(v)
+    return out
 
 
 def _bcast(mask: jax.Array, ndim: int) -> jax.Array:
