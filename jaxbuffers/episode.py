@@ -489,21 +489,21 @@ class EpisodeBuffer(struct.PyTreeNode):
     # ------------------------------------------------------------------------------------------
     # sampling
 
-    def _where(self, where) -> jax.Array:
-        """The filter as bool `[max_episodes]`, restricted to the stored episodes."""
-        e = self.max_episodes
-        held = jnp.arange(e) < self.num_valid
+    def _filter(self, where):
+        """The filter as a bool `[max_episodes]` mask by slot, or None for every episode (checked at trace time)."""
         if where is None:
-            return held
-        if callable(where):
-            mask = where(self.meta)
-            name = "where(meta)"
-        else:
-            mask, name = where, "where"
+            return None
+        mask, name = (where(self.meta), "where(meta)") if callable(where) else (where, "where")
+        e = self.max_episodes
         if not hasattr(mask, "shape") or tuple(mask.shape) != (e,) or np.dtype(mask.dtype) != np.dtype(bool):
             got = f"shape {tuple(mask.shape)} dtype {mask.dtype}" if hasattr(mask, "shape") else type(mask).__name__
             raise TypeError(f"{name}: expected a bool array of shape ({e},) (one flag per episode slot), got {got}")
-        return held & jnp.asarray(mask)
+        return mask
+
+    def _passing(self, mask) -> jax.Array:
+        """bool `[max_episodes]`: the slots holding an episode that passes `mask` (None: every held slot)."""
+        held = jnp.arange(self.max_episodes) < self.num_valid
+        return held if mask is None else held & jnp.asarray(mask)
 
     def _sequence_length(self, sequence_length) -> int:
         sequence_length = _validate.static_int("sequence_length", sequence_length)
@@ -515,18 +515,17 @@ class EpisodeBuffer(struct.PyTreeNode):
         """Whether `sample_episodes`, `sample_timesteps` and `sample_transitions` with this filter return only
         valid data (bool scalar): some stored episode passes `where` (module doc)."""
         _validate.static_int("batch_size", batch_size)
-        return self._any(self._where(where))
+        return self._any(self._filter(where), 1)
 
     def can_sample_sequences(self, batch_size: int, sequence_length: int, *, where=None) -> jax.Array:
         """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some episode
         passing `where` holds at least `sequence_length` steps."""
         _validate.static_int("batch_size", batch_size)
-        sequence_length = self._sequence_length(sequence_length)
-        return self._any(self._where(where) & (self.lengths >= sequence_length))
+        return self._any(self._filter(where), self._sequence_length(sequence_length))
 
-    @_compiled.method()
-    def _any(self, mask) -> jax.Array:
-        return jnp.any(mask)
+    @_compiled.method("min_length")
+    def _any(self, mask, min_length: int) -> jax.Array:
+        return jnp.any(self._passing(mask) & (self.lengths >= min_length))
 
     def sample_episodes(self, key: jax.Array, batch_size: int, *, where=None) -> EpisodeSample:
         """Sample `batch_size` whole episodes, uniformly with replacement over the stored episodes passing `where`.
@@ -544,11 +543,11 @@ class EpisodeBuffer(struct.PyTreeNode):
           TypeError: `where` not giving a bool `[max_episodes]`.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
-        return self._sample_episodes(key, batch_size, self._where(where))
+        return self._sample_episodes(key, batch_size, self._filter(where))
 
     @_compiled.method("batch_size")
     def _sample_episodes(self, key, batch_size: int, mask) -> EpisodeSample:
-        ep, _ = _draw(key, batch_size, mask.astype(jnp.int32))
+        ep, _ = _draw(key, batch_size, self._passing(mask).astype(jnp.int32))
         return self._episodes(ep)
 
     def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, where=None) -> EpisodeSequenceSample:
@@ -572,11 +571,11 @@ class EpisodeBuffer(struct.PyTreeNode):
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
-        return self._sample_sequences(key, batch_size, sequence_length, self._where(where))
+        return self._sample_sequences(key, batch_size, sequence_length, self._filter(where))
 
     @_compiled.method("batch_size", "sequence_length")
     def _sample_sequences(self, key, batch_size: int, sequence_length: int, mask) -> EpisodeSequenceSample:
-        counts = jnp.where(mask, jnp.maximum(self.lengths - sequence_length + 1, 0), 0)
+        counts = jnp.where(self._passing(mask), jnp.maximum(self.lengths - sequence_length + 1, 0), 0)
         ep, start = _draw(key, batch_size, counts)
         t = start[:, None] + jnp.arange(sequence_length, dtype=jnp.int32)  # [B, L]
         term, trunc = self._step_flags(ep[:, None], t)
@@ -601,11 +600,11 @@ class EpisodeBuffer(struct.PyTreeNode):
           TypeError: `where` not giving a bool `[max_episodes]`.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
-        return self._sample_timesteps(key, batch_size, self._where(where))
+        return self._sample_timesteps(key, batch_size, self._filter(where))
 
     @_compiled.method("batch_size")
     def _sample_timesteps(self, key, batch_size: int, mask) -> EpisodeStepSample:
-        ep, t = _draw(key, batch_size, jnp.where(mask, self.lengths, 0))
+        ep, t = _draw(key, batch_size, jnp.where(self._passing(mask), self.lengths, 0))
         term, trunc = self._step_flags(ep, t)
         return EpisodeStepSample(
             item=jax.tree.map(lambda x: x[ep, t], self.storage), next_obs=self._next_obs(ep, t + 1),
@@ -646,11 +645,11 @@ class EpisodeBuffer(struct.PyTreeNode):
         if gamma is None:
             raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
         _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)
-        return self._sample_transitions(key, batch_size, n_step, gamma, self._where(where))
+        return self._sample_transitions(key, batch_size, n_step, gamma, self._filter(where))
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def _sample_transitions(self, key, batch_size: int, n_step: int, gamma, mask) -> EpisodeTransitionSample:
-        ep, t = _draw(key, batch_size, jnp.where(mask, self.lengths, 0))
+        ep, t = _draw(key, batch_size, jnp.where(self._passing(mask), self.lengths, 0))
         return self._transitions(ep, t, n_step, gamma)
 
     def transitions_at(self, indices, steps, *, n_step: int = 1, gamma) -> EpisodeTransitionSample:

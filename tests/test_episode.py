@@ -96,22 +96,8 @@ def _jit_add(buf, steps, lengths, terminated, truncated, final_obs, task_id):
                             meta={"task_id": task_id})
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "n"))
-def _jit_sample(buf, key, mask, kind, n):
-    if kind == "episodes":
-        return buf.sample_episodes(key, 8, where=mask)
-    if kind == "can":
-        return buf.can_sample(8, where=mask)
-    if kind == "can_sequences":
-        return buf.can_sample_sequences(8, n, where=mask)
-    if kind == "transitions":
-        return buf.sample_transitions(key, 8, n_step=n, gamma=0.9, where=mask)
-    if kind == "timesteps":
-        return buf.sample_timesteps(key, 8, where=mask)
-    return buf.sample_sequences(key, 8, n, where=mask)
-
-
-def _eager_sample(buf, key, where, kind, n):
+def _sample(buf, key, where, kind, n):
+    """One sampler (or can_sample) of the model test, by name; `n` is its length argument."""
     if kind == "episodes":
         return buf.sample_episodes(key, 8, where=where)
     if kind == "can":
@@ -123,6 +109,9 @@ def _eager_sample(buf, key, where, kind, n):
     if kind == "timesteps":
         return buf.sample_timesteps(key, 8, where=where)
     return buf.sample_sequences(key, 8, n, where=where)
+
+
+_jit_sample = jax.jit(_sample, static_argnames=("kind", "n"))
 
 
 def run_model(data, use_jit: bool):
@@ -178,7 +167,7 @@ def run_model(data, use_jit: bool):
             sample = lambda kind, n=0: _jit_sample(buf, key, where, kind, n)  # noqa: E731
         else:  # None or a function of the meta fields
             where = None if task is None else (lambda meta, task=task: meta["task_id"] == task)
-            sample = lambda kind, n=0: _eager_sample(buf, key, where, kind, n)  # noqa: E731
+            sample = lambda kind, n=0: _sample(buf, key, where, kind, n)  # noqa: E731
         passing = [h for h in held if task is None or h["meta"]["task_id"] == task]
         key = jax.random.key(op)
         assert bool(sample("can")) == bool(passing)
@@ -416,6 +405,22 @@ def test_compiles_once_per_shape(compile_counter):
             buf.sample_episodes(jax.random.key(i), 4, where=where)
             buf.sample_transitions(jax.random.key(i), 4, n_step=2, gamma=0.5 + 0.1 * i)
     assert n() == 0
+
+
+def test_donated_add_and_update_write_in_place():
+    buf = EpisodeBuffer.create(EXAMPLE, max_episodes=64, max_timesteps=256, meta=META)
+    steps, final = make_episode(np.random.default_rng(0), 100, [0])
+    add = jax.jit(lambda b, s, n: b.add_episode(s, n, terminated=True, final_obs=final, meta={"task_id": 1}), donate_argnums=0)
+    update = jax.jit(lambda b: b.update(jnp.array([0]), {"reward": jnp.zeros((1, 256))}), donate_argnums=0)
+    buf = add(buf, steps, 100)
+    ptr = buf.storage["obs"].unsafe_buffer_pointer()
+    for n in (50, 100, 7):
+        old = buf
+        buf = add(buf, steps, n)
+        assert old.storage["obs"].is_deleted() and buf.storage["obs"].unsafe_buffer_pointer() == ptr
+    buf = update(buf)
+    assert buf.storage["obs"].unsafe_buffer_pointer() == ptr
+    np.testing.assert_array_equal(np.asarray(buf.lengths[:4]), [100, 50, 100, 7])
 
 
 def test_vmap_over_stacked_buffers_and_scan():
