@@ -131,9 +131,10 @@ def main():
             ("sequences/batch=256/seq=32", "sequences", 256, "torchrl", torchrl_fns),
         ]
         for case, name, items, anchor, other in cases:
+            unit = f"{name}/s"
             runs = {"ours": lambda f=ours_fns[name]: f(per=per), anchor: lambda f=other[name]: f(per=per)}
             times = interleaved(runs, repeats, per=per)
-            compare(BENCH, case, times, anchor, n=per, repeats=repeats, items=items)
+            compare(BENCH, case, times, anchor, n=per, repeats=repeats, items=items, unit=unit)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ NOTES = {
     "episodes": "1,000 episodes of 50 to 200 steps (obs f32[17], action f32[6]). Anchors: memmap-replay-buffer's "
                 "`dataloader` (whole episodes; 3-step transitions) and TorchRL's `SliceSampler` (sequences of 32 "
                 "steps inside one episode). One batch per operation; ours is one jitted call from Python. "
-                "Throughput in episodes, transitions or sequences per second.",
+                "memmap-replay-buffer's loaders run shuffled epochs (without replacement); ours and TorchRL draw with "
+                "replacement.",
     "eager": "`ours-eager` calls the buffer method from Python; `ours-jit` wraps the same call in `jax.jit`. "
              "Ratio = jitted time / eager time: 1.0 means the eager call costs what the jitted one does "
              "(target >= 0.8).",
