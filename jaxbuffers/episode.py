@@ -368,7 +368,7 @@ class EpisodeBuffer(struct.PyTreeNode):
                 f"length, create the buffer with max_timesteps >= {t}, or pass split_long=True to store it in parts"
             )
         new, refused = self._write(episodes, lengths, terminated, truncated, final_obs, meta)
-        if not _is_traced((self, new)) and bool(refused):
+        if not self.circular and not _is_traced((self, new)) and bool(refused):  # a circular add never refuses
             raise BufferFullError(
                 f"add_episode: the fixed buffer (circular=False) holds {int(self.num_valid)} of max_episodes="
                 f"{self.max_episodes} episodes and has no room for the ones given; nothing was written"
