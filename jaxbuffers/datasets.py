@@ -1,4 +1,5 @@
-r"""Offline datasets: Minari import and export for `jaxbuffers.EpisodeBuffer` (`from_minari`, `to_minari`).
+r"""Offline datasets: Minari import and export for `jaxbuffers.EpisodeBuffer` (`from_minari`, `to_minari`; import
+into a `jaxbuffers.TrajectoryBuffer` too).
 
 Minari stores an episode of $L$ steps as `observations` ($L + 1$ of them: the reset observation, then the one after
 each step), `actions`, `rewards`, `terminations`, `truncations` ($L$ each) and `infos` ($L + 1$ entries per key, the
@@ -71,64 +72,90 @@ def _get(tree: Mapping, path: tuple):
     return tree
 
 
-def from_minari(dataset, *, max_episodes: int | None = None, max_timesteps: int | None = None, circular: bool = True) -> EpisodeBuffer:
-    """An `EpisodeBuffer` holding every episode of a Minari dataset, in the dataset's order (module doc: layout,
-    dtypes).
-
-    Args:
-      dataset: a `minari.MinariDataset` (e.g. `minari.load_dataset(dataset_id)`).
-      max_episodes: episode slots; default: the dataset's number of episodes (of parts, when `max_timesteps` splits
-        some); a smaller circular buffer keeps the last ones.
-      max_timesteps: steps per slot; default: the longest episode. Longer episodes are stored in parts
-        (`EpisodeBuffer.add_episode` with `split_long=True`).
-      circular: as in `EpisodeBuffer.create`.
-
-    Returns:
-      The filled buffer; its `meta` holds the final infos (module doc).
-
-    Raises:
-      ValueError: an empty dataset, an episode whose flags end it before its last step, an integer that int32
-        cannot hold; `EpisodeBuffer` errors for sizes.
-      BufferFullError: `circular=False` and more episodes than `max_episodes`.
-    """
+def _read(dataset) -> list[dict]:
+    """Every episode of a Minari dataset as host arrays: `steps` (step dict, leaves `[L, ...]`), `final` (obs after
+    the last step), `term`, `trunc` (the last step's flags) and `meta` (the final infos, module doc)."""
     episodes = list(dataset.iterate_episodes())
     if not episodes:
         raise ValueError("dataset: expected at least one episode, got none")
-    lengths = [len(e) for e in episodes]
-    first = episodes[0]
-    info_names = _info_names(first.infos or {})
-    steps, finals, metas, term, trunc = [], [], [], [], []
-    for i, ep in enumerate(episodes):
-        n = lengths[i]
-        where = f"dataset episode {ep.id}"
+    info_names = _info_names(episodes[0].infos or {})
+    out = []
+    for ep in episodes:
+        n, where = len(ep), f"dataset episode {ep.id}"
         t_flags, u_flags = np.asarray(ep.terminations, bool), np.asarray(ep.truncations, bool)
         if np.any(t_flags[:-1] | u_flags[:-1]):
             raise ValueError(f"{where}: terminations / truncations set before its last step {n - 1}")
         obs = jax.tree.map(lambda x: _narrow(f"{where}: observations", x), ep.observations)
-        step = {"obs": jax.tree.map(lambda x: x[:n], obs), "action": jax.tree.map(lambda x: _narrow(f"{where}: actions", x), ep.actions),
-                "reward": _narrow(f"{where}: rewards", np.asarray(ep.rewards))}
+        steps = {"obs": jax.tree.map(lambda x: x[:n], obs), "action": jax.tree.map(lambda x: _narrow(f"{where}: actions", x), ep.actions),
+                 "reward": _narrow(f"{where}: rewards", np.asarray(ep.rewards))}
+        meta = {}
         if info_names:
-            step["infos"] = jax.tree.map(lambda x: _narrow(f"{where}: infos", x)[:n], dict(ep.infos))
-            metas.append({_FINAL_INFO + name: _narrow(f"{where}: infos[{name}]", np.asarray(_get(ep.infos, p))[n]) for name, p in info_names})
-        else:
-            metas.append({})
-        steps.append(step)
-        finals.append(jax.tree.map(lambda x: x[n], obs))
-        term.append(bool(t_flags[-1]))
-        trunc.append(bool(u_flags[-1]))
+            steps["infos"] = jax.tree.map(lambda x: _narrow(f"{where}: infos", x)[:n], dict(ep.infos))
+            meta = {_FINAL_INFO + name: _narrow(f"{where}: infos[{name}]", np.asarray(_get(ep.infos, p))[n]) for name, p in info_names}
+        out.append(dict(steps=steps, final=jax.tree.map(lambda x: x[n], obs), term=bool(t_flags[-1]),
+                        trunc=bool(u_flags[-1]), meta=meta, length=n))
+    return out
+
+
+def from_minari(
+    dataset, *, into: str = "episodes", max_episodes: int | None = None, max_timesteps: int | None = None,
+    circular: bool = True,
+):
+    """A buffer holding every episode of a Minari dataset, in the dataset's order (module doc: layout, dtypes).
+
+    With `into="episodes"`, an `EpisodeBuffer`. With `into="trajectory"`, a `jaxbuffers.TrajectoryBuffer` of one
+    lane holding every step of the dataset in order (`length` = the number of steps), each episode's last step
+    flagged (an episode ending by neither flag is flagged truncated) and its final observation in the
+    final-observation ring (`final_obs_capacity` = the number of episodes); the final infos are not kept there.
+
+    Args:
+      dataset: a `minari.MinariDataset` (e.g. `minari.load_dataset(dataset_id)`).
+      into: `"episodes"` or `"trajectory"`.
+      max_episodes: (`"episodes"`) episode slots; default: the dataset's number of episodes (of parts, when
+        `max_timesteps` splits some); a smaller circular buffer keeps the last ones.
+      max_timesteps: (`"episodes"`) steps per slot; default: the longest episode. Longer episodes are stored in
+        parts (`EpisodeBuffer.add_episode` with `split_long=True`).
+      circular: (`"episodes"`) as in `EpisodeBuffer.create`.
+
+    Returns:
+      The filled buffer; an `EpisodeBuffer`'s `meta` holds the final infos (module doc).
+
+    Raises:
+      ValueError: an empty dataset, an episode whose flags end it before its last step, an integer that int32
+        cannot hold, `into` not one of the two; `EpisodeBuffer` errors for sizes.
+      BufferFullError: `circular=False` and more episodes than `max_episodes`.
+    """
+    _validate.choice("into", into, ("episodes", "trajectory"))
+    episodes = _read(dataset)
+    lengths = [e["length"] for e in episodes]
+    example = jax.tree.map(lambda x: x[0], episodes[0]["steps"])
+    if into == "trajectory":
+        from jaxbuffers.trajectory import TrajectoryBuffer
+
+        total = sum(lengths)
+        buf = TrajectoryBuffer.create(example, num_envs=1, length=total, final_obs_capacity=len(episodes))
+        last = np.zeros(total, bool)
+        last[np.cumsum(lengths) - 1] = True
+        term = np.repeat([e["term"] for e in episodes], lengths) & last
+        trunc = last & ~term
+        # the observation after each step: the next step's, and the final observation after an episode's last
+        nxt = [jax.tree.map(lambda x, f: np.concatenate([x[1:], f[None]]), e["steps"]["obs"], e["final"]) for e in episodes]
+        cat = lambda *xs: np.concatenate(xs)[None]  # noqa: E731
+        return buf.add(jax.tree.map(cat, *[e["steps"] for e in episodes]), terminated=term[None], truncated=trunc[None],
+                       final_obs=jax.tree.map(cat, *nxt))
     longest = max(lengths)
     m = longest if max_timesteps is None else _validate.static_int("max_timesteps", max_timesteps)
-    example = jax.tree.map(lambda x: x[0], steps[0])
+    metas = [e["meta"] for e in episodes]
     buf = EpisodeBuffer.create(
         example, max_episodes=sum(-(-n // m) for n in lengths) if max_episodes is None else max_episodes, max_timesteps=m,
         meta={k: np.zeros_like(v) for k, v in metas[0].items()}, circular=circular,
     )
     pad = lambda x: np.concatenate([x, np.zeros((longest - len(x), *x.shape[1:]), x.dtype)])  # noqa: E731
-    stacked = jax.tree.map(lambda *xs: np.stack([pad(x) for x in xs]), *steps)
     return buf.add_episodes(
-        stacked, np.asarray(lengths, np.int32), terminated=np.asarray(term), truncated=np.asarray(trunc),
-        final_obs=jax.tree.map(lambda *xs: np.stack(xs), *finals),
-        meta={k: np.stack([m[k] for m in metas]) for k in metas[0]}, split_long=True,
+        jax.tree.map(lambda *xs: np.stack([pad(x) for x in xs]), *[e["steps"] for e in episodes]),
+        np.asarray(lengths, np.int32), terminated=np.asarray([e["term"] for e in episodes]),
+        truncated=np.asarray([e["trunc"] for e in episodes]), final_obs=jax.tree.map(lambda *xs: np.stack(xs), *[e["final"] for e in episodes]),
+        meta={k: np.stack([mt[k] for mt in metas]) for k in metas[0]}, split_long=True,
     )
 
 

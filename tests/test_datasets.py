@@ -75,6 +75,25 @@ def test_buffer_reads_like_the_dataset(recorded):
     assert int(everything.meta["final_info/count"][k - 1]) == n
 
 
+def test_into_a_trajectory_buffer(recorded):
+    original = list(recorded.iterate_episodes())
+    buf = from_minari(recorded, into="trajectory")
+    total = sum(len(e) for e in original)
+    assert buf.num_envs == 1 and buf.length == total and int(buf.size()) == total
+    np.testing.assert_array_equal(np.asarray(buf.storage["obs"][0]), np.concatenate([e.observations[:-1] for e in original]))
+    np.testing.assert_array_equal(np.asarray(buf.storage["infos"]["count"][0]), np.concatenate([e.infos["count"][:-1] for e in original]))
+    ends = np.cumsum([len(e) for e in original]) - 1
+    np.testing.assert_array_equal(np.flatnonzero(np.asarray(buf.terminated[0] | buf.truncated[0])), ends)
+    np.testing.assert_array_equal(np.asarray(buf.terminated[0])[ends], [bool(e.terminations[-1]) for e in original])
+    # an n-step transition from each episode's last step bootstraps from that episode's true final observation
+    tr = buf.transitions_at(ends.astype(np.int32), n_step=2, gamma=0.5)
+    np.testing.assert_array_equal(np.asarray(tr.num_steps), 1)
+    np.testing.assert_array_equal(np.asarray(tr.next_obs)[[bool(e.truncations[-1]) for e in original]],
+                                  [e.observations[-1] for e in original if e.truncations[-1]])
+    with pytest.raises(ValueError, match="into: expected one of"):
+        from_minari(recorded, into="lanes")
+
+
 def test_refusals(recorded):
     import jax.numpy as jnp
 
