@@ -135,11 +135,11 @@ def _is_traced(x) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(x))
 
 
-def _flag(name: str, x, shape: tuple) -> jax.Array:
+def _flag(name: str, x, shape: tuple):
     """A bool flag of `shape`: a Python bool or a bool array (never cast from another dtype)."""
     if isinstance(x, (bool, np.bool_)):
         x = np.full(shape, bool(x))
-    return jnp.asarray(_validate.array(name, x, shape, bool))
+    return _validate.array(name, x, shape, bool)
 
 
 def _lengths(name: str, x, shape: tuple, t: int) -> jax.Array:
@@ -156,7 +156,7 @@ def _lengths(name: str, x, shape: tuple, t: int) -> jax.Array:
     v = np.asarray(x)
     if np.any(v < 1) or np.any(v > t):
         raise ValueError(f"{name}: expected values in [1, {t}] (the episode's time axis holds {t} steps), got {v.tolist()}")
-    return _validate.int32_indices(v)
+    return v.astype(np.int32)
 
 
 class EpisodeBuffer(struct.PyTreeNode):
@@ -299,7 +299,8 @@ class EpisodeBuffer(struct.PyTreeNode):
             part's first observation as its final observation (the last keeps the episode's flags).
 
         Returns:
-          The new buffer. Cost O(max_timesteps * parts); in place when donated.
+          The new buffer. Cost O(max_timesteps * parts); in place when donated. Called eagerly, one compiled
+          program per shape and set of meta fields given.
 
         Raises:
           BufferFullError: (a `ValueError`) eager add to a full fixed buffer; the buffer is unchanged.
@@ -312,9 +313,8 @@ class EpisodeBuffer(struct.PyTreeNode):
         length = _lengths("length", length, (), t)
         terminated, truncated = _flag("terminated", terminated, ()), _flag("truncated", truncated, ())
         final_obs = self._final_obs_arg(final_obs, 0, ())
-        meta = meta_values(self.meta_spec, self.meta_defaults, meta, ())
-        ex = lambda x: jax.tree.map(lambda v: jnp.asarray(v)[None], x)  # noqa: E731
-        return self._add_checked(ex(episode), ex(length), ex(terminated), ex(truncated), ex(final_obs), ex(meta), split_long)
+        meta = meta_values(self.meta_spec, meta, ())
+        return self._add_checked(dict(episode), length, terminated, truncated, final_obs, meta, split_long, False)
 
     def add_episodes(
         self, episodes: Mapping, lengths, *, terminated, truncated=None, final_obs, meta: Mapping | None = None,
@@ -344,9 +344,10 @@ class EpisodeBuffer(struct.PyTreeNode):
         b, t = _validate.check_batch(self.step_spec, dict(episodes), 2, "episodes", ("B", "T"))
         lengths = _lengths("lengths", lengths, (b,), t)
         terminated = _flag("terminated", terminated, (b,))
-        truncated = jnp.zeros((b,), bool) if truncated is None else _flag("truncated", truncated, (b,))
+        truncated = np.zeros((b,), bool) if truncated is None else _flag("truncated", truncated, (b,))
         final_obs = self._final_obs_arg(final_obs, 1, (b,))
-        return self._add_checked(dict(episodes), lengths, terminated, truncated, final_obs, meta_values(self.meta_spec, self.meta_defaults, meta, (b,)), split_long)
+        meta = meta_values(self.meta_spec, meta, (b,))
+        return self._add_checked(dict(episodes), lengths, terminated, truncated, final_obs, meta, split_long, True)
 
     def _final_obs_arg(self, final_obs, nd: int, lead: tuple):
         """`final_obs` checked against the observation spec with `nd` leading axes `lead`."""
@@ -359,15 +360,15 @@ class EpisodeBuffer(struct.PyTreeNode):
             raise ValueError(f"final_obs: expected leading axes {list(lead)} (one observation per episode), got {list(got)}")
         return final_obs
 
-    def _add_checked(self, episodes, lengths, terminated, truncated, final_obs, meta, split_long) -> "EpisodeBuffer":
+    def _add_checked(self, episodes, lengths, terminated, truncated, final_obs, meta, split_long, batched) -> "EpisodeBuffer":
         split_long = _validate.static_bool("split_long", split_long)
-        t = jax.tree.leaves(episodes)[0].shape[1]
+        t = jax.tree.leaves(episodes)[0].shape[int(batched)]
         if t > self.max_timesteps and not split_long:
             raise ValueError(
                 f"episode: time axis of {t} steps is longer than max_timesteps={self.max_timesteps}; slice it to its "
                 f"length, create the buffer with max_timesteps >= {t}, or pass split_long=True to store it in parts"
             )
-        new, refused = self._write(episodes, lengths, terminated, truncated, final_obs, meta)
+        new, refused = self._write(episodes, lengths, terminated, truncated, final_obs, meta, batched)
         if not self.circular and not _is_traced((self, new)) and bool(refused):  # a circular add never refuses
             raise BufferFullError(
                 f"add_episode: the fixed buffer (circular=False) holds {int(self.num_valid)} of max_episodes="
@@ -375,12 +376,18 @@ class EpisodeBuffer(struct.PyTreeNode):
             )
         return new
 
-    @_compiled.method()
-    def _write(self, episodes, lengths, terminated, truncated, final_obs, meta):
-        """Write checked episodes (leaves `[B, T, ...]`, any `T`): split into parts of `max_timesteps`, pad, and
-        scatter every part with a length >= 1 into consecutive ring slots. Returns `(buffer, refused)`."""
+    @_compiled.method("batched")
+    def _write(self, episodes, lengths, terminated, truncated, final_obs, meta, batched: bool):
+        """Write checked episodes (leaves `[B, T, ...]`, any `T`; one episode without the `B` axis when not
+        `batched`): split into parts of `max_timesteps`, pad, and scatter every part with a length >= 1 into
+        consecutive ring slots. Meta fields not given take their default. Returns `(buffer, refused)`."""
+        if not batched:
+            episodes, lengths, terminated, truncated, final_obs, meta = jax.tree.map(
+                lambda v: jnp.asarray(v)[None], (episodes, lengths, terminated, truncated, final_obs, meta))
+        lengths, terminated, truncated = (jnp.asarray(x) for x in (lengths, terminated, truncated))
         m, e = self.max_timesteps, self.max_episodes
         b, t = lengths.shape[0], jax.tree.leaves(episodes)[0].shape[1]
+        meta = {k: jnp.broadcast_to(jnp.asarray(meta[k]) if k in meta else d, (b, *d.shape)) for k, d in self.meta_defaults.items()}
         parts = -(-t // m)
         lengths = jnp.clip(lengths, 0, t)
         pad = lambda x: jnp.pad(x, [(0, 0), (0, parts * m - t)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
@@ -714,9 +721,9 @@ class EpisodeBuffer(struct.PyTreeNode):
         )
 
 
-def meta_values(meta_spec: Mapping, defaults: Mapping, meta, lead: tuple = ()) -> dict:
-    """The meta dict of an add, checked against `meta_spec` (`{name: jax.ShapeDtypeStruct}`), every declared field
-    present (`defaults` filled in), leaves `[*lead, *shape]`.
+def meta_values(meta_spec: Mapping, meta, lead: tuple = ()) -> dict:
+    """The meta fields given to an add, checked against `meta_spec` (`{name: jax.ShapeDtypeStruct}`), leaves
+    `[*lead, *shape]` (fields not given are left out: the add gives them their default).
 
     A value is an array of exactly the field's dtype and shape `[*lead, *shape]`, or a Python scalar of the
     field's kind (bool for bool fields; int for integer or floating fields; float for floating fields), which
@@ -737,16 +744,14 @@ def meta_values(meta_spec: Mapping, defaults: Mapping, meta, lead: tuple = ()) -
         want, name, dtype = (*lead, *s.shape), f"meta[{k!r}]", np.dtype(s.dtype)
         v = meta.get(k, None)
         if v is None:
-            out[k] = jnp.broadcast_to(defaults[k], want)
             continue
         if isinstance(v, (bool, int, float)):
             kinds = "b" if isinstance(v, bool) else "iuf" if isinstance(v, int) else "f"
             if dtype.kind not in kinds:
                 raise TypeError(f"{name}: expected a value of dtype {dtype}, got {type(v).__name__} {v!r}")
-            out[k] = jnp.broadcast_to(jnp.asarray(np.asarray(v, dtype)), want)
+            out[k] = np.broadcast_to(np.asarray(v, dtype), want)
             continue
-        _validate.array(name, v, want, dtype)
-        out[k] = jnp.asarray(v)
+        out[k] = _validate.array(name, v, want, dtype)
     return out
 
 

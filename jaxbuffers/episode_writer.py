@@ -217,8 +217,7 @@ class EpisodeWriter:
         """The meta fields given (checked as `EpisodeBuffer.add_episode` checks them), host copies."""
         if meta is None:
             return {}
-        b = self._buffer
-        checked = meta_values(b.meta_spec, b.meta_defaults, meta)
+        checked = meta_values(self._buffer.meta_spec, meta)
         return {k: np.asarray(checked[k]) for k in meta}
 
     def _env(self, env_id: Hashable, step_id, half: str) -> _Env:

@@ -396,12 +396,14 @@ def test_compiles_once_per_shape(compile_counter):
     rng = np.random.default_rng(0)
     where = np.ones(4, bool)
     steps, final = make_episode(rng, 5, [0])
-    buf = buf.add_episode(steps, 3, terminated=True, final_obs=final)
+    buf = buf.add_episode(steps, 3, terminated=True, final_obs=final)  # one program per set of meta fields given
+    buf = buf.add_episode(steps, 3, terminated=True, final_obs=final, meta={"task_id": 5})
     buf.sample_episodes(jax.random.key(0), 4, where=where)
     buf.sample_transitions(jax.random.key(0), 4, n_step=2, gamma=0.9)
     with compile_counter() as n:
         for i in range(3):
             buf = buf.add_episode(steps, 2 + i, terminated=bool(i % 2), final_obs=final, meta={"task_id": i})
+            buf = buf.add_episode(steps, 1 + i, terminated=True, truncated=np.bool_(i == 1), final_obs=final)
             buf.sample_episodes(jax.random.key(i), 4, where=where)
             buf.sample_transitions(jax.random.key(i), 4, n_step=2, gamma=0.5 + 0.1 * i)
     assert n() == 0
