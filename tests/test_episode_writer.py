@@ -194,3 +194,20 @@ def test_errors_name_the_half_and_change_nothing():
     with pytest.raises(ValueError, match="policy_keys: 'act'"):
         EpisodeWriter(buf, policy_keys=["act"])
     assert int(w.buffer.num_episodes()) == 0
+
+
+def test_a_full_fixed_buffer_refuses_the_commit_and_the_writer_goes_on():
+    from jaxbuffers.episode import BufferFullError
+
+    buf = EpisodeBuffer.create(EXAMPLE, max_episodes=1, max_timesteps=M, circular=False)
+    w = EpisodeWriter(buf)
+    for sid, end in enumerate([True, True, False]):
+        env_half, policy, next_obs = step_values(3, sid)
+        w.add_policy(3, sid, policy)
+        if sid == 1:
+            with pytest.raises(BufferFullError, match="max_episodes=1"):
+                w.add_env(3, sid, env_half, next_obs=next_obs, terminated=end)
+        else:
+            w.add_env(3, sid, env_half, next_obs=next_obs, terminated=end)
+    check_against(w.buffer, {3: expected_episodes(3, [1], 1)})  # the first episode only
+    assert w.in_progress(3) == 1  # step 2 joined a new episode after the refused one
