@@ -6,7 +6,6 @@ episode, window, step and transition is located in it (from its slot and step) a
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
