@@ -14,11 +14,12 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["replay", "prioritised", "trajectory", "eager", "ppo", "returns", "compressed", "sb3", "codecs", "torch_interop"]
+ORDER = ["replay", "prioritised", "trajectory", "episodes", "eager", "ppo", "returns", "compressed", "sb3", "codecs", "torch_interop"]
 TITLES = {
     "replay": "Uniform replay (`ReplayBuffer`) against flashbax",
     "prioritised": "Prioritised replay (`PrioritisedReplayBuffer`) against flashbax",
     "trajectory": "Trajectory buffers against flashbax",
+    "episodes": "Episode sampling (`EpisodeBuffer`) against memmap-replay-buffer and TorchRL",
     "eager": "Eager calls against jitted calls",
     "ppo": "PPO on CartPole-v1: the example against plain PPO",
     "returns": "GAE against rlax",
@@ -41,6 +42,11 @@ NOTES = {
     "trajectory": "Anchor: flashbax's trajectory buffers (8 envs). Add throughput in env steps/s; `chunk16` adds 16 "
                   "steps per env per call. Ours also writes episode flags and a final-observation ring and never "
                   "samples across the write head.",
+    "episodes": "1,000 episodes of 50 to 200 steps (obs f32[17], action f32[6]). Anchors: memmap-replay-buffer's "
+                "`dataloader` (whole episodes; 3-step transitions) and TorchRL's `SliceSampler` (sequences of 32 "
+                "steps inside one episode). One batch per operation; ours is one jitted call from Python. "
+                "memmap-replay-buffer's loaders run shuffled epochs (without replacement); ours and TorchRL draw with "
+                "replacement.",
     "eager": "`ours-eager` calls the buffer method from Python; `ours-jit` wraps the same call in `jax.jit`. "
              "Ratio = jitted time / eager time: 1.0 means the eager call costs what the jitted one does "
              "(target >= 0.8).",

@@ -12,6 +12,11 @@ from jaxbuffers.compressed import (
     CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
     StaleBufferError, StagingWriter,
 )
+from jaxbuffers.episode import (
+    BufferFullError, EpisodeBuffer, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample,
+)
+from jaxbuffers.episode_writer import EpisodeWriter
+from jaxbuffers.mixing import MixedSample, mixed_counts, sample_mixed
 from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
 from jaxbuffers.replay import ReplayBuffer, ReplaySample
 from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
@@ -26,6 +31,9 @@ __all__ = [
     "ReplayBuffer", "ReplaySample", "PrioritisedReplayBuffer", "PrioritisedSample", "SumMinTree",  # item replay
     "TrajectoryBuffer", "SequenceSample", "TransitionSample",  # trajectories
     "PrioritisedTrajectoryBuffer", "PrioritisedSequenceSample", "PrioritisedTransitionSample",
+    "EpisodeBuffer", "EpisodeSample", "EpisodeSequenceSample", "EpisodeStepSample", "EpisodeTransitionSample",  # episodes
+    "BufferFullError", "EpisodeWriter",
+    "sample_mixed", "mixed_counts", "MixedSample",  # mixing
     "RolloutBuffer", "RolloutMinibatch", "RolloutMemoryPressure",  # on-policy
     "gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns",  # returns
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed

@@ -1,0 +1,774 @@
+r"""Whole-episode storage: `EpisodeBuffer` and its sample types.
+
+Layout: `max_episodes` episode slots of `max_timesteps` steps, leaves `[max_episodes, max_timesteps, ...]`, with the
+per-episode `lengths` (int32, in `[0, max_timesteps]`; 0 for a slot never written), the episode's end flags, its
+*final observation* (the observation after its last step) and its *meta* fields (one value per episode, e.g. a task
+id, declared at `create` with a dtype, a shape and a default). Steps `[length, max_timesteps)` of a slot are zeros.
+Episode slots form one ring (`jaxbuffers._ring`): `head` is the slot the next episode goes to, `num_valid` the
+episodes held; until the ring is full the valid slots are `[0, num_valid)`.
+
+Step convention (`docs/guide.md`, section 2): step `t` of an episode is the transition
+`obs_t --action_t--> obs_{t+1}`, a dict with at least `obs`, `action` and a floating scalar `reward` (names
+configurable in `create`), plus any extras. An episode of length $L$ ends after step $L - 1$, by termination
+(`terminated`: $obs_L$ is terminal, no bootstrap), by truncation (`truncated`, e.g. a time limit: bootstrap from
+$obs_L$) or by neither (a cut made by the collector; bootstrapped like a truncation). Both flags set counts as
+terminated (Gymnasium's rule). $obs_L$ is given to `add_episode` as `final_obs` and kept, so the step after the
+last one never reads a reset observation. The step flags of a stored episode are derived: step $L - 1$ carries the
+episode's flags, and is an episode end for the samplers whatever they are (a window never leaves its episode).
+
+Positions: a step is addressed by `episode * max_timesteps + t` (int32), an episode by its slot.
+
+Full buffer. `circular=True` (default) replaces the oldest episode. `circular=False` keeps the first
+`max_episodes` episodes: an add that does not fit writes nothing at all. Called eagerly it raises `ValueError`
+(the buffer is unchanged); inside `jit`, where no value can raise, it returns the buffer unchanged except for the
+sticky flag `overflowed`, which the caller can test (`buf.overflowed`) after the step.
+
+Filters. Every sampler and `can_sample` take `where`: `None` (every stored episode), a bool array
+`[max_episodes]` by slot, or a function of the meta dict (leaves `[max_episodes, ...]`) returning one, e.g.
+`where=lambda meta: meta["task_id"] == 1`. Draws are uniform over what passes (episodes, windows or steps); when
+nothing passes `can_sample` is False and the samplers return defined data (slot 0). A function is traced each
+time the sampler is called eagerly; pass a mask (or call inside `jit`) to avoid that.
+
+Example:
+
+```python
+import jax, jax.numpy as jnp
+import jaxbuffers as jb
+
+step = {"obs": jnp.zeros(3), "action": jnp.int32(0), "reward": jnp.float32(0)}
+buf = jb.EpisodeBuffer.create(step, max_episodes=100, max_timesteps=50, meta={"task_id": jnp.int32(0)})
+ep = jax.tree.map(lambda x: jnp.stack([x] * 20), step)            # 20 steps, leaves [20, ...]
+buf = buf.add_episode(ep, 20, terminated=True, final_obs=jnp.ones(3), meta={"task_id": jnp.int32(1)})
+eps = buf.sample_episodes(jax.random.key(0), 8, where=lambda m: m["task_id"] == 1)   # eps.item [8, 50, ...], eps.mask
+tr = buf.sample_transitions(jax.random.key(1), 256, n_step=3, gamma=0.99)
+```
+
+References:
+  Sutton & Barto (2018), *Reinforcement Learning: An Introduction*, section 7.1 (n-step returns);
+  Gymnasium's `terminated` / `truncated` API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxbuffers import _compiled, _ring, _validate
+from jaxbuffers.trajectory import n_step_window
+
+__all__ = [
+    "EpisodeBuffer", "EpisodeSample", "EpisodeSequenceSample", "EpisodeStepSample", "EpisodeTransitionSample",
+    "BufferFullError",
+]
+
+_GAMMA = {"gamma": (0.0, 1.0)}
+
+
+class BufferFullError(ValueError):
+    """An eager add to a fixed (`circular=False`) `EpisodeBuffer` that has no room for the episodes given."""
+
+
+class EpisodeSample(NamedTuple):
+    """What `EpisodeBuffer.sample_episodes` and `EpisodeBuffer.get_all` return: `B` whole episodes, padded."""
+
+    item: Any  # step dict, leaves [B, max_timesteps, ...]: zeros past each episode's length
+    mask: jax.Array  # shape=[B, max_timesteps], dtype=bool: t < length
+    lengths: jax.Array  # shape=[B], dtype=int32
+    terminated: jax.Array  # shape=[B], dtype=bool: the episode ended by termination
+    truncated: jax.Array  # shape=[B], dtype=bool: the episode ended by truncation
+    final_obs: Any  # obs pytree, leaves [B, ...]: obs after the last step
+    meta: dict  # {name: [B, ...]}, declared dtypes
+    indices: jax.Array  # shape=[B], dtype=int32: episode slots
+
+
+class EpisodeSequenceSample(NamedTuple):
+    """What `EpisodeBuffer.sample_sequences` returns: `B` windows of `L` consecutive steps inside one episode."""
+
+    item: Any  # step dict, leaves [B, L, ...]
+    terminated: jax.Array  # shape=[B, L], dtype=bool: step j is the episode's last and it terminated
+    truncated: jax.Array  # shape=[B, L], dtype=bool: step j is the episode's last and it was truncated
+    next_obs: Any  # obs pytree, leaves [B, ...]: obs after step L - 1 (the final obs when that step is the last)
+    meta: dict  # {name: [B, ...]}
+    indices: jax.Array  # shape=[B], dtype=int32: episode slots
+    starts: jax.Array  # shape=[B], dtype=int32: step of the window's first step in its episode
+
+
+class EpisodeStepSample(NamedTuple):
+    """What `EpisodeBuffer.sample_timesteps` returns: `B` single steps."""
+
+    item: Any  # step dict, leaves [B, ...]
+    next_obs: Any  # obs pytree, leaves [B, ...]: obs_{t+1} (the final obs at the last step)
+    terminated: jax.Array  # shape=[B], dtype=bool: step flags (last step of a terminated episode)
+    truncated: jax.Array  # shape=[B], dtype=bool: step flags (last step of a truncated episode)
+    meta: dict  # {name: [B, ...]}
+    indices: jax.Array  # shape=[B], dtype=int32: episode slots
+    steps: jax.Array  # shape=[B], dtype=int32: t
+
+
+class EpisodeTransitionSample(NamedTuple):
+    r"""What `EpisodeBuffer.sample_transitions` returns: `B` n-step transitions.
+
+    With $k$ the number of rewards used ($1 \le k \le n$, cut at the episode's last step), the bootstrap target
+    is `n_step_return + discount * V(next_obs)` (`jaxbuffers.trajectory.n_step_window`).
+    """
+
+    obs: Any  # obs_t, leaves [B, ...]
+    action: Any  # action_t, leaves [B, ...]
+    n_step_return: jax.Array  # shape=[B], dtype=reward dtype: G_t^(k)
+    discount: jax.Array  # shape=[B], dtype=reward dtype: gamma**k, 0 if step t+k-1 terminated
+    next_obs: Any  # obs_{t+k}, leaves [B, ...]: the episode's final obs when t + k = length
+    num_steps: jax.Array  # shape=[B], dtype=int32: k
+    item: Any  # the whole step t, leaves [B, ...]
+    window: Any  # steps t .. t+n-1, leaves [B, n, ...]: zeros past the episode's end
+    window_mask: jax.Array  # shape=[B, n], dtype=bool: j < k
+    meta: dict  # {name: [B, ...]}
+    indices: jax.Array  # shape=[B], dtype=int32: episode slots
+    steps: jax.Array  # shape=[B], dtype=int32: t
+
+
+def _is_traced(x) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(x))
+
+
+def _flag(name: str, x, shape: tuple):
+    """A bool flag of `shape`: a Python bool or a bool array (never cast from another dtype)."""
+    if isinstance(x, (bool, np.bool_)):
+        x = np.full(shape, bool(x))
+    return _validate.array(name, x, shape, bool)
+
+
+def _lengths(name: str, x, shape: tuple, t: int) -> jax.Array:
+    """Episode lengths of `shape` as int32: integers; concrete values must lie in `[1, t]`."""
+    if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+        x = np.full(shape, int(x), np.int64)
+    x = _validate.index_array(x, name)
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"{name}: expected an integer dtype (int32), got {x.dtype}")
+    if _is_traced(x):
+        return x.astype(jnp.int32)
+    v = np.asarray(x)
+    if np.any(v < 1) or np.any(v > t):
+        raise ValueError(f"{name}: expected values in [1, {t}] (the episode's time axis holds {t} steps), got {v.tolist()}")
+    return v.astype(np.int32)
+
+
+class EpisodeBuffer(struct.PyTreeNode):
+    """Whole episodes with lengths, end flags, final observations and meta fields; episode, sequence, step and
+    n-step sampling with meta filters.
+
+    Module doc: layout, step convention, full-buffer policy, filters. Every method is pure; it works under `jit`
+    (donated: in place), `lax.scan` and `vmap`, and eagerly runs as one cached compiled program
+    (`jaxbuffers._compiled`).
+    """
+
+    storage: Any  # step dict, leaves [max_episodes, max_timesteps, *shape], example dtypes; zeros past each length
+    lengths: jax.Array  # shape=[max_episodes], dtype=int32: steps of the episode in each slot, 0 if never written
+    terminated: jax.Array  # shape=[max_episodes], dtype=bool: the episode ended by termination
+    truncated: jax.Array  # shape=[max_episodes], dtype=bool: the episode ended by truncation (and not termination)
+    final_obs: Any  # obs pytree, leaves [max_episodes, *obs_shape]: the observation after each episode's last step
+    meta: dict  # {name: [max_episodes, *shape]}, declared dtypes: per-episode meta fields
+    meta_defaults: dict  # {name: [*shape]}, declared dtypes: the value a field takes when an add omits it
+    head: jax.Array  # shape=(), dtype=int32: slot the next episode goes to, in [0, max_episodes)
+    num_valid: jax.Array  # shape=(), dtype=int32: episodes stored, in [0, max_episodes]
+    added: jax.Array  # shape=[2], dtype=int32: episodes ever added, two-word counter (_ring.counter_*)
+    overflowed: jax.Array  # shape=(), dtype=bool: some add to a fixed buffer found no room and wrote nothing (sticky)
+    max_episodes: int = struct.field(pytree_node=False)
+    max_timesteps: int = struct.field(pytree_node=False)
+    circular: bool = struct.field(pytree_node=False)
+    obs_key: str = struct.field(pytree_node=False)
+    action_key: str = struct.field(pytree_node=False)
+    reward_key: str = struct.field(pytree_node=False)
+
+    @classmethod
+    @_validate.keyword_sizes
+    def create(
+        cls, example_step: Mapping, *, max_episodes: int, max_timesteps: int, meta: Mapping | None = None,
+        circular: bool = True, obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
+    ) -> "EpisodeBuffer":
+        """An empty buffer of `max_episodes` episodes of up to `max_timesteps` steps.
+
+        Args:
+          example_step: one step (no leading axes): a dict with at least `obs_key` (a pytree of arrays),
+            `action_key` and `reward_key` (a floating scalar), plus any extras. Arrays or `jax.ShapeDtypeStruct`;
+            dtypes are stored exactly.
+          max_episodes: episode slots (Python int >= 1).
+          max_timesteps: steps per slot (Python int >= 1); `max_episodes * max_timesteps` must fit int32.
+          meta: `{name: default}` of the per-episode fields, each default an array (its dtype and shape are the
+            field's, its value the default), e.g. `{"task_id": jnp.int32(-1), "goal": jnp.zeros(2)}`.
+          circular: static bool: replace the oldest episode when full (True) or refuse adds (False; module doc).
+          obs_key: name of the observation field.
+          action_key: name of the action field.
+          reward_key: name of the reward field.
+
+        Raises:
+          TypeError: `example_step` or `meta` not a dict, a leaf not an array, `circular` not a bool.
+          ValueError: a size not a positive int or the product above `2**31 - 1`, a required field missing, the
+            reward not a floating scalar.
+        """
+        e = _validate.static_int("max_episodes", max_episodes)
+        m = _validate.static_int("max_timesteps", max_timesteps)
+        if e * m > 2**31 - 1:
+            raise ValueError(
+                f"max_episodes * max_timesteps: expected at most 2**31 - 1 steps in all (positions are int32 "
+                f"episode * max_timesteps + t), got {e} * {m} = {e * m}"
+            )
+        circular = _validate.static_bool("circular", circular)
+        _, _, spec = _validate.trajectory_example(example_step, 1, 1, obs_key, action_key, reward_key)
+        meta = {} if meta is None else meta
+        if not isinstance(meta, Mapping) or not all(isinstance(k, str) for k in meta):
+            raise TypeError(f"meta: expected a dict {{name: default array}} with str names, got {meta!r:.80}")
+        mspec = _validate.item_spec(dict(meta), "meta") if meta else {}
+        defaults = {k: jnp.asarray(v) for k, v in meta.items()}
+        return cls(
+            storage=jax.tree.map(lambda s: jnp.zeros((e, m, *s.shape), s.dtype), spec),
+            lengths=jnp.zeros((e,), jnp.int32), terminated=jnp.zeros((e,), bool), truncated=jnp.zeros((e,), bool),
+            final_obs=jax.tree.map(lambda s: jnp.zeros((e, *s.shape), s.dtype), spec[obs_key]),
+            meta={k: jnp.broadcast_to(defaults[k], (e, *s.shape)).astype(s.dtype) for k, s in mspec.items()},
+            meta_defaults=defaults, head=jnp.int32(0), num_valid=jnp.int32(0), added=_ring.counter_zero(),
+            overflowed=jnp.bool_(False), max_episodes=e, max_timesteps=m, circular=circular, obs_key=obs_key,
+            action_key=action_key, reward_key=reward_key,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # shape information
+
+    @property
+    def step_spec(self) -> Any:
+        """Pytree of `jax.ShapeDtypeStruct`: one step (no leading axes), as `example_step` in `create`."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), self.storage)
+
+    @property
+    def meta_spec(self) -> dict:
+        """`{name: jax.ShapeDtypeStruct}` of one episode's meta fields."""
+        return {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in self.meta.items()}
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of every array held (steps, lengths, flags, final observations, meta, cursors), Python int."""
+        return _validate.tree_nbytes(self)
+
+    @_compiled.method()
+    def size(self) -> jax.Array:
+        """The number of steps stored, summed over the stored episodes (int32 scalar)."""
+        return jnp.sum(self.lengths, dtype=jnp.int32)
+
+    @_compiled.method()
+    def num_episodes(self) -> jax.Array:
+        """The number of episodes stored (int32 scalar), in `[0, max_episodes]`."""
+        return self.num_valid
+
+    @_compiled.method()
+    def is_full(self) -> jax.Array:
+        """Whether every slot holds an episode (bool scalar): a further add replaces the oldest (`circular`) or
+        is refused."""
+        return self.num_valid >= self.max_episodes
+
+    def num_added(self) -> int:
+        """Exact number of episodes ever added (host-side Python int; a numpy int64 array for a stacked buffer)."""
+        return _ring.counter_value(self.added)
+
+    # ------------------------------------------------------------------------------------------
+    # adding
+
+    def add_episode(
+        self, episode: Mapping, length, *, terminated, truncated=False, final_obs, meta: Mapping | None = None,
+        split_long: bool = False,
+    ) -> "EpisodeBuffer":
+        """Add one episode.
+
+        Args:
+          episode: step dict like the example step, leaves `[T, ...]` (exactly the stored dtypes); steps
+            `[length, T)` are ignored (padding).
+          length: the episode's steps, a Python int or int 0-d array in `[1, T]` (a traced value is clipped into
+            `[0, T]`; 0 writes nothing).
+          terminated: bool (Python or 0-d array): the last step's `obs_{t+1}` is terminal.
+          truncated: bool: the episode was cut after its last step (time limit).
+          final_obs: obs pytree like `episode[obs_key]` without the time axis: the observation after the last step
+            (before any auto-reset).
+          meta: `{name: value}` of declared meta fields (0-d or the field's shape, exactly its dtype; a Python
+            scalar of the field's kind is accepted); omitted fields take their default.
+          split_long: static bool. With `T > max_timesteps`, False refuses the episode; True stores it as
+            `ceil(length / max_timesteps)` episodes, each cut but the last recorded as truncated with the next
+            part's first observation as its final observation (the last keeps the episode's flags).
+
+        Returns:
+          The new buffer. Cost O(max_timesteps * parts); in place when donated. Called eagerly, one compiled
+          program per shape and set of meta fields given.
+
+        Raises:
+          BufferFullError: (a `ValueError`) eager add to a full fixed buffer; the buffer is unchanged.
+          TypeError: wrong structure or dtype, flags not bool, an unknown meta field.
+          ValueError: wrong shapes, `T > max_timesteps` without `split_long`, a concrete `length` outside `[1, T]`.
+        """
+        if not isinstance(episode, Mapping):
+            raise TypeError(f"episode: expected a dict like the example step, got {type(episode).__name__}")
+        (t,) = _validate.check_batch(self.step_spec, dict(episode), 1, "episode", ("T",))
+        length = _lengths("length", length, (), t)
+        terminated, truncated = _flag("terminated", terminated, ()), _flag("truncated", truncated, ())
+        final_obs = self._final_obs_arg(final_obs, 0, ())
+        meta = meta_values(self.meta_spec, meta, ())
+        return self._add_checked(dict(episode), length, terminated, truncated, final_obs, meta, split_long, False)
+
+    def add_episodes(
+        self, episodes: Mapping, lengths, *, terminated, truncated=None, final_obs, meta: Mapping | None = None,
+        split_long: bool = False,
+    ) -> "EpisodeBuffer":
+        """Add a batch of `B` episodes: `add_episode` with a leading axis on every argument.
+
+        Args:
+          episodes: step dict, leaves `[B, T, ...]`.
+          lengths: int `[B]`, each in `[1, T]` (traced: clipped into `[0, T]`, 0 writes nothing).
+          terminated: bool `[B]`.
+          truncated: bool `[B]`, or None (no episode truncated).
+          final_obs: obs pytree, leaves `[B, ...]`.
+          meta: `{name: [B, ...]}`; omitted fields take their default.
+          split_long: static bool, as in `add_episode`.
+
+        Returns:
+          The new buffer; the episodes take slots in batch order. Cost O(B * max_timesteps).
+
+        Raises:
+          BufferFullError: eager add to a fixed buffer without room for all of them; the buffer is unchanged.
+          TypeError: as `add_episode`.
+          ValueError: as `add_episode`.
+        """
+        if not isinstance(episodes, Mapping):
+            raise TypeError(f"episodes: expected a dict like the example step, got {type(episodes).__name__}")
+        b, t = _validate.check_batch(self.step_spec, dict(episodes), 2, "episodes", ("B", "T"))
+        lengths = _lengths("lengths", lengths, (b,), t)
+        terminated = _flag("terminated", terminated, (b,))
+        truncated = np.zeros((b,), bool) if truncated is None else _flag("truncated", truncated, (b,))
+        final_obs = self._final_obs_arg(final_obs, 1, (b,))
+        meta = meta_values(self.meta_spec, meta, (b,))
+        return self._add_checked(dict(episodes), lengths, terminated, truncated, final_obs, meta, split_long, True)
+
+    def _final_obs_arg(self, final_obs, nd: int, lead: tuple):
+        """`final_obs` checked against the observation spec with `nd` leading axes `lead`."""
+        obs_spec = self.step_spec[self.obs_key]
+        if final_obs is None:
+            raise TypeError(f"final_obs: required: the observation after the last step, shaped like the step's {self.obs_key!r} field")
+        _validate.final_obs_not_step(obs_spec, self.obs_key, final_obs)
+        got = _validate.check_batch(obs_spec, final_obs, nd, "final_obs", ("B",))
+        if tuple(got) != tuple(lead):
+            raise ValueError(f"final_obs: expected leading axes {list(lead)} (one observation per episode), got {list(got)}")
+        return final_obs
+
+    def _add_checked(self, episodes, lengths, terminated, truncated, final_obs, meta, split_long, batched) -> "EpisodeBuffer":
+        split_long = _validate.static_bool("split_long", split_long)
+        t = jax.tree.leaves(episodes)[0].shape[int(batched)]
+        if t > self.max_timesteps and not split_long:
+            raise ValueError(
+                f"episode: time axis of {t} steps is longer than max_timesteps={self.max_timesteps}; slice it to its "
+                f"length, create the buffer with max_timesteps >= {t}, or pass split_long=True to store it in parts"
+            )
+        new, refused = self._write(episodes, lengths, terminated, truncated, final_obs, meta, batched)
+        if not self.circular and not _is_traced((self, new)) and bool(refused):  # a circular add never refuses
+            raise BufferFullError(
+                f"add_episode: the fixed buffer (circular=False) holds {int(self.num_valid)} of max_episodes="
+                f"{self.max_episodes} episodes and has no room for the ones given; nothing was written"
+            )
+        return new
+
+    @_compiled.method("batched")
+    def _write(self, episodes, lengths, terminated, truncated, final_obs, meta, batched: bool):
+        """Write checked episodes (leaves `[B, T, ...]`, any `T`; one episode without the `B` axis when not
+        `batched`): split into parts of `max_timesteps`, pad, and scatter every part with a length >= 1 into
+        consecutive ring slots. Meta fields not given take their default. Returns `(buffer, refused)`."""
+        if not batched:
+            episodes, lengths, terminated, truncated, final_obs, meta = jax.tree.map(
+                lambda v: jnp.asarray(v)[None], (episodes, lengths, terminated, truncated, final_obs, meta))
+        lengths, terminated, truncated = (jnp.asarray(x) for x in (lengths, terminated, truncated))
+        m, e = self.max_timesteps, self.max_episodes
+        b, t = lengths.shape[0], jax.tree.leaves(episodes)[0].shape[1]
+        meta = {k: jnp.broadcast_to(jnp.asarray(meta[k]) if k in meta else d, (b, *d.shape)) for k, d in self.meta_defaults.items()}
+        parts = -(-t // m)
+        lengths = jnp.clip(lengths, 0, t)
+        pad = lambda x: jnp.pad(x, [(0, 0), (0, parts * m - t)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
+        steps = jax.tree.map(lambda x: pad(jnp.asarray(x)).reshape(b * parts, m, *x.shape[2:]), episodes)
+        i = jnp.arange(parts, dtype=jnp.int32)[None, :]
+        part_len = jnp.clip(lengths[:, None] - i * m, 0, m)  # [B, parts]
+        last = i == (lengths[:, None] - 1) // m  # the part holding the episode's last step
+        # a part cut by the split ends by truncation; its final obs is the next part's first observation
+        nxt = jax.tree.map(lambda x: pad(jnp.asarray(x))[:, jnp.minimum((i[0] + 1) * m, parts * m - 1)], episodes[self.obs_key])
+        fin = jax.tree.map(lambda f, n: jnp.where(_bcast(last, n.ndim), jnp.asarray(f)[:, None], n), final_obs, nxt)
+        flat = lambda x: x.reshape(b * parts, *x.shape[2:])  # noqa: E731
+        rows = dict(
+            storage=jax.tree.map(lambda x: jnp.where(_bcast(jnp.arange(m) < flat(part_len)[:, None], x.ndim), x, 0), steps),
+            lengths=flat(part_len), terminated=flat(last & terminated[:, None]),
+            truncated=flat(~last | (truncated[:, None] & ~terminated[:, None])),
+            final_obs=jax.tree.map(flat, fin),
+            meta={k: flat(jnp.broadcast_to(v[:, None], (b, parts, *v.shape[1:]))) for k, v in meta.items()},
+        )
+        write = rows["lengths"] > 0
+        n = jnp.sum(write, dtype=jnp.int32)
+        refused = jnp.bool_(False) if self.circular else self.num_valid + n > e
+        write = write & ~refused
+        slot, keep, head = _ring.final_slots(self.head[None], write[None], e)  # ring slots handed out in order
+        cols = jnp.where(keep[0], slot[0], e + jnp.arange(b * parts, dtype=jnp.int32))  # dropped rows: past the end
+        put = lambda s, x: s.at[cols].set(x, mode="drop", unique_indices=True)  # noqa: E731
+        state = dict(storage=self.storage, lengths=self.lengths, terminated=self.terminated, truncated=self.truncated,
+                     final_obs=self.final_obs, meta=self.meta)
+        state = jax.tree.map(put, state, rows)
+        n = jnp.sum(write, dtype=jnp.int32)
+        new = self.replace(
+            **state, head=head[0], num_valid=jnp.minimum(self.num_valid + n, e).astype(jnp.int32),
+            added=_ring.counter_add(self.added, n), overflowed=self.overflowed | refused,
+        )
+        return new, refused
+
+    # ------------------------------------------------------------------------------------------
+    # in-place edits and reads
+
+    def update(self, indices, fields: Mapping, *, steps=None) -> "EpisodeBuffer":
+        """Overwrite fields of stored episodes (reward relabelling, hindsight goal relabelling).
+
+        Args:
+          indices: int `[B]`, episode slots (e.g. a sample's `indices`); slots outside `[0, max_episodes)` are
+            ignored. With repeated slots one of their values is written.
+          fields: `{name: values}` of step fields (names of the example step) and meta fields. Without `steps`:
+            step fields `[B, max_timesteps, ...]` (whole episodes; values past a length are stored as given but
+            never sampled), meta fields `[B, ...]`. With `steps`: step fields `[B, ...]`, one step each.
+          steps: optional int `[B]`, the step `t` of each episode to overwrite (e.g. a sample's `steps`); steps
+            outside `[0, max_timesteps)` are ignored.
+
+        Returns:
+          The new buffer, in place when donated; lengths, flags and final observations are unchanged.
+
+        Raises:
+          TypeError: an unknown field, a wrong dtype, a meta field with `steps`, non-integer indices.
+          ValueError: wrong shapes.
+        """
+        if not isinstance(fields, Mapping):
+            raise TypeError(f"fields: expected a dict {{name: values}}, got {type(fields).__name__}")
+        indices = _validate.index_vector("indices", indices)
+        b = indices.shape[0]
+        unknown = sorted(set(fields) - set(self.storage) - set(self.meta), key=str)
+        if unknown:
+            raise TypeError(f"fields: unknown names {unknown}; step fields are {sorted(self.storage)}, meta fields {sorted(self.meta)}")
+        step_f = {k: v for k, v in fields.items() if k in self.storage}
+        meta_f = {k: v for k, v in fields.items() if k not in self.storage}
+        spec = self.step_spec
+        if steps is not None:
+            if meta_f:
+                raise TypeError(f"fields: meta fields {sorted(meta_f)} are per episode; update them without steps=")
+            steps = _validate.index_vector("steps", steps)
+            if steps.shape[0] != b:
+                raise ValueError(f"steps: expected shape ({b},) like indices, got {tuple(steps.shape)}")
+        lead = (b,) if steps is not None else (b, self.max_timesteps)
+        for k, v in step_f.items():
+            got = _validate.check_batch(spec[k], v, len(lead), f"fields[{k!r}]", ("B", "max_timesteps"))
+            if tuple(got) != lead:
+                raise ValueError(f"fields[{k!r}]: expected leading axes {list(lead)}, got {list(got)}")
+        for k, v in meta_f.items():
+            s = self.meta_spec[k]
+            _validate.array(f"fields[{k!r}]", v, (b, *s.shape), s.dtype)
+        return self._update(indices, step_f, meta_f, steps)
+
+    @_compiled.method()
+    def _update(self, indices, step_f, meta_f, steps):
+        e, m = self.max_episodes, self.max_timesteps
+        ep = jnp.where((indices >= 0) & (indices < e), indices, e)  # out of range: dropped
+        if steps is None:
+            storage = {**self.storage, **{k: self.storage[k].at[ep].set(v, mode="drop") for k, v in step_f.items()}}
+        else:
+            t = jnp.where((steps >= 0) & (steps < m), steps, m)
+            storage = {**self.storage, **{k: self.storage[k].at[ep, t].set(v, mode="drop") for k, v in step_f.items()}}
+        meta = {**self.meta, **{k: self.meta[k].at[ep].set(v, mode="drop") for k, v in meta_f.items()}}
+        return self.replace(storage=storage, meta=meta)
+
+    @_compiled.method()
+    def get_all(self) -> EpisodeSample:
+        """Every slot, oldest episode first: an `EpisodeSample` with `B = max_episodes`; slots not holding an
+        episode come last, with length 0 and an all-False mask."""
+        e = self.max_episodes
+        slots = _ring.logical_to_physical(jnp.arange(e, dtype=jnp.int32), self.head, self.num_valid, e)
+        held = jnp.arange(e) < self.num_valid
+        out = self._episodes(slots)
+        return out._replace(lengths=jnp.where(held, out.lengths, 0), mask=out.mask & held[:, None])
+
+    # ------------------------------------------------------------------------------------------
+    # sampling
+
+    def _filter(self, where):
+        """The filter as a bool `[max_episodes]` mask by slot, or None for every episode (checked at trace time)."""
+        if where is None:
+            return None
+        mask, name = (where(self.meta), "where(meta)") if callable(where) else (where, "where")
+        e = self.max_episodes
+        if not hasattr(mask, "shape") or tuple(mask.shape) != (e,) or np.dtype(mask.dtype) != np.dtype(bool):
+            got = f"shape {tuple(mask.shape)} dtype {mask.dtype}" if hasattr(mask, "shape") else type(mask).__name__
+            raise TypeError(f"{name}: expected a bool array of shape ({e},) (one flag per episode slot), got {got}")
+        return mask
+
+    def _passing(self, mask) -> jax.Array:
+        """bool `[max_episodes]`: the slots holding an episode that passes `mask` (None: every held slot)."""
+        held = jnp.arange(self.max_episodes) < self.num_valid
+        return held if mask is None else held & jnp.asarray(mask)
+
+    def _sequence_length(self, sequence_length) -> int:
+        sequence_length = _validate.static_int("sequence_length", sequence_length)
+        if sequence_length > self.max_timesteps:
+            raise ValueError(f"sequence_length: expected at most max_timesteps={self.max_timesteps}, got {sequence_length}")
+        return sequence_length
+
+    def can_sample(self, batch_size: int, *, where=None) -> jax.Array:
+        """Whether `sample_episodes`, `sample_timesteps` and `sample_transitions` with this filter return only
+        valid data (bool scalar): some stored episode passes `where` (module doc)."""
+        _validate.static_int("batch_size", batch_size)
+        return self._any(self._filter(where), 1)
+
+    def can_sample_sequences(self, batch_size: int, sequence_length: int, *, where=None) -> jax.Array:
+        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some episode
+        passing `where` holds at least `sequence_length` steps."""
+        _validate.static_int("batch_size", batch_size)
+        return self._any(self._filter(where), self._sequence_length(sequence_length))
+
+    @_compiled.method("min_length")
+    def _any(self, mask, min_length: int) -> jax.Array:
+        return jnp.any(self._passing(mask) & (self.lengths >= min_length))
+
+    def sample_episodes(self, key: jax.Array, batch_size: int, *, where=None) -> EpisodeSample:
+        """Sample `batch_size` whole episodes, uniformly with replacement over the stored episodes passing `where`.
+
+        Args:
+          key: PRNG key.
+          batch_size: static int >= 1.
+          where: filter (module doc).
+
+        Returns:
+          `EpisodeSample`, leaves `[batch_size, max_timesteps, ...]` padded with zeros, `mask` and `lengths`.
+
+        Raises:
+          ValueError: `batch_size` not an int >= 1.
+          TypeError: `where` not giving a bool `[max_episodes]`.
+        """
+        batch_size = _validate.static_int("batch_size", batch_size)
+        return self._sample_episodes(key, batch_size, self._filter(where))
+
+    @_compiled.method("batch_size")
+    def _sample_episodes(self, key, batch_size: int, mask) -> EpisodeSample:
+        ep, _ = _draw(key, batch_size, self._passing(mask).astype(jnp.int32))
+        return self._episodes(ep)
+
+    def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, where=None) -> EpisodeSequenceSample:
+        """Sample `batch_size` windows of `sequence_length` consecutive steps, each inside one episode.
+
+        Uniform with replacement over every window `[s, s + L)` with `s + L <= length` of the episodes passing
+        `where` (an episode of length `l` holds `max(l - L + 1, 0)` windows); an O(max_episodes) draw.
+
+        Args:
+          key: PRNG key.
+          batch_size: static int >= 1.
+          sequence_length: static int in `[1, max_timesteps]`.
+          where: filter (module doc).
+
+        Returns:
+          `EpisodeSequenceSample`; check `can_sample_sequences`.
+
+        Raises:
+          ValueError: a size not an int >= 1 or `sequence_length > max_timesteps`.
+          TypeError: `where` not giving a bool `[max_episodes]`.
+        """
+        batch_size = _validate.static_int("batch_size", batch_size)
+        sequence_length = self._sequence_length(sequence_length)
+        return self._sample_sequences(key, batch_size, sequence_length, self._filter(where))
+
+    @_compiled.method("batch_size", "sequence_length")
+    def _sample_sequences(self, key, batch_size: int, sequence_length: int, mask) -> EpisodeSequenceSample:
+        counts = jnp.where(self._passing(mask), jnp.maximum(self.lengths - sequence_length + 1, 0), 0)
+        ep, start = _draw(key, batch_size, counts)
+        t = start[:, None] + jnp.arange(sequence_length, dtype=jnp.int32)  # [B, L]
+        term, trunc = self._step_flags(ep[:, None], t)
+        return EpisodeSequenceSample(
+            item=jax.tree.map(lambda x: x[ep[:, None], t], self.storage), terminated=term, truncated=trunc,
+            next_obs=self._next_obs(ep, start + sequence_length), meta=self._meta(ep), indices=ep, starts=start,
+        )
+
+    def sample_timesteps(self, key: jax.Array, batch_size: int, *, where=None) -> EpisodeStepSample:
+        """Sample `batch_size` steps, uniformly with replacement over every step of the episodes passing `where`.
+
+        Args:
+          key: PRNG key.
+          batch_size: static int >= 1.
+          where: filter (module doc).
+
+        Returns:
+          `EpisodeStepSample`; check `can_sample`.
+
+        Raises:
+          ValueError: `batch_size` not an int >= 1.
+          TypeError: `where` not giving a bool `[max_episodes]`.
+        """
+        batch_size = _validate.static_int("batch_size", batch_size)
+        return self._sample_timesteps(key, batch_size, self._filter(where))
+
+    @_compiled.method("batch_size")
+    def _sample_timesteps(self, key, batch_size: int, mask) -> EpisodeStepSample:
+        ep, t = _draw(key, batch_size, jnp.where(self._passing(mask), self.lengths, 0))
+        term, trunc = self._step_flags(ep, t)
+        return EpisodeStepSample(
+            item=jax.tree.map(lambda x: x[ep, t], self.storage), next_obs=self._next_obs(ep, t + 1),
+            terminated=term, truncated=trunc, meta=self._meta(ep), indices=ep, steps=t,
+        )
+
+    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma, where=None) -> EpisodeTransitionSample:
+        r"""Sample `batch_size` n-step transitions, uniformly with replacement over every step of the episodes
+        passing `where`.
+
+        From step $t$ of an episode of length $L$, $k = \min(n, L - t)$ rewards are used:
+
+        $$
+        G_t = \sum_{i=0}^{k-1} \gamma^i r_{t+i}, \qquad
+        \text{discount}_t = \gamma^k (1 - \text{terminated}_{t+k-1}),
+        $$
+
+        with `terminated` set only at the last step of a terminated episode (`jaxbuffers.trajectory.n_step_window`,
+        the same conventions as `TrajectoryBuffer.sample_transitions`). `next_obs` is $obs_{t+k}$: the stored step
+        $t + k$, or the episode's final observation when $t + k = L$ (never a reset observation).
+
+        Args:
+          key: PRNG key.
+          batch_size: static int >= 1.
+          n_step: static int in `[1, max_timesteps]`.
+          gamma: discount in [0, 1], a number or 0-d array (may be traced). Required.
+          where: filter (module doc).
+
+        Returns:
+          `EpisodeTransitionSample`; check `can_sample`.
+
+        Raises:
+          ValueError: a size not an int >= 1, `n_step > max_timesteps`, a concrete `gamma` outside [0, 1].
+          TypeError: `gamma` missing or not a number, `where` not giving a bool `[max_episodes]`.
+        """
+        batch_size = _validate.static_int("batch_size", batch_size)
+        n_step = _validate.static_int("n_step", n_step, maximum=self.max_timesteps)
+        if gamma is None:
+            raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
+        _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)
+        return self._sample_transitions(key, batch_size, n_step, gamma, self._filter(where))
+
+    @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
+    def _sample_transitions(self, key, batch_size: int, n_step: int, gamma, mask) -> EpisodeTransitionSample:
+        ep, t = _draw(key, batch_size, jnp.where(self._passing(mask), self.lengths, 0))
+        return self._transitions(ep, t, n_step, gamma)
+
+    def transitions_at(self, indices, steps, *, n_step: int = 1, gamma) -> EpisodeTransitionSample:
+        """The n-step transitions from step `steps[b]` of episode slot `indices[b]` (int `[B]` each):
+        `transitions_at(s.indices, s.steps, n_step=n, gamma=g)` equals the sample `s` of `sample_transitions`.
+        Indices are clipped into range. Raises as `sample_transitions` and for non-integer or non-1-D indices."""
+        n_step = _validate.static_int("n_step", n_step, maximum=self.max_timesteps)
+        if gamma is None:
+            raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
+        _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)
+        ep, t = _validate.index_vector("indices", indices), _validate.index_vector("steps", steps)
+        return self._transitions_at(ep, t, n_step, gamma)
+
+    @_compiled.method("n_step", scalars=_GAMMA)
+    def _transitions_at(self, ep, t, n_step: int, gamma) -> EpisodeTransitionSample:
+        ep = jnp.clip(ep, 0, self.max_episodes - 1)
+        return self._transitions(ep, jnp.clip(t, 0, self.max_timesteps - 1), n_step, gamma)
+
+    # ------------------------------------------------------------------------------------------
+    # reads at given slots
+
+    def _meta(self, ep) -> dict:
+        return {k: v[ep] for k, v in self.meta.items()}
+
+    def _episodes(self, ep) -> EpisodeSample:
+        lengths = self.lengths[ep]
+        return EpisodeSample(
+            item=jax.tree.map(lambda x: x[ep], self.storage),
+            mask=jnp.arange(self.max_timesteps, dtype=jnp.int32)[None, :] < lengths[:, None], lengths=lengths,
+            terminated=self.terminated[ep], truncated=self.truncated[ep],
+            final_obs=jax.tree.map(lambda x: x[ep], self.final_obs), meta=self._meta(ep), indices=ep.astype(jnp.int32),
+        )
+
+    def _step_flags(self, ep, t):
+        """Step flags (bool, shape of `t`): the last step carries the episode's flags."""
+        last = t == self.lengths[ep] - 1
+        return last & self.terminated[ep], last & self.truncated[ep]
+
+    def _next_obs(self, ep, t):
+        """`obs_t` of episodes `ep` (shape [B]), the final observation where `t` is the episode's length."""
+        at_end = t >= self.lengths[ep]
+        stored = jax.tree.map(lambda x: x[ep, jnp.minimum(t, self.max_timesteps - 1)], self.storage[self.obs_key])
+        final = jax.tree.map(lambda x: x[ep], self.final_obs)
+        return jax.tree.map(lambda f, s: jnp.where(_bcast(at_end, s.ndim), f, s), final, stored)
+
+    def _transitions(self, ep, t, n_step: int, gamma) -> EpisodeTransitionSample:
+        tw = t[:, None] + jnp.arange(n_step, dtype=jnp.int32)  # [B, n]
+        inside = tw < self.lengths[ep][:, None]
+        tc = jnp.minimum(tw, self.max_timesteps - 1)
+        epw = ep[:, None]
+        term, trunc = self._step_flags(epw, tw)
+        ends = tw >= self.lengths[ep][:, None] - 1  # the last step and beyond: a window never leaves its episode
+        reward = self.storage[self.reward_key][epw, tc]
+        ret, discount, k = n_step_window(reward, term, ends & ~term, gamma)
+        window = jax.tree.map(lambda x: jnp.where(_bcast(inside, x.ndim), x[epw, tc], 0), self.storage)
+        item = jax.tree.map(lambda x: x[ep, t], self.storage)
+        return EpisodeTransitionSample(
+            obs=item[self.obs_key], action=item[self.action_key], n_step_return=ret, discount=discount,
+            next_obs=self._next_obs(ep, t + k), num_steps=k, item=item, window=window,
+            window_mask=jnp.arange(n_step, dtype=jnp.int32)[None, :] < k[:, None], meta=self._meta(ep),
+            indices=ep.astype(jnp.int32), steps=t.astype(jnp.int32),
+        )
+
+
+def meta_values(meta_spec: Mapping, meta, lead: tuple = ()) -> dict:
+    """The meta fields given to an add, checked against `meta_spec` (`{name: jax.ShapeDtypeStruct}`), leaves
+    `[*lead, *shape]` (fields not given are left out: the add gives them their default).
+
+    A value is an array of exactly the field's dtype and shape `[*lead, *shape]`, or a Python scalar of the
+    field's kind (bool for bool fields; int for integer or floating fields; float for floating fields), which
+    is given to every episode of the add.
+
+    Raises:
+      TypeError: `meta` not a dict, an unknown name, a wrong dtype or kind.
+      ValueError: a wrong shape.
+    """
+    meta = {} if meta is None else meta
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta: expected a dict {{name: value}}, got {type(meta).__name__}")
+    unknown = sorted(set(meta) - set(meta_spec), key=str)
+    if unknown:
+        raise TypeError(f"meta: unknown fields {unknown}; the buffer declares {sorted(meta_spec)} (create(..., meta=...))")
+    out = {}
+    for k, s in meta_spec.items():
+        want, name, dtype = (*lead, *s.shape), f"meta[{k!r}]", np.dtype(s.dtype)
+        v = meta.get(k, None)
+        if v is None:
+            continue
+        if isinstance(v, (bool, int, float)):
+            kinds = "b" if isinstance(v, bool) else "iuf" if isinstance(v, int) else "f"
+            if dtype.kind not in kinds:
+                raise TypeError(f"{name}: expected a value of dtype {dtype}, got {type(v).__name__} {v!r}")
+            out[k] = np.broadcast_to(np.asarray(v, dtype), want)
+            continue
+        out[k] = _validate.array(name, v, want, dtype)
+    return out
+
+
+def _bcast(mask: jax.Array, ndim: int) -> jax.Array:
+    """`mask` with trailing unit axes up to `ndim` dimensions (to select between arrays with feature axes)."""
+    return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
+
+
+def _draw(key, batch_size: int, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Uniform draw over the units of `counts` (int32 `[E]`, units per episode): `(episode, unit)` int32 `[B]`.
+
+    Unit `r` of the running total is episode `searchsorted(cumsum, r, 'right')` at offset `r - (cumsum - count)`;
+    with no unit at all every draw is `(0, 0)`.
+    """
+    cum = jnp.cumsum(counts)
+    r = jax.random.randint(key, (batch_size,), 0, jnp.maximum(cum[-1], 1), jnp.int32)
+    ep = jnp.searchsorted(cum, r, side="right").astype(jnp.int32)
+    ep = jnp.where(cum[-1] > 0, jnp.minimum(ep, counts.shape[0] - 1), 0)
+    unit = jnp.where(cum[-1] > 0, r - (cum[ep] - counts[ep]), 0)
+    return ep, unit.astype(jnp.int32)

@@ -1,0 +1,131 @@
+r"""Sampling from several buffers in fixed proportions: `sample_mixed`, `mixed_counts`, `MixedSample`.
+
+A batch of `batch_size` rows is drawn from `K` sources (e.g. an offline dataset and the online replay, half and
+half as in RLPD, Ball et al. 2023) with an *exact* composition: source `i` gives exactly `counts[i]` rows every
+call, where `counts = mixed_counts(batch_size, proportions)` apportions the batch by the largest-remainder rule
+(static Python ints, fixed at trace time):
+
+$$
+c_i = \lfloor B p_i \rfloor + [\,i \text{ is among the } B - \sum_j \lfloor B p_j \rfloor
+\text{ largest remainders } B p_i - \lfloor B p_i \rfloor\,], \qquad p_i = w_i / \textstyle\sum_j w_j,
+$$
+
+ties going to the earlier source. A source is a function `sampler(key, n)` returning a pytree with leading axis
+`[n]` (typically a buffer's sampler with its buffer bound, e.g. `lambda k, n: offline.sample_transitions(k, n,
+n_step=1, gamma=0.99, where=mask)`); every source must return the same structure, per-row shapes and dtypes, so
+that the rows can be concatenated (map a buffer's sample to a common dict in its sampler when they differ). Each
+source gets its own key, split from `key`; a source with count 0 is not called. Everything is traced into the
+caller's program: it works under `jit`, `lax.scan` and `vmap`.
+
+Example:
+
+```python
+mask = offline.meta["task_id"] == 1
+sources = [
+    lambda k, n: offline.sample_timesteps(k, n, where=mask).item,   # the offline dataset
+    lambda k, n: online.sample(k, n).item,                          # the online replay
+]
+batch = jb.sample_mixed(key, sources, 256, (0.5, 0.5))       # batch.item: leaves [256, ...]; batch.source
+```
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbuffers import _validate
+
+__all__ = ["MixedSample", "mixed_counts", "sample_mixed"]
+
+
+class MixedSample(NamedTuple):
+    """What `sample_mixed` returns."""
+
+    item: Any  # the sources' rows concatenated (in source order unless shuffled), leaves [batch_size, ...]
+    source: jax.Array  # shape=[batch_size], dtype=int32: the source each row came from
+
+
+def mixed_counts(batch_size: int, proportions: Sequence[float]) -> tuple[int, ...]:
+    """Rows per source of a batch of `batch_size` (the largest-remainder rule of the module doc).
+
+    Args:
+      batch_size: static int >= 1.
+      proportions: one non-negative number per source (normalised by their sum, which must be positive).
+
+    Returns:
+      A tuple of Python ints summing to `batch_size`.
+
+    Raises:
+      ValueError: `batch_size` not an int >= 1, no proportions, a proportion negative, NaN or infinite, or all 0.
+      TypeError: a proportion that is not a number.
+    """
+    batch_size = _validate.static_int("batch_size", batch_size)
+    if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence) or not proportions:
+        raise ValueError(f"proportions: expected a non-empty sequence of numbers, one per source, got {proportions!r}")
+    w = [_validate.static_float(f"proportions[{i}]", p, 0.0, math.inf) for i, p in enumerate(proportions)]
+    total = math.fsum(w)
+    if not total > 0 or not math.isfinite(total):
+        raise ValueError(f"proportions: expected finite non-negative numbers with a positive sum, got {list(proportions)}")
+    exact = [batch_size * x / total for x in w]
+    counts = [math.floor(x) for x in exact]
+    order = sorted(range(len(w)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[: batch_size - sum(counts)]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def sample_mixed(
+    key: jax.Array, samplers: Sequence[Callable[[jax.Array, int], Any]], batch_size: int, proportions: Sequence[float],
+    *, shuffle: bool = False,
+) -> MixedSample:
+    """Draw `batch_size` rows from `samplers` in the exact composition `mixed_counts(batch_size, proportions)`.
+
+    Args:
+      key: PRNG key; source `i` samples with `jax.random.split(key, K + 1)[i]`, the shuffle with the last.
+      samplers: `K` functions `(key, n) -> pytree` with leading axis `[n]` (module doc).
+      batch_size: static int >= 1.
+      proportions: `K` non-negative numbers (`mixed_counts`).
+      shuffle: static bool: permute the rows uniformly (the composition stays exact); by default the rows of
+        source 0 come first, then source 1's, and so on.
+
+    Returns:
+      `MixedSample`: `item` (leaves `[batch_size, ...]`) and `source` (int32 `[batch_size]`).
+
+    Raises:
+      ValueError: `len(proportions) != len(samplers)`, a source returning other than `n` rows or other per-row
+        shapes than source 0's, and as `mixed_counts`.
+      TypeError: a sampler not callable, a source returning another structure or dtypes than source 0,
+        `shuffle` not a bool.
+    """
+    shuffle = _validate.static_bool("shuffle", shuffle)
+    samplers = list(samplers)
+    if len(samplers) != len(proportions):
+        raise ValueError(f"proportions: expected one per sampler ({len(samplers)}), got {len(proportions)}")
+    for i, s in enumerate(samplers):
+        if not callable(s):
+            raise TypeError(f"samplers[{i}]: expected a function (key, n) -> pytree of [n, ...] rows, got {type(s).__name__}")
+    counts = mixed_counts(batch_size, proportions)
+    keys = jax.random.split(key, len(samplers) + 1)
+    parts, spec = [], None
+    for i, (s, n) in enumerate(zip(samplers, counts)):
+        if n == 0:
+            continue
+        out = s(keys[i], n)
+        if spec is None:
+            spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x)), out)
+        lead = _validate.check_batch(spec, out, 1, f"samplers[{i}](key, {n})")
+        if lead[0] != n:
+            raise ValueError(f"samplers[{i}](key, {n}): expected {n} rows (leading axis), got {lead[0]}")
+        parts.append(out)
+    item = jax.tree.map(lambda *xs: jnp.concatenate([jnp.asarray(x) for x in xs]), *parts)
+    source = jnp.asarray(np.repeat(np.arange(len(counts), dtype=np.int32), counts))
+    if shuffle:
+        perm = jax.random.permutation(keys[-1], batch_size)
+        item, source = jax.tree.map(lambda x: x[perm], item), source[perm]
+    return MixedSample(item=item, source=source)

@@ -1,0 +1,106 @@
+"""Tests of jaxbuffers.datasets: an exact Minari round trip on a local dataset recorded with Minari's DataCollector."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+minari = pytest.importorskip("minari")
+gym = pytest.importorskip("gymnasium")
+pytest.importorskip("h5py")
+
+from jaxbuffers.datasets import from_minari, to_minari  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Minari asks for metadata a test dataset does not need
+
+
+class CountInfo(gym.Wrapper):
+    """Adds `info["count"]` (int64 steps since reset) and `info["extra"]["half"]` (float64)."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.count = 0
+        return obs, {**info, "count": np.int64(0), "extra": {"half": np.float64(0.0)}}
+
+    def step(self, action):
+        obs, r, term, trunc, info = self.env.step(action)
+        self.count += 1
+        return obs, r, term, trunc, {**info, "count": np.int64(self.count), "extra": {"half": np.float64(self.count / 2)}}
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    env = minari.DataCollector(CountInfo(gym.make("CartPole-v1", max_episode_steps=15)), record_infos=True)
+    env.action_space.seed(0)
+    for i in range(6):
+        env.reset(seed=i)
+        while True:
+            _, _, term, trunc, _ = env.step(env.action_space.sample())
+            if term or trunc:
+                break
+    return env.create_dataset("test/cartpole/recorded-v0", algorithm_name="random")
+
+
+def test_round_trip_is_exact(recorded):
+    original = list(recorded.iterate_episodes())
+    assert any(e.truncations[-1] for e in original)  # the time limit cut some episodes
+    buf = from_minari(recorded)
+    assert int(buf.num_episodes()) == len(original)
+    assert int(buf.size()) == sum(len(e) for e in original)
+    assert buf.step_spec["action"].dtype == np.int32 and buf.step_spec["reward"].dtype == np.float32
+    out = to_minari(buf, "test/cartpole/roundtrip-v0", observation_space=recorded.observation_space,
+                    action_space=recorded.action_space)
+    back = list(minari.load_dataset("test/cartpole/roundtrip-v0").iterate_episodes())
+    assert out.total_episodes == len(original) == len(back)
+    for a, b in zip(original, back):
+        for field in ("observations", "actions", "rewards", "terminations", "truncations"):
+            x, y = np.asarray(getattr(a, field)), np.asarray(getattr(b, field))
+            assert x.dtype == y.dtype and np.array_equal(x, y), field
+        assert np.array_equal(a.infos["count"], b.infos["count"]) and a.infos["count"].dtype == b.infos["count"].dtype
+        assert np.array_equal(a.infos["extra"]["half"], b.infos["extra"]["half"])
+
+
+def test_buffer_reads_like_the_dataset(recorded):
+    original = list(recorded.iterate_episodes())
+    buf = from_minari(recorded, max_timesteps=4)  # long episodes are stored in parts
+    everything = buf.get_all()
+    assert int(buf.num_episodes()) == sum(-(-len(e) // 4) for e in original)
+    first, n = original[0], len(original[0])
+    k = -(-n // 4)
+    obs = np.concatenate([np.asarray(everything.item["obs"][j][: int(everything.lengths[j])]) for j in range(k)])
+    np.testing.assert_array_equal(obs, first.observations[:n])
+    np.testing.assert_array_equal(np.asarray(everything.final_obs[k - 1]), first.observations[n])
+    assert bool(everything.terminated[k - 1]) == bool(first.terminations[-1])
+    assert int(everything.meta["final_info/count"][k - 1]) == n
+
+
+def test_into_a_trajectory_buffer(recorded):
+    original = list(recorded.iterate_episodes())
+    buf = from_minari(recorded, into="trajectory")
+    total = sum(len(e) for e in original)
+    assert buf.num_envs == 1 and buf.length == total and int(buf.size()) == total
+    np.testing.assert_array_equal(np.asarray(buf.storage["obs"][0]), np.concatenate([e.observations[:-1] for e in original]))
+    np.testing.assert_array_equal(np.asarray(buf.storage["infos"]["count"][0]), np.concatenate([e.infos["count"][:-1] for e in original]))
+    ends = np.cumsum([len(e) for e in original]) - 1
+    np.testing.assert_array_equal(np.flatnonzero(np.asarray(buf.terminated[0] | buf.truncated[0])), ends)
+    np.testing.assert_array_equal(np.asarray(buf.terminated[0])[ends], [bool(e.terminations[-1]) for e in original])
+    # an n-step transition from each episode's last step bootstraps from that episode's true final observation
+    tr = buf.transitions_at(ends.astype(np.int32), n_step=2, gamma=0.5)
+    np.testing.assert_array_equal(np.asarray(tr.num_steps), 1)
+    np.testing.assert_array_equal(np.asarray(tr.next_obs)[[bool(e.truncations[-1]) for e in original]],
+                                  [e.observations[-1] for e in original if e.truncations[-1]])
+    with pytest.raises(ValueError, match="into: expected one of"):
+        from_minari(recorded, into="lanes")
+
+
+def test_refusals(recorded):
+    import jax.numpy as jnp
+
+    from jaxbuffers.episode import EpisodeBuffer
+
+    with pytest.raises(TypeError, match="buffer: expected an EpisodeBuffer"):
+        to_minari(object(), "test/x-v0", observation_space=recorded.observation_space, action_space=recorded.action_space)
+    empty = EpisodeBuffer.create({"obs": jnp.zeros(4), "action": jnp.int32(0), "reward": jnp.float32(0)}, max_episodes=2, max_timesteps=3)
+    with pytest.raises(ValueError, match="buffer: expected at least one episode"):
+        to_minari(empty, "test/x-v0", observation_space=recorded.observation_space, action_space=recorded.action_space)
