@@ -185,7 +185,9 @@ class CompressedStore:
         cols = self._index()
         return {k.lstrip("_"): v for k, v in vars(self).items() if any(v is c for c in cols)}
 
-    def _config(self) -> dict[str, Any]:
+    def config(self) -> dict[str, Any]:
+        """The construction arguments as JSON-able values (`codec` as its spec, `declared` as
+        `[dtype name, shape]` or None): what `import_state` requires to match."""
         declared = None if self._declared is None else [dtype_from_code(self._declared[0]).name, list(self._declared[1])]
         return {
             "num_slots": self.num_slots, "codec": self.codec.spec, "declared": declared,
@@ -209,7 +211,7 @@ class CompressedStore:
             chunks = {c: ch.data for c, ch in self._arena.chunks.items()}
             tags, layouts, d = self._tags.copy(), [[dtype_from_code(c).name, list(s)] for c, s in self._layouts], self._dictionary
             meta = {
-                "config": self._config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
+                "config": self.config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
                 "rows_seen": self._rows_seen, "trained": self._trained, "dictionary_error": self.dictionary_error,
                 "compactions": self._compactions,
             }
@@ -240,7 +242,7 @@ class CompressedStore:
           ValueError: the store holds entries, or the snapshot does not match it or is inconsistent
             (the message names the field, what this store expects and what came).
         """
-        config = self._config()
+        config = self.config()
         for k, v in config.items():
             if meta["config"].get(k) != v:
                 raise ValueError(f"store config {k}: expected {v!r} (this store), got {meta['config'].get(k)!r}")

@@ -12,6 +12,7 @@ from jaxbuffers.compressed import (
     CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
     StaleBufferError, StagingWriter,
 )
+from jaxbuffers.checkpoint import BufferRestore, BufferSave, CheckpointError, restore, save
 from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
 from jaxbuffers.replay import ReplayBuffer, ReplaySample
 from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
@@ -30,4 +31,5 @@ __all__ = [
     "gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns",  # returns
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
     "StaleBufferError", "StagingWriter",
+    "save", "restore", "BufferSave", "BufferRestore", "CheckpointError",  # checkpoints
 ]
