@@ -38,7 +38,10 @@ item of a step (`ocp.args.Composite(state=ocp.args.StandardSave(state), buffer=B
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import tarfile
+import tempfile
 import os
 import shutil
 import sys
@@ -63,7 +66,7 @@ from jaxbuffers.rollout import RolloutBuffer
 from jaxbuffers.trajectory import TrajectoryBuffer
 
 __all__ = [
-    "FORMAT_VERSION", "CheckpointError", "save", "restore", "BufferSave", "BufferRestore", "BufferCheckpointHandler",
+    "FORMAT_VERSION", "CheckpointError", "save", "restore", "to_bytes", "from_bytes", "BufferSave", "BufferRestore", "BufferCheckpointHandler",
 ]
 
 FORMAT = "jaxbuffers.checkpoint"
@@ -590,6 +593,48 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
         return _read(path, target, sharding, bar)
     finally:
         bar.close()
+
+
+def to_bytes(buffers: dict[str, Any]) -> bytes:
+    """Checkpoints of several buffers as one uncompressed tar archive in memory: folder `name/` holds the `save` of
+    `buffers[name]` (names: letters, digits, `_` and `-`). For objects that must carry their buffers through a
+    byte-oriented channel (e.g. `__getstate__`) without pickling them.
+
+    Raises:
+      ValueError: a name that is not a plain folder name. Otherwise as `save`.
+    """
+    out = io.BytesIO()
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(fileobj=out, mode="w") as tar:
+        for name, buf in buffers.items():
+            if not name or not all(c.isalnum() or c in "_-" for c in name):
+                raise ValueError(f"buffers: expected plain folder names, got {name!r}")
+            save(Path(tmp) / name, buf, progress=False)
+            tar.add(Path(tmp) / name, arcname=name)
+    return out.getvalue()
+
+
+def from_bytes(data: bytes, targets: dict[str, Any]) -> dict[str, Any]:
+    """The buffers of a `to_bytes` archive, each restored with `restore(folder, targets[name])`.
+
+    Only plain files and folders inside the archive are extracted (no links, no absolute or `..` paths).
+
+    Raises:
+      CheckpointError: not such an archive, a member that is not a plain file or folder, a missing name, or
+        `restore`'s errors (the message names the file).
+    """
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
+    except tarfile.TarError as e:
+        raise CheckpointError(f"data: not a jaxbuffers checkpoint archive ({e})") from None
+    with tempfile.TemporaryDirectory() as tmp, tar:
+        for m in tar.getmembers():
+            if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in Path(m.name).parts:
+                raise CheckpointError(f"data: archive member {m.name!r} is not a plain file or folder inside the archive")
+        tar.extractall(tmp, filter="data")
+        missing = [n for n in targets if not (Path(tmp) / n).is_dir()]
+        if missing:
+            raise CheckpointError(f"data: the archive holds no checkpoint named {missing}")
+        return {n: restore(Path(tmp) / n, t, progress=False) for n, t in targets.items()}
 
 
 class BufferCheckpointHandler(ocp.CheckpointHandler):
