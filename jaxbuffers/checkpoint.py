@@ -237,10 +237,11 @@ def _host_snapshot(buffer: Any) -> tuple[dict | None, dict]:
         return None, {}
     host = buffer.host
     host._check_open("save")
+    version = int(buffer.version)  # before the lock: the write that produces it takes the lock
     with host._lock:
-        if int(buffer.version) != host.version:
+        if version != host.version:
             raise StaleBufferError(
-                f"save: this buffer state has version {int(buffer.version)} but its host store is at version "
+                f"save: this buffer state has version {version} but its host store is at version "
                 f"{host.version}; save the state returned by the last add"
             )
         exported = [s.export_state() for s in host.stores]
@@ -395,7 +396,7 @@ def _write(root: Path, buffer: Any, progress: _Progress) -> None:
     handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
     arrays = epath.Path(root / "arrays")
     arrays.mkdir()
-    handler.save(arrays, args=ocp.args.PyTreeSave(tree))
+    handler.save(arrays, args=ocp.args.PyTreeSave(tree))  # one chunk per array: chunked arrays restored ~3x slower
     if jax.process_count() > 1:  # cross-host metadata checks; one process has nothing to finalize
         handler.finalize(arrays)
     handler.close()
@@ -466,7 +467,14 @@ _owned = jax.jit(jnp.copy)
 def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     _verify(root, progress)
     meta = _read_json(root / "buffer.json", "buffer description")
-    abstract, concrete = _template(meta, target, root)
+    if target is not None:
+        _entry(target)  # TypeError for a target that is not a buffer
+    try:
+        abstract, concrete = _template(meta, target, root)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field missing or of the wrong JSON type
+        raise CheckpointError(f"{root / 'buffer.json'}: malformed buffer description ({type(e).__name__}: {e})") from None
     leaves, treedef = jax.tree.flatten(abstract)
     _, described = _leaves(abstract)
     if described != meta["leaves"]:

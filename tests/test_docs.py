@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_MODULES = [
     "jaxbuffers",
     "jaxbuffers.compressed",
+    "jaxbuffers.checkpoint",
     "host_codecs",
     "jaxbuffers.interop.torch",
     "jaxbuffers.interop.sb3",

@@ -14,28 +14,16 @@ from gymnasium import spaces  # noqa: E402
 from stable_baselines3.common.save_util import load_from_pkl, save_to_pkl  # noqa: E402
 
 from jaxbuffers.interop.sb3 import JaxDictReplayBuffer, JaxReplayBuffer, JaxRolloutBuffer  # noqa: E402
+from test_sb3_replay import random_obs, random_step  # noqa: E402
 
 PIX = spaces.Box(0, 255, (4, 6, 6), np.uint8)
 DICT = spaces.Dict({"img": spaces.Box(0, 255, (2, 3), np.uint8), "vec": spaces.Box(-1, 1, (2,), np.float32)})
 ACT = spaces.Discrete(3)
 
 
-def _obs(space, rng, n):
-    if isinstance(space, spaces.Dict):
-        return {k: _obs(s, rng, n) for k, s in space.spaces.items()}
-    if space.dtype == np.uint8:
-        return rng.integers(0, 256, (n, *space.shape), dtype=np.uint8)
-    return rng.uniform(-1, 1, (n, *space.shape)).astype(space.dtype)
-
-
 def _add_replay(buf, rng, steps, n=2):
-    obs = _obs(buf.observation_space, rng, n)
     for _ in range(steps):
-        nxt = _obs(buf.observation_space, rng, n)
-        done = rng.random(n) < 0.2
-        infos = [{"TimeLimit.truncated": bool(d and rng.random() < 0.5)} for d in done]
-        buf.add(obs, nxt, rng.integers(0, 3, n), rng.normal(size=n), done, infos)
-        obs = nxt
+        buf.add(*random_step(buf.observation_space, ACT, n, rng))
 
 
 def _same(a, b):
@@ -80,7 +68,7 @@ def test_rollout_survives_pickling():
     buf = JaxRolloutBuffer(4, obs_space, ACT, device="cpu", n_envs=2)
     rng = np.random.default_rng(0)
     for t in range(3):
-        buf.add(_obs(obs_space, rng, 2), rng.integers(0, 3, 2), rng.normal(size=2), np.array([t == 0, False]),
+        buf.add(random_obs(obs_space, 2, rng), rng.integers(0, 3, 2), rng.normal(size=2), np.array([t == 0, False]),
                 th.tensor(rng.normal(size=2)), th.tensor(rng.normal(size=2)))
     got = pickle.loads(pickle.dumps(buf))
     assert got.pos == 3
