@@ -353,3 +353,31 @@ def test_checkpoint_manager_saves_state_and_buffer_as_one_step(tmp_path):
     k = jax.random.key(3)
     for a, b in zip(jax.tree.leaves(out.buffer.sample(k, 9)), jax.tree.leaves(buf.sample(k, 9))):
         np.testing.assert_array_equal(a, b)
+
+
+def test_store_export_import_keeps_the_dictionary_and_its_training_state():
+    """Entries encoded with the zstd dictionary decode after an import, and later puts encode as the original's do."""
+    from host_codecs import CompressedStore
+
+    rng = np.random.default_rng(0)
+    frames = np.repeat(rng.integers(0, 4, (1, 12, 12), dtype=np.uint8), 64, axis=0) + (rng.random((64, 12, 12)) < 0.05)
+    kw = dict(codec="zstd:1", item_shape=(12, 12), dtype=np.uint8, chunk_bytes=4096, min_chunk_bytes=512,
+              dictionary_bytes=512, dictionary_samples=16)
+    store = CompressedStore(40, **kw)
+    for a in range(0, 48, 8):  # the dictionary is built at the 16th entry; slots are overwritten after 40
+        store.put(np.arange(a, a + 8) % 40, frames[a : a + 8])
+    assert store.dictionary is not None
+    meta, arrays = store.export_state()
+    copy = CompressedStore(40, **kw)
+    copy.import_state(meta, arrays)
+    assert copy.dictionary.data == store.dictionary.data
+    ids = np.arange(40)
+    np.testing.assert_array_equal(copy.get(ids), store.get(ids))
+    for s in (store, copy):
+        s.put(np.arange(8), frames[48:56])
+    np.testing.assert_array_equal(copy.get(ids), store.get(ids))
+    assert copy.stats()["payload_nbytes"] == store.stats()["payload_nbytes"]
+    with pytest.raises(ValueError, match="empty store"):
+        copy.import_state(meta, arrays)
+    with pytest.raises(ValueError, match="store config chunk_bytes"):
+        CompressedStore(40, **{**kw, "chunk_bytes": 8192}).import_state(meta, arrays)
