@@ -505,7 +505,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
         a = out["device"].get(str(i)) if x.size else jax.device_put(np.zeros(x.shape, x.dtype), s)
         if a is None or a.shape != x.shape or a.dtype != x.dtype:
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {getattr(a, 'shape', None)}, expected {x.shape} {x.dtype}")
-        arrays.append(_owned(a) if a.sharding.device_set.pop().platform == "cpu" else a)
+        arrays.append(_owned(a) if next(iter(a.sharding.device_set)).platform == "cpu" else a)
     buffer = jax.tree.unflatten(treedef, arrays)
     if host_meta is not None:
         _load_host(buffer, host_meta, out["host"], host_shapes, root)
