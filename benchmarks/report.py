@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["replay", "prioritised", "trajectory", "episodes", "eager", "ppo", "returns", "compressed", "sb3", "codecs", "torch_interop"]
+ORDER = ["replay", "prioritised", "trajectory", "episodes", "eager", "ppo", "returns", "compressed", "sb3", "codecs",
+         "torch_interop", "checkpoint"]
 TITLES = {
     "replay": "Uniform replay (`ReplayBuffer`) against flashbax",
     "prioritised": "Prioritised replay (`PrioritisedReplayBuffer`) against flashbax",
@@ -27,6 +28,7 @@ TITLES = {
     "sb3": "SB3 DQN with jaxbuffers' replay buffer",
     "codecs": "Host codecs on Atari frames against memcpy",
     "torch_interop": "JAX to torch hand-off",
+    "checkpoint": "Save and restore against np.save / np.load and flashbax's Vault",
 }
 NOTES = {
     "replay": "Anchor: flashbax's item buffer (`flashbax-flat` is its flat buffer). `call`: one jitted, donated "
@@ -64,6 +66,14 @@ NOTES = {
            "extrapolated to 1M transitions from two fill sizes.",
     "codecs": "Throughput in MB/s of raw bytes; ratio = throughput / numpy memcpy bandwidth in the same process.",
     "torch_interop": "Anchor: the numpy route (`torch.from_numpy(np.asarray(x))` and back). Throughput in MB/s.",
+    "checkpoint": "A `ReplayBuffer` of real Atari items (`uncompressed`) and a `CompressedTrajectoryBuffer` of recorded "
+                  "Breakout steps (`compressed`: device ids plus host arenas), written to the same disk. Throughput in "
+                  "GB/s of array bytes. `ours`: `jaxbuffers.save` (orbax arrays, checksums, fsync, atomic rename) and "
+                  "`jaxbuffers.restore` (checksums verified, arrays on the device). Save anchor: `np.save+fsync` of the "
+                  "same arrays (the same durability; `np.save` alone leaves them in the page cache, "
+                  "`save_vs_np.save` is ours / its rate); restore anchor: `np.load` + `device_put`. flashbax's Vault "
+                  "holds device arrays only (uncompressed case), with its default gzip-5 and with zstd-1. Restores "
+                  "read what the saves left in the page cache.",
 }
 VERSIONS = ["python", "jax", "jaxlib", "flax", "flashbax", "rlax", "stable-baselines3", "torch", "numba", "zstandard"]
 

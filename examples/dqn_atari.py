@@ -15,12 +15,21 @@ Run::
     python examples/dqn_atari.py --total-steps 200000            # Breakout
     python examples/dqn_atari.py --env ALE/Pong-v5 --n-step 3 --prioritised
     python examples/dqn_atari.py --total-steps 300 --buffer-size 1000 --learning-starts 100   # smoke
+    python examples/dqn_atari.py --checkpoint-dir runs/breakout --checkpoint-every 100000
+    python examples/dqn_atari.py --checkpoint-dir runs/breakout --resume   # continues from the latest checkpoint
+
+Checkpoints (``--checkpoint-dir``) are steps of an orbax ``CheckpointManager``: the train state (parameters, target,
+optimiser, PRNG key) and the replay buffer (``jaxbuffers.BufferSave``: device arrays and the compressed host frames)
+saved as one step, named by the env steps done. ``--resume`` restores the latest and continues from its step
+counter. The environments restart (their emulator state is not saved), so the episode each env was in at the
+checkpoint is joined to the first one after the restart in the buffer: one transition per env.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import time
 
 import flax.linen as nn
@@ -29,7 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 
+import jaxbuffers as jb
 from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer
 
 
@@ -87,7 +98,13 @@ def parse_args(argv=None):
     p.add_argument("--eps-fraction", type=float, default=0.1)
     p.add_argument("--log-every", type=int, default=10_000)
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    p.add_argument("--checkpoint-dir", default=None, help="folder of the checkpoints (an orbax CheckpointManager)")
+    p.add_argument("--checkpoint-every", type=int, default=100_000, help="env steps between checkpoints")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    args = p.parse_args(argv)
+    if args.resume and args.checkpoint_dir is None:
+        p.error("--resume needs --checkpoint-dir")
+    return args
 
 
 def main(argv=None) -> dict:
@@ -157,11 +174,24 @@ def main(argv=None) -> dict:
 
     train_step = jax.jit(train_step, donate_argnums=0)
 
-    obs, _ = envs.reset(seed=args.seed)
+    mngr, steps = None, 0
+    if args.checkpoint_dir is not None:
+        mngr = ocp.CheckpointManager(os.path.abspath(args.checkpoint_dir), options=ocp.CheckpointManagerOptions(max_to_keep=2))
+    if args.resume and mngr.latest_step() is not None:
+        steps = mngr.latest_step()
+        train = {k: state[k] for k in ("params", "target", "opt")}
+        abstract = jax.eval_shape(lambda: {**train, "key": jax.random.key_data(key)})
+        out = mngr.restore(steps, args=ocp.args.Composite(
+            train=ocp.args.StandardRestore(abstract), buffer=jb.BufferRestore(state["buf"])))
+        state = {**out.train, "buf": out.buffer}
+        key = jax.random.wrap_key_data(state.pop("key"))
+        print(f"resumed from step {steps:,} ({int(state['buf'].size()):,} stored transitions)", flush=True)
+    resumed_from = steps
+
+    obs, _ = envs.reset(seed=args.seed + steps)
     returns, ep_ret = collections.deque(maxlen=20), np.zeros(n_envs)
     all_returns = []
-    t0, last_t, last_steps, loss = time.time(), time.time(), 0, 0.0
-    steps = 0
+    t0, last_t, last_steps, loss = time.time(), time.time(), steps, 0.0
     raw_bytes = state["buf"].uncompressed_nbytes()
     buf0 = state["buf"]
     raw_per_transition = raw_bytes / (buf0.num_envs * buf0.length)  # an uncompressed buffer, per slot
@@ -195,6 +225,11 @@ def main(argv=None) -> dict:
         if learn:
             loss = l
         obs = next_obs
+        if mngr is not None and (steps % args.checkpoint_every < n_envs or steps >= args.total_steps):
+            train = {k: state[k] for k in ("params", "target", "opt")}
+            mngr.save(steps, args=ocp.args.Composite(
+                train=ocp.args.StandardSave({**train, "key": jax.random.key_data(key)}), buffer=jb.BufferSave(state["buf"])))
+            mngr.wait_until_finished()  # the next train_step donates the state being written
         if steps % args.log_every < n_envs or steps >= args.total_steps:
             now = time.time()
             b = state["buf"]
@@ -212,8 +247,9 @@ def main(argv=None) -> dict:
     b = state["buf"]
     summary = {
         "env_steps": steps,
+        "resumed_from": resumed_from,
         "seconds": elapsed,
-        "steps_per_second": steps / elapsed,
+        "steps_per_second": (steps - resumed_from) / elapsed,
         "episodes": len(all_returns),
         "mean_return_last20": float(np.mean(returns)) if returns else None,
         "buffer_nbytes": b.nbytes,
@@ -225,6 +261,8 @@ def main(argv=None) -> dict:
     }
     print(summary, flush=True)
     envs.close()
+    if mngr is not None:
+        mngr.close()
     return summary
 
 

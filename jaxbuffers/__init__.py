@@ -12,6 +12,7 @@ from jaxbuffers.compressed import (
     CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
     StaleBufferError, StagingWriter,
 )
+from jaxbuffers.checkpoint import BufferRestore, BufferSave, CheckpointError, restore, save
 from jaxbuffers.episode import (
     BufferFullError, EpisodeBuffer, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample,
 )
@@ -38,4 +39,5 @@ __all__ = [
     "gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns",  # returns
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
     "StaleBufferError", "StagingWriter",
+    "save", "restore", "BufferSave", "BufferRestore", "CheckpointError",  # checkpoints
 ]

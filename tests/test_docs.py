@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_MODULES = [
     "jaxbuffers",
     "jaxbuffers.compressed",
+    "jaxbuffers.checkpoint",
     "jaxbuffers.datasets",
     "host_codecs",
     "jaxbuffers.interop.torch",

@@ -39,3 +39,15 @@ def test_dqn_atari_smoke(extra, capsys):
     # 150-transition ring: full after 200 steps; one compressed 84x84 frame per stored step.
     assert summary["stored_transitions"] == 150
     assert 0 < summary["buffer_host_nbytes"] < summary["buffer_raw_nbytes"] / 10
+
+
+def test_dqn_atari_resumes_train_state_buffer_and_step_counter(tmp_path, capsys):
+    common = ["--buffer-size", "150", "--learning-starts", "60", "--train-freq", "4", "--log-every", "100",
+              "--codec", "zstd:3", "--batch-size", "8", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "100"]
+    first = _load().main(["--total-steps", "120", *common])
+    assert first["resumed_from"] == 0 and first["stored_transitions"] == 120
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name.isdigit()) == ["100", "120"]
+    second = _load().main(["--total-steps", "200", "--resume", *common])
+    assert "resumed from step 120 (120 stored transitions)" in capsys.readouterr().out
+    assert second["resumed_from"] == 120 and second["env_steps"] == 200
+    assert second["stored_transitions"] == 150  # the restored 120 plus 80 new ones, in a ring of 150

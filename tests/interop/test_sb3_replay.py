@@ -280,16 +280,6 @@ def test_add_refuses_what_sb3_refuses_and_silent_casts():
         jb.samples_at(np.array([0.7]), np.array([0]))
 
 
-def test_compressed_buffer_refuses_pickling_with_the_reason():
-    import pickle
-
-    jb = JaxReplayBuffer(4, PIX, DISC_A, device="cpu", compress=True)
-    with pytest.raises(TypeError, match="compress=False"):
-        pickle.dumps(jb)
-    plain = JaxReplayBuffer(4, PIX, DISC_A, device="cpu")
-    assert pickle.loads(pickle.dumps(plain)).buffer_size == 4
-
-
 def test_narrowed_integers_are_refused_when_they_do_not_fit():
     # Discrete data is int64 in gymnasium and held as int32 (its bounds fit); a value beyond int32
     # is refused instead of wrapping

@@ -23,8 +23,7 @@ the latest when SB3 samples. The observations live in a compressed trajectory bu
 `frame_stack=k` only the newest frame of each observation is stored and stacks are rebuilt at sample time (exact for
 observations made by a frame stacker). Every SB3 episode end goes in as a truncation, so its terminal observation is
 kept in the final-observation ring; elsewhere the next row's `obs` is the next observation (the same array in SB3's
-loop). Samples equal SB3's. The observation views are unavailable when compressed, and pickling (SB3's
-`save_replay_buffer`) raises `TypeError`. For SB3's Atari stack (CnnPolicy is channels-first, so the frame axis is
+loop). Samples equal SB3's. The observation views are unavailable when compressed. For SB3's Atari stack (CnnPolicy is channels-first, so the frame axis is
 0):
 
 ```python
@@ -53,7 +52,7 @@ from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
-from jaxbuffers import _ring, _validate
+from jaxbuffers import _ring, _validate, checkpoint
 from jaxbuffers import replay as _replay
 from jaxbuffers.interop.sb3 import _common
 
@@ -118,6 +117,9 @@ class FieldView:
     def __repr__(self) -> str:
         return f"FieldView({self._name}, shape={self.shape}, dtype={self._dtype})"
 
+
+# Attributes that __setstate__ rebuilds from the checkpoint bytes instead of unpickling them.
+_REBUILT = ("_state", "_writer", "_pending", "_rows")
 
 _COMPRESS_OPTIONS = {"codec", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending"}
 
@@ -255,13 +257,46 @@ class _JaxReplayImpl:
         self._state = _common.with_ring_state(self._state, 0, 0, 0)
 
     def __getstate__(self) -> dict:
+        """SB3's attributes plus the buffers as checkpoint bytes (`jaxbuffers.checkpoint.to_bytes`): what SB3's
+        ``save_replay_buffer`` pickles. No jaxbuffers or host object is pickled; `__setstate__` rebuilds them."""
+        state = {k: v for k, v in self.__dict__.items() if k not in _REBUILT}
+        buffers = {"rows": self._state}
         if self.compress is not None:
-            raise TypeError(
-                "JaxReplayBuffer(compress=...) cannot be pickled (SB3's save_replay_buffer pickles it): its "
-                "observations live in host compressed stores that jitted code reaches by callbacks. Use "
-                "compress=False for a buffer you need to save."
-            )
-        return self.__dict__.copy()
+            buffers["observations"] = self._writer.buffer  # flushes the staged steps
+            pending = self._pending
+            state["_pending"] = None if pending is None else (pending.tobytes(), list(pending.shape), pending.dtype.str)
+        state["_checkpoint"] = checkpoint.to_bytes(buffers)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Rebuild the buffers with ``__init__``'s arguments, then restore their contents from the checkpoint bytes.
+
+        Raises:
+          jaxbuffers.CheckpointError: the bytes are not a checkpoint of buffers with this configuration.
+        """
+        state = dict(state)
+        data, pending = state.pop("_checkpoint"), state.pop("_pending", None)
+        compress = state["compress"]
+        _JaxReplayImpl.__init__(
+            self, state["buffer_size"] * state["n_envs"], state["observation_space"], state["action_space"],
+            state["device"], n_envs=state["n_envs"], optimize_memory_usage=state["optimize_memory_usage"],
+            handle_timeout_termination=state["handle_timeout_termination"], compress=False if compress is None else compress,
+        )
+        targets = {"rows": self._state}
+        if compress is not None:
+            targets["observations"] = self._writer.buffer
+        restored = checkpoint.from_bytes(data, targets)
+        self._state = restored["rows"]
+        if compress is not None:
+            from jaxbuffers.compressed import StagingWriter
+
+            max_pending = self._writer.max_pending
+            self._writer.close()
+            self._writer = StagingWriter(restored["observations"], max_pending=max_pending)
+            if pending is not None:
+                raw, shape, dtype = pending
+                self._pending = np.frombuffer(raw, np.dtype(dtype)).reshape(shape).copy()
+        self.__dict__.update(state)
 
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
         """Store one transition per env (SB3's signature and semantics; see the module doc).

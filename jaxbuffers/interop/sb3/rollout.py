@@ -38,6 +38,7 @@ from stable_baselines3.common.buffers import BaseBuffer, DictRolloutBuffer, Roll
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
+from jaxbuffers import checkpoint
 from jaxbuffers import rollout as _rollout
 from jaxbuffers.interop.sb3 import _common
 
@@ -113,6 +114,26 @@ class _JaxRolloutImpl:
     log_probs = _host(lambda s: s.step["log_prob"], "``[T, n_envs]`` float32 host copy.")
     advantages = _host(lambda s: s.advantages, "``[T, n_envs]`` float32 host copy (zeros before ``compute_returns_and_advantage``).")
     returns = _host(lambda s: s.returns, "``[T, n_envs]`` float32 host copy, ``advantages + values``.")
+
+    def __getstate__(self) -> dict:
+        """SB3's attributes plus the rollout as checkpoint bytes (`jaxbuffers.checkpoint.to_bytes`), never the
+        jaxbuffers objects themselves."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_state", "_rows")}
+        state["_checkpoint"] = checkpoint.to_bytes({"rollout": self._state})
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Rebuild the rollout with ``__init__``'s arguments and restore its contents from the checkpoint bytes.
+
+        Raises:
+          jaxbuffers.CheckpointError: the bytes are not a checkpoint of a rollout with this configuration.
+        """
+        state = dict(state)
+        data = state.pop("_checkpoint")
+        _JaxRolloutImpl.__init__(self, state["buffer_size"], state["observation_space"], state["action_space"], state["device"],
+                                 gae_lambda=state["gae_lambda"], gamma=state["gamma"], n_envs=state["n_envs"])
+        self._state = checkpoint.from_bytes(data, {"rollout": self._state})["rollout"]
+        self.__dict__.update(state)
 
     def reset(self) -> None:
         """Start a new rollout: ``pos`` 0, not full (storage kept, no zeroing)."""

@@ -1,0 +1,383 @@
+"""jaxbuffers.save / restore: model-based round trips of every buffer type, and the safety properties.
+
+Round trips: a seeded random sequence of adds, samples and priority updates runs on a buffer that is never saved and
+on one saved and restored at a random point; every output and the final state must be identical.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbuffers as jb
+from jaxbuffers import checkpoint as ckpt
+
+pytest.importorskip("zstandard")
+
+E, L = 2, 6  # lanes and steps per lane of the trajectory buffers
+
+
+def _rand(rng, spec, lead):
+    def one(s):
+        if s.dtype == jnp.bool_:
+            return jnp.asarray(rng.random((*lead, *s.shape)) < 0.3)
+        if jnp.issubdtype(s.dtype, jnp.floating):
+            return jnp.asarray(rng.standard_normal((*lead, *s.shape)).astype(s.dtype))
+        return jnp.asarray(rng.integers(0, 4, (*lead, *s.shape)).astype(s.dtype))
+
+    return jax.tree.map(one, spec)
+
+
+ITEM = {"obs": jax.ShapeDtypeStruct((3,), jnp.float32), "action": jax.ShapeDtypeStruct((), jnp.int32)}
+STEP = {"obs": jax.ShapeDtypeStruct((2,), jnp.float32), "action": jax.ShapeDtypeStruct((), jnp.int32),
+        "reward": jax.ShapeDtypeStruct((), jnp.float32)}
+PIXELS = {"obs": jax.ShapeDtypeStruct((4, 6, 6), jnp.uint8), "action": jax.ShapeDtypeStruct((), jnp.int32),
+          "reward": jax.ShapeDtypeStruct((), jnp.float32)}
+ROLL = {"obs": jax.ShapeDtypeStruct((2, 5, 5), jnp.uint8), "logp": jax.ShapeDtypeStruct((), jnp.float32)}
+
+
+def _replay_ops(prioritised: bool, stack: int = 0):
+    """(create, add, sample, set_priorities) of an item buffer, vmapped over `stack` buffers when > 0."""
+    cls = jb.PrioritisedReplayBuffer if prioritised else jb.ReplayBuffer
+    create = lambda: cls.create(ITEM, capacity=8)  # noqa: E731
+    add = lambda b, x: b.add(x)  # noqa: E731
+    sample = lambda b, k: b.sample(k, 5)  # noqa: E731
+    setp = lambda b, s, p: b.set_priorities(s.indices, p, s.generations)  # noqa: E731
+    lead = (3,)
+    if stack:
+        create = (lambda c: lambda: jax.vmap(lambda _: c())(jnp.arange(stack)))(create)
+        add, sample, setp = jax.vmap(add), jax.vmap(sample), jax.vmap(setp)
+        lead = (stack, 3)
+    data = lambda rng: (_rand(rng, ITEM, lead),)  # noqa: E731
+    keys = (lambda k: jax.random.split(k, stack)) if stack else (lambda k: k)
+    prio = (lambda rng: jnp.asarray(rng.random((*lead[:-1], 5)).astype(np.float32) + 0.1))
+    return create, add, data, lambda b, k: sample(b, keys(k)), (setp if prioritised else None), prio
+
+
+def _trajectory_ops(cls, spec, **kw):
+    create = lambda: cls.create(spec, num_envs=E, length=L, **kw)  # noqa: E731
+
+    def data(rng):
+        obs = _rand(rng, spec["obs"], (E,))
+        return _rand(rng, spec, (E,)), jnp.asarray(rng.random(E) < 0.2), jnp.asarray(rng.random(E) < 0.2), obs
+
+    add = lambda b, s, te, tr, fo: b.add(s, terminated=te, truncated=tr, final_obs=fo)  # noqa: E731
+    if "window_length" in kw:
+        sample = lambda b, k: (b.sample_transitions(k, 4, n_step=2, gamma=0.9), b.sample_sequences(k, 3))  # noqa: E731
+        setp = lambda b, s, p: b.set_priorities(s[0].indices, p, s[0].generations)  # noqa: E731
+    else:
+        sample = lambda b, k: (b.sample_transitions(k, 4, n_step=2, gamma=0.9), b.sample_sequences(k, 3, 2))  # noqa: E731
+        setp = None
+    prio = lambda rng: jnp.asarray(rng.random(4).astype(np.float32) + 0.1)  # noqa: E731
+    return create, add, data, sample, setp, prio
+
+
+def _rollout_ops(cls, spec, **kw):
+    create = lambda: cls.create(spec, num_envs=E, num_steps=3, **kw)  # noqa: E731
+
+    def data(rng):
+        f = lambda: jnp.asarray(rng.standard_normal(E).astype(np.float32))  # noqa: E731
+        return _rand(rng, spec, (E,)), f(), f(), jnp.asarray(rng.random(E) < 0.3)
+
+    def add(b, s, r, v, te):
+        full = b.buffer.is_full() if hasattr(b, "host") else b.is_full()
+        # once full: GAE and a fresh rollout (the host stores are written by the next adds)
+        b = jax.lax.cond(full, lambda b: b.compute_gae(jnp.ones(E), 0.9, 0.8).reset(), lambda b: b, b)
+        return b.add(s, reward=r, value=v, terminated=te)
+
+    sample = lambda b, k: b.compute_gae(jnp.ones(E), 0.9, 0.8).minibatches(k, 2)  # noqa: E731
+    return create, add, data, sample, None, None
+
+
+CASES = {
+    "replay": lambda: _replay_ops(False),
+    "prioritised": lambda: _replay_ops(True),
+    "replay-stacked": lambda: _replay_ops(False, stack=2),
+    "prioritised-stacked": lambda: _replay_ops(True, stack=2),
+    "trajectory": lambda: _trajectory_ops(jb.TrajectoryBuffer, STEP, final_obs_capacity=3),
+    "prioritised-trajectory": lambda: _trajectory_ops(jb.PrioritisedTrajectoryBuffer, STEP, window_length=3),
+    "rollout": lambda: _rollout_ops(jb.RolloutBuffer, ROLL),
+    "compressed-trajectory": lambda: _trajectory_ops(
+        jb.CompressedTrajectoryBuffer, PIXELS, frame_stack=4, codec="zstd:1", dictionary_bytes=1024),
+    "compressed-prioritised": lambda: _trajectory_ops(
+        jb.CompressedPrioritisedTrajectoryBuffer, PIXELS, window_length=3, frame_stack=4, codec="rle"),
+    "compressed-rollout": lambda: _rollout_ops(jb.CompressedRolloutBuffer, ROLL, codec="zstd:1"),
+}
+
+
+def _run(case: str, seed: int, jit: bool, directory: Path | None, num_ops: int = 14):
+    """Outputs of a seeded random op sequence; saved and restored before op `save_at` when `directory` is given."""
+    create, add, data, sample, setp, prio = CASES[case]()
+    if jit:
+        add, sample = jax.jit(add, donate_argnums=0), jax.jit(sample)
+        setp = setp and jax.jit(setp, donate_argnums=0)
+    rng = np.random.default_rng(seed)
+    save_at = int(rng.integers(1, num_ops))
+    buf, outs, last = create(), [], None
+    for i in range(num_ops):
+        if directory is not None and i == save_at:
+            jb.save(directory, buf)
+            buf = jb.restore(directory)
+        op = 0 if i < 2 else int(rng.integers(0, 3))
+        key = jax.random.key(int(rng.integers(1 << 30)))
+        if op == 0 or (op == 2 and (setp is None or last is None)):
+            buf = add(buf, *data(rng))
+        elif op == 1:
+            last = sample(buf, key)
+            outs.append(jax.tree.map(np.asarray, last))
+        else:
+            buf = setp(buf, last, prio(rng))
+            last = None
+    outs.append(jax.tree.map(np.asarray, sample(buf, jax.random.key(7))))
+    return outs, jax.tree.map(np.asarray, buf), save_at
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_round_trip_matches_never_saved(case, jit, tmp_path):
+    for seed in (int(jit),):
+        want, want_state, _ = _run(case, seed, jit, None)
+        got, got_state, save_at = _run(case, seed, jit, tmp_path / f"ck{seed}")
+        assert 1 <= save_at < 14
+        assert jax.tree.structure(want) == jax.tree.structure(got)
+        for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(want_state), jax.tree.leaves(got_state)):
+            np.testing.assert_array_equal(a, b)
+
+
+def _filled_replay(capacity=64):
+    buf = jb.PrioritisedReplayBuffer.create(ITEM, capacity=capacity)
+    return buf.add(_rand(np.random.default_rng(0), ITEM, (capacity // 2,)))
+
+
+def test_restored_leaves_are_jax_arrays_and_donation_is_in_place(tmp_path):
+    buf = _filled_replay(4096)
+    jb.save(tmp_path / "ck", buf)
+    got = jb.restore(tmp_path / "ck", sharding=jax.devices()[0])
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(got))
+    add = jax.jit(jb.PrioritisedReplayBuffer.add, donate_argnums=0)
+    ptrs = [x.unsafe_buffer_pointer() for x in jax.tree.leaves(got)]
+    new = add(got, _rand(np.random.default_rng(1), ITEM, (3,)))
+    assert [x.unsafe_buffer_pointer() for x in jax.tree.leaves(new)] == ptrs
+
+
+def test_restore_into_a_template(tmp_path):
+    buf = _filled_replay()
+    jb.save(tmp_path / "ck", buf)
+    template = jax.eval_shape(lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=64))
+    got = jb.restore(tmp_path / "ck", template)
+    np.testing.assert_array_equal(got.priorities(jnp.arange(64)), buf.priorities(jnp.arange(64)))
+    assert int(got.replay.head) == 32
+
+
+@pytest.mark.parametrize(
+    "other, field",
+    [
+        (lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=32), "capacity"),
+        (lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=64, priority_exponent=0.5), "priority_exponent"),
+        (lambda: jb.PrioritisedReplayBuffer.create({**ITEM, "obs": jax.ShapeDtypeStruct((3,), jnp.int32)}, capacity=64), "example"),
+        (lambda: jb.ReplayBuffer.create(ITEM, capacity=64), "PrioritisedReplayBuffer"),
+    ],
+    ids=["capacity", "alpha", "dtype", "class"],
+)
+def test_wrong_config_is_refused_naming_the_field(other, field, tmp_path):
+    jb.save(tmp_path / "ck", _filled_replay())
+    target = other()
+    before = jax.tree.map(np.asarray, target)
+    with pytest.raises(jb.CheckpointError, match=field):
+        jb.restore(tmp_path / "ck", target)
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(target)):  # the target is untouched
+        np.testing.assert_array_equal(a, b)
+
+
+def test_unknown_format_version_is_refused(tmp_path):
+    jb.save(tmp_path / "ck", _filled_replay())
+    manifest = tmp_path / "ck" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    m["version"] = 99
+    manifest.write_text(json.dumps(m))
+    with pytest.raises(jb.CheckpointError, match="format version 99"):
+        jb.restore(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_corrupt_file_is_detected_naming_it(damage, tmp_path):
+    jb.save(tmp_path / "ck", _filled_replay(4096))
+    victim = max((p for p in (tmp_path / "ck" / "arrays").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(jb.CheckpointError, match=victim.name):
+        jb.restore(tmp_path / "ck")
+
+
+def test_crafted_pickle_is_never_executed(tmp_path, monkeypatch):
+    """A buffer.json replaced by a pickle that would create a file when unpickled (manifest updated to match):
+    restore refuses it as not JSON, and no pickle loader is ever called."""
+    jb.save(tmp_path / "ck", _filled_replay())
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    root = tmp_path / "ck"
+    (root / "buffer.json").write_bytes(pickle.dumps(Payload()))
+    m = json.loads((root / "manifest.json").read_text())
+    m["files"]["buffer.json"] = {"bytes": (root / "buffer.json").stat().st_size,
+                                 "xxh3_64": ckpt._hash_file(root / "buffer.json", ckpt._Progress(False, ""))}
+    (root / "manifest.json").write_text(json.dumps(m))
+
+    def refuse(*a, **k):
+        raise AssertionError("pickle used by restore")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(np, "load", refuse)
+    with pytest.raises(jb.CheckpointError, match="buffer.json"):
+        jb.restore(root)
+    assert not marker.exists()
+
+
+def test_crafted_class_and_dtype_are_refused(tmp_path):
+    jb.save(tmp_path / "ck", _filled_replay())
+    root = tmp_path / "ck"
+    for key, value, msg in (("class", "os.system", "not a jaxbuffers buffer"), ("config", None, "dtype")):
+        meta = json.loads((root / "buffer.json").read_text())
+        if key == "class":
+            meta["class"] = value
+        else:
+            meta["config"]["example"]["dict"][0][1]["array"][1] = "object"
+        (root / "buffer.json").write_text(json.dumps(meta))
+        ckpt._write_manifest(root, ckpt._Progress(False, ""))
+        with pytest.raises(jb.CheckpointError, match=msg):
+            jb.restore(root)
+
+
+def test_save_refuses_to_replace_a_folder_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match="not a jaxbuffers checkpoint"):
+        jb.save(tmp_path / "mine", _filled_replay())
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_stale_compressed_state_is_refused(tmp_path):
+    create, add, data, *_ = CASES["compressed-trajectory"]()
+    rng = np.random.default_rng(0)
+    old = add(create(), *data(rng))
+    add(old, *data(rng))
+    with pytest.raises(jb.StaleBufferError, match="last add"):
+        jb.save(tmp_path / "ck", old)
+
+
+_CRASH = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    import jaxbuffers as jb
+    item = {"x": jax.ShapeDtypeStruct((1 << 16,), jnp.float32)}
+    buf = jb.ReplayBuffer.create(item, capacity=2048)  # 512 MiB
+    buf = buf.add({"x": jnp.full((1, 1 << 16), 2.0)})
+    print("saving", flush=True)
+    jb.save(sys.argv[1], buf)
+""")
+
+
+def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):
+    small = _filled_replay()
+    jb.save(tmp_path / "ck", small)
+    proc = subprocess.Popen([sys.executable, "-c", _CRASH, str(tmp_path / "ck")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "saving"
+        # kill once the new checkpoint's temporary folder holds some bytes
+        for _ in range(600):
+            tmps = list(tmp_path.glob(".ck.tmp-*"))
+            if tmps and sum(p.stat().st_size for p in tmps[0].rglob("*") if p.is_file()) > 1 << 20:
+                break
+            if proc.poll() is not None:
+                break
+            import time
+
+            time.sleep(0.05)
+        assert proc.poll() is None, "the save finished before it could be interrupted"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    got = jb.restore(tmp_path / "ck")
+    np.testing.assert_array_equal(got.replay.storage["obs"], small.replay.storage["obs"])
+    jb.save(tmp_path / "ck", got)  # the next save removes the dead process's temporary folder
+    assert not list(tmp_path.glob(".ck.tmp-*"))
+
+
+def test_crash_between_renames_restores_the_previous(tmp_path):
+    buf = _filled_replay()
+    jb.save(tmp_path / "ck", buf)
+    (tmp_path / "ck").rename(tmp_path / ".ck.prev")  # the state after the first of the two renames
+    got = jb.restore(tmp_path / "ck")
+    np.testing.assert_array_equal(got.replay.storage["obs"], buf.replay.storage["obs"])
+    jb.save(tmp_path / "ck", got)
+    assert (tmp_path / "ck").is_dir() and not (tmp_path / ".ck.prev").exists()
+
+
+def test_progress_bar_can_be_forced(tmp_path, capsys):
+    jb.save(tmp_path / "ck", _filled_replay(), progress=False)
+    jb.restore(tmp_path / "ck", progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_checkpoint_manager_saves_state_and_buffer_as_one_step(tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    buf = _filled_replay()
+    state = {"w": jnp.arange(4.0), "step": jnp.int32(3)}
+    with ocp.CheckpointManager(tmp_path / "run", options=ocp.CheckpointManagerOptions(max_to_keep=2)) as mngr:
+        mngr.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state), buffer=jb.BufferSave(buf)))
+        mngr.wait_until_finished()
+    with ocp.CheckpointManager(tmp_path / "run") as mngr:
+        assert mngr.latest_step() == 5
+        out = mngr.restore(5, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(jax.eval_shape(lambda: state)), buffer=jb.BufferRestore()))
+    np.testing.assert_array_equal(out.state["w"], state["w"])
+    k = jax.random.key(3)
+    for a, b in zip(jax.tree.leaves(out.buffer.sample(k, 9)), jax.tree.leaves(buf.sample(k, 9))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_store_export_import_keeps_the_dictionary_and_its_training_state():
+    """Entries encoded with the zstd dictionary decode after an import, and later puts encode as the original's do."""
+    from host_codecs import CompressedStore
+
+    rng = np.random.default_rng(0)
+    frames = np.repeat(rng.integers(0, 4, (1, 12, 12), dtype=np.uint8), 64, axis=0) + (rng.random((64, 12, 12)) < 0.05)
+    kw = dict(codec="zstd:1", item_shape=(12, 12), dtype=np.uint8, chunk_bytes=4096, min_chunk_bytes=512,
+              dictionary_bytes=512, dictionary_samples=16)
+    store = CompressedStore(40, **kw)
+    for a in range(0, 48, 8):  # the dictionary is built at the 16th entry; slots are overwritten after 40
+        store.put(np.arange(a, a + 8) % 40, frames[a : a + 8])
+    assert store.dictionary is not None
+    meta, arrays = store.export_state()
+    copy = CompressedStore(40, **kw)
+    copy.import_state(meta, arrays)
+    assert copy.dictionary.data == store.dictionary.data
+    ids = np.arange(40)
+    np.testing.assert_array_equal(copy.get(ids), store.get(ids))
+    for s in (store, copy):
+        s.put(np.arange(8), frames[48:56])
+    np.testing.assert_array_equal(copy.get(ids), store.get(ids))
+    assert copy.stats()["payload_nbytes"] == store.stats()["payload_nbytes"]
+    with pytest.raises(ValueError, match="empty store"):
+        copy.import_state(meta, arrays)
+    with pytest.raises(ValueError, match="store config chunk_bytes"):
+        CompressedStore(40, **{**kw, "chunk_bytes": 8192}).import_state(meta, arrays)
