@@ -13,6 +13,7 @@ from jaxbuffers.compressed import (
     StaleBufferError, StagingWriter,
 )
 from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
+from jaxbuffers.ratelimit import BlockingRateLimiter, RateLimiter, RateLimiterClosed, RateLimiterTimeout
 from jaxbuffers.replay import ReplayBuffer, ReplaySample
 from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
 from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
@@ -30,4 +31,5 @@ __all__ = [
     "gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns",  # returns
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
     "StaleBufferError", "StagingWriter",
+    "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
 ]
