@@ -12,6 +12,7 @@ from jaxbuffers.compressed import (
     CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
     StaleBufferError, StagingWriter,
 )
+from jaxbuffers.feeding import BufferClosed, BufferServer, Writer
 from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
 from jaxbuffers.ratelimit import BlockingRateLimiter, RateLimiter, RateLimiterClosed, RateLimiterTimeout
 from jaxbuffers.replay import ReplayBuffer, ReplaySample
@@ -32,4 +33,5 @@ __all__ = [
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
     "StaleBufferError", "StagingWriter",
     "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
+    "BufferServer", "Writer", "BufferClosed",  # actors and learners
 ]

@@ -285,6 +285,16 @@ class BlockingRateLimiter:
         """Whether `close` was called."""
         return self._closed
 
+    def num_inserts_allowed(self) -> int:
+        """Items an insert could add now without waiting (Python int, >= 0)."""
+        with self._cond:
+            return int(self.band.inserts_allowed(np, min(self._inserted, self.band.min_size), self._balance()))
+
+    def num_samples_allowed(self) -> int:
+        """Items a sample could take now without waiting (Python int, >= 0)."""
+        with self._cond:
+            return int(self.band.samples_allowed(np, min(self._inserted, self.band.min_size), self._balance()))
+
     def _balance(self) -> int:
         return self._inserted * self.band.num - self._sampled * self.band.den
 

@@ -122,7 +122,9 @@ def test_blocked_caller_times_out_with_a_clear_error():
     with pytest.raises(jb.RateLimiterTimeout, match=r"sample of 1 items: not admitted within timeout=0.2 s \(inserted=0"):
         lim.await_sample(1, timeout=0.2)
     assert 0.2 <= time.monotonic() - t0 < 2
+    assert lim.num_samples_allowed() == 0 and lim.num_inserts_allowed() == 15
     lim.await_insert(15, timeout=0)  # filling (10) then 5 more: balance 15 = offset + 5
+    assert lim.num_samples_allowed() == 10 and lim.num_inserts_allowed() == 0
     with pytest.raises(jb.RateLimiterTimeout, match="insert of 1 items"):
         lim.await_insert(1, timeout=0.05)
 
