@@ -17,6 +17,7 @@ from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
 from jaxbuffers.ratelimit import BlockingRateLimiter, RateLimiter, RateLimiterClosed, RateLimiterTimeout
 from jaxbuffers.replay import ReplayBuffer, ReplaySample
 from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
+from jaxbuffers.sharding import ShardedBuffer, ShardedSample
 from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
 from jaxbuffers.sum_tree import SumMinTree
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
@@ -34,4 +35,5 @@ __all__ = [
     "StaleBufferError", "StagingWriter",
     "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
     "BufferServer", "Writer", "BufferClosed",  # actors and learners
+    "ShardedBuffer", "ShardedSample",  # devices and hosts
 ]
