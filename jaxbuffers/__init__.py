@@ -12,7 +12,7 @@ from jaxbuffers.compressed import (
     CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
     StaleBufferError, StagingWriter,
 )
-from jaxbuffers.feeding import BufferClosed, BufferServer, Writer
+from jaxbuffers.feeding import BufferClosed, BufferServer, Writer, ray_server
 from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
 from jaxbuffers.ratelimit import BlockingRateLimiter, RateLimiter, RateLimiterClosed, RateLimiterTimeout
 from jaxbuffers.replay import ReplayBuffer, ReplaySample
@@ -34,6 +34,6 @@ __all__ = [
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
     "StaleBufferError", "StagingWriter",
     "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
-    "BufferServer", "Writer", "BufferClosed",  # actors and learners
+    "BufferServer", "Writer", "BufferClosed", "ray_server",  # actors and learners
     "ShardedBuffer", "ShardedSample",  # devices and hosts
 ]

@@ -118,7 +118,7 @@ def test_ray_actor_server_takes_numpy_pytrees_from_remote_actors():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         limit = dict(samples_per_insert=1.0, min_size=8, error_buffer=64.0)
-        server = jb.feeding.ray_server(jb.ReplayBuffer.create(ITEM, capacity=256), rate_limit=limit, seed=3)
+        server = jb.ray_server(jb.ReplayBuffer.create(ITEM, capacity=256), rate_limit=limit, seed=3)
 
         @ray.remote
         def actor(server, batches):  # a remote actor sends numpy pytrees
