@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["replay", "prioritised", "trajectory", "eager", "ppo", "returns", "compressed", "sb3", "codecs", "torch_interop"]
+ORDER = ["replay", "prioritised", "trajectory", "eager", "ppo", "returns", "compressed", "sb3", "codecs", "torch_interop", "scale"]
 TITLES = {
     "replay": "Uniform replay (`ReplayBuffer`) against flashbax",
     "prioritised": "Prioritised replay (`PrioritisedReplayBuffer`) against flashbax",
@@ -26,6 +26,7 @@ TITLES = {
     "sb3": "SB3 DQN with jaxbuffers' replay buffer",
     "codecs": "Host codecs on Atari frames against memcpy",
     "torch_interop": "JAX to torch hand-off",
+    "scale": "Sharded buffers from 1 to 8 devices, and actors feeding a learner",
 }
 NOTES = {
     "replay": "Anchor: flashbax's item buffer (`flashbax-flat` is its flat buffer). `call`: one jitted, donated "
@@ -58,6 +59,12 @@ NOTES = {
            "extrapolated to 1M transitions from two fill sizes.",
     "codecs": "Throughput in MB/s of raw bytes; ratio = throughput / numpy memcpy bandwidth in the same process.",
     "torch_interop": "Anchor: the numpy route (`torch.from_numpy(np.asarray(x))` and back). Throughput in MB/s.",
+    "scale": "`ShardedBuffer` on meshes of the first 1, 2, 4 and 8 devices (`variant`); ratio = the 1-device time / "
+             "this row's (> 1: faster than one device). On a CPU the devices are forced host devices sharing the "
+             "machine's cores: the rows show the cost of the sharded program, not a speed-up. Global sampling draws "
+             "256 items from the whole buffer; local sampling 256 / S per shard. `actors-to-learner`: 4 actor threads "
+             "append single items through one `Writer` (64 per add) while a learner samples 256 at a time, with a "
+             "samples-per-insert limiter of 1 (`spi=1`) or none; throughput in inserted transitions/s.",
 }
 VERSIONS = ["python", "jax", "jaxlib", "flax", "flashbax", "rlax", "stable-baselines3", "torch", "numba", "zstandard"]
 

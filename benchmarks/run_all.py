@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-BENCHES = ["replay", "prioritised", "trajectory", "eager", "returns", "ppo", "compressed", "sb3", "codecs", "torch_interop"]
+BENCHES = ["replay", "prioritised", "trajectory", "eager", "returns", "ppo", "compressed", "sb3", "codecs", "torch_interop", "scale"]
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
