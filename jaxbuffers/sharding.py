@@ -48,6 +48,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -155,11 +156,69 @@ def _global_rule(buf, method: str, static: dict):
     )
 
 
+def _local_body(fn: Callable) -> Callable:
+    """The per-shard body of `fn(shard, *args, *replicated)`: the stacked shard `[1, ...]` in, outputs `[1, ...]` out."""
+
+    def body(stacked, args, replicated):
+        return _stack(fn(_unstack(stacked), *args, *replicated))
+
+    return body
+
+
+def _local_fn(axis: str, op: str, method: str | None, batch_size: int | None, static: tuple) -> Callable:
+    """The shard-local operations of `ShardedBuffer` as functions of one shard and its operands."""
+    kw = dict(static)
+    if op == "add":
+        return lambda b, args, arrays: type(b).add(b, *args, **arrays, **kw)
+    if op == "local":
+        return lambda b, key, arrays: getattr(b, method)(jax.random.fold_in(key, lax.axis_index(axis)), batch_size, **arrays, **kw)
+
+    def set_priorities(b, shard, indices, priorities, generations):
+        mine = jnp.where(shard == lax.axis_index(axis), indices, -1)  # -1: ignored by set_priorities
+        new = b.set_priorities(mine, priorities, generations)
+        return new.replace(max_priority=lax.pmax(new.max_priority, axis))
+
+    return set_priorities
+
+
+def _global_body(axis: str, n: int, method: str, batch_size: int, static: tuple) -> Callable:
+    """The per-shard body of a global sample (module doc): shard masses, shard draw, candidates, one all-reduce."""
+    kw = dict(static)
+
+    def body(stacked, key, arrays, beta):
+        b = _unstack(stacked)
+        mass_fn, finish = _global_rule(b, method, kw)
+        s = lax.axis_index(axis)
+        mass, low = mass_fn(b)
+        masses, mins = _gathered(mass, axis, n), _gathered(low, axis, n)
+        k_shard, k_local = jax.random.split(key)
+        shard = _choose_shards(k_shard, masses, batch_size)
+        out = _pick(getattr(b, method)(jax.random.fold_in(k_local, s), batch_size, **arrays, **kw), shard == s, axis)
+        if finish is not None:
+            out = finish(out, shard, masses, mins, beta)
+        return ShardedSample(sample=out, shard=shard)
+
+    return body
+
+
+@functools.lru_cache(maxsize=512)
+def _program(mesh: Mesh, axis: str, op: str, method: str | None = None, batch_size: int | None = None, static: tuple = ()) -> Callable:
+    """One jitted `shard_map` program per operation, mesh and static arguments, so that an eager call compiles once
+    per shape (inside a caller's `jit` it is inlined)."""
+    spec = P(axis)
+    if op == "global":
+        body = _global_body(axis, mesh.shape[axis], method, batch_size, static)
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, P(), P(), P()), out_specs=P(), check_vma=False))
+    body = _local_body(_local_fn(axis, op, method, batch_size, static))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, P()), out_specs=spec, check_vma=False))
+
+
 class ShardedBuffer(struct.PyTreeNode):
     """`S` buffers of one type stacked along a leading axis split over a mesh axis (module doc).
 
     Build it with `create`. Every method runs the wrapped buffer's own method on each shard under `jax.shard_map`;
-    it works inside `jit` (donate for in-place adds) and eagerly (each call then compiles once per shape).
+    it works inside `jit` (donate for in-place adds) and eagerly (`add`, `sample`, `sample_local` and
+    `set_priorities` run one cached compiled program per shape; `apply` is traced on every call).
     """
 
     shards: Any  # the wrapped buffer stacked: every array leaf [S, ...], split along `axis` of `mesh`
@@ -215,6 +274,12 @@ class ShardedBuffer(struct.PyTreeNode):
             return tree
         return jax.tree.map(lambda x: jax.reshard(x, NamedSharding(self.mesh, spec)), tree)
 
+    def _run(self, program: Callable, args: Any, replicated: tuple) -> Any:
+        """`program(shards, args, replicated)` with `args` split and `replicated` whole; a buffer output is wrapped."""
+        self._check_split(args, "args")
+        out = program(self.shards, self._placed(args, P(self.axis)), self._placed(replicated, P()))
+        return self.replace(shards=out) if type(out) is type(self.shards) else out
+
     def apply(self, fn: Callable, *args: Any, replicated: tuple = ()) -> Any:
         """Run `fn(shard, *local_args, *replicated)` on every shard under `shard_map`.
 
@@ -225,31 +290,28 @@ class ShardedBuffer(struct.PyTreeNode):
 
         Returns:
           A `ShardedBuffer` when `fn` returns a buffer of the wrapped type; otherwise `fn`'s output with a
-          leading shard axis, leaves `[S, ...]` split along the mesh axis.
+          leading shard axis, leaves `[S, ...]` split along the mesh axis. Not cached: call it inside `jit`.
 
         Raises:
           ValueError: an argument whose leading axis is not a multiple of `S` (named by its path).
         """
-        self._check_split(args, "args")
-        kind = type(self.shards)
-
-        def body(stacked, args, replicated):
-            return _stack(fn(_unstack(stacked), *args, *replicated))
-
         spec = P(self.axis)
-        run = jax.shard_map(body, mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=spec, check_vma=False)
-        out = run(self.shards, self._placed(args, spec), self._placed(replicated, P()))
-        return self.replace(shards=out) if type(out) is kind else out
+        program = jax.shard_map(_local_body(fn), mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=spec, check_vma=False)
+        return self._run(program, args, replicated)
 
     def add(self, *args: Any, **kwargs: Any) -> "ShardedBuffer":
         """The wrapped buffer's `add` on every shard, each with its block of rows.
 
         Every array argument (the batch or step, and the flags, priorities, rewards... of the buffer's `add`)
         has its leading axis (items or envs, a multiple of `S`) split into `S` contiguous blocks; Python values
-        are passed as they are. Errors are the buffer's own (per shard's block) and `apply`'s.
+        are passed as they are. Cost: the buffer's add on `1 / S` of the rows per shard, no communication.
+
+        Raises:
+          ValueError: an array argument whose leading axis is not a multiple of `S` (named by its path); and the
+            buffer's own `add` errors for one shard's block.
         """
         arrays, static = _split_static(kwargs)
-        return self.apply(lambda b, a, k: type(b).add(b, *a, **k, **dict(static)), tuple(args), arrays)
+        return self._run(_program(self.mesh, self.axis, "add", static=static), (tuple(args), arrays), ())
 
     def sample_local(self, key: jax.Array, batch_size: int, *, method: str = "sample", **kwargs: Any) -> Any:
         """Per-device sampling: every shard calls its own `method(fold_in(key, s), batch_size, **kwargs)`.
@@ -266,13 +328,8 @@ class ShardedBuffer(struct.PyTreeNode):
           axis. Prioritised probabilities and weights are the shard's own (for the whole buffer's: `sample`).
         """
         arrays, static = _split_static(kwargs)
-        axis = self.axis
-
-        def draw(b, key, arrays):
-            k = jax.random.fold_in(key, lax.axis_index(axis))
-            return getattr(b, method)(k, batch_size, **arrays, **dict(static))
-
-        return self.apply(draw, replicated=(key, arrays))
+        program = _program(self.mesh, self.axis, "local", method, batch_size, static)
+        return self._run(program, (), (key, arrays))
 
     def sample(self, key: jax.Array, batch_size: int, *, method: str = "sample", **kwargs: Any) -> ShardedSample:
         """Global sampling: `batch_size` items from the whole buffer, each with its unsharded probability.
@@ -295,26 +352,10 @@ class ShardedBuffer(struct.PyTreeNode):
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         arrays, static = _split_static(kwargs)
-        mass_fn, finish = _global_rule(self.shards, method, dict(static))
-        axis, n = self.axis, self.num_shards
-        beta = kwargs.get("beta", 1.0)
-
-        def body(stacked, key, arrays, beta):
-            b = _unstack(stacked)
-            s = lax.axis_index(axis)
-            mass, low = mass_fn(b)
-            masses, mins = _gathered(mass, axis, n), _gathered(low, axis, n)
-            k_shard, k_local = jax.random.split(key)
-            shard = _choose_shards(k_shard, masses, batch_size)
-            out = getattr(b, method)(jax.random.fold_in(k_local, s), batch_size, **arrays, **dict(static))
-            out = _pick(out, shard == s, axis)
-            if finish is not None:
-                out = finish(out, shard, masses, mins, beta)
-            return ShardedSample(sample=out, shard=shard)
-
-        replicated = self._placed((key, arrays, jnp.asarray(beta, jnp.float32)), P())
-        run = jax.shard_map(body, mesh=self.mesh, in_specs=(P(axis), P(), P(), P()), out_specs=P(), check_vma=False)
-        return run(self.shards, *replicated)
+        _global_rule(self.shards, method, dict(static))  # its errors before any tracing
+        program = _program(self.mesh, self.axis, "global", method, batch_size, static)
+        beta = jnp.asarray(kwargs.get("beta", 1.0), jnp.float32)
+        return program(self.shards, *self._placed((key, arrays, beta), P()))
 
     def set_priorities(self, shard: jax.Array, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "ShardedBuffer":
         """`set_priorities` of a prioritised wrapped buffer after a global `sample`: entry `j` goes to shard
@@ -326,12 +367,5 @@ class ShardedBuffer(struct.PyTreeNode):
         """
         if not hasattr(self.shards, "set_priorities"):
             raise TypeError(f"set_priorities: {type(self.shards).__name__} has no priorities")
-        axis = self.axis
-
-        def update(b, shard, indices, priorities, generations):
-            mine = jnp.where(shard == lax.axis_index(axis), indices, -1)  # -1: ignored by set_priorities
-            new = b.set_priorities(mine, priorities, generations)
-            return new.replace(max_priority=lax.pmax(new.max_priority, axis))
-
-        return self.apply(update, replicated=(shard, indices, priorities, generations))
-
+        program = _program(self.mesh, self.axis, "set_priorities")
+        return self._run(program, (), (shard, indices, priorities, generations))

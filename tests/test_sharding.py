@@ -289,3 +289,21 @@ def test_collectives_never_touch_storage(mesh):
             if whole:  # global sampling: the shard masses and the sampled items, nothing bigger
                 assert ("all-reduce", batch * 64) in ops, ops
             assert all(n <= batch * 64 for _, n in ops), ops
+
+
+@eight
+def test_eager_calls_compile_once_per_shape(mesh, compile_counter):
+    sharded = jb.ShardedBuffer.create(lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=8), mesh, "data")
+    rng = np.random.default_rng(10)
+
+    def step(sharded, i):
+        sharded = sharded.add(_items(rng, range(16 * i, 16 * i + 16)))
+        out = sharded.sample(jax.random.key(i), 8, beta=0.5)
+        sharded = sharded.set_priorities(out.shard, out.sample.indices, out.sample.probabilities + 1, out.sample.generations)
+        return sharded, sharded.sample_local(jax.random.key(i), 4, beta=0.5)
+
+    sharded, _ = step(sharded, 0)
+    with compile_counter() as compiles:
+        for i in range(1, 4):
+            sharded, local = step(sharded, i)
+    assert compiles() == 0 and local.item["id"].shape == (S, 4)
