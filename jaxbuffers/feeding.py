@@ -178,7 +178,8 @@ class Writer:
         if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             raise RateLimiterTimeout(f"append: another actor's add held the writer for more than timeout={timeout} s")
         try:
-            self.server._check_open("append")
+            if self.server.closed:
+                raise BufferClosed("append: the buffer server was closed")
             self._pending.append(item)
             if len(self._pending) >= self.flush_size:
                 self._flush(timeout)
