@@ -307,3 +307,32 @@ def test_eager_calls_compile_once_per_shape(mesh, compile_counter):
         for i in range(1, 4):
             sharded, local = step(sharded, i)
     assert compiles() == 0 and local.item["id"].shape == (S, 4)
+
+
+@eight
+def test_prioritised_trajectory_global_sampling_is_the_whole_buffers(mesh):
+    e, length, window, beta = 16, 12, 3, 0.6
+    lanes = e // S
+    rng = np.random.default_rng(11)
+    make = lambda n: jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=n, length=length, window_length=window, priority_exponent=0.8)  # noqa: E731
+    sharded, whole = jb.ShardedBuffer.create(lambda: make(lanes), mesh, "data"), make(e)
+    for t in range(15):
+        step, term = _steps(rng, e, t), rng.random(e) < 0.1
+        sharded, whole = sharded.add(step, terminated=term), whole.add(step, terminated=term)
+    to_global = lambda shard, idx: (shard * lanes + idx // length) * length + idx % length  # noqa: E731
+    draw = jax.jit(lambda b, k: b.sample(k, 64, method="sample_sequences", sequence_length=window, beta=beta))
+    out = draw(sharded, jax.random.key(12))
+    new = jnp.asarray(rng.uniform(0.1, 5.0, 64), jnp.float32)  # the same updates to both: unequal shard totals
+    sharded = sharded.set_priorities(out.shard, out.sample.indices, new, out.sample.generations)
+    whole = whole.set_priorities(to_global(out.shard, out.sample.indices), new, out.sample.generations)
+    merged = np.asarray(jax.vmap(lambda t: t.leaves())(sharded.shards.tree)).reshape(-1)
+    np.testing.assert_array_equal(merged, np.asarray(whole.tree.leaves()))
+
+    out = draw(sharded, jax.random.key(13))
+    g = to_global(out.shard, out.sample.indices)
+    leaf = np.asarray(whole.tree.get(g), np.float64)
+    total, low = float(whole.tree.total()), float(whole.tree.min())
+    np.testing.assert_allclose(np.asarray(out.sample.probabilities), leaf / total, rtol=2e-5)
+    np.testing.assert_allclose(np.asarray(out.sample.importance_weights), (leaf / low) ** -beta, rtol=2e-5)
+    ref = whole.buffer.sequences_at(g, window)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(_bits(a), _bits(b)), (out.sample.item, out.sample.terminated), (ref.item, ref.terminated))
