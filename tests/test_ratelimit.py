@@ -157,3 +157,33 @@ def test_request_no_balance_can_admit_is_refused():
     lim = jb.BlockingRateLimiter(1.0, min_size=0, error_buffer=4.0)
     with pytest.raises(ValueError, match="split the request"):
         lim.await_sample(9, timeout=0)
+
+
+@pytest.mark.parametrize("rho, m, err", [(0.25, 7, (3.0, 1.5)), (3.0, 0, 5.0), (1.0, 20, 2.0)])
+def test_jitted_and_blocking_limiters_agree_step_by_step(rho, m, err):
+    """Random requests: both limiters admit exactly the same ones and report the same allowances."""
+    rng = np.random.default_rng(int(rho * 100) + m)
+    state = jb.RateLimiter.create(rho, min_size=m, error_buffer=err)
+    host = jb.BlockingRateLimiter(rho, min_size=m, error_buffer=err)
+
+    @jax.jit
+    def step(state, is_insert, n):
+        ok = jnp.where(is_insert, state.can_insert(n), state.can_sample(n))
+        n_ok = jnp.where(ok, n, 0)
+        new = jax.lax.cond(is_insert, lambda s: s.insert(n_ok), lambda s: s.sample(n_ok), state)
+        return new, ok, new.num_inserts_allowed(), new.num_samples_allowed()
+
+    for _ in range(300):
+        is_insert, n = bool(rng.random() < 0.5), int(rng.integers(0, 4))
+        state, ok, ins, smp = step(state, is_insert, jnp.int32(n))
+        wait = host.await_insert if is_insert else host.await_sample
+        try:
+            wait(n, timeout=0)
+            host_ok = True
+        except jb.RateLimiterTimeout:
+            host_ok = False
+        except ValueError:  # a request no balance admits: the state refuses it too
+            host_ok = False
+        assert bool(ok) == host_ok
+        assert (int(ins), int(smp)) == (host.num_inserts_allowed(), host.num_samples_allowed())
+    assert (state.num_inserted(), state.num_sampled()) == (host.num_inserted, host.num_sampled)
