@@ -336,3 +336,16 @@ def test_prioritised_trajectory_global_sampling_is_the_whole_buffers(mesh):
     np.testing.assert_allclose(np.asarray(out.sample.importance_weights), (leaf / low) ** -beta, rtol=2e-5)
     ref = whole.buffer.sequences_at(g, window)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(_bits(a), _bits(b)), (out.sample.item, out.sample.terminated), (ref.item, ref.terminated))
+
+
+@eight
+def test_donated_add_writes_every_shard_in_place(mesh):
+    item = {"obs": jnp.zeros((64,), jnp.float32), "id": jnp.int32(0)}
+    sharded = jb.ShardedBuffer.create(lambda: jb.PrioritisedReplayBuffer.create(item, capacity=4096), mesh, "data")
+    add = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)
+    batch = {"obs": np.ones((64, 64), np.float32), "id": np.arange(64, dtype=np.int32)}
+    pointers = lambda b: [s.data.unsafe_buffer_pointer() for s in b.shards.replay.storage["obs"].addressable_shards]  # noqa: E731
+    sharded = add(sharded, batch)
+    before = pointers(sharded)
+    sharded = add(sharded, batch)
+    assert pointers(sharded) == before and len(before) == S
