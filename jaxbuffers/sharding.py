@@ -172,6 +172,8 @@ def _local_fn(axis: str, op: str, method: str | None, batch_size: int | None, st
         return lambda b, args, arrays: type(b).add(b, *args, **arrays, **kw)
     if op == "local":
         return lambda b, key, arrays: getattr(b, method)(jax.random.fold_in(key, lax.axis_index(axis)), batch_size, **arrays, **kw)
+    if op == "query":  # a method without a key: can_sample, size
+        return lambda b, arrays: getattr(b, method)(*(() if batch_size is None else (batch_size,)), **arrays, **kw)
 
     def set_priorities(b, shard, indices, priorities, generations):
         mine = jnp.where(shard == lax.axis_index(axis), indices, -1)  # -1: ignored by set_priorities
@@ -312,6 +314,28 @@ class ShardedBuffer(struct.PyTreeNode):
         """
         arrays, static = _split_static(kwargs)
         return self._run(_program(self.mesh, self.axis, "add", static=static), (tuple(args), arrays), ())
+
+    def _query(self, method: str, batch_size: int | None = None, **kwargs: Any) -> jax.Array:
+        """Every shard's `method(batch_size, **kwargs)` (a method without a key), stacked `[S, ...]`."""
+        arrays, static = _split_static(kwargs)
+        return self._run(_program(self.mesh, self.axis, "query", method, batch_size, static), (), (arrays,))
+
+    def size(self) -> jax.Array:
+        """The number of items (steps) stored over all shards: the sum of the shards' `size()` (int32 scalar)."""
+        return jnp.sum(self._query("size"), dtype=jnp.int32)
+
+    def can_sample(self, batch_size: int = 1, *, method: str = "sample", **kwargs: Any) -> jax.Array:
+        """Whether `sample` and `sample_local` with these arguments return only valid data (bool scalar): every
+        shard's guard of `method` (`can_sample` for `"sample"` / `"sample_sequences"`, `can_sample_transitions`
+        for `"sample_transitions"`) with the same arguments, without the key.
+
+        Raises:
+          ValueError: a `method` without a guard (e.g. `"minibatches"`: a rollout is read whole).
+        """
+        guards = {"sample": "can_sample", "sample_sequences": "can_sample", "sample_transitions": "can_sample_transitions"}
+        if method not in guards:
+            raise ValueError(f"method: expected one of {tuple(guards)} (the samplers with a guard), got {method!r}")
+        return jnp.all(self._query(guards[method], batch_size, **kwargs))
 
     def sample_local(self, key: jax.Array, batch_size: int, *, method: str = "sample", **kwargs: Any) -> Any:
         """Per-device sampling: every shard calls its own `method(fold_in(key, s), batch_size, **kwargs)`.

@@ -101,7 +101,8 @@ def test_replay_content_is_the_unsharded_buffer_bit_for_bit(mesh):
         blocks = np.stack([p[name].reshape(c // b, b, *p[name].shape[1:]) for p in per_shard], axis=1)
         got = blocks.reshape(S * c, *blocks.shape[3:])
         np.testing.assert_array_equal(_bits(got), _bits(expected[name]), err_msg=name)
-    assert int(jnp.sum(sharded.shards.num_valid)) == int(whole.size())
+    assert int(sharded.size()) == int(whole.size()) == S * c
+    assert bool(sharded.can_sample(4)) and not bool(jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(ITEM, capacity=c), mesh, "data").can_sample(4))
 
 
 @eight
@@ -222,6 +223,11 @@ def test_trajectory_lanes_sharded_equal_the_unsharded_lanes_and_samples_read_the
                       (sh.final_obs, whole.final_obs), (sh.final_slot, whole.final_slot), (sh.final_head, whole.final_head)]:
         jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(merge(g)), _bits(w)), got, want)
     assert np.all(np.asarray(sh.head) == int(whole.head)) and np.all(np.asarray(sh.num_valid) == int(whole.num_valid))
+    assert int(sharded.size()) == int(whole.size())
+    for n in (3, 8, 9):
+        assert bool(sharded.can_sample(8, method="sample_transitions", n_step=n)) == bool(whole.can_sample_transitions(8, n_step=n))
+        inside = [bool(sharded.shard(s).can_sample(8, n, cross_episodes=False)) for s in range(S)]  # sample_local's guard
+        assert bool(sharded.can_sample(8, method="sample_sequences", sequence_length=n, cross_episodes=False)) == all(inside)
 
     lanes = e // S
     to_global = lambda out: (out.shard * lanes + out.sample.indices // length) * length + out.sample.indices % length  # noqa: E731
