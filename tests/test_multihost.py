@@ -17,6 +17,11 @@ import numpy as np
 ADDS, ROWS, CAPACITY, DRAWS = 3, 4, 8, 256  # per add, each process gives ROWS rows to each of its 2 shards
 
 
+def _priority(ids: np.ndarray) -> np.ndarray:
+    """Priorities of the prioritised case (alpha 0.6, the default): 1 to 7 by id."""
+    return (np.asarray(ids) % 7 + 1).astype(np.float32)
+
+
 def _worker(pid: int, port: int) -> None:
     import jax
     import jax.numpy as jnp
@@ -27,16 +32,22 @@ def _worker(pid: int, port: int) -> None:
     assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
     mesh = jax.make_mesh((4,), ("data",))
     item = {"obs": jnp.zeros((2,), jnp.float32), "id": jnp.int32(0)}
-    buf = jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(item, capacity=CAPACITY), mesh, "data")
-    add = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)
-    for a in range(ADDS):
-        ids = pid * 1_000 + a * 2 * ROWS + np.arange(2 * ROWS, dtype=np.int32)  # this process's rows
-        buf = add(buf, buf.local_batch({"obs": np.stack([ids, -ids], 1).astype(np.float32), "id": ids}))
-    draw = jax.jit(lambda b, keys: jax.lax.map(lambda k: b.sample(k, DRAWS).sample.item, keys))
-    out = draw(buf, jax.random.split(jax.random.key(0), 40))  # replicated: every process reads it whole
-    ids, obs = (np.asarray(x.addressable_data(0)) for x in (out["id"], out["obs"]))
-    assert np.array_equal(obs[..., 0], ids) and np.array_equal(obs[..., 1], -ids), "torn rows"
-    print(json.dumps({"pid": pid, "ids": ids.ravel().tolist(), "size": int(jnp.sum(buf.shards.num_valid))}), flush=True)
+    result = {"pid": pid}
+    for kind, make in (("uniform", jb.ReplayBuffer), ("prioritised", jb.PrioritisedReplayBuffer)):
+        buf = jb.ShardedBuffer.create(lambda make=make: make.create(item, capacity=CAPACITY), mesh, "data")
+        add = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)
+        for a in range(ADDS):
+            ids = pid * 1_000 + a * 2 * ROWS + np.arange(2 * ROWS, dtype=np.int32)  # this process's rows
+            batch = buf.local_batch({"obs": np.stack([ids, -ids], 1).astype(np.float32), "id": ids})
+            extra = (buf.local_batch(_priority(ids)),) if kind == "prioritised" else ()
+            buf = add(buf, batch, *extra)
+        draw = jax.jit(lambda b, keys: jax.lax.map(lambda k: b.sample(k, DRAWS).sample.item, keys))
+        out = draw(buf, jax.random.split(jax.random.key(0), 40))  # replicated: every process reads it whole
+        ids, obs = (np.asarray(x.addressable_data(0)) for x in (out["id"], out["obs"]))
+        assert np.array_equal(obs[..., 0], ids) and np.array_equal(obs[..., 1], -ids), "torn rows"
+        result[kind] = ids.ravel().tolist()
+        result["size"] = int(buf.size())
+    print(json.dumps(result), flush=True)
     jax.distributed.shutdown()
 
 
@@ -46,34 +57,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_sample_one_global_buffer():
+def test_two_processes_sample_one_global_buffer(tmp_path):
     from scipy.stats import chi2
 
     port = _free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, __file__, str(pid), str(port)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for pid in range(2)]
+    # Output to files, not pipes: a worker blocked on a full pipe would stall the other in a collective.
+    logs = [(tmp_path / f"out{pid}.txt", tmp_path / f"err{pid}.txt") for pid in range(2)]
+    procs = []
+    for pid, (out, err) in enumerate(logs):
+        with open(out, "w") as o, open(err, "w") as e:
+            procs.append(subprocess.Popen([sys.executable, __file__, str(pid), str(port)], env=env, stdout=o, stderr=e))
     outs = []
     try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=300)
-            assert p.returncode == 0, stderr[-4000:]
-            outs.append(json.loads(stdout.strip().splitlines()[-1]))
+        for p, (out, err) in zip(procs, logs):
+            p.wait(timeout=300)
+            assert p.returncode == 0, err.read_text()[-4000:]
+            outs.append(json.loads(out.read_text().strip().splitlines()[-1]))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert outs[0]["ids"] == outs[1]["ids"]  # one global sample, seen by both processes
+    assert outs[0]["uniform"] == outs[1]["uniform"] and outs[0]["prioritised"] == outs[1]["prioritised"]  # replicated
     assert outs[0]["size"] == 2 * 2 * CAPACITY  # the shards keep their last CAPACITY rows
     # Each shard keeps its last 2 adds (CAPACITY = 2 * ROWS): ids of adds 1 and 2 of both processes, 32 items.
-    stored = [pid * 1_000 + a * 2 * ROWS + r for pid in range(2) for a in range(ADDS - 2, ADDS) for r in range(2 * ROWS)]
-    ids = np.asarray(outs[0]["ids"])
-    assert set(ids.tolist()) <= set(stored)
-    counts = np.array([np.sum(ids == i) for i in stored])
-    expected = len(ids) / len(stored)
-    assert chi2.sf(float(((counts - expected) ** 2 / expected).sum()), len(stored) - 1) > 1e-3
-
+    stored = np.array([pid * 1_000 + a * 2 * ROWS + r for pid in range(2) for a in range(ADDS - 2, ADDS) for r in range(2 * ROWS)])
+    leaves = _priority(stored).astype(np.float64) ** 0.6
+    for kind, p in (("uniform", np.full(len(stored), 1 / len(stored))), ("prioritised", leaves / leaves.sum())):
+        ids = np.asarray(outs[0][kind])
+        assert set(ids.tolist()) <= set(stored.tolist())
+        counts = np.array([np.sum(ids == i) for i in stored])
+        expected = len(ids) * p
+        assert chi2.sf(float(((counts - expected) ** 2 / expected).sum()), len(stored) - 1) > 1e-3, kind
 
 if __name__ == "__main__":
     _worker(int(sys.argv[1]), int(sys.argv[2]))
