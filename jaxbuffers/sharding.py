@@ -20,7 +20,9 @@ storage ever leaves its device.
   $P(s) P(i \mid s) = \frac{M_s}{M} \frac{v_i}{M_s} = \frac{v_i}{M}$, as in the unsharded buffer. For prioritised
   buffers the probabilities and importance weights are the whole buffer's:
   $P(i) = p_i^\alpha / \sum_{\text{all}} p^\alpha$ and $w_i = (p_i^\alpha / \min_{\text{all}} p^\alpha)^{-\beta}$
-  (the global minimum is gathered with the totals).
+  (the global minimum is gathered with the totals). Cost: every shard draws all `B` candidates (static shapes),
+  so a global sample does `S` times the gather work of one unsharded sample, spread over the `S` devices, plus
+  one all-reduce of `B` items; `sample_local` does none of that extra work.
 
 Equivalence with one unsharded buffer. A `TrajectoryBuffer` or `RolloutBuffer` sharded along its envs holds, lane
 for lane, exactly what the unsharded buffer of all envs holds (lanes are independent and share one ring). An item
