@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["replay", "prioritised", "trajectory", "episodes", "eager", "ppo", "returns", "compressed", "sb3", "codecs",
-         "torch_interop", "checkpoint"]
+         "torch_interop", "checkpoint", "scale"]
 TITLES = {
     "replay": "Uniform replay (`ReplayBuffer`) against flashbax",
     "prioritised": "Prioritised replay (`PrioritisedReplayBuffer`) against flashbax",
@@ -29,6 +29,7 @@ TITLES = {
     "codecs": "Host codecs on Atari frames against memcpy",
     "torch_interop": "JAX to torch hand-off",
     "checkpoint": "Save and restore against np.save / np.load and flashbax's Vault",
+    "scale": "Sharded buffers from 1 to 8 devices, and actors feeding a learner",
 }
 NOTES = {
     "replay": "Anchor: flashbax's item buffer (`flashbax-flat` is its flat buffer). `call`: one jitted, donated "
@@ -74,6 +75,12 @@ NOTES = {
                   "`save_vs_np.save` is ours / its rate); restore anchor: `np.load` + `device_put`. flashbax's Vault "
                   "holds device arrays only (uncompressed case), with its default gzip-5 and with zstd-1. Restores "
                   "read what the saves left in the page cache.",
+    "scale": "`ShardedBuffer` on meshes of the first 1, 2, 4 and 8 devices (`variant`); ratio = the 1-device time / "
+             "this row's (> 1: faster than one device). On a CPU the devices are forced host devices sharing the "
+             "machine's cores: the rows show the cost of the sharded program, not a speed-up. Global sampling draws "
+             "256 items from the whole buffer; local sampling 256 / S per shard. `actors-to-learner`: 4 actor threads "
+             "append single items through one `Writer` (64 per add) while a learner samples 256 at a time, with a "
+             "samples-per-insert limiter of 1 (`spi=1`) or none; throughput in inserted transitions/s.",
 }
 VERSIONS = ["python", "jax", "jaxlib", "flax", "flashbax", "rlax", "stable-baselines3", "torch", "numba", "zstandard"]
 

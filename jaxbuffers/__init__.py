@@ -18,9 +18,12 @@ from jaxbuffers.episode import (
 )
 from jaxbuffers.episode_writer import EpisodeWriter
 from jaxbuffers.mixing import MixedSample, mixed_counts, sample_mixed
+from jaxbuffers.feeding import BufferClosed, BufferServer, Writer, ray_server
 from jaxbuffers.prioritised import PrioritisedReplayBuffer, PrioritisedSample
+from jaxbuffers.ratelimit import BlockingRateLimiter, RateLimiter, RateLimiterClosed, RateLimiterTimeout
 from jaxbuffers.replay import ReplayBuffer, ReplaySample
 from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
+from jaxbuffers.sharding import ShardedBuffer, ShardedSample
 from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
 from jaxbuffers.sum_tree import SumMinTree
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
@@ -40,4 +43,7 @@ __all__ = [
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
     "StaleBufferError", "StagingWriter",
     "save", "restore", "BufferSave", "BufferRestore", "CheckpointError",  # checkpoints
+    "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
+    "BufferServer", "Writer", "BufferClosed", "ray_server",  # actors and learners
+    "ShardedBuffer", "ShardedSample",  # devices and hosts
 ]

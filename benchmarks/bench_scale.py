@@ -1,0 +1,138 @@
+"""Scaling out: `jaxbuffers.ShardedBuffer` from 1 to 8 devices, and actor threads feeding a learner.
+
+Cases (vector items: obs f32[17], action f32[6], reward f32, done bool; 2**16 items in all, split over the shards):
+
+* ``add/vector/B=256/scan``: 256 items per add (256 / S per shard) inside one jitted, donated ``lax.scan``.
+* ``sample/vector/global/batch=256/scan``: global uniform sampling of 256 items (`ShardedBuffer.sample`).
+* ``sample/vector/prioritised-global/batch=256/scan``: the same with a `PrioritisedReplayBuffer` per shard.
+* ``sample/vector/local/batch=256/scan``: per-device sampling, 256 / S items per shard (`sample_local`).
+
+Each case runs on meshes of the first 1, 2, 4 and 8 devices (``variant``), interleaved in one process;
+``ratio`` is the 1-device time over this row's (> 1: faster than one device). On a CPU the devices are forced host
+devices (``--xla_force_host_platform_device_count=8``, set here unless ``XLA_FLAGS`` already names a count) sharing
+the machine's cores, so these rows show the overhead of the sharded program, not a speed-up; on a machine with 8
+accelerators the same script measures real devices.
+
+* ``actors-to-learner/4-actors/flush=64``: 4 actor threads append single items through one `Writer` (64 items per
+  add) into a `BufferServer` while a learner thread samples 256 items at a time; with a `BlockingRateLimiter`
+  (samples per insert 1, ``variant=spi=1``) and without (``variant=unlimited``). Throughput in inserted
+  transitions/s (wall time of the whole run).
+
+Run: python benchmarks/bench_scale.py [--quick] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import add_runner, batch_of, header, interleaved, parser, row, sample_runner  # noqa: E402
+
+import jaxbuffers as jb  # noqa: E402
+
+BENCH = "scale"
+ITEM = {"obs": jnp.zeros(17), "action": jnp.zeros(6), "reward": jnp.float32(0), "done": jnp.bool_(False)}
+CAPACITY, BATCH = 2**16, 256
+
+
+class Sharded:
+    """A `ShardedBuffer` over the first `devices` devices, as a `_common` runner impl."""
+
+    def __init__(self, make, devices: int, sample):
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
+        self.state = jb.ShardedBuffer.create(make, mesh, "data")
+        self._sample = sample
+
+    def add_fn(self):
+        return lambda s, batch: s.add(batch)
+
+    def sample_fn(self):
+        return self._sample
+
+
+def _scaling(case: str, impls: dict, run, repeats: int, n: int, items: int) -> None:
+    times = interleaved({name: run(impl) for name, impl in impls.items()}, repeats, n)
+    for name, t in times.items():
+        row(BENCH, case, "ours", t, n=n, repeats=repeats, items=items, variant=name, anchor="devices=1",
+            anchor_seconds=times["devices=1"] if name != "devices=1" else None)
+
+
+def _actors_to_learner(total: int, limited: bool) -> float:
+    """Seconds per inserted transition: 4 actor threads, one Writer, a learner thread sampling until told to stop."""
+    limiter = jb.BlockingRateLimiter(1.0, min_size=BATCH, error_buffer=4 * BATCH) if limited else None
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, CAPACITY), rate_limiter=limiter)
+    writer = jb.Writer(server, flush_size=64)
+    item = jax.tree.map(lambda x: np.asarray(x), ITEM)
+    for _ in range(BATCH // 64):  # fill to min_size and compile add and sample outside the timing
+        server.add(jax.tree.map(lambda x: np.stack([x] * 64), item), timeout=60)
+    server.sample(None, BATCH, timeout=60)
+    stop = threading.Event()
+
+    def actor():
+        for _ in range(total // 4):
+            writer.append(item, timeout=60)
+
+    def learner():
+        try:
+            while not stop.is_set():
+                server.sample(None, BATCH, timeout=1)
+        except (jb.BufferClosed, jb.RateLimiterTimeout):
+            pass
+
+    threads = [threading.Thread(target=actor) for _ in range(4)]
+    learn = threading.Thread(target=learner)
+    t0 = time.perf_counter()
+    learn.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    server.close()
+    learn.join()
+    return elapsed / total
+
+
+def main():
+    args = parser(__doc__.splitlines()[0]).parse_args()
+    repeats = args.repeats or (3 if args.quick else 7)
+    header(BENCH, args.quick, device_count=jax.device_count())
+    counts = [s for s in (1, 2, 4, 8) if s <= jax.device_count()]
+    n = 10 if args.quick else 100
+    batch = batch_of(ITEM, BATCH)
+    uniform = lambda s: Sharded(lambda: jb.ReplayBuffer.create(ITEM, CAPACITY // s), s, lambda b, k: b.sample(k, BATCH))  # noqa: E731
+    impls = {f"devices={s}": uniform(s) for s in counts}
+    _scaling("add/vector/B=256/scan", impls, lambda i: add_runner(i, batch, "scan", n), repeats, n, BATCH)
+    cases = {
+        "global": impls,
+        "prioritised-global": {f"devices={s}": Sharded(lambda s=s: jb.PrioritisedReplayBuffer.create(ITEM, CAPACITY // s), s,
+                                                       lambda b, k: b.sample(k, BATCH)) for s in counts},
+        "local": {f"devices={s}": Sharded(lambda s=s: jb.ReplayBuffer.create(ITEM, CAPACITY // s), s,
+                                          lambda b, k, s=s: b.sample_local(k, BATCH // s)) for s in counts},
+    }
+    for name, group in cases.items():
+        for impl in group.values():  # a quarter of the capacity, so sampling reads real data
+            add_runner(impl, batch, "scan", CAPACITY // 4 // BATCH)()
+        run = lambda i: sample_runner(i, i.sample_fn(), "scan", n)  # noqa: E731
+        _scaling(f"sample/vector/{name}/batch={BATCH}/scan", group, run, repeats, n, BATCH)
+    total = 4_096 if args.quick else 40_960
+    for limited in (True, False):
+        seconds = sorted(_actors_to_learner(total, limited) for _ in range(1 if args.quick else 3))
+        row(BENCH, "actors-to-learner/4-actors/flush=64", "ours", seconds[len(seconds) // 2], n=total,
+            repeats=len(seconds), unit="transitions/s", variant="spi=1" if limited else "unlimited")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""Actors feeding a learner on one host: `BufferServer` (a buffer shared by threads), `Writer` (many actors, one add).
+
+The buffer itself stays an immutable pytree; the server holds the current one and swaps it under a lock:
+
+* `BufferServer.add` and `BufferServer.sample` run one jitted program each (the add donated, so in place), one at a
+  time, and a sample's result is ready before the lock is released: a sample never sees half an add (no torn
+  items), whatever the threads do.
+* With a `jaxbuffers.BlockingRateLimiter` an add first waits for room to insert and a sample for room to sample
+  (Reverb's samples-per-insert rule); the waits happen outside the lock, so a blocked actor never stops the learner.
+* `close` (shutdown) wakes every blocked caller with `BufferClosed` and refuses later calls with it; timeouts raise
+  `jaxbuffers.RateLimiterTimeout`. Nothing waits forever unless asked to (`timeout=None`).
+
+`Writer` batches: actor threads `append` single items (numpy pytrees, no batch axis); every `flush_size` items are
+stacked on the host into one batch and added with one `BufferServer.add`, in arrival order.
+
+For actors on other machines, `ray_server` runs a `BufferServer` as a Ray actor; actors send numpy pytrees.
+
+Example:
+  ```python
+  server = jb.BufferServer(jb.ReplayBuffer.create(item, capacity=100_000), seed=0,
+                           rate_limiter=jb.BlockingRateLimiter(4.0, min_size=1_000, error_buffer=512.0))
+  writer = jb.Writer(server, flush_size=64)
+  # actor threads: writer.append(item)              (numpy pytree like `item`)
+  # learner thread: out = server.sample(None, 256)  (None: the server's own key stream)
+  server.close()                                    # blocked callers raise BufferClosed
+  ```
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxbuffers.ratelimit import BlockingRateLimiter, RateLimiterClosed, RateLimiterTimeout
+
+__all__ = ["BufferServer", "Writer", "BufferClosed", "ray_server"]
+
+
+class BufferClosed(RateLimiterClosed):
+    """The `BufferServer` was closed (shutdown) before or while the caller waited."""
+
+
+def _leading(batch: Any) -> int:
+    leaves = jax.tree.leaves(batch)
+    if not leaves or np.ndim(leaves[0]) == 0:
+        raise ValueError("batch: expected a pytree of arrays with a leading batch axis, got no such leaf")
+    return int(np.shape(leaves[0])[0])
+
+
+class BufferServer:
+    """A jaxbuffers buffer shared by actor and learner threads (module doc).
+
+    Args:
+      buffer: any jaxbuffers buffer (the initial state).
+      add: `(buffer, batch) -> buffer`; default `type(buffer).add`. Jitted here with the buffer donated.
+      sample: `(buffer, key, batch_size) -> sample`; default `type(buffer).sample`. Jitted with `batch_size`
+        static.
+      rate_limiter: optional `jaxbuffers.BlockingRateLimiter`; an add of `B` items is `B` inserts, a sample of
+        `batch_size` items `batch_size` samples. `close` closes it.
+      seed: seed of the server's own key stream, used by `sample(None, ...)`.
+    """
+
+    def __init__(self, buffer: Any, *, add: Callable | None = None, sample: Callable | None = None,
+                 rate_limiter: BlockingRateLimiter | None = None, seed: int = 0):
+        self._buffer = buffer
+        self._add = jax.jit(add or type(buffer).add, donate_argnums=0)
+        self._sample = jax.jit(sample or type(buffer).sample, static_argnums=2)
+        self._limiter = rate_limiter
+        self._key = jax.random.key(seed)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def rate_limiter(self) -> BlockingRateLimiter | None:
+        """The limiter given at construction (or None)."""
+        return self._limiter
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
+
+    def buffer(self) -> Any:
+        """The current buffer (a consistent snapshot; later adds do not change it, and it is not donated by them)."""
+        with self._lock:
+            self._check_open("buffer")
+            return jax.tree.map(lambda x: x.copy(), self._buffer)
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise BufferClosed(f"{what}: the buffer server was closed")
+
+    def _admit(self, what: str, n: int, timeout: float | None) -> None:
+        self._check_open(what)
+        if self._limiter is not None:
+            wait = self._limiter.await_insert if what == "add" else self._limiter.await_sample
+            try:
+                wait(n, timeout)
+            except RateLimiterClosed as e:
+                raise BufferClosed(f"{what}: the buffer server was closed while it waited ({e})") from None
+
+    def add(self, batch: Any, timeout: float | None = None) -> None:
+        """Add `batch` (leaves with a leading axis `B`, numpy or JAX arrays, exactly the buffer's dtypes).
+
+        Waits for the rate limiter's room for `B` inserts first (at most `timeout` seconds).
+
+        Raises:
+          BufferClosed: the server was closed before or while waiting.
+          jaxbuffers.RateLimiterTimeout: no room within `timeout`.
+          TypeError / ValueError: the buffer's `add` refused the batch (nothing is added; the limiter has
+            already counted the inserts).
+        """
+        n = _leading(batch)
+        self._admit("add", n, timeout)
+        with self._lock:
+            self._check_open("add")
+            self._buffer = self._add(self._buffer, batch)
+
+    def sample(self, key: jax.Array | None, batch_size: int, timeout: float | None = None) -> Any:
+        """A sample of `batch_size` items drawn with `key` (`None`: the next key of the server's own stream).
+
+        Waits for the rate limiter's room for `batch_size` samples first. The result is computed and ready before
+        any later add runs.
+
+        Raises:
+          BufferClosed, jaxbuffers.RateLimiterTimeout: as `add`.
+        """
+        self._admit("sample", batch_size, timeout)
+        with self._lock:
+            self._check_open("sample")
+            if key is None:
+                self._key, key = jax.random.split(self._key)
+            return jax.block_until_ready(self._sample(self._buffer, key, batch_size))
+
+    def close(self) -> None:
+        """Shut down: blocked and later calls raise `BufferClosed`. Idempotent."""
+        self._closed = True
+        if self._limiter is not None:
+            self._limiter.close()
+
+
+class Writer:
+    """Thread-safe batching front of a `BufferServer`: single items in, one add per `flush_size` items.
+
+    Args:
+      server: the `BufferServer` to add to.
+      flush_size: items per add (Python int >= 1).
+
+    Appends are serialised: the append that completes a batch stacks it on the host and adds it while the others
+    wait (back-pressure: with a rate limiter, actors slow down to the learner's pace). Items still pending at
+    `close` are dropped.
+    """
+
+    def __init__(self, server: BufferServer, flush_size: int):
+        if isinstance(flush_size, bool) or not isinstance(flush_size, int) or flush_size < 1:
+            raise ValueError(f"flush_size: expected a Python int >= 1, got {flush_size!r}")
+        self.server = server
+        self.flush_size = flush_size
+        self._pending: list = []
+        self._lock = threading.Lock()
+
+    @property
+    def num_pending(self) -> int:
+        """Items appended and not yet added."""
+        return len(self._pending)
+
+    def append(self, item: Any, timeout: float | None = None) -> None:
+        """Queue one item (a pytree of arrays like the buffer's item, no batch axis); add a batch when full.
+
+        Raises:
+          jaxbuffers.RateLimiterTimeout: the lock or the limiter not obtained within `timeout` seconds.
+          BufferClosed: the server was closed.
+        """
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise RateLimiterTimeout(f"append: another actor's add held the writer for more than timeout={timeout} s")
+        try:
+            if self.server.closed:
+                raise BufferClosed("append: the buffer server was closed")
+            self._pending.append(item)
+            if len(self._pending) >= self.flush_size:
+                self._flush(timeout)
+        finally:
+            self._lock.release()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Add the pending items now (fewer than `flush_size`; nothing when none are pending)."""
+        with self._lock:
+            if self._pending:
+                self._flush(timeout)
+
+    def _flush(self, timeout: float | None) -> None:
+        items, self._pending = self._pending, []
+        self.server.add(jax.tree.map(lambda *xs: np.stack(xs), *items), timeout)
+
+
+def ray_server(buffer: Any, *, rate_limit: dict | None = None, max_concurrency: int = 16, **kwargs) -> Any:
+    """A `BufferServer` running as a Ray actor (needs `ray`, and `ray.init()` called).
+
+    Its methods are the server's, called with `.remote(...)`: actors send numpy pytrees to `add.remote(batch)`;
+    `sample.remote(None, batch_size)` returns the sample with numpy leaves. `max_concurrency` threads serve calls,
+    so a blocked add never stops a sample (keep it above the number of callers that may block at once).
+
+    Args:
+      buffer: the initial buffer.
+      rate_limit: keyword arguments of a `jaxbuffers.BlockingRateLimiter` built inside the actor (a limiter
+        holds a lock and lives in one process), e.g. `dict(samples_per_insert=4.0, min_size=1_000)`.
+      kwargs: `BufferServer`'s other arguments (`seed`, `add`, `sample`).
+
+    Raises:
+      ImportError: ray is not installed.
+    """
+    import ray
+
+    class _Remote(BufferServer):
+        def __init__(self, buffer, rate_limit, **kwargs):
+            limiter = None if rate_limit is None else BlockingRateLimiter(**rate_limit)
+            super().__init__(buffer, rate_limiter=limiter, **kwargs)
+
+        def sample(self, key, batch_size, timeout=None):  # numpy leaves, for transport
+            return jax.tree.map(np.asarray, super().sample(key, batch_size, timeout))
+
+    return ray.remote(max_concurrency=max_concurrency)(_Remote).remote(buffer, rate_limit, **kwargs)

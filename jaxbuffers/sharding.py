@@ -1,0 +1,397 @@
+r"""Buffers over a `jax.sharding.Mesh`: `ShardedBuffer`, shard-local adds and samples, global sampling.
+
+A sharded buffer is a *stacked* buffer: `S` buffers of the same type (one per shard, `S` = the size of one mesh
+axis), every array leaf with a leading shard axis `[S, ...]` split along that mesh axis, so shard `s` lives on the
+devices of mesh position `s`. Every operation runs the buffer's own method on each shard under `jax.shard_map`; no
+storage ever leaves its device.
+
+* **Add** (`add`): a batch's leading axis (items of a `ReplayBuffer`, envs of a `TrajectoryBuffer` or
+  `RolloutBuffer`) is split into `S` contiguous blocks; block `s` goes to shard `s`. A batch already sharded along
+  the mesh axis (born on the devices, as Anakin's is) moves nowhere.
+* **Per-device sampling** (`sample_local`): each shard samples its own items with its own key
+  (`fold_in(key, s)`), as Anakin does; leaves `[S, B, ...]` sharded along the mesh axis; probabilities and
+  importance weights of prioritised buffers are the shard's own.
+* **Global sampling** (`sample`): `B` items from the whole buffer, each item with its unsharded probability. The
+  shards' masses $M_s$ (item counts, or the sum-tree totals of prioritised buffers) are gathered (an all-reduce of
+  `S` numbers); every device draws the same shard for each of the `B` slots, i.i.d. with
+  $P(s) = M_s / \sum_r M_r$; each shard draws `B` candidates from itself with the buffer's sampler and keeps those of
+  its slots; one all-reduce of the `B` sampled items (the sample's size, never the storage's) combines them
+  bit for bit (a sum of the candidates' bits with zeros). So item $i$ of shard $s$ is drawn with
+  $P(s) P(i \mid s) = \frac{M_s}{M} \frac{v_i}{M_s} = \frac{v_i}{M}$, as in the unsharded buffer. For prioritised
+  buffers the probabilities and importance weights are the whole buffer's:
+  $P(i) = p_i^\alpha / \sum_{\text{all}} p^\alpha$ and $w_i = (p_i^\alpha / \min_{\text{all}} p^\alpha)^{-\beta}$
+  (the global minimum is gathered with the totals). Cost: every shard draws all `B` candidates (static shapes),
+  so a global sample does `S` times the gather work of one unsharded sample, spread over the `S` devices, plus
+  one all-reduce of `B` items; `sample_local` does none of that extra work.
+
+Equivalence with one unsharded buffer. A `TrajectoryBuffer` or `RolloutBuffer` sharded along its envs holds, lane
+for lane, exactly what the unsharded buffer of all envs holds (lanes are independent and share one ring). An item
+buffer of `S` shards of capacity `c` fed batches of `S * b` items holds what one buffer of capacity `S * c` holds
+when `b` divides `c`; in logical order, item `l` of shard `s` is item `(l // b) * S * b + s * b + l % b` of the
+unsharded buffer. (Otherwise each shard still evicts its own oldest items first.)
+
+Multi-host. With `jax.distributed.initialize` the mesh spans the devices of every process; each process holds the
+shards of its devices and passes its own rows to `add` through `local_batch`. Global sampling then draws across
+processes; its result is replicated, so every process can read it.
+
+Example:
+  ```python
+  mesh = jax.make_mesh((jax.device_count(),), ("data",))
+  buf = jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(item, capacity=100_000), mesh, "data")
+  buf = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)(buf, batch)        # batch leaves [S * b, ...]
+  out = jax.jit(lambda b, k: b.sample(k, 256))(buf, key)                    # out.sample.item: [256, ...]
+  mine = jax.jit(lambda b, k: b.sample_local(k, 32))(buf, key)             # leaves [S, 32, ...]
+  ```
+
+References:
+  Hessel et al., "Podracer architectures for scalable Reinforcement Learning", 2021 (Anakin, Sebulba);
+  Schaul et al., "Prioritized Experience Replay", ICLR 2016 (weights normalised by the largest weight).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax import lax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from jaxbuffers import _validate
+from jaxbuffers.replay import ReplayBuffer
+from jaxbuffers.trajectory import TrajectoryBuffer
+
+__all__ = ["ShardedBuffer", "ShardedSample"]
+
+
+class ShardedSample(NamedTuple):
+    """What `ShardedBuffer.sample` returns (`B` = batch size); replicated on every device."""
+
+    sample: Any  # the buffer's own sample type, leaves [B, ...]; `indices` are positions inside the shard
+    shard: jax.Array  # shape=[B], dtype=int32: the shard each item was drawn from
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _split_static(kwargs: dict) -> tuple[dict, tuple]:
+    """Array keyword arguments (operands) and the others (static: closed over, hashable), `None` ones dropped."""
+    arrays = {k: v for k, v in kwargs.items() if v is not None and jax.tree.leaves(v) and all(map(_is_array, jax.tree.leaves(v)))}
+    static = tuple(sorted((k, v) for k, v in kwargs.items() if v is not None and k not in arrays))
+    return arrays, static
+
+
+def _unstack(tree):
+    return jax.tree.map(lambda x: x[0], tree)
+
+
+def _stack(tree):
+    return jax.tree.map(lambda x: x[None], tree)
+
+
+def _pick(tree, mine: jax.Array, axis: str):
+    """Combine per-shard candidates `tree` (leaves `[B, ...]`): slot `j` takes the leaves of the shard with
+    `mine[j]`. An all-reduce of the candidates' bits where mine and zeros elsewhere: exact for every dtype."""
+
+    def one(x):
+        m = mine.reshape(mine.shape + (1,) * (x.ndim - 1))
+        if x.dtype == jnp.bool_:
+            return lax.psum(jnp.where(m, x, False).astype(jnp.uint8), axis).astype(jnp.bool_)
+        bits = lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+        return lax.bitcast_convert_type(lax.psum(jnp.where(m, bits, 0), axis), x.dtype)
+
+    return jax.tree.map(one, tree)
+
+
+def _gathered(x: jax.Array, axis: str, n: int) -> jax.Array:
+    """Every shard's scalar `x`, `[n]` on every device (an all-reduce of `n` numbers: the result is replicated)."""
+    return lax.psum(jnp.zeros((n,), x.dtype).at[lax.axis_index(axis)].set(x), axis)
+
+
+def _choose_shards(key, mass: jax.Array, batch_size: int) -> jax.Array:
+    """Shard of each of `batch_size` slots, int32, i.i.d. with `P(s) = mass[s] / sum(mass)` (an exact integer draw
+    for integer masses). Shard 0 when every mass is 0.
+
+    Independent of the slot on purpose: slot `j` takes the `j`-th candidate of its shard, which a stratified sampler
+    draws from stratum `j` of that shard; a shard choice that also depended on `j` would reach only some strata.
+    """
+    cum = jnp.cumsum(mass)
+    if jnp.issubdtype(mass.dtype, jnp.integer):
+        r = jax.random.randint(key, (batch_size,), 0, jnp.maximum(cum[-1], 1), mass.dtype)
+    else:
+        r = jax.random.uniform(key, (batch_size,), mass.dtype) * cum[-1]
+    s = jnp.searchsorted(cum, r, side="right").astype(jnp.int32)
+    last = jnp.max(jnp.where(mass > 0, jnp.arange(mass.shape[0], dtype=jnp.int32), 0))  # rounding past the end
+    return jnp.minimum(s, last)
+
+
+def _global_rule(buf, method: str, static: dict):
+    """`(mass, finish)` of a global sample from `buf`'s shards: the shard's mass (int32 item count or float32 tree
+    total) and `finish(sample, shard, masses, mins, beta)` turning shard-level probabilities into global ones."""
+    if hasattr(buf, "tree") and hasattr(buf, "set_priorities"):  # the prioritised buffers
+
+        def finish(sample, shard, totals, mins, beta):
+            total, low = jnp.sum(totals), jnp.min(mins)
+            probabilities = sample.probabilities * (totals[shard] / jnp.where(total > 0, total, 1))
+            # w = (v / min_all)^-beta = w_shard * (min_shard / min_all)^-beta: at most w_shard <= 1.
+            scale = jnp.power(jnp.where(jnp.isfinite(low), mins[shard] / low, 1), -jnp.asarray(beta, jnp.float32))
+            return sample._replace(probabilities=probabilities.astype(jnp.float32),
+                                   importance_weights=(sample.importance_weights * scale).astype(jnp.float32))
+
+        return (lambda b: (b.tree.total().astype(jnp.float32), b.tree.min().astype(jnp.float32))), finish
+    if isinstance(buf, TrajectoryBuffer) and static.get("cross_episodes", True) is False:
+        raise ValueError(
+            "cross_episodes: global sampling draws shards by stored steps, which matches the windows inside "
+            "episodes only per shard; use sample_local, or cross_episodes=True"
+        )
+    if isinstance(buf, (ReplayBuffer, TrajectoryBuffer)):
+        # Every shard of a trajectory buffer has the same lanes and ring, so windows are proportional to steps.
+        return (lambda b: (b.size().astype(jnp.int32), jnp.float32(0))), None
+    raise TypeError(
+        f"sample: {type(buf).__name__} has no global sampler (replay, prioritised and trajectory buffers do); "
+        f"use sample_local (each shard samples its own items)"
+    )
+
+
+def _local_body(fn: Callable) -> Callable:
+    """The per-shard body of `fn(shard, *args, *replicated)`: the stacked shard `[1, ...]` in, outputs `[1, ...]` out."""
+
+    def body(stacked, args, replicated):
+        return _stack(fn(_unstack(stacked), *args, *replicated))
+
+    return body
+
+
+def _local_fn(axis: str, op: str, method: str | None, batch_size: int | None, static: tuple) -> Callable:
+    """The shard-local operations of `ShardedBuffer` as functions of one shard and its operands."""
+    kw = dict(static)
+    if op == "add":
+        return lambda b, args, arrays: type(b).add(b, *args, **arrays, **kw)
+    if op == "local":
+        return lambda b, key, arrays: getattr(b, method)(jax.random.fold_in(key, lax.axis_index(axis)), batch_size, **arrays, **kw)
+    if op == "query":  # a method without a key: can_sample, size
+        return lambda b, arrays: getattr(b, method)(*(() if batch_size is None else (batch_size,)), **arrays, **kw)
+
+    def set_priorities(b, shard, indices, priorities, generations):
+        mine = jnp.where(shard == lax.axis_index(axis), indices, -1)  # -1: ignored by set_priorities
+        new = b.set_priorities(mine, priorities, generations)
+        return new.replace(max_priority=lax.pmax(new.max_priority, axis))
+
+    return set_priorities
+
+
+def _global_body(axis: str, n: int, method: str, batch_size: int, static: tuple) -> Callable:
+    """The per-shard body of a global sample (module doc): shard masses, shard draw, candidates, one all-reduce."""
+    kw = dict(static)
+
+    def body(stacked, key, arrays, beta):
+        b = _unstack(stacked)
+        mass_fn, finish = _global_rule(b, method, kw)
+        s = lax.axis_index(axis)
+        mass, low = mass_fn(b)
+        masses, mins = _gathered(mass, axis, n), _gathered(low, axis, n)
+        k_shard, k_local = jax.random.split(key)
+        shard = _choose_shards(k_shard, masses, batch_size)
+        out = _pick(getattr(b, method)(jax.random.fold_in(k_local, s), batch_size, **arrays, **kw), shard == s, axis)
+        if finish is not None:
+            out = finish(out, shard, masses, mins, beta)
+        return ShardedSample(sample=out, shard=shard)
+
+    return body
+
+
+@functools.lru_cache(maxsize=512)
+def _program(mesh: Mesh, axis: str, op: str, method: str | None = None, batch_size: int | None = None, static: tuple = ()) -> Callable:
+    """One jitted `shard_map` program per operation, mesh and static arguments, so that an eager call compiles once
+    per shape (inside a caller's `jit` it is inlined)."""
+    spec = P(axis)
+    if op == "global":
+        body = _global_body(axis, mesh.shape[axis], method, batch_size, static)
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, P(), P(), P()), out_specs=P(), check_vma=False))
+    body = _local_body(_local_fn(axis, op, method, batch_size, static))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, P()), out_specs=spec, check_vma=False))
+
+
+class ShardedBuffer(struct.PyTreeNode):
+    """`S` buffers of one type stacked along a leading axis split over a mesh axis (module doc).
+
+    Build it with `create`. Every method runs the wrapped buffer's own method on each shard under `jax.shard_map`;
+    it works inside `jit` (donate for in-place adds) and eagerly (`add`, `sample`, `sample_local` and
+    `set_priorities` run one cached compiled program per shape; `apply` is traced on every call).
+    """
+
+    shards: Any  # the wrapped buffer stacked: every array leaf [S, ...], split along `axis` of `mesh`
+    mesh: Mesh = struct.field(pytree_node=False)
+    axis: str = struct.field(pytree_node=False)
+
+    @classmethod
+    def create(cls, make: Callable[[], Any], mesh: Mesh, axis: str) -> "ShardedBuffer":
+        """An empty sharded buffer: `make()` builds one shard (e.g. `lambda: jb.ReplayBuffer.create(item,
+        capacity=c)`: capacity per shard), called once and stacked `S` times directly on the devices.
+
+        Raises:
+          ValueError: `axis` not a name of `mesh`.
+        """
+        if axis not in mesh.shape:
+            raise ValueError(f"axis: expected one of the mesh's axis names {tuple(mesh.shape)}, got {axis!r}")
+        n = mesh.shape[axis]
+        build = lambda: jax.vmap(lambda _: make(), axis_size=n)(None)  # noqa: E731
+        spec = NamedSharding(mesh, P(axis))
+        shards = jax.jit(build, out_shardings=jax.tree.map(lambda _: spec, jax.eval_shape(build)))()
+        return cls(shards=shards, mesh=mesh, axis=axis)
+
+    @property
+    def num_shards(self) -> int:
+        """`S`, the size of the mesh axis (Python int)."""
+        return self.mesh.shape[self.axis]
+
+    def shard(self, s: int) -> Any:
+        """Shard `s` as a plain buffer on the default device (through a host copy of every shard: for inspection
+        and tests, single process)."""
+        return jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[s]), self.shards)
+
+    def local_batch(self, batch: Any) -> Any:
+        """A global batch sharded along the mesh axis from this process's rows (`jax.make_array_from_process_local_data`):
+        each process passes the rows of its own shards, leaves `[rows of this process, ...]`."""
+        spec = NamedSharding(self.mesh, P(self.axis))
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(spec, np.asarray(x)), batch)
+
+    def _check_split(self, args: Any, what: str) -> None:
+        for path, x in jax.tree_util.tree_flatten_with_path(args)[0]:
+            name = f"{what}{_validate.leaf_name(path)}"
+            if np.ndim(x) == 0 or np.shape(x)[0] % self.num_shards:
+                got = "a scalar" if np.ndim(x) == 0 else f"leading axis {np.shape(x)[0]}"
+                raise ValueError(
+                    f"{name}: expected a leading axis divisible by the {self.num_shards} shards of mesh axis "
+                    f"{self.axis!r} (one block of rows per shard), got {got}"
+                )
+
+    def _placed(self, tree: Any, spec: P) -> Any:
+        """`tree` laid out as `spec` says; on a mesh axis of `AxisType.Explicit` shard_map requires it
+        (replicated to sharded is a local slice), on an `Auto` axis shard_map lays its inputs out itself."""
+        if self.mesh.axis_types[self.mesh.axis_names.index(self.axis)] != AxisType.Explicit:
+            return tree
+        return jax.tree.map(lambda x: jax.reshard(x, NamedSharding(self.mesh, spec)), tree)
+
+    def _run(self, program: Callable, args: Any, replicated: tuple) -> Any:
+        """`program(shards, args, replicated)` with `args` split and `replicated` whole; a buffer output is wrapped."""
+        self._check_split(args, "args")
+        out = program(self.shards, self._placed(args, P(self.axis)), self._placed(replicated, P()))
+        return self.replace(shards=out) if type(out) is type(self.shards) else out
+
+    def apply(self, fn: Callable, *args: Any, replicated: tuple = ()) -> Any:
+        """Run `fn(shard, *local_args, *replicated)` on every shard under `shard_map`.
+
+        Args:
+          fn: a pure function of one shard's buffer; static values (sizes, flags) go in its closure.
+          args: pytrees of arrays whose leading axis (a multiple of `S`) is split into one block per shard.
+          replicated: pytrees of arrays passed whole to every shard (keys, traced hyperparameters).
+
+        Returns:
+          A `ShardedBuffer` when `fn` returns a buffer of the wrapped type; otherwise `fn`'s output with a
+          leading shard axis, leaves `[S, ...]` split along the mesh axis. Not cached: call it inside `jit`.
+
+        Raises:
+          ValueError: an argument whose leading axis is not a multiple of `S` (named by its path).
+        """
+        spec = P(self.axis)
+        program = jax.shard_map(_local_body(fn), mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=spec, check_vma=False)
+        return self._run(program, args, replicated)
+
+    def add(self, *args: Any, **kwargs: Any) -> "ShardedBuffer":
+        """The wrapped buffer's `add` on every shard, each with its block of rows.
+
+        Every array argument (the batch or step, and the flags, priorities, rewards... of the buffer's `add`)
+        has its leading axis (items or envs, a multiple of `S`) split into `S` contiguous blocks; Python values
+        are passed as they are. Cost: the buffer's add on `1 / S` of the rows per shard, no communication.
+
+        Raises:
+          ValueError: an array argument whose leading axis is not a multiple of `S` (named by its path); and the
+            buffer's own `add` errors for one shard's block.
+        """
+        arrays, static = _split_static(kwargs)
+        return self._run(_program(self.mesh, self.axis, "add", static=static), (tuple(args), arrays), ())
+
+    def _query(self, method: str, batch_size: int | None = None, **kwargs: Any) -> jax.Array:
+        """Every shard's `method(batch_size, **kwargs)` (a method without a key), stacked `[S, ...]`."""
+        arrays, static = _split_static(kwargs)
+        return self._run(_program(self.mesh, self.axis, "query", method, batch_size, static), (), (arrays,))
+
+    def size(self) -> jax.Array:
+        """The number of items (steps) stored over all shards: the sum of the shards' `size()` (int32 scalar)."""
+        return jnp.sum(self._query("size"), dtype=jnp.int32)
+
+    def can_sample(self, batch_size: int = 1, *, method: str = "sample", **kwargs: Any) -> jax.Array:
+        """Whether `sample` and `sample_local` with these arguments return only valid data (bool scalar): every
+        shard's guard of `method` (`can_sample` for `"sample"` / `"sample_sequences"`, `can_sample_transitions`
+        for `"sample_transitions"`) with the same arguments, without the key.
+
+        Raises:
+          ValueError: a `method` without a guard (e.g. `"minibatches"`: a rollout is read whole).
+        """
+        guards = {"sample": "can_sample", "sample_sequences": "can_sample", "sample_transitions": "can_sample_transitions"}
+        if method not in guards:
+            raise ValueError(f"method: expected one of {tuple(guards)} (the samplers with a guard), got {method!r}")
+        return jnp.all(self._query(guards[method], batch_size, **kwargs))
+
+    def sample_local(self, key: jax.Array, batch_size: int, *, method: str = "sample", **kwargs: Any) -> Any:
+        """Per-device sampling: every shard calls its own `method(fold_in(key, s), batch_size, **kwargs)`.
+
+        Args:
+          key: a PRNG key (shard `s` uses `jax.random.fold_in(key, s)`).
+          batch_size: static int, items per shard (the buffer's sampler's second argument; `num_minibatches`
+            for `RolloutBuffer.minibatches`).
+          method: the sampler's name (`"sample"`, `"sample_sequences"`, `"sample_transitions"`, `"minibatches"`).
+          kwargs: the sampler's other arguments; arrays (e.g. a traced `beta`) are passed to every shard.
+
+        Returns:
+          The sampler's output with a leading shard axis: leaves `[S, batch_size, ...]`, split along the mesh
+          axis. Prioritised probabilities and weights are the shard's own (for the whole buffer's: `sample`).
+        """
+        arrays, static = _split_static(kwargs)
+        program = _program(self.mesh, self.axis, "local", method, batch_size, static)
+        return self._run(program, (), (key, arrays))
+
+    def sample(self, key: jax.Array, batch_size: int, *, method: str = "sample", **kwargs: Any) -> ShardedSample:
+        """Global sampling: `batch_size` items from the whole buffer, each with its unsharded probability.
+
+        Args:
+          key: a PRNG key; every device draws the shards from the same key.
+          batch_size: static int >= 1.
+          method: the wrapped buffer's sampler (`"sample"` for item buffers, `"sample_sequences"` or
+            `"sample_transitions"` for trajectory buffers).
+          kwargs: the sampler's other arguments (`beta`, `sequence_length`, `n_step`, `gamma`, ...).
+
+        Returns:
+          `ShardedSample` (replicated): the sampler's output with `indices` inside shard `shard`. Prioritised
+          buffers' `probabilities` and `importance_weights` are those of the whole buffer (module doc).
+
+        Raises:
+          TypeError: a buffer type without a global sampler (`RolloutBuffer`: use `sample_local`).
+          ValueError: `cross_episodes=False` (windows inside episodes differ per shard: use `sample_local`),
+            or the sampler's own errors.
+        """
+        batch_size = _validate.static_int("batch_size", batch_size)
+        arrays, static = _split_static(kwargs)
+        _global_rule(self.shards, method, dict(static))  # its errors before any tracing
+        program = _program(self.mesh, self.axis, "global", method, batch_size, static)
+        beta = jnp.asarray(kwargs.get("beta", 1.0), jnp.float32)
+        return program(self.shards, *self._placed((key, arrays, beta), P()))
+
+    def set_priorities(self, shard: jax.Array, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "ShardedBuffer":
+        """`set_priorities` of a prioritised wrapped buffer after a global `sample`: entry `j` goes to shard
+        `shard[j]` (all arguments `[B]`, replicated, as `ShardedSample` gives them). The running max priority, which
+        new items receive, is then the maximum over every shard, as in one unsharded buffer.
+
+        Raises:
+          TypeError: the wrapped buffer is not prioritised; and the buffer's own errors.
+        """
+        if not hasattr(self.shards, "set_priorities"):
+            raise TypeError(f"set_priorities: {type(self.shards).__name__} has no priorities")
+        program = _program(self.mesh, self.axis, "set_priorities")
+        return self._run(program, (), (shard, indices, priorities, generations))

@@ -1,0 +1,136 @@
+"""Actors feeding a learner: 4 actor threads through one Writer, a learner thread sampling, under a time bound."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import jaxbuffers as jb
+
+ITEM = {"obs": np.zeros((3,), np.float32), "action": np.int32(0), "reward": np.float32(0), "tag": np.zeros((2,), np.int32)}
+
+
+def _item(uid: int) -> dict:
+    """An item whose every field encodes `uid` (exact in float32 below 2**24)."""
+    return {"obs": np.full((3,), uid, np.float32), "action": np.int32(uid), "reward": np.float32(uid),
+            "tag": np.array([uid, -uid], np.int32)}
+
+
+def _ids(item: dict) -> np.ndarray:
+    """The uid of every sampled row; fails if any field of a row disagrees with the others (a torn item)."""
+    uid = np.asarray(item["action"])
+    obs, rew, tag = (np.asarray(item[k]) for k in ("obs", "reward", "tag"))
+    torn = (obs != uid[:, None]).any(1) | (rew != uid) | (tag[:, 0] != uid) | (tag[:, 1] != -uid)
+    assert not torn.any(), f"torn items: rows {np.flatnonzero(torn)[:5]}"
+    return uid
+
+
+def test_four_actors_and_a_learner_no_torn_data_ratio_held_clean_shutdown():
+    steps, flush, batch, rho = 1_500, 16, 64, 2.0
+    limiter = jb.BlockingRateLimiter(rho, min_size=256, error_buffer=256.0)
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, capacity=2_048), rate_limiter=limiter, seed=1)
+    writer = jb.Writer(server, flush_size=flush)
+    errors, sampled = [], []
+
+    def actor(a: int):
+        try:
+            for t in range(steps):
+                writer.append(_item(a * 100_000 + t + 1), timeout=20)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    def learner():
+        try:
+            while True:
+                sampled.append(_ids(server.sample(None, batch, timeout=20).item))
+        except jb.BufferClosed:
+            pass
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    t0 = time.monotonic()
+    actors = [threading.Thread(target=actor, args=(a,)) for a in range(4)]
+    learn = threading.Thread(target=learner)
+    for t in [*actors, learn]:
+        t.start()
+    for t in actors:
+        t.join(60)
+    # The learner has caught up when it has no room left; then shut down: it must leave with BufferClosed.
+    deadline = time.monotonic() + 30
+    while limiter.num_samples_allowed() >= batch:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    server.close()
+    learn.join(10)
+    assert not errors, errors
+    assert not learn.is_alive() and not any(t.is_alive() for t in actors)
+    assert time.monotonic() - t0 < 90
+    assert limiter.num_inserted == 4 * steps and writer.num_pending == 0
+    ids = np.concatenate(sampled)
+    written = {a * 100_000 + t + 1 for a in range(4) for t in range(steps)}
+    assert set(ids.tolist()) <= written and len({i // 100_000 for i in ids}) == 4
+    # Samples-per-insert held: every item was inserted and the learner took rho per insert within the band.
+    assert abs(len(ids) - rho * (4 * steps - 256)) <= 256 + batch
+    with pytest.raises(jb.BufferClosed):
+        writer.append(_item(1))
+
+
+def test_blocked_learner_gets_a_clear_error_on_shutdown_and_on_timeout():
+    limiter = jb.BlockingRateLimiter(1.0, min_size=10, error_buffer=4.0)
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, capacity=64), rate_limiter=limiter)
+    with pytest.raises(jb.RateLimiterTimeout, match="sample of 8 items"):
+        server.sample(None, 8, timeout=0.1)
+    caught = []
+    t = threading.Thread(target=lambda: caught.append(pytest.raises(jb.BufferClosed, server.sample, None, 8, timeout=30)))
+    t.start()
+    time.sleep(0.1)
+    server.close()
+    t.join(5)
+    assert not t.is_alive() and len(caught) == 1 and "closed while it waited" in str(caught[0].value)
+
+
+def test_writer_batches_many_items_into_one_add_in_order():
+    calls = []
+
+    def add(buf, batch):
+        calls.append(jax.tree.leaves(batch)[0].shape)
+        return jb.ReplayBuffer.add(buf, batch)
+
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, capacity=16), add=add)
+    writer = jb.Writer(server, flush_size=4)
+    for uid in range(1, 11):
+        writer.append(_item(uid))
+    assert writer.num_pending == 2
+    writer.flush()
+    buf = server.buffer()
+    assert int(buf.size()) == 10 and np.asarray(buf.storage["action"][:10]).tolist() == list(range(1, 11))
+    assert calls[0] == (4,)  # one traced add per batch shape
+    with pytest.raises(ValueError, match="flush_size"):
+        jb.Writer(server, flush_size=0)
+
+
+def test_ray_actor_server_takes_numpy_pytrees_from_remote_actors():
+    ray = pytest.importorskip("ray", reason="ray is not installed (the Ray integration is optional)")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        limit = dict(samples_per_insert=1.0, min_size=8, error_buffer=64.0)
+        server = jb.ray_server(jb.ReplayBuffer.create(ITEM, capacity=256), rate_limit=limit, seed=3)
+
+        @ray.remote
+        def actor(server, batches):  # a remote actor sends numpy pytrees
+            for batch in batches:
+                ray.get(server.add.remote(batch, 30))
+            return len(batches)
+
+        stack = lambda uids: jax.tree.map(lambda *xs: np.stack(xs), *map(_item, uids))  # noqa: E731
+        work = [[stack(range(a * 1_000 + 8 * t + 1, a * 1_000 + 8 * t + 9)) for t in range(4)] for a in range(2)]
+        assert ray.get([actor.remote(server, w) for w in work], timeout=120) == [4, 4]
+        out = ray.get(server.sample.remote(None, 32, 30), timeout=60)
+        ids = _ids(out.item)
+        assert isinstance(out.item["obs"], np.ndarray) and set(ids.tolist()) <= {a * 1_000 + i + 1 for a in range(2) for i in range(32)}
+    finally:
+        ray.shutdown()

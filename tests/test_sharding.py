@@ -1,0 +1,357 @@
+"""Sharded buffers on 8 forced host devices: content equal to the unsharded buffer, sampling frequencies, collectives.
+
+The suite runs with one device; `test_on_eight_forced_devices` reruns this file in a subprocess with
+`--xla_force_host_platform_device_count=8`, where the other tests run (they skip with fewer devices).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.stats import chi2
+
+import jaxbuffers as jb
+from jaxbuffers.sharding import _choose_shards
+
+S = 8
+eight = pytest.mark.skipif(jax.device_count() < S, reason="needs 8 devices (run through test_on_eight_forced_devices)")
+
+
+def test_on_eight_forced_devices():
+    if jax.device_count() >= S:
+        pytest.skip("already on 8 devices: the tests below run here")
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={S}",
+           "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    ran = sum(1 for name, f in globals().items() if name.startswith("test_") and f is not test_on_eight_forced_devices)
+    assert f"{ran} passed, 1 skipped" in last, proc.stdout[-2000:]  # every test ran there; only this one skipped
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((S,), ("data",))
+
+
+def _bits(x) -> np.ndarray:
+    x = np.asarray(x)
+    return x.view(f"u{x.dtype.itemsize}") if x.dtype != bool else x
+
+
+def _p_value(counts: np.ndarray, expected: np.ndarray) -> float:
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "an item of probability 0 was drawn"
+    stat = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+    return float(chi2.sf(stat, keep.sum() - 1))
+
+
+ITEM = {"obs": jnp.zeros((3,), jnp.float32), "id": jnp.int32(0), "flag": jnp.bool_(False)}
+
+
+def _items(rng, ids) -> dict:
+    """Items with random float bits (negative zeros and NaNs included), their id and a flag."""
+    obs = rng.standard_normal((len(ids), 3)).astype(np.float32)
+    obs[::5, 0], obs[::7, 1] = -0.0, np.nan
+    return {"obs": obs, "id": np.asarray(ids, np.int32), "flag": np.asarray(ids) % 3 == 0}
+
+
+def _logical(buf, tree):
+    """Leaves of an item buffer's storage in logical order (oldest first)."""
+    nv, head, cap = int(buf.num_valid), int(buf.head), buf.capacity
+    order = (head - nv + np.arange(nv)) % cap
+    return jax.tree.map(lambda x: np.asarray(x)[order], tree)
+
+
+def _fill_item_buffers(mesh, make_shard, make_whole, adds, b, seed=0, priorities=False):
+    """The same adds of `S * b` items to a sharded buffer and to one unsharded buffer (jitted, donated)."""
+    rng = np.random.default_rng(seed)
+    sharded = jb.ShardedBuffer.create(make_shard, mesh, "data")
+    whole = make_whole()
+    add_s = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)
+    add_w = jax.jit(type(whole).add, donate_argnums=0)
+    for a in range(adds):
+        batch = _items(rng, range(a * S * b, (a + 1) * S * b))
+        extra = (rng.uniform(0.05, 3.0, S * b).astype(np.float32),) if priorities else ()
+        sharded = add_s(sharded, batch, *extra)
+        whole = add_w(whole, batch, *extra)
+    return sharded, whole
+
+
+@eight
+def test_replay_content_is_the_unsharded_buffer_bit_for_bit(mesh):
+    c, b = 12, 3  # b divides c; 7 adds of 24 items wrap the 96-item ring
+    sharded, whole = _fill_item_buffers(
+        mesh, lambda: jb.ReplayBuffer.create(ITEM, capacity=c), lambda: jb.ReplayBuffer.create(ITEM, capacity=S * c), 7, b
+    )
+    assert sharded.shards.storage["obs"].sharding.spec[0] == "data"
+    shards = [sharded.shard(s) for s in range(S)]
+    per_shard = [_logical(sh, sh.storage) for sh in shards]  # leaves [c, ...] each
+    expected = _logical(whole, whole.storage)
+    for name in ITEM:
+        # Item l of shard s is item (l // b) * S * b + s * b + l % b of the unsharded buffer.
+        blocks = np.stack([p[name].reshape(c // b, b, *p[name].shape[1:]) for p in per_shard], axis=1)
+        got = blocks.reshape(S * c, *blocks.shape[3:])
+        np.testing.assert_array_equal(_bits(got), _bits(expected[name]), err_msg=name)
+    assert int(sharded.size()) == int(whole.size()) == S * c
+    assert bool(sharded.can_sample(4)) and not bool(jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(ITEM, capacity=c), mesh, "data").can_sample(4))
+
+
+@eight
+def test_global_uniform_sampling_matches_the_unsharded_distribution(mesh):
+    sharded, whole = _fill_item_buffers(
+        mesh, lambda: jb.ReplayBuffer.create(ITEM, capacity=12), lambda: jb.ReplayBuffer.create(ITEM, capacity=96), 5, 3
+    )
+    ids_stored = np.asarray(whole.storage["id"])  # 96 items, each with probability 1/96 unsharded
+    draw = jax.jit(lambda buf, keys: jax.lax.map(lambda k: buf.sample(k, 1024).sample.item, keys))
+    out = draw(sharded, jax.random.split(jax.random.key(0), 100))  # 102,400 draws, one compile
+    _check_rows(out, whole)
+    counts = np.bincount(np.asarray(out["id"]).ravel(), minlength=ids_stored.max() + 1)[ids_stored]
+    assert counts.sum() == 102_400
+    assert _p_value(counts, np.full(96, 102_400 / 96)) > 1e-3
+
+
+def _check_rows(items, whole):
+    """Every sampled row is a stored item, whole (its id selects it in the unsharded storage)."""
+    ids = np.asarray(items["id"]).reshape(-1)
+    slot_of = {int(i): k for k, i in enumerate(np.asarray(whole.storage["id"]))}
+    slots = np.array([slot_of[int(i)] for i in ids])
+    for name in ITEM:
+        got = np.asarray(items[name]).reshape(len(ids), *np.shape(whole.storage[name])[1:])
+        np.testing.assert_array_equal(_bits(got), _bits(np.asarray(whole.storage[name])[slots]), err_msg=name)
+
+
+def test_shard_choice_is_proportional_to_the_masses():
+    key = jax.random.key(1)
+    mass = jnp.array([0, 5, 1, 0, 10, 2, 0, 3], jnp.int32)
+    got = np.bincount(np.asarray(jax.jit(_choose_shards, static_argnums=2)(key, mass, 200_000)), minlength=8)
+    assert _p_value(got, np.asarray(mass) / 21 * 200_000) > 1e-3
+    fmass = jnp.array([0.0, 0.5, 1e-3, 0.0, 2.0, 0.25, 0.0, 0.0], jnp.float32)
+    got = np.bincount(np.asarray(_choose_shards(key, fmass, 100_000)), minlength=8)
+    assert got[[0, 3, 6, 7]].sum() == 0
+    assert _p_value(got, np.asarray(fmass) / float(fmass.sum()) * 100_000) > 1e-3
+
+
+@eight
+def test_global_prioritised_sampling_probabilities_and_weights_are_the_whole_buffers(mesh):
+    alpha, beta = 0.7, 0.5
+    sharded, whole = _fill_item_buffers(
+        mesh, lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=16, priority_exponent=alpha),
+        lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=128, priority_exponent=alpha), 6, 4, priorities=True,
+    )
+    leaves = np.asarray(whole.tree.leaves(), np.float64)
+    p_whole = leaves / leaves.sum()
+    totals = np.asarray(jax.vmap(lambda t: t.total())(sharded.shards.tree))
+    assert totals.std() / totals.mean() > 0.02  # the shards' masses differ: the shard draw matters
+
+    draw = jax.jit(lambda buf, keys: jax.lax.map(lambda k: buf.sample(k, 1024, beta=beta), keys))
+    out = draw(sharded, jax.random.split(jax.random.key(2), 100))  # 102,400 draws
+    _check_rows(out.sample.item, whole.replay)
+    slot_of = {int(i): k for k, i in enumerate(np.asarray(whole.replay.storage["id"]))}
+    slots = np.array([slot_of[int(i)] for i in np.asarray(out.sample.item["id"]).ravel()])
+    counts = np.bincount(slots, minlength=128)
+    assert _p_value(counts, p_whole * 102_400) > 1e-3
+    # The whole buffer's probability and weight of every drawn item.
+    np.testing.assert_allclose(np.asarray(out.sample.probabilities).ravel(), p_whole[slots], rtol=2e-5)
+    w_whole = (leaves[slots] / leaves.min()) ** -beta
+    np.testing.assert_allclose(np.asarray(out.sample.importance_weights).ravel(), w_whole, rtol=2e-5)
+    assert np.asarray(out.sample.importance_weights).max() <= 1.0
+
+
+@eight
+def test_global_priority_updates_reach_the_right_shard(mesh):
+    sharded, whole = _fill_item_buffers(
+        mesh, lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=8, priority_exponent=1.0),
+        lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=64, priority_exponent=1.0), 2, 4,
+    )
+    out = jax.jit(lambda b, k: b.sample(k, 64))(sharded, jax.random.key(3))
+    new = jnp.arange(1, 65, dtype=jnp.float32) * 10.0
+    sharded = jax.jit(jb.ShardedBuffer.set_priorities)(sharded, out.shard, out.sample.indices, new, out.sample.generations)
+    for j in range(64):
+        s, i = int(out.shard[j]), int(out.sample.indices[j])
+        last = max(k for k in range(64) if int(out.shard[k]) == s and int(out.sample.indices[k]) == i)  # last wins
+        assert float(sharded.shard(s).priorities(jnp.array([i]))[0]) == pytest.approx(float(new[last]), rel=1e-6)
+    assert np.all(np.asarray(sharded.shards.max_priority) == 640.0)  # the max over all shards, everywhere
+
+
+@eight
+def test_per_device_sampling_draws_each_shard_from_its_own_items(mesh):
+    sharded, _ = _fill_item_buffers(
+        mesh, lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=8),
+        lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=64), 3, 4, priorities=True,
+    )
+    out = jax.jit(lambda b, k: b.sample_local(k, 32, beta=0.4))(sharded, jax.random.key(4))
+    assert out.item["id"].shape == (S, 32) and out.item["id"].sharding.spec[0] == "data"
+    ids = np.asarray(out.item["id"])
+    for s in range(S):
+        assert set(ids[s].tolist()) <= set(np.asarray(sharded.shard(s).replay.storage["id"]).tolist())
+    assert np.all(np.asarray(out.importance_weights).max(axis=1) == 1.0)  # each shard normalises by its own max
+
+
+STEP = {"obs": jnp.zeros((2,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0)}
+
+
+def _steps(rng, e, t0):
+    obs = rng.standard_normal((e, 2)).astype(np.float32)
+    return {"obs": obs, "action": np.full(e, t0, np.int32), "reward": rng.standard_normal(e).astype(np.float32)}
+
+
+@eight
+def test_trajectory_lanes_sharded_equal_the_unsharded_lanes_and_samples_read_them(mesh):
+    e, length = 16, 10
+    rng = np.random.default_rng(5)
+    sharded = jb.ShardedBuffer.create(lambda: jb.TrajectoryBuffer.create(STEP, num_envs=e // S, length=length, final_obs_capacity=4), mesh, "data")
+    whole = jb.TrajectoryBuffer.create(STEP, num_envs=e, length=length, final_obs_capacity=4)
+    add_s, add_w = jax.jit(jb.ShardedBuffer.add, donate_argnums=0), jax.jit(jb.TrajectoryBuffer.add, donate_argnums=0)
+    for t in range(23):
+        step = _steps(rng, e, t)
+        term, trunc = rng.random(e) < 0.1, rng.random(e) < 0.15
+        fin = rng.standard_normal((e, 2)).astype(np.float32)
+        sharded = add_s(sharded, step, terminated=term, truncated=trunc, final_obs=fin)
+        whole = add_w(whole, step, terminated=term, truncated=trunc, final_obs=fin)
+    sh = sharded.shards
+    merge = lambda x: np.asarray(x).reshape(e, *np.shape(x)[2:])  # noqa: E731 - [S, e/S, ...] -> [e, ...]
+    for got, want in [(sh.storage, whole.storage), (sh.terminated, whole.terminated), (sh.truncated, whole.truncated),
+                      (sh.final_obs, whole.final_obs), (sh.final_slot, whole.final_slot), (sh.final_head, whole.final_head)]:
+        jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(merge(g)), _bits(w)), got, want)
+    assert np.all(np.asarray(sh.head) == int(whole.head)) and np.all(np.asarray(sh.num_valid) == int(whole.num_valid))
+    assert int(sharded.size()) == int(whole.size())
+    for n in (3, 8, 9):
+        assert bool(sharded.can_sample(8, method="sample_transitions", n_step=n)) == bool(whole.can_sample_transitions(8, n_step=n))
+        inside = [bool(sharded.shard(s).can_sample(8, n, cross_episodes=False)) for s in range(S)]  # sample_local's guard
+        assert bool(sharded.can_sample(8, method="sample_sequences", sequence_length=n, cross_episodes=False)) == all(inside)
+
+    lanes = e // S
+    to_global = lambda out: (out.shard * lanes + out.sample.indices // length) * length + out.sample.indices % length  # noqa: E731
+    seq = jax.jit(lambda b, k: b.sample(k, 256, method="sample_sequences", sequence_length=4))(sharded, jax.random.key(6))
+    ref = whole.sequences_at(to_global(seq), 4)
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), (seq.sample.item, seq.sample.terminated), (ref.item, ref.terminated))
+    tr = jax.jit(lambda b, k: b.sample(k, 256, method="sample_transitions", n_step=3, gamma=0.9))(sharded, jax.random.key(7))
+    ref = whole.transitions_at(to_global(tr), n_step=3, gamma=0.9)
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), tr.sample, ref._replace(indices=tr.sample.indices))
+    assert len(np.unique(np.asarray(tr.shard))) == S
+    with pytest.raises(ValueError, match="cross_episodes"):
+        sharded.sample(jax.random.key(0), 8, method="sample_sequences", sequence_length=4, cross_episodes=False)
+
+
+@eight
+def test_rollout_sharded_over_envs_equals_the_unsharded_rollout(mesh):
+    e, t_len = 16, 8
+    rng = np.random.default_rng(8)
+    sharded = jb.ShardedBuffer.create(lambda: jb.RolloutBuffer.create(STEP, num_envs=e // S, num_steps=t_len), mesh, "data")
+    whole = jb.RolloutBuffer.create(STEP, num_envs=e, num_steps=t_len)
+    for t in range(t_len):
+        kw = dict(reward=rng.standard_normal(e).astype(np.float32), value=rng.standard_normal(e).astype(np.float32),
+                  terminated=rng.random(e) < 0.2)
+        step = _steps(rng, e, t)
+        sharded, whole = sharded.add(step, **kw), whole.add(step, **kw)
+    last = rng.standard_normal(e).astype(np.float32)
+    sharded = sharded.apply(lambda b, v: b.compute_gae(v, 0.99, 0.95), last)
+    whole = whole.compute_gae(last, 0.99, 0.95)
+    merge = lambda x: np.moveaxis(np.asarray(x), 0, 1).reshape(t_len, e, *np.shape(x)[3:])  # noqa: E731 - [S, T, e/S] -> [T, e]
+    for name in ("reward", "value", "terminated", "advantages", "returns"):
+        np.testing.assert_array_equal(_bits(merge(getattr(sharded.shards, name))), _bits(getattr(whole, name)), err_msg=name)
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(merge(g)), _bits(w)), sharded.shards.step, whole.step)
+    mb = sharded.sample_local(jax.random.key(9), 2, method="minibatches")
+    assert mb.advantages.shape == (S, 2, t_len * e // S // 2)
+    with pytest.raises(TypeError, match="sample_local"):
+        sharded.sample(jax.random.key(0), 8)
+    with pytest.raises(ValueError, match=r"args\[0\]\[0\]\['action'\]: expected a leading axis divisible by the 8 shards"):
+        sharded.add(_steps(rng, 12, 0), **{k: v[:12] for k, v in kw.items()})
+
+
+def _collectives(hlo: str) -> list[tuple[str, int]]:
+    """(op, elements of its largest operand) of every collective in compiled HLO text (tuple results included)."""
+    out = []
+    ops = "all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter"
+    for m in re.finditer(rf"^\s*\S+ = (.*?) ({ops})(?:-start)?\(", hlo, re.M):
+        sizes = [int(np.prod([int(d) for d in dims.split(",") if d])) for dims in re.findall(r"\w+\[([\d,]*)\]", m.group(1))]
+        out.append((m.group(2), max(sizes, default=1)))
+    return out
+
+
+@eight
+def test_collectives_never_touch_storage(mesh):
+    item = {"obs": jnp.zeros((64,), jnp.float32), "id": jnp.int32(0)}
+    cap, batch = 8192, 256
+    assert batch * 64 * 32 == cap * 64  # a shard's storage leaf is 32 times the largest collective allowed
+    for make in (lambda: jb.ReplayBuffer.create(item, capacity=cap), lambda: jb.PrioritisedReplayBuffer.create(item, capacity=cap)):
+        sharded = jb.ShardedBuffer.create(make, mesh, "data")
+        add = jax.jit(jb.ShardedBuffer.add, donate_argnums=0).lower(sharded, jax.tree.map(lambda x: jnp.zeros((S * 16, *x.shape), x.dtype), item))
+        assert _collectives(add.compile().as_text()) == []  # adds are purely local
+        for fn, whole in ((lambda b, k: b.sample(k, batch), True), (lambda b, k: b.sample_local(k, batch), False)):
+            lowered = jax.jit(fn).lower(sharded, jax.random.key(0))
+            assert "all_gather" not in lowered.as_text()
+            ops = _collectives(lowered.compile().as_text())
+            assert all(op != "all-gather" for op, _ in ops), ops
+            if whole:  # global sampling: the shard masses and the sampled items, nothing bigger
+                assert ("all-reduce", batch * 64) in ops, ops
+            assert all(n <= batch * 64 for _, n in ops), ops
+
+
+@eight
+def test_eager_calls_compile_once_per_shape(mesh, compile_counter):
+    sharded = jb.ShardedBuffer.create(lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=8), mesh, "data")
+    rng = np.random.default_rng(10)
+
+    def step(sharded, i):
+        sharded = sharded.add(_items(rng, range(16 * i, 16 * i + 16)))
+        out = sharded.sample(jax.random.key(i), 8, beta=0.5)
+        sharded = sharded.set_priorities(out.shard, out.sample.indices, out.sample.probabilities + 1, out.sample.generations)
+        return sharded, sharded.sample_local(jax.random.key(i), 4, beta=0.5)
+
+    sharded, _ = step(sharded, 0)
+    with compile_counter() as compiles:
+        for i in range(1, 4):
+            sharded, local = step(sharded, i)
+    assert compiles() == 0 and local.item["id"].shape == (S, 4)
+
+
+@eight
+def test_prioritised_trajectory_global_sampling_is_the_whole_buffers(mesh):
+    e, length, window, beta = 16, 12, 3, 0.6
+    lanes = e // S
+    rng = np.random.default_rng(11)
+    make = lambda n: jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=n, length=length, window_length=window, priority_exponent=0.8)  # noqa: E731
+    sharded, whole = jb.ShardedBuffer.create(lambda: make(lanes), mesh, "data"), make(e)
+    for t in range(15):
+        step, term = _steps(rng, e, t), rng.random(e) < 0.1
+        sharded, whole = sharded.add(step, terminated=term), whole.add(step, terminated=term)
+    to_global = lambda shard, idx: (shard * lanes + idx // length) * length + idx % length  # noqa: E731
+    draw = jax.jit(lambda b, k: b.sample(k, 64, method="sample_sequences", sequence_length=window, beta=beta))
+    out = draw(sharded, jax.random.key(12))
+    new = jnp.asarray(rng.uniform(0.1, 5.0, 64), jnp.float32)  # the same updates to both: unequal shard totals
+    sharded = sharded.set_priorities(out.shard, out.sample.indices, new, out.sample.generations)
+    whole = whole.set_priorities(to_global(out.shard, out.sample.indices), new, out.sample.generations)
+    merged = np.asarray(jax.vmap(lambda t: t.leaves())(sharded.shards.tree)).reshape(-1)
+    np.testing.assert_array_equal(merged, np.asarray(whole.tree.leaves()))
+
+    out = draw(sharded, jax.random.key(13))
+    g = to_global(out.shard, out.sample.indices)
+    leaf = np.asarray(whole.tree.get(g), np.float64)
+    total, low = float(whole.tree.total()), float(whole.tree.min())
+    np.testing.assert_allclose(np.asarray(out.sample.probabilities), leaf / total, rtol=2e-5)
+    np.testing.assert_allclose(np.asarray(out.sample.importance_weights), (leaf / low) ** -beta, rtol=2e-5)
+    ref = whole.buffer.sequences_at(g, window)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(_bits(a), _bits(b)), (out.sample.item, out.sample.terminated), (ref.item, ref.terminated))
+
+
+@eight
+def test_donated_add_writes_every_shard_in_place(mesh):
+    item = {"obs": jnp.zeros((64,), jnp.float32), "id": jnp.int32(0)}
+    sharded = jb.ShardedBuffer.create(lambda: jb.PrioritisedReplayBuffer.create(item, capacity=4096), mesh, "data")
+    add = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)
+    batch = {"obs": np.ones((64, 64), np.float32), "id": np.arange(64, dtype=np.int32)}
+    pointers = lambda b: [s.data.unsafe_buffer_pointer() for s in b.shards.replay.storage["obs"].addressable_shards]  # noqa: E731
+    sharded = add(sharded, batch)
+    before = pointers(sharded)
+    sharded = add(sharded, batch)
+    assert pointers(sharded) == before and len(before) == S
