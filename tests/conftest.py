@@ -59,3 +59,17 @@ def count_compiles():
 def compile_counter():
     """The :func:`count_compiles` context manager, as a fixture."""
     return count_compiles
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the tests marked `devices(n)` / `fewer_devices(n)` that this process's device count cannot run."""
+    marked = [(it, m) for it in items for m in it.iter_markers() if m.name in ("devices", "fewer_devices")]
+    if not marked:
+        return
+    import jax
+
+    count = jax.device_count()
+    drop = {id(it) for it, m in marked if (count >= m.args[0]) != (m.name == "devices")}
+    if drop:
+        config.hook.pytest_deselected(items=[it for it in items if id(it) in drop])
+        items[:] = [it for it in items if id(it) not in drop]
