@@ -166,7 +166,7 @@ class ReplayBuffer(struct.PyTreeNode):
           ValueError: `batch_size` not an int >= 1.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
-        indices = _ring.sample_windows(key, (batch_size,), self.head, self.num_valid, self.capacity)
+        indices = _ring.sample_windows(_validate.key("key", key), (batch_size,), self.head, self.num_valid, self.capacity)
         return ReplaySample(item=self.get(indices), indices=indices)
 
     @_compiled.method()
