@@ -278,11 +278,12 @@ def as_array(x: Any) -> Any:
     return np.asarray(x)
 
 
-def index_array(x: Any, name: str = "indices", want: str = "an integer array (int32)") -> Any:
-    """`as_array` for the small per-entry vectors (indices, priorities, generations): Python ints
-    beyond 64 bits are clipped to int64, so an index out of range stays out of range once
-    `int32_indices` saturates it (generations are compared modulo `2**32`). Lists of numbers and
-    array-likes numpy can read (a CPU torch tensor) are accepted; `want` names what is expected.
+def index_array(x: Any, name: str = "indices", want: str = "an integer array (int32)", clip: bool = True) -> Any:
+    """`as_array` for the small per-entry vectors (indices, priorities, generations): with `clip`,
+    Python ints beyond 64 bits are clipped to int64, so an index out of range stays out of range
+    once `int32_indices` saturates it (not for generations, compared modulo `2**32`: `vector`). Lists
+    of numbers and array-likes numpy can read (a CPU torch tensor) are accepted; `want` names what
+    is expected.
 
     Raises:
       TypeError: naming `name`, for what is not an array of numbers (`None`, a string, a dict,
@@ -299,7 +300,7 @@ def index_array(x: Any, name: str = "indices", want: str = "an integer array (in
         out = np.asarray(x) if other else as_array(x)
     except Exception as e:  # dicts, ragged lists, None / str / huge ints next to JAX arrays, a CUDA or grad tensor
         raise refuse(f" ({type(e).__name__}: {str(e).splitlines()[0][:80]})") from None
-    if isinstance(out, np.ndarray) and out.dtype == object and out.size and all(_is_python_int(v) for v in out.flat):
+    if clip and isinstance(out, np.ndarray) and out.dtype == object and out.size and all(_is_python_int(v) for v in out.flat):
         out = np.array([min(max(int(v), _INT64.min), _INT64.max) for v in out.flat], np.int64).reshape(out.shape)
     if isinstance(out, np.ndarray) and out.dtype.kind not in "biufc":
         raise refuse()
@@ -363,7 +364,7 @@ def vector(name: str, x, b: int | None, kind: str) -> jax.Array:
       TypeError: not an array of numbers, or the wrong dtype kind; ValueError: not of shape `(b,)`.
     """
     article = "an" if kind == "integer" else "a"
-    x = index_array(x, name, f"{article} {kind} array of shape [{'B' if b is None else b}]")
+    x = index_array(x, name, f"{article} {kind} array of shape [{'B' if b is None else b}]", clip=False)
     if x.ndim != 1 or (b is not None and x.shape[0] != b):
         raise ValueError(f"{name}: expected shape ({'B' if b is None else b},), got {tuple(x.shape)}")
     if not jnp.issubdtype(x.dtype, _KINDS[kind]) or (kind == "integer" and x.dtype == np.bool_):

@@ -77,12 +77,13 @@ def _torch_tensor():
     return torch.zeros(2)
 
 
-def non_arrays(list_ok: bool = False) -> st.SearchStrategy:
-    """Values that are not arrays where a JAX or numpy array belongs (lists of numbers only with `list_ok` False)."""
+def non_arrays(host_vector: bool = False) -> st.SearchStrategy:
+    """Values that are not arrays where a JAX or numpy array belongs; with `host_vector` (an index, priority or
+    generation vector, which takes lists of numbers and CPU torch tensors), no lists of numbers nor tensors."""
     values = [None, "x", 1.5, 3, True, {"a": 1}, np.array([None, 1], object), np.array(["a", "b"]), jax.ShapeDtypeStruct((2,), jnp.float32)]
-    if not list_ok:
-        values += [[1.0, 2.0]]
-    return st.sampled_from(values) | st.builds(_torch_tensor)
+    if host_vector:
+        return st.sampled_from(values + [["a", "b"], [1, [2]]])
+    return st.sampled_from(values + [[1.0, 2.0]]) | st.builds(_torch_tensor)
 
 
 def bad_keys() -> st.SearchStrategy:

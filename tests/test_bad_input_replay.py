@@ -61,7 +61,7 @@ def test_sample_and_can_sample_bad_batch_size(kind, batch_size):
 
 
 @SETTINGS
-@given(bad=non_arrays(list_ok=True).filter(lambda v: type(v) is not int) | st.sampled_from([np.zeros(2, np.float32), np.zeros(2, np.bool_), jnp.ones(3)]))
+@given(bad=non_arrays(host_vector=True).filter(lambda v: type(v) is not int) | st.sampled_from([np.zeros(2, np.float32), np.zeros(2, np.bool_), jnp.ones(3)]))
 def test_get_refuses_what_is_not_integers(bad):
     buf = FILLED["replay"]
     refused(lambda: buf.get(bad), "indices", state=buf)
@@ -93,19 +93,17 @@ def test_prioritised_add_wrong_priorities_shape(bad, dtype):
 
 
 @SETTINGS
-@given(dtype=st.sampled_from([np.bool_, np.uint8, np.int32, np.uint32]) | st.just(None), bad=non_arrays(list_ok=True).filter(lambda v: v is not None))
+@given(dtype=st.sampled_from([np.bool_, np.uint8, np.int32, np.uint32]) | st.just(None), bad=non_arrays(host_vector=True).filter(lambda v: v is not None))
 def test_prioritised_add_wrong_priorities_kind(dtype, bad):
     buf = FILLED["prioritised"]
     p = bad if dtype is None else np.ones(3, dtype)
-    if isinstance(p, list):
-        p = ["a", "b", "c"]
     refused(lambda: buf.add(batch(3), p), "priorities", state=buf)
 
 
 @SETTINGS
 @given(
     which=st.sampled_from(["indices", "priorities", "generations"]),
-    bad=non_arrays(list_ok=True) | st.sampled_from([np.ones((3, 1), np.int32), np.ones(2, np.int32), np.ones(3, np.bool_)]),
+    bad=non_arrays(host_vector=True) | st.sampled_from([np.ones((3, 1), np.int32), np.ones(2, np.int32), np.ones(3, np.bool_)]),
 )
 def test_set_priorities_bad_argument(which, bad):
     buf = FILLED["prioritised"]
@@ -158,7 +156,7 @@ def test_lists_and_host_arrays_accepted_for_vectors(form):
 
 @SETTINGS
 @given(
-    capacity=bad_static_ints(), min_size=st.integers(9, 20) | st.just(0), example=non_arrays(list_ok=True),
+    capacity=bad_static_ints(), min_size=st.integers(9, 20) | st.just(0), example=non_arrays(host_vector=True),
     alpha=bad_unit_scalars(), epsilon=st.sampled_from([0.0, -1.0, 2.0, float("nan"), "x"]),
 )
 def test_create_bad_arguments(capacity, min_size, example, alpha, epsilon):
