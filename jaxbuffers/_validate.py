@@ -527,6 +527,16 @@ def _flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
     return jnp.asarray(flag)
 
 
+def _leaf_at(tree, path):
+    """The subtree of `tree` at a key path, or None where it has none."""
+    for k in path:
+        try:
+            tree = tree[k.key if hasattr(k, "key") else k.idx if hasattr(k, "idx") else k.name]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return tree
+
+
 def final_obs_not_step(obs_spec, obs_key: str, final_obs) -> None:
     """Refuse a whole step passed as a trajectory buffer's `final_obs` (a dict with an `obs_key` field that the
     observation `obs_spec` has not), naming the mistake where `check_batch` would report a tree structure difference.
@@ -556,9 +566,12 @@ def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, termina
     if not isinstance(step, Mapping):
         raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
     step = dict(step)
-    # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the first leaf's rank.
-    leaves, spec0 = jax.tree.leaves(step), jax.tree.leaves(spec)[0]
-    nd = 2 if leaves and getattr(leaves[0], "ndim", -1) == len(spec0.shape) + 2 else 1
+    # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the rank of most leaves (a tie by that of
+    # `terminated`), so that the error names the argument of the wrong rank.
+    specs = jax.tree_util.tree_flatten_with_path(spec)[0]
+    extra = [getattr(_leaf_at(step, p), "ndim", -1) - len(s.shape) for p, s in specs]
+    one, two = extra.count(1), extra.count(2)
+    nd = 2 if two > one or (two == one and getattr(terminated, "ndim", 1) == 2) else 1
     lead = check_batch(spec, step, nd, "step", ("num_envs", "t"))
     if lead[0] != num_envs:
         raise ValueError(f"step: expected leading axis num_envs={num_envs}, got {lead[0]}")
