@@ -419,9 +419,10 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
     got = np.dtype(x.dtype)
     if shape is not None and tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
-    if dtype == "floating" and not jnp.issubdtype(got, jnp.floating):
+    floating = isinstance(dtype, str) and dtype == "floating"  # (a float64 dtype compares equal to "floating")
+    if floating and not jnp.issubdtype(got, jnp.floating):
         raise TypeError(f"{name}: expected a floating dtype, got {got}")
-    if dtype not in (None, "floating") and got != np.dtype(dtype):
+    if dtype is not None and not floating and got != np.dtype(dtype):
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got} (nothing is cast implicitly)")
     if jax.dtypes.canonicalize_dtype(got) != got:
         raise TypeError(f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (x64 is off); convert it")
