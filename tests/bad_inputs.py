@@ -23,9 +23,11 @@ DTYPES = [np.dtype(d) for d in (np.bool_, np.uint8, np.int8, np.int16, np.int32,
 
 
 def snapshot(tree: Any) -> list[tuple[str, tuple, bytes]]:
-    """(dtype, shape, bytes) of every array leaf: what "stored contents byte-identical" compares."""
+    """(dtype, shape, bytes) of every leaf (arrays, and the Python numbers of an adapter's cursors): what "stored
+    contents byte-identical" compares."""
     out = []
     for x in jax.tree.leaves(tree):
+        x = x if hasattr(x, "dtype") else np.asarray(x)
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             x = jax.random.key_data(x)
         out.append((str(x.dtype), tuple(x.shape), np.asarray(x).tobytes()))
