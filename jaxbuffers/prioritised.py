@@ -132,10 +132,12 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         """Bytes held: item storage, the tree and the scalars (Python int)."""
         return _validate.tree_nbytes(self)
 
+    @_compiled.method()
     def size(self) -> jax.Array:
         """The number of items stored (int32 scalar, at most `capacity`)."""
         return self.replay.size()
 
+    @_compiled.method()
     def is_full(self) -> jax.Array:
         """Whether every slot holds an item (bool scalar)."""
         return self.replay.is_full()

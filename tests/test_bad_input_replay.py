@@ -189,3 +189,17 @@ def test_refused_calls_in_any_order_change_nothing(ops):
             refused(lambda: buf.set_priorities(jnp.array([0]), jnp.array([1.0]), jnp.array([0.5])), "generations", state=buf)
         assert snapshot(buf) == snapshot(ref)
     buf.sample(jax.random.key(1), 4)  # still usable
+
+
+def test_donation_rule_of_the_guide():
+    """The guide's donation rule: methods return arrays of their own, so donating an older state leaves a state
+    derived by a method whole; a state derived with `with_cursors` and an array read off a state share the donated
+    arrays and lose them (on CPU, where donation is honoured)."""
+    add = jax.jit(jb.ReplayBuffer.add, donate_argnums=0)
+    b0 = jax.tree.map(jnp.copy, FILLED["replay"])
+    b1, n = b0.add(batch(1, 40)), b0.size()
+    view, obs = b0.with_cursors(num_valid=2), b0.storage["obs"]
+    add(b0, batch(2, 50))
+    assert snapshot(b1.sample(jax.random.key(0), 2)) and int(n) == 6  # derived by methods: whole
+    if jax.default_backend() == "cpu":
+        assert view.storage["obs"].is_deleted() and obs.is_deleted()
