@@ -148,3 +148,15 @@ def test_replay_refused_calls_in_any_order_change_nothing(ops):
             refused(lambda: buf.sample(0), "batch_size", state=state(buf))
         assert (buf.pos, buf.full) == (ref.pos, ref.full)
         np.testing.assert_array_equal(np.asarray(buf.observations), np.asarray(ref.observations))
+
+
+@SETTINGS
+@given(field=st.sampled_from(["dones", "timeouts", "actions", "rewards"]), value=st.sampled_from([2, 0.5, None, "x", -1]))
+def test_field_view_writes_cast_nothing_silently(field, value):
+    """SB3 writes `dones[pos] = True`; other values a field does not hold (a flag of 2, an int64 action of 0.5) are
+    refused naming the field, the buffer unchanged."""
+    buf = replay()
+    if field == "rewards" and isinstance(value, (int, float)) or field == "actions" and value in (2, -1):
+        getattr(buf, field)[0, 0] = value  # numpy's own cast, as SB3's arrays take it
+        return
+    refused(lambda: getattr(buf, field).__setitem__((0, 0), value), field, state=state(buf))
