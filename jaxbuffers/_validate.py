@@ -492,6 +492,9 @@ def trajectory_example(example_step, num_envs, length, obs_key: str, action_key:
     positions `lane * length + slot` fit int32, and an example step dict with an observation of at
     least one leaf, an action and a floating scalar reward."""
     num_envs, length = static_int("num_envs", num_envs), static_int("length", length)
+    for arg, key in (("obs_key", obs_key), ("action_key", action_key), ("reward_key", reward_key)):
+        if not isinstance(key, str):
+            raise TypeError(f"{arg}: expected a str, the name of a field of example_step, got {type(key).__name__} {key!r}")
     if num_envs * length > 2**31 - 1:
         raise ValueError(
             f"num_envs * length: expected at most 2**31 - 1 steps in all (positions are int32 lane * length + slot), "

@@ -201,7 +201,7 @@ class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
           reward_key: name of the reward field.
 
         Raises:
-          TypeError: `example_step` is not a dict, a leaf is not an array.
+          TypeError: `example_step` is not a dict, a leaf is not an array, a field name is not a str.
           ValueError: a size is not a positive int, `num_envs * length` above `2**31 - 1`
             (positions are int32 `lane * length + slot`), a required field missing, the
             observation without leaves, the reward not a floating scalar.

@@ -138,14 +138,14 @@ def test_set_priorities_bad_argument(which, bad):
 @SETTINGS
 @given(
     size=bad_static_ints(), example=non_arrays().filter(lambda v: not isinstance(v, (dict, jax.ShapeDtypeStruct))),
-    key=st.sampled_from([None, 1, ("obs",)]), alpha=bad_unit_scalars().filter(lambda a: not hasattr(a, "shape")),
+    key=st.sampled_from([None, 1, ("obs",), b"obs"]), alpha=bad_unit_scalars().filter(lambda a: not hasattr(a, "shape")),
 )
 def test_create_bad_arguments(size, example, key, alpha):
     for cls, extra in ((jb.TrajectoryBuffer, {}), (jb.PrioritisedTrajectoryBuffer, {"window_length": 2})):
         refused(lambda: cls.create(STEP, num_envs=size, length=L, **extra), "num_envs")
         refused(lambda: cls.create(STEP, num_envs=E, length=size, **extra), "length")
         refused(lambda: cls.create({**STEP, "obs": example}, num_envs=E, length=L, **extra), "example_step")
-        refused(lambda: cls.create(STEP, num_envs=E, length=L, obs_key=key, **extra), "example_step")
+        refused(lambda: cls.create(STEP, num_envs=E, length=L, obs_key=key, **extra), "obs_key")
         if size is not None:  # None: the default, length
             refused(lambda: cls.create(STEP, num_envs=E, length=L, final_obs_capacity=size, **extra), "final_obs_capacity")
     refused(lambda: jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=size), "window_length")
