@@ -480,7 +480,7 @@ def storable_dtype(name: str, value: Any, kind: str = "floating") -> np.dtype:
 
 def choice(name: str, value: Any, options: tuple) -> Any:
     """A static option: ``value`` if it is one of ``options``, else ValueError naming ``name``."""
-    if not any(type(value) is type(o) and value == o for o in options):
+    if not any(isinstance(value, type(o)) and value == o for o in options):
         raise ValueError(f"{name}: expected one of {options}, got {value!r}")
     return value
 

@@ -24,8 +24,8 @@ TREE = jb.SumMinTree.create(CAP).set(jnp.arange(CAP), jnp.arange(1.0, CAP + 1.0)
 def test_set_bad_argument(which, bad):
     args = {"indices": np.array([0, 1], np.int32), "values": np.array([2.0, 3.0], np.float32), "where": np.ones(2, np.bool_)}
     valid = {"indices": "biu", "values": "f", "where": "b"}[which]
-    if isinstance(bad, np.ndarray) and bad.shape == (2,) and bad.dtype.kind in valid:
-        return  # a valid argument
+    if isinstance(bad, np.ndarray) and bad.shape == (2,) and bad.dtype.kind in valid or bad is None and which == "where":
+        return  # a valid argument (where=None: every entry)
     args[which] = bad
     names = (which, "values", "where") if which == "indices" else which  # lengths differ: either may be named
     refused_eager_and_jit(lambda t, a: t.set(**a), (TREE, args), names, state=TREE)
