@@ -6,8 +6,9 @@ message naming the leaf path (e.g. `obs['pixels']`), the expected and the receiv
 cast: a float64 numpy batch for a float32 field is an error. Static sizes go through `static_int` (given by position
 to a `create` that takes them by keyword: `keyword_sizes`), flags `static_bool`, static floats `static_float`,
 traced hyperparameters `scalar_parameter`, index arguments `integer_indices` / `index_vector`, per-entry vectors
-`vector`. Wrong structure, kind or dtype raises `TypeError`; wrong shape or value `ValueError`; every message starts
-with the argument's name.
+`vector`, PRNG keys `key`, dtype arguments `storable_dtype`; what is not an array gets `not_array`'s error. Wrong
+structure, kind or dtype raises `TypeError`; wrong shape or value `ValueError`; every message starts with the
+argument's name. docs/guide.md, section 7, tabulates what each kind of argument accepts.
 """
 
 from __future__ import annotations
