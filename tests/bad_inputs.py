@@ -70,6 +70,22 @@ def refused_eager_and_jit(fn: Callable, args: tuple, name: str, *, state: Any = 
         refused(lambda: jax.jit(fn)(*args), name, state=state, exc=exc)
 
 
+def in_order(ops: list[str], start: Any, valid: dict[str, Callable], refusals: dict[str, tuple[Callable, str]]) -> Any:
+    """Apply the calls named in `ops` in order and return the final state: `valid[op](state, n)` (the n-th call) to
+    the state and to a reference that sees only the valid calls; `refusals[op] = (call(state), argument)` must be
+    refused naming the argument. After every call the state holds the reference's bytes: refused calls, in any
+    order, change nothing."""
+    state = ref = start
+    for n, op in enumerate(ops):
+        if op in valid:
+            state, ref = valid[op](state, n), valid[op](ref, n)
+        else:
+            call, name = refusals[op]
+            refused(lambda: call(state), name, state=state)
+        assert snapshot(state) == snapshot(ref)
+    return state
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Strategies of wrong values.
 

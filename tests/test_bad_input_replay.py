@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import jaxbuffers as jb
 from bad_inputs import (
-    SETTINGS, bad_keys, bad_static_ints, bad_unit_scalars, corrupt, huge_indices, non_arrays, refused,
-    refused_eager_and_jit, snapshot, wrong_dtype, wrong_shape,
+    SETTINGS, bad_keys, bad_static_ints, bad_unit_scalars, corrupt, huge_indices, in_order, non_arrays, refused,
+    refused_eager_and_jit, snapshot, wrong_shape,
 )
 from jaxbuffers._priority import PRIORITY_MAX
 
@@ -173,21 +173,15 @@ def test_create_bad_arguments(capacity, min_size, example, alpha, epsilon):
 @given(ops=st.lists(st.sampled_from(["add", "bad_add", "bad_sample", "bad_set", "set"]), min_size=1, max_size=8))
 def test_refused_calls_in_any_order_change_nothing(ops):
     """Any order of valid and refused calls gives the buffer the valid calls alone give."""
-    buf = ref = FILLED["prioritised"]
-    for n, op in enumerate(ops):
-        if op == "add":
-            buf, ref = buf.add(batch(2, 10 * n)), ref.add(batch(2, 10 * n))
-        elif op == "set":
-            idx = jnp.array([n % CAP], jnp.int32)
-            p = jnp.array([n + 0.5], jnp.float32)
-            buf, ref = buf.set_priorities(idx, p, buf.generations_at(idx)), ref.set_priorities(idx, p, ref.generations_at(idx))
-        elif op == "bad_add":
-            refused(lambda: buf.add({**batch(2), "a": np.zeros(2, np.float32)}), "batch['a']", state=buf)
-        elif op == "bad_sample":
-            refused(lambda: buf.sample(None, 2), "key", state=buf)
-        else:
-            refused(lambda: buf.set_priorities(jnp.array([0]), jnp.array([1.0]), jnp.array([0.5])), "generations", state=buf)
-        assert snapshot(buf) == snapshot(ref)
+    def set_one(b, n):
+        idx = jnp.array([n % CAP], jnp.int32)
+        return b.set_priorities(idx, jnp.array([n + 0.5], jnp.float32), b.generations_at(idx))
+
+    buf = in_order(ops, FILLED["prioritised"], {"add": lambda b, n: b.add(batch(2, 10 * n)), "set": set_one}, {
+        "bad_add": (lambda b: b.add({**batch(2), "a": np.zeros(2, np.float32)}), "batch['a']"),
+        "bad_sample": (lambda b: b.sample(None, 2), "key"),
+        "bad_set": (lambda b: b.set_priorities(jnp.array([0]), jnp.array([1.0]), jnp.array([0.5])), "generations"),
+    })
     buf.sample(jax.random.key(1), 4)  # still usable
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import jaxbuffers as jb
 from bad_inputs import (
-    SETTINGS, bad_keys, bad_static_ints, bad_unit_scalars, corrupt, huge_indices, non_arrays, refused,
+    SETTINGS, bad_keys, bad_static_ints, bad_unit_scalars, corrupt, huge_indices, in_order, non_arrays, refused,
     refused_eager_and_jit, snapshot, wrong_dtype, wrong_shape,
 )
 
@@ -45,7 +45,7 @@ def test_add_wrong_step(bad):
 @SETTINGS
 @given(
     name=FIELD,
-    bad=non_arrays() | wrong_shape((N,)).map(lambda s: np.zeros(s, np.float32)) | st.sampled_from(DT := [np.uint8, np.int32, np.float16, np.bool_, np.float32]),
+    bad=non_arrays() | wrong_shape((N,)).map(lambda s: np.zeros(s, np.float32)) | st.sampled_from([np.uint8, np.int32, np.float16, np.bool_, np.float32]),
 )
 def test_add_wrong_field(name, bad):
     f = fields()
@@ -126,17 +126,12 @@ def test_float64_honoured_with_x64():
 @SETTINGS
 @given(ops=st.lists(st.sampled_from(["add", "bad_add", "bad_gae", "gae", "reset"]), min_size=1, max_size=8))
 def test_refused_calls_in_any_order_change_nothing(ops):
-    buf = ref = jb.RolloutBuffer.create(EXAMPLE, num_envs=N, num_steps=T)
-    for n, op in enumerate(ops):
-        if op == "add":
-            buf, ref = (b.add(step(n), **fields(n)) for b in (buf, ref))
-        elif op == "gae":
-            buf, ref = (b.compute_gae(np.ones(N, np.float32), 0.9, 0.9) for b in (buf, ref))
-        elif op == "reset":
-            buf, ref = buf.reset(), ref.reset()
-        elif op == "bad_add":
-            refused(lambda: buf.add(step(), **{**fields(), "reward": np.zeros(N, np.float64)}), "reward", state=buf)
-        else:
-            refused(lambda: buf.compute_gae(np.ones(N, np.float32), 0.9, 2.0), "gae_lambda", state=buf)
-        assert snapshot(buf) == snapshot(ref)
+    valid = {
+        "add": lambda b, n: b.add(step(n), **fields(n)), "gae": lambda b, n: b.compute_gae(np.ones(N, np.float32), 0.9, 0.9),
+        "reset": lambda b, n: b.reset(),
+    }
+    buf = in_order(ops, jb.RolloutBuffer.create(EXAMPLE, num_envs=N, num_steps=T), valid, {
+        "bad_add": (lambda b: b.add(step(), **{**fields(), "reward": np.zeros(N, np.float64)}), "reward"),
+        "bad_gae": (lambda b: b.compute_gae(np.ones(N, np.float32), 0.9, 2.0), "gae_lambda"),
+    })
     buf.minibatches(jax.random.key(0), 2)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import jaxbuffers as jb
 from bad_inputs import (
-    SETTINGS, bad_keys, bad_static_ints, bad_unit_scalars, corrupt, huge_indices, non_arrays, refused,
+    SETTINGS, bad_keys, bad_static_ints, bad_unit_scalars, corrupt, huge_indices, in_order, non_arrays, refused,
     refused_eager_and_jit, snapshot, wrong_dtype, wrong_shape,
 )
 
@@ -156,17 +156,10 @@ def test_create_bad_arguments(size, example, key, alpha):
 @SETTINGS
 @given(ops=st.lists(st.sampled_from(["add", "bad_step", "bad_flags", "bad_final", "bad_set"]), min_size=1, max_size=8))
 def test_refused_calls_in_any_order_change_nothing(ops):
-    buf = ref = FILLED["prioritised"]
-    for n, op in enumerate(ops):
-        if op == "add":
-            buf, ref = (b.add(step(10 * n), terminated=FLAGS) for b in (buf, ref))
-        elif op == "bad_step":
-            refused(lambda: buf.add({**step(), "reward": np.zeros(E, np.int32)}, terminated=FLAGS), "step['reward']", state=buf)
-        elif op == "bad_flags":
-            refused(lambda: buf.add(step(), terminated=np.zeros(E, np.int32)), "terminated", state=buf)
-        elif op == "bad_final":
-            refused(lambda: buf.add(step(), terminated=FLAGS, truncated=FLAGS), "final_obs", state=buf)
-        else:
-            refused(lambda: buf.set_priorities(jnp.array([0]), jnp.array([1], jnp.int32), jnp.array([0])), "priorities", state=buf)
-        assert snapshot(buf) == snapshot(ref)
+    buf = in_order(ops, FILLED["prioritised"], {"add": lambda b, n: b.add(step(10 * n), terminated=FLAGS)}, {
+        "bad_step": (lambda b: b.add({**step(), "reward": np.zeros(E, np.int32)}, terminated=FLAGS), "step['reward']"),
+        "bad_flags": (lambda b: b.add(step(), terminated=np.zeros(E, np.int32)), "terminated"),
+        "bad_final": (lambda b: b.add(step(), terminated=FLAGS, truncated=FLAGS), "final_obs"),
+        "bad_set": (lambda b: b.set_priorities(jnp.array([0]), jnp.array([1], jnp.int32), jnp.array([0])), "priorities"),
+    })
     buf.sample_sequences(jax.random.key(0), 3)
