@@ -6,8 +6,9 @@ message naming the leaf path (e.g. `obs['pixels']`), the expected and the receiv
 cast: a float64 numpy batch for a float32 field is an error. Static sizes go through `static_int` (given by position
 to a `create` that takes them by keyword: `keyword_sizes`), flags `static_bool`, static floats `static_float`,
 traced hyperparameters `scalar_parameter`, index arguments `integer_indices` / `index_vector`, per-entry vectors
-`vector`. Wrong structure, kind or dtype raises `TypeError`; wrong shape or value `ValueError`; every message starts
-with the argument's name.
+`vector`, PRNG keys `key`, dtype arguments `storable_dtype`; what is not an array gets `not_array`'s error. Wrong
+structure, kind or dtype raises `TypeError`; wrong shape or value `ValueError`; every message starts with the
+argument's name. docs/guide.md, section 8, tabulates what each kind of argument accepts.
 """
 
 from __future__ import annotations
@@ -30,7 +31,32 @@ def leaf_name(path) -> str:
 
 
 def _is_array_like(x) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
+    """An array of JAX (a typed key array included) or numpy: a shape and a numpy or JAX dtype (a
+    torch tensor's dtype is neither)."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        return False
+    try:
+        np.dtype(x.dtype)
+    except TypeError:
+        return isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
+    return True
+
+
+def _is_array(x) -> bool:
+    """`_is_array_like` with values: not an abstract `jax.ShapeDtypeStruct` (allowed in examples only)."""
+    return _is_array_like(x) and not isinstance(x, jax.ShapeDtypeStruct)
+
+
+def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)") -> TypeError:
+    """The TypeError for `x` given where `want` (a JAX or numpy array) belongs, naming `name`; a
+    list or a torch tensor is told how to convert."""
+    if isinstance(x, (list, tuple)):
+        got, hint = f"a {type(x).__name__} of {len(x)}", "; pass an array with an explicit dtype, e.g. np.asarray(x, np.float32)"
+    else:
+        got, hint = f"{type(x).__name__} {x!r:.60}", ""
+    if type(x).__module__.startswith("torch"):
+        hint = "; convert it with jaxbuffers.interop.torch.from_torch"
+    return TypeError(f"{name}: expected {want}, got {got}{hint}")
 
 
 def item_spec(example: Any, what: str = "example_item") -> Any:
@@ -50,17 +76,21 @@ def item_spec(example: Any, what: str = "example_item") -> Any:
     specs = []
     for path, leaf in leaves:
         name = f"{what}{leaf_name(path) if path else ''}"
-        if not _is_array_like(leaf):
+        if isinstance(leaf, (bool, int, float, complex)) and not isinstance(leaf, np.generic):
             raise TypeError(
                 f"{name}: expected an array or jax.ShapeDtypeStruct (its dtype is stored exactly), "
                 f"got {type(leaf).__name__} {leaf!r}; wrap it, e.g. jnp.float32({leaf!r})"
             )
+        if not _is_array_like(leaf):
+            raise not_array(name, leaf, "an array (JAX or numpy) or a jax.ShapeDtypeStruct")
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             raise TypeError(
                 f"{name}: expected a numeric array, got a PRNG key array ({leaf.dtype}); store its raw "
                 f"bits, jax.random.key_data(key), and rebuild it with jax.random.wrap_key_data"
             )
         dtype = np.dtype(leaf.dtype)
+        if not (dtype == np.bool_ or jnp.issubdtype(dtype, jnp.number)):
+            raise TypeError(f"{name}: expected a numeric or bool dtype, got {dtype}")
         canonical = jax.dtypes.canonicalize_dtype(dtype)
         if canonical != dtype:
             raise TypeError(
@@ -118,8 +148,8 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
     lead_from = ""
     for path, s, leaf in zip(paths, spec_leaves, batch_leaves):
         name = f"{what}{leaf_name(path) if path else ''}"
-        if not _is_array_like(leaf):
-            raise TypeError(f"{name}: expected an array, got {type(leaf).__name__}")
+        if not _is_array(leaf):
+            raise not_array(name, leaf)
         shape = tuple(leaf.shape)
         expected_tail = tuple(s.shape)
         if len(shape) != batch_ndim + len(expected_tail) or shape[batch_ndim:] != expected_tail:
@@ -128,9 +158,9 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
                 f"{name}: expected shape [{lead_desc}, *{list(expected_tail)}] "
                 f"(per-item shape {expected_tail} after {batch_ndim} leading axes), got {shape}"
             )
-        if np.dtype(leaf.dtype) != np.dtype(s.dtype):
+        if leaf.dtype != s.dtype:
             raise TypeError(
-                f"{name}: expected dtype {np.dtype(s.dtype)}, got {np.dtype(leaf.dtype)} "
+                f"{name}: expected dtype {np.dtype(s.dtype)}, got {leaf.dtype} "
                 f"(nothing is cast implicitly; convert it explicitly if that is what you want)"
             )
         if lead is None:
@@ -249,26 +279,29 @@ def as_array(x: Any) -> Any:
     return np.asarray(x)
 
 
-def index_array(x: Any, name: str = "indices") -> Any:
-    """`as_array` for index arguments: Python ints beyond 64 bits are clipped to int64, so an
-    index out of range stays out of range once `int32_indices` saturates it (not for generations,
-    compared modulo `2**32`). Array-likes numpy can read (a CPU torch tensor) are accepted.
+def index_array(x: Any, name: str = "indices", want: str = "an integer array (int32)", clip: bool = True) -> Any:
+    """`as_array` for the small per-entry vectors (indices, priorities, generations): with `clip`,
+    Python ints beyond 64 bits are clipped to int64, so an index out of range stays out of range
+    once `int32_indices` saturates it (not for generations, compared modulo `2**32`: `vector`). Lists
+    of numbers and array-likes numpy can read (a CPU torch tensor) are accepted; `want` names what
+    is expected.
 
     Raises:
       TypeError: naming `name`, for what is not an array of numbers (`None`, a string, a dict,
-        ragged or mixed lists, a `jax.ShapeDtypeStruct`), before a shape check sees a 0-d array.
+        ragged or mixed lists, a `jax.ShapeDtypeStruct`, a torch tensor numpy cannot read), before a
+        shape check sees a 0-d array.
     """
     def refuse(why: str = "") -> TypeError:
-        return TypeError(f"{name}: expected an integer array (int32), got {type(x).__name__} {x!r:.60}{why}")
+        return TypeError(f"{name}: expected {want}, got {type(x).__name__} {x!r:.60}{why}")
 
     # Array-likes of other libraries (a torch tensor, a pandas Series) are read through numpy; an
     # abstract jax.ShapeDtypeStruct becomes a 0-d object array there, refused below.
     other = hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (np.ndarray, np.generic, jax.Array))
     try:
         out = np.asarray(x) if other else as_array(x)
-    except (TypeError, ValueError, OverflowError) as e:  # dicts, ragged lists, None / str / huge ints next to JAX arrays
+    except Exception as e:  # dicts, ragged lists, None / str / huge ints next to JAX arrays, a CUDA or grad tensor
         raise refuse(f" ({type(e).__name__}: {str(e).splitlines()[0][:80]})") from None
-    if isinstance(out, np.ndarray) and out.dtype == object and out.size and all(_is_python_int(v) for v in out.flat):
+    if clip and isinstance(out, np.ndarray) and out.dtype == object and out.size and all(_is_python_int(v) for v in out.flat):
         out = np.array([min(max(int(v), _INT64.min), _INT64.max) for v in out.flat], np.int64).reshape(out.shape)
     if isinstance(out, np.ndarray) and out.dtype.kind not in "biufc":
         raise refuse()
@@ -320,25 +353,23 @@ def static_float(name: str, value, lo: float, hi: float) -> float:
     return value
 
 
-def vector(name: str, x, b: int, kind: str) -> jax.Array:
-    """`x` (an array or a list) as a `[b]` array of the given kind (`'floating'` or `'integer'`),
-    checked at trace time; its dtype is kept.
+_KINDS = {"floating": jnp.floating, "integer": jnp.integer, "bool": jnp.bool_}
+
+
+def vector(name: str, x, b: int | None, kind: str) -> jax.Array:
+    """`x` (an array, a list, a CPU torch tensor: `index_array`) as a `[b]` array (`b` None: any
+    1-D) of the given kind (`'floating'`, `'integer'` or `'bool'`), checked at trace time; its
+    dtype is kept (priorities of any floating dtype become float32 leaves where they are stored).
 
     Raises:
-      TypeError: not an array, or the wrong dtype kind; ValueError: not of shape `(b,)`.
+      TypeError: not an array of numbers, or the wrong dtype kind; ValueError: not of shape `(b,)`.
     """
-    if x is not None and not isinstance(x, str):
-        try:
-            x = as_array(x)
-        except (TypeError, ValueError):
-            pass
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise TypeError(f"{name}: expected an array of shape [{b}], got {type(x).__name__}")
-    if tuple(x.shape) != (b,):
-        raise ValueError(f"{name}: expected shape ({b},), got {tuple(x.shape)}")
-    want = jnp.floating if kind == "floating" else jnp.integer
-    if not jnp.issubdtype(x.dtype, want):
-        raise TypeError(f"{name}: expected a{'n' if kind == 'integer' else ''} {kind} dtype, got {x.dtype}")
+    article = "an" if kind == "integer" else "a"
+    x = index_array(x, name, f"{article} {kind} array of shape [{'B' if b is None else b}]", clip=False)
+    if x.ndim != 1 or (b is not None and x.shape[0] != b):
+        raise ValueError(f"{name}: expected shape ({'B' if b is None else b},), got {tuple(x.shape)}")
+    if not jnp.issubdtype(x.dtype, _KINDS[kind]) or (kind == "integer" and x.dtype == np.bool_):
+        raise TypeError(f"{name}: expected {article} {kind} dtype, got {x.dtype}")
     return jnp.asarray(x)
 
 
@@ -382,23 +413,75 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
       TypeError: not an array (``None``, a Python scalar, a list), a numpy dtype that JAX would narrow (float64 with
         ``jax_enable_x64`` off), or the wrong dtype. ValueError: the wrong shape. Messages start with ``name``.
     """
-    if not _is_array_like(x):
-        raise TypeError(f"{name}: expected an array{'' if shape is None else f' of shape {shape}'}, got {type(x).__name__}")
+    if not _is_array(x):
+        raise not_array(name, x, "an array (JAX or numpy)" + ("" if shape is None else f" of shape {shape}"))
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        raise TypeError(f"{name}: expected a numeric array, got a PRNG key array ({x.dtype})")
     got = np.dtype(x.dtype)
     if shape is not None and tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
-    if dtype == "floating" and not jnp.issubdtype(got, jnp.floating):
+    floating = isinstance(dtype, str) and dtype == "floating"  # (a float64 dtype compares equal to "floating")
+    if floating and not jnp.issubdtype(got, jnp.floating):
         raise TypeError(f"{name}: expected a floating dtype, got {got}")
-    if dtype not in (None, "floating") and got != np.dtype(dtype):
+    if dtype is not None and not floating and got != np.dtype(dtype):
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got} (nothing is cast implicitly)")
     if jax.dtypes.canonicalize_dtype(got) != got:
         raise TypeError(f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (x64 is off); convert it")
     return x
 
 
+@functools.lru_cache(maxsize=None)
+def _raw_key_shape(impl: str) -> tuple[int, ...]:
+    return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape)
+
+
+def key(name: str, k: Any) -> Any:
+    """`k` itself once checked to be one PRNG key: a typed key array of shape `()`
+    (`jax.random.key(seed)`) or a raw `uint32` key (`jax.random.PRNGKey(seed)`, shape `(2,)` for the
+    default threefry implementation), concrete or traced.
+
+    Raises:
+      TypeError: naming `name`: not a key (`None`, an int, a float or other array, a string, a
+        list), or a batch of keys (split keys are used one per call: `vmap` over them).
+    """
+    raw = _raw_key_shape(str(jax.config.jax_default_prng_impl))
+    want = f"one PRNG key: jax.random.key(seed) (shape ()) or jax.random.PRNGKey(seed) (uint32{list(raw)})"
+    if not _is_array(k):
+        raise TypeError(f"{name}: expected {want}, got {type(k).__name__} {k!r:.60}")
+    shape, dtype = tuple(k.shape), k.dtype
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if shape != ():
+            raise TypeError(f"{name}: expected {want}, got a batch of keys of shape {shape}; use one, or vmap over them")
+    elif np.dtype(dtype) != np.uint32 or shape != raw:
+        batch = " (a batch of raw keys: use one, or vmap over them)" if np.dtype(dtype) == np.uint32 and shape[-1:] == raw[-1:] else ""
+        raise TypeError(f"{name}: expected {want}, got {np.dtype(dtype)}{list(shape)}{batch}")
+    return k
+
+
+def storable_dtype(name: str, value: Any, kind: str = "floating") -> np.dtype:
+    """`value` (a dtype or a name numpy reads: `jnp.float32`, `"bfloat16"`) as a numpy dtype of the
+    given kind (`'floating'`) that JAX stores as it is.
+
+    Raises:
+      TypeError: naming `name`: `None`, a torch dtype or other value numpy does not read, another
+        kind, or a 64-bit dtype while `jax_enable_x64` is off (JAX would store 32 bits).
+    """
+    try:
+        d = None if value is None else np.dtype(value)
+    except TypeError:
+        d = None
+    if d is None:
+        raise TypeError(f"{name}: expected a {kind} dtype (e.g. jnp.float32), got {type(value).__name__} {value!r:.60}")
+    if not jnp.issubdtype(d, _KINDS[kind]):
+        raise TypeError(f"{name}: expected a {kind} dtype, got {d}")
+    if jax.dtypes.canonicalize_dtype(d) != d:
+        raise TypeError(f"{name}: {d} needs jax_enable_x64 (without it JAX stores {jax.dtypes.canonicalize_dtype(d)}); enable x64 or pass a 32-bit dtype")
+    return d
+
+
 def choice(name: str, value: Any, options: tuple) -> Any:
     """A static option: ``value`` if it is one of ``options``, else ValueError naming ``name``."""
-    if value not in options:
+    if not any(isinstance(value, type(o)) and value == o for o in options):
         raise ValueError(f"{name}: expected one of {options}, got {value!r}")
     return value
 
@@ -410,6 +493,9 @@ def trajectory_example(example_step, num_envs, length, obs_key: str, action_key:
     positions `lane * length + slot` fit int32, and an example step dict with an observation of at
     least one leaf, an action and a floating scalar reward."""
     num_envs, length = static_int("num_envs", num_envs), static_int("length", length)
+    for arg, key in (("obs_key", obs_key), ("action_key", action_key), ("reward_key", reward_key)):
+        if not isinstance(key, str):
+            raise TypeError(f"{arg}: expected a str, the name of a field of example_step, got {type(key).__name__} {key!r}")
     if num_envs * length > 2**31 - 1:
         raise ValueError(
             f"num_envs * length: expected at most 2**31 - 1 steps in all (positions are int32 lane * length + slot), "
@@ -437,13 +523,23 @@ def trajectory_example(example_step, num_envs, length, obs_key: str, action_key:
 
 def _flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
     """A bool episode-flag array of shape `lead` (trace time)."""
-    if not hasattr(flag, "shape") or not hasattr(flag, "dtype"):
-        raise TypeError(f"{name}: expected a bool array of shape {list(lead)}, got {type(flag).__name__}")
+    if not _is_array(flag):
+        raise not_array(name, flag, f"a bool array of shape {list(lead)}")
     if tuple(flag.shape) != tuple(lead):
         raise ValueError(f"{name}: expected shape {list(lead)} (one flag per env and step), got {list(flag.shape)}")
-    if np.dtype(flag.dtype) != np.dtype(bool):
-        raise TypeError(f"{name}: expected dtype bool, got {np.dtype(flag.dtype)} (convert with .astype(bool))")
+    if flag.dtype != np.dtype(bool):
+        raise TypeError(f"{name}: expected dtype bool, got {flag.dtype} (convert with .astype(bool))")
     return jnp.asarray(flag)
+
+
+def _leaf_at(tree, path):
+    """The subtree of `tree` at a key path, or None where it has none."""
+    for k in path:
+        try:
+            tree = tree[k.key if hasattr(k, "key") else k.idx if hasattr(k, "idx") else k.name]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return tree
 
 
 def final_obs_not_step(obs_spec, obs_key: str, final_obs) -> None:
@@ -475,9 +571,12 @@ def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, termina
     if not isinstance(step, Mapping):
         raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
     step = dict(step)
-    # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the first leaf's rank.
-    leaves, spec0 = jax.tree.leaves(step), jax.tree.leaves(spec)[0]
-    nd = 2 if leaves and getattr(leaves[0], "ndim", -1) == len(spec0.shape) + 2 else 1
+    # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the rank of most leaves (a tie by that of
+    # `terminated`), so that the error names the argument of the wrong rank.
+    specs = jax.tree_util.tree_flatten_with_path(spec)[0]
+    extra = [getattr(_leaf_at(step, p), "ndim", -1) - len(s.shape) for p, s in specs]
+    one, two = extra.count(1), extra.count(2)
+    nd = 2 if two > one or (two == one and getattr(terminated, "ndim", 1) == 2) else 1
     lead = check_batch(spec, step, nd, "step", ("num_envs", "t"))
     if lead[0] != num_envs:
         raise ValueError(f"step: expected leading axis num_envs={num_envs}, got {lead[0]}")

@@ -132,10 +132,12 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         """Bytes held: item storage, the tree and the scalars (Python int)."""
         return _validate.tree_nbytes(self)
 
+    @_compiled.method()
     def size(self) -> jax.Array:
         """The number of items stored (int32 scalar, at most `capacity`)."""
         return self.replay.size()
 
+    @_compiled.method()
     def is_full(self) -> jax.Array:
         """Whether every slot holds an item (bool scalar)."""
         return self.replay.is_full()
@@ -152,15 +154,16 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
 
     @_compiled.method()
     def generations_at(self, indices) -> jax.Array:
-        """Generation of slots `indices` (int, any shape, in `[0, capacity)`): int32, same shape.
+        """Generation of slots `indices` (int, any shape): int32, same shape.
 
         `_ring.last_item_number` (module doc); only meaningful for slots in `[0, size())`. A slot
-        never written reads `slot - capacity` (negative); updates for it are ignored.
+        never written reads `slot - capacity` (negative); updates for it are ignored. Indices
+        outside `[0, capacity)` are clamped into it, as in `get`.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
         """
-        indices = _validate.integer_indices("indices", indices)
+        indices = jnp.clip(_validate.integer_indices("indices", indices), 0, self.capacity - 1)
         return _ring.last_item_number(self.replay.added, self.replay.head, indices, self.capacity)
 
     @property

@@ -158,10 +158,11 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
         """Generation of flat positions `indices` (int, any shape; TypeError for other dtypes): int32.
 
         The number (modulo `2**32`) of the step last written to the position's slot: it changes
-        exactly when the slot is overwritten (`jaxbuffers._ring.last_item_number`).
+        exactly when the slot is overwritten (`jaxbuffers._ring.last_item_number`). Indices outside
+        `[0, num_envs * length)` are clamped into it, as in `sequences_at`.
         """
         b = self.buffer
-        slots = jnp.mod(_validate.integer_indices("indices", indices), b.length)
+        slots = jnp.mod(jnp.clip(_validate.integer_indices("indices", indices), 0, b.num_envs * b.length - 1), b.length)
         return _ring.last_item_number(b.added, b.head, slots, b.length)
 
     @_compiled.method()

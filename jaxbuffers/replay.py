@@ -104,10 +104,12 @@ class ReplayBuffer(struct.PyTreeNode):
         """Bytes of the item storage (capacity x item bytes, summed over leaves), a Python int."""
         return _validate.tree_nbytes(self.storage)
 
+    @_compiled.method()
     def size(self) -> jax.Array:
         """The number of items stored (int32 scalar, at most `capacity`)."""
         return self.num_valid
 
+    @_compiled.method()
     def is_full(self) -> jax.Array:
         """Whether every slot holds an item (bool scalar)."""
         return self.num_valid >= self.capacity
@@ -166,7 +168,7 @@ class ReplayBuffer(struct.PyTreeNode):
           ValueError: `batch_size` not an int >= 1.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
-        indices = _ring.sample_windows(key, (batch_size,), self.head, self.num_valid, self.capacity)
+        indices = _ring.sample_windows(_validate.key("key", key), (batch_size,), self.head, self.num_valid, self.capacity)
         return ReplaySample(item=self.get(indices), indices=indices)
 
     @_compiled.method()

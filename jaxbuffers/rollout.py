@@ -187,11 +187,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         """
         num_envs = _validate.static_int("num_envs", num_envs)
         num_steps = _validate.static_int("num_steps", num_steps)
-        float_dtype = np.dtype(float_dtype)
-        if not jnp.issubdtype(float_dtype, jnp.floating):
-            raise TypeError(f"float_dtype: expected a floating dtype, got {float_dtype}")
-        if jax.dtypes.canonicalize_dtype(float_dtype) != float_dtype:
-            raise TypeError(f"float_dtype: {float_dtype} needs jax_enable_x64 (without it JAX stores float32)")
+        float_dtype = _validate.storable_dtype("float_dtype", float_dtype)
         spec = _validate.item_spec(example_step, "example_step")
         shape = (num_steps, num_envs)
         # Distinct arrays per field (never one shared zeros array): donation needs unaliased buffers.
@@ -361,7 +357,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         """
         m = self._check_num_minibatches(num_minibatches)
         total = self.num_steps * self.num_envs
-        return jax.random.permutation(key, total).astype(jnp.int32).reshape(m, total // m)
+        return jax.random.permutation(_validate.key("key", key), total).astype(jnp.int32).reshape(m, total // m)
 
     @_compiled.method()
     def gather(self, indices: jax.Array) -> RolloutMinibatch:

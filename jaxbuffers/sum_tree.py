@@ -156,8 +156,7 @@ class SumMinTree(flax.struct.PyTreeNode):
           ValueError: capacity not an int in `[1, 2**30]`. TypeError: dtype not floating.
         """
         capacity = _validate.static_int("capacity", capacity, maximum=2**30)
-        if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
-            raise TypeError(f"dtype: expected a floating dtype, got {jnp.dtype(dtype)}")
+        dtype = _validate.storable_dtype("dtype", dtype)
         identity = jnp.array([0.0, jnp.inf], dtype)
         depth = (capacity - 1).bit_length()
         return cls(levels=tuple(jnp.tile(identity, (1 << l, 1)) for l in range(depth + 1)), capacity=capacity)
@@ -198,13 +197,13 @@ class SumMinTree(flax.struct.PyTreeNode):
     def get(self, indices) -> jax.Array:
         """Leaf values at `indices` (int[B]): dtype[B].
 
-        Indices outside `[0, P)` are clamped into it; callers pass valid ids.
+        Indices outside `[0, capacity)` are clamped into it (as every buffer's reads).
 
         Raises:
           TypeError / ValueError: `indices` not a 1-D integer array.
         """
         i = _validate.index_vector("indices", indices)
-        return self.levels[-1][jnp.clip(i, 0, self.padded_capacity - 1), 0]
+        return self.levels[-1][jnp.clip(i, 0, self.capacity - 1), 0]
 
     @_compiled.method()
     def set(self, indices, values, where=None) -> "SumMinTree":
@@ -213,8 +212,9 @@ class SumMinTree(flax.struct.PyTreeNode):
         Args:
           indices: int[B] leaf ids. Entries outside `[0, capacity)` are ignored.
           values: floating [B], converted to the tree's dtype. A NaN value is not written (the entry is ignored, as
-            if `where` were False), so NaN never enters the tree. The others must be finite and `>= 0`: the tree
-            does not sanitise them (the prioritised buffers apply their own documented policy first).
+            if `where` were False), so NaN never enters the tree; a negative value (`-inf` included) is written as 0
+            (an empty leaf) and `+inf` as the dtype's largest finite value, so every leaf stays finite and `>= 0`
+            (the prioritised buffers apply their own priority policy first).
           where: optional bool[B]; entries with `False` are ignored.
 
         Returns:
@@ -222,17 +222,15 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Raises (at trace time):
           TypeError / ValueError: indices not 1-D integer, values not floating of the indices'
-          shape, `where` not bool[B].
+          shape, `where` not bool[B] (each a list, a numpy or JAX array, or a CPU torch tensor).
         """
         indices = _validate.index_vector("indices", indices)
         (b,) = indices.shape
         values = _validate.vector("values", values, b, "floating").astype(self.dtype)
         active = (indices >= 0) & (indices < self.capacity) & ~jnp.isnan(values)
         if where is not None:
-            where = _validate.as_array(where)
-            if tuple(where.shape) != (b,) or where.dtype != jnp.bool_:
-                raise ValueError(f"where: expected bool[{b}], got {where.dtype}{list(where.shape)}")
-            active = active & jnp.asarray(where)
+            active = active & _validate.vector("where", where, b, "bool")
+        values = jnp.clip(values, 0, jnp.finfo(self.dtype).max)  # the documented policy: see the docstring
         keep = last_write_mask(indices, active)
         levels = list(self.levels)
         levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(_rows(values), mode="drop")
@@ -261,10 +259,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         Raises:
           ValueError / TypeError: queries not a 1-D floating array.
         """
-        queries = _validate.as_array(queries)
-        if queries.ndim != 1:
-            raise ValueError(f"queries: expected a 1-D array [Q], got shape {queries.shape}")
-        queries = _validate.vector("queries", queries, queries.shape[0], "floating")
+        queries = _validate.vector("queries", queries, None, "floating")
         return _descend(self.levels, self._clamp(queries.astype(self.query_dtype)))
 
     def _clamp(self, q: jax.Array) -> jax.Array:
@@ -298,7 +293,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         qdt = self.query_dtype
-        u, u2 = jax.random.uniform(key, (2, batch_size), jnp.float32).astype(qdt)
+        u, u2 = jax.random.uniform(_validate.key("key", key), (2, batch_size), jnp.float32).astype(qdt)
         # A product with 1/B, not a division: XLA rewrites a division by a constant into this
         # product under jit only, which would make eager and jitted draws differ in a last bit.
         width = self.total().astype(qdt) * jnp.asarray(1.0 / batch_size, qdt)

@@ -201,7 +201,7 @@ class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
           reward_key: name of the reward field.
 
         Raises:
-          TypeError: `example_step` is not a dict, a leaf is not an array.
+          TypeError: `example_step` is not a dict, a leaf is not an array, a field name is not a str.
           ValueError: a size is not a positive int, `num_envs * length` above `2**31 - 1`
             (positions are int32 `lane * length + slot`), a required field missing, the
             observation without leaves, the reward not a floating scalar.
@@ -322,7 +322,7 @@ class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
     def _uniform_positions(self, key, batch_size: int, window: int, period: int):
         """Uniform (lane, physical start) over valid windows: one draw over `num_envs * windows`."""
         per_lane = jnp.maximum(_ring.num_windows(self.num_valid, window, period), 1)
-        flat = jax.random.randint(key, (batch_size,), 0, per_lane * self.num_envs, jnp.int32)
+        flat = jax.random.randint(_validate.key("key", key), (batch_size,), 0, per_lane * self.num_envs, jnp.int32)
         starts = _ring.window_starts(flat % per_lane, self.head, self.num_valid, self.length, period)
         return flat // per_lane, starts
 
@@ -345,7 +345,7 @@ class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
     def _episode_positions(self, key, batch_size: int, window: int, period: int):
         """Exact uniform draw over windows inside one episode: cumulative counts + searchsorted."""
         counts = self._episode_window_counts(window, period)
-        r = jax.random.randint(key, (batch_size,), 0, jnp.maximum(counts[-1], 1), jnp.int32)
+        r = jax.random.randint(_validate.key("key", key), (batch_size,), 0, jnp.maximum(counts[-1], 1), jnp.int32)
         pos = jnp.minimum(jnp.searchsorted(counts, r, side="right").astype(jnp.int32), counts.shape[0] - 1)
         w = self.length - window + 1
         return pos // w, _ring.logical_to_physical(pos % w, self.head, self.num_valid, self.length)

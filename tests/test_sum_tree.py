@@ -425,7 +425,7 @@ def test_sum_min_tree_stratified_and_errors():
         tree.set(jnp.array([0, 1]), jnp.array([1.0, 2.0, 3.0]))
     with pytest.raises(TypeError, match="values: expected a floating"):
         tree.set(jnp.array([0, 1]), jnp.array([1, 2]))
-    with pytest.raises(ValueError, match="where"):
+    with pytest.raises(TypeError, match="where: expected a bool dtype"):
         tree.set(jnp.array([0, 1]), jnp.array([1.0, 2.0]), where=jnp.array([1, 0]))
     with pytest.raises(ValueError, match="batch_size"):
         tree.sample_stratified(jax.random.key(0), 0)
@@ -460,7 +460,7 @@ def test_trace_time_errors():
         tree.set(jnp.array([0, 1]), jnp.array([1, 2]))
     with pytest.raises(ValueError, match="indices: expected a 1-D"):
         tree.set(jnp.zeros((2, 2), jnp.int32), jnp.zeros((2, 2)))
-    with pytest.raises(ValueError, match="where"):
+    with pytest.raises(TypeError, match="where: expected a bool dtype"):
         tree.set(jnp.array([0, 1]), jnp.array([1.0, 2.0]), where=jnp.array([1, 0]))
     with pytest.raises(ValueError, match="queries"):
         tree.find(jnp.zeros((2, 2)))

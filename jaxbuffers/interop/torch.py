@@ -37,7 +37,7 @@ tensor from `to_torch` is alive, donating its source array to a jitted function 
 in-place update is lost): drop the tensor first or use `copy=True`.
 
 Errors: `TypeError` (unsupported leaf or dtype, a 64-bit tensor with x64 off, a traced value inside
-`jit`); `ValueError` (a deleted or donated JAX array, an array sharded over several devices);
+`jit`, a `copy` that is not a bool); `ValueError` (a deleted or donated JAX array, an array sharded over several devices);
 device errors (`device="cuda"` without CUDA) are torch's own.
 """
 
@@ -54,6 +54,7 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError("jaxbuffers.interop.torch needs PyTorch; install it with `pip install 'jaxbuffers[torch]'`") from err
 
+from jaxbuffers import _validate
 from jaxbuffers._validate import leaf_name
 
 __all__ = ["SUPPORTED_DTYPES", "from_torch", "to_torch"]
@@ -156,6 +157,7 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
         or a traced value (called inside ``jit``); the message names the leaf path.
       ValueError: a deleted/donated JAX array, or one sharded over several devices.
     """
+    copy = _validate.static_bool("copy", copy)
     dev = None if device is None else torch.device(device)
 
     def convert(path, leaf):
@@ -242,6 +244,7 @@ def from_torch(tree: Any, *, copy: bool = False) -> Any:
         (int64, uint64, float64, complex128) while ``jax_enable_x64`` is off: it is never narrowed
         silently; cast it or enable x64. The message names the leaf path.
     """
+    copy = _validate.static_bool("copy", copy)
 
     def convert(path, leaf):
         if isinstance(leaf, torch.Tensor):

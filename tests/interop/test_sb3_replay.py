@@ -272,7 +272,7 @@ def test_add_refuses_what_sb3_refuses_and_silent_casts():
         jb.add(obs.T, nxt, act, rew, done, infos)  # the right size in another layout (SB3: cannot broadcast)
     with pytest.raises(ValueError, match="done: expected booleans"):
         jb.add(obs, nxt, act, rew, np.array([0.5, 0.0]), infos)
-    with pytest.raises(ValueError, match="obs: cannot convert"):
+    with pytest.raises(TypeError, match="obs: expected an array of numbers"):
         jb.add(np.full((2, 3), "a"), nxt, act, rew, done, infos)
     jb.add(obs, nxt, act.reshape(-1), rew, done, infos)  # actions are reshaped, as SB3 does
     jb.add(obs[None], nxt, act, rew, done, infos)  # a leading unit axis, as numpy assignment drops it

@@ -108,6 +108,37 @@ def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> A
     return {k: fn(sub, *(t[k] for t in trees), f"{what}[{k!r}]") for k, sub in space.spaces.items()}
 
 
+def numbers(x: Any, what: str) -> np.ndarray:
+    """``x`` (an array, a list, a torch tensor) as a numpy array of bools or numbers, or ``TypeError`` naming ``what``
+    (``None``, strings and objects are not cast: numpy would read ``None`` as NaN)."""
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().cpu().numpy()
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what}: expected an array of numbers, got {type(x).__name__} ({e})") from None
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{what}: expected an array of numbers, got {type(x).__name__} of dtype {arr.dtype}")
+    return arr
+
+
+def indices(x: Any, what: str, hi: int) -> np.ndarray:
+    """``x`` as integer indices in ``[0, hi)`` (SB3's flat or row indices), a 1-d numpy array.
+
+    Raises:
+      TypeError: not an array of numbers. IndexError: not of an integer dtype or a value outside ``[0, hi)`` (as
+        numpy indexing). ValueError: not 1-d.
+    """
+    idx = numbers(x, what)
+    if idx.ndim != 1:
+        raise ValueError(f"{what}: expected a 1-d array of indices, got shape {idx.shape}")
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise IndexError(f"{what}: expected integer indices (as numpy indexing), got dtype {idx.dtype}")
+    if idx.size and (idx.min() < 0 or idx.max() >= hi):
+        raise IndexError(f"{what}: values must lie in [0, {hi}), got range [{idx.min()}, {idx.max()}]")
+    return idx
+
+
 def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bool = False, exact: bool = False) -> np.ndarray:
     """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's numpy assignment accepts it.
 
@@ -119,11 +150,10 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
     Raises:
       ValueError: the wrong number of values, a layout assignment would refuse, a bool field given
         other values, or values numpy cannot convert (naming the field).
-      TypeError: with ``exact``, a value the stored dtype does not hold.
+      TypeError: not numbers (``None``, a string, an object array), or, with ``exact``, a value
+        the stored dtype does not hold.
     """
-    if hasattr(x, "detach"):  # a torch tensor
-        x = x.detach().cpu().numpy()
-    arr = np.asarray(x)
+    arr = numbers(x, what)
     if arr.shape == shape:
         pass
     elif arr.size != math.prod(shape):
@@ -178,6 +208,12 @@ class Rows:
     def to_sb3_obs(self, obs: Any) -> Any:
         """Host copies of stored observations in SB3's dtypes."""
         return jax.tree.map(lambda x, d: np.asarray(x).astype(d, copy=False), obs, self.obs_dtypes)
+
+
+def check_type(name: str, x: Any, cls: type) -> None:
+    """``TypeError`` naming ``name`` unless ``x`` is a ``cls``."""
+    if not isinstance(x, cls):
+        raise TypeError(f"{name}: expected a {cls.__module__.split('.')[0]} {cls.__name__}, got {type(x).__name__}")
 
 
 def check_space_kind(adapter: Any, dict_class: type, observation_space: spaces.Space) -> None:

@@ -28,6 +28,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import DictReplayBuffer, DictRolloutBuffer, ReplayBuffer, RolloutBuffer
 
+from jaxbuffers import _validate
 from jaxbuffers import replay as _replay
 from jaxbuffers import rollout as _rollout
 from jaxbuffers.interop.sb3 import _common
@@ -75,8 +76,9 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     Raises:
       ValueError: a ``timeouts`` flag set where ``dones`` is not (SB3's VecEnvs never produce it),
         or flags other than 0/1.
-      TypeError: float64 observations, or 64-bit integers outside int32.
+      TypeError: `buffer` not an SB3 replay buffer, float64 observations, or 64-bit integers outside int32.
     """
+    _common.check_type("buffer", buffer, ReplayBuffer)
     rows, n = buffer.buffer_size, buffer.n_envs
     total = rows * n
     flat = lambda a: a.reshape(total, *a.shape[2:])  # noqa: E731
@@ -119,8 +121,11 @@ def replay_from_jax(buffer: _replay.ReplayBuffer, observation_space: spaces.Spac
     Raises:
       ValueError: missing or extra fields or keys, an item shape the spaces do not give (both
         named), flags other than 0/1, or sizes not divisible by ``n_envs``.
-      TypeError: a value SB3's dtype for the field does not hold exactly (0.5 for uint8 pixels).
+      TypeError: `buffer` not a `jaxbuffers.ReplayBuffer`, or a value SB3's dtype for the field does not hold
+        exactly (0.5 for uint8 pixels).
     """
+    _common.check_type("buffer", buffer, _replay.ReplayBuffer)
+    n_envs = _validate.static_int("n_envs", n_envs)
     storage = buffer.storage
     want = {"obs", "action", "reward", "next_obs", "terminated", "truncated"}
     if not isinstance(storage, dict) or set(storage) != want:
@@ -196,9 +201,10 @@ def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) 
     Raises:
       ValueError: flags other than 0/1, ``last_dones`` of the wrong size, or an array of neither
         shape above (named, with both shapes).
-      TypeError: float64 observations, 64-bit integers outside int32, or float64 actions that
+      TypeError: `buffer` not an SB3 rollout buffer, float64 observations, 64-bit integers outside int32, or float64 actions that
         float32 does not hold exactly.
     """
+    _common.check_type("buffer", buffer, RolloutBuffer)
     t, n = buffer.buffer_size, buffer.n_envs
     get = lambda name, item=(): _sb3_layout(buffer, name, item)  # noqa: E731
     act = get("actions", (buffer.action_dim,))
@@ -237,8 +243,9 @@ def rollout_from_jax(buffer: _rollout.RolloutBuffer, observation_space: spaces.S
     Raises:
       ValueError: the step lacks ``obs``, ``action`` or ``log_prob``; a filled step is not
         ``trainable``; an item shape the spaces do not give (both named); flags other than 0/1.
-      TypeError: a value SB3's dtype for the field does not hold exactly.
+      TypeError: `buffer` not a `jaxbuffers.RolloutBuffer`, or a value SB3's dtype for the field does not hold exactly.
     """
+    _common.check_type("buffer", buffer, _rollout.RolloutBuffer)
     step = buffer.step
     if not isinstance(step, dict) or not {"obs", "action", "log_prob"} <= set(step):
         got = sorted(step) if isinstance(step, dict) else type(step).__name__

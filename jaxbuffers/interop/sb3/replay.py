@@ -40,6 +40,7 @@ trajectory) costs a copy of the field.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
@@ -110,8 +111,16 @@ class FieldView:
         return np.array(self._read()).astype(self._dtype if dtype is None else dtype, copy=False)
 
     def __setitem__(self, key, value) -> None:
+        """Write ``value`` at ``key`` as SB3's numpy assignment would, but nothing is cast silently where the stored
+        dtype is narrower than SB3's: flags take 0 / 1 (``ValueError`` otherwise), a narrower field takes the values
+        it holds exactly (``TypeError`` otherwise), and non-numbers raise ``TypeError``; the message names the field."""
         arr = np.array(self._read())
-        arr[key] = np.asarray(value)
+        v = _common.numbers(value, self._name)
+        if arr.dtype == np.bool_:
+            v = _common.flags(v, self._name)
+        elif arr.dtype != self._dtype:
+            v = _common.exact_cast(v, arr.dtype, self._name)
+        arr[key] = v
         self._write(jnp.asarray(arr))
 
     def __repr__(self) -> str:
@@ -157,8 +166,9 @@ class _JaxReplayImpl:
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
                  n_envs: int = 1, optimize_memory_usage: bool = False, handle_timeout_termination: bool = True, compress: bool | dict = False):
+        buffer_size, n_envs = _validate.static_int("buffer_size", buffer_size), _validate.static_int("n_envs", n_envs)
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
-        self.buffer_size = max(int(buffer_size) // int(n_envs), 1)
+        self.buffer_size = max(buffer_size // n_envs, 1)
         _common.check_space_kind(self, DictReplayBuffer, observation_space)
         is_dict = isinstance(observation_space, spaces.Dict)
         optimize_memory_usage = _validate.static_bool("optimize_memory_usage", optimize_memory_usage)
@@ -318,8 +328,9 @@ class _JaxReplayImpl:
             "dones": _common.as_row(done, (n,), np.bool_, "done"), "timeouts": np.zeros(n, np.bool_),
         }
         if self.handle_timeout_termination:
-            if len(infos) != n:
-                raise ValueError(f"infos: expected {n} dicts (one per env), got {len(infos)}")
+            if not isinstance(infos, (list, tuple)) or len(infos) != n or not all(isinstance(i, Mapping) for i in infos):
+                got = f"a {type(infos).__name__} of {len(infos)}" if isinstance(infos, (list, tuple)) else type(infos).__name__
+                raise ValueError(f"infos: expected a list of {n} dicts (one per env), got {got}")
             row["timeouts"] = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
         next_row = self._rows.observation(next_obs, "next_obs")
         if self.compress is not None:
@@ -335,6 +346,14 @@ class _JaxReplayImpl:
         self.pos = (self.pos + 1) % self.buffer_size
         self.full = self.full or self.pos == 0
 
+    def sample(self, batch_size: int, env: VecNormalize | None = None):
+        """SB3's ``sample``: ``batch_size`` transitions drawn with ``np.random`` as SB3 draws them.
+
+        Raises:
+          ValueError: ``batch_size`` not a Python int >= 1 (before anything is drawn).
+        """
+        return super().sample(_validate.static_int("batch_size", batch_size), env=env)
+
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None):
         # SB3's own `sample` (inherited) draws the rows and calls this, as SB3's `_get_samples` draws the envs.
         env_indices = np.random.randint(0, high=self.n_envs, size=(len(batch_inds),))
@@ -349,14 +368,9 @@ class _JaxReplayImpl:
           IndexError: an index outside ``[0, rows)`` / ``[0, n_envs)`` or not of an integer dtype
             (as numpy indexing).
         """
-        rows, envs = np.asarray(batch_inds), np.asarray(env_indices)
-        if rows.shape != envs.shape or rows.ndim != 1:
+        rows, envs = _common.indices(batch_inds, "batch_inds", self.buffer_size), _common.indices(env_indices, "env_indices", self.n_envs)
+        if rows.shape != envs.shape:
             raise ValueError(f"batch_inds, env_indices: expected two 1-d arrays of one length, got {rows.shape} and {envs.shape}")
-        for name, idx, hi in (("batch_inds", rows, self.buffer_size), ("env_indices", envs, self.n_envs)):
-            if not np.issubdtype(idx.dtype, np.integer):
-                raise IndexError(f"{name}: expected integer indices (as numpy indexing), got dtype {idx.dtype}")
-            if idx.size and (idx.min() < 0 or idx.max() >= hi):
-                raise IndexError(f"{name}: values must lie in [0, {hi}), got range [{idx.min()}, {idx.max()}]")
         if self.compress is not None and self._pending is None:
             raise IndexError("samples_at: the buffer is empty")
         rows, envs = rows.astype(np.int32), envs.astype(np.int32)

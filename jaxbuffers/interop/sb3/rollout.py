@@ -39,6 +39,7 @@ from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, Roll
 from stable_baselines3.common.vec_env import VecNormalize
 
 from jaxbuffers import checkpoint
+from jaxbuffers import _validate
 from jaxbuffers import rollout as _rollout
 from jaxbuffers.interop.sb3 import _common
 
@@ -72,6 +73,8 @@ class _JaxRolloutImpl:
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
                  gae_lambda: float = 1, gamma: float = 0.99, n_envs: int = 1):
+        buffer_size, n_envs = _validate.static_int("buffer_size", buffer_size), _validate.static_int("n_envs", n_envs)
+        gamma, gae_lambda = _validate.static_float("gamma", gamma, 0.0, 1.0), _validate.static_float("gae_lambda", gae_lambda, 0.0, 1.0)
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         _common.check_space_kind(self, DictRolloutBuffer, observation_space)
         self.gae_lambda, self.gamma, self.generator_ready = gae_lambda, gamma, False
@@ -187,20 +190,25 @@ class _JaxRolloutImpl:
         self._state = s.replace(terminated=terminated).compute_gae(jnp.asarray(last_values), self.gamma, self.gae_lambda)
 
     def get(self, batch_size: int | None = None) -> Generator[Any, None, None]:
-        """Every stored step once, shuffled as SB3 shuffles them, in minibatches of ``batch_size`` (all if None)."""
+        """Every stored step once, shuffled as SB3 shuffles them, in minibatches of ``batch_size`` (all if None).
+
+        Raises (at the call, before anything is drawn):
+          ValueError: ``batch_size`` neither None nor a Python int >= 1.
+        """
+        total = self.buffer_size * self.n_envs
+        batch_size = total if batch_size is None else _validate.static_int("batch_size", batch_size)
         assert self.full, ""
+        return self._minibatches(batch_size)
+
+    def _minibatches(self, batch_size: int) -> Generator[Any, None, None]:
         total = self.buffer_size * self.n_envs
         indices, self.generator_ready = np.random.permutation(total), True
-        batch_size = total if batch_size is None else batch_size
         for start in range(0, total, batch_size):
             yield self._get_samples(indices[start : start + batch_size])
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None):
         """Samples at SB3's flat indices (env-major: ``index = env * T + t``), as SB3's ``_get_samples``."""
-        inds = np.asarray(batch_inds)
-        total = self.buffer_size * self.n_envs
-        if inds.size and (inds.min() < 0 or inds.max() >= total):
-            raise IndexError(f"batch_inds: values must lie in [0, {total}), got range [{inds.min()}, {inds.max()}]")
+        inds = _common.indices(batch_inds, "batch_inds", self.buffer_size * self.n_envs)
         t, e = inds % self.buffer_size, inds // self.buffer_size
         mb = self._state.gather((t * self.n_envs + e).astype(np.int32))
         dev = self.device

@@ -1,0 +1,162 @@
+"""Bad input to the SB3 adapters and conversions: refused with an error naming the argument before anything is
+stored, so the adapter's arrays, `pos` and `full` stay byte-identical and it stays usable, in any order of calls."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+th = pytest.importorskip("torch")
+pytest.importorskip("stable_baselines3")
+
+from gymnasium import spaces  # noqa: E402
+from stable_baselines3.common.buffers import ReplayBuffer, RolloutBuffer  # noqa: E402
+
+import jaxbuffers as jb  # noqa: E402
+from bad_inputs import SETTINGS, bad_static_ints, refused  # noqa: E402
+from jaxbuffers.interop.sb3 import JaxReplayBuffer, JaxRolloutBuffer, replay_from_jax, replay_to_jax, rollout_from_jax, rollout_to_jax  # noqa: E402
+
+N = 2
+OBS, ACT = spaces.Box(-5, 5, (3,), np.float32), spaces.Discrete(3)
+NOT_NUMBERS = st.sampled_from([None, "x", np.array([None, None], object), np.array(["a", "b"]), {"a": 1}, object()])
+
+
+def state(buf):
+    return lambda: (buf._state, buf.pos, buf.full)
+
+
+def replay_args(i: int = 0) -> dict:
+    o = np.full((N, 3), i, np.float32)
+    return {"obs": o, "next_obs": o + 1, "action": np.array([[i % 3], [0]]), "reward": np.ones(N), "done": np.zeros(N), "infos": [{}] * N}
+
+
+def rollout_args(i: int = 0) -> dict:
+    return {"obs": np.full((N, 3), i, np.float32), "action": np.array([[i % 3], [0]]), "reward": np.ones(N), "episode_start": np.zeros(N),
+            "value": th.zeros(N, 1), "log_prob": th.zeros(N)}
+
+
+def replay() -> JaxReplayBuffer:
+    buf = JaxReplayBuffer(8, OBS, ACT, device="cpu", n_envs=N)
+    for i in range(2):
+        buf.add(**replay_args(i))
+    return buf
+
+
+def rollout(full: bool = False) -> JaxRolloutBuffer:
+    buf = JaxRolloutBuffer(3, OBS, ACT, device="cpu", n_envs=N, gamma=0.9, gae_lambda=0.9)
+    for i in range(3 if full else 1):
+        buf.add(**rollout_args(i))
+    if full:
+        buf.compute_returns_and_advantage(th.zeros(N, 1), np.zeros(N))
+    return buf
+
+
+@SETTINGS
+@given(name=st.sampled_from(["obs", "next_obs", "action", "reward", "done"]), bad=NOT_NUMBERS | st.sampled_from([np.zeros(7), np.zeros((N, 4)), np.full(N, 2)]))
+def test_replay_add_bad_argument(name, bad):
+    buf = replay()
+    if name != "done" and isinstance(bad, np.ndarray) and bad.shape == (N,) and bad.dtype.kind == "i":
+        return  # 2 is a valid value there
+    refused(lambda: buf.add(**{**replay_args(), name: bad}), name, state=state(buf))
+    buf.add(**replay_args(5))
+
+
+@SETTINGS
+@given(infos=st.sampled_from([None, [None, None], [{}], [{}] * 3, "x", ({}, 1)]))
+def test_replay_add_bad_infos(infos):
+    buf = replay()
+    refused(lambda: buf.add(**{**replay_args(), "infos": infos}), "infos", state=state(buf))
+
+
+@SETTINGS
+@given(batch_size=bad_static_ints())
+def test_replay_sample_bad_batch_size(batch_size):
+    buf = replay()
+    refused(lambda: buf.sample(batch_size), "batch_size", state=state(buf))
+
+
+@SETTINGS
+@given(which=st.sampled_from(["batch_inds", "env_indices"]), bad=NOT_NUMBERS | st.sampled_from([np.array([0.5]), np.array([-1]), np.array([99]), np.zeros((1, 1), int)]))
+def test_replay_samples_at_bad_indices(which, bad):
+    buf = replay()
+    args = {"batch_inds": np.array([0]), "env_indices": np.array([1]), which: bad}
+    refused(lambda: buf.samples_at(**args), which, state=state(buf), exc=(TypeError, ValueError, IndexError))
+
+
+@SETTINGS
+@given(batch_size=bad_static_ints().filter(lambda b: b is not None))
+def test_rollout_get_refuses_batch_sizes_that_loop_or_misbehave(batch_size):
+    """`get(0)`, `get(-1)`, `get(2.5)`, `get(True)`: refused at the call, before anything is drawn."""
+    buf = rollout(full=True)
+    refused(lambda: buf.get(batch_size), "batch_size", state=state(buf))
+    assert sum(len(s.actions) for s in buf.get(4)) == 3 * N  # still usable
+
+
+@SETTINGS
+@given(name=st.sampled_from(sorted(rollout_args())), bad=NOT_NUMBERS | st.sampled_from([np.zeros(7), np.full(N, 2)]))
+def test_rollout_add_bad_argument(name, bad):
+    buf = rollout()
+    if name != "episode_start" and isinstance(bad, np.ndarray) and bad.shape == (N,):
+        return  # numbers of the right size: valid there
+    refused(lambda: buf.add(**{**rollout_args(), name: bad}), name, state=state(buf))
+
+
+@SETTINGS
+@given(bad=NOT_NUMBERS | st.sampled_from([np.array([0.5]), np.array([-1]), np.array([99])]))
+def test_rollout_get_samples_bad_indices(bad):
+    buf = rollout(full=True)
+    refused(lambda: buf._get_samples(bad), "batch_inds", state=state(buf), exc=(TypeError, ValueError, IndexError))
+
+
+@SETTINGS
+@given(size=bad_static_ints(), unit=st.sampled_from([7.0, -0.5, float("nan"), "x", None]))
+def test_constructors_bad_arguments(size, unit):
+    refused(lambda: JaxReplayBuffer(size, OBS, ACT, device="cpu"), "buffer_size")
+    refused(lambda: JaxReplayBuffer(8, OBS, ACT, device="cpu", n_envs=size), "n_envs")
+    refused(lambda: JaxRolloutBuffer(size, OBS, ACT, device="cpu"), "buffer_size")
+    refused(lambda: JaxRolloutBuffer(4, OBS, ACT, device="cpu", gamma=unit), "gamma")
+    refused(lambda: JaxRolloutBuffer(4, OBS, ACT, device="cpu", gae_lambda=unit), "gae_lambda")
+
+
+@SETTINGS
+@given(bad=st.sampled_from([None, 3, "x", jb.ReplayBuffer.create({"a": jnp.zeros(1)}, 2)]))
+def test_conversions_refuse_what_is_not_a_buffer(bad):
+    refused(lambda: replay_to_jax(bad), "buffer")
+    refused(lambda: rollout_to_jax(bad), "buffer")
+    if not isinstance(bad, jb.ReplayBuffer):
+        refused(lambda: replay_from_jax(bad, OBS, ACT), "buffer")
+    refused(lambda: rollout_from_jax(bad, OBS, ACT), "buffer")
+    assert not isinstance(bad, (ReplayBuffer, RolloutBuffer))
+
+
+@SETTINGS
+@given(ops=st.lists(st.sampled_from(["add", "bad_add", "bad_infos", "bad_sample", "sample"]), min_size=1, max_size=8))
+def test_replay_refused_calls_in_any_order_change_nothing(ops):
+    buf, ref = replay(), replay()
+    for n, op in enumerate(ops):
+        if op == "add":
+            buf.add(**replay_args(n))
+            ref.add(**replay_args(n))
+        elif op == "sample":
+            buf.sample(2)
+        elif op == "bad_add":
+            refused(lambda: buf.add(**{**replay_args(), "reward": None}), "reward", state=state(buf))
+        elif op == "bad_infos":
+            refused(lambda: buf.add(**{**replay_args(), "infos": None}), "infos", state=state(buf))
+        else:
+            refused(lambda: buf.sample(0), "batch_size", state=state(buf))
+        assert (buf.pos, buf.full) == (ref.pos, ref.full)
+        np.testing.assert_array_equal(np.asarray(buf.observations), np.asarray(ref.observations))
+
+
+@SETTINGS
+@given(field=st.sampled_from(["dones", "timeouts", "actions", "rewards"]), value=st.sampled_from([2, 0.5, None, "x", -1]))
+def test_field_view_writes_cast_nothing_silently(field, value):
+    """SB3 writes `dones[pos] = True`; other values a field does not hold (a flag of 2, an int64 action of 0.5) are
+    refused naming the field, the buffer unchanged."""
+    buf = replay()
+    if field == "rewards" and isinstance(value, (int, float)) or field == "actions" and value in (2, -1):
+        getattr(buf, field)[0, 0] = value  # numpy's own cast, as SB3's arrays take it
+        return
+    refused(lambda: getattr(buf, field).__setitem__((0, 0), value), field, state=state(buf))
