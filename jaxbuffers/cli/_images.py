@@ -100,11 +100,11 @@ def _obs_key(view) -> str:
 
 
 def _known_stack_axes(view) -> dict[str, int | None]:
-    """Stack axes a compressed buffer recorded for its compressed fields."""
+    """Stack axes a compressed buffer recorded for its frame-deduplicated fields (others are guessed)."""
     leaves = getattr(view.buffer, "leaves", None)
     if not view.compressed or not isinstance(leaves, tuple):
         return {}
-    return {n: info.stack_axis for n, info in zip(view.compressed_fields, leaves)}
+    return {n: info.stack_axis for n, info in zip(view.compressed_fields, leaves) if info.stack_axis is not None}
 
 
 def _font(size: int):
