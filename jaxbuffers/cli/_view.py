@@ -10,7 +10,8 @@
 * `EpisodeBuffer`: the stored episodes, oldest first, each of its stored length.
 
 Episode `k` of the tools is `episodes[k]` in that order. An episode is *partial* when the buffer does not hold its
-first step (it was overwritten, or precedes the buffer) or its last one (it has not ended yet).
+first step (it was overwritten, precedes the buffer, or the buffer cannot tell: a lane's oldest step once older
+steps were overwritten, a rollout's first row) or its last one (it has not ended yet).
 
 Observations are read exactly as stored: a compressed buffer decodes them through its own decoder, so frame stacks are
 rebuilt as sampling rebuilds them (`jaxbuffers.compressed.trajectory`, frame-stack dedup).
@@ -75,14 +76,14 @@ def field_name(path) -> str:
 
 def _split(lanes: np.ndarray, ends: np.ndarray) -> list[tuple[int, int, int]]:
     """(lane, start, stop) runs of positions: a new run at each lane change and after each end."""
-    runs, n = [], len(lanes)
-    start = 0
-    for i in range(n):
-        last = i == n - 1 or lanes[i + 1] != lanes[i] or ends[i]
-        if last:
-            runs.append((int(lanes[i]), start, i + 1))
-            start = i + 1
-    return runs
+    n = len(lanes)
+    last = np.asarray(ends, bool).copy()
+    if n:
+        last[:-1] |= lanes[1:] != lanes[:-1]
+        last[-1] = True
+    stops = np.flatnonzero(last) + 1
+    starts = np.concatenate([[0], stops[:-1]]).astype(np.int64)
+    return [(int(lanes[a]), int(a), int(b)) for a, b in zip(starts, stops)]
 
 
 class BufferView:
