@@ -156,6 +156,22 @@ def test_inspect_statistics_and_priorities(saved, capsys):
     assert (s["episodes"]["length_min"], s["episodes"]["length_max"]) == (TERM_AT + 1, TRUNC_AT + 1)
 
 
+def test_inspect_without_decoding(saved, capsys):
+    s = json.loads(run(capsys, "inspect", saved["CompressedRolloutBuffer"], "--json", "--no-decode")[1])
+    obs = next(f for f in s["fields"] if f["field"] == "obs")
+    assert obs["compressed"] and obs["min"] is None and obs["shape"] == [K, H, H]
+    assert next(f for f in s["fields"] if f["field"] == "reward")["max"] == (T - 1) / 2
+
+
+def test_stacked_buffer_refused(tmp_path, capsys):
+    import jax
+
+    make = lambda _: jb.ReplayBuffer.create({"x": jnp.zeros(2)}, capacity=4)  # noqa: E731
+    path = jb.save(tmp_path / "stacked", jax.vmap(make)(jnp.arange(3)), progress=False)
+    code, _, err = run(capsys, "inspect", path)
+    assert code == 2 and "stacked" in err and "(3,)" in err
+
+
 def test_inspect_tables(saved, capsys):
     code, out, _ = run(capsys, "inspect", saved["CompressedPrioritisedTrajectoryBuffer"])
     assert code == 0
@@ -268,6 +284,21 @@ def test_episode_buffer_cli(tmp_path, capsys):
         pytest.skip(f"jaxbuffers.save does not write an EpisodeBuffer here: {e}")
     s = json.loads(run(capsys, "inspect", path, "--json")[1])
     assert s["type"] == "EpisodeBuffer" and s["episodes"]["complete"] == 1 and s["episodes"]["length_max"] == 5
+
+
+def test_serve_command(saved):
+    """The real command in its own process: it prints its loopback URL and answers on it."""
+    proc = subprocess.Popen([sys.executable, "-m", "jaxbuffers.cli", "--no-progress", "serve", str(saved["TrajectoryBuffer"]), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = line.split("http://", 1)[1].split("/", 1)[0]
+        code, body = _get(f"http://{url}/api/summary")
+        assert code == 200 and json.loads(body)["type"] == "TrajectoryBuffer" and len(json.loads(body)["episodes"]) == 4
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def _get(url: str) -> tuple[int, bytes]:

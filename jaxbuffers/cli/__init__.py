@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_EPILOG)
     p.add_argument("path", metavar="PATH")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--no-decode", action="store_true", help="skip the statistics of compressed fields (they decode "
+                   "every stored observation)")
 
     p = sub.add_parser("video", help="write one episode's frames as mp4, gif or PNG frames",
                        description="Write the frames of one episode exactly as stored (a compressed buffer's frame "
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         buffer, meta, root = load(args.path, progress=progress)
         if args.command == "inspect":
-            s = summary(buffer, meta, root, progress=progress)
+            s = summary(buffer, meta, root, progress=progress, decode=not args.no_decode)
             if args.json:
                 print(json.dumps(s, indent=1))
             else:

@@ -60,23 +60,24 @@ def _bytes(buffer: Any, root: Path | None) -> dict[str, int]:
     return {"device": _validate.tree_nbytes(buffer), "host": host, "disk": disk}
 
 
-def _field_stats(view: BufferView, name: str, progress: bool | None) -> dict:
+def _field_stats(view: BufferView, name: str, progress: bool | None, decode: bool = True) -> dict:
     shape, dtype = view.spec(name)
-    out = {"field": name, "dtype": dtype.name, "shape": list(shape), "compressed": name in view.compressed_fields}
-    if view.num_steps == 0 or not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+    compressed = name in view.compressed_fields
+    out = {"field": name, "dtype": dtype.name, "shape": list(shape), "compressed": compressed}
+    if view.num_steps == 0 or (compressed and not decode) or not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
         return {**out, "min": None, "max": None, "mean": None}
     lo, hi, total, count = np.inf, -np.inf, 0.0, 0
     chunk = max(1, (64 << 20) // max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize))
-    steps = range(0, view.num_steps, chunk)
-    if name in view.compressed_fields:
-        chunk = min(chunk, 4096)
-        steps = tqdm(range(0, view.num_steps, chunk), desc=f"decode {name}", unit="chunk", disable=progress is False, leave=False, delay=1.0)
-    for a in steps:
-        x = view.column(name, np.arange(a, min(a + chunk, view.num_steps))).astype(np.float64)
-        if x.size:
-            lo, hi, total, count = min(lo, x.min()), max(hi, x.max()), total + x.sum(), count + x.size
-    return {**out, "min": float(lo) if count else None, "max": float(hi) if count else None,
-            "mean": total / count if count else None}
+    if compressed:
+        chunk = min(chunk, 8192)
+    with tqdm(total=view.num_steps, desc=f"{'decode' if compressed else 'read'} {name}", unit="step",
+              disable=progress is False, leave=False, delay=1.0) as bar:
+        for a in range(0, view.num_steps, chunk):
+            x = view.column(name, np.arange(a, min(a + chunk, view.num_steps)))
+            lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+            total, count = total + float(x.sum(dtype=np.float64)), count + x.size
+            bar.update(len(x))
+    return {**out, "min": lo if count else None, "max": hi if count else None, "mean": total / count if count else None}
 
 
 def _priorities(buffer: Any) -> dict | None:
@@ -113,8 +114,10 @@ def _histogram(lengths: np.ndarray, bins: int = 10) -> list[dict]:
     return [{"from": int(a), "to": int(b) - 1, "count": int(c)} for a, b, c in zip(edges[:-1], edges[1:], counts)]
 
 
-def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, progress: bool | None = None) -> dict:
-    """Everything `jaxbuffers inspect` shows, as a JSON-ready dict."""
+def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, progress: bool | None = None,
+            decode: bool = True) -> dict:
+    """Everything `jaxbuffers inspect` shows, as a JSON-ready dict (`decode=False`: no statistics of compressed
+    fields, which would decode every stored observation)."""
     view = BufferView(buffer)
     eps = view.episodes
     complete = np.array([e.length for e in eps if not e.partial], np.int64)
@@ -131,7 +134,7 @@ def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, pro
         "steps_held": view.num_steps,
         "num_added": int(buffer.num_added()) if hasattr(buffer, "num_added") else None,
         "bytes": _bytes(buffer, root),
-        "fields": [_field_stats(view, n, progress) for n in view.fields],
+        "fields": [_field_stats(view, n, progress, decode) for n in view.fields],
         "image_field": None if image is None else {"field": image.name, "shape": list(image.shape), "stack_axis": image.stack_axis},
         "episodes": {
             "from": list(view.flags_from),
@@ -251,11 +254,12 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
         raise CliError(f"--scale: expected an integer >= 1, got {scale}")
     pics = episode_pictures(view, k, field, with_overlay=with_overlay, scale=scale, progress=progress)
     suffix = out.suffix.lower()
-    if suffix in ("", ) or str(out).endswith("/"):
+    bar = lambda xs: tqdm(xs, desc=f"write {out.name}", unit="frame", disable=progress is False, leave=False, delay=1.0)  # noqa: E731
+    if suffix == "" or str(out).endswith("/"):
         out.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
-        for t, p in enumerate(pics):
+        for t, p in enumerate(bar(pics)):
             Image.fromarray(p).save(out / f"frame_{t:05d}.png")
     elif suffix == ".gif":
         from PIL import Image
@@ -273,7 +277,7 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
         h, w = pics[0].shape[:2]
         pad = ((0, h % 2), (0, w % 2)) + (((0, 0),) if pics[0].ndim == 3 else ())
         with iio.get_writer(out, fps=fps, codec="libx264", macro_block_size=1, quality=8) as writer:
-            for p in pics:
+            for p in bar(pics):
                 writer.append_data(np.pad(p, pad))
     else:
         raise CliError(f"--out: expected a .mp4 or .gif file or a folder for PNG frames, got {out}")

@@ -36,7 +36,7 @@ from jaxbuffers.trajectory import TrajectoryBuffer
 
 __all__ = ["BufferView", "Episode", "ViewError", "field_name"]
 
-_DECODE_CHUNK = 64  # steps decoded per host call (one compiled program for every request)
+_DECODE_CHUNKS = (64, 2048)  # steps decoded per host call: small requests, bulk reads (one compiled program each)
 _FLAG_NAMES = ("terminated", "truncated", "done")
 
 
@@ -253,14 +253,16 @@ class BufferView:
         return self._cache[name][tuple(ix[pos] for ix in self._index)]
 
     def _decode(self, name: str, pos: np.ndarray) -> np.ndarray:
-        """Decoded values of a compressed field, `_DECODE_CHUNK` steps per host call."""
+        """Decoded values of a compressed field, in fixed-size chunks (`_DECODE_CHUNKS`) so that every request
+        reuses one of two compiled decoders."""
         b = self.buffer
+        chunk = _DECODE_CHUNKS[0] if len(pos) <= _DECODE_CHUNKS[0] else _DECODE_CHUNKS[1]
         j = self.compressed_fields.index(name)
         shape, dtype = self.spec(name)
         out = np.empty((len(pos), *shape), np.uint8 if b.normalize_images else dtype)
-        for a in range(0, len(pos), _DECODE_CHUNK):
-            part = pos[a : a + _DECODE_CHUNK]
-            padded = np.concatenate([part, np.full(_DECODE_CHUNK - len(part), part[0])])
+        for a in range(0, len(pos), chunk):
+            part = pos[a : a + chunk]
+            padded = np.concatenate([part, np.full(chunk - len(part), part[0])])
             ix = tuple(i[padded] for i in self._index)
             if isinstance(b, CompressedTrajectoryBuffer):
                 key = b.trajectory.obs_key
