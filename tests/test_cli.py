@@ -366,3 +366,29 @@ def test_viewer_in_headless_chromium(server, tmp_path):
     np.testing.assert_array_equal(crop(shot0), scale4(tiled(obs[0, 1])))  # episode 2 is lane 1 from step 0
     np.testing.assert_array_equal(crop(shot1), scale4(tiled(obs[1, 1])))
     assert not np.array_equal(crop(shot0), crop(shot1))
+
+
+def test_video_layout_and_stack_axis(saved, capsys, tmp_path):
+    from PIL import Image
+
+    obs = stacks()[0]
+    code, _, err = run(capsys, "video", saved["TrajectoryBuffer"], "--episode", 0, "--out", f"{tmp_path}/n/", "--no-overlay",
+                       "--scale", 1, "--layout", "newest")
+    assert code == 0, err
+    got = [np.asarray(Image.open(p)) for p in sorted((tmp_path / "n").glob("*.png"))]
+    np.testing.assert_array_equal(got, obs[4:6, 0, -1])  # lane 0 holds steps 4..11; episode 0 is steps 4, 5
+    code, _, err = run(capsys, "video", saved["TrajectoryBuffer"], "--episode", 0, "--out", f"{tmp_path}/c/", "--no-overlay",
+                       "--scale", 1, "--stack-axis", "none")
+    assert code == 2 and "--stack-axis" in err and "[4, 16, 16]" in err and "none" in err  # 16 channels: not a frame
+
+
+def test_nonfinite_values_are_counted_and_served(tmp_path, capsys):
+    from jaxbuffers.cli._server import _jsonable
+
+    item = {"x": jnp.zeros(2), "reward": jnp.float32(0)}
+    buf = jb.ReplayBuffer.create(item, capacity=4).add({"x": jnp.array([[1.0, jnp.nan], [2.0, 3.0]]), "reward": jnp.array([jnp.inf, 1.0])})
+    s = json.loads(run(capsys, "inspect", jb.save(tmp_path / "nan", buf, progress=False), "--json")[1])
+    x = next(f for f in s["fields"] if f["field"] == "x")
+    assert (x["min"], x["max"], x["nonfinite"]) == (1.0, 3.0, 1)
+    assert json.loads(json.dumps(_jsonable(np.array([1.5, np.nan, -np.inf])))) == [1.5, "nan", "-inf"]
+    assert _jsonable(np.float32(np.inf)) == "inf" and _jsonable(np.bool_(True)) is True

@@ -65,8 +65,8 @@ def _field_stats(view: BufferView, name: str, progress: bool | None, decode: boo
     compressed = name in view.compressed_fields
     out = {"field": name, "dtype": dtype.name, "shape": list(shape), "compressed": compressed}
     if view.num_steps == 0 or (compressed and not decode) or not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
-        return {**out, "min": None, "max": None, "mean": None}
-    lo, hi, total, count = np.inf, -np.inf, 0.0, 0
+        return {**out, "min": None, "max": None, "mean": None, "nonfinite": None}
+    lo, hi, total, count, nonfinite = np.inf, -np.inf, 0.0, 0, 0
     chunk = max(1, (64 << 20) // max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize))
     if compressed:
         chunk = min(chunk, 8192)
@@ -74,10 +74,16 @@ def _field_stats(view: BufferView, name: str, progress: bool | None, decode: boo
               disable=progress is False, leave=False, delay=1.0) as bar:
         for a in range(0, view.num_steps, chunk):
             x = view.column(name, np.arange(a, min(a + chunk, view.num_steps)))
-            lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
-            total, count = total + float(x.sum(dtype=np.float64)), count + x.size
             bar.update(len(x))
-    return {**out, "min": lo if count else None, "max": hi if count else None, "mean": total / count if count else None}
+            if np.issubdtype(x.dtype, np.inexact):
+                bad = ~np.isfinite(x)
+                nonfinite += int(bad.sum())
+                x = x[~bad]
+            if x.size:
+                lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+                total, count = total + float(x.sum(dtype=np.float64)), count + x.size
+    stats = {"min": lo if count else None, "max": hi if count else None, "mean": total / count if count else None}
+    return {**out, **stats, "nonfinite": nonfinite}
 
 
 def _priorities(buffer: Any) -> dict | None:
@@ -186,11 +192,11 @@ def print_summary(s: dict, console=None) -> None:
     console.print(head)
 
     fields = Table(title="fields (per step)")
-    for c in ("field", "dtype", "shape", "min", "max", "mean"):
-        fields.add_column(c, justify="right" if c in ("min", "max", "mean") else "left")
+    for c in ("field", "dtype", "shape", "min", "max", "mean", "nan/inf"):
+        fields.add_column(c, justify="left" if c in ("field", "dtype", "shape") else "right")
     for f in s["fields"]:
         name = f["field"] + (" (compressed)" if f["compressed"] else "")
-        fields.add_row(name, f["dtype"], str(f["shape"]), _num(f["min"]), _num(f["max"]), _num(f["mean"]))
+        fields.add_row(name, f["dtype"], str(f["shape"]), _num(f["min"]), _num(f["max"]), _num(f["mean"]), _num(f["nonfinite"]))
     console.print(fields)
 
     e = s["episodes"]
@@ -215,7 +221,8 @@ def _image(view: BufferView, image: str | None, stack_axis: str, layout: str) ->
     field = find_image(view, image, stack_axis, layout)
     if field is None:
         shapes = {n: list(view.spec(n)[0]) for n in view.specs}
-        raise CliError(f"PATH: expected a buffer with an image field ([H, W], [H, W, C] or a frame stack), got fields {shapes}")
+        axis = "" if stack_axis == "auto" else f" with --stack-axis {stack_axis}"
+        raise CliError(f"PATH: expected a buffer with an image field ([H, W], [H, W, C] or a frame stack){axis}, got fields {shapes}")
     return field
 
 

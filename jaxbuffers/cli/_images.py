@@ -81,11 +81,15 @@ def find_image(view, name: str | None = None, stack_axis: str = "auto", layout: 
         elif stack_axis == "auto":
             guess = known[n] if n in known else _guess_stack(shape)
         else:
-            guess = None if stack_axis == "none" else int(stack_axis)
-            if _guess_stack(shape) == "no" and (len(shape) - (guess is not None)) not in (2, 3):
+            guess = None if stack_axis == "none" else int(stack_axis) % max(len(shape), 1)
+            frame = shape if guess is None else shape[:guess] + shape[guess + 1 :]
+            if not (len(frame) == 2 or (len(frame) == 3 and frame[-1] in (1, 3))):
                 guess = "no"
         if guess != "no":
             return ImageField(n, shape, dtype, guess if guess is None else guess % len(shape), layout)
+        if name is not None and stack_axis != "auto":
+            raise ViewError(f"--stack-axis: expected an axis that leaves frames [H, W] or [H, W, C] in {n!r} of "
+                            f"shape {list(shape)}, got {stack_axis}")
         if name is not None:
             raise ViewError(f"--image: expected a field of images ([H, W], [H, W, C] or a stack of them), "
                             f"got {n!r} of shape {list(shape)} {dtype}")

@@ -28,13 +28,20 @@ from jaxbuffers.cli._view import BufferView, ViewError
 __all__ = ["make_server", "PAGE"]
 
 
+def _number(v):
+    """A JSON number, or the string "nan" / "inf" / "-inf" (JSON has none of them)."""
+    return v if not isinstance(v, float) or np.isfinite(v) else str(v)
+
+
 def _jsonable(x: np.ndarray):
+    """One step's value of a field for the page: the value (lists up to 16 numbers), else its shape, min and max."""
     x = np.asarray(x)
     if x.size > 16:
-        return {"shape": list(x.shape), "min": float(x.min()), "max": float(x.max())}
-    if x.dtype == np.bool_:
-        return x.tolist()
-    return np.round(x.astype(np.float64), 6).tolist() if np.issubdtype(x.dtype, np.floating) else x.tolist()
+        return {"shape": list(x.shape), "min": _number(float(np.nanmin(x))), "max": _number(float(np.nanmax(x)))}
+    if np.issubdtype(x.dtype, np.floating):
+        x = np.round(x.astype(np.float64), 6)
+    flat = [_number(v) for v in x.reshape(-1).tolist()]
+    return flat[0] if x.ndim == 0 else np.array(flat, dtype=object).reshape(x.shape).tolist()
 
 
 class _App:
