@@ -392,3 +392,19 @@ def test_nonfinite_values_are_counted_and_served(tmp_path, capsys):
     assert (x["min"], x["max"], x["nonfinite"]) == (1.0, 3.0, 1)
     assert json.loads(json.dumps(_jsonable(np.array([1.5, np.nan, -np.inf])))) == [1.5, "nan", "-inf"]
     assert _jsonable(np.float32(np.inf)) == "inf" and _jsonable(np.bool_(True)) is True
+
+
+def test_nested_compressed_observation_view():
+    from jaxbuffers.cli._images import find_image
+
+    step = {"obs": {"pixels": jnp.zeros((H, H, 3), jnp.uint8), "vec": jnp.zeros(2)}, "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = CompressedTrajectoryBuffer.create(step, num_envs=1, length=8, compress=("pixels",), normalize_images=True)
+    px = np.random.default_rng(0).integers(0, 256, (5, 1, H, H, 3), dtype=np.uint8)
+    for t in range(5):
+        buf = buf.add({"obs": {"pixels": jnp.asarray(px[t]), "vec": jnp.ones((1, 2))}, "action": jnp.zeros(1, jnp.int32),
+                       "reward": jnp.zeros(1)}, terminated=jnp.array([t == 2]))
+    view = BufferView(buf)
+    assert view.compressed_fields == ("obs.pixels",) and view.spec("obs.pixels") == ((H, H, 3), np.dtype(np.uint8))
+    assert find_image(view).name == "obs.pixels" and find_image(view).stack_axis is None
+    np.testing.assert_array_equal(view.column("obs.pixels"), px[:, 0])  # the stored bytes back from float32 samples
+    assert [(e.length, e.partial) for e in view.episodes] == [(3, False), (2, True)]

@@ -232,9 +232,12 @@ class BufferView:
         return list(self.specs) + [k for k in self._extra if k not in self.specs]
 
     def spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
-        """(shape of one step's value, dtype) of a field, as the user sees it (compressed leaves decoded)."""
+        """(shape of one step's value, dtype) of a field: as `add` takes it (compressed leaves decoded to their stored
+        bytes, also under `normalize_images`)."""
         if name in self.specs:
             s = self.specs[name]
+            if name in self.compressed_fields and self.buffer.normalize_images:
+                return tuple(s.shape), np.dtype(np.uint8)  # the stored bytes, not the float32 samples
             return tuple(s.shape), np.dtype(s.dtype)
         x = self._extra[name]
         return tuple(x.shape[1:]), x.dtype
