@@ -408,3 +408,10 @@ def test_nested_compressed_observation_view():
     assert find_image(view).name == "obs.pixels" and find_image(view).stack_axis is None
     np.testing.assert_array_equal(view.column("obs.pixels"), px[:, 0])  # the stored bytes back from float32 samples
     assert [(e.length, e.partial) for e in view.episodes] == [(3, False), (2, True)]
+
+
+def test_missing_extra_is_named(saved, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rich.console", None)  # import of rich.console fails as if rich were absent
+    monkeypatch.setitem(sys.modules, "rich", None)
+    code, _, err = run(capsys, "inspect", saved["PrioritisedReplayBuffer"])
+    assert code == 2 and "'rich'" in err and "jaxbuffers[inspect]" in err

@@ -20,6 +20,7 @@ import sys
 
 __all__ = ["main", "build_parser"]
 
+_EXTRA = ("rich", "PIL", "imageio", "imageio_ffmpeg")  # modules of the inspect extra
 _EPILOG = "PATH is a checkpoint folder written by jaxbuffers.save (any buffer type)."
 
 
@@ -127,5 +128,11 @@ def main(argv: list[str] | None = None) -> int:
                 server.server_close()
     except (CliError, ViewError) as e:
         print(f"jaxbuffers {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in _EXTRA:
+            raise
+        print(f"jaxbuffers {args.command}: error: needs {e.name.split('.')[0]!r} from the inspect extra: "
+              f"pip install 'jaxbuffers[inspect]'", file=sys.stderr)
         return 2
     return 0
