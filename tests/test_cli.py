@@ -259,6 +259,15 @@ def test_help_of_every_command():
     assert out.returncode == 0 and all(c in out.stdout for c in ("inspect", "video", "sheet", "serve"))
 
 
+def test_console_script_declared():
+    import importlib
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    module, func = scripts["jaxbuffers"].split(":")
+    assert getattr(importlib.import_module(module), func) is main
+
+
 def test_episode_buffer_view():
     obs, _, _ = stacks()
     step = _step()
