@@ -1,0 +1,314 @@
+"""The `inspect`, `video` and `sheet` commands, on a checkpoint folder written by `jaxbuffers.save`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxbuffers.cli._images import ImageField, contact_sheet, find_image, overlay, scaled
+from jaxbuffers.cli._view import BufferView, ViewError
+
+__all__ = ["load", "summary", "print_summary", "write_video", "write_sheet", "CliError"]
+
+
+class CliError(ValueError):
+    """A command-line argument or file that cannot be used; the message names it, what was expected and what came."""
+
+
+def load(path: str | Path, progress: bool | None = None) -> tuple[Any, dict, Path]:
+    """(buffer, its buffer.json description, the folder) of the checkpoint at `path`."""
+    import jaxbuffers
+    from jaxbuffers.checkpoint import CheckpointError
+
+    root = Path(path).absolute()
+    if not root.exists():
+        raise CliError(f"PATH: expected a checkpoint folder written by jaxbuffers.save, got {path} (no such file or folder)")
+    if not root.is_dir() or not ((root / "buffer.json").is_file() or (root / "manifest.json").is_file()):
+        what = "a file" if not root.is_dir() else "a folder without buffer.json / manifest.json"
+        raise CliError(f"PATH: expected a checkpoint folder written by jaxbuffers.save, got {path} ({what})")
+    try:
+        meta = json.loads((root / "buffer.json").read_text())
+        buffer = jaxbuffers.restore(root, progress=progress)
+    except (CheckpointError, json.JSONDecodeError, OSError) as e:
+        raise CliError(f"PATH: {path} could not be read as a jaxbuffers checkpoint: {e}") from None
+    return buffer, meta, root
+
+
+def _example(tree: Any) -> Any:
+    """buffer.json's encoded example as {name: "shape dtype"} (readable)."""
+    if not isinstance(tree, dict) or len(tree) != 1:
+        return tree
+    (kind, v), = tree.items()
+    if kind == "dict":
+        return {k: _example(x) for k, x in v}
+    if kind in ("list", "tuple"):
+        return [_example(x) for x in v]
+    if kind == "array":
+        return f"{v[1]}{list(v[0])}"
+    return None
+
+
+def _bytes(buffer: Any, root: Path | None) -> dict[str, int]:
+    from jaxbuffers import _validate
+
+    host = int(getattr(buffer, "host_nbytes", 0) or 0)
+    disk = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root is not None else None
+    return {"device": _validate.tree_nbytes(buffer), "host": host, "disk": disk}
+
+
+def _field_stats(view: BufferView, name: str, progress: bool | None, decode: bool = True) -> dict:
+    shape, dtype = view.spec(name)
+    compressed = name in view.compressed_fields
+    out = {"field": name, "dtype": dtype.name, "shape": list(shape), "compressed": compressed}
+    if view.num_steps == 0 or (compressed and not decode) or not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+        return {**out, "min": None, "max": None, "mean": None, "nonfinite": None}
+    lo, hi, total, count, nonfinite = np.inf, -np.inf, 0.0, 0, 0
+    chunk = max(1, (64 << 20) // max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize))
+    if compressed:
+        chunk = min(chunk, 8192)
+    with tqdm(total=view.num_steps, desc=f"{'decode' if compressed else 'read'} {name}", unit="step",
+              disable=progress is False, leave=False, delay=1.0) as bar:
+        for a in range(0, view.num_steps, chunk):
+            x = view.column(name, np.arange(a, min(a + chunk, view.num_steps)))
+            bar.update(len(x))
+            if np.issubdtype(x.dtype, np.inexact):
+                bad = ~np.isfinite(x)
+                nonfinite += int(bad.sum())
+                x = x[~bad]
+            if x.size:
+                lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+                total, count = total + float(x.sum(dtype=np.float64)), count + x.size
+    stats = {"min": lo if count else None, "max": hi if count else None, "mean": total / count if count else None}
+    return {**out, **stats, "nonfinite": nonfinite}
+
+
+def _priorities(buffer: Any) -> dict | None:
+    from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer
+    from jaxbuffers.prioritised import PrioritisedReplayBuffer
+    from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
+
+    p = buffer.buffer if isinstance(buffer, CompressedPrioritisedTrajectoryBuffer) else buffer
+    if isinstance(p, PrioritisedReplayBuffer):
+        r = p.replay
+        n = int(r.num_valid)
+        slots = (int(r.head) - n + np.arange(n)) % r.capacity
+        pr = np.asarray(p.priorities(np.asarray(slots, np.int32))) if n else np.zeros(0)
+        held = pr
+    elif isinstance(p, PrioritisedTrajectoryBuffer):
+        pr = np.asarray(p.priorities(np.arange(p.buffer.num_envs * p.buffer.length, dtype=np.int32)))
+        held = pr[pr > 0]  # invalid windows hold no priority
+    else:
+        return None
+    out = {"alpha": p.priority_exponent, "epsilon": p.epsilon, "max_priority": float(p.max_priority), "count": int(held.size)}
+    if held.size:
+        q = np.quantile(held, [0.0, 0.5, 0.99, 1.0])
+        out.update(min=float(q[0]), median=float(q[1]), p99=float(q[2]), max=float(q[3]), mean=float(held.mean()),
+                   effective_sample_size=float(held.sum() ** 2 / np.square(held).sum()) if held.any() else 0.0)
+    return out
+
+
+def _histogram(lengths: np.ndarray, bins: int = 10) -> list[dict]:
+    if not len(lengths):
+        return []
+    lo, hi = int(lengths.min()), int(lengths.max())
+    edges = np.unique(np.linspace(lo, hi + 1, min(bins, hi + 1 - lo) + 1).astype(np.int64))
+    counts, _ = np.histogram(lengths, bins=edges)
+    return [{"from": int(a), "to": int(b) - 1, "count": int(c)} for a, b, c in zip(edges[:-1], edges[1:], counts)]
+
+
+def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, progress: bool | None = None,
+            decode: bool = True) -> dict:
+    """Everything `jaxbuffers inspect` shows, as a JSON-ready dict (`decode=False`: no statistics of compressed
+    fields, which would decode every stored observation)."""
+    view = BufferView(buffer)
+    eps = view.episodes
+    complete = np.array([e.length for e in eps if not e.partial], np.int64)
+    partial = np.array([e.length for e in eps if e.partial], np.int64)
+    cfg = dict((meta or {}).get("config") or {})
+    if "example" in cfg:
+        cfg["example"] = _example(cfg["example"])
+    image = find_image(view)
+    return {
+        "path": str(root) if root is not None else None,
+        "type": view.kind,
+        "config": cfg,
+        "size": int(np.asarray(buffer.size())),
+        "steps_held": view.num_steps,
+        "num_added": int(buffer.num_added()) if hasattr(buffer, "num_added") else None,
+        "bytes": _bytes(buffer, root),
+        "fields": [_field_stats(view, n, progress, decode) for n in view.fields],
+        "image_field": None if image is None else {"field": image.name, "shape": list(image.shape), "stack_axis": image.stack_axis},
+        "episodes": {
+            "from": list(view.flags_from),
+            "count": len(eps),
+            "complete": int(len(complete)),
+            "partial": int(len(partial)),
+            "terminated": sum(e.terminated for e in eps),
+            "truncated": sum(e.truncated for e in eps),
+            "length_min": int(complete.min()) if len(complete) else None,
+            "length_mean": float(complete.mean()) if len(complete) else None,
+            "length_max": int(complete.max()) if len(complete) else None,
+            "length_histogram": _histogram(complete),
+        },
+        "priorities": _priorities(buffer),
+    }
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
+
+
+def print_summary(s: dict, console=None) -> None:
+    """`summary` as rich tables on the terminal."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    head = Table(title=f"{s['type']}  {s['path'] or ''}", show_header=False)
+    head.add_row("steps held", str(s["steps_held"]))
+    head.add_row("size()", str(s["size"]))
+    head.add_row("ever added", _num(s["num_added"]))
+    b = s["bytes"]
+    head.add_row("bytes", f"device {_fmt_bytes(b['device'])}, host {_fmt_bytes(b['host'])}, disk {_fmt_bytes(b['disk'])}")
+    for k, v in s["config"].items():
+        head.add_row(k, json.dumps(v) if isinstance(v, (dict, list)) else str(v))
+    console.print(head)
+
+    fields = Table(title="fields (per step)")
+    for c in ("field", "dtype", "shape", "min", "max", "mean", "nan/inf"):
+        fields.add_column(c, justify="left" if c in ("field", "dtype", "shape") else "right")
+    for f in s["fields"]:
+        name = f["field"] + (" (compressed)" if f["compressed"] else "")
+        fields.add_row(name, f["dtype"], str(f["shape"]), _num(f["min"]), _num(f["max"]), _num(f["mean"]), _num(f["nonfinite"]))
+    console.print(fields)
+
+    e = s["episodes"]
+    eps = Table(title=f"episodes (from {', '.join(e['from']) or 'no flags'})", show_header=False)
+    eps.add_row("count", f"{e['count']} ({e['complete']} complete, {e['partial']} partial)")
+    eps.add_row("ended", f"{e['terminated']} terminated, {e['truncated']} truncated")
+    eps.add_row("length (complete)", f"min {_num(e['length_min'])}, mean {_num(e['length_mean'])}, max {_num(e['length_max'])}")
+    top = max([h["count"] for h in e["length_histogram"]] or [1])
+    for h in e["length_histogram"]:
+        bar = "#" * max(1 if h["count"] else 0, round(30 * h["count"] / top))
+        eps.add_row(f"  {h['from']}-{h['to']}", f"{h['count']:>6} {bar}")
+    console.print(eps)
+
+    if s["priorities"] is not None:
+        pr = Table(title="priorities", show_header=False)
+        for k, v in s["priorities"].items():
+            pr.add_row(k, _num(v))
+        console.print(pr)
+
+
+def _image(view: BufferView, image: str | None, stack_axis: str, layout: str) -> ImageField:
+    field = find_image(view, image, stack_axis, layout)
+    if field is None:
+        shapes = {n: list(view.spec(n)[0]) for n in view.specs}
+        axis = "" if stack_axis == "auto" else f" with --stack-axis {stack_axis}"
+        raise CliError(f"PATH: expected a buffer with an image field ([H, W], [H, W, C] or a frame stack){axis}, got fields {shapes}")
+    return field
+
+
+def _step_lines(view: BufferView, ep, t: int, pos: int) -> list[str]:
+    reward = None
+    for n in ("reward", "rewards"):
+        if n in view.fields:
+            reward = float(np.asarray(view.column(n, [pos])[0]).reshape(-1)[0])
+            break
+    flags = [f for f in ("terminated", "truncated", "done") if f in view.fields and bool(np.asarray(view.column(f, [pos])[0]).any())]
+    line = f"ep {ep.index} step {t}" + (f"  r={reward:.3g}" if reward is not None else "")
+    return [line, " ".join(flags) or "-"]
+
+
+def episode_pictures(view: BufferView, k: int, field: ImageField, *, with_overlay: bool, scale: int, progress: bool | None = None) -> list[np.ndarray]:
+    """The pictures of episode `k`, one per step, as `video` writes them."""
+    ep = view.episode(k)
+    raw = view.column(field.name, ep.positions)
+    out = []
+    for t, (pos, x) in enumerate(tqdm(list(zip(ep.positions, raw)), desc=f"render episode {k}", unit="frame",
+                                      disable=progress is False, leave=False, delay=1.0)):
+        p = field.picture(x)
+        out.append(overlay(p, _step_lines(view, ep, t, int(pos)), scale) if with_overlay else scaled(p, scale))
+    return out
+
+
+def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None = None, stack_axis: str = "auto",
+                layout: str = "tile", with_overlay: bool = True, scale: int = 2, fps: float = 15.0,
+                progress: bool | None = None) -> Path:
+    """Write episode `k` to `out`: `.mp4` (H.264 through imageio-ffmpeg), `.gif` (lossless for gray frames and up to
+    256 colours; identical consecutive frames become one longer frame), or a folder (`out/` or no suffix): one
+    lossless PNG per step, `frame_00000.png`, ..."""
+    out = Path(out)
+    field = _image(view, image, stack_axis, layout)
+    if scale < 1:
+        raise CliError(f"--scale: expected an integer >= 1, got {scale}")
+    pics = episode_pictures(view, k, field, with_overlay=with_overlay, scale=scale, progress=progress)
+    suffix = out.suffix.lower()
+    bar = lambda xs: tqdm(xs, desc=f"write {out.name}", unit="frame", disable=progress is False, leave=False, delay=1.0)  # noqa: E731
+    if suffix == "" or str(out).endswith("/"):
+        out.mkdir(parents=True, exist_ok=True)
+        from PIL import Image
+
+        for t, p in enumerate(bar(pics)):
+            Image.fromarray(p).save(out / f"frame_{t:05d}.png")
+    elif suffix == ".gif":
+        from PIL import Image
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        ims = [Image.fromarray(p) for p in pics]
+        ims[0].save(out, save_all=True, append_images=ims[1:], duration=round(1000 / fps), loop=0, optimize=False)
+    elif suffix == ".mp4":
+        try:
+            import imageio.v2 as iio
+        except ImportError:
+            raise CliError("--out: writing .mp4 needs imageio and imageio-ffmpeg (pip install 'jaxbuffers[inspect]'); "
+                           "or write a .gif or a folder of PNG frames") from None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        h, w = pics[0].shape[:2]
+        pad = ((0, h % 2), (0, w % 2)) + (((0, 0),) if pics[0].ndim == 3 else ())
+        with iio.get_writer(out, fps=fps, codec="libx264", macro_block_size=1, quality=8) as writer:
+            for p in bar(pics):
+                writer.append_data(np.pad(p, pad))
+    else:
+        raise CliError(f"--out: expected a .mp4 or .gif file or a folder for PNG frames, got {out}")
+    return out
+
+
+def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: int = 8, seed: int = 0,
+                episode: int | None = None, image: str | None = None, stack_axis: str = "auto", layout: str = "tile",
+                scale: int = 1) -> Path:
+    """A PNG contact sheet of `count` steps drawn uniformly without replacement (seeded by `seed`) from the buffer
+    (or from episode `episode`), in storage order, each labelled with its episode and step."""
+    field = _image(view, image, stack_axis, layout)
+    if count < 1:
+        raise CliError(f"--count: expected an integer >= 1, got {count}")
+    pool = view.episode(episode).positions if episode is not None else np.arange(view.num_steps)
+    rng = np.random.default_rng(seed)
+    picks = np.sort(rng.choice(pool, size=min(count, len(pool)), replace=False)) if len(pool) else pool
+    eps, ts = view.step_labels()
+    raw = view.column(field.name, picks)
+    pics = [field.picture(x) for x in raw]
+    labels = [f"ep {eps[p]} t {ts[p]}" if eps[p] >= 0 else f"step {p}" for p in picks]
+    from PIL import Image
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(contact_sheet(pics, labels, columns, scale)).save(out)
+    return out

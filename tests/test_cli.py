@@ -1,0 +1,426 @@
+"""The `jaxbuffers` console script on saved buffers of every type: inspect, video, sheet, serve."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbuffers as jb
+from jaxbuffers.cli import main
+from jaxbuffers.cli._view import BufferView
+from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer
+
+pytest.importorskip("PIL")
+pytest.importorskip("rich")
+
+E, T, K, H = 2, 12, 4, 16  # lanes, steps added, frame stack, frame side
+TERM_AT, TRUNC_AT = 5, 8  # lane 0 terminates after step 5; lane 1 is truncated after step 8
+
+
+def frame(e: int, t: int) -> np.ndarray:
+    """A frame unique to (lane, step)."""
+    return ((np.arange(H * H).reshape(H, H) * 3 + 17 * t + 101 * e) % 256).astype(np.uint8)
+
+
+def stacks() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """obs uint8 [T, E, K, H, H] as a reset-padding frame stacker makes them, terminated and truncated [T, E]."""
+    obs = np.zeros((T, E, K, H, H), np.uint8)
+    term, trunc = np.zeros((T, E), bool), np.zeros((T, E), bool)
+    term[TERM_AT, 0], trunc[TRUNC_AT, 1] = True, True
+    start = [0] * E
+    for t in range(T):
+        for e in range(E):
+            obs[t, e] = np.stack([frame(e, max(start[e], t - K + 1 + i)) for i in range(K)])
+        for e in range(E):
+            if term[t, e] or trunc[t, e]:
+                start[e] = t + 1
+    return obs, term, trunc
+
+
+def tiled(stack: np.ndarray) -> np.ndarray:
+    return np.concatenate(list(stack), axis=1)
+
+
+def _step(obs_shape=(K, H, H)):
+    return {"obs": jnp.zeros(obs_shape, jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+
+
+def _fill_trajectory(buf):
+    obs, term, trunc = stacks()
+    for t in range(T):
+        step = {"obs": jnp.asarray(obs[t]), "action": jnp.full(E, t, jnp.int32), "reward": jnp.full(E, t / 2, jnp.float32)}
+        buf = buf.add(step, terminated=jnp.asarray(term[t]), truncated=jnp.asarray(trunc[t]), final_obs=jnp.asarray(obs[t]))
+    return buf
+
+
+def _replay():
+    obs, term, trunc = stacks()
+    item = {"obs": jnp.zeros((K, H, H), jnp.uint8), "reward": jnp.float32(0), "terminated": jnp.bool_(False)}
+    buf = jb.ReplayBuffer.create(item, capacity=64)
+    return buf.add({"obs": jnp.asarray(obs[:, 0]), "reward": jnp.arange(T, dtype=jnp.float32), "terminated": jnp.asarray(term[:, 0])})
+
+
+def _prioritised():
+    item = {"x": jnp.zeros(3), "reward": jnp.float32(0)}
+    buf = jb.PrioritisedReplayBuffer.create(item, capacity=16)
+    buf = buf.add({"x": jnp.ones((10, 3)), "reward": jnp.arange(10, dtype=jnp.float32)})
+    return buf.set_priorities(jnp.arange(4), jnp.array([1.0, 2.0, 3.0, 4.0]), buf.generations_at(jnp.arange(4)))
+
+
+def _rollout(compressed: bool):
+    obs, term, trunc = stacks()
+    kw = dict(num_envs=E, num_steps=T)
+    buf = CompressedRolloutBuffer.create(_step(), compress=("obs",), **kw) if compressed else jb.RolloutBuffer.create(_step(), **kw)
+    for t in range(T):
+        step = {"obs": jnp.asarray(obs[t]), "action": jnp.full(E, t, jnp.int32), "reward": jnp.zeros(E, jnp.float32)}
+        buf = buf.add(step, reward=jnp.full(E, t / 2), value=jnp.zeros(E), terminated=jnp.asarray(term[t]), truncated=jnp.asarray(trunc[t]), final_value=jnp.zeros(E))
+    return buf
+
+
+BUILDERS = {
+    "ReplayBuffer": _replay,
+    "PrioritisedReplayBuffer": _prioritised,
+    "TrajectoryBuffer": lambda: _fill_trajectory(jb.TrajectoryBuffer.create(_step(), num_envs=E, length=8)),
+    "PrioritisedTrajectoryBuffer": lambda: _fill_trajectory(jb.PrioritisedTrajectoryBuffer.create(_step(), num_envs=E, length=32, window_length=2)),
+    "RolloutBuffer": lambda: _rollout(False),
+    "CompressedTrajectoryBuffer": lambda: _fill_trajectory(CompressedTrajectoryBuffer.create(_step(), num_envs=E, length=32, frame_stack=K)),
+    "CompressedPrioritisedTrajectoryBuffer": lambda: _fill_trajectory(
+        CompressedPrioritisedTrajectoryBuffer.create(_step(), num_envs=E, length=32, window_length=2, frame_stack=K)),
+    "CompressedRolloutBuffer": lambda: _rollout(True),
+}
+# (steps held, episodes, complete episodes) of each, counted by hand from stacks()
+EXPECTED = {
+    "ReplayBuffer": (12, 2, 1),  # one lane's 12 items: [0..5] terminated, [6..11] still running
+    "PrioritisedReplayBuffer": (10, 0, 0),  # no flag field: no episodes
+    "TrajectoryBuffer": (16, 4, 0),  # steps 4..11 per lane (length 8): lane 0 [4,5] [6..11], lane 1 [4..8] [9..11]
+    "PrioritisedTrajectoryBuffer": (24, 4, 2),
+    "RolloutBuffer": (24, 4, 0),  # a rollout's first run never counts as a whole episode
+    "CompressedTrajectoryBuffer": (24, 4, 2),
+    "CompressedPrioritisedTrajectoryBuffer": (24, 4, 2),
+    "CompressedRolloutBuffer": (24, 4, 0),
+}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cli")
+    return {name: jb.save(root / name, build(), progress=False) for name, build in BUILDERS.items()}
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["--no-progress", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_inspect_json(saved, capsys, name):
+    code, out, err = run(capsys, "inspect", saved[name], "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    held, count, complete = EXPECTED[name]
+    assert s["type"] == name
+    assert (s["steps_held"], s["episodes"]["count"], s["episodes"]["complete"]) == (held, count, complete)
+    assert s["bytes"]["disk"] > 0 and s["bytes"]["device"] > 0
+    assert (s["bytes"]["host"] > 0) == name.startswith("Compressed")
+    fields = {f["field"]: f for f in s["fields"]}
+    assert "reward" in fields and fields["reward"]["dtype"] == "float32"
+    if "obs" in fields:
+        assert fields["obs"]["shape"] == [K, H, H] and fields["obs"]["compressed"] == name.startswith("Compressed")
+        assert s["image_field"] == {"field": "obs", "shape": [K, H, H], "stack_axis": 0}
+    assert (s["priorities"] is not None) == ("Prioritised" in name)
+
+
+def test_inspect_statistics_and_priorities(saved, capsys):
+    s = json.loads(run(capsys, "inspect", saved["PrioritisedReplayBuffer"], "--json")[1])
+    reward = next(f for f in s["fields"] if f["field"] == "reward")
+    assert (reward["min"], reward["max"], reward["mean"]) == (0.0, 9.0, 4.5)
+    p = s["priorities"]
+    assert p["count"] == 10 and p["min"] == pytest.approx(1.0) and p["max"] == pytest.approx(4.0)  # others keep max 1
+    s = json.loads(run(capsys, "inspect", saved["CompressedTrajectoryBuffer"], "--json")[1])
+    obs = next(f for f in s["fields"] if f["field"] == "obs")  # decoded frames, every stored stack
+    all_obs = stacks()[0]
+    assert (obs["min"], obs["max"]) == (float(all_obs.min()), float(all_obs.max()))
+    assert obs["mean"] == pytest.approx(all_obs.mean())
+    hist = s["episodes"]["length_histogram"]
+    assert sum(h["count"] for h in hist) == 2 and hist[0]["from"] == TERM_AT + 1 and hist[-1]["to"] == TRUNC_AT + 1
+    assert (s["episodes"]["length_min"], s["episodes"]["length_max"]) == (TERM_AT + 1, TRUNC_AT + 1)
+
+
+def test_inspect_without_decoding(saved, capsys):
+    s = json.loads(run(capsys, "inspect", saved["CompressedRolloutBuffer"], "--json", "--no-decode")[1])
+    obs = next(f for f in s["fields"] if f["field"] == "obs")
+    assert obs["compressed"] and obs["min"] is None and obs["shape"] == [K, H, H]
+    assert next(f for f in s["fields"] if f["field"] == "reward")["max"] == (T - 1) / 2
+
+
+def test_stacked_buffer_refused(tmp_path, capsys):
+    import jax
+
+    make = lambda _: jb.ReplayBuffer.create({"x": jnp.zeros(2)}, capacity=4)  # noqa: E731
+    path = jb.save(tmp_path / "stacked", jax.vmap(make)(jnp.arange(3)), progress=False)
+    code, _, err = run(capsys, "inspect", path)
+    assert code == 2 and "stacked" in err and "(3,)" in err
+
+
+def test_inspect_tables(saved, capsys):
+    code, out, _ = run(capsys, "inspect", saved["CompressedPrioritisedTrajectoryBuffer"])
+    assert code == 0
+    for text in ("CompressedPrioritisedTrajectoryBuffer", "obs (compressed)", "episodes", "priorities", "frame_stack"):
+        assert text in out
+
+
+@pytest.mark.parametrize("name", ["TrajectoryBuffer", "CompressedTrajectoryBuffer", "CompressedRolloutBuffer", "ReplayBuffer"])
+def test_video_frames_equal_stored_frames(saved, capsys, tmp_path, name):
+    from PIL import Image
+
+    obs, _, _ = stacks()
+    view = BufferView(jb.restore(saved[name], progress=False))
+    ep = view.episodes[1]
+    # the stored stacks of that episode, from the inputs (not from the buffer)
+    lane = max(ep.lane, 0)
+    t0 = {"TrajectoryBuffer": 6, "ReplayBuffer": 6}.get(name, 0)  # first step of episode 1 in the lane
+    if name in ("CompressedTrajectoryBuffer", "CompressedRolloutBuffer"):
+        t0, lane = TERM_AT + 1, 0
+    want = [tiled(obs[t0 + t, lane]) for t in range(ep.length)]
+    code, _, err = run(capsys, "video", saved[name], "--episode", 1, "--out", f"{tmp_path}/png/", "--no-overlay", "--scale", 1)
+    assert code == 0, err
+    pngs = sorted((tmp_path / "png").glob("frame_*.png"))
+    assert len(pngs) == ep.length
+    for p, w in zip(pngs, want):
+        np.testing.assert_array_equal(np.asarray(Image.open(p)), w)
+    code, _, err = run(capsys, "video", saved[name], "--episode", 1, "--out", tmp_path / "ep.gif", "--no-overlay", "--scale", 1)
+    assert code == 0, err
+    gif = Image.open(tmp_path / "ep.gif")
+    got = []
+    for i in range(gif.n_frames):  # identical consecutive frames are merged into a longer one
+        gif.seek(i)
+        got += [np.asarray(gif.convert("L"))] * round(gif.info["duration"] / round(1000 / 15))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_video_mp4_with_overlay(saved, capsys, tmp_path):
+    iio = pytest.importorskip("imageio.v2")
+    pytest.importorskip("imageio_ffmpeg")
+    code, out, err = run(capsys, "video", saved["CompressedTrajectoryBuffer"], "--episode", 0, "--out", tmp_path / "ep.mp4")
+    assert code == 0, err
+    with iio.get_reader(tmp_path / "ep.mp4") as r:
+        frames = [f for f in r]
+    assert len(frames) == TERM_AT + 1
+    assert frames[0].shape[1] >= K * H * 2 and frames[0].shape[0] > H * 2  # scaled x2, plus the text band
+
+
+def test_sheet(saved, capsys, tmp_path):
+    from PIL import Image
+
+    code, _, err = run(capsys, "sheet", saved["CompressedTrajectoryBuffer"], "--out", tmp_path / "s.png", "--count", 6, "--columns", 3)
+    assert code == 0, err
+    img = np.asarray(Image.open(tmp_path / "s.png"))
+    assert img.ndim == 3 and img.shape[1] > 3 * K * H and img.shape[0] > 2 * H  # 3 columns of 4 tiled frames, 2 rows
+    # every cell holds a stored stack: find the first cell's pixels among the stored stacks
+    cell = img[4 : 4 + H, 4 : 4 + K * H, 0]
+    obs = stacks()[0].reshape(-1, K, H, H)
+    assert any(np.array_equal(cell, tiled(s)) for s in obs)
+
+
+def test_errors_name_the_argument(saved, capsys, tmp_path):
+    code, _, err = run(capsys, "inspect", tmp_path / "nope")
+    assert code == 2 and "PATH" in err and "nope" in err and "no such" in err
+    (tmp_path / "plain").mkdir()
+    code, _, err = run(capsys, "video", tmp_path / "plain", "--episode", 0, "--out", tmp_path / "x.gif")
+    assert code == 2 and "buffer.json" in err
+    code, _, err = run(capsys, "video", saved["TrajectoryBuffer"], "--episode", 9, "--out", tmp_path / "x.gif")
+    assert code == 2 and "--episode" in err and "[0, 3]" in err and "9" in err
+    code, _, err = run(capsys, "video", saved["PrioritisedReplayBuffer"], "--episode", 0, "--out", tmp_path / "x.gif")
+    assert code == 2 and "image field" in err and "'x': [3]" in err
+    code, _, err = run(capsys, "video", saved["TrajectoryBuffer"], "--episode", 0, "--out", tmp_path / "x.avi")
+    assert code == 2 and "--out" in err and "x.avi" in err
+    code, _, err = run(capsys, "sheet", saved["TrajectoryBuffer"], "--out", tmp_path / "s.png", "--image", "reward")
+    assert code == 2 and "--image" in err and "reward" in err
+
+
+def test_help_of_every_command():
+    for cmd in ([], ["inspect"], ["video"], ["sheet"], ["serve"]):
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, "--help"])
+        assert e.value.code == 0
+    out = subprocess.run([sys.executable, "-m", "jaxbuffers.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and all(c in out.stdout for c in ("inspect", "video", "sheet", "serve"))
+
+
+def test_console_script_declared():
+    import importlib
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    module, func = scripts["jaxbuffers"].split(":")
+    assert getattr(importlib.import_module(module), func) is main
+
+
+def test_episode_buffer_view():
+    obs, _, _ = stacks()
+    step = _step()
+    buf = jb.EpisodeBuffer.create(step, max_episodes=2, max_timesteps=8, meta={"task": jnp.int32(0)})
+    for i, (a, n) in enumerate([(0, 3), (3, 6), (9, 2)]):  # three episodes into two slots: the first is replaced
+        ep = {"obs": jnp.asarray(np.pad(obs[a : a + n, 0], ((0, 8 - n),) + ((0, 0),) * 3)),
+              "action": jnp.zeros(8, jnp.int32), "reward": jnp.arange(8, dtype=jnp.float32)}
+        buf = buf.add_episode(ep, n, terminated=i == 1, truncated=i == 2, final_obs=jnp.asarray(obs[0, 0]), meta={"task": jnp.int32(i)})
+    view = BufferView(buf)
+    assert [(e.length, e.terminated, e.truncated, e.partial) for e in view.episodes] == [(6, True, False, False), (2, False, True, False)]
+    np.testing.assert_array_equal(view.column("obs", view.episodes[1].positions), obs[9:11, 0])
+    np.testing.assert_array_equal(view.column("meta.task"), [1] * 6 + [2] * 2)
+    np.testing.assert_array_equal(view.column("truncated"), [False] * 7 + [True])
+
+
+def test_episode_buffer_cli(tmp_path, capsys):
+    buf = jb.EpisodeBuffer.create(_step(), max_episodes=2, max_timesteps=8)
+    ep = {"obs": jnp.asarray(stacks()[0][:8, 0]), "action": jnp.zeros(8, jnp.int32), "reward": jnp.ones(8)}
+    buf = buf.add_episode(ep, 5, terminated=True, final_obs=jnp.zeros((K, H, H), jnp.uint8))
+    try:
+        path = jb.save(tmp_path / "ep", buf, progress=False)
+    except TypeError as e:
+        pytest.skip(f"jaxbuffers.save does not write an EpisodeBuffer here: {e}")
+    s = json.loads(run(capsys, "inspect", path, "--json")[1])
+    assert s["type"] == "EpisodeBuffer" and s["episodes"]["complete"] == 1 and s["episodes"]["length_max"] == 5
+
+
+def test_serve_command(saved):
+    """The real command in its own process: it prints its loopback URL and answers on it."""
+    proc = subprocess.Popen([sys.executable, "-m", "jaxbuffers.cli", "--no-progress", "serve", str(saved["TrajectoryBuffer"]), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = line.split("http://", 1)[1].split("/", 1)[0]
+        code, body = _get(f"http://{url}/api/summary")
+        assert code == 200 and json.loads(body)["type"] == "TrajectoryBuffer" and len(json.loads(body)["episodes"]) == 4
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.fixture
+def server(saved):
+    from jaxbuffers.cli._images import find_image
+    from jaxbuffers.cli._server import make_server
+
+    view = BufferView(jb.restore(saved["CompressedTrajectoryBuffer"], progress=False))
+    srv = make_server(view, find_image(view), port=0, scale=4)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_serve_routes(server):
+    import io
+
+    from PIL import Image
+
+    code, body = _get(server + "/api/summary")
+    s = json.loads(body)
+    assert code == 200 and s["image"] == "obs" and [e["length"] for e in s["episodes"]] == [TERM_AT + 1, T - TERM_AT - 1, TRUNC_AT + 1, T - TRUNC_AT - 1]
+    code, body = _get(server + "/api/episode?k=0")
+    ep = json.loads(body)
+    assert code == 200 and ep["length"] == TERM_AT + 1 and ep["steps"][TERM_AT]["terminated"] is True
+    code, body = _get(server + "/frame.png?k=2&t=3")
+    got = np.asarray(Image.open(io.BytesIO(body)))
+    want = np.repeat(np.repeat(tiled(stacks()[0][3, 1]), 4, 0), 4, 1)
+    assert code == 200 and np.array_equal(got, want)
+    code, body = _get(server + "/frame.png?k=2&t=99")
+    assert code == 400 and "t: expected a step in [0, 8]" in json.loads(body)["error"]
+    code, body = _get(server + "/api/episode?k=x")
+    assert code == 400 and "k: expected an integer" in json.loads(body)["error"]
+    assert _get(server + "/elsewhere")[0] == 404
+
+
+def test_viewer_in_headless_chromium(server, tmp_path):
+    from chromium import Chromium, chromium_path
+
+    if chromium_path() is None:
+        pytest.skip("no chromium executable (Debian package `chromium`; .ci/run installs it)")
+    pytest.importorskip("websocket", reason="websocket-client drives Chromium (dev extra)")
+    from PIL import Image
+
+    with Chromium(tmp_path) as browser:
+        browser.open(server + "/#k=2&t=0")
+        browser.wait_frame(2, 0)
+        shot0 = browser.screenshot(tmp_path / "step0.png")
+        browser.click("next")
+        browser.wait_frame(2, 1)
+        shot1 = browser.screenshot(tmp_path / "step1.png")
+        box = browser.box("frame")
+    obs = stacks()[0]
+    crop = lambda s: np.asarray(Image.open(s).convert("L"))[box[1] : box[1] + box[3], box[0] : box[0] + box[2]]  # noqa: E731
+    scale4 = lambda x: np.repeat(np.repeat(x, 4, 0), 4, 1)  # noqa: E731
+    np.testing.assert_array_equal(crop(shot0), scale4(tiled(obs[0, 1])))  # episode 2 is lane 1 from step 0
+    np.testing.assert_array_equal(crop(shot1), scale4(tiled(obs[1, 1])))
+    assert not np.array_equal(crop(shot0), crop(shot1))
+
+
+def test_video_layout_and_stack_axis(saved, capsys, tmp_path):
+    from PIL import Image
+
+    obs = stacks()[0]
+    code, _, err = run(capsys, "video", saved["TrajectoryBuffer"], "--episode", 0, "--out", f"{tmp_path}/n/", "--no-overlay",
+                       "--scale", 1, "--layout", "newest")
+    assert code == 0, err
+    got = [np.asarray(Image.open(p)) for p in sorted((tmp_path / "n").glob("*.png"))]
+    np.testing.assert_array_equal(got, obs[4:6, 0, -1])  # lane 0 holds steps 4..11; episode 0 is steps 4, 5
+    code, _, err = run(capsys, "video", saved["TrajectoryBuffer"], "--episode", 0, "--out", f"{tmp_path}/c/", "--no-overlay",
+                       "--scale", 1, "--stack-axis", "none")
+    assert code == 2 and "--stack-axis" in err and "[4, 16, 16]" in err and "none" in err  # 16 channels: not a frame
+
+
+def test_nonfinite_values_are_counted_and_served(tmp_path, capsys):
+    from jaxbuffers.cli._server import _jsonable
+
+    item = {"x": jnp.zeros(2), "reward": jnp.float32(0)}
+    buf = jb.ReplayBuffer.create(item, capacity=4).add({"x": jnp.array([[1.0, jnp.nan], [2.0, 3.0]]), "reward": jnp.array([jnp.inf, 1.0])})
+    s = json.loads(run(capsys, "inspect", jb.save(tmp_path / "nan", buf, progress=False), "--json")[1])
+    x = next(f for f in s["fields"] if f["field"] == "x")
+    assert (x["min"], x["max"], x["nonfinite"]) == (1.0, 3.0, 1)
+    assert json.loads(json.dumps(_jsonable(np.array([1.5, np.nan, -np.inf])))) == [1.5, "nan", "-inf"]
+    assert _jsonable(np.float32(np.inf)) == "inf" and _jsonable(np.bool_(True)) is True
+
+
+def test_nested_compressed_observation_view():
+    from jaxbuffers.cli._images import find_image
+
+    step = {"obs": {"pixels": jnp.zeros((H, H, 3), jnp.uint8), "vec": jnp.zeros(2)}, "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = CompressedTrajectoryBuffer.create(step, num_envs=1, length=8, compress=("pixels",), normalize_images=True)
+    px = np.random.default_rng(0).integers(0, 256, (5, 1, H, H, 3), dtype=np.uint8)
+    for t in range(5):
+        buf = buf.add({"obs": {"pixels": jnp.asarray(px[t]), "vec": jnp.ones((1, 2))}, "action": jnp.zeros(1, jnp.int32),
+                       "reward": jnp.zeros(1)}, terminated=jnp.array([t == 2]))
+    view = BufferView(buf)
+    assert view.compressed_fields == ("obs.pixels",) and view.spec("obs.pixels") == ((H, H, 3), np.dtype(np.uint8))
+    assert find_image(view).name == "obs.pixels" and find_image(view).stack_axis is None
+    np.testing.assert_array_equal(view.column("obs.pixels"), px[:, 0])  # the stored bytes back from float32 samples
+    assert [(e.length, e.partial) for e in view.episodes] == [(3, False), (2, True)]
+
+
+def test_missing_extra_is_named(saved, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rich.console", None)  # import of rich.console fails as if rich were absent
+    monkeypatch.setitem(sys.modules, "rich", None)
+    code, _, err = run(capsys, "inspect", saved["PrioritisedReplayBuffer"])
+    assert code == 2 and "'rich'" in err and "jaxbuffers[inspect]" in err
