@@ -201,7 +201,8 @@ class EpisodeBuffer(struct.PyTreeNode):
           max_episodes: episode slots (Python int >= 1).
           max_timesteps: steps per slot (Python int >= 1); `max_episodes * max_timesteps` must fit int32.
           meta: `{name: default}` of the per-episode fields, each default an array (its dtype and shape are the
-            field's, its value the default), e.g. `{"task_id": jnp.int32(-1), "goal": jnp.zeros(2)}`.
+            field's, its value the default), e.g. `{"task_id": jnp.int32(-1), "goal": jnp.zeros(2)}`; a
+            `jax.ShapeDtypeStruct` declares a field whose default is zeros.
           circular: static bool: replace the oldest episode when full (True) or refuse adds (False; module doc).
           obs_key: name of the observation field.
           action_key: name of the action field.
@@ -225,7 +226,7 @@ class EpisodeBuffer(struct.PyTreeNode):
         if not isinstance(meta, Mapping) or not all(isinstance(k, str) for k in meta):
             raise TypeError(f"meta: expected a dict {{name: default array}} with str names, got {meta!r:.80}")
         mspec = _validate.item_spec(dict(meta), "meta") if meta else {}
-        defaults = {k: jnp.asarray(v) for k, v in meta.items()}
+        defaults = {k: jnp.zeros(v.shape, v.dtype) if isinstance(v, jax.ShapeDtypeStruct) else jnp.asarray(v) for k, v in meta.items()}
         return cls(
             storage=jax.tree.map(lambda s: jnp.zeros((e, m, *s.shape), s.dtype), spec),
             lengths=jnp.zeros((e,), jnp.int32), terminated=jnp.zeros((e,), bool), truncated=jnp.zeros((e,), bool),
