@@ -58,7 +58,9 @@ import xxhash
 from etils import epath
 
 from jaxbuffers import _validate
-from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer
+from jaxbuffers.compressed import (
+    CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
+)
 from jaxbuffers.compressed._host import StaleBufferError
 from jaxbuffers.episode import EpisodeBuffer
 from jaxbuffers.prioritised import PrioritisedReplayBuffer
@@ -130,13 +132,21 @@ def _host(b, spec) -> dict:
             "chunk_bytes": store["chunk_bytes"], "dictionary_bytes": store["dictionary_bytes"]}
 
 
+def _frames(b) -> dict:
+    """The frame-dedup arguments of a compressed buffer's `create`."""
+    stacked = b.leaves[0].stack_axis is not None
+    return {"frame_stack": b.frame_stack if stacked else None, "stack_axis": b.leaves[0].stack_axis if stacked else 0,
+            "padding": b.padding}
+
+
 def _compressed_trajectory(b) -> dict:
     t = b.trajectory
-    stacked = b.leaves[0].stack_axis is not None
-    out = {**_trajectory(t), "example": b.step_spec, **_host(b, b.step_spec[t.obs_key]),
-           "frame_stack": b.frame_stack if stacked else None, "stack_axis": b.leaves[0].stack_axis if stacked else 0,
-           "padding": b.padding}
+    out = {**_trajectory(t), "example": b.step_spec, **_host(b, b.step_spec[t.obs_key]), **_frames(b)}
     return {**out, **_priorities(b.buffer)} if isinstance(b.buffer, PrioritisedTrajectoryBuffer) else out
+
+
+def _compressed_episode(b) -> dict:
+    return {**_episode(b.buffer), "example": b.step_spec, **_host(b, b.step_spec[b.obs_key]), **_frames(b)}
 
 
 def _compressed_rollout(b) -> dict:
@@ -156,9 +166,10 @@ _CLASSES = {
         (CompressedTrajectoryBuffer, _compressed_trajectory, lambda b: b.version),
         (CompressedPrioritisedTrajectoryBuffer, _compressed_trajectory, lambda b: b.version),
         (CompressedRolloutBuffer, _compressed_rollout, lambda b: b.version),
+        (CompressedEpisodeBuffer, _compressed_episode, lambda b: b.version),
     )
 }
-_COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer)
+_COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer)
 
 
 # --- JSON encoding of the example's tree (dicts, lists, tuples, None and arrays only) ---

@@ -226,7 +226,8 @@ class EpisodeBuffer(struct.PyTreeNode):
         if not isinstance(meta, Mapping) or not all(isinstance(k, str) for k in meta):
             raise TypeError(f"meta: expected a dict {{name: default array}} with str names, got {meta!r:.80}")
         mspec = _validate.item_spec(dict(meta), "meta") if meta else {}
-        defaults = {k: jnp.zeros(v.shape, v.dtype) if isinstance(v, jax.ShapeDtypeStruct) else jnp.asarray(v) for k, v in meta.items()}
+        # copies: a leaf of the buffer must not be the caller's array (donating the buffer would delete it)
+        defaults = {k: jnp.zeros(v.shape, v.dtype) if isinstance(v, jax.ShapeDtypeStruct) else jnp.array(v, copy=True) for k, v in meta.items()}
         return cls(
             storage=jax.tree.map(lambda s: jnp.zeros((e, m, *s.shape), s.dtype), spec),
             lengths=jnp.zeros((e,), jnp.int32), terminated=jnp.zeros((e,), bool), truncated=jnp.zeros((e,), bool),
@@ -671,11 +672,16 @@ class EpisodeBuffer(struct.PyTreeNode):
           TypeError: `gamma` missing or not a number, `where` not giving a bool `[max_episodes]`.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
+        n_step = self._transition_args(n_step, gamma)
+        return self._sample_transitions(key, batch_size, n_step, gamma, self._filter(where))
+
+    def _transition_args(self, n_step, gamma) -> int:
+        """`n_step` as an int in `[1, max_timesteps]`, after checking `gamma` (required, in [0, 1])."""
         n_step = _validate.static_int("n_step", n_step, maximum=self.max_timesteps)
         if gamma is None:
             raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
         _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)
-        return self._sample_transitions(key, batch_size, n_step, gamma, self._filter(where))
+        return n_step
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def _sample_transitions(self, key, batch_size: int, n_step: int, gamma, mask) -> EpisodeTransitionSample:
@@ -686,10 +692,7 @@ class EpisodeBuffer(struct.PyTreeNode):
         """The n-step transitions from step `steps[b]` of episode slot `indices[b]` (int `[B]` each):
         `transitions_at(s.indices, s.steps, n_step=n, gamma=g)` equals the sample `s` of `sample_transitions`.
         Indices are clipped into range. Raises as `sample_transitions` and for non-integer or non-1-D indices."""
-        n_step = _validate.static_int("n_step", n_step, maximum=self.max_timesteps)
-        if gamma is None:
-            raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
-        _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)
+        n_step = self._transition_args(n_step, gamma)
         ep, t = _validate.index_vector("indices", indices), _validate.index_vector("steps", steps)
         return self._transitions_at(ep, t, n_step, gamma)
 
