@@ -111,9 +111,8 @@ def _episode_ops(cls, spec, **kw):
     def add(b, s, n, te, tr, fo, task):
         return b.add_episodes(s, n, terminated=te, truncated=tr, final_obs=fo, meta={"task_id": task})
 
-    def sample(b, k):
-        return (b.sample_transitions(k, 4, n_step=2, gamma=0.9), b.sample_episodes(k, 2, where=lambda m: m["task_id"] == 1),
-                b.sample_sequences(k, 3, 2), b.sample_timesteps(k, 3), b.get_all())
+    def sample(b, k):  # the other samplers read the same arrays (tests/test_episode.py, tests/test_compressed_episode.py)
+        return b.sample_transitions(k, 4, n_step=2, gamma=0.9), b.sample_episodes(k, 2, where=lambda m: m["task_id"] == 1)
 
     setp = lambda b, s, p: b.update(s[0].indices, {"reward": p}, steps=s[0].steps)  # noqa: E731
     prio = lambda rng: jnp.asarray(rng.standard_normal(4).astype(np.float32))  # noqa: E731
@@ -134,6 +133,7 @@ CASES = {
         jb.CompressedPrioritisedTrajectoryBuffer, PIXELS, window_length=3, frame_stack=4, codec="rle"),
     "compressed-rollout": lambda: _rollout_ops(jb.CompressedRolloutBuffer, ROLL, codec="zstd:1"),
     "episode": lambda: _episode_ops(jb.EpisodeBuffer, STEP),
+    "compressed-episode": lambda: _episode_ops(jb.CompressedEpisodeBuffer, PIXELS, frame_stack=4, codec="zstd:1", dictionary_bytes=1024),
 }
 
 
@@ -164,8 +164,15 @@ def _run(case: str, seed: int, jit: bool, directory: Path | None, num_ops: int =
     return outs, jax.tree.map(np.asarray, buf), save_at
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("case", list(CASES))
+# the default run restores these through a plain round trip each (test_episode_buffer_meta_defaults_come_back,
+# test_compressed_episode_buffer_round_trip_and_wrong_config)
+_SLOW = {("episode", False), ("compressed-episode", False), ("compressed-episode", True)}
+
+
+@pytest.mark.parametrize("case, jit", [
+    pytest.param(c, j, marks=[pytest.mark.slow] if (c, j) in _SLOW else [], id=f"{c}-{'jit' if j else 'eager'}")
+    for c in CASES for j in (False, True)
+])
 def test_round_trip_matches_never_saved(case, jit, tmp_path):
     for seed in (int(jit),):
         want, want_state, _ = _run(case, seed, jit, None)
@@ -244,6 +251,25 @@ def test_episode_buffer_wrong_config_is_refused(kw, field, tmp_path):
         jb.restore(tmp_path / "ck", target)
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(target)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_compressed_episode_buffer_round_trip_and_wrong_config(tmp_path):
+    create, add, data, *_ = _episode_ops(jb.CompressedEpisodeBuffer, PIXELS, frame_stack=4, codec="rle")
+    rng = np.random.default_rng(0)
+    buf = add(create(), *data(rng))
+    jb.save(tmp_path / "ck", buf)
+    got = jb.restore(tmp_path / "ck")
+    assert got.host is not buf.host and got.host.version == buf.host.version == int(got.version)
+    for a, b in zip(jax.tree.leaves(got.get_all()), jax.tree.leaves(buf.get_all())):
+        np.testing.assert_array_equal(a, b)
+    got = add(got, *data(rng))  # the restored state is the newest of its store
+    assert int(got.num_episodes()) == 3
+    for kw, field in ((dict(frame_stack=4, codec="rle", padding="zero"), "padding"), (dict(codec="rle"), "frame_stack"),
+                      (dict(frame_stack=4, codec="zstd:1"), "codec")):
+        target = jb.CompressedEpisodeBuffer.create(PIXELS, max_episodes=3, max_timesteps=4, meta={"task_id": jnp.int32(-1)}, **kw)
+        with pytest.raises(jb.CheckpointError, match=f"config '{field}'"):
+            jb.restore(tmp_path / "ck", target)
+        assert target.host.version == 0 and int(target.version) == 0
 
 
 def test_episode_buffer_meta_defaults_come_back(tmp_path):
