@@ -130,19 +130,29 @@ class CompressedEpisodeBuffer(HostBacked, struct.PyTreeNode):
     # the EpisodeBuffer's configuration and state
 
     @property
-    def num_envs(self):  # HostBacked's Wrapper answers it for lane buffers; an episode buffer has no lanes
-        raise AttributeError("CompressedEpisodeBuffer has no num_envs (episode slots: max_episodes)")
+    def max_episodes(self) -> int:
+        """Episode slots (static int): the inner buffer's."""
+        return self.buffer.max_episodes
 
-    max_episodes = property(lambda self: self.buffer.max_episodes, doc="Episode slots (static int).")
-    max_timesteps = property(lambda self: self.buffer.max_timesteps, doc="Steps per slot (static int).")
-    circular = property(lambda self: self.buffer.circular, doc="Whether the oldest episode is replaced when full.")
-    obs_key = property(lambda self: self.buffer.obs_key, doc="Name of the observation field.")
-    action_key = property(lambda self: self.buffer.action_key, doc="Name of the action field.")
-    reward_key = property(lambda self: self.buffer.reward_key, doc="Name of the reward field.")
-    lengths = property(lambda self: self.buffer.lengths, doc="int32 `[max_episodes]`: steps of each slot's episode.")
-    meta = property(lambda self: self.buffer.meta, doc="`{name: [max_episodes, ...]}`: per-episode meta fields.")
-    meta_spec = property(lambda self: self.buffer.meta_spec, doc="`{name: jax.ShapeDtypeStruct}` of the meta fields.")
-    overflowed = property(lambda self: self.buffer.overflowed, doc="bool scalar: a fixed buffer refused an add (sticky).")
+    @property
+    def max_timesteps(self) -> int:
+        """Steps per slot (static int): the inner buffer's."""
+        return self.buffer.max_timesteps
+
+    @property
+    def obs_key(self) -> str:
+        """Name of the observation field."""
+        return self.buffer.obs_key
+
+    @property
+    def meta_spec(self) -> dict:
+        """`{name: jax.ShapeDtypeStruct}` of one episode's meta fields."""
+        return self.buffer.meta_spec
+
+    @property
+    def overflowed(self) -> jax.Array:
+        """bool scalar: some add to a fixed buffer found no room and wrote nothing (sticky)."""
+        return self.buffer.overflowed
 
     @property
     def step_spec(self) -> dict:
