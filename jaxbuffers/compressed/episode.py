@@ -41,7 +41,7 @@ tr = buf.sample_transitions(jax.random.key(0), 32, n_step=3, gamma=0.99)   # tr.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
