@@ -77,7 +77,7 @@ def _same(a, b, what):
 
 
 def run(cfg, seed: int, use_jit: bool, num_ops: int = 10):
-    step, cbuf, ubuf = _setup(cfg)
+    _, cbuf, ubuf = _setup(cfg)
     rng = np.random.default_rng(seed)
 
     def add_one(b, ep, n, te, tr, fo, task):
