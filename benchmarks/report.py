@@ -46,8 +46,10 @@ NOTES = {
                   "steps per env per call. Ours also writes episode flags and a final-observation ring and never "
                   "samples across the write head.",
     "episodes": "1,000 episodes of 50 to 200 steps (obs f32[17], action f32[6]). Anchors: memmap-replay-buffer's "
-                "`dataloader` (whole episodes; 3-step transitions) and TorchRL's `SliceSampler` (sequences of 32 "
-                "steps inside one episode). One batch per operation; ours is one jitted call from Python. "
+                "`dataloader` (whole episodes; 3-step transitions) and TorchRL: padded episodes in a "
+                "`LazyTensorStorage` (whole episodes), `SliceSampler` windows of 3 steps with their discounted return "
+                "(3-step transitions; its windows never reach an episode's end) and of 32 steps (sequences). One "
+                "batch per operation; ours is one jitted call from Python. "
                 "memmap-replay-buffer's loaders run shuffled epochs (without replacement); ours and TorchRL draw with "
                 "replacement.",
     "eager": "`ours-eager` calls the buffer method from Python; `ours-jit` wraps the same call in `jax.jit`. "

@@ -9,7 +9,7 @@ the ``rle`` / ``igzip`` / ``zstd`` codecs they use.
 """
 
 from jaxbuffers.compressed import (
-    CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
+    CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
     StaleBufferError, StagingWriter,
 )
 from jaxbuffers.checkpoint import BufferRestore, BufferSave, CheckpointError, restore, save
@@ -41,6 +41,7 @@ __all__ = [
     "RolloutBuffer", "RolloutMinibatch", "RolloutMemoryPressure",  # on-policy
     "gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns",  # returns
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
+    "CompressedEpisodeBuffer",
     "StaleBufferError", "StagingWriter",
     "save", "restore", "BufferSave", "BufferRestore", "CheckpointError",  # checkpoints
     "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
