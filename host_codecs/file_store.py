@@ -227,7 +227,7 @@ class FileStore:
                 raise ValueError(f"outs[{j}]: expected a writeable C-contiguous array of shape {want} and dtype {self.dtype}, "
                                  f"got {getattr(o, 'shape', type(o).__name__)} {getattr(o, 'dtype', '')}")
             results.append(o)
-        rows = [r.reshape(x.size, self.row_nbytes) if self.row_nbytes else None for r, x in zip(results, ids)]
+        rows = [r.reshape(x.size, -1).view(np.uint8) if self.row_nbytes and x.size else None for r, x in zip(results, ids)]
         flat = np.concatenate([x.reshape(-1) for x in ids]) if ids else np.zeros(0, np.int64)
         if not flat.size or not self.row_nbytes:
             return results
