@@ -40,7 +40,7 @@ import numpy as np
 from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code
 from . import store as _store
 from ._pool import parallel_for
-from .store import _integer_ids, _out_of, _payload_sums
+from .store import _integer_ids, _out_of
 
 __all__ = ["FileStore", "ReadOnlyError"]
 
@@ -173,19 +173,22 @@ class FileStore:
                              f"got shape {a.shape} and dtype {a.dtype}")
         if not s.size:
             return
-        last = s.size - 1 - np.unique(s[::-1], return_index=True)[1]  # the last occurrence of each slot, by slot
-        s, rows = s[last], np.ascontiguousarray(a[last]).reshape(last.size, -1).view(np.uint8)
+        if s.size > 1 and not np.all(np.diff(s) > 0):  # keep the last occurrence of each slot, ordered by slot
+            last = s.size - 1 - np.unique(s[::-1], return_index=True)[1]
+            s, a = s[last], a[last]
+        rows = np.ascontiguousarray(a).reshape(s.size, -1).view(np.uint8)
         sums = self._sums(rows, s)
         with self._lock:
             for a0, b0 in _runs(s):
                 os.pwrite(self._fd, rows[a0:b0], self._offset + int(s[a0]) * self.row_nbytes)
             self._index[0, s], self._index[1, s] = 1, sums
 
-    def _sums(self, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        flat = rows.reshape(-1)
-        n = rows.shape[0]
-        return _payload_sums({0: flat}, np.zeros(n, np.int64), np.arange(n, dtype=np.int64) * self.row_nbytes,
-                             np.full(n, self.row_nbytes, np.int64), slots)
+    def _sums(self, rows: Sequence[np.ndarray], slots: np.ndarray) -> np.ndarray:
+        """# shape=(k,), dtype=uint32: the checks of entries `rows` (uint8 rows) of `slots`, seeded as
+        `host_codecs.store._payload_sums` seeds them (slot id, and the length in the high 32 bits)."""
+        high = self.row_nbytes << 32
+        sums = np.fromiter((_store._HASH(r, s ^ high) for r, s in zip(rows, slots.tolist())), np.uint64, len(slots))
+        return (sums & 0xFFFFFFFF).astype(np.uint32)
 
     def written(self, slots: Any) -> np.ndarray:
         """Boolean mask of the shape of `slots`: which slots hold an entry."""
@@ -255,8 +258,7 @@ class FileStore:
                         raise OSError(f"{self.data_path}: read {got} bytes at offset {start}, expected {len(views) * self.row_nbytes} (file truncated)")
 
         parallel_for(len(runs), read, work_bytes=live.size * self.row_nbytes, min_shard_bytes=_READ_SHARD_BYTES)
-        got = np.stack([rows[fj[i]][fr[i]] for i in live.tolist()]) if live.size else np.zeros((0, self.row_nbytes), np.uint8)
-        bad = self._sums(got, uniq[live]) != check[first[live]]
+        bad = self._sums([rows[fj[i]][fr[i]] for i in live.tolist()], uniq[live]) != check[first[live]]
         if bad.any():
             ids_bad = uniq[live][bad]
             raise CorruptEntryError(f"{self.data_path}: slots {ids_bad[:10].tolist()}{' and more' if ids_bad.size > 10 else ''} are corrupt "

@@ -224,6 +224,8 @@ def _leaves(tree: Any) -> tuple[list, list[dict]]:
 
 def _describe(buffer: Any) -> dict:
     name, _, config, stack = _entry(buffer)
+    if getattr(getattr(buffer, "host", None), "directory", None) is not None:  # jaxbuffers.disk.DiskStores
+        raise TypeError(f"buffer: a disk-backed {name} is its folder {buffer.host.directory}; jaxbuffers.disk.flush it and copy the folder")
     if stack and isinstance(buffer, _COMPRESSED):
         raise TypeError(f"buffer: a {name} cannot be stacked (one host store)")
     cfg = config(_unstacked(buffer, stack))

@@ -122,6 +122,9 @@ def test_old_states_and_unflushed_adds(folder):
         disk.flush(buf)
     with pytest.raises(TypeError, match="disk-backed"):
         disk.flush(_make())
+    with pytest.raises(TypeError, match="disk-backed CompressedTrajectoryBuffer is its folder"):
+        jb.save(path.parent / "ckpt", newer)
+    assert not (path.parent / "ckpt").exists()
     newer.close()  # not flushed: the folder's index still describes the first 20 steps
     with pytest.raises(jax.errors.JaxRuntimeError, match="CorruptEntryError"):
         jax.block_until_ready(disk.open(path, "r").sample_transitions(jax.random.key(0), 32, gamma=0.9))
