@@ -219,3 +219,18 @@ def test_concatenated_refuses_other_configurations(tmp_path):
         disk.Concatenated.create([a, c])
     with pytest.raises(TypeError, match="at least one"):
         disk.Concatenated.create([])
+
+
+def test_a_compressed_rollout_buffer_on_disk_gives_the_same_minibatches(tmp_path):
+    step = {"obs": jnp.zeros((5,), jnp.uint8), "action": jnp.int32(0)}
+    make = lambda: jb.CompressedRolloutBuffer.create(step, num_envs=2, num_steps=4, codec="none")  # noqa: E731
+    rng = np.random.default_rng(0)
+    bufs = [disk.open(tmp_path / "r", "w", make()), make()]
+    for _ in range(4):
+        s = {"obs": jnp.asarray(rng.integers(0, 256, (2, 5), dtype=np.uint8)), "action": jnp.asarray(rng.integers(0, 4, 2), jnp.int32)}
+        kw = dict(reward=jnp.asarray(rng.standard_normal(2), jnp.float32), value=jnp.zeros(2), terminated=jnp.asarray(rng.random(2) < 0.3))
+        bufs = [b.add(s, **kw) for b in bufs]
+    buf, twin = (b.compute_gae(jnp.zeros(2), 0.9, 0.95) for b in bufs)
+    disk.flush(buf)
+    key = jax.random.key(0)
+    assert _same(disk.open(tmp_path / "r", "r").minibatches(key, 2), twin.minibatches(key, 2))
