@@ -263,22 +263,23 @@ class Concatenated(struct.PyTreeNode):
 
     A draw is uniform over the union of the buffers' valid windows: each row picks buffer `i` with probability
     `w_i / sum(w)` (`w_i`: its number of valid windows for the sampler asked) and then a window of it uniformly. Use
-    it eagerly or inside `jit`; folders opened with `mode="r"` are the usual inputs.
+    it eagerly or inside `jit`; folders opened with `mode="r"` are the usual inputs. Build it with `create`.
 
-    Args:
-      buffers: a sequence of `CompressedTrajectoryBuffer` (the uniform class, not the prioritised one) with the same
+    Attributes:
+      buffers: a tuple of `CompressedTrajectoryBuffer` (the uniform class, not the prioritised one) with the same
         step spec, compressed leaves, frame stack, padding and keys.
-
-    Raises:
-      TypeError: fewer than one buffer, or a buffer of another class.
-      ValueError: a configuration field that differs from `buffers[0]`'s (the message names it).
     """
 
     buffers: tuple
 
     @classmethod
     def create(cls, buffers: Sequence[Any]) -> "Concatenated":
-        """Check `buffers` (class doc) and wrap them."""
+        """Check `buffers` (class doc) and wrap them.
+
+        Raises:
+          TypeError: no buffer, or a buffer of another class.
+          ValueError: a configuration field that differs from `buffers[0]`'s (the message names it).
+        """
         buffers = tuple(buffers)
         if not buffers:
             raise TypeError("buffers: expected at least one buffer")
