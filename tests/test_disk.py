@@ -234,3 +234,29 @@ def test_a_compressed_rollout_buffer_on_disk_gives_the_same_minibatches(tmp_path
     disk.flush(buf)
     key = jax.random.key(0)
     assert _same(disk.open(tmp_path / "r", "r").minibatches(key, 2), twin.minibatches(key, 2))
+
+
+@pytest.mark.slow
+def test_sampling_a_folder_larger_than_the_samples_keeps_resident_memory_flat(tmp_path):
+    """1 GB of frames on disk; 200 samples of 256 transitions (about 2.9 GB of frames read) grow RSS by < 200 MB."""
+    item = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = disk.open(tmp_path / "big", "w", jb.CompressedTrajectoryBuffer.create(item, num_envs=8, length=4500, codec="none"))
+    frames = jnp.asarray(np.random.default_rng(0).integers(0, 256, (8, 500, 4, 84, 84), dtype=np.uint8))
+    chunk = {"obs": frames, "action": jnp.zeros((8, 500), jnp.int32), "reward": jnp.zeros((8, 500))}
+    for _ in range(9):
+        buf = ADD(buf, chunk, terminated=jnp.zeros((8, 500), bool))
+    disk.flush(buf)
+    buf.close()
+    del frames, chunk
+    ro = disk.open(tmp_path / "big", "r")
+    keys = jax.random.split(jax.random.key(0), 201)
+    jax.block_until_ready(ro.sample_transitions(keys[0], 256, n_step=3, gamma=0.99))
+
+    def rss_mb():
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+    before = rss_mb()
+    for k in keys[1:]:
+        jax.block_until_ready(ro.sample_transitions(k, 256, n_step=3, gamma=0.99))
+    assert rss_mb() - before < 200
