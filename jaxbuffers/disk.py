@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from host_codecs import dtype_from_code
+from host_codecs import CorruptEntryError, dtype_from_code
 from host_codecs.file_store import FileStore, ReadOnlyError
 from jaxbuffers import _compiled, _ring, checkpoint
 from jaxbuffers.compressed import _common
@@ -94,6 +94,23 @@ class DiskStores(HostStores):
         """`HostStores.write`; `ReadOnlyError` before anything is written in a folder opened with `mode="r"`."""
         self.check_state("add")
         return super().write(version, slots, valid, *datas)
+
+    def read_into(self, version, ids, outs) -> None:
+        """`HostStores.read_into`. An entry rewritten in place while it was read fails its checksum; that is reported
+        as the `StaleBufferError` of the overlapping write when there was one, else as `CorruptEntryError`."""
+        try:
+            super().read_into(version, ids, outs)
+        except CorruptEntryError:
+            self._check_read(version, np.concatenate([np.asarray(x).reshape(-1) for x in ids]), count=False)
+            raise
+
+    def read(self, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
+        """`HostStores.read`, with `read_into`'s report of an entry rewritten while it was read."""
+        try:
+            return super().read(version, *ids, aligned=aligned)
+        except CorruptEntryError:
+            self._check_read(version, np.concatenate([np.asarray(x).reshape(-1) for x in ids]), count=False)
+            raise
 
     def close(self) -> None:
         """Close the files (nothing is deleted; adds since the last `flush` are not in the folder's index)."""
