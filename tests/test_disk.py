@@ -260,3 +260,16 @@ def test_sampling_a_folder_larger_than_the_samples_keeps_resident_memory_flat(tm
     for k in keys[1:]:
         jax.block_until_ready(ro.sample_transitions(k, 256, n_step=3, gamma=0.99))
     assert rss_mb() - before < 200
+
+
+def test_a_prioritised_buffer_keeps_its_priorities_on_disk(tmp_path):
+    make = lambda: jb.CompressedPrioritisedTrajectoryBuffer.create(  # noqa: E731
+        STEP, num_envs=2, length=12, window_length=3, codec="none", frame_stack=4)
+    chunk = _chunk(10, seed=4)
+    buf, twin = (ADD(b, **chunk) for b in (disk.open(tmp_path / "p", "w", make()), make()))
+    key = jax.random.key(0)
+    s = buf.sample_transitions(key, 16, gamma=0.9)
+    buf, twin = (b.set_priorities(s.indices, jnp.arange(1.0, 17.0), s.generations) for b in (buf, twin))
+    disk.flush(buf)
+    got = disk.open(tmp_path / "p", "r").sample_transitions(key, 32, gamma=0.9, beta=0.4)
+    assert _same(got, twin.sample_transitions(key, 32, gamma=0.9, beta=0.4))
