@@ -246,6 +246,8 @@ def _leaves(tree: Any) -> tuple[list, list[dict]]:
 
 def _describe(buffer: Any) -> dict:
     name, _, config, stack = _entry(buffer)
+    if getattr(getattr(buffer, "host", None), "directory", None) is not None:  # jaxbuffers.disk.DiskStores
+        raise TypeError(f"buffer: a disk-backed {name} is its folder {buffer.host.directory}; jaxbuffers.disk.flush it and copy the folder")
     if stack and isinstance(buffer, _COMPRESSED):
         raise TypeError(f"buffer: a {name} cannot be stacked (one host store)")
     cfg = config(_unstacked(buffer, stack))
@@ -405,10 +407,11 @@ def _array_tree(leaves: list, host_arrays: dict) -> dict:
     return {"device": device, "host": host}
 
 
-def _write(root: Path, buffer: Any, progress: _Progress) -> None:
-    """Write `buffer` into the existing empty folder `root` (not atomic: `save` and the orbax manager make it so)."""
+def _write(root: Path, buffer: Any, progress: _Progress, host: bool = True) -> None:
+    """Write `buffer` into the existing empty folder `root` (not atomic: `save` and the orbax manager make it so);
+    `host=False` leaves a compressed buffer's host stores out (`jaxbuffers.disk` keeps them in files of their own)."""
     meta = _describe(buffer)
-    host_meta, host_arrays = _host_snapshot(buffer)
+    host_meta, host_arrays = _host_snapshot(buffer) if host else (None, {})
     if host_meta is not None:
         host_meta["arrays"] = {i: {k: [list(a.shape), a.dtype.name] for k, a in s.items()} for i, s in host_arrays["stores"].items()}
     meta["host"] = host_meta
@@ -577,6 +580,11 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       FileExistsError: `directory` exists and is not a checkpoint (nothing is deleted).
       StaleBufferError: a compressed buffer state older than its host store.
     """
+    return _save(directory, buffer, progress)
+
+
+def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host: bool = True) -> Path:
+    """`save`, with `_write`'s `host`."""
     path = Path(directory).absolute()
     if path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
         raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
@@ -586,7 +594,7 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
     tmp.mkdir()
     bar = _Progress(progress, f"save {path.name}")
     try:
-        _write(tmp, buffer, bar)
+        _write(tmp, buffer, bar, host)
         prev = _prev(path)
         if path.exists():
             if prev.exists():  # left by a crash after the previous save completed
