@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 
+import jax
 import numpy as np
 import pytest
 
@@ -203,3 +204,31 @@ def test_replay_refuses_options_it_cannot_honour():
         CompressedReplayBuffer(8, PIX, ACT, "cpu", compression_method="lz4-frame")
     with pytest.raises(TypeError, match="CompressedDictReplayBuffer|JaxDictReplayBuffer"):
         CompressedReplayBuffer(8, DICT, ACT, "cpu")
+
+
+def test_contents_of_sb3_extra_buffers_buffers_convert():
+    """replay_to_jax / rollout_to_jax read sb3-extra-buffers' compressed buffers (one bytes object per observation)."""
+    xb = pytest.importorskip("sb3_extra_buffers.compressed")
+    from jaxbuffers.interop.sb3 import replay_to_jax, rollout_to_jax
+
+    n = 2
+    for cls, space, method in ((xb.CompressedReplayBuffer, PIX, "rle"), (xb.CompressedDictReplayBuffer, DICT, "igzip1")):
+        ref = (DictReplayBuffer if space is DICT else ReplayBuffer)(12, space, ACT, "cpu", n_envs=n)
+        theirs = cls(12, space, ACT, "cpu", n_envs=n, compression_method=method,
+                     dtypes=dict(elem_type=np.float32 if space is DICT else np.uint8, runs_type=np.uint16))
+        _fill_replay([ref, theirs], space, n, 4)
+        got, want = replay_to_jax(theirs), replay_to_jax(ref)
+        for x, y in zip(jax_leaves(got.storage), jax_leaves(want.storage)):
+            np.testing.assert_array_equal(x, y)
+        assert got.size() == want.size() == 8
+    ref = RolloutBuffer(5, PIX, ACT, "cpu", n_envs=n)
+    theirs = xb.CompressedRolloutBuffer(5, PIX, ACT, "cpu", n_envs=n, compression_method="gzip1")
+    _fill_rollout([ref, theirs], PIX, n, 5)
+    want = np.asarray(rollout_to_jax(ref).step["obs"])
+    np.testing.assert_array_equal(np.asarray(rollout_to_jax(theirs).step["obs"]), want)
+    list(theirs.get(5))  # reorders its arrays in place
+    np.testing.assert_array_equal(np.asarray(rollout_to_jax(theirs).step["obs"]), want)
+
+
+def jax_leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
