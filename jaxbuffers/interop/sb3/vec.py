@@ -35,9 +35,10 @@ _OWN = ("_buffers", "_executor", "use_threads")
 class DummyVecRolloutBuffer(RolloutBuffer):
     """A rollout buffer that forwards every call to ``buffers`` and returns one result per buffer (module doc).
 
+    ``buffer_size``, ``observation_space``, ``action_space``, ``device`` and ``n_envs`` are SB3's, kept as attributes
+    (the facade allocates nothing).
+
     Args:
-      buffer_size, observation_space, action_space, device, n_envs: SB3's (kept as attributes; the facade
-        allocates nothing).
       use_threads: run the calls of one delegated method concurrently in a thread pool (one worker per buffer).
       buffers: the underlying buffers, each with SB3's rollout methods.
       **kwargs: SB3 ``RolloutBuffer`` options (``gae_lambda``, ``gamma``), kept as attributes.
@@ -83,9 +84,10 @@ class DummyVecRolloutBuffer(RolloutBuffer):
     def call(self, name: str, *args: Any, **kwargs: Any) -> list:
         """``[getattr(b, name)(*args, **kwargs) for b in buffers]``, concurrently with ``use_threads``.
 
+        A buffer's exception propagates with a note naming the buffer's index.
+
         Raises:
           AttributeError: a buffer without ``name`` (named with its index), before any call.
-          Any exception of a buffer's call, with a note naming the buffer's index.
         """
         fns = []
         for i, b in enumerate(self._buffers):
