@@ -82,6 +82,19 @@ def _gather(storage: dict, rows: jax.Array, envs: jax.Array, next_in_obs: bool) 
     return out
 
 
+def _where(xp: Any, held: Any, a: Any, b: Any) -> Any:
+    """``a`` where ``held`` (``[B]``), else ``b`` (``[B, ...]``)."""
+    return xp.where(held.reshape((-1,) + (1,) * (np.ndim(a) - 1)), a, b)
+
+
+# One compiled program per sample (op-by-op dispatch of the index arithmetic cost more than the decode).
+@jax.jit
+def _decode_at(cbuf: Any, flat: jax.Array, held: jax.Array) -> tuple[Any, Any]:
+    tr = cbuf.trajectory.transitions_at(flat, n_step=1, gamma=1.0)
+    nxt = jax.tree.map(lambda a, b: _where(jnp, held, a, b), tr.obs, tr.next_obs)  # a valid slot to decode where held
+    return cbuf.decode_obs(tr.obs, nxt)
+
+
 class FieldView:
     """A numpy-like window on one stored field, in SB3's layout ``[rows, n_envs, ...]`` and dtype.
 
@@ -385,14 +398,9 @@ class _JaxReplayImpl:
         becomes the next row's obs) unless the step ended an episode (then it is in the
         final-observation ring): it comes from the held copy."""
         cbuf = self._writer.buffer  # flushes the staged steps first
-        traj = cbuf.trajectory
-        tr = traj.transitions_at(envs * traj.length + rows, n_step=1, gamma=1.0)
         held = (rows == (self.pos - 1) % self.buffer_size) & ~dones
-        def where(xp, a, b):
-            return xp.where(held.reshape((-1,) + (1,) * (np.ndim(a) - 1)), a, b)
-
-        obs, nxt = cbuf.decode_obs(tr.obs, jax.tree.map(lambda a, b: where(jnp, a, b), tr.obs, tr.next_obs))  # a valid slot where held
-        return obs, jax.tree.map(lambda p, x: where(np, p[envs], np.asarray(x)), self._pending, nxt)
+        obs, nxt = _decode_at(cbuf, envs * cbuf.trajectory.length + rows, held)
+        return obs, jax.tree.map(lambda p, x: _where(np, held, p[envs], np.asarray(x)), self._pending, nxt)
 
 
 class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
