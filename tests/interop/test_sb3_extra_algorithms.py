@@ -23,7 +23,7 @@ def _weights_agree(ours, theirs, init):
 
 
 @pytest.mark.parametrize("algo, kwargs", [
-    (PPO, dict(n_steps=64, batch_size=32, n_epochs=2)), (A2C, dict(n_steps=16)),
+    (PPO, dict(n_steps=64, batch_size=32, n_epochs=2)), pytest.param(A2C, dict(n_steps=16), marks=pytest.mark.slow),
 ], ids=["PPO", "A2C"])
 def test_on_policy_algorithms_train_as_with_sb3_buffer(algo, kwargs):
     th.set_num_threads(1)
@@ -38,7 +38,9 @@ def test_on_policy_algorithms_train_as_with_sb3_buffer(algo, kwargs):
     _weights_agree(ours, theirs, make(None, 0))
 
 
-@pytest.mark.parametrize("algo, env", [(DQN, "CartPole-v1"), (SAC, "Pendulum-v1"), (TD3, "Pendulum-v1")], ids=["DQN", "SAC", "TD3"])
+@pytest.mark.parametrize("algo, env", [
+    (DQN, "CartPole-v1"), (SAC, "Pendulum-v1"), pytest.param(TD3, "Pendulum-v1", marks=pytest.mark.slow),
+], ids=["DQN", "SAC", "TD3"])
 def test_off_policy_algorithms_train_as_with_sb3_buffer_and_save_the_buffer(algo, env, tmp_path):
     th.set_num_threads(1)
 

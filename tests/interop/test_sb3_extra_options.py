@@ -91,7 +91,7 @@ def _rollout_batches(buf, seed=5):
 
 
 @pytest.mark.parametrize("method, normalize", [
-    ("rle", False), ("rle-jit", True), ("gzip1", False), ("igzip0", True), ("zstd-1", False), ("none", True),
+    ("rle", False), ("gzip1", True), ("zstd-1", False), ("none", True),
 ])
 def test_rollout_equals_sb3_every_method(method, normalize):
     n, steps = 2, 9
