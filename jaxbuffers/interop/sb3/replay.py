@@ -19,7 +19,8 @@ Compression (`compress=`, without `optimize_memory_usage`): `True` or a dict of 
 `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (`codec`, `frame_stack`, `stack_axis`, `padding`,
 `chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`) plus `max_pending` (default 16): the steps
 a `jaxbuffers.compressed.StagingWriter` holds uncompressed on the host (counted in `nbytes`) before it adds them, at
-the latest when SB3 samples; and, for Dict spaces, `keys`: the observation keys to compress (default all). The observations live in a compressed trajectory buffer with one lane per env; with
+the latest when SB3 samples; and, for Dict spaces, `keys`: the observation keys to compress (default all). The
+observations live in a compressed trajectory buffer with one lane per env; with
 `frame_stack=k` only the newest frame of each observation is stored and stacks are rebuilt at sample time (exact for
 observations made by a frame stacker). Every SB3 episode end goes in as a truncation, so its terminal observation is
 kept in the final-observation ring; elsewhere the next row's `obs` is the next observation (the same array in SB3's
