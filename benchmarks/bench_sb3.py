@@ -187,9 +187,11 @@ def compressed_class(kind: str, variant: str):
     return CompressedRolloutBuffer, {"compression_method": method}
 
 
-def compressed_child(kind: str, variant: str, n: int) -> None:
+def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> None:
     """Fill a buffer of n transitions (replay) or n steps (rollout) with recorded frames; print the RSS delta and
-    the median time of add and of sampling (replay: sample(32); rollout: one get(256) pass, per step), as JSON."""
+    the median time of add and of sampling (replay: sample(32); rollout: one get(256) pass, per step), as JSON.
+    With ``traced``: only the bytes held, as tracemalloc's traced host memory (numpy arrays, Python bytes, the
+    host arenas) plus the JAX device arrays (which tracemalloc does not see), immune to swapping."""
     import psutil
     import torch as th
 
@@ -215,6 +217,10 @@ def compressed_child(kind: str, variant: str, n: int) -> None:
             start = np.array([j > 0 and (data["terminated"][j - 1] | data["truncated"][j - 1])], np.float32)
             buf.add(frames[obs_idx[j]][None], act, data["reward"][j : j + 1], start, zero1, zero1[0])
 
+    if traced:
+        import tracemalloc
+
+        tracemalloc.start()
     rss0 = proc.memory_info().rss
     buf = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
     t_add = []
@@ -223,6 +229,13 @@ def compressed_child(kind: str, variant: str, n: int) -> None:
         add(buf, i % m)
         t_add.append(time.perf_counter() - t)
     rss = proc.memory_info().rss - rss0
+    if traced:
+        host = tracemalloc.get_traced_memory()[0]
+        device = 0
+        if variant.startswith("ours"):
+            device = buf.jax_buffer.memory_bytes + buf._writer.buffer.device_nbytes if kind == "replay" else buf.jax_buffer.device_nbytes
+        print(json.dumps({"traced": host, "device": device}))
+        return
     if kind == "replay":
         t_sample = []
         for i in range(100):
@@ -267,18 +280,41 @@ def compressed_rows(quick: bool) -> None:
                     anchor_seconds=res[fastest][f"{call}_us"] / 1e6 if a else None, variant=v)
 
 
+def compressed_traced_rows(quick: bool) -> None:
+    """Rows ``compressed/<kind>/held_bytes_per_<unit>``: bytes held per transition (step) after filling N, as
+    tracemalloc + device arrays (`compressed_child` with ``traced``); ratio: this row / sb3-extra-buffers' smallest."""
+    n = 3_000 if quick else 9_000
+    for kind in ("replay", "rollout"):
+        res = {}
+        for v in COMPRESSED_VARIANTS:
+            out = subprocess.run([sys.executable, __file__, "--compressed-child", kind, v, str(n), "--traced"], capture_output=True,
+                                 text=True, check=True).stdout.strip().splitlines()[-1]
+            r = json.loads(out)
+            res[v] = (r["traced"] + r["device"]) / n
+        extra = [v for v in res if v.startswith("extra")]
+        smallest = min(extra, key=res.get)
+        unit = "transition" if kind == "replay" else "step"
+        for v, b in res.items():
+            impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
+            emit({"bench": BENCH, "case": f"compressed/{kind}/held_bytes_per_{unit}", "impl": impl, "variant": v,
+                  "value": round(b, 1), "unit": f"B/{unit}", "n": n, "anchor": smallest if impl == "ours" else None,
+                  "ratio": round(b / res[smallest], 3) if impl == "ours" else None})
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--memory-child", nargs=2, metavar=("VARIANT", "N"), help=ARGPARSE_SUPPRESS)
     p.add_argument("--compressed-child", nargs=3, metavar=("KIND", "VARIANT", "N"), help=ARGPARSE_SUPPRESS)
     p.add_argument("--train-only", action="store_true", help="only the training-throughput case")
     p.add_argument("--compressed-only", action="store_true", help="only the compressed-classes cases")
+    p.add_argument("--compressed-traced-only", action="store_true", help="only the held-bytes rows of the compressed classes")
+    p.add_argument("--traced", action="store_true", help=ARGPARSE_SUPPRESS)
     args = p.parse_args()
     if args.memory_child:
         memory_child(args.memory_child[0], int(args.memory_child[1]))
         return
     if args.compressed_child:
-        compressed_child(args.compressed_child[0], args.compressed_child[1], int(args.compressed_child[2]))
+        compressed_child(args.compressed_child[0], args.compressed_child[1], int(args.compressed_child[2]), args.traced)
         return
     quick = args.quick
     repeats = args.repeats or (1 if quick else 3)
@@ -287,6 +323,9 @@ def main() -> None:
         emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_rollouts.npz not found"})
         return
     if not args.train_only:
+        compressed_traced_rows(quick)
+        if args.compressed_traced_only:
+            return
         compressed_rows(quick)
     if args.compressed_only:
         return
