@@ -183,7 +183,7 @@ def test_replay_equals_sb3_with_options(method, output_dtype, normalize):
     _assert_same(a, b, normalized=normalize)
 
 
-@pytest.mark.parametrize("keys", [None, ("img",)], ids=["all-keys", "img-only"])
+@pytest.mark.parametrize("keys", [pytest.param(None, marks=pytest.mark.slow), ("img",)], ids=["all-keys", "img-only"])
 def test_dict_replay_equals_sb3_and_pickles(keys):
     n, size, steps = 2, 16, 13
     ref = DictReplayBuffer(size, DICT, ACT, "cpu", n_envs=n)
