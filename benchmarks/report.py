@@ -67,7 +67,12 @@ NOTES = {
                   "the buffer's own byte count). Rows run one buffer per subprocess, so only the `same-process` rows "
                   "have ratios (ours against sb3-extra-buffers' rle-jit, interleaved in one process).",
     "sb3": "SB3 DQN (CnnPolicy) on a replay of recorded Breakout frames. Anchor: SB3's own ReplayBuffer. Memory is "
-           "extrapolated to 1M transitions from two fill sizes.",
+           "extrapolated to 1M transitions from two fill sizes. `compressed/replay/*` and `compressed/rollout/*`: the "
+           "SB3 classes with sb3-extra-buffers' names (`ours:<method>`; replay with frame_stack=4) against "
+           "sb3-extra-buffers 0.5 (`extra:<method>`) and SB3, each in its own subprocess; `held_bytes`: tracemalloc's "
+           "traced host memory plus device arrays after filling, ratio = ours / sb3-extra-buffers' smallest (< 1: "
+           "smaller); `bytes_per_*`: RSS growth between two fills (noisy when the machine swaps); call rows: ratio = "
+           "sb3-extra-buffers' fastest time / ours (> 1: faster).",
     "codecs": "Throughput in MB/s of raw bytes; ratio = throughput / numpy memcpy bandwidth in the same process.",
     "torch_interop": "Anchor: the numpy route (`torch.from_numpy(np.asarray(x))` and back). Throughput in MB/s.",
     "checkpoint": "A `ReplayBuffer` of real Atari items (`uncompressed`) and a `CompressedTrajectoryBuffer` of recorded "
