@@ -201,38 +201,45 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
     return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
 
 
-# HostStores -> the version array of the newest add dispatched eagerly (its write may not have run yet).
-_newest_add: "weakref.WeakKeyDictionary[HostStores, jax.Array]" = weakref.WeakKeyDictionary()
+# HostStores -> (the version array of the newest add dispatched eagerly, the version its write makes): its write may
+# not have run yet.
+_newest_add: "weakref.WeakKeyDictionary[HostStores, tuple[jax.Array, int]]" = weakref.WeakKeyDictionary()
 
 
-def check_before_dispatch(buf: Any, add: bool) -> bool:
+def check_before_dispatch(buf: Any, add: bool) -> int | None:
     """The checks of a compressed buffer's eager call, made before anything is dispatched.
 
     With a concrete state (not under `jit`, `lax.scan` or another transformation): the store must be open and, for
-    an add, the state must be the newest one (`HostStores.check_state`). An add dispatched eagerly before is waited
-    for first, so that its write counts. Returns whether the state was concrete (checked); under a transformation
-    the version is traced and the write callback refuses a stale add when it runs.
+    an add, the state must be the newest one (`HostStores.check_state`). A state returned by the newest eager add is
+    checked without waiting for that add (its version is known; the store is past it only if a later write ran);
+    any other state is checked after the adds dispatched before have run. Returns, for an add of a concrete state,
+    the version its write will make (else None: under a transformation the version is traced and the write callback
+    refuses a stale add when it runs).
 
     Raises:
       RuntimeError: the buffer was closed.
       StaleBufferError: `add` and a later add was made from this state (or from one derived from it).
     """
     if isinstance(buf.version, jax.core.Tracer):
-        return False
-    version = None
-    if add:
-        last = _newest_add.get(buf.host)
-        if last is not None and last is not buf.version:
-            try:
-                last.block_until_ready()
-            except Exception:  # that add failed: the store did not move (its caller got the error)
-                pass
-        version = int(buf.version)  # waits for the add that produced this state
-    buf.host.check_state("add" if add else "sample", version)
-    return True
+        return None
+    if not add:
+        buf.host.check_state("sample")
+        return None
+    last, made = _newest_add.get(buf.host, (None, 0))
+    if last is buf.version and buf.host.version <= made:  # the newest eager add's state, and no write ran past it
+        buf.host.check_state("add")
+        return made + 1
+    if last is not None and last is not buf.version:
+        try:
+            last.block_until_ready()
+        except Exception:  # that add failed: the store did not move (its caller got the error)
+            pass
+    version = int(buf.version)  # waits for the add that produced this state
+    buf.host.check_state("add", version)
+    return version + 1
 
 
-def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> bool:
+def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> int | None:
     """`check_before_dispatch` of an add; a stale state's wrong arguments are named first, as under `jit` (where
     they fail while tracing, before the write callback refuses the state): `add(buf)` is traced, not run."""
     try:
@@ -251,12 +258,12 @@ def checked_before_dispatch(add: bool = False) -> Callable:
         @functools.wraps(method)
         def call(self, *args, **kwargs):
             if add:
-                concrete = check_add_before_dispatch(self, lambda b: method(b, *args, **kwargs))
+                made = check_add_before_dispatch(self, lambda b: method(b, *args, **kwargs))
             else:
-                concrete = check_before_dispatch(self, False)
+                made = check_before_dispatch(self, False)
             out = method(self, *args, **kwargs)
-            if add and concrete:
-                _newest_add[self.host] = out.version
+            if made is not None:
+                _newest_add[self.host] = (out.version, made)
             return out
 
         return call
