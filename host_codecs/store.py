@@ -12,6 +12,7 @@ Layout (plain numpy arrays, simple to persist):
   meta    # shape=(num_slots,), dtype=uint8,  the codec's byte (RLE: count width; zstd: 1 with the dictionary)
   layout  # shape=(num_slots,), dtype=uint16, id into the layout table
   check   # shape=(num_slots,), dtype=uint32, the entry's checksum (below)
+  base    # shape=(num_slots,), dtype=int32,  slot this entry is a delta against, -1 = none (a keyframe)
   ```
 
 * layout table: layout id -> (dtype code, shape), shared by every entry of that dtype and shape.
@@ -19,7 +20,8 @@ Layout (plain numpy arrays, simple to persist):
 * arena: the payload bytes (`host_codecs.arena`).
 
 Checksums: an entry's `check` is the low 32 bits of XXH3-64 of its payload seeded with its slot id and length, XOR
-`codec | meta << 8 | layout << 16`. Every read verifies the entries it decodes before decoding them and raises
+`codec | meta << 8 | layout << 16`; a delta entry's check also XORs in a hash of its base slot and the base's
+`check` when the delta was put, so a delta whose base was rewritten since fails. Every read verifies the entries it decodes before decoding them and raises
 `host_codecs.CorruptEntryError` naming the store and the slots whose payload, length, offset, chunk, codec, meta byte
 or layout changed since they were written (any change of codec, meta or layout always; a changed payload, offset or
 length unless the hashes collide, about 1 in 4e9); a payload moved to another slot fails too. The other chunk ids
@@ -29,6 +31,13 @@ Concurrency: one lock guards the index and the arena. `put` encodes outside the 
 payloads into never-used arena space and only then publishes the index rows. `get` snapshots the index rows and the
 arena's chunks under the lock and decodes outside it. Published payload bytes never change, so a concurrent reader
 sees each entry entirely before or entirely after a put, never torn.
+
+Deltas (temporal coding): `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded with
+the store's codec without the dictionary; `b[i] = -1` stores it whole (a keyframe, with the dictionary). Reading a
+delta decodes its chain (base, base of base, ... down to a keyframe): every slot of the chains of one request is
+decoded once, in parallel, and the XORs run level by level from the keyframes up. Rewriting or deleting a slot that
+live deltas are based on makes their reads fail their checksum (`CorruptEntryError`); a writer that keeps each
+chain's keyframe and deltas until the chain is dropped (a frame ring) never does.
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
 distinct slot of the request once, into its first row, in one shard per thread
@@ -58,7 +67,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code
+from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, dtype_code, dtype_from_code
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
 from .registry import CODECS, codec_for_tag, get_codec
@@ -92,6 +101,24 @@ def _payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
 def _fields(tag, meta, layout) -> np.ndarray:
     """# dtype=uint32: `tag | meta << 8 | layout << 16`, the index fields an entry's check covers exactly."""
     return np.asarray(tag, np.uint32) | np.asarray(meta, np.uint32) << 8 | np.asarray(layout, np.uint32) << 16
+
+
+def _base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
+    """# dtype=uint32: what a delta's check XORs in, from its base slot and the base's check (0 for `base == -1`)."""
+    b = np.asarray(base, np.int64)
+    mixed = ((b + 1) * 0x9E3779B1 & 0xFFFFFFFF).astype(np.uint32) ^ np.asarray(base_check, np.uint32)
+    return np.where(b >= 0, mixed, np.uint32(0)).astype(np.uint32)
+
+
+def _concat(parts: Sequence[EncodedBatch]) -> EncodedBatch:
+    """One `EncodedBatch` of the payloads of `parts`, in order."""
+    if len(parts) == 1:
+        return parts[0]
+    shift = np.cumsum([0] + [p.buffer.shape[0] for p in parts[:-1]])
+    return EncodedBatch(
+        np.concatenate([p.buffer for p in parts]), np.concatenate([p.offsets + o for p, o in zip(parts, shift)]),
+        np.concatenate([p.lengths for p in parts]), np.concatenate([p.meta for p in parts]),
+    )
 
 
 def _integer_ids(slots: Any, field: str) -> np.ndarray:
@@ -204,6 +231,8 @@ class CompressedStore:
         self._meta = np.zeros(n, dtype=np.uint8)  # shape=(num_slots,), uint8
         self._layout = np.zeros(n, dtype=np.uint16)  # shape=(num_slots,), uint16
         self._check = np.zeros(n, dtype=np.uint32)  # shape=(num_slots,), uint32: see the module doc
+        self._base = np.full(n, -1, dtype=np.int32)  # shape=(num_slots,), int32: delta base slot, -1 = keyframe
+        self._recent: tuple[np.ndarray, np.ndarray] | None = None  # (slots, raw rows) of the last put with bases
         self._layouts: list[tuple[int, tuple[int, ...]]] = []  # layout id -> (dtype code, shape)
         self._layout_ids: dict[tuple[int, tuple[int, ...]], int] = {}
         self._layout_nbytes = np.zeros(0, dtype=np.int64)  # shape=(num_layouts,), int64
@@ -215,7 +244,7 @@ class CompressedStore:
         self._lock = threading.Lock()
 
     def _index(self) -> tuple[np.ndarray, ...]:
-        return self._chunk, self._offset, self._length, self._codec, self._meta, self._layout, self._check
+        return self._chunk, self._offset, self._length, self._codec, self._meta, self._layout, self._check, self._base
 
     def _slots(self, slots: Any, field: str = "slots") -> np.ndarray:
         """Slot ids as int64, negative ones wrapped; TypeError / IndexError for bad ids."""
@@ -245,7 +274,7 @@ class CompressedStore:
             self._layout_nbytes = np.append(self._layout_nbytes, nb)
         return lid
 
-    def put(self, slots: Any, arrays: Any, *, codec: "str | Codec | None" = None) -> None:
+    def put(self, slots: Any, arrays: Any, *, codec: "str | Codec | None" = None, bases: Any = None) -> None:
         """Store `arrays[i]` in slot `slots[i]`, replacing what was there.
 
         Args:
@@ -253,16 +282,20 @@ class CompressedStore:
           arrays: # shape=(B, *item_shape), a dtype of `host_codecs._base.DTYPES`; never cast.
           codec: codec of this call (default: the store's); entries of different codecs
             coexist, and each is decoded with its own.
+          bases: optional # shape=(B,), integer slot ids: entry `i` is stored as a delta against what slot
+            `bases[i]` holds after the rows before it are stored (an earlier row of this batch or a stored entry of
+            the same dtype and shape), `-1`: whole (module doc, Deltas).
 
         Raises:
-          TypeError: an unsupported dtype or non-integer slots.
-          ValueError: a batch size, or a declared shape or dtype, that does not match.
+          TypeError: an unsupported dtype or non-integer slots or bases.
+          ValueError: a batch size, or a declared shape or dtype, that does not match; `bases` of another shape,
+            naming its own row's slot, an empty slot, or given with repeated `slots`.
           IndexError: a slot out of range.
         (Every argument is checked before anything is stored.)
         """
-        self._put(slots, arrays, codec, "slots", "arrays")
+        self._put(slots, arrays, codec, "slots", "arrays", bases)
 
-    def _put(self, slots: Any, arrays: Any, codec, ids: str, values: str) -> None:
+    def _put(self, slots: Any, arrays: Any, codec, ids: str, values: str, bases: Any = None) -> None:
         """`put`, its error messages naming the arguments `ids` and `values`."""
         cdc = self.codec if codec is None else get_codec(codec)
         s = self._slots(slots, ids)
@@ -279,19 +312,33 @@ class CompressedStore:
                 f"{values}: this store holds items of shape {dshape} and dtype "
                 f"{dtype_from_code(dcode)}, got shape {item_shape} and dtype {a.dtype}"
             )
+        base = None if bases is None else self._bases(bases, s)
         if s.size == 0:
             return
         if np.unique(s).size != s.size:  # keep the last occurrence of a repeated slot only
+            if base is not None and (base >= 0).any():
+                raise ValueError(f"bases: given with repeated {ids} (a delta against a slot written twice in one batch is ambiguous)")
             keep = np.sort(s.size - 1 - np.unique(s[::-1], return_index=True)[1])
             s, a = s[keep], a[keep]
+            base = None if base is None else base[keep]
         a = np.ascontiguousarray(a)
         b = s.shape[0]
         rows = a.reshape(b, -1).view(np.uint8) if a.size else np.empty((b, 0), np.uint8)
         dictionary = None
         if cdc is self.codec:
             dictionary = self._dictionary if self._trained else self._train(rows, code, item_shape)
-        # outside the lock: the expensive part
-        enc = cdc.encode_batch(rows, a.dtype) if dictionary is None else cdc.encode_batch(rows, a.dtype, dictionary)
+        delta = np.zeros(b, bool) if base is None else base >= 0
+        if delta.any():
+            coded = rows.copy()
+            coded[delta] ^= self._base_rows(s, base, rows, code, item_shape)
+            keys, deltas = np.flatnonzero(~delta), np.flatnonzero(delta)
+            order = np.concatenate([keys, deltas])  # the arena takes payloads in batch order
+            s, base, rows, coded = s[order], base[order], rows[order], coded[order]
+            parts = [cdc.encode_batch(x, a.dtype, *([dictionary] if d is not None else [])) for x, d in ((coded[: keys.size], dictionary), (coded[keys.size :], None)) if x.shape[0]]
+            enc = _concat(parts)
+        else:
+            # outside the lock: the expensive part
+            enc = cdc.encode_batch(rows, a.dtype) if dictionary is None else cdc.encode_batch(rows, a.dtype, dictionary)
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
         sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s)
@@ -302,8 +349,66 @@ class CompressedStore:
             self._chunk[s], self._offset[s], self._length[s] = chunk_ids, offsets, enc.lengths
             self._codec[s], self._meta[s], self._layout[s] = cdc.tag, enc.meta, lid
             self._check[s] = sums ^ _fields(cdc.tag, enc.meta, lid)
+            self._base[s] = -1 if base is None else base
+            if delta.any():  # in batch order: a base put earlier in this batch has its new check already
+                for i in range(int((~delta).sum()), b):
+                    self._check[s[i]] ^= _base_sums(base[i : i + 1], self._check[base[i : i + 1]])[0]
+            self._recent = None if base is None else (s.copy(), np.array(rows))
             self._tags[:, cdc.tag] += (b, b * int(self._layout_nbytes[lid]), int(enc.lengths.sum()))
             self._maybe_compact()
+
+    def _bases(self, bases: Any, s: np.ndarray) -> np.ndarray:
+        """`bases` of a put of slots `s`, checked: int64 `[B]`, -1 for whole entries."""
+        base = _integer_ids(bases, "bases").astype(np.int64)
+        if base.shape != s.shape:
+            raise ValueError(f"bases: expected shape {s.shape} (one per slot), got shape {base.shape}")
+        if base.size and (int(base.min()) < -1 or int(base.max()) >= self.num_slots):
+            bad = int(base.min()) if int(base.min()) < -1 else int(base.max())
+            raise IndexError(f"bases: slot {bad} out of range for a store of {self.num_slots} slots (-1: no base)")
+        if (base == s).any():
+            raise ValueError(f"bases: slot {int(s[base == s][0])} is given itself as its base")
+        return base
+
+    def _base_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape) -> np.ndarray:
+        """Raw rows (uint8 `[D, nbytes]`) of the bases of the delta rows of a put: an earlier row of the batch, the
+        last put's row of that slot, else the stored entry decoded."""
+        idx = np.flatnonzero(base >= 0)
+        out = np.empty((idx.size, rows.shape[1]), np.uint8)
+        todo = []
+        recent = self._recent
+        first = {}  # slot -> row of this batch that wrote it (slots are unique here)
+        for i, slot in enumerate(s.tolist()):
+            first[slot] = i
+        for j, i in enumerate(idx.tolist()):
+            bslot = int(base[i])
+            r = first.get(bslot)
+            if r is not None and r < i:
+                out[j] = rows[r]
+            elif r is not None:
+                raise ValueError(f"bases: row {i} is based on slot {bslot}, which a later row of the batch rewrites")
+            else:
+                todo.append(j)
+        if todo:
+            todo = np.asarray(todo)
+            need = base[idx[todo]]
+            hit = np.zeros(todo.size, bool)
+            if recent is not None and recent[1].shape[1] == rows.shape[1]:
+                order = np.argsort(recent[0])
+                at = np.searchsorted(recent[0], need, sorter=order)
+                at = np.minimum(at, recent[0].size - 1)
+                hit = recent[0][order[at]] == need
+                out[todo[hit]] = recent[1][order[at[hit]]]
+            if (~hit).any():
+                miss = need[~hit]
+                with self._lock:
+                    empty = self._chunk[miss] < 0
+                    lids = self._layout[miss]
+                if empty.any():
+                    raise ValueError(f"bases: slot {int(miss[empty][0])} is empty (a delta needs a stored base)")
+                if (lids != self._layout_ids.get((code, tuple(item_shape)), -1)).any():
+                    raise ValueError("bases: a base slot holds an entry of another dtype or shape")
+                out[todo[~hit]] = self.get(miss).reshape(miss.size, -1).view(np.uint8)
+        return out
 
     def _train(self, rows: np.ndarray, code: int, item_shape: tuple[int, ...]):
         """The dictionary to encode `rows` with, built (once, outside the store lock) when the
@@ -352,7 +457,7 @@ class CompressedStore:
         for row, w in enumerate((None, self._layout_nbytes[self._layout[s]], self._length[s].astype(np.float64))):
             self._tags[row] -= np.bincount(self._codec[s], weights=w, minlength=_NUM_TAGS).astype(np.int64)
         self._arena.free(self._chunk[s], self._length[s])
-        self._chunk[s] = -1
+        self._chunk[s], self._base[s] = -1, -1
 
     def _maybe_compact(self) -> None:
         """Relocate the sparsest sealed chunks while freed bytes exceed `max_dead_fraction` of
@@ -366,12 +471,14 @@ class CompressedStore:
         """Empty the given slots (their space is reclaimed as the module doc says)."""
         s = np.unique(self._slots(slots).reshape(-1))
         with self._lock:
+            self._recent = None
             self._free(s)
             self._maybe_compact()
 
     def clear(self) -> None:
         """Empty every slot and release the whole arena."""
         with self._lock:
+            self._recent = None
             self._free(np.arange(self.num_slots))
             self._arena.clear()
 
@@ -434,19 +541,30 @@ class CompressedStore:
         ss = [_integer_ids(x, n) for x, n in zip(slot_arrays, names)]
         flat = np.concatenate([self._slots(x.reshape(-1), n) for x, n in zip(ss, names)])
         bounds = np.cumsum([0] + [x.size for x in ss]).astype(np.int64)
+        n = flat.size
         with self._lock:  # a snapshot: published payload bytes never change afterwards
-            chunk, offset, length, tag, meta, layout, check = (a[flat] for a in self._index())
+            chains = self._chains(flat)  # the slots the requested deltas' chains add, after the request
+            flat = np.concatenate([flat, chains]) if chains.size else flat
+            chunk, offset, length, tag, meta, layout, check, base = (a[flat] for a in self._index())
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
+        bounds = np.append(bounds, flat.size) if chains.size else bounds
         present = np.flatnonzero(chunk >= 0)
-        empty = np.flatnonzero(chunk == -1)
+        empty = np.flatnonzero(chunk[:n] == -1)
         if empty.size + present.size < flat.size:
-            self._corrupt(flat[chunk < -1], "an invalid chunk id")
+            bad = chunk < -1
+            self._corrupt(flat[bad] if bad.any() else flat[n:][chunk[n:] == -1], "an invalid chunk id" if bad.any() else "a delta's base slot is empty")
         # Each distinct slot is decoded at its first position; the others are copies of it.
-        _, first, inverse = np.unique(flat[present], return_index=True, return_inverse=True)
+        uniq, first, inverse = np.unique(flat[present], return_index=True, return_inverse=True)
         source = present[first[inverse.reshape(-1)]]
         is_first = source == present
         pos = present[is_first]  # positions decoded, ascending
-        self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos])
+        base_pos = None  # position of each decoded delta's base (decoded too), -1 for a keyframe
+        if chains.size or (base[pos] >= 0).any():
+            b = base[pos].astype(np.int64)
+            at = np.minimum(np.searchsorted(uniq, b), uniq.size - 1)
+            base_pos = np.where(b >= 0, present[first[at]], -1)
+        self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos],
+                     None if base_pos is None else (base[pos], np.where(base_pos >= 0, check[base_pos], 0)))
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
             raise KeyError(
@@ -470,6 +588,8 @@ class CompressedStore:
         nbytes = math.prod(item_shape) * dtype.itemsize
         results = [self._output(outs, j, s.shape + tuple(item_shape), dtype, len(ss)) for j, s in enumerate(ss)]
         views = [r.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8) for s, r in zip(ss, results)]
+        if chains.size:
+            views.append(np.empty((chains.size, nbytes), np.uint8))  # chain frames not requested
         out_j, out_row = _out_of(empty, bounds)
         for j in np.unique(out_j).tolist():  # zeros for the empty slots
             views[j][out_row[out_j == j]] = 0
@@ -488,12 +608,48 @@ class CompressedStore:
                 )
 
         parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
+        if base_pos is not None:
+            self._undelta(views, bounds, pos, base_pos, flat)
         (src_j, src_row), (dst_j, dst_row) = _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds)
         pair = src_j * len(views) + dst_j
         for k in np.unique(pair).tolist():
             sel = pair == k
             views[k % len(views)][dst_row[sel]] = views[k // len(views)][src_row[sel]]
         return results
+
+    def _chains(self, flat: np.ndarray) -> np.ndarray:
+        """The slots (int64, unique) the chains of the deltas among `flat` reach and `flat` lacks; under the lock."""
+        seen = np.unique(flat)
+        frontier = self._base[seen]
+        if not (frontier >= 0).any():
+            return np.zeros(0, np.int64)
+        extra = []
+        while True:
+            frontier = np.setdiff1d(frontier[frontier >= 0].astype(np.int64), seen)
+            if not frontier.size:
+                break
+            extra.append(frontier)
+            seen = np.union1d(seen, frontier)
+            frontier = self._base[frontier]
+        return np.concatenate(extra) if extra else np.zeros(0, np.int64)
+
+    def _undelta(self, views, bounds, pos, base_pos, flat) -> None:
+        """XOR each decoded delta (request position in `pos`) with its decoded base (`base_pos`), level by level
+        from the keyframes up."""
+        done = np.zeros(flat.size, bool)
+        done[pos[base_pos < 0]] = True
+        todo = np.flatnonzero(base_pos >= 0)
+        while todo.size:
+            ready = done[base_pos[todo]]
+            if not ready.any():
+                self._corrupt(flat[pos[todo]], "its chain of deltas never reaches a keyframe")
+            step, todo = todo[ready], todo[~ready]
+            (dj, dr), (sj, sr) = _out_of(pos[step], bounds), _out_of(base_pos[step], bounds)
+            pair = sj * len(views) + dj
+            for k in np.unique(pair).tolist():
+                sel = pair == k
+                views[k % len(views)][dr[sel]] ^= views[k // len(views)][sr[sel]]
+            done[pos[step]] = True
 
     def _corrupt(self, slots: np.ndarray, why: str):
         ids = np.unique(slots)
@@ -503,9 +659,13 @@ class CompressedStore:
             + f" are corrupt ({why}): their bytes changed after they were written"
         )
 
-    def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check) -> None:
-        """Raise CorruptEntryError naming the slots whose entries fail their checksum (module doc)."""
-        bad = _payload_sums(table, chunk, offset, length, slots) ^ _fields(tag, meta, layout) != check
+    def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check, bases=None) -> None:
+        """Raise CorruptEntryError naming the slots whose entries fail their checksum (module doc); `bases`: (base
+        slots, the bases' checks) of deltas."""
+        expect = _payload_sums(table, chunk, offset, length, slots) ^ _fields(tag, meta, layout)
+        if bases is not None:
+            expect ^= _base_sums(*bases)
+        bad = expect != check
         if bad.any():
             self._corrupt(slots[bad], "checksum mismatch")
 
