@@ -32,8 +32,8 @@ payloads into never-used arena space and only then publishes the index rows. `ge
 arena's chunks under the lock and decodes outside it. Published payload bytes never change, so a concurrent reader
 sees each entry entirely before or entirely after a put, never torn.
 
-Deltas (temporal coding): `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded with
-the store's codec without the dictionary; `b[i] = -1` stores it whole (a keyframe, with the dictionary). Reading a
+Deltas (temporal coding): `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded like
+any entry (with the store's dictionary when it has one); `b[i] = -1` stores it whole (a keyframe). Reading a
 delta decodes its chain (base, base of base, ... down to a keyframe): every slot of the chains of one request is
 decoded once, in parallel, and the XORs run level by level from the keyframes up. Rewriting or deleting a slot that
 live deltas are based on makes their reads fail their checksum (`CorruptEntryError`); a writer that keeps each
@@ -67,7 +67,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, dtype_code, dtype_from_code
+from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
 from .registry import CODECS, codec_for_tag, get_codec
@@ -108,17 +108,6 @@ def _base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
     b = np.asarray(base, np.int64)
     mixed = ((b + 1) * 0x9E3779B1 & 0xFFFFFFFF).astype(np.uint32) ^ np.asarray(base_check, np.uint32)
     return np.where(b >= 0, mixed, np.uint32(0)).astype(np.uint32)
-
-
-def _concat(parts: Sequence[EncodedBatch]) -> EncodedBatch:
-    """One `EncodedBatch` of the payloads of `parts`, in order."""
-    if len(parts) == 1:
-        return parts[0]
-    shift = np.cumsum([0] + [p.buffer.shape[0] for p in parts[:-1]])
-    return EncodedBatch(
-        np.concatenate([p.buffer for p in parts]), np.concatenate([p.offsets + o for p, o in zip(parts, shift)]),
-        np.concatenate([p.lengths for p in parts]), np.concatenate([p.meta for p in parts]),
-    )
 
 
 def _integer_ids(slots: Any, field: str) -> np.ndarray:
@@ -328,17 +317,12 @@ class CompressedStore:
         if cdc is self.codec:
             dictionary = self._dictionary if self._trained else self._train(rows, code, item_shape)
         delta = np.zeros(b, bool) if base is None else base >= 0
+        coded = rows
         if delta.any():
             coded = rows.copy()
             coded[delta] ^= self._base_rows(s, base, rows, code, item_shape)
-            keys, deltas = np.flatnonzero(~delta), np.flatnonzero(delta)
-            order = np.concatenate([keys, deltas])  # the arena takes payloads in batch order
-            s, base, rows, coded = s[order], base[order], rows[order], coded[order]
-            parts = [cdc.encode_batch(x, a.dtype, *([dictionary] if d is not None else [])) for x, d in ((coded[: keys.size], dictionary), (coded[keys.size :], None)) if x.shape[0]]
-            enc = _concat(parts)
-        else:
-            # outside the lock: the expensive part
-            enc = cdc.encode_batch(rows, a.dtype) if dictionary is None else cdc.encode_batch(rows, a.dtype, dictionary)
+        # outside the lock: the expensive part
+        enc = cdc.encode_batch(coded, a.dtype) if dictionary is None else cdc.encode_batch(coded, a.dtype, dictionary)
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
         sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s)
@@ -350,9 +334,12 @@ class CompressedStore:
             self._codec[s], self._meta[s], self._layout[s] = cdc.tag, enc.meta, lid
             self._check[s] = sums ^ _fields(cdc.tag, enc.meta, lid)
             self._base[s] = -1 if base is None else base
-            if delta.any():  # in batch order: a base put earlier in this batch has its new check already
-                for i in range(int((~delta).sum()), b):
-                    self._check[s[i]] ^= _base_sums(base[i : i + 1], self._check[base[i : i + 1]])[0]
+            pending = np.flatnonzero(delta)
+            while pending.size:  # level by level: a delta's check takes its base's final check
+                ready = ~np.isin(base[pending], s[pending])
+                i = pending[ready]
+                self._check[s[i]] ^= _base_sums(base[i], self._check[base[i]])
+                pending = pending[~ready]
             self._recent = None if base is None else (s.copy(), np.array(rows))
             self._tags[:, cdc.tag] += (b, b * int(self._layout_nbytes[lid]), int(enc.lengths.sum()))
             self._maybe_compact()

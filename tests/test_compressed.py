@@ -119,6 +119,7 @@ def _matches_strategy(f):
     chunks=st.lists(st.integers(1, 4), min_size=1, max_size=10),
     use_jit=st.booleans(),
     p_end=st.sampled_from([0.0, 0.15, 0.4]),
+    keyframe_interval=st.sampled_from([1, 2, 3, 8]),
 )(f)
 
 
@@ -135,14 +136,14 @@ def test_matches_trajectory_buffer_many(**kw):
     _check_matches(**kw)
 
 
-def _check_matches(seed, num_envs, length, k, stack_axis, padding, dict_obs, codec, chunks, use_jit, p_end):
+def _check_matches(seed, num_envs, length, k, stack_axis, padding, dict_obs, codec, chunks, use_jit, p_end, keyframe_interval):
     rng = np.random.default_rng(seed)
     kk = 1 if k is None else k
     stacker = Stacker(rng, num_envs, kk, padding, stack_axis if k else 0)
     ex = example(k, stack_axis, dict_obs)
     comp = CompressedTrajectoryBuffer.create(
         ex, num_envs=num_envs, length=length, compress=("pixels",) if dict_obs else None, frame_stack=k,
-        stack_axis=stack_axis, padding=padding, codec=codec,
+        stack_axis=stack_axis, padding=padding, codec=codec, keyframe_interval=keyframe_interval,
     )
     ref = TrajectoryBuffer.create(ex, num_envs=num_envs, length=length)
     cadd = jax.jit(CompressedTrajectoryBuffer.add, donate_argnums=0) if use_jit else CompressedTrajectoryBuffer.add
@@ -165,6 +166,8 @@ def _check_matches(seed, num_envs, length, k, stack_axis, padding, dict_obs, cod
         kw = dict(terminated=jnp.asarray(term), truncated=jnp.asarray(trunc), final_obs=fin)
         comp = cadd(comp, step, **kw)
         ref = radd(ref, step, **kw)
+        # every stored observation decodes exactly (the oldest ones' chains included)
+        assert_tree_equal(comp.decode_obs(comp.trajectory.storage["obs"]), ref.storage["obs"])
     assert comp.host.num_writes == 2 * len(chunks)
     for i, n in enumerate(range(1, length)):
         if n > 3:
@@ -338,8 +341,9 @@ def test_fork_and_stale_reads_are_refused():
         buf = buf.add(mk(i), terminated=term[i])
     old = buf
     old.sample_sequences(jax.random.key(0), 4, 2)  # fine: nothing newer written yet
-    for i in range(5, 12):  # wraps the 4-step lane (frame ring of 7) twice
-        buf = buf.add(mk(i), terminated=term[i])
+    end = 5 + buf.frame_ring  # wraps the lane's frame ring once
+    for i in range(5, end):
+        buf = buf.add(mk(i % 20), terminated=term[i % 20])
     buf.sample_sequences(jax.random.key(0), 4, 2)  # the newest state reads fine
     with pytest.raises(Exception, match="rewritten"):
         jax.block_until_ready(old.sample_sequences(jax.random.key(0), 4, 2))
