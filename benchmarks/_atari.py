@@ -66,3 +66,18 @@ def rollout(game: str, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     np.savez(tmp, **out)
     os.replace(tmp, path)
     return out
+
+
+def stacked(roll: dict[str, np.ndarray], k: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Frame stacks of a `rollout`, frames stored once: `(frames [F, 84, 84], obs_idx [n, k], next_idx [n, k])` with
+    `obs[t] = frames[obs_idx[t]]` the stack step `t` starts from and `next_obs[t] = frames[next_idx[t]]` the one it
+    returned (`FrameStackObservation(k, padding_type="reset")`: an episode's first stack repeats its first frame)."""
+    n = roll["frame"].shape[0]
+    ends = roll["terminated"] | roll["truncated"]
+    start = np.zeros(n, np.int64)
+    for t in range(1, n):
+        start[t] = t if ends[t - 1] else start[t - 1]
+    t = np.arange(n)[:, None]
+    obs_idx = np.maximum(t - np.arange(k - 1, -1, -1)[None, :], start[:, None])
+    next_idx = np.concatenate([obs_idx[:, 1:], n + t], axis=1)
+    return np.concatenate([roll["frame"], roll["next_frame"]]), obs_idx.astype(np.int32), next_idx.astype(np.int32)

@@ -584,19 +584,26 @@ class CompressedStore:
             return results
         pos_out, pos_row = _out_of(pos, bounds)
         chunk, offset, length = chunk.astype(np.int64), offset.astype(np.int64), length.astype(np.int64)
+        # Shards take whole chains: a delta is XORed with its base right after its shard decoded both.
+        order, cuts, base_i = np.arange(pos.size), np.arange(pos.size + 1), None
+        if base_pos is not None:
+            order, cuts, base_i = self._chain_order(pos, base_pos, flat)
 
         def shard(a: int, b: int) -> None:
-            p = pos[a:b]  # the codecs' own parallel_for calls run inline here
+            sl = order[cuts[a] : cuts[b]]
+            p = pos[sl]  # the codecs' own parallel_for calls run inline here
             for t in np.unique(tag[p]).tolist():
                 sel = np.flatnonzero(tag[p] == t)
                 q = p[sel]
                 codec_for_tag(t).decode_many(
-                    table, chunk[q], offset[q], length[q], meta[q], views, pos_out[a:b][sel], pos_row[a:b][sel], dtype
+                    table, chunk[q], offset[q], length[q], meta[q], views, pos_out[sl][sel], pos_row[sl][sel], dtype
                 )
+            if base_i is not None:
+                for i in sl[base_i[sl] >= 0].tolist():  # keyframe first, then each delta after its base
+                    dst, j = views[pos_out[i]][pos_row[i]], base_i[i]
+                    np.bitwise_xor(dst, views[pos_out[j]][pos_row[j]], out=dst)
 
-        parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
-        if base_pos is not None:
-            self._undelta(views, bounds, pos, base_pos, flat)
+        parallel_for(cuts.size - 1, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
         (src_j, src_row), (dst_j, dst_row) = _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds)
         pair = src_j * len(views) + dst_j
         for k in np.unique(pair).tolist():
@@ -606,37 +613,39 @@ class CompressedStore:
 
     def _chains(self, flat: np.ndarray) -> np.ndarray:
         """The slots (int64, unique) the chains of the deltas among `flat` reach and `flat` lacks; under the lock."""
-        seen = np.unique(flat)
-        frontier = self._base[seen]
-        if not (frontier >= 0).any():
+        frontier = self._base[flat]
+        frontier = frontier[frontier >= 0]
+        if not frontier.size:
             return np.zeros(0, np.int64)
+        seen = np.zeros(self.num_slots, bool)
+        seen[flat] = True
         extra = []
-        while True:
-            frontier = np.setdiff1d(frontier[frontier >= 0].astype(np.int64), seen)
-            if not frontier.size:
-                break
-            extra.append(frontier)
-            seen = np.union1d(seen, frontier)
-            frontier = self._base[frontier]
-        return np.concatenate(extra) if extra else np.zeros(0, np.int64)
+        while frontier.size:
+            new = np.unique(frontier[~seen[frontier]])
+            seen[new] = True
+            extra.append(new)
+            frontier = self._base[new]
+            frontier = frontier[frontier >= 0]
+        return np.concatenate(extra).astype(np.int64)
 
-    def _undelta(self, views, bounds, pos, base_pos, flat) -> None:
-        """XOR each decoded delta (request position in `pos`) with its decoded base (`base_pos`), level by level
-        from the keyframes up."""
-        done = np.zeros(flat.size, bool)
-        done[pos[base_pos < 0]] = True
-        todo = np.flatnonzero(base_pos >= 0)
-        while todo.size:
-            ready = done[base_pos[todo]]
-            if not ready.any():
-                self._corrupt(flat[pos[todo]], "its chain of deltas never reaches a keyframe")
-            step, todo = todo[ready], todo[~ready]
-            (dj, dr), (sj, sr) = _out_of(pos[step], bounds), _out_of(base_pos[step], bounds)
-            pair = sj * len(views) + dj
-            for k in np.unique(pair).tolist():
-                sel = pair == k
-                views[k % len(views)][dr[sel]] ^= views[k // len(views)][sr[sel]]
-            done[pos[step]] = True
+    def _chain_order(self, pos: np.ndarray, base_pos: np.ndarray, flat: np.ndarray):
+        """Decode order of entries `pos` (request positions, ascending) whose bases are at request positions
+        `base_pos` (-1: a keyframe): `(order, cuts, base_i)`, the entries chain by chain (keyframe first, then by
+        depth), chain `c` being `order[cuts[c]:cuts[c + 1]]`, and each entry's base as an index into `pos`."""
+        n = pos.size
+        base_i = np.where(base_pos >= 0, np.searchsorted(pos, base_pos), -1)
+        root = np.where(base_i >= 0, base_i, np.arange(n))
+        depth = (base_i >= 0).astype(np.int64)
+        for _ in range(64):  # pointer jumping: chains of up to 2**64 entries
+            up = root[root]
+            if np.array_equal(up, root):
+                break
+            depth, root = depth + depth[root] * (up != root), up
+        else:
+            self._corrupt(flat[pos[root != root[root]]], "its chain of deltas never reaches a keyframe")
+        order = np.lexsort((depth, root))
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(root[order])) + 1, [n]])
+        return order, cuts, base_i
 
     def _corrupt(self, slots: np.ndarray, why: str):
         ids = np.unique(slots)
