@@ -221,7 +221,7 @@ class CompressedStore:
         self._layout = np.zeros(n, dtype=np.uint16)  # shape=(num_slots,), uint16
         self._check = np.zeros(n, dtype=np.uint32)  # shape=(num_slots,), uint32: see the module doc
         self._base = np.full(n, -1, dtype=np.int32)  # shape=(num_slots,), int32: delta base slot, -1 = keyframe
-        self._recent: tuple[np.ndarray, np.ndarray] | None = None  # (slots, raw rows) of the last put with bases
+        self._recent: tuple[np.ndarray, np.ndarray] | None = None  # (slots, raw rows) of the last put with bases: see _put
         self._layouts: list[tuple[int, tuple[int, ...]]] = []  # layout id -> (dtype code, shape)
         self._layout_ids: dict[tuple[int, tuple[int, ...]], int] = {}
         self._layout_nbytes = np.zeros(0, dtype=np.int64)  # shape=(num_layouts,), int64
@@ -319,8 +319,17 @@ class CompressedStore:
         delta = np.zeros(b, bool) if base is None else base >= 0
         coded = rows
         if delta.any():
-            coded = rows.copy()
-            coded[delta] ^= self._base_rows(s, base, rows, code, item_shape)
+            src, ext = self._base_rows(s, base, rows, code, item_shape)
+            coded = np.empty_like(rows)
+
+            def xor(start: int, stop: int) -> None:
+                for i, r in zip(range(start, stop), src[start:stop].tolist()):
+                    if r == b:  # a keyframe
+                        coded[i] = rows[i]
+                    else:
+                        np.bitwise_xor(rows[i], rows[r] if r >= 0 else ext[-1 - r], out=coded[i])
+
+            parallel_for(b, xor, work_bytes=rows.nbytes)
         # outside the lock: the expensive part
         enc = cdc.encode_batch(coded, a.dtype) if dictionary is None else cdc.encode_batch(coded, a.dtype, dictionary)
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
@@ -340,7 +349,9 @@ class CompressedStore:
                 i = pending[ready]
                 self._check[s[i]] ^= _base_sums(base[i], self._check[base[i]])
                 pending = pending[~ready]
-            self._recent = None if base is None else (s.copy(), np.array(rows))
+            if base is not None:  # the rows no delta of this batch is based on: the likely bases of the next put
+                tip = ~np.isin(s, base)
+                self._recent = (s[tip], rows[tip])
             self._tags[:, cdc.tag] += (b, b * int(self._layout_nbytes[lid]), int(enc.lengths.sum()))
             self._maybe_compact()
 
@@ -356,35 +367,32 @@ class CompressedStore:
             raise ValueError(f"bases: slot {int(s[base == s][0])} is given itself as its base")
         return base
 
-    def _base_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape) -> np.ndarray:
-        """Raw rows (uint8 `[D, nbytes]`) of the bases of the delta rows of a put: an earlier row of the batch, the
-        last put's row of that slot, else the stored entry decoded."""
+    def _base_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
+        """Where each row's base is, for a put of unique slots `s`: `(src, ext)`, `src[i]` = `B` (`len(s)`) for a
+        whole row, the batch row of its base when an earlier row of the batch writes it, else `-1 - j` for row `j` of
+        `ext` (uint8 `[J, nbytes]`: the last put's row of that slot, else the stored entry decoded)."""
+        n = s.size
+        src = np.full(n, n, np.int64)
         idx = np.flatnonzero(base >= 0)
-        out = np.empty((idx.size, rows.shape[1]), np.uint8)
-        todo = []
-        recent = self._recent
-        first = {}  # slot -> row of this batch that wrote it (slots are unique here)
-        for i, slot in enumerate(s.tolist()):
-            first[slot] = i
-        for j, i in enumerate(idx.tolist()):
-            bslot = int(base[i])
-            r = first.get(bslot)
-            if r is not None and r < i:
-                out[j] = rows[r]
-            elif r is not None:
-                raise ValueError(f"bases: row {i} is based on slot {bslot}, which a later row of the batch rewrites")
-            else:
-                todo.append(j)
-        if todo:
-            todo = np.asarray(todo)
-            need = base[idx[todo]]
-            hit = np.zeros(todo.size, bool)
-            if recent is not None and recent[1].shape[1] == rows.shape[1]:
+        by_slot = np.argsort(s)
+        at = by_slot[np.minimum(np.searchsorted(s, base[idx], sorter=by_slot), n - 1)]
+        inside = s[at] == base[idx]
+        later = inside & (at > idx)
+        if later.any():
+            i = int(idx[later][0])
+            raise ValueError(f"bases: row {i} is based on slot {int(base[i])}, which a later row of the batch rewrites")
+        src[idx[inside]] = at[inside]
+        need = base[idx[~inside]]
+        ext = np.empty((need.size, rows.shape[1]), np.uint8)
+        src[idx[~inside]] = -1 - np.arange(need.size)
+        if need.size:
+            hit = np.zeros(need.size, bool)
+            recent = self._recent
+            if recent is not None and recent[0].size and recent[1].shape[1] == rows.shape[1]:
                 order = np.argsort(recent[0])
-                at = np.searchsorted(recent[0], need, sorter=order)
-                at = np.minimum(at, recent[0].size - 1)
-                hit = recent[0][order[at]] == need
-                out[todo[hit]] = recent[1][order[at[hit]]]
+                j = order[np.minimum(np.searchsorted(recent[0], need, sorter=order), recent[0].size - 1)]
+                hit = recent[0][j] == need
+                ext[hit] = recent[1][j[hit]]
             if (~hit).any():
                 miss = need[~hit]
                 with self._lock:
@@ -394,8 +402,8 @@ class CompressedStore:
                     raise ValueError(f"bases: slot {int(miss[empty][0])} is empty (a delta needs a stored base)")
                 if (lids != self._layout_ids.get((code, tuple(item_shape)), -1)).any():
                     raise ValueError("bases: a base slot holds an entry of another dtype or shape")
-                out[todo[~hit]] = self.get(miss).reshape(miss.size, -1).view(np.uint8)
-        return out
+                ext[~hit] = self.get(miss).reshape(miss.size, -1).view(np.uint8)
+        return src, ext
 
     def _train(self, rows: np.ndarray, code: int, item_shape: tuple[int, ...]):
         """The dictionary to encode `rows` with, built (once, outside the store lock) when the
