@@ -448,7 +448,7 @@ def test_small_chunk_bytes_spread_frames_over_many_arena_chunks(atari_rollouts):
         chunk = {"obs": jnp.asarray(frames)[None], "action": jnp.zeros((1, 120), jnp.int32), "reward": jnp.zeros((1, 120), jnp.float32)}
         cb = cb.add(chunk, terminated=jnp.zeros((1, 120), bool))
         tb = tb.add(chunk, terminated=jnp.zeros((1, 120), bool))
-        assert len(cb.host.stores[0]._chunks) > 3
+        assert len(cb.host.stores[0]._chunks) > 2
         for s in range(3):
             want = tb.sample_transitions(jax.random.key(s), 64, gamma=0.9)
             assert_tree_equal(jax.tree.map(np.asarray, cb.sample_transitions(jax.random.key(s), 64, gamma=0.9)), jax.tree.map(np.asarray, want))
@@ -1039,7 +1039,8 @@ def test_eager_sample_is_one_compiled_program_and_refuses_stale_states(compile_c
             b = sample(buf, jax.random.key(i), g)
             jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
     assert n() == 0
-    buf = buf.add_from_host(chunk, terminated=np.zeros((1, 6), bool))  # wraps: old's slots are rewritten
+    for _ in range(buf.frame_ring // 6 + 1):  # wraps: old's slots are rewritten
+        buf = buf.add_from_host(chunk, terminated=np.zeros((1, 6), bool))
     with pytest.raises(Exception, match="rewritten"):
         jax.block_until_ready(old.sample_transitions(jax.random.key(0), 8, gamma=0.5))
     with pytest.raises(StaleBufferError, match="version"):
