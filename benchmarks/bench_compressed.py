@@ -79,10 +79,13 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+ALE_FRAMES = False  # set by --ale: every game's frames from `_atari` (the frames of the --million case)
+
+
 def load(game: str, n: int):
     """`n` transitions of `game`: (obs, next obs, actions, rewards, terminated); Breakout and Pong from
     `shared/data/atari_rollouts.npz`, the other games played with ale-py (`_atari`)."""
-    if game not in ("breakout", "pong"):
+    if ALE_FRAMES or game not in ("breakout", "pong"):
         roll = _atari.rollout(game, n)
         frames, obs_idx, next_idx = _atari.stacked(roll)
         return frames[obs_idx], frames[next_idx], roll["action"].astype(np.int64), roll["reward"], roll["terminated"] | roll["truncated"]
@@ -484,16 +487,19 @@ def main() -> None:
     p.add_argument("--case", default=None, help=argparse_hidden())
     p.add_argument("--codec", default=None, help=argparse_hidden())
     p.add_argument("--only", default=None, help="comma-separated substrings of case names to run")
+    p.add_argument("--ale", action="store_true", help=argparse_hidden())
     args = p.parse_args()
+    global ALE_FRAMES
+    ALE_FRAMES = args.ale
+    if args.million:
+        million(args)
+        return
     args.n = args.n or (1000 if args.quick else 20000)
     if args.quick and not args.only:  # smoke run: one case of each kind
         args.only = "sb3 ReplayBuffer,sb3x rle-jit,jaxbuffers zstd:-1,side-by-side,checksums"
     args.repeats = args.repeats or (5 if args.quick else 15)
     if args.case:
         child(args)
-        return
-    if args.million:
-        million(args)
         return
     games = ["breakout", "pong"] if args.game == "all" else [args.game]
     header(BENCH, args.quick, transitions=args.n)
@@ -532,12 +538,13 @@ def million(args) -> None:
     from _common import emit, header, row
 
     n = args.n or (20000 if args.quick else 1_000_000)
+    args.repeats = args.repeats or (5 if args.quick else 15)
     games = list(_atari.GAMES) if args.game == "all" else [args.game]
     header(BENCH, args.quick, million=True, transitions=n, real_steps=args.real, anchor_transitions=args.anchor_n)
 
     def sub(kind, game, count, codec=None):
         cmd = [sys.executable, __file__, "--case", kind, "--game", game, "--n", str(count), "--repeats", str(args.repeats),
-               "--real", str(args.real), "--keyframe-interval", str(args.keyframe_interval)] + (["--codec", codec] if codec else [])
+               "--real", str(args.real), "--keyframe-interval", str(args.keyframe_interval), "--ale"] + (["--codec", codec] if codec else [])
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if not line:
