@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["replay", "prioritised", "trajectory", "episodes", "eager", "ppo", "returns", "compressed", "sb3", "codecs", "torch_interop"]
+ORDER = ["replay", "prioritised", "trajectory", "episodes", "eager", "ppo", "returns", "compressed", "temporal", "sb3", "codecs", "torch_interop"]
 TITLES = {
     "replay": "Uniform replay (`ReplayBuffer`) against flashbax",
     "prioritised": "Prioritised replay (`PrioritisedReplayBuffer`) against flashbax",
@@ -24,6 +24,7 @@ TITLES = {
     "ppo": "PPO on CartPole-v1: the example against plain PPO",
     "returns": "GAE against rlax",
     "compressed": "Compressed Atari replay against SB3 and sb3-extra-buffers",
+    "temporal": "Temporal coding of Atari frames: bytes per frame",
     "sb3": "SB3 DQN with jaxbuffers' replay buffer",
     "codecs": "Host codecs on Atari frames against memcpy",
     "torch_interop": "JAX to torch hand-off",
@@ -59,9 +60,19 @@ NOTES = {
                "Throughput in steps/s (T x N per call).",
     "compressed": "Recorded Atari transitions. Memory rows give bytes per transition (RSS growth; `accounted` from "
                   "the buffer's own byte count). Rows run one buffer per subprocess, so only the `same-process` rows "
-                  "have ratios (ours against sb3-extra-buffers' rle-jit, interleaved in one process).",
+                  "have ratios (ours against sb3-extra-buffers' rle-jit, interleaved in one process). `million` rows "
+                  "(`--million`): 1M transitions of a random-policy ale-py rollout of 20,000 steps tiled over 8 lanes, "
+                  "RSS growth from a warmed process (after compiling and the first 4,000 transitions); the SB3 and sb3x "
+                  "rows hold 10,000 transitions of the same frames and `extrapolated_bytes` scales them linearly to 1M; "
+                  "the sample ratio compares with sb3x's fastest codec. `add_chunk` compares adds of 250 steps x 8 lanes "
+                  "with K=8 and K=1 (every frame whole), interleaved.",
     "sb3": "SB3 DQN (CnnPolicy) on a replay of recorded Breakout frames. Anchor: SB3's own ReplayBuffer. Memory is "
            "extrapolated to 1M transitions from two fill sizes.",
+    "temporal": "`benchmarks/bench_temporal.py` on 3,000 frames per game (one ale-py lane): each frame XORed (or "
+                "subtracted, `sub`) with the lane's previous frame, a keyframe at every episode start and every K "
+                "frames (K=1: every frame whole), zstd at the level in the case, a 32 KiB dictionary trained on the "
+                "first 1,024 frames for the frames named. `encode_mbs` / `decode_mbs` (one thread) are in the JSON "
+                "lines. Chosen: XOR, the dictionary for keyframes and deltas, K=8 (the `compressed` million rows).",
     "codecs": "Throughput in MB/s of raw bytes; ratio = throughput / numpy memcpy bandwidth in the same process.",
     "torch_interop": "Anchor: the numpy route (`torch.from_numpy(np.asarray(x))` and back). Throughput in MB/s.",
 }

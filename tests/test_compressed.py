@@ -508,6 +508,11 @@ def test_create_errors():
         assert buf.host.stores[0].dictionary_bytes == want
     buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("pixels",), dictionary_bytes=0)
     assert buf.host.stores[0].dictionary_bytes == 0
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=f"keyframe_interval: expected a Python int >= 1, got {bad!r}"):
+            CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, compress=("pixels",), keyframe_interval=bad)
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=2, length=4, compress=("pixels",), frame_stack=4, keyframe_interval=5)
+    assert buf.frame_ring == 4 + 3 + 4 and buf.next_key_pos.shape == (2,)  # K - 1 frames more per lane
 
 
 def test_final_obs_given_the_whole_step_says_it_is_the_observation():
