@@ -13,6 +13,7 @@ Layout (plain numpy arrays, simple to persist):
   layout  # shape=(num_slots,), dtype=uint16, id into the layout table
   check   # shape=(num_slots,), dtype=uint32, the entry's checksum (below)
   base    # shape=(num_slots,), dtype=int32,  slot this entry is a delta against, -1 = none (a keyframe)
+  child   # shape=(num_slots,), dtype=int32,  the delta put last with this slot as its base, -1 = none
   ```
 
 * layout table: layout id -> (dtype code, shape), shared by every entry of that dtype and shape.
@@ -35,9 +36,10 @@ sees each entry entirely before or entirely after a put, never torn.
 Deltas (temporal coding): `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded like
 any entry (with the store's dictionary when it has one); `b[i] = -1` stores it whole (a keyframe). Reading a
 delta decodes its chain (base, base of base, ... down to a keyframe): every slot of the chains of one request is
-decoded once, in parallel, and the XORs run level by level from the keyframes up. Rewriting or deleting a slot that
-live deltas are based on makes their reads fail their checksum (`CorruptEntryError`); a writer that keeps each
-chain's keyframe and deltas until the chain is dropped (a frame ring) never does.
+decoded once, in parallel, each delta XORed with its base right after both are decoded. Chains are linear: a slot
+is the base of at most one live delta. A delta never outlives its base: rewriting or deleting a slot also deletes the
+deltas after it in its chain (`dependents`), so every stored entry decodes. (A frame ring that keeps each chain's
+keyframe while a stored step reads its frames deletes only frames no step reads.)
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
 distinct slot of the request once, into its first row, in one shard per thread
@@ -221,6 +223,7 @@ class CompressedStore:
         self._layout = np.zeros(n, dtype=np.uint16)  # shape=(num_slots,), uint16
         self._check = np.zeros(n, dtype=np.uint32)  # shape=(num_slots,), uint32: see the module doc
         self._base = np.full(n, -1, dtype=np.int32)  # shape=(num_slots,), int32: delta base slot, -1 = keyframe
+        self._child = np.full(n, -1, dtype=np.int32)  # shape=(num_slots,), int32: last delta based on the slot, -1 = none
         self._recent: tuple[np.ndarray, np.ndarray] | None = None  # (slots, raw rows) of the last put with bases: see _put
         self._layouts: list[tuple[int, tuple[int, ...]]] = []  # layout id -> (dtype code, shape)
         self._layout_ids: dict[tuple[int, tuple[int, ...]], int] = {}
@@ -233,7 +236,7 @@ class CompressedStore:
         self._lock = threading.Lock()
 
     def _index(self) -> tuple[np.ndarray, ...]:
-        return self._chunk, self._offset, self._length, self._codec, self._meta, self._layout, self._check, self._base
+        return self._chunk, self._offset, self._length, self._codec, self._meta, self._layout, self._check, self._base, self._child
 
     def _slots(self, slots: Any, field: str = "slots") -> np.ndarray:
         """Slot ids as int64, negative ones wrapped; TypeError / IndexError for bad ids."""
@@ -336,13 +339,22 @@ class CompressedStore:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
         sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s)
         with self._lock:
+            if delta.any():  # chains stay linear (checked before anything is stored)
+                b_, x_ = base[delta], s[delta]
+                c_ = self._child[b_]
+                taken = (c_ >= 0) & (c_ != x_) & ~np.isin(c_, s)
+                taken[taken] = (self._chunk[c_[taken]] >= 0) & (self._base[c_[taken]] == b_[taken])
+                if taken.any():
+                    raise ValueError(f"bases: slot {int(b_[taken][0])} is already the base of slot {int(c_[taken][0])} (a slot is the base of at most one delta)")
             lid = self._layout_id(code, item_shape)
             chunk_ids, offsets = self._arena.place(enc.buffer, enc.offsets, enc.lengths)
-            self._free(s)
+            self._free(np.union1d(s, self._dependents(s)))
             self._chunk[s], self._offset[s], self._length[s] = chunk_ids, offsets, enc.lengths
             self._codec[s], self._meta[s], self._layout[s] = cdc.tag, enc.meta, lid
             self._check[s] = sums ^ _fields(cdc.tag, enc.meta, lid)
             self._base[s] = -1 if base is None else base
+            if delta.any():
+                self._child[base[delta]] = s[delta]
             pending = np.flatnonzero(delta)
             while pending.size:  # level by level: a delta's check takes its base's final check
                 ready = ~np.isin(base[pending], s[pending])
@@ -365,6 +377,9 @@ class CompressedStore:
             raise IndexError(f"bases: slot {bad} out of range for a store of {self.num_slots} slots (-1: no base)")
         if (base == s).any():
             raise ValueError(f"bases: slot {int(s[base == s][0])} is given itself as its base")
+        used, count = np.unique(base[base >= 0], return_counts=True)
+        if (count > 1).any():
+            raise ValueError(f"bases: slot {int(used[count > 1][0])} is the base of several rows (a slot is the base of at most one delta)")
         return base
 
     def _base_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
@@ -452,7 +467,7 @@ class CompressedStore:
         for row, w in enumerate((None, self._layout_nbytes[self._layout[s]], self._length[s].astype(np.float64))):
             self._tags[row] -= np.bincount(self._codec[s], weights=w, minlength=_NUM_TAGS).astype(np.int64)
         self._arena.free(self._chunk[s], self._length[s])
-        self._chunk[s], self._base[s] = -1, -1
+        self._chunk[s], self._base[s], self._child[s] = -1, -1, -1
 
     def _maybe_compact(self) -> None:
         """Relocate the sparsest sealed chunks while freed bytes exceed `max_dead_fraction` of
@@ -462,12 +477,33 @@ class CompressedStore:
             self._chunk[slots], self._offset[slots] = self._arena.relocate(cid, self._offset[slots], self._length[slots])
             self._compactions += 1
 
+    def dependents(self, slots: Any) -> np.ndarray:
+        """The slots (int64, unique) of the live deltas whose chains pass through `slots` and that `slots` lacks: what
+        a `put` to `slots` or a `delete` of them deletes too (module doc, Deltas)."""
+        s = np.unique(self._slots(slots).reshape(-1))
+        with self._lock:
+            return self._dependents(s)
+
+    def _dependents(self, s: np.ndarray) -> np.ndarray:
+        """`dependents` of unique slots `s`; under the lock."""
+        out, cur = [], s
+        for _ in range(self.num_slots):
+            c = self._child[cur]
+            c, par = c[c >= 0], cur[c >= 0]
+            live = (self._chunk[c] >= 0) & (self._base[c] == par) & ~np.isin(c, s)
+            cur = c[live]
+            if not cur.size:
+                break
+            out.append(cur)
+        return np.unique(np.concatenate(out)).astype(np.int64) if out else np.zeros(0, np.int64)
+
     def delete(self, slots: Any) -> None:
-        """Empty the given slots (their space is reclaimed as the module doc says)."""
+        """Empty the given slots, and the deltas based on them (`dependents`); their space is reclaimed as the module
+        doc says."""
         s = np.unique(self._slots(slots).reshape(-1))
         with self._lock:
             self._recent = None
-            self._free(s)
+            self._free(np.union1d(s, self._dependents(s)))
             self._maybe_compact()
 
     def clear(self) -> None:
@@ -540,7 +576,7 @@ class CompressedStore:
         with self._lock:  # a snapshot: published payload bytes never change afterwards
             chains = self._chains(flat)  # the slots the requested deltas' chains add, after the request
             flat = np.concatenate([flat, chains]) if chains.size else flat
-            chunk, offset, length, tag, meta, layout, check, base = (a[flat] for a in self._index())
+            chunk, offset, length, tag, meta, layout, check, base, _ = (a[flat] for a in self._index())
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
         bounds = np.append(bounds, flat.size) if chains.size else bounds
         present = np.flatnonzero(chunk >= 0)

@@ -189,8 +189,10 @@ class HostStores:
                 )
             new = self.version + 1
             if sel.size:
+                lost = self.stores[0].dependents(slots)  # deltas the put deletes with their bases: changed too
                 with self._versions_lock:  # before any byte is put: a read that sees one sees this
                     self.slot_version[slots] = new
+                    self.slot_version[lost] = new
                 base = None if bases is None else np.asarray(bases).reshape(-1)[sel]
                 for store, data in zip(self.stores, datas):
                     store.put(slots, data[sel], bases=base)

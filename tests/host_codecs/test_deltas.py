@@ -54,6 +54,8 @@ def test_frame_ring_of_deltas_matches_a_dict(seed, codec, ring, key, chunks, fre
         live = [s for s, x in model.items() if x >= t - ring]
         got = store.get(np.array(live))
         np.testing.assert_array_equal(got, frames[[model[s] for s in live]])
+        held = np.flatnonzero(store.written(np.arange(size)))
+        np.testing.assert_array_equal(store.get(held), frames[[model[s] for s in held.tolist()]])  # no delta lost its base
     assert (store._base >= 0).any() == (key > 1 and t > 1)
 
 
@@ -63,15 +65,36 @@ def test_a_rewritten_keyframe_fails_its_deltas_checksums():
     store = CompressedStore(8, "zstd:-1", item_shape=SHAPE, dtype=np.uint8)
     store.put(np.arange(4), f, bases=np.array([-1, 0, 1, 2]))
     np.testing.assert_array_equal(store.get(np.array([3])), f[3:])
-    store.put(np.array([0]), f[1:2])  # the keyframe rewritten: its deltas would decode wrong
+    store._child[:] = -1  # without the links to its deltas, rewriting a keyframe leaves them stale
+    store.put(np.array([0]), f[1:2])
     with pytest.raises(CorruptEntryError, match=r"slots \[1"):
         store.get(np.array([3]))
     store.put(np.array([1]), f[1:2])  # slot 1 whole again: slot 2 still refers to the old slot 1
     with pytest.raises(CorruptEntryError, match=r"slots \[2\]"):
         store.get(np.array([2, 3]))
-    store.delete(np.array([2]))
+    store._base[3] = 5  # a base that was deleted
     with pytest.raises(CorruptEntryError, match="base slot is empty"):
         store.get(np.array([3]))
+
+
+def test_a_delta_never_outlives_its_base():
+    """Rewriting (or deleting) a slot deletes the deltas after it in its chain, up to the next keyframe; the rest
+    reads back exactly, so every stored entry decodes. A second delta on one base is refused."""
+    f = _frames(np.random.default_rng(4), 8)
+    store = CompressedStore(8, "zstd:-1", item_shape=SHAPE, dtype=np.uint8)
+    store.put(np.arange(8), f, bases=np.array([-1, 0, 1, 2, -1, 4, 5, 6]))
+    np.testing.assert_array_equal(store.dependents([1]), [2, 3])
+    store.put(np.array([1]), f[:1])  # slots 2 and 3 lose their chain: deleted
+    np.testing.assert_array_equal(store.written(np.arange(8)), [1, 1, 0, 0, 1, 1, 1, 1])
+    np.testing.assert_array_equal(store.get(np.array([0, 1, 4, 5, 6, 7])), f[[0, 0, 4, 5, 6, 7]])
+    store.delete([5])
+    np.testing.assert_array_equal(store.written(np.arange(8)), [1, 1, 0, 0, 1, 0, 0, 0])
+    with pytest.raises(ValueError, match="bases: slot 0 is the base of several rows"):
+        store.put(np.array([2, 3]), f[:2], bases=np.array([0, 0]))
+    store.put(np.array([2]), f[2:3], bases=np.array([0]))  # slot 1 is whole now: 0 is nobody's base
+    np.testing.assert_array_equal(store.get(np.array([2])), f[2:3])
+    with pytest.raises(ValueError, match="bases: slot 0 is already the base of slot 2"):
+        store.put(np.array([3]), f[3:4], bases=np.array([0]))
 
 
 def test_a_changed_base_pointer_fails_the_checksum():
