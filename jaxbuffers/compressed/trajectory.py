@@ -25,7 +25,8 @@ except keyframes, stored whole: the frame of every episode start and every `K`-t
 keyframe and the deltas after it) never crosses an episode start, and decoding a frame decodes at most `K - 1`
 frames before it, which the frame stacks around it mostly need anyway. The frame ring keeps `K - 1` more frames
 (`F = length + k - 1 + K - 1`), so overwriting the oldest frames never drops a keyframe whose deltas a stored step
-still reads. Final frames are keyframes. `K = 1` stores every frame whole.
+still reads; the deltas of an older chain whose keyframe is overwritten (frames no stored step reads) are deleted with
+it, so every stored frame decodes. Final frames are keyframes. `K = 1` stores every frame whole.
 
 This is exact when the observations given to `add` are what such a frame stacker produced (the older frames of a
 stack are not read at add time). Without `frame_stack` every compressed leaf is stored whole.
