@@ -65,10 +65,12 @@ NOTES = {
                   "RSS growth from a warmed process (after compiling and the first 4,000 transitions); the SB3 and sb3x "
                   "rows hold 10,000 transitions of the same frames and `extrapolated_bytes` scales them linearly to 1M; "
                   "the sample ratio compares with sb3x's fastest codec. `add_chunk` compares adds of 250 steps x 8 lanes "
-                  "with K=8 and K=1 (every frame whole), interleaved.",
+                  "with K=8 and K=1 (every frame whole), interleaved. The million rows of December were measured while other "
+                  "jobs loaded the two cores (load average 11 to 16): compare rows of one game with each other, not "
+                  "with the other tables.",
     "sb3": "SB3 DQN (CnnPolicy) on a replay of recorded Breakout frames. Anchor: SB3's own ReplayBuffer. Memory is "
            "extrapolated to 1M transitions from two fill sizes.",
-    "temporal": "`benchmarks/bench_temporal.py` on 3,000 frames per game (one ale-py lane): each frame XORed (or "
+    "temporal": "3,000 frames per game (one ale-py lane): each frame XORed (or "
                 "subtracted, `sub`) with the lane's previous frame, a keyframe at every episode start and every K "
                 "frames (K=1: every frame whole), zstd at the level in the case, a 32 KiB dictionary trained on the "
                 "first 1,024 frames for the frames named. `encode_mbs` / `decode_mbs` (one thread) are in the JSON "
