@@ -1,6 +1,6 @@
 """Real Atari frames for the benchmarks, played with ale-py (which ships the ROMs).
 
-Recipe (as `shared/data/README.md`): `gym.make("ALE/<Game>-v5", frameskip=1)` (sticky actions 0.25) ->
+Recipe (that of `tests/atari_frames.py`): `gym.make("ALE/<Game>-v5", frameskip=1)` (sticky actions 0.25) ->
 `AtariPreprocessing(noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)`, uniformly random actions
 from `np.random.default_rng(seed)`, one environment per lane, each seeded `seed + lane` at its first reset.
 

@@ -16,10 +16,11 @@ from jaxbuffers.compressed._host import DEFAULT_DICTIONARY_BYTES, HostStores, St
 from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
 from jaxbuffers.compressed.staging import StagingWriter
 from jaxbuffers.compressed.trajectory import (
-    DEFAULT_CODEC, CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer,
+    DEFAULT_CODEC, DEFAULT_KEYFRAME_INTERVAL, CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer,
 )
 
 __all__ = [
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",
     "HostStores", "StaleBufferError", "StagingWriter", "DEFAULT_CODEC", "DEFAULT_DICTIONARY_BYTES",
+    "DEFAULT_KEYFRAME_INTERVAL",
 ]
