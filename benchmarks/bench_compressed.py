@@ -58,6 +58,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+import _atari  # noqa: E402
 from _common import data_file  # noqa: E402
 
 DATA = data_file("atari_rollouts.npz")
@@ -78,7 +79,16 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+ALE_FRAMES = False  # set by --ale: every game's frames from `_atari` (the frames of the --million case)
+
+
 def load(game: str, n: int):
+    """`n` transitions of `game`: (obs, next obs, actions, rewards, terminated); Breakout and Pong from
+    `shared/data/atari_rollouts.npz`, the other games played with ale-py (`_atari`)."""
+    if ALE_FRAMES or game not in ("breakout", "pong"):
+        roll = _atari.rollout(game, n)
+        frames, obs_idx, next_idx = _atari.stacked(roll)
+        return frames[obs_idx], frames[next_idx], roll["action"].astype(np.int64), roll["reward"], roll["terminated"] | roll["truncated"]
     with np.load(DATA) as d:
         frames = d[f"{game}_frames"]
         obs = frames[d[f"{game}_obs_idx"][:n]]
@@ -241,6 +251,82 @@ def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
     return rec
 
 
+def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyframe_interval: int) -> dict:
+    """`steps` transitions of `game` in a `CompressedTrajectoryBuffer` of 8 lanes (frame_stack=4), added as jitted
+    chunks of 250 steps per lane: the `real` steps of one ale-py rollout, tiled (lane `e` starts `e * real / 8` steps
+    into it; the rollout's last step is marked terminated, so no stack spans a seam). RSS growth is measured from a
+    warmed process: after compiling add and both samplers and adding the first 4,000 transitions."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxbuffers import CompressedTrajectoryBuffer
+
+    roll = _atari.rollout(game, real)
+    frames, obs_idx, _ = _atari.stacked(roll)
+    term = roll["terminated"].copy()
+    term[-1] = True
+    trunc = roll["truncated"] & ~term
+    act, rew = roll["action"].astype(np.int32), roll["reward"].astype(np.float32)
+    e, t = 8, 250
+    length = steps // e
+    ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+
+    def make(n, key):
+        return CompressedTrajectoryBuffer.create(ex, num_envs=e, length=n, frame_stack=4, codec=codec, final_obs_capacity=64,
+                                                 keyframe_interval=key)
+
+    add = jax.jit(lambda b, st, te, tr, fo: b.add(st, terminated=te, truncated=tr, final_obs=fo), donate_argnums=0)
+    offsets = np.arange(e)[:, None] * (real // e)
+
+    def chunk(i):  # lane-major [E, t] steps number i*t .. (i+1)*t - 1 of every lane
+        r = (offsets + i * t + np.arange(t)[None, :]) % real
+        obs = frames[obs_idx[r]]
+        return ({"obs": obs, "action": act[r], "reward": rew[r]}, term[r], trunc[r], obs)
+
+    buf = make(length, keyframe_interval)
+    chunks = -(-length // t)
+    warm = 2  # 4,000 transitions
+    for i in range(warm):
+        buf = add(buf, *chunk(i))
+    s256 = jax.jit(lambda b, k: (lambda x: (x.obs, x.action, x.next_obs, x.n_step_return, x.discount))(b.sample_transitions(k, 256, n_step=3, gamma=0.99)))
+    s32 = jax.jit(lambda b, k: b.sample_sequences(k, 32, 16).item["obs"])
+    keys = iter(jax.random.split(jax.random.key(0), 100_000))
+    jax.block_until_ready((s256(buf, next(keys)), s32(buf, next(keys))))
+    r0 = rss()
+    t0 = time.perf_counter()
+    for i in range(warm, chunks):
+        buf = add(buf, *chunk(i))
+    jax.block_until_ready(buf)
+    t_add = time.perf_counter() - t0
+    r1 = rss()
+    n = int(buf.size())
+    rec = {
+        "transitions": n, "real_steps": real, "lanes": e, "keyframe_interval": keyframe_interval, "codec": codec,
+        "rss_growth_bytes": r1 - r0, "rss_growth_bytes_per_transition": (r1 - r0) / (n - warm * t * e),
+        "host_bytes_per_transition": buf.host_nbytes / n, "host_live_bytes_per_transition": buf.host_live_nbytes / n,
+        "device_bytes_per_transition": buf.device_nbytes / n,
+        "payload_bytes_per_frame": sum(x.payload_nbytes for x in buf.host.stores) / buf.host.stores[0].num_entries,
+        "arena_slack_fraction": 1 - sum(x.payload_nbytes for x in buf.host.stores) / max(buf.host_arena_nbytes, 1),
+        "add_fill_tps": (n - warm * t * e) / t_add,
+    }
+    rec["sample_transitions_256_n3_tps"] = timed_samples(lambda b: jax.block_until_ready(s256(buf, next(keys))), 256, repeats)
+    rec["sample_sequences_32x16_tps"] = timed_samples(lambda b: jax.block_until_ready(s32(buf, next(keys))), 32 * 16, repeats)
+    buf.close()
+    del buf
+    # add speed against K = 1 (every frame whole, the coding before temporal coding), interleaved chunk by chunk
+    bufs = {key: make(40 * t, key) for key in sorted({1, keyframe_interval})}
+    times = {key: [] for key in bufs}
+    for i in range(40):
+        for key in bufs:
+            c = chunk(i)
+            t1 = time.perf_counter()
+            bufs[key] = jax.block_until_ready(add(bufs[key], *c))
+            times[key].append(time.perf_counter() - t1)
+    for key, ts in times.items():
+        rec[f"add_chunk_K{key}_tps"] = t * e / statistics.median(ts[2:])
+    return rec
+
+
 def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dict:
     """sb3x rle-jit and two jaxbuffers settings (the default codec and ``rle``) in ONE process,
     samples interleaved (same load for all): medians and ratios at batch 32 and 256. jaxbuffers:
@@ -355,7 +441,9 @@ def run_checksums(game: str, n: int, repeats: int) -> dict:
 
 def child(args) -> None:
     kind, codec, game, n, repeats = args.case, args.codec, args.game, args.n, args.repeats
-    if kind == "side":
+    if kind == "million":
+        rec = run_million(game, n, args.real, max(repeats, 20), args.codec or "zstd:-1", args.keyframe_interval)
+    elif kind == "side":
         rec = run_side_by_side(game, n, max(repeats, 30), int(codec))
     elif kind == "checksum":
         rec = run_checksums(game, n, max(repeats, 30))
@@ -390,12 +478,22 @@ def main() -> None:
     from _common import emit, header, parser
 
     p = parser(__doc__.split("\n\n")[0])
-    p.add_argument("--game", default="breakout", choices=["breakout", "pong", "all"])
+    p.add_argument("--game", default="breakout", choices=[*_atari.GAMES, "all"])
+    p.add_argument("--million", action="store_true", help="the million-transition case (module doc) for --game")
+    p.add_argument("--real", type=int, default=20000, help="--million: real ale-py steps per game, tiled")
+    p.add_argument("--keyframe-interval", type=int, default=8, help="--million: the buffer's keyframe_interval")
+    p.add_argument("--anchor-n", type=int, default=10000, help="--million: transitions in the SB3 / sb3x buffers")
     p.add_argument("--n", type=int, default=None, help="transitions (default 20000; --quick: 1000, and one case of each kind)")
     p.add_argument("--case", default=None, help=argparse_hidden())
     p.add_argument("--codec", default=None, help=argparse_hidden())
     p.add_argument("--only", default=None, help="comma-separated substrings of case names to run")
+    p.add_argument("--ale", action="store_true", help=argparse_hidden())
     args = p.parse_args()
+    global ALE_FRAMES
+    ALE_FRAMES = args.ale
+    if args.million:
+        million(args)
+        return
     args.n = args.n or (1000 if args.quick else 20000)
     if args.quick and not args.only:  # smoke run: one case of each kind
         args.only = "sb3 ReplayBuffer,sb3x rle-jit,jaxbuffers zstd:-1,side-by-side,checksums"
@@ -429,6 +527,67 @@ def main() -> None:
             results[name] = rec
             rows(game, kind, name, rec, args.n, args.repeats)
         summarize(game, results)
+
+
+MILLION_ANCHORS = [("sb3", None), ("sb3x", "rle-jit"), ("sb3x", "igzip1"), ("sb3x", "gzip")]
+
+
+def million(args) -> None:
+    """`--million`: per game, the jaxbuffers case (`run_million`) and SB3 / sb3x buffers of `--anchor-n`
+    transitions of the same game (memory extrapolated linearly to the jaxbuffers case's size)."""
+    from _common import emit, header, row
+
+    n = args.n or (20000 if args.quick else 1_000_000)
+    args.repeats = args.repeats or (5 if args.quick else 15)
+    games = list(_atari.GAMES) if args.game == "all" else [args.game]
+    header(BENCH, args.quick, million=True, transitions=n, real_steps=args.real, anchor_transitions=args.anchor_n)
+
+    def sub(kind, game, count, codec=None):
+        cmd = [sys.executable, __file__, "--case", kind, "--game", game, "--n", str(count), "--repeats", str(args.repeats),
+               "--real", str(args.real), "--keyframe-interval", str(args.keyframe_interval), "--ale"] + (["--codec", codec] if codec else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
+        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if not line:
+            emit({"bench": BENCH, "case": f"{game}/million", "variant": f"{kind} {codec}", "error": proc.stderr[-800:]})
+            return None
+        return json.loads(line[-1][7:])
+
+    for game in games:
+        ours = sub("million", game, n)
+        if ours is None:
+            continue
+        variant = f"jaxbuffers {ours['codec']} K={ours['keyframe_interval']}"
+        case = f"{game}/million"
+        for key in ("rss_growth_bytes_per_transition", "host_bytes_per_transition", "host_live_bytes_per_transition",
+                    "device_bytes_per_transition"):
+            emit({"bench": BENCH, "case": f"{case}/{key}", "impl": "ours", "variant": variant, "value": round(ours[key], 1),
+                  "unit": "bytes/transition", "n": ours["transitions"], "repeats": 1, "real_steps": ours["real_steps"]})
+        emit({"bench": BENCH, "case": f"{case}/rss_growth", "impl": "ours", "variant": variant, "value": ours["rss_growth_bytes"],
+              "unit": "bytes", "n": ours["transitions"], "repeats": 1, "payload_bytes_per_frame": round(ours["payload_bytes_per_frame"], 1),
+              "arena_slack_fraction": round(ours["arena_slack_fraction"], 4)})
+        anchors = {}
+        for kind, codec in MILLION_ANCHORS:
+            rec = sub(kind, game, args.anchor_n, codec)
+            if rec is not None:
+                anchors[f"{kind} {codec or ''}".strip()] = rec
+                emit({"bench": BENCH, "case": f"{case}/rss_growth_bytes_per_transition", "impl": IMPL[kind], "variant": f"{kind} {codec or ''}".strip(),
+                      "value": round(rec["bytes_per_transition"], 1), "unit": "bytes/transition", "n": args.anchor_n, "repeats": 1,
+                      "extrapolated_bytes": round(rec["bytes_per_transition"] * ours["transitions"])})
+        fastest = max((r["sample_tps_256"] for k, r in anchors.items() if k.startswith("sb3x")), default=None)
+        for key in ("sample_transitions_256_n3", "sample_sequences_32x16"):
+            row(BENCH, f"{case}/{key}", "ours", 1 / ours[f"{key}_tps"], n=ours["transitions"], repeats=args.repeats,
+                unit="transitions/s", variant=variant,
+                anchor="sb3-extra-buffers fastest sample_256" if fastest and key.startswith("sample_transitions") else None,
+                anchor_seconds=1 / fastest if fastest and key.startswith("sample_transitions") else None)
+        for name, rec in anchors.items():
+            row(BENCH, f"{case}/sample_256", IMPL[name.split()[0]], 1 / rec["sample_tps_256"], n=args.anchor_n, repeats=args.repeats,
+                unit="transitions/s", variant=name)
+        row(BENCH, f"{case}/add_fill", "ours", 1 / ours["add_fill_tps"], n=ours["transitions"], repeats=1, unit="transitions/s", variant=variant)
+        k1 = ours.get("add_chunk_K1_tps")
+        for key in sorted(k for k in ours if k.startswith("add_chunk_K")):
+            row(BENCH, f"{case}/add_chunk", "ours", 1 / ours[key], n=40 * 2000, repeats=38, unit="transitions/s",
+                variant=f"jaxbuffers {ours['codec']} {key[10:-4]}", anchor="K=1" if key != "add_chunk_K1_tps" else None,
+                anchor_seconds=1 / k1 if key != "add_chunk_K1_tps" and k1 else None)
 
 
 IMPL = {"sb3": "sb3", "sb3-opt": "sb3", "sb3x": "sb3-extra-buffers", "jax": "ours"}

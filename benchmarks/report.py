@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["replay", "prioritised", "trajectory", "episodes", "eager", "ppo", "returns", "compressed", "sb3", "codecs",
+ORDER = ["replay", "prioritised", "trajectory", "episodes", "eager", "ppo", "returns", "compressed", "temporal", "sb3", "codecs",
          "torch_interop", "checkpoint", "disk", "scale"]
 TITLES = {
     "replay": "Uniform replay (`ReplayBuffer`) against flashbax",
@@ -25,6 +25,7 @@ TITLES = {
     "ppo": "PPO on CartPole-v1: the example against plain PPO",
     "returns": "GAE against rlax",
     "compressed": "Compressed Atari replay against SB3 and sb3-extra-buffers",
+    "temporal": "Temporal coding of Atari frames: bytes per frame",
     "sb3": "SB3 DQN with jaxbuffers' replay buffer",
     "codecs": "Host codecs on Atari frames against memcpy",
     "torch_interop": "JAX to torch hand-off",
@@ -65,7 +66,14 @@ NOTES = {
                "Throughput in steps/s (T x N per call).",
     "compressed": "Recorded Atari transitions. Memory rows give bytes per transition (RSS growth; `accounted` from "
                   "the buffer's own byte count). Rows run one buffer per subprocess, so only the `same-process` rows "
-                  "have ratios (ours against sb3-extra-buffers' rle-jit, interleaved in one process).",
+                  "have ratios (ours against sb3-extra-buffers' rle-jit, interleaved in one process). `million` rows "
+                  "(`--million`): 1M transitions of a random-policy ale-py rollout of 20,000 steps tiled over 8 lanes, "
+                  "RSS growth from a warmed process (after compiling and the first 4,000 transitions); the SB3 and sb3x "
+                  "rows hold 10,000 transitions of the same frames and `extrapolated_bytes` scales them linearly to 1M; "
+                  "the sample ratio compares with sb3x's fastest codec. `add_chunk` compares adds of 250 steps x 8 lanes "
+                  "with K=8 and K=1 (every frame whole), interleaved. The million rows of December were measured while other "
+                  "jobs loaded the two cores (load average 11 to 16): compare rows of one game with each other, not "
+                  "with the other tables.",
     "sb3": "SB3 DQN (CnnPolicy) on a replay of recorded Breakout frames. Anchor: SB3's own ReplayBuffer. Memory is "
            "extrapolated to 1M transitions from two fill sizes. `compressed/replay/*` and `compressed/rollout/*`: the "
            "SB3 classes with sb3-extra-buffers' names (`ours:<method>`; replay with frame_stack=4) against "
@@ -73,6 +81,11 @@ NOTES = {
            "traced host memory plus device arrays after filling, ratio = ours / sb3-extra-buffers' smallest (< 1: "
            "smaller); `bytes_per_*`: RSS growth between two fills (noisy when the machine swaps); call rows: ratio = "
            "sb3-extra-buffers' fastest time / ours (> 1: faster).",
+    "temporal": "3,000 frames per game (one ale-py lane): each frame XORed (or "
+                "subtracted, `sub`) with the lane's previous frame, a keyframe at every episode start and every K "
+                "frames (K=1: every frame whole), zstd at the level in the case, a 32 KiB dictionary trained on the "
+                "first 1,024 frames for the frames named. `encode_mbs` / `decode_mbs` (one thread) are in the JSON "
+                "lines. Chosen: XOR, the dictionary for keyframes and deltas, K=8 (the `compressed` million rows).",
     "codecs": "Throughput in MB/s of raw bytes; ratio = throughput / numpy memcpy bandwidth in the same process.",
     "torch_interop": "Anchor: the numpy route (`torch.from_numpy(np.asarray(x))` and back). Throughput in MB/s.",
     "checkpoint": "A `ReplayBuffer` of real Atari items (`uncompressed`) and a `CompressedTrajectoryBuffer` of recorded "

@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-BENCHES = ["replay", "prioritised", "trajectory", "episodes", "eager", "returns", "ppo", "compressed", "sb3", "codecs", "torch_interop",
+BENCHES = ["replay", "prioritised", "trajectory", "episodes", "eager", "returns", "ppo", "compressed", "temporal", "sb3", "codecs", "torch_interop",
            "checkpoint", "disk", "scale"]
 
 

@@ -1,7 +1,9 @@
 """The arena a `host_codecs.CompressedStore` packs its payloads in.
 
-A few large `uint8` chunks: the first of `min_chunk_bytes`, each later one half the arena so far (at least that, at
-most `chunk_bytes`), so the unused tail stays at most a third of the arena while it grows. Payloads are packed at
+A few large `uint8` chunks: the first of `min_chunk_bytes`, each later one a tenth of the arena so far (at least
+that, at most `chunk_bytes`), so the unused tail stays under a tenth of the arena while it grows, and a ring that
+overwrites its oldest entries (whose chunks die in the order they were filled) holds about one chunk of freed and
+unused space in all: together with the alignment padding, under a quarter of the arena once it is a few chunks big. Payloads are packed at
 `ALIGN`-byte offsets behind each chunk's bump pointer; there is no Python object per payload.
 
 Published bytes are never modified: space is reclaimed only by releasing a chunk with no live payload left, or by
@@ -16,6 +18,8 @@ import numpy as np
 from ._base import ALIGN, ChunkTable, ceil_align
 
 __all__ = ["MAX_CHUNK_BYTES", "Arena"]
+
+_GROWTH = 10  # a new chunk is at most 1/_GROWTH of the arena so far (module doc)
 
 #: Largest chunk: offsets and lengths are stored as uint32.
 MAX_CHUNK_BYTES = (1 << 32) - ALIGN
@@ -135,7 +139,7 @@ class Arena:
         self._open = None
 
     def _new_chunk(self, need: int) -> None:
-        size = ceil_align(max(min(self.chunk_bytes, max(self.min_chunk_bytes, self.nbytes // 2)), need))
+        size = ceil_align(max(min(self.chunk_bytes, max(self.min_chunk_bytes, self.nbytes // _GROWTH)), need))
         old, self._open = self._open, self._next_id
         self.chunks[self._next_id] = _Chunk(size)
         self._next_id += 1

@@ -12,6 +12,8 @@ Layout (plain numpy arrays, simple to persist):
   meta    # shape=(num_slots,), dtype=uint8,  the codec's byte (RLE: count width; zstd: 1 with the dictionary)
   layout  # shape=(num_slots,), dtype=uint16, id into the layout table
   check   # shape=(num_slots,), dtype=uint32, the entry's checksum (below)
+  base    # shape=(num_slots,), dtype=int32,  slot this entry is a delta against, -1 = none (a keyframe)
+  child   # shape=(num_slots,), dtype=int32,  the delta put last with this slot as its base, -1 = none
   ```
 
 * layout table: layout id -> (dtype code, shape), shared by every entry of that dtype and shape.
@@ -19,7 +21,8 @@ Layout (plain numpy arrays, simple to persist):
 * arena: the payload bytes (`host_codecs.arena`).
 
 Checksums: an entry's `check` is the low 32 bits of XXH3-64 of its payload seeded with its slot id and length, XOR
-`codec | meta << 8 | layout << 16`. Every read verifies the entries it decodes before decoding them and raises
+`codec | meta << 8 | layout << 16`; a delta entry's check also XORs in a hash of its base slot and the base's
+`check` when the delta was put, so a delta whose base was rewritten since fails. Every read verifies the entries it decodes before decoding them and raises
 `host_codecs.CorruptEntryError` naming the store and the slots whose payload, length, offset, chunk, codec, meta byte
 or layout changed since they were written (any change of codec, meta or layout always; a changed payload, offset or
 length unless the hashes collide, about 1 in 4e9); a payload moved to another slot fails too. The other chunk ids
@@ -29,6 +32,14 @@ Concurrency: one lock guards the index and the arena. `put` encodes outside the 
 payloads into never-used arena space and only then publishes the index rows. `get` snapshots the index rows and the
 arena's chunks under the lock and decodes outside it. Published payload bytes never change, so a concurrent reader
 sees each entry entirely before or entirely after a put, never torn.
+
+Deltas (temporal coding): `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded like
+any entry (with the store's dictionary when it has one); `b[i] = -1` stores it whole (a keyframe). Reading a
+delta decodes its chain (base, base of base, ... down to a keyframe): every slot of the chains of one request is
+decoded once, in parallel, each delta XORed with its base right after both are decoded. Chains are linear: a slot
+is the base of at most one live delta. A delta never outlives its base: rewriting or deleting a slot also deletes the
+deltas after it in its chain (`dependents`), so every stored entry decodes. (A frame ring that keeps each chain's
+keyframe while a stored step reads its frames deletes only frames no step reads.)
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
 distinct slot of the request once, into its first row, in one shard per thread
@@ -92,6 +103,13 @@ def _payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
 def _fields(tag, meta, layout) -> np.ndarray:
     """# dtype=uint32: `tag | meta << 8 | layout << 16`, the index fields an entry's check covers exactly."""
     return np.asarray(tag, np.uint32) | np.asarray(meta, np.uint32) << 8 | np.asarray(layout, np.uint32) << 16
+
+
+def _base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
+    """# dtype=uint32: what a delta's check XORs in, from its base slot and the base's check (0 for `base == -1`)."""
+    b = np.asarray(base, np.int64)
+    mixed = ((b + 1) * 0x9E3779B1 & 0xFFFFFFFF).astype(np.uint32) ^ np.asarray(base_check, np.uint32)
+    return np.where(b >= 0, mixed, np.uint32(0)).astype(np.uint32)
 
 
 def _integer_ids(slots: Any, field: str) -> np.ndarray:
@@ -204,6 +222,9 @@ class CompressedStore:
         self._meta = np.zeros(n, dtype=np.uint8)  # shape=(num_slots,), uint8
         self._layout = np.zeros(n, dtype=np.uint16)  # shape=(num_slots,), uint16
         self._check = np.zeros(n, dtype=np.uint32)  # shape=(num_slots,), uint32: see the module doc
+        self._base = np.full(n, -1, dtype=np.int32)  # shape=(num_slots,), int32: delta base slot, -1 = keyframe
+        self._child = np.full(n, -1, dtype=np.int32)  # shape=(num_slots,), int32: last delta based on the slot, -1 = none
+        self._recent: tuple[np.ndarray, np.ndarray] | None = None  # (slots, raw rows) of the last put with bases: see _put
         self._layouts: list[tuple[int, tuple[int, ...]]] = []  # layout id -> (dtype code, shape)
         self._layout_ids: dict[tuple[int, tuple[int, ...]], int] = {}
         self._layout_nbytes = np.zeros(0, dtype=np.int64)  # shape=(num_layouts,), int64
@@ -215,7 +236,7 @@ class CompressedStore:
         self._lock = threading.Lock()
 
     def _index(self) -> tuple[np.ndarray, ...]:
-        return self._chunk, self._offset, self._length, self._codec, self._meta, self._layout, self._check
+        return self._chunk, self._offset, self._length, self._codec, self._meta, self._layout, self._check, self._base, self._child
 
     def _index_columns(self) -> dict[str, np.ndarray]:
         """The per-slot index arrays of `_index()` by attribute name (`"chunk"`, `"offset"`, ...): a
@@ -348,7 +369,7 @@ class CompressedStore:
             self._layout_nbytes = np.append(self._layout_nbytes, nb)
         return lid
 
-    def put(self, slots: Any, arrays: Any, *, codec: "str | Codec | None" = None) -> None:
+    def put(self, slots: Any, arrays: Any, *, codec: "str | Codec | None" = None, bases: Any = None) -> None:
         """Store `arrays[i]` in slot `slots[i]`, replacing what was there.
 
         Args:
@@ -356,16 +377,20 @@ class CompressedStore:
           arrays: # shape=(B, *item_shape), a dtype of `host_codecs._base.DTYPES`; never cast.
           codec: codec of this call (default: the store's); entries of different codecs
             coexist, and each is decoded with its own.
+          bases: optional # shape=(B,), integer slot ids: entry `i` is stored as a delta against what slot
+            `bases[i]` holds after the rows before it are stored (an earlier row of this batch or a stored entry of
+            the same dtype and shape), `-1`: whole (module doc, Deltas).
 
         Raises:
-          TypeError: an unsupported dtype or non-integer slots.
-          ValueError: a batch size, or a declared shape or dtype, that does not match.
+          TypeError: an unsupported dtype or non-integer slots or bases.
+          ValueError: a batch size, or a declared shape or dtype, that does not match; `bases` of another shape,
+            naming its own row's slot, an empty slot, or given with repeated `slots`.
           IndexError: a slot out of range.
         (Every argument is checked before anything is stored.)
         """
-        self._put(slots, arrays, codec, "slots", "arrays")
+        self._put(slots, arrays, codec, "slots", "arrays", bases)
 
-    def _put(self, slots: Any, arrays: Any, codec, ids: str, values: str) -> None:
+    def _put(self, slots: Any, arrays: Any, codec, ids: str, values: str, bases: Any = None) -> None:
         """`put`, its error messages naming the arguments `ids` and `values`."""
         cdc = self.codec if codec is None else get_codec(codec)
         s = self._slots(slots, ids)
@@ -382,31 +407,121 @@ class CompressedStore:
                 f"{values}: this store holds items of shape {dshape} and dtype "
                 f"{dtype_from_code(dcode)}, got shape {item_shape} and dtype {a.dtype}"
             )
+        base = None if bases is None else self._bases(bases, s)
         if s.size == 0:
             return
         if np.unique(s).size != s.size:  # keep the last occurrence of a repeated slot only
+            if base is not None and (base >= 0).any():
+                raise ValueError(f"bases: given with repeated {ids} (a delta against a slot written twice in one batch is ambiguous)")
             keep = np.sort(s.size - 1 - np.unique(s[::-1], return_index=True)[1])
             s, a = s[keep], a[keep]
+            base = None if base is None else base[keep]
         a = np.ascontiguousarray(a)
         b = s.shape[0]
         rows = a.reshape(b, -1).view(np.uint8) if a.size else np.empty((b, 0), np.uint8)
         dictionary = None
         if cdc is self.codec:
             dictionary = self._dictionary if self._trained else self._train(rows, code, item_shape)
+        delta = np.zeros(b, bool) if base is None else base >= 0
+        coded = rows
+        if delta.any():
+            src, ext = self._base_rows(s, base, rows, code, item_shape)
+            coded = np.empty_like(rows)
+
+            def xor(start: int, stop: int) -> None:
+                for i, r in zip(range(start, stop), src[start:stop].tolist()):
+                    if r == b:  # a keyframe
+                        coded[i] = rows[i]
+                    else:
+                        np.bitwise_xor(rows[i], rows[r] if r >= 0 else ext[-1 - r], out=coded[i])
+
+            parallel_for(b, xor, work_bytes=rows.nbytes)
         # outside the lock: the expensive part
-        enc = cdc.encode_batch(rows, a.dtype) if dictionary is None else cdc.encode_batch(rows, a.dtype, dictionary)
+        enc = cdc.encode_batch(coded, a.dtype) if dictionary is None else cdc.encode_batch(coded, a.dtype, dictionary)
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
         sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s)
         with self._lock:
+            if delta.any():  # chains stay linear (checked before anything is stored)
+                b_, x_ = base[delta], s[delta]
+                c_ = self._child[b_]
+                taken = (c_ >= 0) & (c_ != x_) & ~np.isin(c_, s)
+                taken[taken] = (self._chunk[c_[taken]] >= 0) & (self._base[c_[taken]] == b_[taken])
+                if taken.any():
+                    raise ValueError(f"bases: slot {int(b_[taken][0])} is already the base of slot {int(c_[taken][0])} (a slot is the base of at most one delta)")
             lid = self._layout_id(code, item_shape)
             chunk_ids, offsets = self._arena.place(enc.buffer, enc.offsets, enc.lengths)
-            self._free(s)
+            self._free(np.union1d(s, self._dependents(s)))
             self._chunk[s], self._offset[s], self._length[s] = chunk_ids, offsets, enc.lengths
             self._codec[s], self._meta[s], self._layout[s] = cdc.tag, enc.meta, lid
             self._check[s] = sums ^ _fields(cdc.tag, enc.meta, lid)
+            self._base[s] = -1 if base is None else base
+            if delta.any():
+                self._child[base[delta]] = s[delta]
+            pending = np.flatnonzero(delta)
+            while pending.size:  # level by level: a delta's check takes its base's final check
+                ready = ~np.isin(base[pending], s[pending])
+                i = pending[ready]
+                self._check[s[i]] ^= _base_sums(base[i], self._check[base[i]])
+                pending = pending[~ready]
+            if base is not None:  # the rows no delta of this batch is based on: the likely bases of the next put
+                tip = ~np.isin(s, base)
+                self._recent = (s[tip], rows[tip])
             self._tags[:, cdc.tag] += (b, b * int(self._layout_nbytes[lid]), int(enc.lengths.sum()))
             self._maybe_compact()
+
+    def _bases(self, bases: Any, s: np.ndarray) -> np.ndarray:
+        """`bases` of a put of slots `s`, checked: int64 `[B]`, -1 for whole entries."""
+        base = _integer_ids(bases, "bases").astype(np.int64)
+        if base.shape != s.shape:
+            raise ValueError(f"bases: expected shape {s.shape} (one per slot), got shape {base.shape}")
+        if base.size and (int(base.min()) < -1 or int(base.max()) >= self.num_slots):
+            bad = int(base.min()) if int(base.min()) < -1 else int(base.max())
+            raise IndexError(f"bases: slot {bad} out of range for a store of {self.num_slots} slots (-1: no base)")
+        if (base == s).any():
+            raise ValueError(f"bases: slot {int(s[base == s][0])} is given itself as its base")
+        used, count = np.unique(base[base >= 0], return_counts=True)
+        if (count > 1).any():
+            raise ValueError(f"bases: slot {int(used[count > 1][0])} is the base of several rows (a slot is the base of at most one delta)")
+        return base
+
+    def _base_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
+        """Where each row's base is, for a put of unique slots `s`: `(src, ext)`, `src[i]` = `B` (`len(s)`) for a
+        whole row, the batch row of its base when an earlier row of the batch writes it, else `-1 - j` for row `j` of
+        `ext` (uint8 `[J, nbytes]`: the last put's row of that slot, else the stored entry decoded)."""
+        n = s.size
+        src = np.full(n, n, np.int64)
+        idx = np.flatnonzero(base >= 0)
+        by_slot = np.argsort(s)
+        at = by_slot[np.minimum(np.searchsorted(s, base[idx], sorter=by_slot), n - 1)]
+        inside = s[at] == base[idx]
+        later = inside & (at > idx)
+        if later.any():
+            i = int(idx[later][0])
+            raise ValueError(f"bases: row {i} is based on slot {int(base[i])}, which a later row of the batch rewrites")
+        src[idx[inside]] = at[inside]
+        need = base[idx[~inside]]
+        ext = np.empty((need.size, rows.shape[1]), np.uint8)
+        src[idx[~inside]] = -1 - np.arange(need.size)
+        if need.size:
+            hit = np.zeros(need.size, bool)
+            recent = self._recent
+            if recent is not None and recent[0].size and recent[1].shape[1] == rows.shape[1]:
+                order = np.argsort(recent[0])
+                j = order[np.minimum(np.searchsorted(recent[0], need, sorter=order), recent[0].size - 1)]
+                hit = recent[0][j] == need
+                ext[hit] = recent[1][j[hit]]
+            if (~hit).any():
+                miss = need[~hit]
+                with self._lock:
+                    empty = self._chunk[miss] < 0
+                    lids = self._layout[miss]
+                if empty.any():
+                    raise ValueError(f"bases: slot {int(miss[empty][0])} is empty (a delta needs a stored base)")
+                if (lids != self._layout_ids.get((code, tuple(item_shape)), -1)).any():
+                    raise ValueError("bases: a base slot holds an entry of another dtype or shape")
+                ext[~hit] = self.get(miss).reshape(miss.size, -1).view(np.uint8)
+        return src, ext
 
     def _train(self, rows: np.ndarray, code: int, item_shape: tuple[int, ...]):
         """The dictionary to encode `rows` with, built (once, outside the store lock) when the
@@ -455,7 +570,7 @@ class CompressedStore:
         for row, w in enumerate((None, self._layout_nbytes[self._layout[s]], self._length[s].astype(np.float64))):
             self._tags[row] -= np.bincount(self._codec[s], weights=w, minlength=_NUM_TAGS).astype(np.int64)
         self._arena.free(self._chunk[s], self._length[s])
-        self._chunk[s] = -1
+        self._chunk[s], self._base[s], self._child[s] = -1, -1, -1
 
     def _maybe_compact(self) -> None:
         """Relocate the sparsest sealed chunks while freed bytes exceed `max_dead_fraction` of
@@ -465,16 +580,39 @@ class CompressedStore:
             self._chunk[slots], self._offset[slots] = self._arena.relocate(cid, self._offset[slots], self._length[slots])
             self._compactions += 1
 
-    def delete(self, slots: Any) -> None:
-        """Empty the given slots (their space is reclaimed as the module doc says)."""
+    def dependents(self, slots: Any) -> np.ndarray:
+        """The slots (int64, unique) of the live deltas whose chains pass through `slots` and that `slots` lacks: what
+        a `put` to `slots` or a `delete` of them deletes too (module doc, Deltas)."""
         s = np.unique(self._slots(slots).reshape(-1))
         with self._lock:
-            self._free(s)
+            return self._dependents(s)
+
+    def _dependents(self, s: np.ndarray) -> np.ndarray:
+        """`dependents` of unique slots `s`; under the lock."""
+        out, cur = [], s
+        for _ in range(self.num_slots):
+            c = self._child[cur]
+            c, par = c[c >= 0], cur[c >= 0]
+            live = (self._chunk[c] >= 0) & (self._base[c] == par) & ~np.isin(c, s)
+            cur = c[live]
+            if not cur.size:
+                break
+            out.append(cur)
+        return np.unique(np.concatenate(out)).astype(np.int64) if out else np.zeros(0, np.int64)
+
+    def delete(self, slots: Any) -> None:
+        """Empty the given slots, and the deltas based on them (`dependents`); their space is reclaimed as the module
+        doc says."""
+        s = np.unique(self._slots(slots).reshape(-1))
+        with self._lock:
+            self._recent = None
+            self._free(np.union1d(s, self._dependents(s)))
             self._maybe_compact()
 
     def clear(self) -> None:
         """Empty every slot and release the whole arena."""
         with self._lock:
+            self._recent = None
             self._free(np.arange(self.num_slots))
             self._arena.clear()
 
@@ -537,19 +675,30 @@ class CompressedStore:
         ss = [_integer_ids(x, n) for x, n in zip(slot_arrays, names)]
         flat = np.concatenate([self._slots(x.reshape(-1), n) for x, n in zip(ss, names)])
         bounds = np.cumsum([0] + [x.size for x in ss]).astype(np.int64)
+        n = flat.size
         with self._lock:  # a snapshot: published payload bytes never change afterwards
-            chunk, offset, length, tag, meta, layout, check = (a[flat] for a in self._index())
+            chains = self._chains(flat)  # the slots the requested deltas' chains add, after the request
+            flat = np.concatenate([flat, chains]) if chains.size else flat
+            chunk, offset, length, tag, meta, layout, check, base, _ = (a[flat] for a in self._index())
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
+        bounds = np.append(bounds, flat.size) if chains.size else bounds
         present = np.flatnonzero(chunk >= 0)
-        empty = np.flatnonzero(chunk == -1)
+        empty = np.flatnonzero(chunk[:n] == -1)
         if empty.size + present.size < flat.size:
-            self._corrupt(flat[chunk < -1], "an invalid chunk id")
+            bad = chunk < -1
+            self._corrupt(flat[bad] if bad.any() else flat[n:][chunk[n:] == -1], "an invalid chunk id" if bad.any() else "a delta's base slot is empty")
         # Each distinct slot is decoded at its first position; the others are copies of it.
-        _, first, inverse = np.unique(flat[present], return_index=True, return_inverse=True)
+        uniq, first, inverse = np.unique(flat[present], return_index=True, return_inverse=True)
         source = present[first[inverse.reshape(-1)]]
         is_first = source == present
         pos = present[is_first]  # positions decoded, ascending
-        self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos])
+        base_pos = None  # position of each decoded delta's base (decoded too), -1 for a keyframe
+        if chains.size or (base[pos] >= 0).any():
+            b = base[pos].astype(np.int64)
+            at = np.minimum(np.searchsorted(uniq, b), uniq.size - 1)
+            base_pos = np.where(b >= 0, present[first[at]], -1)
+        self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos],
+                     None if base_pos is None else (base[pos], np.where(base_pos >= 0, check[base_pos], 0)))
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
             raise KeyError(
@@ -573,6 +722,8 @@ class CompressedStore:
         nbytes = math.prod(item_shape) * dtype.itemsize
         results = [self._output(outs, j, s.shape + tuple(item_shape), dtype, len(ss)) for j, s in enumerate(ss)]
         views = [r.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8) for s, r in zip(ss, results)]
+        if chains.size:
+            views.append(np.empty((chains.size, nbytes), np.uint8))  # chain frames not requested
         out_j, out_row = _out_of(empty, bounds)
         for j in np.unique(out_j).tolist():  # zeros for the empty slots
             views[j][out_row[out_j == j]] = 0
@@ -580,23 +731,68 @@ class CompressedStore:
             return results
         pos_out, pos_row = _out_of(pos, bounds)
         chunk, offset, length = chunk.astype(np.int64), offset.astype(np.int64), length.astype(np.int64)
+        # Shards take whole chains: a delta is XORed with its base right after its shard decoded both.
+        order, cuts, base_i = np.arange(pos.size), np.arange(pos.size + 1), None
+        if base_pos is not None:
+            order, cuts, base_i = self._chain_order(pos, base_pos, flat)
 
         def shard(a: int, b: int) -> None:
-            p = pos[a:b]  # the codecs' own parallel_for calls run inline here
+            sl = order[cuts[a] : cuts[b]]
+            p = pos[sl]  # the codecs' own parallel_for calls run inline here
             for t in np.unique(tag[p]).tolist():
                 sel = np.flatnonzero(tag[p] == t)
                 q = p[sel]
                 codec_for_tag(t).decode_many(
-                    table, chunk[q], offset[q], length[q], meta[q], views, pos_out[a:b][sel], pos_row[a:b][sel], dtype
+                    table, chunk[q], offset[q], length[q], meta[q], views, pos_out[sl][sel], pos_row[sl][sel], dtype
                 )
+            if base_i is not None:
+                for i in sl[base_i[sl] >= 0].tolist():  # keyframe first, then each delta after its base
+                    dst, j = views[pos_out[i]][pos_row[i]], base_i[i]
+                    np.bitwise_xor(dst, views[pos_out[j]][pos_row[j]], out=dst)
 
-        parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
+        parallel_for(cuts.size - 1, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
         (src_j, src_row), (dst_j, dst_row) = _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds)
         pair = src_j * len(views) + dst_j
         for k in np.unique(pair).tolist():
             sel = pair == k
             views[k % len(views)][dst_row[sel]] = views[k // len(views)][src_row[sel]]
         return results
+
+    def _chains(self, flat: np.ndarray) -> np.ndarray:
+        """The slots (int64, unique) the chains of the deltas among `flat` reach and `flat` lacks; under the lock."""
+        frontier = self._base[flat]
+        frontier = frontier[frontier >= 0]
+        if not frontier.size:
+            return np.zeros(0, np.int64)
+        seen = np.zeros(self.num_slots, bool)
+        seen[flat] = True
+        extra = []
+        while frontier.size:
+            new = np.unique(frontier[~seen[frontier]])
+            seen[new] = True
+            extra.append(new)
+            frontier = self._base[new]
+            frontier = frontier[frontier >= 0]
+        return np.concatenate(extra).astype(np.int64)
+
+    def _chain_order(self, pos: np.ndarray, base_pos: np.ndarray, flat: np.ndarray):
+        """Decode order of entries `pos` (request positions, ascending) whose bases are at request positions
+        `base_pos` (-1: a keyframe): `(order, cuts, base_i)`, the entries chain by chain (keyframe first, then by
+        depth), chain `c` being `order[cuts[c]:cuts[c + 1]]`, and each entry's base as an index into `pos`."""
+        n = pos.size
+        base_i = np.where(base_pos >= 0, np.searchsorted(pos, base_pos), -1)
+        root = np.where(base_i >= 0, base_i, np.arange(n))
+        depth = (base_i >= 0).astype(np.int64)
+        for _ in range(64):  # pointer jumping: chains of up to 2**64 entries
+            up = root[root]
+            if np.array_equal(up, root):
+                break
+            depth, root = depth + depth[root] * (up != root), up
+        else:
+            self._corrupt(flat[pos[root != root[root]]], "its chain of deltas never reaches a keyframe")
+        order = np.lexsort((depth, root))
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(root[order])) + 1, [n]])
+        return order, cuts, base_i
 
     def _corrupt(self, slots: np.ndarray, why: str):
         ids = np.unique(slots)
@@ -606,9 +802,13 @@ class CompressedStore:
             + f" are corrupt ({why}): their bytes changed after they were written"
         )
 
-    def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check) -> None:
-        """Raise CorruptEntryError naming the slots whose entries fail their checksum (module doc)."""
-        bad = _payload_sums(table, chunk, offset, length, slots) ^ _fields(tag, meta, layout) != check
+    def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check, bases=None) -> None:
+        """Raise CorruptEntryError naming the slots whose entries fail their checksum (module doc); `bases`: (base
+        slots, the bases' checks) of deltas."""
+        expect = _payload_sums(table, chunk, offset, length, slots) ^ _fields(tag, meta, layout)
+        if bases is not None:
+            expect ^= _base_sums(*bases)
+        bad = expect != check
         if bad.any():
             self._corrupt(slots[bad], "checksum mismatch")
 

@@ -226,3 +226,33 @@ def test_concurrent_reads_decode_at_the_same_time(monkeypatch):
         t.join(30)
     assert not errors, errors
     assert sorted(results) == [1, 4]
+
+
+def test_a_stale_read_of_a_delta_whose_keyframe_was_rewritten_raises_stale():
+    """A state reads slot 2, a delta on slots 1 and 0; a later write rewrites only the keyframe (slot 0). Reading
+    slot 2 with the older version raises StaleBufferError (the chain's versions are checked), never a frame decoded
+    against the newer keyframe, nor a checksum error."""
+    host = HostStores(8, "zstd:-1", [FRAME], [np.int32], ["pixels"])
+    v1 = host.write(np.int32(0), np.arange(3, dtype=np.int32), np.ones(3, bool), _frames([1, 2, 3]), bases=np.array([-1, 0, 1], np.int32))
+    np.testing.assert_array_equal(host.read(v1, np.array([2]))[0], _frames([3]))
+    host.write(v1, np.array([0], np.int32), np.ones(1, bool), _frames([9]), bases=np.array([-1], np.int32))
+    with pytest.raises(StaleBufferError, match="rewritten"):
+        host.read(v1, np.array([2]))
+    outs = [[np.zeros((1, *FRAME), np.int32)]]
+    with pytest.raises(StaleBufferError, match="rewritten"):
+        host.read_into(v1, [np.array([2])], outs)
+
+
+def test_host_bytes_report_live_payloads_and_arena_capacity_apart():
+    ex = {"obs": jnp.zeros((4, 12, 10), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=2, length=50, frame_stack=4, codec="none")
+    assert buf.host_live_nbytes == buf.host_nbytes - buf.host_arena_nbytes  # empty: no payload, no arena
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        obs = jnp.asarray(rng.integers(0, 256, (2, 5, 4, 12, 10), dtype=np.uint8))
+        step = {"obs": obs, "action": jnp.zeros((2, 5), jnp.int32), "reward": jnp.zeros((2, 5))}
+        buf = buf.add(step, terminated=jnp.zeros((2, 5), bool))
+    payload = sum(s.payload_nbytes for s in buf.host.stores)
+    assert payload == 30 * 120  # codec "none": 30 frames of 120 bytes, deltas as large as keyframes
+    assert buf.host_live_nbytes == buf.host_nbytes - buf.host_arena_nbytes + payload
+    assert buf.host_arena_nbytes >= payload

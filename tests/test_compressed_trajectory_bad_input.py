@@ -244,7 +244,7 @@ def test_sample_of_an_older_state_served_while_its_slots_are_unchanged_refused_o
     buf = buf.add(_step(rng), terminated=np.zeros(E, bool))  # new slots only
     again = jax.tree.map(np.asarray, old.sample_sequences(jax.random.key(0), 4, 2))
     jax.tree.map(np.testing.assert_array_equal, first, again)
-    for _ in range(LENGTH + K):  # wraps: old's slots are rewritten
+    for _ in range(buf.frame_ring):  # wraps: old's slots are rewritten
         buf = buf.add(_step(rng), terminated=np.zeros(E, bool))
     before = record(buf)
     with pytest.raises(jax.errors.JaxRuntimeError, match="rewritten"):

@@ -19,10 +19,11 @@ from jaxbuffers.compressed.episode import CompressedEpisodeBuffer
 from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
 from jaxbuffers.compressed.staging import StagingWriter
 from jaxbuffers.compressed.trajectory import (
-    DEFAULT_CODEC, CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer,
+    DEFAULT_CODEC, DEFAULT_KEYFRAME_INTERVAL, CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer,
 )
 
 __all__ = [
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer", "CompressedEpisodeBuffer",
     "HostStores", "StaleBufferError", "StagingWriter", "DEFAULT_CODEC", "DEFAULT_DICTIONARY_BYTES",
+    "DEFAULT_KEYFRAME_INTERVAL",
 ]

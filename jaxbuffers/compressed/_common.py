@@ -139,24 +139,30 @@ def forced_callbacks(in_place: bool) -> Iterator[None]:
         _forced = before
 
 
-def write(host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array]) -> jax.Array:
-    """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`); returns the
-    new version (int32 scalar), which orders every later read and write of the store by data
-    dependency. The mechanism is `in_place_callbacks`'s.
+def write(
+    host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array], bases: jax.Array | None = None
+) -> jax.Array:
+    """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`, with `bases`: int32 `[M]`
+    delta bases, -1 for whole entries); returns the new version (int32 scalar), which orders every later read and
+    write of the store by data dependency. The mechanism is `in_place_callbacks`'s.
 
     Raises:
       ValueError: under `vmap`: a buffer is one host store, so states cannot be stacked.
     """
     args = (version, slots.astype(jnp.int32), valid, *datas)
+    put = host.write
+    if bases is not None:
+        args = (*args, bases.astype(jnp.int32))
+        put = lambda *a: host.write(*a[:-1], bases=a[-1])  # noqa: E731
     out = jax.ShapeDtypeStruct((), jnp.int32)
     if in_place_callbacks():
 
         def fill(ctx, new_version, *buffers):
-            np.asarray(new_version)[...] = host.write(*(np.asarray(b) for b in buffers))
+            np.asarray(new_version)[...] = put(*(np.asarray(b) for b in buffers))
 
         call = _buffer_callback(fill, out, has_side_effect=True)
     else:
-        call = lambda *a: io_callback(host.write, out, *a, ordered=True)  # noqa: E731
+        call = lambda *a: io_callback(put, out, *a, ordered=True)  # noqa: E731
 
     @jax.custom_batching.custom_vmap
     def write_once(*args):

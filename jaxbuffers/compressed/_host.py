@@ -16,7 +16,8 @@ buffer keeps in a *static* field (not a pytree leaf):
   `v` raises if one of its slots was written later (an old state kept after later adds, or a sample XLA scheduled
   after a later add of the same program). A write from a state whose version is not the store's current one (adding
   twice to one state: a fork) is refused before anything is written. Errors raised inside callbacks surface as
-  `jax.errors.JaxRuntimeError` when the result is used.
+  `jax.errors.JaxRuntimeError` when the result is used. A read of a slot includes every slot its delta chain
+  decodes (`host_codecs.CompressedStore` deltas): a delta whose keyframe was rewritten after `v` is refused too.
 * **Reads are linearisable under threads.** A write marks its slots with its version *before* it puts a byte, and a
   read checks its slots' versions before and again after it decodes (a sequence lock per slot): a read that
   overlaps a write of one of its slots raises `StaleBufferError`, so a read returns exactly the entries of the
@@ -112,8 +113,18 @@ class HostStores:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes held: every store's `nbytes` (arena + index) plus `slot_version`."""
+        """Host bytes held: every store's `nbytes` (arena + index + dictionary) plus `slot_version`."""
         return sum(s.nbytes for s in self.stores) + self.slot_version.nbytes
+
+    @property
+    def arena_nbytes(self) -> int:
+        """Bytes of the stores' arena chunks: the payload capacity held (live payloads and slack)."""
+        return sum(s.arena_nbytes for s in self.stores)
+
+    @property
+    def live_nbytes(self) -> int:
+        """`nbytes` with only the live payloads counted of the arenas (no padding, freed or unused space)."""
+        return self.nbytes - self.arena_nbytes + sum(s.payload_nbytes for s in self.stores)
 
     def close(self) -> None:
         """Release the payload memory now. Later reads/writes raise. (A jitted function that
@@ -143,13 +154,15 @@ class HostStores:
                 f"ran: the newer state and the store are unchanged)"
             )
 
-    def write(self, version, slots, valid, *datas) -> np.ndarray:
+    def write(self, version, slots, valid, *datas, bases=None) -> np.ndarray:
         """Host side of an add: put `datas[i][valid]` into store `i` at `slots[valid]`.
 
         Args (numpy, from the write callback):
           version: int32 scalar, the version of the buffer state being added to.
           slots: int32[M] store slot ids. valid: bool[M], rows to write.
           datas: one [M, *item_shape] array per store.
+          bases: optional int32[M]: row `r` is stored as a delta against slot `bases[r]` (`-1`: whole; see
+            `host_codecs.CompressedStore.put`).
 
         Returns:
           int32 scalar: the new version.
@@ -176,10 +189,13 @@ class HostStores:
                 )
             new = self.version + 1
             if sel.size:
+                lost = self.stores[0].dependents(slots)  # deltas the put deletes with their bases: changed too
                 with self._versions_lock:  # before any byte is put: a read that sees one sees this
                     self.slot_version[slots] = new
+                    self.slot_version[lost] = new
+                base = None if bases is None else np.asarray(bases).reshape(-1)[sel]
                 for store, data in zip(self.stores, datas):
-                    store.put(slots, data[sel])
+                    store.put(slots, data[sel], bases=base)
             self.version = new
             self.num_writes += 1
             self.num_rows += int(sel.size)
@@ -198,9 +214,17 @@ class HostStores:
                     f"got shape {d.shape} and dtype {d.dtype}"
                 )
 
+    def _read_slots(self, slots: np.ndarray) -> np.ndarray:
+        """`slots` and the slots their delta chains decode (`host_codecs.CompressedStore`: every store holds the
+        same chains): what a read checks."""
+        store = self.stores[0]
+        with store._lock:
+            chains = store._chains(store._slots(slots.reshape(-1)))
+        return np.concatenate([slots.reshape(-1), chains]) if chains.size else slots
+
     def _check_read(self, version, slots: np.ndarray, *, count: bool = True) -> None:
-        """Raise StaleBufferError when a slot in `slots` was rewritten after `version`, or is being
-        rewritten now (a read checks before and after it decodes: see the module doc)."""
+        """Raise StaleBufferError when a slot in `slots` (chains included: `_read_slots`) was rewritten after
+        `version`, or is being rewritten now (a read checks before and after it decodes: see the module doc)."""
         self._check_open("sample")
         v = int(np.max(np.asarray(version)))
         with self._versions_lock:
@@ -222,6 +246,7 @@ class HostStores:
         decoded once (`host_codecs.CompressedStore.get_many`). Same checks as `read`."""
         ids = [np.asarray(x) for x in ids]
         flat = ids[0] if len(ids) == 1 else np.concatenate([x.reshape(-1) for x in ids])
+        flat = self._read_slots(flat)
         self._check_read(version, flat)
         for store, out in zip(self.stores, outs):
             store.get_many(ids, missing="zeros", outs=out)
@@ -245,7 +270,8 @@ class HostStores:
         """
         ids = [np.asarray(x) for x in ids]
         flat = np.concatenate([x.reshape(-1) for x in ids]) if ids else np.zeros(0, np.int32)
-        self._check_read(version, flat)
+        checked = self._read_slots(flat)
+        self._check_read(version, checked)
         bounds = np.cumsum([0] + [x.size for x in ids]).tolist()
         outs = []
         for store in self.stores:
@@ -257,7 +283,7 @@ class HostStores:
             dec = store.get(flat, missing="zeros", out=out)
             for x, a, b in zip(ids, bounds[:-1], bounds[1:]):
                 outs.append(dec[a:b].reshape(*x.shape, *dec.shape[1:]))
-        self._check_read(version, flat, count=False)
+        self._check_read(version, checked, count=False)
         return tuple(outs)
 
 
@@ -272,8 +298,18 @@ class HostBacked(Wrapper):
 
     @property
     def host_nbytes(self) -> int:
-        """Host bytes held: arenas, store indexes, slot versions."""
+        """Host bytes held: arenas (their whole capacity), store indexes, dictionaries, slot versions."""
         return self.host.nbytes
+
+    @property
+    def host_live_nbytes(self) -> int:
+        """`host_nbytes` counting only the live compressed payloads of the arenas (no slack)."""
+        return self.host.live_nbytes
+
+    @property
+    def host_arena_nbytes(self) -> int:
+        """Bytes of the host arenas' chunks (live payloads and slack: `host_nbytes - host_arena_nbytes` is the rest)."""
+        return self.host.arena_nbytes
 
     @property
     def nbytes(self) -> int:

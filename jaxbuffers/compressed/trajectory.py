@@ -10,14 +10,23 @@ Frame-stack dedup (`frame_stack=k`). When an observation leaf is a stack of the 
 `FrameStackObservation`; `stack_axis` is the `k` axis: `0` for `[4, 84, 84]`, `-1` for `[84, 84, 4]`), only the
 newest frame of each step is stored and stacks are rebuilt at sample time:
 
-* Each lane has a ring of `F = length + k - 1` frames (every stored step's frame plus the `k - 1`
-  before the oldest, which its stack needs).
+* Each lane has a ring of `F = length + k - 1 + K - 1` frames (every stored step's frame plus the `k - 1`
+  before the oldest, which its stack needs, plus the `K - 1` temporal coding keeps, below).
 * Each step records `ep_pos = min(steps since its episode started, k - 1)`; a step starts an episode when the
   previous step of its lane ended one (terminated *or truncated*). A stack reads the frames `k-1, ..., 0` steps
   back; those from before the episode start are padding: `padding="reset"` repeats the episode's first frame
   (Gymnasium's default), `"zero"` gives zeros. So a stack never mixes two episodes.
 * A truncated step's final observation keeps its newest frame in a per-lane ring of
   `final_obs_capacity` frames (`jaxbuffers._ring.final_slots`), stacked on the step's frames.
+
+Temporal coding (`keyframe_interval=K`, default `DEFAULT_KEYFRAME_INTERVAL`). Each frame of a lane's ring is stored as
+the bytewise XOR with the previous frame of the same lane (a delta, `host_codecs.CompressedStore.put`'s `bases`),
+except keyframes, stored whole: the frame of every episode start and every `K`-th frame after it. So a chain (a
+keyframe and the deltas after it) never crosses an episode start, and decoding a frame decodes at most `K - 1`
+frames before it, which the frame stacks around it mostly need anyway. The frame ring keeps `K - 1` more frames
+(`F = length + k - 1 + K - 1`), so overwriting the oldest frames never drops a keyframe whose deltas a stored step
+still reads; the deltas of an older chain whose keyframe is overwritten (frames no stored step reads) are deleted with
+it, so every stored frame decodes. Final frames are keyframes. `K = 1` stores every frame whole.
 
 This is exact when the observations given to `add` are what such a frame stacker produced (the older frames of a
 stack are not read at add time). Without `frame_stack` every compressed leaf is stored whole.
@@ -59,10 +68,13 @@ from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
 from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample
 
-__all__ = ["CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "DEFAULT_CODEC"]
+__all__ = ["CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "DEFAULT_CODEC", "DEFAULT_KEYFRAME_INTERVAL"]
 
 DEFAULT_CODEC = "zstd:-1"
 """Codec of the host stores unless `codec=` is given (zstd's fast level -1)."""
+
+DEFAULT_KEYFRAME_INTERVAL = 8
+"""Frames per chain of the temporal coding unless `keyframe_interval=` is given (a keyframe every 8 frames)."""
 
 _ID = jax.ShapeDtypeStruct((3,), jnp.int32)
 _GAMMA = {"gamma": (0.0, 1.0)}
@@ -79,7 +91,7 @@ def _build(
     example_step: Mapping, num_envs: int, length: int, final_obs_capacity, obs_key: str, *,
     compress: Sequence[str] | None = None, frame_stack: int | None = None, stack_axis: int = 0, padding: str = "reset",
     codec: str = DEFAULT_CODEC, normalize_images: bool = False, chunk_bytes: int = 64 << 20,
-    dictionary_bytes: int | None = None,
+    dictionary_bytes: int | None = None, keyframe_interval: int = DEFAULT_KEYFRAME_INTERVAL,
 ):
     """Shared part of both `create`s: returns (inner example step, final-obs ring size, config)."""
     if not isinstance(example_step, Mapping):
@@ -89,9 +101,10 @@ def _build(
     num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
     spec = _validate.item_spec(dict(example_step), "example_step")
     idx, infos, k = _common.obs_leaves(spec[obs_key], f"example_step[{obs_key!r}]", compress, frame_stack, stack_axis, padding, normalize_images)
+    key = _validate.static_int("keyframe_interval", keyframe_interval)
     kcap = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
     obs_spec = spec[obs_key]
-    ring = length + k - 1
+    ring = length + k - 1 + key - 1
     host = HostStores(
         num_envs * ring + num_envs * kcap + 1,  # the last slot is never written: the empty slot
         codec,
@@ -106,7 +119,7 @@ def _build(
     inner_step[obs_key] = inner_obs
     config = dict(
         host=host, leaves=tuple(infos), leaf_index=tuple(idx), frame_stack=k, padding=padding,
-        normalize_images=bool(normalize_images), frame_ring=ring,
+        normalize_images=bool(normalize_images), frame_ring=ring, keyframe_interval=key,
     )
     return inner_step, kcap, config
 
@@ -124,6 +137,7 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
     frame_head: jax.Array  # shape=(), dtype=int32: position of the next step in every lane's frame ring, in [0, frame_ring)
     next_ep_pos: jax.Array  # shape=[num_envs], dtype=int32: ep_pos of each lane's next step (0 = starts an episode)
     final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-frame slot per lane, in [0, final_obs_capacity)
+    next_key_pos: jax.Array  # shape=[num_envs], dtype=int32: frames since its keyframe of each lane's next frame, in [0, keyframe_interval) (0: a keyframe)
     version: jax.Array  # shape=(), dtype=int32: host-store writes included in this state
     host: HostStores = struct.field(pytree_node=False)
     leaves: tuple = struct.field(pytree_node=False)  # LeafInfo per compressed leaf
@@ -131,7 +145,8 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
     frame_stack: int = struct.field(pytree_node=False)  # k (1: no dedup)
     padding: str = struct.field(pytree_node=False)
     normalize_images: bool = struct.field(pytree_node=False)
-    frame_ring: int = struct.field(pytree_node=False)  # F = length + k - 1 frames per lane
+    frame_ring: int = struct.field(pytree_node=False)  # F = length + k - 1 + K - 1 frames per lane
+    keyframe_interval: int = struct.field(pytree_node=False)  # K: a keyframe at every episode start and every K frames
 
     @classmethod
     @_validate.keyword_sizes
@@ -141,6 +156,7 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         codec: str = DEFAULT_CODEC, normalize_images: bool = False, final_obs_capacity: int | None = None,
         obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
         chunk_bytes: int = 64 << 20, dictionary_bytes: int | None = None,
+        keyframe_interval: int = DEFAULT_KEYFRAME_INTERVAL,
     ) -> "CompressedTrajectoryBuffer":
         """An empty compressed buffer of `num_envs` lanes of `length` steps.
 
@@ -158,6 +174,7 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
           chunk_bytes: largest host arena chunk.
           dictionary_bytes: most bytes of each store's zstd dictionary (`None`:
             `DEFAULT_DICTIONARY_BYTES`, 32 KiB, for a zstd codec, else 0; 0: none).
+          keyframe_interval: `K` of the temporal coding (module doc): a positive int, 1 for none.
 
         Raises:
           TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string.
@@ -192,7 +209,7 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         e = traj.num_envs
         return cls(
             buffer=inner, frame_head=jnp.int32(0), next_ep_pos=jnp.zeros((e,), jnp.int32),
-            final_head=jnp.zeros((e,), jnp.int32), version=jnp.int32(0), **config,
+            final_head=jnp.zeros((e,), jnp.int32), next_key_pos=jnp.zeros((e,), jnp.int32), version=jnp.int32(0), **config,
         )
 
     @property
@@ -255,8 +272,8 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
             (under `jit` the write callback refuses it: `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
-        new, (slots, valid, datas) = self._add_device(step, terminated, truncated, final_obs)
-        return new.replace(version=_common.write(self.host, self.version, slots, valid, datas))
+        new, (slots, valid, bases, datas) = self._add_device(step, terminated, truncated, final_obs)
+        return new.replace(version=_common.write(self.host, self.version, slots, valid, datas, bases))
 
     def add_from_host(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """`add` with the host write as a direct Python call instead of a callback; not traceable.
@@ -271,8 +288,8 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
             raise TypeError("add_from_host cannot be traced (jit/scan/vmap); call add() inside traced code")
         _common.check_add_before_dispatch(self, lambda b: b._add_device(step, terminated, truncated, final_obs))
         new, parts = self._add_device(step, terminated, truncated, final_obs)
-        slots, valid, datas = jax.device_get(parts)
-        return new.replace(version=jnp.asarray(self.host.write(np.asarray(self.version), slots, valid, *datas), jnp.int32))
+        slots, valid, bases, datas = jax.device_get(parts)
+        return new.replace(version=jnp.asarray(self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases), jnp.int32))
 
     @_compiled.method()
     def _add_device(self, step, terminated, truncated, final_obs):
@@ -287,16 +304,16 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         datas = frames(step[self.trajectory.obs_key])
         if truncated is not None:
             datas = [jnp.concatenate([d, f]) for d, f in zip(datas, frames(final_obs))]
-        new, (slots, valid) = self._add_ids(step, terminated, truncated, final_obs)
-        return new, (slots, valid, datas)
+        new, (slots, valid, bases) = self._add_ids(step, terminated, truncated, final_obs)
+        return new, (slots, valid, bases, datas)
 
     @_compiled.method()
     def _add_ids(self, step, terminated, truncated, final_obs):
         """The device half of an add of checked `[E, t]` inputs: ids, episode positions, the inner
         buffer's add. The compressed leaves of `step[obs]` / `final_obs` are not read (any array
         stands in for them). Returns (state without the version bump, (store slots `[M]`, rows to
-        write `[M]`)): rows `[0, E*t)` are the newest frames of the steps, lane-major, then (with
-        `truncated`) `E*t` final frames."""
+        write `[M]`, delta bases `[M]` or None for `K = 1`)): rows `[0, E*t)` are the newest frames of the steps,
+        lane-major, then (with `truncated`) `E*t` final frames (keyframes, base -1)."""
         traj = self.trajectory
         e, t = terminated.shape
         k, ring = self.frame_stack, self.frame_ring
@@ -313,6 +330,11 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         ep = jnp.where(before >= 0, j[None, :] - before - 1, self.next_ep_pos[:, None] + j[None, :])
         ep = jnp.minimum(ep, k - 1).astype(jnp.int32)
         next_ep = jnp.where(ends[:, -1], 0, jnp.minimum(ep[:, -1] + 1, k - 1)).astype(jnp.int32)
+        # frames since the keyframe: counted from the episode start (or carried over), modulo K
+        kk = self.keyframe_interval
+        kpos = jnp.where(before >= 0, (j[None, :] - before - 1) % kk, (self.next_key_pos[:, None] + j[None, :]) % kk)
+        next_key = jnp.where(ends[:, -1], 0, (kpos[:, -1] + 1) % kk).astype(jnp.int32)
+        bases = jnp.where(kpos == 0, -1, prev).reshape(-1).astype(jnp.int32)
         ids = jnp.stack([newest, prev, ep], axis=-1).astype(jnp.int32)  # [E, t, 3]
         slots, valid = newest.reshape(-1), jnp.ones((e * t,), bool)
         final_head, inner_final = self.final_head, None
@@ -323,12 +345,16 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
             fids = jnp.stack([fstore, newest, jnp.minimum(ep + 1, k - 1)], axis=-1).astype(jnp.int32)
             slots = jnp.concatenate([slots, fstore.reshape(-1)])
             valid = jnp.concatenate([valid, boot.reshape(-1)])
+            bases = jnp.concatenate([bases, jnp.full((e * t,), -1, jnp.int32)])
             inner_final = _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves))
         inner_step = dict(step)
         inner_step[traj.obs_key] = _common.replace_leaves(step[traj.obs_key], self.leaf_index, [ids] * len(self.leaves))
         inner = self.buffer.add_prepared(inner_step, terminated, truncated, inner_final)
-        new = self.replace(buffer=inner, frame_head=((self.frame_head + t) % ring).astype(jnp.int32), next_ep_pos=next_ep, final_head=final_head)
-        return new, (slots, valid)
+        new = self.replace(
+            buffer=inner, frame_head=((self.frame_head + t) % ring).astype(jnp.int32), next_ep_pos=next_ep,
+            final_head=final_head, next_key_pos=next_key,
+        )
+        return new, (slots, valid, None if kk == 1 else bases)
 
     def add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None):
         """`add_from_host` of a chunk whose compressed leaves come as host frames (for
@@ -347,12 +373,12 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
             for f, i in zip(given, self.leaves):
                 _validate.array(f"{name} of {i.name}", f, (e, t, *i.frame_shape), i.dtype)
         _common.check_before_dispatch(self, add=True)
-        new, (slots, valid) = self._add_ids(step, terminated, truncated, final_obs)
-        slots, valid = jax.device_get((slots, valid))
+        new, (slots, valid, bases) = self._add_ids(step, terminated, truncated, final_obs)
+        slots, valid, bases = jax.device_get((slots, valid, bases))
         datas = [np.reshape(f, (e * t, *i.frame_shape)) for f, i in zip(frames, self.leaves)]
         if truncated is not None:
             datas = [np.concatenate([d, np.reshape(f, (e * t, *i.frame_shape))]) for d, f, i in zip(datas, final_frames, self.leaves)]
-        version = self.host.write(np.asarray(self.version), slots, valid, *datas)
+        version = self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases)
         return new.replace(version=jnp.asarray(version, jnp.int32))
 
     def _frame_ids(self, ids: jax.Array):

@@ -1,0 +1,172 @@
+"""Delta entries of CompressedStore (`put(..., bases=)`): exact chains against a dict model, checksums chained
+through the bases, refused arguments, and the arena's slack while it grows and while a ring overwrites it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from host_codecs import CompressedStore, CorruptEntryError
+
+SHAPE = (12, 10)
+
+
+def _frames(rng, n):
+    """Frames that change a little from one to the next (as game frames do)."""
+    base = rng.integers(0, 256, SHAPE, dtype=np.uint8)
+    out = np.empty((n, *SHAPE), np.uint8)
+    for i in range(n):
+        base = base.copy()
+        base[rng.integers(0, SHAPE[0]), :] = rng.integers(0, 256)
+        out[i] = base
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    codec=st.sampled_from(["none", "rle", "zstd:-1", "igzip:1"]),
+    ring=st.integers(4, 20),
+    key=st.integers(1, 6),
+    chunks=st.lists(st.integers(1, 7), min_size=1, max_size=12),
+    fresh=st.booleans(),
+)
+def test_frame_ring_of_deltas_matches_a_dict(seed, codec, ring, key, chunks, fresh):
+    """Frames written to a ring of `ring + key - 1` slots as chains of `key` (a keyframe, then deltas against the
+    previous slot), in chunks: every frame of the newest `ring` reads back exactly. With `fresh`, each put goes to a
+    store object that did not make the previous put (its bases are decoded from the store, not remembered)."""
+    rng = np.random.default_rng(seed)
+    size = ring + key - 1
+    store = CompressedStore(size, codec, item_shape=SHAPE, dtype=np.uint8)
+    frames = _frames(rng, sum(chunks) * 2)
+    model, t = {}, 0
+    for n in chunks * 2:
+        n = min(n, ring)  # a chunk never rewrites a slot its first delta is based on
+        ts = np.arange(t, t + n)
+        bases = np.where(ts % key == 0, -1, (ts - 1) % size)
+        store.put(ts % size, frames[ts], bases=bases)
+        if fresh:
+            store._recent = None
+        model.update({int(x) % size: int(x) for x in ts})
+        t += n
+        live = [s for s, x in model.items() if x >= t - ring]
+        got = store.get(np.array(live))
+        np.testing.assert_array_equal(got, frames[[model[s] for s in live]])
+        held = np.flatnonzero(store.written(np.arange(size)))
+        np.testing.assert_array_equal(store.get(held), frames[[model[s] for s in held.tolist()]])  # no delta lost its base
+    assert (store._base >= 0).any() == (key > 1 and t > 1)
+
+
+def test_a_rewritten_keyframe_fails_its_deltas_checksums():
+    rng = np.random.default_rng(0)
+    f = _frames(rng, 4)
+    store = CompressedStore(8, "zstd:-1", item_shape=SHAPE, dtype=np.uint8)
+    store.put(np.arange(4), f, bases=np.array([-1, 0, 1, 2]))
+    np.testing.assert_array_equal(store.get(np.array([3])), f[3:])
+    store._child[:] = -1  # without the links to its deltas, rewriting a keyframe leaves them stale
+    store.put(np.array([0]), f[1:2])
+    with pytest.raises(CorruptEntryError, match=r"slots \[1"):
+        store.get(np.array([3]))
+    store.put(np.array([1]), f[1:2])  # slot 1 whole again: slot 2 still refers to the old slot 1
+    with pytest.raises(CorruptEntryError, match=r"slots \[2\]"):
+        store.get(np.array([2, 3]))
+    store._base[3] = 5  # a base that was deleted
+    with pytest.raises(CorruptEntryError, match="base slot is empty"):
+        store.get(np.array([3]))
+
+
+def test_a_delta_never_outlives_its_base():
+    """Rewriting (or deleting) a slot deletes the deltas after it in its chain, up to the next keyframe; the rest
+    reads back exactly, so every stored entry decodes. A second delta on one base is refused."""
+    f = _frames(np.random.default_rng(4), 8)
+    store = CompressedStore(8, "zstd:-1", item_shape=SHAPE, dtype=np.uint8)
+    store.put(np.arange(8), f, bases=np.array([-1, 0, 1, 2, -1, 4, 5, 6]))
+    np.testing.assert_array_equal(store.dependents([1]), [2, 3])
+    store.put(np.array([1]), f[:1])  # slots 2 and 3 lose their chain: deleted
+    np.testing.assert_array_equal(store.written(np.arange(8)), [1, 1, 0, 0, 1, 1, 1, 1])
+    np.testing.assert_array_equal(store.get(np.array([0, 1, 4, 5, 6, 7])), f[[0, 0, 4, 5, 6, 7]])
+    store.delete([5])
+    np.testing.assert_array_equal(store.written(np.arange(8)), [1, 1, 0, 0, 1, 0, 0, 0])
+    with pytest.raises(ValueError, match="bases: slot 0 is the base of several rows"):
+        store.put(np.array([2, 3]), f[:2], bases=np.array([0, 0]))
+    store.put(np.array([2]), f[2:3], bases=np.array([0]))  # slot 1 is whole now: 0 is nobody's base
+    np.testing.assert_array_equal(store.get(np.array([2])), f[2:3])
+    with pytest.raises(ValueError, match="bases: slot 0 is already the base of slot 2"):
+        store.put(np.array([3]), f[3:4], bases=np.array([0]))
+
+
+def test_a_changed_base_pointer_fails_the_checksum():
+    f = _frames(np.random.default_rng(1), 3)
+    store = CompressedStore(8, "none", item_shape=SHAPE, dtype=np.uint8)
+    store.put(np.arange(3), f, bases=np.array([-1, 0, 1]))
+    store._base[2] = 0
+    with pytest.raises(CorruptEntryError, match=r"slots \[2\]"):
+        store.get(np.array([2]))
+
+
+def test_bad_bases_are_refused_before_anything_is_stored():
+    f = _frames(np.random.default_rng(2), 3)
+    store = CompressedStore(8, "none", item_shape=SHAPE, dtype=np.uint8)
+    store.put(np.array([5]), f[:1])
+    before = tuple(a.copy() for a in store._index())
+    cases = [
+        (np.arange(3), np.array([-1, 0]), ValueError, r"bases: expected shape \(3,\)"),
+        (np.arange(3), np.array([-1, 1, 0]), ValueError, "bases: slot 1 is given itself"),
+        (np.arange(3), np.array([-1, 0, 7]), ValueError, "bases: slot 7 is empty"),
+        (np.arange(3), np.array([-1, 2, 0]), ValueError, "later row of the batch"),
+        (np.arange(3), np.array([-1, 0, 8]), IndexError, "bases: slot 8 out of range"),
+        (np.array([0, 1, 1]), np.array([-1, 0, 5]), ValueError, "repeated slots"),
+        (np.arange(3), np.array([-1.0, 0.0, 1.0]), TypeError, "bases: expected integer"),
+    ]
+    for slots, bases, err, match in cases:
+        with pytest.raises(err, match=match):
+            store.put(slots, f, bases=bases)
+        assert all(np.array_equal(a, b) for a, b in zip(before, store._index()))
+
+
+def test_one_read_decodes_each_chain_frame_once():
+    """A read of deltas that share a chain decodes every slot of the chain once (counted through the codec)."""
+    f = _frames(np.random.default_rng(3), 8)
+    store = CompressedStore(8, "none", item_shape=SHAPE, dtype=np.uint8)
+    store.put(np.arange(8), f, bases=np.array([-1, 0, 1, 2, 3, 4, 5, 6]))
+    calls = []
+    codec = store.codec
+    orig = codec.decode_many
+
+    def counting(*args):
+        calls.append(len(args[-2]))  # rows decoded
+        return orig(*args)
+
+    codec.decode_many = counting
+    try:
+        got = store.get_many([np.array([7, 5, 5]), np.array([6, 3])])
+    finally:
+        del codec.decode_many
+    np.testing.assert_array_equal(got[0], f[[7, 5, 5]])
+    np.testing.assert_array_equal(got[1], f[[6, 3]])
+    assert sum(calls) == 8  # slots 0..7, each once
+
+
+def _payloads(rng, n):
+    return [rng.integers(0, 256, int(rng.integers(40, 400)), dtype=np.uint8) for _ in range(n)]
+
+
+@pytest.mark.parametrize("min_chunk", [1 << 12, 1 << 14])
+def test_arena_slack_stays_under_a_quarter_growing_and_as_a_ring(min_chunk):
+    """Growing, and then overwriting its oldest entries as a ring does, the arena never holds more than 25% of its
+    bytes as slack (padding, freed and unused space) once its payloads fill a few first chunks."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    store = CompressedStore(n, "none", chunk_bytes=1 << 20, min_chunk_bytes=min_chunk)
+    worst, t = 0.0, 0
+    for _ in range(3 * n // 50):
+        slots = np.arange(t, t + 50) % n
+        for s, p in zip(slots.tolist(), _payloads(rng, 50)):  # entries of different sizes
+            store.put(np.array([s]), p[None])
+        t += 50
+        st_ = store.stats()
+        if st_["payload_nbytes"] > 4 * min_chunk:
+            worst = max(worst, st_["slack_nbytes"] / st_["arena_nbytes"])
+    assert 0 < worst <= 0.25, worst
