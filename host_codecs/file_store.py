@@ -154,18 +154,21 @@ class FileStore:
         if self._fd < 0:
             raise RuntimeError(f"{self.data_path}: {what} after close()")
 
-    def put(self, slots: Any, arrays: Any) -> None:
+    def put(self, slots: Any, arrays: Any, *, bases: Any = None) -> None:
         """Store `arrays[i]` in slot `slots[i]` (repeated ids: the last one wins), written to the data file at once.
 
         Args:
           slots: # shape=(B,), integer slot ids.
           arrays: # shape=(B, *item_shape), the store's dtype; never cast.
+          bases: None: every entry is whole (a file store holds no deltas; `CompressedStore.put` takes them).
 
         Raises:
           ReadOnlyError: the store was opened with `mode="r"` (nothing written).
           ValueError: a shape or dtype other than the store's. IndexError, TypeError: bad slot ids.
         """
         self._check_writable("put")
+        if bases is not None:
+            raise ValueError("bases: a FileStore holds whole entries only, got delta bases (use keyframe_interval=1)")
         s = self._slots(slots, "slots")
         a = as_array(arrays, "arrays")
         if s.ndim != 1 or a.shape != (s.size, *self.item_shape) or a.dtype != self.dtype:
@@ -189,6 +192,13 @@ class FileStore:
         high = self.row_nbytes << 32
         sums = np.fromiter((_store._HASH(r, s ^ high) for r, s in zip(rows, slots.tolist())), np.uint64, len(slots))
         return (sums & 0xFFFFFFFF).astype(np.uint32)
+
+    def dependents(self, slots: Any) -> np.ndarray:
+        """`CompressedStore.dependents`: always empty (int64 `[0]`), a file store holds no deltas."""
+        self._slots(slots, "slots")
+        return np.zeros(0, np.int64)
+
+    chain_slots = dependents  # `CompressedStore.chain_slots`: no chains either
 
     def written(self, slots: Any) -> np.ndarray:
         """Boolean mask of the shape of `slots`: which slots hold an entry."""

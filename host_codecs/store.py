@@ -580,6 +580,13 @@ class CompressedStore:
             self._chunk[slots], self._offset[slots] = self._arena.relocate(cid, self._offset[slots], self._length[slots])
             self._compactions += 1
 
+    def chain_slots(self, slots: Any) -> np.ndarray:
+        """The slots (int64, unique) that decoding `slots` also decodes (the bases of their delta chains) and
+        `slots` lacks; empty when no slot of `slots` holds a delta."""
+        s = self._slots(slots).reshape(-1)
+        with self._lock:
+            return self._chains(s)
+
     def dependents(self, slots: Any) -> np.ndarray:
         """The slots (int64, unique) of the live deltas whose chains pass through `slots` and that `slots` lacks: what
         a `put` to `slots` or a `delete` of them deletes too (module doc, Deltas)."""

@@ -90,9 +90,12 @@ class DiskStores(HostStores):
             raise ReadOnlyError(f"add: {self.directory} was opened with mode='r' (read only); reopen it with mode='r+' to add")
         super().check_state(what, version)
 
-    def write(self, version, slots, valid, *datas) -> np.ndarray:
-        """`HostStores.write`; `ReadOnlyError` before anything is written in a folder opened with `mode="r"`."""
+    def write(self, version, slots, valid, *datas, bases=None) -> np.ndarray:
+        """`HostStores.write` of whole entries (`bases` None); `ReadOnlyError` before anything is written in a folder
+        opened with `mode="r"`."""
         self.check_state("add")
+        if bases is not None:
+            raise ValueError("bases: a disk-backed store holds whole entries only (its buffer has keyframe_interval=1)")
         return super().write(version, slots, valid, *datas)
 
     def read_into(self, version, ids, outs) -> None:
@@ -250,6 +253,11 @@ def _create(d: Path, buffer: Any) -> Any:
         raise ValueError(f"buffer: expected an in-memory compressed buffer for mode='w', got {type(buffer).__name__}")
     if like.codec != "none":
         raise ValueError(f"buffer: codec {like.codec!r}; a disk-backed buffer stores raw entries: create it with codec='none'")
+    if getattr(buffer, "keyframe_interval", 1) != 1:
+        raise ValueError(
+            f"buffer: keyframe_interval={buffer.keyframe_interval}; a disk-backed buffer stores every frame whole: "
+            f"create it with keyframe_interval=1"
+        )
     if like.version or int(buffer.version):
         raise ValueError(f"buffer: expected an empty buffer (no add yet), got one at version {int(buffer.version)}")
     if d.exists() and any(d.iterdir()):

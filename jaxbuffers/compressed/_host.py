@@ -217,9 +217,7 @@ class HostStores:
     def _read_slots(self, slots: np.ndarray) -> np.ndarray:
         """`slots` and the slots their delta chains decode (`host_codecs.CompressedStore`: every store holds the
         same chains): what a read checks."""
-        store = self.stores[0]
-        with store._lock:
-            chains = store._chains(store._slots(slots.reshape(-1)))
+        chains = self.stores[0].chain_slots(slots.reshape(-1))
         return np.concatenate([slots.reshape(-1), chains]) if chains.size else slots
 
     def _check_read(self, version, slots: np.ndarray, *, count: bool = True) -> None:

@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from host_codecs import get_codec
 from jaxbuffers import _compiled, _ring, _validate
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import HostBacked, HostStores
@@ -74,7 +75,8 @@ DEFAULT_CODEC = "zstd:-1"
 """Codec of the host stores unless `codec=` is given (zstd's fast level -1)."""
 
 DEFAULT_KEYFRAME_INTERVAL = 8
-"""Frames per chain of the temporal coding unless `keyframe_interval=` is given (a keyframe every 8 frames)."""
+"""Frames per chain of the temporal coding unless `keyframe_interval=` is given (a keyframe every 8 frames; with
+`codec="none"` every frame is whole, K = 1)."""
 
 _ID = jax.ShapeDtypeStruct((3,), jnp.int32)
 _GAMMA = {"gamma": (0.0, 1.0)}
@@ -91,7 +93,7 @@ def _build(
     example_step: Mapping, num_envs: int, length: int, final_obs_capacity, obs_key: str, *,
     compress: Sequence[str] | None = None, frame_stack: int | None = None, stack_axis: int = 0, padding: str = "reset",
     codec: str = DEFAULT_CODEC, normalize_images: bool = False, chunk_bytes: int = 64 << 20,
-    dictionary_bytes: int | None = None, keyframe_interval: int = DEFAULT_KEYFRAME_INTERVAL,
+    dictionary_bytes: int | None = None, keyframe_interval: int | None = None,
 ):
     """Shared part of both `create`s: returns (inner example step, final-obs ring size, config)."""
     if not isinstance(example_step, Mapping):
@@ -101,6 +103,8 @@ def _build(
     num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
     spec = _validate.item_spec(dict(example_step), "example_step")
     idx, infos, k = _common.obs_leaves(spec[obs_key], f"example_step[{obs_key!r}]", compress, frame_stack, stack_axis, padding, normalize_images)
+    if keyframe_interval is None:  # deltas of raw entries save nothing: whole frames without a codec
+        keyframe_interval = 1 if get_codec(codec).name == "none" else DEFAULT_KEYFRAME_INTERVAL
     key = _validate.static_int("keyframe_interval", keyframe_interval)
     kcap = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
     obs_spec = spec[obs_key]
@@ -156,7 +160,7 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         codec: str = DEFAULT_CODEC, normalize_images: bool = False, final_obs_capacity: int | None = None,
         obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
         chunk_bytes: int = 64 << 20, dictionary_bytes: int | None = None,
-        keyframe_interval: int = DEFAULT_KEYFRAME_INTERVAL,
+        keyframe_interval: int | None = None,
     ) -> "CompressedTrajectoryBuffer":
         """An empty compressed buffer of `num_envs` lanes of `length` steps.
 
@@ -174,7 +178,8 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
           chunk_bytes: largest host arena chunk.
           dictionary_bytes: most bytes of each store's zstd dictionary (`None`:
             `DEFAULT_DICTIONARY_BYTES`, 32 KiB, for a zstd codec, else 0; 0: none).
-          keyframe_interval: `K` of the temporal coding (module doc): a positive int, 1 for none.
+          keyframe_interval: `K` of the temporal coding (module doc): a positive int, 1 for none. Default:
+            `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (a delta of raw bytes is no smaller).
 
         Raises:
           TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string.
