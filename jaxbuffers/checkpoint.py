@@ -93,8 +93,13 @@ def _names(spec: Any, indices) -> list[str]:
     return [_validate.leaf_name(flat[i][0]) for i in indices]
 
 
+def _metrics(b) -> dict:
+    """`metrics=False` when the buffer keeps no per-position counts (the default, True, is left out)."""
+    return {} if b.metrics.per_slot else {"metrics": False}
+
+
 def _replay(b) -> dict:
-    return {"example": b.item_spec, "capacity": b.capacity, "min_size": b.min_size}
+    return {"example": b.item_spec, "capacity": b.capacity, "min_size": b.min_size, **_metrics(b)}
 
 
 def _prioritised(b) -> dict:
@@ -103,7 +108,7 @@ def _prioritised(b) -> dict:
 
 def _trajectory(b) -> dict:
     return {"example": b.step_spec, "num_envs": b.num_envs, "length": b.length, "final_obs_capacity": b.final_obs_capacity,
-            "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key}
+            "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key, **_metrics(b)}
 
 
 def _priorities(b) -> dict:
