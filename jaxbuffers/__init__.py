@@ -26,6 +26,7 @@ from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_ret
 from jaxbuffers.sharding import ShardedBuffer, ShardedSample
 from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
 from jaxbuffers.sum_tree import SumMinTree
+from jaxbuffers._timing import Timing, timing
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
 from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample
 
@@ -46,4 +47,5 @@ __all__ = [
     "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
     "BufferServer", "Writer", "BufferClosed", "ray_server",  # actors and learners
     "ShardedBuffer", "ShardedSample",  # devices and hosts
+    "timing", "Timing",  # host timing of eager calls
 ]

@@ -16,7 +16,7 @@ those at `record` time, the same as at sample time when no add comes between. A 
 prioritised buffers') is checked against the slot's current generation, so a draw whose slot was overwritten meanwhile
 is counted as `stale` and nowhere else; a uniform sample is taken to be of the buffer it is recorded into.
 
-Counts per position and histogram bins saturate at `2**31 - 1` rather than wrap. `stats()` reads everything back as
+Histogram bins saturate at `2**31 - 1` rather than wrap; a position's count stops within one batch of it. `stats()` reads everything back as
 a host-side dict.
 """
 
@@ -43,7 +43,7 @@ class Metrics(struct.PyTreeNode):
     sampled: jax.Array  # shape=(2,), int32: draws recorded (not stale), two-word counter [high, low] (_ring.counter_*)
     record_calls: jax.Array  # shape=(2,), int32: record calls, two-word counter
     stale: jax.Array  # shape=(2,), int32: draws recorded as stale, two-word counter
-    sample_count: jax.Array  # shape=[*positions] (per_slot) or [0], int32: draws recorded since the position was written
+    sample_count: jax.Array  # shape=[*positions] (per_slot) or [0], int32: draws recorded since the position was written (stops near 2**31 - 1)
     age_sum: jax.Array  # shape=(), float32: sum of the ages of the recorded draws
     age_max: jax.Array  # shape=(), int32: largest age recorded (0 before any draw)
     age_hist: jax.Array  # shape=[NUM_AGE_BINS], int32: draws by age bin floor(log2(age + 1))
@@ -97,9 +97,8 @@ class Metrics(struct.PyTreeNode):
         if not self.per_slot:
             return new
         flat = self.sample_count.reshape(-1)
-        counts = flat.at[pos].add(hits)
-        after = counts[pos]
-        counts = counts.at[pos].set(jnp.where(after < flat[pos], _MAX, after))  # wrapped past int32: saturate
+        room = flat[pos] <= _MAX - positions.shape[0]  # B more draws of one position cannot wrap past int32
+        counts = flat.at[pos].add(jnp.where(room, hits, 0))
         return new.replace(sample_count=counts.reshape(self.sample_count.shape))
 
 
