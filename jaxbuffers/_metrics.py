@@ -8,8 +8,9 @@ Counted on the device, inside the training step, as ordinary state leaves (saved
 * ages: for each recorded draw, the items (steps per lane, episodes) added after the drawn one, as of the
   `record` call: `age_sum`, `age_max`, and `age_hist`, bin `k = floor(log2(age + 1))` (ages `[2**k - 1,
   2**(k+1) - 2]`, the last bin open);
-* per position (`metrics=True` at `create`): `sample_count`, draws recorded since the position was last written
-  (an add resets it).
+* per position, with `metrics=True` at `create` (off by default: it adds a scatter of the batch to every add and
+  `record`, while the counters above cost a few scalar operations): `sample_count`, draws recorded since the
+  position was last written (an add resets it).
 
 `sample` stays pure: a training step records what it drew with `buf = buf.record(sample)` (cost O(batch)). Ages are
 those at `record` time, the same as at sample time when no add comes between. A sample with `generations` (the
@@ -65,12 +66,14 @@ class Metrics(struct.PyTreeNode):
             age_max=jnp.int32(0), age_hist=jnp.zeros((NUM_AGE_BINS,), jnp.int32), per_slot=per_slot,
         )
 
-    def written(self, slots: jax.Array, axis: int = 0) -> "Metrics":
-        """Reset `sample_count` at the written `slots` (int32, along `axis`; out of range: ignored). O(slots)."""
+    def written(self, slots: jax.Array, axis: int = 0, in_bounds: bool = True) -> "Metrics":
+        """Reset `sample_count` at the written `slots` (distinct int32, along `axis`; with `in_bounds=False` the
+        slots outside the axis are ignored). O(slots), in place when donated."""
         if not self.per_slot:
             return self
         at = (slice(None),) * axis + (slots,)
-        return self.replace(sample_count=self.sample_count.at[at].set(0, mode="drop"))
+        mode = "promise_in_bounds" if in_bounds else "drop"
+        return self.replace(sample_count=self.sample_count.at[at].set(0, unique_indices=True, mode=mode))
 
     def recorded(self, positions, generations, added, head, num_valid, ring: int, lanes: int = 1) -> "Metrics":
         """Count draws at flat `positions` (int32[B], `lane * ring + slot`) of `lanes` rings of `ring` slots with

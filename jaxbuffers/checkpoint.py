@@ -94,8 +94,8 @@ def _names(spec: Any, indices) -> list[str]:
 
 
 def _metrics(b) -> dict:
-    """`metrics=False` when the buffer keeps no per-position counts (the default, True, is left out)."""
-    return {} if b.metrics.per_slot else {"metrics": False}
+    """`metrics=True` when the buffer keeps per-position sample counts (the default, False, is left out)."""
+    return {"metrics": True} if b.metrics.per_slot else {}
 
 
 def _replay(b) -> dict:

@@ -193,7 +193,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
     def create(
         cls, example_step: Mapping, *, max_episodes: int, max_timesteps: int, meta: Mapping | None = None,
         circular: bool = True, obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
-        metrics: bool = True,
+        metrics: bool = False,
     ) -> "EpisodeBuffer":
         """An empty buffer of `max_episodes` episodes of up to `max_timesteps` steps.
 
@@ -426,7 +426,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
         n = jnp.sum(write, dtype=jnp.int32)
         new = self.replace(
             **state, head=head[0], num_valid=jnp.minimum(self.num_valid + n, e).astype(jnp.int32),
-            added=_ring.counter_add(self.added, n), overflowed=self.overflowed | refused, metrics=self.metrics.written(cols),
+            added=_ring.counter_add(self.added, n), overflowed=self.overflowed | refused, metrics=self.metrics.written(cols, in_bounds=False),
         )
         return new, refused
 

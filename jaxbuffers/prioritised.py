@@ -92,7 +92,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
     @classmethod
     def create(
         cls, example_item: Any, capacity: int, *, priority_exponent: float = 0.6, min_size: int = 1, epsilon: float = 1e-6,
-        metrics: bool = True,
+        metrics: bool = False,
     ) -> "PrioritisedReplayBuffer":
         """An empty buffer for items shaped like `example_item`.
 

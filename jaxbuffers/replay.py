@@ -54,7 +54,7 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
     min_size: int = struct.field(pytree_node=False)
 
     @classmethod
-    def create(cls, example_item: Any, capacity: int, *, min_size: int = 1, metrics: bool = True) -> "ReplayBuffer":
+    def create(cls, example_item: Any, capacity: int, *, min_size: int = 1, metrics: bool = False) -> "ReplayBuffer":
         """An empty buffer for items shaped like `example_item`.
 
         Args:

@@ -185,7 +185,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     @_validate.keyword_sizes
     def create(
         cls, example_step: Mapping, *, num_envs: int, length: int, final_obs_capacity: int | None = None,
-        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", metrics: bool = True,
+        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", metrics: bool = False,
     ) -> "TrajectoryBuffer":
         """An empty buffer of `num_envs` lanes of `length` steps.
 

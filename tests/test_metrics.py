@@ -88,23 +88,23 @@ def _zeros(spec, lead):
 
 def _replay(prioritised):
     cls = jb.PrioritisedReplayBuffer if prioritised else jb.ReplayBuffer
-    return (lambda: cls.create(ITEM, CAP), lambda b, n: b.add(_zeros(ITEM, (n,))),
+    return (lambda: cls.create(ITEM, CAP, metrics=True), lambda b, n: b.add(_zeros(ITEM, (n,))),
             lambda b, k: b.sample(k, 4), RingModel(CAP))
 
 
 def _trajectory(prioritised):
     if prioritised:
-        create = lambda: jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2)  # noqa: E731
+        create = lambda: jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2, metrics=True)  # noqa: E731
         sample = lambda b, k: b.sample_sequences(k, 5)  # noqa: E731
     else:
-        create = lambda: jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L)  # noqa: E731
+        create = lambda: jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, metrics=True)  # noqa: E731
         sample = lambda b, k: b.sample_transitions(k, 5, n_step=1, gamma=0.9)  # noqa: E731
     add = lambda b, n: b.add(_zeros(STEP, (E, n)), terminated=jnp.zeros((E, n), bool))  # noqa: E731
     return create, add, sample, RingModel(L, E)
 
 
 def _episode():
-    create = lambda: jb.EpisodeBuffer.create(STEP, max_episodes=EPS, max_timesteps=T)  # noqa: E731
+    create = lambda: jb.EpisodeBuffer.create(STEP, max_episodes=EPS, max_timesteps=T, metrics=True)  # noqa: E731
     add = lambda b, n: b.add_episodes(_zeros(STEP, (n, T)), jnp.full((n,), 2, jnp.int32), terminated=jnp.ones(n, bool),  # noqa: E731
                                       final_obs=_zeros(STEP["obs"], (n,)))
     return create, add, lambda b, k: b.sample_timesteps(k, 4), RingModel(EPS)
@@ -143,7 +143,7 @@ def test_counts_and_ages_match_a_model(kind, ops, seed):
 
 
 def test_an_overwritten_draw_is_stale_and_counted_nowhere_else():
-    buf = jb.PrioritisedReplayBuffer.create(ITEM, 4).add(_zeros(ITEM, (4,)))
+    buf = jb.PrioritisedReplayBuffer.create(ITEM, 4, metrics=True).add(_zeros(ITEM, (4,)))
     s = buf.sample(jax.random.key(0), 8)
     buf = buf.add(_zeros(ITEM, (4,))).record(s)  # every slot rewritten
     st_ = buf.stats()
@@ -162,7 +162,7 @@ def test_an_empty_buffer_records_its_draws_as_stale():
 
 
 def test_an_add_resets_the_counts_of_the_slots_it_writes():
-    buf = jb.ReplayBuffer.create(ITEM, 4).add(_zeros(ITEM, (4,)))
+    buf = jb.ReplayBuffer.create(ITEM, 4, metrics=True).add(_zeros(ITEM, (4,)))
     buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([0, 1, 2, 3, 3], jnp.int32)))
     np.testing.assert_array_equal(buf.metrics.sample_count, [1, 1, 1, 2])
     buf = buf.add(_zeros(ITEM, (2,)))
@@ -170,7 +170,7 @@ def test_an_add_resets_the_counts_of_the_slots_it_writes():
 
 
 def test_counts_saturate_instead_of_wrapping():
-    buf = jb.ReplayBuffer.create(ITEM, 4).add(_zeros(ITEM, (4,)))
+    buf = jb.ReplayBuffer.create(ITEM, 4, metrics=True).add(_zeros(ITEM, (4,)))
     top = np.iinfo(np.int32).max
     m = buf.metrics
     buf = buf.replace(metrics=m.replace(sample_count=m.sample_count.at[1].set(top - 1), age_hist=m.age_hist.at[1].set(top)))
@@ -183,7 +183,7 @@ def test_counts_saturate_instead_of_wrapping():
 
 
 def test_without_per_slot_counts_the_other_counters_stay():
-    buf = jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, metrics=False)
+    buf = jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L)  # default: no per-position counts
     buf = buf.add(_zeros(STEP, (E, 3)), terminated=jnp.zeros((E, 3), bool))
     assert buf.metrics.sample_count.shape == (0,)
     buf = buf.record(buf.sample_sequences(jax.random.key(0), 6, 2))
@@ -191,10 +191,11 @@ def test_without_per_slot_counts_the_other_counters_stay():
     assert s["samples"] == 6 and "sample_count" not in s
     with pytest.raises(TypeError, match="metrics"):
         jb.ReplayBuffer.create(ITEM, 4, metrics=1)
+    assert "sample_count" in jb.EpisodeBuffer.create(STEP, max_episodes=2, max_timesteps=2, metrics=True).stats()
 
 
 def test_record_inside_a_donated_jitted_step_is_in_place():
-    buf = jb.PrioritisedReplayBuffer.create(ITEM, 64).add(_zeros(ITEM, (64,)))
+    buf = jb.PrioritisedReplayBuffer.create(ITEM, 64, metrics=True).add(_zeros(ITEM, (64,)))
 
     def step(b, key):
         s = b.sample(key, 8)
