@@ -182,7 +182,7 @@ def test_inspect_tables(saved, capsys):
     code, out, _ = run(capsys, "inspect", saved["CompressedPrioritisedTrajectoryBuffer"])
     assert code == 0
     for text in ("CompressedPrioritisedTrajectoryBuffer", "obs (compressed)", "episodes", "priorities", "frame_stack",
-                 "usage (recorded samples)"):
+                 "record_calls"):
         assert text in out
 
 

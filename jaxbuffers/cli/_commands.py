@@ -226,7 +226,7 @@ def print_summary(s: dict, console=None) -> None:
 
     m = s.get("metrics")
     if m is not None:
-        us = Table(title="usage (recorded samples)", show_header=False)
+        us = Table(title="usage", show_header=False)
         for k in ("inserts", "samples", "record_calls", "stale", "age_mean", "age_max"):
             us.add_row(k, _num(m[k]))
         for k, v in (m.get("sample_count") or {}).items():
