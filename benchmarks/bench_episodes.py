@@ -15,6 +15,16 @@ Cases, one sampled batch per operation, one jitted call from Python for jaxbuffe
   ``SliceSampler(slice_len=32, traj_key="episode", strict_length=True, cache_values=True)`` (a batch of
   256 * 32 steps). Sequences/s.
 
+The first two cases are also run against TorchRL (the rows with ``"anchor": "torchrl"``):
+
+* whole episodes: a ``ReplayBuffer`` over a ``LazyTensorStorage`` of episodes, each a TensorDict of 200 steps padded
+  with zeros plus ``mask`` and ``length`` (TorchRL's trajectory-level storage), sampling 32 with its default
+  ``RandomSampler``;
+* 3-step transitions: ``SliceSampler(slice_len=3, traj_key="episode", strict_length=True, cache_values=True)``
+  (256 windows of 3 steps inside one episode) and the 3-step discounted return of each window computed in torch.
+  Its windows never reach an episode's end, so it never cuts a return there (jaxbuffers cuts and bootstraps at the
+  end, and samples every step): TorchRL does slightly less work per transition.
+
 memmap-replay-buffer's loaders iterate a shuffled epoch (without replacement); jaxbuffers and TorchRL draw with
 replacement. Each row's ``median_us`` is the time of one batch.
 
@@ -99,6 +109,14 @@ def torchrl(episodes):
     from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
 
     n = sum(len(e["reward"]) for e in episodes)
+    pad = lambda x: np.concatenate([x, np.zeros((MAX_T - len(x), *x.shape[1:]), x.dtype)])  # noqa: E731
+    lengths = np.array([len(e["reward"]) for e in episodes])
+    whole = TensorDict({
+        **{k: torch.from_numpy(np.stack([pad(e[k]) for e in episodes])) for k in ("obs", "action", "reward")},
+        "mask": torch.from_numpy(np.arange(MAX_T)[None, :] < lengths[:, None]), "length": torch.from_numpy(lengths),
+    }, batch_size=[len(episodes)])
+    episodes_rb = ReplayBuffer(storage=LazyTensorStorage(len(episodes)), batch_size=32)
+    episodes_rb.extend(whole)
     td = TensorDict({
         "obs": torch.from_numpy(np.concatenate([e["obs"] for e in episodes])),
         "action": torch.from_numpy(np.concatenate([e["action"] for e in episodes])),
@@ -108,12 +126,23 @@ def torchrl(episodes):
     rb = ReplayBuffer(storage=LazyTensorStorage(n), batch_size=256 * 32,
                       sampler=SliceSampler(slice_len=32, traj_key="episode", strict_length=True, cache_values=True))
     rb.extend(td)
+    nstep_rb = ReplayBuffer(storage=LazyTensorStorage(n), batch_size=256 * 3,
+                            sampler=SliceSampler(slice_len=3, traj_key="episode", strict_length=True, cache_values=True))
+    nstep_rb.extend(td)
+    discounts = torch.tensor([1.0, 0.99, 0.99**2])
 
-    def run(per=1):
-        for _ in range(per):
-            rb.sample()
+    def repeat(fn):
+        def run(per=1):
+            for _ in range(per):
+                fn()
 
-    return {"sequences": run}
+        return run
+
+    def nstep():
+        s = nstep_rb.sample()
+        return s, (s["reward"].view(256, 3) * discounts).sum(-1)
+
+    return {"sequences": repeat(rb.sample), "episodes": repeat(episodes_rb.sample), "transitions": repeat(nstep)}
 
 
 def main():
@@ -129,6 +158,8 @@ def main():
             ("episodes/batch=32", "episodes", 32, "memmap-replay-buffer", memmap_fns),
             ("transitions_n3/batch=256", "transitions", 256, "memmap-replay-buffer", memmap_fns),
             ("sequences/batch=256/seq=32", "sequences", 256, "torchrl", torchrl_fns),
+            ("episodes/batch=32", "episodes", 32, "torchrl", torchrl_fns),
+            ("transitions_n3/batch=256", "transitions", 256, "torchrl", torchrl_fns),
         ]
         for case, name, items, anchor, other in cases:
             unit = f"{name}/s"

@@ -163,19 +163,171 @@ def memory_child(variant: str, n: int) -> None:
                       "sample32_us": 1e6 * float(np.median(t_sample)), "add_plus_sample32_us": 1e6 * float(np.median(pair))}))
 
 
+# --- compressed SB3 classes: jaxbuffers' CompressedReplayBuffer / CompressedRolloutBuffer against
+# sb3-extra-buffers' classes of the same names and SB3's own buffers, same frames, same process kind.
+# variant: "sb3", "extra:<method>" (sb3-extra-buffers) or "ours:<method>" (jaxbuffers.interop.sb3).
+COMPRESSED_VARIANTS = ["sb3", "extra:rle-jit", "extra:igzip1", "extra:gzip9", "ours:zstd-1", "ours:igzip1"]
+
+
+def compressed_class(kind: str, variant: str):
+    """(class, kwargs) of a variant for kind "replay" or "rollout"."""
+    from stable_baselines3.common.buffers import ReplayBuffer, RolloutBuffer
+
+    if variant == "sb3":
+        return (ReplayBuffer if kind == "replay" else RolloutBuffer), {}
+    who, method = variant.split(":")
+    if who == "extra":
+        import sb3_extra_buffers.compressed as x
+
+        return (x.CompressedReplayBuffer if kind == "replay" else x.CompressedRolloutBuffer), {"compression_method": method}
+    from jaxbuffers.interop.sb3 import CompressedReplayBuffer, CompressedRolloutBuffer
+
+    if kind == "replay":  # frames stored once: the observations are stacks of 4 on axis 0
+        return CompressedReplayBuffer, {"compression_method": method, "frame_stack": 4, "stack_axis": 0}
+    return CompressedRolloutBuffer, {"compression_method": method}
+
+
+def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> None:
+    """Fill a buffer of n transitions (replay) or n steps (rollout) with recorded frames; print the RSS delta and
+    the median time of add and of sampling (replay: sample(32); rollout: one get(256) pass, per step), as JSON.
+    With ``traced``: only the bytes held, as tracemalloc's traced host memory (numpy arrays, Python bytes, the
+    host arenas) plus the JAX device arrays (which tracemalloc does not see), immune to swapping."""
+    import psutil
+    import torch as th
+
+    th.set_num_threads(1)
+    with np.load(DATA) as f:  # frames and indices only: stacks are built per add (the process stays small)
+        frames, obs_idx, next_idx = f["breakout_frames"], f["breakout_obs_idx"], f["breakout_next_idx"]
+        data = {"reward": f["breakout_rewards"], "terminated": f["breakout_terminated"], "truncated": f["breakout_truncated"]}
+    env_cls = make_env({"obs": None})
+    proc, m = psutil.Process(), len(obs_idx)
+    cls, kw = compressed_class(kind, variant)
+    if variant.startswith("ours"):  # start JAX outside the measured window
+        import jax.numpy as jnp
+
+        jnp.zeros(1).block_until_ready()
+    zero1, act = th.zeros(1, 1), np.zeros(1, np.int64)
+
+    def add(buf, j):
+        if kind == "replay":
+            done = data["terminated"][j] | data["truncated"][j]
+            buf.add(frames[obs_idx[j]][None], frames[next_idx[j]][None], act, data["reward"][j : j + 1], np.array([done]),
+                    [{"TimeLimit.truncated": bool(data["truncated"][j])}])
+        else:
+            start = np.array([j > 0 and (data["terminated"][j - 1] | data["truncated"][j - 1])], np.float32)
+            buf.add(frames[obs_idx[j]][None], act, data["reward"][j : j + 1], start, zero1, zero1[0])
+
+    if traced:
+        import tracemalloc
+
+        tracemalloc.start()
+    rss0 = proc.memory_info().rss
+    buf = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+    t_add = []
+    for i in range(n):
+        t = time.perf_counter()
+        add(buf, i % m)
+        t_add.append(time.perf_counter() - t)
+    rss = proc.memory_info().rss - rss0
+    if traced:
+        host = tracemalloc.get_traced_memory()[0]
+        device = 0
+        if variant.startswith("ours"):
+            device = buf.jax_buffer.memory_bytes + buf._writer.buffer.device_nbytes if kind == "replay" else buf.jax_buffer.device_nbytes
+        print(json.dumps({"traced": host, "device": device}))
+        return
+    if kind == "replay":
+        t_sample = []
+        for i in range(100):
+            t = time.perf_counter()
+            buf.sample(32).observations.sum()
+            t_sample.append(time.perf_counter() - t)
+        sample_us = 1e6 * float(np.median(t_sample))
+    else:
+        buf.compute_returns_and_advantage(zero1, np.zeros(1))
+        t = time.perf_counter()
+        for mb in buf.get(256):
+            mb.observations.sum()
+        sample_us = 1e6 * (time.perf_counter() - t) / n
+    print(json.dumps({"rss": rss, "add_us": 1e6 * float(np.median(t_add[n // 2 :])), "sample_us": sample_us}))
+
+
+def compressed_rows(quick: bool) -> None:
+    """Rows ``compressed/<kind>/...``: bytes per transition (RSS slope between two sizes, each in a fresh process),
+    add and sample rates; anchor: sb3-extra-buffers' smallest (memory) and fastest (calls) variant."""
+    n1, n2 = (1_000, 3_000) if quick else (3_000, 9_000)
+    for kind in ("replay", "rollout"):
+        res = {}
+        for v in COMPRESSED_VARIANTS:
+            r = [json.loads(subprocess.run([sys.executable, __file__, "--compressed-child", kind, v, str(n)], capture_output=True,
+                                           text=True, check=True).stdout.strip().splitlines()[-1]) for n in (n1, n2)]
+            res[v] = {"per_transition": (r[1]["rss"] - r[0]["rss"]) / (n2 - n1), "add_us": r[1]["add_us"], "sample_us": r[1]["sample_us"]}
+        extra = [v for v in res if v.startswith("extra")]
+        smallest = min(extra, key=lambda v: res[v]["per_transition"])
+        unit = "transition" if kind == "replay" else "step"
+        for v, r in res.items():
+            impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
+            emit({"bench": BENCH, "case": f"compressed/{kind}/bytes_per_{unit}", "impl": impl, "variant": v,
+                  "value": round(r["per_transition"], 1), "unit": f"B/{unit} (RSS)", "n": n2, "anchor": None if impl != "ours" else smallest,
+                  "ratio": None if impl != "ours" else round(r["per_transition"] / max(res[smallest]["per_transition"], 1.0), 3),
+                  "transitions": [n1, n2]})
+        for call, what in (("add", "add"), ("sample", "sample32" if kind == "replay" else "get256_per_step")):
+            fastest = min(extra, key=lambda v: res[v][f"{call}_us"])
+            for v, r in res.items():
+                impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
+                a = fastest if impl == "ours" else None
+                row(BENCH, f"compressed/{kind}/{what}", impl, r[f"{call}_us"] / 1e6, n=n2, repeats=1, unit="calls/s", anchor=a,
+                    anchor_seconds=res[fastest][f"{call}_us"] / 1e6 if a else None, variant=v)
+
+
+def compressed_traced_rows(quick: bool) -> None:
+    """Rows ``compressed/<kind>/held_bytes_per_<unit>``: bytes held per transition (step) after filling N, as
+    tracemalloc + device arrays (`compressed_child` with ``traced``); ratio: this row / sb3-extra-buffers' smallest."""
+    n = 3_000 if quick else 9_000
+    for kind in ("replay", "rollout"):
+        res = {}
+        for v in COMPRESSED_VARIANTS:
+            out = subprocess.run([sys.executable, __file__, "--compressed-child", kind, v, str(n), "--traced"], capture_output=True,
+                                 text=True, check=True).stdout.strip().splitlines()[-1]
+            r = json.loads(out)
+            res[v] = (r["traced"] + r["device"]) / n
+        extra = [v for v in res if v.startswith("extra")]
+        smallest = min(extra, key=res.get)
+        unit = "transition" if kind == "replay" else "step"
+        for v, b in res.items():
+            impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
+            emit({"bench": BENCH, "case": f"compressed/{kind}/held_bytes_per_{unit}", "impl": impl, "variant": v,
+                  "value": round(b, 1), "unit": f"B/{unit}", "n": n, "anchor": smallest if impl == "ours" else None,
+                  "ratio": round(b / res[smallest], 3) if impl == "ours" else None})
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--memory-child", nargs=2, metavar=("VARIANT", "N"), help=ARGPARSE_SUPPRESS)
+    p.add_argument("--compressed-child", nargs=3, metavar=("KIND", "VARIANT", "N"), help=ARGPARSE_SUPPRESS)
     p.add_argument("--train-only", action="store_true", help="only the training-throughput case")
+    p.add_argument("--compressed-only", action="store_true", help="only the compressed-classes cases")
+    p.add_argument("--compressed-traced-only", action="store_true", help="only the held-bytes rows of the compressed classes")
+    p.add_argument("--traced", action="store_true", help=ARGPARSE_SUPPRESS)
     args = p.parse_args()
     if args.memory_child:
         memory_child(args.memory_child[0], int(args.memory_child[1]))
+        return
+    if args.compressed_child:
+        compressed_child(args.compressed_child[0], args.compressed_child[1], int(args.compressed_child[2]), args.traced)
         return
     quick = args.quick
     repeats = args.repeats or (1 if quick else 3)
     header(BENCH, quick)
     if DATA is None:
         emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_rollouts.npz not found"})
+        return
+    if not args.train_only:
+        compressed_traced_rows(quick)
+        if args.compressed_traced_only:
+            return
+        compressed_rows(quick)
+    if args.compressed_only:
         return
     variants = ["sb3", "jax", "jax_compressed"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["replay", "prioritised", "trajectory", "episodes", "eager", "ppo", "returns", "compressed", "sb3", "codecs",
-         "torch_interop", "checkpoint", "scale"]
+         "torch_interop", "checkpoint", "disk", "scale"]
 TITLES = {
     "replay": "Uniform replay (`ReplayBuffer`) against flashbax",
     "prioritised": "Prioritised replay (`PrioritisedReplayBuffer`) against flashbax",
@@ -30,6 +30,7 @@ TITLES = {
     "torch_interop": "JAX to torch hand-off",
     "checkpoint": "Save and restore against np.save / np.load and flashbax's Vault",
     "scale": "Sharded buffers from 1 to 8 devices, and actors feeding a learner",
+    "disk": "Sampling a disk-backed buffer larger than memory",
 }
 NOTES = {
     "replay": "Anchor: flashbax's item buffer (`flashbax-flat` is its flat buffer). `call`: one jitted, donated "
@@ -46,8 +47,10 @@ NOTES = {
                   "steps per env per call. Ours also writes episode flags and a final-observation ring and never "
                   "samples across the write head.",
     "episodes": "1,000 episodes of 50 to 200 steps (obs f32[17], action f32[6]). Anchors: memmap-replay-buffer's "
-                "`dataloader` (whole episodes; 3-step transitions) and TorchRL's `SliceSampler` (sequences of 32 "
-                "steps inside one episode). One batch per operation; ours is one jitted call from Python. "
+                "`dataloader` (whole episodes; 3-step transitions) and TorchRL: padded episodes in a "
+                "`LazyTensorStorage` (whole episodes), `SliceSampler` windows of 3 steps with their discounted return "
+                "(3-step transitions; its windows never reach an episode's end) and of 32 steps (sequences). One "
+                "batch per operation; ours is one jitted call from Python. "
                 "memmap-replay-buffer's loaders run shuffled epochs (without replacement); ours and TorchRL draw with "
                 "replacement.",
     "eager": "`ours-eager` calls the buffer method from Python; `ours-jit` wraps the same call in `jax.jit`. "
@@ -64,7 +67,12 @@ NOTES = {
                   "the buffer's own byte count). Rows run one buffer per subprocess, so only the `same-process` rows "
                   "have ratios (ours against sb3-extra-buffers' rle-jit, interleaved in one process).",
     "sb3": "SB3 DQN (CnnPolicy) on a replay of recorded Breakout frames. Anchor: SB3's own ReplayBuffer. Memory is "
-           "extrapolated to 1M transitions from two fill sizes.",
+           "extrapolated to 1M transitions from two fill sizes. `compressed/replay/*` and `compressed/rollout/*`: the "
+           "SB3 classes with sb3-extra-buffers' names (`ours:<method>`; replay with frame_stack=4) against "
+           "sb3-extra-buffers 0.5 (`extra:<method>`) and SB3, each in its own subprocess; `held_bytes`: tracemalloc's "
+           "traced host memory plus device arrays after filling, ratio = ours / sb3-extra-buffers' smallest (< 1: "
+           "smaller); `bytes_per_*`: RSS growth between two fills (noisy when the machine swaps); call rows: ratio = "
+           "sb3-extra-buffers' fastest time / ours (> 1: faster).",
     "codecs": "Throughput in MB/s of raw bytes; ratio = throughput / numpy memcpy bandwidth in the same process.",
     "torch_interop": "Anchor: the numpy route (`torch.from_numpy(np.asarray(x))` and back). Throughput in MB/s.",
     "checkpoint": "A `ReplayBuffer` of real Atari items (`uncompressed`) and a `CompressedTrajectoryBuffer` of recorded "
@@ -81,6 +89,13 @@ NOTES = {
              "256 items from the whole buffer; local sampling 256 / S per shard. `actors-to-learner`: 4 actor threads "
              "append single items through one `Writer` (64 per add) while a learner samples 256 at a time, with a "
              "samples-per-insert limiter of 1 (`spi=1`) or none; throughput in inserted transitions/s.",
+    "disk": "A `CompressedTrajectoryBuffer` (`codec=\"none\"`) in a folder of real Atari stacks (uint8 [4, 84, 84], 8 "
+            "envs), built by jitted adds and flushed (`build`, GB/s), then opened read-only in a fresh process with its "
+            "files evicted from the page cache and sampled eagerly: 256 3-step transitions per call (512 stacks read). "
+            "`rss_growth`: the process's resident memory growth over the timed samples. `numpy-memmap`: the same number "
+            "of random stacks read by fancy indexing of the same `.npy` file opened with `np.load(mmap_mode=\"r\")`, "
+            "after ours in the same process (its mapped pages count as resident memory; it does no checksum, no frame "
+            "bookkeeping and no transfer to JAX). Ratio of ours: numpy-memmap's time / ours.",
 }
 VERSIONS = ["python", "jax", "jaxlib", "flax", "flashbax", "rlax", "stable-baselines3", "torch", "numba", "zstandard"]
 

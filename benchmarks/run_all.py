@@ -29,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BENCHES = ["replay", "prioritised", "trajectory", "episodes", "eager", "returns", "ppo", "compressed", "sb3", "codecs", "torch_interop",
-           "checkpoint", "scale"]
+           "checkpoint", "disk", "scale"]
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:

@@ -9,7 +9,7 @@ the ``rle`` / ``igzip`` / ``zstd`` codecs they use.
 """
 
 from jaxbuffers.compressed import (
-    CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
+    CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
     StaleBufferError, StagingWriter,
 )
 from jaxbuffers.checkpoint import BufferRestore, BufferSave, CheckpointError, restore, save
@@ -25,6 +25,8 @@ from jaxbuffers.replay import ReplayBuffer, ReplaySample
 from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
 from jaxbuffers.sharding import ShardedBuffer, ShardedSample
 from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
+from jaxbuffers.rollout_diagnostics import (RolloutMemoryEstimate, TrainableDiagnostics, get_minibatches, memory_estimate,
+                                            total_size, trainable_diagnostics)
 from jaxbuffers.sum_tree import SumMinTree
 from jaxbuffers._timing import Timing, timing
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
@@ -40,8 +42,10 @@ __all__ = [
     "BufferFullError", "EpisodeWriter",
     "sample_mixed", "mixed_counts", "MixedSample",  # mixing
     "RolloutBuffer", "RolloutMinibatch", "RolloutMemoryPressure",  # on-policy
+    "trainable_diagnostics", "TrainableDiagnostics", "memory_estimate", "RolloutMemoryEstimate", "total_size", "get_minibatches",
     "gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns",  # returns
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
+    "CompressedEpisodeBuffer",
     "StaleBufferError", "StagingWriter",
     "save", "restore", "BufferSave", "BufferRestore", "CheckpointError",  # checkpoints
     "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting

@@ -58,8 +58,11 @@ import xxhash
 from etils import epath
 
 from jaxbuffers import _validate
-from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer
+from jaxbuffers.compressed import (
+    CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
+)
 from jaxbuffers.compressed._host import StaleBufferError
+from jaxbuffers.episode import EpisodeBuffer
 from jaxbuffers.prioritised import PrioritisedReplayBuffer
 from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
 from jaxbuffers.replay import ReplayBuffer
@@ -119,6 +122,12 @@ def _prioritised_trajectory(b) -> dict:
     return {**_trajectory(b.buffer), **_priorities(b)}
 
 
+def _episode(b) -> dict:
+    return {"example": b.step_spec, "max_episodes": b.max_episodes, "max_timesteps": b.max_timesteps, "meta": b.meta_spec,
+            "circular": b.circular, "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key,
+            **_metrics(b)}
+
+
 def _rollout(b) -> dict:
     return {"example": b.step_spec, "num_envs": b.num_envs, "num_steps": b.num_steps, "float_dtype": b.float_dtype.name}
 
@@ -129,13 +138,21 @@ def _host(b, spec) -> dict:
             "chunk_bytes": store["chunk_bytes"], "dictionary_bytes": store["dictionary_bytes"]}
 
 
+def _frames(b) -> dict:
+    """The frame-dedup arguments of a compressed buffer's `create`."""
+    stacked = b.leaves[0].stack_axis is not None
+    return {"frame_stack": b.frame_stack if stacked else None, "stack_axis": b.leaves[0].stack_axis if stacked else 0,
+            "padding": b.padding}
+
+
 def _compressed_trajectory(b) -> dict:
     t = b.trajectory
-    stacked = b.leaves[0].stack_axis is not None
-    out = {**_trajectory(t), "example": b.step_spec, **_host(b, b.step_spec[t.obs_key]),
-           "frame_stack": b.frame_stack if stacked else None, "stack_axis": b.leaves[0].stack_axis if stacked else 0,
-           "padding": b.padding}
+    out = {**_trajectory(t), "example": b.step_spec, **_host(b, b.step_spec[t.obs_key]), **_frames(b)}
     return {**out, **_priorities(b.buffer)} if isinstance(b.buffer, PrioritisedTrajectoryBuffer) else out
+
+
+def _compressed_episode(b) -> dict:
+    return {**_episode(b.buffer), "example": b.step_spec, **_host(b, b.step_spec[b.obs_key]), **_frames(b)}
 
 
 def _compressed_rollout(b) -> dict:
@@ -151,12 +168,14 @@ _CLASSES = {
         (TrajectoryBuffer, _trajectory, lambda b: b.head),
         (PrioritisedTrajectoryBuffer, _prioritised_trajectory, lambda b: b.buffer.head),
         (RolloutBuffer, _rollout, lambda b: b.step_index),
+        (EpisodeBuffer, _episode, lambda b: b.head),
         (CompressedTrajectoryBuffer, _compressed_trajectory, lambda b: b.version),
         (CompressedPrioritisedTrajectoryBuffer, _compressed_trajectory, lambda b: b.version),
         (CompressedRolloutBuffer, _compressed_rollout, lambda b: b.version),
+        (CompressedEpisodeBuffer, _compressed_episode, lambda b: b.version),
     )
 }
-_COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer)
+_COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer)
 
 
 # --- JSON encoding of the example's tree (dicts, lists, tuples, None and arrays only) ---
@@ -195,13 +214,17 @@ def _decode(obj: Any, what: str = "config.example") -> Any:
     raise CheckpointError(f"{what}: unknown tree node kind {kind!r}")
 
 
+_SPECS = ("meta",)  # config fields besides the example that are trees of array specs (`EpisodeBuffer`'s meta fields)
+
+
 def _json_config(config: dict) -> dict:
-    """`config` with its example encoded (None when it has nodes JSON cannot describe: restore then needs a target)."""
+    """`config` with its example encoded (None when it has nodes JSON cannot describe: restore then needs a target)
+    and its other spec trees (`_SPECS`) encoded."""
     try:
         example = _encode(config["example"])
     except TypeError:
         example = None
-    return {**config, "example": example}
+    return {**config, **{k: _encode(config[k]) for k in _SPECS if k in config}, "example": example}
 
 
 # --- describing a buffer ---
@@ -229,6 +252,8 @@ def _leaves(tree: Any) -> tuple[list, list[dict]]:
 
 def _describe(buffer: Any) -> dict:
     name, _, config, stack = _entry(buffer)
+    if getattr(getattr(buffer, "host", None), "directory", None) is not None:  # jaxbuffers.disk.DiskStores
+        raise TypeError(f"buffer: a disk-backed {name} is its folder {buffer.host.directory}; jaxbuffers.disk.flush it and copy the folder")
     if stack and isinstance(buffer, _COMPRESSED):
         raise TypeError(f"buffer: a {name} cannot be stacked (one host store)")
     cfg = config(_unstacked(buffer, stack))
@@ -388,10 +413,11 @@ def _array_tree(leaves: list, host_arrays: dict) -> dict:
     return {"device": device, "host": host}
 
 
-def _write(root: Path, buffer: Any, progress: _Progress) -> None:
-    """Write `buffer` into the existing empty folder `root` (not atomic: `save` and the orbax manager make it so)."""
+def _write(root: Path, buffer: Any, progress: _Progress, host: bool = True) -> None:
+    """Write `buffer` into the existing empty folder `root` (not atomic: `save` and the orbax manager make it so);
+    `host=False` leaves a compressed buffer's host stores out (`jaxbuffers.disk` keeps them in files of their own)."""
     meta = _describe(buffer)
-    host_meta, host_arrays = _host_snapshot(buffer)
+    host_meta, host_arrays = _host_snapshot(buffer) if host else (None, {})
     if host_meta is not None:
         host_meta["arrays"] = {i: {k: [list(a.shape), a.dtype.name] for k, a in s.items()} for i, s in host_arrays["stores"].items()}
     meta["host"] = host_meta
@@ -438,6 +464,9 @@ def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
     if cfg.get("example") is None:
         raise CheckpointError(f"{root}: the example of this {name} is not described in buffer.json; pass target=")
     example = _decode(cfg.pop("example"))
+    for k in _SPECS:
+        if k in cfg:
+            cfg[k] = _decode(cfg[k], f"config.{k}")
     if isinstance(cfg.get("compress"), list):
         cfg["compress"] = tuple(cfg["compress"])
     try:
@@ -545,7 +574,7 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
     Args:
       directory: the checkpoint folder. An existing checkpoint there is replaced only once the new one is complete.
       buffer: any jaxbuffers buffer (`ReplayBuffer`, `PrioritisedReplayBuffer`, `TrajectoryBuffer`,
-        `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, the compressed buffers), stacked (vmapped) or not. A
+        `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not. A
         compressed buffer must be the state returned by its last `add`.
       progress: a tqdm bar (sizes, throughput) for saves over a second; None: only on a terminal.
 
@@ -557,6 +586,11 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       FileExistsError: `directory` exists and is not a checkpoint (nothing is deleted).
       StaleBufferError: a compressed buffer state older than its host store.
     """
+    return _save(directory, buffer, progress)
+
+
+def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host: bool = True) -> Path:
+    """`save`, with `_write`'s `host`."""
     path = Path(directory).absolute()
     if path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
         raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
@@ -566,7 +600,7 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
     tmp.mkdir()
     bar = _Progress(progress, f"save {path.name}")
     try:
-        _write(tmp, buffer, bar)
+        _write(tmp, buffer, bar, host)
         prev = _prev(path)
         if path.exists():
             if prev.exists():  # left by a crash after the previous save completed

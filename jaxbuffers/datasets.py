@@ -14,9 +14,11 @@ first from the reset). In an `EpisodeBuffer` the same episode is:
 | `infos[k][:L]` | step field `infos` (a dict; only when the dataset has infos) |
 | `infos[k][L]` | meta field `final_info/k` (nested keys joined by `/`) |
 
-Dtypes. JAX with `jax_enable_x64` off holds no 64-bit arrays, and Minari keeps rewards (and often observations and
-discrete actions) in 64 bits, so `from_minari` converts float64 to float32 (rounded to nearest) and int64 / uint64
-to int32 / uint32, refusing with a `ValueError` naming the field an integer that int32 cannot hold. `to_minari`
+Dtypes. Nothing is converted silently. Minari keeps rewards (and often observations and discrete actions) in 64
+bits; with `jax_enable_x64` on they are stored as they are. With it off JAX holds no 64-bit arrays, and `from_minari`
+refuses a 64-bit field with a `TypeError` naming it, unless `cast_64bit=True` asks for the conversion: float64 to
+float32 (rounded to nearest), int64 / uint64 to int32 / uint32, with a `ValueError` naming the field for an integer
+that the 32-bit type cannot hold. `to_minari`
 writes observations and actions in the dtypes of the spaces given, rewards in float64 and 32-bit infos in 64 bits
 (the dtype of the Python numbers an env puts in its infos). The round trip
 `to_minari(from_minari(d))` is exact for data that float32 holds exactly (float32 observations, integer actions,
@@ -39,12 +41,18 @@ __all__ = ["from_minari", "to_minari"]
 _FINAL_INFO = "final_info/"
 
 
-def _narrow(name: str, x) -> np.ndarray:
-    """`x` as a numpy array JAX can hold without narrowing: 64-bit floats and ints to 32 bits (ints range-checked)."""
+def _narrow(name: str, x, cast_64bit: bool) -> np.ndarray:
+    """`x` as a numpy array JAX can hold: as it is, or (only with `cast_64bit`) 64-bit floats and ints narrowed to 32
+    bits, ints range-checked (module doc)."""
     x = np.asarray(x)
     if jax.dtypes.canonicalize_dtype(x.dtype) == x.dtype:
         return x
     target = np.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
+    if x.dtype.kind in "iufb" and not cast_64bit:
+        raise TypeError(
+            f"{name}: dtype {x.dtype}, which JAX holds only with jax_enable_x64 on; pass cast_64bit=True to store it as "
+            f"{target} (floats rounded to nearest, integers range-checked), or enable jax_enable_x64 to keep {x.dtype}"
+        )
     if x.dtype.kind in "iu":
         info = np.iinfo(target)
         if x.size and (x.min() < info.min or x.max() > info.max):
@@ -71,7 +79,7 @@ def _get(tree: Mapping, path: tuple):
     return tree
 
 
-def _read(dataset) -> list[dict]:
+def _read(dataset, cast_64bit: bool) -> list[dict]:
     """Every episode of a Minari dataset as host arrays: `steps` (step dict, leaves `[L, ...]`), `final` (obs after
     the last step), `term`, `trunc` (the last step's flags) and `meta` (the final infos, module doc)."""
     episodes = list(dataset.iterate_episodes())
@@ -84,13 +92,15 @@ def _read(dataset) -> list[dict]:
         t_flags, u_flags = np.asarray(ep.terminations, bool), np.asarray(ep.truncations, bool)
         if np.any(t_flags[:-1] | u_flags[:-1]):
             raise ValueError(f"{where}: terminations / truncations set before its last step {n - 1}")
-        obs = jax.tree.map(lambda x: _narrow(f"{where}: observations", x), ep.observations)
-        steps = {"obs": jax.tree.map(lambda x: x[:n], obs), "action": jax.tree.map(lambda x: _narrow(f"{where}: actions", x), ep.actions),
-                 "reward": _narrow(f"{where}: rewards", np.asarray(ep.rewards))}
+        narrow = lambda name, x: _narrow(f"{where}: {name}", x, cast_64bit)  # noqa: E731
+        obs = jax.tree.map(lambda x: narrow("observations", x), ep.observations)
+        steps = {"obs": jax.tree.map(lambda x: x[:n], obs), "action": jax.tree.map(lambda x: narrow("actions", x), ep.actions),
+                 "reward": narrow("rewards", np.asarray(ep.rewards))}
         meta = {}
         if info_names:
-            steps["infos"] = jax.tree.map(lambda x: _narrow(f"{where}: infos", x)[:n], dict(ep.infos))
-            meta = {_FINAL_INFO + name: _narrow(f"{where}: infos[{name}]", np.asarray(_get(ep.infos, p))[n]) for name, p in info_names}
+            steps["infos"] = jax.tree_util.tree_map_with_path(
+                lambda path, x: narrow(f"infos{_validate.leaf_name(path)}", x)[:n], dict(ep.infos))
+            meta = {_FINAL_INFO + name: narrow(f"infos[{name}]", np.asarray(_get(ep.infos, p))[n]) for name, p in info_names}
         out.append(dict(steps=steps, final=jax.tree.map(lambda x: x[n], obs), term=bool(t_flags[-1]),
                         trunc=bool(u_flags[-1]), meta=meta, length=n))
     return out
@@ -98,7 +108,7 @@ def _read(dataset) -> list[dict]:
 
 def from_minari(
     dataset, *, into: str = "episodes", max_episodes: int | None = None, max_timesteps: int | None = None,
-    circular: bool = True,
+    circular: bool = True, cast_64bit: bool = False,
 ):
     """A buffer holding every episode of a Minari dataset, in the dataset's order (module doc: layout, dtypes).
 
@@ -115,17 +125,20 @@ def from_minari(
       max_timesteps: (`"episodes"`) steps per slot; default: the longest episode. Longer episodes are stored in
         parts (`EpisodeBuffer.add_episode` with `split_long=True`).
       circular: (`"episodes"`) as in `EpisodeBuffer.create`.
+      cast_64bit: with `jax_enable_x64` off, store 64-bit fields in 32 bits (module doc); False refuses them.
 
     Returns:
       The filled buffer; an `EpisodeBuffer`'s `meta` holds the final infos (module doc).
 
     Raises:
+      TypeError: a 64-bit field with `jax_enable_x64` off and `cast_64bit=False` (the message names the field);
+        `cast_64bit` not a bool.
       ValueError: an empty dataset, an episode whose flags end it before its last step, an integer that int32
-        cannot hold, `into` not one of the two; `EpisodeBuffer` errors for sizes.
+        cannot hold (with `cast_64bit`), `into` not one of the two; `EpisodeBuffer` errors for sizes.
       BufferFullError: `circular=False` and more episodes than `max_episodes`.
     """
     _validate.choice("into", into, ("episodes", "trajectory"))
-    episodes = _read(dataset)
+    episodes = _read(dataset, _validate.static_bool("cast_64bit", cast_64bit))
     lengths = [e["length"] for e in episodes]
     example = jax.tree.map(lambda x: x[0], episodes[0]["steps"])
     if into == "trajectory":

@@ -204,7 +204,8 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
           max_episodes: episode slots (Python int >= 1).
           max_timesteps: steps per slot (Python int >= 1); `max_episodes * max_timesteps` must fit int32.
           meta: `{name: default}` of the per-episode fields, each default an array (its dtype and shape are the
-            field's, its value the default), e.g. `{"task_id": jnp.int32(-1), "goal": jnp.zeros(2)}`.
+            field's, its value the default), e.g. `{"task_id": jnp.int32(-1), "goal": jnp.zeros(2)}`; a
+            `jax.ShapeDtypeStruct` declares a field whose default is zeros.
           circular: static bool: replace the oldest episode when full (True) or refuse adds (False; module doc).
           obs_key: name of the observation field.
           action_key: name of the action field.
@@ -229,7 +230,8 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
         if not isinstance(meta, Mapping) or not all(isinstance(k, str) for k in meta):
             raise TypeError(f"meta: expected a dict {{name: default array}} with str names, got {meta!r:.80}")
         mspec = _validate.item_spec(dict(meta), "meta") if meta else {}
-        defaults = {k: jnp.asarray(v) for k, v in meta.items()}
+        # copies: a leaf of the buffer must not be the caller's array (donating the buffer would delete it)
+        defaults = {k: jnp.zeros(v.shape, v.dtype) if isinstance(v, jax.ShapeDtypeStruct) else jnp.array(v, copy=True) for k, v in meta.items()}
         return cls(
             storage=jax.tree.map(lambda s: jnp.zeros((e, m, *s.shape), s.dtype), spec),
             lengths=jnp.zeros((e,), jnp.int32), terminated=jnp.zeros((e,), bool), truncated=jnp.zeros((e,), bool),
@@ -314,14 +316,8 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
           TypeError: wrong structure or dtype, flags not bool, an unknown meta field.
           ValueError: wrong shapes, `T > max_timesteps` without `split_long`, a concrete `length` outside `[1, T]`.
         """
-        if not isinstance(episode, Mapping):
-            raise TypeError(f"episode: expected a dict like the example step, got {type(episode).__name__}")
-        (t,) = _validate.check_batch(self.step_spec, dict(episode), 1, "episode", ("T",))
-        length = _lengths("length", length, (), t)
-        terminated, truncated = _flag("terminated", terminated, ()), _flag("truncated", truncated, ())
-        final_obs = self._final_obs_arg(final_obs, 0, ())
-        meta = meta_values(self.meta_spec, meta, ())
-        return self._add_checked(dict(episode), length, terminated, truncated, final_obs, meta, split_long, False)
+        args = self._checked_add(self.step_spec, False, episode, length, terminated, truncated, final_obs, meta)
+        return self._add_checked(*args, split_long, False)
 
     def add_episodes(
         self, episodes: Mapping, lengths, *, terminated, truncated=None, final_obs, meta: Mapping | None = None,
@@ -346,19 +342,26 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
           TypeError: as `add_episode`.
           ValueError: as `add_episode`.
         """
-        if not isinstance(episodes, Mapping):
-            raise TypeError(f"episodes: expected a dict like the example step, got {type(episodes).__name__}")
-        b, t = _validate.check_batch(self.step_spec, dict(episodes), 2, "episodes", ("B", "T"))
-        lengths = _lengths("lengths", lengths, (b,), t)
-        terminated = _flag("terminated", terminated, (b,))
-        truncated = np.zeros((b,), bool) if truncated is None else _flag("truncated", truncated, (b,))
-        final_obs = self._final_obs_arg(final_obs, 1, (b,))
-        meta = meta_values(self.meta_spec, meta, (b,))
-        return self._add_checked(dict(episodes), lengths, terminated, truncated, final_obs, meta, split_long, True)
+        args = self._checked_add(self.step_spec, True, episodes, lengths, terminated, truncated, final_obs, meta)
+        return self._add_checked(*args, split_long, True)
 
-    def _final_obs_arg(self, final_obs, nd: int, lead: tuple):
+    def _checked_add(self, spec, batched: bool, episodes, lengths, terminated, truncated, final_obs, meta) -> tuple:
+        """The arguments of `add_episode` (`add_episodes` when `batched`) checked against the step `spec` (the
+        buffer's own, or the one its user sees when a wrapper stores other leaves), with their errors:
+        `(episodes, lengths, terminated, truncated, final_obs, meta)`."""
+        name, lname = ("episodes", "lengths") if batched else ("episode", "length")
+        if not isinstance(episodes, Mapping):
+            raise TypeError(f"{name}: expected a dict like the example step, got {type(episodes).__name__}")
+        *lead, t = _validate.check_batch(spec, dict(episodes), 1 + batched, name, ("B", "T")[1 - batched:])
+        lead = tuple(lead)
+        lengths = _lengths(lname, lengths, lead, t)
+        terminated = _flag("terminated", terminated, lead)
+        truncated = np.zeros(lead, bool) if truncated is None else _flag("truncated", truncated, lead)
+        final_obs = self._final_obs_arg(spec[self.obs_key], final_obs, len(lead), lead)
+        return dict(episodes), lengths, terminated, truncated, final_obs, meta_values(self.meta_spec, meta, lead)
+
+    def _final_obs_arg(self, obs_spec, final_obs, nd: int, lead: tuple):
         """`final_obs` checked against the observation spec with `nd` leading axes `lead`."""
-        obs_spec = self.step_spec[self.obs_key]
         if final_obs is None:
             raise TypeError(f"final_obs: required: the observation after the last step, shaped like the step's {self.obs_key!r} field")
         _validate.final_obs_not_step(obs_spec, self.obs_key, final_obs)
@@ -367,7 +370,8 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
             raise ValueError(f"final_obs: expected leading axes {list(lead)} (one observation per episode), got {list(got)}")
         return final_obs
 
-    def _add_checked(self, episodes, lengths, terminated, truncated, final_obs, meta, split_long, batched) -> "EpisodeBuffer":
+    def _check_time(self, episodes, split_long, batched: bool) -> bool:
+        """`split_long` as a bool, after refusing a time axis longer than `max_timesteps` without it."""
         split_long = _validate.static_bool("split_long", split_long)
         t = jax.tree.leaves(episodes)[0].shape[int(batched)]
         if t > self.max_timesteps and not split_long:
@@ -375,24 +379,37 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
                 f"episode: time axis of {t} steps is longer than max_timesteps={self.max_timesteps}; slice it to its "
                 f"length, create the buffer with max_timesteps >= {t}, or pass split_long=True to store it in parts"
             )
+        return split_long
+
+    def _full_error(self) -> BufferFullError:
+        return BufferFullError(
+            f"add_episode: the fixed buffer (circular=False) holds {int(self.num_valid)} of max_episodes="
+            f"{self.max_episodes} episodes and has no room for the ones given; nothing was written"
+        )
+
+    def _add_checked(self, episodes, lengths, terminated, truncated, final_obs, meta, split_long, batched) -> "EpisodeBuffer":
+        self._check_time(episodes, split_long, batched)
         new, refused = self._write(episodes, lengths, terminated, truncated, final_obs, meta, batched)
         if not self.circular and not _is_traced((self, new)) and bool(refused):  # a circular add never refuses
-            raise BufferFullError(
-                f"add_episode: the fixed buffer (circular=False) holds {int(self.num_valid)} of max_episodes="
-                f"{self.max_episodes} episodes and has no room for the ones given; nothing was written"
-            )
+            raise self._full_error()
         return new
 
     @_compiled.method("batched")
     def _write(self, episodes, lengths, terminated, truncated, final_obs, meta, batched: bool):
-        """Write checked episodes (leaves `[B, T, ...]`, any `T`; one episode without the `B` axis when not
-        `batched`): split into parts of `max_timesteps`, pad, and scatter every part with a length >= 1 into
-        consecutive ring slots. Meta fields not given take their default. Returns `(buffer, refused)`."""
+        """Write checked episodes (`_rows`, then `_put`). Returns `(buffer, refused)`."""
+        new, refused, _ = self._put(self._rows(episodes, lengths, terminated, truncated, final_obs, meta, batched))
+        return new, refused
+
+    def _rows(self, episodes, lengths, terminated, truncated, final_obs, meta, batched: bool) -> dict:
+        """The slot rows of checked episodes (leaves `[B, T, ...]`, any `T`; one episode without the `B` axis when
+        not `batched`): each split into `parts = ceil(T / max_timesteps)` parts, padded with zeros past its length.
+        Meta fields not given take their default. Returns `{field: [B * parts, ...]}` for the fields `storage`,
+        `lengths`, `terminated`, `truncated`, `final_obs` and `meta` (a part of length 0 is not written)."""
         if not batched:
             episodes, lengths, terminated, truncated, final_obs, meta = jax.tree.map(
                 lambda v: jnp.asarray(v)[None], (episodes, lengths, terminated, truncated, final_obs, meta))
         lengths, terminated, truncated = (jnp.asarray(x) for x in (lengths, terminated, truncated))
-        m, e = self.max_timesteps, self.max_episodes
+        m = self.max_timesteps
         b, t = lengths.shape[0], jax.tree.leaves(episodes)[0].shape[1]
         meta = {k: jnp.broadcast_to(jnp.asarray(meta[k]) if k in meta else d, (b, *d.shape)) for k, d in self.meta_defaults.items()}
         parts = -(-t // m)
@@ -413,12 +430,19 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
             final_obs=jax.tree.map(flat, fin),
             meta={k: flat(jnp.broadcast_to(v[:, None], (b, parts, *v.shape[1:]))) for k, v in meta.items()},
         )
+        return rows
+
+    def _put(self, rows: dict) -> tuple["EpisodeBuffer", jax.Array, jax.Array]:
+        """Scatter the rows of `_rows` with a length >= 1 into consecutive ring slots, or none of them when a fixed
+        buffer has no room. Returns `(buffer, refused, slots)`: `slots` int32 `[R]` is each row's slot, or a value
+        `>= max_episodes` for a row not written."""
+        e = self.max_episodes
         write = rows["lengths"] > 0
         n = jnp.sum(write, dtype=jnp.int32)
         refused = jnp.bool_(False) if self.circular else self.num_valid + n > e
         write = write & ~refused
         slot, keep, head = _ring.final_slots(self.head[None], write[None], e)  # ring slots handed out in order
-        cols = jnp.where(keep[0], slot[0], e + jnp.arange(b * parts, dtype=jnp.int32))  # dropped rows: past the end
+        cols = jnp.where(keep[0], slot[0], e + jnp.arange(write.shape[0], dtype=jnp.int32))  # dropped rows: past the end
         put = lambda s, x: s.at[cols].set(x, mode="drop", unique_indices=True)  # noqa: E731
         state = dict(storage=self.storage, lengths=self.lengths, terminated=self.terminated, truncated=self.truncated,
                      final_obs=self.final_obs, meta=self.meta)
@@ -428,7 +452,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
             **state, head=head[0], num_valid=jnp.minimum(self.num_valid + n, e).astype(jnp.int32),
             added=_ring.counter_add(self.added, n), overflowed=self.overflowed | refused, metrics=self.metrics.written(cols, in_bounds=False),
         )
-        return new, refused
+        return new, refused, cols.astype(jnp.int32)
 
     # ------------------------------------------------------------------------------------------
     # in-place edits and reads
@@ -655,11 +679,16 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
           TypeError: `gamma` missing or not a number, `where` not giving a bool `[max_episodes]`.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
+        n_step = self._transition_args(n_step, gamma)
+        return self._sample_transitions(key, batch_size, n_step, gamma, self._filter(where))
+
+    def _transition_args(self, n_step, gamma) -> int:
+        """`n_step` as an int in `[1, max_timesteps]`, after checking `gamma` (required, in [0, 1])."""
         n_step = _validate.static_int("n_step", n_step, maximum=self.max_timesteps)
         if gamma is None:
             raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
         _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)
-        return self._sample_transitions(key, batch_size, n_step, gamma, self._filter(where))
+        return n_step
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def _sample_transitions(self, key, batch_size: int, n_step: int, gamma, mask) -> EpisodeTransitionSample:
@@ -670,10 +699,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
         """The n-step transitions from step `steps[b]` of episode slot `indices[b]` (int `[B]` each):
         `transitions_at(s.indices, s.steps, n_step=n, gamma=g)` equals the sample `s` of `sample_transitions`.
         Indices are clipped into range. Raises as `sample_transitions` and for non-integer or non-1-D indices."""
-        n_step = _validate.static_int("n_step", n_step, maximum=self.max_timesteps)
-        if gamma is None:
-            raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
-        _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)
+        n_step = self._transition_args(n_step, gamma)
         ep, t = _validate.index_vector("indices", indices), _validate.index_vector("steps", steps)
         return self._transitions_at(ep, t, n_step, gamma)
 

@@ -99,6 +99,26 @@ def _rollout_ops(cls, spec, **kw):
     return create, add, data, sample, None, None
 
 
+def _episode_ops(cls, spec, **kw):
+    """An episode buffer: adds of 2 episodes of random lengths and task ids, every sampler (one filtered), and
+    reward relabelling at the sampled transitions in place of priority updates."""
+    create = lambda: cls.create(spec, max_episodes=3, max_timesteps=4, meta={"task_id": jnp.int32(-1)}, **kw)  # noqa: E731
+
+    def data(rng):
+        return (_rand(rng, spec, (2, 4)), jnp.asarray(rng.integers(1, 5, 2).astype(np.int32)), jnp.asarray(rng.random(2) < 0.4),
+                jnp.asarray(rng.random(2) < 0.4), _rand(rng, spec["obs"], (2,)), jnp.asarray(rng.integers(0, 2, 2).astype(np.int32)))
+
+    def add(b, s, n, te, tr, fo, task):
+        return b.add_episodes(s, n, terminated=te, truncated=tr, final_obs=fo, meta={"task_id": task})
+
+    def sample(b, k):  # the other samplers read the same arrays (tests/test_episode.py, tests/test_compressed_episode.py)
+        return b.sample_transitions(k, 4, n_step=2, gamma=0.9), b.sample_episodes(k, 2, where=lambda m: m["task_id"] == 1)
+
+    setp = lambda b, s, p: b.update(s[0].indices, {"reward": p}, steps=s[0].steps)  # noqa: E731
+    prio = lambda rng: jnp.asarray(rng.standard_normal(4).astype(np.float32))  # noqa: E731
+    return create, add, data, sample, setp, prio
+
+
 CASES = {
     "replay": lambda: _replay_ops(False),
     "prioritised": lambda: _replay_ops(True),
@@ -112,6 +132,8 @@ CASES = {
     "compressed-prioritised": lambda: _trajectory_ops(
         jb.CompressedPrioritisedTrajectoryBuffer, PIXELS, window_length=3, frame_stack=4, codec="rle"),
     "compressed-rollout": lambda: _rollout_ops(jb.CompressedRolloutBuffer, ROLL, codec="zstd:1"),
+    "episode": lambda: _episode_ops(jb.EpisodeBuffer, STEP),
+    "compressed-episode": lambda: _episode_ops(jb.CompressedEpisodeBuffer, PIXELS, frame_stack=4, codec="zstd:1", dictionary_bytes=1024),
 }
 
 
@@ -142,8 +164,15 @@ def _run(case: str, seed: int, jit: bool, directory: Path | None, num_ops: int =
     return outs, jax.tree.map(np.asarray, buf), save_at
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("case", list(CASES))
+# the default run restores these through a plain round trip each (test_episode_buffer_meta_defaults_come_back,
+# test_compressed_episode_buffer_round_trip_and_wrong_config)
+_SLOW = {("episode", False), ("compressed-episode", False), ("compressed-episode", True)}
+
+
+@pytest.mark.parametrize("case, jit", [
+    pytest.param(c, j, marks=[pytest.mark.slow] if (c, j) in _SLOW else [], id=f"{c}-{'jit' if j else 'eager'}")
+    for c in CASES for j in (False, True)
+])
 def test_round_trip_matches_never_saved(case, jit, tmp_path):
     for seed in (int(jit),):
         want, want_state, _ = _run(case, seed, jit, None)
@@ -199,6 +228,59 @@ def test_wrong_config_is_refused_naming_the_field(other, field, tmp_path):
         jb.restore(tmp_path / "ck", target)
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(target)):  # the target is untouched
         np.testing.assert_array_equal(a, b)
+
+
+def _filled_episodes(**kw):
+    create, add, data, *_ = _episode_ops(jb.EpisodeBuffer, STEP)
+    buf = create() if not kw else jb.EpisodeBuffer.create(STEP, **{"max_episodes": 3, "max_timesteps": 4, "meta": {"task_id": jnp.int32(-1)}, **kw})
+    return add(buf, *data(np.random.default_rng(0)))
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [(dict(max_episodes=4), "max_episodes"), (dict(max_timesteps=5), "max_timesteps"), (dict(circular=False), "circular"),
+     (dict(meta={"task_id": jnp.int32(-1), "goal": jnp.zeros(2)}), "meta"), (dict(meta={"task_id": jnp.int16(-1)}), "meta"),
+     (dict(obs_key="obs", reward_key="reward", action_key="action", meta=None), "meta")],
+    ids=["max_episodes", "max_timesteps", "circular", "meta-field", "meta-dtype", "no-meta"],
+)
+def test_episode_buffer_wrong_config_is_refused(kw, field, tmp_path):
+    jb.save(tmp_path / "ck", _filled_episodes())
+    target = jb.EpisodeBuffer.create(STEP, **{"max_episodes": 3, "max_timesteps": 4, "meta": {"task_id": jnp.int32(-1)}, **kw})
+    before = jax.tree.map(np.asarray, target)
+    with pytest.raises(jb.CheckpointError, match=f"config '{field}'"):
+        jb.restore(tmp_path / "ck", target)
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(target)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_compressed_episode_buffer_round_trip_and_wrong_config(tmp_path):
+    create, add, data, *_ = _episode_ops(jb.CompressedEpisodeBuffer, PIXELS, frame_stack=4, codec="rle")
+    rng = np.random.default_rng(0)
+    buf = add(create(), *data(rng))
+    jb.save(tmp_path / "ck", buf)
+    got = jb.restore(tmp_path / "ck")
+    assert got.host is not buf.host and got.host.version == buf.host.version == int(got.version)
+    for a, b in zip(jax.tree.leaves(got.get_all()), jax.tree.leaves(buf.get_all())):
+        np.testing.assert_array_equal(a, b)
+    got = add(got, *data(rng))  # the restored state is the newest of its store
+    assert int(got.num_episodes()) == 3
+    for kw, field in ((dict(frame_stack=4, codec="rle", padding="zero"), "padding"), (dict(codec="rle"), "frame_stack"),
+                      (dict(frame_stack=4, codec="zstd:1"), "codec")):
+        target = jb.CompressedEpisodeBuffer.create(PIXELS, max_episodes=3, max_timesteps=4, meta={"task_id": jnp.int32(-1)}, **kw)
+        with pytest.raises(jb.CheckpointError, match=f"config '{field}'"):
+            jb.restore(tmp_path / "ck", target)
+        assert target.host.version == 0 and int(target.version) == 0
+
+
+def test_episode_buffer_meta_defaults_come_back(tmp_path):
+    """A meta default is data, not configuration: an add that omits the field after the restore gets it."""
+    buf = jb.EpisodeBuffer.create(STEP, max_episodes=2, max_timesteps=3, meta={"task_id": jnp.int32(7), "goal": jnp.full(2, 0.5)})
+    jb.save(tmp_path / "ck", buf)
+    got = jb.restore(tmp_path / "ck")
+    assert got.meta_spec == buf.meta_spec
+    ep = _rand(np.random.default_rng(0), STEP, (3,))
+    got = got.add_episode(ep, 2, terminated=True, final_obs=jnp.zeros(2))
+    assert int(got.meta["task_id"][0]) == 7 and np.array_equal(np.asarray(got.meta["goal"][0]), [0.5, 0.5])
 
 
 def test_unknown_format_version_is_refused(tmp_path):

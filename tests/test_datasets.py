@@ -45,7 +45,7 @@ def recorded(tmp_path, monkeypatch):
 def test_round_trip_is_exact(recorded):
     original = list(recorded.iterate_episodes())
     assert any(e.truncations[-1] for e in original)  # the time limit cut some episodes
-    buf = from_minari(recorded)
+    buf = from_minari(recorded, cast_64bit=True)
     assert int(buf.num_episodes()) == len(original)
     assert int(buf.size()) == sum(len(e) for e in original)
     assert buf.step_spec["action"].dtype == np.int32 and buf.step_spec["reward"].dtype == np.float32
@@ -63,7 +63,7 @@ def test_round_trip_is_exact(recorded):
 
 def test_buffer_reads_like_the_dataset(recorded):
     original = list(recorded.iterate_episodes())
-    buf = from_minari(recorded, max_timesteps=4)  # long episodes are stored in parts
+    buf = from_minari(recorded, max_timesteps=4, cast_64bit=True)  # long episodes are stored in parts
     everything = buf.get_all()
     assert int(buf.num_episodes()) == sum(-(-len(e) // 4) for e in original)
     first, n = original[0], len(original[0])
@@ -77,7 +77,7 @@ def test_buffer_reads_like_the_dataset(recorded):
 
 def test_into_a_trajectory_buffer(recorded):
     original = list(recorded.iterate_episodes())
-    buf = from_minari(recorded, into="trajectory")
+    buf = from_minari(recorded, into="trajectory", cast_64bit=True)
     total = sum(len(e) for e in original)
     assert buf.num_envs == 1 and buf.length == total and int(buf.size()) == total
     np.testing.assert_array_equal(np.asarray(buf.storage["obs"][0]), np.concatenate([e.observations[:-1] for e in original]))
@@ -91,7 +91,7 @@ def test_into_a_trajectory_buffer(recorded):
     np.testing.assert_array_equal(np.asarray(tr.next_obs)[[bool(e.truncations[-1]) for e in original]],
                                   [e.observations[-1] for e in original if e.truncations[-1]])
     with pytest.raises(ValueError, match="into: expected one of"):
-        from_minari(recorded, into="lanes")
+        from_minari(recorded, into="lanes", cast_64bit=True)
 
 
 def test_refusals(recorded):
@@ -104,3 +104,37 @@ def test_refusals(recorded):
     empty = EpisodeBuffer.create({"obs": jnp.zeros(4), "action": jnp.int32(0), "reward": jnp.float32(0)}, max_episodes=2, max_timesteps=3)
     with pytest.raises(ValueError, match="buffer: expected at least one episode"):
         to_minari(empty, "test/x-v0", observation_space=recorded.observation_space, action_space=recorded.action_space)
+
+
+def test_64bit_fields_are_refused_unless_the_cast_is_asked_for(recorded):
+    import jax
+
+    assert not jax.config.jax_enable_x64
+    assert recorded[0].rewards.dtype == np.float64 and recorded[0].actions.dtype == np.int64
+    for into in ("episodes", "trajectory"):
+        with pytest.raises(TypeError, match=r"dataset episode 0: actions: dtype int64.*cast_64bit=True.*jax_enable_x64"):
+            from_minari(recorded, into=into)
+    with pytest.raises(TypeError, match="cast_64bit: expected a Python bool"):
+        from_minari(recorded, cast_64bit=1)
+    buf = from_minari(recorded, cast_64bit=True)
+    first = recorded[0]
+    np.testing.assert_array_equal(np.asarray(buf.get_all().item["reward"][0][: len(first)]), first.rewards.astype(np.float32))
+
+
+def test_64bit_fields_are_kept_with_x64(recorded):
+    import jax
+
+    with jax.enable_x64(True):
+        buf = from_minari(recorded)
+        assert buf.step_spec["reward"].dtype == np.float64 and buf.step_spec["action"].dtype == np.int64
+        assert buf.step_spec["infos"]["count"].dtype == np.int64
+        first = recorded[0]
+        np.testing.assert_array_equal(np.asarray(buf.get_all().item["reward"][0][: len(first)]), first.rewards)
+
+
+def test_integers_that_int32_cannot_hold_are_refused_naming_the_field():
+    from jaxbuffers.datasets import _narrow
+
+    with pytest.raises(ValueError, match=r"infos\['count'\]: values in"):
+        _narrow("infos['count']", np.array([0, 2**40]), True)
+    assert _narrow("rewards", np.array([0.1]), True).dtype == np.float32

@@ -19,6 +19,7 @@ PUBLIC_MODULES = [
     "jaxbuffers",
     "jaxbuffers.compressed",
     "jaxbuffers.checkpoint",
+    "jaxbuffers.disk",
     "jaxbuffers.datasets",
     "host_codecs",
     "jaxbuffers.interop.torch",

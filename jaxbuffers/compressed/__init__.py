@@ -3,6 +3,8 @@
 * `CompressedTrajectoryBuffer` / `CompressedPrioritisedTrajectoryBuffer`: a
   `jaxbuffers.TrajectoryBuffer` (transitions, n-step, sequences) with host-compressed
   observation leaves and optional frame-stack dedup (one stored frame per step).
+* `CompressedEpisodeBuffer`: a `jaxbuffers.EpisodeBuffer` (whole episodes, meta filters, every sampler) with
+  host-compressed observation leaves and optional frame-stack dedup.
 * `CompressedRolloutBuffer`: a `jaxbuffers.RolloutBuffer` with host-compressed step leaves, decoded per minibatch.
 * `StagingWriter`: for Python-driven loops (one env step per call), stages steps in host
   numpy arrays and adds them to a compressed trajectory buffer in chunks (flushed before sampling).
@@ -13,6 +15,7 @@ vmapped) is documented in `jaxbuffers.compressed._host`.
 """
 
 from jaxbuffers.compressed._host import DEFAULT_DICTIONARY_BYTES, HostStores, StaleBufferError
+from jaxbuffers.compressed.episode import CompressedEpisodeBuffer
 from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
 from jaxbuffers.compressed.staging import StagingWriter
 from jaxbuffers.compressed.trajectory import (
@@ -20,6 +23,6 @@ from jaxbuffers.compressed.trajectory import (
 )
 
 __all__ = [
-    "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",
+    "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer", "CompressedEpisodeBuffer",
     "HostStores", "StaleBufferError", "StagingWriter", "DEFAULT_CODEC", "DEFAULT_DICTIONARY_BYTES",
 ]

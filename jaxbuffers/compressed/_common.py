@@ -80,6 +80,22 @@ class LeafInfo:
     stack_axis: int | None  # axis of `shape` holding the k frames (frame dedup), else None
 
 
+def obs_leaves(obs_spec: Any, what: str, compress, frame_stack, stack_axis: int, padding: str, normalize_images: bool) -> tuple:
+    """The compressed leaves of an observation spec, checked (the `create` errors of the frame-deduplicating
+    buffers): `(flat indices, [LeafInfo], k)`, `k = frame_stack` or 1.
+
+    Raises:
+      TypeError / ValueError: as `select_leaves` and `jaxbuffers._validate.frame_leaves`; a `padding` other than
+        `"reset"` or `"zero"`; `frame_stack` not an int >= 1.
+    """
+    if padding not in ("reset", "zero"):
+        raise ValueError(f"padding: expected 'reset' (repeat the episode's first frame, Gymnasium's default) or 'zero', got {padding!r}")
+    k = 1 if frame_stack is None else _validate.static_int("frame_stack", frame_stack)
+    idx = select_leaves(obs_spec, compress, what)
+    infos = [LeafInfo(*f) for f in _validate.frame_leaves(obs_spec, idx, what, frame_stack and k, stack_axis, normalize_images)]
+    return idx, infos, k
+
+
 def newest_frame(x: jax.Array, info: LeafInfo, lead: int) -> jax.Array:
     """The entry to store for observations `x` (`[*lead, *info.shape]`): the newest frame of
     each stack (index `k - 1` along the stack axis), or the whole observation."""
@@ -246,6 +262,44 @@ def checked_before_dispatch(add: bool = False) -> Callable:
         return call
 
     return wrap
+
+
+def stack_slots(ids: jax.Array, *, frame_stack: int, ring: int, num_lanes: int, empty: int, stacked: bool, padding: str):
+    """Store slots of the frames of observations given by their ids, in a store whose lanes hold rings of frames.
+
+    Args:
+      ids: int32 `[*S, 3]` = `(newest, prev, ep_pos)`: the store slot of the observation's newest frame, the slot
+        of the frame one step back in its lane's ring (lane `l`'s ring is slots `[l * ring, (l + 1) * ring)`;
+        negative or past the rings: no older frame) and `min(steps since its episode started, k - 1)`.
+        `newest` outside `[0, empty)` reads the never-written slot `empty` (zeros).
+      frame_stack: `k`. ring: frames per lane. num_lanes: lanes. empty: the never-written slot.
+      stacked: whether the observations are stacks of `k` frames (else one entry each).
+      padding: `"reset"` (frames before the episode start repeat its first) or `"zero"`.
+
+    Returns:
+      `(slots, pad)`: with `stacked`, `slots` int32 `[*S, k]` oldest to newest (frame `j` is `k - 1 - j` steps
+      back, `min(k - 1 - j, ep_pos)` with `"reset"`) and `pad` bool `[*S, k]` (the frames to zero, `"zero"`
+      padding) or None; without, `slots` `[*S]` and None.
+    """
+    k = frame_stack
+    newest, prev, ep = ids[..., 0], ids[..., 1], ids[..., 2]
+    outside = (newest < 0) | (newest >= empty)  # -1 (an unwritten step), or ids the buffer never made
+    newest = jnp.where(outside, empty, newest)
+    prev = jnp.where(outside | (prev >= num_lanes * ring), -1, prev)  # -1: no older frame
+    ep = jnp.clip(ep, 0, k - 1)
+    if not stacked:
+        return newest, None
+    d = (k - 1) - jnp.arange(k, dtype=jnp.int32)  # frames back, per stack position
+    pad = None
+    if padding == "reset":
+        back = jnp.minimum(d, ep[..., None])
+    else:
+        pad = d > ep[..., None]
+        back = jnp.where(pad, 0, d)
+    base = (prev // ring)[..., None] * ring
+    older = base + ((prev % ring)[..., None] - (back - 1)) % ring
+    fids = jnp.where((back == 0) | (prev < 0)[..., None], newest[..., None], older)
+    return fids.astype(jnp.int32), pad
 
 
 def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool) -> jax.Array:

@@ -55,7 +55,6 @@ from flax import struct
 
 from jaxbuffers import _compiled, _ring, _validate
 from jaxbuffers.compressed import _common
-from jaxbuffers.compressed._common import LeafInfo
 from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
 from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample
@@ -88,15 +87,10 @@ def _build(
     if obs_key not in example_step:
         raise ValueError(f"example_step: missing field {obs_key!r} (got fields {sorted(example_step)})")
     num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
-    if padding not in ("reset", "zero"):
-        raise ValueError(f"padding: expected 'reset' (repeat the episode's first frame, Gymnasium's default) or 'zero', got {padding!r}")
-    k = 1 if frame_stack is None else _validate.static_int("frame_stack", frame_stack)
-    kcap = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
     spec = _validate.item_spec(dict(example_step), "example_step")
+    idx, infos, k = _common.obs_leaves(spec[obs_key], f"example_step[{obs_key!r}]", compress, frame_stack, stack_axis, padding, normalize_images)
+    kcap = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
     obs_spec = spec[obs_key]
-    what = f"example_step[{obs_key!r}]"
-    idx = _common.select_leaves(obs_spec, compress, what)
-    infos = [LeafInfo(*f) for f in _validate.frame_leaves(obs_spec, idx, what, frame_stack and k, stack_axis, normalize_images)]
     ring = length + k - 1
     host = HostStores(
         num_envs * ring + num_envs * kcap + 1,  # the last slot is never written: the empty slot
@@ -362,27 +356,11 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
         return new.replace(version=jnp.asarray(version, jnp.int32))
 
     def _frame_ids(self, ids: jax.Array):
-        """ids `[*S, 3]` -> (store slots `[*S, k]` oldest to newest, zero-pad mask or None)."""
-        k, ring = self.frame_stack, self.frame_ring
-        newest, prev, ep = ids[..., 0], ids[..., 1], ids[..., 2]
-        empty = self.host.num_slots - 1  # never written: decodes as zeros
-        outside = (newest < 0) | (newest >= empty)  # -1 (an unwritten step), or ids the buffer never made
-        newest = jnp.where(outside, empty, newest)
-        prev = jnp.where(outside | (prev >= self.num_envs * ring), -1, prev)  # -1: no older frame
-        ep = jnp.clip(ep, 0, k - 1)
-        if self.leaves[0].stack_axis is None:
-            return newest, None
-        d = (k - 1) - jnp.arange(k, dtype=jnp.int32)  # frames back, per stack position
-        pad = None
-        if self.padding == "reset":
-            back = jnp.minimum(d, ep[..., None])
-        else:
-            pad = d > ep[..., None]
-            back = jnp.where(pad, 0, d)
-        base = (prev // ring)[..., None] * ring
-        older = base + ((prev % ring)[..., None] - (back - 1)) % ring
-        fids = jnp.where((back == 0) | (prev < 0)[..., None], newest[..., None], older)
-        return fids.astype(jnp.int32), pad
+        """ids `[*S, 3]` -> (store slots `[*S, k]` oldest to newest, zero-pad mask or None): `_common.stack_slots`."""
+        return _common.stack_slots(
+            ids, frame_stack=self.frame_stack, ring=self.frame_ring, num_lanes=self.num_envs, empty=self.host.num_slots - 1,
+            stacked=self.leaves[0].stack_axis is not None, padding=self.padding,
+        )
 
     @_common.checked_before_dispatch()
     def decode_obs(self, *obs: Any) -> Any:

@@ -46,6 +46,38 @@ def _stored(tree: Any, space: spaces.Space, what: str) -> Any:
     return _common.per_key(one, space, tree, what=what)
 
 
+def _decoded(buffer: Any, a: Any, key: str | None, what: str) -> Any:
+    """``a`` itself, or for an object array of compressed entries (sb3-extra-buffers' compressed classes hold one
+    ``bytes`` per observation) the decoded observations ``[*a.shape, *obs_shape]`` (zeros where nothing was stored,
+    as SB3's zero-initialised arrays), by the buffer's own decoder.
+
+    Raises:
+      TypeError: an object array in a buffer without a decoder.
+    """
+    a = np.asarray(a)
+    if a.dtype != object:
+        return a
+    decompress = getattr(buffer, "_decompress", None)
+    if decompress is None:
+        raise TypeError(f"{what}: an object array in a {type(buffer).__name__}, which has no decoder (_decompress)")
+    config = buffer.flatten_config if key is None else buffer.flatten_configs[key]
+    shape = tuple(buffer.obs_shape if key is None else buffer.obs_shape[key])
+    dtype = (buffer.observation_space if key is None else buffer.observation_space[key]).dtype
+    out = np.zeros((*a.shape, *shape), dtype)
+    for i in np.ndindex(a.shape):
+        if a[i] is not None:
+            out[i] = _common.exact_cast(np.asarray(decompress(a[i], arr_configs=config)).reshape(shape), dtype, what)
+    return out
+
+
+def _observations(buffer: Any, name: str) -> Any:
+    """``buffer.<name>`` with compressed entries decoded (`_decoded`; a dict for Dict spaces)."""
+    value = getattr(buffer, name)
+    if isinstance(value, dict):
+        return {k: _decoded(buffer, v, k, f"{name}[{k!r}]") for k, v in value.items()}
+    return _decoded(buffer, value, None, name)
+
+
 def _put(dst: Any, src: Any, lead: int, what: str, space: spaces.Space | None = None, shift: int = 0) -> Any:
     """Write ``src`` (``[*L, *item]``, ``lead = len(L)``) into SB3's ``dst`` (``[rows, n_envs, *sb3_item]``).
 
@@ -67,7 +99,8 @@ def _put(dst: Any, src: Any, lead: int, what: str, space: spaces.Space | None = 
 def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     """The transitions of a (filled) SB3 ``ReplayBuffer`` / ``DictReplayBuffer`` as a `jaxbuffers.ReplayBuffer`.
 
-    Also accepts `JaxReplayBuffer`, but not one made with ``compress=...`` (its observations are not
+    Also accepts sb3-extra-buffers' compressed buffers (observations decoded with their own decoder) and
+    `JaxReplayBuffer`, but not one made with ``compress=...`` (its observations are not
     arrays: ``AttributeError``; sample it instead). See the module doc for the layout. With
     ``optimize_memory_usage`` the next observations are materialised (``next_obs`` of row ``t`` is
     SB3's ``observations[(t + 1) % rows]``) and, once full, the row at ``pos`` (whose observation
@@ -82,11 +115,11 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     rows, n = buffer.buffer_size, buffer.n_envs
     total = rows * n
     flat = lambda a: a.reshape(total, *a.shape[2:])  # noqa: E731
-    obs = _stored(buffer.observations, buffer.observation_space, "observations")
+    obs = _stored(_observations(buffer, "observations"), buffer.observation_space, "observations")
     if buffer.optimize_memory_usage:
         next_obs = jax.tree.map(lambda a: np.roll(a, -1, axis=0), obs)
     else:
-        next_obs = _stored(buffer.next_observations, buffer.observation_space, "next_observations")
+        next_obs = _stored(_observations(buffer, "next_observations"), buffer.observation_space, "next_observations")
     act = np.asarray(buffer.actions)
     act = act.astype(_common.storage_dtype(act.dtype, buffer.action_space, "actions"), copy=False)
     dones, timeouts = _common.flags(buffer.dones, "dones"), _common.flags(buffer.timeouts, "timeouts")
@@ -171,7 +204,10 @@ def _sb3_layout(buffer: RolloutBuffer, name: str, item: Any) -> Any:
     ``[n_envs * T, *item]`` (env-major; ``[n_envs * T, 1]`` for ``[T, n_envs]`` ones), ours never do."""
     t, n = buffer.buffer_size, buffer.n_envs
 
-    def one(a: Any, item: tuple, what: str) -> np.ndarray:
+    def one(a: Any, item: tuple, what: str, key: str | None = None) -> np.ndarray:
+        a = _decoded(buffer, a, key, what)  # sb3-extra-buffers' compressed entries: [T, n] or, after get(), [n * T, 1]
+        if (n > 1 and a.shape == (n * t, 1, *item)) or (not item and a.shape == (n * t,)):  # the latter: sb3-extra-buffers' get()
+            a = a.reshape(n * t, *(item or (1,)))
         a, flat = np.asarray(a), (n * t, *(item or (1,)))
         if a.shape == (t, n, *item):
             return a
@@ -181,14 +217,14 @@ def _sb3_layout(buffer: RolloutBuffer, name: str, item: Any) -> Any:
 
     value = getattr(buffer, name)
     if isinstance(item, dict):
-        return {k: one(value[k], tuple(item[k]), f"{name}[{k!r}]") for k in item}
+        return {k: one(value[k], tuple(item[k]), f"{name}[{k!r}]", k) for k in item}
     return one(value, tuple(item), name)
 
 
 def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) -> _rollout.RolloutBuffer:
     """The contents of an SB3 ``RolloutBuffer`` / ``DictRolloutBuffer`` as a `jaxbuffers.RolloutBuffer`.
 
-    Also accepts `JaxRolloutBuffer`, and SB3 buffers reordered by ``get()`` (told apart by their
+    Also accepts `JaxRolloutBuffer`, sb3-extra-buffers' compressed rollouts (observations decoded), and SB3 buffers reordered by ``get()`` (told apart by their
     shapes, ``[T, n_envs, ...]`` or ``[n_envs * T, ...]``). Every field is copied, ``advantages``
     and ``returns`` as they are (``has_advantages`` True, ``trainable`` all True); the rows filled
     are ``buffer_size`` when full, ``pos`` before.

@@ -15,11 +15,12 @@ SB3 does (same seed, same batch) and returns torch tensors on `device`: `dones =
 observation of row `i` is row `i + 1`, and the row at `pos` is never sampled once full (with SB3's limitation at
 episode ends, harmless for true terminations).
 
-Compression (`compress=`, `JaxReplayBuffer` without `optimize_memory_usage`): `True` or a dict of options of
+Compression (`compress=`, without `optimize_memory_usage`): `True` or a dict of options of
 `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (`codec`, `frame_stack`, `stack_axis`, `padding`,
 `chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`) plus `max_pending` (default 16): the steps
 a `jaxbuffers.compressed.StagingWriter` holds uncompressed on the host (counted in `nbytes`) before it adds them, at
-the latest when SB3 samples. The observations live in a compressed trajectory buffer with one lane per env; with
+the latest when SB3 samples; and, for Dict spaces, `keys`: the observation keys to compress (default all). The
+observations live in a compressed trajectory buffer with one lane per env; with
 `frame_stack=k` only the newest frame of each observation is stored and stacks are rebuilt at sample time (exact for
 observations made by a frame stacker). Every SB3 episode end goes in as a truncation, so its terminal observation is
 kept in the final-observation ring; elsewhere the next row's `obs` is the next observation (the same array in SB3's
@@ -83,6 +84,19 @@ def _gather(storage: dict, rows: jax.Array, envs: jax.Array, next_in_obs: bool) 
     return out
 
 
+def _where(xp: Any, held: Any, a: Any, b: Any) -> Any:
+    """``a`` where ``held`` (``[B]``), else ``b`` (``[B, ...]``)."""
+    return xp.where(held.reshape((-1,) + (1,) * (np.ndim(a) - 1)), a, b)
+
+
+# One compiled program per sample (op-by-op dispatch of the index arithmetic cost more than the decode).
+@jax.jit
+def _decode_at(cbuf: Any, flat: jax.Array, held: jax.Array) -> tuple[Any, Any]:
+    tr = cbuf.trajectory.transitions_at(flat, n_step=1, gamma=1.0)
+    nxt = jax.tree.map(lambda a, b: _where(jnp, held, a, b), tr.obs, tr.next_obs)  # a valid slot to decode where held
+    return cbuf.decode_obs(tr.obs, nxt)
+
+
 class FieldView:
     """A numpy-like window on one stored field, in SB3's layout ``[rows, n_envs, ...]`` and dtype.
 
@@ -130,7 +144,7 @@ class FieldView:
 # Attributes that __setstate__ rebuilds from the checkpoint bytes instead of unpickling them.
 _REBUILT = ("_state", "_writer", "_pending", "_rows")
 
-_COMPRESS_OPTIONS = {"codec", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending"}
+_COMPRESS_OPTIONS = {"codec", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending", "keys"}
 
 
 def _compress_options(compress: bool | dict) -> dict | None:
@@ -178,9 +192,8 @@ class _JaxReplayImpl:
                              "next observation of a timeout would be the next episode's first one); pass handle_timeout_termination=False")
         if optimize_memory_usage and is_dict:
             raise ValueError("optimize_memory_usage: not supported with Dict observations (as in SB3's DictReplayBuffer)")
-        if compress and (is_dict or optimize_memory_usage):
-            got = "a Dict observation space" if is_dict else "optimize_memory_usage=True"
-            raise ValueError(f"compress: supported for JaxReplayBuffer with optimize_memory_usage=False (it stores each frame once); got {got}")
+        if compress and optimize_memory_usage:
+            raise ValueError("compress: supported with optimize_memory_usage=False (it stores each frame once); got optimize_memory_usage=True")
         self.optimize_memory_usage, self.handle_timeout_termination = optimize_memory_usage, handle_timeout_termination
         self.compress = _compress_options(compress)
         n = self.n_envs
@@ -193,7 +206,7 @@ class _JaxReplayImpl:
         if self.compress is not None:
             del spec["observations"]  # observations live in the compressed buffer
             self._writer = self._new_compressed()
-            self._pending = None  # host [n_envs, *obs_shape]: the newest row's next observation
+            self._pending = None  # host [n_envs, *obs_shape] (a dict for Dict spaces): the newest row's next observation
         elif not self.optimize_memory_usage:
             spec["next_observations"] = self._rows.obs
         self._state = _replay.ReplayBuffer.create(spec, capacity=self.buffer_size)
@@ -201,11 +214,14 @@ class _JaxReplayImpl:
     def _new_compressed(self):
         from jaxbuffers.compressed import CompressedTrajectoryBuffer, StagingWriter
 
-        s, opts = self._rows.obs, dict(self.compress)
+        opts = dict(self.compress)
         # The row store keeps actions and rewards: the compressed buffer's are unused.
-        example = {"obs": jax.ShapeDtypeStruct(s.shape[1:], s.dtype), "action": np.uint8(0), "reward": np.float32(0)}
-        max_pending = opts.pop("max_pending", 16)
-        return StagingWriter(CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size, **opts), max_pending=max_pending)
+        obs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), self._rows.obs)
+        example = {"obs": obs, "action": np.uint8(0), "reward": np.float32(0)}
+        max_pending, keys = opts.pop("max_pending", 16), opts.pop("keys", None)  # keys: the Dict keys to compress (None: all)
+        buf = CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size,
+                                                compress=None if keys is None else tuple(keys), **opts)
+        return StagingWriter(buf, max_pending=max_pending)
 
     @property
     def jax_buffer(self) -> _replay.ReplayBuffer:
@@ -220,7 +236,7 @@ class _JaxReplayImpl:
     def nbytes(self) -> int:
         """Bytes held: the device arrays plus, with ``compress``, the compressed buffer's device
         ids and host bytes and the staged steps, a Python int."""
-        extra = 0 if self.compress is None else self._writer.nbytes + (0 if self._pending is None else self._pending.nbytes)
+        extra = 0 if self.compress is None else self._writer.nbytes + sum(x.nbytes for x in jax.tree.leaves(self._pending))
         return self._state.memory_bytes + extra
 
     def _view(self, name: str, dtype: Any, key: str | None = None) -> FieldView:
@@ -274,7 +290,7 @@ class _JaxReplayImpl:
         if self.compress is not None:
             buffers["observations"] = self._writer.buffer  # flushes the staged steps
             pending = self._pending
-            state["_pending"] = None if pending is None else (pending.tobytes(), list(pending.shape), pending.dtype.str)
+            state["_pending"] = None if pending is None else [(x.tobytes(), list(x.shape), x.dtype.str) for x in jax.tree.leaves(pending)]
         state["_checkpoint"] = checkpoint.to_bytes(buffers)
         return state
 
@@ -304,8 +320,8 @@ class _JaxReplayImpl:
             self._writer.close()
             self._writer = StagingWriter(restored["observations"], max_pending=max_pending)
             if pending is not None:
-                raw, shape, dtype = pending
-                self._pending = np.frombuffer(raw, np.dtype(dtype)).reshape(shape).copy()
+                leaves = [np.frombuffer(raw, np.dtype(dtype)).reshape(shape).copy() for raw, shape, dtype in pending]
+                self._pending = jax.tree.unflatten(jax.tree.structure(self._rows.obs), leaves)
         self.__dict__.update(state)
 
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
@@ -339,7 +355,7 @@ class _JaxReplayImpl:
             obs_row, d = row.pop("observations"), row["dones"]
             zeros = {"action": np.zeros(n, np.uint8), "reward": np.zeros(n, np.float32)}
             self._writer.add({"obs": obs_row, **zeros}, terminated=np.zeros_like(d), truncated=d, final_obs=next_row)
-            self._pending = np.array(next_row)  # a copy: next_row may be a view of the caller's array
+            self._pending = jax.tree.map(np.array, next_row)  # a copy: next_row may be a view of the caller's array
         elif not self.optimize_memory_usage:
             row["next_observations"] = next_row
         self._state = _add_row(self._state, row, next_row if self.optimize_memory_usage else None, next_in_obs=self.optimize_memory_usage)
@@ -397,12 +413,9 @@ class _JaxReplayImpl:
         becomes the next row's obs) unless the step ended an episode (then it is in the
         final-observation ring): it comes from the held copy."""
         cbuf = self._writer.buffer  # flushes the staged steps first
-        traj = cbuf.trajectory
-        tr = traj.transitions_at(envs * traj.length + rows, n_step=1, gamma=1.0)
         held = (rows == (self.pos - 1) % self.buffer_size) & ~dones
-        obs, nxt = cbuf.decode_obs(tr.obs, jnp.where(held[:, None], tr.obs, tr.next_obs))  # a valid slot to decode where held
-        held = held.reshape((-1,) + (1,) * (nxt.ndim - 1))
-        return obs, np.where(held, self._pending[envs], np.asarray(nxt))
+        obs, nxt = _decode_at(cbuf, envs * cbuf.trajectory.length + rows, held)
+        return obs, jax.tree.map(lambda p, x: _where(np, held, p[envs], np.asarray(x)), self._pending, nxt)
 
 
 class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
@@ -430,7 +443,8 @@ class JaxDictReplayBuffer(_JaxReplayImpl, DictReplayBuffer):
 
     SB3 picks ``DictReplayBuffer`` by itself for Dict spaces; pass this class as
     ``replay_buffer_class`` instead. Samples are ``DictReplayBufferSamples``. Same arguments and
-    semantics as `JaxReplayBuffer`, without ``optimize_memory_usage`` and ``compress``.
+    semantics as `JaxReplayBuffer`, without ``optimize_memory_usage``; ``compress`` also takes ``keys``, the
+    observation keys to compress (default all; the others are stored as they are).
     """
 
     _samples_type = DictReplayBufferSamples

@@ -63,7 +63,7 @@ def sb3_terminated(episode_starts: jax.Array, dones: jax.Array, num_filled: jax.
 
 def _host(get: Any, doc: str, dtype: Any = None) -> property:
     """A read-only host copy of ``get(backing buffer)``."""
-    return property(lambda self: np.asarray(get(self._state), dtype), doc=doc)
+    return property(lambda self: np.asarray(get(self._rollout), dtype), doc=doc)
 
 
 class _JaxRolloutImpl:
@@ -85,8 +85,26 @@ class _JaxRolloutImpl:
             "log_prob": jax.ShapeDtypeStruct((), np.float32),
             "episode_start": jax.ShapeDtypeStruct((), np.bool_),
         }
-        self._state = _rollout.RolloutBuffer.create(example, num_envs=self.n_envs, num_steps=self.buffer_size)
+        self._state = self._new_state(example)
         BaseBuffer.reset(self)
+
+    def _new_state(self, example: Any) -> Any:
+        """The backing buffer for steps shaped like ``example`` (one env's step pytree)."""
+        return _rollout.RolloutBuffer.create(example, num_envs=self.n_envs, num_steps=self.buffer_size)
+
+    @property
+    def _rollout(self) -> _rollout.RolloutBuffer:
+        """The `jaxbuffers.RolloutBuffer` holding the GAE fields (the backing buffer itself here)."""
+        return self._state
+
+    def _with_rollout(self, inner: _rollout.RolloutBuffer) -> Any:
+        """The backing buffer with its `jaxbuffers.RolloutBuffer` replaced by ``inner``."""
+        return inner
+
+    @property
+    def _sample_obs_dtypes(self) -> Any:
+        """Dtypes of sampled observations (a dict for Dict spaces): the space's."""
+        return self._rows.obs_dtypes
 
     @property
     def jax_buffer(self) -> _rollout.RolloutBuffer:
@@ -108,7 +126,7 @@ class _JaxRolloutImpl:
     @property
     def actions(self) -> np.ndarray:
         """``[T, n_envs, action_dim]`` host copy (float32 for float64 spaces, see the module doc)."""
-        a = np.asarray(self._state.step["action"])
+        a = np.asarray(self._rollout.step["action"])
         return a if np.issubdtype(a.dtype, np.floating) else a.astype(self._rows.action_dtype)
 
     rewards = _host(lambda s: s.reward, "``[T, n_envs]`` float32 host copy (SB3's timeout bootstrap folded in).")
@@ -183,11 +201,11 @@ class _JaxRolloutImpl:
           last_values: torch ``[n_envs, 1]`` or ``[n_envs]``, ``V`` of the observation after the last step.
           dones: ``[n_envs]``, the last step ended an episode.
         """
-        n, s = self.n_envs, self._state
+        n, s = self.n_envs, self._rollout
         last_values = _common.as_row(last_values, (n,), np.float32, "last_values", reshape=True)
         dones = _common.as_row(dones, (n,), np.bool_, "dones")
         terminated = sb3_terminated(s.step["episode_start"], jnp.asarray(dones), s.step_index)
-        self._state = s.replace(terminated=terminated).compute_gae(jnp.asarray(last_values), self.gamma, self.gae_lambda)
+        self._state = self._with_rollout(s.replace(terminated=terminated)).compute_gae(jnp.asarray(last_values), self.gamma, self.gae_lambda)
 
     def get(self, batch_size: int | None = None) -> Generator[Any, None, None]:
         """Every stored step once, shuffled as SB3 shuffles them, in minibatches of ``batch_size`` (all if None).
@@ -213,7 +231,7 @@ class _JaxRolloutImpl:
         mb = self._state.gather((t * self.n_envs + e).astype(np.int32))
         dev = self.device
         return self._samples_type(
-            observations=_common.to_sb3(mb.step["obs"], dev, self._rows.obs_dtypes),
+            observations=_common.to_sb3(mb.step["obs"], dev, self._sample_obs_dtypes),
             actions=_common.to_sb3(mb.step["action"], dev, np.float32),
             old_values=_common.to_sb3(mb.value, dev), old_log_prob=_common.to_sb3(mb.step["log_prob"], dev),
             advantages=_common.to_sb3(mb.advantages, dev), returns=_common.to_sb3(mb.returns, dev),

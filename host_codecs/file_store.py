@@ -1,0 +1,300 @@
+"""FileStore: a fixed number of slots, each holding one array of a fixed shape and dtype, in files on disk.
+
+The slot-level interface of `host_codecs.CompressedStore` (`put`, `get`, `get_many`, `written`) for data larger than
+memory: entries are stored raw, one row per slot, and read and written with positioned system calls (`os.preadv` /
+`os.pwrite`), never through a memory map, so the pages read stay in the operating system's page cache and are not
+counted in the process's resident memory.
+
+Files, for a store at `path` (a path without suffix):
+
+```
+path.npy         # shape=(num_slots, *item_shape), the entries' dtype: a standard .npy file, row `i` = slot `i`
+                 # (`np.load(path + ".npy", mmap_mode="r")` opens it as a numpy memmap)
+path.index.npy   # shape=(2, num_slots), dtype=uint32: row 0 is 1 where the slot holds an entry, row 1 its checksum
+```
+
+The data file is written on every `put`; the index is kept in memory and written by `flush`, so the index on disk
+describes the data as of the last `flush`. Checksums: an entry's check is the low 32 bits of XXH3-64 of its bytes,
+seeded with its slot id and length (as `CompressedStore`'s); every read verifies the entries it returns and raises
+`host_codecs.CorruptEntryError` naming the file and the slots whose bytes differ from what the index says (a changed
+byte, a truncated file, or a slot rewritten after the last `flush` of a folder reopened later).
+
+Modes: `"w"` creates the files (replacing existing ones), `"r+"` opens them for reading and writing, `"r"` for reading
+only (`put` raises `ReadOnlyError`, and the files are opened read-only).
+
+Concurrency: `put` holds a lock while it writes and publishes its index rows; reads snapshot the index rows under it
+and read outside it (threads may read in parallel; a read concurrent with a `put` of the same slot may see either
+entry, and its checksum then fails: the caller orders them, as `jaxbuffers.compressed` does with its versions).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code
+from . import store as _store
+from ._pool import parallel_for
+from .store import _integer_ids, _out_of
+
+__all__ = ["FileStore", "ReadOnlyError"]
+
+_IOV_MAX = 1024  # buffers per preadv call (Linux IOV_MAX)
+_READ_SHARD_BYTES = 1 << 20
+
+
+class ReadOnlyError(PermissionError):
+    """A write to a store or buffer opened with `mode="r"`."""
+
+
+def _header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, data offset) of a .npy file; ValueError naming the file for anything else."""
+    try:
+        with open(path, "rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: missing (a FileStore data file)") from None
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{path}: not a .npy file ({e})") from None
+    if fortran:
+        raise ValueError(f"{path}: a Fortran-ordered .npy file; expected C order")
+    return tuple(shape), np.dtype(dtype), offset
+
+
+class FileStore:
+    """Slots of equally shaped arrays in a .npy file (module doc: files, checksums, modes).
+
+    Args:
+      path: the store's path without suffix (`path.npy`, `path.index.npy`); its folder must exist.
+      num_slots: number of slots (slot ids in `[-num_slots, num_slots)`, negative ones counted from the end).
+      item_shape: shape of every entry.
+      dtype: dtype of every entry (a dtype of `host_codecs.DTYPES`).
+      mode: `"w"` (create), `"r+"` (read and write existing files) or `"r"` (read only).
+      name: what error messages call this store.
+
+    Raises:
+      ValueError: a bad mode or size; with `"r"` / `"r+"`, files whose shape or dtype differ from the arguments, or a
+        data file shorter than its header says (the message names the file and the field).
+      FileNotFoundError: `"r"` / `"r+"` and a file is missing.
+      TypeError: an unsupported dtype.
+    """
+
+    def __init__(self, path: str | os.PathLike, num_slots: int, item_shape: Sequence[int], dtype: Any, *,
+                 mode: str = "r", name: str = ""):
+        if mode not in ("w", "r+", "r"):
+            raise ValueError(f"mode: expected 'w', 'r+' or 'r', got {mode!r}")
+        if isinstance(num_slots, bool) or not isinstance(num_slots, (int, np.integer)) or num_slots < 1:
+            raise ValueError(f"num_slots: expected an int >= 1, got {num_slots!r}")
+        if _store._HASH is None:  # the checksum CompressedStore imports on first use
+            import xxhash
+
+            _store._HASH = xxhash.xxh3_64_intdigest
+        self.path, self.mode, self.name = Path(path), mode, str(name)
+        self.num_slots, self.item_shape = int(num_slots), tuple(int(s) for s in item_shape)
+        self.dtype = dtype_from_code(dtype_code(dtype, field="dtype"))
+        self._declared = (dtype_code(self.dtype), self.item_shape)  # what CompressedStore calls it
+        self.row_nbytes = math.prod(self.item_shape) * self.dtype.itemsize
+        self.data_path, self.index_path = self.path.with_name(self.path.name + ".npy"), self.path.with_name(self.path.name + ".index.npy")
+        shape = (self.num_slots, *self.item_shape)
+        if mode == "w":
+            np.lib.format.open_memmap(self.data_path, mode="w+", dtype=self.dtype, shape=shape)._mmap.close()  # header + sparse file
+            self._index = np.zeros((2, self.num_slots), np.uint32)  # shape=(2, num_slots), uint32: written, check
+        else:
+            got_shape, got_dtype, _ = _header(self.data_path)
+            for field, want, got in (("shape", shape, got_shape), ("dtype", self.dtype, got_dtype)):
+                if want != got:
+                    raise ValueError(f"{self.data_path}: {field} {got} on disk, expected {want} ({self.name or 'this store'})")
+            index = np.load(self.index_path, allow_pickle=False)
+            if index.shape != (2, self.num_slots) or index.dtype != np.uint32:
+                raise ValueError(f"{self.index_path}: expected shape (2, {self.num_slots}) uint32, got shape {index.shape} {index.dtype}")
+            self._index = np.array(index)
+        self._offset = _header(self.data_path)[2]
+        need = self._offset + self.num_slots * self.row_nbytes
+        if self.data_path.stat().st_size < need:
+            raise ValueError(f"{self.data_path}: {self.data_path.stat().st_size} bytes, its header needs {need} (truncated)")
+        self._fd = os.open(self.data_path, os.O_RDONLY if mode == "r" else os.O_RDWR)
+        self._lock = threading.Lock()
+        if mode == "w":
+            self.flush()
+
+    # --- the CompressedStore interface a host store uses ---
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the store holds: its index (the entries are on disk)."""
+        return self._index.nbytes
+
+    @property
+    def disk_nbytes(self) -> int:
+        """Bytes of the entries' file on disk (allocated or not)."""
+        return self._offset + self.num_slots * self.row_nbytes
+
+    def config(self) -> dict[str, Any]:
+        """`num_slots` and `declared` (`[dtype name, shape]`), as `CompressedStore.config` names them."""
+        return {"num_slots": self.num_slots, "declared": [self.dtype.name, list(self.item_shape)]}
+
+    def _slots(self, slots: Any, field: str) -> np.ndarray:
+        s = _integer_ids(slots, field).astype(np.int64)
+        if s.size and (int(s.min()) < -self.num_slots or int(s.max()) >= self.num_slots):
+            bad = int(s.min()) if int(s.min()) < -self.num_slots else int(s.max())
+            raise IndexError(f"{field}: slot {bad} out of range for a store of {self.num_slots} slots")
+        return np.where(s < 0, s + self.num_slots, s)
+
+    def _check_writable(self, what: str) -> None:
+        if self.mode == "r":
+            raise ReadOnlyError(f"{self.data_path}: {what} refused, the store was opened with mode='r'; reopen it with mode='r+'")
+        if self._fd < 0:
+            raise RuntimeError(f"{self.data_path}: {what} after close()")
+
+    def put(self, slots: Any, arrays: Any) -> None:
+        """Store `arrays[i]` in slot `slots[i]` (repeated ids: the last one wins), written to the data file at once.
+
+        Args:
+          slots: # shape=(B,), integer slot ids.
+          arrays: # shape=(B, *item_shape), the store's dtype; never cast.
+
+        Raises:
+          ReadOnlyError: the store was opened with `mode="r"` (nothing written).
+          ValueError: a shape or dtype other than the store's. IndexError, TypeError: bad slot ids.
+        """
+        self._check_writable("put")
+        s = self._slots(slots, "slots")
+        a = as_array(arrays, "arrays")
+        if s.ndim != 1 or a.shape != (s.size, *self.item_shape) or a.dtype != self.dtype:
+            raise ValueError(f"arrays: expected shape {(s.size, *self.item_shape)} and dtype {self.dtype} for slots of shape {s.shape}, "
+                             f"got shape {a.shape} and dtype {a.dtype}")
+        if not s.size:
+            return
+        if s.size > 1 and not np.all(np.diff(s) > 0):  # keep the last occurrence of each slot, ordered by slot
+            last = s.size - 1 - np.unique(s[::-1], return_index=True)[1]
+            s, a = s[last], a[last]
+        rows = np.ascontiguousarray(a).reshape(s.size, -1).view(np.uint8)
+        sums = self._sums(rows, s)
+        with self._lock:
+            for a0, b0 in _runs(s):
+                os.pwrite(self._fd, rows[a0:b0], self._offset + int(s[a0]) * self.row_nbytes)
+            self._index[0, s], self._index[1, s] = 1, sums
+
+    def _sums(self, rows: Sequence[np.ndarray], slots: np.ndarray) -> np.ndarray:
+        """# shape=(k,), dtype=uint32: the checks of entries `rows` (uint8 rows) of `slots`, seeded as
+        `host_codecs.store._payload_sums` seeds them (slot id, and the length in the high 32 bits)."""
+        high = self.row_nbytes << 32
+        sums = np.fromiter((_store._HASH(r, s ^ high) for r, s in zip(rows, slots.tolist())), np.uint64, len(slots))
+        return (sums & 0xFFFFFFFF).astype(np.uint32)
+
+    def written(self, slots: Any) -> np.ndarray:
+        """Boolean mask of the shape of `slots`: which slots hold an entry."""
+        return self._index[0, self._slots(slots, "slots")] == 1
+
+    def get(self, slots: Any, *, missing: str = "raise", out: np.ndarray | None = None) -> np.ndarray:
+        """Read a batch of slots: # shape=S + item_shape for slot ids of shape `S` (as `CompressedStore.get`)."""
+        return self.get_many([slots], missing=missing, outs=None if out is None else [out])[0]
+
+    def get_many(self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Read several slot arrays, each into its own output (as `CompressedStore.get_many`): each distinct slot is
+        read once, one system call per run of consecutive slots, and copied to its other rows.
+
+        Args:
+          slot_arrays: `m` integer arrays of slot ids, shapes `S_j`.
+          missing: `"raise"`: an empty slot raises KeyError; `"zeros"`: it reads as zeros.
+          outs: optional `m` writeable C-contiguous arrays of shapes `S_j + item_shape` and the store's dtype.
+
+        Returns:
+          `m` arrays, # shape=S_j + item_shape.
+
+        Raises:
+          CorruptEntryError: entries whose bytes fail their checksum (the message names the file and the slots).
+          KeyError: an empty slot with `missing="raise"`. ValueError: a bad `missing` or `outs`.
+          OSError: the data file ends early.
+        """
+        if missing not in ("raise", "zeros"):
+            raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")
+        if self._fd < 0:
+            raise RuntimeError(f"{self.data_path}: read after close()")
+        ids = [self._slots(x, "slot_arrays") for x in slot_arrays]
+        if outs is not None and len(outs) != len(ids):
+            raise ValueError(f"outs: expected {len(ids)} arrays (one per slot array), got {len(outs)}")
+        results = []
+        for j, x in enumerate(ids):
+            want = x.shape + self.item_shape
+            o = np.empty(want, self.dtype) if outs is None else outs[j]
+            if not (isinstance(o, np.ndarray) and o.shape == want and o.dtype == self.dtype and o.flags.c_contiguous and o.flags.writeable):
+                raise ValueError(f"outs[{j}]: expected a writeable C-contiguous array of shape {want} and dtype {self.dtype}, "
+                                 f"got {getattr(o, 'shape', type(o).__name__)} {getattr(o, 'dtype', '')}")
+            results.append(o)
+        rows = [r.reshape(x.size, -1).view(np.uint8) if self.row_nbytes and x.size else None for r, x in zip(results, ids)]
+        flat = np.concatenate([x.reshape(-1) for x in ids]) if ids else np.zeros(0, np.int64)
+        if not flat.size or not self.row_nbytes:
+            return results
+        bounds = np.cumsum([0] + [x.size for x in ids])
+        with self._lock:
+            written, check = self._index[0, flat], self._index[1, flat]
+        empty = written == 0
+        if empty.any() and missing == "raise":
+            raise KeyError(f"{self.name or self.data_path}: slots never written: {np.unique(flat[empty])[:10].tolist()}")
+        uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+        fj, fr = (v.tolist() for v in _out_of(first, bounds))  # output and row each distinct slot is read into
+        live = np.flatnonzero(~empty[first])
+        for i in np.flatnonzero(empty[first]).tolist():
+            rows[fj[i]][fr[i]] = 0
+        runs = _runs(uniq[live])
+
+        def read(a: int, b: int) -> None:
+            for r0, r1 in runs[a:b]:
+                for c0 in range(r0, r1, _IOV_MAX):
+                    part = live[c0 : min(c0 + _IOV_MAX, r1)].tolist()
+                    views = [rows[fj[i]][fr[i]] for i in part]
+                    start = self._offset + int(uniq[part[0]]) * self.row_nbytes
+                    got = os.preadv(self._fd, views, start)
+                    if got != len(views) * self.row_nbytes:
+                        raise OSError(f"{self.data_path}: read {got} bytes at offset {start}, expected {len(views) * self.row_nbytes} (file truncated)")
+
+        parallel_for(len(runs), read, work_bytes=live.size * self.row_nbytes, min_shard_bytes=_READ_SHARD_BYTES)
+        bad = self._sums([rows[fj[i]][fr[i]] for i in live.tolist()], uniq[live]) != check[first[live]]
+        if bad.any():
+            ids_bad = uniq[live][bad]
+            raise CorruptEntryError(f"{self.data_path}: slots {ids_bad[:10].tolist()}{' and more' if ids_bad.size > 10 else ''} are corrupt "
+                                    f"(checksum mismatch): their bytes differ from the index written by the last flush")
+        dup = np.flatnonzero(np.arange(flat.size) != first[inverse.reshape(-1)])
+        (dj, dr), src = _out_of(dup, bounds), inverse.reshape(-1)[dup]
+        for j, r, i in zip(dj.tolist(), dr.tolist(), src.tolist()):
+            rows[j][r] = rows[fj[i]][fr[i]]
+        return results
+
+    def flush(self) -> None:
+        """Make the data file durable (fsync) and write the index beside it (through a temporary file and a rename)."""
+        if self.mode == "r" or self._fd < 0:
+            return
+        os.fsync(self._fd)
+        tmp = self.index_path.with_name(self.index_path.name + ".tmp")
+        with self._lock:
+            with open(tmp, "wb") as f:
+                np.save(f, self._index, allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.index_path)
+
+    def close(self) -> None:
+        """Close the data file (unflushed index rows are dropped: `flush` first to keep them). Later calls raise."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __repr__(self) -> str:
+        return f"FileStore({str(self.path)!r}, num_slots={self.num_slots}, item_shape={self.item_shape}, dtype={self.dtype}, mode={self.mode!r})"
+
+
+def _runs(sorted_slots: np.ndarray) -> list[tuple[int, int]]:
+    """`[start, stop)` positions of the runs of consecutive ids in a sorted id array."""
+    if not sorted_slots.size:
+        return []
+    breaks = (np.flatnonzero(np.diff(sorted_slots) != 1) + 1).tolist()
+    return list(zip([0, *breaks], [*breaks, sorted_slots.size]))

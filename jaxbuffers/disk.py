@@ -1,0 +1,386 @@
+"""Disk-backed buffers: a compressed buffer whose host stores are files in a folder, and several folders sampled as one.
+
+`open(directory, "w", buffer)` moves the host half of an empty compressed buffer (`CompressedTrajectoryBuffer`,
+`CompressedPrioritisedTrajectoryBuffer`, `CompressedRolloutBuffer`, created with `codec="none"`) into a folder: every
+compressed leaf becomes a `host_codecs.FileStore` (one `.npy` file of `[num_slots, *frame_shape]`, read and written
+with positioned system calls, so data larger than memory stays on disk and reading it does not grow the process's
+resident memory). Everything else is unchanged: `add` writes through the same exactly-once host callback, samplers
+read through the same versioned callback, under `jit` and eagerly, and a sample equals the in-memory buffer's.
+
+Folder layout (format version `FORMAT_VERSION`):
+
+```
+disk.json                 {"format": "jaxbuffers.disk", "version": 1,
+                           "stores": [{"name", "file", "shape", "dtype"}, ...] one per compressed leaf,
+                           "num_slots", "host": {"version", "num_writes", "num_rows"},
+                           "files": {relative path: {"bytes", "xxh3_64"}} of the index files and slot_version.npy}
+store-<i>.npy             the entries of compressed leaf i (`host_codecs.FileStore`; a numpy .npy file)
+store-<i>.index.npy       its index: which slots hold an entry, and each entry's checksum
+slot_version.npy          int32 [num_slots]: the host write that last wrote each slot
+state/                    a `jaxbuffers.checkpoint` of the device state (cursors, ids, small fields), host left out
+```
+
+`flush(buffer)` writes the index files, `slot_version.npy`, `disk.json` and `state/` as of that buffer state; the
+entries themselves are written by every `add`. Reopened with `"r"` or `"r+"`, the folder gives the buffer as of its
+last flush. Entries rewritten by adds after the last flush fail their checksum when read from the reopened folder
+(`host_codecs.CorruptEntryError` naming the file and slots) rather than returning frames the saved state never held.
+
+`Concatenated(buffers)` samples several such buffers (open folders, or in-memory compressed buffers of the same
+configuration) as one: uniformly over the union of their valid windows.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from host_codecs import CorruptEntryError, dtype_from_code
+from host_codecs.file_store import FileStore, ReadOnlyError
+from jaxbuffers import _compiled, _ring, checkpoint
+from jaxbuffers.compressed import _common
+from jaxbuffers.compressed._host import HostStores, StaleBufferError
+from jaxbuffers.compressed.trajectory import CompressedTrajectoryBuffer
+from jaxbuffers.trajectory import SequenceSample, TransitionSample
+
+__all__ = ["FORMAT_VERSION", "ReadOnlyError", "DiskStores", "open", "flush", "Concatenated", "ConcatenatedSample"]
+
+FORMAT = "jaxbuffers.disk"
+FORMAT_VERSION = 1
+_MODES = ("w", "r+", "r")
+
+
+class DiskStores(HostStores):
+    """`jaxbuffers.compressed.HostStores` whose stores are `host_codecs.FileStore`s in `directory`.
+
+    Args:
+      directory: the buffer's folder.
+      like: the in-memory host stores of the same buffer (slots, leaf names, frame shapes and dtypes; kept as the
+        buffer's description for its checkpoint).
+      mode: `"w"`, `"r+"` or `"r"` (module doc).
+
+    Raises:
+      ValueError, FileNotFoundError: as `host_codecs.FileStore` (files of another shape or dtype, missing files).
+    """
+
+    def __init__(self, directory: Path, like: HostStores, mode: str):
+        shapes = [s._declared[1] for s in like.stores]
+        dtypes = [dtype_from_code(s._declared[0]) for s in like.stores]
+        super().__init__(like.num_slots, like.codec, shapes, dtypes, like.names, chunk_bytes=like.stores[0].config()["chunk_bytes"], dictionary_bytes=0)
+        self.directory, self.mode, self.like = directory, mode, like
+        self.stores = [
+            FileStore(directory / f"store-{i}", like.num_slots, shp, dt, mode=mode, name=n)
+            for i, (shp, dt, n) in enumerate(zip(shapes, dtypes, like.names))
+        ]
+
+    def __repr__(self) -> str:
+        return f"DiskStores({str(self.directory)!r}, leaves={list(self.names)}, num_slots={self.num_slots}, mode={self.mode!r}, version={self.version})"
+
+    def check_state(self, what: str, version: int | None = None) -> None:
+        """`HostStores.check_state`, and `ReadOnlyError` for an add to a folder opened with `mode="r"`."""
+        if what == "add" and self.mode == "r":
+            raise ReadOnlyError(f"add: {self.directory} was opened with mode='r' (read only); reopen it with mode='r+' to add")
+        super().check_state(what, version)
+
+    def write(self, version, slots, valid, *datas) -> np.ndarray:
+        """`HostStores.write`; `ReadOnlyError` before anything is written in a folder opened with `mode="r"`."""
+        self.check_state("add")
+        return super().write(version, slots, valid, *datas)
+
+    def read_into(self, version, ids, outs) -> None:
+        """`HostStores.read_into`. An entry rewritten in place while it was read fails its checksum; that is reported
+        as the `StaleBufferError` of the overlapping write when there was one, else as `CorruptEntryError`."""
+        try:
+            super().read_into(version, ids, outs)
+        except CorruptEntryError:
+            self._check_read(version, np.concatenate([np.asarray(x).reshape(-1) for x in ids]), count=False)
+            raise
+
+    def read(self, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
+        """`HostStores.read`, with `read_into`'s report of an entry rewritten while it was read."""
+        try:
+            return super().read(version, *ids, aligned=aligned)
+        except CorruptEntryError:
+            self._check_read(version, np.concatenate([np.asarray(x).reshape(-1) for x in ids]), count=False)
+            raise
+
+    def close(self) -> None:
+        """Close the files (nothing is deleted; adds since the last `flush` are not in the folder's index)."""
+        with self._lock:
+            for s in self.stores:
+                s.close()
+            self.closed = True
+
+
+def _host_meta(host: DiskStores) -> dict:
+    return {"version": host.version, "num_writes": host.num_writes, "num_rows": host.num_rows}
+
+
+def _write_disk_json(host: DiskStores) -> None:
+    d = host.directory
+    sv = d / "slot_version.npy"
+    with builtins.open(sv.with_name("slot_version.npy.tmp"), "wb") as f:
+        np.save(f, host.slot_version, allow_pickle=False)
+    os.replace(sv.with_name("slot_version.npy.tmp"), sv)
+    files = [sv] + [s.index_path for s in host.stores]
+    off = checkpoint._Progress(False, "")
+    meta = {
+        "format": FORMAT, "version": FORMAT_VERSION, "num_slots": host.num_slots, "host": _host_meta(host),
+        "stores": [{"name": n, "file": s.data_path.name, "shape": list(s.item_shape), "dtype": s.dtype.name} for n, s in zip(host.names, host.stores)],
+        "files": {p.name: {"bytes": p.stat().st_size, "xxh3_64": checkpoint._hash_file(p, off)} for p in files},
+    }
+    tmp = d / "disk.json.tmp"
+    tmp.write_text(json.dumps(meta))
+    checkpoint._fsync(tmp)
+    os.replace(tmp, d / "disk.json")
+
+
+def _read_disk_json(d: Path) -> dict:
+    path = d / "disk.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise checkpoint.CheckpointError(f"{path}: missing (not a jaxbuffers disk folder)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise checkpoint.CheckpointError(f"{path}: not JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise checkpoint.CheckpointError(f"{path}: expected format {FORMAT!r}, got {meta.get('format') if isinstance(meta, dict) else meta!r:.60}")
+    if meta.get("version") != FORMAT_VERSION:
+        raise checkpoint.CheckpointError(f"{path}: format version {meta.get('version')!r}, this jaxbuffers reads version {FORMAT_VERSION}")
+    off = checkpoint._Progress(False, "")
+    for name, info in meta["files"].items():
+        p = d / name
+        if not p.is_file() or p.stat().st_size != info["bytes"] or checkpoint._hash_file(p, off) != info["xxh3_64"]:
+            raise checkpoint.CheckpointError(f"{p}: missing, truncated or corrupt (size or xxh3_64 differs from {path.name})")
+    return meta
+
+
+def flush(buffer: Any) -> Path:
+    """Make the folder of a disk-backed buffer describe `buffer`: entries synced to disk, then the index files,
+    `slot_version.npy`, `disk.json` and the device state (`state/`, written atomically).
+
+    Args:
+      buffer: a buffer from `open` (or a later state of it), the state returned by its last `add`.
+
+    Returns:
+      The folder.
+
+    Raises:
+      TypeError: `buffer` is not disk-backed.
+      ReadOnlyError: the folder was opened with `mode="r"`.
+      StaleBufferError: `buffer` is not the newest state (a later add was made).
+    """
+    host = getattr(buffer, "host", None)
+    if not isinstance(host, DiskStores):
+        raise TypeError(f"buffer: expected a disk-backed buffer from jaxbuffers.disk.open, got {type(buffer).__name__} with host {type(host).__name__}")
+    if host.mode == "r":
+        raise ReadOnlyError(f"flush: {host.directory} was opened with mode='r' (read only)")
+    host._check_open("flush")
+    version = int(buffer.version)  # waits for the add that produced it, before taking the lock its write takes
+    with host._lock:
+        if version != host.version:
+            raise StaleBufferError(f"flush: this buffer state has version {version} but its host store is at version {host.version}; flush the state returned by the last add")
+        for s in host.stores:
+            s.flush()
+        _write_disk_json(host)
+    checkpoint._save(host.directory / "state", buffer.replace(host=host.like), False, host=False)
+    return host.directory
+
+
+def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> Any:  # noqa: A001 - the file verb
+    """Open (or, with `mode="w"`, create) the folder of a disk-backed buffer.
+
+    Args:
+      directory: the folder.
+      mode: `"w"`: create it from `buffer` (an existing disk folder there is replaced; any other non-empty folder is
+        refused); `"r+"`: reopen it to sample and add; `"r"`: reopen it to sample only (adds and `flush` raise
+        `ReadOnlyError`, and the files are opened read-only).
+      buffer: with `"w"`, the empty compressed buffer (`codec="none"`, no add yet) whose configuration the folder
+        takes; with `"r"` / `"r+"`, optionally a buffer (concrete or from `jax.eval_shape`) whose class and
+        configuration the folder must have.
+
+    Returns:
+      The disk-backed buffer: with `"w"` the empty buffer, else the state of the folder's last `flush`, its device
+      arrays on the default device and its host stores the folder's files.
+
+    Raises:
+      ValueError: a bad `mode`; with `"w"`, a `buffer` that is not an empty compressed buffer with `codec="none"`.
+      FileExistsError: `"w"` on a non-empty folder that is not a disk folder (nothing is deleted).
+      CheckpointError: `"r"` / `"r+"` on a folder that is missing, corrupt, of another format version, or of another
+        class or configuration than `buffer` (the message names the file or the field).
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode: expected one of {_MODES}, got {mode!r}")
+    d = Path(directory).absolute()
+    if mode == "w":
+        return _create(d, buffer)
+    meta = _read_disk_json(d)
+    restored = checkpoint.restore(d / "state", buffer, progress=False)
+    like = getattr(restored, "host", None)
+    if not isinstance(like, HostStores):
+        raise checkpoint.CheckpointError(f"{d / 'state'}: holds a {type(restored).__name__}, not a compressed buffer")
+    want = [{"name": n, "file": f"store-{i}.npy", "shape": list(s._declared[1]), "dtype": dtype_from_code(s._declared[0]).name}
+            for i, (n, s) in enumerate(zip(like.names, like.stores))]
+    for field, saved, ours in (("num_slots", meta["num_slots"], like.num_slots), ("stores", meta["stores"], want)):
+        if saved != ours:
+            raise checkpoint.CheckpointError(f"{d / 'disk.json'}: {field} is {saved!r:.200}, the buffer in state/ needs {ours!r:.200}")
+    host = DiskStores(d, like, mode)
+    sv = np.load(d / "slot_version.npy", allow_pickle=False)
+    if sv.shape != host.slot_version.shape or sv.dtype != np.int32:
+        raise checkpoint.CheckpointError(f"{d / 'slot_version.npy'}: shape {sv.shape} {sv.dtype}, expected {host.slot_version.shape} int32")
+    host.slot_version[...] = sv
+    host.version, host.num_writes, host.num_rows = (int(meta["host"][k]) for k in ("version", "num_writes", "num_rows"))
+    if int(restored.version) != host.version:
+        raise checkpoint.CheckpointError(
+            f"{d}: state/ holds version {int(restored.version)}, disk.json version {host.version} (a flush was interrupted)")
+    return restored.replace(host=host)
+
+
+def _create(d: Path, buffer: Any) -> Any:
+    like = getattr(buffer, "host", None)
+    if not isinstance(like, HostStores) or isinstance(like, DiskStores):
+        raise ValueError(f"buffer: expected an in-memory compressed buffer for mode='w', got {type(buffer).__name__}")
+    if like.codec != "none":
+        raise ValueError(f"buffer: codec {like.codec!r}; a disk-backed buffer stores raw entries: create it with codec='none'")
+    if like.version or int(buffer.version):
+        raise ValueError(f"buffer: expected an empty buffer (no add yet), got one at version {int(buffer.version)}")
+    if d.exists() and any(d.iterdir()):
+        if not (d / "disk.json").is_file():
+            raise FileExistsError(f"directory: {d} exists, is not empty and is not a jaxbuffers disk folder; refusing to replace it")
+        shutil.rmtree(d)
+    d.mkdir(parents=True, exist_ok=True)
+    out = buffer.replace(host=DiskStores(d, like, "w"))
+    flush(out)
+    return out
+
+
+# --- several buffers sampled as one ---
+
+class ConcatenatedSample(NamedTuple):
+    """A sample of `Concatenated`: `sample` as the buffers' sampler returns it (`indices` local to its buffer), and
+    `source` # shape=[B], dtype=int32: the buffer each row comes from."""
+
+    sample: Any
+    source: jax.Array
+
+
+_FIXED_SIZES = ("num_envs", "length", "final_obs_capacity")
+
+
+class Concatenated(struct.PyTreeNode):
+    """Several `CompressedTrajectoryBuffer`s of one configuration (sizes may differ) sampled as one buffer.
+
+    A draw is uniform over the union of the buffers' valid windows: each row picks buffer `i` with probability
+    `w_i / sum(w)` (`w_i`: its number of valid windows for the sampler asked) and then a window of it uniformly. Use
+    it eagerly or inside `jit`; folders opened with `mode="r"` are the usual inputs. Build it with `create`.
+
+    Attributes:
+      buffers: a tuple of `CompressedTrajectoryBuffer` (the uniform class, not the prioritised one) with the same
+        step spec, compressed leaves, frame stack, padding and keys.
+    """
+
+    buffers: tuple
+
+    @classmethod
+    def create(cls, buffers: Sequence[Any]) -> "Concatenated":
+        """Check `buffers` (class doc) and wrap them.
+
+        Raises:
+          TypeError: no buffer, or a buffer of another class.
+          ValueError: a configuration field that differs from `buffers[0]`'s (the message names it).
+        """
+        buffers = tuple(buffers)
+        if not buffers:
+            raise TypeError("buffers: expected at least one buffer")
+        describe = checkpoint._CLASSES[CompressedTrajectoryBuffer.__name__][1]
+        ref = None
+        for i, b in enumerate(buffers):
+            if type(b) is not CompressedTrajectoryBuffer:
+                raise TypeError(f"buffers[{i}]: expected a CompressedTrajectoryBuffer, got {type(b).__name__}")
+            on_disk = isinstance(b.host, DiskStores)
+            cfg = checkpoint._json_config({k: v for k, v in describe(b.replace(host=b.host.like) if on_disk else b).items() if k not in _FIXED_SIZES})
+            if ref is None:
+                ref = cfg
+            for k in sorted(set(cfg) | set(ref)):
+                if cfg.get(k) != ref.get(k):
+                    raise ValueError(f"buffers[{i}]: config {k!r} is {cfg.get(k)!r:.200}, buffers[0] has {ref.get(k)!r:.200}")
+        return cls(buffers=buffers)
+
+    def size(self) -> jax.Array:
+        """int32 scalar: steps stored in all buffers."""
+        return sum(b.size() for b in self.buffers)
+
+    def _check(self) -> None:
+        for b in self.buffers:
+            _common.check_before_dispatch(b, False)
+
+    def _draw(self, key: jax.Array, windows: list[jax.Array], batch_size: int) -> jax.Array:
+        w = jnp.stack([b.trajectory.num_envs * n for b, n in zip(self.buffers, windows)]).astype(jnp.float32)
+        logits = jnp.where(w.sum() > 0, jnp.log(w), 0.0)  # nothing valid anywhere: any buffer (its zeros)
+        return jax.random.categorical(key, logits, shape=(batch_size,)).astype(jnp.int32)
+
+    def _pick(self, parts: list, source: jax.Array) -> Any:
+        rows = jnp.arange(source.shape[0])
+        return jax.tree.map(lambda *xs: jnp.stack(xs)[source, rows], *parts)
+
+    def _decode(self, source: jax.Array, *obs: Any) -> tuple:
+        """Decode observation pytrees whose rows come from the buffers `source` names: each buffer reads its rows
+        (the other rows' ids set to -1, read as zeros) and the rows are merged."""
+        ref = self.buffers[0]
+        out = None
+        for i, b in enumerate(self.buffers):
+            mine = source == i
+            masked = [
+                _common.replace_leaves(o, ref.leaf_index, [jnp.where(mine.reshape(mine.shape + (1,) * (x.ndim - 1)), x, -1) for x in _common.pick_leaves(o, ref.leaf_index)])
+                for o in obs
+            ]
+            dec = b.decode_obs(*masked)
+            dec = (dec,) if len(obs) == 1 else dec
+            if out is None:
+                out = list(dec)
+                continue
+            for j, d in enumerate(dec):
+                leaves = [jnp.where(mine.reshape(mine.shape + (1,) * (x.ndim - 1)), x, y)
+                          for x, y in zip(_common.pick_leaves(d, ref.leaf_index), _common.pick_leaves(out[j], ref.leaf_index))]
+                out[j] = _common.replace_leaves(out[j], ref.leaf_index, leaves)
+        return tuple(out)
+
+    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> ConcatenatedSample:
+        """`CompressedTrajectoryBuffer.sample_transitions` over the union (class doc): `ConcatenatedSample` of a
+        `jaxbuffers.TransitionSample` and the source buffer of each row."""
+        self._check()
+        return self._transitions(key, batch_size, n_step=n_step, gamma=gamma)
+
+    @_compiled.method("batch_size", "n_step", scalars={"gamma": (0.0, 1.0)})
+    def _transitions(self, key, batch_size: int, *, n_step: int = 1, gamma) -> ConcatenatedSample:
+        keys = jax.random.split(key, len(self.buffers) + 1)
+        source = self._draw(keys[0], [_ring.num_windows(b.trajectory.num_valid, n_step + 1) for b in self.buffers], batch_size)
+        s: TransitionSample = self._pick([b.buffer.sample_transitions(k, batch_size, n_step=n_step, gamma=gamma) for b, k in zip(self.buffers, keys[1:])], source)
+        obs, next_obs = self._decode(source, s.obs, s.next_obs)
+        item = {**s.item, self.buffers[0].trajectory.obs_key: obs}
+        return ConcatenatedSample(s._replace(obs=obs, next_obs=next_obs, item=item), source)
+
+    def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, period: int = 1) -> ConcatenatedSample:
+        """`CompressedTrajectoryBuffer.sample_sequences` (crossing episodes) over the union (class doc):
+        `ConcatenatedSample` of a `jaxbuffers.SequenceSample` and the source buffer of each row."""
+        self._check()
+        return self._sequences(key, batch_size, sequence_length, period=period)
+
+    @_compiled.method("batch_size", "sequence_length", "period")
+    def _sequences(self, key, batch_size: int, sequence_length: int, *, period: int = 1) -> ConcatenatedSample:
+        keys = jax.random.split(key, len(self.buffers) + 1)
+        windows = [_ring.num_windows(b.trajectory.num_valid, sequence_length, period) for b in self.buffers]
+        source = self._draw(keys[0], windows, batch_size)
+        s: SequenceSample = self._pick(
+            [b.buffer.sample_sequences(k, batch_size, sequence_length, period=period) for b, k in zip(self.buffers, keys[1:])], source)
+        obs_key = self.buffers[0].trajectory.obs_key
+        (obs,) = self._decode(source, s.item[obs_key])
+        return ConcatenatedSample(s._replace(item={**s.item, obs_key: obs}), source)

@@ -1,0 +1,161 @@
+"""`DummyVecRolloutBuffer`: one SB3 rollout buffer object over a list of buffers (sb3-extra-buffers' name).
+
+Every method call on the facade is made on each underlying buffer with the same arguments, in list order (or all
+at once in a thread pool with ``use_threads``), and returns the list of their results. The buffers may differ in
+size and type (SB3's, `JaxRolloutBuffer`, `CompressedRolloutBuffer`, ...): the facade holds no storage of its own.
+``full`` is True when every buffer is full. Attributes the facade does not have are read from every buffer (a
+list). This is for several learners or several rollout layouts fed from one loop; a population of identical
+buffers on the device is a `jax.vmap` over `jaxbuffers.RolloutBuffer` instead.
+
+Example:
+    ```python
+    from jaxbuffers.interop.sb3 import CompressedRolloutBuffer, DummyVecRolloutBuffer, JaxRolloutBuffer
+
+    vec = DummyVecRolloutBuffer(128, obs_space, act_space, buffers=[
+        JaxRolloutBuffer(128, obs_space, act_space), CompressedRolloutBuffer(256, obs_space, act_space)])
+    vec.add(obs, action, reward, episode_start, value, log_prob)   # [None, None]
+    vec.full                                                        # both full
+    ```
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, Callable, Iterable
+
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import BaseBuffer, RolloutBuffer
+
+__all__ = ["DummyVecRolloutBuffer"]
+
+_OWN = ("_buffers", "_executor", "use_threads")
+
+
+class DummyVecRolloutBuffer(RolloutBuffer):
+    """A rollout buffer that forwards every call to ``buffers`` and returns one result per buffer (module doc).
+
+    ``buffer_size``, ``observation_space``, ``action_space``, ``device`` and ``n_envs`` are SB3's, kept as attributes
+    (the facade allocates nothing).
+
+    Args:
+      use_threads: run the calls of one delegated method concurrently in a thread pool (one worker per buffer).
+      buffers: the underlying buffers, each with SB3's rollout methods.
+      **kwargs: SB3 ``RolloutBuffer`` options (``gae_lambda``, ``gamma``), kept as attributes.
+
+    Raises:
+      TypeError: ``buffers`` is not an iterable of objects with ``add``, ``reset`` and ``full`` (the message names
+        the index), or ``use_threads`` is not a bool.
+      ValueError: an unknown keyword argument.
+    """
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
+                 n_envs: int = 1, use_threads: bool = False, buffers: Iterable[BaseBuffer] | None = None, **kwargs: Any):
+        if not isinstance(use_threads, bool):
+            raise TypeError(f"use_threads: expected a bool, got {type(use_threads).__name__}")
+        unknown = sorted(set(kwargs) - {"gae_lambda", "gamma"})
+        if unknown:
+            raise ValueError(f"kwargs: unknown options {unknown}; expected some of ['gae_lambda', 'gamma']")
+        bufs = list(buffers or [])
+        for i, b in enumerate(bufs):
+            missing = [m for m in ("add", "reset", "full") if not hasattr(b, m)]
+            if missing:
+                raise TypeError(f"buffers[{i}]: a {type(b).__name__} has no {missing}; expected a rollout buffer")
+        self._buffers, self.use_threads = bufs, use_threads
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(len(bufs), 1)) if use_threads else None
+        BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        self.gae_lambda, self.gamma = kwargs.get("gae_lambda", 1), kwargs.get("gamma", 0.99)
+        self.generator_ready = False
+
+    @property
+    def buffers(self) -> tuple:
+        """The underlying buffers, in call order."""
+        return tuple(self._buffers)
+
+    @property
+    def full(self) -> bool:
+        """True when every underlying buffer is full (True for no buffers)."""
+        return all(bool(b.full) for b in self._buffers)
+
+    @full.setter
+    def full(self, value: bool) -> None:
+        pass  # SB3's reset assigns it; fullness is the buffers'
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> list:
+        """``[getattr(b, name)(*args, **kwargs) for b in buffers]``, concurrently with ``use_threads``.
+
+        A buffer's exception propagates with a note naming the buffer's index.
+
+        Raises:
+          AttributeError: a buffer without ``name`` (named with its index), before any call.
+        """
+        fns = []
+        for i, b in enumerate(self._buffers):
+            fn = getattr(b, name, None)
+            if not callable(fn):
+                raise AttributeError(f"buffers[{i}]: a {type(b).__name__} has no method {name!r}")
+            fns.append(fn)
+        if self._executor is None:
+            return [self._run(i, fn, args, kwargs) for i, fn in enumerate(fns)]
+        tasks = [self._executor.submit(self._run, i, fn, args, kwargs) for i, fn in enumerate(fns)]
+        return [t.result() for t in tasks]
+
+    @staticmethod
+    def _run(i: int, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            e.add_note(f"in buffers[{i}] ({type(fn.__self__).__name__}.{fn.__name__})")
+            raise
+
+    def add(self, *args: Any, **kwargs: Any) -> list:
+        """``add`` on every buffer (SB3's arguments); one result per buffer."""
+        return self.call("add", *args, **kwargs)
+
+    def reset(self) -> list:
+        """``reset`` on every buffer; also resets the facade's ``pos``."""
+        if hasattr(self, "_buffers"):
+            BaseBuffer.reset(self)
+            return self.call("reset")
+        return []
+
+    def compute_returns_and_advantage(self, last_values: th.Tensor, dones: Any) -> list:
+        """``compute_returns_and_advantage`` on every buffer."""
+        return self.call("compute_returns_and_advantage", last_values, dones)
+
+    def get(self, batch_size: int | None = None) -> list:
+        """Each buffer's minibatch generator (SB3's ``get``), one per buffer."""
+        return self.call("get", batch_size)
+
+    def sample(self, batch_size: int, env: Any = None) -> list:
+        """Each buffer's ``sample``."""
+        return self.call("sample", batch_size, env=env)
+
+    def size(self) -> list:
+        """Each buffer's ``size()``."""
+        return self.call("size")
+
+    def _get_samples(self, batch_inds: Any, env: Any = None) -> list:
+        return self.call("_get_samples", batch_inds, env)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the facade lacks: read them from every buffer.
+        if name.startswith("__") or name in _OWN:
+            raise AttributeError(name)
+        bufs = self.__dict__.get("_buffers", [])
+        if bufs and all(callable(getattr(b, name, None)) for b in bufs):
+            return lambda *args, **kwargs: self.call(name, *args, **kwargs)
+        missing = [i for i, b in enumerate(bufs) if not hasattr(b, name)]
+        if not bufs or missing:
+            raise AttributeError(f"{name}: not an attribute of the facade or of buffers {missing}")
+        return [getattr(b, name) for b in bufs]
+
+    def close(self) -> None:
+        """Shut the thread pool down (nothing without ``use_threads``)."""
+        if self._executor is not None:
+            self._executor.shutdown(cancel_futures=True)
+            self._executor = None
+
+    def __del__(self) -> None:
+        if self.__dict__.get("_executor") is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,181 @@
+"""What a rollout holds and where its bytes live: `trainable_diagnostics`, `memory_estimate`, `total_size`,
+`get_minibatches` for `jaxbuffers.RolloutBuffer` and `jaxbuffers.CompressedRolloutBuffer` (OakEmu-RL's
+`RolloutBuffer` names).
+
+Example:
+    ```python
+    import jax, jax.numpy as jnp
+    import jaxbuffers as jb
+
+    buf = jb.RolloutBuffer.create({"obs": jnp.zeros(4)}, num_envs=2, num_steps=8)
+    ...                                                   # add, compute_gae
+    d = jb.trainable_diagnostics(buf)                     # d.trainable_steps, d.frozen_steps, ...
+    m = jb.memory_estimate(buf, minibatch_size=4)         # m.cpu_bytes, m.gpu_bytes, m.memory_gb
+    for mb in jb.get_minibatches(buf, jax.random.key(0), 4, device="cpu"):
+        ...                                               # RolloutMinibatch of 4 steps on that device
+    ```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbuffers import _validate
+from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
+
+__all__ = ["TrainableDiagnostics", "RolloutMemoryEstimate", "trainable_diagnostics", "memory_estimate", "total_size",
+           "get_minibatches"]
+
+
+class TrainableDiagnostics(NamedTuple):
+    """Counts over the filled steps of a rollout (`trainable_diagnostics`); device scalars unless noted.
+
+    A step is *filled* when written since the last reset, *trainable* when filled and marked `trainable` at `add`,
+    *frozen* when filled and not trainable (it takes part in GAE but not in the loss).
+    """
+
+    total_steps: int  # Python int: T * N, the capacity
+    filled_steps: jax.Array  # shape=(), int32
+    trainable_steps: jax.Array  # shape=(), int32
+    frozen_steps: jax.Array  # shape=(), int32: filled_steps - trainable_steps
+    trainable_fraction: jax.Array  # shape=(), float32: trainable / filled (0 when nothing is filled)
+    trainable_per_env: jax.Array  # shape=[N], int32
+    episode_ends: jax.Array  # shape=(), int32: filled steps that are terminated or truncated
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutMemoryEstimate:
+    """Bytes of a rollout by where they live (`memory_estimate`), Python ints.
+
+    `cpu_bytes`: host memory (a compressed rollout's host stores, plus the device arrays when the device is the CPU);
+    `gpu_bytes`: accelerator memory (the device arrays when they live on an accelerator); `minibatch_bytes`: one
+    minibatch as the loss reads it, observations decoded, on the device the arrays live on.
+    """
+
+    cpu_bytes: int
+    gpu_bytes: int
+    minibatch_bytes: int
+    platform: str  # where the device arrays live: "cpu", "gpu", "tpu"
+
+    @property
+    def total_bytes(self) -> int:
+        """``cpu_bytes + gpu_bytes``."""
+        return self.cpu_bytes + self.gpu_bytes
+
+    @property
+    def memory_gb(self) -> float:
+        """``total_bytes`` in GiB (2**30 bytes)."""
+        return self.total_bytes / 2**30
+
+
+def _inner(buf: Any) -> RolloutBuffer:
+    """The `RolloutBuffer` of ``buf`` (itself, or a compressed rollout's device part).
+
+    Raises:
+      TypeError: ``buf`` is neither a `RolloutBuffer` nor a `CompressedRolloutBuffer`.
+    """
+    inner = getattr(buf, "buffer", buf)
+    if not isinstance(inner, RolloutBuffer):
+        raise TypeError(f"buf: expected a RolloutBuffer or a CompressedRolloutBuffer, got {type(buf).__name__}")
+    return inner
+
+
+def total_size(buf: Any) -> int:
+    """Steps the rollout holds when full, ``num_steps * num_envs`` (Python int)."""
+    inner = _inner(buf)
+    return inner.num_steps * inner.num_envs
+
+
+@jax.jit
+def _counts(inner: RolloutBuffer) -> tuple:
+    filled = inner.filled()
+    trainable = inner.learn_mask()
+    n_filled, n_train = jnp.sum(filled, dtype=jnp.int32), jnp.sum(trainable, dtype=jnp.int32)
+    fraction = jnp.where(n_filled > 0, n_train / jnp.maximum(n_filled, 1), 0.0).astype(jnp.float32)
+    ends = jnp.sum(filled & (inner.terminated | inner.truncated), dtype=jnp.int32)
+    return n_filled, n_train, n_filled - n_train, fraction, jnp.sum(trainable, axis=0, dtype=jnp.int32), ends
+
+
+def trainable_diagnostics(buf: Any) -> TrainableDiagnostics:
+    """Counts of filled, trainable and frozen steps and episode ends (`TrainableDiagnostics`).
+
+    ``terminated`` is what `add` was given (the SB3 adapters set it at `compute_returns_and_advantage`).
+
+    Raises:
+      TypeError: ``buf`` is not a (compressed) rollout buffer.
+    """
+    inner = _inner(buf)
+    return TrainableDiagnostics(total_size(buf), *_counts(inner))
+
+
+def _platform(tree: Any) -> str:
+    leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    return next(iter(leaves[0].devices())).platform if leaves else jax.default_backend()
+
+
+def memory_estimate(buf: Any, minibatch_size: int | None = None) -> RolloutMemoryEstimate:
+    """Where the rollout's bytes live, and one decoded minibatch of ``minibatch_size`` steps (all when None).
+
+    Raises:
+      TypeError: ``buf`` is not a (compressed) rollout buffer.
+      ValueError: ``minibatch_size`` not an int in ``[1, total_size]``.
+    """
+    inner = _inner(buf)
+    total = total_size(buf)
+    size = total if minibatch_size is None else _validate.static_int("minibatch_size", minibatch_size)
+    if size > total:
+        raise ValueError(f"minibatch_size: expected at most total_size={total}, got {size}")
+    host = buf.host_nbytes if inner is not buf else 0
+    device = buf.device_nbytes if inner is not buf else inner.memory_bytes
+    spec = buf.step_spec if inner is not buf else inner.step_spec
+    if inner is not buf and buf.normalize_images:  # compressed leaves come back float32
+        spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, np.float32) if s.dtype == np.uint8 else s, spec)
+    per_step = _validate.tree_nbytes(spec) + 6 * inner.float_dtype.itemsize + 3 + 4  # floats, flags, int32 index
+    platform = _platform(inner)
+    on_cpu = platform == "cpu"
+    return RolloutMemoryEstimate(cpu_bytes=host + (device if on_cpu else 0), gpu_bytes=0 if on_cpu else device,
+                                 minibatch_bytes=size * per_step, platform=platform)
+
+
+def _device(device: Any) -> jax.Device | None:
+    if device is None or isinstance(device, jax.Device):
+        return device
+    name = str(getattr(device, "type", device)).split(":")[0]  # a torch device or "cuda:0" names its platform
+    platform = {"cuda": "gpu", "rocm": "gpu"}.get(name, name)
+    try:
+        return jax.devices(platform)[0]
+    except RuntimeError:
+        raise ValueError(f"device: no JAX device of platform {platform!r} (from {device!r}); have {jax.devices()}") from None
+
+
+def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = None) -> Iterator[RolloutMinibatch]:
+    """Every step once, shuffled by ``key``, in minibatches of ``batch_size`` steps placed on ``device``.
+
+    Each minibatch is gathered (and, for a compressed rollout, decoded) when the iterator reaches it.
+
+    Args:
+      buf: a `RolloutBuffer` or `CompressedRolloutBuffer` (after `compute_gae`).
+      key: a JAX PRNG key.
+      batch_size: steps per minibatch, dividing ``total_size(buf)``.
+      device: a `jax.Device`, a platform name (``"cpu"``, ``"gpu"``, ``"cuda"``), a torch device, or None (stay).
+
+    Yields:
+      `RolloutMinibatch` with leaves ``[batch_size, ...]``.
+
+    Raises:
+      ValueError: ``batch_size`` does not divide the rollout; no device of the platform asked for.
+    """
+    total, dev = total_size(buf), _device(device)
+    batch_size = _validate.static_int("batch_size", batch_size)
+    if total % batch_size:
+        raise ValueError(f"batch_size: {batch_size} does not divide total_size={total}")
+    indices = buf.minibatch_indices(key, total // batch_size)
+    for idx in indices:
+        mb = buf.gather(idx)
+        yield mb if dev is None else jax.device_put(mb, dev)

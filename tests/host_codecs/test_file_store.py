@@ -1,0 +1,78 @@
+"""host_codecs.FileStore: modes, reopen checks, exact reads, checksums."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from host_codecs import CorruptEntryError
+from host_codecs.file_store import FileStore, ReadOnlyError
+
+
+def _filled(tmp_path, n=16):
+    st = FileStore(tmp_path / "x", n, (3, 5), np.float32, mode="w", name="x")
+    data = np.random.default_rng(0).standard_normal((n, 3, 5)).astype(np.float32)
+    st.put(np.arange(n - 1), data[: n - 1])  # slot n - 1 stays empty
+    return st, data
+
+
+def test_reads_are_exact_with_repeats_zeros_and_several_outputs(tmp_path):
+    st, data = _filled(tmp_path)
+    ids = np.array([[3, 3], [14, 0]])
+    np.testing.assert_array_equal(st.get(ids), data[ids])
+    a, b = st.get_many([np.array([5, 15, 6]), np.array([6, 5])], missing="zeros")
+    np.testing.assert_array_equal(a, np.stack([data[5], np.zeros((3, 5), np.float32), data[6]]))
+    np.testing.assert_array_equal(b, data[[6, 5]])
+    with pytest.raises(KeyError, match="never written"):
+        st.get([15])
+    st.put([2, 2], data[[7, 8]])  # the last one wins
+    np.testing.assert_array_equal(st.get([2])[0], data[8])
+
+
+def test_modes_and_reopen(tmp_path):
+    st, data = _filled(tmp_path)
+    st.flush()
+    st.close()
+    rw = FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="r+")
+    np.testing.assert_array_equal(rw.get(np.arange(15)), data[:15])
+    rw.put([15], data[15:])
+    rw.flush()
+    rw.close()
+    ro = FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="r")
+    np.testing.assert_array_equal(ro.get(np.arange(16)), data)
+    with pytest.raises(ReadOnlyError, match="mode='r'"):
+        ro.put([0], data[:1])
+    np.testing.assert_array_equal(ro.get([0]), data[:1])
+    with pytest.raises(ValueError, match=r"x\.npy: shape .* on disk, expected \(16, 3, 6\)"):
+        FileStore(tmp_path / "x", 16, (3, 6), np.float32, mode="r")
+    with pytest.raises(ValueError, match=r"x\.npy: dtype float32 on disk, expected float64"):
+        FileStore(tmp_path / "x", 16, (3, 5), np.float64, mode="r")
+    with pytest.raises(ValueError, match="mode"):
+        FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="a")
+
+
+def test_changed_bytes_and_truncation_are_detected(tmp_path):
+    st, data = _filled(tmp_path)
+    st.flush()
+    with open(st.data_path, "r+b") as f:  # one byte of slot 4
+        f.seek(st._offset + 4 * st.row_nbytes + 7)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(CorruptEntryError, match=r"x\.npy: slots \[4\]"):
+        st.get([1, 4])
+    np.testing.assert_array_equal(st.get([1]), data[[1]])
+    st.close()
+    with open(st.data_path, "r+b") as f:
+        f.truncate(st._offset + 3 * st.row_nbytes)
+    with pytest.raises(ValueError, match="truncated"):
+        FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="r")
+
+
+def test_put_refuses_other_shapes_and_dtypes(tmp_path):
+    st, data = _filled(tmp_path)
+    with pytest.raises(ValueError, match="arrays: expected shape"):
+        st.put([0], data[:1].astype(np.float64))
+    with pytest.raises(IndexError, match="slot 16 out of range"):
+        st.put([16], data[:1])
+    np.testing.assert_array_equal(st.get([0]), data[:1])

@@ -1,0 +1,234 @@
+"""The sb3-extra-buffers-named SB3 classes: every constructor option, samples against SB3's own buffers."""
+
+from __future__ import annotations
+
+import pickle
+
+import jax
+import numpy as np
+import pytest
+
+th = pytest.importorskip("torch")
+pytest.importorskip("stable_baselines3")
+
+from gymnasium import spaces  # noqa: E402
+from stable_baselines3.common.buffers import DictReplayBuffer, DictRolloutBuffer, ReplayBuffer, RolloutBuffer  # noqa: E402
+
+from jaxbuffers.interop.sb3 import (  # noqa: E402
+    CompressedDictReplayBuffer, CompressedDictRolloutBuffer, CompressedReplayBuffer, CompressedRolloutBuffer, codec_for,
+)
+
+PIX = spaces.Box(0, 255, (3, 6, 6), np.uint8)
+FPIX = spaces.Box(0, 255, (3, 6, 6), np.float32)  # pixels in a float space
+DICT = spaces.Dict({"img": spaces.Box(0, 255, (2, 5, 5), np.uint8), "vec": spaces.Box(-1, 1, (3,), np.float32)})
+ACT = spaces.Discrete(3)
+
+
+@pytest.mark.parametrize("method, kwargs, dtypes, codec", [
+    ("rle", None, None, "rle:8"), ("rle-jit", None, dict(elem_type=np.uint8, runs_type=np.uint16), "rle:16"),
+    ("rle-old", None, dict(elem_type=np.uint8, runs_type=np.uint32), "rle:32"), ("rle", None, np.uint8, "rle:8"),
+    ("gzip", None, None, "igzip:3"), ("gzip1", None, None, "igzip:1"), ("gzip9", None, None, "igzip:3"),
+    ("igzip0", None, None, "igzip:0"), ("igzip", dict(compresslevel=2), None, "igzip:2"),
+    ("zstd", None, None, "zstd:3"), ("zstd5", None, None, "zstd:5"), ("zstd-3", None, None, "zstd:-3"),
+    ("zstd", dict(compresslevel=7), None, "zstd:7"), ("none", None, None, "none"), ("ZSTD/4", None, None, "zstd:4"),
+])
+def test_codec_for_maps_every_method_name(method, kwargs, dtypes, codec):
+    assert codec_for(method, kwargs, dtypes)[0] == codec
+
+
+@pytest.mark.parametrize("method, kwargs, dtypes, decomp, error, match", [
+    ("lz4-frame", None, None, None, ValueError, "lz4"), ("lz4-block/9", None, None, None, ValueError, "igzip0"),
+    ("brotli", None, None, None, ValueError, "unknown method 'brotli'"), ("gzip12", None, None, None, ValueError, "0..9"),
+    ("zstd99", None, None, None, ValueError, "level"), ("rle", dict(threads=2), None, None, ValueError, "threads"),
+    ("rle", None, dict(elem_type=np.uint8, runs_type=np.uint64), None, ValueError, "runs_type"),
+    ("rle", None, dict(elem=np.uint8), None, ValueError, "dtypes: unknown keys"),
+    ("rle", None, dict(runs_type=np.uint16), dict(runs_type=np.uint8), ValueError, "decompression_kwargs"),
+    ("zstd", dict(compresslevel="3"), None, None, TypeError, "compresslevel"), (3, None, None, None, TypeError, "compression_method"),
+])
+def test_codec_for_refuses_with_the_option_named(method, kwargs, dtypes, decomp, error, match):
+    with pytest.raises(error, match=match):
+        codec_for(method, kwargs, dtypes, decomp)
+
+
+def _obs(space, n, rng):
+    if isinstance(space, spaces.Dict):
+        return {k: _obs(s, n, rng) for k, s in space.spaces.items()}
+    if space.shape == (3,):
+        return rng.uniform(-1, 1, (n, 3)).astype(space.dtype)
+    return rng.integers(0, 4, (n, *space.shape)).astype(space.dtype)  # few values: runs to encode
+
+
+def _fill_rollout(bufs, space, n, steps, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        args = (_obs(space, n, rng), rng.integers(0, 3, (n, 1)), rng.normal(size=n).astype(np.float32),
+                (rng.random(n) < 0.3).astype(np.float32), th.from_numpy(rng.normal(size=(n, 1)).astype(np.float32)),
+                th.from_numpy(rng.normal(size=n).astype(np.float32)))
+        for b in bufs:
+            b.add(*args)
+    last = th.from_numpy(rng.normal(size=(n, 1)).astype(np.float32))
+    for b in bufs:
+        b.compute_returns_and_advantage(last, np.array([1] + [0] * (n - 1)))
+
+
+def _assert_same(a, b, normalized=()):
+    for f in a._fields:
+        x, y = getattr(a, f), getattr(b, f)
+        if isinstance(x, dict):
+            for k in x:
+                want = x[k].float() / 255 if k in normalized else x[k]
+                assert y[k].dtype == want.dtype, (f, k)
+                th.testing.assert_close(y[k], want, rtol=1e-6, atol=1e-6, msg=f"{f}[{k}]")
+        elif x is not None:
+            want = x.float() / 255 if f in ("observations", "next_observations") and normalized else x
+            assert y.dtype == want.dtype, (f, y.dtype, want.dtype)
+            th.testing.assert_close(y, want, rtol=1e-6, atol=1e-6, msg=f)
+
+
+def _rollout_batches(buf, seed=5):
+    np.random.seed(seed)
+    return list(buf.get(6))
+
+
+@pytest.mark.parametrize("method, normalize", [
+    ("rle", False), ("gzip1", True), ("zstd-1", False), ("none", True),
+])
+def test_rollout_equals_sb3_every_method(method, normalize):
+    n, steps = 2, 9
+    ref = RolloutBuffer(steps, PIX, ACT, "cpu", n_envs=n)
+    ours = CompressedRolloutBuffer(steps, PIX, ACT, "cpu", n_envs=n, compression_method=method, normalize_images=normalize)
+    assert isinstance(ours, RolloutBuffer)
+    _fill_rollout([ref, ours], PIX, n, steps)
+    want = ref.observations / np.float32(255) if normalize else ref.observations  # before get() reorders SB3's
+    np.testing.assert_allclose(ours.observations, want, rtol=1e-6)
+    for a, b in zip(_rollout_batches(ref), _rollout_batches(ours)):
+        _assert_same(a, b, normalized=("observations",) if normalize else ())
+
+
+def test_rollout_elem_type_narrower_than_the_space_is_exact_or_refused():
+    n, steps = 2, 5
+    ref = RolloutBuffer(steps, FPIX, ACT, "cpu", n_envs=n)
+    ours = CompressedRolloutBuffer(steps, FPIX, ACT, "cpu", n_envs=n, dtypes=dict(elem_type=np.uint8, runs_type=np.uint8))
+    assert ours.jax_buffer.step_spec["obs"].dtype == np.uint8
+    _fill_rollout([ref, ours], FPIX, n, steps)
+    for a, b in zip(_rollout_batches(ref), _rollout_batches(ours)):
+        _assert_same(a, b)  # float32 back, as SB3
+    bad = CompressedRolloutBuffer(steps, FPIX, ACT, "cpu", n_envs=n, dtypes=np.uint8)
+    obs = np.full((n, *FPIX.shape), 0.5, np.float32)
+    with pytest.raises(TypeError, match="obs"):
+        bad.add(obs, np.zeros((n, 1)), np.zeros(n), np.zeros(n), th.zeros(n, 1), th.zeros(n))
+    with pytest.raises(TypeError, match="elem_type"):
+        CompressedRolloutBuffer(steps, spaces.Box(0, 1000, (4,), np.int32), ACT, "cpu", dtypes=np.uint8)
+    with pytest.raises(ValueError, match="normalize_images"):
+        CompressedRolloutBuffer(steps, FPIX, ACT, "cpu", normalize_images=True)
+
+
+@pytest.mark.parametrize("keys", [None, ("img",)], ids=["all-keys", "img-only"])
+def test_dict_rollout_equals_sb3(keys):
+    n, steps = 3, 6
+    ref = DictRolloutBuffer(steps, DICT, ACT, "cpu", n_envs=n)
+    ours = CompressedDictRolloutBuffer(steps, DICT, ACT, "cpu", n_envs=n, compression_method="zstd1", compress_keys=keys,
+                                       normalize_images=keys is not None)
+    assert isinstance(ours, DictRolloutBuffer)
+    _fill_rollout([ref, ours], DICT, n, steps)
+    for a, b in zip(_rollout_batches(ref), _rollout_batches(ours)):
+        _assert_same(a, b, normalized=("img",) if keys else ())
+    with pytest.raises(ValueError, match="compress_keys"):
+        CompressedDictRolloutBuffer(steps, DICT, ACT, "cpu", compress_keys=("nope",))
+
+
+def test_rollout_pickles_through_checkpoint_bytes():
+    n, steps = 2, 4
+    ours = CompressedRolloutBuffer(steps, PIX, ACT, "cpu", n_envs=n, compression_method="gzip3", normalize_images=True)
+    _fill_rollout([ours], PIX, n, steps)
+    back = pickle.loads(pickle.dumps(ours))
+    assert back.compression_method == "gzip3" and back._codec == "igzip:3"
+    for a, b in zip(_rollout_batches(ours), _rollout_batches(back)):
+        _assert_same(a, b)
+
+
+def _fill_replay(bufs, space, n, steps, seed=0):
+    """SB3's off-policy loop: the next row's obs is this row's next_obs unless the env ended (then a reset obs)."""
+    rng = np.random.default_rng(seed)
+    obs = _obs(space, n, rng)
+    for _ in range(steps):
+        nxt = _obs(space, n, rng)
+        done = rng.random(n) < 0.25
+        infos = [{"TimeLimit.truncated": bool(d and rng.random() < 0.5)} for d in done]
+        act, rew = rng.integers(0, 3, n), rng.normal(size=n)
+        for b in bufs:
+            b.add(obs, nxt, act, rew, done, infos)
+        reset = _obs(space, n, rng)
+        pick = lambda a, r: np.where(done.reshape((n,) + (1,) * (a.ndim - 1)), r, a)  # noqa: E731
+        obs = {k: pick(nxt[k], reset[k]) for k in nxt} if isinstance(nxt, dict) else pick(nxt, reset)
+
+
+def _replay_samples(buf, seed=11):
+    np.random.seed(seed)
+    return buf.sample(16)
+
+
+@pytest.mark.parametrize("method, output_dtype, normalize", [
+    ("rle", "raw", False), ("igzip1", "float", False), ("zstd-2", "raw", True), ("gzip", "float", True),
+])
+def test_replay_equals_sb3_with_options(method, output_dtype, normalize):
+    n, size, steps = 2, 20, 17  # 10 rows per env: the ring wraps
+    ref = ReplayBuffer(size, PIX, ACT, "cpu", n_envs=n)
+    ours = CompressedReplayBuffer(size, PIX, ACT, "cpu", n_envs=n, compression_method=method, output_dtype=output_dtype,
+                                  normalize_images=normalize)
+    _fill_replay([ref, ours], PIX, n, steps)
+    a, b = _replay_samples(ref), _replay_samples(ours)
+    if output_dtype == "float" and not normalize:
+        a = a._replace(observations=a.observations.float(), next_observations=a.next_observations.float())
+    _assert_same(a, b, normalized=normalize)
+
+
+@pytest.mark.parametrize("keys", [pytest.param(None, marks=pytest.mark.slow), ("img",)], ids=["all-keys", "img-only"])
+def test_dict_replay_equals_sb3_and_pickles(keys):
+    n, size, steps = 2, 16, 13
+    ref = DictReplayBuffer(size, DICT, ACT, "cpu", n_envs=n)
+    ours = CompressedDictReplayBuffer(size, DICT, ACT, "cpu", n_envs=n, compression_method="zstd1", compress_keys=keys)
+    assert isinstance(ours, DictReplayBuffer)
+    _fill_replay([ref, ours], DICT, n, steps)
+    _assert_same(_replay_samples(ref), _replay_samples(ours))
+    back = pickle.loads(pickle.dumps(ours))
+    _assert_same(_replay_samples(ref), _replay_samples(back))
+
+
+def test_replay_refuses_options_it_cannot_honour():
+    with pytest.raises(ValueError, match="output_dtype"):
+        CompressedReplayBuffer(8, PIX, ACT, "cpu", output_dtype="half")
+    with pytest.raises(ValueError, match="optimize_memory_usage"):
+        CompressedReplayBuffer(8, PIX, ACT, "cpu", optimize_memory_usage=True, handle_timeout_termination=False)
+    with pytest.raises(ValueError, match="lz4"):
+        CompressedReplayBuffer(8, PIX, ACT, "cpu", compression_method="lz4-frame")
+    with pytest.raises(TypeError, match="CompressedDictReplayBuffer|JaxDictReplayBuffer"):
+        CompressedReplayBuffer(8, DICT, ACT, "cpu")
+
+
+def test_contents_of_sb3_extra_buffers_buffers_convert():
+    """replay_to_jax / rollout_to_jax read sb3-extra-buffers' compressed buffers (one bytes object per observation)."""
+    xb = pytest.importorskip("sb3_extra_buffers.compressed")
+    from jaxbuffers.interop.sb3 import replay_to_jax, rollout_to_jax
+
+    n = 2
+    for cls, space, method in ((xb.CompressedReplayBuffer, PIX, "rle"), (xb.CompressedDictReplayBuffer, DICT, "igzip1")):
+        ref = (DictReplayBuffer if space is DICT else ReplayBuffer)(12, space, ACT, "cpu", n_envs=n)
+        theirs = cls(12, space, ACT, "cpu", n_envs=n, compression_method=method,
+                     dtypes=dict(elem_type=np.float32 if space is DICT else np.uint8, runs_type=np.uint16))
+        _fill_replay([ref, theirs], space, n, 4)
+        got, want = replay_to_jax(theirs), replay_to_jax(ref)
+        for x, y in zip(jax_leaves(got.storage), jax_leaves(want.storage)):
+            np.testing.assert_array_equal(x, y)
+        assert got.size() == want.size() == 8
+    ref = RolloutBuffer(5, PIX, ACT, "cpu", n_envs=n)
+    theirs = xb.CompressedRolloutBuffer(5, PIX, ACT, "cpu", n_envs=n, compression_method="gzip1")
+    _fill_rollout([ref, theirs], PIX, n, 5)
+    want = np.asarray(rollout_to_jax(ref).step["obs"])
+    np.testing.assert_array_equal(np.asarray(rollout_to_jax(theirs).step["obs"]), want)
+    list(theirs.get(5))  # reorders its arrays in place
+    np.testing.assert_array_equal(np.asarray(rollout_to_jax(theirs).step["obs"]), want)
+
+
+def jax_leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]

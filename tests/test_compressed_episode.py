@@ -1,0 +1,217 @@
+"""Tests of jaxbuffers.compressed.episode: CompressedEpisodeBuffer.
+
+Model-based: a seeded random sequence of adds (single and batched, random lengths, flags, meta values), reward
+relabelling and every sampler (with and without a meta filter) runs on a `CompressedEpisodeBuffer` and on an
+`EpisodeBuffer` holding the same (uncompressed) episodes; every output must be identical. The episodes' stacked
+observations are what a frame stacker makes from each episode's frames, so frame dedup must rebuild them exactly.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbuffers as jb
+from jaxbuffers.compressed import CompressedEpisodeBuffer
+
+K, HW, E, M = 3, 5, 3, 5
+
+
+def stacks(frames: np.ndarray, axis: int, padding: str) -> np.ndarray:
+    """Frame stacks `[n, ...]` of frames `[n, HW, HW]` of one episode: stack `t` holds frames `t-K+1 .. t`, those
+    before the episode's start repeating frame 0 (`"reset"`) or zeros."""
+    n = len(frames)
+    idx = np.arange(n)[:, None] + np.arange(-K + 1, 1)[None, :]
+    out = frames[np.maximum(idx, 0)]
+    if padding == "zero":
+        out = np.where((idx < 0)[..., None, None], 0, out)
+    return np.moveaxis(out, 1, axis % 4 if axis < 0 else axis + 1) if axis else out
+
+
+CONFIGS = {
+    "stack0-reset-circular": dict(kind="stack", axis=0, padding="reset", circular=True),
+    "stack-last-zero-fixed": dict(kind="stack", axis=-1, padding="zero", circular=False),
+    "dict-whole-circular": dict(kind="dict", circular=True),
+}
+
+
+def _setup(cfg):
+    if cfg["kind"] == "stack":
+        shape = (K, HW, HW) if cfg["axis"] == 0 else (HW, HW, K)
+        obs = jnp.zeros(shape, jnp.uint8)
+        kw = dict(frame_stack=K, stack_axis=cfg["axis"], padding=cfg["padding"], codec="rle")
+    else:
+        obs = {"pixels": jnp.zeros((HW, HW), jnp.uint8), "vec": jnp.zeros((2,), jnp.float32)}
+        kw = dict(compress=("pixels",), codec="zstd:1", dictionary_bytes=0)
+    step = {"obs": obs, "action": jnp.int32(0), "reward": jnp.float32(0)}
+    common = dict(max_episodes=E, max_timesteps=M, meta={"task_id": jnp.int32(-1)}, circular=cfg["circular"])
+    return step, CompressedEpisodeBuffer.create(step, **common, **kw), jb.EpisodeBuffer.create(step, **common)
+
+
+def _episode(rng, cfg, n: int, t: int):
+    """One episode of `n` steps padded to `t`, and its final observation."""
+    frames = rng.integers(0, 256, (n + 1, HW, HW), dtype=np.uint8)
+    if cfg["kind"] == "stack":
+        obs = stacks(frames, cfg["axis"], cfg["padding"])
+    else:
+        obs = {"pixels": frames, "vec": rng.standard_normal((n + 1, 2)).astype(np.float32)}
+    pad = lambda x: np.concatenate([x[:n], np.zeros((t - n, *x.shape[1:]), x.dtype)])  # noqa: E731
+    ep = {"obs": jax.tree.map(pad, obs), "action": rng.integers(0, 9, t).astype(np.int32),
+          "reward": rng.standard_normal(t).astype(np.float32)}
+    return ep, jax.tree.map(lambda x: x[n], obs)
+
+
+def _samples(b, key):
+    where = lambda m: m["task_id"] == 1  # noqa: E731
+    return (b.sample_episodes(key, 3), b.sample_episodes(key, 2, where=where), b.sample_sequences(key, 4, 2),
+            b.sample_timesteps(key, 5, where=where), b.sample_transitions(key, 6, n_step=3, gamma=0.9),
+            b.get_all(), b.can_sample(2, where=where))
+
+
+def _same(a, b, what):
+    assert jax.tree.structure(a) == jax.tree.structure(b), what
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=what)
+
+
+def run(cfg, seed: int, use_jit: bool, num_ops: int = 10):
+    _, cbuf, ubuf = _setup(cfg)
+    rng = np.random.default_rng(seed)
+
+    def add_one(b, ep, n, te, tr, fo, task):
+        return b.add_episode(ep, n, terminated=te, truncated=tr, final_obs=fo, meta={"task_id": task})
+
+    def add_two(b, eps, n, te, tr, fo, task):
+        return b.add_episodes(eps, n, terminated=te, truncated=tr, final_obs=fo, meta={"task_id": task})
+
+    def relabel(b, s, r):
+        return b.update(s.indices, {"reward": r}, steps=s.steps)
+
+    samples = _samples
+    if use_jit:
+        add_one, add_two, relabel = (jax.jit(f, donate_argnums=0) for f in (add_one, add_two, relabel))
+        samples = jax.jit(_samples)
+    last = None
+    for i in range(num_ops):
+        op = int(rng.integers(0, 4)) if i else 0
+        key = jax.random.key(int(rng.integers(1 << 30)))
+        if op in (0, 1):
+            nb = 1 if op == 0 else 2
+            lens = rng.integers(1, M + 1, nb)
+            t = M  # one shape: each program compiles once
+            eps = [_episode(rng, cfg, int(n), t) for n in lens]
+            args = [jax.tree.map(lambda *x: np.stack(x), *[e for e, _ in eps]), lens.astype(np.int32),
+                    rng.random(nb) < 0.5, rng.random(nb) < 0.5, jax.tree.map(lambda *x: np.stack(x), *[f for _, f in eps]),
+                    rng.integers(0, 2, nb).astype(np.int32)]
+            if nb == 1:
+                args = [jax.tree.map(lambda x: x[0], a) for a in args]
+                args[2], args[3] = bool(args[2]), bool(args[3])
+            add = add_one if nb == 1 else add_two
+            full = not cfg["circular"] and int(ubuf.num_episodes()) + nb > E
+            if full and not use_jit:
+                for b in (cbuf, ubuf):
+                    with pytest.raises(jb.BufferFullError, match="no room"):
+                        add(b, *args)
+                continue
+            cbuf, ubuf = add(cbuf, *args), add(ubuf, *args)
+            assert bool(cbuf.overflowed) == bool(ubuf.overflowed)
+        elif op == 2 and last is not None:
+            r = jnp.asarray(rng.standard_normal(6).astype(np.float32))
+            cbuf, ubuf = relabel(cbuf, last, r), relabel(ubuf, last, r)
+        else:
+            got, want = samples(cbuf, key), samples(ubuf, key)
+            _same(got, want, f"op {i}")
+            last = want[4]
+    _same(samples(cbuf, jax.random.key(3)), samples(ubuf, jax.random.key(3)), "end")
+    _same(cbuf.buffer.lengths, ubuf.lengths, "lengths")
+    return cbuf, ubuf
+
+
+def test_exact_against_the_uncompressed_buffer():
+    cbuf, ubuf = run(CONFIGS["stack-last-zero-fixed"], seed=8, use_jit=True)
+    assert cbuf.step_spec == ubuf.step_spec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_jit, config", [(True, "stack0-reset-circular"), (True, "dict-whole-circular"), (False, "stack-last-zero-fixed")])
+def test_exact_against_the_uncompressed_buffer_each_layout(config, use_jit):
+    run(CONFIGS[config], seed=7 + use_jit, use_jit=use_jit)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_exact_against_the_uncompressed_buffer_more_seeds(config, seed):
+    run(CONFIGS[config], seed=100 + seed, use_jit=bool(seed % 2), num_ops=16)
+
+
+def _filled(cfg_name="stack0-reset-circular", n_eps=2):
+    cfg = CONFIGS[cfg_name]
+    _, cbuf, _ = _setup(cfg)
+    rng = np.random.default_rng(0)
+    for _ in range(n_eps):
+        ep, fin = _episode(rng, cfg, 4, M)
+        cbuf = cbuf.add_episode(ep, 4, terminated=True, final_obs=fin)
+    return cbuf, cfg, rng
+
+
+def test_one_frame_per_step_is_stored():
+    cbuf, _, _ = _filled(n_eps=2)
+    assert cbuf.host.num_rows == 2 * (4 + 1)  # 4 steps and the final observation, one frame each
+    assert cbuf.host.stores[0]._declared[1] == (HW, HW)
+    assert cbuf.device_nbytes < cbuf.uncompressed_nbytes() // 4
+
+
+def test_stale_states_are_refused():
+    cbuf, cfg, rng = _filled()
+    ep, fin = _episode(rng, cfg, 3, M)
+    newer = cbuf.add_episode(ep, 3, terminated=False, final_obs=fin)
+    with pytest.raises(jb.StaleBufferError, match="last add"):
+        cbuf.add_episode(ep, 3, terminated=False, final_obs=fin)
+    newer = newer.add_episode(ep, 3, terminated=False, final_obs=fin)  # the newest state carries on
+    newer = newer.add_episode(ep, 3, terminated=False, final_obs=fin)  # slots of cbuf's episodes rewritten
+    with pytest.raises(Exception, match="StaleBufferError|rewritten"):
+        jax.block_until_ready(cbuf.get_all())
+    assert int(newer.num_episodes()) == E
+
+
+def test_a_refused_add_leaves_the_buffer_as_it_was():
+    cbuf, cfg, rng = _filled("stack-last-zero-fixed", n_eps=3)
+    before, version, writes = jax.tree.map(np.asarray, cbuf.get_all()), int(cbuf.version), cbuf.host.num_writes
+    ep, fin = _episode(rng, cfg, 3, M)
+    with pytest.raises(jb.BufferFullError):
+        cbuf.add_episode(ep, 3, terminated=False, final_obs=fin)
+    with pytest.raises(ValueError, match="split_long: not with frame_stack=3"):
+        cbuf.add_episode(jax.tree.map(lambda x: np.concatenate([x, x]), ep), 7, terminated=False, final_obs=fin, split_long=True)
+    with pytest.raises(TypeError, match="episode\\['obs'\\]: expected dtype uint8"):
+        cbuf.add_episode({**ep, "obs": ep["obs"].astype(np.int16)}, 3, terminated=False, final_obs=fin)
+    with pytest.raises(ValueError, match="episode\\['obs'\\]: expected shape"):
+        cbuf.add_episode({**ep, "obs": ep["obs"][..., :2]}, 3, terminated=False, final_obs=fin)
+    with pytest.raises(TypeError, match="fields: 'obs' holds host-compressed leaves"):
+        cbuf.update(jnp.zeros(1, jnp.int32), {"obs": jnp.zeros((1, M, HW, HW, K), jnp.uint8)})
+    assert int(cbuf.version) == version and cbuf.host.num_writes == writes
+    _same(cbuf.get_all(), before, "after refusals")
+    # inside jit the full fixed buffer writes nothing and sets the sticky flag
+    add = jax.jit(lambda b: b.add_episode(ep, 3, terminated=False, final_obs=fin))
+    new = add(cbuf)
+    assert bool(new.overflowed) and not bool(cbuf.overflowed)
+    _same(new.get_all(), before, "after an overflowing jitted add")
+
+
+def test_corrupt_host_bytes_are_detected():
+    cbuf, _, _ = _filled()
+    store = cbuf.host.stores[0]
+    store._check[0] ^= 1  # the checksum of step 0 of the first episode
+    with pytest.raises(Exception, match="corrupt"):
+        jax.block_until_ready(cbuf.get_all())
+
+
+def test_vmap_of_an_add_is_refused():
+    cbuf, cfg, rng = _filled()
+    ep, fin = _episode(rng, cfg, 3, M)
+    eps = jax.tree.map(lambda x: np.stack([x, x]), ep)
+    fins = np.stack([fin, fin])
+    with pytest.raises(ValueError, match="cannot be vmapped"):
+        jax.vmap(lambda e, f: cbuf.add_episode(e, 3, terminated=False, final_obs=f))(eps, fins)

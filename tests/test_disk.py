@@ -1,0 +1,275 @@
+"""jaxbuffers.disk: disk-backed compressed buffers (modes, flush and reopen, config checks) and Concatenated."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbuffers as jb
+from jaxbuffers import disk
+
+STEP = {"obs": jnp.zeros((4, 6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+ADD = jax.jit(jb.CompressedTrajectoryBuffer.add)
+
+
+def _make(num_envs=2, length=12, **kw):
+    return jb.CompressedTrajectoryBuffer.create(STEP, num_envs=num_envs, length=length, codec="none", frame_stack=4, **kw)
+
+
+def _chunk(t, seed, num_envs=2):
+    """`t` steps of `num_envs` lanes as one chunk (leaves [num_envs, t, ...]) with episode ends and final observations."""
+    rng = np.random.default_rng(seed)
+    step = {"obs": jnp.asarray(rng.integers(0, 256, (num_envs, t, 4, 6, 6), dtype=np.uint8)),
+            "action": jnp.asarray(rng.integers(0, 9, (num_envs, t)), jnp.int32),
+            "reward": jnp.asarray(rng.standard_normal((num_envs, t)), jnp.float32)}
+    term, trunc = jnp.asarray(rng.random((num_envs, t)) < 0.15), jnp.asarray(rng.random((num_envs, t)) < 0.1)
+    return dict(step=step, terminated=term, truncated=trunc, final_obs=step["obs"][:, :, ::-1])
+
+
+def _add(buf, chunk, pieces=1):
+    """`buf` with `chunk` added in `pieces` equal chunks (a chunk must fit the lanes)."""
+    for part in zip(*(np.split(np.asarray(x), pieces, axis=1) for x in jax.tree.leaves(chunk))):
+        buf = ADD(buf, **jax.tree.unflatten(jax.tree.structure(chunk), [jnp.asarray(x) for x in part]))
+    return buf
+
+
+def _sample(buf):
+    s = buf.sample_transitions(jax.random.key(3), 48, n_step=3, gamma=0.9)
+    return jax.tree.map(np.asarray, s)
+
+
+def _same(a, b):
+    return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A folder of 20 steps (wrapped around its 12-step lanes), flushed; its in-memory twin; the twin's sample."""
+    path = tmp_path_factory.mktemp("disk") / "buf"
+    chunk = _chunk(20, seed=0)
+    buf, twin = (_add(b, chunk, 2) for b in (disk.open(path, "w", _make()), _make()))
+    disk.flush(buf)
+    expected = _sample(twin)
+    assert _same(_sample(buf), expected)  # eager sampling of the disk buffer is the in-memory buffer's
+    under_jit = jax.jit(lambda b: b.sample_transitions(jax.random.key(3), 48, n_step=3, gamma=0.9))(buf)
+    assert _same(under_jit, expected)  # and under jit
+    buf.close()
+    return path, twin, expected
+
+
+@pytest.fixture
+def folder(built, tmp_path):
+    """A copy of the built folder (tests may change it) and the in-memory twin's sample."""
+    path, _, expected = built
+    shutil.copytree(path, tmp_path / "buf")
+    return tmp_path / "buf", expected
+
+
+def test_reopen_read_only_gives_identical_samples_and_refuses_writes(folder):
+    path, expected = folder
+    ro = disk.open(path, "r")
+    assert _same(_sample(ro), expected)
+    with pytest.raises(disk.ReadOnlyError, match="mode='r'"):
+        ro.add(**_chunk(1, seed=5))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="ReadOnlyError"):
+        jax.block_until_ready(ADD(ro, **_chunk(1, seed=5)))
+    with pytest.raises(disk.ReadOnlyError, match="flush"):
+        disk.flush(ro)
+    assert ro.host.version == int(ro.version) == 2 and ro.host.num_writes == 2
+    assert _same(_sample(ro), expected)  # nothing changed
+
+
+def test_flush_then_reopen_in_a_fresh_process_gives_identical_samples(folder, tmp_path):
+    path, expected = folder
+    script = textwrap.dedent(f"""
+        import jax, numpy as np
+        from jaxbuffers import disk
+        s = disk.open({str(path)!r}, "r").sample_transitions(jax.random.key(3), 48, n_step=3, gamma=0.9)
+        np.savez({str(tmp_path / 'out.npz')!r}, *jax.tree.leaves(s))
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    got = np.load(tmp_path / "out.npz")
+    want = jax.tree.leaves(expected)
+    assert len(got.files) == len(want)
+    for i, w in enumerate(want):
+        np.testing.assert_array_equal(got[f"arr_{i}"], w)
+
+
+def test_r_plus_continues_and_the_last_flush_is_what_reopens(built, folder):
+    path, _ = folder
+    twin = built[1]
+    chunk = _chunk(9, seed=1)
+    rw = ADD(disk.open(path, "r+"), **chunk)
+    disk.flush(rw)
+    rw.close()
+    assert _same(_sample(disk.open(path, "r")), _sample(ADD(twin, **chunk)))
+
+
+def test_old_states_and_unflushed_adds(folder):
+    path, _ = folder
+    buf = disk.open(path, "r+")
+    newer = _add(buf, _chunk(16, seed=2), 2)  # rewrites every frame slot
+    with pytest.raises(jb.StaleBufferError, match="flush"):
+        disk.flush(buf)
+    with pytest.raises(TypeError, match="disk-backed"):
+        disk.flush(_make())
+    with pytest.raises(TypeError, match="disk-backed CompressedTrajectoryBuffer is its folder"):
+        jb.save(path.parent / "ckpt", newer)
+    assert not (path.parent / "ckpt").exists()
+    newer.close()  # not flushed: the folder's index still describes the first 20 steps
+    with pytest.raises(jax.errors.JaxRuntimeError, match="CorruptEntryError"):
+        jax.block_until_ready(disk.open(path, "r").sample_transitions(jax.random.key(0), 32, gamma=0.9))
+
+
+def test_config_checks_name_the_field(folder, tmp_path):
+    path, _ = folder
+    with pytest.raises(jb.CheckpointError, match="config 'padding'"):
+        disk.open(path, "r", _make(padding="zero"))
+    with pytest.raises(jb.CheckpointError, match="config 'num_envs'"):
+        disk.open(path, "r", jax.eval_shape(lambda: _make(num_envs=3)))
+    disk.open(path, "r", jax.eval_shape(_make)).close()  # the same configuration opens
+    meta = json.loads((path / "disk.json").read_text())
+    meta["stores"][0]["shape"] = [6, 7]
+    (path / "disk.json").write_text(json.dumps(meta))
+    with pytest.raises(jb.CheckpointError, match="disk.json: stores is"):
+        disk.open(path, "r")
+    with pytest.raises(ValueError, match="codec 'zstd:-1'.*codec='none'"):
+        disk.open(tmp_path / "z", "w", jb.CompressedTrajectoryBuffer.create(STEP, num_envs=1, length=4))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "keep.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="not a jaxbuffers disk folder"):
+        disk.open(tmp_path / "other", "w", _make())
+    assert (tmp_path / "other" / "keep.txt").exists()
+    with pytest.raises(ValueError, match="mode"):
+        disk.open(path, "a")
+    with pytest.raises(jb.CheckpointError, match="disk.json: missing"):
+        disk.open(tmp_path / "none", "r")
+
+
+def test_a_corrupt_index_file_is_named(folder):
+    path, _ = folder
+    p = path / "store-0.index.npy"
+    raw = bytearray(p.read_bytes())
+    raw[-1] ^= 1
+    p.write_bytes(bytes(raw))
+    with pytest.raises(jb.CheckpointError, match=r"store-0\.index\.npy"):
+        disk.open(path, "r")
+
+
+# --- Concatenated ---
+
+ITEM = {"obs": jnp.zeros((3,), jnp.int32), "action": jnp.int32(0), "reward": jnp.float32(0)}
+
+
+def _tagged(b, num_envs, length, steps, path=None):
+    """A buffer (in `path` when given, flushed and reopened read-only) whose step (lane e, step t) has obs [b, e, t]
+    and action t; no episode ends."""
+    buf = jb.CompressedTrajectoryBuffer.create(ITEM, num_envs=num_envs, length=length, codec="none")
+    buf = buf if path is None else disk.open(path, "w", buf)
+    lanes, t = np.arange(num_envs)[:, None], np.arange(steps)[None, :]
+    obs = np.stack(np.broadcast_arrays(np.full_like(lanes, b), lanes, t), axis=-1).astype(np.int32)
+    step = {"obs": jnp.asarray(obs), "action": jnp.asarray(obs[..., 2]), "reward": jnp.zeros((num_envs, steps))}
+    buf = _add(buf, {"step": step, "terminated": jnp.zeros((num_envs, steps), bool)}, -(-steps // length))
+    if path is None:
+        return buf
+    disk.flush(buf)
+    buf.close()
+    return disk.open(path, "r")
+
+
+def test_concatenated_is_uniform_over_the_union_with_exact_contents(tmp_path):
+    parts = [_tagged(0, 2, 10, 10, tmp_path / "a"), _tagged(1, 1, 30, 30, tmp_path / "b"), _tagged(2, 3, 4, 9)]
+    cat = disk.Concatenated.create(parts)
+    assert int(cat.size()) == 20 + 30 + 12
+    # valid 1-step transitions: (lane, t) with t + 1 stored (the last 4 steps for the wrapped buffer)
+    valid = {(0, e, t) for e in range(2) for t in range(9)} | {(1, 0, t) for t in range(29)} | {(2, e, t) for e in range(3) for t in range(5, 8)}
+    out = jax.jit(lambda c, k: c._transitions(k, 6000, gamma=0.5))(cat, jax.random.key(0))
+    s, src = jax.device_get((out.sample, out.source))
+    obs, nxt = np.asarray(s.obs), np.asarray(s.next_obs)
+    np.testing.assert_array_equal(obs[:, 0], src)  # rows from the buffer the source names
+    np.testing.assert_array_equal(nxt, obs + np.array([0, 0, 1]))  # next obs: the next step of that lane
+    np.testing.assert_array_equal(np.asarray(s.action), obs[:, 2])
+    rows, n = np.unique(obs, axis=0, return_counts=True)
+    assert {tuple(r) for r in rows.tolist()} == valid  # every valid window, nothing else
+    expected = n.sum() / len(valid)
+    chi2 = float(((n - expected) ** 2 / expected).sum())
+    assert chi2 < 100.0, chi2  # 58 degrees of freedom: p < 1e-5 above 100
+    eager = cat.sample_sequences(jax.random.key(1), 16, 4)
+    seq_obs = np.asarray(eager.sample.item["obs"])
+    np.testing.assert_array_equal(seq_obs[:, :, 0], np.broadcast_to(np.asarray(eager.source)[:, None], (16, 4)))
+    np.testing.assert_array_equal(np.diff(seq_obs[:, :, 2], axis=1), 1)
+
+
+def test_concatenated_refuses_other_configurations(tmp_path):
+    a = jb.CompressedTrajectoryBuffer.create(ITEM, num_envs=1, length=4, codec="none")
+    b = jb.CompressedTrajectoryBuffer.create({**ITEM, "action": jnp.float32(0)}, num_envs=1, length=4, codec="none")
+    with pytest.raises(ValueError, match=r"buffers\[1\]: config 'example'"):
+        disk.Concatenated.create([a, b])
+    c = jb.CompressedTrajectoryBuffer.create(ITEM, num_envs=1, length=4, codec="rle")
+    with pytest.raises(ValueError, match=r"buffers\[1\]: config 'codec'"):
+        disk.Concatenated.create([a, c])
+    with pytest.raises(TypeError, match="at least one"):
+        disk.Concatenated.create([])
+
+
+def test_a_compressed_rollout_buffer_on_disk_gives_the_same_minibatches(tmp_path):
+    step = {"obs": jnp.zeros((5,), jnp.uint8), "action": jnp.int32(0)}
+    make = lambda: jb.CompressedRolloutBuffer.create(step, num_envs=2, num_steps=4, codec="none")  # noqa: E731
+    rng = np.random.default_rng(0)
+    bufs = [disk.open(tmp_path / "r", "w", make()), make()]
+    for _ in range(4):
+        s = {"obs": jnp.asarray(rng.integers(0, 256, (2, 5), dtype=np.uint8)), "action": jnp.asarray(rng.integers(0, 4, 2), jnp.int32)}
+        kw = dict(reward=jnp.asarray(rng.standard_normal(2), jnp.float32), value=jnp.zeros(2), terminated=jnp.asarray(rng.random(2) < 0.3))
+        bufs = [b.add(s, **kw) for b in bufs]
+    buf, twin = (b.compute_gae(jnp.zeros(2), 0.9, 0.95) for b in bufs)
+    disk.flush(buf)
+    key = jax.random.key(0)
+    assert _same(disk.open(tmp_path / "r", "r").minibatches(key, 2), twin.minibatches(key, 2))
+
+
+@pytest.mark.slow
+def test_sampling_a_folder_larger_than_the_samples_keeps_resident_memory_flat(tmp_path):
+    """1 GB of frames on disk; 200 samples of 256 transitions (about 2.9 GB of frames read) grow RSS by < 200 MB."""
+    item = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = disk.open(tmp_path / "big", "w", jb.CompressedTrajectoryBuffer.create(item, num_envs=8, length=4500, codec="none"))
+    frames = jnp.asarray(np.random.default_rng(0).integers(0, 256, (8, 500, 4, 84, 84), dtype=np.uint8))
+    chunk = {"obs": frames, "action": jnp.zeros((8, 500), jnp.int32), "reward": jnp.zeros((8, 500))}
+    for _ in range(9):
+        buf = ADD(buf, chunk, terminated=jnp.zeros((8, 500), bool))
+    disk.flush(buf)
+    buf.close()
+    del frames, chunk
+    ro = disk.open(tmp_path / "big", "r")
+    keys = jax.random.split(jax.random.key(0), 201)
+    jax.block_until_ready(ro.sample_transitions(keys[0], 256, n_step=3, gamma=0.99))
+
+    def rss_mb():
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+    before = rss_mb()
+    for k in keys[1:]:
+        jax.block_until_ready(ro.sample_transitions(k, 256, n_step=3, gamma=0.99))
+    assert rss_mb() - before < 200
+
+
+def test_a_prioritised_buffer_keeps_its_priorities_on_disk(tmp_path):
+    make = lambda: jb.CompressedPrioritisedTrajectoryBuffer.create(  # noqa: E731
+        STEP, num_envs=2, length=12, window_length=3, codec="none", frame_stack=4)
+    chunk = _chunk(10, seed=4)
+    buf, twin = (ADD(b, **chunk) for b in (disk.open(tmp_path / "p", "w", make()), make()))
+    key = jax.random.key(0)
+    s = buf.sample_transitions(key, 16, gamma=0.9)
+    buf, twin = (b.set_priorities(s.indices, jnp.arange(1.0, 17.0), s.generations) for b in (buf, twin))
+    disk.flush(buf)
+    got = disk.open(tmp_path / "p", "r").sample_transitions(key, 32, gamma=0.9, beta=0.4)
+    assert _same(got, twin.sample_transitions(key, 32, gamma=0.9, beta=0.4))
