@@ -100,6 +100,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, few repetitions")
     p.add_argument("--repeats", type=int, default=None, help="timed repetitions per case (median reported)")
+    p.add_argument("--metrics", action="store_true", help="only the cost of usage metrics (with and without, side by side)")
     return p
 
 
@@ -189,3 +190,58 @@ def data_file(name: str):
     dirs = [Path(os.environ["JAXBUFFERS_DATA"])] if os.environ.get("JAXBUFFERS_DATA") else []
     dirs += [p / "shared" / "data" for p in (root, *root.parents)]
     return next((d / name for d in dirs if (d / name).is_file()), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost of usage metrics (``--metrics``): one buffer class with and without them, side by side.
+
+
+class _Metrics:
+    """A buffer made by ``create(metrics=...)``; ``record`` says whether each sample is recorded into it."""
+
+    def __init__(self, name: str, create, per_slot: bool, record: bool, sample):
+        self.name, self.state, self.record, self.sample = name, create(metrics=per_slot), record, sample
+
+    def add_fn(self):
+        return lambda s, batch: s.add(batch)
+
+
+def _sample_record_runner(impl, n: int):
+    """``n`` samples inside one jitted, donated scan, each recorded into the state when ``impl.record``."""
+    keys = jax.random.split(jax.random.key(0), n)
+
+    def body(carry, k):
+        s, acc = carry
+        out = impl.sample(s, k)
+        return ((s.record(out) if impl.record else s), acc + checksum(out)), None
+
+    f = jax.jit(lambda s, ks: jax.lax.scan(body, (s, jnp.float32(0)), ks)[0], donate_argnums=0)
+
+    def run():
+        impl.state, acc = jax.block_until_ready(f(impl.state, keys))
+
+    return run
+
+
+def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: bool) -> None:
+    """Rows ``metrics/add/<item>/B=<b>/scan`` and ``metrics/sample+record/<item>/batch=<k>/scan``: the buffer
+    without metrics (``metrics=False``, nothing recorded; the anchor), with the O(1) counters only
+    (``metrics=False``, every sample recorded) and with per-slot counts too (``metrics=True``, recorded).
+
+    ``create(item, capacity, metrics=...)`` builds the buffer, ``sample(state, key)`` draws a batch of 256.
+    """
+    kinds = (("off", False, False), ("counters", False, True), ("per-slot", True, True))
+    for item_name, (item, capacity) in items.items():
+        capacity //= 20 if quick else 1
+        impls = [_Metrics(name, lambda metrics: create(item, capacity, metrics=metrics), per, rec, sample)
+                 for name, per, rec in kinds]
+        for b in (1, 256):
+            n = max(4, min(200, capacity // b // 4) // (5 if quick else 1))
+            adders = [i for i in impls if i.name != "counters"]  # an add does not touch the O(1) counters
+            times = interleaved({i.name: add_runner(i, batch_of(item, b), "scan", n) for i in adders}, repeats, n)
+            compare(bench, f"metrics/add/{item_name}/B={b}/scan", times, "off", n=n, repeats=repeats, items=b)
+        for impl in impls:  # a quarter of the capacity, so sampling reads real data
+            add_runner(impl, batch_of(item, 256), "scan", max(1, capacity // 4 // 256))()
+        n = 5 if quick else 50
+        times = interleaved({i.name: _sample_record_runner(i, n) for i in impls}, repeats, n)
+        compare(bench, f"metrics/sample+record/{item_name}/batch=256/scan", times, "off", n=n, repeats=repeats, items=256)

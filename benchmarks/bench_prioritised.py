@@ -21,7 +21,9 @@ runs on GPU and TPU (a ``bincount`` over the whole capacity per write), shown on
 for comparison; jaxbuffers has one update for every backend.
 ``--quick`` shrinks capacities and repetition counts for a smoke run.
 
-Run: python benchmarks/bench_prioritised.py [--quick] [--repeats N]
+``--metrics`` runs only the cost of usage metrics instead (as in ``bench_replay.py``).
+
+Run: python benchmarks/bench_prioritised.py [--quick] [--repeats N] [--metrics]
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_runner, batch_of, checksum, compare, header, interleaved, parser, sample_runner  # noqa: E402
+from _common import add_runner, batch_of, checksum, compare, header, interleaved, metrics_cases, parser, sample_runner  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
@@ -138,6 +140,11 @@ def main():
     repeats = args.repeats or (3 if args.quick else 9)
     shrink = 20 if args.quick else 1
     header(BENCH, args.quick)
+    if args.metrics:
+        create = lambda item, capacity, metrics: jb.PrioritisedReplayBuffer.create(  # noqa: E731
+            item, capacity, priority_exponent=ALPHA, metrics=metrics)
+        metrics_cases(BENCH, create, lambda s, k: s.sample(k, SAMPLE, beta=BETA), ITEMS, repeats, args.quick)
+        return
     for item_name, (item, capacity) in ITEMS.items():
         capacity //= shrink
         impls = [Ours(item, capacity), Flashbax(item, capacity), FlashbaxBincount(item, capacity)]

@@ -13,9 +13,11 @@ Atari items (pixels u8[84,84,4]; capacity 50k):
 
 All implementations of a case run in one process, interleaved (``_common.interleaved``); the
 anchor is flashbax's item buffer (flashbax's flat buffer is an extra row for b > 1).
-``--quick`` shrinks capacities and repetition counts for a smoke run.
+``--quick`` shrinks capacities and repetition counts for a smoke run. ``--metrics`` runs only the cost of
+usage metrics instead (``_common.metrics_cases``: adds and sample+record in a scan, without metrics, with the
+counters, with per-slot counts).
 
-Run: python benchmarks/bench_replay.py [--quick] [--repeats N]
+Run: python benchmarks/bench_replay.py [--quick] [--repeats N] [--metrics]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_runner, batch_of, compare, header, interleaved, parser, sample_runner  # noqa: E402
+from _common import add_runner, batch_of, compare, header, interleaved, metrics_cases, parser, sample_runner  # noqa: E402
 
 import flashbax as fbx  # noqa: E402
 
@@ -84,6 +86,9 @@ def main():
     repeats = args.repeats or (3 if args.quick else 9)
     shrink = 20 if args.quick else 1
     header(BENCH, args.quick)
+    if args.metrics:
+        metrics_cases(BENCH, jb.ReplayBuffer.create, lambda s, k: s.sample(k, SAMPLE), ITEMS, repeats, args.quick)
+        return
     for item_name, (item, capacity) in ITEMS.items():
         capacity //= shrink
         for b in (1, 8, 256):

@@ -28,6 +28,7 @@ from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMini
 from jaxbuffers.rollout_diagnostics import (RolloutMemoryEstimate, TrainableDiagnostics, get_minibatches, memory_estimate,
                                             total_size, trainable_diagnostics)
 from jaxbuffers.sum_tree import SumMinTree
+from jaxbuffers._timing import Timing, timing
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
 from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample
 
@@ -50,4 +51,5 @@ __all__ = [
     "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
     "BufferServer", "Writer", "BufferClosed", "ray_server",  # actors and learners
     "ShardedBuffer", "ShardedSample",  # devices and hosts
+    "timing", "Timing",  # host timing of eager calls
 ]

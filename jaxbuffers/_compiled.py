@@ -17,6 +17,8 @@ What a bare `jax.jit` would lose is kept:
 
 Trace-time checks (tree structure, shapes, dtypes, static sizes) run while the program is traced,
 on the first call with a new structure, and raise the same errors eagerly and under `jit`.
+
+Inside a `jaxbuffers.timing()` block an eager call is also timed (`jaxbuffers._timing`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Callable, Mapping
 import jax
 import numpy as np
 
-from jaxbuffers import _validate
+from jaxbuffers import _timing, _validate
 
 _INT32 = np.iinfo(np.int32)
 _ARRAY_TYPES: set[type] = set()  # concrete classes of the JAX arrays seen: a set lookup is cheaper than isinstance
@@ -74,8 +76,16 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
         fixed = [(names.index(n), n) for n in static]
         fixed_at = {i for i, _ in fixed}
 
+        is_method = bool(names) and names[0] == "self"
+
         @functools.wraps(fn)
         def call(*args, **kwargs):
+            if _timing.active():  # a host timing block is open (jaxbuffers.timing): "ReplayBuffer.add"
+                name = f"{type(args[0]).__name__}.{fn.__name__.lstrip('_')}" if is_method and args else fn.__qualname__
+                return _timing.timed(name, dispatch, args, kwargs)
+            return dispatch(*args, **kwargs)
+
+        def dispatch(*args, **kwargs):
             # Arguments by position or keyword, without inspect's binding (this runs every call).
             for i, name, lo, hi in checked:
                 x = kwargs[name] if name in kwargs else args[i] if i < len(args) else None

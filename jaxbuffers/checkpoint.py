@@ -96,8 +96,13 @@ def _names(spec: Any, indices) -> list[str]:
     return [_validate.leaf_name(flat[i][0]) for i in indices]
 
 
+def _metrics(b) -> dict:
+    """`metrics=True` when the buffer keeps per-position sample counts (the default, False, is left out)."""
+    return {"metrics": True} if b.metrics.per_slot else {}
+
+
 def _replay(b) -> dict:
-    return {"example": b.item_spec, "capacity": b.capacity, "min_size": b.min_size}
+    return {"example": b.item_spec, "capacity": b.capacity, "min_size": b.min_size, **_metrics(b)}
 
 
 def _prioritised(b) -> dict:
@@ -106,7 +111,7 @@ def _prioritised(b) -> dict:
 
 def _trajectory(b) -> dict:
     return {"example": b.step_spec, "num_envs": b.num_envs, "length": b.length, "final_obs_capacity": b.final_obs_capacity,
-            "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key}
+            "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key, **_metrics(b)}
 
 
 def _priorities(b) -> dict:
@@ -119,7 +124,8 @@ def _prioritised_trajectory(b) -> dict:
 
 def _episode(b) -> dict:
     return {"example": b.step_spec, "max_episodes": b.max_episodes, "max_timesteps": b.max_timesteps, "meta": b.meta_spec,
-            "circular": b.circular, "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key}
+            "circular": b.circular, "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key,
+            **_metrics(b)}
 
 
 def _rollout(b) -> dict:

@@ -59,6 +59,7 @@ import numpy as np
 from flax import struct
 
 from jaxbuffers import _compiled, _ring, _validate
+from jaxbuffers._metrics import Metrics, Recorded
 from jaxbuffers.trajectory import n_step_window
 
 __all__ = [
@@ -159,7 +160,7 @@ def _lengths(name: str, x, shape: tuple, t: int) -> jax.Array:
     return v.astype(np.int32)
 
 
-class EpisodeBuffer(struct.PyTreeNode):
+class EpisodeBuffer(Recorded, struct.PyTreeNode):
     """Whole episodes with lengths, end flags, final observations and meta fields; episode, sequence, step and
     n-step sampling with meta filters.
 
@@ -179,6 +180,7 @@ class EpisodeBuffer(struct.PyTreeNode):
     num_valid: jax.Array  # shape=(), dtype=int32: episodes stored, in [0, max_episodes]
     added: jax.Array  # shape=[2], dtype=int32: episodes ever added, two-word counter (_ring.counter_*)
     overflowed: jax.Array  # shape=(), dtype=bool: some add to a fixed buffer found no room and wrote nothing (sticky)
+    metrics: Metrics  # usage counters; sample_count [max_episodes] by episode slot (jaxbuffers._metrics)
     max_episodes: int = struct.field(pytree_node=False)
     max_timesteps: int = struct.field(pytree_node=False)
     circular: bool = struct.field(pytree_node=False)
@@ -191,6 +193,7 @@ class EpisodeBuffer(struct.PyTreeNode):
     def create(
         cls, example_step: Mapping, *, max_episodes: int, max_timesteps: int, meta: Mapping | None = None,
         circular: bool = True, obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
+        metrics: bool = False,
     ) -> "EpisodeBuffer":
         """An empty buffer of `max_episodes` episodes of up to `max_timesteps` steps.
 
@@ -207,9 +210,10 @@ class EpisodeBuffer(struct.PyTreeNode):
           obs_key: name of the observation field.
           action_key: name of the action field.
           reward_key: name of the reward field.
+          metrics: static bool: keep per-episode sample counts (`jaxbuffers._metrics`; ages count episodes).
 
         Raises:
-          TypeError: `example_step` or `meta` not a dict, a leaf not an array, `circular` not a bool.
+          TypeError: `example_step` or `meta` not a dict, a leaf not an array, `circular` or `metrics` not a bool.
           ValueError: a size not a positive int or the product above `2**31 - 1`, a required field missing, the
             reward not a floating scalar.
         """
@@ -234,9 +238,12 @@ class EpisodeBuffer(struct.PyTreeNode):
             final_obs=jax.tree.map(lambda s: jnp.zeros((e, *s.shape), s.dtype), spec[obs_key]),
             meta={k: jnp.broadcast_to(defaults[k], (e, *s.shape)).astype(s.dtype) for k, s in mspec.items()},
             meta_defaults=defaults, head=jnp.int32(0), num_valid=jnp.int32(0), added=_ring.counter_zero(),
-            overflowed=jnp.bool_(False), max_episodes=e, max_timesteps=m, circular=circular, obs_key=obs_key,
+            overflowed=jnp.bool_(False), metrics=Metrics.create((e,), metrics), max_episodes=e, max_timesteps=m, circular=circular, obs_key=obs_key,
             action_key=action_key, reward_key=reward_key,
         )
+
+    def _metrics_ring(self):
+        return self.metrics, self.added, self.head, self.num_valid, self.max_episodes, 1
 
     # ------------------------------------------------------------------------------------------
     # shape information
@@ -443,7 +450,7 @@ class EpisodeBuffer(struct.PyTreeNode):
         n = jnp.sum(write, dtype=jnp.int32)
         new = self.replace(
             **state, head=head[0], num_valid=jnp.minimum(self.num_valid + n, e).astype(jnp.int32),
-            added=_ring.counter_add(self.added, n), overflowed=self.overflowed | refused,
+            added=_ring.counter_add(self.added, n), overflowed=self.overflowed | refused, metrics=self.metrics.written(cols, in_bounds=False),
         )
         return new, refused, cols.astype(jnp.int32)
 

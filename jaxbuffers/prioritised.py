@@ -56,6 +56,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxbuffers import _compiled, _priority, _ring, _validate
+from jaxbuffers._metrics import Recorded
 from jaxbuffers._priority import PRIORITY_MAX
 from jaxbuffers.replay import ReplayBuffer
 from jaxbuffers.sum_tree import SumMinTree
@@ -73,7 +74,7 @@ class PrioritisedSample(NamedTuple):
     generations: jax.Array  # shape=[B], dtype=int32: slot generation at sampling; pass to set_priorities
 
 
-class PrioritisedReplayBuffer(struct.PyTreeNode):
+class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
     """Fixed-capacity ring of items with proportional prioritised, stratified sampling.
 
     A drop-in for `jaxbuffers.ReplayBuffer`: the same `create` sizes and `add` call; `sample`
@@ -86,10 +87,12 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
     max_priority: jax.Array  # shape=(), float32: running max priority (before alpha), 1 initially; what new items get
     priority_exponent: float = struct.field(pytree_node=False)  # alpha, in [0, 1]
     epsilon: float = struct.field(pytree_node=False)  # smallest priority kept, > 0
+    _metrics_in = "replay"  # record / stats: the metrics of the wrapped ReplayBuffer
 
     @classmethod
     def create(
-        cls, example_item: Any, capacity: int, *, priority_exponent: float = 0.6, min_size: int = 1, epsilon: float = 1e-6
+        cls, example_item: Any, capacity: int, *, priority_exponent: float = 0.6, min_size: int = 1, epsilon: float = 1e-6,
+        metrics: bool = False,
     ) -> "PrioritisedReplayBuffer":
         """An empty buffer for items shaped like `example_item`.
 
@@ -99,6 +102,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
           priority_exponent: `alpha` in `[0, 1]` (0: uniform; 1: fully proportional).
           min_size: `can_sample` is False until this many items are stored.
           epsilon: smallest priority kept, in `[1e-30, 1]`; zero or negative priorities become it.
+          metrics: static bool: keep per-slot sample counts (`jaxbuffers._metrics`).
 
         Raises:
           ValueError: as `jaxbuffers.ReplayBuffer.create`, or `priority_exponent` / `epsilon` outside their ranges.
@@ -107,7 +111,7 @@ class PrioritisedReplayBuffer(struct.PyTreeNode):
         epsilon = _validate.static_float("epsilon", epsilon, 1e-30, 1.0)
         capacity = _validate.static_int("capacity", capacity, maximum=2**30)
         return cls(
-            replay=ReplayBuffer.create(example_item, capacity, min_size=min_size),
+            replay=ReplayBuffer.create(example_item, capacity, min_size=min_size, metrics=metrics),
             tree=SumMinTree.create(capacity), max_priority=jnp.float32(1.0), priority_exponent=alpha,
             epsilon=epsilon,
         )

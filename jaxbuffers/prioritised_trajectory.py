@@ -31,6 +31,7 @@ from flax import struct
 
 from jaxbuffers import _compiled, _priority, _ring, _validate
 from jaxbuffers.sum_tree import SumMinTree
+from jaxbuffers._metrics import Recorded
 from jaxbuffers._wrapper import Wrapper
 from jaxbuffers.trajectory import TrajectoryBuffer, episode_mask
 
@@ -71,7 +72,7 @@ class PrioritisedTransitionSample(NamedTuple):
     generations: jax.Array  # shape=[B], dtype=int32
 
 
-class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
+class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority (module doc)."""
 
     buffer: TrajectoryBuffer  # the steps
@@ -82,19 +83,20 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
     period: int = struct.field(pytree_node=False)
     priority_exponent: float = struct.field(pytree_node=False)
     epsilon: float = struct.field(pytree_node=False)  # smallest priority kept, > 0
+    _metrics_in = "buffer"  # record / stats: the metrics of the wrapped TrajectoryBuffer
 
     @classmethod
     @_validate.keyword_sizes
     def create(
         cls, example_step: Mapping, *, num_envs: int, length: int, window_length: int, period: int = 1,
         priority_exponent: float = 0.6, epsilon: float = 1e-6, final_obs_capacity: int | None = None,
-        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
+        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", metrics: bool = False,
     ) -> "PrioritisedTrajectoryBuffer":
         r"""An empty prioritised buffer.
 
         Args:
           example_step: as `jaxbuffers.TrajectoryBuffer.create`, like `num_envs`, `length`,
-            `final_obs_capacity`, `obs_key`, `action_key` and `reward_key` (not repeated here).
+            `final_obs_capacity`, `obs_key`, `action_key`, `reward_key` and `metrics` (not repeated here).
           window_length: static window of a position: sequences of up to this length, or n-step
             transitions with `n_step <= window_length - 1`.
           period: window starts every `period` steps (absolute alignment, module doc).
@@ -115,7 +117,7 @@ class PrioritisedTrajectoryBuffer(Wrapper, struct.PyTreeNode):
             raise ValueError(f"window_length: expected at most length={length}, got {window_length}")
         buf = TrajectoryBuffer.create(
             example_step, num_envs=num_envs, length=length, final_obs_capacity=final_obs_capacity,
-            obs_key=obs_key, action_key=action_key, reward_key=reward_key,
+            obs_key=obs_key, action_key=action_key, reward_key=reward_key, metrics=metrics,
         )
         return cls(
             buffer=buf, tree=SumMinTree.create(num_envs * length), max_priority=jnp.float32(1.0),

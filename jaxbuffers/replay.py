@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxbuffers import _compiled, _ring, _validate
+from jaxbuffers._metrics import Metrics, Recorded
 
 
 class ReplaySample(NamedTuple):
@@ -36,7 +37,7 @@ class ReplaySample(NamedTuple):
     indices: jax.Array  # shape=[batch_size], dtype=int32: physical slots the items were read from
 
 
-class ReplayBuffer(struct.PyTreeNode):
+class ReplayBuffer(Recorded, struct.PyTreeNode):
     """Fixed-capacity ring of items with uniform sampling (with replacement).
 
     Build it with `ReplayBuffer.create`; every method is pure and returns a new buffer. Under `jax.vmap` a stacked
@@ -48,11 +49,12 @@ class ReplayBuffer(struct.PyTreeNode):
     head: jax.Array  # shape=(), int32: slot the next item goes to, in [0, capacity)
     num_valid: jax.Array  # shape=(), int32: slots holding items, in [0, capacity]
     added: jax.Array  # shape=(2,), int32: items ever added, two-word counter [high, low] (_ring.counter_*)
+    metrics: Metrics  # usage counters; sample_count [capacity] by slot (jaxbuffers._metrics)
     capacity: int = struct.field(pytree_node=False)
     min_size: int = struct.field(pytree_node=False)
 
     @classmethod
-    def create(cls, example_item: Any, capacity: int, *, min_size: int = 1) -> "ReplayBuffer":
+    def create(cls, example_item: Any, capacity: int, *, min_size: int = 1, metrics: bool = False) -> "ReplayBuffer":
         """An empty buffer for items shaped like `example_item`.
 
         Args:
@@ -60,10 +62,11 @@ class ReplayBuffer(struct.PyTreeNode):
             Storage keeps exactly these dtypes (uint8 pixels stay uint8).
           capacity: number of items kept (Python int >= 1); older items are overwritten first.
           min_size: `can_sample` is False until this many items are stored (>= 1).
+          metrics: static bool: keep per-slot sample counts (`jaxbuffers._metrics`; the other counters always are).
 
         Raises:
           ValueError: `capacity < 1`, `min_size` outside `[1, capacity]`, empty example.
-          TypeError: a leaf of the example is not an array (see `_validate.item_spec`).
+          TypeError: a leaf of the example is not an array (see `_validate.item_spec`), `metrics` not a bool.
         """
         capacity = _validate.static_int("capacity", capacity)
         min_size = _validate.static_int("min_size", min_size)
@@ -72,8 +75,12 @@ class ReplayBuffer(struct.PyTreeNode):
         spec = _validate.item_spec(example_item)
         return cls(
             storage=jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), spec), head=jnp.int32(0),
-            num_valid=jnp.int32(0), added=_ring.counter_zero(), capacity=capacity, min_size=min_size,
+            num_valid=jnp.int32(0), added=_ring.counter_zero(), metrics=Metrics.create((capacity,), metrics),
+            capacity=capacity, min_size=min_size,
         )
+
+    def _metrics_ring(self):
+        return self.metrics, self.added, self.head, self.num_valid, self.capacity, 1
 
     def with_cursors(self, *, head=None, num_valid=None, added=None) -> "ReplayBuffer":
         """A copy with the given ring fields replaced after a range check (for adapters that
@@ -149,7 +156,7 @@ class ReplayBuffer(struct.PyTreeNode):
         head, num_valid = _ring.advance(self.head, self.num_valid, b, self.capacity)
         return self.replace(
             storage=_ring.write(self.storage, batch, self.head), head=head, num_valid=num_valid,
-            added=_ring.counter_add(self.added, b),
+            added=_ring.counter_add(self.added, b), metrics=self.metrics.written(_ring.write_indices(self.head, b, self.capacity)),
         )
 
     @_compiled.method("batch_size")

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxbuffers import _compiled, _ring, _validate
+from jaxbuffers._metrics import Metrics, Recorded
 from jaxbuffers._steps import EnvSteps
 
 __all__ = ["TrajectoryBuffer", "SequenceSample", "TransitionSample", "episode_mask", "n_step_window"]
@@ -155,7 +156,7 @@ def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array
     return ret, discount, k
 
 
-class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
+class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     """Per-environment lanes of steps with episode flags; uniform sequence and n-step sampling.
 
     Module doc: layout, step convention, final-observation ring. Every method is pure; it works
@@ -172,6 +173,7 @@ class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
     num_valid: jax.Array  # shape=(), dtype=int32: steps stored per lane, in [0, length]
     added: jax.Array  # shape=[2], dtype=int32: steps ever added per lane, two-word counter (_ring.counter_*)
     final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-obs ring slot per lane, in [0, final_obs_capacity)
+    metrics: Metrics  # usage counters; sample_count [num_envs, length] by window start (jaxbuffers._metrics)
     num_envs: int = struct.field(pytree_node=False)
     length: int = struct.field(pytree_node=False)
     final_obs_capacity: int = struct.field(pytree_node=False)
@@ -183,7 +185,7 @@ class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
     @_validate.keyword_sizes
     def create(
         cls, example_step: Mapping, *, num_envs: int, length: int, final_obs_capacity: int | None = None,
-        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
+        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", metrics: bool = False,
     ) -> "TrajectoryBuffer":
         """An empty buffer of `num_envs` lanes of `length` steps.
 
@@ -199,9 +201,11 @@ class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
           obs_key: name of the observation field.
           action_key: name of the action field.
           reward_key: name of the reward field.
+          metrics: static bool: keep per-position sample counts (`jaxbuffers._metrics`).
 
         Raises:
-          TypeError: `example_step` is not a dict, a leaf is not an array, a field name is not a str.
+          TypeError: `example_step` is not a dict, a leaf is not an array, a field name is not a str, `metrics`
+            not a bool.
           ValueError: a size is not a positive int, `num_envs * length` above `2**31 - 1`
             (positions are int32 `lane * length + slot`), a required field missing, the
             observation without leaves, the reward not a floating scalar.
@@ -215,9 +219,13 @@ class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
             final_slot=jnp.zeros((num_envs, length), jnp.int32),
             final_obs=jax.tree.map(lambda s: zeros(s, k), spec[obs_key]), head=jnp.int32(0),
             num_valid=jnp.int32(0), added=_ring.counter_zero(), final_head=jnp.zeros((num_envs,), jnp.int32),
+            metrics=Metrics.create((num_envs, length), metrics),
             num_envs=num_envs, length=length, final_obs_capacity=k, obs_key=obs_key, action_key=action_key,
             reward_key=reward_key,
         )
+
+    def _metrics_ring(self):
+        return self.metrics, self.added, self.head, self.num_valid, self.length, self.num_envs
 
     def _env_steps(self) -> tuple[Any, jax.Array, int]:
         return self.storage, self.num_valid, self.length
@@ -289,6 +297,7 @@ class TrajectoryBuffer(EnvSteps, struct.PyTreeNode):
         return self.replace(
             storage=storage, terminated=term, truncated=trunc, final_slot=fslot, final_obs=store,
             head=head, num_valid=num_valid, added=_ring.counter_add(self.added, t), final_head=final_head,
+            metrics=self.metrics.written(_ring.write_indices(self.head, t, self.length), axis=1),
         )
 
     @_compiled.method()

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -71,8 +72,9 @@ def _replay():
 
 def _prioritised():
     item = {"x": jnp.zeros(3), "reward": jnp.float32(0)}
-    buf = jb.PrioritisedReplayBuffer.create(item, capacity=16)
+    buf = jb.PrioritisedReplayBuffer.create(item, capacity=16, metrics=True)
     buf = buf.add({"x": jnp.ones((10, 3)), "reward": jnp.arange(10, dtype=jnp.float32)})
+    buf = buf.record(buf.sample(jax.random.key(0), 4))
     return buf.set_priorities(jnp.arange(4), jnp.array([1.0, 2.0, 3.0, 4.0]), buf.generations_at(jnp.arange(4)))
 
 
@@ -138,6 +140,9 @@ def test_inspect_json(saved, capsys, name):
         assert fields["obs"]["shape"] == [K, H, H] and fields["obs"]["compressed"] == name.startswith("Compressed")
         assert s["image_field"] == {"field": "obs", "shape": [K, H, H], "stack_axis": 0}
     assert (s["priorities"] is not None) == ("Prioritised" in name)
+    assert (s["metrics"] is not None) == ("Rollout" not in name)  # through the wrapped buffer of a compressed one
+    if s["metrics"] is not None:
+        assert s["metrics"]["inserts"] > 0
 
 
 def test_inspect_statistics_and_priorities(saved, capsys):
@@ -146,6 +151,9 @@ def test_inspect_statistics_and_priorities(saved, capsys):
     assert (reward["min"], reward["max"], reward["mean"]) == (0.0, 9.0, 4.5)
     p = s["priorities"]
     assert p["count"] == 10 and p["min"] == pytest.approx(1.0) and p["max"] == pytest.approx(4.0)  # others keep max 1
+    m = s["metrics"]
+    assert (m["inserts"], m["samples"], m["record_calls"], m["stale"]) == (10, 4, 1, 0)
+    assert m["sample_count"]["positions_held"] == 10 and sum(h["count"] for h in m["age_histogram"]) == 4
     s = json.loads(run(capsys, "inspect", saved["CompressedTrajectoryBuffer"], "--json")[1])
     obs = next(f for f in s["fields"] if f["field"] == "obs")  # decoded frames, every stored stack
     all_obs = stacks()[0]
@@ -164,8 +172,6 @@ def test_inspect_without_decoding(saved, capsys):
 
 
 def test_stacked_buffer_refused(tmp_path, capsys):
-    import jax
-
     make = lambda _: jb.ReplayBuffer.create({"x": jnp.zeros(2)}, capacity=4)  # noqa: E731
     path = jb.save(tmp_path / "stacked", jax.vmap(make)(jnp.arange(3)), progress=False)
     code, _, err = run(capsys, "inspect", path)
@@ -175,7 +181,8 @@ def test_stacked_buffer_refused(tmp_path, capsys):
 def test_inspect_tables(saved, capsys):
     code, out, _ = run(capsys, "inspect", saved["CompressedPrioritisedTrajectoryBuffer"])
     assert code == 0
-    for text in ("CompressedPrioritisedTrajectoryBuffer", "obs (compressed)", "episodes", "priorities", "frame_stack"):
+    for text in ("CompressedPrioritisedTrajectoryBuffer", "obs (compressed)", "episodes", "priorities", "frame_stack",
+                 "record_calls"):
         assert text in out
 
 

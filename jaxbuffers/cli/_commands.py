@@ -111,6 +111,13 @@ def _priorities(buffer: Any) -> dict | None:
     return out
 
 
+def _usage(buffer: Any) -> dict | None:
+    """The buffer's usage metrics (`stats()`), reached through wrapped buffers; None for a buffer without them."""
+    while not hasattr(buffer, "stats") and hasattr(buffer, "buffer"):
+        buffer = buffer.buffer
+    return buffer.stats() if hasattr(buffer, "stats") else None
+
+
 def _histogram(lengths: np.ndarray, bins: int = 10) -> list[dict]:
     if not len(lengths):
         return []
@@ -155,6 +162,7 @@ def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, pro
             "length_histogram": _histogram(complete),
         },
         "priorities": _priorities(buffer),
+        "metrics": _usage(buffer),
     }
 
 
@@ -215,6 +223,19 @@ def print_summary(s: dict, console=None) -> None:
         for k, v in s["priorities"].items():
             pr.add_row(k, _num(v))
         console.print(pr)
+
+    m = s.get("metrics")
+    if m is not None:
+        us = Table(title="usage", show_header=False)
+        for k in ("inserts", "samples", "record_calls", "stale", "age_mean", "age_max"):
+            us.add_row(k, _num(m[k]))
+        for k, v in (m.get("sample_count") or {}).items():
+            us.add_row(f"sample_count {k}", _num(v))
+        top = max([h["count"] for h in m["age_histogram"]] or [1])
+        for h in m["age_histogram"]:
+            bar = "#" * max(1, round(30 * h["count"] / top))
+            us.add_row(f"  age {h['from']}-{'' if h['to'] is None else h['to']}", f"{h['count']:>6} {bar}")
+        console.print(us)
 
 
 def _image(view: BufferView, image: str | None, stack_axis: str, layout: str) -> ImageField:

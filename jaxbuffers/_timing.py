@@ -1,0 +1,106 @@
+"""Host wall-clock timing of eager buffer calls: `timing()` and the `Timing` summary it collects.
+
+Inside `with jaxbuffers.timing() as t:` every buffer method called eagerly (outside `jit`: a host-driven loop)
+is timed from the call until its result is ready (`jax.block_until_ready`), under the name `Class.method`.
+Host code that is not a buffer method (a codec's encode or decode) adds its own spans with `span(name)`. Calls
+traced into a caller's program (inside `jit`, `lax.scan`, `vmap`) are not timed: they have no host time of their
+own. Outside a `timing()` block nothing is measured and nothing waits for results.
+
+Example:
+  ```python
+  with jb.timing() as t:
+      buf = buf.add(batch)
+      out = buf.sample(key, 256)
+  t.summary()   # {"ReplayBuffer.add": {"calls": 1, "total_s": ..., "mean_s": ..., "max_s": ...}, ...}
+  ```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import jax
+
+__all__ = ["Timing", "timing", "span"]
+
+_ACTIVE: list["Timing"] = []  # the open timing() blocks, innermost last
+_LOCAL = threading.local()  # .depth: timed calls in progress on this thread (only the outermost is counted)
+
+
+class Timing:
+    """Calls and seconds per name, collected by a `timing()` block (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[str, list[float]] = {}  # name -> [calls, total seconds, max seconds]
+
+    def add(self, name: str, seconds: float) -> None:
+        """Count one call of `name` that took `seconds` (a float >= 0)."""
+        with self._lock:
+            c = self._data.setdefault(name, [0, 0.0, 0.0])
+            c[0] += 1
+            c[1] += seconds
+            c[2] = max(c[2], seconds)
+
+    def summary(self, prefix: str | None = None) -> dict:
+        """`{name: {"calls": int, "total_s": float, "mean_s": float, "max_s": float}}`, names sorted; with `prefix`
+        only the names starting with it (e.g. `"ReplayBuffer."`)."""
+        with self._lock:
+            items = sorted((k, list(v)) for k, v in self._data.items() if prefix is None or k.startswith(prefix))
+        return {k: {"calls": int(n), "total_s": t, "mean_s": t / n, "max_s": m} for k, (n, t, m) in items}
+
+
+@contextlib.contextmanager
+def timing() -> Iterator[Timing]:
+    """Time every eager buffer call (and every `span`) made inside the block; yields the `Timing` (module doc).
+
+    Blocks may nest: a call is counted in every open block. While a block is open each timed call waits for its
+    result, so a host loop's asynchronous overlap is lost: time a few iterations, not a whole run.
+    """
+    t = Timing()
+    _ACTIVE.append(t)
+    try:
+        yield t
+    finally:
+        _ACTIVE.remove(t)
+
+
+def active() -> bool:
+    """Whether some `timing()` block is open (the only check a call pays when none is)."""
+    return bool(_ACTIVE)
+
+
+@contextlib.contextmanager
+def span(name: str) -> Iterator[None]:
+    """Count the block's host time under `name` in every open `timing()` block (nothing when none is open)."""
+    if not _ACTIVE:
+        yield
+        return
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _count(name, time.perf_counter() - start)
+
+
+def _count(name: str, seconds: float) -> None:
+    for t in list(_ACTIVE):
+        t.add(name, seconds)
+
+
+def timed(name: str, fn: Callable, args: tuple, kwargs: dict):
+    """`fn(*args, **kwargs)`, timed until its result is ready unless it is being traced or inside another timed
+    call (a method calling another is counted once, as the outer one)."""
+    if getattr(_LOCAL, "depth", 0) or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+        return fn(*args, **kwargs)
+    _LOCAL.depth = 1
+    start = time.perf_counter()
+    try:
+        out = jax.block_until_ready(fn(*args, **kwargs))
+    finally:
+        _LOCAL.depth = 0
+    _count(name, time.perf_counter() - start)
+    return out

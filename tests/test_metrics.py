@@ -1,0 +1,260 @@
+"""Usage metrics (`record`, `stats`, `jaxbuffers.timing`): counts and ages against a plain-Python model of each
+buffer's ring, stale draws, saturation, donation, checkpoints and errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import jaxbuffers as jb
+from jaxbuffers._metrics import NUM_AGE_BINS
+
+ITEM = {"x": jax.ShapeDtypeStruct((2,), jnp.float32)}
+STEP = {"obs": jax.ShapeDtypeStruct((2,), jnp.float32), "action": jax.ShapeDtypeStruct((), jnp.int32),
+        "reward": jax.ShapeDtypeStruct((), jnp.float32)}
+CAP, E, L, EPS, T = 7, 2, 6, 5, 4
+
+
+class RingModel:
+    """A ring of `ring` slots per lane (all lanes written together): item number per slot, draws per position."""
+
+    def __init__(self, ring: int, lanes: int = 1):
+        self.ring, self.lanes = ring, lanes
+        self.item = [None] * ring  # item number last written to each slot (the same in every lane)
+        self.count = np.zeros((lanes, ring), np.int64)
+        self.added = self.head = 0
+        self.ages, self.stale, self.calls = [], 0, 0
+
+    def add(self, n: int) -> None:
+        for _ in range(n):
+            self.item[self.head] = self.added
+            self.count[:, self.head] = 0
+            self.added += 1
+            self.head = (self.head + 1) % self.ring
+
+    def generation(self, position: int) -> int | None:
+        return self.item[position % self.ring]
+
+    def record(self, positions, generations=None) -> None:
+        self.calls += 1
+        for i, p in enumerate(positions):
+            lane, slot = divmod(int(p), self.ring)
+            item = self.item[slot]
+            if item is None or (generations is not None and int(generations[i]) != item):
+                self.stale += 1
+                continue
+            self.ages.append(self.added - 1 - item)
+            self.count[lane, slot] += 1
+
+    def check(self, buf) -> None:
+        s = buf.stats()
+        assert s["inserts"] == self.added
+        assert s["samples"] == len(self.ages)
+        assert s["stale"] == self.stale
+        assert s["record_calls"] == self.calls
+        if self.ages:
+            assert s["age_max"] == max(self.ages)
+            assert s["age_mean"] == pytest.approx(sum(self.ages) / len(self.ages), rel=1e-6)
+        else:
+            assert s["age_max"] is None and s["age_mean"] is None
+        hist = np.zeros(NUM_AGE_BINS, np.int64)
+        for a in self.ages:
+            hist[min((a + 1).bit_length() - 1, NUM_AGE_BINS - 1)] += 1
+        assert [(h["from"], h["count"]) for h in s["age_histogram"]] == [(2**k - 1, int(c)) for k, c in enumerate(hist) if c]
+        m = _metrics(buf)
+        np.testing.assert_array_equal(np.asarray(m.age_hist), hist)
+        np.testing.assert_array_equal(np.asarray(m.sample_count).reshape(self.lanes, self.ring), self.count)
+        held = np.array([x is not None for x in self.item])
+        c = self.count[:, held]
+        assert s["sample_count"] == {"positions_held": c.size, "never_sampled": int(np.sum(c == 0)),
+                                     "mean": float(c.mean()) if c.size else None, "max": int(c.max()) if c.size else None}
+
+
+def _metrics(buf):
+    while getattr(buf, "_metrics_in", None):
+        buf = getattr(buf, buf._metrics_in)
+    return buf.metrics
+
+
+def _zeros(spec, lead):
+    return jax.tree.map(lambda s: jnp.zeros((*lead, *s.shape), s.dtype), spec)
+
+
+# --- one (create, add n, sample) per buffer kind, and the model's ring ---
+
+def _replay(prioritised):
+    cls = jb.PrioritisedReplayBuffer if prioritised else jb.ReplayBuffer
+    return (lambda: cls.create(ITEM, CAP, metrics=True), lambda b, n: b.add(_zeros(ITEM, (n,))),
+            lambda b, k: b.sample(k, 4), RingModel(CAP))
+
+
+def _trajectory(prioritised):
+    if prioritised:
+        create = lambda: jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2, metrics=True)  # noqa: E731
+        sample = lambda b, k: b.sample_sequences(k, 5)  # noqa: E731
+    else:
+        create = lambda: jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, metrics=True)  # noqa: E731
+        sample = lambda b, k: b.sample_transitions(k, 5, n_step=1, gamma=0.9)  # noqa: E731
+    add = lambda b, n: b.add(_zeros(STEP, (E, n)), terminated=jnp.zeros((E, n), bool))  # noqa: E731
+    return create, add, sample, RingModel(L, E)
+
+
+def _episode():
+    create = lambda: jb.EpisodeBuffer.create(STEP, max_episodes=EPS, max_timesteps=T, metrics=True)  # noqa: E731
+    add = lambda b, n: b.add_episodes(_zeros(STEP, (n, T)), jnp.full((n,), 2, jnp.int32), terminated=jnp.ones(n, bool),  # noqa: E731
+                                      final_obs=_zeros(STEP["obs"], (n,)))
+    return create, add, lambda b, k: b.sample_timesteps(k, 4), RingModel(EPS)
+
+
+KINDS = {"replay": lambda: _replay(False), "prioritised": lambda: _replay(True),
+         "trajectory": lambda: _trajectory(False), "prioritised-trajectory": lambda: _trajectory(True),
+         "episode": _episode}
+
+# op: (add before, draw?, add between sample and record)
+OPS = st.lists(st.tuples(st.sampled_from([0, 1, 3]), st.booleans(), st.sampled_from([0, 0, 2])), min_size=1, max_size=10)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, seed=st.integers(0, 2**16))
+def test_counts_and_ages_match_a_model(kind, ops, seed):
+    create, add, sample, model = KINDS[kind]()
+    buf, key = create(), jax.random.key(seed)
+    for before, draw, between in ops:
+        if before:
+            buf = add(buf, before)
+            model.add(before)
+        if draw and model.added:
+            key, k = jax.random.split(key)
+            s = sample(buf, k)
+            gens = getattr(s, "generations", None)
+            if gens is not None:  # a sampled position holds the item the model has there
+                assert [model.generation(int(p)) for p in s.indices] == [int(g) for g in gens]
+            if between:
+                buf = add(buf, between)
+                model.add(between)
+            buf = buf.record(s)
+            model.record(np.asarray(s.indices), None if gens is None else np.asarray(gens))
+        model.check(buf)
+
+
+def test_an_overwritten_draw_is_stale_and_counted_nowhere_else():
+    buf = jb.PrioritisedReplayBuffer.create(ITEM, 4, metrics=True).add(_zeros(ITEM, (4,)))
+    s = buf.sample(jax.random.key(0), 8)
+    buf = buf.add(_zeros(ITEM, (4,))).record(s)  # every slot rewritten
+    st_ = buf.stats()
+    assert (st_["samples"], st_["stale"], st_["age_max"]) == (0, 8, None)
+    assert st_["sample_count"]["max"] == 0
+    # the same draws recorded without an add in between all count
+    fresh = buf.record(buf.sample(jax.random.key(1), 8)).stats()
+    assert (fresh["samples"], fresh["stale"]) == (8, 8)
+
+
+def test_an_empty_buffer_records_its_draws_as_stale():
+    buf = jb.ReplayBuffer.create(ITEM, 4)
+    s = buf.stats() | {}
+    buf = buf.record(buf.sample(jax.random.key(0), 3))
+    assert buf.stats()["stale"] == 3 and buf.stats()["samples"] == 0 == s["samples"]
+
+
+def test_an_add_resets_the_counts_of_the_slots_it_writes():
+    buf = jb.ReplayBuffer.create(ITEM, 4, metrics=True).add(_zeros(ITEM, (4,)))
+    buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([0, 1, 2, 3, 3], jnp.int32)))
+    np.testing.assert_array_equal(buf.metrics.sample_count, [1, 1, 1, 2])
+    buf = buf.add(_zeros(ITEM, (2,)))
+    np.testing.assert_array_equal(buf.metrics.sample_count, [0, 0, 1, 2])
+
+
+def test_counts_saturate_instead_of_wrapping():
+    buf = jb.ReplayBuffer.create(ITEM, 4, metrics=True).add(_zeros(ITEM, (4,)))
+    top = np.iinfo(np.int32).max
+    m = buf.metrics
+    buf = buf.replace(metrics=m.replace(sample_count=m.sample_count.at[1].set(top - 1), age_hist=m.age_hist.at[1].set(top)))
+    buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([1, 1, 1, 2], jnp.int32)))  # slot 2: age 1, bin 1
+    assert top - 4 <= int(buf.metrics.sample_count[1]) <= top  # stops within a batch of the top, never wraps
+    assert int(buf.metrics.sample_count[2]) == 1
+    assert int(buf.metrics.age_hist[1]) == top
+    buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([1, 1, 1, 1], jnp.int32)))
+    assert top - 4 <= int(buf.metrics.sample_count[1]) <= top
+
+
+def test_without_per_slot_counts_the_other_counters_stay():
+    buf = jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L)  # default: no per-position counts
+    buf = buf.add(_zeros(STEP, (E, 3)), terminated=jnp.zeros((E, 3), bool))
+    assert buf.metrics.sample_count.shape == (0,)
+    buf = buf.record(buf.sample_sequences(jax.random.key(0), 6, 2))
+    s = buf.stats()
+    assert s["samples"] == 6 and "sample_count" not in s
+    with pytest.raises(TypeError, match="metrics"):
+        jb.ReplayBuffer.create(ITEM, 4, metrics=1)
+    assert "sample_count" in jb.EpisodeBuffer.create(STEP, max_episodes=2, max_timesteps=2, metrics=True).stats()
+
+
+def test_record_inside_a_donated_jitted_step_is_in_place():
+    buf = jb.PrioritisedReplayBuffer.create(ITEM, 64, metrics=True).add(_zeros(ITEM, (64,)))
+
+    def step(b, key):
+        s = b.sample(key, 8)
+        return b.add(_zeros(ITEM, (2,))).record(s)
+
+    f = jax.jit(step, donate_argnums=0)
+    buf = f(buf, jax.random.key(0))
+    ptrs = [x.unsafe_buffer_pointer() for x in jax.tree.leaves(buf)]
+    buf = f(buf, jax.random.key(1))
+    assert [x.unsafe_buffer_pointer() for x in jax.tree.leaves(buf)] == ptrs
+    assert buf.stats()["samples"] + buf.stats()["stale"] == 16
+
+
+def test_record_refuses_what_is_not_a_sample():
+    buf = jb.ReplayBuffer.create(ITEM, 4)
+    with pytest.raises(TypeError, match="sample"):
+        buf.record(jnp.arange(3))
+    with pytest.raises(TypeError, match="sample.indices"):
+        buf.record(jb.ReplaySample(item=None, indices=jnp.zeros(3)))
+    with pytest.raises(ValueError, match="sample.indices"):
+        buf.record(jb.ReplaySample(item=None, indices=jnp.zeros((3, 1), jnp.int32)))
+    p = jb.PrioritisedReplayBuffer.create(ITEM, 4)
+    s = p.sample(jax.random.key(0), 3)
+    with pytest.raises(ValueError, match="sample.generations"):
+        p.record(s._replace(generations=s.generations[:2]))
+
+
+def test_stats_of_a_stacked_buffer_asks_for_one_member():
+    bufs = jax.vmap(lambda _: jb.ReplayBuffer.create(ITEM, 4))(jnp.arange(2))
+    with pytest.raises(ValueError, match="stacked"):
+        bufs.stats()
+
+
+def test_metrics_survive_a_checkpoint(tmp_path):
+    for metrics in (True, False):
+        buf = jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2, metrics=metrics)
+        buf = buf.add(_zeros(STEP, (E, 4)), terminated=jnp.zeros((E, 4), bool))
+        buf = buf.record(buf.sample_sequences(jax.random.key(0), 6))
+        jb.save(tmp_path / f"ck{metrics}", buf)
+        got = jb.restore(tmp_path / f"ck{metrics}")
+        assert got.stats() == buf.stats()
+        assert _metrics(got).per_slot is metrics
+
+
+def test_timing_counts_eager_calls_and_spans_but_not_traced_ones():
+    buf = jb.ReplayBuffer.create(ITEM, 8)
+    add = jax.jit(jb.ReplayBuffer.add)
+    buf = add(buf, _zeros(ITEM, (2,)))  # compiled before the block
+    with jb.timing() as t:
+        buf = buf.add(_zeros(ITEM, (2,)))
+        buf = buf.add(_zeros(ITEM, (2,)))
+        buf = buf.record(buf.sample(jax.random.key(0), 4))
+        buf = add(buf, _zeros(ITEM, (2,)))  # a user's own jit: traced already, no buffer call of its own
+        with jb._timing.span("encode"):
+            pass
+    s = t.summary()
+    assert {k: v["calls"] for k, v in s.items()} == {"ReplayBuffer.add": 2, "ReplayBuffer.record": 1,
+                                                     "ReplayBuffer.sample": 1, "encode": 1}
+    assert all(v["total_s"] >= v["max_s"] >= v["mean_s"] * 0 >= 0 for v in s.values())
+    assert set(buf.stats(timing=t)["timing"]) == {"ReplayBuffer.add", "ReplayBuffer.record", "ReplayBuffer.sample"}
+    buf = buf.add(_zeros(ITEM, (2,)))  # outside the block: not counted
+    assert t.summary()["ReplayBuffer.add"]["calls"] == 2
