@@ -258,3 +258,17 @@ def test_timing_counts_eager_calls_and_spans_but_not_traced_ones():
     assert set(buf.stats(timing=t)["timing"]) == {"ReplayBuffer.add", "ReplayBuffer.record", "ReplayBuffer.sample"}
     buf = buf.add(_zeros(ITEM, (2,)))  # outside the block: not counted
     assert t.summary()["ReplayBuffer.add"]["calls"] == 2
+
+
+def test_compressed_buffers_record_into_their_wrapped_buffer():
+    pytest.importorskip("zstandard")
+    step = {"obs": jnp.zeros((8, 8), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = jb.CompressedTrajectoryBuffer.create(step, num_envs=2, length=16, codec="zstd:1")
+    for t in range(6):
+        buf = buf.add({"obs": jnp.full((2, 8, 8), t, jnp.uint8), "action": jnp.zeros(2, jnp.int32),
+                       "reward": jnp.zeros(2, jnp.float32)}, terminated=jnp.zeros(2, bool))
+    sample = buf.sample_transitions(jax.random.key(0), 8, n_step=1, gamma=0.99)
+    out = buf.record(sample)
+    assert type(out) is jb.CompressedTrajectoryBuffer and out.host is buf.host
+    assert out.stats() == out.buffer.stats() and out.stats()["samples"] == 8
+    assert buf.stats()["samples"] == 0

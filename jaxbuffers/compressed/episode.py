@@ -49,6 +49,7 @@ import numpy as np
 from flax import struct
 
 from jaxbuffers import _compiled, _validate
+from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
@@ -62,12 +63,14 @@ _PLACEHOLDER = jax.ShapeDtypeStruct((0,), jnp.uint8)
 _GAMMA = {"gamma": (0.0, 1.0)}
 
 
-class CompressedEpisodeBuffer(HostBacked, struct.PyTreeNode):
+class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
     """A `jaxbuffers.EpisodeBuffer` whose chosen observation leaves live compressed on the host.
 
     Same methods, arguments, sample types and errors as `EpisodeBuffer` (module doc: store layout, frame dedup);
     `update` refuses the observation field. Jittable, `lax.scan`-able, donatable; not vmappable (one host store).
     """
+
+    _metrics_in = "buffer"  # record / stats: the metrics of the wrapped buffer
 
     buffer: EpisodeBuffer  # compressed leaves hold uint8[0] placeholders
     version: jax.Array  # shape=(), dtype=int32: host-store writes included in this state

@@ -64,6 +64,7 @@ from flax import struct
 
 from host_codecs import get_codec
 from jaxbuffers import _compiled, _ring, _validate
+from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
@@ -128,7 +129,7 @@ def _build(
     return inner_step, kcap, config
 
 
-class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
+class CompressedTrajectoryBuffer(HostBacked, Recorded, struct.PyTreeNode):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
 
     Same methods and sample types as `jaxbuffers.TrajectoryBuffer`; sampled observations are decoded (and frame
@@ -136,6 +137,8 @@ class CompressedTrajectoryBuffer(HostBacked, struct.PyTreeNode):
     (float32 `x / 255` for compressed leaves when `normalize_images`). Module doc: frame dedup and the id layout.
     Not vmappable (one host store); jittable, `lax.scan`-able, donatable.
     """
+
+    _metrics_in = "buffer"  # record / stats: the metrics of the wrapped buffer
 
     buffer: Any  # TrajectoryBuffer (PrioritisedTrajectoryBuffer for the subclass); compressed leaves hold int32[3] ids
     frame_head: jax.Array  # shape=(), dtype=int32: position of the next step in every lane's frame ring, in [0, frame_ring)
