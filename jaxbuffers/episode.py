@@ -347,6 +347,8 @@ class EpisodeBuffer(struct.PyTreeNode):
             raise TypeError(f"{name}: expected a dict like the example step, got {type(episodes).__name__}")
         *lead, t = _validate.check_batch(spec, dict(episodes), 1 + batched, name, ("B", "T")[1 - batched:])
         lead = tuple(lead)
+        if 0 in lead:
+            raise ValueError(f"{name}: expected at least one episode (B >= 1), got leading axes {list(lead)}")
         lengths = _lengths(lname, lengths, lead, t)
         terminated = _flag("terminated", terminated, lead)
         truncated = np.zeros(lead, bool) if truncated is None else _flag("truncated", truncated, lead)
@@ -574,7 +576,7 @@ class EpisodeBuffer(struct.PyTreeNode):
           TypeError: `where` not giving a bool `[max_episodes]`.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
-        return self._sample_episodes(key, batch_size, self._filter(where))
+        return self._sample_episodes(_validate.key("key", key), batch_size, self._filter(where))
 
     @_compiled.method("batch_size")
     def _sample_episodes(self, key, batch_size: int, mask) -> EpisodeSample:
@@ -602,7 +604,7 @@ class EpisodeBuffer(struct.PyTreeNode):
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
-        return self._sample_sequences(key, batch_size, sequence_length, self._filter(where))
+        return self._sample_sequences(_validate.key("key", key), batch_size, sequence_length, self._filter(where))
 
     @_compiled.method("batch_size", "sequence_length")
     def _sample_sequences(self, key, batch_size: int, sequence_length: int, mask) -> EpisodeSequenceSample:
@@ -631,7 +633,7 @@ class EpisodeBuffer(struct.PyTreeNode):
           TypeError: `where` not giving a bool `[max_episodes]`.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
-        return self._sample_timesteps(key, batch_size, self._filter(where))
+        return self._sample_timesteps(_validate.key("key", key), batch_size, self._filter(where))
 
     @_compiled.method("batch_size")
     def _sample_timesteps(self, key, batch_size: int, mask) -> EpisodeStepSample:
@@ -673,7 +675,7 @@ class EpisodeBuffer(struct.PyTreeNode):
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         n_step = self._transition_args(n_step, gamma)
-        return self._sample_transitions(key, batch_size, n_step, gamma, self._filter(where))
+        return self._sample_transitions(_validate.key("key", key), batch_size, n_step, gamma, self._filter(where))
 
     def _transition_args(self, n_step, gamma) -> int:
         """`n_step` as an int in `[1, max_timesteps]`, after checking `gamma` (required, in [0, 1])."""
@@ -693,8 +695,7 @@ class EpisodeBuffer(struct.PyTreeNode):
         `transitions_at(s.indices, s.steps, n_step=n, gamma=g)` equals the sample `s` of `sample_transitions`.
         Indices are clipped into range. Raises as `sample_transitions` and for non-integer or non-1-D indices."""
         n_step = self._transition_args(n_step, gamma)
-        ep, t = _validate.index_vector("indices", indices), _validate.index_vector("steps", steps)
-        return self._transitions_at(ep, t, n_step, gamma)
+        return self._transitions_at(*_positions(indices, steps), n_step, gamma)
 
     @_compiled.method("n_step", scalars=_GAMMA)
     def _transitions_at(self, ep, t, n_step: int, gamma) -> EpisodeTransitionSample:
@@ -745,6 +746,14 @@ class EpisodeBuffer(struct.PyTreeNode):
             window_mask=jnp.arange(n_step, dtype=jnp.int32)[None, :] < k[:, None], meta=self._meta(ep),
             indices=ep.astype(jnp.int32), steps=t.astype(jnp.int32),
         )
+
+
+def _positions(indices, steps) -> tuple[jax.Array, jax.Array]:
+    """`(indices, steps)` of `transitions_at`: integer vectors of one length."""
+    ep, t = _validate.index_vector("indices", indices), _validate.index_vector("steps", steps)
+    if ep.shape != t.shape:
+        raise ValueError(f"steps: expected shape {tuple(ep.shape)} like indices, got {tuple(t.shape)}")
+    return ep, t
 
 
 def meta_values(meta_spec: Mapping, meta, lead: tuple = ()) -> dict:
