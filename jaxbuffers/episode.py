@@ -50,6 +50,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -784,7 +785,14 @@ def meta_values(meta_spec: Mapping, meta, lead: tuple = ()) -> dict:
             kinds = "b" if isinstance(v, bool) else "iuf" if isinstance(v, int) else "f"
             if dtype.kind not in kinds:
                 raise TypeError(f"{name}: expected a value of dtype {dtype}, got {type(v).__name__} {v!r}")
-            out[k] = np.broadcast_to(np.asarray(v, dtype), want)
+            if dtype.kind in "iu" and not isinstance(v, bool) and not np.iinfo(dtype).min <= v <= np.iinfo(dtype).max:
+                raise ValueError(f"{name}: expected a value {dtype} holds, in [{np.iinfo(dtype).min}, {np.iinfo(dtype).max}], got {v}")
+            if dtype.kind == "f":
+                with np.errstate(over="ignore"):
+                    x = np.asarray(float(v) if abs(v) < 2**1024 else math.inf, dtype)
+                if math.isfinite(v) and not np.isfinite(x):
+                    raise ValueError(f"{name}: expected a value {dtype} holds (at most {float(np.finfo(dtype).max)} in size), got {v}")
+            out[k] = np.broadcast_to(np.asarray(v, dtype) if dtype.kind != "f" else x, want)
             continue
         out[k] = _validate.array(name, v, want, dtype)
     return out
