@@ -125,6 +125,9 @@ class BufferServer:
         """
         n = _leading(batch)
         self._check_open("add")
+        for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:  # what jit cannot even take as an argument
+            if not _validate._is_array(x) or not (x.dtype == np.bool_ or np.issubdtype(x.dtype, np.number)):
+                raise _validate.not_array(f"batch{jax.tree_util.keystr(tuple(path))}", x, "a numeric or bool array (JAX or numpy)")
         self._add.eval_shape(self._buffer, batch)  # the buffer's own checks, before the limiter counts anything
         self._admit("add", n, timeout)
         with self._lock:

@@ -9,13 +9,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import jaxbuffers as jb
-from bad_inputs import SETTINGS, bad_keys, bad_static_ints, corrupt, refused, snapshot
+from bad_inputs import SETTINGS, bad_keys, bad_static_ints, corrupt, snapshot
+from bad_inputs import refused as _refused
 from jaxbuffers.mixing import mixed_counts, sample_mixed
 
 ITEM = {"obs": jnp.zeros((2,), jnp.float32), "a": jnp.int32(0)}
 BAD_RATES = st.sampled_from([0, 0.0, -1.0, float("nan"), float("inf"), "1", None, True, [1.0], 1 + 0j])
 BAD_COUNTS = st.sampled_from([-1, 2**31, 1.5, "1", None, True, np.zeros(2, np.int32), jnp.float32(1), [1]])
 BAD_TIMEOUTS = st.sampled_from([-1, -0.5, float("nan"), "1", [1]])
+
+
+def refused(call, name, **kw):
+    """`bad_inputs.refused`, with a message that starts with the argument (not JAX's own words that mention it)."""
+    err = _refused(call, name, **kw)
+    assert str(err).startswith((name,) if isinstance(name, str) else name), f"the message does not start with {name}: {err}"
+    return err
 
 
 def rows(b: int, start: int = 0) -> dict:
