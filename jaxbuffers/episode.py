@@ -50,6 +50,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -354,6 +355,8 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
             raise TypeError(f"{name}: expected a dict like the example step, got {type(episodes).__name__}")
         *lead, t = _validate.check_batch(spec, dict(episodes), 1 + batched, name, ("B", "T")[1 - batched:])
         lead = tuple(lead)
+        if 0 in lead:
+            raise ValueError(f"{name}: expected at least one episode (B >= 1), got leading axes {list(lead)}")
         lengths = _lengths(lname, lengths, lead, t)
         terminated = _flag("terminated", terminated, lead)
         truncated = np.zeros(lead, bool) if truncated is None else _flag("truncated", truncated, lead)
@@ -581,7 +584,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
           TypeError: `where` not giving a bool `[max_episodes]`.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
-        return self._sample_episodes(key, batch_size, self._filter(where))
+        return self._sample_episodes(_validate.key("key", key), batch_size, self._filter(where))
 
     @_compiled.method("batch_size")
     def _sample_episodes(self, key, batch_size: int, mask) -> EpisodeSample:
@@ -609,7 +612,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
-        return self._sample_sequences(key, batch_size, sequence_length, self._filter(where))
+        return self._sample_sequences(_validate.key("key", key), batch_size, sequence_length, self._filter(where))
 
     @_compiled.method("batch_size", "sequence_length")
     def _sample_sequences(self, key, batch_size: int, sequence_length: int, mask) -> EpisodeSequenceSample:
@@ -638,7 +641,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
           TypeError: `where` not giving a bool `[max_episodes]`.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
-        return self._sample_timesteps(key, batch_size, self._filter(where))
+        return self._sample_timesteps(_validate.key("key", key), batch_size, self._filter(where))
 
     @_compiled.method("batch_size")
     def _sample_timesteps(self, key, batch_size: int, mask) -> EpisodeStepSample:
@@ -680,7 +683,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         n_step = self._transition_args(n_step, gamma)
-        return self._sample_transitions(key, batch_size, n_step, gamma, self._filter(where))
+        return self._sample_transitions(_validate.key("key", key), batch_size, n_step, gamma, self._filter(where))
 
     def _transition_args(self, n_step, gamma) -> int:
         """`n_step` as an int in `[1, max_timesteps]`, after checking `gamma` (required, in [0, 1])."""
@@ -700,8 +703,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
         `transitions_at(s.indices, s.steps, n_step=n, gamma=g)` equals the sample `s` of `sample_transitions`.
         Indices are clipped into range. Raises as `sample_transitions` and for non-integer or non-1-D indices."""
         n_step = self._transition_args(n_step, gamma)
-        ep, t = _validate.index_vector("indices", indices), _validate.index_vector("steps", steps)
-        return self._transitions_at(ep, t, n_step, gamma)
+        return self._transitions_at(*_positions(indices, steps), n_step, gamma)
 
     @_compiled.method("n_step", scalars=_GAMMA)
     def _transitions_at(self, ep, t, n_step: int, gamma) -> EpisodeTransitionSample:
@@ -754,6 +756,14 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
         )
 
 
+def _positions(indices, steps) -> tuple[jax.Array, jax.Array]:
+    """`(indices, steps)` of `transitions_at`: integer vectors of one length."""
+    ep, t = _validate.index_vector("indices", indices), _validate.index_vector("steps", steps)
+    if ep.shape != t.shape:
+        raise ValueError(f"steps: expected shape {tuple(ep.shape)} like indices, got {tuple(t.shape)}")
+    return ep, t
+
+
 def meta_values(meta_spec: Mapping, meta, lead: tuple = ()) -> dict:
     """The meta fields given to an add, checked against `meta_spec` (`{name: jax.ShapeDtypeStruct}`), leaves
     `[*lead, *shape]` (fields not given are left out: the add gives them their default).
@@ -782,7 +792,14 @@ def meta_values(meta_spec: Mapping, meta, lead: tuple = ()) -> dict:
             kinds = "b" if isinstance(v, bool) else "iuf" if isinstance(v, int) else "f"
             if dtype.kind not in kinds:
                 raise TypeError(f"{name}: expected a value of dtype {dtype}, got {type(v).__name__} {v!r}")
-            out[k] = np.broadcast_to(np.asarray(v, dtype), want)
+            if dtype.kind in "iu" and not isinstance(v, bool) and not np.iinfo(dtype).min <= v <= np.iinfo(dtype).max:
+                raise ValueError(f"{name}: expected a value {dtype} holds, in [{np.iinfo(dtype).min}, {np.iinfo(dtype).max}], got {v}")
+            if dtype.kind == "f":
+                with np.errstate(over="ignore"):
+                    x = np.asarray(float(v) if abs(v) < 2**1024 else math.inf, dtype)
+                if math.isfinite(v) and not np.isfinite(x):
+                    raise ValueError(f"{name}: expected a value {dtype} holds (at most {float(np.finfo(dtype).max)} in size), got {v}")
+            out[k] = np.broadcast_to(np.asarray(v, dtype) if dtype.kind != "f" else x, want)
             continue
         out[k] = _validate.array(name, v, want, dtype)
     return out

@@ -35,6 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxbuffers import _validate
 from jaxbuffers.ratelimit import BlockingRateLimiter, RateLimiterClosed, RateLimiterTimeout
 
 __all__ = ["BufferServer", "Writer", "BufferClosed", "ray_server"]
@@ -66,6 +67,14 @@ class BufferServer:
 
     def __init__(self, buffer: Any, *, add: Callable | None = None, sample: Callable | None = None,
                  rate_limiter: BlockingRateLimiter | None = None, seed: int = 0):
+        for name, fn, method in (("add", add, "add"), ("sample", sample, "sample")):
+            if fn is None and not callable(getattr(type(buffer), method, None)):
+                raise TypeError(f"buffer: expected a buffer state with an {method} method (or pass {name}=), got {type(buffer).__name__}")
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name}: expected a function or None, got {type(fn).__name__}")
+        if rate_limiter is not None and not isinstance(rate_limiter, BlockingRateLimiter):
+            raise TypeError(f"rate_limiter: expected a BlockingRateLimiter or None, got {type(rate_limiter).__name__}")
+        seed = _validate.static_int("seed", seed, minimum=0)
         self._buffer = buffer
         self._add = jax.jit(add or type(buffer).add, donate_argnums=0)
         self._sample = jax.jit(sample or type(buffer).sample, static_argnums=2)
@@ -115,6 +124,11 @@ class BufferServer:
             already counted the inserts).
         """
         n = _leading(batch)
+        self._check_open("add")
+        for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:  # what jit cannot even take as an argument
+            if not _validate._is_array(x) or not (x.dtype == np.bool_ or np.issubdtype(x.dtype, np.number)):
+                raise _validate.not_array(f"batch{jax.tree_util.keystr(tuple(path))}", x, "a numeric or bool array (JAX or numpy)")
+        self._add.eval_shape(self._buffer, batch)  # the buffer's own checks, before the limiter counts anything
         self._admit("add", n, timeout)
         with self._lock:
             self._check_open("add")
@@ -129,6 +143,11 @@ class BufferServer:
         Raises:
           BufferClosed, jaxbuffers.RateLimiterTimeout: as `add`.
         """
+        batch_size = _validate.static_int("batch_size", batch_size)
+        if key is not None:
+            _validate.key("key", key)
+        self._check_open("sample")
+        self._sample.eval_shape(self._buffer, self._key if key is None else key, batch_size)  # checked before counting
         self._admit("sample", batch_size, timeout)
         with self._lock:
             self._check_open("sample")
@@ -156,11 +175,14 @@ class Writer:
     """
 
     def __init__(self, server: BufferServer, flush_size: int):
+        if not isinstance(server, BufferServer):
+            raise TypeError(f"server: expected a BufferServer, got {type(server).__name__}")
         if isinstance(flush_size, bool) or not isinstance(flush_size, int) or flush_size < 1:
             raise ValueError(f"flush_size: expected a Python int >= 1, got {flush_size!r}")
         self.server = server
         self.flush_size = flush_size
         self._pending: list = []
+        self._spec: Any = None
         self._lock = threading.Lock()
 
     @property
@@ -180,6 +202,13 @@ class Writer:
         try:
             if self.server.closed:
                 raise BufferClosed("append: the buffer server was closed")
+            if self._pending:  # one structure, dtype and shape per batch, checked before the item is queued
+                _validate.check_batch(self._spec, item, 0, "item")
+            else:
+                spec = _validate.item_spec(item, "item")
+                rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.flush_size, *x.shape), x.dtype), spec)
+                self.server._add.eval_shape(self.server._buffer, rows)  # the buffer's checks, on the batch to come
+                self._spec = spec
             self._pending.append(item)
             if len(self._pending) >= self.flush_size:
                 self._flush(timeout)

@@ -66,7 +66,9 @@ def mixed_counts(batch_size: int, proportions: Sequence[float]) -> tuple[int, ..
       TypeError: a proportion that is not a number.
     """
     batch_size = _validate.static_int("batch_size", batch_size)
-    if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence) or not proportions:
+    if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence):
+        raise TypeError(f"proportions: expected a sequence of numbers, one per source, got {type(proportions).__name__}")
+    if not proportions:
         raise ValueError(f"proportions: expected a non-empty sequence of numbers, one per source, got {proportions!r}")
     w = [_validate.static_float(f"proportions[{i}]", p, 0.0, math.inf) for i, p in enumerate(proportions)]
     total = math.fsum(w)
@@ -104,6 +106,11 @@ def sample_mixed(
         `shuffle` not a bool.
     """
     shuffle = _validate.static_bool("shuffle", shuffle)
+    key = _validate.key("key", key)
+    if isinstance(samplers, (str, bytes)) or not isinstance(samplers, Sequence):
+        raise TypeError(f"samplers: expected a sequence of functions (key, n) -> pytree, got {type(samplers).__name__}")
+    if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence):
+        raise TypeError(f"proportions: expected a sequence of numbers, one per sampler, got {type(proportions).__name__}")
     samplers = list(samplers)
     if len(samplers) != len(proportions):
         raise ValueError(f"proportions: expected one per sampler ({len(samplers)}), got {len(proportions)}")

@@ -53,6 +53,7 @@ from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
+from jaxbuffers import episode as _episode
 from jaxbuffers.episode import (
     EpisodeBuffer, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample, _is_traced,
 )
@@ -311,7 +312,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
     @_common.checked_before_dispatch()
     def sample_episodes(self, key: jax.Array, batch_size: int, *, where=None) -> EpisodeSample:
         """`jaxbuffers.EpisodeBuffer.sample_episodes`, observations decoded."""
-        return self._sample_episodes(key, _validate.static_int("batch_size", batch_size), self.buffer._filter(where))
+        return self._sample_episodes(_validate.key("key", key), _validate.static_int("batch_size", batch_size), self.buffer._filter(where))
 
     @_compiled.method("batch_size")
     def _sample_episodes(self, key, batch_size: int, mask) -> EpisodeSample:
@@ -327,7 +328,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
     def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, where=None) -> EpisodeSequenceSample:
         """`jaxbuffers.EpisodeBuffer.sample_sequences`, observations decoded."""
         batch_size = _validate.static_int("batch_size", batch_size)
-        return self._sample_sequences(key, batch_size, self.buffer._sequence_length(sequence_length), self.buffer._filter(where))
+        return self._sample_sequences(_validate.key("key", key), batch_size, self.buffer._sequence_length(sequence_length), self.buffer._filter(where))
 
     @_compiled.method("batch_size", "sequence_length")
     def _sample_sequences(self, key, batch_size: int, sequence_length: int, mask) -> EpisodeSequenceSample:
@@ -339,7 +340,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
     @_common.checked_before_dispatch()
     def sample_timesteps(self, key: jax.Array, batch_size: int, *, where=None) -> EpisodeStepSample:
         """`jaxbuffers.EpisodeBuffer.sample_timesteps`, observations decoded."""
-        return self._sample_timesteps(key, _validate.static_int("batch_size", batch_size), self.buffer._filter(where))
+        return self._sample_timesteps(_validate.key("key", key), _validate.static_int("batch_size", batch_size), self.buffer._filter(where))
 
     @_compiled.method("batch_size")
     def _sample_timesteps(self, key, batch_size: int, mask) -> EpisodeStepSample:
@@ -353,7 +354,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
         one host callback."""
         batch_size = _validate.static_int("batch_size", batch_size)
         n_step = self.buffer._transition_args(n_step, gamma)
-        return self._sample_transitions(key, batch_size, n_step, gamma, self.buffer._filter(where))
+        return self._sample_transitions(_validate.key("key", key), batch_size, n_step, gamma, self.buffer._filter(where))
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def _sample_transitions(self, key, batch_size: int, n_step: int, gamma, mask) -> EpisodeTransitionSample:
@@ -363,8 +364,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
     def transitions_at(self, indices, steps, *, n_step: int = 1, gamma) -> EpisodeTransitionSample:
         """`jaxbuffers.EpisodeBuffer.transitions_at`, observations decoded."""
         n_step = self.buffer._transition_args(n_step, gamma)
-        ep, t = _validate.index_vector("indices", indices), _validate.index_vector("steps", steps)
-        return self._transitions_at(ep, t, n_step, gamma)
+        return self._transitions_at(*_episode._positions(indices, steps), n_step, gamma)
 
     @_compiled.method("n_step", scalars=_GAMMA)
     def _transitions_at(self, ep, t, n_step: int, gamma) -> EpisodeTransitionSample:

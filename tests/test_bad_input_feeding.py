@@ -1,0 +1,154 @@
+"""Bad input to the feeding side: `RateLimiter`, `BlockingRateLimiter`, `BufferServer`, `Writer`, and
+`sample_mixed` / `mixed_counts`: refused with an error naming the argument; a refused call leaves the limiter's
+counts, the server's buffer and the writer's queue exactly as they were."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+import jaxbuffers as jb
+from bad_inputs import SETTINGS, bad_keys, bad_static_ints, corrupt, snapshot
+from bad_inputs import refused as _refused
+from jaxbuffers.mixing import mixed_counts, sample_mixed
+
+ITEM = {"obs": jnp.zeros((2,), jnp.float32), "a": jnp.int32(0)}
+BAD_RATES = st.sampled_from([0, 0.0, -1.0, float("nan"), float("inf"), "1", None, True, [1.0], 1 + 0j])
+BAD_COUNTS = st.sampled_from([-1, 2**31, 1.5, "1", None, True, np.zeros(2, np.int32), jnp.float32(1), [1]])
+BAD_TIMEOUTS = st.sampled_from([-1, -0.5, float("nan"), "1", [1]])
+
+
+def refused(call, name, **kw):
+    """`bad_inputs.refused`, with a message that starts with the argument (not JAX's own words that mention it)."""
+    err = _refused(call, name, **kw)
+    assert str(err).startswith((name,) if isinstance(name, str) else name), f"the message does not start with {name}: {err}"
+    return err
+
+
+def rows(b: int, start: int = 0) -> dict:
+    i = np.arange(start, start + b)
+    return {"obs": np.stack([i, -i], 1).astype(np.float32), "a": i.astype(np.int32)}
+
+
+def server_state(server: jb.BufferServer) -> tuple:
+    lim = server.rate_limiter
+    return snapshot(server.buffer()), (lim.num_inserted, lim.num_sampled) if lim else None
+
+
+SERVER = jb.BufferServer(jb.ReplayBuffer.create(ITEM, 16), rate_limiter=jb.BlockingRateLimiter(1.0, min_size=1, error_buffer=8.0))
+SERVER.add(rows(2))
+
+
+@SETTINGS
+@given(rate=BAD_RATES, min_size=st.sampled_from([-1, 1.5, "1", None, True, 2**40]),
+       error_buffer=BAD_RATES.filter(lambda v: not (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0))
+       | st.sampled_from([(1.0,), (1.0, 2.0, 3.0), (-1.0, 1.0), "ab"]))
+def test_rate_limiter_create_bad_arguments(rate, min_size, error_buffer):
+    for make in (jb.RateLimiter.create, jb.BlockingRateLimiter):
+        refused(lambda: make(rate), "samples_per_insert")
+        refused(lambda: make(1.0, min_size=min_size), "min_size")
+        refused(lambda: make(1.0, error_buffer=error_buffer), "error_buffer")
+
+
+@SETTINGS
+@given(n=BAD_COUNTS, batch_size=bad_static_ints())
+def test_rate_limiter_bad_counts(n, batch_size):
+    lim = jb.RateLimiter.create(1.0, error_buffer=10.0).insert(3)
+    for call in (lim.insert, lim.sample, lim.can_insert, lim.can_sample):
+        refused(lambda: call(n), "n", state=lim)
+    refused(lambda: lim.num_updates(batch_size), "batch_size", state=lim)
+
+
+@SETTINGS
+@given(n=st.sampled_from([-1, 1.5, "1", None, True, [1], np.zeros(2, np.int32)]), timeout=BAD_TIMEOUTS)
+def test_blocking_rate_limiter_bad_arguments(n, timeout):
+    lim = jb.BlockingRateLimiter(1.0, min_size=1, error_buffer=4.0)
+    lim.await_insert(2)
+    counts = lambda: (lim.num_inserted, lim.num_sampled)  # noqa: E731
+    for call in (lim.await_insert, lim.await_sample):
+        refused(lambda: call(n), "n", state=counts)
+        refused(lambda: call(1, timeout), "timeout", state=counts)
+    refused(lambda: lim.await_insert(1000), "n", state=counts)  # no balance ever admits it
+
+
+@SETTINGS
+@given(bad=corrupt(rows(3), "batch"), timeout=BAD_TIMEOUTS)
+def test_server_add_refused_before_the_limiter_counts(bad, timeout):
+    """A batch the buffer refuses is refused before the rate limiter counts its inserts: counts and buffer as
+    they were."""
+    refused(lambda: SERVER.add(bad[0]), (bad[1], "batch"), state=lambda: server_state(SERVER))
+    refused(lambda: SERVER.add(rows(1), timeout=timeout), "timeout", state=lambda: server_state(SERVER))
+
+
+@SETTINGS
+@given(key=bad_keys().filter(lambda k: k is not None), batch_size=bad_static_ints())
+def test_server_sample_refused_before_the_limiter_counts(key, batch_size):
+    refused(lambda: SERVER.sample(key, 1), "key", state=lambda: server_state(SERVER))
+    refused(lambda: SERVER.sample(None, batch_size), "batch_size", state=lambda: server_state(SERVER))
+
+
+@SETTINGS
+@given(buffer=st.sampled_from([None, 1, "buf", {"a": 1}]), fn=st.sampled_from([1, "add"]), seed=st.sampled_from([-1, 1.5, "0", None]))
+def test_server_and_writer_constructors(buffer, fn, seed):
+    buf = jb.ReplayBuffer.create(ITEM, 4)
+    refused(lambda: jb.BufferServer(buffer), "buffer")
+    refused(lambda: jb.BufferServer(buf, add=fn), "add")
+    refused(lambda: jb.BufferServer(buf, sample=fn), "sample")
+    refused(lambda: jb.BufferServer(buf, rate_limiter=jb.RateLimiter.create(1.0)), "rate_limiter")
+    refused(lambda: jb.BufferServer(buf, seed=seed), "seed")
+    refused(lambda: jb.Writer(buffer, 2), "server")
+    refused(lambda: jb.Writer(SERVER, seed), "flush_size")
+
+
+@SETTINGS
+@given(first=st.booleans(), bad=corrupt({k: v[0] for k, v in rows(1).items()}, "item"))
+def test_writer_refuses_an_item_before_queueing_it(first, bad):
+    """A wrong item is refused by `append` (the first against the buffer, later ones against the first): the
+    queue and the server stay as they were, and the next flush adds the right items only."""
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, 16))
+    writer = jb.Writer(server, 3)
+    if not first:
+        writer.append({k: v[0] for k, v in rows(1, 5).items()})
+    state = lambda: (writer.num_pending, server_state(server))  # noqa: E731
+    refused(lambda: writer.append(bad[0]), (bad[1], bad[1].replace("item", "batch"), "item", "batch"), state=state)
+    writer.flush()
+    assert int(server.buffer().size()) == (0 if first else 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sample_mixed / mixed_counts
+
+
+def _source(value: float):
+    return lambda key, n: {"x": jnp.full((n, 2), value, jnp.float32)}
+
+
+@SETTINGS
+@given(key=bad_keys(), batch_size=bad_static_ints(),
+       props=st.sampled_from([None, 1.0, "ab", iter([1, 1]), np.array([1.0, 1.0]), [], [1.0], [1.0, -1.0], [0.0, 0.0], [1.0, float("nan")],
+                              [1.0, float("inf")], [1.0, "1"], [True, 1.0], [1.0, None]]),
+       samplers=st.sampled_from([None, _source(0.0), [1, _source(0.0)], [_source(0.0), lambda k, n: [1]],
+                                 [_source(0.0), lambda k, n: {"x": jnp.zeros((n, 2), jnp.int32)}],
+                                 [_source(0.0), lambda k, n: {"x": jnp.zeros((n + 1, 2), jnp.float32)}]]),
+       shuffle=st.sampled_from([1, "no", None, np.array(True)]))
+def test_sample_mixed_bad_arguments(key, batch_size, props, samplers, shuffle):
+    good = [_source(0.0), _source(1.0)]
+    k = jax.random.key(0)
+    refused(lambda: sample_mixed(key, good, 4, [1.0, 1.0]), "key")
+    refused(lambda: sample_mixed(k, good, batch_size, [1.0, 1.0]), "batch_size")
+    refused(lambda: mixed_counts(batch_size, [1.0, 1.0]), "batch_size")
+    refused(lambda: sample_mixed(k, good, 4, props), "proportions")
+    if not isinstance(props, list) or len(props) == 2:
+        refused(lambda: mixed_counts(4, props), "proportions")
+    refused(lambda: sample_mixed(k, samplers, 4, [1.0, 1.0]), ("samplers", "proportions"))
+    refused(lambda: sample_mixed(k, good, 4, [1.0, 1.0], shuffle=shuffle), "shuffle")
+
+
+@SETTINGS
+@given(form=st.sampled_from(["list", "tuple", "ints", "numpy_floats"]), batch_size=st.integers(1, 9))
+def test_mixed_counts_accepted_forms(form, batch_size):
+    """The table: proportions a list or tuple of Python or numpy numbers (ints too), normalised by their sum."""
+    props = {"list": [1.0, 3.0], "tuple": (1.0, 3.0), "ints": [1, 3], "numpy_floats": [np.float32(1), np.float64(3)]}[form]
+    assert mixed_counts(batch_size, props) == mixed_counts(batch_size, [0.25, 0.75])
+    assert sum(mixed_counts(batch_size, props)) == batch_size
