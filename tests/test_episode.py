@@ -220,6 +220,7 @@ def test_model_based_jit(data):
     run_model(data, True)
 
 
+@pytest.mark.slow  # the jitted twin runs in CI
 @settings(max_examples=6, deadline=None)
 @given(data=st.data())
 def test_model_based_eager(data):

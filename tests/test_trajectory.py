@@ -413,6 +413,7 @@ def test_model_based_jit(data):
     run_model(True, data, FAST)
 
 
+@pytest.mark.slow  # the jitted twin runs in CI
 @settings(max_examples=5, deadline=None)  # eager: each method one cached compiled program
 @given(data=st.data())
 def test_model_based_no_jit(data):
