@@ -283,7 +283,7 @@ class CompressedStore:
         payload = np.empty(int(padded.sum()), np.uint8)
         # one copy per run of payloads that lie back to back in one chunk
         breaks = np.flatnonzero((np.diff(src_chunk) != 0) | (np.diff(src) != padded[:-1])) + 1
-        for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), live.size]):
+        for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), live.size]) if live.size else ():
             n = int(dst[b - 1] + padded[b - 1] - dst[a])
             payload[dst[a] : dst[a] + n] = chunks[int(src_chunk[a])][src[a] : src[a] + n]
         cols["chunk"][live], cols["offset"][live] = 0, dst

@@ -147,7 +147,8 @@ def _frames(b) -> dict:
 
 def _compressed_trajectory(b) -> dict:
     t = b.trajectory
-    out = {**_trajectory(t), "example": b.step_spec, **_host(b, b.step_spec[t.obs_key]), **_frames(b)}
+    out = {**_trajectory(t), "example": b.step_spec, **_host(b, b.step_spec[t.obs_key]), **_frames(b),
+           "keyframe_interval": b.keyframe_interval}
     return {**out, **_priorities(b.buffer)} if isinstance(b.buffer, PrioritisedTrajectoryBuffer) else out
 
 

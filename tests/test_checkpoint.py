@@ -463,3 +463,14 @@ def test_store_export_import_keeps_the_dictionary_and_its_training_state():
         copy.import_state(meta, arrays)
     with pytest.raises(ValueError, match="store config chunk_bytes"):
         CompressedStore(40, **{**kw, "chunk_bytes": 8192}).import_state(meta, arrays)
+
+
+def test_empty_compressed_buffer_round_trips_and_keyframe_interval_is_checked(tmp_path):
+    step = {"obs": jnp.zeros((6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    empty = jb.CompressedTrajectoryBuffer.create(step, num_envs=2, length=8, codec="zstd:1")
+    jb.save(tmp_path / "c", empty)  # no entry stored yet
+    back = jb.restore(tmp_path / "c")
+    assert back.keyframe_interval == empty.keyframe_interval and int(back.size()) == 0
+    other = jb.CompressedTrajectoryBuffer.create(step, num_envs=2, length=8, codec="zstd:1", keyframe_interval=2)
+    with pytest.raises(jb.CheckpointError, match="keyframe_interval"):
+        jb.restore(tmp_path / "c", other)
