@@ -297,6 +297,13 @@ def index_array(x: Any, name: str = "indices", want: str = "an integer array (in
     # Array-likes of other libraries (a torch tensor, a pandas Series) are read through numpy; an
     # abstract jax.ShapeDtypeStruct becomes a 0-d object array there, refused below.
     other = hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (np.ndarray, np.generic, jax.Array))
+    if clip and isinstance(x, (list, tuple)):  # numpy reads [0, 2**63] as float64: read Python ints as objects first
+        try:
+            obj = np.asarray(x, dtype=object)
+        except Exception:  # ragged: refused below
+            obj = None
+        if obj is not None and obj.dtype == object and obj.size and all(_is_python_int(v) for v in obj.flat):
+            x = obj
     try:
         out = np.asarray(x) if other else as_array(x)
     except Exception as e:  # dicts, ragged lists, None / str / huge ints next to JAX arrays, a CUDA or grad tensor

@@ -206,6 +206,9 @@ class Writer:
                 _validate.check_batch(self._spec, item, 0, "item")
             else:
                 spec = _validate.item_spec(item, "item")
+                for path, leaf in jax.tree_util.tree_leaves_with_path(item):  # values, not abstract shapes
+                    if isinstance(leaf, jax.ShapeDtypeStruct):
+                        raise _validate.not_array(f"item{jax.tree_util.keystr(tuple(path))}", leaf)
                 rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.flush_size, *x.shape), x.dtype), spec)
                 self.server._add.eval_shape(self.server._buffer, rows)  # the buffer's checks, on the batch to come
                 self._spec = spec

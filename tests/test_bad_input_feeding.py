@@ -5,7 +5,7 @@ counts, the server's buffer and the writer's queue exactly as they were."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import jaxbuffers as jb
@@ -103,6 +103,7 @@ def test_server_and_writer_constructors(buffer, fn, seed):
 
 @SETTINGS
 @given(first=st.booleans(), bad=corrupt({k: v[0] for k, v in rows(1).items()}, "item"))
+@example(first=True, bad=({**{k: v[0] for k, v in rows(1).items()}, "obs": jax.ShapeDtypeStruct((2,), jnp.float32)}, "item['obs']"))
 def test_writer_refuses_an_item_before_queueing_it(first, bad):
     """A wrong item is refused by `append` (the first against the buffer, later ones against the first): the
     queue and the server stay as they were, and the next flush adds the right items only."""
