@@ -113,6 +113,7 @@ def test_writer_batches_many_items_into_one_add_in_order():
         jb.Writer(server, flush_size=0)
 
 
+@pytest.mark.slow  # starts a local Ray cluster
 def test_ray_actor_server_takes_numpy_pytrees_from_remote_actors():
     ray = pytest.importorskip("ray", reason="ray is not installed (the Ray integration is optional)")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)

@@ -24,6 +24,7 @@ S = 8
 eight = pytest.mark.devices(S)  # deselected with fewer devices: test_on_eight_forced_devices runs them
 
 
+@pytest.mark.slow  # a subprocess of its own on 8 forced devices: python -m pytest -m slow tests/test_sharding.py
 @pytest.mark.fewer_devices(S)
 def test_on_eight_forced_devices():
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={S}",
