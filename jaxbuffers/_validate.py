@@ -641,3 +641,12 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
             )
         out.append((name, shape, np.dtype(s.dtype), tuple(d for j, d in enumerate(shape) if j != ax), ax))
     return out
+
+
+def one_each(name: str, value: Any, n: int, what: str) -> tuple:
+    """``value`` (a list or tuple of exactly ``n`` entries, one per ``what``) as a tuple, else TypeError naming
+    ``name``, ``n`` and what came."""
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        got = f"{type(value).__name__} of {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
+        raise TypeError(f"{name}: expected a list or tuple of {n} entries (one per {what}), got {got}")
+    return tuple(value)

@@ -1,7 +1,8 @@
 """Disk-backed buffers: a compressed buffer whose host stores are files in a folder, and several folders sampled as one.
 
 `open(directory, "w", buffer)` moves the host half of an empty compressed buffer (`CompressedTrajectoryBuffer`,
-`CompressedPrioritisedTrajectoryBuffer`, `CompressedRolloutBuffer`, created with `codec="none"`) into a folder: every
+`CompressedPrioritisedTrajectoryBuffer`, `CompressedRolloutBuffer`, `CompressedEpisodeBuffer`, created with
+`codec="none"`) into a folder: every
 compressed leaf becomes a `host_codecs.FileStore` (one `.npy` file of `[num_slots, *frame_shape]`, read and written
 with positioned system calls, so data larger than memory stays on disk and reading it does not grow the process's
 resident memory). Everything else is unchanged: `add` writes through the same exactly-once host callback, samplers
@@ -25,8 +26,9 @@ entries themselves are written by every `add`. Reopened with `"r"` or `"r+"`, th
 last flush. Entries rewritten by adds after the last flush fail their checksum when read from the reopened folder
 (`host_codecs.CorruptEntryError` naming the file and slots) rather than returning frames the saved state never held.
 
-`Concatenated(buffers)` samples several such buffers (open folders, or in-memory compressed buffers of the same
-configuration) as one: uniformly over the union of their valid windows.
+`Concatenated.create(buffers)` samples several trajectory buffers (open folders, or in-memory compressed buffers of
+the same configuration) as one, uniformly over the union of their valid windows; `ConcatenatedEpisodes.create`
+does the same for episode buffers (episodes, sequences, steps and n-step transitions, with meta filters).
 """
 
 from __future__ import annotations
@@ -45,13 +47,17 @@ from flax import struct
 
 from host_codecs import CorruptEntryError, dtype_from_code
 from host_codecs.file_store import FileStore, ReadOnlyError
-from jaxbuffers import _compiled, _ring, checkpoint
+from jaxbuffers import _compiled, _ring, _validate, checkpoint
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import HostStores, StaleBufferError
+from jaxbuffers.compressed.episode import CompressedEpisodeBuffer
 from jaxbuffers.compressed.trajectory import CompressedTrajectoryBuffer
+from jaxbuffers.episode import EpisodeSample
 from jaxbuffers.trajectory import SequenceSample, TransitionSample
 
-__all__ = ["FORMAT_VERSION", "ReadOnlyError", "DiskStores", "open", "flush", "Concatenated", "ConcatenatedSample"]
+__all__ = [
+    "FORMAT_VERSION", "ReadOnlyError", "DiskStores", "open", "flush", "Concatenated", "ConcatenatedEpisodes", "ConcatenatedSample",
+]
 
 FORMAT = "jaxbuffers.disk"
 FORMAT_VERSION = 1
@@ -273,11 +279,50 @@ def _create(d: Path, buffer: Any) -> Any:
 # --- several buffers sampled as one ---
 
 class ConcatenatedSample(NamedTuple):
-    """A sample of `Concatenated`: `sample` as the buffers' sampler returns it (`indices` local to its buffer), and
-    `source` # shape=[B], dtype=int32: the buffer each row comes from."""
+    """A sample of `Concatenated` or `ConcatenatedEpisodes`: `sample` as the buffers' sampler returns it (`indices`
+    local to its buffer), and `source` # shape=[B], dtype=int32: the buffer each row comes from."""
 
     sample: Any
     source: jax.Array
+
+
+def _same_configuration(buffers: Sequence[Any], cls: type, sizes: tuple[str, ...]) -> tuple:
+    """`buffers` as a tuple once checked: at least one, each exactly of class `cls`, and every configuration field of
+    its checkpoint description (`jaxbuffers.checkpoint`) but `sizes` equal to `buffers[0]`'s.
+
+    Raises:
+      TypeError: no buffer, or a buffer of another class.
+      ValueError: a configuration field that differs from `buffers[0]`'s (the message names it).
+    """
+    buffers = tuple(buffers)
+    if not buffers:
+        raise TypeError("buffers: expected at least one buffer")
+    describe = checkpoint._CLASSES[cls.__name__][1]
+    ref = None
+    for i, b in enumerate(buffers):
+        if type(b) is not cls:
+            raise TypeError(f"buffers[{i}]: expected a {cls.__name__}, got {type(b).__name__}")
+        like = b.host.like if isinstance(b.host, DiskStores) else b.host
+        cfg = checkpoint._json_config({k: v for k, v in describe(b.replace(host=like)).items() if k not in sizes})
+        if ref is None:
+            ref = cfg
+        for k in sorted(set(cfg) | set(ref)):
+            if cfg.get(k) != ref.get(k):
+                raise ValueError(f"buffers[{i}]: config {k!r} is {cfg.get(k)!r:.200}, buffers[0] has {ref.get(k)!r:.200}")
+    return buffers
+
+
+def _draw(key: jax.Array, counts: Sequence[jax.Array], batch_size: int) -> jax.Array:
+    """int32 `[batch_size]`: buffer `i` drawn with probability `counts[i] / sum(counts)` (any buffer when all are 0)."""
+    w = jnp.stack(counts).astype(jnp.float32)
+    logits = jnp.where(w.sum() > 0, jnp.log(w), 0.0)  # nothing valid anywhere: any buffer (its zeros)
+    return jax.random.categorical(key, logits, shape=(batch_size,)).astype(jnp.int32)
+
+
+def _pick(parts: list, source: jax.Array) -> Any:
+    """Row `b` of `parts[source[b]]`, for pytrees `parts` of one structure and shapes, leaves `[B, ...]`."""
+    rows = jnp.arange(source.shape[0])
+    return jax.tree.map(lambda *xs: jnp.stack(xs)[source, rows], *parts)
 
 
 _FIXED_SIZES = ("num_envs", "length", "final_obs_capacity")
@@ -305,22 +350,7 @@ class Concatenated(struct.PyTreeNode):
           TypeError: no buffer, or a buffer of another class.
           ValueError: a configuration field that differs from `buffers[0]`'s (the message names it).
         """
-        buffers = tuple(buffers)
-        if not buffers:
-            raise TypeError("buffers: expected at least one buffer")
-        describe = checkpoint._CLASSES[CompressedTrajectoryBuffer.__name__][1]
-        ref = None
-        for i, b in enumerate(buffers):
-            if type(b) is not CompressedTrajectoryBuffer:
-                raise TypeError(f"buffers[{i}]: expected a CompressedTrajectoryBuffer, got {type(b).__name__}")
-            on_disk = isinstance(b.host, DiskStores)
-            cfg = checkpoint._json_config({k: v for k, v in describe(b.replace(host=b.host.like) if on_disk else b).items() if k not in _FIXED_SIZES})
-            if ref is None:
-                ref = cfg
-            for k in sorted(set(cfg) | set(ref)):
-                if cfg.get(k) != ref.get(k):
-                    raise ValueError(f"buffers[{i}]: config {k!r} is {cfg.get(k)!r:.200}, buffers[0] has {ref.get(k)!r:.200}")
-        return cls(buffers=buffers)
+        return cls(buffers=_same_configuration(buffers, CompressedTrajectoryBuffer, _FIXED_SIZES))
 
     def size(self) -> jax.Array:
         """int32 scalar: steps stored in all buffers."""
@@ -329,15 +359,6 @@ class Concatenated(struct.PyTreeNode):
     def _check(self) -> None:
         for b in self.buffers:
             _common.check_before_dispatch(b, False)
-
-    def _draw(self, key: jax.Array, windows: list[jax.Array], batch_size: int) -> jax.Array:
-        w = jnp.stack([b.trajectory.num_envs * n for b, n in zip(self.buffers, windows)]).astype(jnp.float32)
-        logits = jnp.where(w.sum() > 0, jnp.log(w), 0.0)  # nothing valid anywhere: any buffer (its zeros)
-        return jax.random.categorical(key, logits, shape=(batch_size,)).astype(jnp.int32)
-
-    def _pick(self, parts: list, source: jax.Array) -> Any:
-        rows = jnp.arange(source.shape[0])
-        return jax.tree.map(lambda *xs: jnp.stack(xs)[source, rows], *parts)
 
     def _decode(self, source: jax.Array, *obs: Any) -> tuple:
         """Decode observation pytrees whose rows come from the buffers `source` names: each buffer reads its rows
@@ -370,8 +391,8 @@ class Concatenated(struct.PyTreeNode):
     @_compiled.method("batch_size", "n_step", scalars={"gamma": (0.0, 1.0)})
     def _transitions(self, key, batch_size: int, *, n_step: int = 1, gamma) -> ConcatenatedSample:
         keys = jax.random.split(key, len(self.buffers) + 1)
-        source = self._draw(keys[0], [_ring.num_windows(b.trajectory.num_valid, n_step + 1) for b in self.buffers], batch_size)
-        s: TransitionSample = self._pick([b.buffer.sample_transitions(k, batch_size, n_step=n_step, gamma=gamma) for b, k in zip(self.buffers, keys[1:])], source)
+        source = _draw(keys[0], [b.trajectory.num_envs * _ring.num_windows(b.trajectory.num_valid, n_step + 1) for b in self.buffers], batch_size)
+        s: TransitionSample = _pick([b.buffer.sample_transitions(k, batch_size, n_step=n_step, gamma=gamma) for b, k in zip(self.buffers, keys[1:])], source)
         obs, next_obs = self._decode(source, s.obs, s.next_obs)
         item = {**s.item, self.buffers[0].trajectory.obs_key: obs}
         return ConcatenatedSample(s._replace(obs=obs, next_obs=next_obs, item=item), source)
@@ -386,9 +407,147 @@ class Concatenated(struct.PyTreeNode):
     def _sequences(self, key, batch_size: int, sequence_length: int, *, period: int = 1) -> ConcatenatedSample:
         keys = jax.random.split(key, len(self.buffers) + 1)
         windows = [_ring.num_windows(b.trajectory.num_valid, sequence_length, period) for b in self.buffers]
-        source = self._draw(keys[0], windows, batch_size)
-        s: SequenceSample = self._pick(
+        source = _draw(keys[0], [b.trajectory.num_envs * n for b, n in zip(self.buffers, windows)], batch_size)
+        s: SequenceSample = _pick(
             [b.buffer.sample_sequences(k, batch_size, sequence_length, period=period) for b, k in zip(self.buffers, keys[1:])], source)
         obs_key = self.buffers[0].trajectory.obs_key
         (obs,) = self._decode(source, s.item[obs_key])
         return ConcatenatedSample(s._replace(item={**s.item, obs_key: obs}), source)
+
+
+_EPISODE_SIZES = ("max_episodes", "max_timesteps", "circular")
+_GAMMA = {"gamma": (0.0, 1.0)}
+
+
+class ConcatenatedEpisodes(struct.PyTreeNode):
+    """Several `CompressedEpisodeBuffer`s of one configuration (sizes may differ) sampled as one buffer.
+
+    Each sampler draws uniformly over the union of what the buffers' own sampler draws from, among the episodes that
+    pass `where`: episodes (`sample_episodes`), windows of `sequence_length` steps inside an episode
+    (`sample_sequences`) or steps (`sample_timesteps`, `sample_transitions`). Row `b` picks buffer `i` with
+    probability `u_i / sum(u)` (`u_i`: its units) and then a unit of it uniformly, so every unit of the union has
+    probability `1 / sum(u)`; each row's frames are read from its own buffer only. Use it eagerly or inside `jit`;
+    folders opened with `mode="r"` are the usual inputs. Build it with `create`.
+
+    Filters (`where`): None (every stored episode), a function of one buffer's meta dict (leaves
+    `[max_episodes_i, ...]`) returning a bool `[max_episodes_i]` mask, applied to each buffer, or a list or tuple
+    with one such mask per buffer.
+
+    Attributes:
+      buffers: a tuple of `CompressedEpisodeBuffer` with the same step spec, meta fields, compressed leaves, frame
+        stack, padding, codec and keys (`max_episodes`, `max_timesteps` and `circular` may differ).
+    """
+
+    buffers: tuple
+
+    @classmethod
+    def create(cls, buffers: Sequence[Any]) -> "ConcatenatedEpisodes":
+        """Check `buffers` (class doc) and wrap them.
+
+        Raises:
+          TypeError: no buffer, or a buffer of another class.
+          ValueError: a configuration field other than the sizes that differs from `buffers[0]`'s (named).
+        """
+        return cls(buffers=_same_configuration(buffers, CompressedEpisodeBuffer, _EPISODE_SIZES))
+
+    def size(self) -> jax.Array:
+        """int32 scalar: steps stored in all buffers."""
+        return sum(b.buffer.size() for b in self.buffers)
+
+    def num_episodes(self) -> jax.Array:
+        """int32 scalar: episodes stored in all buffers."""
+        return sum(b.num_episodes() for b in self.buffers)
+
+    def _masks(self, where) -> tuple:
+        """One filter per buffer (None, or its bool `[max_episodes_i]` mask, checked by the buffer's sampler)."""
+        n = len(self.buffers)
+        if where is None:
+            return (None,) * n
+        if callable(where):
+            return tuple(where(b.buffer.meta) for b in self.buffers)
+        return _validate.one_each("where", where, n, "buffer; or None, or a function of the meta dict")
+
+    def can_sample(self, batch_size: int, *, where=None) -> jax.Array:
+        """bool scalar: some buffer `can_sample` with its filter (`sample_episodes`, `sample_timesteps` and
+        `sample_transitions` return only valid data)."""
+        return jnp.any(jnp.stack([b.can_sample(batch_size, where=m) for b, m in zip(self.buffers, self._masks(where))]))
+
+    def can_sample_sequences(self, batch_size: int, sequence_length: int, *, where=None) -> jax.Array:
+        """bool scalar: some buffer `can_sample_sequences` with its filter."""
+        return jnp.any(jnp.stack([
+            b.can_sample_sequences(batch_size, sequence_length, where=m) for b, m in zip(self.buffers, self._masks(where))]))
+
+    def _check(self) -> None:
+        for b in self.buffers:
+            _common.check_before_dispatch(b, False)
+
+    def _units(self, masks: tuple, per_episode) -> list[jax.Array]:
+        """Per buffer, the sum over its stored episodes passing its mask of `per_episode(lengths)` (int32 `[E_i]`)."""
+        out = []
+        for b, m in zip(self.buffers, masks):
+            inner = b.buffer
+            passing = jnp.arange(inner.max_episodes) < inner.num_valid  # stored slots (jaxbuffers.episode module doc)
+            passing = passing if m is None else passing & m
+            out.append(jnp.sum(jnp.where(passing, per_episode(inner.lengths), 0)))
+        return out
+
+    def _merged(self, key: jax.Array, batch_size: int, units: list[jax.Array], masks: tuple, sample) -> ConcatenatedSample:
+        """Draw each row's buffer, sample `batch_size` rows of every buffer's inner buffer (`sample(b, key, mask)`,
+        compressed leaves still placeholders), decode each buffer's own rows only and merge them."""
+        keys = jax.random.split(key, len(self.buffers) + 1)
+        source = _draw(keys[0], units, batch_size)
+        parts = [b.decode(sample(b, k, m), rows=source == i) for i, (b, k, m) in enumerate(zip(self.buffers, keys[1:], masks))]
+        return ConcatenatedSample(_pick(parts, source), source)
+
+    def sample_episodes(self, key: jax.Array, batch_size: int, *, where=None) -> ConcatenatedSample:
+        """`CompressedEpisodeBuffer.sample_episodes` over the union (class doc): a `ConcatenatedSample` of a
+        `jaxbuffers.EpisodeSample` whose steps are padded (zeros, `mask` False) to the largest `max_timesteps`."""
+        self._check()
+        return self._episodes(_validate.key("key", key), _validate.static_int("batch_size", batch_size), self._masks(where))
+
+    @_compiled.method("batch_size")
+    def _episodes(self, key, batch_size: int, masks) -> ConcatenatedSample:
+        t = max(b.max_timesteps for b in self.buffers)
+
+        def sample(b, k, m):
+            s: EpisodeSample = b.buffer.sample_episodes(k, batch_size, where=m)
+            pad = lambda x: jnp.pad(x, [(0, 0), (0, t - x.shape[1])] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
+            return s._replace(item=jax.tree.map(pad, s.item), mask=pad(s.mask))
+
+        units = self._units(masks, lambda n: jnp.ones_like(n))
+        return self._merged(key, batch_size, units, masks, sample)
+
+    def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, where=None) -> ConcatenatedSample:
+        """`CompressedEpisodeBuffer.sample_sequences` over the union of the windows (class doc); `sequence_length` at
+        most every buffer's `max_timesteps`."""
+        self._check()
+        batch_size, length = _validate.static_int("batch_size", batch_size), _validate.static_int("sequence_length", sequence_length)
+        return self._sequences(_validate.key("key", key), batch_size, length, self._masks(where))
+
+    @_compiled.method("batch_size", "sequence_length")
+    def _sequences(self, key, batch_size: int, sequence_length: int, masks) -> ConcatenatedSample:
+        units = self._units(masks, lambda n: jnp.maximum(n - sequence_length + 1, 0))
+        sample = lambda b, k, m: b.buffer.sample_sequences(k, batch_size, sequence_length, where=m)  # noqa: E731
+        return self._merged(key, batch_size, units, masks, sample)
+
+    def sample_timesteps(self, key: jax.Array, batch_size: int, *, where=None) -> ConcatenatedSample:
+        """`CompressedEpisodeBuffer.sample_timesteps` over the union of the steps (class doc)."""
+        self._check()
+        return self._timesteps(_validate.key("key", key), _validate.static_int("batch_size", batch_size), self._masks(where))
+
+    @_compiled.method("batch_size")
+    def _timesteps(self, key, batch_size: int, masks) -> ConcatenatedSample:
+        sample = lambda b, k, m: b.buffer.sample_timesteps(k, batch_size, where=m)  # noqa: E731
+        return self._merged(key, batch_size, self._units(masks, lambda n: n), masks, sample)
+
+    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma, where=None) -> ConcatenatedSample:
+        """`CompressedEpisodeBuffer.sample_transitions` over the union of the steps (class doc); `n_step` at most
+        every buffer's `max_timesteps`."""
+        self._check()
+        batch_size, n_step = _validate.static_int("batch_size", batch_size), _validate.static_int("n_step", n_step)
+        return self._transitions(_validate.key("key", key), batch_size, n_step, gamma, self._masks(where))
+
+    @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
+    def _transitions(self, key, batch_size: int, n_step: int, gamma, masks) -> ConcatenatedSample:
+        sample = lambda b, k, m: b.buffer.sample_transitions(k, batch_size, n_step=n_step, gamma=gamma, where=m)  # noqa: E731
+        return self._merged(key, batch_size, self._units(masks, lambda n: n), masks, sample)

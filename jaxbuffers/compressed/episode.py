@@ -278,11 +278,12 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
     # ------------------------------------------------------------------------------------------
     # reads: the inner sample, then every observation decoded in one host callback
 
-    def _decode(self, *reads) -> list:
+    def _decode(self, *reads, rows=None) -> list:
         """Decode observations at positions: each read is `(obs, ep, t, final)` with `obs` a stored observation pytree
         (placeholder leaves, leading axes `S`), `ep` / `t` int `[*S]` its episode slot and step. Step `t` of a
         stored episode of length `n` is its stored frame for `t < n`; the final observation when `final` and
-        `t >= n` (as `EpisodeBuffer`'s next observations); zeros otherwise (as the zeros past a length)."""
+        `t >= n` (as `EpisodeBuffer`'s next observations); zeros otherwise (as the zeros past a length). `rows`: bool
+        `[B]` (B the first axis of every `S`) or None; rows where it is False read nothing and decode as zeros."""
         inner, m, e = self.buffer, self.buffer.max_timesteps, self.buffer.max_episodes
         fids, pads = [], []
         for _, ep, t, final in reads:
@@ -291,6 +292,8 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
             newest = jnp.where(t < n, ep * m + jnp.minimum(t, m - 1), e * m + ep if final else -1)
             if not final:
                 newest = jnp.where(t < n, newest, -1)
+            if rows is not None:
+                newest = jnp.where(_episode._bcast(rows, newest.ndim), newest, -1)
             ids = jnp.stack([newest, ep * m + jnp.clip(jnp.minimum(t, n) - 1, 0, m - 1), jnp.minimum(jnp.minimum(t, n), self.frame_stack - 1)], axis=-1)
             f, p = _common.stack_slots(ids, frame_stack=self.frame_stack, ring=m, num_lanes=e, empty=self.host.num_slots - 1,
                                        stacked=self.leaves[0].stack_axis is not None, padding=self.padding)
@@ -303,10 +306,10 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
             for j, (obs, _, t, _) in enumerate(reads)
         ]
 
-    def _episodes(self, s: EpisodeSample) -> EpisodeSample:
+    def _episodes(self, s: EpisodeSample, rows=None) -> EpisodeSample:
         t = jnp.arange(self.max_timesteps, dtype=jnp.int32)[None, :]
         held = jnp.where(s.mask, t, self.max_timesteps)  # steps past a length (or of a slot not held) read zeros
-        obs, final = self._decode((s.item[self.obs_key], s.indices[:, None], held, False), (s.final_obs, s.indices, s.lengths, True))
+        obs, final = self._decode((s.item[self.obs_key], s.indices[:, None], held, False), (s.final_obs, s.indices, s.lengths, True), rows=rows)
         return s._replace(item={**s.item, self.obs_key: obs}, final_obs=final)
 
     @_common.checked_before_dispatch()
@@ -332,9 +335,12 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "sequence_length")
     def _sample_sequences(self, key, batch_size: int, sequence_length: int, mask) -> EpisodeSequenceSample:
-        s = self.buffer._sample_sequences(key, batch_size, sequence_length, mask)
-        t = s.starts[:, None] + jnp.arange(sequence_length, dtype=jnp.int32)
-        obs, nxt = self._decode((s.item[self.obs_key], s.indices[:, None], t, False), (s.next_obs, s.indices, s.starts + sequence_length, True))
+        return self._sequences(self.buffer._sample_sequences(key, batch_size, sequence_length, mask))
+
+    def _sequences(self, s: EpisodeSequenceSample, rows=None) -> EpisodeSequenceSample:
+        length = s.terminated.shape[1]
+        t = s.starts[:, None] + jnp.arange(length, dtype=jnp.int32)
+        obs, nxt = self._decode((s.item[self.obs_key], s.indices[:, None], t, False), (s.next_obs, s.indices, s.starts + length, True), rows=rows)
         return s._replace(item={**s.item, self.obs_key: obs}, next_obs=nxt)
 
     @_common.checked_before_dispatch()
@@ -344,8 +350,10 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
 
     @_compiled.method("batch_size")
     def _sample_timesteps(self, key, batch_size: int, mask) -> EpisodeStepSample:
-        s = self.buffer._sample_timesteps(key, batch_size, mask)
-        obs, nxt = self._decode((s.item[self.obs_key], s.indices, s.steps, False), (s.next_obs, s.indices, s.steps + 1, True))
+        return self._steps(self.buffer._sample_timesteps(key, batch_size, mask))
+
+    def _steps(self, s: EpisodeStepSample, rows=None) -> EpisodeStepSample:
+        obs, nxt = self._decode((s.item[self.obs_key], s.indices, s.steps, False), (s.next_obs, s.indices, s.steps + 1, True), rows=rows)
         return s._replace(item={**s.item, self.obs_key: obs}, next_obs=nxt)
 
     @_common.checked_before_dispatch()
@@ -370,12 +378,41 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
     def _transitions_at(self, ep, t, n_step: int, gamma) -> EpisodeTransitionSample:
         return self._decode_transitions(self.buffer._transitions_at(ep, t, n_step, gamma))
 
-    def _decode_transitions(self, s: EpisodeTransitionSample) -> EpisodeTransitionSample:
+    def _decode_transitions(self, s: EpisodeTransitionSample, rows=None) -> EpisodeTransitionSample:
         n = s.window_mask.shape[1]
         tw = s.steps[:, None] + jnp.arange(n, dtype=jnp.int32)
         key = self.obs_key
         obs, nxt, win = self._decode(
             (s.obs, s.indices, s.steps, False), (s.next_obs, s.indices, s.steps + s.num_steps, True),
-            (s.window[key], s.indices[:, None], tw, False),
+            (s.window[key], s.indices[:, None], tw, False), rows=rows,
         )
         return s._replace(obs=obs, next_obs=nxt, item={**s.item, key: obs}, window={**s.window, key: win})
+
+    @_common.checked_before_dispatch()
+    @_compiled.method()
+    def decode(self, sample, *, rows=None):
+        """The observations of a sample of the inner buffer (`buf.buffer`, whose compressed leaves are placeholders)
+        decoded as this buffer's sampler of that kind returns them: `buf.decode(buf.buffer.sample_timesteps(key, B))`
+        equals `buf.sample_timesteps(key, B)`, and likewise for episodes (`get_all` too), sequences and transitions.
+
+        Args:
+          sample: an `EpisodeSample`, `EpisodeSequenceSample`, `EpisodeStepSample` or `EpisodeTransitionSample` of
+            `self.buffer` (leading axis `B`).
+          rows: bool `[B]` or None (every row). Rows where it is False read nothing from the host and their
+            compressed leaves decode as zeros: samples of several buffers merged row by row
+            (`jaxbuffers.disk.ConcatenatedEpisodes`) read each row once.
+
+        Returns:
+          `sample` with its compressed observation leaves (`obs`, `next_obs`, `final_obs`, the window's) decoded.
+
+        Raises:
+          TypeError: another sample type; `rows` not a bool array. ValueError: `rows` not of shape `[B]`.
+        """
+        decoders = {EpisodeSample: self._episodes, EpisodeSequenceSample: self._sequences, EpisodeStepSample: self._steps,
+                    EpisodeTransitionSample: self._decode_transitions}
+        if type(sample) not in decoders:
+            raise TypeError(f"sample: expected one of {sorted(c.__name__ for c in decoders)} of this buffer's inner EpisodeBuffer, "
+                            f"got {type(sample).__name__}")
+        if rows is not None:
+            rows = _validate.array("rows", rows, (sample.indices.shape[0],), bool)
+        return decoders[type(sample)](sample, rows)
