@@ -464,8 +464,10 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
         if where is None:
             return (None,) * n
         if callable(where):
-            return tuple(where(b.buffer.meta) for b in self.buffers)
-        return _validate.one_each("where", where, n, "buffer; or None, or a function of the meta dict")
+            masks, names = [where(b.buffer.meta) for b in self.buffers], [f"where(buffers[{i}].meta)" for i in range(n)]
+        else:
+            masks, names = _validate.one_each("where", where, n, "buffer; or None, or a function of the meta dict"), [f"where[{i}]" for i in range(n)]
+        return tuple(_validate.array(name, m, (b.max_episodes,), bool) for name, m, b in zip(names, masks, self.buffers))
 
     def can_sample(self, batch_size: int, *, where=None) -> jax.Array:
         """bool scalar: some buffer `can_sample` with its filter (`sample_episodes`, `sample_timesteps` and
@@ -491,12 +493,13 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
             out.append(jnp.sum(jnp.where(passing, per_episode(inner.lengths), 0)))
         return out
 
-    def _merged(self, key: jax.Array, batch_size: int, units: list[jax.Array], masks: tuple, sample) -> ConcatenatedSample:
+    def _merged(self, key: jax.Array, batch_size: int, units: list[jax.Array], masks: tuple, sample, finish=None) -> ConcatenatedSample:
         """Draw each row's buffer, sample `batch_size` rows of every buffer's inner buffer (`sample(b, key, mask)`,
-        compressed leaves still placeholders), decode each buffer's own rows only and merge them."""
+        compressed leaves still placeholders), decode each buffer's own rows only (then `finish`) and merge them."""
         keys = jax.random.split(key, len(self.buffers) + 1)
         source = _draw(keys[0], units, batch_size)
-        parts = [b.decode(sample(b, k, m), rows=source == i) for i, (b, k, m) in enumerate(zip(self.buffers, keys[1:], masks))]
+        finish = finish or (lambda s: s)
+        parts = [finish(b.decode(sample(b, k, m), rows=source == i)) for i, (b, k, m) in enumerate(zip(self.buffers, keys[1:], masks))]
         return ConcatenatedSample(_pick(parts, source), source)
 
     def sample_episodes(self, key: jax.Array, batch_size: int, *, where=None) -> ConcatenatedSample:
@@ -509,13 +512,12 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
     def _episodes(self, key, batch_size: int, masks) -> ConcatenatedSample:
         t = max(b.max_timesteps for b in self.buffers)
 
-        def sample(b, k, m):
-            s: EpisodeSample = b.buffer.sample_episodes(k, batch_size, where=m)
+        def padded(s: EpisodeSample) -> EpisodeSample:
             pad = lambda x: jnp.pad(x, [(0, 0), (0, t - x.shape[1])] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
             return s._replace(item=jax.tree.map(pad, s.item), mask=pad(s.mask))
 
-        units = self._units(masks, lambda n: jnp.ones_like(n))
-        return self._merged(key, batch_size, units, masks, sample)
+        sample = lambda b, k, m: b.buffer.sample_episodes(k, batch_size, where=m)  # noqa: E731
+        return self._merged(key, batch_size, self._units(masks, jnp.ones_like), masks, sample, padded)
 
     def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, where=None) -> ConcatenatedSample:
         """`CompressedEpisodeBuffer.sample_sequences` over the union of the windows (class doc); `sequence_length` at

@@ -215,3 +215,22 @@ def test_vmap_of_an_add_is_refused():
     fins = np.stack([fin, fin])
     with pytest.raises(ValueError, match="cannot be vmapped"):
         jax.vmap(lambda e, f: cbuf.add_episode(e, 3, terminated=False, final_obs=f))(eps, fins)
+
+
+def test_decode_of_an_inner_sample_is_the_sampler_and_rows_left_out_are_zeros():
+    cbuf, _, _ = _filled("dict-whole-circular", n_eps=3)
+    key = jax.random.key(4)
+    inner = cbuf.buffer.sample_transitions(key, 6, n_step=2, gamma=0.9)
+    _same(cbuf.decode(inner), cbuf.sample_transitions(key, 6, n_step=2, gamma=0.9), "decode of an inner sample")
+    rows = np.array([True, False, True, False, False, True])
+    part = jax.tree.map(np.asarray, jax.jit(lambda b, s: b.decode(s, rows=rows))(cbuf, inner))
+    full = jax.tree.map(np.asarray, cbuf.decode(inner))
+    for name, x, y in (("obs", part.obs["pixels"], full.obs["pixels"]), ("next_obs", part.next_obs["pixels"], full.next_obs["pixels"]),
+                       ("window", part.window["obs"]["pixels"], full.window["obs"]["pixels"])):
+        np.testing.assert_array_equal(x[rows], y[rows], err_msg=name)
+        assert not x[~rows].any(), name  # zeros, read from the never-written slot
+    np.testing.assert_array_equal(part.obs["vec"], full.obs["vec"])  # device leaves untouched
+    with pytest.raises(TypeError, match="sample: expected one of"):
+        cbuf.decode(inner._asdict())
+    with pytest.raises(ValueError, match=r"rows: expected shape \(6,\)"):
+        cbuf.decode(inner, rows=rows[:3])

@@ -273,3 +273,152 @@ def test_a_prioritised_buffer_keeps_its_priorities_on_disk(tmp_path):
     disk.flush(buf)
     got = disk.open(tmp_path / "p", "r").sample_transitions(key, 32, gamma=0.9, beta=0.4)
     assert _same(got, twin.sample_transitions(key, 32, gamma=0.9, beta=0.4))
+
+
+# --- episodes ---
+
+EP_STEP = {"obs": jnp.zeros((4, 6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+EP_T = 8
+
+
+def _make_episodes(**kw):
+    kw = {"max_episodes": 4, "max_timesteps": EP_T, "meta": {"task": jnp.int32(-1)}, **kw}
+    return jb.CompressedEpisodeBuffer.create(EP_STEP, codec="none", frame_stack=4, **kw)
+
+
+def _episodes(seed, n):
+    """`n` episodes as one batch (leaves [n, EP_T, ...]) of random lengths in [1, EP_T], flags, final observations and
+    task ids."""
+    rng = np.random.default_rng(seed)
+    eps = {"obs": jnp.asarray(rng.integers(0, 256, (n, EP_T, 4, 6, 6), dtype=np.uint8)),
+           "action": jnp.asarray(rng.integers(0, 9, (n, EP_T)), jnp.int32), "reward": jnp.asarray(rng.standard_normal((n, EP_T)), jnp.float32)}
+    return dict(episodes=eps, lengths=jnp.asarray(rng.integers(1, EP_T + 1, n), jnp.int32), terminated=jnp.asarray(rng.random(n) < 0.5),
+                final_obs=jnp.asarray(rng.integers(0, 256, (n, 4, 6, 6), dtype=np.uint8)), meta={"task": jnp.asarray(rng.integers(0, 2, n), jnp.int32)})
+
+
+def _add_episodes(buf, batch):
+    b = dict(batch)
+    return buf.add_episodes(b.pop("episodes"), b.pop("lengths"), **b)
+
+
+def _episode_samples(b):
+    """Every sampler of an episode buffer, one key each, with and without a meta filter."""
+    k = jax.random.key(7)
+    where = lambda m: m["task"] == 1  # noqa: E731
+    return (b.sample_episodes(k, 3, where=where), b.sample_sequences(k, 5, 2), b.sample_timesteps(k, 6, where=where),
+            b.sample_transitions(k, 8, n_step=3, gamma=0.9), b.get_all())
+
+
+EP_SAMPLES = jax.jit(_episode_samples)
+
+
+@pytest.fixture(scope="module")
+def episodes_built(tmp_path_factory):
+    """A folder of 6 episodes (wrapped around its 4 slots) with one relabelled reward, flushed; its in-memory twin; the
+    twin's samples."""
+    path = tmp_path_factory.mktemp("disk_ep") / "eps"
+    buf, twin = disk.open(path, "w", _make_episodes()), _make_episodes()
+    for seed in (0, 1):
+        buf, twin = (_add_episodes(b, _episodes(seed, 3)) for b in (buf, twin))
+    buf, twin = (b.update(jnp.array([1]), {"reward": jnp.full((1, EP_T), 5.0)}) for b in (buf, twin))
+    disk.flush(buf)
+    buf.close()
+    return path, twin, jax.tree.map(np.asarray, EP_SAMPLES(twin))
+
+
+def test_an_episode_folder_reopens_with_identical_samples_jit_and_eager(episodes_built, tmp_path):
+    path, twin, expected = episodes_built
+    shutil.copytree(path, tmp_path / "eps")
+    ro = disk.open(tmp_path / "eps", "r", jax.eval_shape(_make_episodes))
+    assert int(ro.num_episodes()) == 4 and ro.host.num_rows == twin.host.num_rows
+    assert _same(EP_SAMPLES(ro), expected)
+    batch = _episodes(2, 1)
+    with pytest.raises(disk.ReadOnlyError, match="mode='r'"):
+        _add_episodes(ro, batch)
+    with pytest.raises(disk.ReadOnlyError, match="flush"):
+        disk.flush(ro)
+    ro.close()
+    rw = _add_episodes(disk.open(tmp_path / "eps", "r+"), batch)  # r+ continues from the flushed state
+    disk.flush(rw)
+    rw.close()
+    got = disk.open(tmp_path / "eps", "r").sample_transitions(jax.random.key(7), 8, n_step=3, gamma=0.9)  # eager
+    assert _same(got, _add_episodes(twin, batch).sample_transitions(jax.random.key(7), 8, n_step=3, gamma=0.9))
+
+
+def test_an_episode_folder_checks_its_configuration(episodes_built):
+    path, _, _ = episodes_built
+    with pytest.raises(jb.CheckpointError, match="config 'max_timesteps'"):
+        disk.open(path, "r", jax.eval_shape(lambda: _make_episodes(max_timesteps=EP_T + 1)))
+    with pytest.raises(jb.CheckpointError, match="config 'meta'"):
+        disk.open(path, "r", jax.eval_shape(lambda: _make_episodes(meta={"task": jnp.float32(0)})))
+    with pytest.raises(jb.CheckpointError, match="CompressedEpisodeBuffer"):
+        disk.open(path, "r", jax.eval_shape(_make))
+
+
+def _tagged_episodes(b, max_episodes, max_timesteps, lengths, path=None):
+    """An episode buffer (in `path` when given, flushed and reopened read-only) holding episodes of `lengths`: step t
+    of the i-th episode added has obs [b, i, t] and action t, its final observation [b, i, length]; task i % 2."""
+    buf = jb.CompressedEpisodeBuffer.create(ITEM, max_episodes=max_episodes, max_timesteps=max_timesteps, codec="none",
+                                            meta={"task": jnp.int32(0)})
+    buf = buf if path is None else disk.open(path, "w", buf)
+    n = len(lengths)
+    i, t = np.arange(n)[:, None], np.arange(max_timesteps + 1)[None, :]
+    obs = np.stack(np.broadcast_arrays(np.full_like(i, b), i, t), axis=-1).astype(np.int32)  # [n, T + 1, 3]
+    lengths = np.asarray(lengths, np.int32)
+    eps = {"obs": jnp.asarray(obs[:, :-1]), "action": jnp.asarray(obs[:, :-1, 2]), "reward": jnp.zeros((n, max_timesteps))}
+    buf = buf.add_episodes(eps, lengths, terminated=jnp.ones(n, bool), final_obs=jnp.asarray(obs[i[:, 0], lengths]),
+                           meta={"task": jnp.asarray(np.arange(n) % 2, jnp.int32)})
+    if path is None:
+        return buf
+    disk.flush(buf)
+    buf.close()
+    return disk.open(path, "r")
+
+
+def test_concatenated_episodes_are_uniform_over_the_union_with_exact_contents(tmp_path):
+    parts = [_tagged_episodes(0, 3, 6, [6, 2, 4], tmp_path / "a"), _tagged_episodes(1, 2, 9, [9, 1], tmp_path / "b"),
+             _tagged_episodes(2, 4, 5, [3, 5])]
+    lengths = {(0, 0): 6, (0, 1): 2, (0, 2): 4, (1, 0): 9, (1, 1): 1, (2, 0): 3, (2, 1): 5}
+    cat = disk.ConcatenatedEpisodes.create(parts)
+    assert int(cat.size()) == sum(lengths.values()) and int(cat.num_episodes()) == 7
+    odd = lambda m: m["task"] == 1  # noqa: E731
+    out = jax.jit(lambda c, k: (c.sample_transitions(k, 6000, n_step=2, gamma=0.5), c.sample_timesteps(k, 500, where=odd),
+                                c.sample_episodes(k, 64), c.sample_sequences(k, 64, 3)))(cat, jax.random.key(0))
+    tr, steps, eps, seqs = jax.device_get(out)
+    obs, nxt, src = np.asarray(tr.sample.obs), np.asarray(tr.sample.next_obs), np.asarray(tr.source)
+    np.testing.assert_array_equal(obs[:, 0], src)  # rows from the buffer the source names, its frames decoded
+    np.testing.assert_array_equal(nxt, obs + np.array([0, 0, 1]) * tr.sample.num_steps[:, None])  # stored step or final obs
+    rows, n = np.unique(obs, axis=0, return_counts=True)
+    assert {tuple(r) for r in rows.tolist()} == {(b, i, t) for (b, i), l in lengths.items() for t in range(l)}
+    expected = n.sum() / len(rows)
+    chi2 = float(((n - expected) ** 2 / expected).sum())
+    assert chi2 < 90.0, chi2  # 29 degrees of freedom: p < 1e-7 above 90
+    assert set(np.asarray(steps.sample.item["obs"])[:, 1].tolist()) == {1}  # the filter: odd episodes only
+    e_obs, mask = np.asarray(eps.sample.item["obs"]), np.asarray(eps.sample.mask)
+    assert e_obs.shape == (64, 9, 3)  # padded to the longest max_timesteps
+    for r in range(64):
+        b, i = e_obs[r, 0, :2]
+        length = lengths[(b, i)]
+        assert eps.source[r] == b and eps.sample.lengths[r] == length and mask[r].sum() == length and mask[r, :length].all()
+        np.testing.assert_array_equal(e_obs[r, :length, 2], np.arange(length))
+        assert not e_obs[r, length:].any()
+        np.testing.assert_array_equal(eps.sample.final_obs[r], [b, i, length])
+    s_obs = np.asarray(seqs.sample.item["obs"])
+    np.testing.assert_array_equal(np.diff(s_obs[:, :, 2], axis=1), 1)  # windows inside one episode
+    assert {(b, i) for b, i in s_obs[:, 0, :2].tolist()} == {k for k, l in lengths.items() if l >= 3}
+    eager = cat.sample_timesteps(jax.random.key(1), 16)
+    np.testing.assert_array_equal(np.asarray(eager.sample.item["obs"])[:, 0], eager.source)
+
+
+def test_concatenated_episodes_refuse_other_configurations():
+    a = _tagged_episodes(0, 2, 3, [3])
+    b = jb.CompressedEpisodeBuffer.create(ITEM, max_episodes=2, max_timesteps=3, codec="none", meta={"task": jnp.int16(0)})
+    with pytest.raises(ValueError, match=r"buffers\[1\]: config 'meta'"):
+        disk.ConcatenatedEpisodes.create([a, b])
+    with pytest.raises(TypeError, match=r"buffers\[1\]: expected a CompressedEpisodeBuffer, got CompressedTrajectoryBuffer"):
+        disk.ConcatenatedEpisodes.create([a, _make()])
+    cat = disk.ConcatenatedEpisodes.create([a, a])
+    with pytest.raises(TypeError, match="where: expected a list or tuple of 2 entries"):
+        cat.sample_timesteps(jax.random.key(0), 4, where=[jnp.ones(2, bool)])
+    with pytest.raises(ValueError, match=r"where\[1\]: expected shape \(2,\), got \(3,\)"):
+        cat.sample_timesteps(jax.random.key(0), 4, where=[jnp.ones(2, bool), jnp.ones(3, bool)])
