@@ -217,11 +217,9 @@ def test_vmap_of_an_add_is_refused():
         jax.vmap(lambda e, f: cbuf.add_episode(e, 3, terminated=False, final_obs=f))(eps, fins)
 
 
-def test_decode_of_an_inner_sample_is_the_sampler_and_rows_left_out_are_zeros():
+def test_decode_of_an_inner_sample_with_rows_left_out_as_zeros():
     cbuf, _, _ = _filled("dict-whole-circular", n_eps=3)
-    key = jax.random.key(4)
-    inner = cbuf.buffer.sample_transitions(key, 6, n_step=2, gamma=0.9)
-    _same(cbuf.decode(inner), cbuf.sample_transitions(key, 6, n_step=2, gamma=0.9), "decode of an inner sample")
+    inner = cbuf.buffer.sample_transitions(jax.random.key(4), 6, n_step=2, gamma=0.9)
     rows = np.array([True, False, True, False, False, True])
     part = jax.tree.map(np.asarray, jax.jit(lambda b, s: b.decode(s, rows=rows))(cbuf, inner))
     full = jax.tree.map(np.asarray, cbuf.decode(inner))
