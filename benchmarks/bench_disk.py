@@ -1,5 +1,7 @@
 """Sampling a disk-backed buffer larger than memory: resident memory growth and throughput.
 
+Two cases (`--case`): `trajectory` (below) and `episodes` (after it).
+
 A `CompressedTrajectoryBuffer` with `codec="none"` moved to a folder (`jaxbuffers.disk.open(..., "w", ...)`) is
 filled with `--gb` GB (default 10) of real Atari stacks (`obs` uint8 [4, 84, 84] stacks cycled from
 `shared/data/atari_rollouts.npz`, 8 envs, chunks of 500 steps per env), flushed and closed. A fresh subprocess then
@@ -16,7 +18,20 @@ Rows:
   `np.load(mmap_mode="r")` (the memmap-replay-buffer way), after ours in the same process: its mapped pages count as
   resident memory.
 
-Usage: python benchmarks/bench_disk.py [--quick] [--gb 10] [--batches 400] [--dir PATH]
+Episodes: a `CompressedEpisodeBuffer` (`codec="none"`, `frame_stack=4`: one 84x84 frame stored per step) in a
+folder of `--episode-gb` GB (default 4) of episodes of 400 to 500 steps whose observations are the frame stacks of
+consecutive recorded frames, added 8 episodes per jitted `add_episodes`, flushed and closed; then, in a fresh
+process with the files evicted as above, eager samples of two kinds with the RSS growth over each:
+
+* `sample/episode-transitions/B=256`: `sample_transitions(256, n_step=3)` (obs, next_obs and the 3-step window's
+  stacks decoded), in transitions/s.
+* `sample/episodes/B=4`: `sample_episodes(4)`: whole episodes (stacks `[4, 500, 4, 84, 84]` rebuilt from the
+  frames), in episodes/s; anchor `numpy-memmap`: the frames of the same number of random episodes read as slices of
+  the same `.npy` file opened with `np.load(mmap_mode="r")` (the `[max_episodes, max_timesteps]` memmap layout,
+  frames only, no stacks rebuilt), after ours in the same process, the files evicted again before it.
+
+Usage: python benchmarks/bench_disk.py [--quick] [--case all|trajectory|episodes] [--gb 10] [--episode-gb 4]
+       [--batches 400] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ from _common import data_file, emit, header, parser, row  # noqa: E402
 
 BENCH = "disk"
 ENVS, CHUNK = 8, 500
+EP_T, EP_BATCH, EP_SAMPLE = 500, 8, 4  # max_timesteps, episodes per add, episodes per sample
 
 
 def rss_mb() -> float:
@@ -76,11 +92,7 @@ def measure(path: Path, batches: int) -> dict:
 
     from jaxbuffers import disk
 
-    files = sorted(path.glob("store-*.npy"))
-    for p in files:  # our own files only: reads come from the disk, not from what the build left cached
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+    evict(sorted(path.glob("store-*.npy")))
     buf = disk.open(path, "r")
     keys = jax.random.split(jax.random.key(0), batches + 1)
     jax.block_until_ready(buf.sample_transitions(keys[0], 256, n_step=3, gamma=0.99))
@@ -100,24 +112,138 @@ def measure(path: Path, batches: int) -> dict:
     return {"ours_s": ours, "ours_rss_mb": after - before, "rss_mb": before, "memmap_s": mm, "memmap_rss_mb": rss_mb() - mm_before}
 
 
+def evict(files: list[Path]) -> None:
+    """Drop `files` from the page cache (our own files only), so reads come from the disk."""
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def build_episodes(path: Path, gb: float) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    import jaxbuffers as jb
+    from jaxbuffers import disk
+
+    with np.load(data_file("atari_rollouts.npz")) as d:
+        frames = d["breakout_frames"]  # [20108, 84, 84]
+    rng = np.random.default_rng(0)
+    frame_bytes = frames[0].nbytes
+    num_episodes = max(2 * EP_BATCH, int(gb * 1e9) // (EP_T * frame_bytes) // EP_BATCH * EP_BATCH)
+    step = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = disk.open(path, "w", jb.CompressedEpisodeBuffer.create(
+        step, max_episodes=num_episodes, max_timesteps=EP_T, frame_stack=4, codec="none"))
+    batches = []
+    for _ in range(2):  # two batches of episodes, cycled: stacks of consecutive frames from random starts ("reset" padding)
+        start = rng.integers(0, len(frames) - EP_T - 1, EP_BATCH)
+        t = np.arange(EP_T + 1)[:, None] + np.arange(-3, 1)[None, :]
+        idx = start[:, None, None] + np.maximum(t, 0)[None]  # [8, T + 1, 4]
+        stacks = frames[idx]
+        batches.append(({"obs": jnp.asarray(stacks[:, :EP_T]), "action": jnp.zeros((EP_BATCH, EP_T), jnp.int32),
+                         "reward": jnp.zeros((EP_BATCH, EP_T), jnp.float32)}, jnp.asarray(stacks[:, EP_T])))
+    add = jax.jit(jb.CompressedEpisodeBuffer.add_episodes)
+    term = jnp.zeros(EP_BATCH, bool)
+    stored = 0
+    t0 = time.perf_counter()
+    for i in range(num_episodes // EP_BATCH):
+        lengths = rng.integers(400, EP_T + 1, EP_BATCH).astype(np.int32)
+        eps, final = batches[i % 2]
+        buf = add(buf, eps, jnp.asarray(lengths), terminated=term, final_obs=final)
+        stored += int(lengths.sum()) + EP_BATCH  # one frame per step and per final observation
+    disk.flush(buf)
+    seconds = time.perf_counter() - t0
+    buf.close()
+    return {"seconds": seconds, "nbytes": stored * frame_bytes, "episodes": num_episodes, "steps": stored - num_episodes}
+
+
+def measure_episodes(path: Path, batches: int) -> dict:
+    import gc
+
+    import jax
+
+    from jaxbuffers import disk
+
+    evict(sorted(path.glob("store-*.npy")))
+    buf = disk.open(path, "r")
+    out = {}
+    for kind, calls, draw in (("transitions", batches, lambda k: buf.sample_transitions(k, 256, n_step=3, gamma=0.99)),
+                              ("episodes", max(batches // 4, 5), lambda k: buf.sample_episodes(k, EP_SAMPLE))):
+        keys = jax.random.split(jax.random.key(1), calls + 1)
+        jax.block_until_ready(draw(keys[0]))
+        gc.collect()
+        before = rss_mb()
+        t0 = time.perf_counter()
+        for k in keys[1:]:
+            jax.block_until_ready(draw(k))
+        out[f"{kind}_s"] = (time.perf_counter() - t0) / calls
+        gc.collect()
+        out[f"{kind}_rss_mb"], out[f"{kind}_calls"] = rss_mb() - before, calls
+    out["rss_mb"] = rss_mb()
+    evict(sorted(path.glob("store-*.npy")))  # what ours read is not in the page cache for the anchor
+    data = np.load(path / "store-0.npy", mmap_mode="r")
+    held, lengths = int(buf.num_episodes()), np.asarray(buf.buffer.lengths)
+    rng = np.random.default_rng(0)
+    calls = out["episodes_calls"]
+    mm_before = rss_mb()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        for e in rng.integers(0, held, EP_SAMPLE).tolist():
+            np.array(data[e * EP_T : e * EP_T + lengths[e]])  # a copy: reads the pages
+    out["memmap_s"] = (time.perf_counter() - t0) / calls
+    out["memmap_rss_mb"] = rss_mb() - mm_before
+    return out
+
+
+def run_episodes(parent: Path, gb: float, batches: int) -> None:
+    b = build_episodes(parent / "eps", gb)
+    size = f"{b['nbytes'] / 1e9:.1f}GB"
+    row(BENCH, f"build-episodes/{size}", "ours", b["seconds"], n=1, repeats=1, items=b["nbytes"] / 1e9, unit="GB/s",
+        episodes=b["episodes"], steps=b["steps"])
+    cmd = [sys.executable, __file__, "--measure-episodes", str(parent / "eps"), "--batches", str(batches)]
+    m = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    case = f"sample/episode-transitions/B=256/{size}"
+    row(BENCH, case, "ours", m["transitions_s"], n=m["transitions_calls"], repeats=1, items=256, unit="transitions/s")
+    emit({"bench": BENCH, "case": f"{case}/rss_growth", "impl": "ours", "value": round(m["transitions_rss_mb"], 1), "unit": "MB"})
+    case = f"sample/episodes/B={EP_SAMPLE}/{size}"
+    row(BENCH, case, "ours", m["episodes_s"], n=m["episodes_calls"], repeats=1, items=EP_SAMPLE, unit="episodes/s",
+        anchor="numpy-memmap", anchor_seconds=m["memmap_s"])
+    row(BENCH, case, "numpy-memmap", m["memmap_s"], n=m["episodes_calls"], repeats=1, items=EP_SAMPLE, unit="episodes/s")
+    emit({"bench": BENCH, "case": f"{case}/rss_growth", "impl": "ours", "value": round(m["episodes_rss_mb"], 1), "unit": "MB",
+          "rss_before_mb": round(m["rss_mb"], 1)})
+    emit({"bench": BENCH, "case": f"{case}/rss_growth", "impl": "numpy-memmap", "value": round(m["memmap_rss_mb"], 1), "unit": "MB"})
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--gb", type=float, default=None, help="folder size in GB (default 10; --quick 0.2)")
     p.add_argument("--batches", type=int, default=None, help="timed samples (default 400; --quick 20)")
     p.add_argument("--dir", default=None, help="parent folder of the buffer folder (default: a temporary folder in /tmp)")
-    p.add_argument("--measure", default=None, help=argparse.SUPPRESS)  # the measuring subprocess
+    p.add_argument("--episode-gb", type=float, default=None, help="episode folder size in GB (default 4; --quick 0.2)")
+    p.add_argument("--case", choices=("all", "trajectory", "episodes"), default="all")
+    p.add_argument("--measure", default=None, help=argparse.SUPPRESS)  # the measuring subprocesses
+    p.add_argument("--measure-episodes", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     batches = args.batches or (20 if args.quick else 400)
     if args.measure:
         print(json.dumps(measure(Path(args.measure), batches)))
         return
-    gb = args.gb or (0.2 if args.quick else 10.0)
-    header(BENCH, args.quick, gb=gb)
+    if args.measure_episodes:
+        print(json.dumps(measure_episodes(Path(args.measure_episodes), batches)))
+        return
+    gb = (args.gb or (0.2 if args.quick else 10.0)) if args.case != "episodes" else 0.0
+    ep_gb = (args.episode_gb or (0.2 if args.quick else 4.0)) if args.case != "trajectory" else 0.0
+    header(BENCH, args.quick, gb=gb, episode_gb=ep_gb)
     parent = Path(tempfile.mkdtemp(prefix="bench_disk_", dir=args.dir or "/tmp"))
     free = shutil.disk_usage(parent).free
-    if free < 1.2 * gb * 1e9:
-        raise SystemExit(f"--dir: {parent} has {free / 1e9:.1f} GB free, the folder needs {gb} GB; pass a smaller --gb")
+    if free < 1.2 * (gb + ep_gb) * 1e9:
+        raise SystemExit(f"--dir: {parent} has {free / 1e9:.1f} GB free, the folders need {gb + ep_gb} GB; pass a smaller --gb")
     try:
+        if ep_gb:
+            run_episodes(parent, ep_gb, batches)
+        if not gb:
+            return
         b = build(parent / "buf", gb)
         row(BENCH, f"build/{b['nbytes'] / 1e9:.1f}GB", "ours", b["seconds"], n=1, repeats=1, items=b["nbytes"] / 1e9, unit="GB/s",
             steps=b["steps"])
