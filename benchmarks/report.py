@@ -108,7 +108,12 @@ NOTES = {
             "`rss_growth`: the process's resident memory growth over the timed samples. `numpy-memmap`: the same number "
             "of random stacks read by fancy indexing of the same `.npy` file opened with `np.load(mmap_mode=\"r\")`, "
             "after ours in the same process (its mapped pages count as resident memory; it does no checksum, no frame "
-            "bookkeeping and no transfer to JAX). Ratio of ours: numpy-memmap's time / ours.",
+            "bookkeeping and no transfer to JAX). Ratio of ours: numpy-memmap's time / ours. Episodes (`build-episodes`, "
+            "`episode-transitions`, `episodes`): a `CompressedEpisodeBuffer` (`codec=\"none\"`, `frame_stack=4`: one "
+            "84x84 frame stored per step) of episodes of 400 to 500 steps of recorded Breakout stacks, sampled the same "
+            "way: 256 3-step transitions per call (obs, next_obs and the window decoded), or 4 whole episodes per call "
+            "(stacks rebuilt, uint8 [4, 500, 4, 84, 84]); its `numpy-memmap` anchor reads the frames of 4 random "
+            "episodes as slices of the same file (frames only, no stacks), with the files evicted again before it.",
 }
 VERSIONS = ["python", "jax", "jaxlib", "flax", "flashbax", "rlax", "stable-baselines3", "torch", "numba", "zstandard"]
 
