@@ -170,6 +170,15 @@ def test_a_corrupt_index_file_is_named(folder):
 ITEM = {"obs": jnp.zeros((3,), jnp.int32), "action": jnp.int32(0), "reward": jnp.float32(0)}
 
 
+def _reopened(buf, path):
+    """`buf` itself when `path` is None; else `buf` (a disk buffer in `path`) flushed, closed and reopened read-only."""
+    if path is None:
+        return buf
+    disk.flush(buf)
+    buf.close()
+    return disk.open(path, "r")
+
+
 def _tagged(b, num_envs, length, steps, path=None):
     """A buffer (in `path` when given, flushed and reopened read-only) whose step (lane e, step t) has obs [b, e, t]
     and action t; no episode ends."""
@@ -179,11 +188,7 @@ def _tagged(b, num_envs, length, steps, path=None):
     obs = np.stack(np.broadcast_arrays(np.full_like(lanes, b), lanes, t), axis=-1).astype(np.int32)
     step = {"obs": jnp.asarray(obs), "action": jnp.asarray(obs[..., 2]), "reward": jnp.zeros((num_envs, steps))}
     buf = _add(buf, {"step": step, "terminated": jnp.zeros((num_envs, steps), bool)}, -(-steps // length))
-    if path is None:
-        return buf
-    disk.flush(buf)
-    buf.close()
-    return disk.open(path, "r")
+    return _reopened(buf, path)
 
 
 def test_concatenated_is_uniform_over_the_union_with_exact_contents(tmp_path):
@@ -366,11 +371,7 @@ def _tagged_episodes(b, max_episodes, max_timesteps, lengths, path=None):
     eps = {"obs": jnp.asarray(obs[:, :-1]), "action": jnp.asarray(obs[:, :-1, 2]), "reward": jnp.zeros((n, max_timesteps))}
     buf = buf.add_episodes(eps, lengths, terminated=jnp.ones(n, bool), final_obs=jnp.asarray(obs[i[:, 0], lengths]),
                            meta={"task": jnp.asarray(np.arange(n) % 2, jnp.int32)})
-    if path is None:
-        return buf
-    disk.flush(buf)
-    buf.close()
-    return disk.open(path, "r")
+    return _reopened(buf, path)
 
 
 def test_concatenated_episodes_are_uniform_over_the_union_with_exact_contents(tmp_path):
