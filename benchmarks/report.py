@@ -112,8 +112,9 @@ NOTES = {
             "`episode-transitions`, `episodes`): a `CompressedEpisodeBuffer` (`codec=\"none\"`, `frame_stack=4`: one "
             "84x84 frame stored per step) of episodes of 400 to 500 steps of recorded Breakout stacks, sampled the same "
             "way: 256 3-step transitions per call (obs, next_obs and the window decoded), or 4 whole episodes per call "
-            "(stacks rebuilt, uint8 [4, 500, 4, 84, 84]); its `numpy-memmap` anchor reads the frames of 4 random "
-            "episodes as slices of the same file (frames only, no stacks), with the files evicted again before it.",
+            "(stacks rebuilt, uint8 [4, 500, 4, 84, 84]). Its anchors read 4 random episodes of the same file through "
+            "`np.load(mmap_mode=\"r\")`, the files evicted again before each: `numpy-memmap-stacks` builds the same "
+            "stacks by fancy indexing (the ratio's anchor), `numpy-memmap` copies the frames only (no stacks).",
 }
 VERSIONS = ["python", "jax", "jaxlib", "flax", "flashbax", "rlax", "stable-baselines3", "torch", "numba", "zstandard"]
 
