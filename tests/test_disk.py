@@ -47,6 +47,12 @@ def _sample(buf):
     return jax.tree.map(np.asarray, s)
 
 
+def _rss_mb():
+    """This process's resident memory (VmRSS), MB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
 def _same(a, b):
     return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)))
 
@@ -257,14 +263,10 @@ def test_sampling_a_folder_larger_than_the_samples_keeps_resident_memory_flat(tm
     keys = jax.random.split(jax.random.key(0), 201)
     jax.block_until_ready(ro.sample_transitions(keys[0], 256, n_step=3, gamma=0.99))
 
-    def rss_mb():
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-
-    before = rss_mb()
+    before = _rss_mb()
     for k in keys[1:]:
         jax.block_until_ready(ro.sample_transitions(k, 256, n_step=3, gamma=0.99))
-    assert rss_mb() - before < 200
+    assert _rss_mb() - before < 200
 
 
 def test_a_prioritised_buffer_keeps_its_priorities_on_disk(tmp_path):
@@ -420,3 +422,28 @@ def test_concatenated_episodes_refuse_other_configurations():
         cat.sample_timesteps(jax.random.key(0), 4, where=[jnp.ones(2, bool)])
     with pytest.raises(ValueError, match=r"where\[1\]: expected shape \(2,\), got \(3,\)"):
         cat.sample_timesteps(jax.random.key(0), 4, where=[jnp.ones(2, bool), jnp.ones(3, bool)])
+
+
+@pytest.mark.slow
+def test_sampling_whole_episodes_from_a_large_folder_keeps_resident_memory_flat(tmp_path):
+    """About 0.9 GB of frames on disk (256 episodes of 500 steps, one 84x84 frame stored per step); 40 samples of 4
+    whole episodes (uint8 [4, 500, 4, 84, 84] each) grow RSS by < 200 MB."""
+    step = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    make = lambda: jb.CompressedEpisodeBuffer.create(step, max_episodes=256, max_timesteps=500, frame_stack=4, codec="none")  # noqa: E731
+    buf = disk.open(tmp_path / "big", "w", make())
+    eps = {"obs": jnp.asarray(np.random.default_rng(0).integers(0, 256, (16, 500, 4, 84, 84), dtype=np.uint8)),
+           "action": jnp.zeros((16, 500), jnp.int32), "reward": jnp.zeros((16, 500))}
+    add = jax.jit(jb.CompressedEpisodeBuffer.add_episodes)
+    for _ in range(16):
+        buf = add(buf, eps, jnp.full(16, 500, jnp.int32), terminated=jnp.ones(16, bool), final_obs=eps["obs"][:, 0])
+    disk.flush(buf)
+    buf.close()
+    del eps
+    ro = disk.open(tmp_path / "big", "r")
+    keys = jax.random.split(jax.random.key(0), 41)
+    jax.block_until_ready(ro.sample_episodes(keys[0], 4))
+
+    before = _rss_mb()
+    for k in keys[1:]:
+        jax.block_until_ready(ro.sample_episodes(k, 4))
+    assert _rss_mb() - before < 200
