@@ -293,7 +293,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
             if not final:
                 newest = jnp.where(t < n, newest, -1)
             if rows is not None:
-                newest = jnp.where(_episode._bcast(rows, newest.ndim), newest, -1)
+                newest = jnp.where(rows.reshape(rows.shape + (1,) * (newest.ndim - 1)), newest, -1)
             ids = jnp.stack([newest, ep * m + jnp.clip(jnp.minimum(t, n) - 1, 0, m - 1), jnp.minimum(jnp.minimum(t, n), self.frame_stack - 1)], axis=-1)
             f, p = _common.stack_slots(ids, frame_stack=self.frame_stack, ring=m, num_lanes=e, empty=self.host.num_slots - 1,
                                        stacked=self.leaves[0].stack_axis is not None, padding=self.padding)
