@@ -221,8 +221,8 @@ def test_decode_of_an_inner_sample_with_rows_left_out_as_zeros():
     cbuf, _, _ = _filled("dict-whole-circular", n_eps=3)
     inner = cbuf.buffer.sample_transitions(jax.random.key(4), 6, n_step=2, gamma=0.9)
     rows = np.array([True, False, True, False, False, True])
-    part = jax.tree.map(np.asarray, jax.jit(lambda b, s: b.decode(s, rows=rows))(cbuf, inner))
-    full = jax.tree.map(np.asarray, cbuf.decode(inner))
+    decode = jax.jit(lambda b, s, r: b.decode(s, rows=r))
+    part, full = (jax.tree.map(np.asarray, decode(cbuf, inner, r)) for r in (rows, np.ones(6, bool)))
     for name, x, y in (("obs", part.obs["pixels"], full.obs["pixels"]), ("next_obs", part.next_obs["pixels"], full.next_obs["pixels"]),
                        ("window", part.window["obs"]["pixels"], full.window["obs"]["pixels"])):
         np.testing.assert_array_equal(x[rows], y[rows], err_msg=name)

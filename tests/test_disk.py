@@ -343,11 +343,13 @@ def test_an_episode_folder_reopens_with_identical_samples_jit_and_eager(episodes
     with pytest.raises(disk.ReadOnlyError, match="flush"):
         disk.flush(ro)
     ro.close()
-    rw = _add_episodes(disk.open(tmp_path / "eps", "r+"), batch)  # r+ continues from the flushed state
+    rw = _add_episodes(disk.open(tmp_path / "eps", "r+"), batch)  # r+ continues from the flushed state (checked above)
+    want = rw.sample_transitions(jax.random.key(7), 8, n_step=3, gamma=0.9)  # eager
     disk.flush(rw)
     rw.close()
-    got = disk.open(tmp_path / "eps", "r").sample_transitions(jax.random.key(7), 8, n_step=3, gamma=0.9)  # eager
-    assert _same(got, _add_episodes(twin, batch).sample_transitions(jax.random.key(7), 8, n_step=3, gamma=0.9))
+    reopened = disk.open(tmp_path / "eps", "r")
+    assert int(reopened.num_episodes()) == 4 and reopened.host.num_rows == twin.host.num_rows + int(batch["lengths"][0]) + 1
+    assert _same(reopened.sample_transitions(jax.random.key(7), 8, n_step=3, gamma=0.9), want)
 
 
 def test_an_episode_folder_checks_its_configuration(episodes_built):
