@@ -78,30 +78,30 @@ class Metrics(struct.PyTreeNode):
     def recorded(self, positions, generations, added, head, num_valid, ring: int, lanes: int = 1) -> "Metrics":
         """Count draws at flat `positions` (int32[B], `lane * ring + slot`) of `lanes` rings of `ring` slots with
         cursors `added` (two-word), `head`, `num_valid`; `generations` (int32[B] or None) as sampled. O(B)."""
-        lanes_ring = lanes * ring
-        inside = (positions >= 0) & (positions < lanes_ring)
+        lanes_ring, b = lanes * ring, positions.shape[0]
         pos = jnp.clip(positions, 0, lanes_ring - 1)
         slot = pos % ring
-        ok = inside & (_ring.physical_to_logical(slot, head, num_valid, ring) < num_valid)
+        age = jnp.mod(head - 1 - slot, ring).astype(jnp.int32)  # items written to the ring after this one
+        ok = (positions >= 0) & (positions < lanes_ring) & (age < num_valid)  # held: the newest num_valid slots
         if generations is not None:
             ok = ok & (_ring.last_item_number(added, head, slot, ring) == generations)
-        age = jnp.mod(head - 1 - slot, ring).astype(jnp.int32)  # items written to the ring after this one
-        hits = ok.astype(jnp.int32)
-        n = jnp.sum(hits, dtype=jnp.int32)
-        bins = jnp.clip(31 - jax.lax.clz(age + 1), 0, NUM_AGE_BINS - 1)
-        inc = jnp.zeros((NUM_AGE_BINS,), jnp.int32).at[bins].add(hits)
+        # the age histogram as a one-hot sum (vectorised; a scatter-add of the batch runs serially on CPU); a stale
+        # draw falls in no bin, so the histogram also counts the draws
+        bins = jnp.where(ok, jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), NUM_AGE_BINS)
+        inc = jnp.sum(bins[:, None] == jnp.arange(NUM_AGE_BINS, dtype=jnp.int32), axis=0, dtype=jnp.int32)
+        n = jnp.sum(inc, dtype=jnp.int32)
+        ok_age = jnp.where(ok, age, 0)
         new = self.replace(
             sampled=_ring.counter_add(self.sampled, n), record_calls=_ring.counter_add(self.record_calls, 1),
-            stale=_ring.counter_add(self.stale, positions.shape[0] - n),
-            age_sum=self.age_sum + jnp.sum(jnp.where(ok, age, 0).astype(jnp.float32)),
-            age_max=jnp.maximum(self.age_max, jnp.max(jnp.where(ok, age, 0), initial=0)),
+            stale=_ring.counter_add(self.stale, b - n), age_sum=self.age_sum + jnp.sum(ok_age.astype(jnp.float32)),
+            age_max=jnp.maximum(self.age_max, jnp.max(ok_age, initial=0)),
             age_hist=self.age_hist + jnp.minimum(inc, _MAX - self.age_hist),
         )
         if not self.per_slot:
             return new
         flat = self.sample_count.reshape(-1)
-        room = flat[pos] <= _MAX - positions.shape[0]  # B more draws of one position cannot wrap past int32
-        counts = flat.at[pos].add(jnp.where(room, hits, 0))
+        room = flat[pos] <= _MAX - b  # B more draws of one position cannot wrap past int32
+        counts = flat.at[pos].add((ok & room).astype(jnp.int32), mode="promise_in_bounds")
         return new.replace(sample_count=counts.reshape(self.sample_count.shape))
 
 
