@@ -85,15 +85,20 @@ class Metrics(struct.PyTreeNode):
         ok = (positions >= 0) & (positions < lanes_ring) & (age < num_valid)  # held: the newest num_valid slots
         if generations is not None:
             ok = ok & (_ring.last_item_number(added, head, slot, ring) == generations)
-        # the age histogram as a one-hot sum (vectorised; a scatter-add of the batch runs serially on CPU); a stale
-        # draw falls in no bin, so the histogram also counts the draws
+        # One vectorised reduction (a scatter-add of the batch runs serially on CPU, and each reduction is a pass of
+        # its own): per draw, its age bin one-hot (a stale draw falls in no bin, so the bins also count the draws)
+        # and its age split in 16-bit halves (their int32 sums cannot wrap for B < 2**15).
         bins = jnp.where(ok, jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), NUM_AGE_BINS)
-        inc = jnp.sum(bins[:, None] == jnp.arange(NUM_AGE_BINS, dtype=jnp.int32), axis=0, dtype=jnp.int32)
-        n = jnp.sum(inc, dtype=jnp.int32)
         ok_age = jnp.where(ok, age, 0)
+        cols = jnp.concatenate([bins[:, None] == jnp.arange(NUM_AGE_BINS, dtype=jnp.int32)[None, :],
+                                jnp.stack([ok_age >> 16, ok_age & 0xFFFF], axis=1)], axis=1, dtype=jnp.int32)
+        sums = jnp.sum(cols, axis=0, dtype=jnp.int32)
+        inc = sums[:NUM_AGE_BINS]
+        n = jnp.sum(inc, dtype=jnp.int32)
+        age_sum = sums[NUM_AGE_BINS].astype(jnp.float32) * 65536.0 + sums[NUM_AGE_BINS + 1].astype(jnp.float32)
         new = self.replace(
             sampled=_ring.counter_add(self.sampled, n), record_calls=_ring.counter_add(self.record_calls, 1),
-            stale=_ring.counter_add(self.stale, b - n), age_sum=self.age_sum + jnp.sum(ok_age.astype(jnp.float32)),
+            stale=_ring.counter_add(self.stale, b - n), age_sum=self.age_sum + age_sum,
             age_max=jnp.maximum(self.age_max, jnp.max(ok_age, initial=0)),
             age_hist=self.age_hist + jnp.minimum(inc, _MAX - self.age_hist),
         )

@@ -170,6 +170,10 @@ def test_inspect_json(saved, capsys, name):
         assert s["image_field"] == {"field": "obs", "shape": [K, H, H], "stack_axis": 0}
     assert (s["priorities"] is not None) == ("Prioritised" in name)
     assert (s["metrics"] is not None) == ("Rollout" not in name)  # through the wrapped buffer of a compressed one
+    assert (s["rollout"] is not None) == ("Rollout" in name)
+    if s["rollout"] is not None:  # rewards t / 2, values 0, no compute_gae: advantages and returns are zeros
+        assert s["rollout"]["has_advantages"] is False and s["rollout"]["learnt_steps"] == held
+        assert s["rollout"]["return_max"] == 0.0 and s["rollout"]["explained_variance"] is None
     if s["metrics"] is not None:
         assert s["metrics"]["inserts"] > 0
 

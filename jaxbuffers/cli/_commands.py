@@ -161,6 +161,21 @@ def _usage(buffer: Any) -> dict | None:
     return buffer.stats() if hasattr(buffer, "stats") else None
 
 
+def _rollout_usage(buffer: Any) -> dict | None:
+    """Advantage and return statistics of a rollout's learnt steps (`jaxbuffers.rollout_stats`, no draws); None for
+    other buffers."""
+    from jaxbuffers.compressed import CompressedRolloutBuffer
+    from jaxbuffers.rollout import RolloutBuffer
+    from jaxbuffers.rollout_metrics import rollout_stats
+
+    if not isinstance(buffer, (RolloutBuffer, CompressedRolloutBuffer)):
+        return None
+    inner = buffer.buffer if isinstance(buffer, CompressedRolloutBuffer) else buffer
+    draws = ("never_drawn", "draws_min", "draws_max", "wasted_draws")  # no draws are saved with a rollout
+    return {"has_advantages": bool(inner.has_advantages),
+            **{k: v for k, v in rollout_stats(buffer).summary().items() if k not in draws}}
+
+
 def _histogram(lengths: np.ndarray, bins: int = 10) -> list[dict]:
     if not len(lengths):
         return []
@@ -210,6 +225,7 @@ def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, pro
         "meta": [_meta_stats(name, values, default) for name, (values, default) in view.meta.items()],
         "priorities": _priorities(buffer),
         "metrics": _usage(buffer),
+        "rollout": _rollout_usage(buffer),
     }
 
 
@@ -311,6 +327,15 @@ def print_summary(s: dict, console=None) -> None:
         for k, v in s["priorities"].items():
             pr.add_row(k, _num(v))
         console.print(pr)
+
+    r = s.get("rollout")
+    if r is not None:
+        ro = Table(title="advantages and returns (learnt steps)" + ("" if r["has_advantages"] else ": compute_gae has not run"),
+                   show_header=False)
+        for k, v in r.items():
+            if k != "has_advantages":
+                ro.add_row(k, _num(v))
+        console.print(ro)
 
     m = s.get("metrics")
     if m is not None:
