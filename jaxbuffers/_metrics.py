@@ -177,7 +177,9 @@ class Recorded:
             buf = getattr(buf, buf._metrics_in)
         m, added, head, num_valid, ring, _ = buf._metrics_ring()
         if np.ndim(head):
-            raise ValueError(f"stats: a stacked {type(self).__name__} of stack shape {np.shape(head)}; index one member out first")
+            raise ValueError(f"stats: a stacked (vmapped) {type(self).__name__} of stack shape {np.shape(head)}; take one "
+                             f"member's with jax.tree.map(lambda x: x[i], buf).stats() (jaxbuffers inspect prints a "
+                             f"summary per member of a saved one)")
         n = _ring.counter_value(m.sampled)
         out = {
             "inserts": _ring.counter_value(added), "samples": n, "record_calls": _ring.counter_value(m.record_calls),

@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="type, configuration, sizes, bytes, per-field statistics, episodes, priorities",
                        description="Print what a saved buffer holds: its type and configuration, steps held, bytes on "
                                    "device, host and disk, each field's dtype, shape, min, max and mean (compressed "
-                                   "fields decoded), episode counts and a length histogram, and priority statistics.",
+                                   "fields decoded), episode counts and a length histogram, an episode buffer's meta fields, "
+                                   "priority statistics, usage metrics, and a rollout's advantage and return "
+                                   "statistics. Of a stacked (vmapped) buffer without --member: a summary per member.",
                        epilog=_EPILOG)
     _path_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
