@@ -206,12 +206,16 @@ class _Metrics:
         return lambda s, batch: s.add(batch)
 
 
-def _sample_record_runner(impl, n: int):
-    """``n`` samples inside one jitted, donated scan, each recorded into the state when ``impl.record``."""
+def _sample_record_runner(impl, n: int, item):
+    """``n`` training steps inside one jitted, donated scan: add one item, sample, and record the sample into the
+    state when ``impl.record``. The add makes the buffer a real loop carry in every variant, as in training (a scan
+    that never changes the buffer lets XLA hoist it out of the loop, which only the variant without metrics gets)."""
     keys = jax.random.split(jax.random.key(0), n)
+    one = batch_of(item, 1)
 
     def body(carry, k):
         s, acc = carry
+        s = s.add(one)
         out = impl.sample(s, k)
         return ((s.record(out) if impl.record else s), acc + checksum(out)), None
 
@@ -224,9 +228,10 @@ def _sample_record_runner(impl, n: int):
 
 
 def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: bool) -> None:
-    """Rows ``metrics/add/<item>/B=<b>/scan`` and ``metrics/sample+record/<item>/batch=<k>/scan``: the buffer
-    without metrics (``metrics=False``, nothing recorded; the anchor), with the O(1) counters only
-    (``metrics=False``, every sample recorded) and with per-slot counts too (``metrics=True``, recorded).
+    """Rows ``metrics/add/<item>/B=<b>/scan`` and ``metrics/add+sample+record/<item>/batch=<k>/scan`` (a training
+    step: add one item, sample a batch, record it): the buffer without metrics (``metrics=False``, nothing recorded;
+    the anchor), with the O(1) counters only (``metrics=False``, every sample recorded) and with per-slot counts too
+    (``metrics=True``, recorded).
 
     ``create(item, capacity, metrics=...)`` builds the buffer, ``sample(state, key)`` draws a batch of 256.
     """
@@ -243,5 +248,5 @@ def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: 
         for impl in impls:  # a quarter of the capacity, so sampling reads real data
             add_runner(impl, batch_of(item, 256), "scan", max(1, capacity // 4 // 256))()
         n = 5 if quick else 50
-        times = interleaved({i.name: _sample_record_runner(i, n) for i in impls}, repeats, n)
-        compare(bench, f"metrics/sample+record/{item_name}/batch=256/scan", times, "off", n=n, repeats=repeats, items=256)
+        times = interleaved({i.name: _sample_record_runner(i, n, item) for i in impls}, repeats, n)
+        compare(bench, f"metrics/add+sample+record/{item_name}/batch=256/scan", times, "off", n=n, repeats=repeats, items=256)

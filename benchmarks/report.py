@@ -36,7 +36,10 @@ TITLES = {
 NOTES = {
     "replay": "Anchor: flashbax's item buffer (`flashbax-flat` is its flat buffer). `call`: one jitted, donated "
               "call per operation from Python; `scan`: the operations inside one jitted `lax.scan`, as in a jitted "
-              "training step. Throughput in items/s.",
+              "training step. Throughput in items/s. `metrics/...` rows (`bench_replay.py --metrics`): the buffer "
+              "without usage metrics (`off`, the anchor), with its scalar counters and `record` of every sample "
+              "(`counters`), and with per-slot counts too (`per-slot`); `add+sample+record` is a scanned training "
+              "step of one add, one sample of 256 and its `record`.",
     "prioritised": "Anchor: flashbax's prioritised item buffer. `call` / `scan` as for uniform replay; "
                    "`sample+set_priorities/.../scan` is the pair a prioritised training step runs. flashbax picks its "
                    "sum-tree update by backend: on CPU (`flashbax`) a sequential leaf-to-root walk per item, which "

@@ -27,6 +27,7 @@ from jaxbuffers.sharding import ShardedBuffer, ShardedSample
 from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
 from jaxbuffers.rollout_diagnostics import (RolloutMemoryEstimate, TrainableDiagnostics, get_minibatches, memory_estimate,
                                             total_size, trainable_diagnostics)
+from jaxbuffers.rollout_metrics import RolloutStats, rollout_stats
 from jaxbuffers.sum_tree import SumMinTree
 from jaxbuffers._timing import Timing, timing
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
@@ -43,6 +44,7 @@ __all__ = [
     "sample_mixed", "mixed_counts", "MixedSample",  # mixing
     "RolloutBuffer", "RolloutMinibatch", "RolloutMemoryPressure",  # on-policy
     "trainable_diagnostics", "TrainableDiagnostics", "memory_estimate", "RolloutMemoryEstimate", "total_size", "get_minibatches",
+    "rollout_stats", "RolloutStats",
     "gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns",  # returns
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
     "CompressedEpisodeBuffer",

@@ -78,30 +78,35 @@ class Metrics(struct.PyTreeNode):
     def recorded(self, positions, generations, added, head, num_valid, ring: int, lanes: int = 1) -> "Metrics":
         """Count draws at flat `positions` (int32[B], `lane * ring + slot`) of `lanes` rings of `ring` slots with
         cursors `added` (two-word), `head`, `num_valid`; `generations` (int32[B] or None) as sampled. O(B)."""
-        lanes_ring = lanes * ring
-        inside = (positions >= 0) & (positions < lanes_ring)
+        lanes_ring, b = lanes * ring, positions.shape[0]
         pos = jnp.clip(positions, 0, lanes_ring - 1)
         slot = pos % ring
-        ok = inside & (_ring.physical_to_logical(slot, head, num_valid, ring) < num_valid)
+        age = jnp.mod(head - 1 - slot, ring).astype(jnp.int32)  # items written to the ring after this one
+        ok = (positions >= 0) & (positions < lanes_ring) & (age < num_valid)  # held: the newest num_valid slots
         if generations is not None:
             ok = ok & (_ring.last_item_number(added, head, slot, ring) == generations)
-        age = jnp.mod(head - 1 - slot, ring).astype(jnp.int32)  # items written to the ring after this one
-        hits = ok.astype(jnp.int32)
-        n = jnp.sum(hits, dtype=jnp.int32)
-        bins = jnp.clip(31 - jax.lax.clz(age + 1), 0, NUM_AGE_BINS - 1)
-        inc = jnp.zeros((NUM_AGE_BINS,), jnp.int32).at[bins].add(hits)
+        # One vectorised reduction (a scatter-add of the batch runs serially on CPU, and each reduction is a pass of
+        # its own): per draw, its age bin one-hot (a stale draw falls in no bin, so the bins also count the draws)
+        # and its age split in 16-bit halves (their int32 sums cannot wrap for B < 2**15).
+        bins = jnp.where(ok, jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), NUM_AGE_BINS)
+        ok_age = jnp.where(ok, age, 0)
+        cols = jnp.concatenate([bins[:, None] == jnp.arange(NUM_AGE_BINS, dtype=jnp.int32)[None, :],
+                                jnp.stack([ok_age >> 16, ok_age & 0xFFFF], axis=1)], axis=1, dtype=jnp.int32)
+        sums = jnp.sum(cols, axis=0, dtype=jnp.int32)
+        inc = sums[:NUM_AGE_BINS]
+        n = jnp.sum(inc, dtype=jnp.int32)
+        age_sum = sums[NUM_AGE_BINS].astype(jnp.float32) * 65536.0 + sums[NUM_AGE_BINS + 1].astype(jnp.float32)
         new = self.replace(
             sampled=_ring.counter_add(self.sampled, n), record_calls=_ring.counter_add(self.record_calls, 1),
-            stale=_ring.counter_add(self.stale, positions.shape[0] - n),
-            age_sum=self.age_sum + jnp.sum(jnp.where(ok, age, 0).astype(jnp.float32)),
-            age_max=jnp.maximum(self.age_max, jnp.max(jnp.where(ok, age, 0), initial=0)),
+            stale=_ring.counter_add(self.stale, b - n), age_sum=self.age_sum + age_sum,
+            age_max=jnp.maximum(self.age_max, jnp.max(ok_age, initial=0)),
             age_hist=self.age_hist + jnp.minimum(inc, _MAX - self.age_hist),
         )
         if not self.per_slot:
             return new
         flat = self.sample_count.reshape(-1)
-        room = flat[pos] <= _MAX - positions.shape[0]  # B more draws of one position cannot wrap past int32
-        counts = flat.at[pos].add(jnp.where(room, hits, 0))
+        room = flat[pos] <= _MAX - b  # B more draws of one position cannot wrap past int32
+        counts = flat.at[pos].add((ok & room).astype(jnp.int32), mode="promise_in_bounds")
         return new.replace(sample_count=counts.reshape(self.sample_count.shape))
 
 
@@ -172,7 +177,9 @@ class Recorded:
             buf = getattr(buf, buf._metrics_in)
         m, added, head, num_valid, ring, _ = buf._metrics_ring()
         if np.ndim(head):
-            raise ValueError(f"stats: a stacked {type(self).__name__} of stack shape {np.shape(head)}; index one member out first")
+            raise ValueError(f"stats: a stacked (vmapped) {type(self).__name__} of stack shape {np.shape(head)}; take one "
+                             f"member's with jax.tree.map(lambda x: x[i], buf).stats() (jaxbuffers inspect prints a "
+                             f"summary per member of a saved one)")
         n = _ring.counter_value(m.sampled)
         out = {
             "inserts": _ring.counter_value(added), "samples": n, "record_calls": _ring.counter_value(m.record_calls),

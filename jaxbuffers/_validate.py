@@ -346,6 +346,20 @@ def integer_indices(name: str, indices) -> jax.Array:
     return int32_indices(indices)
 
 
+def indices_below(name: str, indices: jax.Array, size: int, what: str) -> None:
+    """Concrete `indices` (an integer array) must lie in `[0, size)` (`what` says what `size` counts); traced ones
+    are not checked.
+
+    Raises:
+      ValueError: naming `name`, the range expected and the range found.
+    """
+    if isinstance(indices, jax.core.Tracer) or not indices.size:
+        return
+    lo, hi = int(jnp.min(indices)), int(jnp.max(indices))
+    if lo < 0 or hi >= size:
+        raise ValueError(f"{name}: expected indices in [0, {size}) ({what}), got values in [{lo}, {hi}]")
+
+
 def static_float(name: str, value, lo: float, hi: float) -> float:
     """A static float hyperparameter (a Python or numpy number, not a bool) in ``[lo, hi]``, as ``float``.
 

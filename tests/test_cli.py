@@ -18,7 +18,9 @@ import pytest
 import jaxbuffers as jb
 from jaxbuffers.cli import main
 from jaxbuffers.cli._view import BufferView
-from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer
+from jaxbuffers.compressed import (
+    CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
+)
 
 pytest.importorskip("PIL")
 pytest.importorskip("rich")
@@ -88,6 +90,29 @@ def _rollout(compressed: bool):
     return buf
 
 
+# the episodes of stacks(): (lane, first step, steps, terminated, meta task), added in this order
+EPISODES = [(0, 0, TERM_AT + 1, True, 0), (0, TERM_AT + 1, T - TERM_AT - 1, False, 1), (1, 0, TRUNC_AT + 1, False, 1),
+            (1, TRUNC_AT + 1, T - TRUNC_AT - 1, False, 2)]
+MAX_T = 10
+
+
+def _episodes(buf):
+    """The four episodes of stacks() added whole, into three slots: the first one is replaced."""
+    obs, _, _ = stacks()
+    for lane, t0, n, term, task in EPISODES:
+        pad = lambda x: np.concatenate([x, np.zeros((MAX_T - n, *x.shape[1:]), x.dtype)])  # noqa: E731
+        ep = {"obs": jnp.asarray(pad(obs[t0 : t0 + n, lane])), "action": jnp.asarray(pad(np.arange(t0, t0 + n, dtype=np.int32))),
+              "reward": jnp.asarray(pad(np.arange(t0, t0 + n, dtype=np.float32) / 2))}
+        buf = buf.add_episode(ep, n, terminated=term, truncated=not term, final_obs=jnp.asarray(obs[t0 + n - 1, lane]),
+                              meta={"task": jnp.int32(task)})
+    return buf
+
+
+def _episode_buffer(compressed: bool):
+    kw = dict(max_episodes=3, max_timesteps=MAX_T, meta={"task": jnp.int32(7)})
+    return _episodes(CompressedEpisodeBuffer.create(_step(), frame_stack=K, **kw) if compressed else jb.EpisodeBuffer.create(_step(), **kw))
+
+
 BUILDERS = {
     "ReplayBuffer": _replay,
     "PrioritisedReplayBuffer": _prioritised,
@@ -98,6 +123,8 @@ BUILDERS = {
     "CompressedPrioritisedTrajectoryBuffer": lambda: _fill_trajectory(
         CompressedPrioritisedTrajectoryBuffer.create(_step(), num_envs=E, length=32, window_length=2, frame_stack=K)),
     "CompressedRolloutBuffer": lambda: _rollout(True),
+    "EpisodeBuffer": lambda: _episode_buffer(False),
+    "CompressedEpisodeBuffer": lambda: _episode_buffer(True),
 }
 # (steps held, episodes, complete episodes) of each, counted by hand from stacks()
 EXPECTED = {
@@ -109,6 +136,8 @@ EXPECTED = {
     "CompressedTrajectoryBuffer": (24, 4, 2),
     "CompressedPrioritisedTrajectoryBuffer": (24, 4, 2),
     "CompressedRolloutBuffer": (24, 4, 0),
+    "EpisodeBuffer": (24 - TERM_AT - 1, 3, 3),  # the last three episodes, each whole
+    "CompressedEpisodeBuffer": (24 - TERM_AT - 1, 3, 3),
 }
 
 
@@ -141,6 +170,10 @@ def test_inspect_json(saved, capsys, name):
         assert s["image_field"] == {"field": "obs", "shape": [K, H, H], "stack_axis": 0}
     assert (s["priorities"] is not None) == ("Prioritised" in name)
     assert (s["metrics"] is not None) == ("Rollout" not in name)  # through the wrapped buffer of a compressed one
+    assert (s["rollout"] is not None) == ("Rollout" in name)
+    if s["rollout"] is not None:  # rewards t / 2, values 0, no compute_gae: advantages and returns are zeros
+        assert s["rollout"]["has_advantages"] is False and s["rollout"]["learnt_steps"] == held
+        assert s["rollout"]["return_max"] == 0.0 and s["rollout"]["explained_variance"] is None
     if s["metrics"] is not None:
         assert s["metrics"]["inserts"] > 0
 
@@ -171,11 +204,38 @@ def test_inspect_without_decoding(saved, capsys):
     assert next(f for f in s["fields"] if f["field"] == "reward")["max"] == (T - 1) / 2
 
 
-def test_stacked_buffer_refused(tmp_path, capsys):
-    make = lambda _: jb.ReplayBuffer.create({"x": jnp.zeros(2)}, capacity=4)  # noqa: E731
+def test_stacked_buffer(tmp_path, capsys):
+    def make(i):  # member i: three items, the one at i terminates an episode
+        buf = jb.ReplayBuffer.create({"x": jnp.zeros(2), "terminated": jnp.bool_(False)}, capacity=4)
+        return buf.add({"x": jnp.ones((3, 2)) * i, "terminated": jnp.arange(3) == i})
+
     path = jb.save(tmp_path / "stacked", jax.vmap(make)(jnp.arange(3)), progress=False)
-    code, _, err = run(capsys, "inspect", path)
-    assert code == 2 and "stacked" in err and "(3,)" in err
+    s = json.loads(run(capsys, "inspect", path, "--json")[1])
+    assert s["stack_shape"] == [3] and [m["member"] for m in s["members"]] == [[0], [1], [2]]
+    assert [(m["episodes"]["count"], m["episodes"]["complete"]) for m in s["members"]] == [(2, 1), (2, 1), (1, 1)]
+    assert [next(f["mean"] for f in m["fields"] if f["field"] == "x") for m in s["members"]] == [0.0, 1.0, 2.0]
+    code, out, _ = run(capsys, "inspect", path)
+    assert code == 0 and "stacked (3,)" in out and "--member" in out
+    one = json.loads(run(capsys, "inspect", path, "--json", "--member", 1)[1])
+    assert {k: v for k, v in one.items() if k not in ("path", "bytes")} == {k: v for k, v in s["members"][1].items() if k != "member"}
+    code, _, err = run(capsys, "sheet", path, "--out", tmp_path / "s.png")
+    assert code == 2 and "stacked" in err and "--member 0..2" in err
+    code, _, err = run(capsys, "inspect", path, "--member", "3")
+    assert code == 2 and "--member" in err and "(3,)" in err and "'3'" in err
+
+
+def test_unsupported_type_is_named(saved, capsys, tmp_path):
+    import shutil
+
+    from jaxbuffers.cli._view import ViewError
+
+    shutil.copytree(saved["ReplayBuffer"], tmp_path / "other")
+    meta = json.loads((tmp_path / "other" / "buffer.json").read_text())
+    (tmp_path / "other" / "buffer.json").write_text(json.dumps({**meta, "class": "SomeNewBuffer"}))
+    code, _, err = run(capsys, "inspect", tmp_path / "other")
+    assert code == 2 and "'SomeNewBuffer'" in err and "CompressedEpisodeBuffer" in err and "ReplayBuffer" in err
+    with pytest.raises(ViewError, match="CompressedEpisodeBuffer.*got a SumMinTree"):
+        BufferView(jb.SumMinTree.create(8))
 
 
 def test_inspect_tables(saved, capsys):
@@ -290,16 +350,75 @@ def test_episode_buffer_view():
     np.testing.assert_array_equal(view.column("truncated"), [False] * 7 + [True])
 
 
-def test_episode_buffer_cli(tmp_path, capsys):
-    buf = jb.EpisodeBuffer.create(_step(), max_episodes=2, max_timesteps=8)
-    ep = {"obs": jnp.asarray(stacks()[0][:8, 0]), "action": jnp.zeros(8, jnp.int32), "reward": jnp.ones(8)}
-    buf = buf.add_episode(ep, 5, terminated=True, final_obs=jnp.zeros((K, H, H), jnp.uint8))
+@pytest.mark.parametrize("name", ["EpisodeBuffer", "CompressedEpisodeBuffer"])
+def test_episode_buffers(saved, capsys, tmp_path, name):
+    """inspect (labels, meta fields, decoded frames), the lossless video of an episode, and a sheet of one episode."""
+    from PIL import Image
+
+    obs = stacks()[0]
+    held = [obs[t0 : t0 + n, lane] for lane, t0, n, _, _ in EPISODES[1:]]  # the last three episodes' stacks
+    s = json.loads(run(capsys, "inspect", saved[name], "--json")[1])
+    assert (s["steps_held_label"], s["num_added"], s["num_added_unit"]) == ("steps held (all 3 episodes)", 4, "episodes")
+    assert s["config"]["meta"] == {"task": "int32[]"}
+    assert s["meta"] == [{"name": "task", "dtype": "int32", "shape": [], "default": 7, "min": 1, "max": 2,
+                          "values": [{"value": 1, "episodes": 2}, {"value": 2, "episodes": 1}]}]
+    f = next(f for f in s["fields"] if f["field"] == "obs")
+    all_held = np.concatenate(held)
+    assert f["compressed"] == name.startswith("Compressed") and (f["min"], f["max"]) == (all_held.min(), all_held.max())
+    assert f["mean"] == pytest.approx(all_held.mean())
+    code, out, _ = run(capsys, "inspect", saved[name])
+    assert code == 0 and "steps held (all 3 episodes)" in out and "ever added (episodes)" in out and "1: 2, 2: 1" in out
+
+    code, _, err = run(capsys, "video", saved[name], "--episode", 1, "--out", f"{tmp_path}/png/", "--no-overlay", "--scale", 1)
+    assert code == 0, err
+    got = [np.asarray(Image.open(p)) for p in sorted((tmp_path / "png").glob("frame_*.png"))]
+    np.testing.assert_array_equal(got, [tiled(x) for x in held[1]])  # frame stacks rebuilt, bytes exact
+    code, _, err = run(capsys, "sheet", saved[name], "--out", tmp_path / "s.png", "--episode", 2, "--columns", 8)
+    assert code == 0, err
+    img = np.asarray(Image.open(tmp_path / "s.png"))
+    w = K * H + 4  # a cell and its gap
+    cells = [img[4 : 4 + H, 4 + i * w : 4 + i * w + K * H, 0] for i in range(len(held[2]))]
+    assert img.shape[1] == 4 + len(held[2]) * w  # the episode's three steps, no more
+    np.testing.assert_array_equal(cells, [tiled(x) for x in held[2]])
+
+
+def test_compressed_episode_buffer_served(saved):
+    import io
+
+    from PIL import Image
+
+    from jaxbuffers.cli._images import find_image
+    from jaxbuffers.cli._server import make_server
+
+    view = BufferView(jb.restore(saved["CompressedEpisodeBuffer"], progress=False))
+    srv = make_server(view, find_image(view), port=0, scale=1)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        path = jb.save(tmp_path / "ep", buf, progress=False)
-    except TypeError as e:
-        pytest.skip(f"jaxbuffers.save does not write an EpisodeBuffer here: {e}")
-    s = json.loads(run(capsys, "inspect", path, "--json")[1])
-    assert s["type"] == "EpisodeBuffer" and s["episodes"]["complete"] == 1 and s["episodes"]["length_max"] == 5
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        s = json.loads(_get(url + "/api/summary")[1])
+        assert [e["length"] for e in s["episodes"]] == [n for _, _, n, _, _ in EPISODES[1:]]
+        code, body = _get(url + "/frame.png?k=1&t=3")
+        assert code == 200 and np.array_equal(np.asarray(Image.open(io.BytesIO(body))), tiled(stacks()[0][3, 1]))
+        ep = json.loads(_get(url + "/api/episode?k=2")[1])
+        assert ep["steps"][0]["meta.task"] == 2 and ep["steps"][-1]["truncated"] is True
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_disk_backed_folder(tmp_path, capsys):
+    from PIL import Image
+
+    from jaxbuffers import disk
+
+    buf = disk.open(tmp_path / "d", "w", CompressedTrajectoryBuffer.create(_step(), num_envs=E, length=32, frame_stack=K, codec="none"))
+    disk.flush(_fill_trajectory(buf))
+    s = json.loads(run(capsys, "inspect", tmp_path / "d", "--json")[1])
+    assert (s["type"], s["steps_held"], s["num_added_unit"]) == ("CompressedTrajectoryBuffer", E * T, "steps per lane")
+    code, _, err = run(capsys, "video", tmp_path / "d", "--episode", 2, "--out", f"{tmp_path}/png/", "--no-overlay", "--scale", 1)
+    assert code == 0, err
+    got = [np.asarray(Image.open(p)) for p in sorted((tmp_path / "png").glob("*.png"))]
+    np.testing.assert_array_equal(got, [tiled(x) for x in stacks()[0][: TRUNC_AT + 1, 1]])
 
 
 def test_serve_command(saved):

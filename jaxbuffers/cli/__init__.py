@@ -7,7 +7,9 @@ jaxbuffers sheet PATH --out sheet.png                 a contact sheet of sampled
 jaxbuffers serve PATH [--port 8765]                   a local web page to step through episodes frame by frame
 ```
 
-PATH is a folder written by `jaxbuffers.save` (any buffer type). How steps are cut into episodes and numbered, and
+PATH is a folder written by `jaxbuffers.save` (any buffer type), or the folder of a disk-backed buffer
+(`jaxbuffers.disk`, opened read-only). Of a stacked (vmapped) buffer, `--member I` picks one member; `inspect` without
+it prints a summary per member. How steps are cut into episodes and numbered, and
 how an image field and its frame stack are recognised: `jaxbuffers.cli._view` and `jaxbuffers.cli._images`. The
 commands need the `inspect` extra (`pip install 'jaxbuffers[inspect]'`: rich, Pillow, imageio, imageio-ffmpeg).
 """
@@ -21,7 +23,14 @@ import sys
 __all__ = ["main", "build_parser"]
 
 _EXTRA = ("rich", "PIL", "imageio", "imageio_ffmpeg")  # modules of the inspect extra
-_EPILOG = "PATH is a checkpoint folder written by jaxbuffers.save (any buffer type)."
+_EPILOG = ("PATH is a checkpoint folder written by jaxbuffers.save (any buffer type) or the folder of a disk-backed "
+           "buffer (jaxbuffers.disk).")
+
+
+def _path_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--member", metavar="I", help="of a stacked (vmapped) buffer, the member to show: I, or I,J,... "
+                   "for several stack axes")
 
 
 def _image_args(p: argparse.ArgumentParser) -> None:
@@ -43,9 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="type, configuration, sizes, bytes, per-field statistics, episodes, priorities",
                        description="Print what a saved buffer holds: its type and configuration, steps held, bytes on "
                                    "device, host and disk, each field's dtype, shape, min, max and mean (compressed "
-                                   "fields decoded), episode counts and a length histogram, and priority statistics.",
+                                   "fields decoded), episode counts and a length histogram, an episode buffer's meta fields, "
+                                   "priority statistics, usage metrics, and a rollout's advantage and return "
+                                   "statistics. Of a stacked (vmapped) buffer without --member: a summary per member.",
                        epilog=_EPILOG)
-    p.add_argument("path", metavar="PATH")
+    _path_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--no-decode", action="store_true", help="skip the statistics of compressed fields (they decode "
                    "every stored observation)")
@@ -56,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and end flags. .mp4 is H.264 (lossy); .gif and PNG frames are lossless for gray "
                                    "frames (a gif merges identical consecutive frames into one longer frame).",
                        epilog=_EPILOG)
-    p.add_argument("path", metavar="PATH")
+    _path_args(p)
     p.add_argument("--episode", type=int, required=True, metavar="K", help="episode number (0: the first; see inspect)")
     p.add_argument("--out", required=True, help="output: a .mp4 or .gif file, or a folder (ending in /) for PNG frames")
     p.add_argument("--no-overlay", action="store_true", help="frames only, no text band")
@@ -67,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sheet", help="a contact sheet of sampled frames with episode/step labels",
                        description="Draw steps uniformly without replacement (seeded) and write their frames as one "
                                    "PNG grid, each labelled with its episode and step.", epilog=_EPILOG)
-    p.add_argument("path", metavar="PATH")
+    _path_args(p)
     p.add_argument("--out", required=True, help="output PNG file")
     p.add_argument("--count", type=int, default=16, help="frames to draw (default 16)")
     p.add_argument("--columns", type=int, default=8, help="frames per row (default 8)")
@@ -80,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Serve a page on 127.0.0.1 (loopback only) with an episode list, the frame as "
                                    "stored, the step's fields beside it, and prev/next buttons (arrow keys). Stop "
                                    "with Ctrl-C.", epilog=_EPILOG)
-    p.add_argument("path", metavar="PATH")
+    _path_args(p)
     p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free port)")
     p.add_argument("--scale", type=int, default=4, help="integer upscaling of frames, nearest neighbour (default 4)")
     _image_args(p)
@@ -90,12 +101,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the `jaxbuffers` command with `argv` (default: `sys.argv[1:]`); returns the exit status."""
     args = build_parser().parse_args(argv)
-    from jaxbuffers.cli._commands import CliError, load, print_summary, summary, write_sheet, write_video
+    from jaxbuffers.cli._commands import (
+        CliError, load, member, print_stacked_summary, print_summary, stack_shape, stacked_summary, summary, write_sheet,
+        write_video,
+    )
     from jaxbuffers.cli._view import BufferView, ViewError
 
     progress = False if args.no_progress else None
     try:
         buffer, meta, root = load(args.path, progress=progress)
+        stack = stack_shape(meta)
+        if args.command == "inspect" and stack and args.member is None:
+            s = stacked_summary(buffer, meta, root, progress=progress, decode=not args.no_decode)
+            if args.json:
+                print(json.dumps(s, indent=1))
+            else:
+                print_stacked_summary(s)
+            return 0
+        buffer = member(buffer, stack, args.member)
         if args.command == "inspect":
             s = summary(buffer, meta, root, progress=progress, decode=not args.no_decode)
             if args.json:

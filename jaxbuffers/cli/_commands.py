@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 from tqdm.auto import tqdm
 
 from jaxbuffers.cli._images import ImageField, contact_sheet, find_image, overlay, scaled
-from jaxbuffers.cli._view import BufferView, ViewError
+from jaxbuffers.cli._view import SUPPORTED_NAMES, BufferView, ViewError
 
-__all__ = ["load", "summary", "print_summary", "write_video", "write_sheet", "CliError"]
+__all__ = ["load", "member", "stack_shape", "summary", "stacked_summary", "print_summary", "print_stacked_summary", "write_video", "write_sheet", "CliError"]
 
 
 class CliError(ValueError):
@@ -20,22 +21,64 @@ class CliError(ValueError):
 
 
 def load(path: str | Path, progress: bool | None = None) -> tuple[Any, dict, Path]:
-    """(buffer, its buffer.json description, the folder) of the checkpoint at `path`."""
+    """(buffer, its buffer.json description, the folder) of the checkpoint at `path` (a folder written by
+    `jaxbuffers.save`, or the folder of a disk-backed buffer, `jaxbuffers.disk`, opened read-only).
+
+    Raises:
+      CliError: no such folder, not a checkpoint, a checkpoint that cannot be read, or one of a buffer type the tools
+        do not read (the message names the type found and the types read).
+    """
     import jaxbuffers
+    from jaxbuffers import disk
     from jaxbuffers.checkpoint import CheckpointError
 
     root = Path(path).absolute()
     if not root.exists():
         raise CliError(f"PATH: expected a checkpoint folder written by jaxbuffers.save, got {path} (no such file or folder)")
-    if not root.is_dir() or not ((root / "buffer.json").is_file() or (root / "manifest.json").is_file()):
+    on_disk = root.is_dir() and (root / "disk.json").is_file()
+    state = root / "state" if on_disk else root
+    if not root.is_dir() or not ((state / "buffer.json").is_file() or (state / "manifest.json").is_file()):
         what = "a file" if not root.is_dir() else "a folder without buffer.json / manifest.json"
         raise CliError(f"PATH: expected a checkpoint folder written by jaxbuffers.save, got {path} ({what})")
     try:
-        meta = json.loads((root / "buffer.json").read_text())
-        buffer = jaxbuffers.restore(root, progress=progress)
+        meta = json.loads((state / "buffer.json").read_text())
+        name = meta.get("class") if isinstance(meta, dict) else None
+        if name not in SUPPORTED_NAMES:
+            raise CliError(f"PATH: {path} holds a checkpoint of a {name!r}; the tools read {', '.join(SUPPORTED_NAMES)}")
+        buffer = disk.open(root, "r") if on_disk else jaxbuffers.restore(root, progress=progress)
     except (CheckpointError, json.JSONDecodeError, OSError) as e:
         raise CliError(f"PATH: {path} could not be read as a jaxbuffers checkpoint: {e}") from None
     return buffer, meta, root
+
+
+def stack_shape(meta: dict | None) -> tuple[int, ...]:
+    """The stack (vmapped leading) shape a checkpoint recorded; `()` for a single buffer."""
+    return tuple(int(n) for n in (meta or {}).get("stack_shape") or ())
+
+
+def member(buffer: Any, stack: tuple[int, ...], index: str | None) -> Any:
+    """Member `index` (`"I"` or `"I,J,..."`, one integer per stack axis) of a stacked buffer; the buffer itself when
+    it is not stacked and `index` is None.
+
+    Raises:
+      CliError: a stacked buffer without `index` (it says how to pick one), an index for a buffer that is not stacked,
+        or an index that is not one integer per stack axis within the stack shape.
+    """
+    if not stack:
+        if index is not None:
+            raise CliError(f"--member: expected no member index (this buffer is not stacked), got {index!r}")
+        return buffer
+    hint = ",".join(f"0..{n - 1}" for n in stack)
+    if index is None:
+        raise CliError(f"PATH: a stacked (vmapped) {type(buffer).__name__} of stack shape {stack}; pick one buffer "
+                       f"with --member {hint} (inspect without --member prints a summary per member)")
+    try:
+        ix = tuple(int(i) for i in str(index).split(","))
+    except ValueError:
+        ix = ()
+    if len(ix) != len(stack) or not all(0 <= i < n for i, n in zip(ix, stack)):
+        raise CliError(f"--member: expected {len(stack)} comma-separated integer(s) in {hint} (stack shape {stack}), got {index!r}")
+    return jax.tree.map(lambda x: x[ix], buffer)
 
 
 def _example(tree: Any) -> Any:
@@ -118,6 +161,21 @@ def _usage(buffer: Any) -> dict | None:
     return buffer.stats() if hasattr(buffer, "stats") else None
 
 
+def _rollout_usage(buffer: Any) -> dict | None:
+    """Advantage and return statistics of a rollout's learnt steps (`jaxbuffers.rollout_stats`, no draws); None for
+    other buffers."""
+    from jaxbuffers.compressed import CompressedRolloutBuffer
+    from jaxbuffers.rollout import RolloutBuffer
+    from jaxbuffers.rollout_metrics import rollout_stats
+
+    if not isinstance(buffer, (RolloutBuffer, CompressedRolloutBuffer)):
+        return None
+    inner = buffer.buffer if isinstance(buffer, CompressedRolloutBuffer) else buffer
+    draws = ("never_drawn", "draws_min", "draws_max", "wasted_draws")  # no draws are saved with a rollout
+    return {"has_advantages": bool(inner.has_advantages),
+            **{k: v for k, v in rollout_stats(buffer).summary().items() if k not in draws}}
+
+
 def _histogram(lengths: np.ndarray, bins: int = 10) -> list[dict]:
     if not len(lengths):
         return []
@@ -136,8 +194,9 @@ def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, pro
     complete = np.array([e.length for e in eps if not e.partial], np.int64)
     partial = np.array([e.length for e in eps if e.partial], np.int64)
     cfg = dict((meta or {}).get("config") or {})
-    if "example" in cfg:
-        cfg["example"] = _example(cfg["example"])
+    for k in ("example", "meta"):  # encoded trees of arrays: shown as {name: "dtype[shape]"}
+        if k in cfg:
+            cfg[k] = _example(cfg[k])
     image = find_image(view)
     return {
         "path": str(root) if root is not None else None,
@@ -145,7 +204,9 @@ def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, pro
         "config": cfg,
         "size": int(np.asarray(buffer.size())),
         "steps_held": view.num_steps,
+        "steps_held_label": view.held_label,
         "num_added": int(buffer.num_added()) if hasattr(buffer, "num_added") else None,
+        "num_added_unit": view.added_unit,
         "bytes": _bytes(buffer, root),
         "fields": [_field_stats(view, n, progress, decode) for n in view.fields],
         "image_field": None if image is None else {"field": image.name, "shape": list(image.shape), "stack_axis": image.stack_axis},
@@ -161,9 +222,42 @@ def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, pro
             "length_max": int(complete.max()) if len(complete) else None,
             "length_histogram": _histogram(complete),
         },
+        "meta": [_meta_stats(name, values, default) for name, (values, default) in view.meta.items()],
         "priorities": _priorities(buffer),
         "metrics": _usage(buffer),
+        "rollout": _rollout_usage(buffer),
     }
+
+
+def stacked_summary(buffer: Any, meta: dict | None, root: Path | None, progress: bool | None = None,
+                    decode: bool = True) -> dict:
+    """`summary` of each member of a stacked (vmapped) buffer: `{"path", "type", "stack_shape", "bytes",
+    "members": [{"member": [i, ...], **summary of member i}]}`."""
+    stack = stack_shape(meta)
+    members = []
+    for ix in np.ndindex(*stack):
+        one = summary(jax.tree.map(lambda x: x[ix], buffer), meta, None, progress, decode)
+        del one["path"], one["bytes"]
+        members.append({"member": list(ix), **one})
+    return {"path": str(root) if root is not None else None, "type": type(buffer).__name__, "stack_shape": list(stack),
+            "bytes": _bytes(buffer, root), "members": members}
+
+
+_MAX_VALUES = 16  # meta fields with at most this many distinct values get their counts
+
+
+def _meta_stats(name: str, values: np.ndarray, default: np.ndarray) -> dict:
+    """A per-episode meta field: dtype, shape, default, and over the held episodes min / max and, for a scalar
+    field of few distinct values, the count of episodes per value."""
+    out = {"name": name, "dtype": values.dtype.name, "shape": list(values.shape[1:]), "default": default.tolist(),
+           "min": None, "max": None, "values": None}
+    if len(values) and (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
+        out["min"], out["max"] = values.min().item(), values.max().item()
+    if values.ndim == 1 and len(values):
+        uniq, counts = np.unique(values, return_counts=True)
+        if len(uniq) <= _MAX_VALUES:
+            out["values"] = [{"value": u.item(), "episodes": int(c)} for u, c in zip(uniq, counts)]
+    return out
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -190,9 +284,10 @@ def print_summary(s: dict, console=None) -> None:
 
     console = console or Console()
     head = Table(title=f"{s['type']}  {s['path'] or ''}", show_header=False)
-    head.add_row("steps held", str(s["steps_held"]))
+    head.add_row(s.get("steps_held_label") or "steps held", str(s["steps_held"]))
     head.add_row("size()", str(s["size"]))
-    head.add_row("ever added", _num(s["num_added"]))
+    if s["num_added"] is not None:
+        head.add_row(f"ever added ({s.get('num_added_unit') or 'items'})", _num(s["num_added"]))
     b = s["bytes"]
     head.add_row("bytes", f"device {_fmt_bytes(b['device'])}, host {_fmt_bytes(b['host'])}, disk {_fmt_bytes(b['disk'])}")
     for k, v in s["config"].items():
@@ -218,11 +313,29 @@ def print_summary(s: dict, console=None) -> None:
         eps.add_row(f"  {h['from']}-{h['to']}", f"{h['count']:>6} {bar}")
     console.print(eps)
 
+    if s.get("meta"):
+        mt = Table(title="meta fields (per episode, over the held episodes)")
+        for c in ("name", "dtype", "shape", "default", "min", "max", "episodes per value"):
+            mt.add_column(c)
+        for m in s["meta"]:
+            counts = ", ".join(f"{v['value']}: {v['episodes']}" for v in m["values"]) if m["values"] is not None else "-"
+            mt.add_row(m["name"], m["dtype"], str(m["shape"]), json.dumps(m["default"]), _num(m["min"]), _num(m["max"]), counts)
+        console.print(mt)
+
     if s["priorities"] is not None:
         pr = Table(title="priorities", show_header=False)
         for k, v in s["priorities"].items():
             pr.add_row(k, _num(v))
         console.print(pr)
+
+    r = s.get("rollout")
+    if r is not None:
+        ro = Table(title="advantages and returns (learnt steps)" + ("" if r["has_advantages"] else ": compute_gae has not run"),
+                   show_header=False)
+        for k, v in r.items():
+            if k != "has_advantages":
+                ro.add_row(k, _num(v))
+        console.print(ro)
 
     m = s.get("metrics")
     if m is not None:
@@ -236,6 +349,26 @@ def print_summary(s: dict, console=None) -> None:
             bar = "#" * max(1, round(30 * h["count"] / top))
             us.add_row(f"  age {h['from']}-{'' if h['to'] is None else h['to']}", f"{h['count']:>6} {bar}")
         console.print(us)
+
+
+def print_stacked_summary(s: dict, console=None) -> None:
+    """`stacked_summary` as one rich table, a row per member."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    b = s["bytes"]
+    t = Table(title=f"{s['type']} stacked {tuple(s['stack_shape'])}  {s['path'] or ''}",
+              caption=f"bytes: device {_fmt_bytes(b['device'])}, host {_fmt_bytes(b['host'])}, disk {_fmt_bytes(b['disk'])}; "
+                      f"--member I for one member's full tables")
+    unit = (s["members"][0].get("num_added_unit") or "items") if s["members"] else "items"
+    for c in ("member", "steps held", f"ever added ({unit})", "episodes (complete)", "mean length", "samples recorded"):
+        t.add_column(c, justify="right")
+    for m in s["members"]:
+        e, u = m["episodes"], m.get("metrics") or {}
+        t.add_row(",".join(map(str, m["member"])), str(m["steps_held"]), _num(m["num_added"]),
+                  f"{e['count']} ({e['complete']})", _num(e["length_mean"]), _num(u.get("samples")))
+    console.print(t)
 
 
 def _image(view: BufferView, image: str | None, stack_axis: str, layout: str) -> ImageField:

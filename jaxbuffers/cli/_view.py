@@ -7,7 +7,7 @@
 * `TrajectoryBuffer`, `PrioritisedTrajectoryBuffer` and their compressed variants: lane by lane, each lane's steps
   oldest to newest, cut after every step whose `terminated` or `truncated` flag is set.
 * `RolloutBuffer`, `CompressedRolloutBuffer`: env by env, the rows written, cut at the flags likewise.
-* `EpisodeBuffer`: the stored episodes, oldest first, each of its stored length.
+* `EpisodeBuffer`, `CompressedEpisodeBuffer`: the stored episodes, oldest first, each of its stored length.
 
 Episode `k` of the tools is `episodes[k]` in that order. An episode is *partial* when the buffer does not hold its
 first step (it was overwritten, precedes the buffer, or the buffer cannot tell: a lane's oldest step once older
@@ -26,7 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuffers.compressed import CompressedRolloutBuffer, CompressedTrajectoryBuffer
+from jaxbuffers.compressed import (
+    CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
+)
 from jaxbuffers.episode import EpisodeBuffer
 from jaxbuffers.prioritised import PrioritisedReplayBuffer
 from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
@@ -34,7 +36,14 @@ from jaxbuffers.replay import ReplayBuffer
 from jaxbuffers.rollout import RolloutBuffer
 from jaxbuffers.trajectory import TrajectoryBuffer
 
-__all__ = ["BufferView", "Episode", "ViewError", "field_name"]
+__all__ = ["BufferView", "Episode", "ViewError", "field_name", "SUPPORTED"]
+
+#: the buffer types the tools read (a subclass is read as its base)
+SUPPORTED = (
+    ReplayBuffer, PrioritisedReplayBuffer, TrajectoryBuffer, PrioritisedTrajectoryBuffer, RolloutBuffer, EpisodeBuffer,
+    CompressedTrajectoryBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer,
+)
+SUPPORTED_NAMES = tuple(c.__name__ for c in SUPPORTED)
 
 _DECODE_CHUNKS = (64, 2048)  # steps decoded per host call: small requests, bulk reads (one compiled program each)
 _FLAG_NAMES = ("terminated", "truncated", "done")
@@ -100,7 +109,7 @@ class BufferView:
         self.buffer = buffer
         self.kind = type(buffer).__name__
         b = buffer
-        self.compressed = isinstance(b, (CompressedTrajectoryBuffer, CompressedRolloutBuffer))
+        self.compressed = isinstance(b, (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer))
         if isinstance(b, (CompressedTrajectoryBuffer,)):
             traj = b.trajectory
         elif isinstance(b, PrioritisedTrajectoryBuffer):
@@ -110,16 +119,18 @@ class BufferView:
         else:
             traj = None
         self._extra: dict[str, np.ndarray] = {}  # per-step fields beside the step's own: flags, values...
+        self.meta: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per-episode meta fields (EpisodeBuffer)
         if traj is not None:
             self._init_trajectory(traj)
         elif isinstance(b, (RolloutBuffer, CompressedRolloutBuffer)):
             self._init_rollout(b.buffer if isinstance(b, CompressedRolloutBuffer) else b)
-        elif isinstance(b, EpisodeBuffer):
-            self._init_episodes(b)
+        elif isinstance(b, (EpisodeBuffer, CompressedEpisodeBuffer)):
+            self._init_episodes(b.buffer if isinstance(b, CompressedEpisodeBuffer) else b)
         elif isinstance(b, (ReplayBuffer, PrioritisedReplayBuffer)):
             self._init_replay(b.replay if isinstance(b, PrioritisedReplayBuffer) else b)
         else:
-            raise ViewError(f"buffer: expected a jaxbuffers buffer, got {self.kind}")
+            raise ViewError(f"buffer: expected one of the types the tools read ({', '.join(SUPPORTED_NAMES)}), "
+                            f"got a {self.kind}")
         if self.compressed:
             self._spec = b.step_spec  # the decoded fields, not the ids stored on device
         self.num_steps = int(len(self._index[0]))
@@ -140,6 +151,7 @@ class BufferView:
         head, n, cap = int(r.head), int(r.num_valid), r.capacity
         slots = (head - n + np.arange(n)) % cap
         self._storage, self._spec, self._index = r.storage, r.item_spec, (slots,)
+        self.held_label, self.added_unit = "items held", "items"
         flags = {}
         if isinstance(r.storage, dict):
             for k in _FLAG_NAMES:
@@ -164,6 +176,7 @@ class BufferView:
         slots = np.tile((head - n + np.arange(n)) % L, E)
         lanes = np.repeat(np.arange(E), n)
         self._storage, self._spec, self._index = t.storage, t.step_spec, (lanes, slots)
+        self.held_label, self.added_unit = f"steps held (all {E} lanes)", "steps per lane"
         term, trunc = np.asarray(t.terminated)[lanes, slots], np.asarray(t.truncated)[lanes, slots]
         self._extra.update(terminated=term, truncated=trunc)
         self._episodes_from_runs(lanes, term | trunc, term, trunc, first_start=t.num_added() == n)
@@ -174,6 +187,7 @@ class BufferView:
         T, N = int(r.step_index), r.num_envs
         rows, envs = np.tile(np.arange(T), N), np.repeat(np.arange(N), T)
         self._storage, self._spec, self._index = r.step, r.step_spec, (rows, envs)
+        self.held_label, self.added_unit = f"steps held (all {N} envs)", None
         for k in ("reward", "value", "terminated", "truncated", "final_value", "trainable", "advantages", "returns"):
             self._extra[k] = np.asarray(getattr(r, k))[rows, envs]
         term, trunc = self._extra["terminated"], self._extra["truncated"]
@@ -188,6 +202,9 @@ class BufferView:
         slots = np.repeat(order, lengths)
         ts = np.concatenate([np.arange(x) for x in lengths]) if n else np.zeros(0, int)
         self._storage, self._spec, self._index = e.storage, e.step_spec, (slots, ts)
+        self.held_label, self.added_unit = f"steps held (all {n} episodes)", "episodes"
+        # meta field -> (its value for each held episode [n, *shape], its default)
+        self.meta = {k: (np.asarray(x)[order], np.asarray(e.meta_defaults[k])) for k, x in e.meta.items()}
         term_ep, trunc_ep = np.asarray(e.terminated)[order], np.asarray(e.truncated)[order]
         last = np.zeros(len(slots), bool)
         ends = np.cumsum(lengths) - 1
@@ -217,8 +234,8 @@ class BufferView:
         if not self.compressed:
             return ()
         b = self.buffer
-        if isinstance(b, CompressedTrajectoryBuffer):
-            obs_key = b.trajectory.obs_key
+        if isinstance(b, (CompressedTrajectoryBuffer, CompressedEpisodeBuffer)):
+            obs_key = b.obs_key if isinstance(b, CompressedEpisodeBuffer) else b.trajectory.obs_key
             sub = jax.tree_util.tree_flatten_with_path(b.step_spec[obs_key])[0]
             return tuple(".".join([obs_key, field_name(sub[i][0])]) if sub[i][0] else obs_key for i in b.leaf_index)
         flat = jax.tree_util.tree_flatten_with_path(b.step_spec)[0]
@@ -271,6 +288,9 @@ class BufferView:
                 key = b.trajectory.obs_key
                 obs = jax.tree.map(lambda x: np.asarray(x)[ix], b.trajectory.storage[key])
                 leaf = jax.tree.leaves(b.decode_obs(obs))[b.leaf_index[j]]
+            elif isinstance(b, CompressedEpisodeBuffer):  # (episode slot, step): the stored observation of that step
+                at = b.transitions_at(jnp.asarray(ix[0], jnp.int32), jnp.asarray(ix[1], jnp.int32), gamma=1.0)
+                leaf = jax.tree.leaves(at.obs)[b.leaf_index[j]]
             else:
                 flat = ix[0] * b.num_envs + ix[1]
                 leaf = jax.tree.leaves(b.gather(jnp.asarray(flat, jnp.int32)).step)[b.leaf_index[j]]
