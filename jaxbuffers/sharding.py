@@ -5,9 +5,10 @@ axis), every array leaf with a leading shard axis `[S, ...]` split along that me
 devices of mesh position `s`. Every operation runs the buffer's own method on each shard under `jax.shard_map`; no
 storage ever leaves its device.
 
-* **Add** (`add`): a batch's leading axis (items of a `ReplayBuffer`, envs of a `TrajectoryBuffer` or
-  `RolloutBuffer`) is split into `S` contiguous blocks; block `s` goes to shard `s`. A batch already sharded along
-  the mesh axis (born on the devices, as Anakin's is) moves nowhere.
+* **Add** (`add`; `add_episodes` for an `EpisodeBuffer`): a batch's leading axis (items of a `ReplayBuffer`, envs
+  of a `TrajectoryBuffer` or `RolloutBuffer`, episodes of an `EpisodeBuffer`) is split into `S` contiguous blocks;
+  block `s` goes to shard `s`. A batch already sharded along the mesh axis (born on the devices, as Anakin's is)
+  moves nowhere.
 * **Per-device sampling** (`sample_local`): each shard samples its own items with its own key
   (`fold_in(key, s)`), as Anakin does; leaves `[S, B, ...]` sharded along the mesh axis; probabilities and
   importance weights of prioritised buffers are the shard's own.
@@ -24,10 +25,32 @@ storage ever leaves its device.
   so a global sample does `S` times the gather work of one unsharded sample, spread over the `S` devices, plus
   one all-reduce of `B` items; `sample_local` does none of that extra work.
 
+Episode buffers. The mass $M_s$ of an `EpisodeBuffer` shard is the number of units its sampler draws uniformly
+among the stored episodes passing the filter `where`: episodes (`sample_episodes`), windows of `sequence_length`
+steps inside an episode (`sample_sequences`), or steps (`sample_timesteps`, `sample_transitions`); so every unit of
+the whole buffer is drawn with probability $1 / \sum_r M_r$, as from one unsharded buffer. A filter is a function of
+the meta dict (each shard applies it to its own meta) or a bool mask `[S, max_episodes]` whose row `s` filters the
+slots of shard `s`.
+
+Rollout epochs (`minibatches`). `sample_local(key, M, method="minibatches")` shuffles each shard's own steps: every
+step once per epoch, and the union of the shards' `j`-th minibatches is a global minibatch holding exactly
+`T * N / M` steps of each shard (a shuffle stratified by shard, which moves no data; when every shard runs the same
+environment its envs are exchangeable, so for a data-parallel learner averaging gradients over devices it is the
+usual choice). `minibatches(key, M)` gives the unsharded rollout's own epoch instead: the permutation of all
+`S * T * N` steps that `RolloutBuffer.minibatches` draws from `key` (computed on every device from the replicated
+key: int32 indices, no communication), each global minibatch handed out in `S` blocks, block `s` to shard `s`. Each
+device gathers the minibatch's steps it holds (zeros elsewhere) and one reduce-scatter per minibatch sums the bits
+into the blocks; so an epoch moves the whole rollout across devices (each device sends about `S - 1` times its
+shard's steps in a ring reduce-scatter), which the per-shard shuffle avoids.
+
+Compressed buffers (`jaxbuffers.compressed`) are refused by `create`: their frames live in one host store per
+buffer, reached through callbacks that hold the store as a static field, so `S` stacked shards would write into
+one store and refuse each other's versions. Keep one compressed buffer per process instead.
+
 Equivalence with one unsharded buffer. A `TrajectoryBuffer` or `RolloutBuffer` sharded along its envs holds, lane
 for lane, exactly what the unsharded buffer of all envs holds (lanes are independent and share one ring). An item
-buffer of `S` shards of capacity `c` fed batches of `S * b` items holds what one buffer of capacity `S * c` holds
-when `b` divides `c`; in logical order, item `l` of shard `s` is item `(l // b) * S * b + s * b + l % b` of the
+buffer (or episode buffer) of `S` shards of capacity `c` fed batches of `S * b` items (episodes) holds what one
+buffer of capacity `S * c` holds when `b` divides `c`; in logical order, item `l` of shard `s` is item `(l // b) * S * b + s * b + l % b` of the
 unsharded buffer. (Otherwise each shard still evicts its own oldest items first.)
 
 Multi-host. With `jax.distributed.initialize` the mesh spans the devices of every process; each process holds the
@@ -41,6 +64,11 @@ Example:
   buf = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)(buf, batch)        # batch leaves [S * b, ...]
   out = jax.jit(lambda b, k: b.sample(k, 256))(buf, key)                    # out.sample.item: [256, ...]
   mine = jax.jit(lambda b, k: b.sample_local(k, 32))(buf, key)             # leaves [S, 32, ...]
+
+  eps = jb.ShardedBuffer.create(lambda: jb.EpisodeBuffer.create(step, max_episodes=1_000, max_timesteps=500,
+                                                                meta={"task": jnp.int32(0)}), mesh, "data")
+  eps = eps.add_episodes(episodes, lengths, terminated=term, final_obs=final)  # leaves [S * b, T, ...]
+  out = eps.sample(key, 256, method="sample_transitions", n_step=3, gamma=0.99, where=lambda m: m["task"] == 1)
   ```
 
 References:
@@ -310,8 +338,12 @@ class ShardedBuffer(struct.PyTreeNode):
                 f"per process (each adds and samples its own; draw the learner's batch from each and concatenate), "
                 f"or shard the uncompressed buffer ({name.replace('Compressed', '')}) over the mesh"
             )
-        spec = NamedSharding(mesh, P(axis))
-        shards = jax.jit(build, out_shardings=jax.tree.map(lambda _: spec, abstract))()
+        # Zero-size leaves (e.g. disabled metrics) are laid out as XLA lays out a program's zero-size outputs on an
+        # `Auto` axis, replicated, so that an add returns a state of the same shardings (else the next call compiles).
+        explicit = mesh.axis_types[mesh.axis_names.index(axis)] == AxisType.Explicit
+        split, whole = NamedSharding(mesh, P(axis)), NamedSharding(mesh, P())
+        layout = jax.tree.map(lambda x: whole if x.size == 0 and not explicit else split, abstract)
+        shards = jax.jit(build, out_shardings=layout)()
         return cls(shards=shards, mesh=mesh, axis=axis)
 
     @property

@@ -30,7 +30,7 @@ def test_on_eight_forced_devices():
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={S}",
            "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     ran = sum(1 for name, f in globals().items() if name.startswith("test_") and f is not test_on_eight_forced_devices)
@@ -447,6 +447,23 @@ def test_episode_global_sampling_matches_the_unsharded_distribution(mesh):
     ref = whole.transitions_at(slots, tr.sample.steps, n_step=3, gamma=0.9)
     jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), tr.sample._replace(indices=ref.indices), ref)
     assert len(np.unique(np.asarray(tr.shard))) == S
+
+
+@eight
+def test_eager_episode_calls_compile_once_on_an_auto_mesh(compile_counter):
+    auto = jax.sharding.Mesh(np.array(jax.devices()), ("data",))  # AxisType.Auto: XLA picks the output layouts
+    sharded = jb.ShardedBuffer.create(lambda: jb.EpisodeBuffer.create(EP_STEP, max_episodes=4, max_timesteps=3), auto, "data")
+    eps = {"obs": np.ones((S, 3, 2), np.float32), "action": np.ones((S, 3), np.int32), "reward": np.ones((S, 3), np.float32)}
+
+    def step(sharded, i):
+        sharded = sharded.add_episodes(eps, np.full(S, 1 + i % 3, np.int32), terminated=np.ones(S, bool), final_obs=np.ones((S, 2), np.float32))
+        return sharded, sharded.sample(jax.random.key(i), 8, method="sample_timesteps")
+
+    sharded, _ = step(sharded, 0)
+    with compile_counter() as compiles:
+        for i in range(1, 3):
+            sharded, out = step(sharded, i)
+    assert compiles() == 0 and int(sharded.size()) == S * (1 + 2 + 3)
 
 
 @eight
