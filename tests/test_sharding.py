@@ -509,12 +509,15 @@ def test_episode_samples_and_epochs_move_no_storage(mesh):
                              ("sample_sequences", {"sequence_length": 4}, 64 * 4 * feat)):
         batch = 8 if method == "sample_episodes" else 64
         lowered = jax.jit(lambda b, k: b.sample(k, batch, method=method, **kw)).lower(sharded, jax.random.key(0))
+        assert "all_gather" not in lowered.as_text()
         ops = _collectives(lowered.compile().as_text())
         assert all(op != "all-gather" for op, _ in ops) and ("all-reduce", size) in ops, (method, ops)
         assert max(n for _, n in ops) == size < storage, (method, ops)
 
     rollout = jb.ShardedBuffer.create(lambda: jb.RolloutBuffer.create(step, num_envs=4, num_steps=256), mesh, "data")
-    ops = _collectives(jax.jit(lambda b, k: b.minibatches(k, 32)).lower(rollout, jax.random.key(0)).compile().as_text())
+    lowered = jax.jit(lambda b, k: b.minibatches(k, 32)).lower(rollout, jax.random.key(0))
+    assert "all_gather" not in lowered.as_text()
+    ops = _collectives(lowered.compile().as_text())
     block = 4 * 256 // 32 * feat  # a shard's block of one minibatch of obs (the result; its operand is S times that)
     assert {op for op, _ in ops} == {"reduce-scatter"} and max(n for _, n in ops) == block, ops
 
