@@ -50,8 +50,9 @@ one store and refuse each other's versions. Keep one compressed buffer per proce
 Equivalence with one unsharded buffer. A `TrajectoryBuffer` or `RolloutBuffer` sharded along its envs holds, lane
 for lane, exactly what the unsharded buffer of all envs holds (lanes are independent and share one ring). An item
 buffer (or episode buffer) of `S` shards of capacity `c` fed batches of `S * b` items (episodes) holds what one
-buffer of capacity `S * c` holds when `b` divides `c`; in logical order, item `l` of shard `s` is item `(l // b) * S * b + s * b + l % b` of the
-unsharded buffer. (Otherwise each shard still evicts its own oldest items first.)
+buffer of capacity `S * c` holds when `b` divides `c`; in logical order, item `l` of shard `s` is item
+`(l // b) * S * b + s * b + l % b` of the unsharded buffer. (Otherwise each shard still evicts its own oldest items
+first.)
 
 Multi-host. With `jax.distributed.initialize` the mesh spans the devices of every process; each process holds the
 shards of its devices and passes its own rows to `add` through `local_batch`. Global sampling then draws across
