@@ -396,6 +396,12 @@ def test_episode_content_is_the_unsharded_buffer_bit_for_bit(mesh):
         got = jax.tree.map(merge, *[getattr(e, field) for e in every])
         jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=field), got, getattr(expected, field))
     assert int(sharded.size()) == int(whole.size())
+    mask = np.asarray(sharded.shards.meta["task"]) == 2  # [S, c]: row s filters shard s
+    local = jax.jit(lambda b, k, m: b.sample_local(k, 16, method="sample_episodes", where=m))(sharded, jax.random.key(27), mask)
+    ids = np.asarray(sharded.shards.meta["id"])
+    assert mask.any(axis=1).sum() >= S // 2
+    for s in range(S):  # each shard draws only its own episodes that pass its row of the mask
+        assert set(np.asarray(local.meta["id"][s]).tolist()) <= set(ids[s][mask[s]].tolist()) or not mask[s].any()
     assert bool(sharded.can_sample(4, method="sample_episodes")) and bool(sharded.can_sample(4, method="sample_sequences", sequence_length=7, every_shard=False))
 
 
