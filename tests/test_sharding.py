@@ -401,7 +401,7 @@ def test_episode_content_is_the_unsharded_buffer_bit_for_bit(mesh):
     ids = np.asarray(sharded.shards.meta["id"])
     assert mask.any(axis=1).sum() >= S // 2
     for s in range(S):  # each shard draws only its own episodes that pass its row of the mask
-        assert set(np.asarray(local.meta["id"][s]).tolist()) <= set(ids[s][mask[s]].tolist()) or not mask[s].any()
+        assert set(np.asarray(local.meta["id"])[s].tolist()) <= set(ids[s][mask[s]].tolist()) or not mask[s].any()
     assert bool(sharded.can_sample(4, method="sample_episodes")) and bool(sharded.can_sample(4, method="sample_sequences", sequence_length=7, every_shard=False))
 
 
