@@ -13,6 +13,16 @@ devices (``--xla_force_host_platform_device_count=8``, set here unless ``XLA_FLA
 the machine's cores, so these rows show the overhead of the sharded program, not a speed-up; on a machine with 8
 accelerators the same script measures real devices.
 
+* ``add/episodes/B=16x64/scan``: `add_episodes` of 16 episodes of 64 steps (16 / S per shard; `EpisodeBuffer`s of
+  1,024 episodes in all, obs f32[17], action f32[6], meta task int32), throughput in steps.
+* ``sample/episodes/{global,local}-transitions/batch=256/scan``: 3-step transitions from the episodes of tasks >= 1
+  (a meta filter): global sampling weighted by each shard's passing steps (`sample`), or 256 / S per shard
+  (`sample_local`).
+* ``epoch/rollout/{local,global}/M=4/scan``: one PPO epoch of 4 minibatches over a rollout of 128 steps x 64 envs
+  (64 / S envs per shard): each shard shuffling its own steps (`sample_local(..., method="minibatches")`) or the
+  unsharded rollout's permutation split over the shards (`minibatches`, one reduce-scatter per minibatch);
+  throughput in steps.
+
 * ``actors-to-learner/4-actors/flush=64``: 4 actor threads append single items through one `Writer` (64 items per
   add) into a `BufferServer` while a learner thread samples 256 items at a time; with a `BlockingRateLimiter`
   (samples per insert 1, ``variant=spi=1``) and without (``variant=unlimited``). Throughput in inserted
@@ -49,23 +59,67 @@ CAPACITY, BATCH = 2**16, 256
 class Sharded:
     """A `ShardedBuffer` over the first `devices` devices, as a `_common` runner impl."""
 
-    def __init__(self, make, devices: int, sample):
+    def __init__(self, make, devices: int, sample, add=lambda s, batch: s.add(batch)):
         mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("data",))
         self.state = jb.ShardedBuffer.create(make, mesh, "data")
-        self._sample = sample
+        self._sample, self._add = sample, add
 
     def add_fn(self):
-        return lambda s, batch: s.add(batch)
+        return self._add
 
     def sample_fn(self):
         return self._sample
 
 
-def _scaling(case: str, impls: dict, run, repeats: int, n: int, items: int) -> None:
+def _scaling(case: str, impls: dict, run, repeats: int, n: int, items: int, unit: str = "items/s") -> None:
     times = interleaved({name: run(impl) for name, impl in impls.items()}, repeats, n)
     for name, t in times.items():
-        row(BENCH, case, "ours", t, n=n, repeats=repeats, items=items, variant=name, anchor="devices=1",
+        row(BENCH, case, "ours", t, n=n, repeats=repeats, items=items, unit=unit, variant=name, anchor="devices=1",
             anchor_seconds=times["devices=1"] if name != "devices=1" else None)
+
+
+EP_STEP = {"obs": jnp.zeros(17), "action": jnp.zeros(6), "reward": jnp.float32(0)}
+EPISODES, EP_LEN, EP_BATCH = 1024, 64, 16
+ROLLOUT_STEPS, ROLLOUT_ENVS, MINIBATCHES = 128, 64, 4
+
+
+def _episodes(counts: list[int], n: int, repeats: int) -> None:
+    """`add_episodes` and global / per-device transition sampling under a meta filter, 1 to 8 devices."""
+    make = lambda s: lambda: jb.EpisodeBuffer.create(  # noqa: E731
+        EP_STEP, max_episodes=EPISODES // s, max_timesteps=EP_LEN, meta={"task": jnp.int32(0)})
+    batch = dict(episodes=batch_of(jax.tree.map(lambda x: jnp.zeros((EP_LEN, *x.shape), x.dtype), EP_STEP), EP_BATCH),
+                 lengths=jnp.arange(EP_BATCH, dtype=jnp.int32) % EP_LEN + EP_LEN // 2, terminated=jnp.ones(EP_BATCH, bool),
+                 final_obs=jnp.ones((EP_BATCH, 17)), meta={"task": jnp.arange(EP_BATCH, dtype=jnp.int32) % 3})
+    add = lambda s, b: s.add_episodes(b["episodes"], b["lengths"], terminated=b["terminated"], final_obs=b["final_obs"], meta=b["meta"])  # noqa: E731
+    keep = lambda m: m["task"] >= 1  # noqa: E731
+    sample = {
+        "global": lambda s: lambda b, k: b.sample(k, BATCH, method="sample_transitions", n_step=3, gamma=0.99, where=keep),
+        "local": lambda s: lambda b, k: b.sample_local(k, BATCH // s, method="sample_transitions", n_step=3, gamma=0.99, where=keep),
+    }
+    impls = {name: {f"devices={s}": Sharded(make(s), s, fn(s), add) for s in counts} for name, fn in sample.items()}
+    steps = int(batch["lengths"].sum())
+    _scaling(f"add/episodes/B={EP_BATCH}x{EP_LEN}/scan", impls["global"], lambda i: add_runner(i, batch, "scan", n), repeats, n, steps, "steps/s")
+    for name, group in impls.items():
+        for impl in group.values():  # half of the slots, so sampling reads real episodes
+            add_runner(impl, batch, "scan", EPISODES // 2 // EP_BATCH)()
+        run = lambda i: sample_runner(i, i.sample_fn(), "scan", n)  # noqa: E731
+        _scaling(f"sample/episodes/{name}-transitions/batch={BATCH}/scan", group, run, repeats, n, BATCH)
+
+
+def _rollout_epochs(counts: list[int], n: int, repeats: int) -> None:
+    """One PPO epoch over a sharded rollout: per-shard shuffles against the unsharded permutation, 1 to 8 devices."""
+    make = lambda s: lambda: jb.RolloutBuffer.create(ITEM, num_envs=ROLLOUT_ENVS // s, num_steps=ROLLOUT_STEPS)  # noqa: E731
+    batch = dict(step=batch_of(ITEM, ROLLOUT_ENVS), reward=jnp.ones(ROLLOUT_ENVS), value=jnp.ones(ROLLOUT_ENVS),
+                 terminated=jnp.zeros(ROLLOUT_ENVS, bool))
+    add = lambda s, b: s.add(b["step"], reward=b["reward"], value=b["value"], terminated=b["terminated"])  # noqa: E731
+    epochs = {"local": lambda b, k: b.sample_local(k, MINIBATCHES, method="minibatches"),
+              "global": lambda b, k: b.minibatches(k, MINIBATCHES)}
+    for name, epoch in epochs.items():
+        group = {f"devices={s}": Sharded(make(s), s, epoch, add) for s in counts}
+        for impl in group.values():
+            add_runner(impl, batch, "scan", ROLLOUT_STEPS)()
+        run = lambda i: sample_runner(i, i.sample_fn(), "scan", n)  # noqa: E731
+        _scaling(f"epoch/rollout/{name}/M={MINIBATCHES}/scan", group, run, repeats, n, ROLLOUT_STEPS * ROLLOUT_ENVS, "steps/s")
 
 
 def _actors_to_learner(total: int, limited: bool) -> float:
@@ -127,6 +181,8 @@ def main():
             add_runner(impl, batch, "scan", CAPACITY // 4 // BATCH)()
         run = lambda i: sample_runner(i, i.sample_fn(), "scan", n)  # noqa: E731
         _scaling(f"sample/vector/{name}/batch={BATCH}/scan", group, run, repeats, n, BATCH)
+    _episodes(counts, n, repeats)
+    _rollout_epochs(counts, max(n // 10, 2), repeats)
     total = 4_096 if args.quick else 40_960
     for limited in (True, False):
         seconds = sorted(_actors_to_learner(total, limited) for _ in range(1 if args.quick else 3))

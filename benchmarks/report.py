@@ -102,7 +102,11 @@ NOTES = {
     "scale": "`ShardedBuffer` on meshes of the first 1, 2, 4 and 8 devices (`variant`); ratio = the 1-device time / "
              "this row's (> 1: faster than one device). On a CPU the devices are forced host devices sharing the "
              "machine's cores: the rows show the cost of the sharded program, not a speed-up. Global sampling draws "
-             "256 items from the whole buffer; local sampling 256 / S per shard. `actors-to-learner`: 4 actor threads "
+             "256 items from the whole buffer; local sampling 256 / S per shard. `episodes`: `EpisodeBuffer` shards "
+             "(episodes of up to 64 steps), adds of 16 episodes (throughput in steps/s) and 3-step transitions under "
+             "a meta filter. `epoch/rollout`: one PPO epoch of 4 minibatches over 128 steps x 64 envs, each shard "
+             "shuffling its own steps (`local`) or the unsharded permutation split over the shards by one "
+             "reduce-scatter per minibatch (`global`), in steps/s. `actors-to-learner`: 4 actor threads "
              "append single items through one `Writer` (64 per add) while a learner samples 256 at a time, with a "
              "samples-per-insert limiter of 1 (`spi=1`) or none; throughput in inserted transitions/s.",
     "disk": "A `CompressedTrajectoryBuffer` (`codec=\"none\"`) in a folder of real Atari stacks (uint8 [4, 84, 84], 8 "

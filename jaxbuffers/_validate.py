@@ -200,6 +200,19 @@ def static_int(name: str, value, minimum: int = 1, maximum: int = 2**31 - 1) -> 
     return int(value)
 
 
+def divisor(name: str, value, total: int, what: str) -> int:
+    """`value` as a Python int >= 1 that divides `total` (`what` names `total` in the message).
+
+    Raises:
+      ValueError: not an int >= 1 (`static_int`), or not a divisor of `total`.
+    """
+    value = static_int(name, value)
+    if total % value:
+        divisors = [d for d in range(1, min(total, 64) + 1) if total % d == 0]
+        raise ValueError(f"{name}: expected a divisor of {what} = {total} (e.g. {divisors}), got {value}")
+    return value
+
+
 def keyword_sizes(create: Callable) -> Callable:
     """Decorate a buffer's `create(cls, example, *, sizes...)` (below its `classmethod`): sizes given by position
     raise a TypeError that names the keyword-only sizes and shows the call, e.g.

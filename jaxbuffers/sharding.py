@@ -5,9 +5,10 @@ axis), every array leaf with a leading shard axis `[S, ...]` split along that me
 devices of mesh position `s`. Every operation runs the buffer's own method on each shard under `jax.shard_map`; no
 storage ever leaves its device.
 
-* **Add** (`add`): a batch's leading axis (items of a `ReplayBuffer`, envs of a `TrajectoryBuffer` or
-  `RolloutBuffer`) is split into `S` contiguous blocks; block `s` goes to shard `s`. A batch already sharded along
-  the mesh axis (born on the devices, as Anakin's is) moves nowhere.
+* **Add** (`add`; `add_episodes` for an `EpisodeBuffer`): a batch's leading axis (items of a `ReplayBuffer`, envs
+  of a `TrajectoryBuffer` or `RolloutBuffer`, episodes of an `EpisodeBuffer`) is split into `S` contiguous blocks;
+  block `s` goes to shard `s`. A batch already sharded along the mesh axis (born on the devices, as Anakin's is)
+  moves nowhere.
 * **Per-device sampling** (`sample_local`): each shard samples its own items with its own key
   (`fold_in(key, s)`), as Anakin does; leaves `[S, B, ...]` sharded along the mesh axis; probabilities and
   importance weights of prioritised buffers are the shard's own.
@@ -24,11 +25,34 @@ storage ever leaves its device.
   so a global sample does `S` times the gather work of one unsharded sample, spread over the `S` devices, plus
   one all-reduce of `B` items; `sample_local` does none of that extra work.
 
+Episode buffers. The mass $M_s$ of an `EpisodeBuffer` shard is the number of units its sampler draws uniformly
+among the stored episodes passing the filter `where`: episodes (`sample_episodes`), windows of `sequence_length`
+steps inside an episode (`sample_sequences`), or steps (`sample_timesteps`, `sample_transitions`); so every unit of
+the whole buffer is drawn with probability $1 / \sum_r M_r$, as from one unsharded buffer. A filter is a function of
+the meta dict (each shard applies it to its own meta) or a bool mask `[S, max_episodes]` whose row `s` filters the
+slots of shard `s`.
+
+Rollout epochs (`minibatches`). `sample_local(key, M, method="minibatches")` shuffles each shard's own steps: every
+step once per epoch, and the union of the shards' `j`-th minibatches is a global minibatch holding exactly
+`T * N / M` steps of each shard (a shuffle stratified by shard, which moves no data; when every shard runs the same
+environment its envs are exchangeable, so for a data-parallel learner averaging gradients over devices it is the
+usual choice). `minibatches(key, M)` gives the unsharded rollout's own epoch instead: the permutation of all
+`S * T * N` steps that `RolloutBuffer.minibatches` draws from `key` (computed on every device from the replicated
+key: int32 indices, no communication), each global minibatch handed out in `S` blocks, block `s` to shard `s`. Each
+device gathers the minibatch's steps it holds (zeros elsewhere) and one reduce-scatter per minibatch sums the bits
+into the blocks; so an epoch moves the whole rollout across devices (each device sends about `S - 1` times its
+shard's steps in a ring reduce-scatter), which the per-shard shuffle avoids.
+
+Compressed buffers (`jaxbuffers.compressed`) are refused by `create`: their frames live in one host store per
+buffer, reached through callbacks that hold the store as a static field, so `S` stacked shards would write into
+one store and refuse each other's versions. Keep one compressed buffer per process instead.
+
 Equivalence with one unsharded buffer. A `TrajectoryBuffer` or `RolloutBuffer` sharded along its envs holds, lane
 for lane, exactly what the unsharded buffer of all envs holds (lanes are independent and share one ring). An item
-buffer of `S` shards of capacity `c` fed batches of `S * b` items holds what one buffer of capacity `S * c` holds
-when `b` divides `c`; in logical order, item `l` of shard `s` is item `(l // b) * S * b + s * b + l % b` of the
-unsharded buffer. (Otherwise each shard still evicts its own oldest items first.)
+buffer (or episode buffer) of `S` shards of capacity `c` fed batches of `S * b` items (episodes) holds what one
+buffer of capacity `S * c` holds when `b` divides `c`; in logical order, item `l` of shard `s` is item
+`(l // b) * S * b + s * b + l % b` of the unsharded buffer. (Otherwise each shard still evicts its own oldest items
+first.)
 
 Multi-host. With `jax.distributed.initialize` the mesh spans the devices of every process; each process holds the
 shards of its devices and passes its own rows to `add` through `local_batch`. Global sampling then draws across
@@ -41,6 +65,11 @@ Example:
   buf = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)(buf, batch)        # batch leaves [S * b, ...]
   out = jax.jit(lambda b, k: b.sample(k, 256))(buf, key)                    # out.sample.item: [256, ...]
   mine = jax.jit(lambda b, k: b.sample_local(k, 32))(buf, key)             # leaves [S, 32, ...]
+
+  eps = jb.ShardedBuffer.create(lambda: jb.EpisodeBuffer.create(step, max_episodes=1_000, max_timesteps=500,
+                                                                meta={"task": jnp.int32(0)}), mesh, "data")
+  eps = eps.add_episodes(episodes, lengths, terminated=term, final_obs=final)  # leaves [S * b, T, ...]
+  out = eps.sample(key, 256, method="sample_transitions", n_step=3, gamma=0.99, where=lambda m: m["task"] == 1)
   ```
 
 References:
@@ -62,7 +91,10 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxbuffers import _validate
+from jaxbuffers.compressed._host import HostBacked
+from jaxbuffers.episode import EpisodeBuffer
 from jaxbuffers.replay import ReplayBuffer
+from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
 from jaxbuffers.trajectory import TrajectoryBuffer
 
 __all__ = ["ShardedBuffer", "ShardedSample"]
@@ -94,16 +126,17 @@ def _stack(tree):
     return jax.tree.map(lambda x: x[None], tree)
 
 
-def _pick(tree, mine: jax.Array, axis: str):
+def _pick(tree, mine: jax.Array, reduce: Callable):
     """Combine per-shard candidates `tree` (leaves `[B, ...]`): slot `j` takes the leaves of the shard with
-    `mine[j]`. An all-reduce of the candidates' bits where mine and zeros elsewhere: exact for every dtype."""
+    `mine[j]`. A sum over shards (`reduce`: `lax.psum`, or `lax.psum_scatter` to keep one block of slots per shard)
+    of the candidates' bits where mine and zeros elsewhere: exact for every dtype."""
 
     def one(x):
         m = mine.reshape(mine.shape + (1,) * (x.ndim - 1))
         if x.dtype == jnp.bool_:
-            return lax.psum(jnp.where(m, x, False).astype(jnp.uint8), axis).astype(jnp.bool_)
+            return reduce(jnp.where(m, x, False).astype(jnp.uint8)).astype(jnp.bool_)
         bits = lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
-        return lax.bitcast_convert_type(lax.psum(jnp.where(m, bits, 0), axis), x.dtype)
+        return lax.bitcast_convert_type(reduce(jnp.where(m, bits, 0)), x.dtype)
 
     return jax.tree.map(one, tree)
 
@@ -130,9 +163,36 @@ def _choose_shards(key, mass: jax.Array, batch_size: int) -> jax.Array:
     return jnp.minimum(s, last)
 
 
+#: The samplers of an `EpisodeBuffer` that `ShardedBuffer.sample` runs globally, with their guards.
+_EPISODE_GUARDS = {"sample_episodes": "can_sample", "sample_timesteps": "can_sample", "sample_transitions": "can_sample",
+                   "sample_sequences": "can_sample_sequences"}
+_GUARDS = {"sample": "can_sample", "sample_sequences": "can_sample", "sample_transitions": "can_sample_transitions"}
+
+
+def _episode_units(b: EpisodeBuffer, method: str, kw: dict) -> jax.Array:
+    """The units `method` draws uniformly from one episode shard (int32 scalar): stored episodes passing `where`
+    (`sample_episodes`), their windows of `sequence_length` steps (`sample_sequences`) or their steps."""
+    where = kw.get("where")
+    passing = jnp.arange(b.max_episodes) < b.num_valid
+    if where is not None:
+        passing = passing & (where(b.meta) if callable(where) else where)
+    if method == "sample_episodes":
+        units = jnp.ones_like(b.lengths)
+    elif method == "sample_sequences":
+        units = jnp.maximum(b.lengths - kw["sequence_length"] + 1, 0)
+    else:
+        units = b.lengths
+    return jnp.sum(jnp.where(passing, units, 0), dtype=jnp.int32)
+
+
 def _global_rule(buf, method: str, static: dict):
-    """`(mass, finish)` of a global sample from `buf`'s shards: the shard's mass (int32 item count or float32 tree
-    total) and `finish(sample, shard, masses, mins, beta)` turning shard-level probabilities into global ones."""
+    """`(mass, finish)` of a global sample from `buf`'s shards: `mass(shard, kwargs)` is the shard's mass (int32 unit
+    count or float32 tree total) and its minimum leaf, and `finish(sample, shard, masses, mins, beta)` turns
+    shard-level probabilities into global ones (None: nothing to turn)."""
+    if isinstance(buf, EpisodeBuffer):
+        if method not in _EPISODE_GUARDS:
+            raise ValueError(f"method: expected one of {tuple(_EPISODE_GUARDS)} for an EpisodeBuffer, got {method!r}")
+        return (lambda b, kw: (_episode_units(b, method, kw), jnp.float32(0))), None
     if hasattr(buf, "tree") and hasattr(buf, "set_priorities"):  # the prioritised buffers
 
         def finish(sample, shard, totals, mins, beta):
@@ -143,7 +203,7 @@ def _global_rule(buf, method: str, static: dict):
             return sample._replace(probabilities=probabilities.astype(jnp.float32),
                                    importance_weights=(sample.importance_weights * scale).astype(jnp.float32))
 
-        return (lambda b: (b.tree.total().astype(jnp.float32), b.tree.min().astype(jnp.float32))), finish
+        return (lambda b, kw: (b.tree.total().astype(jnp.float32), b.tree.min().astype(jnp.float32))), finish
     if isinstance(buf, TrajectoryBuffer) and static.get("cross_episodes", True) is False:
         raise ValueError(
             "cross_episodes: global sampling draws shards by stored steps, which matches the windows inside "
@@ -151,10 +211,11 @@ def _global_rule(buf, method: str, static: dict):
         )
     if isinstance(buf, (ReplayBuffer, TrajectoryBuffer)):
         # Every shard of a trajectory buffer has the same lanes and ring, so windows are proportional to steps.
-        return (lambda b: (b.size().astype(jnp.int32), jnp.float32(0))), None
+        return (lambda b, kw: (b.size().astype(jnp.int32), jnp.float32(0))), None
     raise TypeError(
-        f"sample: {type(buf).__name__} has no global sampler (replay, prioritised and trajectory buffers do); "
-        f"use sample_local (each shard samples its own items)"
+        f"sample: {type(buf).__name__} has no global sampler (replay, prioritised, trajectory and episode buffers "
+        f"do); use sample_local (each shard samples its own items)"
+        + (", or minibatches for a global epoch" if isinstance(buf, RolloutBuffer) else "")
     )
 
 
@@ -168,14 +229,16 @@ def _local_body(fn: Callable) -> Callable:
 
 
 def _local_fn(axis: str, op: str, method: str | None, batch_size: int | None, static: tuple) -> Callable:
-    """The shard-local operations of `ShardedBuffer` as functions of one shard and its operands."""
+    """The shard-local operations of `ShardedBuffer` as functions of one shard and its operands (`own`: the
+    shard's rows `[1, ...]` of per-shard keyword arguments, e.g. an episode filter)."""
     kw = dict(static)
     if op == "add":
-        return lambda b, args, arrays: type(b).add(b, *args, **arrays, **kw)
+        return lambda b, args, arrays: getattr(type(b), method)(b, *args, **arrays, **kw)
     if op == "local":
-        return lambda b, key, arrays: getattr(b, method)(jax.random.fold_in(key, lax.axis_index(axis)), batch_size, **arrays, **kw)
+        return lambda b, own, key, arrays: getattr(b, method)(
+            jax.random.fold_in(key, lax.axis_index(axis)), batch_size, **arrays, **_unstack(own), **kw)
     if op == "query":  # a method without a key: can_sample, size
-        return lambda b, arrays: getattr(b, method)(*(() if batch_size is None else (batch_size,)), **arrays, **kw)
+        return lambda b, own, arrays: getattr(b, method)(*(() if batch_size is None else (batch_size,)), **arrays, **_unstack(own), **kw)
 
     def set_priorities(b, shard, indices, priorities, generations):
         mine = jnp.where(shard == lax.axis_index(axis), indices, -1)  # -1: ignored by set_priorities
@@ -189,18 +252,39 @@ def _global_body(axis: str, n: int, method: str, batch_size: int, static: tuple)
     """The per-shard body of a global sample (module doc): shard masses, shard draw, candidates, one all-reduce."""
     kw = dict(static)
 
-    def body(stacked, key, arrays, beta):
-        b = _unstack(stacked)
+    def body(stacked, own, key, arrays, beta):
+        b, own = _unstack(stacked), _unstack(own)
         mass_fn, finish = _global_rule(b, method, kw)
         s = lax.axis_index(axis)
-        mass, low = mass_fn(b)
-        masses, mins = _gathered(mass, axis, n), _gathered(low, axis, n)
         k_shard, k_local = jax.random.split(key)
+        candidates = getattr(b, method)(jax.random.fold_in(k_local, s), batch_size, **arrays, **own, **kw)
+        mass, low = mass_fn(b, {**kw, **arrays, **own})
+        masses, mins = _gathered(mass, axis, n), _gathered(low, axis, n)
         shard = _choose_shards(k_shard, masses, batch_size)
-        out = _pick(getattr(b, method)(jax.random.fold_in(k_local, s), batch_size, **arrays, **kw), shard == s, axis)
+        out = _pick(candidates, shard == s, functools.partial(lax.psum, axis_name=axis))
         if finish is not None:
             out = finish(out, shard, masses, mins, beta)
         return ShardedSample(sample=out, shard=shard)
+
+    return body
+
+
+def _epoch_body(axis: str, n: int, num_minibatches: int) -> Callable:
+    """The per-shard body of `ShardedBuffer.minibatches`: the unsharded rollout's permutation (the same on every
+    device), and for each minibatch one reduce-scatter that hands each shard its block of the minibatch."""
+    scatter = functools.partial(lax.psum_scatter, axis_name=axis, scatter_dimension=0, tiled=True)
+
+    def body(stacked, key):
+        b, s = _unstack(stacked), lax.axis_index(axis)
+        lanes, total = b.num_envs * n, b.num_steps * b.num_envs * n
+        order = jax.random.permutation(key, total).astype(jnp.int32).reshape(num_minibatches, total // num_minibatches)
+
+        def minibatch(flat):  # unsharded flat indices t * lanes + env
+            mine = (flat % lanes) // b.num_envs == s
+            local = (flat // lanes) * b.num_envs + flat % b.num_envs
+            return _pick(b.gather(jnp.where(mine, local, 0))._replace(index=flat), mine, scatter)
+
+        return _stack(lax.map(minibatch, order))
 
     return body
 
@@ -212,7 +296,10 @@ def _program(mesh: Mesh, axis: str, op: str, method: str | None = None, batch_si
     spec = P(axis)
     if op == "global":
         body = _global_body(axis, mesh.shape[axis], method, batch_size, static)
-        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, P(), P(), P()), out_specs=P(), check_vma=False))
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, P(), P(), P()), out_specs=P(), check_vma=False))
+    if op == "epoch":
+        body = _epoch_body(axis, mesh.shape[axis], batch_size)
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, P()), out_specs=spec, check_vma=False))
     body = _local_body(_local_fn(axis, op, method, batch_size, static))
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, P()), out_specs=spec, check_vma=False))
 
@@ -236,13 +323,28 @@ class ShardedBuffer(struct.PyTreeNode):
 
         Raises:
           ValueError: `axis` not a name of `mesh`.
+          TypeError: `make` builds a host-compressed buffer (`jaxbuffers.compressed`): its frames live in one host
+            store per buffer, which `S` stacked shards would share (module doc, "Compressed buffers").
         """
         if axis not in mesh.shape:
             raise ValueError(f"axis: expected one of the mesh's axis names {tuple(mesh.shape)}, got {axis!r}")
         n = mesh.shape[axis]
         build = lambda: jax.vmap(lambda _: make(), axis_size=n)(None)  # noqa: E731
-        spec = NamedSharding(mesh, P(axis))
-        shards = jax.jit(build, out_shardings=jax.tree.map(lambda _: spec, jax.eval_shape(build)))()
+        abstract = jax.eval_shape(build)
+        if isinstance(abstract, HostBacked):
+            name = type(abstract).__name__
+            raise TypeError(
+                f"make: builds a {name}, whose frames live in one host store per buffer; {n} stacked shards would all "
+                f"write into that one store, so host-compressed buffers cannot be sharded. Instead keep one {name} "
+                f"per process (each adds and samples its own; draw the learner's batch from each and concatenate), "
+                f"or shard the uncompressed buffer ({name.replace('Compressed', '')}) over the mesh"
+            )
+        # Zero-size leaves (e.g. disabled metrics) are laid out as XLA lays out a program's zero-size outputs on an
+        # `Auto` axis, replicated, so that an add returns a state of the same shardings (else the next call compiles).
+        explicit = mesh.axis_types[mesh.axis_names.index(axis)] == AxisType.Explicit
+        split, whole = NamedSharding(mesh, P(axis)), NamedSharding(mesh, P())
+        layout = jax.tree.map(lambda x: whole if x.size == 0 and not explicit else split, abstract)
+        shards = jax.jit(build, out_shardings=layout)()
         return cls(shards=shards, mesh=mesh, axis=axis)
 
     @property
@@ -311,33 +413,73 @@ class ShardedBuffer(struct.PyTreeNode):
         are passed as they are. Cost: the buffer's add on `1 / S` of the rows per shard, no communication.
 
         Raises:
+          TypeError: a wrapped buffer without `add` (`EpisodeBuffer`: use `add_episodes`).
           ValueError: an array argument whose leading axis is not a multiple of `S` (named by its path); and the
             buffer's own `add` errors for one shard's block.
         """
+        return self._add("add", args, kwargs)
+
+    def add_episodes(self, episodes: Any, lengths: Any, **kwargs: Any) -> "ShardedBuffer":
+        """`EpisodeBuffer.add_episodes` on every shard, shard-locally: `B = S * b` episodes (leaves `[B, T, ...]`,
+        `lengths`, flags, `final_obs` and meta `[B, ...]`), episodes `[s * b, (s + 1) * b)` to shard `s` in batch
+        order (`b = 1`: one episode per shard). A fixed (`circular=False`) shard without room writes nothing and sets
+        its own `overflowed` (`buf.shards.overflowed`, bool `[S]`), as inside `jit`.
+
+        Raises:
+          TypeError: the wrapped buffer is not an `EpisodeBuffer`; and its own errors.
+          ValueError: `B` not a multiple of `S` (named by its path); and the buffer's own errors.
+        """
+        return self._add("add_episodes", (episodes, lengths), kwargs)
+
+    def _add(self, method: str, args: tuple, kwargs: dict) -> "ShardedBuffer":
+        if not callable(getattr(type(self.shards), method, None)):
+            other = " (use add_episodes)" if isinstance(self.shards, EpisodeBuffer) else ""
+            raise TypeError(f"{method}: {type(self.shards).__name__} has no {method}{other}")
         arrays, static = _split_static(kwargs)
-        return self._run(_program(self.mesh, self.axis, "add", static=static), (tuple(args), arrays), ())
+        return self._run(_program(self.mesh, self.axis, "add", method, static=static), (tuple(args), arrays), ())
+
+    def _own(self, arrays: dict) -> dict:
+        """Pops from `arrays` the keyword arguments that hold one row per shard: an episode filter `where` given as
+        a bool mask, `[S, max_episodes]` (row `s` filters the slots of shard `s`)."""
+        if not isinstance(self.shards, EpisodeBuffer) or "where" not in arrays:
+            return {}
+        return {"where": _validate.array("where", arrays.pop("where"), (self.num_shards, self.shards.max_episodes), bool)}
 
     def _query(self, method: str, batch_size: int | None = None, **kwargs: Any) -> jax.Array:
         """Every shard's `method(batch_size, **kwargs)` (a method without a key), stacked `[S, ...]`."""
         arrays, static = _split_static(kwargs)
-        return self._run(_program(self.mesh, self.axis, "query", method, batch_size, static), (), (arrays,))
+        own = self._own(arrays)
+        return self._run(_program(self.mesh, self.axis, "query", method, batch_size, static), (own,), (arrays,))
 
     def size(self) -> jax.Array:
         """The number of items (steps) stored over all shards: the sum of the shards' `size()` (int32 scalar)."""
         return jnp.sum(self._query("size"), dtype=jnp.int32)
 
-    def can_sample(self, batch_size: int = 1, *, method: str = "sample", **kwargs: Any) -> jax.Array:
-        """Whether `sample` and `sample_local` with these arguments return only valid data (bool scalar): every
-        shard's guard of `method` (`can_sample` for `"sample"` / `"sample_sequences"`, `can_sample_transitions`
-        for `"sample_transitions"`) with the same arguments, without the key.
+    def can_sample(self, batch_size: int = 1, *, method: str = "sample", every_shard: bool = True, **kwargs: Any) -> jax.Array:
+        """Whether sampling with these arguments returns only valid data (bool scalar), from the shards' guards of
+        `method` called with the same arguments without the key: `can_sample` for `"sample"` / `"sample_sequences"`,
+        `can_sample_transitions` for `"sample_transitions"` of trajectory buffers; for an `EpisodeBuffer`
+        `can_sample` (`where=`) for `"sample_episodes"`, `"sample_timesteps"`, `"sample_transitions"` and
+        `can_sample_sequences` (`sequence_length=`, `where=`) for `"sample_sequences"`.
+
+        Args:
+          every_shard: static bool. True: every shard's guard holds, what `sample_local` needs. False: some shard's
+            guard holds, what the global `sample` needs (a shard with nothing to draw is never drawn), e.g. with an
+            episode filter that only some shards' episodes pass.
 
         Raises:
           ValueError: a `method` without a guard (e.g. `"minibatches"`: a rollout is read whole).
         """
-        guards = {"sample": "can_sample", "sample_sequences": "can_sample", "sample_transitions": "can_sample_transitions"}
+        guards = _EPISODE_GUARDS if isinstance(self.shards, EpisodeBuffer) else _GUARDS
         if method not in guards:
             raise ValueError(f"method: expected one of {tuple(guards)} (the samplers with a guard), got {method!r}")
-        return jnp.all(self._query(guards[method], batch_size, **kwargs))
+        every_shard = _validate.static_bool("every_shard", every_shard)
+        guard = self._query(guards[method], batch_size, **kwargs)
+        return jnp.all(guard) if every_shard else jnp.any(guard)
+
+    def _sampler(self, method: str) -> None:
+        if not callable(getattr(type(self.shards), method, None)):
+            raise ValueError(f"method: {type(self.shards).__name__} has no sampler {method!r}")
 
     def sample_local(self, key: jax.Array, batch_size: int, *, method: str = "sample", **kwargs: Any) -> Any:
         """Per-device sampling: every shard calls its own `method(fold_in(key, s), batch_size, **kwargs)`.
@@ -346,16 +488,24 @@ class ShardedBuffer(struct.PyTreeNode):
           key: a PRNG key (shard `s` uses `jax.random.fold_in(key, s)`).
           batch_size: static int, items per shard (the buffer's sampler's second argument; `num_minibatches`
             for `RolloutBuffer.minibatches`).
-          method: the sampler's name (`"sample"`, `"sample_sequences"`, `"sample_transitions"`, `"minibatches"`).
-          kwargs: the sampler's other arguments; arrays (e.g. a traced `beta`) are passed to every shard.
+          method: the sampler's name (`"sample"`, `"sample_sequences"`, `"sample_transitions"`, `"minibatches"`,
+            and an `EpisodeBuffer`'s `"sample_episodes"`, `"sample_timesteps"`).
+          kwargs: the sampler's other arguments; arrays (e.g. a traced `beta`) are passed to every shard, except an
+            episode filter mask `where`, bool `[S, max_episodes]`, whose row `s` goes to shard `s` (a function of the
+            meta dict filters each shard by its own meta).
 
         Returns:
           The sampler's output with a leading shard axis: leaves `[S, batch_size, ...]`, split along the mesh
           axis. Prioritised probabilities and weights are the shard's own (for the whole buffer's: `sample`).
+
+        Raises:
+          ValueError: a `method` the wrapped buffer does not have; and the sampler's own errors.
         """
+        self._sampler(method)
         arrays, static = _split_static(kwargs)
+        own = self._own(arrays)
         program = _program(self.mesh, self.axis, "local", method, batch_size, static)
-        return self._run(program, (), (key, arrays))
+        return self._run(program, (own,), (key, arrays))
 
     def sample(self, key: jax.Array, batch_size: int, *, method: str = "sample", **kwargs: Any) -> ShardedSample:
         """Global sampling: `batch_size` items from the whole buffer, each with its unsharded probability.
@@ -364,24 +514,52 @@ class ShardedBuffer(struct.PyTreeNode):
           key: a PRNG key; every device draws the shards from the same key.
           batch_size: static int >= 1.
           method: the wrapped buffer's sampler (`"sample"` for item buffers, `"sample_sequences"` or
-            `"sample_transitions"` for trajectory buffers).
-          kwargs: the sampler's other arguments (`beta`, `sequence_length`, `n_step`, `gamma`, ...).
+            `"sample_transitions"` for trajectory buffers; for an `EpisodeBuffer` one of `"sample_episodes"`,
+            `"sample_sequences"`, `"sample_timesteps"`, `"sample_transitions"`).
+          kwargs: the sampler's other arguments (`beta`, `sequence_length`, `n_step`, `gamma`, `where`, ...); an
+            episode filter is a function of the meta dict or a mask as in `sample_local`.
 
         Returns:
           `ShardedSample` (replicated): the sampler's output with `indices` inside shard `shard`. Prioritised
           buffers' `probabilities` and `importance_weights` are those of the whole buffer (module doc).
 
         Raises:
-          TypeError: a buffer type without a global sampler (`RolloutBuffer`: use `sample_local`).
-          ValueError: `cross_episodes=False` (windows inside episodes differ per shard: use `sample_local`),
-            or the sampler's own errors.
+          TypeError: a buffer type without a global sampler (`RolloutBuffer`: use `sample_local` or `minibatches`).
+          ValueError: `cross_episodes=False` (windows inside episodes differ per shard: use `sample_local`), a
+            `method` the buffer has no global sampler for, or the sampler's own errors.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         arrays, static = _split_static(kwargs)
         _global_rule(self.shards, method, dict(static))  # its errors before any tracing
+        own = self._own(arrays)
         program = _program(self.mesh, self.axis, "global", method, batch_size, static)
         beta = jnp.asarray(kwargs.get("beta", 1.0), jnp.float32)
-        return program(self.shards, *self._placed((key, arrays, beta), P()))
+        return program(self.shards, self._placed(own, P(self.axis)), *self._placed((key, arrays, beta), P()))
+
+    def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
+        """One PPO epoch over the whole sharded rollout: the unsharded rollout's `minibatches(key, M)`, each
+        minibatch split over the shards for a data-parallel learner (module doc, "Rollout epochs").
+
+        Args:
+          key: a PRNG key (the same on every device).
+          num_minibatches: $M$, static int dividing each shard's `num_steps * num_envs`.
+
+        Returns:
+          `RolloutMinibatch` with leaves `[S, M, T * N / M, ...]` split along the mesh axis (`N` = envs per shard):
+          shard `s` holds block `s` of each of the `M` minibatches of `S * T * N / M` steps, and every step of the
+          rollout is in exactly one minibatch. `index` is the unsharded flat index `t * (S * N) + env`;
+          `jnp.swapaxes(x, 0, 1).reshape(M, -1)` of a leaf is the unsharded `minibatches(key, M)` leaf bit for bit.
+
+        Raises:
+          TypeError: the wrapped buffer is not a `RolloutBuffer`.
+          ValueError: `M` not an int >= 1 or not dividing a shard's `num_steps * num_envs`.
+        """
+        if not isinstance(self.shards, RolloutBuffer):
+            raise TypeError(f"minibatches: {type(self.shards).__name__} is not a RolloutBuffer (item buffers: sample)")
+        steps = self.shards.num_steps * self.shards.num_envs
+        m = _validate.divisor("num_minibatches", num_minibatches, steps, "a shard's num_steps * num_envs")
+        program = _program(self.mesh, self.axis, "epoch", batch_size=m)
+        return program(self.shards, self._placed(_validate.key("key", key), P()))
 
     def set_priorities(self, shard: jax.Array, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "ShardedBuffer":
         """`set_priorities` of a prioritised wrapped buffer after a global `sample`: entry `j` goes to shard

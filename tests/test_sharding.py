@@ -30,7 +30,7 @@ def test_on_eight_forced_devices():
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={S}",
            "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     ran = sum(1 for name, f in globals().items() if name.startswith("test_") and f is not test_on_eight_forced_devices)
@@ -269,7 +269,8 @@ def test_rollout_sharded_over_envs_equals_the_unsharded_rollout(mesh):
 
 
 def _collectives(hlo: str) -> list[tuple[str, int]]:
-    """(op, elements of its largest operand) of every collective in compiled HLO text (tuple results included)."""
+    """(op, elements of its largest result) of every collective in compiled HLO text (tuple results included): an
+    all-reduce's result is as large as its operand, a reduce-scatter's is one shard's block of it."""
     out = []
     ops = "all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter"
     for m in re.finditer(rf"^\s*\S+ = (.*?) ({ops})(?:-start)?\(", hlo, re.M):
@@ -355,3 +356,207 @@ def test_donated_add_writes_every_shard_in_place(mesh):
     before = pointers(sharded)
     sharded = add(sharded, batch)
     assert pointers(sharded) == before and len(before) == S
+
+
+EP_STEP = {"obs": jnp.zeros((2,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0)}
+EP_META = {"task": jnp.int32(0), "id": jnp.int32(-1)}
+
+
+def _episode_buffers(mesh, c=6, b=2, adds=5, t_max=7, seed=20):
+    """The same `add_episodes` of `S * b` episodes (random lengths, flags, tasks; meta `id` = episode number) to a
+    sharded buffer of `c` slots per shard and to one unsharded buffer of `S * c` slots; 5 adds of 16 wrap 48 slots."""
+    rng = np.random.default_rng(seed)
+    make = lambda e: jb.EpisodeBuffer.create(EP_STEP, max_episodes=e, max_timesteps=t_max, meta=EP_META)  # noqa: E731
+    sharded, whole = jb.ShardedBuffer.create(lambda: make(c), mesh, "data"), make(S * c)
+    add_s, add_w = jax.jit(jb.ShardedBuffer.add_episodes, donate_argnums=0), jax.jit(jb.EpisodeBuffer.add_episodes, donate_argnums=0)
+    for a in range(adds):
+        n = S * b
+        obs = rng.standard_normal((n, t_max, 2)).astype(np.float32)
+        obs[::3, 0, 0] = -0.0
+        eps = {"obs": obs, "action": rng.integers(0, 9, (n, t_max)).astype(np.int32),
+               "reward": rng.standard_normal((n, t_max)).astype(np.float32)}
+        kw = dict(terminated=rng.random(n) < 0.5, truncated=rng.random(n) < 0.3, final_obs=rng.standard_normal((n, 2)).astype(np.float32),
+                  meta={"task": rng.integers(0, 3, n).astype(np.int32), "id": np.arange(a * n, (a + 1) * n, dtype=np.int32)})
+        lengths = rng.integers(1, t_max + 1, n).astype(np.int32)
+        sharded, whole = add_s(sharded, eps, lengths, **kw), add_w(whole, eps, lengths, **kw)
+    return sharded, whole
+
+
+@eight
+def test_episode_content_is_the_unsharded_buffer_bit_for_bit(mesh):
+    c, b = 6, 2
+    sharded, whole = _episode_buffers(mesh, c, b)
+    assert sharded.shards.storage["obs"].sharding.spec[0] == "data"
+    every = [sharded.shard(s).get_all() for s in range(S)]  # logical order, oldest first, [c, ...] each
+    expected = whole.get_all()
+    for field in ("item", "mask", "lengths", "terminated", "truncated", "final_obs", "meta"):
+        def merge(*per_shard):  # episode l of shard s is episode (l // b) * S * b + s * b + l % b of the unsharded
+            blocks = np.stack([np.asarray(p).reshape(c // b, b, *np.shape(p)[1:]) for p in per_shard], axis=1)
+            return blocks.reshape(S * c, *blocks.shape[3:])
+        got = jax.tree.map(merge, *[getattr(e, field) for e in every])
+        jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=field), got, getattr(expected, field))
+    assert int(sharded.size()) == int(whole.size())
+    mask = np.asarray(sharded.shards.meta["task"]) == 2  # [S, c]: row s filters shard s
+    local = jax.jit(lambda b, k, m: b.sample_local(k, 16, method="sample_episodes", where=m))(sharded, jax.random.key(27), mask)
+    ids = np.asarray(sharded.shards.meta["id"])
+    assert mask.any(axis=1).sum() >= S // 2
+    for s in range(S):  # each shard draws only its own episodes that pass its row of the mask
+        assert set(np.asarray(local.meta["id"])[s].tolist()) <= set(ids[s][mask[s]].tolist()) or not mask[s].any()
+    assert bool(sharded.can_sample(4, method="sample_episodes")) and bool(sharded.can_sample(4, method="sample_sequences", sequence_length=7, every_shard=False))
+
+
+def _episode_frequencies(sharded, whole, draws: int):
+    """Global timesteps and sequences under a meta filter, and episodes under a mask, against the unsharded
+    distributions (chi-square, alpha 0.001), each drawn row read back from the unsharded buffer bit for bit."""
+    slot_of = {int(i): k for k, i in enumerate(np.asarray(whole.meta["id"]))}
+    task = np.asarray(whole.meta["task"])
+    lengths = np.asarray(whole.lengths)
+    keep = lambda m: m["task"] != 0  # noqa: E731 - one function object: one compile
+    e, t_max = whole.max_episodes, whole.max_timesteps
+    batches = draws // 1024
+    keys = jax.random.split(jax.random.key(21), batches)
+
+    steps = jax.jit(lambda buf, ks: jax.lax.map(lambda k: buf.sample(k, 1024, method="sample_timesteps", where=keep).sample, ks))(sharded, keys)
+    slots = np.array([slot_of[int(i)] for i in np.asarray(steps.meta["id"]).ravel()])
+    t = np.asarray(steps.steps).ravel()
+    np.testing.assert_array_equal(_bits(np.asarray(steps.item["obs"]).reshape(-1, 2)), _bits(np.asarray(whole.storage["obs"])[slots, t]))
+    cells = np.zeros((e, t_max))
+    np.add.at(cells, (slots, t), 1)
+    expected = (np.arange(t_max)[None, :] < lengths[:, None]) & (task[:, None] != 0)
+    assert _p_value(cells.ravel(), expected.ravel() / expected.sum() * batches * 1024) > 1e-3
+
+    seq = jax.jit(lambda buf, ks: jax.lax.map(lambda k: buf.sample(k, 1024, method="sample_sequences", sequence_length=3, where=keep).sample, ks))(sharded, keys)
+    slots = np.array([slot_of[int(i)] for i in np.asarray(seq.meta["id"]).ravel()])
+    starts = np.asarray(seq.starts).ravel()
+    windows = np.asarray(whole.storage["reward"])[slots[:, None], starts[:, None] + np.arange(3)]
+    np.testing.assert_array_equal(_bits(np.asarray(seq.item["reward"]).reshape(-1, 3)), _bits(windows))
+    cells = np.zeros((e, t_max))
+    np.add.at(cells, (slots, starts), 1)
+    expected = (np.arange(t_max)[None, :] <= lengths[:, None] - 3) & (task[:, None] != 0)
+    assert _p_value(cells.ravel(), expected.ravel() / expected.sum() * batches * 1024) > 1e-3
+
+    mask = np.asarray(sharded.shards.meta["task"]) == 2  # [S, c]: row s filters shard s
+    eps = jax.jit(lambda buf, ks, m: jax.lax.map(lambda k: buf.sample(k, 256, method="sample_episodes", where=m).sample, ks))(sharded, keys, mask)
+    slots = np.array([slot_of[int(i)] for i in np.asarray(eps.meta["id"]).ravel()])
+    np.testing.assert_array_equal(_bits(np.asarray(eps.item["obs"]).reshape(len(slots), t_max, 2)), _bits(np.asarray(whole.storage["obs"])[slots]))
+    counts = np.bincount(slots, minlength=e)
+    assert _p_value(counts, (task == 2) / (task == 2).sum() * batches * 256) > 1e-3
+
+
+@eight
+def test_episode_global_sampling_matches_the_unsharded_distribution(mesh):
+    sharded, whole = _episode_buffers(mesh)
+    _episode_frequencies(sharded, whole, 102_400)  # 102,400 steps and windows, 25,600 episodes
+    tr = jax.jit(lambda b, k: b.sample(k, 256, method="sample_transitions", n_step=3, gamma=0.9))(sharded, jax.random.key(22))
+    slot_of = {int(i): k for k, i in enumerate(np.asarray(whole.meta["id"]))}
+    slots = np.array([slot_of[int(i)] for i in np.asarray(tr.sample.meta["id"])])
+    ref = whole.transitions_at(slots, tr.sample.steps, n_step=3, gamma=0.9)
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), tr.sample._replace(indices=ref.indices), ref)
+    assert len(np.unique(np.asarray(tr.shard))) == S
+
+
+@eight
+def test_eager_episode_calls_compile_once_on_an_auto_mesh(compile_counter):
+    auto = jax.sharding.Mesh(np.array(jax.devices()), ("data",))  # AxisType.Auto: XLA picks the output layouts
+    sharded = jb.ShardedBuffer.create(lambda: jb.EpisodeBuffer.create(EP_STEP, max_episodes=4, max_timesteps=3), auto, "data")
+    eps = {"obs": np.ones((S, 3, 2), np.float32), "action": np.ones((S, 3), np.int32), "reward": np.ones((S, 3), np.float32)}
+
+    def step(sharded, i):
+        sharded = sharded.add_episodes(eps, np.full(S, 1 + i % 3, np.int32), terminated=np.ones(S, bool), final_obs=np.ones((S, 2), np.float32))
+        return sharded, sharded.sample(jax.random.key(i), 8, method="sample_timesteps")
+
+    sharded, _ = step(sharded, 0)
+    with compile_counter() as compiles:
+        for i in range(1, 3):
+            sharded, out = step(sharded, i)
+    assert compiles() == 0 and int(sharded.size()) == S * (1 + 2 + 3)
+
+
+@eight
+def test_rollout_epoch_is_the_unsharded_epoch_split_over_shards(mesh):
+    e, t_len, m = 16, 8, 4
+    rng = np.random.default_rng(24)
+    sharded = jb.ShardedBuffer.create(lambda: jb.RolloutBuffer.create(STEP, num_envs=e // S, num_steps=t_len), mesh, "data")
+    whole = jb.RolloutBuffer.create(STEP, num_envs=e, num_steps=t_len)
+    for t in range(t_len - 1):  # one step short: unfilled steps are in the epoch, masked
+        kw = dict(reward=rng.standard_normal(e).astype(np.float32), value=rng.standard_normal(e).astype(np.float32),
+                  terminated=rng.random(e) < 0.2, trainable=rng.random(e) < 0.9)
+        step = _steps(rng, e, t)
+        sharded, whole = sharded.add(step, **kw), whole.add(step, **kw)
+    last = rng.standard_normal(e).astype(np.float32)
+    sharded = sharded.apply(lambda b, v: b.compute_gae(v, 0.99, 0.95), last)
+    whole = whole.compute_gae(last, 0.99, 0.95)
+    key = jax.random.key(25)
+    out = jax.jit(lambda b, k: b.minibatches(k, m))(sharded, key)
+    assert out.advantages.shape == (S, m, t_len * e // S // m) and out.advantages.sharding.spec[0] == "data"
+    index = np.asarray(out.index)
+    assert np.array_equal(np.sort(index.ravel()), np.arange(t_len * e))  # every step exactly once per epoch
+    ref = whole.minibatches(key, m)
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(np.swapaxes(np.asarray(g), 0, 1).reshape(w.shape)), _bits(w)), out, ref)
+    assert not np.asarray(out.mask).all() and np.asarray(out.mask).any()
+    assert not np.array_equal(index, np.asarray(jax.jit(lambda b, k: b.minibatches(k, m))(sharded, jax.random.key(26)).index))
+    with pytest.raises(ValueError, match=r"num_minibatches: expected a divisor of a shard's num_steps \* num_envs = 16"):
+        sharded.minibatches(key, 3)
+    with pytest.raises(TypeError, match="RolloutBuffer"):
+        jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(ITEM, capacity=8), mesh, "data").minibatches(key, 2)
+
+
+@eight
+def test_episode_samples_and_epochs_move_no_storage(mesh):
+    t_max, feat = 64, 64
+    step = {"obs": jnp.zeros((feat,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    sharded = jb.ShardedBuffer.create(lambda: jb.EpisodeBuffer.create(step, max_episodes=128, max_timesteps=t_max), mesh, "data")
+    episodes = jax.tree.map(lambda x: jnp.zeros((S, t_max, *x.shape), x.dtype), step)
+    add = jax.jit(jb.ShardedBuffer.add_episodes, donate_argnums=0).lower(
+        sharded, episodes, jnp.ones(S, jnp.int32), terminated=jnp.ones(S, bool), final_obs=jnp.zeros((S, feat)))
+    assert _collectives(add.compile().as_text()) == []
+    storage = 128 * t_max * feat  # one shard's obs leaf
+    for method, kw, size in (("sample_timesteps", {}, 64 * feat), ("sample_episodes", {}, 8 * t_max * feat),
+                             ("sample_sequences", {"sequence_length": 4}, 64 * 4 * feat)):
+        batch = 8 if method == "sample_episodes" else 64
+        lowered = jax.jit(lambda b, k: b.sample(k, batch, method=method, **kw)).lower(sharded, jax.random.key(0))
+        assert "all_gather" not in lowered.as_text()
+        ops = _collectives(lowered.compile().as_text())
+        assert all(op != "all-gather" for op, _ in ops) and ("all-reduce", size) in ops, (method, ops)
+        assert max(n for _, n in ops) == size < storage, (method, ops)
+
+    rollout = jb.ShardedBuffer.create(lambda: jb.RolloutBuffer.create(step, num_envs=4, num_steps=256), mesh, "data")
+    lowered = jax.jit(lambda b, k: b.minibatches(k, 32)).lower(rollout, jax.random.key(0))
+    assert "all_gather" not in lowered.as_text()
+    ops = _collectives(lowered.compile().as_text())
+    block = 4 * 256 // 32 * feat  # a shard's block of one minibatch of obs (the result; its operand is S times that)
+    assert {op for op, _ in ops} == {"reduce-scatter"} and max(n for _, n in ops) == block, ops
+
+
+def test_compressed_buffers_are_refused_naming_the_type():
+    one = jax.make_mesh((1,), ("data",))
+    step = {"obs": jnp.zeros((8, 8), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    for make in (lambda: jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=8),
+                 lambda: jb.CompressedEpisodeBuffer.create(step, max_episodes=2, max_timesteps=4),
+                 lambda: jb.CompressedRolloutBuffer.create(step, num_envs=1, num_steps=4)):
+        name = type(make()).__name__
+        with pytest.raises(TypeError, match=rf"make: builds a {name}, whose frames live in one host store per buffer.*"
+                                            rf"keep one {name} per process.*shard the uncompressed buffer"):
+            jb.ShardedBuffer.create(make, one, "data")
+
+
+def test_episode_calls_are_checked_before_tracing():
+    one = jax.make_mesh((1,), ("data",))
+    sharded = jb.ShardedBuffer.create(lambda: jb.EpisodeBuffer.create(EP_STEP, max_episodes=4, max_timesteps=3, meta=EP_META), one, "data")
+    with pytest.raises(TypeError, match=r"add: EpisodeBuffer has no add \(use add_episodes\)"):
+        sharded.add({"obs": np.zeros((1, 3, 2), np.float32)})
+    with pytest.raises(ValueError, match=r"method: expected one of \('sample_episodes'.*for an EpisodeBuffer, got 'sample'"):
+        sharded.sample(jax.random.key(0), 4)
+    with pytest.raises(ValueError, match="method: EpisodeBuffer has no sampler 'sample'"):
+        sharded.sample_local(jax.random.key(0), 4)
+    with pytest.raises(ValueError, match=r"where: expected shape \(1, 4\), got \(4,\)"):
+        sharded.sample(jax.random.key(0), 4, method="sample_episodes", where=np.ones(4, bool))
+    with pytest.raises(TypeError, match="where: expected dtype bool, got int32"):
+        sharded.can_sample(4, method="sample_episodes", where=np.ones((1, 4), np.int32))
+    with pytest.raises(TypeError, match=r"minibatches: EpisodeBuffer is not a RolloutBuffer"):
+        sharded.minibatches(jax.random.key(0), 2)
+    eps = {"obs": np.ones((1, 3, 2), np.float32), "action": np.ones((1, 3), np.int32), "reward": np.ones((1, 3), np.float32)}
+    sharded = sharded.add_episodes(eps, np.array([2], np.int32), terminated=np.array([True]), final_obs=np.ones((1, 2), np.float32),
+                                   meta={"task": np.array([1], np.int32)})
+    assert int(sharded.size()) == 2 and bool(sharded.can_sample(1, method="sample_sequences", sequence_length=2))
+    assert not bool(sharded.can_sample(1, method="sample_timesteps", where=lambda m: m["task"] == 0))
