@@ -25,9 +25,14 @@ sticky flag `overflowed`, which the caller can test (`buf.overflowed`) after the
 
 Filters. Every sampler and `can_sample` take `where`: `None` (every stored episode), a bool array
 `[max_episodes]` by slot, or a function of the meta dict (leaves `[max_episodes, ...]`) returning one, e.g.
-`where=lambda meta: meta["task_id"] == 1`. Draws are uniform over what passes (episodes, windows or steps); when
-nothing passes `can_sample` is False and the samplers return defined data (slot 0). A function is traced each
-time the sampler is called eagerly; pass a mask (or call inside `jit`) to avoid that.
+`where=lambda meta: meta["task_id"] == 1`. Draws are uniform over what passes (episodes, windows or steps). A
+function is traced each time the sampler is called eagerly; pass a mask (or call inside `jit`) to avoid that.
+
+Nothing to draw. When nothing passes (`can_sample`, or `can_sample_sequences` for `sample_sequences`, is False:
+no stored episode passes the filter, or none holds a window of the length asked), a sampler returns *empty rows*:
+`indices` -1 (no slot; `update` ignores it) and every other field zero or False, so `mask` is all False,
+`lengths` and `num_steps` 0, `window_mask` all False, `discount` 0. Rows are never read from a slot that did not
+pass. `indices >= 0` tells the rows drawn from data apart (e.g. after `jaxbuffers.sample_mixed`).
 
 Example:
 
@@ -85,7 +90,7 @@ class EpisodeSample(NamedTuple):
     truncated: jax.Array  # shape=[B], dtype=bool: the episode ended by truncation
     final_obs: Any  # obs pytree, leaves [B, ...]: obs after the last step
     meta: dict  # {name: [B, ...]}, declared dtypes
-    indices: jax.Array  # shape=[B], dtype=int32: episode slots
+    indices: jax.Array  # shape=[B], dtype=int32: episode slots; -1 in an empty row (module doc)
 
 
 class EpisodeSequenceSample(NamedTuple):
@@ -96,7 +101,7 @@ class EpisodeSequenceSample(NamedTuple):
     truncated: jax.Array  # shape=[B, L], dtype=bool: step j is the episode's last and it was truncated
     next_obs: Any  # obs pytree, leaves [B, ...]: obs after step L - 1 (the final obs when that step is the last)
     meta: dict  # {name: [B, ...]}
-    indices: jax.Array  # shape=[B], dtype=int32: episode slots
+    indices: jax.Array  # shape=[B], dtype=int32: episode slots; -1 in an empty row (module doc)
     starts: jax.Array  # shape=[B], dtype=int32: step of the window's first step in its episode
 
 
@@ -108,7 +113,7 @@ class EpisodeStepSample(NamedTuple):
     terminated: jax.Array  # shape=[B], dtype=bool: step flags (last step of a terminated episode)
     truncated: jax.Array  # shape=[B], dtype=bool: step flags (last step of a truncated episode)
     meta: dict  # {name: [B, ...]}
-    indices: jax.Array  # shape=[B], dtype=int32: episode slots
+    indices: jax.Array  # shape=[B], dtype=int32: episode slots; -1 in an empty row (module doc)
     steps: jax.Array  # shape=[B], dtype=int32: t
 
 
@@ -129,7 +134,7 @@ class EpisodeTransitionSample(NamedTuple):
     window: Any  # steps t .. t+n-1, leaves [B, n, ...]: zeros past the episode's end
     window_mask: jax.Array  # shape=[B, n], dtype=bool: j < k
     meta: dict  # {name: [B, ...]}
-    indices: jax.Array  # shape=[B], dtype=int32: episode slots
+    indices: jax.Array  # shape=[B], dtype=int32: episode slots; -1 in an empty row (module doc)
     steps: jax.Array  # shape=[B], dtype=int32: t
 
 
@@ -577,7 +582,8 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
           where: filter (module doc).
 
         Returns:
-          `EpisodeSample`, leaves `[batch_size, max_timesteps, ...]` padded with zeros, `mask` and `lengths`.
+          `EpisodeSample`, leaves `[batch_size, max_timesteps, ...]` padded with zeros, `mask` and `lengths`; empty
+          rows (`indices` -1, `mask` all False) when `can_sample` is False (module doc).
 
         Raises:
           ValueError: `batch_size` not an int >= 1.
@@ -588,8 +594,8 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method("batch_size")
     def _sample_episodes(self, key, batch_size: int, mask) -> EpisodeSample:
-        ep, _ = _draw(key, batch_size, self._passing(mask).astype(jnp.int32))
-        return self._episodes(ep)
+        ep, _, ok = _draw(key, batch_size, self._passing(mask).astype(jnp.int32))
+        return _rows_or_empty(ok, self._episodes(ep))
 
     def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, where=None) -> EpisodeSequenceSample:
         """Sample `batch_size` windows of `sequence_length` consecutive steps, each inside one episode.
@@ -604,7 +610,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
           where: filter (module doc).
 
         Returns:
-          `EpisodeSequenceSample`; check `can_sample_sequences`.
+          `EpisodeSequenceSample`; empty rows (`indices` -1, zeros) when `can_sample_sequences` is False (module doc).
 
         Raises:
           ValueError: a size not an int >= 1 or `sequence_length > max_timesteps`.
@@ -617,13 +623,13 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
     @_compiled.method("batch_size", "sequence_length")
     def _sample_sequences(self, key, batch_size: int, sequence_length: int, mask) -> EpisodeSequenceSample:
         counts = jnp.where(self._passing(mask), jnp.maximum(self.lengths - sequence_length + 1, 0), 0)
-        ep, start = _draw(key, batch_size, counts)
+        ep, start, ok = _draw(key, batch_size, counts)
         t = start[:, None] + jnp.arange(sequence_length, dtype=jnp.int32)  # [B, L]
         term, trunc = self._step_flags(ep[:, None], t)
-        return EpisodeSequenceSample(
+        return _rows_or_empty(ok, EpisodeSequenceSample(
             item=jax.tree.map(lambda x: x[ep[:, None], t], self.storage), terminated=term, truncated=trunc,
             next_obs=self._next_obs(ep, start + sequence_length), meta=self._meta(ep), indices=ep, starts=start,
-        )
+        ))
 
     def sample_timesteps(self, key: jax.Array, batch_size: int, *, where=None) -> EpisodeStepSample:
         """Sample `batch_size` steps, uniformly with replacement over every step of the episodes passing `where`.
@@ -634,7 +640,7 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
           where: filter (module doc).
 
         Returns:
-          `EpisodeStepSample`; check `can_sample`.
+          `EpisodeStepSample`; empty rows (`indices` -1, zeros) when `can_sample` is False (module doc).
 
         Raises:
           ValueError: `batch_size` not an int >= 1.
@@ -645,12 +651,12 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method("batch_size")
     def _sample_timesteps(self, key, batch_size: int, mask) -> EpisodeStepSample:
-        ep, t = _draw(key, batch_size, jnp.where(self._passing(mask), self.lengths, 0))
+        ep, t, ok = _draw(key, batch_size, jnp.where(self._passing(mask), self.lengths, 0))
         term, trunc = self._step_flags(ep, t)
-        return EpisodeStepSample(
+        return _rows_or_empty(ok, EpisodeStepSample(
             item=jax.tree.map(lambda x: x[ep, t], self.storage), next_obs=self._next_obs(ep, t + 1),
             terminated=term, truncated=trunc, meta=self._meta(ep), indices=ep, steps=t,
-        )
+        ))
 
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma, where=None) -> EpisodeTransitionSample:
         r"""Sample `batch_size` n-step transitions, uniformly with replacement over every step of the episodes
@@ -675,7 +681,8 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
           where: filter (module doc).
 
         Returns:
-          `EpisodeTransitionSample`; check `can_sample`.
+          `EpisodeTransitionSample`; empty rows (`indices` -1, `num_steps` 0, `window_mask` all False, zeros)
+          when `can_sample` is False (module doc).
 
         Raises:
           ValueError: a size not an int >= 1, `n_step > max_timesteps`, a concrete `gamma` outside [0, 1].
@@ -695,13 +702,13 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def _sample_transitions(self, key, batch_size: int, n_step: int, gamma, mask) -> EpisodeTransitionSample:
-        ep, t = _draw(key, batch_size, jnp.where(self._passing(mask), self.lengths, 0))
-        return self._transitions(ep, t, n_step, gamma)
+        ep, t, ok = _draw(key, batch_size, jnp.where(self._passing(mask), self.lengths, 0))
+        return _rows_or_empty(ok, self._transitions(ep, t, n_step, gamma))
 
     def transitions_at(self, indices, steps, *, n_step: int = 1, gamma) -> EpisodeTransitionSample:
         """The n-step transitions from step `steps[b]` of episode slot `indices[b]` (int `[B]` each):
-        `transitions_at(s.indices, s.steps, n_step=n, gamma=g)` equals the sample `s` of `sample_transitions`.
-        Indices are clipped into range. Raises as `sample_transitions` and for non-integer or non-1-D indices."""
+        `transitions_at(s.indices, s.steps, n_step=n, gamma=g)` equals the sample `s` of `sample_transitions` (one
+        with rows drawn: not its empty rows). Indices are clipped into range. Raises as `sample_transitions` and for non-integer or non-1-D indices."""
         n_step = self._transition_args(n_step, gamma)
         return self._transitions_at(*_positions(indices, steps), n_step, gamma)
 
@@ -810,15 +817,22 @@ def _bcast(mask: jax.Array, ndim: int) -> jax.Array:
     return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
 
 
-def _draw(key, batch_size: int, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Uniform draw over the units of `counts` (int32 `[E]`, units per episode): `(episode, unit)` int32 `[B]`.
+def _draw(key, batch_size: int, counts: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Uniform draw over the units of `counts` (int32 `[E]`, units per episode): `(episode, unit)` int32 `[B]` and
+    `ok` (bool scalar: some unit exists).
 
     Unit `r` of the running total is episode `searchsorted(cumsum, r, 'right')` at offset `r - (cumsum - count)`;
-    with no unit at all every draw is `(0, 0)`.
+    with no unit at all every draw is `(0, 0)` and `ok` is False.
     """
     cum = jnp.cumsum(counts)
     r = jax.random.randint(key, (batch_size,), 0, jnp.maximum(cum[-1], 1), jnp.int32)
     ep = jnp.searchsorted(cum, r, side="right").astype(jnp.int32)
     ep = jnp.where(cum[-1] > 0, jnp.minimum(ep, counts.shape[0] - 1), 0)
     unit = jnp.where(cum[-1] > 0, r - (cum[ep] - counts[ep]), 0)
-    return ep, unit.astype(jnp.int32)
+    return ep, unit.astype(jnp.int32), cum[-1] > 0
+
+
+def _rows_or_empty(ok: jax.Array, sample):
+    """`sample` when `ok` (bool scalar), else its empty rows (module doc): `indices` -1, every other field zero."""
+    empty = jax.tree.map(jnp.zeros_like, sample)._replace(indices=jnp.full_like(sample.indices, -1))
+    return jax.tree.map(lambda x, z: jnp.where(ok, x, z), sample, empty)

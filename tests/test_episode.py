@@ -73,6 +73,13 @@ def pad(steps, t):
     return {k: np.concatenate([v, np.zeros((t - len(v), *v.shape[1:]), v.dtype)]) for k, v in steps.items()}
 
 
+def assert_empty_rows(s):
+    """Every row of sample `s` is an empty row (nothing passed): indices -1, every other field zero / False."""
+    np.testing.assert_array_equal(np.asarray(s.indices), -1)
+    for path, x in jax.tree_util.tree_leaves_with_path(s._replace(indices=None)):
+        assert not np.any(np.asarray(x)), f"{jax.tree_util.keystr(path)} of an empty row is not zero: {x}"
+
+
 def check_episode(ref, s, b, m):
     ep = ref.at(s.indices[b])
     n = ep["length"]
@@ -171,6 +178,8 @@ def run_model(data, use_jit: bool):
         key = jax.random.key(op)
         assert bool(sample("can")) == bool(passing)
         if not passing:
+            for kind in ("episodes", "transitions", "timesteps", "sequences"):
+                assert_empty_rows(sample(kind, 1))
             continue
         s = sample("episodes")
         for b in range(8):
@@ -202,7 +211,9 @@ def run_model(data, use_jit: bool):
         L = data.draw(st.integers(1, m), label="sequence_length")
         ok = any(h["length"] >= L for h in passing)
         assert bool(sample("can_sequences", L)) == ok
-        if ok:
+        if not ok:
+            assert_empty_rows(sample("sequences", L))
+        else:
             sq = sample("sequences", L)
             for b in range(8):
                 ep, s0 = ref.at(sq.indices[b]), int(sq.starts[b])
@@ -262,17 +273,43 @@ def test_sampling_is_uniform_over_what_passes():
     assert stats.chisquare(biased).pvalue < 1e-6
 
 
-def test_nothing_passes():
-    buf = filled()
-    where = lambda meta: meta["task_id"] == 9  # noqa: E731
-    assert not bool(buf.can_sample(4, where=where))
-    assert not bool(buf.can_sample_sequences(4, 1, where=where))
-    s = buf.sample_episodes(jax.random.key(0), 4, where=where)  # defined: slot 0
-    np.testing.assert_array_equal(np.asarray(s.indices), 0)
-    empty = EpisodeBuffer.create(EXAMPLE, max_episodes=3, max_timesteps=4)
-    assert not bool(empty.can_sample(1))
-    t = empty.sample_transitions(jax.random.key(0), 2, n_step=2, gamma=0.9)
-    assert np.all(np.isfinite(np.asarray(t.n_step_return)))
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_nothing_passes_gives_empty_rows(use_jit):
+    """When `can_sample` is False every sampler returns rows marked empty (indices -1, mask all False, lengths and
+    num_steps 0, zeros), never the data of a slot that did not pass; `can_sample` True gives no empty row."""
+    buf = filled()  # slot 0 holds a task-0 episode: a wrong sampler would return it
+    key = jax.random.key(0)
+
+    def samples(b, where):
+        return (b.sample_episodes(key, 4, where=where), b.sample_timesteps(key, 4, where=where),
+                b.sample_transitions(key, 4, n_step=2, gamma=0.9, where=where), b.sample_sequences(key, 4, 2, where=where),
+                b.can_sample(4, where=where), b.can_sample_sequences(4, 2, where=where))
+
+    run = jax.jit(samples) if use_jit else samples
+    where = buf.meta["task_id"] == 9  # a mask: inside jit as a traced argument
+    *rows, can, can_seq = run(buf, where if use_jit else (lambda meta: meta["task_id"] == 9))
+    assert not bool(can) and not bool(can_seq)
+    for s in rows:
+        assert_empty_rows(s)
+    # passing episodes too short for the window asked: only the sequence sampler has nothing to draw
+    short = buf.meta["task_id"] == 2  # slot 3, length 4
+    seq = buf.sample_sequences(key, 4, 5, where=short)
+    assert not bool(buf.can_sample_sequences(4, 5, where=short)) and bool(buf.can_sample(4, where=short))
+    assert_empty_rows(seq)
+    *rows, can, can_seq = run(buf, short if use_jit else (lambda meta: meta["task_id"] == 2))
+    assert bool(can) and bool(can_seq)
+    for s in rows:
+        np.testing.assert_array_equal(np.asarray(s.indices), 3)
+    # an empty buffer: the same empty rows, and `update` at their indices writes nothing
+    empty = EpisodeBuffer.create(EXAMPLE, max_episodes=6, max_timesteps=5, meta=META)  # buf's shapes: no new program
+    *rows, can, can_seq = run(empty, np.ones(6, bool) if use_jit else (lambda meta: meta["task_id"] > -9))
+    assert not bool(can) and not bool(can_seq)
+    for s in rows:
+        assert_empty_rows(s)
+    tr = rows[2]
+    before = jax.tree.map(np.asarray, buf)
+    after = buf.update(tr.indices, {"reward": jnp.ones(4, jnp.float32)}, steps=tr.steps)
+    jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, after))
 
 
 def test_truncation_bootstraps_from_final_obs_and_termination_does_not():

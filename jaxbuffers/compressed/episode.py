@@ -282,15 +282,17 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
         """Decode observations at positions: each read is `(obs, ep, t, final)` with `obs` a stored observation pytree
         (placeholder leaves, leading axes `S`), `ep` / `t` int `[*S]` its episode slot and step. Step `t` of a
         stored episode of length `n` is its stored frame for `t < n`; the final observation when `final` and
-        `t >= n` (as `EpisodeBuffer`'s next observations); zeros otherwise (as the zeros past a length)."""
+        `t >= n` (as `EpisodeBuffer`'s next observations); zeros otherwise (as the zeros past a length), and zeros
+        at every position of an empty row (`ep` -1, the samplers' rows when nothing passes)."""
         inner, m, e = self.buffer, self.buffer.max_timesteps, self.buffer.max_episodes
         fids, pads = [], []
         for _, ep, t, final in reads:
             ep, t = jnp.broadcast_arrays(jnp.asarray(ep, jnp.int32), jnp.asarray(t, jnp.int32))
+            row = ep >= 0
+            ep = jnp.maximum(ep, 0)
             n = inner.lengths[ep]
             newest = jnp.where(t < n, ep * m + jnp.minimum(t, m - 1), e * m + ep if final else -1)
-            if not final:
-                newest = jnp.where(t < n, newest, -1)
+            newest = jnp.where(row & ((t < n) | final), newest, -1)  # -1: the never-written slot, zeros
             ids = jnp.stack([newest, ep * m + jnp.clip(jnp.minimum(t, n) - 1, 0, m - 1), jnp.minimum(jnp.minimum(t, n), self.frame_stack - 1)], axis=-1)
             f, p = _common.stack_slots(ids, frame_stack=self.frame_stack, ring=m, num_lanes=e, empty=self.host.num_slots - 1,
                                        stacked=self.leaves[0].stack_axis is not None, padding=self.padding)
