@@ -53,15 +53,14 @@ from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
-from jaxbuffers import episode as _episode
-from jaxbuffers.episode import (
-    EpisodeBuffer, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample, _is_traced,
+from jaxbuffers.episode import EpisodeBuffer, _is_traced
+from jaxbuffers.episode_sampling import (
+    GAMMA, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample, positions,
 )
 
 __all__ = ["CompressedEpisodeBuffer"]
 
 _PLACEHOLDER = jax.ShapeDtypeStruct((0,), jnp.uint8)
-_GAMMA = {"gamma": (0.0, 1.0)}
 
 
 class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
@@ -358,7 +357,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
         n_step = self.buffer._transition_args(n_step, gamma)
         return self._sample_transitions(_validate.key("key", key), batch_size, n_step, gamma, self.buffer._filter(where))
 
-    @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
+    @_compiled.method("batch_size", "n_step", scalars=GAMMA)
     def _sample_transitions(self, key, batch_size: int, n_step: int, gamma, mask) -> EpisodeTransitionSample:
         return self._decode_transitions(self.buffer._sample_transitions(key, batch_size, n_step, gamma, mask))
 
@@ -366,9 +365,9 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
     def transitions_at(self, indices, steps, *, n_step: int = 1, gamma) -> EpisodeTransitionSample:
         """`jaxbuffers.EpisodeBuffer.transitions_at`, observations decoded."""
         n_step = self.buffer._transition_args(n_step, gamma)
-        return self._transitions_at(*_episode._positions(indices, steps), n_step, gamma)
+        return self._transitions_at(*positions(indices, steps), n_step, gamma)
 
-    @_compiled.method("n_step", scalars=_GAMMA)
+    @_compiled.method("n_step", scalars=GAMMA)
     def _transitions_at(self, ep, t, n_step: int, gamma) -> EpisodeTransitionSample:
         return self._decode_transitions(self.buffer._transitions_at(ep, t, n_step, gamma))
 
