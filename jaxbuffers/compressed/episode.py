@@ -46,12 +46,11 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from jaxbuffers import _compiled, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
-from jaxbuffers.compressed._host import HostBacked, HostStores
+from jaxbuffers.compressed._host import FrameStacked, HostStores
 from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
 from jaxbuffers.episode import EpisodeBuffer, _is_traced
 from jaxbuffers.episode_sampling import (
@@ -63,7 +62,7 @@ __all__ = ["CompressedEpisodeBuffer"]
 _PLACEHOLDER = jax.ShapeDtypeStruct((0,), jnp.uint8)
 
 
-class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
+class CompressedEpisodeBuffer(FrameStacked, Recorded):
     """A `jaxbuffers.EpisodeBuffer` whose chosen observation leaves live compressed on the host.
 
     Same methods, arguments, sample types and errors as `EpisodeBuffer` (module doc: store layout, frame dedup);
@@ -74,12 +73,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
 
     buffer: EpisodeBuffer  # compressed leaves hold uint8[0] placeholders
     version: jax.Array  # shape=(), dtype=int32: host-store writes included in this state
-    host: HostStores = struct.field(pytree_node=False)
-    leaves: tuple = struct.field(pytree_node=False)  # LeafInfo per compressed leaf
-    leaf_index: tuple = struct.field(pytree_node=False)  # flat index of each compressed leaf within obs
-    frame_stack: int = struct.field(pytree_node=False)  # k (1: no dedup)
-    padding: str = struct.field(pytree_node=False)
-    normalize_images: bool = struct.field(pytree_node=False)
+    # static: host, leaves, leaf_index, normalize_images, frame_stack, padding (FrameStacked)
 
     @classmethod
     @_validate.keyword_sizes
@@ -110,12 +104,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
           TypeError / ValueError: as `jaxbuffers.EpisodeBuffer.create` and
             `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (compressed leaves, frames, codec).
         """
-        if not isinstance(example_step, Mapping):
-            raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
-        if obs_key not in example_step:
-            raise ValueError(f"example_step: missing field {obs_key!r} (got fields {sorted(example_step)})")
-        spec = _validate.item_spec(dict(example_step), "example_step")
-        idx, infos, k = _common.obs_leaves(spec[obs_key], f"example_step[{obs_key!r}]", compress, frame_stack, stack_axis, padding, normalize_images)
+        spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
         inner_step = {**spec, obs_key: _common.replace_leaves(spec[obs_key], idx, [_PLACEHOLDER] * len(idx))}
         inner = EpisodeBuffer.create(
             inner_step, max_episodes=max_episodes, max_timesteps=max_timesteps, meta=meta, circular=circular,
