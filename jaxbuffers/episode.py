@@ -1,4 +1,4 @@
-r"""Whole-episode storage: `EpisodeBuffer` and its sample types.
+r"""Whole-episode storage: `EpisodeBuffer` (its samplers and sample types: `jaxbuffers.episode_sampling`).
 
 Layout: `max_episodes` episode slots of `max_timesteps` steps, leaves `[max_episodes, max_timesteps, ...]`, with the
 per-episode `lengths` (int32, in `[0, max_timesteps]`; 0 for a slot never written), the episode's end flags, its
@@ -23,11 +23,9 @@ Full buffer. `circular=True` (default) replaces the oldest episode. `circular=Fa
 (the buffer is unchanged); inside `jit`, where no value can raise, it returns the buffer unchanged except for the
 sticky flag `overflowed`, which the caller can test (`buf.overflowed`) after the step.
 
-Filters. Every sampler and `can_sample` take `where`: `None` (every stored episode), a bool array
-`[max_episodes]` by slot, or a function of the meta dict (leaves `[max_episodes, ...]`) returning one, e.g.
-`where=lambda meta: meta["task_id"] == 1`. Draws are uniform over what passes (episodes, windows or steps); when
-nothing passes `can_sample` is False and the samplers return defined data (slot 0). A function is traced each
-time the sampler is called eagerly; pass a mask (or call inside `jit`) to avoid that.
+Sampling (`jaxbuffers.episode_sampling`, methods of `EpisodeBuffer`): whole episodes, sequences, timesteps and
+n-step transitions, each with a meta filter `where`; when nothing passes, `can_sample` is False and the samplers
+return empty rows (`indices` -1, every other field zero).
 
 Example:
 
@@ -52,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -61,76 +59,17 @@ from flax import struct
 
 from jaxbuffers import _compiled, _ring, _validate
 from jaxbuffers._metrics import Metrics, Recorded
-from jaxbuffers.trajectory import n_step_window
+from jaxbuffers.episode_sampling import (
+    EpisodeSample, EpisodeSampling, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample, expand_mask,
+)
 
 __all__ = [
     "EpisodeBuffer", "EpisodeSample", "EpisodeSequenceSample", "EpisodeStepSample", "EpisodeTransitionSample",
     "BufferFullError",
 ]
 
-_GAMMA = {"gamma": (0.0, 1.0)}
-
-
 class BufferFullError(ValueError):
     """An eager add to a fixed (`circular=False`) `EpisodeBuffer` that has no room for the episodes given."""
-
-
-class EpisodeSample(NamedTuple):
-    """What `EpisodeBuffer.sample_episodes` and `EpisodeBuffer.get_all` return: `B` whole episodes, padded."""
-
-    item: Any  # step dict, leaves [B, max_timesteps, ...]: zeros past each episode's length
-    mask: jax.Array  # shape=[B, max_timesteps], dtype=bool: t < length
-    lengths: jax.Array  # shape=[B], dtype=int32
-    terminated: jax.Array  # shape=[B], dtype=bool: the episode ended by termination
-    truncated: jax.Array  # shape=[B], dtype=bool: the episode ended by truncation
-    final_obs: Any  # obs pytree, leaves [B, ...]: obs after the last step
-    meta: dict  # {name: [B, ...]}, declared dtypes
-    indices: jax.Array  # shape=[B], dtype=int32: episode slots
-
-
-class EpisodeSequenceSample(NamedTuple):
-    """What `EpisodeBuffer.sample_sequences` returns: `B` windows of `L` consecutive steps inside one episode."""
-
-    item: Any  # step dict, leaves [B, L, ...]
-    terminated: jax.Array  # shape=[B, L], dtype=bool: step j is the episode's last and it terminated
-    truncated: jax.Array  # shape=[B, L], dtype=bool: step j is the episode's last and it was truncated
-    next_obs: Any  # obs pytree, leaves [B, ...]: obs after step L - 1 (the final obs when that step is the last)
-    meta: dict  # {name: [B, ...]}
-    indices: jax.Array  # shape=[B], dtype=int32: episode slots
-    starts: jax.Array  # shape=[B], dtype=int32: step of the window's first step in its episode
-
-
-class EpisodeStepSample(NamedTuple):
-    """What `EpisodeBuffer.sample_timesteps` returns: `B` single steps."""
-
-    item: Any  # step dict, leaves [B, ...]
-    next_obs: Any  # obs pytree, leaves [B, ...]: obs_{t+1} (the final obs at the last step)
-    terminated: jax.Array  # shape=[B], dtype=bool: step flags (last step of a terminated episode)
-    truncated: jax.Array  # shape=[B], dtype=bool: step flags (last step of a truncated episode)
-    meta: dict  # {name: [B, ...]}
-    indices: jax.Array  # shape=[B], dtype=int32: episode slots
-    steps: jax.Array  # shape=[B], dtype=int32: t
-
-
-class EpisodeTransitionSample(NamedTuple):
-    r"""What `EpisodeBuffer.sample_transitions` returns: `B` n-step transitions.
-
-    With $k$ the number of rewards used ($1 \le k \le n$, cut at the episode's last step), the bootstrap target
-    is `n_step_return + discount * V(next_obs)` (`jaxbuffers.trajectory.n_step_window`).
-    """
-
-    obs: Any  # obs_t, leaves [B, ...]
-    action: Any  # action_t, leaves [B, ...]
-    n_step_return: jax.Array  # shape=[B], dtype=reward dtype: G_t^(k)
-    discount: jax.Array  # shape=[B], dtype=reward dtype: gamma**k, 0 if step t+k-1 terminated
-    next_obs: Any  # obs_{t+k}, leaves [B, ...]: the episode's final obs when t + k = length
-    num_steps: jax.Array  # shape=[B], dtype=int32: k
-    item: Any  # the whole step t, leaves [B, ...]
-    window: Any  # steps t .. t+n-1, leaves [B, n, ...]: zeros past the episode's end
-    window_mask: jax.Array  # shape=[B, n], dtype=bool: j < k
-    meta: dict  # {name: [B, ...]}
-    indices: jax.Array  # shape=[B], dtype=int32: episode slots
-    steps: jax.Array  # shape=[B], dtype=int32: t
 
 
 def _is_traced(x) -> bool:
@@ -161,11 +100,11 @@ def _lengths(name: str, x, shape: tuple, t: int) -> jax.Array:
     return v.astype(np.int32)
 
 
-class EpisodeBuffer(Recorded, struct.PyTreeNode):
+class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
     """Whole episodes with lengths, end flags, final observations and meta fields; episode, sequence, step and
     n-step sampling with meta filters.
 
-    Module doc: layout, step convention, full-buffer policy, filters. Every method is pure; it works under `jit`
+    Module doc: layout, step convention, full-buffer policy; `jaxbuffers.episode_sampling`: filters, empty rows. Every method is pure; it works under `jit`
     (donated: in place), `lax.scan` and `vmap`, and eagerly runs as one cached compiled program
     (`jaxbuffers._compiled`).
     """
@@ -424,10 +363,10 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
         last = i == (lengths[:, None] - 1) // m  # the part holding the episode's last step
         # a part cut by the split ends by truncation; its final obs is the next part's first observation
         nxt = jax.tree.map(lambda x: pad(jnp.asarray(x))[:, jnp.minimum((i[0] + 1) * m, parts * m - 1)], episodes[self.obs_key])
-        fin = jax.tree.map(lambda f, n: jnp.where(_bcast(last, n.ndim), jnp.asarray(f)[:, None], n), final_obs, nxt)
+        fin = jax.tree.map(lambda f, n: jnp.where(expand_mask(last, n.ndim), jnp.asarray(f)[:, None], n), final_obs, nxt)
         flat = lambda x: x.reshape(b * parts, *x.shape[2:])  # noqa: E731
         rows = dict(
-            storage=jax.tree.map(lambda x: jnp.where(_bcast(jnp.arange(m) < flat(part_len)[:, None], x.ndim), x, 0), steps),
+            storage=jax.tree.map(lambda x: jnp.where(expand_mask(jnp.arange(m) < flat(part_len)[:, None], x.ndim), x, 0), steps),
             lengths=flat(part_len), terminated=flat(last & terminated[:, None]),
             truncated=flat(~last | (truncated[:, None] & ~terminated[:, None])),
             final_obs=jax.tree.map(flat, fin),
@@ -527,243 +466,6 @@ class EpisodeBuffer(Recorded, struct.PyTreeNode):
         out = self._episodes(slots)
         return out._replace(lengths=jnp.where(held, out.lengths, 0), mask=out.mask & held[:, None])
 
-    # ------------------------------------------------------------------------------------------
-    # sampling
-
-    def _filter(self, where):
-        """The filter as a bool `[max_episodes]` mask by slot, or None for every episode (checked at trace time)."""
-        if where is None:
-            return None
-        mask, name = (where(self.meta), "where(meta)") if callable(where) else (where, "where")
-        e = self.max_episodes
-        if not hasattr(mask, "shape") or tuple(mask.shape) != (e,) or np.dtype(mask.dtype) != np.dtype(bool):
-            got = f"shape {tuple(mask.shape)} dtype {mask.dtype}" if hasattr(mask, "shape") else type(mask).__name__
-            raise TypeError(f"{name}: expected a bool array of shape ({e},) (one flag per episode slot), got {got}")
-        return mask
-
-    def _passing(self, mask) -> jax.Array:
-        """bool `[max_episodes]`: the slots holding an episode that passes `mask` (None: every held slot)."""
-        held = jnp.arange(self.max_episodes) < self.num_valid
-        return held if mask is None else held & jnp.asarray(mask)
-
-    def _sequence_length(self, sequence_length) -> int:
-        sequence_length = _validate.static_int("sequence_length", sequence_length)
-        if sequence_length > self.max_timesteps:
-            raise ValueError(f"sequence_length: expected at most max_timesteps={self.max_timesteps}, got {sequence_length}")
-        return sequence_length
-
-    def can_sample(self, batch_size: int, *, where=None) -> jax.Array:
-        """Whether `sample_episodes`, `sample_timesteps` and `sample_transitions` with this filter return only
-        valid data (bool scalar): some stored episode passes `where` (module doc)."""
-        _validate.static_int("batch_size", batch_size)
-        return self._any(self._filter(where), 1)
-
-    def can_sample_sequences(self, batch_size: int, sequence_length: int, *, where=None) -> jax.Array:
-        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some episode
-        passing `where` holds at least `sequence_length` steps."""
-        _validate.static_int("batch_size", batch_size)
-        return self._any(self._filter(where), self._sequence_length(sequence_length))
-
-    @_compiled.method("min_length")
-    def _any(self, mask, min_length: int) -> jax.Array:
-        return jnp.any(self._passing(mask) & (self.lengths >= min_length))
-
-    def sample_episodes(self, key: jax.Array, batch_size: int, *, where=None) -> EpisodeSample:
-        """Sample `batch_size` whole episodes, uniformly with replacement over the stored episodes passing `where`.
-
-        Args:
-          key: PRNG key.
-          batch_size: static int >= 1.
-          where: filter (module doc).
-
-        Returns:
-          `EpisodeSample`, leaves `[batch_size, max_timesteps, ...]` padded with zeros, `mask` and `lengths`.
-
-        Raises:
-          ValueError: `batch_size` not an int >= 1.
-          TypeError: `where` not giving a bool `[max_episodes]`.
-        """
-        batch_size = _validate.static_int("batch_size", batch_size)
-        return self._sample_episodes(_validate.key("key", key), batch_size, self._filter(where))
-
-    @_compiled.method("batch_size")
-    def _sample_episodes(self, key, batch_size: int, mask) -> EpisodeSample:
-        ep, _ = _draw(key, batch_size, self._passing(mask).astype(jnp.int32))
-        return self._episodes(ep)
-
-    def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, where=None) -> EpisodeSequenceSample:
-        """Sample `batch_size` windows of `sequence_length` consecutive steps, each inside one episode.
-
-        Uniform with replacement over every window `[s, s + L)` with `s + L <= length` of the episodes passing
-        `where` (an episode of length `l` holds `max(l - L + 1, 0)` windows); an O(max_episodes) draw.
-
-        Args:
-          key: PRNG key.
-          batch_size: static int >= 1.
-          sequence_length: static int in `[1, max_timesteps]`.
-          where: filter (module doc).
-
-        Returns:
-          `EpisodeSequenceSample`; check `can_sample_sequences`.
-
-        Raises:
-          ValueError: a size not an int >= 1 or `sequence_length > max_timesteps`.
-          TypeError: `where` not giving a bool `[max_episodes]`.
-        """
-        batch_size = _validate.static_int("batch_size", batch_size)
-        sequence_length = self._sequence_length(sequence_length)
-        return self._sample_sequences(_validate.key("key", key), batch_size, sequence_length, self._filter(where))
-
-    @_compiled.method("batch_size", "sequence_length")
-    def _sample_sequences(self, key, batch_size: int, sequence_length: int, mask) -> EpisodeSequenceSample:
-        counts = jnp.where(self._passing(mask), jnp.maximum(self.lengths - sequence_length + 1, 0), 0)
-        ep, start = _draw(key, batch_size, counts)
-        t = start[:, None] + jnp.arange(sequence_length, dtype=jnp.int32)  # [B, L]
-        term, trunc = self._step_flags(ep[:, None], t)
-        return EpisodeSequenceSample(
-            item=jax.tree.map(lambda x: x[ep[:, None], t], self.storage), terminated=term, truncated=trunc,
-            next_obs=self._next_obs(ep, start + sequence_length), meta=self._meta(ep), indices=ep, starts=start,
-        )
-
-    def sample_timesteps(self, key: jax.Array, batch_size: int, *, where=None) -> EpisodeStepSample:
-        """Sample `batch_size` steps, uniformly with replacement over every step of the episodes passing `where`.
-
-        Args:
-          key: PRNG key.
-          batch_size: static int >= 1.
-          where: filter (module doc).
-
-        Returns:
-          `EpisodeStepSample`; check `can_sample`.
-
-        Raises:
-          ValueError: `batch_size` not an int >= 1.
-          TypeError: `where` not giving a bool `[max_episodes]`.
-        """
-        batch_size = _validate.static_int("batch_size", batch_size)
-        return self._sample_timesteps(_validate.key("key", key), batch_size, self._filter(where))
-
-    @_compiled.method("batch_size")
-    def _sample_timesteps(self, key, batch_size: int, mask) -> EpisodeStepSample:
-        ep, t = _draw(key, batch_size, jnp.where(self._passing(mask), self.lengths, 0))
-        term, trunc = self._step_flags(ep, t)
-        return EpisodeStepSample(
-            item=jax.tree.map(lambda x: x[ep, t], self.storage), next_obs=self._next_obs(ep, t + 1),
-            terminated=term, truncated=trunc, meta=self._meta(ep), indices=ep, steps=t,
-        )
-
-    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma, where=None) -> EpisodeTransitionSample:
-        r"""Sample `batch_size` n-step transitions, uniformly with replacement over every step of the episodes
-        passing `where`.
-
-        From step $t$ of an episode of length $L$, $k = \min(n, L - t)$ rewards are used:
-
-        $$
-        G_t = \sum_{i=0}^{k-1} \gamma^i r_{t+i}, \qquad
-        \text{discount}_t = \gamma^k (1 - \text{terminated}_{t+k-1}),
-        $$
-
-        with `terminated` set only at the last step of a terminated episode (`jaxbuffers.trajectory.n_step_window`,
-        the same conventions as `TrajectoryBuffer.sample_transitions`). `next_obs` is $obs_{t+k}$: the stored step
-        $t + k$, or the episode's final observation when $t + k = L$ (never a reset observation).
-
-        Args:
-          key: PRNG key.
-          batch_size: static int >= 1.
-          n_step: static int in `[1, max_timesteps]`.
-          gamma: discount in [0, 1], a number or 0-d array (may be traced). Required.
-          where: filter (module doc).
-
-        Returns:
-          `EpisodeTransitionSample`; check `can_sample`.
-
-        Raises:
-          ValueError: a size not an int >= 1, `n_step > max_timesteps`, a concrete `gamma` outside [0, 1].
-          TypeError: `gamma` missing or not a number, `where` not giving a bool `[max_episodes]`.
-        """
-        batch_size = _validate.static_int("batch_size", batch_size)
-        n_step = self._transition_args(n_step, gamma)
-        return self._sample_transitions(_validate.key("key", key), batch_size, n_step, gamma, self._filter(where))
-
-    def _transition_args(self, n_step, gamma) -> int:
-        """`n_step` as an int in `[1, max_timesteps]`, after checking `gamma` (required, in [0, 1])."""
-        n_step = _validate.static_int("n_step", n_step, maximum=self.max_timesteps)
-        if gamma is None:
-            raise TypeError("gamma: required (a float in [0, 1] or a 0-d float array)")
-        _validate.scalar_parameter("gamma", gamma, 0.0, 1.0)
-        return n_step
-
-    @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
-    def _sample_transitions(self, key, batch_size: int, n_step: int, gamma, mask) -> EpisodeTransitionSample:
-        ep, t = _draw(key, batch_size, jnp.where(self._passing(mask), self.lengths, 0))
-        return self._transitions(ep, t, n_step, gamma)
-
-    def transitions_at(self, indices, steps, *, n_step: int = 1, gamma) -> EpisodeTransitionSample:
-        """The n-step transitions from step `steps[b]` of episode slot `indices[b]` (int `[B]` each):
-        `transitions_at(s.indices, s.steps, n_step=n, gamma=g)` equals the sample `s` of `sample_transitions`.
-        Indices are clipped into range. Raises as `sample_transitions` and for non-integer or non-1-D indices."""
-        n_step = self._transition_args(n_step, gamma)
-        return self._transitions_at(*_positions(indices, steps), n_step, gamma)
-
-    @_compiled.method("n_step", scalars=_GAMMA)
-    def _transitions_at(self, ep, t, n_step: int, gamma) -> EpisodeTransitionSample:
-        ep = jnp.clip(ep, 0, self.max_episodes - 1)
-        return self._transitions(ep, jnp.clip(t, 0, self.max_timesteps - 1), n_step, gamma)
-
-    # ------------------------------------------------------------------------------------------
-    # reads at given slots
-
-    def _meta(self, ep) -> dict:
-        return {k: v[ep] for k, v in self.meta.items()}
-
-    def _episodes(self, ep) -> EpisodeSample:
-        lengths = self.lengths[ep]
-        return EpisodeSample(
-            item=jax.tree.map(lambda x: x[ep], self.storage),
-            mask=jnp.arange(self.max_timesteps, dtype=jnp.int32)[None, :] < lengths[:, None], lengths=lengths,
-            terminated=self.terminated[ep], truncated=self.truncated[ep],
-            final_obs=jax.tree.map(lambda x: x[ep], self.final_obs), meta=self._meta(ep), indices=ep.astype(jnp.int32),
-        )
-
-    def _step_flags(self, ep, t):
-        """Step flags (bool, shape of `t`): the last step carries the episode's flags."""
-        last = t == self.lengths[ep] - 1
-        return last & self.terminated[ep], last & self.truncated[ep]
-
-    def _next_obs(self, ep, t):
-        """`obs_t` of episodes `ep` (shape [B]), the final observation where `t` is the episode's length."""
-        at_end = t >= self.lengths[ep]
-        stored = jax.tree.map(lambda x: x[ep, jnp.minimum(t, self.max_timesteps - 1)], self.storage[self.obs_key])
-        final = jax.tree.map(lambda x: x[ep], self.final_obs)
-        return jax.tree.map(lambda f, s: jnp.where(_bcast(at_end, s.ndim), f, s), final, stored)
-
-    def _transitions(self, ep, t, n_step: int, gamma) -> EpisodeTransitionSample:
-        tw = t[:, None] + jnp.arange(n_step, dtype=jnp.int32)  # [B, n]
-        inside = tw < self.lengths[ep][:, None]
-        tc = jnp.minimum(tw, self.max_timesteps - 1)
-        epw = ep[:, None]
-        term, trunc = self._step_flags(epw, tw)
-        ends = tw >= self.lengths[ep][:, None] - 1  # the last step and beyond: a window never leaves its episode
-        reward = self.storage[self.reward_key][epw, tc]
-        ret, discount, k = n_step_window(reward, term, ends & ~term, gamma)
-        window = jax.tree.map(lambda x: jnp.where(_bcast(inside, x.ndim), x[epw, tc], 0), self.storage)
-        item = jax.tree.map(lambda x: x[ep, t], self.storage)
-        return EpisodeTransitionSample(
-            obs=item[self.obs_key], action=item[self.action_key], n_step_return=ret, discount=discount,
-            next_obs=self._next_obs(ep, t + k), num_steps=k, item=item, window=window,
-            window_mask=jnp.arange(n_step, dtype=jnp.int32)[None, :] < k[:, None], meta=self._meta(ep),
-            indices=ep.astype(jnp.int32), steps=t.astype(jnp.int32),
-        )
-
-
-def _positions(indices, steps) -> tuple[jax.Array, jax.Array]:
-    """`(indices, steps)` of `transitions_at`: integer vectors of one length."""
-    ep, t = _validate.index_vector("indices", indices), _validate.index_vector("steps", steps)
-    if ep.shape != t.shape:
-        raise ValueError(f"steps: expected shape {tuple(ep.shape)} like indices, got {tuple(t.shape)}")
-    return ep, t
-
-
 def meta_values(meta_spec: Mapping, meta, lead: tuple = ()) -> dict:
     """The meta fields given to an add, checked against `meta_spec` (`{name: jax.ShapeDtypeStruct}`), leaves
     `[*lead, *shape]` (fields not given are left out: the add gives them their default).
@@ -803,22 +505,3 @@ def meta_values(meta_spec: Mapping, meta, lead: tuple = ()) -> dict:
             continue
         out[k] = _validate.array(name, v, want, dtype)
     return out
-
-
-def _bcast(mask: jax.Array, ndim: int) -> jax.Array:
-    """`mask` with trailing unit axes up to `ndim` dimensions (to select between arrays with feature axes)."""
-    return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
-
-
-def _draw(key, batch_size: int, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Uniform draw over the units of `counts` (int32 `[E]`, units per episode): `(episode, unit)` int32 `[B]`.
-
-    Unit `r` of the running total is episode `searchsorted(cumsum, r, 'right')` at offset `r - (cumsum - count)`;
-    with no unit at all every draw is `(0, 0)`.
-    """
-    cum = jnp.cumsum(counts)
-    r = jax.random.randint(key, (batch_size,), 0, jnp.maximum(cum[-1], 1), jnp.int32)
-    ep = jnp.searchsorted(cum, r, side="right").astype(jnp.int32)
-    ep = jnp.where(cum[-1] > 0, jnp.minimum(ep, counts.shape[0] - 1), 0)
-    unit = jnp.where(cum[-1] > 0, r - (cum[ep] - counts[ep]), 0)
-    return ep, unit.astype(jnp.int32)

@@ -16,9 +16,14 @@ A step has two halves, which may arrive separately and in either order, from dif
   when the buffer's step has them).
 
 Halves are matched by `(env_id, step_id)`. Step ids of an env are consecutive integers from 0, over the env's whole
-life (across its episodes). Steps join their episode in step-id order, and only once both halves are there: a step
-missing a half, and every later step of that env, waits; it is never committed without it. `add_step` gives both
-halves at once.
+life (across its episodes; `discard` starts an env again at 0). An env steps one step after another, so its env
+halves come in step-id order: the first env half of an env is step 0 and each later one is the step after the
+last, and any other id is refused on arrival (`ValueError` naming `step_id`, the env id, the id expected and the id
+given; nothing is kept), so a misnumbered env (e.g. one that appears late and counts from a global step) fails
+loudly instead of waiting for steps that never come. Policy halves may come in any order, before or after their
+env half. Steps join their episode in step-id order, and only once both halves are there: a step missing its
+policy half, and every later step of that env, waits; it is never committed without it (`pending` lists what
+waits). `add_step` gives both halves at once.
 
 Every public method takes one lock, so actor threads may call it concurrently; a commit (one eager
 `add_episode`, padded to `max_timesteps` so that every commit runs the same compiled program) runs under the lock.
@@ -54,10 +59,11 @@ __all__ = ["EpisodeWriter"]
 class _Env:
     """One env's state: its episode in progress and its halves waiting for their partner."""
 
-    __slots__ = ("next_id", "env_halves", "policy_halves", "steps", "meta")
+    __slots__ = ("next_id", "next_env_id", "env_halves", "policy_halves", "steps", "meta")
 
     def __init__(self):
         self.next_id = 0  # the step id that joins the episode next
+        self.next_env_id = 0  # the step id of the env half expected next (env halves come in order)
         self.env_halves: dict[int, tuple] = {}  # step id -> (fields, next_obs, terminated, truncated, meta)
         self.policy_halves: dict[int, dict] = {}  # step id -> fields
         self.steps: list[tuple[dict, Any]] = []  # the episode in progress: (step dict, next_obs)
@@ -131,7 +137,8 @@ class EpisodeWriter:
 
         Args:
           env_id: any hashable id of the env.
-          step_id: int >= 0, the step's id in its env (module doc).
+          step_id: int >= 0, the step's id in its env: 0 for the env's first env half, then the step after the
+            last env half given (module doc).
           fields: the env-half fields of the step (every step field but the policy keys), one step, no leading
             axis, exactly the stored dtypes.
           next_obs: the observation after the step, before any auto-reset (the episode's final observation when
@@ -146,7 +153,8 @@ class EpisodeWriter:
 
         Raises:
           TypeError: a field missing or extra, a wrong dtype, flags not bool.
-          ValueError: a wrong shape, a step id already given or already joined.
+          ValueError: a wrong shape, a step id already given or already joined, a step id other than the one
+            expected (the message names the env, the id expected and the id given).
           BufferFullError: a commit into a full fixed buffer (the episode is dropped; later steps go on).
         """
         fields = self._check("fields", self._env_spec, fields)
@@ -156,11 +164,13 @@ class EpisodeWriter:
         with self._lock:
             env = self._env(env_id, step_id, "env_halves")
             env.env_halves[step_id] = (fields, next_obs, terminated, truncated, meta)
+            env.next_env_id += 1
             return self._drain(env)
 
     def add_policy(self, env_id: Hashable, step_id: int, fields: Mapping) -> int:
         """Give the policy half of step `step_id` of env `env_id`: the policy-key fields, one step, no leading
-        axis, exactly the stored dtypes. Returns the number of episodes committed; raises as `add_env`."""
+        axis, exactly the stored dtypes; any step id not given nor joined yet (policy halves come in any order).
+        Returns the number of episodes committed; raises as `add_env`."""
         fields = self._check("fields", self._policy_spec, fields)
         with self._lock:
             env = self._env(env_id, step_id, "policy_halves")
@@ -171,8 +181,9 @@ class EpisodeWriter:
         self, env_id: Hashable, step: Mapping, *, next_obs, terminated, truncated=False, meta: Mapping | None = None,
         step_id: int | None = None,
     ) -> int:
-        """Give both halves of a step at once: `step` is the whole step dict. `step_id` defaults to the env's next
-        id (the one after every id it has seen). Returns the number of episodes committed; raises as `add_env`."""
+        """Give both halves of a step at once: `step` is the whole step dict. `step_id` defaults to the id of the
+        env half the env expects next (0 for a new env). Returns the number of episodes committed; raises as
+        `add_env`."""
         if not isinstance(step, Mapping):
             raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
         missing = sorted(set(self._policy_spec) - set(step))
@@ -186,13 +197,13 @@ class EpisodeWriter:
         next_obs = self._check("next_obs", self._obs_spec, next_obs)
         meta = self._meta(meta)
         with self._lock:
-            env = self._envs.setdefault(env_id, _Env())
             if step_id is None:
-                step_id = max([env.next_id - 1, *env.env_halves, *env.policy_halves]) + 1
-            self._env(env_id, step_id, "env_halves")
-            self._env(env_id, step_id, "policy_halves")
+                step_id = self._envs[env_id].next_env_id if env_id in self._envs else 0
+            self._env(env_id, step_id, "policy_halves", register=False)  # both halves checked before either is kept
+            env = self._env(env_id, step_id, "env_halves")
             env.env_halves[step_id] = (rest, next_obs, terminated, truncated, meta)
             env.policy_halves[step_id] = policy
+            env.next_env_id += 1
             return self._drain(env)
 
     def discard(self, env_id: Hashable) -> int:
@@ -220,12 +231,23 @@ class EpisodeWriter:
         checked = meta_values(self._buffer.meta_spec, meta)
         return {k: np.asarray(checked[k]) for k in meta}
 
-    def _env(self, env_id: Hashable, step_id, half: str) -> _Env:
+    def _env(self, env_id: Hashable, step_id, half: str, register: bool = True) -> _Env:
+        """`env_id`'s state, after checking that `step_id` may bring its `half` (`"env_halves"` or `"policy_halves"`);
+        a new env is registered only when the check passes and `register` (a refused half leaves no trace)."""
         if isinstance(step_id, bool) or not isinstance(step_id, (int, np.integer)) or step_id < 0:
             raise ValueError(f"step_id: expected an int >= 0, got {step_id!r}")
-        env = self._envs.setdefault(env_id, _Env())
-        if step_id < env.next_id or step_id in getattr(env, half):
-            raise ValueError(f"step_id: the {half.split('_')[0]} half of step {step_id} of env {env_id!r} was already given")
+        env = self._envs.get(env_id) or _Env()
+        kind = half.split("_")[0]
+        if step_id < env.next_id or step_id in getattr(env, half) or (kind == "env" and step_id < env.next_env_id):
+            raise ValueError(f"step_id: the {kind} half of step {step_id} of env {env_id!r} was already given")
+        if kind == "env" and step_id != env.next_env_id:
+            first = "its first env half is step 0" if env.next_env_id == 0 else f"the env half after step {env.next_env_id - 1}"
+            raise ValueError(
+                f"step_id: env {env_id!r} expects the env half of step {env.next_env_id} next ({first}: an env's step ids "
+                f"count from 0 and its env halves come in step order), got {step_id}"
+            )
+        if register:
+            self._envs.setdefault(env_id, env)
         return env
 
     def _drain(self, env: _Env) -> int:

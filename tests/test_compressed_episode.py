@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_episode import assert_empty_rows
 
 import jaxbuffers as jb
 from jaxbuffers.compressed import CompressedEpisodeBuffer
@@ -232,3 +233,34 @@ def test_decode_of_an_inner_sample_with_rows_left_out_as_zeros():
         cbuf.decode(inner._asdict())
     with pytest.raises(ValueError, match=r"rows: expected shape \(6,\)"):
         cbuf.decode(inner, rows=rows[:3])
+
+
+@pytest.mark.parametrize("use_jit, config", [(True, "stack0-reset-circular"), (False, "dict-whole-circular")])
+def test_nothing_passes_gives_the_same_empty_rows(use_jit, config):
+    """A filter nothing passes (and a window longer than every episode): both buffers return the same empty rows
+    (indices -1, zeros, decoded observations included); a filter that passes still decodes the same rows."""
+    cfg = CONFIGS[config]
+    _, cbuf, ubuf = _setup(cfg)
+    rng = np.random.default_rng(1)
+    for task in (0, 1, 0):  # every slot held: a wrong sampler would decode some episode's frames
+        ep, fin = _episode(rng, cfg, 4, M)
+        cbuf, ubuf = (b.add_episode(ep, 4, terminated=False, final_obs=fin, meta={"task_id": task}) for b in (cbuf, ubuf))
+
+    def samples(b, where, length):
+        key = jax.random.key(2)
+        return (b.sample_episodes(key, 3, where=where), b.sample_timesteps(key, 3, where=where),
+                b.sample_transitions(key, 3, n_step=2, gamma=0.9, where=where),
+                b.sample_sequences(key, 3, length, where=where))
+
+    run = jax.jit(samples, static_argnums=2) if use_jit else samples
+    nothing = np.asarray(ubuf.meta["task_id"]) == 7
+    got, want = run(cbuf, nothing, 2), run(ubuf, nothing, 2)
+    _same(got, want, "nothing passes")
+    for s in got:
+        assert_empty_rows(s)
+    one = np.asarray(ubuf.meta["task_id"]) == 1
+    got, want = run(cbuf, one, M), run(ubuf, one, M)  # the window of M steps fits no episode of 4
+    _same(got, want, "window longer than every episode")
+    assert_empty_rows(got[3])
+    for s in got[:3]:
+        np.testing.assert_array_equal(np.asarray(s.indices), 1)

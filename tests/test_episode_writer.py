@@ -84,6 +84,10 @@ def test_halves_in_either_order_and_auto_truncation():
         for sid in range(n):
             events += [("env", e, sid), ("policy", e, sid)]
     rng.shuffle(events)
+    env_next = dict.fromkeys(range(3), 0)
+    for i, (kind, e, sid) in enumerate(events):  # an env's env halves come in step order, its policy halves in any
+        if kind == "env":
+            events[i], env_next[e] = (kind, e, env_next[e]), env_next[e] + 1
     for kind, e, sid in events:
         env_half, policy, next_obs = step_values(e, sid)
         if kind == "env":
@@ -211,3 +215,73 @@ def test_a_full_fixed_buffer_refuses_the_commit_and_the_writer_goes_on():
             w.add_env(3, sid, env_half, next_obs=next_obs, terminated=end)
     check_against(w.buffer, {3: expected_episodes(3, [1], 1)})  # the first episode only
     assert w.in_progress(3) == 1  # step 2 joined a new episode after the refused one
+
+
+def test_env_halves_out_of_step_order_are_refused_naming_the_env_and_ids():
+    """An env's first env half must be step 0 and each next one the step after (an env that appears late with a
+    global step count included): refused with a message naming step_id, the env, the id expected and the id given;
+    nothing of the refused half is kept, and the env goes on from the id expected."""
+    buf = EpisodeBuffer.create(EXAMPLE, max_episodes=8, max_timesteps=M)
+    w = EpisodeWriter(buf)
+    env_half, policy, next_obs = step_values(7, 5)
+    with pytest.raises(ValueError, match=r"step_id: env 7 expects the env half of step 0 next \(its first env half is step 0.*got 5"):
+        w.add_env(7, 5, env_half, next_obs=next_obs, terminated=False)
+    with pytest.raises(ValueError, match=r"step_id: env 7 expects the env half of step 0 next.*got 5"):
+        w.add_step(7, {**env_half, **policy}, next_obs=next_obs, terminated=False, step_id=5)
+    assert w.pending(7) == ([], []) and w.in_progress(7) == 0  # the refused halves left no trace
+    w.add_policy(7, 2, step_values(7, 2)[1])  # a policy half may come ahead of its env half
+    for sid in range(2):
+        env_half, policy, next_obs = step_values(7, sid)
+        w.add_step(7, {**env_half, **policy}, next_obs=next_obs, terminated=False)  # ids 0 and 1 by default
+    env_half, _, next_obs = step_values(7, 3)
+    with pytest.raises(ValueError, match=r"env 7 expects the env half of step 2 next \(the env half after step 1.*got 3"):
+        w.add_env(7, 3, env_half, next_obs=next_obs, terminated=False)
+    with pytest.raises(ValueError, match="env half of step 1 of env 7 was already given"):
+        w.add_env(7, 1, env_half, next_obs=next_obs, terminated=False)
+    env_half, _, next_obs = step_values(7, 2)
+    assert w.add_env(7, 2, env_half, next_obs=next_obs, terminated=True) == 1
+    check_against(w.buffer, {7: expected_episodes(7, [0, 0, 1], 3)})
+    w.discard(7)  # starts the env again at 0
+    with pytest.raises(ValueError, match="expects the env half of step 0 next"):
+        w.add_env(7, 3, env_half, next_obs=next_obs, terminated=False)
+
+
+def test_concurrent_writers_with_a_misnumbered_env():
+    """Env threads run at once; one env counts from a global step (its first id is 40): its thread gets the error
+    at its first env half, its policy halves wait (listed by `pending`), and every other env commits as the model
+    says."""
+    n_envs, n, late = 4, 24, 3
+    rng = random.Random(3)
+    fls = {e: flags(rng, n) for e in range(n_envs)}
+    w = EpisodeWriter(EpisodeBuffer.create(EXAMPLE, max_episodes=n_envs * n, max_timesteps=M))
+    errors: dict[int, BaseException] = {}
+    start = threading.Barrier(n_envs + 1)
+
+    def env_actor(e):
+        first = 40 if e == late else 0
+        start.wait()
+        try:
+            for sid in range(first, first + n):
+                env_half, policy, next_obs = step_values(e, sid - first)
+                w.add_policy(e, sid, policy)
+                f = fls[e][sid - first]
+                w.add_env(e, sid, env_half, next_obs=next_obs, terminated=f == 1, truncated=f == 2)
+        except ValueError as err:
+            errors[e] = err
+
+    def policy_ahead():  # policy halves of the late env's next steps, from another thread
+        start.wait()
+        for sid in range(41, 44):
+            w.add_policy(late, sid, step_values(late, sid - 40)[1])
+
+    threads = [threading.Thread(target=env_actor, args=(e,)) for e in range(n_envs)]
+    threads.append(threading.Thread(target=policy_ahead))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert list(errors) == [late]
+    assert str(errors[late]).startswith(f"step_id: env {late} expects the env half of step 0 next")
+    assert str(errors[late]).endswith("got 40")
+    assert w.pending(late) == ([], [40, 41, 42, 43]) and w.in_progress(late) == 0
+    check_against(w.buffer, {e: expected_episodes(e, fls[e], n) if e != late else [] for e in range(n_envs)})

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import functools
 import weakref
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -80,20 +81,28 @@ class LeafInfo:
     stack_axis: int | None  # axis of `shape` holding the k frames (frame dedup), else None
 
 
-def obs_leaves(obs_spec: Any, what: str, compress, frame_stack, stack_axis: int, padding: str, normalize_images: bool) -> tuple:
-    """The compressed leaves of an observation spec, checked (the `create` errors of the frame-deduplicating
-    buffers): `(flat indices, [LeafInfo], k)`, `k = frame_stack` or 1.
+def obs_leaves(example_step: Any, obs_key: str, compress, frame_stack, stack_axis: int, padding: str, normalize_images: bool) -> tuple:
+    """The example step of a frame-deduplicating buffer's `create` and the compressed leaves of its observation,
+    checked (the `create` errors): `(step spec, flat indices within the observation, [LeafInfo], k)`,
+    `k = frame_stack` or 1.
 
     Raises:
-      TypeError / ValueError: as `select_leaves` and `jaxbuffers._validate.frame_leaves`; a `padding` other than
-        `"reset"` or `"zero"`; `frame_stack` not an int >= 1.
+      TypeError / ValueError: `example_step` not a dict or without an `obs_key` field; as `select_leaves` and
+        `jaxbuffers._validate.frame_leaves`; a `padding` other than `"reset"` or `"zero"`; `frame_stack` not an
+        int >= 1.
     """
+    if not isinstance(example_step, Mapping):
+        raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
+    if obs_key not in example_step:
+        raise ValueError(f"example_step: missing field {obs_key!r} (got fields {sorted(example_step)})")
+    spec = _validate.item_spec(dict(example_step), "example_step")
+    obs_spec, what = spec[obs_key], f"example_step[{obs_key!r}]"
     if padding not in ("reset", "zero"):
         raise ValueError(f"padding: expected 'reset' (repeat the episode's first frame, Gymnasium's default) or 'zero', got {padding!r}")
     k = 1 if frame_stack is None else _validate.static_int("frame_stack", frame_stack)
     idx = select_leaves(obs_spec, compress, what)
     infos = [LeafInfo(*f) for f in _validate.frame_leaves(obs_spec, idx, what, frame_stack and k, stack_axis, normalize_images)]
-    return idx, infos, k
+    return spec, idx, infos, k
 
 
 def newest_frame(x: jax.Array, info: LeafInfo, lead: int) -> jax.Array:

@@ -36,6 +36,7 @@ import threading
 from typing import Sequence
 
 import numpy as np
+from flax import struct
 
 from host_codecs import CompressedStore, dtype_from_code, get_codec
 from jaxbuffers import _validate
@@ -285,9 +286,18 @@ class HostStores:
         return tuple(outs)
 
 
-class HostBacked(Wrapper):
-    """Mixin of the compressed buffers: byte counts and `close` of a buffer whose `host` field is a
-    `HostStores` (and `size` / `is_full` of its wrapped device buffer)."""
+class HostBacked(Wrapper, struct.PyTreeNode):
+    """Base of the compressed buffers: the static fields every one declares (its `HostStores` and which leaves
+    live there), byte counts, `close`, and `size` / `is_full` of its wrapped device buffer.
+
+    A buffer declares its own leaves (the wrapped `buffer`, `version`, cursors) in the order its checkpoints keep;
+    the fields here are static, so they change neither its pytree leaves nor their order.
+    """
+
+    host: HostStores = struct.field(pytree_node=False)  # the stores (identity hash: one compiled program per buffer)
+    leaves: tuple = struct.field(pytree_node=False)  # LeafInfo per compressed leaf
+    leaf_index: tuple = struct.field(pytree_node=False)  # flat index of each compressed leaf within obs (the step for rollouts)
+    normalize_images: bool = struct.field(pytree_node=False)  # sampled compressed leaves come back float32 x / 255
 
     @property
     def device_nbytes(self) -> int:
@@ -317,3 +327,10 @@ class HostBacked(Wrapper):
     def close(self) -> None:
         """Free the host memory now (the buffer cannot be used afterwards)."""
         self.host.close()
+
+
+class FrameStacked(HostBacked):
+    """Base of the compressed buffers with frame-stack dedup (`jaxbuffers.compressed._common.stack_slots`)."""
+
+    frame_stack: int = struct.field(pytree_node=False)  # k (1: no dedup)
+    padding: str = struct.field(pytree_node=False)  # frames before an episode's start: "reset" (its first) or "zero"

@@ -46,25 +46,23 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from jaxbuffers import _compiled, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
-from jaxbuffers.compressed._host import HostBacked, HostStores
+from jaxbuffers.compressed._host import FrameStacked, HostStores
 from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
-from jaxbuffers import episode as _episode
-from jaxbuffers.episode import (
-    EpisodeBuffer, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample, _is_traced,
+from jaxbuffers.episode import EpisodeBuffer, _is_traced
+from jaxbuffers.episode_sampling import (
+    GAMMA, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample, positions,
 )
 
 __all__ = ["CompressedEpisodeBuffer"]
 
 _PLACEHOLDER = jax.ShapeDtypeStruct((0,), jnp.uint8)
-_GAMMA = {"gamma": (0.0, 1.0)}
 
 
-class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
+class CompressedEpisodeBuffer(FrameStacked, Recorded):
     """A `jaxbuffers.EpisodeBuffer` whose chosen observation leaves live compressed on the host.
 
     Same methods, arguments, sample types and errors as `EpisodeBuffer` (module doc: store layout, frame dedup);
@@ -75,12 +73,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
 
     buffer: EpisodeBuffer  # compressed leaves hold uint8[0] placeholders
     version: jax.Array  # shape=(), dtype=int32: host-store writes included in this state
-    host: HostStores = struct.field(pytree_node=False)
-    leaves: tuple = struct.field(pytree_node=False)  # LeafInfo per compressed leaf
-    leaf_index: tuple = struct.field(pytree_node=False)  # flat index of each compressed leaf within obs
-    frame_stack: int = struct.field(pytree_node=False)  # k (1: no dedup)
-    padding: str = struct.field(pytree_node=False)
-    normalize_images: bool = struct.field(pytree_node=False)
+    # static: host, leaves, leaf_index, normalize_images, frame_stack, padding (FrameStacked)
 
     @classmethod
     @_validate.keyword_sizes
@@ -111,12 +104,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
           TypeError / ValueError: as `jaxbuffers.EpisodeBuffer.create` and
             `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (compressed leaves, frames, codec).
         """
-        if not isinstance(example_step, Mapping):
-            raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
-        if obs_key not in example_step:
-            raise ValueError(f"example_step: missing field {obs_key!r} (got fields {sorted(example_step)})")
-        spec = _validate.item_spec(dict(example_step), "example_step")
-        idx, infos, k = _common.obs_leaves(spec[obs_key], f"example_step[{obs_key!r}]", compress, frame_stack, stack_axis, padding, normalize_images)
+        spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
         inner_step = {**spec, obs_key: _common.replace_leaves(spec[obs_key], idx, [_PLACEHOLDER] * len(idx))}
         inner = EpisodeBuffer.create(
             inner_step, max_episodes=max_episodes, max_timesteps=max_timesteps, meta=meta, circular=circular,
@@ -282,16 +270,18 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
         """Decode observations at positions: each read is `(obs, ep, t, final)` with `obs` a stored observation pytree
         (placeholder leaves, leading axes `S`), `ep` / `t` int `[*S]` its episode slot and step. Step `t` of a
         stored episode of length `n` is its stored frame for `t < n`; the final observation when `final` and
-        `t >= n` (as `EpisodeBuffer`'s next observations); zeros otherwise (as the zeros past a length). `rows`: bool
-        `[B]` (B the first axis of every `S`) or None; rows where it is False read nothing and decode as zeros."""
+        `t >= n` (as `EpisodeBuffer`'s next observations); zeros otherwise (as the zeros past a length), and zeros
+        at every position of an empty row (`ep` -1, the samplers' rows when nothing passes). `rows`: bool `[B]` (B the
+        first axis of every `S`) or None; rows where it is False read nothing and decode as zeros."""
         inner, m, e = self.buffer, self.buffer.max_timesteps, self.buffer.max_episodes
         fids, pads = [], []
         for _, ep, t, final in reads:
             ep, t = jnp.broadcast_arrays(jnp.asarray(ep, jnp.int32), jnp.asarray(t, jnp.int32))
+            row = ep >= 0
+            ep = jnp.maximum(ep, 0)
             n = inner.lengths[ep]
             newest = jnp.where(t < n, ep * m + jnp.minimum(t, m - 1), e * m + ep if final else -1)
-            if not final:
-                newest = jnp.where(t < n, newest, -1)
+            newest = jnp.where(row & ((t < n) | final), newest, -1)  # -1: the never-written slot, zeros
             if rows is not None:
                 newest = jnp.where(rows.reshape(rows.shape + (1,) * (newest.ndim - 1)), newest, -1)
             ids = jnp.stack([newest, ep * m + jnp.clip(jnp.minimum(t, n) - 1, 0, m - 1), jnp.minimum(jnp.minimum(t, n), self.frame_stack - 1)], axis=-1)
@@ -364,7 +354,7 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
         n_step = self.buffer._transition_args(n_step, gamma)
         return self._sample_transitions(_validate.key("key", key), batch_size, n_step, gamma, self.buffer._filter(where))
 
-    @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
+    @_compiled.method("batch_size", "n_step", scalars=GAMMA)
     def _sample_transitions(self, key, batch_size: int, n_step: int, gamma, mask) -> EpisodeTransitionSample:
         return self._decode_transitions(self.buffer._sample_transitions(key, batch_size, n_step, gamma, mask))
 
@@ -372,9 +362,9 @@ class CompressedEpisodeBuffer(HostBacked, Recorded, struct.PyTreeNode):
     def transitions_at(self, indices, steps, *, n_step: int = 1, gamma) -> EpisodeTransitionSample:
         """`jaxbuffers.EpisodeBuffer.transitions_at`, observations decoded."""
         n_step = self.buffer._transition_args(n_step, gamma)
-        return self._transitions_at(*_episode._positions(indices, steps), n_step, gamma)
+        return self._transitions_at(*positions(indices, steps), n_step, gamma)
 
-    @_compiled.method("n_step", scalars=_GAMMA)
+    @_compiled.method("n_step", scalars=GAMMA)
     def _transitions_at(self, ep, t, n_step: int, gamma) -> EpisodeTransitionSample:
         return self._decode_transitions(self.buffer._transitions_at(ep, t, n_step, gamma))
 

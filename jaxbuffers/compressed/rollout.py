@@ -29,7 +29,6 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from jaxbuffers import _compiled, _validate
 from jaxbuffers.compressed import _common
@@ -43,7 +42,7 @@ __all__ = ["CompressedRolloutBuffer"]
 _ID = jax.ShapeDtypeStruct((), jnp.int32)
 
 
-class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
+class CompressedRolloutBuffer(HostBacked):
     """A `jaxbuffers.RolloutBuffer` whose chosen step leaves live compressed on the host.
 
     Same methods as `RolloutBuffer` (`add`, `reset`, `compute_gae`, `minibatch_indices`, `gather`, `minibatches`,
@@ -53,10 +52,7 @@ class CompressedRolloutBuffer(HostBacked, struct.PyTreeNode):
 
     buffer: RolloutBuffer  # compressed leaves hold int32 store slots
     version: jax.Array  # shape=(), int32: host-store writes included in this state
-    host: HostStores = struct.field(pytree_node=False)
-    leaves: tuple = struct.field(pytree_node=False)  # LeafInfo per compressed leaf
-    leaf_index: tuple = struct.field(pytree_node=False)  # flat index of each compressed leaf in the step
-    normalize_images: bool = struct.field(pytree_node=False)
+    # static: host, leaves, leaf_index (flat indices within the step), normalize_images (HostBacked)
 
     @classmethod
     @_validate.keyword_sizes

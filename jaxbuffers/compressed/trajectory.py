@@ -66,7 +66,7 @@ from host_codecs import get_codec
 from jaxbuffers import _compiled, _ring, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
-from jaxbuffers.compressed._host import HostBacked, HostStores
+from jaxbuffers.compressed._host import FrameStacked, HostStores
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
 from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample
 
@@ -97,13 +97,8 @@ def _build(
     dictionary_bytes: int | None = None, keyframe_interval: int | None = None,
 ):
     """Shared part of both `create`s: returns (inner example step, final-obs ring size, config)."""
-    if not isinstance(example_step, Mapping):
-        raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
-    if obs_key not in example_step:
-        raise ValueError(f"example_step: missing field {obs_key!r} (got fields {sorted(example_step)})")
     num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
-    spec = _validate.item_spec(dict(example_step), "example_step")
-    idx, infos, k = _common.obs_leaves(spec[obs_key], f"example_step[{obs_key!r}]", compress, frame_stack, stack_axis, padding, normalize_images)
+    spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
     if keyframe_interval is None:  # deltas of raw entries save nothing: whole frames without a codec
         keyframe_interval = 1 if get_codec(codec).name == "none" else DEFAULT_KEYFRAME_INTERVAL
     key = _validate.static_int("keyframe_interval", keyframe_interval)
@@ -129,7 +124,7 @@ def _build(
     return inner_step, kcap, config
 
 
-class CompressedTrajectoryBuffer(HostBacked, Recorded, struct.PyTreeNode):
+class CompressedTrajectoryBuffer(FrameStacked, Recorded):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
 
     Same methods and sample types as `jaxbuffers.TrajectoryBuffer`; sampled observations are decoded (and frame
@@ -146,12 +141,7 @@ class CompressedTrajectoryBuffer(HostBacked, Recorded, struct.PyTreeNode):
     final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-frame slot per lane, in [0, final_obs_capacity)
     next_key_pos: jax.Array  # shape=[num_envs], dtype=int32: frames since its keyframe of each lane's next frame, in [0, keyframe_interval) (0: a keyframe)
     version: jax.Array  # shape=(), dtype=int32: host-store writes included in this state
-    host: HostStores = struct.field(pytree_node=False)
-    leaves: tuple = struct.field(pytree_node=False)  # LeafInfo per compressed leaf
-    leaf_index: tuple = struct.field(pytree_node=False)  # flat index of each compressed leaf within obs
-    frame_stack: int = struct.field(pytree_node=False)  # k (1: no dedup)
-    padding: str = struct.field(pytree_node=False)
-    normalize_images: bool = struct.field(pytree_node=False)
+    # static: host, leaves, leaf_index, normalize_images, frame_stack, padding (FrameStacked), and
     frame_ring: int = struct.field(pytree_node=False)  # F = length + k - 1 + K - 1 frames per lane
     keyframe_interval: int = struct.field(pytree_node=False)  # K: a keyframe at every episode start and every K frames
 
