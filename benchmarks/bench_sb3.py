@@ -182,9 +182,8 @@ def compressed_class(kind: str, variant: str):
         return (x.CompressedReplayBuffer if kind == "replay" else x.CompressedRolloutBuffer), {"compression_method": method}
     from jaxbuffers.interop.sb3 import CompressedReplayBuffer, CompressedRolloutBuffer
 
-    if kind == "replay":  # frames stored once: the observations are stacks of 4 on axis 0
-        return CompressedReplayBuffer, {"compression_method": method, "frame_stack": 4, "stack_axis": 0}
-    return CompressedRolloutBuffer, {"compression_method": method}
+    # frames stored once: the observations are stacks of 4 on axis 0
+    return (CompressedReplayBuffer if kind == "replay" else CompressedRolloutBuffer), {"compression_method": method, "frame_stack": 4, "stack_axis": 0}
 
 
 def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> None:
