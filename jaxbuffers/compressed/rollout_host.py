@@ -30,13 +30,6 @@ __all__ = ["RolloutHostWriter"]
 _FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "trainable")
 
 
-def _words(frames: np.ndarray) -> np.ndarray:
-    """A C-contiguous ``[N, k, ...]`` array's frames as ``[N, k, W]`` words of their bytes (uint64 when the frame
-    size allows: fewer elements to compare)."""
-    b = frames.reshape(*frames.shape[:2], -1).view(np.uint8)
-    return b.view(np.uint64) if b.shape[-1] % 8 == 0 else b
-
-
 class RolloutHostWriter:
     """Adds steps to a `CompressedRolloutBuffer` on the host; `flush` returns the device state.
 
@@ -62,6 +55,9 @@ class RolloutHostWriter:
         self._overflowed = bool(inner.overflowed)
         self._prev: tuple[list[np.ndarray], np.ndarray] | None = None  # the last add's stacks [N, k, *frame] and ids
         self._dirty = False
+        f = self._fields
+        self._defaults = {"truncated": np.zeros_like(f["truncated"][0]), "final_value": np.zeros_like(f["final_value"][0]),
+                          "trainable": np.ones_like(f["trainable"][0])}
         self._checked: tuple | None = None  # layout of the last step that passed check_batch
         self._pending: list = []  # (slots, [entries per leaf]) of adds not yet put into the host stores
         self._num_pending = 0
@@ -92,25 +88,21 @@ class RolloutHostWriter:
         if (truncated is None) != (final_value is None):
             given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
             raise ValueError(f"{given}: given without {missing}; pass both or neither")
-        fdt = self._fields["reward"].dtype
         given = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
-        defaults = dict(truncated=False, final_value=0, trainable=True)
-        fields = {}
-        for k, x in given.items():
-            dtype = fdt if k in ("reward", "value", "final_value") else np.dtype(np.bool_)
-            fields[k] = np.full(n, defaults[k], dtype) if x is None else np.asarray(_validate.array(k, x, (n,), dtype))
+        fields = {k: self._defaults[k] if x is None else np.asarray(_validate.array(k, x, (n,), self._fields[k].dtype))
+                  for k, x in given.items()}
         self._state.host.check_state("add")
         if self.row >= self._steps:
             self._overflowed, self._dirty = True, True
             return
-        ids, frames = self._frame_ids([np.asarray(leaves[i]) for i in self._state.leaf_index])
-        new = ids >= 0
-        slots = np.where(new, ids, ~ids)
-        if new.any():
-            self._pending.append((slots[new], [f[new] for f in frames]))  # copies
-            self._num_pending += int(new.sum())
-            if self._num_pending >= self.put_rows:
-                self._write_pending()
+        slots, fresh, frames = self._frame_ids([np.asarray(leaves[i]) for i in self._state.leaf_index])
+        if fresh is None:  # every entry is new
+            self._pending.append((slots.reshape(-1), [np.array(f).reshape(-1, *f.shape[slots.ndim:]) for f in frames]))  # copies
+        elif fresh[0]:
+            self._pending.append((slots[fresh], [f[fresh] for f in frames]))  # copies
+        self._num_pending += slots.size if fresh is None else len(fresh[0])
+        if self._num_pending >= self.put_rows:
+            self._write_pending()
         picked = dict(zip(self._state.leaf_index, [slots] * len(frames)))
         for i, (m, x) in enumerate(zip(self._step, leaves)):
             m[self.row] = picked[i] if i in picked else x
@@ -119,33 +111,36 @@ class RolloutHostWriter:
         self.row += 1
         self._dirty = True
 
-    def _frame_ids(self, stacks: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Slots of this step's entries, ``[N]`` or ``[N, k]``: ``s >= 0`` a new entry to write at ``s``, ``~s`` an equal
-        entry already stored at ``s``; and the entries, ``[N(, k), *frame_shape]`` per compressed leaf."""
+    def _frame_ids(self, stacks: list[np.ndarray]) -> tuple[np.ndarray, tuple | None, list[np.ndarray]]:
+        """``(slots, fresh, entries)`` of this step: ``slots`` int32 ``[N]`` or ``[N, k]``, where each entry is (or an
+        equal entry already is) stored; ``fresh`` the index (``(envs, frames)`` lists) of the entries to write, None
+        for all; ``entries`` ``[N(, k), *frame_shape]`` per compressed leaf."""
         n, k, row = self._envs, self._k, self.row
-        base = (row * n + np.arange(n, dtype=np.int32)).astype(np.int32)
         if k is None:
-            return base, stacks
+            return (row * n + np.arange(n, dtype=np.int32)).astype(np.int32), None, stacks
         frames = [np.ascontiguousarray(x if i.stack_axis == 0 else np.moveaxis(x, 1 + i.stack_axis, 1)) for x, i in zip(stacks, self._state.leaves)]
-        words = [_words(f) for f in frames]  # [N, k, W]: each frame's bytes, compared exactly
-        own = base[:, None] * k + np.arange(k, dtype=np.int32)
-        # frame j reuses frame j + 1 of the previous stack (shifted) or else, when equal, whatever frame j - 1 of this
-        # stack uses: the frame it takes its slot from (its anchor) is the nearest j' <= j that is shifted or differs
-        # from its left neighbour
-        within = np.logical_and.reduce([(w[:, 1:] == w[:, :-1]).all(-1) for w in words])
-        shifted = np.zeros((n, k), np.bool_)
-        anchor_slot = own
-        if self._prev is not None:
-            shifted[:, :-1] = np.logical_and.reduce([(w[:, :-1] == p[:, 1:]).all(-1) for w, p in zip(words, self._prev[0])])
-            anchor_slot = np.where(shifted, np.roll(self._prev[1], -1, axis=1), own)
-        is_anchor = shifted.copy()
-        is_anchor[:, 0] = True
-        is_anchor[:, 1:] |= ~within
-        anchor = np.maximum.accumulate(np.where(is_anchor, np.arange(k), 0), axis=1)
-        slots = np.take_along_axis(anchor_slot, anchor, axis=1)
-        ids = np.where(is_anchor & ~shifted, slots, ~slots)
-        self._prev = ([w.copy() for w in words], slots)  # copies: the caller may reuse its arrays
-        return ids, frames
+        # each frame's bytes (a tuple over the leaves), compared exactly; bytes objects are also the copy of the
+        # previous stack kept (the caller may reuse its arrays)
+        flat = [f.reshape(n, k, -1).view(np.uint8) for f in frames]
+        keys = [[tuple(x[e, j].tobytes() for x in flat) for j in range(k)] for e in range(n)]
+        fresh_e, fresh_j, slots = [], [], []
+        for e in range(n):
+            mine, own = [], (row * n + e) * k
+            old_keys, old_slots = (self._prev[0][e], self._prev[1][e]) if self._prev is not None else (None, None)
+            for j, key in enumerate(keys[e]):
+                if old_keys is not None and j < k - 1 and key == old_keys[j + 1]:  # shifted from the previous stack
+                    s, fresh = old_slots[j + 1], False
+                elif j > 0 and key == keys[e][j - 1]:  # repeats its left neighbour ("reset" padding)
+                    s, fresh = mine[j - 1], False
+                else:
+                    s, fresh = own + j, True
+                mine.append(s)
+                if fresh:
+                    fresh_e.append(e)
+                    fresh_j.append(j)
+            slots.append(mine)
+        self._prev = (keys, slots)
+        return np.array(slots, np.int32), (fresh_e, fresh_j), frames
 
     def _write_pending(self) -> None:
         """Put the staged entries into the host stores (one write: the per-call cost of a put is paid once)."""
