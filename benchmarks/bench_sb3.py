@@ -190,7 +190,7 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
     """Fill a buffer of n transitions (replay) or n steps (rollout) with recorded frames; print the RSS delta and
     the median time of add and of sampling (replay: sample(32); rollout: one get(256) pass, per step), as JSON.
     A sample is timed until its observation tensor can be read (one element is read): summing a uint8 tensor in
-    torch costs more than any buffer's sample and would hide their differences."""
+    torch costs more than any buffer's sample and would hide their differences.
     With ``traced``: only the bytes held, as tracemalloc's traced host memory (numpy arrays, Python bytes, the
     host arenas) plus the JAX device arrays (which tracemalloc does not see), immune to swapping."""
     import psutil
