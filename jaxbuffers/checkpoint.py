@@ -157,7 +157,9 @@ def _compressed_episode(b) -> dict:
 
 
 def _compressed_rollout(b) -> dict:
-    return {**_rollout(b.buffer), "example": b.step_spec, **_host(b, b.step_spec)}
+    k = b.frame_stack
+    return {**_rollout(b.buffer), "example": b.step_spec, **_host(b, b.step_spec), "frame_stack": k,
+            "stack_axis": b.leaves[0].stack_axis if k else 0}
 
 
 #: class name -> (class, create arguments of a buffer, its leaf that is a scalar in an unstacked buffer)

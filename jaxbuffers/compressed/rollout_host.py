@@ -53,7 +53,7 @@ class RolloutHostWriter:
         self._fields = {k: np.array(getattr(inner, k)) for k in _FIELDS}
         self.row = int(inner.step_index)
         self._overflowed = bool(inner.overflowed)
-        self._prev: tuple[list[np.ndarray], np.ndarray] | None = None  # the last add's stacks [N, k, *frame] and ids
+        self._prev: tuple[list, list] | None = None  # per env, the last stack's frames (bytes) and their slots
         self._dirty = False
         f = self._fields
         self._defaults = {"truncated": np.zeros_like(f["truncated"][0]), "final_value": np.zeros_like(f["final_value"][0]),
