@@ -167,7 +167,7 @@ def _run(case: str, seed: int, jit: bool, directory: Path | None, num_ops: int =
 
 # the default run restores these through a plain round trip each (test_episode_buffer_meta_defaults_come_back,
 # test_compressed_episode_buffer_round_trip_and_wrong_config)
-_SLOW = {("episode", False), ("compressed-episode", False), ("compressed-episode", True), ("compressed-rollout-stacked", False)}
+_SLOW = {("episode", False), ("compressed-episode", False), ("compressed-episode", True), ("compressed-rollout-stacked", False), ("compressed-rollout-stacked", True)}
 
 
 @pytest.mark.parametrize("case, jit", [

@@ -37,7 +37,8 @@ def _compare(a, b):
         np.testing.assert_array_equal(np.asarray(x)[mask], np.asarray(y)[mask])
 
 
-@pytest.mark.parametrize("frame_stack, stack_axis", [(K, 0), (K, -1), pytest.param(None, 0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("frame_stack, stack_axis", [  # stack_axis=-1 through the SB3 adapter: tests/interop/test_sb3_extra_options.py
+    (K, 0), pytest.param(K, -1, marks=pytest.mark.slow), pytest.param(None, 0, marks=pytest.mark.slow)])
 def test_writer_matches_rollout_buffer_and_device_add(stack_axis, frame_stack):
     """Over two rollouts (the second overflowing), the writer's flushed state gives the minibatches of a
     RolloutBuffer fed the same steps, and so does the device `add` of a buffer with the same frame_stack; with
