@@ -182,14 +182,15 @@ def compressed_class(kind: str, variant: str):
         return (x.CompressedReplayBuffer if kind == "replay" else x.CompressedRolloutBuffer), {"compression_method": method}
     from jaxbuffers.interop.sb3 import CompressedReplayBuffer, CompressedRolloutBuffer
 
-    if kind == "replay":  # frames stored once: the observations are stacks of 4 on axis 0
-        return CompressedReplayBuffer, {"compression_method": method, "frame_stack": 4, "stack_axis": 0}
-    return CompressedRolloutBuffer, {"compression_method": method}
+    # frames stored once: the observations are stacks of 4 on axis 0
+    return (CompressedReplayBuffer if kind == "replay" else CompressedRolloutBuffer), {"compression_method": method, "frame_stack": 4, "stack_axis": 0}
 
 
 def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> None:
     """Fill a buffer of n transitions (replay) or n steps (rollout) with recorded frames; print the RSS delta and
     the median time of add and of sampling (replay: sample(32); rollout: one get(256) pass, per step), as JSON.
+    A sample is timed until its observation tensor can be read (one element is read): summing a uint8 tensor in
+    torch costs more than any buffer's sample and would hide their differences.
     With ``traced``: only the bytes held, as tracemalloc's traced host memory (numpy arrays, Python bytes, the
     host arenas) plus the JAX device arrays (which tracemalloc does not see), immune to swapping."""
     import psutil
@@ -240,14 +241,14 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
         t_sample = []
         for i in range(100):
             t = time.perf_counter()
-            buf.sample(32).observations.sum()
+            buf.sample(32).observations.reshape(-1)[-1].item()
             t_sample.append(time.perf_counter() - t)
         sample_us = 1e6 * float(np.median(t_sample))
     else:
         buf.compute_returns_and_advantage(zero1, np.zeros(1))
         t = time.perf_counter()
         for mb in buf.get(256):
-            mb.observations.sum()
+            mb.observations.reshape(-1)[-1].item()
         sample_us = 1e6 * (time.perf_counter() - t) / n
     print(json.dumps({"rss": rss, "add_us": 1e6 * float(np.median(t_add[n // 2 :])), "sample_us": sample_us}))
 

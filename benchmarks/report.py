@@ -79,7 +79,7 @@ NOTES = {
                   "with the other tables.",
     "sb3": "SB3 DQN (CnnPolicy) on a replay of recorded Breakout frames. Anchor: SB3's own ReplayBuffer. Memory is "
            "extrapolated to 1M transitions from two fill sizes. `compressed/replay/*` and `compressed/rollout/*`: the "
-           "SB3 classes with sb3-extra-buffers' names (`ours:<method>`; replay with frame_stack=4) against "
+           "SB3 classes with sb3-extra-buffers' names (`ours:<method>`, with frame_stack=4) against "
            "sb3-extra-buffers 0.5 (`extra:<method>`) and SB3, each in its own subprocess; `held_bytes`: tracemalloc's "
            "traced host memory plus device arrays after filling, ratio = ours / sb3-extra-buffers' smallest (< 1: "
            "smaller); `bytes_per_*`: RSS growth between two fills (noisy when the machine swaps); call rows: ratio = "

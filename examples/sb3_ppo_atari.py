@@ -2,8 +2,9 @@
 
 The environment is SB3's usual Atari stack: ``make_atari_env`` (AtariWrapper: noop reset, frame skip 4, 84x84
 grayscale, episodic life, reward clipping) + ``VecFrameStack(n_stack=4)``, so an observation is uint8 [84, 84, 4].
-``CompressedRolloutBuffer`` (sb3-extra-buffers' name and options) keeps the observations compressed on the host
-and decodes only the minibatch PPO asks for; its minibatches are the ones SB3's own ``RolloutBuffer`` would give
+``CompressedRolloutBuffer`` (sb3-extra-buffers' name and options) keeps the observations compressed on the host,
+each distinct frame of the stacks once (``frame_stack=4, stack_axis=0``: PPO's ``VecTransposeImage`` hands the buffer
+[4, 84, 84]), and decodes only the minibatch PPO asks for; its minibatches are the ones SB3's own ``RolloutBuffer`` would give
 under the same seed (tests/interop/test_sb3_extra_options.py checks it).
 
 At the end it prints the rollout buffer's bytes (device arrays plus compressed host bytes) beside the bytes of SB3's
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = PPO(
         "CnnPolicy", env, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs, learning_rate=2.5e-4,
         clip_range=0.1, ent_coef=0.01, vf_coef=0.5, rollout_buffer_class=CompressedRolloutBuffer,
-        rollout_buffer_kwargs=dict(compression_method=args.compression_method), verbose=1, seed=args.seed,
+        rollout_buffer_kwargs=dict(compression_method=args.compression_method, frame_stack=4, stack_axis=0), verbose=1, seed=args.seed,
     )
     t0 = time.perf_counter()
     model.learn(total_timesteps=args.total_steps)

@@ -138,11 +138,11 @@ def _host(b, spec) -> dict:
             "chunk_bytes": store["chunk_bytes"], "dictionary_bytes": store["dictionary_bytes"]}
 
 
-def _frames(b) -> dict:
-    """The frame-dedup arguments of a compressed buffer's `create`."""
+def _frames(b, rollout: bool = False) -> dict:
+    """The frame-dedup arguments of a compressed buffer's `create` (a rollout takes no `padding`)."""
     stacked = b.leaves[0].stack_axis is not None
-    return {"frame_stack": b.frame_stack if stacked else None, "stack_axis": b.leaves[0].stack_axis if stacked else 0,
-            "padding": b.padding}
+    out = {"frame_stack": b.frame_stack if stacked else None, "stack_axis": b.leaves[0].stack_axis if stacked else 0}
+    return out if rollout else {**out, "padding": b.padding}
 
 
 def _compressed_trajectory(b) -> dict:
@@ -157,7 +157,7 @@ def _compressed_episode(b) -> dict:
 
 
 def _compressed_rollout(b) -> dict:
-    return {**_rollout(b.buffer), "example": b.step_spec, **_host(b, b.step_spec)}
+    return {**_rollout(b.buffer), "example": b.step_spec, **_host(b, b.step_spec), **_frames(b, rollout=True)}
 
 
 #: class name -> (class, create arguments of a buffer, its leaf that is a scalar in an unstacked buffer)

@@ -132,6 +132,7 @@ CASES = {
     "compressed-prioritised": lambda: _trajectory_ops(
         jb.CompressedPrioritisedTrajectoryBuffer, PIXELS, window_length=3, frame_stack=4, codec="rle"),
     "compressed-rollout": lambda: _rollout_ops(jb.CompressedRolloutBuffer, ROLL, codec="zstd:1"),
+    "compressed-rollout-stacked": lambda: _rollout_ops(jb.CompressedRolloutBuffer, ROLL, codec="rle", frame_stack=2),
     "episode": lambda: _episode_ops(jb.EpisodeBuffer, STEP),
     "compressed-episode": lambda: _episode_ops(jb.CompressedEpisodeBuffer, PIXELS, frame_stack=4, codec="zstd:1", dictionary_bytes=1024),
 }
@@ -166,7 +167,7 @@ def _run(case: str, seed: int, jit: bool, directory: Path | None, num_ops: int =
 
 # the default run restores these through a plain round trip each (test_episode_buffer_meta_defaults_come_back,
 # test_compressed_episode_buffer_round_trip_and_wrong_config)
-_SLOW = {("episode", False), ("compressed-episode", False), ("compressed-episode", True)}
+_SLOW = {("episode", False), ("compressed-episode", False), ("compressed-episode", True), ("compressed-rollout-stacked", False), ("compressed-rollout-stacked", True)}
 
 
 @pytest.mark.parametrize("case, jit", [

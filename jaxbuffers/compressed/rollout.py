@@ -59,7 +59,7 @@ class CompressedRolloutBuffer(HostBacked):
     def create(
         cls, example_step: Any, *, num_envs: int, num_steps: int, compress: Sequence[str] | None = ("obs",),
         codec: str = DEFAULT_CODEC, normalize_images: bool = False, float_dtype: Any = jnp.float32,
-        chunk_bytes: int = 64 << 20, dictionary_bytes: int | None = None,
+        chunk_bytes: int = 64 << 20, dictionary_bytes: int | None = None, frame_stack: int | None = None, stack_axis: int = 0,
     ) -> "CompressedRolloutBuffer":
         """An empty buffer for `num_steps` steps of `num_envs` envs.
 
@@ -74,19 +74,28 @@ class CompressedRolloutBuffer(HostBacked):
           normalize_images: return compressed uint8 leaves as float32 `x / 255`.
           chunk_bytes: largest host arena chunk.
           dictionary_bytes: as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
+          frame_stack: `k`: the compressed leaves are stacks of `k` frames along `stack_axis`, stored
+            one frame per store entry (slot `(t * N + e) * k + j` for frame `j` of step `(t, e)`);
+            each step holds the int32 `[k]` slots of its frames, oldest to newest. `add` writes all
+            `k` frames; `jaxbuffers.compressed.RolloutHostWriter` stores each distinct frame once.
+            None: one entry per observation.
+          stack_axis: axis of each compressed leaf holding the `k` frames.
 
         Raises:
           ValueError: as `jaxbuffers.RolloutBuffer.create`, or `compress` names no leaf, or
-            `normalize_images` meets a non-uint8 leaf.
+            `normalize_images` meets a non-uint8 leaf, or (with `frame_stack`) a leaf's
+            `stack_axis` does not hold `frame_stack` frames.
         """
         spec = _validate.item_spec(example_step, "example_step")
         idx = _common.select_leaves(spec, compress, "example_step")
-        infos = [LeafInfo(*f) for f in _validate.frame_leaves(spec, idx, "example_step", None, 0, normalize_images)]
+        k = 1 if frame_stack is None else _validate.static_int("frame_stack", frame_stack)
+        infos = [LeafInfo(*f) for f in _validate.frame_leaves(spec, idx, "example_step", frame_stack and k, stack_axis, normalize_images)]
+        ids = _ID if frame_stack is None else jax.ShapeDtypeStruct((k,), jnp.int32)
         inner = RolloutBuffer.create(
-            _common.replace_leaves(spec, idx, [_ID] * len(idx)), num_envs=num_envs, num_steps=num_steps, float_dtype=float_dtype
+            _common.replace_leaves(spec, idx, [ids] * len(idx)), num_envs=num_envs, num_steps=num_steps, float_dtype=float_dtype
         )
         host = HostStores(
-            inner.num_steps * inner.num_envs, codec, [i.frame_shape for i in infos], [i.dtype for i in infos],
+            inner.num_steps * inner.num_envs * k, codec, [i.frame_shape for i in infos], [i.dtype for i in infos],
             [i.name for i in infos], chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes,
         )
         return cls(buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
@@ -96,6 +105,12 @@ class CompressedRolloutBuffer(HostBacked):
     def num_steps(self) -> int:
         """Rows $T$ of the rollout (static Python int)."""
         return self.buffer.num_steps
+
+    @property
+    def frame_stack(self) -> int | None:
+        """`k` of `create`'s `frame_stack` (None: one store entry per observation)."""
+        info = self.leaves[0]
+        return None if info.stack_axis is None else info.shape[info.stack_axis]
 
     @property
     def step_spec(self) -> Any:
@@ -118,12 +133,16 @@ class CompressedRolloutBuffer(HostBacked):
           RuntimeError: the buffer was closed.
         """
         (n,) = _validate.check_batch(self.step_spec, step, 1, "step")  # the compressed leaves; inner.add checks the rest
-        inner = self.buffer
+        inner, k = self.buffer, self.frame_stack
         row = jnp.minimum(inner.step_index, inner.num_steps - 1)
         slots = (row * inner.num_envs + jnp.arange(n, dtype=jnp.int32)).astype(jnp.int32)
+        datas = _common.pick_leaves(step, self.leaf_index)
+        if k is not None:  # every frame of every stack: slot (t * N + e) * k + j
+            slots = slots[:, None] * k + jnp.arange(k, dtype=jnp.int32)
+            datas = [jnp.moveaxis(x, 1 + i.stack_axis, 1).reshape(n * k, *i.frame_shape) for x, i in zip(datas, self.leaves)]
         new = inner.add(_common.replace_leaves(step, self.leaf_index, [slots] * len(self.leaves)), **fields)
-        valid = jnp.broadcast_to(~inner.is_full(), (n,))
-        version = _common.write(self.host, self.version, slots, valid, _common.pick_leaves(step, self.leaf_index))
+        valid = jnp.broadcast_to(~inner.is_full(), (slots.size,))
+        version = _common.write(self.host, self.version, slots.reshape(-1), valid, datas)
         return self.replace(buffer=new, version=version)
 
     @_compiled.method()
@@ -149,7 +168,8 @@ class CompressedRolloutBuffer(HostBacked):
         mb = self.buffer.gather(indices)
         ids = _common.pick_leaves(mb.step, self.leaf_index)[0]
         decoded = _common.read(self.host, self.leaves, self.version, ids)
-        out = [_common.finish(x[0], i, ids.ndim, None, self.normalize_images) for x, i in zip(decoded, self.leaves)]
+        lead = ids.ndim - (self.frame_stack is not None)
+        out = [_common.finish(x[0], i, lead, None, self.normalize_images) for x, i in zip(decoded, self.leaves)]
         return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
 
     @_common.checked_before_dispatch()

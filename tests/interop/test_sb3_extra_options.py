@@ -232,3 +232,43 @@ def test_contents_of_sb3_extra_buffers_buffers_convert():
 
 def jax_leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_rollout_frame_stack_equals_sb3_and_stores_each_frame_once():
+    """frame_stack=4, stack_axis=-1 (VecFrameStack's [H, W, 4]) on stacks that shift by one frame per step and restart
+    (zeros then the first frame, as VecFrameStack) at episode starts: SB3's samples, a pickle round trip, and at most one
+    stored entry per distinct frame of each episode."""
+    n, steps, k = 2, 9, 4
+    space = spaces.Box(0, 255, (5, 6, k), np.uint8)
+    ref = RolloutBuffer(steps, space, ACT, "cpu", n_envs=n)
+    ours = CompressedRolloutBuffer(steps, space, ACT, "cpu", n_envs=n, compression_method="zstd-1", frame_stack=k, stack_axis=-1)
+    rng = np.random.default_rng(2)
+    stack = np.zeros((n, 5, 6, k), np.uint8)
+    start = np.ones(n, np.float32)
+    episodes, owners = [], []  # per episode, its distinct frames and its env
+    current = [None] * n
+    for _ in range(steps):
+        stack = np.where(start[:, None, None, None] > 0, 0, stack)
+        stack = np.concatenate([stack[..., 1:], rng.integers(0, 256, (n, 5, 6, 1), dtype=np.uint8)], axis=-1)
+        for e in range(n):
+            if start[e]:
+                current[e] = set()
+                episodes.append(current[e])
+                owners.append(e)
+            current[e] |= {stack[e, ..., j].tobytes() for j in range(k)}
+        args = (stack, rng.integers(0, 3, (n, 1)), rng.normal(size=n).astype(np.float32), start,
+                th.from_numpy(rng.normal(size=(n, 1)).astype(np.float32)), th.from_numpy(rng.normal(size=n).astype(np.float32)))
+        for b in (ref, ours):
+            b.add(*args)
+        start = (rng.random(n) < 0.3).astype(np.float32)
+    for b in (ref, ours):
+        b.compute_returns_and_advantage(th.zeros(n, 1), np.zeros(n))
+    # at most one entry per distinct frame of each episode (the zeros frame of a restart may reuse the previous
+    # stack's), at least one per distinct frame of each env
+    per_env = [set().union(*(d for d, e in zip(episodes, owners) if e == env)) for env in range(n)]
+    assert sum(map(len, per_env)) <= ours.jax_buffer.host.num_rows <= sum(map(len, episodes)) < n * steps * k
+    back = pickle.loads(pickle.dumps(ours))
+    assert back.frame_stack == k
+    for a, b, c in zip(_rollout_batches(ref), _rollout_batches(ours), _rollout_batches(back)):
+        _assert_same(a, b)
+        _assert_same(a, c)

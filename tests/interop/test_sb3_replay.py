@@ -290,3 +290,27 @@ def test_narrowed_integers_are_refused_when_they_do_not_fit():
         jb.add(np.array([2**40]), np.array([4]), np.array([1]), *ok)
     with pytest.raises(TypeError, match="action: values of dtype int64"):
         jb.add(np.array([3]), np.array([4]), np.array([2**33]), *ok)
+
+
+def test_compressed_rows_staged_on_the_host_survive_reused_caller_arrays():
+    """With ``compress`` the SB3 rows wait on the host for one device add; a caller that refills the same
+    action / reward / done arrays every step (as vectorised envs may) still gets SB3's samples, also for rows
+    read back while some are staged and after (observations follow episodes: the
+    compressed store keeps a next observation as the next row's observation)."""
+    n_envs, size = 2, 200  # 100 rows per env
+    sb3 = ReplayBuffer(size, PIX, BOX_A, device="cpu", n_envs=n_envs)
+    jb = JaxReplayBuffer(size, PIX, BOX_A, device="cpu", n_envs=n_envs, compress=dict(codec="rle"))
+    rng = np.random.default_rng(3)
+    act, rew, done = np.zeros((n_envs, 2), np.float32), np.zeros(n_envs, np.float32), np.zeros(n_envs, bool)
+    obs = random_obs(PIX, n_envs, rng)
+    for i in range(32):
+        _, nxt, a, r, d, infos = random_step(PIX, BOX_A, n_envs, rng)
+        act[...], rew[...], done[...] = a, r, d
+        sb3.add(obs, nxt, act, rew, done, infos)
+        jb.add(obs, nxt, act, rew, done, infos)
+        obs = np.where(d[:, None, None, None], random_obs(PIX, n_envs, rng), nxt)  # a reset where an episode ended
+        if i == 15:  # 16 rows staged, none added yet
+            rows = np.arange(16)
+            assert_samples_equal(_sb3_at(sb3, rows, rows % n_envs), jb.samples_at(rows, rows % n_envs))
+    rows = np.arange(32)
+    assert_samples_equal(_sb3_at(sb3, rows, rows % n_envs), jb.samples_at(rows, rows % n_envs))

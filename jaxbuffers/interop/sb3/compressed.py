@@ -30,8 +30,9 @@ Options (the sb3-extra-buffers names):
 * ``output_dtype`` (replay): ``"raw"`` (the space's dtype) or ``"float"`` (float32).
 
 Extensions: ``compress_keys`` (Dict classes): the observation keys to compress (default all); the others are stored
-as they are. ``frame_stack``, ``stack_axis`` (replay): store each frame of stacked observations once (as
-`JaxReplayBuffer`'s ``compress``).
+as they are. ``frame_stack``, ``stack_axis``: store each frame of stacked observations once (replay: as
+`JaxReplayBuffer`'s ``compress``; rollout: each distinct frame of a rollout once, found by comparing each new stack
+with the env's previous one, `jaxbuffers.compressed.RolloutHostWriter`).
 """
 
 from __future__ import annotations
@@ -182,12 +183,13 @@ class _CompressedRolloutImpl(_JaxRolloutImpl):
     """The rollout classes' shared implementation: `_JaxRolloutImpl` over a compressed backing buffer."""
 
     _OPTIONS = ("dtypes", "normalize_images", "compression_method", "compression_kwargs", "decompression_kwargs",
-                "compress_keys", "_codec", "_elem", "_keys")
+                "compress_keys", "frame_stack", "stack_axis", "_codec", "_elem", "_keys")
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
                  gae_lambda: float = 1, gamma: float = 0.99, n_envs: int = 1, dtypes: Any = None, normalize_images: bool = False,
                  compression_method: str = "rle", compression_kwargs: dict | None = None, decompression_kwargs: dict | None = None,
-                 compress_keys: Sequence[str] | None = None):
+                 compress_keys: Sequence[str] | None = None, frame_stack: int | None = None, stack_axis: int = -1):
+        self.frame_stack, self.stack_axis = frame_stack, stack_axis
         self.dtypes, self.normalize_images = dtypes, bool(normalize_images)
         self.compression_method, self.compression_kwargs, self.decompression_kwargs = compression_method, compression_kwargs, decompression_kwargs
         self.compress_keys = compress_keys
@@ -202,7 +204,28 @@ class _CompressedRolloutImpl(_JaxRolloutImpl):
         example["obs"] = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), self._rows.obs)
         names = ("obs",) if self._keys is None else tuple(f"['obs'][{k!r}]" for k in self._keys)
         return Backing.create(example, num_envs=self.n_envs, num_steps=self.buffer_size, compress=names, codec=self._codec,
-                              normalize_images=self.normalize_images)
+                              normalize_images=self.normalize_images, frame_stack=self.frame_stack, stack_axis=self.stack_axis)
+
+    # Adds go to a host writer (numpy mirrors + host stores, no device call per step); the device state is built
+    # when something reads it (GAE, minibatches, the numpy fields, checkpoints).
+    @property
+    def _state(self) -> Any:
+        return self._writer.flush()
+
+    @_state.setter
+    def _state(self, state: Any) -> None:
+        from jaxbuffers.compressed import RolloutHostWriter
+
+        self._writer = RolloutHostWriter(state)
+
+    def _put(self, step: dict, reward: np.ndarray, value: np.ndarray) -> None:
+        self._writer.add(step, reward=reward, value=value, terminated=np.zeros(self.n_envs, np.bool_))
+
+    def __getstate__(self) -> dict:
+        """`JaxRolloutBuffer.__getstate__` (the host writer is rebuilt from the checkpoint)."""
+        state = super().__getstate__()
+        state.pop("_writer", None)
+        return state
 
     @property
     def _rollout(self) -> Any:
@@ -231,8 +254,9 @@ class _CompressedRolloutImpl(_JaxRolloutImpl):
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: device arrays plus the compressed host bytes, a Python int."""
-        return self._state.nbytes
+        """Bytes held: device arrays, the compressed host bytes and the host writer's numpy mirrors of the per-step
+        fields, a Python int."""
+        return self._state.nbytes + self._writer.mirror_nbytes
 
     def __setstate__(self, state: dict) -> None:
         """`JaxRolloutBuffer.__setstate__` with the compression options restored first."""

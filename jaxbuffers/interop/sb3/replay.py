@@ -73,6 +73,11 @@ def _add_row(state: _replay.ReplayBuffer, row: Any, next_obs: Any, next_in_obs: 
     return state
 
 
+@functools.partial(jax.jit, donate_argnums=0)
+def _add_rows(state: _replay.ReplayBuffer, rows: Any) -> _replay.ReplayBuffer:
+    return state.add(rows)
+
+
 # Reads at (row, env) pairs: `ReplayBuffer.get` reads whole rows (every env).
 @functools.partial(jax.jit, static_argnames=("next_in_obs",))
 def _gather(storage: dict, rows: jax.Array, envs: jax.Array, next_in_obs: bool) -> dict:
@@ -142,7 +147,8 @@ class FieldView:
 
 
 # Attributes that __setstate__ rebuilds from the checkpoint bytes instead of unpickling them.
-_REBUILT = ("_state", "_writer", "_pending", "_rows")
+_REBUILT = ("_rows_state", "_row_queue", "_writer", "_pending", "_rows")
+_ROW_QUEUE = 64  # compressed adapter: SB3 rows staged on the host before one device add
 
 _COMPRESS_OPTIONS = {"codec", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending", "keys"}
 
@@ -210,6 +216,25 @@ class _JaxReplayImpl:
         elif not self.optimize_memory_usage:
             spec["next_observations"] = self._rows.obs
         self._state = _replay.ReplayBuffer.create(spec, capacity=self.buffer_size)
+
+    # With ``compress`` the SB3 rows (actions, rewards, flags) are staged on the host like the observations and
+    # added to the device row store in one call when something reads it (a sample, the field views, a checkpoint).
+    @property
+    def _state(self) -> _replay.ReplayBuffer:
+        queue = self.__dict__.get("_row_queue")
+        if queue:
+            from jaxbuffers.compressed.staging import _pow2_pieces
+
+            self._row_queue, state, at = [], self.__dict__["_rows_state"], 0
+            for size in _pow2_pieces(len(queue), cap=min(_ROW_QUEUE, self.buffer_size)):
+                state = _add_rows(state, jax.tree.map(lambda *x: np.stack(x), *queue[at : at + size]))
+                at += size
+            self.__dict__["_rows_state"] = state
+        return self.__dict__["_rows_state"]
+
+    @_state.setter
+    def _state(self, state: _replay.ReplayBuffer) -> None:
+        self.__dict__["_rows_state"], self._row_queue = state, []
 
     def _new_compressed(self):
         from jaxbuffers.compressed import CompressedTrajectoryBuffer, StagingWriter
@@ -358,7 +383,12 @@ class _JaxReplayImpl:
             self._pending = jax.tree.map(np.array, next_row)  # a copy: next_row may be a view of the caller's array
         elif not self.optimize_memory_usage:
             row["next_observations"] = next_row
-        self._state = _add_row(self._state, row, next_row if self.optimize_memory_usage else None, next_in_obs=self.optimize_memory_usage)
+        if self.compress is not None:
+            self._row_queue.append(jax.tree.map(np.array, row))  # copies: the rows may be views of the caller's arrays
+            if len(self._row_queue) >= _ROW_QUEUE:
+                self._state  # noqa: B018 (flushes)
+        else:
+            self._state = _add_row(self._state, row, next_row if self.optimize_memory_usage else None, next_in_obs=self.optimize_memory_usage)
         self.pos = (self.pos + 1) % self.buffer_size
         self.full = self.full or self.pos == 0
 

@@ -190,9 +190,13 @@ class _JaxRolloutImpl:
         }
         reward = _common.as_row(reward, (n,), np.float32, "reward")
         value = _common.as_row(value, (n,), np.float32, "value", reshape=True)
-        self._state = _add_step(self._state, step, reward, value)
+        self._put(step, reward, value)
         self.pos += 1
         self.full = self.pos == self.buffer_size
+
+    def _put(self, step: dict, reward: np.ndarray, value: np.ndarray) -> None:
+        """Store one checked step (stored shapes and dtypes) at row ``pos``."""
+        self._state = _add_step(self._state, step, reward, value)
 
     def compute_returns_and_advantage(self, last_values: th.Tensor, dones: np.ndarray) -> None:
         """GAE advantages and returns, equal to SB3's (see the module doc for the mapping).

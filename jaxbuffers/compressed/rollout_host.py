@@ -1,0 +1,171 @@
+"""Filling a `CompressedRolloutBuffer` from numpy on the host: `RolloutHostWriter`.
+
+For Python-driven loops (one env step per call, e.g. the SB3 adapters) a jitted `add` per step costs a device
+dispatch each time. The writer instead keeps the rollout's device fields as numpy mirrors (`[T, N, ...]`, the
+uncompressed step leaves included), puts the compressed leaves into the buffer's host stores (staged, `put_rows`
+entries at a time: a put has a fixed cost), and builds the device state once, at `flush` (before GAE or minibatches).
+
+Frame deduplication (a buffer created with `frame_stack=k`): frame `j` of env `e`'s new stack is stored only when it
+differs from frame `j + 1` of the env's previous stack (a frame stack shifts by one per step) and from frame `j - 1`
+of the new stack (Gymnasium's "reset" padding repeats the episode's first frame); otherwise the step's slot list
+points at the equal frame already stored. The decision compares bytes, so it is exact for any observations: a
+stack that is not a shifted one stores all its frames. A Dict step with several compressed leaves reuses a frame
+only where every leaf's frame is equal (the leaves share slot numbering). Within one rollout every reused slot was
+written in that rollout (the previous stack is forgotten at `reset`), so no later write of the rollout rewrites it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbuffers import _validate
+from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
+
+__all__ = ["RolloutHostWriter"]
+
+_FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "trainable")
+
+
+class RolloutHostWriter:
+    """Adds steps to a `CompressedRolloutBuffer` on the host; `flush` returns the device state.
+
+    Args:
+      buffer: the buffer to continue (its filled rows are read back into the mirrors once). The writer owns it
+        from now on: add through the writer, and use the state `flush` returns.
+
+    Memory: the mirrors hold the rollout's uncompressed leaves and per-step fields a second time on the host
+    (`mirror_nbytes`); the compressed leaves only in the host stores.
+    """
+
+    def __init__(self, buffer: CompressedRolloutBuffer):
+        if not isinstance(buffer, CompressedRolloutBuffer):
+            raise TypeError(f"buffer: expected a jaxbuffers.compressed.CompressedRolloutBuffer, got {type(buffer).__name__}")
+        self._state = buffer
+        inner = buffer.buffer
+        self._steps, self._envs, self._k = inner.num_steps, inner.num_envs, buffer.frame_stack
+        self._spec = buffer.step_spec
+        leaves, self._treedef = jax.tree.flatten(inner.step)
+        self._step = [np.array(x) for x in leaves]  # ids for the compressed leaves, data for the others
+        self._fields = {k: np.array(getattr(inner, k)) for k in _FIELDS}
+        self.row = int(inner.step_index)
+        self._overflowed = bool(inner.overflowed)
+        self._prev: tuple[list, list] | None = None  # per env, the last stack's frames (bytes) and their slots
+        self._dirty = False
+        f = self._fields
+        self._defaults = {"truncated": np.zeros_like(f["truncated"][0]), "final_value": np.zeros_like(f["final_value"][0]),
+                          "trainable": np.ones_like(f["trainable"][0])}
+        self._checked: tuple | None = None  # layout of the last step that passed check_batch
+        self._pending: list = []  # (slots, [entries per leaf]) of adds not yet put into the host stores
+        self._num_pending = 0
+
+    put_rows = 64  # entries staged before one put into the host stores (flush puts the rest)
+
+    @property
+    def mirror_nbytes(self) -> int:
+        """Bytes of the host mirrors (Python int)."""
+        return sum(a.nbytes for a in self._step) + sum(a.nbytes for a in self._fields.values())
+
+    def add(self, step: Any, *, reward, value, terminated, truncated=None, final_value=None, trainable=None) -> None:
+        """`CompressedRolloutBuffer.add` on numpy values: the same arguments, shapes, dtypes and errors (checked
+        before anything is written). On a full buffer nothing is written and `overflowed` becomes True.
+
+        Raises:
+          TypeError, ValueError: as `jaxbuffers.RolloutBuffer.add`.
+          RuntimeError: the buffer was closed.
+        """
+        n = self._envs
+        leaves, treedef = jax.tree.flatten(step)
+        sig = (treedef, tuple((type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in leaves))
+        if sig != self._checked:  # a step laid out as the last accepted one passes the same checks
+            (got,) = _validate.check_batch(self._spec, step, 1, "step")
+            if got != n:
+                raise ValueError(f"step: expected a leading axis of num_envs={n} on every leaf, got {got}")
+            self._checked = sig
+        if (truncated is None) != (final_value is None):
+            given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
+            raise ValueError(f"{given}: given without {missing}; pass both or neither")
+        given = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
+        fields = {k: self._defaults[k] if x is None else np.asarray(_validate.array(k, x, (n,), self._fields[k].dtype))
+                  for k, x in given.items()}
+        self._state.host.check_state("add")
+        if self.row >= self._steps:
+            self._overflowed, self._dirty = True, True
+            return
+        slots, fresh, frames = self._frame_ids([np.asarray(leaves[i]) for i in self._state.leaf_index])
+        if fresh is None:  # every entry is new
+            self._pending.append((slots.reshape(-1), [np.array(f).reshape(-1, *f.shape[slots.ndim:]) for f in frames]))  # copies
+        elif fresh[0]:
+            self._pending.append((slots[fresh], [f[fresh] for f in frames]))  # copies
+        self._num_pending += slots.size if fresh is None else len(fresh[0])
+        if self._num_pending >= self.put_rows:
+            self._write_pending()
+        picked = dict(zip(self._state.leaf_index, [slots] * len(frames)))
+        for i, (m, x) in enumerate(zip(self._step, leaves)):
+            m[self.row] = picked[i] if i in picked else x
+        for k, x in fields.items():
+            self._fields[k][self.row] = x
+        self.row += 1
+        self._dirty = True
+
+    def _frame_ids(self, stacks: list[np.ndarray]) -> tuple[np.ndarray, tuple | None, list[np.ndarray]]:
+        """``(slots, fresh, entries)`` of this step: ``slots`` int32 ``[N]`` or ``[N, k]``, where each entry is (or an
+        equal entry already is) stored; ``fresh`` the index (``(envs, frames)`` lists) of the entries to write, None
+        for all; ``entries`` ``[N(, k), *frame_shape]`` per compressed leaf."""
+        n, k, row = self._envs, self._k, self.row
+        if k is None:
+            return (row * n + np.arange(n, dtype=np.int32)).astype(np.int32), None, stacks
+        frames = [np.ascontiguousarray(x if i.stack_axis == 0 else np.moveaxis(x, 1 + i.stack_axis, 1)) for x, i in zip(stacks, self._state.leaves)]
+        # each frame's bytes (a tuple over the leaves), compared exactly; bytes objects are also the copy of the
+        # previous stack kept (the caller may reuse its arrays)
+        flat = [f.reshape(n, k, -1).view(np.uint8) for f in frames]
+        keys = [[tuple(x[e, j].tobytes() for x in flat) for j in range(k)] for e in range(n)]
+        fresh_e, fresh_j, slots = [], [], []
+        for e in range(n):
+            mine, own = [], (row * n + e) * k
+            old_keys, old_slots = (self._prev[0][e], self._prev[1][e]) if self._prev is not None else (None, None)
+            for j, key in enumerate(keys[e]):
+                if old_keys is not None and j < k - 1 and key == old_keys[j + 1]:  # shifted from the previous stack
+                    s, fresh = old_slots[j + 1], False
+                elif j > 0 and key == keys[e][j - 1]:  # repeats its left neighbour ("reset" padding)
+                    s, fresh = mine[j - 1], False
+                else:
+                    s, fresh = own + j, True
+                mine.append(s)
+                if fresh:
+                    fresh_e.append(e)
+                    fresh_j.append(j)
+            slots.append(mine)
+        self._prev = (keys, slots)
+        return np.array(slots, np.int32), (fresh_e, fresh_j), frames
+
+    def _write_pending(self) -> None:
+        """Put the staged entries into the host stores (one write: the per-call cost of a put is paid once)."""
+        if self._pending:
+            host = self._state.host
+            slots = np.concatenate([p[0] for p in self._pending])
+            datas = [np.concatenate(f) for f in zip(*(p[1] for p in self._pending))]
+            self._pending, self._num_pending = [], 0
+            host.write(np.int32(host.version), slots, np.ones(slots.size, np.bool_), *datas)
+
+    def flush(self) -> CompressedRolloutBuffer:
+        """The device state holding every add so far (built once after adds; then the same object)."""
+        self._write_pending()
+        if self._dirty:
+            inner = self._state.buffer
+            inner = inner.replace(
+                step=jax.tree.unflatten(self._treedef, [jnp.asarray(x) for x in self._step]),
+                **{k: jnp.asarray(v) for k, v in self._fields.items()},
+                step_index=jnp.int32(min(self.row, self._steps)), overflowed=jnp.bool_(self._overflowed),
+                has_advantages=jnp.bool_(False),
+            )
+            self._state = self._state.replace(buffer=inner, version=jnp.int32(self._state.host.version))
+            self._dirty = False
+        return self._state
+
+    def reset(self) -> None:
+        """Start a new rollout (row 0; stored frames are overwritten by the next adds)."""
+        self.row, self._overflowed, self._prev, self._dirty = 0, False, None, True

@@ -1,0 +1,112 @@
+"""RolloutHostWriter: host-side adds to a CompressedRolloutBuffer, frame-stack dedup, device `add` with frame_stack."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbuffers import RolloutBuffer
+from jaxbuffers.compressed import CompressedRolloutBuffer, RolloutHostWriter
+
+H, W, K = 6, 5, 4
+
+
+def _stacks(rng, num_envs, steps, stack_axis, broken_at=None):
+    """Frame-stacked observations with "reset" padding: per env, episodes of random frames; a new episode starts
+    with probability 0.15. At step ``broken_at`` env 0 gets a stack of unrelated frames (not a shifted one)."""
+    out = np.zeros((steps, num_envs, K, H, W), np.uint8)
+    for e in range(num_envs):
+        stack = None
+        for t in range(steps):
+            f = rng.integers(0, 256, (H, W), dtype=np.uint8)
+            stack = np.stack([f] * K) if stack is None or rng.random() < 0.15 else np.concatenate([stack[1:], f[None]])
+            if t == broken_at and e == 0:
+                stack = rng.integers(0, 256, (K, H, W), dtype=np.uint8)
+            out[t, e] = stack
+    return out if stack_axis == 0 else np.moveaxis(out, 2, -1)
+
+
+def _example(stack_axis):
+    shape = (K, H, W) if stack_axis == 0 else (H, W, K)
+    return {"obs": {"pixels": jnp.zeros(shape, jnp.uint8), "vec": jnp.zeros(2, jnp.float32)}, "logp": jnp.float32(0)}
+
+
+def _compare(a, b):
+    mask = np.asarray(b.mask)  # unfilled rows hold stale ids: compare what the learner reads
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x)[mask], np.asarray(y)[mask])
+
+
+@pytest.mark.parametrize("frame_stack, stack_axis", [  # stack_axis=-1 through the SB3 adapter: tests/interop/test_sb3_extra_options.py
+    (K, 0), pytest.param(K, -1, marks=pytest.mark.slow), pytest.param(None, 0, marks=pytest.mark.slow)])
+def test_writer_matches_rollout_buffer_and_device_add(stack_axis, frame_stack):
+    """Over two rollouts (the second overflowing), the writer's flushed state gives the minibatches of a
+    RolloutBuffer fed the same steps, and so does the device `add` of a buffer with the same frame_stack; with
+    frame_stack the writer stores each distinct frame once (a stack that is not a shifted one stores all of its)."""
+    n, t = 2, 12
+    rng = np.random.default_rng(0)
+    ex = _example(stack_axis)
+    kw = dict(num_envs=n, num_steps=t, compress=("pixels",), codec="rle", frame_stack=frame_stack,
+              stack_axis=stack_axis if frame_stack else 0)
+    writer = RolloutHostWriter(CompressedRolloutBuffer.create(ex, **kw))
+    dev = CompressedRolloutBuffer.create(ex, **kw)
+    ref = RolloutBuffer.create(ex, num_envs=n, num_steps=t)
+    for r, adds in enumerate((t, t + 2)):
+        writer.reset()
+        dev, ref = dev.reset(), ref.reset()
+        pixels = _stacks(rng, n, adds, stack_axis, broken_at=5 if r == 0 else None)
+        for i in range(adds):
+            step = {"obs": {"pixels": pixels[i], "vec": rng.normal(size=(n, 2)).astype(np.float32)},
+                    "logp": rng.normal(size=n).astype(np.float32)}
+            f = dict(reward=rng.normal(size=n).astype(np.float32), value=np.zeros(n, np.float32), terminated=rng.random(n) < 0.2)
+            writer.add(step, **f)
+            dev, ref = dev.add(step, **f), ref.add(step, **f)
+        if r == 0 and frame_stack:  # distinct frames: the first stack's and one per later step, +3 for the broken one
+            fr = pixels if stack_axis == 0 else np.moveaxis(pixels, -1, 2)
+            distinct = sum(len({fr[i, e, j].tobytes() for i in range(t) for j in range(K)}) for e in range(n))
+            assert writer.flush().host.num_rows == distinct < n * t * K
+    buf = writer.flush()
+    assert bool(buf.buffer.overflowed) and int(buf.buffer.step_index) == t
+    key = jax.random.key(1)
+    want = ref.compute_gae(jnp.zeros(n), 0.9, 0.8).minibatches(key, 4)
+    _compare(buf.compute_gae(jnp.zeros(n), 0.9, 0.8).minibatches(key, 4), want)
+    _compare(dev.compute_gae(jnp.zeros(n), 0.9, 0.8).minibatches(key, 4), want)
+
+
+def test_writer_keeps_its_own_copy_of_the_previous_stack():
+    """A caller that overwrites its observation array in place after `add` (as vectorised envs reuse buffers)
+    does not make the next stack look like a shifted copy of it."""
+    n, t = 1, 4
+    ex = _example(0)
+    writer = RolloutHostWriter(CompressedRolloutBuffer.create(ex, num_envs=n, num_steps=t, compress=("pixels",), codec="rle", frame_stack=K))
+    ref = RolloutBuffer.create(ex, num_envs=n, num_steps=t)
+    pixels = _stacks(np.random.default_rng(3), n, t, 0)
+    obs = np.zeros_like(pixels[0])
+    for i in range(t):
+        obs[...] = pixels[i]
+        step = {"obs": {"pixels": obs, "vec": np.zeros((n, 2), np.float32)}, "logp": np.zeros(n, np.float32)}
+        f = dict(reward=np.zeros(n, np.float32), value=np.zeros(n, np.float32), terminated=np.zeros(n, bool))
+        writer.add(step, **f)
+        ref = ref.add(jax.tree.map(np.copy, step), **f)
+    obs[...] = 0
+    _compare(writer.flush().gather(jnp.arange(t, dtype=jnp.int32)), ref.gather(jnp.arange(t, dtype=jnp.int32)))
+
+
+def test_writer_refuses_bad_steps_before_writing():
+    """A wrong dtype or number of envs raises naming the field and leaves the buffer as it was, also after a step
+    of the same layout passed (the layout check is cached per layout, not skipped)."""
+    n = 2
+    ex = _example(0)
+    writer = RolloutHostWriter(CompressedRolloutBuffer.create(ex, num_envs=n, num_steps=3, compress=("pixels",), codec="rle", frame_stack=K))
+    good = {"obs": {"pixels": np.zeros((n, K, H, W), np.uint8), "vec": np.zeros((n, 2), np.float32)}, "logp": np.zeros(n, np.float32)}
+    f = dict(reward=np.zeros(n, np.float32), value=np.zeros(n, np.float32), terminated=np.zeros(n, bool))
+    writer.add(good, **f)
+    bad = jax.tree.map(np.copy, good)
+    bad["obs"]["pixels"] = bad["obs"]["pixels"].astype(np.int32)
+    with pytest.raises(TypeError, match=r"step\['obs'\]\['pixels'\]"):
+        writer.add(bad, **f)
+    with pytest.raises(ValueError, match="num_envs=2"):
+        writer.add(jax.tree.map(lambda x: x[:1], good), **f)
+    with pytest.raises(TypeError, match="reward"):
+        writer.add(good, **dict(f, reward=np.zeros(n, np.int32)))
+    assert writer.row == 1 and int(writer.flush().buffer.step_index) == 1
