@@ -496,14 +496,28 @@ def instance(name: str, value: Any, types: Any, want: str) -> Any:
     return value
 
 
-def static_value(name: str, value: Any) -> Any:
-    """A static (closed-over) argument: ``value`` if it is hashable, else TypeError naming ``name`` (a list or a dict
-    given where an array or a Python value belongs: pass an array, or a tuple)."""
+def static_value(name: str, value: Any, want: str = "an array or a hashable Python value (a number, a bool, a str, a tuple)") -> Any:
+    """A static (closed-over) argument or a key: ``value`` if it is hashable, else TypeError naming ``name`` (a list or
+    a dict given where an array or a Python value belongs: pass an array, or a tuple)."""
     try:
         hash(value)
     except TypeError:
-        raise TypeError(f"{name}: expected an array or a hashable Python value (a number, a bool, a str, a tuple), got {type(value).__name__} {value!r:.60}") from None
+        raise TypeError(f"{name}: expected {want}, got {type(value).__name__} {value!r:.60}") from None
     return value
+
+
+def names(name: str, value: Any, minimum: int = 0) -> list[str]:
+    """A list or tuple of at least ``minimum`` distinct strs (field names), as a list.
+
+    Raises:
+      TypeError: naming ``name``: not a list or tuple (a lone str too: it would be read letter by letter), an item
+        not a str. ValueError: fewer than ``minimum`` names, or a name given twice.
+    """
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name}: expected a list of field names (strs), got {type(value).__name__} {value!r:.60}")
+    if len(value) < minimum or len(set(value)) != len(value):
+        raise ValueError(f"{name}: expected at least {minimum} distinct names, got {list(value)!r:.80}")
+    return list(value)
 
 
 def path(name: str, value: Any) -> Any:
