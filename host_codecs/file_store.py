@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code
+from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code, shape_arg
 from . import store as _store
 from ._pool import parallel_for
 from .store import _integer_ids, _out_of
@@ -84,7 +84,8 @@ class FileStore:
       ValueError: a bad mode or size; with `"r"` / `"r+"`, files whose shape or dtype differ from the arguments, or a
         data file shorter than its header says (the message names the file and the field).
       FileNotFoundError: `"r"` / `"r+"` and a file is missing.
-      TypeError: an unsupported dtype.
+      TypeError: a `path` that is not a path, an `item_shape` that is not a tuple of ints >= 0, an unsupported (or
+        no) dtype. (All checked before any file is created.)
     """
 
     def __init__(self, path: str | os.PathLike, num_slots: int, item_shape: Sequence[int], dtype: Any, *,
@@ -97,8 +98,10 @@ class FileStore:
             import xxhash
 
             _store._HASH = xxhash.xxh3_64_intdigest
+        if not (isinstance(path, os.PathLike) or (isinstance(path, str) and path)):
+            raise TypeError(f"path: expected a file path (a non-empty str or os.PathLike), got {type(path).__name__} {path!r:.60}")
         self.path, self.mode, self.name = Path(path), mode, str(name)
-        self.num_slots, self.item_shape = int(num_slots), tuple(int(s) for s in item_shape)
+        self.num_slots, self.item_shape = int(num_slots), shape_arg(item_shape)
         self.dtype = dtype_from_code(dtype_code(dtype, field="dtype"))
         self._declared = (dtype_code(self.dtype), self.item_shape)  # what CompressedStore calls it
         self.row_nbytes = math.prod(self.item_shape) * self.dtype.itemsize
@@ -225,8 +228,12 @@ class FileStore:
           KeyError: an empty slot with `missing="raise"`. ValueError: a bad `missing` or `outs`.
           OSError: the data file ends early.
         """
-        if missing not in ("raise", "zeros"):
+        if not isinstance(missing, str) or missing not in ("raise", "zeros"):
             raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")
+        if not isinstance(slot_arrays, (list, tuple)):
+            raise TypeError(f"slot_arrays: expected a list of slot id arrays, got {type(slot_arrays).__name__}")
+        if outs is not None and not isinstance(outs, (list, tuple)):
+            raise TypeError(f"outs: expected a list of arrays (one per slot array), got {type(outs).__name__}")
         if self._fd < 0:
             raise RuntimeError(f"{self.data_path}: read after close()")
         ids = [self._slots(x, "slot_arrays") for x in slot_arrays]

@@ -69,7 +69,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code
+from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code, shape_arg
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
 from .registry import CODECS, codec_for_tag, get_codec
@@ -200,9 +200,7 @@ class CompressedStore:
             raise ValueError(f"dictionary_bytes: dictionaries are for the zstd codec, this store's codec is {self.codec.spec!r}")
         self._declared: tuple[int, tuple[int, ...]] | None = None
         if item_shape is not None:
-            shape = tuple(int(s) for s in item_shape)
-            if any(s < 0 for s in shape):
-                raise ValueError(f"item_shape: expected non-negative sizes, got {item_shape}")
+            shape = shape_arg(item_shape)
             self._declared = (dtype_code(np.dtype(dtype), field="dtype"), shape)
         self.max_dead_fraction = float(max_dead_fraction)
         self.dictionary_bytes = int(dictionary_bytes)
