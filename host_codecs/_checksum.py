@@ -2,10 +2,11 @@
 
 `payload_sums` hashes the `k` payloads of a put or a read. It calls the XXH3-64 that the `xxhash` package carries
 (its C function `XXH3_64bits_withSeed_dispatch`: the SIMD variant the CPU has) from a numba loop over the entries with
-the GIL released, split over the cores for large batches: one Python call per batch instead of one per entry (which
-cost about as much as the hashing itself for frame-sized entries). Where that C function cannot be found (another
-build of `xxhash`), or gives another value than `xxhash.xxh3_64_intdigest` on a test input, the same sums are
-computed with `xxhash.xxh3_64_intdigest`, one call per entry. Both give exactly the same checks.
+the GIL released, split over the threads of `host_codecs.parallel_for` for large batches: one Python call per batch
+instead of one per entry (which cost about as much as the hashing itself for frame-sized entries). Where that C
+function cannot be found (another build of `xxhash`, no numba), or gives another value than
+`xxhash.xxh3_64_intdigest` on a test input, the same sums are computed with `xxhash.xxh3_64_intdigest`, one call per
+entry. Both give exactly the same checks.
 """
 
 from __future__ import annotations
@@ -15,32 +16,30 @@ from typing import Any
 
 import numpy as np
 
-_PARALLEL_BYTES = 1 << 20  # a batch of fewer payload bytes is hashed on one thread (waking the others costs more)
-_kernels: Any = None  # (XXH3 C function, serial loop, parallel loop), or False: the per-entry fallback
+from ._pool import parallel_for
+
+_SHARD_BYTES = 1 << 20  # payload bytes per thread of the pool (hashing runs at tens of GB/s: a smaller shard does not pay)
+_kernels: Any = None  # (XXH3 C function, compiled loop), or False: the per-entry fallback
 
 
 def _load() -> Any:
-    """`(fn, serial, parallel)`: the C function `XXH3_64bits_withSeed_dispatch` of the installed `xxhash` and the
-    compiled loops over it (cached on disk), checked against `xxhash.xxh3_64_intdigest`; False where they cannot be
-    built."""
+    """`(fn, loop)`: the C function `XXH3_64bits_withSeed_dispatch` of the installed `xxhash` and the compiled loop
+    over it (cached on disk), checked against `xxhash.xxh3_64_intdigest`; False where they cannot be built."""
     try:
         import xxhash
         from xxhash import _xxhash
 
-        from ._checksum_kernels import hash_parallel as parallel, hash_serial as serial
+        from ._checksum_kernels import hash_range
 
         fn = getattr(ctypes.CDLL(_xxhash.__file__), "XXH3_64bits_withSeed_dispatch")
         fn.argtypes, fn.restype = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64], ctypes.c_uint64  # (pointer, length, seed)
         probe = np.random.default_rng(0).integers(0, 256, 4099, dtype=np.uint8)
         cuts = [(0, 0), (0, 3), (5, 100), (7, 300), (1, 4099)]
         want = [xxhash.xxh3_64_intdigest(probe[a:b], (a * 977) ^ (b << 32)) for a, b in cuts]
-        for kernel in (serial, parallel):
-            out = np.zeros(len(cuts), np.uint64)
-            kernel(fn, np.array([probe.ctypes.data + a for a, _ in cuts], np.uint64), np.array([b - a for a, b in cuts], np.uint64),
-                   np.array([(a * 977) ^ (b << 32) for a, b in cuts], np.uint64), out)
-            if out.tolist() != want:
-                return False
-        return fn, serial, parallel
+        out = np.zeros(len(cuts), np.uint64)
+        hash_range(fn, np.array([probe.ctypes.data + a for a, _ in cuts], np.uint64), np.array([b - a for a, b in cuts], np.uint64),
+                   np.array([(a * 977) ^ (b << 32) for a, b in cuts], np.uint64), out, 0, len(cuts))
+        return (fn, hash_range) if out.tolist() == want else False
     except Exception:  # noqa: BLE001 - no such symbol, no numba, a build that differs: the per-entry fallback
         return False
 
@@ -77,7 +76,8 @@ def payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
         lo = np.minimum(starts, size)
         length = np.maximum(np.minimum(starts + n, size) - lo, 0)
         sums = np.empty(k, np.uint64)
-        kernel = _kernels[2 if int(length.sum()) >= _PARALLEL_BYTES else 1]
-        kernel(_kernels[0], base + lo.astype(np.uint64), length.astype(np.uint64), seeds, sums)
+        fn, loop = _kernels
+        ptrs, length = base + lo.astype(np.uint64), length.astype(np.uint64)
+        parallel_for(k, lambda a, b: loop(fn, ptrs, length, seeds, sums, a, b), work_bytes=int(length.sum()), min_shard_bytes=_SHARD_BYTES)
         del arrays  # the chunks stay alive in the caller's `chunks` until here
     return (sums & np.uint64(0xFFFFFFFF)).astype(np.uint32)

@@ -29,8 +29,8 @@ def per_entry(*args) -> np.ndarray:
                         max_size=12), big=st.booleans())
 def test_compiled_loop_equals_one_call_per_entry(entries, big, monkeypatch):
     """Chunk 9 is missing (hashed as empty), offsets and lengths may run past a chunk's end (hashed as far as it goes);
-    `big` takes the parallel loop."""
-    monkeypatch.setattr(_checksum, "_PARALLEL_BYTES", 0 if big else 1 << 40)
+    `big` splits the batch over the pool's threads."""
+    monkeypatch.setattr(_checksum, "_SHARD_BYTES", 1 if big else 1 << 40)
     ids, offs, lens, slots = (np.array([e[i] for e in entries], np.int64) for i in range(4))
     got = _checksum.payload_sums(CHUNKS, ids, offs, lens, slots)
     assert got.dtype == np.uint32 and got.shape == (len(entries),)
