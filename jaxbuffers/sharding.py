@@ -282,8 +282,8 @@ class ShardedBuffer(struct.PyTreeNode):
     def _check_split(self, args: dict) -> None:
         """Every leaf of the split arguments `{name: tree}` an array JAX holds as it is (nothing is narrowed at the
         program's boundary) with a leading axis a multiple of `S`; errors name the argument and the leaf."""
-        for path, x in jax.tree_util.tree_flatten_with_path(args)[0]:
-            name = f"{path[0].key}{_validate.leaf_name(path[1:]) if len(path) > 1 else ''}"
+        for path, x in (((arg, *p), x) for arg, tree in args.items() for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]):
+            name = f"{path[0]}{_validate.leaf_name(path[1:]) if len(path) > 1 else ''}"
             if not (_is_array(x) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)):  # keys split per shard pass
                 _validate.array(name, x)
             if np.ndim(x) == 0 or np.shape(x)[0] % self.num_shards:
@@ -413,9 +413,9 @@ class ShardedBuffer(struct.PyTreeNode):
           ValueError: `cross_episodes=False` (windows inside episodes differ per shard: use `sample_local`),
             or the sampler's own errors.
         """
+        _global_rule(self.shards, method, kwargs)  # its errors before any tracing (a buffer without a global sampler)
         batch_size, method = self._sampler(key, batch_size, method, ("sample", "sample_sequences", "sample_transitions"))
         arrays, static = _split_static(kwargs)
-        _global_rule(self.shards, method, _kwargs(static))  # its errors before any tracing
         program = _program(self.mesh, self.axis, "global", method, batch_size, static)
         beta = jnp.asarray(_validate.scalar_parameter("beta", kwargs.get("beta", 1.0), 0.0), jnp.float32)
         return program(self.shards, *self._placed((key, arrays, beta), P()))

@@ -26,7 +26,7 @@ from bad_inputs import SETTINGS, bad_keys, bad_static_ints, corrupt, refused, sn
 FEW = settings(SETTINGS, max_examples=6)  # each example may trace a shard_map program
 ITEM = {"obs": jnp.zeros((2,), jnp.float32), "a": jnp.int32(0)}
 S = min(jax.device_count(), 2)
-MESH = jax.make_mesh((S,), ("data",))
+MESH = jax.make_mesh((S,), ("data",), devices=jax.devices()[:S])
 
 
 def rows(b: int, start: int = 0) -> dict:
