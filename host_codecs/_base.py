@@ -155,11 +155,12 @@ class ChunkTable(dict):
     dictionary (`host_codecs.ZstdDictionary` or None): what a codec needs to decode a store's
     entries. A store builds one per state of its arena, not one per read."""
 
-    __slots__ = ("dictionary",)
+    __slots__ = ("dictionary", "addresses")
 
     def __init__(self, chunks: Mapping[int, np.ndarray], dictionary=None):
         super().__init__(chunks)
         self.dictionary = dictionary
+        self.addresses = None  # (ids, base addresses, sizes) of the chunks, built by host_codecs._checksum on first use
 
 
 def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows) -> None:

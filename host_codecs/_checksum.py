@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ._base import ChunkTable
 from ._pool import parallel_for
 
 _SHARD_BYTES = 1 << 20  # payload bytes per thread of the pool (hashing runs at tens of GB/s: a smaller shard does not pay)
@@ -51,6 +52,21 @@ def _per_entry(views: list, starts: list, ends: list, seeds: list) -> list[int]:
     return [h(v[o:e], s) for v, o, e, s in zip(views, starts, ends, seeds)]
 
 
+def _addresses(chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(ids, base addresses, sizes)` of the chunks (int64, uint64, int64; ids ascending): kept on a
+    `host_codecs._base.ChunkTable` (immutable, it keeps its chunks alive), built anew for another mapping."""
+    cached = getattr(chunks, "addresses", None)
+    if cached is not None:
+        return cached
+    arrays = {c: np.frombuffer(v, np.uint8) for c, v in chunks.items()}
+    keys = np.array(sorted(arrays), np.int64)
+    bases = np.array([arrays[c].__array_interface__["data"][0] for c in keys.tolist()], np.uint64)  # (.ctypes is slow)
+    out = keys, bases, np.array([arrays[c].size for c in keys.tolist()], np.int64)
+    if isinstance(chunks, ChunkTable):
+        chunks.addresses = out
+    return out
+
+
 def payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
     """# shape=(k,), dtype=uint32: the low 32 bits of XXH3-64 of each payload seeded with its slot id and its length,
     `slot ^ length << 32` (`chunks`: chunk id -> uint8 array or bytes; `chunk_ids`, `offsets`, `lengths`, `slots`:
@@ -61,23 +77,20 @@ def payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
     starts, n = np.asarray(offsets, np.int64), np.asarray(lengths, np.int64)
     seeds = np.asarray(slots, np.uint64) ^ n.astype(np.uint64) << np.uint64(32)
     ids = np.asarray(chunk_ids, np.int64)
-    one = k and ids[0] == ids[-1] and (k < 3 or not np.any(ids != ids[0]))  # a put's batch: one buffer
-    uniq = ids[:1] if one else np.unique(ids)
-    arrays = [np.frombuffer(chunks[c], np.uint8) if c in chunks else np.zeros(0, np.uint8) for c in uniq.tolist()]
     if _kernels is None:
         _kernels = _load()
     if _kernels is False:
-        view = {c: memoryview(a) for c, a in zip(uniq.tolist(), arrays)}
+        view = {c: memoryview(np.frombuffer(chunks[c], np.uint8) if c in chunks else b"") for c in set(ids.tolist())}
         sums = np.array(_per_entry([view[c] for c in ids.tolist()], starts.tolist(), (starts + n).tolist(), seeds.tolist()), np.uint64).reshape(k)
     else:
-        at = 0 if one else np.searchsorted(uniq, ids)
-        size = np.array([a.size for a in arrays], np.int64)[at]
-        base = np.array([a.__array_interface__["data"][0] for a in arrays], np.uint64)[at]  # (.ctypes is slow)
+        keys, bases, sizes = _addresses(chunks)
+        at = np.minimum(np.searchsorted(keys, ids), max(keys.size - 1, 0))
+        known = keys[at] == ids if keys.size else np.zeros(k, bool)
+        size = np.where(known, sizes[at] if keys.size else 0, 0)
         lo = np.minimum(starts, size)
-        length = np.maximum(np.minimum(starts + n, size) - lo, 0)
+        ptrs = np.where(known, bases[at] if keys.size else 0, 0).astype(np.uint64) + lo.astype(np.uint64)
+        length = np.maximum(np.minimum(starts + n, size) - lo, 0).astype(np.uint64)
         sums = np.empty(k, np.uint64)
         fn, loop = _kernels
-        ptrs, length = base + lo.astype(np.uint64), length.astype(np.uint64)
         parallel_for(k, lambda a, b: loop(fn, ptrs, length, seeds, sums, a, b), work_bytes=int(length.sum()), min_shard_bytes=_SHARD_BYTES)
-        del arrays  # the chunks stay alive in the caller's `chunks` until here
     return (sums & np.uint64(0xFFFFFFFF)).astype(np.uint32)
