@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -28,11 +29,24 @@ def test_a_source_of_another_structure_dtype_or_shape(data, which, jit):
     """A source returning rows unlike the first source's: refused naming that source's call, eagerly and under `jit`
     (where it is found while tracing); the buffers unchanged."""
     bad, _ = data.draw(corrupt({"obs": np.zeros((3, 2), np.float32), "a": np.zeros(3, np.int32)}, "x").filter(
-        lambda b: all(isinstance(v, np.ndarray) and v.dtype != np.float64 for v in b[0].values()) if jit else True))
+        lambda b: all(isinstance(v, np.ndarray) and v.dtype.kind in "biuf" and v.dtype != np.float64 for v in b[0].values()) if jit else True))
     sources = list(SOURCES)
     sources[which] = lambda k, n: jax.tree.map(jnp.asarray, bad) if jit else bad
     call = (lambda: jax.jit(lambda k: jb.sample_mixed(k, sources, 6, [1.0, 1.0]))(KEY)) if jit else (lambda: jb.sample_mixed(KEY, sources, 6, [1.0, 1.0]))
     refused(call, (f"samplers[{which}]", "samplers[0]", "samplers[1]", "samplers", "proportions"), state=lambda: (REPLAY, OTHER))
+
+
+@SETTINGS
+@given(leaf=st.sampled_from(["torch", [[0.0, 0.0]] * 3, np.zeros((3, 2)), "x", np.zeros((3, 2), object)]))
+@example(leaf="torch")  # a torch tensor from the first source was numpy's "Cannot interpret 'torch.float32' as a data type"
+def test_a_first_source_of_non_arrays(leaf):
+    """The first source's rows set the structure the others are checked against: its leaves must be arrays JAX holds
+    as they are (a float64 numpy leaf would be narrowed by the concatenation)."""
+    if isinstance(leaf, str) and leaf == "torch":
+        torch = pytest.importorskip("torch")
+        leaf = torch.zeros(3, 2)
+    sources = [lambda k, n: {"obs": leaf, "a": np.zeros(n, np.int32)}, SOURCES[1]]
+    refused(lambda: jb.sample_mixed(KEY, sources, 6, [1.0, 1.0]), "samplers[0](key, 3)['obs']", state=lambda: (REPLAY, OTHER))
 
 
 @SETTINGS
