@@ -15,7 +15,9 @@ Prints ``_common`` rows, ``impl="ours"``, ``variant`` = the codec, ``anchor="mem
   add and sample), timed interleaved in one process with the checksums on (``impl="ours"``) and replaced
   by zeros (``impl="no-checksum"``, the anchor; ``ratio`` < 1: the checksums' cost, ``overhead_pct``), and
   the checksums alone (``impl="checksums-only"``: hashing the 256 entries' payloads, ``overhead_pct`` = its
-  time over the op's without checksums: the cost with less of the machine's noise than the difference).
+  time over the op's without checksums: the cost with less of the machine's noise than the difference), and
+  ``impl="per-entry"``: the store with the checksums computed one ``xxhash.xxh3_64_intdigest`` call per entry
+  (``host_codecs._checksum``'s fallback) instead of its compiled loop over the batch.
   Before them, ``checksum_function/<size>B`` rows: one call of each candidate checksum (``impl``: xxhash's
   ``xxh3_64`` (the store's, the anchor), ``xxh32``, ``zlib.crc32``, isal's ``crc32``) on a payload of a
   compressed frame's size (100, 1,000 B) and of a raw frame (7,056 B), as the store calls it per entry.
@@ -125,6 +127,21 @@ def bench_batches(codec, items: np.ndarray, batch: int, reps: int):
     return t_enc, t_dec, int(sum(int(e.lengths.sum()) for e in encs))
 
 
+def _per_entry_checksums(fn):
+    """`fn` run with the checksums computed one Python call per entry (`host_codecs._checksum`'s fallback)."""
+    from host_codecs import _checksum
+
+    def run():
+        kernels = _checksum._kernels
+        _checksum._kernels = False
+        try:
+            fn()
+        finally:
+            _checksum._kernels = kernels
+
+    return run
+
+
 def _no_checksums(fn):
     """`fn` run with every entry checksum replaced by 0 (puts store 0, gets compare against 0)."""
     real = host_codecs.store._payload_sums
@@ -161,11 +178,14 @@ def bench_checksum_functions(reps: int) -> None:
                 anchor=anchor, anchor_seconds=times["xxh3_64"] if anchor else None)
 
 
+SHARE = "% of the op without checksums"  # the unit of a checksums-only row's value
+
+
 def bench_checksums(game: str, frames: np.ndarray, spec: str, reps: int) -> None:
     """Rows of the checksums' cost on put and get of 256 frames (see the module doc)."""
     n = len(frames)
     codec, dictionary = (spec.split("/")[0], 32768) if spec.endswith("/dict") else (spec, 0)
-    stores = {k: CompressedStore(n, codec=codec, dictionary_bytes=dictionary, dictionary_samples=256) for k in ("ours", "no-checksum")}
+    stores = {k: CompressedStore(n, codec=codec, dictionary_bytes=dictionary, dictionary_samples=256) for k in ("ours", "no-checksum", "per-entry")}
     for k, store in stores.items():
         for s in range(0, n, 256):
             fill = lambda: store.put(np.arange(s, s + 256), frames[s : s + 256])  # noqa: E731
@@ -192,15 +212,18 @@ def bench_checksums(game: str, frames: np.ndarray, spec: str, reps: int) -> None
     ops = {"put256": put, "get256": lambda k: stores[k].get(next(ids))}
     mb = 256 * frames[0].nbytes / 1e6
     for op, make in ops.items():
-        runs = {"ours": lambda: make("ours"), "no-checksum": _no_checksums(lambda: make("no-checksum")), "checksums-only": sums(op)}
+        runs = {"ours": lambda: make("ours"), "no-checksum": _no_checksums(lambda: make("no-checksum")),
+                "per-entry": _per_entry_checksums(lambda: make("per-entry")), "checksums-only": sums(op)}
         times = interleaved(runs, reps)
         t0 = times["no-checksum"]
         for impl, t in times.items():
-            anchor = "no-checksum" if impl == "ours" else None
-            row(BENCH, f"{game}/frame84/checksum/{op}", impl, t, n=256, repeats=reps, items=mb, unit="MB/s", anchor=anchor,
+            anchor = "no-checksum" if impl in ("ours", "per-entry") else None
+            share = {"value": round(100 * t / t0, 2), "unit": SHARE} if impl == "checksums-only" else {"unit": "MB/s"}
+            row(BENCH, f"{game}/frame84/checksum/{op}", impl, t, n=256, repeats=reps, items=mb, anchor=anchor,
                 anchor_seconds=t0 if anchor else None, variant=spec,
-                overhead_pct=round(100 * (t / t0 if impl == "checksums-only" else t / t0 - 1), 2))
+                overhead_pct=round(100 * (t / t0 if impl == "checksums-only" else t / t0 - 1), 2), **share)
     np.testing.assert_array_equal(stores["ours"].get(np.arange(n)), frames)
+    np.testing.assert_array_equal(stores["per-entry"].get(np.arange(n)), frames)  # checks written one by one pass the loop's
 
 
 def main() -> None:

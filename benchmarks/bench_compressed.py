@@ -31,7 +31,11 @@ the CPU count, and 1): the ratios to quote (``anchor="sb3-extra-buffers"``).
 The ``checksum`` case measures what the host stores' per-entry checksums cost a jaxbuffers buffer (default
 codec): jitted adds of 500 steps and jitted ``sample_transitions`` of 256, interleaved in one process on two
 buffers of the same transitions, one with the checksums (``impl="ours"``) and one with every checksum replaced by
-zero (``impl="no-checksum"``, the anchor; ``overhead_pct`` = the relative cost).
+zero (``impl="no-checksum"``, the anchor; ``overhead_pct`` = the relative cost), and a third with the checksums
+computed one ``xxhash`` call per entry (``impl="per-entry"``, ``host_codecs._checksum``'s fallback) instead of one
+compiled loop per batch; ``impl="checksums-only"``: the seconds spent computing the checksums inside each ``ours``
+op (``overhead_pct`` = that over the op's time without checksums: the cost with less of the machine's noise than the
+difference of two timings).
 
 Output: ``_common`` rows, one per case and metric (``case`` = ``<game>/<metric>``, ``variant`` =
 the buffer and codec): throughputs in transitions/s, memory as ``value`` in bytes/transition;
@@ -391,6 +395,7 @@ def run_checksums(game: str, n: int, repeats: int) -> dict:
     import jax.numpy as jnp
 
     import host_codecs.store as hs
+    from host_codecs import _checksum
     from jaxbuffers import CompressedTrajectoryBuffer
 
     obs, nxt, act, rew, term = load(game, n)
@@ -403,14 +408,26 @@ def run_checksums(game: str, n: int, repeats: int) -> dict:
     sample = jax.jit(lambda b, k: (lambda x: (x.obs, x.action, x.next_obs, x.n_step_return, x.discount))(
         b.sample_transitions(k, 256, gamma=0.99)))
     real, zeros = hs._payload_sums, (lambda chunks, chunk_ids, *_: np.zeros(len(chunk_ids), np.uint32))
-    bufs, heads, keys = {}, {"ours": 0, "no-checksum": 0}, iter(jax.random.split(jax.random.key(0), 100_000))
+    bufs, heads, keys = {}, {"ours": 0, "no-checksum": 0, "per-entry": 0}, iter(jax.random.split(jax.random.key(0), 100_000))
+    _checksum.payload_sums({}, np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0))  # loads the compiled loops
+    kernels = _checksum._kernels
+
+    spent = [0.0]  # seconds inside the checksums during the current "ours" op
+
+    def timed(*args):
+        t0 = time.perf_counter()
+        try:
+            return real(*args)
+        finally:
+            spent[0] += time.perf_counter() - t0
 
     def run(impl, fn):
-        hs._payload_sums = real if impl == "ours" else zeros
+        hs._payload_sums = zeros if impl == "no-checksum" else timed if impl == "ours" else real
+        _checksum._kernels = False if impl == "per-entry" else kernels
         try:
             return jax.block_until_ready(fn())
         finally:
-            hs._payload_sums = real
+            hs._payload_sums, _checksum._kernels = real, kernels
 
     for impl in heads:
         def fill(impl=impl):
@@ -427,13 +444,17 @@ def run_checksums(game: str, n: int, repeats: int) -> dict:
     ops = {"add_chunk500": add_next, "sample_256": lambda impl: run(impl, lambda: sample(bufs[impl], next(keys)))}
     rec = {}
     for op, fn in ops.items():
-        times = {impl: [] for impl in heads}
-        fn("ours"), fn("no-checksum")
+        times = {impl: [] for impl in [*heads, "checksums-only"]}
+        for impl in heads:
+            fn(impl)
         for r in range(repeats):
             for impl in (list(heads) if r % 2 else list(heads)[::-1]):
+                spent[0] = 0.0
                 t0 = time.perf_counter()
                 fn(impl)
                 times[impl].append(time.perf_counter() - t0)
+                if impl == "ours":
+                    times["checksums-only"].append(spent[0])
         for impl, ts in times.items():
             rec[f"{op}/{impl}"] = statistics.median(ts)
     return rec
@@ -601,9 +622,11 @@ def rows(game: str, kind: str, name: str, rec: dict, n: int, repeats: int) -> No
         for key, t in rec.items():
             op, impl = key.split("/")
             t0 = rec[f"{op}/no-checksum"]
-            row(BENCH, f"{game}/checksum/{op}", impl, t, n=n, repeats=max(repeats, 30), unit="transitions/s",
-                items=500 if op.startswith("add") else 256, anchor="no-checksum" if impl == "ours" else None,
-                anchor_seconds=t0 if impl == "ours" else None, overhead_pct=round(100 * (t / t0 - 1), 2))
+            share = {"value": round(100 * t / t0, 2), "unit": "% of the op without checksums"} if impl == "checksums-only" else {"unit": "transitions/s"}
+            row(BENCH, f"{game}/checksum/{op}", impl, t, n=n, repeats=max(repeats, 30),
+                items=500 if op.startswith("add") else 256, anchor="no-checksum" if impl in ("ours", "per-entry") else None,
+                anchor_seconds=t0 if impl in ("ours", "per-entry") else None,
+                overhead_pct=round(100 * (t / t0 if impl == "checksums-only" else t / t0 - 1), 2), **share)
         return
     if kind == "side":
         for key, tps in rec.items():

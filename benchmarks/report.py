@@ -67,7 +67,11 @@ NOTES = {
            "ratio >= 0.83.",
     "returns": "Anchor: rlax's GAE vmapped over envs; ours with the reverse scan and the associative scan. "
                "Throughput in steps/s (T x N per call).",
-    "compressed": "Recorded Atari transitions. Memory rows give bytes per transition (RSS growth; `accounted` from "
+    "compressed": "Recorded Atari transitions. `checksum/*` rows: jitted adds of 500 steps and samples of 256 of a "
+                  "compressed trajectory buffer (default codec) with the entry checksums (`ours`), without them "
+                  "(`no-checksum`) and computed one call per entry (`per-entry`), interleaved in one process; "
+                  "`checksums-only`: the time spent hashing inside each `ours` op, as a share of the op without "
+                  "checksums. Memory rows give bytes per transition (RSS growth; `accounted` from "
                   "the buffer's own byte count). Rows run one buffer per subprocess, so only the `same-process` rows "
                   "have ratios (ours against sb3-extra-buffers' rle-jit, interleaved in one process). `million` rows "
                   "(`--million`): 1M transitions of a random-policy ale-py rollout of 20,000 steps tiled over 8 lanes, "
@@ -89,7 +93,11 @@ NOTES = {
                 "frames (K=1: every frame whole), zstd at the level in the case, a 32 KiB dictionary trained on the "
                 "first 1,024 frames for the frames named. `encode_mbs` / `decode_mbs` (one thread) are in the JSON "
                 "lines. Chosen: XOR, the dictionary for keyframes and deltas, K=8 (the `compressed` million rows).",
-    "codecs": "Throughput in MB/s of raw bytes; ratio = throughput / numpy memcpy bandwidth in the same process.",
+    "codecs": "Throughput in MB/s of raw bytes; ratio = throughput / numpy memcpy bandwidth in the same process. "
+              "`checksum/*` rows: a store's put and get of 256 frames with the entry checksums (`ours`: one compiled "
+              "loop per batch), without them (`no-checksum`, the anchor) and computed one Python call per entry "
+              "(`per-entry`), interleaved in one process; `checksums-only`: the hashing alone as a share of the op "
+              "without checksums (less noisy than the difference of two timings on a loaded machine).",
     "torch_interop": "Anchor: the numpy route (`torch.from_numpy(np.asarray(x))` and back). Throughput in MB/s.",
     "checkpoint": "A `ReplayBuffer` of real Atari items (`uncompressed`) and a `CompressedTrajectoryBuffer` of recorded "
                   "Breakout steps (`compressed`: device ids plus host arenas), written to the same disk. Throughput in "

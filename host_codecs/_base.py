@@ -51,6 +51,17 @@ def as_array(x, field: str) -> np.ndarray:
         raise TypeError(f"{field}: expected an array, got {type(x).__name__} that numpy cannot convert ({exc})") from None
 
 
+def shape_arg(value, field: str = "item_shape") -> tuple[int, ...]:
+    """A shape argument: a list or tuple of ints >= 0 (Python or numpy; not bools, not floats), as a tuple.
+
+    Raises:
+      TypeError: naming `field`, anything else (`None`, a lone int, floats: never rounded).
+    """
+    if not isinstance(value, (list, tuple)) or not all(isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d >= 0 for d in value):
+        raise TypeError(f"{field}: expected a tuple of ints >= 0, got {type(value).__name__} {value!r:.60}")
+    return tuple(int(d) for d in value)
+
+
 def dtype_code(dtype, *, field: str = "arrays") -> int:
     """The stored code of a supported dtype (its position in `DTYPES`).
 
@@ -63,6 +74,8 @@ def dtype_code(dtype, *, field: str = "arrays") -> int:
         byte-swapped dtypes are refused, never converted).
     """
     try:
+        if dtype is None:  # np.dtype(None) is float64: a dtype left out is refused, not guessed
+            raise TypeError
         dt = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"{field}: expected a numeric dtype, one of {[d.name for d in DTYPES]}, got {dtype!r}") from None
@@ -142,11 +155,12 @@ class ChunkTable(dict):
     dictionary (`host_codecs.ZstdDictionary` or None): what a codec needs to decode a store's
     entries. A store builds one per state of its arena, not one per read."""
 
-    __slots__ = ("dictionary",)
+    __slots__ = ("dictionary", "addresses")
 
     def __init__(self, chunks: Mapping[int, np.ndarray], dictionary=None):
         super().__init__(chunks)
         self.dictionary = dictionary
+        self.addresses = None  # (ids, base addresses, sizes) of the chunks, built by host_codecs._checksum on first use
 
 
 def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows) -> None:

@@ -37,8 +37,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code
-from . import store as _store
+from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code, shape_arg
+from . import _checksum
 from ._pool import parallel_for
 from .store import _integer_ids, _out_of
 
@@ -84,7 +84,8 @@ class FileStore:
       ValueError: a bad mode or size; with `"r"` / `"r+"`, files whose shape or dtype differ from the arguments, or a
         data file shorter than its header says (the message names the file and the field).
       FileNotFoundError: `"r"` / `"r+"` and a file is missing.
-      TypeError: an unsupported dtype.
+      TypeError: a `path` that is not a path, an `item_shape` that is not a tuple of ints >= 0, an unsupported (or
+        no) dtype. (All checked before any file is created.)
     """
 
     def __init__(self, path: str | os.PathLike, num_slots: int, item_shape: Sequence[int], dtype: Any, *,
@@ -93,12 +94,10 @@ class FileStore:
             raise ValueError(f"mode: expected 'w', 'r+' or 'r', got {mode!r}")
         if isinstance(num_slots, bool) or not isinstance(num_slots, (int, np.integer)) or num_slots < 1:
             raise ValueError(f"num_slots: expected an int >= 1, got {num_slots!r}")
-        if _store._HASH is None:  # the checksum CompressedStore imports on first use
-            import xxhash
-
-            _store._HASH = xxhash.xxh3_64_intdigest
+        if not (isinstance(path, os.PathLike) or (isinstance(path, str) and path)):
+            raise TypeError(f"path: expected a file path (a non-empty str or os.PathLike), got {type(path).__name__} {path!r:.60}")
         self.path, self.mode, self.name = Path(path), mode, str(name)
-        self.num_slots, self.item_shape = int(num_slots), tuple(int(s) for s in item_shape)
+        self.num_slots, self.item_shape = int(num_slots), shape_arg(item_shape)
         self.dtype = dtype_from_code(dtype_code(dtype, field="dtype"))
         self._declared = (dtype_code(self.dtype), self.item_shape)  # what CompressedStore calls it
         self.row_nbytes = math.prod(self.item_shape) * self.dtype.itemsize
@@ -180,18 +179,19 @@ class FileStore:
             last = s.size - 1 - np.unique(s[::-1], return_index=True)[1]
             s, a = s[last], a[last]
         rows = np.ascontiguousarray(a).reshape(s.size, -1).view(np.uint8)
-        sums = self._sums(rows, s)
+        sums = self._sums({0: rows}, np.zeros(s.size, np.int64), np.arange(s.size), s)
         with self._lock:
             for a0, b0 in _runs(s):
                 os.pwrite(self._fd, rows[a0:b0], self._offset + int(s[a0]) * self.row_nbytes)
             self._index[0, s], self._index[1, s] = 1, sums
 
-    def _sums(self, rows: Sequence[np.ndarray], slots: np.ndarray) -> np.ndarray:
-        """# shape=(k,), dtype=uint32: the checks of entries `rows` (uint8 rows) of `slots`, seeded as
-        `host_codecs.store._payload_sums` seeds them (slot id, and the length in the high 32 bits)."""
-        high = self.row_nbytes << 32
-        sums = np.fromiter((_store._HASH(r, s ^ high) for r, s in zip(rows, slots.tolist())), np.uint64, len(slots))
-        return (sums & 0xFFFFFFFF).astype(np.uint32)
+    def _sums(self, arrays: dict, which: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """# shape=(k,), dtype=uint32: the checks of the entries of `slots` that lie in row `rows[i]` of the uint8
+        array `arrays[which[i]]` (`[n, row_nbytes]`), as `CompressedStore` checks its entries
+        (`host_codecs._checksum.payload_sums`: seeded with the slot id, and the length in the high 32 bits)."""
+        flat = {j: a.reshape(-1) for j, a in arrays.items()}
+        n = np.asarray(rows, np.int64)
+        return _checksum.payload_sums(flat, np.asarray(which, np.int64), n * self.row_nbytes, np.full(n.size, self.row_nbytes, np.int64), slots)
 
     def dependents(self, slots: Any) -> np.ndarray:
         """`CompressedStore.dependents`: always empty (int64 `[0]`), a file store holds no deltas."""
@@ -225,8 +225,12 @@ class FileStore:
           KeyError: an empty slot with `missing="raise"`. ValueError: a bad `missing` or `outs`.
           OSError: the data file ends early.
         """
-        if missing not in ("raise", "zeros"):
+        if not isinstance(missing, str) or missing not in ("raise", "zeros"):
             raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")
+        if not isinstance(slot_arrays, (list, tuple)):
+            raise TypeError(f"slot_arrays: expected a list of slot id arrays, got {type(slot_arrays).__name__}")
+        if outs is not None and not isinstance(outs, (list, tuple)):
+            raise TypeError(f"outs: expected a list of arrays (one per slot array), got {type(outs).__name__}")
         if self._fd < 0:
             raise RuntimeError(f"{self.data_path}: read after close()")
         ids = [self._slots(x, "slot_arrays") for x in slot_arrays]
@@ -268,7 +272,8 @@ class FileStore:
                         raise OSError(f"{self.data_path}: read {got} bytes at offset {start}, expected {len(views) * self.row_nbytes} (file truncated)")
 
         parallel_for(len(runs), read, work_bytes=live.size * self.row_nbytes, min_shard_bytes=_READ_SHARD_BYTES)
-        bad = self._sums([rows[fj[i]][fr[i]] for i in live.tolist()], uniq[live]) != check[first[live]]
+        arrays = {j: r for j, r in enumerate(rows) if r is not None}
+        bad = self._sums(arrays, np.asarray(fj, np.int64)[live], np.asarray(fr, np.int64)[live], uniq[live]) != check[first[live]]
         if bad.any():
             ids_bad = uniq[live][bad]
             raise CorruptEntryError(f"{self.data_path}: slots {ids_bad[:10].tolist()}{' and more' if ids_bad.size > 10 else ''} are corrupt "

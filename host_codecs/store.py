@@ -69,7 +69,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code
+from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code, shape_arg
+from . import _checksum
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
 from .registry import CODECS, codec_for_tag, get_codec
@@ -85,19 +86,9 @@ _HASH = None  # xxhash.xxh3_64_intdigest, imported by the first store (a declare
 
 
 def _payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
-    """# shape=(k,), dtype=uint32: the low 32 bits of XXH3-64 of each payload seeded with its slot
-    id and its length, `slot ^ length << 32` (`chunk_ids`, `offsets`, `lengths`, `slots`: # shape=(k,),
-    integer arrays). A payload past its chunk's end is hashed as far as it goes and one in a chunk
-    not in `chunks` as empty, so their sums differ from the stored ones."""
-    ids = chunk_ids.tolist()
-    views = {c: memoryview(chunks[c] if c in chunks else b"") for c in set(ids)}
-    starts, lengths = offsets.astype(np.int64), lengths.astype(np.int64)
-    seeds = np.asarray(slots, np.uint64) ^ lengths.astype(np.uint64) << np.uint64(32)
-    sums = np.fromiter(
-        (_HASH(views[c][o:e], s) for c, o, e, s in zip(ids, starts.tolist(), (starts + lengths).tolist(), seeds.tolist())),
-        np.uint64, len(ids),
-    )
-    return (sums & 0xFFFFFFFF).astype(np.uint32)
+    """# shape=(k,), dtype=uint32: the entries' checksums, `host_codecs._checksum.payload_sums` (one compiled loop
+    per batch)."""
+    return _checksum.payload_sums(chunks, chunk_ids, offsets, lengths, slots)
 
 
 def _fields(tag, meta, layout) -> np.ndarray:
@@ -200,9 +191,7 @@ class CompressedStore:
             raise ValueError(f"dictionary_bytes: dictionaries are for the zstd codec, this store's codec is {self.codec.spec!r}")
         self._declared: tuple[int, tuple[int, ...]] | None = None
         if item_shape is not None:
-            shape = tuple(int(s) for s in item_shape)
-            if any(s < 0 for s in shape):
-                raise ValueError(f"item_shape: expected non-negative sizes, got {item_shape}")
+            shape = shape_arg(item_shape)
             self._declared = (dtype_code(np.dtype(dtype), field="dtype"), shape)
         self.max_dead_fraction = float(max_dead_fraction)
         self.dictionary_bytes = int(dictionary_bytes)

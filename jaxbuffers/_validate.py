@@ -449,6 +449,8 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
     """
     if not _is_array(x):
         raise not_array(name, x, "an array (JAX or numpy)" + ("" if shape is None else f" of shape {shape}"))
+    if isinstance(x.dtype, np.dtype) and x.dtype.kind in "OUSMm":
+        raise TypeError(f"{name}: expected a numeric or bool array, got dtype {x.dtype}")
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         raise TypeError(f"{name}: expected a numeric array, got a PRNG key array ({x.dtype})")
     got = np.dtype(x.dtype)
@@ -511,6 +513,52 @@ def storable_dtype(name: str, value: Any, kind: str = "floating") -> np.dtype:
     if jax.dtypes.canonicalize_dtype(d) != d:
         raise TypeError(f"{name}: {d} needs jax_enable_x64 (without it JAX stores {jax.dtypes.canonicalize_dtype(d)}); enable x64 or pass a 32-bit dtype")
     return d
+
+
+def instance(name: str, value: Any, types: Any, want: str) -> Any:
+    """``value`` if it is an instance of ``types`` (a type or a tuple; ``callable`` for any callable), else TypeError
+    naming ``name``, ``want`` and what came."""
+    if not (callable(value) if types is callable else isinstance(value, types)):
+        raise TypeError(f"{name}: expected {want}, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def static_value(name: str, value: Any, want: str = "an array or a hashable Python value (a number, a bool, a str, a tuple)") -> Any:
+    """A static (closed-over) argument or a key: ``value`` if it is hashable, else TypeError naming ``name`` (a list or
+    a dict given where an array or a Python value belongs: pass an array, or a tuple)."""
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected {want}, got {type(value).__name__} {value!r:.60}") from None
+    return value
+
+
+def names(name: str, value: Any, minimum: int = 0) -> list[str]:
+    """A list or tuple of at least ``minimum`` distinct strs (field names), as a list.
+
+    Raises:
+      TypeError: naming ``name``: not a list or tuple (a lone str too: it would be read letter by letter), an item
+        not a str. ValueError: fewer than ``minimum`` names, or a name given twice.
+    """
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name}: expected a list of field names (strs), got {type(value).__name__} {value!r:.60}")
+    if len(value) < minimum or len(set(value)) != len(value):
+        raise ValueError(f"{name}: expected at least {minimum} distinct names, got {list(value)!r:.80}")
+    return list(value)
+
+
+def path(name: str, value: Any) -> Any:
+    """A file-system path argument: a ``str`` (not empty) or an ``os.PathLike``, returned as ``pathlib.Path``.
+
+    Raises:
+      TypeError: naming ``name``: ``None``, bytes, numbers, buffers and other objects given where a path belongs.
+    """
+    import os
+    import pathlib
+
+    if not (isinstance(value, os.PathLike) or (isinstance(value, str) and value)):
+        raise TypeError(f"{name}: expected a folder path (a non-empty str or os.PathLike), got {type(value).__name__} {value!r:.60}")
+    return pathlib.Path(value)
 
 
 def choice(name: str, value: Any, options: tuple) -> Any:

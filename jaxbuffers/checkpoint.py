@@ -230,11 +230,11 @@ def _json_config(config: dict) -> dict:
 
 # --- describing a buffer ---
 
-def _entry(buffer: Any) -> tuple[str, type, Any, tuple[int, ...]]:
-    """(class name, class, config function, stack shape) of a buffer, or TypeError."""
+def _entry(buffer: Any, what: str = "buffer") -> tuple[str, type, Any, tuple[int, ...]]:
+    """(class name, class, config function, stack shape) of a buffer, or TypeError naming the argument `what`."""
     entry = _CLASSES.get(type(buffer).__name__)
     if entry is None or entry[0] is not type(buffer):
-        raise TypeError(f"buffer: expected one of the jaxbuffers buffers {sorted(_CLASSES)}, got {type(buffer).__name__}")
+        raise TypeError(f"{what}: expected one of the jaxbuffers buffers {sorted(_CLASSES)}, got {type(buffer).__name__}")
     cls, config, scalar = entry
     return type(buffer).__name__, cls, config, tuple(np.shape(scalar(buffer)))
 
@@ -379,6 +379,8 @@ class _Progress:
 
     def __init__(self, enabled: bool | None, desc: str):
         self.bar = None
+        if enabled is not None:
+            _validate.static_bool("progress", enabled)
         if enabled is None:
             enabled = sys.stderr.isatty()
         if enabled:
@@ -503,7 +505,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     _verify(root, progress)
     meta = _read_json(root / "buffer.json", "buffer description")
     if target is not None:
-        _entry(target)  # TypeError for a target that is not a buffer
+        _entry(target, "target")  # TypeError for a target that is not a buffer
     try:
         abstract, concrete = _template(meta, target, root)
     except CheckpointError:
@@ -583,7 +585,8 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       The checkpoint folder as a `pathlib.Path`.
 
     Raises:
-      TypeError: `buffer` is not a jaxbuffers buffer, or a stacked compressed buffer.
+      TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer,
+        `progress` not a bool or None (all checked before anything is created).
       FileExistsError: `directory` exists and is not a checkpoint (nothing is deleted).
       StaleBufferError: a compressed buffer state older than its host store.
     """
@@ -592,7 +595,10 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
 
 def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host: bool = True) -> Path:
     """`save`, with `_write`'s `host`."""
-    path = Path(directory).absolute()
+    path = _validate.path("directory", directory).absolute()
+    _describe(buffer)  # its TypeErrors before anything is created
+    if progress is not None:
+        _validate.static_bool("progress", progress)
     if path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
         raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -634,10 +640,15 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
       The buffer, its leaves JAX arrays (a compressed buffer gets new host stores holding the saved entries).
 
     Raises:
+      TypeError: `directory` not a path, `target` not a jaxbuffers buffer, `progress` not a bool or None.
       CheckpointError: missing or corrupt files (the message names the file), another format version, or a
         class, configuration, shape or dtype other than the target's.
     """
-    path = Path(directory).absolute()
+    path = _validate.path("directory", directory).absolute()
+    if target is not None:
+        _entry(target, "target")
+    if progress is not None:
+        _validate.static_bool("progress", progress)
     if not _is_checkpoint(path) and _is_checkpoint(_prev(path)):
         path = _prev(path)
     if not path.is_dir():

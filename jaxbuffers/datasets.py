@@ -131,14 +131,23 @@ def from_minari(
       The filled buffer; an `EpisodeBuffer`'s `meta` holds the final infos (module doc).
 
     Raises:
-      TypeError: a 64-bit field with `jax_enable_x64` off and `cast_64bit=False` (the message names the field);
-        `cast_64bit` not a bool.
+      TypeError: `dataset` not a Minari dataset; a 64-bit field with `jax_enable_x64` off and `cast_64bit=False` (the
+        message names the field); `cast_64bit` or `circular` not a bool.
       ValueError: an empty dataset, an episode whose flags end it before its last step, an integer that int32
-        cannot hold (with `cast_64bit`), `into` not one of the two; `EpisodeBuffer` errors for sizes.
+        cannot hold (with `cast_64bit`), `into` not one of the two, sizes not ints >= 1 or given with
+        `into="trajectory"` (every argument checked before the dataset is read).
       BufferFullError: `circular=False` and more episodes than `max_episodes`.
     """
+    if not callable(getattr(dataset, "iterate_episodes", None)):
+        raise TypeError(f"dataset: expected a minari.MinariDataset (minari.load_dataset(dataset_id)), got {type(dataset).__name__}")
     _validate.choice("into", into, ("episodes", "trajectory"))
-    episodes = _read(dataset, _validate.static_bool("cast_64bit", cast_64bit))
+    cast_64bit, circular = _validate.static_bool("cast_64bit", cast_64bit), _validate.static_bool("circular", circular)
+    for name, v in (("max_episodes", max_episodes), ("max_timesteps", max_timesteps)):
+        if v is not None and into == "trajectory":
+            raise ValueError(f"{name}: a size of into='episodes'; a trajectory buffer holds every step of the dataset, got {v!r}")
+        if v is not None:
+            _validate.static_int(name, v)
+    episodes = _read(dataset, cast_64bit)
     lengths = [e["length"] for e in episodes]
     example = jax.tree.map(lambda x: x[0], episodes[0]["steps"])
     if into == "trajectory":
@@ -202,14 +211,21 @@ def to_minari(buffer: EpisodeBuffer, dataset_id: str, *, observation_space, acti
       The `minari.MinariDataset` written.
 
     Raises:
-      TypeError: `buffer` not an `EpisodeBuffer`.
+      TypeError: `buffer` not an `EpisodeBuffer`, `dataset_id` not a str, a space not a Gymnasium space,
+        `jpeg_encoding` not a bool (checked before anything is written).
       ValueError: an empty buffer; Minari's errors for the id or the spaces.
     """
     import minari
     from minari.data_collector import EpisodeBuffer as MinariEpisode
 
+    from gymnasium import spaces
+
     if not isinstance(buffer, EpisodeBuffer):
         raise TypeError(f"buffer: expected an EpisodeBuffer, got {type(buffer).__name__}")
+    _validate.instance("dataset_id", dataset_id, str, "a str, (namespace/)(env_name/)name-v(version)")
+    _validate.instance("observation_space", observation_space, spaces.Space, "a gymnasium space")
+    _validate.instance("action_space", action_space, spaces.Space, "a gymnasium space")
+    _validate.static_bool("jpeg_encoding", metadata.setdefault("jpeg_encoding", False))
     everything = jax.tree.map(np.asarray, buffer.get_all())
     count = int(buffer.num_episodes())
     if count == 0:
@@ -243,7 +259,6 @@ def to_minari(buffer: EpisodeBuffer, dataset_id: str, *, observation_space, acti
             rewards=item[buffer.reward_key].astype(np.float64), terminations=terminations, truncations=truncations,
             infos=infos,
         ))
-    _validate.static_bool("jpeg_encoding", metadata.setdefault("jpeg_encoding", False))
     return minari.create_dataset_from_buffers(
         dataset_id, out, env=env, observation_space=observation_space, action_space=action_space, **metadata,
     )

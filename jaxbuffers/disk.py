@@ -221,18 +221,26 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
       arrays on the default device and its host stores the folder's files.
 
     Raises:
+      TypeError: `directory` not a path; with `"r"` / `"r+"`, a `buffer` that is not a jaxbuffers buffer.
       ValueError: a bad `mode`; with `"w"`, a `buffer` that is not an empty compressed buffer with `codec="none"`.
       FileExistsError: `"w"` on a non-empty folder that is not a disk folder (nothing is deleted).
       CheckpointError: `"r"` / `"r+"` on a folder that is missing, corrupt, of another format version, or of another
         class or configuration than `buffer` (the message names the file or the field).
     """
-    if mode not in _MODES:
+    d = _validate.path("directory", directory).absolute()
+    if not isinstance(mode, str) or mode not in _MODES:
         raise ValueError(f"mode: expected one of {_MODES}, got {mode!r}")
-    d = Path(directory).absolute()
     if mode == "w":
         return _create(d, buffer)
+    if buffer is not None:
+        checkpoint._entry(buffer, "buffer")  # a TypeError naming this argument (restore calls it target)
     meta = _read_disk_json(d)
-    restored = checkpoint.restore(d / "state", buffer, progress=False)
+    try:
+        restored = checkpoint.restore(d / "state", buffer, progress=False)
+    except checkpoint.CheckpointError as e:  # restore's target is this function's buffer
+        if buffer is not None and "target" in str(e):
+            raise checkpoint.CheckpointError(f"buffer: {e}") from None
+        raise
     like = getattr(restored, "host", None)
     if not isinstance(like, HostStores):
         raise checkpoint.CheckpointError(f"{d / 'state'}: holds a {type(restored).__name__}, not a compressed buffer")
@@ -291,10 +299,10 @@ def _same_configuration(buffers: Sequence[Any], cls: type, sizes: tuple[str, ...
     its checkpoint description (`jaxbuffers.checkpoint`) but `sizes` equal to `buffers[0]`'s.
 
     Raises:
-      TypeError: no buffer, or a buffer of another class.
+      TypeError: not a list or tuple, no buffer, or a buffer of another class.
       ValueError: a configuration field that differs from `buffers[0]`'s (the message names it).
     """
-    buffers = tuple(buffers)
+    buffers = tuple(_validate.instance("buffers", buffers, (list, tuple), f"a list of {cls.__name__}s"))
     if not buffers:
         raise TypeError("buffers: expected at least one buffer")
     describe = checkpoint._CLASSES[cls.__name__][1]
@@ -347,7 +355,7 @@ class Concatenated(struct.PyTreeNode):
         """Check `buffers` (class doc) and wrap them.
 
         Raises:
-          TypeError: no buffer, or a buffer of another class.
+          TypeError: not a list or tuple, no buffer, or a buffer of another class.
           ValueError: a configuration field that differs from `buffers[0]`'s (the message names it).
         """
         return cls(buffers=_same_configuration(buffers, CompressedTrajectoryBuffer, _FIXED_SIZES))
@@ -384,8 +392,9 @@ class Concatenated(struct.PyTreeNode):
 
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> ConcatenatedSample:
         """`CompressedTrajectoryBuffer.sample_transitions` over the union (class doc): `ConcatenatedSample` of a
-        `jaxbuffers.TransitionSample` and the source buffer of each row."""
+        `jaxbuffers.TransitionSample` and the source buffer of each row. Raises as that method (before any read)."""
         self._check()
+        _validate.key("key", key), _validate.static_int("batch_size", batch_size), _validate.static_int("n_step", n_step)
         return self._transitions(key, batch_size, n_step=n_step, gamma=gamma)
 
     @_compiled.method("batch_size", "n_step", scalars={"gamma": (0.0, 1.0)})
@@ -399,8 +408,11 @@ class Concatenated(struct.PyTreeNode):
 
     def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, period: int = 1) -> ConcatenatedSample:
         """`CompressedTrajectoryBuffer.sample_sequences` (crossing episodes) over the union (class doc):
-        `ConcatenatedSample` of a `jaxbuffers.SequenceSample` and the source buffer of each row."""
+        `ConcatenatedSample` of a `jaxbuffers.SequenceSample` and the source buffer of each row. Raises as that method
+        (before any read)."""
         self._check()
+        _validate.key("key", key), _validate.static_int("batch_size", batch_size)
+        _validate.static_int("sequence_length", sequence_length), _validate.static_int("period", period)
         return self._sequences(key, batch_size, sequence_length, period=period)
 
     @_compiled.method("batch_size", "sequence_length", "period")

@@ -80,8 +80,9 @@ class EpisodeWriter:
         "value")` that the buffer's step has (the action field always). Every other field is in the env half.
 
     Raises:
-      TypeError: `buffer` is not an `EpisodeBuffer`.
-      ValueError: a policy key that is not a field of the step, or the observation or reward among them.
+      TypeError: `buffer` is not an `EpisodeBuffer`, `policy_keys` not a list of strs.
+      ValueError: no policy key, one given twice, one that is not a field of the step, or the observation or
+        reward among them.
     """
 
     def __init__(self, buffer: EpisodeBuffer, *, policy_keys: Sequence[str] | None = None):
@@ -90,7 +91,7 @@ class EpisodeWriter:
         spec = buffer.step_spec
         if policy_keys is None:
             policy_keys = [buffer.action_key] + [k for k in ("log_prob", "value") if k in spec and k != buffer.action_key]
-        policy_keys = list(policy_keys)
+        policy_keys = _validate.names("policy_keys", policy_keys, 1)
         for k in policy_keys:
             if k not in spec:
                 raise ValueError(f"policy_keys: {k!r} is not a field of the step (fields {sorted(spec)})")
@@ -116,6 +117,7 @@ class EpisodeWriter:
 
     def in_progress(self, env_id: Hashable) -> int:
         """Steps of `env_id`'s episode in progress (joined, not yet committed); 0 for an unknown env."""
+        _env_id(env_id)
         with self._lock:
             env = self._envs.get(env_id)
             return 0 if env is None else len(env.steps)
@@ -123,6 +125,7 @@ class EpisodeWriter:
     def pending(self, env_id: Hashable) -> tuple[list[int], list[int]]:
         """Step ids of `env_id` waiting for their partner: `(env halves without a policy half, policy halves
         without an env half)`, sorted."""
+        _env_id(env_id)
         with self._lock:
             env = self._envs.get(env_id)
             if env is None:
@@ -152,11 +155,12 @@ class EpisodeWriter:
           The number of episodes this call committed.
 
         Raises:
-          TypeError: a field missing or extra, a wrong dtype, flags not bool.
+          TypeError: a field missing or extra, a wrong dtype, flags not bool, an `env_id` that is not hashable.
           ValueError: a wrong shape, a step id already given or already joined, a step id other than the one
             expected (the message names the env, the id expected and the id given).
           BufferFullError: a commit into a full fixed buffer (the episode is dropped; later steps go on).
         """
+        _env_id(env_id), _step_id(step_id)
         fields = self._check("fields", self._env_spec, fields)
         next_obs = self._check("next_obs", self._obs_spec, next_obs)
         terminated, truncated = _bool("terminated", terminated), _bool("truncated", truncated)
@@ -171,6 +175,7 @@ class EpisodeWriter:
         """Give the policy half of step `step_id` of env `env_id`: the policy-key fields, one step, no leading
         axis, exactly the stored dtypes; any step id not given nor joined yet (policy halves come in any order).
         Returns the number of episodes committed; raises as `add_env`."""
+        _env_id(env_id), _step_id(step_id)
         fields = self._check("fields", self._policy_spec, fields)
         with self._lock:
             env = self._env(env_id, step_id, "policy_halves")
@@ -184,6 +189,9 @@ class EpisodeWriter:
         """Give both halves of a step at once: `step` is the whole step dict. `step_id` defaults to the id of the
         env half the env expects next (0 for a new env). Returns the number of episodes committed; raises as
         `add_env`."""
+        _env_id(env_id)
+        if step_id is not None:
+            _step_id(step_id)
         if not isinstance(step, Mapping):
             raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
         missing = sorted(set(self._policy_spec) - set(step))
@@ -209,6 +217,7 @@ class EpisodeWriter:
     def discard(self, env_id: Hashable) -> int:
         """Drop `env_id`'s episode in progress and its waiting halves (an actor that died); its next step id
         starts again at 0. Returns the number of steps dropped from the episode in progress."""
+        _env_id(env_id)
         with self._lock:
             env = self._envs.pop(env_id, None)
             return 0 if env is None else len(env.steps)
@@ -234,8 +243,7 @@ class EpisodeWriter:
     def _env(self, env_id: Hashable, step_id, half: str, register: bool = True) -> _Env:
         """`env_id`'s state, after checking that `step_id` may bring its `half` (`"env_halves"` or `"policy_halves"`);
         a new env is registered only when the check passes and `register` (a refused half leaves no trace)."""
-        if isinstance(step_id, bool) or not isinstance(step_id, (int, np.integer)) or step_id < 0:
-            raise ValueError(f"step_id: expected an int >= 0, got {step_id!r}")
+        _step_id(step_id)
         env = self._envs.get(env_id) or _Env()
         kind = half.split("_")[0]
         if step_id < env.next_id or step_id in getattr(env, half) or (kind == "env" and step_id < env.next_env_id):
@@ -277,6 +285,15 @@ class EpisodeWriter:
             episode, np.int32(n), terminated=np.bool_(terminated), truncated=np.bool_(truncated),
             final_obs=steps[-1][1], meta=meta,
         )
+
+
+def _env_id(env_id) -> None:
+    _validate.static_value("env_id", env_id, "a hashable id (an int, a str, a tuple)")
+
+
+def _step_id(step_id) -> None:
+    if isinstance(step_id, bool) or not isinstance(step_id, (int, np.integer)) or step_id < 0:
+        raise ValueError(f"step_id: expected an int >= 0, got {step_id!r}")
 
 
 def _bool(name: str, x) -> bool:

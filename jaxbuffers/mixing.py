@@ -71,7 +71,10 @@ def mixed_counts(batch_size: int, proportions: Sequence[float]) -> tuple[int, ..
     if not proportions:
         raise ValueError(f"proportions: expected a non-empty sequence of numbers, one per source, got {proportions!r}")
     w = [_validate.static_float(f"proportions[{i}]", p, 0.0, math.inf) for i, p in enumerate(proportions)]
-    total = math.fsum(w)
+    try:
+        total = math.fsum(w)
+    except OverflowError:  # a sum beyond float64's range (two proportions of 1e308)
+        total = math.inf
     if not total > 0 or not math.isfinite(total):
         raise ValueError(f"proportions: expected finite non-negative numbers with a positive sum, got {list(proportions)}")
     exact = [batch_size * x / total for x in w]
@@ -124,7 +127,9 @@ def sample_mixed(
         if n == 0:
             continue
         out = s(keys[i], n)
-        if spec is None:
+        if spec is None:  # the first source's leaves must be arrays JAX holds as they are: the others are checked against them
+            for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
+                _validate.array(f"samplers[{i}](key, {n}){_validate.leaf_name(path)}", x)
             spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x)), out)
         lead = _validate.check_batch(spec, out, 1, f"samplers[{i}](key, {n})")
         if lead[0] != n:

@@ -226,7 +226,8 @@ class RateLimiter(struct.PyTreeNode):
 
 
 def _count(name: str, n) -> jax.Array:
-    """`n` as an int32 scalar: a Python int in `[0, 2**30)` or a 0-d integer array (not range-checked when traced)."""
+    """`n` as an int32 scalar: a Python int or a concrete 0-d integer array in `[0, 2**30)`, or a traced 0-d integer
+    array (not range-checked)."""
     if isinstance(n, (int, np.integer)) and not isinstance(n, bool):
         if not 0 <= n < 2**30:
             raise ValueError(f"{name}: expected an int in [0, 2**30), got {n}")
@@ -234,6 +235,8 @@ def _count(name: str, n) -> jax.Array:
     x = _validate.as_array(n)
     if x.shape != () or not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an int or a 0-d integer array, got {getattr(x, 'dtype', type(n))}{list(x.shape)}")
+    if not isinstance(x, jax.core.Tracer):  # a concrete array is range-checked as a Python int is
+        return _count(name, int(x))
     return x.astype(jnp.int32)
 
 

@@ -80,6 +80,7 @@ References:
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -112,10 +113,16 @@ def _is_array(x) -> bool:
 
 
 def _split_static(kwargs: dict) -> tuple[dict, tuple]:
-    """Array keyword arguments (operands) and the others (static: closed over, hashable), `None` ones dropped."""
+    """Array keyword arguments (operands) and the others (static: closed over, hashable), `None` ones dropped. A
+    static value is keyed with its type: `True`, `1` and `1.0` hash alike, and must not find each other's program."""
     arrays = {k: v for k, v in kwargs.items() if v is not None and jax.tree.leaves(v) and all(map(_is_array, jax.tree.leaves(v)))}
-    static = tuple(sorted((k, v) for k, v in kwargs.items() if v is not None and k not in arrays))
+    static = tuple(sorted((k, (type(v).__name__, _validate.static_value(k, v))) for k, v in kwargs.items() if v is not None and k not in arrays))
     return arrays, static
+
+
+def _kwargs(static: tuple) -> dict:
+    """The keyword arguments of `_split_static`'s static tuple."""
+    return {k: v for k, (_, v) in static}
 
 
 def _unstack(tree):
@@ -167,6 +174,9 @@ def _choose_shards(key, mass: jax.Array, batch_size: int) -> jax.Array:
 _EPISODE_GUARDS = {"sample_episodes": "can_sample", "sample_timesteps": "can_sample", "sample_transitions": "can_sample",
                    "sample_sequences": "can_sample_sequences"}
 _GUARDS = {"sample": "can_sample", "sample_sequences": "can_sample", "sample_transitions": "can_sample_transitions"}
+#: The samplers `sample` and `sample_local` call, of the buffers that have them.
+_GLOBAL_SAMPLERS = ("sample", "sample_sequences", "sample_transitions", "sample_episodes", "sample_timesteps")
+_LOCAL_SAMPLERS = _GLOBAL_SAMPLERS + ("minibatches",)
 
 
 def _episode_units(b: EpisodeBuffer, method: str, kw: dict) -> jax.Array:
@@ -231,7 +241,7 @@ def _local_body(fn: Callable) -> Callable:
 def _local_fn(axis: str, op: str, method: str | None, batch_size: int | None, static: tuple) -> Callable:
     """The shard-local operations of `ShardedBuffer` as functions of one shard and its operands (`own`: the
     shard's rows `[1, ...]` of per-shard keyword arguments, e.g. an episode filter)."""
-    kw = dict(static)
+    kw = _kwargs(static)
     if op == "add":
         return lambda b, args, arrays: getattr(type(b), method)(b, *args, **arrays, **kw)
     if op == "local":
@@ -250,7 +260,7 @@ def _local_fn(axis: str, op: str, method: str | None, batch_size: int | None, st
 
 def _global_body(axis: str, n: int, method: str, batch_size: int, static: tuple) -> Callable:
     """The per-shard body of a global sample (module doc): shard masses, shard draw, candidates, one all-reduce."""
-    kw = dict(static)
+    kw = _kwargs(static)
 
     def body(stacked, own, key, arrays, beta):
         b, own = _unstack(stacked), _unstack(own)
@@ -322,15 +332,20 @@ class ShardedBuffer(struct.PyTreeNode):
         capacity=c)`: capacity per shard), called once and stacked `S` times directly on the devices.
 
         Raises:
+          TypeError: `make` not a function returning a jaxbuffers buffer, `mesh` not a `jax.sharding.Mesh`.
           ValueError: `axis` not a name of `mesh`.
           TypeError: `make` builds a host-compressed buffer (`jaxbuffers.compressed`): its frames live in one host
             store per buffer, which `S` stacked shards would share (module doc, "Compressed buffers").
         """
-        if axis not in mesh.shape:
+        _validate.instance("make", make, callable, "a function of no arguments returning one shard's buffer")
+        _validate.instance("mesh", mesh, Mesh, "a jax.sharding.Mesh")
+        if not isinstance(axis, str) or axis not in mesh.shape:
             raise ValueError(f"axis: expected one of the mesh's axis names {tuple(mesh.shape)}, got {axis!r}")
         n = mesh.shape[axis]
         build = lambda: jax.vmap(lambda _: make(), axis_size=n)(None)  # noqa: E731
         abstract = jax.eval_shape(build)
+        if not (isinstance(abstract, struct.PyTreeNode) and any(callable(getattr(abstract, m, None)) for m in ("add", "add_episodes"))):
+            raise TypeError(f"make: expected a function returning a jaxbuffers buffer, it returned {type(abstract).__name__}")
         if isinstance(abstract, HostBacked):
             name = type(abstract).__name__
             raise TypeError(
@@ -354,7 +369,12 @@ class ShardedBuffer(struct.PyTreeNode):
 
     def shard(self, s: int) -> Any:
         """Shard `s` as a plain buffer on the default device (through a host copy of every shard: for inspection
-        and tests, single process)."""
+        and tests, single process).
+
+        Raises:
+          ValueError: `s` not an int in `[0, S)`.
+        """
+        s = _validate.static_int("s", s, 0, self.num_shards - 1)
         return jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[s]), self.shards)
 
     def local_batch(self, batch: Any) -> Any:
@@ -363,9 +383,13 @@ class ShardedBuffer(struct.PyTreeNode):
         spec = NamedSharding(self.mesh, P(self.axis))
         return jax.tree.map(lambda x: jax.make_array_from_process_local_data(spec, np.asarray(x)), batch)
 
-    def _check_split(self, args: Any, what: str) -> None:
-        for path, x in jax.tree_util.tree_flatten_with_path(args)[0]:
-            name = f"{what}{_validate.leaf_name(path)}"
+    def _check_split(self, args: dict) -> None:
+        """Every leaf of the split arguments `{name: tree}` an array JAX holds as it is (nothing is narrowed at the
+        program's boundary) with a leading axis a multiple of `S`; errors name the argument and the leaf."""
+        for path, x in (((arg, *p), x) for arg, tree in args.items() for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]):
+            name = f"{path[0]}{_validate.leaf_name(path[1:]) if len(path) > 1 else ''}"
+            if not (_is_array(x) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)):  # keys split per shard pass
+                _validate.array(name, x)
             if np.ndim(x) == 0 or np.shape(x)[0] % self.num_shards:
                 got = "a scalar" if np.ndim(x) == 0 else f"leading axis {np.shape(x)[0]}"
                 raise ValueError(
@@ -380,9 +404,10 @@ class ShardedBuffer(struct.PyTreeNode):
             return tree
         return jax.tree.map(lambda x: jax.reshard(x, NamedSharding(self.mesh, spec)), tree)
 
-    def _run(self, program: Callable, args: Any, replicated: tuple) -> Any:
-        """`program(shards, args, replicated)` with `args` split and `replicated` whole; a buffer output is wrapped."""
-        self._check_split(args, "args")
+    def _run(self, program: Callable, args: Any, replicated: tuple, names: dict | None = None) -> Any:
+        """`program(shards, args, replicated)` with `args` split and `replicated` whole; a buffer output is wrapped.
+        `names`: the split arguments by name, for the errors (default: `args[i]`)."""
+        self._check_split({f"args[{i}]": a for i, a in enumerate(args)} if names is None else names)
         out = program(self.shards, self._placed(args, P(self.axis)), self._placed(replicated, P()))
         return self.replace(shards=out) if type(out) is type(self.shards) else out
 
@@ -399,8 +424,10 @@ class ShardedBuffer(struct.PyTreeNode):
           leading shard axis, leaves `[S, ...]` split along the mesh axis. Not cached: call it inside `jit`.
 
         Raises:
+          TypeError: `fn` not callable, a leaf of `args` not an array.
           ValueError: an argument whose leading axis is not a multiple of `S` (named by its path).
         """
+        _validate.instance("fn", fn, callable, "a function of one shard")
         spec = P(self.axis)
         program = jax.shard_map(_local_body(fn), mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=spec, check_vma=False)
         return self._run(program, args, replicated)
@@ -413,7 +440,9 @@ class ShardedBuffer(struct.PyTreeNode):
         are passed as they are. Cost: the buffer's add on `1 / S` of the rows per shard, no communication.
 
         Raises:
-          TypeError: a wrapped buffer without `add` (`EpisodeBuffer`: use `add_episodes`).
+          TypeError: a wrapped buffer without `add` (`EpisodeBuffer`: use `add_episodes`); an array argument's leaf
+            not a JAX or numpy array of a dtype JAX holds as it is (a float64 numpy array with x64 off is refused, not
+            narrowed), a keyword value neither an array nor hashable.
           ValueError: an array argument whose leading axis is not a multiple of `S` (named by its path); and the
             buffer's own `add` errors for one shard's block.
         """
@@ -436,7 +465,9 @@ class ShardedBuffer(struct.PyTreeNode):
             other = " (use add_episodes)" if isinstance(self.shards, EpisodeBuffer) else ""
             raise TypeError(f"{method}: {type(self.shards).__name__} has no {method}{other}")
         arrays, static = _split_static(kwargs)
-        return self._run(_program(self.mesh, self.axis, "add", method, static=static), (tuple(args), arrays), ())
+        params = [p for p in inspect.signature(getattr(type(self.shards), method)).parameters][1:]
+        names = {**{params[i] if i < len(params) else f"args[{i}]": a for i, a in enumerate(args)}, **arrays}
+        return self._run(_program(self.mesh, self.axis, "add", method, static=static), (tuple(args), arrays), (), names)
 
     def _own(self, arrays: dict) -> dict:
         """Pops from `arrays` the keyword arguments that hold one row per shard: an episode filter `where` given as
@@ -468,18 +499,16 @@ class ShardedBuffer(struct.PyTreeNode):
             episode filter that only some shards' episodes pass.
 
         Raises:
-          ValueError: a `method` without a guard (e.g. `"minibatches"`: a rollout is read whole).
+          ValueError: a `method` without a guard (e.g. `"minibatches"`: a rollout is read whole), `batch_size` not
+            an int >= 1.
         """
         guards = _EPISODE_GUARDS if isinstance(self.shards, EpisodeBuffer) else _GUARDS
-        if method not in guards:
-            raise ValueError(f"method: expected one of {tuple(guards)} (the samplers with a guard), got {method!r}")
+        if not (isinstance(method, str) and method in guards and callable(getattr(self.shards, guards[method], None))):
+            have = tuple(m for m, g in guards.items() if callable(getattr(self.shards, g, None)))
+            raise ValueError(f"method: expected one of {have} (the samplers of {type(self.shards).__name__} with a guard), got {method!r}")
         every_shard = _validate.static_bool("every_shard", every_shard)
-        guard = self._query(guards[method], batch_size, **kwargs)
+        guard = self._query(guards[method], _validate.static_int("batch_size", batch_size), **kwargs)
         return jnp.all(guard) if every_shard else jnp.any(guard)
-
-    def _sampler(self, method: str) -> None:
-        if not callable(getattr(type(self.shards), method, None)):
-            raise ValueError(f"method: {type(self.shards).__name__} has no sampler {method!r}")
 
     def sample_local(self, key: jax.Array, batch_size: int, *, method: str = "sample", **kwargs: Any) -> Any:
         """Per-device sampling: every shard calls its own `method(fold_in(key, s), batch_size, **kwargs)`.
@@ -499,9 +528,10 @@ class ShardedBuffer(struct.PyTreeNode):
           axis. Prioritised probabilities and weights are the shard's own (for the whole buffer's: `sample`).
 
         Raises:
-          ValueError: a `method` the wrapped buffer does not have; and the sampler's own errors.
+          TypeError: `key` not one PRNG key; ValueError: `batch_size` not an int >= 1, `method` not a sampler of
+          the wrapped buffer; and the sampler's own errors.
         """
-        self._sampler(method)
+        batch_size, method = self._sampler(key, batch_size, method, _LOCAL_SAMPLERS)
         arrays, static = _split_static(kwargs)
         own = self._own(arrays)
         program = _program(self.mesh, self.axis, "local", method, batch_size, static)
@@ -524,16 +554,17 @@ class ShardedBuffer(struct.PyTreeNode):
           buffers' `probabilities` and `importance_weights` are those of the whole buffer (module doc).
 
         Raises:
-          TypeError: a buffer type without a global sampler (`RolloutBuffer`: use `sample_local` or `minibatches`).
+          TypeError: a buffer type without a global sampler (`RolloutBuffer`: use `sample_local` or `minibatches`),
+            `key` not one PRNG key, `beta` not a number.
           ValueError: `cross_episodes=False` (windows inside episodes differ per shard: use `sample_local`), a
             `method` the buffer has no global sampler for, or the sampler's own errors.
         """
-        batch_size = _validate.static_int("batch_size", batch_size)
+        _global_rule(self.shards, method, kwargs)  # its errors before any tracing (a buffer without a global sampler)
+        batch_size, method = self._sampler(key, batch_size, method, _GLOBAL_SAMPLERS)
         arrays, static = _split_static(kwargs)
-        _global_rule(self.shards, method, dict(static))  # its errors before any tracing
         own = self._own(arrays)
         program = _program(self.mesh, self.axis, "global", method, batch_size, static)
-        beta = jnp.asarray(kwargs.get("beta", 1.0), jnp.float32)
+        beta = jnp.asarray(_validate.scalar_parameter("beta", kwargs.get("beta", 1.0), 0.0), jnp.float32)
         return program(self.shards, self._placed(own, P(self.axis)), *self._placed((key, arrays, beta), P()))
 
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
@@ -561,15 +592,33 @@ class ShardedBuffer(struct.PyTreeNode):
         program = _program(self.mesh, self.axis, "epoch", batch_size=m)
         return program(self.shards, self._placed(_validate.key("key", key), P()))
 
+    def _sampler(self, key: Any, batch_size: Any, method: Any, methods: tuple) -> tuple[int, str]:
+        """`(batch_size, method)` of a sampling call, checked with its key before any program is built or looked up
+        (a cached program is keyed by them: `2.0` would find the program of `2`)."""
+        _validate.key("key", key)
+        batch_size = _validate.static_int("batch_size", batch_size)
+        if not (isinstance(method, str) and method in methods and callable(getattr(self.shards, method, None))):
+            have = tuple(m for m in methods if callable(getattr(self.shards, m, None)))
+            raise ValueError(f"method: expected a sampler of {type(self.shards).__name__}, one of {have}, got {method!r}")
+        return batch_size, method
+
     def set_priorities(self, shard: jax.Array, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "ShardedBuffer":
         """`set_priorities` of a prioritised wrapped buffer after a global `sample`: entry `j` goes to shard
         `shard[j]` (all arguments `[B]`, replicated, as `ShardedSample` gives them). The running max priority, which
         new items receive, is then the maximum over every shard, as in one unsharded buffer.
 
         Raises:
-          TypeError: the wrapped buffer is not prioritised; and the buffer's own errors.
+          TypeError: the wrapped buffer is not prioritised, `shard` not an integer vector; ValueError: `shard` of
+            another length than `indices`; and the buffer's own errors.
         """
         if not hasattr(self.shards, "set_priorities"):
             raise TypeError(f"set_priorities: {type(self.shards).__name__} has no priorities")
+        indices = _validate.index_vector("indices", indices)  # checked here: JAX would refuse a non-array operand first
+        b = indices.shape[0]
+        priorities = _validate.vector("priorities", priorities, b, "floating")
+        generations = _validate.vector("generations", generations, b, "integer")
+        shard = _validate.index_vector("shard", shard)
+        if shard.shape != (b,):
+            raise ValueError(f"shard: expected shape ({b},) (one shard per entry of indices), got {shard.shape}")
         program = _program(self.mesh, self.axis, "set_priorities")
         return self._run(program, (), (shard, indices, priorities, generations))

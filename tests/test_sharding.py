@@ -264,7 +264,7 @@ def test_rollout_sharded_over_envs_equals_the_unsharded_rollout(mesh):
     assert mb.advantages.shape == (S, 2, t_len * e // S // 2)
     with pytest.raises(TypeError, match="sample_local"):
         sharded.sample(jax.random.key(0), 8)
-    with pytest.raises(ValueError, match=r"args\[0\]\[0\]\['action'\]: expected a leading axis divisible by the 8 shards"):
+    with pytest.raises(ValueError, match=r"step\['action'\]: expected a leading axis divisible by the 8 shards"):
         sharded.add(_steps(rng, 12, 0), **{k: v[:12] for k, v in kw.items()})
 
 

@@ -1,0 +1,115 @@
+"""Bad input to `jaxbuffers.save` / `restore`: paths that are not folders' paths, objects that are not buffers, targets
+of another class, configuration, shape or dtype, bad shardings and progress flags. Refused with an error naming the
+argument (or, for a target the checkpoint does not match, a `CheckpointError` naming the target), before anything is
+created or read: the checkpoint on disk and the buffers byte-identical; the accepted forms restore exactly the
+saved buffer."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pathlib
+import shutil
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import jaxbuffers as jb
+from bad_inputs import SETTINGS, refused, snapshot
+
+FEW = settings(SETTINGS, max_examples=10)
+ITEM = {"obs": jnp.zeros((2,), jnp.float32), "a": jnp.int32(0)}
+BUF = jb.ReplayBuffer.create(ITEM, capacity=4).add({"obs": np.ones((3, 2), np.float32), "a": np.arange(3, dtype=np.int32)})
+ROOT = pathlib.Path(tempfile.mkdtemp(prefix="jb-bad-ckpt-"))
+atexit.register(shutil.rmtree, ROOT, True)
+SAVED = jb.save(ROOT / "saved", BUF, progress=False)
+BAD_PATHS = st.sampled_from([None, 1, 2.5, b"/tmp/x", "", ["a"], BUF])
+BAD_PROGRESS = st.sampled_from(["x", 1, 0, [True], np.array([True])])
+
+
+def tree(root: pathlib.Path = ROOT) -> list[tuple]:
+    """Every file and folder under `root` with its size and modification time in nanoseconds (any write changes
+    them): what a refused call must leave as it was."""
+    return sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*"))
+
+
+def on_disk() -> tuple:
+    return tree(), snapshot(BUF)
+
+
+@SETTINGS
+@given(directory=BAD_PATHS, progress=BAD_PROGRESS)
+@example(directory=None, progress="x")  # was Python's "expected str, bytes or os.PathLike object"; progress="x" showed a bar
+@example(directory="", progress=1)  # "" was the working folder
+def test_bad_paths_and_progress(directory, progress):
+    refused(lambda: jb.save(directory, BUF), "directory", state=on_disk)
+    refused(lambda: jb.restore(directory), "directory", state=on_disk)
+    refused(lambda: jb.save(ROOT / "new", BUF, progress=progress), "progress", state=on_disk)
+    refused(lambda: jb.restore(SAVED, progress=progress), "progress", state=on_disk)
+
+
+@SETTINGS
+@given(buffer=st.sampled_from([None, 3, "buf", {"obs": np.zeros(2)}, BUF.storage, jb.RateLimiter.create(1.0), [BUF]]),
+       fresh=st.booleans())
+@example(buffer=None, fresh=True)  # the parent folders were created before the buffer was refused
+def test_save_refuses_what_is_not_a_buffer(buffer, fresh):
+    """Nothing is created (a missing parent folder neither) and an existing checkpoint is kept."""
+    path = ROOT / "parent" / "child" if fresh else SAVED
+    refused(lambda: jb.save(path, buffer), "buffer", state=on_disk)
+    assert not (ROOT / "parent").exists()
+
+
+@SETTINGS
+@given(target=st.sampled_from([3, "x", {"obs": np.zeros(2)}, BUF.storage, jb.RateLimiter.create(1.0)]))
+def test_restore_refuses_a_target_that_is_not_a_buffer(target):
+    refused(lambda: jb.restore(SAVED, target), "target", state=on_disk)
+
+
+TARGETS = {
+    "class": lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=4),
+    "capacity": lambda: jb.ReplayBuffer.create(ITEM, capacity=8),
+    "shape": lambda: jb.ReplayBuffer.create({**ITEM, "obs": jnp.zeros((3,), jnp.float32)}, capacity=4),
+    "dtype": lambda: jb.ReplayBuffer.create({**ITEM, "a": jnp.float32(0)}, capacity=4),
+    "field": lambda: jb.ReplayBuffer.create({**ITEM, "b": jnp.int32(0)}, capacity=4),
+    "stacked": lambda: jax.vmap(lambda _: jb.ReplayBuffer.create(ITEM, capacity=4))(jnp.arange(2)),
+}
+
+
+@FEW
+@given(kind=st.sampled_from(sorted(TARGETS)), abstract=st.booleans())
+def test_restore_refuses_a_target_of_another_configuration(kind, abstract):
+    """A concrete or abstract target the checkpoint does not match: `CheckpointError` naming the target; the target
+    unchanged."""
+    target = jax.eval_shape(TARGETS[kind]) if abstract else TARGETS[kind]()
+    before = snapshot(target) if not abstract else None
+    refused(lambda: jb.restore(SAVED, target), ("target", "target's"), state=on_disk, exc=(jb.CheckpointError,))
+    if not abstract:
+        assert snapshot(target) == before
+
+
+@SETTINGS
+@given(sharding=st.sampled_from([3, "cpu", [jax.devices()[0]], {"storage": 1}, jax.devices()]))
+def test_restore_bad_sharding(sharding):
+    refused(lambda: jb.restore(SAVED, sharding=sharding), "sharding", state=on_disk)
+
+
+@FEW
+@given(path_form=st.sampled_from(["str", "path", "pathlike"]), target=st.sampled_from(["none", "concrete", "abstract"]),
+       sharding=st.sampled_from(["none", "device", "sharding"]))
+def test_accepted_forms_restore_the_saved_buffer(path_form, target, sharding):
+    """The table: a folder as a str, a `pathlib.Path` or any `os.PathLike`; no target, a concrete or an abstract one;
+    a `jax.Device` or a `Sharding`: each restores exactly the saved bytes."""
+
+    class Like(os.PathLike):
+        def __fspath__(self):
+            return str(SAVED)
+
+    path = {"str": str(SAVED), "path": SAVED, "pathlike": Like()}[path_form]
+    tgt = {"none": None, "concrete": BUF, "abstract": jax.eval_shape(lambda: BUF)}[target]
+    dev = jax.devices()[0]
+    shd = {"none": None, "device": dev, "sharding": jax.sharding.SingleDeviceSharding(dev)}[sharding]
+    assert snapshot(jb.restore(path, tgt, sharding=shd, progress=False)) == snapshot(BUF)

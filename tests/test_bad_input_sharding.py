@@ -1,0 +1,167 @@
+"""Bad input to `ShardedBuffer` (create, add, sample, sample_local, can_sample, set_priorities, apply, shard):
+refused with an error naming the argument, before any program is built or run, the sharded state unchanged; the
+accepted forms give exactly their documented result.
+
+Most cases run on one device (a mesh of one shard). The refusal of a leading axis that the shards do not divide needs
+two: it is marked `devices(2)`, and `test_on_two_forced_devices` reruns this file on two forced host devices under
+`-m slow`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import jaxbuffers as jb
+from bad_inputs import SETTINGS, bad_keys, bad_static_ints, corrupt, refused, snapshot, traceable
+
+FEW = settings(SETTINGS, max_examples=6)  # each example may trace a shard_map program
+ITEM = {"obs": jnp.zeros((2,), jnp.float32), "a": jnp.int32(0)}
+S = min(jax.device_count(), 2)
+MESH = jax.make_mesh((S,), ("data",), devices=jax.devices()[:S])
+
+
+def rows(b: int, start: int = 0) -> dict:
+    i = np.arange(start, start + b)
+    return {"obs": np.stack([i, -i], 1).astype(np.float32), "a": i.astype(np.int32)}
+
+
+def _filled(make):
+    return jb.ShardedBuffer.create(make, MESH, "data").add(rows(2 * S)).add(rows(2 * S, 10))
+
+
+REPLAY = _filled(lambda: jb.ReplayBuffer.create(ITEM, capacity=8))
+PRIORITISED = _filled(lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=8))
+KEY = jax.random.key(0)
+
+
+@FEW
+@given(make=st.sampled_from([None, 1, "ReplayBuffer", lambda: 3, lambda: {"a": jnp.zeros(2)}]),
+       mesh=st.sampled_from([None, "data", jax.devices(), (1,)]), axis=st.sampled_from([None, 0, "model", ["data"], ("data",)]))
+def test_create_bad_arguments(make, mesh, axis):
+    good = lambda: jb.ReplayBuffer.create(ITEM, capacity=4)  # noqa: E731
+    refused(lambda: jb.ShardedBuffer.create(make, MESH, "data"), "make")
+    refused(lambda: jb.ShardedBuffer.create(good, mesh, "data"), "mesh")
+    refused(lambda: jb.ShardedBuffer.create(good, MESH, axis), "axis")
+
+
+@FEW
+@given(bad=corrupt(rows(2 * S), "batch"))
+@example(bad=({**rows(2 * S), "obs": rows(2 * S)["obs"].astype(np.float64)}, "batch['obs']"))  # was narrowed silently
+@example(bad=({**rows(2 * S), "obs": [[0.0, 0.0]] * (2 * S)}, "batch['obs']"))  # was refused as "args[0]...: a scalar"
+def test_add_wrong_batch(bad):
+    """A wrong batch is refused naming the leaf as the buffer's own `add` names it (a float64 numpy leaf too,
+    which the program's boundary would have narrowed to float32)."""
+    refused(lambda: REPLAY.add(bad[0]), (bad[1], "batch"), state=REPLAY)
+    if traceable(bad[0]):
+        refused(lambda: jax.jit(jb.ShardedBuffer.add)(REPLAY, bad[0]), (bad[1], "batch"), state=REPLAY)
+
+
+@FEW
+@given(priorities=st.sampled_from(["x", [1.0, "a"], np.ones((2 * S, 2), np.float32), np.ones(2 * S + 1, np.float32)]),
+       flag=st.sampled_from([[True], {"a": 1}]))
+def test_add_wrong_extra_arguments(priorities, flag):
+    """A prioritised add's priorities refused by name (by position or keyword); an unhashable keyword value is
+    refused naming the keyword, not as Python's "unhashable type"."""
+    name = ("priorities", "args[1]")
+    refused(lambda: PRIORITISED.add(rows(2 * S), priorities), name, state=PRIORITISED)
+    refused(lambda: PRIORITISED.add(rows(2 * S), priorities=priorities), name, state=PRIORITISED)
+    refused(lambda: REPLAY.add(rows(2 * S), extra=flag), "extra", state=REPLAY)
+
+
+@settings(SETTINGS, max_examples=12)  # two buffers, eight refusals each
+@given(key=bad_keys(), batch_size=bad_static_ints(), method=st.sampled_from([None, 1, "nope", "add", "_run", "sample_transitions", ["sample"]]))
+@example(key=None, batch_size=2.0, method="nope")  # 2.0 found the cached program of 2
+def test_sampling_bad_arguments(key, batch_size, method):
+    for buf in (REPLAY, PRIORITISED):
+        for call in (buf.sample, buf.sample_local):
+            refused(lambda: call(key, 2), "key", state=buf)
+            refused(lambda: call(KEY, batch_size), "batch_size", state=buf)
+            refused(lambda: call(KEY, 2, method=method), "method", state=buf)
+        refused(lambda: buf.can_sample(batch_size), "batch_size", state=buf)
+        refused(lambda: buf.can_sample(2, method=method), "method", state=buf)
+
+
+@SETTINGS
+@given(beta=st.sampled_from(["x", None, -1.0, float("nan"), np.ones(2, np.float32), True]))
+def test_global_sample_bad_beta(beta):
+    refused(lambda: PRIORITISED.sample(KEY, 2, beta=beta), "beta", state=PRIORITISED)
+
+
+@SETTINGS
+@given(arg=st.sampled_from(["shard", "indices", "priorities"]), bad=st.sampled_from(["none", "float", "long", "str"]))
+def test_set_priorities_bad_arguments(arg, bad):
+    good = {"shard": np.zeros(2, np.int32), "indices": np.zeros(2, np.int32), "priorities": np.ones(2, np.float32)}
+    wrong = {"none": None, "str": "ab", "long": np.zeros(3, good[arg].dtype),
+             "float": np.zeros(2, np.float32 if arg != "priorities" else np.int32)}[bad]
+    args = {**good, arg: wrong}
+    sample = PRIORITISED.sample(KEY, 2)
+    refused(lambda: PRIORITISED.set_priorities(args["shard"], args["indices"], args["priorities"], sample.sample.generations),
+            arg if bad != "long" else ("indices", "priorities", "shard"), state=PRIORITISED)  # which of the lengths is wrong
+    refused(lambda: REPLAY.set_priorities(*good.values(), np.zeros(2, np.int32)), "set_priorities", state=REPLAY)
+
+
+@SETTINGS
+@given(s=bad_static_ints(minimum=0) | st.just(S), fn=st.sampled_from([None, 1, "size"]))
+def test_shard_and_apply_bad_arguments(s, fn):
+    refused(lambda: REPLAY.shard(s), "s", state=REPLAY)
+    refused(lambda: REPLAY.apply(fn), "fn", state=REPLAY)
+    refused(lambda: REPLAY.apply(lambda b, x: b, "x"), "args[0]", state=REPLAY)
+
+
+def _same_samples(forms: dict, betas: list, global_: bool = True) -> None:
+    want = PRIORITISED.sample(KEY, 2)
+    for key in forms.values() if global_ else ():
+        for beta in betas:
+            assert snapshot(PRIORITISED.sample(key, 2, **beta)) == snapshot(want)
+    assert all(snapshot(REPLAY.sample_local(k, 2)) == snapshot(REPLAY.sample_local(KEY, 2)) for k in forms.values())
+
+
+def test_accepted_keys_give_the_same_samples():
+    """The table: a key as `jax.random.key(seed)` or `jax.random.PRNGKey(seed)` (JAX or numpy uint32) draws exactly
+    the same local samples (the global ones: the slow variant, one more program per key form)."""
+    raw = jax.random.key_data(KEY)
+    _same_samples({"typed": KEY, "raw": raw, "raw_numpy": np.asarray(raw)}, [{}], global_=False)
+
+
+@pytest.mark.slow
+def test_accepted_keys_give_the_same_global_samples():
+    raw = jax.random.key_data(KEY)
+    _same_samples({"typed": KEY, "raw": raw, "raw_numpy": np.asarray(raw)}, [{}])
+
+
+@pytest.mark.slow  # one program per form of beta
+def test_accepted_betas_give_the_same_samples():
+    """`beta` as a Python float, a numpy scalar or a 0-d JAX or numpy array: the same samples (1.0 is the default).
+    A refused `beta=True` first: it hashes like `1.0`, and its program was once found for `beta=1.0`."""
+    refused(lambda: PRIORITISED.sample(KEY, 2, beta=True), "beta", state=PRIORITISED)
+    _same_samples({"typed": KEY}, [{"beta": 1.0}, {"beta": np.float32(1)}, {"beta": np.array(1.0, np.float32)}, {"beta": jnp.float32(1)}])
+
+
+@pytest.mark.devices(2)
+@FEW
+@given(b=st.integers(1, 7).filter(lambda b: b % S))
+def test_leading_axis_not_divided_by_the_shards(b):
+    """Rows the shards cannot split evenly: refused naming the leaf and the shard count (two or more devices)."""
+    refused(lambda: REPLAY.add(rows(b)), ("batch['obs']", "batch['a']"), state=REPLAY)
+    refused(lambda: REPLAY.apply(lambda buf, x: buf, np.zeros(b, np.float32)), "args[0]", state=REPLAY)
+
+
+@pytest.mark.slow  # a subprocess of its own on 2 forced devices: python -m pytest -m slow tests/test_bad_input_sharding.py
+@pytest.mark.fewer_devices(2)
+def test_on_two_forced_devices():
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "slow or not slow",
+                           "-k", "not test_on_two_forced_devices", __file__], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    ran = sum(1 for name in globals() if name.startswith("test_")) - 1
+    assert f"{ran} passed, 1 deselected" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]  # every other test ran
