@@ -51,6 +51,16 @@ def as_array(x, field: str) -> np.ndarray:
         raise TypeError(f"{field}: expected an array, got {type(x).__name__} that numpy cannot convert ({exc})") from None
 
 
+def integer_ids(slots, field: str) -> np.ndarray:
+    """`slots` as an integer array of any integer dtype; TypeError naming `field` for anything else."""
+    s = as_array(slots, field)
+    if s.size == 0 and s.dtype == np.float64:  # np.asarray([]) is float64: an empty id list
+        s = s.astype(np.int64)
+    if s.dtype == np.bool_ or not np.issubdtype(s.dtype, np.integer):
+        raise TypeError(f"{field}: expected integer slot ids, got dtype {s.dtype}")
+    return s
+
+
 def dtype_code(dtype, *, field: str = "arrays") -> int:
     """The stored code of a supported dtype (its position in `DTYPES`).
 
