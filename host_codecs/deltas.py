@@ -66,6 +66,29 @@ def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt):
     return order, cuts, base_i, depth
 
 
+def resolve(views: list, sl: np.ndarray, base_i: np.ndarray, depth: np.ndarray, out_j: np.ndarray, out_row: np.ndarray) -> None:
+    """Turn the decoded deltas among entries `sl` into entries: XOR each with its base, depth by depth (a base is
+    whole before its deltas read it), one vectorised XOR per depth and pair of outputs.
+
+    Args:
+      views: the read's outputs, uint8 `[B_j, nbytes]`; entry `i` lies in row `out_row[i]` of `views[out_j[i]]`.
+      sl: indices of the entries to resolve (whole chains: every delta's base among them).
+      base_i: # shape=(n,), int64: each entry's base entry, -1 for a keyframe. depth: # shape=(n,), int64: its depth.
+    """
+    sl = sl[base_i[sl] >= 0]
+    if not sl.size:
+        return
+    d, m = depth[sl], len(views)
+    for level in range(1, int(d.max()) + 1):
+        e = sl[d == level]
+        b = base_i[e]
+        pair = out_j[e] * m + out_j[b]
+        for k in np.unique(pair).tolist():
+            sel = pair == k
+            dst, src = views[k // m], views[k % m]
+            dst[out_row[e[sel]]] ^= src[out_row[b[sel]]]  # distinct rows of dst: no write is lost
+
+
 class DeltaChains:
     """The delta-chain half of `CompressedStore` (module doc): argument checks of `bases`, the chain and dependent
     walks over the `base` / `child` columns, and the XOR of a put's rows against their bases."""

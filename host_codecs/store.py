@@ -68,7 +68,7 @@ import numpy as np
 from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code, integer_ids
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
-from .deltas import DeltaChains, base_sums, chain_order
+from .deltas import DeltaChains, base_sums, chain_order, resolve
 from .snapshot import Snapshots
 from .registry import CODECS, codec_for_tag, get_codec
 from .zstd import ZstdDictionary
@@ -525,27 +525,37 @@ class CompressedStore(DeltaChains, Snapshots):
             return results
         pos_out, pos_row = _out_of(pos, bounds)
         chunk, offset, length = chunk.astype(np.int64), offset.astype(np.int64), length.astype(np.int64)
-        # Shards take whole chains: a delta is XORed with its base right after its shard decoded both.
-        order, cuts, base_i = np.arange(pos.size), np.arange(pos.size + 1), None
+        # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the
+        # entries (not the chains, whose lengths differ) split evenly.
+        order, cuts, base_i, depth = np.arange(pos.size), np.arange(pos.size + 1), None, None
         if base_pos is not None:
-            order, cuts, base_i, _ = chain_order(
+            order, cuts, base_i, depth = chain_order(
                 pos, base_pos, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"))
 
         def shard(a: int, b: int) -> None:
-            sl = order[cuts[a] : cuts[b]]
+            c0, c1 = np.searchsorted(cuts[:-1], (a, b)).tolist()  # the chains that start in [a, b)
+            sl = order[cuts[c0] : cuts[c1]]
             p = pos[sl]  # the codecs' own parallel_for calls run inline here
-            for t in np.unique(tag[p]).tolist():
+            tags = np.unique(tag[p]).tolist()
+            if base_i is not None and len(tags) == 1:  # one codec: it XORs each delta as it decodes it (in order)
+                local = np.full(pos.size, -1, np.int64)
+                local[sl] = np.arange(sl.size)
+                b = base_i[sl]
+                codec_for_tag(tags[0]).decode_many(
+                    table, chunk[p], offset[p], length[p], meta[p], views, pos_out[sl], pos_row[sl], dtype,
+                    bases=np.where(b >= 0, local[b], -1),
+                )
+                return
+            for t in tags:
                 sel = np.flatnonzero(tag[p] == t)
                 q = p[sel]
                 codec_for_tag(t).decode_many(
                     table, chunk[q], offset[q], length[q], meta[q], views, pos_out[sl][sel], pos_row[sl][sel], dtype
                 )
-            if base_i is not None:
-                for i in sl[base_i[sl] >= 0].tolist():  # keyframe first, then each delta after its base
-                    dst, j = views[pos_out[i]][pos_row[i]], base_i[i]
-                    np.bitwise_xor(dst, views[pos_out[j]][pos_row[j]], out=dst)
+            if base_i is not None:  # entries of several codecs: their deltas after all are decoded
+                resolve(views, sl, base_i, depth, pos_out, pos_row)
 
-        parallel_for(cuts.size - 1, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
+        parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
         (src_j, src_row), (dst_j, dst_row) = _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds)
         pair = src_j * len(views) + dst_j
         for k in np.unique(pair).tolist():
