@@ -66,7 +66,8 @@ NOTES = {
                "Throughput in steps/s (T x N per call).",
     "compressed": "Recorded Atari transitions. Memory rows give bytes per transition (RSS growth; `accounted` from "
                   "the buffer's own byte count). Rows run one buffer per subprocess, so only the `same-process` rows "
-                  "have ratios (ours against sb3-extra-buffers' rle-jit, interleaved in one process). `million` rows "
+                  "have ratios (ours against the fastest of sb3-extra-buffers' rle-jit, igzip1 and gzip in that process: samples "
+                  "interleaved, one-per-call adds timed buffer after buffer). `million` rows "
                   "(`--million`): 1M transitions of a random-policy ale-py rollout of 20,000 steps tiled over 8 lanes, "
                   "RSS growth from a warmed process (after compiling and the first 4,000 transitions); the SB3 and sb3x "
                   "rows hold 10,000 transitions of the same frames and `extrapolated_bytes` scales them linearly to 1M; "
