@@ -2,8 +2,10 @@
 
 `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded like any entry (with the
 store's dictionary when it has one); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
-(base, base of base, ... down to a keyframe): every slot of the chains of one request is decoded once, and each
-delta is XORed with its base once both are decoded (`resolve`). Chains are linear: a slot is the base of at most
+(base, base of base, ... down to a keyframe): every slot of the chains of one request is decoded once, a chain's
+entries in order on one thread (`chain_order`), and the codec XORs each delta with its base as it decodes it
+(`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); a chain whose entries have several codecs
+is decoded codec by codec, then XORed depth by depth (`resolve`). Chains are linear: a slot is the base of at most
 one live delta. A delta never outlives its base: rewriting or deleting a slot also deletes the deltas after it in
 its chain (`dependents`), so every stored entry decodes. (A frame ring that keeps each chain's keyframe while a
 stored step reads its frames deletes only frames no step reads.)
@@ -45,8 +47,7 @@ def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt):
     `base_pos` (-1: a keyframe).
 
     Returns:
-      `(order, cuts, base_i, depth)`: the entries chain by chain
-      (keyframe first, then by depth), chain `c` being `order[cuts[c]:cuts[c + 1]]`; each entry's base as an index
+      `(order, cuts, base_i, depth)`: the entries chain by chain (keyframe first, then by depth), chain `c` being `order[cuts[c]:cuts[c + 1]]`; each entry's base as an index
       into `pos` (-1 for a keyframe); each entry's depth (0 for a keyframe). An entry whose chain never reaches a
       keyframe (a cycle: a corrupt index) is passed to `corrupt(indices into pos)`, which raises.
     """

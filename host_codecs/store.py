@@ -39,7 +39,8 @@ chains, what a read decodes, what a rewrite deletes). Snapshots: `export_state` 
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
 distinct slot of the request once, into its first row, in one shard per thread
-(`host_codecs.parallel_for`), then copy it to its other rows.
+(`host_codecs.parallel_for`; a shard takes whole delta chains, cut where the entries split evenly), then copy it
+to its other rows.
 
 Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
