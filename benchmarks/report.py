@@ -73,7 +73,7 @@ NOTES = {
                   "rows hold 10,000 transitions of the same frames and `extrapolated_bytes` scales them linearly to 1M; "
                   "the sample ratio compares with sb3x's fastest codec. `add_chunk` compares adds of 250 steps x 8 lanes "
                   "with K=8 and K=1 (every frame whole), interleaved. The million rows of December were measured while other "
-                  "jobs loaded the two cores (load average 11 to 16): compare rows of one game with each other, not "
+                  "jobs loaded the two cores (load average 9 to 21): compare rows of one game with each other, not "
                   "with the other tables.",
     "sb3": "SB3 DQN (CnnPolicy) on a replay of recorded Breakout frames. Anchor: SB3's own ReplayBuffer. Memory is "
            "extrapolated to 1M transitions from two fill sizes. `compressed/replay/*` and `compressed/rollout/*`: the "
