@@ -25,8 +25,9 @@ Cases: SB3 ``ReplayBuffer`` (with and without ``optimize_memory_usage``), sb3-ex
 (frame dedup: one stored frame per step) with several codecs. Because the cases run one after
 another, a change of machine load between them moves their ratios (sb3x's sample copies run on
 torch's intra-op threads, which stall when a core is busy). So the last cases measure sb3x
-rle-jit and jaxbuffers (default codec and rle) **in one process, interleaved** (torch threads =
-the CPU count, and 1): the ratios to quote (``anchor="sb3-extra-buffers"``).
+(rle-jit, igzip1 and gzip) and jaxbuffers (default codec and rle) **in one process** (torch threads = the CPU
+count, and 1): one-per-call adds timed per buffer, samples interleaved: the ratios to quote (``anchor`` = the
+fastest sb3x codec of that run).
 
 The ``checksum`` case measures what the host stores' per-entry checksums cost a jaxbuffers buffer (default
 codec): jitted adds of 500 steps and jitted ``sample_transitions`` of 256, interleaved in one process on two
@@ -331,10 +332,14 @@ def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyf
     return rec
 
 
+SIDE_SB3X = ("rle-jit", "igzip1", "gzip")  # sb3x's fastest samplers here (rle-jit, or a deflate one on some games)
+
+
 def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dict:
-    """sb3x rle-jit and two jaxbuffers settings (the default codec and ``rle``) in ONE process,
-    samples interleaved (same load for all): medians and ratios at batch 32 and 256. jaxbuffers:
-    jitted ``sample_transitions`` (SB3's fields) and the same call made eagerly."""
+    """sb3x (``SIDE_SB3X`` codecs) and two jaxbuffers settings (the default codec and ``rle``) in ONE process:
+    adds one transition per call from Python, timed per buffer (jaxbuffers through the ``StagingWriter``), then
+    samples interleaved (same load for all): medians and ratios against the fastest sb3x codec at batch 32 and 256.
+    jaxbuffers: jitted ``sample_transitions`` (SB3's fields) and the same call made eagerly."""
     import jax
     import jax.numpy as jnp
     import torch
@@ -346,24 +351,32 @@ def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dic
 
     torch.set_num_threads(torch_threads)
     obs, nxt, act, rew, term = load(game, n)
-    sb = CompressedReplayBuffer(n, spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(18), device="cpu",
-                                compression_method="rle-jit")
-    for i in range(n):
-        sb.add(obs[i : i + 1], nxt[i : i + 1], act[i : i + 1], rew[i : i + 1], term[i : i + 1], [{}])
+    rec = {"codec": DEFAULT_CODEC, "torch_threads": torch_threads, "load_before": os.getloadavg()[0]}
+    sbs = {}
+    for codec in SIDE_SB3X:
+        tag = "sb3x_" + codec.replace("-", "_")
+        sb = CompressedReplayBuffer(n, spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(18), device="cpu",
+                                    compression_method=codec)
+        t0 = time.perf_counter()
+        for i in range(n):
+            sb.add(obs[i : i + 1], nxt[i : i + 1], act[i : i + 1], rew[i : i + 1], term[i : i + 1], [{}])
+        rec[f"add_{tag}"] = n / (time.perf_counter() - t0)
+        sbs[tag] = sb
     ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     act32 = act.astype(np.int32)
     bufs = {}
     for tag, codec in (("default", DEFAULT_CODEC), ("rle", "rle")):
         w = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs=1, length=n, frame_stack=4, final_obs_capacity=2, codec=codec))
+        t0 = time.perf_counter()
         for i in range(n):
             w.add({"obs": obs[i : i + 1], "action": act32[i : i + 1], "reward": rew[i : i + 1]}, terminated=term[i : i + 1])
-        bufs[tag] = w.buffer
+        bufs[tag] = jax.block_until_ready(w.buffer)  # the last flush included
+        rec[f"add_{tag}"] = n / (time.perf_counter() - t0)
+        rec[f"{tag}_accounted_bytes_per_transition"] = bufs[tag].nbytes / n
     keys = iter(jax.random.split(jax.random.key(0), 100_000))
     fields = lambda s: (s.obs, s.action, s.next_obs, s.n_step_return, s.discount)  # noqa: E731
-    rec = {"codec": DEFAULT_CODEC, "torch_threads": torch_threads, "load_before": os.getloadavg()[0],
-           **{f"{tag}_accounted_bytes_per_transition": buf.nbytes / n for tag, buf in bufs.items()}}
     for b in (32, 256):
-        cases = {"sb3x_rle_jit": lambda b=b: sb.sample(b)}
+        cases = {tag: (lambda b=b, sb=sb: sb.sample(b)) for tag, sb in sbs.items()}
         for tag, buf in bufs.items():
             jitted = jax.jit(lambda bf, k, b=b: fields(bf.sample_transitions(k, b, gamma=0.99)))
             cases[f"{tag}_jit"] = lambda f=jitted, buf=buf: jax.block_until_ready(f(buf, next(keys)))
@@ -381,9 +394,11 @@ def run_side_by_side(game: str, n: int, repeats: int, torch_threads: int) -> dic
         med = {k: statistics.median(v) for k, v in times.items()}
         for k in cases:
             rec[f"{k}_tps_{b}"] = b / med[k]
+        fastest = min(sbs, key=lambda k: med[k])
+        rec[f"sb3x_fastest_{b}"] = fastest
         for tag in bufs:
             for mode in ("jit", "eager"):
-                rec[f"ratio_{tag}_{mode}_vs_rle_jit_{b}"] = med["sb3x_rle_jit"] / med[f"{tag}_{mode}"]
+                rec[f"ratio_{tag}_{mode}_vs_sb3x_fastest_{b}"] = med[fastest] / med[f"{tag}_{mode}"]
     rec["load_after"] = os.getloadavg()[0]
     return rec
 
@@ -490,7 +505,7 @@ def cases():
     out = [("sb3", None, "sb3 ReplayBuffer"), ("sb3-opt", None, "sb3 ReplayBuffer optimize_memory_usage")]
     out += [("sb3x", c, f"sb3x {c}") for c in SB3X_CODECS]
     out += [("jax", c, f"jaxbuffers {c}") for c in JAX_CODECS]
-    out += [("side", str(t), f"side-by-side default and rle vs sb3x rle-jit, torch threads {t}") for t in sorted({os.cpu_count() or 1, 1})]
+    out += [("side", str(t), f"side-by-side default and rle vs sb3x {'/'.join(SIDE_SB3X)}, torch threads {t}") for t in sorted({os.cpu_count() or 1, 1})]
     out += [("checksum", None, "checksums on and off")]
     return out
 
@@ -629,15 +644,23 @@ def rows(game: str, kind: str, name: str, rec: dict, n: int, repeats: int) -> No
                 overhead_pct=round(100 * (t / t0 if impl == "checksums-only" else t / t0 - 1), 2), **share)
         return
     if kind == "side":
+        case = f"{game}/same-process/{{}}/torch_threads={rec['torch_threads']}"
         for key, tps in rec.items():
             m = re.fullmatch(r"(.+)_tps_(\d+)", key)
             if m:
                 tag, b = m.groups()
-                anchor = f"sb3x_rle_jit_tps_{b}"
                 impl = "sb3-extra-buffers" if tag.startswith("sb3x") else "ours"
-                row(BENCH, f"{game}/same-process/sample_{b}/torch_threads={rec['torch_threads']}", impl, 1 / tps, n=n,
-                    repeats=repeats, unit="transitions/s", items=1, variant=tag,
-                    anchor=None if impl != "ours" else "sb3-extra-buffers", anchor_seconds=None if impl != "ours" else 1 / rec[anchor])
+                fastest = rec[f"sb3x_fastest_{b}"]
+                row(BENCH, case.format(f"sample_{b}"), impl, 1 / tps, n=n, repeats=repeats, unit="transitions/s", items=1,
+                    variant=tag, anchor=None if impl != "ours" else f"sb3-extra-buffers fastest ({fastest})",
+                    anchor_seconds=None if impl != "ours" else 1 / rec[f"{fastest}_tps_{b}"])
+        adds = {k[4:]: v for k, v in rec.items() if k.startswith("add_")}
+        fastest = max((k for k in adds if k.startswith("sb3x")), key=adds.get)
+        for tag, tps in adds.items():
+            impl = "sb3-extra-buffers" if tag.startswith("sb3x") else "ours"
+            row(BENCH, case.format("add_one_per_call"), impl, 1 / tps, n=n, repeats=1, unit="transitions/s", variant=tag,
+                anchor=None if impl != "ours" else f"sb3-extra-buffers fastest ({fastest})",
+                anchor_seconds=None if impl != "ours" else 1 / adds[fastest])
         return
     for key, v in rec.items():
         if key.endswith("bytes_per_transition"):
@@ -691,7 +714,7 @@ def summarize(game: str, results: dict) -> None:
                 f"b{b}": round(d[f"sample_tps_{b}"] / rj[f"sample_tps_{b}"], 2) for b in (32, 256)
             }
     for k, v in sides.items():
-        rec.setdefault("same_process_default_vs_rle_jit", {})[k] = {
+        rec.setdefault("same_process_default_vs_sb3x_fastest", {})[k] = {
             key: round(val, 2) for key, val in v.items() if key.startswith("ratio")
         }
     emit(rec)

@@ -62,6 +62,16 @@ def shape_arg(value, field: str = "item_shape") -> tuple[int, ...]:
     return tuple(int(d) for d in value)
 
 
+def integer_ids(slots, field: str) -> np.ndarray:
+    """`slots` as an integer array of any integer dtype; TypeError naming `field` for anything else."""
+    s = as_array(slots, field)
+    if s.size == 0 and s.dtype == np.float64:  # np.asarray([]) is float64: an empty id list
+        s = s.astype(np.int64)
+    if s.dtype == np.bool_ or not np.issubdtype(s.dtype, np.integer):
+        raise TypeError(f"{field}: expected integer slot ids, got dtype {s.dtype}")
+    return s
+
+
 def dtype_code(dtype, *, field: str = "arrays") -> int:
     """The stored code of a supported dtype (its position in `DTYPES`).
 
@@ -163,14 +173,19 @@ class ChunkTable(dict):
         self.addresses = None  # (ids, base addresses, sizes) of the chunks, built by host_codecs._checksum on first use
 
 
-def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows) -> None:
+def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases=None) -> None:
     """Check a decode request (arguments as in `Codec.decode_many`) before anything is read or
     written: kernels have no bounds checks, and numpy would wrap a negative row silently.
 
     Raises:
       ValueError: a payload lies outside its chunk (or its chunk is absent), an output index or a
-        row is out of range, an output is read-only, or the outputs' row sizes differ.
+        row is out of range, an output is read-only, the outputs' row sizes differ, or a delta's base
+        (`bases`) is not an earlier entry.
     """
+    if bases is not None:
+        b = np.asarray(bases)
+        if b.shape != (len(rows),) or bool(np.any((b < -1) | (b >= np.arange(len(rows))))):
+            raise ValueError(f"codec {codec!r}: bases: expected one earlier entry (or -1) per entry")
     if len(chunk_ids):
         ids, inv = np.unique(chunk_ids, return_inverse=True)
         sizes = np.array([chunks[c].shape[0] if c in chunks else -1 for c in ids.tolist()], np.int64)[inv.reshape(-1)]
@@ -266,13 +281,14 @@ class Codec:
         zeros = np.zeros(len(rows), np.int64)
         self.decode_many({0: chunk}, zeros, offsets, lengths, meta, [out], zeros, rows, dtype)
 
-    def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype) -> None:
+    def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
         """Decode payloads spread over arena chunks into rows of several outputs.
 
         Entry `i` lives at `chunks[chunk_ids[i]][offsets[i] : offsets[i] + lengths[i]]` and is decoded into row
         `rows[i]` of `outs[out_ids[i]]` (e.g. a batch of observations and of next observations, decoded straight
-        into their two outputs). The default makes one `decode_into` call per (output, chunk) group; a codec that
-        reads each payload where it lies overrides it (and then `decode_into`).
+        into their two outputs). The default makes one `decode_into` call per (output, chunk) group, then XORs the
+        deltas (`bases`) in order; a codec that reads each payload where it lies overrides it (and then
+        `decode_into`), XORing each delta while its bytes are fresh.
 
         Args:
           chunks: arena chunk id -> bytes, or a `ChunkTable` (which also carries the dictionary).
@@ -284,16 +300,26 @@ class Codec:
           out_ids: # shape=(k,), dtype=int64: the output each entry goes to.
           rows: # shape=(k,), dtype=int64: the row of its output each entry fills.
           dtype: as in `decode_into`.
+          bases: optional # shape=(k,), dtype=int64: entry `i` is a delta (`host_codecs.deltas`): once decoded, its
+            row is XORed bytewise with the row of entry `bases[i]` of this call (`bases[i] < i`, an entry decoded
+            before it), -1 for none. With `bases` the entries are decoded in order on the calling thread (a caller
+            that wants threads gives each thread whole chains).
 
         Raises:
-          ValueError: as `decode_into`.
+          ValueError: as `decode_into`, or `bases[i] >= i`.
         """
-        check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows)
+        check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases)
         key = np.asarray(out_ids, np.int64) * (int(np.max(chunk_ids, initial=0)) + 1) + chunk_ids
         for k in np.unique(key).tolist():
             sel = np.flatnonzero(key == k)
             c = int(chunk_ids[sel[0]])
             self.decode_into(chunks[c], offsets[sel], lengths[sel], meta[sel], outs[int(out_ids[sel[0]])], rows[sel], dtype)
+        if bases is not None:
+            oids, rws = np.asarray(out_ids).tolist(), np.asarray(rows).tolist()
+            for i, b in enumerate(np.asarray(bases).tolist()):
+                if b >= 0:
+                    dst = outs[oids[i]][rws[i]]
+                    np.bitwise_xor(dst, outs[oids[b]][rws[b]], out=dst)
 
     def encode(self, array: np.ndarray) -> bytes:
         """Encode one array to `bytes`: its meta byte, then its payload (the dtype and shape are

@@ -37,10 +37,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code, shape_arg
+from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code, integer_ids, shape_arg
 from . import _checksum
 from ._pool import parallel_for
-from .store import _integer_ids, _out_of
+from .store import _out_of
 
 __all__ = ["FileStore", "ReadOnlyError"]
 
@@ -141,7 +141,7 @@ class FileStore:
         return {"num_slots": self.num_slots, "declared": [self.dtype.name, list(self.item_shape)]}
 
     def _slots(self, slots: Any, field: str) -> np.ndarray:
-        s = _integer_ids(slots, field).astype(np.int64)
+        s = integer_ids(slots, field).astype(np.int64)
         if s.size and (int(s.min()) < -self.num_slots or int(s.max()) >= self.num_slots):
             bad = int(s.min()) if int(s.min()) < -self.num_slots else int(s.max())
             raise IndexError(f"{field}: slot {bad} out of range for a store of {self.num_slots} slots")

@@ -2,7 +2,7 @@
 
 Layout (plain numpy arrays, simple to persist):
 
-* index, one row per slot (20 bytes per slot):
+* index, one row per slot (28 bytes per slot):
 
   ```
   chunk   # shape=(num_slots,), dtype=int32,  arena chunk id, -1 = empty slot
@@ -12,8 +12,8 @@ Layout (plain numpy arrays, simple to persist):
   meta    # shape=(num_slots,), dtype=uint8,  the codec's byte (RLE: count width; zstd: 1 with the dictionary)
   layout  # shape=(num_slots,), dtype=uint16, id into the layout table
   check   # shape=(num_slots,), dtype=uint32, the entry's checksum (below)
-  base    # shape=(num_slots,), dtype=int32,  slot this entry is a delta against, -1 = none (a keyframe)
-  child   # shape=(num_slots,), dtype=int32,  the delta put last with this slot as its base, -1 = none
+  base    # shape=(num_slots,), dtype=int32,  delta base slot, -1 = none (`host_codecs.deltas`)
+  child   # shape=(num_slots,), dtype=int32,  the delta based on the slot, -1 = none (`host_codecs.deltas`)
   ```
 
 * layout table: layout id -> (dtype code, shape), shared by every entry of that dtype and shape.
@@ -33,17 +33,14 @@ payloads into never-used arena space and only then publishes the index rows. `ge
 arena's chunks under the lock and decodes outside it. Published payload bytes never change, so a concurrent reader
 sees each entry entirely before or entirely after a put, never torn.
 
-Deltas (temporal coding): `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded like
-any entry (with the store's dictionary when it has one); `b[i] = -1` stores it whole (a keyframe). Reading a
-delta decodes its chain (base, base of base, ... down to a keyframe): every slot of the chains of one request is
-decoded once, in parallel, each delta XORed with its base right after both are decoded. Chains are linear: a slot
-is the base of at most one live delta. A delta never outlives its base: rewriting or deleting a slot also deletes the
-deltas after it in its chain (`dependents`), so every stored entry decodes. (A frame ring that keeps each chain's
-keyframe while a stored step reads its frames deletes only frames no step reads.)
+Deltas (temporal coding): `put(..., bases=b)` stores entry `i` as a delta against slot `b[i]` (`host_codecs.deltas`:
+chains, what a read decodes, what a rewrite deletes). Snapshots: `export_state` / `import_state`
+(`host_codecs.snapshot`).
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
 distinct slot of the request once, into its first row, in one shard per thread
-(`host_codecs.parallel_for`), then copy it to its other rows.
+(`host_codecs.parallel_for`; a shard takes whole delta chains, cut where the entries split evenly), then copy it
+to its other rows.
 
 Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
@@ -69,10 +66,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code, shape_arg
+from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code, integer_ids, shape_arg
 from . import _checksum
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
+from .deltas import DeltaChains, base_sums, chain_order, resolve
+from .snapshot import Snapshots
 from .registry import CODECS, codec_for_tag, get_codec
 from .zstd import ZstdDictionary
 
@@ -96,23 +95,6 @@ def _fields(tag, meta, layout) -> np.ndarray:
     return np.asarray(tag, np.uint32) | np.asarray(meta, np.uint32) << 8 | np.asarray(layout, np.uint32) << 16
 
 
-def _base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
-    """# dtype=uint32: what a delta's check XORs in, from its base slot and the base's check (0 for `base == -1`)."""
-    b = np.asarray(base, np.int64)
-    mixed = ((b + 1) * 0x9E3779B1 & 0xFFFFFFFF).astype(np.uint32) ^ np.asarray(base_check, np.uint32)
-    return np.where(b >= 0, mixed, np.uint32(0)).astype(np.uint32)
-
-
-def _integer_ids(slots: Any, field: str) -> np.ndarray:
-    """`slots` as an integer array of any integer dtype; TypeError for anything else."""
-    s = as_array(slots, field)
-    if s.size == 0 and s.dtype == np.float64:  # np.asarray([]) is float64: an empty id list
-        s = s.astype(np.int64)
-    if s.dtype == np.bool_ or not np.issubdtype(s.dtype, np.integer):
-        raise TypeError(f"{field}: expected integer slot ids, got dtype {s.dtype}")
-    return s
-
-
 def _stat(key: str, doc: str) -> property:
     """A read-only property giving `stats()[key]`, documented by `doc`."""
 
@@ -129,7 +111,7 @@ def _out_of(pos: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return j, pos - bounds[j]
 
 
-class CompressedStore:
+class CompressedStore(DeltaChains, Snapshots):
     """Thread-safe slots of compressed arrays, payloads packed in large arenas.
 
     Args:
@@ -244,95 +226,9 @@ class CompressedStore:
             "dictionary_samples": self.dictionary_samples,
         }
 
-    def export_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """A snapshot of the whole store as JSON-able metadata and numpy arrays (see `import_state`).
-
-        Arrays: every per-slot index column (`_index()`, shape `(num_slots,)`) with `chunk` 0 for a
-        live entry (-1 empty) and `offset` its position in `payload`; `payload` (uint8): the live
-        payloads packed in slot-offset order, each padded to 8 bytes; `tags` (int64 `(3, num_tags)`);
-        `dictionary` (uint8, the zstd dictionary bytes, empty without one). Metadata: the store's
-        configuration (`config`), the layout table, the dictionary's level and the training counters.
-        Thread-safe: taken under the store lock (payload bytes are copied after it, they never change).
-        """
-        with self._lock:
-            cols = {k: v.copy() for k, v in self._index_columns().items()}
-            chunks = {c: ch.data for c, ch in self._arena.chunks.items()}
-            tags, layouts, d = self._tags.copy(), [[dtype_from_code(c).name, list(s)] for c, s in self._layouts], self._dictionary
-            meta = {
-                "config": self.config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
-                "rows_seen": self._rows_seen, "trained": self._trained, "dictionary_error": self.dictionary_error,
-                "compactions": self._compactions,
-            }
-        live = np.flatnonzero(cols["chunk"] >= 0)
-        live = live[np.lexsort((cols["offset"][live], cols["chunk"][live]))]
-        src_chunk, src = cols["chunk"][live].astype(np.int64), cols["offset"][live].astype(np.int64)
-        padded = ceil_align(cols["length"][live].astype(np.int64))
-        dst = np.zeros(live.size, np.int64)
-        np.cumsum(padded[:-1], out=dst[1:])
-        payload = np.empty(int(padded.sum()), np.uint8)
-        # one copy per run of payloads that lie back to back in one chunk
-        breaks = np.flatnonzero((np.diff(src_chunk) != 0) | (np.diff(src) != padded[:-1])) + 1
-        for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), live.size]) if live.size else ():
-            n = int(dst[b - 1] + padded[b - 1] - dst[a])
-            payload[dst[a] : dst[a] + n] = chunks[int(src_chunk[a])][src[a] : src[a] + n]
-        cols["chunk"][live], cols["offset"][live] = 0, dst
-        arrays = {**cols, "payload": payload, "tags": tags,
-                  "dictionary": np.frombuffer(d.data, np.uint8).copy() if d is not None else np.zeros(0, np.uint8)}
-        return meta, arrays
-
-    def import_state(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        """Load an `export_state` snapshot into this empty store of the same configuration.
-
-        Everything is checked before anything changes: the configuration, the column names, shapes
-        and dtypes, and that every live entry's codec tag, layout and payload range are valid.
-
-        Raises:
-          ValueError: the store holds entries, or the snapshot does not match it or is inconsistent
-            (the message names the field, what this store expects and what came).
-        """
-        config = self.config()
-        for k, v in config.items():
-            if meta["config"].get(k) != v:
-                raise ValueError(f"store config {k}: expected {v!r} (this store), got {meta['config'].get(k)!r}")
-        cols = self._index_columns()
-        expected = {**{k: (c.shape, c.dtype) for k, c in cols.items()}, "tags": (self._tags.shape, self._tags.dtype)}
-        for k, (shape, dtype) in expected.items():
-            a = arrays.get(k)
-            if a is None or a.shape != shape or a.dtype != dtype:
-                got = "nothing" if a is None else f"shape {a.shape}, dtype {a.dtype}"
-                raise ValueError(f"store array {k!r}: expected shape {shape}, dtype {dtype}, got {got}")
-        extra = set(arrays) - set(expected) - {"payload", "dictionary"}
-        if extra:
-            raise ValueError(f"store arrays: unknown arrays {sorted(extra)} (this store has {sorted(expected)})")
-        payload = np.ascontiguousarray(arrays["payload"], np.uint8).reshape(-1)
-        live = np.flatnonzero(arrays["chunk"] >= 0)
-        live = live[np.argsort(arrays["offset"][live], kind="stable")]
-        off, length = arrays["offset"][live].astype(np.int64), arrays["length"][live].astype(np.int64)
-        ends = off + ceil_align(length)
-        if live.size and (off[0] != 0 or np.any(off[1:] != ends[:-1]) or ends[-1] != payload.size):
-            raise ValueError(f"store array 'offset': live payloads must be packed back to back over the {payload.size} payload bytes")
-        known = np.isin(arrays["codec"][live], [c.tag for c in CODECS.values()])
-        layouts = [(dtype_code(np.dtype(dt), field="layouts"), tuple(int(x) for x in shp)) for dt, shp in meta["layouts"]]
-        if not known.all() or (live.size and int(arrays["layout"][live].max()) >= len(layouts)):
-            raise ValueError("store arrays 'codec' / 'layout': a live entry has an unknown codec tag or layout id")
-        level, dictionary = meta.get("dictionary_level"), arrays.get("dictionary")
-        with self._lock:
-            if (self._chunk >= 0).any() or self._layouts:
-                raise ValueError("import_state: expected an empty store, this one holds entries")
-            for code, shape in layouts:
-                self._layout_id(code, shape)
-            for k, c in cols.items():
-                c[...] = arrays[k]
-            if live.size:
-                self._chunk[live], self._offset[live] = self._arena.place(payload, off, length)
-            self._tags[...] = arrays["tags"]
-            self._dictionary = None if level is None else ZstdDictionary(dictionary.tobytes(), level)
-            self._rows_seen, self._trained = int(meta["rows_seen"]), bool(meta["trained"])
-            self.dictionary_error, self._compactions = meta["dictionary_error"], int(meta["compactions"])
-
     def _slots(self, slots: Any, field: str = "slots") -> np.ndarray:
         """Slot ids as int64, negative ones wrapped; TypeError / IndexError for bad ids."""
-        s = _integer_ids(slots, field)
+        s = integer_ids(slots, field)
         if s.dtype == np.uint64 and s.size and int(s.max()) > np.iinfo(np.int64).max:
             raise IndexError(f"{field}: slot {int(s.max())} out of range")  # would wrap negative as int64
         s = s.astype(np.int64, copy=False)
@@ -412,19 +308,7 @@ class CompressedStore:
         if cdc is self.codec:
             dictionary = self._dictionary if self._trained else self._train(rows, code, item_shape)
         delta = np.zeros(b, bool) if base is None else base >= 0
-        coded = rows
-        if delta.any():
-            src, ext = self._base_rows(s, base, rows, code, item_shape)
-            coded = np.empty_like(rows)
-
-            def xor(start: int, stop: int) -> None:
-                for i, r in zip(range(start, stop), src[start:stop].tolist()):
-                    if r == b:  # a keyframe
-                        coded[i] = rows[i]
-                    else:
-                        np.bitwise_xor(rows[i], rows[r] if r >= 0 else ext[-1 - r], out=coded[i])
-
-            parallel_for(b, xor, work_bytes=rows.nbytes)
+        coded = self._delta_rows(s, base, rows, code, item_shape) if delta.any() else rows
         # outside the lock: the expensive part
         enc = cdc.encode_batch(coded, a.dtype) if dictionary is None else cdc.encode_batch(coded, a.dtype, dictionary)
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
@@ -432,85 +316,16 @@ class CompressedStore:
         sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s)
         with self._lock:
             if delta.any():  # chains stay linear (checked before anything is stored)
-                b_, x_ = base[delta], s[delta]
-                c_ = self._child[b_]
-                taken = (c_ >= 0) & (c_ != x_) & ~np.isin(c_, s)
-                taken[taken] = (self._chunk[c_[taken]] >= 0) & (self._base[c_[taken]] == b_[taken])
-                if taken.any():
-                    raise ValueError(f"bases: slot {int(b_[taken][0])} is already the base of slot {int(c_[taken][0])} (a slot is the base of at most one delta)")
+                self._check_linear(s, base, delta)
             lid = self._layout_id(code, item_shape)
             chunk_ids, offsets = self._arena.place(enc.buffer, enc.offsets, enc.lengths)
             self._free(np.union1d(s, self._dependents(s)))
             self._chunk[s], self._offset[s], self._length[s] = chunk_ids, offsets, enc.lengths
             self._codec[s], self._meta[s], self._layout[s] = cdc.tag, enc.meta, lid
             self._check[s] = sums ^ _fields(cdc.tag, enc.meta, lid)
-            self._base[s] = -1 if base is None else base
-            if delta.any():
-                self._child[base[delta]] = s[delta]
-            pending = np.flatnonzero(delta)
-            while pending.size:  # level by level: a delta's check takes its base's final check
-                ready = ~np.isin(base[pending], s[pending])
-                i = pending[ready]
-                self._check[s[i]] ^= _base_sums(base[i], self._check[base[i]])
-                pending = pending[~ready]
-            if base is not None:  # the rows no delta of this batch is based on: the likely bases of the next put
-                tip = ~np.isin(s, base)
-                self._recent = (s[tip], rows[tip])
+            self._link(s, base, rows)
             self._tags[:, cdc.tag] += (b, b * int(self._layout_nbytes[lid]), int(enc.lengths.sum()))
             self._maybe_compact()
-
-    def _bases(self, bases: Any, s: np.ndarray) -> np.ndarray:
-        """`bases` of a put of slots `s`, checked: int64 `[B]`, -1 for whole entries."""
-        base = _integer_ids(bases, "bases").astype(np.int64)
-        if base.shape != s.shape:
-            raise ValueError(f"bases: expected shape {s.shape} (one per slot), got shape {base.shape}")
-        if base.size and (int(base.min()) < -1 or int(base.max()) >= self.num_slots):
-            bad = int(base.min()) if int(base.min()) < -1 else int(base.max())
-            raise IndexError(f"bases: slot {bad} out of range for a store of {self.num_slots} slots (-1: no base)")
-        if (base == s).any():
-            raise ValueError(f"bases: slot {int(s[base == s][0])} is given itself as its base")
-        used, count = np.unique(base[base >= 0], return_counts=True)
-        if (count > 1).any():
-            raise ValueError(f"bases: slot {int(used[count > 1][0])} is the base of several rows (a slot is the base of at most one delta)")
-        return base
-
-    def _base_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
-        """Where each row's base is, for a put of unique slots `s`: `(src, ext)`, `src[i]` = `B` (`len(s)`) for a
-        whole row, the batch row of its base when an earlier row of the batch writes it, else `-1 - j` for row `j` of
-        `ext` (uint8 `[J, nbytes]`: the last put's row of that slot, else the stored entry decoded)."""
-        n = s.size
-        src = np.full(n, n, np.int64)
-        idx = np.flatnonzero(base >= 0)
-        by_slot = np.argsort(s)
-        at = by_slot[np.minimum(np.searchsorted(s, base[idx], sorter=by_slot), n - 1)]
-        inside = s[at] == base[idx]
-        later = inside & (at > idx)
-        if later.any():
-            i = int(idx[later][0])
-            raise ValueError(f"bases: row {i} is based on slot {int(base[i])}, which a later row of the batch rewrites")
-        src[idx[inside]] = at[inside]
-        need = base[idx[~inside]]
-        ext = np.empty((need.size, rows.shape[1]), np.uint8)
-        src[idx[~inside]] = -1 - np.arange(need.size)
-        if need.size:
-            hit = np.zeros(need.size, bool)
-            recent = self._recent
-            if recent is not None and recent[0].size and recent[1].shape[1] == rows.shape[1]:
-                order = np.argsort(recent[0])
-                j = order[np.minimum(np.searchsorted(recent[0], need, sorter=order), recent[0].size - 1)]
-                hit = recent[0][j] == need
-                ext[hit] = recent[1][j[hit]]
-            if (~hit).any():
-                miss = need[~hit]
-                with self._lock:
-                    empty = self._chunk[miss] < 0
-                    lids = self._layout[miss]
-                if empty.any():
-                    raise ValueError(f"bases: slot {int(miss[empty][0])} is empty (a delta needs a stored base)")
-                if (lids != self._layout_ids.get((code, tuple(item_shape)), -1)).any():
-                    raise ValueError("bases: a base slot holds an entry of another dtype or shape")
-                ext[~hit] = self.get(miss).reshape(miss.size, -1).view(np.uint8)
-        return src, ext
 
     def _train(self, rows: np.ndarray, code: int, item_shape: tuple[int, ...]):
         """The dictionary to encode `rows` with, built (once, outside the store lock) when the
@@ -568,33 +383,6 @@ class CompressedStore:
             slots = np.flatnonzero(self._chunk == cid)
             self._chunk[slots], self._offset[slots] = self._arena.relocate(cid, self._offset[slots], self._length[slots])
             self._compactions += 1
-
-    def chain_slots(self, slots: Any) -> np.ndarray:
-        """The slots (int64, unique) that decoding `slots` also decodes (the bases of their delta chains) and
-        `slots` lacks; empty when no slot of `slots` holds a delta."""
-        s = self._slots(slots).reshape(-1)
-        with self._lock:
-            return self._chains(s)
-
-    def dependents(self, slots: Any) -> np.ndarray:
-        """The slots (int64, unique) of the live deltas whose chains pass through `slots` and that `slots` lacks: what
-        a `put` to `slots` or a `delete` of them deletes too (module doc, Deltas)."""
-        s = np.unique(self._slots(slots).reshape(-1))
-        with self._lock:
-            return self._dependents(s)
-
-    def _dependents(self, s: np.ndarray) -> np.ndarray:
-        """`dependents` of unique slots `s`; under the lock."""
-        out, cur = [], s
-        for _ in range(self.num_slots):
-            c = self._child[cur]
-            c, par = c[c >= 0], cur[c >= 0]
-            live = (self._chunk[c] >= 0) & (self._base[c] == par) & ~np.isin(c, s)
-            cur = c[live]
-            if not cur.size:
-                break
-            out.append(cur)
-        return np.unique(np.concatenate(out)).astype(np.int64) if out else np.zeros(0, np.int64)
 
     def delete(self, slots: Any) -> None:
         """Empty the given slots, and the deltas based on them (`dependents`); their space is reclaimed as the module
@@ -668,7 +456,7 @@ class CompressedStore:
         if outs is not None and (not isinstance(outs, (list, tuple)) or len(outs) != len(slot_arrays)):
             raise ValueError(f"outs: expected a list of {len(slot_arrays)} arrays (one per slot array), got {outs!r:.80}")
         names = [field] if len(slot_arrays) == 1 else [f"{field}[{j}]" for j in range(len(slot_arrays))]
-        ss = [_integer_ids(x, n) for x, n in zip(slot_arrays, names)]
+        ss = [integer_ids(x, n) for x, n in zip(slot_arrays, names)]
         flat = np.concatenate([self._slots(x.reshape(-1), n) for x, n in zip(ss, names)])
         bounds = np.cumsum([0] + [x.size for x in ss]).astype(np.int64)
         n = flat.size
@@ -727,68 +515,43 @@ class CompressedStore:
             return results
         pos_out, pos_row = _out_of(pos, bounds)
         chunk, offset, length = chunk.astype(np.int64), offset.astype(np.int64), length.astype(np.int64)
-        # Shards take whole chains: a delta is XORed with its base right after its shard decoded both.
-        order, cuts, base_i = np.arange(pos.size), np.arange(pos.size + 1), None
+        # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the
+        # entries (not the chains, whose lengths differ) split evenly.
+        order, cuts, base_i, depth = np.arange(pos.size), np.arange(pos.size + 1), None, None
         if base_pos is not None:
-            order, cuts, base_i = self._chain_order(pos, base_pos, flat)
+            order, cuts, base_i, depth = chain_order(
+                pos, base_pos, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"))
 
         def shard(a: int, b: int) -> None:
-            sl = order[cuts[a] : cuts[b]]
+            c0, c1 = np.searchsorted(cuts[:-1], (a, b)).tolist()  # the chains that start in [a, b)
+            sl = order[cuts[c0] : cuts[c1]]
             p = pos[sl]  # the codecs' own parallel_for calls run inline here
-            for t in np.unique(tag[p]).tolist():
+            tags = np.unique(tag[p]).tolist()
+            if base_i is not None and len(tags) == 1:  # one codec: it XORs each delta as it decodes it (in order)
+                local = np.full(pos.size, -1, np.int64)
+                local[sl] = np.arange(sl.size)
+                b = base_i[sl]
+                codec_for_tag(tags[0]).decode_many(
+                    table, chunk[p], offset[p], length[p], meta[p], views, pos_out[sl], pos_row[sl], dtype,
+                    bases=np.where(b >= 0, local[b], -1),
+                )
+                return
+            for t in tags:
                 sel = np.flatnonzero(tag[p] == t)
                 q = p[sel]
                 codec_for_tag(t).decode_many(
                     table, chunk[q], offset[q], length[q], meta[q], views, pos_out[sl][sel], pos_row[sl][sel], dtype
                 )
-            if base_i is not None:
-                for i in sl[base_i[sl] >= 0].tolist():  # keyframe first, then each delta after its base
-                    dst, j = views[pos_out[i]][pos_row[i]], base_i[i]
-                    np.bitwise_xor(dst, views[pos_out[j]][pos_row[j]], out=dst)
+            if base_i is not None:  # entries of several codecs: their deltas after all are decoded
+                resolve(views, sl, base_i, depth, pos_out, pos_row)
 
-        parallel_for(cuts.size - 1, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
+        parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
         (src_j, src_row), (dst_j, dst_row) = _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds)
         pair = src_j * len(views) + dst_j
         for k in np.unique(pair).tolist():
             sel = pair == k
             views[k % len(views)][dst_row[sel]] = views[k // len(views)][src_row[sel]]
         return results
-
-    def _chains(self, flat: np.ndarray) -> np.ndarray:
-        """The slots (int64, unique) the chains of the deltas among `flat` reach and `flat` lacks; under the lock."""
-        frontier = self._base[flat]
-        frontier = frontier[frontier >= 0]
-        if not frontier.size:
-            return np.zeros(0, np.int64)
-        seen = np.zeros(self.num_slots, bool)
-        seen[flat] = True
-        extra = []
-        while frontier.size:
-            new = np.unique(frontier[~seen[frontier]])
-            seen[new] = True
-            extra.append(new)
-            frontier = self._base[new]
-            frontier = frontier[frontier >= 0]
-        return np.concatenate(extra).astype(np.int64)
-
-    def _chain_order(self, pos: np.ndarray, base_pos: np.ndarray, flat: np.ndarray):
-        """Decode order of entries `pos` (request positions, ascending) whose bases are at request positions
-        `base_pos` (-1: a keyframe): `(order, cuts, base_i)`, the entries chain by chain (keyframe first, then by
-        depth), chain `c` being `order[cuts[c]:cuts[c + 1]]`, and each entry's base as an index into `pos`."""
-        n = pos.size
-        base_i = np.where(base_pos >= 0, np.searchsorted(pos, base_pos), -1)
-        root = np.where(base_i >= 0, base_i, np.arange(n))
-        depth = (base_i >= 0).astype(np.int64)
-        for _ in range(64):  # pointer jumping: chains of up to 2**64 entries
-            up = root[root]
-            if np.array_equal(up, root):
-                break
-            depth, root = depth + depth[root] * (up != root), up
-        else:
-            self._corrupt(flat[pos[root != root[root]]], "its chain of deltas never reaches a keyframe")
-        order = np.lexsort((depth, root))
-        cuts = np.concatenate([[0], np.flatnonzero(np.diff(root[order])) + 1, [n]])
-        return order, cuts, base_i
 
     def _corrupt(self, slots: np.ndarray, why: str):
         ids = np.unique(slots)
@@ -803,7 +566,7 @@ class CompressedStore:
         slots, the bases' checks) of deltas."""
         expect = _payload_sums(table, chunk, offset, length, slots) ^ _fields(tag, meta, layout)
         if bases is not None:
-            expect ^= _base_sums(*bases)
+            expect ^= base_sums(*bases)
         bad = expect != check
         if bad.any():
             self._corrupt(slots[bad], "checksum mismatch")

@@ -153,8 +153,8 @@ class ZstdCodec(Codec):
         parallel_for(rows.shape[0], work, work_bytes=rows.nbytes)
         return pack_payloads(payloads, np.full(rows.shape[0], 0 if dictionary is None else dictionary.meta, np.uint8))
 
-    def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype) -> None:
-        """`Codec.decode_many`, every payload read where it lies. Entries with meta byte 1 were
+    def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
+        """`Codec.decode_many`, every payload read where it lies (a delta XORed with its base as it is decoded). Entries with meta byte 1 were
         encoded with a dictionary: `chunks` must then be a `ChunkTable` carrying it (a store passes
         its own).
 
@@ -170,28 +170,43 @@ class ZstdCodec(Codec):
         dictionary = chunks.dictionary if isinstance(chunks, ChunkTable) else None
         if top and dictionary is None:
             raise ValueError("codec 'zstd': an entry was encoded with a dictionary, and none was given to decode it")
-        check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows)
+        check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases)
         nbytes = outs[0].shape[1]
         cids, offs, lens = (np.asarray(x).tolist() for x in (chunk_ids, offsets, lengths))
         mts, oids, rws = meta.tolist(), np.asarray(out_ids).tolist(), np.asarray(rows).tolist()
+        # flat byte views: a row is filled by one slice assignment (no numpy array per entry)
+        flat = [memoryview(o).cast("B") if o.flags.c_contiguous and o.size else None for o in outs]
+        srcs = {c: memoryview(chunks[c]) for c in set(cids)}
+        bs = None if bases is None else np.asarray(bases).tolist()
         errors: list[str] = []
 
         def work(start: int, stop: int) -> None:
             plain = _coders(self._local, self.level)[1]
             with_dict = dictionary.coders()[1] if dictionary is not None else None
+            size_of, error = self._z.frame_content_size, self._z.ZstdError
             for t in range(start, stop):
-                src = chunks[cids[t]][offs[t] : offs[t] + lens[t]]
+                src = srcs[cids[t]][offs[t] : offs[t] + lens[t]]
                 try:
-                    size = self._z.frame_content_size(src)
+                    size = size_of(src)
                     if size != nbytes:  # checked first: a corrupt header must not size an allocation
                         errors.append(f"the frame declares {size} bytes, expected {nbytes}")
                         return
                     data = (with_dict if mts[t] else plain).decompress(src)
-                except self._z.ZstdError as exc:
+                except error as exc:
                     errors.append(str(exc))
                     return
-                outs[oids[t]][rws[t]] = np.frombuffer(data, dtype=np.uint8)
+                dst, r = flat[oids[t]], rws[t]
+                if bs is not None and bs[t] >= 0:  # a delta: its base, an earlier entry, is whole by now
+                    b = bs[t]
+                    np.bitwise_xor(np.frombuffer(data, dtype=np.uint8), outs[oids[b]][rws[b]], out=outs[oids[t]][r])
+                elif dst is None:
+                    outs[oids[t]][r] = np.frombuffer(data, dtype=np.uint8)
+                else:
+                    dst[r * nbytes : (r + 1) * nbytes] = data
 
-        parallel_for(len(rws), work, work_bytes=len(rws) * nbytes)
+        if bases is None:
+            parallel_for(len(rws), work, work_bytes=len(rws) * nbytes)
+        else:  # in order: every base before its deltas
+            work(0, len(rws))
         if errors:
             raise ValueError(f"codec 'zstd': corrupt entry: {errors[0]}")

@@ -1,0 +1,228 @@
+"""Delta chains of a `host_codecs.CompressedStore`: temporal coding of similar consecutive entries.
+
+`put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded like any entry (with the
+store's dictionary when it has one); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
+(base, base of base, ... down to a keyframe): every slot of the chains of one request is decoded once, a chain's
+entries in order on one thread (`chain_order`), and the codec XORs each delta with its base as it decodes it
+(`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); a chain whose entries have several codecs
+is decoded codec by codec, then XORed depth by depth (`resolve`). Chains are linear: a slot is the base of at most
+one live delta. A delta never outlives its base: rewriting or deleting a slot also deletes the deltas after it in
+its chain (`dependents`), so every stored entry decodes. (A frame ring that keeps each chain's keyframe while a
+stored step reads its frames deletes only frames no step reads.)
+
+Index columns (beside the store's others, `host_codecs.store`):
+
+```
+base    # shape=(num_slots,), dtype=int32,  slot this entry is a delta against, -1 = none (a keyframe)
+child   # shape=(num_slots,), dtype=int32,  the delta put last with this slot as its base, -1 = none
+```
+
+A delta's checksum also XORs in `base_sums` of its base slot and the base's checksum when the delta was put, so a
+delta whose base was rewritten since fails its check.
+
+`DeltaChains` is the part of `CompressedStore` that keeps these columns; it works on the store's own index and
+lock, and holds no state of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._base import integer_ids
+
+__all__ = ["DeltaChains", "base_sums", "chain_order", "resolve"]
+
+
+def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
+    """# dtype=uint32: what a delta's check XORs in, from its base slot and the base's check (0 for `base == -1`)."""
+    b = np.asarray(base, np.int64)
+    mixed = ((b + 1) * 0x9E3779B1 & 0xFFFFFFFF).astype(np.uint32) ^ np.asarray(base_check, np.uint32)
+    return np.where(b >= 0, mixed, np.uint32(0)).astype(np.uint32)
+
+
+def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt):
+    """Decode order of entries at request positions `pos` (ascending) whose bases are at request positions
+    `base_pos` (-1: a keyframe).
+
+    Returns:
+      `(order, cuts, base_i, depth)`: the entries chain by chain (keyframe first, then by depth), chain `c` being `order[cuts[c]:cuts[c + 1]]`; each entry's base as an index
+      into `pos` (-1 for a keyframe); each entry's depth (0 for a keyframe). An entry whose chain never reaches a
+      keyframe (a cycle: a corrupt index) is passed to `corrupt(indices into pos)`, which raises.
+    """
+    n = pos.size
+    base_i = np.where(base_pos >= 0, np.searchsorted(pos, base_pos), -1)
+    root = np.where(base_i >= 0, base_i, np.arange(n))
+    depth = (base_i >= 0).astype(np.int64)
+    for _ in range(64):  # pointer jumping: chains of up to 2**64 entries
+        up = root[root]
+        if np.array_equal(up, root):
+            break
+        depth, root = depth + depth[root] * (up != root), up
+    else:
+        corrupt(np.flatnonzero(root != root[root]))
+    order = np.lexsort((depth, root))
+    cuts = np.concatenate([[0], np.flatnonzero(np.diff(root[order])) + 1, [n]])
+    return order, cuts, base_i, depth
+
+
+def resolve(views: list, sl: np.ndarray, base_i: np.ndarray, depth: np.ndarray, out_j: np.ndarray, out_row: np.ndarray) -> None:
+    """Turn the decoded deltas among entries `sl` into entries: XOR each with its base, depth by depth (a base is
+    whole before its deltas read it), one vectorised XOR per depth and pair of outputs.
+
+    Args:
+      views: the read's outputs, uint8 `[B_j, nbytes]`; entry `i` lies in row `out_row[i]` of `views[out_j[i]]`.
+      sl: indices of the entries to resolve (whole chains: every delta's base among them).
+      base_i: # shape=(n,), int64: each entry's base entry, -1 for a keyframe. depth: # shape=(n,), int64: its depth.
+    """
+    sl = sl[base_i[sl] >= 0]
+    if not sl.size:
+        return
+    d, m = depth[sl], len(views)
+    for level in range(1, int(d.max()) + 1):
+        e = sl[d == level]
+        b = base_i[e]
+        pair = out_j[e] * m + out_j[b]
+        for k in np.unique(pair).tolist():
+            sel = pair == k
+            dst, src = views[k // m], views[k % m]
+            dst[out_row[e[sel]]] ^= src[out_row[b[sel]]]  # distinct rows of dst: no write is lost
+
+
+class DeltaChains:
+    """The delta-chain half of `CompressedStore` (module doc): argument checks of `bases`, the chain and dependent
+    walks over the `base` / `child` columns, and the XOR of a put's rows against their bases."""
+
+    def chain_slots(self, slots: Any) -> np.ndarray:
+        """The slots (int64, unique) that decoding `slots` also decodes (the bases of their delta chains) and
+        `slots` lacks; empty when no slot of `slots` holds a delta."""
+        s = self._slots(slots).reshape(-1)
+        with self._lock:
+            return self._chains(s)
+
+    def dependents(self, slots: Any) -> np.ndarray:
+        """The slots (int64, unique) of the live deltas whose chains pass through `slots` and that `slots` lacks: what
+        a `put` to `slots` or a `delete` of them deletes too (module doc, Deltas)."""
+        s = np.unique(self._slots(slots).reshape(-1))
+        with self._lock:
+            return self._dependents(s)
+
+    def _dependents(self, s: np.ndarray) -> np.ndarray:
+        """`dependents` of unique slots `s`; under the lock."""
+        out, cur = [], s
+        for _ in range(self.num_slots):
+            c = self._child[cur]
+            c, par = c[c >= 0], cur[c >= 0]
+            live = (self._chunk[c] >= 0) & (self._base[c] == par) & ~np.isin(c, s)
+            cur = c[live]
+            if not cur.size:
+                break
+            out.append(cur)
+        return np.unique(np.concatenate(out)).astype(np.int64) if out else np.zeros(0, np.int64)
+
+    def _chains(self, flat: np.ndarray) -> np.ndarray:
+        """The slots (int64, unique) the chains of the deltas among `flat` reach and `flat` lacks; under the lock."""
+        frontier = self._base[flat]
+        frontier = frontier[frontier >= 0]
+        if not frontier.size:
+            return np.zeros(0, np.int64)
+        seen = np.zeros(self.num_slots, bool)
+        seen[flat] = True
+        extra = []
+        while frontier.size:
+            new = np.unique(frontier[~seen[frontier]])
+            seen[new] = True
+            extra.append(new)
+            frontier = self._base[new]
+            frontier = frontier[frontier >= 0]
+        return np.concatenate(extra).astype(np.int64)
+
+    def _bases(self, bases: Any, s: np.ndarray) -> np.ndarray:
+        """`bases` of a put of slots `s`, checked: int64 `[B]`, -1 for whole entries."""
+        base = integer_ids(bases, "bases").astype(np.int64)
+        if base.shape != s.shape:
+            raise ValueError(f"bases: expected shape {s.shape} (one per slot), got shape {base.shape}")
+        if base.size and (int(base.min()) < -1 or int(base.max()) >= self.num_slots):
+            bad = int(base.min()) if int(base.min()) < -1 else int(base.max())
+            raise IndexError(f"bases: slot {bad} out of range for a store of {self.num_slots} slots (-1: no base)")
+        if (base == s).any():
+            raise ValueError(f"bases: slot {int(s[base == s][0])} is given itself as its base")
+        used, count = np.unique(base[base >= 0], return_counts=True)
+        if (count > 1).any():
+            raise ValueError(f"bases: slot {int(used[count > 1][0])} is the base of several rows (a slot is the base of at most one delta)")
+        return base
+
+    def _base_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
+        """Where each row's base is, for a put of unique slots `s`: `(src, ext)`, `src[i]` = `B` (`len(s)`) for a
+        whole row, the batch row of its base when an earlier row of the batch writes it, else `-1 - j` for row `j` of
+        `ext` (uint8 `[J, nbytes]`: the last put's row of that slot, else the stored entry decoded)."""
+        n = s.size
+        src = np.full(n, n, np.int64)
+        idx = np.flatnonzero(base >= 0)
+        by_slot = np.argsort(s)
+        at = by_slot[np.minimum(np.searchsorted(s, base[idx], sorter=by_slot), n - 1)]
+        inside = s[at] == base[idx]
+        later = inside & (at > idx)
+        if later.any():
+            i = int(idx[later][0])
+            raise ValueError(f"bases: row {i} is based on slot {int(base[i])}, which a later row of the batch rewrites")
+        src[idx[inside]] = at[inside]
+        need = base[idx[~inside]]
+        ext = np.empty((need.size, rows.shape[1]), np.uint8)
+        src[idx[~inside]] = -1 - np.arange(need.size)
+        if need.size:
+            hit = np.zeros(need.size, bool)
+            recent = self._recent
+            if recent is not None and recent[0].size and recent[1].shape[1] == rows.shape[1]:
+                order = np.argsort(recent[0])
+                j = order[np.minimum(np.searchsorted(recent[0], need, sorter=order), recent[0].size - 1)]
+                hit = recent[0][j] == need
+                ext[hit] = recent[1][j[hit]]
+            if (~hit).any():
+                miss = need[~hit]
+                with self._lock:
+                    empty = self._chunk[miss] < 0
+                    lids = self._layout[miss]
+                if empty.any():
+                    raise ValueError(f"bases: slot {int(miss[empty][0])} is empty (a delta needs a stored base)")
+                if (lids != self._layout_ids.get((code, tuple(item_shape)), -1)).any():
+                    raise ValueError("bases: a base slot holds an entry of another dtype or shape")
+                ext[~hit] = self.get(miss).reshape(miss.size, -1).view(np.uint8)
+        return src, ext
+
+    def _delta_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape) -> np.ndarray:
+        """The rows a put of unique slots `s` encodes: `rows[i] XOR` its base's bytes where `base[i] >= 0`, else
+        `rows[i]` (uint8 `[B, nbytes]`, a new array)."""
+        src, ext = self._base_rows(s, base, rows, code, item_shape)
+        coded = rows.copy()
+        inside, outside = np.flatnonzero((src >= 0) & (src < s.size)), np.flatnonzero(src < 0)
+        coded[inside] ^= rows[src[inside]]
+        coded[outside] ^= ext[-1 - src[outside]]
+        return coded
+
+    def _check_linear(self, s: np.ndarray, base: np.ndarray, delta: np.ndarray) -> None:
+        """ValueError when a put of slots `s` would make a slot the base of a second live delta; under the lock."""
+        b_, x_ = base[delta], s[delta]
+        c_ = self._child[b_]
+        taken = (c_ >= 0) & (c_ != x_) & ~np.isin(c_, s)
+        taken[taken] = (self._chunk[c_[taken]] >= 0) & (self._base[c_[taken]] == b_[taken])
+        if taken.any():
+            raise ValueError(f"bases: slot {int(b_[taken][0])} is already the base of slot {int(c_[taken][0])} (a slot is the base of at most one delta)")
+
+    def _link(self, s: np.ndarray, base: np.ndarray | None, rows: np.ndarray) -> None:
+        """Record the bases of a put of slots `s` whose checks are set (`base_sums` chained level by level: a
+        delta's check takes its base's final check) and remember its rows; under the lock."""
+        self._base[s] = -1 if base is None else base
+        if base is None:
+            return
+        delta = base >= 0
+        self._child[base[delta]] = s[delta]
+        pending = np.flatnonzero(delta)
+        while pending.size:
+            ready = ~np.isin(base[pending], s[pending])
+            i = pending[ready]
+            self._check[s[i]] ^= base_sums(base[i], self._check[base[i]])
+            pending = pending[~ready]
+        tip = ~np.isin(s, base)  # the rows no delta of this put is based on: the likely bases of the next put
+        self._recent = (s[tip], rows[tip])

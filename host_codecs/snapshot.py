@@ -1,0 +1,111 @@
+"""Snapshots of a `host_codecs.CompressedStore`: its whole state as JSON-able metadata and numpy arrays.
+
+`export_state` packs the live payloads back to back (each padded to `ALIGN` bytes) beside every index column, the
+per-codec counters and the dictionary bytes; `import_state` loads such a snapshot into an empty store of the same
+configuration after checking all of it. What a checkpoint of a compressed buffer saves (`jaxbuffers.checkpoint`).
+
+`Snapshots` is the part of `CompressedStore` that does this; it works on the store's own index, arena and lock, and
+holds no state of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._base import ceil_align, dtype_code, dtype_from_code
+from .registry import CODECS
+from .zstd import ZstdDictionary
+
+__all__ = ["Snapshots"]
+
+
+class Snapshots:
+    """`export_state` / `import_state` of `CompressedStore` (module doc)."""
+
+    def export_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """A snapshot of the whole store as JSON-able metadata and numpy arrays (see `import_state`).
+
+        Arrays: every per-slot index column (`_index()`, shape `(num_slots,)`) with `chunk` 0 for a
+        live entry (-1 empty) and `offset` its position in `payload`; `payload` (uint8): the live
+        payloads packed in slot-offset order, each padded to 8 bytes; `tags` (int64 `(3, num_tags)`);
+        `dictionary` (uint8, the zstd dictionary bytes, empty without one). Metadata: the store's
+        configuration (`config`), the layout table, the dictionary's level and the training counters.
+        Thread-safe: taken under the store lock (payload bytes are copied after it, they never change).
+        """
+        with self._lock:
+            cols = {k: v.copy() for k, v in self._index_columns().items()}
+            chunks = {c: ch.data for c, ch in self._arena.chunks.items()}
+            tags, layouts, d = self._tags.copy(), [[dtype_from_code(c).name, list(s)] for c, s in self._layouts], self._dictionary
+            meta = {
+                "config": self.config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
+                "rows_seen": self._rows_seen, "trained": self._trained, "dictionary_error": self.dictionary_error,
+                "compactions": self._compactions,
+            }
+        live = np.flatnonzero(cols["chunk"] >= 0)
+        live = live[np.lexsort((cols["offset"][live], cols["chunk"][live]))]
+        src_chunk, src = cols["chunk"][live].astype(np.int64), cols["offset"][live].astype(np.int64)
+        padded = ceil_align(cols["length"][live].astype(np.int64))
+        dst = np.zeros(live.size, np.int64)
+        np.cumsum(padded[:-1], out=dst[1:])
+        payload = np.empty(int(padded.sum()), np.uint8)
+        # one copy per run of payloads that lie back to back in one chunk
+        breaks = np.flatnonzero((np.diff(src_chunk) != 0) | (np.diff(src) != padded[:-1])) + 1
+        for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), live.size]) if live.size else ():
+            n = int(dst[b - 1] + padded[b - 1] - dst[a])
+            payload[dst[a] : dst[a] + n] = chunks[int(src_chunk[a])][src[a] : src[a] + n]
+        cols["chunk"][live], cols["offset"][live] = 0, dst
+        arrays = {**cols, "payload": payload, "tags": tags,
+                  "dictionary": np.frombuffer(d.data, np.uint8).copy() if d is not None else np.zeros(0, np.uint8)}
+        return meta, arrays
+
+    def import_state(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Load an `export_state` snapshot into this empty store of the same configuration.
+
+        Everything is checked before anything changes: the configuration, the column names, shapes
+        and dtypes, and that every live entry's codec tag, layout and payload range are valid.
+
+        Raises:
+          ValueError: the store holds entries, or the snapshot does not match it or is inconsistent
+            (the message names the field, what this store expects and what came).
+        """
+        config = self.config()
+        for k, v in config.items():
+            if meta["config"].get(k) != v:
+                raise ValueError(f"store config {k}: expected {v!r} (this store), got {meta['config'].get(k)!r}")
+        cols = self._index_columns()
+        expected = {**{k: (c.shape, c.dtype) for k, c in cols.items()}, "tags": (self._tags.shape, self._tags.dtype)}
+        for k, (shape, dtype) in expected.items():
+            a = arrays.get(k)
+            if a is None or a.shape != shape or a.dtype != dtype:
+                got = "nothing" if a is None else f"shape {a.shape}, dtype {a.dtype}"
+                raise ValueError(f"store array {k!r}: expected shape {shape}, dtype {dtype}, got {got}")
+        extra = set(arrays) - set(expected) - {"payload", "dictionary"}
+        if extra:
+            raise ValueError(f"store arrays: unknown arrays {sorted(extra)} (this store has {sorted(expected)})")
+        payload = np.ascontiguousarray(arrays["payload"], np.uint8).reshape(-1)
+        live = np.flatnonzero(arrays["chunk"] >= 0)
+        live = live[np.argsort(arrays["offset"][live], kind="stable")]
+        off, length = arrays["offset"][live].astype(np.int64), arrays["length"][live].astype(np.int64)
+        ends = off + ceil_align(length)
+        if live.size and (off[0] != 0 or np.any(off[1:] != ends[:-1]) or ends[-1] != payload.size):
+            raise ValueError(f"store array 'offset': live payloads must be packed back to back over the {payload.size} payload bytes")
+        known = np.isin(arrays["codec"][live], [c.tag for c in CODECS.values()])
+        layouts = [(dtype_code(np.dtype(dt), field="layouts"), tuple(int(x) for x in shp)) for dt, shp in meta["layouts"]]
+        if not known.all() or (live.size and int(arrays["layout"][live].max()) >= len(layouts)):
+            raise ValueError("store arrays 'codec' / 'layout': a live entry has an unknown codec tag or layout id")
+        level, dictionary = meta.get("dictionary_level"), arrays.get("dictionary")
+        with self._lock:
+            if (self._chunk >= 0).any() or self._layouts:
+                raise ValueError("import_state: expected an empty store, this one holds entries")
+            for code, shape in layouts:
+                self._layout_id(code, shape)
+            for k, c in cols.items():
+                c[...] = arrays[k]
+            if live.size:
+                self._chunk[live], self._offset[live] = self._arena.place(payload, off, length)
+            self._tags[...] = arrays["tags"]
+            self._dictionary = None if level is None else ZstdDictionary(dictionary.tobytes(), level)
+            self._rows_seen, self._trained = int(meta["rows_seen"]), bool(meta["trained"])
+            self.dictionary_error, self._compactions = meta["dictionary_error"], int(meta["compactions"])
