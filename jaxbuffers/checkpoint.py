@@ -44,6 +44,7 @@ the buffer is snapshotted as `save(..., blocking=False)` does and written in the
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import io
@@ -477,10 +478,15 @@ class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
         """Write `args.buffer` into `directory`."""
         self._write(directory, _snapshot(args.buffer))
 
-    async def async_save(self, directory, args: "BufferSave") -> list[concurrent.futures.Future]:
-        """Snapshot `args.buffer` now and write it into `directory` in a background thread (the returned future)."""
+    async def async_save(self, directory, args: "BufferSave") -> list:
+        """Snapshot `args.buffer` now; the returned orbax future writes it into `directory` in a background thread
+        once orbax has created that folder."""
         snapshot = _snapshot(args.buffer)
-        return [_in_background(self._write, directory, snapshot)]
+
+        async def write():
+            await asyncio.to_thread(self._write, directory, snapshot)
+
+        return [ocp.future.CommitFutureAwaitingContractedSignals(write(), name="jaxbuffers_buffer_save")]
 
     def restore(self, directory, args: "BufferRestore | None" = None) -> Any:
         """The buffer in `directory` (`restore`'s arguments from `args`)."""
