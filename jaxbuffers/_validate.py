@@ -641,3 +641,9 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
             )
         out.append((name, shape, np.dtype(s.dtype), tuple(d for j, d in enumerate(shape) if j != ax), ax))
     return out
+
+
+def single_process(what: str, why: str) -> None:
+    """NotImplementedError naming `what` when JAX runs in several processes (`jax.process_count() > 1`)."""
+    if jax.process_count() > 1:
+        raise NotImplementedError(f"{what}: jax.process_count() is {jax.process_count()}; {why}")

@@ -63,6 +63,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from jaxbuffers import _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     _nbytes, _template,
@@ -79,12 +80,8 @@ __all__ = [
 ]
 
 
-def _single_process(what: str) -> None:
-    if jax.process_count() > 1:
-        raise NotImplementedError(
-            f"{what}: jax.process_count() is {jax.process_count()}; jaxbuffers checkpoints are written and read by one "
-            f"process (their files, manifest and compressed host stores are not coordinated across processes)"
-        )
+_ONE_PROCESS = ("jaxbuffers checkpoints are written and read by one process (their files, manifest and compressed host "
+                "stores are not coordinated across processes)")
 
 
 # --- the snapshot a save writes: buffer.json and every array on host memory ---
@@ -130,7 +127,7 @@ def _snapshot(buffer: Any, host: bool = True) -> _Snapshot:
     knows of, so a later donation of the buffer copies instead of updating in place. Host stores are exported (a
     copy, under their lock). `host=False` leaves a compressed buffer's host stores out (`jaxbuffers.disk` keeps them
     in files of their own)."""
-    _single_process("save")
+    _validate.single_process("save", _ONE_PROCESS)
     meta = _describe(buffer)
     host_meta, host_arrays = _host_snapshot(buffer) if host else (None, {})
     if host_meta is not None:
@@ -213,7 +210,7 @@ def _on_devices(arrays: list[np.ndarray], shardings: list) -> list:
 
 
 def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
-    _single_process("restore")
+    _validate.single_process("restore", _ONE_PROCESS)
     _verify(root, progress)
     meta = _read_json(root / "buffer.json", "buffer description")
     if target is not None:
@@ -309,8 +306,6 @@ class PendingSave:
             return self._future.result(timeout)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"save to {self.path}: not finished within {timeout} s") from None
-
-    result = wait  # the orbax `Future` protocol
 
 
 _PENDING: dict[Path, PendingSave] = {}
