@@ -326,7 +326,8 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       progress: a tqdm bar (sizes, throughput) for saves over a second; None: only on a terminal.
       blocking: False: take the buffer's arrays to host memory, start writing in a background thread and return a
         `PendingSave` at once. The buffer may then be donated and updated (the checkpoint keeps the state of the call);
-        call `PendingSave.wait()` before relying on the files.
+        call `PendingSave.wait()` before relying on the files. The errors below are raised by the call itself, before
+        anything is written; an error while writing is raised by `wait()`.
 
     Returns:
       The checkpoint folder as a `pathlib.Path` (blocking), or a `PendingSave` whose `wait()` returns it.
@@ -336,7 +337,6 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       FileExistsError: `directory` exists and is not a checkpoint (nothing is deleted).
       StaleBufferError: a compressed buffer state older than its host store.
       NotImplementedError: `jax.process_count() > 1`.
-      These are raised by the call itself, before anything is written, also when not blocking.
     """
     return _save(directory, buffer, progress, blocking=blocking)
 
