@@ -11,6 +11,9 @@ Implementations, each timed `--repeats` times interleaved (median reported):
 
 * `ours`: `jaxbuffers.save` (orbax arrays, host-store export, xxh3-64 manifest, fsync, atomic rename) and
   `jaxbuffers.restore` (checksums verified, arrays back on the device).
+* `ours-async` (case `save_blocking`): the time `jaxbuffers.save(..., blocking=False)` blocks the caller (the
+  snapshot of the buffer; the write then runs in a background thread and is waited for, untimed, before the next
+  repetition), beside the `np.save` median of the same run.
 * `np.save`: `np.save` of every array of the buffer (for the compressed buffer: its device arrays and the host
   stores' `export_state` arrays, the export included in the timing) and `np.save+fsync` (the same, then fsync of
   every file: what `ours` guarantees); their restore rows are `np.load` + `jax.device_put`.
@@ -30,6 +33,7 @@ import contextlib
 import io
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -153,6 +157,14 @@ def run_case(case: str, buf, root: Path, repeats: int, vault: bool) -> None:
     compare(BENCH, f"{case}/restore", t_restore, "np.load", n=1, repeats=repeats, items=gb, unit="GB/s")
     ratio = t_save["np.save"] / t_save["ours"]
     emit({"bench": BENCH, "case": f"{case}/save_vs_np.save", "impl": "ours", "value": round(ratio, 3), "unit": "x np.save rate"})
+    blocked = []  # save(blocking=False): the time until the training loop may go on (the write then runs behind it)
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        pending = jb.save(folder("ours-async"), buf, progress=False, blocking=False)
+        blocked.append(time.perf_counter() - t0)
+        pending.wait()
+    compare(BENCH, f"{case}/save_blocking", {"np.save": t_save["np.save"], "ours-async": statistics.median(blocked)}, "np.save",
+            n=1, repeats=repeats, items=gb, unit="GB/s")
 
 
 def main() -> None:

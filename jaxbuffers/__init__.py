@@ -12,7 +12,7 @@ from jaxbuffers.compressed import (
     CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
     StaleBufferError, StagingWriter,
 )
-from jaxbuffers.checkpoint import BufferRestore, BufferSave, CheckpointError, restore, save
+from jaxbuffers.checkpoint import BufferRestore, BufferSave, CheckpointError, PendingSave, restore, save
 from jaxbuffers.episode import (
     BufferFullError, EpisodeBuffer, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample,
 )
@@ -49,7 +49,7 @@ __all__ = [
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
     "CompressedEpisodeBuffer",
     "StaleBufferError", "StagingWriter",
-    "save", "restore", "BufferSave", "BufferRestore", "CheckpointError",  # checkpoints
+    "save", "restore", "PendingSave", "BufferSave", "BufferRestore", "CheckpointError",  # checkpoints
     "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
     "BufferServer", "Writer", "BufferClosed", "ray_server",  # actors and learners
     "ShardedBuffer", "ShardedSample",  # devices and hosts

@@ -725,3 +725,9 @@ def one_each(name: str, value: Any, n: int, what: str) -> tuple:
         got = f"{type(value).__name__} of {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
         raise TypeError(f"{name}: expected a list or tuple of {n} entries (one per {what}), got {got}")
     return tuple(value)
+
+
+def single_process(what: str, why: str) -> None:
+    """NotImplementedError naming `what` when JAX runs in several processes (`jax.process_count() > 1`)."""
+    if jax.process_count() > 1:
+        raise NotImplementedError(f"{what}: jax.process_count() is {jax.process_count()}; {why}")

@@ -26,241 +26,65 @@ Safety:
 * Every file is checked against the manifest (size and xxh3-64) before anything is read from it; a mismatch raises
   `CheckpointError` naming the file.
 * `save` writes into a temporary sibling folder and renames it into place; a crash at any point leaves the previous
-  checkpoint whole (between the two renames it is the sibling `.<name>.prev`, which `restore` falls back to).
+  checkpoint whole (between the two renames it is the sibling `.<name>.prev`, which `restore` falls back to). Every
+  file and folder is fsynced before the rename.
+* `save(..., blocking=False)` copies the buffer's arrays to host memory (on CPU: holds them, so that a later donation
+  copies instead of writing over them) and the host stores' contents before it returns, and writes in a background
+  thread: the checkpoint holds the buffer as of the call, whatever the training loop does with it afterwards.
+* One process: with `jax.process_count() > 1` saving and restoring raise `NotImplementedError` (the files and host
+  stores are not coordinated across processes).
 * A checkpoint of another class, configuration, shape, dtype or format version raises `CheckpointError` before any
   array is allocated; the target buffer (if given) is never modified.
 
 With an `orbax.checkpoint.CheckpointManager`, `BufferSave(buffer)` / `BufferRestore(target)` save the buffer as one
 item of a step (`ocp.args.Composite(state=ocp.args.StandardSave(state), buffer=BufferSave(buffer))`), written by
-`BufferCheckpointHandler` in the same format (the manager provides the atomic rename).
+`BufferCheckpointHandler` in the same format (the manager provides the atomic rename; with an asynchronous manager
+the buffer is snapshotted as `save(..., blocking=False)` does and written in the background).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import io
 import json
-import mmap
 import os
 import shutil
-import sys
 import tarfile
 import tempfile
-import uuid
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-import xxhash
 from etils import epath
 
 from jaxbuffers import _validate
-from jaxbuffers.compressed import (
-    CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
+from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
+    _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
+    _nbytes, _template,
+)
+from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
+    _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
+    _write_manifest,
 )
 from jaxbuffers.compressed._host import StaleBufferError
-from jaxbuffers.episode import EpisodeBuffer
-from jaxbuffers.prioritised import PrioritisedReplayBuffer
-from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
-from jaxbuffers.replay import ReplayBuffer
-from jaxbuffers.rollout import RolloutBuffer
-from jaxbuffers.trajectory import TrajectoryBuffer
 
 __all__ = [
-    "FORMAT_VERSION", "CheckpointError", "save", "restore", "to_bytes", "from_bytes", "BufferSave", "BufferRestore", "BufferCheckpointHandler",
+    "FORMAT_VERSION", "CheckpointError", "PendingSave", "save", "restore", "to_bytes", "from_bytes", "BufferSave",
+    "BufferRestore", "BufferCheckpointHandler",
 ]
 
-FORMAT = "jaxbuffers.checkpoint"
-FORMAT_VERSION = 1
-_BLOCK = 64 << 20  # bytes hashed per read
-_DTYPES = {
-    jnp.dtype(d).name: jnp.dtype(d)
-    for d in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-              "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
-}
+
+_ONE_PROCESS = ("jaxbuffers checkpoints are written and read by one process (their files, manifest and compressed host "
+                "stores are not coordinated across processes)")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be restored here: missing, corrupt, of another format version, or of another
-    buffer class, configuration, shape or dtype than asked for. The message names the file or field."""
-
-
-# --- what each buffer class saves: its create arguments, and the leaf that is a scalar when not stacked ---
-
-def _names(spec: Any, indices) -> list[str]:
-    """Full leaf names (`_validate.leaf_name`) of the leaves number `indices` of `spec`: what `compress=` selects."""
-    flat = jax.tree_util.tree_flatten_with_path(spec)[0]
-    return [_validate.leaf_name(flat[i][0]) for i in indices]
-
-
-def _metrics(b) -> dict:
-    """`metrics=True` when the buffer keeps per-position sample counts (the default, False, is left out)."""
-    return {"metrics": True} if b.metrics.per_slot else {}
-
-
-def _replay(b) -> dict:
-    return {"example": b.item_spec, "capacity": b.capacity, "min_size": b.min_size, **_metrics(b)}
-
-
-def _prioritised(b) -> dict:
-    return {**_replay(b.replay), "priority_exponent": b.priority_exponent, "epsilon": b.epsilon}
-
-
-def _trajectory(b) -> dict:
-    return {"example": b.step_spec, "num_envs": b.num_envs, "length": b.length, "final_obs_capacity": b.final_obs_capacity,
-            "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key, **_metrics(b)}
-
-
-def _priorities(b) -> dict:
-    return {"window_length": b.window_length, "period": b.period, "priority_exponent": b.priority_exponent, "epsilon": b.epsilon}
-
-
-def _prioritised_trajectory(b) -> dict:
-    return {**_trajectory(b.buffer), **_priorities(b)}
-
-
-def _episode(b) -> dict:
-    return {"example": b.step_spec, "max_episodes": b.max_episodes, "max_timesteps": b.max_timesteps, "meta": b.meta_spec,
-            "circular": b.circular, "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key,
-            **_metrics(b)}
-
-
-def _rollout(b) -> dict:
-    return {"example": b.step_spec, "num_envs": b.num_envs, "num_steps": b.num_steps, "float_dtype": b.float_dtype.name}
-
-
-def _host(b, spec) -> dict:
-    store = b.host.stores[0].config()
-    return {"compress": _names(spec, b.leaf_index), "codec": b.host.codec, "normalize_images": b.normalize_images,
-            "chunk_bytes": store["chunk_bytes"], "dictionary_bytes": store["dictionary_bytes"]}
-
-
-def _frames(b, rollout: bool = False) -> dict:
-    """The frame-dedup arguments of a compressed buffer's `create` (a rollout takes no `padding`)."""
-    stacked = b.leaves[0].stack_axis is not None
-    out = {"frame_stack": b.frame_stack if stacked else None, "stack_axis": b.leaves[0].stack_axis if stacked else 0}
-    return out if rollout else {**out, "padding": b.padding}
-
-
-def _compressed_trajectory(b) -> dict:
-    t = b.trajectory
-    out = {**_trajectory(t), "example": b.step_spec, **_host(b, b.step_spec[t.obs_key]), **_frames(b),
-           "keyframe_interval": b.keyframe_interval}
-    return {**out, **_priorities(b.buffer)} if isinstance(b.buffer, PrioritisedTrajectoryBuffer) else out
-
-
-def _compressed_episode(b) -> dict:
-    return {**_episode(b.buffer), "example": b.step_spec, **_host(b, b.step_spec[b.obs_key]), **_frames(b)}
-
-
-def _compressed_rollout(b) -> dict:
-    return {**_rollout(b.buffer), "example": b.step_spec, **_host(b, b.step_spec), **_frames(b, rollout=True)}
-
-
-#: class name -> (class, create arguments of a buffer, its leaf that is a scalar in an unstacked buffer)
-_CLASSES = {
-    c.__name__: (c, config, scalar)
-    for c, config, scalar in (
-        (ReplayBuffer, _replay, lambda b: b.head),
-        (PrioritisedReplayBuffer, _prioritised, lambda b: b.replay.head),
-        (TrajectoryBuffer, _trajectory, lambda b: b.head),
-        (PrioritisedTrajectoryBuffer, _prioritised_trajectory, lambda b: b.buffer.head),
-        (RolloutBuffer, _rollout, lambda b: b.step_index),
-        (EpisodeBuffer, _episode, lambda b: b.head),
-        (CompressedTrajectoryBuffer, _compressed_trajectory, lambda b: b.version),
-        (CompressedPrioritisedTrajectoryBuffer, _compressed_trajectory, lambda b: b.version),
-        (CompressedRolloutBuffer, _compressed_rollout, lambda b: b.version),
-        (CompressedEpisodeBuffer, _compressed_episode, lambda b: b.version),
-    )
-}
-_COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer)
-
-
-# --- JSON encoding of the example's tree (dicts, lists, tuples, None and arrays only) ---
-
-def _encode(tree: Any) -> Any:
-    if isinstance(tree, dict) and all(isinstance(k, str) for k in tree):
-        return {"dict": [[k, _encode(v)] for k, v in tree.items()]}
-    if type(tree) in (list, tuple):
-        return {type(tree).__name__: [_encode(v) for v in tree]}
-    if tree is None:
-        return {"none": None}
-    if hasattr(tree, "shape") and hasattr(tree, "dtype"):
-        return {"array": [list(tree.shape), jnp.dtype(tree.dtype).name]}
-    raise TypeError(f"{type(tree).__name__} nodes are not stored in buffer.json")
-
-
-def _dtype(name: Any, what: str) -> np.dtype:
-    if name not in _DTYPES:
-        raise CheckpointError(f"{what}: expected a numeric dtype name, got {name!r}")
-    return _DTYPES[name]
-
-
-def _decode(obj: Any, what: str = "config.example") -> Any:
-    if not isinstance(obj, dict) or len(obj) != 1:
-        raise CheckpointError(f"{what}: malformed tree node {obj!r:.80}")
-    (kind, v), = obj.items()
-    if kind == "dict":
-        return {k: _decode(x, f"{what}[{k!r}]") for k, x in v}
-    if kind in ("list", "tuple"):
-        items = [_decode(x, f"{what}[{i}]") for i, x in enumerate(v)]
-        return items if kind == "list" else tuple(items)
-    if kind == "none":
-        return None
-    if kind == "array":
-        return jax.ShapeDtypeStruct(tuple(int(s) for s in v[0]), _dtype(v[1], what))
-    raise CheckpointError(f"{what}: unknown tree node kind {kind!r}")
-
-
-_SPECS = ("meta",)  # config fields besides the example that are trees of array specs (`EpisodeBuffer`'s meta fields)
-
-
-def _json_config(config: dict) -> dict:
-    """`config` with its example encoded (None when it has nodes JSON cannot describe: restore then needs a target)
-    and its other spec trees (`_SPECS`) encoded."""
-    try:
-        example = _encode(config["example"])
-    except TypeError:
-        example = None
-    return {**config, **{k: _encode(config[k]) for k in _SPECS if k in config}, "example": example}
-
-
-# --- describing a buffer ---
-
-def _entry(buffer: Any, what: str = "buffer") -> tuple[str, type, Any, tuple[int, ...]]:
-    """(class name, class, config function, stack shape) of a buffer, or TypeError naming the argument `what`."""
-    entry = _CLASSES.get(type(buffer).__name__)
-    if entry is None or entry[0] is not type(buffer):
-        raise TypeError(f"{what}: expected one of the jaxbuffers buffers {sorted(_CLASSES)}, got {type(buffer).__name__}")
-    cls, config, scalar = entry
-    return type(buffer).__name__, cls, config, tuple(np.shape(scalar(buffer)))
-
-
-def _unstacked(buffer: Any, stack: tuple[int, ...]) -> Any:
-    k = len(stack)
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[k:], x.dtype), buffer)
-
-
-def _leaves(tree: Any) -> tuple[list, list[dict]]:
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return [x for _, x in flat], [
-        {"path": _validate.leaf_name(p), "shape": list(np.shape(x)), "dtype": jnp.dtype(x.dtype).name} for p, x in flat
-    ]
-
-
-def _describe(buffer: Any) -> dict:
-    name, _, config, stack = _entry(buffer)
-    if getattr(getattr(buffer, "host", None), "directory", None) is not None:  # jaxbuffers.disk.DiskStores
-        raise TypeError(f"buffer: a disk-backed {name} is its folder {buffer.host.directory}; jaxbuffers.disk.flush it and copy the folder")
-    if stack and isinstance(buffer, _COMPRESSED):
-        raise TypeError(f"buffer: a {name} cannot be stacked (one host store)")
-    cfg = config(_unstacked(buffer, stack))
-    return {"format": FORMAT, "version": FORMAT_VERSION, "class": name, "config": _json_config(cfg),
-            "stack_shape": list(stack), "leaves": _leaves(buffer)[1]}
-
+# --- the snapshot a save writes: buffer.json and every array on host memory ---
 
 def _host_snapshot(buffer: Any) -> tuple[dict | None, dict]:
     """Host metadata and arrays of a compressed buffer (None, {} otherwise)."""
@@ -282,131 +106,6 @@ def _host_snapshot(buffer: Any) -> tuple[dict | None, dict]:
     return meta, arrays
 
 
-# --- files: checksums, the manifest, the atomic folder swap ---
-
-def _hash_file(path: Path, progress) -> str:
-    """xxh3-64 of a file's bytes, read through a memory map (no copy of the page cache)."""
-    h = xxhash.xxh3_64()
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size:
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
-                for a in range(0, size, _BLOCK):
-                    h.update(view[a : a + _BLOCK])
-                    progress.update(min(_BLOCK, size - a))
-    return h.hexdigest()
-
-
-def _files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != "manifest.json")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_manifest(root: Path, progress) -> None:
-    files = {}
-    for p in _files(root):
-        files[p.relative_to(root).as_posix()] = {"bytes": p.stat().st_size, "xxh3_64": _hash_file(p, progress)}
-        _fsync(p)
-    (root / "manifest.json").write_text(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "files": files}))
-    _fsync(root / "manifest.json")
-
-
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        out = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing ({what})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not a JSON {what} ({e})") from None
-    if not isinstance(out, dict) or out.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: expected a {FORMAT!r} {what}, got format {out.get('format') if isinstance(out, dict) else out!r:.60}")
-    if out.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: format version {out.get('version')!r}, this jaxbuffers reads version {FORMAT_VERSION}")
-    return out
-
-
-def _verify(root: Path, progress) -> None:
-    """Check every file of the checkpoint against its manifest (sizes first, then xxh3-64)."""
-    manifest = _read_json(root / "manifest.json", "checkpoint manifest")
-    listed = manifest.get("files")
-    if not isinstance(listed, dict):
-        raise CheckpointError(f"{root / 'manifest.json'}: no file list")
-    present = {p.relative_to(root).as_posix() for p in _files(root)}
-    unlisted = sorted(p for p in present - set(listed) if "/" in p)  # markers beside the files (an orbax commit file) are not read
-    if unlisted:
-        raise CheckpointError(f"{root}: files not in the manifest: {unlisted[:5]}")
-    for rel, info in listed.items():
-        p = root / rel
-        if rel not in present:
-            raise CheckpointError(f"{p}: missing (listed in the manifest)")
-        if p.stat().st_size != info["bytes"]:
-            raise CheckpointError(f"{p}: {p.stat().st_size} bytes, the manifest says {info['bytes']} (truncated or replaced)")
-    progress.reset(total=sum(int(i["bytes"]) for i in listed.values()))
-    for rel, info in listed.items():
-        if _hash_file(root / rel, progress) != info["xxh3_64"]:
-            raise CheckpointError(f"{root / rel}: checksum mismatch (xxh3_64 differs from the manifest): the file is corrupt")
-
-
-def _is_checkpoint(path: Path) -> bool:
-    return (path / "manifest.json").is_file() or (path / "buffer.json").is_file()
-
-
-def _prev(path: Path) -> Path:
-    return path.parent / f".{path.name}.prev"
-
-
-def _clean_stale(path: Path) -> None:
-    """Remove temporary folders of saves to `path` whose process is gone (a crash mid-save)."""
-    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
-        pid = tmp.name.rsplit(".tmp-", 1)[1].split("-")[0]
-        try:
-            os.kill(int(pid), 0)
-        except (ValueError, ProcessLookupError):
-            shutil.rmtree(tmp, ignore_errors=True)
-        except PermissionError:
-            pass
-
-
-class _Progress:
-    """A tqdm bar in bytes shown after a second (`enabled=None`: only on a terminal), or nothing."""
-
-    def __init__(self, enabled: bool | None, desc: str):
-        self.bar = None
-        if enabled is not None:
-            _validate.static_bool("progress", enabled)
-        if enabled is None:
-            enabled = sys.stderr.isatty()
-        if enabled:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(desc=desc, unit="B", unit_scale=True, unit_divisor=1024, delay=1.0, leave=False)
-
-    def reset(self, total: int) -> None:
-        if self.bar is not None:
-            self.bar.reset(total=total)
-
-    def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-# --- writing and reading one checkpoint folder ---
-
-def _nbytes(tree: Any) -> int:
-    return sum(int(np.prod(np.shape(x))) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
-
-
 def _array_tree(leaves: list, host_arrays: dict) -> dict:
     """What orbax writes: non-empty arrays only (an empty array's shape and dtype are in buffer.json)."""
     device = {str(i): x for i, x in enumerate(leaves) if np.size(x)}
@@ -416,71 +115,66 @@ def _array_tree(leaves: list, host_arrays: dict) -> dict:
     return {"device": device, "host": host}
 
 
-def _write(root: Path, buffer: Any, progress: _Progress, host: bool = True) -> None:
-    """Write `buffer` into the existing empty folder `root` (not atomic: `save` and the orbax manager make it so);
-    `host=False` leaves a compressed buffer's host stores out (`jaxbuffers.disk` keeps them in files of their own)."""
+class _Snapshot(NamedTuple):
+    meta: dict  # buffer.json
+    tree: dict  # what orbax writes (`_array_tree`): arrays on host memory only
+
+
+def _snapshot(buffer: Any, host: bool = True) -> _Snapshot:
+    """Describe `buffer` and take its arrays to host memory, so that writing them can run while the buffer changes.
+
+    Device arrays are copied to host memory together (`copy_to_host_async`); on CPU `np.asarray` is a view that XLA
+    knows of, so a later donation of the buffer copies instead of updating in place. Either is wrapped as a CPU
+    array (without a copy where its alignment allows). Host stores are exported (a
+    copy, under their lock). `host=False` leaves a compressed buffer's host stores out (`jaxbuffers.disk` keeps them
+    in files of their own)."""
+    _validate.single_process("save", _ONE_PROCESS)
     meta = _describe(buffer)
     host_meta, host_arrays = _host_snapshot(buffer) if host else (None, {})
     if host_meta is not None:
         host_meta["arrays"] = {i: {k: [list(a.shape), a.dtype.name] for k, a in s.items()} for i, s in host_arrays["stores"].items()}
     meta["host"] = host_meta
     leaves = jax.tree.leaves(buffer)
-    tree = _array_tree(leaves, host_arrays)
-    progress.reset(total=2 * _nbytes(tree))
+    for x in leaves:
+        if isinstance(x, jax.Array):
+            x.copy_to_host_async()
+    # host memory as CPU arrays: orbax writes jax arrays from their memory, several times faster than numpy arrays
+    cpu = jax.devices("cpu")[0]
+    return _Snapshot(meta, _array_tree([jax.device_put(np.asarray(x), cpu) for x in leaves], host_arrays))
+
+
+def _write(root: Path, snapshot: _Snapshot, progress: _Progress) -> None:
+    """Write `snapshot` into the existing empty folder `root` (not atomic: `save` and the orbax manager make it so)."""
+    nbytes = _nbytes(snapshot.tree)
+    progress.reset(total=2 * nbytes)
     handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
     arrays = epath.Path(root / "arrays")
     arrays.mkdir()
-    handler.save(arrays, args=ocp.args.PyTreeSave(tree))  # one chunk per array: chunked arrays restored ~3x slower
-    if jax.process_count() > 1:  # cross-host metadata checks; one process has nothing to finalize
-        handler.finalize(arrays)
-    handler.close()
-    progress.update(_nbytes(tree))
-    (root / "buffer.json").write_text(json.dumps(meta))
+    try:
+        handler.save(arrays, args=ocp.args.PyTreeSave(snapshot.tree))  # one chunk per array: chunked arrays restored ~3x slower
+    finally:
+        handler.close()
+    progress.update(nbytes)
+    (root / "buffer.json").write_text(json.dumps(snapshot.meta))
     _write_manifest(root, progress)
 
 
-def _check_config(name: str, saved: dict, cfg: dict, what: str) -> None:
-    if saved["class"] != name:
-        raise CheckpointError(f"{what}: the checkpoint holds a {saved['class']}, the target is a {name}")
-    ours = _json_config(cfg)
-    for k in sorted(set(ours) | set(saved["config"])):
-        a, b = saved["config"].get(k), ours.get(k)
-        if a != b and not (k == "example" and a is None):
-            raise CheckpointError(f"{what}: config {k!r} of the checkpoint is {a!r:.200}, the target's is {b!r:.200}")
+def _in_background(fn, *args) -> concurrent.futures.Future:
+    """`fn(*args)` in a new thread; the future holds its result or exception. The thread is not a daemon: a save that
+    has started finishes before the interpreter exits."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run():
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="jaxbuffers-save").start()
+    return future
 
 
-def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
-    """(abstract buffer to restore into, concrete target shardings or None), after checking the target."""
-    name = meta["class"]
-    if name not in _CLASSES:
-        raise CheckpointError(f"{root / 'buffer.json'}: class {name!r} is not a jaxbuffers buffer ({sorted(_CLASSES)})")
-    cls, config, _ = _CLASSES[name]
-    stack = tuple(int(s) for s in meta["stack_shape"])
-    if target is not None:
-        tname, _, tconfig, tstack = _entry(target)
-        _check_config(tname, meta, tconfig(_unstacked(target, tstack)), f"{root}")
-        if tstack != stack:
-            raise CheckpointError(f"{root}: stack shape {stack} in the checkpoint, {tstack} in the target")
-        if not isinstance(target, _COMPRESSED):  # a compressed buffer gets fresh host stores below
-            return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), target), target
-    cfg = dict(meta["config"])
-    if cfg.get("example") is None:
-        raise CheckpointError(f"{root}: the example of this {name} is not described in buffer.json; pass target=")
-    example = _decode(cfg.pop("example"))
-    for k in _SPECS:
-        if k in cfg:
-            cfg[k] = _decode(cfg[k], f"config.{k}")
-    if isinstance(cfg.get("compress"), list):
-        cfg["compress"] = tuple(cfg["compress"])
-    try:
-        abstract = jax.eval_shape(lambda: cls.create(example, **cfg))
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{root / 'buffer.json'}: {name}.create refused the saved config: {e}") from None
-    _check_config(name, meta, config(abstract), f"{root}")  # the saved arguments rebuild the same configuration
-    if stack:
-        abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(stack + s.shape, s.dtype), abstract)
-    return abstract, None
-
+# --- reading one checkpoint folder ---
 
 def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
     n, default = len(jax.tree.leaves(abstract)), jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -496,12 +190,30 @@ def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
     return flat
 
 
-# On CPU an array read from disk can wrap host memory that XLA does not own (depending on its alignment), and
-# donating it then copies it: one copy here, array by array, makes every restored array donatable in place.
-_owned = jax.jit(jnp.copy)
+@jax.jit
+def _copy(arrays: list) -> list:
+    return [jnp.copy(x) for x in arrays]
+
+
+def _on_devices(arrays: list[np.ndarray], shardings: list) -> list:
+    """`arrays` put on `shardings`, each in memory that XLA owns, so that donating it updates it in place.
+
+    On CPU `device_put` can wrap the numpy memory itself (depending on its alignment), and donating such an array
+    copies it: those arrays are copied once here, together, in one compiled program."""
+    out = jax.device_put(arrays, shardings)
+
+    def wraps(a: np.ndarray, x: jax.Array) -> bool:
+        lo = a.ctypes.data
+        return any(s.device.platform == "cpu" and lo <= s.data.unsafe_buffer_pointer() < lo + a.nbytes for s in x.addressable_shards)
+
+    wrapped = [i for i, (a, x) in enumerate(zip(arrays, out)) if a.nbytes and wraps(a, x)]
+    for i, c in zip(wrapped, _copy([out[i] for i in wrapped]) if wrapped else ()):
+        out[i] = c
+    return out
 
 
 def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
+    _validate.single_process("restore", _ONE_PROCESS)
     _verify(root, progress)
     meta = _read_json(root / "buffer.json", "buffer description")
     if target is not None:
@@ -520,9 +232,9 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     shardings = _shardings(abstract, sharding, concrete)
     host_meta = meta.get("host")
     host_shapes = {} if host_meta is None else host_meta["arrays"]
+    # every array is read to host memory and put on its devices here: ~2x less work than orbax's device arrays
     restore_args = {
-        "device": {str(i): ocp.ArrayRestoreArgs(sharding=s, global_shape=x.shape, dtype=x.dtype)
-                   for i, (x, s) in enumerate(zip(leaves, shardings)) if x.size},
+        "device": {str(i): ocp.RestoreArgs(restore_type=np.ndarray) for i, x in enumerate(leaves) if x.size},
         "host": {"stores": {i: {k: ocp.RestoreArgs(restore_type=np.ndarray, dtype=_dtype(d, k)) for k, (shp, d) in s.items() if np.prod(shp)}
                             for i, s in host_shapes.items()}},
     }
@@ -537,13 +249,13 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     finally:
         handler.close()
     progress.update(_nbytes(leaves))
-    arrays = []
-    for i, (x, s) in enumerate(zip(leaves, shardings)):
-        a = out["device"].get(str(i)) if x.size else jax.device_put(np.zeros(x.shape, x.dtype), s)
-        if a is None or a.shape != x.shape or a.dtype != x.dtype:
+    host = []
+    for i, x in enumerate(leaves):
+        a = out["device"].get(str(i)) if x.size else np.zeros(x.shape, x.dtype)
+        if not isinstance(a, np.ndarray) or a.shape != x.shape or a.dtype != x.dtype:
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {getattr(a, 'shape', None)}, expected {x.shape} {x.dtype}")
-        arrays.append(_owned(a) if next(iter(a.sharding.device_set)).platform == "cpu" else a)
-    buffer = jax.tree.unflatten(treedef, arrays)
+        host.append(a)
+    buffer = jax.tree.unflatten(treedef, _on_devices(host, shardings))
     if host_meta is not None:
         _load_host(buffer, host_meta, out["host"], host_shapes, root)
     return buffer
@@ -571,7 +283,39 @@ def _load_host(buffer: Any, meta: dict, arrays: dict, shapes: dict, root: Path) 
 
 # --- public API ---
 
-def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = None) -> Path:
+class PendingSave:
+    """A save running in a background thread, returned by `save(..., blocking=False)`.
+
+    The checkpoint holds the buffer as it was when `save` was called. Its folder is replaced only once the new
+    checkpoint is complete (the same atomic rename as a blocking save); a later `save` to the same folder waits for
+    this one first.
+    """
+
+    def __init__(self, path: Path, future: concurrent.futures.Future):
+        self.path = path
+        self._future = future
+
+    def done(self) -> bool:
+        """Whether the save has finished (written and renamed into place, or failed)."""
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> Path:
+        """Block until the checkpoint is in place and return its folder; re-raise the save's error, if any.
+
+        Raises:
+          TimeoutError: not finished within `timeout` seconds (the save goes on).
+        """
+        try:
+            return self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"save to {self.path}: not finished within {timeout} s") from None
+
+
+_PENDING: dict[Path, PendingSave] = {}
+_PENDING_LOCK = threading.Lock()
+
+
+def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = None, blocking: bool = True) -> Path | PendingSave:
     """Save `buffer` to the folder `directory` (created or replaced as a whole; see the module doc for the format).
 
     Args:
@@ -580,48 +324,67 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
         `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not. A
         compressed buffer must be the state returned by its last `add`.
       progress: a tqdm bar (sizes, throughput) for saves over a second; None: only on a terminal.
+      blocking: False: take the buffer's arrays to host memory, start writing in a background thread and return a
+        `PendingSave` at once. The buffer may then be donated and updated (the checkpoint keeps the state of the call);
+        call `PendingSave.wait()` before relying on the files. The errors below are raised by the call itself, before
+        anything is written; an error while writing is raised by `wait()`.
 
     Returns:
-      The checkpoint folder as a `pathlib.Path`.
+      The checkpoint folder as a `pathlib.Path` (blocking), or a `PendingSave` whose `wait()` returns it.
 
     Raises:
       TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer,
         `progress` not a bool or None (all checked before anything is created).
       FileExistsError: `directory` exists and is not a checkpoint (nothing is deleted).
       StaleBufferError: a compressed buffer state older than its host store.
+      NotImplementedError: `jax.process_count() > 1`.
     """
-    return _save(directory, buffer, progress)
+    return _save(directory, buffer, progress, blocking=blocking)
 
 
-def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host: bool = True) -> Path:
-    """`save`, with `_write`'s `host`."""
+def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host: bool = True, blocking: bool = True) -> Path | PendingSave:
+    """`save`, with `_snapshot`'s `host`."""
     path = _validate.path("directory", directory).absolute()
     _describe(buffer)  # its TypeErrors before anything is created
     if progress is not None:
         _validate.static_bool("progress", progress)
+    with _PENDING_LOCK:
+        pending = _PENDING.get(path)
+    if pending is not None:
+        concurrent.futures.wait([pending._future])
     if path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
         raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
+    snapshot = _snapshot(buffer, host)
     path.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(path)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = _sibling(path, "tmp")
     tmp.mkdir()
-    bar = _Progress(progress, f"save {path.name}")
-    try:
-        _write(tmp, buffer, bar, host)
-        prev = _prev(path)
-        if path.exists():
-            if prev.exists():  # left by a crash after the previous save completed
-                shutil.rmtree(prev)
-            os.rename(path, prev)
-        os.rename(tmp, path)
-        _fsync(path.parent)
-        shutil.rmtree(prev, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        bar.close()
-    return path
+
+    def write() -> Path:
+        bar = _Progress(progress, f"save {path.name}")
+        try:
+            _write(tmp, snapshot, bar)
+            _commit(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            bar.close()
+        return path
+
+    if blocking:
+        return write()
+    pending = PendingSave(path, _in_background(write))
+    with _PENDING_LOCK:
+        _PENDING[path] = pending
+    pending._future.add_done_callback(lambda _: _forget(path, pending))
+    return pending
+
+
+def _forget(path: Path, pending: PendingSave) -> None:
+    with _PENDING_LOCK:
+        if _PENDING.get(path) is pending:
+            del _PENDING[path]
 
 
 def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any = None, progress: bool | None = None) -> Any:
@@ -702,21 +465,35 @@ def from_bytes(data: bytes, targets: dict[str, Any]) -> dict[str, Any]:
         return {n: restore(Path(tmp) / n, t, progress=False) for n, t in targets.items()}
 
 
-class BufferCheckpointHandler(ocp.CheckpointHandler):
-    """Orbax `CheckpointHandler` of a jaxbuffers buffer: the `save` / `restore` format in the folder the orbax
+class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
+    """Orbax `AsyncCheckpointHandler` of a jaxbuffers buffer: the `save` / `restore` format in the folder the orbax
     `Checkpointer` or `CheckpointManager` gives it (which provides the atomic commit). Used through `BufferSave` /
-    `BufferRestore`."""
+    `BufferRestore`. An asynchronous manager gets the snapshot of `save(..., blocking=False)`: the buffer may be
+    donated once `CheckpointManager.save` has returned."""
 
     def __init__(self, progress: bool | None = None):
         self.progress = progress
 
-    def save(self, directory, args: "BufferSave") -> None:
-        """Write `args.buffer` into `directory`."""
+    def _write(self, directory, snapshot: _Snapshot) -> None:
         bar = _Progress(self.progress, "save buffer")
         try:
-            _write(Path(directory), args.buffer, bar)
+            _write(Path(directory), snapshot, bar)
         finally:
             bar.close()
+
+    def save(self, directory, args: "BufferSave") -> None:
+        """Write `args.buffer` into `directory`."""
+        self._write(directory, _snapshot(args.buffer))
+
+    async def async_save(self, directory, args: "BufferSave") -> list:
+        """Snapshot `args.buffer` now; the returned orbax future writes it into `directory` in a background thread
+        once orbax has created that folder."""
+        snapshot = _snapshot(args.buffer)
+
+        async def write():
+            await asyncio.to_thread(self._write, directory, snapshot)
+
+        return [ocp.future.CommitFutureAwaitingContractedSignals(write(), name="jaxbuffers_buffer_save")]
 
     def restore(self, directory, args: "BufferRestore | None" = None) -> Any:
         """The buffer in `directory` (`restore`'s arguments from `args`)."""
@@ -732,7 +509,7 @@ class BufferCheckpointHandler(ocp.CheckpointHandler):
         return _read_json(Path(directory) / "buffer.json", "buffer description")
 
     def finalize(self, directory) -> None:
-        """Nothing to do: `save` writes every file, the manifest last."""
+        """Nothing to do: the write ends with every file synced and the manifest last."""
 
     def close(self) -> None:
         """Nothing to release."""

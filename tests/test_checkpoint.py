@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import jax
@@ -436,6 +437,86 @@ def test_checkpoint_manager_saves_state_and_buffer_as_one_step(tmp_path):
     k = jax.random.key(3)
     for a, b in zip(jax.tree.leaves(out.buffer.sample(k, 9)), jax.tree.leaves(buf.sample(k, 9))):
         np.testing.assert_array_equal(a, b)
+
+
+def _gated_write(monkeypatch):
+    """Hold every checkpoint write until the returned event is set: what runs meanwhile runs while a save is pending."""
+    gate, write = threading.Event(), ckpt._write
+
+    def gated(*args):
+        assert gate.wait(60)
+        return write(*args)
+
+    monkeypatch.setattr(ckpt, "_write", gated)
+    return gate
+
+
+def _donate_and_overwrite(buf):
+    add = jax.jit(jb.PrioritisedReplayBuffer.add, donate_argnums=0)
+    for i in range(2):
+        buf = add(buf, _rand(np.random.default_rng(i + 1), ITEM, (buf.replay.capacity // 2,)))
+    return jax.block_until_ready(buf)
+
+
+def _assert_same(got, want, same=True):
+    pairs = list(zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    assert all(np.array_equal(a, b) for a, b in pairs) == same
+
+
+def test_async_save_holds_the_state_of_the_call_while_the_buffer_is_donated(tmp_path, monkeypatch):
+    buf = _filled_replay(4096)
+    before = jax.tree.map(np.array, buf)
+    gate = _gated_write(monkeypatch)
+    pending = jb.save(tmp_path / "ck", buf, blocking=False)
+    assert isinstance(pending, jb.PendingSave) and not pending.done() and not (tmp_path / "ck").exists()
+    buf = _donate_and_overwrite(buf)  # every slot rewritten in place while the save waits
+    gate.set()
+    assert pending.wait(60) == (tmp_path / "ck").absolute() and pending.done()
+    _assert_same(jb.restore(tmp_path / "ck"), before)
+    _assert_same(buf, before, same=False)
+
+
+def test_failed_async_save_raises_on_wait_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    old = _filled_replay()
+    jb.save(tmp_path / "ck", old)
+    write = ckpt._write
+
+    def fail(root, snapshot, progress):
+        write(root, snapshot, progress)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "_write", fail)
+    pending = jb.save(tmp_path / "ck", _donate_and_overwrite(_filled_replay()), blocking=False)
+    with pytest.raises(OSError, match="disk full"):
+        pending.wait(60)
+    _assert_same(jb.restore(tmp_path / "ck"), old)
+    assert not list(tmp_path.glob(".ck.*"))
+
+
+def test_async_checkpoint_manager_snapshots_the_buffer_before_save_returns(tmp_path, monkeypatch):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    buf = _filled_replay(4096)
+    before = jax.tree.map(np.array, buf)
+    gate = _gated_write(monkeypatch)
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True)
+    with ocp.CheckpointManager(tmp_path / "run", options=options) as mngr:
+        mngr.save(1, args=ocp.args.Composite(buffer=jb.BufferSave(buf)))
+        buf = _donate_and_overwrite(buf)
+        gate.set()
+        mngr.wait_until_finished()
+        out = mngr.restore(1, args=ocp.args.Composite(buffer=jb.BufferRestore()))
+    _assert_same(out.buffer, before)
+
+
+def test_several_processes_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+    buf = _filled_replay()
+    jb.save(tmp_path / "ck", buf)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(NotImplementedError, match="process_count"):
+        jb.save(tmp_path / "new", buf, blocking=False)
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(NotImplementedError, match="process_count"):
+        jb.restore(tmp_path / "ck")
 
 
 def test_store_export_import_keeps_the_dictionary_and_its_training_state():

@@ -1,0 +1,259 @@
+"""What a checkpoint says about its buffer (`buffer.json`): the class, its `create` arguments, the stack shape and
+every leaf's path, shape and dtype, and how a buffer to restore into is rebuilt from them and checked.
+
+Only JSON and a fixed table of jaxbuffers classes and numeric dtypes are read, so a crafted description cannot run code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxbuffers import _validate
+from jaxbuffers.compressed import (
+    CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
+)
+from jaxbuffers.episode import EpisodeBuffer
+from jaxbuffers.prioritised import PrioritisedReplayBuffer
+from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
+from jaxbuffers.replay import ReplayBuffer
+from jaxbuffers.rollout import RolloutBuffer
+from jaxbuffers.trajectory import TrajectoryBuffer
+
+FORMAT = "jaxbuffers.checkpoint"
+FORMAT_VERSION = 1
+_DTYPES = {
+    jnp.dtype(d).name: jnp.dtype(d)
+    for d in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+              "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be restored here: missing, corrupt, of another format version, or of another
+    buffer class, configuration, shape or dtype than asked for. The message names the file or field."""
+
+
+# --- what each buffer class saves: its create arguments, and the leaf that is a scalar when not stacked ---
+
+def _names(spec: Any, indices) -> list[str]:
+    """Full leaf names (`_validate.leaf_name`) of the leaves number `indices` of `spec`: what `compress=` selects."""
+    flat = jax.tree_util.tree_flatten_with_path(spec)[0]
+    return [_validate.leaf_name(flat[i][0]) for i in indices]
+
+
+def _metrics(b) -> dict:
+    """`metrics=True` when the buffer keeps per-position sample counts (the default, False, is left out)."""
+    return {"metrics": True} if b.metrics.per_slot else {}
+
+
+def _replay(b) -> dict:
+    return {"example": b.item_spec, "capacity": b.capacity, "min_size": b.min_size, **_metrics(b)}
+
+
+def _prioritised(b) -> dict:
+    return {**_replay(b.replay), "priority_exponent": b.priority_exponent, "epsilon": b.epsilon}
+
+
+def _trajectory(b) -> dict:
+    return {"example": b.step_spec, "num_envs": b.num_envs, "length": b.length, "final_obs_capacity": b.final_obs_capacity,
+            "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key, **_metrics(b)}
+
+
+def _priorities(b) -> dict:
+    return {"window_length": b.window_length, "period": b.period, "priority_exponent": b.priority_exponent, "epsilon": b.epsilon}
+
+
+def _prioritised_trajectory(b) -> dict:
+    return {**_trajectory(b.buffer), **_priorities(b)}
+
+
+def _episode(b) -> dict:
+    return {"example": b.step_spec, "max_episodes": b.max_episodes, "max_timesteps": b.max_timesteps, "meta": b.meta_spec,
+            "circular": b.circular, "obs_key": b.obs_key, "action_key": b.action_key, "reward_key": b.reward_key,
+            **_metrics(b)}
+
+
+def _rollout(b) -> dict:
+    return {"example": b.step_spec, "num_envs": b.num_envs, "num_steps": b.num_steps, "float_dtype": b.float_dtype.name}
+
+
+def _host(b, spec) -> dict:
+    store = b.host.stores[0].config()
+    return {"compress": _names(spec, b.leaf_index), "codec": b.host.codec, "normalize_images": b.normalize_images,
+            "chunk_bytes": store["chunk_bytes"], "dictionary_bytes": store["dictionary_bytes"]}
+
+
+def _frames(b, rollout: bool = False) -> dict:
+    """The frame-dedup arguments of a compressed buffer's `create` (a rollout takes no `padding`)."""
+    stacked = b.leaves[0].stack_axis is not None
+    out = {"frame_stack": b.frame_stack if stacked else None, "stack_axis": b.leaves[0].stack_axis if stacked else 0}
+    return out if rollout else {**out, "padding": b.padding}
+
+
+def _compressed_trajectory(b) -> dict:
+    t = b.trajectory
+    out = {**_trajectory(t), "example": b.step_spec, **_host(b, b.step_spec[t.obs_key]), **_frames(b),
+           "keyframe_interval": b.keyframe_interval}
+    return {**out, **_priorities(b.buffer)} if isinstance(b.buffer, PrioritisedTrajectoryBuffer) else out
+
+
+def _compressed_episode(b) -> dict:
+    return {**_episode(b.buffer), "example": b.step_spec, **_host(b, b.step_spec[b.obs_key]), **_frames(b)}
+
+
+def _compressed_rollout(b) -> dict:
+    return {**_rollout(b.buffer), "example": b.step_spec, **_host(b, b.step_spec), **_frames(b, rollout=True)}
+
+
+#: class name -> (class, create arguments of a buffer, its leaf that is a scalar in an unstacked buffer)
+_CLASSES = {
+    c.__name__: (c, config, scalar)
+    for c, config, scalar in (
+        (ReplayBuffer, _replay, lambda b: b.head),
+        (PrioritisedReplayBuffer, _prioritised, lambda b: b.replay.head),
+        (TrajectoryBuffer, _trajectory, lambda b: b.head),
+        (PrioritisedTrajectoryBuffer, _prioritised_trajectory, lambda b: b.buffer.head),
+        (RolloutBuffer, _rollout, lambda b: b.step_index),
+        (EpisodeBuffer, _episode, lambda b: b.head),
+        (CompressedTrajectoryBuffer, _compressed_trajectory, lambda b: b.version),
+        (CompressedPrioritisedTrajectoryBuffer, _compressed_trajectory, lambda b: b.version),
+        (CompressedRolloutBuffer, _compressed_rollout, lambda b: b.version),
+        (CompressedEpisodeBuffer, _compressed_episode, lambda b: b.version),
+    )
+}
+_COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer)
+
+
+# --- JSON encoding of the example's tree (dicts, lists, tuples, None and arrays only) ---
+
+def _encode(tree: Any) -> Any:
+    if isinstance(tree, dict) and all(isinstance(k, str) for k in tree):
+        return {"dict": [[k, _encode(v)] for k, v in tree.items()]}
+    if type(tree) in (list, tuple):
+        return {type(tree).__name__: [_encode(v) for v in tree]}
+    if tree is None:
+        return {"none": None}
+    if hasattr(tree, "shape") and hasattr(tree, "dtype"):
+        return {"array": [list(tree.shape), jnp.dtype(tree.dtype).name]}
+    raise TypeError(f"{type(tree).__name__} nodes are not stored in buffer.json")
+
+
+def _dtype(name: Any, what: str) -> np.dtype:
+    if name not in _DTYPES:
+        raise CheckpointError(f"{what}: expected a numeric dtype name, got {name!r}")
+    return _DTYPES[name]
+
+
+def _decode(obj: Any, what: str = "config.example") -> Any:
+    if not isinstance(obj, dict) or len(obj) != 1:
+        raise CheckpointError(f"{what}: malformed tree node {obj!r:.80}")
+    (kind, v), = obj.items()
+    if kind == "dict":
+        return {k: _decode(x, f"{what}[{k!r}]") for k, x in v}
+    if kind in ("list", "tuple"):
+        items = [_decode(x, f"{what}[{i}]") for i, x in enumerate(v)]
+        return items if kind == "list" else tuple(items)
+    if kind == "none":
+        return None
+    if kind == "array":
+        return jax.ShapeDtypeStruct(tuple(int(s) for s in v[0]), _dtype(v[1], what))
+    raise CheckpointError(f"{what}: unknown tree node kind {kind!r}")
+
+
+_SPECS = ("meta",)  # config fields besides the example that are trees of array specs (`EpisodeBuffer`'s meta fields)
+
+
+def _json_config(config: dict) -> dict:
+    """`config` with its example encoded (None when it has nodes JSON cannot describe: restore then needs a target)
+    and its other spec trees (`_SPECS`) encoded."""
+    try:
+        example = _encode(config["example"])
+    except TypeError:
+        example = None
+    return {**config, **{k: _encode(config[k]) for k in _SPECS if k in config}, "example": example}
+
+
+# --- describing a buffer ---
+
+def _entry(buffer: Any, what: str = "buffer") -> tuple[str, type, Any, tuple[int, ...]]:
+    """(class name, class, config function, stack shape) of a buffer, or TypeError naming the argument `what`."""
+    entry = _CLASSES.get(type(buffer).__name__)
+    if entry is None or entry[0] is not type(buffer):
+        raise TypeError(f"{what}: expected one of the jaxbuffers buffers {sorted(_CLASSES)}, got {type(buffer).__name__}")
+    cls, config, scalar = entry
+    return type(buffer).__name__, cls, config, tuple(np.shape(scalar(buffer)))
+
+
+def _unstacked(buffer: Any, stack: tuple[int, ...]) -> Any:
+    k = len(stack)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[k:], x.dtype), buffer)
+
+
+def _leaves(tree: Any) -> tuple[list, list[dict]]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [x for _, x in flat], [
+        {"path": _validate.leaf_name(p), "shape": list(np.shape(x)), "dtype": jnp.dtype(x.dtype).name} for p, x in flat
+    ]
+
+
+def _describe(buffer: Any) -> dict:
+    name, _, config, stack = _entry(buffer)
+    if getattr(getattr(buffer, "host", None), "directory", None) is not None:  # jaxbuffers.disk.DiskStores
+        raise TypeError(f"buffer: a disk-backed {name} is its folder {buffer.host.directory}; jaxbuffers.disk.flush it and copy the folder")
+    if stack and isinstance(buffer, _COMPRESSED):
+        raise TypeError(f"buffer: a {name} cannot be stacked (one host store)")
+    cfg = config(_unstacked(buffer, stack))
+    return {"format": FORMAT, "version": FORMAT_VERSION, "class": name, "config": _json_config(cfg),
+            "stack_shape": list(stack), "leaves": _leaves(buffer)[1]}
+
+
+def _nbytes(tree: Any) -> int:
+    return sum(int(np.prod(np.shape(x))) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _check_config(name: str, saved: dict, cfg: dict, what: str) -> None:
+    if saved["class"] != name:
+        raise CheckpointError(f"{what}: the checkpoint holds a {saved['class']}, the target is a {name}")
+    ours = _json_config(cfg)
+    for k in sorted(set(ours) | set(saved["config"])):
+        a, b = saved["config"].get(k), ours.get(k)
+        if a != b and not (k == "example" and a is None):
+            raise CheckpointError(f"{what}: config {k!r} of the checkpoint is {a!r:.200}, the target's is {b!r:.200}")
+
+
+def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
+    """(abstract buffer to restore into, concrete target shardings or None), after checking the target."""
+    name = meta["class"]
+    if name not in _CLASSES:
+        raise CheckpointError(f"{root / 'buffer.json'}: class {name!r} is not a jaxbuffers buffer ({sorted(_CLASSES)})")
+    cls, config, _ = _CLASSES[name]
+    stack = tuple(int(s) for s in meta["stack_shape"])
+    if target is not None:
+        tname, _, tconfig, tstack = _entry(target)
+        _check_config(tname, meta, tconfig(_unstacked(target, tstack)), f"{root}")
+        if tstack != stack:
+            raise CheckpointError(f"{root}: stack shape {stack} in the checkpoint, {tstack} in the target")
+        if not isinstance(target, _COMPRESSED):  # a compressed buffer gets fresh host stores below
+            return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), target), target
+    cfg = dict(meta["config"])
+    if cfg.get("example") is None:
+        raise CheckpointError(f"{root}: the example of this {name} is not described in buffer.json; pass target=")
+    example = _decode(cfg.pop("example"))
+    for k in _SPECS:
+        if k in cfg:
+            cfg[k] = _decode(cfg[k], f"config.{k}")
+    if isinstance(cfg.get("compress"), list):
+        cfg["compress"] = tuple(cfg["compress"])
+    try:
+        abstract = jax.eval_shape(lambda: cls.create(example, **cfg))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{root / 'buffer.json'}: {name}.create refused the saved config: {e}") from None
+    _check_config(name, meta, config(abstract), f"{root}")  # the saved arguments rebuild the same configuration
+    if stack:
+        abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(stack + s.shape, s.dtype), abstract)
+    return abstract, None

@@ -1,0 +1,175 @@
+"""The files of a checkpoint folder: the manifest of sizes and xxh3-64 checksums, fsync, the atomic swap of a new
+folder into place, and the tqdm progress bar of saves and loads."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import sys
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import xxhash
+
+from jaxbuffers import _validate
+from jaxbuffers._checkpoint_describe import FORMAT, FORMAT_VERSION, CheckpointError
+
+_BLOCK = 64 << 20  # bytes hashed per read
+_SYNC_THREADS = 16  # files hashed and synced at once
+
+def _hash_file(path: Path, progress) -> str:
+    """xxh3-64 of a file's bytes, read through a memory map (no copy of the page cache)."""
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
+                for a in range(0, size, _BLOCK):
+                    h.update(view[a : a + _BLOCK])
+                    progress.update(min(_BLOCK, size - a))
+    return h.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != "manifest.json")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_manifest(root: Path, progress) -> None:
+    """Hash and fsync every file under `root` (and fsync its folders), then write and fsync `manifest.json`.
+
+    The files are synced by a pool of threads: one fsync waits on the disk with the GIL released, and the file
+    system commits concurrent syncs together."""
+    paths = _files(root)
+
+    def one(p: Path) -> dict:
+        out = {"bytes": p.stat().st_size, "xxh3_64": _hash_file(p, progress)}
+        _fsync(p)
+        return out
+
+    with ThreadPoolExecutor(_SYNC_THREADS) as pool:
+        entries = list(pool.map(one, paths))
+        list(pool.map(_fsync, [d for d in root.rglob("*") if d.is_dir()]))
+    files = {p.relative_to(root).as_posix(): e for p, e in zip(paths, entries)}
+    (root / "manifest.json").write_text(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "files": files}))
+    _fsync(root / "manifest.json")
+    _fsync(root)
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        out = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing ({what})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not a JSON {what} ({e})") from None
+    if not isinstance(out, dict) or out.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: expected a {FORMAT!r} {what}, got format {out.get('format') if isinstance(out, dict) else out!r:.60}")
+    if out.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format version {out.get('version')!r}, this jaxbuffers reads version {FORMAT_VERSION}")
+    return out
+
+
+def _verify(root: Path, progress) -> None:
+    """Check every file of the checkpoint against its manifest (sizes first, then xxh3-64)."""
+    manifest = _read_json(root / "manifest.json", "checkpoint manifest")
+    listed = manifest.get("files")
+    if not isinstance(listed, dict):
+        raise CheckpointError(f"{root / 'manifest.json'}: no file list")
+    present = {p.relative_to(root).as_posix() for p in _files(root)}
+    unlisted = sorted(p for p in present - set(listed) if "/" in p)  # markers beside the files (an orbax commit file) are not read
+    if unlisted:
+        raise CheckpointError(f"{root}: files not in the manifest: {unlisted[:5]}")
+    for rel, info in listed.items():
+        p = root / rel
+        if rel not in present:
+            raise CheckpointError(f"{p}: missing (listed in the manifest)")
+        if p.stat().st_size != info["bytes"]:
+            raise CheckpointError(f"{p}: {p.stat().st_size} bytes, the manifest says {info['bytes']} (truncated or replaced)")
+    progress.reset(total=sum(int(i["bytes"]) for i in listed.values()))
+    for rel, info in listed.items():
+        if _hash_file(root / rel, progress) != info["xxh3_64"]:
+            raise CheckpointError(f"{root / rel}: checksum mismatch (xxh3_64 differs from the manifest): the file is corrupt")
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path / "manifest.json").is_file() or (path / "buffer.json").is_file()
+
+
+def _prev(path: Path) -> Path:
+    return path.parent / f".{path.name}.prev"
+
+
+def _sibling(path: Path, kind: str) -> Path:
+    """A new folder name beside `path` owned by this process: `.<name>.<kind>-<pid>-<random>`."""
+    return path.parent / f".{path.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    """Move the complete checkpoint folder `tmp` to `path`, replacing the checkpoint there.
+
+    Between the two renames the old checkpoint is `.<name>.prev` (which `restore` falls back to); once the new one is
+    in place and its parent folder synced, the old one is renamed aside and deleted by a background thread (deleting
+    gigabytes of files takes a while and the new checkpoint no longer needs it)."""
+    prev = _prev(path)
+    if path.exists():
+        if prev.exists():  # left by a crash after the previous save completed
+            shutil.rmtree(prev)
+        os.rename(path, prev)
+    os.rename(tmp, path)
+    _fsync(path.parent)
+    if prev.exists():
+        old = _sibling(path, "old")
+        os.rename(prev, old)
+        threading.Thread(target=shutil.rmtree, args=(old,), kwargs={"ignore_errors": True}, name="jaxbuffers-remove-old").start()
+
+
+def _clean_stale(path: Path) -> None:
+    """Remove folders beside `path` left by saves whose process is gone: temporary folders of a crash mid-save,
+    and replaced checkpoints whose background deletion did not finish."""
+    for tmp in [*path.parent.glob(f".{path.name}.tmp-*"), *path.parent.glob(f".{path.name}.old-*")]:
+        pid = tmp.name.rsplit("-", 2)[-2]
+        try:
+            os.kill(int(pid), 0)
+        except (ValueError, ProcessLookupError):
+            shutil.rmtree(tmp, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+class _Progress:
+    """A tqdm bar in bytes shown after a second (`enabled=None`: only on a terminal), or nothing."""
+
+    def __init__(self, enabled: bool | None, desc: str):
+        self.bar = None
+        if enabled is not None:
+            _validate.static_bool("progress", enabled)
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(desc=desc, unit="B", unit_scale=True, unit_divisor=1024, delay=1.0, leave=False)
+
+    def reset(self, total: int) -> None:
+        if self.bar is not None:
+            self.bar.reset(total=total)
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
