@@ -166,9 +166,11 @@ def _run(case: str, seed: int, jit: bool, directory: Path | None, num_ops: int =
     return outs, jax.tree.map(np.asarray, buf), save_at
 
 
-# the default run restores these through a plain round trip each (test_episode_buffer_meta_defaults_come_back,
-# test_compressed_episode_buffer_round_trip_and_wrong_config)
-_SLOW = {("episode", False), ("compressed-episode", False), ("compressed-episode", True), ("compressed-rollout-stacked", False), ("compressed-rollout-stacked", True)}
+# The default run: every case jitted, and eagerly one device and one compressed buffer (a save reads the same state
+# either way; eager calls differ only in dispatch). The episode buffers also come back through a plain round trip each
+# (test_episode_buffer_meta_defaults_come_back, test_compressed_episode_buffer_round_trip_and_wrong_config).
+_EAGER_DEFAULT = {"replay", "compressed-trajectory"}
+_SLOW = {(c, False) for c in CASES if c not in _EAGER_DEFAULT} | {("compressed-episode", True), ("compressed-rollout-stacked", True)}
 
 
 @pytest.mark.parametrize("case, jit", [

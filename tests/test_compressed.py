@@ -123,7 +123,7 @@ def _matches_strategy(f):
 )(f)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=NO_SHRINK)
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=NO_SHRINK)
 @_matches_strategy
 def test_matches_trajectory_buffer(**kw):
     _check_matches(**kw)
@@ -847,8 +847,8 @@ _staging_strategy = given(
 )
 
 
-# ~5 s an example (each draws new shapes and options, so new compiles): 8 here, 60 in the slow run.
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=NO_SHRINK)
+# ~5 s an example (each draws new shapes and options, so new compiles): 2 here, 60 in the slow run.
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=NO_SHRINK)
 @_staging_strategy
 def test_staging_writer_equals_one_step_adds(**kw):
     _check_staging(**kw)

@@ -41,6 +41,7 @@ def test_dqn_atari_smoke(extra, capsys):
     assert 0 < summary["buffer_host_nbytes"] < summary["buffer_raw_nbytes"] / 10
 
 
+@pytest.mark.slow  # two runs of the example; save / restore round trips of every buffer run in test_checkpoint.py
 def test_dqn_atari_resumes_train_state_buffer_and_step_counter(tmp_path, capsys):
     common = ["--buffer-size", "150", "--learning-starts", "60", "--train-freq", "4", "--log-every", "100",
               "--codec", "zstd:3", "--batch-size", "8", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "100"]

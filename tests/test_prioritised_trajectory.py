@@ -86,7 +86,7 @@ def run_prioritised_model(data, free):
                 assert a + window <= ref.total
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(data=st.data())
 def test_prioritised_tree_holds_exactly_the_valid_windows(data):
     run_prioritised_model(data, free=False)
