@@ -528,8 +528,9 @@ class ShardedBuffer(struct.PyTreeNode):
           axis. Prioritised probabilities and weights are the shard's own (for the whole buffer's: `sample`).
 
         Raises:
-          TypeError: `key` not one PRNG key; ValueError: `batch_size` not an int >= 1, `method` not a sampler of
-          the wrapped buffer; and the sampler's own errors.
+          TypeError: `key` not one PRNG key.
+          ValueError: `batch_size` not an int >= 1, `method` not a sampler of the wrapped buffer; and the sampler's
+            own errors.
         """
         batch_size, method = self._sampler(key, batch_size, method, _LOCAL_SAMPLERS)
         arrays, static = _split_static(kwargs)

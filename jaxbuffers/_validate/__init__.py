@@ -9,6 +9,8 @@ traced hyperparameters `scalar_parameter`, index arguments `integer_indices` / `
 `vector`, PRNG keys `key`, dtype arguments `storable_dtype`; what is not an array gets `not_array`'s error. Wrong
 structure, kind or dtype raises `TypeError`; wrong shape or value `ValueError`; every message starts with the
 argument's name. docs/guide.md, section 8, tabulates what each kind of argument accepts.
+Checks of steps for the env-step buffers (trajectory example, a step's flags and final observation, frame leaves)
+live in `jaxbuffers._validate.steps` and are re-exported here, so every check is reached as `_validate.<name>`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -568,156 +570,6 @@ def choice(name: str, value: Any, options: tuple) -> Any:
     return value
 
 
-
-
-def trajectory_example(example_step, num_envs, length, obs_key: str, action_key: str, reward_key: str):
-    """`(num_envs, length, spec)` of a trajectory buffer's `create` (its errors): sizes whose flat
-    positions `lane * length + slot` fit int32, and an example step dict with an observation of at
-    least one leaf, an action and a floating scalar reward."""
-    num_envs, length = static_int("num_envs", num_envs), static_int("length", length)
-    for arg, key in (("obs_key", obs_key), ("action_key", action_key), ("reward_key", reward_key)):
-        if not isinstance(key, str):
-            raise TypeError(f"{arg}: expected a str, the name of a field of example_step, got {type(key).__name__} {key!r}")
-    if num_envs * length > 2**31 - 1:
-        raise ValueError(
-            f"num_envs * length: expected at most 2**31 - 1 steps in all (positions are int32 lane * length + slot), "
-            f"got {num_envs} * {length} = {num_envs * length}"
-        )
-    if not isinstance(example_step, Mapping):
-        raise TypeError(
-            f"example_step: expected a dict with fields {obs_key!r}, {action_key!r}, {reward_key!r} "
-            f"(plus any extras), got {type(example_step).__name__}"
-        )
-    for name in (obs_key, action_key, reward_key):
-        if name not in example_step:
-            raise ValueError(
-                f"example_step: missing field {name!r} (got fields {sorted(example_step)}); pass "
-                f"obs_key/action_key/reward_key to create if your names differ"
-            )
-    spec = item_spec(dict(example_step), "example_step")
-    if not jax.tree.leaves(spec[obs_key]):
-        raise ValueError(f"example_step[{obs_key!r}]: expected at least one array leaf (the observation), got {example_step[obs_key]!r}")
-    rspec = spec[reward_key]
-    if not isinstance(rspec, jax.ShapeDtypeStruct) or rspec.shape != () or not jnp.issubdtype(rspec.dtype, jnp.floating):
-        raise ValueError(f"example_step[{reward_key!r}]: expected a floating scalar per step, got {rspec}")
-    return num_envs, length, spec
-
-
-def _flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
-    """A bool episode-flag array of shape `lead` (trace time)."""
-    if not _is_array(flag):
-        raise not_array(name, flag, f"a bool array of shape {list(lead)}")
-    if tuple(flag.shape) != tuple(lead):
-        raise ValueError(f"{name}: expected shape {list(lead)} (one flag per env and step), got {list(flag.shape)}")
-    if flag.dtype != np.dtype(bool):
-        raise TypeError(f"{name}: expected dtype bool, got {flag.dtype} (convert with .astype(bool))")
-    return jnp.asarray(flag)
-
-
-def _leaf_at(tree, path):
-    """The subtree of `tree` at a key path, or None where it has none."""
-    for k in path:
-        try:
-            tree = tree[k.key if hasattr(k, "key") else k.idx if hasattr(k, "idx") else k.name]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return tree
-
-
-def final_obs_not_step(obs_spec, obs_key: str, final_obs) -> None:
-    """Refuse a whole step passed as a trajectory buffer's `final_obs` (a dict with an `obs_key` field that the
-    observation `obs_spec` has not), naming the mistake where `check_batch` would report a tree structure difference.
-
-    Raises:
-      TypeError: `final_obs` is a whole step rather than an observation.
-    """
-    if isinstance(final_obs, Mapping) and obs_key in final_obs and not (isinstance(obs_spec, Mapping) and obs_key in obs_spec):
-        raise TypeError(
-            f"final_obs: expected the observation only, shaped like the step's {obs_key!r} field, not the whole step "
-            f"(got a dict with the fields {sorted(final_obs, key=str)}); pass its {obs_key!r} field alone"
-        )
-
-
-def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, terminated, truncated, final_obs):
-    """Check the arguments of a trajectory buffer's `add` against the step `spec` (trace time).
-
-    Shared by the device and the compressed buffers (each checks the step its user sees); the
-    errors are those of `TrajectoryBuffer.add`.
-
-    Returns:
-      `(step, terminated, truncated, final_obs)` with a time axis, leaves `[num_envs, t, ...]`
-      (`truncated` and `final_obs` stay None when not given).
-    """
-    from jaxbuffers import _ring  # the ring's own fit check
-
-    if not isinstance(step, Mapping):
-        raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
-    step = dict(step)
-    # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the rank of most leaves (a tie by that of
-    # `terminated`), so that the error names the argument of the wrong rank.
-    specs = jax.tree_util.tree_flatten_with_path(spec)[0]
-    extra = [getattr(_leaf_at(step, p), "ndim", -1) - len(s.shape) for p, s in specs]
-    one, two = extra.count(1), extra.count(2)
-    nd = 2 if two > one or (two == one and getattr(terminated, "ndim", 1) == 2) else 1
-    lead = check_batch(spec, step, nd, "step", ("num_envs", "t"))
-    if lead[0] != num_envs:
-        raise ValueError(f"step: expected leading axis num_envs={num_envs}, got {lead[0]}")
-    _ring.check_batch_fits(1 if nd == 1 else lead[1], length, "step chunk (time axis)", "length")
-    terminated = _flag("terminated", terminated, lead)
-    if truncated is None:
-        if final_obs is not None:
-            raise ValueError("final_obs: given without truncated; pass truncated=... with it")
-    else:
-        truncated = _flag("truncated", truncated, lead)
-        if final_obs is None:
-            raise TypeError(
-                "final_obs: required when truncated is given: the true observation after each step, "
-                "before any auto-reset (read only where truncated); shaped like step[obs] "
-                f"(leading axes {list(lead)})"
-            )
-        final_obs_not_step(spec[obs_key], obs_key, final_obs)
-        got = check_batch(spec[obs_key], final_obs, nd, "final_obs", ("num_envs", "t"))
-        if tuple(got) != tuple(lead):
-            raise ValueError(
-                f"final_obs: expected leading axes {list(lead)} like step (one observation per env"
-                f"{' and step' if nd == 2 else ''}), got {list(got)}"
-            )
-    if nd == 1:
-        ex = lambda x: None if x is None else jax.tree.map(lambda v: jnp.expand_dims(jnp.asarray(v), 1), x)  # noqa: E731
-        step, terminated, truncated, final_obs = ex(step), ex(terminated), ex(truncated), ex(final_obs)
-    return step, terminated, truncated, final_obs
-
-
-def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, normalize_images: bool) -> list[tuple]:
-    """`(name, shape, dtype, frame_shape, stack_axis or None)` of the observation leaves number
-    `indices` that a compressed trajectory buffer stores on the host (its `create`'s errors).
-
-    Raises:
-      ValueError: `normalize_images` on a non-uint8 leaf; with `frame_stack=k`, a `stack_axis`
-        out of range or not holding `k` frames.
-    """
-    flat = jax.tree_util.tree_flatten_with_path(obs_spec)[0]
-    out = []
-    for i in indices:
-        path, s = flat[i]
-        name, shape = f"{what}{leaf_name(path) if path else ''}", tuple(s.shape)
-        if normalize_images and np.dtype(s.dtype) != np.uint8:
-            raise ValueError(f"normalize_images: {name} has dtype {s.dtype}; x / 255 is defined for uint8 images only")
-        if frame_stack is None:
-            out.append((name, shape, np.dtype(s.dtype), shape, None))
-            continue
-        if not -len(shape) <= stack_axis < len(shape):
-            raise ValueError(f"stack_axis: {stack_axis} is out of range for {name} of shape {shape}")
-        ax = stack_axis % len(shape)
-        if shape[ax] != frame_stack:
-            raise ValueError(
-                f"frame_stack: {name} has shape {shape}, so axis {stack_axis} holds {shape[ax]} frames, expected "
-                f"frame_stack={frame_stack}; set stack_axis to the frame axis (0 for [k, H, W], -1 for [H, W, k])"
-            )
-        out.append((name, shape, np.dtype(s.dtype), tuple(d for j, d in enumerate(shape) if j != ax), ax))
-    return out
-
-
 def one_each(name: str, value: Any, n: int, what: str) -> tuple:
     """``value`` (a list or tuple of exactly ``n`` entries, one per ``what``) as a tuple, else TypeError naming
     ``name``, ``n`` and what came."""
@@ -731,3 +583,7 @@ def single_process(what: str, why: str) -> None:
     """NotImplementedError naming `what` when JAX runs in several processes (`jax.process_count() > 1`)."""
     if jax.process_count() > 1:
         raise NotImplementedError(f"{what}: jax.process_count() is {jax.process_count()}; {why}")
+
+
+# the step checks (module doc), after every name they use is defined
+from jaxbuffers._validate.steps import final_obs_not_step, frame_leaves, trajectory_add, trajectory_example  # noqa: E402
