@@ -372,6 +372,7 @@ class ShardedBuffer(struct.PyTreeNode):
                     f"{name}: expected a leading axis divisible by the {self.num_shards} shards of mesh axis "
                     f"{self.axis!r} (one block of rows per shard), got {got}"
                 )
+            _validate.not_narrowed(name, x)  # before jit's boundary would narrow it past the buffer's own dtype checks
 
     def _placed(self, tree: Any, spec: P) -> Any:
         """`tree` laid out as `spec` says; on a mesh axis of `AxisType.Explicit` shard_map requires it
@@ -413,7 +414,8 @@ class ShardedBuffer(struct.PyTreeNode):
         are passed as they are. Cost: the buffer's add on `1 / S` of the rows per shard, no communication.
 
         Raises:
-          TypeError: a wrapped buffer without `add` (`EpisodeBuffer`: use `add_episodes`).
+          TypeError: a wrapped buffer without `add` (`EpisodeBuffer`: use `add_episodes`); an array JAX would narrow
+            (numpy float64 or int64 with x64 off), named by its path.
           ValueError: an array argument whose leading axis is not a multiple of `S` (named by its path); and the
             buffer's own `add` errors for one shard's block.
         """
@@ -426,7 +428,8 @@ class ShardedBuffer(struct.PyTreeNode):
         its own `overflowed` (`buf.shards.overflowed`, bool `[S]`), as inside `jit`.
 
         Raises:
-          TypeError: the wrapped buffer is not an `EpisodeBuffer`; and its own errors.
+          TypeError: the wrapped buffer is not an `EpisodeBuffer`; an array JAX would narrow (numpy float64 or int64
+            with x64 off), named by its path; and its own errors.
           ValueError: `B` not a multiple of `S` (named by its path); and the buffer's own errors.
         """
         return self._add("add_episodes", (episodes, lengths), kwargs)
