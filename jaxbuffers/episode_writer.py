@@ -80,8 +80,8 @@ class EpisodeWriter:
         "value")` that the buffer's step has (the action field always). Every other field is in the env half.
 
     Raises:
-      TypeError: `buffer` is not an `EpisodeBuffer`.
-      ValueError: a policy key that is not a field of the step, or the observation or reward among them.
+      TypeError: `buffer` is not an `EpisodeBuffer`; `policy_keys` a string.
+      ValueError: no policy key, a policy key that is not a field of the step, or the observation or reward among them.
     """
 
     def __init__(self, buffer: EpisodeBuffer, *, policy_keys: Sequence[str] | None = None):
@@ -90,7 +90,11 @@ class EpisodeWriter:
         spec = buffer.step_spec
         if policy_keys is None:
             policy_keys = [buffer.action_key] + [k for k in ("log_prob", "value") if k in spec and k != buffer.action_key]
+        if isinstance(policy_keys, str):
+            raise TypeError(f"policy_keys: expected a sequence of step field names, got the string {policy_keys!r}")
         policy_keys = list(policy_keys)
+        if not policy_keys:
+            raise ValueError("policy_keys: expected at least one step field (a policy half with none never arrives), got none")
         for k in policy_keys:
             if k not in spec:
                 raise ValueError(f"policy_keys: {k!r} is not a field of the step (fields {sorted(spec)})")
