@@ -550,3 +550,15 @@ def test_missing_extra_is_named(saved, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "rich", None)
     code, _, err = run(capsys, "inspect", saved["PrioritisedReplayBuffer"])
     assert code == 2 and "'rich'" in err and "jaxbuffers[inspect]" in err
+
+
+def test_a_disk_folder_written_after_its_flush_is_one_error_line(tmp_path, capsys):
+    from jaxbuffers import disk
+
+    kw = dict(max_episodes=3, max_timesteps=MAX_T, meta={"task": jnp.int32(7)})
+    buf = _episodes(disk.open(tmp_path / "d", "w", CompressedEpisodeBuffer.create(_step(), frame_stack=K, codec="none", **kw)))
+    disk.flush(buf)
+    _episodes(buf)  # rewrites every slot the flushed state holds, unflushed
+    code, _, err = run(capsys, "video", tmp_path / "d", "--episode", 0, "--out", f"{tmp_path}/png/")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("jaxbuffers video: error: PATH: ") and "are corrupt (checksum mismatch)" in err and "flush it again" in err
