@@ -476,7 +476,7 @@ def meta_values(meta_spec: Mapping, meta, lead: tuple = ()) -> dict:
 
     Raises:
       TypeError: `meta` not a dict, an unknown name, a wrong dtype or kind.
-      ValueError: a wrong shape.
+      ValueError: a wrong shape; a Python int the field's dtype does not hold exactly.
     """
     meta = {} if meta is None else meta
     if not isinstance(meta, Mapping):
@@ -501,6 +501,9 @@ def meta_values(meta_spec: Mapping, meta, lead: tuple = ()) -> dict:
                     x = np.asarray(float(v) if abs(v) < 2**1024 else math.inf, dtype)
                 if math.isfinite(v) and not np.isfinite(x):
                     raise ValueError(f"{name}: expected a value {dtype} holds (at most {float(np.finfo(dtype).max)} in size), got {v}")
+                if isinstance(v, int) and np.isfinite(x) and int(x) != v:
+                    raise ValueError(f"{name}: expected an int {dtype} holds exactly, got {v} (it would be rounded to {int(x)}); "
+                                     "pass a float to accept the rounding")
             out[k] = np.broadcast_to(np.asarray(v, dtype) if dtype.kind != "f" else x, want)
             continue
         out[k] = _validate.array(name, v, want, dtype)

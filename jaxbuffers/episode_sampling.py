@@ -101,12 +101,23 @@ class EpisodeSampling:
         """The filter as a bool `[max_episodes]` mask by slot, or None for every episode (checked at trace time)."""
         if where is None:
             return None
-        mask, name = (where(self.meta), "where(meta)") if callable(where) else (where, "where")
+        mask, name = (self._where_of_meta(where), "where(meta)") if callable(where) else (where, "where")
         e = self.max_episodes
         if not hasattr(mask, "shape") or tuple(mask.shape) != (e,) or np.dtype(mask.dtype) != np.dtype(bool):
             got = f"shape {tuple(mask.shape)} dtype {mask.dtype}" if hasattr(mask, "shape") else type(mask).__name__
             raise TypeError(f"{name}: expected a bool array of shape ({e},) (one flag per episode slot), got {got}")
         return mask
+
+    def _where_of_meta(self, where):
+        """`where(meta)`; a meta field the buffer does not declare raises `TypeError` naming `where` and the fields (as
+        `add_episode` and `update` refuse unknown fields)."""
+        try:
+            return where(self.meta)
+        except KeyError as e:
+            if not e.args or e.args[0] in self.meta:
+                raise
+            raise TypeError(f"where(meta): no meta field {e.args[0]!r}; the buffer declares {sorted(self.meta)} "
+                           "(create(..., meta=...))") from None
 
     def _passing(self, mask) -> jax.Array:
         """bool `[max_episodes]`: the slots holding an episode that passes `mask` (None: every held slot)."""
@@ -149,7 +160,7 @@ class EpisodeSampling:
 
         Raises:
           ValueError: `batch_size` not an int >= 1.
-          TypeError: `where` not giving a bool `[max_episodes]`.
+          TypeError: `where` not giving a bool `[max_episodes]`, or reading a meta field the buffer does not declare.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         return self._sample_episodes(_validate.key("key", key), batch_size, self._filter(where))
@@ -176,7 +187,7 @@ class EpisodeSampling:
 
         Raises:
           ValueError: a size not an int >= 1 or `sequence_length > max_timesteps`.
-          TypeError: `where` not giving a bool `[max_episodes]`.
+          TypeError: `where` not giving a bool `[max_episodes]`, or reading a meta field the buffer does not declare.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
@@ -206,7 +217,7 @@ class EpisodeSampling:
 
         Raises:
           ValueError: `batch_size` not an int >= 1.
-          TypeError: `where` not giving a bool `[max_episodes]`.
+          TypeError: `where` not giving a bool `[max_episodes]`, or reading a meta field the buffer does not declare.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         return self._sample_timesteps(_validate.key("key", key), batch_size, self._filter(where))
@@ -248,7 +259,7 @@ class EpisodeSampling:
 
         Raises:
           ValueError: a size not an int >= 1, `n_step > max_timesteps`, a concrete `gamma` outside [0, 1].
-          TypeError: `gamma` missing or not a number, `where` not giving a bool `[max_episodes]`.
+          TypeError: `gamma` missing or not a number, `where` not giving a bool `[max_episodes]`, or reading a meta field the buffer does not declare.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         n_step = self._transition_args(n_step, gamma)

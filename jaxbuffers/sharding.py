@@ -455,7 +455,8 @@ class ShardedBuffer(struct.PyTreeNode):
         its own `overflowed` (`buf.shards.overflowed`, bool `[S]`), as inside `jit`.
 
         Raises:
-          TypeError: the wrapped buffer is not an `EpisodeBuffer`; and its own errors.
+          TypeError: the wrapped buffer is not an `EpisodeBuffer`; an array JAX would narrow (numpy float64 or int64
+            with x64 off), named by its path; and its own errors.
           ValueError: `B` not a multiple of `S` (named by its path); and the buffer's own errors.
         """
         return self._add("add_episodes", (episodes, lengths), kwargs)

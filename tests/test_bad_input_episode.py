@@ -149,7 +149,7 @@ def samplers(buf, key=KEY, batch_size=2, sequence_length=2, n_step=1, gamma=0.9,
 SAMPLERS = st.sampled_from(sorted(samplers(None)))
 BAD_WHERE = st.sampled_from([
     "x", 1, [True] * E, np.ones(E, np.int32), np.ones(E + 1, bool), np.ones((E, 1), bool), jnp.ones(E, jnp.float32),
-    lambda m: m["task"], lambda m: m["task"][:1] == 0, lambda m: True,
+    lambda m: m["task"], lambda m: m["task"][:1] == 0, lambda m: True, lambda m: m["no_such_field"] == 0,
 ])
 
 
@@ -305,3 +305,18 @@ def test_add_episode_wrong_episode_under_jit(kind, data):
         return
     buf = FILLED["device"]
     check("device", lambda: jax.jit(lambda b, e: b.add_episode(e, 2, terminated=True, final_obs=final()))(buf, bad), "episode")
+
+
+@pytest.mark.parametrize("kind", ["device", "compressed"])
+def test_a_filter_reading_an_undeclared_meta_field_is_named(kind):
+    err = check(kind, samplers(FILLED[kind], where=lambda m: m["no_such_field"] == 0)["sample_episodes"], "where(meta)")
+    assert "no meta field 'no_such_field'; the buffer declares ['task']" in str(err)
+
+
+def test_a_python_int_a_float_meta_field_would_round_is_refused():
+    buf = jb.EpisodeBuffer.create(STEP, max_episodes=E, max_timesteps=M, meta={"w": jnp.float32(0)})
+    err = check("device", lambda: buf.add_episode(episode(), 2, terminated=True, final_obs=final(), meta={"w": 2**30 + 1}),
+                "meta['w']", buf=buf)
+    assert "float32 holds exactly, got 1073741825 (it would be rounded to 1073741824)" in str(err)
+    for ok in (2**30, 3, 0.1):  # exact ints, and floats (rounded as any float literal)
+        assert float(buf.add_episode(episode(), 2, terminated=True, final_obs=final(), meta={"w": ok}).meta["w"][0]) == np.float32(ok)

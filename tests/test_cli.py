@@ -550,3 +550,27 @@ def test_missing_extra_is_named(saved, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "rich", None)
     code, _, err = run(capsys, "inspect", saved["PrioritisedReplayBuffer"])
     assert code == 2 and "'rich'" in err and "jaxbuffers[inspect]" in err
+
+
+def test_a_disk_folder_written_after_its_flush_is_one_error_line(tmp_path, capsys):
+    from jaxbuffers import disk
+
+    kw = dict(max_episodes=3, max_timesteps=MAX_T, meta={"task": jnp.int32(7)})
+    buf = _episodes(disk.open(tmp_path / "d", "w", CompressedEpisodeBuffer.create(_step(), frame_stack=K, codec="none", **kw)))
+    disk.flush(buf)
+    _episodes(buf)  # rewrites every slot the flushed state holds, unflushed
+    code, _, err = run(capsys, "video", tmp_path / "d", "--episode", 0, "--out", f"{tmp_path}/png/")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("jaxbuffers video: error: PATH: ") and "are corrupt (checksum mismatch)" in err and "flush it again" in err
+
+
+def test_bad_fps_and_unwritable_outputs_are_one_error_line(saved, tmp_path, capsys):
+    path = saved["CompressedEpisodeBuffer"]
+    code, _, err = run(capsys, "video", path, "--episode", 0, "--out", tmp_path / "v.gif", "--fps", 0)
+    assert code == 2 and err == "jaxbuffers video: error: --fps: expected a finite number > 0, got 0.0\n", err
+    (tmp_path / "file").write_text("not a folder")
+    for argv in (("video", path, "--episode", 0, "--out", tmp_path / "file" / "v.gif"),
+                 ("sheet", path, "--out", tmp_path / "file" / "s.png")):
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and err.startswith(f"jaxbuffers {argv[0]}: error: --out: cannot write ") and err.count("\n") == 1, err
+    assert (tmp_path / "file").read_text() == "not a folder"

@@ -197,6 +197,10 @@ def test_errors_name_the_half_and_change_nothing():
         EpisodeWriter(buf, policy_keys=["action", "reward"])
     with pytest.raises(ValueError, match="policy_keys: 'act'"):
         EpisodeWriter(buf, policy_keys=["act"])
+    with pytest.raises(TypeError, match="policy_keys: expected a sequence of step field names, got the string 'action'"):
+        EpisodeWriter(buf, policy_keys="action")  # not its letters
+    with pytest.raises(ValueError, match="policy_keys: expected at least one step field"):
+        EpisodeWriter(buf, policy_keys=[])  # a writer that could never commit
     assert int(w.buffer.num_episodes()) == 0
 
 

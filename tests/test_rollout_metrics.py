@@ -107,3 +107,20 @@ def test_bad_draws_are_named():
         jb.rollout_stats(buf, np.array([0.5]))
     with pytest.raises(TypeError, match="buf: expected a RolloutBuffer"):
         jb.rollout_stats(jb.ReplayBuffer.create({"x": jnp.zeros(1)}, capacity=4))
+
+
+def test_traced_out_of_range_draws_are_not_counted():
+    buf = _rollout(2)
+    counts = jax.jit(lambda d: jb.rollout_stats(buf, d).draw_count)(jnp.array([-1, -24, 24, 3], jnp.int32))
+    expected = np.zeros(24, np.int32)
+    expected[3] = 1
+    np.testing.assert_array_equal(np.asarray(counts).reshape(-1), expected)  # -1 wrapped to step 23 before
+
+
+def test_a_stacked_rollout_is_refused_outside_vmap():
+    buf = _rollout(2)
+    stacked = jax.tree.map(lambda x: jnp.stack([x, x]), buf)
+    with pytest.raises(ValueError, match=r"buf: expected one rollout, got a stacked \(vmapped\) one of stack shape \(2,\)"):
+        jb.rollout_stats(stacked, jnp.array([1], jnp.int32))
+    counts = jax.vmap(lambda b: jb.rollout_stats(b, jnp.array([1], jnp.int32)).draw_count)(stacked)
+    assert counts.shape == (2, *buf.reward.shape) and int(counts.sum()) == 2

@@ -463,6 +463,13 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
         raise TypeError(f"{name}: expected a floating dtype, got {got}")
     if dtype is not None and not floating and got != np.dtype(dtype):
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got} (nothing is cast implicitly)")
+    return not_narrowed(name, x)
+
+
+def not_narrowed(name: str, x: Any) -> Any:
+    """``x`` itself once checked that JAX keeps its dtype (a numpy float64 or int64 with ``jax_enable_x64`` off would be
+    narrowed at a ``jit`` boundary). Raises TypeError naming ``name``."""
+    got = np.dtype(x.dtype)
     if jax.dtypes.canonicalize_dtype(got) != got:
         raise TypeError(f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (x64 is off); convert it")
     return x

@@ -158,4 +158,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxbuffers {args.command}: error: needs {e.name.split('.')[0]!r} from the inspect extra: "
               f"pip install 'jaxbuffers[inspect]'", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 (frames of a disk folder rewritten after its flush: one line, not a trace)
+        corrupt = _corrupt_entry(e)
+        if corrupt is None:
+            raise
+        print(f"jaxbuffers {args.command}: error: PATH: {corrupt} (frames were written after the folder's last "
+              "jaxbuffers.disk.flush: flush it again, or read a copy made right after a flush)", file=sys.stderr)
+        return 2
     return 0
+
+
+def _corrupt_entry(e: BaseException) -> str | None:
+    """The message of a `host_codecs.CorruptEntryError` raised as `e` or inside a JAX callback `e` wraps, else None."""
+    from host_codecs import CorruptEntryError
+
+    if isinstance(e, CorruptEntryError):
+        return str(e)
+    lines = [ln for ln in str(e).splitlines() if ln.startswith("CorruptEntryError: ")]
+    return lines[-1].removeprefix("CorruptEntryError: ") if lines else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -413,8 +414,28 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
     field = _image(view, image, stack_axis, layout)
     if scale < 1:
         raise CliError(f"--scale: expected an integer >= 1, got {scale}")
+    if not 0 < fps < float("inf"):
+        raise CliError(f"--fps: expected a finite number > 0, got {fps}")
     pics = episode_pictures(view, k, field, with_overlay=with_overlay, scale=scale, progress=progress)
     suffix = out.suffix.lower()
+    if suffix not in ("", ".gif", ".mp4") and not str(out).endswith("/"):
+        raise CliError(f"--out: expected a .mp4 or .gif file or a folder for PNG frames, got {out}")
+    with _writing(out):
+        _write_frames(out, suffix, pics, fps, progress)
+    return out
+
+
+@contextlib.contextmanager
+def _writing(out: Path):
+    """An `OSError` while writing `out` (a folder that cannot be made, no permission, a full disk) as a `CliError`."""
+    try:
+        yield
+    except OSError as e:
+        raise CliError(f"--out: cannot write {out}: {e.strerror or e}" + (f" ({e.filename})" if e.filename else "")) from None
+
+
+def _write_frames(out: Path, suffix: str, pics: list, fps: float, progress: bool | None) -> None:
+    """`write_video`'s writing, by the suffix of `out`."""
     bar = lambda xs: tqdm(xs, desc=f"write {out.name}", unit="frame", disable=progress is False, leave=False, delay=1.0)  # noqa: E731
     if suffix == "" or str(out).endswith("/"):
         out.mkdir(parents=True, exist_ok=True)
@@ -440,9 +461,6 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
         with iio.get_writer(out, fps=fps, codec="libx264", macro_block_size=1, quality=8) as writer:
             for p in bar(pics):
                 writer.append_data(np.pad(p, pad))
-    else:
-        raise CliError(f"--out: expected a .mp4 or .gif file or a folder for PNG frames, got {out}")
-    return out
 
 
 def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: int = 8, seed: int = 0,
@@ -463,6 +481,7 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
     from PIL import Image
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(contact_sheet(pics, labels, columns, scale)).save(out)
+    with _writing(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(contact_sheet(pics, labels, columns, scale)).save(out)
     return out

@@ -160,3 +160,18 @@ def test_field_view_writes_cast_nothing_silently(field, value):
         getattr(buf, field)[0, 0] = value  # numpy's own cast, as SB3's arrays take it
         return
     refused(lambda: getattr(buf, field).__setitem__((0, 0), value), field, state=state(buf))
+
+
+@pytest.mark.parametrize("obs", [np.full((N, 2, 2), 300, np.int64), np.full((N, 2, 2), -1, np.int16), np.full((N, 2, 2), 0.5)])
+def test_integer_observations_are_never_wrapped_or_truncated(obs):
+    from jaxbuffers.interop.sb3 import CompressedRolloutBuffer
+
+    image = spaces.Box(0, 255, (2, 2), np.uint8)
+    rb = JaxReplayBuffer(8, image, ACT, device="cpu", n_envs=N)
+    args = {**replay_args(), "obs": obs.astype(np.uint8), "next_obs": obs}
+    refused(lambda: rb.add(**args), "next_obs", state=state(rb), exc=(TypeError,))
+    for cls in (JaxRolloutBuffer, CompressedRolloutBuffer):
+        buf = cls(3, image, ACT, device="cpu", n_envs=N)
+        refused(lambda: buf.add(**{**rollout_args(), "obs": obs}), "obs", state=state(buf), exc=(TypeError,))
+    buf.add(**{**rollout_args(), "obs": np.full((N, 2, 2), 7, np.int64)})  # values it holds: stored as they are
+    assert buf.observations[0].dtype == np.uint8 and (buf.observations[0] == 7).all()

@@ -5,7 +5,7 @@ Nothing here is public; `jaxbuffers.interop.sb3` re-exports what users need.
 Dtypes: with `jax_enable_x64` off JAX cannot hold 64-bit values. Integer data is held in 32 bits when the space's
 bounds prove it fits (Discrete actions are int64 in gymnasium, their values are small) and given back in SB3's
 dtype; float64 observations are refused (narrowing would change values). Where a stored dtype is narrower than
-SB3's, a value it does not hold exactly raises `TypeError`: nothing is cast silently.
+SB3's, or is an integer dtype, a value it does not hold exactly raises `TypeError`: nothing is cast silently.
 """
 
 from __future__ import annotations
@@ -145,13 +145,14 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
     ``x`` holds ``shape``'s number of values in ``shape`` up to leading unit axes (values are never repeated to fill
     the field), or any shape with ``reshape`` (SB3 reshapes actions and Discrete observations). The cast is numpy's
     (SB3 passes float64 rewards), but a bool field refuses values other than 0 and 1, and with ``exact`` (a stored
-    dtype narrower than SB3's) so does a value the stored dtype does not hold.
+    dtype narrower than SB3's) or an integer stored dtype (where numpy would wrap 300 to 44 in uint8, or truncate 0.5
+    to 0) so does a value the stored dtype does not hold.
 
     Raises:
       ValueError: the wrong number of values, a layout assignment would refuse, a bool field given
         other values, or values numpy cannot convert (naming the field).
-      TypeError: not numbers (``None``, a string, an object array), or, with ``exact``, a value
-        the stored dtype does not hold.
+      TypeError: not numbers (``None``, a string, an object array), or, with ``exact`` or an integer stored dtype, a
+        value the stored dtype does not hold.
     """
     arr = numbers(x, what)
     if arr.shape == shape:
@@ -171,7 +172,7 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return flags(arr, what)
-    if exact and np.issubdtype(arr.dtype, np.number):
+    if (exact or np.issubdtype(dtype, np.integer)) and np.issubdtype(arr.dtype, np.number):
         arr = exact_cast(arr, dtype, what)
     try:
         return arr.astype(dtype, copy=False)
