@@ -103,7 +103,8 @@ def _compressed_trajectory(b) -> dict:
 
 
 def _compressed_episode(b) -> dict:
-    return {**_episode(b.buffer), "example": b.step_spec, **_host(b, b.step_spec[b.obs_key]), **_frames(b)}
+    return {**_episode(b.buffer), "example": b.step_spec, **_host(b, b.step_spec[b.obs_key]), **_frames(b),
+            "keyframe_interval": b.keyframe_interval}
 
 
 def _compressed_rollout(b) -> dict:
@@ -127,6 +128,8 @@ _CLASSES = {
     )
 }
 _COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer)
+#: class name -> {create argument: the value a checkpoint written before the argument was saved means}
+_ADDED = {"CompressedEpisodeBuffer": {"keyframe_interval": 1}}
 
 
 # --- JSON encoding of the example's tree (dicts, lists, tuples, None and arrays only) ---
@@ -229,6 +232,8 @@ def _check_config(name: str, saved: dict, cfg: dict, what: str) -> None:
 def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
     """(abstract buffer to restore into, concrete target shardings or None), after checking the target."""
     name = meta["class"]
+    if isinstance(meta.get("config"), dict) and name in _ADDED:  # an older checkpoint: the arguments it predates
+        meta = {**meta, "config": {**_ADDED[name], **meta["config"]}}
     if name not in _CLASSES:
         raise CheckpointError(f"{root / 'buffer.json'}: class {name!r} is not a jaxbuffers buffer ({sorted(_CLASSES)})")
     cls, config, _ = _CLASSES[name]

@@ -8,6 +8,8 @@ observations are what a frame stacker makes from each episode's frames, so frame
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 from test_episode import assert_empty_rows
 
 import jaxbuffers as jb
+from jaxbuffers import checkpoint as ckpt
 from jaxbuffers.compressed import CompressedEpisodeBuffer
 
 K, HW, E, M = 3, 5, 3, 5
@@ -38,7 +41,7 @@ CONFIGS = {
 }
 
 
-def _setup(cfg):
+def _setup(cfg, **extra):
     if cfg["kind"] == "stack":
         shape = (K, HW, HW) if cfg["axis"] == 0 else (HW, HW, K)
         obs = jnp.zeros(shape, jnp.uint8)
@@ -48,7 +51,7 @@ def _setup(cfg):
         kw = dict(compress=("pixels",), codec="zstd:1", dictionary_bytes=0)
     step = {"obs": obs, "action": jnp.int32(0), "reward": jnp.float32(0)}
     common = dict(max_episodes=E, max_timesteps=M, meta={"task_id": jnp.int32(-1)}, circular=cfg["circular"])
-    return step, CompressedEpisodeBuffer.create(step, **common, **kw), jb.EpisodeBuffer.create(step, **common)
+    return step, CompressedEpisodeBuffer.create(step, **common, **kw, **extra), jb.EpisodeBuffer.create(step, **common)
 
 
 def _episode(rng, cfg, n: int, t: int):
@@ -77,8 +80,8 @@ def _same(a, b, what):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=what)
 
 
-def run(cfg, seed: int, use_jit: bool, num_ops: int = 10):
-    _, cbuf, ubuf = _setup(cfg)
+def run(cfg, seed: int, use_jit: bool, num_ops: int = 10, **extra):
+    _, cbuf, ubuf = _setup(cfg, **extra)
     rng = np.random.default_rng(seed)
 
     def add_one(b, ep, n, te, tr, fo, task):
@@ -130,6 +133,7 @@ def run(cfg, seed: int, use_jit: bool, num_ops: int = 10):
     return cbuf, ubuf
 
 
+@pytest.mark.slow  # the default run: test_temporal_coding_is_exact_after_episodes_are_replaced (circular, K = 8, jit)
 def test_exact_against_the_uncompressed_buffer():
     cbuf, ubuf = run(CONFIGS["stack-last-zero-fixed"], seed=8, use_jit=True)
     assert cbuf.step_spec == ubuf.step_spec
@@ -264,3 +268,94 @@ def test_nothing_passes_gives_the_same_empty_rows(use_jit, config):
     assert_empty_rows(got[3])
     for s in got[:3]:
         np.testing.assert_array_equal(np.asarray(s.indices), 1)
+
+
+# --- temporal coding (keyframe_interval) ---
+
+@pytest.mark.parametrize("config, interval", [("stack0-reset-circular", 8), pytest.param("dict-whole-circular", 2, marks=pytest.mark.slow)])
+def test_temporal_coding_is_exact_after_episodes_are_replaced(config, interval):
+    """Deltas against the step before, a keyframe every `interval` steps (K=2: several chains per episode), through
+    enough adds that the ring replaces episodes (longer ones by shorter ones too): every sampler still returns exactly
+    what the uncompressed buffer returns under jit."""
+    cbuf, ubuf = run(CONFIGS[config], seed=21, use_jit=True, num_ops=14, keyframe_interval=interval)
+    assert cbuf.keyframe_interval == interval and ubuf.num_added() > E and cbuf.step_spec == ubuf.step_spec
+    store = cbuf.host.stores[0]
+    held = [(e, t) for e in range(E) for t in range(int(ubuf.lengths[e]))]
+    assert all((store._base[e * M + t] == -1) == (t % interval == 0) for e, t in held)  # the layout of the module doc
+
+
+def test_a_replaced_episode_drops_the_deltas_its_shorter_successor_leaves_without_base():
+    cfg = CONFIGS["dict-whole-circular"]
+    _, cbuf, ubuf = _setup(cfg, keyframe_interval=8)
+    rng = np.random.default_rng(5)
+    for n in (M, M, M, 2):  # the 4th episode (2 steps) replaces the first (M steps) in slot 0
+        ep, fin = _episode(rng, cfg, n, M)
+        cbuf, ubuf = (b.add_episode(ep, n, terminated=True, final_obs=fin) for b in (cbuf, ubuf))
+    store = cbuf.host.stores[0]
+    assert (store._chunk[2:M] < 0).all()  # the old steps 2.. of slot 0: their chain's base was rewritten, deleted
+    assert (store._base[[1, M + 1, 2 * M + 1]] == [0, M, 2 * M]).all() and (store._chunk[M:3 * M] >= 0).all()
+    _same(cbuf.get_all(), ubuf.get_all(), "after the replacement")  # every stored frame and final observation
+
+
+def test_temporal_coding_stores_slowly_changing_frames_in_fewer_bytes():
+    step = {"obs": jnp.zeros((32, 32), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    rng = np.random.default_rng(0)
+    frames = np.repeat(rng.integers(0, 256, (1, 32, 32), dtype=np.uint8), 17, axis=0)
+    for t in range(1, 17):  # a few pixels change per step
+        frames[t:, rng.integers(0, 32, 4), rng.integers(0, 32, 4)] = rng.integers(0, 256, 4, dtype=np.uint8)
+    ep = {"obs": frames[:16], "action": np.zeros(16, np.int32), "reward": np.zeros(16, np.float32)}
+    sizes = {}
+    for interval in (1, 8):
+        b = CompressedEpisodeBuffer.create(step, max_episodes=2, max_timesteps=16, codec="zstd:1", dictionary_bytes=0,
+                                           keyframe_interval=interval)
+        b = b.add_episode(ep, 16, terminated=True, final_obs=frames[16])
+        np.testing.assert_array_equal(np.asarray(b.get_all().item["obs"][0]), frames[:16])
+        sizes[interval] = b.host_live_nbytes
+    assert sizes[8] < sizes[1] * 0.6, sizes
+
+
+def test_keyframe_interval_default_and_refusals():
+    step = {"obs": jnp.zeros((4, 4), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    create = lambda **kw: CompressedEpisodeBuffer.create(step, max_episodes=2, max_timesteps=3, **kw)  # noqa: E731
+    assert create().keyframe_interval == jb.compressed.DEFAULT_KEYFRAME_INTERVAL
+    assert create(codec="none").keyframe_interval == 1 and create(codec="none", keyframe_interval=4).keyframe_interval == 4
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="keyframe_interval: expected a Python int >= 1"):
+            create(keyframe_interval=bad)
+
+
+def test_temporal_coding_round_trips_through_a_checkpoint(tmp_path):
+    cfg = CONFIGS["stack0-reset-circular"]
+    step, cbuf, _ = _setup(cfg, keyframe_interval=8)
+    rng = np.random.default_rng(2)
+    for n in (M, 3, M, 4):  # slot 0 replaced
+        ep, fin = _episode(rng, cfg, n, M)
+        cbuf = cbuf.add_episode(ep, n, terminated=False, truncated=True, final_obs=fin)
+    jb.save(tmp_path / "ck", cbuf)
+    got = jb.restore(tmp_path / "ck")
+    assert got.keyframe_interval == 8 and got.host is not cbuf.host
+    _same(got.get_all(), cbuf.get_all(), "restored")
+    ep, fin = _episode(rng, cfg, M, M)
+    got, cbuf = (b.add_episode(ep, M, terminated=True, final_obs=fin) for b in (got, cbuf))  # adds go on as deltas
+    _same(got.get_all(), cbuf.get_all(), "restored, then added to")
+    other = CompressedEpisodeBuffer.create(step, max_episodes=E, max_timesteps=M, meta={"task_id": jnp.int32(-1)},
+                                           frame_stack=K, codec="rle", keyframe_interval=1)
+    with pytest.raises(jb.CheckpointError, match="config 'keyframe_interval'"):
+        jb.restore(tmp_path / "ck", other)
+
+
+def test_a_checkpoint_without_keyframe_interval_restores_whole_frames(tmp_path):
+    """A checkpoint written before `keyframe_interval` existed (every frame whole) restores with K = 1."""
+    cfg = CONFIGS["dict-whole-circular"]
+    _, cbuf, _ = _setup(cfg, keyframe_interval=1)
+    ep, fin = _episode(np.random.default_rng(3), cfg, 4, M)
+    cbuf = cbuf.add_episode(ep, 4, terminated=True, final_obs=fin)
+    root = tmp_path / "ck"
+    jb.save(root, cbuf)
+    meta = json.loads((root / "buffer.json").read_text())
+    del meta["config"]["keyframe_interval"]
+    (root / "buffer.json").write_text(json.dumps(meta))
+    ckpt._write_manifest(root, ckpt._Progress(False, ""))
+    got = jb.restore(root)
+    assert got.keyframe_interval == 1
+    _same(got.get_all(), cbuf.get_all(), "restored")

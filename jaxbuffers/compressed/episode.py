@@ -21,6 +21,14 @@ episode's last frames. This is exact when the observations given are what such a
 episode's start; `split_long=True` is refused with `frame_stack` (a later part's first stacks reach into the part
 before it).
 
+Temporal coding (`keyframe_interval=K`, default and meaning as `jaxbuffers.compressed.CompressedTrajectoryBuffer`'s):
+step `t` of an episode is stored as the bytewise XOR with step `t - 1` of the same episode (a delta, through
+`host_codecs.CompressedStore.put`'s `bases`), except keyframes, stored whole: steps `t` with `t % K == 0`, so every
+episode (and every part of a `split_long` episode) starts with one. Final observations are keyframes. An episode's
+frames are written in one put, so a chain never crosses an episode: when a slot is given a new, shorter episode,
+the old episode's deltas past the new length whose chains reach a rewritten step are deleted with it (the store keeps
+no delta without its base; no stored step reads them). Decoding step `t` decodes at most `K - 1` frames before it. `K = 1` stores every frame whole.
+
 With the same adds and keys, every sampler returns exactly what an `EpisodeBuffer` holding the uncompressed
 observations returns (float32 `x / 255` for compressed leaves with `normalize_images`).
 
@@ -46,12 +54,13 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from jaxbuffers import _compiled, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import FrameStacked, HostStores
-from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
+from jaxbuffers.compressed.trajectory import DEFAULT_CODEC, keyframe_interval_of
 from jaxbuffers.episode import EpisodeBuffer, _is_traced
 from jaxbuffers.episode_sampling import (
     GAMMA, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample, positions,
@@ -73,7 +82,8 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
 
     buffer: EpisodeBuffer  # compressed leaves hold uint8[0] placeholders
     version: jax.Array  # shape=(), dtype=int32: host-store writes included in this state
-    # static: host, leaves, leaf_index, normalize_images, frame_stack, padding (FrameStacked)
+    # static: host, leaves, leaf_index, normalize_images, frame_stack, padding (FrameStacked), and
+    keyframe_interval: int = struct.field(pytree_node=False)  # K: a keyframe at step 0 of every episode and every K steps
 
     @classmethod
     @_validate.keyword_sizes
@@ -82,7 +92,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         circular: bool = True, compress: Sequence[str] | None = None, frame_stack: int | None = None,
         stack_axis: int = 0, padding: str = "reset", codec: str = DEFAULT_CODEC, normalize_images: bool = False,
         obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", chunk_bytes: int = 64 << 20,
-        dictionary_bytes: int | None = None,
+        dictionary_bytes: int | None = None, keyframe_interval: int | None = None,
     ) -> "CompressedEpisodeBuffer":
         """An empty compressed buffer of `max_episodes` episodes of up to `max_timesteps` steps.
 
@@ -99,12 +109,17 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
           normalize_images: sampled compressed leaves come back float32 `x / 255` (uint8 only).
           chunk_bytes: largest host arena chunk.
           dictionary_bytes: as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
+          keyframe_interval: `K` of the temporal coding (module doc): a positive int, 1 for none. Default:
+            `jaxbuffers.compressed.DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (as
+            `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`).
 
         Raises:
           TypeError / ValueError: as `jaxbuffers.EpisodeBuffer.create` and
-            `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (compressed leaves, frames, codec).
+            `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (compressed leaves, frames, codec,
+            `keyframe_interval`).
         """
         spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
+        key = keyframe_interval_of(keyframe_interval, codec)
         inner_step = {**spec, obs_key: _common.replace_leaves(spec[obs_key], idx, [_PLACEHOLDER] * len(idx))}
         inner = EpisodeBuffer.create(
             inner_step, max_episodes=max_episodes, max_timesteps=max_timesteps, meta=meta, circular=circular,
@@ -116,7 +131,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
             chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes,
         )
         return cls(buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
-                   frame_stack=k, padding=padding, normalize_images=bool(normalize_images))
+                   frame_stack=k, padding=padding, normalize_images=bool(normalize_images), keyframe_interval=key)
 
     # ------------------------------------------------------------------------------------------
     # the EpisodeBuffer's configuration and state
@@ -226,7 +241,8 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
     @_compiled.method("batched")
     def _write(self, episodes, lengths, terminated, truncated, final_obs, meta, batched: bool) -> "CompressedEpisodeBuffer":
         """The inner buffer's rows of the episodes with their compressed leaves' newest frames, the frames taken
-        out (placeholders stored instead) and written to the host at the slots the rows went to."""
+        out (placeholders stored instead) and written to the host at the slots the rows went to (steps off a
+        keyframe as deltas against the step before them, module doc)."""
         inner, idx, key = self.buffer, self.leaf_index, self.obs_key
         lead = 2 if batched else 1
         frames = lambda obs, n: _common.replace_leaves(  # noqa: E731
@@ -243,7 +259,11 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         slots = jnp.concatenate([(slot[:, None] * m + t).reshape(-1), e * m + slot])
         valid = jnp.concatenate([(kept[:, None] & (t < rows["lengths"][:, None])).reshape(-1), kept])
         datas = [jnp.concatenate([s.reshape(r * m, *i.frame_shape), f]) for s, f, i in zip(steps, finals, self.leaves)]
-        return self.replace(buffer=new, version=_common.write(self.host, self.version, slots, valid, datas))
+        bases = None
+        if self.keyframe_interval > 1:  # step t's base: step t - 1 of its slot; keyframes (and finals) -1
+            delta = jnp.broadcast_to(t % self.keyframe_interval != 0, (r, m))
+            bases = jnp.concatenate([jnp.where(delta, slot[:, None] * m + t - 1, -1).reshape(-1), jnp.full((r,), -1, jnp.int32)])
+        return self.replace(buffer=new, version=_common.write(self.host, self.version, slots, valid, datas, bases))
 
     # ------------------------------------------------------------------------------------------
     # in-place edits

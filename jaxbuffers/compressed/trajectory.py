@@ -85,6 +85,18 @@ _BETA = {"beta": (0.0, float("inf"))}
 _GAMMA_BETA = {**_GAMMA, **_BETA}
 
 
+def keyframe_interval_of(keyframe_interval: int | None, codec: str) -> int:
+    """The checked `keyframe_interval` argument of a compressed buffer's `create`: `None` gives
+    `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (deltas of raw entries save nothing).
+
+    Raises:
+      ValueError: not a positive int (`jaxbuffers._validate.static_int`); an unknown codec.
+    """
+    if keyframe_interval is None:
+        keyframe_interval = 1 if get_codec(codec).name == "none" else DEFAULT_KEYFRAME_INTERVAL
+    return _validate.static_int("keyframe_interval", keyframe_interval)
+
+
 def _steps(inner) -> TrajectoryBuffer:
     """The `TrajectoryBuffer` of a uniform or prioritised inner buffer."""
     return inner.buffer if isinstance(inner, PrioritisedTrajectoryBuffer) else inner
@@ -99,9 +111,7 @@ def _build(
     """Shared part of both `create`s: returns (inner example step, final-obs ring size, config)."""
     num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
     spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
-    if keyframe_interval is None:  # deltas of raw entries save nothing: whole frames without a codec
-        keyframe_interval = 1 if get_codec(codec).name == "none" else DEFAULT_KEYFRAME_INTERVAL
-    key = _validate.static_int("keyframe_interval", keyframe_interval)
+    key = keyframe_interval_of(keyframe_interval, codec)
     kcap = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
     obs_spec = spec[obs_key]
     ring = length + k - 1 + key - 1
