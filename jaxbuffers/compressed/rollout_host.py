@@ -89,7 +89,7 @@ class RolloutHostWriter:
             given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
             raise ValueError(f"{given}: given without {missing}; pass both or neither")
         given = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
-        fields = {k: self._defaults[k] if x is None else np.asarray(_validate.array(k, x, (n,), self._fields[k].dtype))
+        fields = {k: self._defaults[k] if x is None and k in self._defaults else np.asarray(_validate.array(k, x, (n,), self._fields[k].dtype))
                   for k, x in given.items()}
         self._state.host.check_state("add")
         if self.row >= self._steps:
