@@ -389,6 +389,19 @@ def static_float(name: str, value, lo: float, hi: float) -> float:
     return value
 
 
+def timeout(name: str, value) -> float | None:
+    """A wait's limit in seconds: None or a Python or numpy number ``>= 0`` (not a bool), as ``float``; ``inf`` is
+    no limit (None).
+
+    Raises:
+      TypeError: not a number or None; ValueError: negative or NaN. Messages name the argument.
+    """
+    if value is None:
+        return None
+    value = static_float(name, value, 0.0, float("inf"))
+    return None if value == float("inf") else value
+
+
 _KINDS = {"floating": jnp.floating, "integer": jnp.integer, "bool": jnp.bool_}
 
 
