@@ -95,11 +95,13 @@ def rollout_stats(buf: Any, draws: Any = None) -> RolloutStats:
 
     Raises:
       TypeError: `buf` not a (compressed) rollout buffer; `draws` not integer.
-      ValueError: concrete `draws` outside `[0, T * N)` (traced ones there, negatives included, are not counted).
+      ValueError: `buf` stacked (vmapped: map `rollout_stats` with `jax.vmap` instead); concrete `draws` outside
+        `[0, T * N)` (traced ones there, negatives included, are not counted).
     """
     from jaxbuffers.rollout_diagnostics import _inner
 
     inner = _inner(buf)
+    _validate.unstacked("buf", buf, inner.step_index, "map over the members with jax.vmap(rollout_stats)(buf, draws)")
     total = inner.num_steps * inner.num_envs
     if isinstance(draws, RolloutMinibatch):
         draws = draws.index

@@ -35,6 +35,19 @@ def test_bad_buffer(buf):
     refused(lambda: jb.rollout_stats(buf, [0]), "buf")
 
 
+STACKED = jax.vmap(lambda r: BUF.replace(reward=BUF.reward + r))(jnp.arange(2, dtype=jnp.float32))
+
+
+def test_stacked_buffer_refused_and_mapped():
+    """A stacked (vmapped) rollout is refused naming `buf` (it reached JAX's broadcasting error); mapped over with
+    `jax.vmap`, each member's statistics are those of that member alone."""
+    refused(lambda: jb.rollout_stats(STACKED, [0]), "buf", state=STACKED, exc=(ValueError,))
+    mapped = jax.vmap(jb.rollout_stats)(STACKED, jnp.zeros((2, 1), jnp.int32))
+    for i in range(2):
+        member = jax.tree.map(lambda x: x[i], STACKED)
+        assert snapshot(jax.tree.map(lambda x: x[i], mapped)) == snapshot(jb.rollout_stats(member, [0]))
+
+
 @SETTINGS
 @given(draws=non_arrays(host_vector=True).filter(lambda v: v is not None and type(v) is not int)
        | st.sampled_from([np.ones(2, np.float32), np.ones(2, np.bool_), jnp.ones(3, jnp.float32), False, 1.0]))

@@ -402,6 +402,16 @@ def timeout(name: str, value) -> float | None:
     return None if value == float("inf") else value
 
 
+def unstacked(name: str, buffer, counter, hint: str) -> None:
+    """A buffer whose scalar `counter` (a cursor) has no stack axes: not a stacked (vmapped) state.
+
+    Raises:
+      ValueError: naming `name`, the stack shape and `hint` (how to reach one member, or map over them).
+    """
+    if np.ndim(counter):
+        raise ValueError(f"{name}: a stacked (vmapped) {type(buffer).__name__} of stack shape {np.shape(counter)}; {hint}")
+
+
 _KINDS = {"floating": jnp.floating, "integer": jnp.integer, "bool": jnp.bool_}
 
 
