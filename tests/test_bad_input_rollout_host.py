@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import jaxbuffers as jb
 from bad_inputs import SETTINGS, corrupt, non_arrays, refused, snapshot, wrong_dtype, wrong_shape
 from compressed_bad_input import host_record
-from jaxbuffers.compressed import CompressedRolloutBuffer, RolloutHostWriter
+from jaxbuffers.compressed import CompressedRolloutBuffer, RolloutHostWriter, StaleBufferError
 
 N, T, K, H, W = 2, 4, 3, 3, 4
 EXAMPLE = {"pixels": jnp.zeros((K, H, W), jnp.uint8), "vec": jnp.zeros((2,), jnp.float32)}
@@ -55,6 +55,20 @@ FIELD = st.sampled_from(sorted(fields()))
                 | st.builds(lambda: RolloutHostWriter(CompressedRolloutBuffer.create(EXAMPLE, num_envs=N, num_steps=T, compress=("pixels",), codec="rle"))))
 def test_create_bad_buffer(buffer):
     refused(lambda: RolloutHostWriter(buffer), "buffer")
+
+
+def test_create_refuses_stacked_stale_and_closed_buffers():
+    """Each reached the writer (a stacked one as a Python conversion error; a stale or closed one was taken, and the
+    stale one's adds would have overwritten frames the newer state reads)."""
+    make = lambda: CompressedRolloutBuffer.create(EXAMPLE, num_envs=N, num_steps=T, compress=("pixels",), codec="rle")  # noqa: E731
+    refused(lambda: RolloutHostWriter(jax.vmap(lambda _: make())(jnp.arange(2))), "buffer", exc=(ValueError,))
+    old = make()
+    new = old.add(step(), **fields())
+    refused(lambda: RolloutHostWriter(old), "buffer", state=lambda: host_record(new.host), exc=(StaleBufferError,))
+    RolloutHostWriter(new)  # the newest state is taken
+    closed = make()
+    closed.close()
+    refused(lambda: RolloutHostWriter(closed), "buffer", exc=(RuntimeError,))
 
 
 @SETTINGS
