@@ -97,7 +97,7 @@ def test_open_w_refuses_a_buffer_it_cannot_take(kind, over):
 
 @FEW
 @given(buffer=st.sampled_from([None, 3, jb.ReplayBuffer.create(STEP, 4), make()]),
-       buffers=st.sampled_from([None, 3, "ab", [], [None], [BUF, 3], {"a": BUF}]))
+       buffers=st.sampled_from([None, 3, "ab", [], [None], [BUF, 3], {"a": BUF}, [jax.vmap(lambda _: make())(jnp.arange(2))]]))
 def test_flush_and_concatenated_bad_arguments(buffer, buffers):
     refused(lambda: disk.flush(buffer), "buffer", state=stored)
     refused(lambda: disk.Concatenated.create(buffers), ("buffers", "buffers[0]", "buffers[1]"), state=stored)
@@ -222,11 +222,14 @@ def episodes(path=None, meta=jnp.int32(0)):
 EPS = [episodes(ROOT / "eps"), episodes()]  # one on disk, one in memory
 CATE = disk.ConcatenatedEpisodes.create(EPS)
 OTHER_META = episodes(meta=jnp.int16(0))
+STACKED = jax.vmap(lambda _: jb.CompressedEpisodeBuffer.create(EP_STEP, max_episodes=2, max_timesteps=4, codec="none"))(jnp.arange(2))
 
 
 @FEW
-@given(buffers=st.sampled_from([None, 3, "ab", [], [None], {"a": EPS[0]}, [EPS[0], 3], [EPS[0], BUF], [BUF], [EPS[1], OTHER_META], iter(EPS)]))
+@given(buffers=st.sampled_from([None, 3, "ab", [], [None], {"a": EPS[0]}, [EPS[0], 3], [EPS[0], BUF], [BUF], [EPS[1], OTHER_META], iter(EPS),
+                                    [STACKED]]))
 @example(buffers=[EPS[0], OTHER_META])  # named: the differing configuration field of buffers[1]
+@example(buffers=[STACKED])  # alone (no other buffer to differ from) it was taken, and its samplers failed in JAX's broadcasting
 def test_concatenated_episodes_bad_buffers(buffers):
     refused(lambda: disk.ConcatenatedEpisodes.create(buffers), ("buffers", "buffers[0]", "buffers[1]"), state=stored)
 
