@@ -59,7 +59,7 @@ def test_create_bad_buffer(buffer):
 
 def test_create_refuses_stacked_stale_and_closed_buffers():
     """Each reached the writer (a stacked one as a Python conversion error; a stale or closed one was taken, and the
-    stale one's adds would have overwritten frames the newer state reads)."""
+    stale one's adds would have overwritten frames the newer state reads); a store closed later refuses `add`."""
     make = lambda: CompressedRolloutBuffer.create(EXAMPLE, num_envs=N, num_steps=T, compress=("pixels",), codec="rle")  # noqa: E731
     refused(lambda: RolloutHostWriter(jax.vmap(lambda _: make())(jnp.arange(2))), "buffer", exc=(ValueError,))
     old = make()
@@ -69,6 +69,9 @@ def test_create_refuses_stacked_stale_and_closed_buffers():
     closed = make()
     closed.close()
     refused(lambda: RolloutHostWriter(closed), "buffer", exc=(RuntimeError,))
+    w = writer(1)
+    w._state.host.close()  # closed while the writer holds it: add refused, the mirrors as they were
+    refused(lambda: w.add(step(), **fields()), "add", state=lambda: {k: v for k, v in state(w).items() if k != "host"}, exc=(RuntimeError,))
 
 
 @SETTINGS
