@@ -302,9 +302,15 @@ class PendingSave:
     def wait(self, timeout: float | None = None) -> Path:
         """Block until the checkpoint is in place and return its folder; re-raise the save's error, if any.
 
+        Args:
+          timeout: None (no limit) or a number of seconds `>= 0` (`inf`: no limit).
+
         Raises:
           TimeoutError: not finished within `timeout` seconds (the save goes on).
+          TypeError, ValueError: `timeout` not a number or None / negative or NaN (checked before waiting, whether
+            or not the save has finished).
         """
+        timeout = _validate.timeout("timeout", timeout)
         try:
             return self._future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -334,7 +340,7 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
 
     Raises:
       TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer,
-        `progress` not a bool or None (all checked before anything is created).
+        `progress` not a bool or None, `blocking` not a bool (all checked before anything is created).
       FileExistsError: `directory` exists and is not a checkpoint (nothing is deleted).
       StaleBufferError: a compressed buffer state older than its host store.
       NotImplementedError: `jax.process_count() > 1`.
@@ -348,6 +354,7 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
     _describe(buffer)  # its TypeErrors before anything is created
     if progress is not None:
         _validate.static_bool("progress", progress)
+    blocking = _validate.static_bool("blocking", blocking)
     with _PENDING_LOCK:
         pending = _PENDING.get(path)
     if pending is not None:

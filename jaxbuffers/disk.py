@@ -300,7 +300,8 @@ def _same_configuration(buffers: Sequence[Any], cls: type, sizes: tuple[str, ...
 
     Raises:
       TypeError: not a list or tuple, no buffer, or a buffer of another class.
-      ValueError: a configuration field that differs from `buffers[0]`'s (the message names it).
+      ValueError: a stacked (vmapped) buffer, or a configuration field that differs from `buffers[0]`'s (the message
+        names it).
     """
     buffers = tuple(_validate.instance("buffers", buffers, (list, tuple), f"a list of {cls.__name__}s"))
     if not buffers:
@@ -310,6 +311,7 @@ def _same_configuration(buffers: Sequence[Any], cls: type, sizes: tuple[str, ...
     for i, b in enumerate(buffers):
         if type(b) is not cls:
             raise TypeError(f"buffers[{i}]: expected a {cls.__name__}, got {type(b).__name__}")
+        _validate.unstacked(f"buffers[{i}]", b, b.version, "give one member's state, jax.tree.map(lambda x: x[j], buffer)")
         like = b.host.like if isinstance(b.host, DiskStores) else b.host
         cfg = checkpoint._json_config({k: v for k, v in describe(b.replace(host=like)).items() if k not in sizes})
         if ref is None:
@@ -356,7 +358,8 @@ class Concatenated(struct.PyTreeNode):
 
         Raises:
           TypeError: not a list or tuple, no buffer, or a buffer of another class.
-          ValueError: a configuration field that differs from `buffers[0]`'s (the message names it).
+          ValueError: a stacked (vmapped) buffer, or a configuration field that differs from `buffers[0]`'s (the
+            message names it).
         """
         return cls(buffers=_same_configuration(buffers, CompressedTrajectoryBuffer, _FIXED_SIZES))
 
@@ -458,7 +461,8 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
 
         Raises:
           TypeError: no buffer, or a buffer of another class.
-          ValueError: a configuration field other than the sizes that differs from `buffers[0]`'s (named).
+          ValueError: a stacked (vmapped) buffer; a configuration field other than the sizes that differs from
+            `buffers[0]`'s (named).
         """
         return cls(buffers=_same_configuration(buffers, CompressedEpisodeBuffer, _EPISODE_SIZES))
 

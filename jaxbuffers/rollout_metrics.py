@@ -95,11 +95,13 @@ def rollout_stats(buf: Any, draws: Any = None) -> RolloutStats:
 
     Raises:
       TypeError: `buf` not a (compressed) rollout buffer; `draws` not integer.
-      ValueError: concrete `draws` outside `[0, T * N)` (traced ones there, e.g. -1, are not counted).
+      ValueError: `buf` stacked (vmapped: map `rollout_stats` with `jax.vmap` instead); concrete `draws` outside
+        `[0, T * N)` (traced ones there, negatives included, are not counted).
     """
     from jaxbuffers.rollout_diagnostics import _inner
 
     inner = _inner(buf)
+    _validate.unstacked("buf", buf, inner.step_index, "map over the members with jax.vmap(rollout_stats)(buf, draws)")
     total = inner.num_steps * inner.num_envs
     if isinstance(draws, RolloutMinibatch):
         draws = draws.index
@@ -114,7 +116,7 @@ def rollout_stats(buf: Any, draws: Any = None) -> RolloutStats:
 @jax.jit
 def _stats(inner, draws: jax.Array) -> RolloutStats:
     total = inner.num_steps * inner.num_envs
-    draws = jnp.where((draws >= 0) & (draws < total), draws, total)  # traced out-of-range draws: dropped, never wrapped
+    draws = jnp.where((draws >= 0) & (draws < total), draws, total)  # no negative indexing: out of range is dropped
     counts = jnp.zeros((total,), jnp.int32).at[draws].add(1, mode="drop").reshape(inner.num_steps, inner.num_envs)
     mask = inner.learn_mask()
     n = jnp.sum(mask, dtype=jnp.int32)

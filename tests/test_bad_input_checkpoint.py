@@ -113,3 +113,47 @@ def test_accepted_forms_restore_the_saved_buffer(path_form, target, sharding):
     dev = jax.devices()[0]
     shd = {"none": None, "device": dev, "sharding": jax.sharding.SingleDeviceSharding(dev)}[sharding]
     assert snapshot(jb.restore(path, tgt, sharding=shd, progress=False)) == snapshot(BUF)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# save(..., blocking=False) and PendingSave.wait
+
+PENDING = jb.save(ROOT / "background", BUF, progress=False, blocking=False)
+PENDING.wait()
+
+
+@SETTINGS
+@given(blocking=st.sampled_from(["False", "True", 0, 1, None, [True], np.array([False]), jnp.bool_(False)]),
+       directory=BAD_PATHS, buffer=st.sampled_from([None, 3, BUF.storage]))
+@example(blocking="False", directory=None, buffer=None)  # a truthy string saved in the foreground
+@example(blocking=0, directory=None, buffer=None)  # 0 saved in the background
+def test_save_bad_blocking_and_bad_arguments_of_a_background_save(blocking, directory, buffer):
+    """Refused by the call itself, before a folder is created or a thread started."""
+    refused(lambda: jb.save(ROOT / "new", BUF, blocking=blocking), "blocking", state=on_disk)
+    refused(lambda: jb.save(directory, BUF, blocking=False), "directory", state=on_disk)
+    refused(lambda: jb.save(ROOT / "new", buffer, blocking=False), "buffer", state=on_disk)
+    refused(lambda: jb.save(ROOT / "new", BUF, progress="x", blocking=False), "progress", state=on_disk)
+    assert not (ROOT / "new").exists()
+
+
+@SETTINGS
+@given(timeout=st.sampled_from(["1", True, [1.0], np.array([1.0]), 1j, float("nan"), jnp.float32(1)])
+       | st.floats(-1e9, 0.0, exclude_max=True) | st.integers(-(2**40), -1))
+@example(timeout="1")  # a finished save returned its folder for any timeout
+@example(timeout=-1.0)
+def test_wait_bad_timeout(timeout):
+    """Refused naming `timeout`, whether or not the save has finished; the checkpoint is kept."""
+    refused(lambda: PENDING.wait(timeout), "timeout", state=on_disk)
+
+
+@FEW
+@given(timeout=st.sampled_from([None, 0, 0.0, 5, 2.5, np.float32(5), np.int64(5), float("inf")]),
+       blocking=st.sampled_from([False, np.False_]))
+def test_wait_accepted_timeouts_give_the_saved_buffer(timeout, blocking):
+    """A background save (`blocking` False or numpy's False) waited for with any accepted `timeout` holds exactly the
+    buffer of the call, as a blocking save."""
+    pending = jb.save(ROOT / "background", BUF, progress=False, blocking=blocking)
+    assert isinstance(pending, jb.PendingSave)
+    pending.wait()
+    assert pending.done() and pending.wait(timeout) == ROOT / "background"
+    assert snapshot(jb.restore(ROOT / "background", BUF, progress=False)) == snapshot(BUF)

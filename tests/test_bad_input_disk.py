@@ -97,7 +97,7 @@ def test_open_w_refuses_a_buffer_it_cannot_take(kind, over):
 
 @FEW
 @given(buffer=st.sampled_from([None, 3, jb.ReplayBuffer.create(STEP, 4), make()]),
-       buffers=st.sampled_from([None, 3, "ab", [], [None], [BUF, 3], {"a": BUF}]))
+       buffers=st.sampled_from([None, 3, "ab", [], [None], [BUF, 3], {"a": BUF}, [jax.vmap(lambda _: make())(jnp.arange(2))]]))
 def test_flush_and_concatenated_bad_arguments(buffer, buffers):
     refused(lambda: disk.flush(buffer), "buffer", state=stored)
     refused(lambda: disk.Concatenated.create(buffers), ("buffers", "buffers[0]", "buffers[1]"), state=stored)
@@ -197,3 +197,76 @@ def test_device_state_unchanged():
     """After the refusals of this module (and in a run of this test alone), the disk buffer's device arrays hold
     their bytes."""
     assert snapshot(BUF.replace(host=None)) == DEVICE
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ConcatenatedEpisodes
+
+EP_STEP = {"obs": jnp.zeros((3,), jnp.int32), "action": jnp.int32(0), "reward": jnp.float32(0)}
+
+
+def episodes(path=None, meta=jnp.int32(0)):
+    """A compressed episode buffer of 2 episodes (lengths 3 and 2; obs [i, t, i + t]), in `path` (flushed) when given."""
+    buf = jb.CompressedEpisodeBuffer.create(EP_STEP, max_episodes=2, max_timesteps=4, codec="none", meta={"task": meta})
+    buf = buf if path is None else disk.open(path, "w", buf)
+    i, t = np.arange(2)[:, None], np.arange(5)[None, :]
+    obs = np.stack(np.broadcast_arrays(i, t, i + t), -1).astype(np.int32)
+    eps = {"obs": obs[:, :4], "action": obs[:, :4, 1], "reward": np.zeros((2, 4), np.float32)}
+    buf = buf.add_episodes(eps, np.array([3, 2], np.int32), terminated=np.ones(2, bool), final_obs=obs[[0, 1], [3, 2]],
+                           meta={"task": np.array([0, 1], meta.dtype)})
+    if path is not None:
+        disk.flush(buf)
+    return buf
+
+
+EPS = [episodes(ROOT / "eps"), episodes()]  # one on disk, one in memory
+CATE = disk.ConcatenatedEpisodes.create(EPS)
+OTHER_META = episodes(meta=jnp.int16(0))
+STACKED = jax.vmap(lambda _: jb.CompressedEpisodeBuffer.create(EP_STEP, max_episodes=2, max_timesteps=4, codec="none"))(jnp.arange(2))
+
+
+@FEW
+@given(buffers=st.sampled_from([None, 3, "ab", [], [None], {"a": EPS[0]}, [EPS[0], 3], [EPS[0], BUF], [BUF], [EPS[1], OTHER_META], iter(EPS),
+                                    [STACKED]]))
+@example(buffers=[EPS[0], OTHER_META])  # named: the differing configuration field of buffers[1]
+@example(buffers=[STACKED])  # alone (no other buffer to differ from) it was taken, and its samplers failed in JAX's broadcasting
+def test_concatenated_episodes_bad_buffers(buffers):
+    refused(lambda: disk.ConcatenatedEpisodes.create(buffers), ("buffers", "buffers[0]", "buffers[1]"), state=stored)
+
+
+BAD_WHERE = st.sampled_from([
+    "x", 3, True, np.ones(2, bool), [np.ones(2, bool)], [np.ones(2, bool)] * 3, [np.ones(2, bool), np.ones(3, bool)],
+    [np.ones(2, np.int32)] * 2, [[True, True]] * 2, [None, np.ones(2, bool)], lambda m: m["task"], lambda m: None,
+    lambda m: np.ones(3, bool),
+])
+
+
+@FEW
+@given(key=bad_keys(), size=bad_static_ints(), gamma=bad_unit_scalars(), where=BAD_WHERE)
+@example(key=None, size=2.0, gamma=7.0, where=lambda m: m["task"])
+def test_concatenated_episodes_sampling_bad_arguments(key, size, gamma, where):
+    k = jax.random.key(0)
+    for name, call in [("sample_episodes", lambda c, **kw: c.sample_episodes(**kw)),
+                       ("sample_timesteps", lambda c, **kw: c.sample_timesteps(**kw)),
+                       ("sample_transitions", lambda c, **kw: c.sample_transitions(**kw, gamma=0.9)),
+                       ("sample_sequences", lambda c, **kw: c.sample_sequences(sequence_length=2, **kw))]:
+        refused(lambda: call(CATE, key=key, batch_size=2), "key", state=stored)
+        refused(lambda: call(CATE, key=k, batch_size=size), "batch_size", state=stored)
+        refused(lambda: call(CATE, key=k, batch_size=2, where=where), "where", state=stored)
+    refused(lambda: CATE.sample_transitions(k, 2, gamma=gamma), "gamma", state=stored)
+    refused(lambda: CATE.sample_transitions(k, 2, n_step=size, gamma=0.9), "n_step", state=stored)
+    refused(lambda: CATE.sample_sequences(k, 2, size), "sequence_length", state=stored)
+    refused(lambda: CATE.can_sample(size), "batch_size", state=stored)
+    refused(lambda: CATE.can_sample(2, where=where), "where", state=stored)
+    refused(lambda: CATE.can_sample_sequences(2, size), "sequence_length", state=stored)
+
+
+def test_concatenated_episodes_where_forms_give_the_same_samples():
+    """`where` as a function of the meta dict, a list of numpy masks or a tuple of JAX masks: the same samples, every
+    row from an episode that passes (task 1: the second episode of each buffer, obs [1, t, 1 + t])."""
+    k = jax.random.key(3)
+    forms = [lambda m: m["task"] == 1, [np.array([False, True])] * 2, (jnp.array([False, True]),) * 2]
+    got = [snapshot(CATE.sample_timesteps(k, 8, where=w)) for w in forms]
+    assert got[0] == got[1] == got[2]
+    obs = np.asarray(CATE.sample_timesteps(k, 8, where=forms[0]).sample.item["obs"])
+    assert (obs[:, 0] == 1).all() and (obs[:, 1] < 2).all() and (obs[:, 2] == 1 + obs[:, 1]).all()

@@ -389,6 +389,29 @@ def static_float(name: str, value, lo: float, hi: float) -> float:
     return value
 
 
+def timeout(name: str, value) -> float | None:
+    """A wait's limit in seconds: None or a Python or numpy number ``>= 0`` (not a bool), as ``float``; ``inf`` is
+    no limit (None).
+
+    Raises:
+      TypeError: not a number or None; ValueError: negative or NaN. Messages name the argument.
+    """
+    if value is None:
+        return None
+    value = static_float(name, value, 0.0, float("inf"))
+    return None if value == float("inf") else value
+
+
+def unstacked(name: str, buffer, counter, hint: str) -> None:
+    """A buffer whose scalar `counter` (a cursor) has no stack axes: not a stacked (vmapped) state.
+
+    Raises:
+      ValueError: naming `name`, the stack shape and `hint` (how to reach one member, or map over them).
+    """
+    if np.ndim(counter):
+        raise ValueError(f"{name}: a stacked (vmapped) {type(buffer).__name__} of stack shape {np.shape(counter)}; {hint}")
+
+
 _KINDS = {"floating": jnp.floating, "integer": jnp.integer, "bool": jnp.bool_}
 
 

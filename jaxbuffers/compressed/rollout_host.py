@@ -37,6 +37,10 @@ class RolloutHostWriter:
       buffer: the buffer to continue (its filled rows are read back into the mirrors once). The writer owns it
         from now on: add through the writer, and use the state `flush` returns.
 
+    Raises:
+      TypeError: `buffer` not a `CompressedRolloutBuffer`. ValueError: a stacked (vmapped) one.
+      StaleBufferError: not the state returned by the buffer's last add. RuntimeError: the buffer was closed.
+
     Memory: the mirrors hold the rollout's uncompressed leaves and per-step fields a second time on the host
     (`mirror_nbytes`); the compressed leaves only in the host stores.
     """
@@ -44,6 +48,8 @@ class RolloutHostWriter:
     def __init__(self, buffer: CompressedRolloutBuffer):
         if not isinstance(buffer, CompressedRolloutBuffer):
             raise TypeError(f"buffer: expected a jaxbuffers.compressed.CompressedRolloutBuffer, got {type(buffer).__name__}")
+        _validate.unstacked("buffer", buffer, buffer.buffer.step_index, "give the writer one member's state")
+        buffer.host.check_state("RolloutHostWriter(buffer)", int(buffer.version))
         self._state = buffer
         inner = buffer.buffer
         self._steps, self._envs, self._k = inner.num_steps, inner.num_envs, buffer.frame_stack
@@ -89,7 +95,7 @@ class RolloutHostWriter:
             given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
             raise ValueError(f"{given}: given without {missing}; pass both or neither")
         given = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
-        fields = {k: self._defaults[k] if x is None else np.asarray(_validate.array(k, x, (n,), self._fields[k].dtype))
+        fields = {k: self._defaults[k] if x is None and k in self._defaults else np.asarray(_validate.array(k, x, (n,), self._fields[k].dtype))
                   for k, x in given.items()}
         self._state.host.check_state("add")
         if self.row >= self._steps:
