@@ -221,6 +221,10 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
     if traced:
         import tracemalloc
 
+        warm = cls(256, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+        for i in range(256):  # lazy imports and compiled code of the first adds: outside the measured window
+            add(warm, i % m)
+        del warm
         tracemalloc.start()
     rss0 = proc.memory_info().rss
     buf = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
