@@ -200,9 +200,10 @@ def test_restored_leaves_are_jax_arrays_and_donation_is_in_place(tmp_path):
     got = jb.restore(tmp_path / "ck", sharding=jax.devices()[0])
     assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(got))
     add = jax.jit(jb.PrioritisedReplayBuffer.add, donate_argnums=0)
-    ptrs = [x.unsafe_buffer_pointer() for x in jax.tree.leaves(got)]
+    held = lambda b: [x.unsafe_buffer_pointer() for x in jax.tree.leaves(b) if x.size]  # noqa: E731 - a zero-size leaf has no storage to keep
+    ptrs = held(got)
     new = add(got, _rand(np.random.default_rng(1), ITEM, (3,)))
-    assert [x.unsafe_buffer_pointer() for x in jax.tree.leaves(new)] == ptrs
+    assert held(new) == ptrs
 
 
 def test_restore_into_a_template(tmp_path):

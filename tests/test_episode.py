@@ -224,7 +224,7 @@ def run_model(data, use_jit: bool):
                 assert bool(sq.terminated[b, -1]) == (end and ep["term"]) and not np.any(np.asarray(sq.terminated[b, :-1]))
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(data=st.data())
 def test_model_based_jit(data):
     run_model(data, True)

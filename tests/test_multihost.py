@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 ADDS, ROWS, CAPACITY, DRAWS = 3, 4, 8, 256  # per add, each process gives ROWS rows to each of its 2 shards
 
@@ -57,6 +58,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two JAX processes on localhost; python -m pytest -m slow tests/test_multihost.py
 def test_two_processes_sample_one_global_buffer(tmp_path):
     from scipy.stats import chi2
 
