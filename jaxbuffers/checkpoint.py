@@ -191,6 +191,7 @@ def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
 
 
 @jax.jit
+@jax.jit
 def _copy(arrays: list) -> list:
     return [jnp.copy(x) for x in arrays]
 

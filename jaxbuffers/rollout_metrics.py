@@ -100,8 +100,7 @@ def rollout_stats(buf: Any, draws: Any = None) -> RolloutStats:
     """
     from jaxbuffers.rollout_diagnostics import _inner
 
-    inner = _inner(buf)
-    _validate.unstacked("buf", buf, inner.step_index, "map over the members with jax.vmap(rollout_stats)(buf, draws)")
+    inner = _inner(buf)  # refuses a stacked rollout outside jax.vmap
     total = inner.num_steps * inner.num_envs
     if isinstance(draws, RolloutMinibatch):
         draws = draws.index
