@@ -8,8 +8,8 @@ Counted on the device, inside the training step, as ordinary state leaves (saved
 * ages: for each recorded draw, the items (steps per lane, episodes) added after the drawn one, as of the
   `record` call: `age_sum`, `age_max`, and `age_hist`, bin `k = floor(log2(age + 1))` (ages `[2**k - 1,
   2**(k+1) - 2]`, the last bin open);
-* per position, with `metrics=True` at `create` (off by default: it adds a scatter of the batch to every add and
-  `record`, while the counters above cost a few scalar operations): `sample_count`, draws recorded since the
+* per position, with `metrics=True` at `create` (off by default: it adds a write of the batch's slots to every add
+  and a scatter of the batch to every `record`): `sample_count`, draws recorded since the
   position was last written (an add resets it).
 
 `sample` stays pure: a training step records what it drew with `buf = buf.record(sample)` (cost O(batch)). Ages are
@@ -17,7 +17,7 @@ those at `record` time, the same as at sample time when no add comes between. A 
 prioritised buffers') is checked against the slot's current generation, so a draw whose slot was overwritten meanwhile
 is counted as `stale` and nowhere else; a uniform sample is taken to be of the buffer it is recorded into.
 
-Histogram bins saturate at `2**31 - 1` rather than wrap; a position's count stops within one batch of it. `stats()` reads everything back as
+Histogram bins and position counts stop at `2**31 - 1` rather than wrap. `stats()` reads everything back as
 a host-side dict.
 """
 
@@ -66,14 +66,19 @@ class Metrics(struct.PyTreeNode):
             age_max=jnp.int32(0), age_hist=jnp.zeros((NUM_AGE_BINS,), jnp.int32), per_slot=per_slot,
         )
 
-    def written(self, slots: jax.Array, axis: int = 0, in_bounds: bool = True) -> "Metrics":
-        """Reset `sample_count` at the written `slots` (distinct int32, along `axis`; with `in_bounds=False` the
-        slots outside the axis are ignored). O(slots), in place when donated."""
+    def written(self, head: jax.Array, count: int, axis: int = 0) -> "Metrics":
+        """Reset `sample_count` at the `count` ring slots written from `head` on (static `count`, along `axis`;
+        `jaxbuffers._ring.fill`). O(count), in place when donated."""
         if not self.per_slot:
             return self
-        at = (slice(None),) * axis + (slots,)
-        mode = "promise_in_bounds" if in_bounds else "drop"
-        return self.replace(sample_count=self.sample_count.at[at].set(0, unique_indices=True, mode=mode))
+        return self.replace(sample_count=_ring.fill(self.sample_count, 0, head, count, axis))
+
+    def written_at(self, slots: jax.Array) -> "Metrics":
+        """Reset `sample_count` at the written `slots` (distinct int32; slots outside `[0, positions)` are ignored).
+        O(slots), in place when donated."""
+        if not self.per_slot:
+            return self
+        return self.replace(sample_count=self.sample_count.at[slots].set(0, unique_indices=True, mode="drop"))
 
     def recorded(self, positions, generations, added, head, num_valid, ring: int, lanes: int = 1) -> "Metrics":
         """Count draws at flat `positions` (int32[B], `lane * ring + slot`) of `lanes` rings of `ring` slots with
@@ -85,29 +90,39 @@ class Metrics(struct.PyTreeNode):
         ok = (positions >= 0) & (positions < lanes_ring) & (age < num_valid)  # held: the newest num_valid slots
         if generations is not None:
             ok = ok & (_ring.last_item_number(added, head, slot, ring) == generations)
-        # One vectorised reduction (a scatter-add of the batch runs serially on CPU, and each reduction is a pass of
-        # its own): per draw, its age bin one-hot (a stale draw falls in no bin, so the bins also count the draws)
-        # and its age split in 16-bit halves (their int32 sums cannot wrap for B < 2**15).
-        bins = jnp.where(ok, jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), NUM_AGE_BINS)
         ok_age = jnp.where(ok, age, 0)
-        cols = jnp.concatenate([bins[:, None] == jnp.arange(NUM_AGE_BINS, dtype=jnp.int32)[None, :],
-                                jnp.stack([ok_age >> 16, ok_age & 0xFFFF], axis=1)], axis=1, dtype=jnp.int32)
-        sums = jnp.sum(cols, axis=0, dtype=jnp.int32)
-        inc = sums[:NUM_AGE_BINS]
-        n = jnp.sum(inc, dtype=jnp.int32)
-        age_sum = sums[NUM_AGE_BINS].astype(jnp.float32) * 65536.0 + sums[NUM_AGE_BINS + 1].astype(jnp.float32)
+        # One pass over the batch for the totals: drawn, the age in 16-bit halves (their int32 sums cannot wrap for
+        # B < 2**15) and the largest age. The bins and the positions are counted by a scatter of saturating
+        # increments each (a stale draw goes past the end and is dropped), which beats a one-hot sum on CPU.
+        z = jnp.int32(0)
+        n, age_hi, age_lo, age_max = jax.lax.reduce(
+            (ok.astype(jnp.int32), ok_age >> 16, ok_age & 0xFFFF, ok_age), (z, z, z, z),
+            lambda x, y: (x[0] + y[0], x[1] + y[1], x[2] + y[2], jnp.maximum(x[3], y[3])), (0,))
+        bins = jnp.where(ok, jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), NUM_AGE_BINS)
         new = self.replace(
             sampled=_ring.counter_add(self.sampled, n), record_calls=_ring.counter_add(self.record_calls, 1),
-            stale=_ring.counter_add(self.stale, b - n), age_sum=self.age_sum + age_sum,
-            age_max=jnp.maximum(self.age_max, jnp.max(ok_age, initial=0)),
-            age_hist=self.age_hist + jnp.minimum(inc, _MAX - self.age_hist),
+            stale=_ring.counter_add(self.stale, b - n),
+            age_sum=self.age_sum + (age_hi.astype(jnp.float32) * 65536.0 + age_lo.astype(jnp.float32)),
+            age_max=jnp.maximum(self.age_max, age_max), age_hist=_count(self.age_hist, bins),
         )
         if not self.per_slot:
             return new
-        flat = self.sample_count.reshape(-1)
-        room = flat[pos] <= _MAX - b  # B more draws of one position cannot wrap past int32
-        counts = flat.at[pos].add((ok & room).astype(jnp.int32), mode="promise_in_bounds")
+        counts = _count(self.sample_count.reshape(-1), jnp.where(ok, pos, lanes_ring))
         return new.replace(sample_count=counts.reshape(self.sample_count.shape))
+
+
+_SCATTER_1D = jax.lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,))
+
+
+def _saturating_increment(x: jax.Array) -> jax.Array:
+    return x + (x != _MAX).astype(x.dtype)
+
+
+def _count(counts: jax.Array, at: jax.Array) -> jax.Array:
+    """`counts` (int32 [K]) plus one at each of `at` (int32 [B], repeats counted; entries outside `[0, K)` dropped),
+    each count stopping at `2**31 - 1`. One scatter, in place when donated."""
+    return jax.lax.scatter_apply(counts, at[:, None], _saturating_increment, _SCATTER_1D, update_shape=at.shape,
+                                 mode="drop")
 
 
 def _age_bins(hist: np.ndarray) -> list[dict]:

@@ -392,7 +392,7 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
         n = jnp.sum(write, dtype=jnp.int32)
         new = self.replace(
             **state, head=head[0], num_valid=jnp.minimum(self.num_valid + n, e).astype(jnp.int32),
-            added=_ring.counter_add(self.added, n), overflowed=self.overflowed | refused, metrics=self.metrics.written(cols, in_bounds=False),
+            added=_ring.counter_add(self.added, n), overflowed=self.overflowed | refused, metrics=self.metrics.written_at(cols),
         )
         return new, refused, cols.astype(jnp.int32)
 

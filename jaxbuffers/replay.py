@@ -156,7 +156,7 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
         head, num_valid = _ring.advance(self.head, self.num_valid, b, self.capacity)
         return self.replace(
             storage=_ring.write(self.storage, batch, self.head), head=head, num_valid=num_valid,
-            added=_ring.counter_add(self.added, b), metrics=self.metrics.written(_ring.write_indices(self.head, b, self.capacity)),
+            added=_ring.counter_add(self.added, b), metrics=self.metrics.written(self.head, b),
         )
 
     @_compiled.method("batch_size")

@@ -297,7 +297,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         return self.replace(
             storage=storage, terminated=term, truncated=trunc, final_slot=fslot, final_obs=store,
             head=head, num_valid=num_valid, added=_ring.counter_add(self.added, t), final_head=final_head,
-            metrics=self.metrics.written(_ring.write_indices(self.head, t, self.length), axis=1),
+            metrics=self.metrics.written(self.head, t, axis=1),
         )
 
     @_compiled.method()

@@ -173,13 +173,28 @@ def test_counts_saturate_instead_of_wrapping():
     buf = jb.ReplayBuffer.create(ITEM, 4, metrics=True).add(_zeros(ITEM, (4,)))
     top = np.iinfo(np.int32).max
     m = buf.metrics
-    buf = buf.replace(metrics=m.replace(sample_count=m.sample_count.at[1].set(top - 1), age_hist=m.age_hist.at[1].set(top)))
-    buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([1, 1, 1, 2], jnp.int32)))  # slot 2: age 1, bin 1
-    assert top - 4 <= int(buf.metrics.sample_count[1]) <= top  # stops within a batch of the top, never wraps
-    assert int(buf.metrics.sample_count[2]) == 1
+    buf = buf.replace(metrics=m.replace(sample_count=m.sample_count.at[1].set(top - 1), age_hist=m.age_hist.at[1].set(top - 1)))
+    buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([1, 1, 1, 2, 2], jnp.int32)))  # slot 2: age 1, bin 1
+    assert int(buf.metrics.sample_count[1]) == top  # stops at the top, never wraps
+    assert int(buf.metrics.sample_count[2]) == 2
     assert int(buf.metrics.age_hist[1]) == top
     buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([1, 1, 1, 1], jnp.int32)))
-    assert top - 4 <= int(buf.metrics.sample_count[1]) <= top
+    assert int(buf.metrics.sample_count[1]) == top
+    assert buf.stats()["samples"] == 9
+
+
+def test_record_of_a_stacked_buffer_counts_each_member_apart():
+    bufs = jax.vmap(lambda n: jb.ReplayBuffer.create(ITEM, CAP, metrics=True))(jnp.arange(2))
+    bufs = jax.vmap(lambda b: b.add(_zeros(ITEM, (CAP - 2,))))(bufs)  # the next add of 3 wraps past the end
+    idx = jnp.array([[0, 0, 4, 6], [1, 2, 3, 3]], jnp.int32)  # member 0: slot 6 holds nothing yet (stale)
+    bufs = jax.vmap(lambda b, i: b.record(jb.ReplaySample(item=None, indices=i)))(bufs, idx)
+    for i in range(2):
+        model = RingModel(CAP)
+        model.add(CAP - 2)
+        model.record(np.asarray(idx[i]))
+        model.check(jax.tree.map(lambda x: x[i], bufs))
+    bufs = jax.vmap(lambda b: b.add(_zeros(ITEM, (3,))))(bufs)  # slots 5, 6, 0: their counts reset
+    np.testing.assert_array_equal(bufs.metrics.sample_count, [[0, 0, 0, 0, 1, 0, 0], [0, 1, 1, 2, 0, 0, 0]])
 
 
 def test_without_per_slot_counts_the_other_counters_stay():
