@@ -22,6 +22,7 @@ from jaxbuffers.prioritised import PrioritisedReplayBuffer
 from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
 from jaxbuffers.replay import ReplayBuffer
 from jaxbuffers.rollout import RolloutBuffer
+from jaxbuffers.sharding import ShardedBuffer
 from jaxbuffers.trajectory import TrajectoryBuffer
 
 FORMAT = "jaxbuffers.checkpoint"
@@ -183,11 +184,20 @@ def _json_config(config: dict) -> dict:
 
 # --- describing a buffer ---
 
+def _sharded(buffer: Any) -> tuple[Any, dict | None]:
+    """(what is saved of `buffer`, buffer.json's `sharded` entry): a `ShardedBuffer` is saved as its shards, a buffer
+    stacked `[S]` (`sharded`: `{"axis", "num_shards"}`, the mesh axis it was split over); any other buffer as itself."""
+    if isinstance(buffer, ShardedBuffer):
+        return buffer.shards, {"axis": buffer.axis, "num_shards": buffer.num_shards}
+    return buffer, None
+
+
 def _entry(buffer: Any, what: str = "buffer") -> tuple[str, type, Any, tuple[int, ...]]:
     """(class name, class, config function, stack shape) of a buffer, or TypeError naming the argument `what`."""
     entry = _CLASSES.get(type(buffer).__name__)
     if entry is None or entry[0] is not type(buffer):
-        raise TypeError(f"{what}: expected one of the jaxbuffers buffers {sorted(_CLASSES)}, got {type(buffer).__name__}")
+        raise TypeError(f"{what}: expected one of the jaxbuffers buffers {sorted(_CLASSES)} or a ShardedBuffer of one, "
+                        f"got {type(buffer).__name__}")
     cls, config, scalar = entry
     return type(buffer).__name__, cls, config, tuple(np.shape(scalar(buffer)))
 
@@ -205,14 +215,16 @@ def _leaves(tree: Any) -> tuple[list, list[dict]]:
 
 
 def _describe(buffer: Any) -> dict:
+    buffer, sharded = _sharded(buffer)
     name, _, config, stack = _entry(buffer)
     if getattr(getattr(buffer, "host", None), "directory", None) is not None:  # jaxbuffers.disk.DiskStores
         raise TypeError(f"buffer: a disk-backed {name} is its folder {buffer.host.directory}; jaxbuffers.disk.flush it and copy the folder")
     if stack and isinstance(buffer, _COMPRESSED):
         raise TypeError(f"buffer: a {name} cannot be stacked (one host store)")
     cfg = config(_unstacked(buffer, stack))
-    return {"format": FORMAT, "version": FORMAT_VERSION, "class": name, "config": _json_config(cfg),
-            "stack_shape": list(stack), "leaves": _leaves(buffer)[1]}
+    out = {"format": FORMAT, "version": FORMAT_VERSION, "class": name, "config": _json_config(cfg),
+           "stack_shape": list(stack), "leaves": _leaves(buffer)[1]}
+    return out if sharded is None else {**out, "sharded": sharded}
 
 
 def _nbytes(tree: Any) -> int:

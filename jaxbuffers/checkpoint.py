@@ -10,6 +10,7 @@ Checkpoint format (a folder, format version `FORMAT_VERSION`):
 buffer.json      {"format": "jaxbuffers.checkpoint", "version": 1, "class": "ReplayBuffer",
                   "config": create's arguments ("example": the example's tree of [shape, dtype]),
                   "stack_shape": leading axes of a stacked (vmapped) buffer,
+                  "sharded": {"axis", "num_shards"} of a saved ShardedBuffer (its shards, stacked [S]); absent else,
                   "leaves": [{"path", "shape", "dtype"}, ...] every array of the buffer, in pytree order,
                   "host": host-store metadata of a compressed buffer, else null}
 arrays/          an orbax-checkpoint PyTree checkpoint (tensorstore) of
@@ -66,7 +67,7 @@ from etils import epath
 from jaxbuffers import _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
-    _nbytes, _template,
+    _nbytes, _sharded, _template,
 )
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
     _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
@@ -130,6 +131,7 @@ def _snapshot(buffer: Any, host: bool = True) -> _Snapshot:
     in files of their own)."""
     _validate.single_process("save", _ONE_PROCESS)
     meta = _describe(buffer)
+    buffer = _sharded(buffer)[0]
     host_meta, host_arrays = _host_snapshot(buffer) if host else (None, {})
     if host_meta is not None:
         host_meta["arrays"] = {i: {k: [list(a.shape), a.dtype.name] for k, a in s.items()} for i, s in host_arrays["stores"].items()}
@@ -217,6 +219,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     _validate.single_process("restore", _ONE_PROCESS)
     _verify(root, progress)
     meta = _read_json(root / "buffer.json", "buffer description")
+    wrapper, (target, _) = target, _sharded(target)
     if target is not None:
         _entry(target, "target")  # TypeError for a target that is not a buffer
     try:
@@ -259,7 +262,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     buffer = jax.tree.unflatten(treedef, _on_devices(host, shardings))
     if host_meta is not None:
         _load_host(buffer, host_meta, out["host"], host_shapes, root)
-    return buffer
+    return buffer if wrapper is target else wrapper.replace(shards=buffer)
 
 
 def _load_host(buffer: Any, meta: dict, arrays: dict, shapes: dict, root: Path) -> None:
@@ -328,7 +331,8 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
     Args:
       directory: the checkpoint folder. An existing checkpoint there is replaced only once the new one is complete.
       buffer: any jaxbuffers buffer (`ReplayBuffer`, `PrioritisedReplayBuffer`, `TrajectoryBuffer`,
-        `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not. A
+        `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not,
+        or a `ShardedBuffer` (saved as its shards: a buffer stacked `[S]`, with the mesh axis in buffer.json). A
         compressed buffer must be the state returned by its last `add`.
       progress: a tqdm bar (sizes, throughput) for saves over a second; None: only on a terminal.
       blocking: False: take the buffer's arrays to host memory, start writing in a background thread and return a
@@ -402,13 +406,16 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
       directory: a folder written by `save` (or a `BufferCheckpointHandler` item folder). If a save crashed
         between its two renames, the previous checkpoint (`.<name>.prev`) is restored.
       target: optional buffer (concrete, or abstract from `jax.eval_shape`) of the same class and configuration:
-        checked against the checkpoint, its arrays' shardings used; never modified.
+        checked against the checkpoint, its arrays' shardings used; never modified. A `ShardedBuffer` target (e.g. a
+        new one from `ShardedBuffer.create` on this run's mesh) takes a checkpoint of `S` stacked shards back onto
+        its mesh.
       sharding: where the arrays go: a `jax.sharding.Sharding` or `jax.Device` for every array, or a tree of
         shardings like the buffer. Default: the target's shardings, else the default device.
       progress: a tqdm bar for loads over a second; None: only on a terminal.
 
     Returns:
-      The buffer, its leaves JAX arrays (a compressed buffer gets new host stores holding the saved entries).
+      The buffer, its leaves JAX arrays (a compressed buffer gets new host stores holding the saved entries). A saved
+      `ShardedBuffer` comes back as its stacked shards (leaves `[S, ...]`), or as a `ShardedBuffer` like `target`.
 
     Raises:
       TypeError: `directory` not a path, `target` not a jaxbuffers buffer, `progress` not a bool or None.
@@ -417,7 +424,7 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
     """
     path = _validate.path("directory", directory).absolute()
     if target is not None:
-        _entry(target, "target")
+        _entry(_sharded(target)[0], "target")
     if progress is not None:
         _validate.static_bool("progress", progress)
     if not _is_checkpoint(path) and _is_checkpoint(_prev(path)):

@@ -7,6 +7,7 @@ on one saved and restored at a random point; every output and the final state mu
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import signal
 import subprocess
@@ -559,3 +560,46 @@ def test_empty_compressed_buffer_round_trips_and_keyframe_interval_is_checked(tm
     other = jb.CompressedTrajectoryBuffer.create(step, num_envs=2, length=8, codec="zstd:1", keyframe_interval=2)
     with pytest.raises(jb.CheckpointError, match="keyframe_interval"):
         jb.restore(tmp_path / "c", other)
+
+
+def _sharded(mesh):
+    make = lambda: jb.ReplayBuffer.create(ITEM, capacity=8, metrics=True)  # noqa: E731
+    return make, jb.ShardedBuffer.create(make, mesh, "data")
+
+
+def test_sharded_buffer_saved_as_its_shards(tmp_path):
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))  # one shard per device: 4 in the run on forced devices
+    make, buf = _sharded(mesh)
+    s = buf.num_shards
+    buf = buf.add(_rand(np.random.default_rng(0), ITEM, (5 * s,)))
+    path = jb.save(tmp_path / "sharded", buf, progress=False)
+    meta = json.loads((path / "buffer.json").read_text())
+    assert (meta["class"], meta["stack_shape"], meta["sharded"]) == ("ReplayBuffer", [s], {"axis": "data", "num_shards": s})
+    stacked = jb.restore(path)  # without a mesh to go to: the shards, stacked
+    assert type(stacked) is jb.ReplayBuffer and stacked.head.shape == (s,)
+    for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(buf.shards)):
+        np.testing.assert_array_equal(a, b)
+    got = jb.restore(path, jb.ShardedBuffer.create(make, mesh, "data"))  # a new empty one: only its mesh is used
+    assert type(got) is jb.ShardedBuffer and (got.mesh, got.axis) == (buf.mesh, buf.axis)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(buf)):
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+        np.testing.assert_array_equal(a, b)
+    key, more = jax.random.key(1), _rand(np.random.default_rng(1), ITEM, (2 * s,))
+    for a, b in zip(jax.tree.leaves(got.add(more).sample(key, 6)), jax.tree.leaves(buf.add(more).sample(key, 6))):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ckpt.CheckpointError, match="stack shape"):
+        jb.restore(path, make())
+    with pytest.raises(TypeError, match="ShardedBuffer"):
+        jb.save(tmp_path / "x", {"not": "a buffer"})
+
+
+@pytest.mark.slow  # a subprocess on 4 forced host devices: the sharded checkpoint and CLI tests with 4 shards
+@pytest.mark.fewer_devices(4)
+def test_sharded_buffer_on_forced_devices():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"}
+    here = Path(__file__).parent
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", "sharded and not forced",
+                           str(here / "test_checkpoint.py"), str(here / "test_cli.py")], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "2 passed" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]

@@ -224,6 +224,37 @@ def test_stacked_buffer(tmp_path, capsys):
     assert code == 2 and "--member" in err and "(3,)" in err and "'3'" in err
 
 
+def test_sharded_buffer_one_member_per_shard(tmp_path, capsys):
+    from PIL import Image
+
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))  # one shard per device: 4 in the run on forced devices
+    buf = jb.ShardedBuffer.create(lambda: jb.TrajectoryBuffer.create(_step(), num_envs=E, length=32), mesh, "data")
+    s = buf.num_shards
+    obs, term, trunc = stacks()
+    shard_obs = [((obs.astype(np.int32) + 40 * i) % 256).astype(np.uint8) for i in range(s)]  # frames of shard i
+    lanes = lambda x: jnp.asarray(np.concatenate(x, axis=0))  # noqa: E731 - [S * E, ...]: shard i's lanes i*E..
+    for t in range(T):
+        o = lanes([x[t] for x in shard_obs])
+        buf = buf.add({"obs": o, "action": jnp.full(s * E, t, jnp.int32), "reward": jnp.full(s * E, t / 2, jnp.float32)},
+                      terminated=lanes([term[t]] * s), truncated=lanes([trunc[t]] * s), final_obs=o)
+    path = jb.save(tmp_path / "sharded", buf, progress=False)
+    out = json.loads(run(capsys, "inspect", path, "--json")[1])
+    assert out["sharded"] == {"axis": "data", "num_shards": s} and out["stack_shape"] == [s]
+    assert [(m["steps_held"], m["episodes"]["count"], m["episodes"]["complete"]) for m in out["members"]] == [(24, 4, 2)] * s
+    code, text, _ = run(capsys, "inspect", path)
+    assert code == 0 and f"ShardedBuffer of {s} shards" in text and "'data'" in text
+    code, _, err = run(capsys, "sheet", path, "--out", tmp_path / "s.png")
+    assert code == 2 and "ShardedBuffer" in err and f"--member 0..{s - 1}" in err
+    last = s - 1
+    code, _, err = run(capsys, "video", path, "--member", last, "--episode", 0, "--out", f"{tmp_path}/png/", "--no-overlay",
+                       "--scale", 1)
+    assert code == 0, err
+    pngs = sorted((tmp_path / "png").glob("frame_*.png"))
+    assert len(pngs) == TERM_AT + 1  # episode 0: lane 0 up to its termination
+    for t, p in enumerate(pngs):
+        np.testing.assert_array_equal(np.asarray(Image.open(p)), tiled(shard_obs[last][t, 0]))
+
+
 def test_unsupported_type_is_named(saved, capsys, tmp_path):
     import shutil
 

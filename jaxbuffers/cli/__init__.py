@@ -9,7 +9,7 @@ jaxbuffers serve PATH [--port 8765]                   a local web page to step t
 
 PATH is a folder written by `jaxbuffers.save` (any buffer type), or the folder of a disk-backed buffer
 (`jaxbuffers.disk`, opened read-only). Of a stacked (vmapped) buffer, `--member I` picks one member; `inspect` without
-it prints a summary per member. How steps are cut into episodes and numbered, and
+it prints a summary per member. A saved `ShardedBuffer` is read as its shards stacked, one member per shard. How steps are cut into episodes and numbered, and
 how an image field and its frame stack are recognised: `jaxbuffers.cli._view` and `jaxbuffers.cli._images`. The
 commands need the `inspect` extra (`pip install 'jaxbuffers[inspect]'`: rich, Pillow, imageio, imageio-ffmpeg).
 """
@@ -30,7 +30,7 @@ _EPILOG = ("PATH is a checkpoint folder written by jaxbuffers.save (any buffer t
 def _path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH")
     p.add_argument("--member", metavar="I", help="of a stacked (vmapped) buffer, the member to show: I, or I,J,... "
-                   "for several stack axes")
+                   "for several stack axes; of a saved ShardedBuffer, the shard")
 
 
 def _image_args(p: argparse.ArgumentParser) -> None:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print_stacked_summary(s)
             return 0
-        buffer = member(buffer, stack, args.member)
+        buffer = member(buffer, stack, args.member, meta.get("sharded"))
         if args.command == "inspect":
             s = summary(buffer, meta, root, progress=progress, decode=not args.no_decode)
             if args.json:

@@ -57,9 +57,9 @@ def stack_shape(meta: dict | None) -> tuple[int, ...]:
     return tuple(int(n) for n in (meta or {}).get("stack_shape") or ())
 
 
-def member(buffer: Any, stack: tuple[int, ...], index: str | None) -> Any:
-    """Member `index` (`"I"` or `"I,J,..."`, one integer per stack axis) of a stacked buffer; the buffer itself when
-    it is not stacked and `index` is None.
+def member(buffer: Any, stack: tuple[int, ...], index: str | None, sharded: dict | None = None) -> Any:
+    """Member `index` (`"I"` or `"I,J,..."`, one integer per stack axis) of a stacked buffer (of a saved `ShardedBuffer`,
+    `sharded` its buffer.json entry: shard `I`); the buffer itself when it is not stacked and `index` is None.
 
     Raises:
       CliError: a stacked buffer without `index` (it says how to pick one), an index for a buffer that is not stacked,
@@ -71,8 +71,10 @@ def member(buffer: Any, stack: tuple[int, ...], index: str | None) -> Any:
         return buffer
     hint = ",".join(f"0..{n - 1}" for n in stack)
     if index is None:
-        raise CliError(f"PATH: a stacked (vmapped) {type(buffer).__name__} of stack shape {stack}; pick one buffer "
-                       f"with --member {hint} (inspect without --member prints a summary per member)")
+        what = (f"a ShardedBuffer of {stack[0]} {type(buffer).__name__} shards (mesh axis {sharded.get('axis')!r}), saved "
+                f"stacked {stack}; pick one shard" if sharded else
+                f"a stacked (vmapped) {type(buffer).__name__} of stack shape {stack}; pick one buffer")
+        raise CliError(f"PATH: {what} with --member {hint} (inspect without --member prints a summary per member)")
     try:
         ix = tuple(int(i) for i in str(index).split(","))
     except ValueError:
@@ -232,8 +234,9 @@ def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, pro
 
 def stacked_summary(buffer: Any, meta: dict | None, root: Path | None, progress: bool | None = None,
                     decode: bool = True) -> dict:
-    """`summary` of each member of a stacked (vmapped) buffer: `{"path", "type", "stack_shape", "bytes",
-    "members": [{"member": [i, ...], **summary of member i}]}`."""
+    """`summary` of each member of a stacked (vmapped) buffer: `{"path", "type", "stack_shape", "sharded", "bytes",
+    "members": [{"member": [i, ...], **summary of member i}]}`; of a saved `ShardedBuffer` member `i` is shard `i` and
+    `sharded` is `{"axis", "num_shards"}` (else None)."""
     stack = stack_shape(meta)
     members = []
     for ix in np.ndindex(*stack):
@@ -241,7 +244,7 @@ def stacked_summary(buffer: Any, meta: dict | None, root: Path | None, progress:
         del one["path"], one["bytes"]
         members.append({"member": list(ix), **one})
     return {"path": str(root) if root is not None else None, "type": type(buffer).__name__, "stack_shape": list(stack),
-            "bytes": _bytes(buffer, root), "members": members}
+            "sharded": (meta or {}).get("sharded"), "bytes": _bytes(buffer, root), "members": members}
 
 
 _MAX_VALUES = 16  # meta fields with at most this many distinct values get their counts
@@ -359,11 +362,14 @@ def print_stacked_summary(s: dict, console=None) -> None:
 
     console = console or Console()
     b = s["bytes"]
-    t = Table(title=f"{s['type']} stacked {tuple(s['stack_shape'])}  {s['path'] or ''}",
+    sharded = s.get("sharded")
+    what = "shard" if sharded else "member"
+    kind = (f"ShardedBuffer of {sharded['num_shards']} shards (mesh axis {sharded['axis']!r})" if sharded else "stacked")
+    t = Table(title=f"{s['type']} {kind} {tuple(s['stack_shape'])}  {s['path'] or ''}",
               caption=f"bytes: device {_fmt_bytes(b['device'])}, host {_fmt_bytes(b['host'])}, disk {_fmt_bytes(b['disk'])}; "
-                      f"--member I for one member's full tables")
+                      f"--member I for one {what}'s full tables")
     unit = (s["members"][0].get("num_added_unit") or "items") if s["members"] else "items"
-    for c in ("member", "steps held", f"ever added ({unit})", "episodes (complete)", "mean length", "samples recorded"):
+    for c in (what, "steps held", f"ever added ({unit})", "episodes (complete)", "mean length", "samples recorded"):
         t.add_column(c, justify="right")
     for m in s["members"]:
         e, u = m["episodes"], m.get("metrics") or {}
