@@ -31,6 +31,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 VERSIONED = ("jax", "jaxlib", "flax", "flashbax", "rlax", "stable-baselines3", "sb3-extra-buffers", "torch", "numba",
              "zstandard", "numpy", "gymnax", "optax")
@@ -104,11 +105,12 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def interleaved(runs: dict[str, Callable[[], object]], repeats: int, per: int = 1) -> dict:
+def interleaved(runs: dict[str, Callable[[], object]], repeats: int, per: int = 1, samples: dict | None = None) -> dict:
     """Median seconds per operation of each ``runs[name]()`` (which does ``per`` operations and
     blocks on its result; one untimed warm-up call each, which also compiles), timed round-robin:
     each repetition runs every implementation once, in an order rotated by one per repetition, so
-    a change of machine load or a first-in-round penalty hits every implementation alike."""
+    a change of machine load or a first-in-round penalty hits every implementation alike. A
+    ``samples`` dict receives every repetition's seconds per run, by name."""
     for fn in runs.values():
         fn()
     order = list(runs)
@@ -119,6 +121,8 @@ def interleaved(runs: dict[str, Callable[[], object]], repeats: int, per: int = 
             t0 = time.perf_counter()
             runs[name]()
             times[name].append(time.perf_counter() - t0)
+    if samples is not None:
+        samples.update(times)
     return {name: statistics.median(t) / per for name, t in times.items()}
 
 
@@ -227,11 +231,24 @@ def _sample_record_runner(impl, n: int, item):
     return run
 
 
+def _metrics_compare(bench: str, case: str, runs: dict, repeats: int, n: int, items: int) -> None:
+    """``compare`` of ``runs`` against ``off``, each row with ``ratio_spread``: the quartiles of the ratio taken within
+    each repetition (``off``'s time over this row's, both timed in the same round), the spread the load leaves."""
+    samples: dict = {}
+    times = interleaved(runs, repeats, n, samples)
+    base = np.asarray(samples["off"])
+    for impl, t in times.items():
+        a = None if impl == "off" else "off"
+        spread = None if a is None else [round(float(q), 4) for q in np.percentile(base / np.asarray(samples[impl]), [25, 75])]
+        row(bench, case, impl, t, n=n, repeats=repeats, items=items, anchor=a, anchor_seconds=times["off"] if a else None,
+            ratio_spread=spread)
+
+
 def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: bool) -> None:
     """Rows ``metrics/add/<item>/B=<b>/scan`` and ``metrics/add+sample+record/<item>/batch=<k>/scan`` (a training
     step: add one item, sample a batch, record it): the buffer without metrics (``metrics=False``, nothing recorded;
     the anchor), with the O(1) counters only (``metrics=False``, every sample recorded) and with per-slot counts too
-    (``metrics=True``, recorded).
+    (``metrics=True``, recorded). Each row also carries ``ratio_spread`` (``_metrics_compare``).
 
     ``create(item, capacity, metrics=...)`` builds the buffer, ``sample(state, key)`` draws a batch of 256.
     """
@@ -243,10 +260,10 @@ def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: 
         for b in (1, 256):
             n = max(4, min(200, capacity // b // 4) // (5 if quick else 1))
             adders = [i for i in impls if i.name != "counters"]  # an add does not touch the O(1) counters
-            times = interleaved({i.name: add_runner(i, batch_of(item, b), "scan", n) for i in adders}, repeats, n)
-            compare(bench, f"metrics/add/{item_name}/B={b}/scan", times, "off", n=n, repeats=repeats, items=b)
+            _metrics_compare(bench, f"metrics/add/{item_name}/B={b}/scan",
+                             {i.name: add_runner(i, batch_of(item, b), "scan", n) for i in adders}, repeats, n, b)
         for impl in impls:  # a quarter of the capacity, so sampling reads real data
             add_runner(impl, batch_of(item, 256), "scan", max(1, capacity // 4 // 256))()
         n = 5 if quick else 50
-        times = interleaved({i.name: _sample_record_runner(i, n, item) for i in impls}, repeats, n)
-        compare(bench, f"metrics/add+sample+record/{item_name}/batch=256/scan", times, "off", n=n, repeats=repeats, items=256)
+        _metrics_compare(bench, f"metrics/add+sample+record/{item_name}/batch=256/scan",
+                         {i.name: _sample_record_runner(i, n, item) for i in impls}, repeats, n, 256)

@@ -39,7 +39,9 @@ NOTES = {
               "training step. Throughput in items/s. `metrics/...` rows (`bench_replay.py --metrics`): the buffer "
               "without usage metrics (`off`, the anchor), with its scalar counters and `record` of every sample "
               "(`counters`), and with per-slot counts too (`per-slot`); `add+sample+record` is a scanned training "
-              "step of one add, one sample of 256 and its `record`.",
+              "step of one add, one sample of 256 and its `record`. Their ratio is that of the medians; in brackets "
+              "the quartiles of the ratio within each round (both timed back to back), the spread the machine's load "
+              "leaves.",
     "prioritised": "Anchor: flashbax's prioritised item buffer. `call` / `scan` as for uniform replay; "
                    "`sample+set_priorities/.../scan` is the pair a prioritised training step runs. flashbax picks its "
                    "sum-tree update by backend: on CPU (`flashbax`) a sequential leaf-to-root walk per item, which "
@@ -208,6 +210,8 @@ def bench_section(bench, rows) -> list[str]:
         else:
             continue
         ratio = "" if r.get("ratio") is None else f"{fmt(r['ratio'])} (vs {r.get('anchor')})"
+        if ratio and r.get("ratio_spread"):
+            ratio += " [{} to {}]".format(*map(fmt, r["ratio_spread"]))
         cells = [r["case"], r.get("impl", ""), r.get("variant", "") or "", median, thr, ratio]
         if has_base:
             b = base.get((r["case"], r.get("impl"), r.get("variant")))

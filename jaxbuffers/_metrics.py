@@ -85,8 +85,9 @@ class Metrics(struct.PyTreeNode):
         cursors `added` (two-word), `head`, `num_valid`; `generations` (int32[B] or None) as sampled. O(B)."""
         lanes_ring, b = lanes * ring, positions.shape[0]
         pos = jnp.clip(positions, 0, lanes_ring - 1)
-        slot = pos % ring
-        age = jnp.mod(head - 1 - slot, ring).astype(jnp.int32)  # items written to the ring after this one
+        slot = pos % ring if lanes > 1 else pos
+        back = head - 1 - slot  # in [-ring, ring - 1)
+        age = jnp.where(back < 0, back + ring, back).astype(jnp.int32)  # items written to the ring after this one
         ok = (positions >= 0) & (positions < lanes_ring) & (age < num_valid)  # held: the newest num_valid slots
         if generations is not None:
             ok = ok & (_ring.last_item_number(added, head, slot, ring) == generations)
