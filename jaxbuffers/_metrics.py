@@ -92,19 +92,21 @@ class Metrics(struct.PyTreeNode):
         if generations is not None:
             ok = ok & (_ring.last_item_number(added, head, slot, ring) == generations)
         ok_age = jnp.where(ok, age, 0)
-        # One pass over the batch for the totals: drawn, the age in 16-bit halves (their int32 sums cannot wrap for
-        # B < 2**15) and the largest age. The bins and the positions are counted by a scatter of saturating
-        # increments each (a stale draw goes past the end and is dropped), which beats a one-hot sum on CPU.
-        z = jnp.int32(0)
-        n, age_hi, age_lo, age_max = jax.lax.reduce(
-            (ok.astype(jnp.int32), ok_age >> 16, ok_age & 0xFFFF, ok_age), (z, z, z, z),
-            lambda x, y: (x[0] + y[0], x[1] + y[1], x[2] + y[2], jnp.maximum(x[3], y[3])), (0,))
+        # One pass over the batch for the totals: drawn, the age sum (exact in int32 as 16-bit halves for B <= 2**15,
+        # whose sums cannot wrap; in float32 beyond) and the largest age. The bins and the positions are counted
+        # by a scatter of saturating increments each (a stale draw goes past the end and is dropped), which beats a
+        # one-hot sum on CPU.
+        ages = (ok_age >> 16, ok_age & 0xFFFF) if b <= 2**15 else (ok_age.astype(jnp.float32),)
+        operands = (ok.astype(jnp.int32), *ages, ok_age)
+        n, *sums, age_max = jax.lax.reduce(
+            operands, tuple(jnp.zeros((), x.dtype) for x in operands),
+            lambda x, y: (*(u + v for u, v in zip(x[:-1], y[:-1])), jnp.maximum(x[-1], y[-1])), (0,))
+        age_sum = sums[0].astype(jnp.float32) * 65536.0 + sums[1].astype(jnp.float32) if len(sums) == 2 else sums[0]
         bins = jnp.where(ok, jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), NUM_AGE_BINS)
         new = self.replace(
             sampled=_ring.counter_add(self.sampled, n), record_calls=_ring.counter_add(self.record_calls, 1),
             stale=_ring.counter_add(self.stale, b - n),
-            age_sum=self.age_sum + (age_hi.astype(jnp.float32) * 65536.0 + age_lo.astype(jnp.float32)),
-            age_max=jnp.maximum(self.age_max, age_max), age_hist=_count(self.age_hist, bins),
+            age_sum=self.age_sum + age_sum, age_max=jnp.maximum(self.age_max, age_max), age_hist=_count(self.age_hist, bins),
         )
         if not self.per_slot:
             return new

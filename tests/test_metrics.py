@@ -183,6 +183,14 @@ def test_counts_saturate_instead_of_wrapping():
     assert buf.stats()["samples"] == 9
 
 
+def test_the_age_sum_of_a_large_batch_does_not_wrap():
+    buf = jb.ReplayBuffer.create(ITEM, 2**16).add(_zeros(ITEM, (2**16,)))  # slot 0 holds the oldest: age 2**16 - 1
+    for b in (2**15, 2**15 + 1):  # exact 16-bit halves up to 2**15 draws, float32 beyond (the halves would wrap)
+        s = buf.record(jb.ReplaySample(item=None, indices=jnp.zeros(b, jnp.int32))).stats()
+        assert s["samples"] == b and s["age_max"] == 2**16 - 1
+        assert s["age_mean"] == pytest.approx(2**16 - 1, rel=1e-4)  # float32 sums: no wrap to a negative sum
+
+
 def test_record_of_a_stacked_buffer_counts_each_member_apart():
     bufs = jax.vmap(lambda n: jb.ReplayBuffer.create(ITEM, CAP, metrics=True))(jnp.arange(2))
     bufs = jax.vmap(lambda b: b.add(_zeros(ITEM, (CAP - 2,))))(bufs)  # the next add of 3 wraps past the end
