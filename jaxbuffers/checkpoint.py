@@ -219,7 +219,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     _validate.single_process("restore", _ONE_PROCESS)
     _verify(root, progress)
     meta = _read_json(root / "buffer.json", "buffer description")
-    wrapper, (target, _) = target, _sharded(target)
+    wrapper, target = target, _sharded(target)[0]  # a ShardedBuffer target: its shards are restored, then rewrapped
     if target is not None:
         _entry(target, "target")  # TypeError for a target that is not a buffer
     try:
