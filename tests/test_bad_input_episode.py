@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import jaxbuffers as jb
 from bad_inputs import SETTINGS as _SETTINGS, bad_keys, bad_static_ints, bad_unit_scalars, snapshot
-from compressed_bad_input import assert_refused, wrong_tree
+from compressed_bad_input import assert_refused, corrupted, wrong_tree
+from host_codecs import CorruptEntryError
 from jaxbuffers.compressed import CompressedEpisodeBuffer
 
 SETTINGS = settings(_SETTINGS, max_examples=15)  # two buffers per example: about as many calls as the replay module's 30
@@ -320,3 +321,16 @@ def test_a_python_int_a_float_meta_field_would_round_is_refused():
     assert "float32 holds exactly, got 1073741825 (it would be rounded to 1073741824)" in str(err)
     for ok in (2**30, 3, 0.1):  # exact ints, and floats (rounded as any float literal)
         assert float(buf.add_episode(episode(), 2, terminated=True, final_obs=final(), meta={"w": ok}).meta["w"][0]) == np.float32(ok)
+
+
+def test_eager_reads_raise_our_errors_not_jax_runtime_errors():
+    """Called eagerly, a read of a compressed state whose episode slots were rewritten raises `StaleBufferError`, and
+    one of a store whose bytes changed `CorruptEntryError`, not JAX's runtime error carrying their text."""
+    old = fill(compressed())
+    new = fill(old, E)  # circular: every slot of old's episodes rewritten
+    with pytest.raises(jb.StaleBufferError, match="rewritten"):
+        old.get_all()
+    with corrupted(new.host), pytest.raises(CorruptEntryError, match="corrupt"):
+        new.get_all()
+    new.get_all()  # intact again
+    new.close()

@@ -159,10 +159,10 @@ def write(
       ValueError: under `vmap`: a buffer is one host store, so states cannot be stacked.
     """
     args = (version, slots.astype(jnp.int32), valid, *datas)
-    put = host.write
+    put = keeping(host, host.write)
     if bases is not None:
         args = (*args, bases.astype(jnp.int32))
-        put = lambda *a: host.write(*a[:-1], bases=a[-1])  # noqa: E731
+        put = keeping(host, lambda *a: host.write(*a[:-1], bases=a[-1]))
     out = jax.ShapeDtypeStruct((), jnp.int32)
     if in_place_callbacks():
 
@@ -208,12 +208,65 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
 
         def fill(ctx, outs, version, *id_buffers):
             outs = [np.asarray(o) for o in outs]
-            host.read_into(np.asarray(version), [np.asarray(b) for b in id_buffers], [outs[i * m : (i + 1) * m] for i in range(len(infos))])
+            keeping(host, host.read_into)(np.asarray(version), [np.asarray(b) for b in id_buffers], [outs[i * m : (i + 1) * m] for i in range(len(infos))])
 
         flat = _buffer_callback(fill, shapes, vmap_method="broadcast_all")(version, *ids)
     else:
-        flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="broadcast_all")
+        flat = jax.pure_callback(keeping(host, host.read), shapes, version, *ids, vmap_method="broadcast_all")
     return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
+
+
+# HostStores -> the exception its newest failed host callback raised (`keeping`, `run_eager`).
+_raised: "weakref.WeakKeyDictionary[HostStores, BaseException]" = weakref.WeakKeyDictionary()
+
+
+def keeping(host: HostStores, fn: Callable) -> Callable:
+    """`fn`, a host callback's body, that also keeps the exception it raises: JAX hands the caller a
+    `jax.errors.JaxRuntimeError` carrying only its text, and an eager call re-raises the kept one (`run_eager`)."""
+
+    def call(*args):
+        try:
+            return fn(*args)
+        except Exception as e:
+            _raised[host] = e
+            raise
+
+    return call
+
+
+def run_eager(hosts: Sequence[HostStores], call: Callable[[], Any], wait: bool) -> Any:
+    """`call()` (an eager call of buffers whose stores are `hosts`), raising the exception a host callback of one of
+    `hosts` raised instead of the error carrying its text out of the program (`jax.errors.JaxRuntimeError`, or a
+    `ValueError` from a `pure_callback`); an error whose text names no kept exception (e.g. another thread's) is
+    raised as it is. `wait`: wait for the result first,
+    so that a read's error is raised here."""
+    try:
+        out = call()
+        if wait:
+            jax.block_until_ready(out)
+        return out
+    except Exception as e:  # JAX's own type, which varies with the callback mechanism (a ValueError from pure_callback)
+        for host in hosts:
+            kept = _raised.pop(host, None)
+            if kept is not None and kept is not e and f"{type(kept).__name__}: {kept}" in str(e):
+                raise kept from e
+        raise
+
+
+def reads_of(buffers: Callable[[Any], Sequence[Any]]) -> Callable:
+    """Decorate a public read of several compressed buffers (`buffers(self)`) with `run_eager` when called eagerly."""
+
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            bufs = buffers(self)
+            if any(isinstance(b.version, jax.core.Tracer) for b in bufs):
+                return method(self, *args, **kwargs)
+            return run_eager([b.host for b in bufs], lambda: method(self, *args, **kwargs), wait=True)
+
+        return call
+
+    return wrap
 
 
 # HostStores -> (the version array of the newest add dispatched eagerly, the version its write makes): its write may
@@ -267,7 +320,12 @@ def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> int | None
 def checked_before_dispatch(add: bool = False) -> Callable:
     """Decorate a public method of a compressed buffer (above `jaxbuffers._compiled.method`) with
     `check_before_dispatch` (`check_add_before_dispatch` for an add, which is then remembered as the newest one
-    of its store)."""
+    of its store).
+
+    Called eagerly, the method raises the exception its host callback raised (`StaleBufferError`,
+    `host_codecs.CorruptEntryError`, ...), not the `jax.errors.JaxRuntimeError` that carries it out of the program:
+    a read waits for its result (its caller reads it next anyway) so that the error is raised here; an add is not
+    waited for (its checks ran before dispatch). Under `jit` the program's caller gets the `JaxRuntimeError`."""
 
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
@@ -276,7 +334,9 @@ def checked_before_dispatch(add: bool = False) -> Callable:
                 made = check_add_before_dispatch(self, lambda b: method(b, *args, **kwargs))
             else:
                 made = check_before_dispatch(self, False)
-            out = method(self, *args, **kwargs)
+            if isinstance(self.version, jax.core.Tracer):
+                return method(self, *args, **kwargs)
+            out = run_eager([self.host], lambda: method(self, *args, **kwargs), wait=not add)
             if made is not None:
                 _newest_add[self.host] = (out.version, made)
             return out
