@@ -279,7 +279,7 @@ def test_eager_reads_of_a_folder_rewritten_after_its_flush_raise_corrupt_entry_e
     raises `CorruptEntryError`, not JAX's runtime error carrying its text (the buffer's own samplers:
     `test_disk.test_old_states_and_unflushed_adds`)."""
     buf = disk.open(tmp_path / "b", "w", make())
-    buf = buf.add(_steps(5), terminated=np.zeros((1, 5), bool))
+    buf = buf.add(_steps(8), terminated=np.zeros((1, 8), bool))
     disk.flush(buf)
     buf = buf.add({**_steps(8), "obs": _steps(8)["obs"] + 100}, terminated=np.zeros((1, 8), bool))  # every slot, not flushed
     buf.close()

@@ -281,8 +281,8 @@ def test_torch_tensors_and_wrong_keys_are_named(bufs, kind):
         assert_refused(lambda: jax.jit(lambda b: b.sample_sequences(key, 2, 2 if kind == "uniform" else None))(buf), ("key",), buf)
 
 
-@pytest.mark.parametrize("cls,in_place", [
-    (CompressedTrajectoryBuffer, True), (CompressedPrioritisedTrajectoryBuffer, False),
+@pytest.mark.parametrize("cls,in_place", [  # the other callback path by default: tests/test_bad_input_episode.py
+    (CompressedTrajectoryBuffer, True), pytest.param(CompressedPrioritisedTrajectoryBuffer, False, marks=pytest.mark.slow),
     pytest.param(CompressedTrajectoryBuffer, False, marks=pytest.mark.slow),
     pytest.param(CompressedPrioritisedTrajectoryBuffer, True, marks=pytest.mark.slow),
 ])
@@ -299,12 +299,9 @@ def test_eager_reads_raise_our_errors_not_jax_runtime_errors(cls, in_place):
             buf = buf.add(step, **flags)
         want = jax.tree.map(np.asarray, buf.sample_transitions(jax.random.key(1), 4, gamma=0.9))
         with pytest.raises(StaleBufferError, match="rewritten"):
-            old.sample_sequences(jax.random.key(0), 4, 2)
-        with corrupted(buf.host):
-            with pytest.raises(CorruptEntryError, match="corrupt"):
-                buf.sample_transitions(jax.random.key(1), 4, gamma=0.9)
-            with pytest.raises(CorruptEntryError, match="corrupt"):
-                buf.decode_obs(buf.trajectory.storage["obs"])
+            old.sample_transitions(jax.random.key(1), 4, gamma=0.9)
+        with corrupted(buf.host), pytest.raises(CorruptEntryError, match="corrupt"):
+            buf.sample_transitions(jax.random.key(1), 4, gamma=0.9)
         got = jax.tree.map(np.asarray, buf.sample_transitions(jax.random.key(1), 4, gamma=0.9))
         jax.tree.map(np.testing.assert_array_equal, got, want)
     buf.close()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import jaxbuffers as jb
+from frame_stacks import stacked_episodes
 from host_codecs import CorruptEntryError
 from jaxbuffers import disk
 
@@ -296,12 +297,14 @@ def _make_episodes(**kw):
 
 def _episodes(seed, n):
     """`n` episodes as one batch (leaves [n, EP_T, ...]) of random lengths in [1, EP_T], flags, final observations and
-    task ids."""
+    task ids; observations are stacks of 4 random frames as a frame stacker makes them."""
     rng = np.random.default_rng(seed)
-    eps = {"obs": jnp.asarray(rng.integers(0, 256, (n, EP_T, 4, 6, 6), dtype=np.uint8)),
-           "action": jnp.asarray(rng.integers(0, 9, (n, EP_T)), jnp.int32), "reward": jnp.asarray(rng.standard_normal((n, EP_T)), jnp.float32)}
-    return dict(episodes=eps, lengths=jnp.asarray(rng.integers(1, EP_T + 1, n), jnp.int32), terminated=jnp.asarray(rng.random(n) < 0.5),
-                final_obs=jnp.asarray(rng.integers(0, 256, (n, 4, 6, 6), dtype=np.uint8)), meta={"task": jnp.asarray(rng.integers(0, 2, n), jnp.int32)})
+    lengths = rng.integers(1, EP_T + 1, n)
+    stacks, finals = stacked_episodes(rng.integers(0, 256, (n, EP_T + 1, 6, 6), dtype=np.uint8), lengths, 4)
+    eps = {"obs": jnp.asarray(stacks), "action": jnp.asarray(rng.integers(0, 9, (n, EP_T)), jnp.int32),
+           "reward": jnp.asarray(rng.standard_normal((n, EP_T)), jnp.float32)}
+    return dict(episodes=eps, lengths=jnp.asarray(lengths, jnp.int32), terminated=jnp.asarray(rng.random(n) < 0.5),
+                final_obs=jnp.asarray(finals), meta={"task": jnp.asarray(rng.integers(0, 2, n), jnp.int32)})
 
 
 def _add_episodes(buf, batch):

@@ -623,4 +623,6 @@ def single_process(what: str, why: str) -> None:
 
 
 # the step checks (module doc), after every name they use is defined
-from jaxbuffers._validate.steps import final_obs_not_step, frame_leaves, trajectory_add, trajectory_example  # noqa: E402
+from jaxbuffers._validate.steps import (  # noqa: E402
+    final_obs_not_step, frame_leaves, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks,
+)

@@ -159,3 +159,70 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
             )
         out.append((name, shape, np.dtype(s.dtype), tuple(d for j, d in enumerate(shape) if j != ax), ax))
     return out
+
+
+def _same_bits(a: jax.Array, b: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """Whether `a` and `b` hold the same bytes over `axes` (floats compared bit for bit: NaN equals itself)."""
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        width = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[a.dtype.itemsize]
+        a, b = jax.lax.bitcast_convert_type(a, width), jax.lax.bitcast_convert_type(b, width)
+    return jnp.all(a == b, axis=axes)
+
+
+def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) -> jax.Array:
+    """Where frame stacks are not what a frame-deduplicating episode store rebuilds from each step's newest frame.
+
+    Such a store keeps frame `k - 1` (the newest) of every step's stack and rebuilds stack position `j` of step `t`
+    as the newest frame of step `t - (k - 1 - j)` of the same episode; before the episode's first step, the first
+    step's newest frame (`padding="reset"`) or zeros (`"zero"`). The final observation is position `n` (the length).
+
+    Args:
+      stacks: `[B, T, *shape]`, `k` frames along `stack_axis` of `shape`.
+      finals: `[B, *shape]`, the final observations.
+      lengths: int `[B]`; steps at or past a length are not compared.
+      stack_axis, padding: as the store's.
+
+    Returns:
+      bool `[B, T + 1]`: True where a step (column `T`: the final observation) would not come back as given.
+    """
+    k = stacks.shape[2 + stack_axis]
+    x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [B, T, k, *frame]
+    f = jnp.moveaxis(finals, 1 + stack_axis, 1)  # [B, k, *frame]
+    t = x.shape[1]
+    newest = x[:, :, k - 1]  # [B, T, *frame]
+    frame_axes = tuple(range(3, x.ndim))
+    back = (k - 1) - jnp.arange(k)  # steps back, per stack position
+
+    def rebuilt(src):  # src int [B, P, k] -> [B, P, k, *frame]
+        got = jax.vmap(lambda nw, i: nw[i])(newest, jnp.clip(src, 0, t - 1))
+        if padding == "zero":
+            got = jnp.where((src < 0).reshape(*src.shape, *(1,) * (newest.ndim - 2)), jnp.zeros((), got.dtype), got)
+        return got
+
+    steps = jnp.broadcast_to(jnp.arange(t)[:, None] - back[None, :], (x.shape[0], t, k))
+    bad = ~jnp.all(_same_bits(x, rebuilt(steps), frame_axes), axis=-1) & (jnp.arange(t) < lengths[:, None])
+    older = rebuilt(jnp.asarray(lengths, jnp.int32)[:, None, None] - back[None, None, :])[:, 0]  # [B, k, *frame]
+    want = jnp.concatenate([older[:, : k - 1], f[:, k - 1 :]], axis=1)  # the newest frame is the final's own
+    bad_final = ~jnp.all(_same_bits(f, want, tuple(range(2, f.ndim))), axis=-1)
+    return jnp.concatenate([bad, bad_final[:, None]], axis=1)
+
+
+def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched: bool) -> ValueError | None:
+    """The error naming the first stack `unrebuilt_stacks` found, or None. `bad`: bool `[L, B, T + 1]`, one
+    `unrebuilt_stacks` per compressed leaf; `names`: per leaf, its name in the episode argument and in `final_obs`
+    (e.g. `("episodes['obs']['pixels']", "final_obs['pixels']")`); `batched`: several episodes (`add_episodes`)."""
+    for (step_name, final_name), leaf in zip(names, np.asarray(bad)):
+        hits = np.argwhere(leaf)
+        if not hits.size:
+            continue
+        e, t = (int(i) for i in hits[0])
+        final = t == leaf.shape[1] - 1
+        episode = f"episode {e}" if batched else "the episode"
+        what = f"{final_name}: the final observation of {episode}" if final else f"{step_name}: step {t} of {episode}"
+        return ValueError(
+            f"{what} is not the stack the buffer rebuilds from each step's newest frame (with frame_stack, each stack "
+            f"is the previous step's shifted by one frame, padded at the episode's start as `padding` says), so its "
+            f"older frames would be lost ({int(leaf.sum())} stacks of this leaf differ; nothing was written). Store such "
+            f"observations whole (frame_stack=None), or give each episode the stacks a frame stacker makes from its start"
+        )
+    return None

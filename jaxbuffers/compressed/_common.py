@@ -149,20 +149,35 @@ def forced_callbacks(in_place: bool) -> Iterator[None]:
 
 
 def write(
-    host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array], bases: jax.Array | None = None
+    host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array], bases: jax.Array | None = None,
+    refuse: tuple[jax.Array, Callable[[np.ndarray], Exception | None]] | None = None,
 ) -> jax.Array:
     """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`, with `bases`: int32 `[M]`
     delta bases, -1 for whole entries); returns the new version (int32 scalar), which orders every later read and
     write of the store by data dependency. The mechanism is `in_place_callbacks`'s.
 
+    Args:
+      refuse: `(values, error)`: on the host, before anything is written, `error(values)` (numpy) returns the
+        exception to raise instead of writing, or None (a check of values known only when the program runs).
+
     Raises:
       ValueError: under `vmap`: a buffer is one host store, so states cannot be stacked.
     """
     args = (version, slots.astype(jnp.int32), valid, *datas)
-    put = keeping(host, host.write)
+    n = len(args)
     if bases is not None:
         args = (*args, bases.astype(jnp.int32))
-        put = keeping(host, lambda *a: host.write(*a[:-1], bases=a[-1]))
+    if refuse is not None:
+        args = (*args, refuse[0])
+
+    def checked_write(*a):
+        if refuse is not None:
+            error = refuse[1](np.asarray(a[-1]))
+            if error is not None:
+                raise error
+        return host.write(*a[:n], bases=None if bases is None else a[n])
+
+    put = keeping(host, checked_write)
     out = jax.ShapeDtypeStruct((), jnp.int32)
     if in_place_callbacks():
 
