@@ -18,8 +18,11 @@ and stacks are rebuilt at sample time from the frames of the same episode (`jaxb
 frames before the episode's first step are padding, `"reset"` repeating its first frame (Gymnasium's
 `FrameStackObservation`), `"zero"` giving zeros. The final observation stores its newest frame too, stacked on the
 episode's last frames. This is exact when the observations given are what such a frame stacker produced from the
-episode's start; `split_long=True` is refused with `frame_stack` (a later part's first stacks reach into the part
-before it).
+episode's start, and any other stack is refused (`jaxbuffers._validate.unrebuilt_stacks`: a stack that is not the
+previous step's shifted by one frame, e.g. after a reset mid-episode, one padded otherwise at the episode's start, a
+final observation not stacked on the last steps), so what is stored always comes back as given; store such
+observations with `frame_stack=None`. `split_long=True` is refused with `frame_stack` (a later part's first stacks
+reach into the part before it).
 
 Temporal coding (`keyframe_interval=K`, default and meaning as `jaxbuffers.compressed.CompressedTrajectoryBuffer`'s):
 step `t` of an episode is stored as the bytewise XOR with step `t - 1` of the same episode (a delta, through
@@ -206,7 +209,9 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         the final observation go to the host in one ordered callback.
 
         Raises:
-          ValueError: also `split_long=True` with `frame_stack` (module doc).
+          ValueError: also `split_long=True` with `frame_stack` (module doc); with `frame_stack`, a stack the store
+            cannot rebuild from each step's newest frame (module doc), naming the leaf, the episode and the step, before
+            anything runs (under `jit` the write callback refuses it before writing: `jax.errors.JaxRuntimeError`).
           BufferFullError: an eager add to a full fixed buffer, refused before anything runs (host included).
           StaleBufferError: called eagerly on a state that is not the newest, before anything runs (under `jit`
             the write callback refuses it: `jax.errors.JaxRuntimeError`).
