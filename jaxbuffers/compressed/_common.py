@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence
@@ -231,8 +232,11 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
     return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
 
 
-# HostStores -> the exception its newest failed host callback raised (`keeping`, `run_eager`).
+# HostStores -> the exception its newest failed host callback raised during an eager call (`keeping`, `run_eager`),
+# and the number of eager calls running (exceptions are kept only then: a kept one holds its frames).
 _raised: "weakref.WeakKeyDictionary[HostStores, BaseException]" = weakref.WeakKeyDictionary()
+_eager: "weakref.WeakKeyDictionary[HostStores, int]" = weakref.WeakKeyDictionary()
+_eager_lock = threading.Lock()  # eager calls may run in several threads
 
 
 def keeping(host: HostStores, fn: Callable) -> Callable:
@@ -243,7 +247,8 @@ def keeping(host: HostStores, fn: Callable) -> Callable:
         try:
             return fn(*args)
         except Exception as e:
-            _raised[host] = e
+            if _eager.get(host):
+                _raised[host] = e
             raise
 
     return call
@@ -255,6 +260,9 @@ def run_eager(hosts: Sequence[HostStores], call: Callable[[], Any], wait: bool) 
     `ValueError` from a `pure_callback`); an error whose text names no kept exception (e.g. another thread's) is
     raised as it is. `wait`: wait for the result first,
     so that a read's error is raised here."""
+    with _eager_lock:
+        for host in hosts:
+            _eager[host] = _eager.get(host, 0) + 1
     try:
         out = call()
         if wait:
@@ -262,10 +270,16 @@ def run_eager(hosts: Sequence[HostStores], call: Callable[[], Any], wait: bool) 
         return out
     except Exception as e:  # JAX's own type, which varies with the callback mechanism (a ValueError from pure_callback)
         for host in hosts:
-            kept = _raised.pop(host, None)
+            kept = _raised.get(host)
             if kept is not None and kept is not e and f"{type(kept).__name__}: {kept}" in str(e):
                 raise kept from e
         raise
+    finally:
+        with _eager_lock:
+            for host in hosts:
+                _eager[host] -= 1
+                if not _eager[host]:
+                    _raised.pop(host, None)
 
 
 def reads_of(buffers: Callable[[Any], Sequence[Any]]) -> Callable:
