@@ -195,12 +195,12 @@ def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) 
     x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [B, T, k, *frame]
     f = jnp.moveaxis(finals, 1 + stack_axis, 1)  # [B, k, *frame]
     k, t = x.shape[2], x.shape[1]
+    lengths = jnp.asarray(lengths, jnp.int32)
     first = x[:, 0, : k - 1]
     pad = jnp.zeros_like(first) if padding == "zero" else jnp.broadcast_to(x[:, :1, k - 1], first.shape)
     start = _differs(first, pad, 1)  # [B]
     shifted = _differs(x[:, 1:, : k - 1], x[:, :-1, 1:], 2)  # [B, T - 1]
     bad = jnp.concatenate([start[:, None], shifted], axis=1) & (jnp.arange(t) < lengths[:, None])
-    lengths = jnp.asarray(lengths, jnp.int32)
     last = jax.vmap(lambda s, n: s[jnp.clip(n - 1, 0, t - 1)])(x, lengths)  # [B, k, *frame]: the last step's stack
     bad_final = _differs(f[:, : k - 1], last[:, 1:], 1) & (lengths > 0)
     return jnp.concatenate([bad, bad_final[:, None]], axis=1)
@@ -221,7 +221,7 @@ def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched
         return ValueError(
             f"{what} is not the stack the buffer rebuilds from each step's newest frame (with frame_stack, each stack "
             f"is the previous step's shifted by one frame, padded at the episode's start as `padding` says), so its "
-            f"older frames would be lost (nothing was written). Store such "
-            f"observations whole (frame_stack=None), or give each episode the stacks a frame stacker makes from its start"
+            f"older frames would be lost (nothing was written). Store such observations whole (frame_stack=None), or "
+            f"give each episode the stacks a frame stacker makes from its start"
         )
     return None
