@@ -241,6 +241,28 @@ def _check_config(name: str, saved: dict, cfg: dict, what: str) -> None:
             raise CheckpointError(f"{what}: config {k!r} of the checkpoint is {a!r:.200}, the target's is {b!r:.200}")
 
 
+def _check_meta_defaults(target: Any, loaded: list[np.ndarray], root: Path) -> None:
+    """The meta defaults (`EpisodeBuffer.meta_defaults`, array leaves, so not in the JSON config) read from a
+    checkpoint must equal a concrete target's, byte for byte: restoring would otherwise replace them silently.
+    Checkpoints written before defaults were compared hold them too. An abstract target has no values to compare.
+
+    Raises:
+      CheckpointError: naming the meta field, both defaults, and the target.
+    """
+    flat = jax.tree_util.tree_flatten_with_path(target)[0]
+    for (path, x), a in zip(flat, loaded):
+        attrs = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
+        if not attrs or attrs[-1] != "meta_defaults" or isinstance(x, jax.ShapeDtypeStruct):
+            continue
+        b = np.asarray(x)
+        if a.tobytes() != b.tobytes():
+            field = path[-1].key if isinstance(path[-1], jax.tree_util.DictKey) else _validate.leaf_name(path)
+            raise CheckpointError(
+                f"{root}: config 'meta' field {field!r}: the checkpoint's default is {a.tolist()!r:.100}, the target's is "
+                f"{b.tolist()!r:.100} (create the target with the checkpoint's meta defaults, or restore without a target)"
+            )
+
+
 def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
     """(abstract buffer to restore into, concrete target shardings or None), after checking the target."""
     name = meta["class"]

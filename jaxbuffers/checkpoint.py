@@ -67,7 +67,7 @@ from etils import epath
 from jaxbuffers import _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
-    _nbytes, _sharded, _template,
+    _check_meta_defaults, _nbytes, _sharded, _template,
 )
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
     _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
@@ -259,6 +259,8 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
         if not isinstance(a, np.ndarray) or a.shape != x.shape or a.dtype != x.dtype:
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {getattr(a, 'shape', None)}, expected {x.shape} {x.dtype}")
         host.append(a)
+    if target is not None:
+        _check_meta_defaults(target, host, root)
     buffer = jax.tree.unflatten(treedef, _on_devices(host, shardings))
     if host_meta is not None:
         _load_host(buffer, host_meta, out["host"], host_shapes, root)

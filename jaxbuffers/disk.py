@@ -393,6 +393,7 @@ class Concatenated(struct.PyTreeNode):
                 out[j] = _common.replace_leaves(out[j], ref.leaf_index, leaves)
         return tuple(out)
 
+    @_common.reads_of(lambda self: self.buffers)
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> ConcatenatedSample:
         """`CompressedTrajectoryBuffer.sample_transitions` over the union (class doc): `ConcatenatedSample` of a
         `jaxbuffers.TransitionSample` and the source buffer of each row. Raises as that method (before any read)."""
@@ -409,6 +410,7 @@ class Concatenated(struct.PyTreeNode):
         item = {**s.item, self.buffers[0].trajectory.obs_key: obs}
         return ConcatenatedSample(s._replace(obs=obs, next_obs=next_obs, item=item), source)
 
+    @_common.reads_of(lambda self: self.buffers)
     def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, period: int = 1) -> ConcatenatedSample:
         """`CompressedTrajectoryBuffer.sample_sequences` (crossing episodes) over the union (class doc):
         `ConcatenatedSample` of a `jaxbuffers.SequenceSample` and the source buffer of each row. Raises as that method
@@ -518,6 +520,7 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
         parts = [finish(b.decode(sample(b, k, m), rows=source == i)) for i, (b, k, m) in enumerate(zip(self.buffers, keys[1:], masks))]
         return ConcatenatedSample(_pick(parts, source), source)
 
+    @_common.reads_of(lambda self: self.buffers)
     def sample_episodes(self, key: jax.Array, batch_size: int, *, where=None) -> ConcatenatedSample:
         """`CompressedEpisodeBuffer.sample_episodes` over the union (class doc): a `ConcatenatedSample` of a
         `jaxbuffers.EpisodeSample` whose steps are padded (zeros, `mask` False) to the largest `max_timesteps`."""
@@ -535,6 +538,7 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
         sample = lambda b, k, m: b.buffer.sample_episodes(k, batch_size, where=m)  # noqa: E731
         return self._merged(key, batch_size, self._units(masks, jnp.ones_like), masks, sample, padded)
 
+    @_common.reads_of(lambda self: self.buffers)
     def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, where=None) -> ConcatenatedSample:
         """`CompressedEpisodeBuffer.sample_sequences` over the union of the windows (class doc); `sequence_length` at
         most every buffer's `max_timesteps`."""
@@ -548,6 +552,7 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
         sample = lambda b, k, m: b.buffer.sample_sequences(k, batch_size, sequence_length, where=m)  # noqa: E731
         return self._merged(key, batch_size, units, masks, sample)
 
+    @_common.reads_of(lambda self: self.buffers)
     def sample_timesteps(self, key: jax.Array, batch_size: int, *, where=None) -> ConcatenatedSample:
         """`CompressedEpisodeBuffer.sample_timesteps` over the union of the steps (class doc)."""
         self._check()
@@ -558,6 +563,7 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
         sample = lambda b, k, m: b.buffer.sample_timesteps(k, batch_size, where=m)  # noqa: E731
         return self._merged(key, batch_size, self._units(masks, lambda n: n), masks, sample)
 
+    @_common.reads_of(lambda self: self.buffers)
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma, where=None) -> ConcatenatedSample:
         """`CompressedEpisodeBuffer.sample_transitions` over the union of the steps (class doc); `n_step` at most
         every buffer's `max_timesteps`."""

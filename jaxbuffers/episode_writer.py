@@ -21,7 +21,9 @@ halves come in step-id order: the first env half of an env is step 0 and each la
 last, and any other id is refused on arrival (`ValueError` naming `step_id`, the env id, the id expected and the id
 given; nothing is kept), so a misnumbered env (e.g. one that appears late and counts from a global step) fails
 loudly instead of waiting for steps that never come. Policy halves may come in any order, before or after their
-env half. Steps join their episode in step-id order, and only once both halves are there: a step missing its
+env half, for any step not joined yet up to `policy_lead - 1` steps after the one whose env half comes next
+(`policy_lead` defaults to the buffer's `max_timesteps`: a policy half may run ahead of env halves still in
+transit, not by a whole episode); any other id is refused the same way (the message names the range taken). Steps join their episode in step-id order, and only once both halves are there: a step missing its
 policy half, and every later step of that env, waits; it is never committed without it (`pending` lists what
 waits). `add_step` gives both halves at once.
 
@@ -78,16 +80,19 @@ class EpisodeWriter:
       buffer: the `EpisodeBuffer` committed to; `buffer` (the attribute) is the latest one.
       policy_keys: names of the step fields in the policy half; default: those of `("action", "log_prob",
         "value")` that the buffer's step has (the action field always). Every other field is in the env half.
+      policy_lead: an int >= 1: a policy half may come for a step up to `policy_lead - 1` steps after the one whose
+        env half the env expects next (module doc). Default: the buffer's `max_timesteps`.
 
     Raises:
       TypeError: `buffer` is not an `EpisodeBuffer`, `policy_keys` not a list of strs.
       ValueError: no policy key, one given twice, one that is not a field of the step, or the observation or
-        reward among them.
+        reward among them; `policy_lead` not an int >= 1.
     """
 
-    def __init__(self, buffer: EpisodeBuffer, *, policy_keys: Sequence[str] | None = None):
+    def __init__(self, buffer: EpisodeBuffer, *, policy_keys: Sequence[str] | None = None, policy_lead: int | None = None):
         if not isinstance(buffer, EpisodeBuffer):
             raise TypeError(f"buffer: expected an EpisodeBuffer, got {type(buffer).__name__}")
+        self._policy_lead = buffer.max_timesteps if policy_lead is None else _validate.static_int("policy_lead", policy_lead)
         spec = buffer.step_spec
         if policy_keys is None:
             policy_keys = [buffer.action_key] + [k for k in ("log_prob", "value") if k in spec and k != buffer.action_key]
@@ -173,8 +178,10 @@ class EpisodeWriter:
 
     def add_policy(self, env_id: Hashable, step_id: int, fields: Mapping) -> int:
         """Give the policy half of step `step_id` of env `env_id`: the policy-key fields, one step, no leading
-        axis, exactly the stored dtypes; any step id not given nor joined yet (policy halves come in any order).
-        Returns the number of episodes committed; raises as `add_env`."""
+        axis, exactly the stored dtypes; any step id not given nor joined yet, up to `policy_lead - 1` steps after
+        the env half the env expects next (policy halves come in any order, module doc). Returns the number of
+        episodes committed; raises as `add_env`, and `ValueError` naming `step_id`, the env, the range of ids it
+        takes and the id given for any other id."""
         _env_id(env_id), _step_id(step_id)
         fields = self._check("fields", self._policy_spec, fields)
         with self._lock:
@@ -207,8 +214,8 @@ class EpisodeWriter:
         with self._lock:
             if step_id is None:
                 step_id = self._envs[env_id].next_env_id if env_id in self._envs else 0
-            self._env(env_id, step_id, "policy_halves", register=False)  # both halves checked before either is kept
-            env = self._env(env_id, step_id, "env_halves")
+            self._env(env_id, step_id, "env_halves", register=False)  # both halves checked before either is kept
+            env = self._env(env_id, step_id, "policy_halves")
             env.env_halves[step_id] = (rest, next_obs, terminated, truncated, meta)
             env.policy_halves[step_id] = policy
             env.next_env_id += 1
@@ -246,8 +253,18 @@ class EpisodeWriter:
         _step_id(step_id)
         env = self._envs.get(env_id) or _Env()
         kind = half.split("_")[0]
-        if step_id < env.next_id or step_id in getattr(env, half) or (kind == "env" and step_id < env.next_env_id):
-            raise ValueError(f"step_id: the {kind} half of step {step_id} of env {env_id!r} was already given")
+        if kind == "policy":
+            hi = env.next_env_id + self._policy_lead - 1
+            taken = f"env {env_id!r} takes policy halves of the steps in [{env.next_id}, {hi}] not given yet"
+            if step_id < env.next_id or step_id in env.policy_halves:
+                raise ValueError(f"step_id: the policy half of step {step_id} of env {env_id!r} was already given ({taken})")
+            if step_id > hi:
+                raise ValueError(
+                    f"step_id: {taken} (at most policy_lead={self._policy_lead} steps from step {env.next_env_id}, whose env "
+                    f"half comes next), got {step_id}"
+                )
+        elif step_id < env.next_env_id:
+            raise ValueError(f"step_id: the env half of step {step_id} of env {env_id!r} was already given")
         if kind == "env" and step_id != env.next_env_id:
             first = "its first env half is step 0" if env.next_env_id == 0 else f"the env half after step {env.next_env_id - 1}"
             raise ValueError(

@@ -4,6 +4,7 @@ and the check that a refused call changed nothing (device leaves byte for byte, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from typing import Any, Callable
@@ -38,6 +39,19 @@ def host_record(host) -> dict:
         "slot_version": host.slot_version.tobytes(),
         "contents": [s.get(slots, missing="zeros").tobytes() for s in host.stores],
     }
+
+
+@contextlib.contextmanager
+def corrupted(host):
+    """Inside the block every entry of the host stores fails its checksum on read (as after a flipped payload byte);
+    restored after it."""
+    for s in host.stores:
+        s._check ^= 1
+    try:
+        yield
+    finally:
+        for s in host.stores:
+            s._check ^= 1
 
 
 def record(thing: Any) -> dict:

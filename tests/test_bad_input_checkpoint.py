@@ -15,6 +15,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -157,3 +158,32 @@ def test_wait_accepted_timeouts_give_the_saved_buffer(timeout, blocking):
     pending.wait()
     assert pending.done() and pending.wait(timeout) == ROOT / "background"
     assert snapshot(jb.restore(ROOT / "background", BUF, progress=False)) == snapshot(BUF)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# meta defaults (array leaves, not in the JSON config)
+
+EP_STEP = {"obs": jnp.zeros((2,), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+
+
+def _episodes(kind: str, default) -> jb.EpisodeBuffer:
+    cls = {"device": jb.EpisodeBuffer, "compressed": jb.CompressedEpisodeBuffer}[kind]
+    kw = {"codec": "none"} if kind == "compressed" else {}
+    return cls.create(EP_STEP, max_episodes=2, max_timesteps=3, meta={"task": jnp.int32(default), "w": jnp.float32(0.5)}, **kw)
+
+
+@pytest.mark.parametrize("kind", ["device", "compressed"])
+def test_restore_refuses_a_target_whose_meta_default_differs(kind, tmp_path):
+    """A concrete target whose meta field default differs from the checkpoint's: `CheckpointError` naming the field
+    (was restored silently, the target's default replaced). The same defaults, and an abstract target (no values),
+    restore the saved buffer."""
+    saved = _episodes(kind, -1)
+    path = jb.save(tmp_path / "ckpt", saved, progress=False)
+    other = _episodes(kind, 7)
+    before, files = snapshot(other), tree(tmp_path)
+    with pytest.raises(jb.CheckpointError, match=r"meta' field 'task'.*default is -1, the target's is 7"):
+        jb.restore(path, other, progress=False)
+    assert snapshot(other) == before and tree(tmp_path) == files
+    for target in (_episodes(kind, -1), jax.eval_shape(lambda: other)):
+        got = jb.restore(path, target, progress=False)
+        assert int(got.meta_defaults["task"] if kind == "device" else got.buffer.meta_defaults["task"]) == -1

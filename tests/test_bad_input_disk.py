@@ -15,11 +15,13 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import jaxbuffers as jb
 from bad_inputs import SETTINGS, bad_keys, bad_static_ints, bad_unit_scalars, refused, snapshot
+from host_codecs import CorruptEntryError
 from host_codecs.file_store import FileStore, ReadOnlyError
 from jaxbuffers import disk
 
@@ -270,3 +272,18 @@ def test_concatenated_episodes_where_forms_give_the_same_samples():
     assert got[0] == got[1] == got[2]
     obs = np.asarray(CATE.sample_timesteps(k, 8, where=forms[0]).sample.item["obs"])
     assert (obs[:, 0] == 1).all() and (obs[:, 1] < 2).all() and (obs[:, 2] == 1 + obs[:, 1]).all()
+
+
+def test_eager_reads_of_a_folder_rewritten_after_its_flush_raise_corrupt_entry_error(tmp_path):
+    """Entries rewritten after the folder's last flush: an eager sample of a `Concatenated` over the reopened buffer
+    raises `CorruptEntryError`, not JAX's runtime error carrying its text (the buffer's own samplers:
+    `test_disk.test_old_states_and_unflushed_adds`)."""
+    buf = disk.open(tmp_path / "b", "w", make())
+    buf = buf.add(_steps(8), terminated=np.zeros((1, 8), bool))
+    disk.flush(buf)
+    buf = buf.add({**_steps(8), "obs": _steps(8)["obs"] + 100}, terminated=np.zeros((1, 8), bool))  # every slot, not flushed
+    buf.close()
+    ro = disk.open(tmp_path / "b", "r")
+    with pytest.raises(CorruptEntryError, match="corrupt"):
+        disk.Concatenated.create([ro]).sample_sequences(jax.random.key(0), 4, 2)
+    ro.close()

@@ -12,8 +12,11 @@ from hypothesis import strategies as st
 
 import jaxbuffers as jb
 from bad_inputs import SETTINGS as _SETTINGS, bad_keys, bad_static_ints, bad_unit_scalars, snapshot
-from compressed_bad_input import assert_refused, wrong_tree
+from compressed_bad_input import assert_refused, corrupted, record, wrong_tree
+from frame_stacks import stacked_episodes
+from host_codecs import CorruptEntryError
 from jaxbuffers.compressed import CompressedEpisodeBuffer
+from jaxbuffers.compressed._common import forced_callbacks
 
 SETTINGS = settings(_SETTINGS, max_examples=15)  # two buffers per example: about as many calls as the replay module's 30
 FEW = settings(_SETTINGS, max_examples=6)  # examples that compile programs or build a compressed buffer
@@ -320,3 +323,60 @@ def test_a_python_int_a_float_meta_field_would_round_is_refused():
     assert "float32 holds exactly, got 1073741825 (it would be rounded to 1073741824)" in str(err)
     for ok in (2**30, 3, 0.1):  # exact ints, and floats (rounded as any float literal)
         assert float(buf.add_episode(episode(), 2, terminated=True, final_obs=final(), meta={"w": ok}).meta["w"][0]) == np.float32(ok)
+
+
+def test_eager_reads_raise_our_errors_not_jax_runtime_errors():
+    """Called eagerly, a read of a compressed state whose episode slots were rewritten raises `StaleBufferError`, and
+    one of a store whose bytes changed `CorruptEntryError`, not JAX's runtime error carrying their text (through
+    `io_callback` / `pure_callback`, the callbacks off the CPU)."""
+    with forced_callbacks(False):
+        old = fill(compressed())
+        new = fill(old, E)  # circular: every slot of old's episodes rewritten
+        with pytest.raises(jb.StaleBufferError, match="rewritten"):
+            old.get_all()
+        with corrupted(new.host), pytest.raises(CorruptEntryError, match="corrupt"):
+            new.get_all()
+        new.get_all()  # intact again
+    new.close()
+
+
+@pytest.mark.parametrize("padding", ["reset", pytest.param("zero", marks=pytest.mark.slow)])
+def test_stacks_the_store_cannot_rebuild_are_refused_naming_the_step(padding):
+    """With `frame_stack` the store keeps each step's newest frame and rebuilds the older ones. A stack that is not
+    the previous step's shifted by one frame (a reset mid-episode), one padded otherwise at the episode's start, or a
+    final observation not stacked on the last steps would come back changed: refused eagerly (`ValueError` naming
+    the leaf, the episode and the step) and under `jit` (JAX's error carrying ours), before anything is written, the
+    buffer byte-identical. Stacks a frame stacker makes come back exactly (stack axis last here)."""
+    k, rng = 3, np.random.default_rng(4)
+    step = {"obs": {"pixels": jnp.zeros((HW, HW, k), jnp.uint8), "vec": jnp.zeros((2,), jnp.float32)}, "action": jnp.int32(0),
+            "reward": jnp.float32(0)}
+    buf = CompressedEpisodeBuffer.create(step, max_episodes=E, max_timesteps=M, compress=("pixels",), frame_stack=k, stack_axis=-1,
+                                         padding=padding, codec="rle")
+    lengths = np.array([M, 3], np.int32)
+    stacks, finals = (np.moveaxis(x, -3, -1) for x in stacked_episodes(rng.integers(0, 256, (2, M + 1, HW, HW), dtype=np.uint8), lengths, k, padding))
+
+    def args(stacks, finals):
+        eps = {"obs": {"pixels": stacks, "vec": np.ones((2, M, 2), np.float32)}, "action": np.zeros((2, M), np.int32), "reward": np.zeros((2, M), np.float32)}
+        return (eps, lengths), dict(terminated=np.array([True, False]), final_obs={"pixels": finals, "vec": np.zeros((2, 2), np.float32)})
+
+    a, kw = args(stacks, finals)
+    buf = buf.add_episodes(*a, **kw)
+    got = buf.get_all()
+    for i, n in enumerate(lengths):
+        np.testing.assert_array_equal(np.asarray(got.item["obs"]["pixels"][i, :n]), stacks[i, :n])
+        np.testing.assert_array_equal(np.asarray(got.final_obs["pixels"][i]), finals[i])
+    restarted, padded, final = stacks.copy(), stacks.copy(), finals.copy()
+    restarted[1, 2] = restarted[1, 2, ..., -1:]  # a reset at step 2: every frame is its newest
+    padded[0, 0, ..., 0] = 7  # a frame before the episode's start that is not the padding
+    final[1, ..., 0] ^= 1
+    for bad_stacks, bad_finals, name, where in ((restarted, finals, "episodes['obs']['pixels']", "step 2 of episode 1"),
+                                                (padded, finals, "episodes['obs']['pixels']", "step 0 of episode 0"),
+                                                (stacks, final, "final_obs['pixels']", "the final observation of episode 1")):
+        a, kw = args(bad_stacks, bad_finals)
+        err = assert_refused(lambda: buf.add_episodes(*a, **kw), (name,), buf, errors=(ValueError,))
+        assert where in str(err) and "nothing was written" in str(err)
+    before = record(buf)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"episodes\['obs'\]\['pixels'\]: step 2 of episode 1 is not the stack"):
+        jax.block_until_ready(jax.jit(lambda b, a, kw: b.add_episodes(*a, **kw))(buf, *args(restarted, finals)))
+    assert record(buf) == before
+    buf.close()

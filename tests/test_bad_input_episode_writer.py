@@ -148,3 +148,42 @@ def test_accepted_forms_commit_the_same_episode(flag_form, array_form, policy_fi
             call()
     assert snapshot(got.buffer) == snapshot(want.buffer)
     assert int(got.buffer.num_episodes()) == 1
+
+
+@SETTINGS
+@given(env=st.sampled_from(["b", 0, "new"]), past=st.booleans(), by=st.integers(1, 50))
+@example(env="new", past=False, by=40)  # an env numbering its policy halves by a global step: they waited forever
+def test_policy_halves_of_impossible_steps_are_refused(env, past, by):
+    """A policy half of a step already joined or given, or more than `policy_lead` (default `max_timesteps`) steps
+    from the step whose env half comes next: `ValueError` naming `step_id`, the env, the range taken and the id
+    given; nothing kept (a new env leaves no trace)."""
+    lo, nxt_env = {"b": (2, 3), 0: (M + 2, M + 2), "new": (0, 0)}[env]
+    hi = nxt_env + M - 1
+    sid = lo - by if past else hi + by
+    if sid < 0:
+        return
+    _, p, _ = halves(0)
+    err = refused(lambda: W.add_policy(env, sid, p), "step_id", state=lambda: state(W))
+    assert f"env {env!r} takes policy halves of the steps in [{lo}, {hi}] not given yet" in str(err)
+    assert str(err).endswith(f"got {sid}") if not past else f"step {sid} of env {env!r} was already given" in str(err)
+    assert W.pending("new") == ([], [])
+
+
+def test_policy_halves_ahead_of_their_env_halves_within_policy_lead_join():
+    """Policy before env, up to `policy_lead - 1` steps after the env half expected next, in any order: accepted,
+    waiting, and joined as their env halves come; `policy_lead` is the constructor's."""
+    w = writer()  # env "b": steps 0, 1 joined, the env half of step 2 waiting: policy halves of [2, 5] taken
+    for sid in (5, 3, 4):
+        w.add_policy("b", sid, halves(sid)[1])
+    assert w.pending("b") == ([2], [3, 4, 5])
+    w.add_policy("b", 2, halves(2)[1])
+    for sid in (3, 4, 5):
+        e, _, nxt = halves(sid)
+        w.add_env("b", sid, e, next_obs=nxt, terminated=False)
+    assert w.pending("b") == ([], [])
+    assert w.in_progress("b") == 0 and int(w.buffer.num_episodes()) == 3  # "b": steps 0-2 and 3-5, cut at M
+    wide = jb.EpisodeWriter(BUFFER, policy_lead=100)
+    wide.add_policy(9, 99, halves(0)[1])
+    assert wide.pending(9) == ([], [99])
+    for bad in (0, -1, 2.0, True, "3", [4]):
+        refused(lambda: jb.EpisodeWriter(BUFFER, policy_lead=bad), "policy_lead")

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import jaxbuffers as jb
+from frame_stacks import stacked_episodes
 from jaxbuffers import checkpoint as ckpt
 
 pytest.importorskip("zstandard")
@@ -107,8 +108,13 @@ def _episode_ops(cls, spec, **kw):
     create = lambda: cls.create(spec, max_episodes=3, max_timesteps=4, meta={"task_id": jnp.int32(-1)}, **kw)  # noqa: E731
 
     def data(rng):
-        return (_rand(rng, spec, (2, 4)), jnp.asarray(rng.integers(1, 5, 2).astype(np.int32)), jnp.asarray(rng.random(2) < 0.4),
-                jnp.asarray(rng.random(2) < 0.4), _rand(rng, spec["obs"], (2,)), jnp.asarray(rng.integers(0, 2, 2).astype(np.int32)))
+        steps, lengths, final = _rand(rng, spec, (2, 4)), rng.integers(1, 5, 2).astype(np.int32), _rand(rng, spec["obs"], (2,))
+        if kw.get("frame_stack"):  # stacks a frame stacker makes: what the compressed buffer stores exactly
+            k = kw["frame_stack"]
+            stacks, final = stacked_episodes(rng.integers(0, 4, (2, 5, *spec["obs"].shape[1:]), dtype=np.uint8), lengths, k)
+            steps = {**steps, "obs": jnp.asarray(stacks)}
+        return (steps, jnp.asarray(lengths), jnp.asarray(rng.random(2) < 0.4), jnp.asarray(rng.random(2) < 0.4), jnp.asarray(final),
+                jnp.asarray(rng.integers(0, 2, 2).astype(np.int32)))
 
     def add(b, s, n, te, tr, fo, task):
         return b.add_episodes(s, n, terminated=te, truncated=tr, final_obs=fo, meta={"task_id": task})

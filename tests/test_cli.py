@@ -103,7 +103,8 @@ def _episodes(buf):
         pad = lambda x: np.concatenate([x, np.zeros((MAX_T - n, *x.shape[1:]), x.dtype)])  # noqa: E731
         ep = {"obs": jnp.asarray(pad(obs[t0 : t0 + n, lane])), "action": jnp.asarray(pad(np.arange(t0, t0 + n, dtype=np.int32))),
               "reward": jnp.asarray(pad(np.arange(t0, t0 + n, dtype=np.float32) / 2))}
-        buf = buf.add_episode(ep, n, terminated=term, truncated=not term, final_obs=jnp.asarray(obs[t0 + n - 1, lane]),
+        final = np.concatenate([obs[t0 + n - 1, lane, 1:], frame(lane, t0 + n)[None]])  # the stack after the last step
+        buf = buf.add_episode(ep, n, terminated=term, truncated=not term, final_obs=jnp.asarray(final),
                               meta={"task": jnp.int32(task)})
     return buf
 

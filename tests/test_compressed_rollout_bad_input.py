@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compressed_bad_input import (
-    BAD_SCALARS, BAD_SIZES, MODES, SETTINGS, WRONG_KEYS, assert_refused, foreign_inputs, record, run_in, torch_tensor, wrong_array,
-    wrong_tree,
+    BAD_SCALARS, BAD_SIZES, MODES, SETTINGS, WRONG_KEYS, assert_refused, corrupted, foreign_inputs, record, run_in, torch_tensor,
+    wrong_array, wrong_tree,
 )
+from host_codecs import CorruptEntryError
 from jaxbuffers.compressed import CompressedRolloutBuffer, StaleBufferError
 
 E, T, H, W = 2, 4, 3, 4
@@ -156,3 +157,22 @@ def test_torch_tensors_and_wrong_keys_are_named(buf):
     for key in WRONG_KEYS:
         assert_refused(lambda: buf.minibatch_indices(key, 2), ("key",), buf)
         assert_refused(lambda: jax.jit(lambda b: b.minibatches(key, 2))(buf), ("key",), buf)
+
+
+def test_eager_reads_raise_our_errors_not_jax_runtime_errors():
+    """Called eagerly, a read of a state whose rows were rewritten (after `reset`) raises `StaleBufferError`, and one
+    of a store whose bytes changed `CorruptEntryError`, not JAX's runtime error carrying their text."""
+    b0 = _filled()
+    b1, rng, first = b0.reset(), np.random.default_rng(3), None
+    for _ in range(2):  # rewrites the rows b0 reads
+        step, fields = _good(rng)
+        b1, first = b1.add(step, **fields), step["obs"] if first is None else first
+    with pytest.raises(StaleBufferError, match="rewritten"):
+        b0.gather(jnp.arange(E))
+    with corrupted(b1.host):
+        with pytest.raises(CorruptEntryError, match="corrupt"):
+            b1.gather(jnp.arange(E))
+        with pytest.raises(CorruptEntryError, match="corrupt"):
+            b1.minibatches(jax.random.key(0), 2)
+    np.testing.assert_array_equal(np.asarray(b1.gather(jnp.arange(E)).step["obs"]), first)  # intact again
+    b1.close()

@@ -12,9 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compressed_bad_input import (
-    BAD_SIZES, MODES, SETTINGS, WRONG_KEYS, assert_refused, foreign_inputs, record, run_in, sampling_calls, torch_tensor,
-    wrong_array, wrong_trajectory_add, wrong_tree,
+    BAD_SIZES, MODES, SETTINGS, WRONG_KEYS, assert_refused, corrupted, foreign_inputs, record, run_in, sampling_calls,
+    torch_tensor, wrong_array, wrong_trajectory_add, wrong_tree,
 )
+from host_codecs import CorruptEntryError
+from jaxbuffers.compressed._common import forced_callbacks
 from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer, StaleBufferError
 
 E, LENGTH, K, H, W = 2, 6, 2, 3, 4
@@ -277,3 +279,29 @@ def test_torch_tensors_and_wrong_keys_are_named(bufs, kind):
     for key in WRONG_KEYS:
         assert_refused(lambda: buf.sample_transitions(key, 2, gamma=0.9), ("key",), buf)
         assert_refused(lambda: jax.jit(lambda b: b.sample_sequences(key, 2, 2 if kind == "uniform" else None))(buf), ("key",), buf)
+
+
+@pytest.mark.parametrize("cls,in_place", [  # the other callback path by default: tests/test_bad_input_episode.py
+    (CompressedTrajectoryBuffer, True), pytest.param(CompressedPrioritisedTrajectoryBuffer, False, marks=pytest.mark.slow),
+    pytest.param(CompressedTrajectoryBuffer, False, marks=pytest.mark.slow),
+    pytest.param(CompressedPrioritisedTrajectoryBuffer, True, marks=pytest.mark.slow),
+])
+def test_eager_reads_raise_our_errors_not_jax_runtime_errors(cls, in_place):
+    """Called eagerly, a sample of a state whose slots were rewritten raises `StaleBufferError` and one of a store
+    whose bytes changed raises `CorruptEntryError` (not JAX's runtime error carrying their text), with either
+    callback mechanism; the newest state samples as before afterwards."""
+    kw = {"window_length": 2} if cls is CompressedPrioritisedTrajectoryBuffer else {}
+    with forced_callbacks(in_place):
+        buf = _filled(cls, **kw)
+        old, rng = buf, np.random.default_rng(5)
+        for _ in range(buf.frame_ring):  # wraps: old's slots are rewritten
+            step, flags = _good_add(rng)
+            buf = buf.add(step, **flags)
+        want = jax.tree.map(np.asarray, buf.sample_transitions(jax.random.key(1), 4, gamma=0.9))
+        with pytest.raises(StaleBufferError, match="rewritten"):
+            old.sample_transitions(jax.random.key(1), 4, gamma=0.9)
+        with corrupted(buf.host), pytest.raises(CorruptEntryError, match="corrupt"):
+            buf.sample_transitions(jax.random.key(1), 4, gamma=0.9)
+        got = jax.tree.map(np.asarray, buf.sample_transitions(jax.random.key(1), 4, gamma=0.9))
+        jax.tree.map(np.testing.assert_array_equal, got, want)
+    buf.close()

@@ -75,9 +75,9 @@ def check_against(buf, expected_by_env: dict[int, list[dict]]):
 def test_halves_in_either_order_and_auto_truncation():
     rng = random.Random(0)
     buf = EpisodeBuffer.create(EXAMPLE, max_episodes=64, max_timesteps=M)
-    w = EpisodeWriter(buf)
-    assert w.policy_keys == ("action", "log_prob")
     n = 23
+    w = EpisodeWriter(buf, policy_lead=n)  # any order: a policy half may come up to n steps ahead
+    assert w.policy_keys == ("action", "log_prob")
     fls = {e: flags(rng, n) for e in range(3)}
     events = []
     for e in range(3):
@@ -137,7 +137,7 @@ def test_concurrent_writers_match_the_model():
     rng = random.Random(2)
     fls = {e: flags(rng, n) for e in range(n_envs)}
     buf = EpisodeBuffer.create(EXAMPLE, max_episodes=n_envs * n, max_timesteps=M, meta={"env": jnp.int32(-1)})
-    w = EpisodeWriter(buf)
+    w = EpisodeWriter(buf, policy_lead=n)  # each policy thread shuffles all of an env's steps
     errors: list[BaseException] = []
 
     def env_actor(e):
@@ -252,8 +252,8 @@ def test_env_halves_out_of_step_order_are_refused_naming_the_env_and_ids():
 
 def test_concurrent_writers_with_a_misnumbered_env():
     """Env threads run at once; one env counts from a global step (its first id is 40): its thread gets the error
-    at its first env half, its policy halves wait (listed by `pending`), and every other env commits as the model
-    says."""
+    at its first half (a policy half 40 steps past the env's next env half: beyond `policy_lead`), the policy halves
+    another thread sends for it are refused too (none waits), and every other env commits as the model says."""
     n_envs, n, late = 4, 24, 3
     rng = random.Random(3)
     fls = {e: flags(rng, n) for e in range(n_envs)}
@@ -273,10 +273,15 @@ def test_concurrent_writers_with_a_misnumbered_env():
         except ValueError as err:
             errors[e] = err
 
+    ahead: list[BaseException] = []
+
     def policy_ahead():  # policy halves of the late env's next steps, from another thread
         start.wait()
         for sid in range(41, 44):
-            w.add_policy(late, sid, step_values(late, sid - 40)[1])
+            try:
+                w.add_policy(late, sid, step_values(late, sid - 40)[1])
+            except ValueError as err:
+                ahead.append(err)
 
     threads = [threading.Thread(target=env_actor, args=(e,)) for e in range(n_envs)]
     threads.append(threading.Thread(target=policy_ahead))
@@ -284,8 +289,9 @@ def test_concurrent_writers_with_a_misnumbered_env():
         t.start()
     for t in threads:
         t.join()
-    assert list(errors) == [late]
-    assert str(errors[late]).startswith(f"step_id: env {late} expects the env half of step 0 next")
-    assert str(errors[late]).endswith("got 40")
-    assert w.pending(late) == ([], [40, 41, 42, 43]) and w.in_progress(late) == 0
+    assert list(errors) == [late] and len(ahead) == 3
+    for err, sid in zip([errors[late], *ahead], range(40, 44)):
+        assert str(err).startswith(f"step_id: env {late} takes policy halves of the steps in [0, {M - 1}] not given yet")
+        assert str(err).endswith(f"(at most policy_lead={M} steps from step 0, whose env half comes next), got {sid}")
+    assert w.pending(late) == ([], []) and w.in_progress(late) == 0
     check_against(w.buffer, {e: expected_episodes(e, fls[e], n) if e != late else [] for e in range(n_envs)})

@@ -609,6 +609,13 @@ def one_each(name: str, value: Any, n: int, what: str) -> tuple:
     return tuple(value)
 
 
+def filled(what: str, filled: int, size: int, unit: str, hint: str) -> None:
+    """RuntimeError naming `what` unless all `size` `unit` are filled (`filled` of them are): a call that needs a full
+    buffer, such as SB3's rollout `get`."""
+    if filled != size:
+        raise RuntimeError(f"{what}: the buffer holds {filled} of buffer_size={size} {unit}; {hint}")
+
+
 def single_process(what: str, why: str) -> None:
     """NotImplementedError naming `what` when JAX runs in several processes (`jax.process_count() > 1`)."""
     if jax.process_count() > 1:
@@ -616,4 +623,6 @@ def single_process(what: str, why: str) -> None:
 
 
 # the step checks (module doc), after every name they use is defined
-from jaxbuffers._validate.steps import final_obs_not_step, frame_leaves, trajectory_add, trajectory_example  # noqa: E402
+from jaxbuffers._validate.steps import (  # noqa: E402
+    final_obs_not_step, frame_leaves, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks,
+)

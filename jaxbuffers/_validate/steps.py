@@ -159,3 +159,69 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
             )
         out.append((name, shape, np.dtype(s.dtype), tuple(d for j, d in enumerate(shape) if j != ax), ax))
     return out
+
+
+def _differs(a: jax.Array, b: jax.Array, lead: int) -> jax.Array:
+    """bool `a.shape[:lead]`: whether `a` and `b` differ in some byte past their first `lead` axes (floats compared
+    bit for bit, so a NaN equals itself). One XOR and one max over a flat axis: XLA's CPU backend reduces that
+    several times faster than `jnp.all(a == b, axes)`."""
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        width = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[a.dtype.itemsize]
+        a, b = jax.lax.bitcast_convert_type(a, width), jax.lax.bitcast_convert_type(b, width)
+    d = (a ^ b).reshape(*a.shape[:lead], int(np.prod(a.shape[lead:])))
+    return jnp.max(d, axis=-1, initial=0) != 0
+
+
+def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) -> jax.Array:
+    """Where frame stacks are not what a frame-deduplicating episode store rebuilds from each step's newest frame.
+
+    Such a store keeps frame `k - 1` (the newest) of every step's stack and rebuilds stack position `j` of step `t`
+    as the newest frame of step `t - (k - 1 - j)` of the same episode; before the episode's first step, the first
+    step's newest frame (`padding="reset"`) or zeros (`"zero"`). The final observation is position `n` (the length).
+    By induction over `t` that holds exactly when step 0's older frames are the padding and every later stack (the
+    final observation's too) is the one before it shifted by one frame: `x[t][j] == x[t - 1][j + 1]`, `j < k - 1`,
+    which is what is compared (slices, no gather).
+
+    Args:
+      stacks: `[B, T, *shape]`, `k` frames along `stack_axis` of `shape`.
+      finals: `[B, *shape]`, the final observations.
+      lengths: int `[B]`; steps at or past a length are not compared (nor the final observation of a length 0).
+      stack_axis, padding: as the store's.
+
+    Returns:
+      bool `[B, T + 1]`: True at the first step of a row whose stack would not come back as given (and at later ones
+      that do not shift from the step before); column `T`: the final observation.
+    """
+    x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [B, T, k, *frame]
+    f = jnp.moveaxis(finals, 1 + stack_axis, 1)  # [B, k, *frame]
+    k, t = x.shape[2], x.shape[1]
+    lengths = jnp.asarray(lengths, jnp.int32)
+    first = x[:, 0, : k - 1]
+    pad = jnp.zeros_like(first) if padding == "zero" else jnp.broadcast_to(x[:, :1, k - 1], first.shape)
+    start = _differs(first, pad, 1)  # [B]
+    shifted = _differs(x[:, 1:, : k - 1], x[:, :-1, 1:], 2)  # [B, T - 1]
+    bad = jnp.concatenate([start[:, None], shifted], axis=1) & (jnp.arange(t) < lengths[:, None])
+    last = jax.vmap(lambda s, n: s[jnp.clip(n - 1, 0, t - 1)])(x, lengths)  # [B, k, *frame]: the last step's stack
+    bad_final = _differs(f[:, : k - 1], last[:, 1:], 1) & (lengths > 0)
+    return jnp.concatenate([bad, bad_final[:, None]], axis=1)
+
+
+def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched: bool) -> ValueError | None:
+    """The error naming the first stack `unrebuilt_stacks` found, or None. `bad`: bool `[L, B, T + 1]`, one
+    `unrebuilt_stacks` per compressed leaf; `names`: per leaf, its name in the episode argument and in `final_obs`
+    (e.g. `("episodes['obs']['pixels']", "final_obs['pixels']")`); `batched`: several episodes (`add_episodes`)."""
+    for (step_name, final_name), leaf in zip(names, np.asarray(bad)):
+        hits = np.argwhere(leaf)
+        if not hits.size:
+            continue
+        e, t = (int(i) for i in hits[0])
+        final = t == leaf.shape[1] - 1
+        episode = f"episode {e}" if batched else "the episode"
+        what = f"{final_name}: the final observation of {episode}" if final else f"{step_name}: step {t} of {episode}"
+        return ValueError(
+            f"{what} is not the stack the buffer rebuilds from each step's newest frame (with frame_stack, each stack "
+            f"is the previous step's shifted by one frame, padded at the episode's start as `padding` says), so its "
+            f"older frames would be lost (nothing was written). Store such observations whole (frame_stack=None), or "
+            f"give each episode the stacks a frame stacker makes from its start"
+        )
+    return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence
@@ -149,20 +150,35 @@ def forced_callbacks(in_place: bool) -> Iterator[None]:
 
 
 def write(
-    host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array], bases: jax.Array | None = None
+    host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array], bases: jax.Array | None = None,
+    refuse: tuple[jax.Array, Callable[[np.ndarray], Exception | None]] | None = None,
 ) -> jax.Array:
     """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`, with `bases`: int32 `[M]`
     delta bases, -1 for whole entries); returns the new version (int32 scalar), which orders every later read and
     write of the store by data dependency. The mechanism is `in_place_callbacks`'s.
 
+    Args:
+      refuse: `(values, error)`: on the host, before anything is written, `error(values)` (numpy) returns the
+        exception to raise instead of writing, or None (a check of values known only when the program runs).
+
     Raises:
       ValueError: under `vmap`: a buffer is one host store, so states cannot be stacked.
     """
     args = (version, slots.astype(jnp.int32), valid, *datas)
-    put = host.write
+    n = len(args)
     if bases is not None:
         args = (*args, bases.astype(jnp.int32))
-        put = lambda *a: host.write(*a[:-1], bases=a[-1])  # noqa: E731
+    if refuse is not None:
+        args = (*args, refuse[0])
+
+    def checked_write(*a):
+        if refuse is not None:
+            error = refuse[1](np.asarray(a[-1]))
+            if error is not None:
+                raise error
+        return host.write(*a[:n], bases=None if bases is None else a[n])
+
+    put = keeping(host, checked_write)
     out = jax.ShapeDtypeStruct((), jnp.int32)
     if in_place_callbacks():
 
@@ -208,12 +224,78 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
 
         def fill(ctx, outs, version, *id_buffers):
             outs = [np.asarray(o) for o in outs]
-            host.read_into(np.asarray(version), [np.asarray(b) for b in id_buffers], [outs[i * m : (i + 1) * m] for i in range(len(infos))])
+            keeping(host, host.read_into)(np.asarray(version), [np.asarray(b) for b in id_buffers], [outs[i * m : (i + 1) * m] for i in range(len(infos))])
 
         flat = _buffer_callback(fill, shapes, vmap_method="broadcast_all")(version, *ids)
     else:
-        flat = jax.pure_callback(host.read, shapes, version, *ids, vmap_method="broadcast_all")
+        flat = jax.pure_callback(keeping(host, host.read), shapes, version, *ids, vmap_method="broadcast_all")
     return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
+
+
+# HostStores -> the exception its newest failed host callback raised during an eager call (`keeping`, `run_eager`),
+# and the number of eager calls running (exceptions are kept only then: a kept one holds its frames).
+_raised: "weakref.WeakKeyDictionary[HostStores, BaseException]" = weakref.WeakKeyDictionary()
+_eager: "weakref.WeakKeyDictionary[HostStores, int]" = weakref.WeakKeyDictionary()
+_eager_lock = threading.Lock()  # eager calls may run in several threads
+
+
+def keeping(host: HostStores, fn: Callable) -> Callable:
+    """`fn`, a host callback's body, that also keeps the exception it raises: JAX hands the caller a
+    `jax.errors.JaxRuntimeError` carrying only its text, and an eager call re-raises the kept one (`run_eager`)."""
+
+    def call(*args):
+        try:
+            return fn(*args)
+        except Exception as e:
+            if _eager.get(host):
+                _raised[host] = e
+            raise
+
+    return call
+
+
+def run_eager(hosts: Sequence[HostStores], call: Callable[[], Any], wait: bool) -> Any:
+    """`call()` (an eager call of buffers whose stores are `hosts`), raising the exception a host callback of one of
+    `hosts` raised instead of the error carrying its text out of the program (`jax.errors.JaxRuntimeError`, or a
+    `ValueError` from a `pure_callback`); an error whose text names no kept exception (e.g. another thread's) is
+    raised as it is. `wait`: wait for the result first,
+    so that a read's error is raised here."""
+    with _eager_lock:
+        for host in hosts:
+            _eager[host] = _eager.get(host, 0) + 1
+    try:
+        out = call()
+        if wait:
+            jax.block_until_ready(out)
+        return out
+    except Exception as e:  # JAX's own type, which varies with the callback mechanism (a ValueError from pure_callback)
+        for host in hosts:
+            kept = _raised.get(host)
+            if kept is not None and kept is not e and f"{type(kept).__name__}: {kept}" in str(e):
+                raise kept from e
+        raise
+    finally:
+        with _eager_lock:
+            for host in hosts:
+                _eager[host] -= 1
+                if not _eager[host]:
+                    _raised.pop(host, None)
+
+
+def reads_of(buffers: Callable[[Any], Sequence[Any]]) -> Callable:
+    """Decorate a public read of several compressed buffers (`buffers(self)`) with `run_eager` when called eagerly."""
+
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            bufs = buffers(self)
+            if any(isinstance(b.version, jax.core.Tracer) for b in bufs):
+                return method(self, *args, **kwargs)
+            return run_eager([b.host for b in bufs], lambda: method(self, *args, **kwargs), wait=True)
+
+        return call
+
+    return wrap
 
 
 # HostStores -> (the version array of the newest add dispatched eagerly, the version its write makes): its write may
@@ -267,7 +349,12 @@ def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> int | None
 def checked_before_dispatch(add: bool = False) -> Callable:
     """Decorate a public method of a compressed buffer (above `jaxbuffers._compiled.method`) with
     `check_before_dispatch` (`check_add_before_dispatch` for an add, which is then remembered as the newest one
-    of its store)."""
+    of its store).
+
+    Called eagerly, the method raises the exception its host callback raised (`StaleBufferError`,
+    `host_codecs.CorruptEntryError`, ...), not the `jax.errors.JaxRuntimeError` that carries it out of the program:
+    a read waits for its result (its caller reads it next anyway) so that the error is raised here; an add is not
+    waited for (its checks ran before dispatch). Under `jit` the program's caller gets the `JaxRuntimeError`."""
 
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
@@ -276,7 +363,9 @@ def checked_before_dispatch(add: bool = False) -> Callable:
                 made = check_add_before_dispatch(self, lambda b: method(b, *args, **kwargs))
             else:
                 made = check_before_dispatch(self, False)
-            out = method(self, *args, **kwargs)
+            if isinstance(self.version, jax.core.Tracer):
+                return method(self, *args, **kwargs)
+            out = run_eager([self.host], lambda: method(self, *args, **kwargs), wait=not add)
             if made is not None:
                 _newest_add[self.host] = (out.version, made)
             return out

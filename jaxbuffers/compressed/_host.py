@@ -16,7 +16,8 @@ buffer keeps in a *static* field (not a pytree leaf):
   `v` raises if one of its slots was written later (an old state kept after later adds, or a sample XLA scheduled
   after a later add of the same program). A write from a state whose version is not the store's current one (adding
   twice to one state: a fork) is refused before anything is written. Errors raised inside callbacks surface as
-  `jax.errors.JaxRuntimeError` when the result is used. A read of a slot includes every slot its delta chain
+  `jax.errors.JaxRuntimeError` when the result is used under `jit`; a buffer method called eagerly raises the
+  exception itself (`jaxbuffers.compressed._common.run_eager`). A read of a slot includes every slot its delta chain
   decodes (`host_codecs.CompressedStore` deltas): a delta whose keyframe was rewritten after `v` is refused too.
 * **Reads are linearisable under threads.** A write marks its slots with its version *before* it puts a byte, and a
   read checks its slots' versions before and again after it decodes (a sequence lock per slot): a read that

@@ -18,8 +18,11 @@ and stacks are rebuilt at sample time from the frames of the same episode (`jaxb
 frames before the episode's first step are padding, `"reset"` repeating its first frame (Gymnasium's
 `FrameStackObservation`), `"zero"` giving zeros. The final observation stores its newest frame too, stacked on the
 episode's last frames. This is exact when the observations given are what such a frame stacker produced from the
-episode's start; `split_long=True` is refused with `frame_stack` (a later part's first stacks reach into the part
-before it).
+episode's start, and any other stack is refused (`jaxbuffers._validate.unrebuilt_stacks`: a stack that is not the
+previous step's shifted by one frame, e.g. after a reset mid-episode, one padded otherwise at the episode's start, a
+final observation not stacked on the last steps), so what is stored always comes back as given; store such
+observations with `frame_stack=None`. `split_long=True` is refused with `frame_stack` (a later part's first stacks
+reach into the part before it).
 
 Temporal coding (`keyframe_interval=K`, default and meaning as `jaxbuffers.compressed.CompressedTrajectoryBuffer`'s):
 step `t` of an episode is stored as the bytewise XOR with step `t - 1` of the same episode (a delta, through
@@ -206,7 +209,9 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         the final observation go to the host in one ordered callback.
 
         Raises:
-          ValueError: also `split_long=True` with `frame_stack` (module doc).
+          ValueError: also `split_long=True` with `frame_stack` (module doc); with `frame_stack`, a stack the store
+            cannot rebuild from each step's newest frame (module doc), naming the leaf, the episode and the step, before
+            anything runs (under `jit` the write callback refuses it before writing: `jax.errors.JaxRuntimeError`).
           BufferFullError: an eager add to a full fixed buffer, refused before anything runs (host included).
           StaleBufferError: called eagerly on a state that is not the newest, before anything runs (under `jit`
             the write callback refuses it: `jax.errors.JaxRuntimeError`).
@@ -230,19 +235,48 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
                 f"split_long: not with frame_stack={self.frame_stack} (a later part's first stacks would reach into the "
                 f"part before it); create the buffer with max_timesteps >= the episode's length"
             )
-        inner = self.buffer
-        if not inner.circular and not _is_traced((self, args)):  # refused before the host write runs
+        inner, traced = self.buffer, _is_traced((self, args))
+        if not inner.circular and not traced:  # refused before the host write runs
             m = inner.max_timesteps
             parts = int(np.sum(-(-np.asarray(args[1]) // m)))
             if int(inner.num_valid) + parts > inner.max_episodes:
                 raise inner._full_error()
-        return self._write(*args, batched)
+        if self._stacked and not traced:  # stacks the store cannot rebuild: refused before anything runs
+            error = self._stack_error(np.asarray(self._unrebuilt(args[0], args[1], args[4], batched)), batched)
+            if error is not None:
+                raise error
+        return self._write(*args, batched, not traced)
+
+    @property
+    def _stacked(self) -> bool:
+        """Whether the compressed leaves are frame stacks (the store keeps each step's newest frame only)."""
+        return self.leaves[0].stack_axis is not None
 
     @_compiled.method("batched")
-    def _write(self, episodes, lengths, terminated, truncated, final_obs, meta, batched: bool) -> "CompressedEpisodeBuffer":
+    def _unrebuilt(self, episodes, lengths, final_obs, batched: bool) -> jax.Array:
+        """bool `[leaves, B, T + 1]`: `jaxbuffers._validate.unrebuilt_stacks` of every compressed leaf."""
+        lift = (lambda x: x) if batched else (lambda x: x[None])  # noqa: E731
+        stacks, finals = _common.pick_leaves(episodes[self.obs_key], self.leaf_index), _common.pick_leaves(final_obs, self.leaf_index)
+        lengths = lift(jnp.asarray(lengths, jnp.int32))
+        return jnp.stack([_validate.unrebuilt_stacks(lift(jnp.asarray(x)), lift(jnp.asarray(f)), lengths, stack_axis=i.stack_axis, padding=self.padding)
+                          for x, f, i in zip(stacks, finals, self.leaves)])
+
+    def _stack_error(self, bad: np.ndarray, batched: bool) -> ValueError | None:
+        """`jaxbuffers._validate.unrebuilt_stack_error` of `_unrebuilt`'s result, naming the leaves as the add's arguments."""
+        obs = f"[{self.obs_key!r}]"
+        names = [(f"{'episodes' if batched else 'episode'}{obs}{i.name[len('example_step' + obs):]}", f"final_obs{i.name[len('example_step' + obs):]}")
+                 for i in self.leaves]
+        return _validate.unrebuilt_stack_error(bad, names, batched)
+
+    @_compiled.method("batched", "checked")
+    def _write(self, episodes, lengths, terminated, truncated, final_obs, meta, batched: bool, checked: bool) -> "CompressedEpisodeBuffer":
         """The inner buffer's rows of the episodes with their compressed leaves' newest frames, the frames taken
         out (placeholders stored instead) and written to the host at the slots the rows went to (steps off a
-        keyframe as deltas against the step before them, module doc)."""
+        keyframe as deltas against the step before them, module doc). Unless `checked` (eagerly, before the call),
+        the write callback refuses stacks the store cannot rebuild before it writes anything."""
+        refuse = None
+        if self._stacked and not checked:
+            refuse = (self._unrebuilt(episodes, lengths, final_obs, batched), lambda bad: self._stack_error(bad, batched))
         inner, idx, key = self.buffer, self.leaf_index, self.obs_key
         lead = 2 if batched else 1
         frames = lambda obs, n: _common.replace_leaves(  # noqa: E731
@@ -263,7 +297,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         if self.keyframe_interval > 1:  # step t's base: step t - 1 of its slot; keyframes (and finals) -1
             delta = jnp.broadcast_to(t % self.keyframe_interval != 0, (r, m))
             bases = jnp.concatenate([jnp.where(delta, slot[:, None] * m + t - 1, -1).reshape(-1), jnp.full((r,), -1, jnp.int32)])
-        return self.replace(buffer=new, version=_common.write(self.host, self.version, slots, valid, datas, bases))
+        return self.replace(buffer=new, version=_common.write(self.host, self.version, slots, valid, datas, bases, refuse))
 
     # ------------------------------------------------------------------------------------------
     # in-place edits

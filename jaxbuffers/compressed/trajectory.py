@@ -488,7 +488,8 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
 
         `next_obs` after a truncation is the true final observation (its stack rebuilt from the
         step's frames and the stored final frame). A state older than the host store raises
-        `StaleBufferError` inside the read callback (surfacing as `jax.errors.JaxRuntimeError`).
+        `StaleBufferError` inside the read callback (raised as it is eagerly; under `jit`, a
+        `jax.errors.JaxRuntimeError` carrying it).
         """
         return self._decode_transitions(self.buffer.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma))
 

@@ -93,6 +93,18 @@ def test_rollout_get_refuses_batch_sizes_that_loop_or_misbehave(batch_size):
     assert sum(len(s.actions) for s in buf.get(4)) == 3 * N  # still usable
 
 
+def test_rollout_get_on_a_buffer_that_is_not_full_names_the_steps_filled():
+    """SB3 fails there on a bare `assert`: ours names the steps filled and `buffer_size`, before anything is drawn;
+    the rest of the rollout added, `get` serves every step."""
+    buf = rollout()
+    refused(lambda: buf.get(4), ("get: the buffer holds 1 of buffer_size=3 steps per env",), state=state(buf), exc=(RuntimeError,))
+    refused(lambda: buf.get(), ("buffer_size=3",), state=state(buf), exc=(RuntimeError,))
+    for i in (1, 2):
+        buf.add(**rollout_args(i))
+    buf.compute_returns_and_advantage(th.zeros(N, 1), np.zeros(N))
+    assert sum(len(s.actions) for s in buf.get(4)) == 3 * N
+
+
 @SETTINGS
 @given(name=st.sampled_from(sorted(rollout_args())), bad=NOT_NUMBERS | st.sampled_from([np.zeros(7), np.full(N, 2)]))
 def test_rollout_add_bad_argument(name, bad):

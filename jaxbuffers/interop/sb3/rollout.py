@@ -15,7 +15,8 @@ $$
 A_t = \delta_t + \gamma \lambda (1 - s_{t+1}) A_{t+1}, \qquad R_t = A_t + V_t
 $$
 
-Kept from SB3: `add` on a full buffer raises `IndexError`; `get` asserts `full` and yields minibatches of
+Kept from SB3: `add` on a full buffer raises `IndexError`; `get` needs a full buffer (a `RuntimeError` naming the
+steps filled, where SB3 fails on a bare `assert`) and yields minibatches of
 `batch_size` over SB3's env-major `np.random.permutation` of the `T * n_envs` steps (the same numpy seed gives SB3's
 minibatches); samples are torch tensors on `device`, actions float32. Differences, lossless for what SB3 stores:
 `episode_starts` is bool; float64 actions are held as float32, int64 as int32 when the bounds fit; the numpy fields
@@ -216,10 +217,13 @@ class _JaxRolloutImpl:
 
         Raises (at the call, before anything is drawn):
           ValueError: ``batch_size`` neither None nor a Python int >= 1.
+          RuntimeError: the buffer is not full (``pos`` of ``buffer_size`` steps added since ``reset``; SB3 fails on
+            a bare ``assert`` there).
         """
         total = self.buffer_size * self.n_envs
         batch_size = total if batch_size is None else _validate.static_int("batch_size", batch_size)
-        assert self.full, ""
+        _validate.filled("get", self.buffer_size if self.full else self.pos, self.buffer_size, "steps per env",
+                         "add the rest of the rollout (and call compute_returns_and_advantage) before get()")
         return self._minibatches(batch_size)
 
     def _minibatches(self, batch_size: int) -> Generator[Any, None, None]:
