@@ -200,11 +200,11 @@ def _named(meta: dict) -> set[str]:
 
 
 def sweep(d: Path, meta: dict) -> None:
-    """Delete the state folders and slot version files of `d` that `meta` (its disk.json) does not name: leftovers of
-    an interrupted flush (each chunk store sweeps its own folder)."""
+    """Delete the state folders, slot version files and `disk.json.tmp` of `d` that `meta` (its disk.json) does not
+    name: leftovers of an interrupted flush (each chunk store sweeps its own folder)."""
     named = _named(meta)
     for p in d.iterdir():
-        if p.name.lstrip(".").startswith(("state", "slot_version")) and p.name not in named:
+        if p.name.lstrip(".").startswith(("state", "slot_version", "disk.json.")) and p.name not in named:
             _remove(p)
 
 
