@@ -38,7 +38,9 @@ stacks, flushed and closed; then one fresh process opens both read-only, evicts 
 
 * `build-codecs/<impl>`: GB/s of raw stacks written (adds plus flush), and `folder_gb`, the folder's size.
 * `sample/codec-transitions/B=256`: transitions/s (median over the rounds) of `zstd:3` against `none` (the ratio's
-  anchor), and `rss_growth` in MB of each: the process's resident memory growth summed over its own rounds.
+  anchor), and `rss_growth` in MB of each: the process's resident memory growth summed over its own rounds;
+  `zstd-memory` is the same zstd buffer filled in memory in the measuring process (no folder), sampled in the same
+  rounds: what decoding costs without the reads from disk.
 
 Usage: python benchmarks/bench_disk.py [--quick] [--case all|trajectory|episodes|codecs] [--gb 10] [--episode-gb 4]
        [--codec-gb 1.5] [--batches 400] [--dir PATH]
@@ -66,6 +68,7 @@ ENVS, CHUNK = 8, 500
 EP_T, EP_BATCH, EP_SAMPLE = 500, 8, 4  # max_timesteps, episodes per add, episodes per sample
 CODECS = {"none": "none", "zstd": "zstd:3"}  # impl name -> codec of the codecs case
 ROUNDS = 4
+GB = 1.5  # raw GB of the codecs case (the measuring process builds its in-memory buffer of the same size)
 
 
 def rss_mb() -> float:
@@ -73,7 +76,8 @@ def rss_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
-def build(path: Path, gb: float, codec: str = "none") -> dict:
+def build(path: Path | None, gb: float, codec: str = "none") -> dict:
+    """Fill the folder `path` (None: an in-memory buffer, returned as `buffer`) with `gb` GB of stacks (module doc)."""
     import jax
     import jax.numpy as jnp
 
@@ -84,7 +88,8 @@ def build(path: Path, gb: float, codec: str = "none") -> dict:
         stacks = d["breakout_frames"][d["breakout_obs_idx"][: ENVS * CHUNK]]  # [4000, 4, 84, 84]
     length = max(CHUNK, int(gb * 1e9) // (ENVS * stacks[0].nbytes) // CHUNK * CHUNK)
     step = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-    buf = disk.open(path, "w", jb.CompressedTrajectoryBuffer.create(step, num_envs=ENVS, length=length, codec=codec))
+    buf = jb.CompressedTrajectoryBuffer.create(step, num_envs=ENVS, length=length, codec=codec)
+    buf = buf if path is None else disk.open(path, "w", buf)
     add = jax.jit(jb.CompressedTrajectoryBuffer.add)
     chunk = {"obs": jnp.asarray(stacks.reshape(ENVS, CHUNK, 4, 84, 84)), "action": jnp.zeros((ENVS, CHUNK), jnp.int32),
              "reward": jnp.zeros((ENVS, CHUNK), jnp.float32)}
@@ -92,6 +97,8 @@ def build(path: Path, gb: float, codec: str = "none") -> dict:
     t0 = time.perf_counter()
     for _ in range(length // CHUNK):
         buf = add(buf, chunk, terminated=term)
+    if path is None:
+        return {"buffer": jax.block_until_ready(buf)}
     disk.flush(buf)
     seconds = time.perf_counter() - t0
     nbytes = ENVS * length * stacks[0].nbytes
@@ -108,7 +115,7 @@ def measure_codecs(parent: Path, batches: int) -> dict:
 
     from jaxbuffers import disk
 
-    bufs = {}
+    bufs = {"zstd-memory": build(None, GB, CODECS["zstd"])["buffer"]}  # the zstd folder's buffer, in memory
     for impl in CODECS:
         evict([p for p in (parent / impl).rglob("*") if p.is_file()])
         bufs[impl] = disk.open(parent / impl, "r")
@@ -117,7 +124,7 @@ def measure_codecs(parent: Path, batches: int) -> dict:
     for b in bufs.values():
         draw(b, keys[0])
     per = max(batches // ROUNDS, 1)
-    out = {f"{impl}_{k}": [] if k == "s" else 0.0 for impl in CODECS for k in ("s", "rss_mb")}
+    out = {f"{impl}_{k}": [] if k == "s" else 0.0 for impl in bufs for k in ("s", "rss_mb")}
     for r in range(ROUNDS):
         for impl, b in bufs.items():
             gc.collect()
@@ -138,11 +145,12 @@ def run_codecs(parent: Path, gb: float, batches: int) -> None:
     for impl, b in builds.items():
         row(BENCH, f"build-codecs/{size}", impl, b["seconds"], n=1, repeats=1, items=b["nbytes"] / 1e9, unit="GB/s",
             steps=b["steps"], folder_gb=round(b["folder_bytes"] / 1e9, 3))
-    cmd = [sys.executable, __file__, "--measure-codecs", str(parent), "--batches", str(batches)]
+    cmd = [sys.executable, __file__, "--measure-codecs", str(parent), "--batches", str(batches), "--codec-gb", str(gb)]
     m = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
     case = f"sample/codec-transitions/B=256/{size}"
-    t = {impl: float(np.median(m[f"{impl}_s"])) for impl in CODECS}
-    for impl in CODECS:
+    impls = [*CODECS, "zstd-memory"]
+    t = {impl: float(np.median(m[f"{impl}_s"])) for impl in impls}
+    for impl in impls:
         row(BENCH, case, impl, t[impl], n=m["calls"], repeats=ROUNDS, items=256, unit="transitions/s",
             anchor=None if impl == "none" else "none", anchor_seconds=None if impl == "none" else t["none"])
         emit({"bench": BENCH, "case": f"{case}/rss_growth", "impl": impl, "value": round(m[f"{impl}_rss_mb"], 1), "unit": "MB",
@@ -311,6 +319,8 @@ def main() -> None:
         print(json.dumps(measure_episodes(Path(args.measure_episodes), batches)))
         return
     if args.measure_codecs:
+        global GB
+        GB = args.codec_gb
         print(json.dumps(measure_codecs(Path(args.measure_codecs), batches)))
         return
     gb = (args.gb or (0.2 if args.quick else 10.0)) if args.case in ("all", "trajectory") else 0.0

@@ -81,9 +81,9 @@ class _ChunkFile:
             view, at = view[n:], at + n
         self.dirty = True
 
-    def close(self) -> None:
+    def close(self, _close=os.close) -> None:  # (os.close bound now: __del__ may run at interpreter exit)
         if self.fd >= 0:
-            os.close(self.fd)
+            _close(self.fd)
             self.fd = -1
 
     def __del__(self) -> None:
