@@ -36,7 +36,7 @@ coding, `keyframe_interval=8`, and zstd dictionary), each filled with the same `
 stacks, flushed and closed; then one fresh process opens both read-only, evicts their files, compiles, and times
 `sample_transitions(256, n_step=3)` on each in alternating rounds (4 rounds of `--batches / 4` samples each):
 
-* `build-codecs/<impl>`: GB/s of raw stacks written (adds plus flush), and `folder_gb`, the folder's size.
+* `build-codecs/<impl>`: GB/s of raw stacks written (adds plus flush); `folder_size`: the folder's disk usage.
 * `sample/codec-transitions/B=256`: transitions/s (median over the rounds) of `zstd:3` against `none` (the ratio's
   anchor), and `rss_growth` in MB of each: the process's resident memory growth summed over its own rounds;
   `zstd-memory` is the same zstd buffer filled in memory in the measuring process (no folder), sampled in the same
@@ -103,7 +103,7 @@ def build(path: Path | None, gb: float, codec: str = "none") -> dict:
     seconds = time.perf_counter() - t0
     nbytes = ENVS * length * stacks[0].nbytes
     buf.close()
-    folder = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    folder = sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())  # allocated: the .npy file is sparse
     return {"seconds": seconds, "nbytes": nbytes, "steps": ENVS * length, "folder_bytes": folder}
 
 
@@ -145,6 +145,7 @@ def run_codecs(parent: Path, gb: float, batches: int) -> None:
     for impl, b in builds.items():
         row(BENCH, f"build-codecs/{size}", impl, b["seconds"], n=1, repeats=1, items=b["nbytes"] / 1e9, unit="GB/s",
             steps=b["steps"], folder_gb=round(b["folder_bytes"] / 1e9, 3))
+        emit({"bench": BENCH, "case": f"build-codecs/{size}/folder_size", "impl": impl, "value": round(b["folder_bytes"] / 1e9, 3), "unit": "GB"})
     cmd = [sys.executable, __file__, "--measure-codecs", str(parent), "--batches", str(batches), "--codec-gb", str(gb)]
     m = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
     case = f"sample/codec-transitions/B=256/{size}"
