@@ -150,13 +150,12 @@ def test_kill_9_mid_add_or_mid_flush_reopens_as_the_last_flush(tmp_path, point):
                           stderr=subprocess.PIPE, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     folder = tmp_path / point
-    ro = disk.open(folder, "r")
-    assert int(ro.version) == 5 and _same(SAMPLE(ro), SAMPLE(_filled(_make(), range(5))))  # never a frame of a later add
+    ro, twin = disk.open(folder, "r"), _filled(_make(), range(5))
+    assert int(ro.version) == 5 and _same(SAMPLE(ro), SAMPLE(twin))  # never a frame of a later add
     ro.close()
     rw = disk.open(folder, "r+")  # deletes what the interrupted work left, and continues
     store = json.loads((folder / "disk.json").read_text())["stores"][0]
     assert {p.name for p in (folder / "store-0").iterdir()} == {store["index"][len("store-0/"):], *(f"chunk-{int(c):06d}.bin" for c in store["meta"]["chunks"])}
     assert {p.name for p in folder.iterdir()} == {"disk.json", "state-2", "slot_version-2.npy", "store-0"}
-    rw = _filled(rw, range(5, 8))
-    assert _same(SAMPLE(rw), SAMPLE(_filled(_make(), range(8))))
+    assert _same(SAMPLE(_filled(rw, range(5, 8))), SAMPLE(_filled(twin, range(5, 8))))
     rw.close()
