@@ -181,10 +181,15 @@ class ChunkFileStore(CompressedStore):
 
     Args:
       directory: the store's folder (created by `"w"`, which requires it empty or absent).
-      num_slots, codec, item_shape, dtype, chunk_bytes, min_chunk_bytes, max_dead_fraction, dictionary_bytes,
-        dictionary_samples, name: as `CompressedStore` (`item_shape` and `dtype` required).
+      num_slots: as `CompressedStore`.
+      codec: as `CompressedStore`.
+      item_shape: as `CompressedStore` (required).
+      dtype: as `CompressedStore` (required).
       mode: `"w"`, `"r+"` or `"r"`.
-      index: with `"r"` / `"r+"`, the index file to open (`write_index` wrote it), and `meta`, what it returned.
+      index: with `"r"` / `"r+"`, the index file to open (`write_index` wrote it).
+      meta: with `"r"` / `"r+"`, what `write_index` returned with that file.
+      **kwargs: the other keywords of `CompressedStore` (`chunk_bytes`, `min_chunk_bytes`, `max_dead_fraction`,
+        `dictionary_bytes`, `dictionary_samples`, `name`).
 
     Raises:
       ValueError: as `CompressedStore`; with `"w"`, a non-empty folder; with `"r"` / `"r+"`, an index of another
