@@ -31,8 +31,19 @@ process with the files evicted as above, eager samples of two kinds with the RSS
   same number of random episodes: `numpy-memmap-stacks` builds the same stacks by fancy indexing (the ratio's
   anchor), `numpy-memmap` copies each episode's frames only (a slice, no stacks).
 
-Usage: python benchmarks/bench_disk.py [--quick] [--case all|trajectory|episodes] [--gb 10] [--episode-gb 4]
-       [--batches 400] [--dir PATH]
+Codecs (`--case codecs`): the trajectory case's buffer twice, `codec="none"` and `codec="zstd:3"` (its default delta
+coding, `keyframe_interval=8`, and zstd dictionary), each filled with the same `--codec-gb` GB (default 1.5) of raw
+stacks, flushed and closed; then one fresh process opens both read-only, evicts their files, compiles, and times
+`sample_transitions(256, n_step=3)` on each in alternating rounds (4 rounds of `--batches / 4` samples each):
+
+* `build-codecs/<impl>`: GB/s of raw stacks written (adds plus flush); `folder_size`: the folder's disk usage.
+* `sample/codec-transitions/B=256`: transitions/s (median over the rounds) of `zstd:3` against `none` (the ratio's
+  anchor), and `rss_growth` in MB of each: the process's resident memory growth summed over its own rounds;
+  `zstd-memory` is the same zstd buffer filled in memory in the measuring process (no folder), sampled in the same
+  rounds: what decoding costs without the reads from disk.
+
+Usage: python benchmarks/bench_disk.py [--quick] [--case all|trajectory|episodes|codecs] [--gb 10] [--episode-gb 4]
+       [--codec-gb 1.5] [--batches 400] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -55,6 +66,9 @@ from _common import data_file, emit, header, parser, row  # noqa: E402
 BENCH = "disk"
 ENVS, CHUNK = 8, 500
 EP_T, EP_BATCH, EP_SAMPLE = 500, 8, 4  # max_timesteps, episodes per add, episodes per sample
+CODECS = {"none": "none", "zstd": "zstd:3"}  # impl name -> codec of the codecs case
+ROUNDS = 4
+GB = 1.5  # raw GB of the codecs case (the measuring process builds its in-memory buffer of the same size)
 
 
 def rss_mb() -> float:
@@ -62,7 +76,8 @@ def rss_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
-def build(path: Path, gb: float) -> dict:
+def build(path: Path | None, gb: float, codec: str = "none") -> dict:
+    """Fill the folder `path` (None: an in-memory buffer, returned as `buffer`) with `gb` GB of stacks (module doc)."""
     import jax
     import jax.numpy as jnp
 
@@ -73,7 +88,8 @@ def build(path: Path, gb: float) -> dict:
         stacks = d["breakout_frames"][d["breakout_obs_idx"][: ENVS * CHUNK]]  # [4000, 4, 84, 84]
     length = max(CHUNK, int(gb * 1e9) // (ENVS * stacks[0].nbytes) // CHUNK * CHUNK)
     step = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-    buf = disk.open(path, "w", jb.CompressedTrajectoryBuffer.create(step, num_envs=ENVS, length=length, codec="none"))
+    buf = jb.CompressedTrajectoryBuffer.create(step, num_envs=ENVS, length=length, codec=codec)
+    buf = buf if path is None else disk.open(path, "w", buf)
     add = jax.jit(jb.CompressedTrajectoryBuffer.add)
     chunk = {"obs": jnp.asarray(stacks.reshape(ENVS, CHUNK, 4, 84, 84)), "action": jnp.zeros((ENVS, CHUNK), jnp.int32),
              "reward": jnp.zeros((ENVS, CHUNK), jnp.float32)}
@@ -81,11 +97,65 @@ def build(path: Path, gb: float) -> dict:
     t0 = time.perf_counter()
     for _ in range(length // CHUNK):
         buf = add(buf, chunk, terminated=term)
+    if path is None:
+        return {"buffer": jax.block_until_ready(buf)}
     disk.flush(buf)
     seconds = time.perf_counter() - t0
     nbytes = ENVS * length * stacks[0].nbytes
     buf.close()
-    return {"seconds": seconds, "nbytes": nbytes, "steps": ENVS * length}
+    folder = sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())  # allocated: the .npy file is sparse
+    return {"seconds": seconds, "nbytes": nbytes, "steps": ENVS * length, "folder_bytes": folder}
+
+
+def measure_codecs(parent: Path, batches: int) -> dict:
+    """Both folders of the codecs case, read-only, sampled in alternating rounds (module doc)."""
+    import gc
+
+    import jax
+
+    from jaxbuffers import disk
+
+    bufs = {"zstd-memory": build(None, GB, CODECS["zstd"])["buffer"]}  # the zstd folder's buffer, in memory
+    for impl in CODECS:
+        evict([p for p in (parent / impl).rglob("*") if p.is_file()])
+        bufs[impl] = disk.open(parent / impl, "r")
+    keys = jax.random.split(jax.random.key(0), batches + 1)
+    draw = lambda b, k: jax.block_until_ready(b.sample_transitions(k, 256, n_step=3, gamma=0.99))  # noqa: E731
+    for b in bufs.values():
+        draw(b, keys[0])
+    per = max(batches // ROUNDS, 1)
+    out = {f"{impl}_{k}": [] if k == "s" else 0.0 for impl in bufs for k in ("s", "rss_mb")}
+    for r in range(ROUNDS):
+        for impl, b in bufs.items():
+            gc.collect()
+            before = rss_mb()
+            t0 = time.perf_counter()
+            for k in keys[1 + r * per : 1 + (r + 1) * per]:
+                draw(b, k)
+            out[f"{impl}_s"].append((time.perf_counter() - t0) / per)
+            gc.collect()
+            out[f"{impl}_rss_mb"] += rss_mb() - before
+    out["rss_mb"], out["calls"] = rss_mb(), per * ROUNDS
+    return out
+
+
+def run_codecs(parent: Path, gb: float, batches: int) -> None:
+    builds = {impl: build(parent / impl, gb, codec) for impl, codec in CODECS.items()}
+    size = f"{builds['none']['nbytes'] / 1e9:.1f}GB"
+    for impl, b in builds.items():
+        row(BENCH, f"build-codecs/{size}", impl, b["seconds"], n=1, repeats=1, items=b["nbytes"] / 1e9, unit="GB/s",
+            steps=b["steps"], folder_gb=round(b["folder_bytes"] / 1e9, 3))
+        emit({"bench": BENCH, "case": f"build-codecs/{size}/folder_size", "impl": impl, "value": round(b["folder_bytes"] / 1e9, 3), "unit": "GB"})
+    cmd = [sys.executable, __file__, "--measure-codecs", str(parent), "--batches", str(batches), "--codec-gb", str(gb)]
+    m = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    case = f"sample/codec-transitions/B=256/{size}"
+    impls = [*CODECS, "zstd-memory"]
+    t = {impl: float(np.median(m[f"{impl}_s"])) for impl in impls}
+    for impl in impls:
+        row(BENCH, case, impl, t[impl], n=m["calls"], repeats=ROUNDS, items=256, unit="transitions/s",
+            anchor=None if impl == "none" else "none", anchor_seconds=None if impl == "none" else t["none"])
+        emit({"bench": BENCH, "case": f"{case}/rss_growth", "impl": impl, "value": round(m[f"{impl}_rss_mb"], 1), "unit": "MB",
+              "rss_before_mb": round(m["rss_mb"], 1)})
 
 
 def measure(path: Path, batches: int) -> dict:
@@ -236,7 +306,9 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=None, help="timed samples (default 400; --quick 20)")
     p.add_argument("--dir", default=None, help="parent folder of the buffer folder (default: a temporary folder in /tmp)")
     p.add_argument("--episode-gb", type=float, default=None, help="episode folder size in GB (default 4; --quick 0.2)")
-    p.add_argument("--case", choices=("all", "trajectory", "episodes"), default="all")
+    p.add_argument("--case", choices=("all", "trajectory", "episodes", "codecs"), default="all")
+    p.add_argument("--codec-gb", type=float, default=None, help="raw GB of each folder of the codecs case (default 1.5; --quick 0.1)")
+    p.add_argument("--measure-codecs", default=None, help=argparse.SUPPRESS)
     p.add_argument("--measure", default=None, help=argparse.SUPPRESS)  # the measuring subprocesses
     p.add_argument("--measure-episodes", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -247,14 +319,22 @@ def main() -> None:
     if args.measure_episodes:
         print(json.dumps(measure_episodes(Path(args.measure_episodes), batches)))
         return
-    gb = (args.gb or (0.2 if args.quick else 10.0)) if args.case != "episodes" else 0.0
-    ep_gb = (args.episode_gb or (0.2 if args.quick else 4.0)) if args.case != "trajectory" else 0.0
-    header(BENCH, args.quick, gb=gb, episode_gb=ep_gb)
+    if args.measure_codecs:
+        global GB
+        GB = args.codec_gb
+        print(json.dumps(measure_codecs(Path(args.measure_codecs), batches)))
+        return
+    gb = (args.gb or (0.2 if args.quick else 10.0)) if args.case in ("all", "trajectory") else 0.0
+    ep_gb = (args.episode_gb or (0.2 if args.quick else 4.0)) if args.case in ("all", "episodes") else 0.0
+    codec_gb = (args.codec_gb or (0.1 if args.quick else 1.5)) if args.case in ("all", "codecs") else 0.0
+    header(BENCH, args.quick, gb=gb, episode_gb=ep_gb, codec_gb=codec_gb)
     parent = Path(tempfile.mkdtemp(prefix="bench_disk_", dir=args.dir or "/tmp"))
     free = shutil.disk_usage(parent).free
-    if free < 1.2 * (gb + ep_gb) * 1e9:
-        raise SystemExit(f"--dir: {parent} has {free / 1e9:.1f} GB free, the folders need {gb + ep_gb} GB; pass a smaller --gb")
+    if free < 1.2 * (gb + ep_gb + codec_gb) * 1e9:
+        raise SystemExit(f"--dir: {parent} has {free / 1e9:.1f} GB free, the folders need {gb + ep_gb + codec_gb} GB; pass a smaller --gb")
     try:
+        if codec_gb:
+            run_codecs(parent, codec_gb, batches)
         if ep_gb:
             run_episodes(parent, ep_gb, batches)
         if not gb:

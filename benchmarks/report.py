@@ -135,7 +135,13 @@ NOTES = {
             "way: 256 3-step transitions per call (obs, next_obs and the window decoded), or 4 whole episodes per call "
             "(stacks rebuilt, uint8 [4, 500, 4, 84, 84]). Its anchors read 4 random episodes of the same file through "
             "`np.load(mmap_mode=\"r\")`, the files evicted again before each: `numpy-memmap-stacks` builds the same "
-            "stacks by fancy indexing (the ratio's anchor), `numpy-memmap` copies the frames only (no stacks).",
+            "stacks by fancy indexing (the ratio's anchor), `numpy-memmap` copies the frames only (no stacks). Codecs "
+            "(`build-codecs`, `codec-transitions`): the trajectory buffer with `codec=\"none\"` and with `\"zstd:3\"` "
+            "(delta coded, a keyframe every 8 steps, its dictionary), the same raw stacks in each folder (`folder_size`: "
+            "its disk usage), both opened read-only in one fresh process with their files evicted and sampled in "
+            "alternating rounds; `zstd-memory`: the same zstd buffer filled in memory in that process. Ratio: `none`'s "
+            "time / this row's. The codecs rows of December were measured while other jobs loaded the two cores (load "
+            "average up to about 20): the `zstd` and `zstd-memory` rows swapped order between runs.",
 }
 VERSIONS = ["python", "jax", "jaxlib", "flax", "flashbax", "rlax", "stable-baselines3", "torch", "numba", "zstandard"]
 

@@ -30,8 +30,8 @@ class _Chunk:
 
     __slots__ = ("data", "used", "live_bytes", "live_count")
 
-    def __init__(self, size: int):
-        self.data = np.empty(size, dtype=np.uint8)  # shape=(size,), dtype=uint8
+    def __init__(self, data):
+        self.data = data  # shape=(size,), dtype=uint8 (`Arena._allocate`: memory, or a chunk file's handle)
         self.used = 0  # bytes handed out (the bump pointer), a multiple of ALIGN
         self.live_bytes = 0  # padded bytes of payloads still in use
         self.live_count = 0  # payloads still in use (zero-length ones included)
@@ -126,8 +126,9 @@ class Arena:
         packed = np.zeros(len(padded), np.int64)
         np.cumsum(padded[:-1], out=packed[1:])
         buf = np.empty(int(padded.sum()), np.uint8)
+        data = self._contents(src)
         for o, n, d in zip(offsets.tolist(), padded.tolist(), packed.tolist()):
-            buf[d : d + n] = src.data[o : o + n]
+            buf[d : d + n] = data[o : o + n]
         placed = self.place(buf, packed, lengths.astype(np.int64))
         self._drop(cid)  # the moved payloads are still counted live in it: drop it whole
         return placed
@@ -138,10 +139,24 @@ class Arena:
             self._drop(cid)
         self._open = None
 
+    def load(self, table: ChunkTable, chunk: np.ndarray, offset: np.ndarray, length: np.ndarray, pos: np.ndarray):
+        """The payloads at positions `pos` of a read, readable from memory: `(table, chunk, offset)`. Payloads in memory
+        are read in place (the arguments come back as they are); a store whose chunks are files reads them here
+        (`host_codecs.chunk_arena`)."""
+        return table, chunk, offset
+
+    def _allocate(self, cid: int, size: int):
+        """The bytes of a new chunk `cid` of `size` bytes (`host_codecs.chunk_arena` makes a file)."""
+        return np.empty(size, dtype=np.uint8)
+
+    def _contents(self, ch: _Chunk) -> np.ndarray:
+        """A chunk's bytes as an array (`relocate` copies from it)."""
+        return ch.data
+
     def _new_chunk(self, need: int) -> None:
         size = ceil_align(max(min(self.chunk_bytes, max(self.min_chunk_bytes, self.nbytes // _GROWTH)), need))
         old, self._open = self._open, self._next_id
-        self.chunks[self._next_id] = _Chunk(size)
+        self.chunks[self._next_id] = _Chunk(self._allocate(self._next_id, size))
         self._next_id += 1
         self._table = None
         self.nbytes += size

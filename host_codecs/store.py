@@ -481,6 +481,8 @@ class CompressedStore(DeltaChains, Snapshots):
             b = base[pos].astype(np.int64)
             at = np.minimum(np.searchsorted(uniq, b), uniq.size - 1)
             base_pos = np.where(b >= 0, present[first[at]], -1)
+        # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
+        table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
         self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos],
                      None if base_pos is None else (base[pos], np.where(base_pos >= 0, check[base_pos], 0)))
         if empty.size and missing == "raise":

@@ -192,17 +192,20 @@ def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
     return flat
 
 
-@jax.jit
-@jax.jit
+_copy_one = jax.jit(jnp.copy)  # one program per shape, dtype and sharding, compiled once for every later restore
+
+
 def _copy(arrays: list) -> list:
-    return [jnp.copy(x) for x in arrays]
+    return [_copy_one(x) for x in arrays]
 
 
 def _on_devices(arrays: list[np.ndarray], shardings: list) -> list:
     """`arrays` put on `shardings`, each in memory that XLA owns, so that donating it updates it in place.
 
     On CPU `device_put` can wrap the numpy memory itself (depending on its alignment), and donating such an array
-    copies it: those arrays are copied once here, together, in one compiled program."""
+    copies it: those arrays are copied once here, each by a copy program compiled once per shape, dtype and sharding.
+    (Which arrays are wrapped changes from one restore to the next with where numpy's allocator put them, so one
+    program over all of them would be compiled anew at almost every restore.)"""
     out = jax.device_put(arrays, shardings)
 
     def wraps(a: np.ndarray, x: jax.Array) -> bool:

@@ -1,30 +1,23 @@
 """Disk-backed buffers: a compressed buffer whose host stores are files in a folder, and several folders sampled as one.
 
 `open(directory, "w", buffer)` moves the host half of an empty compressed buffer (`CompressedTrajectoryBuffer`,
-`CompressedPrioritisedTrajectoryBuffer`, `CompressedRolloutBuffer`, `CompressedEpisodeBuffer`, created with
-`codec="none"`) into a folder: every
-compressed leaf becomes a `host_codecs.FileStore` (one `.npy` file of `[num_slots, *frame_shape]`, read and written
-with positioned system calls, so data larger than memory stays on disk and reading it does not grow the process's
-resident memory). Everything else is unchanged: `add` writes through the same exactly-once host callback, samplers
-read through the same versioned callback, under `jit` and eagerly, and a sample equals the in-memory buffer's.
+`CompressedPrioritisedTrajectoryBuffer`, `CompressedRolloutBuffer`, `CompressedEpisodeBuffer`) into a folder, one store
+per compressed leaf, read and written with positioned system calls (never a memory map), so data larger than memory
+stays on disk and reading it does not grow the process's resident memory:
 
-Folder layout (format version `FORMAT_VERSION`):
+* codec `"none"`: a `host_codecs.FileStore`, one `.npy` file of `[num_slots, *frame_shape]` rewritten in place;
+* any other codec (`"zstd:3"`, `"rle"`, `"igzip:1"`, with the zstd dictionary and `keyframe_interval > 1` delta
+  chains as in memory): a `host_codecs.chunk_arena.ChunkFileStore`, payloads appended to chunk files, its index in
+  memory, each read fetching the payloads it decodes in a few batched `os.preadv` calls.
 
-```
-disk.json                 {"format": "jaxbuffers.disk", "version": 1,
-                           "stores": [{"name", "file", "shape", "dtype"}, ...] one per compressed leaf,
-                           "num_slots", "host": {"version", "num_writes", "num_rows"},
-                           "files": {relative path: {"bytes", "xxh3_64"}} of the index files and slot_version.npy}
-store-<i>.npy             the entries of compressed leaf i (`host_codecs.FileStore`; a numpy .npy file)
-store-<i>.index.npy       its index: which slots hold an entry, and each entry's checksum
-slot_version.npy          int32 [num_slots]: the host write that last wrote each slot
-state/                    a `jaxbuffers.checkpoint` of the device state (cursors, ids, small fields), host left out
-```
+Everything else is unchanged: `add` writes through the same exactly-once host callback, samplers read through the same
+versioned callback, under `jit` and eagerly, and a sample equals the in-memory buffer's.
 
-`flush(buffer)` writes the index files, `slot_version.npy`, `disk.json` and `state/` as of that buffer state; the
-entries themselves are written by every `add`. Reopened with `"r"` or `"r+"`, the folder gives the buffer as of its
-last flush. Entries rewritten by adds after the last flush fail their checksum when read from the reopened folder
-(`host_codecs.CorruptEntryError` naming the file and slots) rather than returning frames the saved state never held.
+`flush(buffer)` commits the folder as of that buffer state (the files and their commit: `jaxbuffers._disk_folder`,
+format version `FORMAT_VERSION`; version 1 folders still open). Reopened with `"r"` or `"r+"`, the folder gives the
+buffer as of its last completed flush, also after a crash at any point of an add or a flush; the frames of adds after
+that flush are not served (a raw store's entries rewritten since then fail their checksum:
+`host_codecs.CorruptEntryError` naming the file and slots).
 
 `Concatenated.create(buffers)` samples several trajectory buffers (open folders, or in-memory compressed buffers of
 the same configuration) as one, uniformly over the union of their valid windows; `ConcatenatedEpisodes.create`
@@ -33,8 +26,6 @@ does the same for episode buffers (episodes, sequences, steps and n-step transit
 
 from __future__ import annotations
 
-import builtins
-import json
 import os
 import shutil
 from pathlib import Path
@@ -42,12 +33,12 @@ from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
-from host_codecs import CorruptEntryError, dtype_from_code
-from host_codecs.file_store import FileStore, ReadOnlyError
-from jaxbuffers import _compiled, _ring, _validate, checkpoint
+from host_codecs import dtype_from_code
+from host_codecs.file_store import ReadOnlyError
+from jaxbuffers import _compiled, _disk_folder, _ring, _validate, checkpoint
+from jaxbuffers._disk_folder import FORMAT_VERSION, DiskStores
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import HostStores, StaleBufferError
 from jaxbuffers.compressed.episode import CompressedEpisodeBuffer
@@ -59,122 +50,12 @@ __all__ = [
     "FORMAT_VERSION", "ReadOnlyError", "DiskStores", "open", "flush", "Concatenated", "ConcatenatedEpisodes", "ConcatenatedSample",
 ]
 
-FORMAT = "jaxbuffers.disk"
-FORMAT_VERSION = 1
 _MODES = ("w", "r+", "r")
 
 
-class DiskStores(HostStores):
-    """`jaxbuffers.compressed.HostStores` whose stores are `host_codecs.FileStore`s in `directory`.
-
-    Args:
-      directory: the buffer's folder.
-      like: the in-memory host stores of the same buffer (slots, leaf names, frame shapes and dtypes; kept as the
-        buffer's description for its checkpoint).
-      mode: `"w"`, `"r+"` or `"r"` (module doc).
-
-    Raises:
-      ValueError, FileNotFoundError: as `host_codecs.FileStore` (files of another shape or dtype, missing files).
-    """
-
-    def __init__(self, directory: Path, like: HostStores, mode: str):
-        shapes = [s._declared[1] for s in like.stores]
-        dtypes = [dtype_from_code(s._declared[0]) for s in like.stores]
-        super().__init__(like.num_slots, like.codec, shapes, dtypes, like.names, chunk_bytes=like.stores[0].config()["chunk_bytes"], dictionary_bytes=0)
-        self.directory, self.mode, self.like = directory, mode, like
-        self.stores = [
-            FileStore(directory / f"store-{i}", like.num_slots, shp, dt, mode=mode, name=n)
-            for i, (shp, dt, n) in enumerate(zip(shapes, dtypes, like.names))
-        ]
-
-    def __repr__(self) -> str:
-        return f"DiskStores({str(self.directory)!r}, leaves={list(self.names)}, num_slots={self.num_slots}, mode={self.mode!r}, version={self.version})"
-
-    def check_state(self, what: str, version: int | None = None) -> None:
-        """`HostStores.check_state`, and `ReadOnlyError` for an add to a folder opened with `mode="r"`."""
-        if what == "add" and self.mode == "r":
-            raise ReadOnlyError(f"add: {self.directory} was opened with mode='r' (read only); reopen it with mode='r+' to add")
-        super().check_state(what, version)
-
-    def write(self, version, slots, valid, *datas, bases=None) -> np.ndarray:
-        """`HostStores.write` of whole entries (`bases` None); `ReadOnlyError` before anything is written in a folder
-        opened with `mode="r"`."""
-        self.check_state("add")
-        if bases is not None:
-            raise ValueError("bases: a disk-backed store holds whole entries only (its buffer has keyframe_interval=1)")
-        return super().write(version, slots, valid, *datas)
-
-    def read_into(self, version, ids, outs) -> None:
-        """`HostStores.read_into`. An entry rewritten in place while it was read fails its checksum; that is reported
-        as the `StaleBufferError` of the overlapping write when there was one, else as `CorruptEntryError`."""
-        try:
-            super().read_into(version, ids, outs)
-        except CorruptEntryError:
-            self._check_read(version, np.concatenate([np.asarray(x).reshape(-1) for x in ids]), count=False)
-            raise
-
-    def read(self, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
-        """`HostStores.read`, with `read_into`'s report of an entry rewritten while it was read."""
-        try:
-            return super().read(version, *ids, aligned=aligned)
-        except CorruptEntryError:
-            self._check_read(version, np.concatenate([np.asarray(x).reshape(-1) for x in ids]), count=False)
-            raise
-
-    def close(self) -> None:
-        """Close the files (nothing is deleted; adds since the last `flush` are not in the folder's index)."""
-        with self._lock:
-            for s in self.stores:
-                s.close()
-            self.closed = True
-
-
-def _host_meta(host: DiskStores) -> dict:
-    return {"version": host.version, "num_writes": host.num_writes, "num_rows": host.num_rows}
-
-
-def _write_disk_json(host: DiskStores) -> None:
-    d = host.directory
-    sv = d / "slot_version.npy"
-    with builtins.open(sv.with_name("slot_version.npy.tmp"), "wb") as f:
-        np.save(f, host.slot_version, allow_pickle=False)
-    os.replace(sv.with_name("slot_version.npy.tmp"), sv)
-    files = [sv] + [s.index_path for s in host.stores]
-    off = checkpoint._Progress(False, "")
-    meta = {
-        "format": FORMAT, "version": FORMAT_VERSION, "num_slots": host.num_slots, "host": _host_meta(host),
-        "stores": [{"name": n, "file": s.data_path.name, "shape": list(s.item_shape), "dtype": s.dtype.name} for n, s in zip(host.names, host.stores)],
-        "files": {p.name: {"bytes": p.stat().st_size, "xxh3_64": checkpoint._hash_file(p, off)} for p in files},
-    }
-    tmp = d / "disk.json.tmp"
-    tmp.write_text(json.dumps(meta))
-    checkpoint._fsync(tmp)
-    os.replace(tmp, d / "disk.json")
-
-
-def _read_disk_json(d: Path) -> dict:
-    path = d / "disk.json"
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise checkpoint.CheckpointError(f"{path}: missing (not a jaxbuffers disk folder)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise checkpoint.CheckpointError(f"{path}: not JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise checkpoint.CheckpointError(f"{path}: expected format {FORMAT!r}, got {meta.get('format') if isinstance(meta, dict) else meta!r:.60}")
-    if meta.get("version") != FORMAT_VERSION:
-        raise checkpoint.CheckpointError(f"{path}: format version {meta.get('version')!r}, this jaxbuffers reads version {FORMAT_VERSION}")
-    off = checkpoint._Progress(False, "")
-    for name, info in meta["files"].items():
-        p = d / name
-        if not p.is_file() or p.stat().st_size != info["bytes"] or checkpoint._hash_file(p, off) != info["xxh3_64"]:
-            raise checkpoint.CheckpointError(f"{p}: missing, truncated or corrupt (size or xxh3_64 differs from {path.name})")
-    return meta
-
-
 def flush(buffer: Any) -> Path:
-    """Make the folder of a disk-backed buffer describe `buffer`: entries synced to disk, then the index files,
-    `slot_version.npy`, `disk.json` and the device state (`state/`, written atomically).
+    """Commit the folder of a disk-backed buffer as `buffer` (`jaxbuffers._disk_folder`, Flush): entries synced to
+    disk, then new index files, slot versions and device state, then `disk.json` in one rename.
 
     Args:
       buffer: a buffer from `open` (or a later state of it), the state returned by its last `add`.
@@ -197,10 +78,7 @@ def flush(buffer: Any) -> Path:
     with host._lock:
         if version != host.version:
             raise StaleBufferError(f"flush: this buffer state has version {version} but its host store is at version {host.version}; flush the state returned by the last add")
-        for s in host.stores:
-            s.flush()
-        _write_disk_json(host)
-    checkpoint._save(host.directory / "state", buffer.replace(host=host.like), False, host=False)
+        _disk_folder.commit(host, buffer.replace(host=host.like))
     return host.directory
 
 
@@ -210,22 +88,23 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
     Args:
       directory: the folder.
       mode: `"w"`: create it from `buffer` (an existing disk folder there is replaced; any other non-empty folder is
-        refused); `"r+"`: reopen it to sample and add; `"r"`: reopen it to sample only (adds and `flush` raise
-        `ReadOnlyError`, and the files are opened read-only).
-      buffer: with `"w"`, the empty compressed buffer (`codec="none"`, no add yet) whose configuration the folder
-        takes; with `"r"` / `"r+"`, optionally a buffer (concrete or from `jax.eval_shape`) whose class and
-        configuration the folder must have.
+        refused); `"r+"`: reopen it to sample and add (files of an interrupted flush are deleted); `"r"`: reopen it
+        to sample only (adds and `flush` raise `ReadOnlyError`, and the files are opened read-only).
+      buffer: with `"w"`, the empty compressed buffer (no add yet) whose configuration the folder takes; with `"r"` /
+        `"r+"`, optionally a buffer (concrete or from `jax.eval_shape`) whose class and configuration the folder
+        must have.
 
     Returns:
-      The disk-backed buffer: with `"w"` the empty buffer, else the state of the folder's last `flush`, its device
-      arrays on the default device and its host stores the folder's files.
+      The disk-backed buffer: with `"w"` the empty buffer, else the state of the folder's last completed flush, its
+      device arrays on the default device and its host stores the folder's files.
 
     Raises:
       TypeError: `directory` not a path; with `"r"` / `"r+"`, a `buffer` that is not a jaxbuffers buffer.
-      ValueError: a bad `mode`; with `"w"`, a `buffer` that is not an empty compressed buffer with `codec="none"`.
+      ValueError: a bad `mode`; with `"w"`, a `buffer` that is not an empty compressed buffer, or has
+        `keyframe_interval > 1` with `codec="none"`.
       FileExistsError: `"w"` on a non-empty folder that is not a disk folder (nothing is deleted).
-      CheckpointError: `"r"` / `"r+"` on a folder that is missing, corrupt, of another format version, or of another
-        class or configuration than `buffer` (the message names the file or the field).
+      CheckpointError: `"r"` / `"r+"` on a folder that is missing, corrupt, of a format version this jaxbuffers does
+        not read, or of another class or configuration than `buffer` (the message names the file or the field).
     """
     d = _validate.path("directory", directory).absolute()
     if not isinstance(mode, str) or mode not in _MODES:
@@ -234,30 +113,34 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
         return _create(d, buffer)
     if buffer is not None:
         checkpoint._entry(buffer, "buffer")  # a TypeError naming this argument (restore calls it target)
-    meta = _read_disk_json(d)
+    meta = _disk_folder.read_meta(d)
+    state = _disk_folder.state_path(d, meta)
     try:
-        restored = checkpoint.restore(d / "state", buffer, progress=False)
+        restored = checkpoint.restore(state, buffer, progress=False)
     except checkpoint.CheckpointError as e:  # restore's target is this function's buffer
         if buffer is not None and "target" in str(e):
             raise checkpoint.CheckpointError(f"buffer: {e}") from None
         raise
     like = getattr(restored, "host", None)
     if not isinstance(like, HostStores):
-        raise checkpoint.CheckpointError(f"{d / 'state'}: holds a {type(restored).__name__}, not a compressed buffer")
-    want = [{"name": n, "file": f"store-{i}.npy", "shape": list(s._declared[1]), "dtype": dtype_from_code(s._declared[0]).name}
-            for i, (n, s) in enumerate(zip(like.names, like.stores))]
-    for field, saved, ours in (("num_slots", meta["num_slots"], like.num_slots), ("stores", meta["stores"], want)):
-        if saved != ours:
-            raise checkpoint.CheckpointError(f"{d / 'disk.json'}: {field} is {saved!r:.200}, the buffer in state/ needs {ours!r:.200}")
-    host = DiskStores(d, like, mode)
-    sv = np.load(d / "slot_version.npy", allow_pickle=False)
-    if sv.shape != host.slot_version.shape or sv.dtype != np.int32:
-        raise checkpoint.CheckpointError(f"{d / 'slot_version.npy'}: shape {sv.shape} {sv.dtype}, expected {host.slot_version.shape} int32")
-    host.slot_version[...] = sv
+        raise checkpoint.CheckpointError(f"{state}: holds a {type(restored).__name__}, not a compressed buffer")
+    kind = "raw" if like.codec == "none" else "chunks"
+    want = [{"name": n, "shape": list(s._declared[1]), "dtype": dtype_from_code(s._declared[0]).name, "kind": kind} for n, s in zip(like.names, like.stores)]
+    saved = [{k: s.get(k, "raw") for k in ("name", "shape", "dtype", "kind")} for s in meta["stores"]]  # version 1: raw stores
+    for field, on_disk, ours in (("num_slots", meta["num_slots"], like.num_slots), ("stores", saved, want)):
+        if on_disk != ours:
+            raise checkpoint.CheckpointError(f"{d / 'disk.json'}: {field} is {on_disk!r:.200}, the buffer in {state.name}/ needs {ours!r:.200}")
+    if mode == "r+":
+        _disk_folder.sweep(d, meta)
+    try:
+        host = DiskStores(d, like, mode, meta)
+    except ValueError as e:
+        raise checkpoint.CheckpointError(str(e)) from None
+    host.slot_version[...] = _disk_folder.slot_versions(d, meta, host.slot_version)
     host.version, host.num_writes, host.num_rows = (int(meta["host"][k]) for k in ("version", "num_writes", "num_rows"))
     if int(restored.version) != host.version:
         raise checkpoint.CheckpointError(
-            f"{d}: state/ holds version {int(restored.version)}, disk.json version {host.version} (a flush was interrupted)")
+            f"{d}: {state.name}/ holds version {int(restored.version)}, disk.json version {host.version} (a flush was interrupted)")
     return restored.replace(host=host)
 
 
@@ -265,12 +148,10 @@ def _create(d: Path, buffer: Any) -> Any:
     like = getattr(buffer, "host", None)
     if not isinstance(like, HostStores) or isinstance(like, DiskStores):
         raise ValueError(f"buffer: expected an in-memory compressed buffer for mode='w', got {type(buffer).__name__}")
-    if like.codec != "none":
-        raise ValueError(f"buffer: codec {like.codec!r}; a disk-backed buffer stores raw entries: create it with codec='none'")
-    if getattr(buffer, "keyframe_interval", 1) != 1:
+    if like.codec == "none" and getattr(buffer, "keyframe_interval", 1) != 1:
         raise ValueError(
-            f"buffer: keyframe_interval={buffer.keyframe_interval}; a disk-backed buffer stores every frame whole: "
-            f"create it with keyframe_interval=1"
+            f"buffer: keyframe_interval={buffer.keyframe_interval} with codec='none'; a raw disk-backed store holds every "
+            f"frame whole: create it with keyframe_interval=1, or with a codec such as 'zstd:3'"
         )
     if like.version or int(buffer.version):
         raise ValueError(f"buffer: expected an empty buffer (no add yet), got one at version {int(buffer.version)}")

@@ -81,7 +81,6 @@ def test_open_bad_arguments(directory, mode, buffer):
 
 
 W_BUFFERS = {
-    "rle": functools.cache(lambda: make(codec="rle")),
     "keyframes": functools.cache(lambda: make(keyframe_interval=4)),
     "added": functools.cache(lambda: make().add(_steps(1), terminated=np.zeros((1, 1), bool))),
     "on_disk": lambda: BUF,

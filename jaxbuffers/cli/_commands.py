@@ -37,7 +37,14 @@ def load(path: str | Path, progress: bool | None = None) -> tuple[Any, dict, Pat
     if not root.exists():
         raise CliError(f"PATH: expected a checkpoint folder written by jaxbuffers.save, got {path} (no such file or folder)")
     on_disk = root.is_dir() and (root / "disk.json").is_file()
-    state = root / "state" if on_disk else root
+    state = root
+    if on_disk:  # the device state folder disk.json names (`jaxbuffers._disk_folder`)
+        from jaxbuffers import _disk_folder
+
+        try:
+            state = _disk_folder.state_path(root, json.loads((root / "disk.json").read_text()))
+        except (ValueError, OSError, AttributeError):
+            state = root / "state"
     if not root.is_dir() or not ((state / "buffer.json").is_file() or (state / "manifest.json").is_file()):
         what = "a file" if not root.is_dir() else "a folder without buffer.json / manifest.json"
         raise CliError(f"PATH: expected a checkpoint folder written by jaxbuffers.save, got {path} ({what})")
