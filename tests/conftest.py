@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,24 @@ import atari_frames
 #: Steps played per game: enough for every test (5,000 consecutive stacks, several episode ends
 #: of each game).
 ATARI_STEPS = 5000
+
+
+def pytest_configure(config):
+    """One persistent XLA compilation cache per test run, in the run's temporary directory (shared by
+    the pytest-xdist workers): a program another test or worker already compiled is loaded, not
+    compiled again. Nothing carries over from one run to the next."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None and config.getoption("numprocesses", None):
+        return  # the pytest-xdist controller runs no test
+    if workerinput is not None:
+        path = Path(config.option.basetemp).parent / "xla_cache"
+    else:
+        path = Path(tempfile.mkdtemp(prefix="jaxbuffers-xla-"))
+        config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 @pytest.fixture(scope="session")
@@ -39,20 +60,29 @@ def atari_stacks(atari_rollouts) -> dict:
 
 @contextlib.contextmanager
 def count_compiles():
-    """Count XLA backend compilations inside the block: ``with count_compiles() as n: ...; n()``."""
+    """Count the programs built inside the block: ``with count_compiles() as n: ...; n()``.
+
+    A program is built by an XLA backend compilation or loaded from the run's persistent
+    compilation cache (see `pytest_configure`); both count."""
     from jax import monitoring
 
     events: list[str] = []
 
-    def listener(name, duration, **kwargs):
+    def compiled(name, duration, **kwargs):
         if name == "/jax/core/compile/backend_compile_duration":
             events.append(name)
 
-    monitoring.register_event_duration_secs_listener(listener)
+    def loaded(name, **kwargs):
+        if name == "/jax/compilation_cache/cache_hits":
+            events.append(name)
+
+    monitoring.register_event_duration_secs_listener(compiled)
+    monitoring.register_event_listener(loaded)
     try:
         yield lambda: len(events)
     finally:
-        monitoring.unregister_event_duration_listener(listener)
+        monitoring.unregister_event_duration_listener(compiled)
+        monitoring.unregister_event_listener(loaded)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ on one saved and restored at a random point; every output and the final state mu
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -146,12 +147,20 @@ CASES = {
 }
 
 
-def _run(case: str, seed: int, jit: bool, directory: Path | None, num_ops: int = 14):
-    """Outputs of a seeded random op sequence; saved and restored before op `save_at` when `directory` is given."""
+@functools.cache
+def _ops(case: str, jit: bool):
+    """The ops of `case`, jitted when `jit`: one set per case, so the saved run reuses the programs the never-saved
+    run compiled."""
     create, add, data, sample, setp, prio = CASES[case]()
     if jit:
         add, sample = jax.jit(add, donate_argnums=0), jax.jit(sample)
         setp = setp and jax.jit(setp, donate_argnums=0)
+    return create, add, data, sample, setp, prio
+
+
+def _run(case: str, seed: int, jit: bool, directory: Path | None, num_ops: int = 14):
+    """Outputs of a seeded random op sequence; saved and restored before op `save_at` when `directory` is given."""
+    create, add, data, sample, setp, prio = _ops(case, jit)
     rng = np.random.default_rng(seed)
     save_at = int(rng.integers(1, num_ops))
     buf, outs, last = create(), [], None
