@@ -214,7 +214,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
             priorities = _validate.vector("priorities", priorities, b, "floating")
             p = _priority.sanitise_priorities(priorities, self.max_priority, self.epsilon)
         return self.replace(
-            replay=replay, tree=self.tree.set(slots, _priority.priority_leaf(p, self.priority_exponent)),
+            replay=replay, tree=self.tree.set(slots, _priority.priority_leaf(p, self.priority_exponent), distinct=True),
             max_priority=jnp.maximum(self.max_priority, jnp.max(p)),
         )
 

@@ -197,18 +197,20 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         new = old.add_prepared(step, terminated, truncated, final_obs)
         e, n, w, t = old.num_envs, old.length, self.window_length, terminated.shape[1]
         phase = ((self.phase + t) % self.period).astype(jnp.int32)
-        # 2 E t tree writes, entry k = (part, lane, i): part 0 zeroes the overwritten start
-        # old.head + i of each lane; part 1 gives each lane's newly completed window, logical start
-        # (new coordinates) num_valid - w - t + 1 + i, the max priority if it is a window start.
-        k = jnp.arange(2 * e * t, dtype=jnp.int32)
-        is_new, lane, i = k >= e * t, (k // t) % e, k % t
-        logical = new.num_valid - w - t + 1 + i
-        ok = (logical >= 0) & ((phase - new.num_valid + logical) % self.period == 0)
-        slot = jnp.where(is_new, _ring.logical_to_physical(logical, new.head, new.num_valid, n), (old.head + i) % n)
+        # One tree write per position, none twice (`distinct`), the same in every lane: the t written steps (logical
+        # starts nv - t + k in new coordinates), each the max priority if it now starts a whole aligned window (k <= t - w)
+        # and 0 otherwise; then the newly whole windows that start before the chunk (nv - w - t + 1 + i for
+        # i < min(t, w - 1)), written only if they exist and are aligned.
+        k = jnp.arange(t + min(t, w - 1), dtype=jnp.int32)
+        written = k < t
+        logical = jnp.where(written, new.num_valid - t + k, new.num_valid - w - 2 * t + 1 + k)
+        start = (logical >= 0) & (logical + w <= new.num_valid) & ((phase - new.num_valid + logical) % self.period == 0)
         fresh = _priority.priority_leaf(self.max_priority, self.priority_exponent)
-        vals = jnp.where(is_new, jnp.where(ok, fresh, jnp.nan), 0).astype(jnp.float32)  # NaN: not written
-        # A new window may start at a slot this add zeroed (window_length <= t): it comes later, the last write wins.
-        return self.replace(buffer=new, tree=self.tree.set(lane * n + slot, vals), phase=phase)
+        vals = jnp.where(start, fresh, jnp.where(written, 0, jnp.nan)).astype(jnp.float32)  # NaN: not written
+        slot = _ring.logical_to_physical(logical, new.head, new.num_valid, n)
+        positions = jnp.arange(e, dtype=jnp.int32)[:, None] * n + slot
+        tree = self.tree.set(positions.reshape(-1), jnp.broadcast_to(vals, (e, k.shape[0])).reshape(-1), distinct=True)
+        return self.replace(buffer=new, tree=tree, phase=phase)
 
     def _sequence_length(self, sequence_length) -> int:
         if sequence_length is None:

@@ -205,8 +205,8 @@ class SumMinTree(flax.struct.PyTreeNode):
         i = _validate.index_vector("indices", indices)
         return self.levels[-1][jnp.clip(i, 0, self.capacity - 1), 0]
 
-    @_compiled.method()
-    def set(self, indices, values, where=None) -> "SumMinTree":
+    @_compiled.method("distinct")
+    def set(self, indices, values, where=None, *, distinct: bool = False) -> "SumMinTree":
         """Write leaf values and recompute their ancestors from their children.
 
         Args:
@@ -216,14 +216,20 @@ class SumMinTree(flax.struct.PyTreeNode):
             (an empty leaf) and `+inf` as the dtype's largest finite value, so every leaf stays finite and `>= 0`
             (the prioritised buffers apply their own priority policy first).
           where: optional bool[B]; entries with `False` are ignored.
+          distinct: static bool; `True` promises that no two active entries share an index (the slots of a ring
+            write), which skips the `O(B log B)` sort that finds the last write of each index. Duplicates then leave
+            a consistent tree holding one of their values, which one unspecified.
 
         Returns:
-          A new tree; of duplicate indices the LAST active entry wins. Cost `O(B log P + B log B)`.
+          A new tree; of duplicate indices the LAST active entry wins. Cost `O(B log P + B log B)`, `O(B log P)`
+          with `distinct`.
 
         Raises (at trace time):
           TypeError / ValueError: indices not 1-D integer, values not floating of the indices'
-          shape, `where` not bool[B] (each a list, a numpy or JAX array, or a CPU torch tensor).
+          shape, `where` not bool[B] (each a list, a numpy or JAX array, or a CPU torch tensor); `distinct` not a
+          Python bool.
         """
+        distinct = _validate.static_bool("distinct", distinct)
         indices = _validate.index_vector("indices", indices)
         (b,) = indices.shape
         values = _validate.vector("values", values, b, "floating").astype(self.dtype)
@@ -231,7 +237,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         if where is not None:
             active = active & _validate.vector("where", where, b, "bool")
         values = jnp.clip(values, 0, jnp.finfo(self.dtype).max)  # the documented policy: see the docstring
-        keep = last_write_mask(indices, active)
+        keep = active if distinct else last_write_mask(indices, active)
         levels = list(self.levels)
         levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(_rows(values), mode="drop")
         node = jnp.where(active, indices, 0)  # inactive entries recompute leaf 0's ancestors: a no-op

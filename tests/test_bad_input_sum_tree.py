@@ -71,6 +71,13 @@ def test_sample_stratified_bad_arguments(key, batch_size):
 
 
 @SETTINGS
+@given(bad=st.sampled_from(["True", 1, 0, None, 1.0, np.int32(1), np.ones(1, np.bool_)]))
+def test_set_bad_distinct(bad):
+    """`distinct` is a static Python bool: a string (truthy), a number or an array is refused naming it."""
+    refused(lambda: TREE.set(np.array([0, 1], np.int32), np.array([2.0, 3.0], np.float32), distinct=bad), "distinct", state=TREE)
+
+
+@SETTINGS
 @given(capacity=bad_static_ints() | st.just(2**30 + 1), dtype=st.sampled_from([None, "nope", np.int32, np.bool_, np.float64, "float64", object]))
 def test_create_bad_arguments(capacity, dtype):
     refused(lambda: jb.SumMinTree.create(capacity), "capacity")

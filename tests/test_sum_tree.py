@@ -122,6 +122,33 @@ def test_duplicate_indices_last_write_wins(use_jit):
     _check_invariant(tree)
 
 
+_SET_BOTH = jax.jit(lambda t, i, v, w: (t.set(i, v, where=w), t.set(i, v, where=w, distinct=True)))
+_FULL = {c: SumMinTree.create(c).set(jnp.arange(c), jnp.ones(c)) for c in (5, 1000)}
+
+
+@given(
+    capacity=st.sampled_from([5, 1000]),
+    idx=st.lists(st.integers(-2, 1001), min_size=12, max_size=12, unique=True),
+    val=st.lists(st.sampled_from([np.nan, -1.0, 0.0, 0.5, 2.0, np.inf]), min_size=12, max_size=12),
+    where=st.lists(st.booleans(), min_size=12, max_size=12),
+)
+@settings(max_examples=20, deadline=None)
+def test_distinct_set_equals_the_sorted_set(capacity, idx, val, where):
+    """With distinct indices (inactive, out-of-range and NaN entries among them), `distinct=True` skips the last-write
+    sort and gives bit for bit the tree the default update gives."""
+    want, got = _SET_BOTH(_FULL[capacity], np.array(idx, np.int32), np.array(val, np.float32), np.array(where))
+    for a, b in zip(got.levels, want.levels):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    _check_invariant(got)
+
+
+def test_distinct_set_with_duplicates_stays_consistent():
+    """A broken promise of `distinct` leaves one of the duplicates' values and a consistent tree."""
+    tree = SumMinTree.create(8).set(jnp.array([3, 1, 3]), jnp.array([1.0, 2.0, 5.0]), distinct=True)
+    assert float(tree.leaves()[3]) in (1.0, 5.0) and float(tree.leaves()[1]) == 2.0
+    _check_invariant(tree)
+
+
 @JIT
 def test_where_mask_and_out_of_range_indices_ignored(use_jit):
     fn = maybe_jit(lambda t, i, v, w: t.set(i, v, where=w), use_jit)
@@ -466,6 +493,8 @@ def test_trace_time_errors():
         tree.find(jnp.zeros((2, 2)))
     with pytest.raises(ValueError, match="batch_size"):
         tree.sample_stratified(jax.random.key(0), 0)
+    with pytest.raises(TypeError, match="distinct: expected a Python bool"):
+        tree.set(jnp.array([0, 1]), jnp.array([1.0, 2.0]), distinct="True")
     # Errors surface at trace time under jit, too.
     with pytest.raises(ValueError, match="values"):
         jax.jit(lambda t: t.set(jnp.array([0, 1]), jnp.array([1.0])))(tree)
