@@ -394,7 +394,7 @@ class ShardedBuffer(struct.PyTreeNode):
         """
         s = _validate.static_int("s", s, 0, self.num_shards - 1)
         out = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[s]), self.shards)
-        return out.replace(host=self.shards.host.stores[s]) if isinstance(out, HostBacked) else out  # shares its store
+        return out.replace(host=self.shards.host.shards[s]) if isinstance(out, HostBacked) else out  # shares its store
 
     def local_batch(self, batch: Any) -> Any:
         """A global batch sharded along the mesh axis from this process's rows (`jax.make_array_from_process_local_data`):

@@ -308,9 +308,9 @@ class ShardedHostStores:
     """
 
     def __init__(self, stores: Sequence[HostStores], axis: str):
-        self.stores = tuple(stores)
+        self.shards = tuple(stores)
         self.axis = axis
-        first = self.stores[0]
+        first = self.shards[0]
         self.num_slots, self.codec, self.names = first.num_slots, first.codec, first.names
 
     @staticmethod
@@ -334,7 +334,7 @@ class ShardedHostStores:
     # Identity semantics, as HostStores.
 
     def __repr__(self) -> str:
-        return f"ShardedHostStores({len(self.stores)} shards along {self.axis!r}, versions={[h.version for h in self.stores]})"
+        return f"ShardedHostStores({len(self.shards)} shards along {self.axis!r}, versions={[h.version for h in self.shards]})"
 
     def operands(self) -> tuple:
         """The leading operands of every callback: the shard index (int32 scalar; inside `shard_map` only)."""
@@ -342,40 +342,40 @@ class ShardedHostStores:
 
     def write(self, shard, version, slots, valid, *datas, bases=None) -> np.ndarray:
         """`HostStores.write` on the store of shard `shard`."""
-        return self.stores[int(np.asarray(shard))].write(version, slots, valid, *datas, bases=bases)
+        return self.shards[int(np.asarray(shard))].write(version, slots, valid, *datas, bases=bases)
 
     def read(self, shard, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
         """`HostStores.read` on the store of shard `shard`."""
-        return self.stores[int(np.asarray(shard))].read(version, *ids, aligned=aligned)
+        return self.shards[int(np.asarray(shard))].read(version, *ids, aligned=aligned)
 
     def read_into(self, shard, version, ids, outs) -> None:
         """`HostStores.read_into` on the store of shard `shard`."""
-        self.stores[int(np.asarray(shard))].read_into(version, ids, outs)
+        self.shards[int(np.asarray(shard))].read_into(version, ids, outs)
 
     @property
     def nbytes(self) -> int:
         """Host bytes held over every shard's store."""
-        return sum(h.nbytes for h in self.stores)
+        return sum(h.nbytes for h in self.shards)
 
     @property
     def arena_nbytes(self) -> int:
         """`HostStores.arena_nbytes` over every shard's store."""
-        return sum(h.arena_nbytes for h in self.stores)
+        return sum(h.arena_nbytes for h in self.shards)
 
     @property
     def live_nbytes(self) -> int:
         """`HostStores.live_nbytes` over every shard's store."""
-        return sum(h.live_nbytes for h in self.stores)
+        return sum(h.live_nbytes for h in self.shards)
 
     def close(self) -> None:
         """Close every shard's store."""
-        for h in self.stores:
+        for h in self.shards:
             h.close()
 
     def check_state(self, what: str, versions=None) -> None:
         """`HostStores.check_state` of every shard's store; `versions`: int `[S]`, shard `s`'s version of the state
         (None: only whether the stores are open)."""
-        for s, h in enumerate(self.stores):
+        for s, h in enumerate(self.shards):
             h.check_state(f"{what} (shard {s})", None if versions is None else int(np.asarray(versions)[s]))
 
 
