@@ -272,7 +272,9 @@ def _local_fn(axis: str, op: str, method: str | None, batch_size: int | None, st
     def set_priorities(b, shard, indices, priorities, generations):
         mine = jnp.where(shard == lax.axis_index(axis), indices, -1)  # -1: ignored by set_priorities
         new = b.set_priorities(mine, priorities, generations)
-        return new.replace(max_priority=lax.pmax(new.max_priority, axis))
+        dev = _device(new)
+        dev = dev.replace(max_priority=lax.pmax(dev.max_priority, axis))
+        return new.replace(buffer=dev) if dev is not new else dev
 
     return set_priorities
 
