@@ -274,7 +274,7 @@ def _local_fn(axis: str, op: str, method: str | None, batch_size: int | None, st
         new = b.set_priorities(mine, priorities, generations)
         dev = _device(new)
         dev = dev.replace(max_priority=lax.pmax(dev.max_priority, axis))
-        return new.replace(buffer=dev) if dev is not new else dev
+        return new.replace(buffer=dev) if isinstance(new, HostBacked) else dev
 
     return set_priorities
 

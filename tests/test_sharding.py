@@ -382,19 +382,46 @@ def _episode_buffers(mesh, c=6, b=2, adds=5, t_max=7, seed=20):
     return sharded, whole
 
 
+def _check_episodes(every, expected, c: int, b: int) -> None:
+    """`every`, the shards' `get_all` stacked `[S, c, ...]` (logical order, oldest first), holds `expected`, the
+    unsharded buffer's, bit for bit: episode l of shard s is episode (l // b) * S * b + s * b + l % b of it."""
+    def merge(x):
+        blocks = np.asarray(x).reshape(S, c // b, b, *np.shape(x)[2:]).swapaxes(0, 1)
+        return blocks.reshape(S * c, *blocks.shape[3:])
+    for field in ("item", "mask", "lengths", "terminated", "truncated", "final_obs", "meta"):
+        got = jax.tree.map(merge, getattr(every, field))
+        jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=field), got, getattr(expected, field))
+
+
+@eight
+def test_update_after_a_global_sample_edits_the_unsharded_buffers_episodes(mesh):
+    c, b = 6, 2
+    sharded, whole = _episode_buffers(mesh, c, b)
+    slot_of = {int(i): k for k, i in enumerate(np.asarray(whole.meta["id"]))}
+    out = sharded.sample(jax.random.key(24), 16, method="sample_timesteps")  # relabel single steps
+    slots = np.array([slot_of[int(i)] for i in np.asarray(out.sample.meta["id"])])
+    reward = (slots * 100 + np.asarray(out.sample.steps)).astype(np.float32)  # a step drawn twice gets one value
+    sharded = sharded.update(out.shard, out.sample.indices, {"reward": reward}, steps=out.sample.steps)
+    whole = whole.update(slots, {"reward": reward}, steps=out.sample.steps)
+    eps = sharded.sample(jax.random.key(25), 8, method="sample_episodes")  # relabel whole episodes and their meta
+    slots = np.array([slot_of[int(i)] for i in np.asarray(eps.sample.meta["id"])])
+    fields = {"reward": -(slots[:, None] * 10.0 + np.arange(whole.max_timesteps)).astype(np.float32), "task": (slots % 4 + 5).astype(np.int32)}
+    sharded, whole = sharded.update(eps.shard, eps.sample.indices, fields), whole.update(slots, fields)
+    _check_episodes(sharded.apply(lambda buf: buf.get_all()), whole.get_all(), c, b)
+    with pytest.raises(TypeError, match="update: ReplayBuffer has no update"):
+        jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(ITEM, capacity=8), mesh, "data").update(out.shard, out.sample.indices, {})
+    with pytest.raises(ValueError, match=r"shard: expected shape \(16,\)"):
+        sharded.update(out.shard[:4], out.sample.indices, {"reward": reward}, steps=out.sample.steps)
+    with pytest.raises(TypeError, match=r"fields\['rewards'\]|unknown names \['rewards'\]"):
+        sharded.update(out.shard, out.sample.indices, {"rewards": reward}, steps=out.sample.steps)
+
+
 @eight
 def test_episode_content_is_the_unsharded_buffer_bit_for_bit(mesh):
     c, b = 6, 2
     sharded, whole = _episode_buffers(mesh, c, b)
     assert sharded.shards.storage["obs"].sharding.spec[0] == "data"
-    every = [sharded.shard(s).get_all() for s in range(S)]  # logical order, oldest first, [c, ...] each
-    expected = whole.get_all()
-    for field in ("item", "mask", "lengths", "terminated", "truncated", "final_obs", "meta"):
-        def merge(*per_shard):  # episode l of shard s is episode (l // b) * S * b + s * b + l % b of the unsharded
-            blocks = np.stack([np.asarray(p).reshape(c // b, b, *np.shape(p)[1:]) for p in per_shard], axis=1)
-            return blocks.reshape(S * c, *blocks.shape[3:])
-        got = jax.tree.map(merge, *[getattr(e, field) for e in every])
-        jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=field), got, getattr(expected, field))
+    _check_episodes(sharded.apply(lambda buf: buf.get_all()), whole.get_all(), c, b)
     assert int(sharded.size()) == int(whole.size())
     mask = np.asarray(sharded.shards.meta["task"]) == 2  # [S, c]: row s filters shard s
     local = jax.jit(lambda b, k, m: b.sample_local(k, 16, method="sample_episodes", where=m))(sharded, jax.random.key(27), mask)
@@ -737,3 +764,75 @@ def test_compressed_prioritised_sampling_and_collectives(mesh):
         ops = _collectives(lowered.compile().as_text())
         assert "all_gather" not in lowered.as_text() and all(op != "all-gather" for op, _ in ops), ops
         assert all(n <= 64 * 4 * 6 * 6 for _, n in ops), ops
+
+
+@eight
+def test_compressed_sharded_checkpoint_round_trip_and_stale_states(mesh, tmp_path):
+    sharded, _ = _pixel_buffers(mesh, adds=12)
+    path = jb.save(tmp_path / "ck", sharded)
+    target = jb.ShardedBuffer.create(lambda: jb.CompressedTrajectoryBuffer.create(
+        PIX, num_envs=E // S, length=LENGTH, frame_stack=4, final_obs_capacity=KCAP), mesh, "data")
+    restored = jb.restore(path, target)
+    assert isinstance(restored, jb.ShardedBuffer) and restored.shards.trajectory.storage["reward"].sharding.spec[0] == "data"
+    for h, r in zip(sharded.shards.host.shards, restored.shards.host.shards):  # every entry of every shard's store
+        assert r is not h and r.version == h.version == 12
+        for g, w in zip(r.read(np.int32(12), np.arange(h.num_slots)), h.read(np.int32(12), np.arange(h.num_slots))):
+            np.testing.assert_array_equal(g, w)
+    draw = jax.jit(lambda b, k: b.sample(k, 32, method="sample_transitions", n_step=2, gamma=0.9))
+    step, kw = next(_pixel_steps(np.random.default_rng(39), E, 1))
+    for before, after in ((sharded, restored), (sharded.add(step, **kw), restored.add(step, **kw))):  # then adds continue alike
+        jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), draw(before, jax.random.key(40)), draw(after, jax.random.key(40)))
+    # `sharded` is now older than its stores: refused eagerly, under jit (by every shard's write callback) and by save
+    with pytest.raises(jb.StaleBufferError, match=r"add \(shard 0\): this buffer state has version 12 but its host store is at version 13"):
+        sharded.add(step, **kw)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="version 12 but its host store is at version 13"):
+        jax.block_until_ready(jax.jit(jb.ShardedBuffer.add)(sharded, step, **kw))
+    with pytest.raises(jb.StaleBufferError, match="save: this buffer state has version 12"):
+        jb.save(tmp_path / "stale", sharded)
+    assert [h.version for h in sharded.shards.host.shards] == [13] * S
+
+
+@eight
+def test_compressed_callbacks_inside_shard_map_run_once_per_shard_with_io_callbacks(mesh):
+    """The ordered `io_callback` writes and `pure_callback` reads (forced; the other tests use `buffer_callback`):
+    one write per add on every shard, inside `lax.scan` too, and the samples read the unsharded rows."""
+    from jaxbuffers.compressed._common import forced_callbacks
+
+    with forced_callbacks(False):
+        sharded, whole = _pixel_buffers(mesh, adds=4, seed=41)
+        chunk = list(_pixel_steps(np.random.default_rng(42), E, 5))
+        xs = jax.tree.map(lambda *x: np.stack(x), *chunk)
+        scan = lambda buf, xs: jax.lax.scan(lambda b, x: (b.add(x[0], **x[1]), None), buf, xs)[0]  # noqa: E731
+        sharded, whole = jax.jit(scan, donate_argnums=0)(sharded, xs), jax.jit(scan, donate_argnums=0)(whole, xs)
+        assert [(h.version, h.num_writes) for h in sharded.shards.host.shards] == [(9, 9)] * S
+        tr = jax.jit(lambda b, k: b.sample(k, 64, method="sample_transitions", n_step=1, gamma=0.9))(sharded, jax.random.key(43))
+        ref = whole.decode(whole.buffer.transitions_at(_global_positions(tr), n_step=1, gamma=0.9))
+        np.testing.assert_array_equal(np.asarray(tr.sample.obs), np.asarray(ref.obs))
+        np.testing.assert_array_equal(np.asarray(tr.sample.next_obs), np.asarray(ref.next_obs))
+
+
+@eight
+def test_compressed_episode_shards_sample_and_update_as_the_unsharded_buffer(mesh):
+    c, b, t_max = 4, 1, 5
+    step = {"obs": jnp.zeros((6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    make = lambda e: jb.CompressedEpisodeBuffer.create(step, max_episodes=e, max_timesteps=t_max, meta=EP_META)  # noqa: E731
+    sharded, whole = jb.ShardedBuffer.create(lambda: make(c), mesh, "data"), make(S * c)
+    rng = np.random.default_rng(44)
+    for a in range(6):  # 48 episodes into 32 slots: the rings wrap
+        n = S * b
+        eps = {"obs": rng.integers(0, 4, (n, t_max, 6, 6)).astype(np.uint8), "action": rng.integers(0, 9, (n, t_max)).astype(np.int32),
+               "reward": rng.standard_normal((n, t_max)).astype(np.float32)}
+        kw = dict(terminated=rng.random(n) < 0.5, truncated=rng.random(n) < 0.3, final_obs=rng.integers(0, 4, (n, 6, 6)).astype(np.uint8),
+                  meta={"task": rng.integers(0, 3, n).astype(np.int32), "id": np.arange(a * n, (a + 1) * n, dtype=np.int32)})
+        lengths = rng.integers(1, t_max + 1, n).astype(np.int32)
+        sharded, whole = sharded.add_episodes(eps, lengths, **kw), whole.add_episodes(eps, lengths, **kw)
+    _check_episodes(sharded.apply(lambda buf: buf.get_all()), whole.get_all(), c, b)
+    slot_of = {int(i): k for k, i in enumerate(np.asarray(whole.buffer.meta["id"]))}
+    keep = lambda m: m["task"] != 0  # noqa: E731
+    tr = sharded.sample(jax.random.key(45), 32, method="sample_transitions", n_step=2, gamma=0.9, where=keep)
+    slots = np.array([slot_of[int(i)] for i in np.asarray(tr.sample.meta["id"])])
+    ref = whole.transitions_at(slots, tr.sample.steps, n_step=2, gamma=0.9)
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), tr.sample._replace(indices=ref.indices), ref)
+    fields = {"reward": (slots[:, None] * 10.0 + np.arange(t_max)).astype(np.float32), "task": (slots % 3).astype(np.int32)}
+    sharded, whole = sharded.update(tr.shard, tr.sample.indices, fields), whole.update(slots, fields)
+    _check_episodes(sharded.apply(lambda buf: buf.get_all()), whole.get_all(), c, b)
