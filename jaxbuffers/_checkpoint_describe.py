@@ -231,7 +231,8 @@ def _check_config(name: str, saved: dict, cfg: dict, what: str) -> None:
 
 
 def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
-    """(abstract buffer to restore into, concrete target shardings or None), after checking the target."""
+    """(abstract buffer to restore into, concrete target shardings or None), after checking the target. A sharded
+    compressed buffer (`jaxbuffers.ShardedBuffer`) gets one fresh host store per shard, on the target's mesh axis."""
     name = meta["class"]
     if isinstance(meta.get("config"), dict) and name in _ADDED:  # an older checkpoint: the arguments it predates
         meta = {**meta, "config": {**_ADDED[name], **meta["config"]}}
@@ -269,4 +270,5 @@ def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
         axis = target.host.axis if target is not None and isinstance(target.host, ShardedHostStores) else meta["host"]["axis"]
         hosts = ShardedHostStores.made(lambda: jax.eval_shape(lambda: cls.create(example, **cfg)), stack[0])
         abstract = abstract.replace(host=ShardedHostStores(hosts, axis))
-    return abstract, target
+        return abstract, target  # the target's shardings: its mesh
+    return abstract, None
