@@ -29,7 +29,7 @@ eight = pytest.mark.devices(S)  # deselected with fewer devices: test_on_eight_f
 def test_on_eight_forced_devices():
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={S}",
            "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "slow or not slow", __file__],
                           env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
