@@ -18,6 +18,7 @@ import pytest
 from scipy.stats import chi2
 
 import jaxbuffers as jb
+import jaxbuffers.disk
 from jaxbuffers.sharding import _choose_shards
 
 S = 8
@@ -555,7 +556,7 @@ def test_episode_samples_and_epochs_move_no_storage(mesh):
     assert {op for op, _ in ops} == {"reduce-scatter"} and max(n for _, n in ops) == block, ops
 
 
-def test_compressed_buffers_need_one_store_per_shard():
+def test_compressed_buffers_need_one_store_per_shard(tmp_path):
     one = jax.make_mesh((1,), ("data",))
     step = {"obs": jnp.zeros((8, 8), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     for make in (lambda: jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=8),
@@ -566,6 +567,9 @@ def test_compressed_buffers_need_one_store_per_shard():
         made = make()  # one buffer closed over: two shards would share its store
         with pytest.raises(ValueError, match="make: returned buffers sharing one host store; each shard needs its own"):
             jb.compressed.ShardedHostStores.made(lambda: made, 2)
+    opened = jaxbuffers.disk.open(tmp_path / "disk", "w", jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=8, codec="none"))
+    with pytest.raises(TypeError, match=r"make: builds a disk-backed buffer \(its host store is a folder\)"):
+        jb.ShardedBuffer.create(lambda: opened, one, "data")
     rollout = jb.ShardedBuffer.create(make, one, "data")
     with pytest.raises(TypeError, match=r"minibatches: a sharded CompressedRolloutBuffer has no unsharded epoch.*sample_local"):
         rollout.minibatches(jax.random.key(0), 2)
