@@ -348,3 +348,18 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
     if normalize:
         frames = frames.astype(jnp.float32) * jnp.float32(1.0 / 255.0)
     return frames
+
+
+def decode_sample(decoders: Mapping[type, Callable], sample: Any, rows: Any, inner: str) -> Any:
+    """A compressed buffer's `decode`: `decoders[type(sample)](sample, rows)` with its arguments checked.
+
+    Raises:
+      TypeError: a sample type not in `decoders` (`inner` names the buffer it samples); `rows` not a bool array.
+      ValueError: `rows` not of shape `[B]` (`B` the sample's leading axis).
+    """
+    if type(sample) not in decoders:
+        raise TypeError(f"sample: expected one of {sorted(c.__name__ for c in decoders)} of this buffer's inner {inner}, "
+                        f"got {type(sample).__name__}")
+    if rows is not None:
+        rows = _validate.array("rows", rows, (sample.indices.shape[0],), bool)
+    return decoders[type(sample)](sample, rows)

@@ -483,12 +483,7 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         """
         decoders = {TransitionSample: self._decode_transitions, PrioritisedTransitionSample: self._decode_transitions,
                     SequenceSample: self._decode_sequences, PrioritisedSequenceSample: self._decode_sequences}
-        if type(sample) not in decoders:
-            raise TypeError(f"sample: expected one of {sorted(c.__name__ for c in decoders)} of this buffer's inner buffer, "
-                            f"got {type(sample).__name__}")
-        if rows is not None:
-            rows = _validate.array("rows", rows, (sample.indices.shape[0],), bool)
-        return decoders[type(sample)](sample, rows)
+        return _common.decode_sample(decoders, sample, rows, "buffer")
 
     @_common.checked_before_dispatch()
     @_compiled.method("sequence_length")
