@@ -353,7 +353,8 @@ class ShardedBuffer(struct.PyTreeNode):
     @classmethod
     def create(cls, make: Callable[[], Any], mesh: Mesh, axis: str) -> "ShardedBuffer":
         """An empty sharded buffer: `make()` builds one shard (e.g. `lambda: jb.ReplayBuffer.create(item,
-        capacity=c)`: capacity per shard), called once and stacked `S` times directly on the devices.
+        capacity=c)`: capacity per shard), called once and stacked `S` times directly on the devices. A compressed
+        buffer's `make` is also called once per shard, for that shard's host store (module doc).
 
         Raises:
           TypeError: `make` not a function returning a jaxbuffers buffer, `mesh` not a `jax.sharding.Mesh`.
@@ -389,7 +390,8 @@ class ShardedBuffer(struct.PyTreeNode):
 
     def shard(self, s: int) -> Any:
         """Shard `s` as a plain buffer on the default device (through a host copy of every shard: for inspection
-        and tests, single process).
+        and tests, single process). A compressed shard keeps its host store: read it, but do not add to it (the
+        sharded state would then be older than that store, and refused).
 
         Raises:
           ValueError: `s` not an int in `[0, S)`.
@@ -615,7 +617,7 @@ class ShardedBuffer(struct.PyTreeNode):
           `jnp.swapaxes(x, 0, 1).reshape(M, -1)` of a leaf is the unsharded `minibatches(key, M)` leaf bit for bit.
 
         Raises:
-          TypeError: the wrapped buffer is not a `RolloutBuffer`.
+          TypeError: the wrapped buffer is not a `RolloutBuffer` (a `CompressedRolloutBuffer` included: module doc).
           ValueError: `M` not an int >= 1 or not dividing a shard's `num_steps * num_envs`.
         """
         if not isinstance(self.shards, RolloutBuffer):
