@@ -496,11 +496,12 @@ class ShardedBuffer(struct.PyTreeNode):
 
     def _check_hosts(self, add: bool) -> None:
         """The eager checks of a compressed buffer's stores before anything is dispatched: open, and for an add of a
-        concrete state, every shard's version the version of its store (`StaleBufferError` otherwise; waits for the
-        adds before it). Under a transformation the write callbacks refuse a stale state store by store."""
+        concrete state held by this process, every shard's version the version of its store (`StaleBufferError`
+        otherwise; waits for the adds before it). Under a transformation (or with shards in other processes) the
+        write callbacks refuse a stale state store by store."""
         if isinstance(self.shards, HostBacked):
             version = self.shards.version
-            concrete = add and not isinstance(version, jax.core.Tracer)
+            concrete = add and not isinstance(version, jax.core.Tracer) and version.is_fully_addressable
             self.shards.host.check_state("add" if add else "sample", version if concrete else None)
 
     def _own(self, arrays: dict) -> dict:
