@@ -360,7 +360,8 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
     Args:
       directory: the checkpoint folder. An existing checkpoint there is replaced only once the new one is complete.
       buffer: any jaxbuffers buffer (`ReplayBuffer`, `PrioritisedReplayBuffer`, `TrajectoryBuffer`,
-        `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not. A
+        `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not,
+        or a `ShardedBuffer` (its stacked buffer, with one host store per shard for compressed buffers). A
         compressed buffer must be the state returned by its last `add`.
       progress: a tqdm bar (sizes, throughput) for saves over a second; None: only on a terminal.
       blocking: False: take the buffer's arrays to host memory, start writing in a background thread and return a
@@ -434,7 +435,8 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
       directory: a folder written by `save` (or a `BufferCheckpointHandler` item folder). If a save crashed
         between its two renames, the previous checkpoint (`.<name>.prev`) is restored.
       target: optional buffer (concrete, or abstract from `jax.eval_shape`) of the same class and configuration:
-        checked against the checkpoint, its arrays' shardings used; never modified.
+        checked against the checkpoint, its arrays' shardings used; never modified. A `ShardedBuffer` target gives
+        a `ShardedBuffer` on its mesh (a sharded compressed buffer gets one new host store per shard).
       sharding: where the arrays go: a `jax.sharding.Sharding` or `jax.Device` for every array, or a tree of
         shardings like the buffer. Default: the target's shardings, else the default device.
       progress: a tqdm bar for loads over a second; None: only on a terminal.
