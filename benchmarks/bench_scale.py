@@ -23,6 +23,13 @@ accelerators the same script measures real devices.
   unsharded rollout's permutation split over the shards (`minibatches`, one reduce-scatter per minibatch);
   throughput in steps.
 
+* ``add/compressed-pixels/B=16/scan`` and ``sample/compressed-pixels/{global,local}-transitions/batch=256/scan``:
+  `CompressedTrajectoryBuffer` shards (16 envs in all, 1,024 steps per lane, observations uint8[4, 84, 84] with
+  frame-stack dedup, zstd -1), one host store per shard: adds of one step of the 16 envs (16 / S per shard, one
+  write callback per shard), then 3-step transitions sampled globally (each shard decodes the rows it contributes)
+  or 256 / S per shard. Every step holds the same synthetic frame (a block on a dark screen), so these rows show the
+  cost of the sharded program and its host callbacks, not of the codec (`bench_compressed.py` measures real frames).
+
 * ``actors-to-learner/4-actors/flush=64``: 4 actor threads append single items through one `Writer` (64 items per
   add) into a `BufferServer` while a learner thread samples 256 items at a time; with a `BlockingRateLimiter`
   (samples per insert 1, ``variant=spi=1``) and without (``variant=unlimited``). Throughput in inserted
@@ -122,6 +129,32 @@ def _rollout_epochs(counts: list[int], n: int, repeats: int) -> None:
         _scaling(f"epoch/rollout/{name}/M={MINIBATCHES}/scan", group, run, repeats, n, ROLLOUT_STEPS * ROLLOUT_ENVS, "steps/s")
 
 
+PIX_STEP = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+PIX_ENVS, PIX_LENGTH = 16, 1024
+
+
+def _compressed(counts: list[int], n: int, repeats: int) -> None:
+    """Sharded compressed trajectory buffers: adds, global and per-device transition sampling, 1 to 8 devices."""
+    make = lambda s: lambda: jb.CompressedTrajectoryBuffer.create(PIX_STEP, num_envs=PIX_ENVS // s, length=PIX_LENGTH, frame_stack=4)  # noqa: E731
+    frame = np.zeros((84, 84), np.uint8)
+    frame[30:40, 20:44] = 200
+    step = batch_of(PIX_STEP, PIX_ENVS)
+    step["obs"] = jnp.broadcast_to(jnp.asarray(frame), (PIX_ENVS, 4, 84, 84))
+    batch = {"step": step, "terminated": jnp.zeros(PIX_ENVS, bool)}
+    add = lambda s, b: s.add(b["step"], terminated=b["terminated"])  # noqa: E731
+    sample = {
+        "global": lambda s: lambda b, k: b.sample(k, BATCH, method="sample_transitions", n_step=3, gamma=0.99),
+        "local": lambda s: lambda b, k: b.sample_local(k, BATCH // s, method="sample_transitions", n_step=3, gamma=0.99),
+    }
+    impls = {name: {f"devices={s}": Sharded(make(s), s, fn(s), add) for s in counts} for name, fn in sample.items()}
+    _scaling(f"add/compressed-pixels/B={PIX_ENVS}/scan", impls["global"], lambda i: add_runner(i, batch, "scan", n), repeats, n, PIX_ENVS, "steps/s")
+    for name, group in impls.items():
+        for impl in group.values():  # half of every lane, so sampling reads real steps
+            add_runner(impl, batch, "scan", PIX_LENGTH // 2)()
+        run = lambda i: sample_runner(i, i.sample_fn(), "scan", n)  # noqa: E731
+        _scaling(f"sample/compressed-pixels/{name}-transitions/batch={BATCH}/scan", group, run, repeats, n, BATCH)
+
+
 def _actors_to_learner(total: int, limited: bool) -> float:
     """Seconds per inserted transition: 4 actor threads, one Writer, a learner thread sampling until told to stop."""
     limiter = jb.BlockingRateLimiter(1.0, min_size=BATCH, error_buffer=4 * BATCH) if limited else None
@@ -183,6 +216,7 @@ def main():
         _scaling(f"sample/vector/{name}/batch={BATCH}/scan", group, run, repeats, n, BATCH)
     _episodes(counts, n, repeats)
     _rollout_epochs(counts, max(n // 10, 2), repeats)
+    _compressed(counts, max(n // 10, 2), repeats)
     total = 4_096 if args.quick else 40_960
     for limited in (True, False):
         seconds = sorted(_actors_to_learner(total, limited) for _ in range(1 if args.quick else 3))

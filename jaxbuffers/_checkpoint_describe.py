@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbuffers import _validate
+from jaxbuffers.compressed._host import ShardedHostStores
 from jaxbuffers.compressed import (
     CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
 )
@@ -84,7 +85,7 @@ def _rollout(b) -> dict:
 
 
 def _host(b, spec) -> dict:
-    store = b.host.stores[0].config()
+    store = getattr(b.host, "shards", [b.host])[0].stores[0].config()  # a sharded buffer's stores share one configuration
     return {"compress": _names(spec, b.leaf_index), "codec": b.host.codec, "normalize_images": b.normalize_images,
             "chunk_bytes": store["chunk_bytes"], "dictionary_bytes": store["dictionary_bytes"]}
 
@@ -219,8 +220,8 @@ def _describe(buffer: Any) -> dict:
     name, _, config, stack = _entry(buffer)
     if getattr(getattr(buffer, "host", None), "directory", None) is not None:  # jaxbuffers.disk.DiskStores
         raise TypeError(f"buffer: a disk-backed {name} is its folder {buffer.host.directory}; jaxbuffers.disk.flush it and copy the folder")
-    if stack and isinstance(buffer, _COMPRESSED):
-        raise TypeError(f"buffer: a {name} cannot be stacked (one host store)")
+    if stack and isinstance(buffer, _COMPRESSED) and not (isinstance(buffer.host, ShardedHostStores) and stack == (len(buffer.host.shards),)):
+        raise TypeError(f"buffer: a {name} cannot be stacked (one host store); a jaxbuffers.ShardedBuffer has one per shard")
     cfg = config(_unstacked(buffer, stack))
     out = {"format": FORMAT, "version": FORMAT_VERSION, "class": name, "config": _json_config(cfg),
            "stack_shape": list(stack), "leaves": _leaves(buffer)[1]}
@@ -264,7 +265,8 @@ def _check_meta_defaults(target: Any, loaded: list[np.ndarray], root: Path) -> N
 
 
 def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
-    """(abstract buffer to restore into, concrete target shardings or None), after checking the target."""
+    """(abstract buffer to restore into, concrete target shardings or None), after checking the target. A sharded
+    compressed buffer (`jaxbuffers.ShardedBuffer`) gets one fresh host store per shard, on the target's mesh axis."""
     name = meta["class"]
     if isinstance(meta.get("config"), dict) and name in _ADDED:  # an older checkpoint: the arguments it predates
         meta = {**meta, "config": {**_ADDED[name], **meta["config"]}}
@@ -295,4 +297,12 @@ def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
     _check_config(name, meta, config(abstract), f"{root}")  # the saved arguments rebuild the same configuration
     if stack:
         abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(stack + s.shape, s.dtype), abstract)
+    sharded = (meta.get("host") or {}).get("shards")
+    if sharded is not None:  # one fresh store per shard, as `ShardedBuffer.create` makes them
+        if stack != (len(sharded),):
+            raise CheckpointError(f"{root / 'buffer.json'}: {len(sharded)} sharded host stores for a stack of shape {stack}")
+        axis = target.host.axis if target is not None and isinstance(target.host, ShardedHostStores) else meta["host"]["axis"]
+        hosts = ShardedHostStores.made(lambda: jax.eval_shape(lambda: cls.create(example, **cfg)), stack[0])
+        abstract = abstract.replace(host=ShardedHostStores(hosts, axis))
+        return abstract, target  # the target's shardings: its mesh
     return abstract, None

@@ -73,7 +73,8 @@ from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: u
     _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
     _write_manifest,
 )
-from jaxbuffers.compressed._host import StaleBufferError
+from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
+from jaxbuffers.sharding import ShardedBuffer
 
 __all__ = [
     "FORMAT_VERSION", "CheckpointError", "PendingSave", "save", "restore", "to_bytes", "from_bytes", "BufferSave",
@@ -88,13 +89,20 @@ _ONE_PROCESS = ("jaxbuffers checkpoints are written and read by one process (the
 # --- the snapshot a save writes: buffer.json and every array on host memory ---
 
 def _host_snapshot(buffer: Any) -> tuple[dict | None, dict]:
-    """Host metadata and arrays of a compressed buffer (None, {} otherwise)."""
+    """Host metadata and arrays of a compressed buffer (None, {} otherwise); a sharded one's stores as
+    `{"axis", "shards": [metadata of shard s]}` and `{"shards": {"s": arrays of shard s}}`."""
     if not isinstance(buffer, _COMPRESSED):
         return None, {}
-    host = buffer.host
+    if isinstance(buffer.host, ShardedHostStores):
+        parts = [_store_snapshot(h, v) for h, v in zip(buffer.host.shards, np.asarray(buffer.version).tolist())]
+        return {"axis": buffer.host.axis, "shards": [m for m, _ in parts]}, {"shards": {str(i): a for i, (_, a) in enumerate(parts)}}
+    return _store_snapshot(buffer.host, int(buffer.version))
+
+
+def _store_snapshot(host: Any, version: int) -> tuple[dict, dict]:
+    """Metadata and arrays of one `HostStores` holding the entries of a state of version `version`."""
     host._check_open("save")
-    version = int(buffer.version)  # before the lock: the write that produces it takes the lock
-    with host._lock:
+    with host._lock:  # the version is read before: the write that produces it takes the lock
         if version != host.version:
             raise StaleBufferError(
                 f"save: this buffer state has version {version} but its host store is at version "
@@ -104,16 +112,23 @@ def _host_snapshot(buffer: Any) -> tuple[dict | None, dict]:
         meta = {"version": host.version, "num_writes": host.num_writes, "num_rows": host.num_rows,
                 "stores": [m for m, _ in exported]}
         arrays = {"stores": {str(i): a for i, (_, a) in enumerate(exported)}, "slot_version": host.slot_version.copy()}
+    meta["arrays"] = {i: {k: [list(a.shape), a.dtype.name] for k, a in s.items()} for i, s in arrays["stores"].items()}
     return meta, arrays
+
+
+def _host_tree(host_arrays: dict) -> dict:
+    """The host arrays orbax writes: non-empty ones only (an empty array's shape and dtype are in buffer.json)."""
+    if "shards" in host_arrays:
+        return {"shards": {i: _host_tree(a) for i, a in host_arrays["shards"].items()}}
+    host = {"stores": {i: {k: a for k, a in s.items() if a.size} for i, s in host_arrays.get("stores", {}).items()}}
+    if "slot_version" in host_arrays:
+        host["slot_version"] = host_arrays["slot_version"]
+    return host
 
 
 def _array_tree(leaves: list, host_arrays: dict) -> dict:
     """What orbax writes: non-empty arrays only (an empty array's shape and dtype are in buffer.json)."""
-    device = {str(i): x for i, x in enumerate(leaves) if np.size(x)}
-    host = {"stores": {i: {k: a for k, a in s.items() if a.size} for i, s in host_arrays.get("stores", {}).items()}}
-    if "slot_version" in host_arrays:
-        host["slot_version"] = host_arrays["slot_version"]
-    return {"device": device, "host": host}
+    return {"device": {str(i): x for i, x in enumerate(leaves) if np.size(x)}, "host": _host_tree(host_arrays)}
 
 
 class _Snapshot(NamedTuple):
@@ -133,8 +148,6 @@ def _snapshot(buffer: Any, host: bool = True) -> _Snapshot:
     meta = _describe(buffer)
     buffer = _sharded(buffer)[0]
     host_meta, host_arrays = _host_snapshot(buffer) if host else (None, {})
-    if host_meta is not None:
-        host_meta["arrays"] = {i: {k: [list(a.shape), a.dtype.name] for k, a in s.items()} for i, s in host_arrays["stores"].items()}
     meta["host"] = host_meta
     leaves = jax.tree.leaves(buffer)
     for x in leaves:
@@ -218,11 +231,24 @@ def _on_devices(arrays: list[np.ndarray], shardings: list) -> list:
     return out
 
 
+def _host_restore_args(meta: dict | None) -> dict:
+    """orbax's restore arguments of the host arrays `meta` (a `_host_snapshot` metadata) describes."""
+    if meta is not None and "shards" in meta:
+        return {"shards": {str(i): _host_restore_args(m) for i, m in enumerate(meta["shards"])}}
+    shapes = {} if meta is None else meta["arrays"]
+    args = {"stores": {i: {k: ocp.RestoreArgs(restore_type=np.ndarray, dtype=_dtype(d, k)) for k, (shp, d) in s.items() if np.prod(shp)}
+                       for i, s in shapes.items()}}
+    if meta is not None:
+        args["slot_version"] = ocp.RestoreArgs(restore_type=np.ndarray)
+    return args
+
+
 def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
+    if isinstance(target, ShardedBuffer):  # its stacked buffer, on the target's mesh, wrapped again
+        return target.replace(shards=_read(root, target.shards, sharding, progress))
     _validate.single_process("restore", _ONE_PROCESS)
     _verify(root, progress)
     meta = _read_json(root / "buffer.json", "buffer description")
-    wrapper, target = target, _sharded(target)[0]  # a ShardedBuffer target: its shards are restored, then rewrapped
     if target is not None:
         _entry(target, "target")  # TypeError for a target that is not a buffer
     try:
@@ -238,15 +264,9 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
         raise CheckpointError(f"{root / 'buffer.json'}: array {diff[1]} in the checkpoint, {diff[0]} in the buffer to restore")
     shardings = _shardings(abstract, sharding, concrete)
     host_meta = meta.get("host")
-    host_shapes = {} if host_meta is None else host_meta["arrays"]
     # every array is read to host memory and put on its devices here: ~2x less work than orbax's device arrays
-    restore_args = {
-        "device": {str(i): ocp.RestoreArgs(restore_type=np.ndarray) for i, x in enumerate(leaves) if x.size},
-        "host": {"stores": {i: {k: ocp.RestoreArgs(restore_type=np.ndarray, dtype=_dtype(d, k)) for k, (shp, d) in s.items() if np.prod(shp)}
-                            for i, s in host_shapes.items()}},
-    }
-    if host_meta is not None:
-        restore_args["host"]["slot_version"] = ocp.RestoreArgs(restore_type=np.ndarray)
+    restore_args = {"device": {str(i): ocp.RestoreArgs(restore_type=np.ndarray) for i, x in enumerate(leaves) if x.size},
+                    "host": _host_restore_args(host_meta)}
     progress.reset(total=_nbytes(leaves))
     handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
     try:
@@ -265,13 +285,18 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     if target is not None:
         _check_meta_defaults(target, host, root)
     buffer = jax.tree.unflatten(treedef, _on_devices(host, shardings))
-    if host_meta is not None:
-        _load_host(buffer, host_meta, out["host"], host_shapes, root)
-    return buffer if wrapper is target else wrapper.replace(shards=buffer)
+    if host_meta is not None and "shards" in host_meta:
+        versions = np.asarray(buffer.version).tolist()
+        for i, (h, m) in enumerate(zip(buffer.host.shards, host_meta["shards"])):
+            _load_host(h, versions[i], m, out["host"]["shards"][str(i)], f"{root} (shard {i})")
+    elif host_meta is not None:
+        _load_host(buffer.host, int(buffer.version), host_meta, out["host"], root)
+    return buffer
 
 
-def _load_host(buffer: Any, meta: dict, arrays: dict, shapes: dict, root: Path) -> None:
-    host = buffer.host
+def _load_host(host: Any, version: int, meta: dict, arrays: dict, root: Any) -> None:
+    """Fill the fresh `HostStores` `host` of a restored state of version `version` from its saved `meta` / `arrays`."""
+    shapes = meta["arrays"]
     if len(meta["stores"]) != len(host.stores):
         raise CheckpointError(f"{root}: {len(meta['stores'])} host stores in the checkpoint, the buffer has {len(host.stores)}")
     sv = np.asarray(arrays["slot_version"])
@@ -286,8 +311,8 @@ def _load_host(buffer: Any, meta: dict, arrays: dict, shapes: dict, root: Path) 
             raise CheckpointError(f"{root}: host store {i} ({host.names[i]}): {e}") from None
     host.slot_version[...] = sv
     host.version, host.num_writes, host.num_rows = int(meta["version"]), int(meta["num_writes"]), int(meta["num_rows"])
-    if int(buffer.version) != host.version:
-        raise CheckpointError(f"{root}: buffer version {int(buffer.version)} but host store version {host.version}")
+    if version != host.version:
+        raise CheckpointError(f"{root}: buffer version {version} but host store version {host.version}")
 
 
 # --- public API ---
@@ -337,7 +362,8 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       directory: the checkpoint folder. An existing checkpoint there is replaced only once the new one is complete.
       buffer: any jaxbuffers buffer (`ReplayBuffer`, `PrioritisedReplayBuffer`, `TrajectoryBuffer`,
         `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not,
-        or a `ShardedBuffer` (saved as its shards: a buffer stacked `[S]`, with the mesh axis in buffer.json). A
+        or a `ShardedBuffer` (saved as its shards: a buffer stacked `[S]`, one host store per shard for compressed
+        buffers, the mesh axis in buffer.json). A
         compressed buffer must be the state returned by its last `add`.
       progress: a tqdm bar (sizes, throughput) for saves over a second; None: only on a terminal.
       blocking: False: take the buffer's arrays to host memory, start writing in a background thread and return a

@@ -43,9 +43,19 @@ device gathers the minibatch's steps it holds (zeros elsewhere) and one reduce-s
 into the blocks; so an epoch moves the whole rollout across devices (each device sends about `S - 1` times its
 shard's steps in a ring reduce-scatter), which the per-shard shuffle avoids.
 
-Compressed buffers (`jaxbuffers.compressed`) are refused by `create`: their frames live in one host store per
-buffer, reached through callbacks that hold the store as a static field, so `S` stacked shards would write into
-one store and refuse each other's versions. Keep one compressed buffer per process instead.
+Compressed buffers (`jaxbuffers.compressed`: trajectory, prioritised trajectory, episode and rollout buffers) keep
+one host store per shard (`jaxbuffers.compressed.ShardedHostStores`): `make` is called once per shard, each shard's
+store holds only its own lanes' or episodes' frames at the slot ids of one unsharded buffer of the shard's size
+(shard-local ids), and every callback, traced inside `shard_map`, passes its shard index (`lax.axis_index`) and
+reaches that shard's store with that shard's version (the `version` leaf is `[S]`; a stale state is refused store by
+store). A global sample draws each shard's candidates from its device half, then decodes on the host only the rows
+that shard contributes (`decode(sample, rows=mine)`), before the all-reduce. `sample_local` decodes each shard's own
+batch. The unsharded rollout epoch (`minibatches`) is refused for compressed rollouts (each shard would decode
+steps it does not hand out): use `sample_local(key, M, method="minibatches")`. A disk-backed buffer
+(`jaxbuffers.disk`) is refused: its store is a folder.
+
+Edits (`update`): after a global sample, `update(shard, indices, fields)` sends entry `j` to shard `shard[j]`, as
+`set_priorities` does; a shard-local edit of each shard's own rows is `apply(lambda b, i, f: b.update(i, f), ...)`.
 
 Equivalence with one unsharded buffer. A `TrajectoryBuffer` or `RolloutBuffer` sharded along its envs holds, lane
 for lane, exactly what the unsharded buffer of all envs holds (lanes are independent and share one ring). An item
@@ -81,7 +91,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -92,7 +102,7 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxbuffers import _validate
-from jaxbuffers.compressed._host import HostBacked
+from jaxbuffers.compressed._host import HostBacked, ShardedHostStores
 from jaxbuffers.episode import EpisodeBuffer
 from jaxbuffers.replay import ReplayBuffer
 from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
@@ -131,6 +141,12 @@ def _unstack(tree):
 
 def _stack(tree):
     return jax.tree.map(lambda x: x[None], tree)
+
+
+def _device(buf):
+    """The device half of a compressed buffer (its wrapped buffer), else `buf`: what the type checks and the shard
+    masses read."""
+    return buf.buffer if isinstance(buf, HostBacked) else buf
 
 
 def _pick(tree, mine: jax.Array, reduce: Callable):
@@ -250,10 +266,15 @@ def _local_fn(axis: str, op: str, method: str | None, batch_size: int | None, st
     if op == "query":  # a method without a key: can_sample, size
         return lambda b, own, arrays: getattr(b, method)(*(() if batch_size is None else (batch_size,)), **arrays, **_unstack(own), **kw)
 
+    if op == "update":  # entries of other shards get slot -1, which update ignores
+        return lambda b, shard, indices, fields, steps: b.update(jnp.where(shard == lax.axis_index(axis), indices, -1), fields, steps=steps)
+
     def set_priorities(b, shard, indices, priorities, generations):
         mine = jnp.where(shard == lax.axis_index(axis), indices, -1)  # -1: ignored by set_priorities
         new = b.set_priorities(mine, priorities, generations)
-        return new.replace(max_priority=lax.pmax(new.max_priority, axis))
+        dev = _device(new)
+        dev = dev.replace(max_priority=lax.pmax(dev.max_priority, axis))
+        return new.replace(buffer=dev) if isinstance(new, HostBacked) else dev
 
     return set_priorities
 
@@ -264,13 +285,16 @@ def _global_body(axis: str, n: int, method: str, batch_size: int, static: tuple)
 
     def body(stacked, own, key, arrays, beta):
         b, own = _unstack(stacked), _unstack(own)
-        mass_fn, finish = _global_rule(b, method, kw)
+        dev = _device(b)
+        mass_fn, finish = _global_rule(dev, method, kw)
         s = lax.axis_index(axis)
         k_shard, k_local = jax.random.split(key)
-        candidates = getattr(b, method)(jax.random.fold_in(k_local, s), batch_size, **arrays, **own, **kw)
-        mass, low = mass_fn(b, {**kw, **arrays, **own})
+        candidates = getattr(dev, method)(jax.random.fold_in(k_local, s), batch_size, **arrays, **own, **kw)
+        mass, low = mass_fn(dev, {**kw, **arrays, **own})
         masses, mins = _gathered(mass, axis, n), _gathered(low, axis, n)
         shard = _choose_shards(k_shard, masses, batch_size)
+        if dev is not b:  # a compressed buffer: decode only the rows this shard contributes
+            candidates = b.decode(candidates, rows=shard == s)
         out = _pick(candidates, shard == s, functools.partial(lax.psum, axis_name=axis))
         if finish is not None:
             out = finish(out, shard, masses, mins, beta)
@@ -329,13 +353,14 @@ class ShardedBuffer(struct.PyTreeNode):
     @classmethod
     def create(cls, make: Callable[[], Any], mesh: Mesh, axis: str) -> "ShardedBuffer":
         """An empty sharded buffer: `make()` builds one shard (e.g. `lambda: jb.ReplayBuffer.create(item,
-        capacity=c)`: capacity per shard), called once and stacked `S` times directly on the devices.
+        capacity=c)`: capacity per shard), called once and stacked `S` times directly on the devices. A compressed
+        buffer's `make` is also called once per shard, for that shard's host store (module doc).
 
         Raises:
           TypeError: `make` not a function returning a jaxbuffers buffer, `mesh` not a `jax.sharding.Mesh`.
-          ValueError: `axis` not a name of `mesh`.
-          TypeError: `make` builds a host-compressed buffer (`jaxbuffers.compressed`): its frames live in one host
-            store per buffer, which `S` stacked shards would share (module doc, "Compressed buffers").
+          ValueError: `axis` not a name of `mesh`; `make` returning compressed buffers that share one host store
+            (it is called once per shard and must build a new buffer each time: module doc, "Compressed buffers").
+          TypeError: `make` builds a disk-backed buffer (`jaxbuffers.disk`).
         """
         _validate.instance("make", make, callable, "a function of no arguments returning one shard's buffer")
         _validate.instance("mesh", mesh, Mesh, "a jax.sharding.Mesh")
@@ -346,20 +371,16 @@ class ShardedBuffer(struct.PyTreeNode):
         abstract = jax.eval_shape(build)
         if not (isinstance(abstract, struct.PyTreeNode) and any(callable(getattr(abstract, m, None)) for m in ("add", "add_episodes"))):
             raise TypeError(f"make: expected a function returning a jaxbuffers buffer, it returned {type(abstract).__name__}")
-        if isinstance(abstract, HostBacked):
-            name = type(abstract).__name__
-            raise TypeError(
-                f"make: builds a {name}, whose frames live in one host store per buffer; {n} stacked shards would all "
-                f"write into that one store, so host-compressed buffers cannot be sharded. Instead keep one {name} "
-                f"per process (each adds and samples its own; draw the learner's batch from each and concatenate), "
-                f"or shard the uncompressed buffer ({name.replace('Compressed', '')}) over the mesh"
-            )
+        hosts = ShardedHostStores.made(make, n) if isinstance(abstract, HostBacked) else None
         # Zero-size leaves (e.g. disabled metrics) are laid out as XLA lays out a program's zero-size outputs on an
         # `Auto` axis, replicated, so that an add returns a state of the same shardings (else the next call compiles).
         explicit = mesh.axis_types[mesh.axis_names.index(axis)] == AxisType.Explicit
         split, whole = NamedSharding(mesh, P(axis)), NamedSharding(mesh, P())
         layout = jax.tree.map(lambda x: whole if x.size == 0 and not explicit else split, abstract)
         shards = jax.jit(build, out_shardings=layout)()
+        if hosts is not None:
+            shards.host.close()  # the store of the traced `make()`, never written
+            shards = shards.replace(host=ShardedHostStores(hosts, axis))
         return cls(shards=shards, mesh=mesh, axis=axis)
 
     @property
@@ -369,13 +390,15 @@ class ShardedBuffer(struct.PyTreeNode):
 
     def shard(self, s: int) -> Any:
         """Shard `s` as a plain buffer on the default device (through a host copy of every shard: for inspection
-        and tests, single process).
+        and tests, single process). A compressed shard keeps its host store: read it, but do not add to it (the
+        sharded state would then be older than that store, and refused).
 
         Raises:
           ValueError: `s` not an int in `[0, S)`.
         """
         s = _validate.static_int("s", s, 0, self.num_shards - 1)
-        return jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[s]), self.shards)
+        out = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[s]), self.shards)
+        return out.replace(host=self.shards.host.shards[s]) if isinstance(out, HostBacked) else out  # shares its store
 
     def local_batch(self, batch: Any) -> Any:
         """A global batch sharded along the mesh axis from this process's rows (`jax.make_array_from_process_local_data`):
@@ -463,17 +486,28 @@ class ShardedBuffer(struct.PyTreeNode):
 
     def _add(self, method: str, args: tuple, kwargs: dict) -> "ShardedBuffer":
         if not callable(getattr(type(self.shards), method, None)):
-            other = " (use add_episodes)" if isinstance(self.shards, EpisodeBuffer) else ""
+            other = " (use add_episodes)" if isinstance(_device(self.shards), EpisodeBuffer) else ""
             raise TypeError(f"{method}: {type(self.shards).__name__} has no {method}{other}")
         arrays, static = _split_static(kwargs)
         params = [p for p in inspect.signature(getattr(type(self.shards), method)).parameters][1:]
         names = {**{params[i] if i < len(params) else f"args[{i}]": a for i, a in enumerate(args)}, **arrays}
+        self._check_hosts(add=True)
         return self._run(_program(self.mesh, self.axis, "add", method, static=static), (tuple(args), arrays), (), names)
+
+    def _check_hosts(self, add: bool) -> None:
+        """The eager checks of a compressed buffer's stores before anything is dispatched: open, and for an add of a
+        concrete state held by this process, every shard's version the version of its store (`StaleBufferError`
+        otherwise; waits for the adds before it). Under a transformation (or with shards in other processes) the
+        write callbacks refuse a stale state store by store."""
+        if isinstance(self.shards, HostBacked):
+            version = self.shards.version
+            concrete = add and not isinstance(version, jax.core.Tracer) and version.is_fully_addressable
+            self.shards.host.check_state("add" if add else "sample", version if concrete else None)
 
     def _own(self, arrays: dict) -> dict:
         """Pops from `arrays` the keyword arguments that hold one row per shard: an episode filter `where` given as
         a bool mask, `[S, max_episodes]` (row `s` filters the slots of shard `s`)."""
-        if not isinstance(self.shards, EpisodeBuffer) or "where" not in arrays:
+        if not isinstance(_device(self.shards), EpisodeBuffer) or "where" not in arrays:
             return {}
         return {"where": _validate.array("where", arrays.pop("where"), (self.num_shards, self.shards.max_episodes), bool)}
 
@@ -503,7 +537,7 @@ class ShardedBuffer(struct.PyTreeNode):
           ValueError: a `method` without a guard (e.g. `"minibatches"`: a rollout is read whole), `batch_size` not
             an int >= 1.
         """
-        guards = _EPISODE_GUARDS if isinstance(self.shards, EpisodeBuffer) else _GUARDS
+        guards = _EPISODE_GUARDS if isinstance(_device(self.shards), EpisodeBuffer) else _GUARDS
         if not (isinstance(method, str) and method in guards and callable(getattr(self.shards, guards[method], None))):
             have = tuple(m for m, g in guards.items() if callable(getattr(self.shards, g, None)))
             raise ValueError(f"method: expected one of {have} (the samplers of {type(self.shards).__name__} with a guard), got {method!r}")
@@ -561,7 +595,7 @@ class ShardedBuffer(struct.PyTreeNode):
           ValueError: `cross_episodes=False` (windows inside episodes differ per shard: use `sample_local`), a
             `method` the buffer has no global sampler for, or the sampler's own errors.
         """
-        _global_rule(self.shards, method, kwargs)  # its errors before any tracing (a buffer without a global sampler)
+        _global_rule(_device(self.shards), method, kwargs)  # its errors before any tracing (a buffer without a global sampler)
         batch_size, method = self._sampler(key, batch_size, method, _GLOBAL_SAMPLERS)
         arrays, static = _split_static(kwargs)
         own = self._own(arrays)
@@ -584,10 +618,15 @@ class ShardedBuffer(struct.PyTreeNode):
           `jnp.swapaxes(x, 0, 1).reshape(M, -1)` of a leaf is the unsharded `minibatches(key, M)` leaf bit for bit.
 
         Raises:
-          TypeError: the wrapped buffer is not a `RolloutBuffer`.
+          TypeError: the wrapped buffer is not a `RolloutBuffer` (a `CompressedRolloutBuffer` included: module doc).
           ValueError: `M` not an int >= 1 or not dividing a shard's `num_steps * num_envs`.
         """
         if not isinstance(self.shards, RolloutBuffer):
+            if isinstance(_device(self.shards), RolloutBuffer):
+                raise TypeError(
+                    f"minibatches: a sharded {type(self.shards).__name__} has no unsharded epoch (each shard would decode "
+                    f"steps it does not hand out); use sample_local(key, M, method='minibatches')"
+                )
             raise TypeError(f"minibatches: {type(self.shards).__name__} is not a RolloutBuffer (item buffers: sample)")
         steps = self.shards.num_steps * self.shards.num_envs
         m = _validate.divisor("num_minibatches", num_minibatches, steps, "a shard's num_steps * num_envs")
@@ -599,6 +638,7 @@ class ShardedBuffer(struct.PyTreeNode):
         (a cached program is keyed by them: `2.0` would find the program of `2`)."""
         _validate.key("key", key)
         batch_size = _validate.static_int("batch_size", batch_size)
+        self._check_hosts(add=False)
         if not (isinstance(method, str) and method in methods and callable(getattr(self.shards, method, None))):
             have = tuple(m for m in methods if callable(getattr(self.shards, m, None)))
             raise ValueError(f"method: expected a sampler of {type(self.shards).__name__}, one of {have}, got {method!r}")
@@ -624,3 +664,29 @@ class ShardedBuffer(struct.PyTreeNode):
             raise ValueError(f"shard: expected shape ({b},) (one shard per entry of indices), got {shard.shape}")
         program = _program(self.mesh, self.axis, "set_priorities")
         return self._run(program, (), (shard, indices, priorities, generations))
+
+    def update(self, shard: jax.Array, indices: jax.Array, fields: Any, *, steps: jax.Array | None = None) -> "ShardedBuffer":
+        """`update` of the wrapped buffer (`EpisodeBuffer.update`: relabel step or meta fields of stored episodes)
+        after a global `sample`: entry `j` goes to shard `shard[j]`, slot `indices[j]` of that shard (and step
+        `steps[j]`), as `ShardedSample` gives them. Every argument is replicated; each shard writes its own entries
+        (the others get slot -1, which `update` ignores), with no communication. A shard-local edit of each shard's
+        own rows: `apply(lambda b, i, f: b.update(i, f), indices, fields)` with leaves `[S * B, ...]`.
+
+        Args:
+          shard: int `[B]`, the shard of each entry. indices: int `[B]`, slots inside the shard.
+          fields: `{name: values}` as the wrapped buffer's `update` takes them, leading axis `B`.
+          steps: optional int `[B]`, as the wrapped buffer's `update`.
+
+        Raises:
+          TypeError: a wrapped buffer without `update` (only episode buffers have one), `shard` or `indices` not
+            integer vectors, `fields` not a dict; and the buffer's own errors (fields named).
+          ValueError: `shard` of another length than `indices`; and the buffer's own errors.
+        """
+        if not callable(getattr(self.shards, "update", None)):
+            raise TypeError(f"update: {type(self.shards).__name__} has no update (episode buffers have one)")
+        indices, shard = _validate.index_vector("indices", indices), _validate.index_vector("shard", shard)
+        if shard.shape != indices.shape:
+            raise ValueError(f"shard: expected shape {indices.shape} (one shard per entry of indices), got {shard.shape}")
+        _validate.instance("fields", fields, Mapping, "a dict {name: values}")
+        steps = None if steps is None else _validate.index_vector("steps", steps)
+        return self._run(_program(self.mesh, self.axis, "update"), (), (shard, indices, fields, steps))

@@ -319,6 +319,26 @@ def test_writes_once_under_jit_scan_and_donation():
     assert_tree_equal(buf.sample_sequences(jax.random.key(0), 4, 5), ref.sample_sequences(jax.random.key(0), 4, 5))
 
 
+def test_decode_of_an_inner_sample_reads_only_the_rows_asked_for():
+    obs, term = _steps(6)
+    chunk = {"obs": jnp.swapaxes(obs, 0, 1), "action": jnp.zeros((2, 6), jnp.int32), "reward": jnp.zeros((2, 6), jnp.float32)}
+    buf = _simple().add(chunk, terminated=term.T)  # one add of 6 steps per lane
+    inner = buf.buffer.sample_transitions(jax.random.key(1), 5, n_step=2, gamma=0.9)
+    full = buf.sample_transitions(jax.random.key(1), 5, n_step=2, gamma=0.9)
+    rows = np.array([True, False, False, True, True])
+    decode = jax.jit(lambda b, s, r: b.decode(s, rows=r))
+    assert_tree_equal(decode(buf, inner, np.ones(5, bool)), full)  # every row: the sampler's own output
+    part = decode(buf, inner, rows)
+    for x, y in ((part.obs, full.obs), (part.next_obs, full.next_obs)):
+        x, y = np.asarray(x), np.asarray(y)
+        np.testing.assert_array_equal(x[rows], y[rows])
+        assert not x[~rows].any() and y[~rows].any()  # zeros, read from the never-written slot
+    with pytest.raises(TypeError, match=r"sample: expected one of \['PrioritisedSequenceSample'.*inner buffer, got dict"):
+        buf.decode(inner._asdict())
+    with pytest.raises(ValueError, match=r"rows: expected shape \(5,\)"):
+        buf.decode(inner, rows=rows[:3])
+
+
 def test_write_kept_when_result_unused():
     """An add whose result is dropped still writes (a pure_callback would be removed by XLA)."""
     obs, term = _steps(1)

@@ -18,6 +18,7 @@ import pytest
 from scipy.stats import chi2
 
 import jaxbuffers as jb
+import jaxbuffers.disk
 from jaxbuffers.sharding import _choose_shards
 
 S = 8
@@ -29,7 +30,7 @@ eight = pytest.mark.devices(S)  # deselected with fewer devices: test_on_eight_f
 def test_on_eight_forced_devices():
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={S}",
            "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "slow or not slow", __file__],
                           env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
@@ -382,19 +383,46 @@ def _episode_buffers(mesh, c=6, b=2, adds=5, t_max=7, seed=20):
     return sharded, whole
 
 
+def _check_episodes(every, expected, c: int, b: int) -> None:
+    """`every`, the shards' `get_all` stacked `[S, c, ...]` (logical order, oldest first), holds `expected`, the
+    unsharded buffer's, bit for bit: episode l of shard s is episode (l // b) * S * b + s * b + l % b of it."""
+    def merge(x):
+        blocks = np.asarray(x).reshape(S, c // b, b, *np.shape(x)[2:]).swapaxes(0, 1)
+        return blocks.reshape(S * c, *blocks.shape[3:])
+    for field in ("item", "mask", "lengths", "terminated", "truncated", "final_obs", "meta"):
+        got = jax.tree.map(merge, getattr(every, field))
+        jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=field), got, getattr(expected, field))
+
+
+@eight
+def test_update_after_a_global_sample_edits_the_unsharded_buffers_episodes(mesh):
+    c, b = 6, 2
+    sharded, whole = _episode_buffers(mesh, c, b)
+    slot_of = {int(i): k for k, i in enumerate(np.asarray(whole.meta["id"]))}
+    out = sharded.sample(jax.random.key(24), 16, method="sample_timesteps")  # relabel single steps
+    slots = np.array([slot_of[int(i)] for i in np.asarray(out.sample.meta["id"])])
+    reward = (slots * 100 + np.asarray(out.sample.steps)).astype(np.float32)  # a step drawn twice gets one value
+    sharded = sharded.update(out.shard, out.sample.indices, {"reward": reward}, steps=out.sample.steps)
+    whole = whole.update(slots, {"reward": reward}, steps=out.sample.steps)
+    eps = sharded.sample(jax.random.key(25), 8, method="sample_episodes")  # relabel whole episodes and their meta
+    slots = np.array([slot_of[int(i)] for i in np.asarray(eps.sample.meta["id"])])
+    fields = {"reward": -(slots[:, None] * 10.0 + np.arange(whole.max_timesteps)).astype(np.float32), "task": (slots % 4 + 5).astype(np.int32)}
+    sharded, whole = sharded.update(eps.shard, eps.sample.indices, fields), whole.update(slots, fields)
+    _check_episodes(sharded.apply(lambda buf: buf.get_all()), whole.get_all(), c, b)
+    with pytest.raises(TypeError, match="update: ReplayBuffer has no update"):
+        jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(ITEM, capacity=8), mesh, "data").update(out.shard, out.sample.indices, {})
+    with pytest.raises(ValueError, match=r"shard: expected shape \(16,\)"):
+        sharded.update(out.shard[:4], out.sample.indices, {"reward": reward}, steps=out.sample.steps)
+    with pytest.raises(TypeError, match=r"fields\['rewards'\]|unknown names \['rewards'\]"):
+        sharded.update(out.shard, out.sample.indices, {"rewards": reward}, steps=out.sample.steps)
+
+
 @eight
 def test_episode_content_is_the_unsharded_buffer_bit_for_bit(mesh):
     c, b = 6, 2
     sharded, whole = _episode_buffers(mesh, c, b)
     assert sharded.shards.storage["obs"].sharding.spec[0] == "data"
-    every = [sharded.shard(s).get_all() for s in range(S)]  # logical order, oldest first, [c, ...] each
-    expected = whole.get_all()
-    for field in ("item", "mask", "lengths", "terminated", "truncated", "final_obs", "meta"):
-        def merge(*per_shard):  # episode l of shard s is episode (l // b) * S * b + s * b + l % b of the unsharded
-            blocks = np.stack([np.asarray(p).reshape(c // b, b, *np.shape(p)[1:]) for p in per_shard], axis=1)
-            return blocks.reshape(S * c, *blocks.shape[3:])
-        got = jax.tree.map(merge, *[getattr(e, field) for e in every])
-        jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=field), got, getattr(expected, field))
+    _check_episodes(sharded.apply(lambda buf: buf.get_all()), whole.get_all(), c, b)
     assert int(sharded.size()) == int(whole.size())
     mask = np.asarray(sharded.shards.meta["task"]) == 2  # [S, c]: row s filters shard s
     local = jax.jit(lambda b, k, m: b.sample_local(k, 16, method="sample_episodes", where=m))(sharded, jax.random.key(27), mask)
@@ -528,16 +556,23 @@ def test_episode_samples_and_epochs_move_no_storage(mesh):
     assert {op for op, _ in ops} == {"reduce-scatter"} and max(n for _, n in ops) == block, ops
 
 
-def test_compressed_buffers_are_refused_naming_the_type():
+def test_compressed_buffers_need_one_store_per_shard(tmp_path):
     one = jax.make_mesh((1,), ("data",))
     step = {"obs": jnp.zeros((8, 8), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     for make in (lambda: jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=8),
                  lambda: jb.CompressedEpisodeBuffer.create(step, max_episodes=2, max_timesteps=4),
                  lambda: jb.CompressedRolloutBuffer.create(step, num_envs=1, num_steps=4)):
-        name = type(make()).__name__
-        with pytest.raises(TypeError, match=rf"make: builds a {name}, whose frames live in one host store per buffer.*"
-                                            rf"keep one {name} per process.*shard the uncompressed buffer"):
-            jb.ShardedBuffer.create(make, one, "data")
+        sharded = jb.ShardedBuffer.create(make, one, "data")
+        assert isinstance(sharded.shards.host, jb.compressed.ShardedHostStores) and sharded.shards.version.shape == (1,)
+        made = make()  # one buffer closed over: two shards would share its store
+        with pytest.raises(ValueError, match="make: returned buffers sharing one host store; each shard needs its own"):
+            jb.compressed.ShardedHostStores.made(lambda: made, 2)
+    opened = jaxbuffers.disk.open(tmp_path / "disk", "w", jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=8, codec="none"))
+    with pytest.raises(TypeError, match=r"make: builds a disk-backed buffer \(its host store is a folder\)"):
+        jb.ShardedBuffer.create(lambda: opened, one, "data")
+    rollout = jb.ShardedBuffer.create(make, one, "data")
+    with pytest.raises(TypeError, match=r"minibatches: a sharded CompressedRolloutBuffer has no unsharded epoch.*sample_local"):
+        rollout.minibatches(jax.random.key(0), 2)
 
 
 def test_episode_calls_are_checked_before_tracing():
@@ -575,3 +610,233 @@ def test_arrays_jit_would_narrow_are_refused_not_cast():
     replay = jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(ITEM, capacity=4), one, "data")
     with pytest.raises(TypeError, match=r"\['obs'\]: dtype float64 would be narrowed"):
         replay.add({"obs": np.ones((2, 3)), "id": np.zeros(2, np.int32), "flag": np.zeros(2, bool)})
+
+
+# --- compressed buffers: one host store per shard ---
+
+PIX = {"obs": jnp.zeros((4, 6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+E, LENGTH, KCAP = 16, 10, 4
+
+
+def _pixel_steps(rng, e, adds):
+    """`adds` steps of `e` lanes as a frame stacker gives them (4 frames, reset at an episode end), with flags and
+    final observations; low-valued frames, so the codec and the frame deltas have something to do."""
+    stack = np.repeat(rng.integers(0, 4, (e, 1, 6, 6), np.uint8), 4, axis=1)
+    for t in range(adds):
+        term, trunc = rng.random(e) < 0.1, rng.random(e) < 0.15
+        fin = np.concatenate([stack[:, 1:], rng.integers(0, 4, (e, 1, 6, 6), np.uint8)], axis=1)
+        yield ({"obs": stack.copy(), "action": np.full(e, t, np.int32), "reward": rng.standard_normal(e).astype(np.float32)},
+               dict(terminated=term, truncated=trunc, final_obs=fin))
+        new = rng.integers(0, 4, (e, 6, 6), np.uint8)
+        stack = np.concatenate([stack[:, 1:], new[:, None]], axis=1)
+        ends = term | trunc
+        stack[ends] = new[ends][:, None]
+
+
+def _pixel_buffers(mesh, adds=23, seed=30, prioritised=False):
+    """The same adds to a sharded compressed trajectory buffer (E / S lanes per shard, frame_stack 4, keyframes every
+    8 frames) and to one unsharded buffer of E lanes."""
+    cls = jb.CompressedPrioritisedTrajectoryBuffer if prioritised else jb.CompressedTrajectoryBuffer
+    extra = dict(window_length=2) if prioritised else {}
+    make = lambda e: cls.create(PIX, num_envs=e, length=LENGTH, frame_stack=4, final_obs_capacity=KCAP, **extra)  # noqa: E731
+    sharded, whole = jb.ShardedBuffer.create(lambda: make(E // S), mesh, "data"), make(E)
+    add_s, add_w = jax.jit(jb.ShardedBuffer.add, donate_argnums=0), jax.jit(cls.add, donate_argnums=0)
+    for step, kw in _pixel_steps(np.random.default_rng(seed), E, adds):
+        sharded, whole = add_s(sharded, step, **kw), add_w(whole, step, **kw)
+    return sharded, whole
+
+
+def _global_positions(out, n=E // S):
+    """Unsharded flat positions (lane * length + slot) of a global sample's rows."""
+    return np.asarray((out.shard * n + out.sample.indices // LENGTH) * LENGTH + out.sample.indices % LENGTH)
+
+
+@eight
+def test_compressed_trajectory_shards_hold_the_unsharded_content_bit_for_bit(mesh):
+    sharded, whole = _pixel_buffers(mesh)
+    sh, t, n = sharded.shards, whole.trajectory, E // S
+    merge = lambda x: np.asarray(x).reshape(E, *np.shape(x)[2:])  # noqa: E731 - [S, n, ...] -> [E, ...]
+    for got, want in [(sh.trajectory.storage["action"], t.storage["action"]), (sh.trajectory.storage["reward"], t.storage["reward"]),
+                      (sh.trajectory.terminated, t.terminated), (sh.trajectory.truncated, t.truncated),
+                      (sh.next_ep_pos, whole.next_ep_pos), (sh.next_key_pos, whole.next_key_pos), (sh.final_head, whole.final_head)]:
+        np.testing.assert_array_equal(_bits(merge(got)), _bits(want))
+    assert np.all(np.asarray(sh.frame_head) == int(whole.frame_head)) and np.all(np.asarray(sh.version) == int(whole.version))
+    # every stored observation, lane by lane in logical order (oldest first), decoded from its shard's store
+    nv, head = int(t.num_valid), int(t.head)
+    order = (head - nv + np.arange(nv)) % LENGTH
+    want = np.asarray(whole.decode_obs(t.storage["obs"][:, order]))
+    for s in range(S):
+        one = sharded.shard(s)
+        np.testing.assert_array_equal(np.asarray(one.decode_obs(one.trajectory.storage["obs"][:, order])), want[s * n:(s + 1) * n])
+    # each shard's store holds exactly its own lanes' entries (frame rings, then final frames) at shard-local ids
+    ring = whole.frame_ring
+    for s, h in enumerate(sh.host.shards):
+        frames, finals = np.arange(n * ring), np.arange(n * KCAP)
+        got = h.read(np.int32(h.version), frames, n * ring + finals)
+        ref = whole.host.read(np.int32(whole.host.version), s * n * ring + frames, E * ring + s * n * KCAP + finals)
+        for g, w in zip(got, ref):
+            np.testing.assert_array_equal(g, w)
+        assert h.num_writes == h.version == 23  # one write per add, on every shard
+    assert sum(h.num_rows for h in sh.host.shards) == whole.host.num_rows
+    assert sharded.shards.host_nbytes == sum(h.nbytes for h in sh.host.shards)
+
+
+def _spy_rows(sharded) -> dict:
+    """Per shard, the rows of each read whose slots are not all the never-written one (what the store decodes)."""
+    rows = {}
+    for s, h in enumerate(sharded.shards.host.shards):
+        def spy(version, ids, outs, s=s, read=h.read_into, empty=h.num_slots - 1):
+            rows.setdefault(s, set()).update(np.flatnonzero(np.any([(np.asarray(x) != empty).reshape(len(x), -1).any(1) for x in ids], 0)).tolist())
+            return read(version, ids, outs)
+        h.read_into = spy
+    return rows
+
+
+@eight
+def test_compressed_global_samples_are_the_unsharded_rows_and_decode_only_their_own(mesh):
+    sharded, whole = _pixel_buffers(mesh)
+    rows = _spy_rows(sharded)
+    tr = jax.jit(lambda b, k: b.sample(k, 64, method="sample_transitions", n_step=3, gamma=0.9))(sharded, jax.random.key(31))
+    ref = whole.decode(whole.buffer.transitions_at(_global_positions(tr), n_step=3, gamma=0.9))
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), tr.sample._replace(indices=ref.indices), ref)
+    shard = np.asarray(tr.shard)
+    assert len(np.unique(shard)) == S and all(rows[s] == set(np.flatnonzero(shard == s).tolist()) for s in range(S)), rows
+    seq = jax.jit(lambda b, k: b.sample(k, 32, method="sample_sequences", sequence_length=4))(sharded, jax.random.key(32))
+    ref = whole.decode(whole.buffer.sequences_at(_global_positions(seq), 4))
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), (seq.sample.item, seq.sample.terminated), (ref.item, ref.terminated))
+    local = sharded.sample_local(jax.random.key(33), 4, method="sample_transitions", n_step=1, gamma=0.9)
+    for s in (0, S - 1):  # each shard decodes its own draws from its own store
+        mine = sharded.shard(s).sample_transitions(jax.random.fold_in(jax.random.key(33), s), 4, n_step=1, gamma=0.9)
+        jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(np.asarray(g)[s]), _bits(w)), local, mine)
+
+
+def _compressed_frequencies(mesh, draws: int) -> None:
+    """Global n-step transitions of a sharded compressed buffer: uniform over the unsharded buffer's windows
+    (chi-square, alpha 0.001), every drawn observation the unsharded buffer's."""
+    sharded, whole = _pixel_buffers(mesh, seed=34)
+    t, n_step = whole.trajectory, 2
+    keys = jax.random.split(jax.random.key(35), draws // 1024)
+    out = jax.jit(lambda b, ks: jax.lax.map(lambda k: b.sample(k, 1024, method="sample_transitions", n_step=n_step, gamma=0.9), ks))(sharded, keys)
+    flat = jax.tree.map(lambda x: np.asarray(x).reshape(-1, *np.shape(x)[2:]), out)
+    pos = _global_positions(flat)
+    counts = np.bincount(pos, minlength=E * LENGTH)
+    nv, head = int(t.num_valid), int(t.head)
+    starts = (head - nv + np.arange(nv - n_step)) % LENGTH  # the windows of n_step + 1 steps, per lane
+    expected = np.zeros((E, LENGTH))
+    expected[:, starts] = 1
+    assert _p_value(counts, expected.ravel() / expected.sum() * len(pos)) > 1e-3
+    first = slice(0, 256)  # the observations of some rows, against the unsharded buffer's
+    ref = whole.decode(whole.buffer.transitions_at(pos[first], n_step=n_step, gamma=0.9))
+    np.testing.assert_array_equal(flat.sample.obs[first], np.asarray(ref.obs))
+    np.testing.assert_array_equal(flat.sample.next_obs[first], np.asarray(ref.next_obs))
+
+
+@eight
+def test_compressed_global_sampling_matches_the_unsharded_distribution(mesh):
+    _compressed_frequencies(mesh, 4096)
+
+
+@pytest.mark.slow
+@eight
+def test_compressed_global_sampling_matches_the_unsharded_distribution_over_100k_draws(mesh):
+    _compressed_frequencies(mesh, 102_400)
+
+
+@eight
+def test_compressed_prioritised_sampling_and_collectives(mesh):
+    sharded, whole = _pixel_buffers(mesh, adds=12, prioritised=True)
+    out = jax.jit(lambda b, k: b.sample(k, 64, method="sample_transitions", n_step=1, gamma=0.9, beta=0.5))(sharded, jax.random.key(36))
+    pr = np.random.default_rng(37).uniform(0.1, 3.0, 64).astype(np.float32)
+    sharded = sharded.set_priorities(out.shard, out.sample.indices, pr, out.sample.generations)
+    whole = whole.set_priorities(_global_positions(out), pr, out.sample.generations)
+    out = jax.jit(lambda b, k: b.sample(k, 64, method="sample_transitions", n_step=1, gamma=0.9, beta=0.5))(sharded, jax.random.key(38))
+    g = _global_positions(out)
+    tree = whole.buffer.tree
+    leaf, total, low = np.asarray(tree.get(g), np.float64), float(tree.total()), float(tree.min())
+    np.testing.assert_allclose(np.asarray(out.sample.probabilities), leaf / total, rtol=2e-5)
+    np.testing.assert_allclose(np.asarray(out.sample.importance_weights), (leaf / low) ** -0.5, rtol=2e-5)
+    ref = whole.decode(whole.trajectory.transitions_at(g, n_step=1, gamma=0.9))
+    np.testing.assert_array_equal(np.asarray(out.sample.obs), np.asarray(ref.obs))
+    np.testing.assert_array_equal(np.asarray(out.sample.next_obs), np.asarray(ref.next_obs))
+    # the programs: adds local, samples gather nothing; no collective larger than the sample (64 stacks of 4 x 6 x 6)
+    batch = jax.tree.map(lambda x: jnp.zeros((E, *x.shape), x.dtype), PIX)
+    add = jax.jit(lambda b, x: b.add(x, terminated=jnp.zeros(E, bool))).lower(sharded, batch)
+    assert _collectives(add.compile().as_text()) == []
+    for fn in (lambda b, k: b.sample(k, 64, method="sample_transitions", n_step=1, gamma=0.9),
+               lambda b, k: b.sample_local(k, 8, method="sample_sequences", sequence_length=2)):
+        lowered = jax.jit(fn).lower(sharded, jax.random.key(0))
+        ops = _collectives(lowered.compile().as_text())
+        assert "all_gather" not in lowered.as_text() and all(op != "all-gather" for op, _ in ops), ops
+        assert all(n <= 64 * 4 * 6 * 6 for _, n in ops), ops
+
+
+@eight
+def test_compressed_sharded_checkpoint_round_trip_and_stale_states(mesh, tmp_path):
+    sharded, _ = _pixel_buffers(mesh, adds=12)
+    path = jb.save(tmp_path / "ck", sharded)
+    target = jb.ShardedBuffer.create(lambda: jb.CompressedTrajectoryBuffer.create(
+        PIX, num_envs=E // S, length=LENGTH, frame_stack=4, final_obs_capacity=KCAP), mesh, "data")
+    restored = jb.restore(path, target)
+    assert isinstance(restored, jb.ShardedBuffer) and restored.shards.trajectory.storage["reward"].sharding.spec[0] == "data"
+    for h, r in zip(sharded.shards.host.shards, restored.shards.host.shards):  # every entry of every shard's store
+        assert r is not h and r.version == h.version == 12
+        for g, w in zip(r.read(np.int32(12), np.arange(h.num_slots)), h.read(np.int32(12), np.arange(h.num_slots))):
+            np.testing.assert_array_equal(g, w)
+    draw = jax.jit(lambda b, k: b.sample(k, 32, method="sample_transitions", n_step=2, gamma=0.9))
+    step, kw = next(_pixel_steps(np.random.default_rng(39), E, 1))
+    for before, after in ((sharded, restored), (sharded.add(step, **kw), restored.add(step, **kw))):  # then adds continue alike
+        jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), draw(before, jax.random.key(40)), draw(after, jax.random.key(40)))
+    # `sharded` is now older than its stores: refused eagerly, under jit (by every shard's write callback) and by save
+    with pytest.raises(jb.StaleBufferError, match=r"add \(shard 0\): this buffer state has version 12 but its host store is at version 13"):
+        sharded.add(step, **kw)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="version 12 but its host store is at version 13"):
+        jax.block_until_ready(jax.jit(jb.ShardedBuffer.add)(sharded, step, **kw))
+    with pytest.raises(jb.StaleBufferError, match="save: this buffer state has version 12"):
+        jb.save(tmp_path / "stale", sharded)
+    assert [h.version for h in sharded.shards.host.shards] == [13] * S
+
+
+@eight
+def test_compressed_callbacks_inside_shard_map_run_once_per_shard_with_io_callbacks(mesh):
+    """The ordered `io_callback` writes and `pure_callback` reads (forced; the other tests use `buffer_callback`):
+    one write per add on every shard, inside `lax.scan` too, and the samples read the unsharded rows."""
+    from jaxbuffers.compressed._common import forced_callbacks
+
+    with forced_callbacks(False):
+        sharded, whole = _pixel_buffers(mesh, adds=4, seed=41)
+        chunk = list(_pixel_steps(np.random.default_rng(42), E, 5))
+        xs = jax.tree.map(lambda *x: np.stack(x), *chunk)
+        scan = lambda buf, xs: jax.lax.scan(lambda b, x: (b.add(x[0], **x[1]), None), buf, xs)[0]  # noqa: E731
+        sharded, whole = jax.jit(scan, donate_argnums=0)(sharded, xs), jax.jit(scan, donate_argnums=0)(whole, xs)
+        assert [(h.version, h.num_writes) for h in sharded.shards.host.shards] == [(9, 9)] * S
+        tr = jax.jit(lambda b, k: b.sample(k, 64, method="sample_transitions", n_step=1, gamma=0.9))(sharded, jax.random.key(43))
+        ref = whole.decode(whole.buffer.transitions_at(_global_positions(tr), n_step=1, gamma=0.9))
+        np.testing.assert_array_equal(np.asarray(tr.sample.obs), np.asarray(ref.obs))
+        np.testing.assert_array_equal(np.asarray(tr.sample.next_obs), np.asarray(ref.next_obs))
+
+
+@eight
+def test_compressed_episode_shards_sample_and_update_as_the_unsharded_buffer(mesh):
+    c, b, t_max = 4, 1, 5
+    step = {"obs": jnp.zeros((6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    make = lambda e: jb.CompressedEpisodeBuffer.create(step, max_episodes=e, max_timesteps=t_max, meta=EP_META)  # noqa: E731
+    sharded, whole = jb.ShardedBuffer.create(lambda: make(c), mesh, "data"), make(S * c)
+    rng = np.random.default_rng(44)
+    for a in range(6):  # 48 episodes into 32 slots: the rings wrap
+        n = S * b
+        eps = {"obs": rng.integers(0, 4, (n, t_max, 6, 6)).astype(np.uint8), "action": rng.integers(0, 9, (n, t_max)).astype(np.int32),
+               "reward": rng.standard_normal((n, t_max)).astype(np.float32)}
+        kw = dict(terminated=rng.random(n) < 0.5, truncated=rng.random(n) < 0.3, final_obs=rng.integers(0, 4, (n, 6, 6)).astype(np.uint8),
+                  meta={"task": rng.integers(0, 3, n).astype(np.int32), "id": np.arange(a * n, (a + 1) * n, dtype=np.int32)})
+        lengths = rng.integers(1, t_max + 1, n).astype(np.int32)
+        sharded, whole = sharded.add_episodes(eps, lengths, **kw), whole.add_episodes(eps, lengths, **kw)
+    _check_episodes(sharded.apply(lambda buf: buf.get_all()), whole.get_all(), c, b)
+    slot_of = {int(i): k for k, i in enumerate(np.asarray(whole.buffer.meta["id"]))}
+    keep = lambda m: m["task"] != 0  # noqa: E731
+    tr = sharded.sample(jax.random.key(45), 32, method="sample_transitions", n_step=2, gamma=0.9, where=keep)
+    slots = np.array([slot_of[int(i)] for i in np.asarray(tr.sample.meta["id"])])
+    ref = whole.transitions_at(slots, tr.sample.steps, n_step=2, gamma=0.9)
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), tr.sample._replace(indices=ref.indices), ref)
+    fields = {"reward": (slots[:, None] * 10.0 + np.arange(t_max)).astype(np.float32), "task": (slots % 3).astype(np.int32)}
+    sharded, whole = sharded.update(tr.shard, tr.sample.indices, fields), whole.update(slots, fields)
+    _check_episodes(sharded.apply(lambda buf: buf.get_all()), whole.get_all(), c, b)

@@ -13,10 +13,10 @@
 
 The host half is `host_codecs` (codecs and `host_codecs.CompressedStore`). How the
 two halves talk (ordered exactly-once writes, versioned reads, why these buffers cannot be
-vmapped) is documented in `jaxbuffers.compressed._host`.
+vmapped, one store per shard of a `jaxbuffers.ShardedBuffer`) is documented in `jaxbuffers.compressed._host`.
 """
 
-from jaxbuffers.compressed._host import DEFAULT_DICTIONARY_BYTES, HostStores, StaleBufferError
+from jaxbuffers.compressed._host import DEFAULT_DICTIONARY_BYTES, HostStores, ShardedHostStores, StaleBufferError
 from jaxbuffers.compressed.episode import CompressedEpisodeBuffer
 from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
 from jaxbuffers.compressed.rollout_host import RolloutHostWriter
@@ -27,6 +27,6 @@ from jaxbuffers.compressed.trajectory import (
 
 __all__ = [
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer", "CompressedEpisodeBuffer",
-    "HostStores", "StaleBufferError", "StagingWriter", "RolloutHostWriter", "DEFAULT_CODEC", "DEFAULT_DICTIONARY_BYTES",
+    "HostStores", "ShardedHostStores", "StaleBufferError", "StagingWriter", "RolloutHostWriter", "DEFAULT_CODEC", "DEFAULT_DICTIONARY_BYTES",
     "DEFAULT_KEYFRAME_INTERVAL",
 ]

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - older or newer JAX without it
     _buffer_callback = None
 
 from jaxbuffers import _validate
-from jaxbuffers.compressed._host import HostStores, StaleBufferError
+from jaxbuffers.compressed._host import HostStores, ShardedHostStores, StaleBufferError
 
 
 def select_leaves(spec: Any, compress: Sequence[str] | None, what: str) -> tuple[int, ...]:
@@ -118,20 +118,24 @@ def newest_frame(x: jax.Array, info: LeafInfo, lead: int) -> jax.Array:
 _forced: bool | None = None  # set by forced_callbacks only
 
 
-def in_place_callbacks() -> bool:
-    """Whether host callbacks traced now use `buffer_callback` (True) or `io_callback` / `pure_callback`.
+def in_place_callbacks(host: Any = None) -> bool:
+    """Whether host callbacks to `host` traced now use `buffer_callback` (True) or `io_callback` / `pure_callback`.
 
     The one place this is decided, for writes and reads alike. A `buffer_callback` hands the host function XLA's own
     buffers: that needs them in host memory (the CPU backend; on GPU they are device memory) and a program on one
-    device (XLA refuses to partition a side-effecting one: "Side-effect HLO must have sharding"). Where it can be
-    used it must be: an ordered `io_callback` copies its arguments into new arrays first, and in a process allowed
-    one CPU (`taskset`, a container or SLURM CPU set) reading a copy of over ~100 KB inside the callback never
-    returns. Elsewhere the ordered `io_callback` is the exactly-once write. Both run once per executed add, in
-    program order, under `jit`, `lax.scan` and donation (tested on CPU with each forced by `forced_callbacks`).
+    device (XLA refuses to partition a side-effecting one: "Side-effect HLO must have sharding"), or a callback
+    inside `shard_map`, which runs on each device with that device's buffers (the stores of a
+    `jaxbuffers.ShardedBuffer`, `ShardedHostStores`). Where it can be used it must be: an ordered `io_callback`
+    copies its arguments into new arrays first, and in a process allowed one CPU (`taskset`, a container or SLURM
+    CPU set) reading a copy of over ~100 KB inside the callback never returns. Elsewhere the ordered `io_callback` is
+    the exactly-once write. Both run once per executed add (once per shard inside `shard_map`), in program order,
+    under `jit`, `lax.scan` and donation (tested on CPU with each forced by `forced_callbacks`, also on 8 forced
+    host devices under `shard_map`).
     """
     if _forced is not None:
         return _forced
-    return _buffer_callback is not None and jax.default_backend() == "cpu" and jax.device_count() == 1
+    one_program_per_device = jax.device_count() == 1 or isinstance(host, ShardedHostStores)
+    return _buffer_callback is not None and jax.default_backend() == "cpu" and one_program_per_device
 
 
 @contextlib.contextmanager
@@ -164,7 +168,7 @@ def write(
     Raises:
       ValueError: under `vmap`: a buffer is one host store, so states cannot be stacked.
     """
-    args = (version, slots.astype(jnp.int32), valid, *datas)
+    args = (*host.operands(), version, slots.astype(jnp.int32), valid, *datas)
     n = len(args)
     if bases is not None:
         args = (*args, bases.astype(jnp.int32))
@@ -180,7 +184,7 @@ def write(
 
     put = keeping(host, checked_write)
     out = jax.ShapeDtypeStruct((), jnp.int32)
-    if in_place_callbacks():
+    if in_place_callbacks(host):
 
         def fill(ctx, new_version, *buffers):
             np.asarray(new_version)[...] = put(*(np.asarray(b) for b in buffers))
@@ -218,17 +222,18 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
       a `pure_callback` returns them (`HostStores.read`). Both batch under `vmap`.
     """
     ids = [x.astype(jnp.int32) for x in ids]
-    m = len(ids)
+    m, lead = len(ids), host.operands()
     shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
-    if in_place_callbacks():
+    if in_place_callbacks(host):
 
-        def fill(ctx, outs, version, *id_buffers):
-            outs = [np.asarray(o) for o in outs]
-            keeping(host, host.read_into)(np.asarray(version), [np.asarray(b) for b in id_buffers], [outs[i * m : (i + 1) * m] for i in range(len(infos))])
+        def fill(ctx, outs, *args):
+            outs, args = [np.asarray(o) for o in outs], [np.asarray(a) for a in args]
+            front = args[: len(lead) + 1]  # the shard (sharded stores) and the version
+            keeping(host, host.read_into)(*front, args[len(lead) + 1 :], [outs[i * m : (i + 1) * m] for i in range(len(infos))])
 
-        flat = _buffer_callback(fill, shapes, vmap_method="broadcast_all")(version, *ids)
+        flat = _buffer_callback(fill, shapes, vmap_method="broadcast_all")(*lead, version, *ids)
     else:
-        flat = jax.pure_callback(keeping(host, host.read), shapes, version, *ids, vmap_method="broadcast_all")
+        flat = jax.pure_callback(keeping(host, host.read), shapes, *lead, version, *ids, vmap_method="broadcast_all")
     return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
 
 
@@ -432,3 +437,18 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
     if normalize:
         frames = frames.astype(jnp.float32) * jnp.float32(1.0 / 255.0)
     return frames
+
+
+def decode_sample(decoders: Mapping[type, Callable], sample: Any, rows: Any, inner: str) -> Any:
+    """A compressed buffer's `decode`: `decoders[type(sample)](sample, rows)` with its arguments checked.
+
+    Raises:
+      TypeError: a sample type not in `decoders` (`inner` names the buffer it samples); `rows` not a bool array.
+      ValueError: `rows` not of shape `[B]` (`B` the sample's leading axis).
+    """
+    if type(sample) not in decoders:
+        raise TypeError(f"sample: expected one of {sorted(c.__name__ for c in decoders)} of this buffer's inner {inner}, "
+                        f"got {type(sample).__name__}")
+    if rows is not None:
+        rows = _validate.array("rows", rows, (sample.indices.shape[0],), bool)
+    return decoders[type(sample)](sample, rows)

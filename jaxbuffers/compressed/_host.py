@@ -25,7 +25,9 @@ buffer keeps in a *static* field (not a pytree leaf):
   version it asked for or raises, never a later write's frames. Writers are serialised; readers take no lock while
   they decode, so concurrent reads decode in parallel.
 * Writes cannot be `vmap`-ed (`ValueError: ... cannot be vmapped`): a compressed buffer is one
-  host store, so buffers cannot be stacked; `vmap` over sampling keys of one buffer works.
+  host store, so buffers cannot be stacked; `vmap` over sampling keys of one buffer works. A
+  `jaxbuffers.ShardedBuffer` stacks them under `shard_map` instead, with one store per shard
+  (`ShardedHostStores`: each callback passes its shard index and reaches its shard's store).
 
 The store layout is the `host_codecs.CompressedStore` layout (numpy arrays) plus one int32
 `slot_version` array per store.
@@ -36,6 +38,7 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
+import jax
 import numpy as np
 from flax import struct
 
@@ -43,7 +46,7 @@ from host_codecs import CompressedStore, dtype_from_code, get_codec
 from jaxbuffers import _validate
 from jaxbuffers._wrapper import Wrapper
 
-__all__ = ["DEFAULT_DICTIONARY_BYTES", "HostStores", "StaleBufferError"]
+__all__ = ["DEFAULT_DICTIONARY_BYTES", "HostStores", "ShardedHostStores", "StaleBufferError"]
 
 #: Most bytes of the zstd dictionary a compressed buffer's store builds from its first 1,024
 #: frames when the codec is zstd. On 84x84 Atari frames at level -1, 32 KiB gave smaller frames
@@ -109,6 +112,10 @@ class HostStores:
         self.closed = False
 
     # Identity semantics on purpose (see module doc): do not define __eq__/__hash__.
+
+    def operands(self) -> tuple:
+        """The leading operands of every callback to these stores: none (`ShardedHostStores` passes its shard)."""
+        return ()
 
     def __repr__(self) -> str:
         return f"HostStores(leaves={list(self.names)}, num_slots={self.num_slots}, codec={self.codec!r}, version={self.version})"
@@ -285,6 +292,92 @@ class HostStores:
                 outs.append(dec[a:b].reshape(*x.shape, *dec.shape[1:]))
         self._check_read(version, checked, count=False)
         return tuple(outs)
+
+
+class ShardedHostStores:
+    """The host stores of a `jaxbuffers.ShardedBuffer` of compressed buffers: one `HostStores` per shard.
+
+    The stacked buffer keeps this object in its static `host` field; every callback traced inside the sharded
+    program's `shard_map` passes its shard index (`jax.lax.axis_index(axis)`, `operands`) first, and the call goes
+    to that shard's store, with that shard's version. So each shard's store holds only the frames of its own lanes
+    or episodes, at the slot ids of one unsharded buffer of the shard's size (shard-local ids), and keeps its own
+    version: a stale state is refused store by store, as for one buffer.
+
+    Args:
+      stores: the shards' `HostStores`, shard `s` first-to-last (distinct objects of one configuration).
+      axis: the mesh axis the shards are split along.
+    """
+
+    def __init__(self, stores: Sequence[HostStores], axis: str):
+        self.shards = tuple(stores)
+        self.axis = axis
+        first = self.shards[0]
+        self.num_slots, self.codec, self.names = first.num_slots, first.codec, first.names
+
+    @staticmethod
+    def made(make, n: int) -> list[HostStores]:
+        """One store per shard: `make()` (a compressed buffer's `create`) called `n` times, each call building its own.
+
+        Raises:
+          TypeError: `make` builds a disk-backed buffer (`jaxbuffers.disk`: its store is a folder).
+          ValueError: the buffers share one store (`make` returns one buffer it closed over).
+        """
+        hosts = [make().host for _ in range(n)]
+        if any(getattr(h, "directory", None) is not None for h in hosts):  # jaxbuffers.disk.DiskStores
+            raise TypeError("make: builds a disk-backed buffer (its host store is a folder); shard an in-memory compressed buffer")
+        if len({id(h) for h in hosts}) < n:
+            raise ValueError(
+                "make: returned buffers sharing one host store; each shard needs its own, so make must build a new "
+                "buffer on every call (e.g. lambda: jb.CompressedTrajectoryBuffer.create(step, num_envs=e, length=n))"
+            )
+        return hosts
+
+    # Identity semantics, as HostStores.
+
+    def __repr__(self) -> str:
+        return f"ShardedHostStores({len(self.shards)} shards along {self.axis!r}, versions={[h.version for h in self.shards]})"
+
+    def operands(self) -> tuple:
+        """The leading operands of every callback: the shard index (int32 scalar; inside `shard_map` only)."""
+        return (jax.lax.axis_index(self.axis),)
+
+    def write(self, shard, version, slots, valid, *datas, bases=None) -> np.ndarray:
+        """`HostStores.write` on the store of shard `shard`."""
+        return self.shards[int(np.asarray(shard))].write(version, slots, valid, *datas, bases=bases)
+
+    def read(self, shard, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
+        """`HostStores.read` on the store of shard `shard`."""
+        return self.shards[int(np.asarray(shard))].read(version, *ids, aligned=aligned)
+
+    def read_into(self, shard, version, ids, outs) -> None:
+        """`HostStores.read_into` on the store of shard `shard`."""
+        self.shards[int(np.asarray(shard))].read_into(version, ids, outs)
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held over every shard's store."""
+        return sum(h.nbytes for h in self.shards)
+
+    @property
+    def arena_nbytes(self) -> int:
+        """`HostStores.arena_nbytes` over every shard's store."""
+        return sum(h.arena_nbytes for h in self.shards)
+
+    @property
+    def live_nbytes(self) -> int:
+        """`HostStores.live_nbytes` over every shard's store."""
+        return sum(h.live_nbytes for h in self.shards)
+
+    def close(self) -> None:
+        """Close every shard's store."""
+        for h in self.shards:
+            h.close()
+
+    def check_state(self, what: str, versions=None) -> None:
+        """`HostStores.check_state` of every shard's store; `versions`: int `[S]`, shard `s`'s version of the state
+        (None: only whether the stores are open)."""
+        for s, h in enumerate(self.shards):
+            h.check_state(f"{what} (shard {s})", None if versions is None else int(np.asarray(versions)[s]))
 
 
 class HostBacked(Wrapper, struct.PyTreeNode):

@@ -454,9 +454,4 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         """
         decoders = {EpisodeSample: self._episodes, EpisodeSequenceSample: self._sequences, EpisodeStepSample: self._steps,
                     EpisodeTransitionSample: self._decode_transitions}
-        if type(sample) not in decoders:
-            raise TypeError(f"sample: expected one of {sorted(c.__name__ for c in decoders)} of this buffer's inner EpisodeBuffer, "
-                            f"got {type(sample).__name__}")
-        if rows is not None:
-            rows = _validate.array("rows", rows, (sample.indices.shape[0],), bool)
-        return decoders[type(sample)](sample, rows)
+        return _common.decode_sample(decoders, sample, rows, "EpisodeBuffer")

@@ -397,7 +397,7 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         )
 
     @_common.checked_before_dispatch()
-    def decode_obs(self, *obs: Any) -> Any:
+    def decode_obs(self, *obs: Any, rows: jax.Array | None = None) -> Any:
         """Replace the id leaves of stored observation pytrees by the decoded observations.
 
         Args:
@@ -405,6 +405,8 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
             `trajectory.storage[obs_key]`): each compressed leaf int32 `[*S, 3]` holding the same ids, the other
             leaves `[*S, ...]` of their stored dtypes. Several pytrees are decoded in one host callback (frames
             they share are decoded once).
+          rows: bool `[S0]` (the first axis of `S`) or None (every row); rows where it is False read nothing from
+            the host and their compressed leaves decode as zeros.
 
         Returns:
           Each pytree with its compressed leaves `[*S, *shape]` (float32 with `normalize_images`); one pytree in,
@@ -423,6 +425,8 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         fids, pads, leads = [], [], []
         for j, o in enumerate(obs):
             ids = self._checked_ids(spec, o, "obs" if len(obs) == 1 else f"obs[{j}]")
+            if rows is not None:  # -1: the never-written slot, read as zeros without decoding
+                ids = jnp.where(rows.reshape(rows.shape + (1,) * (ids.ndim - 1)), ids, -1)
             f, p = self._frame_ids(ids)
             fids.append(f)
             pads.append(p)
@@ -450,15 +454,36 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
                     )
         return jnp.asarray(ids[0])
 
-    def _decode_transitions(self, s):
+    def _decode_transitions(self, s, rows=None):
         """A transition sample (uniform or prioritised) with `obs` / `next_obs` decoded in one callback."""
-        obs, next_obs = self.decode_obs(s.obs, s.next_obs)
+        obs, next_obs = self.decode_obs(s.obs, s.next_obs, rows=rows)
         return s._replace(obs=obs, next_obs=next_obs, item={**s.item, self.trajectory.obs_key: obs})
 
-    def _decode_sequences(self, s):
+    def _decode_sequences(self, s, rows=None):
         """A sequence sample (uniform or prioritised) with its observations decoded."""
         key = self.trajectory.obs_key
-        return s._replace(item={**s.item, key: self.decode_obs(s.item[key])})
+        return s._replace(item={**s.item, key: self.decode_obs(s.item[key], rows=rows)})
+
+    @_common.checked_before_dispatch()
+    @_compiled.method()
+    def decode(self, sample, *, rows=None):
+        """The observations of a sample of the inner buffer (`buf.buffer`, whose compressed leaves hold ids) decoded
+        as this buffer's sampler of that kind returns them: `buf.decode(buf.buffer.sample_transitions(key, B, ...))`
+        equals `buf.sample_transitions(key, B, ...)`, and likewise for sequences.
+
+        Args:
+          sample: a `TransitionSample` or `SequenceSample` (their prioritised variants for the prioritised buffer)
+            of `self.buffer`, leading axis `B`.
+          rows: bool `[B]` or None (every row). Rows where it is False read nothing from the host and their
+            compressed leaves decode as zeros (a sharded buffer's global sample decodes on each shard only the rows
+            that shard contributes).
+
+        Raises:
+          TypeError: another sample type; `rows` not a bool array. ValueError: `rows` not of shape `[B]`.
+        """
+        decoders = {TransitionSample: self._decode_transitions, PrioritisedTransitionSample: self._decode_transitions,
+                    SequenceSample: self._decode_sequences, PrioritisedSequenceSample: self._decode_sequences}
+        return _common.decode_sample(decoders, sample, rows, "buffer")
 
     @_common.checked_before_dispatch()
     @_compiled.method("sequence_length")
