@@ -17,7 +17,7 @@ disk.json                 {"format": "jaxbuffers.disk", "version": 1,
                            "files": {relative path: {"bytes", "xxh3_64"}} of the index files and slot_version.npy}
 store-<i>.npy             the entries of compressed leaf i (`host_codecs.FileStore`; a numpy .npy file)
 store-<i>.index.npy       its index: which slots hold an entry, and each entry's checksum
-slot_version.npy          int32 [num_slots]: the host write that last wrote each slot
+slot_version.npy          int32 [n <= num_slots]: the host write that last wrote each slot (0 past its end)
 state/                    a `jaxbuffers.checkpoint` of the device state (cursors, ids, small fields), host left out
 ```
 
@@ -251,9 +251,9 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
             raise checkpoint.CheckpointError(f"{d / 'disk.json'}: {field} is {saved!r:.200}, the buffer in state/ needs {ours!r:.200}")
     host = DiskStores(d, like, mode)
     sv = np.load(d / "slot_version.npy", allow_pickle=False)
-    if sv.shape != host.slot_version.shape or sv.dtype != np.int32:
-        raise checkpoint.CheckpointError(f"{d / 'slot_version.npy'}: shape {sv.shape} {sv.dtype}, expected {host.slot_version.shape} int32")
-    host.slot_version[...] = sv
+    if sv.dtype != np.int32 or sv.ndim != 1 or sv.shape[0] > host.num_slots:
+        raise checkpoint.CheckpointError(f"{d / 'slot_version.npy'}: shape {sv.shape} {sv.dtype}, expected int32 (n,) with n <= {host.num_slots}")
+    host.set_slot_versions(sv, str(d / "slot_version.npy"))
     host.version, host.num_writes, host.num_rows = (int(meta["host"][k]) for k in ("version", "num_writes", "num_rows"))
     if int(restored.version) != host.version:
         raise checkpoint.CheckpointError(
