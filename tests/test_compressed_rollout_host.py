@@ -116,7 +116,7 @@ def test_flushed_state_keeps_its_arrays_and_the_index_holds_distinct_frames():
     """`flush` hands the mirrors to the device state: adds after it leave that state's arrays as they were (a second
     rollout rewrites every row). Frames are numbered in the order they are stored, so the stores' index rows follow
     the distinct frames written, not `k` per step; a writer taking over a filled buffer continues past its slots."""
-    n, t = 2, 200
+    n, t = 2, 120
     rng = np.random.default_rng(5)
     ex = _example(0)
     buf = CompressedRolloutBuffer.create(ex, num_envs=n, num_steps=t, compress=("pixels",), codec="none", frame_stack=K)
