@@ -37,6 +37,7 @@ from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
 __all__ = ["RolloutHostWriter"]
 
 _FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "trainable")
+_DEFAULTS = {"truncated": False, "final_value": 0, "trainable": True}  # optional fields: mirrored once one is given
 _DERIVED = ("advantages", "returns")  # written by compute_gae: zeros in the state a flush builds after adds
 
 
@@ -63,8 +64,9 @@ class RolloutHostWriter:
       TypeError: `buffer` not a `CompressedRolloutBuffer`. ValueError: a stacked (vmapped) one.
       StaleBufferError: not the state returned by the buffer's last add. RuntimeError: the buffer was closed.
 
-    Memory: the mirrors hold the rollout's uncompressed leaves and per-step fields on the host (`mirror_nbytes`), the
-    compressed leaves only in the host stores; once adds start, the writer holds no device copy of them (module doc).
+    Memory: the mirrors hold the rollout's uncompressed leaves and per-step fields on the host (`mirror_nbytes`; the
+    optional `truncated`, `final_value` and `trainable` only once one is given), the compressed leaves only in the
+    host stores; once adds start, the writer holds no device copy of them (module doc).
     """
 
     def __init__(self, buffer: CompressedRolloutBuffer):
@@ -78,16 +80,16 @@ class RolloutHostWriter:
         self._spec = buffer.step_spec
         leaves, self._treedef = jax.tree.flatten(inner.step)
         self._step = [_mirror(x) for x in leaves]  # ids for the compressed leaves, data for the others
-        self._fields = {k: _mirror(getattr(inner, k)) for k in _FIELDS}
+        self._specs = {k: (getattr(inner, k).shape, getattr(inner, k).dtype) for k in _FIELDS}
+        # an optional field holding its default in every filled row has no mirror until a value is given
+        self._fields = {k: _mirror(x) for k in _FIELDS for x in [np.asarray(getattr(inner, k))]
+                        if k not in _DEFAULTS or (x[: int(inner.step_index)] != _DEFAULTS[k]).any()}
         self._handed = False  # the mirrors are the arrays of the state `flush` returned: copy before writing
         self.row = int(inner.step_index)
         self._next_slot = self.row * self._envs * (self._k or 1)  # slot of the next frame stored (module doc)
         self._overflowed = bool(inner.overflowed)
         self._prev: tuple[list, list] | None = None  # per env, the last stack's frames (bytes) and their slots
         self._dirty = False
-        f = self._fields
-        self._defaults = {"truncated": np.zeros_like(f["truncated"][0]), "final_value": np.zeros_like(f["final_value"][0]),
-                          "trainable": np.ones_like(f["trainable"][0])}
         self._checked: tuple | None = None  # layout of the last step that passed check_batch
         self._pending: list = []  # (slots, [entries per leaf]) of adds not yet put into the host stores
         self._num_pending = 0
@@ -133,7 +135,7 @@ class RolloutHostWriter:
             given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
             raise ValueError(f"{given}: given without {missing}; pass both or neither")
         given = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
-        fields = {k: self._defaults[k] if x is None and k in self._defaults else np.asarray(_validate.array(k, x, (n,), self._fields[k].dtype))
+        fields = {k: None if x is None and k in _DEFAULTS else np.asarray(_validate.array(k, x, (n,), self._specs[k][1]))
                   for k, x in given.items()}
         self._state.host.check_state("add")
         self._own_mirrors()
@@ -152,7 +154,10 @@ class RolloutHostWriter:
         for i, (m, x) in enumerate(zip(self._step, leaves)):
             m[self.row] = picked[i] if i in picked else x
         for k, x in fields.items():
-            self._fields[k][self.row] = x
+            if x is not None and k not in self._fields:  # the first value given: the rows before hold the default
+                self._fields[k] = _mirror(np.full(self._specs[k][0], _DEFAULTS[k], self._specs[k][1]))
+            if k in self._fields:
+                self._fields[k][self.row] = _DEFAULTS[k] if x is None else x
         self.row += 1
         self._dirty = True
 
@@ -205,7 +210,8 @@ class RolloutHostWriter:
             derived = {k: jnp.zeros(x.shape, x.dtype) for k in _DERIVED if isinstance(x := getattr(inner, k), jax.ShapeDtypeStruct)}
             inner = inner.replace(  # device_put adopts the aligned mirrors on CPU (module doc); jnp.asarray would copy
                 step=jax.tree.unflatten(self._treedef, [jax.device_put(x) for x in self._step]),
-                **{k: jax.device_put(v) for k, v in self._fields.items()}, **derived,
+                **{k: jax.device_put(self._fields[k]) if k in self._fields else jnp.full(self._specs[k][0], _DEFAULTS[k], self._specs[k][1])
+                   for k in _FIELDS}, **derived,
                 step_index=jnp.int32(min(self.row, self._steps)), overflowed=jnp.bool_(self._overflowed),
                 has_advantages=jnp.bool_(False),
             )
