@@ -88,8 +88,7 @@ NOTES = {
            "sb3-extra-buffers 0.5 (`extra:<method>`) and SB3, each in its own subprocess; `held_bytes`: tracemalloc's "
            "traced host memory plus the JAX arrays alive (`jax.live_arrays`) after filling, nothing flushed, ratio = ours / sb3-extra-buffers' smallest (< 1: "
            "smaller); `bytes_per_*`: RSS growth between two fills (noisy when the machine swaps); call rows: ratio = "
-           "sb3-extra-buffers' fastest time / ours (> 1: faster). The December compressed rows were measured while "
-           "other jobs loaded the two cores: the call rows (wall time) are unreliable, the held bytes are not.",
+           "sb3-extra-buffers' fastest time / ours (> 1: faster).",
     "temporal": "3,000 frames per game (one ale-py lane): each frame XORed (or "
                 "subtracted, `sub`) with the lane's previous frame, a keyframe at every episode start and every K "
                 "frames (K=1: every frame whole), zstd at the level in the case, a 32 KiB dictionary trained on the "
