@@ -29,6 +29,7 @@ Run: python benchmarks/bench_sb3.py [--quick]
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -192,7 +193,8 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
     A sample is timed until its observation tensor can be read (one element is read): summing a uint8 tensor in
     torch costs more than any buffer's sample and would hide their differences.
     With ``traced``: only the bytes held, as tracemalloc's traced host memory (numpy arrays, Python bytes, the
-    host arenas) plus the JAX device arrays (which tracemalloc does not see), immune to swapping."""
+    host arenas) plus the JAX arrays alive (``jax.live_arrays``, which tracemalloc does not see) less those alive
+    before the buffer was created, immune to swapping. Nothing is flushed or read before it is taken."""
     import psutil
     import torch as th
 
@@ -225,6 +227,8 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
         for i in range(256):  # lazy imports and compiled code of the first adds: outside the measured window
             add(warm, i % m)
         del warm
+        gc.collect()
+        live0 = live_device_bytes() if variant.startswith("ours") else 0
         tracemalloc.start()
     rss0 = proc.memory_info().rss
     buf = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
@@ -236,9 +240,7 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
     rss = proc.memory_info().rss - rss0
     if traced:
         host = tracemalloc.get_traced_memory()[0]
-        device = 0
-        if variant.startswith("ours"):
-            device = buf.jax_buffer.memory_bytes + buf._writer.buffer.device_nbytes if kind == "replay" else buf.jax_buffer.device_nbytes
+        device = live_device_bytes() - live0 if variant.startswith("ours") else 0
         print(json.dumps({"traced": host, "device": device}))
         return
     if kind == "replay":
@@ -255,6 +257,13 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
             mb.observations.reshape(-1)[-1].item()
         sample_us = 1e6 * (time.perf_counter() - t) / n
     print(json.dumps({"rss": rss, "add_us": 1e6 * float(np.median(t_add[n // 2 :])), "sample_us": sample_us}))
+
+
+def live_device_bytes() -> int:
+    """Bytes of every JAX array alive in this process."""
+    import jax
+
+    return sum(x.nbytes for x in jax.live_arrays())
 
 
 def compressed_rows(quick: bool) -> None:

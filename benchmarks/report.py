@@ -88,7 +88,7 @@ NOTES = {
            "extrapolated to 1M transitions from two fill sizes. `compressed/replay/*` and `compressed/rollout/*`: the "
            "SB3 classes with sb3-extra-buffers' names (`ours:<method>`, with frame_stack=4) against "
            "sb3-extra-buffers 0.5 (`extra:<method>`) and SB3, each in its own subprocess; `held_bytes`: tracemalloc's "
-           "traced host memory plus device arrays after filling, ratio = ours / sb3-extra-buffers' smallest (< 1: "
+           "traced host memory plus the JAX arrays alive (`jax.live_arrays`) after filling, nothing flushed, ratio = ours / sb3-extra-buffers' smallest (< 1: "
            "smaller); `bytes_per_*`: RSS growth between two fills (noisy when the machine swaps); call rows: ratio = "
            "sb3-extra-buffers' fastest time / ours (> 1: faster).",
     "temporal": "3,000 frames per game (one ale-py lane): each frame XORed (or "

@@ -262,7 +262,7 @@ class ChunkFileStore(CompressedStore):
         self._check_writable("write_index")
         with self._lock:
             self._arena.sync()
-            cols = {k: v.copy() for k, v in self._index_columns().items()}
+            cols = {k: v[: self._rows].copy() for k, v in self._index_columns().items()}  # the rows grown so far
             d = self._dictionary
             meta = {
                 "config": self.config(), "layouts": [[dtype_from_code(c).name, list(s)] for c, s in self._layouts],
@@ -301,7 +301,9 @@ class ChunkFileStore(CompressedStore):
         with np.load(index, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         cols = self._index_columns()
-        for k, (shape, dtype) in {**{k: (c.shape, c.dtype) for k, c in cols.items()}, "tags": (self._tags.shape, self._tags.dtype)}.items():
+        chunk = arrays.get("chunk")  # the index rows grown when it was written (host_codecs.slot_index)
+        rows = chunk.shape[0] if isinstance(chunk, np.ndarray) and chunk.ndim == 1 and chunk.shape[0] <= self.num_slots else self.num_slots
+        for k, (shape, dtype) in {**{k: ((rows,), c.dtype) for k, c in cols.items()}, "tags": (self._tags.shape, self._tags.dtype)}.items():
             a = arrays.get(k)
             if a is None or a.shape != shape or a.dtype != dtype:
                 raise ValueError(f"{index}: array {k!r}: expected shape {shape}, dtype {dtype}, got "
@@ -322,8 +324,9 @@ class ChunkFileStore(CompressedStore):
         with self._lock:
             for code, shape in layouts:
                 self._layout_id(code, shape)
-            for k, c in cols.items():
-                c[...] = arrays[k]
+            self._new_index(rows)
+            for k, c in self._index_columns().items():
+                c[:rows] = arrays[k]
             self._tags[...] = arrays["tags"]
             self._arena.adopt(sizes, int(meta["next_chunk"]))
             counts = np.bincount(ch, minlength=max(sizes, default=-1) + 1)

@@ -13,8 +13,8 @@ stored step reads its frames deletes only frames no step reads.)
 Index columns (beside the store's others, `host_codecs.store`):
 
 ```
-base    # shape=(num_slots,), dtype=int32,  slot this entry is a delta against, -1 = none (a keyframe)
-child   # shape=(num_slots,), dtype=int32,  the delta put last with this slot as its base, -1 = none
+base    # shape=(rows,), dtype=int32,  slot this entry is a delta against, -1 = none (a keyframe)
+child   # shape=(rows,), dtype=int32,  the delta put last with this slot as its base, -1 = none
 ```
 
 A delta's checksum also XORs in `base_sums` of its base slot and the base's checksum when the delta was put, so a
@@ -112,7 +112,7 @@ class DeltaChains:
         """`dependents` of unique slots `s`; under the lock."""
         out, cur = [], s
         for _ in range(self.num_slots):
-            c = self._child[cur]
+            c = self._child[self._at(cur)]
             c, par = c[c >= 0], cur[c >= 0]
             live = (self._chunk[c] >= 0) & (self._base[c] == par) & ~np.isin(c, s)
             cur = c[live]
@@ -123,7 +123,7 @@ class DeltaChains:
 
     def _chains(self, flat: np.ndarray) -> np.ndarray:
         """The slots (int64, unique) the chains of the deltas among `flat` reach and `flat` lacks; under the lock."""
-        frontier = self._base[flat]
+        frontier = self._base[self._at(flat)]
         frontier = frontier[frontier >= 0]
         if not frontier.size:
             return np.zeros(0, np.int64)
@@ -182,8 +182,8 @@ class DeltaChains:
             if (~hit).any():
                 miss = need[~hit]
                 with self._lock:
-                    empty = self._chunk[miss] < 0
-                    lids = self._layout[miss]
+                    empty = self._chunk[self._at(miss)] < 0
+                    lids = self._layout[self._at(miss)]
                 if empty.any():
                     raise ValueError(f"bases: slot {int(miss[empty][0])} is empty (a delta needs a stored base)")
                 if (lids != self._layout_ids.get((code, tuple(item_shape)), -1)).any():

@@ -27,15 +27,16 @@ class Snapshots:
     def export_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """A snapshot of the whole store as JSON-able metadata and numpy arrays (see `import_state`).
 
-        Arrays: every per-slot index column (`_index()`, shape `(num_slots,)`) with `chunk` 0 for a
-        live entry (-1 empty) and `offset` its position in `payload`; `payload` (uint8): the live
+        Arrays: every per-slot index column (`_index()`) for the slot ids below `index_rows` (shape `(index_rows,)`:
+        the rows grown so far, `host_codecs.slot_index`) with `chunk` 0 for a live entry (-1 empty) and `offset` its
+        position in `payload`; `payload` (uint8): the live
         payloads packed in slot-offset order, each padded to 8 bytes; `tags` (int64 `(3, num_tags)`);
         `dictionary` (uint8, the zstd dictionary bytes, empty without one). Metadata: the store's
         configuration (`config`), the layout table, the dictionary's level and the training counters.
         Thread-safe: taken under the store lock (payload bytes are copied after it, they never change).
         """
         with self._lock:
-            cols = {k: v.copy() for k, v in self._index_columns().items()}
+            cols = {k: v[: self._rows].copy() for k, v in self._index_columns().items()}
             chunks = {c: ch.data for c, ch in self._arena.chunks.items()}
             tags, layouts, d = self._tags.copy(), [[dtype_from_code(c).name, list(s)] for c, s in self._layouts], self._dictionary
             meta = {
@@ -64,7 +65,9 @@ class Snapshots:
         """Load an `export_state` snapshot into this empty store of the same configuration.
 
         Everything is checked before anything changes: the configuration, the column names, shapes
-        and dtypes, and that every live entry's codec tag, layout and payload range are valid.
+        and dtypes, and that every live entry's codec tag, layout and payload range are valid. The index columns
+        may have any length up to `num_slots` (one each, all alike; a store saved before its index grew as slots are
+        used has `num_slots`): the index takes that many rows.
 
         Raises:
           ValueError: the store holds entries, or the snapshot does not match it or is inconsistent
@@ -75,7 +78,9 @@ class Snapshots:
             if meta["config"].get(k) != v:
                 raise ValueError(f"store config {k}: expected {v!r} (this store), got {meta['config'].get(k)!r}")
         cols = self._index_columns()
-        expected = {**{k: (c.shape, c.dtype) for k, c in cols.items()}, "tags": (self._tags.shape, self._tags.dtype)}
+        chunk = arrays.get("chunk")
+        rows = chunk.shape[0] if isinstance(chunk, np.ndarray) and chunk.ndim == 1 and chunk.shape[0] <= self.num_slots else self.num_slots
+        expected = {**{k: ((rows,), c.dtype) for k, c in cols.items()}, "tags": (self._tags.shape, self._tags.dtype)}
         for k, (shape, dtype) in expected.items():
             a = arrays.get(k)
             if a is None or a.shape != shape or a.dtype != dtype:
@@ -101,8 +106,9 @@ class Snapshots:
                 raise ValueError("import_state: expected an empty store, this one holds entries")
             for code, shape in layouts:
                 self._layout_id(code, shape)
-            for k, c in cols.items():
-                c[...] = arrays[k]
+            self._new_index(rows)
+            for k, c in self._index_columns().items():
+                c[:rows] = arrays[k]
             if live.size:
                 self._chunk[live], self._offset[live] = self._arena.place(payload, off, length)
             self._tags[...] = arrays["tags"]

@@ -2,18 +2,18 @@
 
 Layout (plain numpy arrays, simple to persist):
 
-* index, one row per slot (28 bytes per slot):
+* index, one row per slot id below `index_rows` (28 bytes per row; grown as slots are used, `host_codecs.slot_index`):
 
   ```
-  chunk   # shape=(num_slots,), dtype=int32,  arena chunk id, -1 = empty slot
-  offset  # shape=(num_slots,), dtype=uint32, byte offset of the payload in its chunk
-  length  # shape=(num_slots,), dtype=uint32, payload bytes (without alignment padding)
-  codec   # shape=(num_slots,), dtype=uint8,  codec tag (host_codecs.registry)
-  meta    # shape=(num_slots,), dtype=uint8,  the codec's byte (RLE: count width; zstd: 1 with the dictionary)
-  layout  # shape=(num_slots,), dtype=uint16, id into the layout table
-  check   # shape=(num_slots,), dtype=uint32, the entry's checksum (below)
-  base    # shape=(num_slots,), dtype=int32,  delta base slot, -1 = none (`host_codecs.deltas`)
-  child   # shape=(num_slots,), dtype=int32,  the delta based on the slot, -1 = none (`host_codecs.deltas`)
+  chunk   # shape=(rows,), dtype=int32,  arena chunk id, -1 = empty slot
+  offset  # shape=(rows,), dtype=uint32, byte offset of the payload in its chunk
+  length  # shape=(rows,), dtype=uint32, payload bytes (without alignment padding)
+  codec   # shape=(rows,), dtype=uint8,  codec tag (host_codecs.registry)
+  meta    # shape=(rows,), dtype=uint8,  the codec's byte (RLE: count width; zstd: 1 with the dictionary)
+  layout  # shape=(rows,), dtype=uint16, id into the layout table
+  check   # shape=(rows,), dtype=uint32, the entry's checksum (below)
+  base    # shape=(rows,), dtype=int32,  delta base slot, -1 = none (`host_codecs.deltas`)
+  child   # shape=(rows,), dtype=int32,  the delta based on the slot, -1 = none (`host_codecs.deltas`)
   ```
 
 * layout table: layout id -> (dtype code, shape), shared by every entry of that dtype and shape.
@@ -71,6 +71,7 @@ from . import _checksum
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
 from .deltas import DeltaChains, base_sums, chain_order, resolve
+from .slot_index import IndexRows
 from .snapshot import Snapshots
 from .registry import CODECS, codec_for_tag, get_codec
 from .zstd import ZstdDictionary
@@ -111,7 +112,7 @@ def _out_of(pos: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return j, pos - bounds[j]
 
 
-class CompressedStore(DeltaChains, Snapshots):
+class CompressedStore(IndexRows, DeltaChains, Snapshots):
     """Thread-safe slots of compressed arrays, payloads packed in large arenas.
 
     Args:
@@ -185,16 +186,7 @@ class CompressedStore(DeltaChains, Snapshots):
         self.dictionary_error: str | None = None
         self._samples_lock = threading.Lock()
 
-        n = self.num_slots
-        self._chunk = np.full(n, -1, dtype=np.int32)  # shape=(num_slots,), int32: -1 = empty
-        self._offset = np.zeros(n, dtype=np.uint32)  # shape=(num_slots,), uint32
-        self._length = np.zeros(n, dtype=np.uint32)  # shape=(num_slots,), uint32
-        self._codec = np.zeros(n, dtype=np.uint8)  # shape=(num_slots,), uint8: codec tag
-        self._meta = np.zeros(n, dtype=np.uint8)  # shape=(num_slots,), uint8
-        self._layout = np.zeros(n, dtype=np.uint16)  # shape=(num_slots,), uint16
-        self._check = np.zeros(n, dtype=np.uint32)  # shape=(num_slots,), uint32: see the module doc
-        self._base = np.full(n, -1, dtype=np.int32)  # shape=(num_slots,), int32: delta base slot, -1 = keyframe
-        self._child = np.full(n, -1, dtype=np.int32)  # shape=(num_slots,), int32: last delta based on the slot, -1 = none
+        self._new_index(0)  # grown as slots are used (host_codecs.slot_index)
         self._recent: tuple[np.ndarray, np.ndarray] | None = None  # (slots, raw rows) of the last put with bases: see _put
         self._layouts: list[tuple[int, tuple[int, ...]]] = []  # layout id -> (dtype code, shape)
         self._layout_ids: dict[tuple[int, tuple[int, ...]], int] = {}
@@ -205,15 +197,6 @@ class CompressedStore(DeltaChains, Snapshots):
         # shape=(3, num_tags), int64: per codec tag, live entries, their decoded and payload bytes
         self._tags = np.zeros((3, _NUM_TAGS), dtype=np.int64)
         self._lock = threading.Lock()
-
-    def _index(self) -> tuple[np.ndarray, ...]:
-        return self._chunk, self._offset, self._length, self._codec, self._meta, self._layout, self._check, self._base, self._child
-
-    def _index_columns(self) -> dict[str, np.ndarray]:
-        """The per-slot index arrays of `_index()` by attribute name (`"chunk"`, `"offset"`, ...): a
-        column added to `_index()` is exported and imported by `export_state` / `import_state` as it is."""
-        cols = self._index()
-        return {k.lstrip("_"): v for k, v in vars(self).items() if any(v is c for c in cols)}
 
     def config(self) -> dict[str, Any]:
         """The construction arguments as JSON-able values (`codec` as its spec, `declared` as
@@ -315,6 +298,7 @@ class CompressedStore(DeltaChains, Snapshots):
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
         sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s)
         with self._lock:
+            self._grow_index(max(int(s.max()), -1 if base is None else int(base.max())) + 1)
             if delta.any():  # chains stay linear (checked before anything is stored)
                 self._check_linear(s, base, delta)
             lid = self._layout_id(code, item_shape)
@@ -368,7 +352,7 @@ class CompressedStore(DeltaChains, Snapshots):
 
     def _free(self, s: np.ndarray) -> None:
         """Drop the entries of slots `s` (unique ids); under the lock."""
-        s = s[self._chunk[s] >= 0]
+        s = s[self._chunk[self._at(s)] >= 0]
         if not s.size:
             return
         for row, w in enumerate((None, self._layout_nbytes[self._layout[s]], self._length[s].astype(np.float64))):
@@ -397,7 +381,7 @@ class CompressedStore(DeltaChains, Snapshots):
         """Empty every slot and release the whole arena."""
         with self._lock:
             self._recent = None
-            self._free(np.arange(self.num_slots))
+            self._free(np.arange(self._rows))
             self._arena.clear()
 
     def get(self, slots: Any, *, missing: str = "raise", out: np.ndarray | None = None) -> np.ndarray:
@@ -463,7 +447,7 @@ class CompressedStore(DeltaChains, Snapshots):
         with self._lock:  # a snapshot: published payload bytes never change afterwards
             chains = self._chains(flat)  # the slots the requested deltas' chains add, after the request
             flat = np.concatenate([flat, chains]) if chains.size else flat
-            chunk, offset, length, tag, meta, layout, check, base, _ = (a[flat] for a in self._index())
+            chunk, offset, length, tag, meta, layout, check, base, _ = (a[self._at(flat)] for a in self._index())
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
         bounds = np.append(bounds, flat.size) if chains.size else bounds
         present = np.flatnonzero(chunk >= 0)
@@ -594,7 +578,7 @@ class CompressedStore(DeltaChains, Snapshots):
         """Boolean mask of the shape of `slots`: which slots hold an entry."""
         s = self._slots(slots)
         with self._lock:
-            return self._chunk[s] >= 0
+            return self._chunk[self._at(s)] >= 0
 
     def _key(self, key: Any) -> tuple[np.ndarray, bool]:
         """Slot ids (int64, wrapped) of `store[key]` and whether `key` is one int."""

@@ -12,7 +12,7 @@ store-<i>.npy             kind "raw" (codec "none"): the entries of leaf i, a nu
 store-<i>.index.npy         and its index ({"file", "index"} name them)
 store-<i>/                kind "chunks" (any other codec): a `host_codecs.chunk_arena.ChunkFileStore`: chunk files
                             chunk-<id>.bin and its index index-<g>.npz ({"dir", "index", "meta"} name them)
-slot_version-<g>.npy      int32 [num_slots]: the host write that last wrote each slot
+slot_version-<g>.npy      int32 [n <= num_slots]: the host write that last wrote each slot (0 past its end)
 state-<g>/                a `jaxbuffers.checkpoint` of the device state (cursors, ids, small fields), host left out
 ```
 
@@ -239,10 +239,11 @@ def state_path(d: Path, meta: dict) -> Path:
     return d / meta.get("state", "state")
 
 
-def slot_versions(d: Path, meta: dict, like: np.ndarray) -> np.ndarray:
-    """The slot versions a checked disk.json names, shaped and typed as `like`; CheckpointError naming the file."""
+def slot_versions(d: Path, meta: dict, num_slots: int) -> tuple[np.ndarray, Path]:
+    """(the slot versions a checked disk.json names, their file): int32 `[n]`, `n <= num_slots` (they grow as slots
+    are written); CheckpointError naming the file."""
     path = d / meta.get("slot_version", "slot_version.npy")
     sv = np.load(path, allow_pickle=False)
-    if sv.shape != like.shape or sv.dtype != like.dtype:
-        raise checkpoint.CheckpointError(f"{path}: shape {sv.shape} {sv.dtype}, expected {like.shape} {like.dtype}")
-    return sv
+    if sv.dtype != np.int32 or sv.ndim != 1 or sv.shape[0] > num_slots:
+        raise checkpoint.CheckpointError(f"{path}: shape {sv.shape} {sv.dtype}, expected int32 (n,) with n <= {num_slots}")
+    return sv, path

@@ -300,8 +300,8 @@ def _load_host(host: Any, version: int, meta: dict, arrays: dict, root: Any) -> 
     if len(meta["stores"]) != len(host.stores):
         raise CheckpointError(f"{root}: {len(meta['stores'])} host stores in the checkpoint, the buffer has {len(host.stores)}")
     sv = np.asarray(arrays["slot_version"])
-    if sv.shape != host.slot_version.shape or sv.dtype != host.slot_version.dtype:
-        raise CheckpointError(f"{root}: host slot_version of shape {sv.shape} {sv.dtype}, expected {host.slot_version.shape} int32")
+    if sv.dtype != np.int32 or sv.ndim != 1 or sv.shape[0] > host.num_slots:
+        raise CheckpointError(f"{root}: host slot_version of shape {sv.shape} {sv.dtype}, expected int32 (n,) with n <= {host.num_slots}")
     for i, (store, m) in enumerate(zip(host.stores, meta["stores"])):
         got = arrays["stores"].get(str(i), {})
         full = {k: np.asarray(got[k]) if k in got else np.zeros(shp, _dtype(d, k)) for k, (shp, d) in shapes[str(i)].items()}
@@ -309,7 +309,7 @@ def _load_host(host: Any, version: int, meta: dict, arrays: dict, root: Any) -> 
             store.import_state(m, full)
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{root}: host store {i} ({host.names[i]}): {e}") from None
-    host.slot_version[...] = sv
+    host.set_slot_versions(sv, f"{root}: host slot_version")
     host.version, host.num_writes, host.num_rows = int(meta["version"]), int(meta["num_writes"]), int(meta["num_rows"])
     if version != host.version:
         raise CheckpointError(f"{root}: buffer version {version} but host store version {host.version}")

@@ -124,20 +124,29 @@ def test_full_buffer_refuses_before_overflowing():
 
 
 def test_defaults_and_jax_inputs_give_the_explicit_state():
-    """`truncated` / `final_value` / `trainable` left out are False / 0 / True; JAX arrays are read as numpy: the
-    same mirrors, stores and flushed state."""
+    """`truncated` / `final_value` / `trainable` left out are False / 0 / True (and not mirrored until given); JAX
+    arrays are read as numpy: the same mirrors, stores and flushed state."""
     a, b, c = writer(0), writer(0), writer(0)
     for n in range(3):
         f = fields(n)
         a.add(step(n), reward=f["reward"], value=f["value"], terminated=f["terminated"])
         b.add(step(n), **{**f, "truncated": np.zeros(N, bool), "final_value": np.zeros(N, np.float32), "trainable": np.ones(N, bool)})
         c.add(jax.tree.map(jnp.asarray, step(n)), **{k: jnp.asarray(v) for k, v in f.items()})
-    assert snapshot(state(a)) == snapshot(state(b))
+    sa, sb = state(a), state(b)
+    assert set(sa["fields"]) == set(sb["fields"]) - {"truncated", "final_value", "trainable"}  # left out: no mirror
+    sb["fields"] = {k: v for k, v in sb["fields"].items() if k in sa["fields"]}
+    assert snapshot(sa) == snapshot(sb)
     assert snapshot(a.flush()) == snapshot(b.flush())
     ref = writer(3)
     assert snapshot(state(c)) == snapshot(state(ref))
     assert snapshot(c.flush()) == snapshot(ref.flush())
     assert host_record(c.flush().host) == host_record(ref.flush().host)
+    d = writer(0)  # an optional field given first at the second add: the first row holds its default
+    d.add(step(0), reward=fields(0)["reward"], value=fields(0)["value"], terminated=fields(0)["terminated"])
+    d.add(step(1), **fields(1))
+    got = d.flush().buffer
+    for k, first in (("truncated", False), ("final_value", 0.0), ("trainable", True)):
+        np.testing.assert_array_equal(np.asarray(getattr(got, k))[:2], np.stack([np.full(N, first), fields(1)[k]]), err_msg=k)
 
 
 @SETTINGS

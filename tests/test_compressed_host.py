@@ -256,3 +256,22 @@ def test_host_bytes_report_live_payloads_and_arena_capacity_apart():
     assert payload == 30 * 120  # codec "none": 30 frames of 120 bytes, deltas as large as keyframes
     assert buf.host_live_nbytes == buf.host_nbytes - buf.host_arena_nbytes + payload
     assert buf.host_arena_nbytes >= payload
+
+
+def test_slot_versions_grow_with_the_slots_written():
+    """`slot_version` holds the slots written (a slot past it reads as never written), grows with them, and takes
+    back a saved copy of any length up to `num_slots` (older saves hold every slot)."""
+    host = HostStores(100_000, "none", [FRAME], [np.int32], ["obs"])
+    host.write(np.int32(0), np.arange(10, dtype=np.int32), np.ones(10, bool), _frames(np.arange(10)))
+    assert host.slot_version.size <= 256
+    host.read(np.int32(1), np.array([3, 99_999]))  # not stale: the far slot was never written
+    host.write(np.int32(1), np.array([5000], np.int32), np.ones(1, bool), _frames([7]))
+    assert 5000 < host.slot_version.size <= 1.25 * 5001 and host.slot_version[5000] == 2
+    with pytest.raises(StaleBufferError):
+        host.read(np.int32(1), np.array([5000]))
+    full = np.zeros(100_000, np.int32)
+    full[:5001] = host.slot_version[:5001]
+    host.set_slot_versions(full, "saved")
+    assert host.slot_version.size == 100_000 and host.slot_version[5000] == 2
+    with pytest.raises(ValueError, match="saved: expected int32"):
+        host.set_slot_versions(np.zeros(100_001, np.int32), "saved")

@@ -110,3 +110,40 @@ def test_writer_refuses_bad_steps_before_writing():
     with pytest.raises(TypeError, match="reward"):
         writer.add(good, **dict(f, reward=np.zeros(n, np.int32)))
     assert writer.row == 1 and int(writer.flush().buffer.step_index) == 1
+
+
+def test_flushed_state_keeps_its_arrays_and_the_index_holds_distinct_frames():
+    """`flush` hands the mirrors to the device state: adds after it leave that state's arrays as they were (a second
+    rollout rewrites every row). Frames are numbered in the order they are stored, so the stores' index rows follow
+    the distinct frames written, not `k` per step; a writer taking over a filled buffer continues past its slots."""
+    n, t = 2, 120
+    rng = np.random.default_rng(5)
+    ex = _example(0)
+    buf = CompressedRolloutBuffer.create(ex, num_envs=n, num_steps=t, compress=("pixels",), codec="none", frame_stack=K)
+    writer = RolloutHostWriter(buf)
+    f = dict(value=np.zeros(n, np.float32), terminated=np.zeros(n, bool))
+    first = None
+    for r in range(2):
+        writer.reset()
+        pixels = _stacks(rng, n, t, 0)
+        for i in range(t):
+            writer.add({"obs": {"pixels": pixels[i], "vec": rng.normal(size=(n, 2)).astype(np.float32)},
+                       "logp": np.zeros(n, np.float32)}, reward=np.full(n, r + i, np.float32), **f)
+        state = writer.flush()
+        if first is None:
+            first = state
+            kept = [np.array(x) for x in jax.tree.leaves(state.buffer)]
+            store = state.host.stores[0]
+            distinct = int(state.host.num_rows)
+            assert distinct < n * t * K and distinct <= store.index_rows <= max(256, 1.25 * distinct)
+    for x, y in zip(jax.tree.leaves(first.buffer), kept):
+        np.testing.assert_array_equal(np.asarray(x), y)
+    assert writer.mirror_nbytes == 0  # the flushed state holds the mirrors
+    half = CompressedRolloutBuffer.create(ex, num_envs=n, num_steps=4, compress=("pixels",), codec="none", frame_stack=K)
+    step = {"obs": {"pixels": _stacks(rng, n, 1, 0)[0], "vec": np.zeros((n, 2), np.float32)}, "logp": np.zeros(n, np.float32)}
+    half = half.add(step, reward=np.zeros(n, np.float32), **f)  # the device add: slots (t * N + e) * K + j of row 0
+    w2 = RolloutHostWriter(half)
+    w2.add(jax.tree.map(lambda x: x[:: -1].copy(), step), reward=np.zeros(n, np.float32), **f)
+    out = w2.flush().gather(jnp.arange(2 * n, dtype=jnp.int32))
+    np.testing.assert_array_equal(np.asarray(out.step["obs"]["pixels"])[:n], step["obs"]["pixels"])
+    np.testing.assert_array_equal(np.asarray(out.step["obs"]["pixels"])[n:], step["obs"]["pixels"][::-1])

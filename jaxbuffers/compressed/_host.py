@@ -30,7 +30,8 @@ buffer keeps in a *static* field (not a pytree leaf):
   (`ShardedHostStores`: each callback passes its shard index and reaches its shard's store).
 
 The store layout is the `host_codecs.CompressedStore` layout (numpy arrays) plus one int32
-`slot_version` array per store.
+`slot_version` array for the stores, grown as slots are written as the stores' indexes grow (`host_codecs.slot_index`):
+a slot past its end was never written (version 0).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import numpy as np
 from flax import struct
 
 from host_codecs import CompressedStore, dtype_from_code, get_codec
+from host_codecs.slot_index import grown_rows
 from jaxbuffers import _validate
 from jaxbuffers._wrapper import Wrapper
 
@@ -103,7 +105,8 @@ class HostStores:
         self.num_slots = int(num_slots)
         self.codec = codec
         self.version = 0  # writes so far; the version a buffer state carries
-        self.slot_version = np.zeros(num_slots, np.int32)  # shape=(num_slots,), int32: version that last wrote each slot
+        # shape=(rows,), int32: version that last wrote each slot below rows <= num_slots (0 past it: never written)
+        self.slot_version = np.zeros(grown_rows(0, 1, self.num_slots), np.int32)  # never empty: a checkpoint writes it
         self.num_writes = 0  # write callbacks executed (tests count these)
         self.num_rows = 0  # entries put, summed over writes (one row = one slot in every store)
         self.num_reads = 0  # read callbacks executed
@@ -200,6 +203,7 @@ class HostStores:
             if sel.size:
                 lost = self.stores[0].dependents(slots)  # deltas the put deletes with their bases: changed too
                 with self._versions_lock:  # before any byte is put: a read that sees one sees this
+                    self._grow_versions(max(int(slots.max()), int(lost.max(initial=-1))) + 1)
                     self.slot_version[slots] = new
                     self.slot_version[lost] = new
                 base = None if bases is None else np.asarray(bases).reshape(-1)[sel]
@@ -209,6 +213,28 @@ class HostStores:
             self.num_writes += 1
             self.num_rows += int(sel.size)
             return np.int32(new)
+
+    def _grow_versions(self, need: int) -> None:
+        """Grow `slot_version` so that slots below `need` have an entry (`host_codecs.slot_index.grown_rows`); under
+        `_versions_lock`. A new array: a reader holding the old one keeps it."""
+        rows = grown_rows(self.slot_version.size, need, self.num_slots)
+        if rows > self.slot_version.size:
+            grown = np.zeros(rows, np.int32)
+            grown[: self.slot_version.size] = self.slot_version
+            self.slot_version = grown
+
+    def set_slot_versions(self, versions: np.ndarray, what: str) -> None:
+        """Restore `slot_version` from a saved copy: int32 of any length up to `num_slots` (a save made before the
+        versions grew as slots are written has `num_slots`).
+
+        Raises:
+          ValueError: another dtype, rank or a longer array (the message names `what`).
+        """
+        v = np.asarray(versions)
+        if v.dtype != np.int32 or v.ndim != 1 or v.shape[0] > self.num_slots:
+            raise ValueError(f"{what}: expected int32 of shape (n,) with n <= {self.num_slots}, got shape {v.shape} {v.dtype}")
+        with self._versions_lock:
+            self.slot_version = v.copy()
 
     def _check_datas(self, datas: Sequence[np.ndarray], rows: int) -> None:
         """ValueError unless `datas` holds one `[rows, *item_shape]` array of its store's dtype per store."""
@@ -235,7 +261,8 @@ class HostStores:
         self._check_open("sample")
         v = int(np.max(np.asarray(version)))
         with self._versions_lock:
-            newest = int(self.slot_version[slots.reshape(-1)].max(initial=0))
+            sv, flat = self.slot_version, slots.reshape(-1)
+            newest = int(sv[flat[flat < sv.size]].max(initial=0))
             self.num_reads += count
         if newest > v:
             raise StaleBufferError(

@@ -5,6 +5,12 @@ dispatch each time. The writer instead keeps the rollout's device fields as nump
 uncompressed step leaves included), puts the compressed leaves into the buffer's host stores (staged, `put_rows`
 entries at a time: a put has a fixed cost), and builds the device state once, at `flush` (before GAE or minibatches).
 
+One copy of the per-step fields at a time: the mirrors are 64-byte aligned, so on CPU `flush` hands them to the
+device state without a copy (`jax.device_put` adopts them); the next `add` first copies them back into fresh mirrors
+(the state `flush` returned keeps its arrays unchanged) and drops the writer's reference to that state's arrays
+(`[T, N]` work once per flush followed by adds; the device arrays are freed once no one else holds that state).
+While steps are added the device holds none of the rollout's per-step arrays.
+
 Frame deduplication (a buffer created with `frame_stack=k`): frame `j` of env `e`'s new stack is stored only when it
 differs from frame `j + 1` of the env's previous stack (a frame stack shifts by one per step) and from frame `j - 1`
 of the new stack (Gymnasium's "reset" padding repeats the episode's first frame); otherwise the step's slot list
@@ -12,6 +18,8 @@ points at the equal frame already stored. The decision compares bytes, so it is 
 stack that is not a shifted one stores all its frames. A Dict step with several compressed leaves reuses a frame
 only where every leaf's frame is equal (the leaves share slot numbering). Within one rollout every reused slot was
 written in that rollout (the previous stack is forgotten at `reset`), so no later write of the rollout rewrites it.
+The frames stored get slots in the order they are stored (0, 1, 2, ... from `reset`), so the host stores' indexes,
+which grow as slots are used (`host_codecs.slot_index`), hold rows for the distinct frames only, not for `k` per step.
 """
 
 from __future__ import annotations
@@ -23,11 +31,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbuffers import _validate
+from jaxbuffers.compressed._host import _aligned_empty
 from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
 
 __all__ = ["RolloutHostWriter"]
 
 _FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "trainable")
+_DEFAULTS = {"truncated": False, "final_value": 0, "trainable": True}  # optional fields: mirrored once one is given
+_DERIVED = ("advantages", "returns")  # written by compute_gae: zeros in the state a flush builds after adds
+
+
+def _mirror(x) -> np.ndarray:
+    """A writable 64-byte aligned host copy of `x` (what `jax.device_put` adopts without a copy on CPU)."""
+    x = np.asarray(x)
+    out = _aligned_empty(x.shape, x.dtype)
+    out[...] = x
+    return out
+
+
+def _placeholder(x) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
 class RolloutHostWriter:
@@ -41,8 +64,9 @@ class RolloutHostWriter:
       TypeError: `buffer` not a `CompressedRolloutBuffer`. ValueError: a stacked (vmapped) one.
       StaleBufferError: not the state returned by the buffer's last add. RuntimeError: the buffer was closed.
 
-    Memory: the mirrors hold the rollout's uncompressed leaves and per-step fields a second time on the host
-    (`mirror_nbytes`); the compressed leaves only in the host stores.
+    Memory: the mirrors hold the rollout's uncompressed leaves and per-step fields on the host (`mirror_nbytes`; the
+    optional `truncated`, `final_value` and `trainable` only once one is given), the compressed leaves only in the
+    host stores; once adds start, the writer holds no device copy of them (module doc).
     """
 
     def __init__(self, buffer: CompressedRolloutBuffer):
@@ -55,25 +79,41 @@ class RolloutHostWriter:
         self._steps, self._envs, self._k = inner.num_steps, inner.num_envs, buffer.frame_stack
         self._spec = buffer.step_spec
         leaves, self._treedef = jax.tree.flatten(inner.step)
-        self._step = [np.array(x) for x in leaves]  # ids for the compressed leaves, data for the others
-        self._fields = {k: np.array(getattr(inner, k)) for k in _FIELDS}
+        self._step = [_mirror(x) for x in leaves]  # ids for the compressed leaves, data for the others
+        self._specs = {k: (getattr(inner, k).shape, getattr(inner, k).dtype) for k in _FIELDS}
+        # an optional field holding its default in every filled row has no mirror until a value is given
+        self._fields = {k: _mirror(x) for k in _FIELDS for x in [np.asarray(getattr(inner, k))]
+                        if k not in _DEFAULTS or (x[: int(inner.step_index)] != _DEFAULTS[k]).any()}
+        self._handed = False  # the mirrors are the arrays of the state `flush` returned: copy before writing
         self.row = int(inner.step_index)
+        self._next_slot = self.row * self._envs * (self._k or 1)  # slot of the next frame stored (module doc)
         self._overflowed = bool(inner.overflowed)
         self._prev: tuple[list, list] | None = None  # per env, the last stack's frames (bytes) and their slots
         self._dirty = False
-        f = self._fields
-        self._defaults = {"truncated": np.zeros_like(f["truncated"][0]), "final_value": np.zeros_like(f["final_value"][0]),
-                          "trainable": np.ones_like(f["trainable"][0])}
         self._checked: tuple | None = None  # layout of the last step that passed check_batch
         self._pending: list = []  # (slots, [entries per leaf]) of adds not yet put into the host stores
         self._num_pending = 0
 
-    put_rows = 64  # entries staged before one put into the host stores (flush puts the rest)
+    put_rows = 32  # entries staged before one put into the host stores (flush puts the rest)
 
     @property
     def mirror_nbytes(self) -> int:
-        """Bytes of the host mirrors (Python int)."""
-        return sum(a.nbytes for a in self._step) + sum(a.nbytes for a in self._fields.values())
+        """Bytes of the host mirrors not shared with the device state (Python int; 0 right after `flush`, whose state
+        holds them)."""
+        return 0 if self._handed else sum(a.nbytes for a in self._step) + sum(a.nbytes for a in self._fields.values())
+
+    def _own_mirrors(self) -> None:
+        """Before a write to the mirrors: copy them back if `flush` handed them to the device state, and drop the
+        writer's reference to the device state's per-step arrays (module doc)."""
+        if self._handed:
+            self._step = [_mirror(x) for x in self._step]
+            self._fields = {k: _mirror(x) for k, x in self._fields.items()}
+            self._handed = False
+        inner = self._state.buffer
+        if not isinstance(inner.reward, jax.ShapeDtypeStruct):
+            inner = inner.replace(step=jax.tree.map(_placeholder, inner.step),
+                                  **{k: _placeholder(getattr(inner, k)) for k in _FIELDS + _DERIVED})
+            self._state = self._state.replace(buffer=inner)
 
     def add(self, step: Any, *, reward, value, terminated, truncated=None, final_value=None, trainable=None) -> None:
         """`CompressedRolloutBuffer.add` on numpy values: the same arguments, shapes, dtypes and errors (checked
@@ -95,9 +135,10 @@ class RolloutHostWriter:
             given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
             raise ValueError(f"{given}: given without {missing}; pass both or neither")
         given = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
-        fields = {k: self._defaults[k] if x is None and k in self._defaults else np.asarray(_validate.array(k, x, (n,), self._fields[k].dtype))
+        fields = {k: None if x is None and k in _DEFAULTS else np.asarray(_validate.array(k, x, (n,), self._specs[k][1]))
                   for k, x in given.items()}
         self._state.host.check_state("add")
+        self._own_mirrors()
         if self.row >= self._steps:
             self._overflowed, self._dirty = True, True
             return
@@ -113,7 +154,10 @@ class RolloutHostWriter:
         for i, (m, x) in enumerate(zip(self._step, leaves)):
             m[self.row] = picked[i] if i in picked else x
         for k, x in fields.items():
-            self._fields[k][self.row] = x
+            if x is not None and k not in self._fields:  # the first value given: the rows before hold the default
+                self._fields[k] = _mirror(np.full(self._specs[k][0], _DEFAULTS[k], self._specs[k][1]))
+            if k in self._fields:
+                self._fields[k][self.row] = _DEFAULTS[k] if x is None else x
         self.row += 1
         self._dirty = True
 
@@ -131,7 +175,7 @@ class RolloutHostWriter:
         keys = [[tuple(x[e, j].tobytes() for x in flat) for j in range(k)] for e in range(n)]
         fresh_e, fresh_j, slots = [], [], []
         for e in range(n):
-            mine, own = [], (row * n + e) * k
+            mine = []
             old_keys, old_slots = (self._prev[0][e], self._prev[1][e]) if self._prev is not None else (None, None)
             for j, key in enumerate(keys[e]):
                 if old_keys is not None and j < k - 1 and key == old_keys[j + 1]:  # shifted from the previous stack
@@ -139,13 +183,14 @@ class RolloutHostWriter:
                 elif j > 0 and key == keys[e][j - 1]:  # repeats its left neighbour ("reset" padding)
                     s, fresh = mine[j - 1], False
                 else:
-                    s, fresh = own + j, True
+                    s, fresh = self._next_slot + len(fresh_e), True
                 mine.append(s)
                 if fresh:
                     fresh_e.append(e)
                     fresh_j.append(j)
             slots.append(mine)
         self._prev = (keys, slots)
+        self._next_slot += len(fresh_e)
         return np.array(slots, np.int32), (fresh_e, fresh_j), frames
 
     def _write_pending(self) -> None:
@@ -162,16 +207,18 @@ class RolloutHostWriter:
         self._write_pending()
         if self._dirty:
             inner = self._state.buffer
-            inner = inner.replace(
-                step=jax.tree.unflatten(self._treedef, [jnp.asarray(x) for x in self._step]),
-                **{k: jnp.asarray(v) for k, v in self._fields.items()},
+            derived = {k: jnp.zeros(x.shape, x.dtype) for k in _DERIVED if isinstance(x := getattr(inner, k), jax.ShapeDtypeStruct)}
+            inner = inner.replace(  # device_put adopts the aligned mirrors on CPU (module doc); jnp.asarray would copy
+                step=jax.tree.unflatten(self._treedef, [jax.device_put(x) for x in self._step]),
+                **{k: jax.device_put(self._fields[k]) if k in self._fields else jnp.full(self._specs[k][0], _DEFAULTS[k], self._specs[k][1])
+                   for k in _FIELDS}, **derived,
                 step_index=jnp.int32(min(self.row, self._steps)), overflowed=jnp.bool_(self._overflowed),
                 has_advantages=jnp.bool_(False),
             )
             self._state = self._state.replace(buffer=inner, version=jnp.int32(self._state.host.version))
-            self._dirty = False
+            self._dirty, self._handed = False, True
         return self._state
 
     def reset(self) -> None:
         """Start a new rollout (row 0; stored frames are overwritten by the next adds)."""
-        self.row, self._overflowed, self._prev, self._dirty = 0, False, None, True
+        self.row, self._overflowed, self._prev, self._dirty, self._next_slot = 0, False, None, True, 0

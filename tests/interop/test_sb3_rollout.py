@@ -161,3 +161,23 @@ def test_float64_actions_are_held_exactly_or_refused():
     jb.add(np.zeros((1, 3), np.float32), np.array([[0.5, -0.25]]), *args)  # float32 values: kept exactly
     with pytest.raises(TypeError, match="action: values of dtype float64"):
         jb.add(np.zeros((1, 3), np.float32), np.array([[0.1, 0.0]]), *args)
+
+
+def test_staged_adds_equal_sb3_across_stages_and_reads():
+    """Adds are staged in numpy (`STAGED_STEPS` at a time): a rollout longer than two stages, read mid-stage (the
+    staged steps are added first) and after a reset, equals SB3's."""
+    from jaxbuffers.interop.sb3.rollout import STAGED_STEPS
+
+    t, n = 2 * STAGED_STEPS + 11, 2
+    sb3, jb = make_pair(BOX, DISC_A, t, n, 0.95, 0.9)
+    rng = np.random.default_rng(3)
+    for r in range(2):
+        fill([sb3, jb], BOX, DISC_A, STAGED_STEPS + 5, n, rng)
+        np.testing.assert_array_equal(jb.values[: STAGED_STEPS + 5], sb3.values[: STAGED_STEPS + 5])  # mid-stage read
+        last_values, dones = fill([sb3, jb], BOX, DISC_A, t - STAGED_STEPS - 5, n, rng)
+        sb3.compute_returns_and_advantage(last_values, dones)
+        jb.compute_returns_and_advantage(last_values, dones)
+        np.testing.assert_allclose(jb.returns, sb3.returns, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(jb.observations, sb3.observations)
+        sb3.reset()
+        jb.reset()

@@ -445,6 +445,8 @@ class _JaxReplayImpl:
         cbuf = self._writer.buffer  # flushes the staged steps first
         held = (rows == (self.pos - 1) % self.buffer_size) & ~dones
         obs, nxt = _decode_at(cbuf, envs * cbuf.trajectory.length + rows, held)
+        if not held.any():  # the usual case: no held row, nothing to copy
+            return obs, nxt
         return obs, jax.tree.map(lambda p, x: _where(np, held, p[envs], np.asarray(x)), self._pending, nxt)
 
 

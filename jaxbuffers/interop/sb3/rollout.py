@@ -47,14 +47,25 @@ from jaxbuffers.interop.sb3 import _common
 __all__ = ["JaxRolloutBuffer", "JaxDictRolloutBuffer"]
 
 
+#: SB3 steps staged on the host before one device call adds them (a jitted call per step cost several times the
+#: numpy copy of the step).
+STAGED_STEPS = 64
+
+
 # The adapter owns its state, so the add donates it (updated in place); a non-donating call
-# would copy the whole rollout on every SB3 step.
+# would copy the whole rollout on every call.
 @functools.partial(jax.jit, donate_argnums=0)
-def _add_step(state: _rollout.RolloutBuffer, step: Any, reward: jax.Array, value: jax.Array) -> _rollout.RolloutBuffer:
-    # terminated is known one step later (the next step's episode_start): set before GAE.
-    return state.add(step, reward=reward, value=value, terminated=jnp.zeros(reward.shape, jnp.bool_))
+def _add_steps(state: _rollout.RolloutBuffer, steps: Any, reward: jax.Array, value: jax.Array, count: jax.Array) -> _rollout.RolloutBuffer:
+    """Add the first `count` of the staged steps (leaves `[STAGED_STEPS, n_envs, ...]`), in order."""
+    def one(i, s):
+        # terminated is known one step later (the next step's episode_start): set before GAE.
+        return s.add(jax.tree.map(lambda x: x[i], steps), reward=reward[i], value=value[i],
+                     terminated=jnp.zeros(reward.shape[1:], jnp.bool_))
+
+    return jax.lax.fori_loop(0, count, one, state)
 
 
+@jax.jit  # one compiled program: op by op it cost more than the GAE it precedes
 def sb3_terminated(episode_starts: jax.Array, dones: jax.Array, num_filled: jax.Array) -> jax.Array:
     """``terminated[t] = episode_starts[t + 1]``, and ``dones`` at the last filled step ``num_filled - 1``."""
     nxt = jnp.concatenate([episode_starts[1:], jnp.zeros_like(episode_starts[:1])], axis=0)
@@ -92,6 +103,20 @@ class _JaxRolloutImpl:
     def _new_state(self, example: Any) -> Any:
         """The backing buffer for steps shaped like ``example`` (one env's step pytree)."""
         return _rollout.RolloutBuffer.create(example, num_envs=self.n_envs, num_steps=self.buffer_size)
+
+    # Adds are staged in numpy arrays (`STAGED_STEPS` steps) and added in one device call when the stage is full or
+    # something reads the state (GAE, minibatches, the numpy fields, checkpoints).
+    @property
+    def _state(self) -> Any:
+        if getattr(self, "_num_staged", 0):
+            staged, self._staged, n = self._staged, None, self._num_staged
+            self._num_staged = 0
+            self._stored = _add_steps(self._stored, *staged, jnp.int32(n))
+        return self._stored
+
+    @_state.setter
+    def _state(self, state: Any) -> None:
+        self._stored, self._staged, self._num_staged = state, None, 0
 
     @property
     def _rollout(self) -> _rollout.RolloutBuffer:
@@ -140,7 +165,7 @@ class _JaxRolloutImpl:
     def __getstate__(self) -> dict:
         """SB3's attributes plus the rollout as checkpoint bytes (`jaxbuffers.checkpoint.to_bytes`), never the
         jaxbuffers objects themselves."""
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_state", "_rows")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_stored", "_staged", "_num_staged", "_rows")}
         state["_checkpoint"] = checkpoint.to_bytes({"rollout": self._state})
         return state
 
@@ -196,8 +221,17 @@ class _JaxRolloutImpl:
         self.full = self.pos == self.buffer_size
 
     def _put(self, step: dict, reward: np.ndarray, value: np.ndarray) -> None:
-        """Store one checked step (stored shapes and dtypes) at row ``pos``."""
-        self._state = _add_step(self._state, step, reward, value)
+        """Store one checked step (stored shapes and dtypes) at row ``pos``: staged, added when the stage is full
+        (new stage arrays each time: the device call may still read the last ones)."""
+        if self._staged is None:
+            new = lambda x: np.empty((STAGED_STEPS, *np.shape(x)), np.asarray(x).dtype)  # noqa: E731
+            self._staged = (jax.tree.map(new, step), new(reward), new(value))
+        k = self._num_staged
+        for dst, x in zip(jax.tree.leaves(self._staged), jax.tree.leaves((step, reward, value))):
+            dst[k] = x
+        self._num_staged = k + 1
+        if self._num_staged == STAGED_STEPS:
+            self._state  # noqa: B018 - adds the stage
 
     def compute_returns_and_advantage(self, last_values: th.Tensor, dones: np.ndarray) -> None:
         """GAE advantages and returns, equal to SB3's (see the module doc for the mapping).

@@ -1,0 +1,84 @@
+"""The per-slot index of a `host_codecs.CompressedStore`, allocated as slots are used.
+
+A store of `num_slots` slots keeps one row of index columns (`host_codecs.store`: chunk, offset, length, codec,
+meta, layout, check; `host_codecs.deltas`: base, child) per slot id below `rows`, the number of rows grown so far.
+A `put` whose highest slot id is `hi >= rows` grows every column to `grown_rows(rows, hi + 1, num_slots)` rows: at
+least `hi + 1`, at least `GROWTH` times the old count, at most `num_slots`. So the rows held are at most `GROWTH`
+times the highest slot id written (plus `MIN_ROWS`), and a store whose slots are used from 0 up (a rollout's frames
+numbered in the order they are stored) holds an index for the slots it uses, not for every slot it could use.
+Growing copies the columns: `O(rows)` once per growth, amortised `O(1)` per slot.
+
+While `rows < num_slots`, each column holds one more row, at index `rows`, that is always empty (chunk -1, base -1,
+child -1); `at(s)` maps every slot id `>= rows` to it, so a read, delete or delta walk of a slot never written
+reads an empty row without growing anything. Once `rows == num_slots` there is no such row and `at` is the
+identity. The columns are replaced (never resized in place) when they grow: a reader that took rows under the
+store's lock keeps what it took.
+
+`IndexRows` is the part of `CompressedStore` that holds these columns; the store calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["GROWTH", "MIN_ROWS", "IndexRows", "grown_rows"]
+
+#: Factor by which a growing index (or a buffer's per-slot versions) grows at least.
+GROWTH = 1.25
+#: Fewest rows a growth allocates (small stores grow once).
+MIN_ROWS = 256
+
+# name -> (dtype, value of an empty row), in the order of `CompressedStore._index()`
+_COLUMNS = {
+    "chunk": (np.int32, -1), "offset": (np.uint32, 0), "length": (np.uint32, 0), "codec": (np.uint8, 0),
+    "meta": (np.uint8, 0), "layout": (np.uint16, 0), "check": (np.uint32, 0), "base": (np.int32, -1),
+    "child": (np.int32, -1),
+}
+
+
+def grown_rows(rows: int, need: int, limit: int) -> int:
+    """Rows to grow `rows` to so that `need` fit: `min(limit, max(need, ceil(GROWTH * rows), MIN_ROWS))`, or
+    `rows` when `need <= rows`."""
+    if need <= rows:
+        return rows
+    return min(limit, max(need, math.ceil(GROWTH * rows), MIN_ROWS))
+
+
+class IndexRows:
+    """Index columns grown as slots are used (module doc). The host class sets `num_slots` first."""
+
+    def _new_index(self, rows: int) -> None:
+        """Empty columns of `rows` rows (plus the empty row while `rows < num_slots`)."""
+        self._rows = int(rows)
+        n = self._rows + (self._rows < self.num_slots)
+        for name, (dtype, empty) in _COLUMNS.items():
+            setattr(self, "_" + name, np.full(n, empty, dtype=dtype))
+
+    def _grow_index(self, need: int) -> None:
+        """Grow the columns so that slot ids below `need` have rows (`grown_rows`); under the lock."""
+        rows = grown_rows(self._rows, int(need), self.num_slots)
+        if rows == self._rows:
+            return
+        old, kept = self._index_columns(), self._rows
+        self._new_index(rows)
+        for name, col in self._index_columns().items():
+            col[:kept] = old[name][:kept]
+
+    def _at(self, slots: np.ndarray) -> np.ndarray:
+        """Row of each slot id (ids at or past `rows` read the empty row); under the lock."""
+        return np.minimum(slots, self._rows) if self._rows < self.num_slots else slots
+
+    def _index(self) -> tuple[np.ndarray, ...]:
+        return tuple(getattr(self, "_" + name) for name in _COLUMNS)
+
+    def _index_columns(self) -> dict[str, np.ndarray]:
+        """The index columns by name (`"chunk"`, `"offset"`, ...; empty row included): what `export_state` and
+        `import_state` carry."""
+        return {name: getattr(self, "_" + name) for name in _COLUMNS}
+
+    @property
+    def index_rows(self) -> int:
+        """Slot ids the index holds rows for (`0 <= index_rows <= num_slots`; module doc)."""
+        return self._rows
