@@ -256,11 +256,11 @@ def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
     return rec
 
 
-def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyframe_interval: int) -> dict:
-    """`steps` transitions of `game` in a `CompressedTrajectoryBuffer` of 8 lanes (frame_stack=4), added as jitted
-    chunks of 250 steps per lane: the `real` steps of one ale-py rollout, tiled (lane `e` starts `e * real / 8` steps
-    into it; the rollout's last step is marked terminated, so no stack spans a seam). RSS growth is measured from a
-    warmed process: after compiling add and both samplers and adding the first 4,000 transitions."""
+def _tiled(game: str, real: int, codec: str, e: int = 8, t: int = 250):
+    """`(make, add, chunk)` of the tiled cases: `make(length, K)` a `CompressedTrajectoryBuffer` of `e` lanes
+    (frame_stack=4), `add` a jitted donated add, `chunk(i)` the `[e, t]` steps number `i*t .. (i+1)*t - 1` of every
+    lane: the `real` steps of one ale-py rollout, tiled (lane `e` starts `e * real / 8` steps into it; the rollout's
+    last step is marked terminated, so no stack spans a seam)."""
     import jax
     import jax.numpy as jnp
 
@@ -272,8 +272,6 @@ def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyf
     term[-1] = True
     trunc = roll["truncated"] & ~term
     act, rew = roll["action"].astype(np.int32), roll["reward"].astype(np.float32)
-    e, t = 8, 250
-    length = steps // e
     ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
 
     def make(n, key):
@@ -283,10 +281,78 @@ def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyf
     add = jax.jit(lambda b, st, te, tr, fo: b.add(st, terminated=te, truncated=tr, final_obs=fo), donate_argnums=0)
     offsets = np.arange(e)[:, None] * (real // e)
 
-    def chunk(i):  # lane-major [E, t] steps number i*t .. (i+1)*t - 1 of every lane
+    def chunk(i):
         r = (offsets + i * t + np.arange(t)[None, :]) % real
         obs = frames[obs_idx[r]]
         return ({"obs": obs, "action": act[r], "reward": rew[r]}, term[r], trunc[r], obs)
+
+    return make, add, chunk
+
+
+def run_keyframes(game: str, steps: int, real: int, repeats: int, codec: str, intervals: list[int]) -> dict:
+    """The ``keyframes`` case: one buffer per keyframe interval K of ``steps`` transitions (8 lanes, tiled as in
+    ``--million``), all in one process: host bytes per transition, frames a jitted ``sample_transitions(256,
+    n_step=3)`` decodes per transition (the requested frames and the chains behind them), and that sample's and a
+    32 one's throughput, interleaved."""
+    import jax
+
+    import host_codecs
+
+    make, add, chunk = _tiled(game, real, codec)
+    e, t = 8, 250
+    bufs = {}
+    for key in intervals:
+        buf = make(steps // e, key)
+        for i in range(-(-(steps // e) // t)):
+            buf = add(buf, *chunk(i))
+        bufs[key] = jax.block_until_ready(buf)
+    fields = lambda x: (x.obs, x.action, x.next_obs, x.n_step_return, x.discount)  # noqa: E731
+    samplers = {b: jax.jit(lambda bf, k, b=b: fields(bf.sample_transitions(k, b, n_step=3, gamma=0.99))) for b in (256, 32)}
+    keys = iter(jax.random.split(jax.random.key(0), 100_000))
+    rec = {"transitions": steps, "real_steps": real, "codec": codec, "intervals": intervals}
+    requests = []
+    get_many = host_codecs.CompressedStore.get_many
+
+    def counting(store, slot_arrays, **kw):  # the frames a read decodes: the distinct requested slots and their chains
+        flat = np.concatenate([np.asarray(x).reshape(-1) for x in slot_arrays])
+        with store._lock:
+            requests.append(np.unique(np.concatenate([flat, store._chains(flat)])).size)
+        return get_many(store, slot_arrays, **kw)
+
+    for key, buf in bufs.items():
+        n = int(buf.size())
+        rec[f"K{key}_host_live_bytes_per_transition"] = buf.host_live_nbytes / n
+        rec[f"K{key}_payload_bytes_per_frame"] = sum(x.payload_nbytes for x in buf.host.stores) / buf.host.stores[0].num_entries
+        host_codecs.CompressedStore.get_many = counting
+        try:
+            for _ in range(5):
+                jax.block_until_ready(samplers[256](buf, next(keys)))
+        finally:
+            host_codecs.CompressedStore.get_many = get_many
+        rec[f"K{key}_frames_decoded_per_transition"] = float(np.median(requests[-5:])) / 256
+    for b, fn in samplers.items():
+        times = {key: [] for key in bufs}
+        for buf in bufs.values():
+            jax.block_until_ready(fn(buf, next(keys)))
+        for r in range(repeats * (256 // b)):
+            for key in (intervals if r % 2 else intervals[::-1]):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(bufs[key], next(keys)))
+                times[key].append(time.perf_counter() - t0)
+        for key, ts in times.items():
+            rec[f"K{key}_sample_{b}_n3_tps"] = b / statistics.median(ts)
+    return rec
+
+
+def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyframe_interval: int) -> dict:
+    """`steps` transitions of `game` in a `CompressedTrajectoryBuffer` of 8 lanes (frame_stack=4), added as jitted
+    chunks of 250 steps per lane (`_tiled`). RSS growth is measured from a
+    warmed process: after compiling add and both samplers and adding the first 4,000 transitions."""
+    import jax
+
+    e, t = 8, 250
+    length = steps // e
+    make, add, chunk = _tiled(game, real, codec)
 
     buf = make(length, keyframe_interval)
     chunks = -(-length // t)
@@ -477,7 +543,9 @@ def run_checksums(game: str, n: int, repeats: int) -> dict:
 
 def child(args) -> None:
     kind, codec, game, n, repeats = args.case, args.codec, args.game, args.n, args.repeats
-    if kind == "million":
+    if kind == "keyframes":
+        rec = run_keyframes(game, n, args.real, max(repeats, 20), args.codec or "zstd:-1", [int(k) for k in args.keyframes.split(",")])
+    elif kind == "million":
         rec = run_million(game, n, args.real, max(repeats, 20), args.codec or "zstd:-1", args.keyframe_interval)
     elif kind == "side":
         rec = run_side_by_side(game, n, max(repeats, 30), int(codec))
@@ -518,6 +586,8 @@ def main() -> None:
     p.add_argument("--million", action="store_true", help="the million-transition case (module doc) for --game")
     p.add_argument("--real", type=int, default=20000, help="--million: real ale-py steps per game, tiled")
     p.add_argument("--keyframe-interval", type=int, default=8, help="--million: the buffer's keyframe_interval")
+    p.add_argument("--keyframes", default=None, help="comma-separated keyframe intervals: the keyframes case (run_keyframes) "
+                   "for --game, --n transitions (default 160000) tiled from --real steps")
     p.add_argument("--anchor-n", type=int, default=10000, help="--million: transitions in the SB3 / sb3x buffers")
     p.add_argument("--n", type=int, default=None, help="transitions (default 20000; --quick: 1000, and one case of each kind)")
     p.add_argument("--case", default=None, help=argparse_hidden())
@@ -529,6 +599,9 @@ def main() -> None:
     ALE_FRAMES = args.ale
     if args.million:
         million(args)
+        return
+    if args.keyframes and not args.case:
+        keyframes(args)
         return
     args.n = args.n or (1000 if args.quick else 20000)
     if args.quick and not args.only:  # smoke run: one case of each kind
@@ -563,6 +636,39 @@ def main() -> None:
             results[name] = rec
             rows(game, kind, name, rec, args.n, args.repeats)
         summarize(game, results)
+
+
+def keyframes(args) -> None:
+    """`--keyframes 4,8`: per game, `run_keyframes` in a subprocess; one row per interval and metric."""
+    from _common import emit, header, row
+
+    n = args.n or (16000 if args.quick else 160_000)
+    args.repeats = args.repeats or (5 if args.quick else 15)
+    games = list(_atari.GAMES) if args.game == "all" else [args.game]
+    header(BENCH, args.quick, keyframes=args.keyframes, transitions=n, real_steps=args.real)
+    for game in games:
+        cmd = [sys.executable, __file__, "--case", "keyframes", "--game", game, "--n", str(n), "--repeats", str(args.repeats),
+               "--real", str(args.real), "--keyframes", args.keyframes, "--ale"] + (["--codec", args.codec] if args.codec else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
+        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if not line:
+            emit({"bench": BENCH, "case": f"{game}/keyframes", "error": proc.stderr[-800:]})
+            continue
+        rec = json.loads(line[-1][7:])
+        first = rec["intervals"][-1]  # the anchor: the largest interval
+        for key in rec["intervals"]:
+            variant = f"jaxbuffers {rec['codec']} K={key}"
+            for metric, unit in (("host_live_bytes_per_transition", "bytes/transition"), ("payload_bytes_per_frame", "bytes/frame"),
+                                 ("frames_decoded_per_transition", "frames/transition")):
+                emit({"bench": BENCH, "case": f"{game}/keyframes/{metric}", "impl": "ours", "variant": variant,
+                      "value": round(rec[f"K{key}_{metric}"], 2), "unit": unit, "n": rec["transitions"], "repeats": 1,
+                      "real_steps": rec["real_steps"]})
+            for b in (256, 32):
+                tps = rec[f"K{key}_sample_{b}_n3_tps"]
+                anchor = rec[f"K{first}_sample_{b}_n3_tps"]
+                row(BENCH, f"{game}/keyframes/sample_transitions_{b}_n3", "ours", 1 / tps, n=rec["transitions"], repeats=args.repeats,
+                    unit="transitions/s", variant=variant, anchor=f"K={first}" if key != first else None,
+                    anchor_seconds=1 / anchor if key != first else None)
 
 
 MILLION_ANCHORS = [("sb3", None), ("sb3x", "rle-jit"), ("sb3x", "igzip1"), ("sb3x", "gzip")]
