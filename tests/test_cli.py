@@ -225,11 +225,12 @@ def test_stacked_buffer(tmp_path, capsys):
     assert code == 2 and "--member" in err and "(3,)" in err and "'3'" in err
 
 
-def test_sharded_buffer_one_member_per_shard(tmp_path, capsys):
+@pytest.mark.parametrize("cls", [jb.TrajectoryBuffer, CompressedTrajectoryBuffer])
+def test_sharded_buffer_one_member_per_shard(tmp_path, capsys, cls):
     from PIL import Image
 
     mesh = jax.make_mesh((jax.device_count(),), ("data",))  # one shard per device: 4 in the run on forced devices
-    buf = jb.ShardedBuffer.create(lambda: jb.TrajectoryBuffer.create(_step(), num_envs=E, length=32), mesh, "data")
+    buf = jb.ShardedBuffer.create(lambda: cls.create(_step(), num_envs=E, length=32), mesh, "data")  # compressed: a store per shard
     s = buf.num_shards
     obs, term, trunc = stacks()
     shard_obs = [((obs.astype(np.int32) + 40 * i) % 256).astype(np.uint8) for i in range(s)]  # frames of shard i

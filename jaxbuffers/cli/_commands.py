@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from jaxbuffers.cli._images import ImageField, contact_sheet, find_image, overlay, scaled
 from jaxbuffers.cli._view import SUPPORTED_NAMES, BufferView, ViewError
+from jaxbuffers.compressed import ShardedHostStores
 
 __all__ = ["load", "member", "stack_shape", "summary", "stacked_summary", "print_summary", "print_stacked_summary", "write_video", "write_sheet", "CliError"]
 
@@ -88,7 +89,15 @@ def member(buffer: Any, stack: tuple[int, ...], index: str | None, sharded: dict
         ix = ()
     if len(ix) != len(stack) or not all(0 <= i < n for i, n in zip(ix, stack)):
         raise CliError(f"--member: expected {len(stack)} comma-separated integer(s) in {hint} (stack shape {stack}), got {index!r}")
-    return jax.tree.map(lambda x: x[ix], buffer)
+    return _take(buffer, ix)
+
+
+def _take(buffer: Any, ix: tuple[int, ...]) -> Any:
+    """Member `ix` of a stacked buffer; of the compressed shards of a saved `ShardedBuffer`, with shard `ix[0]`'s own
+    host store."""
+    out = jax.tree.map(lambda x: x[ix], buffer)
+    host = getattr(buffer, "host", None)
+    return out.replace(host=host.shards[ix[0]]) if isinstance(host, ShardedHostStores) else out
 
 
 def _example(tree: Any) -> Any:
@@ -247,7 +256,7 @@ def stacked_summary(buffer: Any, meta: dict | None, root: Path | None, progress:
     stack = stack_shape(meta)
     members = []
     for ix in np.ndindex(*stack):
-        one = summary(jax.tree.map(lambda x: x[ix], buffer), meta, None, progress, decode)
+        one = summary(_take(buffer, ix), meta, None, progress, decode)
         del one["path"], one["bytes"]
         members.append({"member": list(ix), **one})
     return {"path": str(root) if root is not None else None, "type": type(buffer).__name__, "stack_shape": list(stack),
