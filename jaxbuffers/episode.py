@@ -83,23 +83,6 @@ def _flag(name: str, x, shape: tuple):
     return _validate.array(name, x, shape, bool)
 
 
-def _lengths(name: str, x, shape: tuple, t: int) -> jax.Array:
-    """Episode lengths of `shape` as int32: integers; concrete values must lie in `[1, t]`."""
-    if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
-        x = np.full(shape, int(x), np.int64)
-    x = _validate.index_array(x, name)
-    if tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"{name}: expected an integer dtype (int32), got {x.dtype}")
-    if _is_traced(x):
-        return x.astype(jnp.int32)
-    v = np.asarray(x)
-    if np.any(v < 1) or np.any(v > t):
-        raise ValueError(f"{name}: expected values in [1, {t}] (the episode's time axis holds {t} steps), got {v.tolist()}")
-    return v.astype(np.int32)
-
-
 class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
     """Whole episodes with lengths, end flags, final observations and meta fields; episode, sequence, step and
     n-step sampling with meta filters.
@@ -296,7 +279,7 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
         lead = tuple(lead)
         if 0 in lead:
             raise ValueError(f"{name}: expected at least one episode (B >= 1), got leading axes {list(lead)}")
-        lengths = _lengths(lname, lengths, lead, t)
+        lengths = _validate.episode_lengths(lname, lengths, lead, t)
         terminated = _flag("terminated", terminated, lead)
         truncated = np.zeros(lead, bool) if truncated is None else _flag("truncated", truncated, lead)
         final_obs = self._final_obs_arg(spec[self.obs_key], final_obs, len(lead), lead)

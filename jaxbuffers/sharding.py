@@ -482,6 +482,9 @@ class ShardedBuffer(struct.PyTreeNode):
             with x64 off), named by its path; and its own errors.
           ValueError: `B` not a multiple of `S` (named by its path); and the buffer's own errors.
         """
+        inner = _device(self.shards)
+        if isinstance(inner, EpisodeBuffer) and not isinstance(lengths, jax.core.Tracer):  # concrete: checked here, as unsharded
+            _validate.episode_lengths("lengths", lengths, np.shape(lengths), inner.max_timesteps)
         return self._add("add_episodes", (episodes, lengths), kwargs)
 
     def _add(self, method: str, args: tuple, kwargs: dict) -> "ShardedBuffer":

@@ -155,6 +155,26 @@ def test_leading_axis_not_divided_by_the_shards(b):
     refused(lambda: REPLAY.apply(lambda buf, x: buf, np.zeros(b, np.float32)), "args[0]", state=REPLAY)
 
 
+def test_add_episodes_concrete_lengths_out_of_range():
+    """Concrete `lengths` outside `[1, max_timesteps]` are refused as by the unsharded buffer, before any program
+    runs (a compressed buffer's stores keep their version)."""
+    for compressed in (False, True):
+        step = {"obs": jnp.zeros((3, 3), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+        cls = jb.compressed.CompressedEpisodeBuffer if compressed else jb.EpisodeBuffer
+        buf = jb.ShardedBuffer.create(lambda: cls.create(step, max_episodes=2, max_timesteps=4), MESH, "data")
+        eps = {"obs": np.ones((S, 4, 3, 3), np.uint8), "action": np.zeros((S, 4), np.int32), "reward": np.zeros((S, 4), np.float32)}
+        kw = dict(terminated=np.ones(S, bool), final_obs=np.ones((S, 3, 3), np.uint8))
+        for bad in (5, 0, -3):
+            lengths = np.full(S, 2, np.int32)
+            lengths[-1] = bad
+            err = refused(lambda: buf.add_episodes(eps, lengths, **kw), "lengths", state=buf.shards)
+            assert "[1, 4]" in str(err)
+            if compressed:
+                assert [h.version for h in buf.shards.host.shards] == [0] * S
+        ok = buf.add_episodes(eps, np.full(S, 4, np.int32), **kw)
+        assert int(ok.size()) == 4 * S
+
+
 @pytest.mark.slow  # a subprocess of its own on 2 forced devices: python -m pytest -m slow tests/test_bad_input_sharding.py
 @pytest.mark.fewer_devices(2)
 def test_on_two_forced_devices():

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuffers._validate import _is_array, check_batch, item_spec, leaf_name, not_array, static_int
+from jaxbuffers._validate import _is_array, check_batch, index_array, item_spec, leaf_name, not_array, static_int
 
 
 def trajectory_example(example_step, num_envs, length, obs_key: str, action_key: str, reward_key: str):
@@ -225,3 +225,21 @@ def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched
             f"give each episode the stacks a frame stacker makes from its start"
         )
     return None
+
+
+def episode_lengths(name: str, x, shape: tuple, t: int):
+    """Episode lengths of `shape` as int32 (`EpisodeBuffer.add_episode(s)`, `ShardedBuffer.add_episodes`): integers;
+    concrete values must lie in `[1, t]` (traced ones are clipped by the add)."""
+    if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+        x = np.full(shape, int(x), np.int64)
+    x = index_array(x, name)
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"{name}: expected an integer dtype (int32), got {x.dtype}")
+    if isinstance(x, jax.core.Tracer):
+        return x.astype(jnp.int32)
+    v = np.asarray(x)
+    if np.any(v < 1) or np.any(v > t):
+        raise ValueError(f"{name}: expected values in [1, {t}] (the episode's time axis holds {t} steps), got {v.tolist()}")
+    return v.astype(np.int32)

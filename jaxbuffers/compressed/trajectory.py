@@ -54,6 +54,7 @@ tr = buf.sample_transitions(jax.random.key(0), 32, n_step=1, gamma=0.99)   # tr.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping
 from typing import Any, Sequence
 
@@ -200,6 +201,10 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
     ):
         """Both `create`s: `_build`, then `inner_create` (a buffer's `create`) of the id-holding step.
         Unwritten steps hold id -1 (decoded as zeros, like an unwritten plain buffer's zeros)."""
+        unknown = sorted(set(compressed) - set(inspect.signature(_build).parameters))
+        if unknown:  # named as `create`'s, not the shared helper's
+            why = " (per-position sample counts are kept by the device buffers only)" if "metrics" in unknown else ""
+            raise TypeError(f"{cls.__name__}.create: unexpected keyword argument(s) {unknown}{why}")
         inner_step, kcap, config = _build(example_step, num_envs, length, final_obs_capacity, obs_key, **compressed)
         inner = inner_create(
             inner_step, num_envs=num_envs, length=length, final_obs_capacity=kcap, obs_key=obs_key,
