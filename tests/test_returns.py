@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 from jaxbuffers.returns import NStepReturns, discounted_returns, gae, lambda_returns, n_step_returns
 
@@ -272,16 +272,24 @@ def rlax_gae(reward, value, terminated, last_value, gamma, gae_lambda):
 rlax_gae_jit = jax.jit(rlax_gae)
 
 
+def close(got, want) -> None:
+    """float32 equality up to rounding: relative 1e-5, and absolute 1e-5 of the largest magnitude (an associative
+    scan rounds its partial sums at their own size, so a small entry next to large ones carries their rounding)."""
+    scale = max(1.0, float(np.max(np.abs(np.asarray(want, np.float64)))))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
+
+
 @pytest.mark.parametrize("method", METHODS)
 @HYP
 @given(seed=st.integers(0, 2**31 - 1), T=st.sampled_from([1, 50, 300]), N=st.sampled_from([1, 8]), gamma=gammas,
        lam=lambdas, p_term=st.sampled_from([0.0, 0.02, 0.2]))
+@example(seed=624, T=300, N=1, gamma=0.99, lam=1.0, p_term=0.0)  # a small advantage beside returns near 7
 def test_gae_matches_rlax_without_truncation(method, seed, T, N, gamma, lam, p_term):
     r, v, term, _, _, lv = make_rollout(seed, T, (N,), p_term=p_term, p_trunc=0.0)
     expected = rlax_gae_jit(r, v, term, lv, f32(gamma), f32(lam))
     adv, ret = JIT["gae"](r, v, term, last_value=lv, gamma=f32(gamma), gae_lambda=f32(lam), method=method)
-    np.testing.assert_allclose(adv, expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ret, expected + v, rtol=1e-5, atol=1e-5)
+    close(adv, expected)
+    close(ret, expected + v)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -304,10 +312,10 @@ def test_gae_and_lambda_returns_match_reference(method, ro, gamma, lam):
     arrays = make_rollout(**ro)
     adv_ref, ret_ref = ref_batched(ref_gae, *[a.astype(np.float64) for a in arrays], gamma=gamma, lam=lam)
     adv, ret = JIT["gae"](*arrays, gamma=f32(gamma), gae_lambda=f32(lam), method=method)
-    np.testing.assert_allclose(adv, adv_ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ret, ret_ref, rtol=1e-5, atol=1e-5)
+    close(adv, adv_ref)
+    close(ret, ret_ref)
     lam_ret = JIT["lambda_returns"](*arrays, gamma=f32(gamma), lambda_=f32(lam), method=method)
-    np.testing.assert_allclose(lam_ret, ret, rtol=1e-5, atol=1e-5)
+    close(lam_ret, ret)
 
 
 @HYP
