@@ -261,7 +261,7 @@ def _reference_find(leaves: np.ndarray, queries: np.ndarray) -> np.ndarray:
     query_steps=st.lists(st.integers(-4, 400), min_size=30, max_size=30),
     use_jit=st.booleans(),
 )
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=25, deadline=None)  # each example compiles for the shapes it draws
 def test_find_matches_numpy_reference_exact(capacity, values, query_steps, use_jit):
     # Integer leaves and quarter-step queries: every float32 sum is exact, so the tree must agree
     # with the float64 reference exactly, boundaries included.
@@ -286,7 +286,7 @@ _NUM_QUERIES = 30
     ).filter(lambda v: sum(v) > 0))),
     fractions=st.lists(st.floats(0, 1), min_size=1, max_size=_NUM_QUERIES),
 )
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=25, deadline=None)
 def test_find_with_rounding_lands_on_positive_leaf_near_reference(capacity_values, fractions):
     capacity, values = capacity_values
     leaves = np.zeros(capacity, np.float32)
@@ -311,7 +311,7 @@ _DESCEND = jax.jit(sum_tree_module._descend)
     fractions=st.lists(st.floats(-0.1, 1.1), min_size=1, max_size=13),
     restart=st.booleans(),
 )
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 def test_descent_lands_on_positive_leaves(capacity, values, fractions, restart):
     """For any tree (depths 0 to 12, empty trees included) and any number of queries, the descent
     with and without the restart of sample_stratified ends on a positive leaf (leaf 0 when the
