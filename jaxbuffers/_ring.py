@@ -79,31 +79,12 @@ def write(storage, batch, head: jax.Array, axis: int = 0):
 
 
 def fill(array: jax.Array, value, head: jax.Array, count: int, axis: int = 0) -> jax.Array:
-    """`array` with the `count` slots along `axis` from `head` on (`write_indices`: with wrap-around) set to `value`.
-
-    Cost O(count): one in-place dynamic-update-slice when the slots do not wrap past the end (a scatter when they do),
-    where a scatter of `count` indices would loop over them one by one on CPU. `count` is a static int in
-    `[1, capacity]`.
-    """
-    cap = array.shape[axis]
-    if count >= cap:
-        return jnp.full_like(array, value)
+    """`array` with the `count` slots along `axis` from `head` on (`write_indices`: with wrap-around) set to `value`:
+    `write` of a block of `value`s. `count` is a static int in `[1, capacity]`. Cost O(count), in place when the
+    array is donated."""
     shape = list(array.shape)
     shape[axis] = count
-    block = jnp.full(shape, value, array.dtype)
-    start = jnp.asarray(head, jnp.int32)
-
-    def contiguous(x):
-        return jax.lax.dynamic_update_slice_in_dim(x, block, start, axis)
-
-    if count == 1:
-        return contiguous(array)
-
-    def wrapping(x):
-        at = (slice(None),) * axis + (write_indices(start, count, cap),)
-        return x.at[at].set(block, unique_indices=True, mode="promise_in_bounds")
-
-    return jax.lax.cond(start + count <= cap, contiguous, wrapping, array)
+    return write(array, jnp.full(shape, value, array.dtype), head, axis)
 
 
 def oldest(head: jax.Array, num_valid: jax.Array, capacity: int) -> jax.Array:

@@ -136,8 +136,11 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
         host = DiskStores(d, like, mode, meta)
     except ValueError as e:
         raise checkpoint.CheckpointError(str(e)) from None
-    sv, path = _disk_folder.slot_versions(d, meta, host.num_slots)
-    host.set_slot_versions(sv, str(path))
+    sv, path = _disk_folder.slot_versions(d, meta)
+    try:
+        host.set_slot_versions(sv, str(path))
+    except ValueError as e:
+        raise checkpoint.CheckpointError(str(e)) from None
     host.version, host.num_writes, host.num_rows = (int(meta["host"][k]) for k in ("version", "num_writes", "num_rows"))
     if int(restored.version) != host.version:
         raise checkpoint.CheckpointError(
