@@ -67,14 +67,9 @@ def write_priorities(tree: SumMinTree, indices, priorities, generations, applies
     slots = jnp.clip(indices, 0, cap - 1)
     ok = (indices >= 0) & (indices < cap) & applies(slots, generations)
     p = sanitise_priorities(priorities, max_priority, epsilon)
-    leaf = jnp.where(ok, priority_leaf(p, alpha), jnp.nan)  # NaN: skipped by the tree write
-    new = tree.set(indices, leaf)
-    if alpha == 0:  # every leaf is 1: find the winners by position instead
-        won = last_write_mask(slots, ok)
-    else:
-        # Every touched slot now holds its winner's leaf, so an applied entry whose leaf equals its slot's stored
-        # leaf is the winner (or a loser with the same p**alpha); skipped entries have a NaN leaf, equal to nothing.
-        won = new.get(slots) == leaf
+    # One sort finds the winners; they are distinct slots, so the tree write needs no sort of its own.
+    won = last_write_mask(slots, ok, cap)
+    new = tree.set(slots, priority_leaf(p, alpha), where=won, distinct=True)
     return new, jnp.maximum(max_priority, jnp.max(jnp.where(won, p, 0)))
 
 

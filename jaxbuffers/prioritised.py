@@ -25,8 +25,8 @@ is the number, modulo `2**32`, of the item last written there: it follows from `
 (a stale update goes undetected only if a multiple of `2**32` items were added in between).
 
 Precision: only the float32 leaf $p^\alpha$ is stored, so `priorities` reads `p` to about
-`6e-8 / alpha` relative, and within one `set_priorities` call a losing duplicate whose $p^\alpha$
-rounds to the winner's leaf may raise the running max (exact for `alpha = 0`).
+`6e-8 / alpha` relative. Within one `set_priorities` call only the winning entry of each slot (the
+last applied one) raises the running max.
 
 Example:
   ```python

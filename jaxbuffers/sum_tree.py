@@ -39,7 +39,7 @@ from jaxbuffers import _compiled, _validate
 __all__ = ["SumMinTree", "last_write_mask"]
 
 
-def last_write_mask(indices: jax.Array, where: jax.Array | None = None) -> jax.Array:
+def last_write_mask(indices: jax.Array, where: jax.Array | None = None, bound: int | None = None) -> jax.Array:
     """Which entries of a batched write survive when later writes to the same index win.
 
     Args:
@@ -47,19 +47,27 @@ def last_write_mask(indices: jax.Array, where: jax.Array | None = None) -> jax.A
         negative index is treated as inactive).
       where: optional bool[B]; entries with `False` are not writes at all (they never win and
         never shadow an earlier entry).
+      bound: optional static Python int: a promise that every active index is `< bound`. When
+        `(bound + 1) * B <= 2**31` the entries are ordered by sorting one int32 key,
+        `(index + 1) * B + k` (`0` for inactive entries), instead of a stable sort of the indices
+        that carries the batch positions along: the same order, from a one-operand sort.
 
     Returns:
       bool[B]: `True` at entry `k` iff `where[k]` and no later entry `j > k` with `where[j]` has
-      `indices[j] == indices[k]`. Deterministic; `O(B log B)` (one stable sort).
+      `indices[j] == indices[k]`. Deterministic; `O(B log B)` (one sort).
     """
     indices = jnp.asarray(indices, jnp.int32)
     (b,) = indices.shape
     where = jnp.ones((b,), bool) if where is None else where
-    # Inactive entries get the key -1 (never a winner); the stable sort keeps batch order within
-    # each index group, so the last entry of a group is its last write.
-    group = jnp.where(where, indices, -1)
-    order = jnp.argsort(group, stable=True)
-    g = group[order]
+    # Inactive entries get the key -1 (never a winner); ordering by index, then batch position, puts the last
+    # write of each index at the end of its group.
+    group = jnp.where(where & (indices >= 0), indices, -1)
+    if bound is not None and (bound + 1) * b <= 2**31:
+        key = jnp.sort((group + 1) * b + jnp.arange(b, dtype=jnp.int32))
+        g, order = key // b - 1, key % b
+    else:
+        order = jnp.argsort(group, stable=True)
+        g = group[order]
     last = jnp.ones((b,), bool).at[:-1].set(g[:-1] != g[1:]) & (g >= 0)
     return jnp.zeros((b,), bool).at[order].set(last, unique_indices=True)
 
@@ -237,7 +245,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         if where is not None:
             active = active & _validate.vector("where", where, b, "bool")
         values = jnp.clip(values, 0, jnp.finfo(self.dtype).max)  # the documented policy: see the docstring
-        keep = active if distinct else last_write_mask(indices, active)
+        keep = active if distinct else last_write_mask(indices, active, self.capacity)
         levels = list(self.levels)
         levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(_rows(values), mode="drop")
         node = jnp.where(active, indices, 0)  # inactive entries recompute leaf 0's ancestors: a no-op

@@ -171,14 +171,16 @@ def test_last_write_mask_matches_python(entries):
     entries = entries + [(0, 0, False)] * (n - len(entries))
     idx = np.array([e[0] for e in entries], np.int32)
     where = np.array([e[2] for e in entries])
-    got = np.asarray(last_write_mask(jnp.asarray(idx), jnp.asarray(where)))
     expected = np.zeros(len(entries), bool)
     last = {}
     for k, (i, _, w) in enumerate(entries):
         if w:
             last[i] = k
     expected[list(last.values())] = True
-    np.testing.assert_array_equal(got, expected)
+    # without a bound (a stable sort of the indices) and with one (a sort of packed int32 keys)
+    for bound in (None, 10):
+        got = np.asarray(last_write_mask(jnp.asarray(idx), jnp.asarray(where), bound))
+        np.testing.assert_array_equal(got, expected, f"bound={bound}")
 
 
 @given(
