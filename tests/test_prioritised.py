@@ -549,12 +549,28 @@ def test_generations_wrap_with_the_item_count():
         assert int(b2.generations_at(jnp.array([slot]))[0]) != int(b.generations_at(jnp.array([slot]))[0])
 
 
-def test_alpha_zero_losing_duplicate_does_not_raise_max():
-    """At alpha = 0 every leaf is 1, so winners are found by position, not by leaf value."""
-    buf = PrioritisedReplayBuffer.create({"o": jnp.zeros(())}, 4, priority_exponent=0.0).add({"o": jnp.zeros(4)})
+def _same_leaf_pair(alpha):
+    """Priorities `hi > lo` whose float32 leaves `p**alpha` are equal (every pair at alpha = 0)."""
+    if alpha == 0:
+        return 100.0, 2.0
+    lo = np.float32(5.0)
+    for _ in range(64):
+        hi = np.nextafter(lo, np.float32(np.inf))
+        if float(jnp.power(jnp.float32(hi), jnp.float32(alpha))) == float(jnp.power(jnp.float32(lo), jnp.float32(alpha))):
+            return float(hi), float(lo)
+        lo = hi
+    raise AssertionError("no pair found")
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_losing_duplicate_does_not_raise_max(alpha):
+    """Of two updates of one slot only the last raises the running max, even when the losing one
+    has the same leaf p**alpha (winners are found by position, not by leaf value)."""
+    hi, lo = _same_leaf_pair(alpha)
+    buf = PrioritisedReplayBuffer.create({"o": jnp.zeros(())}, 4, priority_exponent=alpha).add({"o": jnp.zeros(4)})
     idx = jnp.array([1, 1])
-    out = buf.set_priorities(idx, jnp.array([100.0, 2.0]), buf.generations_at(idx))
-    assert float(out.max_priority) == 2.0
+    out = buf.set_priorities(idx, jnp.array([hi, lo], jnp.float32), buf.generations_at(idx))
+    assert float(out.max_priority) == lo
 
 
 def test_both_prioritised_buffers_work_with_x64_enabled():
