@@ -50,9 +50,9 @@ store holds only its own lanes' or episodes' frames at the slot ids of one unsha
 reaches that shard's store with that shard's version (the `version` leaf is `[S]`; a stale state is refused store by
 store). A global sample draws each shard's candidates from its device half, then decodes on the host only the rows
 that shard contributes (`decode(sample, rows=mine)`), before the all-reduce. `sample_local` decodes each shard's own
-batch. The unsharded rollout epoch (`minibatches`) is refused for compressed rollouts (each shard would decode
-steps it does not hand out): use `sample_local(key, M, method="minibatches")`. A disk-backed buffer
-(`jaxbuffers.disk`) is refused: its store is a folder.
+batch. The unsharded rollout epoch (`minibatches`) of a compressed rollout decodes each step once, on the shard that
+holds it (`decode(minibatch, rows=mine)`: the other rows read nothing), and the reduce-scatter moves the decoded
+steps as it moves a device rollout's. A disk-backed buffer (`jaxbuffers.disk`) is refused: its store is a folder.
 
 Edits (`update`): after a global sample, `update(shard, indices, fields)` sends entry `j` to shard `shard[j]`, as
 `set_priorities` does; a shard-local edit of each shard's own rows is `apply(lambda b, i, f: b.update(i, f), ...)`.
@@ -316,7 +316,10 @@ def _epoch_body(axis: str, n: int, num_minibatches: int) -> Callable:
         def minibatch(flat):  # unsharded flat indices t * lanes + env
             mine = (flat % lanes) // b.num_envs == s
             local = (flat // lanes) * b.num_envs + flat % b.num_envs
-            return _pick(b.gather(jnp.where(mine, local, 0))._replace(index=flat), mine, scatter)
+            mb = _device(b).gather(jnp.where(mine, local, 0))
+            if _device(b) is not b:  # a compressed rollout: decode only the steps this shard holds
+                mb = b.decode(mb, rows=mine)
+            return _pick(mb._replace(index=flat), mine, scatter)
 
         return _stack(lax.map(minibatch, order))
 
@@ -389,15 +392,23 @@ class ShardedBuffer(struct.PyTreeNode):
         return self.mesh.shape[self.axis]
 
     def shard(self, s: int) -> Any:
-        """Shard `s` as a plain buffer on the default device (through a host copy of every shard: for inspection
-        and tests, single process). A compressed shard keeps its host store: read it, but do not add to it (the
-        sharded state would then be older than that store, and refused).
+        """Shard `s` as a plain buffer on the default device (through a host copy: for inspection and tests). With
+        several processes, a shard of this process's devices. A compressed shard keeps its host store: read it, but
+        do not add to it (the sharded state would then be older than that store, and refused).
 
         Raises:
-          ValueError: `s` not an int in `[0, S)`.
+          ValueError: `s` not an int in `[0, S)`, or a shard held by another process.
         """
         s = _validate.static_int("s", s, 0, self.num_shards - 1)
-        out = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[s]), self.shards)
+
+        def row(x):  # from the addressable piece holding row s (the whole array in one process)
+            for piece in x.addressable_shards:
+                rows = range(*piece.index[0].indices(x.shape[0])) if piece.index else range(x.shape[0])
+                if s in rows:
+                    return jnp.asarray(np.asarray(piece.data)[rows.index(s)])
+            raise ValueError(f"s: shard {s} is held by another process (this one holds its devices' shards)")
+
+        out = jax.tree.map(row, self.shards)
         return out.replace(host=self.shards.host.shards[s]) if isinstance(out, HostBacked) else out  # shares its store
 
     def local_batch(self, batch: Any) -> Any:
@@ -621,16 +632,12 @@ class ShardedBuffer(struct.PyTreeNode):
           `jnp.swapaxes(x, 0, 1).reshape(M, -1)` of a leaf is the unsharded `minibatches(key, M)` leaf bit for bit.
 
         Raises:
-          TypeError: the wrapped buffer is not a `RolloutBuffer` (a `CompressedRolloutBuffer` included: module doc).
+          TypeError: the wrapped buffer is neither a `RolloutBuffer` nor a `CompressedRolloutBuffer`.
           ValueError: `M` not an int >= 1 or not dividing a shard's `num_steps * num_envs`.
         """
-        if not isinstance(self.shards, RolloutBuffer):
-            if isinstance(_device(self.shards), RolloutBuffer):
-                raise TypeError(
-                    f"minibatches: a sharded {type(self.shards).__name__} has no unsharded epoch (each shard would decode "
-                    f"steps it does not hand out); use sample_local(key, M, method='minibatches')"
-                )
+        if not isinstance(_device(self.shards), RolloutBuffer):
             raise TypeError(f"minibatches: {type(self.shards).__name__} is not a RolloutBuffer (item buffers: sample)")
+        self._check_hosts(add=False)
         steps = self.shards.num_steps * self.shards.num_envs
         m = _validate.divisor("num_minibatches", num_minibatches, steps, "a shard's num_steps * num_envs")
         program = _program(self.mesh, self.axis, "epoch", batch_size=m)

@@ -1,7 +1,8 @@
 """Two processes on localhost through `jax.distributed` (CPU, 2 devices each): one sharded buffer over 4 devices,
-each process adding its own rows, global sampling drawing across both processes.
+each process adding its own rows, global sampling drawing across both processes; a compressed buffer whose shards'
+host stores live in the process of their devices.
 
-Run as a script, this file is one of the two processes (`python test_multihost.py PROCESS_ID PORT`).
+Run as a script, this file is one of the two processes (`python test_multihost.py CASE PROCESS_ID PORT OUT_DIR`).
 """
 
 from __future__ import annotations
@@ -23,15 +24,12 @@ def _priority(ids: np.ndarray) -> np.ndarray:
     return (np.asarray(ids) % 7 + 1).astype(np.float32)
 
 
-def _worker(pid: int, port: int) -> None:
+def _device_buffers(pid: int, mesh, out_dir: str) -> dict:
     import jax
     import jax.numpy as jnp
 
     import jaxbuffers as jb
 
-    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid, initialization_timeout=120)
-    assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
-    mesh = jax.make_mesh((4,), ("data",))
     item = {"obs": jnp.zeros((2,), jnp.float32), "id": jnp.int32(0)}
     result = {"pid": pid}
     for kind, make in (("uniform", jb.ReplayBuffer), ("prioritised", jb.PrioritisedReplayBuffer)):
@@ -48,6 +46,73 @@ def _worker(pid: int, port: int) -> None:
         assert np.array_equal(obs[..., 0], ids) and np.array_equal(obs[..., 1], -ids), "torn rows"
         result[kind] = ids.ravel().tolist()
         result["size"] = int(buf.size())
+    return result
+
+
+
+# --- a compressed trajectory buffer: E lanes, E / 4 per shard; process p adds lanes [p * E / 2, (p + 1) * E / 2) ---
+
+E, LENGTH, PIXEL_ADDS, K = 8, 6, 9, 4
+FRAME = (6, 6)
+
+
+def _pixel_steps():
+    """`PIXEL_ADDS` steps of `E` lanes: frame stacks of `K` that shift by one frame per step, reset at episode ends,
+    with flags and final observations (the same in every process and in the reference)."""
+    rng = np.random.default_rng(11)
+    stack = np.repeat(rng.integers(0, 4, (E, 1, *FRAME), np.uint8), K, axis=1)
+    for t in range(PIXEL_ADDS):
+        term, trunc = rng.random(E) < 0.15, rng.random(E) < 0.15
+        fin = np.concatenate([stack[:, 1:], rng.integers(0, 4, (E, 1, *FRAME), np.uint8)], axis=1)
+        yield ({"obs": stack.copy(), "action": np.full(E, t, np.int32), "reward": rng.standard_normal(E).astype(np.float32)},
+               {"terminated": term, "truncated": trunc, "final_obs": fin})
+        new = rng.integers(0, 4, (E, *FRAME), np.uint8)
+        stack = np.concatenate([stack[:, 1:], new[:, None]], axis=1)
+        stack[term | trunc] = new[term | trunc][:, None]
+
+
+def _make_pixels(num_envs: int):
+    import jax.numpy as jnp
+
+    import jaxbuffers as jb
+
+    step = {"obs": jnp.zeros((K, *FRAME), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    return jb.CompressedTrajectoryBuffer.create(step, num_envs=num_envs, length=LENGTH, frame_stack=K, final_obs_capacity=4)
+
+
+def _compressed_buffer(pid: int, mesh, out_dir: str) -> dict:
+    """Adds of this process's lanes, a global sample (written whole), and this process's shards decoded in logical
+    order (written per shard), for the reference to compare."""
+    import jax
+
+    import jaxbuffers as jb
+
+    buf = jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data")
+    add = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)
+    mine = slice(pid * E // 2, (pid + 1) * E // 2)
+    for step, kw in _pixel_steps():
+        buf = add(buf, buf.local_batch({k: v[mine] for k, v in step.items()}), **{k: buf.local_batch(v[mine]) for k, v in kw.items()})
+    tr = jax.jit(lambda b, k: b.sample(k, 64, method="sample_transitions", n_step=2, gamma=0.9))(buf, jax.random.key(3))
+    flat = jax.tree_util.tree_flatten_with_path(tr)[0]
+    arrays = {jax.tree_util.keystr(p): np.asarray(x.addressable_data(0)) for p, x in flat}  # replicated
+    local = sorted({d.id for d in jax.local_devices()} & {d.id for d in mesh.devices.ravel()})
+    for s in [i for i, d in enumerate(mesh.devices.ravel()) if d.id in local]:
+        one = buf.shard(s)
+        t = one.trajectory
+        order = (int(t.head) - int(t.num_valid) + np.arange(int(t.num_valid))) % LENGTH
+        arrays[f"shard{s}"] = np.asarray(one.decode_obs(t.storage["obs"][:, order]))
+        assert one.host.num_writes == PIXEL_ADDS and int(one.version) == PIXEL_ADDS
+    np.savez(os.path.join(out_dir, f"compressed{pid}.npz"), **arrays)
+    return {"pid": pid, "size": int(buf.size()), "shards": sorted(k for k in arrays if k.startswith("shard"))}
+
+
+def _worker(case: str, pid: int, port: int, out_dir: str) -> None:
+    import jax
+
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid, initialization_timeout=120)
+    assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
+    mesh = jax.make_mesh((4,), ("data",))
+    result = {"device": _device_buffers, "compressed": _compressed_buffer}[case](pid, mesh, out_dir)
     print(json.dumps(result), flush=True)
     jax.distributed.shutdown()
 
@@ -58,10 +123,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow  # two JAX processes on localhost; python -m pytest -m slow tests/test_multihost.py
-def test_two_processes_sample_one_global_buffer(tmp_path):
-    from scipy.stats import chi2
-
+def _two_processes(case: str, tmp_path) -> list[dict]:
+    """Run `case` in two worker processes; their JSON results (each worker's last line)."""
     port = _free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])}
@@ -70,7 +133,7 @@ def test_two_processes_sample_one_global_buffer(tmp_path):
     procs = []
     for pid, (out, err) in enumerate(logs):
         with open(out, "w") as o, open(err, "w") as e:
-            procs.append(subprocess.Popen([sys.executable, __file__, str(pid), str(port)], env=env, stdout=o, stderr=e))
+            procs.append(subprocess.Popen([sys.executable, __file__, case, str(pid), str(port), str(tmp_path)], env=env, stdout=o, stderr=e))
     outs = []
     try:
         for p, (out, err) in zip(procs, logs):
@@ -81,6 +144,14 @@ def test_two_processes_sample_one_global_buffer(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+    return outs
+
+
+@pytest.mark.slow  # two JAX processes on localhost; python -m pytest -m slow tests/test_multihost.py
+def test_two_processes_sample_one_global_buffer(tmp_path):
+    from scipy.stats import chi2
+
+    outs = _two_processes("device", tmp_path)
     assert outs[0]["uniform"] == outs[1]["uniform"] and outs[0]["prioritised"] == outs[1]["prioritised"]  # replicated
     assert outs[0]["size"] == 2 * 2 * CAPACITY  # the shards keep their last CAPACITY rows
     # Each shard keeps its last 2 adds (CAPACITY = 2 * ROWS): ids of adds 1 and 2 of both processes, 32 items.
@@ -93,5 +164,33 @@ def test_two_processes_sample_one_global_buffer(tmp_path):
         expected = len(ids) * p
         assert chi2.sf(float(((counts - expected) ** 2 / expected).sum()), len(stored) - 1) > 1e-3, kind
 
+
+@pytest.mark.slow  # two JAX processes on localhost
+def test_two_processes_hold_a_compressed_buffer_equal_to_the_unsharded_one(tmp_path):
+    import jax
+
+    outs = _two_processes("compressed", tmp_path)
+    assert [o["shards"] for o in outs] == [["shard0", "shard1"], ["shard2", "shard3"]]  # each process its own shards
+    assert outs[0]["size"] == outs[1]["size"] == E * min(PIXEL_ADDS, LENGTH)
+    whole = _make_pixels(E)
+    for step, kw in _pixel_steps():
+        whole = whole.add(step, **kw)
+    got = [dict(np.load(tmp_path / f"compressed{pid}.npz")) for pid in range(2)]
+    t, n = whole.trajectory, E // 4
+    order = (int(t.head) - int(t.num_valid) + np.arange(int(t.num_valid))) % LENGTH
+    stored = np.asarray(whole.decode_obs(t.storage["obs"][:, order]))
+    for s in range(4):  # every lane's observations, oldest first, decoded from the store of the process holding it
+        np.testing.assert_array_equal(got[s // 2][f"shard{s}"], stored[s * n:(s + 1) * n])
+    sample = {k: v for k, v in got[0].items() if not k.startswith("shard")}
+    for k in sample:
+        np.testing.assert_array_equal(sample[k], got[1][k])  # replicated: both processes read the same sample
+    shard, indices = sample[".shard"], sample[".sample.indices"]
+    positions = (shard * n + indices // LENGTH) * LENGTH + indices % LENGTH
+    assert len(np.unique(shard)) == 4  # drawn from both processes' shards
+    ref = whole.decode(whole.buffer.transitions_at(positions, n_step=2, gamma=0.9))
+    for p, x in jax.tree_util.tree_flatten_with_path(ref._replace(indices=indices))[0]:
+        np.testing.assert_array_equal(sample[".sample" + jax.tree_util.keystr(p)], np.asarray(x), err_msg=jax.tree_util.keystr(p))
+
+
 if __name__ == "__main__":
-    _worker(int(sys.argv[1]), int(sys.argv[2]))
+    _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
