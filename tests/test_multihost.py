@@ -80,30 +80,95 @@ def _make_pixels(num_envs: int):
     return jb.CompressedTrajectoryBuffer.create(step, num_envs=num_envs, length=LENGTH, frame_stack=K, final_obs_capacity=4)
 
 
-def _compressed_buffer(pid: int, mesh, out_dir: str) -> dict:
-    """Adds of this process's lanes, a global sample (written whole), and this process's shards decoded in logical
-    order (written per shard), for the reference to compare."""
+def _pixel_adds(buf, pid: int, steps) -> object:
+    """`buf` (sharded over the 4 devices) after adding this process's lanes of `steps`."""
     import jax
 
     import jaxbuffers as jb
 
-    buf = jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data")
     add = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)
     mine = slice(pid * E // 2, (pid + 1) * E // 2)
-    for step, kw in _pixel_steps():
+    for step, kw in steps:
         buf = add(buf, buf.local_batch({k: v[mine] for k, v in step.items()}), **{k: buf.local_batch(v[mine]) for k, v in kw.items()})
+    return buf
+
+
+def _pixel_record(buf, prefix: str = "") -> dict:
+    """A global sample of `buf` (whole: it is replicated) and this process's shards' observations decoded in logical
+    order, as numpy arrays by name."""
+    import jax
+
     tr = jax.jit(lambda b, k: b.sample(k, 64, method="sample_transitions", n_step=2, gamma=0.9))(buf, jax.random.key(3))
-    flat = jax.tree_util.tree_flatten_with_path(tr)[0]
-    arrays = {jax.tree_util.keystr(p): np.asarray(x.addressable_data(0)) for p, x in flat}  # replicated
-    local = sorted({d.id for d in jax.local_devices()} & {d.id for d in mesh.devices.ravel()})
-    for s in [i for i, d in enumerate(mesh.devices.ravel()) if d.id in local]:
-        one = buf.shard(s)
-        t = one.trajectory
-        order = (int(t.head) - int(t.num_valid) + np.arange(int(t.num_valid))) % LENGTH
-        arrays[f"shard{s}"] = np.asarray(one.decode_obs(t.storage["obs"][:, order]))
-        assert one.host.num_writes == PIXEL_ADDS and int(one.version) == PIXEL_ADDS
+    arrays = {prefix + jax.tree_util.keystr(p): np.asarray(x.addressable_data(0)) for p, x in jax.tree_util.tree_flatten_with_path(tr)[0]}
+    for s, d in enumerate(buf.mesh.devices.ravel()):
+        if d.process_index == jax.process_index():
+            one = buf.shard(s)
+            t = one.trajectory
+            order = (int(t.head) - int(t.num_valid) + np.arange(int(t.num_valid))) % LENGTH
+            arrays[f"{prefix}shard{s}"] = np.asarray(one.decode_obs(t.storage["obs"][:, order]))
+    return arrays
+
+
+def _compressed_buffer(pid: int, mesh, out_dir: str) -> dict:
+    """Adds of this process's lanes, a global sample (written whole), and this process's shards decoded in logical
+    order (written per shard), for the reference to compare."""
+    import jaxbuffers as jb
+
+    buf = _pixel_adds(jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data"), pid, _pixel_steps())
+    arrays = _pixel_record(buf)
+    for s in range(4):
+        if f"shard{s}" in arrays:
+            assert buf.shards.host.shards[s].num_writes == buf.shards.host.shards[s].version == PIXEL_ADDS
     np.savez(os.path.join(out_dir, f"compressed{pid}.npz"), **arrays)
     return {"pid": pid, "size": int(buf.size()), "shards": sorted(k for k in arrays if k.startswith("shard"))}
+
+
+# --- checkpoints: 2 processes save, 2 new processes restore; each records the next samples and its shards ---
+
+def _replay_adds(buf, pid: int, adds: range):
+    import jax
+
+    import jaxbuffers as jb
+
+    add = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)
+    for a in adds:
+        ids = pid * 1_000 + a * 2 * ROWS + np.arange(2 * ROWS, dtype=np.int32)
+        buf = add(buf, buf.local_batch({"obs": np.stack([ids, -ids], 1).astype(np.float32), "id": ids}), buf.local_batch(_priority(ids)))
+    return buf
+
+
+def _checkpoint(pid: int, mesh, out_dir: str, phase: str) -> dict:
+    """`phase` "save": fill a prioritised replay buffer and a compressed trajectory buffer (both sharded), save them;
+    "restore": restore them into new buffers. Either then records the next global samples, every leaf's rows of this
+    process, its shards' observations, and the same after one more add each (written to `{phase}{pid}.npz`)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxbuffers as jb
+    from jaxbuffers.sharding import _local_rows
+
+    item = {"obs": jnp.zeros((2,), jnp.float32), "id": jnp.int32(0)}
+    replay = jb.ShardedBuffer.create(lambda: jb.PrioritisedReplayBuffer.create(item, capacity=CAPACITY), mesh, "data")
+    pixels = jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data")
+    steps = list(_pixel_steps())
+    folders = [os.path.join(out_dir, "ck_replay"), os.path.join(out_dir, "ck_pixels")]
+    if phase == "save":
+        replay, pixels = _replay_adds(replay, pid, range(ADDS)), _pixel_adds(pixels, pid, steps[:-1])
+        for folder, buf in zip(folders, (replay, pixels)):
+            assert jb.save(folder, buf) == jb.save(folder, buf)  # the second replaces the first
+    else:
+        replay, pixels = (jb.restore(folder, target) for folder, target in zip(folders, (replay, pixels)))
+    arrays = {}
+    for when in ("now", "next"):
+        out = jax.jit(lambda b, k: b.sample(k, DRAWS))(replay, jax.random.key(5))
+        arrays.update({f"{when}.replay{jax.tree_util.keystr(p)}": np.asarray(x.addressable_data(0))
+                       for p, x in jax.tree_util.tree_flatten_with_path(out)[0]})
+        for i, x in enumerate(jax.tree.leaves(replay.shards) + jax.tree.leaves(pixels.shards)):
+            arrays.update({f"{when}.leaf{i}.row{s}": r for s, r in _local_rows(x).items()})
+        arrays.update(_pixel_record(pixels, f"{when}.pixels"))
+        replay, pixels = _replay_adds(replay, pid, range(ADDS, ADDS + 1)), _pixel_adds(pixels, pid, steps[-1:])
+    np.savez(os.path.join(out_dir, f"{phase}{pid}.npz"), **arrays)
+    return {"pid": pid, "size": int(replay.size()), "pixels": int(pixels.size())}
 
 
 def _worker(case: str, pid: int, port: int, out_dir: str) -> None:
@@ -112,7 +177,9 @@ def _worker(case: str, pid: int, port: int, out_dir: str) -> None:
     jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid, initialization_timeout=120)
     assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
     mesh = jax.make_mesh((4,), ("data",))
-    result = {"device": _device_buffers, "compressed": _compressed_buffer}[case](pid, mesh, out_dir)
+    cases = {"device": _device_buffers, "compressed": _compressed_buffer,
+             "save": lambda *a: _checkpoint(*a, "save"), "restore": lambda *a: _checkpoint(*a, "restore")}
+    result = cases[case](pid, mesh, out_dir)
     print(json.dumps(result), flush=True)
     jax.distributed.shutdown()
 
@@ -190,6 +257,30 @@ def test_two_processes_hold_a_compressed_buffer_equal_to_the_unsharded_one(tmp_p
     ref = whole.decode(whole.buffer.transitions_at(positions, n_step=2, gamma=0.9))
     for p, x in jax.tree_util.tree_flatten_with_path(ref._replace(indices=indices))[0]:
         np.testing.assert_array_equal(sample[".sample" + jax.tree_util.keystr(p)], np.asarray(x), err_msg=jax.tree_util.keystr(p))
+
+
+@pytest.mark.slow  # two JAX processes on localhost, twice
+def test_two_processes_save_and_two_new_processes_restore_the_same_buffers(tmp_path):
+    saved = _two_processes("save", tmp_path)
+    restored = _two_processes("restore", tmp_path)
+    assert saved == restored
+    for pid in range(2):
+        a, b = np.load(tmp_path / f"save{pid}.npz"), np.load(tmp_path / f"restore{pid}.npz")
+        assert sorted(a.files) == sorted(b.files) and any(".leaf" in k for k in a.files)
+        for k in a.files:  # every leaf's rows, the next samples, the stored frames; and again after one more add
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    meta = json.loads((tmp_path / "ck_pixels" / "buffer.json").read_text())
+    assert meta["host"]["layout"] == "stacked" and len(meta["host"]["shards"]) == 4
+    import jax
+
+    import jaxbuffers as jb
+
+    stacked = jb.restore(tmp_path / "ck_pixels")  # in one process: the 4 shards stacked, each with its store
+    for s in range(4):
+        one = jax.tree.map(lambda x: x[s], stacked).replace(host=stacked.host.shards[s])
+        t = one.trajectory
+        order = (int(t.head) - int(t.num_valid) + np.arange(int(t.num_valid))) % LENGTH
+        np.testing.assert_array_equal(np.asarray(one.decode_obs(t.storage["obs"][:, order])), np.load(tmp_path / f"save{s // 2}.npz")[f"now.pixelsshard{s}"])
 
 
 if __name__ == "__main__":
