@@ -3,20 +3,21 @@
 Every process calls `save` / `restore` with the same folder, on a file system they all see. The folder has the format
 of one process's checkpoint (`jaxbuffers.checkpoint`), written together:
 
-* Process 0 checks the folder, makes the temporary sibling and sends its name to the others (a broadcast).
-* Device arrays: the buffer's leaves (global arrays `[S, ...]` split along the mesh axis) are saved by orbax's
-  multi-process array handler: each process writes the parts its devices hold.
 * Host stores (compressed buffers): each process exports the stores of its own shards and packs each shard's
-  arrays into one byte row; the metadata (shapes, dtypes, row lengths) is gathered on every process (an all-gather
-  of JSON bytes), and the rows become one global uint8 array `[S, longest row]` split along the mesh axis
-  (zero-padded), so each process writes its shards' rows in the same orbax save. (orbax writes a numpy array only
-  from process 0, and refuses an array that one process holds whole.)
+  arrays into one byte row; the metadata (shapes, dtypes, row lengths) and any export error (a stale state) are
+  gathered on every process (an all-gather of JSON bytes): an error is raised by every process, before anything is
+  written.
+* Process 0 checks the folder, makes the temporary sibling and sends its name to the others (a broadcast).
+* One orbax save by every process: the buffer's leaves (global arrays `[S, ...]` split along the mesh axis) and the
+  host rows as one global uint8 array `[S, longest row]` (zero-padded) split the same way, so each process writes the
+  parts its devices hold. (orbax writes a numpy array only from process 0, and refuses an array that one process
+  holds whole: hence the byte rows.)
 * Process 0 then writes `buffer.json` and the manifest (checksums of every process's files) and renames the folder
   into place: one commit. The others wait for its result and raise if it failed.
 
 `restore` reads the device arrays with the target's shardings (each process reads its parts) and each process loads
-the host stores of its own shards from their rows; a checkpoint saved by one process restores in several, and the
-other way round.
+the host stores of its own shards from their rows; a checkpoint saved by one process restores in several (each
+process then reads every shard's host arrays and loads its own), and the other way round.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxbuffers._checkpoint_describe import _COMPRESSED, CheckpointError, _describe, _dtype, _nbytes
 from jaxbuffers._checkpoint_files import _clean_stale, _commit, _is_checkpoint, _sibling, _write_manifest
+from jaxbuffers.compressed._host import StaleBufferError
 from jaxbuffers.sharding import _local_rows
 
 _NAME_BYTES = 512  # the broadcast temporary folder name, utf-8, zero-padded
@@ -93,20 +95,33 @@ def unpack(row: np.ndarray, meta: dict) -> dict:
     return out
 
 
-def _host_tree(buffer: Any, sharding, snapshot) -> tuple[dict | None, dict]:
-    """(buffer.json's `host` entry, the global host array) of a sharded compressed buffer: this process's shards
-    exported (`snapshot(host, version)`: `jaxbuffers.checkpoint._store_snapshot`) and packed into byte rows (`_pack`),
-    every shard's metadata gathered, the rows one global uint8 array `[S, longest row]` (zero-padded)."""
-    if not isinstance(buffer, _COMPRESSED):
-        return None, {}
-    rows, metas = {}, {}
-    for s, v in _local_rows(buffer.version).items():
-        m, a = snapshot(buffer.host.shards[s], int(v))
-        m["slot_version_length"] = int(a["slot_version"].shape[0])
-        rows[s], metas[str(s)] = _pack(a, m), m
-    for part in _allgathered({s: {**m, "bytes": int(rows[int(s)].size)} for s, m in metas.items()}):
-        metas.update(part)
-    shards = [metas[str(s)] for s in range(len(buffer.host.shards))]  # every shard is on some process's devices
+def _exported(buffer: Any, snapshot) -> tuple[dict, list]:
+    """This process's shards of a sharded compressed buffer exported (`snapshot(host, version)`:
+    `jaxbuffers.checkpoint._store_snapshot`) as byte rows (`_pack`), `{s: row}`, and every shard's metadata, gathered
+    from every process together with their errors: a process whose export fails raises its error, the others a
+    RuntimeError naming it, before anything is written."""
+    rows, metas, error = {}, {}, None
+    try:
+        for s, v in _local_rows(buffer.version).items():
+            m, a = snapshot(buffer.host.shards[s], int(v))
+            m["slot_version_length"] = int(a["slot_version"].shape[0])
+            rows[s] = _pack(a, m)
+            metas[str(s)] = {**m, "bytes": int(rows[s].size)}
+    except (StaleBufferError, RuntimeError) as e:
+        error = e
+    parts = _allgathered({"error": None if error is None else f"{type(error).__name__}: {error}", "shards": metas})
+    if error is not None:
+        raise error
+    for p, part in enumerate(parts):
+        if part["error"]:
+            raise RuntimeError(f"save: process {p} could not export its host stores ({part['error']}); nothing was written")
+        metas.update(part["shards"])
+    return rows, [metas[str(s)] for s in range(len(buffer.host.shards))]  # every shard is on some process's devices
+
+
+def _host_tree(buffer: Any, sharding, rows: dict, shards: list) -> dict:
+    """The host array of a sharded compressed buffer: the shards' byte rows (`_exported`) as one global uint8 array
+    `[S, longest row]` (zero-padded) split as `sharding`, each process giving its own rows."""
     shape = (len(shards), max(m["bytes"] for m in shards))
 
     def part(index):  # this process's rows, zero-padded
@@ -116,7 +131,7 @@ def _host_tree(buffer: Any, sharding, snapshot) -> tuple[dict | None, dict]:
             out[j, : rows[s].size] = rows[s]
         return out[:, index[1]]
 
-    return {"axis": buffer.host.axis, "layout": "stacked", "shards": shards}, {"bytes": jax.make_array_from_callback(shape, sharding, part)}
+    return {"bytes": jax.make_array_from_callback(shape, sharding, part)}
 
 
 def save(path: Path, sharded: Any, progress, snapshot) -> Path:
@@ -126,6 +141,10 @@ def save(path: Path, sharded: Any, progress, snapshot) -> Path:
       FileExistsError: `path` exists and is not a checkpoint (on every process; nothing is deleted).
       RuntimeError: another process failed to write or commit (its own error says why).
     """
+    meta = _describe(sharded)
+    buffer = sharded.shards
+    compressed = isinstance(buffer, _COMPRESSED)
+    rows, shards = _exported(buffer, snapshot) if compressed else ({}, [])
     name = ""
     if jax.process_index() == 0:
         if not (path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir())))):
@@ -138,10 +157,8 @@ def save(path: Path, sharded: Any, progress, snapshot) -> Path:
     if not name:
         raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
     tmp = path.parent / name
-    meta = _describe(sharded)
-    buffer = sharded.shards
-    split = NamedSharding(sharded.mesh, P(sharded.axis))
-    meta["host"], host = _host_tree(buffer, split, snapshot)
+    meta["host"] = {"axis": buffer.host.axis, "layout": "stacked", "shards": shards} if compressed else None
+    host = _host_tree(buffer, NamedSharding(sharded.mesh, P(sharded.axis)), rows, shards) if compressed else {}
     leaves = jax.tree.leaves(buffer)
     tree = {"device": {str(i): x for i, x in enumerate(leaves) if x.size}, "host": host}
     progress.reset(total=2 * _nbytes(tree))
@@ -152,7 +169,7 @@ def save(path: Path, sharded: Any, progress, snapshot) -> Path:
         handler.close()
     multihost_utils.sync_global_devices(f"jaxbuffers save {name}")
     error = ""
-    if jax.process_index() == 0:
+    if jax.process_index() == 0:  # one commit
         try:
             (tmp / "buffer.json").write_text(json.dumps(meta))
             _write_manifest(tmp, progress)
@@ -180,29 +197,20 @@ def shard_arrays(host_out: dict, host_meta: dict, s: int) -> dict:
     return host_out["shards"][str(s)]
 
 
-def restore(root: Path, target: Any, sharding: Any, progress, checked, host_args, load_host) -> Any:
-    """`jaxbuffers.restore` into a `ShardedBuffer` `target` by every process (module doc). `checked(root, target,
-    sharding)` gives `(meta, abstract leaves, treedef, shardings)` after the checks of one process's restore;
-    `host_args(meta)` the one-process restore arguments of the host arrays; `load_host(host, version, meta, arrays,
-    what)` fills a fresh store."""
-    meta, leaves, treedef, shardings = checked(root, target.shards, sharding)
+def restore(root: Path, target: Any, checked, read, host_args, load_host) -> Any:
+    """`jaxbuffers.restore` into a `ShardedBuffer` `target` by every process (module doc), with the one-process
+    restore's pieces (`jaxbuffers.checkpoint`): `checked(root, target)` gives `(meta, abstract leaves, treedef,
+    shardings)` after every check; `read(root, restore_args, leaves)` reads the arrays; `host_args(meta)` gives the
+    one-process restore arguments of host arrays; `load_host(host, version, meta, arrays, what)` fills a fresh store."""
+    meta, leaves, treedef, shardings = checked(root, target.shards)
     host_meta = meta.get("host")
     args: dict = {"device": {str(i): ocp.ArrayRestoreArgs(sharding=s, global_shape=x.shape, dtype=x.dtype)
                              for i, (x, s) in enumerate(zip(leaves, shardings)) if x.size}, "host": {}}
     if host_meta is not None and host_meta.get("layout") == "stacked":  # each process reads its shards' rows
         args["host"] = {"bytes": ocp.ArrayRestoreArgs(sharding=NamedSharding(target.mesh, P(target.axis)))}
-    elif host_meta is not None:  # saved by one process: each reads its shards' entries
-        mine = {str(s) for s in _local_rows(target.shards.version)}
-        args["host"] = {"shards": {s: a for s, a in host_args(host_meta)["shards"].items() if s in mine}}
-    progress.reset(total=_nbytes(leaves))
-    handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
-    try:
-        out = handler.restore(epath.Path(root / "arrays"), args=ocp.args.PyTreeRestore(restore_args=args, partial_restore=True))
-    except Exception as e:  # noqa: BLE001 - tensorstore/orbax raise many kinds; name the folder
-        raise CheckpointError(f"{root / 'arrays'}: orbax could not read the arrays ({type(e).__name__}: {e})") from e
-    finally:
-        handler.close()
-    progress.update(_nbytes(leaves))
+    elif host_meta is not None:  # saved by one process: each reads every shard's entries and loads its own
+        args["host"] = host_args(host_meta)
+    out = read(root, args, leaves)
     arrays = [out["device"][str(i)] if x.size else zeros(x, s) for i, (x, s) in enumerate(zip(leaves, shardings))]
     for i, (a, x) in enumerate(zip(arrays, leaves)):
         if a.shape != x.shape or a.dtype != x.dtype:

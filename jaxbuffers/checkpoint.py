@@ -254,8 +254,8 @@ def _host_restore_args(meta: dict | None) -> dict:
 
 def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     if isinstance(target, ShardedBuffer) and _processes.several():  # every process reads its parts
-        return _processes.restore(root, target, sharding, progress, functools.partial(_checked, progress=progress),
-                                  _host_restore_args, _load_host)
+        return _processes.restore(root, target, functools.partial(_checked, sharding=sharding, progress=progress),
+                                  functools.partial(_read_arrays, progress=progress), _host_restore_args, _load_host)
     if isinstance(target, ShardedBuffer):  # its stacked buffer, on the target's mesh, wrapped again
         return target.replace(shards=_read(root, target.shards, sharding, progress))
     _validate.single_process("restore", _ONE_PROCESS)
@@ -264,15 +264,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     # every array is read to host memory and put on its devices here: ~2x less work than orbax's device arrays
     restore_args = {"device": {str(i): ocp.RestoreArgs(restore_type=np.ndarray) for i, x in enumerate(leaves) if x.size},
                     "host": _host_restore_args(host_meta)}
-    progress.reset(total=_nbytes(leaves))
-    handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
-    try:
-        out = handler.restore(epath.Path(root / "arrays"), args=ocp.args.PyTreeRestore(restore_args=restore_args))
-    except Exception as e:  # noqa: BLE001 - tensorstore/orbax raise many kinds; name the folder
-        raise CheckpointError(f"{root / 'arrays'}: orbax could not read the arrays ({type(e).__name__}: {e})") from e
-    finally:
-        handler.close()
-    progress.update(_nbytes(leaves))
+    out = _read_arrays(root, restore_args, leaves, progress)
     host = []
     for i, x in enumerate(leaves):
         a = out["device"].get(str(i)) if x.size else np.zeros(x.shape, x.dtype)
@@ -289,6 +281,20 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     elif host_meta is not None:
         _load_host(buffer.host, int(buffer.version), host_meta, out["host"], root)
     return buffer
+
+
+def _read_arrays(root: Path, restore_args: dict, leaves: list, progress: _Progress) -> dict:
+    """orbax's restore of `root / "arrays"` with `restore_args` (`leaves`: the buffer's, for the progress bar)."""
+    progress.reset(total=_nbytes(leaves))
+    handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
+    try:
+        out = handler.restore(epath.Path(root / "arrays"), args=ocp.args.PyTreeRestore(restore_args=restore_args))
+    except Exception as e:  # noqa: BLE001 - tensorstore/orbax raise many kinds; name the folder
+        raise CheckpointError(f"{root / 'arrays'}: orbax could not read the arrays ({type(e).__name__}: {e})") from e
+    finally:
+        handler.close()
+    progress.update(_nbytes(leaves))
+    return out
 
 
 def _checked(root: Path, target: Any, sharding: Any, progress: _Progress) -> tuple[dict, list, Any, list]:

@@ -158,6 +158,9 @@ def _checkpoint(pid: int, mesh, out_dir: str, phase: str) -> dict:
             assert jb.save(folder, buf) == jb.save(folder, buf)  # the second replaces the first
     else:
         replay, pixels = (jb.restore(folder, target) for folder, target in zip(folders, (replay, pixels)))
+        other = jb.restore(folders[1] + "_one", jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data"))
+        one, several = _pixel_record(other), _pixel_record(pixels)  # saved by one process, restored in two
+        assert sorted(one) == sorted(several) and all(np.array_equal(one[k], several[k]) for k in one)
     arrays = {}
     for when in ("now", "next"):
         out = jax.jit(lambda b, k: b.sample(k, DRAWS))(replay, jax.random.key(5))
@@ -261,7 +264,18 @@ def test_two_processes_hold_a_compressed_buffer_equal_to_the_unsharded_one(tmp_p
 
 @pytest.mark.slow  # two JAX processes on localhost, twice
 def test_two_processes_save_and_two_new_processes_restore_the_same_buffers(tmp_path):
+    import jax
+
+    import jaxbuffers as jb
+
     saved = _two_processes("save", tmp_path)
+    stacked = jb.restore(tmp_path / "ck_pixels")  # in one process: the 4 shards stacked, each with its store
+    for s in range(4):
+        one = jax.tree.map(lambda x: x[s], stacked).replace(host=stacked.host.shards[s])
+        t = one.trajectory
+        order = (int(t.head) - int(t.num_valid) + np.arange(int(t.num_valid))) % LENGTH
+        np.testing.assert_array_equal(np.asarray(one.decode_obs(t.storage["obs"][:, order])), np.load(tmp_path / f"save{s // 2}.npz")[f"now.pixelsshard{s}"])
+    jb.save(tmp_path / "ck_pixels_one", stacked)  # saved by one process: restored in two below
     restored = _two_processes("restore", tmp_path)
     assert saved == restored
     for pid in range(2):
@@ -271,16 +285,6 @@ def test_two_processes_save_and_two_new_processes_restore_the_same_buffers(tmp_p
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     meta = json.loads((tmp_path / "ck_pixels" / "buffer.json").read_text())
     assert meta["host"]["layout"] == "stacked" and len(meta["host"]["shards"]) == 4
-    import jax
-
-    import jaxbuffers as jb
-
-    stacked = jb.restore(tmp_path / "ck_pixels")  # in one process: the 4 shards stacked, each with its store
-    for s in range(4):
-        one = jax.tree.map(lambda x: x[s], stacked).replace(host=stacked.host.shards[s])
-        t = one.trajectory
-        order = (int(t.head) - int(t.num_valid) + np.arange(int(t.num_valid))) % LENGTH
-        np.testing.assert_array_equal(np.asarray(one.decode_obs(t.storage["obs"][:, order])), np.load(tmp_path / f"save{s // 2}.npz")[f"now.pixelsshard{s}"])
 
 
 if __name__ == "__main__":

@@ -94,11 +94,12 @@ class CompressedRolloutBuffer(HostBacked):
         inner = RolloutBuffer.create(
             _common.replace_leaves(spec, idx, [ids] * len(idx)), num_envs=num_envs, num_steps=num_steps, float_dtype=float_dtype
         )
-        # Slot -1 (never written: decodes as zeros) in every step not yet added, as a RolloutBuffer holds zeros there.
+        # The empty slot in every step not yet added (decoded as zeros, as a RolloutBuffer holds zeros there).
         never = [jnp.full_like(x, -1) for x in _common.pick_leaves(inner.step, idx)]
         inner = inner.replace(step=_common.replace_leaves(inner.step, idx, never))
         host = HostStores(
-            inner.num_steps * inner.num_envs * k, codec, [i.frame_shape for i in infos], [i.dtype for i in infos],
+            inner.num_steps * inner.num_envs * k + 1,  # the last slot (-1) is never written: the empty slot
+            codec, [i.frame_shape for i in infos], [i.dtype for i in infos],
             [i.name for i in infos], chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes,
         )
         return cls(buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
@@ -187,7 +188,7 @@ class CompressedRolloutBuffer(HostBacked):
 
     def _decode(self, mb: RolloutMinibatch, rows: jax.Array | None) -> RolloutMinibatch:
         ids = _common.pick_leaves(mb.step, self.leaf_index)[0]
-        if rows is not None:  # -1: the never-written slot, read as zeros without decoding
+        if rows is not None:  # -1: the empty slot, read as zeros without decoding
             ids = jnp.where(rows.reshape(rows.shape + (1,) * (ids.ndim - 1)), ids, -1)
         decoded = _common.read(self.host, self.leaves, self.version, ids)
         lead = ids.ndim - (self.frame_stack is not None)
