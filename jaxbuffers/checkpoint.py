@@ -579,6 +579,7 @@ class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
 
     def restore(self, directory, args: "BufferRestore | None" = None) -> Any:
         """The buffer in `directory` (`restore`'s arguments from `args`)."""
+        _validate.single_process("restore", _ONE_PROCESS)
         args = args or BufferRestore()
         bar = _Progress(self.progress, "restore buffer")
         try:

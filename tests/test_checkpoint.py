@@ -538,6 +538,10 @@ def test_several_processes_are_refused_before_anything_is_written(tmp_path, monk
     assert not (tmp_path / "new").exists()
     with pytest.raises(NotImplementedError, match="process_count"):
         jb.restore(tmp_path / "ck")
+    for call in (lambda h: h.save(tmp_path / "new", jb.BufferSave(sharded)), lambda h: h.restore(tmp_path / "ck", jb.BufferRestore(sharded))):
+        with pytest.raises(NotImplementedError, match="process_count.*orbax manager items"):  # orbax items: one process
+            call(jb.BufferCheckpointHandler())
+    assert not (tmp_path / "new").exists()
 
 
 def test_store_export_import_keeps_the_dictionary_and_its_training_state():
