@@ -540,7 +540,7 @@ def test_several_processes_are_refused_before_anything_is_written(tmp_path, monk
         jb.restore(tmp_path / "ck")
     for call in (lambda h: h.save(tmp_path / "new", jb.BufferSave(sharded)), lambda h: h.restore(tmp_path / "ck", jb.BufferRestore(sharded))):
         with pytest.raises(NotImplementedError, match="process_count.*orbax manager items"):  # orbax items: one process
-            call(jb.BufferCheckpointHandler())
+            call(ckpt.BufferCheckpointHandler())
     assert not (tmp_path / "new").exists()
 
 
