@@ -170,6 +170,14 @@ def _checkpoint(pid: int, mesh, out_dir: str, phase: str) -> dict:
             arrays.update({f"{when}.leaf{i}.row{s}": r for s, r in _local_rows(x).items()})
         arrays.update(_pixel_record(pixels, f"{when}.pixels"))
         replay, pixels = _replay_adds(replay, pid, range(ADDS, ADDS + 1)), _pixel_adds(pixels, pid, steps[-1:])
+    if phase == "save":  # an older state than its host stores: refused by every process before anything is written
+        newer = jax.block_until_ready(_pixel_adds(jax.tree.map(jnp.copy, pixels), pid, steps[:1]))
+        try:
+            jb.save(os.path.join(out_dir, "ck_stale"), pixels)
+            raise AssertionError("a stale state was saved")
+        except jb.StaleBufferError as e:
+            assert "save: this buffer state has version" in str(e) and not os.path.exists(os.path.join(out_dir, "ck_stale"))
+        jb.save(os.path.join(out_dir, "ck_stale"), newer)
     np.savez(os.path.join(out_dir, f"{phase}{pid}.npz"), **arrays)
     return {"pid": pid, "size": int(replay.size()), "pixels": int(pixels.size())}
 
