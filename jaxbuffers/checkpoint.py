@@ -16,7 +16,9 @@ buffer.json      {"format": "jaxbuffers.checkpoint", "version": 1, "class": "Rep
 arrays/          an orbax-checkpoint PyTree checkpoint (tensorstore) of
                   {"device": {"0": leaf 0, ...}, "host": {"stores": {"0": {"chunk", "offset", ..., "payload"}, ...},
                    "slot_version": ...}}: the buffer's arrays, and for a compressed buffer its host stores
-                  (`host_codecs.CompressedStore.export_state`: index columns, packed payloads, zstd dictionary)
+                  (`host_codecs.CompressedStore.export_state`: index columns, packed payloads, zstd dictionary);
+                  a sharded one's per shard ({"shards": {"s": ...}}), or, saved by several processes
+                  ("layout": "stacked"), as one uint8 array [S, n] of a byte row per shard
 manifest.json    {"format", "version", "files": {relative path: {"bytes", "xxh3_64"}}}, written last
 ```
 
@@ -32,8 +34,11 @@ Safety:
 * `save(..., blocking=False)` copies the buffer's arrays to host memory (on CPU: holds them, so that a later donation
   copies instead of writing over them) and the host stores' contents before it returns, and writes in a background
   thread: the checkpoint holds the buffer as of the call, whatever the training loop does with it afterwards.
-* One process: with `jax.process_count() > 1` saving and restoring raise `NotImplementedError` (the files and host
-  stores are not coordinated across processes).
+* Several processes (`jax.distributed`): every process calls `save(directory, sharded)` and `restore(directory,
+  target)` with the same folder (on a file system they all see) and a `ShardedBuffer`; each process writes and
+  reads the parts of its devices and the host stores of its shards, and process 0 commits
+  (`jaxbuffers._checkpoint_processes`). Other buffers, `blocking=False` and `BufferCheckpointHandler` items raise
+  `NotImplementedError` there, before anything is written.
 * A checkpoint of another class, configuration, shape, dtype or format version raises `CheckpointError` before any
   array is allocated; the target buffer (if given) is never modified.
 
@@ -48,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -64,7 +70,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxbuffers import _validate
+from jaxbuffers import _checkpoint_processes as _processes, _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     _check_meta_defaults, _nbytes, _sharded, _template,
@@ -82,8 +88,9 @@ __all__ = [
 ]
 
 
-_ONE_PROCESS = ("jaxbuffers checkpoints are written and read by one process (their files, manifest and compressed host "
-                "stores are not coordinated across processes)")
+_ONE_PROCESS = ("with several processes, every process calls save (blocking) and restore with the same folder and a "
+                "ShardedBuffer (restore: target=, one on this run's mesh); other buffers, blocking=False saves and orbax "
+                "manager items are written and read by one process")
 
 
 # --- the snapshot a save writes: buffer.json and every array on host memory ---
@@ -233,6 +240,8 @@ def _on_devices(arrays: list[np.ndarray], shardings: list) -> list:
 
 def _host_restore_args(meta: dict | None) -> dict:
     """orbax's restore arguments of the host arrays `meta` (a `_host_snapshot` metadata) describes."""
+    if meta is not None and meta.get("layout") == "stacked":  # written by several processes: a byte row per shard
+        return {"bytes": ocp.RestoreArgs(restore_type=np.ndarray)}
     if meta is not None and "shards" in meta:
         return {"shards": {str(i): _host_restore_args(m) for i, m in enumerate(meta["shards"])}}
     shapes = {} if meta is None else meta["arrays"]
@@ -244,9 +253,53 @@ def _host_restore_args(meta: dict | None) -> dict:
 
 
 def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
+    if isinstance(target, ShardedBuffer) and _processes.several():  # every process reads its parts
+        return _processes.restore(root, target, functools.partial(_checked, sharding=sharding, progress=progress),
+                                  functools.partial(_read_arrays, progress=progress), _host_restore_args, _load_host)
     if isinstance(target, ShardedBuffer):  # its stacked buffer, on the target's mesh, wrapped again
         return target.replace(shards=_read(root, target.shards, sharding, progress))
     _validate.single_process("restore", _ONE_PROCESS)
+    meta, leaves, treedef, shardings = _checked(root, target, sharding, progress)
+    host_meta = meta.get("host")
+    # every array is read to host memory and put on its devices here: ~2x less work than orbax's device arrays
+    restore_args = {"device": {str(i): ocp.RestoreArgs(restore_type=np.ndarray) for i, x in enumerate(leaves) if x.size},
+                    "host": _host_restore_args(host_meta)}
+    out = _read_arrays(root, restore_args, leaves, progress)
+    host = []
+    for i, x in enumerate(leaves):
+        a = out["device"].get(str(i)) if x.size else np.zeros(x.shape, x.dtype)
+        if not isinstance(a, np.ndarray) or a.shape != x.shape or a.dtype != x.dtype:
+            raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {getattr(a, 'shape', None)}, expected {x.shape} {x.dtype}")
+        host.append(a)
+    if target is not None:
+        _check_meta_defaults(target, host, root)
+    buffer = jax.tree.unflatten(treedef, _on_devices(host, shardings))
+    if host_meta is not None and "shards" in host_meta:
+        versions = np.asarray(buffer.version).tolist()
+        for i, (h, m) in enumerate(zip(buffer.host.shards, host_meta["shards"])):
+            _load_host(h, versions[i], m, _processes.shard_arrays(out["host"], host_meta, i), f"{root} (shard {i})")
+    elif host_meta is not None:
+        _load_host(buffer.host, int(buffer.version), host_meta, out["host"], root)
+    return buffer
+
+
+def _read_arrays(root: Path, restore_args: dict, leaves: list, progress: _Progress) -> dict:
+    """orbax's restore of `root / "arrays"` with `restore_args` (`leaves`: the buffer's, for the progress bar)."""
+    progress.reset(total=_nbytes(leaves))
+    handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
+    try:
+        out = handler.restore(epath.Path(root / "arrays"), args=ocp.args.PyTreeRestore(restore_args=restore_args))
+    except Exception as e:  # noqa: BLE001 - tensorstore/orbax raise many kinds; name the folder
+        raise CheckpointError(f"{root / 'arrays'}: orbax could not read the arrays ({type(e).__name__}: {e})") from e
+    finally:
+        handler.close()
+    progress.update(_nbytes(leaves))
+    return out
+
+
+def _checked(root: Path, target: Any, sharding: Any, progress: _Progress) -> tuple[dict, list, Any, list]:
+    """(buffer.json, abstract leaves, treedef, shardings) of the checkpoint at `root`, after every check that comes
+    before reading an array: the manifest's checksums, the description, the target's class and configuration."""
     _verify(root, progress)
     meta = _read_json(root / "buffer.json", "buffer description")
     if target is not None:
@@ -262,36 +315,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     if described != meta["leaves"]:
         diff = next((a, b) for a, b in zip(described + [None] * len(meta["leaves"]), meta["leaves"] + [None] * len(described)) if a != b)
         raise CheckpointError(f"{root / 'buffer.json'}: array {diff[1]} in the checkpoint, {diff[0]} in the buffer to restore")
-    shardings = _shardings(abstract, sharding, concrete)
-    host_meta = meta.get("host")
-    # every array is read to host memory and put on its devices here: ~2x less work than orbax's device arrays
-    restore_args = {"device": {str(i): ocp.RestoreArgs(restore_type=np.ndarray) for i, x in enumerate(leaves) if x.size},
-                    "host": _host_restore_args(host_meta)}
-    progress.reset(total=_nbytes(leaves))
-    handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
-    try:
-        out = handler.restore(epath.Path(root / "arrays"), args=ocp.args.PyTreeRestore(restore_args=restore_args))
-    except Exception as e:  # noqa: BLE001 - tensorstore/orbax raise many kinds; name the folder
-        raise CheckpointError(f"{root / 'arrays'}: orbax could not read the arrays ({type(e).__name__}: {e})") from e
-    finally:
-        handler.close()
-    progress.update(_nbytes(leaves))
-    host = []
-    for i, x in enumerate(leaves):
-        a = out["device"].get(str(i)) if x.size else np.zeros(x.shape, x.dtype)
-        if not isinstance(a, np.ndarray) or a.shape != x.shape or a.dtype != x.dtype:
-            raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {getattr(a, 'shape', None)}, expected {x.shape} {x.dtype}")
-        host.append(a)
-    if target is not None:
-        _check_meta_defaults(target, host, root)
-    buffer = jax.tree.unflatten(treedef, _on_devices(host, shardings))
-    if host_meta is not None and "shards" in host_meta:
-        versions = np.asarray(buffer.version).tolist()
-        for i, (h, m) in enumerate(zip(buffer.host.shards, host_meta["shards"])):
-            _load_host(h, versions[i], m, out["host"]["shards"][str(i)], f"{root} (shard {i})")
-    elif host_meta is not None:
-        _load_host(buffer.host, int(buffer.version), host_meta, out["host"], root)
-    return buffer
+    return meta, leaves, treedef, _shardings(abstract, sharding, concrete)
 
 
 def _load_host(host: Any, version: int, meta: dict, arrays: dict, root: Any) -> None:
@@ -379,7 +403,9 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
         `progress` not a bool or None, `blocking` not a bool (all checked before anything is created).
       FileExistsError: `directory` exists and is not a checkpoint (nothing is deleted).
       StaleBufferError: a compressed buffer state older than its host store.
-      NotImplementedError: `jax.process_count() > 1`.
+      NotImplementedError: `jax.process_count() > 1` and `buffer` not a `ShardedBuffer` or `blocking=False` (with
+        several processes every process saves its shards of a `ShardedBuffer`: module doc).
+      RuntimeError: with several processes, process 0 could not commit the checkpoint (its own error says why).
     """
     return _save(directory, buffer, progress, blocking=blocking)
 
@@ -391,6 +417,14 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
     if progress is not None:
         _validate.static_bool("progress", progress)
     blocking = _validate.static_bool("blocking", blocking)
+    if _processes.several():
+        if not (isinstance(buffer, ShardedBuffer) and blocking and host):
+            _validate.single_process("save", _ONE_PROCESS)
+        bar = _Progress(progress, f"save {path.name}")
+        try:
+            return _processes.save(path, buffer, bar, _store_snapshot)
+        finally:
+            bar.close()
     with _PENDING_LOCK:
         pending = _PENDING.get(path)
     if pending is not None:
@@ -450,6 +484,8 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
 
     Raises:
       TypeError: `directory` not a path, `target` not a jaxbuffers buffer, `progress` not a bool or None.
+      NotImplementedError: `jax.process_count() > 1` and `target` not a `ShardedBuffer` (every process restores its
+        shards into one; a checkpoint saved by one process or by several restores either way).
       CheckpointError: missing or corrupt files (the message names the file), another format version, or a
         class, configuration, shape or dtype other than the target's.
     """
@@ -543,6 +579,7 @@ class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
 
     def restore(self, directory, args: "BufferRestore | None" = None) -> Any:
         """The buffer in `directory` (`restore`'s arguments from `args`)."""
+        _validate.single_process("restore", _ONE_PROCESS)
         args = args or BufferRestore()
         bar = _Progress(self.progress, "restore buffer")
         try:

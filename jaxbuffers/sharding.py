@@ -50,9 +50,8 @@ store holds only its own lanes' or episodes' frames at the slot ids of one unsha
 reaches that shard's store with that shard's version (the `version` leaf is `[S]`; a stale state is refused store by
 store). A global sample draws each shard's candidates from its device half, then decodes on the host only the rows
 that shard contributes (`decode(sample, rows=mine)`), before the all-reduce. `sample_local` decodes each shard's own
-batch. The unsharded rollout epoch (`minibatches`) is refused for compressed rollouts (each shard would decode
-steps it does not hand out): use `sample_local(key, M, method="minibatches")`. A disk-backed buffer
-(`jaxbuffers.disk`) is refused: its store is a folder.
+batch. The unsharded epoch (`minibatches`) of a compressed rollout decodes each step once, on the shard holding it
+(`decode(minibatch, rows=mine)`), before the reduce-scatter. A disk-backed buffer (`jaxbuffers.disk`) is refused.
 
 Edits (`update`): after a global sample, `update(shard, indices, fields)` sends entry `j` to shard `shard[j]`, as
 `set_priorities` does; a shard-local edit of each shard's own rows is `apply(lambda b, i, f: b.update(i, f), ...)`.
@@ -65,8 +64,8 @@ buffer of capacity `S * c` holds when `b` divides `c`; in logical order, item `l
 first.)
 
 Multi-host. With `jax.distributed.initialize` the mesh spans the devices of every process; each process holds the
-shards of its devices and passes its own rows to `add` through `local_batch`. Global sampling then draws across
-processes; its result is replicated, so every process can read it.
+shards of its devices (compressed: their host stores) and passes its own rows to `add` through `local_batch`. Global
+sampling draws across processes (its result is replicated); `jaxbuffers.save` / `restore` run in every process.
 
 Example:
   ```python
@@ -141,6 +140,11 @@ def _unstack(tree):
 
 def _stack(tree):
     return jax.tree.map(lambda x: x[None], tree)
+
+
+def _local_rows(x: jax.Array) -> dict[int, np.ndarray]:
+    """`{s: row s}` (numpy) of the rows of a stacked array `[S, ...]` that this process holds (every row in one)."""
+    return {s: row for p in x.addressable_shards for s, row in zip(range(*p.index[0].indices(x.shape[0])), np.asarray(p.data))}
 
 
 def _device(buf):
@@ -316,7 +320,9 @@ def _epoch_body(axis: str, n: int, num_minibatches: int) -> Callable:
         def minibatch(flat):  # unsharded flat indices t * lanes + env
             mine = (flat % lanes) // b.num_envs == s
             local = (flat // lanes) * b.num_envs + flat % b.num_envs
-            return _pick(b.gather(jnp.where(mine, local, 0))._replace(index=flat), mine, scatter)
+            mb = _device(b).gather(jnp.where(mine, local, 0))
+            mb = mb if _device(b) is b else b.decode(mb, rows=mine)  # a compressed rollout: only the steps held here
+            return _pick(mb._replace(index=flat), mine, scatter)
 
         return _stack(lax.map(minibatch, order))
 
@@ -357,10 +363,10 @@ class ShardedBuffer(struct.PyTreeNode):
         buffer's `make` is also called once per shard, for that shard's host store (module doc).
 
         Raises:
-          TypeError: `make` not a function returning a jaxbuffers buffer, `mesh` not a `jax.sharding.Mesh`.
+          TypeError: `make` not a function returning a jaxbuffers buffer (or one disk-backed: `jaxbuffers.disk`),
+            `mesh` not a `jax.sharding.Mesh`.
           ValueError: `axis` not a name of `mesh`; `make` returning compressed buffers that share one host store
             (it is called once per shard and must build a new buffer each time: module doc, "Compressed buffers").
-          TypeError: `make` builds a disk-backed buffer (`jaxbuffers.disk`).
         """
         _validate.instance("make", make, callable, "a function of no arguments returning one shard's buffer")
         _validate.instance("mesh", mesh, Mesh, "a jax.sharding.Mesh")
@@ -389,15 +395,18 @@ class ShardedBuffer(struct.PyTreeNode):
         return self.mesh.shape[self.axis]
 
     def shard(self, s: int) -> Any:
-        """Shard `s` as a plain buffer on the default device (through a host copy of every shard: for inspection
-        and tests, single process). A compressed shard keeps its host store: read it, but do not add to it (the
-        sharded state would then be older than that store, and refused).
+        """Shard `s` as a plain buffer on the default device (through a host copy: for inspection and tests). With
+        several processes, a shard of this process's devices. A compressed shard keeps its host store: read it, but
+        do not add to it (the sharded state would then be older than that store, and refused).
 
         Raises:
-          ValueError: `s` not an int in `[0, S)`.
+          ValueError: `s` not an int in `[0, S)`, or a shard held by another process.
         """
         s = _validate.static_int("s", s, 0, self.num_shards - 1)
-        out = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[s]), self.shards)
+        rows = [_local_rows(x) for x in jax.tree.leaves(self.shards)]
+        if not all(s in r for r in rows):
+            raise ValueError(f"s: shard {s} is held by another process (this one holds its devices' shards)")
+        out = jax.tree.unflatten(jax.tree.structure(self.shards), [jnp.asarray(r[s]) for r in rows])
         return out.replace(host=self.shards.host.shards[s]) if isinstance(out, HostBacked) else out  # shares its store
 
     def local_batch(self, batch: Any) -> Any:
@@ -621,16 +630,12 @@ class ShardedBuffer(struct.PyTreeNode):
           `jnp.swapaxes(x, 0, 1).reshape(M, -1)` of a leaf is the unsharded `minibatches(key, M)` leaf bit for bit.
 
         Raises:
-          TypeError: the wrapped buffer is not a `RolloutBuffer` (a `CompressedRolloutBuffer` included: module doc).
+          TypeError: the wrapped buffer is neither a `RolloutBuffer` nor a `CompressedRolloutBuffer`.
           ValueError: `M` not an int >= 1 or not dividing a shard's `num_steps * num_envs`.
         """
-        if not isinstance(self.shards, RolloutBuffer):
-            if isinstance(_device(self.shards), RolloutBuffer):
-                raise TypeError(
-                    f"minibatches: a sharded {type(self.shards).__name__} has no unsharded epoch (each shard would decode "
-                    f"steps it does not hand out); use sample_local(key, M, method='minibatches')"
-                )
+        if not isinstance(_device(self.shards), RolloutBuffer):
             raise TypeError(f"minibatches: {type(self.shards).__name__} is not a RolloutBuffer (item buffers: sample)")
+        self._check_hosts(add=False)
         steps = self.shards.num_steps * self.shards.num_envs
         m = _validate.divisor("num_minibatches", num_minibatches, steps, "a shard's num_steps * num_envs")
         program = _program(self.mesh, self.axis, "epoch", batch_size=m)

@@ -1,7 +1,8 @@
 """Two processes on localhost through `jax.distributed` (CPU, 2 devices each): one sharded buffer over 4 devices,
-each process adding its own rows, global sampling drawing across both processes.
+each process adding its own rows, global sampling drawing across both processes; a compressed buffer whose shards'
+host stores live in the process of their devices.
 
-Run as a script, this file is one of the two processes (`python test_multihost.py PROCESS_ID PORT`).
+Run as a script, this file is one of the two processes (`python test_multihost.py CASE PROCESS_ID PORT OUT_DIR`).
 """
 
 from __future__ import annotations
@@ -23,15 +24,12 @@ def _priority(ids: np.ndarray) -> np.ndarray:
     return (np.asarray(ids) % 7 + 1).astype(np.float32)
 
 
-def _worker(pid: int, port: int) -> None:
+def _device_buffers(pid: int, mesh, out_dir: str) -> dict:
     import jax
     import jax.numpy as jnp
 
     import jaxbuffers as jb
 
-    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid, initialization_timeout=120)
-    assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
-    mesh = jax.make_mesh((4,), ("data",))
     item = {"obs": jnp.zeros((2,), jnp.float32), "id": jnp.int32(0)}
     result = {"pid": pid}
     for kind, make in (("uniform", jb.ReplayBuffer), ("prioritised", jb.PrioritisedReplayBuffer)):
@@ -48,6 +46,151 @@ def _worker(pid: int, port: int) -> None:
         assert np.array_equal(obs[..., 0], ids) and np.array_equal(obs[..., 1], -ids), "torn rows"
         result[kind] = ids.ravel().tolist()
         result["size"] = int(buf.size())
+    return result
+
+
+
+# --- a compressed trajectory buffer: E lanes, E / 4 per shard; process p adds lanes [p * E / 2, (p + 1) * E / 2) ---
+
+E, LENGTH, PIXEL_ADDS, K = 8, 6, 9, 4
+FRAME = (6, 6)
+
+
+def _pixel_steps():
+    """`PIXEL_ADDS` steps of `E` lanes: frame stacks of `K` that shift by one frame per step, reset at episode ends,
+    with flags and final observations (the same in every process and in the reference)."""
+    rng = np.random.default_rng(11)
+    stack = np.repeat(rng.integers(0, 4, (E, 1, *FRAME), np.uint8), K, axis=1)
+    for t in range(PIXEL_ADDS):
+        term, trunc = rng.random(E) < 0.15, rng.random(E) < 0.15
+        fin = np.concatenate([stack[:, 1:], rng.integers(0, 4, (E, 1, *FRAME), np.uint8)], axis=1)
+        yield ({"obs": stack.copy(), "action": np.full(E, t, np.int32), "reward": rng.standard_normal(E).astype(np.float32)},
+               {"terminated": term, "truncated": trunc, "final_obs": fin})
+        new = rng.integers(0, 4, (E, *FRAME), np.uint8)
+        stack = np.concatenate([stack[:, 1:], new[:, None]], axis=1)
+        stack[term | trunc] = new[term | trunc][:, None]
+
+
+def _make_pixels(num_envs: int):
+    import jax.numpy as jnp
+
+    import jaxbuffers as jb
+
+    step = {"obs": jnp.zeros((K, *FRAME), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    return jb.CompressedTrajectoryBuffer.create(step, num_envs=num_envs, length=LENGTH, frame_stack=K, final_obs_capacity=4)
+
+
+def _pixel_adds(buf, pid: int, steps) -> object:
+    """`buf` (sharded over the 4 devices) after adding this process's lanes of `steps`."""
+    import jax
+
+    import jaxbuffers as jb
+
+    add = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)
+    mine = slice(pid * E // 2, (pid + 1) * E // 2)
+    for step, kw in steps:
+        buf = add(buf, buf.local_batch({k: v[mine] for k, v in step.items()}), **{k: buf.local_batch(v[mine]) for k, v in kw.items()})
+    return buf
+
+
+def _pixel_record(buf, prefix: str = "") -> dict:
+    """A global sample of `buf` (whole: it is replicated) and this process's shards' observations decoded in logical
+    order, as numpy arrays by name."""
+    import jax
+
+    tr = jax.jit(lambda b, k: b.sample(k, 64, method="sample_transitions", n_step=2, gamma=0.9))(buf, jax.random.key(3))
+    arrays = {prefix + jax.tree_util.keystr(p): np.asarray(x.addressable_data(0)) for p, x in jax.tree_util.tree_flatten_with_path(tr)[0]}
+    for s, d in enumerate(buf.mesh.devices.ravel()):
+        if d.process_index == jax.process_index():
+            one = buf.shard(s)
+            t = one.trajectory
+            order = (int(t.head) - int(t.num_valid) + np.arange(int(t.num_valid))) % LENGTH
+            arrays[f"{prefix}shard{s}"] = np.asarray(one.decode_obs(t.storage["obs"][:, order]))
+    return arrays
+
+
+def _compressed_buffer(pid: int, mesh, out_dir: str) -> dict:
+    """Adds of this process's lanes, a global sample (written whole), and this process's shards decoded in logical
+    order (written per shard), for the reference to compare."""
+    import jaxbuffers as jb
+
+    buf = _pixel_adds(jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data"), pid, _pixel_steps())
+    arrays = _pixel_record(buf)
+    for s in range(4):
+        if f"shard{s}" in arrays:
+            assert buf.shards.host.shards[s].num_writes == buf.shards.host.shards[s].version == PIXEL_ADDS
+    np.savez(os.path.join(out_dir, f"compressed{pid}.npz"), **arrays)
+    return {"pid": pid, "size": int(buf.size()), "shards": sorted(k for k in arrays if k.startswith("shard"))}
+
+
+# --- checkpoints: 2 processes save, 2 new processes restore; each records the next samples and its shards ---
+
+def _replay_adds(buf, pid: int, adds: range):
+    import jax
+
+    import jaxbuffers as jb
+
+    add = jax.jit(jb.ShardedBuffer.add, donate_argnums=0)
+    for a in adds:
+        ids = pid * 1_000 + a * 2 * ROWS + np.arange(2 * ROWS, dtype=np.int32)
+        buf = add(buf, buf.local_batch({"obs": np.stack([ids, -ids], 1).astype(np.float32), "id": ids}), buf.local_batch(_priority(ids)))
+    return buf
+
+
+def _checkpoint(pid: int, mesh, out_dir: str, phase: str) -> dict:
+    """`phase` "save": fill a prioritised replay buffer and a compressed trajectory buffer (both sharded), save them;
+    "restore": restore them into new buffers. Either then records the next global samples, every leaf's rows of this
+    process, its shards' observations, and the same after one more add each (written to `{phase}{pid}.npz`)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxbuffers as jb
+    from jaxbuffers.sharding import _local_rows
+
+    item = {"obs": jnp.zeros((2,), jnp.float32), "id": jnp.int32(0)}
+    replay = jb.ShardedBuffer.create(lambda: jb.PrioritisedReplayBuffer.create(item, capacity=CAPACITY), mesh, "data")
+    pixels = jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data")
+    steps = list(_pixel_steps())
+    folders = [os.path.join(out_dir, "ck_replay"), os.path.join(out_dir, "ck_pixels")]
+    if phase == "save":
+        replay, pixels = _replay_adds(replay, pid, range(ADDS)), _pixel_adds(pixels, pid, steps[:-1])
+        for folder, buf in zip(folders, (replay, pixels)):
+            assert jb.save(folder, buf) == jb.save(folder, buf)  # the second replaces the first
+    else:
+        replay, pixels = (jb.restore(folder, target) for folder, target in zip(folders, (replay, pixels)))
+        other = jb.restore(folders[1] + "_one", jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data"))
+        one, several = _pixel_record(other), _pixel_record(pixels)  # saved by one process, restored in two
+        assert sorted(one) == sorted(several) and all(np.array_equal(one[k], several[k]) for k in one)
+    arrays = {}
+    for when in ("now", "next"):
+        out = jax.jit(lambda b, k: b.sample(k, DRAWS))(replay, jax.random.key(5))
+        arrays.update({f"{when}.replay{jax.tree_util.keystr(p)}": np.asarray(x.addressable_data(0))
+                       for p, x in jax.tree_util.tree_flatten_with_path(out)[0]})
+        for i, x in enumerate(jax.tree.leaves(replay.shards) + jax.tree.leaves(pixels.shards)):
+            arrays.update({f"{when}.leaf{i}.row{s}": r for s, r in _local_rows(x).items()})
+        arrays.update(_pixel_record(pixels, f"{when}.pixels"))
+        replay, pixels = _replay_adds(replay, pid, range(ADDS, ADDS + 1)), _pixel_adds(pixels, pid, steps[-1:])
+    if phase == "save":  # an older state than its host stores: refused by every process before anything is written
+        newer = jax.block_until_ready(_pixel_adds(jax.tree.map(jnp.copy, pixels), pid, steps[:1]))
+        try:
+            jb.save(os.path.join(out_dir, "ck_stale"), pixels)
+            raise AssertionError("a stale state was saved")
+        except jb.StaleBufferError as e:
+            assert "save: this buffer state has version" in str(e) and not os.path.exists(os.path.join(out_dir, "ck_stale"))
+        jb.save(os.path.join(out_dir, "ck_stale"), newer)
+    np.savez(os.path.join(out_dir, f"{phase}{pid}.npz"), **arrays)
+    return {"pid": pid, "size": int(replay.size()), "pixels": int(pixels.size())}
+
+
+def _worker(case: str, pid: int, port: int, out_dir: str) -> None:
+    import jax
+
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid, initialization_timeout=120)
+    assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
+    mesh = jax.make_mesh((4,), ("data",))
+    cases = {"device": _device_buffers, "compressed": _compressed_buffer,
+             "save": lambda *a: _checkpoint(*a, "save"), "restore": lambda *a: _checkpoint(*a, "restore")}
+    result = cases[case](pid, mesh, out_dir)
     print(json.dumps(result), flush=True)
     jax.distributed.shutdown()
 
@@ -58,10 +201,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow  # two JAX processes on localhost; python -m pytest -m slow tests/test_multihost.py
-def test_two_processes_sample_one_global_buffer(tmp_path):
-    from scipy.stats import chi2
-
+def _two_processes(case: str, tmp_path) -> list[dict]:
+    """Run `case` in two worker processes; their JSON results (each worker's last line)."""
     port = _free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])}
@@ -70,7 +211,7 @@ def test_two_processes_sample_one_global_buffer(tmp_path):
     procs = []
     for pid, (out, err) in enumerate(logs):
         with open(out, "w") as o, open(err, "w") as e:
-            procs.append(subprocess.Popen([sys.executable, __file__, str(pid), str(port)], env=env, stdout=o, stderr=e))
+            procs.append(subprocess.Popen([sys.executable, __file__, case, str(pid), str(port), str(tmp_path)], env=env, stdout=o, stderr=e))
     outs = []
     try:
         for p, (out, err) in zip(procs, logs):
@@ -81,6 +222,14 @@ def test_two_processes_sample_one_global_buffer(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+    return outs
+
+
+@pytest.mark.slow  # two JAX processes on localhost; python -m pytest -m slow tests/test_multihost.py
+def test_two_processes_sample_one_global_buffer(tmp_path):
+    from scipy.stats import chi2
+
+    outs = _two_processes("device", tmp_path)
     assert outs[0]["uniform"] == outs[1]["uniform"] and outs[0]["prioritised"] == outs[1]["prioritised"]  # replicated
     assert outs[0]["size"] == 2 * 2 * CAPACITY  # the shards keep their last CAPACITY rows
     # Each shard keeps its last 2 adds (CAPACITY = 2 * ROWS): ids of adds 1 and 2 of both processes, 32 items.
@@ -93,5 +242,58 @@ def test_two_processes_sample_one_global_buffer(tmp_path):
         expected = len(ids) * p
         assert chi2.sf(float(((counts - expected) ** 2 / expected).sum()), len(stored) - 1) > 1e-3, kind
 
+
+@pytest.mark.slow  # two JAX processes on localhost
+def test_two_processes_hold_a_compressed_buffer_equal_to_the_unsharded_one(tmp_path):
+    import jax
+
+    outs = _two_processes("compressed", tmp_path)
+    assert [o["shards"] for o in outs] == [["shard0", "shard1"], ["shard2", "shard3"]]  # each process its own shards
+    assert outs[0]["size"] == outs[1]["size"] == E * min(PIXEL_ADDS, LENGTH)
+    whole = _make_pixels(E)
+    for step, kw in _pixel_steps():
+        whole = whole.add(step, **kw)
+    got = [dict(np.load(tmp_path / f"compressed{pid}.npz")) for pid in range(2)]
+    t, n = whole.trajectory, E // 4
+    order = (int(t.head) - int(t.num_valid) + np.arange(int(t.num_valid))) % LENGTH
+    stored = np.asarray(whole.decode_obs(t.storage["obs"][:, order]))
+    for s in range(4):  # every lane's observations, oldest first, decoded from the store of the process holding it
+        np.testing.assert_array_equal(got[s // 2][f"shard{s}"], stored[s * n:(s + 1) * n])
+    sample = {k: v for k, v in got[0].items() if not k.startswith("shard")}
+    for k in sample:
+        np.testing.assert_array_equal(sample[k], got[1][k])  # replicated: both processes read the same sample
+    shard, indices = sample[".shard"], sample[".sample.indices"]
+    positions = (shard * n + indices // LENGTH) * LENGTH + indices % LENGTH
+    assert len(np.unique(shard)) == 4  # drawn from both processes' shards
+    ref = whole.decode(whole.buffer.transitions_at(positions, n_step=2, gamma=0.9))
+    for p, x in jax.tree_util.tree_flatten_with_path(ref._replace(indices=indices))[0]:
+        np.testing.assert_array_equal(sample[".sample" + jax.tree_util.keystr(p)], np.asarray(x), err_msg=jax.tree_util.keystr(p))
+
+
+@pytest.mark.slow  # two JAX processes on localhost, twice
+def test_two_processes_save_and_two_new_processes_restore_the_same_buffers(tmp_path):
+    import jax
+
+    import jaxbuffers as jb
+
+    saved = _two_processes("save", tmp_path)
+    stacked = jb.restore(tmp_path / "ck_pixels")  # in one process: the 4 shards stacked, each with its store
+    for s in range(4):
+        one = jax.tree.map(lambda x: x[s], stacked).replace(host=stacked.host.shards[s])
+        t = one.trajectory
+        order = (int(t.head) - int(t.num_valid) + np.arange(int(t.num_valid))) % LENGTH
+        np.testing.assert_array_equal(np.asarray(one.decode_obs(t.storage["obs"][:, order])), np.load(tmp_path / f"save{s // 2}.npz")[f"now.pixelsshard{s}"])
+    jb.save(tmp_path / "ck_pixels_one", stacked)  # saved by one process: restored in two below
+    restored = _two_processes("restore", tmp_path)
+    assert saved == restored
+    for pid in range(2):
+        a, b = np.load(tmp_path / f"save{pid}.npz"), np.load(tmp_path / f"restore{pid}.npz")
+        assert sorted(a.files) == sorted(b.files) and any(".leaf" in k for k in a.files)
+        for k in a.files:  # every leaf's rows, the next samples, the stored frames; and again after one more add
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    meta = json.loads((tmp_path / "ck_pixels" / "buffer.json").read_text())
+    assert meta["host"]["layout"] == "stacked" and len(meta["host"]["shards"]) == 4
+
+
 if __name__ == "__main__":
-    _worker(int(sys.argv[1]), int(sys.argv[2]))
+    _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

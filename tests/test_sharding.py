@@ -530,6 +530,11 @@ def test_rollout_epoch_is_the_unsharded_epoch_split_over_shards(mesh):
 
 
 @eight
+def test_compressed_rollout_epoch_is_the_unsharded_epoch_decoded_where_each_step_lives(mesh):
+    _compressed_epoch(mesh, e=16, t_len=6, m=4, adds=6)  # full: the epoch reads no row on a shard that lacks it
+
+
+@eight
 def test_episode_samples_and_epochs_move_no_storage(mesh):
     t_max, feat = 64, 64
     step = {"obs": jnp.zeros((feat,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0)}
@@ -570,9 +575,40 @@ def test_compressed_buffers_need_one_store_per_shard(tmp_path):
     opened = jaxbuffers.disk.open(tmp_path / "disk", "w", jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=8, codec="none"))
     with pytest.raises(TypeError, match=r"make: builds a disk-backed buffer \(its host store is a folder\)"):
         jb.ShardedBuffer.create(lambda: opened, one, "data")
-    rollout = jb.ShardedBuffer.create(make, one, "data")
-    with pytest.raises(TypeError, match=r"minibatches: a sharded CompressedRolloutBuffer has no unsharded epoch.*sample_local"):
-        rollout.minibatches(jax.random.key(0), 2)
+    _compressed_epoch(one, e=2, t_len=4, m=2, adds=3)  # the global epoch of a compressed rollout on one shard
+
+
+def _compressed_epoch(mesh, e: int, t_len: int, m: int, adds: int) -> None:
+    """The global epoch (`minibatches`) of a sharded compressed rollout (frame stacks of 4, normalised) after `adds`
+    steps is the unsharded compressed rollout's epoch bit for bit, GAE fields included: every step exactly once; each
+    shard's store decodes only its own steps, once per epoch, in one read per minibatch; steps not added are zeros."""
+    s = mesh.shape["data"]
+    make = lambda n: jb.CompressedRolloutBuffer.create(PIX, num_envs=n, num_steps=t_len, frame_stack=4, normalize_images=True)  # noqa: E731
+    sharded, whole = jb.ShardedBuffer.create(lambda: make(e // s), mesh, "data"), make(e)
+    rng = np.random.default_rng(27)
+    for (step, kw), _ in zip(_pixel_steps(rng, e, adds), range(adds)):
+        kw = dict(value=rng.standard_normal(e).astype(np.float32), terminated=kw["terminated"], truncated=kw["truncated"],
+                  final_value=rng.standard_normal(e).astype(np.float32))
+        sharded, whole = sharded.add(step, reward=step["reward"], **kw), whole.add(step, reward=step["reward"], **kw)
+    last = rng.standard_normal(e).astype(np.float32)
+    sharded = sharded.apply(lambda b, v: b.compute_gae(v, 0.99, 0.95), last)
+    whole = whole.compute_gae(last, 0.99, 0.95)
+    decoded = [[] for _ in range(s)]  # per shard and read: the rows holding a written slot (what the store decodes)
+    for h, rows in zip(sharded.shards.host.shards, decoded):
+        def spy(v, ids, outs, read=h.read_into, rows=rows, h=h):
+            slots, sv = np.asarray(ids[0]).reshape(len(ids[0]), -1) % h.num_slots, h.slot_version  # -1: the last slot
+            rows.append(int((sv[np.minimum(slots, sv.size - 1)] * (slots < sv.size) > 0).any(1).sum()))
+            return read(v, ids, outs)
+        h.read_into = spy
+    key = jax.random.key(28)
+    out = jax.block_until_ready(jax.jit(lambda b, k: b.minibatches(k, m))(sharded, key))
+    assert [len(r) for r in decoded] == [m] * s and [sum(r) for r in decoded] == [adds * e // s] * s, decoded
+    assert np.array_equal(np.sort(np.asarray(out.index).ravel()), np.arange(t_len * e))  # every step exactly once
+    ref = whole.minibatches(key, m)
+    assert ref.step["obs"].dtype == jnp.float32 and np.asarray(ref.step["obs"]).any()
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(np.swapaxes(np.asarray(g), 0, 1).reshape(w.shape)), _bits(w)), out, ref)
+    assert np.asarray(out.advantages).any() and np.asarray(out.mask).all() == (adds == t_len)
+    assert not np.asarray(ref.step["obs"])[np.asarray(ref.index) >= adds * e].any()  # steps not added: zeros
 
 
 def test_episode_calls_are_checked_before_tracing():

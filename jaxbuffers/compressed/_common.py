@@ -450,5 +450,6 @@ def decode_sample(decoders: Mapping[type, Callable], sample: Any, rows: Any, inn
         raise TypeError(f"sample: expected one of {sorted(c.__name__ for c in decoders)} of this buffer's inner {inner}, "
                         f"got {type(sample).__name__}")
     if rows is not None:
-        rows = _validate.array("rows", rows, (sample.indices.shape[0],), bool)
+        lead = (sample.indices if hasattr(sample, "indices") else sample.index).shape[0]  # a rollout minibatch: index
+        rows = _validate.array("rows", rows, (lead,), bool)
     return decoders[type(sample)](sample, rows)

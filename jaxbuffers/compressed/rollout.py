@@ -94,8 +94,12 @@ class CompressedRolloutBuffer(HostBacked):
         inner = RolloutBuffer.create(
             _common.replace_leaves(spec, idx, [ids] * len(idx)), num_envs=num_envs, num_steps=num_steps, float_dtype=float_dtype
         )
+        # The empty slot in every step not yet added (decoded as zeros, as a RolloutBuffer holds zeros there).
+        never = [jnp.full_like(x, -1) for x in _common.pick_leaves(inner.step, idx)]
+        inner = inner.replace(step=_common.replace_leaves(inner.step, idx, never))
         host = HostStores(
-            inner.num_steps * inner.num_envs * k, codec, [i.frame_shape for i in infos], [i.dtype for i in infos],
+            inner.num_steps * inner.num_envs * k + 1,  # the last slot (-1) is never written: the empty slot
+            codec, [i.frame_shape for i in infos], [i.dtype for i in infos],
             [i.name for i in infos], chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes,
         )
         return cls(buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
@@ -165,8 +169,27 @@ class CompressedRolloutBuffer(HostBacked):
     def gather(self, indices: jax.Array) -> RolloutMinibatch:
         """`jaxbuffers.RolloutBuffer.gather` with the compressed leaves decoded (one host callback
         for the `indices` given: call it per minibatch to decode per minibatch)."""
-        mb = self.buffer.gather(indices)
+        return self._decode(self.buffer.gather(indices), None)
+
+    def decode(self, minibatch: RolloutMinibatch, *, rows: jax.Array | None = None) -> RolloutMinibatch:
+        """The steps of a `gather` of the inner buffer (`buf.buffer`, whose compressed leaves hold ids) decoded:
+        `buf.decode(buf.buffer.gather(idx))` equals `buf.gather(idx)`.
+
+        Args:
+          minibatch: a `RolloutMinibatch` of `self.buffer`, leading axis `B` (`[B, ...]` or `[B, m, ...]`).
+          rows: bool `[B]` or None (every row). Rows where it is False read nothing from the host and their
+            compressed leaves decode as zeros (a sharded rollout's epoch decodes on each shard only the steps that
+            shard holds).
+
+        Raises:
+          TypeError: not a `RolloutMinibatch`; `rows` not a bool array. ValueError: `rows` not of shape `[B]`.
+        """
+        return _common.decode_sample({RolloutMinibatch: self._decode}, minibatch, rows, "buffer")
+
+    def _decode(self, mb: RolloutMinibatch, rows: jax.Array | None) -> RolloutMinibatch:
         ids = _common.pick_leaves(mb.step, self.leaf_index)[0]
+        if rows is not None:  # -1: the empty slot, read as zeros without decoding
+            ids = jnp.where(rows.reshape(rows.shape + (1,) * (ids.ndim - 1)), ids, -1)
         decoded = _common.read(self.host, self.leaves, self.version, ids)
         lead = ids.ndim - (self.frame_stack is not None)
         out = [_common.finish(x[0], i, lead, None, self.normalize_images) for x, i in zip(decoded, self.leaves)]
