@@ -25,9 +25,12 @@ ADD = jax.jit(jb.CompressedTrajectoryBuffer.add)
 SAMPLE = jax.jit(lambda b: b.sample_transitions(jax.random.key(3), 40, n_step=3, gamma=0.9))
 
 
-def _make(**kw):
-    """A small zstd buffer whose frames are delta coded (keyframe every 3rd) in chunks of 4 KiB (many chunk files)."""
-    return jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=10, frame_stack=4, codec="zstd:3", keyframe_interval=3,
+def _make(codec="zstd:3", **kw):
+    """A small zstd buffer whose frames are delta coded (keyframe every 3rd) in chunks of 4 KiB (many chunk files);
+    with `codec="none"`, the same buffer raw."""
+    if codec == "none":
+        return jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=10, frame_stack=4, codec="none", **kw)
+    return jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=10, frame_stack=4, codec=codec, keyframe_interval=3,
                                                 chunk_bytes=4096, **kw)
 
 
@@ -64,7 +67,7 @@ def zstd_folder(tmp_path_factory):
 def test_a_zstd_delta_coded_folder_reopens_read_only_and_samples_as_in_memory_under_jit(zstd_folder, tmp_path):
     path, expected = zstd_folder
     meta = json.loads((path / "disk.json").read_text())
-    assert meta["version"] == 2 and meta["stores"][0]["kind"] == "chunks" and meta["stores"][0]["meta"]["config"]["codec"] == "zstd:3"
+    assert meta["version"] == 3 and meta["stores"][0]["kind"] == "chunks" and meta["stores"][0]["meta"]["config"]["codec"] == "zstd:3"
     ro = disk.open(path, "r")
     assert _same(SAMPLE(ro), expected)
     assert _same(ro.sample_transitions(jax.random.key(3), 40, n_step=3, gamma=0.9), expected)  # eager too
@@ -73,7 +76,7 @@ def test_a_zstd_delta_coded_folder_reopens_read_only_and_samples_as_in_memory_un
         ro.add(**_chunk(20))
     ro.close()
     names = {p.name for p in path.iterdir()}
-    assert names == {"disk.json", "state-2", "slot_version-2.npy", "store-0"}  # the first flush's files are gone
+    assert names == {"disk.json", "disk.lock", "state-2", "slot_version-2.npy", "store-0"}  # the first flush's files are gone
 
 
 def test_a_flipped_byte_in_a_chunk_file_names_the_slot_and_the_file(zstd_folder, tmp_path):
@@ -92,25 +95,42 @@ def test_a_flipped_byte_in_a_chunk_file_names_the_slot_and_the_file(zstd_folder,
         jax.block_until_ready(jax.jit(lambda b: b.sample_sequences(jax.random.key(0), 64, 4))(ro))
 
 
-def test_version_1_folders_open_and_unknown_versions_are_refused_naming_the_file(tmp_path):
-    """A version 1 folder (raw stores, `state/`, `slot_version.npy`) opens, and a flush of it in `"r+"` writes
-    version 2; version 3 is refused."""
-    raw = lambda: jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=10, frame_stack=4, codec="none")  # noqa: E731
-    d = tmp_path / "v1"
-    disk.flush(_filled(disk.open(d, "w", raw()), range(3)))
-    meta = json.loads((d / "disk.json").read_text())  # rewrite it as version 1 wrote it
-    (d / "state-2").rename(d / "state")
-    (d / "slot_version-2.npy").rename(d / "slot_version.npy")
-    files = {"slot_version.npy": meta["files"].pop("slot_version-2.npy"), **meta["files"]}
+def test_version_1_and_2_folders_open_and_unknown_versions_are_refused_naming_the_file(tmp_path):
+    """Folders as versions 1 and 2 wrote them (a raw store in one file beside its index `store-0.index.npy` of two
+    rows; version 1 also `state/`, `slot_version.npy`, no generation) open, and a flush of one in `"r+"` writes
+    version 3; version 4 is refused."""
+    d, twin = tmp_path / "old", _filled(_make("none"), range(3))
+    buf = _filled(disk.open(d, "w", _make("none")), range(3))  # 24 steps in 20 slots: entries in both copies
+    disk.flush(buf)
+    buf.close()
+    meta = json.loads((d / "disk.json").read_text())
+    index = np.load(d / "store-0.index-2.npy")
+    frames = np.load(d / "store-0.npy")
+    frames[index[2] == 1] = np.load(d / "store-0.1.npy")[index[2] == 1]  # one file, as they wrote it
+    np.save(d / "store-0.npy", frames)
+    np.save(d / "store-0.index.npy", index[:2])
+    for p in ("store-0.1.npy", "store-0.index-2.npy"):
+        (d / p).unlink()
+    idx = {"store-0.index.npy": {"bytes": (d / "store-0.index.npy").stat().st_size, "xxh3_64": jb.checkpoint._hash_file(d / "store-0.index.npy", jb.checkpoint._Progress(False, ""))}}
+    sv = {"slot_version-2.npy": meta["files"]["slot_version-2.npy"]}
     stores = [{k: s[k] for k in ("name", "file", "shape", "dtype")} for s in meta["stores"]]
-    v1 = {"format": "jaxbuffers.disk", "version": 1, "num_slots": meta["num_slots"], "host": meta["host"], "stores": stores, "files": files}
-    (d / "disk.json").write_text(json.dumps(v1))
-    assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(_filled(raw(), range(3))))
-    disk.flush(_filled(disk.open(d, "r+"), [3]))
-    assert json.loads((d / "disk.json").read_text())["version"] == 2 and not (d / "state").exists()
-    assert int(disk.open(d, "r").version) == 4
-    (d / "disk.json").write_text(json.dumps({**v1, "version": 3}))
-    with pytest.raises(jb.CheckpointError, match=r"v1/disk\.json: format version 3, this jaxbuffers reads versions \[1, 2\]"):
+    v2 = {**meta, "version": 2, "stores": [{**s, "kind": "raw", "index": "store-0.index.npy"} for s in stores], "files": {**sv, **idx}}
+    v1 = {"format": "jaxbuffers.disk", "version": 1, "num_slots": meta["num_slots"], "host": meta["host"], "stores": stores,
+          "files": {"slot_version.npy": sv["slot_version-2.npy"], **idx}}
+    for version, old in ((2, v2), (1, v1)):
+        (d / "disk.json").write_text(json.dumps(old))
+        if version == 1:
+            (d / "state-2").rename(d / "state")
+            (d / "slot_version-2.npy").rename(d / "slot_version.npy")
+        assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(twin)), version
+    rw = disk.open(d, "r+")
+    disk.flush(_filled(rw, [3]))
+    rw.close()
+    assert json.loads((d / "disk.json").read_text())["version"] == 3 and not (d / "state").exists()
+    assert {p.name for p in d.iterdir()} == {"disk.json", "disk.lock", "state-1", "slot_version-1.npy", "store-0.npy", "store-0.1.npy", "store-0.index-1.npy"}
+    assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(_filled(twin, [3])))
+    (d / "disk.json").write_text(json.dumps({**v1, "version": 4}))
+    with pytest.raises(jb.CheckpointError, match=r"old/disk\.json: format version 4, this jaxbuffers reads versions \[1, 2, 3\]"):
         disk.open(d, "r")
 
 
@@ -122,12 +142,16 @@ _CRASH = textwrap.dedent("""
     from host_codecs import chunk_arena
     from jaxbuffers import disk
 
-    path, point = sys.argv[1], sys.argv[2]
-    buf = t._filled(disk.open(path, "w", t._make()), range(5))
+    path, point, codec = sys.argv[1:4]
+    buf = t._filled(disk.open(path, "w", t._make(codec)), range(5))
     disk.flush(buf)
-    buf = t._filled(buf, range(5, 11))  # not flushed: the ring wraps, chunks the flush named die
+    buf = t._filled(buf, range(5, 11))  # not flushed: the ring wraps, rewriting every slot the flush named
     kill = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
-    if point == "add":  # killed inside the write of a payload of the next add, half of it written
+    if point == "add" and codec == "none":  # killed inside the write of the next add's rows, half of them written
+        pwrite = os.pwrite
+        os.pwrite = lambda fd, data, at: (pwrite(fd, memoryview(data).cast("B")[: len(memoryview(data).cast("B")) // 2], at), kill())
+        t._filled(buf, [11])
+    elif point == "add":  # killed inside the write of a payload of the next add, half of it written
         def half(self, key, value, write=chunk_arena._ChunkFile.__setitem__):
             write(self, slice(key.start, key.start + len(value) // 2), value[: len(value) // 2])
             kill()
@@ -141,21 +165,28 @@ _CRASH = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("point", ["flush", pytest.param("add", marks=pytest.mark.slow)])
-def test_kill_9_mid_add_or_mid_flush_reopens_as_the_last_flush(tmp_path, point):
+@pytest.mark.parametrize("codec", ["zstd:3", "none"])
+def test_kill_9_mid_add_or_mid_flush_reopens_as_the_last_flush(tmp_path, point, codec):
     """A process killed (SIGKILL) in the middle of a flush, or inside an add's write, after adds since its last flush
-    that wrapped the ring: the folder reopens as that flush, and `"r+"` deletes the leftovers and continues."""
+    that wrapped the ring: the folder reopens as that flush, exactly, and `"r+"` deletes the leftovers and continues
+    (zstd: chunk files; none: the raw store's two copies)."""
     tests = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", _CRASH.format(tests=tests), str(tmp_path / point), point], env=env,
+    proc = subprocess.run([sys.executable, "-c", _CRASH.format(tests=tests), str(tmp_path / point), point, codec], env=env,
                           stderr=subprocess.PIPE, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     folder = tmp_path / point
-    ro, twin = disk.open(folder, "r"), _filled(_make(), range(5))
+    ro, twin = disk.open(folder, "r"), _filled(_make(codec), range(5))
     assert int(ro.version) == 5 and _same(SAMPLE(ro), SAMPLE(twin))  # never a frame of a later add
+    everything = jax.jit(lambda b: b.sample_sequences(jax.random.key(1), 256, 1))  # every stored frame, many times
+    assert _same(everything(ro), everything(twin))
     ro.close()
     rw = disk.open(folder, "r+")  # deletes what the interrupted work left, and continues
     store = json.loads((folder / "disk.json").read_text())["stores"][0]
-    assert {p.name for p in (folder / "store-0").iterdir()} == {store["index"][len("store-0/"):], *(f"chunk-{int(c):06d}.bin" for c in store["meta"]["chunks"])}
-    assert {p.name for p in folder.iterdir()} == {"disk.json", "state-2", "slot_version-2.npy", "store-0"}
+    if codec == "none":
+        assert {p.name for p in folder.iterdir()} == {"disk.json", "disk.lock", "state-2", "slot_version-2.npy", "store-0.npy", "store-0.1.npy", "store-0.index-2.npy"}
+    else:
+        assert {p.name for p in (folder / "store-0").iterdir()} == {store["index"][len("store-0/"):], *(f"chunk-{int(c):06d}.bin" for c in store["meta"]["chunks"])}
+        assert {p.name for p in folder.iterdir()} == {"disk.json", "disk.lock", "state-2", "slot_version-2.npy", "store-0"}
     assert _same(SAMPLE(_filled(rw, range(5, 8))), SAMPLE(_filled(twin, range(5, 8))))
     rw.close()
