@@ -89,7 +89,7 @@ class FolderLock:
     """
 
     def __init__(self, directory: Path):
-        self.path = directory / LOCK_NAME
+        self.path, self.fd = directory / LOCK_NAME, -1
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         if fcntl is not None:
             try:

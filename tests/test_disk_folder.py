@@ -190,3 +190,102 @@ def test_kill_9_mid_add_or_mid_flush_reopens_as_the_last_flush(tmp_path, point, 
         assert {p.name for p in folder.iterdir()} == {"disk.json", "disk.lock", "state-2", "slot_version-2.npy", "store-0"}
     assert _same(SAMPLE(_filled(rw, range(5, 8))), SAMPLE(_filled(twin, range(5, 8))))
     rw.close()
+
+
+# --- one writer per folder; read-only opens beside the writer ---
+
+def _files(d):
+    return {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+
+
+def test_a_second_writable_open_in_this_process_is_refused_until_close_or_collection(tmp_path):
+    d = tmp_path / "one"
+    buf = _filled(disk.open(d, "w", _make("none")), range(2))
+    disk.flush(buf)
+    before = _files(d)
+    who = rf"{d} is open for writing \(mode 'w' or 'r\+'\) by process {os.getpid()} \(this process\)"
+    for mode, arg in (("r+", None), ("w", _make("none"))):
+        with pytest.raises(disk.FolderLockedError, match=who):
+            disk.open(d, mode, arg)
+    assert _files(d) == before  # nothing read or deleted: the refused "w" did not empty the folder
+    assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(_filled(_make("none"), range(2))))  # read only: the last flush
+    buf.close()
+    rw = disk.open(d, "r+")  # released by close
+    del rw
+    import gc
+    gc.collect()
+    disk.open(d, "w", _make("none")).close()  # released when the writer was collected
+
+
+_HOLDER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import test_disk_folder as t
+    from jaxbuffers import disk
+    buf = t._filled(disk.open(sys.argv[1], "w", t._make("none")), range(2))
+    disk.flush(buf)
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_writer_in_another_process_holds_the_folder_until_it_is_killed(tmp_path):
+    """Another process's writable open: ours is refused naming its pid, a read-only open reads its last flush; once
+    it is killed (SIGKILL: no close, no cleanup), the folder opens for writing and is as that flush left it."""
+    tests, d = os.path.dirname(os.path.abspath(__file__)), tmp_path / "held"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER.format(tests=tests), str(d)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"ready", proc.stderr.read().decode()[-2000:]
+        with pytest.raises(disk.FolderLockedError, match=rf"{d} is open for writing .* by process {proc.pid}, which holds .*disk\.lock"):
+            disk.open(d, "r+")
+        twin = _filled(_make("none"), range(2))
+        assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(twin))
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    rw = disk.open(d, "r+")
+    assert _same(SAMPLE(rw), SAMPLE(twin))
+    rw.close()
+
+
+def test_read_only_opens_see_the_last_flush_never_a_half_written_one(tmp_path, monkeypatch):
+    """`"r"` beside a writer: opened in the middle of the writer's flush (every file of the new generation written,
+    disk.json not yet replaced) it reads the previous flush exactly; after the flush, the new one. A writer's commit
+    landing while an open reads the folder (the files it read deleted) is retried. A read-only buffer whose entries
+    the writer rewrote after a later flush raises `StaleBufferError`."""
+    d = tmp_path / "rw"
+    w = _filled(disk.open(d, "w", _make("none")), range(3))
+    disk.flush(w)
+    twins = [_filled(_make("none"), range(n)) for n in (3, 6)]
+    w = _filled(w, range(3, 6))  # rewrites slots the flush named
+    seen, replace = [], os.replace
+
+    def commit_point(a, b):
+        if str(b).endswith("disk.json"):
+            seen.append(disk.open(d, "r"))
+        replace(a, b)
+
+    monkeypatch.setattr(os, "replace", commit_point)
+    disk.flush(w)
+    monkeypatch.setattr(os, "replace", replace)
+    first = seen[0]
+    assert int(first.version) == 3 and _same(SAMPLE(first), SAMPLE(twins[0]))
+    assert int(disk.open(d, "r").version) == 6 and _same(SAMPLE(disk.open(d, "r")), SAMPLE(twins[1]))
+
+    state_path, flushed = disk._disk_folder.state_path, []
+
+    def commit_meanwhile(folder, meta):  # the writer commits after this open read disk.json, deleting what it names
+        if not flushed:
+            flushed.append(disk.flush(later))
+        return state_path(folder, meta)
+
+    later = _filled(w, range(6, 8))
+    monkeypatch.setattr(disk._disk_folder, "state_path", commit_meanwhile)
+    again = disk.open(d, "r")
+    monkeypatch.setattr(disk._disk_folder, "state_path", state_path)
+    assert flushed and _same(SAMPLE(again), SAMPLE(_filled(twins[1], range(6, 8))))
+    _filled(later, range(8, 11))  # rewrites the copies of entries the first read-only buffer reads
+    with pytest.raises(jb.StaleBufferError, match="opened with mode='r' at generation 2; a writer has since flushed .*reopen"):
+        first.sample_transitions(jax.random.key(3), 40, n_step=3, gamma=0.9)
+    later.close()
