@@ -304,7 +304,8 @@ class FileStore:
         bad = self._sums(arrays, np.asarray(fj, np.int64)[live], np.asarray(fr, np.int64)[live], uniq[live]) != check[first[live]]
         if bad.any():
             ids_bad = uniq[live][bad]
-            raise CorruptEntryError(f"{self.data_path} (and {self.copy_path.name}): slots {ids_bad[:10].tolist()}{' and more' if ids_bad.size > 10 else ''} are corrupt "
+            files = ", ".join(str((self.data_path, self.copy_path)[c]) for c in sorted(set(where[live][bad].tolist())))
+            raise CorruptEntryError(f"{files}: slots {ids_bad[:10].tolist()}{' and more' if ids_bad.size > 10 else ''} are corrupt "
                                     f"(checksum mismatch): their bytes differ from the index written by the last flush")
         dup = np.flatnonzero(np.arange(flat.size) != first[inverse.reshape(-1)])
         (dj, dr), src = _out_of(dup, bounds), inverse.reshape(-1)[dup]
