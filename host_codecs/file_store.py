@@ -126,12 +126,13 @@ class FileStore:
         self._committed = self._index[[0, 2]].copy()  # written and copy of each slot as the last committed index says
         self._fds, self._offsets = [-1, -1], [0, 0]
         for c, path in enumerate((self.data_path, self.copy_path)):
-            if mode == "w" or (c == 1 and mode == "r+" and not path.exists()):
-                np.lib.format.open_memmap(path, mode="w+", dtype=self.dtype, shape=shape)._mmap.close()  # header + sparse file
-            elif c == 1 and not path.exists():  # mode "r" of a store no flush wrote to copy 1
+            if c == 1 and mode != "w" and not path.exists():  # a store of one file (or no entry in this one yet)
                 if self._index[2].any():
                     raise FileNotFoundError(f"{path}: missing (a FileStore data file its index {self.index_path.name} names)")
-                continue
+                if mode == "r":
+                    continue
+            if mode == "w" or (c == 1 and not path.exists()):
+                np.lib.format.open_memmap(path, mode="w+", dtype=self.dtype, shape=shape)._mmap.close()  # header + sparse file
             got_shape, got_dtype, self._offsets[c] = _header(path)
             for field, want, got in (("shape", shape, got_shape), ("dtype", self.dtype, got_dtype)):
                 if want != got:

@@ -3,6 +3,7 @@ corrupt chunk files."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -52,6 +53,14 @@ def _filled(buf, adds):
 
 def _same(a, b):
     return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)))
+
+
+def _same_contents(a, b):
+    """Whether two compressed buffers (on disk or in memory) hold the same state: every device leaf, and every slot
+    of every host store (empty ones as zeros), compared whole (no program compiled for either)."""
+    same = all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    slots = np.arange(a.host.num_slots)
+    return same and all(np.array_equal(x.get(slots, missing="zeros"), y.get(slots, missing="zeros")) for x, y in zip(a.host.stores, b.host.stores, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +187,7 @@ def test_kill_9_mid_add_or_mid_flush_reopens_as_the_last_flush(tmp_path, point, 
     folder = tmp_path / point
     ro, twin = disk.open(folder, "r"), _filled(_make(codec), range(5))
     assert int(ro.version) == 5 and _same(SAMPLE(ro), SAMPLE(twin))  # never a frame of a later add
-    everything = jax.jit(lambda b: b.sample_sequences(jax.random.key(1), 256, 1))  # every stored frame, many times
-    assert _same(everything(ro), everything(twin))
+    assert _same_contents(ro, twin)  # every stored frame
     ro.close()
     rw = disk.open(folder, "r+")  # deletes what the interrupted work left, and continues
     store = json.loads((folder / "disk.json").read_text())["stores"][0]
@@ -198,32 +206,12 @@ def _files(d):
     return {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
 
 
-def test_a_second_writable_open_in_this_process_is_refused_until_close_or_collection(tmp_path):
-    d = tmp_path / "one"
-    buf = _filled(disk.open(d, "w", _make("none")), range(2))
-    disk.flush(buf)
-    before = _files(d)
-    who = rf"{d} is open for writing \(mode 'w' or 'r\+'\) by process {os.getpid()} \(this process\)"
-    for mode, arg in (("r+", None), ("w", _make("none"))):
-        with pytest.raises(disk.FolderLockedError, match=who):
-            disk.open(d, mode, arg)
-    assert _files(d) == before  # nothing read or deleted: the refused "w" did not empty the folder
-    assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(_filled(_make("none"), range(2))))  # read only: the last flush
-    buf.close()
-    rw = disk.open(d, "r+")  # released by close
-    del rw
-    import gc
-    gc.collect()
-    disk.open(d, "w", _make("none")).close()  # released when the writer was collected
-
-
 _HOLDER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
     import test_disk_folder as t
     from jaxbuffers import disk
-    buf = t._filled(disk.open(sys.argv[1], "w", t._make("none")), range(2))
-    disk.flush(buf)
+    buf = disk.open(sys.argv[1], "w", t._make("none"))  # created and flushed empty
     print("ready", flush=True)
     time.sleep(600)
 """)
@@ -231,7 +219,7 @@ _HOLDER = textwrap.dedent("""
 
 def test_a_writer_in_another_process_holds_the_folder_until_it_is_killed(tmp_path):
     """Another process's writable open: ours is refused naming its pid, a read-only open reads its last flush; once
-    it is killed (SIGKILL: no close, no cleanup), the folder opens for writing and is as that flush left it."""
+    it is killed (SIGKILL: no close, no cleanup), the folder opens for writing."""
     tests, d = os.path.dirname(os.path.abspath(__file__)), tmp_path / "held"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER.format(tests=tests), str(d)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -239,25 +227,31 @@ def test_a_writer_in_another_process_holds_the_folder_until_it_is_killed(tmp_pat
         assert proc.stdout.readline().strip() == b"ready", proc.stderr.read().decode()[-2000:]
         with pytest.raises(disk.FolderLockedError, match=rf"{d} is open for writing .* by process {proc.pid}, which holds .*disk\.lock"):
             disk.open(d, "r+")
-        twin = _filled(_make("none"), range(2))
-        assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(twin))
+        assert int(disk.open(d, "r").version) == 0
     finally:
         proc.kill()
         proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
     rw = disk.open(d, "r+")
-    assert _same(SAMPLE(rw), SAMPLE(twin))
+    assert int(rw.version) == 0 and rw.host.folder_lock.fd >= 0
     rw.close()
 
 
-def test_read_only_opens_see_the_last_flush_never_a_half_written_one(tmp_path, monkeypatch):
-    """`"r"` beside a writer: opened in the middle of the writer's flush (every file of the new generation written,
-    disk.json not yet replaced) it reads the previous flush exactly; after the flush, the new one. A writer's commit
-    landing while an open reads the folder (the files it read deleted) is retried. A read-only buffer whose entries
-    the writer rewrote after a later flush raises `StaleBufferError`."""
+def test_one_writer_in_this_process_and_read_only_opens_beside_it(tmp_path, monkeypatch):
+    """A second writable open (`"r+"`, `"w"`) is refused, naming this process, with nothing read or deleted, until
+    the writer is closed or collected. `"r"` beside the writer: opened in the middle of its flush (every file of the
+    new generation written, disk.json not yet replaced) it reads the previous flush exactly; after it, the new one. A
+    commit landing while an open reads the folder (the files it read deleted) is retried. A read-only buffer whose
+    entries the writer rewrote after a later flush raises `StaleBufferError`."""
     d = tmp_path / "rw"
     w = _filled(disk.open(d, "w", _make("none")), range(3))
     disk.flush(w)
-    twins = [_filled(_make("none"), range(n)) for n in (3, 6)]
+    before = _files(d)
+    who = rf"{d} is open for writing \(mode 'w' or 'r\+'\) by process {os.getpid()} \(this process\)"
+    for mode, arg in (("r+", None), ("w", _make("none"))):
+        with pytest.raises(disk.FolderLockedError, match=who):
+            disk.open(d, mode, arg)
+    assert _files(d) == before  # the refused "w" did not empty the folder
     w = _filled(w, range(3, 6))  # rewrites slots the flush named
     seen, replace = [], os.replace
 
@@ -270,8 +264,8 @@ def test_read_only_opens_see_the_last_flush_never_a_half_written_one(tmp_path, m
     disk.flush(w)
     monkeypatch.setattr(os, "replace", replace)
     first = seen[0]
-    assert int(first.version) == 3 and _same(SAMPLE(first), SAMPLE(twins[0]))
-    assert int(disk.open(d, "r").version) == 6 and _same(SAMPLE(disk.open(d, "r")), SAMPLE(twins[1]))
+    assert int(first.version) == 3 and _same_contents(first, _filled(_make("none"), range(3)))
+    assert int(disk.open(d, "r").version) == 6
 
     state_path, flushed = disk._disk_folder.state_path, []
 
@@ -284,8 +278,12 @@ def test_read_only_opens_see_the_last_flush_never_a_half_written_one(tmp_path, m
     monkeypatch.setattr(disk._disk_folder, "state_path", commit_meanwhile)
     again = disk.open(d, "r")
     monkeypatch.setattr(disk._disk_folder, "state_path", state_path)
-    assert flushed and _same(SAMPLE(again), SAMPLE(_filled(twins[1], range(6, 8))))
-    _filled(later, range(8, 11))  # rewrites the copies of entries the first read-only buffer reads
+    assert flushed and int(again.version) == 8 and _same_contents(again, _filled(_make("none"), range(8)))
+    later = _filled(later, range(8, 11))  # rewrites the copies of entries the first read-only buffer reads
     with pytest.raises(jb.StaleBufferError, match="opened with mode='r' at generation 2; a writer has since flushed .*reopen"):
         first.sample_transitions(jax.random.key(3), 40, n_step=3, gamma=0.9)
     later.close()
+    rw = disk.open(d, "r+")  # released by close
+    del rw
+    gc.collect()
+    disk.open(d, "w", _make("none")).close()  # released when the writer was collected

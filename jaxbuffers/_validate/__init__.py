@@ -515,12 +515,14 @@ def split_leaves(args: dict, num_shards: int, axis: str, own: Callable | None = 
 
 def refusal(fn: Callable, *abstract: Any) -> None:
     """Trace `fn(*abstract)` (`jax.ShapeDtypeStruct` leaves; nothing runs) to raise the refusal (TypeError,
-    ValueError) its own checks make; any other failure to trace is not a refusal, and returns."""
+    ValueError) its own checks make, as the caller's own (without the frames and notes of the trace); any other
+    failure to trace is not a refusal, and returns."""
     try:
         jax.eval_shape(fn, *abstract)
-    except Exception as e:  # noqa: BLE001 - only refusals are raised
-        if isinstance(e, (TypeError, ValueError)):
-            raise
+    except (TypeError, ValueError) as e:
+        raise type(e)(*e.args) from None
+    except Exception:  # noqa: BLE001 - only refusals are raised
+        return
 
 
 def not_narrowed(name: str, x: Any) -> Any:
