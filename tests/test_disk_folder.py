@@ -287,3 +287,21 @@ def test_one_writer_in_this_process_and_read_only_opens_beside_it(tmp_path, monk
     del rw
     gc.collect()
     disk.open(d, "w", _make("none")).close()  # released when the writer was collected
+
+
+def test_the_lock_without_a_recorded_pid_and_without_fcntl(tmp_path, monkeypatch):
+    """A lock held with no pid written in the lock file: the refusal says "another handle". Without `fcntl` (a system
+    that has none), nothing is locked: both opens proceed, each writing its pid (the documented behaviour)."""
+    import fcntl
+
+    from jaxbuffers import _disk_folder
+
+    fd = os.open(tmp_path / "disk.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with pytest.raises(disk.FolderLockedError, match=r"open for writing \(mode 'w' or 'r\+'\) by another handle"):
+        _disk_folder.FolderLock(tmp_path)
+    os.close(fd)
+    monkeypatch.setattr(_disk_folder, "fcntl", None)
+    a, b = _disk_folder.FolderLock(tmp_path), _disk_folder.FolderLock(tmp_path)
+    assert (tmp_path / "disk.lock").read_text() == f"{os.getpid()}\n"
+    a.release(), b.release()
