@@ -28,8 +28,9 @@ generation, and the folder reopens as of the last completed flush, exactly; the 
 deleted when the folder is next opened with `"r+"`.
 
 One writer: a writable open (`"w"`, `"r+"`) takes an exclusive advisory lock (`fcntl.flock`, `FolderLock`) on
-`disk.lock` and holds it until the buffer's `close()`, until its `DiskStores` is garbage collected, or until the
-process ends (a kill -9 included: the kernel releases it); a second writable open, in this process or another,
+`disk.lock` and holds it until the buffer's `close()`, until its `DiskStores` is garbage collected (once nothing holds
+it: after a jitted call JAX's compile caches do, until `jax.clear_caches()`), or until the process ends (a kill -9
+included: the kernel releases it); a second writable open, in this process or another,
 raises `FolderLockedError` naming the folder and the holder's pid, before anything is read or deleted. A lock is
 held per open file of the lock file, so a forked child shares its parent's lock. On a system without `fcntl`
 (Windows), the lock file is written but nothing is locked: the rule is then the caller's. Folders on network file
