@@ -10,9 +10,9 @@ Files, for a store at `path` (a path without suffix):
 ```
 path.npy         # shape=(num_slots, *item_shape), the entries' dtype: a standard .npy file, row `i` = slot `i`
 path.1.npy       # the same: the second copy of each slot (both files are sparse: rows never written take no space)
-path.index.npy   # shape=(3, num_slots), dtype=uint32: row 0 is 1 where the slot holds an entry, row 1 its checksum,
-                 # row 2 the file holding it (0: path.npy, 1: path.1.npy); an index of shape (2, num_slots) (one
-                 # copy, all in path.npy) opens too
+path.index.npy   # shape=(2, num_slots), dtype=uint32: row 0 bit 0 is 1 where the slot holds an entry, bit 1 the
+                 # file holding it (0: path.npy, 1: path.1.npy); row 1 its checksum (an index written before there
+                 # were two files, bit 1 always 0, opens as it is)
 ```
 
 Commits: the index is kept in memory and written by `write_index` (or `flush`: `write_index` to the default index
@@ -21,7 +21,7 @@ is written to its other copy (repeated puts before the next commit rewrite that 
 to the copy it names. So the index on disk, and every entry it names, stay whole until the next index is committed
 (`commit`), whatever is put meanwhile and wherever the process stops: a folder reopened with that index reads the
 entries as of its commit, exactly. A commit costs a sync of the rows put since the last one and the index
-(12 bytes a slot); a slot rewritten in every commit alternates between its two copies, so the files
+(8 bytes a slot); a slot rewritten in every commit alternates between its two copies, so the files
 hold at most twice the entries.
 
 Checksums: an entry's check is the low 32 bits of XXH3-64 of its bytes, seeded with its slot id and length (as
@@ -119,12 +119,11 @@ class FileStore:
             self._index = np.zeros((3, self.num_slots), np.uint32)  # shape=(3, num_slots), uint32: written, check, copy
         else:
             index = np.load(self.index_path, allow_pickle=False)
-            if index.shape not in ((2, self.num_slots), (3, self.num_slots)) or index.dtype != np.uint32:  # (2, n): one copy
-                raise ValueError(f"{self.index_path}: expected shape (3, {self.num_slots}) uint32, got shape {index.shape} {index.dtype}")
-            self._index = np.zeros((3, self.num_slots), np.uint32)
-            self._index[: index.shape[0]] = index
+            if index.shape != (2, self.num_slots) or index.dtype != np.uint32 or (index[0] > 3).any():
+                raise ValueError(f"{self.index_path}: expected shape (2, {self.num_slots}) uint32 (row 0 in [0, 3]), got shape {index.shape} {index.dtype}")
+            self._index = np.stack([index[0] & 1, index[1], index[0] >> 1])
         self._committed = self._index[[0, 2]].copy()  # written and copy of each slot as the last committed index says
-        self._fds, self._offsets = [-1, -1], [0, 0]
+        self._fds, self._offsets, self._dirty = [-1, -1], [0, 0], [False, False]
         for c, path in enumerate((self.data_path, self.copy_path)):
             if c == 1 and mode != "w" and not path.exists():  # a store of one file (or no entry in this one yet)
                 if self._index[2].any():
@@ -175,7 +174,8 @@ class FileStore:
             raise RuntimeError(f"{self.data_path}: {what} after close()")
 
     def put(self, slots: Any, arrays: Any, *, bases: Any = None) -> None:
-        """Store `arrays[i]` in slot `slots[i]` (repeated ids: the last one wins), written to the data file at once.
+        """Store `arrays[i]` in slot `slots[i]` (repeated ids: the last one wins), written at once to the file the slot's
+        copy is in (module doc, Commits).
 
         Args:
           slots: # shape=(B,), integer slot ids.
@@ -208,6 +208,7 @@ class FileStore:
                 at = np.flatnonzero(copy == c)
                 for a0, b0 in _runs(s[at]):
                     os.pwrite(self._fds[c], np.ascontiguousarray(rows[at[a0:b0]]), self._offsets[c] + int(s[at[a0]]) * self.row_nbytes)
+                    self._dirty[c] = True
             self._index[0, s], self._index[1, s], self._index[2, s] = 1, sums, copy
 
     def _sums(self, arrays: dict, which: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
@@ -323,15 +324,17 @@ class FileStore:
         """
         self._check_writable("write_index")
         with self._lock:
-            for fd in self._fds:
-                if fd >= 0:
+            for c, fd in enumerate(self._fds):
+                if self._dirty[c]:
                     os.fsync(fd)
-            index = self._index.copy()
+                    self._dirty[c] = False
+            token = self._index[[0, 2]]  # (a copy)
+            packed = np.stack([token[0] | (token[1] << 1), self._index[1]])
         with open(path, "wb") as f:
-            np.save(f, index, allow_pickle=False)
+            np.save(f, packed, allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
-        return index[[0, 2]]
+        return token
 
     def commit(self, token: np.ndarray, committed: bool = True) -> None:
         """After `write_index`: the index it wrote is the one to open (`committed`), so the entries it replaced may be

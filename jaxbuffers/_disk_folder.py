@@ -23,7 +23,7 @@ device state of generation `g + 1`, then `disk.json` replaced in one rename: the
 of generation `g` deleted (old indexes, state, slot versions, and chunk files only the old index named). Adds never
 change what the last flush named: chunk files are append-only, and a raw store writes a slot the last flush named to
 the slot's other copy (its cost: the raw files hold up to twice the entries; a flush syncs what was added and writes
-12 bytes a slot of index). So a crash at any point (mid-add or mid-flush) leaves `disk.json` naming a whole
+8 bytes a slot of index, as before). So a crash at any point (mid-add or mid-flush) leaves `disk.json` naming a whole
 generation, and the folder reopens as of the last completed flush, exactly; the files of an interrupted flush are
 deleted when the folder is next opened with `"r+"`.
 

@@ -108,36 +108,41 @@ def test_version_1_and_2_folders_open_and_unknown_versions_are_refused_naming_th
     """Folders as versions 1 and 2 wrote them (a raw store in one file beside its index `store-0.index.npy` of two
     rows; version 1 also `state/`, `slot_version.npy`, no generation) open, and a flush of one in `"r+"` writes
     version 3; version 4 is refused."""
-    d, twin = tmp_path / "old", _filled(_make("none"), range(3))
-    buf = _filled(disk.open(d, "w", _make("none")), range(3))  # 24 steps in 20 slots: entries in both copies
+    d, twin = tmp_path / "old", _filled(_make("none"), range(5))
+    buf = _filled(disk.open(d, "w", _make("none")), range(3))
+    disk.flush(buf)
+    buf = _filled(buf, [3, 4])  # the ring wraps, rewriting slots the flush named: entries in both files
     disk.flush(buf)
     buf.close()
     meta = json.loads((d / "disk.json").read_text())
-    index = np.load(d / "store-0.index-2.npy")
+    g = meta["generation"]
+    index = np.load(d / f"store-0.index-{g}.npy")
     frames = np.load(d / "store-0.npy")
-    frames[index[2] == 1] = np.load(d / "store-0.1.npy")[index[2] == 1]  # one file, as they wrote it
+    second = (index[0] >> 1) == 1  # entries in the second file
+    assert second.any()
+    frames[second] = np.load(d / "store-0.1.npy")[second]  # one file, as they wrote it
     np.save(d / "store-0.npy", frames)
-    np.save(d / "store-0.index.npy", index[:2])
-    for p in ("store-0.1.npy", "store-0.index-2.npy"):
+    np.save(d / "store-0.index.npy", np.stack([index[0] & 1, index[1]]))
+    for p in ("store-0.1.npy", f"store-0.index-{g}.npy"):
         (d / p).unlink()
     idx = {"store-0.index.npy": {"bytes": (d / "store-0.index.npy").stat().st_size, "xxh3_64": jb.checkpoint._hash_file(d / "store-0.index.npy", jb.checkpoint._Progress(False, ""))}}
-    sv = {"slot_version-2.npy": meta["files"]["slot_version-2.npy"]}
+    sv = {f"slot_version-{g}.npy": meta["files"][f"slot_version-{g}.npy"]}
     stores = [{k: s[k] for k in ("name", "file", "shape", "dtype")} for s in meta["stores"]]
     v2 = {**meta, "version": 2, "stores": [{**s, "kind": "raw", "index": "store-0.index.npy"} for s in stores], "files": {**sv, **idx}}
     v1 = {"format": "jaxbuffers.disk", "version": 1, "num_slots": meta["num_slots"], "host": meta["host"], "stores": stores,
-          "files": {"slot_version.npy": sv["slot_version-2.npy"], **idx}}
+          "files": {"slot_version.npy": sv[f"slot_version-{g}.npy"], **idx}}
     for version, old in ((2, v2), (1, v1)):
         (d / "disk.json").write_text(json.dumps(old))
         if version == 1:
-            (d / "state-2").rename(d / "state")
-            (d / "slot_version-2.npy").rename(d / "slot_version.npy")
+            (d / f"state-{g}").rename(d / "state")
+            (d / f"slot_version-{g}.npy").rename(d / "slot_version.npy")
         assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(twin)), version
     rw = disk.open(d, "r+")
-    disk.flush(_filled(rw, [3]))
+    disk.flush(_filled(rw, [5]))
     rw.close()
     assert json.loads((d / "disk.json").read_text())["version"] == 3 and not (d / "state").exists()
     assert {p.name for p in d.iterdir()} == {"disk.json", "disk.lock", "state-1", "slot_version-1.npy", "store-0.npy", "store-0.1.npy", "store-0.index-1.npy"}
-    assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(_filled(twin, [3])))
+    assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(_filled(twin, [5])))
     (d / "disk.json").write_text(json.dumps({**v1, "version": 4}))
     with pytest.raises(jb.CheckpointError, match=r"old/disk\.json: format version 4, this jaxbuffers reads versions \[1, 2, 3\]"):
         disk.open(d, "r")
