@@ -132,6 +132,7 @@ class FileStore:
                     continue
             if mode == "w" or (c == 1 and not path.exists()):
                 np.lib.format.open_memmap(path, mode="w+", dtype=self.dtype, shape=shape)._mmap.close()  # header + sparse file
+                self._dirty[c] = True  # its header: synced by the next commit
             got_shape, got_dtype, self._offsets[c] = _header(path)
             for field, want, got in (("shape", shape, got_shape), ("dtype", self.dtype, got_dtype)):
                 if want != got:
