@@ -9,15 +9,25 @@ Files, for a store at `path` (a path without suffix):
 
 ```
 path.npy         # shape=(num_slots, *item_shape), the entries' dtype: a standard .npy file, row `i` = slot `i`
-                 # (`np.load(path + ".npy", mmap_mode="r")` opens it as a numpy memmap)
-path.index.npy   # shape=(2, num_slots), dtype=uint32: row 0 is 1 where the slot holds an entry, row 1 its checksum
+path.1.npy       # the same: the second copy of each slot (both files are sparse: rows never written take no space)
+path.index.npy   # shape=(2, num_slots), dtype=uint32: row 0 bit 0 is 1 where the slot holds an entry, bit 1 the
+                 # file holding it (0: path.npy, 1: path.1.npy); row 1 its checksum (an index written before there
+                 # were two files, bit 1 always 0, opens as it is)
 ```
 
-The data file is written on every `put`; the index is kept in memory and written by `flush`, so the index on disk
-describes the data as of the last `flush`. Checksums: an entry's check is the low 32 bits of XXH3-64 of its bytes,
-seeded with its slot id and length (as `CompressedStore`'s); every read verifies the entries it returns and raises
-`host_codecs.CorruptEntryError` naming the file and the slots whose bytes differ from what the index says (a changed
-byte, a truncated file, or a slot rewritten after the last `flush` of a folder reopened later).
+Commits: the index is kept in memory and written by `write_index` (or `flush`: `write_index` to the default index
+path through a rename). A `put` never overwrites an entry the last committed index names: a slot that index names
+is written to its other copy (repeated puts before the next commit rewrite that other copy), a slot it does not name
+to the copy it names. So the index on disk, and every entry it names, stay whole until the next index is committed
+(`commit`), whatever is put meanwhile and wherever the process stops: a folder reopened with that index reads the
+entries as of its commit, exactly. A commit costs a sync of the rows put since the last one and the index
+(8 bytes a slot); a slot rewritten in every commit alternates between its two copies, so the files
+hold at most twice the entries.
+
+Checksums: an entry's check is the low 32 bits of XXH3-64 of its bytes, seeded with its slot id and length (as
+`CompressedStore`'s); every read verifies the entries it returns and raises `host_codecs.CorruptEntryError` naming
+the file and the slots whose bytes differ from what the index says (a changed byte, a truncated file, or a copy
+rewritten after a later commit than the index a reader opened).
 
 Modes: `"w"` creates the files (replacing existing ones), `"r+"` opens them for reading and writing, `"r"` for reading
 only (`put` raises `ReadOnlyError`, and the files are opened read-only).
@@ -79,6 +89,7 @@ class FileStore:
       dtype: dtype of every entry (a dtype of `host_codecs.DTYPES`).
       mode: `"w"` (create), `"r+"` (read and write existing files) or `"r"` (read only).
       name: what error messages call this store.
+      index: the index file to open (`"r"` / `"r+"`) and that `flush` writes; default `path.index.npy`.
 
     Raises:
       ValueError: a bad mode or size; with `"r"` / `"r+"`, files whose shape or dtype differ from the arguments, or a
@@ -89,7 +100,7 @@ class FileStore:
     """
 
     def __init__(self, path: str | os.PathLike, num_slots: int, item_shape: Sequence[int], dtype: Any, *,
-                 mode: str = "r", name: str = ""):
+                 mode: str = "r", name: str = "", index: str | os.PathLike | None = None):
         if mode not in ("w", "r+", "r"):
             raise ValueError(f"mode: expected 'w', 'r+' or 'r', got {mode!r}")
         if isinstance(num_slots, bool) or not isinstance(num_slots, (int, np.integer)) or num_slots < 1:
@@ -101,26 +112,36 @@ class FileStore:
         self.dtype = dtype_from_code(dtype_code(dtype, field="dtype"))
         self._declared = (dtype_code(self.dtype), self.item_shape)  # what CompressedStore calls it
         self.row_nbytes = math.prod(self.item_shape) * self.dtype.itemsize
-        self.data_path, self.index_path = self.path.with_name(self.path.name + ".npy"), self.path.with_name(self.path.name + ".index.npy")
+        self.data_path, self.copy_path = self.path.with_name(self.path.name + ".npy"), self.path.with_name(self.path.name + ".1.npy")
+        self.index_path = Path(index) if index is not None else self.path.with_name(self.path.name + ".index.npy")
         shape = (self.num_slots, *self.item_shape)
         if mode == "w":
-            np.lib.format.open_memmap(self.data_path, mode="w+", dtype=self.dtype, shape=shape)._mmap.close()  # header + sparse file
-            self._index = np.zeros((2, self.num_slots), np.uint32)  # shape=(2, num_slots), uint32: written, check
+            self._index = np.zeros((3, self.num_slots), np.uint32)  # shape=(3, num_slots), uint32: written, check, copy
         else:
-            got_shape, got_dtype, _ = _header(self.data_path)
+            index = np.load(self.index_path, allow_pickle=False)
+            if index.shape != (2, self.num_slots) or index.dtype != np.uint32 or (index[0] > 3).any():
+                raise ValueError(f"{self.index_path}: expected shape (2, {self.num_slots}) uint32 (row 0 in [0, 3]), got shape {index.shape} {index.dtype}")
+            self._index = np.stack([index[0] & 1, index[1], index[0] >> 1])
+        self._committed = self._index[[0, 2]].copy()  # written and copy of each slot as the last committed index says
+        self._fds, self._offsets, self._dirty = [-1, -1], [0, 0], [False, False]
+        for c, path in enumerate((self.data_path, self.copy_path)):
+            if c == 1 and mode != "w" and not path.exists():  # a store of one file (or no entry in this one yet)
+                if self._index[2].any():
+                    raise FileNotFoundError(f"{path}: missing (a FileStore data file its index {self.index_path.name} names)")
+                if mode == "r":
+                    continue
+            if mode == "w" or (c == 1 and not path.exists()):
+                np.lib.format.open_memmap(path, mode="w+", dtype=self.dtype, shape=shape)._mmap.close()  # header + sparse file
+                self._dirty[c] = True  # its header: synced by the next commit
+            got_shape, got_dtype, self._offsets[c] = _header(path)
             for field, want, got in (("shape", shape, got_shape), ("dtype", self.dtype, got_dtype)):
                 if want != got:
-                    raise ValueError(f"{self.data_path}: {field} {got} on disk, expected {want} ({self.name or 'this store'})")
-            index = np.load(self.index_path, allow_pickle=False)
-            if index.shape != (2, self.num_slots) or index.dtype != np.uint32:
-                raise ValueError(f"{self.index_path}: expected shape (2, {self.num_slots}) uint32, got shape {index.shape} {index.dtype}")
-            self._index = np.array(index)
-        self._offset = _header(self.data_path)[2]
-        need = self._offset + self.num_slots * self.row_nbytes
-        if self.data_path.stat().st_size < need:
-            raise ValueError(f"{self.data_path}: {self.data_path.stat().st_size} bytes, its header needs {need} (truncated)")
-        self._fd = os.open(self.data_path, os.O_RDONLY if mode == "r" else os.O_RDWR)
-        self._lock = threading.Lock()
+                    raise ValueError(f"{path}: {field} {got} on disk, expected {want} ({self.name or 'this store'})")
+            need = self._offsets[c] + self.num_slots * self.row_nbytes
+            if path.stat().st_size < need:
+                raise ValueError(f"{path}: {path.stat().st_size} bytes, its header needs {need} (truncated)")
+            self._fds[c] = os.open(path, os.O_RDONLY if mode == "r" else os.O_RDWR)
+        self._lock = threading.RLock()
         if mode == "w":
             self.flush()
 
@@ -133,8 +154,8 @@ class FileStore:
 
     @property
     def disk_nbytes(self) -> int:
-        """Bytes of the entries' file on disk (allocated or not)."""
-        return self._offset + self.num_slots * self.row_nbytes
+        """Bytes the entries' two files take on disk (blocks allocated: rows never written take none)."""
+        return sum(os.stat(p).st_blocks * 512 for p in (self.data_path, self.copy_path) if p.exists())
 
     def config(self) -> dict[str, Any]:
         """`num_slots` and `declared` (`[dtype name, shape]`), as `CompressedStore.config` names them."""
@@ -150,11 +171,12 @@ class FileStore:
     def _check_writable(self, what: str) -> None:
         if self.mode == "r":
             raise ReadOnlyError(f"{self.data_path}: {what} refused, the store was opened with mode='r'; reopen it with mode='r+'")
-        if self._fd < 0:
+        if self._fds[0] < 0:
             raise RuntimeError(f"{self.data_path}: {what} after close()")
 
     def put(self, slots: Any, arrays: Any, *, bases: Any = None) -> None:
-        """Store `arrays[i]` in slot `slots[i]` (repeated ids: the last one wins), written to the data file at once.
+        """Store `arrays[i]` in slot `slots[i]` (repeated ids: the last one wins), written at once to the file the slot's
+        copy is in (module doc, Commits).
 
         Args:
           slots: # shape=(B,), integer slot ids.
@@ -181,9 +203,14 @@ class FileStore:
         rows = np.ascontiguousarray(a).reshape(s.size, -1).view(np.uint8)
         sums = self._sums({0: rows}, np.zeros(s.size, np.int64), np.arange(s.size), s)
         with self._lock:
-            for a0, b0 in _runs(s):
-                os.pwrite(self._fd, rows[a0:b0], self._offset + int(s[a0]) * self.row_nbytes)
-            self._index[0, s], self._index[1, s] = 1, sums
+            written, copy = self._committed[:, s]
+            copy = np.where(written == 1, 1 - copy, copy)  # never over an entry the last committed index names
+            for c in (0, 1):
+                at = np.flatnonzero(copy == c)
+                for a0, b0 in _runs(s[at]):
+                    os.pwrite(self._fds[c], np.ascontiguousarray(rows[at[a0:b0]]), self._offsets[c] + int(s[at[a0]]) * self.row_nbytes)
+                    self._dirty[c] = True
+            self._index[0, s], self._index[1, s], self._index[2, s] = 1, sums, copy
 
     def _sums(self, arrays: dict, which: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """# shape=(k,), dtype=uint32: the checks of the entries of `slots` that lie in row `rows[i]` of the uint8
@@ -231,7 +258,7 @@ class FileStore:
             raise TypeError(f"slot_arrays: expected a list of slot id arrays, got {type(slot_arrays).__name__}")
         if outs is not None and not isinstance(outs, (list, tuple)):
             raise TypeError(f"outs: expected a list of arrays (one per slot array), got {type(outs).__name__}")
-        if self._fd < 0:
+        if self._fds[0] < 0:
             raise RuntimeError(f"{self.data_path}: read after close()")
         ids = [self._slots(x, "slot_arrays") for x in slot_arrays]
         if outs is not None and len(outs) != len(ids):
@@ -250,7 +277,7 @@ class FileStore:
             return results
         bounds = np.cumsum([0] + [x.size for x in ids])
         with self._lock:
-            written, check = self._index[0, flat], self._index[1, flat]
+            written, check, copy = self._index[:, flat]
         empty = written == 0
         if empty.any() and missing == "raise":
             raise KeyError(f"{self.name or self.data_path}: slots never written: {np.unique(flat[empty])[:10].tolist()}")
@@ -259,24 +286,29 @@ class FileStore:
         live = np.flatnonzero(~empty[first])
         for i in np.flatnonzero(empty[first]).tolist():
             rows[fj[i]][fr[i]] = 0
-        runs = _runs(uniq[live])
+        where = copy[first].astype(np.int64)  # the file each distinct slot is read from
+        live = live[np.argsort(where[live], kind="stable")]  # by file, then slot
+        runs = _runs(where[live] * (self.num_slots + 1) + uniq[live])  # no run crosses from one file to the other
 
         def read(a: int, b: int) -> None:
             for r0, r1 in runs[a:b]:
+                c = int(where[live[r0]])
                 for c0 in range(r0, r1, _IOV_MAX):
                     part = live[c0 : min(c0 + _IOV_MAX, r1)].tolist()
                     views = [rows[fj[i]][fr[i]] for i in part]
-                    start = self._offset + int(uniq[part[0]]) * self.row_nbytes
-                    got = os.preadv(self._fd, views, start)
+                    start = self._offsets[c] + int(uniq[part[0]]) * self.row_nbytes
+                    got = os.preadv(self._fds[c], views, start)
                     if got != len(views) * self.row_nbytes:
-                        raise OSError(f"{self.data_path}: read {got} bytes at offset {start}, expected {len(views) * self.row_nbytes} (file truncated)")
+                        path = (self.data_path, self.copy_path)[c]
+                        raise OSError(f"{path}: read {got} bytes at offset {start}, expected {len(views) * self.row_nbytes} (file truncated)")
 
         parallel_for(len(runs), read, work_bytes=live.size * self.row_nbytes, min_shard_bytes=_READ_SHARD_BYTES)
         arrays = {j: r for j, r in enumerate(rows) if r is not None}
         bad = self._sums(arrays, np.asarray(fj, np.int64)[live], np.asarray(fr, np.int64)[live], uniq[live]) != check[first[live]]
         if bad.any():
             ids_bad = uniq[live][bad]
-            raise CorruptEntryError(f"{self.data_path}: slots {ids_bad[:10].tolist()}{' and more' if ids_bad.size > 10 else ''} are corrupt "
+            files = ", ".join(str((self.data_path, self.copy_path)[c]) for c in sorted(set(where[live][bad].tolist())))
+            raise CorruptEntryError(f"{files}: slots {ids_bad[:10].tolist()}{' and more' if ids_bad.size > 10 else ''} are corrupt "
                                     f"(checksum mismatch): their bytes differ from the index written by the last flush")
         dup = np.flatnonzero(np.arange(flat.size) != first[inverse.reshape(-1)])
         (dj, dr), src = _out_of(dup, bounds), inverse.reshape(-1)[dup]
@@ -284,24 +316,51 @@ class FileStore:
             rows[j][r] = rows[fj[i]][fr[i]]
         return results
 
+    def write_index(self, path: str | os.PathLike) -> np.ndarray:
+        """Make both data files durable (fsync) and write the index to `path` (a new file, fsynced); the entries it
+        names stay as they are until it is committed (`commit`), so no `put` may come between the two.
+
+        Returns:
+          The token `commit` takes.
+        """
+        self._check_writable("write_index")
+        with self._lock:
+            for c, fd in enumerate(self._fds):
+                if self._dirty[c]:
+                    os.fsync(fd)
+                    self._dirty[c] = False
+            token = self._index[[0, 2]]  # (a copy)
+            packed = np.stack([token[0] | (token[1] << 1), self._index[1]])
+        with open(path, "wb") as f:
+            np.save(f, packed, allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        return token
+
+    def commit(self, token: np.ndarray, committed: bool = True) -> None:
+        """After `write_index`: the index it wrote is the one to open (`committed`), so the entries it replaced may be
+        overwritten from now on. Not committed (the caller failed to record it): the previous index stays the one
+        whose entries are kept."""
+        if committed:
+            with self._lock:
+                self._committed = token
+
     def flush(self) -> None:
-        """Make the data file durable (fsync) and write the index beside it (through a temporary file and a rename)."""
-        if self.mode == "r" or self._fd < 0:
+        """`write_index` to `index_path` (through a temporary file and a rename: the commit point) and `commit`."""
+        if self.mode == "r" or self._fds[0] < 0:
             return
-        os.fsync(self._fd)
         tmp = self.index_path.with_name(self.index_path.name + ".tmp")
         with self._lock:
-            with open(tmp, "wb") as f:
-                np.save(f, self._index, allow_pickle=False)
-                f.flush()
-                os.fsync(f.fileno())
+            token = self.write_index(tmp)
             os.replace(tmp, self.index_path)
+            self.commit(token)
 
     def close(self) -> None:
-        """Close the data file (unflushed index rows are dropped: `flush` first to keep them). Later calls raise."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Close the data files (unflushed index rows are dropped: `flush` first to keep them). Later calls raise."""
+        for c, fd in enumerate(self._fds):
+            if fd >= 0:
+                os.close(fd)
+                self._fds[c] = -1
 
     def __repr__(self) -> str:
         return f"FileStore({str(self.path)!r}, num_slots={self.num_slots}, item_shape={self.item_shape}, dtype={self.dtype}, mode={self.mode!r})"

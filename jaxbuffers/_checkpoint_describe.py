@@ -242,10 +242,12 @@ def _check_config(name: str, saved: dict, cfg: dict, what: str) -> None:
             raise CheckpointError(f"{what}: config {k!r} of the checkpoint is {a!r:.200}, the target's is {b!r:.200}")
 
 
-def _check_meta_defaults(target: Any, loaded: list[np.ndarray], root: Path) -> None:
+def _check_meta_defaults(target: Any, loaded: list[np.ndarray], root: Path, stacked: bool = False) -> None:
     """The meta defaults (`EpisodeBuffer.meta_defaults`, array leaves, so not in the JSON config) read from a
     checkpoint must equal a concrete target's, byte for byte: restoring would otherwise replace them silently.
     Checkpoints written before defaults were compared hold them too. An abstract target has no values to compare.
+
+    `stacked`: the buffer of a `ShardedBuffer` (leaves `[S, ...]`): a default equal on every shard is given once.
 
     Raises:
       CheckpointError: naming the meta field, both defaults, and the target.
@@ -258,6 +260,7 @@ def _check_meta_defaults(target: Any, loaded: list[np.ndarray], root: Path) -> N
         b = np.asarray(x)
         if a.tobytes() != b.tobytes():
             field = path[-1].key if isinstance(path[-1], jax.tree_util.DictKey) else _validate.leaf_name(path)
+            a, b = ((v[0] if stacked and v.ndim and (v == v[:1]).all() else v) for v in (np.asarray(a), b))
             raise CheckpointError(
                 f"{root}: config 'meta' field {field!r}: the checkpoint's default is {a.tolist()!r:.100}, the target's is "
                 f"{b.tolist()!r:.100} (create the target with the checkpoint's meta defaults, or restore without a target)"

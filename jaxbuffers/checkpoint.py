@@ -272,7 +272,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {getattr(a, 'shape', None)}, expected {x.shape} {x.dtype}")
         host.append(a)
     if target is not None:
-        _check_meta_defaults(target, host, root)
+        _check_meta_defaults(target, host, root, stacked="sharded" in meta)
     buffer = jax.tree.unflatten(treedef, _on_devices(host, shardings))
     if host_meta is not None and "shards" in host_meta:
         versions = np.asarray(buffer.version).tolist()

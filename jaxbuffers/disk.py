@@ -5,7 +5,8 @@
 per compressed leaf, read and written with positioned system calls (never a memory map), so data larger than memory
 stays on disk and reading it does not grow the process's resident memory:
 
-* codec `"none"`: a `host_codecs.FileStore`, one `.npy` file of `[num_slots, *frame_shape]` rewritten in place;
+* codec `"none"`: a `host_codecs.FileStore`, two `.npy` files of `[num_slots, *frame_shape]`, a slot the last flush
+  named rewritten in its other copy;
 * any other codec (`"zstd:3"`, `"rle"`, `"igzip:1"`, with the zstd dictionary and `keyframe_interval > 1` delta
   chains as in memory): a `host_codecs.chunk_arena.ChunkFileStore`, payloads appended to chunk files, its index in
   memory, each read fetching the payloads it decodes in a few batched `os.preadv` calls.
@@ -14,10 +15,12 @@ Everything else is unchanged: `add` writes through the same exactly-once host ca
 versioned callback, under `jit` and eagerly, and a sample equals the in-memory buffer's.
 
 `flush(buffer)` commits the folder as of that buffer state (the files and their commit: `jaxbuffers._disk_folder`,
-format version `FORMAT_VERSION`; version 1 folders still open). Reopened with `"r"` or `"r+"`, the folder gives the
-buffer as of its last completed flush, also after a crash at any point of an add or a flush; the frames of adds after
-that flush are not served (a raw store's entries rewritten since then fail their checksum:
-`host_codecs.CorruptEntryError` naming the file and slots).
+format version `FORMAT_VERSION`; version 1 and 2 folders still open). Reopened with `"r"` or `"r+"`, the folder gives
+the buffer as of its last completed flush, exactly, also after a crash at any point of an add or a flush.
+
+One writer per folder: `"w"` and `"r+"` hold the folder's lock until `close()` (or until the process ends); another
+writable open raises `FolderLockedError`. `"r"` takes no lock and opens the last completed flush, also while a writer
+works (`jaxbuffers._disk_folder`, One writer, Read only).
 
 `Concatenated.create(buffers)` samples several trajectory buffers (open folders, or in-memory compressed buffers of
 the same configuration) as one, uniformly over the union of their valid windows; `ConcatenatedEpisodes.create`
@@ -27,7 +30,6 @@ does the same for episode buffers (episodes, sequences, steps and n-step transit
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
@@ -38,7 +40,7 @@ from flax import struct
 from host_codecs import dtype_from_code
 from host_codecs.file_store import ReadOnlyError
 from jaxbuffers import _compiled, _disk_folder, _ring, _validate, checkpoint
-from jaxbuffers._disk_folder import FORMAT_VERSION, DiskStores
+from jaxbuffers._disk_folder import FORMAT_VERSION, DiskStores, FolderLockedError
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import HostStores, StaleBufferError
 from jaxbuffers.compressed.episode import CompressedEpisodeBuffer
@@ -47,10 +49,11 @@ from jaxbuffers.episode import EpisodeSample
 from jaxbuffers.trajectory import SequenceSample, TransitionSample
 
 __all__ = [
-    "FORMAT_VERSION", "ReadOnlyError", "DiskStores", "open", "flush", "Concatenated", "ConcatenatedEpisodes", "ConcatenatedSample",
+    "FORMAT_VERSION", "ReadOnlyError", "FolderLockedError", "DiskStores", "open", "flush", "Concatenated", "ConcatenatedEpisodes", "ConcatenatedSample",
 ]
 
 _MODES = ("w", "r+", "r")
+_READ_ATTEMPTS = 5
 
 
 def flush(buffer: Any) -> Path:
@@ -89,7 +92,8 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
       directory: the folder.
       mode: `"w"`: create it from `buffer` (an existing disk folder there is replaced; any other non-empty folder is
         refused); `"r+"`: reopen it to sample and add (files of an interrupted flush are deleted); `"r"`: reopen it
-        to sample only (adds and `flush` raise `ReadOnlyError`, and the files are opened read-only).
+        to sample only (adds and `flush` raise `ReadOnlyError`, and the files are opened read-only). `"w"` and `"r+"`
+        hold the folder's lock until the buffer's `close()`: one writer per folder (module doc).
       buffer: with `"w"`, the empty compressed buffer (no add yet) whose configuration the folder takes; with `"r"` /
         `"r+"`, optionally a buffer (concrete or from `jax.eval_shape`) whose class and configuration the folder
         must have.
@@ -103,6 +107,8 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
       ValueError: a bad `mode`; with `"w"`, a `buffer` that is not an empty compressed buffer, or has
         `keyframe_interval > 1` with `codec="none"`.
       FileExistsError: `"w"` on a non-empty folder that is not a disk folder (nothing is deleted).
+      FolderLockedError: `"w"` / `"r+"` on a folder another writable handle holds, in this process or another (the
+        message names the folder and the holder's pid; nothing is read or deleted).
       CheckpointError: `"r"` / `"r+"` on a folder that is missing, corrupt, of a format version this jaxbuffers does
         not read, or of another class or configuration than `buffer` (the message names the file or the field).
     """
@@ -113,6 +119,31 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
         return _create(d, buffer)
     if buffer is not None:
         checkpoint._entry(buffer, "buffer")  # a TypeError naming this argument (restore calls it target)
+    if mode == "r":
+        for attempt in range(_READ_ATTEMPTS):  # a writer may commit (and delete the files we read) meanwhile
+            seen = _disk_folder.commit_id(d)
+            try:
+                out = _reopen(d, mode, buffer, None)
+            except (checkpoint.CheckpointError, OSError):
+                if attempt + 1 == _READ_ATTEMPTS or _disk_folder.commit_id(d) == seen:
+                    raise
+                continue
+            if _disk_folder.commit_id(d) == seen:
+                out.host.opened_at = seen
+                return out
+            out.host.close()
+        raise checkpoint.CheckpointError(f"{d}: a writer committed {_READ_ATTEMPTS} flushes while this open read the folder; retry")
+    lock = _disk_folder.FolderLock(d) if (d / "disk.json").is_file() else None  # else: read_meta names what is missing
+    try:
+        return _reopen(d, mode, buffer, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _reopen(d: Path, mode: str, buffer: Any, lock: Any) -> Any:
+    """`open` with `"r"` or `"r+"` (the folder's lock held for `"r+"`)."""
     meta = _disk_folder.read_meta(d)
     state = _disk_folder.state_path(d, meta)
     try:
@@ -133,7 +164,7 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
     if mode == "r+":
         _disk_folder.sweep(d, meta)
     try:
-        host = DiskStores(d, like, mode, meta)
+        host = DiskStores(d, like, mode, meta, lock)
     except ValueError as e:
         raise checkpoint.CheckpointError(str(e)) from None
     sv, path = _disk_folder.slot_versions(d, meta)
@@ -159,13 +190,19 @@ def _create(d: Path, buffer: Any) -> Any:
         )
     if like.version or int(buffer.version):
         raise ValueError(f"buffer: expected an empty buffer (no add yet), got one at version {int(buffer.version)}")
-    if d.exists() and any(d.iterdir()):
-        if not (d / "disk.json").is_file():
-            raise FileExistsError(f"directory: {d} exists, is not empty and is not a jaxbuffers disk folder; refusing to replace it")
-        shutil.rmtree(d)
+    if d.exists() and any(p.name != _disk_folder.LOCK_NAME for p in d.iterdir()) and not (d / "disk.json").is_file():
+        raise FileExistsError(f"directory: {d} exists, is not empty and is not a jaxbuffers disk folder; refusing to replace it")
     d.mkdir(parents=True, exist_ok=True)
-    out = buffer.replace(host=DiskStores(d, like, "w"))
-    flush(out)
+    lock = _disk_folder.FolderLock(d)  # before anything of a folder another handle may be writing is deleted
+    try:
+        for p in d.iterdir():
+            if p.name != _disk_folder.LOCK_NAME:
+                _disk_folder.remove(p)
+        out = buffer.replace(host=DiskStores(d, like, "w", lock=lock))
+        flush(out)
+    except BaseException:
+        lock.release()
+        raise
     return out
 
 

@@ -415,19 +415,9 @@ class ShardedBuffer(struct.PyTreeNode):
         spec = NamedSharding(self.mesh, P(self.axis))
         return jax.tree.map(lambda x: jax.make_array_from_process_local_data(spec, np.asarray(x)), batch)
 
-    def _check_split(self, args: dict) -> None:
-        """Every leaf of the split arguments `{name: tree}` an array JAX holds as it is (nothing is narrowed at the
-        program's boundary) with a leading axis a multiple of `S`; errors name the argument and the leaf."""
-        for path, x in (((arg, *p), x) for arg, tree in args.items() for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]):
-            name = f"{path[0]}{_validate.leaf_name(path[1:]) if len(path) > 1 else ''}"
-            if not (_is_array(x) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)):  # keys split per shard pass
-                _validate.array(name, x)
-            if np.ndim(x) == 0 or np.shape(x)[0] % self.num_shards:
-                got = "a scalar" if np.ndim(x) == 0 else f"leading axis {np.shape(x)[0]}"
-                raise ValueError(
-                    f"{name}: expected a leading axis divisible by the {self.num_shards} shards of mesh axis "
-                    f"{self.axis!r} (one block of rows per shard), got {got}"
-                )
+    def _check_split(self, args: dict, own: Callable | None = None) -> None:
+        """`_validate.split_leaves` of the split arguments `{name: tree}` over this buffer's shards."""
+        _validate.split_leaves(args, self.num_shards, self.axis, own)
 
     def _placed(self, tree: Any, spec: P) -> Any:
         """`tree` laid out as `spec` says; on a mesh axis of `AxisType.Explicit` shard_map requires it
@@ -503,8 +493,18 @@ class ShardedBuffer(struct.PyTreeNode):
         arrays, static = _split_static(kwargs)
         params = [p for p in inspect.signature(getattr(type(self.shards), method)).parameters][1:]
         names = {**{params[i] if i < len(params) else f"args[{i}]": a for i, a in enumerate(args)}, **arrays}
+        self._check_split(names, lambda: self._own_check(method, args, arrays, static))
         self._check_hosts(add=True)
         return self._run(_program(self.mesh, self.axis, "add", method, static=static), (tuple(args), arrays), (), names)
+
+    def _own_check(self, method: str, args: tuple, arrays: dict, static: tuple) -> None:
+        """Raise the wrapped buffer's own refusal of the first shard's block of the arguments (`_validate.refusal`:
+        numpy leaves closed over, so a float64 one reaches its checks unnarrowed, as unsharded), if it has one."""
+        n = self.num_shards
+        if all(np.ndim(x) and np.shape(x)[0] % n == 0 for x in jax.tree.leaves((args, arrays)) if _is_array(x)):
+            block = jax.tree.map(lambda x: x[: np.shape(x)[0] // n] if _is_array(x) else x, (args, arrays))
+            fn = _local_fn(self.axis, "add", method, None, static)
+            _validate.refusal(lambda b: fn(b, *block), jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.shards))
 
     def _check_hosts(self, add: bool) -> None:
         """The eager checks of a compressed buffer's stores before anything is dispatched: open, and for an add of a

@@ -273,15 +273,18 @@ def test_concatenated_episodes_where_forms_give_the_same_samples():
     assert (obs[:, 0] == 1).all() and (obs[:, 1] < 2).all() and (obs[:, 2] == 1 + obs[:, 1]).all()
 
 
-def test_eager_reads_of_a_folder_rewritten_after_its_flush_raise_corrupt_entry_error(tmp_path):
-    """Entries rewritten after the folder's last flush: an eager sample of a `Concatenated` over the reopened buffer
-    raises `CorruptEntryError`, not JAX's runtime error carrying its text (the buffer's own samplers:
-    `test_disk.test_old_states_and_unflushed_adds`)."""
+def test_eager_reads_of_a_folder_changed_after_its_flush_raise_corrupt_entry_error(tmp_path):
+    """Entries whose bytes changed on disk after the folder's last flush: an eager sample of a `Concatenated` over the
+    reopened buffer raises `CorruptEntryError`, not JAX's runtime error carrying its text."""
     buf = disk.open(tmp_path / "b", "w", make())
     buf = buf.add(_steps(8), terminated=np.zeros((1, 8), bool))
     disk.flush(buf)
-    buf = buf.add({**_steps(8), "obs": _steps(8)["obs"] + 100}, terminated=np.zeros((1, 8), bool))  # every slot, not flushed
     buf.close()
+    data = tmp_path / "b" / "store-0.npy"
+    raw = np.load(data, mmap_mode="r+")  # every entry (all in the first copy) changed behind the folder's back
+    raw += 100
+    raw.flush()
+    del raw
     ro = disk.open(tmp_path / "b", "r")
     with pytest.raises(CorruptEntryError, match="corrupt"):
         disk.Concatenated.create([ro]).sample_sequences(jax.random.key(0), 4, 2)

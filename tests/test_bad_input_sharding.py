@@ -65,6 +65,33 @@ def test_add_wrong_batch(bad):
         refused(lambda: jax.jit(jb.ShardedBuffer.add)(REPLAY, bad[0]), (bad[1], "batch"), state=REPLAY)
 
 
+def test_a_float64_numpy_leaf_for_a_uint8_field_is_refused_as_unsharded():
+    """A numpy float64 leaf where the buffer stores uint8: the unsharded buffer's own message (the leaf, the dtype it
+    expects and the one that came), not the boundary's "would be narrowed"; a float64 leaf for a float32 field too."""
+    item = {"obs": jnp.zeros((2,), jnp.uint8), "a": jnp.int32(0)}
+    make = lambda: jb.ReplayBuffer.create(item, capacity=8)  # noqa: E731
+    sharded = jb.ShardedBuffer.create(make, MESH, "data")
+    for field, want in (("obs", "uint8"), ("a", "int32")):
+        batch = {"obs": np.zeros((2 * S, 2), np.uint8), "a": np.zeros(2 * S, np.int32), field: np.zeros((2 * S, 2)[: 2 if field == "obs" else 1])}
+        with pytest.raises(TypeError) as unsharded:
+            make().add(batch)
+        err = refused(lambda: sharded.add(batch), f"batch['{field}']", state=sharded)
+        assert str(err) == str(unsharded.value) and f"expected dtype {want}, got float64" in str(err)
+    err = refused(lambda: REPLAY.add({**rows(2 * S), "obs": rows(2 * S)["obs"].astype(np.float64)}), "batch['obs']", state=REPLAY)
+    assert "expected dtype float32, got float64" in str(err)
+
+
+def test_restore_names_the_one_meta_default_of_a_sharded_episode_buffer(tmp_path):
+    """A sharded target whose meta default differs from the checkpoint's: the message gives the default, once (not
+    one per shard), as for an unsharded buffer."""
+    step = {"obs": jnp.zeros((2,), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    make = lambda d: lambda: jb.EpisodeBuffer.create(step, max_episodes=2, max_timesteps=3, meta={"task": jnp.int32(d)})  # noqa: E731
+    path = jb.save(tmp_path / "ckpt", jb.ShardedBuffer.create(make(-1), MESH, "data"), progress=False)
+    other = jb.ShardedBuffer.create(make(7), MESH, "data")
+    with pytest.raises(jb.CheckpointError, match=r"meta' field 'task': the checkpoint's default is -1, the target's is 7 \(create"):
+        jb.restore(path, other, progress=False)
+
+
 @FEW
 @given(priorities=st.sampled_from(["x", [1.0, "a"], np.ones((2 * S, 2), np.float32), np.ones(2 * S + 1, np.float32)]),
        flag=st.sampled_from([[True], {"a": 1}]))

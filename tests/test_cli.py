@@ -585,16 +585,20 @@ def test_missing_extra_is_named(saved, capsys, monkeypatch):
     assert code == 2 and "'rich'" in err and "jaxbuffers[inspect]" in err
 
 
-def test_a_disk_folder_written_after_its_flush_is_one_error_line(tmp_path, capsys):
+def test_a_disk_folder_changed_after_its_flush_is_one_error_line(tmp_path, capsys):
     from jaxbuffers import disk
 
     kw = dict(max_episodes=3, max_timesteps=MAX_T, meta={"task": jnp.int32(7)})
     buf = _episodes(disk.open(tmp_path / "d", "w", CompressedEpisodeBuffer.create(_step(), frame_stack=K, codec="none", **kw)))
     disk.flush(buf)
-    _episodes(buf)  # rewrites every slot the flushed state holds, unflushed
+    buf.close()
+    frames = np.load(tmp_path / "d" / "store-0.npy", mmap_mode="r+")  # every frame changed behind the folder's back
+    frames += 1
+    frames.flush()
+    del frames
     code, _, err = run(capsys, "video", tmp_path / "d", "--episode", 0, "--out", f"{tmp_path}/png/")
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith("jaxbuffers video: error: PATH: ") and "are corrupt (checksum mismatch)" in err and "flush it again" in err
+    assert err.startswith("jaxbuffers video: error: PATH: ") and "are corrupt (checksum mismatch)" in err and "restore them from a copy" in err
 
 
 def test_bad_fps_and_unwritable_outputs_are_one_error_line(saved, tmp_path, capsys):

@@ -3,6 +3,7 @@ corrupt chunk files."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -25,9 +26,12 @@ ADD = jax.jit(jb.CompressedTrajectoryBuffer.add)
 SAMPLE = jax.jit(lambda b: b.sample_transitions(jax.random.key(3), 40, n_step=3, gamma=0.9))
 
 
-def _make(**kw):
-    """A small zstd buffer whose frames are delta coded (keyframe every 3rd) in chunks of 4 KiB (many chunk files)."""
-    return jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=10, frame_stack=4, codec="zstd:3", keyframe_interval=3,
+def _make(codec="zstd:3", **kw):
+    """A small zstd buffer whose frames are delta coded (keyframe every 3rd) in chunks of 4 KiB (many chunk files);
+    with `codec="none"`, the same buffer raw."""
+    if codec == "none":
+        return jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=10, frame_stack=4, codec="none", **kw)
+    return jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=10, frame_stack=4, codec=codec, keyframe_interval=3,
                                                 chunk_bytes=4096, **kw)
 
 
@@ -51,6 +55,14 @@ def _same(a, b):
     return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)))
 
 
+def _same_contents(a, b):
+    """Whether two compressed buffers (on disk or in memory) hold the same state: every device leaf, and every slot
+    of every host store (empty ones as zeros), compared whole (no program compiled for either)."""
+    same = all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    slots = np.arange(a.host.num_slots)
+    return same and all(np.array_equal(x.get(slots, missing="zeros"), y.get(slots, missing="zeros")) for x, y in zip(a.host.stores, b.host.stores, strict=True))
+
+
 @pytest.fixture(scope="module")
 def zstd_folder(tmp_path_factory):
     """A zstd folder of 9 adds (the ring wrapped three times), flushed, its in-memory twin's sample."""
@@ -64,7 +76,7 @@ def zstd_folder(tmp_path_factory):
 def test_a_zstd_delta_coded_folder_reopens_read_only_and_samples_as_in_memory_under_jit(zstd_folder, tmp_path):
     path, expected = zstd_folder
     meta = json.loads((path / "disk.json").read_text())
-    assert meta["version"] == 2 and meta["stores"][0]["kind"] == "chunks" and meta["stores"][0]["meta"]["config"]["codec"] == "zstd:3"
+    assert meta["version"] == 3 and meta["stores"][0]["kind"] == "chunks" and meta["stores"][0]["meta"]["config"]["codec"] == "zstd:3"
     ro = disk.open(path, "r")
     assert _same(SAMPLE(ro), expected)
     assert _same(ro.sample_transitions(jax.random.key(3), 40, n_step=3, gamma=0.9), expected)  # eager too
@@ -73,7 +85,7 @@ def test_a_zstd_delta_coded_folder_reopens_read_only_and_samples_as_in_memory_un
         ro.add(**_chunk(20))
     ro.close()
     names = {p.name for p in path.iterdir()}
-    assert names == {"disk.json", "state-2", "slot_version-2.npy", "store-0"}  # the first flush's files are gone
+    assert names == {"disk.json", "disk.lock", "state-2", "slot_version-2.npy", "store-0"}  # the first flush's files are gone
 
 
 def test_a_flipped_byte_in_a_chunk_file_names_the_slot_and_the_file(zstd_folder, tmp_path):
@@ -92,25 +104,47 @@ def test_a_flipped_byte_in_a_chunk_file_names_the_slot_and_the_file(zstd_folder,
         jax.block_until_ready(jax.jit(lambda b: b.sample_sequences(jax.random.key(0), 64, 4))(ro))
 
 
-def test_version_1_folders_open_and_unknown_versions_are_refused_naming_the_file(tmp_path):
-    """A version 1 folder (raw stores, `state/`, `slot_version.npy`) opens, and a flush of it in `"r+"` writes
-    version 2; version 3 is refused."""
-    raw = lambda: jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=10, frame_stack=4, codec="none")  # noqa: E731
-    d = tmp_path / "v1"
-    disk.flush(_filled(disk.open(d, "w", raw()), range(3)))
-    meta = json.loads((d / "disk.json").read_text())  # rewrite it as version 1 wrote it
-    (d / "state-2").rename(d / "state")
-    (d / "slot_version-2.npy").rename(d / "slot_version.npy")
-    files = {"slot_version.npy": meta["files"].pop("slot_version-2.npy"), **meta["files"]}
+def test_version_1_and_2_folders_open_and_unknown_versions_are_refused_naming_the_file(tmp_path):
+    """Folders as versions 1 and 2 wrote them (a raw store in one file beside its index `store-0.index.npy` of two
+    rows; version 1 also `state/`, `slot_version.npy`, no generation) open, and a flush of one in `"r+"` writes
+    version 3; version 4 is refused."""
+    d, twin = tmp_path / "old", _filled(_make("none"), range(5))
+    buf = _filled(disk.open(d, "w", _make("none")), range(3))
+    disk.flush(buf)
+    buf = _filled(buf, [3, 4])  # the ring wraps, rewriting slots the flush named: entries in both files
+    disk.flush(buf)
+    buf.close()
+    meta = json.loads((d / "disk.json").read_text())
+    g = meta["generation"]
+    index = np.load(d / f"store-0.index-{g}.npy")
+    frames = np.load(d / "store-0.npy")
+    second = (index[0] >> 1) == 1  # entries in the second file
+    assert second.any()
+    frames[second] = np.load(d / "store-0.1.npy")[second]  # one file, as they wrote it
+    np.save(d / "store-0.npy", frames)
+    np.save(d / "store-0.index.npy", np.stack([index[0] & 1, index[1]]))
+    for p in ("store-0.1.npy", f"store-0.index-{g}.npy"):
+        (d / p).unlink()
+    idx = {"store-0.index.npy": {"bytes": (d / "store-0.index.npy").stat().st_size, "xxh3_64": jb.checkpoint._hash_file(d / "store-0.index.npy", jb.checkpoint._Progress(False, ""))}}
+    sv = {f"slot_version-{g}.npy": meta["files"][f"slot_version-{g}.npy"]}
     stores = [{k: s[k] for k in ("name", "file", "shape", "dtype")} for s in meta["stores"]]
-    v1 = {"format": "jaxbuffers.disk", "version": 1, "num_slots": meta["num_slots"], "host": meta["host"], "stores": stores, "files": files}
-    (d / "disk.json").write_text(json.dumps(v1))
-    assert _same(SAMPLE(disk.open(d, "r")), SAMPLE(_filled(raw(), range(3))))
-    disk.flush(_filled(disk.open(d, "r+"), [3]))
-    assert json.loads((d / "disk.json").read_text())["version"] == 2 and not (d / "state").exists()
-    assert int(disk.open(d, "r").version) == 4
-    (d / "disk.json").write_text(json.dumps({**v1, "version": 3}))
-    with pytest.raises(jb.CheckpointError, match=r"v1/disk\.json: format version 3, this jaxbuffers reads versions \[1, 2\]"):
+    v2 = {**meta, "version": 2, "stores": [{**s, "kind": "raw", "index": "store-0.index.npy"} for s in stores], "files": {**sv, **idx}}
+    v1 = {"format": "jaxbuffers.disk", "version": 1, "num_slots": meta["num_slots"], "host": meta["host"], "stores": stores,
+          "files": {"slot_version.npy": sv[f"slot_version-{g}.npy"], **idx}}
+    for version, old in ((2, v2), (1, v1)):
+        (d / "disk.json").write_text(json.dumps(old))
+        if version == 1:
+            (d / f"state-{g}").rename(d / "state")
+            (d / f"slot_version-{g}.npy").rename(d / "slot_version.npy")
+        assert _same_contents(disk.open(d, "r"), twin), version
+    rw = disk.open(d, "r+")
+    disk.flush(_filled(rw, [5]))
+    rw.close()
+    assert json.loads((d / "disk.json").read_text())["version"] == 3 and not (d / "state").exists()
+    assert {p.name for p in d.iterdir()} == {"disk.json", "disk.lock", "state-1", "slot_version-1.npy", "store-0.npy", "store-0.1.npy", "store-0.index-1.npy"}
+    assert _same_contents(disk.open(d, "r"), _filled(twin, [5]))
+    (d / "disk.json").write_text(json.dumps({**v1, "version": 4}))
+    with pytest.raises(jb.CheckpointError, match=r"old/disk\.json: format version 4, this jaxbuffers reads versions \[1, 2, 3\]"):
         disk.open(d, "r")
 
 
@@ -122,12 +156,16 @@ _CRASH = textwrap.dedent("""
     from host_codecs import chunk_arena
     from jaxbuffers import disk
 
-    path, point = sys.argv[1], sys.argv[2]
-    buf = t._filled(disk.open(path, "w", t._make()), range(5))
+    path, point, codec = sys.argv[1:4]
+    buf = t._filled(disk.open(path, "w", t._make(codec)), range(5))
     disk.flush(buf)
-    buf = t._filled(buf, range(5, 11))  # not flushed: the ring wraps, chunks the flush named die
+    buf = t._filled(buf, range(5, 11))  # not flushed: the ring wraps, rewriting every slot the flush named
     kill = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
-    if point == "add":  # killed inside the write of a payload of the next add, half of it written
+    if point == "add" and codec == "none":  # killed inside the write of the next add's rows, half of them written
+        pwrite = os.pwrite
+        os.pwrite = lambda fd, data, at: (pwrite(fd, memoryview(data).cast("B")[: len(memoryview(data).cast("B")) // 2], at), kill())
+        t._filled(buf, [11])
+    elif point == "add":  # killed inside the write of a payload of the next add, half of it written
         def half(self, key, value, write=chunk_arena._ChunkFile.__setitem__):
             write(self, slice(key.start, key.start + len(value) // 2), value[: len(value) // 2])
             kill()
@@ -141,21 +179,133 @@ _CRASH = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("point", ["flush", pytest.param("add", marks=pytest.mark.slow)])
-def test_kill_9_mid_add_or_mid_flush_reopens_as_the_last_flush(tmp_path, point):
+@pytest.mark.parametrize("codec", ["zstd:3", "none"])
+def test_kill_9_mid_add_or_mid_flush_reopens_as_the_last_flush(tmp_path, point, codec):
     """A process killed (SIGKILL) in the middle of a flush, or inside an add's write, after adds since its last flush
-    that wrapped the ring: the folder reopens as that flush, and `"r+"` deletes the leftovers and continues."""
+    that wrapped the ring: the folder reopens as that flush, exactly, and `"r+"` deletes the leftovers and continues
+    (zstd: chunk files; none: the raw store's two copies)."""
     tests = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", _CRASH.format(tests=tests), str(tmp_path / point), point], env=env,
+    proc = subprocess.run([sys.executable, "-c", _CRASH.format(tests=tests), str(tmp_path / point), point, codec], env=env,
                           stderr=subprocess.PIPE, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     folder = tmp_path / point
-    ro, twin = disk.open(folder, "r"), _filled(_make(), range(5))
-    assert int(ro.version) == 5 and _same(SAMPLE(ro), SAMPLE(twin))  # never a frame of a later add
+    ro, twin = disk.open(folder, "r"), _filled(_make(codec), range(5))
+    assert int(ro.version) == 5 and _same_contents(ro, twin)  # every device leaf and stored frame: never one of a later add
     ro.close()
     rw = disk.open(folder, "r+")  # deletes what the interrupted work left, and continues
     store = json.loads((folder / "disk.json").read_text())["stores"][0]
-    assert {p.name for p in (folder / "store-0").iterdir()} == {store["index"][len("store-0/"):], *(f"chunk-{int(c):06d}.bin" for c in store["meta"]["chunks"])}
-    assert {p.name for p in folder.iterdir()} == {"disk.json", "state-2", "slot_version-2.npy", "store-0"}
-    assert _same(SAMPLE(_filled(rw, range(5, 8))), SAMPLE(_filled(twin, range(5, 8))))
+    if codec == "none":
+        assert {p.name for p in folder.iterdir()} == {"disk.json", "disk.lock", "state-2", "slot_version-2.npy", "store-0.npy", "store-0.1.npy", "store-0.index-2.npy"}
+    else:
+        assert {p.name for p in (folder / "store-0").iterdir()} == {store["index"][len("store-0/"):], *(f"chunk-{int(c):06d}.bin" for c in store["meta"]["chunks"])}
+        assert {p.name for p in folder.iterdir()} == {"disk.json", "disk.lock", "state-2", "slot_version-2.npy", "store-0"}
+    assert _same_contents(_filled(rw, range(5, 8)), _filled(twin, range(5, 8)))
     rw.close()
+
+
+# --- one writer per folder; read-only opens beside the writer ---
+
+def _files(d):
+    return {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+
+
+_HOLDER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import test_disk_folder as t
+    from jaxbuffers import disk
+    buf = disk.open(sys.argv[1], "w", t._make("none"))  # created and flushed empty
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_writer_in_another_process_holds_the_folder_until_it_is_killed(tmp_path):
+    """Another process's writable open: ours is refused naming its pid, a read-only open reads its last flush; once
+    it is killed (SIGKILL: no close, no cleanup), the folder opens for writing."""
+    tests, d = os.path.dirname(os.path.abspath(__file__)), tmp_path / "held"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER.format(tests=tests), str(d)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"ready", proc.stderr.read().decode()[-2000:]
+        with pytest.raises(disk.FolderLockedError, match=rf"{d} is open for writing .* by process {proc.pid}, which holds .*disk\.lock"):
+            disk.open(d, "r+")
+        assert int(disk.open(d, "r").version) == 0
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    rw = disk.open(d, "r+")
+    assert int(rw.version) == 0 and rw.host.folder_lock.fd >= 0
+    rw.close()
+
+
+def test_one_writer_in_this_process_and_read_only_opens_beside_it(tmp_path, monkeypatch):
+    """A second writable open (`"r+"`, `"w"`) is refused, naming this process, with nothing read or deleted, until
+    the writer is closed or collected. `"r"` beside the writer: opened in the middle of its flush (every file of the
+    new generation written, disk.json not yet replaced) it reads the previous flush exactly; after it, the new one. A
+    commit landing while an open reads the folder (the files it read deleted) is retried. A read-only buffer whose
+    entries the writer rewrote after a later flush raises `StaleBufferError`."""
+    d = tmp_path / "rw"
+    w = _filled(disk.open(d, "w", _make("none")), range(3))
+    disk.flush(w)
+    before = _files(d)
+    who = rf"{d} is open for writing \(mode 'w' or 'r\+'\) by process {os.getpid()} \(this process\)"
+    for mode, arg in (("r+", None), ("w", _make("none"))):
+        with pytest.raises(disk.FolderLockedError, match=who):
+            disk.open(d, mode, arg)
+    assert _files(d) == before  # the refused "w" did not empty the folder
+    w = _filled(w, range(3, 6))  # rewrites slots the flush named
+    seen, replace = [], os.replace
+
+    def commit_point(a, b):
+        if str(b).endswith("disk.json"):
+            seen.append(disk.open(d, "r"))
+        replace(a, b)
+
+    monkeypatch.setattr(os, "replace", commit_point)
+    disk.flush(w)
+    monkeypatch.setattr(os, "replace", replace)
+    first = seen[0]
+    assert int(first.version) == 3 and _same_contents(first, _filled(_make("none"), range(3)))
+    assert int(disk.open(d, "r").version) == 6
+
+    state_path, flushed = disk._disk_folder.state_path, []
+
+    def commit_meanwhile(folder, meta):  # the writer commits after this open read disk.json, deleting what it names
+        if not flushed:
+            flushed.append(disk.flush(later))
+        return state_path(folder, meta)
+
+    later = _filled(w, range(6, 8))
+    monkeypatch.setattr(disk._disk_folder, "state_path", commit_meanwhile)
+    again = disk.open(d, "r")
+    monkeypatch.setattr(disk._disk_folder, "state_path", state_path)
+    assert flushed and int(again.version) == 8 and _same_contents(again, _filled(_make("none"), range(8)))
+    later = _filled(later, range(8, 11))  # rewrites the copies of entries the first read-only buffer reads
+    with pytest.raises(jb.StaleBufferError, match="opened with mode='r' at generation 2; a writer has since flushed .*reopen"):
+        first.sample_transitions(jax.random.key(3), 40, n_step=3, gamma=0.9)
+    later.close()
+    rw = disk.open(d, "r+")  # released by close
+    del rw
+    gc.collect()
+    disk.open(d, "w", _make("none")).close()  # released when the writer was collected
+
+
+def test_the_lock_without_a_recorded_pid_and_without_fcntl(tmp_path, monkeypatch):
+    """A lock held with no pid written in the lock file: the refusal says "another handle". Without `fcntl` (a system
+    that has none), nothing is locked: both opens proceed, each writing its pid (the documented behaviour)."""
+    import fcntl
+
+    from jaxbuffers import _disk_folder
+
+    fd = os.open(tmp_path / "disk.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with pytest.raises(disk.FolderLockedError, match=r"open for writing \(mode 'w' or 'r\+'\) by another handle"):
+        _disk_folder.FolderLock(tmp_path)
+    os.close(fd)
+    monkeypatch.setattr(_disk_folder, "fcntl", None)
+    a, b = _disk_folder.FolderLock(tmp_path), _disk_folder.FolderLock(tmp_path)
+    assert (tmp_path / "disk.lock").read_text() == f"{os.getpid()}\n"
+    a.release(), b.release()

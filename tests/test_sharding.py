@@ -637,14 +637,14 @@ def test_arrays_jit_would_narrow_are_refused_not_cast():
     one = jax.make_mesh((1,), ("data",))
     sharded = jb.ShardedBuffer.create(lambda: jb.EpisodeBuffer.create(EP_STEP, max_episodes=4, max_timesteps=3, meta=EP_META), one, "data")
     eps = {"obs": np.ones((1, 3, 2), np.float64), "action": np.ones((1, 3), np.int32), "reward": np.ones((1, 3), np.float32)}
-    with pytest.raises(TypeError, match=r"episodes\['obs'\]: dtype float64 would be narrowed to float32"):
+    with pytest.raises(TypeError, match=r"episodes\['obs'\]: expected dtype float32, got float64 \(nothing is cast"):  # as unsharded
         sharded.add_episodes(eps, np.array([2], np.int32), terminated=np.array([True]), final_obs=np.ones((1, 2), np.float32))
     eps["obs"] = eps["obs"].astype(np.float32)
     with pytest.raises(TypeError, match=r"lengths: dtype int64 would be narrowed to int32"):
         sharded.add_episodes(eps, np.array([2], np.int64), terminated=np.array([True]), final_obs=np.ones((1, 2), np.float32))
     assert int(sharded.size()) == 0
     replay = jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(ITEM, capacity=4), one, "data")
-    with pytest.raises(TypeError, match=r"\['obs'\]: dtype float64 would be narrowed"):
+    with pytest.raises(TypeError, match=r"batch\['obs'\]: expected dtype float32, got float64"):
         replay.add({"obs": np.ones((2, 3)), "id": np.zeros(2, np.int32), "flag": np.zeros(2, bool)})
 
 

@@ -489,6 +489,42 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
     return not_narrowed(name, x)
 
 
+def split_leaves(args: dict, num_shards: int, axis: str, own: Callable | None = None) -> None:
+    """Every leaf of the arguments `{name: tree}` that a sharded call splits into `num_shards` blocks (mesh axis
+    `axis`): an array JAX holds as it is (nothing is narrowed at the program's boundary; PRNG keys pass) with a leading
+    axis a multiple of `num_shards`. Before a leaf JAX would narrow is refused, `own()` (when given) may raise the
+    wrapped buffer's own refusal instead, which names the dtype that field expects.
+
+    Raises:
+      TypeError: a leaf not an array, or one JAX would narrow; ValueError: a leading axis the shards do not divide
+        (both naming the argument and the leaf).
+    """
+    for path, x in (((arg, *p), x) for arg, tree in args.items() for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]):
+        name = f"{path[0]}{leaf_name(path[1:]) if len(path) > 1 else ''}"
+        if not (_is_array(x) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)):  # keys split per shard pass
+            try:
+                array(name, x)
+            except TypeError:
+                if own is not None and _is_array(x) and jax.dtypes.canonicalize_dtype(x.dtype) != np.dtype(x.dtype):
+                    own()
+                raise
+        if np.ndim(x) == 0 or np.shape(x)[0] % num_shards:
+            got = "a scalar" if np.ndim(x) == 0 else f"leading axis {np.shape(x)[0]}"
+            raise ValueError(f"{name}: expected a leading axis divisible by the {num_shards} shards of mesh axis {axis!r} (one block of rows per shard), got {got}")
+
+
+def refusal(fn: Callable, *abstract: Any) -> None:
+    """Trace `fn(*abstract)` (`jax.ShapeDtypeStruct` leaves; nothing runs) to raise the refusal (TypeError,
+    ValueError) its own checks make, as the caller's own (without the frames and notes of the trace); any other
+    failure to trace is not a refusal, and returns."""
+    try:
+        jax.eval_shape(fn, *abstract)
+    except (TypeError, ValueError) as e:
+        raise type(e)(*e.args) from None
+    except Exception:  # noqa: BLE001 - only refusals are raised
+        return
+
+
 def not_narrowed(name: str, x: Any) -> Any:
     """``x`` itself once checked that JAX keeps its dtype (a numpy float64 or int64 with ``jax_enable_x64`` off would be
     narrowed at a ``jit`` boundary). Raises TypeError naming ``name``."""

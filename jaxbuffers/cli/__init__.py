@@ -158,12 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxbuffers {args.command}: error: needs {e.name.split('.')[0]!r} from the inspect extra: "
               f"pip install 'jaxbuffers[inspect]'", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 (frames of a disk folder rewritten after its flush: one line, not a trace)
+    except Exception as e:  # noqa: BLE001 (frames of a disk folder changed after its flush: one line, not a trace)
         corrupt = _corrupt_entry(e)
         if corrupt is None:
             raise
-        print(f"jaxbuffers {args.command}: error: PATH: {corrupt} (frames were written after the folder's last "
-              "jaxbuffers.disk.flush: flush it again, or read a copy made right after a flush)", file=sys.stderr)
+        print(f"jaxbuffers {args.command}: error: PATH: {corrupt} (the folder's files were changed after its last "
+              "jaxbuffers.disk.flush, by something other than jaxbuffers.disk: restore them from a copy)", file=sys.stderr)
         return 2
     return 0
 

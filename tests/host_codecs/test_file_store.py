@@ -55,7 +55,7 @@ def test_changed_bytes_and_truncation_are_detected(tmp_path):
     st, data = _filled(tmp_path)
     st.flush()
     with open(st.data_path, "r+b") as f:  # one byte of slot 4
-        f.seek(st._offset + 4 * st.row_nbytes + 7)
+        f.seek(st._offsets[0] + 4 * st.row_nbytes + 7)
         b = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 1]))
@@ -64,7 +64,7 @@ def test_changed_bytes_and_truncation_are_detected(tmp_path):
     np.testing.assert_array_equal(st.get([1]), data[[1]])
     st.close()
     with open(st.data_path, "r+b") as f:
-        f.truncate(st._offset + 3 * st.row_nbytes)
+        f.truncate(st._offsets[0] + 3 * st.row_nbytes)
     with pytest.raises(ValueError, match="truncated"):
         FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="r")
 
@@ -76,3 +76,35 @@ def test_put_refuses_other_shapes_and_dtypes(tmp_path):
     with pytest.raises(IndexError, match="slot 16 out of range"):
         st.put([16], data[:1])
     np.testing.assert_array_equal(st.get([0]), data[:1])
+
+
+def test_puts_never_overwrite_what_the_last_commit_names(tmp_path):
+    """Slots rewritten after a flush go to their other copy: a store reopened from the flushed index reads the flushed
+    entries exactly, the writer reads its newest ones (runs of consecutive slots split between the two files), and
+    after the next flush a reopen reads those. A store whose index names no second copy opens without its file."""
+    st, data = _filled(tmp_path)
+    st.flush()
+    new = data[::-1].copy()
+    st.put(np.arange(4, 12), new[4:12])
+    st.put([5], new[[0]])  # a second put of a slot before the commit rewrites the same copy
+    want = data.copy()
+    want[4:12], want[5] = new[4:12], new[0]
+    np.testing.assert_array_equal(st.get(np.arange(15)), want[:15])
+    assert st._index[2].tolist() == [0] * 4 + [1] * 8 + [0] * 4
+    ro = FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="r")
+    np.testing.assert_array_equal(ro.get(np.arange(15)), data[:15])
+    st.flush()
+    st.put(np.arange(0, 8), data[:8])  # slots 4..7 back to copy 0, 0..3 to copy 1
+    np.testing.assert_array_equal(FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="r").get(np.arange(15)), want[:15])
+    st.flush()
+    want[:8] = data[:8]
+    np.testing.assert_array_equal(FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="r").get(np.arange(15)), want[:15])
+    assert st._index[2].tolist() == [1] * 4 + [0] * 4 + [1] * 4 + [0] * 4
+    st.close()
+    one, old = tmp_path / "one", FileStore(tmp_path / "one", 4, (2,), np.uint8, mode="w")
+    old.put(np.arange(4), np.arange(8, dtype=np.uint8).reshape(4, 2))
+    old.flush()
+    old.close()
+    assert np.load(old.index_path)[0].tolist() == [1] * 4  # as a store of one file wrote it
+    old.copy_path.unlink()
+    np.testing.assert_array_equal(FileStore(one, 4, (2,), np.uint8, mode="r").get(np.arange(4)), np.arange(8).reshape(4, 2))
