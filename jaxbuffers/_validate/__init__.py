@@ -155,6 +155,8 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
         shape = tuple(leaf.shape)
         expected_tail = tuple(s.shape)
         if len(shape) != batch_ndim + len(expected_tail) or shape[batch_ndim:] != expected_tail:
+            if batch_ndim == 0:
+                raise ValueError(f"{name}: expected shape {expected_tail}, got {shape}")
             lead_desc = ", ".join(lead_names[:batch_ndim]) if batch_ndim <= len(lead_names) else f"{batch_ndim} axes"
             raise ValueError(
                 f"{name}: expected shape [{lead_desc}, *{list(expected_tail)}] "
