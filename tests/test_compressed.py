@@ -619,6 +619,7 @@ def test_rollout_matches_rollout_buffer(seed, num_steps, num_envs, adds, normali
     comp = CompressedRolloutBuffer.create(ex, num_envs=num_envs, num_steps=num_steps, compress=("pixels",), normalize_images=normalize, codec="rle")
     ref = RolloutBuffer.create(ex, num_envs=num_envs, num_steps=num_steps)
     cadd = jax.jit(CompressedRolloutBuffer.add, donate_argnums=0) if use_jit else CompressedRolloutBuffer.add
+    radd = jax.jit(RolloutBuffer.add)  # an eager add to a full RolloutBuffer raises BufferFullError
     for r, n_adds in enumerate(adds):  # each round: reset, then n_adds adds (may overflow)
         comp, ref = comp.reset(), ref.reset()
         for _ in range(n_adds):
@@ -627,7 +628,7 @@ def test_rollout_matches_rollout_buffer(seed, num_steps, num_envs, adds, normali
                     "logp": jnp.asarray(rng.normal(size=num_envs).astype(np.float32))}
             kw = dict(reward=jnp.asarray(rng.normal(size=num_envs).astype(np.float32)), value=jnp.zeros(num_envs),
                       terminated=jnp.asarray(rng.random(num_envs) < 0.3))
-            comp, ref = cadd(comp, step, **kw), ref.add(step, **kw)
+            comp, ref = cadd(comp, step, **kw), radd(ref, step, **kw)
     comp = comp.compute_gae(jnp.zeros(num_envs), 0.99, 0.95)
     ref = ref.compute_gae(jnp.zeros(num_envs), 0.99, 0.95)
     assert comp.host.num_rows == num_envs * sum(min(a, num_steps) for a in adds)
