@@ -627,4 +627,5 @@ def single_process(what: str, why: str) -> None:
 # the step checks (module doc), after every name they use is defined
 from jaxbuffers._validate.steps import (  # noqa: E402
     episode_lengths, final_obs_not_step, frame_leaves, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks,
+    unrebuilt_trajectory_stack_error, unrebuilt_trajectory_stacks,
 )
