@@ -1115,3 +1115,35 @@ def test_create_sizes_are_python_ints_and_the_final_ring_is_at_most_length():
     buf = jb.CompressedTrajectoryBuffer.create(ex, num_envs=2, length=8, final_obs_capacity=50, **kw)
     assert buf.final_obs_capacity == 8
     buf.close()
+
+
+def test_device_reads_and_positional_reads_match_the_wrapped_buffers_and_answer_after_close():
+    """The methods the compressed buffers take from the buffers they wrap: device-field reads return exactly the
+    plain buffer's result (also after close); `transitions_at` / `sequences_at` decode as the samplers do and equal
+    the plain buffer's; after close a host read raises RuntimeError."""
+    obs, term = _steps(9, num_envs=2)
+    ex = example(4, 0, False)
+    comp = CompressedPrioritisedTrajectoryBuffer.create(ex, num_envs=2, length=6, window_length=2, frame_stack=4, codec="rle")
+    ref = PrioritisedTrajectoryBuffer.create(ex, num_envs=2, length=6, window_length=2)
+    for i in range(9):
+        step = {"obs": obs[i], "action": jnp.full(2, i, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}
+        comp, ref = comp.add(step, terminated=term[i]), ref.add(step, terminated=term[i])
+    idx = jnp.arange(12)
+    same = lambda a, b: jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))  # noqa: E731
+    same(comp.transitions_at(idx, n_step=2, gamma=0.9), ref.buffer.transitions_at(idx, n_step=2, gamma=0.9))
+    same(comp.sequences_at(idx, 2), ref.buffer.sequences_at(idx, 2))
+    reads = lambda b, t: (b.priorities(idx), b.generations_at(idx), b.num_valid_windows(), t.final_obs_lost(), t.valid_starts(idx, 2))  # noqa: E731
+    same(reads(comp, comp), reads(ref, ref.buffer))
+    roll = CompressedRolloutBuffer.create(ex, num_envs=2, num_steps=3, frame_stack=4, codec="rle")
+    plain = RolloutBuffer.create(ex, num_envs=2, num_steps=3)
+    kw = dict(reward=jnp.ones(2), value=jnp.zeros(2), terminated=jnp.zeros(2, bool), trainable=jnp.array([True, False]))
+    roll, plain = roll.add({"obs": obs[0], "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}, **kw), plain.add(
+        {"obs": obs[0], "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}, **kw)
+    same((roll.filled(), roll.learn_mask(), roll.trainable_size()), (plain.filled(), plain.learn_mask(), plain.trainable_size()))
+    assert roll.float_dtype == plain.float_dtype
+    comp.close()
+    roll.close()
+    same(reads(comp, comp), reads(ref, ref.buffer))  # device fields only: they still answer
+    assert int(comp.size()) == int(ref.size()) and int(roll.trainable_size()) == 1
+    with pytest.raises(RuntimeError, match="after close"):
+        comp.transitions_at(idx, n_step=1, gamma=0.9)

@@ -28,8 +28,14 @@ frames before it, which the frame stacks around it mostly need anyway. The frame
 still reads; the deltas of an older chain whose keyframe is overwritten (frames no stored step reads) are deleted with
 it, so every stored frame decodes. Final frames are keyframes. `K = 1` stores every frame whole.
 
-This is exact when the observations given to `add` are what such a frame stacker produced (the older frames of a
-stack are not read at add time). Without `frame_stack` every compressed leaf is stored whole.
+Which stacks. This is exact when the observations given to `add` are what such a frame stacker produced from each
+episode's start, and any other stack is refused (`check_stacks`; the rule of `jaxbuffers._validate.unrebuilt_stacks`,
+shared with `jaxbuffers.compressed.CompressedEpisodeBuffer`): a step that starts an episode (the first after
+`create`, and each lane's step after one that terminated or truncated) holds the padding, every other step the
+previous step's stack shifted by one frame (the previous step's stack is read from the store as a sample reads it
+when it came in an earlier add), and a final observation its step's stack shifted by one frame. A buffer created
+mid-episode must be fed from an episode start or with padded stacks. Without `frame_stack` every compressed leaf is
+stored whole.
 
 Ids on device, per compressed leaf and step: int32 `[3]` = `(newest, prev, ep_pos)`, the store
 slots of the step's frame and of the frame one step back. Lane `e`'s frame ring is store slots
@@ -326,6 +332,7 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
           ValueError: a stack that is not the one the buffer rebuilds (named by leaf, env and step); and `add`'s
             argument errors. Nothing without `frame_stack`.
         """
+        self.host.check_state("check_stacks")
         if not self._stacked:
             return
         error = self._stack_error(np.asarray(self._unrebuilt(step, terminated, truncated, final_obs, previous)))
@@ -592,6 +599,21 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         ids = [jnp.where(real[..., None], x, -1) for x in _common.pick_leaves(final, self.leaf_index)]  # -1: zeros
         return self.decode_obs(_common.replace_leaves(final, self.leaf_index, ids))
 
+    final_obs_lost = _common.delegated("final_obs_lost", "trajectory")
+    valid_starts = _common.delegated("valid_starts", "trajectory")
+
+    @_common.checked_before_dispatch()
+    @_compiled.method("sequence_length")
+    def sequences_at(self, indices, sequence_length: int) -> SequenceSample:
+        """`jaxbuffers.TrajectoryBuffer.sequences_at`, observations decoded as `sample_sequences` decodes them."""
+        return self._decode_sequences(self.trajectory.sequences_at(indices, sequence_length))
+
+    @_common.checked_before_dispatch()
+    @_compiled.method("n_step", scalars=_GAMMA)
+    def transitions_at(self, indices, *, n_step: int = 1, gamma) -> TransitionSample:
+        """`jaxbuffers.TrajectoryBuffer.transitions_at`, `obs` / `next_obs` decoded as `sample_transitions` decodes them."""
+        return self._decode_transitions(self.trajectory.transitions_at(indices, n_step=n_step, gamma=gamma))
+
     @_common.checked_before_dispatch()
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def sample_sequences(
@@ -665,6 +687,10 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
     ) -> PrioritisedTransitionSample:
         """`jaxbuffers.PrioritisedTrajectoryBuffer.sample_transitions`, `obs` / `next_obs` decoded."""
         return self._decode_transitions(self.buffer.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma, beta=beta))
+
+    priorities = _common.delegated("priorities")
+    generations_at = _common.delegated("generations_at")
+    num_valid_windows = _common.delegated("num_valid_windows")
 
     @_compiled.method()
     def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "CompressedPrioritisedTrajectoryBuffer":
