@@ -1123,6 +1123,24 @@ def test_create_sizes_are_python_ints_and_the_final_ring_is_at_most_length():
     buf.close()
 
 
+def test_device_reads_match_the_wrapped_buffers_and_answer_after_close():
+    """The cheap default-run part of the next test: the device-field reads of a compressed trajectory and rollout
+    buffer are the wrapped buffer's, also after close (no host read compiled)."""
+    ex = example(4, 0, False)
+    comp = CompressedTrajectoryBuffer.create(ex, num_envs=2, length=6, frame_stack=4, codec="rle")
+    roll = CompressedRolloutBuffer.create(ex, num_envs=2, num_steps=3, frame_stack=4, codec="rle")
+    comp.close()
+    roll.close()
+    idx = jnp.arange(12)
+    assert not bool(comp.final_obs_lost()) and not np.asarray(comp.valid_starts(idx, 2)).any()
+    np.testing.assert_array_equal(np.asarray(comp.valid_starts(idx, 2)), np.asarray(comp.trajectory.valid_starts(idx, 2)))
+    assert not np.asarray(roll.filled()).any() and int(roll.trainable_size()) == 0 and roll.float_dtype == jnp.float32
+    with pytest.raises(RuntimeError, match="after close"):
+        comp.check_stacks({"obs": jnp.zeros((2, 4, H, W), jnp.uint8), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)},
+                          terminated=jnp.zeros(2, bool))
+
+
+@pytest.mark.slow  # compiles a prioritised compressed buffer's decodes: the default run has the cheap part above
 def test_device_reads_and_positional_reads_match_the_wrapped_buffers_and_answer_after_close():
     """The methods the compressed buffers take from the buffers they wrap: device-field reads return exactly the
     plain buffer's result (also after close); `transitions_at` / `sequences_at` decode as the samplers do and equal

@@ -345,10 +345,8 @@ def test_stacks_the_buffer_cannot_rebuild_are_refused_and_change_nothing(cls, kw
 
     no = {"terminated": np.zeros(E, bool)}
     unpadded = stack(1)  # the first step after create starts an episode: its older frame must be the padding
-    for mode in ("eager", "jit"):
-        call, target = run_in(mode, buf, lambda b: b.add(step(unpadded), **no))
-        err = assert_refused(call, ("step['obs']['pixels']",), target, errors=(ValueError, jax.errors.JaxRuntimeError))
-        assert "env 0, step 0 of the add is not the stack the buffer rebuilds" in str(err)
+    err = assert_refused(lambda: buf.add(step(unpadded), **no), ("step['obs']['pixels']",), buf, errors=(ValueError,))
+    assert "env 0, step 0 of the add is not the stack the buffer rebuilds" in str(err)
     buf = buf.add(step(stack(0)), **no).add(step(stack(1)), **no)
     jumped = stack(2)
     jumped[1] = np.stack([frames[1, 3], frames[1, 4]])  # env 1 skips frames: [3, 4] after [0, 1]
