@@ -184,7 +184,8 @@ def compressed_class(kind: str, variant: str):
     from jaxbuffers.interop.sb3 import CompressedReplayBuffer, CompressedRolloutBuffer
 
     # frames stored once: the observations are stacks of 4 on axis 0
-    return (CompressedReplayBuffer if kind == "replay" else CompressedRolloutBuffer), {"compression_method": method, "frame_stack": 4, "stack_axis": 0}
+    stacked = {"frame_stack": 4, "stack_axis": 0, **({"padding": "reset"} if kind == "replay" else {})}  # reset: the recorder's FrameStackObservation
+    return (CompressedReplayBuffer if kind == "replay" else CompressedRolloutBuffer), {"compression_method": method, **stacked}
 
 
 def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> None:

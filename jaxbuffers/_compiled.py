@@ -36,7 +36,7 @@ _INT32 = np.iinfo(np.int32)
 _ARRAY_TYPES: set[type] = set()  # concrete classes of the JAX arrays seen: a set lookup is cheaper than isinstance
 
 
-def _passable(leaf) -> bool:
+def passable(leaf) -> bool:
     """Whether a compiled program takes ``leaf`` as an argument without changing its value or dtype."""
     if type(leaf) in _ARRAY_TYPES:  # the common case first
         return True
@@ -48,6 +48,27 @@ def _passable(leaf) -> bool:
     if isinstance(leaf, int):  # bool included
         return _INT32.min <= leaf <= _INT32.max
     return isinstance(leaf, (float, complex))
+
+
+def _retrace_with_python_values(fn: Callable, args: tuple, kwargs: dict) -> None:
+    """After a compiled call refused its arguments: trace `fn` again (`jax.eval_shape`: nothing runs) with the Python
+    scalars given kept as they are, and raise the error its checks raise then, which names the value given
+    (`key: ... got int 0`) rather than the int32 tracer the program made of it. Returns when that trace passes (the
+    caller raises the first error)."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    kept = [not isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves]
+    if not any(isinstance(x, (int, float, complex)) for x in leaves):
+        return
+
+    def traced(*arrays):
+        given = iter(arrays)
+        a, kw = jax.tree_util.tree_unflatten(tree, [x if k else next(given) for x, k in zip(leaves, kept)])
+        return fn(*a, **kw)
+
+    try:
+        jax.eval_shape(traced, *[x for x, k in zip(leaves, kept) if not k])
+    except (TypeError, ValueError) as e:
+        raise e.with_traceback(None) from None
 
 
 def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = None) -> Callable:
@@ -97,8 +118,12 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
             except TypeError:
                 return fn(*args, **kwargs)  # an unhashable static value: its own check names it
             traced = [a for i, a in enumerate(args) if i not in fixed_at] + [v for k, v in kwargs.items() if k not in static]
-            if all(_passable(leaf) for leaf in jax.tree_util.tree_leaves(traced)):
-                return jitted(*args, **kwargs)
+            if all(passable(leaf) for leaf in jax.tree_util.tree_leaves(traced)):
+                try:
+                    return jitted(*args, **kwargs)
+                except (TypeError, ValueError):
+                    _retrace_with_python_values(fn, args, kwargs)
+                    raise
             return fn(*args, **kwargs)  # its own checks name what is wrong
 
         call.uncompiled = fn

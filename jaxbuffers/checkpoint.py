@@ -207,7 +207,9 @@ def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
     if sharding is None or isinstance(sharding, jax.sharding.Sharding):
         return [sharding or default] * n
     flat = jax.tree.leaves(sharding, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-    if len(flat) != n or not all(isinstance(x, jax.sharding.Sharding) for x in flat):
+    if not all(isinstance(x, jax.sharding.Sharding) for x in flat):  # a wrong kind of argument ("cpu", 0, ...)
+        raise TypeError(f"sharding: expected a Sharding, a Device or a tree of {n} Shardings like the buffer, got {sharding!r:.200}")
+    if len(flat) != n:
         raise ValueError(f"sharding: expected a Sharding, a Device or a tree of {n} Shardings like the buffer, got {sharding!r:.200}")
     return flat
 
@@ -483,7 +485,9 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
       `ShardedBuffer` comes back as its stacked shards (leaves `[S, ...]`), or as a `ShardedBuffer` like `target`.
 
     Raises:
-      TypeError: `directory` not a path, `target` not a jaxbuffers buffer, `progress` not a bool or None.
+      TypeError: `directory` not a path, `target` not a jaxbuffers buffer, `progress` not a bool or None, `sharding`
+        not a Sharding, a Device or a tree of Shardings.
+      ValueError: `sharding` a tree of another number of Shardings than the buffer's arrays.
       NotImplementedError: `jax.process_count() > 1` and `target` not a `ShardedBuffer` (every process restores its
         shards into one; a checkpoint saved by one process or by several restores either way).
       CheckpointError: missing or corrupt files (the message names the file), another format version, or a

@@ -77,14 +77,15 @@ class EpisodeWriter:
     `EpisodeBuffer`; thread-safe. Module doc: ids, halves, commits.
 
     Args:
-      buffer: the `EpisodeBuffer` committed to; `buffer` (the attribute) is the latest one.
+      buffer: the `EpisodeBuffer` committed to (an uncompressed one: a
+        `jaxbuffers.compressed.CompressedEpisodeBuffer` is refused); `buffer` (the attribute) is the latest one.
       policy_keys: names of the step fields in the policy half; default: those of `("action", "log_prob",
         "value")` that the buffer's step has (the action field always). Every other field is in the env half.
       policy_lead: an int >= 1: a policy half may come for a step up to `policy_lead - 1` steps after the one whose
         env half the env expects next (module doc). Default: the buffer's `max_timesteps`.
 
     Raises:
-      TypeError: `buffer` is not an `EpisodeBuffer`, `policy_keys` not a list of strs.
+      TypeError: `buffer` is not an `EpisodeBuffer` (a compressed one included), `policy_keys` not a list of strs.
       ValueError: no policy key, one given twice, one that is not a field of the step, or the observation or
         reward among them; `policy_lead` not an int >= 1.
     """

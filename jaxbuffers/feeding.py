@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxbuffers import _validate
+from jaxbuffers import _compiled, _validate
 from jaxbuffers.ratelimit import BlockingRateLimiter, RateLimiterClosed, RateLimiterTimeout
 
 __all__ = ["BufferServer", "Writer", "BufferClosed", "ray_server"]
@@ -76,7 +76,8 @@ class BufferServer:
             raise TypeError(f"rate_limiter: expected a BlockingRateLimiter or None, got {type(rate_limiter).__name__}")
         seed = _validate.static_int("seed", seed, minimum=0)
         self._buffer = buffer
-        self._add = jax.jit(add or type(buffer).add, donate_argnums=0)
+        self._add_fn = add or type(buffer).add
+        self._add = jax.jit(self._add_fn, donate_argnums=0)
         self._sample = jax.jit(sample or type(buffer).sample, static_argnums=2)
         self._limiter = rate_limiter
         self._key = jax.random.key(seed)
@@ -120,19 +121,34 @@ class BufferServer:
         Raises:
           BufferClosed: the server was closed before or while waiting.
           jaxbuffers.RateLimiterTimeout: no room within `timeout`.
-          TypeError / ValueError: the buffer's `add` refused the batch (nothing is added; the limiter has
-            already counted the inserts).
+          TypeError / ValueError: the buffer's `add` refused the batch (nothing is added and the limiter counts
+            nothing: the batch is checked before the limiter is asked). A numpy leaf that JAX would narrow (float64
+            or int64 with `jax_enable_x64` off) is refused as the buffer's own eager `add` refuses it, never cast.
         """
         n = _leading(batch)
         self._check_open("add")
         for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:  # what jit cannot even take as an argument
             if not _validate._is_array(x) or not (x.dtype == np.bool_ or np.issubdtype(x.dtype, np.number)):
                 raise _validate.not_array(f"batch{jax.tree_util.keystr(tuple(path))}", x, "a numeric or bool array (JAX or numpy)")
-        self._add.eval_shape(self._buffer, batch)  # the buffer's own checks, before the limiter counts anything
+        self._check_batch(batch)
         self._admit("add", n, timeout)
         with self._lock:
             self._check_open("add")
             self._buffer = self._add(self._buffer, batch)
+
+    def _check_batch(self, batch: Any) -> None:
+        """The buffer's own checks of `batch`, traced (nothing runs), before the limiter counts anything. The jitted
+        add's abstract signature would see a float64 numpy leaf as float32 (JAX narrows it at the call): such a
+        batch is traced with its leaves as given, so the buffer's add names the dtype that came."""
+        leaves = jax.tree_util.tree_leaves(batch)
+        if all(_compiled.passable(x) for x in leaves):
+            self._add.eval_shape(self._buffer, batch)
+            return
+        jax.eval_shape(lambda buf: self._add_fn(buf, batch), self._buffer)
+        for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:  # a custom add that took it: still not cast
+            if not _compiled.passable(x):
+                raise TypeError(f"batch{jax.tree_util.keystr(tuple(path))}: expected a dtype JAX holds as it is, got {x.dtype} "
+                                f"(narrowed with jax_enable_x64 off; nothing is cast implicitly, convert it explicitly)")
 
     def sample(self, key: jax.Array | None, batch_size: int, timeout: float | None = None) -> Any:
         """A sample of `batch_size` items drawn with `key` (`None`: the next key of the server's own stream).

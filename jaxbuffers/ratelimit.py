@@ -232,9 +232,11 @@ def _count(name: str, n) -> jax.Array:
         if not 0 <= n < 2**30:
             raise ValueError(f"{name}: expected an int in [0, 2**30), got {n}")
         return jnp.int32(n)
+    if not _validate._is_array(n):  # a Python float, bool, string...: named as given, not as the array it would become
+        raise TypeError(f"{name}: expected an int or a 0-d integer array, got {type(n).__name__} {n!r:.60}")
     x = _validate.as_array(n)
     if x.shape != () or not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"{name}: expected an int or a 0-d integer array, got {getattr(x, 'dtype', type(n))}{list(x.shape)}")
+        raise TypeError(f"{name}: expected an int or a 0-d integer array, got {x.dtype}{list(x.shape)}")
     if not isinstance(x, jax.core.Tracer):  # a concrete array is range-checked as a Python int is
         return _count(name, int(x))
     return x.astype(jnp.int32)

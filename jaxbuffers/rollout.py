@@ -15,8 +15,10 @@ and `returns` (`[T, N]`).
 
 **At the edges.**
 
-* `add` on a full buffer (`step_index == num_steps`) writes nothing (overwriting row 0 would break the time order
-  GAE relies on) and sets `overflowed` until `reset`: the fill level is traced, so it cannot raise.
+* `add` on a full buffer (`step_index == num_steps`) never overwrites row 0 (that would break the time order GAE
+  relies on). Called eagerly it raises `jaxbuffers.BufferFullError` (as a fixed `EpisodeBuffer` does) and nothing
+  changes; under `jit`, `lax.scan` or `vmap` the fill level is traced, so it writes nothing and sets `overflowed`
+  until `reset`.
 * A partial buffer is handled exactly: `compute_gae` bootstraps the last filled row from
   `last_value` and writes zeros into the unfilled rows, which are masked out of learning.
 * `reset` only moves `step_index` to 0 (no reallocation, no zeroing); stale rows count as
@@ -54,6 +56,7 @@ from jax import lax
 from jaxbuffers import _compiled, _validate
 from jaxbuffers import returns as _returns
 from jaxbuffers._steps import EnvSteps
+from jaxbuffers.episode import BufferFullError
 
 __all__ = ["RolloutBuffer", "RolloutMinibatch", "RolloutMemoryPressure"]
 
@@ -229,7 +232,6 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
             return jnp.full(self.num_envs, default, dtype)
         return _validate.array(name, x, (self.num_envs,), dtype)
 
-    @_compiled.method()
     def add(
         self, step: Any, *, reward: jax.Array, value: jax.Array, terminated: jax.Array,
         truncated: jax.Array | None = None, final_value: jax.Array | None = None,
@@ -248,12 +250,25 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
         Returns:
           The new buffer (O(N x step bytes), in place when donated), `has_advantages` False. On a
-          full buffer nothing is written and `overflowed` becomes True.
+          full buffer under a transformation (`jit`, `lax.scan`, `vmap`) nothing is written and
+          `overflowed` becomes True.
 
         Raises:
+          BufferFullError: called eagerly on a full buffer (`step_index == num_steps`); nothing changes.
           TypeError: wrong tree structure or dtype (nothing is cast); the message names the field.
           ValueError: wrong shape or leading axis, or `truncated` / `final_value` without the other.
         """
+        if not isinstance(self.step_index, jax.core.Tracer) and int(self.step_index) >= self.num_steps:
+            raise BufferFullError(
+                f"add: the rollout buffer is full (step_index={int(self.step_index)} of num_steps={self.num_steps}); "
+                f"nothing was written. Call reset() for the next rollout"
+            )
+        return self._add(step, reward=reward, value=value, terminated=terminated, truncated=truncated,
+                         final_value=final_value, trainable=trainable)
+
+    @_compiled.method()
+    def _add(self, step, *, reward, value, terminated, truncated, final_value, trainable) -> "RolloutBuffer":
+        """`add` past its eager fill check (module doc: a full buffer under a transformation)."""
         (n,) = _validate.check_batch(self.step_spec, step, 1, "step")
         if n != self.num_envs:
             raise ValueError(f"step: expected a leading axis of num_envs={self.num_envs} on every leaf, got {n}")

@@ -464,7 +464,7 @@ class ShardedBuffer(struct.PyTreeNode):
         Raises:
           TypeError: a wrapped buffer without `add` (`EpisodeBuffer`: use `add_episodes`); an array argument's leaf
             not a JAX or numpy array of a dtype JAX holds as it is (a float64 numpy array with x64 off is refused, not
-            narrowed), a keyword value neither an array nor hashable.
+            narrowed), a keyword value neither an array nor hashable, a keyword the buffer's `add` does not take.
           ValueError: an array argument whose leading axis is not a multiple of `S` (named by its path); and the
             buffer's own `add` errors for one shard's block.
         """
@@ -490,8 +490,13 @@ class ShardedBuffer(struct.PyTreeNode):
         if not callable(getattr(type(self.shards), method, None)):
             other = " (use add_episodes)" if isinstance(_device(self.shards), EpisodeBuffer) else ""
             raise TypeError(f"{method}: {type(self.shards).__name__} has no {method}{other}")
+        signature = inspect.signature(getattr(type(self.shards), method))
+        params = [p for p in signature.parameters][1:]
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+            unknown = sorted(set(kwargs) - set(params))
+            if unknown:  # named as an argument before its value is looked at
+                raise TypeError(f"{method}: unexpected keyword argument(s) {unknown}; {type(self.shards).__name__}.{method} takes {params}")
         arrays, static = _split_static(kwargs)
-        params = [p for p in inspect.signature(getattr(type(self.shards), method)).parameters][1:]
         names = {**{params[i] if i < len(params) else f"args[{i}]": a for i, a in enumerate(args)}, **arrays}
         self._check_split(names, lambda: self._own_check(method, args, arrays, static))
         self._check_hosts(add=True)

@@ -29,3 +29,20 @@ def stacked_episodes(frames: np.ndarray, lengths, k: int, padding: str = "reset"
     finals = gather((np.asarray(lengths).reshape(b, 1, 1) - back))[:, 0]
     finals[:, k - 1] = frames[:, t]
     return stacks, finals
+
+
+def stacked_chunk(newest: np.ndarray, ends: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(stacks, finals)` of one trajectory add `[E, t]` whose lanes' newest frames are `newest` `[E, t, *frame]`, as a
+    reset-padding frame stacker makes them: every lane starts an episode at step 0 and after each step where `ends`
+    (bool `[E, t]`). Stacks `[E, t, k, *frame]`; `finals` `[E, t, k, *frame]`: each step's stack shifted by one frame,
+    its newest frame reversed along the last axis standing for the observation after the step."""
+    newest = np.asarray(newest)
+    e, t = newest.shape[:2]
+    start = np.zeros(e, np.int64)
+    stacks = np.empty((e, t, k, *newest.shape[2:]), newest.dtype)
+    for j in range(t):
+        for i in range(k):
+            stacks[:, j, i] = newest[np.arange(e), np.maximum(start, j - (k - 1 - i))]
+        start = np.where(np.asarray(ends)[:, j], j + 1, start)
+    finals = np.concatenate([stacks[:, :, 1:], newest[:, :, None, ..., ::-1]], axis=2)
+    return stacks, finals

@@ -95,7 +95,11 @@ def test_restore_refuses_a_target_of_another_configuration(kind, abstract):
 @SETTINGS
 @given(sharding=st.sampled_from([3, "cpu", [jax.devices()[0]], {"storage": 1}, jax.devices()]))
 def test_restore_bad_sharding(sharding):
-    refused(lambda: jb.restore(SAVED, sharding=sharding), "sharding", state=on_disk)
+    """A wrong kind of argument is a TypeError (section 8 of the guide), a tree of Shardings of another size a
+    ValueError."""
+    refused(lambda: jb.restore(SAVED, sharding=sharding), "sharding", state=on_disk, exc=(TypeError,))
+    two = (jax.sharding.SingleDeviceSharding(jax.devices()[0]),) * 2
+    refused(lambda: jb.restore(SAVED, sharding=two), "sharding", state=on_disk, exc=(ValueError,))
 
 
 @FEW

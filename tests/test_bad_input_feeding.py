@@ -74,10 +74,15 @@ def test_blocking_rate_limiter_bad_arguments(n, timeout):
 
 @SETTINGS
 @given(bad=corrupt(rows(3), "batch"), timeout=BAD_TIMEOUTS)
+@example(bad=({**rows(3), "obs": np.full((3, 2), 1e300)}, "batch['obs']"), timeout=-1)  # was stored as inf float32
+@example(bad=({**rows(3), "a": np.full(3, 2**40 + 5, np.int64)}, "batch['a']"), timeout=-1)  # was stored as 5
 def test_server_add_refused_before_the_limiter_counts(bad, timeout):
     """A batch the buffer refuses is refused before the rate limiter counts its inserts: counts and buffer as
-    they were."""
-    refused(lambda: SERVER.add(bad[0]), (bad[1], "batch"), state=lambda: server_state(SERVER))
+    they were. A float64 / int64 numpy leaf (which the jitted add would narrow) is refused as the plain add refuses it."""
+    err = refused(lambda: SERVER.add(bad[0]), (bad[1], "batch"), state=lambda: server_state(SERVER))
+    wide = [x for x in jax.tree.leaves(bad[0]) if isinstance(x, np.ndarray) and x.dtype in (np.float64, np.int64)]
+    if wide:
+        assert f"got {wide[0].dtype}" in str(err) and "nothing is cast" in str(err), err
     refused(lambda: SERVER.add(rows(1), timeout=timeout), "timeout", state=lambda: server_state(SERVER))
 
 

@@ -104,6 +104,12 @@ def test_add_wrong_extra_arguments(priorities, flag):
     refused(lambda: REPLAY.add(rows(2 * S), extra=flag), "extra", state=REPLAY)
 
 
+def test_add_unknown_keyword_named_as_an_argument():
+    """A keyword the buffer's add does not take is named as such, before its value is looked at."""
+    err = refused(lambda: REPLAY.add(rows(2 * S), foo=[1]), "foo", state=REPLAY, exc=(TypeError,))
+    assert "unexpected keyword argument(s) ['foo']" in str(err), err
+
+
 @settings(SETTINGS, max_examples=12)  # two buffers, eight refusals each
 @given(key=bad_keys(), batch_size=bad_static_ints(), method=st.sampled_from([None, 1, "nope", "add", "_run", "sample_transitions", ["sample"]]))
 @example(key=None, batch_size=2.0, method="nope")  # 2.0 found the cached program of 2

@@ -73,7 +73,12 @@ def _trajectory_ops(cls, spec, **kw):
 
     def data(rng):
         obs = _rand(rng, spec["obs"], (E,))
-        return _rand(rng, spec, (E,)), jnp.asarray(rng.random(E) < 0.2), jnp.asarray(rng.random(E) < 0.2), obs
+        step, term = _rand(rng, spec, (E,)), rng.random(E) < 0.2
+        if kw.get("frame_stack"):  # stacks a frame stacker makes (what frame_stack stores): each add is a whole episode
+            stack = np.repeat(np.asarray(step["obs"])[:, -1:], kw["frame_stack"], axis=1)
+            step, term = {**step, "obs": jnp.asarray(stack)}, np.ones(E, bool)
+            obs = jnp.asarray(np.concatenate([stack[:, 1:], np.asarray(obs)[:, -1:]], axis=1))
+        return step, jnp.asarray(term), jnp.asarray(rng.random(E) < 0.2), obs
 
     add = lambda b, s, te, tr, fo: b.add(s, terminated=te, truncated=tr, final_obs=fo)  # noqa: E731
     if "window_length" in kw:

@@ -61,7 +61,8 @@ def _fill_trajectory(buf):
     obs, term, trunc = stacks()
     for t in range(T):
         step = {"obs": jnp.asarray(obs[t]), "action": jnp.full(E, t, jnp.int32), "reward": jnp.full(E, t / 2, jnp.float32)}
-        buf = buf.add(step, terminated=jnp.asarray(term[t]), truncated=jnp.asarray(trunc[t]), final_obs=jnp.asarray(obs[t]))
+        final = np.concatenate([obs[t][:, 1:], obs[t][:, -1:]], axis=1)  # the step's stack shifted by one frame
+        buf = buf.add(step, terminated=jnp.asarray(term[t]), truncated=jnp.asarray(trunc[t]), final_obs=jnp.asarray(final))
     return buf
 
 

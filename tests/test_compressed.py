@@ -22,6 +22,7 @@ from jaxbuffers.compressed import (
     CompressedTrajectoryBuffer,
     StaleBufferError,
 )
+from frame_stacks import stacked_chunk
 from jaxbuffers.compressed import _common
 from jaxbuffers.rollout import RolloutBuffer
 from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
@@ -619,6 +620,7 @@ def test_rollout_matches_rollout_buffer(seed, num_steps, num_envs, adds, normali
     comp = CompressedRolloutBuffer.create(ex, num_envs=num_envs, num_steps=num_steps, compress=("pixels",), normalize_images=normalize, codec="rle")
     ref = RolloutBuffer.create(ex, num_envs=num_envs, num_steps=num_steps)
     cadd = jax.jit(CompressedRolloutBuffer.add, donate_argnums=0) if use_jit else CompressedRolloutBuffer.add
+    radd = jax.jit(RolloutBuffer.add)  # an eager add to a full RolloutBuffer raises BufferFullError
     for r, n_adds in enumerate(adds):  # each round: reset, then n_adds adds (may overflow)
         comp, ref = comp.reset(), ref.reset()
         for _ in range(n_adds):
@@ -627,7 +629,7 @@ def test_rollout_matches_rollout_buffer(seed, num_steps, num_envs, adds, normali
                     "logp": jnp.asarray(rng.normal(size=num_envs).astype(np.float32))}
             kw = dict(reward=jnp.asarray(rng.normal(size=num_envs).astype(np.float32)), value=jnp.zeros(num_envs),
                       terminated=jnp.asarray(rng.random(num_envs) < 0.3))
-            comp, ref = cadd(comp, step, **kw), ref.add(step, **kw)
+            comp, ref = cadd(comp, step, **kw), radd(ref, step, **kw)
     comp = comp.compute_gae(jnp.zeros(num_envs), 0.99, 0.95)
     ref = ref.compute_gae(jnp.zeros(num_envs), 0.99, 0.95)
     assert comp.host.num_rows == num_envs * sum(min(a, num_steps) for a in adds)
@@ -991,10 +993,12 @@ def test_staging_writer_sample_prioritised_cached_jit_and_argument_errors(compil
     rng = np.random.default_rng(1)
     pw = StagingWriter(CompressedPrioritisedTrajectoryBuffer.create(ex, num_envs=1, length=16, window_length=3, frame_stack=2, codec="zstd:-1"))
     uw = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs=1, length=16, frame_stack=2, codec="rle"))
+    ends = (np.arange(12) % 5 == 4)[None]
+    stacks, _ = stacked_chunk(rng.integers(0, 255, (1, 12, H, W), dtype=np.uint8), ends, 2)  # what frame_stack stores
     for t in range(12):
-        step = {"obs": rng.integers(0, 255, (1, 2, H, W), dtype=np.uint8), "action": np.full(1, t, np.int32), "reward": np.ones(1, np.float32)}
+        step = {"obs": stacks[:, t], "action": np.full(1, t, np.int32), "reward": np.ones(1, np.float32)}
         for w in (pw, uw):
-            w.add(step, terminated=np.array([t % 5 == 4]))
+            w.add(step, terminated=ends[:, t])
     pbuf = pw.flush()
     pbuf = pbuf.set_priorities(jnp.arange(6), jnp.arange(1.0, 7.0), pbuf.buffer.generations_at(jnp.arange(6)))
     pw.buffer = pbuf
@@ -1032,9 +1036,9 @@ def test_close_frees_the_pixels_even_while_jit_caches_hold_the_store():
     ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     w = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs=1, length=32, frame_stack=2, codec="zstd:-1"))
     rng = np.random.default_rng(0)
+    stacks, _ = stacked_chunk(rng.integers(0, 255, (1, 20, H, W), dtype=np.uint8), np.zeros((1, 20), bool), 2)
     for t in range(20):
-        step = {"obs": rng.integers(0, 255, (1, 2, H, W), dtype=np.uint8), "action": np.zeros(1, np.int32),
-                "reward": np.zeros(1, np.float32)}
+        step = {"obs": stacks[:, t], "action": np.zeros(1, np.int32), "reward": np.zeros(1, np.float32)}
         w.add(step, terminated=np.array([False]))
     buf = w.buffer
     w.sample_transitions(jax.random.key(0), 4, gamma=0.9)
@@ -1052,9 +1056,10 @@ def test_eager_sample_is_one_compiled_program_and_refuses_stale_states(compile_c
     raises StaleBufferError's message from the callback."""
     ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=8, frame_stack=2, codec="zstd:-1")
-    chunk = {"obs": np.arange(6 * 2 * H * W, dtype=np.uint8).reshape(1, 6, 2, H, W), "action": np.zeros((1, 6), np.int32),
-             "reward": np.zeros((1, 6), np.float32)}
-    buf = buf.add_from_host(chunk, terminated=np.zeros((1, 6), bool))
+    ended = np.array([[False] * 5 + [True]])  # each chunk a whole episode: it can be added again after itself
+    stacks, _ = stacked_chunk(np.arange(6 * H * W, dtype=np.uint8).reshape(1, 6, H, W), ended, 2)
+    chunk = {"obs": stacks, "action": np.zeros((1, 6), np.int32), "reward": np.zeros((1, 6), np.float32)}
+    buf = buf.add_from_host(chunk, terminated=ended)
     old = buf
     sample = jax.jit(lambda bf, k, g: bf.sample_transitions(k, 4, n_step=3, gamma=g))
     jax.block_until_ready((buf.sample_transitions(jax.random.key(0), 4, n_step=3, gamma=0.5), sample(buf, jax.random.key(0), 0.5)))
@@ -1065,14 +1070,16 @@ def test_eager_sample_is_one_compiled_program_and_refuses_stale_states(compile_c
             jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
     assert n() == 0
     for _ in range(buf.frame_ring // 6 + 1):  # wraps: old's slots are rewritten
-        buf = buf.add_from_host(chunk, terminated=np.zeros((1, 6), bool))
+        buf = buf.add_from_host(chunk, terminated=ended)
     with pytest.raises(Exception, match="rewritten"):
         jax.block_until_ready(old.sample_transitions(jax.random.key(0), 8, gamma=0.5))
     with pytest.raises(StaleBufferError, match="version"):
-        old.add_from_host(chunk, terminated=np.zeros((1, 6), bool))
+        old.add_from_host(chunk, terminated=ended)
     # Prioritised: eager == jitted, flat samples (item is the step dict, decoded)
     pbuf = CompressedPrioritisedTrajectoryBuffer.create(ex, num_envs=1, length=8, window_length=3, frame_stack=2, codec="zstd:-1")
-    pbuf = pbuf.add_from_host(chunk, terminated=np.array([[False, False, True, False, False, False]]))
+    ends = np.array([[False, False, True, False, False, False]])
+    pstacks, _ = stacked_chunk(np.arange(6 * H * W, dtype=np.uint8).reshape(1, 6, H, W), ends, 2)
+    pbuf = pbuf.add_from_host({**chunk, "obs": pstacks}, terminated=ends)
     pbuf = pbuf.set_priorities(jnp.arange(3), jnp.array([1.0, 5.0, 2.0]), pbuf.buffer.generations_at(jnp.arange(3)))
     psample = jax.jit(lambda bf, k: bf.sample_transitions(k, 6, beta=0.4, gamma=0.5))
     for key in jax.random.split(jax.random.key(3), 3):
@@ -1092,7 +1099,7 @@ def test_final_obs_leading_axes_are_checked():
     flags = dict(terminated=jnp.zeros(2, bool), truncated=jnp.ones(2, bool))
     with pytest.raises(ValueError, match=r"final_obs: expected leading axes \[2\].*got \[1\]"):
         buf.add(step, **flags, final_obs=jnp.zeros((1, 4, 8, 8), jnp.uint8))
-    buf.add(step, **flags, final_obs=jnp.ones((2, 4, 8, 8), jnp.uint8))  # the right shape is accepted
+    buf.add(step, **flags, final_obs=jnp.zeros((2, 4, 8, 8), jnp.uint8).at[:, -1].set(1))  # the right shape is accepted
     empty = jax.tree.map(lambda x: x[:, None][:, :0], step)  # a chunk of 0 steps: was an IndexError
     with pytest.raises(ValueError, match=r"step chunk \(time axis\): expected at least one item, got 0"):
         buf.add(empty, terminated=jnp.zeros((2, 0), bool))
@@ -1114,3 +1121,53 @@ def test_create_sizes_are_python_ints_and_the_final_ring_is_at_most_length():
     buf = jb.CompressedTrajectoryBuffer.create(ex, num_envs=2, length=8, final_obs_capacity=50, **kw)
     assert buf.final_obs_capacity == 8
     buf.close()
+
+
+def test_device_reads_match_the_wrapped_buffers_and_answer_after_close():
+    """The cheap default-run part of the next test: the device-field reads of a compressed trajectory and rollout
+    buffer are the wrapped buffer's, also after close (no host read compiled)."""
+    ex = example(4, 0, False)
+    comp = CompressedTrajectoryBuffer.create(ex, num_envs=2, length=6, frame_stack=4, codec="rle")
+    roll = CompressedRolloutBuffer.create(ex, num_envs=2, num_steps=3, frame_stack=4, codec="rle")
+    comp.close()
+    roll.close()
+    idx = jnp.arange(12)
+    assert not bool(comp.final_obs_lost()) and not np.asarray(comp.valid_starts(idx, 2)).any()
+    np.testing.assert_array_equal(np.asarray(comp.valid_starts(idx, 2)), np.asarray(comp.trajectory.valid_starts(idx, 2)))
+    assert not np.asarray(roll.filled()).any() and int(roll.trainable_size()) == 0 and roll.float_dtype == jnp.float32
+    with pytest.raises(RuntimeError, match="after close"):
+        comp.check_stacks({"obs": jnp.zeros((2, 4, H, W), jnp.uint8), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)},
+                          terminated=jnp.zeros(2, bool))
+
+
+@pytest.mark.slow  # compiles a prioritised compressed buffer's decodes: the default run has the cheap part above
+def test_device_reads_and_positional_reads_match_the_wrapped_buffers_and_answer_after_close():
+    """The methods the compressed buffers take from the buffers they wrap: device-field reads return exactly the
+    plain buffer's result (also after close); `transitions_at` / `sequences_at` decode as the samplers do and equal
+    the plain buffer's; after close a host read raises RuntimeError."""
+    obs, term = _steps(9, num_envs=2)
+    ex = example(4, 0, False)
+    comp = CompressedPrioritisedTrajectoryBuffer.create(ex, num_envs=2, length=6, window_length=2, frame_stack=4, codec="rle")
+    ref = PrioritisedTrajectoryBuffer.create(ex, num_envs=2, length=6, window_length=2)
+    for i in range(9):
+        step = {"obs": obs[i], "action": jnp.full(2, i, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}
+        comp, ref = comp.add(step, terminated=term[i]), ref.add(step, terminated=term[i])
+    idx = jnp.arange(12)
+    same = lambda a, b: jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))  # noqa: E731
+    same(comp.transitions_at(idx, n_step=2, gamma=0.9), ref.buffer.transitions_at(idx, n_step=2, gamma=0.9))
+    same(comp.sequences_at(idx, 2), ref.buffer.sequences_at(idx, 2))
+    reads = lambda b, t: (b.priorities(idx), b.generations_at(idx), b.num_valid_windows(), t.final_obs_lost(), t.valid_starts(idx, 2))  # noqa: E731
+    same(reads(comp, comp), reads(ref, ref.buffer))
+    roll = CompressedRolloutBuffer.create(ex, num_envs=2, num_steps=3, frame_stack=4, codec="rle")
+    plain = RolloutBuffer.create(ex, num_envs=2, num_steps=3)
+    kw = dict(reward=jnp.ones(2), value=jnp.zeros(2), terminated=jnp.zeros(2, bool), trainable=jnp.array([True, False]))
+    roll, plain = roll.add({"obs": obs[0], "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}, **kw), plain.add(
+        {"obs": obs[0], "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}, **kw)
+    same((roll.filled(), roll.learn_mask(), roll.trainable_size()), (plain.filled(), plain.learn_mask(), plain.trainable_size()))
+    assert roll.float_dtype == plain.float_dtype
+    comp.close()
+    roll.close()
+    same(reads(comp, comp), reads(ref, ref.buffer))  # device fields only: they still answer
+    assert int(comp.size()) == int(ref.size()) and int(roll.trainable_size()) == 1
+    with pytest.raises(RuntimeError, match="after close"):
+        comp.transitions_at(idx, n_step=1, gamma=0.9)

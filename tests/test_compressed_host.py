@@ -136,7 +136,7 @@ def test_trajectory_samples_match_their_flags_under_threads():
     no_end = jnp.zeros((1,), bool)
 
     def step(t):
-        stack = _frames(np.arange(t - k + 1, t + 1) % mod).astype(np.uint8)[None]
+        stack = _frames(np.maximum(np.arange(t - k + 1, t + 1), 0) % mod).astype(np.uint8)[None]  # reset padding
         return {"obs": jnp.asarray(stack), "action": jnp.asarray([t], jnp.int32), "reward": jnp.zeros(1)}
 
     for t in range(n_slots):  # compiled before the threads start, and sampleable

@@ -27,16 +27,22 @@ EXAMPLE = {
 
 
 def _step(rng, t=None):
+    """Steps that each start an episode: every stack is one random frame repeated (the "reset" padding)."""
     lead = (E,) if t is None else (E, t)
+    frame = rng.integers(0, 256, (*lead, 1, H, W), dtype=np.uint8)
     return {
-        "obs": {"pixels": rng.integers(0, 256, (*lead, K, H, W), dtype=np.uint8), "vec": rng.normal(size=(*lead, 2)).astype(np.float32)},
+        "obs": {"pixels": np.repeat(frame, K, axis=len(lead)), "vec": rng.normal(size=(*lead, 2)).astype(np.float32)},
         "action": rng.integers(0, 4, lead).astype(np.int32), "reward": rng.normal(size=lead).astype(np.float32),
     }
 
 
 def _good_add(rng):
+    """One step that ends every lane's episode (so the next `_step` starts one), final observations the step's
+    stacks shifted by a new frame."""
     step = _step(rng)
-    flags = {"terminated": np.array([False, True]), "truncated": np.array([True, False]), "final_obs": _step(rng)["obs"]}
+    newest = rng.integers(0, 256, (E, 1, H, W), dtype=np.uint8)
+    final = {"pixels": np.concatenate([step["obs"]["pixels"][:, 1:], newest], axis=1), "vec": rng.normal(size=(E, 2)).astype(np.float32)}
+    flags = {"terminated": np.array([False, True]), "truncated": np.array([True, False]), "final_obs": final}
     return step, flags
 
 
@@ -240,19 +246,19 @@ def test_sample_of_an_older_state_served_while_its_slots_are_unchanged_refused_o
     rng = np.random.default_rng(2)
     buf = CompressedTrajectoryBuffer.create(EXAMPLE, num_envs=E, length=LENGTH, frame_stack=K, compress=("pixels",), codec="rle")
     for _ in range(2):
-        buf = buf.add(_step(rng), terminated=np.zeros(E, bool))
+        buf = buf.add(_step(rng), terminated=np.ones(E, bool))
     old = buf
     first = jax.tree.map(np.asarray, old.sample_sequences(jax.random.key(0), 4, 2))
-    buf = buf.add(_step(rng), terminated=np.zeros(E, bool))  # new slots only
+    buf = buf.add(_step(rng), terminated=np.ones(E, bool))  # new slots only
     again = jax.tree.map(np.asarray, old.sample_sequences(jax.random.key(0), 4, 2))
     jax.tree.map(np.testing.assert_array_equal, first, again)
     for _ in range(buf.frame_ring):  # wraps: old's slots are rewritten
-        buf = buf.add(_step(rng), terminated=np.zeros(E, bool))
+        buf = buf.add(_step(rng), terminated=np.ones(E, bool))
     before = record(buf)
     with pytest.raises(jax.errors.JaxRuntimeError, match="rewritten"):
         jax.block_until_ready(jax.jit(lambda b: b.sample_sequences(jax.random.key(0), 4, 2), donate_argnums=0)(old))
     assert record(buf) == before
-    buf.add(_step(rng), terminated=np.zeros(E, bool)).sample_sequences(jax.random.key(0), 4, 2)
+    buf.add(_step(rng), terminated=np.ones(E, bool)).sample_sequences(jax.random.key(0), 4, 2)
     buf.close()
 
 
@@ -319,3 +325,45 @@ def test_create_refuses_unknown_keywords_by_name(prioritised):
         with pytest.raises(TypeError, match=f"create.*{bad}") as info:
             cls.create(step, num_envs=2, length=8, **kw, **{bad: True})
         assert "_build" not in str(info.value)
+
+
+@pytest.mark.parametrize("cls, kw", [(CompressedTrajectoryBuffer, {}),  # the prioritised one inherits the add: -m slow
+                                     pytest.param(CompressedPrioritisedTrajectoryBuffer, {"window_length": 2}, marks=pytest.mark.slow)])
+def test_stacks_the_buffer_cannot_rebuild_are_refused_and_change_nothing(cls, kw):
+    """With frame_stack, a stack that is not the previous step's shifted by one frame (or, at an episode start, not
+    padded as `padding` says) would come back as another stack: refused eagerly, from the host and under jit (in
+    the write callback), naming the leaf, env and step, the buffer byte-identical; the stacks a frame stacker makes
+    are accepted and sampled back as given."""
+    rng = np.random.default_rng(7)
+    buf = cls.create(EXAMPLE, num_envs=E, length=LENGTH, frame_stack=K, compress=("pixels",), codec="rle", **kw)
+    frames = rng.integers(0, 256, (E, 5, H, W), dtype=np.uint8)
+    stack = lambda t: np.stack([frames[:, max(t - 1, 0)], frames[:, t]], axis=1)  # noqa: E731  (reset padding at t = 0)
+
+    def step(pixels):
+        lead = pixels.shape[: pixels.ndim - 3]
+        return {"obs": {"pixels": pixels, "vec": np.zeros((*lead, 2), np.float32)}, "action": np.zeros(lead, np.int32), "reward": np.zeros(lead, np.float32)}
+
+    no = {"terminated": np.zeros(E, bool)}
+    unpadded = stack(1)  # the first step after create starts an episode: its older frame must be the padding
+    err = assert_refused(lambda: buf.add(step(unpadded), **no), ("step['obs']['pixels']",), buf, errors=(ValueError,))
+    assert "env 0, step 0 of the add is not the stack the buffer rebuilds" in str(err)
+    buf = buf.add(step(stack(0)), **no).add(step(stack(1)), **no)
+    jumped = stack(2)
+    jumped[1] = np.stack([frames[1, 3], frames[1, 4]])  # env 1 skips frames: [3, 4] after [0, 1]
+    for mode in ("eager", "jit"):  # (a donated state's arrays are gone once its program ran, refused or not)
+        call, target = run_in(mode, buf, lambda b: b.add(step(jumped), **no))
+        err = assert_refused(call, ("step['obs']['pixels']",), target, errors=(ValueError, jax.errors.JaxRuntimeError))
+        assert "env 1, step 0 of the add" in str(err)
+    assert_refused(lambda: buf.add_from_host(step(jumped), **no), ("step['obs']['pixels']",), buf, errors=(ValueError,))
+    chunk = np.stack([stack(2), stack(2)], axis=1)  # [E, 2, ...]: step 1 repeats step 0 instead of shifting
+    err = assert_refused(lambda: buf.add(step(chunk), terminated=np.zeros((E, 2), bool)), ("step['obs']['pixels']",), buf, errors=(ValueError,))
+    assert "env 0, step 1 of the add" in str(err)
+    cut = {"terminated": np.zeros(E, bool), "truncated": np.ones(E, bool), "final_obs": {"pixels": stack(2), "vec": np.zeros((E, 2), np.float32)}}
+    err = assert_refused(lambda: buf.add(step(stack(2)), **cut), ("final_obs['pixels']",), buf, errors=(ValueError,))
+    assert "the final observation of env 0, step 0" in str(err)
+    buf = buf.add(step(stack(2)), **{**cut, "final_obs": {"pixels": stack(3), "vec": np.zeros((E, 2), np.float32)}})
+    buf = buf.add(step(stack(4)[:, [1, 1]]), **no)  # after the truncation an episode starts: padded with its frame
+    got = np.asarray(buf.decode_obs(buf.trajectory.storage["obs"])["pixels"])[:, :4]
+    want = np.stack([stack(0), stack(1), stack(2), stack(4)[:, [1, 1]]], axis=1)
+    np.testing.assert_array_equal(got, want)
+    buf.close()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxbuffers as jb
-from frame_stacks import stacked_episodes
+from frame_stacks import stacked_chunk, stacked_episodes
 from host_codecs import CorruptEntryError
 from jaxbuffers import disk
 
@@ -30,11 +30,13 @@ def _make(num_envs=2, length=12, **kw):
 def _chunk(t, seed, num_envs=2):
     """`t` steps of `num_envs` lanes as one chunk (leaves [num_envs, t, ...]) with episode ends and final observations."""
     rng = np.random.default_rng(seed)
-    step = {"obs": jnp.asarray(rng.integers(0, 256, (num_envs, t, 4, 6, 6), dtype=np.uint8)),
-            "action": jnp.asarray(rng.integers(0, 9, (num_envs, t)), jnp.int32),
+    newest = rng.integers(0, 256, (num_envs, t, 6, 6), dtype=np.uint8)
+    term, trunc = rng.random((num_envs, t)) < 0.15, rng.random((num_envs, t)) < 0.1
+    term[:, -1] = True  # each chunk ends its lanes' episodes: the next chunk's stacks start afresh
+    obs, final = stacked_chunk(newest, term | trunc, 4)  # stacks a frame stacker makes: what frame_stack stores
+    step = {"obs": jnp.asarray(obs), "action": jnp.asarray(rng.integers(0, 9, (num_envs, t)), jnp.int32),
             "reward": jnp.asarray(rng.standard_normal((num_envs, t)), jnp.float32)}
-    term, trunc = jnp.asarray(rng.random((num_envs, t)) < 0.15), jnp.asarray(rng.random((num_envs, t)) < 0.1)
-    return dict(step=step, terminated=term, truncated=trunc, final_obs=step["obs"][:, :, ::-1])
+    return dict(step=step, terminated=jnp.asarray(term), truncated=jnp.asarray(trunc), final_obs=jnp.asarray(final))
 
 
 def _add(buf, chunk, pieces=1):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import jaxbuffers as jb
+from frame_stacks import stacked_chunk
 from host_codecs import CorruptEntryError
 from jaxbuffers import disk
 
@@ -38,11 +39,13 @@ def _make(codec="zstd:3", **kw):
 def _chunk(k, t=4):
     """Add number `k`: `t` steps of 2 lanes of compressible frames, episode ends, final observations (deterministic)."""
     rng = np.random.default_rng(k)
-    frames = (np.kron(rng.integers(0, 3, (2, t, 4, 3, 3)), np.ones((4, 4), np.int64)) * 80).astype(np.uint8)
+    newest = (np.kron(rng.integers(0, 3, (2, t, 3, 3)), np.ones((4, 4), np.int64)) * 80).astype(np.uint8)
+    term, trunc = rng.random((2, t)) < 0.1, rng.random((2, t)) < 0.1
+    term[:, -1] = True  # each add ends its lanes' episodes: the next add's stacks start afresh
+    frames, final = stacked_chunk(newest, term | trunc, 4)  # stacks a frame stacker makes: what frame_stack stores
     step = {"obs": jnp.asarray(frames), "action": jnp.asarray(rng.integers(0, 9, (2, t)), jnp.int32),
             "reward": jnp.asarray(rng.standard_normal((2, t)), jnp.float32)}
-    return dict(step=step, terminated=jnp.asarray(rng.random((2, t)) < 0.1), truncated=jnp.asarray(rng.random((2, t)) < 0.1),
-                final_obs=step["obs"][:, :, ::-1])
+    return dict(step=step, terminated=jnp.asarray(term), truncated=jnp.asarray(trunc), final_obs=jnp.asarray(final))
 
 
 def _filled(buf, adds):

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import jaxbuffers as jb
 from jaxbuffers import returns
 from jaxbuffers.rollout import RolloutBuffer, RolloutMemoryPressure, RolloutMinibatch
 
@@ -111,7 +112,13 @@ def test_add_writes_rows_in_order_and_full_is_noop(jit):
     # final_value is stored as given (NaN where not truncated is fine: never read there)
     np.testing.assert_array_equal(np.asarray(buf.final_value), data["final_value"][:t])
     before = jax.tree.map(np.asarray, buf)
-    # Two more adds to a full buffer: nothing changes but the overflow flag.
+    if not jit:  # eagerly a full buffer refuses the step (as a fixed EpisodeBuffer does) and stays as it was
+        with pytest.raises(jb.BufferFullError, match=r"add: the rollout buffer is full \(step_index=3 of num_steps=3\)"):
+            fill(buf, {k: v[t:] for k, v in data.items()}, 1, jit, start=t)
+        jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, buf))
+        assert not bool(buf.overflowed)
+        return
+    # Under jit two more adds to a full buffer: nothing changes but the overflow flag.
     buf = fill(buf, {k: v[t:] for k, v in data.items()}, 2, jit, start=t)
     assert bool(buf.overflowed) and int(buf.size()) == t * n
     after = jax.tree.map(np.asarray, buf)
@@ -136,7 +143,7 @@ def test_reset_keeps_storage_and_restarts_at_row_zero(jit):
     data = random_rollout(np.random.default_rng(1), t, n)
     buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, t, jit)
     buf = buf.compute_gae(jnp.zeros(n), 0.9, 0.8)
-    buf = fill(buf, data, 1, jit)  # overflow
+    buf = fill(buf, data, 1, True)  # overflow (under jit: eagerly BufferFullError)
     old_obs = np.asarray(buf.step["obs"])
     buf = maybe_jit(RolloutBuffer.reset, jit)(buf)
     assert int(buf.size()) == 0 and not bool(buf.overflowed) and not bool(buf.has_advantages)

@@ -22,10 +22,12 @@ KINDS = {"uniform": (CompressedTrajectoryBuffer, {}), "prioritised": (Compressed
 
 
 def _good(rng):
-    step = {"obs": rng.integers(0, 256, (E, K, H, W), dtype=np.uint8), "action": rng.integers(0, 4, E).astype(np.int32),
-            "reward": rng.normal(size=E).astype(np.float32)}
-    return step, {"terminated": np.array([False, True]), "truncated": np.array([True, False]),
-                  "final_obs": rng.integers(0, 256, (E, K, H, W), dtype=np.uint8)}
+    """One step that starts and ends every lane's episode: stacks of one frame repeated (the "reset" padding), final
+    observations those stacks shifted by a new frame (what frame_stack stores)."""
+    obs = np.repeat(rng.integers(0, 256, (E, 1, H, W), dtype=np.uint8), K, axis=1)
+    step = {"obs": obs, "action": rng.integers(0, 4, E).astype(np.int32), "reward": rng.normal(size=E).astype(np.float32)}
+    final = np.concatenate([obs[:, 1:], rng.integers(0, 256, (E, 1, H, W), dtype=np.uint8)], axis=1)
+    return step, {"terminated": np.array([False, True]), "truncated": np.array([True, False]), "final_obs": final}
 
 
 def _writer(kind, staged=3):

@@ -40,6 +40,26 @@ def test_shape_error_names_leaf():
         _validate.check_batch(SPEC, bad)
 
 
+def test_shape_error_of_one_item_has_no_leading_axes():
+    """Without leading axes (one item: `final_obs` of an unbatched add, `Writer.append`) the expected shape is the
+    item's own, not a template with an empty list of axes."""
+    bad = {"obs": {"pixels": jnp.zeros((3,), jnp.uint8), "vec": jnp.zeros(4)}, "a": jnp.int32(0)}
+    with pytest.raises(ValueError) as info:
+        _validate.check_batch(SPEC, bad, batch_ndim=0, what="final_obs")
+    assert str(info.value) == "final_obs['obs']['pixels']: expected shape (2, 3), got (3,)"
+
+
+def test_python_scalars_are_named_as_given_not_as_the_traced_array():
+    """A compiled method given a Python number where an array belongs names the number, not an int32 tracer."""
+    import jaxbuffers as jb
+
+    buf = jb.ReplayBuffer.create({"x": jnp.zeros(2)}, capacity=4).add({"x": jnp.ones((2, 2))})
+    with pytest.raises(TypeError, match=r"^key: .*got int 0\b"):
+        buf.sample(0, 2)
+    with pytest.raises(TypeError, match=r"^n: .*got float 1\.0\b"):
+        jb.RateLimiter.create(1.0).insert(1.0)
+
+
 def test_dtype_error_names_leaf_and_never_casts():
     bad = batch()
     bad["obs"]["vec"] = np.zeros((5, 4), np.float64)

@@ -155,6 +155,8 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
         shape = tuple(leaf.shape)
         expected_tail = tuple(s.shape)
         if len(shape) != batch_ndim + len(expected_tail) or shape[batch_ndim:] != expected_tail:
+            if batch_ndim == 0:
+                raise ValueError(f"{name}: expected shape {expected_tail}, got {shape}")
             lead_desc = ", ".join(lead_names[:batch_ndim]) if batch_ndim <= len(lead_names) else f"{batch_ndim} axes"
             raise ValueError(
                 f"{name}: expected shape [{lead_desc}, *{list(expected_tail)}] "
@@ -661,4 +663,5 @@ def single_process(what: str, why: str) -> None:
 # the step checks (module doc), after every name they use is defined
 from jaxbuffers._validate.steps import (  # noqa: E402
     episode_lengths, final_obs_not_step, frame_leaves, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks,
+    unrebuilt_trajectory_stack_error, unrebuilt_trajectory_stacks,
 )

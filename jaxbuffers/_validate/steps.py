@@ -171,6 +171,22 @@ def _differs(a: jax.Array, b: jax.Array, lead: int) -> jax.Array:
     return jnp.max(d, axis=-1, initial=0) != 0
 
 
+def _padding_breaks(x: jax.Array, lead: int, padding: str) -> jax.Array:
+    """bool `[*L]` of stacks `x` `[*L, k, *frame]` (`lead = len(L)`): whether the older frames `x[..., :k - 1, ...]`
+    are not the padding of an episode's first step: its newest frame repeated (`"reset"`) or zeros (`"zero"`)."""
+    k = x.shape[lead]
+    older = jax.lax.slice_in_dim(x, 0, k - 1, axis=lead)
+    newest = jax.lax.slice_in_dim(x, k - 1, k, axis=lead)
+    return _differs(older, jnp.zeros_like(older) if padding == "zero" else jnp.broadcast_to(newest, older.shape), lead)
+
+
+def _shift_breaks(x: jax.Array, prev: jax.Array, lead: int) -> jax.Array:
+    """bool `[*L]` of stacks `x` and the stacks `prev` of the steps before them (both `[*L, k, *frame]`): whether
+    `x[j] != prev[j + 1]` for some `j < k - 1` (a stack is not the one before it shifted by one frame)."""
+    k = x.shape[lead]
+    return _differs(jax.lax.slice_in_dim(x, 0, k - 1, axis=lead), jax.lax.slice_in_dim(prev, 1, k, axis=lead), lead)
+
+
 def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) -> jax.Array:
     """Where frame stacks are not what a frame-deduplicating episode store rebuilds from each step's newest frame.
 
@@ -179,7 +195,8 @@ def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) 
     step's newest frame (`padding="reset"`) or zeros (`"zero"`). The final observation is position `n` (the length).
     By induction over `t` that holds exactly when step 0's older frames are the padding and every later stack (the
     final observation's too) is the one before it shifted by one frame: `x[t][j] == x[t - 1][j + 1]`, `j < k - 1`,
-    which is what is compared (slices, no gather).
+    which is what is compared (slices, no gather). `unrebuilt_trajectory_stacks` is the same rule for steps that
+    arrive in chunks.
 
     Args:
       stacks: `[B, T, *shape]`, `k` frames along `stack_axis` of `shape`.
@@ -193,16 +210,49 @@ def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) 
     """
     x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [B, T, k, *frame]
     f = jnp.moveaxis(finals, 1 + stack_axis, 1)  # [B, k, *frame]
-    k, t = x.shape[2], x.shape[1]
+    t = x.shape[1]
     lengths = jnp.asarray(lengths, jnp.int32)
-    first = x[:, 0, : k - 1]
-    pad = jnp.zeros_like(first) if padding == "zero" else jnp.broadcast_to(x[:, :1, k - 1], first.shape)
-    start = _differs(first, pad, 1)  # [B]
-    shifted = _differs(x[:, 1:, : k - 1], x[:, :-1, 1:], 2)  # [B, T - 1]
+    start = _padding_breaks(x[:, 0], 1, padding)  # [B]
+    shifted = _shift_breaks(x[:, 1:], x[:, :-1], 2)  # [B, T - 1]
     bad = jnp.concatenate([start[:, None], shifted], axis=1) & (jnp.arange(t) < lengths[:, None])
     last = jax.vmap(lambda s, n: s[jnp.clip(n - 1, 0, t - 1)])(x, lengths)  # [B, k, *frame]: the last step's stack
-    bad_final = _differs(f[:, : k - 1], last[:, 1:], 1) & (lengths > 0)
+    bad_final = _shift_breaks(f, last, 1) & (lengths > 0)
     return jnp.concatenate([bad, bad_final[:, None]], axis=1)
+
+
+def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_axis: int, padding: str) -> jax.Array:
+    """`unrebuilt_stacks` for steps that arrive in chunks `[E, t]` per lane (a trajectory store): a step that starts an
+    episode must hold the padding, any other step the stack before it shifted by one frame (the step before chunk
+    step 0 is `before`, the stack the store rebuilds for the lane's previous step), and a final observation the
+    stack of its step shifted by one frame.
+
+    Args:
+      stacks: `[E, t, *shape]`, `k` frames along `stack_axis` of `shape`.
+      before: `[E, *shape]`, the stacks of the steps before chunk step 0 (read only where that step does not start
+        an episode).
+      starts: bool `[E, t]`, the steps that start an episode.
+      finals: `[E, t, *shape]`, the final observations, compared where `boot` (bool `[E, t]`); or None (no final
+        observations).
+      stack_axis, padding: as the store's.
+
+    Returns:
+      bool `[2, E, t]`: row 0 the steps whose stack would not come back as given, row 1 the final observations.
+    """
+    x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [E, t, k, *frame]
+    prev = jnp.concatenate([jnp.moveaxis(before, 1 + stack_axis, 1)[:, None], x[:, :-1]], axis=1)
+    bad = jnp.where(starts, _padding_breaks(x, 2, padding), _shift_breaks(x, prev, 2))
+    bad_final = jnp.zeros_like(bad)
+    if finals is not None:
+        bad_final = _shift_breaks(jnp.moveaxis(finals, 2 + stack_axis, 2), x, 2) & boot
+    return jnp.stack([bad, bad_final])
+
+
+_UNREBUILT = (
+    "is not the stack the buffer rebuilds from each step's newest frame (with frame_stack, each stack is the previous "
+    "step's shifted by one frame, padded at the episode's start as `padding` says), so its older frames would be lost "
+    "(nothing was written). Store such observations whole (frame_stack=None), or give each episode the stacks a frame "
+    "stacker makes from its start"
+)
 
 
 def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched: bool) -> ValueError | None:
@@ -217,12 +267,23 @@ def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched
         final = t == leaf.shape[1] - 1
         episode = f"episode {e}" if batched else "the episode"
         what = f"{final_name}: the final observation of {episode}" if final else f"{step_name}: step {t} of {episode}"
-        return ValueError(
-            f"{what} is not the stack the buffer rebuilds from each step's newest frame (with frame_stack, each stack "
-            f"is the previous step's shifted by one frame, padded at the episode's start as `padding` says), so its "
-            f"older frames would be lost (nothing was written). Store such observations whole (frame_stack=None), or "
-            f"give each episode the stacks a frame stacker makes from its start"
-        )
+        return ValueError(f"{what} {_UNREBUILT}")
+    return None
+
+
+def unrebuilt_trajectory_stack_error(bad: np.ndarray, names: list[tuple[str, str]]) -> ValueError | None:
+    """The error naming the first stack `unrebuilt_trajectory_stacks` found, or None. `bad`: bool `[L, 2, E, t]`, one
+    per compressed leaf; `names`: per leaf, its name in `step` and in `final_obs`."""
+    for (step_name, final_name), leaf in zip(names, np.asarray(bad)):
+        for row, name in enumerate((step_name, final_name)):
+            hits = np.argwhere(leaf[row])
+            if hits.size:
+                e, t = (int(i) for i in hits[0])
+                what = "the final observation of " if row else ""
+                return ValueError(
+                    f"{name}: {what}env {e}, step {t} of the add {_UNREBUILT} (a buffer's first step, and each lane's "
+                    f"step after an episode end, starts an episode)"
+                )
     return None
 
 

@@ -351,6 +351,19 @@ def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> int | None
         raise
 
 
+def delegated(name: str, via: str = "buffer") -> Callable:
+    """A compressed buffer's method `name` that reads device fields only: `getattr(self, via).name(...)` (the
+    wrapped device buffer's method, one compiled program eagerly), so it returns exactly what that buffer returns,
+    also after `close()` (the host store is not read)."""
+
+    def method(self, *args, **kwargs):
+        return getattr(getattr(self, via), name)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"`{name}` of the wrapped device buffer (`self.{via}`): device fields only, exactly its result."
+    return method
+
+
 def checked_before_dispatch(add: bool = False) -> Callable:
     """Decorate a public method of a compressed buffer (above `jaxbuffers._compiled.method`) with
     `check_before_dispatch` (`check_add_before_dispatch` for an add, which is then remembered as the newest one

@@ -149,6 +149,15 @@ class CompressedRolloutBuffer(HostBacked):
         version = _common.write(self.host, self.version, slots.reshape(-1), valid, datas)
         return self.replace(buffer=new, version=version)
 
+    @property
+    def float_dtype(self) -> Any:
+        """`jaxbuffers.RolloutBuffer.float_dtype` of the wrapped buffer."""
+        return self.buffer.float_dtype
+
+    filled = _common.delegated("filled")
+    learn_mask = _common.delegated("learn_mask")
+    trainable_size = _common.delegated("trainable_size")
+
     @_compiled.method()
     def reset(self) -> "CompressedRolloutBuffer":
         """`jaxbuffers.RolloutBuffer.reset` (host entries are overwritten by the next adds)."""

@@ -39,6 +39,7 @@ import jax
 import numpy as np
 
 from jaxbuffers import _validate
+from jaxbuffers.compressed import _common
 
 __all__ = ["StagingWriter"]
 
@@ -133,6 +134,10 @@ class StagingWriter:
         self._truncated = np.zeros((e, p), bool)  # shape=[E, P], dtype=bool
         self._final: list[np.ndarray] | None = None  # obs leaves [E, P, ...] (frames when compressed), on first truncated
         self._n = 0  # staged steps
+        # With frame stacks: the newest step added here (its stacks, one [E, *shape] per compressed leaf, and whether
+        # it ended each lane's episode), the one the next step's stacks must follow; None: the buffer's last step.
+        self._stacked = any(i.stack_axis is not None for i in buffer.leaves)
+        self._previous: tuple | None = None
 
     def _staged(self, x: Any, obs_index: int | None) -> np.ndarray:
         """What to stage of one validated leaf `[E, ...]`: the newest frame of a compressed
@@ -167,6 +172,7 @@ class StagingWriter:
                 "writer.buffer (which flushes) and derive the new state from it"
             )
         self._buf = new
+        self._previous = None  # the next step follows the new state's last step
 
     @property
     def staging_nbytes(self) -> int:
@@ -205,7 +211,8 @@ class StagingWriter:
 
         Raises (before anything is staged):
           TypeError / ValueError: wrong structure, shape or dtype (naming the field), a missing
-            `final_obs`, or a call under a JAX transformation.
+            `final_obs`, or a call under a JAX transformation; with `frame_stack`, a stack the buffer
+            cannot rebuild (`CompressedTrajectoryBuffer.check_stacks`).
           RuntimeError: after `close()`.
         """
         self._buf.host.check_state("StagingWriter.add")
@@ -228,6 +235,10 @@ class StagingWriter:
                 )
             _validate.final_obs_not_step(self._spec[self._obs_key], self._obs_key, final_obs)
             fin = self._leaves(final_obs, self._spec[self._obs_key], "final_obs")
+        if self._stacked:  # stacks the buffer could not rebuild: refused here, as its add refuses them
+            self._buf.check_stacks(dict(step), terminated=term, truncated=truncated, final_obs=final_obs, previous=self._previous)
+            stacks = _common.pick_leaves(step[self._obs_key], self._buf.leaf_index)
+            self._previous = ([np.array(x) for x in stacks], term | (False if truncated is None else trunc))
         j, off = self._n, self._obs_offset  # checked: stage copies (JAX arrays are fetched here)
         for i, (dst, x) in enumerate(zip(self._stage, leaves)):
             dst[:, j] = self._staged(x, i - off if 0 <= i - off < len(self._obs_leaves) else None)

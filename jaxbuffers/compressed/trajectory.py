@@ -28,8 +28,14 @@ frames before it, which the frame stacks around it mostly need anyway. The frame
 still reads; the deltas of an older chain whose keyframe is overwritten (frames no stored step reads) are deleted with
 it, so every stored frame decodes. Final frames are keyframes. `K = 1` stores every frame whole.
 
-This is exact when the observations given to `add` are what such a frame stacker produced (the older frames of a
-stack are not read at add time). Without `frame_stack` every compressed leaf is stored whole.
+Which stacks. This is exact when the observations given to `add` are what such a frame stacker produced from each
+episode's start, and any other stack is refused (`check_stacks`; the rule of `jaxbuffers._validate.unrebuilt_stacks`,
+shared with `jaxbuffers.compressed.CompressedEpisodeBuffer`): a step that starts an episode (the first after
+`create`, and each lane's step after one that terminated or truncated) holds the padding, every other step the
+previous step's stack shifted by one frame (the previous step's stack is read from the store as a sample reads it
+when it came in an earlier add), and a final observation its step's stack shifted by one frame. A buffer created
+mid-episode must be fed from an episode start or with padded stacks. Without `frame_stack` every compressed leaf is
+stored whole.
 
 Ids on device, per compressed leaf and step: int32 `[3]` = `(newest, prev, ep_pos)`, the store
 slots of the step's frame and of the frame one step back. Lane `e`'s frame ring is store slots
@@ -272,21 +278,110 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         return self.buffer.can_sample_transitions(batch_size, n_step=n_step)
 
     @_common.checked_before_dispatch(add=True)
-    @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors), checked once here.
 
         The newest frame of each compressed observation and, where `truncated & ~terminated`, of
         its `final_obs` go to the host in one ordered callback; the device buffer gets their ids.
         The previous state must not be added to again (that would fork the host store).
+        With `frame_stack`, the stacks given must be those the buffer rebuilds (module doc, "Which stacks").
 
         Raises:
+          ValueError: with `frame_stack`, a stack that is not the one the buffer rebuilds (named by leaf, env and
+            step), before anything is written (under `jit` the write callback refuses it:
+            `jax.errors.JaxRuntimeError`).
           StaleBufferError: called eagerly on a state that is not the newest, before anything runs
             (under `jit` the write callback refuses it: `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
+        checked = self._check_stacks(step, terminated, truncated, final_obs)
+        return self._add(step, terminated, truncated, final_obs, checked)
+
+    @_compiled.method("checked")
+    def _add(self, step, terminated, truncated, final_obs, checked: bool) -> "CompressedTrajectoryBuffer":
+        """`add` once its eager checks ran; unless `checked`, the write callback refuses stacks the store cannot
+        rebuild before it writes anything."""
+        refuse = None
+        if self._stacked and not checked:
+            refuse = (self._unrebuilt(step, terminated, truncated, final_obs), self._stack_error)
         new, (slots, valid, bases, datas) = self._add_device(step, terminated, truncated, final_obs)
-        return new.replace(version=_common.write(self.host, self.version, slots, valid, datas, bases))
+        return new.replace(version=_common.write(self.host, self.version, slots, valid, datas, bases, refuse))
+
+    @property
+    def _stacked(self) -> bool:
+        """Whether the compressed leaves are frame stacks (the store keeps each step's newest frame only)."""
+        return self.leaves[0].stack_axis is not None
+
+    def _check_stacks(self, step, terminated, truncated, final_obs) -> bool:
+        """With a concrete state, raise the `_stack_error` of `_unrebuilt` now, before anything is dispatched; returns
+        whether the stacks were checked (False under a transformation, or without frame stacks)."""
+        if not self._stacked or isinstance(self.version, jax.core.Tracer):
+            return False
+        self.check_stacks(step, terminated=terminated, truncated=truncated, final_obs=final_obs)
+        return True
+
+    def check_stacks(self, step: Mapping, *, terminated, truncated=None, final_obs=None, previous=None) -> None:
+        """Raise the error `add` raises for frame stacks it cannot store (module doc, "Which stacks"), without adding.
+
+        Args: as `add` (checked as `add` checks them), and
+          previous: `(stacks, ended)`, the previous step of every lane as given, not yet in this state (a host
+            writer's staged step): `stacks` one `[num_envs, *shape]` array per compressed leaf, `ended` bool
+            `[num_envs]` (that step ended an episode). None: the lanes' last steps in this state, read from the store.
+
+        Raises:
+          ValueError: a stack that is not the one the buffer rebuilds (named by leaf, env and step); and `add`'s
+            argument errors. Nothing without `frame_stack`.
+        """
+        self.host.check_state("check_stacks")
+        if not self._stacked:
+            return
+        error = self._stack_error(np.asarray(self._unrebuilt(step, terminated, truncated, final_obs, previous)))
+        if error is not None:
+            raise error
+
+    @_compiled.method()
+    def _unrebuilt(self, step, terminated, truncated, final_obs, previous=None) -> jax.Array:
+        """bool `[leaves, 2, E, t]`: `jaxbuffers._validate.unrebuilt_trajectory_stacks` of every compressed leaf, the
+        stack before each lane's first step read from the store as a sample reads it (an episode start reads none),
+        unless `previous` gives it (`check_stacks`)."""
+        traj = self.trajectory
+        step, terminated, truncated, final_obs = _validate.trajectory_add(
+            self.step_spec, traj.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
+        )
+        ends = terminated if truncated is None else terminated | truncated
+        if previous is None:
+            first = self.next_ep_pos == 0
+            befores = self._last_stacks()
+        else:
+            first = _validate.array("previous[1]", previous[1], (self.num_envs,), jnp.bool_)
+            befores = [_validate.array(f"previous[0][{j}]", x, (self.num_envs, *i.shape), i.dtype) for j, (x, i) in enumerate(zip(previous[0], self.leaves))]
+        starts = jnp.concatenate([first[:, None], ends[:, :-1]], axis=1)
+        boot = None if truncated is None else truncated & ~terminated
+        stacks = _common.pick_leaves(step[traj.obs_key], self.leaf_index)
+        finals = [None] * len(stacks) if truncated is None else _common.pick_leaves(final_obs, self.leaf_index)
+        return jnp.stack([
+            _validate.unrebuilt_trajectory_stacks(jnp.asarray(x), jnp.asarray(b), starts, None if f is None else jnp.asarray(f), boot,
+                                                  stack_axis=i.stack_axis, padding=self.padding)
+            for x, f, b, i in zip(stacks, finals, befores, self.leaves)
+        ])
+
+    def _last_stacks(self) -> list:
+        """Per compressed leaf, `[E, *shape]`: the stack the store rebuilds for each lane's last step, as far as the
+        lane's next step reads it (frames back to its episode start); zeros where the next step starts an episode."""
+        e, ring = self.num_envs, self.frame_ring
+        lane = jnp.arange(e, dtype=jnp.int32) * ring
+        going = self.next_ep_pos > 0  # the lane's previous step is in the episode its next step continues
+        ids = jnp.stack([jnp.where(going, lane + (self.frame_head - 1) % ring, -1), jnp.where(going, lane + (self.frame_head - 2) % ring, -1),
+                         jnp.maximum(self.next_ep_pos - 1, 0)], axis=-1).astype(jnp.int32)
+        fids, pad = self._frame_ids(ids)
+        return [_common.finish(d[0], i, 1, pad, False) for d, i in zip(_common.read(self.host, self.leaves, self.version, fids), self.leaves)]
+
+    def _stack_error(self, bad: np.ndarray) -> ValueError | None:
+        """`jaxbuffers._validate.unrebuilt_trajectory_stack_error` of `_unrebuilt`'s result, naming the leaves as
+        the add's arguments."""
+        obs = f"[{self.trajectory.obs_key!r}]"
+        names = [(f"step{i.name[len('example_step'):]}", f"final_obs{i.name[len('example_step' + obs):]}") for i in self.leaves]
+        return _validate.unrebuilt_trajectory_stack_error(bad, names)
 
     def add_from_host(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """`add` with the host write as a direct Python call instead of a callback; not traceable.
@@ -300,6 +395,7 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         if isinstance(self.version, jax.core.Tracer):
             raise TypeError("add_from_host cannot be traced (jit/scan/vmap); call add() inside traced code")
         _common.check_add_before_dispatch(self, lambda b: b._add_device(step, terminated, truncated, final_obs))
+        self._check_stacks(step, terminated, truncated, final_obs)
         new, parts = self._add_device(step, terminated, truncated, final_obs)
         slots, valid, bases, datas = jax.device_get(parts)
         return new.replace(version=jnp.asarray(self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases), jnp.int32))
@@ -503,6 +599,21 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         ids = [jnp.where(real[..., None], x, -1) for x in _common.pick_leaves(final, self.leaf_index)]  # -1: zeros
         return self.decode_obs(_common.replace_leaves(final, self.leaf_index, ids))
 
+    final_obs_lost = _common.delegated("final_obs_lost", "trajectory")
+    valid_starts = _common.delegated("valid_starts", "trajectory")
+
+    @_common.checked_before_dispatch()
+    @_compiled.method("sequence_length")
+    def sequences_at(self, indices, sequence_length: int) -> SequenceSample:
+        """`jaxbuffers.TrajectoryBuffer.sequences_at`, observations decoded as `sample_sequences` decodes them."""
+        return self._decode_sequences(self.trajectory.sequences_at(indices, sequence_length))
+
+    @_common.checked_before_dispatch()
+    @_compiled.method("n_step", scalars=_GAMMA)
+    def transitions_at(self, indices, *, n_step: int = 1, gamma) -> TransitionSample:
+        """`jaxbuffers.TrajectoryBuffer.transitions_at`, `obs` / `next_obs` decoded as `sample_transitions` decodes them."""
+        return self._decode_transitions(self.trajectory.transitions_at(indices, n_step=n_step, gamma=gamma))
+
     @_common.checked_before_dispatch()
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def sample_sequences(
@@ -576,6 +687,10 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
     ) -> PrioritisedTransitionSample:
         """`jaxbuffers.PrioritisedTrajectoryBuffer.sample_transitions`, `obs` / `next_obs` decoded."""
         return self._decode_transitions(self.buffer.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma, beta=beta))
+
+    priorities = _common.delegated("priorities")
+    generations_at = _common.delegated("generations_at")
+    num_valid_windows = _common.delegated("num_valid_windows")
 
     @_compiled.method()
     def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "CompressedPrioritisedTrajectoryBuffer":

@@ -23,7 +23,12 @@ ACT = spaces.Discrete(3)
 
 def _add_replay(buf, rng, steps, n=2):
     for _ in range(steps):
-        buf.add(*random_step(buf.observation_space, ACT, n, rng))
+        stacked = bool(getattr(buf, "compress", None))
+        obs, nxt, act, rew, done, infos = random_step(buf.observation_space, ACT, n, rng, p_done=1.0 if stacked else 0.2)
+        if stacked:  # frame_stack: each step a whole episode, stacks as VecFrameStack makes them
+            obs = np.concatenate([np.zeros_like(obs[:, 1:]), obs[:, -1:]], axis=1)
+            nxt = np.concatenate([obs[:, 1:], nxt[:, -1:]], axis=1)
+        buf.add(obs, nxt, act, rew, done, infos)
 
 
 def _same(a, b):

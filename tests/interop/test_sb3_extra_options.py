@@ -272,3 +272,64 @@ def test_rollout_frame_stack_equals_sb3_and_stores_each_frame_once():
     for a, b, c in zip(_rollout_batches(ref), _rollout_batches(ours), _rollout_batches(back)):
         _assert_same(a, b)
         _assert_same(a, c)
+
+
+class _Counter(__import__("gymnasium").Env):
+    """A tiny env of uint8 `[3, 2]` frames (random values), episodes of 2 to 6 steps: for frame stacking."""
+
+    observation_space = spaces.Box(0, 255, (3, 2), np.uint8)
+    action_space = ACT
+
+    def __init__(self, seed: int):
+        self._rng, self._t, self._end = np.random.default_rng(seed), 0, 0
+
+    def _frame(self):
+        return self._rng.integers(0, 256, (3, 2), dtype=np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        self._t, self._end = 0, int(self._rng.integers(2, 7))
+        return self._frame(), {}
+
+    def step(self, action):
+        self._t += 1
+        return self._frame(), 1.0, self._t >= self._end, False, {}
+
+
+def _frame_stacked_replays(padding: str | None, steps: int = 40, n: int = 2, size: int = 64):
+    """SB3's ReplayBuffer and ours (frame_stack=4, `padding`) fed the same steps of Gymnasium's FrameStackObservation
+    (which pads an episode's first stack with its first frame); returns both."""
+    from gymnasium.wrappers import FrameStackObservation
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    env = DummyVecEnv([lambda s=s: FrameStackObservation(_Counter(s), 4) for s in range(n)])
+    ref = ReplayBuffer(size, env.observation_space, ACT, "cpu", n_envs=n)
+    kw = {} if padding is None else {"padding": padding}
+    ours = CompressedReplayBuffer(size, env.observation_space, ACT, "cpu", n_envs=n, compression_method="zstd-1", frame_stack=4, stack_axis=0, **kw)
+    obs, rng = env.reset(), np.random.default_rng(0)
+    for _ in range(steps):
+        action = rng.integers(0, 3, n)
+        new, reward, done, infos = env.step(action)
+        nxt = new.copy()
+        for i, d in enumerate(done):
+            if d:
+                nxt[i] = infos[i]["terminal_observation"]
+        for b in (ref, ours):
+            b.add(obs, nxt, action[:, None], reward, done, infos)
+        obs = new
+    return ref, ours
+
+
+def test_replay_frame_stack_padding_reset_equals_sb3_with_gymnasium_frame_stack():
+    """Gymnasium's FrameStackObservation pads with the first frame: `padding="reset"` samples what SB3's own
+    ReplayBuffer samples under the same numpy seed; the default `padding="zero"` (VecFrameStack's) refuses those
+    stacks at the first add instead of storing other ones."""
+    ref, ours = _frame_stacked_replays("reset")
+    for seed in (0, 1):
+        np.random.seed(seed)
+        a = ref.sample(32)
+        np.random.seed(seed)
+        b = ours.sample(32)
+        for name in ("observations", "next_observations", "actions", "rewards", "dones"):
+            np.testing.assert_array_equal(getattr(a, name).numpy(), getattr(b, name).numpy(), err_msg=name)
+    with pytest.raises(ValueError, match=r"step\['obs'\]: env 0, step 0 .* not the stack the buffer rebuilds"):
+        _frame_stacked_replays(None, steps=1)

@@ -32,7 +32,11 @@ Options (the sb3-extra-buffers names):
 Extensions: ``compress_keys`` (Dict classes): the observation keys to compress (default all); the others are stored
 as they are. ``frame_stack``, ``stack_axis``: store each frame of stacked observations once (replay: as
 `JaxReplayBuffer`'s ``compress``; rollout: each distinct frame of a rollout once, found by comparing each new stack
-with the env's previous one, `jaxbuffers.compressed.RolloutHostWriter`).
+with the env's previous one, `jaxbuffers.compressed.RolloutHostWriter`). ``padding`` (replay, with ``frame_stack``):
+how an episode's first stack is padded, as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` says:
+``"zero"`` (default: SB3's ``VecFrameStack``) or ``"reset"`` (its first frame repeated: Gymnasium's
+``FrameStackObservation`` by default). Stacks padded otherwise are refused at ``add`` (``ValueError``), never stored
+as other stacks.
 """
 
 from __future__ import annotations
@@ -300,7 +304,7 @@ class _CompressedReplayImpl(_JaxReplayImpl):
                  n_envs: int = 1, optimize_memory_usage: bool = False, handle_timeout_termination: bool = True, dtypes: Any = None,
                  normalize_images: bool = False, compression_method: str = "rle", compression_kwargs: dict | None = None,
                  decompression_kwargs: dict | None = None, output_dtype: str = "raw", compress_keys: Sequence[str] | None = None,
-                 frame_stack: int | None = None, stack_axis: int = -1):
+                 frame_stack: int | None = None, stack_axis: int = -1, padding: str = "zero"):
         if output_dtype not in ("raw", "float"):
             raise ValueError(f"output_dtype: expected 'raw' or 'float', got {output_dtype!r}")
         if optimize_memory_usage:
@@ -311,7 +315,9 @@ class _CompressedReplayImpl(_JaxReplayImpl):
         self.compress_keys = compress_keys
         codec, self._elem = codec_for(compression_method, compression_kwargs, dtypes, decompression_kwargs)
         self._keys = _compress_keys(observation_space, compress_keys)
-        compress = {"codec": codec, **({} if frame_stack is None else {"frame_stack": frame_stack, "stack_axis": stack_axis})}
+        self.padding = padding
+        stacking = {"frame_stack": frame_stack, "stack_axis": stack_axis, "padding": padding}
+        compress = {"codec": codec, **({} if frame_stack is None else stacking)}
         if self._keys is not None:
             compress["keys"] = self._keys
         super().__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs, optimize_memory_usage=False,
