@@ -9,13 +9,16 @@
 
 Configuration (all three): 4 envs x 128 steps per update, actor and critic 64x64 tanh MLPs, 4
 epochs x 4 minibatches, Adam lr 2.5e-4 annealed linearly, clip 0.2, entropy 0.01, value 0.5,
-gradient norm 0.5, gamma 0.99, lambda 0.95, 5e5 env steps, one seed. The updates run in about 20
-compiled chunks; after each the driver reads the rolling mean return of the last 20 finished
-episodes. Rows (medians over ``--reps`` repetitions, implementations alternating):
+gradient norm 0.5, gamma 0.99, lambda 0.95, 5e5 env steps, one seed per run. The updates run in
+about 20 compiled chunks; after each the driver reads the rolling mean return of the last 20
+finished episodes. Repetition ``r`` runs every implementation with seed ``r`` (so the steps each
+needs to reach 475 are compared over the same seeds, not one seed's luck). Rows (medians over
+``--reps`` repetitions, implementations alternating):
 
 * ``wall_s_to_475``: seconds from the start (compile included) to the end of the chunk in which
   the rolling mean first reaches 475 (``None`` if it never does);
 * ``compile_s``: initialisation and compilation of the chunk program;
+* ``train_s_to_475``: ``wall_s_to_475 - compile_s``, the training part of it;
 * ``env_steps_per_s``: training env steps / training time (compile excluded).
 
 ``ratio`` is the anchor's time / this row's time (for a throughput: this / the anchor's);
@@ -288,23 +291,26 @@ def main():
     total = 50_000 if args.quick else TOTAL
     header(BENCH, args.quick, total_env_steps=total)
     ppo = load_example()
-    impls = {"ours": lambda: example_run(ppo, ppo.make_train, total),
-             "shared-driver": lambda: example_run(ppo, shared_driver_train(ppo), total),
-             "plain-ppo": lambda: plain_ppo(total)}
+    impls = {"ours": lambda seed: example_run(ppo, ppo.make_train, total, seed),
+             "shared-driver": lambda seed: example_run(ppo, shared_driver_train(ppo), total, seed),
+             "plain-ppo": lambda seed: plain_ppo(total, seed)}
     runs = {name: [] for name in impls}
     for rep in range(reps):
         for name, fn in (list(impls.items())[rep % 3:] + list(impls.items())[: rep % 3]):
-            runs[name].append(fn())
+            r = fn(rep)
+            r["train_s_to_475"] = None if r["wall_s_to_475"] is None else r["wall_s_to_475"] - r["compile_s"]
+            runs[name].append(r)
     med = {}
     for name, rs in runs.items():
         wall = [r["wall_s_to_475"] for r in rs]
         med[name] = {"compile_s": statistics.median(r["compile_s"] for r in rs),
                      "env_steps_per_s": statistics.median(r["env_steps_per_s"] for r in rs),
                      "wall_s_to_475": statistics.median(wall) if None not in wall else None,
+                     "train_s_to_475": statistics.median(r["train_s_to_475"] for r in rs) if None not in wall else None,
                      "final_return": statistics.median(r["final_return"] for r in rs)}
     for name, m in med.items():
         a = None if name == "plain-ppo" else "plain-ppo"
-        for metric in ("wall_s_to_475", "compile_s", "env_steps_per_s"):
+        for metric in ("wall_s_to_475", "compile_s", "train_s_to_475", "env_steps_per_s"):
             sec = (1 / m[metric]) if metric == "env_steps_per_s" else m[metric]
             ref = med["plain-ppo"][metric]
             ref_sec = None if ref is None else ((1 / ref) if metric == "env_steps_per_s" else ref)
@@ -316,7 +322,7 @@ def main():
             row(BENCH, f"cartpole/{metric}", name, sec, n=total, repeats=reps,
                 unit="env steps/s" if metric == "env_steps_per_s" else "s", anchor=a,
                 anchor_seconds=ref_sec if a else None, final_return=m["final_return"],
-                runs=[r[metric] for r in runs[name]], **extra)
+                runs=[r[metric] for r in runs[name]], seeds=list(range(reps)), **extra)
 
 
 if __name__ == "__main__":
