@@ -79,10 +79,9 @@ def _sb3_gae(rollout: _rollout.RolloutBuffer, dones: jax.Array, last_values: jax
     return rollout.replace(terminated=terminated).compute_gae(last_values, gamma, gae_lambda)
 
 
-# The same calls with the state donated, for an adapter that alone holds its state: a program called eagerly returns
-# new arrays for every field it passes through, so without donation a reset or a GAE copied the whole rollout.
-_IN_PLACE = {"reset": jax.jit(lambda s: s.reset(), donate_argnums=0), "gae": jax.jit(_sb3_gae, donate_argnums=0)}
-_COPYING = {"reset": lambda s: s.reset(), "gae": jax.jit(_sb3_gae)}
+# With the state donated, for an adapter that alone holds its state: a program called eagerly returns new arrays for
+# every field it passes through, so without donation each GAE copied the whole rollout.
+_GAE = {True: jax.jit(_sb3_gae, donate_argnums=0), False: jax.jit(_sb3_gae)}
 
 
 def _host(get: Any, doc: str, dtype: Any = None) -> property:
@@ -94,7 +93,7 @@ class _JaxRolloutImpl:
     """Shared implementation of the two rollout classes (mixed in before SB3's class)."""
 
     _samples_type: type = RolloutBufferSamples
-    #: Whether this object alone holds its backing state, so that reset and GAE may update it in place (donated).
+    #: Whether this object alone holds its backing state, so that GAE may update it in place (donated).
     _owns_state: bool = True
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
@@ -151,7 +150,7 @@ class _JaxRolloutImpl:
         """The backing `jaxbuffers.RolloutBuffer` (step pytree: ``obs``, ``action``, ``log_prob``,
         ``episode_start``; the layout `jaxbuffers.interop.sb3.rollout_to_jax` produces).
 
-        The adapter's next ``add``, ``reset`` or GAE donates these arrays, after which this object raises "Array has
+        The adapter's next ``add`` or GAE donates these arrays, after which this object raises "Array has
         been deleted" when read: read it right away, or keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
         return self._state
 
@@ -199,7 +198,7 @@ class _JaxRolloutImpl:
     def reset(self) -> None:
         """Start a new rollout: ``pos`` 0, not full (storage kept, no zeroing)."""
         if hasattr(self, "_state"):
-            self._state = (_IN_PLACE if self._owns_state else _COPYING)["reset"](self._state)
+            self._state = self._state.reset()
         self.generator_ready = False
         BaseBuffer.reset(self)
 
@@ -257,7 +256,7 @@ class _JaxRolloutImpl:
         n, s = self.n_envs, self._rollout
         last_values = _common.as_row(last_values, (n,), np.float32, "last_values", reshape=True)
         dones = _common.as_row(dones, (n,), np.bool_, "dones")
-        gae = (_IN_PLACE if self._owns_state else _COPYING)["gae"]
+        gae = _GAE[self._owns_state]
         self._state = self._with_rollout(gae(s, jnp.asarray(dones), jnp.asarray(last_values), self.gamma, self.gae_lambda))
 
     def get(self, batch_size: int | None = None) -> Generator[Any, None, None]:
