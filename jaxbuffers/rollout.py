@@ -290,11 +290,9 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
             overflowed=self.overflowed | full, has_advantages=jnp.bool_(False),
         )
 
+    @_compiled.method()
     def reset(self) -> "RolloutBuffer":
-        """Empty the buffer for the next rollout: `step_index` 0, flags cleared, storage kept (O(1)).
-
-        Not a compiled program when called eagerly: one would return a copy of every storage array it passes through.
-        """
+        """Empty the buffer for the next rollout: `step_index` 0, flags cleared, storage kept (O(1))."""
         false = jnp.bool_(False)
         return self.replace(step_index=jnp.zeros_like(self.step_index), overflowed=false, has_advantages=false)
 

@@ -138,11 +138,7 @@ def test_reset_keeps_storage_and_restarts_at_row_zero(jit):
     buf = buf.compute_gae(jnp.zeros(n), 0.9, 0.8)
     buf = fill(buf, data, 1, jit)  # overflow
     old_obs = np.asarray(buf.step["obs"])
-    before = buf
     buf = maybe_jit(RolloutBuffer.reset, jit)(buf)
-    if not jit:  # an eager reset keeps every storage array itself (no copy of the rollout)
-        kept = lambda b: jax.tree.leaves((b.step, b.reward, b.value, b.terminated, b.advantages, b.returns))  # noqa: E731
-        assert all(x is y for x, y in zip(kept(buf), kept(before)))
     assert int(buf.size()) == 0 and not bool(buf.overflowed) and not bool(buf.has_advantages)
     assert buf.step["obs"].shape == (t, n, 4)
     np.testing.assert_array_equal(np.asarray(buf.step["obs"]), old_obs)  # not zeroed: O(1) reset

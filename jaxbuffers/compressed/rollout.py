@@ -145,9 +145,9 @@ class CompressedRolloutBuffer(HostBacked):
         version = _common.write(self.host, self.version, slots.reshape(-1), valid, datas)
         return self.replace(buffer=new, version=version)
 
+    @_compiled.method()
     def reset(self) -> "CompressedRolloutBuffer":
-        """`jaxbuffers.RolloutBuffer.reset` (host entries are overwritten by the next adds); eagerly, no compiled
-        program either (it would copy the arrays it passes through)."""
+        """`jaxbuffers.RolloutBuffer.reset` (host entries are overwritten by the next adds)."""
         return self.replace(buffer=self.buffer.reset())
 
     @_compiled.method("method", scalars={"gamma": (0.0, 1.0), "gae_lambda": (0.0, 1.0)})

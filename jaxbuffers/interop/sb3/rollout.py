@@ -80,7 +80,8 @@ def _sb3_gae(rollout: _rollout.RolloutBuffer, dones: jax.Array, last_values: jax
 
 
 # With the state donated, for an adapter that alone holds its state: a program called eagerly returns new arrays for
-# every field it passes through, so without donation each GAE copied the whole rollout.
+# every field it passes through, so without donation each reset and GAE copied the whole rollout.
+_RESET = {True: jax.jit(lambda s: s.reset(), donate_argnums=0), False: lambda s: s.reset()}
 _GAE = {True: jax.jit(_sb3_gae, donate_argnums=0), False: jax.jit(_sb3_gae)}
 
 
@@ -93,7 +94,7 @@ class _JaxRolloutImpl:
     """Shared implementation of the two rollout classes (mixed in before SB3's class)."""
 
     _samples_type: type = RolloutBufferSamples
-    #: Whether this object alone holds its backing state, so that GAE may update it in place (donated).
+    #: Whether this object alone holds its backing state, so that reset and GAE may update it in place (donated).
     _owns_state: bool = True
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
@@ -150,7 +151,7 @@ class _JaxRolloutImpl:
         """The backing `jaxbuffers.RolloutBuffer` (step pytree: ``obs``, ``action``, ``log_prob``,
         ``episode_start``; the layout `jaxbuffers.interop.sb3.rollout_to_jax` produces).
 
-        The adapter's next ``add`` or GAE donates these arrays, after which this object raises "Array has
+        The adapter's next ``add``, ``reset`` or GAE donates these arrays, after which this object raises "Array has
         been deleted" when read: read it right away, or keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
         return self._state
 
@@ -198,7 +199,7 @@ class _JaxRolloutImpl:
     def reset(self) -> None:
         """Start a new rollout: ``pos`` 0, not full (storage kept, no zeroing)."""
         if hasattr(self, "_state"):
-            self._state = self._state.reset()
+            self._state = _RESET[self._owns_state](self._state)
         self.generator_ready = False
         BaseBuffer.reset(self)
 
