@@ -9,13 +9,18 @@
 
 Configuration (all three): 4 envs x 128 steps per update, actor and critic 64x64 tanh MLPs, 4
 epochs x 4 minibatches, Adam lr 2.5e-4 annealed linearly, clip 0.2, entropy 0.01, value 0.5,
-gradient norm 0.5, gamma 0.99, lambda 0.95, 5e5 env steps, one seed. The updates run in about 20
-compiled chunks; after each the driver reads the rolling mean return of the last 20 finished
-episodes. Rows (medians over ``--reps`` repetitions, implementations alternating):
+gradient norm 0.5, gamma 0.99, lambda 0.95, 5e5 env steps, one seed per run. The updates run in
+about 20 compiled chunks; after each the driver reads the rolling mean return of the last 20
+finished episodes. Repetition ``r`` runs every implementation with seed ``r`` (so the steps each
+needs to reach 475 are compared over the same seeds, not one seed's luck). Rows (medians over
+``--reps`` repetitions, implementations alternating):
 
 * ``wall_s_to_475``: seconds from the start (compile included) to the end of the chunk in which
   the rolling mean first reaches 475 (``None`` if it never does);
 * ``compile_s``: initialisation and compilation of the chunk program;
+* ``compile_cpu_s``: the process CPU seconds of the same span (all threads): steadier than ``compile_s`` on a
+  machine other processes load;
+* ``train_s_to_475``: ``wall_s_to_475 - compile_s``, the training part of it;
 * ``env_steps_per_s``: training env steps / training time (compile excluded).
 
 ``ratio`` is the anchor's time / this row's time (for a throughput: this / the anchor's);
@@ -168,10 +173,10 @@ def plain_ppo(total_steps: int, seed: int = 0) -> dict:
         mean_return = jnp.where(count >= WINDOW, jnp.nanmean(recent), jnp.nan)
         return (ts, env_state, obs, episodes, key), mean_return
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     runner = jax.jit(init)(jax.random.key(seed))
     run_chunk = jax.jit(lambda r: lax.scan(update, r, None, chunk), donate_argnums=0).lower(runner).compile()
-    compile_s = time.perf_counter() - t0
+    compile_s, compile_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     train_s, wall_to_target, chunks = 0.0, None, math.ceil(num_updates / chunk)
     for _ in range(chunks):
         tc = time.perf_counter()
@@ -180,7 +185,7 @@ def plain_ppo(total_steps: int, seed: int = 0) -> dict:
         train_s += time.perf_counter() - tc
         if wall_to_target is None and (returns >= TARGET).any():
             wall_to_target = time.perf_counter() - t0
-    return {"compile_s": compile_s, "env_steps_per_s": chunks * chunk * batch / train_s, "wall_s_to_475": wall_to_target,
+    return {"compile_s": compile_s, "compile_cpu_s": compile_cpu_s, "env_steps_per_s": chunks * chunk * batch / train_s, "wall_s_to_475": wall_to_target,
             "final_return": float(returns[-1])}
 
 
@@ -190,12 +195,19 @@ def plain_ppo(total_steps: int, seed: int = 0) -> dict:
 
 def example_run(ppo, make_train, total_steps: int, seed: int = 0) -> dict:
     ppo_make_train = ppo.make_train
-    ppo.make_train = make_train
+    cpu = []  # process CPU seconds after make_train and at the driver's first line (logged right after compiling)
+
+    def timed_make_train(config):
+        trainer = make_train(config)
+        cpu.append(time.process_time())
+        return trainer
+
+    ppo.make_train = timed_make_train
     try:
-        s = ppo.run(ppo.PPOConfig(seed=seed, total_steps=total_steps), TARGET, None, log=lambda _: None)
+        s = ppo.run(ppo.PPOConfig(seed=seed, total_steps=total_steps), TARGET, None, log=lambda _: cpu.append(time.process_time()))
     finally:
         ppo.make_train = ppo_make_train
-    return {"compile_s": s["compile_s"], "env_steps_per_s": s["steps_per_s"],
+    return {"compile_s": s["compile_s"], "compile_cpu_s": cpu[1] - cpu[0], "env_steps_per_s": s["steps_per_s"],
             "wall_s_to_475": s["seeds"][0]["wall_s_to_target"], "final_return": s["seeds"][0]["final_return"]}
 
 
@@ -288,23 +300,27 @@ def main():
     total = 50_000 if args.quick else TOTAL
     header(BENCH, args.quick, total_env_steps=total)
     ppo = load_example()
-    impls = {"ours": lambda: example_run(ppo, ppo.make_train, total),
-             "shared-driver": lambda: example_run(ppo, shared_driver_train(ppo), total),
-             "plain-ppo": lambda: plain_ppo(total)}
+    impls = {"ours": lambda seed: example_run(ppo, ppo.make_train, total, seed),
+             "shared-driver": lambda seed: example_run(ppo, shared_driver_train(ppo), total, seed),
+             "plain-ppo": lambda seed: plain_ppo(total, seed)}
     runs = {name: [] for name in impls}
     for rep in range(reps):
         for name, fn in (list(impls.items())[rep % 3:] + list(impls.items())[: rep % 3]):
-            runs[name].append(fn())
+            r = fn(rep)
+            r["train_s_to_475"] = None if r["wall_s_to_475"] is None else r["wall_s_to_475"] - r["compile_s"]
+            runs[name].append(r)
     med = {}
     for name, rs in runs.items():
         wall = [r["wall_s_to_475"] for r in rs]
         med[name] = {"compile_s": statistics.median(r["compile_s"] for r in rs),
+                     "compile_cpu_s": statistics.median(r["compile_cpu_s"] for r in rs),
                      "env_steps_per_s": statistics.median(r["env_steps_per_s"] for r in rs),
                      "wall_s_to_475": statistics.median(wall) if None not in wall else None,
+                     "train_s_to_475": statistics.median(r["train_s_to_475"] for r in rs) if None not in wall else None,
                      "final_return": statistics.median(r["final_return"] for r in rs)}
     for name, m in med.items():
         a = None if name == "plain-ppo" else "plain-ppo"
-        for metric in ("wall_s_to_475", "compile_s", "env_steps_per_s"):
+        for metric in ("wall_s_to_475", "compile_s", "compile_cpu_s", "train_s_to_475", "env_steps_per_s"):
             sec = (1 / m[metric]) if metric == "env_steps_per_s" else m[metric]
             ref = med["plain-ppo"][metric]
             ref_sec = None if ref is None else ((1 / ref) if metric == "env_steps_per_s" else ref)
@@ -316,7 +332,7 @@ def main():
             row(BENCH, f"cartpole/{metric}", name, sec, n=total, repeats=reps,
                 unit="env steps/s" if metric == "env_steps_per_s" else "s", anchor=a,
                 anchor_seconds=ref_sec if a else None, final_return=m["final_return"],
-                runs=[r[metric] for r in runs[name]], **extra)
+                runs=[r[metric] for r in runs[name]], seeds=list(range(reps)), **extra)
 
 
 if __name__ == "__main__":

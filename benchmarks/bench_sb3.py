@@ -20,11 +20,14 @@ Cases:
     ``sample(32)`` (one gradient step's batch, torch tensors), the buffer's share of a step, and
     of the pair (the compressed adapter stages adds on the host and flushes them at the sample).
 
+  * ``rollout``: SB3's ``RolloutBuffer`` against the uncompressed ``JaxRolloutBuffer`` in one process, one rollout
+    of T=2048 Breakout steps: add, GAE, ``get(256)`` passes, bytes held (``rollout_rows``).
+
 Rows (``_common`` format): ``impl`` is ``sb3`` (the anchor) or ``ours`` with ``variant`` ``jax``
 (uncompressed) or ``jax_compressed``; memory rows carry ``value`` in GB. Without the recorded
 frames the benchmark prints one ``skipped`` row.
 
-Run: python benchmarks/bench_sb3.py [--quick]
+Run: python benchmarks/bench_sb3.py [--quick] [--rollout-only]
 """
 
 from __future__ import annotations
@@ -316,6 +319,100 @@ def compressed_traced_rows(quick: bool) -> None:
                   "ratio": round(b / res[smallest], 3) if impl == "ours" else None})
 
 
+def rollout_rows(quick: bool, repeats: int) -> None:
+    """Rows ``rollout/...``: SB3's ``RolloutBuffer`` against the uncompressed ``JaxRolloutBuffer``, in this process.
+
+    One rollout of ``T`` steps of one env with Breakout shapes (observations uint8 ``[4, 84, 84]``, the recorded
+    frames; ``Discrete(4)`` actions; value and log-probability torch tensors as SB3's PPO passes them), as SB3's PPO
+    uses its one rollout buffer: ``reset``, ``T`` adds, ``compute_returns_and_advantage``, then ``epochs`` passes of
+    ``get(256)``, each minibatch read until its observation tensor can be read (one element is read). One warm-up
+    rollout per buffer (compiles), then ``repeats`` rollouts, the two buffers alternating; medians:
+
+    * ``rollout/reset``: one ``reset`` of the buffer that held the previous rollout;
+    * ``rollout/add``: one ``add`` (one env step of every env), the ``T`` adds' time / ``T`` (the adapter stages steps
+      on the host and adds 64 at a time, so one add in 64 costs more);
+    * ``rollout/compute_gae``: one ``compute_returns_and_advantage``;
+    * ``rollout/get256_epoch``: one pass of ``get(256)`` over the ``T`` steps (SB3 flattens its arrays on the first);
+    * ``rollout/bytes_per_step``: bytes held by the filled buffer after GAE, per step (tracemalloc's traced host
+      memory plus the JAX arrays alive, less those alive before it was created; ratio: SB3's / ours).
+    """
+    import tracemalloc
+
+    import torch as th
+    from gymnasium import spaces
+    from stable_baselines3.common.buffers import RolloutBuffer
+
+    from jaxbuffers.interop.sb3 import JaxRolloutBuffer
+
+    th.set_num_threads(1)
+    T, epochs = (512, 2) if quick else (2048, 4)
+    with np.load(DATA) as f:
+        obs = f["breakout_frames"][f["breakout_obs_idx"][:T]][:, None]  # [T, 1, 4, 84, 84] uint8
+        reward = f["breakout_rewards"][:T, None]
+        ends = f["breakout_terminated"][:T] | f["breakout_truncated"][:T]
+    starts = np.concatenate([[True], ends[:-1]])[:, None].astype(np.float32)
+    obs_space, act_space = spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)
+    action, value, log_prob = np.zeros((1, 1), np.int64), th.zeros(1, 1), th.zeros(1)
+    classes = {"sb3": RolloutBuffer, "jax": JaxRolloutBuffer}
+
+    def new(cls):
+        return cls(T, obs_space, act_space, device="cpu", gae_lambda=0.95, gamma=0.99, n_envs=1)
+
+    def rollout(buf, times=None, held=None):
+        """One rollout in ``buf``; fills ``times`` (lists per call) or ``held`` (bytes held after GAE, ``buf`` a class:
+        the buffer is created inside the measured window)."""
+        if held is not None:
+            gc.collect()
+            live0 = live_device_bytes()
+            tracemalloc.start()
+            buf = new(buf)
+        t0 = time.perf_counter()
+        buf.reset()
+        t1 = time.perf_counter()
+        for t in range(T):
+            buf.add(obs[t], action, reward[t], starts[t], value, log_prob)
+        if times is not None:
+            times["reset"].append(t1 - t0)
+            times["add"].append((time.perf_counter() - t1) / T)
+        t0 = time.perf_counter()
+        buf.compute_returns_and_advantage(value, np.zeros(1, bool))
+        if times is not None:
+            times["compute_gae"].append(time.perf_counter() - t0)
+        if held is not None:
+            buf.returns[-1, 0].item()  # waits for the device work (which holds the inputs it was given until done)
+            gc.collect()
+            held.append(tracemalloc.get_traced_memory()[0] + live_device_bytes() - live0)
+            tracemalloc.stop()
+        for _ in range(epochs):
+            t0 = time.perf_counter()
+            for mb in buf.get(256):
+                mb.observations.reshape(-1)[-1].item()
+            if times is not None:
+                times["get256_epoch"].append(time.perf_counter() - t0)
+
+    bufs = {v: new(cls) for v, cls in classes.items()}
+    for v in classes:
+        rollout(bufs[v])  # warm-up: compiles, lazy imports
+    held = {v: [] for v in classes}
+    for v, cls in classes.items():
+        rollout(cls, held=held[v])
+    times = {v: {"reset": [], "add": [], "compute_gae": [], "get256_epoch": []} for v in classes}
+    for rep in range(repeats):
+        for v in (list(classes) if rep % 2 == 0 else list(classes)[::-1]):
+            rollout(bufs[v], times[v])
+    med = {v: {k: float(np.median(x)) for k, x in t.items()} for v, t in times.items()}
+    for call, n in (("reset", 1), ("add", T), ("compute_gae", 1), ("get256_epoch", 1)):  # n: calls per repetition
+        for v in classes:
+            a = None if v == "sb3" else "sb3"
+            row(BENCH, f"rollout/{call}", IMPL[v], med[v][call], n=n, repeats=repeats, unit="calls/s", anchor=a,
+                anchor_seconds=med["sb3"][call] if a else None, variant=v, num_steps=T, n_envs=1, minibatch=256,
+                epochs=epochs)
+    for v in classes:
+        emit({"bench": BENCH, "case": "rollout/bytes_per_step", "impl": IMPL[v], "variant": v, "value": round(held[v][0] / T, 1),
+              "unit": "B/step", "n": T, "anchor": None if v == "sb3" else "sb3",
+              "ratio": None if v == "sb3" else round(held["sb3"][0] / held[v][0], 3)})
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--memory-child", nargs=2, metavar=("VARIANT", "N"), help=ARGPARSE_SUPPRESS)
@@ -323,6 +420,7 @@ def main() -> None:
     p.add_argument("--train-only", action="store_true", help="only the training-throughput case")
     p.add_argument("--compressed-only", action="store_true", help="only the compressed-classes cases")
     p.add_argument("--compressed-traced-only", action="store_true", help="only the held-bytes rows of the compressed classes")
+    p.add_argument("--rollout-only", action="store_true", help="only the uncompressed rollout-buffer rows")
     p.add_argument("--traced", action="store_true", help=ARGPARSE_SUPPRESS)
     args = p.parse_args()
     if args.memory_child:
@@ -338,6 +436,9 @@ def main() -> None:
         emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_rollouts.npz not found"})
         return
     if not args.train_only:
+        rollout_rows(quick, repeats)
+        if args.rollout_only:
+            return
         compressed_traced_rows(quick)
         if args.compressed_traced_only:
             return

@@ -66,7 +66,9 @@ NOTES = {
            "buffer-free PPO inside the example's driver. `wall_s_to_475`: seconds from the start (compile included) "
            "to a rolling 20-episode mean return of 475; empty when not reached (quick runs train 5e4 steps only). "
            "Ratio > 1: faster than plain PPO; the target for ours is a time ratio (ours / plain) <= 1.2, i.e. "
-           "ratio >= 0.83.",
+           "ratio >= 0.83. Repetition r runs every implementation with seed r; `train_s_to_475` is the part after "
+           "compiling, `compile_cpu_s` the process CPU seconds of compiling (steadier than wall time on a loaded "
+           "machine).",
     "returns": "Anchor: rlax's GAE vmapped over envs; ours with the reverse scan and the associative scan. "
                "Throughput in steps/s (T x N per call).",
     "compressed": "Recorded Atari transitions. `checksum/*` rows: jitted adds of 500 steps and samples of 256 of a "
@@ -90,7 +92,10 @@ NOTES = {
            "sb3-extra-buffers 0.5 (`extra:<method>`) and SB3, each in its own subprocess; `held_bytes`: tracemalloc's "
            "traced host memory plus the JAX arrays alive (`jax.live_arrays`) after filling, nothing flushed, ratio = ours / sb3-extra-buffers' smallest (< 1: "
            "smaller); `bytes_per_*`: RSS growth between two fills (noisy when the machine swaps); call rows: ratio = "
-           "sb3-extra-buffers' fastest time / ours (> 1: faster).",
+           "sb3-extra-buffers' fastest time / ours (> 1: faster). `rollout/*`: the uncompressed `JaxRolloutBuffer` "
+           "against SB3's `RolloutBuffer` in one process, one rollout of 2048 Breakout steps as SB3's PPO runs it "
+           "(reset, adds, GAE, 4 passes of `get(256)`); ratio = SB3's time / ours (> 1: faster), for `bytes_per_step` "
+           "SB3's bytes held / ours.",
     "temporal": "3,000 frames per game (one ale-py lane): each frame XORed (or "
                 "subtracted, `sub`) with the lane's previous frame, a keyframe at every episode start and every K "
                 "frames (K=1: every frame whole), zstd at the level in the case, a 32 KiB dictionary trained on the "

@@ -290,7 +290,7 @@ def make_train(config: PPOConfig) -> Trainer:
         # Recomputing the total from aux keeps one backward pass (value_and_grad would too).
         policy_loss, value_loss, ent = aux
         total = policy_loss + config.vf_coef * value_loss - config.ent_coef * ent
-        return train_state.apply_gradients(grads=grads), (total, policy_loss, value_loss, ent)
+        return train_state.apply_gradients(grads=grads), jnp.stack([total, policy_loss, value_loss, ent])
 
     def update_one(runner: RunnerState, _):
         train_state, env_state, obs, buffer, stats, key = runner
@@ -308,7 +308,7 @@ def make_train(config: PPOConfig) -> Trainer:
             return (train_state, key), losses
 
         (train_state, key), losses = lax.scan(epoch, (train_state, key), None, config.update_epochs)
-        total, policy_loss, value_loss, ent = jax.tree.map(jnp.mean, losses)
+        total, policy_loss, value_loss, ent = jnp.mean(losses, axis=(0, 1))  # losses [epochs, minibatches, 4]
         metrics = {
             "return_mean": stats.mean_return(),
             "episodes": stats.count,

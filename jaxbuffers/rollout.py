@@ -287,13 +287,16 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
             "trainable": self._per_env("trainable", trainable, jnp.bool_, True),
         }
         full = self.is_full()
-        row = jnp.minimum(self.step_index, self.num_steps - 1)
+        # Unsigned: a signed index gets a negative-index wrap at each use, and with two copies of it XLA cannot see
+        # that the read of the old row and the write below address the same row, so it reads in a pass of its own.
+        row = jnp.minimum(self.step_index, self.num_steps - 1).astype(jnp.uint32)
 
         def write(store: jax.Array, x: jax.Array) -> jax.Array:
             # Select against the old row (O(N)), never lax.cond on the whole storage: under vmap a
             # cond becomes a select over every row, O(T * N).
-            old = lax.dynamic_index_in_dim(store, row, 0, keepdims=False)
-            return lax.dynamic_update_index_in_dim(store, jnp.where(full, old, jnp.asarray(x)), row, 0)
+            at = (row,) + (jnp.uint32(0),) * (store.ndim - 1)
+            old = lax.dynamic_slice(store, at, (1, *store.shape[1:]))
+            return lax.dynamic_update_slice(store, jnp.where(full, old, jnp.asarray(x)[None]), at)
 
         return self.replace(
             step=jax.tree.map(write, self.step, step),

@@ -181,3 +181,23 @@ def test_staged_adds_equal_sb3_across_stages_and_reads():
         np.testing.assert_array_equal(jb.observations, sb3.observations)
         sb3.reset()
         jb.reset()
+
+
+def test_reset_and_gae_update_the_rollout_in_place():
+    """The adapter alone holds its state, so reset and GAE donate it: the observation storage stays where it is (an
+    eager call without donation returned a copy of the whole rollout), and the results still equal SB3's."""
+    t, n = 8, 2
+    sb3, jb = make_pair(BOX, DISC_A, t, n, 0.95, 0.9)
+    where = lambda: jb.jax_buffer.step["obs"].unsafe_buffer_pointer()  # noqa: E731
+    rng = np.random.default_rng(5)
+    for _ in range(2):
+        for b in (sb3, jb):
+            b.reset()
+        last_values, dones = fill([sb3, jb], BOX, DISC_A, t, n, rng)
+        before = where()
+        for b in (sb3, jb):
+            b.compute_returns_and_advantage(last_values, dones)
+        assert where() == before
+        np.testing.assert_allclose(jb.advantages, sb3.advantages, rtol=1e-5, atol=1e-5)
+        jb.reset()
+        assert where() == before

@@ -79,7 +79,13 @@ def storage_dtype(dtype: Any, space: spaces.Space | None, what: str) -> np.dtype
 def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
     """``a`` in ``dtype``, or ``TypeError`` when a value does not survive the cast."""
     out = a.astype(dtype, copy=False)
-    if out is not a and not np.array_equal(out.astype(a.dtype), a, equal_nan=np.issubdtype(a.dtype, np.inexact)):
+    if out is a:
+        return out
+    back = out.astype(a.dtype)
+    same = back == a  # one comparison per value: this runs on every add
+    if a.dtype.kind in "fc":  # NaN is held exactly when it comes back as NaN
+        same |= np.isnan(a) & np.isnan(back)
+    if not same.all():
         raise TypeError(f"{what}: values of dtype {a.dtype} that {np.dtype(dtype)} does not hold exactly")
     return out
 
@@ -87,9 +93,10 @@ def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
 def flags(x: Any, what: str) -> np.ndarray:
     """``x`` as bool, or ``ValueError`` for a value other than 0 and 1 (SB3 keeps flags as float32)."""
     a = np.asarray(x)
-    if a.dtype != np.bool_ and a.size and not np.all((a == 0) | (a == 1)):
+    b = a.astype(np.bool_)
+    if a.dtype != np.bool_ and not (b == a).all():  # 0 and 1 are the values equal to their bool
         raise ValueError(f"{what}: expected booleans (0 or 1), got the value {a[(a != 0) & (a != 1)].flat[0]!r}")
-    return a.astype(np.bool_)
+    return b
 
 
 def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> Any:

@@ -210,6 +210,8 @@ class _CompressedRolloutImpl(_JaxRolloutImpl):
         return Backing.create(example, num_envs=self.n_envs, num_steps=self.buffer_size, compress=names, codec=self._codec,
                               normalize_images=self.normalize_images, frame_stack=self.frame_stack, stack_axis=self.stack_axis)
 
+    _owns_state = False  # the host writer keeps the device state it flushed
+
     # Adds go to a host writer (numpy mirrors + host stores, no device call per step); the device state is built
     # when something reads it (GAE, minibatches, the numpy fields, checkpoints).
     @property

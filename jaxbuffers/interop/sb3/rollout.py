@@ -73,6 +73,18 @@ def sb3_terminated(episode_starts: jax.Array, dones: jax.Array, num_filled: jax.
     return jnp.where(t == num_filled - 1, dones[None, :], nxt)
 
 
+def _sb3_gae(rollout: _rollout.RolloutBuffer, dones: jax.Array, last_values: jax.Array, gamma: float, gae_lambda: float) -> _rollout.RolloutBuffer:
+    """SB3's flags mapped (`sb3_terminated`), then `jaxbuffers.RolloutBuffer.compute_gae`."""
+    terminated = sb3_terminated(rollout.step["episode_start"], dones, rollout.step_index)
+    return rollout.replace(terminated=terminated).compute_gae(last_values, gamma, gae_lambda)
+
+
+# With the state donated, for an adapter that alone holds its state: a program called eagerly returns new arrays for
+# every field it passes through, so without donation each reset and GAE copied the whole rollout.
+_RESET = {True: jax.jit(lambda s: s.reset(), donate_argnums=0), False: lambda s: s.reset()}
+_GAE = {True: jax.jit(_sb3_gae, donate_argnums=0), False: jax.jit(_sb3_gae)}
+
+
 def _host(get: Any, doc: str, dtype: Any = None) -> property:
     """A read-only host copy of ``get(backing buffer)``."""
     return property(lambda self: np.asarray(get(self._rollout), dtype), doc=doc)
@@ -82,6 +94,8 @@ class _JaxRolloutImpl:
     """Shared implementation of the two rollout classes (mixed in before SB3's class)."""
 
     _samples_type: type = RolloutBufferSamples
+    #: Whether this object alone holds its backing state, so that reset and GAE may update it in place (donated).
+    _owns_state: bool = True
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
                  gae_lambda: float = 1, gamma: float = 0.99, n_envs: int = 1):
@@ -137,7 +151,7 @@ class _JaxRolloutImpl:
         """The backing `jaxbuffers.RolloutBuffer` (step pytree: ``obs``, ``action``, ``log_prob``,
         ``episode_start``; the layout `jaxbuffers.interop.sb3.rollout_to_jax` produces).
 
-        The adapter's next ``add`` donates these arrays, after which this object raises "Array has
+        The adapter's next ``add``, ``reset`` or GAE donates these arrays, after which this object raises "Array has
         been deleted" when read: read it right away, or keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
         return self._state
 
@@ -185,7 +199,7 @@ class _JaxRolloutImpl:
     def reset(self) -> None:
         """Start a new rollout: ``pos`` 0, not full (storage kept, no zeroing)."""
         if hasattr(self, "_state"):
-            self._state = self._state.reset()
+            self._state = _RESET[self._owns_state](self._state)
         self.generator_ready = False
         BaseBuffer.reset(self)
 
@@ -243,8 +257,8 @@ class _JaxRolloutImpl:
         n, s = self.n_envs, self._rollout
         last_values = _common.as_row(last_values, (n,), np.float32, "last_values", reshape=True)
         dones = _common.as_row(dones, (n,), np.bool_, "dones")
-        terminated = sb3_terminated(s.step["episode_start"], jnp.asarray(dones), s.step_index)
-        self._state = self._with_rollout(s.replace(terminated=terminated)).compute_gae(jnp.asarray(last_values), self.gamma, self.gae_lambda)
+        gae = _GAE[self._owns_state]
+        self._state = self._with_rollout(gae(s, jnp.asarray(dones), jnp.asarray(last_values), self.gamma, self.gae_lambda))
 
     def get(self, batch_size: int | None = None) -> Generator[Any, None, None]:
         """Every stored step once, shuffled as SB3 shuffles them, in minibatches of ``batch_size`` (all if None).
