@@ -89,7 +89,6 @@ References:
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -490,12 +489,7 @@ class ShardedBuffer(struct.PyTreeNode):
         if not callable(getattr(type(self.shards), method, None)):
             other = " (use add_episodes)" if isinstance(_device(self.shards), EpisodeBuffer) else ""
             raise TypeError(f"{method}: {type(self.shards).__name__} has no {method}{other}")
-        signature = inspect.signature(getattr(type(self.shards), method))
-        params = [p for p in signature.parameters][1:]
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
-            unknown = sorted(set(kwargs) - set(params))
-            if unknown:  # named as an argument before its value is looked at
-                raise TypeError(f"{method}: unexpected keyword argument(s) {unknown}; {type(self.shards).__name__}.{method} takes {params}")
+        params = _validate.parameters(method, getattr(type(self.shards), method), kwargs)
         arrays, static = _split_static(kwargs)
         names = {**{params[i] if i < len(params) else f"args[{i}]": a for i, a in enumerate(args)}, **arrays}
         self._check_split(names, lambda: self._own_check(method, args, arrays, static))

@@ -491,6 +491,18 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
     return not_narrowed(name, x)
 
 
+def parameters(where: str, fn: Callable, kwargs: dict) -> list[str]:
+    """The parameter names of the method `fn` after `self`; raises `TypeError` naming `where` for a keyword of
+    `kwargs` it does not take (unless it takes `**kwargs`), before any value is looked at."""
+    signature = inspect.signature(fn)
+    params = list(signature.parameters)[1:]
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        unknown = sorted(set(kwargs) - set(params))
+        if unknown:
+            raise TypeError(f"{where}: unexpected keyword argument(s) {unknown}; {fn.__qualname__} takes {params}")
+    return params
+
+
 def split_leaves(args: dict, num_shards: int, axis: str, own: Callable | None = None) -> None:
     """Every leaf of the arguments `{name: tree}` that a sharded call splits into `num_shards` blocks (mesh axis
     `axis`): an array JAX holds as it is (nothing is narrowed at the program's boundary; PRNG keys pass) with a leading
