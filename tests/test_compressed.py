@@ -383,14 +383,17 @@ E, T = 8, 16
 ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
 buf = CompressedTrajectoryBuffer.create(ex, num_envs=E, length=4 * T, frame_stack=4, final_obs_capacity=4 * T)
 add = jax.jit(CompressedTrajectoryBuffer.add, donate_argnums=0)
+sys.path.insert(0, sys.argv[2])
+from frame_stacks import stacked_chunk
 rng = np.random.default_rng(0)
-frames = rng.integers(0, 255, (E, T, 4, 84, 84), np.uint8)  # ~0.9 MB of new frames per add
-truncated = rng.random((3, E, T)) < 0.1
+truncated = rng.random((E, 3 * T)) < 0.1
+stacks, finals = stacked_chunk(rng.integers(0, 255, (E, 3 * T, 84, 84), np.uint8), truncated, 4)  # ~0.9 MB of new frames per add
 for i in range(3):  # the next add's arrays go to the device while the last add's write runs
-    step = {"obs": jnp.asarray(frames), "action": jnp.zeros((E, T), jnp.int32), "reward": jnp.zeros((E, T))}
-    buf = add(buf, step, terminated=jnp.zeros((E, T), bool), truncated=jnp.asarray(truncated[i]), final_obs=jnp.asarray(frames))
+    part = slice(i * T, (i + 1) * T)
+    step = {"obs": jnp.asarray(stacks[:, part]), "action": jnp.zeros((E, T), jnp.int32), "reward": jnp.zeros((E, T))}
+    buf = add(buf, step, terminated=jnp.zeros((E, T), bool), truncated=jnp.asarray(truncated[:, part]), final_obs=jnp.asarray(finals[:, part]))
 got = np.asarray(buf.decode_obs(buf.trajectory.storage["obs"][:, 2 * T : 3 * T]))
-assert np.array_equal(got[..., -1, :, :], frames[..., -1, :, :]), "newest frames of the last add"
+assert np.array_equal(got[..., -1, :, :], stacks[:, 2 * T :, -1, :, :]), "newest frames of the last add"
 print("ok", buf.host.num_writes)
 """
 
@@ -409,7 +412,7 @@ def _run_fresh_process(code: str, *args: str, env: dict | None = None) -> list[s
 def test_jitted_adds_in_a_process_limited_to_one_cpu():
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("needs os.sched_setaffinity (Linux)")
-    assert _run_fresh_process(_ONE_CPU_ADDS, str(min(os.sched_getaffinity(0)))) == ["ok", "3"]
+    assert _run_fresh_process(_ONE_CPU_ADDS, str(min(os.sched_getaffinity(0))), os.path.dirname(__file__)) == ["ok", "3"]
 
 
 _TWO_DEVICE_ADD = """
@@ -825,9 +828,12 @@ def test_add_from_host_equals_add_and_raises_stale_directly(atari_rollouts):
     a, b = make(), make()
     add = jax.jit(jb.CompressedTrajectoryBuffer.add)
     start = 60  # a window with a termination (Breakout's first ends fall in the first few hundred steps)
-    for s in range(start, start + 90):  # wraps the 40-step lanes twice
-        step = {"obs": jnp.asarray(frames[oi[s]])[None], "action": jnp.asarray([act[s]], jnp.int32), "reward": jnp.asarray(rew[s : s + 1])}
-        kw = dict(terminated=jnp.asarray(term[s : s + 1]), truncated=jnp.asarray(trunc[s : s + 1]), final_obs=jnp.asarray(frames[ni[s]])[None])
+    window = slice(start, start + 90)  # wraps the 40-step lanes twice
+    # the stacks a reset-padding stacker makes from the window's first step on (and after each truncation)
+    stacks, finals = stacked_chunk(frames[oi[window, -1]][None], (term | trunc)[window][None], 4)
+    for j, s in enumerate(range(start, start + 90)):
+        step = {"obs": jnp.asarray(stacks[:, j]), "action": jnp.asarray([act[s]], jnp.int32), "reward": jnp.asarray(rew[s : s + 1])}
+        kw = dict(terminated=jnp.asarray(term[s : s + 1]), truncated=jnp.asarray(trunc[s : s + 1]), final_obs=jnp.asarray(finals[:, j]))
         a = add(a, step, **kw)
         b = b.add_from_host(step, **kw)
     assert a.host.num_writes == b.host.num_writes == 90
@@ -835,6 +841,12 @@ def test_add_from_host_equals_add_and_raises_stale_directly(atari_rollouts):
         x = a.sample_transitions(jax.random.key(k), 32, n_step=3, gamma=0.9)
         y = b.sample_transitions(jax.random.key(k), 32, n_step=3, gamma=0.9)
         jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, x), jax.tree.map(np.asarray, y))
+    s = start + 90  # the next step's stack: the last one shifted, or a new episode's padded one
+    frame = frames[oi[s, -1]][None, None]
+    ended = bool((term | trunc)[s - 1])
+    obs = np.repeat(frame, 4, axis=1) if ended else np.concatenate([stacks[:, -1, 1:], frame], axis=1)
+    step = {**step, "obs": jnp.asarray(obs)}
+    kw = dict(terminated=jnp.zeros(1, bool), truncated=jnp.zeros(1, bool), final_obs=jnp.asarray(obs))
     stale = b
     b = b.add_from_host(step, **kw)
     with pytest.raises(jb.StaleBufferError, match="version"):
