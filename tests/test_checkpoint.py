@@ -25,8 +25,8 @@ import pytest
 import jaxbuffers as jb
 from frame_stacks import stacked_episodes
 from jaxbuffers import checkpoint as ckpt
-from jaxbuffers.compressed._common import pick_leaves, replace_leaves
-from jaxbuffers.compressed._host import HostStores, ShardedHostStores
+from jaxbuffers.compressed._host import HostStores
+from rollout_layouts import before_empty_slot, unwritten_zeroed
 
 pytest.importorskip("zstandard")
 
@@ -630,37 +630,15 @@ def test_sharded_buffer_on_forced_devices():
 
 # --- compressed rollouts of the layout before the empty slot ---
 
-def _before_empty_slot(buf):
-    """A fresh `CompressedRolloutBuffer` (or stacked shards of one) as that layout created it: host stores of
-    `num_steps * num_envs * k` slots (no empty last slot), every step at slot 0. Its adds, saves and flushes then
-    write that layout's checkpoints and folders through this version's own save path."""
-    def old(h):
-        cfg = h.stores[0].config()
-        return HostStores(h.num_slots - 1, h.codec, [i.frame_shape for i in buf.leaves], [i.dtype for i in buf.leaves],
-                          h.names, chunk_bytes=cfg["chunk_bytes"], dictionary_bytes=cfg["dictionary_bytes"])
-
-    host = ShardedHostStores([old(h) for h in buf.host.shards], buf.host.axis) if isinstance(buf.host, ShardedHostStores) else old(buf.host)
-    step = buf.buffer.step
-    zeros = [jnp.zeros_like(x) for x in pick_leaves(step, buf.leaf_index)]
-    return buf.replace(buffer=buf.buffer.replace(step=replace_leaves(step, buf.leaf_index, zeros)), host=host)
-
-
 def _roll_step(rng, n):
     return (_rand(rng, ROLL, (n,)), dict(reward=jnp.asarray(rng.standard_normal(n), jnp.float32), value=jnp.zeros(n),
                                           terminated=jnp.asarray(rng.random(n) < 0.3)))
 
 
-def _unwritten_zeroed(mb, buf):
-    """`mb` (an old-layout minibatch) as this layout decodes it: steps in rows never written are zeros."""
-    never = (mb.index // buf.num_envs) >= int(buf.buffer.step_index)
-    obs = jnp.where(never.reshape(never.shape + (1,) * (mb.step["obs"].ndim - never.ndim)), 0, mb.step["obs"])
-    return mb._replace(step={**mb.step, "obs": obs})
-
-
-@pytest.mark.parametrize("kw, reset", [(dict(codec="zstd:1"), False), (dict(codec="rle", frame_stack=2), True)])
+@pytest.mark.parametrize("kw, reset", [(dict(codec="zstd:1"), False), pytest.param(dict(codec="rle", frame_stack=2), True, marks=pytest.mark.slow)])
 def test_rollout_checkpoint_of_the_layout_before_the_empty_slot_restores_into_this_one(kw, reset, tmp_path):
     make = lambda: jb.CompressedRolloutBuffer.create(ROLL, num_envs=E, num_steps=3, **kw)  # noqa: E731
-    rng, old = np.random.default_rng(3), _before_empty_slot(make())
+    rng, old = np.random.default_rng(3), before_empty_slot(make())
     for _ in range(4 if reset else 2):  # 2 of 3 rows; or a whole rollout, a reset, 1 row (the others keep their slots)
         if old.buffer.is_full():
             old = old.compute_gae(jnp.ones(E), 0.9, 0.8).reset()
@@ -680,12 +658,12 @@ def test_rollout_checkpoint_of_the_layout_before_the_empty_slot_restores_into_th
             np.testing.assert_array_equal(getattr(got.buffer, f), getattr(old.buffer, f))
         key = jax.random.key(5)
         want = old.minibatches(key, 2)
-        _assert_same(got.minibatches(key, 2), want if reset else _unwritten_zeroed(want, old))
+        _assert_same(got.minibatches(key, 2), want if reset else unwritten_zeroed(want, old))
     step, fields = _roll_step(rng, E)  # adding continues from the same head, the old slots written in place
     got, old = got.add(step, **fields), old.add(step, **fields)
     assert got.host.num_slots == old.host.num_slots + 1 and int(got.buffer.step_index) == int(old.buffer.step_index)
     want = old.gather(jnp.arange(3 * E))
-    _assert_same(got.gather(jnp.arange(3 * E)), want if reset else _unwritten_zeroed(want, old))
+    _assert_same(got.gather(jnp.arange(3 * E)), want if reset else unwritten_zeroed(want, old))
 
 
 def test_rollout_checkpoint_of_another_slot_count_is_refused_naming_num_slots(tmp_path):
@@ -709,7 +687,7 @@ def test_sharded_rollout_checkpoint_of_the_layout_before_the_empty_slot_restores
     make = lambda: jb.CompressedRolloutBuffer.create(ROLL, num_envs=E, num_steps=3, codec="zstd:1")  # noqa: E731
     new = jb.ShardedBuffer.create(make, mesh, "data")
     s, rng = new.num_shards, np.random.default_rng(4)
-    old = new.replace(shards=_before_empty_slot(new.shards))
+    old = new.replace(shards=before_empty_slot(new.shards))
     step, fields = _roll_step(rng, E * s)
     old = old.add(step, **fields)
     path = jb.save(tmp_path / "old", old, progress=False)
