@@ -625,7 +625,7 @@ def test_sharded_buffer_on_forced_devices():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", "sharded and not forced",
                            str(here / "test_checkpoint.py"), str(here / "test_cli.py")], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "3 passed" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]
+    assert "4 passed" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]
 
 
 # --- compressed rollouts of the layout before the empty slot ---
