@@ -132,6 +132,37 @@ _CLASSES = {
 _COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer)
 #: class name -> {create argument: the value a checkpoint written before the argument was saved means}
 _ADDED = {"CompressedEpisodeBuffer": {"keyframe_interval": 1}}
+#: class name -> `upgraded(restored, saved_num_slots)`: the restored state in this layout, or None (refused)
+_SLOT_LAYOUTS = {"CompressedRolloutBuffer": CompressedRolloutBuffer.upgraded}
+
+
+def _upgraded(buffer: Any, saved_num_slots: int) -> Any | None:
+    """`buffer` (restored, host stores fresh) in this layout when its stores were saved with `saved_num_slots` slots:
+    itself for the same count, a class's upgrade of an older layout (`_SLOT_LAYOUTS`), else None (the caller refuses
+    it, naming `num_slots`)."""
+    if saved_num_slots == buffer.host.num_slots:
+        return buffer
+    upgrade = _SLOT_LAYOUTS.get(type(buffer).__name__)
+    return None if upgrade is None else upgrade(buffer, saved_num_slots)
+
+
+def _upgraded_host(buffer: Any, host_meta: dict | None) -> tuple[Any, dict | None]:
+    """(buffer, host metadata) of a checkpoint's restored compressed buffer in this layout (`_upgraded`): its stores'
+    saved `num_slots` taken as this layout's. Unchanged when no upgrade applies (`import_state` then refuses the
+    count, naming `num_slots`)."""
+    shards = None if host_meta is None else host_meta.get("shards", [host_meta])
+    saved = {m["config"].get("num_slots") for s in shards or () for m in s["stores"] if isinstance(m.get("config"), dict)}
+    if len(saved) != 1 or not isinstance(next(iter(saved)), int):
+        return buffer, host_meta
+    new = _upgraded(buffer, saved.pop())
+    if new is None or new is buffer:
+        return buffer, host_meta
+    n = buffer.host.num_slots
+
+    def slots(m: dict) -> dict:
+        return {**m, "stores": [{**st, "config": {**st["config"], "num_slots": n}} for st in m["stores"]]}
+
+    return new, ({**host_meta, "shards": [slots(m) for m in shards]} if "shards" in host_meta else slots(host_meta))
 
 
 # --- JSON encoding of the example's tree (dicts, lists, tuples, None and arrays only) ---

@@ -197,11 +197,12 @@ def shard_arrays(host_out: dict, host_meta: dict, s: int) -> dict:
     return host_out["shards"][str(s)]
 
 
-def restore(root: Path, target: Any, checked, read, host_args, load_host) -> Any:
+def restore(root: Path, target: Any, checked, read, host_args, load_host, upgraded) -> Any:
     """`jaxbuffers.restore` into a `ShardedBuffer` `target` by every process (module doc), with the one-process
     restore's pieces (`jaxbuffers.checkpoint`): `checked(root, target)` gives `(meta, abstract leaves, treedef,
     shardings)` after every check; `read(root, restore_args, leaves)` reads the arrays; `host_args(meta)` gives the
-    one-process restore arguments of host arrays; `load_host(host, version, meta, arrays, what)` fills a fresh store."""
+    one-process restore arguments of host arrays; `load_host(host, version, meta, arrays, what)` fills a fresh store;
+    `upgraded(buffer, host_meta)` takes an older layout's state and host metadata to this one's."""
     meta, leaves, treedef, shardings = checked(root, target.shards)
     host_meta = meta.get("host")
     args: dict = {"device": {str(i): ocp.ArrayRestoreArgs(sharding=s, global_shape=x.shape, dtype=x.dtype)
@@ -216,6 +217,7 @@ def restore(root: Path, target: Any, checked, read, host_args, load_host) -> Any
         if a.shape != x.shape or a.dtype != x.dtype:
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {a.shape} {a.dtype}, expected {x.shape} {x.dtype}")
     buffer = jax.tree.unflatten(treedef, [_copy(a) for a in arrays])  # memory XLA owns: a donation updates it in place
+    buffer, host_meta = upgraded(buffer, host_meta)
     if host_meta is not None:
         host_out = {"bytes": _local_rows(out["host"]["bytes"])} if "bytes" in out["host"] else out["host"]
         for s, v in _local_rows(buffer.version).items():

@@ -73,7 +73,7 @@ from etils import epath
 from jaxbuffers import _checkpoint_processes as _processes, _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
-    _check_meta_defaults, _nbytes, _sharded, _template,
+    _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
     _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
@@ -257,7 +257,7 @@ def _host_restore_args(meta: dict | None) -> dict:
 def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     if isinstance(target, ShardedBuffer) and _processes.several():  # every process reads its parts
         return _processes.restore(root, target, functools.partial(_checked, sharding=sharding, progress=progress),
-                                  functools.partial(_read_arrays, progress=progress), _host_restore_args, _load_host)
+                                  functools.partial(_read_arrays, progress=progress), _host_restore_args, _load_host, _upgraded_host)
     if isinstance(target, ShardedBuffer):  # its stacked buffer, on the target's mesh, wrapped again
         return target.replace(shards=_read(root, target.shards, sharding, progress))
     _validate.single_process("restore", _ONE_PROCESS)
@@ -275,7 +275,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
         host.append(a)
     if target is not None:
         _check_meta_defaults(target, host, root, stacked="sharded" in meta)
-    buffer = jax.tree.unflatten(treedef, _on_devices(host, shardings))
+    buffer, host_meta = _upgraded_host(jax.tree.unflatten(treedef, _on_devices(host, shardings)), host_meta)
     if host_meta is not None and "shards" in host_meta:
         versions = np.asarray(buffer.version).tolist()
         for i, (h, m) in enumerate(zip(buffer.host.shards, host_meta["shards"])):

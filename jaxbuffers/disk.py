@@ -155,6 +155,12 @@ def _reopen(d: Path, mode: str, buffer: Any, lock: Any) -> Any:
     like = getattr(restored, "host", None)
     if not isinstance(like, HostStores):
         raise checkpoint.CheckpointError(f"{state}: holds a {type(restored).__name__}, not a compressed buffer")
+    if meta["num_slots"] != like.num_slots and like.codec != "none":  # an older layout's folder (its chunk indexes grow)
+        upgraded = checkpoint._upgraded(restored, meta["num_slots"])
+        if upgraded is not None:
+            restored, n = upgraded, like.num_slots
+            meta = {**meta, "num_slots": n, "stores": [{**m, "meta": {**m["meta"], "config": {**m["meta"]["config"], "num_slots": n}}}
+                                                      for m in meta["stores"]]}
     kind = "raw" if like.codec == "none" else "chunks"
     want = [{"name": n, "shape": list(s._declared[1]), "dtype": dtype_from_code(s._declared[0]).name, "kind": kind} for n, s in zip(like.names, like.stores)]
     saved = [{k: s.get(k, "raw") for k in ("name", "shape", "dtype", "kind")} for s in meta["stores"]]  # version 1: raw stores

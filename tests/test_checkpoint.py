@@ -25,6 +25,8 @@ import pytest
 import jaxbuffers as jb
 from frame_stacks import stacked_episodes
 from jaxbuffers import checkpoint as ckpt
+from jaxbuffers.compressed._host import HostStores
+from rollout_layouts import before_empty_slot, unwritten_zeroed
 
 pytest.importorskip("zstandard")
 
@@ -628,4 +630,81 @@ def test_sharded_buffer_on_forced_devices():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", "sharded and not forced",
                            str(here / "test_checkpoint.py"), str(here / "test_cli.py")], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "2 passed" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]
+    assert "4 passed" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]
+
+
+# --- compressed rollouts of the layout before the empty slot ---
+
+def _roll_step(rng, n):
+    return (_rand(rng, ROLL, (n,)), dict(reward=jnp.asarray(rng.standard_normal(n), jnp.float32), value=jnp.zeros(n),
+                                          terminated=jnp.asarray(rng.random(n) < 0.3)))
+
+
+@pytest.mark.parametrize("kw, reset", [(dict(codec="zstd:1"), False), pytest.param(dict(codec="rle", frame_stack=2), True, marks=pytest.mark.slow)])
+def test_rollout_checkpoint_of_the_layout_before_the_empty_slot_restores_into_this_one(kw, reset, tmp_path):
+    make = lambda: jb.CompressedRolloutBuffer.create(ROLL, num_envs=E, num_steps=3, **kw)  # noqa: E731
+    rng, old = np.random.default_rng(3), before_empty_slot(make())
+    for _ in range(4 if reset else 2):  # 2 of 3 rows; or a whole rollout, a reset, 1 row (the others keep their slots)
+        if old.buffer.is_full():
+            old = old.compute_gae(jnp.ones(E), 0.9, 0.8).reset()
+        step, fields = _roll_step(rng, E)
+        old = old.add(step, **fields)
+    old = old.compute_gae(jnp.ones(E), 0.9, 0.8)
+    path = jb.save(tmp_path / "old", old, progress=False)
+    saved = json.loads((path / "buffer.json").read_text())["host"]["stores"]
+    assert [s["config"]["num_slots"] for s in saved] == [old.host.num_slots]
+    for got in (jb.restore(path), jb.restore(path, make())):
+        assert got.host.num_slots == old.host.num_slots + 1
+        ids, was = np.asarray(got.buffer.step["obs"]), np.asarray(old.buffer.step["obs"])
+        filled = int(old.buffer.step_index)
+        np.testing.assert_array_equal(ids[:filled], was[:filled])
+        np.testing.assert_array_equal(ids[filled:], was[filled:] if reset else -1)
+        for f in ("advantages", "returns", "step_index", "has_advantages"):
+            np.testing.assert_array_equal(getattr(got.buffer, f), getattr(old.buffer, f))
+        key = jax.random.key(5)
+        want = old.minibatches(key, 2)
+        _assert_same(got.minibatches(key, 2), want if reset else unwritten_zeroed(want, old))
+    step, fields = _roll_step(rng, E)  # adding continues from the same head, the old slots written in place
+    got, old = got.add(step, **fields), old.add(step, **fields)
+    assert got.host.num_slots == old.host.num_slots + 1 and int(got.buffer.step_index) == int(old.buffer.step_index)
+    want = old.gather(jnp.arange(3 * E))
+    _assert_same(got.gather(jnp.arange(3 * E)), want if reset else unwritten_zeroed(want, old))
+
+
+def test_rollout_checkpoint_of_another_slot_count_is_refused_naming_num_slots(tmp_path):
+    buf = jb.CompressedRolloutBuffer.create(ROLL, num_envs=E, num_steps=3, codec="zstd:1")
+    h = buf.host
+    fewer = buf.replace(host=HostStores(h.num_slots - 2, h.codec, [i.frame_shape for i in buf.leaves], [i.dtype for i in buf.leaves], h.names))
+    step, fields = _roll_step(np.random.default_rng(0), E)
+    path = jb.save(tmp_path / "fewer", fewer.add(step, **fields), progress=False)
+    with pytest.raises(jb.CheckpointError, match="num_slots"):
+        jb.restore(path)
+    traj = jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L, codec="zstd:1")  # no upgrade for other classes
+    h = traj.host
+    one_fewer = traj.replace(host=HostStores(h.num_slots - 1, h.codec, [i.frame_shape for i in traj.leaves], [i.dtype for i in traj.leaves], h.names))
+    path = jb.save(tmp_path / "traj", one_fewer, progress=False)
+    with pytest.raises(jb.CheckpointError, match="num_slots"):
+        jb.restore(path)
+
+
+def test_sharded_rollout_checkpoint_of_the_layout_before_the_empty_slot_restores_into_this_one(tmp_path):
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    make = lambda: jb.CompressedRolloutBuffer.create(ROLL, num_envs=E, num_steps=3, codec="zstd:1")  # noqa: E731
+    new = jb.ShardedBuffer.create(make, mesh, "data")
+    s, rng = new.num_shards, np.random.default_rng(4)
+    old = new.replace(shards=before_empty_slot(new.shards))
+    step, fields = _roll_step(rng, E * s)
+    old = old.add(step, **fields)
+    path = jb.save(tmp_path / "old", old, progress=False)
+    got = jb.restore(path, jb.ShardedBuffer.create(make, mesh, "data"))
+    assert got.shards.host.num_slots == old.shards.host.num_slots + 1
+    ids = np.asarray(got.shards.buffer.step["obs"])  # [S, T, N]
+    np.testing.assert_array_equal(ids[:, :1], np.asarray(old.shards.buffer.step["obs"])[:, :1])
+    np.testing.assert_array_equal(ids[:, 1:], -1)
+    for _ in range(2):  # adding continues from the same head: the rollout fills, its epoch is the old one's
+        step, fields = _roll_step(rng, E * s)
+        got, old = got.add(step, **fields), old.add(step, **fields)
+    for g, o in zip(got.shards.host.shards, old.shards.host.shards):
+        assert g.version == o.version
+    key = jax.random.key(2)
+    _assert_same(got.minibatches(key, 2), old.minibatches(key, 2))

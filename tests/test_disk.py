@@ -18,6 +18,7 @@ import jaxbuffers as jb
 from frame_stacks import stacked_chunk, stacked_episodes
 from host_codecs import CorruptEntryError
 from jaxbuffers import disk
+from rollout_layouts import before_empty_slot, unwritten_zeroed
 
 STEP = {"obs": jnp.zeros((4, 6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
 ADD = jax.jit(jb.CompressedTrajectoryBuffer.add)
@@ -249,6 +250,39 @@ def test_a_compressed_rollout_buffer_on_disk_gives_the_same_minibatches(tmp_path
     disk.flush(buf)
     key = jax.random.key(0)
     assert _same(disk.open(tmp_path / "r", "r").minibatches(key, 2), twin.minibatches(key, 2))
+
+
+def test_a_compressed_rollout_folder_of_the_layout_before_the_empty_slot_opens_in_this_one(tmp_path):
+    step = {"obs": jnp.zeros((5,), jnp.uint8), "action": jnp.int32(0)}
+    make = lambda codec: jb.CompressedRolloutBuffer.create(step, num_envs=2, num_steps=3, codec=codec)  # noqa: E731
+    rng = np.random.default_rng(1)
+
+    def add(*bufs):
+        s = {"obs": jnp.asarray(rng.integers(0, 256, (2, 5), dtype=np.uint8)), "action": jnp.asarray(rng.integers(0, 4, 2), jnp.int32)}
+        kw = dict(reward=jnp.asarray(rng.standard_normal(2), jnp.float32), value=jnp.zeros(2), terminated=jnp.zeros(2, bool))
+        out = [b.add(s, **kw) for b in bufs]
+        return out if len(out) > 1 else out[0]
+
+    written, old = add(*add(disk.open(tmp_path / "r", "w", before_empty_slot(make("zstd:1"))), before_empty_slot(make("zstd:1"))))
+    old = old.compute_gae(jnp.zeros(2), 0.9, 0.95)  # 2 of 3 rows; its in-memory twin
+    disk.flush(written.compute_gae(jnp.zeros(2), 0.9, 0.95))
+    written.close()
+    assert json.loads((tmp_path / "r" / "disk.json").read_text())["num_slots"] == 6
+    key = jax.random.key(0)
+    ro = disk.open(tmp_path / "r", "r")
+    assert ro.host.num_slots == 7 and np.asarray(ro.buffer.step["obs"])[2].tolist() == [-1, -1]
+    assert _same(ro.minibatches(key, 2), unwritten_zeroed(old.minibatches(key, 2), old))
+    ro.close()
+    rw, old = add(disk.open(tmp_path / "r", "r+", make("zstd:1")), old)  # the same head: row 2
+    assert _same(rw.minibatches(key, 2), old.minibatches(key, 2))
+    disk.flush(rw)  # written in this layout from now on
+    rw.close()
+    assert json.loads((tmp_path / "r" / "disk.json").read_text())["num_slots"] == 7
+    assert _same(disk.open(tmp_path / "r", "r").minibatches(key, 2), old.minibatches(key, 2))
+    raw = disk.open(tmp_path / "raw", "w", before_empty_slot(make("none")))  # a raw store's file has one row per slot
+    disk.flush(add(raw))
+    with pytest.raises(jb.CheckpointError, match="num_slots is 6"):
+        disk.open(tmp_path / "raw", "r")
 
 
 @pytest.mark.slow

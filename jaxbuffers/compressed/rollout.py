@@ -105,6 +105,38 @@ class CompressedRolloutBuffer(HostBacked):
         return cls(buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
                    normalize_images=bool(normalize_images))
 
+    def upgraded(self, saved_num_slots: int) -> "CompressedRolloutBuffer | None":
+        """This restored state in this layout, given the slot count its host stores were saved with.
+
+        Layout before the empty slot: `num_steps * num_envs * k` slots (one fewer), and a step never added held slot
+        0 in every lane. Its saved slots are this store's slots `0 .. n - 1` unchanged (the last, the empty slot, stays
+        unwritten); a row `t >= step_index` whose ids are all 0 becomes -1 (decodes as zeros). Rows added before a
+        `reset` keep their ids, as they do in this layout.
+
+        Args:
+          saved_num_slots: `num_slots` of the saved stores.
+
+        Returns:
+          `self` when `saved_num_slots` is `host.num_slots`, the upgraded state when it is one fewer, else None (the
+          caller refuses the checkpoint). Stacked states (a `jaxbuffers.ShardedBuffer`'s `[S]` shards) are
+          upgraded shard by shard.
+        """
+        if saved_num_slots == self.host.num_slots:
+            return self
+        if saved_num_slots != self.host.num_slots - 1:
+            return None
+        inner = self.buffer
+        head = jnp.asarray(inner.step_index)
+        stack = head.ndim
+
+        def empty(ids: jax.Array) -> jax.Array:
+            lanes = tuple(range(stack + 1, ids.ndim))  # envs (and frames) of a row
+            unwritten = (jnp.arange(inner.num_steps) >= head[..., None]) & ~jnp.any(ids != 0, axis=lanes)
+            return jnp.where(unwritten.reshape(unwritten.shape + (1,) * len(lanes)), -1, ids)
+
+        ids = [empty(x) for x in _common.pick_leaves(inner.step, self.leaf_index)]
+        return self.replace(buffer=inner.replace(step=_common.replace_leaves(inner.step, self.leaf_index, ids)))
+
     @property
     def num_steps(self) -> int:
         """Rows $T$ of the rollout (static Python int)."""
