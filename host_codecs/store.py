@@ -197,7 +197,10 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         self.name = str(name)
         self.codec = get_codec(codec)
         #: Codec of the deltas a put with the default codec stores (None: the default codec).
-        self.delta_codec = None if delta_codec is None else get_codec(delta_codec)
+        try:
+            self.delta_codec = None if delta_codec is None else get_codec(delta_codec)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"delta_codec: {exc}") from None
         if dictionary_bytes and self.codec.name != "zstd":
             raise ValueError(f"dictionary_bytes: dictionaries are for the zstd codec, this store's codec is {self.codec.spec!r}")
         self._declared: tuple[int, tuple[int, ...]] | None = None

@@ -319,3 +319,11 @@ def test_create_refuses_unknown_keywords_by_name(prioritised):
         with pytest.raises(TypeError, match=f"create.*{bad}") as info:
             cls.create(step, num_envs=2, length=8, **kw, **{bad: True})
         assert "_build" not in str(info.value)
+
+
+@pytest.mark.parametrize("value, err, match", [("bogus", ValueError, "delta_codec: codec: unknown codec 'bogus'"),
+                                               ("zstd:99", ValueError, "delta_codec: codec 'zstd': level"),
+                                               (3, TypeError, "delta_codec: codec: expected a name")])
+def test_a_bad_delta_codec_is_refused_naming_it(value, err, match):
+    with pytest.raises(err, match=match):
+        CompressedTrajectoryBuffer.create(EXAMPLE, num_envs=E, length=LENGTH, frame_stack=K, compress=("pixels",), delta_codec=value)
