@@ -464,7 +464,8 @@ def _without(obj, key):
 
 def test_a_folder_written_before_delta_codec_reopens(tmp_path):
     """A folder whose stores coded deltas with its codec and whose JSON files predate `delta_codec` reopens with the
-    deltas coded by the codec, giving the in-memory twin's sample; a buffer of the default delta codec is refused."""
+    deltas coded by the codec, giving the in-memory twin's sample; a buffer of the default delta codec is refused. A
+    folder of the default (RLE deltas, read from its chunk files) reopens with its twin's sample too."""
     from jaxbuffers import _checkpoint_files as files
 
     make = lambda **kw: jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=12, codec="zstd:1", frame_stack=4, **kw)  # noqa: E731
@@ -482,3 +483,9 @@ def test_a_folder_written_before_delta_codec_reopens(tmp_path):
     assert _same(_sample(old), _sample(twin))
     with pytest.raises(jb.CheckpointError, match="delta_codec"):
         disk.open(tmp_path / "old", "r", make())
+    new, twin = (_add(b, chunk, 2) for b in (disk.open(tmp_path / "new", "w", make()), make()))  # RLE deltas read from chunk files
+    disk.flush(new)
+    new.close()
+    new = disk.open(tmp_path / "new", "r")
+    assert set(new.host.stores[0].stats()["codecs"]) == {"zstd", "rle"}
+    assert _same(_sample(new), _sample(twin))
