@@ -265,6 +265,7 @@ def _tiled(game: str, real: int, codec: str, e: int = 8, t: int = 250):
     import jax.numpy as jnp
 
     from jaxbuffers import CompressedTrajectoryBuffer
+    from jaxbuffers.compressed import DEFAULT_DELTA_CODEC
 
     roll = _atari.rollout(game, real)
     frames, obs_idx, _ = _atari.stacked(roll)
@@ -274,9 +275,9 @@ def _tiled(game: str, real: int, codec: str, e: int = 8, t: int = 250):
     act, rew = roll["action"].astype(np.int32), roll["reward"].astype(np.float32)
     ex = {"obs": jax.ShapeDtypeStruct((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
 
-    def make(n, key):
+    def make(n, key, delta_codec=DEFAULT_DELTA_CODEC):
         return CompressedTrajectoryBuffer.create(ex, num_envs=e, length=n, frame_stack=4, codec=codec, final_obs_capacity=64,
-                                                 keyframe_interval=key)
+                                                 keyframe_interval=key, delta_codec=None if delta_codec == "none" else delta_codec)
 
     add = jax.jit(lambda b, st, te, tr, fo: b.add(st, terminated=te, truncated=tr, final_obs=fo), donate_argnums=0)
     offsets = np.arange(e)[:, None] * (real // e)
@@ -289,11 +290,11 @@ def _tiled(game: str, real: int, codec: str, e: int = 8, t: int = 250):
     return make, add, chunk
 
 
-def run_keyframes(game: str, steps: int, real: int, repeats: int, codec: str, intervals: list[int]) -> dict:
-    """The ``keyframes`` case: one buffer per keyframe interval K of ``steps`` transitions (8 lanes, tiled as in
-    ``--million``), all in one process: host bytes per transition, frames a jitted ``sample_transitions(256,
-    n_step=3)`` decodes per transition (the requested frames and the chains behind them), and that sample's and a
-    32 one's throughput, interleaved."""
+def run_keyframes(game: str, steps: int, real: int, repeats: int, codec: str, intervals: list[int], delta_codecs: list[str]) -> dict:
+    """The ``keyframes`` case: one buffer per delta codec (``"none"``: ``codec`` codes the deltas) and keyframe
+    interval K, of ``steps`` transitions each (8 lanes, tiled as in ``--million``), all in one process: host bytes per
+    transition, frames a jitted ``sample_transitions(256, n_step=3)`` decodes per transition (the requested frames and
+    the chains behind them), and that sample's and a 32 one's throughput, interleaved."""
     import jax
 
     import host_codecs
@@ -301,15 +302,16 @@ def run_keyframes(game: str, steps: int, real: int, repeats: int, codec: str, in
     make, add, chunk = _tiled(game, real, codec)
     e, t = 8, 250
     bufs = {}
-    for key in intervals:
-        buf = make(steps // e, key)
-        for i in range(-(-(steps // e) // t)):
-            buf = add(buf, *chunk(i))
-        bufs[key] = jax.block_until_ready(buf)
+    for dc in delta_codecs:
+        for key in intervals:
+            buf = make(steps // e, key, dc)
+            for i in range(-(-(steps // e) // t)):
+                buf = add(buf, *chunk(i))
+            bufs[f"K{key}_{dc}"] = jax.block_until_ready(buf)
     fields = lambda x: (x.obs, x.action, x.next_obs, x.n_step_return, x.discount)  # noqa: E731
     samplers = {b: jax.jit(lambda bf, k, b=b: fields(bf.sample_transitions(k, b, n_step=3, gamma=0.99))) for b in (256, 32)}
     keys = iter(jax.random.split(jax.random.key(0), 100_000))
-    rec = {"transitions": steps, "real_steps": real, "codec": codec, "intervals": intervals}
+    rec = {"transitions": steps, "real_steps": real, "codec": codec, "configs": list(bufs)}
     requests = []
     get_many = host_codecs.CompressedStore.get_many
 
@@ -319,28 +321,29 @@ def run_keyframes(game: str, steps: int, real: int, repeats: int, codec: str, in
             requests.append(np.unique(np.concatenate([flat, store._chains(flat)])).size)
         return get_many(store, slot_arrays, **kw)
 
-    for key, buf in bufs.items():
+    for name, buf in bufs.items():
         n = int(buf.size())
-        rec[f"K{key}_host_live_bytes_per_transition"] = buf.host_live_nbytes / n
-        rec[f"K{key}_payload_bytes_per_frame"] = sum(x.payload_nbytes for x in buf.host.stores) / buf.host.stores[0].num_entries
+        rec[f"{name}_host_live_bytes_per_transition"] = buf.host_live_nbytes / n
+        rec[f"{name}_payload_bytes_per_frame"] = sum(x.payload_nbytes for x in buf.host.stores) / buf.host.stores[0].num_entries
         host_codecs.CompressedStore.get_many = counting
         try:
             for _ in range(5):
                 jax.block_until_ready(samplers[256](buf, next(keys)))
         finally:
             host_codecs.CompressedStore.get_many = get_many
-        rec[f"K{key}_frames_decoded_per_transition"] = float(np.median(requests[-5:])) / 256
+        rec[f"{name}_frames_decoded_per_transition"] = float(np.median(requests[-5:])) / 256
+    names = list(bufs)
     for b, fn in samplers.items():
-        times = {key: [] for key in bufs}
+        times = {name: [] for name in bufs}
         for buf in bufs.values():
             jax.block_until_ready(fn(buf, next(keys)))
         for r in range(repeats * (256 // b)):
-            for key in (intervals if r % 2 else intervals[::-1]):
+            for name in (names if r % 2 else names[::-1]):
                 t0 = time.perf_counter()
-                jax.block_until_ready(fn(bufs[key], next(keys)))
-                times[key].append(time.perf_counter() - t0)
-        for key, ts in times.items():
-            rec[f"K{key}_sample_{b}_n3_tps"] = b / statistics.median(ts)
+                jax.block_until_ready(fn(bufs[name], next(keys)))
+                times[name].append(time.perf_counter() - t0)
+        for name, ts in times.items():
+            rec[f"{name}_sample_{b}_n3_tps"] = b / statistics.median(ts)
     return rec
 
 
@@ -373,6 +376,7 @@ def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyf
     n = int(buf.size())
     rec = {
         "transitions": n, "real_steps": real, "lanes": e, "keyframe_interval": keyframe_interval, "codec": codec,
+        "delta_codec": buf.host.stores[0].config()["delta_codec"] or "none",
         "rss_growth_bytes": r1 - r0, "rss_growth_bytes_per_transition": (r1 - r0) / (n - warm * t * e),
         "host_bytes_per_transition": buf.host_nbytes / n, "host_live_bytes_per_transition": buf.host_live_nbytes / n,
         "device_bytes_per_transition": buf.device_nbytes / n,
@@ -544,7 +548,8 @@ def run_checksums(game: str, n: int, repeats: int) -> dict:
 def child(args) -> None:
     kind, codec, game, n, repeats = args.case, args.codec, args.game, args.n, args.repeats
     if kind == "keyframes":
-        rec = run_keyframes(game, n, args.real, max(repeats, 20), args.codec or "zstd:-1", [int(k) for k in args.keyframes.split(",")])
+        rec = run_keyframes(game, n, args.real, max(repeats, 20), args.codec or "zstd:-1", [int(k) for k in args.keyframes.split(",")],
+                            args.delta_codecs.split(","))
     elif kind == "million":
         rec = run_million(game, n, args.real, max(repeats, 20), args.codec or "zstd:-1", args.keyframe_interval)
     elif kind == "side":
@@ -588,6 +593,8 @@ def main() -> None:
     p.add_argument("--keyframe-interval", type=int, default=8, help="--million: the buffer's keyframe_interval")
     p.add_argument("--keyframes", default=None, help="comma-separated keyframe intervals: the keyframes case (run_keyframes) "
                    "for --game, --n transitions (default 160000) tiled from --real steps")
+    p.add_argument("--delta-codecs", default="rle", help="--keyframes: comma-separated codecs of the delta frames "
+                   "(none: the codec codes them); the first with the first interval is the anchor")
     p.add_argument("--anchor-n", type=int, default=10000, help="--million: transitions in the SB3 / sb3x buffers")
     p.add_argument("--n", type=int, default=None, help="transitions (default 20000; --quick: 1000, and one case of each kind)")
     p.add_argument("--case", default=None, help=argparse_hidden())
@@ -639,36 +646,38 @@ def main() -> None:
 
 
 def keyframes(args) -> None:
-    """`--keyframes 4,8`: per game, `run_keyframes` in a subprocess; one row per interval and metric."""
+    """`--keyframes 8,4 --delta-codecs none,rle`: per game, `run_keyframes` in a subprocess; one row per delta codec,
+    interval and metric (the anchor of the sample rows: the first delta codec with the first interval)."""
     from _common import emit, header, row
 
     n = args.n or (16000 if args.quick else 160_000)
     args.repeats = args.repeats or (5 if args.quick else 15)
     games = list(_atari.GAMES) if args.game == "all" else [args.game]
-    header(BENCH, args.quick, keyframes=args.keyframes, transitions=n, real_steps=args.real)
+    header(BENCH, args.quick, keyframes=args.keyframes, delta_codecs=args.delta_codecs, transitions=n, real_steps=args.real)
     for game in games:
         cmd = [sys.executable, __file__, "--case", "keyframes", "--game", game, "--n", str(n), "--repeats", str(args.repeats),
-               "--real", str(args.real), "--keyframes", args.keyframes, "--ale"] + (["--codec", args.codec] if args.codec else [])
+               "--real", str(args.real), "--keyframes", args.keyframes, "--delta-codecs", args.delta_codecs,
+               "--ale"] + (["--codec", args.codec] if args.codec else [])
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if not line:
             emit({"bench": BENCH, "case": f"{game}/keyframes", "error": proc.stderr[-800:]})
             continue
         rec = json.loads(line[-1][7:])
-        first = rec["intervals"][-1]  # the anchor: the largest interval
-        for key in rec["intervals"]:
-            variant = f"jaxbuffers {rec['codec']} K={key}"
+        first = rec["configs"][0]
+        label = lambda name: f"jaxbuffers {rec['codec']} K={name.split('_')[0][1:]} deltas {name.split('_', 1)[1]}"  # noqa: E731
+        for name in rec["configs"]:
+            variant = label(name)
             for metric, unit in (("host_live_bytes_per_transition", "bytes/transition"), ("payload_bytes_per_frame", "bytes/frame"),
                                  ("frames_decoded_per_transition", "frames/transition")):
                 emit({"bench": BENCH, "case": f"{game}/keyframes/{metric}", "impl": "ours", "variant": variant,
-                      "value": round(rec[f"K{key}_{metric}"], 2), "unit": unit, "n": rec["transitions"], "repeats": 1,
+                      "value": round(rec[f"{name}_{metric}"], 2), "unit": unit, "n": rec["transitions"], "repeats": 1,
                       "real_steps": rec["real_steps"]})
             for b in (256, 32):
-                tps = rec[f"K{key}_sample_{b}_n3_tps"]
-                anchor = rec[f"K{first}_sample_{b}_n3_tps"]
+                tps, anchor = rec[f"{name}_sample_{b}_n3_tps"], rec[f"{first}_sample_{b}_n3_tps"]
                 row(BENCH, f"{game}/keyframes/sample_transitions_{b}_n3", "ours", 1 / tps, n=rec["transitions"], repeats=args.repeats,
-                    unit="transitions/s", variant=variant, anchor=f"K={first}" if key != first else None,
-                    anchor_seconds=1 / anchor if key != first else None)
+                    unit="transitions/s", variant=variant, anchor=label(first) if name != first else None,
+                    anchor_seconds=1 / anchor if name != first else None)
 
 
 MILLION_ANCHORS = [("sb3", None), ("sb3x", "rle-jit"), ("sb3x", "igzip1"), ("sb3x", "gzip")]
@@ -698,7 +707,7 @@ def million(args) -> None:
         ours = sub("million", game, n)
         if ours is None:
             continue
-        variant = f"jaxbuffers {ours['codec']} K={ours['keyframe_interval']}"
+        variant = f"jaxbuffers {ours['codec']} K={ours['keyframe_interval']} deltas {ours['delta_codec']}"
         case = f"{game}/million"
         for key in ("rss_growth_bytes_per_transition", "host_bytes_per_transition", "host_live_bytes_per_transition",
                     "device_bytes_per_transition"):

@@ -270,11 +270,11 @@ def live_device_bytes() -> int:
     return sum(x.nbytes for x in jax.live_arrays())
 
 
-def compressed_rows(quick: bool) -> None:
+def compressed_rows(quick: bool, kinds=("replay", "rollout")) -> None:
     """Rows ``compressed/<kind>/...``: bytes per transition (RSS slope between two sizes, each in a fresh process),
     add and sample rates; anchor: sb3-extra-buffers' smallest (memory) and fastest (calls) variant."""
     n1, n2 = (1_000, 3_000) if quick else (3_000, 9_000)
-    for kind in ("replay", "rollout"):
+    for kind in kinds:
         res = {}
         for v in COMPRESSED_VARIANTS:
             r = [json.loads(subprocess.run([sys.executable, __file__, "--compressed-child", kind, v, str(n)], capture_output=True,
@@ -298,11 +298,11 @@ def compressed_rows(quick: bool) -> None:
                     anchor_seconds=res[fastest][f"{call}_us"] / 1e6 if a else None, variant=v)
 
 
-def compressed_traced_rows(quick: bool) -> None:
+def compressed_traced_rows(quick: bool, kinds=("replay", "rollout")) -> None:
     """Rows ``compressed/<kind>/held_bytes_per_<unit>``: bytes held per transition (step) after filling N, as
     tracemalloc + device arrays (`compressed_child` with ``traced``); ratio: this row / sb3-extra-buffers' smallest."""
     n = 3_000 if quick else 9_000
-    for kind in ("replay", "rollout"):
+    for kind in kinds:
         res = {}
         for v in COMPRESSED_VARIANTS:
             out = subprocess.run([sys.executable, __file__, "--compressed-child", kind, v, str(n), "--traced"], capture_output=True,
@@ -422,6 +422,7 @@ def main() -> None:
     p.add_argument("--compressed-traced-only", action="store_true", help="only the held-bytes rows of the compressed classes")
     p.add_argument("--rollout-only", action="store_true", help="only the uncompressed rollout-buffer rows")
     p.add_argument("--traced", action="store_true", help=ARGPARSE_SUPPRESS)
+    p.add_argument("--compressed-kinds", default="replay,rollout", help="the compressed classes' cases to run: replay, rollout or both")
     args = p.parse_args()
     if args.memory_child:
         memory_child(args.memory_child[0], int(args.memory_child[1]))
@@ -439,10 +440,11 @@ def main() -> None:
         rollout_rows(quick, repeats)
         if args.rollout_only:
             return
-        compressed_traced_rows(quick)
+        kinds = tuple(args.compressed_kinds.split(","))
+        compressed_traced_rows(quick, kinds)
         if args.compressed_traced_only:
             return
-        compressed_rows(quick)
+        compressed_rows(quick, kinds)
     if args.compressed_only:
         return
     variants = ["sb3", "jax", "jax_compressed"]

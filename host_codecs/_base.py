@@ -170,7 +170,23 @@ class ChunkTable(dict):
     def __init__(self, chunks: Mapping[int, np.ndarray], dictionary=None):
         super().__init__(chunks)
         self.dictionary = dictionary
-        self.addresses = None  # (ids, base addresses, sizes) of the chunks, built by host_codecs._checksum on first use
+        self.addresses = None  # (ids, base addresses, sizes) of the chunks, built by chunk_addresses on first use
+
+
+def chunk_addresses(chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(ids, base addresses, sizes)` of the chunks (int64, uint64, int64; ids ascending), for compiled loops that read
+    payloads where they lie: kept on a `ChunkTable` (immutable, it keeps its chunks alive), built anew for another
+    mapping."""
+    cached = getattr(chunks, "addresses", None)
+    if cached is not None:
+        return cached
+    arrays = {c: np.frombuffer(v, np.uint8) for c, v in chunks.items()}
+    keys = np.array(sorted(arrays), np.int64)
+    bases = np.array([arrays[c].__array_interface__["data"][0] for c in keys.tolist()], np.uint64)  # (.ctypes is slow)
+    out = keys, bases, np.array([arrays[c].size for c in keys.tolist()], np.int64)
+    if isinstance(chunks, ChunkTable):
+        chunks.addresses = out
+    return out
 
 
 def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases=None) -> None:
@@ -180,27 +196,42 @@ def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids,
     Raises:
       ValueError: a payload lies outside its chunk (or its chunk is absent), an output index or a
         row is out of range, an output is read-only, the outputs' row sizes differ, or a delta's base
-        (`bases`) is not an earlier entry.
+        (`bases`) is out of range, its own row, or a row a later entry of the call decodes.
     """
-    if bases is not None:
-        b = np.asarray(bases)
-        if b.shape != (len(rows),) or bool(np.any((b < -1) | (b >= np.arange(len(rows))))):
-            raise ValueError(f"codec {codec!r}: bases: expected one earlier entry (or -1) per entry")
     if len(chunk_ids):
         ids, inv = np.unique(chunk_ids, return_inverse=True)
         sizes = np.array([chunks[c].shape[0] if c in chunks else -1 for c in ids.tolist()], np.int64)[inv.reshape(-1)]
         if int(np.min(offsets)) < 0 or int(np.min(lengths)) < 0 or bool(np.any(np.add(offsets, lengths) > sizes)):
             raise ValueError(f"codec {codec!r}: payload index out of range (a payload lies outside its chunk)")
-    if len(out_ids) and (int(np.min(out_ids)) < 0 or int(np.max(out_ids)) >= len(outs)):
-        raise ValueError(f"codec {codec!r}: output index out of range for {len(outs)} outputs")
+    _check_rows(codec, outs, out_ids, rows, "output")
     for j, out in enumerate(outs):
         if not out.flags.writeable:
             raise ValueError(f"codec {codec!r}: the output array is read-only")
         if out.shape[1] != outs[0].shape[1]:
             raise ValueError(f"codec {codec!r}: outputs with different row sizes")
-        r = rows[np.asarray(out_ids) == j] if len(outs) > 1 else rows
+    if bases is not None:
+        b_out, b_row = (np.asarray(x, np.int64).reshape(-1) for x in bases)
+        if b_out.shape != (len(rows),) or b_row.shape != (len(rows),):
+            raise ValueError(f"codec {codec!r}: bases: expected (outputs, rows) of one base per entry")
+        d = np.flatnonzero(b_out >= 0)
+        _check_rows(codec, outs, b_out[d], b_row[d], "bases: base")
+        stride = max((o.shape[0] for o in outs), default=0) + 1
+        key = np.asarray(out_ids, np.int64) * stride + np.asarray(rows, np.int64)
+        order = np.argsort(key, kind="stable")
+        at = order[np.minimum(np.searchsorted(key, b_out[d] * stride + b_row[d], sorter=order), max(len(rows) - 1, 0))]
+        if len(rows) and bool(np.any((key[at] == b_out[d] * stride + b_row[d]) & (at >= d))):
+            raise ValueError(f"codec {codec!r}: bases: a delta's base must be decoded before it (an earlier entry of the call, or a row decoded before it)")
+
+
+def _check_rows(codec: str, outs, out_ids, rows, what: str) -> None:
+    """ValueError unless every `(out_ids[i], rows[i])` names a row of `outs`."""
+    out_ids, rows = np.asarray(out_ids), np.asarray(rows)
+    if len(out_ids) and (int(np.min(out_ids)) < 0 or int(np.max(out_ids)) >= len(outs)):
+        raise ValueError(f"codec {codec!r}: {what} index out of range for {len(outs)} outputs")
+    for j, out in enumerate(outs):
+        r = rows[out_ids == j] if len(outs) > 1 else rows
         if len(r) and (int(np.min(r)) < 0 or int(np.max(r)) >= out.shape[0]):
-            raise ValueError(f"codec {codec!r}: row index out of range for an output of {out.shape[0]} rows")
+            raise ValueError(f"codec {codec!r}: {'row' if what == 'output' else what + ' row'} index out of range for an output of {out.shape[0]} rows")
 
 
 class Codec:
@@ -300,13 +331,14 @@ class Codec:
           out_ids: # shape=(k,), dtype=int64: the output each entry goes to.
           rows: # shape=(k,), dtype=int64: the row of its output each entry fills.
           dtype: as in `decode_into`.
-          bases: optional # shape=(k,), dtype=int64: entry `i` is a delta (`host_codecs.deltas`): once decoded, its
-            row is XORed bytewise with the row of entry `bases[i]` of this call (`bases[i] < i`, an entry decoded
-            before it), -1 for none. With `bases` the entries are decoded in order on the calling thread (a caller
-            that wants threads gives each thread whole chains).
+          bases: optional `(base_outs, base_rows)`, # shape=(k,) each, int64: entry `i` is a delta
+            (`host_codecs.deltas`): once decoded, its row is XORed bytewise with row `base_rows[i]` of
+            `outs[base_outs[i]]` (-1: none), which holds its base's whole entry by then: a row decoded before the
+            call, or the row of an earlier entry of this call. Entries whose base lies in the call are decoded in
+            order on the calling thread (a caller that wants threads gives each thread whole chains).
 
         Raises:
-          ValueError: as `decode_into`, or `bases[i] >= i`.
+          ValueError: as `decode_into`, or a base row that is out of range or that a later entry decodes.
         """
         check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases)
         key = np.asarray(out_ids, np.int64) * (int(np.max(chunk_ids, initial=0)) + 1) + chunk_ids
@@ -314,12 +346,12 @@ class Codec:
             sel = np.flatnonzero(key == k)
             c = int(chunk_ids[sel[0]])
             self.decode_into(chunks[c], offsets[sel], lengths[sel], meta[sel], outs[int(out_ids[sel[0]])], rows[sel], dtype)
-        if bases is not None:
+        if bases is not None:  # in order: a base that is an earlier entry is whole before its delta reads it
             oids, rws = np.asarray(out_ids).tolist(), np.asarray(rows).tolist()
-            for i, b in enumerate(np.asarray(bases).tolist()):
-                if b >= 0:
+            for i, (bo, br) in enumerate(zip(*(np.asarray(x).tolist() for x in bases))):
+                if bo >= 0:
                     dst = outs[oids[i]][rws[i]]
-                    np.bitwise_xor(dst, outs[oids[b]][rws[b]], out=dst)
+                    np.bitwise_xor(dst, outs[bo][br], out=dst)
 
     def encode(self, array: np.ndarray) -> bytes:
         """Encode one array to `bytes`: its meta byte, then its payload (the dtype and shape are

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import ChunkTable
+from ._base import chunk_addresses
 from ._pool import parallel_for
 
 _SHARD_BYTES = 1 << 20  # payload bytes per thread of the pool (hashing runs at tens of GB/s: a smaller shard does not pay)
@@ -52,21 +52,6 @@ def _per_entry(views: list, starts: list, ends: list, seeds: list) -> list[int]:
     return [h(v[o:e], s) for v, o, e, s in zip(views, starts, ends, seeds)]
 
 
-def _addresses(chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(ids, base addresses, sizes)` of the chunks (int64, uint64, int64; ids ascending): kept on a
-    `host_codecs._base.ChunkTable` (immutable, it keeps its chunks alive), built anew for another mapping."""
-    cached = getattr(chunks, "addresses", None)
-    if cached is not None:
-        return cached
-    arrays = {c: np.frombuffer(v, np.uint8) for c, v in chunks.items()}
-    keys = np.array(sorted(arrays), np.int64)
-    bases = np.array([arrays[c].__array_interface__["data"][0] for c in keys.tolist()], np.uint64)  # (.ctypes is slow)
-    out = keys, bases, np.array([arrays[c].size for c in keys.tolist()], np.int64)
-    if isinstance(chunks, ChunkTable):
-        chunks.addresses = out
-    return out
-
-
 def payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
     """# shape=(k,), dtype=uint32: the low 32 bits of XXH3-64 of each payload seeded with its slot id and its length,
     `slot ^ length << 32` (`chunks`: chunk id -> uint8 array or bytes; `chunk_ids`, `offsets`, `lengths`, `slots`:
@@ -83,7 +68,7 @@ def payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
         view = {c: memoryview(np.frombuffer(chunks[c], np.uint8) if c in chunks else b"") for c in set(ids.tolist())}
         sums = np.array(_per_entry([view[c] for c in ids.tolist()], starts.tolist(), (starts + n).tolist(), seeds.tolist()), np.uint64).reshape(k)
     else:
-        keys, bases, sizes = _addresses(chunks)
+        keys, bases, sizes = chunk_addresses(chunks)
         at = np.minimum(np.searchsorted(keys, ids), max(keys.size - 1, 0))
         known = keys[at] == ids if keys.size else np.zeros(k, bool)
         size = np.where(known, sizes[at] if keys.size else 0, 0)

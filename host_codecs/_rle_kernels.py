@@ -10,19 +10,19 @@ per word dtype and cached on disk.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit, types
+from numba.core.extending import intrinsic
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 MAX_COUNT_1 = 255
 MAX_COUNT_2 = 65535
 MAX_COUNT_4 = 4294967295
 
-#: `decode_range` status per entry.
+#: `decode_at` status per entry.
 DEC_OK = 0
 DEC_BAD_WIDTH = 1
 DEC_BAD_LENGTH = 2
 DEC_BAD_COUNTS = 3
-DEC_OUT_OF_CHUNK = 4
 
 
 @njit(nogil=True, cache=True)
@@ -105,50 +105,88 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
             cws[t] = cw
 
 
-@njit(nogil=True, cache=True)
-def _expand(vals, vi, cnts, ci, nruns, row, n):
-    pos = np.int64(0)
-    for q in range(nruns):
-        end = pos + np.int64(cnts[ci + q])
-        if end > n:
-            return DEC_BAD_COUNTS
-        row[pos:end] = vals[vi + q]
-        pos = end
-    return DEC_OK if pos == n else DEC_BAD_COUNTS
+@intrinsic
+def _pointer(typingctx, address):
+    """The uint64 `address` as a `void *` (for `carray`)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+
+    return types.voidptr(types.uint64), codegen
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bytes_at(address, n):
+    return carray(_pointer(address), (n,), np.uint8)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _copy(dst, src, n):
+    """Copy `n` bytes from address `src` to address `dst` (distinct rows), 8 bytes at a time."""
+    n8 = n // 8
+    d8, s8 = carray(_pointer(dst), (n8,), np.uint64), carray(_pointer(src), (n8,), np.uint64)
+    for i in range(n8):
+        d8[i] = s8[i]
+    d1, s1 = _bytes_at(dst, n), _bytes_at(src, n)
+    for i in range(n8 * 8, n):
+        d1[i] = s1[i]
 
 
 @njit(nogil=True, cache=True)
-def decode_range(c1, c2, c4, cv, offsets, lengths, meta, out, rows, lo, hi, status):
-    """For t in `[lo, hi)`: expand the payload at `offsets[t]` (`lengths[t]` bytes, count width
-    `meta[t]` bytes) into `out[rows[t]]`.
+def decode_at(src, lengths, meta, dst, base, nbytes, vw, lo, hi, status):
+    """For t in `[lo, hi)`, in order: expand the payload of `lengths[t]` bytes at address `src[t]` (count width
+    `meta[t]` bytes, element words of `vw` bytes) into the `nbytes` bytes at address `dst[t]`, XORed bytewise with the
+    `nbytes` bytes at address `base[t]` when it is not 0 (a delta: the row is its base's copy with the XOR of every
+    run of non-zero words applied; runs of zeros cost nothing more).
 
-    c1, c2, c4, cv: one chunk viewed as uint8 / uint16 / uint32 / the word dtype.
-    out: # shape=(k, n), the word dtype. status: # shape=(k,), dtype=int8: set per entry to
-    `DEC_OK` or why the payload is corrupt (bad count width, length not a whole number of runs,
-    counts not adding up to `n`, payload outside the chunk).
+    The caller has checked that every payload lies inside its chunk and every row inside its output (the addresses
+    are of live numpy arrays); a delta's base row is whole before the delta is decoded (an earlier entry, or decoded
+    before the call). status: # shape=(k,), dtype=int8: set per entry to `DEC_OK` or why the payload is
+    corrupt (bad count width, length not a whole number of runs, counts not adding up to `nbytes`).
     """
-    n = out.shape[1]
-    vw = cv.itemsize
     for t in range(lo, hi):
         cw = np.int64(meta[t])
         if cw != 1 and cw != 2 and cw != 4:
             status[t] = DEC_BAD_WIDTH
             continue
-        length = lengths[t]
-        off = offsets[t]
+        length = np.int64(lengths[t])
         nruns = length // (vw + cw)
         if length < 0 or nruns * (vw + cw) != length:
             status[t] = DEC_BAD_LENGTH
             continue
-        if off < 0 or off + length > c1.shape[0]:
-            status[t] = DEC_OUT_OF_CHUNK
-            continue
-        vb = off if vw >= cw else off + nruns * cw
-        cb = off + nruns * vw if vw >= cw else off
-        row = out[rows[t]]
-        if cw == 1:
-            status[t] = _expand(cv, vb // vw, c1, cb, nruns, row, n)
-        elif cw == 2:
-            status[t] = _expand(cv, vb // vw, c2, cb // 2, nruns, row, n)
-        else:
-            status[t] = _expand(cv, vb // vw, c4, cb // 4, nruns, row, n)
+        p = _bytes_at(src[t], length)
+        out = _bytes_at(dst[t], nbytes)
+        delta = base[t] != 0
+        if delta:
+            _copy(dst[t], base[t], nbytes)
+        vb = 0 if vw >= cw else nruns * cw
+        cb = nruns * vw if vw >= cw else 0
+        pos = np.int64(0)
+        bad = False
+        for q in range(nruns):
+            c = np.int64(0)
+            for k in range(cw):  # little-endian count
+                c |= np.int64(p[cb + q * cw + k]) << (8 * k)
+            end = pos + c * vw
+            if end > nbytes:
+                bad = True
+                break
+            v = vb + q * vw
+            if vw == 1:
+                x = p[v]
+                if not delta:
+                    for i in range(pos, end):
+                        out[i] = x
+                elif x != 0:
+                    for i in range(pos, end):
+                        out[i] ^= x
+            else:
+                zero = True
+                for k in range(vw):
+                    zero = zero and p[v + k] == 0
+                if not (delta and zero):
+                    for i in range(pos, end, vw):
+                        for k in range(vw):
+                            out[i + k] = (out[i + k] ^ p[v + k]) if delta else p[v + k]
+            pos = end
+        status[t] = DEC_BAD_COUNTS if bad or pos != nbytes else DEC_OK

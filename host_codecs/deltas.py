@@ -4,8 +4,8 @@
 store's dictionary when it has one); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
 (base, base of base, ... down to a keyframe): every slot of the chains of one request is decoded once, a chain's
 entries in order on one thread (`chain_order`), and the codec XORs each delta with its base as it decodes it
-(`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); a chain whose entries have several codecs
-is decoded codec by codec, then XORed depth by depth (`resolve`). Chains are linear: a slot is the base of at most
+(`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); chains whose entries have several codecs
+(e.g. zstd keyframes and RLE deltas) are decoded depth by depth, codec by codec. Chains are linear: a slot is the base of at most
 one live delta. A delta never outlives its base: rewriting or deleting a slot also deletes the deltas after it in
 its chain (`dependents`), so every stored entry decodes. (A frame ring that keeps each chain's keyframe while a
 stored step reads its frames deletes only frames no step reads.)
@@ -32,7 +32,7 @@ import numpy as np
 
 from ._base import integer_ids
 
-__all__ = ["DeltaChains", "base_sums", "chain_order", "resolve"]
+__all__ = ["DeltaChains", "base_sums", "chain_order"]
 
 
 def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
@@ -65,29 +65,6 @@ def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt):
     order = np.lexsort((depth, root))
     cuts = np.concatenate([[0], np.flatnonzero(np.diff(root[order])) + 1, [n]])
     return order, cuts, base_i, depth
-
-
-def resolve(views: list, sl: np.ndarray, base_i: np.ndarray, depth: np.ndarray, out_j: np.ndarray, out_row: np.ndarray) -> None:
-    """Turn the decoded deltas among entries `sl` into entries: XOR each with its base, depth by depth (a base is
-    whole before its deltas read it), one vectorised XOR per depth and pair of outputs.
-
-    Args:
-      views: the read's outputs, uint8 `[B_j, nbytes]`; entry `i` lies in row `out_row[i]` of `views[out_j[i]]`.
-      sl: indices of the entries to resolve (whole chains: every delta's base among them).
-      base_i: # shape=(n,), int64: each entry's base entry, -1 for a keyframe. depth: # shape=(n,), int64: its depth.
-    """
-    sl = sl[base_i[sl] >= 0]
-    if not sl.size:
-        return
-    d, m = depth[sl], len(views)
-    for level in range(1, int(d.max()) + 1):
-        e = sl[d == level]
-        b = base_i[e]
-        pair = out_j[e] * m + out_j[b]
-        for k in np.unique(pair).tolist():
-            sel = pair == k
-            dst, src = views[k // m], views[k % m]
-            dst[out_row[e[sel]]] ^= src[out_row[b[sel]]]  # distinct rows of dst: no write is lost
 
 
 class DeltaChains:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, ceil_align, check_decode, element_view_dtype, import_extra
+from ._base import Codec, EncodedBatch, ceil_align, check_decode, chunk_addresses, element_view_dtype, import_extra
 from ._pool import parallel_for
 
 __all__ = ["RLECodec"]
@@ -78,23 +78,47 @@ class RLECodec(Codec):
         run(True, buf)
         return EncodedBatch(buf, offs, sizes, cws)
 
-    def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
-        k, word = self._k, element_view_dtype(dtype)
-        if chunk.shape[0] % 8:
-            raise ValueError(f"codec 'rle': chunk length must be a multiple of 8, got {chunk.shape[0]}")
-        zeros = np.zeros(len(rows), np.int64)
-        check_decode(self.name, {0: chunk}, zeros, offsets, lengths, [out], zeros, rows)
-        offsets, lengths, rows = (np.ascontiguousarray(a, np.int64) for a in (offsets, lengths, rows))
-        meta, b = np.ascontiguousarray(meta), len(rows)
-        status = np.zeros(b, np.int8)
-        args = (*_views(chunk, word), offsets, lengths, meta, out.view(word), rows)
-        parallel_for(b, lambda lo, hi: k.decode_range(*args, lo, hi, status), work_bytes=b * out.shape[1])
+    def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
+        """`Codec.decode_many` in one compiled loop per thread (`host_codecs._rle_kernels.decode_at`): every payload
+        read where it lies, every entry expanded straight into its row; a delta is its base row with its non-zero
+        runs XORed in, so a delta of mostly zeros costs little more than a copy of its base row. Outputs that are
+        not C-contiguous are decoded into contiguous copies, then copied back."""
+        flat = [o if o.flags.c_contiguous else np.ascontiguousarray(o) for o in outs]
+        check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases)
+        k, n, nbytes = self._k, len(rows), outs[0].shape[1] if len(outs) else 0
+        if n and nbytes:
+            vw = element_view_dtype(dtype).itemsize
+            ids, starts, _ = chunk_addresses(chunks)
+            src = starts[np.searchsorted(ids, np.asarray(chunk_ids, np.int64))] + np.asarray(offsets, np.uint64)
+            rows_at = np.array([o.__array_interface__["data"][0] for o in flat], np.uint64)
+            dst = rows_at[np.asarray(out_ids, np.int64)] + np.asarray(rows, np.uint64) * np.uint64(nbytes)
+            base = np.zeros(n, np.uint64)
+            if bases is not None:
+                b_out, b_row = (np.asarray(x, np.int64) for x in bases)
+                d = b_out >= 0
+                base[d] = rows_at[b_out[d]] + b_row[d].astype(np.uint64) * np.uint64(nbytes)
+            lengths, meta = np.ascontiguousarray(lengths, np.int64), np.ascontiguousarray(meta, np.uint8)
+            status = np.zeros(n, np.int8)
+
+            def body(lo: int, hi: int) -> None:
+                k.decode_at(src, lengths, meta, dst, base, nbytes, vw, lo, hi, status)
+
+            if bases is None:
+                parallel_for(n, body, work_bytes=n * nbytes)
+            else:  # in order: a base that is an earlier entry is whole before its delta reads it
+                body(0, n)
+            self._raise_status(status, meta, nbytes // vw)
+        for o, f in zip(outs, flat):
+            if f is not o:
+                o[...] = f
+
+    def _raise_status(self, status: np.ndarray, meta: np.ndarray, words: int) -> None:
+        """ValueError for the first corrupt entry a kernel reported in `status` (none: returns)."""
+        k = self._k
         code = int(status[status != 0][0]) if status.any() else k.DEC_OK
         if code == k.DEC_BAD_WIDTH:
             raise ValueError(f"codec 'rle': corrupt entry, count width {sorted(set(meta[status == code].tolist()))}")
         if code == k.DEC_BAD_LENGTH:
             raise ValueError("codec 'rle': corrupt entry, payload length is not a whole number of runs")
-        if code == k.DEC_OUT_OF_CHUNK:
-            raise ValueError("codec 'rle': corrupt entry, payload lies outside its chunk")
         if code != k.DEC_OK:
-            raise ValueError(f"codec 'rle': corrupt entry, run counts do not add up to {out.shape[1] // word.itemsize} words")
+            raise ValueError(f"codec 'rle': corrupt entry, run counts do not add up to {words} words")

@@ -66,11 +66,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, as_array, ceil_align, dtype_code, dtype_from_code, integer_ids, shape_arg
+from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, dtype_code, dtype_from_code, integer_ids, shape_arg
 from . import _checksum
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
-from .deltas import DeltaChains, base_sums, chain_order, resolve
+from .deltas import DeltaChains, base_sums, chain_order
 from .slot_index import IndexRows
 from .snapshot import Snapshots
 from .registry import CODECS, codec_for_tag, get_codec
@@ -94,6 +94,27 @@ def _payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
 def _fields(tag, meta, layout) -> np.ndarray:
     """# dtype=uint32: `tag | meta << 8 | layout << 16`, the index fields an entry's check covers exactly."""
     return np.asarray(tag, np.uint32) | np.asarray(meta, np.uint32) << 8 | np.asarray(layout, np.uint32) << 16
+
+
+def _encode(rows: np.ndarray, dtype: np.dtype, codec: Codec, dictionary) -> EncodedBatch:
+    """`rows` encoded by `codec`, with the zstd `dictionary` when not None."""
+    return codec.encode_batch(rows, dtype) if dictionary is None else codec.encode_batch(rows, dtype, dictionary)
+
+
+def _merged(parts: list[EncodedBatch], masks: list[np.ndarray]) -> EncodedBatch:
+    """One batch of the rows of `parts[i]` at the rows `masks[i]` (boolean masks that partition the batch), its
+    payloads in row order (ascending offsets, as `Arena.place` takes them)."""
+    n = masks[0].size
+    src, lengths, meta = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint8)
+    shift = 0
+    for enc, m in zip(parts, masks):
+        src[m], lengths[m], meta[m] = enc.offsets + shift, enc.lengths, enc.meta
+        shift += enc.buffer.size
+    padded = ceil_align(lengths)
+    offsets = np.zeros(n, np.int64)
+    np.cumsum(padded[:-1], out=offsets[1:])
+    gather = np.repeat(src - offsets, padded) + np.arange(int(padded.sum()))  # byte j of row i: src[i] + (j - offsets[i])
+    return EncodedBatch(np.concatenate([e.buffer for e in parts])[gather], offsets, lengths, meta)
 
 
 def _stat(key: str, doc: str) -> property:
@@ -135,9 +156,13 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
       dictionary_samples: entries to build the dictionary from (fewer for large entries: at most
         64 MiB of them, at least 8).
       name: what error messages call this store (e.g. the field it holds).
+      delta_codec: optional codec of the delta entries (`put(..., bases=)`) that a `put` with the default codec
+        stores (None: the default codec codes them too); its keyframes keep the default codec (and its dictionary).
+        The XOR of two similar frames is mostly zeros, which `"rle"` codes compactly and decodes straight into the
+        base's copy (`host_codecs.rle`).
 
     Raises:
-      ValueError: bad sizes, a bad codec, or `dictionary_bytes` with a codec other than zstd.
+      ValueError: bad sizes, a bad codec or delta codec, or `dictionary_bytes` with a codec other than zstd.
       ImportError: the codec's optional package is missing.
     """
 
@@ -145,6 +170,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         self, num_slots: int, codec: "str | Codec" = "rle", *, item_shape: tuple[int, ...] | None = None,
         dtype: Any = None, chunk_bytes: int = 64 << 20, min_chunk_bytes: int = 64 << 10,
         max_dead_fraction: float = 0.25, dictionary_bytes: int = 0, dictionary_samples: int = 1024, name: str = "",
+        delta_codec: "str | Codec | None" = None,
     ):
         global _HASH
         if _HASH is None:
@@ -170,6 +196,11 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         self.num_slots = int(num_slots)
         self.name = str(name)
         self.codec = get_codec(codec)
+        #: Codec of the deltas a put with the default codec stores (None: the default codec).
+        try:
+            self.delta_codec = None if delta_codec is None else get_codec(delta_codec)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"delta_codec: {exc}") from None
         if dictionary_bytes and self.codec.name != "zstd":
             raise ValueError(f"dictionary_bytes: dictionaries are for the zstd codec, this store's codec is {self.codec.spec!r}")
         self._declared: tuple[int, tuple[int, ...]] | None = None
@@ -207,6 +238,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             "chunk_bytes": self._arena.chunk_bytes, "min_chunk_bytes": self._arena.min_chunk_bytes,
             "max_dead_fraction": self.max_dead_fraction, "dictionary_bytes": self.dictionary_bytes,
             "dictionary_samples": self.dictionary_samples,
+            "delta_codec": None if self.delta_codec is None else self.delta_codec.spec,
         }
 
     def _slots(self, slots: Any, field: str = "slots") -> np.ndarray:
@@ -293,7 +325,10 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         delta = np.zeros(b, bool) if base is None else base >= 0
         coded = self._delta_rows(s, base, rows, code, item_shape) if delta.any() else rows
         # outside the lock: the expensive part
-        enc = cdc.encode_batch(coded, a.dtype) if dictionary is None else cdc.encode_batch(coded, a.dtype, dictionary)
+        dcdc = self.delta_codec if codec is None and self.delta_codec is not None and delta.any() else cdc
+        tags = np.where(delta, dcdc.tag, cdc.tag).astype(np.uint8)
+        enc = _encode(coded, a.dtype, cdc, dictionary) if dcdc is cdc else _merged(
+            [_encode(coded[~delta], a.dtype, cdc, dictionary), _encode(coded[delta], a.dtype, dcdc, None)], [~delta, delta])
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
         sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s)
@@ -305,10 +340,12 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             chunk_ids, offsets = self._arena.place(enc.buffer, enc.offsets, enc.lengths)
             self._free(np.union1d(s, self._dependents(s)))
             self._chunk[s], self._offset[s], self._length[s] = chunk_ids, offsets, enc.lengths
-            self._codec[s], self._meta[s], self._layout[s] = cdc.tag, enc.meta, lid
-            self._check[s] = sums ^ _fields(cdc.tag, enc.meta, lid)
+            self._codec[s], self._meta[s], self._layout[s] = tags, enc.meta, lid
+            self._check[s] = sums ^ _fields(tags, enc.meta, lid)
             self._link(s, base, rows)
-            self._tags[:, cdc.tag] += (b, b * int(self._layout_nbytes[lid]), int(enc.lengths.sum()))
+            for t in np.unique(tags).tolist():
+                n_t = int(np.count_nonzero(tags == t))
+                self._tags[:, t] += (n_t, n_t * int(self._layout_nbytes[lid]), int(enc.lengths[tags == t].sum()))
             self._maybe_compact()
 
     def _train(self, rows: np.ndarray, code: int, item_shape: tuple[int, ...]):
@@ -513,23 +550,30 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             sl = order[cuts[c0] : cuts[c1]]
             p = pos[sl]  # the codecs' own parallel_for calls run inline here
             tags = np.unique(tag[p]).tolist()
-            if base_i is not None and len(tags) == 1:  # one codec: it XORs each delta as it decodes it (in order)
-                local = np.full(pos.size, -1, np.int64)
-                local[sl] = np.arange(sl.size)
+            bases = None
+            if base_i is not None:  # where each delta's base row is (-1: a keyframe)
                 b = base_i[sl]
-                codec_for_tag(tags[0]).decode_many(
-                    table, chunk[p], offset[p], length[p], meta[p], views, pos_out[sl], pos_row[sl], dtype,
-                    bases=np.where(b >= 0, local[b], -1),
-                )
+                bases = (np.where(b >= 0, pos_out[b], -1), np.where(b >= 0, pos_row[b], -1))
+            if len(tags) == 1:  # one codec: its whole chains in order, each delta XORed with its base as it is decoded
+                codec_for_tag(tags[0]).decode_many(table, chunk[p], offset[p], length[p], meta[p], views, pos_out[sl], pos_row[sl], dtype, bases=bases)
                 return
-            for t in tags:
-                sel = np.flatnonzero(tag[p] == t)
-                q = p[sel]
-                codec_for_tag(t).decode_many(
-                    table, chunk[q], offset[q], length[q], meta[q], views, pos_out[sl][sel], pos_row[sl][sel], dtype
-                )
-            if base_i is not None:  # entries of several codecs: their deltas after all are decoded
-                resolve(views, sl, base_i, depth, pos_out, pos_row)
+            # entries of several codecs (e.g. zstd keyframes, RLE deltas): the keyframes codec by codec, then the deltas
+            # (in chain order when they share one codec, else depth by depth): every base is whole before its deltas
+            d = np.zeros(sl.size, np.int64) if depth is None else depth[sl]
+            key = np.flatnonzero(d == 0)
+            groups = [(key[tag[p[key]] == t], None) for t in np.unique(tag[p[key]]).tolist()]
+            rest = np.flatnonzero(d > 0)
+            if np.unique(tag[p[rest]]).size == 1:
+                groups.append((rest, bases))
+            else:
+                groups += [(np.flatnonzero((d == level) & (tag[p] == t)), bases) for level in np.unique(d[rest]).tolist() for t in tags]
+            for sel, b in groups:
+                if sel.size:
+                    q = p[sel]
+                    codec_for_tag(int(tag[q[0]])).decode_many(
+                        table, chunk[q], offset[q], length[q], meta[q], views, pos_out[sl][sel], pos_row[sl][sel], dtype,
+                        bases=None if b is None else (b[0][sel], b[1][sel]),
+                    )
 
         parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
         (src_j, src_row), (dst_j, dst_row) = _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds)

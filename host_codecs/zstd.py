@@ -177,7 +177,7 @@ class ZstdCodec(Codec):
         # flat byte views: a row is filled by one slice assignment (no numpy array per entry)
         flat = [memoryview(o).cast("B") if o.flags.c_contiguous and o.size else None for o in outs]
         srcs = {c: memoryview(chunks[c]) for c in set(cids)}
-        bs = None if bases is None else np.asarray(bases).tolist()
+        b_out, b_row = (None, None) if bases is None else (np.asarray(x).tolist() for x in bases)
         errors: list[str] = []
 
         def work(start: int, stop: int) -> None:
@@ -196,9 +196,8 @@ class ZstdCodec(Codec):
                     errors.append(str(exc))
                     return
                 dst, r = flat[oids[t]], rws[t]
-                if bs is not None and bs[t] >= 0:  # a delta: its base, an earlier entry, is whole by now
-                    b = bs[t]
-                    np.bitwise_xor(np.frombuffer(data, dtype=np.uint8), outs[oids[b]][rws[b]], out=outs[oids[t]][r])
+                if b_out is not None and b_out[t] >= 0:  # a delta: its base is whole by now
+                    np.bitwise_xor(np.frombuffer(data, dtype=np.uint8), outs[b_out[t]][b_row[t]], out=outs[oids[t]][r])
                 elif dst is None:
                     outs[oids[t]][r] = np.frombuffer(data, dtype=np.uint8)
                 else:

@@ -100,13 +100,18 @@ def _frames(b, rollout: bool = False) -> dict:
 def _compressed_trajectory(b) -> dict:
     t = b.trajectory
     out = {**_trajectory(t), "example": b.step_spec, **_host(b, b.step_spec[t.obs_key]), **_frames(b),
-           "keyframe_interval": b.keyframe_interval}
+           "keyframe_interval": b.keyframe_interval, "delta_codec": _delta_codec(b)}
     return {**out, **_priorities(b.buffer)} if isinstance(b.buffer, PrioritisedTrajectoryBuffer) else out
 
 
 def _compressed_episode(b) -> dict:
     return {**_episode(b.buffer), "example": b.step_spec, **_host(b, b.step_spec[b.obs_key]), **_frames(b),
-            "keyframe_interval": b.keyframe_interval}
+            "keyframe_interval": b.keyframe_interval, "delta_codec": _delta_codec(b)}
+
+
+def _delta_codec(b) -> str | None:
+    """The `delta_codec` argument of a compressed buffer's `create`, from its stores."""
+    return getattr(b.host, "shards", [b.host])[0].stores[0].config()["delta_codec"]
 
 
 def _compressed_rollout(b) -> dict:
@@ -131,7 +136,11 @@ _CLASSES = {
 }
 _COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer)
 #: class name -> {create argument: the value a checkpoint written before the argument was saved means}
-_ADDED = {"CompressedEpisodeBuffer": {"keyframe_interval": 1}}
+_ADDED = {
+    "CompressedEpisodeBuffer": {"keyframe_interval": 1, "delta_codec": None},
+    "CompressedTrajectoryBuffer": {"delta_codec": None},
+    "CompressedPrioritisedTrajectoryBuffer": {"delta_codec": None},
+}
 #: class name -> `upgraded(restored, saved_num_slots)`: the restored state in this layout, or None (refused)
 _SLOT_LAYOUTS = {"CompressedRolloutBuffer": CompressedRolloutBuffer.upgraded}
 

@@ -590,6 +590,32 @@ def test_empty_compressed_buffer_round_trips_and_keyframe_interval_is_checked(tm
         jb.restore(tmp_path / "c", other)
 
 
+def test_a_compressed_checkpoint_written_before_delta_codec_restores(tmp_path):
+    """A checkpoint whose buffer.json predates `delta_codec` (its stores coded deltas with the codec) restores with
+    the deltas coded by the codec and reads back the same frames; a target of the default delta codec is refused."""
+    from jaxbuffers import _checkpoint_files as files
+
+    step = {"obs": jnp.zeros((6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    make = lambda **kw: jb.CompressedTrajectoryBuffer.create(step, num_envs=2, length=8, codec="zstd:1", **kw)  # noqa: E731
+    frames = np.random.default_rng(0).integers(0, 4, (2, 6, 6, 6), dtype=np.uint8).cumsum(1).astype(np.uint8)
+    no = jnp.zeros((2, 6), bool)
+    buf = make(delta_codec=None).add({"obs": frames, "action": jnp.zeros((2, 6), jnp.int32), "reward": jnp.zeros((2, 6))},
+                                     terminated=no, truncated=no, final_obs=frames)
+    assert set(buf.host.stores[0].stats()["codecs"]) == {"zstd"}
+    jb.save(tmp_path / "c", buf)
+    meta = json.loads((tmp_path / "c" / "buffer.json").read_text())
+    strip = lambda o: {k: strip(v) for k, v in o.items() if k != "delta_codec"} if isinstance(o, dict) else o  # noqa: E731
+    (tmp_path / "c" / "buffer.json").write_text(json.dumps(strip(meta)))
+    files._write_manifest(tmp_path / "c", files._Progress(False, ""))
+    back = jb.restore(tmp_path / "c")
+    assert back.host.stores[0].delta_codec is None
+    key = jax.random.key(2)
+    for a, b in zip(jax.tree.leaves(back.sample_sequences(key, 4, 3)), jax.tree.leaves(buf.sample_sequences(key, 4, 3))):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(jb.CheckpointError, match="delta_codec"):
+        jb.restore(tmp_path / "c", make())
+
+
 def _sharded(mesh):
     make = lambda: jb.ReplayBuffer.create(ITEM, capacity=8, metrics=True)  # noqa: E731
     return make, jb.ShardedBuffer.create(make, mesh, "data")

@@ -367,3 +367,11 @@ def test_stacks_the_buffer_cannot_rebuild_are_refused_and_change_nothing(cls, kw
     want = np.stack([stack(0), stack(1), stack(2), stack(4)[:, [1, 1]]], axis=1)
     np.testing.assert_array_equal(got, want)
     buf.close()
+
+
+@pytest.mark.parametrize("value, err, match", [("bogus", ValueError, "delta_codec: codec: unknown codec 'bogus'"),
+                                               ("zstd:99", ValueError, "delta_codec: codec 'zstd': level"),
+                                               (3, TypeError, "delta_codec: codec: expected a name")])
+def test_a_bad_delta_codec_is_refused_naming_it(value, err, match):
+    with pytest.raises(err, match=match):
+        CompressedTrajectoryBuffer.create(EXAMPLE, num_envs=E, length=LENGTH, frame_stack=K, compress=("pixels",), delta_codec=value)

@@ -489,3 +489,39 @@ def test_sampling_whole_episodes_from_a_large_folder_keeps_resident_memory_flat(
     for k in keys[1:]:
         jax.block_until_ready(ro.sample_episodes(k, 4))
     assert _rss_mb() - before < 200
+
+
+def _without(obj, key):
+    """`obj` (parsed JSON) with every `key` of every dict in it removed."""
+    if isinstance(obj, dict):
+        return {k: _without(v, key) for k, v in obj.items() if k != key}
+    return [_without(v, key) for v in obj] if isinstance(obj, list) else obj
+
+
+def test_a_folder_written_before_delta_codec_reopens(tmp_path):
+    """A folder whose stores coded deltas with its codec and whose JSON files predate `delta_codec` reopens with the
+    deltas coded by the codec, giving the in-memory twin's sample; a buffer of the default delta codec is refused. A
+    folder of the default (RLE deltas, read from its chunk files) reopens with its twin's sample too."""
+    from jaxbuffers import _checkpoint_files as files
+
+    make = lambda **kw: jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=12, codec="zstd:1", frame_stack=4, **kw)  # noqa: E731
+    chunk = _chunk(20, seed=4)
+    buf, twin = (_add(b, chunk, 2) for b in (disk.open(tmp_path / "old", "w", make(delta_codec=None)), make(delta_codec=None)))
+    disk.flush(buf)
+    buf.close()
+    for f in (tmp_path / "old").rglob("*.json"):
+        f.write_text(json.dumps(_without(json.loads(f.read_text()), "delta_codec")))
+    for state in (tmp_path / "old").glob("state-*"):  # the checkpoint of the device state: its manifest again
+        files._write_manifest(state, files._Progress(False, ""))
+    assert "delta_codec" not in "".join(f.read_text() for f in (tmp_path / "old").rglob("*.json"))
+    old = disk.open(tmp_path / "old", "r")
+    assert old.host.stores[0].delta_codec is None
+    assert _same(_sample(old), _sample(twin))
+    with pytest.raises(jb.CheckpointError, match="delta_codec"):
+        disk.open(tmp_path / "old", "r", make())
+    new, twin = (_add(b, chunk, 2) for b in (disk.open(tmp_path / "new", "w", make()), make()))  # RLE deltas read from chunk files
+    disk.flush(new)
+    new.close()
+    new = disk.open(tmp_path / "new", "r")
+    assert set(new.host.stores[0].stats()["codecs"]) == {"zstd", "rle"}
+    assert _same(_sample(new), _sample(twin))

@@ -22,11 +22,11 @@ from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
 from jaxbuffers.compressed.rollout_host import RolloutHostWriter
 from jaxbuffers.compressed.staging import StagingWriter
 from jaxbuffers.compressed.trajectory import (
-    DEFAULT_CODEC, DEFAULT_KEYFRAME_INTERVAL, CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer,
+    DEFAULT_CODEC, DEFAULT_DELTA_CODEC, DEFAULT_KEYFRAME_INTERVAL, CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer,
 )
 
 __all__ = [
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer", "CompressedEpisodeBuffer",
     "HostStores", "ShardedHostStores", "StaleBufferError", "StagingWriter", "RolloutHostWriter", "DEFAULT_CODEC", "DEFAULT_DICTIONARY_BYTES",
-    "DEFAULT_KEYFRAME_INTERVAL",
+    "DEFAULT_DELTA_CODEC", "DEFAULT_KEYFRAME_INTERVAL",
 ]

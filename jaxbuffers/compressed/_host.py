@@ -82,11 +82,13 @@ class HostStores:
       dictionary_bytes: most bytes of the zstd dictionary each store builds from its
         first 1,024 frames (`None`: `DEFAULT_DICTIONARY_BYTES` for a zstd codec, else 0;
         0: none; see `host_codecs.CompressedStore`). ValueError: > 0 with another codec.
+      delta_codec: codec of the stores' delta frames (`host_codecs.CompressedStore`'s `delta_codec`; None: `codec`).
     """
 
     def __init__(
         self, num_slots: int, codec: str, item_shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
         names: Sequence[str], chunk_bytes: int = 64 << 20, dictionary_bytes: int | None = None,
+        delta_codec: str | None = None,
     ):
         zstd = get_codec(codec).name == "zstd"
         if dictionary_bytes is None:
@@ -98,7 +100,7 @@ class HostStores:
             CompressedStore(
                 num_slots, codec, item_shape=tuple(s), dtype=d, chunk_bytes=chunk_bytes,
                 min_chunk_bytes=min(64 << 10, chunk_bytes),  # buffers expose only chunk_bytes
-                dictionary_bytes=dictionary_bytes, name=n,
+                dictionary_bytes=dictionary_bytes, name=n, delta_codec=delta_codec,
             )
             for s, d, n in zip(item_shapes, dtypes, self.names)
         ]

@@ -63,7 +63,7 @@ from jaxbuffers import _compiled, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import FrameStacked, HostStores
-from jaxbuffers.compressed.trajectory import DEFAULT_CODEC, keyframe_interval_of
+from jaxbuffers.compressed.trajectory import DEFAULT_CODEC, DEFAULT_DELTA_CODEC, keyframe_interval_of
 from jaxbuffers.episode import EpisodeBuffer, _is_traced
 from jaxbuffers.episode_sampling import (
     GAMMA, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample, positions,
@@ -96,6 +96,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         stack_axis: int = 0, padding: str = "reset", codec: str = DEFAULT_CODEC, normalize_images: bool = False,
         obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", chunk_bytes: int = 64 << 20,
         dictionary_bytes: int | None = None, keyframe_interval: int | None = None,
+        delta_codec: str | None = DEFAULT_DELTA_CODEC,
     ) -> "CompressedEpisodeBuffer":
         """An empty compressed buffer of `max_episodes` episodes of up to `max_timesteps` steps.
 
@@ -115,6 +116,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
           keyframe_interval: `K` of the temporal coding (module doc): a positive int, 1 for none. Default:
             `jaxbuffers.compressed.DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (as
             `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`).
+          delta_codec: codec of the delta frames, as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
 
         Raises:
           TypeError / ValueError: as `jaxbuffers.EpisodeBuffer.create` and
@@ -131,7 +133,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         e, m = inner.max_episodes, inner.max_timesteps
         host = HostStores(
             e * m + e + 1, codec, [i.frame_shape for i in infos], [i.dtype for i in infos], [i.name for i in infos],
-            chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes,
+            chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes, delta_codec=delta_codec,
         )
         return cls(buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
                    frame_stack=k, padding=padding, normalize_images=bool(normalize_images), keyframe_interval=key)

@@ -77,10 +77,15 @@ from jaxbuffers.compressed._host import FrameStacked, HostStores
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
 from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample
 
-__all__ = ["CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "DEFAULT_CODEC", "DEFAULT_KEYFRAME_INTERVAL"]
+__all__ = ["CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "DEFAULT_CODEC", "DEFAULT_DELTA_CODEC", "DEFAULT_KEYFRAME_INTERVAL"]
 
 DEFAULT_CODEC = "zstd:-1"
 """Codec of the host stores unless `codec=` is given (zstd's fast level -1)."""
+
+DEFAULT_DELTA_CODEC = "rle"
+"""Codec of the delta frames of the temporal coding unless `delta_codec=` is given: the XOR of two consecutive frames
+of a lane is mostly zeros, which run-length coding stores compactly and decodes in one compiled loop straight into
+the base frame's copy (`host_codecs.rle`); keyframes keep `codec` (and its zstd dictionary)."""
 
 DEFAULT_KEYFRAME_INTERVAL = 8
 """Frames per chain of the temporal coding unless `keyframe_interval=` is given (a keyframe every 8 frames; with
@@ -113,7 +118,7 @@ def _build(
     example_step: Mapping, num_envs: int, length: int, final_obs_capacity, obs_key: str, *,
     compress: Sequence[str] | None = None, frame_stack: int | None = None, stack_axis: int = 0, padding: str = "reset",
     codec: str = DEFAULT_CODEC, normalize_images: bool = False, chunk_bytes: int = 64 << 20,
-    dictionary_bytes: int | None = None, keyframe_interval: int | None = None,
+    dictionary_bytes: int | None = None, keyframe_interval: int | None = None, delta_codec: str | None = DEFAULT_DELTA_CODEC,
 ):
     """Shared part of both `create`s: returns (inner example step, final-obs ring size, config)."""
     num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
@@ -130,6 +135,7 @@ def _build(
         [i.name for i in infos],
         chunk_bytes=chunk_bytes,
         dictionary_bytes=dictionary_bytes,
+        delta_codec=delta_codec,
     )
     inner_obs = _common.replace_leaves(obs_spec, idx, [_ID] * len(idx))
     inner_step = dict(spec)
@@ -170,7 +176,7 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         codec: str = DEFAULT_CODEC, normalize_images: bool = False, final_obs_capacity: int | None = None,
         obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
         chunk_bytes: int = 64 << 20, dictionary_bytes: int | None = None,
-        keyframe_interval: int | None = None,
+        keyframe_interval: int | None = None, delta_codec: str | None = DEFAULT_DELTA_CODEC,
     ) -> "CompressedTrajectoryBuffer":
         """An empty compressed buffer of `num_envs` lanes of `length` steps.
 
@@ -190,11 +196,13 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
             `DEFAULT_DICTIONARY_BYTES`, 32 KiB, for a zstd codec, else 0; 0: none).
           keyframe_interval: `K` of the temporal coding (module doc): a positive int, 1 for none. Default:
             `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (a delta of raw bytes is no smaller).
+          delta_codec: codec of the delta frames (module doc; keyframes keep `codec`): `DEFAULT_DELTA_CODEC`
+            (`"rle"`), any name `codec` takes, or None (`codec` codes the deltas too).
 
         Raises:
           TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string.
           ValueError: as `jaxbuffers.TrajectoryBuffer.create` and `jaxbuffers._validate.frame_leaves`;
-            `compress` naming no leaf; a bad `padding` or codec; `dictionary_bytes` without zstd.
+            `compress` naming no leaf; a bad `padding`, codec or delta codec; `dictionary_bytes` without zstd.
         """
         args = dict(locals())
         del args["cls"]

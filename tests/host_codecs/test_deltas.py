@@ -28,18 +28,20 @@ def _frames(rng, n):
 @given(
     seed=st.integers(0, 2**31 - 1),
     codec=st.sampled_from(["none", "rle", "zstd:-1", "igzip:1"]),
+    delta_codec=st.sampled_from([None, "rle"]),
     ring=st.integers(4, 20),
     key=st.integers(1, 6),
     chunks=st.lists(st.integers(1, 7), min_size=1, max_size=12),
     fresh=st.booleans(),
 )
-def test_frame_ring_of_deltas_matches_a_dict(seed, codec, ring, key, chunks, fresh):
+def test_frame_ring_of_deltas_matches_a_dict(seed, codec, delta_codec, ring, key, chunks, fresh):
     """Frames written to a ring of `ring + key - 1` slots as chains of `key` (a keyframe, then deltas against the
-    previous slot), in chunks: every frame of the newest `ring` reads back exactly. With `fresh`, each put goes to a
+    previous slot; the deltas coded by `delta_codec` when given), in chunks: every frame of the newest `ring` reads
+    back exactly. With `fresh`, each put goes to a
     store object that did not make the previous put (its bases are decoded from the store, not remembered)."""
     rng = np.random.default_rng(seed)
     size = ring + key - 1
-    store = CompressedStore(size, codec, item_shape=SHAPE, dtype=np.uint8)
+    store = CompressedStore(size, codec, item_shape=SHAPE, dtype=np.uint8, delta_codec=delta_codec)
     frames = _frames(rng, sum(chunks) * 2)
     model, t = {}, 0
     for n in chunks * 2:
@@ -57,6 +59,9 @@ def test_frame_ring_of_deltas_matches_a_dict(seed, codec, ring, key, chunks, fre
         held = np.flatnonzero(store.written(np.arange(size)))
         np.testing.assert_array_equal(store.get(held), frames[[model[s] for s in held.tolist()]])  # no delta lost its base
     assert (store._base >= 0).any() == (key > 1 and t > 1)
+    if delta_codec is not None and key > 1 and t > 1:
+        delta = store._chunk[store._base >= 0] >= 0
+        assert set(store._codec[store._base >= 0][delta].tolist()) <= {1}  # the RLE tag
 
 
 def test_a_rewritten_keyframe_fails_its_deltas_checksums():
@@ -173,27 +178,35 @@ def test_arena_slack_stays_under_a_quarter_growing_and_as_a_ring(min_chunk):
 
 
 @pytest.mark.parametrize("codec", ["none", "rle", "zstd:-1", "igzip:1"])
-def test_decode_many_xors_each_delta_with_an_earlier_entry(codec):
-    """`Codec.decode_many(..., bases=)`: entry `i` decodes to its payload XOR entry `bases[i]` of the same call
-    (chains spread over two outputs, bases listed before their deltas); a base that is not earlier is refused."""
+def test_decode_many_xors_each_delta_with_its_base_row(codec):
+    """`Codec.decode_many(..., bases=)`: entry `i` decodes to its payload XOR the row `bases` names: an earlier entry
+    of the same call (chains spread over two outputs, bases listed before their deltas) or a row decoded before the
+    call; a base row that a later entry decodes, its own row, or a row out of range is refused."""
     from host_codecs import get_codec
 
     c = get_codec(codec)
-    f = _frames(np.random.default_rng(5), 6).reshape(6, -1)
-    bases = np.array([-1, 0, 1, -1, 3, 2])  # two chains: 0 -> 1 -> 2 -> 5 and 3 -> 4
-    coded = f.copy()
-    coded[bases >= 0] ^= f[bases[bases >= 0]]
+    f = _frames(np.random.default_rng(5), 7).reshape(7, -1)
+    base = np.array([-1, 0, 1, 6, 3, 2])  # chains 0 -> 1 -> 2 -> 5 and 6 -> 3 -> 4 (6: a row decoded before the call)
+    coded = f[:6] ^ np.where((base >= 0)[:, None], f[base], 0).astype(np.uint8)
+    outs = [np.zeros((3, f.shape[1]), np.uint8), np.zeros((5, f.shape[1]), np.uint8)]
+    out_ids, rows = np.array([1, 0, 1, 0, 0, 1, 1]), np.array([3, 0, 1, 2, 1, 0, 4])
+    outs[1][4] = f[6]
     enc = c.encode_batch(coded, np.dtype(np.uint8))
     chunk = np.zeros(-(-enc.buffer.size // 8) * 8, np.uint8)
     chunk[: enc.buffer.size] = enc.buffer
-    outs = [np.zeros((3, f.shape[1]), np.uint8), np.zeros((4, f.shape[1]), np.uint8)]
-    out_ids, rows = np.array([1, 0, 1, 0, 0, 1]), np.array([3, 0, 1, 2, 1, 0])
-    args = ({0: chunk}, np.zeros(6, np.int64), enc.offsets, enc.lengths, enc.meta, outs, out_ids, rows, np.dtype(np.uint8))
-    c.decode_many(*args, bases=bases)
+    args = ({0: chunk}, np.zeros(6, np.int64), enc.offsets, enc.lengths, enc.meta, outs, out_ids[:6], rows[:6], np.dtype(np.uint8))
+    at = lambda b: (np.where(b >= 0, out_ids[b], -1), np.where(b >= 0, rows[b], -1))  # noqa: E731
+    c.decode_many(*args, bases=at(base))
     for i in range(6):
         np.testing.assert_array_equal(outs[out_ids[i]][rows[i]], f[i])
-    with pytest.raises(ValueError, match="bases: expected one earlier entry"):
-        c.decode_many(*args, bases=np.array([-1, 2, 1, -1, 3, 2]))
+    for bad, match in (
+        (np.array([-1, 2, 1, 6, 3, 2]), "a delta's base must be decoded before it"),
+        (np.array([-1, 1, 1, 6, 3, 2]), "a delta's base must be decoded before it"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            c.decode_many(*args, bases=at(bad))
+    with pytest.raises(ValueError, match="bases: base row index out of range"):
+        c.decode_many(*args, bases=(np.array([-1, 0, 1, 0, 0, 1]), np.array([-1, 0, 1, 9, 1, 0])))
 
 
 def test_a_chain_of_entries_of_several_codecs_reads_back():
@@ -206,3 +219,25 @@ def test_a_chain_of_entries_of_several_codecs_reads_back():
     got = store.get_many([np.array([5, 1]), np.array([4, 4, 0])])
     np.testing.assert_array_equal(got[0], f[[5, 1]])
     np.testing.assert_array_equal(got[1], f[[4, 4, 0]])
+
+
+def test_a_delta_codec_codes_the_deltas_of_default_puts_only():
+    """`delta_codec`: the deltas of a put with the default codec get it, its keyframes the default codec (and its
+    dictionary); a put naming a codec codes all of its rows with that one; the config records it, reads decode both."""
+    f = _frames(np.random.default_rng(8), 40)
+    store = CompressedStore(40, "zstd:-1", item_shape=SHAPE, dtype=np.uint8, delta_codec="rle", dictionary_bytes=4096, dictionary_samples=8)
+    bases = np.where(np.arange(20) % 5 == 0, -1, np.arange(20) - 1)
+    store.put(np.arange(20), f[:20], bases=bases)
+    store.put(np.arange(20, 30), f[20:30], bases=np.r_[-1, np.arange(20, 29)], codec="igzip:1")
+    codecs = store.stats()["codecs"]
+    assert codecs["zstd"]["entries"] == 4 and codecs["rle"]["entries"] == 16 and codecs["igzip"]["entries"] == 10
+    assert store.config()["delta_codec"] == "rle:8" and CompressedStore(4, "zstd:-1").config()["delta_codec"] is None
+    got = store.get_many([np.arange(30)[::-1], np.array([7, 23])])
+    np.testing.assert_array_equal(got[0], f[:30][::-1])
+    np.testing.assert_array_equal(got[1], f[[7, 23]])
+    meta, arrays = store.export_state()
+    other = CompressedStore(40, "zstd:-1", item_shape=SHAPE, dtype=np.uint8, delta_codec="rle", dictionary_bytes=4096, dictionary_samples=8)
+    other.import_state(meta, arrays)
+    np.testing.assert_array_equal(other.get(np.arange(30)), f[:30])
+    with pytest.raises(ValueError, match="store config delta_codec: expected None"):
+        CompressedStore(40, "zstd:-1", item_shape=SHAPE, dtype=np.uint8, dictionary_bytes=4096, dictionary_samples=8).import_state(meta, arrays)

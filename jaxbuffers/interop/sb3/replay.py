@@ -16,8 +16,8 @@ observation of row `i` is row `i + 1`, and the row at `pos` is never sampled onc
 episode ends, harmless for true terminations).
 
 Compression (`compress=`, without `optimize_memory_usage`): `True` or a dict of options of
-`jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (`codec`, `frame_stack`, `stack_axis`, `padding`,
-`chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`) plus `max_pending` (default 16): the steps
+`jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (`codec`, `delta_codec`, `keyframe_interval`, `frame_stack`,
+`stack_axis`, `padding`, `chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`) plus `max_pending` (default 16): the steps
 a `jaxbuffers.compressed.StagingWriter` holds uncompressed on the host (counted in `nbytes`) before it adds them, at
 the latest when SB3 samples; and, for Dict spaces, `keys`: the observation keys to compress (default all). The
 observations live in a compressed trajectory buffer with one lane per env; with
@@ -150,7 +150,7 @@ class FieldView:
 _REBUILT = ("_rows_state", "_row_queue", "_writer", "_pending", "_rows")
 _ROW_QUEUE = 64  # compressed adapter: SB3 rows staged on the host before one device add
 
-_COMPRESS_OPTIONS = {"codec", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending", "keys"}
+_COMPRESS_OPTIONS = {"codec", "delta_codec", "keyframe_interval", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending", "keys"}
 
 
 def _compress_options(compress: bool | dict) -> dict | None:
