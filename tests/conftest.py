@@ -19,9 +19,9 @@ import atari_frames
 #: level: XLA's HLO passes, hence the optimised program that runs, are the default level's, and LLVM without
 #: fast-math keeps every float result; only the machine code is less tuned. Compilation is most of a test's time and
 #: level 0 compiles faster.
-_LEVEL = "--xla_backend_optimization_level"
-if _LEVEL not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_LEVEL}=0".strip()
+XLA_LEVEL = "--xla_backend_optimization_level"
+if XLA_LEVEL not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_LEVEL}=0".strip()
 
 #: Steps played per game: enough for every test (5,000 consecutive stacks, several episode ends
 #: of each game).
