@@ -59,6 +59,8 @@ def payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
     in `chunks` as empty (its seed keeps its stored length), so their sums differ from the stored ones."""
     global _kernels
     k = len(chunk_ids)
+    if not k:  # nothing to hash: the chunks (possibly files an arena reads on demand) are not looked at
+        return np.zeros(0, np.uint32)
     starts, n = np.asarray(offsets, np.int64), np.asarray(lengths, np.int64)
     seeds = np.asarray(slots, np.uint64) ^ n.astype(np.uint64) << np.uint64(32)
     ids = np.asarray(chunk_ids, np.int64)

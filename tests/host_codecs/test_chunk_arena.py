@@ -127,3 +127,11 @@ def test_reopening_checks_the_configuration_and_the_index(tmp_path):
         ChunkFileStore(tmp_path / "s", N, "zstd:3", mode="r", index=tmp_path / "s" / "index-1.npz", meta=bad, **KW)
     with pytest.raises(ValueError, match="not empty"):
         ChunkFileStore(tmp_path / "s", N, "zstd:3", mode="w", **KW)
+
+
+def test_a_read_of_only_empty_slots_gives_zeros_without_touching_the_chunk_files(tmp_path):
+    store = ChunkFileStore(tmp_path / "s", 8, "zstd:3", item_shape=(4, 4), dtype=np.uint8, mode="w")
+    store.put(np.arange(2), np.ones((2, 4, 4), np.uint8))
+    got = store.get_many([np.array([5, 6])], missing="zeros")[0]
+    assert got.shape == (2, 4, 4) and not got.any()
+    np.testing.assert_array_equal(store.get_many([np.array([1, 7])], missing="zeros")[0], [np.ones((4, 4)), np.zeros((4, 4))])
