@@ -6,6 +6,7 @@ The suite runs with one device; `test_on_eight_forced_devices` reruns this file 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+
 import numpy as np
 import pytest
 from scipy.stats import chi2
@@ -669,17 +671,18 @@ def _pixel_steps(rng, e, adds):
         stack[ends] = new[ends][:, None]
 
 
-def _pixel_buffers(mesh, adds=23, seed=30, prioritised=False):
+def _pixel_buffers(mesh, adds=23, seed=30, prioritised=False, more=0):
     """The same adds to a sharded compressed trajectory buffer (E / S lanes per shard, frame_stack 4, keyframes every
-    8 frames) and to one unsharded buffer of E lanes."""
+    8 frames) and to one unsharded buffer of E lanes; with `more`, also the list of the `more` steps that follow."""
     cls = jb.CompressedPrioritisedTrajectoryBuffer if prioritised else jb.CompressedTrajectoryBuffer
     extra = dict(window_length=2) if prioritised else {}
     make = lambda e: cls.create(PIX, num_envs=e, length=LENGTH, frame_stack=4, final_obs_capacity=KCAP, **extra)  # noqa: E731
     sharded, whole = jb.ShardedBuffer.create(lambda: make(E // S), mesh, "data"), make(E)
     add_s, add_w = jax.jit(jb.ShardedBuffer.add, donate_argnums=0), jax.jit(cls.add, donate_argnums=0)
-    for step, kw in _pixel_steps(np.random.default_rng(seed), E, adds):
+    steps = _pixel_steps(np.random.default_rng(seed), E, adds + more)
+    for step, kw in itertools.islice(steps, adds):
         sharded, whole = add_s(sharded, step, **kw), add_w(whole, step, **kw)
-    return sharded, whole
+    return (sharded, whole, list(steps)) if more else (sharded, whole)
 
 
 def _global_positions(out, n=E // S):
@@ -808,7 +811,7 @@ def test_compressed_prioritised_sampling_and_collectives(mesh):
 
 @eight
 def test_compressed_sharded_checkpoint_round_trip_and_stale_states(mesh, tmp_path):
-    sharded, _ = _pixel_buffers(mesh, adds=12)
+    sharded, _, [(step, kw)] = _pixel_buffers(mesh, adds=12, more=1)
     path = jb.save(tmp_path / "ck", sharded)
     target = jb.ShardedBuffer.create(lambda: jb.CompressedTrajectoryBuffer.create(
         PIX, num_envs=E // S, length=LENGTH, frame_stack=4, final_obs_capacity=KCAP), mesh, "data")
@@ -819,7 +822,6 @@ def test_compressed_sharded_checkpoint_round_trip_and_stale_states(mesh, tmp_pat
         for g, w in zip(r.read(np.int32(12), np.arange(h.num_slots)), h.read(np.int32(12), np.arange(h.num_slots))):
             np.testing.assert_array_equal(g, w)
     draw = jax.jit(lambda b, k: b.sample(k, 32, method="sample_transitions", n_step=2, gamma=0.9))
-    step, kw = next(_pixel_steps(np.random.default_rng(39), E, 1))
     for before, after in ((sharded, restored), (sharded.add(step, **kw), restored.add(step, **kw))):  # then adds continue alike
         jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), draw(before, jax.random.key(40)), draw(after, jax.random.key(40)))
     # `sharded` is now older than its stores: refused eagerly, under jit (by every shard's write callback) and by save
@@ -839,8 +841,7 @@ def test_compressed_callbacks_inside_shard_map_run_once_per_shard_with_io_callba
     from jaxbuffers.compressed._common import forced_callbacks
 
     with forced_callbacks(False):
-        sharded, whole = _pixel_buffers(mesh, adds=4, seed=41)
-        chunk = list(_pixel_steps(np.random.default_rng(42), E, 5))
+        sharded, whole, chunk = _pixel_buffers(mesh, adds=4, seed=41, more=5)
         xs = jax.tree.map(lambda *x: np.stack(x), *chunk)
         scan = lambda buf, xs: jax.lax.scan(lambda b, x: (b.add(x[0], **x[1]), None), buf, xs)[0]  # noqa: E731
         sharded, whole = jax.jit(scan, donate_argnums=0)(sharded, xs), jax.jit(scan, donate_argnums=0)(whole, xs)
