@@ -303,9 +303,10 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         rebuild before it writes anything."""
         refuse = None
         if self._stacked and not checked:
-            refuse = (self._unrebuilt(step, terminated, truncated, final_obs), self._stack_error)
+            refuse = self._host_check(step, terminated, truncated, final_obs)
         new, (slots, valid, bases, datas) = self._add_device(step, terminated, truncated, final_obs)
-        return new.replace(version=_common.write(self.host, self.version, slots, valid, datas, bases, refuse))
+        version = _common.write(self.host, self.version, slots, valid, datas, bases, refuse, self._recent_rows(valid.shape[0], truncated is not None))
+        return new.replace(version=version)
 
     @property
     def _stacked(self) -> bool:
@@ -365,16 +366,63 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
             for x, f, b, i in zip(stacks, finals, befores, self.leaves)
         ])
 
-    def _last_stacks(self) -> list:
-        """Per compressed leaf, `[E, *shape]`: the stack the store rebuilds for each lane's last step, as far as the
-        lane's next step reads it (frames back to its episode start); zeros where the next step starts an episode."""
+    def _last_ids(self) -> tuple:
+        """`_frame_ids` of each lane's last step, as far as the lane's next step reads it (frames back to its episode
+        start; none where the next step starts an episode): store slots int32 `[E, k]`, zero-pad mask or None."""
         e, ring = self.num_envs, self.frame_ring
         lane = jnp.arange(e, dtype=jnp.int32) * ring
         going = self.next_ep_pos > 0  # the lane's previous step is in the episode its next step continues
         ids = jnp.stack([jnp.where(going, lane + (self.frame_head - 1) % ring, -1), jnp.where(going, lane + (self.frame_head - 2) % ring, -1),
                          jnp.maximum(self.next_ep_pos - 1, 0)], axis=-1).astype(jnp.int32)
-        fids, pad = self._frame_ids(ids)
-        return [_common.finish(d[0], i, 1, pad, False) for d, i in zip(_common.read(self.host, self.leaves, self.version, fids), self.leaves)]
+        return self._frame_ids(ids)
+
+    def _last_stacks(self) -> list:
+        """Per compressed leaf, `[E, *shape]`: the stack the store rebuilds for each lane's last step (`_last_ids`);
+        zeros where the next step starts an episode."""
+        fids, pad = self._last_ids()
+        return [_common.finish(d, i, 1, pad, False) for d, i in zip(_common.read_recent(self.host, self.leaves, self.version, fids), self.leaves)]
+
+    def _host_check(self, step, terminated, truncated, final_obs) -> tuple:
+        """`_common.write`'s `refuse` for a traced add: `_unrebuilt`'s rule run on the host by the write callback, in
+        numpy, on the add's stacks and each lane's last frames (`HostStores.read_recent`: the frames the last add
+        kept, or decoded from the store when the state is not the one it made); nothing is compared on device."""
+        step, terminated, truncated, final_obs = _validate.trajectory_add(
+            self.step_spec, self.trajectory.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
+        )
+        ends = terminated if truncated is None else terminated | truncated
+        starts = jnp.concatenate([(self.next_ep_pos == 0)[:, None], ends[:, :-1]], axis=1)
+        fids, pad = self._last_ids()
+        front = (*self.host.operands(), self.version)  # the shard (sharded stores) and the version
+        stacks = _common.pick_leaves(step[self.trajectory.obs_key], self.leaf_index)
+        finals = [] if truncated is None else [*_common.pick_leaves(final_obs, self.leaf_index), truncated & ~terminated]
+        n, m = len(front), len(self.leaves)
+
+        def error(*a):
+            (fids, starts), pad, rest = a[n : n + 2], (a[n + 2] if a[n + 2].shape else None), a[n + 3 :]
+            befores = self.host.read_recent(*a[:n], fids)
+            boot = rest[-1] if finals else None
+            bad = np.stack([
+                _validate.unrebuilt_trajectory_stacks(
+                    x, np.moveaxis(b if pad is None else np.where(pad.reshape(pad.shape + (1,) * (b.ndim - 2)), 0, b), 1, 1 + i.stack_axis),
+                    starts, rest[m + j] if finals else None, boot, stack_axis=i.stack_axis, padding=self.padding)
+                for j, (x, b, i) in enumerate(zip(rest[:m], befores, self.leaves))
+            ])
+            return self._stack_error(bad)
+
+        return (*front, fids, starts, jnp.zeros(()) if pad is None else pad, *stacks, *finals), error
+
+    def _recent_rows(self, m: int, finals: bool) -> tuple[np.ndarray, int] | None:
+        """`HostStores.write`'s `recent` for an add writing `m` rows (`[E, t]` steps, then as many final frames when
+        `finals`): the newest frames of each lane's last `k - 1` steps, which the next add's stack check reads
+        (`_last_stacks`), and a cap of `2 E (k - 1)` frames, which keeps every lane's last `k - 1` for chunks of any
+        length. None without frame stacks."""
+        if not self._stacked:
+            return None
+        k, e = self.frame_stack, self.num_envs
+        t = m // (e * (2 if finals else 1))
+        rows = np.zeros((2 * e if finals else e, t), bool)
+        rows[:e, max(t - (k - 1), 0):] = True
+        return rows.reshape(-1), 2 * e * (k - 1)
 
     def _stack_error(self, bad: np.ndarray) -> ValueError | None:
         """`jaxbuffers._validate.unrebuilt_trajectory_stack_error` of `_unrebuilt`'s result, naming the leaves as
@@ -398,7 +446,8 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         self._check_stacks(step, terminated, truncated, final_obs)
         new, parts = self._add_device(step, terminated, truncated, final_obs)
         slots, valid, bases, datas = jax.device_get(parts)
-        return new.replace(version=jnp.asarray(self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases), jnp.int32))
+        recent = self._recent_rows(np.shape(valid)[0], truncated is not None)
+        return new.replace(version=jnp.asarray(self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases, recent=recent), jnp.int32))
 
     @_compiled.method()
     def _add_device(self, step, terminated, truncated, final_obs):
