@@ -15,6 +15,7 @@ import pytest
 
 from jaxbuffers.compressed import CompressedTrajectoryBuffer, StaleBufferError
 from jaxbuffers.compressed._host import HostStores
+from frame_stacks import stacked_chunk
 
 FRAME = (6, 7)
 
@@ -248,9 +249,9 @@ def test_host_bytes_report_live_payloads_and_arena_capacity_apart():
     buf = CompressedTrajectoryBuffer.create(ex, num_envs=2, length=50, frame_stack=4, codec="none")
     assert buf.host_live_nbytes == buf.host_nbytes - buf.host_arena_nbytes  # empty: no payload, no arena
     rng = np.random.default_rng(0)
-    for _ in range(3):
-        obs = jnp.asarray(rng.integers(0, 256, (2, 5, 4, 12, 10), dtype=np.uint8))
-        step = {"obs": obs, "action": jnp.zeros((2, 5), jnp.int32), "reward": jnp.zeros((2, 5))}
+    stacks, _ = stacked_chunk(rng.integers(0, 256, (2, 15, 12, 10), dtype=np.uint8), np.zeros((2, 15), bool), 4)
+    for a in range(0, 15, 5):
+        step = {"obs": jnp.asarray(stacks[:, a : a + 5]), "action": jnp.zeros((2, 5), jnp.int32), "reward": jnp.zeros((2, 5))}
         buf = buf.add(step, terminated=jnp.zeros((2, 5), bool))
     payload = sum(s.payload_nbytes for s in buf.host.stores)
     assert payload == 30 * 120  # codec "none": 30 frames of 120 bytes, deltas as large as keyframes
