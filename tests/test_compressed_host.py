@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from frame_stacks import stacked_chunk
 from jaxbuffers.compressed import CompressedTrajectoryBuffer, StaleBufferError
 from jaxbuffers.compressed._host import HostStores
-from frame_stacks import stacked_chunk
 
 FRAME = (6, 7)
 
