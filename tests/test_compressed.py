@@ -257,18 +257,19 @@ def test_stack_never_mixes_episodes():
         newest = np.arange(1, 9, dtype=np.uint8)  # the newest frame of step t is t + 1
         term = np.array([0, 0, 0, 1, 0, 0, 0, 0], bool)  # step 3 terminates
         trunc = np.array([0, 1, 0, 0, 0, 0, 0, 0], bool)  # step 1 truncated (time limit)
-        obs = np.zeros((1, 8, k, 1, 1), np.uint8)
-        obs[0, :, -1, 0, 0] = newest  # only the newest frame is read at add time
-        step = {"obs": jnp.asarray(obs), "action": jnp.zeros((1, 8), jnp.int32), "reward": jnp.zeros((1, 8), jnp.float32)}
-        fin = np.full((1, 8, k, 1, 1), 99, np.uint8)
-        comp = comp.add(step, terminated=jnp.asarray(term[None]), truncated=jnp.asarray(trunc[None]), final_obs=jnp.asarray(fin))
-        got = np.asarray(comp.decode_obs(comp.trajectory.storage["obs"]))[0, :, :, 0, 0]
         p = lambda a, b, c: [a, b, c]  # noqa: E731
         z = 0
         if padding == "reset":
             want = [p(1, 1, 1), p(1, 1, 2), p(3, 3, 3), p(3, 3, 4), p(5, 5, 5), p(5, 5, 6), p(5, 6, 7), p(6, 7, 8)]
         else:
             want = [p(z, z, 1), p(z, 1, 2), p(z, z, 3), p(z, 3, 4), p(z, z, 5), p(z, 5, 6), p(5, 6, 7), p(6, 7, 8)]
+        obs = np.asarray(want, np.uint8).reshape(1, 8, k, 1, 1)  # the stacks a frame stacker makes (the add checks them)
+        assert (obs[0, :, -1, 0, 0] == newest).all()
+        step = {"obs": jnp.asarray(obs), "action": jnp.zeros((1, 8), jnp.int32), "reward": jnp.zeros((1, 8), jnp.float32)}
+        fin = np.full((1, 8, k, 1, 1), 99, np.uint8)
+        fin[0, 1, :, 0, 0] = [1, 2, 99]  # the truncated step's final observation: its stack shifted, then frame 99
+        comp = comp.add(step, terminated=jnp.asarray(term[None]), truncated=jnp.asarray(trunc[None]), final_obs=jnp.asarray(fin))
+        got = np.asarray(comp.decode_obs(comp.trajectory.storage["obs"]))[0, :, :, 0, 0]
         np.testing.assert_array_equal(got, np.array(want))
         # The truncated step 1 keeps its true final frame, stacked on its own episode's frames.
         tr = comp.trajectory
