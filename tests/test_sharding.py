@@ -669,15 +669,17 @@ def _pixel_steps(rng, e, adds):
         stack[ends] = new[ends][:, None]
 
 
-def _pixel_buffers(mesh, adds=23, seed=30, prioritised=False):
+def _pixel_buffers(mesh, adds=23, seed=30, prioritised=False, end=False):
     """The same adds to a sharded compressed trajectory buffer (E / S lanes per shard, frame_stack 4, keyframes every
-    8 frames) and to one unsharded buffer of E lanes."""
+    8 frames) and to one unsharded buffer of E lanes; `end`: the last add ends every lane's episode (so the steps of
+    another `_pixel_steps` continue them)."""
     cls = jb.CompressedPrioritisedTrajectoryBuffer if prioritised else jb.CompressedTrajectoryBuffer
     extra = dict(window_length=2) if prioritised else {}
     make = lambda e: cls.create(PIX, num_envs=e, length=LENGTH, frame_stack=4, final_obs_capacity=KCAP, **extra)  # noqa: E731
     sharded, whole = jb.ShardedBuffer.create(lambda: make(E // S), mesh, "data"), make(E)
     add_s, add_w = jax.jit(jb.ShardedBuffer.add, donate_argnums=0), jax.jit(cls.add, donate_argnums=0)
-    for step, kw in _pixel_steps(np.random.default_rng(seed), E, adds):
+    for i, (step, kw) in enumerate(_pixel_steps(np.random.default_rng(seed), E, adds)):
+        kw = {**kw, "terminated": np.ones(E, bool)} if end and i == adds - 1 else kw
         sharded, whole = add_s(sharded, step, **kw), add_w(whole, step, **kw)
     return sharded, whole
 
@@ -808,7 +810,7 @@ def test_compressed_prioritised_sampling_and_collectives(mesh):
 
 @eight
 def test_compressed_sharded_checkpoint_round_trip_and_stale_states(mesh, tmp_path):
-    sharded, _ = _pixel_buffers(mesh, adds=12)
+    sharded, _ = _pixel_buffers(mesh, adds=12, end=True)
     path = jb.save(tmp_path / "ck", sharded)
     target = jb.ShardedBuffer.create(lambda: jb.CompressedTrajectoryBuffer.create(
         PIX, num_envs=E // S, length=LENGTH, frame_stack=4, final_obs_capacity=KCAP), mesh, "data")
@@ -839,7 +841,7 @@ def test_compressed_callbacks_inside_shard_map_run_once_per_shard_with_io_callba
     from jaxbuffers.compressed._common import forced_callbacks
 
     with forced_callbacks(False):
-        sharded, whole = _pixel_buffers(mesh, adds=4, seed=41)
+        sharded, whole = _pixel_buffers(mesh, adds=4, seed=41, end=True)
         chunk = list(_pixel_steps(np.random.default_rng(42), E, 5))
         xs = jax.tree.map(lambda *x: np.stack(x), *chunk)
         scan = lambda buf, xs: jax.lax.scan(lambda b, x: (b.add(x[0], **x[1]), None), buf, xs)[0]  # noqa: E731
