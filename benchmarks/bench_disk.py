@@ -213,16 +213,18 @@ def build_episodes(path: Path, gb: float) -> dict:
         idx = start[:, None, None] + np.maximum(t, 0)[None]  # [8, T + 1, 4]
         stacks = frames[idx]
         batches.append(({"obs": jnp.asarray(stacks[:, :EP_T]), "action": jnp.zeros((EP_BATCH, EP_T), jnp.int32),
-                         "reward": jnp.zeros((EP_BATCH, EP_T), jnp.float32)}, jnp.asarray(stacks[:, EP_T])))
+                         "reward": jnp.zeros((EP_BATCH, EP_T), jnp.float32)}, stacks))
     add = jax.jit(jb.CompressedEpisodeBuffer.add_episodes)
     term = jnp.zeros(EP_BATCH, bool)
+    # each episode's final observation is the stack after its last step (the stack check refuses another)
+    lengths = [rng.integers(400, EP_T + 1, EP_BATCH).astype(np.int32) for _ in range(num_episodes // EP_BATCH)]
+    finals = [jnp.asarray(batches[i % 2][1][np.arange(EP_BATCH), n]) for i, n in enumerate(lengths)]
     stored = 0
     t0 = time.perf_counter()
     for i in range(num_episodes // EP_BATCH):
-        lengths = rng.integers(400, EP_T + 1, EP_BATCH).astype(np.int32)
-        eps, final = batches[i % 2]
-        buf = add(buf, eps, jnp.asarray(lengths), terminated=term, final_obs=final)
-        stored += int(lengths.sum()) + EP_BATCH  # one frame per step and per final observation
+        eps, final = batches[i % 2][0], finals[i]
+        buf = add(buf, eps, jnp.asarray(lengths[i]), terminated=term, final_obs=final)
+        stored += int(lengths[i].sum()) + EP_BATCH  # one frame per step and per final observation
     disk.flush(buf)
     seconds = time.perf_counter() - t0
     buf.close()

@@ -175,12 +175,12 @@ class DiskStores(HostStores):
             raise ReadOnlyError(f"add: {self.directory} was opened with mode='r' (read only); reopen it with mode='r+' to add")
         super().check_state(what, version)
 
-    def write(self, version, slots, valid, *datas, bases=None) -> np.ndarray:
+    def write(self, version, slots, valid, *datas, bases=None, recent=None) -> np.ndarray:
         """`HostStores.write`; `ReadOnlyError` before anything is written in a folder opened with `mode="r"`."""
         self.check_state("add")
         if bases is not None and self.codec == "none":
             raise ValueError("bases: a raw (codec 'none') disk-backed store holds whole entries only (its buffer has keyframe_interval=1)")
-        return super().write(version, slots, valid, *datas, bases=bases)
+        return super().write(version, slots, valid, *datas, bases=bases, recent=recent)
 
     def read_into(self, version, ids, outs) -> None:
         """`HostStores.read_into`. An entry whose bytes fail their checksum is reported as the `StaleBufferError` of

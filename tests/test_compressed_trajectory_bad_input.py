@@ -375,3 +375,50 @@ def test_stacks_the_buffer_cannot_rebuild_are_refused_and_change_nothing(cls, kw
 def test_a_bad_delta_codec_is_refused_naming_it(value, err, match):
     with pytest.raises(err, match=match):
         CompressedTrajectoryBuffer.create(EXAMPLE, num_envs=E, length=LENGTH, frame_stack=K, compress=("pixels",), delta_codec=value)
+
+
+def test_stack_check_reads_the_last_frames_kept_and_decodes_after_a_restore_or_for_an_older_state(tmp_path):
+    """The stack check compares each lane's first step with the frames its last steps wrote, kept by the store
+    (`HostStores.read_recent`: no decode, also for chunks shorter than `k - 1`); a restored buffer (a new store) and
+    an older state decode them from the store instead, and both ways accept exactly the shifted stacks and refuse
+    the others before anything is written."""
+    import jaxbuffers as jb
+    from frame_stacks import stacked_chunk
+
+    k, e = 4, 3
+    example = {"obs": jnp.zeros((k, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = CompressedTrajectoryBuffer.create(example, num_envs=e, length=16, frame_stack=k, codec="rle")
+    rng = np.random.default_rng(3)
+    ends = np.zeros((e, 9), bool)
+    ends[1, 2] = True  # env 1's episode ends after step 2: its step 3 starts one
+    stacks, _ = stacked_chunk(rng.integers(0, 256, (e, 9, H, W), dtype=np.uint8), ends, k)
+    part = lambda a, b: {"obs": stacks[:, a:b], "action": np.zeros((e, b - a), np.int32), "reward": np.zeros((e, b - a), np.float32)}  # noqa: E731
+    add = jax.jit(lambda b, s, t: b.add(s, terminated=t))
+    states = [buf]
+    for a, b in ((0, 1), (1, 2), (2, 4), (4, 5)):  # chunks of 1 and 2 < k - 1 steps
+        before = states[-1].host.num_reads
+        states.append(add(states[-1], part(a, b), ends[:, a:b]))
+        assert int(states[-1].version) == len(states) - 1
+        assert states[-1].host.num_reads == before  # the frames the check reads came from memory
+
+    jumped = part(5, 6)
+    jumped["obs"] = jumped["obs"].copy()
+    jumped["obs"][2, 0, 0] = stacks[2, 3, 0]  # env 2's oldest frame is not step 4's second
+    jb.save(tmp_path / "ck", states[-1])
+    restored = jb.restore(tmp_path / "ck")
+    older = states[-2]  # expects steps 4.. next; its slots are unchanged
+    for state, good, bad in ((restored, part(5, 6), jumped), (older, part(4, 5), part(5, 6))):
+        reads = state.host.num_reads
+        state.check_stacks(good, terminated=ends[:, 0:1])
+        assert state.host.num_reads > reads  # decoded from the store
+        with pytest.raises(ValueError, match="env 2, step 0 of the add" if state is restored else "env 0, step 0 of the add"):
+            state.check_stacks(bad, terminated=ends[:, 0:1])
+    err = assert_refused(lambda: restored.add(jumped, terminated=ends[:, 5:6]), ("step['obs']",), restored, errors=(ValueError,))
+    assert "env 2, step 0 of the add" in str(err)
+    for state in (restored, states[-1]):
+        state = add(add(state, part(5, 6), ends[:, 5:6]), part(6, 9), ends[:, 6:9])
+        got = np.asarray(state.decode_obs(state.trajectory.storage["obs"]))[:, :9]
+        np.testing.assert_array_equal(got, stacks)
+        state.close()
+    with pytest.raises(jax.errors.JaxRuntimeError, match="env 2, step 0 of the add"):
+        jax.block_until_ready(add(jb.restore(tmp_path / "ck"), jumped, ends[:, 5:6]))

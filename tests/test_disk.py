@@ -473,11 +473,12 @@ def test_sampling_whole_episodes_from_a_large_folder_keeps_resident_memory_flat(
     step = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     make = lambda: jb.CompressedEpisodeBuffer.create(step, max_episodes=256, max_timesteps=500, frame_stack=4, codec="none")  # noqa: E731
     buf = disk.open(tmp_path / "big", "w", make())
-    eps = {"obs": jnp.asarray(np.random.default_rng(0).integers(0, 256, (16, 500, 4, 84, 84), dtype=np.uint8)),
-           "action": jnp.zeros((16, 500), jnp.int32), "reward": jnp.zeros((16, 500))}
+    stacks, finals = stacked_episodes(np.random.default_rng(0).integers(0, 256, (16, 501, 84, 84), dtype=np.uint8), np.full(16, 500), 4)
+    eps = {"obs": jnp.asarray(stacks), "action": jnp.zeros((16, 500), jnp.int32), "reward": jnp.zeros((16, 500))}
+    del stacks
     add = jax.jit(jb.CompressedEpisodeBuffer.add_episodes)
     for _ in range(16):
-        buf = add(buf, eps, jnp.full(16, 500, jnp.int32), terminated=jnp.ones(16, bool), final_obs=eps["obs"][:, 0])
+        buf = add(buf, eps, jnp.full(16, 500, jnp.int32), terminated=jnp.ones(16, bool), final_obs=jnp.asarray(finals))
     disk.flush(buf)
     buf.close()
     del eps

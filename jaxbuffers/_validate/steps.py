@@ -161,30 +161,43 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
     return out
 
 
-def _differs(a: jax.Array, b: jax.Array, lead: int) -> jax.Array:
+def _xp(x):
+    """The array module of `x`: numpy for a numpy array (the write callback checks on the host), else `jax.numpy`."""
+    return np if isinstance(x, np.ndarray) else jnp
+
+
+def _part(x, lead: int, start: int, stop: int):
+    """`x[..., start:stop, ...]` along axis `lead` (a slice: no gather)."""
+    return x[(slice(None),) * lead + (slice(start, stop),)]
+
+
+def _differs(a, b, lead: int):
     """bool `a.shape[:lead]`: whether `a` and `b` differ in some byte past their first `lead` axes (floats compared
     bit for bit, so a NaN equals itself): one XOR and one max over the flattened trailing axes."""
-    if jnp.issubdtype(a.dtype, jnp.floating):
-        width = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[a.dtype.itemsize]
-        a, b = jax.lax.bitcast_convert_type(a, width), jax.lax.bitcast_convert_type(b, width)
+    xp = _xp(a)
+    if xp.issubdtype(a.dtype, xp.floating):
+        width = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+        if xp is np:
+            a, b = a.view(width), np.asarray(b, a.dtype).view(width)
+        else:
+            a, b = jax.lax.bitcast_convert_type(a, width), jax.lax.bitcast_convert_type(b, width)
     d = (a ^ b).reshape(*a.shape[:lead], int(np.prod(a.shape[lead:])))
-    return jnp.max(d, axis=-1, initial=0) != 0
+    return xp.max(d, axis=-1, initial=0) != 0
 
 
-def _padding_breaks(x: jax.Array, lead: int, padding: str) -> jax.Array:
+def _padding_breaks(x, lead: int, padding: str):
     """bool `[*L]` of stacks `x` `[*L, k, *frame]` (`lead = len(L)`): whether the older frames `x[..., :k - 1, ...]`
     are not the padding of an episode's first step: its newest frame repeated (`"reset"`) or zeros (`"zero"`)."""
-    k = x.shape[lead]
-    older = jax.lax.slice_in_dim(x, 0, k - 1, axis=lead)
-    newest = jax.lax.slice_in_dim(x, k - 1, k, axis=lead)
-    return _differs(older, jnp.zeros_like(older) if padding == "zero" else jnp.broadcast_to(newest, older.shape), lead)
+    xp, k = _xp(x), x.shape[lead]
+    older, newest = _part(x, lead, 0, k - 1), _part(x, lead, k - 1, k)
+    return _differs(older, xp.zeros_like(older) if padding == "zero" else xp.broadcast_to(newest, older.shape), lead)
 
 
-def _shift_breaks(x: jax.Array, prev: jax.Array, lead: int) -> jax.Array:
+def _shift_breaks(x, prev, lead: int):
     """bool `[*L]` of stacks `x` and the stacks `prev` of the steps before them (both `[*L, k, *frame]`): whether
     `x[j] != prev[j + 1]` for some `j < k - 1` (a stack is not the one before it shifted by one frame)."""
     k = x.shape[lead]
-    return _differs(jax.lax.slice_in_dim(x, 0, k - 1, axis=lead), jax.lax.slice_in_dim(prev, 1, k, axis=lead), lead)
+    return _differs(_part(x, lead, 0, k - 1), _part(prev, lead, 1, k), lead)
 
 
 def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) -> jax.Array:
@@ -237,14 +250,16 @@ def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_a
 
     Returns:
       bool `[2, E, t]`: row 0 the steps whose stack would not come back as given, row 1 the final observations.
+      numpy when `stacks` is a numpy array (computed on the host), else a `jax.Array`.
     """
-    x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [E, t, k, *frame]
-    prev = jnp.concatenate([jnp.moveaxis(before, 1 + stack_axis, 1)[:, None], x[:, :-1]], axis=1)
-    bad = jnp.where(starts, _padding_breaks(x, 2, padding), _shift_breaks(x, prev, 2))
-    bad_final = jnp.zeros_like(bad)
+    xp = _xp(stacks)
+    x = xp.moveaxis(stacks, 2 + stack_axis, 2)  # [E, t, k, *frame]
+    prev = xp.concatenate([xp.moveaxis(xp.asarray(before), 1 + stack_axis, 1)[:, None], x[:, :-1]], axis=1)
+    bad = xp.where(starts, _padding_breaks(x, 2, padding), _shift_breaks(x, prev, 2))
+    bad_final = xp.zeros_like(bad)
     if finals is not None:
-        bad_final = _shift_breaks(jnp.moveaxis(finals, 2 + stack_axis, 2), x, 2) & boot
-    return jnp.stack([bad, bad_final])
+        bad_final = _shift_breaks(xp.moveaxis(finals, 2 + stack_axis, 2), x, 2) & boot
+    return xp.stack([bad, bad_final])
 
 
 _UNREBUILT = (

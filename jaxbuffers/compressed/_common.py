@@ -155,15 +155,17 @@ def forced_callbacks(in_place: bool) -> Iterator[None]:
 
 def write(
     host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array], bases: jax.Array | None = None,
-    refuse: tuple[jax.Array, Callable[[np.ndarray], Exception | None]] | None = None,
+    refuse: tuple[jax.Array, Callable[[np.ndarray], Exception | None]] | None = None, recent: tuple | None = None,
 ) -> jax.Array:
     """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`, with `bases`: int32 `[M]`
     delta bases, -1 for whole entries); returns the new version (int32 scalar), which orders every later read and
     write of the store by data dependency. The mechanism is `in_place_callbacks`'s.
 
     Args:
-      refuse: `(values, error)`: on the host, before anything is written, `error(values)` (numpy) returns the
-        exception to raise instead of writing, or None (a check of values known only when the program runs).
+      refuse: `(values, error)`: on the host, before anything is written, `error(*values)` (numpy; `values` an array
+        or a tuple of them) returns the exception to raise instead of writing, or None (a check of values known only
+        when the program runs).
+      recent: `HostStores.write`'s (numpy rows, cap): the frames the store keeps for `HostStores.read_recent`.
 
     Raises:
       ValueError: under `vmap`: a buffer is one host store, so states cannot be stacked.
@@ -172,15 +174,15 @@ def write(
     n = len(args)
     if bases is not None:
         args = (*args, bases.astype(jnp.int32))
-    if refuse is not None:
-        args = (*args, refuse[0])
+    checks = () if refuse is None else refuse[0] if isinstance(refuse[0], tuple) else (refuse[0],)
+    args = (*args, *checks)
 
     def checked_write(*a):
         if refuse is not None:
-            error = refuse[1](np.asarray(a[-1]))
+            error = refuse[1](*(np.asarray(x) for x in a[len(a) - len(checks):]))
             if error is not None:
                 raise error
-        return host.write(*a[:n], bases=None if bases is None else a[n])
+        return host.write(*a[:n], bases=None if bases is None else a[n], recent=recent)
 
     put = keeping(host, checked_write)
     out = jax.ShapeDtypeStruct((), jnp.int32)
@@ -205,6 +207,14 @@ def write(
         )
 
     return write_once(*args)
+
+
+def read_recent(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, ids: jax.Array) -> list:
+    """`read` of one id array through `HostStores.read_recent` (frames the newest write kept come from memory);
+    `out[leaf]`: `[*ids.shape, *frame_shape]`."""
+    shapes = tuple(jax.ShapeDtypeStruct((*ids.shape, *i.frame_shape), i.dtype) for i in infos)
+    got = jax.pure_callback(keeping(host, host.read_recent), shapes, *host.operands(), version, ids.astype(jnp.int32), vmap_method="broadcast_all")
+    return list(got)
 
 
 def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: jax.Array) -> list:

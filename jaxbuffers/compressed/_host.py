@@ -115,6 +115,11 @@ class HostStores:
         self._lock = threading.Lock()  # one writer at a time (held for a whole write)
         self._versions_lock = threading.Lock()  # slot_version and num_reads (held briefly)
         self.closed = False
+        self._items = [(tuple(s), np.dtype(d)) for s, d in zip(item_shapes, dtypes)]
+        # (version, {slot: one frame per store}): frames the newest writes asked to keep (`write(recent=)`), as they
+        # were written, exact for a state of that version; replaced (never mutated) by each write, so a reader's
+        # snapshot stays whole. What `read_recent` serves.
+        self._recent: tuple[int, dict] = (0, {})
 
     # Identity semantics on purpose (see module doc): do not define __eq__/__hash__.
 
@@ -168,7 +173,7 @@ class HostStores:
                 f"ran: the newer state and the store are unchanged)"
             )
 
-    def write(self, version, slots, valid, *datas, bases=None) -> np.ndarray:
+    def write(self, version, slots, valid, *datas, bases=None, recent=None) -> np.ndarray:
         """Host side of an add: put `datas[i][valid]` into store `i` at `slots[valid]`.
 
         Args (numpy, from the write callback):
@@ -177,6 +182,11 @@ class HostStores:
           datas: one [M, *item_shape] array per store.
           bases: optional int32[M]: row `r` is stored as a delta against slot `bases[r]` (`-1`: whole; see
             `host_codecs.CompressedStore.put`).
+
+        Returns:
+          recent: `(rows, cap)`: bool `[M]`, the rows `read_recent` serves from memory until a later write replaces
+            them (copies of the frames as written), and the most frames kept over successive writes (the oldest go
+            first). None: keep none (`read_recent` then decodes).
 
         Returns:
           int32 scalar: the new version.
@@ -191,7 +201,8 @@ class HostStores:
         version = int(np.asarray(version))
         valid = np.asarray(valid).reshape(-1)
         sel = np.flatnonzero(valid)
-        slots = np.asarray(slots).reshape(-1)[sel]
+        slots_all = np.asarray(slots).reshape(-1)
+        slots = slots_all[sel]
         datas = [np.asarray(d) for d in datas]
         self._check_datas(datas, valid.shape[0])
         with self._lock:
@@ -211,10 +222,54 @@ class HostStores:
                 base = None if bases is None else np.asarray(bases).reshape(-1)[sel]
                 for store, data in zip(self.stores, datas):
                     store.put(slots, data[sel], bases=base)
+            kept = self._kept(version, slots, lost if sel.size else slots, np.asarray(slots_all), valid, datas, recent)
             self.version = new
+            self._recent = (new, kept)
             self.num_writes += 1
             self.num_rows += int(sel.size)
             return np.int32(new)
+
+    def _kept(self, version: int, written, lost, slots, valid, datas, recent) -> dict:
+        """The frames `_recent` holds after a write from `version` (under `_lock`): those kept before, less the slots
+        the write changed (`written`, and `lost`: deltas deleted with their bases), plus copies of the rows `recent`
+        asks for, the oldest dropped past its cap."""
+        if recent is None:
+            return {}
+        rows, cap = recent
+        tag, before = self._recent
+        kept = dict(before) if tag == version else {}
+        if kept:
+            changed = set(np.concatenate([written, lost]).tolist())
+            kept = {s: f for s, f in kept.items() if s not in changed}
+        for r in np.flatnonzero(np.asarray(rows).reshape(-1) & valid).tolist():
+            kept.pop(int(slots[r]), None)  # re-inserted last: the newest
+            kept[int(slots[r])] = tuple(d[r].copy() for d in datas)
+        for s in list(kept)[: max(len(kept) - int(cap), 0)]:
+            del kept[s]
+        return kept
+
+    def read_recent(self, version, ids) -> tuple[np.ndarray, ...]:
+        """`read(version, ids)`, served from the frames the newest write kept (`write(recent=)`) when `version` is
+        the version that write made and every slot of `ids` is kept (or is the never-written last slot, zeros);
+        otherwise decoded by `read`, with its checks. Equal either way: a kept frame is the slot's entry at that
+        version.
+
+        Returns:
+          One `[*ids.shape, *item_shape]` array per store.
+        """
+        ids = np.asarray(ids)
+        tag, kept = self._recent  # one snapshot: each write publishes a new pair
+        flat, empty = ids.reshape(-1).tolist(), self.num_slots - 1
+        if self.closed or tag != int(np.asarray(version)) or not all(s in kept or s == empty for s in flat):
+            return self.read(version, ids)
+        outs = []
+        for i, (shape, dtype) in enumerate(self._items):
+            out = np.zeros((len(flat), *shape), dtype)
+            for r, s in enumerate(flat):
+                if s != empty:
+                    out[r] = kept[s][i]
+            outs.append(out.reshape(*ids.shape, *shape))
+        return tuple(outs)
 
     def _grow_versions(self, need: int) -> None:
         """Grow `slot_version` so that slots below `need` have an entry (`host_codecs.slot_index.grown_rows`); under
@@ -237,6 +292,7 @@ class HostStores:
             raise ValueError(f"{what}: expected int32 of shape (n,) with n <= {self.num_slots}, got shape {v.shape} {v.dtype}")
         with self._versions_lock:
             self.slot_version = v.copy()
+            self._recent = (-1, {})
 
     def _check_datas(self, datas: Sequence[np.ndarray], rows: int) -> None:
         """ValueError unless `datas` holds one `[rows, *item_shape]` array of its store's dtype per store."""
@@ -370,9 +426,13 @@ class ShardedHostStores:
         """The leading operands of every callback: the shard index (int32 scalar; inside `shard_map` only)."""
         return (jax.lax.axis_index(self.axis),)
 
-    def write(self, shard, version, slots, valid, *datas, bases=None) -> np.ndarray:
+    def write(self, shard, version, slots, valid, *datas, bases=None, recent=None) -> np.ndarray:
         """`HostStores.write` on the store of shard `shard`."""
-        return self.shards[int(np.asarray(shard))].write(version, slots, valid, *datas, bases=bases)
+        return self.shards[int(np.asarray(shard))].write(version, slots, valid, *datas, bases=bases, recent=recent)
+
+    def read_recent(self, shard, version, ids) -> tuple[np.ndarray, ...]:
+        """`HostStores.read_recent` on the store of shard `shard`."""
+        return self.shards[int(np.asarray(shard))].read_recent(version, ids)
 
     def read(self, shard, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
         """`HostStores.read` on the store of shard `shard`."""

@@ -74,6 +74,7 @@ from jaxbuffers import _compiled, _ring, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import FrameStacked, HostStores
+from jaxbuffers.compressed.trajectory_stacks import StackChecked
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
 from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample
 
@@ -147,7 +148,7 @@ def _build(
     return inner_step, kcap, config
 
 
-class CompressedTrajectoryBuffer(FrameStacked, Recorded):
+class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
 
     Same methods and sample types as `jaxbuffers.TrajectoryBuffer`; sampled observations are decoded (and frame
@@ -311,85 +312,10 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         rebuild before it writes anything."""
         refuse = None
         if self._stacked and not checked:
-            refuse = (self._unrebuilt(step, terminated, truncated, final_obs), self._stack_error)
+            refuse = self._host_check(step, terminated, truncated, final_obs)
         new, (slots, valid, bases, datas) = self._add_device(step, terminated, truncated, final_obs)
-        return new.replace(version=_common.write(self.host, self.version, slots, valid, datas, bases, refuse))
-
-    @property
-    def _stacked(self) -> bool:
-        """Whether the compressed leaves are frame stacks (the store keeps each step's newest frame only)."""
-        return self.leaves[0].stack_axis is not None
-
-    def _check_stacks(self, step, terminated, truncated, final_obs) -> bool:
-        """With a concrete state, raise the `_stack_error` of `_unrebuilt` now, before anything is dispatched; returns
-        whether the stacks were checked (False under a transformation, or without frame stacks)."""
-        if not self._stacked or isinstance(self.version, jax.core.Tracer):
-            return False
-        self.check_stacks(step, terminated=terminated, truncated=truncated, final_obs=final_obs)
-        return True
-
-    def check_stacks(self, step: Mapping, *, terminated, truncated=None, final_obs=None, previous=None) -> None:
-        """Raise the error `add` raises for frame stacks it cannot store (module doc, "Which stacks"), without adding.
-
-        Args: as `add` (checked as `add` checks them), and
-          previous: `(stacks, ended)`, the previous step of every lane as given, not yet in this state (a host
-            writer's staged step): `stacks` one `[num_envs, *shape]` array per compressed leaf, `ended` bool
-            `[num_envs]` (that step ended an episode). None: the lanes' last steps in this state, read from the store.
-
-        Raises:
-          ValueError: a stack that is not the one the buffer rebuilds (named by leaf, env and step); and `add`'s
-            argument errors. Nothing without `frame_stack`.
-        """
-        self.host.check_state("check_stacks")
-        if not self._stacked:
-            return
-        error = self._stack_error(np.asarray(self._unrebuilt(step, terminated, truncated, final_obs, previous)))
-        if error is not None:
-            raise error
-
-    @_compiled.method()
-    def _unrebuilt(self, step, terminated, truncated, final_obs, previous=None) -> jax.Array:
-        """bool `[leaves, 2, E, t]`: `jaxbuffers._validate.unrebuilt_trajectory_stacks` of every compressed leaf, the
-        stack before each lane's first step read from the store as a sample reads it (an episode start reads none),
-        unless `previous` gives it (`check_stacks`)."""
-        traj = self.trajectory
-        step, terminated, truncated, final_obs = _validate.trajectory_add(
-            self.step_spec, traj.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
-        )
-        ends = terminated if truncated is None else terminated | truncated
-        if previous is None:
-            first = self.next_ep_pos == 0
-            befores = self._last_stacks()
-        else:
-            first = _validate.array("previous[1]", previous[1], (self.num_envs,), jnp.bool_)
-            befores = [_validate.array(f"previous[0][{j}]", x, (self.num_envs, *i.shape), i.dtype) for j, (x, i) in enumerate(zip(previous[0], self.leaves))]
-        starts = jnp.concatenate([first[:, None], ends[:, :-1]], axis=1)
-        boot = None if truncated is None else truncated & ~terminated
-        stacks = _common.pick_leaves(step[traj.obs_key], self.leaf_index)
-        finals = [None] * len(stacks) if truncated is None else _common.pick_leaves(final_obs, self.leaf_index)
-        return jnp.stack([
-            _validate.unrebuilt_trajectory_stacks(jnp.asarray(x), jnp.asarray(b), starts, None if f is None else jnp.asarray(f), boot,
-                                                  stack_axis=i.stack_axis, padding=self.padding)
-            for x, f, b, i in zip(stacks, finals, befores, self.leaves)
-        ])
-
-    def _last_stacks(self) -> list:
-        """Per compressed leaf, `[E, *shape]`: the stack the store rebuilds for each lane's last step, as far as the
-        lane's next step reads it (frames back to its episode start); zeros where the next step starts an episode."""
-        e, ring = self.num_envs, self.frame_ring
-        lane = jnp.arange(e, dtype=jnp.int32) * ring
-        going = self.next_ep_pos > 0  # the lane's previous step is in the episode its next step continues
-        ids = jnp.stack([jnp.where(going, lane + (self.frame_head - 1) % ring, -1), jnp.where(going, lane + (self.frame_head - 2) % ring, -1),
-                         jnp.maximum(self.next_ep_pos - 1, 0)], axis=-1).astype(jnp.int32)
-        fids, pad = self._frame_ids(ids)
-        return [_common.finish(d[0], i, 1, pad, False) for d, i in zip(_common.read(self.host, self.leaves, self.version, fids), self.leaves)]
-
-    def _stack_error(self, bad: np.ndarray) -> ValueError | None:
-        """`jaxbuffers._validate.unrebuilt_trajectory_stack_error` of `_unrebuilt`'s result, naming the leaves as
-        the add's arguments."""
-        obs = f"[{self.trajectory.obs_key!r}]"
-        names = [(f"step{i.name[len('example_step'):]}", f"final_obs{i.name[len('example_step' + obs):]}") for i in self.leaves]
-        return _validate.unrebuilt_trajectory_stack_error(bad, names)
+        version = _common.write(self.host, self.version, slots, valid, datas, bases, refuse, self._recent_rows(valid.shape[0], truncated is not None))
+        return new.replace(version=version)
 
     def add_from_host(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """`add` with the host write as a direct Python call instead of a callback; not traceable.
@@ -406,7 +332,8 @@ class CompressedTrajectoryBuffer(FrameStacked, Recorded):
         self._check_stacks(step, terminated, truncated, final_obs)
         new, parts = self._add_device(step, terminated, truncated, final_obs)
         slots, valid, bases, datas = jax.device_get(parts)
-        return new.replace(version=jnp.asarray(self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases), jnp.int32))
+        recent = self._recent_rows(np.shape(valid)[0], truncated is not None)
+        return new.replace(version=jnp.asarray(self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases, recent=recent), jnp.int32))
 
     @_compiled.method()
     def _add_device(self, step, terminated, truncated, final_obs):
