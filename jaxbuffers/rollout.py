@@ -254,17 +254,20 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           `overflowed` becomes True.
 
         Raises:
-          BufferFullError: called eagerly on a full buffer (`step_index == num_steps`); nothing changes.
+          BufferFullError: called eagerly on a full buffer (`step_index == num_steps`) with arguments it would take;
+            nothing changes. (Bad arguments get their own TypeError / ValueError first.)
           TypeError: wrong tree structure or dtype (nothing is cast); the message names the field.
           ValueError: wrong shape or leading axis, or `truncated` / `final_value` without the other.
         """
+        kw = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
         if not isinstance(self.step_index, jax.core.Tracer) and int(self.step_index) >= self.num_steps:
+            # the arguments' own refusal first (traced, nothing runs), as on a buffer with room
+            _validate.refusal(lambda b: b._add(step, **kw), jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), self))
             raise BufferFullError(
                 f"add: the rollout buffer is full (step_index={int(self.step_index)} of num_steps={self.num_steps}); "
                 f"nothing was written. Call reset() for the next rollout"
             )
-        return self._add(step, reward=reward, value=value, terminated=terminated, truncated=truncated,
-                         final_value=final_value, trainable=trainable)
+        return self._add(step, **kw)
 
     @_compiled.method()
     def _add(self, step, *, reward, value, terminated, truncated, final_value, trainable) -> "RolloutBuffer":

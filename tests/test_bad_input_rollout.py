@@ -126,9 +126,17 @@ def test_float64_honoured_with_x64():
 
 @SETTINGS
 @given(ops=st.lists(st.sampled_from(["add", "bad_add", "bad_gae", "gae", "reset"]), min_size=1, max_size=8))
+@example(ops=["add"] * 5 + ["bad_add", "add"])  # past full: the bad argument named first, then BufferFullError
 def test_refused_calls_in_any_order_change_nothing(ops):
+    def add(b, n):  # an eager add on a full buffer raises BufferFullError and changes nothing
+        if int(b.step_index) < T:
+            return b.add(step(n), **fields(n))
+        with pytest.raises(jb.BufferFullError):
+            b.add(step(n), **fields(n))
+        return b
+
     valid = {
-        "add": lambda b, n: b.add(step(n), **fields(n)), "gae": lambda b, n: b.compute_gae(np.ones(N, np.float32), 0.9, 0.9),
+        "add": add, "gae": lambda b, n: b.compute_gae(np.ones(N, np.float32), 0.9, 0.9),
         "reset": lambda b, n: b.reset(),
     }
     buf = in_order(ops, jb.RolloutBuffer.create(EXAMPLE, num_envs=N, num_steps=T), valid, {
