@@ -141,8 +141,8 @@ _ADDED = {
     "CompressedTrajectoryBuffer": {"delta_codec": None},
     "CompressedPrioritisedTrajectoryBuffer": {"delta_codec": None},
 }
-#: class name -> `upgraded(restored, saved_num_slots)`: the restored state in this layout, or None (refused)
-_SLOT_LAYOUTS = {"CompressedRolloutBuffer": CompressedRolloutBuffer.upgraded}
+#: class name -> `_upgraded_from(restored, saved_num_slots)`: the restored state in this layout, or None (refused)
+_SLOT_LAYOUTS = {"CompressedRolloutBuffer": CompressedRolloutBuffer._upgraded_from}
 
 
 def _upgraded(buffer: Any, saved_num_slots: int) -> Any | None:

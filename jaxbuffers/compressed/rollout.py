@@ -105,7 +105,7 @@ class CompressedRolloutBuffer(HostBacked):
         return cls(buffer=inner, version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
                    normalize_images=bool(normalize_images))
 
-    def upgraded(self, saved_num_slots: int) -> "CompressedRolloutBuffer | None":
+    def _upgraded_from(self, saved_num_slots: int) -> "CompressedRolloutBuffer | None":
         """This restored state in this layout, given the slot count its host stores were saved with.
 
         Layout before the empty slot: `num_steps * num_envs * k` slots (one fewer), and a step never added held slot
