@@ -147,8 +147,7 @@ class BufferServer:
         jax.eval_shape(lambda buf: self._add_fn(buf, batch), self._buffer)
         for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:  # a custom add that took it: still not cast
             if not _compiled.passable(x):
-                raise TypeError(f"batch{jax.tree_util.keystr(tuple(path))}: expected a dtype JAX holds as it is, got {x.dtype} "
-                                f"(narrowed with jax_enable_x64 off; nothing is cast implicitly, convert it explicitly)")
+                _validate.not_narrowed(f"batch{jax.tree_util.keystr(tuple(path))}", x)
 
     def sample(self, key: jax.Array | None, batch_size: int, timeout: float | None = None) -> Any:
         """A sample of `batch_size` items drawn with `key` (`None`: the next key of the server's own stream).

@@ -158,3 +158,9 @@ def test_mixed_counts_accepted_forms(form, batch_size):
     props = {"list": [1.0, 3.0], "tuple": (1.0, 3.0), "ints": [1, 3], "numpy_floats": [np.float32(1), np.float64(3)]}[form]
     assert mixed_counts(batch_size, props) == mixed_counts(batch_size, [0.25, 0.75])
     assert sum(mixed_counts(batch_size, props)) == batch_size
+
+
+def test_server_with_a_custom_add_refuses_a_leaf_jax_would_narrow():
+    """A custom `add` that would take a float64 leaf still gets it refused, named by its path, never cast."""
+    srv = jb.BufferServer(jb.ReplayBuffer.create({"x": np.zeros(2, np.float32)}, capacity=10), add=lambda b, batch: b)
+    _refused(lambda: srv.add({"x": np.full((3, 2), 1e300)}), "batch['x']")
