@@ -282,12 +282,13 @@ def _check_config(name: str, saved: dict, cfg: dict, what: str) -> None:
             raise CheckpointError(f"{what}: config {k!r} of the checkpoint is {a!r:.200}, the target's is {b!r:.200}")
 
 
-def _check_meta_defaults(target: Any, loaded: list[np.ndarray], root: Path, stacked: bool = False) -> None:
+def _check_meta_defaults(target: Any, loaded: list, root: Path, stacked: bool = False, values=np.asarray) -> None:
     """The meta defaults (`EpisodeBuffer.meta_defaults`, array leaves, so not in the JSON config) read from a
     checkpoint must equal a concrete target's, byte for byte: restoring would otherwise replace them silently.
     Checkpoints written before defaults were compared hold them too. An abstract target has no values to compare.
 
     `stacked`: the buffer of a `ShardedBuffer` (leaves `[S, ...]`): a default equal on every shard is given once.
+    `values`: a leaf's values to compare (with several processes: the rows this process holds).
 
     Raises:
       CheckpointError: naming the meta field, both defaults, and the target.
@@ -297,7 +298,7 @@ def _check_meta_defaults(target: Any, loaded: list[np.ndarray], root: Path, stac
         attrs = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
         if not attrs or attrs[-1] != "meta_defaults" or isinstance(x, jax.ShapeDtypeStruct):
             continue
-        b = np.asarray(x)
+        a, b = values(a), values(x)
         if a.tobytes() != b.tobytes():
             field = path[-1].key if isinstance(path[-1], jax.tree_util.DictKey) else _validate.leaf_name(path)
             a, b = ((v[0] if stacked and v.ndim and (v == v[:1]).all() else v) for v in (np.asarray(a), b))

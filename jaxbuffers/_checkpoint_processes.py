@@ -1,23 +1,32 @@
-"""A checkpoint of a `ShardedBuffer` written and read by several processes (`jax.distributed`).
+"""A checkpoint written and read by several processes (`jax.distributed`).
 
 Every process calls `save` / `restore` with the same folder, on a file system they all see. The folder has the format
-of one process's checkpoint (`jaxbuffers.checkpoint`), written together:
+of one process's checkpoint (`jaxbuffers.checkpoint`), written together. What each process gives:
 
-* Host stores (compressed buffers): each process exports the stores of its own shards and packs each shard's
-  arrays into one byte row; the metadata (shapes, dtypes, row lengths) and any export error (a stale state) are
-  gathered on every process (an all-gather of JSON bytes): an error is raised by every process, before anything is
-  written.
-* Process 0 checks the folder, makes the temporary sibling and sends its name to the others (a broadcast).
-* One orbax save by every process: the buffer's leaves (global arrays `[S, ...]` split along the mesh axis) and the
-  host rows as one global uint8 array `[S, longest row]` (zero-padded) split the same way, so each process writes the
-  parts its devices hold. (orbax writes a numpy array only from process 0, and refuses an array that one process
-  holds whole: hence the byte rows.)
-* Process 0 then writes `buffer.json` and the manifest (checksums of every process's files) and renames the folder
-  into place: one commit. The others wait for its result and raise if it failed.
+* A `ShardedBuffer`: the parts its devices hold. Host stores (compressed buffers): each process exports the stores of
+  its own shards and packs each shard's arrays into one byte row; the buffer's leaves (global arrays `[S, ...]` split
+  along the mesh axis) and the host rows as one global uint8 array `[S, longest row]` (zero-padded) split the same
+  way are written by orbax, each process its parts. (orbax writes a numpy array only from process 0, and refuses an
+  array that one process holds whole: hence the byte rows.)
+* Any other buffer: one buffer that every process holds whole (replicated: each process ran the same adds). Each
+  process takes it to host memory and hashes every array; the hashes are compared across processes and a buffer
+  that differs is refused by every process, naming the array (its data would otherwise be lost: process 0 alone
+  writes it). A buffer of each process's own data is a `ShardedBuffer` whose shards are each process's rows.
 
-`restore` reads the device arrays with the target's shardings (each process reads its parts) and each process loads
-the host stores of its own shards from their rows; a checkpoint saved by one process restores in several (each
-process then reads every shard's host arrays and loads its own), and the other way round.
+Errors met while taking the buffer (a stale compressed state, a closed store, a differing replica) are gathered on
+every process (an all-gather of JSON bytes) and raised by every process before anything is written. Process 0 then
+checks the folder, makes the temporary sibling and sends its name to the others (a broadcast).
+
+The write and the commit go through the key-value store and barriers of the `jax.distributed` client (no device
+collective, so they may run in a background thread: `save(..., blocking=False)`): each process writes its parts and
+posts its status, all meet at a barrier, and process 0 writes `buffer.json` and the manifest (checksums of every
+process's files) and renames the folder into place only if every process wrote its parts; it posts the result, which
+every process raises if the save failed. Nothing is committed unless every process finished.
+
+`restore` of a `ShardedBuffer` reads the device arrays with the target's shardings (each process reads its parts) and
+each process loads the host stores of its own shards from their rows; a checkpoint saved by one process restores in
+several (each process then reads every shard's host arrays and loads its own), and the other way round. Any other
+buffer is read whole by each process, independently, onto its own devices.
 """
 
 from __future__ import annotations
@@ -25,20 +34,20 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import xxhash
 from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxbuffers._checkpoint_describe import _COMPRESSED, CheckpointError, _describe, _dtype, _nbytes
+from jaxbuffers._checkpoint_describe import _COMPRESSED, CheckpointError, _check_meta_defaults, _describe, _dtype, _nbytes
 from jaxbuffers._checkpoint_files import _clean_stale, _commit, _is_checkpoint, _sibling, _write_manifest
-from jaxbuffers.compressed._host import StaleBufferError
-from jaxbuffers.sharding import _local_rows
+from jaxbuffers.sharding import ShardedBuffer, _local_rows
 
 _NAME_BYTES = 512  # the broadcast temporary folder name, utf-8, zero-padded
 
@@ -95,11 +104,23 @@ def unpack(row: np.ndarray, meta: dict) -> dict:
     return out
 
 
+def _collected(error: BaseException | None, mine: Any, what: str) -> list:
+    """Every process's `mine` (JSON), in process order, once no process met an error: a process whose `error` is set
+    raises it, the others a RuntimeError naming that process and `what` it could not do (an all-gather: every process
+    calls this at the same point)."""
+    parts = _allgathered({"error": None if error is None else f"{type(error).__name__}: {error}", "value": mine})
+    if error is not None:
+        raise error
+    for p, part in enumerate(parts):
+        if part["error"]:
+            raise RuntimeError(f"save: process {p} could not {what} ({part['error']}); nothing was written")
+    return [part["value"] for part in parts]
+
+
 def _exported(buffer: Any, snapshot) -> tuple[dict, list]:
     """This process's shards of a sharded compressed buffer exported (`snapshot(host, version)`:
     `jaxbuffers.checkpoint._store_snapshot`) as byte rows (`_pack`), `{s: row}`, and every shard's metadata, gathered
-    from every process together with their errors: a process whose export fails raises its error, the others a
-    RuntimeError naming it, before anything is written."""
+    from every process together with their errors (`_collected`), before anything is written."""
     rows, metas, error = {}, {}, None
     try:
         for s, v in _local_rows(buffer.version).items():
@@ -107,15 +128,10 @@ def _exported(buffer: Any, snapshot) -> tuple[dict, list]:
             m["slot_version_length"] = int(a["slot_version"].shape[0])
             rows[s] = _pack(a, m)
             metas[str(s)] = {**m, "bytes": int(rows[s].size)}
-    except (StaleBufferError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - raised below by every process
         error = e
-    parts = _allgathered({"error": None if error is None else f"{type(error).__name__}: {error}", "shards": metas})
-    if error is not None:
-        raise error
-    for p, part in enumerate(parts):
-        if part["error"]:
-            raise RuntimeError(f"save: process {p} could not export its host stores ({part['error']}); nothing was written")
-        metas.update(part["shards"])
+    for part in _collected(error, metas, "export its host stores"):
+        metas.update(part)
     return rows, [metas[str(s)] for s in range(len(buffer.host.shards))]  # every shard is on some process's devices
 
 
@@ -134,17 +150,88 @@ def _host_tree(buffer: Any, sharding, rows: dict, shards: list) -> dict:
     return {"bytes": jax.make_array_from_callback(shape, sharding, part)}
 
 
-def save(path: Path, sharded: Any, progress, snapshot) -> Path:
-    """`jaxbuffers.save` of a `ShardedBuffer` by every process (module doc); returns the folder once committed.
+def _hashes(tree: dict) -> dict[str, str]:
+    """xxh3-64 of every array of a snapshot's tree, by its path."""
+    return {jax.tree_util.keystr(k): xxhash.xxh3_64(np.ascontiguousarray(x).view(np.uint8)).hexdigest()
+            for k, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _replicated(buffer: Any, snapshot) -> tuple[dict, dict]:
+    """(buffer.json, arrays as numpy) of a buffer every process holds whole (`snapshot`: `jaxbuffers.checkpoint`'s),
+    after checking that every process holds the same (module doc).
+
+    Raises:
+      ValueError: an array (or the description) that differs between processes, naming it (on every process).
+    """
+    error, meta, tree, hashes = None, None, None, None
+    try:
+        meta, tree = snapshot(buffer)
+        tree = jax.tree.map(np.asarray, tree)
+        hashes = {"buffer.json": xxhash.xxh3_64(json.dumps(meta, sort_keys=True).encode()).hexdigest(), **_hashes(tree)}
+    except Exception as e:  # noqa: BLE001 - raised below by every process
+        error = e
+    every = _collected(error, hashes, "take its buffer to host memory")
+    for p, theirs in enumerate(every):
+        diff = next((k for k in sorted(set(hashes) | set(theirs)) if hashes.get(k) != theirs.get(k)), None)
+        if diff is not None:
+            raise ValueError(
+                f"buffer: with several processes a buffer other than a ShardedBuffer is one replicated buffer, written "
+                f"by process 0, and must be the same on every process; array {diff} differs between process "
+                f"{jax.process_index()} and process {p} (for each process's own data, use a ShardedBuffer: its "
+                f"shards are each process's rows)"
+            )
+    return meta, tree
+
+
+def parts(buffer: Any, store_snapshot, snapshot, copy: bool) -> tuple[dict, dict]:
+    """(buffer.json, what this process gives orbax) of `buffer` (module doc), after every check and gathered error.
+    `copy`: copy the device arrays of a `ShardedBuffer` (on their devices), so that the buffer may be donated while
+    they are written."""
+    if not isinstance(buffer, ShardedBuffer):
+        return _replicated(buffer, snapshot)
+    meta = _describe(buffer)
+    shards = buffer.shards
+    compressed = isinstance(shards, _COMPRESSED)
+    rows, exported = _exported(shards, store_snapshot) if compressed else ({}, [])
+    meta["host"] = {"axis": shards.host.axis, "layout": "stacked", "shards": exported} if compressed else None
+    host = _host_tree(shards, NamedSharding(buffer.mesh, P(buffer.axis)), rows, exported) if compressed else {}
+    leaves = [x for x in jax.tree.leaves(shards) if x.size]
+    leaves = _copy_all(leaves) if copy else leaves
+    device, it = {}, iter(leaves)
+    for i, x in enumerate(jax.tree.leaves(shards)):
+        if x.size:
+            device[str(i)] = next(it)
+    return meta, {"device": device, "host": host}
+
+
+def write_parts(root: Path, tree: dict, replicated: bool) -> None:
+    """This process's parts of `tree` into `root / "arrays"` (orbax; a replicated buffer's numpy arrays by process 0)."""
+    if replicated and jax.process_index() != 0:
+        return
+    (root / "arrays").mkdir(parents=True, exist_ok=True)
+    handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
+    try:
+        handler.save(epath.Path(root / "arrays"), args=ocp.args.PyTreeSave(tree))
+    finally:
+        handler.close()
+
+
+def _client():
+    return ocp.multihost.get_jax_distributed_client()
+
+
+def save(path: Path, buffer: Any, store_snapshot, snapshot, copy: bool) -> Callable[[Any], Path]:
+    """`jaxbuffers.save` by every process (module doc): every check, gathered error and the temporary folder now, on
+    every process; returns `finish(progress)`, which writes this process's parts and commits with the others (no
+    device collective: it may run in a background thread) and returns the folder once committed.
 
     Raises:
       FileExistsError: `path` exists and is not a checkpoint (on every process; nothing is deleted).
-      RuntimeError: another process failed to write or commit (its own error says why).
+      ValueError: a non-sharded buffer that differs between processes. Errors of taking the buffer (on the process
+        that met them; a RuntimeError naming that process on the others). `finish` raises RuntimeError when any
+        process failed to write its parts or process 0 to commit: nothing is committed then.
     """
-    meta = _describe(sharded)
-    buffer = sharded.shards
-    compressed = isinstance(buffer, _COMPRESSED)
-    rows, shards = _exported(buffer, snapshot) if compressed else ({}, [])
+    meta, tree = parts(buffer, store_snapshot, snapshot, copy)
     name = ""
     if jax.process_index() == 0:
         if not (path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir())))):
@@ -156,32 +243,53 @@ def save(path: Path, sharded: Any, progress, snapshot) -> Path:
     name = _broadcast_text(name)
     if not name:
         raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
-    tmp = path.parent / name
-    meta["host"] = {"axis": buffer.host.axis, "layout": "stacked", "shards": shards} if compressed else None
-    host = _host_tree(buffer, NamedSharding(sharded.mesh, P(sharded.axis)), rows, shards) if compressed else {}
-    leaves = jax.tree.leaves(buffer)
-    tree = {"device": {str(i): x for i, x in enumerate(leaves) if x.size}, "host": host}
-    progress.reset(total=2 * _nbytes(tree))
-    handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
-    try:
-        handler.save(epath.Path(tmp / "arrays"), args=ocp.args.PyTreeSave(tree))  # every process its parts
-    finally:
-        handler.close()
-    multihost_utils.sync_global_devices(f"jaxbuffers save {name}")
-    error = ""
-    if jax.process_index() == 0:  # one commit
-        try:
+    tmp, replicated = path.parent / name, not isinstance(buffer, ShardedBuffer)
+
+    def finish(progress) -> Path:
+        progress.reset(total=2 * _nbytes(tree))
+
+        def commit() -> None:
             (tmp / "buffer.json").write_text(json.dumps(meta))
             _write_manifest(tmp, progress)
             _commit(tmp, path)
-        except BaseException as e:  # noqa: BLE001 - told to the others, then raised here
+
+        _together(f"jaxbuffers-save/{name}", lambda: write_parts(tmp, tree, replicated), commit, tmp, f"save of {path}")
+        return path
+
+    return finish
+
+
+def _together(key: str, write: Callable[[], None], commit: Callable[[], None], tmp: Path, what: str) -> None:
+    """Every process runs `write`, posts its status under `key` and meets the others at a barrier; process 0 runs
+    `commit` only if every process wrote, removes `tmp` otherwise, and posts the result, which every process raises.
+
+    Raises:
+      RuntimeError: naming each process that failed and its error (chained to this process's own error, if any).
+    """
+    client, pid, n = _client(), jax.process_index(), jax.process_count()
+    timeout = ocp.multihost.coordination_timeout() * 1000
+    own = None
+    try:
+        write()
+    except Exception as e:  # noqa: BLE001 - posted, then raised by every process
+        own = e
+    client.key_value_set(f"{key}/{pid}", "ok" if own is None else f"{type(own).__name__}: {own}")
+    client.wait_at_barrier(f"{key}/written", timeout)
+    if pid == 0:
+        statuses = [client.blocking_key_value_get(f"{key}/{p}", timeout) for p in range(n)]
+        result = "; ".join(f"process {p} could not write its parts ({v})" for p, v in enumerate(statuses) if v != "ok")
+        if not result:
+            try:
+                commit()
+            except Exception as e:  # noqa: BLE001 - posted, then raised by every process
+                own, result = e, f"process 0 could not commit ({type(e).__name__}: {e})"
+        if result:
             shutil.rmtree(tmp, ignore_errors=True)
-            _broadcast_text(f"{type(e).__name__}: {e}" or "error")
-            raise
-    error = _broadcast_text(error)
-    if error:
-        raise RuntimeError(f"save: process 0 could not commit {path}: {error}")
-    return path
+        client.key_value_set(f"{key}/result", result or "ok")
+    else:
+        result = client.blocking_key_value_get(f"{key}/result", timeout)
+    if result and result != "ok":
+        raise RuntimeError(f"{what}: {result}; nothing was committed") from own
 
 
 def zeros(x: jax.ShapeDtypeStruct, sharding) -> jax.Array:
@@ -216,6 +324,7 @@ def restore(root: Path, target: Any, checked, read, host_args, load_host, upgrad
     for i, (a, x) in enumerate(zip(arrays, leaves)):
         if a.shape != x.shape or a.dtype != x.dtype:
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {a.shape} {a.dtype}, expected {x.shape} {x.dtype}")
+    _same_meta_defaults(target.shards, arrays, root)
     buffer = jax.tree.unflatten(treedef, [_copy(a) for a in arrays])  # memory XLA owns: a donation updates it in place
     buffer, host_meta = upgraded(buffer, host_meta)
     if host_meta is not None:
@@ -225,4 +334,27 @@ def restore(root: Path, target: Any, checked, read, host_args, load_host, upgrad
     return target.replace(shards=buffer)
 
 
+def _same_meta_defaults(target: Any, arrays: list, root: Path) -> None:
+    """`_check_meta_defaults` of a concrete target's episode meta defaults against the checkpoint's, on the rows this
+    process holds; every process raises the CheckpointError any process met (an all-gather).
+
+    Raises:
+      CheckpointError: naming the meta field, both defaults, and the target (on every process).
+    """
+    def rows(x) -> np.ndarray:
+        return np.stack([r for _, r in sorted(_local_rows(x).items())]) if isinstance(x, jax.Array) else np.asarray(x)
+
+    error = None
+    try:
+        _check_meta_defaults(target, arrays, root, stacked=True, values=rows)
+    except CheckpointError as e:
+        error = e
+    messages = _allgathered(None if error is None else str(error))
+    if error is not None:
+        raise error
+    if any(messages):
+        raise CheckpointError(next(m for m in messages if m))
+
+
 _copy = jax.jit(jnp.copy)
+_copy_all = jax.jit(lambda xs: [jnp.copy(x) for x in xs])  # keeps each array's sharding

@@ -34,11 +34,13 @@ Safety:
 * `save(..., blocking=False)` copies the buffer's arrays to host memory (on CPU: holds them, so that a later donation
   copies instead of writing over them) and the host stores' contents before it returns, and writes in a background
   thread: the checkpoint holds the buffer as of the call, whatever the training loop does with it afterwards.
-* Several processes (`jax.distributed`): every process calls `save(directory, sharded)` and `restore(directory,
-  target)` with the same folder (on a file system they all see) and a `ShardedBuffer`; each process writes and
-  reads the parts of its devices and the host stores of its shards, and process 0 commits
-  (`jaxbuffers._checkpoint_processes`). Other buffers, `blocking=False` and `BufferCheckpointHandler` items raise
-  `NotImplementedError` there, before anything is written.
+* Several processes (`jax.distributed`): every process calls `save(directory, buffer)` with the same folder (on a
+  file system they all see), blocking or not, and process 0 commits once every process has written its parts
+  (`jaxbuffers._checkpoint_processes`). A `ShardedBuffer`: each process writes and reads the parts of its devices and
+  the host stores of its shards (`restore(directory, target)` with a `ShardedBuffer` target, every process). Any other
+  buffer is one replicated buffer, the same on every process (checked: a buffer that differs is refused, naming the
+  array), written by process 0 and read whole by each process. `BufferCheckpointHandler` items do the same inside an
+  orbax manager's step. `to_bytes` and `jaxbuffers.disk` folders are one process's: refused there.
 * A checkpoint of another class, configuration, shape, dtype or format version raises `CheckpointError` before any
   array is allocated; the target buffer (if given) is never modified.
 
@@ -88,9 +90,9 @@ __all__ = [
 ]
 
 
-_ONE_PROCESS = ("with several processes, every process calls save (blocking) and restore with the same folder and a "
-                "ShardedBuffer (restore: target=, one on this run's mesh); other buffers, blocking=False saves and orbax "
-                "manager items are written and read by one process")
+_ONE_PROCESS = ("with several processes, every process calls save and restore with the same folder (a ShardedBuffer: "
+                "each process its shards; any other buffer: one replicated buffer written by process 0); to_bytes "
+                "archives and disk folders are one process's")
 
 
 # --- the snapshot a save writes: buffer.json and every array on host memory ---
@@ -150,19 +152,32 @@ def _snapshot(buffer: Any, host: bool = True) -> _Snapshot:
     knows of, so a later donation of the buffer copies instead of updating in place. Either is wrapped as a CPU
     array (without a copy where its alignment allows). Host stores are exported (a
     copy, under their lock). `host=False` leaves a compressed buffer's host stores out (`jaxbuffers.disk` keeps them
-    in files of their own)."""
-    _validate.single_process("save", _ONE_PROCESS)
+    in files of their own). A leaf replicated over several processes is taken from this process's copy."""
     meta = _describe(buffer)
     buffer = _sharded(buffer)[0]
     host_meta, host_arrays = _host_snapshot(buffer) if host else (None, {})
     meta["host"] = host_meta
     leaves = jax.tree.leaves(buffer)
     for x in leaves:
-        if isinstance(x, jax.Array):
+        if isinstance(x, jax.Array) and x.is_fully_addressable:
             x.copy_to_host_async()
     # host memory as CPU arrays: orbax writes jax arrays from their memory, several times faster than numpy arrays
-    cpu = jax.devices("cpu")[0]
-    return _Snapshot(meta, _array_tree([jax.device_put(np.asarray(x), cpu) for x in leaves], host_arrays))
+    cpu = jax.local_devices(backend="cpu")[0]
+    return _Snapshot(meta, _array_tree([jax.device_put(_whole(x), cpu) for x in leaves], host_arrays))
+
+
+def _whole(x: Any) -> np.ndarray:
+    """A leaf on host memory: a global array replicated over processes gives this process's copy.
+
+    Raises:
+      TypeError: an array split across processes (not one buffer each process holds whole).
+    """
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        if not x.is_fully_replicated:
+            raise TypeError(f"buffer: an array {x.shape} split across processes ({x.sharding}); save a ShardedBuffer "
+                            f"(every process its shards)")
+        x = x.addressable_data(0)
+    return np.asarray(x)
 
 
 def _write(root: Path, snapshot: _Snapshot, progress: _Progress) -> None:
@@ -199,7 +214,7 @@ def _in_background(fn, *args) -> concurrent.futures.Future:
 # --- reading one checkpoint folder ---
 
 def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
-    n, default = len(jax.tree.leaves(abstract)), jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    n, default = len(jax.tree.leaves(abstract)), jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     if sharding is None and target is not None:
         sharding = jax.tree.map(lambda x: getattr(x, "sharding", None) or default, target)
     if isinstance(sharding, jax.Device):
@@ -260,7 +275,6 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
                                   functools.partial(_read_arrays, progress=progress), _host_restore_args, _load_host, _upgraded_host)
     if isinstance(target, ShardedBuffer):  # its stacked buffer, on the target's mesh, wrapped again
         return target.replace(shards=_read(root, target.shards, sharding, progress))
-    _validate.single_process("restore", _ONE_PROCESS)
     meta, leaves, treedef, shardings = _checked(root, target, sharding, progress)
     host_meta = meta.get("host")
     # every array is read to host memory and put on its devices here: ~2x less work than orbax's device arrays
@@ -392,10 +406,12 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
         buffers, the mesh axis in buffer.json). A
         compressed buffer must be the state returned by its last `add`.
       progress: a tqdm bar (sizes, throughput) for saves over a second; None: only on a terminal.
-      blocking: False: take the buffer's arrays to host memory, start writing in a background thread and return a
-        `PendingSave` at once. The buffer may then be donated and updated (the checkpoint keeps the state of the call);
-        call `PendingSave.wait()` before relying on the files. The errors below are raised by the call itself, before
-        anything is written; an error while writing is raised by `wait()`.
+      blocking: False: take the buffer's arrays to host memory (a `ShardedBuffer` with several processes: copies on
+        its devices), start writing in a background thread and return a `PendingSave` at once. The buffer may then be
+        donated and updated (the checkpoint keeps the state of the call); call `PendingSave.wait()` before relying on
+        the files (with several processes, on every process: the folder is committed once every process has written
+        its parts). The errors below are raised by the call itself, before anything is written; an error while
+        writing is raised by `wait()`.
 
     Returns:
       The checkpoint folder as a `pathlib.Path` (blocking), or a `PendingSave` whose `wait()` returns it.
@@ -405,9 +421,11 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
         `progress` not a bool or None, `blocking` not a bool (all checked before anything is created).
       FileExistsError: `directory` exists and is not a checkpoint (nothing is deleted).
       StaleBufferError: a compressed buffer state older than its host store.
-      NotImplementedError: `jax.process_count() > 1` and `buffer` not a `ShardedBuffer` or `blocking=False` (with
-        several processes every process saves its shards of a `ShardedBuffer`: module doc).
-      RuntimeError: with several processes, process 0 could not commit the checkpoint (its own error says why).
+      ValueError: with several processes, a buffer other than a `ShardedBuffer` that is not the same on every process
+        (one replicated buffer is saved: module doc), naming the array; raised by every process.
+      RuntimeError: with several processes, another process could not take its part of the buffer (before anything
+        is written), or a process could not write its parts or process 0 commit (nothing is committed; the message
+        names each process and its error).
     """
     return _save(directory, buffer, progress, blocking=blocking)
 
@@ -419,37 +437,38 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
     if progress is not None:
         _validate.static_bool("progress", progress)
     blocking = _validate.static_bool("blocking", blocking)
-    if _processes.several():
-        if not (isinstance(buffer, ShardedBuffer) and blocking and host):
-            _validate.single_process("save", _ONE_PROCESS)
-        bar = _Progress(progress, f"save {path.name}")
-        try:
-            return _processes.save(path, buffer, bar, _store_snapshot)
-        finally:
-            bar.close()
+    if not host:
+        _validate.single_process("save", _ONE_PROCESS)  # a disk folder is one process's
     with _PENDING_LOCK:
         pending = _PENDING.get(path)
     if pending is not None:
         concurrent.futures.wait([pending._future])
-    if path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
-        raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
-    snapshot = _snapshot(buffer, host)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale(path)
-    tmp = _sibling(path, "tmp")
-    tmp.mkdir()
+    if _processes.several():  # every process, together; commits once every process has written
+        finish = _processes.save(path, buffer, _store_snapshot, _snapshot, copy=not blocking)
+    else:
+        if path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
+            raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
+        snapshot = _snapshot(buffer, host)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _clean_stale(path)
+        tmp = _sibling(path, "tmp")
+        tmp.mkdir()
+
+        def finish(bar: _Progress) -> Path:
+            try:
+                _write(tmp, snapshot, bar)
+                _commit(tmp, path)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            return path
 
     def write() -> Path:
         bar = _Progress(progress, f"save {path.name}")
         try:
-            _write(tmp, snapshot, bar)
-            _commit(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            return finish(bar)
         finally:
             bar.close()
-        return path
 
     if blocking:
         return write()
@@ -488,8 +507,9 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
       TypeError: `directory` not a path, `target` not a jaxbuffers buffer, `progress` not a bool or None, `sharding`
         not a Sharding, a Device or a tree of Shardings.
       ValueError: `sharding` a tree of another number of Shardings than the buffer's arrays.
-      NotImplementedError: `jax.process_count() > 1` and `target` not a `ShardedBuffer` (every process restores its
-        shards into one; a checkpoint saved by one process or by several restores either way).
+      With several processes a `ShardedBuffer` target is restored by every process together (each its shards; a
+      checkpoint saved by one process or by several restores either way), and raises on every process; any other
+      buffer is read whole by each process, onto its own devices by default.
       CheckpointError: missing or corrupt files (the message names the file), another format version, or a
         class, configuration, shape or dtype other than the target's.
     """
@@ -516,7 +536,9 @@ def to_bytes(buffers: dict[str, Any]) -> bytes:
 
     Raises:
       ValueError: a name that is not a plain folder name. Otherwise as `save`.
+      NotImplementedError: `jax.process_count() > 1` (an archive is one process's).
     """
+    _validate.single_process("to_bytes", _ONE_PROCESS)
     out = io.BytesIO()
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(fileobj=out, mode="w") as tar:
         for name, buf in buffers.items():
@@ -555,10 +577,13 @@ class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
     """Orbax `AsyncCheckpointHandler` of a jaxbuffers buffer: the `save` / `restore` format in the folder the orbax
     `Checkpointer` or `CheckpointManager` gives it (which provides the atomic commit). Used through `BufferSave` /
     `BufferRestore`. An asynchronous manager gets the snapshot of `save(..., blocking=False)`: the buffer may be
-    donated once `CheckpointManager.save` has returned."""
+    donated once `CheckpointManager.save` has returned. With several processes every process saves and restores the
+    item as `save` / `restore` do (a `ShardedBuffer`: each process its parts; any other buffer: one replicated buffer,
+    checked the same on every process), and `finalize` on process 0 writes buffer.json and the manifest."""
 
     def __init__(self, progress: bool | None = None):
         self.progress = progress
+        self._described: dict[str, dict] = {}  # several processes: buffer.json of each folder, until `finalize`
 
     def _write(self, directory, snapshot: _Snapshot) -> None:
         bar = _Progress(self.progress, "save buffer")
@@ -567,23 +592,32 @@ class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
         finally:
             bar.close()
 
+    def _taken(self, directory, buffer: Any, copy: bool):
+        """Take `buffer` now (with several processes: this process's parts, after the checks every process makes
+        together); returns the write into `directory`."""
+        if not _processes.several():
+            return functools.partial(self._write, directory, _snapshot(buffer))
+        meta, tree = _processes.parts(buffer, _store_snapshot, _snapshot, copy)
+        if jax.process_index() == 0:  # orbax finalizes on process 0 alone, once every process has written
+            self._described[str(directory)] = meta
+        return functools.partial(_processes.write_parts, Path(directory), tree, not isinstance(buffer, ShardedBuffer))
+
     def save(self, directory, args: "BufferSave") -> None:
-        """Write `args.buffer` into `directory`."""
-        self._write(directory, _snapshot(args.buffer))
+        """Write `args.buffer` into `directory` (several processes: each its parts; module doc)."""
+        self._taken(directory, args.buffer, copy=False)()
 
     async def async_save(self, directory, args: "BufferSave") -> list:
         """Snapshot `args.buffer` now; the returned orbax future writes it into `directory` in a background thread
         once orbax has created that folder."""
-        snapshot = _snapshot(args.buffer)
+        write_now = self._taken(directory, args.buffer, copy=True)
 
         async def write():
-            await asyncio.to_thread(self._write, directory, snapshot)
+            await asyncio.to_thread(write_now)
 
         return [ocp.future.CommitFutureAwaitingContractedSignals(write(), name="jaxbuffers_buffer_save")]
 
     def restore(self, directory, args: "BufferRestore | None" = None) -> Any:
         """The buffer in `directory` (`restore`'s arguments from `args`)."""
-        _validate.single_process("restore", _ONE_PROCESS)
         args = args or BufferRestore()
         bar = _Progress(self.progress, "restore buffer")
         try:
@@ -596,7 +630,17 @@ class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
         return _read_json(Path(directory) / "buffer.json", "buffer description")
 
     def finalize(self, directory) -> None:
-        """Nothing to do: the write ends with every file synced and the manifest last."""
+        """One process: nothing to do (the write ends with every file synced and the manifest last). Several
+        processes: orbax calls it on process 0 once every process has written its parts; it writes buffer.json and
+        the manifest of every process's files."""
+        meta = self._described.pop(str(directory), None)
+        if meta is not None:
+            (Path(directory) / "buffer.json").write_text(json.dumps(meta))
+            bar = _Progress(self.progress, "save buffer")
+            try:
+                _write_manifest(Path(directory), bar)
+            finally:
+                bar.close()
 
     def close(self) -> None:
         """Nothing to release."""

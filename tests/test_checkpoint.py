@@ -534,21 +534,12 @@ def test_async_checkpoint_manager_snapshots_the_buffer_before_save_returns(tmp_p
     _assert_same(out.buffer, before)
 
 
-def test_several_processes_are_refused_before_anything_is_written(tmp_path, monkeypatch):
-    buf = _filled_replay()
-    jb.save(tmp_path / "ck", buf)
-    sharded = jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(ITEM, capacity=4), jax.make_mesh((1,), ("data",)), "data")
+def test_an_archive_is_refused_with_several_processes(monkeypatch):
+    """`to_bytes` writes one process's archive: refused before anything is written when JAX runs several processes
+    (saves and restores of every buffer there: tests/test_multihost.py)."""
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    for b in (buf, sharded):  # several processes save a ShardedBuffer together, blocking
-        with pytest.raises(NotImplementedError, match="process_count.*ShardedBuffer"):
-            jb.save(tmp_path / "new", b, blocking=False)
-    assert not (tmp_path / "new").exists()
-    with pytest.raises(NotImplementedError, match="process_count"):
-        jb.restore(tmp_path / "ck")
-    for call in (lambda h: h.save(tmp_path / "new", jb.BufferSave(sharded)), lambda h: h.restore(tmp_path / "ck", jb.BufferRestore(sharded))):
-        with pytest.raises(NotImplementedError, match="process_count.*orbax manager items"):  # orbax items: one process
-            call(ckpt.BufferCheckpointHandler())
-    assert not (tmp_path / "new").exists()
+    with pytest.raises(NotImplementedError, match=r"to_bytes: jax.process_count\(\) is 2.*to_bytes archives"):
+        ckpt.to_bytes({"buffer": _filled_replay()})
 
 
 def test_store_export_import_keeps_the_dictionary_and_its_training_state():

@@ -182,6 +182,126 @@ def _checkpoint(pid: int, mesh, out_dir: str, phase: str) -> dict:
     return {"pid": pid, "size": int(replay.size()), "pixels": int(pixels.size())}
 
 
+# --- every kind of save by every process: replicated buffers, blocking=False, meta defaults, an orbax manager step,
+# and saves that one process fails ---
+
+def _rows(tree) -> list[np.ndarray]:
+    """Every leaf of `tree` as this process sees it: its rows of a global array (stacked), else the whole array."""
+    import jax
+
+    from jaxbuffers.sharding import _local_rows
+
+    out = []
+    for x in jax.tree.leaves(tree):
+        whole = not isinstance(x, jax.Array) or x.is_fully_addressable
+        out.append(np.asarray(x) if whole else np.stack([r for _, r in sorted(_local_rows(x).items())]))
+    return out
+
+
+def _assert_same(a, b, what: str) -> None:
+    ra, rb = _rows(a), _rows(b)
+    assert len(ra) == len(rb), what
+    for i, (x, y) in enumerate(zip(ra, rb)):
+        assert x.dtype == y.dtype and np.array_equal(x, y), f"{what}: leaf {i}"
+
+
+def _raises(kind: type, call, *fragments: str) -> str:
+    try:
+        call()
+    except kind as e:
+        assert all(f in str(e) for f in fragments), (str(e), fragments)
+        return str(e)
+    raise AssertionError(f"expected {kind.__name__} with {fragments}")
+
+
+def _collective(pid: int, mesh, out_dir: str) -> dict:
+    import glob
+    from pathlib import Path
+
+    import jax
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import jaxbuffers as jb
+    from jaxbuffers import _checkpoint_processes
+
+    def folder(name: str) -> Path:
+        return Path(out_dir) / name
+
+    def untouched(name: str, manifest: bytes) -> None:  # the previous checkpoint whole, no temporary folder left
+        assert (folder(name) / "manifest.json").read_bytes() == manifest
+        assert not glob.glob(str(folder(f".{name}.tmp-*"))), "a temporary folder was left"
+
+    item = {"obs": jnp.zeros((2,), jnp.float32), "id": jnp.int32(0)}
+    new_replay = lambda: jb.ShardedBuffer.create(lambda: jb.PrioritisedReplayBuffer.create(item, capacity=CAPACITY), mesh, "data")
+    # One replicated buffer: every process makes the same adds; process 0 writes it, each process reads it whole.
+    rep = jb.PrioritisedReplayBuffer.create(item, capacity=CAPACITY)
+    for a in range(ADDS):
+        ids = a * ROWS + np.arange(ROWS, dtype=np.int32)
+        rep = rep.add({"obs": np.stack([ids, -ids], 1).astype(np.float32), "id": ids}, _priority(ids))
+    assert jb.save(folder("rep"), rep) == folder("rep")
+    back = jb.restore(folder("rep"), rep)
+    _assert_same(back, rep, "replicated")
+    _assert_same(back.sample(jax.random.key(1), 16), rep.sample(jax.random.key(1), 16), "replicated sample")
+    # blocking=False: the buffers as of the call (the sharded one donated to later adds), committed once both wrote.
+    sharded = _replay_adds(new_replay(), pid, range(ADDS))
+    before = _rows(sharded)
+    pending = [jb.save(folder("async_rep"), rep, blocking=False), jb.save(folder("async_sharded"), sharded, blocking=False)]
+    sharded = _replay_adds(sharded, pid, range(ADDS, ADDS + 2))
+    assert [p.wait(120) for p in pending] == [folder("async_rep"), folder("async_sharded")]
+    _assert_same(jb.restore(folder("async_rep"), rep), rep, "blocking=False replicated")
+    got = _rows(jb.restore(folder("async_sharded"), new_replay()))
+    assert all(np.array_equal(x, y) for x, y in zip(got, before)), "blocking=False sharded: not the state of the call"
+    # A non-sharded buffer that differs between the processes: refused by both, nothing written.
+    ids = np.array([999], np.int32)
+    differs = rep.add({"obs": np.zeros((1, 2), np.float32), "id": ids}, _priority(ids)) if pid == 1 else rep
+    _raises(ValueError, lambda: jb.save(folder("differs"), differs), "differs between process", "ShardedBuffer")
+    assert not folder("differs").exists()
+    # Episode meta defaults: a target whose default differs is refused by every process, naming the field.
+    step = {"obs": jnp.zeros((2,), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    episodes = lambda d: jb.ShardedBuffer.create(
+        lambda: jb.EpisodeBuffer.create(step, max_episodes=2, max_timesteps=3, meta={"task": jnp.int32(d)}), mesh, "data")
+    jb.save(folder("episodes"), episodes(-1))
+    _raises(jb.CheckpointError, lambda: jb.restore(folder("episodes"), episodes(7)), "meta' field 'task'", "default is -1, the target's is 7")
+    assert (_rows(jb.restore(folder("episodes"), episodes(-1)).shards.meta_defaults["task"])[0] == -1).all()
+    # An orbax manager step: a train state, the sharded buffer and the replicated one, saved together in the background.
+    state = {"w": jax.device_put(np.arange(6, dtype=np.float32), NamedSharding(mesh, P())), "step": np.array([7], np.int32)}
+    mngr = ocp.CheckpointManager(folder("run"), options=ocp.CheckpointManagerOptions(max_to_keep=2))
+    before = _rows(sharded)
+    mngr.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(state), buffer=jb.BufferSave(sharded), replicated=jb.BufferSave(rep)))
+    sharded = _replay_adds(sharded, pid, range(ADDS + 2, ADDS + 3))  # donated while the step is written
+    mngr.wait_until_finished()
+    out = mngr.restore(1, args=ocp.args.Composite(state=ocp.args.StandardRestore(state), buffer=jb.BufferRestore(new_replay()),
+                                                  replicated=jb.BufferRestore(rep)))
+    _assert_same(out.state, state, "manager: train state")
+    _assert_same(out.replicated, rep, "manager: replicated buffer")
+    assert all(np.array_equal(x, y) for x, y in zip(_rows(out.buffer), before)), "manager: sharded buffer"
+    mngr.close()
+    # One process fails to export its host stores (process 1 closed its shards' stores): both raise, nothing written.
+    pixels = _pixel_adds(jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data"), pid, _pixel_steps())
+    record = _pixel_record(pixels)
+    jb.save(folder("pixels"), pixels)
+    manifest = (folder("pixels") / "manifest.json").read_bytes()
+    if pid == 1:
+        for s in (2, 3):
+            pixels.shards.host.shards[s].close()
+    _raises(RuntimeError, lambda: jb.save(folder("pixels"), pixels), *(["after close()"] if pid else ["process 1 could not export its host stores", "after close()", "nothing was written"]))
+    untouched("pixels", manifest)
+    again = _pixel_record(jb.restore(folder("pixels"), jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data")))
+    assert sorted(again) == sorted(record) and all(np.array_equal(again[k], record[k]) for k in record)
+    # One process fails to write its parts (blocking=False): every process's wait raises, nothing is committed.
+    manifest = (folder("async_sharded") / "manifest.json").read_bytes()
+    if pid == 1:
+        def full(*args, **kwargs):
+            raise OSError("no space left on device")
+        _checkpoint_processes.write_parts = full
+    pending = jb.save(folder("async_sharded"), sharded, blocking=False)
+    _raises(RuntimeError, pending.wait, "process 1 could not write its parts (OSError: no space left on device)", "nothing was committed")
+    untouched("async_sharded", manifest)
+    return {"pid": pid, "ok": True}
+
+
 def _worker(case: str, pid: int, port: int, out_dir: str) -> None:
     import jax
 
@@ -189,7 +309,8 @@ def _worker(case: str, pid: int, port: int, out_dir: str) -> None:
     assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
     mesh = jax.make_mesh((4,), ("data",))
     cases = {"device": _device_buffers, "compressed": _compressed_buffer,
-             "save": lambda *a: _checkpoint(*a, "save"), "restore": lambda *a: _checkpoint(*a, "restore")}
+             "save": lambda *a: _checkpoint(*a, "save"), "restore": lambda *a: _checkpoint(*a, "restore"),
+             "collective": _collective}
     result = cases[case](pid, mesh, out_dir)
     print(json.dumps(result), flush=True)
     jax.distributed.shutdown()
@@ -293,6 +414,15 @@ def test_two_processes_save_and_two_new_processes_restore_the_same_buffers(tmp_p
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     meta = json.loads((tmp_path / "ck_pixels" / "buffer.json").read_text())
     assert meta["host"]["layout"] == "stacked" and len(meta["host"]["shards"]) == 4
+
+
+@pytest.mark.slow  # two JAX processes on localhost
+def test_two_processes_save_every_kind_together_and_commit_nothing_when_one_fails(tmp_path):
+    """Several processes: one replicated buffer (written by process 0, refused when it differs), blocking=False saves
+    committed once both processes wrote, a meta default the target does not share refused by both, an orbax manager
+    step of a train state and both buffers; a save in which one process fails to export or to write raises in both
+    and leaves the previous checkpoint whole."""
+    assert _two_processes("collective", tmp_path) == [{"pid": 0, "ok": True}, {"pid": 1, "ok": True}]
 
 
 if __name__ == "__main__":
