@@ -47,6 +47,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxbuffers._checkpoint_describe import _COMPRESSED, CheckpointError, _check_meta_defaults, _describe, _dtype, _nbytes
 from jaxbuffers._checkpoint_files import _clean_stale, _commit, _is_checkpoint, _sibling, _write_manifest
+from jaxbuffers._validate import processes as _replicas
 from jaxbuffers.sharding import ShardedBuffer, _local_rows
 
 _NAME_BYTES = 512  # the broadcast temporary folder name, utf-8, zero-padded
@@ -171,15 +172,7 @@ def _replicated(buffer: Any, snapshot) -> tuple[dict, dict]:
     except Exception as e:  # noqa: BLE001 - raised below by every process
         error = e
     every = _collected(error, hashes, "take its buffer to host memory")
-    for p, theirs in enumerate(every):
-        diff = next((k for k in sorted(set(hashes) | set(theirs)) if hashes.get(k) != theirs.get(k)), None)
-        if diff is not None:
-            raise ValueError(
-                f"buffer: with several processes a buffer other than a ShardedBuffer is one replicated buffer, written "
-                f"by process 0, and must be the same on every process; array {diff} differs between process "
-                f"{jax.process_index()} and process {p} (for each process's own data, use a ShardedBuffer: its "
-                f"shards are each process's rows)"
-            )
+    _replicas.same_on_every_process(hashes, every, jax.process_index())
     return meta, tree
 
 

@@ -73,6 +73,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxbuffers import _checkpoint_processes as _processes, _validate
+from jaxbuffers._validate import processes as _replicas
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
@@ -163,21 +164,7 @@ def _snapshot(buffer: Any, host: bool = True) -> _Snapshot:
             x.copy_to_host_async()
     # host memory as CPU arrays: orbax writes jax arrays from their memory, several times faster than numpy arrays
     cpu = jax.local_devices(backend="cpu")[0]
-    return _Snapshot(meta, _array_tree([jax.device_put(_whole(x), cpu) for x in leaves], host_arrays))
-
-
-def _whole(x: Any) -> np.ndarray:
-    """A leaf on host memory: a global array replicated over processes gives this process's copy.
-
-    Raises:
-      TypeError: an array split across processes (not one buffer each process holds whole).
-    """
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        if not x.is_fully_replicated:
-            raise TypeError(f"buffer: an array {x.shape} split across processes ({x.sharding}); save a ShardedBuffer "
-                            f"(every process its shards)")
-        x = x.addressable_data(0)
-    return np.asarray(x)
+    return _Snapshot(meta, _array_tree([jax.device_put(_replicas.whole_leaf(x), cpu) for x in leaves], host_arrays))
 
 
 def _write(root: Path, snapshot: _Snapshot, progress: _Progress) -> None:
@@ -507,11 +494,13 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
       TypeError: `directory` not a path, `target` not a jaxbuffers buffer, `progress` not a bool or None, `sharding`
         not a Sharding, a Device or a tree of Shardings.
       ValueError: `sharding` a tree of another number of Shardings than the buffer's arrays.
-      With several processes a `ShardedBuffer` target is restored by every process together (each its shards; a
-      checkpoint saved by one process or by several restores either way), and raises on every process; any other
-      buffer is read whole by each process, onto its own devices by default.
       CheckpointError: missing or corrupt files (the message names the file), another format version, or a
-        class, configuration, shape or dtype other than the target's.
+        class, configuration, shape or dtype other than the target's, or episode meta defaults other than a concrete
+        target's (naming the field).
+
+    With several processes a `ShardedBuffer` target is restored by every process together (each its shards; a
+    checkpoint saved by one process or by several restores either way), and an error is raised on every process; any
+    other buffer is read whole by each process, onto its own devices by default.
     """
     path = _validate.path("directory", directory).absolute()
     if target is not None:

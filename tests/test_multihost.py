@@ -302,6 +302,20 @@ def _collective(pid: int, mesh, out_dir: str) -> dict:
     return {"pid": pid, "ok": True}
 
 
+def _replicated(pid: int, mesh, out_dir: str) -> dict:
+    """A replicated buffer saved in the background by both processes (process 0 writes it) and read by each."""
+    import jax.numpy as jnp
+
+    import jaxbuffers as jb
+
+    buf = jb.ReplayBuffer.create({"obs": jnp.zeros((2,), jnp.float32)}, capacity=CAPACITY)
+    buf = buf.add({"obs": np.arange(2 * ROWS, dtype=np.float32).reshape(ROWS, 2)})
+    folder = os.path.join(out_dir, "replicated")
+    assert jb.save(folder, buf, blocking=False).wait(60) == jb.save(folder, buf)
+    _assert_same(jb.restore(folder, buf), buf, "replicated")
+    return {"pid": pid, "ok": True}
+
+
 def _worker(case: str, pid: int, port: int, out_dir: str) -> None:
     import jax
 
@@ -310,7 +324,7 @@ def _worker(case: str, pid: int, port: int, out_dir: str) -> None:
     mesh = jax.make_mesh((4,), ("data",))
     cases = {"device": _device_buffers, "compressed": _compressed_buffer,
              "save": lambda *a: _checkpoint(*a, "save"), "restore": lambda *a: _checkpoint(*a, "restore"),
-             "collective": _collective}
+             "collective": _collective, "replicated": _replicated}
     result = cases[case](pid, mesh, out_dir)
     print(json.dumps(result), flush=True)
     jax.distributed.shutdown()
@@ -414,6 +428,13 @@ def test_two_processes_save_and_two_new_processes_restore_the_same_buffers(tmp_p
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     meta = json.loads((tmp_path / "ck_pixels" / "buffer.json").read_text())
     assert meta["host"]["layout"] == "stacked" and len(meta["host"]["shards"]) == 4
+
+
+@pytest.mark.slow  # two JAX processes on localhost (~20 s on a loaded 2-core machine)
+def test_two_processes_save_one_replicated_buffer_in_the_background(tmp_path):
+    """The smallest several-process save: a buffer both processes hold whole, saved with blocking=False by both
+    (committed once both finished), then blocking, and restored by each."""
+    assert _two_processes("replicated", tmp_path) == [{"pid": 0, "ok": True}, {"pid": 1, "ok": True}]
 
 
 @pytest.mark.slow  # two JAX processes on localhost

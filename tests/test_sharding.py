@@ -299,6 +299,18 @@ def test_collectives_never_touch_storage(mesh):
             if whole:  # global sampling: the shard masses and the sampled items, nothing bigger
                 assert ("all-reduce", batch * 64) in ops, ops
             assert all(n <= batch * 64 for _, n in ops), ops
+    step = {"obs": jnp.zeros((64,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    for make, method, kw in (  # lanes: a shard's obs leaf [4, 2048, 64] is 32 times the sample's
+        (lambda: jb.TrajectoryBuffer.create(step, num_envs=4, length=2048), "sample_transitions", {"n_step": 3, "gamma": 0.9}),
+        (lambda: jb.PrioritisedTrajectoryBuffer.create(step, num_envs=4, length=2048, window_length=4), "sample_sequences", {"sequence_length": 4}),
+    ):
+        sharded = jb.ShardedBuffer.create(make, mesh, "data")
+        n = batch // 4 if method == "sample_sequences" else batch  # sequences of 4 steps: as many steps as transitions
+        for fn in (lambda b, k: b.sample(k, n, method=method, **kw), lambda b, k: b.sample_local(k, n // S, method=method, **kw)):
+            lowered = jax.jit(fn).lower(sharded, jax.random.key(0))
+            ops = _collectives(lowered.compile().as_text())
+            assert "all_gather" not in lowered.as_text() and all(op != "all-gather" for op, _ in ops), (method, ops)
+            assert all(m <= batch * 64 for _, m in ops), (method, ops)
 
 
 @eight

@@ -181,3 +181,20 @@ def test_sizes_by_position_name_the_keyword_only_sizes_and_show_the_call(cls, si
     )
     with pytest.raises(TypeError, match=rf"got 1 positional argument after example_step; call {cls.__name__}\.create"):
         cls.create(step, 4, **{s: 4 for s in sizes[1:]})
+
+
+def test_a_replicated_buffer_must_be_the_same_on_every_process():
+    """Several processes saving one replicated buffer: hashes of every array compared, the first that differs named
+    with both processes; a leaf held whole (numpy, or a local array) is read as is."""
+    from jaxbuffers._validate import processes
+
+    own = {"buffer.json": "a", "['device']['0']": "b", "['device']['1']": "c"}
+    processes.same_on_every_process(own, [dict(own), dict(own)], 0)
+    with pytest.raises(ValueError, match=r"buffer: .*array \['device'\]\['1'\] differs between process 0 and process 2 .*ShardedBuffer"):
+        processes.same_on_every_process(own, [own, own, {**own, "['device']['1']": "x"}], 0)
+    with pytest.raises(ValueError, match=r"array \['host'\] differs between process 1 and process 0"):
+        processes.same_on_every_process(own, [{**own, "['host']": "h"}, own], 1)
+    x = np.arange(6, dtype=np.int16).reshape(2, 3)
+    for leaf in (x, jnp.asarray(x)):
+        got = processes.whole_leaf(leaf)
+        assert isinstance(got, np.ndarray) and got.dtype == x.dtype and np.array_equal(got, x)
