@@ -56,12 +56,12 @@ E, LENGTH, PIXEL_ADDS, K = 8, 6, 9, 4
 FRAME = (6, 6)
 
 
-def _pixel_steps():
-    """`PIXEL_ADDS` steps of `E` lanes: frame stacks of `K` that shift by one frame per step, reset at episode ends,
+def _pixel_steps(count: int = PIXEL_ADDS):
+    """`count` steps of `E` lanes: frame stacks of `K` that shift by one frame per step, reset at episode ends,
     with flags and final observations (the same in every process and in the reference)."""
     rng = np.random.default_rng(11)
     stack = np.repeat(rng.integers(0, 4, (E, 1, *FRAME), np.uint8), K, axis=1)
-    for t in range(PIXEL_ADDS):
+    for t in range(count):
         term, trunc = rng.random(E) < 0.15, rng.random(E) < 0.15
         fin = np.concatenate([stack[:, 1:], rng.integers(0, 4, (E, 1, *FRAME), np.uint8)], axis=1)
         yield ({"obs": stack.copy(), "action": np.full(E, t, np.int32), "reward": rng.standard_normal(E).astype(np.float32)},
@@ -150,10 +150,10 @@ def _checkpoint(pid: int, mesh, out_dir: str, phase: str) -> dict:
     item = {"obs": jnp.zeros((2,), jnp.float32), "id": jnp.int32(0)}
     replay = jb.ShardedBuffer.create(lambda: jb.PrioritisedReplayBuffer.create(item, capacity=CAPACITY), mesh, "data")
     pixels = jb.ShardedBuffer.create(lambda: _make_pixels(E // 4), mesh, "data")
-    steps = list(_pixel_steps())
+    steps = list(_pixel_steps(PIXEL_ADDS + 2))  # one more add after each record, then one that makes a state stale
     folders = [os.path.join(out_dir, "ck_replay"), os.path.join(out_dir, "ck_pixels")]
     if phase == "save":
-        replay, pixels = _replay_adds(replay, pid, range(ADDS)), _pixel_adds(pixels, pid, steps[:-1])
+        replay, pixels = _replay_adds(replay, pid, range(ADDS)), _pixel_adds(pixels, pid, steps[:PIXEL_ADDS - 1])
         for folder, buf in zip(folders, (replay, pixels)):
             assert jb.save(folder, buf) == jb.save(folder, buf)  # the second replaces the first
     else:
@@ -162,16 +162,16 @@ def _checkpoint(pid: int, mesh, out_dir: str, phase: str) -> dict:
         one, several = _pixel_record(other), _pixel_record(pixels)  # saved by one process, restored in two
         assert sorted(one) == sorted(several) and all(np.array_equal(one[k], several[k]) for k in one)
     arrays = {}
-    for when in ("now", "next"):
+    for j, when in enumerate(("now", "next")):
         out = jax.jit(lambda b, k: b.sample(k, DRAWS))(replay, jax.random.key(5))
         arrays.update({f"{when}.replay{jax.tree_util.keystr(p)}": np.asarray(x.addressable_data(0))
                        for p, x in jax.tree_util.tree_flatten_with_path(out)[0]})
         for i, x in enumerate(jax.tree.leaves(replay.shards) + jax.tree.leaves(pixels.shards)):
             arrays.update({f"{when}.leaf{i}.row{s}": r for s, r in _local_rows(x).items()})
         arrays.update(_pixel_record(pixels, f"{when}.pixels"))
-        replay, pixels = _replay_adds(replay, pid, range(ADDS, ADDS + 1)), _pixel_adds(pixels, pid, steps[-1:])
+        replay, pixels = _replay_adds(replay, pid, range(ADDS, ADDS + 1)), _pixel_adds(pixels, pid, steps[PIXEL_ADDS - 1 + j:PIXEL_ADDS + j])
     if phase == "save":  # an older state than its host stores: refused by every process before anything is written
-        newer = jax.block_until_ready(_pixel_adds(jax.tree.map(jnp.copy, pixels), pid, steps[:1]))
+        newer = jax.block_until_ready(_pixel_adds(jax.tree.map(jnp.copy, pixels), pid, steps[PIXEL_ADDS + 1:]))
         try:
             jb.save(os.path.join(out_dir, "ck_stale"), pixels)
             raise AssertionError("a stale state was saved")

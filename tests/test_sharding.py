@@ -74,6 +74,17 @@ def _logical(buf, tree):
     return jax.tree.map(lambda x: np.asarray(x)[order], tree)
 
 
+def _assert_items_merge(sharded, whole, fields, c: int, b: int, replay=lambda buf: buf) -> None:
+    """The item buffer's `fields(buf)` (leaves `[c]` per shard, `[S * c]` unsharded) in logical order, bit for bit:
+    item l of shard s is item (l // b) * S * b + s * b + l % b of the unsharded buffer (`replay`: the item ring)."""
+    per_shard = [_logical(replay(sh), fields(sh)) for sh in (sharded.shard(s) for s in range(S))]  # leaves [c, ...]
+    expected = _logical(replay(whole), fields(whole))
+    for name in expected:
+        blocks = np.stack([p[name].reshape(c // b, b, *p[name].shape[1:]) for p in per_shard], axis=1)
+        got = blocks.reshape(S * c, *blocks.shape[3:])
+        np.testing.assert_array_equal(_bits(got), _bits(expected[name]), err_msg=name)
+
+
 def _fill_item_buffers(mesh, make_shard, make_whole, adds, b, seed=0, priorities=False):
     """The same adds of `S * b` items to a sharded buffer and to one unsharded buffer (jitted, donated)."""
     rng = np.random.default_rng(seed)
@@ -96,14 +107,7 @@ def test_replay_content_is_the_unsharded_buffer_bit_for_bit(mesh):
         mesh, lambda: jb.ReplayBuffer.create(ITEM, capacity=c), lambda: jb.ReplayBuffer.create(ITEM, capacity=S * c), 7, b
     )
     assert sharded.shards.storage["obs"].sharding.spec[0] == "data"
-    shards = [sharded.shard(s) for s in range(S)]
-    per_shard = [_logical(sh, sh.storage) for sh in shards]  # leaves [c, ...] each
-    expected = _logical(whole, whole.storage)
-    for name in ITEM:
-        # Item l of shard s is item (l // b) * S * b + s * b + l % b of the unsharded buffer.
-        blocks = np.stack([p[name].reshape(c // b, b, *p[name].shape[1:]) for p in per_shard], axis=1)
-        got = blocks.reshape(S * c, *blocks.shape[3:])
-        np.testing.assert_array_equal(_bits(got), _bits(expected[name]), err_msg=name)
+    _assert_items_merge(sharded, whole, lambda buf: buf.storage, c, b)
     assert int(sharded.size()) == int(whole.size()) == S * c
     assert bool(sharded.can_sample(4)) and not bool(jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(ITEM, capacity=c), mesh, "data").can_sample(4))
 
@@ -150,6 +154,8 @@ def test_global_prioritised_sampling_probabilities_and_weights_are_the_whole_buf
         mesh, lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=16, priority_exponent=alpha),
         lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=128, priority_exponent=alpha), 6, 4, priorities=True,
     )
+    # the items and their sum-tree leaves (priority ** alpha) in logical order: the unsharded buffer's, bit for bit
+    _assert_items_merge(sharded, whole, lambda buf: {**buf.replay.storage, "leaf": buf.tree.leaves()}, 16, 4, lambda buf: buf.replay)
     leaves = np.asarray(whole.tree.leaves(), np.float64)
     p_whole = leaves / leaves.sum()
     totals = np.asarray(jax.vmap(lambda t: t.total())(sharded.shards.tree))
