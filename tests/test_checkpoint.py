@@ -539,7 +539,7 @@ def test_an_archive_is_refused_with_several_processes(monkeypatch):
     (saves and restores of every buffer there: tests/test_multihost.py)."""
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     with pytest.raises(NotImplementedError, match=r"to_bytes: jax.process_count\(\) is 2.*to_bytes archives"):
-        ckpt.to_bytes({"buffer": _filled_replay()})
+        ckpt.to_bytes({"buffer": jb.ReplayBuffer.create(ITEM, capacity=4)})
 
 
 def test_store_export_import_keeps_the_dictionary_and_its_training_state():
