@@ -21,7 +21,8 @@ The write and the commit go through the key-value store and barriers of the `jax
 collective, so they may run in a background thread: `save(..., blocking=False)`): each process writes its parts and
 posts its status, all meet at a barrier, and process 0 writes `buffer.json` and the manifest (checksums of every
 process's files) and renames the folder into place only if every process wrote its parts; it posts the result, which
-every process raises if the save failed. Nothing is committed unless every process finished.
+every process raises if the save failed. Nothing is committed unless every process finished (a process that has
+not written its parts within an hour of the others, e.g. one that died, makes them raise).
 
 `restore` of a `ShardedBuffer` reads the device arrays with the target's shardings (each process reads its parts) and
 each process loads the host stores of its own shards from their rows; a checkpoint saved by one process restores in
@@ -51,6 +52,7 @@ from jaxbuffers._validate import processes as _replicas
 from jaxbuffers.sharding import ShardedBuffer, _local_rows
 
 _NAME_BYTES = 512  # the broadcast temporary folder name, utf-8, zero-padded
+_WAIT_MS = 3_600_000  # how long a process waits for the others' writes and for process 0's commit
 
 
 def several() -> bool:
@@ -209,10 +211,6 @@ def write_parts(root: Path, tree: dict, replicated: bool) -> None:
         handler.close()
 
 
-def _client():
-    return ocp.multihost.get_jax_distributed_client()
-
-
 def save(path: Path, buffer: Any, store_snapshot, snapshot, copy: bool) -> Callable[[Any], Path]:
     """`jaxbuffers.save` by every process (module doc): every check, gathered error and the temporary folder now, on
     every process; returns `finish(progress)`, which writes this process's parts and commits with the others (no
@@ -259,8 +257,7 @@ def _together(key: str, write: Callable[[], None], commit: Callable[[], None], t
     Raises:
       RuntimeError: naming each process that failed and its error (chained to this process's own error, if any).
     """
-    client, pid, n = _client(), jax.process_index(), jax.process_count()
-    timeout = ocp.multihost.coordination_timeout() * 1000
+    client, pid, n, timeout = ocp.multihost.get_jax_distributed_client(), jax.process_index(), jax.process_count(), _WAIT_MS
     own = None
     try:
         write()
@@ -281,6 +278,7 @@ def _together(key: str, write: Callable[[], None], commit: Callable[[], None], t
         client.key_value_set(f"{key}/result", result or "ok")
     else:
         result = client.blocking_key_value_get(f"{key}/result", timeout)
+    client.key_value_delete(f"{key}/{pid}")  # read by process 0 before it posted the result
     if result and result != "ok":
         raise RuntimeError(f"{what}: {result}; nothing was committed") from own
 
