@@ -19,9 +19,9 @@ those at `record` time, the same as at sample time when no add comes between. A 
 prioritised buffers') is checked against the slot's current generation, so a draw whose slot was overwritten meanwhile
 is counted as `stale` and nowhere else; a uniform sample is taken to be of the buffer it is recorded into.
 
-Histogram bins and position counts are int32 that saturate: they stop at `2**31 - 1` rather than wrap (a narrower
-count would saturate within reach of a long run on a small buffer: 65,535 draws of one item are 256 records of a
-batch of 256 from a buffer of one item). `stats()` reads everything back as a host-side dict.
+Histogram bins and position counts are int32 (4 bytes per position) that saturate: they stop at `2**31 - 1` rather
+than wrap. A narrower count would saturate within reach: a 1,000-item dataset sampled 256 at a time gives each item
+65,536 draws in 256,000 updates. `stats()` reads everything back as a host-side dict.
 """
 
 from __future__ import annotations
