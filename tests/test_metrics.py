@@ -316,7 +316,7 @@ def test_metrics_survive_a_checkpoint(tmp_path):
         assert _metrics(got).per_slot is metrics
 
 
-@pytest.mark.parametrize("kind", ["replay", "episode", "compressed-trajectory"])
+@pytest.mark.parametrize("kind", ["replay", pytest.param("episode", marks=pytest.mark.slow), "compressed-trajectory"])
 def test_a_checkpoint_written_without_per_position_counts_restores(kind, tmp_path):
     """A checkpoint whose buffer.json has no `metrics` (written when per-position counts were off by default, so it
     holds none) restores without them, its counters as saved; a target made with the default is refused naming
