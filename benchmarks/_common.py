@@ -248,7 +248,7 @@ def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: 
     """Rows ``metrics/add/<item>/B=<b>/scan`` and ``metrics/add+sample+record/<item>/batch=<k>/scan`` (a training
     step: add one item, sample a batch, record it): the buffer without metrics (``metrics=False``, nothing recorded;
     the anchor), with the O(1) counters only (``metrics=False``, every sample recorded) and with per-slot counts too
-    (``metrics=True``, recorded). Each row also carries ``ratio_spread`` (``_metrics_compare``).
+    (``metrics=True``, the default, recorded). Each row also carries ``ratio_spread`` (``_metrics_compare``).
 
     ``create(item, capacity, metrics=...)`` builds the buffer, ``sample(state, key)`` draws a batch of 256.
     """

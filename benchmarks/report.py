@@ -38,7 +38,7 @@ NOTES = {
               "call per operation from Python; `scan`: the operations inside one jitted `lax.scan`, as in a jitted "
               "training step. Throughput in items/s. `metrics/...` rows (`bench_replay.py --metrics`): the buffer "
               "without usage metrics (`off`, the anchor), with its scalar counters and `record` of every sample "
-              "(`counters`), and with per-slot counts too (`per-slot`); `add+sample+record` is a scanned training "
+              "(`counters`), and with per-slot counts too (`per-slot`, the default); `add+sample+record` is a scanned training "
               "step of one add, one sample of 256 and its `record`. Their ratio is that of the medians; in brackets "
               "the quartiles of the ratio within each round (both timed back to back), the spread the machine's load "
               "leaves.",

@@ -49,8 +49,9 @@ def _names(spec: Any, indices) -> list[str]:
 
 
 def _metrics(b) -> dict:
-    """`metrics=True` when the buffer keeps per-position sample counts (the default, False, is left out)."""
-    return {"metrics": True} if b.metrics.per_slot else {}
+    """`metrics`: whether the buffer keeps per-position sample counts (always saved; a checkpoint without it was
+    written when they were off by default and holds none: `_ADDED`)."""
+    return {"metrics": b.metrics.per_slot}
 
 
 def _replay(b) -> dict:
@@ -137,9 +138,11 @@ _CLASSES = {
 _COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer)
 #: class name -> {create argument: the value a checkpoint written before the argument was saved means}
 _ADDED = {
-    "CompressedEpisodeBuffer": {"keyframe_interval": 1, "delta_codec": None},
-    "CompressedTrajectoryBuffer": {"delta_codec": None},
-    "CompressedPrioritisedTrajectoryBuffer": {"delta_codec": None},
+    **{name: {"metrics": False} for name in ("ReplayBuffer", "PrioritisedReplayBuffer", "TrajectoryBuffer",
+                                             "PrioritisedTrajectoryBuffer", "EpisodeBuffer")},
+    "CompressedEpisodeBuffer": {"keyframe_interval": 1, "delta_codec": None, "metrics": False},
+    "CompressedTrajectoryBuffer": {"delta_codec": None, "metrics": False},
+    "CompressedPrioritisedTrajectoryBuffer": {"delta_codec": None, "metrics": False},
 }
 #: class name -> `_upgraded_from(restored, saved_num_slots)`: the restored state in this layout, or None (refused)
 _SLOT_LAYOUTS = {"CompressedRolloutBuffer": CompressedRolloutBuffer._upgraded_from}
@@ -279,7 +282,8 @@ def _check_config(name: str, saved: dict, cfg: dict, what: str) -> None:
     for k in sorted(set(ours) | set(saved["config"])):
         a, b = saved["config"].get(k), ours.get(k)
         if a != b and not (k == "example" and a is None):
-            raise CheckpointError(f"{what}: config {k!r} of the checkpoint is {a!r:.200}, the target's is {b!r:.200}")
+            hint = f" (create the target with metrics={a}, or restore without a target)" if k == "metrics" else ""
+            raise CheckpointError(f"{what}: config {k!r} of the checkpoint is {a!r:.200}, the target's is {b!r:.200}{hint}")
 
 
 def _check_meta_defaults(target: Any, loaded: list, root: Path, stacked: bool = False, values=np.asarray) -> None:

@@ -8,17 +8,20 @@ Counted on the device, inside the training step, as ordinary state leaves (saved
 * ages: for each recorded draw, the items (steps per lane, episodes) added after the drawn one, as of the
   `record` call: `age_sum`, `age_max`, and `age_hist`, bin `k = floor(log2(age + 1))` (ages `[2**k - 1,
   2**(k+1) - 2]`, the last bin open);
-* per position, with `metrics=True` at `create` (off by default: it adds a write of the batch's slots to every add
-  and a scatter of the batch to every `record`): `sample_count`, draws recorded since the
-  position was last written (an add resets it).
+* per position (on by default; `metrics=False` at `create` keeps the counters above only): `sample_count`, draws
+  recorded since the position was last written. An add resets the positions it writes in the same ring write as
+  the data (`Metrics.write`), and `record` counts them with one scatter of the batch: O(batch) each. No insert step
+  is kept per position: a ring's slot `s` holds item number `added - 1 - ((head - 1 - s) mod ring)`
+  (`jaxbuffers._ring.last_item_number`), so ages come from the cursors alone.
 
 `sample` stays pure: a training step records what it drew with `buf = buf.record(sample)` (cost O(batch)). Ages are
 those at `record` time, the same as at sample time when no add comes between. A sample with `generations` (the
 prioritised buffers') is checked against the slot's current generation, so a draw whose slot was overwritten meanwhile
 is counted as `stale` and nowhere else; a uniform sample is taken to be of the buffer it is recorded into.
 
-Histogram bins and position counts stop at `2**31 - 1` rather than wrap. `stats()` reads everything back as
-a host-side dict.
+Histogram bins and position counts are int32 (4 bytes per position) that saturate: they stop at `2**31 - 1` rather
+than wrap. A narrower count would saturate within reach: a 1,000-item dataset sampled 256 at a time gives each item
+65,536 draws in 256,000 updates. `stats()` reads everything back as a host-side dict.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class Metrics(struct.PyTreeNode):
     sampled: jax.Array  # shape=(2,), int32: draws recorded (not stale), two-word counter [high, low] (_ring.counter_*)
     record_calls: jax.Array  # shape=(2,), int32: record calls, two-word counter
     stale: jax.Array  # shape=(2,), int32: draws recorded as stale, two-word counter
-    sample_count: jax.Array  # shape=[*positions] (per_slot) or [0], int32: draws recorded since the position was written (stops near 2**31 - 1)
+    sample_count: jax.Array  # shape=[*positions] (per_slot) or [0], int32: draws recorded since the position was written (stops at 2**31 - 1)
     age_sum: jax.Array  # shape=(), float32: sum of the ages of the recorded draws
     age_max: jax.Array  # shape=(), int32: largest age recorded (0 before any draw)
     age_hist: jax.Array  # shape=[NUM_AGE_BINS], int32: draws by age bin floor(log2(age + 1))
@@ -66,12 +69,16 @@ class Metrics(struct.PyTreeNode):
             age_max=jnp.int32(0), age_hist=jnp.zeros((NUM_AGE_BINS,), jnp.int32), per_slot=per_slot,
         )
 
-    def written(self, head: jax.Array, count: int, axis: int = 0) -> "Metrics":
-        """Reset `sample_count` at the `count` ring slots written from `head` on (static `count`, along `axis`;
-        `jaxbuffers._ring.fill`). O(count), in place when donated."""
+    def write(self, storage: Any, rows: Any, head: jax.Array, axis: int = 0) -> tuple[Any, "Metrics"]:
+        """`jaxbuffers._ring.write(storage, rows, head, axis)`, with `sample_count` reset to 0 at the positions written
+        by the same write (one set of ring indices for every leaf). Returns `(storage, metrics)`. O(rows), in place
+        when donated."""
         if not self.per_slot:
-            return self
-        return self.replace(sample_count=_ring.fill(self.sample_count, 0, head, count, axis))
+            return _ring.write(storage, rows, head, axis), self
+        shape = list(self.sample_count.shape)
+        shape[axis] = jax.tree.leaves(rows)[0].shape[axis]
+        storage, counts = _ring.write((storage, self.sample_count), (rows, jnp.zeros(shape, jnp.int32)), head, axis)
+        return storage, self.replace(sample_count=counts)
 
     def written_at(self, slots: jax.Array) -> "Metrics":
         """Reset `sample_count` at the written `slots` (distinct int32; slots outside `[0, positions)` are ignored).

@@ -78,15 +78,6 @@ def write(storage, batch, head: jax.Array, axis: int = 0):
     return jax.tree.unflatten(treedef, out)
 
 
-def fill(array: jax.Array, value, head: jax.Array, count: int, axis: int = 0) -> jax.Array:
-    """`array` with the `count` slots along `axis` from `head` on (`write_indices`: with wrap-around) set to `value`:
-    `write` of a block of `value`s. `count` is a static int in `[1, capacity]`. Cost O(count), in place when the
-    array is donated."""
-    shape = list(array.shape)
-    shape[axis] = count
-    return write(array, jnp.full(shape, value, array.dtype), head, axis)
-
-
 def oldest(head: jax.Array, num_valid: jax.Array, capacity: int) -> jax.Array:
     """Physical slot of the oldest valid item (int32 scalar; ``head`` once the ring is full)."""
     return ((head - num_valid) % capacity).astype(jnp.int32)

@@ -116,7 +116,7 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
     def create(
         cls, example_step: Mapping, *, max_episodes: int, max_timesteps: int, meta: Mapping | None = None,
         circular: bool = True, obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
-        metrics: bool = False,
+        metrics: bool = True,
     ) -> "EpisodeBuffer":
         """An empty buffer of `max_episodes` episodes of up to `max_timesteps` steps.
 
@@ -133,7 +133,8 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
           obs_key: name of the observation field.
           action_key: name of the action field.
           reward_key: name of the reward field.
-          metrics: static bool: keep per-episode sample counts (`jaxbuffers._metrics`; ages count episodes).
+          metrics: static bool: keep per-episode sample counts (`jaxbuffers._metrics`; int32 `[max_episodes]`, on
+            by default; ages count episodes).
 
         Raises:
           TypeError: `example_step` or `meta` not a dict, a leaf not an array, `circular` or `metrics` not a bool.

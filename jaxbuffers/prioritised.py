@@ -92,7 +92,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
     @classmethod
     def create(
         cls, example_item: Any, capacity: int, *, priority_exponent: float = 0.6, min_size: int = 1, epsilon: float = 1e-6,
-        metrics: bool = False,
+        metrics: bool = True,
     ) -> "PrioritisedReplayBuffer":
         """An empty buffer for items shaped like `example_item`.
 
@@ -102,7 +102,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
           priority_exponent: `alpha` in `[0, 1]` (0: uniform; 1: fully proportional).
           min_size: `can_sample` is False until this many items are stored.
           epsilon: smallest priority kept, in `[1e-30, 1]`; zero or negative priorities become it.
-          metrics: static bool: keep per-slot sample counts (`jaxbuffers._metrics`).
+          metrics: static bool: keep per-slot sample counts (as `jaxbuffers.ReplayBuffer.create`).
 
         Raises:
           ValueError: as `jaxbuffers.ReplayBuffer.create`, or `priority_exponent` / `epsilon` outside their ranges.

@@ -90,7 +90,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     def create(
         cls, example_step: Mapping, *, num_envs: int, length: int, window_length: int, period: int = 1,
         priority_exponent: float = 0.6, epsilon: float = 1e-6, final_obs_capacity: int | None = None,
-        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", metrics: bool = False,
+        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", metrics: bool = True,
     ) -> "PrioritisedTrajectoryBuffer":
         r"""An empty prioritised buffer.
 

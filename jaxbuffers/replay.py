@@ -54,7 +54,7 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
     min_size: int = struct.field(pytree_node=False)
 
     @classmethod
-    def create(cls, example_item: Any, capacity: int, *, min_size: int = 1, metrics: bool = False) -> "ReplayBuffer":
+    def create(cls, example_item: Any, capacity: int, *, min_size: int = 1, metrics: bool = True) -> "ReplayBuffer":
         """An empty buffer for items shaped like `example_item`.
 
         Args:
@@ -62,7 +62,8 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
             Storage keeps exactly these dtypes (uint8 pixels stay uint8).
           capacity: number of items kept (Python int >= 1); older items are overwritten first.
           min_size: `can_sample` is False until this many items are stored (>= 1).
-          metrics: static bool: keep per-slot sample counts (`jaxbuffers._metrics`; the other counters always are).
+          metrics: static bool: keep per-slot sample counts (`jaxbuffers._metrics`; int32 `[capacity]`; the other
+            counters are always kept).
 
         Raises:
           ValueError: `capacity < 1`, `min_size` outside `[1, capacity]`, empty example.
@@ -154,9 +155,9 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
         (b,) = _validate.check_batch(self.item_spec, batch, 1, "batch")
         _ring.check_batch_fits(b, self.capacity, "batch")
         head, num_valid = _ring.advance(self.head, self.num_valid, b, self.capacity)
+        storage, metrics = self.metrics.write(self.storage, batch, self.head)
         return self.replace(
-            storage=_ring.write(self.storage, batch, self.head), head=head, num_valid=num_valid,
-            added=_ring.counter_add(self.added, b), metrics=self.metrics.written(self.head, b),
+            storage=storage, head=head, num_valid=num_valid, added=_ring.counter_add(self.added, b), metrics=metrics,
         )
 
     @_compiled.method("batch_size")

@@ -185,7 +185,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     @_validate.keyword_sizes
     def create(
         cls, example_step: Mapping, *, num_envs: int, length: int, final_obs_capacity: int | None = None,
-        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", metrics: bool = False,
+        obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", metrics: bool = True,
     ) -> "TrajectoryBuffer":
         """An empty buffer of `num_envs` lanes of `length` steps.
 
@@ -201,7 +201,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
           obs_key: name of the observation field.
           action_key: name of the action field.
           reward_key: name of the reward field.
-          metrics: static bool: keep per-position sample counts (`jaxbuffers._metrics`).
+          metrics: static bool: keep per-position sample counts (`jaxbuffers._metrics`; int32 `[num_envs, length]`,
+            on by default; the other counters are always kept).
 
         Raises:
           TypeError: `example_step` is not a dict, a leaf is not an array, a field name is not a str, `metrics`
@@ -289,7 +290,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         boot = truncated & ~terminated  # steps that bootstrap from their final observation
         slot, keep, final_head = _ring.final_slots(self.final_head, boot, self.final_obs_capacity)
         flags = (self.terminated, self.truncated, self.final_slot)
-        storage, (term, trunc, fslot) = _ring.write(
+        (storage, (term, trunc, fslot)), metrics = self.metrics.write(
             (self.storage, flags), (step, (terminated, truncated, jnp.where(boot, slot, 0))), self.head, axis=1
         )
         store = self.final_obs if final_obs is None else _ring.write_lanes(self.final_obs, final_obs, slot, keep)
@@ -297,7 +298,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         return self.replace(
             storage=storage, terminated=term, truncated=trunc, final_slot=fslot, final_obs=store,
             head=head, num_valid=num_valid, added=_ring.counter_add(self.added, t), final_head=final_head,
-            metrics=self.metrics.written(self.head, t, axis=1),
+            metrics=metrics,
         )
 
     @_compiled.method()

@@ -16,6 +16,8 @@ from jaxbuffers._metrics import NUM_AGE_BINS
 ITEM = {"x": jax.ShapeDtypeStruct((2,), jnp.float32)}
 STEP = {"obs": jax.ShapeDtypeStruct((2,), jnp.float32), "action": jax.ShapeDtypeStruct((), jnp.int32),
         "reward": jax.ShapeDtypeStruct((), jnp.float32)}
+PIXELS = {"obs": jax.ShapeDtypeStruct((4, 4), jnp.uint8), "action": jax.ShapeDtypeStruct((), jnp.int32),
+          "reward": jax.ShapeDtypeStruct((), jnp.float32)}  # a compressed buffer's step: obs on the host
 CAP, E, L, EPS, T = 7, 2, 6, 5, 4
 
 
@@ -86,44 +88,61 @@ def _zeros(spec, lead):
 
 # --- one (create, add n, sample) per buffer kind, and the model's ring ---
 
-def _replay(prioritised):
+def _replay(prioritised, **kw):
     cls = jb.PrioritisedReplayBuffer if prioritised else jb.ReplayBuffer
-    return (lambda: cls.create(ITEM, CAP, metrics=True), lambda b, n: b.add(_zeros(ITEM, (n,))),
+    return (lambda: cls.create(ITEM, CAP, **kw), lambda b, n: b.add(_zeros(ITEM, (n,))),  # per-slot counts: the default
             lambda b, k: b.sample(k, 4), RingModel(CAP))
 
 
-def _trajectory(prioritised):
+def _trajectory(prioritised, compressed=False, **kw):
+    if compressed:
+        from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedTrajectoryBuffer
+        cls = CompressedPrioritisedTrajectoryBuffer if prioritised else CompressedTrajectoryBuffer
+        extra = {"window_length": 2} if prioritised else {}
+        create = lambda: cls.create(PIXELS, num_envs=E, length=L, codec="zstd:1", **extra, **kw)  # noqa: E731
+        step = PIXELS
+    else:
+        cls = jb.PrioritisedTrajectoryBuffer if prioritised else jb.TrajectoryBuffer
+        extra = {"window_length": 2} if prioritised else {}
+        create = lambda: cls.create(STEP, num_envs=E, length=L, **extra, **kw)  # noqa: E731
+        step = STEP
     if prioritised:
-        create = lambda: jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2, metrics=True)  # noqa: E731
         sample = lambda b, k: b.sample_sequences(k, 5)  # noqa: E731
     else:
-        create = lambda: jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, metrics=True)  # noqa: E731
         sample = lambda b, k: b.sample_transitions(k, 5, n_step=1, gamma=0.9)  # noqa: E731
-    add = lambda b, n: b.add(_zeros(STEP, (E, n)), terminated=jnp.zeros((E, n), bool))  # noqa: E731
+    add = lambda b, n: b.add(_zeros(step, (E, n)), terminated=jnp.zeros((E, n), bool))  # noqa: E731
     return create, add, sample, RingModel(L, E)
 
 
-def _episode():
-    create = lambda: jb.EpisodeBuffer.create(STEP, max_episodes=EPS, max_timesteps=T, metrics=True)  # noqa: E731
-    add = lambda b, n: b.add_episodes(_zeros(STEP, (n, T)), jnp.full((n,), 2, jnp.int32), terminated=jnp.ones(n, bool),  # noqa: E731
-                                      final_obs=_zeros(STEP["obs"], (n,)))
+def _episode(compressed=False, **kw):
+    if compressed:
+        from jaxbuffers.compressed import CompressedEpisodeBuffer
+        create = lambda: CompressedEpisodeBuffer.create(PIXELS, max_episodes=EPS, max_timesteps=T, codec="zstd:1", **kw)  # noqa: E731
+        step = PIXELS
+    else:
+        create = lambda: jb.EpisodeBuffer.create(STEP, max_episodes=EPS, max_timesteps=T, **kw)  # noqa: E731
+        step = STEP
+    add = lambda b, n: b.add_episodes(_zeros(step, (n, T)), jnp.full((n,), 2, jnp.int32), terminated=jnp.ones(n, bool),  # noqa: E731
+                                      final_obs=_zeros(step["obs"], (n,)))
     return create, add, lambda b, k: b.sample_timesteps(k, 4), RingModel(EPS)
 
 
-KINDS = {"replay": lambda: _replay(False), "prioritised": lambda: _replay(True),
-         "trajectory": lambda: _trajectory(False), "prioritised-trajectory": lambda: _trajectory(True),
-         "episode": _episode}
+KINDS = {"replay": lambda **kw: _replay(False, **kw), "prioritised": lambda **kw: _replay(True, **kw),
+         "trajectory": lambda **kw: _trajectory(False, **kw), "prioritised-trajectory": lambda **kw: _trajectory(True, **kw),
+         "episode": _episode, "compressed-trajectory": lambda **kw: _trajectory(False, True, **kw),
+         "compressed-prioritised-trajectory": lambda **kw: _trajectory(True, True, **kw),
+         "compressed-episode": lambda **kw: _episode(True, **kw)}  # (create, add, sample, model); kw: create's
+COMPRESSED = [k for k in KINDS if k.startswith("compressed")]
 
 # op: (add before, draw?, add between sample and record)
 OPS = st.lists(st.tuples(st.sampled_from([0, 1, 3]), st.booleans(), st.sampled_from([0, 0, 2])), min_size=1, max_size=10)
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=OPS, seed=st.integers(0, 2**16))
-def test_counts_and_ages_match_a_model(kind, ops, seed):
+def _check_ops(kind, ops, seed):
+    """Run `ops` (add before, draw?, add between sample and record) on a new buffer of `kind` and its model."""
     create, add, sample, model = KINDS[kind]()
     buf, key = create(), jax.random.key(seed)
+    assert _metrics(buf).per_slot
     for before, draw, between in ops:
         if before:
             buf = add(buf, before)
@@ -140,6 +159,24 @@ def test_counts_and_ages_match_a_model(kind, ops, seed):
             buf = buf.record(s)
             model.record(np.asarray(s.indices), None if gens is None else np.asarray(gens))
         model.check(buf)
+    if hasattr(buf, "host"):
+        buf.close()
+
+
+@pytest.mark.parametrize("kind", [k if k not in COMPRESSED else pytest.param(k, marks=pytest.mark.slow) for k in KINDS])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, seed=st.integers(0, 2**16))
+def test_counts_and_ages_match_a_model(kind, ops, seed):
+    """Every buffer with positions, as `create` makes it (per-position counts on), compressed ones included (each
+    new compressed buffer compiles its own programs: -m slow)."""
+    _check_ops(kind, ops, seed)
+
+
+@pytest.mark.parametrize("kind", [k if "prioritised" not in k else pytest.param(k, marks=pytest.mark.slow) for k in COMPRESSED])
+def test_compressed_counts_and_ages_match_a_model(kind):
+    """One sequence through a compressed buffer (adds of one size: one compile): adds that wrap the ring, draws
+    recorded after an add (stale for a prioritised sample whose slot was rewritten), repeated draws."""
+    _check_ops(kind, [(3, True, 0), (3, True, 3), (0, True, 0), (3, True, 0)], 3)
 
 
 def test_an_overwritten_draw_is_stale_and_counted_nowhere_else():
@@ -206,7 +243,7 @@ def test_record_of_a_stacked_buffer_counts_each_member_apart():
 
 
 def test_without_per_slot_counts_the_other_counters_stay():
-    buf = jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L)  # default: no per-position counts
+    buf = jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, metrics=False)
     buf = buf.add(_zeros(STEP, (E, 3)), terminated=jnp.zeros((E, 3), bool))
     assert buf.metrics.sample_count.shape == (0,)
     buf = buf.record(buf.sample_sequences(jax.random.key(0), 6, 2))
@@ -214,7 +251,23 @@ def test_without_per_slot_counts_the_other_counters_stay():
     assert s["samples"] == 6 and "sample_count" not in s
     with pytest.raises(TypeError, match="metrics"):
         jb.ReplayBuffer.create(ITEM, 4, metrics=1)
-    assert "sample_count" in jb.EpisodeBuffer.create(STEP, max_episodes=2, max_timesteps=2, metrics=True).stats()
+    from jaxbuffers.compressed import CompressedEpisodeBuffer
+    off = CompressedEpisodeBuffer.create(PIXELS, max_episodes=2, max_timesteps=2, codec="zstd:1", metrics=False)
+    assert not _metrics(off).per_slot and "sample_count" not in off.stats()
+    off.close()
+
+
+def test_per_position_counts_are_on_by_default():
+    """Every buffer with positions keeps them unless `metrics=False`: the shape of its position grid, int32."""
+    made = [jb.ReplayBuffer.create(ITEM, CAP), jb.PrioritisedReplayBuffer.create(ITEM, CAP),
+            jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L),
+            jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2),
+            jb.EpisodeBuffer.create(STEP, max_episodes=EPS, max_timesteps=T)]
+    shapes = [(CAP,), (CAP,), (E, L), (E, L), (EPS,)]
+    for buf, shape in zip(made, shapes):
+        m = _metrics(buf)
+        assert m.per_slot and m.sample_count.shape == shape and m.sample_count.dtype == jnp.int32, type(buf).__name__
+        assert buf.stats()["sample_count"] == {"positions_held": 0, "never_sampled": 0, "mean": None, "max": None}
 
 
 def test_record_inside_a_donated_jitted_step_is_in_place():
@@ -261,6 +314,38 @@ def test_metrics_survive_a_checkpoint(tmp_path):
         got = jb.restore(tmp_path / f"ck{metrics}")
         assert got.stats() == buf.stats()
         assert _metrics(got).per_slot is metrics
+
+
+@pytest.mark.parametrize("kind", ["replay", pytest.param("episode", marks=pytest.mark.slow), "compressed-trajectory"])
+def test_a_checkpoint_written_without_per_position_counts_restores(kind, tmp_path):
+    """A checkpoint whose buffer.json has no `metrics` (written when per-position counts were off by default, so it
+    holds none) restores without them, its counters as saved; a target made with the default is refused naming
+    `metrics`, one made with `metrics=False` takes it. A new checkpoint names `metrics` either way."""
+    import json
+
+    from jaxbuffers import _checkpoint_files as files
+
+    create, add, sample, _ = KINDS[kind](metrics=False)
+    buf = add(create(), 3)
+    buf = buf.record(sample(buf, jax.random.key(0)))
+    path = jb.save(tmp_path / "old", buf, progress=False)
+    meta = json.loads((path / "buffer.json").read_text())
+    assert meta["config"]["metrics"] is False
+    del meta["config"]["metrics"]
+    (path / "buffer.json").write_text(json.dumps(meta))
+    files._write_manifest(path, files._Progress(False, ""))
+    back = jb.restore(path)
+    assert not _metrics(back).per_slot and back.stats() == buf.stats() and back.stats()["samples"] > 0
+    default = KINDS[kind]()[0]()
+    with pytest.raises(jb.CheckpointError, match="metrics.*metrics=False"):
+        jb.restore(path, default)
+    into = jb.restore(path, create())
+    assert into.stats() == buf.stats()
+    jb.save(tmp_path / "new", default, progress=False)
+    assert json.loads((tmp_path / "new" / "buffer.json").read_text())["config"]["metrics"] is True
+    for b in (buf, back, default, into):
+        if hasattr(b, "host"):
+            b.close()
 
 
 def test_timing_counts_eager_calls_and_spans_but_not_traced_ones():

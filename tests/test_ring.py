@@ -173,15 +173,3 @@ def test_write_pytree_equals_leaf_by_leaf():
         got = _ring.write(storage, batch, jnp.int32(5), axis=1)
         for k in storage:
             np.testing.assert_array_equal(got[k], _ring.write(storage[k], batch[k], jnp.int32(5), axis=1))
-
-
-def test_fill_sets_the_written_slots_along_an_axis():
-    cap = 5
-    x = jnp.arange(3 * cap, dtype=jnp.int32).reshape(3, cap)
-    fill = jax.jit(_ring.fill, static_argnames=("count", "axis"))  # traced head: both the contiguous and wrapping cases
-    for head in range(cap):
-        for count in range(1, cap + 1):
-            want = np.asarray(x).copy()
-            want[:, (head + np.arange(count)) % cap] = -1
-            np.testing.assert_array_equal(fill(x, -1, jnp.int32(head), count=count, axis=1), want)
-            np.testing.assert_array_equal(fill(x.T, -1, jnp.int32(head), count=count, axis=0), want.T)

@@ -96,13 +96,14 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         stack_axis: int = 0, padding: str = "reset", codec: str = DEFAULT_CODEC, normalize_images: bool = False,
         obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", chunk_bytes: int = 64 << 20,
         dictionary_bytes: int | None = None, keyframe_interval: int | None = None,
-        delta_codec: str | None = DEFAULT_DELTA_CODEC,
+        delta_codec: str | None = DEFAULT_DELTA_CODEC, metrics: bool = True,
     ) -> "CompressedEpisodeBuffer":
         """An empty compressed buffer of `max_episodes` episodes of up to `max_timesteps` steps.
 
         Args:
           example_step: as `jaxbuffers.EpisodeBuffer.create`, like `max_episodes`, `max_timesteps`, `meta`,
-            `circular`, `obs_key`, `action_key` and `reward_key`.
+            `circular`, `obs_key`, `action_key`, `reward_key` and `metrics` (per-episode sample counts, kept in the
+            device buffer).
           compress: names of the observation leaves to store on the host (dict keys on the leaf's path, e.g.
             `("pixels",)`); `None`: every leaf of the observation.
           frame_stack: `k` when the compressed leaves are stacks of the last `k` frames (module doc); `None`: store
@@ -128,7 +129,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         inner_step = {**spec, obs_key: _common.replace_leaves(spec[obs_key], idx, [_PLACEHOLDER] * len(idx))}
         inner = EpisodeBuffer.create(
             inner_step, max_episodes=max_episodes, max_timesteps=max_timesteps, meta=meta, circular=circular,
-            obs_key=obs_key, action_key=action_key, reward_key=reward_key,
+            obs_key=obs_key, action_key=action_key, reward_key=reward_key, metrics=metrics,
         )
         e, m = inner.max_episodes, inner.max_timesteps
         host = HostStores(

@@ -177,13 +177,14 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         codec: str = DEFAULT_CODEC, normalize_images: bool = False, final_obs_capacity: int | None = None,
         obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward",
         chunk_bytes: int = 64 << 20, dictionary_bytes: int | None = None,
-        keyframe_interval: int | None = None, delta_codec: str | None = DEFAULT_DELTA_CODEC,
+        keyframe_interval: int | None = None, delta_codec: str | None = DEFAULT_DELTA_CODEC, metrics: bool = True,
     ) -> "CompressedTrajectoryBuffer":
         """An empty compressed buffer of `num_envs` lanes of `length` steps.
 
         Args:
           example_step: as `jaxbuffers.TrajectoryBuffer.create`, like `num_envs`, `length`, `final_obs_capacity` (it
-            also sizes the host's final-frame ring), `obs_key`, `action_key` and `reward_key` (not repeated here).
+            also sizes the host's final-frame ring), `obs_key`, `action_key`, `reward_key` and `metrics` (per-position
+            sample counts, kept in the device buffer) (not repeated here).
           compress: names of the observation leaves to store on the host (dict keys on the
             leaf's path, e.g. `("pixels",)`); `None`: every leaf of the observation.
           frame_stack: `k` when the compressed leaves are stacks of the last `k` frames (module
@@ -212,18 +213,17 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     @classmethod
     def _create(
         cls, inner_create, example_step, *, num_envs, length, final_obs_capacity=None, obs_key="obs", action_key="action",
-        reward_key="reward", **compressed,
+        reward_key="reward", metrics=True, **compressed,
     ):
         """Both `create`s: `_build`, then `inner_create` (a buffer's `create`) of the id-holding step.
         Unwritten steps hold id -1 (decoded as zeros, like an unwritten plain buffer's zeros)."""
         unknown = sorted(set(compressed) - set(inspect.signature(_build).parameters))
         if unknown:  # named as `create`'s, not the shared helper's
-            why = " (per-position sample counts are kept by the device buffers only)" if "metrics" in unknown else ""
-            raise TypeError(f"{cls.__name__}.create: unexpected keyword argument(s) {unknown}{why}")
+            raise TypeError(f"{cls.__name__}.create: unexpected keyword argument(s) {unknown}")
         inner_step, kcap, config = _build(example_step, num_envs, length, final_obs_capacity, obs_key, **compressed)
         inner = inner_create(
             inner_step, num_envs=num_envs, length=length, final_obs_capacity=kcap, obs_key=obs_key,
-            action_key=action_key, reward_key=reward_key,
+            action_key=action_key, reward_key=reward_key, metrics=metrics,
         )
         traj = _steps(inner)
         idx = config["leaf_index"]
