@@ -217,8 +217,8 @@ class ChunkFileStore(CompressedStore):
 
     @property
     def nbytes(self) -> int:
-        """Memory the store holds: its index and dictionary (the payloads are on disk: `disk_nbytes`)."""
-        return self.index_nbytes + self.dictionary_nbytes
+        """Memory the store holds: its index, dictionary and recent rows (the payloads are on disk: `disk_nbytes`)."""
+        return self.index_nbytes + self.dictionary_nbytes + self.recent_nbytes
 
     @property
     def disk_nbytes(self) -> int:

@@ -46,8 +46,9 @@ Space reuse: a chunk with no live entry left is released; when freed-but-unrelea
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
 buffer) empties chunks in order and never needs compaction.
 
-Accounting: `nbytes = arena_nbytes + index_nbytes + dictionary_nbytes`, `arena_nbytes =
-payload_nbytes + slack` (padding, freed space, unused chunk tails).
+Accounting: `nbytes = arena_nbytes + index_nbytes + dictionary_nbytes + recent_nbytes`, `arena_nbytes =
+payload_nbytes + slack` (padding, freed space, unused chunk tails); `recent_nbytes`: the raw rows of the newest put
+with `bases` that the next put's deltas may be based on, kept decoded (`host_codecs.deltas`).
 
 Example:
   >>> import numpy as np
@@ -655,7 +656,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
     raw_nbytes = _stat("raw_nbytes", "Bytes the live entries take decoded.")
     arena_nbytes = _stat("arena_nbytes", "Bytes of all arena chunks held (payload and slack).")
     index_nbytes = _stat("index_nbytes", "Bytes of the per-slot index arrays and the layout table.")
-    nbytes = _stat("nbytes", "Memory the store holds: arena + index + dictionary (no Python object per entry).")
+    recent_nbytes = _stat("recent_nbytes", "Bytes of the raw rows the newest put with bases keeps for the next put's deltas.")
+    nbytes = _stat("nbytes", "Memory the store holds: arena + index + dictionary + recent rows (no Python object per entry).")
     compression_ratio = _stat("compression_ratio", "`raw_nbytes / nbytes`: decoded size over everything held (0 when empty).")
 
     @property
@@ -669,7 +671,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
 
         Returns:
           A dict with `entries`, `raw_nbytes`, `payload_nbytes`, `arena_nbytes`, `slack_nbytes` (arena - payload),
-          `dead_nbytes` (freed, not yet reclaimed), `index_nbytes`, `dictionary_nbytes`, `nbytes`,
+          `dead_nbytes` (freed, not yet reclaimed), `index_nbytes`, `dictionary_nbytes`, `recent_nbytes`, `nbytes`,
           `compression_ratio`, `num_chunks`, `compactions` and `codecs`: per codec name holding an entry,
           `{"entries", "raw_nbytes", "payload_nbytes", "payload_ratio"}` (raw / payload).
         """
@@ -677,17 +679,18 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         dict_nbytes = self.dictionary_nbytes
         with self._lock:
             index += self._layout_nbytes.nbytes + sum(16 + 8 * len(shp) for _, shp in self._layouts)
-            tags, arena = self._tags.copy(), self._arena.nbytes
+            tags, arena, kept = self._tags.copy(), self._arena.nbytes, self._recent
+            recent = 0 if kept is None else kept[0].nbytes + kept[1].nbytes
             per = {
                 c.name: {"entries": int(n), "raw_nbytes": int(raw), "payload_nbytes": int(pay), "payload_ratio": raw / pay if pay else float("inf")}
                 for c in CODECS.values() for n, raw, pay in [tags[:, c.tag]] if n
             }
             (entries, raw, payload) = (int(x) for x in tags.sum(axis=1))
-            total = arena + index + dict_nbytes
+            total = arena + index + dict_nbytes + recent
             return {
                 "entries": entries, "raw_nbytes": raw, "payload_nbytes": payload,
                 "arena_nbytes": arena, "slack_nbytes": arena - payload, "dead_nbytes": self._arena.dead_nbytes,
-                "index_nbytes": index, "dictionary_nbytes": dict_nbytes, "nbytes": total,
+                "index_nbytes": index, "dictionary_nbytes": dict_nbytes, "recent_nbytes": recent, "nbytes": total,
                 "compression_ratio": raw / total if raw else 0.0, "num_chunks": len(self._arena.chunks),
                 "compactions": self._compactions, "codecs": per,
             }

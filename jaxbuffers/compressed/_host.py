@@ -132,8 +132,14 @@ class HostStores:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes held: every store's `nbytes` (arena + index + dictionary) plus `slot_version`."""
-        return sum(s.nbytes for s in self.stores) + self.slot_version.nbytes
+        """Host bytes held: every store's `nbytes` (arena + index + dictionary + recent rows), `slot_version`, and the
+        frames the newest writes kept for `read_recent` (`recent_nbytes`)."""
+        return sum(s.nbytes for s in self.stores) + self.slot_version.nbytes + self.recent_nbytes
+
+    @property
+    def recent_nbytes(self) -> int:
+        """Bytes of the frames the newest writes kept (`write(recent=)`, at most its cap of frames per store)."""
+        return sum(f.nbytes for frames in self._recent[1].values() for f in frames)
 
     @property
     def arena_nbytes(self) -> int:
@@ -151,6 +157,7 @@ class HostStores:
         with self._lock:
             for s in self.stores:
                 s.clear()
+            self._recent = (-1, {})
             self.closed = True
 
     def _check_open(self, what: str) -> None:
@@ -489,7 +496,8 @@ class HostBacked(Wrapper, struct.PyTreeNode):
 
     @property
     def host_nbytes(self) -> int:
-        """Host bytes held: arenas (their whole capacity), store indexes, dictionaries, slot versions."""
+        """Host bytes held: arenas (their whole capacity), store indexes, dictionaries, slot versions, and the frames
+        kept decoded (the rows a delta's next put reads, the frames the next add's stack check reads)."""
         return self.host.nbytes
 
     @property
