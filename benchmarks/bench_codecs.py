@@ -53,7 +53,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _common import data_file, emit, header, interleaved, row  # noqa: E402
+from _common import accumulating, data_file, emit, header, interleaved, row  # noqa: E402
 
 import host_codecs  # noqa: E402
 import host_codecs.store  # noqa: E402
@@ -264,15 +264,7 @@ def bench_checksums(game: str, frames: np.ndarray, spec: str, reps: int) -> None
     def summing(k, fn):  # `fn`, recording the seconds spent in the checksums during each call (the warm-up's dropped)
         def run():
             total = [0.0]
-
-            def timed(*args):
-                t0 = time.perf_counter()
-                try:
-                    return real(*args)
-                finally:
-                    total[0] += time.perf_counter() - t0
-
-            host_codecs.store._payload_sums = timed
+            host_codecs.store._payload_sums = accumulating(real, total)
             try:
                 fn()
             finally:

@@ -64,7 +64,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 import _atari  # noqa: E402
-from _common import data_file  # noqa: E402
+from _common import accumulating, data_file  # noqa: E402
 
 DATA = data_file("atari_rollouts.npz")
 
@@ -500,13 +500,7 @@ def run_checksums(game: str, n: int, repeats: int) -> dict:
     kernels = dict(_checksum._kernels)
 
     spent = [0.0]  # seconds inside the checksums during the current "ours" op
-
-    def timed(*args):
-        t0 = time.perf_counter()
-        try:
-            return real(*args)
-        finally:
-            spent[0] += time.perf_counter() - t0
+    timed = accumulating(real, spent)
 
     def run(impl, fn):
         hs._payload_sums = zeros if impl == "no-checksum" else timed if impl == "ours" else real
