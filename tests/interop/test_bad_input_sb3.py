@@ -4,7 +4,7 @@ stored, so the adapter's arrays, `pos` and `full` stay byte-identical and it sta
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 th = pytest.importorskip("torch")
@@ -211,7 +211,7 @@ def _compressed(kind: str):
     return buf, args, lambda: (buf._state, buf.pos, buf.full, host_record(buf._state.host))  # reading it flushes the writer
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=8)
 @given(data=st.data(), kind=st.sampled_from(["replay", "rollout"]))
 def test_compressed_adapters_refuse_each_wrong_argument_and_store_nothing(data, kind):
     """The compressed adapters check as the plain ones do, before any frame reaches the host store: the device
