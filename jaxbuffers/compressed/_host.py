@@ -123,6 +123,8 @@ class HostStores:
 
     # Identity semantics on purpose (see module doc): do not define __eq__/__hash__.
 
+    num_operands = 0  # len(operands()), known on the host too (a callback cannot call operands())
+
     def operands(self) -> tuple:
         """The leading operands of every callback to these stores: none (`ShardedHostStores` passes its shard)."""
         return ()
@@ -428,6 +430,8 @@ class ShardedHostStores:
 
     def __repr__(self) -> str:
         return f"ShardedHostStores({len(self.shards)} shards along {self.axis!r}, versions={[h.version for h in self.shards]})"
+
+    num_operands = 1
 
     def operands(self) -> tuple:
         """The leading operands of every callback: the shard index (int32 scalar; inside `shard_map` only)."""

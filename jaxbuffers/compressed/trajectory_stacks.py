@@ -87,7 +87,7 @@ class StackChecked:
         leaf, given `_checked_stack_operands` (numpy). The stack before each lane's first step is the one the store
         rebuilds for its last step (`HostStores.read_recent`; zeros where the next step starts an episode), unless
         `previous` (checked `check_stacks`'s) gives it."""
-        n, m = len(self.host.operands()) + 1, len(self.leaves)
+        n, m = self.host.num_operands + 1, len(self.leaves)  # (operands() traces: not callable in a callback)
         fids, pad, first, ends = operands[n : n + 4]
         stacks, rest = operands[n + 4 : n + 4 + m], operands[n + 4 + m :]
         boot = rest[-1] if rest else None
