@@ -105,6 +105,19 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def accumulating(fn: Callable, total: list) -> Callable:
+    """`fn`, adding the seconds each call takes to `total[0]`: the time spent inside `fn` during an operation."""
+
+    def timed(*args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            total[0] += time.perf_counter() - t0
+
+    return timed
+
+
 def interleaved(runs: dict[str, Callable[[], object]], repeats: int, per: int = 1, samples: dict | None = None) -> dict:
     """Median seconds per operation of each ``runs[name]()`` (which does ``per`` operations and
     blocks on its result; one untimed warm-up call each, which also compiles), timed round-robin:

@@ -12,15 +12,22 @@ Prints ``_common`` rows, ``impl="ours"``, ``variant`` = the codec, ``anchor="mem
 
 * ``mode="checksum"`` (also alone with ``--checksums``): what the store's per-entry checksums cost,
   ``CompressedStore.put`` of 256 single frames and ``get`` of 256 random ones (a compressed buffer's host
-  add and sample), timed interleaved in one process with the checksums on (``impl="ours"``) and replaced
-  by zeros (``impl="no-checksum"``, the anchor; ``ratio`` < 1: the checksums' cost, ``overhead_pct``), and
-  the checksums alone (``impl="checksums-only"``: hashing the 256 entries' payloads, ``overhead_pct`` = its
-  time over the op's without checksums: the cost with less of the machine's noise than the difference), and
-  ``impl="per-entry"``: the store with the checksums computed one ``xxhash.xxh3_64_intdigest`` call per entry
-  (``host_codecs._checksum``'s fallback) instead of its compiled loop over the batch.
-  Before them, ``checksum_function/<size>B`` rows: one call of each candidate checksum (``impl``: xxhash's
-  ``xxh3_64`` (the store's, the anchor), ``xxh32``, ``zlib.crc32``, isal's ``crc32``) on a payload of a
-  compressed frame's size (100, 1,000 B) and of a raw frame (7,056 B), as the store calls it per entry.
+  add and sample), timed interleaved in one process with the checksums on (``impl="ours"``: CRC-32) and replaced
+  by zeros (``impl="no-checksum"``, the anchor; ``ratio`` < 1: the checksums' cost, ``overhead_pct``), a store
+  keeping the XXH3 sums stores wrote before CRC-32 (``impl="xxh3"``), the checksums alone
+  (``impl="checksums-only"`` and ``"xxh3-only"``: the seconds spent computing them inside each ``ours`` / ``xxh3``
+  op, ``overhead_pct`` = that over the op's time without checksums: the cost with less of the machine's noise than
+  the difference of two timings), and
+  ``impl="per-entry"``: the store with the checksums computed one ``zlib.crc32`` call per entry
+  (``host_codecs._checksum``'s fallback) instead of its compiled loop over the batch, timed in a round of its own
+  with the anchor (its ratio is against that round's anchor).
+  Before them, ``checksum_function/<size>B`` rows: one Python call of each candidate checksum (``impl``: xxhash's
+  ``xxh3_64`` (the anchor), ``xxh32``, ``zlib.crc32``, isal's ``crc32``) on a payload of a
+  compressed frame's size (100, 1,000 B) and of a raw frame (7,056 B); and ``checksum_loop/256x<size>B`` rows:
+  each candidate's C function called from one compiled loop over 256 payloads, as the store calls its own
+  (``impl``: ``xxh3_64`` (the anchor), ``crc32`` (isa-l's, the store's), ``crc32c`` (isa-l's iSCSI
+  polynomial), ``crc64`` (isa-l's ECMA, reflected)), on payloads in cache (``hot``) and 256 random ones of 29 MB
+  (``cold``, a sample's reads).
 
 ``zstd:-1/dict``: zstd level -1 with a dictionary (``ZstdDictionary.train``, at most 32 KiB, the
 compressed buffers' default) built from other frames of the same game (frames 2048-3071; in the
@@ -46,7 +53,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _common import data_file, emit, header, interleaved, row  # noqa: E402
+from _common import accumulating, data_file, emit, header, interleaved, row  # noqa: E402
 
 import host_codecs  # noqa: E402
 import host_codecs.store  # noqa: E402
@@ -133,7 +140,7 @@ def _per_entry_checksums(fn):
 
     def run():
         kernels = _checksum._kernels
-        _checksum._kernels = False
+        _checksum._kernels = dict.fromkeys(_checksum.CHECKSUMS, False)
         try:
             fn()
         finally:
@@ -178,14 +185,68 @@ def bench_checksum_functions(reps: int) -> None:
                 anchor=anchor, anchor_seconds=times["xxh3_64"] if anchor else None)
 
 
+def bench_checksum_loops(reps: int) -> None:
+    """Rows of each candidate checksum's C function over 256 payloads in one compiled loop (see the module doc)."""
+    import ctypes
+
+    from numba import njit
+    from isal import isal_zlib
+    from xxhash import _xxhash
+
+    lib, xx = ctypes.CDLL(isal_zlib.__file__), ctypes.CDLL(_xxhash.__file__)
+    c, u32, u64 = ctypes, ctypes.c_uint32, ctypes.c_uint64
+    fns = {"xxh3_64": (xx.XXH3_64bits_withSeed_dispatch, [c.c_size_t, c.c_size_t, u64], u64),
+           "crc32": (lib.crc32_gzip_refl, [u32, c.c_size_t, u64], u32), "crc32c": (lib.crc32_iscsi, [c.c_size_t, c.c_int, u32], u32),
+           "crc64": (lib.crc64_ecma_refl, [u64, c.c_size_t, u64], u64)}
+    for fn, args, res in fns.values():
+        fn.argtypes, fn.restype = args, res
+
+    @njit(nogil=True)
+    def ptr_first(fn, ptrs, n, out):  # (pointer, length, seed): XXH3
+        for i in range(ptrs.size):
+            out[i] = fn(ptrs[i], n, np.uint64(i))
+
+    @njit(nogil=True)
+    def init_first(fn, ptrs, n, out):  # (init, pointer, length): isa-l's gzip CRC-32 and CRC-64
+        for i in range(ptrs.size):
+            out[i] = fn(i, ptrs[i], n)
+
+    @njit(nogil=True)
+    def iscsi(fn, ptrs, n, out):  # (pointer, int length, init): isa-l's CRC-32C
+        for i in range(ptrs.size):
+            out[i] = fn(ptrs[i], np.int32(n), np.uint32(i))
+
+    loops = {"xxh3_64": ptr_first, "crc32": init_first, "crc32c": iscsi, "crc64": init_first}
+    pool = np.random.default_rng(1).integers(0, 256, 29 << 20, dtype=np.uint8)
+    out = np.zeros(256, np.uint64)
+    for size in (1000, 7056):
+        for where in ("hot", "cold"):
+            rng = np.random.default_rng(2)
+            draw = (lambda: np.arange(256) * size) if where == "hot" else (lambda: rng.integers(0, pool.size // size, 256) * size)
+            picks = [pool.ctypes.data + draw().astype(np.uint64) for _ in range(reps * 8 + 8)]
+            runs = {}
+            for name, loop in loops.items():
+                it = iter(picks)
+                runs[name] = lambda loop=loop, fn=fns[name][0], it=it: loop(fn, next(it) if where == "cold" else picks[0], size, out)
+            times = interleaved(runs, reps * 8)
+            for name, t in times.items():
+                anchor = None if name == "xxh3_64" else "xxh3_64"
+                row(BENCH, f"checksum_loop/256x{size}B/{where}", name, t, n=256, repeats=reps * 8, items=256 * size / 1e6, unit="MB/s",
+                    anchor=anchor, anchor_seconds=times["xxh3_64"] if anchor else None)
+
+
 SHARE = "% of the op without checksums"  # the unit of a checksums-only row's value
 
 
 def bench_checksums(game: str, frames: np.ndarray, spec: str, reps: int) -> None:
     """Rows of the checksums' cost on put and get of 256 frames (see the module doc)."""
+    from host_codecs._checksum import XXH3
+
     n = len(frames)
     codec, dictionary = (spec.split("/")[0], 32768) if spec.endswith("/dict") else (spec, 0)
-    stores = {k: CompressedStore(n, codec=codec, dictionary_bytes=dictionary, dictionary_samples=256) for k in ("ours", "no-checksum", "per-entry")}
+    impls = ("ours", "xxh3", "no-checksum", "per-entry")
+    stores = {k: CompressedStore(n, codec=codec, dictionary_bytes=dictionary, dictionary_samples=256) for k in impls}
+    stores["xxh3"].checksum = XXH3  # as stores wrote before CRC-32
     for k, store in stores.items():
         for s in range(0, n, 256):
             fill = lambda: store.put(np.arange(s, s + 256), frames[s : s + 256])  # noqa: E731
@@ -198,32 +259,42 @@ def bench_checksums(game: str, frames: np.ndarray, spec: str, reps: int) -> None
         s = heads[k] = (heads[k] + 256) % n
         stores[k].put(np.arange(s, s + 256), frames[s : s + 256])
 
-    def sums(op):  # what put hashes (the encoded batch) or get verifies (entries where they lie), alone
-        store = stores["ours"]
-        if op == "put256":
-            enc = store.codec.encode_batch(frames[:256].reshape(256, -1), np.dtype(np.uint8), *([store.dictionary] if store.dictionary else []))
-            args = ({0: enc.buffer}, np.zeros(256, np.int64), enc.offsets, enc.lengths, np.arange(256))
-        else:
-            i = np.unique(rng.integers(0, n, 256))
-            table = store._arena.table(store.dictionary)
-            args = (table, store._chunk[i], store._offset[i].astype(np.int64), store._length[i].astype(np.int64), i)
-        return lambda: host_codecs.store._payload_sums(*args)
+    real, spent = host_codecs.store._payload_sums, {}
+
+    def summing(k, fn):  # `fn`, recording the seconds spent in the checksums during each call (the warm-up's dropped)
+        def run():
+            total = [0.0]
+            host_codecs.store._payload_sums = accumulating(real, total)
+            try:
+                fn()
+            finally:
+                host_codecs.store._payload_sums = real
+            spent.setdefault(k, []).append(total[0])
+
+        return run
 
     ops = {"put256": put, "get256": lambda k: stores[k].get(next(ids))}
     mb = 256 * frames[0].nbytes / 1e6
     for op, make in ops.items():
-        runs = {"ours": lambda: make("ours"), "no-checksum": _no_checksums(lambda: make("no-checksum")),
-                "per-entry": _per_entry_checksums(lambda: make("per-entry")), "checksums-only": sums(op)}
-        times = interleaved(runs, reps)
+        spent.clear()
+        # Each op in the round follows the same kind of op (the cycle's order is fixed): the slow per-entry store runs in
+        # a round of its own with the anchor, so that it precedes neither checksum.
+        no_sums = _no_checksums(lambda: make("no-checksum"))
+        times = interleaved({"ours": summing("checksums-only", lambda: make("ours")), "xxh3": summing("xxh3-only", lambda: make("xxh3")),
+                             "no-checksum": no_sums}, reps)
+        times.update({k: float(np.median(v[1:])) for k, v in spent.items()})
+        alone = interleaved({"per-entry": _per_entry_checksums(lambda: make("per-entry")), "no-checksum": no_sums}, reps)
         t0 = times["no-checksum"]
-        for impl, t in times.items():
-            anchor = "no-checksum" if impl in ("ours", "per-entry") else None
-            share = {"value": round(100 * t / t0, 2), "unit": SHARE} if impl == "checksums-only" else {"unit": "MB/s"}
+        for impl, t in [*times.items(), ("per-entry", alone["per-entry"])]:
+            only = impl.endswith("-only")
+            anchor = "no-checksum" if impl in ("ours", "xxh3", "per-entry") else None
+            base = alone["no-checksum"] if impl == "per-entry" else t0
+            share = {"value": round(100 * t / t0, 2), "unit": SHARE} if only else {"unit": "MB/s"}
             row(BENCH, f"{game}/frame84/checksum/{op}", impl, t, n=256, repeats=reps, items=mb, anchor=anchor,
-                anchor_seconds=t0 if anchor else None, variant=spec,
-                overhead_pct=round(100 * (t / t0 if impl == "checksums-only" else t / t0 - 1), 2), **share)
-    np.testing.assert_array_equal(stores["ours"].get(np.arange(n)), frames)
-    np.testing.assert_array_equal(stores["per-entry"].get(np.arange(n)), frames)  # checks written one by one pass the loop's
+                anchor_seconds=base if anchor else None, variant=spec,
+                overhead_pct=round(100 * (t / t0 if only else t / base - 1), 2), **share)
+    for k in ("ours", "xxh3", "per-entry"):
+        np.testing.assert_array_equal(stores[k].get(np.arange(n)), frames)  # checks written one by one pass the loop's
 
 
 def main() -> None:
@@ -255,6 +326,8 @@ def main() -> None:
     }), flush=True)
 
     bench_checksum_functions(reps)
+    if "igzip" in avail:
+        bench_checksum_loops(reps)
     for game, obs in data.items():
         for spec in ("none", "rle", "igzip:1", "zstd:-1", "zstd:-1/dict"):
             if spec.split(":")[0] in avail:

@@ -33,7 +33,7 @@ The ``checksum`` case measures what the host stores' per-entry checksums cost a 
 codec): jitted adds of 500 steps and jitted ``sample_transitions`` of 256, interleaved in one process on two
 buffers of the same transitions, one with the checksums (``impl="ours"``) and one with every checksum replaced by
 zero (``impl="no-checksum"``, the anchor; ``overhead_pct`` = the relative cost), and a third with the checksums
-computed one ``xxhash`` call per entry (``impl="per-entry"``, ``host_codecs._checksum``'s fallback) instead of one
+computed one ``zlib.crc32`` call per entry (``impl="per-entry"``, ``host_codecs._checksum``'s fallback) instead of one
 compiled loop per batch; ``impl="checksums-only"``: the seconds spent computing the checksums inside each ``ours``
 op (``overhead_pct`` = that over the op's time without checksums: the cost with less of the machine's noise than the
 difference of two timings).
@@ -64,7 +64,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 import _atari  # noqa: E402
-from _common import data_file  # noqa: E402
+from _common import accumulating, data_file  # noqa: E402
 
 DATA = data_file("atari_rollouts.npz")
 
@@ -496,21 +496,15 @@ def run_checksums(game: str, n: int, repeats: int) -> dict:
         b.sample_transitions(k, 256, gamma=0.99)))
     real, zeros = hs._payload_sums, (lambda chunks, chunk_ids, *_: np.zeros(len(chunk_ids), np.uint32))
     bufs, heads, keys = {}, {"ours": 0, "no-checksum": 0, "per-entry": 0}, iter(jax.random.split(jax.random.key(0), 100_000))
-    _checksum.payload_sums({}, np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0))  # loads the compiled loops
-    kernels = _checksum._kernels
+    _checksum.payload_sums({0: np.zeros(1, np.uint8)}, np.zeros(1, np.int64), np.zeros(1), np.ones(1), np.zeros(1))  # loads the compiled loop
+    kernels = dict(_checksum._kernels)
 
     spent = [0.0]  # seconds inside the checksums during the current "ours" op
-
-    def timed(*args):
-        t0 = time.perf_counter()
-        try:
-            return real(*args)
-        finally:
-            spent[0] += time.perf_counter() - t0
+    timed = accumulating(real, spent)
 
     def run(impl, fn):
         hs._payload_sums = zeros if impl == "no-checksum" else timed if impl == "ours" else real
-        _checksum._kernels = False if impl == "per-entry" else kernels
+        _checksum._kernels = dict.fromkeys(_checksum.CHECKSUMS, False) if impl == "per-entry" else kernels
         try:
             return jax.block_until_ready(fn())
         finally:

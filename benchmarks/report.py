@@ -102,10 +102,14 @@ NOTES = {
                 "first 1,024 frames for the frames named. `encode_mbs` / `decode_mbs` (one thread) are in the JSON "
                 "lines. Chosen: XOR, the dictionary for keyframes and deltas, K=8 (the `compressed` million rows).",
     "codecs": "Throughput in MB/s of raw bytes; ratio = throughput / numpy memcpy bandwidth in the same process. "
-              "`checksum/*` rows: a store's put and get of 256 frames with the entry checksums (`ours`: one compiled "
-              "loop per batch), without them (`no-checksum`, the anchor) and computed one Python call per entry "
-              "(`per-entry`), interleaved in one process; `checksums-only`: the hashing alone as a share of the op "
-              "without checksums (less noisy than the difference of two timings on a loaded machine).",
+              "`checksum/*` rows: a store's put and get of 256 frames with the entry checksums (`ours`: CRC-32, one "
+              "compiled loop per batch), with the XXH3 sums of stores saved before (`xxh3`), without them "
+              "(`no-checksum`, the anchor; ours, xxh3 and it interleaved in one process) and computed one Python "
+              "call per entry (`per-entry`, in a round of its own with the anchor); `checksums-only` / `xxh3-only`: "
+              "the time spent computing them inside each op, as a share of the op without checksums (less noisy "
+              "than the difference of two timings on a loaded machine). `checksum_loop/*` rows: each candidate's C "
+              "function over 256 payloads in one compiled loop, in cache (`hot`) or read from 29 MB (`cold`); "
+              "`checksum_function/*`: one Python call per payload.",
     "torch_interop": "Anchor: the numpy route (`torch.from_numpy(np.asarray(x))` and back). Throughput in MB/s.",
     "checkpoint": "A `ReplayBuffer` of real Atari items (`uncompressed`) and a `CompressedTrajectoryBuffer` of recorded "
                   "Breakout steps (`compressed`: device ids plus host arenas), written to the same disk. Throughput in "

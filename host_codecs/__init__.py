@@ -3,7 +3,7 @@
 The host half of jaxbuffers' compressed buffers, usable on its own. Importing it needs numpy only; each codec
 imports its optional package when it is created (install them all with the `codecs` extra:
 `pip install 'jaxbuffers[codecs]'`); a codec missing its package raises ImportError naming the extra. A
-`CompressedStore` imports `xxhash` (a dependency of jaxbuffers) when created: it checksums every entry, and a read
+`CompressedStore` checksums every entry (CRC-32: isa-l's through `isal` where installed, else `zlib`), and a read
 raises `CorruptEntryError` naming the slots whose bytes changed.
 
 * `NoneCodec` (`"none"`, numpy only): raw bytes.

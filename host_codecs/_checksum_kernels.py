@@ -1,18 +1,45 @@
-"""numba loops of the entries' checksum (imported by `host_codecs._checksum` on first use).
+"""numba loops of the entries' checksums (imported by `host_codecs._checksum` on first use).
 
-One loop over a range of entries with the GIL released (`nogil=True`): `host_codecs.parallel_for` runs one shard of
-a large batch per thread, as it does the codecs' kernels (numba's own parallel loops would bring a second pool of
-threads). `fn` is the C function `XXH3_64bits_withSeed_dispatch(pointer, length, seed)` of the installed `xxhash`, passed as an
-argument (a ctypes function), so the compiled loops cached on disk hold no address of this process.
+One loop per checksum over a range of entries with the GIL released (`nogil=True`): `host_codecs.parallel_for` runs
+one shard of a large batch per thread, as it does the codecs' kernels (numba's own parallel loops would bring a second
+pool of threads). Each entry's address, length and seed are computed in the loop (no temporary arrays per batch). `fn`
+is the C function, passed as an argument (a ctypes function), so the compiled loops cached on disk hold no address of
+this process: isa-l's `crc32_gzip_refl(init, pointer, length)` (`crc_range`) or xxhash's
+`XXH3_64bits_withSeed_dispatch(pointer, length, seed)` (`hash_range`).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: the CRC's start value is the high half of `(slot ^ length << 32) * _MIX`
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _where(keys, bases, sizes, chunk, start, length):
+    """`(address, bytes)` of a payload: as far as it lies inside its chunk; `(0, 0)` in a chunk not in `keys`."""
+    j = np.searchsorted(keys, chunk)
+    if j >= keys.size or keys[j] != chunk:
+        return np.uint64(0), np.uint64(0)
+    lo = min(max(start, 0), sizes[j])
+    hi = min(max(start + length, 0), sizes[j])
+    return bases[j] + np.uint64(lo), np.uint64(max(hi - lo, 0))
 
 
 @njit(nogil=True, cache=True)
-def hash_range(fn, ptrs, lengths, seeds, out, lo, hi):
-    """`out[i] = fn(ptrs[i], lengths[i], seeds[i])` for the entries `i` in `[lo, hi)`."""
+def crc_range(fn, keys, bases, sizes, chunks, starts, lengths, slots, out, lo, hi):
+    """`out[i]`: CRC-32 (`fn`) of entry `i` (in chunk `chunks[i]` from `starts[i]`, `lengths[i]` bytes), started from
+    its slot's and length's seed, for the entries `i` in `[lo, hi)`."""
     for i in range(lo, hi):
-        out[i] = fn(ptrs[i], lengths[i], seeds[i])
+        ptr, n = _where(keys, bases, sizes, chunks[i], starts[i], lengths[i])
+        seed = ((np.uint64(slots[i]) ^ (np.uint64(lengths[i]) << np.uint64(32))) * _MIX) >> np.uint64(32)
+        out[i] = fn(np.uint32(seed), ptr, n)
+
+
+@njit(nogil=True, cache=True)
+def hash_range(fn, keys, bases, sizes, chunks, starts, lengths, slots, out, lo, hi):
+    """`crc_range` with XXH3-64 (`fn`) seeded `slot ^ length << 32`."""
+    for i in range(lo, hi):
+        ptr, n = _where(keys, bases, sizes, chunks[i], starts[i], lengths[i])
+        out[i] = fn(ptr, n, np.uint64(slots[i]) ^ (np.uint64(lengths[i]) << np.uint64(32)))

@@ -44,6 +44,7 @@ from ._pool import parallel_for
 from .arena import Arena, _Chunk
 from .file_store import ReadOnlyError
 from .registry import CODECS
+from .snapshot import saved_checksum
 from .store import CompressedStore
 from .zstd import ZstdDictionary
 
@@ -217,8 +218,8 @@ class ChunkFileStore(CompressedStore):
 
     @property
     def nbytes(self) -> int:
-        """Memory the store holds: its index and dictionary (the payloads are on disk: `disk_nbytes`)."""
-        return self.index_nbytes + self.dictionary_nbytes
+        """Memory the store holds: its index, dictionary and recent rows (the payloads are on disk: `disk_nbytes`)."""
+        return self.index_nbytes + self.dictionary_nbytes + self.recent_nbytes
 
     @property
     def disk_nbytes(self) -> int:
@@ -269,6 +270,7 @@ class ChunkFileStore(CompressedStore):
                 "dictionary_level": None if d is None else d.level, "rows_seen": self._rows_seen, "trained": self._trained,
                 "dictionary_error": self.dictionary_error, "compactions": self._compactions,
                 "chunks": {str(cid): ch.used for cid, ch in self._arena.chunks.items()}, "next_chunk": self._arena._next_id,
+                "checksum": self.checksum,
             }
             arrays = {**cols, "tags": self._tags.copy(),
                       "dictionary": np.frombuffer(d.data, np.uint8).copy() if d is not None else np.zeros(0, np.uint8)}
@@ -298,6 +300,7 @@ class ChunkFileStore(CompressedStore):
         for k, v in self.config().items():
             if meta["config"].get(k) != v:
                 raise ValueError(f"{index}: config {k} is {meta['config'].get(k)!r}, this store has {v!r}")
+        checksum = saved_checksum(meta, str(index))
         with np.load(index, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         cols = self._index_columns()
@@ -340,6 +343,7 @@ class ChunkFileStore(CompressedStore):
             self._dictionary = None if level is None else ZstdDictionary(dictionary.tobytes(), level)
             self._rows_seen, self._trained = int(meta["rows_seen"]), bool(meta["trained"])
             self.dictionary_error, self._compactions = meta["dictionary_error"], int(meta["compactions"])
+            self.checksum = checksum
 
     def close(self) -> None:
         """Close the chunk files (nothing is deleted; puts since the last committed `write_index` are not in it).

@@ -25,7 +25,7 @@ entries as of its commit, exactly. A commit costs a sync of the rows put since t
 hold at most twice the entries.
 
 Checksums: an entry's check is the low 32 bits of XXH3-64 of its bytes, seeded with its slot id and length (as
-`CompressedStore`'s); every read verifies the entries it returns and raises `host_codecs.CorruptEntryError` naming
+`CompressedStore`'s were before they became CRC-32: the index file has no field to tell them apart); every read verifies the entries it returns and raises `host_codecs.CorruptEntryError` naming
 the file and the slots whose bytes differ from what the index says (a changed byte, a truncated file, or a copy
 rewritten after a later commit than the index a reader opened).
 
@@ -214,11 +214,12 @@ class FileStore:
 
     def _sums(self, arrays: dict, which: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """# shape=(k,), dtype=uint32: the checks of the entries of `slots` that lie in row `rows[i]` of the uint8
-        array `arrays[which[i]]` (`[n, row_nbytes]`), as `CompressedStore` checks its entries
-        (`host_codecs._checksum.payload_sums`: seeded with the slot id, and the length in the high 32 bits)."""
+        array `arrays[which[i]]` (`[n, row_nbytes]`): `host_codecs._checksum.payload_sums`'s XXH3 (seeded with the
+        slot id, and the length in the high 32 bits), the one this store's index format has always held."""
         flat = {j: a.reshape(-1) for j, a in arrays.items()}
         n = np.asarray(rows, np.int64)
-        return _checksum.payload_sums(flat, np.asarray(which, np.int64), n * self.row_nbytes, np.full(n.size, self.row_nbytes, np.int64), slots)
+        return _checksum.payload_sums(flat, np.asarray(which, np.int64), n * self.row_nbytes, np.full(n.size, self.row_nbytes, np.int64), slots,
+                                      _checksum.XXH3)
 
     def dependents(self, slots: Any) -> np.ndarray:
         """`CompressedStore.dependents`: always empty (int64 `[0]`), a file store holds no deltas."""

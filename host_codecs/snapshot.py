@@ -15,10 +15,24 @@ from typing import Any
 import numpy as np
 
 from ._base import ceil_align, dtype_code, dtype_from_code
+from ._checksum import CHECKSUMS, XXH3
 from .registry import CODECS
 from .zstd import ZstdDictionary
 
-__all__ = ["Snapshots"]
+__all__ = ["Snapshots", "saved_checksum"]
+
+
+def saved_checksum(meta: dict[str, Any], what: str) -> str:
+    """The checksum an exported snapshot or a written index records (`meta["checksum"]`; XXH3, the one before it
+    was recorded, where it records none).
+
+    Raises:
+      ValueError: a name not in `host_codecs._checksum.CHECKSUMS` (the message names `what`'s `checksum`).
+    """
+    got = meta.get("checksum", XXH3)
+    if got not in CHECKSUMS:
+        raise ValueError(f"{what} checksum: expected one of {list(CHECKSUMS)}, got {got!r}")
+    return got
 
 
 class Snapshots:
@@ -27,7 +41,8 @@ class Snapshots:
     def export_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """A snapshot of the whole store as JSON-able metadata and numpy arrays (see `import_state`).
 
-        Arrays: every per-slot index column (`_index()`) for the slot ids below `index_rows` (shape `(index_rows,)`:
+        Metadata `checksum`: the entries' checksum (`host_codecs._checksum.CHECKSUMS`; a snapshot without it holds
+        XXH3 sums). Arrays: every per-slot index column (`_index()`) for the slot ids below `index_rows` (shape `(index_rows,)`:
         the rows grown so far, `host_codecs.slot_index`) with `chunk` 0 for a live entry (-1 empty) and `offset` its
         position in `payload`; `payload` (uint8): the live
         payloads packed in slot-offset order, each padded to 8 bytes; `tags` (int64 `(3, num_tags)`);
@@ -42,7 +57,7 @@ class Snapshots:
             meta = {
                 "config": self.config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
                 "rows_seen": self._rows_seen, "trained": self._trained, "dictionary_error": self.dictionary_error,
-                "compactions": self._compactions,
+                "compactions": self._compactions, "checksum": self.checksum,
             }
         live = np.flatnonzero(cols["chunk"] >= 0)
         live = live[np.lexsort((cols["offset"][live], cols["chunk"][live]))]
@@ -77,6 +92,7 @@ class Snapshots:
         for k, v in config.items():
             if meta["config"].get(k) != v:
                 raise ValueError(f"store config {k}: expected {v!r} (this store), got {meta['config'].get(k)!r}")
+        checksum = saved_checksum(meta, "store meta")
         cols = self._index_columns()
         chunk = arrays.get("chunk")
         rows = chunk.shape[0] if isinstance(chunk, np.ndarray) and chunk.ndim == 1 and chunk.shape[0] <= self.num_slots else self.num_slots
@@ -115,3 +131,4 @@ class Snapshots:
             self._dictionary = None if level is None else ZstdDictionary(dictionary.tobytes(), level)
             self._rows_seen, self._trained = int(meta["rows_seen"]), bool(meta["trained"])
             self.dictionary_error, self._compactions = meta["dictionary_error"], int(meta["compactions"])
+            self.checksum = checksum

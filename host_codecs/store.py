@@ -20,12 +20,14 @@ Layout (plain numpy arrays, simple to persist):
   So every entry records its codec, dtype and shape, and decode never guesses.
 * arena: the payload bytes (`host_codecs.arena`).
 
-Checksums: an entry's `check` is the low 32 bits of XXH3-64 of its payload seeded with its slot id and length, XOR
-`codec | meta << 8 | layout << 16`; a delta entry's check also XORs in a hash of its base slot and the base's
+Checksums: an entry's `check` is the CRC-32 of its payload started from a mix of its slot id and length
+(`host_codecs._checksum`; the store's `checksum`: a store loaded from a snapshot or index written before CRC-32 keeps
+the XXH3 sums it holds), XOR `codec | meta << 8 | layout << 16`; a delta entry's check also XORs in a hash of its base slot and the base's
 `check` when the delta was put, so a delta whose base was rewritten since fails. Every read verifies the entries it decodes before decoding them and raises
 `host_codecs.CorruptEntryError` naming the store and the slots whose payload, length, offset, chunk, codec, meta byte
-or layout changed since they were written (any change of codec, meta or layout always; a changed payload, offset or
-length unless the hashes collide, about 1 in 4e9); a payload moved to another slot fails too. The other chunk ids
+or layout changed since they were written (any change of codec, meta or layout always, and with CRC-32 any change of
+up to 4 consecutive payload bytes; another change of payload, offset or length unless the sums collide, about 1 in
+4e9); a payload moved to another slot fails too. The other chunk ids
 below -1 are refused as corrupt, never read as empty.
 
 Concurrency: one lock guards the index and the arena. `put` encodes outside the lock, then under it copies the
@@ -46,8 +48,9 @@ Space reuse: a chunk with no live entry left is released; when freed-but-unrelea
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
 buffer) empties chunks in order and never needs compaction.
 
-Accounting: `nbytes = arena_nbytes + index_nbytes + dictionary_nbytes`, `arena_nbytes =
-payload_nbytes + slack` (padding, freed space, unused chunk tails).
+Accounting: `nbytes = arena_nbytes + index_nbytes + dictionary_nbytes + recent_nbytes`, `arena_nbytes =
+payload_nbytes + slack` (padding, freed space, unused chunk tails); `recent_nbytes`: the raw rows of the newest put
+with `bases` that the next put's deltas may be based on, kept decoded (`host_codecs.deltas`).
 
 Example:
   >>> import numpy as np
@@ -82,13 +85,12 @@ _NUM_TAGS = max(c.tag for c in CODECS.values()) + 1
 _MAX_SAMPLE_BYTES = 64 << 20  # most bytes of entries (at least 8 entries) a dictionary is built from
 _MAX_DICTIONARY_BYTES = 1 << 20
 _READ_SHARD_BYTES = 1 << 20  # decoding is fast per byte: a smaller shard does not pay for a thread
-_HASH = None  # xxhash.xxh3_64_intdigest, imported by the first store (a declared dependency)
 
 
-def _payload_sums(chunks, chunk_ids, offsets, lengths, slots) -> np.ndarray:
+def _payload_sums(chunks, chunk_ids, offsets, lengths, slots, checksum: str = _checksum.CRC32) -> np.ndarray:
     """# shape=(k,), dtype=uint32: the entries' checksums, `host_codecs._checksum.payload_sums` (one compiled loop
     per batch)."""
-    return _checksum.payload_sums(chunks, chunk_ids, offsets, lengths, slots)
+    return _checksum.payload_sums(chunks, chunk_ids, offsets, lengths, slots, checksum)
 
 
 def _fields(tag, meta, layout) -> np.ndarray:
@@ -172,11 +174,6 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         max_dead_fraction: float = 0.25, dictionary_bytes: int = 0, dictionary_samples: int = 1024, name: str = "",
         delta_codec: "str | Codec | None" = None,
     ):
-        global _HASH
-        if _HASH is None:
-            import xxhash
-
-            _HASH = xxhash.xxh3_64_intdigest
         for arg, v, lo, hi in (
             ("num_slots", num_slots, 1, None),
             ("dictionary_bytes", dictionary_bytes, 0, _MAX_DICTIONARY_BYTES),
@@ -219,6 +216,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
 
         self._new_index(0)  # grown as slots are used (host_codecs.slot_index)
         self._recent: tuple[np.ndarray, np.ndarray] | None = None  # (slots, raw rows) of the last put with bases: see _put
+        #: The entries' checksum (`host_codecs._checksum.CHECKSUMS`): CRC-32, or the one of the snapshot or index loaded.
+        self.checksum = _checksum.CRC32
         self._layouts: list[tuple[int, tuple[int, ...]]] = []  # layout id -> (dtype code, shape)
         self._layout_ids: dict[tuple[int, tuple[int, ...]], int] = {}
         self._layout_nbytes = np.zeros(0, dtype=np.int64)  # shape=(num_layouts,), int64
@@ -331,7 +330,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             [_encode(coded[~delta], a.dtype, cdc, dictionary), _encode(coded[delta], a.dtype, dcdc, None)], [~delta, delta])
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
-        sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s)
+        sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s, self.checksum)
         with self._lock:
             self._grow_index(max(int(s.max()), -1 if base is None else int(base.max())) + 1)
             if delta.any():  # chains stay linear (checked before anything is stored)
@@ -594,7 +593,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
     def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check, bases=None) -> None:
         """Raise CorruptEntryError naming the slots whose entries fail their checksum (module doc); `bases`: (base
         slots, the bases' checks) of deltas."""
-        expect = _payload_sums(table, chunk, offset, length, slots) ^ _fields(tag, meta, layout)
+        expect = _payload_sums(table, chunk, offset, length, slots, self.checksum) ^ _fields(tag, meta, layout)
         if bases is not None:
             expect ^= base_sums(*bases)
         bad = expect != check
@@ -655,7 +654,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
     raw_nbytes = _stat("raw_nbytes", "Bytes the live entries take decoded.")
     arena_nbytes = _stat("arena_nbytes", "Bytes of all arena chunks held (payload and slack).")
     index_nbytes = _stat("index_nbytes", "Bytes of the per-slot index arrays and the layout table.")
-    nbytes = _stat("nbytes", "Memory the store holds: arena + index + dictionary (no Python object per entry).")
+    recent_nbytes = _stat("recent_nbytes", "Bytes of the raw rows the newest put with bases keeps for the next put's deltas.")
+    nbytes = _stat("nbytes", "Memory the store holds: arena + index + dictionary + recent rows (no Python object per entry).")
     compression_ratio = _stat("compression_ratio", "`raw_nbytes / nbytes`: decoded size over everything held (0 when empty).")
 
     @property
@@ -669,7 +669,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
 
         Returns:
           A dict with `entries`, `raw_nbytes`, `payload_nbytes`, `arena_nbytes`, `slack_nbytes` (arena - payload),
-          `dead_nbytes` (freed, not yet reclaimed), `index_nbytes`, `dictionary_nbytes`, `nbytes`,
+          `dead_nbytes` (freed, not yet reclaimed), `index_nbytes`, `dictionary_nbytes`, `recent_nbytes`, `nbytes`,
           `compression_ratio`, `num_chunks`, `compactions` and `codecs`: per codec name holding an entry,
           `{"entries", "raw_nbytes", "payload_nbytes", "payload_ratio"}` (raw / payload).
         """
@@ -677,17 +677,18 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         dict_nbytes = self.dictionary_nbytes
         with self._lock:
             index += self._layout_nbytes.nbytes + sum(16 + 8 * len(shp) for _, shp in self._layouts)
-            tags, arena = self._tags.copy(), self._arena.nbytes
+            tags, arena, kept = self._tags.copy(), self._arena.nbytes, self._recent
+            recent = 0 if kept is None else kept[0].nbytes + kept[1].nbytes
             per = {
                 c.name: {"entries": int(n), "raw_nbytes": int(raw), "payload_nbytes": int(pay), "payload_ratio": raw / pay if pay else float("inf")}
                 for c in CODECS.values() for n, raw, pay in [tags[:, c.tag]] if n
             }
             (entries, raw, payload) = (int(x) for x in tags.sum(axis=1))
-            total = arena + index + dict_nbytes
+            total = arena + index + dict_nbytes + recent
             return {
                 "entries": entries, "raw_nbytes": raw, "payload_nbytes": payload,
                 "arena_nbytes": arena, "slack_nbytes": arena - payload, "dead_nbytes": self._arena.dead_nbytes,
-                "index_nbytes": index, "dictionary_nbytes": dict_nbytes, "nbytes": total,
+                "index_nbytes": index, "dictionary_nbytes": dict_nbytes, "recent_nbytes": recent, "nbytes": total,
                 "compression_ratio": raw / total if raw else 0.0, "num_chunks": len(self._arena.chunks),
                 "compactions": self._compactions, "codecs": per,
             }

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 
 import jax
 
+from jaxbuffers import _validate
+
 __all__ = ["Timing", "timing", "span"]
 
 _ACTIVE: list["Timing"] = []  # the open timing() blocks, innermost last
@@ -38,7 +40,13 @@ class Timing:
         self._data: dict[str, list[float]] = {}  # name -> [calls, total seconds, max seconds]
 
     def add(self, name: str, seconds: float) -> None:
-        """Count one call of `name` that took `seconds` (a float >= 0)."""
+        """Count one call of `name` that took `seconds` (a float >= 0).
+
+        Raises (before anything is counted):
+          TypeError: `name` not a str, `seconds` not a real number. ValueError: `seconds` negative, NaN or infinite.
+        """
+        _validate.text("name", name)
+        seconds = float(_validate.scalar_parameter("seconds", seconds, 0.0))
         with self._lock:
             c = self._data.setdefault(name, [0, 0.0, 0.0])
             c[0] += 1
@@ -47,7 +55,12 @@ class Timing:
 
     def summary(self, prefix: str | None = None) -> dict:
         """`{name: {"calls": int, "total_s": float, "mean_s": float, "max_s": float}}`, names sorted; with `prefix`
-        only the names starting with it (e.g. `"ReplayBuffer."`)."""
+        only the names starting with it (e.g. `"ReplayBuffer."`).
+
+        Raises:
+          TypeError: `prefix` neither a str nor None.
+        """
+        _validate.text("prefix", prefix, optional=True)
         with self._lock:
             items = sorted((k, list(v)) for k, v in self._data.items() if prefix is None or k.startswith(prefix))
         return {k: {"calls": int(n), "total_s": t, "mean_s": t / n, "max_s": m} for k, (n, t, m) in items}
@@ -75,7 +88,12 @@ def active() -> bool:
 
 @contextlib.contextmanager
 def span(name: str) -> Iterator[None]:
-    """Count the block's host time under `name` in every open `timing()` block (nothing when none is open)."""
+    """Count the block's host time under `name` in every open `timing()` block (nothing when none is open).
+
+    Raises:
+      TypeError: `name` not a str (before the block runs).
+    """
+    _validate.text("name", name)
     if not _ACTIVE:
         yield
         return

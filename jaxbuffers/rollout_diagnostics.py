@@ -172,14 +172,19 @@ def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = Non
     Yields:
       `RolloutMinibatch` with leaves ``[batch_size, ...]``.
 
-    Raises:
+    Raises (by the call, before any minibatch is gathered):
+      TypeError: ``buf`` is not a (compressed) rollout buffer; ``key`` is not a PRNG key; ``batch_size`` not an int.
       ValueError: ``batch_size`` does not divide the rollout; no device of the platform asked for.
     """
     total, dev = total_size(buf), _device(device)
     batch_size = _validate.static_int("batch_size", batch_size)
     if total % batch_size:
         raise ValueError(f"batch_size: {batch_size} does not divide total_size={total}")
-    indices = buf.minibatch_indices(key, total // batch_size)
+    return _gathered(buf, buf.minibatch_indices(key, total // batch_size), dev)
+
+
+def _gathered(buf: Any, indices: jax.Array, dev: jax.Device | None) -> Iterator[RolloutMinibatch]:
+    """`get_minibatches`' minibatches, each gathered when the iterator reaches it."""
     for idx in indices:
         mb = buf.gather(idx)
         yield mb if dev is None else jax.device_put(mb, dev)

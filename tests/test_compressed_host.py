@@ -4,6 +4,8 @@ StaleBufferError), and write arguments refused before anything is written."""
 
 from __future__ import annotations
 
+import math
+
 import sys
 import threading
 import time
@@ -258,6 +260,31 @@ def test_host_bytes_report_live_payloads_and_arena_capacity_apart():
     assert payload == 30 * 120  # codec "none": 30 frames of 120 bytes, deltas as large as keyframes
     assert buf.host_live_nbytes == buf.host_nbytes - buf.host_arena_nbytes + payload
     assert buf.host_arena_nbytes >= payload
+
+
+def test_host_bytes_count_the_frames_kept_decoded():
+    """`host_nbytes` counts every byte the host holds: besides arenas, indexes and slot versions, the frames each
+    lane's last `k - 1` steps wrote, kept for the next add's stack check (at most `2 E (k - 1)` per store), and the
+    rows a delta put keeps for the next put's deltas; closing frees both."""
+    e, k, frame = 3, 4, (12, 10)
+    ex = {"obs": jnp.zeros((k, *frame), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = CompressedTrajectoryBuffer.create(ex, num_envs=e, length=50, frame_stack=k, codec="none", keyframe_interval=30)
+    host = buf.host
+    assert host.recent_nbytes == 0 and all(s.recent_nbytes == 0 for s in host.stores)
+    rng = np.random.default_rng(0)
+    stacks, _ = stacked_chunk(rng.integers(0, 256, (e, 12, *frame), dtype=np.uint8), np.zeros((e, 12), bool), k)
+    add = jax.jit(lambda b, s: b.add(s, terminated=jnp.zeros((e, s["obs"].shape[1]), bool)))
+    # a chunk of k - 1 or more keeps each lane's last k - 1; later adds keep theirs too, up to 2 (k - 1) per lane
+    for (a, b), per_lane in zip(((0, 5), (5, 6), (6, 7), (7, 12)), (k - 1, k, k + 1, 2 * (k - 1))):
+        buf = add(buf, {"obs": stacks[:, a:b], "action": np.zeros((e, b - a), np.int32), "reward": np.zeros((e, b - a), np.float32)})
+        assert host.recent_nbytes == e * per_lane * math.prod(frame)
+        assert buf.host_nbytes == sum(s.nbytes for s in host.stores) + host.slot_version.nbytes + host.recent_nbytes
+        store = host.stores[0]  # keeps the newest frame of each lane: the next put's first deltas are based on it
+        assert store.recent_nbytes >= e * math.prod(frame)
+        assert store.nbytes == store.arena_nbytes + store.index_nbytes + store.recent_nbytes
+    assert e * (k - 1) * math.prod(frame) <= host.recent_nbytes <= 2 * e * (k - 1) * math.prod(frame)
+    buf.close()
+    assert host.recent_nbytes == 0 and host.stores[0].recent_nbytes == 0
 
 
 def test_slot_versions_grow_with_the_slots_written():

@@ -370,6 +370,39 @@ def test_stacks_the_buffer_cannot_rebuild_are_refused_and_change_nothing(cls, kw
     buf.close()
 
 
+def test_an_eager_add_checks_its_stacks_in_its_write_with_no_other_program(compile_counter):
+    """An eager add with frame stacks runs one compiled program whose write callback makes the stack check (the
+    first add compiles one program, nothing decoded: the lanes' last frames are those the store kept): a good add compiles nothing
+    more after the first of its shape; a refused one raises our ValueError (not JAX's runtime error) naming the
+    leaf, env and step, with the state and store byte-identical and still the newest (it adds next); the same from
+    the host."""
+    rng = np.random.default_rng(11)
+    frames = rng.integers(0, 256, (E, 6, H, W), dtype=np.uint8)
+    stack = lambda t: np.stack([frames[:, max(t - 1, 0)], frames[:, t]], axis=1)  # noqa: E731
+
+    def step(pixels):
+        return {"obs": {"pixels": pixels, "vec": np.zeros((E, 2), np.float32)}, "action": np.zeros(E, np.int32), "reward": np.zeros(E, np.float32)}
+
+    no = {"terminated": np.zeros(E, bool)}
+    buf = CompressedTrajectoryBuffer.create(EXAMPLE, num_envs=E, length=LENGTH, frame_stack=K, compress=("pixels",), codec="rle")
+    with compile_counter() as first:
+        buf = buf.add(step(stack(0)), **no)
+    assert first() == 1  # the add's program, check included
+    buf = buf.add_from_host(step(stack(1)), **no)
+    reads = buf.host.num_reads
+    with compile_counter() as compiles:
+        buf = buf.add(step(stack(2)), **no)
+        for add in (buf.add, buf.add_from_host):
+            err = assert_refused(lambda: add(step(stack(4)), **no), ("step['obs']['pixels']",), buf, errors=(ValueError,))
+            assert type(err) is ValueError and "env 0, step 0 of the add" in str(err)
+        buf = buf.add_from_host(step(stack(3)), **no).add(step(stack(4)), **no)
+    assert compiles() == 0 and buf.host.num_reads == reads
+    assert int(buf.version) == 5
+    got = np.asarray(buf.decode_obs(buf.trajectory.storage["obs"])["pixels"])[:, :5]
+    np.testing.assert_array_equal(got, np.stack([stack(t) for t in range(5)], axis=1))
+    buf.close()
+
+
 @pytest.mark.parametrize("value, err, match", [("bogus", ValueError, "delta_codec: codec: unknown codec 'bogus'"),
                                                ("zstd:99", ValueError, "delta_codec: codec 'zstd': level"),
                                                (3, TypeError, "delta_codec: codec: expected a name")])

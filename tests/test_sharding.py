@@ -750,6 +750,25 @@ def _spy_rows(sharded) -> dict:
 
 
 @eight
+def test_compressed_trajectory_shards_refuse_stacks_they_cannot_rebuild_in_their_write(mesh):
+    """Each shard's write callback checks its own lanes' stacks against its store's last frames (the shard index is
+    the callback's first operand): stacks whose oldest frame was changed are refused by the program, naming the leaf,
+    env and step, and no shard's store or state changes; the step as a frame stacker gives it is then added."""
+    from compressed_bad_input import host_record
+
+    sharded, _, steps = _pixel_buffers(mesh, adds=3, more=1)
+    step, kw = steps[0]
+    bad = {**step, "obs": np.array(step["obs"])}
+    bad["obs"][:, 0] = 255  # frames hold values below 4: no lane's stack continues or starts an episode this way
+    before = ([np.asarray(x).tobytes() for x in jax.tree.leaves(sharded)], [host_record(h) for h in sharded.shards.host.shards])
+    add = jax.jit(jb.ShardedBuffer.add)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"step\['obs'\]: env \d+, step 0 of the add is not the stack"):
+        jax.block_until_ready(add(sharded, bad, **kw))
+    assert ([np.asarray(x).tobytes() for x in jax.tree.leaves(sharded)], [host_record(h) for h in sharded.shards.host.shards]) == before
+    jax.block_until_ready(add(sharded, step, **kw))
+
+
+@eight
 def test_compressed_global_samples_are_the_unsharded_rows_and_decode_only_their_own(mesh):
     sharded, whole = _pixel_buffers(mesh)
     rows = _spy_rows(sharded)

@@ -643,6 +643,13 @@ def path(name: str, value: Any) -> Any:
     return pathlib.Path(value)
 
 
+def text(name: str, value: Any, optional: bool = False) -> Any:
+    """A str argument (a name, a prefix), or None where ``optional``; else TypeError naming ``name``."""
+    if not (isinstance(value, str) or (optional and value is None)):
+        raise TypeError(f"{name}: expected a str{' or None' if optional else ''}, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
 def choice(name: str, value: Any, options: tuple) -> Any:
     """A static option: ``value`` if it is one of ``options``, else ValueError naming ``name``."""
     if not any(isinstance(value, type(o)) and value == o for o in options):

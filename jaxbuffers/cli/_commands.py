@@ -491,8 +491,9 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
     """A PNG contact sheet of `count` steps drawn uniformly without replacement (seeded by `seed`) from the buffer
     (or from episode `episode`), in storage order, each labelled with its episode and step."""
     field = _image(view, image, stack_axis, layout)
-    if count < 1:
-        raise CliError(f"--count: expected an integer >= 1, got {count}")
+    for option, value, least in (("--count", count, 1), ("--columns", columns, 1), ("--scale", scale, 1), ("--seed", seed, 0)):
+        if value < least:
+            raise CliError(f"{option}: expected an integer >= {least}, got {value}")
     pool = view.episode(episode).positions if episode is not None else np.arange(view.num_steps)
     rng = np.random.default_rng(seed)
     picks = np.sort(rng.choice(pool, size=min(count, len(pool)), replace=False)) if len(pool) else pool

@@ -209,14 +209,6 @@ def write(
     return write_once(*args)
 
 
-def read_recent(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, ids: jax.Array) -> list:
-    """`read` of one id array through `HostStores.read_recent` (frames the newest write kept come from memory);
-    `out[leaf]`: `[*ids.shape, *frame_shape]`."""
-    shapes = tuple(jax.ShapeDtypeStruct((*ids.shape, *i.frame_shape), i.dtype) for i in infos)
-    got = jax.pure_callback(keeping(host, host.read_recent), shapes, *host.operands(), version, ids.astype(jnp.int32), vmap_method="broadcast_all")
-    return list(got)
-
-
 def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: jax.Array) -> list:
     """Host callback decoding store slots for every leaf, for one or more id arrays at once.
 
@@ -382,7 +374,8 @@ def checked_before_dispatch(add: bool = False) -> Callable:
     Called eagerly, the method raises the exception its host callback raised (`StaleBufferError`,
     `host_codecs.CorruptEntryError`, ...), not the `jax.errors.JaxRuntimeError` that carries it out of the program:
     a read waits for its result (its caller reads it next anyway) so that the error is raised here; an add is not
-    waited for (its checks ran before dispatch). Under `jit` the program's caller gets the `JaxRuntimeError`."""
+    waited for (its checks ran before dispatch) unless its write callback may refuse it (the buffer's
+    `_write_may_refuse`: a frame-stack check that runs on the host). Under `jit` the program's caller gets the `JaxRuntimeError`."""
 
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
@@ -393,7 +386,8 @@ def checked_before_dispatch(add: bool = False) -> Callable:
                 made = check_before_dispatch(self, False)
             if isinstance(self.version, jax.core.Tracer):
                 return method(self, *args, **kwargs)
-            out = run_eager([self.host], lambda: method(self, *args, **kwargs), wait=not add)
+            wait = not add or getattr(self, "_write_may_refuse", False)
+            out = run_eager([self.host], lambda: method(self, *args, **kwargs), wait=wait)
             if made is not None:
                 _newest_add[self.host] = (out.version, made)
             return out

@@ -123,6 +123,8 @@ class HostStores:
 
     # Identity semantics on purpose (see module doc): do not define __eq__/__hash__.
 
+    num_operands = 0  # len(operands()), known on the host too (a callback cannot call operands())
+
     def operands(self) -> tuple:
         """The leading operands of every callback to these stores: none (`ShardedHostStores` passes its shard)."""
         return ()
@@ -132,8 +134,14 @@ class HostStores:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes held: every store's `nbytes` (arena + index + dictionary) plus `slot_version`."""
-        return sum(s.nbytes for s in self.stores) + self.slot_version.nbytes
+        """Host bytes held: every store's `nbytes` (arena + index + dictionary + recent rows), `slot_version`, and the
+        frames the newest writes kept for `read_recent` (`recent_nbytes`)."""
+        return sum(s.nbytes for s in self.stores) + self.slot_version.nbytes + self.recent_nbytes
+
+    @property
+    def recent_nbytes(self) -> int:
+        """Bytes of the frames the newest writes kept (`write(recent=)`, at most its cap of frames per store)."""
+        return sum(f.nbytes for frames in self._recent[1].values() for f in frames)
 
     @property
     def arena_nbytes(self) -> int:
@@ -151,6 +159,7 @@ class HostStores:
         with self._lock:
             for s in self.stores:
                 s.clear()
+            self._recent = (-1, {})
             self.closed = True
 
     def _check_open(self, what: str) -> None:
@@ -422,6 +431,8 @@ class ShardedHostStores:
     def __repr__(self) -> str:
         return f"ShardedHostStores({len(self.shards)} shards along {self.axis!r}, versions={[h.version for h in self.shards]})"
 
+    num_operands = 1
+
     def operands(self) -> tuple:
         """The leading operands of every callback: the shard index (int32 scalar; inside `shard_map` only)."""
         return (jax.lax.axis_index(self.axis),)
@@ -489,7 +500,8 @@ class HostBacked(Wrapper, struct.PyTreeNode):
 
     @property
     def host_nbytes(self) -> int:
-        """Host bytes held: arenas (their whole capacity), store indexes, dictionaries, slot versions."""
+        """Host bytes held: arenas (their whole capacity), store indexes, dictionaries, slot versions, and the frames
+        kept decoded (the rows a delta's next put reads, the frames the next add's stack check reads)."""
         return self.host.nbytes
 
     @property

@@ -303,17 +303,14 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
             (under `jit` the write callback refuses it: `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
-        checked = self._check_stacks(step, terminated, truncated, final_obs)
-        return self._add(step, terminated, truncated, final_obs, checked)
+        return self._add(step, terminated, truncated, final_obs)
 
-    @_compiled.method("checked")
-    def _add(self, step, terminated, truncated, final_obs, checked: bool) -> "CompressedTrajectoryBuffer":
-        """`add` once its eager checks ran; unless `checked`, the write callback refuses stacks the store cannot
-        rebuild before it writes anything."""
-        refuse = None
-        if self._stacked and not checked:
-            refuse = self._host_check(step, terminated, truncated, final_obs)
-        new, (slots, valid, bases, datas) = self._add_device(step, terminated, truncated, final_obs)
+    @_compiled.method()
+    def _add(self, step, terminated, truncated, final_obs) -> "CompressedTrajectoryBuffer":
+        """`add` once its eager checks ran; with frame stacks the write callback refuses stacks the store cannot
+        rebuild before it writes anything (`_stack_refusal`)."""
+        new, (slots, valid, bases, datas), checks = self._add_device(step, terminated, truncated, final_obs)
+        refuse = (checks, self._stack_refusal) if checks else None
         version = _common.write(self.host, self.version, slots, valid, datas, bases, refuse, self._recent_rows(valid.shape[0], truncated is not None))
         return new.replace(version=version)
 
@@ -329,15 +326,19 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         if isinstance(self.version, jax.core.Tracer):
             raise TypeError("add_from_host cannot be traced (jit/scan/vmap); call add() inside traced code")
         _common.check_add_before_dispatch(self, lambda b: b._add_device(step, terminated, truncated, final_obs))
-        self._check_stacks(step, terminated, truncated, final_obs)
-        new, parts = self._add_device(step, terminated, truncated, final_obs)
-        slots, valid, bases, datas = jax.device_get(parts)
+        new, parts, checks = self._add_device(step, terminated, truncated, final_obs)
+        (slots, valid, bases, datas), checks = jax.device_get((parts, checks))
+        error = self._stack_refusal(*checks) if checks else None
+        if error is not None:
+            raise error
         recent = self._recent_rows(np.shape(valid)[0], truncated is not None)
         return new.replace(version=jnp.asarray(self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases, recent=recent), jnp.int32))
 
     @_compiled.method()
     def _add_device(self, step, terminated, truncated, final_obs):
-        """Everything `add` does on device; returns (state without the version bump, write parts)."""
+        """Everything `add` does on device, its arguments checked once; returns (state without the version bump,
+        write parts, the operands of the host stack check: `_checked_stack_operands`, or `()` without frame
+        stacks)."""
         step, terminated, truncated, final_obs = _validate.trajectory_add(
             self.step_spec, self.trajectory.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
         )
@@ -348,8 +349,9 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         datas = frames(step[self.trajectory.obs_key])
         if truncated is not None:
             datas = [jnp.concatenate([d, f]) for d, f in zip(datas, frames(final_obs))]
+        checks = self._checked_stack_operands(step, terminated, truncated, final_obs) if self._stacked else ()
         new, (slots, valid, bases) = self._add_ids(step, terminated, truncated, final_obs)
-        return new, (slots, valid, bases, datas)
+        return new, (slots, valid, bases, datas), checks
 
     @_compiled.method()
     def _add_ids(self, step, terminated, truncated, final_obs):

@@ -2,11 +2,14 @@
 the rule of `jaxbuffers._validate.unrebuilt_trajectory_stacks` applied to an add, against the stack the store
 rebuilds for each lane's last step.
 
-Eagerly the check runs before anything is dispatched, on device, reading the lanes' last frames from the host
-store. In a traced add the write callback runs it on the host, in numpy, before it writes anything: the lanes' last
-frames come from the frames the store kept from the add that made the state (`HostStores.read_recent`; the
-`recent` rows of its write), so nothing is decoded, and are decoded from the store only when the state is not the
-one the store's last write made (a restored buffer, a reopened folder) or the store kept none of them.
+One path, on the host, in numpy: the add's program passes the check's operands (the stacks given, the episode
+starts, the slots of each lane's last frames) to its write callback, which runs the rule before it writes anything
+and raises instead of writing (`jaxbuffers.compressed._common.write`'s `refuse`). The lanes' last frames come from the
+frames the store kept from the add that made the state (`HostStores.read_recent`; the `recent` rows of its write), so
+nothing is decoded, and are decoded from the store only when the state is not the one the store's last write made (a
+restored buffer, a reopened folder) or the store kept none of them. An eager add with frame stacks waits for its
+write, so that the refusal is raised by the call; `add_from_host` and `check_stacks` run the same rule on the same
+operands without a callback.
 """
 
 from __future__ import annotations
@@ -29,13 +32,11 @@ class StackChecked:
         """Whether the compressed leaves are frame stacks (the store keeps each step's newest frame only)."""
         return self.leaves[0].stack_axis is not None
 
-    def _check_stacks(self, step, terminated, truncated, final_obs) -> bool:
-        """With a concrete state, raise the `_stack_error` of `_unrebuilt` now, before anything is dispatched; returns
-        whether the stacks were checked (False under a transformation, or without frame stacks)."""
-        if not self._stacked or isinstance(self.version, jax.core.Tracer):
-            return False
-        self.check_stacks(step, terminated=terminated, truncated=truncated, final_obs=final_obs)
-        return True
+    @property
+    def _write_may_refuse(self) -> bool:
+        """Whether an add's write callback may refuse it (`_common.checked_before_dispatch`: an eager add then waits
+        for its write, so that it raises the refusal)."""
+        return self._stacked
 
     def check_stacks(self, step: Mapping, *, terminated, truncated=None, final_obs=None, previous=None) -> None:
         """Raise the error `add` raises for frame stacks it cannot store (`jaxbuffers.compressed.trajectory`
@@ -53,35 +54,57 @@ class StackChecked:
         self.host.check_state("check_stacks")
         if not self._stacked:
             return
-        error = self._stack_error(np.asarray(self._unrebuilt(step, terminated, truncated, final_obs, previous)))
+        if previous is not None:
+            previous = (
+                [np.asarray(_validate.array(f"previous[0][{j}]", x, (self.num_envs, *i.shape), i.dtype)) for j, (x, i) in enumerate(zip(previous[0], self.leaves))],
+                np.asarray(_validate.array("previous[1]", previous[1], (self.num_envs,), np.bool_)),
+            )
+        error = self._stack_refusal(*jax.device_get(self._stack_operands(step, terminated, truncated, final_obs)), previous=previous)
         if error is not None:
             raise error
 
     @_compiled.method()
-    def _unrebuilt(self, step, terminated, truncated, final_obs, previous=None) -> jax.Array:
-        """bool `[leaves, 2, E, t]`: `jaxbuffers._validate.unrebuilt_trajectory_stacks` of every compressed leaf, the
-        stack before each lane's first step read from the store as a sample reads it (an episode start reads none),
-        unless `previous` gives it (`check_stacks`)."""
-        traj = self.trajectory
-        step, terminated, truncated, final_obs = _validate.trajectory_add(
-            self.step_spec, traj.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
-        )
+    def _stack_operands(self, step, terminated, truncated, final_obs) -> tuple:
+        """`_checked_stack_operands` of `add`'s arguments, checked as `add` checks them (`check_stacks`)."""
+        return self._checked_stack_operands(*_validate.trajectory_add(
+            self.step_spec, self.trajectory.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
+        ))
+
+    def _checked_stack_operands(self, step, terminated, truncated, final_obs) -> tuple:
+        """The operands of `_stack_refusal` for an add of checked `[E, t]` inputs: the store's leading operands (the
+        shard of a sharded store) and the version, the slots of each lane's last frames int32 `[E, k]` (`_last_ids`)
+        and their zero-pad mask (a scalar when there is none), whether each lane's next step starts an episode bool
+        `[E]`, the episode ends of the add bool `[E, t]`, the stacks of each compressed leaf, and with `truncated`
+        its final observations and where they are read (`truncated & ~terminated`)."""
         ends = terminated if truncated is None else terminated | truncated
+        fids, pad = self._last_ids()
+        stacks = _common.pick_leaves(step[self.trajectory.obs_key], self.leaf_index)
+        finals = [] if truncated is None else [*_common.pick_leaves(final_obs, self.leaf_index), truncated & ~terminated]
+        return (*self.host.operands(), self.version, fids, jnp.zeros(()) if pad is None else pad, self.next_ep_pos == 0, ends, *stacks, *finals)
+
+    def _stack_refusal(self, *operands: np.ndarray, previous: tuple | None = None) -> ValueError | None:
+        """On the host: the `_stack_error` of `jaxbuffers._validate.unrebuilt_trajectory_stacks` of every compressed
+        leaf, given `_checked_stack_operands` (numpy). The stack before each lane's first step is the one the store
+        rebuilds for its last step (`HostStores.read_recent`; zeros where the next step starts an episode), unless
+        `previous` (checked `check_stacks`'s) gives it."""
+        n, m = self.host.num_operands + 1, len(self.leaves)  # (operands() traces: not callable in a callback)
+        fids, pad, first, ends = operands[n : n + 4]
+        stacks, rest = operands[n + 4 : n + 4 + m], operands[n + 4 + m :]
+        boot = rest[-1] if rest else None
         if previous is None:
-            first = self.next_ep_pos == 0
-            befores = self._last_stacks()
+            pad = pad if pad.shape else None
+            befores = [
+                np.moveaxis(b if pad is None else np.where(pad.reshape(pad.shape + (1,) * (b.ndim - 2)), 0, b), 1, 1 + i.stack_axis)
+                for b, i in zip(self.host.read_recent(*operands[:n], fids), self.leaves)
+            ]
         else:
-            first = _validate.array("previous[1]", previous[1], (self.num_envs,), jnp.bool_)
-            befores = [_validate.array(f"previous[0][{j}]", x, (self.num_envs, *i.shape), i.dtype) for j, (x, i) in enumerate(zip(previous[0], self.leaves))]
-        starts = jnp.concatenate([first[:, None], ends[:, :-1]], axis=1)
-        boot = None if truncated is None else truncated & ~terminated
-        stacks = _common.pick_leaves(step[traj.obs_key], self.leaf_index)
-        finals = [None] * len(stacks) if truncated is None else _common.pick_leaves(final_obs, self.leaf_index)
-        return jnp.stack([
-            _validate.unrebuilt_trajectory_stacks(jnp.asarray(x), jnp.asarray(b), starts, None if f is None else jnp.asarray(f), boot,
-                                                  stack_axis=i.stack_axis, padding=self.padding)
-            for x, f, b, i in zip(stacks, finals, befores, self.leaves)
+            befores, first = previous
+        starts = np.concatenate([first[:, None], ends[:, :-1]], axis=1)
+        bad = np.stack([
+            _validate.unrebuilt_trajectory_stacks(x, b, starts, rest[j] if rest else None, boot, stack_axis=i.stack_axis, padding=self.padding)
+            for j, (x, b, i) in enumerate(zip(stacks, befores, self.leaves))
         ])
+        return self._stack_error(bad)
 
     def _last_ids(self) -> tuple:
         """`_frame_ids` of each lane's last step, as far as the lane's next step reads it (frames back to its episode
@@ -93,45 +116,10 @@ class StackChecked:
                          jnp.maximum(self.next_ep_pos - 1, 0)], axis=-1).astype(jnp.int32)
         return self._frame_ids(ids)
 
-    def _last_stacks(self) -> list:
-        """Per compressed leaf, `[E, *shape]`: the stack the store rebuilds for each lane's last step (`_last_ids`);
-        zeros where the next step starts an episode."""
-        fids, pad = self._last_ids()
-        return [_common.finish(d, i, 1, pad, False) for d, i in zip(_common.read_recent(self.host, self.leaves, self.version, fids), self.leaves)]
-
-    def _host_check(self, step, terminated, truncated, final_obs) -> tuple:
-        """`_common.write`'s `refuse` for a traced add: `_unrebuilt`'s rule run on the host by the write callback, in
-        numpy, on the add's stacks and each lane's last frames (`HostStores.read_recent`: the frames the last add
-        kept, or decoded from the store when the state is not the one it made); nothing is compared on device."""
-        step, terminated, truncated, final_obs = _validate.trajectory_add(
-            self.step_spec, self.trajectory.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
-        )
-        ends = terminated if truncated is None else terminated | truncated
-        starts = jnp.concatenate([(self.next_ep_pos == 0)[:, None], ends[:, :-1]], axis=1)
-        fids, pad = self._last_ids()
-        front = (*self.host.operands(), self.version)  # the shard (sharded stores) and the version
-        stacks = _common.pick_leaves(step[self.trajectory.obs_key], self.leaf_index)
-        finals = [] if truncated is None else [*_common.pick_leaves(final_obs, self.leaf_index), truncated & ~terminated]
-        n, m = len(front), len(self.leaves)
-
-        def error(*a):
-            (fids, starts), pad, rest = a[n : n + 2], (a[n + 2] if a[n + 2].shape else None), a[n + 3 :]
-            befores = self.host.read_recent(*a[:n], fids)
-            boot = rest[-1] if finals else None
-            bad = np.stack([
-                _validate.unrebuilt_trajectory_stacks(
-                    x, np.moveaxis(b if pad is None else np.where(pad.reshape(pad.shape + (1,) * (b.ndim - 2)), 0, b), 1, 1 + i.stack_axis),
-                    starts, rest[m + j] if finals else None, boot, stack_axis=i.stack_axis, padding=self.padding)
-                for j, (x, b, i) in enumerate(zip(rest[:m], befores, self.leaves))
-            ])
-            return self._stack_error(bad)
-
-        return (*front, fids, starts, jnp.zeros(()) if pad is None else pad, *stacks, *finals), error
-
     def _recent_rows(self, m: int, finals: bool) -> tuple[np.ndarray, int] | None:
         """`HostStores.write`'s `recent` for an add writing `m` rows (`[E, t]` steps, then as many final frames when
         `finals`): the newest frames of each lane's last `k - 1` steps, which the next add's stack check reads
-        (`_last_stacks`), and a cap of `2 E (k - 1)` frames, which keeps every lane's last `k - 1` for chunks of any
+        (`_stack_refusal`), and a cap of `2 E (k - 1)` frames, which keeps every lane's last `k - 1` for chunks of any
         length. None without frame stacks."""
         if not self._stacked:
             return None
@@ -142,7 +130,7 @@ class StackChecked:
         return rows.reshape(-1), 2 * e * (k - 1)
 
     def _stack_error(self, bad: np.ndarray) -> ValueError | None:
-        """`jaxbuffers._validate.unrebuilt_trajectory_stack_error` of `_unrebuilt`'s result, naming the leaves as
+        """`jaxbuffers._validate.unrebuilt_trajectory_stack_error` of the rule's result (bool `[leaves, 2, E, t]`), naming the leaves as
         the add's arguments."""
         obs = f"[{self.trajectory.obs_key!r}]"
         names = [(f"step{i.name[len('example_step'):]}", f"final_obs{i.name[len('example_step' + obs):]}") for i in self.leaves]

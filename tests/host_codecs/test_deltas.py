@@ -241,3 +241,19 @@ def test_a_delta_codec_codes_the_deltas_of_default_puts_only():
     np.testing.assert_array_equal(other.get(np.arange(30)), f[:30])
     with pytest.raises(ValueError, match="store config delta_codec: expected None"):
         CompressedStore(40, "zstd:-1", item_shape=SHAPE, dtype=np.uint8, dictionary_bytes=4096, dictionary_samples=8).import_state(meta, arrays)
+
+
+def test_the_rows_kept_for_the_next_puts_deltas_are_counted():
+    """A put with bases keeps, decoded, the rows no delta of it is based on (the next put's likely bases): `nbytes`
+    and `stats()` count them; a put without bases, `delete` and `clear` drop them."""
+    rng = np.random.default_rng(4)
+    frames = _frames(rng, 6)
+    store = CompressedStore(16, codec="none")
+    store.put(np.arange(3), frames[:3], bases=np.array([-1, 0, 1]))  # one chain: slot 2 is its tip
+    s = store.stats()
+    assert s["recent_nbytes"] == store.recent_nbytes == frames[0].nbytes + store._recent[0].nbytes > frames[0].nbytes
+    assert s["nbytes"] == store.nbytes == s["arena_nbytes"] + s["index_nbytes"] + s["recent_nbytes"]
+    store.put(np.arange(3, 6), frames[3:], bases=np.array([2, 3, -1]))  # tips: slots 4 and 5
+    assert store.recent_nbytes == 2 * frames[0].nbytes + store._recent[0].nbytes
+    store.delete([5])
+    assert store.recent_nbytes == 0 and store.nbytes == store.arena_nbytes + store.index_nbytes

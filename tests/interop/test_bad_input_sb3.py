@@ -4,7 +4,7 @@ stored, so the adapter's arrays, `pos` and `full` stay byte-identical and it sta
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 th = pytest.importorskip("torch")
@@ -187,3 +187,41 @@ def test_integer_observations_are_never_wrapped_or_truncated(obs):
         refused(lambda: buf.add(**{**rollout_args(), "obs": obs}), "obs", state=state(buf), exc=(TypeError,))
     buf.add(**{**rollout_args(), "obs": np.full((N, 2, 2), 7, np.int64)})  # values it holds: stored as they are
     assert buf.observations[0].dtype == np.uint8 and (buf.observations[0] == 7).all()
+
+
+IMAGE = spaces.Box(0, 255, (4, 4), np.uint8)
+
+
+def _compressed(kind: str):
+    """A compressed adapter (host-compressed image observations) with two steps added, and the reader of everything
+    it stores: the device state, the cursors and every host store slot."""
+    from compressed_bad_input import host_record, record
+    from jaxbuffers.interop.sb3 import CompressedReplayBuffer, CompressedRolloutBuffer
+
+    if kind == "replay":
+        buf = CompressedReplayBuffer(8, IMAGE, ACT, device="cpu", n_envs=N)
+        args = lambda i: {**replay_args(i), "obs": np.full((N, 4, 4), i, np.uint8), "next_obs": np.full((N, 4, 4), i + 1, np.uint8)}  # noqa: E731
+    else:
+        buf = CompressedRolloutBuffer(3, IMAGE, ACT, device="cpu", n_envs=N, gamma=0.9, gae_lambda=0.9)
+        args = lambda i: {**rollout_args(i), "obs": np.full((N, 4, 4), i, np.uint8)}  # noqa: E731
+    for i in range(2 if kind == "replay" else 1):
+        buf.add(**args(i))
+    if kind == "replay":  # rows staged in a StagingWriter (its staged rows and wrapped buffer), the newest next_obs
+        return buf, args, lambda: (record(buf._writer), buf._pending, buf.pos, buf.full)
+    return buf, args, lambda: (buf._state, buf.pos, buf.full, host_record(buf._state.host))  # reading it flushes the writer
+
+
+@settings(SETTINGS, max_examples=8)
+@given(data=st.data(), kind=st.sampled_from(["replay", "rollout"]))
+def test_compressed_adapters_refuse_each_wrong_argument_and_store_nothing(data, kind):
+    """The compressed adapters check as the plain ones do, before any frame reaches the host store: the device
+    state, the cursors and every host slot byte-identical, and the next add stored as if nothing happened."""
+    buf, args, stored = _compressed(kind)
+    good = args(5)
+    name = data.draw(st.sampled_from(sorted(k for k in good if k != "infos")), "argument")
+    bad = data.draw(NOT_NUMBERS | st.sampled_from([np.zeros(7), np.zeros((N, 5)), np.full((N, 4, 4), 300, np.int64), np.full((N, 4, 4), 0.5)]), name)
+    if name not in ("obs", "next_obs") and isinstance(bad, np.ndarray) and bad.dtype.kind in "iuf" and bad.shape[:1] == (N,) and bad.ndim <= 2 \
+            and bad.size in (N, N * getattr(good[name], "shape", (N, 1))[-1]):
+        return  # numbers of the right size: valid there
+    refused(lambda: buf.add(**{**good, name: bad}), name, state=stored, exc=(TypeError, ValueError))
+    buf.add(**good)

@@ -84,7 +84,9 @@ class DummyVecRolloutBuffer(RolloutBuffer):
     def call(self, name: str, *args: Any, **kwargs: Any) -> list:
         """``[getattr(b, name)(*args, **kwargs) for b in buffers]``, concurrently with ``use_threads``.
 
-        A buffer's exception propagates with a note naming the buffer's index.
+        A buffer's exception propagates with a note naming the buffer's index. The buffers check their own
+        arguments, so a call one buffer refuses has already been made on those before it in the list (with
+        ``use_threads``, on any of the others): check arguments the buffers may disagree on before the call.
 
         Raises:
           AttributeError: a buffer without ``name`` (named with its index), before any call.
