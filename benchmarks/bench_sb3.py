@@ -219,7 +219,9 @@ def compressed_same_process_rows(quick: bool) -> None:
     """Rows ``compressed/replay/same-process/sample32``: ``sample(32)`` of every replay variant (SB3's, sb3-extra-buffers'
     and ours) in ONE process (torch threads 1), each filled with the same recorded transitions, timed interleaved (the
     order rotated each round, so a change of machine load hits all alike); a sample is timed until one element of its
-    observations is read. Medians; ratio = the fastest sb3-extra-buffers variant's time / ours."""
+    observations is read. Medians of the wall time; ratio = the fastest sb3-extra-buffers variant's time / ours;
+    ``cpu_median_us``: the median process CPU time of a call (on a loaded machine a call may wait for a CPU, which
+    the wall time counts and this does not)."""
     import torch as th
 
     th.set_num_threads(1)
@@ -233,21 +235,22 @@ def compressed_same_process_rows(quick: bool) -> None:
         for i in range(n):
             add(bufs[v], i % m)
     sample = lambda v: bufs[v].sample(32).observations.reshape(-1)[-1].item()  # noqa: E731
-    names, times = list(bufs), {v: [] for v in bufs}
+    names, times, cpu = list(bufs), {v: [] for v in bufs}, {v: [] for v in bufs}
     for v in names:
         sample(v), sample(v)
     for r in range(rounds):
         for v in names[r % len(names):] + names[: r % len(names)]:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             sample(v)
             times[v].append(time.perf_counter() - t)
+            cpu[v].append(time.process_time() - c)
     med = {v: float(np.median(ts)) for v, ts in times.items()}
     fastest = min((v for v in med if v.startswith("extra")), key=med.get)
     for v in names:
         impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
         a = fastest if impl == "ours" else None
         row(BENCH, "compressed/replay/same-process/sample32", impl, med[v], n=n, repeats=rounds, unit="calls/s", anchor=a,
-            anchor_seconds=med[fastest] if a else None, variant=v)
+            anchor_seconds=med[fastest] if a else None, variant=v, cpu_median_us=round(float(np.median(cpu[v])) * 1e6, 1))
 
 
 def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> None:
