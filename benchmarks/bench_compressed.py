@@ -259,8 +259,8 @@ def run_jax(codec: str, game: str, n: int, repeats: int, mode: str) -> dict:
 def _tiled(game: str, real: int, codec: str, e: int = 8, t: int = 250):
     """`(make, add, chunk)` of the tiled cases: `make(length, K)` a `CompressedTrajectoryBuffer` of `e` lanes
     (frame_stack=4), `add` a jitted donated add, `chunk(i)` the `[e, t]` steps number `i*t .. (i+1)*t - 1` of every
-    lane: the `real` steps of one ale-py rollout, tiled (lane `e` starts `e * real / 8` steps into it; the rollout's
-    last step is marked terminated, so no stack spans a seam)."""
+    lane: the `real` steps of one ale-py rollout, tiled (lane `e` starts at the first episode start at or after
+    `e * real / 8` steps into it; the rollout's last step is marked terminated, so no stack spans a seam)."""
     import jax
     import jax.numpy as jnp
 
@@ -280,7 +280,9 @@ def _tiled(game: str, real: int, codec: str, e: int = 8, t: int = 250):
                                                  keyframe_interval=key, delta_codec=None if delta_codec == "none" else delta_codec)
 
     add = jax.jit(lambda b, st, te, tr, fo: b.add(st, terminated=te, truncated=tr, final_obs=fo), donate_argnums=0)
-    offsets = np.arange(e)[:, None] * (real // e)
+    # each lane starts at the first episode start at or after `e * real / 8` (a buffer's first step starts an episode)
+    starts = np.concatenate([[0], np.flatnonzero((term | trunc)[:-1]) + 1])
+    offsets = starts[np.minimum(np.searchsorted(starts, np.arange(e) * (real // e)), starts.size - 1)][:, None]
 
     def chunk(i):
         r = (offsets + i * t + np.arange(t)[None, :]) % real

@@ -20,6 +20,8 @@ Cases:
     ``sample(32)`` (one gradient step's batch, torch tensors), the buffer's share of a step, and
     of the pair (the compressed adapter stages adds on the host and flushes them at the sample).
 
+  * ``compressed/replay/same-process/sample32``: ``sample(32)`` of SB3's ``ReplayBuffer``, sb3-extra-buffers' and
+    jaxbuffers' compressed replay classes in one process, interleaved (``compressed_same_process_rows``).
   * ``rollout``: SB3's ``RolloutBuffer`` against the uncompressed ``JaxRolloutBuffer`` in one process, one rollout
     of T=2048 Breakout steps: add, GAE, ``get(256)`` passes, bytes held (``rollout_rows``).
 
@@ -191,6 +193,66 @@ def compressed_class(kind: str, variant: str):
     return (CompressedReplayBuffer if kind == "replay" else CompressedRolloutBuffer), {"compression_method": method, **stacked}
 
 
+def recorded_adds(kind: str):
+    """`(add, m)`: `add(buf, j)` adds recorded Breakout step `j` (of `m`) to an SB3-style replay (`kind` "replay") or
+    rollout buffer, its stacks built from the recorded frames at each add (the process stays small)."""
+    import torch as th
+
+    with np.load(DATA) as f:  # frames and indices only
+        frames, obs_idx, next_idx = f["breakout_frames"], f["breakout_obs_idx"], f["breakout_next_idx"]
+        data = {"reward": f["breakout_rewards"], "terminated": f["breakout_terminated"], "truncated": f["breakout_truncated"]}
+    zero1, act = th.zeros(1, 1), np.zeros(1, np.int64)
+
+    def add(buf, j):
+        if kind == "replay":
+            done = data["terminated"][j] | data["truncated"][j]
+            buf.add(frames[obs_idx[j]][None], frames[next_idx[j]][None], act, data["reward"][j : j + 1], np.array([done]),
+                    [{"TimeLimit.truncated": bool(data["truncated"][j])}])
+        else:
+            start = np.array([j > 0 and (data["terminated"][j - 1] | data["truncated"][j - 1])], np.float32)
+            buf.add(frames[obs_idx[j]][None], act, data["reward"][j : j + 1], start, zero1, zero1[0])
+
+    return add, len(obs_idx)
+
+
+def compressed_same_process_rows(quick: bool) -> None:
+    """Rows ``compressed/replay/same-process/sample32``: ``sample(32)`` of every replay variant (SB3's, sb3-extra-buffers'
+    and ours) in ONE process (torch threads 1), each filled with the same recorded transitions, timed interleaved (the
+    order rotated each round, so a change of machine load hits all alike); a sample is timed until one element of its
+    observations is read. Medians of the wall time; ratio = the fastest sb3-extra-buffers variant's time / ours;
+    ``cpu_median_us``: the median process CPU time of a call (on a loaded machine a call may wait for a CPU, which
+    the wall time counts and this does not)."""
+    import torch as th
+
+    th.set_num_threads(1)
+    n, rounds = (1_000, 30) if quick else (9_000, 200)
+    add, m = recorded_adds("replay")
+    env_cls = make_env({"obs": None})
+    bufs = {}
+    for v in COMPRESSED_VARIANTS:
+        cls, kw = compressed_class("replay", v)
+        bufs[v] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+        for i in range(n):
+            add(bufs[v], i % m)
+    sample = lambda v: bufs[v].sample(32).observations.reshape(-1)[-1].item()  # noqa: E731
+    names, times, cpu = list(bufs), {v: [] for v in bufs}, {v: [] for v in bufs}
+    for v in names:
+        sample(v), sample(v)
+    for r in range(rounds):
+        for v in names[r % len(names):] + names[: r % len(names)]:
+            t, c = time.perf_counter(), time.process_time()
+            sample(v)
+            times[v].append(time.perf_counter() - t)
+            cpu[v].append(time.process_time() - c)
+    med = {v: float(np.median(ts)) for v, ts in times.items()}
+    fastest = min((v for v in med if v.startswith("extra")), key=med.get)
+    for v in names:
+        impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
+        a = fastest if impl == "ours" else None
+        row(BENCH, "compressed/replay/same-process/sample32", impl, med[v], n=n, repeats=rounds, unit="calls/s", anchor=a,
+            anchor_seconds=med[fastest] if a else None, variant=v, cpu_median_us=round(float(np.median(cpu[v])) * 1e6, 1))
+
+
 def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> None:
     """Fill a buffer of n transitions (replay) or n steps (rollout) with recorded frames; print the RSS delta and
     the median time of add and of sampling (replay: sample(32); rollout: one get(256) pass, per step), as JSON.
@@ -203,26 +265,14 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
     import torch as th
 
     th.set_num_threads(1)
-    with np.load(DATA) as f:  # frames and indices only: stacks are built per add (the process stays small)
-        frames, obs_idx, next_idx = f["breakout_frames"], f["breakout_obs_idx"], f["breakout_next_idx"]
-        data = {"reward": f["breakout_rewards"], "terminated": f["breakout_terminated"], "truncated": f["breakout_truncated"]}
+    add, m = recorded_adds(kind)
     env_cls = make_env({"obs": None})
-    proc, m = psutil.Process(), len(obs_idx)
+    proc = psutil.Process()
     cls, kw = compressed_class(kind, variant)
     if variant.startswith("ours"):  # start JAX outside the measured window
         import jax.numpy as jnp
 
         jnp.zeros(1).block_until_ready()
-    zero1, act = th.zeros(1, 1), np.zeros(1, np.int64)
-
-    def add(buf, j):
-        if kind == "replay":
-            done = data["terminated"][j] | data["truncated"][j]
-            buf.add(frames[obs_idx[j]][None], frames[next_idx[j]][None], act, data["reward"][j : j + 1], np.array([done]),
-                    [{"TimeLimit.truncated": bool(data["truncated"][j])}])
-        else:
-            start = np.array([j > 0 and (data["terminated"][j - 1] | data["truncated"][j - 1])], np.float32)
-            buf.add(frames[obs_idx[j]][None], act, data["reward"][j : j + 1], start, zero1, zero1[0])
 
     if traced:
         import tracemalloc
@@ -255,7 +305,7 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
             t_sample.append(time.perf_counter() - t)
         sample_us = 1e6 * float(np.median(t_sample))
     else:
-        buf.compute_returns_and_advantage(zero1, np.zeros(1))
+        buf.compute_returns_and_advantage(th.zeros(1, 1), np.zeros(1))
         t = time.perf_counter()
         for mb in buf.get(256):
             mb.observations.reshape(-1)[-1].item()
@@ -421,6 +471,8 @@ def main() -> None:
     p.add_argument("--compressed-only", action="store_true", help="only the compressed-classes cases")
     p.add_argument("--compressed-traced-only", action="store_true", help="only the held-bytes rows of the compressed classes")
     p.add_argument("--rollout-only", action="store_true", help="only the uncompressed rollout-buffer rows")
+    p.add_argument("--compressed-same-process-only", action="store_true", help="only the same-process sample(32) rows of the "
+                   "compressed replay classes")
     p.add_argument("--traced", action="store_true", help=ARGPARSE_SUPPRESS)
     p.add_argument("--compressed-kinds", default="replay,rollout", help="the compressed classes' cases to run: replay, rollout or both")
     args = p.parse_args()
@@ -429,6 +481,10 @@ def main() -> None:
         return
     if args.compressed_child:
         compressed_child(args.compressed_child[0], args.compressed_child[1], int(args.compressed_child[2]), args.traced)
+        return
+    if args.compressed_same_process_only:
+        header(BENCH, args.quick)
+        compressed_same_process_rows(args.quick)
         return
     quick = args.quick
     repeats = args.repeats or (1 if quick else 3)
@@ -445,6 +501,8 @@ def main() -> None:
         if args.compressed_traced_only:
             return
         compressed_rows(quick, kinds)
+        if "replay" in kinds:
+            compressed_same_process_rows(quick)
     if args.compressed_only:
         return
     variants = ["sb3", "jax", "jax_compressed"]

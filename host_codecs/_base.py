@@ -199,8 +199,10 @@ def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids,
         (`bases`) is out of range, its own row, or a row a later entry of the call decodes.
     """
     if len(chunk_ids):
-        ids, inv = np.unique(chunk_ids, return_inverse=True)
-        sizes = np.array([chunks[c].shape[0] if c in chunks else -1 for c in ids.tolist()], np.int64)[inv.reshape(-1)]
+        keys, _, chunk_sizes = chunk_addresses(chunks)  # kept on a ChunkTable: one lookup per read, not per chunk
+        ids = np.asarray(chunk_ids, np.int64)
+        at = np.minimum(np.searchsorted(keys, ids), max(keys.size - 1, 0))
+        sizes = np.where(keys[at] == ids, chunk_sizes[at], -1) if keys.size else np.full(ids.shape, -1, np.int64)
         if int(np.min(offsets)) < 0 or int(np.min(lengths)) < 0 or bool(np.any(np.add(offsets, lengths) > sizes)):
             raise ValueError(f"codec {codec!r}: payload index out of range (a payload lies outside its chunk)")
     _check_rows(codec, outs, out_ids, rows, "output")
@@ -224,14 +226,16 @@ def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids,
 
 
 def _check_rows(codec: str, outs, out_ids, rows, what: str) -> None:
-    """ValueError unless every `(out_ids[i], rows[i])` names a row of `outs`."""
-    out_ids, rows = np.asarray(out_ids), np.asarray(rows)
-    if len(out_ids) and (int(np.min(out_ids)) < 0 or int(np.max(out_ids)) >= len(outs)):
+    """ValueError unless every `(out_ids[i], rows[i])` names a row of `outs` (one pass over the entries)."""
+    out_ids, rows = np.asarray(out_ids, np.int64).reshape(-1), np.asarray(rows, np.int64).reshape(-1)
+    if not len(out_ids):
+        return
+    if int(np.min(out_ids)) < 0 or int(np.max(out_ids)) >= len(outs):
         raise ValueError(f"codec {codec!r}: {what} index out of range for {len(outs)} outputs")
-    for j, out in enumerate(outs):
-        r = rows[out_ids == j] if len(outs) > 1 else rows
-        if len(r) and (int(np.min(r)) < 0 or int(np.max(r)) >= out.shape[0]):
-            raise ValueError(f"codec {codec!r}: {'row' if what == 'output' else what + ' row'} index out of range for an output of {out.shape[0]} rows")
+    bad = np.flatnonzero((rows < 0) | (rows >= np.array([o.shape[0] for o in outs], np.int64)[out_ids]))
+    if bad.size:
+        n = outs[int(out_ids[bad].min())].shape[0]  # the first output with a bad row
+        raise ValueError(f"codec {codec!r}: {'row' if what == 'output' else what + ' row'} index out of range for an output of {n} rows")
 
 
 class Codec:

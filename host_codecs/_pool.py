@@ -3,6 +3,11 @@
 A batch is cut into one contiguous shard per thread (one task per thread, not per entry). The shard bodies release
 the GIL (isal, zstandard and the RLE kernels do). A `parallel_for` called inside a shard runs inline on that thread,
 so a caller that shards a larger job itself (a store read) decides once for everything inside it.
+
+Shards are claimed, not assigned: the calling thread and the pool's threads each take the next shard nobody has
+started until none is left, and the call returns once every shard has finished. A pool thread that is not running
+yet (busy with another batch, or waiting for a CPU on a loaded machine) then costs nothing: its shards run on the
+threads that are.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def parallel_for(
 
     Args:
       n: number of items.
-      body: called once per shard with its item range; the calling thread runs the first shard.
+      body: called once per shard with its item range, on the calling thread or a pool thread (module doc).
       work_bytes: bytes the whole batch touches; shards smaller than `min_shard_bytes` are
         merged, so a small batch runs inline as one shard (and what it calls stays inline).
       min_shard_bytes: smallest shard worth a thread's wake-up.
@@ -84,13 +89,44 @@ def parallel_for(
         if _POOL is None:
             _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="host_codecs")
         pool = _POOL
-    bounds = np.linspace(0, n, shards + 1).astype(np.int64).tolist()
-    futures = [pool.submit(_run_shard, body, bounds[i], bounds[i + 1]) for i in range(1, shards)]
-    try:
-        _run_shard(body, bounds[0], bounds[1])
-    finally:
-        for f in futures:
-            f.result()
+    job = _Shards(body, np.linspace(0, n, shards + 1).astype(np.int64).tolist())
+    for _ in range(shards - 1):
+        pool.submit(job.work)
+    job.work()
+    job.wait()
+
+
+class _Shards:
+    """The shards of one `parallel_for`: `work` runs the next unclaimed shard until none is left (any thread may
+    call it, any number of times); `wait` returns once every shard has finished, raising the first error of one."""
+
+    def __init__(self, body: Callable[[int, int], None], bounds: list[int]):
+        self.body, self.bounds = body, bounds
+        self.claimed, self.left = 0, len(bounds) - 1  # shards started, shards not finished
+        self.lock, self.done = threading.Lock(), threading.Event()
+        self.errors: list[BaseException] = []
+
+    def work(self) -> None:
+        while True:
+            with self.lock:
+                i = self.claimed
+                if i >= len(self.bounds) - 1:
+                    return
+                self.claimed += 1
+            try:
+                _run_shard(self.body, self.bounds[i], self.bounds[i + 1])
+            except BaseException as e:  # noqa: BLE001 - re-raised by wait, on the calling thread
+                self.errors.append(e)
+            finally:
+                with self.lock:
+                    self.left -= 1
+                    if not self.left:
+                        self.done.set()
+
+    def wait(self) -> None:
+        self.done.wait()
+        if self.errors:
+            raise self.errors[0]
 
 
 def _run_shard(body: Callable[[int, int], None], start: int, stop: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
 import pytest
 
 from hc_helpers import special_arrays
@@ -43,3 +44,9 @@ def codec_spec(request) -> str:
 def special(request):
     """Each awkward batch in turn."""
     return special_arrays()[request.param]
+
+
+@pytest.fixture(scope="module")
+def breakout_frames(atari_stacks):
+    """uint8 [5000, 84, 84]: the newest frame of each stacked Breakout observation."""
+    return np.ascontiguousarray(atari_stacks["breakout_obs"][:, -1])

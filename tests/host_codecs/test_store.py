@@ -372,6 +372,53 @@ def test_sharded_get_with_repeats_mixed_codecs_and_chunks(threads, atari_stacks)
         host_codecs.set_num_threads(None)
 
 
+def test_parallel_for_runs_the_shards_no_pool_thread_started_on_the_caller():
+    """With every pool thread busy (blocked in two other batches), a batch still finishes: its caller runs the shard a
+    pool thread would have run. A shard's error is raised on the caller once every shard has finished."""
+    import host_codecs
+    from host_codecs import parallel_for
+
+    release, started = threading.Event(), threading.Semaphore(0)
+
+    def blocking(a, b):
+        started.release()
+        assert release.wait(30)
+
+    ran, done = [], threading.Event()
+
+    def caller():
+        parallel_for(2, lambda a, b: ran.append((threading.get_ident(), a, b)), work_bytes=1 << 30)
+        done.set()
+
+    try:
+        host_codecs.set_num_threads(2)
+        blockers = [threading.Thread(target=parallel_for, args=(2, blocking), kwargs={"work_bytes": 1 << 30}) for _ in range(2)]
+        for t in blockers:
+            t.start()
+        for _ in range(4):  # both shards of both batches running: the pool's two threads are held
+            assert started.acquire(timeout=30)
+        t = threading.Thread(target=caller)
+        t.start()
+        assert done.wait(30)  # not held up by the busy pool
+        assert sorted((a, b) for _, a, b in ran) == [(0, 1), (1, 2)] and {i for i, _, _ in ran} == {t.ident}
+        release.set()
+        for b in blockers:
+            b.join(30)
+
+        def failing(a, b):
+            if a == 1:
+                raise RuntimeError("shard 1 failed")
+            ran.append(a)
+
+        ran.clear()
+        with pytest.raises(RuntimeError, match="shard 1 failed"):
+            parallel_for(2, failing, work_bytes=1 << 30)
+        assert ran == [0]  # the other shard ran to its end
+    finally:
+        release.set()
+        host_codecs.set_num_threads(None)
+
+
 def test_nested_parallel_for_runs_inline():
     """parallel_for called from inside a shard runs its whole range on that thread, once."""
     import host_codecs

@@ -18,12 +18,6 @@ from host_codecs._base import ChunkTable
 pytestmark = pytest.mark.skipif("zstd" not in available_codecs(), reason="needs zstandard (codecs extra)")
 
 
-@pytest.fixture(scope="module")
-def breakout_frames(atari_stacks):
-    """uint8 [5000, 84, 84]: the newest frame of each stacked observation."""
-    return np.ascontiguousarray(atari_stacks["breakout_obs"][:, -1])
-
-
 @pytest.fixture(scope="module", params=["breakout", "pong"])
 def game_frames(request, atari_stacks):
     """uint8 [5000, 84, 84] of each game in turn: the newest frame of each stacked observation."""

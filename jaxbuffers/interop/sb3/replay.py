@@ -94,12 +94,17 @@ def _where(xp: Any, held: Any, a: Any, b: Any) -> Any:
     return xp.where(held.reshape((-1,) + (1,) * (np.ndim(a) - 1)), a, b)
 
 
-# One compiled program per sample (op-by-op dispatch of the index arithmetic cost more than the decode).
+# A compressed sample is one compiled program: the gather, which rows hold their next observation on the host, and
+# the decode (op-by-op dispatch of the index arithmetic cost more than the decode; a second program cost a dispatch
+# and a wait for the dones).
 @jax.jit
-def _decode_at(cbuf: Any, flat: jax.Array, held: jax.Array) -> tuple[Any, Any]:
-    tr = cbuf.trajectory.transitions_at(flat, n_step=1, gamma=1.0)
+def _gather_decoded(storage: dict, cbuf: Any, rows: jax.Array, envs: jax.Array, newest: jax.Array) -> tuple[dict, Any, Any, jax.Array]:
+    g = _gather(storage, rows, envs, next_in_obs=False)
+    held = (rows == newest) & ~g["dones"]  # the newest row's next observation is not stored unless its step ended an episode
+    tr = cbuf.trajectory.transitions_at(envs * cbuf.trajectory.length + rows, n_step=1, gamma=1.0)
     nxt = jax.tree.map(lambda a, b: _where(jnp, held, a, b), tr.obs, tr.next_obs)  # a valid slot to decode where held
-    return cbuf.decode_obs(tr.obs, nxt)
+    obs, nxt = cbuf.decode_obs(tr.obs, nxt)
+    return g, obs, nxt, held
 
 
 class FieldView:
@@ -420,10 +425,12 @@ class _JaxReplayImpl:
         if self.compress is not None and self._pending is None:
             raise IndexError("samples_at: the buffer is empty")
         rows, envs = rows.astype(np.int32), envs.astype(np.int32)
-        g = _gather(self._state.storage, rows, envs, next_in_obs=self.optimize_memory_usage)
-        obs, nxt, rew = g.get("observations"), g.get("next_observations"), g["rewards"]
         if self.compress is not None:
-            obs, nxt = self._decode(rows, envs, np.asarray(g["dones"]))
+            g, obs, nxt = self._decoded(rows, envs)
+        else:
+            g = _gather(self._state.storage, rows, envs, next_in_obs=self.optimize_memory_usage)
+            obs, nxt = g.get("observations"), g.get("next_observations")
+        rew = g["rewards"]
         dtypes = self._rows.obs_dtypes
         if env is not None:  # normalised on the host from SB3's dtypes, as SB3 does
             obs = self._normalize_obs(self._rows.to_sb3_obs(obs), env)
@@ -437,17 +444,18 @@ class _JaxReplayImpl:
             rewards=_common.to_sb3(rew, dev),
         )
 
-    def _decode(self, rows: np.ndarray, envs: np.ndarray, dones: np.ndarray) -> tuple[jax.Array, np.ndarray]:
-        """Decoded (obs, next_obs) at (row, env) pairs: the transitions at (lane = env, slot = row), their
-        frames decoded in one host callback. The newest row's next observation is not stored yet (it
-        becomes the next row's obs) unless the step ended an episode (then it is in the
-        final-observation ring): it comes from the held copy."""
+    def _decoded(self, rows: np.ndarray, envs: np.ndarray) -> tuple[dict, Any, Any]:
+        """The gathered fields and the decoded (obs, next_obs) at (row, env) pairs: the transitions at (lane = env,
+        slot = row), their frames decoded in one host callback, all in one compiled program. The newest row's next
+        observation is not stored yet (it becomes the next row's obs) unless the step ended an episode (then it is in
+        the final-observation ring): it comes from the held copy."""
         cbuf = self._writer.buffer  # flushes the staged steps first
-        held = (rows == (self.pos - 1) % self.buffer_size) & ~dones
-        obs, nxt = _decode_at(cbuf, envs * cbuf.trajectory.length + rows, held)
+        newest = np.int32((self.pos - 1) % self.buffer_size)
+        g, obs, nxt, held = _gather_decoded(self._state.storage, cbuf, rows, envs, newest)
+        held = np.asarray(held)
         if not held.any():  # the usual case: no held row, nothing to copy
-            return obs, nxt
-        return obs, jax.tree.map(lambda p, x: _where(np, held, p[envs], np.asarray(x)), self._pending, nxt)
+            return g, obs, nxt
+        return g, obs, jax.tree.map(lambda p, x: _where(np, held, p[envs], np.asarray(x)), self._pending, nxt)
 
 
 class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
