@@ -94,6 +94,9 @@ class StagingWriter:
       max_pending: steps staged before an automatic flush (int >= 1; default 256). Host memory
         held: `max_pending` x one step of every env (x2 for the observations once
         `truncated` is used: the final observations are staged too).
+      donate: each flush gives the wrapped state up to the next one (`add_frames_from_host(donate=True)`: O(chunk)
+        device work instead of a copy of the state's arrays per flush); a state read from `buffer` is then valid
+        until the next flush only (its arrays are reused by it). Default False: every state read stays valid.
 
     Raises:
       TypeError: `buffer` is not a compressed trajectory buffer.
@@ -104,15 +107,17 @@ class StagingWriter:
     raises `RuntimeError`.
     """
 
-    def __init__(self, buffer: Any, max_pending: int = 256):
+    def __init__(self, buffer: Any, max_pending: int = 256, donate: bool = False):
         from jaxbuffers.compressed.trajectory import CompressedTrajectoryBuffer
 
         if not isinstance(buffer, CompressedTrajectoryBuffer):
             raise TypeError(f"buffer: expected a CompressedTrajectoryBuffer, got {type(buffer).__name__}")
         self.max_pending = _validate.static_int("max_pending", max_pending)
+        self.donate = _validate.static_bool("donate", donate)
         buffer.host.check_state("StagingWriter")
         self._buf = buffer
         self._checked: set = set()  # (method, static arguments, key type) whose sample was traced once (`_sample`)
+        self._passed: dict = {}  # argument name -> layout of the last tree that passed `_leaves`
         self._spec = buffer.step_spec
         self._obs_key = buffer.trajectory.obs_key
         e, p = buffer.num_envs, self.max_pending
@@ -192,11 +197,15 @@ class StagingWriter:
         self._buf.close()
 
     def _leaves(self, tree: Any, spec: Any, what: str) -> list:
-        """Flat leaves of a one-step pytree, checked to be `[num_envs, *leaf]` of the spec's dtypes."""
-        (n,) = _validate.check_batch(spec, tree, 1, what)
-        if n != self.num_envs:
-            raise ValueError(f"{what}: expected leading axis num_envs={self.num_envs} (one step of every env), got {n}")
-        return jax.tree.leaves(tree)
+        """Flat leaves of a one-step pytree, checked to be `[num_envs, *leaf]` of the spec's dtypes (once per layout:
+        `jaxbuffers._validate.layout`)."""
+        leaves, sig = _validate.layout(tree)
+        if self._passed.get(what) != sig:
+            (n,) = _validate.check_batch(spec, tree, 1, what)
+            if n != self.num_envs:
+                raise ValueError(f"{what}: expected leading axis num_envs={self.num_envs} (one step of every env), got {n}")
+            self._passed[what] = sig
+        return leaves
 
     def _flag(self, name: str, x: Any) -> np.ndarray:
         return np.asarray(_validate.array(name, x, (self.num_envs,), np.bool_))
@@ -236,8 +245,16 @@ class StagingWriter:
             _validate.final_obs_not_step(self._spec[self._obs_key], self._obs_key, final_obs)
             fin = self._leaves(final_obs, self._spec[self._obs_key], "final_obs")
         if self._stacked:  # stacks the buffer could not rebuild: refused here, as its add refuses them
-            self._buf.check_stacks(dict(step), terminated=term, truncated=truncated, final_obs=final_obs, previous=self._previous)
-            stacks = _common.pick_leaves(step[self._obs_key], self._buf.leaf_index)
+            stacks = [np.asarray(leaves[self._obs_offset + i]) for i in self._buf.leaf_index]
+            if self._previous is None:  # the lanes' last steps are in the buffer: read from the store once
+                befores, first = jax.device_get(self._buf.lane_tails())
+            else:
+                befores, first = self._previous
+            finals = None if fin is None else [np.asarray(fin[i])[:, None] for i in self._buf.leaf_index]
+            error = self._buf.stack_error([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
+                                          None if fin is None else (trunc & ~term)[:, None])
+            if error is not None:
+                raise error
             self._previous = ([np.array(x) for x in stacks], term | (False if truncated is None else trunc))
         j, off = self._n, self._obs_offset  # checked: stage copies (JAX arrays are fetched here)
         for i, (dst, x) in enumerate(zip(self._stage, leaves)):
@@ -282,10 +299,10 @@ class StagingWriter:
                 step, frames = self._chunk(self._stage, self._treedef, self._obs_offset, a, b)
                 term = self._terminated[:, a:b]
                 if self._final is None:
-                    self._buf = self._buf.add_frames_from_host(step, frames, term)
+                    self._buf = self._buf.add_frames_from_host(step, frames, term, donate=self.donate)
                 else:
                     fin, fframes = self._chunk(self._final, self._obs_treedef, 0, a, b)
-                    self._buf = self._buf.add_frames_from_host(step, frames, term, self._truncated[:, a:b], fin, fframes)
+                    self._buf = self._buf.add_frames_from_host(step, frames, term, self._truncated[:, a:b], fin, fframes, donate=self.donate)
                 done = b
         finally:
             if done:

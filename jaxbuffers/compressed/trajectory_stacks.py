@@ -37,14 +37,11 @@ class StackChecked:
         self.check_stacks(step, terminated=terminated, truncated=truncated, final_obs=final_obs)
         return True
 
-    def check_stacks(self, step: Mapping, *, terminated, truncated=None, final_obs=None, previous=None) -> None:
+    def check_stacks(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> None:
         """Raise the error `add` raises for frame stacks it cannot store (`jaxbuffers.compressed.trajectory`
         module doc, "Which stacks"), without adding.
 
-        Args: as `add` (checked as `add` checks them), and
-          previous: `(stacks, ended)`, the previous step of every lane as given, not yet in this state (a host
-            writer's staged step): `stacks` one `[num_envs, *shape]` array per compressed leaf, `ended` bool
-            `[num_envs]` (that step ended an episode). None: the lanes' last steps in this state, read from the store.
+        Args: as `add` (checked as `add` checks them).
 
         Raises:
           ValueError: a stack that is not the one the buffer rebuilds (named by leaf, env and step); and `add`'s
@@ -53,27 +50,21 @@ class StackChecked:
         self.host.check_state("check_stacks")
         if not self._stacked:
             return
-        error = self._stack_error(np.asarray(self._unrebuilt(step, terminated, truncated, final_obs, previous)))
+        error = self._stack_error(np.asarray(self._unrebuilt(step, terminated, truncated, final_obs)))
         if error is not None:
             raise error
 
     @_compiled.method()
-    def _unrebuilt(self, step, terminated, truncated, final_obs, previous=None) -> jax.Array:
+    def _unrebuilt(self, step, terminated, truncated, final_obs) -> jax.Array:
         """bool `[leaves, 2, E, t]`: `jaxbuffers._validate.unrebuilt_trajectory_stacks` of every compressed leaf, the
-        stack before each lane's first step read from the store as a sample reads it (an episode start reads none),
-        unless `previous` gives it (`check_stacks`)."""
+        stack before each lane's first step read from the store as a sample reads it (an episode start reads none)."""
         traj = self.trajectory
         step, terminated, truncated, final_obs = _validate.trajectory_add(
             self.step_spec, traj.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
         )
         ends = terminated if truncated is None else terminated | truncated
-        if previous is None:
-            first = self.next_ep_pos == 0
-            befores = self._last_stacks()
-        else:
-            first = _validate.array("previous[1]", previous[1], (self.num_envs,), jnp.bool_)
-            befores = [_validate.array(f"previous[0][{j}]", x, (self.num_envs, *i.shape), i.dtype) for j, (x, i) in enumerate(zip(previous[0], self.leaves))]
-        starts = jnp.concatenate([first[:, None], ends[:, :-1]], axis=1)
+        starts = jnp.concatenate([(self.next_ep_pos == 0)[:, None], ends[:, :-1]], axis=1)
+        befores = self._last_stacks()
         boot = None if truncated is None else truncated & ~terminated
         stacks = _common.pick_leaves(step[traj.obs_key], self.leaf_index)
         finals = [None] * len(stacks) if truncated is None else _common.pick_leaves(final_obs, self.leaf_index)
@@ -92,6 +83,32 @@ class StackChecked:
         ids = jnp.stack([jnp.where(going, lane + (self.frame_head - 1) % ring, -1), jnp.where(going, lane + (self.frame_head - 2) % ring, -1),
                          jnp.maximum(self.next_ep_pos - 1, 0)], axis=-1).astype(jnp.int32)
         return self._frame_ids(ids)
+
+    @_compiled.method()
+    def lane_tails(self) -> tuple:
+        """`(stacks, starts)`: per compressed leaf `[num_envs, *shape]`, the stack the store rebuilds for each lane's
+        last step (zeros where the next step starts an episode), and bool `[num_envs]`, whether each lane's next step
+        starts an episode: what `stack_error` compares a lane's next stack with. Empty lists without frame stacks."""
+        if not self._stacked:
+            return [], self.next_ep_pos == 0
+        return self._last_stacks(), self.next_ep_pos == 0
+
+    def stack_error(self, stacks, befores, starts, finals=None, boot=None) -> ValueError | None:
+        """The error `add` raises for these frame stacks, or None, computed on the host in numpy (nothing dispatched).
+
+        Args:
+          stacks: per compressed leaf, numpy `[num_envs, t, *shape]`, the stacks of a chunk of steps.
+          befores: per compressed leaf, numpy `[num_envs, *shape]`, the stack of each lane's step before the chunk
+            (`lane_tails`, or the stacks of the last step given), read where that step did not end an episode.
+          starts: bool `[num_envs, t]`, the steps that start an episode.
+          finals, boot: per compressed leaf numpy `[num_envs, t, *shape]` final observations and bool `[num_envs, t]`
+            where they are read (truncated and not terminated); or None.
+        """
+        bad = [
+            _validate.unrebuilt_trajectory_stacks(x, b, starts, None if finals is None else f, boot, stack_axis=i.stack_axis, padding=self.padding)
+            for x, b, f, i in zip(stacks, befores, finals or [None] * len(stacks), self.leaves)
+        ]
+        return self._stack_error(np.stack(bad)) if any(b.any() for b in bad) else None
 
     def _last_stacks(self) -> list:
         """Per compressed leaf, `[E, *shape]`: the stack the store rebuilds for each lane's last step (`_last_ids`);
@@ -116,15 +133,9 @@ class StackChecked:
 
         def error(*a):
             (fids, starts), pad, rest = a[n : n + 2], (a[n + 2] if a[n + 2].shape else None), a[n + 3 :]
-            befores = self.host.read_recent(*a[:n], fids)
-            boot = rest[-1] if finals else None
-            bad = np.stack([
-                _validate.unrebuilt_trajectory_stacks(
-                    x, np.moveaxis(b if pad is None else np.where(pad.reshape(pad.shape + (1,) * (b.ndim - 2)), 0, b), 1, 1 + i.stack_axis),
-                    starts, rest[m + j] if finals else None, boot, stack_axis=i.stack_axis, padding=self.padding)
-                for j, (x, b, i) in enumerate(zip(rest[:m], befores, self.leaves))
-            ])
-            return self._stack_error(bad)
+            befores = [np.moveaxis(b if pad is None else np.where(pad.reshape(pad.shape + (1,) * (b.ndim - 2)), 0, b), 1, 1 + i.stack_axis)
+                       for b, i in zip(self.host.read_recent(*a[:n], fids), self.leaves)]
+            return self.stack_error(rest[:m], befores, starts, list(rest[m : 2 * m]) if finals else None, rest[-1] if finals else None)
 
         return (*front, fids, starts, jnp.zeros(()) if pad is None else pad, *stacks, *finals), error
 
