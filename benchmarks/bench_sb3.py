@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import data_file, emit, header, parser, row  # noqa: E402
 
 BENCH = "sb3"
-RESETS = 5  # rollout/reset: resets timed per rollout
+MIN_ROLLOUTS = 9  # rollout rows: timed rollouts at least (medians robust to a preempted reset)
 DATA = data_file("atari_rollouts.npz")
 IMPL = {"sb3": "sb3", "jax": "ours", "jax_compressed": "ours"}
 WARM_STEPS = 40  # training env steps (10 gradient steps) before the training clock starts
@@ -371,10 +371,10 @@ def rollout_rows(quick: bool, repeats: int) -> None:
     ``get(256)``, each minibatch read until its observation tensor can be read (one element is read). One warm-up
     rollout per buffer (compiles), then ``repeats`` rollouts, the two buffers alternating; medians:
 
-    * ``rollout/reset``: one ``reset``: the median of ``RESETS`` resets in a row, the first of the buffer that held the
-      previous rollout (each does the same work in both classes). A single call of a fraction of a millisecond, timed
-      once per rollout, measures the scheduler on a loaded machine: a preempted call took 5-13 ms of wall time for
-      0.4 ms of its thread's CPU time;
+    * ``rollout/reset``: one ``reset`` of the buffer that held the previous rollout. A call of a fraction of a
+      millisecond timed once per rollout: on a loaded machine a preempted call took 5-13 ms of wall time for 0.4 ms
+      of its thread's CPU time, so these rows take at least ``MIN_ROLLOUTS`` rollouts (a later reset of an emptied
+      buffer is no stand-in: it costs SB3 a tenth of the first);
     * ``rollout/add``: one ``add`` (one env step of every env), the ``T`` adds' time / ``T`` (the adapter stages steps
       on the host and adds 64 at a time, so one add in 64 costs more);
     * ``rollout/compute_gae``: one ``compute_returns_and_advantage``;
@@ -412,16 +412,13 @@ def rollout_rows(quick: bool, repeats: int) -> None:
             live0 = live_device_bytes()
             tracemalloc.start()
             buf = new(buf)
-        resets = []
-        for _ in range(RESETS if times is not None else 1):
-            t0 = time.perf_counter()
-            buf.reset()
-            resets.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        buf.reset()
         t1 = time.perf_counter()
         for t in range(T):
             buf.add(obs[t], action, reward[t], starts[t], value, log_prob)
         if times is not None:
-            times["reset"].append(float(np.median(resets)))
+            times["reset"].append(t1 - t0)
             times["add"].append((time.perf_counter() - t1) / T)
         t0 = time.perf_counter()
         buf.compute_returns_and_advantage(value, np.zeros(1, bool))
@@ -445,12 +442,13 @@ def rollout_rows(quick: bool, repeats: int) -> None:
     held = {v: [] for v in classes}
     for v, cls in classes.items():
         rollout(cls, held=held[v])
+    repeats = repeats if quick else max(repeats, MIN_ROLLOUTS)
     times = {v: {"reset": [], "add": [], "compute_gae": [], "get256_epoch": []} for v in classes}
     for rep in range(repeats):
         for v in (list(classes) if rep % 2 == 0 else list(classes)[::-1]):
             rollout(bufs[v], times[v])
     med = {v: {k: float(np.median(x)) for k, x in t.items()} for v, t in times.items()}
-    for call, n in (("reset", RESETS), ("add", T), ("compute_gae", 1), ("get256_epoch", 1)):  # n: calls per repetition
+    for call, n in (("reset", 1), ("add", T), ("compute_gae", 1), ("get256_epoch", 1)):  # n: calls per repetition
         for v in classes:
             a = None if v == "sb3" else "sb3"
             row(BENCH, f"rollout/{call}", IMPL[v], med[v][call], n=n, repeats=repeats, unit="calls/s", anchor=a,
