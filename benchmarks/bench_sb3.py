@@ -20,8 +20,6 @@ Cases:
     ``sample(32)`` (one gradient step's batch, torch tensors), the buffer's share of a step, and
     of the pair (the compressed adapter stages adds on the host and flushes them at the sample).
 
-  * ``compressed/replay/same-process/sample32``: ``sample(32)`` of SB3's ``ReplayBuffer``, sb3-extra-buffers' and
-    jaxbuffers' compressed replay classes in one process, interleaved (``compressed_same_process_rows``).
   * ``rollout``: SB3's ``RolloutBuffer`` against the uncompressed ``JaxRolloutBuffer`` in one process, one rollout
     of T=2048 Breakout steps: add, GAE, ``get(256)`` passes, bytes held (``rollout_rows``).
 
@@ -47,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import data_file, emit, header, parser, row  # noqa: E402
 
 BENCH = "sb3"
+MIN_ROLLOUTS = 9  # rollout rows: timed rollouts at least (medians robust to a preempted reset)
 DATA = data_file("atari_rollouts.npz")
 IMPL = {"sb3": "sb3", "jax": "ours", "jax_compressed": "ours"}
 WARM_STEPS = 40  # training env steps (10 gradient steps) before the training clock starts
@@ -193,124 +192,126 @@ def compressed_class(kind: str, variant: str):
     return (CompressedReplayBuffer if kind == "replay" else CompressedRolloutBuffer), {"compression_method": method, **stacked}
 
 
-def recorded_adds(kind: str):
-    """`(add, m)`: `add(buf, j)` adds recorded Breakout step `j` (of `m`) to an SB3-style replay (`kind` "replay") or
-    rollout buffer, its stacks built from the recorded frames at each add (the process stays small)."""
-    import torch as th
-
-    with np.load(DATA) as f:  # frames and indices only
-        frames, obs_idx, next_idx = f["breakout_frames"], f["breakout_obs_idx"], f["breakout_next_idx"]
-        data = {"reward": f["breakout_rewards"], "terminated": f["breakout_terminated"], "truncated": f["breakout_truncated"]}
-    zero1, act = th.zeros(1, 1), np.zeros(1, np.int64)
-
-    def add(buf, j):
-        if kind == "replay":
-            done = data["terminated"][j] | data["truncated"][j]
-            buf.add(frames[obs_idx[j]][None], frames[next_idx[j]][None], act, data["reward"][j : j + 1], np.array([done]),
-                    [{"TimeLimit.truncated": bool(data["truncated"][j])}])
-        else:
-            start = np.array([j > 0 and (data["terminated"][j - 1] | data["truncated"][j - 1])], np.float32)
-            buf.add(frames[obs_idx[j]][None], act, data["reward"][j : j + 1], start, zero1, zero1[0])
-
-    return add, len(obs_idx)
-
-
-def compressed_same_process_rows(quick: bool) -> None:
-    """Rows ``compressed/replay/same-process/sample32``: ``sample(32)`` of every replay variant (SB3's, sb3-extra-buffers'
-    and ours) in ONE process (torch threads 1), each filled with the same recorded transitions, timed interleaved (the
-    order rotated each round, so a change of machine load hits all alike); a sample is timed until one element of its
-    observations is read. Medians of the wall time; ratio = the fastest sb3-extra-buffers variant's time / ours;
-    ``cpu_median_us``: the median process CPU time of a call (on a loaded machine a call may wait for a CPU, which
-    the wall time counts and this does not)."""
-    import torch as th
-
-    th.set_num_threads(1)
-    n, rounds = (1_000, 30) if quick else (9_000, 200)
-    add, m = recorded_adds("replay")
-    env_cls = make_env({"obs": None})
-    bufs = {}
-    for v in COMPRESSED_VARIANTS:
-        cls, kw = compressed_class("replay", v)
-        bufs[v] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
-        for i in range(n):
-            add(bufs[v], i % m)
-    sample = lambda v: bufs[v].sample(32).observations.reshape(-1)[-1].item()  # noqa: E731
-    names, times, cpu = list(bufs), {v: [] for v in bufs}, {v: [] for v in bufs}
-    for v in names:
-        sample(v), sample(v)
-    for r in range(rounds):
-        for v in names[r % len(names):] + names[: r % len(names)]:
-            t, c = time.perf_counter(), time.process_time()
-            sample(v)
-            times[v].append(time.perf_counter() - t)
-            cpu[v].append(time.process_time() - c)
-    med = {v: float(np.median(ts)) for v, ts in times.items()}
-    fastest = min((v for v in med if v.startswith("extra")), key=med.get)
-    for v in names:
-        impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
-        a = fastest if impl == "ours" else None
-        row(BENCH, "compressed/replay/same-process/sample32", impl, med[v], n=n, repeats=rounds, unit="calls/s", anchor=a,
-            anchor_seconds=med[fastest] if a else None, variant=v, cpu_median_us=round(float(np.median(cpu[v])) * 1e6, 1))
-
-
 def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> None:
-    """Fill a buffer of n transitions (replay) or n steps (rollout) with recorded frames; print the RSS delta and
-    the median time of add and of sampling (replay: sample(32); rollout: one get(256) pass, per step), as JSON.
-    A sample is timed until its observation tensor can be read (one element is read): summing a uint8 tensor in
-    torch costs more than any buffer's sample and would hide their differences.
-    With ``traced``: only the bytes held, as tracemalloc's traced host memory (numpy arrays, Python bytes, the
-    host arenas) plus the JAX arrays alive (``jax.live_arrays``, which tracemalloc does not see) less those alive
-    before the buffer was created, immune to swapping. Nothing is flushed or read before it is taken."""
+    """Fill a buffer of n transitions (replay) or n steps (rollout) with recorded frames in a fresh process; print the
+    RSS growth as JSON. With ``traced``: only the bytes held, as tracemalloc's traced host memory (numpy arrays, Python
+    bytes, the host arenas) plus the JAX arrays alive (``jax.live_arrays``, which tracemalloc does not see) less those
+    alive before the buffer was created, immune to swapping. Nothing is flushed or read before it is taken. Times are
+    not taken here (`compressed_timing_rows` times every variant in one process)."""
     import psutil
-    import torch as th
 
-    th.set_num_threads(1)
-    add, m = recorded_adds(kind)
+    feed = Feed(kind)
     env_cls = make_env({"obs": None})
-    proc = psutil.Process()
     cls, kw = compressed_class(kind, variant)
     if variant.startswith("ours"):  # start JAX outside the measured window
         import jax.numpy as jnp
 
         jnp.zeros(1).block_until_ready()
-
     if traced:
         import tracemalloc
 
         warm = cls(256, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
         for i in range(256):  # lazy imports and compiled code of the first adds: outside the measured window
-            add(warm, i % m)
+            feed.add(warm, i)
         del warm
         gc.collect()
         live0 = live_device_bytes() if variant.startswith("ours") else 0
         tracemalloc.start()
+    proc = psutil.Process()
     rss0 = proc.memory_info().rss
     buf = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
-    t_add = []
     for i in range(n):
-        t = time.perf_counter()
-        add(buf, i % m)
-        t_add.append(time.perf_counter() - t)
+        feed.add(buf, i)
     rss = proc.memory_info().rss - rss0
     if traced:
         host = tracemalloc.get_traced_memory()[0]
         device = live_device_bytes() - live0 if variant.startswith("ours") else 0
         print(json.dumps({"traced": host, "device": device}))
         return
-    if kind == "replay":
-        t_sample = []
-        for i in range(100):
-            t = time.perf_counter()
-            buf.sample(32).observations.reshape(-1)[-1].item()
-            t_sample.append(time.perf_counter() - t)
-        sample_us = 1e6 * float(np.median(t_sample))
-    else:
-        buf.compute_returns_and_advantage(th.zeros(1, 1), np.zeros(1))
-        t = time.perf_counter()
-        for mb in buf.get(256):
-            mb.observations.reshape(-1)[-1].item()
-        sample_us = 1e6 * (time.perf_counter() - t) / n
-    print(json.dumps({"rss": rss, "add_us": 1e6 * float(np.median(t_add[n // 2 :])), "sample_us": sample_us}))
+    print(json.dumps({"rss": rss}))
+
+
+class Feed:
+    """The recorded Breakout steps as SB3's DQN (``replay``) or PPO (``rollout``) passes them to ``add``, one env:
+    stacks built per add from the frames (the process stays small)."""
+
+    def __init__(self, kind: str):
+        import torch as th
+
+        th.set_num_threads(1)
+        with np.load(DATA) as f:
+            self.frames, self.obs_idx, self.next_idx = f["breakout_frames"], f["breakout_obs_idx"], f["breakout_next_idx"]
+            self.reward, term, trunc = f["breakout_rewards"], f["breakout_terminated"], f["breakout_truncated"]
+        self.kind, self.m, self.trunc, self.done = kind, len(self.obs_idx), trunc, term | trunc
+        self.zero1, self.act = th.zeros(1, 1), np.zeros(1, np.int64)
+
+    def add(self, buf, i: int) -> None:
+        j = i % self.m
+        if self.kind == "replay":
+            buf.add(self.frames[self.obs_idx[j]][None], self.frames[self.next_idx[j]][None], self.act, self.reward[j : j + 1],
+                    np.array([self.done[j]]), [{"TimeLimit.truncated": bool(self.trunc[j])}])
+        else:
+            start = np.array([j > 0 and self.done[j - 1]], np.float32)
+            buf.add(self.frames[self.obs_idx[j]][None], self.act, self.reward[j : j + 1], start, self.zero1, self.zero1[0])
+
+
+def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
+    """Rows ``compressed/<kind>/add`` and ``.../sample32`` (replay) or ``.../get256_per_step`` (rollout): every variant
+    in this one process, interleaved, so that their ratios see the same machine load.
+
+    Each variant's buffer of ``n`` transitions (steps) is filled in blocks of 64 adds, the variants taking turns per
+    block (the order rotates); a block's time / 64 is one sample of the add time, so staged adds and their flushes
+    count at their share. Then, replay: ``sample(32)`` once per variant in turn, 100 rounds (timed until the
+    observation tensor can be read: one element is read); rollout: ``compute_returns_and_advantage``, then one
+    ``get(256)`` pass per variant in turn, 3 rounds, its time / ``n``. Medians; ratio: sb3-extra-buffers' fastest
+    variant's median / ours (> 1: faster)."""
+    n, block = (3_000 if quick else 9_000), 64
+    env_cls = make_env({"obs": None})
+    for kind in kinds:
+        feed = Feed(kind)
+        bufs = {}
+        for v in COMPRESSED_VARIANTS:
+            cls, kw = compressed_class(kind, v)
+            bufs[v] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+        order = list(COMPRESSED_VARIANTS)
+        t_add = {v: [] for v in order}
+        for b0 in range(0, n, block):
+            order = order[1:] + order[:1]
+            for v in order:
+                t = time.perf_counter()
+                for i in range(b0, min(b0 + block, n)):
+                    feed.add(bufs[v], i)
+                t_add[v].append((time.perf_counter() - t) / (min(b0 + block, n) - b0))
+        t_sample = {v: [] for v in order}
+        if kind == "replay":
+            for _ in range(100):
+                order = order[1:] + order[:1]
+                for v in order:
+                    t = time.perf_counter()
+                    bufs[v].sample(32).observations.reshape(-1)[-1].item()
+                    t_sample[v].append(time.perf_counter() - t)
+        else:
+            for v in order:
+                bufs[v].compute_returns_and_advantage(feed.zero1, np.zeros(1))
+            for _ in range(3):
+                order = order[1:] + order[:1]
+                for v in order:
+                    t = time.perf_counter()
+                    for mb in bufs[v].get(256):
+                        mb.observations.reshape(-1)[-1].item()
+                    t_sample[v].append((time.perf_counter() - t) / n)
+        del bufs
+        gc.collect()
+        extra = [v for v in order if v.startswith("extra")]
+        what = "sample32" if kind == "replay" else "get256_per_step"
+        for call, times in (("add", t_add), (what, t_sample)):
+            med = {v: float(np.median(x)) for v, x in times.items()}
+            fastest = min(extra, key=med.get)
+            for v in COMPRESSED_VARIANTS:
+                impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
+                a = fastest if impl == "ours" else None
+                row(BENCH, f"compressed/{kind}/{call}", impl, med[v], n=n, repeats=len(times[v]), unit="calls/s", anchor=a,
+                    anchor_seconds=med[fastest] if a else None, variant=v, in_one_process=True)
 
 
 def live_device_bytes() -> int:
@@ -321,31 +322,23 @@ def live_device_bytes() -> int:
 
 
 def compressed_rows(quick: bool, kinds=("replay", "rollout")) -> None:
-    """Rows ``compressed/<kind>/...``: bytes per transition (RSS slope between two sizes, each in a fresh process),
-    add and sample rates; anchor: sb3-extra-buffers' smallest (memory) and fastest (calls) variant."""
+    """Rows ``compressed/<kind>/bytes_per_...``: bytes per transition (step), the RSS slope between two sizes, each
+    in a fresh process (`compressed_child`); ratio: this row / sb3-extra-buffers' smallest."""
     n1, n2 = (1_000, 3_000) if quick else (3_000, 9_000)
     for kind in kinds:
         res = {}
         for v in COMPRESSED_VARIANTS:
             r = [json.loads(subprocess.run([sys.executable, __file__, "--compressed-child", kind, v, str(n)], capture_output=True,
                                            text=True, check=True).stdout.strip().splitlines()[-1]) for n in (n1, n2)]
-            res[v] = {"per_transition": (r[1]["rss"] - r[0]["rss"]) / (n2 - n1), "add_us": r[1]["add_us"], "sample_us": r[1]["sample_us"]}
+            res[v] = (r[1]["rss"] - r[0]["rss"]) / (n2 - n1)
         extra = [v for v in res if v.startswith("extra")]
-        smallest = min(extra, key=lambda v: res[v]["per_transition"])
+        smallest = min(extra, key=res.get)
         unit = "transition" if kind == "replay" else "step"
-        for v, r in res.items():
+        for v, b in res.items():
             impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
             emit({"bench": BENCH, "case": f"compressed/{kind}/bytes_per_{unit}", "impl": impl, "variant": v,
-                  "value": round(r["per_transition"], 1), "unit": f"B/{unit} (RSS)", "n": n2, "anchor": None if impl != "ours" else smallest,
-                  "ratio": None if impl != "ours" else round(r["per_transition"] / max(res[smallest]["per_transition"], 1.0), 3),
-                  "transitions": [n1, n2]})
-        for call, what in (("add", "add"), ("sample", "sample32" if kind == "replay" else "get256_per_step")):
-            fastest = min(extra, key=lambda v: res[v][f"{call}_us"])
-            for v, r in res.items():
-                impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
-                a = fastest if impl == "ours" else None
-                row(BENCH, f"compressed/{kind}/{what}", impl, r[f"{call}_us"] / 1e6, n=n2, repeats=1, unit="calls/s", anchor=a,
-                    anchor_seconds=res[fastest][f"{call}_us"] / 1e6 if a else None, variant=v)
+                  "value": round(b, 1), "unit": f"B/{unit} (RSS)", "n": n2, "anchor": None if impl != "ours" else smallest,
+                  "ratio": None if impl != "ours" else round(b / max(res[smallest], 1.0), 3), "transitions": [n1, n2]})
 
 
 def compressed_traced_rows(quick: bool, kinds=("replay", "rollout")) -> None:
@@ -378,7 +371,10 @@ def rollout_rows(quick: bool, repeats: int) -> None:
     ``get(256)``, each minibatch read until its observation tensor can be read (one element is read). One warm-up
     rollout per buffer (compiles), then ``repeats`` rollouts, the two buffers alternating; medians:
 
-    * ``rollout/reset``: one ``reset`` of the buffer that held the previous rollout;
+    * ``rollout/reset``: one ``reset`` of the buffer that held the previous rollout. A call of a fraction of a
+      millisecond timed once per rollout: on a loaded machine a preempted call took 5-13 ms of wall time for 0.4 ms
+      of its thread's CPU time, so these rows take at least ``MIN_ROLLOUTS`` rollouts (a later reset of an emptied
+      buffer is no stand-in: it costs SB3 a tenth of the first);
     * ``rollout/add``: one ``add`` (one env step of every env), the ``T`` adds' time / ``T`` (the adapter stages steps
       on the host and adds 64 at a time, so one add in 64 costs more);
     * ``rollout/compute_gae``: one ``compute_returns_and_advantage``;
@@ -446,6 +442,7 @@ def rollout_rows(quick: bool, repeats: int) -> None:
     held = {v: [] for v in classes}
     for v, cls in classes.items():
         rollout(cls, held=held[v])
+    repeats = repeats if quick else max(repeats, MIN_ROLLOUTS)
     times = {v: {"reset": [], "add": [], "compute_gae": [], "get256_epoch": []} for v in classes}
     for rep in range(repeats):
         for v in (list(classes) if rep % 2 == 0 else list(classes)[::-1]):
@@ -470,9 +467,8 @@ def main() -> None:
     p.add_argument("--train-only", action="store_true", help="only the training-throughput case")
     p.add_argument("--compressed-only", action="store_true", help="only the compressed-classes cases")
     p.add_argument("--compressed-traced-only", action="store_true", help="only the held-bytes rows of the compressed classes")
+    p.add_argument("--compressed-timing-only", action="store_true", help="only the add and sample rows of the compressed classes")
     p.add_argument("--rollout-only", action="store_true", help="only the uncompressed rollout-buffer rows")
-    p.add_argument("--compressed-same-process-only", action="store_true", help="only the same-process sample(32) rows of the "
-                   "compressed replay classes")
     p.add_argument("--traced", action="store_true", help=ARGPARSE_SUPPRESS)
     p.add_argument("--compressed-kinds", default="replay,rollout", help="the compressed classes' cases to run: replay, rollout or both")
     args = p.parse_args()
@@ -482,10 +478,6 @@ def main() -> None:
     if args.compressed_child:
         compressed_child(args.compressed_child[0], args.compressed_child[1], int(args.compressed_child[2]), args.traced)
         return
-    if args.compressed_same_process_only:
-        header(BENCH, args.quick)
-        compressed_same_process_rows(args.quick)
-        return
     quick = args.quick
     repeats = args.repeats or (1 if quick else 3)
     header(BENCH, quick)
@@ -493,16 +485,19 @@ def main() -> None:
         emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_rollouts.npz not found"})
         return
     if not args.train_only:
-        rollout_rows(quick, repeats)
+        if not (args.compressed_only or args.compressed_traced_only or args.compressed_timing_only):
+            rollout_rows(quick, repeats)
         if args.rollout_only:
             return
         kinds = tuple(args.compressed_kinds.split(","))
+        if args.compressed_timing_only:
+            compressed_timing_rows(quick, kinds)
+            return
         compressed_traced_rows(quick, kinds)
         if args.compressed_traced_only:
             return
         compressed_rows(quick, kinds)
-        if "replay" in kinds:
-            compressed_same_process_rows(quick)
+        compressed_timing_rows(quick, kinds)
     if args.compressed_only:
         return
     variants = ["sb3", "jax", "jax_compressed"]

@@ -879,6 +879,7 @@ _staging_strategy = given(
     layout=st.sampled_from(["stack0", "stack-1", "whole"]),
     padding=st.sampled_from(["reset", "zero"]),
     normalize=st.booleans(),
+    donate=st.booleans(),
 )
 
 
@@ -900,10 +901,10 @@ def test_staging_writer_equals_one_step_adds_many(**kw):
 _SAMPLE_2_STEPS = jax.jit(lambda b, kk: b.sample_transitions(kk, 16, n_step=2, gamma=0.9))
 
 
-def _check_staging(seed, num_envs, length, steps, max_pending, use_trunc, dict_obs, layout, padding, normalize):
+def _check_staging(seed, num_envs, length, steps, max_pending, use_trunc, dict_obs, layout, padding, normalize, donate):
     """Staged adds == one-step adds (device state and samples), and the writer's sample (a cached
     jit), the eager sample (one compiled program) and the jitted
-    sample_transitions agree bit for bit."""
+    sample_transitions agree bit for bit; the same with a writer that donates its state at each flush."""
     from jaxbuffers.compressed import StagingWriter
 
     rng = np.random.default_rng(seed)
@@ -916,7 +917,7 @@ def _check_staging(seed, num_envs, length, steps, max_pending, use_trunc, dict_o
     kw = dict(frame_stack=None if layout == "whole" else k, stack_axis=axis, codec="zstd:-1", final_obs_capacity=4,
               compress=("pixels",) if dict_obs else None, padding=padding, normalize_images=normalize)
     plain = CompressedTrajectoryBuffer.create(ex, num_envs=num_envs, length=length, **kw)
-    writer = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs=num_envs, length=length, **kw), max_pending=max_pending)
+    writer = StagingWriter(CompressedTrajectoryBuffer.create(ex, num_envs=num_envs, length=length, **kw), max_pending=max_pending, donate=donate)
     flush_at = set(rng.choice(steps, size=min(3, steps), replace=False).tolist())
     for t in range(steps):
         o, term, trunc, nxt = stk.step(0.15, 0.15)
@@ -957,10 +958,10 @@ def test_staging_writer_compiles_power_of_two_chunks_and_keeps_data_on_failure()
     seen = []
     real = type(buf).add_frames_from_host
 
-    def spy(self, step, frames, terminated, *args):
+    def spy(self, step, frames, terminated, *args, **kw):
         seen.append(terminated.shape[1])
         assert frames[0].shape == (1, terminated.shape[1], H, W)  # only the newest frames are staged
-        return real(self, step, frames, terminated, *args)
+        return real(self, step, frames, terminated, *args, **kw)
 
     writer = StagingWriter(buf, max_pending=16)
     step = {"obs": np.ones((1, 2, H, W), np.uint8), "action": np.zeros(1, np.int32), "reward": np.zeros(1, np.float32)}
@@ -995,6 +996,39 @@ def test_staging_writer_compiles_power_of_two_chunks_and_keeps_data_on_failure()
     assert writer.pending == 5
     with pytest.raises(TypeError, match="CompressedTrajectoryBuffer"):
         StagingWriter(TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}, num_envs=1, length=4))
+
+
+def test_staging_writer_donating_flush_reuses_the_state_and_keeps_a_refused_one():
+    """`donate=True`: each flush gives up the state before it (read afterwards it raises), the result equals a keeping
+    writer's; a stale flush is refused before anything runs, so the wrapped state stays whole and the steps staged."""
+    from jaxbuffers.compressed import StagingWriter
+
+    ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    make = lambda: CompressedTrajectoryBuffer.create(ex, num_envs=1, length=50, frame_stack=2, codec="rle:8")  # noqa: E731
+    keep, give = StagingWriter(make(), max_pending=4), StagingWriter(make(), max_pending=4, donate=True)
+    stk = Stacker(np.random.default_rng(0), 1, 2, "reset", 0)
+    states = []
+    for t in range(11):
+        o, term, trunc, nxt = stk.step(0.2, 0.2)
+        step = {"obs": o, "action": np.full(1, t, np.int32), "reward": np.ones(1, np.float32)}
+        for w in (keep, give):
+            w.add(step, terminated=term, truncated=trunc & ~term, final_obs=nxt)
+        if t in (3, 7):  # the writers flushed 4 steps
+            states.append(give.buffer)
+    _device_leaves_equal(keep.buffer, give.buffer)
+    with pytest.raises(RuntimeError, match="deleted"):
+        np.asarray(states[0].trajectory.storage["action"])  # given up at the second flush
+    # a stale wrapped state: the flush is refused before the donating program runs
+    writer = StagingWriter(make(), max_pending=8, donate=True)
+    ones = {"obs": np.ones((1, 2, H, W), np.uint8), "action": np.zeros(1, np.int32), "reward": np.zeros(1, np.float32)}
+    for _ in range(3):
+        writer.add(ones, terminated=np.zeros(1, bool))
+    good = writer._buf
+    good.add_from_host(jax.tree.map(lambda x: x[:, None], ones), terminated=np.zeros((1, 1), bool))  # forks the store
+    with pytest.raises(StaleBufferError):
+        writer.flush()
+    assert writer.pending == 3 and writer._buf is good
+    np.asarray(good.trajectory.storage["action"])  # still whole
 
 
 def test_staging_writer_sample_prioritised_cached_jit_and_argument_errors(compile_counter):

@@ -198,3 +198,37 @@ def test_a_replicated_buffer_must_be_the_same_on_every_process():
     for leaf in (x, jnp.asarray(x)):
         got = processes.whole_leaf(leaf)
         assert isinstance(got, np.ndarray) and got.dtype == x.dtype and np.array_equal(got, x)
+@pytest.mark.parametrize("stack_axis", [0, 1])
+def test_unrebuilt_trajectory_stacks_host_equals_device(stack_axis):
+    """The host rule (numpy stacks: bytes compared where the rule reads them) gives the device rule's result on
+    stacks that follow, break, restart and end episodes, floats compared bit for bit (NaN equal to itself, -0.0 not
+    equal to 0.0)."""
+    from jaxbuffers._validate.steps import unrebuilt_trajectory_stacks
+
+    rng = np.random.default_rng(0)
+    device_rule = jax.jit(unrebuilt_trajectory_stacks, static_argnames=("stack_axis", "padding"))
+    e, t, k = 2, 3, 3  # one shape: a compile per padding
+    seen = set()  # (row, value) pairs met: refusals and acceptances of stacks and final observations
+    for trial in range(24):
+        padding = ("zero", "reset")[trial % 2]
+        frames = rng.choice(np.array([0.0, -0.0, 1.0, np.nan], np.float32), size=(e, t + k + 1, 3, 2))
+
+        def stack(lane, i):  # frames i - k + 1 .. i of the lane, stacked on stack_axis
+            return np.moveaxis(np.stack([frames[lane, max(i - j, 0)] for j in range(k - 1, -1, -1)]), 0, stack_axis)
+
+        x = np.stack([np.stack([stack(lane, i + 1) for i in range(t)]) for lane in range(e)])
+        finals = np.stack([np.stack([stack(lane, i + 2) for i in range(t)]) for lane in range(e)])
+        before = np.stack([stack(lane, 0) for lane in range(e)])
+        if trial % 3:  # a broken stack or final observation somewhere
+            x[rng.integers(e), rng.integers(t)] = rng.integers(0, 2, x.shape[2:])
+            finals[rng.integers(e), rng.integers(t)] = 0
+        starts, boot = rng.random((e, t)) < 0.3, rng.random((e, t)) < 0.5
+        kw = dict(stack_axis=stack_axis, padding=padding)
+        host = unrebuilt_trajectory_stacks(x, before, starts, finals, boot, **kw)
+        device = device_rule(*map(jnp.asarray, (x, before, starts, finals, boot)), **kw)
+        assert isinstance(host, np.ndarray) and host.shape == (2, e, t)
+        np.testing.assert_array_equal(host, np.asarray(device), err_msg=f"trial {trial}")
+        seen |= {(row, bool(v)) for row in (0, 1) for v in host[row].reshape(-1)}
+        np.testing.assert_array_equal(unrebuilt_trajectory_stacks(x, before, starts, None, None, **kw),
+                                      np.asarray(device_rule(jnp.asarray(x), jnp.asarray(before), jnp.asarray(starts), None, None, **kw)))
+    assert seen == {(0, False), (0, True), (1, False), (1, True)}

@@ -179,6 +179,14 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
     return lead
 
 
+def layout(tree: Any) -> tuple[list, tuple]:
+    """``(leaves, signature)`` of a pytree: its flat leaves and a hashable key of its structure and each leaf's type,
+    shape and dtype, all that `check_batch` and `array` read. A host writer that checked one tree skips the checks
+    for the next tree of the same signature (they would pass again); values are checked every time."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return leaves, (treedef, tuple((type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in leaves))
+
+
 def tree_nbytes(tree: Any) -> int:
     """Total bytes of the array leaves of `tree` (arrays or ShapeDtypeStructs, e.g. an item spec)."""
     return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))

@@ -250,8 +250,10 @@ def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_a
 
     Returns:
       bool `[2, E, t]`: row 0 the steps whose stack would not come back as given, row 1 the final observations.
-      numpy when `stacks` is a numpy array (computed on the host), else a `jax.Array`.
+      numpy when `stacks` is a numpy array (computed on the host, `_host_unrebuilt`), else a `jax.Array`.
     """
+    if isinstance(stacks, np.ndarray):
+        return _host_unrebuilt(stacks, before, starts, finals, boot, stack_axis=stack_axis, padding=padding)
     xp = _xp(stacks)
     x = xp.moveaxis(stacks, 2 + stack_axis, 2)  # [E, t, k, *frame]
     prev = xp.concatenate([xp.moveaxis(xp.asarray(before), 1 + stack_axis, 1)[:, None], x[:, :-1]], axis=1)
@@ -260,6 +262,30 @@ def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_a
     if finals is not None:
         bad_final = _shift_breaks(xp.moveaxis(finals, 2 + stack_axis, 2), x, 2) & boot
     return xp.stack([bad, bad_final])
+
+
+def _host_unrebuilt(stacks, before, starts, finals, boot, *, stack_axis: int, padding: str) -> np.ndarray:
+    """`unrebuilt_trajectory_stacks` on the host: the same result, each stack compared as bytes (bit for bit, as
+    `_differs`) only where the rule reads it, one step at a time: a step's comparison touches its own stack once and
+    makes no temporaries the size of the chunk."""
+    def front(a, lead):  # the k axis after the `lead` axes (a view; the array itself when it is there already)
+        a = np.asarray(a)
+        return a if stack_axis == 0 else np.moveaxis(a, lead + stack_axis, lead)
+
+    x, prev0, f, starts = front(stacks, 2), front(before, 1), None if finals is None else front(finals, 2), np.asarray(starts)  # [E, t, k, *frame]
+    e_n, t_n, k = x.shape[:3]
+    bad = np.zeros((2, e_n, t_n), np.bool_)
+    for e in range(e_n):
+        for t in range(t_n):
+            older = x[e, t, : k - 1].tobytes()
+            if starts[e, t]:
+                pad = bytes(len(older)) if padding == "zero" else x[e, t, k - 1].tobytes() * (k - 1)
+            else:
+                pad = (prev0[e] if t == 0 else x[e, t - 1])[1:].tobytes()
+            bad[0, e, t] = older != pad
+            if f is not None and boot[e, t]:
+                bad[1, e, t] = f[e, t, : k - 1].tobytes() != x[e, t, 1:].tobytes()
+    return bad
 
 
 _UNREBUILT = (

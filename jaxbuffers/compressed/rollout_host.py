@@ -90,7 +90,7 @@ class RolloutHostWriter:
         self._overflowed = bool(inner.overflowed)
         self._prev: tuple[list, list] | None = None  # per env, the last stack's frames (bytes) and their slots
         self._dirty = False
-        self._checked: tuple | None = None  # layout of the last step that passed check_batch
+        self._checked: tuple | None = None  # layouts of the last step and fields that passed the checks
         self._pending: list = []  # (slots, [entries per leaf]) of adds not yet put into the host stores
         self._num_pending = 0
 
@@ -124,19 +124,21 @@ class RolloutHostWriter:
           RuntimeError: the buffer was closed.
         """
         n = self._envs
-        leaves, treedef = jax.tree.flatten(step)
-        sig = (treedef, tuple((type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in leaves))
-        if sig != self._checked:  # a step laid out as the last accepted one passes the same checks
+        given = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
+        leaves, sig = _validate.layout(step)
+        field_sig = tuple((type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in given.values())
+        if (sig, field_sig) != self._checked:  # arguments laid out as the last accepted ones pass the same checks
             (got,) = _validate.check_batch(self._spec, step, 1, "step")
             if got != n:
                 raise ValueError(f"step: expected a leading axis of num_envs={n} on every leaf, got {got}")
-            self._checked = sig
-        if (truncated is None) != (final_value is None):
-            given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
-            raise ValueError(f"{given}: given without {missing}; pass both or neither")
-        given = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
-        fields = {k: None if x is None and k in _DEFAULTS else np.asarray(_validate.array(k, x, (n,), self._specs[k][1]))
-                  for k, x in given.items()}
+            if (truncated is None) != (final_value is None):
+                one, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
+                raise ValueError(f"{one}: given without {missing}; pass both or neither")
+            for k, x in given.items():
+                if x is not None or k not in _DEFAULTS:
+                    _validate.array(k, x, (n,), self._specs[k][1])
+            self._checked = (sig, field_sig)
+        fields = {k: None if x is None else np.asarray(x) for k, x in given.items()}
         self._state.host.check_state("add")
         self._own_mirrors()
         if self.row >= self._steps:

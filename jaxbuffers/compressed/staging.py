@@ -94,6 +94,9 @@ class StagingWriter:
       max_pending: steps staged before an automatic flush (int >= 1; default 256). Host memory
         held: `max_pending` x one step of every env (x2 for the observations once
         `truncated` is used: the final observations are staged too).
+      donate: each flush gives the wrapped state up to the next one (`add_frames_from_host(donate=True)`: O(chunk)
+        device work instead of a copy of the state's arrays per flush); a state read from `buffer` is then valid
+        until the next flush only (its arrays are reused by it). Default False: every state read stays valid.
 
     Raises:
       TypeError: `buffer` is not a compressed trajectory buffer.
@@ -104,15 +107,17 @@ class StagingWriter:
     raises `RuntimeError`.
     """
 
-    def __init__(self, buffer: Any, max_pending: int = 256):
+    def __init__(self, buffer: Any, max_pending: int = 256, donate: bool = False):
         from jaxbuffers.compressed.trajectory import CompressedTrajectoryBuffer
 
         if not isinstance(buffer, CompressedTrajectoryBuffer):
             raise TypeError(f"buffer: expected a CompressedTrajectoryBuffer, got {type(buffer).__name__}")
         self.max_pending = _validate.static_int("max_pending", max_pending)
+        self.donate = _validate.static_bool("donate", donate)
         buffer.host.check_state("StagingWriter")
         self._buf = buffer
         self._checked: set = set()  # (method, static arguments, key type) whose sample was traced once (`_sample`)
+        self._passed: tuple | None = None  # layout of the last arguments `add` accepted (`jaxbuffers._validate.layout`)
         self._spec = buffer.step_spec
         self._obs_key = buffer.trajectory.obs_key
         e, p = buffer.num_envs, self.max_pending
@@ -191,15 +196,29 @@ class StagingWriter:
         self._n = 0
         self._buf.close()
 
-    def _leaves(self, tree: Any, spec: Any, what: str) -> list:
-        """Flat leaves of a one-step pytree, checked to be `[num_envs, *leaf]` of the spec's dtypes."""
-        (n,) = _validate.check_batch(spec, tree, 1, what)
-        if n != self.num_envs:
-            raise ValueError(f"{what}: expected leading axis num_envs={self.num_envs} (one step of every env), got {n}")
-        return jax.tree.leaves(tree)
+    def _check_add(self, step: dict, terminated, truncated, final_obs) -> None:
+        """`add`'s argument checks (structure, shapes, dtypes: they read the arguments' layout only)."""
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((step, terminated, truncated, final_obs))):
+            raise TypeError("StagingWriter.add cannot be traced (jit/scan/vmap); call buffer.add() inside traced code")
+        self._check_envs("step", _validate.check_batch(self._spec, step, 1, "step"))
+        _validate.array("terminated", terminated, (self.num_envs,), np.bool_)
+        if truncated is None:
+            if final_obs is not None:
+                raise ValueError("final_obs: given without truncated; pass truncated=... with it")
+            return
+        _validate.array("truncated", truncated, (self.num_envs,), np.bool_)
+        if final_obs is None:
+            raise TypeError(
+                "final_obs: required when truncated is given: the true observation after each step, "
+                "before any auto-reset (read only where truncated); shaped like step[obs]"
+            )
+        spec = self._spec[self._obs_key]
+        _validate.final_obs_not_step(spec, self._obs_key, final_obs)
+        self._check_envs("final_obs", _validate.check_batch(spec, final_obs, 1, "final_obs"))
 
-    def _flag(self, name: str, x: Any) -> np.ndarray:
-        return np.asarray(_validate.array(name, x, (self.num_envs,), np.bool_))
+    def _check_envs(self, what: str, lead: tuple) -> None:
+        if lead[0] != self.num_envs:
+            raise ValueError(f"{what}: expected leading axis num_envs={self.num_envs} (one step of every env), got {lead[0]}")
 
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> None:
         """Stage one step of every env; flush when `max_pending` steps are staged.
@@ -218,26 +237,25 @@ class StagingWriter:
         self._buf.host.check_state("StagingWriter.add")
         if not isinstance(step, Mapping):
             raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((step, terminated, truncated, final_obs))):
-            raise TypeError("StagingWriter.add cannot be traced (jit/scan/vmap); call buffer.add() inside traced code")
-        leaves = self._leaves(dict(step), self._spec, "step")
-        term = self._flag("terminated", terminated)
-        fin = None
-        if truncated is None:
-            if final_obs is not None:
-                raise ValueError("final_obs: given without truncated; pass truncated=... with it")
-        else:
-            trunc = self._flag("truncated", truncated)
-            if final_obs is None:
-                raise TypeError(
-                    "final_obs: required when truncated is given: the true observation after each step, "
-                    "before any auto-reset (read only where truncated); shaped like step[obs]"
-                )
-            _validate.final_obs_not_step(self._spec[self._obs_key], self._obs_key, final_obs)
-            fin = self._leaves(final_obs, self._spec[self._obs_key], "final_obs")
+        given, sig = _validate.layout((dict(step), terminated, truncated, final_obs))
+        if sig != self._passed:  # arguments laid out as the last accepted ones pass the same checks
+            self._check_add(dict(step), terminated, truncated, final_obs)
+            self._passed = sig
+        m = len(self._stage)  # flat: the step's leaves, terminated, then truncated and the final_obs leaves if given
+        leaves, term = given[:m], np.asarray(given[m])
+        fin = None if truncated is None else given[m + 2 :]
+        trunc = None if truncated is None else np.asarray(given[m + 1])
         if self._stacked:  # stacks the buffer could not rebuild: refused here, as its add refuses them
-            self._buf.check_stacks(dict(step), terminated=term, truncated=truncated, final_obs=final_obs, previous=self._previous)
-            stacks = _common.pick_leaves(step[self._obs_key], self._buf.leaf_index)
+            stacks = [np.asarray(leaves[self._obs_offset + i]) for i in self._buf.leaf_index]
+            if self._previous is None:  # the lanes' last steps are in the buffer: read from the store once
+                befores, first = jax.device_get(self._buf.lane_tails())
+            else:
+                befores, first = self._previous
+            finals = None if fin is None else [np.asarray(fin[i])[:, None] for i in self._buf.leaf_index]
+            error = self._buf.stack_error([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
+                                          None if fin is None else (trunc & ~term)[:, None])
+            if error is not None:
+                raise error
             self._previous = ([np.array(x) for x in stacks], term | (False if truncated is None else trunc))
         j, off = self._n, self._obs_offset  # checked: stage copies (JAX arrays are fetched here)
         for i, (dst, x) in enumerate(zip(self._stage, leaves)):
@@ -282,10 +300,10 @@ class StagingWriter:
                 step, frames = self._chunk(self._stage, self._treedef, self._obs_offset, a, b)
                 term = self._terminated[:, a:b]
                 if self._final is None:
-                    self._buf = self._buf.add_frames_from_host(step, frames, term)
+                    self._buf = self._buf.add_frames_from_host(step, frames, term, donate=self.donate)
                 else:
                     fin, fframes = self._chunk(self._final, self._obs_treedef, 0, a, b)
-                    self._buf = self._buf.add_frames_from_host(step, frames, term, self._truncated[:, a:b], fin, fframes)
+                    self._buf = self._buf.add_frames_from_host(step, frames, term, self._truncated[:, a:b], fin, fframes, donate=self.donate)
                 done = b
         finally:
             if done:

@@ -402,12 +402,14 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         )
         return new, (slots, valid, None if kk == 1 else bases)
 
-    def add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None):
+    def add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None, *, donate: bool = False):
         """`add_from_host` of a chunk whose compressed leaves come as host frames (for
         `jaxbuffers.compressed.StagingWriter`): `step` / `final_obs` `[E, t, ...]` with int32 `[E, t, 3]`
         placeholders for the compressed leaves (not read), `frames` / `final_frames` per compressed leaf
         `[E, t, *frame_shape]` of its dtype (the newest frames), written to the host store directly. Same
-        state as `add_from_host`; the same errors (`frames` and `final_frames` named)."""
+        state as `add_from_host`; the same errors (`frames` and `final_frames` named), raised before anything runs.
+        With `donate` the caller gives this state up: the new state reuses its device arrays (O(t) work, where a
+        program that keeps this state copies every field, O(length)), and this state must not be used again."""
         traj = self.trajectory
         step, terminated, truncated, final_obs = _validate.trajectory_add(
             traj.step_spec, traj.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
@@ -419,12 +421,13 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
             for f, i in zip(given, self.leaves):
                 _validate.array(f"{name} of {i.name}", f, (e, t, *i.frame_shape), i.dtype)
         _common.check_before_dispatch(self, add=True)
-        new, (slots, valid, bases) = self._add_ids(step, terminated, truncated, final_obs)
+        add_ids, version = _add_ids_donated if donate else type(self)._add_ids, np.int32(self.version)  # read before a donation
+        new, (slots, valid, bases) = add_ids(self, step, terminated, truncated, final_obs)
         slots, valid, bases = jax.device_get((slots, valid, bases))
         datas = [np.reshape(f, (e * t, *i.frame_shape)) for f, i in zip(frames, self.leaves)]
         if truncated is not None:
             datas = [np.concatenate([d, np.reshape(f, (e * t, *i.frame_shape))]) for d, f, i in zip(datas, final_frames, self.leaves)]
-        version = self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases)
+        version = self.host.write(version, slots, valid, *datas, bases=bases)
         return new.replace(version=jnp.asarray(version, jnp.int32))
 
     def _frame_ids(self, ids: jax.Array):
@@ -570,6 +573,10 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         `jax.errors.JaxRuntimeError` carrying it).
         """
         return self._decode_transitions(self.buffer.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma))
+
+
+# `add_frames_from_host(donate=True)`: the state's arrays are reused for the new state (a `StagingWriter` that owns it).
+_add_ids_donated = jax.jit(CompressedTrajectoryBuffer._add_ids.uncompiled, donate_argnums=0)
 
 
 class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):

@@ -38,14 +38,11 @@ class StackChecked:
         for its write, so that it raises the refusal)."""
         return self._stacked
 
-    def check_stacks(self, step: Mapping, *, terminated, truncated=None, final_obs=None, previous=None) -> None:
+    def check_stacks(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> None:
         """Raise the error `add` raises for frame stacks it cannot store (`jaxbuffers.compressed.trajectory`
         module doc, "Which stacks"), without adding.
 
-        Args: as `add` (checked as `add` checks them), and
-          previous: `(stacks, ended)`, the previous step of every lane as given, not yet in this state (a host
-            writer's staged step): `stacks` one `[num_envs, *shape]` array per compressed leaf, `ended` bool
-            `[num_envs]` (that step ended an episode). None: the lanes' last steps in this state, read from the store.
+        Args: as `add` (checked as `add` checks them).
 
         Raises:
           ValueError: a stack that is not the one the buffer rebuilds (named by leaf, env and step); and `add`'s
@@ -54,12 +51,7 @@ class StackChecked:
         self.host.check_state("check_stacks")
         if not self._stacked:
             return
-        if previous is not None:
-            previous = (
-                [np.asarray(_validate.array(f"previous[0][{j}]", x, (self.num_envs, *i.shape), i.dtype)) for j, (x, i) in enumerate(zip(previous[0], self.leaves))],
-                np.asarray(_validate.array("previous[1]", previous[1], (self.num_envs,), np.bool_)),
-            )
-        error = self._stack_refusal(*jax.device_get(self._stack_operands(step, terminated, truncated, final_obs)), previous=previous)
+        error = self._stack_refusal(*jax.device_get(self._stack_operands(step, terminated, truncated, final_obs)))
         if error is not None:
             raise error
 
@@ -82,29 +74,20 @@ class StackChecked:
         finals = [] if truncated is None else [*_common.pick_leaves(final_obs, self.leaf_index), truncated & ~terminated]
         return (*self.host.operands(), self.version, fids, jnp.zeros(()) if pad is None else pad, self.next_ep_pos == 0, ends, *stacks, *finals)
 
-    def _stack_refusal(self, *operands: np.ndarray, previous: tuple | None = None) -> ValueError | None:
-        """On the host: the `_stack_error` of `jaxbuffers._validate.unrebuilt_trajectory_stacks` of every compressed
-        leaf, given `_checked_stack_operands` (numpy). The stack before each lane's first step is the one the store
-        rebuilds for its last step (`HostStores.read_recent`; zeros where the next step starts an episode), unless
-        `previous` (checked `check_stacks`'s) gives it."""
+    def _stack_refusal(self, *operands: np.ndarray) -> ValueError | None:
+        """On the host: `stack_error` given `_checked_stack_operands` (numpy). The stack before each lane's first step
+        is the one the store rebuilds for its last step (`HostStores.read_recent`; zeros where the next step starts
+        an episode)."""
         n, m = self.host.num_operands + 1, len(self.leaves)  # (operands() traces: not callable in a callback)
         fids, pad, first, ends = operands[n : n + 4]
         stacks, rest = operands[n + 4 : n + 4 + m], operands[n + 4 + m :]
-        boot = rest[-1] if rest else None
-        if previous is None:
-            pad = pad if pad.shape else None
-            befores = [
-                np.moveaxis(b if pad is None else np.where(pad.reshape(pad.shape + (1,) * (b.ndim - 2)), 0, b), 1, 1 + i.stack_axis)
-                for b, i in zip(self.host.read_recent(*operands[:n], fids), self.leaves)
-            ]
-        else:
-            befores, first = previous
+        pad = pad if pad.shape else None
+        befores = [
+            np.moveaxis(b if pad is None else np.where(pad.reshape(pad.shape + (1,) * (b.ndim - 2)), 0, b), 1, 1 + i.stack_axis)
+            for b, i in zip(self.host.read_recent(*operands[:n], fids), self.leaves)
+        ]
         starts = np.concatenate([first[:, None], ends[:, :-1]], axis=1)
-        bad = np.stack([
-            _validate.unrebuilt_trajectory_stacks(x, b, starts, rest[j] if rest else None, boot, stack_axis=i.stack_axis, padding=self.padding)
-            for j, (x, b, i) in enumerate(zip(stacks, befores, self.leaves))
-        ])
-        return self._stack_error(bad)
+        return self.stack_error(stacks, befores, starts, list(rest[:m]) if rest else None, rest[-1] if rest else None)
 
     def _last_ids(self) -> tuple:
         """`_frame_ids` of each lane's last step, as far as the lane's next step reads it (frames back to its episode
@@ -115,6 +98,38 @@ class StackChecked:
         ids = jnp.stack([jnp.where(going, lane + (self.frame_head - 1) % ring, -1), jnp.where(going, lane + (self.frame_head - 2) % ring, -1),
                          jnp.maximum(self.next_ep_pos - 1, 0)], axis=-1).astype(jnp.int32)
         return self._frame_ids(ids)
+
+    @_compiled.method()
+    def lane_tails(self) -> tuple:
+        """`(stacks, starts)`: per compressed leaf `[num_envs, *shape]`, the stack the store rebuilds for each lane's
+        last step (zeros where the next step starts an episode), and bool `[num_envs]`, whether each lane's next step
+        starts an episode: what `stack_error` compares a lane's next stack with. Empty lists without frame stacks."""
+        if not self._stacked:
+            return [], self.next_ep_pos == 0
+        return self._last_stacks(), self.next_ep_pos == 0
+
+    def stack_error(self, stacks, befores, starts, finals=None, boot=None) -> ValueError | None:
+        """The error `add` raises for these frame stacks, or None, computed on the host in numpy (nothing dispatched).
+
+        Args:
+          stacks: per compressed leaf, numpy `[num_envs, t, *shape]`, the stacks of a chunk of steps.
+          befores: per compressed leaf, numpy `[num_envs, *shape]`, the stack of each lane's step before the chunk
+            (`lane_tails`, or the stacks of the last step given), read where that step did not end an episode.
+          starts: bool `[num_envs, t]`, the steps that start an episode.
+          finals, boot: per compressed leaf numpy `[num_envs, t, *shape]` final observations and bool `[num_envs, t]`
+            where they are read (truncated and not terminated); or None.
+        """
+        bad = [
+            _validate.unrebuilt_trajectory_stacks(x, b, starts, None if finals is None else f, boot, stack_axis=i.stack_axis, padding=self.padding)
+            for x, b, f, i in zip(stacks, befores, finals or [None] * len(stacks), self.leaves)
+        ]
+        return self._stack_error(np.stack(bad)) if any(b.any() for b in bad) else None
+
+    def _last_stacks(self) -> list:
+        """Per compressed leaf, `[E, *shape]`: the stack the store rebuilds for each lane's last step (`_last_ids`);
+        zeros where the next step starts an episode."""
+        fids, pad = self._last_ids()
+        return [_common.finish(d, i, 1, pad, False) for d, i in zip(_common.read_recent(self.host, self.leaves, self.version, fids), self.leaves)]
 
     def _recent_rows(self, m: int, finals: bool) -> tuple[np.ndarray, int] | None:
         """`HostStores.write`'s `recent` for an add writing `m` rows (`[E, t]` steps, then as many final frames when

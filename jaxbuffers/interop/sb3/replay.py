@@ -17,7 +17,7 @@ episode ends, harmless for true terminations).
 
 Compression (`compress=`, without `optimize_memory_usage`): `True` or a dict of options of
 `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (`codec`, `delta_codec`, `keyframe_interval`, `frame_stack`,
-`stack_axis`, `padding`, `chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`) plus `max_pending` (default 16): the steps
+`stack_axis`, `padding`, `chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`) plus `max_pending` (default `min(64, rows // 16)`, at least 1): the steps
 a `jaxbuffers.compressed.StagingWriter` holds uncompressed on the host (counted in `nbytes`) before it adds them, at
 the latest when SB3 samples; and, for Dict spaces, `keys`: the observation keys to compress (default all). The
 observations live in a compressed trajectory buffer with one lane per env; with
@@ -248,10 +248,13 @@ class _JaxReplayImpl:
         # The row store keeps actions and rewards: the compressed buffer's are unused.
         obs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), self._rows.obs)
         example = {"obs": obs, "action": np.uint8(0), "reward": np.float32(0)}
-        max_pending, keys = opts.pop("max_pending", 16), opts.pop("keys", None)  # keys: the Dict keys to compress (None: all)
+        # max_pending: SB3 fills a replay buffer for `learning_starts` steps before it samples; staging more steps
+        # pays a flush's fixed cost less often, the staging memory kept small beside the buffer's own
+        default_pending = max(1, min(64, self.buffer_size // 16))
+        max_pending, keys = opts.pop("max_pending", default_pending), opts.pop("keys", None)  # keys: the Dict keys to compress (None: all)
         buf = CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size,
                                                 compress=None if keys is None else tuple(keys), **opts)
-        return StagingWriter(buf, max_pending=max_pending)
+        return StagingWriter(buf, max_pending=max_pending, donate=True)  # the adapter reads its state only right away
 
     @property
     def jax_buffer(self) -> _replay.ReplayBuffer:
@@ -348,7 +351,7 @@ class _JaxReplayImpl:
 
             max_pending = self._writer.max_pending
             self._writer.close()
-            self._writer = StagingWriter(restored["observations"], max_pending=max_pending)
+            self._writer = StagingWriter(restored["observations"], max_pending=max_pending, donate=True)
             if pending is not None:
                 leaves = [np.frombuffer(raw, np.dtype(dtype)).reshape(shape).copy() for raw, shape, dtype in pending]
                 self._pending = jax.tree.unflatten(jax.tree.structure(self._rows.obs), leaves)
