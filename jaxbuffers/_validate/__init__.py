@@ -10,7 +10,8 @@ traced hyperparameters `scalar_parameter`, index arguments `integer_indices` / `
 structure, kind or dtype raises `TypeError`; wrong shape or value `ValueError`; every message starts with the
 argument's name. docs/guide.md, section 8, tabulates what each kind of argument accepts.
 Checks of steps for the env-step buffers (trajectory example, a step's flags and final observation, frame leaves)
-live in `jaxbuffers._validate.steps` and are re-exported here, so every check is reached as `_validate.<name>`.
+live in `jaxbuffers._validate.steps`, the refusal of a state stacked with `jax.vmap` called without it in
+`jaxbuffers._validate.members`; both are re-exported here, so every check is reached as `_validate.<name>`.
 """
 
 from __future__ import annotations
@@ -404,16 +405,6 @@ def timeout(name: str, value) -> float | None:
     return None if value == float("inf") else value
 
 
-def unstacked(name: str, buffer, counter, hint: str) -> None:
-    """A buffer whose scalar `counter` (a cursor) has no stack axes: not a stacked (vmapped) state.
-
-    Raises:
-      ValueError: naming `name`, the stack shape and `hint` (how to reach one member, or map over them).
-    """
-    if np.ndim(counter):
-        raise ValueError(f"{name}: a stacked (vmapped) {type(buffer).__name__} of stack shape {np.shape(counter)}; {hint}")
-
-
 _KINDS = {"floating": jnp.floating, "integer": jnp.integer, "bool": jnp.bool_}
 
 
@@ -677,3 +668,4 @@ from jaxbuffers._validate.steps import (  # noqa: E402
     episode_lengths, final_obs_not_step, frame_leaves, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks,
     unrebuilt_trajectory_stack_error, unrebuilt_trajectory_stacks,
 )
+from jaxbuffers._validate.members import member_axes, one_member, one_member_methods, unstacked  # noqa: E402

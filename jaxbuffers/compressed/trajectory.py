@@ -148,6 +148,7 @@ def _build(
     return inner_step, kcap, config
 
 
+@_validate.one_member_methods(mapped=False)
 class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
 
@@ -570,6 +571,7 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         return self._decode_transitions(self.buffer.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma))
 
 
+@_validate.one_member_methods(mapped=False)
 class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
     """A `jaxbuffers.PrioritisedTrajectoryBuffer` with host-compressed observations.
 
