@@ -164,3 +164,22 @@ def test_server_with_a_custom_add_refuses_a_leaf_jax_would_narrow():
     """A custom `add` that would take a float64 leaf still gets it refused, named by its path, never cast."""
     srv = jb.BufferServer(jb.ReplayBuffer.create({"x": np.zeros(2, np.float32)}, capacity=10), add=lambda b, batch: b)
     _refused(lambda: srv.add({"x": np.full((3, 2), 1e300)}), "batch['x']")
+
+
+def test_ray_server_checks_every_argument_before_ray():
+    """`ray_server` refuses what `BufferServer` / `BlockingRateLimiter` would refuse inside the actor, at the call and
+    before Ray is imported or started (before, it returned a handle to an actor that died on its first call)."""
+    import sys
+
+    buf = jb.ReplayBuffer.create(ITEM, 4)
+    refused(lambda: jb.ray_server(buf, rate_limit=dict(samples_per_inserts=4.0)), "rate_limit", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, rate_limit=dict(min_size=3)), "rate_limit", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, rate_limit=[4.0]), "rate_limit", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, rate_limit=dict(samples_per_insert=-1.0)), "samples_per_insert", exc=(ValueError,))
+    refused(lambda: jb.ray_server(None), "buffer", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, max_concurrency=0), "max_concurrency", exc=(ValueError,))
+    refused(lambda: jb.ray_server(buf, seed=-1), "seed", exc=(ValueError,))
+    refused(lambda: jb.ray_server(buf, add=3), "add", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, sed=1), "ray_server", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, rate_limiter=jb.BlockingRateLimiter(1.0)), "rate_limiter", exc=(TypeError,))
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()

@@ -494,6 +494,20 @@ def parameters(where: str, fn: Callable, kwargs: dict) -> list[str]:
     return params
 
 
+def keyword_dict(name: str, value: Any, fn: Callable) -> dict:
+    """`value` as the keyword arguments of the method `fn` (a dict): TypeError naming `name` for a value that is not
+    a dict, a key `fn` does not take or a required argument missing, before any value is looked at."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{name}: expected a dict of {fn.__qualname__} arguments or None, got {type(value).__name__}")
+    params = parameters(name, fn, value)
+    required = [k for k, p in list(inspect.signature(fn).parameters.items())[1:]
+                if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise TypeError(f"{name}: missing required argument(s) {missing}; {fn.__qualname__} takes {params}")
+    return value
+
+
 def split_leaves(args: dict, num_shards: int, axis: str, own: Callable | None = None) -> None:
     """Every leaf of the arguments `{name: tree}` that a sharded call splits into `num_shards` blocks (mesh axis
     `axis`): an array JAX holds as it is (nothing is narrowed at the program's boundary; PRNG keys pass) with a leading
