@@ -75,6 +75,18 @@ class Episode:
         return not (self.has_start and self.has_end)
 
 
+def is_floating(dtype: Any) -> bool:
+    """Whether a field's dtype is floating: numpy's and the extended ones JAX stores (bfloat16, float8), which
+    numpy's own `np.issubdtype(dtype, np.floating)` does not count."""
+    return bool(jnp.issubdtype(dtype, jnp.floating))
+
+
+def is_numeric(dtype: Any, bools: bool = True) -> bool:
+    """Whether a field holds real numbers (`is_floating`, integers of any width JAX stores) or, with `bools`,
+    bools: what has a min, max and mean."""
+    return bool(is_floating(dtype) or jnp.issubdtype(dtype, jnp.integer) or (bools and jnp.issubdtype(dtype, jnp.bool_)))
+
+
 def field_name(path) -> str:
     """`obs.pixels`, `action`, `0.reward`: a leaf path written with dots."""
     parts = []
