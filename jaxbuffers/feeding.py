@@ -119,7 +119,7 @@ class BufferServer:
         if self._limiter is not None:
             wait = self._limiter.await_insert if what == "add" else self._limiter.await_sample
             try:
-                wait(n, timeout)
+                wait(n, timeout, name="batch_size" if what == "sample" else "batch")
             except RateLimiterClosed as e:
                 raise BufferClosed(f"{what}: the buffer server was closed while it waited ({e})") from None
 
@@ -137,9 +137,7 @@ class BufferServer:
         """
         n = _leading(batch)
         self._check_open("add")
-        for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:  # what jit cannot even take as an argument
-            if not _validate._is_array(x) or not (x.dtype == np.bool_ or np.issubdtype(x.dtype, np.number)):
-                raise _validate.not_array(f"batch{jax.tree_util.keystr(tuple(path))}", x, "a numeric or bool array (JAX or numpy)")
+        _validate.array_leaves("batch", batch)  # what jit cannot even take as an argument
         self._check_batch(batch)
         self._admit("add", n, timeout)
         with self._lock:
@@ -230,18 +228,26 @@ class Writer:
             if self._pending:  # one structure, dtype and shape per batch, checked before the item is queued
                 _validate.check_batch(self._spec, item, 0, "item")
             else:
-                spec = _validate.item_spec(item, "item")
-                for path, leaf in jax.tree_util.tree_leaves_with_path(item):  # values, not abstract shapes
-                    if isinstance(leaf, jax.ShapeDtypeStruct):
-                        raise _validate.not_array(f"item{jax.tree_util.keystr(tuple(path))}", leaf)
-                rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.flush_size, *x.shape), x.dtype), spec)
-                self.server._add.eval_shape(self.server._buffer, rows)  # the buffer's checks, on the batch to come
-                self._spec = spec
+                self._spec = self._checked_first(item)
             self._pending.append(item)
             if len(self._pending) >= self.flush_size:
                 self._flush(timeout)
         finally:
             self._lock.release()
+
+    def _checked_first(self, item: Any) -> Any:
+        """The spec of the first item of a batch, once the buffer's `add` took it (traced, nothing runs) as a row of
+        a batch of one and of `flush_size` rows. A refusal is the buffer's message with the item's leaf named
+        (`item['x']: expected dtype float32, got float64 ...`, where the add says `batch['x']`)."""
+        _validate.array_leaves("item", item)
+        try:
+            self.server._check_batch(jax.tree.map(lambda x: x[None], item))  # the dtypes as given, never narrowed
+            rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.flush_size, *np.shape(x)), x.dtype), item)
+            self.server._add.eval_shape(self.server._buffer, rows)
+        except (TypeError, ValueError) as e:
+            msg = f"item{str(e)[5:]}" if str(e).startswith(("batch[", "batch:")) else f"item: {e}"
+            raise type(e)(f"{msg} (the item checked as a row of the batches of {self.flush_size} this writer adds)") from None
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), item)
 
     def flush(self, timeout: float | None = None) -> None:
         """Add the pending items now (fewer than `flush_size`; nothing when none are pending)."""

@@ -183,3 +183,20 @@ def test_ray_server_checks_every_argument_before_ray():
     refused(lambda: jb.ray_server(buf, sed=1), "ray_server", exc=(TypeError,))
     refused(lambda: jb.ray_server(buf, rate_limiter=jb.BlockingRateLimiter(1.0)), "rate_limiter", exc=(TypeError,))
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+def test_messages_name_what_the_caller_passed():
+    """The writer names the item's leaf and the dtypes (not an "example", not x64), the server's sample names its
+    `batch_size` (not the limiter's `n`), and a limiter's own call keeps `n`, with the right article."""
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, 16), rate_limiter=jb.BlockingRateLimiter(2.0, min_size=1, error_buffer=8.0))
+    writer = jb.Writer(server, 3)
+    item = {k: v[0] for k, v in rows(1).items()}
+    err = refused(lambda: writer.append({**item, "obs": item["obs"].astype(np.float64)}), "item['obs']", exc=(TypeError,))
+    assert str(err).startswith("item['obs']: expected dtype float32, got float64") and "example" not in str(err), err
+    err = refused(lambda: writer.append({**item, "a": 1}), "item['a']", exc=(TypeError,))
+    assert str(err).startswith("item['a']: expected a numeric or bool array (JAX or numpy), got int 1"), err
+    server.add(rows(4))
+    err = refused(lambda: server.sample(None, 100, timeout=0.1), "batch_size", exc=(ValueError,))
+    assert str(err).startswith("batch_size: a sample of 100 items moves the balance"), err
+    err = refused(lambda: server.rate_limiter.await_insert(100), "n", exc=(ValueError,))
+    assert str(err).startswith("n: an insert of 100 items"), err

@@ -50,11 +50,13 @@ def _is_array(x) -> bool:
     return _is_array_like(x) and not isinstance(x, jax.ShapeDtypeStruct)
 
 
-def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)") -> TypeError:
-    """The TypeError for `x` given where `want` (a JAX or numpy array) belongs, naming `name`; a
-    list or a torch tensor is told how to convert."""
+def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)", dtype: Any = None) -> TypeError:
+    """The TypeError for `x` given where `want` (a JAX or numpy array, of `dtype` when the place stores one) belongs,
+    naming `name`; a list or a torch tensor is told how to convert (a list: to an array of that `dtype`)."""
     if isinstance(x, (list, tuple)):
-        got, hint = f"a {type(x).__name__} of {len(x)}", "; pass an array with an explicit dtype, e.g. np.asarray(x, np.float32)"
+        kind = None if dtype is None else "bool_" if np.dtype(dtype) == np.bool_ else np.dtype(dtype).name
+        to = "dtype" if kind is None else f"{'np' if hasattr(np, kind) else 'jnp'}.{kind}"  # bfloat16: jnp's
+        got, hint = f"a {type(x).__name__} of {len(x)}", f"; pass an array with an explicit dtype, e.g. np.asarray(x, {to})"
     else:
         got, hint = f"{type(x).__name__} {x!r:.60}", ""
     if type(x).__module__.startswith("torch"):
@@ -98,7 +100,7 @@ def item_spec(example: Any, what: str = "example_item") -> Any:
         if canonical != dtype:
             raise TypeError(
                 f"{name}: dtype {dtype} cannot be stored without narrowing to {canonical} "
-                f"(jax_enable_x64 is off); pass a {canonical} example or enable x64"
+                f"(jax_enable_x64 is off); pass a {canonical} array or enable x64"
             )
         specs.append(jax.ShapeDtypeStruct(tuple(leaf.shape), dtype))
     return jax.tree_util.tree_unflatten(treedef, specs)
@@ -152,7 +154,7 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
     for path, s, leaf in zip(paths, spec_leaves, batch_leaves):
         name = f"{what}{leaf_name(path) if path else ''}"
         if not _is_array(leaf):
-            raise not_array(name, leaf)
+            raise not_array(name, leaf, dtype=s.dtype)
         shape = tuple(leaf.shape)
         expected_tail = tuple(s.shape)
         if len(shape) != batch_ndim + len(expected_tail) or shape[batch_ndim:] != expected_tail:
@@ -466,7 +468,8 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
         ``jax_enable_x64`` off), or the wrong dtype. ValueError: the wrong shape. Messages start with ``name``.
     """
     if not _is_array(x):
-        raise not_array(name, x, "an array (JAX or numpy)" + ("" if shape is None else f" of shape {shape}"))
+        known = None if dtype is None else np.float32 if isinstance(dtype, str) and dtype == "floating" else dtype
+        raise not_array(name, x, "an array (JAX or numpy)" + ("" if shape is None else f" of shape {shape}"), known)
     if isinstance(x.dtype, np.dtype) and x.dtype.kind in "OUSMm":
         raise TypeError(f"{name}: expected a numeric or bool array, got dtype {x.dtype}")
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -492,6 +495,14 @@ def parameters(where: str, fn: Callable, kwargs: dict) -> list[str]:
         if unknown:
             raise TypeError(f"{where}: unexpected keyword argument(s) {unknown}; {fn.__qualname__} takes {params}")
     return params
+
+
+def array_leaves(what: str, tree: Any) -> None:
+    """Every leaf of `tree` (a batch or an item given with values) a JAX or numpy array of numbers or bools (any
+    dtype JAX stores, bfloat16 included): else TypeError naming the leaf, `what` and its path."""
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not _is_array(x) or not (x.dtype == np.bool_ or jnp.issubdtype(x.dtype, jnp.number)):
+            raise not_array(f"{what}{leaf_name(path) if path else ''}", x, "a numeric or bool array (JAX or numpy)")
 
 
 def keyword_dict(name: str, value: Any, fn: Callable) -> dict:
