@@ -62,13 +62,14 @@ def unstacked(name: str, buffer: Any, hint: str) -> None:
         raise ValueError(f"{name}: a {type(buffer).__name__} with {_axes(stack)} (buffers stacked with jax.vmap); {hint}")
 
 
-_UNCHECKED = frozenset({"replace", "close"})  # no member state read: a stacked state's store can be closed
+# no member's values read: a stacked state's store can be closed, its bytes counted (every member's)
+_UNCHECKED = frozenset({"replace", "close", "estimate_memory_pressure", "uncompressed_nbytes"})
 _HOST = frozenset({"num_added", "stats"})  # read values on the host: never under jax.vmap
 
 
 def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
     """Class decorator: every public method of a buffer class (inherited ones included; not properties,
-    classmethods, `replace` or `close`) calls `one_member` before its body, so a stacked state is refused by every
+    classmethods, `replace`, `close` and the byte counts) calls `one_member` before its body, so a stacked state is refused by every
     method, eagerly and while traced, before any argument check reads the state's shapes.
 
     Args:
