@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxbuffers import _validate
 from jaxbuffers.compressed import (
     CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
 )
@@ -121,6 +122,10 @@ class BufferView:
         self.buffer = buffer
         self.kind = type(buffer).__name__
         b = buffer
+        stack = _validate.member_axes(b)
+        if stack:
+            raise ViewError(f"buffer: a stacked (vmapped) {self.kind} of stack shape {stack}; expected a single buffer "
+                            f"(index one member out first)")
         self.compressed = isinstance(b, (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer))
         if isinstance(b, (CompressedTrajectoryBuffer,)):
             traj = b.trajectory
@@ -153,13 +158,7 @@ class BufferView:
 
     # --- per-kind layout: self._storage (leaves with leading step axes), self._index (arrays into them), flags ---
 
-    def _check_unstacked(self, scalar: Any) -> None:
-        if np.ndim(scalar):
-            raise ViewError(f"buffer: a stacked (vmapped) {self.kind} of stack shape {tuple(np.shape(scalar))}; "
-                            f"expected a single buffer (index one member out first)")
-
     def _init_replay(self, r: ReplayBuffer) -> None:
-        self._check_unstacked(r.head)
         head, n, cap = int(r.head), int(r.num_valid), r.capacity
         slots = (head - n + np.arange(n)) % cap
         self._storage, self._spec, self._index = r.storage, r.item_spec, (slots,)
@@ -183,7 +182,6 @@ class BufferView:
         self.flags_from = tuple(flags)
 
     def _init_trajectory(self, t: TrajectoryBuffer) -> None:
-        self._check_unstacked(t.head)
         head, n, E, L = int(t.head), int(t.num_valid), t.num_envs, t.length
         slots = np.tile((head - n + np.arange(n)) % L, E)
         lanes = np.repeat(np.arange(E), n)
@@ -195,7 +193,6 @@ class BufferView:
         self.flags_from = ("terminated", "truncated")
 
     def _init_rollout(self, r: RolloutBuffer) -> None:
-        self._check_unstacked(r.step_index)
         T, N = int(r.step_index), r.num_envs
         rows, envs = np.tile(np.arange(T), N), np.repeat(np.arange(N), T)
         self._storage, self._spec, self._index = r.step, r.step_spec, (rows, envs)
@@ -207,7 +204,6 @@ class BufferView:
         self.flags_from = ("terminated", "truncated")
 
     def _init_episodes(self, e: EpisodeBuffer) -> None:
-        self._check_unstacked(e.head)
         head, n, M = int(e.head), int(e.num_valid), e.max_episodes
         order = (head - n + np.arange(n)) % M
         lengths = np.asarray(e.lengths)[order]
