@@ -4,7 +4,7 @@
 Under `jax.vmap` each call sees one member and works as usual; called without `vmap` (eagerly or in `jit`) a method
 would read the member axis as data (sample whole member rows as items, write member 0 only). Every buffer names the
 leaf that is a scalar in one buffer (its write cursor: the class attribute `_cursor`, a dotted attribute path); a
-leading axis on it is the member axis. The check reads shapes only, so it costs nothing at run time and raises while
+leading axis on it is the member axis. The check reads shapes only (no device work, no transfer) and raises while
 tracing, before anything runs. `one_member_methods` applies it to every public method of a buffer class.
 """
 
@@ -69,8 +69,8 @@ _HOST = frozenset({"num_added", "stats"})  # read values on the host: never unde
 
 def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
     """Class decorator: every public method of a buffer class (inherited ones included; not properties,
-    classmethods, `replace`, `close` and the byte counts) calls `one_member` before its body, so a stacked state is refused by every
-    method, eagerly and while traced, before any argument check reads the state's shapes.
+    classmethods, `replace`, `close` and the byte counts) calls `one_member` before its body, so a stacked state is
+    refused by every method, eagerly and while traced, before any argument check reads the state's shapes.
 
     Args:
       cls: the buffer class (it declares `_cursor`).
