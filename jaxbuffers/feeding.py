@@ -241,7 +241,8 @@ class Writer:
         (`item['x']: expected dtype float32, got float64 ...`, where the add says `batch['x']`)."""
         _validate.array_leaves("item", item)
         try:
-            self.server._check_batch(jax.tree.map(lambda x: x[None], item))  # the dtypes as given, never narrowed
+            if not all(_compiled.passable(x) for x in jax.tree.leaves(item)):  # a dtype JAX would narrow: as given
+                self.server._check_batch(jax.tree.map(lambda x: x[None], item))
             rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.flush_size, *np.shape(x)), x.dtype), item)
             self.server._add.eval_shape(self.server._buffer, rows)
         except (TypeError, ValueError) as e:
