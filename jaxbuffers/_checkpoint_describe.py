@@ -40,7 +40,7 @@ class CheckpointError(ValueError):
     buffer class, configuration, shape or dtype than asked for. The message names the file or field."""
 
 
-# --- what each buffer class saves: its create arguments, and the leaf that is a scalar when not stacked ---
+# --- what each buffer class saves: its create arguments ---
 
 def _names(spec: Any, indices) -> list[str]:
     """Full leaf names (`_validate.leaf_name`) of the leaves number `indices` of `spec`: what `compress=` selects."""
@@ -119,20 +119,14 @@ def _compressed_rollout(b) -> dict:
     return {**_rollout(b.buffer), "example": b.step_spec, **_host(b, b.step_spec), **_frames(b, rollout=True)}
 
 
-#: class name -> (class, create arguments of a buffer, its leaf that is a scalar in an unstacked buffer)
+#: class name -> (class, create arguments of a buffer); its stack shape is `_validate.member_axes`
 _CLASSES = {
-    c.__name__: (c, config, scalar)
-    for c, config, scalar in (
-        (ReplayBuffer, _replay, lambda b: b.head),
-        (PrioritisedReplayBuffer, _prioritised, lambda b: b.replay.head),
-        (TrajectoryBuffer, _trajectory, lambda b: b.head),
-        (PrioritisedTrajectoryBuffer, _prioritised_trajectory, lambda b: b.buffer.head),
-        (RolloutBuffer, _rollout, lambda b: b.step_index),
-        (EpisodeBuffer, _episode, lambda b: b.head),
-        (CompressedTrajectoryBuffer, _compressed_trajectory, lambda b: b.version),
-        (CompressedPrioritisedTrajectoryBuffer, _compressed_trajectory, lambda b: b.version),
-        (CompressedRolloutBuffer, _compressed_rollout, lambda b: b.version),
-        (CompressedEpisodeBuffer, _compressed_episode, lambda b: b.version),
+    c.__name__: (c, config)
+    for c, config in (
+        (ReplayBuffer, _replay), (PrioritisedReplayBuffer, _prioritised), (TrajectoryBuffer, _trajectory),
+        (PrioritisedTrajectoryBuffer, _prioritised_trajectory), (RolloutBuffer, _rollout), (EpisodeBuffer, _episode),
+        (CompressedTrajectoryBuffer, _compressed_trajectory), (CompressedPrioritisedTrajectoryBuffer, _compressed_trajectory),
+        (CompressedRolloutBuffer, _compressed_rollout), (CompressedEpisodeBuffer, _compressed_episode),
     )
 }
 _COMPRESSED = (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer)
@@ -242,8 +236,8 @@ def _entry(buffer: Any, what: str = "buffer") -> tuple[str, type, Any, tuple[int
     if entry is None or entry[0] is not type(buffer):
         raise TypeError(f"{what}: expected one of the jaxbuffers buffers {sorted(_CLASSES)} or a ShardedBuffer of one, "
                         f"got {type(buffer).__name__}")
-    cls, config, scalar = entry
-    return type(buffer).__name__, cls, config, tuple(np.shape(scalar(buffer)))
+    cls, config = entry
+    return type(buffer).__name__, cls, config, _validate.member_axes(buffer)
 
 
 def _unstacked(buffer: Any, stack: tuple[int, ...]) -> Any:
@@ -320,7 +314,7 @@ def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
         meta = {**meta, "config": {**_ADDED[name], **meta["config"]}}
     if name not in _CLASSES:
         raise CheckpointError(f"{root / 'buffer.json'}: class {name!r} is not a jaxbuffers buffer ({sorted(_CLASSES)})")
-    cls, config, _ = _CLASSES[name]
+    cls, config = _CLASSES[name]
     stack = tuple(int(s) for s in meta["stack_shape"])
     if target is not None:
         tname, _, tconfig, tstack = _entry(target)

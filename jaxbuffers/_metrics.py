@@ -195,16 +195,13 @@ class Recorded:
         `jaxbuffers.timing()` result, `timing`: its summary of this buffer's methods.
 
         Raises:
-          ValueError: a stacked (vmapped) buffer: index one member out first.
+          ValueError: a state stacked with `jax.vmap` (`jaxbuffers._validate.one_member_methods`, applied by every
+            buffer class): take one member out first (`jaxbuffers inspect` prints a summary per member of a saved one).
         """
         buf = self
         while buf._metrics_in is not None:
             buf = getattr(buf, buf._metrics_in)
         m, added, head, num_valid, ring, _ = buf._metrics_ring()
-        if np.ndim(head):
-            raise ValueError(f"stats: a stacked (vmapped) {type(self).__name__} of stack shape {np.shape(head)}; take one "
-                             f"member's with jax.tree.map(lambda x: x[i], buf).stats() (jaxbuffers inspect prints a "
-                             f"summary per member of a saved one)")
         n = _ring.counter_value(m.sampled)
         out = {
             "inserts": _ring.counter_value(added), "samples": n, "record_calls": _ring.counter_value(m.record_calls),

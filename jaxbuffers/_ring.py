@@ -10,8 +10,10 @@ Conventions (all buffers):
   `logical_to_physical` maps it to a slot.
 * A *window* of ``length`` consecutive items starting at logical index ``k`` is valid when
   ``k + length <= num_valid``: it then never straddles the write head (it never mixes the oldest
-  data with data written after wrap-around). Window starts are counted from the oldest valid item,
-  so a ``period`` keeps its meaning after wrap-around: the starts are ``0, period, 2*period, ...``.
+  data with data written after wrap-around). With a ``period``, windows start at the items whose
+  number (counting every item ever added, from 0) is a multiple of ``period``: the logical starts are
+  ``first, first + period, ...`` with ``first = aligned_first(...)``, so a stored item's eligibility
+  never changes while it is stored, and ``period = length`` gives fixed non-overlapping chunks.
 * The number of items ever added is kept in a two-word int32 counter (``[high, low]``, ``low`` in
   ``[0, 2**30)``) so it never overflows silently (exact up to 2**61 items).
 
@@ -93,19 +95,32 @@ def physical_to_logical(physical: jax.Array, head: jax.Array, num_valid: jax.Arr
     return ((physical - oldest(head, num_valid, capacity)) % capacity).astype(jnp.int32)
 
 
-def num_windows(num_valid: jax.Array, length: int, period: int = 1) -> jax.Array:
-    """How many windows of ``length`` items, starting every ``period`` items from the oldest,
-    lie wholly inside the valid range (never straddling the write head). int32 scalar, >= 0."""
+def aligned_first(added_mod: jax.Array, num_valid: jax.Array, period: int) -> jax.Array:
+    """Logical index (int32, in ``[0, period)``) of the oldest stored item whose number, counting every item ever
+    added from 0, is a multiple of ``period``: the first window start (module doc). ``added_mod`` is the count of
+    items ever added modulo ``period`` (`counter_mod`); item ``l`` (logical) is item number ``added - num_valid + l``."""
+    return ((num_valid - added_mod) % period).astype(jnp.int32)
+
+
+def num_windows(num_valid: jax.Array, length: int, period: int = 1, first: jax.Array | int = 0) -> jax.Array:
+    """How many windows of ``length`` items, starting at logical ``first`` and every ``period`` items after it
+    (`aligned_first`), lie wholly inside the valid range (never straddling the write head). int32 scalar, >= 0."""
     if length < 1 or period < 1:
         raise ValueError(f"window length and period must be >= 1, got length={length}, period={period}")
-    room = num_valid - length
+    room = num_valid - length - first
     return jnp.where(room >= 0, room // period + 1, 0).astype(jnp.int32)
 
 
-def window_starts(window_ids: jax.Array, head: jax.Array, num_valid: jax.Array, capacity: int, period: int = 1) -> jax.Array:
-    """Physical start slots (int32, shape of `window_ids`) of windows `k` (0-based from the oldest
-    valid item), each covering logical items `[k * period, k * period + length)`."""
-    return logical_to_physical(window_ids * period, head, num_valid, capacity)
+def window_starts(window_ids: jax.Array, head: jax.Array, num_valid: jax.Array, capacity: int, period: int = 1,
+                  first: jax.Array | int = 0) -> jax.Array:
+    """Physical start slots (int32, shape of `window_ids`) of windows `k` (0-based), each covering logical items
+    `[first + k * period, first + k * period + length)`."""
+    return logical_to_physical(first + window_ids * period, head, num_valid, capacity)
+
+
+def aligned(logical: jax.Array, first: jax.Array, period: int) -> jax.Array:
+    """Whether logical indices ``logical`` (>= 0) are window starts: ``(logical - first) % period == 0`` (bool)."""
+    return (logical - first) % period == 0
 
 
 def window_slots(starts: jax.Array, length: int, capacity: int) -> jax.Array:
@@ -135,6 +150,18 @@ def counter_add(counter: jax.Array, n) -> jax.Array:
     low = counter[1] + jnp.asarray(n, jnp.int32)
     carry = low >> _LOW_BITS
     return jnp.stack([counter[0] + carry, low & LOW_MASK]).astype(jnp.int32)
+
+
+def counter_mod(counter: jax.Array, m: int) -> jax.Array:
+    """The value of a two-word counter modulo a static ``m`` in ``[1, 2**31)``: int32 scalar, exact (uint32
+    arithmetic: ``high * 2**30 mod m`` by 30 doublings, each below ``2 * m <= 2**32``)."""
+    if m == 1:
+        return jnp.zeros((), jnp.int32)
+    m32 = np.uint32(m)
+    r = counter[..., 0].astype(jnp.uint32) % m32
+    for _ in range(_LOW_BITS):
+        r = (r * np.uint32(2)) % m32
+    return ((r + counter[..., 1].astype(jnp.uint32) % m32) % m32).astype(jnp.int32)
 
 
 def counter_value(counter) -> int:

@@ -39,7 +39,7 @@ from flax import struct
 
 from host_codecs import dtype_from_code
 from host_codecs.file_store import ReadOnlyError
-from jaxbuffers import _compiled, _disk_folder, _ring, _validate, checkpoint
+from jaxbuffers import _compiled, _disk_folder, _validate, checkpoint
 from jaxbuffers._disk_folder import FORMAT_VERSION, DiskStores, FolderLockedError
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import HostStores, StaleBufferError
@@ -239,7 +239,7 @@ def _same_configuration(buffers: Sequence[Any], cls: type, sizes: tuple[str, ...
     for i, b in enumerate(buffers):
         if type(b) is not cls:
             raise TypeError(f"buffers[{i}]: expected a {cls.__name__}, got {type(b).__name__}")
-        _validate.unstacked(f"buffers[{i}]", b, b.version, "give one member's state, jax.tree.map(lambda x: x[j], buffer)")
+        _validate.unstacked(f"buffers[{i}]", b, "give one member's state, jax.tree.map(lambda x: x[j], buffer)")
         like = b.host.like if isinstance(b.host, DiskStores) else b.host
         cfg = checkpoint._json_config({k: v for k, v in describe(b.replace(host=like)).items() if k not in sizes})
         if ref is None:
@@ -332,7 +332,7 @@ class Concatenated(struct.PyTreeNode):
     @_compiled.method("batch_size", "n_step", scalars={"gamma": (0.0, 1.0)})
     def _transitions(self, key, batch_size: int, *, n_step: int = 1, gamma) -> ConcatenatedSample:
         keys = jax.random.split(key, len(self.buffers) + 1)
-        source = _draw(keys[0], [b.trajectory.num_envs * _ring.num_windows(b.trajectory.num_valid, n_step + 1) for b in self.buffers], batch_size)
+        source = _draw(keys[0], [b.trajectory.num_valid_windows(n_step + 1) for b in self.buffers], batch_size)
         s: TransitionSample = _pick([b.buffer.sample_transitions(k, batch_size, n_step=n_step, gamma=gamma) for b, k in zip(self.buffers, keys[1:])], source)
         obs, next_obs = self._decode(source, s.obs, s.next_obs)
         item = {**s.item, self.buffers[0].trajectory.obs_key: obs}
@@ -351,8 +351,7 @@ class Concatenated(struct.PyTreeNode):
     @_compiled.method("batch_size", "sequence_length", "period")
     def _sequences(self, key, batch_size: int, sequence_length: int, *, period: int = 1) -> ConcatenatedSample:
         keys = jax.random.split(key, len(self.buffers) + 1)
-        windows = [_ring.num_windows(b.trajectory.num_valid, sequence_length, period) for b in self.buffers]
-        source = _draw(keys[0], [b.trajectory.num_envs * n for b, n in zip(self.buffers, windows)], batch_size)
+        source = _draw(keys[0], [b.trajectory.num_valid_windows(sequence_length, period=period) for b in self.buffers], batch_size)
         s: SequenceSample = _pick(
             [b.buffer.sample_sequences(k, batch_size, sequence_length, period=period) for b, k in zip(self.buffers, keys[1:])], source)
         obs_key = self.buffers[0].trajectory.obs_key

@@ -83,6 +83,7 @@ def _flag(name: str, x, shape: tuple):
     return _validate.array(name, x, shape, bool)
 
 
+@_validate.one_member_methods
 class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
     """Whole episodes with lengths, end flags, final observations and meta fields; episode, sequence, step and
     n-step sampling with meta filters.
@@ -91,6 +92,8 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
     (donated: in place), `lax.scan` and `vmap`, and eagerly runs as one cached compiled program
     (`jaxbuffers._compiled`).
     """
+
+    _cursor = "head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
     storage: Any  # step dict, leaves [max_episodes, max_timesteps, *shape], example dtypes; zeros past each length
     lengths: jax.Array  # shape=[max_episodes], dtype=int32: steps of the episode in each slot, 0 if never written
@@ -204,7 +207,7 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
         return self.num_valid >= self.max_episodes
 
     def num_added(self) -> int:
-        """Exact number of episodes ever added (host-side Python int; a numpy int64 array for a stacked buffer)."""
+        """Exact number of episodes ever added (host-side Python int; a stacked state: one member at a time)."""
         return _ring.counter_value(self.added)
 
     # ------------------------------------------------------------------------------------------

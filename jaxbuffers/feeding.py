@@ -52,6 +52,23 @@ def _leading(batch: Any) -> int:
     return int(np.shape(leaves[0])[0])
 
 
+def _server_arguments(buffer: Any, add: Any, sample: Any, rate_limiter: Any, seed: Any) -> int:
+    """The checks of `BufferServer`'s arguments (also made by `ray_server` before any actor exists); returns `seed`.
+
+    Raises:
+      TypeError: a `buffer` without `add` / `sample` methods (and no `add=` / `sample=`), `add` or `sample` not
+        callable, `rate_limiter` not a `BlockingRateLimiter`. ValueError: `seed` not an int >= 0.
+    """
+    for name, fn, method in (("add", add, "add"), ("sample", sample, "sample")):
+        if fn is None and not callable(getattr(type(buffer), method, None)):
+            raise TypeError(f"buffer: expected a buffer state with an {method} method (or pass {name}=), got {type(buffer).__name__}")
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name}: expected a function or None, got {type(fn).__name__}")
+    if rate_limiter is not None and not isinstance(rate_limiter, BlockingRateLimiter):
+        raise TypeError(f"rate_limiter: expected a BlockingRateLimiter or None, got {type(rate_limiter).__name__}")
+    return _validate.static_int("seed", seed, minimum=0)
+
+
 class BufferServer:
     """A jaxbuffers buffer shared by actor and learner threads (module doc).
 
@@ -67,14 +84,7 @@ class BufferServer:
 
     def __init__(self, buffer: Any, *, add: Callable | None = None, sample: Callable | None = None,
                  rate_limiter: BlockingRateLimiter | None = None, seed: int = 0):
-        for name, fn, method in (("add", add, "add"), ("sample", sample, "sample")):
-            if fn is None and not callable(getattr(type(buffer), method, None)):
-                raise TypeError(f"buffer: expected a buffer state with an {method} method (or pass {name}=), got {type(buffer).__name__}")
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{name}: expected a function or None, got {type(fn).__name__}")
-        if rate_limiter is not None and not isinstance(rate_limiter, BlockingRateLimiter):
-            raise TypeError(f"rate_limiter: expected a BlockingRateLimiter or None, got {type(rate_limiter).__name__}")
-        seed = _validate.static_int("seed", seed, minimum=0)
+        seed = _server_arguments(buffer, add, sample, rate_limiter, seed)
         self._buffer = buffer
         self._add_fn = add or type(buffer).add
         self._add = jax.jit(self._add_fn, donate_argnums=0)
@@ -109,7 +119,7 @@ class BufferServer:
         if self._limiter is not None:
             wait = self._limiter.await_insert if what == "add" else self._limiter.await_sample
             try:
-                wait(n, timeout)
+                wait(n, timeout, name="batch_size" if what == "sample" else "batch")
             except RateLimiterClosed as e:
                 raise BufferClosed(f"{what}: the buffer server was closed while it waited ({e})") from None
 
@@ -127,9 +137,7 @@ class BufferServer:
         """
         n = _leading(batch)
         self._check_open("add")
-        for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:  # what jit cannot even take as an argument
-            if not _validate._is_array(x) or not (x.dtype == np.bool_ or np.issubdtype(x.dtype, np.number)):
-                raise _validate.not_array(f"batch{jax.tree_util.keystr(tuple(path))}", x, "a numeric or bool array (JAX or numpy)")
+        _validate.array_leaves("batch", batch)  # what jit cannot even take as an argument
         self._check_batch(batch)
         self._admit("add", n, timeout)
         with self._lock:
@@ -220,18 +228,27 @@ class Writer:
             if self._pending:  # one structure, dtype and shape per batch, checked before the item is queued
                 _validate.check_batch(self._spec, item, 0, "item")
             else:
-                spec = _validate.item_spec(item, "item")
-                for path, leaf in jax.tree_util.tree_leaves_with_path(item):  # values, not abstract shapes
-                    if isinstance(leaf, jax.ShapeDtypeStruct):
-                        raise _validate.not_array(f"item{jax.tree_util.keystr(tuple(path))}", leaf)
-                rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.flush_size, *x.shape), x.dtype), spec)
-                self.server._add.eval_shape(self.server._buffer, rows)  # the buffer's checks, on the batch to come
-                self._spec = spec
+                self._spec = self._checked_first(item)
             self._pending.append(item)
             if len(self._pending) >= self.flush_size:
                 self._flush(timeout)
         finally:
             self._lock.release()
+
+    def _checked_first(self, item: Any) -> Any:
+        """The spec of the first item of a batch, once the buffer's `add` took it (traced, nothing runs) as a row of
+        a batch of one and of `flush_size` rows. A refusal is the buffer's message with the item's leaf named
+        (`item['x']: expected dtype float32, got float64 ...`, where the add says `batch['x']`)."""
+        _validate.array_leaves("item", item)
+        try:
+            if not all(_compiled.passable(x) for x in jax.tree.leaves(item)):  # a dtype JAX would narrow: as given
+                self.server._check_batch(jax.tree.map(lambda x: x[None], item))
+            rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.flush_size, *np.shape(x)), x.dtype), item)
+            self.server._add.eval_shape(self.server._buffer, rows)
+        except (TypeError, ValueError) as e:
+            msg = f"item{str(e)[5:]}" if str(e).startswith(("batch[", "batch:")) else f"item: {e}"
+            raise type(e)(f"{msg} (the item checked as a row of the batches of {self.flush_size} this writer adds)") from None
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), item)
 
     def flush(self, timeout: float | None = None) -> None:
         """Add the pending items now (fewer than `flush_size`; nothing when none are pending)."""
@@ -255,11 +272,27 @@ def ray_server(buffer: Any, *, rate_limit: dict | None = None, max_concurrency: 
       buffer: the initial buffer.
       rate_limit: keyword arguments of a `jaxbuffers.BlockingRateLimiter` built inside the actor (a limiter
         holds a lock and lives in one process), e.g. `dict(samples_per_insert=4.0, min_size=1_000)`.
+      max_concurrency: threads serving calls (int >= 1).
       kwargs: `BufferServer`'s other arguments (`seed`, `add`, `sample`).
 
+    Every argument is checked here, before Ray is imported or started and before any actor exists, raising what
+    `BufferServer` and `BlockingRateLimiter` raise for them (the limiter is built here once for its checks).
+
     Raises:
+      TypeError: `rate_limit` not a dict, a key of it `BlockingRateLimiter` does not take or a required one missing
+        (`samples_per_insert`), a keyword `BufferServer` does not take (`rate_limiter`: pass `rate_limit`), and
+        `BufferServer`'s TypeErrors (`buffer` without `add` / `sample` methods, `add` / `sample` not callable).
+      ValueError: `max_concurrency` not an int >= 1, `BlockingRateLimiter`'s ValueErrors for the values of
+        `rate_limit` (e.g. a negative `samples_per_insert`), `seed` not an int >= 0.
       ImportError: ray is not installed.
     """
+    if rate_limit is not None:
+        BlockingRateLimiter(**_validate.keyword_dict("rate_limit", rate_limit, BlockingRateLimiter.__init__))
+    max_concurrency = _validate.static_int("max_concurrency", max_concurrency)
+    if "rate_limiter" in kwargs:
+        raise TypeError("rate_limiter: ray_server builds its limiter inside the actor; pass rate_limit=dict(...) of its arguments")
+    _validate.parameters("ray_server", BufferServer.__init__, kwargs)
+    _server_arguments(buffer, kwargs.get("add"), kwargs.get("sample"), None, kwargs.get("seed", 0))
     import ray
 
     class _Remote(BufferServer):

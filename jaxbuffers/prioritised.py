@@ -74,6 +74,7 @@ class PrioritisedSample(NamedTuple):
     generations: jax.Array  # shape=[B], dtype=int32: slot generation at sampling; pass to set_priorities
 
 
+@_validate.one_member_methods
 class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
     """Fixed-capacity ring of items with proportional prioritised, stratified sampling.
 
@@ -81,6 +82,8 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
     returns the same fields plus `probabilities`, `importance_weights` and `generations`. Pure
     methods, under `jit` (donate for in-place adds), `lax.scan` and `vmap`. See the module doc.
     """
+
+    _cursor = "replay.head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
     replay: ReplayBuffer  # the items, ring position and counts
     tree: SumMinTree  # leaves p_i^alpha at stored slots, 0 elsewhere: float32 (sum, min) rows, one array per depth

@@ -11,10 +11,9 @@ the write head, aligned to `period`); every other leaf is 0, so invalid windows 
 sampled. Each `add` of `t` steps zeroes the `num_envs * t` overwritten starts and gives the
 newly completed windows the running max priority: O(num_envs * t * log capacity).
 
-`period` alignment here is absolute (step $a$ ever added in a lane, counting from 0, starts a
-window iff $a \bmod \text{period} = 0$), so a position's eligibility never changes while it is
-stored. Before the ring wraps this equals the uniform buffer's "from the oldest" rule; to ask
-whether a position is valid here use `priorities(indices) > 0`.
+`period` alignment is the uniform buffer's (`jaxbuffers.trajectory`, "Period"): step $a$ ever added in a lane,
+counting from 0, starts a window iff $a \bmod \text{period} = 0$, so a position's eligibility (and its priority)
+never changes while it is stored; to ask whether a position is valid here use `priorities(indices) > 0`.
 
 References:
   Schaul, Quan, Antonoglou, Silver (2016), *Prioritized Experience Replay*, ICLR.
@@ -72,8 +71,11 @@ class PrioritisedTransitionSample(NamedTuple):
     generations: jax.Array  # shape=[B], dtype=int32
 
 
+@_validate.one_member_methods
 class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority (module doc)."""
+
+    _cursor = "buffer.head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
     buffer: TrajectoryBuffer  # the steps
     tree: SumMinTree  # capacity num_envs * length; leaves p^alpha at valid window starts, else 0
@@ -150,10 +152,8 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     def num_valid_windows(self) -> jax.Array:
         """The number of valid positions over all lanes (int32 scalar)."""
         b = self.buffer
-        m = b.num_valid - self.window_length  # last valid logical start
-        first = (b.num_valid - self.phase) % self.period  # first l with (added - num_valid + l) % period == 0
-        per_lane = jnp.where(m >= first, (m - first) // self.period + 1, 0)
-        return (per_lane * b.num_envs).astype(jnp.int32)
+        first = _ring.aligned_first(self.phase, b.num_valid, self.period)
+        return (_ring.num_windows(b.num_valid, self.window_length, self.period, first) * b.num_envs).astype(jnp.int32)
 
     @_compiled.method()
     def generations_at(self, indices: jax.Array) -> jax.Array:
@@ -204,7 +204,8 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         k = jnp.arange(t + min(t, w - 1), dtype=jnp.int32)
         written = k < t
         logical = jnp.where(written, new.num_valid - t + k, new.num_valid - w - 2 * t + 1 + k)
-        start = (logical >= 0) & (logical + w <= new.num_valid) & ((phase - new.num_valid + logical) % self.period == 0)
+        aligned = _ring.aligned(logical, _ring.aligned_first(phase, new.num_valid, self.period), self.period)
+        start = (logical >= 0) & (logical + w <= new.num_valid) & aligned
         fresh = _priority.priority_leaf(self.max_priority, self.priority_exponent)
         vals = jnp.where(start, fresh, jnp.where(written, 0, jnp.nan)).astype(jnp.float32)  # NaN: not written
         slot = _ring.logical_to_physical(logical, new.head, new.num_valid, n)

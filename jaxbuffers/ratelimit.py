@@ -308,8 +308,8 @@ class BlockingRateLimiter:
         return (f"inserted={self._inserted}, sampled={self._sampled}, balance={self._balance() / b.den} "
                 f"({b.describe()})")
 
-    def _await(self, what: str, n, timeout: float | None, admits) -> None:
-        n = _validate.static_int("n", n, minimum=0)
+    def _await(self, what: str, n, timeout: float | None, admits, name: str) -> None:
+        n = _validate.static_int(name, n, minimum=0)
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
             raise ValueError(f"timeout: expected None or a number of seconds >= 0, got {timeout!r}")
         # The balance never leaves [min(0, lo), hi] by admitted requests: beyond that room nothing is ever admitted.
@@ -318,7 +318,7 @@ class BlockingRateLimiter:
         cost = n * (b.num if what == "insert" else b.den)
         if cost > room and not (what == "insert" and n <= b.min_size):
             raise ValueError(
-                f"n: an {what} of {n} items moves the balance by {cost / b.den}, more than the {room / b.den} the "
+                f"{name}: {'an' if what == 'insert' else 'a'} {what} of {n} items moves the balance by {cost / b.den}, more than the {room / b.den} the "
                 f"band ever leaves: no balance admits it ({b.describe()}); split the request"
             )
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -341,12 +341,13 @@ class BlockingRateLimiter:
                     )
                 self._cond.wait(left)
 
-    def await_insert(self, n: int = 1, timeout: float | None = None) -> None:
+    def await_insert(self, n: int = 1, timeout: float | None = None, *, name: str = "n") -> None:
         """Block until an insert of `n` items may run, then record it.
 
         Args:
           n: items (Python int >= 0).
           timeout: seconds to wait at most (`None`: forever).
+          name: what the errors call `n` (the caller's own argument, e.g. `batch_size` for a server's sample).
 
         Raises:
           RateLimiterTimeout: not admitted within `timeout`.
@@ -354,12 +355,12 @@ class BlockingRateLimiter:
           ValueError: `n` or `timeout` invalid, or `n` too large for any balance to admit.
         """
         b = self.band
-        self._await("insert", n, timeout, lambda k: b.can_insert(min(self._inserted, b.min_size), self._balance(), k))
+        self._await("insert", n, timeout, lambda k: b.can_insert(min(self._inserted, b.min_size), self._balance(), k), name)
 
-    def await_sample(self, n: int = 1, timeout: float | None = None) -> None:
+    def await_sample(self, n: int = 1, timeout: float | None = None, *, name: str = "n") -> None:
         """Block until a sample of `n` items may run, then record it. Arguments and errors as `await_insert`."""
         b = self.band
-        self._await("sample", n, timeout, lambda k: b.can_sample(min(self._inserted, b.min_size), self._balance(), k))
+        self._await("sample", n, timeout, lambda k: b.can_sample(min(self._inserted, b.min_size), self._balance(), k), name)
 
     def close(self) -> None:
         """Shut down: every waiting and later `await_*` raises `RateLimiterClosed`. Idempotent."""

@@ -37,6 +37,7 @@ class ReplaySample(NamedTuple):
     indices: jax.Array  # shape=[batch_size], dtype=int32: physical slots the items were read from
 
 
+@_validate.one_member_methods
 class ReplayBuffer(Recorded, struct.PyTreeNode):
     """Fixed-capacity ring of items with uniform sampling (with replacement).
 
@@ -44,6 +45,8 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
     buffer (every leaf with a leading axis) behaves as independent buffers, e.g. one per seed. The ring conventions
     (`head`, `num_valid`, `added`) are those of `jaxbuffers._ring`.
     """
+
+    _cursor = "head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
     storage: Any  # pytree like the example item, leaves [capacity, *item_shape], the example's dtypes
     head: jax.Array  # shape=(), int32: slot the next item goes to, in [0, capacity)
@@ -123,7 +126,7 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
         return self.num_valid >= self.capacity
 
     def num_added(self) -> int:
-        """Exact number of items ever added: a host-side Python int (numpy int64 when stacked)."""
+        """Exact number of items ever added: a host-side Python int (a stacked state: one member at a time)."""
         return _ring.counter_value(self.added)
 
     @_compiled.method("batch_size")

@@ -147,6 +147,7 @@ class RolloutMemoryPressure:
 _GAE_FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "trainable", "advantages", "returns")
 
 
+@_validate.one_member_methods
 class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches.
 
@@ -154,6 +155,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     stacked buffer (every array leaf with a leading axis $K$) behaves as $K$ independent buffers:
     `jax.vmap(lambda _: RolloutBuffer.create(...), axis_size=K)(None)` builds one.
     """
+
+    _cursor = "step_index"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
     step: Any  # user pytree like example_step, leaves [T, N, *step_shape], example's dtypes
     reward: jax.Array  # shape=[T, N], float_dtype: r_t

@@ -84,9 +84,7 @@ def _inner(buf: Any) -> RolloutBuffer:
     inner = getattr(buf, "buffer", buf)
     if not isinstance(inner, RolloutBuffer):
         raise TypeError(f"buf: expected a RolloutBuffer or a CompressedRolloutBuffer, got {type(buf).__name__}")
-    if np.ndim(inner.step_index) != 0:
-        raise ValueError(f"buf: expected one rollout, got a stacked (vmapped) one of stack shape {np.shape(inner.step_index)}; "
-                         "call this under jax.vmap or index one member out")
+    _validate.unstacked("buf", inner, "call this under jax.vmap or index one member out")
     return inner
 
 

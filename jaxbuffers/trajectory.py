@@ -26,6 +26,11 @@ Windows. A window of $w$ steps starting at a lane's logical step $l$ (0 = oldest
 `transitions_at`, `final_obs_at`) return what the samplers return there; they do not check positions against the
 write head (`valid_starts` does) and clamp indices outside `[0, num_envs * length)` into it.
 
+Period. With `period` $p$, a window may start only at step $a$ of its lane with $a \bmod p = 0$, $a$ counting every
+step ever added to the lane from 0 (kept exactly by the `added` counter): a stored step's eligibility never changes
+while it is stored, and `period = sequence_length` gives fixed non-overlapping chunks, once the ring wraps as before.
+`jaxbuffers.PrioritisedTrajectoryBuffer` aligns its windows by the same rule (`jaxbuffers._ring.aligned_first`).
+
 Example:
 
 ```python
@@ -156,6 +161,7 @@ def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array
     return ret, discount, k
 
 
+@_validate.one_member_methods
 class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     """Per-environment lanes of steps with episode flags; uniform sequence and n-step sampling.
 
@@ -163,6 +169,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     under `jit` (donated: in place), `lax.scan` and `vmap`, and eagerly runs as one cached
     compiled program (`jaxbuffers._compiled`).
     """
+
+    _cursor = "head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
     storage: Any  # dict like the example step, leaves [num_envs, length, *shape], example dtypes
     terminated: jax.Array  # shape=[num_envs, length], dtype=bool: stored terminated flags by physical slot
@@ -232,7 +240,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         return self.storage, self.num_valid, self.length
 
     def num_added(self) -> int:
-        """Exact number of steps ever added per lane (host-side Python int; a numpy int64 array for a stacked buffer)."""
+        """Exact number of steps ever added per lane (host-side Python int; a stacked state: one member at a time)."""
         return _ring.counter_value(self.added)
 
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
@@ -244,15 +252,26 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         sequence_length = self._sequence_length(sequence_length)
         period = _validate.static_int("period", period)
         if _validate.static_bool("cross_episodes", cross_episodes):
-            return _ring.num_windows(self.num_valid, sequence_length, period) > 0
+            return self._num_windows(sequence_length, period) > 0
         return self._episode_window_counts(sequence_length, period)[-1] > 0
+
+    @_compiled.method("window", "period")
+    def num_valid_windows(self, window: int, *, period: int = 1) -> jax.Array:
+        """The number of windows of `window` steps that the uniform samplers draw from (crossing episodes), over all
+        lanes (int32 scalar): valid (module doc) and aligned to `period` (module doc, "Period").
+
+        Raises:
+          ValueError: `window` or `period` not an int >= 1.
+        """
+        window, period = _validate.static_int("window", window), _validate.static_int("period", period)
+        return (self._num_windows(window, period) * self.num_envs).astype(jnp.int32)
 
     @_compiled.method("batch_size", "n_step")
     def can_sample_transitions(self, batch_size: int, *, n_step: int = 1) -> jax.Array:
         """Whether `sample_transitions` with these arguments returns only valid data (bool scalar):
         some lane holds `n_step + 1` steps. Same errors as `sample_transitions`."""
         _validate.static_int("batch_size", batch_size)
-        return _ring.num_windows(self.num_valid, self._n_step(n_step) + 1) > 0
+        return self._num_windows(self._n_step(n_step) + 1) > 0
 
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "TrajectoryBuffer":
@@ -329,18 +348,28 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
             raise ValueError(f"n_step: expected at most length - 1 = {self.length - 1}, got {n_step}")
         return n_step
 
+    def _first_start(self, period: int) -> jax.Array:
+        """Logical index of the first window start of a lane: the oldest stored step whose number, counting every
+        step ever added to the lane from 0, is a multiple of `period` (`jaxbuffers._ring.aligned_first`)."""
+        return _ring.aligned_first(_ring.counter_mod(self.added, period), self.num_valid, period)
+
+    def _num_windows(self, window: int, period: int = 1) -> jax.Array:
+        """Valid windows of `window` steps per lane whose start is aligned to `period` (int32 scalar)."""
+        return _ring.num_windows(self.num_valid, window, period, self._first_start(period))
+
     def _uniform_positions(self, key, batch_size: int, window: int, period: int):
         """Uniform (lane, physical start) over valid windows: one draw over `num_envs * windows`."""
-        per_lane = jnp.maximum(_ring.num_windows(self.num_valid, window, period), 1)
+        first = self._first_start(period)
+        per_lane = jnp.maximum(_ring.num_windows(self.num_valid, window, period, first), 1)
         flat = jax.random.randint(_validate.key("key", key), (batch_size,), 0, per_lane * self.num_envs, jnp.int32)
-        starts = _ring.window_starts(flat % per_lane, self.head, self.num_valid, self.length, period)
+        starts = _ring.window_starts(flat % per_lane, self.head, self.num_valid, self.length, period, first)
         return flat // per_lane, starts
 
     def _episode_window_counts(self, window: int, period: int) -> jax.Array:
         """Running count (int32[num_envs * (length - window + 1)]) of valid windows inside one episode.
 
         Entry `lane * W + l` (logical start `l`, `W = length - window + 1`) counts when
-        `l + window <= num_valid`, `l % period == 0` and no episode end lies in steps
+        `l + window <= num_valid`, `l` is aligned to `period` (`_first_start`) and no episode end lies in steps
         `[l, l + window - 1)` (an end at the last step is allowed).
         """
         n = self.length
@@ -349,7 +378,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         c = jnp.concatenate([jnp.zeros((self.num_envs, 1), jnp.int32), jnp.cumsum(ends, axis=1)], axis=1)
         ls = jnp.arange(n - window + 1, dtype=jnp.int32)
         inside = (c[:, ls + window - 1] - c[:, ls]) == 0
-        ok = inside & (ls + window <= self.num_valid) & (ls % period == 0)
+        ok = inside & (ls + window <= self.num_valid) & _ring.aligned(ls, self._first_start(period), period)
         return jnp.cumsum(ok.reshape(-1).astype(jnp.int32))
 
     def _episode_positions(self, key, batch_size: int, window: int, period: int):
@@ -395,8 +424,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     ) -> SequenceSample:
         """Sample `batch_size` sequences of `sequence_length` consecutive steps of one lane.
 
-        Uniform with replacement over the valid windows (module doc) whose start's logical index is a multiple of
-        `period`. With `cross_episodes=False` only windows with no episode end before their last step count, drawn
+        Uniform with replacement over the valid windows (module doc) whose start is aligned to `period` (module
+        doc: the step's number, counted from the first step ever added to its lane, is a multiple of `period`). With `cross_episodes=False` only windows with no episode end before their last step count, drawn
         exactly uniformly (`O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`).
 
         Args:
@@ -456,8 +485,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     def valid_starts(self, indices, window: int, *, period: int = 1) -> jax.Array:
         """Whether a window of `window` steps starting at each flat position is valid now.
 
-        What the uniform samplers draw from: a valid window (module doc) whose start's logical
-        index is a multiple of `period` (for `transitions_at` with `n_step=n`: `window=n + 1`).
+        What the uniform samplers draw from: a valid window (module doc) whose start is aligned to `period` (module
+        doc) (for `transitions_at` with `n_step=n`: `window=n + 1`).
 
         Args:
           indices: int[B], flat positions.
@@ -473,7 +502,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         wide = _validate.int32_indices(indices)  # saturated: out of range stays out
         in_range = (wide >= 0) & (wide < self.num_envs * self.length)
         logical = _ring.physical_to_logical(slots, self.head, self.num_valid, self.length)
-        return in_range & (logical + window <= self.num_valid) & (logical % period == 0)
+        return in_range & (logical + window <= self.num_valid) & _ring.aligned(logical, self._first_start(period), period)
 
     @_compiled.method("sequence_length")
     def sequences_at(self, indices, sequence_length: int) -> SequenceSample:

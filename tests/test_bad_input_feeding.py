@@ -164,3 +164,39 @@ def test_server_with_a_custom_add_refuses_a_leaf_jax_would_narrow():
     """A custom `add` that would take a float64 leaf still gets it refused, named by its path, never cast."""
     srv = jb.BufferServer(jb.ReplayBuffer.create({"x": np.zeros(2, np.float32)}, capacity=10), add=lambda b, batch: b)
     _refused(lambda: srv.add({"x": np.full((3, 2), 1e300)}), "batch['x']")
+
+
+def test_ray_server_checks_every_argument_before_ray():
+    """`ray_server` refuses what `BufferServer` / `BlockingRateLimiter` would refuse inside the actor, at the call and
+    before Ray is imported or started (before, it returned a handle to an actor that died on its first call)."""
+    import sys
+
+    buf = jb.ReplayBuffer.create(ITEM, 4)
+    refused(lambda: jb.ray_server(buf, rate_limit=dict(samples_per_inserts=4.0)), "rate_limit", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, rate_limit=dict(min_size=3)), "rate_limit", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, rate_limit=[4.0]), "rate_limit", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, rate_limit=dict(samples_per_insert=-1.0)), "samples_per_insert", exc=(ValueError,))
+    refused(lambda: jb.ray_server(None), "buffer", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, max_concurrency=0), "max_concurrency", exc=(ValueError,))
+    refused(lambda: jb.ray_server(buf, seed=-1), "seed", exc=(ValueError,))
+    refused(lambda: jb.ray_server(buf, add=3), "add", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, sed=1), "ray_server", exc=(TypeError,))
+    refused(lambda: jb.ray_server(buf, rate_limiter=jb.BlockingRateLimiter(1.0)), "rate_limiter", exc=(TypeError,))
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+def test_messages_name_what_the_caller_passed():
+    """The writer names the item's leaf and the dtypes (not an "example", not x64), the server's sample names its
+    `batch_size` (not the limiter's `n`), and a limiter's own call keeps `n`, with the right article."""
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, 16), rate_limiter=jb.BlockingRateLimiter(2.0, min_size=1, error_buffer=8.0))
+    writer = jb.Writer(server, 3)
+    item = {k: v[0] for k, v in rows(1).items()}
+    err = refused(lambda: writer.append({**item, "obs": item["obs"].astype(np.float64)}), "item['obs']", exc=(TypeError,))
+    assert str(err).startswith("item['obs']: expected dtype float32, got float64") and "example" not in str(err), err
+    err = refused(lambda: writer.append({**item, "a": 1}), "item['a']", exc=(TypeError,))
+    assert str(err).startswith("item['a']: expected a numeric or bool array (JAX or numpy), got int 1"), err
+    server.add(rows(4))
+    err = refused(lambda: server.sample(None, 100, timeout=0.1), "batch_size", exc=(ValueError,))
+    assert str(err).startswith("batch_size: a sample of 100 items moves the balance"), err
+    err = refused(lambda: server.rate_limiter.await_insert(100), "n", exc=(ValueError,))
+    assert str(err).startswith("n: an insert of 100 items"), err

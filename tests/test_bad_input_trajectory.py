@@ -59,6 +59,14 @@ def test_add_wrong_flags(kind, which, bad):
         refused(lambda: jax.jit(lambda b, a: b.add(step(), **a))(buf, args), which, state=buf)
 
 
+def test_a_list_is_told_the_dtype_of_its_field():
+    """A Python list where an array belongs is told to become an array of that field's dtype (a flag: bool), not
+    float32 whatever the field."""
+    buf = FILLED["uniform"]
+    err = refused(lambda: buf.add(step(), terminated=[False, False]), "terminated", state=buf, exc=(TypeError,))
+    assert str(err).endswith("np.asarray(x, np.bool_)"), err
+
+
 @SETTINGS
 @given(
     kind=KIND,

@@ -564,6 +564,25 @@ def test_nonfinite_values_are_counted_and_served(tmp_path, capsys):
     assert _jsonable(np.float32(np.inf)) == "inf" and _jsonable(np.bool_(True)) is True
 
 
+def test_bfloat16_fields_have_statistics_and_images(tmp_path, capsys):
+    """bfloat16 (which `np.issubdtype(.., np.floating)` does not count as floating) is a float like float16: its
+    statistics and non-finite count are shown, an image field of it is found and drawn, and the page gets rounded
+    numbers."""
+    from jaxbuffers.cli._images import find_image
+    from jaxbuffers.cli._server import _jsonable
+
+    x = np.array([[1.0, 2.0, np.nan], [4.0, 5.0, 6.0]], np.float32)
+    buf = jb.ReplayBuffer.create({"v": jnp.zeros(3, jnp.bfloat16), "img": jnp.zeros((H, H), jnp.bfloat16)}, capacity=4)
+    buf = buf.add({"v": jnp.asarray(x, jnp.bfloat16), "img": jnp.full((2, H, H), 0.5, jnp.bfloat16)})
+    s = json.loads(run(capsys, "inspect", jb.save(tmp_path / "bf", buf, progress=False), "--json")[1])
+    v = next(f for f in s["fields"] if f["field"] == "v")
+    assert (v["dtype"], v["min"], v["max"], v["mean"], v["nonfinite"]) == ("bfloat16", 1.0, 6.0, 3.6, 1)
+    field = find_image(BufferView(buf))
+    assert field is not None and field.name == "img"
+    assert (field.picture(np.asarray(buf.storage["img"][0])) == 128).all()
+    assert _jsonable(np.asarray([1 / 3], jnp.bfloat16)) == [0.333984]
+
+
 def test_nested_compressed_observation_view():
     from jaxbuffers.cli._images import find_image
 

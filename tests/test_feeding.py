@@ -119,6 +119,8 @@ def test_ray_actor_server_takes_numpy_pytrees_from_remote_actors():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         limit = dict(samples_per_insert=1.0, min_size=8, error_buffer=64.0)
+        with pytest.raises(TypeError, match=r"^rate_limit: unexpected keyword argument\(s\) \['samples_per_inserts'\]"):
+            jb.ray_server(jb.ReplayBuffer.create(ITEM, capacity=256), rate_limit=dict(samples_per_inserts=1.0))  # no actor made
         server = jb.ray_server(jb.ReplayBuffer.create(ITEM, capacity=256), rate_limit=limit, seed=3)
 
         @ray.remote

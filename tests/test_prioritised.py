@@ -330,7 +330,7 @@ def test_vmap_over_stacked_buffers():
     np.testing.assert_array_equal(np.asarray(out.item["id"]), np.asarray(out.indices) + 3 * np.arange(3)[:, None])
     # Buffer 1: slot 2 holds almost all the mass.
     assert np.mean(np.asarray(out.indices[1]) == 2) > 0.9
-    np.testing.assert_array_equal(np.asarray(bufs.size()), [3, 3, 3])
+    np.testing.assert_array_equal(np.asarray(jax.vmap(PRB.size)(bufs)), [3, 3, 3])
 
 
 def test_priority_read_back_precision_is_as_documented():

@@ -346,3 +346,21 @@ def test_num_added_and_a_too_long_chunk_name_the_buffer_sizes():
     for b in (buf, buf.buffer):
         with pytest.raises(ValueError, match=r"does not fit a ring of length 5; split it or create the buffer with length >= 6"):
             b.add(long, terminated=jnp.zeros((2, 6), bool))
+
+
+def test_period_is_the_same_rule_in_the_uniform_and_prioritised_buffers():
+    """`period` counts from the first step ever added in both buffers: once the ring wraps, the uniform buffer's
+    window starts are the prioritised buffer's (they were re-anchored at the oldest stored step on every add), a
+    stored step's eligibility never changes, and `period = window` gives fixed non-overlapping chunks."""
+    length, window, period = 7, 2, 2
+    u = TrajectoryBuffer.create(EXAMPLE, num_envs=1, length=length)
+    p = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=length, window_length=window, period=period)
+    every = jnp.arange(length, dtype=jnp.int32)
+    for t in range(12):
+        step = {"obs": np.zeros((1, OBS_DIM), np.float32), "action": np.array([t], np.int32), "reward": np.zeros(1, np.float32)}
+        u, p = ADD(u, step, np.zeros(1, bool), None, None), p.add(step, terminated=np.zeros(1, bool))
+        starts = np.asarray(u.valid_starts(every, window, period=period))
+        np.testing.assert_array_equal(starts, np.asarray(p.priorities(every)) > 0)
+        first = np.asarray(u.sequences_at(every, window).item["action"][:, 0])[starts]  # step numbers of the starts
+        assert (first % period == 0).all() and len(first) == int(u.num_valid_windows(window, period=period))
+        assert int(u.num_valid_windows(window, period=period)) == int(p.num_valid_windows())

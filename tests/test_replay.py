@@ -210,8 +210,8 @@ def test_vmap_over_stacked_buffers_equals_separate_buffers():
         jax.tree.map(np.testing.assert_array_equal, jax.tree.map(lambda x: np.asarray(x[s]), bufs.storage), jax.tree.map(np.asarray, single.storage))
         ref = single.sample(keys[s], 6)
         np.testing.assert_array_equal(np.asarray(out.indices[s]), np.asarray(ref.indices))
-    assert np.asarray(bufs.size()).tolist() == [5, 5, 5]
-    assert jb.ReplayBuffer.num_added(bufs).tolist() == [9, 9, 9]
+    assert np.asarray(jax.vmap(jb.ReplayBuffer.size)(bufs)).tolist() == [5, 5, 5]
+    assert [jax.tree.map(lambda x: x[s], bufs).num_added() for s in range(seeds)] == [9, 9, 9]
 
 
 def test_named_ring_fields_and_with_cursors_checks():

@@ -1,5 +1,6 @@
 """Ring arithmetic, checked exhaustively for small sizes against a plain-Python model."""
 
+import functools
 import itertools
 
 import jax
@@ -87,6 +88,34 @@ def test_sample_windows_uniform_and_in_range():
     # empty ring: defined output (the oldest slot), never out of range
     s = _ring.sample_windows(jax.random.key(1), (5,), jnp.int32(0), jnp.int32(0), capacity, length)
     assert np.all(np.asarray(s) == 0)
+
+
+def test_aligned_windows_start_at_multiples_of_period_of_the_items_ever_added():
+    """`aligned_first` + `num_windows(first=)` + `window_starts(first=)`: exactly the windows whose first item's number
+    (counting every item ever added) is a multiple of `period`, before and after wrap-around; `counter_mod` is exact
+    past 2**30 (the two words) and for the largest period."""
+    capacity, length = 7, 2
+
+    @functools.partial(jax.jit, static_argnums=3)
+    def windows(added, head, num_valid, period):
+        first = _ring.aligned_first(_ring.counter_mod(added, period), num_valid, period)
+        starts = _ring.window_starts(jnp.arange(capacity), head, num_valid, capacity, period, first)
+        return _ring.num_windows(num_valid, length, period, first), starts, _ring.aligned(jnp.arange(capacity), first, period)
+
+    for n_added in range(0, 3 * capacity):
+        head, num_valid = replay_state(capacity, [1] * n_added)
+        for period in (1, 2, 3, capacity):
+            added = jnp.array([n_added >> 30, n_added & _ring.LOW_MASK], jnp.int32)
+            count, starts, aligned = windows(added, head, num_valid, period)
+            oldest, h, nv = n_added - int(num_valid), int(head), int(num_valid)
+            want = [a for a in range(oldest, n_added - length + 1) if a % period == 0]
+            assert [oldest + (s - (h - nv)) % capacity for s in np.asarray(starts)[: int(count)].tolist()] == want
+            assert np.flatnonzero(np.asarray(aligned)).tolist()[: int(count)] == [a - oldest for a in want]
+    mod = jax.jit(_ring.counter_mod, static_argnums=1)
+    for value in (0, 2**30 - 1, 2**30, 3 * 2**30 + 5, 2**61 - 1):
+        c = jnp.array([value >> 30, value & _ring.LOW_MASK], jnp.int32)
+        for m in (1, 2, 7, 2**31 - 1):
+            assert int(mod(c, m)) == value % m
 
 
 def test_check_batch_fits():

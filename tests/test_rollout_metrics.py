@@ -120,7 +120,7 @@ def test_traced_out_of_range_draws_are_not_counted():
 def test_a_stacked_rollout_is_refused_outside_vmap():
     buf = _rollout(2)
     stacked = jax.tree.map(lambda x: jnp.stack([x, x]), buf)
-    with pytest.raises(ValueError, match=r"buf: expected one rollout, got a stacked \(vmapped\) one of stack shape \(2,\)"):
+    with pytest.raises(ValueError, match=r"^buf: a RolloutBuffer with a leading member axis of 2 \(buffers stacked with jax.vmap\)"):
         jb.rollout_stats(stacked, jnp.array([1], jnp.int32))
     counts = jax.vmap(lambda b: jb.rollout_stats(b, jnp.array([1], jnp.int32)).draw_count)(stacked)
     assert counts.shape == (2, *buf.reward.shape) and int(counts.sum()) == 2

@@ -81,6 +81,14 @@ def test_non_array_leaf():
         _validate.item_spec({"x": 1.0})
 
 
+def test_a_list_is_told_the_dtype_of_the_place_it_goes():
+    """The conversion suggested for a list is to the dtype stored there (float32 only for a float32 place)."""
+    for dtype, to in [(np.bool_, "np.bool_"), (np.int32, "np.int32"), (jnp.bfloat16, "jnp.bfloat16"), (None, "dtype")]:
+        assert str(_validate.not_array("x", [1, 2], dtype=dtype)).endswith(f"np.asarray(x, {to})")
+    with pytest.raises(TypeError, match=r"np\.asarray\(x, np\.uint8\)$"):
+        _validate.array("x", [1, 2], (2,), np.uint8)
+
+
 def test_item_spec_rejects_silent_narrowing():
     with pytest.raises(TypeError, match="float64"):
         _validate.item_spec({"x": np.zeros(3, np.float64)})

@@ -10,7 +10,9 @@ traced hyperparameters `scalar_parameter`, index arguments `integer_indices` / `
 structure, kind or dtype raises `TypeError`; wrong shape or value `ValueError`; every message starts with the
 argument's name. docs/guide.md, section 8, tabulates what each kind of argument accepts.
 Checks of steps for the env-step buffers (trajectory example, a step's flags and final observation, frame leaves)
-live in `jaxbuffers._validate.steps` and are re-exported here, so every check is reached as `_validate.<name>`.
+live in `jaxbuffers._validate.steps`, the refusal of a state stacked with `jax.vmap` called without it in
+`jaxbuffers._validate.members`, plain-Python options (names, paths, strs, choices) in `jaxbuffers._validate.options`;
+all are re-exported here, so every check is reached as `_validate.<name>`.
 """
 
 from __future__ import annotations
@@ -49,11 +51,13 @@ def _is_array(x) -> bool:
     return _is_array_like(x) and not isinstance(x, jax.ShapeDtypeStruct)
 
 
-def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)") -> TypeError:
-    """The TypeError for `x` given where `want` (a JAX or numpy array) belongs, naming `name`; a
-    list or a torch tensor is told how to convert."""
+def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)", dtype: Any = None) -> TypeError:
+    """The TypeError for `x` given where `want` (a JAX or numpy array, of `dtype` when the place stores one) belongs,
+    naming `name`; a list or a torch tensor is told how to convert (a list: to an array of that `dtype`)."""
     if isinstance(x, (list, tuple)):
-        got, hint = f"a {type(x).__name__} of {len(x)}", "; pass an array with an explicit dtype, e.g. np.asarray(x, np.float32)"
+        kind = None if dtype is None else "bool_" if np.dtype(dtype) == np.bool_ else np.dtype(dtype).name
+        to = "dtype" if kind is None else f"{'np' if hasattr(np, kind) else 'jnp'}.{kind}"  # bfloat16: jnp's
+        got, hint = f"a {type(x).__name__} of {len(x)}", f"; pass an array with an explicit dtype, e.g. np.asarray(x, {to})"
     else:
         got, hint = f"{type(x).__name__} {x!r:.60}", ""
     if type(x).__module__.startswith("torch"):
@@ -97,7 +101,7 @@ def item_spec(example: Any, what: str = "example_item") -> Any:
         if canonical != dtype:
             raise TypeError(
                 f"{name}: dtype {dtype} cannot be stored without narrowing to {canonical} "
-                f"(jax_enable_x64 is off); pass a {canonical} example or enable x64"
+                f"(jax_enable_x64 is off); pass a {canonical} array or enable x64"
             )
         specs.append(jax.ShapeDtypeStruct(tuple(leaf.shape), dtype))
     return jax.tree_util.tree_unflatten(treedef, specs)
@@ -151,7 +155,7 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
     for path, s, leaf in zip(paths, spec_leaves, batch_leaves):
         name = f"{what}{leaf_name(path) if path else ''}"
         if not _is_array(leaf):
-            raise not_array(name, leaf)
+            raise not_array(name, leaf, dtype=s.dtype)
         shape = tuple(leaf.shape)
         expected_tail = tuple(s.shape)
         if len(shape) != batch_ndim + len(expected_tail) or shape[batch_ndim:] != expected_tail:
@@ -412,16 +416,6 @@ def timeout(name: str, value) -> float | None:
     return None if value == float("inf") else value
 
 
-def unstacked(name: str, buffer, counter, hint: str) -> None:
-    """A buffer whose scalar `counter` (a cursor) has no stack axes: not a stacked (vmapped) state.
-
-    Raises:
-      ValueError: naming `name`, the stack shape and `hint` (how to reach one member, or map over them).
-    """
-    if np.ndim(counter):
-        raise ValueError(f"{name}: a stacked (vmapped) {type(buffer).__name__} of stack shape {np.shape(counter)}; {hint}")
-
-
 _KINDS = {"floating": jnp.floating, "integer": jnp.integer, "bool": jnp.bool_}
 
 
@@ -483,7 +477,8 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
         ``jax_enable_x64`` off), or the wrong dtype. ValueError: the wrong shape. Messages start with ``name``.
     """
     if not _is_array(x):
-        raise not_array(name, x, "an array (JAX or numpy)" + ("" if shape is None else f" of shape {shape}"))
+        known = None if dtype is None else np.float32 if isinstance(dtype, str) and dtype == "floating" else dtype
+        raise not_array(name, x, "an array (JAX or numpy)" + ("" if shape is None else f" of shape {shape}"), known)
     if isinstance(x.dtype, np.dtype) and x.dtype.kind in "OUSMm":
         raise TypeError(f"{name}: expected a numeric or bool array, got dtype {x.dtype}")
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -509,6 +504,28 @@ def parameters(where: str, fn: Callable, kwargs: dict) -> list[str]:
         if unknown:
             raise TypeError(f"{where}: unexpected keyword argument(s) {unknown}; {fn.__qualname__} takes {params}")
     return params
+
+
+def array_leaves(what: str, tree: Any) -> None:
+    """Every leaf of `tree` (a batch or an item given with values) a JAX or numpy array of numbers or bools (any
+    dtype JAX stores, bfloat16 included): else TypeError naming the leaf, `what` and its path."""
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not _is_array(x) or not (x.dtype == np.bool_ or jnp.issubdtype(x.dtype, jnp.number)):
+            raise not_array(f"{what}{leaf_name(path) if path else ''}", x, "a numeric or bool array (JAX or numpy)")
+
+
+def keyword_dict(name: str, value: Any, fn: Callable) -> dict:
+    """`value` as the keyword arguments of the method `fn` (a dict): TypeError naming `name` for a value that is not
+    a dict, a key `fn` does not take or a required argument missing, before any value is looked at."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{name}: expected a dict of {fn.__qualname__} arguments or None, got {type(value).__name__}")
+    params = parameters(name, fn, value)
+    required = [k for k, p in list(inspect.signature(fn).parameters.items())[1:]
+                if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise TypeError(f"{name}: missing required argument(s) {missing}; {fn.__qualname__} takes {params}")
+    return value
 
 
 def split_leaves(args: dict, num_shards: int, axis: str, own: Callable | None = None) -> None:
@@ -623,72 +640,10 @@ def static_value(name: str, value: Any, want: str = "an array or a hashable Pyth
     return value
 
 
-def names(name: str, value: Any, minimum: int = 0) -> list[str]:
-    """A list or tuple of at least ``minimum`` distinct strs (field names), as a list.
-
-    Raises:
-      TypeError: naming ``name``: not a list or tuple (a lone str too: it would be read letter by letter), an item
-        not a str. ValueError: fewer than ``minimum`` names, or a name given twice.
-    """
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise TypeError(f"{name}: expected a list of field names (strs), got {type(value).__name__} {value!r:.60}")
-    if len(value) < minimum or len(set(value)) != len(value):
-        raise ValueError(f"{name}: expected at least {minimum} distinct names, got {list(value)!r:.80}")
-    return list(value)
-
-
-def path(name: str, value: Any) -> Any:
-    """A file-system path argument: a ``str`` (not empty) or an ``os.PathLike``, returned as ``pathlib.Path``.
-
-    Raises:
-      TypeError: naming ``name``: ``None``, bytes, numbers, buffers and other objects given where a path belongs.
-    """
-    import os
-    import pathlib
-
-    if not (isinstance(value, os.PathLike) or (isinstance(value, str) and value)):
-        raise TypeError(f"{name}: expected a folder path (a non-empty str or os.PathLike), got {type(value).__name__} {value!r:.60}")
-    return pathlib.Path(value)
-
-
-def text(name: str, value: Any, optional: bool = False) -> Any:
-    """A str argument (a name, a prefix), or None where ``optional``; else TypeError naming ``name``."""
-    if not (isinstance(value, str) or (optional and value is None)):
-        raise TypeError(f"{name}: expected a str{' or None' if optional else ''}, got {type(value).__name__} {value!r:.60}")
-    return value
-
-
-def choice(name: str, value: Any, options: tuple) -> Any:
-    """A static option: ``value`` if it is one of ``options``, else ValueError naming ``name``."""
-    if not any(isinstance(value, type(o)) and value == o for o in options):
-        raise ValueError(f"{name}: expected one of {options}, got {value!r}")
-    return value
-
-
-def one_each(name: str, value: Any, n: int, what: str) -> tuple:
-    """``value`` (a list or tuple of exactly ``n`` entries, one per ``what``) as a tuple, else TypeError naming
-    ``name``, ``n`` and what came."""
-    if not isinstance(value, (list, tuple)) or len(value) != n:
-        got = f"{type(value).__name__} of {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
-        raise TypeError(f"{name}: expected a list or tuple of {n} entries (one per {what}), got {got}")
-    return tuple(value)
-
-
-def filled(what: str, filled: int, size: int, unit: str, hint: str) -> None:
-    """RuntimeError naming `what` unless all `size` `unit` are filled (`filled` of them are): a call that needs a full
-    buffer, such as SB3's rollout `get`."""
-    if filled != size:
-        raise RuntimeError(f"{what}: the buffer holds {filled} of buffer_size={size} {unit}; {hint}")
-
-
-def single_process(what: str, why: str) -> None:
-    """NotImplementedError naming `what` when JAX runs in several processes (`jax.process_count() > 1`)."""
-    if jax.process_count() > 1:
-        raise NotImplementedError(f"{what}: jax.process_count() is {jax.process_count()}; {why}")
-
-
 # the step checks (module doc), after every name they use is defined
 from jaxbuffers._validate.steps import (  # noqa: E402
     episode_lengths, final_obs_not_step, frame_leaves, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks,
     unrebuilt_trajectory_stack_error, unrebuilt_trajectory_stacks,
 )
+from jaxbuffers._validate.members import member_axes, one_member, one_member_methods, unstacked  # noqa: E402
+from jaxbuffers._validate.options import choice, filled, names, one_each, path, single_process, text  # noqa: E402

@@ -49,7 +49,7 @@ def trajectory_example(example_step, num_envs, length, obs_key: str, action_key:
 def _flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
     """A bool episode-flag array of shape `lead` (trace time)."""
     if not _is_array(flag):
-        raise not_array(name, flag, f"a bool array of shape {list(lead)}")
+        raise not_array(name, flag, f"a bool array of shape {list(lead)}", np.bool_)
     if tuple(flag.shape) != tuple(lead):
         raise ValueError(f"{name}: expected shape {list(lead)} (one flag per env and step), got {list(flag.shape)}")
     if flag.dtype != np.dtype(bool):

@@ -12,7 +12,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxbuffers.cli._images import ImageField, contact_sheet, find_image, overlay, scaled
-from jaxbuffers.cli._view import SUPPORTED_NAMES, BufferView, ViewError
+from jaxbuffers.cli._view import SUPPORTED_NAMES, BufferView, ViewError, is_floating, is_numeric
 from jaxbuffers.compressed import ShardedHostStores
 
 __all__ = ["load", "member", "stack_shape", "summary", "stacked_summary", "print_summary", "print_stacked_summary", "write_video", "write_sheet", "CliError"]
@@ -126,7 +126,7 @@ def _field_stats(view: BufferView, name: str, progress: bool | None, decode: boo
     shape, dtype = view.spec(name)
     compressed = name in view.compressed_fields
     out = {"field": name, "dtype": dtype.name, "shape": list(shape), "compressed": compressed}
-    if view.num_steps == 0 or (compressed and not decode) or not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+    if view.num_steps == 0 or (compressed and not decode) or not is_numeric(dtype):
         return {**out, "min": None, "max": None, "mean": None, "nonfinite": None}
     lo, hi, total, count, nonfinite = np.inf, -np.inf, 0.0, 0, 0
     chunk = max(1, (64 << 20) // max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize))
@@ -137,7 +137,7 @@ def _field_stats(view: BufferView, name: str, progress: bool | None, decode: boo
         for a in range(0, view.num_steps, chunk):
             x = view.column(name, np.arange(a, min(a + chunk, view.num_steps)))
             bar.update(len(x))
-            if np.issubdtype(x.dtype, np.inexact):
+            if is_floating(x.dtype):
                 bad = ~np.isfinite(x)
                 nonfinite += int(bad.sum())
                 x = x[~bad]
@@ -271,7 +271,7 @@ def _meta_stats(name: str, values: np.ndarray, default: np.ndarray) -> dict:
     field of few distinct values, the count of episodes per value."""
     out = {"name": name, "dtype": values.dtype.name, "shape": list(values.shape[1:]), "default": default.tolist(),
            "min": None, "max": None, "values": None}
-    if len(values) and (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
+    if len(values) and is_numeric(values.dtype):
         out["min"], out["max"] = values.min().item(), values.max().item()
     if values.ndim == 1 and len(values):
         uniq, counts = np.unique(values, return_counts=True)

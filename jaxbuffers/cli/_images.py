@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxbuffers.cli._view import is_floating, is_numeric
+
 __all__ = ["ImageField", "find_image", "overlay", "contact_sheet", "STACK_AXES"]
 
 STACK_AXES = ("auto", "0", "-1", "none")
@@ -32,7 +34,7 @@ class ImageField:
         """One step's value (`self.shape`) -> uint8 picture."""
         x = np.asarray(x)
         if x.dtype != np.uint8:
-            x = np.clip(np.rint(x.astype(np.float64) * 255.0), 0, 255).astype(np.uint8) if np.issubdtype(x.dtype, np.floating) \
+            x = np.clip(np.rint(x.astype(np.float64) * 255.0), 0, 255).astype(np.uint8) if is_floating(x.dtype) \
                 else np.clip(x, 0, 255).astype(np.uint8)
         if self.stack_axis is not None:
             frames = np.moveaxis(x, self.stack_axis, 0)
@@ -76,7 +78,7 @@ def find_image(view, name: str | None = None, stack_axis: str = "auto", layout: 
         raise ViewError(f"--image: expected a step field, one of {list(view.specs)}, got {name!r}")
     for n in names:
         shape, dtype = view.spec(n)
-        if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+        if not is_numeric(dtype, bools=False):
             guess = "no"
         elif stack_axis == "auto":
             guess = known[n] if n in known else _guess_stack(shape)

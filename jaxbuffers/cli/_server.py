@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 
 from jaxbuffers.cli._images import ImageField, scaled
-from jaxbuffers.cli._view import BufferView, ViewError
+from jaxbuffers.cli._view import BufferView, ViewError, is_floating
 
 __all__ = ["make_server", "PAGE"]
 
@@ -38,7 +38,7 @@ def _jsonable(x: np.ndarray):
     x = np.asarray(x)
     if x.size > 16:
         return {"shape": list(x.shape), "min": _number(float(np.nanmin(x))), "max": _number(float(np.nanmax(x)))}
-    if np.issubdtype(x.dtype, np.floating):
+    if is_floating(x.dtype):
         x = np.round(x.astype(np.float64), 6)
     flat = [_number(v) for v in x.reshape(-1).tolist()]
     return flat[0] if x.ndim == 0 else np.array(flat, dtype=object).reshape(x.shape).tolist()

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxbuffers import _validate
 from jaxbuffers.compressed import (
     CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
 )
@@ -75,6 +76,18 @@ class Episode:
         return not (self.has_start and self.has_end)
 
 
+def is_floating(dtype: Any) -> bool:
+    """Whether a field's dtype is floating: numpy's and the extended ones JAX stores (bfloat16, float8), which
+    numpy's own `np.issubdtype(dtype, np.floating)` does not count."""
+    return bool(jnp.issubdtype(dtype, jnp.floating))
+
+
+def is_numeric(dtype: Any, bools: bool = True) -> bool:
+    """Whether a field holds real numbers (`is_floating`, integers of any width JAX stores) or, with `bools`,
+    bools: what has a min, max and mean."""
+    return bool(is_floating(dtype) or jnp.issubdtype(dtype, jnp.integer) or (bools and jnp.issubdtype(dtype, jnp.bool_)))
+
+
 def field_name(path) -> str:
     """`obs.pixels`, `action`, `0.reward`: a leaf path written with dots."""
     parts = []
@@ -109,6 +122,10 @@ class BufferView:
         self.buffer = buffer
         self.kind = type(buffer).__name__
         b = buffer
+        stack = _validate.member_axes(b)
+        if stack:
+            raise ViewError(f"buffer: a stacked (vmapped) {self.kind} of stack shape {stack}; expected a single buffer "
+                            f"(index one member out first)")
         self.compressed = isinstance(b, (CompressedTrajectoryBuffer, CompressedRolloutBuffer, CompressedEpisodeBuffer))
         if isinstance(b, (CompressedTrajectoryBuffer,)):
             traj = b.trajectory
@@ -141,13 +158,7 @@ class BufferView:
 
     # --- per-kind layout: self._storage (leaves with leading step axes), self._index (arrays into them), flags ---
 
-    def _check_unstacked(self, scalar: Any) -> None:
-        if np.ndim(scalar):
-            raise ViewError(f"buffer: a stacked (vmapped) {self.kind} of stack shape {tuple(np.shape(scalar))}; "
-                            f"expected a single buffer (index one member out first)")
-
     def _init_replay(self, r: ReplayBuffer) -> None:
-        self._check_unstacked(r.head)
         head, n, cap = int(r.head), int(r.num_valid), r.capacity
         slots = (head - n + np.arange(n)) % cap
         self._storage, self._spec, self._index = r.storage, r.item_spec, (slots,)
@@ -171,7 +182,6 @@ class BufferView:
         self.flags_from = tuple(flags)
 
     def _init_trajectory(self, t: TrajectoryBuffer) -> None:
-        self._check_unstacked(t.head)
         head, n, E, L = int(t.head), int(t.num_valid), t.num_envs, t.length
         slots = np.tile((head - n + np.arange(n)) % L, E)
         lanes = np.repeat(np.arange(E), n)
@@ -183,7 +193,6 @@ class BufferView:
         self.flags_from = ("terminated", "truncated")
 
     def _init_rollout(self, r: RolloutBuffer) -> None:
-        self._check_unstacked(r.step_index)
         T, N = int(r.step_index), r.num_envs
         rows, envs = np.tile(np.arange(T), N), np.repeat(np.arange(N), T)
         self._storage, self._spec, self._index = r.step, r.step_spec, (rows, envs)
@@ -195,7 +204,6 @@ class BufferView:
         self.flags_from = ("terminated", "truncated")
 
     def _init_episodes(self, e: EpisodeBuffer) -> None:
-        self._check_unstacked(e.head)
         head, n, M = int(e.head), int(e.num_valid), e.max_episodes
         order = (head - n + np.arange(n)) % M
         lengths = np.asarray(e.lengths)[order]

@@ -488,6 +488,8 @@ class HostBacked(Wrapper, struct.PyTreeNode):
     the fields here are static, so they change neither its pytree leaves nor their order.
     """
 
+    _cursor = "version"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
+
     host: HostStores = struct.field(pytree_node=False)  # the stores (identity hash: one compiled program per buffer)
     leaves: tuple = struct.field(pytree_node=False)  # LeafInfo per compressed leaf
     leaf_index: tuple = struct.field(pytree_node=False)  # flat index of each compressed leaf within obs (the step for rollouts)

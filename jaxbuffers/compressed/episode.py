@@ -74,6 +74,7 @@ __all__ = ["CompressedEpisodeBuffer"]
 _PLACEHOLDER = jax.ShapeDtypeStruct((0,), jnp.uint8)
 
 
+@_validate.one_member_methods(mapped=False)
 class CompressedEpisodeBuffer(FrameStacked, Recorded):
     """A `jaxbuffers.EpisodeBuffer` whose chosen observation leaves live compressed on the host.
 

@@ -42,6 +42,7 @@ __all__ = ["CompressedRolloutBuffer"]
 _ID = jax.ShapeDtypeStruct((), jnp.int32)
 
 
+@_validate.one_member_methods(mapped=False)
 class CompressedRolloutBuffer(HostBacked):
     """A `jaxbuffers.RolloutBuffer` whose chosen step leaves live compressed on the host.
 

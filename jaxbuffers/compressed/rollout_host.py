@@ -72,7 +72,7 @@ class RolloutHostWriter:
     def __init__(self, buffer: CompressedRolloutBuffer):
         if not isinstance(buffer, CompressedRolloutBuffer):
             raise TypeError(f"buffer: expected a jaxbuffers.compressed.CompressedRolloutBuffer, got {type(buffer).__name__}")
-        _validate.unstacked("buffer", buffer, buffer.buffer.step_index, "give the writer one member's state")
+        _validate.unstacked("buffer", buffer, "give the writer one member's state")
         buffer.host.check_state("RolloutHostWriter(buffer)", int(buffer.version))
         self._state = buffer
         inner = buffer.buffer

@@ -148,6 +148,7 @@ def _build(
     return inner_step, kcap, config
 
 
+@_validate.one_member_methods(mapped=False)
 class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
 
@@ -579,6 +580,7 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 _add_ids_donated = jax.jit(CompressedTrajectoryBuffer._add_ids.uncompiled, donate_argnums=0)
 
 
+@_validate.one_member_methods(mapped=False)
 class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
     """A `jaxbuffers.PrioritisedTrajectoryBuffer` with host-compressed observations.
 

@@ -1,0 +1,99 @@
+"""The one check that a buffer's state is one buffer, not several stacked with `jax.vmap`.
+
+`jax.vmap(Buffer.create)` (one buffer per seed) gives a state whose every leaf has a leading member axis `[S]`.
+Under `jax.vmap` each call sees one member and works as usual; called without `vmap` (eagerly or in `jit`) a method
+would read the member axis as data (sample whole member rows as items, write member 0 only). Every buffer names the
+leaf that is a scalar in one buffer (its write cursor: the class attribute `_cursor`, a dotted attribute path); a
+leading axis on it is the member axis. The check reads shapes only (no device work, no transfer) and raises while
+tracing, before anything runs. `one_member_methods` applies it to every public method of a buffer class.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def member_axes(buffer: Any) -> tuple[int, ...]:
+    """The leading member axes of `buffer`'s state: the shape of its cursor (`()` for one buffer, also for one
+    member seen under `jax.vmap`, and for objects without a `_cursor`)."""
+    path = getattr(type(buffer), "_cursor", None)
+    return () if path is None else tuple(np.shape(operator.attrgetter(path)(buffer)))
+
+
+def _axes(stack: tuple[int, ...]) -> str:
+    return f"a leading member axis of {stack[0]}" if len(stack) == 1 else f"leading member axes of shape {stack}"
+
+
+def one_member(method: str, buffer: Any, *, mapped: bool = True) -> None:
+    """Refuse a stacked state given to `type(buffer).method` outside `jax.vmap`.
+
+    Args:
+      method: the public method's name, for the message.
+      buffer: the buffer whose method is called.
+      mapped: whether the method works under `jax.vmap` (else it reads values on the host, such as `num_added`,
+        and the message says to take one member out).
+
+    Raises:
+      ValueError: the state has leading member axes; the message names the method, the axes and how to call it.
+    """
+    stack = member_axes(buffer)
+    if not stack:
+        return
+    name = f"{type(buffer).__name__}.{method}"
+    one = f"take one member with jax.tree.map(lambda x: x[i], buf).{method}(...)"
+    how = f"call {method} under jax.vmap (jax.vmap(lambda b, ...: b.{method}(...))(buf, ...)), or {one}" if mapped else one
+    raise ValueError(f"{name}: the state has {_axes(stack)} (buffers stacked with jax.vmap, one per member); {how}")
+
+
+def unstacked(name: str, buffer: Any, hint: str) -> None:
+    """Refuse a stacked state given as the argument `name` of a function that takes one buffer.
+
+    Raises:
+      ValueError: naming `name`, the member axes and `hint` (how to reach one member, or map over them).
+    """
+    stack = member_axes(buffer)
+    if stack:
+        raise ValueError(f"{name}: a {type(buffer).__name__} with {_axes(stack)} (buffers stacked with jax.vmap); {hint}")
+
+
+# no member's values read: a stacked state's store can be closed, its bytes counted (every member's)
+_UNCHECKED = frozenset({"replace", "close", "estimate_memory_pressure", "uncompressed_nbytes"})
+_HOST = frozenset({"num_added", "stats"})  # read values on the host: never under jax.vmap
+
+
+def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
+    """Class decorator: every public method of a buffer class (inherited ones included; not properties,
+    classmethods, `replace`, `close` and the byte counts) calls `one_member` before its body, so a stacked state is
+    refused by every method, eagerly and while traced, before any argument check reads the state's shapes.
+
+    Args:
+      cls: the buffer class (it declares `_cursor`).
+      mapped: whether its methods work under `jax.vmap` (False for the compressed buffers: one host store).
+
+    Returns:
+      `cls`, its methods replaced (`functools.wraps`: names, signatures and docstrings kept).
+    """
+    if cls is None:
+        return functools.partial(one_member_methods, mapped=mapped)
+    for name in dir(cls):
+        fn = inspect.getattr_static(cls, name)
+        if name.startswith("_") or name in _UNCHECKED or not inspect.isfunction(fn) or getattr(fn, "one_member", False):
+            continue
+        setattr(cls, name, _checked(fn, name, mapped and name not in _HOST))
+    return cls
+
+
+def _checked(fn: Callable, name: str, mapped: bool) -> Callable:
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        one_member(name, self, mapped=mapped)
+        return fn(self, *args, **kwargs)
+
+    call.one_member = True
+    return call

@@ -1,0 +1,73 @@
+"""Checks of plain-Python options of host-side calls: field names, paths, strs, choices, one entry per member,
+a filled buffer, a single JAX process. Re-exported by `jaxbuffers._validate`; every message starts with the
+argument's name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+
+def names(name: str, value: Any, minimum: int = 0) -> list[str]:
+    """A list or tuple of at least ``minimum`` distinct strs (field names), as a list.
+
+    Raises:
+      TypeError: naming ``name``: not a list or tuple (a lone str too: it would be read letter by letter), an item
+        not a str. ValueError: fewer than ``minimum`` names, or a name given twice.
+    """
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name}: expected a list of field names (strs), got {type(value).__name__} {value!r:.60}")
+    if len(value) < minimum or len(set(value)) != len(value):
+        raise ValueError(f"{name}: expected at least {minimum} distinct names, got {list(value)!r:.80}")
+    return list(value)
+
+
+def path(name: str, value: Any) -> Any:
+    """A file-system path argument: a ``str`` (not empty) or an ``os.PathLike``, returned as ``pathlib.Path``.
+
+    Raises:
+      TypeError: naming ``name``: ``None``, bytes, numbers, buffers and other objects given where a path belongs.
+    """
+    import os
+    import pathlib
+
+    if not (isinstance(value, os.PathLike) or (isinstance(value, str) and value)):
+        raise TypeError(f"{name}: expected a folder path (a non-empty str or os.PathLike), got {type(value).__name__} {value!r:.60}")
+    return pathlib.Path(value)
+
+
+def text(name: str, value: Any, optional: bool = False) -> Any:
+    """A str argument (a name, a prefix), or None where ``optional``; else TypeError naming ``name``."""
+    if not (isinstance(value, str) or (optional and value is None)):
+        raise TypeError(f"{name}: expected a str{' or None' if optional else ''}, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def choice(name: str, value: Any, options: tuple) -> Any:
+    """A static option: ``value`` if it is one of ``options``, else ValueError naming ``name``."""
+    if not any(isinstance(value, type(o)) and value == o for o in options):
+        raise ValueError(f"{name}: expected one of {options}, got {value!r}")
+    return value
+
+
+def one_each(name: str, value: Any, n: int, what: str) -> tuple:
+    """``value`` (a list or tuple of exactly ``n`` entries, one per ``what``) as a tuple, else TypeError naming
+    ``name``, ``n`` and what came."""
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        got = f"{type(value).__name__} of {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
+        raise TypeError(f"{name}: expected a list or tuple of {n} entries (one per {what}), got {got}")
+    return tuple(value)
+
+
+def filled(what: str, filled: int, size: int, unit: str, hint: str) -> None:
+    """RuntimeError naming `what` unless all `size` `unit` are filled (`filled` of them are): a call that needs a full
+    buffer, such as SB3's rollout `get`."""
+    if filled != size:
+        raise RuntimeError(f"{what}: the buffer holds {filled} of buffer_size={size} {unit}; {hint}")
+
+
+def single_process(what: str, why: str) -> None:
+    """NotImplementedError naming `what` when JAX runs in several processes (`jax.process_count() > 1`)."""
+    if jax.process_count() > 1:
+        raise NotImplementedError(f"{what}: jax.process_count() is {jax.process_count()}; {why}")
