@@ -460,6 +460,11 @@ def test_small_final_obs_ring_exact_until_overflow():
     assert not bool(buf.final_obs_lost())
 
 
+# One add, then final_obs_lost and the next observations at given positions, in one program per shape and chunk length.
+ADD_LOST_AT = jax.jit(lambda b, s, te, tr, fo, flat: (lambda b: (b, b.final_obs_lost(), b.transitions_at(flat, n_step=1, gamma=0.5).next_obs))(
+    _add(b, s, te, tr, fo)))
+
+
 # Lengths from a fixed set (below, at and above k = 1..3 final-obs slots) so that each shape's
 # programs compile once and are reused across examples.
 @settings(max_examples=25, deadline=None)
@@ -477,20 +482,19 @@ def test_final_obs_lost_is_exact(k, length, seed, chunks):
         t = min(t, length)
         chunk = make_chunk(rng, 2, t, counter, p_term=0.1, p_trunc=0.5)
         counter += t
-        buf = ADD(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
         ref.add(*chunk)
         lo = ref.total - ref.num_valid
         boots = [(e, a) for e in range(2) for a in range(lo, ref.total)
                  if ref.steps[e][a]["trunc"] and not ref.steps[e][a]["term"]]
+        # read at 2 * length positions (the truncated steps, then the first one repeated; slot 0 when there is none)
+        flat = [e * length + a % length for e, a in boots] or [0]
+        flat = jnp.array(flat + flat[:1] * (2 * length - len(flat)), jnp.int32)
+        buf, lost, got = ADD_LOST_AT(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:], flat)
         wrong = False
         if boots:
-            # read at 2 * length positions (the truncated steps, then the first one repeated): one program per shape
-            flat = [e * length + a % length for e, a in boots]
-            flat = jnp.array(flat + flat[:1] * (2 * length - len(flat)), jnp.int32)
-            got = np.asarray(AT(buf, flat, 1, 0.5).next_obs)[: len(boots)]
             want = np.stack([ref.steps[e][a]["final"] for e, a in boots])
-            wrong = bool(np.any(got != want))
-        assert bool(buf.final_obs_lost()) == wrong
+            wrong = bool(np.any(np.asarray(got)[: len(boots)] != want))
+        assert bool(lost) == wrong
 
 
 def test_positions_api_errors_and_clamping():
