@@ -320,6 +320,24 @@ FREE = dict(shape=st.tuples(st.integers(1, 3), st.integers(2, 7)), t=lambda n: s
             seq_len=lambda n: st.integers(1, n), period=st.integers(1, 3), n_step=None)
 
 
+def _seq_reads(b, key, every, seq_len, period, cross):
+    """can_sample, valid_starts at `every`, a sample of 12 sequences, and sequences_at / final_obs_at its indices."""
+    out = b.sample_sequences(key, 12, seq_len, period=period, cross_episodes=cross)
+    return (b.can_sample(1, seq_len, period=period, cross_episodes=cross), b.valid_starts(every, seq_len, period=period),
+            out, b.sequences_at(out.indices, seq_len), b.final_obs_at(out.indices, seq_len))
+
+
+def _trans_reads(b, key, n_step, gamma):
+    """can_sample_transitions, a sample of 12 transitions, transitions_at and valid_starts at its indices."""
+    out = b.sample_transitions(key, 12, n_step=n_step, gamma=gamma)
+    return (b.can_sample_transitions(1, n_step=n_step), out, b.transitions_at(out.indices, n_step=n_step, gamma=gamma),
+            b.valid_starts(out.indices, n_step + 1))
+
+
+SEQ_READS = jax.jit(_seq_reads, static_argnums=(3, 4, 5))
+TRANS_READS = jax.jit(_trans_reads, static_argnums=(2,))
+
+
 def run_model(use_jit, data, draws):
     num_envs, length = data.draw(draws["shape"], "num_envs, length")
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), "seed"))
@@ -343,29 +361,22 @@ def run_model(use_jit, data, draws):
         period = data.draw(draws["period"], "period")
         cross = data.draw(st.booleans(), "cross")
         key = jax.random.key(int(rng.integers(2**31)))
-        if use_jit:
-            sample = lambda b, k: SEQ(b, k, 12, seq_len, period, cross)  # noqa: E731
-            can = lambda b: CAN(b, seq_len, period, cross)  # noqa: E731
-        else:
-            sample = lambda b, k: b.sample_sequences(k, 12, seq_len, period=period, cross_episodes=cross)  # noqa: E731
-            can = lambda b: b.can_sample(1, seq_len, period=period, cross_episodes=cross)  # noqa: E731
+        every = jnp.arange(num_envs * length, dtype=jnp.int32)
+        # under jit, all reads of one (shape, seq_len, period, cross) are one program
+        can, valid, out, again, final = (SEQ_READS if use_jit else _seq_reads)(buf, key, every, seq_len, period, cross)
         lo = ref.total - ref.num_valid
         starts_ok = [
             (e, a) for e in range(num_envs) for a in range(lo, ref.total - seq_len + 1)
             if (a - lo) % period == 0 and (cross or not any(ref.end(e, a + i) for i in range(seq_len - 1)))
         ]
-        assert bool(can(buf)) == bool(starts_ok)
-        every = jnp.arange(num_envs * length, dtype=jnp.int32)
-        valid = VALID(buf, every, seq_len, period) if use_jit else buf.valid_starts(every, seq_len, period=period)
+        assert bool(can) == bool(starts_ok)
         flat_ok = {e * length + a % length for e, a in starts_ok} if cross else None
         if cross:
             assert set(np.flatnonzero(np.asarray(valid)).tolist()) == flat_ok
         if starts_ok:
-            out = host(sample(buf, key))
+            out, again, final = host(out), host(again), host(final)
             # the public read at the sampled positions returns exactly the sample
-            again = host(SEQ_AT(buf, out.indices, seq_len) if use_jit else buf.sequences_at(out.indices, seq_len))
             jax.tree.map(np.testing.assert_array_equal, again, out)
-            final = host(FINAL_AT(buf, out.indices, seq_len) if use_jit else buf.final_obs_at(out.indices, seq_len))
             for b in range(12):
                 lane, a = ref.locate(out.indices[b])
                 assert (lane, a) in starts_ok
@@ -383,16 +394,12 @@ def run_model(use_jit, data, draws):
 
         n_step = data.draw(st.integers(1, length - 1) if draws["n_step"] is None else draws["n_step"], "n_step")
         gamma = 0.5
-        if use_jit:
-            trans = lambda b, k: TRANS(b, k, 12, n_step, gamma)  # noqa: E731
-        else:
-            trans = lambda b, k: b.sample_transitions(k, 12, n_step=n_step, gamma=gamma)  # noqa: E731
+        can, out, again, valid = (TRANS_READS if use_jit else _trans_reads)(buf, key, n_step, gamma)
         if ref.total >= n_step + 1:
-            assert bool(buf.can_sample_transitions(1, n_step=n_step))
-            out = host(trans(buf, key))
-            again = AT(buf, out.indices, n_step, gamma) if use_jit else buf.transitions_at(out.indices, n_step=n_step, gamma=gamma)
+            assert bool(can)
+            out = host(out)
             jax.tree.map(np.testing.assert_array_equal, host(again), out)
-            assert np.all(np.asarray(buf.valid_starts(out.indices, n_step + 1)))
+            assert np.all(np.asarray(valid))
             for b in range(12):
                 lane, a = ref.locate(out.indices[b])
                 assert a + n_step + 1 <= ref.total
@@ -404,7 +411,7 @@ def run_model(use_jit, data, draws):
                 assert int(out.num_steps[b]) == k
                 np.testing.assert_array_equal(out.next_obs[b], nxt)
         else:
-            assert not bool(buf.can_sample_transitions(1, n_step=n_step))
+            assert not bool(can)
 
 
 @settings(max_examples=12, deadline=None)
