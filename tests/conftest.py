@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,15 +25,28 @@ import atari_frames
 #:   the suite's small programs, without fast-math either way;
 #: - the LLVM module compiled in one piece, not split for parallel compilation (the split costs more than it saves
 #:   on these small programs and two cores).
+#: XLA aborts on a flag it does not know: a flag this jaxlib lacks (an older or newer one) is left out (`_xla_knows`).
 #: A subprocess that must compile as a user's program does takes the `user_xla_flags` fixture.
 TEST_XLA_FLAGS = {
     "--xla_backend_optimization_level": "0",
     "--xla_cpu_use_fusion_emitters": "false",
     "--xla_cpu_parallel_codegen_split_count": "1",
 }
-for _flag, _value in TEST_XLA_FLAGS.items():
-    if _flag not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}={_value}".strip()
+
+
+def _xla_knows(flags: str) -> bool:
+    """Whether this jaxlib's XLA starts with these XLA_FLAGS: one tiny program compiled in a subprocess."""
+    code = "import jax; jax.jit(lambda x: x + 1)(1).block_until_ready()"
+    env = {**os.environ, "XLA_FLAGS": flags}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=300).returncode == 0
+
+
+_missing = [f"{flag}={value}" for flag, value in TEST_XLA_FLAGS.items() if flag not in os.environ.get("XLA_FLAGS", "")]
+if _missing:  # once per run: the pytest-xdist workers and the tests' subprocesses inherit the result
+    _given = os.environ.get("XLA_FLAGS", "")
+    if not _xla_knows(" ".join([_given, *_missing])):
+        _missing = [f for f in _missing if _xla_knows(f"{_given} {f}")]
+    os.environ["XLA_FLAGS"] = " ".join([_given, *_missing]).strip()
 
 #: Steps played per game: enough for every test (5,000 consecutive stacks, several episode ends
 #: of each game).
