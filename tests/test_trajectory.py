@@ -111,10 +111,8 @@ TRANS = jax.jit(lambda b, k, bs, n, gamma: b.sample_transitions(k, bs, n_step=n,
 AT = jax.jit(lambda b, flat, n, gamma: b.transitions_at(flat, n_step=n, gamma=gamma), static_argnums=(2,))
 SEQ_AT = jax.jit(lambda b, flat, n: b.sequences_at(flat, n), static_argnums=(2,))
 FINAL_AT = jax.jit(lambda b, flat, n: b.final_obs_at(flat, n), static_argnums=(2,))
-VALID = jax.jit(lambda b, flat, n, period: b.valid_starts(flat, n, period=period), static_argnums=(2, 3))
 PSEQ = jax.jit(lambda b, k, bs, beta: b.sample_sequences(k, bs, beta=beta), static_argnums=(2,))
 PTRANS = jax.jit(lambda b, k, bs, beta, gamma: b.sample_transitions(k, bs, beta=beta, gamma=gamma), static_argnums=(2,))
-CAN = jax.jit(lambda b, n, period, cross: b.can_sample(1, n, period=period, cross_episodes=cross), static_argnums=(1, 2, 3))
 SETP = jax.jit(lambda b, i, p, g: b.set_priorities(i, p, g))
 
 
@@ -467,9 +465,11 @@ def test_small_final_obs_ring_exact_until_overflow():
     assert not bool(buf.final_obs_lost())
 
 
-# One add, then final_obs_lost and the next observations at given positions, in one program per shape and chunk length.
-ADD_LOST_AT = jax.jit(lambda b, s, te, tr, fo, flat: (lambda b: (b, b.final_obs_lost(), b.transitions_at(flat, n_step=1, gamma=0.5).next_obs))(
-    _add(b, s, te, tr, fo)))
+@jax.jit
+def _add_lost_at(b, s, te, tr, fo, flat):
+    """One add, then final_obs_lost and the next observations at `flat`: one program per shape and chunk length."""
+    b = _add(b, s, te, tr, fo)
+    return b, b.final_obs_lost(), b.transitions_at(flat, n_step=1, gamma=0.5).next_obs
 
 
 # Lengths from a fixed set (below, at and above k = 1..3 final-obs slots) so that each shape's
@@ -496,7 +496,7 @@ def test_final_obs_lost_is_exact(k, length, seed, chunks):
         # read at 2 * length positions (the truncated steps, then the first one repeated; slot 0 when there is none)
         flat = [e * length + a % length for e, a in boots] or [0]
         flat = jnp.array(flat + flat[:1] * (2 * length - len(flat)), jnp.int32)
-        buf, lost, got = ADD_LOST_AT(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:], flat)
+        buf, lost, got = _add_lost_at(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:], flat)
         wrong = False
         if boots:
             want = np.stack([ref.steps[e][a]["final"] for e, a in boots])
