@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -15,13 +17,36 @@ import pytest
 
 import atari_frames
 
-#: The tests compile with XLA's backend (LLVM) optimisation level 0, added to any XLA_FLAGS given unless they set a
-#: level: XLA's HLO passes, hence the optimised program that runs, are the default level's, and LLVM without
-#: fast-math keeps every float result; only the machine code is less tuned. Compilation is most of a test's time and
-#: level 0 compiles faster.
-XLA_LEVEL = "--xla_backend_optimization_level"
-if XLA_LEVEL not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_LEVEL}=0".strip()
+#: XLA flags the tests compile with, each added to any XLA_FLAGS given unless they set it. Compilation is most of a
+#: test's time; these flags make it cheaper and change no result the tests check:
+#: - backend (LLVM) optimisation level 0: LLVM without fast-math keeps every float result; only the machine code is
+#:   less tuned;
+#: - XLA's CPU element-wise (LLVM IR) emitters rather than its MLIR fusion emitters: about half the compile time of
+#:   the suite's small programs, without fast-math either way;
+#: - the LLVM module compiled in one piece, not split for parallel compilation (the split costs more than it saves
+#:   on these small programs and two cores).
+#: XLA aborts on a flag it does not know: a flag this jaxlib lacks (an older or newer one) is left out (`_xla_knows`).
+#: A subprocess that must compile as a user's program does takes the `user_xla_flags` fixture.
+TEST_XLA_FLAGS = {
+    "--xla_backend_optimization_level": "0",
+    "--xla_cpu_use_fusion_emitters": "false",
+    "--xla_cpu_parallel_codegen_split_count": "1",
+}
+
+
+def _xla_knows(flags: str) -> bool:
+    """Whether this jaxlib's XLA starts with these XLA_FLAGS: one tiny program compiled in a subprocess."""
+    code = "import jax; jax.jit(lambda x: x + 1)(1).block_until_ready()"
+    env = {**os.environ, "XLA_FLAGS": flags}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=300).returncode == 0
+
+
+_missing = [f"{flag}={value}" for flag, value in TEST_XLA_FLAGS.items() if flag not in os.environ.get("XLA_FLAGS", "")]
+if _missing:  # once per run: the pytest-xdist workers and the tests' subprocesses inherit the result
+    _given = os.environ.get("XLA_FLAGS", "")
+    if not _xla_knows(" ".join([_given, *_missing])):
+        _missing = [f for f in _missing if _xla_knows(f"{_given} {f}")]
+    os.environ["XLA_FLAGS"] = " ".join([_given, *_missing]).strip()
 
 #: Steps played per game: enough for every test (5,000 consecutive stacks, several episode ends
 #: of each game).
@@ -64,6 +89,13 @@ def atari_rollouts(tmp_path_factory) -> dict:
 def atari_stacks(atari_rollouts) -> dict:
     """`breakout_obs` / `pong_obs`: uint8 [5000, 4, 84, 84] consecutive stacked observations."""
     return atari_frames.stacks(atari_rollouts)
+
+
+@pytest.fixture
+def user_xla_flags() -> str:
+    """XLA_FLAGS without the tests' own compile flags (`TEST_XLA_FLAGS`): a subprocess given them compiles as a
+    user's program does."""
+    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in TEST_XLA_FLAGS)
 
 
 @contextlib.contextmanager

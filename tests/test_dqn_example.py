@@ -31,10 +31,10 @@ def _load():
     "extra",
     [pytest.param([], id="dqn"), pytest.param(["--n-step", "3", "--prioritised"], id="nstep-per", marks=pytest.mark.slow)],
 )
-def test_dqn_atari_smoke(extra):
-    # run as a user runs it: its own process, with XLA's default backend optimisation (the tests' level 0 compiles
-    # faster but makes this example's convolutions train slower than the compile time it saves)
-    env = {**os.environ, "XLA_FLAGS": " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_backend_optimization_level"))}
+def test_dqn_atari_smoke(extra, user_xla_flags):
+    # run as a user runs it: its own process, with XLA's default compile flags (the tests' backend optimisation level 0
+    # compiles faster but makes this example's convolutions train slower than the compile time it saves)
+    env = {**os.environ, "XLA_FLAGS": user_xla_flags}
     run = subprocess.run(
         [sys.executable, str(EXAMPLE), "--total-steps", "200", "--buffer-size", "150", "--learning-starts", "100",
          "--train-freq", "4", "--log-every", "100", "--codec", "zstd:3", "--batch-size", "8", *extra],

@@ -53,6 +53,13 @@ def _valid_starts(ref: Ref, window: int, period: int) -> set[int]:
     }
 
 
+@jax.jit
+def _tree_reads(buf, key):
+    """The tree's leaves and min, num_valid_windows, can_sample and 32 sampled sequences: one program per buffer."""
+    return (buf.tree.get(jnp.arange(buf.buffer.num_envs * buf.buffer.length, dtype=jnp.int32)), buf.tree.min(),
+            buf.num_valid_windows(), buf.can_sample(1), buf.sample_sequences(key, 32, beta=0.5))
+
+
 def run_prioritised_model(data, free):
     # two fixed shapes (one lane with a long ring, three lanes with a short one): each window and
     # period compiles its adds for two shapes, not four
@@ -71,14 +78,15 @@ def run_prioritised_model(data, free):
         buf = add(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
         ref.add(*chunk)
         valid = _valid_starts(ref, window, period)
-        leaves = np.asarray(tree_leaves(buf))
+        leaves, tree_min, num_windows, can, out = _tree_reads(buf, jax.random.key(counter))
+        leaves = np.asarray(leaves)
         assert set(np.flatnonzero(leaves > 0).tolist()) == valid
         pos = leaves[leaves > 0]
-        assert float(buf.tree.min()) == (pos.min() if pos.size else np.inf)  # min over valid windows only
-        assert int(buf.num_valid_windows()) == len(valid)
-        assert bool(buf.can_sample(1)) == bool(valid)
+        assert float(tree_min) == (pos.min() if pos.size else np.inf)  # min over valid windows only
+        assert int(num_windows) == len(valid)
+        assert bool(can) == bool(valid)
         if valid:
-            out = host(PSEQ(buf, jax.random.key(counter), 32, 0.5))
+            out = host(out)
             assert set(np.asarray(out.indices).tolist()) <= valid
             for b in range(32):
                 lane, a = ref.locate(out.indices[b])

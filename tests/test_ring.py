@@ -29,6 +29,20 @@ def replay_state(capacity, batch_sizes):
     return head, num_valid
 
 
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _write_batch(storage, head, num_valid, n, b, capacity):
+    """Items n .. n + b - 1 written at the head, then the head advanced: one program per (b, capacity)."""
+    idx = _ring.write_indices(head, b, capacity)
+    storage = _ring.write(storage, n + jnp.arange(b, dtype=jnp.int32), head)
+    return idx, storage, *_ring.advance(head, num_valid, b, capacity)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _logical_round_trip(head, num_valid, m_valid, capacity):
+    phys = _ring.logical_to_physical(jnp.arange(m_valid), head, num_valid, capacity)
+    return phys, _ring.physical_to_logical(phys, head, num_valid, capacity)
+
+
 @pytest.mark.parametrize("capacity", [1, 2, 3, 5, 8])
 def test_write_indices_and_advance_exhaustive(capacity):
     for length in range(0, 4):
@@ -37,21 +51,17 @@ def test_write_indices_and_advance_exhaustive(capacity):
             head, num_valid = jnp.int32(0), jnp.int32(0)
             n = 0
             for b in batches:
-                idx = _ring.write_indices(head, b, capacity)
+                idx, storage, head, num_valid = _write_batch(storage, head, num_valid, n, b, capacity)
                 assert idx.dtype == jnp.int32
                 assert len(set(np.asarray(idx).tolist())) == b  # unique slots
-                storage = _ring.write(storage, jnp.arange(n, n + b, dtype=jnp.int32), head)
-                head, num_valid = _ring.advance(head, num_valid, b, capacity)
                 n += b
             slots, m_head, m_valid, _ = model_after(capacity, batches)
             assert int(head) == m_head and int(num_valid) == m_valid
             got = np.asarray(storage).tolist()
             assert got == [-1 if s is None else s for s in slots]
             # logical order: oldest .. newest are the last m_valid items, in order
-            logical = jnp.arange(m_valid)
-            phys = _ring.logical_to_physical(logical, head, num_valid, capacity)
+            phys, back = _logical_round_trip(head, num_valid, m_valid, capacity)
             assert np.asarray(storage)[np.asarray(phys)].tolist() == list(range(n - m_valid, n))
-            back = _ring.physical_to_logical(phys, head, num_valid, capacity)
             assert np.asarray(back).tolist() == list(range(m_valid))
 
 

@@ -162,6 +162,9 @@ def test_where_mask_and_out_of_range_indices_ignored(use_jit):
     _check_invariant(tree)
 
 
+_LAST_WRITE_MASK = jax.jit(last_write_mask, static_argnums=2)  # one program per length and bound, not one per op
+
+
 @given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 1000), st.booleans()), min_size=1, max_size=40))
 @settings(max_examples=40, deadline=None)
 def test_last_write_mask_matches_python(entries):
@@ -179,7 +182,7 @@ def test_last_write_mask_matches_python(entries):
     expected[list(last.values())] = True
     # without a bound (a stable sort of the indices) and with one (a sort of packed int32 keys)
     for bound in (None, 10):
-        got = np.asarray(last_write_mask(jnp.asarray(idx), jnp.asarray(where), bound))
+        got = np.asarray(_LAST_WRITE_MASK(jnp.asarray(idx), jnp.asarray(where), bound))
         np.testing.assert_array_equal(got, expected, f"bound={bound}")
 
 

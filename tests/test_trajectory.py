@@ -111,10 +111,8 @@ TRANS = jax.jit(lambda b, k, bs, n, gamma: b.sample_transitions(k, bs, n_step=n,
 AT = jax.jit(lambda b, flat, n, gamma: b.transitions_at(flat, n_step=n, gamma=gamma), static_argnums=(2,))
 SEQ_AT = jax.jit(lambda b, flat, n: b.sequences_at(flat, n), static_argnums=(2,))
 FINAL_AT = jax.jit(lambda b, flat, n: b.final_obs_at(flat, n), static_argnums=(2,))
-VALID = jax.jit(lambda b, flat, n, period: b.valid_starts(flat, n, period=period), static_argnums=(2, 3))
 PSEQ = jax.jit(lambda b, k, bs, beta: b.sample_sequences(k, bs, beta=beta), static_argnums=(2,))
 PTRANS = jax.jit(lambda b, k, bs, beta, gamma: b.sample_transitions(k, bs, beta=beta, gamma=gamma), static_argnums=(2,))
-CAN = jax.jit(lambda b, n, period, cross: b.can_sample(1, n, period=period, cross_episodes=cross), static_argnums=(1, 2, 3))
 SETP = jax.jit(lambda b, i, p, g: b.set_priorities(i, p, g))
 
 
@@ -320,6 +318,24 @@ FREE = dict(shape=st.tuples(st.integers(1, 3), st.integers(2, 7)), t=lambda n: s
             seq_len=lambda n: st.integers(1, n), period=st.integers(1, 3), n_step=None)
 
 
+def _seq_reads(b, key, every, seq_len, period, cross):
+    """can_sample, valid_starts at `every`, a sample of 12 sequences, and sequences_at / final_obs_at its indices."""
+    out = b.sample_sequences(key, 12, seq_len, period=period, cross_episodes=cross)
+    return (b.can_sample(1, seq_len, period=period, cross_episodes=cross), b.valid_starts(every, seq_len, period=period),
+            out, b.sequences_at(out.indices, seq_len), b.final_obs_at(out.indices, seq_len))
+
+
+def _trans_reads(b, key, n_step, gamma):
+    """can_sample_transitions, a sample of 12 transitions, transitions_at and valid_starts at its indices."""
+    out = b.sample_transitions(key, 12, n_step=n_step, gamma=gamma)
+    return (b.can_sample_transitions(1, n_step=n_step), out, b.transitions_at(out.indices, n_step=n_step, gamma=gamma),
+            b.valid_starts(out.indices, n_step + 1))
+
+
+SEQ_READS = jax.jit(_seq_reads, static_argnums=(3, 4, 5))
+TRANS_READS = jax.jit(_trans_reads, static_argnums=(2,))
+
+
 def run_model(use_jit, data, draws):
     num_envs, length = data.draw(draws["shape"], "num_envs, length")
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), "seed"))
@@ -343,29 +359,22 @@ def run_model(use_jit, data, draws):
         period = data.draw(draws["period"], "period")
         cross = data.draw(st.booleans(), "cross")
         key = jax.random.key(int(rng.integers(2**31)))
-        if use_jit:
-            sample = lambda b, k: SEQ(b, k, 12, seq_len, period, cross)  # noqa: E731
-            can = lambda b: CAN(b, seq_len, period, cross)  # noqa: E731
-        else:
-            sample = lambda b, k: b.sample_sequences(k, 12, seq_len, period=period, cross_episodes=cross)  # noqa: E731
-            can = lambda b: b.can_sample(1, seq_len, period=period, cross_episodes=cross)  # noqa: E731
+        every = jnp.arange(num_envs * length, dtype=jnp.int32)
+        # under jit, all reads of one (shape, seq_len, period, cross) are one program
+        can, valid, out, again, final = (SEQ_READS if use_jit else _seq_reads)(buf, key, every, seq_len, period, cross)
         lo = ref.total - ref.num_valid
         starts_ok = [
             (e, a) for e in range(num_envs) for a in range(lo, ref.total - seq_len + 1)
             if a % period == 0 and (cross or not any(ref.end(e, a + i) for i in range(seq_len - 1)))
         ]
-        assert bool(can(buf)) == bool(starts_ok)
-        every = jnp.arange(num_envs * length, dtype=jnp.int32)
-        valid = VALID(buf, every, seq_len, period) if use_jit else buf.valid_starts(every, seq_len, period=period)
+        assert bool(can) == bool(starts_ok)
         flat_ok = {e * length + a % length for e, a in starts_ok} if cross else None
         if cross:
             assert set(np.flatnonzero(np.asarray(valid)).tolist()) == flat_ok
         if starts_ok:
-            out = host(sample(buf, key))
+            out, again, final = host(out), host(again), host(final)
             # the public read at the sampled positions returns exactly the sample
-            again = host(SEQ_AT(buf, out.indices, seq_len) if use_jit else buf.sequences_at(out.indices, seq_len))
             jax.tree.map(np.testing.assert_array_equal, again, out)
-            final = host(FINAL_AT(buf, out.indices, seq_len) if use_jit else buf.final_obs_at(out.indices, seq_len))
             for b in range(12):
                 lane, a = ref.locate(out.indices[b])
                 assert (lane, a) in starts_ok
@@ -383,16 +392,12 @@ def run_model(use_jit, data, draws):
 
         n_step = data.draw(st.integers(1, length - 1) if draws["n_step"] is None else draws["n_step"], "n_step")
         gamma = 0.5
-        if use_jit:
-            trans = lambda b, k: TRANS(b, k, 12, n_step, gamma)  # noqa: E731
-        else:
-            trans = lambda b, k: b.sample_transitions(k, 12, n_step=n_step, gamma=gamma)  # noqa: E731
+        can, out, again, valid = (TRANS_READS if use_jit else _trans_reads)(buf, key, n_step, gamma)
         if ref.total >= n_step + 1:
-            assert bool(buf.can_sample_transitions(1, n_step=n_step))
-            out = host(trans(buf, key))
-            again = AT(buf, out.indices, n_step, gamma) if use_jit else buf.transitions_at(out.indices, n_step=n_step, gamma=gamma)
+            assert bool(can)
+            out = host(out)
             jax.tree.map(np.testing.assert_array_equal, host(again), out)
-            assert np.all(np.asarray(buf.valid_starts(out.indices, n_step + 1)))
+            assert np.all(np.asarray(valid))
             for b in range(12):
                 lane, a = ref.locate(out.indices[b])
                 assert a + n_step + 1 <= ref.total
@@ -404,7 +409,7 @@ def run_model(use_jit, data, draws):
                 assert int(out.num_steps[b]) == k
                 np.testing.assert_array_equal(out.next_obs[b], nxt)
         else:
-            assert not bool(buf.can_sample_transitions(1, n_step=n_step))
+            assert not bool(can)
 
 
 @settings(max_examples=12, deadline=None)
@@ -460,6 +465,13 @@ def test_small_final_obs_ring_exact_until_overflow():
     assert not bool(buf.final_obs_lost())
 
 
+@jax.jit
+def _add_lost_at(b, s, te, tr, fo, flat):
+    """One add, then final_obs_lost and the next observations at `flat`: one program per shape and chunk length."""
+    b = _add(b, s, te, tr, fo)
+    return b, b.final_obs_lost(), b.transitions_at(flat, n_step=1, gamma=0.5).next_obs
+
+
 # Lengths from a fixed set (below, at and above k = 1..3 final-obs slots) so that each shape's
 # programs compile once and are reused across examples.
 @settings(max_examples=25, deadline=None)
@@ -477,20 +489,19 @@ def test_final_obs_lost_is_exact(k, length, seed, chunks):
         t = min(t, length)
         chunk = make_chunk(rng, 2, t, counter, p_term=0.1, p_trunc=0.5)
         counter += t
-        buf = ADD(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:])
         ref.add(*chunk)
         lo = ref.total - ref.num_valid
         boots = [(e, a) for e in range(2) for a in range(lo, ref.total)
                  if ref.steps[e][a]["trunc"] and not ref.steps[e][a]["term"]]
+        # read at 2 * length positions (the truncated steps, then the first one repeated; slot 0 when there is none)
+        flat = [e * length + a % length for e, a in boots] or [0]
+        flat = jnp.array(flat + flat[:1] * (2 * length - len(flat)), jnp.int32)
+        buf, lost, got = _add_lost_at(buf, {"obs": chunk[0], "action": chunk[1], "reward": chunk[2]}, *chunk[3:], flat)
         wrong = False
         if boots:
-            # read at 2 * length positions (the truncated steps, then the first one repeated): one program per shape
-            flat = [e * length + a % length for e, a in boots]
-            flat = jnp.array(flat + flat[:1] * (2 * length - len(flat)), jnp.int32)
-            got = np.asarray(AT(buf, flat, 1, 0.5).next_obs)[: len(boots)]
             want = np.stack([ref.steps[e][a]["final"] for e, a in boots])
-            wrong = bool(np.any(got != want))
-        assert bool(buf.final_obs_lost()) == wrong
+            wrong = bool(np.any(np.asarray(got)[: len(boots)] != want))
+        assert bool(lost) == wrong
 
 
 def test_positions_api_errors_and_clamping():
