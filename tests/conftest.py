@@ -18,11 +18,12 @@ import pytest
 import atari_frames
 
 #: XLA flags the tests compile with, each added to any XLA_FLAGS given unless they set it. Compilation is most of a
-#: test's time; these flags make it cheaper and change no result the tests check:
+#: test's time; these flags make it cheaper. The results the tests check are the library's semantics, which hold
+#: under any correct compilation; the examples' smoke tests and the benchmarks compile with XLA's defaults:
 #: - backend (LLVM) optimisation level 0: LLVM without fast-math keeps every float result; only the machine code is
 #:   less tuned;
 #: - XLA's CPU element-wise (LLVM IR) emitters rather than its MLIR fusion emitters: about half the compile time of
-#:   the suite's small programs, without fast-math either way;
+#:   the suite's small programs, without fast-math either way (this also changes some of XLA's fusion decisions);
 #: - the LLVM module compiled in one piece, not split for parallel compilation (the split costs more than it saves
 #:   on these small programs and two cores).
 #: XLA aborts on a flag it does not know: a flag this jaxlib lacks (an older or newer one) is left out (`_xla_knows`).
