@@ -19,7 +19,8 @@ import atari_frames
 
 #: XLA flags the tests compile with, each added to any XLA_FLAGS given unless they set it. Compilation is most of a
 #: test's time; these flags make it cheaper. The results the tests check are the library's semantics, which hold
-#: under any correct compilation; the examples' smoke tests and the benchmarks compile with XLA's defaults:
+#: under any correct compilation; the DQN example's smoke test, the README's flagship run and the benchmarks compile
+#: with XLA's defaults:
 #: - backend (LLVM) optimisation level 0: LLVM without fast-math keeps every float result; only the machine code is
 #:   less tuned;
 #: - XLA's CPU element-wise (LLVM IR) emitters rather than its MLIR fusion emitters: about half the compile time of
