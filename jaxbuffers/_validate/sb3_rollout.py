@@ -72,9 +72,12 @@ def _observation(buf: Any, obs: Any) -> None:
 
 
 def _obs_leaf(name: str, x: Any, shape: tuple[int, ...], discrete: bool) -> None:
-    a = assignable(name, x, (a_size := math.prod(shape),)) if discrete else assignable(name, x, shape)
-    if discrete and a.size != a_size:
-        raise ValueError(f"{name}: expected {a_size} values (reshaped to {shape}), got shape {a.shape}")
+    if not discrete:
+        assignable(name, x, shape)
+        return
+    a = assignable(name, x, np.shape(x))  # SB3 reshapes a Discrete observation to `shape` first
+    if a.size != math.prod(shape):
+        raise ValueError(f"{name}: expected {math.prod(shape)} values (reshaped to {shape}), got shape {a.shape}")
 
 
 def check(buf: Any, name: str, *args: Any, **kwargs: Any) -> None:

@@ -227,13 +227,16 @@ def test_compressed_adapters_refuse_each_wrong_argument_and_store_nothing(data, 
     buf.add(**good)
 
 
+SB3_ROLLOUT_FIELDS = ("observations", "actions", "rewards", "episode_starts", "values", "log_probs", "advantages", "returns")
+
+
 @settings(SETTINGS, max_examples=40)
 @given(bad=NOT_NUMBERS | st.sampled_from([np.zeros(7), np.zeros((N, 4)), np.zeros((1, N)), np.zeros(N), np.zeros((N, 1)), np.zeros((N, 3)),
                                           th.zeros(7), th.zeros(N), th.zeros(N, 1), th.zeros(1), th.zeros(()), th.zeros(N, 3)]))
 def test_sb3_rollout_checks_refuse_what_sb3_would_half_store(bad):
     """The checks a `DummyVecRolloutBuffer` makes on SB3's own ``RolloutBuffer`` before any member is called, ``bad``
-    as each argument of ``add`` and ``compute_returns_and_advantage`` in turn: a refusal names the argument and changes nothing; what they let through,
-    SB3 takes whole."""
+    as each argument of ``add`` and ``compute_returns_and_advantage`` in turn: a refusal names the argument and
+    changes nothing; what they let through, SB3 takes whole."""
     from jaxbuffers._validate import sb3_rollout
 
     returns_args = {"last_values": th.zeros(N, 1), "dones": np.zeros(N)}
@@ -241,8 +244,7 @@ def test_sb3_rollout_checks_refuse_what_sb3_would_half_store(bad):
         buf = RolloutBuffer(3, OBS, ACT, "cpu", n_envs=N)
         method = "add" if name in rollout_args() else "compute_returns_and_advantage"
         args = {**(rollout_args() if method == "add" else returns_args), name: bad}
-        fields = lambda: ([getattr(buf, f) for f in ("observations", "actions", "rewards", "episode_starts", "values", "log_probs", "advantages",  # noqa: E731
-                                                      "returns")], buf.pos)
+        fields = lambda: ([getattr(buf, f) for f in SB3_ROLLOUT_FIELDS], buf.pos)  # noqa: E731
         before = snapshot(fields())
         try:
             sb3_rollout.check(buf, method, **args)

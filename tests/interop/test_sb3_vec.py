@@ -129,3 +129,40 @@ def test_a_call_any_member_refuses_changes_no_member(case, order, steps, use_thr
     assert str(err).startswith(f"buffers[{first}] ({type(bufs[first]).__name__}.{name}): "), str(err)
     assert [snapshot(_stored(b)) for b in bufs] == before
     vec.close()
+
+
+def test_dict_members_other_buffers_and_nested_facades_are_checked_before_any_call():
+    """SB3's ``DictRolloutBuffer`` is checked per key (a Discrete key reshaped as SB3 reshapes it); a buffer of
+    another kind by its method's signature; a facade inside a facade by its own members' checks."""
+    from stable_baselines3.common.buffers import DictRolloutBuffer
+
+    from jaxbuffers.interop.sb3 import JaxDictRolloutBuffer
+
+    space = spaces.Dict({"a": spaces.Box(0, 1, (3,), np.float32), "b": spaces.Discrete(4)})
+    bufs = [DictRolloutBuffer(3, space, ACT, "cpu", n_envs=N), JaxDictRolloutBuffer(3, space, ACT, "cpu", n_envs=N)]
+    inner = DummyVecRolloutBuffer(3, space, ACT, "cpu", n_envs=N, buffers=bufs)
+    outer = DummyVecRolloutBuffer(3, space, ACT, "cpu", n_envs=N, buffers=[inner], use_threads=True)
+    rest = (np.zeros((N, 1)), np.zeros(N), np.zeros(N), th.zeros(N, 1), th.zeros(N))
+    assert outer.add({"a": np.zeros((N, 3), np.float32), "b": np.zeros((N, 1), np.int64)}, *rest) == [[None, None]]
+    for obs, what in [({"a": np.zeros((N, 3))}, "obs"), ({"a": np.zeros((N, 4)), "b": np.zeros((N, 1))}, "obs['a']"),
+                      ({"a": np.zeros((N, 3)), "b": np.zeros((N, 2))}, "obs['b']")]:
+        with pytest.raises(ValueError, match=r"^buffers\[0\] \(DummyVecRolloutBuffer.add\): buffers\[0\] \(DictRolloutBuffer.add\): ") as e:
+            outer.add(obs, *rest)
+        assert what + ":" in str(e.value)
+    assert [b.pos for b in bufs] == [1, 1]
+    outer.close()
+
+    class Other:
+        full = False
+
+        def add(self, x):
+            self.x = x
+
+        def reset(self):
+            pass
+
+    other = Other()
+    vec = DummyVecRolloutBuffer(3, OBS, ACT, "cpu", n_envs=N, buffers=[_buffers()[1], other])
+    with pytest.raises(TypeError, match=r"^buffers\[1\] \(Other.add\): too many positional arguments"):
+        vec.add(*_step(np.random.default_rng(0)))
+    assert vec.buffers[0].pos == 0 and not hasattr(other, "x")

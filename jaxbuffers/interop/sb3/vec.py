@@ -3,10 +3,10 @@
 Every method call on the facade is made on each underlying buffer with the same arguments, in list order (or all
 at once in a thread pool with ``use_threads``), and returns the list of their results. The buffers may differ in
 size and type (SB3's, `JaxRolloutBuffer`, `CompressedRolloutBuffer`, ...): the facade holds no storage of its own.
-A call is checked on every buffer before any buffer is called (`DummyVecRolloutBuffer.call`), so
-a call that one buffer refuses changes none. ``full`` is True when every buffer is full. Attributes the facade does not have are read from every buffer (a
-list). This is for several learners or several rollout layouts fed from one loop; a population of identical
-buffers on the device is a `jax.vmap` over `jaxbuffers.RolloutBuffer` instead.
+A call's arguments are checked on every buffer before any buffer is called (`DummyVecRolloutBuffer.call`), so a call
+that one buffer refuses changes none. ``full`` is True when every buffer is full. Attributes the facade does not have
+are read from every buffer (a list). This is for several learners or several rollout layouts fed from one loop; a
+population of identical buffers on the device is a `jax.vmap` over `jaxbuffers.RolloutBuffer` instead.
 
 Example:
     ```python
