@@ -80,6 +80,16 @@ def _obs_leaf(name: str, x: Any, shape: tuple[int, ...], discrete: bool) -> None
         raise ValueError(f"{name}: expected {math.prod(shape)} values (reshaped to {shape}), got shape {a.shape}")
 
 
+def filled_for_get(buf: Any) -> None:
+    """An SB3 rollout buffer's ``get`` needs every step of the rollout (``buffer_size`` since ``reset``).
+
+    Raises:
+      RuntimeError: ``pos`` of ``buffer_size`` steps added (SB3 itself fails on a bare ``assert``).
+    """
+    _validate.filled("get", buf.buffer_size if buf.full else buf.pos, buf.buffer_size, "steps per env",
+                     "add the rest of the rollout (and call compute_returns_and_advantage) before get()")
+
+
 def check(buf: Any, name: str, *args: Any, **kwargs: Any) -> None:
     """The argument checks of ``getattr(buf, name)(*args, **kwargs)`` on SB3's ``RolloutBuffer`` or
     ``DictRolloutBuffer``, changing nothing: ``add`` (a free row; obs ``[n_envs, *obs_shape]``, action
@@ -116,7 +126,6 @@ def check(buf: Any, name: str, *args: Any, **kwargs: Any) -> None:
     elif name == "get":
         if a.get("batch_size") is not None:
             _validate.static_int("batch_size", a["batch_size"])
-        _validate.filled("get", buf.buffer_size if buf.full else buf.pos, buf.buffer_size, "steps per env",
-                         "add the rest of the rollout (and call compute_returns_and_advantage) before get()")
+        filled_for_get(buf)
     elif name == "sample":
         _validate.static_int("batch_size", a["batch_size"])

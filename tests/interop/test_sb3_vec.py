@@ -108,7 +108,8 @@ def test_a_call_any_member_refuses_changes_no_member(case, order, steps, use_thr
     name, arg, what, exc = _REFUSED[case]
     if name == "add":  # room in every member but for the one case
         steps = 3 if case == "add_to_a_full_member" else min(steps, 2)
-    bufs = [_buffers()[i] for i in order]
+    made = _buffers()
+    bufs = [made[i] for i in order]
     vec = DummyVecRolloutBuffer(5, OBS, ACT, "cpu", n_envs=N, use_threads=use_threads, buffers=bufs)
     rng = np.random.default_rng(steps)
     for _ in range(steps):

@@ -42,6 +42,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from jaxbuffers import checkpoint
 from jaxbuffers import _validate
+from jaxbuffers._validate import sb3_rollout
 from jaxbuffers import rollout as _rollout
 from jaxbuffers.interop.sb3 import _common
 
@@ -247,8 +248,7 @@ class _JaxRolloutImpl:
         """`get`'s checks, changing nothing: the minibatch size."""
         total = self.buffer_size * self.n_envs
         batch_size = total if batch_size is None else _validate.static_int("batch_size", batch_size)
-        _validate.filled("get", self.buffer_size if self.full else self.pos, self.buffer_size, "steps per env",
-                         "add the rest of the rollout (and call compute_returns_and_advantage) before get()")
+        sb3_rollout.filled_for_get(self)
         return batch_size
 
     def check_call(self, name: str, *args: Any, **kwargs: Any) -> None:
