@@ -50,10 +50,18 @@ def _sized(name: str, x: Any, size: int, what: str, tensor: bool = False) -> Non
     if not all(callable(getattr(x, m, None)) for m in need):
         kind = "a torch tensor" if tensor else "an array"
         raise TypeError(f"{name}: expected {kind} of {size} values ({what}), got a {type(x).__name__}")
+    if tensor:
+        _no_grad(name, x)
     n = math.prod(tuple(x.shape))
     if n != size:
         raise ValueError(f"{name}: expected {size} values ({what}), got shape {tuple(x.shape)}")
     assignable(name, x.detach().cpu() if tensor else x, tuple(x.shape))
+
+
+def _no_grad(name: str, x: Any) -> None:
+    if getattr(x, "requires_grad", False):
+        raise TypeError(f"{name}: a torch tensor that requires grad; SB3 calls .numpy() on it (pass it computed under "
+                        f"torch.no_grad(), or .detach() it)")
 
 
 def _observation(buf: Any, obs: Any) -> None:
@@ -99,7 +107,8 @@ def check(buf: Any, name: str, *args: Any, **kwargs: Any) -> None:
     ``sample`` (an int >= 1); the other methods only their signature.
 
     Raises:
-      TypeError: arguments the method does not take, or of the wrong kind.
+      TypeError: arguments the method does not take, or of the wrong kind (a tensor that requires grad where SB3
+        calls ``.numpy()``).
       ValueError: a wrong shape or value (the message names the argument).
       IndexError: ``add`` on a full buffer.
       RuntimeError: ``get`` on a buffer that is not full.
@@ -117,6 +126,7 @@ def check(buf: Any, name: str, *args: Any, **kwargs: Any) -> None:
         log_prob = a["log_prob"]
         if not all(callable(getattr(log_prob, m, None)) for m in ("clone", "cpu", "reshape")):
             raise TypeError(f"log_prob: expected a torch tensor of {n} values, got a {type(log_prob).__name__}")
+        _no_grad("log_prob", log_prob)
         assignable("log_prob", log_prob.detach().cpu().reshape(-1, 1) if len(log_prob.shape) == 0 else log_prob.detach().cpu(), (n,))
     elif name == "compute_returns_and_advantage":
         _sized("last_values", a["last_values"], n, f"n_envs={n}", tensor=True)

@@ -232,7 +232,8 @@ SB3_ROLLOUT_FIELDS = ("observations", "actions", "rewards", "episode_starts", "v
 
 @settings(SETTINGS, max_examples=40)
 @given(bad=NOT_NUMBERS | st.sampled_from([np.zeros(7), np.zeros((N, 4)), np.zeros((1, N)), np.zeros(N), np.zeros((N, 1)), np.zeros((N, 3)),
-                                          th.zeros(7), th.zeros(N), th.zeros(N, 1), th.zeros(1), th.zeros(()), th.zeros(N, 3)]))
+                                          th.zeros(7), th.zeros(N), th.zeros(N, 1), th.zeros(1), th.zeros(()), th.zeros(N, 3),
+                                          th.zeros(N, requires_grad=True)]))
 def test_sb3_rollout_checks_refuse_what_sb3_would_half_store(bad):
     """The checks a `DummyVecRolloutBuffer` makes on SB3's own ``RolloutBuffer`` before any member is called, ``bad``
     as each argument of ``add`` and ``compute_returns_and_advantage`` in turn: a refusal names the argument and
