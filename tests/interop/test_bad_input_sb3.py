@@ -14,7 +14,7 @@ from gymnasium import spaces  # noqa: E402
 from stable_baselines3.common.buffers import ReplayBuffer, RolloutBuffer  # noqa: E402
 
 import jaxbuffers as jb  # noqa: E402
-from bad_inputs import SETTINGS, bad_static_ints, refused  # noqa: E402
+from bad_inputs import SETTINGS, bad_static_ints, names, refused, snapshot  # noqa: E402
 from jaxbuffers.interop.sb3 import JaxReplayBuffer, JaxRolloutBuffer, replay_from_jax, replay_to_jax, rollout_from_jax, rollout_to_jax  # noqa: E402
 
 N = 2
@@ -225,3 +225,32 @@ def test_compressed_adapters_refuse_each_wrong_argument_and_store_nothing(data, 
         return  # numbers of the right size: valid there
     refused(lambda: buf.add(**{**good, name: bad}), name, state=stored, exc=(TypeError, ValueError))
     buf.add(**good)
+
+
+SB3_ROLLOUT_FIELDS = ("observations", "actions", "rewards", "episode_starts", "values", "log_probs", "advantages", "returns")
+
+
+@settings(SETTINGS, max_examples=40)
+@given(bad=NOT_NUMBERS | st.sampled_from([np.zeros(7), np.zeros((N, 4)), np.zeros((1, N)), np.zeros(N), np.zeros((N, 1)), np.zeros((N, 3)),
+                                          th.zeros(7), th.zeros(N), th.zeros(N, 1), th.zeros(1), th.zeros(()), th.zeros(N, 3),
+                                          th.zeros(N, requires_grad=True)]))
+def test_sb3_rollout_checks_refuse_what_sb3_would_half_store(bad):
+    """The checks a `DummyVecRolloutBuffer` makes on SB3's own ``RolloutBuffer`` before any member is called, ``bad``
+    as each argument of ``add`` and ``compute_returns_and_advantage`` in turn: a refusal names the argument and
+    changes nothing; what they let through, SB3 takes whole."""
+    from jaxbuffers._validate import sb3_rollout
+
+    returns_args = {"last_values": th.zeros(N, 1), "dones": np.zeros(N)}
+    for name in (*rollout_args(), *returns_args):
+        buf = RolloutBuffer(3, OBS, ACT, "cpu", n_envs=N)
+        method = "add" if name in rollout_args() else "compute_returns_and_advantage"
+        args = {**(rollout_args() if method == "add" else returns_args), name: bad}
+        fields = lambda: ([getattr(buf, f) for f in SB3_ROLLOUT_FIELDS], buf.pos)  # noqa: E731
+        before = snapshot(fields())
+        try:
+            sb3_rollout.check(buf, method, **args)
+        except (TypeError, ValueError) as e:
+            assert names(str(e), name), str(e)
+            assert snapshot(fields()) == before
+            continue
+        getattr(buf, method)(**args)  # not refused: SB3 takes it whole

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 th = pytest.importorskip("torch")
 pytest.importorskip("stable_baselines3")
@@ -11,6 +13,7 @@ pytest.importorskip("stable_baselines3")
 from gymnasium import spaces  # noqa: E402
 from stable_baselines3.common.buffers import RolloutBuffer  # noqa: E402
 
+from bad_inputs import SETTINGS, refused, snapshot  # noqa: E402
 from jaxbuffers.interop.sb3 import CompressedRolloutBuffer, DummyVecRolloutBuffer, JaxRolloutBuffer  # noqa: E402
 
 OBS, ACT, N = spaces.Box(0, 255, (2, 4, 4), np.uint8), spaces.Discrete(3), 2
@@ -62,8 +65,105 @@ def test_errors_name_the_buffer():
     rng = np.random.default_rng(0)
     for _ in range(3):
         vec.add(*_step(rng))
-    with pytest.raises(IndexError) as e:  # SB3's buffer of 3 steps is full: numpy's IndexError
-        vec.add(*_step(rng))
-    assert "in buffers[0] (RolloutBuffer.add)" in e.value.__notes__[0]
+    with pytest.raises(IndexError, match=r"^buffers\[0\] \(RolloutBuffer\.add\): add: the rollout buffer is full"):
+        vec.add(*_step(rng))  # SB3's buffer of 3 steps is full: refused before the others add
+    assert [b.pos for b in bufs] == [3, 3, 3]
     with pytest.raises(AttributeError, match=r"buffers \[0\]"):
         vec.jax_buffer  # noqa: B018  SB3's buffer has none
+
+
+def _stored(b):
+    """Everything a member holds: SB3's numpy fields, or the device state (and every host slot of a compressed
+    buffer), with the cursors."""
+    from compressed_bad_input import host_record
+
+    if isinstance(b, JaxRolloutBuffer):
+        return (b._state, b.pos, b.full)
+    if isinstance(b, CompressedRolloutBuffer):
+        return (b._state, b.pos, b.full, host_record(b._state.host))
+    return ([getattr(b, f) for f in ("observations", "actions", "rewards", "episode_starts", "values", "log_probs", "returns", "advantages")],
+            b.pos, b.full, b.generator_ready)
+
+
+#: (call, its arguments but the step, the argument named, the exception) of refused calls; ``add`` takes a step.
+_REFUSED = {
+    "add_to_a_full_member": ("add", {}, "add", IndexError),
+    "obs_a_uint8_member_cannot_hold": ("add", {0: np.full((N, *OBS.shape), 300, np.int64)}, "obs", TypeError),
+    "reward_of_wrong_size": ("add", {2: np.zeros(7, np.float32)}, "reward", ValueError),
+    "value_not_numbers": ("add", {4: None}, "value", TypeError),
+    "log_prob_of_wrong_size": ("add", {5: th.zeros(N, 3)}, "log_prob", ValueError),
+    "get_before_every_member_is_full": ("get", None, "get", RuntimeError),
+    "get_batch_size_0": ("get", 0, "batch_size", ValueError),
+    "last_values_of_wrong_size": ("compute_returns_and_advantage", (th.zeros(7), np.zeros(N)), "last_values", ValueError),
+}
+
+
+@settings(SETTINGS, max_examples=40)
+@given(case=st.sampled_from(sorted(_REFUSED)), order=st.permutations([0, 1, 2]), steps=st.integers(0, 3), use_threads=st.booleans())
+def test_a_call_any_member_refuses_changes_no_member(case, order, steps, use_threads):
+    """Members of sizes 3, 4, 5 (SB3's, jaxbuffers', compressed) in any order, ``steps`` steps added: a call that
+    one member refuses (a full SB3 buffer, an observation only the uint8 members refuse, a member not yet full) or
+    every member refuses is refused naming the first refusing member's index and the argument, every member's
+    storage and cursors byte-identical, with and without threads."""
+    name, arg, what, exc = _REFUSED[case]
+    if name == "add":  # room in every member but for the one case
+        steps = 3 if case == "add_to_a_full_member" else min(steps, 2)
+    made = _buffers()
+    bufs = [made[i] for i in order]
+    vec = DummyVecRolloutBuffer(5, OBS, ACT, "cpu", n_envs=N, use_threads=use_threads, buffers=bufs)
+    rng = np.random.default_rng(steps)
+    for _ in range(steps):
+        vec.add(*_step(rng))
+    step = list(_step(rng))
+    if name == "add":
+        args = [arg.get(k, x) for k, x in enumerate(step)]
+    else:
+        args = list(arg) if isinstance(arg, tuple) else [arg]
+    refusing = {  # which members refuse: the error names the first in list order
+        "add_to_a_full_member": [type(b) is RolloutBuffer for b in bufs],
+        "obs_a_uint8_member_cannot_hold": [type(b) is not RolloutBuffer for b in bufs],
+        "get_before_every_member_is_full": [b.buffer_size > steps for b in bufs],
+    }.get(case, [True] * 3)
+    first = refusing.index(True)
+    before = [snapshot(_stored(b)) for b in bufs]
+    err = refused(lambda: vec.call(name, *args), what, exc=(exc,))
+    assert str(err).startswith(f"buffers[{first}] ({type(bufs[first]).__name__}.{name}): "), str(err)
+    assert [snapshot(_stored(b)) for b in bufs] == before
+    vec.close()
+
+
+def test_dict_members_other_buffers_and_nested_facades_are_checked_before_any_call():
+    """SB3's ``DictRolloutBuffer`` is checked per key (a Discrete key reshaped as SB3 reshapes it); a buffer of
+    another kind by its method's signature; a facade inside a facade by its own members' checks."""
+    from stable_baselines3.common.buffers import DictRolloutBuffer
+
+    from jaxbuffers.interop.sb3 import JaxDictRolloutBuffer
+
+    space = spaces.Dict({"a": spaces.Box(0, 1, (3,), np.float32), "b": spaces.Discrete(4)})
+    bufs = [DictRolloutBuffer(3, space, ACT, "cpu", n_envs=N), JaxDictRolloutBuffer(3, space, ACT, "cpu", n_envs=N)]
+    inner = DummyVecRolloutBuffer(3, space, ACT, "cpu", n_envs=N, buffers=bufs)
+    outer = DummyVecRolloutBuffer(3, space, ACT, "cpu", n_envs=N, buffers=[inner], use_threads=True)
+    rest = (np.zeros((N, 1)), np.zeros(N), np.zeros(N), th.zeros(N, 1), th.zeros(N))
+    assert outer.add({"a": np.zeros((N, 3), np.float32), "b": np.zeros((N, 1), np.int64)}, *rest) == [[None, None]]
+    for obs, what in [({"a": np.zeros((N, 3))}, "obs"), ({"a": np.zeros((N, 4)), "b": np.zeros((N, 1))}, "obs['a']"),
+                      ({"a": np.zeros((N, 3)), "b": np.zeros((N, 2))}, "obs['b']")]:
+        with pytest.raises(ValueError, match=r"^buffers\[0\] \(DummyVecRolloutBuffer.add\): buffers\[0\] \(DictRolloutBuffer.add\): ") as e:
+            outer.add(obs, *rest)
+        assert what + ":" in str(e.value)
+    assert [b.pos for b in bufs] == [1, 1]
+    outer.close()
+
+    class Other:
+        full = False
+
+        def add(self, x):
+            self.x = x
+
+        def reset(self):
+            pass
+
+    other = Other()
+    vec = DummyVecRolloutBuffer(3, OBS, ACT, "cpu", n_envs=N, buffers=[_buffers()[1], other])
+    with pytest.raises(TypeError, match=r"^buffers\[1\] \(Other.add\): too many positional arguments"):
+        vec.add(*_step(np.random.default_rng(0)))
+    assert vec.buffers[0].pos == 0 and not hasattr(other, "x")

@@ -27,6 +27,7 @@ handled exactly (the last filled step bootstraps from `last_values` unless `done
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Generator
 from typing import Any
 
@@ -41,6 +42,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from jaxbuffers import checkpoint
 from jaxbuffers import _validate
+from jaxbuffers._validate import sb3_rollout
 from jaxbuffers import rollout as _rollout
 from jaxbuffers.interop.sb3 import _common
 
@@ -220,6 +222,13 @@ class _JaxRolloutImpl:
             ``episode_start`` other than 0 / 1 (the message names the argument).
           TypeError: a value the stored dtype cannot hold where it is narrower than SB3's.
         """
+        step, reward, value = self._add_rows(obs, action, reward, episode_start, value, log_prob)
+        self._put(step, reward, value)
+        self.pos += 1
+        self.full = self.pos == self.buffer_size
+
+    def _add_rows(self, obs: Any, action: Any, reward: Any, episode_start: Any, value: Any, log_prob: Any) -> tuple[dict, np.ndarray, np.ndarray]:
+        """`add`'s checks, changing nothing: the step's rows in the stored shapes and dtypes, ``(step, reward, value)``."""
         if self.full:
             raise IndexError(f"add: the rollout buffer is full ({self.buffer_size} steps); call reset() first")
         n = self.n_envs
@@ -228,11 +237,38 @@ class _JaxRolloutImpl:
             "log_prob": _common.as_row(log_prob, (n,), np.float32, "log_prob"),
             "episode_start": _common.as_row(episode_start, (n,), np.bool_, "episode_start"),
         }
-        reward = _common.as_row(reward, (n,), np.float32, "reward")
-        value = _common.as_row(value, (n,), np.float32, "value", reshape=True)
-        self._put(step, reward, value)
-        self.pos += 1
-        self.full = self.pos == self.buffer_size
+        return step, _common.as_row(reward, (n,), np.float32, "reward"), _common.as_row(value, (n,), np.float32, "value", reshape=True)
+
+    def _returns_rows(self, last_values: Any, dones: Any) -> tuple[np.ndarray, np.ndarray]:
+        """`compute_returns_and_advantage`'s checks, changing nothing: ``(last_values, dones)`` as ``[n_envs]`` rows."""
+        n = self.n_envs
+        return _common.as_row(last_values, (n,), np.float32, "last_values", reshape=True), _common.as_row(dones, (n,), np.bool_, "dones")
+
+    def _get_batch_size(self, batch_size: Any) -> int:
+        """`get`'s checks, changing nothing: the minibatch size."""
+        total = self.buffer_size * self.n_envs
+        batch_size = total if batch_size is None else _validate.static_int("batch_size", batch_size)
+        sb3_rollout.filled_for_get(self)
+        return batch_size
+
+    def check_call(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Make every argument check that ``getattr(self, name)(*args, **kwargs)`` makes, changing nothing (so that a
+        facade over several buffers, `DummyVecRolloutBuffer`, checks all of them before it calls any).
+
+        Raises:
+          TypeError: arguments the method does not take (the method's own message).
+          what the call raises for its arguments (``add``, ``compute_returns_and_advantage``, ``get``,
+            ``_get_samples``; the other methods check nothing beyond their signature).
+        """
+        bound = inspect.signature(getattr(self, name)).bind(*args, **kwargs).arguments
+        if name == "add":
+            self._add_rows(**bound)
+        elif name == "compute_returns_and_advantage":
+            self._returns_rows(**bound)
+        elif name == "get":
+            self._get_batch_size(bound.get("batch_size"))
+        elif name == "_get_samples":
+            _common.indices(bound["batch_inds"], "batch_inds", self.buffer_size * self.n_envs)
 
     def _put(self, step: dict, reward: np.ndarray, value: np.ndarray) -> None:
         """Store one checked step (stored shapes and dtypes) at row ``pos``: staged, added when the stage is full
@@ -254,9 +290,8 @@ class _JaxRolloutImpl:
           last_values: torch ``[n_envs, 1]`` or ``[n_envs]``, ``V`` of the observation after the last step.
           dones: ``[n_envs]``, the last step ended an episode.
         """
-        n, s = self.n_envs, self._rollout
-        last_values = _common.as_row(last_values, (n,), np.float32, "last_values", reshape=True)
-        dones = _common.as_row(dones, (n,), np.bool_, "dones")
+        last_values, dones = self._returns_rows(last_values, dones)
+        s = self._rollout
         gae = _GAE[self._owns_state]
         self._state = self._with_rollout(gae(s, jnp.asarray(dones), jnp.asarray(last_values), self.gamma, self.gae_lambda))
 
@@ -268,11 +303,7 @@ class _JaxRolloutImpl:
           RuntimeError: the buffer is not full (``pos`` of ``buffer_size`` steps added since ``reset``; SB3 fails on
             a bare ``assert`` there).
         """
-        total = self.buffer_size * self.n_envs
-        batch_size = total if batch_size is None else _validate.static_int("batch_size", batch_size)
-        _validate.filled("get", self.buffer_size if self.full else self.pos, self.buffer_size, "steps per env",
-                         "add the rest of the rollout (and call compute_returns_and_advantage) before get()")
-        return self._minibatches(batch_size)
+        return self._minibatches(self._get_batch_size(batch_size))
 
     def _minibatches(self, batch_size: int) -> Generator[Any, None, None]:
         total = self.buffer_size * self.n_envs

@@ -3,9 +3,10 @@
 Every method call on the facade is made on each underlying buffer with the same arguments, in list order (or all
 at once in a thread pool with ``use_threads``), and returns the list of their results. The buffers may differ in
 size and type (SB3's, `JaxRolloutBuffer`, `CompressedRolloutBuffer`, ...): the facade holds no storage of its own.
-``full`` is True when every buffer is full. Attributes the facade does not have are read from every buffer (a
-list). This is for several learners or several rollout layouts fed from one loop; a population of identical
-buffers on the device is a `jax.vmap` over `jaxbuffers.RolloutBuffer` instead.
+A call's arguments are checked on every buffer before any buffer is called (`DummyVecRolloutBuffer.call`), so a call
+that one buffer refuses changes none. ``full`` is True when every buffer is full. Attributes the facade does not have
+are read from every buffer (a list). This is for several learners or several rollout layouts fed from one loop; a
+population of identical buffers on the device is a `jax.vmap` over `jaxbuffers.RolloutBuffer` instead.
 
 Example:
     ```python
@@ -21,15 +22,39 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 from typing import Any, Callable, Iterable
 
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, RolloutBuffer
 
+from jaxbuffers._validate import sb3_rollout
+
 __all__ = ["DummyVecRolloutBuffer"]
 
 _OWN = ("_buffers", "_executor", "use_threads")
+
+
+def _check(i: int, buf: Any, name: str, fn: Callable, args: tuple, kwargs: dict) -> None:
+    """Buffer ``i``'s checks of ``fn(*args, **kwargs)`` (`DummyVecRolloutBuffer.call`), changing nothing; a refusal is
+    raised again, same type, with the buffer's index and method first in its message."""
+    own = getattr(buf, "check_call", None)
+    try:
+        if callable(own):
+            own(name, *args, **kwargs)
+        elif isinstance(buf, RolloutBuffer):
+            sb3_rollout.check(buf, name, *args, **kwargs)
+        else:
+            inspect.signature(fn).bind(*args, **kwargs)
+    except Exception as e:
+        where = f"buffers[{i}] ({type(buf).__name__}.{name})"
+        try:
+            again = type(e)(f"{where}: {e}")
+        except Exception:
+            e.add_note(f"refused by {where}, before any buffer was called")
+            raise e from None
+        raise again from e
 
 
 class DummyVecRolloutBuffer(RolloutBuffer):
@@ -84,23 +109,41 @@ class DummyVecRolloutBuffer(RolloutBuffer):
     def call(self, name: str, *args: Any, **kwargs: Any) -> list:
         """``[getattr(b, name)(*args, **kwargs) for b in buffers]``, concurrently with ``use_threads``.
 
-        A buffer's exception propagates with a note naming the buffer's index. The buffers check their own
-        arguments, so a call one buffer refuses has already been made on those before it in the list (with
-        ``use_threads``, on any of the others): check arguments the buffers may disagree on before the call.
+        Every buffer's arguments are checked before any buffer is called, so a call one buffer refuses changes none:
+        a buffer with a ``check_call`` method (jaxbuffers' SB3 rollout classes) makes its own call's checks, SB3's
+        ``RolloutBuffer`` / ``DictRolloutBuffer`` get the checks of `jaxbuffers._validate.sb3_rollout` (from their
+        shapes and spaces), any other buffer its method's signature. An exception raised by a buffer during the
+        call itself propagates with a note naming the buffer's index.
 
         Raises:
-          AttributeError: a buffer without ``name`` (named with its index), before any call.
+          AttributeError: a buffer without ``name`` (named with its index).
+          the refusing buffer's exception (TypeError, ValueError, IndexError, RuntimeError, ...), its message
+            starting ``buffers[i] (Class.name):`` and naming the argument.
         """
+        self.check_call(name, *args, **kwargs)
+        fns = self._methods(name)
+        if self._executor is None:
+            return [self._run(i, fn, args, kwargs) for i, fn in enumerate(fns)]
+        tasks = [self._executor.submit(self._run, i, fn, args, kwargs) for i, fn in enumerate(fns)]
+        return [t.result() for t in tasks]
+
+    def check_call(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Every buffer's checks of ``call(name, *args, **kwargs)``, changing nothing (a facade may hold facades).
+
+        Raises:
+          as `call` does before it calls any buffer.
+        """
+        for i, (b, fn) in enumerate(zip(self._buffers, self._methods(name))):
+            _check(i, b, name, fn, args, kwargs)
+
+    def _methods(self, name: str) -> list[Callable]:
         fns = []
         for i, b in enumerate(self._buffers):
             fn = getattr(b, name, None)
             if not callable(fn):
                 raise AttributeError(f"buffers[{i}]: a {type(b).__name__} has no method {name!r}")
             fns.append(fn)
-        if self._executor is None:
-            return [self._run(i, fn, args, kwargs) for i, fn in enumerate(fns)]
-        tasks = [self._executor.submit(self._run, i, fn, args, kwargs) for i, fn in enumerate(fns)]
-        return [t.result() for t in tasks]
+        return fns
 
     @staticmethod
     def _run(i: int, fn: Callable, args: tuple, kwargs: dict) -> Any:
@@ -117,8 +160,9 @@ class DummyVecRolloutBuffer(RolloutBuffer):
     def reset(self) -> list:
         """``reset`` on every buffer; also resets the facade's ``pos``."""
         if hasattr(self, "_buffers"):
+            out = self.call("reset")
             BaseBuffer.reset(self)
-            return self.call("reset")
+            return out
         return []
 
     def compute_returns_and_advantage(self, last_values: th.Tensor, dones: Any) -> list:
