@@ -40,7 +40,8 @@ def test_smoke_two_seeds_with_time_limit(ppo):
         assert np.isfinite(np.asarray(metrics[name])).all(), name
     buf = jax.tree.map(np.asarray, state.buffer)
     assert buf.reward.shape == (2, 32, 4)
-    assert buf.is_full().all() and not buf.overflowed.any() and buf.has_advantages.all()
+    assert jax.vmap(lambda b: b.is_full())(state.buffer).all()  # one member per seed: called under vmap
+    assert not buf.overflowed.any() and buf.has_advantages.all()
     assert np.isfinite(buf.advantages).all()
     np.testing.assert_array_equal(buf.reward, 1.0)
     # episodes of 8 steps, all truncated: rows 7, 15, 23, 31 of the second rollout (starts at 32)

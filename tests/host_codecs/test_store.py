@@ -390,8 +390,12 @@ def test_parallel_for_runs_the_shards_no_pool_thread_started_on_the_caller():
         parallel_for(2, lambda a, b: ran.append((threading.get_ident(), a, b)), work_bytes=1 << 30)
         done.set()
 
+    from host_codecs import _pool
+
     try:
         host_codecs.set_num_threads(2)
+        with _pool._LOCK:
+            _pool._POOL = None  # a pool of exactly 2 threads (an earlier test of this process may have grown it)
         blockers = [threading.Thread(target=parallel_for, args=(2, blocking), kwargs={"work_bytes": 1 << 30}) for _ in range(2)]
         for t in blockers:
             t.start()
