@@ -117,8 +117,8 @@ class DummyVecRolloutBuffer(RolloutBuffer):
 
         Raises:
           AttributeError: a buffer without ``name`` (named with its index).
-          the refusing buffer's exception (TypeError, ValueError, IndexError, RuntimeError, ...), its message
-            starting ``buffers[i] (Class.name):`` and naming the argument.
+          Exception: the refusing buffer's own exception type (``TypeError``, ``ValueError``, ``IndexError``,
+            ``RuntimeError``, ...), its message starting ``buffers[i] (Class.name):`` and naming the argument.
         """
         self.check_call(name, *args, **kwargs)
         fns = self._methods(name)
@@ -131,7 +131,7 @@ class DummyVecRolloutBuffer(RolloutBuffer):
         """Every buffer's checks of ``call(name, *args, **kwargs)``, changing nothing (a facade may hold facades).
 
         Raises:
-          as `call` does before it calls any buffer.
+          Exception: what `call` raises before it calls any buffer.
         """
         for i, (b, fn) in enumerate(zip(self._buffers, self._methods(name))):
             _check(i, b, name, fn, args, kwargs)
