@@ -25,9 +25,10 @@ from jaxbuffers._checkpoint_describe import FORMAT, FORMAT_VERSION, CheckpointEr
 _BLOCK = 64 << 20  # bytes hashed per read
 _SYNC_THREADS = 16  # files hashed and synced at once
 
+
 class _Unsynced:
     """A type handler whose tensorstore writes skip their own fsync: `_write_manifest` syncs every file and folder
-    before the commit (one sync per file after the writes, not one inside each write, which stalls on large files)."""
+    before the commit (one pass of concurrent syncs after every write, not one sync inside each write)."""
 
     async def serialize(self, values, infos, args=None):
         context = ts.Context({"file_io_concurrency": {"limit": 128}, "file_io_sync": False})
