@@ -13,10 +13,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import jax
-import numpy as np
-import orbax.checkpoint as ocp
-import tensorstore as ts
 import xxhash
 
 from jaxbuffers import _validate
@@ -24,32 +20,6 @@ from jaxbuffers._checkpoint_describe import FORMAT, FORMAT_VERSION, CheckpointEr
 
 _BLOCK = 64 << 20  # bytes hashed per read
 _SYNC_THREADS = 16  # files hashed and synced at once
-
-
-class _Unsynced:
-    """A type handler whose tensorstore writes skip their own fsync: `_write_manifest` syncs every file and folder
-    before the commit (one pass of concurrent syncs after every write, not one sync inside each write)."""
-
-    async def serialize(self, values, infos, args=None):
-        context = ts.Context({"file_io_concurrency": {"limit": 128}, "file_io_sync": False})
-        return await super().serialize(values, [i.replace(ts_context=context) for i in infos], args)
-
-
-class _UnsyncedArrays(_Unsynced, ocp.type_handlers.ArrayHandler):
-    pass
-
-
-class _UnsyncedNumpy(_Unsynced, ocp.type_handlers.NumpyHandler):
-    pass
-
-
-def _array_writer() -> ocp.PyTreeCheckpointHandler:
-    """orbax's handler of a checkpoint's `arrays/` folder as one process writes it (then `_write_manifest`): zarr
-    files, uncompressed, one per array; host arrays written from their memory (they are the snapshot's own copies)."""
-    registry = ocp.type_handlers.create_type_handler_registry(
-        (jax.Array, _UnsyncedArrays()), (np.ndarray, _UnsyncedNumpy(deepcopy_host_arrays=False)))
-    return ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False, type_handler_registry=registry)
-
 
 def _hash_file(path: Path, progress) -> str:
     """xxh3-64 of a file's bytes, read through a memory map (no copy of the page cache)."""

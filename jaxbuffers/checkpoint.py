@@ -79,7 +79,7 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
-    _array_writer, _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
+    _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
     _write_manifest,
 )
 from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
@@ -171,7 +171,7 @@ def _write(root: Path, snapshot: _Snapshot, progress: _Progress) -> None:
     """Write `snapshot` into the existing empty folder `root` (not atomic: `save` and the orbax manager make it so)."""
     nbytes = _nbytes(snapshot.tree)
     progress.reset(total=2 * nbytes)
-    handler = _array_writer()
+    handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
     arrays = epath.Path(root / "arrays")
     arrays.mkdir()
     try:
