@@ -55,7 +55,9 @@ DATA = data_file("atari_rollouts.npz")
 def recorded(game: str = "breakout"):
     with np.load(DATA) as d:
         frames = d[f"{game}_frames"]
-        return frames, d[f"{game}_obs_idx"], d[f"{game}_actions"].astype(np.int32), d[f"{game}_rewards"], d[f"{game}_terminated"]
+        ends = d[f"{game}_terminated"] | d[f"{game}_truncated"]
+        ends[-1] = True  # the recording is cycled: its first step starts an episode again
+        return frames, d[f"{game}_obs_idx"], d[f"{game}_actions"].astype(np.int32), d[f"{game}_rewards"], ends
 
 
 def uncompressed_buffer(gb: float):

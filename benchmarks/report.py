@@ -122,8 +122,9 @@ NOTES = {
                   "holds device arrays only (uncompressed case), with its default gzip-5 and with zstd-1. Restores "
                   "read what the saves left in the page cache. `save_blocking`: how long `save(..., blocking=False)` "
                   "holds the caller (the buffer taken to host memory; the write then runs in the background), beside "
-                  "`np.save`. A blocking save's time is orbax (tensorstore) writing and fsyncing every file, the work "
-                  "of `np.save+fsync`; the checksum pass, the manifest and the rename cost little.",
+                  "`np.save`. A blocking save's time is orbax (tensorstore) writing and fsyncing every file, "
+                  "then the manifest pass hashing them, the work of `np.save+fsync`; on a loaded machine both swing "
+                  "with the disk's writeback, so compare rows of one run only.",
     "scale": "`ShardedBuffer` on meshes of the first 1, 2, 4 and 8 devices (`variant`); ratio = the 1-device time / "
              "this row's (> 1: faster than one device). On a CPU the devices are forced host devices sharing the "
              "machine's cores: the rows show the cost of the sharded program, not a speed-up. Global sampling draws "
