@@ -209,14 +209,6 @@ def write(
     return write_once(*args)
 
 
-def read_recent(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, ids: jax.Array) -> list:
-    """`read` of one id array through `HostStores.read_recent` (frames the newest write kept come from memory);
-    `out[leaf]`: `[*ids.shape, *frame_shape]`."""
-    shapes = tuple(jax.ShapeDtypeStruct((*ids.shape, *i.frame_shape), i.dtype) for i in infos)
-    got = jax.pure_callback(keeping(host, host.read_recent), shapes, *host.operands(), version, ids.astype(jnp.int32), vmap_method="broadcast_all")
-    return list(got)
-
-
 def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: jax.Array) -> list:
     """Host callback decoding store slots for every leaf, for one or more id arrays at once.
 

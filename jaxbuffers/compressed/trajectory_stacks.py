@@ -75,19 +75,23 @@ class StackChecked:
         return (*self.host.operands(), self.version, fids, jnp.zeros(()) if pad is None else pad, self.next_ep_pos == 0, ends, *stacks, *finals)
 
     def _stack_refusal(self, *operands: np.ndarray) -> ValueError | None:
-        """On the host: `stack_error` given `_checked_stack_operands` (numpy). The stack before each lane's first step
-        is the one the store rebuilds for its last step (`HostStores.read_recent`; zeros where the next step starts
-        an episode)."""
+        """On the host: `stack_error` given `_checked_stack_operands` (numpy), against `_befores`."""
         n, m = self.host.num_operands + 1, len(self.leaves)  # (operands() traces: not callable in a callback)
         fids, pad, first, ends = operands[n : n + 4]
         stacks, rest = operands[n + 4 : n + 4 + m], operands[n + 4 + m :]
-        pad = pad if pad.shape else None
-        befores = [
-            np.moveaxis(b if pad is None else np.where(pad.reshape(pad.shape + (1,) * (b.ndim - 2)), 0, b), 1, 1 + i.stack_axis)
-            for b, i in zip(self.host.read_recent(*operands[:n], fids), self.leaves)
-        ]
         starts = np.concatenate([first[:, None], ends[:, :-1]], axis=1)
+        befores = self._befores(operands[:n], fids, pad)
         return self.stack_error(stacks, befores, starts, list(rest[:m]) if rest else None, rest[-1] if rest else None)
+
+    def _befores(self, front: tuple, fids: np.ndarray, pad: np.ndarray) -> list:
+        """On the host, per compressed leaf numpy `[E, *shape]`: the stack the store rebuilds for each lane's last step
+        (`HostStores.read_recent` of `_last_ids`' slots `fids`; zeros where `pad`, a scalar when there is none),
+        given the store's leading operands and the version `front`."""
+        pad = pad if pad.shape else None
+        return [
+            np.moveaxis(b if pad is None else np.where(pad.reshape(pad.shape + (1,) * (b.ndim - 2)), 0, b), 1, 1 + i.stack_axis)
+            for b, i in zip(self.host.read_recent(*front, fids), self.leaves)
+        ]
 
     def _last_ids(self) -> tuple:
         """`_frame_ids` of each lane's last step, as far as the lane's next step reads it (frames back to its episode
@@ -100,13 +104,24 @@ class StackChecked:
         return self._frame_ids(ids)
 
     @_compiled.method()
+    def _tail_operands(self) -> tuple:
+        """The store's leading operands and the version, `_last_ids`' slots and zero-pad mask (a scalar when there is
+        none), and whether each lane's next step starts an episode: the operands of `lane_tails`."""
+        fids, pad = self._last_ids()
+        return (*self.host.operands(), self.version, fids, jnp.zeros(()) if pad is None else pad, self.next_ep_pos == 0)
+
     def lane_tails(self) -> tuple:
-        """`(stacks, starts)`: per compressed leaf `[num_envs, *shape]`, the stack the store rebuilds for each lane's
-        last step (zeros where the next step starts an episode), and bool `[num_envs]`, whether each lane's next step
-        starts an episode: what `stack_error` compares a lane's next stack with. Empty lists without frame stacks."""
-        if not self._stacked:
-            return [], self.next_ep_pos == 0
-        return self._last_stacks(), self.next_ep_pos == 0
+        """`(stacks, starts)`, numpy: per compressed leaf `[num_envs, *shape]`, the stack the store rebuilds for each
+        lane's last step (zeros where the next step starts an episode), and bool `[num_envs]`, whether each lane's next
+        step starts an episode: what `stack_error` compares a lane's next stack with. Empty stacks without frame
+        stacks.
+
+        Raises:
+          StaleBufferError: the store moved past this state (read on the host, `HostStores.read_recent`).
+        """
+        ops = jax.device_get(self._tail_operands())
+        n = self.host.num_operands + 1
+        return (self._befores(ops[:n], *ops[n : n + 2]) if self._stacked else []), ops[n + 2]
 
     def stack_error(self, stacks, befores, starts, finals=None, boot=None) -> ValueError | None:
         """The error `add` raises for these frame stacks, or None, computed on the host in numpy (nothing dispatched).
@@ -124,12 +139,6 @@ class StackChecked:
             for x, b, f, i in zip(stacks, befores, finals or [None] * len(stacks), self.leaves)
         ]
         return self._stack_error(np.stack(bad)) if any(b.any() for b in bad) else None
-
-    def _last_stacks(self) -> list:
-        """Per compressed leaf, `[E, *shape]`: the stack the store rebuilds for each lane's last step (`_last_ids`);
-        zeros where the next step starts an episode."""
-        fids, pad = self._last_ids()
-        return [_common.finish(d, i, 1, pad, False) for d, i in zip(_common.read_recent(self.host, self.leaves, self.version, fids), self.leaves)]
 
     def _recent_rows(self, m: int, finals: bool) -> tuple[np.ndarray, int] | None:
         """`HostStores.write`'s `recent` for an add writing `m` rows (`[E, t]` steps, then as many final frames when
