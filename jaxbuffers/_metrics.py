@@ -87,9 +87,10 @@ class Metrics(struct.PyTreeNode):
             return self
         return self.replace(sample_count=self.sample_count.at[slots].set(0, unique_indices=True, mode="drop"))
 
-    def recorded(self, positions, generations, added, head, num_valid, ring: int, lanes: int = 1) -> "Metrics":
+    def recorded(self, positions, generations, added, head, num_valid, ring: int, lanes: int = 1, mine=None) -> "Metrics":
         """Count draws at flat `positions` (int32[B], `lane * ring + slot`) of `lanes` rings of `ring` slots with
-        cursors `added` (two-word), `head`, `num_valid`; `generations` (int32[B] or None) as sampled. O(B)."""
+        cursors `added` (two-word), `head`, `num_valid`; `generations` (int32[B] or None) as sampled; `mine` (bool[B]
+        or None: all) the draws of this buffer, the others counted nowhere (a shard's part of a global sample). O(B)."""
         lanes_ring, b = lanes * ring, positions.shape[0]
         pos = jnp.clip(positions, 0, lanes_ring - 1)
         slot = pos % ring if lanes > 1 else pos
@@ -98,6 +99,8 @@ class Metrics(struct.PyTreeNode):
         ok = (positions >= 0) & (positions < lanes_ring) & (age < num_valid)  # held: the newest num_valid slots
         if generations is not None:
             ok = ok & (_ring.last_item_number(added, head, slot, ring) == generations)
+        if mine is not None:
+            ok = ok & mine
         ok_age = jnp.where(ok, age, 0)
         # One pass over the batch for the totals: drawn, the age sum (exact in int32 as 16-bit halves for B <= 2**15,
         # whose sums cannot wrap; in float32 beyond) and the largest age. The bins and the positions are counted
@@ -112,7 +115,7 @@ class Metrics(struct.PyTreeNode):
         bins = jnp.where(ok, jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), NUM_AGE_BINS)
         new = self.replace(
             sampled=_ring.counter_add(self.sampled, n), record_calls=_ring.counter_add(self.record_calls, 1),
-            stale=_ring.counter_add(self.stale, b - n),
+            stale=_ring.counter_add(self.stale, (b if mine is None else jnp.sum(mine, dtype=jnp.int32)) - n),
             age_sum=self.age_sum + age_sum, age_max=jnp.maximum(self.age_max, age_max), age_hist=_count(self.age_hist, bins),
         )
         if not self.per_slot:
@@ -133,6 +136,28 @@ def _count(counts: jax.Array, at: jax.Array) -> jax.Array:
     each count stopping at `2**31 - 1`. One scatter, in place when donated."""
     return jax.lax.scatter_apply(counts, at[:, None], _saturating_increment, _SCATTER_1D, update_shape=at.shape,
                                  mode="drop")
+
+
+def held_counts(counts: np.ndarray, head: int, num_valid: int, ring: int) -> np.ndarray:
+    """The per-position counts (`[lanes, ring]`, host) of the slots a ring with cursors `head`, `num_valid` holds, 1-D."""
+    held = (np.arange(ring) - (head - num_valid)) % ring < num_valid
+    return counts[np.broadcast_to(held, counts.shape)]
+
+
+def summary(inserts: int, samples: int, record_calls: int, stale: int, age_sum: float, age_max: int, age_hist: np.ndarray,
+            counts: np.ndarray | None) -> dict:
+    """The dict `Recorded.stats` returns, from host values: the counters, the age sum, largest age and bins, and the
+    per-position counts of the positions held (None: not kept)."""
+    out = {
+        "inserts": inserts, "samples": samples, "record_calls": record_calls, "stale": stale,
+        "age_mean": age_sum / samples if samples else None, "age_max": age_max if samples else None,
+        "age_histogram": _age_bins(age_hist),
+    }
+    if counts is not None:
+        c = counts
+        out["sample_count"] = {"positions_held": int(c.size), "never_sampled": int(np.sum(c == 0)),
+                               "mean": float(c.mean()) if c.size else None, "max": int(c.max()) if c.size else None}
+    return out
 
 
 def _age_bins(hist: np.ndarray) -> list[dict]:
@@ -177,13 +202,22 @@ class Recorded:
         return self._record(indices, generations)
 
     @_compiled.method()
-    def _record(self, indices, generations):
+    def _record(self, indices, generations, mine=None):
+        """`record` of checked `indices` and `generations` (int `[B]`); `mine` (bool `[B]` or None) as
+        `Metrics.recorded` takes it."""
         if self._metrics_in is not None:
             inner = getattr(self, self._metrics_in)
-            return self.replace(**{self._metrics_in: inner._record(indices, generations)})
+            return self.replace(**{self._metrics_in: inner._record(indices, generations, mine)})
         m, added, head, num_valid, ring, lanes = self._metrics_ring()
         g = None if generations is None else generations.astype(jnp.int32)
-        return self.replace(metrics=m.recorded(indices.astype(jnp.int32), g, added, head, num_valid, ring, lanes))
+        return self.replace(metrics=m.recorded(indices.astype(jnp.int32), g, added, head, num_valid, ring, lanes, mine))
+
+    def _metrics_owner(self) -> Any:
+        """The buffer whose state holds the metrics (this one, or the one `_metrics_in` names, followed down)."""
+        buf = self
+        while buf._metrics_in is not None:
+            buf = getattr(buf, buf._metrics_in)
+        return buf
 
     def stats(self, timing: "_timing.Timing | None" = None) -> dict:
         """Usage metrics as a host-side dict (forces a device transfer; `O(positions)` with per-position counts).
@@ -198,23 +232,12 @@ class Recorded:
           ValueError: a state stacked with `jax.vmap` (`jaxbuffers._validate.one_member_methods`, applied by every
             buffer class): take one member out first (`jaxbuffers inspect` prints a summary per member of a saved one).
         """
-        buf = self
-        while buf._metrics_in is not None:
-            buf = getattr(buf, buf._metrics_in)
-        m, added, head, num_valid, ring, _ = buf._metrics_ring()
-        n = _ring.counter_value(m.sampled)
-        out = {
-            "inserts": _ring.counter_value(added), "samples": n, "record_calls": _ring.counter_value(m.record_calls),
-            "stale": _ring.counter_value(m.stale), "age_mean": float(m.age_sum) / n if n else None,
-            "age_max": int(m.age_max) if n else None, "age_histogram": _age_bins(np.asarray(m.age_hist)),
-        }
+        m, added, head, num_valid, ring, _ = self._metrics_owner()._metrics_ring()
+        counts = None
         if m.per_slot:
-            counts = np.asarray(m.sample_count).reshape(-1, ring)
-            slot = np.arange(ring)
-            held = np.broadcast_to((slot - (int(head) - int(num_valid))) % ring < int(num_valid), counts.shape)
-            c = counts[held]
-            out["sample_count"] = {"positions_held": int(c.size), "never_sampled": int(np.sum(c == 0)),
-                                   "mean": float(c.mean()) if c.size else None, "max": int(c.max()) if c.size else None}
+            counts = held_counts(np.asarray(m.sample_count).reshape(-1, ring), int(head), int(num_valid), ring)
+        out = summary(_ring.counter_value(added), _ring.counter_value(m.sampled), _ring.counter_value(m.record_calls),
+                      _ring.counter_value(m.stale), float(m.age_sum), int(m.age_max), np.asarray(m.age_hist), counts)
         if timing is not None:
             out["timing"] = timing.summary(f"{type(self).__name__}.")
         return out

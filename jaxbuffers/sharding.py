@@ -60,8 +60,7 @@ Equivalence with one unsharded buffer. A `TrajectoryBuffer` or `RolloutBuffer` s
 for lane, exactly what the unsharded buffer of all envs holds (lanes are independent and share one ring). An item
 buffer (or episode buffer) of `S` shards of capacity `c` fed batches of `S * b` items (episodes) holds what one
 buffer of capacity `S * c` holds when `b` divides `c`; in logical order, item `l` of shard `s` is item
-`(l // b) * S * b + s * b + l % b` of the unsharded buffer. (Otherwise each shard still evicts its own oldest items
-first.)
+`(l // b) * S * b + s * b + l % b` of the unsharded buffer. (Otherwise each shard still evicts its own oldest first.)
 
 Multi-host. With `jax.distributed.initialize` the mesh spans the devices of every process; each process holds the
 shards of its devices (compressed: their host stores) and passes its own rows to `add` through `local_batch`. Global
@@ -100,6 +99,7 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxbuffers import _validate
+from jaxbuffers._sharded_metrics import ShardedRecorded
 from jaxbuffers.compressed._host import HostBacked, ShardedHostStores
 from jaxbuffers.episode import EpisodeBuffer
 from jaxbuffers.replay import ReplayBuffer
@@ -343,12 +343,13 @@ def _program(mesh: Mesh, axis: str, op: str, method: str | None = None, batch_si
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, P()), out_specs=spec, check_vma=False))
 
 
-class ShardedBuffer(struct.PyTreeNode):
+class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
     """`S` buffers of one type stacked along a leading axis split over a mesh axis (module doc).
 
     Build it with `create`. Every method runs the wrapped buffer's own method on each shard under `jax.shard_map`;
-    it works inside `jit` (donate for in-place adds) and eagerly (`add`, `sample`, `sample_local` and
-    `set_priorities` run one cached compiled program per shape; `apply` is traced on every call).
+    it works inside `jit` (donate for in-place adds) and eagerly (`add`, `sample`, `sample_local`, `record` and
+    `set_priorities` run one cached compiled program per shape; `apply` is traced on every call). `record` and
+    `stats`: usage metrics of a global or per-device sample, over all shards (`jaxbuffers._sharded_metrics`).
     """
 
     shards: Any  # the wrapped buffer stacked: every array leaf [S, ...], split along `axis` of `mesh`

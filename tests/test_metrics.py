@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxbuffers as jb
-from jaxbuffers._metrics import NUM_AGE_BINS
+from metrics_model import RingModel, metrics_of as _metrics
 
 ITEM = {"x": jax.ShapeDtypeStruct((2,), jnp.float32)}
 STEP = {"obs": jax.ShapeDtypeStruct((2,), jnp.float32), "action": jax.ShapeDtypeStruct((), jnp.int32),
@@ -19,67 +19,6 @@ STEP = {"obs": jax.ShapeDtypeStruct((2,), jnp.float32), "action": jax.ShapeDtype
 PIXELS = {"obs": jax.ShapeDtypeStruct((4, 4), jnp.uint8), "action": jax.ShapeDtypeStruct((), jnp.int32),
           "reward": jax.ShapeDtypeStruct((), jnp.float32)}  # a compressed buffer's step: obs on the host
 CAP, E, L, EPS, T = 7, 2, 6, 5, 4
-
-
-class RingModel:
-    """A ring of `ring` slots per lane (all lanes written together): item number per slot, draws per position."""
-
-    def __init__(self, ring: int, lanes: int = 1):
-        self.ring, self.lanes = ring, lanes
-        self.item = [None] * ring  # item number last written to each slot (the same in every lane)
-        self.count = np.zeros((lanes, ring), np.int64)
-        self.added = self.head = 0
-        self.ages, self.stale, self.calls = [], 0, 0
-
-    def add(self, n: int) -> None:
-        for _ in range(n):
-            self.item[self.head] = self.added
-            self.count[:, self.head] = 0
-            self.added += 1
-            self.head = (self.head + 1) % self.ring
-
-    def generation(self, position: int) -> int | None:
-        return self.item[position % self.ring]
-
-    def record(self, positions, generations=None) -> None:
-        self.calls += 1
-        for i, p in enumerate(positions):
-            lane, slot = divmod(int(p), self.ring)
-            item = self.item[slot]
-            if item is None or (generations is not None and int(generations[i]) != item):
-                self.stale += 1
-                continue
-            self.ages.append(self.added - 1 - item)
-            self.count[lane, slot] += 1
-
-    def check(self, buf) -> None:
-        s = buf.stats()
-        assert s["inserts"] == self.added
-        assert s["samples"] == len(self.ages)
-        assert s["stale"] == self.stale
-        assert s["record_calls"] == self.calls
-        if self.ages:
-            assert s["age_max"] == max(self.ages)
-            assert s["age_mean"] == pytest.approx(sum(self.ages) / len(self.ages), rel=1e-6)
-        else:
-            assert s["age_max"] is None and s["age_mean"] is None
-        hist = np.zeros(NUM_AGE_BINS, np.int64)
-        for a in self.ages:
-            hist[min((a + 1).bit_length() - 1, NUM_AGE_BINS - 1)] += 1
-        assert [(h["from"], h["count"]) for h in s["age_histogram"]] == [(2**k - 1, int(c)) for k, c in enumerate(hist) if c]
-        m = _metrics(buf)
-        np.testing.assert_array_equal(np.asarray(m.age_hist), hist)
-        np.testing.assert_array_equal(np.asarray(m.sample_count).reshape(self.lanes, self.ring), self.count)
-        held = np.array([x is not None for x in self.item])
-        c = self.count[:, held]
-        assert s["sample_count"] == {"positions_held": c.size, "never_sampled": int(np.sum(c == 0)),
-                                     "mean": float(c.mean()) if c.size else None, "max": int(c.max()) if c.size else None}
-
-
-def _metrics(buf):
-    while getattr(buf, "_metrics_in", None):
-        buf = getattr(buf, buf._metrics_in)
-    return buf.metrics
 
 
 def _zeros(spec, lead):

@@ -11,7 +11,8 @@ structure, kind or dtype raises `TypeError`; wrong shape or value `ValueError`; 
 argument's name. docs/guide.md, section 8, tabulates what each kind of argument accepts.
 Checks of steps for the env-step buffers (trajectory example, a step's flags and final observation, frame leaves)
 live in `jaxbuffers._validate.steps`, the refusal of a state stacked with `jax.vmap` called without it in
-`jaxbuffers._validate.members`, plain-Python options (names, paths, strs, choices) in `jaxbuffers._validate.options`;
+`jaxbuffers._validate.members`, plain-Python options (names, paths, strs, choices) in `jaxbuffers._validate.options`, the samples a sharded buffer
+records in `jaxbuffers._validate.sharded`;
 all are re-exported here, so every check is reached as `_validate.<name>`.
 """
 
@@ -647,3 +648,4 @@ from jaxbuffers._validate.steps import (  # noqa: E402
 )
 from jaxbuffers._validate.members import member_axes, one_member, one_member_methods, unstacked  # noqa: E402
 from jaxbuffers._validate.options import choice, filled, names, one_each, path, single_process, text  # noqa: E402
+from jaxbuffers._validate.sharded import sharded_draws  # noqa: E402

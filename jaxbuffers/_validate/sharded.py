@@ -1,0 +1,58 @@
+"""Checks of what `ShardedBuffer.record` is given: a global sample (a `ShardedSample`) or a per-device sample (a
+`sample_local` output), each against the sharded buffer's number of shards (`jaxbuffers._validate`'s conventions:
+the argument's name first, TypeError for kind, ValueError for shape or value)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxbuffers._validate import index_array, index_vector, indices_below, integer_indices, vector
+
+
+def sharded_draws(name: str, sample: Any, num_shards: int, axis: str) -> tuple[bool, jax.Array, Any, Any]:
+    """`(whole, indices, generations, shard)` of a sample to record into a sharded buffer of `num_shards` shards
+    (mesh axis `axis`), at trace time. A global sample (with `shard` and `sample`): `whole` True, int32 `indices`
+    and `shard` `[B]`, `generations` `[B]` (its dtype kept) or None. A per-device sample (with `indices`): `whole`
+    False, int32 `indices` and `generations` (or None) `[num_shards, B]`.
+
+    Raises:
+      TypeError: neither kind of sample, or non-integer indices, shards or generations.
+      ValueError: per-device indices not `[num_shards, B]` (a sample of one unsharded buffer, of another number of
+        shards), `shard` or `generations` of another shape than the indices, a concrete `shard` outside
+        `[0, num_shards)`.
+    """
+    inner = sample.sample if hasattr(sample, "shard") and hasattr(sample, "sample") else None
+    if inner is not None:
+        if not hasattr(inner, "indices"):
+            raise TypeError(f"{name}.sample: expected the wrapped buffer's sample (with indices), got {type(inner).__name__}")
+        indices = index_vector(f"{name}.sample.indices", inner.indices)
+        b = indices.shape[0]
+        shard = integer_indices(f"{name}.shard", sample.shard)
+        if shard.shape != (b,):
+            raise ValueError(f"{name}.shard: expected shape ({b},) (one shard per entry of {name}.sample.indices), got {shard.shape}")
+        indices_below(f"{name}.shard", shard, num_shards, f"the shards of mesh axis {axis!r}")
+        generations = getattr(inner, "generations", None)
+        if generations is not None:
+            generations = vector(f"{name}.sample.generations", generations, b, "integer")
+        return True, indices, generations, shard
+    if not hasattr(sample, "indices"):
+        raise TypeError(f"{name}: expected a sample of this sharded buffer, a ShardedSample (from sample) or a "
+                        f"sample_local output (indices [S, B]), got {type(sample).__name__}")
+    indices = integer_indices(f"{name}.indices", sample.indices)
+    if indices.ndim != 2 or indices.shape[0] != num_shards:
+        hint = (" (one unsharded buffer's sample, or the .sample of a ShardedSample: record the ShardedSample itself)"
+                if indices.ndim == 1 else "")
+        raise ValueError(f"{name}.indices: expected shape ({num_shards}, B), a sample_local output with one row per "
+                         f"shard of mesh axis {axis!r}, got {tuple(indices.shape)}{hint}")
+    generations = getattr(sample, "generations", None)
+    if generations is not None:
+        generations = index_array(generations, f"{name}.generations", "an integer array [S, B]", clip=False)
+        if not jnp.issubdtype(generations.dtype, jnp.integer) or generations.dtype == bool:
+            raise TypeError(f"{name}.generations: expected an integer dtype, got {generations.dtype}")
+        if generations.shape != indices.shape:
+            raise ValueError(f"{name}.generations: expected shape {tuple(indices.shape)} (as {name}.indices), got {tuple(generations.shape)}")
+        generations = jnp.asarray(generations)
+    return False, indices, generations, None
