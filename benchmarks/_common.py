@@ -257,26 +257,37 @@ def _metrics_compare(bench: str, case: str, runs: dict, repeats: int, n: int, it
             ratio_spread=spread)
 
 
-def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: bool) -> None:
+def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: bool, full: tuple = ()) -> None:
     """Rows ``metrics/add/<item>/B=<b>/scan`` and ``metrics/add+sample+record/<item>/batch=<k>/scan`` (a training
     step: add one item, sample a batch, record it): the buffer without metrics (``metrics=False``, nothing recorded;
     the anchor), with the O(1) counters only (``metrics=False``, every sample recorded) and with per-slot counts too
     (``metrics=True``, the default, recorded). Each row also carries ``ratio_spread`` (``_metrics_compare``).
 
+    The training step runs on new buffers, every variant filled alike: a quarter of the capacity, and for the items
+    named in ``full`` also the whole capacity (``.../batch=<k>/full/scan``; a full buffer's gathers and counts spread
+    over the whole storage, as in a long run).
+
     ``create(item, capacity, metrics=...)`` builds the buffer, ``sample(state, key)`` draws a batch of 256.
     """
     kinds = (("off", False, False), ("counters", False, True), ("per-slot", True, True))
+
+    def made(item, capacity):
+        return [_Metrics(name, lambda metrics: create(item, capacity, metrics=metrics), per, rec, sample)
+                for name, per, rec in kinds]
+
     for item_name, (item, capacity) in items.items():
         capacity //= 20 if quick else 1
-        impls = [_Metrics(name, lambda metrics: create(item, capacity, metrics=metrics), per, rec, sample)
-                 for name, per, rec in kinds]
+        adders = [i for i in made(item, capacity) if i.name != "counters"]  # an add does not touch the O(1) counters
         for b in (1, 256):
             n = max(4, min(200, capacity // b // 4) // (5 if quick else 1))
-            adders = [i for i in impls if i.name != "counters"]  # an add does not touch the O(1) counters
             _metrics_compare(bench, f"metrics/add/{item_name}/B={b}/scan",
                              {i.name: add_runner(i, batch_of(item, b), "scan", n) for i in adders}, repeats, n, b)
-        for impl in impls:  # a quarter of the capacity, so sampling reads real data
-            add_runner(impl, batch_of(item, 256), "scan", max(1, capacity // 4 // 256))()
-        n = 5 if quick else 50
-        _metrics_compare(bench, f"metrics/add+sample+record/{item_name}/batch=256/scan",
-                         {i.name: _sample_record_runner(i, n, item) for i in impls}, repeats, n, 256)
+        del adders
+        for part, fill in (("", capacity // 4), ("full/", capacity))[:2 if item_name in full else 1]:
+            impls = made(item, capacity)
+            for impl in impls:  # every variant holds the same items, so its gathers read the same spread of storage
+                add_runner(impl, batch_of(item, 256), "scan", max(1, fill // 256))()
+            n = 5 if quick else 50
+            _metrics_compare(bench, f"metrics/add+sample+record/{item_name}/batch=256/{part}scan",
+                             {i.name: _sample_record_runner(i, n, item) for i in impls}, repeats, n, 256)
+            del impls

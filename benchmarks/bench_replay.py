@@ -15,7 +15,7 @@ All implementations of a case run in one process, interleaved (``_common.interle
 anchor is flashbax's item buffer (flashbax's flat buffer is an extra row for b > 1).
 ``--quick`` shrinks capacities and repetition counts for a smoke run. ``--metrics`` runs only the cost of
 usage metrics instead (``_common.metrics_cases``: adds and sample+record in a scan, without metrics, with the
-counters, with per-slot counts).
+counters, with per-slot counts; the vector step also on a full buffer).
 
 Run: python benchmarks/bench_replay.py [--quick] [--repeats N] [--metrics]
 """
@@ -87,7 +87,7 @@ def main():
     shrink = 20 if args.quick else 1
     header(BENCH, args.quick)
     if args.metrics:
-        metrics_cases(BENCH, jb.ReplayBuffer.create, lambda s, k: s.sample(k, SAMPLE), ITEMS, repeats, args.quick)
+        metrics_cases(BENCH, jb.ReplayBuffer.create, lambda s, k: s.sample(k, SAMPLE), ITEMS, repeats, args.quick, full=("vector",))
         return
     for item_name, (item, capacity) in ITEMS.items():
         capacity //= shrink

@@ -127,6 +127,23 @@ def count_compiles():
         monitoring.unregister_event_listener(loaded)
 
 
+def rerun_on_forced_devices(path: str, n: int, runner: str, timeout: int = 900) -> str:
+    """Run every test of the file `path` but `runner` (the test that calls this), slow ones included, in a subprocess
+    on `n` forced host CPU devices; assert that the run passed and return pytest's summary line."""
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}",
+           "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "slow or not slow",
+                           "-k", f"not {runner}", path], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def forced_devices():
+    """`rerun_on_forced_devices`, as a fixture."""
+    return rerun_on_forced_devices
+
+
 @pytest.fixture
 def compile_counter():
     """The :func:`count_compiles` context manager, as a fixture."""

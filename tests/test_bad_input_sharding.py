@@ -9,10 +9,6 @@ two: it is marked `devices(2)`, and `test_on_two_forced_devices` reruns this fil
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -210,11 +206,7 @@ def test_add_episodes_concrete_lengths_out_of_range():
 
 @pytest.mark.slow  # a subprocess of its own on 2 forced devices: python -m pytest -m slow tests/test_bad_input_sharding.py
 @pytest.mark.fewer_devices(2)
-def test_on_two_forced_devices():
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2",
-           "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "slow or not slow",
-                           "-k", "not test_on_two_forced_devices", __file__], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+def test_on_two_forced_devices(forced_devices):
     ran = sum(1 for name in globals() if name.startswith("test_")) - 1
-    assert f"{ran} passed, 1 deselected" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]  # every other test ran
+    last = forced_devices(__file__, 2, "test_on_two_forced_devices")
+    assert f"{ran} passed, 1 deselected" in last  # every other test ran

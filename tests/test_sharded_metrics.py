@@ -7,10 +7,6 @@ host devices under `-m slow`, where each shard counts only its own part of a glo
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -123,10 +119,5 @@ def test_stats_without_per_position_counts():
 
 @pytest.mark.slow  # a subprocess of its own on 4 forced devices: python -m pytest -m slow tests/test_sharded_metrics.py
 @pytest.mark.fewer_devices(4)
-def test_on_four_forced_devices():
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4",
-           "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "slow or not slow",
-                           "-k", "not test_on_four_forced_devices", __file__], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert "5 passed, 1 deselected" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]  # every other test ran
+def test_on_four_forced_devices(forced_devices):
+    assert "5 passed, 1 deselected" in forced_devices(__file__, 4, "test_on_four_forced_devices")  # every other test ran
