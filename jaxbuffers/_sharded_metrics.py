@@ -86,10 +86,12 @@ class ShardedRecorded:
           The new `ShardedBuffer` (only its shards' metrics differ).
 
         Raises:
-          TypeError: `sample` neither kind of sample, non-integer `indices` / `shard` / `generations`.
+          TypeError: a wrapped buffer without metrics (the rollout buffers), `sample` neither kind of sample,
+            non-integer `indices` / `shard` / `generations`.
           ValueError: a sample of one unsharded buffer (`indices` `[B]` without `shard`), `indices` whose leading axis
             is not `S`, `shard` or `generations` of another shape than `indices`, a concrete `shard` outside `[0, S)`.
         """
+        _validate.keeps_metrics("record", self.shards)
         whole, indices, generations, shard = _validate.sharded_draws("sample", sample, self.num_shards, self.axis)
         program = _record_program(self.mesh, self.axis, whole)
         if whole:
@@ -99,7 +101,12 @@ class ShardedRecorded:
     def stats(self) -> dict:
         """Usage metrics of the whole sharded buffer as a host-side dict, with the keys and meanings of the wrapped
         buffer's `stats()` (module doc: how the shards' counts combine). Reads every shard's metrics (a device
-        transfer, `O(positions)` with per-position counts; with several processes, from all of them)."""
+        transfer, `O(positions)` with per-position counts; with several processes, from all of them).
+
+        Raises:
+          TypeError: a wrapped buffer without metrics (the rollout buffers: `jaxbuffers.rollout_stats`).
+        """
+        _validate.keeps_metrics("stats", self.shards)
         owner = self.shards._metrics_owner()
         m, added, head, num_valid, ring, _ = owner._metrics_ring()
         inserts = _ring.counter_value(_host(added))

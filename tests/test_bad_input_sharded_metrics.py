@@ -35,6 +35,13 @@ def test_record_refuses_what_is_not_a_sample_of_this_sharded_buffer():
     _refused_eagerly_and_jitted(LOCAL._replace(indices=jnp.zeros((S + 1, 3), jnp.int32)), "sample.indices")  # S + 1 shards
 
 
+def test_a_rollout_has_no_metrics_to_record_or_read():
+    step = {"obs": jnp.zeros((2,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    roll = jb.ShardedBuffer.create(lambda: jb.RolloutBuffer.create(step, num_envs=1, num_steps=2), MESH, "data")
+    refused(lambda: roll.record(LOCAL), "record", state=roll.shards, exc=(TypeError,))
+    refused(lambda: roll.stats(), "stats", state=roll.shards, exc=(TypeError,))
+
+
 def test_record_refuses_fields_of_the_wrong_kind_or_shape():
     _refused_eagerly_and_jitted(GLOBAL._replace(shard=GLOBAL.shard[:2]), "sample.shard")
     _refused_eagerly_and_jitted(GLOBAL._replace(shard=GLOBAL.shard.astype(jnp.float32)), "sample.shard")

@@ -56,3 +56,14 @@ def sharded_draws(name: str, sample: Any, num_shards: int, axis: str) -> tuple[b
             raise ValueError(f"{name}.generations: expected shape {tuple(indices.shape)} (as {name}.indices), got {tuple(generations.shape)}")
         generations = jnp.asarray(generations)
     return False, indices, generations, None
+
+
+def keeps_metrics(method: str, shards: Any) -> None:
+    """The wrapped buffer of a sharded buffer keeps usage metrics (`record` and `stats` reach them).
+
+    Raises:
+      TypeError: naming `method`, for a buffer without them (the rollout buffers: `jaxbuffers.rollout_stats`).
+    """
+    if not callable(getattr(shards, "_metrics_owner", None)):
+        raise TypeError(f"{method}: {type(shards).__name__} keeps no usage metrics (a rollout's come from "
+                        f"jaxbuffers.rollout_stats of its shards: apply(jaxbuffers.rollout_stats, ...))")
