@@ -42,11 +42,13 @@ NOTES = {
               "step of one add, one sample of 256 and its `record`, on new buffers that every variant fills alike: a "
               "quarter of the capacity, and (`full/`) all of it. Their ratio is that of the medians; in brackets "
               "the quartiles of the ratio within each round (both timed back to back), the spread the machine's load "
-              "leaves. Where the per-slot cost goes: the compiled step updates the counts in place (no copy of the "
-              "array), and `record` adds one scatter of a saturating increment per draw at a random position of the "
-              "int32 `[capacity]` counts (400 KB at 100k items), the access pattern of gathering one more 4-byte field "
-              "per draw and about its cost (the sample's gathers leave those lines out of the caches). A step that "
-              "does nothing but gather pays it in full, more so on a full buffer whose draws spread over all of it.",
+              "leaves. Where the cost goes: the compiled step updates every metric in place (no copy of the counts); "
+              "`record` adds a few reductions over the batch and a 32-bin age histogram (`counters`) and, with "
+              "per-slot counts, one scatter of a saturating increment per draw at a random position of the int32 "
+              "`[capacity]` counts (400 KB at 100k items): the access pattern of gathering one more 4-byte field per "
+              "draw, and about its cost, since the sample's gathers leave those lines out of the caches. A step that "
+              "does nothing but sample pays both in full, the counts more so on a full buffer, whose draws spread "
+              "over all of it.",
     "prioritised": "Anchor: flashbax's prioritised item buffer. `call` / `scan` as for uniform replay; "
                    "`sample+set_priorities/.../scan` is the pair a prioritised training step runs. flashbax picks its "
                    "sum-tree update by backend: on CPU (`flashbax`) a sequential leaf-to-root walk per item, which "
