@@ -444,7 +444,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         return self._get_many([slots], missing, None if out is None else [out], "slots")[0]
 
     def get_many(
-        self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None
+        self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None,
+        chains_out: list | None = None,
     ) -> list[np.ndarray]:
         """`get` for several slot arrays at once, each into its own output.
 
@@ -456,6 +457,9 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
           slot_arrays: `m` integer arrays of slot ids, shapes `S_j`.
           missing: as in `get` (all entries of all arrays must share one dtype and shape).
           outs: optional `m` writeable C-contiguous arrays, shapes `S_j + item_shape`.
+          chains_out: optional list, to which the read appends the slots (int64, unique) it decoded besides the
+            requested ones: `chain_slots` of the request, as the read found them (what a caller that checks the
+            slots' versions after the read checks, with one walk of the chains).
 
         Returns:
           `m` arrays, # shape=S_j + item_shape, the stored dtype.
@@ -463,9 +467,9 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         Raises:
           ValueError: as `get`, or `outs` does not have one array per slot array.
         """
-        return self._get_many(slot_arrays, missing, outs, "slot_arrays")
+        return self._get_many(slot_arrays, missing, outs, "slot_arrays", chains_out)
 
-    def _get_many(self, slot_arrays, missing, outs, field: str) -> list[np.ndarray]:
+    def _get_many(self, slot_arrays, missing, outs, field: str, chains_out: list | None = None) -> list[np.ndarray]:
         """`get_many`, its errors naming the slot ids `field` (`field[j]` for array `j` of several)."""
         if not isinstance(missing, str) or missing not in ("raise", "zeros"):
             raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")
@@ -482,6 +486,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         n = flat.size
         with self._lock:  # a snapshot: published payload bytes never change afterwards
             chains = self._chains(flat)  # the slots the requested deltas' chains add, after the request
+        if chains_out is not None:
+            chains_out.append(chains)
             flat = np.concatenate([flat, chains]) if chains.size else flat
             chunk, offset, length, tag, meta, layout, check, base, _ = (a[self._at(flat)] for a in self._index())
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
