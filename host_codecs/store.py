@@ -135,9 +135,8 @@ def _out_of(pos: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return j, pos - bounds[j]
 
 
-def _copy_rows(views: list[np.ndarray], src: tuple[np.ndarray, np.ndarray], dst: tuple[np.ndarray, np.ndarray], nbytes: int) -> None:
-    """Row `dst[1][i]` of `views[dst[0][i]]` = row `src[1][i]` of `views[src[0][i]]` (uint8 C-contiguous `[*, nbytes]`
-    views): one memory copy per row, straight from row to row (no gathered temporary)."""
+def _copy_rows(views: list[np.ndarray], src: tuple, dst: tuple, nbytes: int) -> None:
+    """Row `dst[1][i]` of `views[dst[0][i]]` = row `src[1][i]` of `views[src[0][i]]`: one copy per row, no temporary."""
     flat = [memoryview(v).cast("B") if v.size else None for v in views]
     for sj, sr, dj, dr in zip(*(x.tolist() for x in (*src, *dst))):
         flat[dj][dr * nbytes : (dr + 1) * nbytes] = flat[sj][sr * nbytes : (sr + 1) * nbytes]
@@ -452,8 +451,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         return self._get_many([slots], missing, None if out is None else [out], "slots")[0]
 
     def get_many(
-        self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None,
-        chains_out: list | None = None,
+        self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None, chains_out: list | None = None
     ) -> list[np.ndarray]:
         """`get` for several slot arrays at once, each into its own output.
 
@@ -465,9 +463,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
           slot_arrays: `m` integer arrays of slot ids, shapes `S_j`.
           missing: as in `get` (all entries of all arrays must share one dtype and shape).
           outs: optional `m` writeable C-contiguous arrays, shapes `S_j + item_shape`.
-          chains_out: optional list, to which the read appends the slots (int64, unique) it decoded besides the
-            requested ones: `chain_slots` of the request, as the read found them (what a caller that checks the
-            slots' versions after the read checks, with one walk of the chains).
+          chains_out: optional list; the read appends the slots (int64, unique) it decoded besides the requested ones
+            (`chain_slots` of the request as the read found them: what a caller checks after the read, walked once).
 
         Returns:
           `m` arrays, # shape=S_j + item_shape, the stored dtype.
@@ -521,11 +518,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                      None if base_pos is None else (base[pos], np.where(base_pos >= 0, check[base_pos], 0)))
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
-            raise KeyError(
-                f"slots never written (or deleted): {ids[:10].tolist()}"
-                + (f" and {ids.size - 10} more" if ids.size > 10 else "")
-                + "; pass missing='zeros' to get zeros instead"
-            )
+            raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
+                           + "; pass missing='zeros' to get zeros instead")
         lids = np.unique(layout[present])
         if present.size:
             if lids.size > 1:
