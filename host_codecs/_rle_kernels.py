@@ -161,32 +161,55 @@ def decode_at(src, lengths, meta, dst, base, nbytes, vw, lo, hi, status):
             _copy(dst[t], base[t], nbytes)
         vb = 0 if vw >= cw else nruns * cw
         cb = nruns * vw if vw >= cw else 0
-        pos = np.int64(0)
-        bad = False
-        for q in range(nruns):
-            c = np.int64(0)
-            for k in range(cw):  # little-endian count
-                c |= np.int64(p[cb + q * cw + k]) << (8 * k)
-            end = pos + c * vw
-            if end > nbytes:
-                bad = True
-                break
-            v = vb + q * vw
-            if vw == 1:
-                x = p[v]
-                if not delta:
-                    for i in range(pos, end):
-                        out[i] = x
-                elif x != 0:
-                    for i in range(pos, end):
-                        out[i] ^= x
-            else:
-                zero = True
+        if vw == 1:  # bytes (frames): one value byte per run, the count read as one word of its width
+            pos = _expand_bytes(p, src[t] + np.uint64(cb), out, nruns, cw, vb, nbytes, delta)
+        else:
+            pos = _expand_words(p, out, nruns, cw, vw, vb, cb, nbytes, delta)
+        status[t] = DEC_BAD_COUNTS if pos != nbytes else DEC_OK
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _expand_bytes(p, counts, out, nruns, cw, vb, nbytes, delta):
+    """The runs of one entry of byte values (`decode_at`), counts `cw` bytes wide at address `counts`: the bytes
+    filled (`nbytes` when the counts add up; -1 when they run past it)."""
+    c1 = carray(_pointer(counts), (nruns,), np.uint8)
+    c2 = carray(_pointer(counts), (nruns if cw == 2 else 0,), np.uint16)
+    c4 = carray(_pointer(counts), (nruns if cw == 4 else 0,), np.uint32)
+    pos = np.int64(0)
+    for q in range(nruns):
+        c = np.int64(c1[q]) if cw == 1 else (np.int64(c2[q]) if cw == 2 else np.int64(c4[q]))
+        end = pos + c
+        if end > nbytes:
+            return -1
+        x = p[vb + q]
+        if not delta:
+            for i in range(pos, end):
+                out[i] = x
+        elif x != 0:
+            for i in range(pos, end):
+                out[i] ^= x
+        pos = end
+    return pos
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _expand_words(p, out, nruns, cw, vw, vb, cb, nbytes, delta):
+    """`_expand_bytes` for values of `vw` > 1 bytes (counts read byte by byte, little-endian)."""
+    pos = np.int64(0)
+    for q in range(nruns):
+        c = np.int64(0)
+        for k in range(cw):  # little-endian count
+            c |= np.int64(p[cb + q * cw + k]) << (8 * k)
+        end = pos + c * vw
+        if end > nbytes:
+            return -1
+        v = vb + q * vw
+        zero = True
+        for k in range(vw):
+            zero = zero and p[v + k] == 0
+        if not (delta and zero):
+            for i in range(pos, end, vw):
                 for k in range(vw):
-                    zero = zero and p[v + k] == 0
-                if not (delta and zero):
-                    for i in range(pos, end, vw):
-                        for k in range(vw):
-                            out[i + k] = (out[i + k] ^ p[v + k]) if delta else p[v + k]
-            pos = end
-        status[t] = DEC_BAD_COUNTS if bad or pos != nbytes else DEC_OK
+                    out[i + k] = (out[i + k] ^ p[v + k]) if delta else p[v + k]
+        pos = end
+    return pos

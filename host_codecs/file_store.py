@@ -236,9 +236,11 @@ class FileStore:
         """Read a batch of slots: # shape=S + item_shape for slot ids of shape `S` (as `CompressedStore.get`)."""
         return self.get_many([slots], missing=missing, outs=None if out is None else [out])[0]
 
-    def get_many(self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+    def get_many(self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None,
+                 chains_out: list | None = None) -> list[np.ndarray]:
         """Read several slot arrays, each into its own output (as `CompressedStore.get_many`): each distinct slot is
-        read once, one system call per run of consecutive slots, and copied to its other rows.
+        read once, one system call per run of consecutive slots, and copied to its other rows; `chains_out` gets an
+        empty array appended (a file store holds no deltas).
 
         Args:
           slot_arrays: `m` integer arrays of slot ids, shapes `S_j`.
@@ -261,6 +263,8 @@ class FileStore:
             raise TypeError(f"outs: expected a list of arrays (one per slot array), got {type(outs).__name__}")
         if self._fds[0] < 0:
             raise RuntimeError(f"{self.data_path}: read after close()")
+        if chains_out is not None:
+            chains_out.append(np.zeros(0, np.int64))
         ids = [self._slots(x, "slot_arrays") for x in slot_arrays]
         if outs is not None and len(outs) != len(ids):
             raise ValueError(f"outs: expected {len(ids)} arrays (one per slot array), got {len(outs)}")

@@ -135,6 +135,13 @@ def _out_of(pos: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return j, pos - bounds[j]
 
 
+def _copy_rows(views: list[np.ndarray], src: tuple, dst: tuple, nbytes: int) -> None:
+    """Row `dst[1][i]` of `views[dst[0][i]]` = row `src[1][i]` of `views[src[0][i]]`: one copy per row, no temporary."""
+    flat = [memoryview(v).cast("B") if v.size else None for v in views]
+    for sj, sr, dj, dr in zip(*(x.tolist() for x in (*src, *dst))):
+        flat[dj][dr * nbytes : (dr + 1) * nbytes] = flat[sj][sr * nbytes : (sr + 1) * nbytes]
+
+
 class CompressedStore(IndexRows, DeltaChains, Snapshots):
     """Thread-safe slots of compressed arrays, payloads packed in large arenas.
 
@@ -444,7 +451,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         return self._get_many([slots], missing, None if out is None else [out], "slots")[0]
 
     def get_many(
-        self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None
+        self, slot_arrays: Sequence[Any], *, missing: str = "raise", outs: Sequence[np.ndarray] | None = None, chains_out: list | None = None
     ) -> list[np.ndarray]:
         """`get` for several slot arrays at once, each into its own output.
 
@@ -456,6 +463,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
           slot_arrays: `m` integer arrays of slot ids, shapes `S_j`.
           missing: as in `get` (all entries of all arrays must share one dtype and shape).
           outs: optional `m` writeable C-contiguous arrays, shapes `S_j + item_shape`.
+          chains_out: optional list; the read appends the slots (int64, unique) it decoded besides the requested ones
+            (`chain_slots` of the request as the read found them: what a caller checks after the read, walked once).
 
         Returns:
           `m` arrays, # shape=S_j + item_shape, the stored dtype.
@@ -463,9 +472,9 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         Raises:
           ValueError: as `get`, or `outs` does not have one array per slot array.
         """
-        return self._get_many(slot_arrays, missing, outs, "slot_arrays")
+        return self._get_many(slot_arrays, missing, outs, "slot_arrays", chains_out)
 
-    def _get_many(self, slot_arrays, missing, outs, field: str) -> list[np.ndarray]:
+    def _get_many(self, slot_arrays, missing, outs, field: str, chains_out: list | None = None) -> list[np.ndarray]:
         """`get_many`, its errors naming the slot ids `field` (`field[j]` for array `j` of several)."""
         if not isinstance(missing, str) or missing not in ("raise", "zeros"):
             raise ValueError(f"missing: expected 'raise' or 'zeros', got {missing!r}")
@@ -485,6 +494,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             flat = np.concatenate([flat, chains]) if chains.size else flat
             chunk, offset, length, tag, meta, layout, check, base, _ = (a[self._at(flat)] for a in self._index())
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
+        if chains_out is not None:
+            chains_out.append(chains)
         bounds = np.append(bounds, flat.size) if chains.size else bounds
         present = np.flatnonzero(chunk >= 0)
         empty = np.flatnonzero(chunk[:n] == -1)
@@ -507,11 +518,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                      None if base_pos is None else (base[pos], np.where(base_pos >= 0, check[base_pos], 0)))
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
-            raise KeyError(
-                f"slots never written (or deleted): {ids[:10].tolist()}"
-                + (f" and {ids.size - 10} more" if ids.size > 10 else "")
-                + "; pass missing='zeros' to get zeros instead"
-            )
+            raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
+                           + "; pass missing='zeros' to get zeros instead")
         lids = np.unique(layout[present])
         if present.size:
             if lids.size > 1:
@@ -575,11 +583,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                     )
 
         parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
-        (src_j, src_row), (dst_j, dst_row) = _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds)
-        pair = src_j * len(views) + dst_j
-        for k in np.unique(pair).tolist():
-            sel = pair == k
-            views[k % len(views)][dst_row[sel]] = views[k // len(views)][src_row[sel]]
+        _copy_rows(views, _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds), nbytes)
         return results
 
     def _corrupt(self, slots: np.ndarray, why: str):

@@ -104,7 +104,9 @@ def _stress_host_stores(codec: str, seconds: float, writers: int = 2, readers: i
                 ids = rng.integers(0, num_slots, size=(2, int(rng.integers(1, 8))))
                 try:
                     obs, nxt = host.read(np.int32(version), ids[0], ids[1])[:2]  # store 0, both id arrays
-                    obs1 = host.read(np.int32(version), ids[0])[1]  # store 1 only
+                    outs = [[np.zeros((ids.shape[1], *FRAME), np.int32)] for _ in range(2)]
+                    host.read_into(np.int32(version), [ids[0]], outs)  # the in-place read, every store
+                    obs1 = outs[1][0]
                 except StaleBufferError:
                     counts["stale"] += 1
                     continue

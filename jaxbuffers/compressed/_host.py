@@ -344,14 +344,21 @@ class HostStores:
         """Host side of an in-place jitted sample: decode slot arrays `ids[j]` (any shapes `S_j`)
         of store `i` into `outs[i][j]` (`S_j + item_shape`, C-contiguous: XLA's own output
         buffers, so the result is not copied again). A slot shared between the id arrays is
-        decoded once (`host_codecs.CompressedStore.get_many`). Same checks as `read`."""
+        decoded once (`host_codecs.CompressedStore.get_many`). Same checks as `read`: the requested slots before
+        the decode, and with the chain slots the decode read (`get_many`'s `chains_out`: the chains walked once)
+        after it; a decode that raises is checked first, so a stale state raises `StaleBufferError`, not the error of
+        decoding entries rewritten since."""
         ids = [np.asarray(x) for x in ids]
         flat = ids[0] if len(ids) == 1 else np.concatenate([x.reshape(-1) for x in ids])
-        flat = self._read_slots(flat)
         self._check_read(version, flat)
-        for store, out in zip(self.stores, outs):
-            store.get_many(ids, missing="zeros", outs=out)
-        self._check_read(version, flat, count=False)
+        chains: list = []
+        try:
+            for i, (store, out) in enumerate(zip(self.stores, outs)):
+                store.get_many(ids, missing="zeros", outs=out, chains_out=chains if i == 0 else None)
+        except Exception:
+            self._check_read(version, self._read_slots(flat), count=False)
+            raise
+        self._check_read(version, np.concatenate([flat.reshape(-1), *chains]), count=False)
 
     def read(self, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
         """Host side of a sample: decode slots `ids[j]` (any shapes `S_j`) from every store.

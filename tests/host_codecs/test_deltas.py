@@ -132,7 +132,8 @@ def test_bad_bases_are_refused_before_anything_is_stored():
 
 
 def test_one_read_decodes_each_chain_frame_once():
-    """A read of deltas that share a chain decodes every slot of the chain once (counted through the codec)."""
+    """A read of deltas that share a chain decodes every slot of the chain once (counted through the codec), and
+    `chains_out` receives the chain slots it decoded besides the requested ones (`chain_slots`)."""
     f = _frames(np.random.default_rng(3), 8)
     store = CompressedStore(8, "none", item_shape=SHAPE, dtype=np.uint8)
     store.put(np.arange(8), f, bases=np.array([-1, 0, 1, 2, 3, 4, 5, 6]))
@@ -145,13 +146,15 @@ def test_one_read_decodes_each_chain_frame_once():
         return orig(*args, **kwargs)
 
     codec.decode_many = counting
+    chains: list = []
     try:
-        got = store.get_many([np.array([7, 5, 5]), np.array([6, 3])])
+        got = store.get_many([np.array([7, 5, 5]), np.array([6, 3])], chains_out=chains)
     finally:
         del codec.decode_many
     np.testing.assert_array_equal(got[0], f[[7, 5, 5]])
     np.testing.assert_array_equal(got[1], f[[6, 3]])
     assert sum(calls) == 8  # slots 0..7, each once
+    assert len(chains) == 1 and sorted(chains[0].tolist()) == [0, 1, 2, 4] == sorted(store.chain_slots([7, 5, 5, 6, 3]).tolist())
 
 
 def _payloads(rng, n):
@@ -177,11 +180,13 @@ def test_arena_slack_stays_under_a_quarter_growing_and_as_a_ring(min_chunk):
     assert 0 < worst <= 0.25, worst
 
 
-@pytest.mark.parametrize("codec", ["none", "rle", "zstd:-1", "igzip:1"])
-def test_decode_many_xors_each_delta_with_its_base_row(codec):
+@pytest.mark.parametrize("codec, dtype", [("none", np.uint8), ("rle", np.uint8), ("rle:16", np.uint8), ("rle:32", np.uint8),
+                                          ("rle", np.uint16), ("zstd:-1", np.uint8), ("igzip:1", np.uint8)])
+def test_decode_many_xors_each_delta_with_its_base_row(codec, dtype):
     """`Codec.decode_many(..., bases=)`: entry `i` decodes to its payload XOR the row `bases` names: an earlier entry
     of the same call (chains spread over two outputs, bases listed before their deltas) or a row decoded before the
-    call; a base row that a later entry decodes, its own row, or a row out of range is refused."""
+    call; a base row that a later entry decodes, its own row, or a row out of range is refused. RLE: counts of each
+    width (levels 16 and 32), and runs of 2-byte words."""
     from host_codecs import get_codec
 
     c = get_codec(codec)
@@ -191,10 +196,12 @@ def test_decode_many_xors_each_delta_with_its_base_row(codec):
     outs = [np.zeros((3, f.shape[1]), np.uint8), np.zeros((5, f.shape[1]), np.uint8)]
     out_ids, rows = np.array([1, 0, 1, 0, 0, 1, 1]), np.array([3, 0, 1, 2, 1, 0, 4])
     outs[1][4] = f[6]
-    enc = c.encode_batch(coded, np.dtype(np.uint8))
+    enc = c.encode_batch(coded, np.dtype(dtype))
+    if codec.startswith("rle:"):
+        assert set(enc.meta.tolist()) == {int(codec[4:]) // 8}  # every count that wide
     chunk = np.zeros(-(-enc.buffer.size // 8) * 8, np.uint8)
     chunk[: enc.buffer.size] = enc.buffer
-    args = ({0: chunk}, np.zeros(6, np.int64), enc.offsets, enc.lengths, enc.meta, outs, out_ids[:6], rows[:6], np.dtype(np.uint8))
+    args = ({0: chunk}, np.zeros(6, np.int64), enc.offsets, enc.lengths, enc.meta, outs, out_ids[:6], rows[:6], np.dtype(dtype))
     at = lambda b: (np.where(b >= 0, out_ids[b], -1), np.where(b >= 0, rows[b], -1))  # noqa: E731
     c.decode_many(*args, bases=at(base))
     for i in range(6):
