@@ -191,3 +191,6 @@ def test_gather_entries_refuses_entries_not_of_this_buffer(buf):
             buf.gather_entries(bad, jnp.arange(4))
     with pytest.raises(TypeError, match="indices"):
         buf.gather_entries(entries, jnp.arange(4.0))
+    for call in (lambda b: b.decode_entries(), lambda b: b.gather_entries(entries, jnp.arange(4))):
+        with pytest.raises(TypeError, match="called eagerly"):
+            jax.jit(call)(buf)

@@ -346,6 +346,14 @@ def episode_lengths(name: str, x, shape: tuple, t: int):
     return v.astype(np.int32)
 
 
+def host_call(name: str, state) -> None:
+    """TypeError naming `name` when `state` holds traced arrays: a method that reads host stores directly runs
+    eagerly, not inside `jit` / `vmap` / `scan`."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(state)):
+        raise TypeError(f"{name}: reads the host stores directly, so it is called eagerly, on a concrete state "
+                        f"(not inside jit, vmap or scan); inside a program use gather")
+
+
 def decoded_entries(name: str, entries, frames: list) -> list:
     """Decoded store entries of a compressed rollout (`CompressedRolloutBuffer.decode_entries`): one numpy array per
     compressed leaf, `[n + 1, *frame_shape]` of its dtype (`frames`: `(frame_shape, dtype)` per leaf), one `n`."""

@@ -250,8 +250,10 @@ class CompressedRolloutBuffer(HostBacked):
 
         Raises:
           StaleBufferError: a slot below `n` was rewritten after this state (a later add), checked before and after
-            the decode. RuntimeError: the buffer was closed. ValueError: a stacked (vmapped) state.
+            the decode. RuntimeError: the buffer was closed. ValueError: a stacked (vmapped) state. TypeError: called
+            inside `jit` / `vmap` / `scan` (a traced state).
         """
+        _validate.host_call("decode_entries", self)
         self.host.check_state("decode_entries")
         ids = np.asarray(_common.pick_leaves(self.buffer.step, self.leaf_index)[0])
         held = ids[(ids >= 0) & (ids < self.host.num_slots - 1)]  # the last slot is the never-written one
@@ -268,8 +270,9 @@ class CompressedRolloutBuffer(HostBacked):
 
         Raises:
           ValueError: `entries` not one `[n + 1, *frame_shape]` array per compressed leaf of this buffer.
-          TypeError: `indices` of a non-integer dtype.
+          TypeError: `indices` of a non-integer dtype; called inside `jit` / `vmap` / `scan`.
         """
+        _validate.host_call("gather_entries", (self, indices))
         entries = _validate.decoded_entries("entries", entries, [(i.frame_shape, i.dtype) for i in self.leaves])
         mb = self.buffer.gather(indices)
         ids = np.asarray(_common.pick_leaves(mb.step, self.leaf_index)[0])
