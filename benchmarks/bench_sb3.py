@@ -264,7 +264,9 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
     count at their share. Then, replay: ``sample(32)`` once per variant in turn, 100 rounds (timed until the
     observation tensor can be read: one element is read); rollout: ``compute_returns_and_advantage``, then one
     ``get(256)`` pass per variant in turn, 3 rounds, its time / ``n``. Medians; ratio: sb3-extra-buffers' fastest
-    variant's median / ours (> 1: faster)."""
+    variant's median / ours (> 1: faster). The sample and get rows also carry ``cpu_us``, the median CPU time of the
+    process (all threads) per call (per step for get), and ours ``cpu_ratio``, the fastest variant's over ours: on a
+    loaded machine a call that hands work between threads waits for CPUs, which the wall time counts."""
     n, block = (3_000 if quick else 9_000), 64
     env_cls = make_env({"obs": None})
     for kind in kinds:
@@ -283,23 +285,26 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
                     feed.add(bufs[v], i)
                 t_add[v].append((time.perf_counter() - t) / (min(b0 + block, n) - b0))
         t_sample = {v: [] for v in order}
+        cpu = {v: [] for v in order}  # the process's CPU time (every thread), which waits for a CPU do not inflate
         if kind == "replay":
             for _ in range(100):
                 order = order[1:] + order[:1]
                 for v in order:
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     bufs[v].sample(32).observations.reshape(-1)[-1].item()
                     t_sample[v].append(time.perf_counter() - t)
+                    cpu[v].append(time.process_time() - c)
         else:
             for v in order:
                 bufs[v].compute_returns_and_advantage(feed.zero1, np.zeros(1))
             for _ in range(3):
                 order = order[1:] + order[:1]
                 for v in order:
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     for mb in bufs[v].get(256):
                         mb.observations.reshape(-1)[-1].item()
                     t_sample[v].append((time.perf_counter() - t) / n)
+                    cpu[v].append((time.process_time() - c) / n)
         del bufs
         gc.collect()
         extra = [v for v in order if v.startswith("extra")]
@@ -310,8 +315,11 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
             for v in COMPRESSED_VARIANTS:
                 impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
                 a = fastest if impl == "ours" else None
+                c = {} if call == "add" else {"cpu_us": round(1e6 * float(np.median(cpu[v])), 3)}
+                if c and a:  # the anchor's CPU time / ours, medians
+                    c["cpu_ratio"] = round(float(np.median(cpu[fastest]) / max(np.median(cpu[v]), 1e-12)), 4)
                 row(BENCH, f"compressed/{kind}/{call}", impl, med[v], n=n, repeats=len(times[v]), unit="calls/s", anchor=a,
-                    anchor_seconds=med[fastest] if a else None, variant=v, in_one_process=True)
+                    anchor_seconds=med[fastest] if a else None, variant=v, in_one_process=True, **c)
 
 
 def live_device_bytes() -> int:

@@ -17,6 +17,8 @@ from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from ._pool import parallel_for
+
 __all__ = ["ALIGN", "DTYPES", "as_array", "ChunkTable", "Codec", "CorruptEntryError", "EncodedBatch", "dtype_code", "dtype_from_code"]
 
 #: Every payload starts on a multiple of this many bytes (in encoded batches and in the arena),
@@ -223,6 +225,55 @@ def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids,
         at = order[np.minimum(np.searchsorted(key, b_out[d] * stride + b_row[d], sorter=order), max(len(rows) - 1, 0))]
         if len(rows) and bool(np.any((key[at] == b_out[d] * stride + b_row[d]) & (at >= d))):
             raise ValueError(f"codec {codec!r}: bases: a delta's base must be decoded before it (an earlier entry of the call, or a row decoded before it)")
+
+
+def decode_each(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases, inflater) -> None:
+    """`Codec.decode_many` for a codec whose package decompresses one payload to a new `bytes` object: every
+    payload read where it lies, each result copied once into its row (XORed with its base row when `bases` names
+    one). Requests are checked first (`check_decode`). Entries are split over the thread pool, or decoded in order
+    on this thread when `bases` is given (a base before its deltas).
+
+    Args:
+      inflater: called once per thread, returns `inflate(payload, t) -> bytes`, the whole decoded entry `t` (a
+        `memoryview` payload), raising `ValueError` with what is wrong for a corrupt one.
+
+    Raises:
+      ValueError: as `check_decode`, or `codec 'name': corrupt entry: ...` for the first corrupt payload found.
+    """
+    check_decode(codec, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases)
+    if not len(rows):
+        return
+    nbytes = outs[0].shape[1]
+    cids, offs, lens = (np.asarray(x).tolist() for x in (chunk_ids, offsets, lengths))
+    oids, rws = np.asarray(out_ids).tolist(), np.asarray(rows).tolist()
+    # flat byte views: a row is filled by one slice assignment (no numpy array per entry)
+    flat = [memoryview(o).cast("B") if o.flags.c_contiguous and o.size else None for o in outs]
+    srcs = {c: memoryview(chunks[c]) for c in set(cids)}
+    b_out, b_row = (None, None) if bases is None else (np.asarray(x).tolist() for x in bases)
+    errors: list[str] = []
+
+    def work(start: int, stop: int) -> None:
+        inflate = inflater()
+        for t in range(start, stop):
+            try:
+                data = inflate(srcs[cids[t]][offs[t] : offs[t] + lens[t]], t)
+            except ValueError as exc:
+                errors.append(str(exc))
+                return
+            dst, r = flat[oids[t]], rws[t]
+            if b_out is not None and b_out[t] >= 0:  # a delta: its base is whole by now
+                np.bitwise_xor(np.frombuffer(data, dtype=np.uint8), outs[b_out[t]][b_row[t]], out=outs[oids[t]][r])
+            elif dst is None:
+                outs[oids[t]][r] = np.frombuffer(data, dtype=np.uint8)
+            else:
+                dst[r * nbytes : (r + 1) * nbytes] = data
+
+    if bases is None:
+        parallel_for(len(rws), work, work_bytes=len(rws) * nbytes)
+    else:  # in order: every base before its deltas
+        work(0, len(rws))
+    if errors:
+        raise ValueError(f"codec {codec!r}: corrupt entry: {errors[0]}")
 
 
 def _check_rows(codec: str, outs, out_ids, rows, what: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, check_decode, import_extra, pack_payloads
+from ._base import Codec, EncodedBatch, decode_each, import_extra, pack_payloads
 from ._pool import parallel_for
 
 __all__ = ["IgzipCodec"]
@@ -44,31 +44,30 @@ class IgzipCodec(Codec):
         parallel_for(rows.shape[0], work, work_bytes=rows.nbytes)
         return pack_payloads(payloads)
 
-    def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
-        zeros = np.zeros(len(rows), np.int64)
-        check_decode(self.name, {0: chunk}, zeros, offsets, lengths, [out], zeros, rows)
-        lib = self._lib
-        nbytes = out.shape[1]
-        offs, lens, rws = offsets.tolist(), lengths.tolist(), rows.tolist()
-        errors: list[str] = []
+    def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
+        """`Codec.decode_many`, every payload read where it lies (a delta XORed with its base as it is decoded).
 
-        def work(start: int, stop: int) -> None:
-            for t in range(start, stop):
+        Raises:
+          ValueError: a corrupt stream (one that fails to inflate, or gives other than the entry's size), or as
+            `check_decode`.
+        """
+        lib = self._lib
+        nbytes = outs[0].shape[1] if len(outs) else 0
+
+        def inflater():
+            def inflate(src, t: int) -> bytes:
                 dec = lib.IgzipDecompressor(lib.DECOMP_DEFLATE)
                 try:  # at most one byte more than the entry's size: a corrupt stream cannot inflate further
-                    data = dec.decompress(chunk[offs[t] : offs[t] + lens[t]], nbytes + 1)
+                    data = dec.decompress(src, nbytes + 1)
                 except lib.error as exc:
-                    errors.append(str(exc))
-                    return
+                    raise ValueError(str(exc)) from exc
                 if len(data) > nbytes:
-                    errors.append(f"the stream inflates past the entry's {nbytes} bytes")
-                    return
+                    raise ValueError(f"the stream inflates past the entry's {nbytes} bytes")
                 if len(data) < nbytes or not dec.eof or dec.unused_data:
-                    errors.append(f"the stream gives {len(data)} bytes (expected {nbytes}), "
-                                  f"{'ends' if dec.eof else 'does not end'} there, and has {len(dec.unused_data)} bytes after its end")
-                    return
-                out[rws[t]] = np.frombuffer(data, dtype=np.uint8)
+                    raise ValueError(f"the stream gives {len(data)} bytes (expected {nbytes}), "
+                                     f"{'ends' if dec.eof else 'does not end'} there, and has {len(dec.unused_data)} bytes after its end")
+                return data
 
-        parallel_for(len(rws), work, work_bytes=len(rws) * nbytes)
-        if errors:
-            raise ValueError(f"codec 'igzip': corrupt entry: {errors[0]}")
+            return inflate
+
+        decode_each(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases, inflater)

@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from ._base import ChunkTable, Codec, EncodedBatch, check_decode, import_extra, pack_payloads
+from ._base import ChunkTable, Codec, EncodedBatch, decode_each, import_extra, pack_payloads
 from ._pool import parallel_for
 
 __all__ = ["ZstdCodec", "ZstdDictionary"]
@@ -170,42 +170,23 @@ class ZstdCodec(Codec):
         dictionary = chunks.dictionary if isinstance(chunks, ChunkTable) else None
         if top and dictionary is None:
             raise ValueError("codec 'zstd': an entry was encoded with a dictionary, and none was given to decode it")
-        check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases)
-        nbytes = outs[0].shape[1]
-        cids, offs, lens = (np.asarray(x).tolist() for x in (chunk_ids, offsets, lengths))
-        mts, oids, rws = meta.tolist(), np.asarray(out_ids).tolist(), np.asarray(rows).tolist()
-        # flat byte views: a row is filled by one slice assignment (no numpy array per entry)
-        flat = [memoryview(o).cast("B") if o.flags.c_contiguous and o.size else None for o in outs]
-        srcs = {c: memoryview(chunks[c]) for c in set(cids)}
-        b_out, b_row = (None, None) if bases is None else (np.asarray(x).tolist() for x in bases)
-        errors: list[str] = []
+        nbytes = outs[0].shape[1] if len(outs) else 0
+        mts = meta.tolist()
 
-        def work(start: int, stop: int) -> None:
+        def inflater():
             plain = _coders(self._local, self.level)[1]
             with_dict = dictionary.coders()[1] if dictionary is not None else None
             size_of, error = self._z.frame_content_size, self._z.ZstdError
-            for t in range(start, stop):
-                src = srcs[cids[t]][offs[t] : offs[t] + lens[t]]
+
+            def inflate(src, t: int) -> bytes:
                 try:
                     size = size_of(src)
                     if size != nbytes:  # checked first: a corrupt header must not size an allocation
-                        errors.append(f"the frame declares {size} bytes, expected {nbytes}")
-                        return
-                    data = (with_dict if mts[t] else plain).decompress(src)
+                        raise ValueError(f"the frame declares {size} bytes, expected {nbytes}")
+                    return (with_dict if mts[t] else plain).decompress(src)
                 except error as exc:
-                    errors.append(str(exc))
-                    return
-                dst, r = flat[oids[t]], rws[t]
-                if b_out is not None and b_out[t] >= 0:  # a delta: its base is whole by now
-                    np.bitwise_xor(np.frombuffer(data, dtype=np.uint8), outs[b_out[t]][b_row[t]], out=outs[oids[t]][r])
-                elif dst is None:
-                    outs[oids[t]][r] = np.frombuffer(data, dtype=np.uint8)
-                else:
-                    dst[r * nbytes : (r + 1) * nbytes] = data
+                    raise ValueError(str(exc)) from exc
 
-        if bases is None:
-            parallel_for(len(rws), work, work_bytes=len(rws) * nbytes)
-        else:  # in order: every base before its deltas
-            work(0, len(rws))
-        if errors:
-            raise ValueError(f"codec 'zstd': corrupt entry: {errors[0]}")
+            return inflate
+
+        decode_each(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases, inflater)

@@ -144,7 +144,8 @@ def test_calls_after_close_are_refused_before_dispatch():
     buf = _filled()
     step, fields = _good(np.random.default_rng(0))
     buf.close()
-    for call in (lambda: buf.add(step, **fields), lambda: buf.gather(jnp.arange(4)), lambda: buf.minibatches(jax.random.key(0), 2)):
+    for call in (lambda: buf.add(step, **fields), lambda: buf.gather(jnp.arange(4)), lambda: buf.minibatches(jax.random.key(0), 2),
+                 buf.decode_entries):
         with pytest.raises(RuntimeError, match="after close"):
             call()
 
@@ -169,10 +170,27 @@ def test_eager_reads_raise_our_errors_not_jax_runtime_errors():
         b1, first = b1.add(step, **fields), step["obs"] if first is None else first
     with pytest.raises(StaleBufferError, match="rewritten"):
         b0.gather(jnp.arange(E))
+    with pytest.raises(StaleBufferError, match="rewritten"):
+        b0.decode_entries()
     with corrupted(b1.host):
         with pytest.raises(CorruptEntryError, match="corrupt"):
             b1.gather(jnp.arange(E))
         with pytest.raises(CorruptEntryError, match="corrupt"):
+            b1.decode_entries()
+        with pytest.raises(CorruptEntryError, match="corrupt"):
             b1.minibatches(jax.random.key(0), 2)
     np.testing.assert_array_equal(np.asarray(b1.gather(jnp.arange(E)).step["obs"]), first)  # intact again
     b1.close()
+
+
+def test_gather_entries_refuses_entries_not_of_this_buffer(buf):
+    entries = buf.decode_entries()
+    (e,) = entries
+    for bad in ([], [e, e], [e[:, :-1]], [e.astype(np.int16)], [e[0]], (np.asarray(jnp.asarray(e)).tolist(),), e):
+        with pytest.raises(ValueError, match=r"entries: expected numpy arrays \['\[n \+ 1, 3, 4\] uint8'\]"):
+            buf.gather_entries(bad, jnp.arange(4))
+    with pytest.raises(TypeError, match="indices"):
+        buf.gather_entries(entries, jnp.arange(4.0))
+    for call in (lambda b: b.decode_entries(), lambda b: b.gather_entries(entries, jnp.arange(4))):
+        with pytest.raises(TypeError, match="called eagerly"):
+            jax.jit(call)(buf)

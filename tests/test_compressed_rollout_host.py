@@ -76,6 +76,11 @@ def test_writer_matches_rollout_buffer_and_device_add(stack_axis, frame_stack):
     want = ref.compute_gae(jnp.zeros(n), 0.9, 0.8).minibatches(key, 4)
     _compare(buf.compute_gae(jnp.zeros(n), 0.9, 0.8).minibatches(key, 4), want)
     _compare(dev.compute_gae(jnp.zeros(n), 0.9, 0.8).minibatches(key, 4), want)
+    idx = np.random.default_rng(1).permutation(n * t + 3).astype(np.int32)  # 3 out of range: clipped, as gather clips
+    for state in (buf, dev):  # an epoch gathered from the entries decoded once equals one that decodes per minibatch
+        entries = state.decode_entries()
+        assert entries[0].shape[0] - 1 <= state.host.num_slots - 1 and not entries[0][-1].any()
+        _compare(state.gather_entries(entries, idx), state.gather(idx))
 
 
 def test_writer_keeps_its_own_copy_of_the_previous_stack():

@@ -344,3 +344,25 @@ def episode_lengths(name: str, x, shape: tuple, t: int):
     if np.any(v < 1) or np.any(v > t):
         raise ValueError(f"{name}: expected values in [1, {t}] (the episode's time axis holds {t} steps), got {v.tolist()}")
     return v.astype(np.int32)
+
+
+def host_call(name: str, state) -> None:
+    """TypeError naming `name` when `state` holds traced arrays: a method that reads host stores directly runs
+    eagerly, not inside `jit` / `vmap` / `scan`."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(state)):
+        raise TypeError(f"{name}: reads the host stores directly, so it is called eagerly, on a concrete state "
+                        f"(not inside jit, vmap or scan); inside a program use gather")
+
+
+def decoded_entries(name: str, entries, frames: list) -> list:
+    """Decoded store entries of a compressed rollout (`CompressedRolloutBuffer.decode_entries`): one numpy array per
+    compressed leaf, `[n + 1, *frame_shape]` of its dtype (`frames`: `(frame_shape, dtype)` per leaf), one `n`."""
+    got = list(entries) if isinstance(entries, (list, tuple)) else None
+    ok = got is not None and len(got) == len(frames) and all(
+        isinstance(e, np.ndarray) and e.ndim == 1 + len(shape) and e.shape[1:] == tuple(shape) and e.shape[0] >= 1
+        and e.dtype == np.dtype(dtype) and e.shape[0] == got[0].shape[0] for e, (shape, dtype) in zip(got, frames))
+    if not ok:
+        want = [f"[n + 1, {', '.join(map(str, shape))}] {np.dtype(dtype)}" for shape, dtype in frames]
+        shown = [f"{getattr(e, 'shape', None)} {getattr(e, 'dtype', type(e).__name__)}" for e in got] if got is not None else type(entries).__name__
+        raise ValueError(f"{name}: expected numpy arrays {want} with one n (the buffer's decode_entries), got {shown}")
+    return got

@@ -435,8 +435,8 @@ def stack_slots(ids: jax.Array, *, frame_stack: int, ring: int, num_lanes: int, 
     return fids.astype(jnp.int32), pad
 
 
-def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool) -> jax.Array:
-    """Decoded entries -> observations.
+def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool, xp: Any = jnp) -> jax.Array:
+    """Decoded entries -> observations (`xp`: `jax.numpy` inside programs, `numpy` for host arrays).
 
     Args:
       frames: with frame dedup `[*S, k, *frame_shape]` (stack position `j`: oldest `0` to
@@ -447,12 +447,12 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
     """
     if info.stack_axis is not None:
         if pad is not None:
-            zero = jnp.zeros((), frames.dtype)
-            frames = jnp.where(pad.reshape(pad.shape + (1,) * len(info.frame_shape)), zero, frames)
+            zero = xp.zeros((), frames.dtype)
+            frames = xp.where(pad.reshape(pad.shape + (1,) * len(info.frame_shape)), zero, frames)
         if info.stack_axis:  # 0: already in place (skip the identity transpose)
-            frames = jnp.moveaxis(frames, lead, lead + info.stack_axis)
+            frames = xp.moveaxis(frames, lead, lead + info.stack_axis)
     if normalize:
-        frames = frames.astype(jnp.float32) * jnp.float32(1.0 / 255.0)
+        frames = frames.astype(xp.float32) * xp.float32(1.0 / 255.0)
     return frames
 
 

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxbuffers import _compiled, _validate
 from jaxbuffers.compressed import _common
@@ -235,6 +236,50 @@ class CompressedRolloutBuffer(HostBacked):
         decoded = _common.read(self.host, self.leaves, self.version, ids)
         lead = ids.ndim - (self.frame_stack is not None)
         out = [_common.finish(x[0], i, lead, None, self.normalize_images) for x, i in zip(decoded, self.leaves)]
+        return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
+
+    def decode_entries(self) -> tuple[np.ndarray, ...]:
+        """Every host-store entry this state's steps may read, each decoded once, for an epoch of minibatches
+        gathered on the host (`gather_entries`): a frame that `k` stacks share is decoded once per epoch, not once
+        per minibatch that holds one of them. Called eagerly (it reads the stores directly, not through a callback).
+
+        Returns:
+          Per compressed leaf, numpy `[n + 1, *frame_shape]` in the stored dtype: rows `0 .. n - 1` the entries of
+          slots `0 .. n - 1` (`n`: one past the largest slot id the steps hold; an empty slot gives zeros), row `n`
+          zeros. Memory: `n + 1` frames, about one per step with `frame_stack` (the stacks hold `k` each).
+
+        Raises:
+          StaleBufferError: a slot below `n` was rewritten after this state (a later add), checked before and after
+            the decode. RuntimeError: the buffer was closed. ValueError: a stacked (vmapped) state. TypeError: called
+            inside `jit` / `vmap` / `scan` (a traced state).
+        """
+        _validate.host_call("decode_entries", self)
+        self.host.check_state("decode_entries")
+        ids = np.asarray(_common.pick_leaves(self.buffer.step, self.leaf_index)[0])
+        held = ids[(ids >= 0) & (ids < self.host.num_slots - 1)]  # the last slot is the never-written one
+        n = int(held.max(initial=-1)) + 1
+        out = self.host.read(self.version, np.arange(n + 1, dtype=np.int32))  # n < num_slots: slot n exists
+        for x in out:
+            x[n] = 0
+        return out
+
+    def gather_entries(self, entries: Sequence[np.ndarray], indices: Any) -> RolloutMinibatch:
+        """`gather(indices)` with the compressed leaves taken from `decode_entries`' arrays (host numpy), equal to
+        `gather`'s (float32 `x / 255` with `normalize_images`); the other leaves as `jaxbuffers.RolloutBuffer.gather`
+        gives them. Ids outside the entries (never-written steps) read the zero row, as `gather` reads zeros.
+
+        Raises:
+          ValueError: `entries` not one `[n + 1, *frame_shape]` array per compressed leaf of this buffer.
+          TypeError: `indices` of a non-integer dtype; called inside `jit` / `vmap` / `scan`.
+        """
+        _validate.host_call("gather_entries", (self, indices))
+        entries = _validate.decoded_entries("entries", entries, [(i.frame_shape, i.dtype) for i in self.leaves])
+        mb = self.buffer.gather(indices)
+        ids = np.asarray(_common.pick_leaves(mb.step, self.leaf_index)[0])
+        n = entries[0].shape[0] - 1
+        at = np.where((ids >= 0) & (ids < n), ids, n)
+        lead = ids.ndim - (self.frame_stack is not None)
+        out = [_common.finish(e[at], i, lead, None, self.normalize_images, xp=np) for e, i in zip(entries, self.leaves)]
         return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
 
     @_common.checked_before_dispatch()

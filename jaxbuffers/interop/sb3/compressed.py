@@ -227,6 +227,14 @@ class _CompressedRolloutImpl(_JaxRolloutImpl):
     def _put(self, step: dict, reward: np.ndarray, value: np.ndarray) -> None:
         self._writer.add(step, reward=reward, value=value, terminated=np.zeros(self.n_envs, np.bool_))
 
+    def _epoch_gather(self):
+        # One pass of get(): every stored frame decoded once (about one per step with frame_stack: a stack shares its
+        # frames with k - 1 other steps), each minibatch gathered from them on the host. The decoded frames live
+        # while the pass does: 1/k of the stacked observations SB3's own buffer keeps.
+        state = self._state
+        entries = state.decode_entries()
+        return lambda idx: state.gather_entries(entries, idx)
+
     def __getstate__(self) -> dict:
         """`JaxRolloutBuffer.__getstate__` (the host writer is rebuilt from the checkpoint)."""
         state = super().__getstate__()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Generator
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -306,16 +306,28 @@ class _JaxRolloutImpl:
         return self._minibatches(self._get_batch_size(batch_size))
 
     def _minibatches(self, batch_size: int) -> Generator[Any, None, None]:
+        gather = self._epoch_gather()
         total = self.buffer_size * self.n_envs
         indices, self.generator_ready = np.random.permutation(total), True
         for start in range(0, total, batch_size):
-            yield self._get_samples(indices[start : start + batch_size])
+            yield self._samples_from(gather(self._flat_steps(indices[start : start + batch_size])))
+
+    def _epoch_gather(self) -> Callable[[np.ndarray], Any]:
+        """What one pass of ``get`` gathers each minibatch with (backing flat indices -> backing minibatch)."""
+        return lambda idx: self._state.gather(idx)
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None):
         """Samples at SB3's flat indices (env-major: ``index = env * T + t``), as SB3's ``_get_samples``."""
+        return self._samples_from(self._state.gather(self._flat_steps(batch_inds)))
+
+    def _flat_steps(self, batch_inds: np.ndarray) -> np.ndarray:
+        """SB3's flat indices (env-major: ``env * T + t``) as the backing buffer's (``t * n_envs + env``), int32."""
         inds = _common.indices(batch_inds, "batch_inds", self.buffer_size * self.n_envs)
         t, e = inds % self.buffer_size, inds // self.buffer_size
-        mb = self._state.gather((t * self.n_envs + e).astype(np.int32))
+        return (t * self.n_envs + e).astype(np.int32)
+
+    def _samples_from(self, mb: Any):
+        """A backing minibatch as SB3's samples (torch tensors on ``device``)."""
         dev = self.device
         return self._samples_type(
             observations=_common.to_sb3(mb.step["obs"], dev, self._sample_obs_dtypes),
