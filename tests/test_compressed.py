@@ -1218,3 +1218,34 @@ def test_device_reads_and_positional_reads_match_the_wrapped_buffers_and_answer_
     assert int(comp.size()) == int(ref.size()) and int(roll.trainable_size()) == 1
     with pytest.raises(RuntimeError, match="after close"):
         comp.transitions_at(idx, n_step=1, gamma=0.9)
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_truncate_last_equals_adding_the_step_truncated(donate):
+    """`StagingWriter.truncate_last` (the step staged, or already in the buffer: `truncate_last_from_host`) after a
+    step added untruncated gives the state and samples of the step added truncated with that final observation, with
+    frame stacks (the next step starts an episode) and the temporal coding; a final observation that is not its
+    step's stack shifted by one frame is refused before anything changes."""
+    from jaxbuffers.compressed import StagingWriter
+
+    ex = {"obs": jax.ShapeDtypeStruct((3, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    make = lambda: CompressedTrajectoryBuffer.create(ex, num_envs=2, length=6, frame_stack=3, codec="rle:8", keyframe_interval=2)  # noqa: E731
+    given_, late = StagingWriter(make(), max_pending=3), StagingWriter(make(), max_pending=3, donate=donate)
+    stk = Stacker(np.random.default_rng(1), 2, 3, "reset", 0)
+    no = np.zeros(2, bool)
+    for t in range(13):
+        o, _, trunc, nxt = stk.step(0.0, 0.3)
+        step = {"obs": o, "action": np.full(2, t, np.int32), "reward": np.ones(2, np.float32)}
+        given_.add(step, terminated=no, truncated=trunc, final_obs=nxt)
+        late.add(step, terminated=no)
+        if t % 2:
+            late.flush()  # the step to truncate is in the buffer, else still staged
+        late.truncate_last(trunc, nxt)
+    _device_leaves_equal(given_.buffer, late.buffer)
+    flat = jnp.arange(12)
+    a, b = given_.buffer.transitions_at(flat, gamma=1.0), late.buffer.transitions_at(flat, gamma=1.0)
+    np.testing.assert_array_equal(np.asarray(a.next_obs), np.asarray(b.next_obs))
+    before = late.buffer
+    with pytest.raises(ValueError, match="final_obs"):
+        late.truncate_last(np.ones(2, bool), np.zeros((2, 3, H, W), np.uint8))
+    assert late.pending == 0 and late._buf is before
