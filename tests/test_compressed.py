@@ -25,6 +25,7 @@ from jaxbuffers.compressed import (
 )
 from frame_stacks import stacked_chunk
 from jaxbuffers.compressed import _common
+from jaxbuffers.episode import BufferFullError
 from jaxbuffers.rollout import RolloutBuffer
 from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
 from jaxbuffers.trajectory import TrajectoryBuffer
@@ -631,7 +632,13 @@ def test_rollout_matches_rollout_buffer(seed, num_steps, num_envs, adds, normali
                     "logp": jnp.asarray(rng.normal(size=num_envs).astype(np.float32))}
             kw = dict(reward=jnp.asarray(rng.normal(size=num_envs).astype(np.float32)), value=jnp.zeros(num_envs),
                       terminated=jnp.asarray(rng.random(num_envs) < 0.3))
-            comp, ref = cadd(comp, step, **kw), radd(ref, step, **kw)
+            if not use_jit and int(comp.step_index) == num_steps:  # eager: refused, nothing changes
+                with pytest.raises(BufferFullError):
+                    cadd(comp, step, **kw)
+                ref = radd(ref, step, **kw)
+            else:
+                comp, ref = cadd(comp, step, **kw), radd(ref, step, **kw)
+                assert bool(comp.overflowed) == bool(ref.overflowed)  # jitted: the step is dropped, the flag set
     comp = comp.compute_gae(jnp.zeros(num_envs), 0.99, 0.95)
     ref = ref.compute_gae(jnp.zeros(num_envs), 0.99, 0.95)
     assert comp.host.num_rows == num_envs * sum(min(a, num_steps) for a in adds)
@@ -1249,3 +1256,44 @@ def test_truncate_last_equals_adding_the_step_truncated(donate):
     with pytest.raises(ValueError, match="final_obs"):
         late.truncate_last(np.ones(2, bool), np.zeros((2, 3, H, W), np.uint8))
     assert late.pending == 0 and late._buf is before
+
+
+def test_rollout_add_on_a_full_buffer_changes_nothing():
+    """Eagerly, an add to a full compressed rollout raises `BufferFullError` before anything runs: the host store's
+    version stays, so the same state's `reset().add` is not stale; jitted, the step is dropped and `overflowed` set."""
+    kw = dict(reward=jnp.zeros(2), value=jnp.zeros(2), terminated=jnp.zeros(2, bool))
+    step = {"obs": jnp.ones((2, H, W), jnp.uint8)}
+    b = CompressedRolloutBuffer.create({"obs": jnp.zeros((H, W), jnp.uint8)}, num_envs=2, num_steps=1, codec="rle").add(step, **kw)
+    writes = b.host.version
+    with pytest.raises(BufferFullError, match="full"):
+        b.add(step, **kw)
+    assert b.host.version == writes and not bool(b.overflowed)
+    with pytest.raises(ValueError, match="step"):  # the arguments' own refusal first, as RolloutBuffer's
+        b.add({"obs": jnp.ones((3, H, W), jnp.uint8)}, **kw)
+    full = b.reset().add(step, **kw)
+    assert int(full.step_index) == 1
+    over = jax.jit(CompressedRolloutBuffer.add)(full, step, **kw)
+    assert bool(over.overflowed) and int(over.step_index) == 1
+
+
+def test_compressed_buffers_have_every_public_attribute_of_the_buffers_they_wrap():
+    """Every public attribute of each wrapped buffer class is the compressed class's too, except those of
+    `_common.NOT_WRAPPED`, each named in the guide's section on compressed buffers; the delegated ones are the device
+    buffer's own values."""
+    import pathlib
+
+    from jaxbuffers import EpisodeBuffer
+    from jaxbuffers.compressed import CompressedEpisodeBuffer
+
+    public = lambda c: {n for n in dir(c) if not n.startswith("_")} | {n for n in c.__dataclass_fields__ if not n.startswith("_")}  # noqa: E731
+    pairs = [(CompressedRolloutBuffer, RolloutBuffer), (CompressedTrajectoryBuffer, TrajectoryBuffer),
+             (CompressedPrioritisedTrajectoryBuffer, PrioritisedTrajectoryBuffer), (CompressedEpisodeBuffer, EpisodeBuffer)]
+    for comp, wrapped in pairs:
+        assert public(wrapped) - public(comp) <= set(_common.NOT_WRAPPED), comp.__name__
+    guide = pathlib.Path(__file__).parents[1].joinpath("docs", "guide.md").read_text()
+    section = guide[guide.index("## 4. Host-compressed pixels") : guide.index("## 5.")]
+    assert all(f"`{name}`" in section for name in _common.NOT_WRAPPED)
+    ex = {"obs": jnp.zeros((H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    b = CompressedPrioritisedTrajectoryBuffer.create(ex, num_envs=2, length=4, window_length=2, codec="rle")
+    assert b.window_length == 2 and b.head is b.trajectory.head and b.terminated is b.trajectory.terminated
+    assert b.tree is b.buffer.tree and b.obs_key == "obs" and int(b.num_valid_windows()) == 0

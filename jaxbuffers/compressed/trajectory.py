@@ -148,6 +148,8 @@ def _build(
     return inner_step, kcap, config
 
 
+@_common.delegates("obs_key", "action_key", "reward_key", "num_valid", "head", "added", "terminated", "truncated",
+                   "final_slot", "metrics", via="trajectory")
 @_validate.one_member_methods(mapped=False)
 class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
@@ -592,6 +594,7 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     final_obs_lost = _common.delegated("final_obs_lost", "trajectory")
     valid_starts = _common.delegated("valid_starts", "trajectory")
+    num_valid_windows = _common.delegated("num_valid_windows")
 
     @_common.checked_before_dispatch()
     @_compiled.method("sequence_length")
@@ -631,6 +634,7 @@ _add_ids_donated = jax.jit(CompressedTrajectoryBuffer._add_ids.uncompiled, donat
 _truncate_ids_donated = jax.jit(CompressedTrajectoryBuffer._truncate_ids.uncompiled, donate_argnums=0)
 
 
+@_common.delegates("window_length", "period", "priority_exponent", "epsilon", "max_priority", "phase", "tree")
 @_validate.one_member_methods(mapped=False)
 class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
     """A `jaxbuffers.PrioritisedTrajectoryBuffer` with host-compressed observations.
@@ -687,7 +691,6 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
 
     priorities = _common.delegated("priorities")
     generations_at = _common.delegated("generations_at")
-    num_valid_windows = _common.delegated("num_valid_windows")
 
     @_compiled.method()
     def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "CompressedPrioritisedTrajectoryBuffer":
