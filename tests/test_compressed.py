@@ -1297,3 +1297,15 @@ def test_compressed_buffers_have_every_public_attribute_of_the_buffers_they_wrap
     b = CompressedPrioritisedTrajectoryBuffer.create(ex, num_envs=2, length=4, window_length=2, codec="rle")
     assert b.window_length == 2 and b.head is b.trajectory.head and b.terminated is b.trajectory.terminated
     assert b.tree is b.buffer.tree and b.obs_key == "obs" and int(b.num_valid_windows()) == 0
+
+
+def test_eager_add_to_a_donated_state_is_stale():
+    """A state given to a jitted add with `donate_argnums` (its arrays deleted) is refused by an eager add as stale,
+    before anything runs; the state that call returned still takes adds."""
+    ex = {"obs": jnp.zeros((H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    step = jax.tree.map(lambda x: jnp.stack([x]), ex)
+    b0 = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, codec="rle")
+    b1 = jax.jit(CompressedTrajectoryBuffer.add, donate_argnums=0)(b0, step, terminated=jnp.zeros(1, bool))
+    with pytest.raises(StaleBufferError, match="donated"):
+        b0.add(step, terminated=jnp.zeros(1, bool))
+    assert int(b1.add(step, terminated=jnp.zeros(1, bool)).num_added()) == 2

@@ -322,7 +322,8 @@ def check_before_dispatch(buf: Any, add: bool) -> int | None:
 
     Raises:
       RuntimeError: the buffer was closed.
-      StaleBufferError: `add` and a later add was made from this state (or from one derived from it).
+      StaleBufferError: `add` and a later add was made from this state (or from one derived from it), or the state
+        was donated to a call (its arrays deleted).
     """
     if isinstance(buf.version, jax.core.Tracer):
         return None
@@ -338,6 +339,9 @@ def check_before_dispatch(buf: Any, add: bool) -> int | None:
             last.block_until_ready()
         except Exception:  # that add failed: the store did not move (its caller got the error)
             pass
+    if getattr(buf.version, "is_deleted", lambda: False)():  # given to a call with `donate_argnums`: that call made the newer state
+        raise StaleBufferError("compressed buffer add: this buffer state was donated to a call (donate_argnums), which made "
+                               "a newer state; add to the state that call returned (refused before anything ran)")
     version = int(buf.version)  # waits for the add that produced this state
     buf.host.check_state("add", version)
     return version + 1
