@@ -184,7 +184,9 @@ class Recorded:
 
         Args:
           sample: what a sampler of this buffer returned: anything with `indices` (int `[B]`) and, for prioritised
-            samples, `generations` (int `[B]`).
+            samples, `generations` (int `[B]`). Nothing in a sample names the buffer it came from (a buffer of the
+            same kind and size makes the same indices), so none is refused: a sample of another buffer is counted
+            as draws of this one's positions, those outside the positions held being left out.
 
         Returns:
           The new buffer (only its metrics differ).

@@ -321,6 +321,38 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         )
 
     @_compiled.method()
+    def truncate_last(self, truncated, final_obs) -> "TrajectoryBuffer":
+        """Mark each lane's newest step truncated after the fact, with its final observation.
+
+        For a step whose successor turned out not to continue it (the next observation given with the step differs
+        from the next step's observation): afterwards the buffer equals the one where that step was added with
+        `truncated=True` and this `final_obs`. Lanes whose newest step already ended an episode, and an empty buffer,
+        are left as they are.
+
+        Args:
+          truncated: bool `[num_envs]`, the lanes to truncate.
+          final_obs: obs pytree, leaves `[num_envs, *obs_shape]` of the stored dtypes: the true observation after
+            each lane's newest step (read where truncated).
+
+        Raises:
+          TypeError / ValueError: wrong structure, shape or dtype (naming the argument).
+        """
+        _validate.array("truncated", truncated, (self.num_envs,), jnp.bool_)
+        lead = _validate.check_batch(self.step_spec[self.obs_key], final_obs, 1, "final_obs")
+        if lead[0] != self.num_envs:
+            raise ValueError(f"final_obs: expected leading axis num_envs={self.num_envs}, got {lead[0]}")
+        lanes, slot = jnp.arange(self.num_envs), (self.head - 1) % self.length
+        ended = self.terminated[lanes, slot] | self.truncated[lanes, slot]
+        boot = (jnp.asarray(truncated) & ~ended & (self.num_valid > 0))[:, None]
+        fslot, keep, final_head = _ring.final_slots(self.final_head, boot, self.final_obs_capacity)
+        store = _ring.write_lanes(self.final_obs, jax.tree.map(lambda x: jnp.asarray(x)[:, None], final_obs), fslot, keep)
+        return self.replace(
+            truncated=self.truncated.at[lanes, slot].set(self.truncated[lanes, slot] | boot[:, 0]),
+            final_slot=self.final_slot.at[lanes, slot].set(jnp.where(boot[:, 0], fslot[:, 0], self.final_slot[lanes, slot])),
+            final_obs=store, final_head=final_head,
+        )
+
+    @_compiled.method()
     def final_obs_lost(self) -> jax.Array:
         """Whether some stored truncated step's final observation was overwritten (bool scalar).
 

@@ -632,3 +632,24 @@ def test_bad_fps_and_unwritable_outputs_are_one_error_line(saved, tmp_path, caps
         code, _, err = run(capsys, *argv)
         assert code == 2 and err.startswith(f"jaxbuffers {argv[0]}: error: --out: cannot write ") and err.count("\n") == 1, err
     assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_small_frames_are_refused_with_the_rule_and_taken_with_a_stack_axis(capsys, tmp_path):
+    """A [4, 4] uint8 field is not taken for an image on its own: the error states the rule (H, W >= 8 unless
+    --stack-axis is given), and with `--stack-axis none` the sheet is drawn."""
+    buf = jb.ReplayBuffer.create({"obs": jnp.zeros((4, 4), jnp.uint8)}, capacity=4).add({"obs": jnp.ones((2, 4, 4), jnp.uint8)})
+    jb.save(tmp_path / "small", buf)
+    code, _, err = run(capsys, "sheet", tmp_path / "small", "--out", tmp_path / "s.png")
+    assert code == 2 and "H, W >= 8" in err and "--stack-axis" in err and "'obs': [4, 4]" in err
+    code, _, err = run(capsys, "sheet", tmp_path / "small", "--out", tmp_path / "s.png", "--stack-axis", "none")
+    assert code == 0, err
+
+
+def test_python_dash_m_jaxbuffers_runs_the_command(capsys, monkeypatch):
+    """`python -m jaxbuffers --help` is the `jaxbuffers` command's help (run in process with `runpy`)."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["jaxbuffers", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("jaxbuffers", run_name="__main__")
+    assert exit_.value.code == 0 and "sheet" in capsys.readouterr().out

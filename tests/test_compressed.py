@@ -25,6 +25,7 @@ from jaxbuffers.compressed import (
 )
 from frame_stacks import stacked_chunk
 from jaxbuffers.compressed import _common
+from jaxbuffers.episode import BufferFullError
 from jaxbuffers.rollout import RolloutBuffer
 from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
 from jaxbuffers.trajectory import TrajectoryBuffer
@@ -631,7 +632,13 @@ def test_rollout_matches_rollout_buffer(seed, num_steps, num_envs, adds, normali
                     "logp": jnp.asarray(rng.normal(size=num_envs).astype(np.float32))}
             kw = dict(reward=jnp.asarray(rng.normal(size=num_envs).astype(np.float32)), value=jnp.zeros(num_envs),
                       terminated=jnp.asarray(rng.random(num_envs) < 0.3))
-            comp, ref = cadd(comp, step, **kw), radd(ref, step, **kw)
+            if not use_jit and int(comp.step_index) == num_steps:  # eager: refused, nothing changes
+                with pytest.raises(BufferFullError):
+                    cadd(comp, step, **kw)
+                ref = radd(ref, step, **kw)
+            else:
+                comp, ref = cadd(comp, step, **kw), radd(ref, step, **kw)
+                assert bool(comp.overflowed) == bool(ref.overflowed)  # jitted: the step is dropped, the flag set
     comp = comp.compute_gae(jnp.zeros(num_envs), 0.99, 0.95)
     ref = ref.compute_gae(jnp.zeros(num_envs), 0.99, 0.95)
     assert comp.host.num_rows == num_envs * sum(min(a, num_steps) for a in adds)
@@ -1218,3 +1225,87 @@ def test_device_reads_and_positional_reads_match_the_wrapped_buffers_and_answer_
     assert int(comp.size()) == int(ref.size()) and int(roll.trainable_size()) == 1
     with pytest.raises(RuntimeError, match="after close"):
         comp.transitions_at(idx, n_step=1, gamma=0.9)
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_truncate_last_equals_adding_the_step_truncated(donate):
+    """`StagingWriter.truncate_last` (the step staged, or already in the buffer: `truncate_last_from_host`) after a
+    step added untruncated gives the state and samples of the step added truncated with that final observation, with
+    frame stacks (the next step starts an episode) and the temporal coding; a final observation that is not its
+    step's stack shifted by one frame is refused before anything changes."""
+    from jaxbuffers.compressed import StagingWriter
+
+    ex = {"obs": jax.ShapeDtypeStruct((3, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    make = lambda: CompressedTrajectoryBuffer.create(ex, num_envs=2, length=6, frame_stack=3, codec="rle:8", keyframe_interval=2)  # noqa: E731
+    given_, late = StagingWriter(make(), max_pending=3), StagingWriter(make(), max_pending=3, donate=donate)
+    stk = Stacker(np.random.default_rng(1), 2, 3, "reset", 0)
+    no = np.zeros(2, bool)
+    for t in range(13):
+        o, _, trunc, nxt = stk.step(0.0, 0.3)
+        step = {"obs": o, "action": np.full(2, t, np.int32), "reward": np.ones(2, np.float32)}
+        given_.add(step, terminated=no, truncated=trunc, final_obs=nxt)
+        late.add(step, terminated=no)
+        if t % 2:
+            late.flush()  # the step to truncate is in the buffer, else still staged
+        late.truncate_last(trunc, nxt)
+    _device_leaves_equal(given_.buffer, late.buffer)
+    flat = jnp.arange(12)
+    a, b = given_.buffer.transitions_at(flat, gamma=1.0), late.buffer.transitions_at(flat, gamma=1.0)
+    np.testing.assert_array_equal(np.asarray(a.next_obs), np.asarray(b.next_obs))
+    before = late.buffer
+    with pytest.raises(ValueError, match="final_obs"):
+        late.truncate_last(np.ones(2, bool), np.zeros((2, 3, H, W), np.uint8))
+    assert late.pending == 0 and late._buf is before
+
+
+def test_rollout_add_on_a_full_buffer_changes_nothing():
+    """Eagerly, an add to a full compressed rollout raises `BufferFullError` before anything runs: the host store's
+    version stays, so the same state's `reset().add` is not stale; jitted, the step is dropped and `overflowed` set."""
+    kw = dict(reward=jnp.zeros(2), value=jnp.zeros(2), terminated=jnp.zeros(2, bool))
+    step = {"obs": jnp.ones((2, H, W), jnp.uint8)}
+    b = CompressedRolloutBuffer.create({"obs": jnp.zeros((H, W), jnp.uint8)}, num_envs=2, num_steps=1, codec="rle").add(step, **kw)
+    writes = b.host.version
+    with pytest.raises(BufferFullError, match="full"):
+        b.add(step, **kw)
+    assert b.host.version == writes and not bool(b.overflowed)
+    with pytest.raises(ValueError, match="step"):  # the arguments' own refusal first, as RolloutBuffer's
+        b.add({"obs": jnp.ones((3, H, W), jnp.uint8)}, **kw)
+    full = b.reset().add(step, **kw)
+    assert int(full.step_index) == 1
+    over = jax.jit(CompressedRolloutBuffer.add)(full, step, **kw)
+    assert bool(over.overflowed) and int(over.step_index) == 1
+
+
+def test_compressed_buffers_have_every_public_attribute_of_the_buffers_they_wrap():
+    """Every public attribute of each wrapped buffer class is the compressed class's too, except those of
+    `_common.NOT_WRAPPED`, each named in the guide's section on compressed buffers; the delegated ones are the device
+    buffer's own values."""
+    import pathlib
+
+    from jaxbuffers import EpisodeBuffer
+    from jaxbuffers.compressed import CompressedEpisodeBuffer
+
+    public = lambda c: {n for n in dir(c) if not n.startswith("_")} | {n for n in c.__dataclass_fields__ if not n.startswith("_")}  # noqa: E731
+    pairs = [(CompressedRolloutBuffer, RolloutBuffer), (CompressedTrajectoryBuffer, TrajectoryBuffer),
+             (CompressedPrioritisedTrajectoryBuffer, PrioritisedTrajectoryBuffer), (CompressedEpisodeBuffer, EpisodeBuffer)]
+    for comp, wrapped in pairs:
+        assert public(wrapped) - public(comp) <= set(_common.NOT_WRAPPED), comp.__name__
+    guide = pathlib.Path(__file__).parents[1].joinpath("docs", "guide.md").read_text()
+    section = guide[guide.index("## 4. Host-compressed pixels") : guide.index("## 5.")]
+    assert all(f"`{name}`" in section for name in _common.NOT_WRAPPED)
+    ex = {"obs": jnp.zeros((H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    b = CompressedPrioritisedTrajectoryBuffer.create(ex, num_envs=2, length=4, window_length=2, codec="rle")
+    assert b.window_length == 2 and b.head is b.trajectory.head and b.terminated is b.trajectory.terminated
+    assert b.tree is b.buffer.tree and b.obs_key == "obs" and int(b.num_valid_windows()) == 0
+
+
+def test_eager_add_to_a_donated_state_is_stale():
+    """A state given to a jitted add with `donate_argnums` (its arrays deleted) is refused by an eager add as stale,
+    before anything runs; the state that call returned still takes adds."""
+    ex = {"obs": jnp.zeros((H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    step = jax.tree.map(lambda x: jnp.stack([x]), ex)
+    b0 = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=4, codec="rle")
+    b1 = jax.jit(CompressedTrajectoryBuffer.add, donate_argnums=0)(b0, step, terminated=jnp.zeros(1, bool))
+    with pytest.raises(StaleBufferError, match="donated"):
+        b0.add(step, terminated=jnp.zeros(1, bool))
+    assert int(b1.add(step, terminated=jnp.zeros(1, bool)).num_added()) == 2

@@ -770,3 +770,22 @@ def test_eager_calls_compile_once_per_shape_and_equal_jit(compile_counter):
     assert n() == 0
     with pytest.raises(ValueError, match="gamma"):
         eager.sample_transitions(jax.random.key(0), 4, n_step=1, gamma=7.0)
+
+
+def test_truncate_last_equals_adding_the_step_truncated():
+    """`truncate_last` after three adds gives the buffer whose third step was added `truncated` with that final
+    observation (lane 1's third step already terminated: left as it is); on an empty buffer it changes nothing."""
+    step = lambda v: {"obs": jnp.full((2, OBS_DIM), v, jnp.float32), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2, jnp.float32)}  # noqa: E731
+    empty = TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=4)
+    no, final = jnp.zeros(2, bool), jnp.full((2, OBS_DIM), 9.0)
+    ended = jnp.array([False, True])
+    a, b = empty, empty
+    for v in (1.0, 2.0):
+        a, b = a.add(step(v), terminated=no), b.add(step(v), terminated=no)
+    a = a.add(step(3.0), terminated=ended).truncate_last(jnp.array([True, True]), final)
+    b = b.add(step(3.0), terminated=ended, truncated=jnp.array([True, False]), final_obs=final)
+    assert jax.tree.all(jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), a, b))
+    same = empty.truncate_last(jnp.array([True, True]), final)
+    assert jax.tree.all(jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), same, empty))
+    with pytest.raises(ValueError, match="final_obs"):
+        empty.truncate_last(jnp.array([True, True]), jnp.zeros((3, OBS_DIM)))

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxbuffers.cli._images import ImageField, contact_sheet, find_image, overlay, scaled
+from jaxbuffers.cli._images import IMAGE_RULE, ImageField, contact_sheet, find_image, overlay, scaled
 from jaxbuffers.cli._view import SUPPORTED_NAMES, BufferView, ViewError, is_floating, is_numeric
 from jaxbuffers.compressed import ShardedHostStores
 
@@ -399,7 +399,7 @@ def _image(view: BufferView, image: str | None, stack_axis: str, layout: str) ->
     if field is None:
         shapes = {n: list(view.spec(n)[0]) for n in view.specs}
         axis = "" if stack_axis == "auto" else f" with --stack-axis {stack_axis}"
-        raise CliError(f"PATH: expected a buffer with an image field ([H, W], [H, W, C] or a frame stack){axis}, got fields {shapes}")
+        raise CliError(f"PATH: expected a buffer with an image field ({IMAGE_RULE}){axis}, got fields {shapes}")
     return field
 
 

@@ -15,10 +15,14 @@ import numpy as np
 
 from jaxbuffers.cli._view import is_floating, is_numeric
 
-__all__ = ["ImageField", "find_image", "overlay", "contact_sheet", "STACK_AXES"]
+__all__ = ["ImageField", "find_image", "overlay", "contact_sheet", "STACK_AXES", "IMAGE_RULE"]
 
 STACK_AXES = ("auto", "0", "-1", "none")
 _MAX_STACK = 8
+_MIN_SIDE = 8
+IMAGE_RULE = (f"[H, W], [H, W, C] with C 1 or 3, or a stack of at most {_MAX_STACK} such frames on the first or last axis; "
+              f"H, W >= {_MIN_SIDE} unless --stack-axis is given")
+"""Which fields `find_image` takes for images on its own (the error messages quote it)."""
 
 
 class ImageField:
@@ -50,7 +54,7 @@ class ImageField:
 
 def _guess_stack(shape: tuple[int, ...]) -> int | None | str:
     """Stack axis of an image field of `shape` (None: a single frame), or "no" when `shape` is not an image."""
-    big = lambda *d: all(s >= 8 for s in d)  # noqa: E731
+    big = lambda *d: all(s >= _MIN_SIDE for s in d)  # noqa: E731
     if len(shape) == 2 and big(*shape):
         return None
     if len(shape) == 3:
@@ -93,8 +97,7 @@ def find_image(view, name: str | None = None, stack_axis: str = "auto", layout: 
             raise ViewError(f"--stack-axis: expected an axis that leaves frames [H, W] or [H, W, C] in {n!r} of "
                             f"shape {list(shape)}, got {stack_axis}")
         if name is not None:
-            raise ViewError(f"--image: expected a field of images ([H, W], [H, W, C] or a stack of them), "
-                            f"got {n!r} of shape {list(shape)} {dtype}")
+            raise ViewError(f"--image: expected a field of images ({IMAGE_RULE}), got {n!r} of shape {list(shape)} {dtype}")
     return None
 
 

@@ -322,7 +322,8 @@ def check_before_dispatch(buf: Any, add: bool) -> int | None:
 
     Raises:
       RuntimeError: the buffer was closed.
-      StaleBufferError: `add` and a later add was made from this state (or from one derived from it).
+      StaleBufferError: `add` and a later add was made from this state (or from one derived from it), or the state
+        was donated to a call (its arrays deleted).
     """
     if isinstance(buf.version, jax.core.Tracer):
         return None
@@ -338,6 +339,9 @@ def check_before_dispatch(buf: Any, add: bool) -> int | None:
             last.block_until_ready()
         except Exception:  # that add failed: the store did not move (its caller got the error)
             pass
+    if getattr(buf.version, "is_deleted", lambda: False)():  # given to a call with `donate_argnums`: that call made the newer state
+        raise StaleBufferError("compressed buffer add: this buffer state was donated to a call (donate_argnums), which made "
+                               "a newer state; add to the state that call returned (refused before anything ran)")
     version = int(buf.version)  # waits for the add that produced this state
     buf.host.check_state("add", version)
     return version + 1
@@ -364,6 +368,35 @@ def delegated(name: str, via: str = "buffer") -> Callable:
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"`{name}` of the wrapped device buffer (`self.{via}`): device fields only, exactly its result."
     return method
+
+
+NOT_WRAPPED = {
+    "memory_bytes": "device bytes only: a compressed buffer reports `nbytes` = `device_nbytes` + `host_nbytes`",
+    "storage": "holds the ids of the compressed leaves, not observations (the device buffer is `buf.buffer`)",
+    "step": "holds the ids of the compressed leaves, not observations (the device buffer is `buf.buffer`)",
+    "final_obs": "holds the ids of the compressed leaves, not observations (`final_obs_at` decodes them)",
+    "add_prepared": "takes the ids the buffer makes (the device buffer is `buf.buffer`)",
+    "truncate_last": "a host write: `truncate_last_from_host` (or `StagingWriter.truncate_last`)",
+    "generations": "a field of the prioritised device buffer (`buf.buffer.generations`; `generations_at` is a method of both)",
+    "estimate_memory_pressure": "a projection of device arrays; the compressed rollout decodes its pixels per minibatch",
+}
+"""Public attributes of the wrapped device buffers that the compressed buffers do not have, and why (docs/guide.md §4
+lists them); every other one is the compressed buffer's own or `delegates`' read-only view of the device buffer's."""
+
+
+def delegates(*names: str, via: str = "buffer") -> Callable[[type], type]:
+    """Class decorator of a compressed buffer: read-only properties `names`, each `getattr(self, via).name` (a field
+    or a piece of configuration of the wrapped device buffer that holds no compressed data: flags, cursors, keys,
+    returns), exactly the device buffer's."""
+
+    def decorate(cls: type) -> type:
+        for name in names:
+            prop = property(lambda self, n=name: getattr(getattr(self, via), n))
+            prop.__doc__ = f"`{name}` of the wrapped device buffer (`self.{via}`), read only."
+            setattr(cls, name, prop)
+        return cls
+
+    return decorate
 
 
 def checked_before_dispatch(add: bool = False) -> Callable:

@@ -74,6 +74,8 @@ __all__ = ["CompressedEpisodeBuffer"]
 _PLACEHOLDER = jax.ShapeDtypeStruct((0,), jnp.uint8)
 
 
+@_common.delegates("max_timesteps", "obs_key", "action_key", "reward_key", "meta_spec", "overflowed", "lengths", "meta",
+                   "meta_defaults", "circular", "num_valid", "head", "added", "terminated", "truncated", "metrics")
 @_validate.one_member_methods(mapped=False)
 class CompressedEpisodeBuffer(FrameStacked, Recorded):
     """A `jaxbuffers.EpisodeBuffer` whose chosen observation leaves live compressed on the host.
@@ -147,26 +149,6 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
     def max_episodes(self) -> int:
         """Episode slots (static int): the inner buffer's."""
         return self.buffer.max_episodes
-
-    @property
-    def max_timesteps(self) -> int:
-        """Steps per slot (static int): the inner buffer's."""
-        return self.buffer.max_timesteps
-
-    @property
-    def obs_key(self) -> str:
-        """Name of the observation field."""
-        return self.buffer.obs_key
-
-    @property
-    def meta_spec(self) -> dict:
-        """`{name: jax.ShapeDtypeStruct}` of one episode's meta fields."""
-        return self.buffer.meta_spec
-
-    @property
-    def overflowed(self) -> jax.Array:
-        """bool scalar: some add to a fixed buffer found no room and wrote nothing (sticky)."""
-        return self.buffer.overflowed
 
     @property
     def step_spec(self) -> dict:

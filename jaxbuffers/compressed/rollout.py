@@ -43,6 +43,8 @@ __all__ = ["CompressedRolloutBuffer"]
 _ID = jax.ShapeDtypeStruct((), jnp.int32)
 
 
+@_common.delegates("advantages", "returns", "has_advantages", "overflowed", "step_index", "reward", "value", "terminated",
+                   "truncated", "trainable", "final_value")
 @_validate.one_member_methods(mapped=False)
 class CompressedRolloutBuffer(HostBacked):
     """A `jaxbuffers.RolloutBuffer` whose chosen step leaves live compressed on the host.
@@ -156,20 +158,31 @@ class CompressedRolloutBuffer(HostBacked):
         specs = [jax.ShapeDtypeStruct(i.shape, i.dtype) for i in self.leaves]
         return _common.replace_leaves(self.buffer.step_spec, self.leaf_index, specs)
 
-    @_common.checked_before_dispatch(add=True)
-    @_compiled.method()
     def add(self, step: Any, **fields) -> "CompressedRolloutBuffer":
         """`jaxbuffers.RolloutBuffer.add` (same keyword fields, shapes and errors).
 
         The compressed leaves of the `num_envs` steps go to the host in one ordered callback at
-        row `step_index`, after every check passed; on a full buffer nothing is written (host
-        included) and `overflowed` becomes True, as for `RolloutBuffer`.
+        row `step_index`, after every check passed. On a full buffer, as for `RolloutBuffer`: called eagerly it
+        raises `BufferFullError` and nothing changes (host store included); under a transformation nothing is
+        written (host included) and `overflowed` becomes True.
 
         Raises:
+          BufferFullError: called eagerly on a full buffer with arguments it would take, before anything runs.
           StaleBufferError: called eagerly on a state that is not the newest, before anything runs
             (under `jit` the write callback refuses it: `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
+        inner = self.buffer
+        if not isinstance(inner.step_index, jax.core.Tracer) and int(inner.step_index) >= inner.num_steps:
+            (n,) = _validate.check_batch(self.step_spec, step, 1, "step")  # the compressed leaves; then the rest:
+            ids = np.zeros((n,) + (() if self.frame_stack is None else (self.frame_stack,)), np.int32)
+            inner.add(_common.replace_leaves(step, self.leaf_index, [ids] * len(self.leaves)), **fields)  # raises BufferFullError
+        return self._add(step, **fields)
+
+    @_common.checked_before_dispatch(add=True)
+    @_compiled.method()
+    def _add(self, step: Any, **fields) -> "CompressedRolloutBuffer":
+        """`add` past its eager fill check."""
         (n,) = _validate.check_batch(self.step_spec, step, 1, "step")  # the compressed leaves; inner.add checks the rest
         inner, k = self.buffer, self.frame_stack
         row = jnp.minimum(inner.step_index, inner.num_steps - 1)

@@ -262,11 +262,7 @@ class StagingWriter:
             dst[:, j] = self._staged(x, i - off if 0 <= i - off < len(self._obs_leaves) else None)
         self._terminated[:, j] = term
         if fin is not None:
-            if self._final is None:
-                self._final = [
-                    np.zeros((self.num_envs, self.max_pending, *(self._info[i].frame_shape if i in self._info else s.shape)), s.dtype)
-                    for i, s in enumerate(self._obs_leaves)
-                ]
+            self._allocate_final()
             self._truncated[:, j] = trunc
             for i, (dst, x) in enumerate(zip(self._final, fin)):
                 dst[:, j] = self._staged(x, i)
@@ -278,6 +274,40 @@ class StagingWriter:
         self._n = j + 1
         if self._n == self.max_pending:
             self.flush()
+
+    def _allocate_final(self) -> None:
+        """The staging arrays of the final observations, on first use."""
+        if self._final is None:
+            self._final = [
+                np.zeros((self.num_envs, self.max_pending, *(self._info[i].frame_shape if i in self._info else s.shape)), s.dtype)
+                for i, s in enumerate(self._obs_leaves)
+            ]
+
+    def truncate_last(self, truncated, final_obs) -> None:
+        """`CompressedTrajectoryBuffer.truncate_last_from_host`: mark each lane's newest step truncated, with its final
+        observation (`final_obs` like `step[obs_key]`, leaves `[num_envs, ...]`), in the staging arrays when that
+        step is staged, else in the buffer. Lanes whose newest step already ended an episode are left as they are.
+
+        Raises (before anything changes): as `CompressedTrajectoryBuffer.truncate_last_from_host`.
+        """
+        self._buf.host.check_state("StagingWriter.truncate_last")
+        if self._n == 0:
+            self._buf = self._buf.truncate_last_from_host(truncated, final_obs, donate=self.donate)
+            self._previous = None  # the next step follows the buffer's last step
+            return
+        _validate.array("truncated", truncated, (self.num_envs,), np.bool_)
+        self._check_envs("final_obs", _validate.check_batch(self._spec[self._obs_key], final_obs, 1, "final_obs"))
+        j, fin = self._n - 1, [np.asarray(x) for x in jax.tree.leaves(final_obs)]
+        boot = np.asarray(truncated) & ~(self._terminated[:, j] | self._truncated[:, j])
+        if self._stacked:
+            error = self._buf.final_error(self._previous[0], [fin[i] for i in self._buf.leaf_index], boot)
+            if error is not None:
+                raise error
+            self._previous = (self._previous[0], self._previous[1] | boot)
+        self._allocate_final()
+        for i, (dst, x) in enumerate(zip(self._final, fin)):
+            dst[boot, j] = self._staged(x, i)[boot]
+        self._truncated[:, j] |= boot
 
     def flush(self) -> Any:
         """Add every staged step to the buffer (power-of-two chunks, oldest first); return it.

@@ -148,6 +148,8 @@ def _build(
     return inner_step, kcap, config
 
 
+@_common.delegates("obs_key", "action_key", "reward_key", "num_valid", "head", "added", "terminated", "truncated",
+                   "final_slot", "metrics", via="trajectory")
 @_validate.one_member_methods(mapped=False)
 class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
@@ -431,6 +433,56 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         version = self.host.write(version, slots, valid, *datas, bases=bases)
         return new.replace(version=jnp.asarray(version, jnp.int32))
 
+    def truncate_last_from_host(self, truncated, final_obs, *, donate: bool = False) -> "CompressedTrajectoryBuffer":
+        """`jaxbuffers.TrajectoryBuffer.truncate_last` (same arguments), the final frames written to the host store
+        directly; not traceable. Afterwards the buffer equals the one where each lane's newest step was added with
+        `truncated=True` and this `final_obs` (its next step starts an episode). With `donate`, as
+        `add_frames_from_host`.
+
+        Raises (before anything is written):
+          TypeError / ValueError: as `jaxbuffers.TrajectoryBuffer.truncate_last`; a call under a JAX transformation;
+            with `frame_stack`, a final observation that is not its step's stack shifted by one frame.
+          StaleBufferError: this state was already added to. RuntimeError: the buffer was closed.
+        """
+        if isinstance(self.version, jax.core.Tracer):
+            raise TypeError("truncate_last_from_host cannot be traced (jit/scan/vmap)")
+        e, spec = self.num_envs, self.step_spec[self.trajectory.obs_key]
+        _validate.array("truncated", truncated, (e,), np.bool_)
+        lead = _validate.check_batch(spec, final_obs, 1, "final_obs")
+        if lead[0] != e:
+            raise ValueError(f"final_obs: expected leading axis num_envs={e}, got {lead[0]}")
+        _common.check_before_dispatch(self, add=True)
+        frames = [np.asarray(_common.newest_frame(np.asarray(x), i, 1)) for x, i in zip(_common.pick_leaves(final_obs, self.leaf_index), self.leaves)]
+        if self._stacked:
+            befores, starts = self.lane_tails()
+            error = self.final_error(befores, [np.asarray(x) for x in _common.pick_leaves(final_obs, self.leaf_index)], np.asarray(truncated) & ~starts)
+            if error is not None:
+                raise error
+        placeholder = _common.replace_leaves(final_obs, self.leaf_index, [np.zeros((e, 3), np.int32)] * len(self.leaves))
+        truncate, version = _truncate_ids_donated if donate else type(self)._truncate_ids, np.int32(self.version)  # read before a donation
+        new, (slots, valid) = truncate(self, truncated, placeholder)
+        slots, valid = jax.device_get((slots, valid))
+        bases = None if self.keyframe_interval == 1 else np.full((e,), -1, np.int32)  # final frames are keyframes
+        return new.replace(version=jnp.asarray(self.host.write(version, slots, valid, *frames, bases=bases), jnp.int32))
+
+    @_compiled.method()
+    def _truncate_ids(self, truncated, final_obs):
+        """The device half of `truncate_last_from_host` (`final_obs`' compressed leaves are not read): the new state
+        without the version bump, (store slots `[E]` of the final frames, which of them to write `[E]`)."""
+        traj = self.trajectory
+        e, ring = self.num_envs, self.frame_ring
+        lanes, slot = jnp.arange(e, dtype=jnp.int32), (traj.head - 1) % traj.length
+        boot = truncated & ~(traj.terminated[lanes, slot] | traj.truncated[lanes, slot]) & (traj.num_valid > 0)
+        fslot, _, final_head = _ring.final_slots(self.final_head, boot[:, None], traj.final_obs_capacity)
+        fstore = e * ring + lanes * traj.final_obs_capacity + fslot[:, 0]
+        ep = _common.pick_leaves(traj.storage[traj.obs_key], self.leaf_index)[0][lanes, slot, 2]
+        fids = jnp.stack([fstore, lanes * ring + (self.frame_head - 1) % ring, jnp.minimum(ep + 1, self.frame_stack - 1)], axis=-1).astype(jnp.int32)
+        new = traj.truncate_last(truncated, _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves)))
+        inner = self.buffer.replace(buffer=new) if isinstance(self.buffer, PrioritisedTrajectoryBuffer) else new
+        zero = lambda x: jnp.where(boot, 0, x).astype(jnp.int32)  # noqa: E731 (the next step starts an episode, a keyframe)
+        new = self.replace(buffer=inner, final_head=final_head, next_ep_pos=zero(self.next_ep_pos), next_key_pos=zero(self.next_key_pos))
+        return new, (fstore, boot)
+
     def _frame_ids(self, ids: jax.Array):
         """ids `[*S, 3]` -> (store slots `[*S, k]` oldest to newest, zero-pad mask or None): `_common.stack_slots`."""
         return _common.stack_slots(
@@ -542,6 +594,7 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     final_obs_lost = _common.delegated("final_obs_lost", "trajectory")
     valid_starts = _common.delegated("valid_starts", "trajectory")
+    num_valid_windows = _common.delegated("num_valid_windows")
 
     @_common.checked_before_dispatch()
     @_compiled.method("sequence_length")
@@ -578,8 +631,10 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
 # `add_frames_from_host(donate=True)`: the state's arrays are reused for the new state (a `StagingWriter` that owns it).
 _add_ids_donated = jax.jit(CompressedTrajectoryBuffer._add_ids.uncompiled, donate_argnums=0)
+_truncate_ids_donated = jax.jit(CompressedTrajectoryBuffer._truncate_ids.uncompiled, donate_argnums=0)
 
 
+@_common.delegates("window_length", "period", "priority_exponent", "epsilon", "max_priority", "phase", "tree")
 @_validate.one_member_methods(mapped=False)
 class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
     """A `jaxbuffers.PrioritisedTrajectoryBuffer` with host-compressed observations.
@@ -636,7 +691,6 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
 
     priorities = _common.delegated("priorities")
     generations_at = _common.delegated("generations_at")
-    num_valid_windows = _common.delegated("num_valid_windows")
 
     @_compiled.method()
     def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "CompressedPrioritisedTrajectoryBuffer":

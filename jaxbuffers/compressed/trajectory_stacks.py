@@ -140,6 +140,18 @@ class StackChecked:
         ]
         return self._stack_error(np.stack(bad)) if any(b.any() for b in bad) else None
 
+    def final_error(self, befores, finals, boot) -> ValueError | None:
+        """The error `add` raises for final observations that are not their step's stack shifted by one frame, or
+        None, on the host: `befores` / `finals` per compressed leaf numpy `[num_envs, *shape]` (the steps' stacks and
+        their final observations), compared where `boot` (bool `[num_envs]`)."""
+        e = len(boot)
+        bad = [
+            _validate.unrebuilt_trajectory_stacks(b[:, None], b, np.ones((e, 1), bool), f[:, None], np.asarray(boot)[:, None],
+                                                  stack_axis=i.stack_axis, padding=self.padding)[1]
+            for b, f, i in zip(befores, finals, self.leaves)
+        ]
+        return self._stack_error(np.stack([np.stack([np.zeros_like(b), b]) for b in bad])) if any(b.any() for b in bad) else None
+
     def _recent_rows(self, m: int, finals: bool) -> tuple[np.ndarray, int] | None:
         """`HostStores.write`'s `recent` for an add writing `m` rows (`[E, t]` steps, then as many final frames when
         `finals`): the newest frames of each lane's last `k - 1` steps, which the next add's stack check reads

@@ -314,3 +314,64 @@ def test_compressed_rows_staged_on_the_host_survive_reused_caller_arrays():
             assert_samples_equal(_sb3_at(sb3, rows, rows % n_envs), jb.samples_at(rows, rows % n_envs))
     rows = np.arange(32)
     assert_samples_equal(_sb3_at(sb3, rows, rows % n_envs), jb.samples_at(rows, rows % n_envs))
+
+
+@pytest.mark.parametrize("read_every_add", [False, True], ids=["staged", "flushed"])
+def test_compressed_keeps_a_next_obs_that_is_not_the_next_rows_obs(read_every_add):
+    """Independent transitions (each ``next_obs`` unrelated to the next ``obs``, ``done`` mostly False): every sample
+    equals SB3's, whether the previous row is still staged on the host or already in the compressed store when the
+    next add shows that its next observation is not the next row's one; the ring wraps twice."""
+    n_envs, size = 2, 12  # 6 rows per env
+    sb3 = ReplayBuffer(size, PIX, BOX_A, device="cpu", n_envs=n_envs)
+    jb = JaxReplayBuffer(size, PIX, BOX_A, device="cpu", n_envs=n_envs, compress=dict(codec="rle", max_pending=4))
+    rng = np.random.default_rng(7)
+    rows = np.repeat(np.arange(6), n_envs)
+    envs = np.tile(np.arange(n_envs), 6)
+    for i in range(14):
+        step = random_step(PIX, BOX_A, n_envs, rng, p_done=0.1)
+        sb3.add(*step)
+        jb.add(*step)
+        if read_every_add or i == 13:
+            filled = rows < (i + 1 if i < 6 else 6)
+            assert_samples_equal(_sb3_at(sb3, rows[filled], envs[filled]), jb.samples_at(rows[filled], envs[filled]))
+
+
+def _stack(frames, k=4):
+    """The frame stack ``[k, *frame]`` of an episode's frames so far, zeros before its start (SB3's VecFrameStack)."""
+    pad = [np.zeros_like(frames[0])] * max(k - len(frames), 0)
+    return np.stack(pad + frames[-k:])
+
+
+def test_compressed_frame_stacks_where_one_env_restarts_without_done():
+    """frame_stack=4: env 1 starts a new episode although its previous row was not done (a second ``learn`` resets
+    the envs), env 0 goes on: the previous row of env 1 keeps its own next observation (SB3's samples), env 0's
+    stacks are still stored once per frame. A next observation that is not its row's stack shifted by one frame
+    cannot be held by the frame store: the next add refuses it (ValueError) rather than store something else."""
+    space = spaces.Box(0, 255, (4, 3, 3), np.uint8)
+    sb3 = ReplayBuffer(32, space, DISC_A, device="cpu", n_envs=2)
+    jb = JaxReplayBuffer(32, space, DISC_A, device="cpu", n_envs=2, compress=dict(frame_stack=4, stack_axis=0, codec="rle", max_pending=2))
+    rng = np.random.default_rng(0)
+    frame = lambda: rng.integers(0, 256, (3, 3), dtype=np.uint8)  # noqa: E731
+    episodes = [[frame()], [frame()]]
+    for i in range(10):
+        obs = np.stack([_stack(ep) for ep in episodes])
+        for ep in episodes:
+            ep.append(frame())
+        nxt = np.stack([_stack(ep) for ep in episodes])
+        step = (obs, nxt, np.array([[1], [2]]), np.ones(2, np.float32), np.zeros(2, bool), [{}, {}])
+        sb3.add(*step)
+        jb.add(*step)
+        if i in (3, 7):
+            episodes[1] = [frame()]  # env 1 restarts: its next obs is a fresh stack, not `nxt[1]`
+        if i % 3 == 0:
+            jb.samples_at(np.array([0]), np.array([0]))  # the restart after step 3 meets a flushed row, after 7 a staged one
+    rows, envs = np.repeat(np.arange(10), 2), np.tile(np.arange(2), 10)
+    assert_samples_equal(_sb3_at(sb3, rows, envs), jb.samples_at(rows, envs))
+    assert jb._writer.buffer.next_ep_pos.tolist() == [3, 2]  # env 0 in one episode throughout, env 1 two steps into one
+    obs = np.stack([_stack(ep) for ep in episodes])
+    wrong = obs.copy()
+    wrong[1] = rng.integers(0, 256, wrong[1].shape, dtype=np.uint8)  # not obs[1] shifted by one frame
+    jb.add(obs, wrong, np.array([[1], [2]]), np.ones(2, np.float32), np.zeros(2, bool), [{}, {}])
+    with pytest.raises(ValueError, match="final_obs"):
+        jb.add(np.stack([_stack(ep) for ep in [episodes[0] + [frame()], [frame()]]]), obs, np.array([[1], [2]]),
+               np.ones(2, np.float32), np.zeros(2, bool), [{}, {}])

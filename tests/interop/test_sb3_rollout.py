@@ -69,11 +69,9 @@ def test_advantages_and_returns_equal_sb3(obs_space, act_space, n, t, gamma, lam
     assert (jb.pos, jb.full) == (sb3.pos, sb3.full)
     sb3.compute_returns_and_advantage(last_values=last_values, dones=dones)
     jb.compute_returns_and_advantage(last_values=last_values, dones=dones)
-    # Both sides compute in float32, in different orders (SB3: a sequential Python loop; ours: the
-    # jitted gae); over t = 32 steps with gamma = lam = 1 the rounding reaches a few ulps of values
-    # of order 10 (2e-6 seen), so the bound is 1e-5, still far below any real GAE error.
-    np.testing.assert_allclose(jb.advantages, sb3.advantages, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(jb.returns, sb3.returns, rtol=1e-5, atol=1e-5)
+    # SB3's loop, operation for operation: bit for bit (a jitted recursion differed in the last bits)
+    np.testing.assert_array_equal(jb.advantages, sb3.advantages)
+    np.testing.assert_array_equal(jb.returns, sb3.returns)
     for name in ("values", "log_probs", "rewards", "episode_starts", "actions"):
         np.testing.assert_array_equal(getattr(jb, name), getattr(sb3, name).astype(getattr(jb, name).dtype), err_msg=name)
 
@@ -177,7 +175,7 @@ def test_staged_adds_equal_sb3_across_stages_and_reads():
         last_values, dones = fill([sb3, jb], BOX, DISC_A, t - STAGED_STEPS - 5, n, rng)
         sb3.compute_returns_and_advantage(last_values, dones)
         jb.compute_returns_and_advantage(last_values, dones)
-        np.testing.assert_allclose(jb.returns, sb3.returns, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(jb.returns, sb3.returns)
         np.testing.assert_array_equal(jb.observations, sb3.observations)
         sb3.reset()
         jb.reset()
@@ -198,6 +196,6 @@ def test_reset_and_gae_update_the_rollout_in_place():
         for b in (sb3, jb):
             b.compute_returns_and_advantage(last_values, dones)
         assert where() == before
-        np.testing.assert_allclose(jb.advantages, sb3.advantages, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(jb.advantages, sb3.advantages)
         jb.reset()
         assert where() == before

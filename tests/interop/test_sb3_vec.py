@@ -167,3 +167,46 @@ def test_dict_members_other_buffers_and_nested_facades_are_checked_before_any_ca
     with pytest.raises(TypeError, match=r"^buffers\[1\] \(Other.add\): too many positional arguments"):
         vec.add(*_step(np.random.default_rng(0)))
     assert vec.buffers[0].pos == 0 and not hasattr(other, "x")
+
+
+def test_thread_pool_is_shut_down_when_the_facade_goes():
+    """``use_threads``: collecting the facade shuts its pool down, and one left open is shut down at interpreter exit
+    by a finaliser (run while the modules still exist: `test_thread_pool_left_open_shuts_down_quietly_at_exit`)."""
+    import gc
+
+    make = lambda: DummyVecRolloutBuffer(4, OBS, ACT, buffers=[JaxRolloutBuffer(4, OBS, ACT, device="cpu")], use_threads=True)  # noqa: E731
+    gone = make()
+    pool = gone._executor
+    del gone
+    gc.collect()
+    assert pool._shutdown
+    kept = make()
+    assert kept._finalizer.alive and kept._finalizer.atexit
+    kept.close()
+    assert not kept._finalizer.alive and kept._executor is None
+
+
+@pytest.mark.slow  # a fresh interpreter importing JAX, torch and SB3
+def test_thread_pool_left_open_shuts_down_quietly_at_exit():
+    """A facade with ``use_threads`` that is never closed: its pool is shut down at interpreter exit without a word
+    on stderr (no traceback from a teardown that finds the modules gone); one collected earlier shuts its pool too."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    script = (
+        "import gc, numpy as np\n"
+        "from gymnasium import spaces\n"
+        "from jaxbuffers.interop.sb3 import DummyVecRolloutBuffer, JaxRolloutBuffer\n"
+        "obs, act = spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2)\n"
+        "make = lambda: DummyVecRolloutBuffer(4, obs, act, buffers=[JaxRolloutBuffer(4, obs, act, device='cpu')], use_threads=True)\n"
+        "gone = make(); pool = gone._executor; del gone; gc.collect()\n"
+        "assert pool._shutdown\n"
+        "kept = make()\n"
+    )
+    root = str(pathlib.Path(__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), root])}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""

@@ -218,6 +218,13 @@ class Rows:
         return jax.tree.map(lambda x, d: np.asarray(x).astype(d, copy=False), obs, self.obs_dtypes)
 
 
+def differs(a: Any, b: Any) -> np.ndarray:
+    """bool ``[n]``: where row ``i`` of two pytrees of numpy arrays ``[n, ...]`` of one structure and dtype differ, bit
+    for bit (a NaN or -0.0 counts as its bytes)."""
+    bytes_of = lambda x: np.ascontiguousarray(x).view(np.uint8).reshape(len(x), -1)  # noqa: E731
+    return np.any([np.any(bytes_of(x) != bytes_of(y), axis=1) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))], axis=0)
+
+
 def check_type(name: str, x: Any, cls: type) -> None:
     """``TypeError`` naming ``name`` unless ``x`` is a ``cls``."""
     if not isinstance(x, cls):

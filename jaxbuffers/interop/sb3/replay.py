@@ -24,7 +24,9 @@ observations live in a compressed trajectory buffer with one lane per env; with
 `frame_stack=k` only the newest frame of each observation is stored and stacks are rebuilt at sample time (exact for
 observations made by a frame stacker). Every SB3 episode end goes in as a truncation, so its terminal observation is
 kept in the final-observation ring; elsewhere the next row's `obs` is the next observation (the same array in SB3's
-loop). Samples equal SB3's. The observation views are unavailable when compressed. For SB3's Atari stack (CnnPolicy is channels-first, so the frame axis is
+loop), and where an env's next `obs` is not the `next_obs` given before (independent transitions, envs reset without
+an episode end), the next add truncates that row with its `next_obs` (`StagingWriter.truncate_last`; with `frame_stack`
+it must be the row's stack shifted by one frame, else that add raises `ValueError`). Samples equal SB3's. The observation views are unavailable when compressed. For SB3's Atari stack (CnnPolicy is channels-first, so the frame axis is
 0):
 
 ```python
@@ -386,6 +388,10 @@ class _JaxReplayImpl:
             # Every episode end goes in as a truncation, so that its terminal observation is kept in
             # the final-observation ring; SB3's dones and timeouts live in the row store.
             obs_row, d = row.pop("observations"), row["dones"]
+            if self._pending is not None:  # an env whose obs is not the previous row's next_obs: that row ends there
+                moved = _common.differs(obs_row, self._pending)
+                if moved.any():
+                    self._writer.truncate_last(moved, final_obs=self._pending)
             zeros = {"action": np.zeros(n, np.uint8), "reward": np.zeros(n, np.float32)}
             self._writer.add({"obs": obs_row, **zeros}, terminated=np.zeros_like(d), truncated=d, final_obs=next_row)
             self._pending = jax.tree.map(np.array, next_row)  # a copy: next_row may be a view of the caller's array

@@ -7,8 +7,9 @@ Episode flags. SB3's loop calls `add(obs_t, action_t, reward_t, episode_start_t,
 `episode_start_t` says that the previous step ended an episode, and at a time-limit end it has already folded
 `gamma * V(terminal_obs)` into the reward. In the conventions of `jaxbuffers.returns` that is
 `terminated[t] = episode_start[t + 1]`, `terminated[T - 1] = dones` (the argument of
-`compute_returns_and_advantage`) and no truncation, so `jaxbuffers.RolloutBuffer.compute_gae` gives SB3's recursion
-(Schulman et al. 2016), with $s$ the episode starts:
+`compute_returns_and_advantage`) and no truncation: `jaxbuffers.RolloutBuffer.compute_gae` of these flags is SB3's
+recursion (Schulman et al. 2016), with $s$ the episode starts, which `compute_returns_and_advantage` evaluates on the
+host in SB3's order of operations (`sb3_advantages`), so that advantages and returns are SB3's bit for bit:
 
 $$
 \delta_t = r_t + \gamma V_{t+1} (1 - s_{t+1}) - V_t, \qquad
@@ -75,10 +76,30 @@ def sb3_terminated(episode_starts: jax.Array, dones: jax.Array, num_filled: jax.
     return jnp.where(t == num_filled - 1, dones[None, :], nxt)
 
 
-def _sb3_gae(rollout: _rollout.RolloutBuffer, dones: jax.Array, last_values: jax.Array, gamma: float, gae_lambda: float) -> _rollout.RolloutBuffer:
-    """SB3's flags mapped (`sb3_terminated`), then `jaxbuffers.RolloutBuffer.compute_gae`."""
+def sb3_advantages(reward: np.ndarray, value: np.ndarray, episode_start: np.ndarray, dones: np.ndarray, last_values: np.ndarray,
+                   num_filled: int, gamma: Any, gae_lambda: Any) -> tuple[np.ndarray, np.ndarray]:
+    """GAE advantages and returns ``[T, n_envs]`` in numpy, the recursion of the module doc evaluated in the order
+    of SB3's ``compute_returns_and_advantage`` loop, operation for operation (so with its roundings: a jitted
+    evaluation may fuse a multiply and an add into one rounding), over the first ``num_filled`` rows (the last
+    bootstraps from ``last_values`` unless ``dones``); zeros after them. ``gamma``, ``gae_lambda`` as SB3 holds them."""
+    adv, last = np.zeros_like(reward), 0
+    for t in reversed(range(num_filled)):
+        if t == num_filled - 1:
+            not_ended, next_values = 1.0 - dones.astype(np.float32), last_values
+        else:
+            not_ended, next_values = 1.0 - episode_start[t + 1].astype(np.float32), value[t + 1]
+        delta = reward[t] + gamma * next_values * not_ended - value[t]
+        last = delta + gamma * gae_lambda * not_ended * last
+        adv[t] = last
+    ret = adv + value
+    ret[num_filled:] = 0
+    return adv, ret
+
+
+def _sb3_gae(rollout: _rollout.RolloutBuffer, dones: jax.Array, advantages: jax.Array, returns: jax.Array) -> _rollout.RolloutBuffer:
+    """SB3's flags mapped (`sb3_terminated`), with the advantages and returns of `sb3_advantages`."""
     terminated = sb3_terminated(rollout.step["episode_start"], dones, rollout.step_index)
-    return rollout.replace(terminated=terminated).compute_gae(last_values, gamma, gae_lambda)
+    return rollout.replace(terminated=terminated, advantages=advantages, returns=returns, has_advantages=jnp.bool_(True))
 
 
 # With the state donated, for an adapter that alone holds its state: a program called eagerly returns new arrays for
@@ -284,7 +305,7 @@ class _JaxRolloutImpl:
             self._state  # noqa: B018 - adds the stage
 
     def compute_returns_and_advantage(self, last_values: th.Tensor, dones: np.ndarray) -> None:
-        """GAE advantages and returns, equal to SB3's (see the module doc for the mapping).
+        """GAE advantages and returns, SB3's bit for bit (`sb3_advantages`; the module doc gives the mapping).
 
         Args:
           last_values: torch ``[n_envs, 1]`` or ``[n_envs]``, ``V`` of the observation after the last step.
@@ -292,8 +313,9 @@ class _JaxRolloutImpl:
         """
         last_values, dones = self._returns_rows(last_values, dones)
         s = self._rollout
-        gae = _GAE[self._owns_state]
-        self._state = self._with_rollout(gae(s, jnp.asarray(dones), jnp.asarray(last_values), self.gamma, self.gae_lambda))
+        reward, value, starts, filled = jax.device_get((s.reward, s.value, s.step["episode_start"], s.step_index))
+        adv, ret = sb3_advantages(reward, value, starts, dones, last_values, int(filled), self.gamma, self.gae_lambda)
+        self._state = self._with_rollout(_GAE[self._owns_state](s, jnp.asarray(dones), adv, ret))
 
     def get(self, batch_size: int | None = None) -> Generator[Any, None, None]:
         """Every stored step once, shuffled as SB3 shuffles them, in minibatches of ``batch_size`` (all if None).

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import weakref
 from typing import Any, Callable, Iterable
 
 import torch as th
@@ -33,7 +34,7 @@ from jaxbuffers._validate import sb3_rollout
 
 __all__ = ["DummyVecRolloutBuffer"]
 
-_OWN = ("_buffers", "_executor", "use_threads")
+_OWN = ("_buffers", "_executor", "_finalizer", "use_threads")
 
 
 def _check(i: int, buf: Any, name: str, fn: Callable, args: tuple, kwargs: dict) -> None:
@@ -88,6 +89,9 @@ class DummyVecRolloutBuffer(RolloutBuffer):
                 raise TypeError(f"buffers[{i}]: a {type(b).__name__} has no {missing}; expected a rollout buffer")
         self._buffers, self.use_threads = bufs, use_threads
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(len(bufs), 1)) if use_threads else None
+        # The pool is shut down when the facade is collected or, at the latest, at interpreter exit while the modules
+        # it needs still exist (a `__del__` run during teardown would find them gone).
+        self._finalizer = None if self._executor is None else weakref.finalize(self, self._executor.shutdown, wait=False, cancel_futures=True)
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.gae_lambda, self.gamma = kwargs.get("gae_lambda", 1), kwargs.get("gamma", 0.99)
         self.generator_ready = False
@@ -199,9 +203,6 @@ class DummyVecRolloutBuffer(RolloutBuffer):
     def close(self) -> None:
         """Shut the thread pool down (nothing without ``use_threads``)."""
         if self._executor is not None:
+            self._finalizer.detach()
             self._executor.shutdown(cancel_futures=True)
             self._executor = None
-
-    def __del__(self) -> None:
-        if self.__dict__.get("_executor") is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
