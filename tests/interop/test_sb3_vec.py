@@ -167,3 +167,22 @@ def test_dict_members_other_buffers_and_nested_facades_are_checked_before_any_ca
     with pytest.raises(TypeError, match=r"^buffers\[1\] \(Other.add\): too many positional arguments"):
         vec.add(*_step(np.random.default_rng(0)))
     assert vec.buffers[0].pos == 0 and not hasattr(other, "x")
+
+
+def test_add_converts_each_step_once_and_a_buffer_held_twice_stops_when_full(monkeypatch):
+    from jaxbuffers.interop.sb3 import rollout
+
+    calls = []
+    real = rollout._JaxRolloutImpl._add_rows
+    monkeypatch.setattr(rollout._JaxRolloutImpl, "_add_rows", lambda self, *a, **k: calls.append(type(self).__name__) or real(self, *a, **k))
+    bufs = _buffers()
+    vec = DummyVecRolloutBuffer(5, OBS, ACT, "cpu", n_envs=N, buffers=bufs)
+    step = _step(np.random.default_rng(0))
+    vec.add(*step)
+    assert sorted(calls) == ["CompressedRolloutBuffer", "JaxRolloutBuffer"]  # checked and converted once, then stored
+    assert [b.pos for b in bufs] == [1, 1, 1]
+    one = JaxRolloutBuffer(1, OBS, ACT, "cpu", n_envs=N)
+    twice = DummyVecRolloutBuffer(1, OBS, ACT, "cpu", n_envs=N, buffers=[one, one])
+    with pytest.raises(IndexError, match="full"):  # both pass the check; the second store finds it full
+        twice.add(*step)
+    assert one.pos == 1 and one.full
