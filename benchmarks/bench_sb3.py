@@ -20,6 +20,11 @@ Cases:
     ``sample(32)`` (one gradient step's batch, torch tensors), the buffer's share of a step, and
     of the pair (the compressed adapter stages adds on the host and flushes them at the sample).
 
+  * ``compressed`` / ``compressed_dict``: the compressed SB3 classes (``CompressedReplayBuffer``,
+    ``CompressedRolloutBuffer``; their Dict classes on observations {pixels: the stacks, vector: 4 floats}, ours
+    compressing ``pixels``) against sb3-extra-buffers' classes of the same names and SB3's own buffers: bytes held per
+    transition (step), add and sample / ``get`` times, every variant in one process.
+
   * ``rollout``: SB3's ``RolloutBuffer`` against the uncompressed ``JaxRolloutBuffer`` in one process, one rollout
     of T=2048 Breakout steps: add, GAE, ``get(256)`` passes, bytes held (``rollout_rows``).
 
@@ -27,7 +32,7 @@ Rows (``_common`` format): ``impl`` is ``sb3`` (the anchor) or ``ours`` with ``v
 (uncompressed) or ``jax_compressed``; memory rows carry ``value`` in GB. Without the recorded
 frames the benchmark prints one ``skipped`` row.
 
-Run: python benchmarks/bench_sb3.py [--quick] [--rollout-only]
+Run: python benchmarks/bench_sb3.py [--quick] [--rollout-only | --compressed-timing-only | --compressed-dict-only]
 """
 
 from __future__ import annotations
