@@ -375,8 +375,8 @@ def compressed_rows(quick: bool, kinds=("replay", "rollout")) -> None:
 def compressed_traced_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: bool = False) -> None:
     """Rows ``compressed/<kind>/held_bytes_per_<unit>``: bytes held per transition (step) after filling N, as
     tracemalloc + device arrays (`compressed_child` with ``traced``); ratio: this row / sb3-extra-buffers' smallest.
-    With ``dict_obs``: the Dict classes, rows ``compressed_dict/...``, a third of the steps."""
-    n = (3_000 if quick else 9_000) // (3 if dict_obs else 1)
+    With ``dict_obs``: the Dict classes, rows ``compressed_dict/...``."""
+    n = 3_000 if quick else 9_000
     for kind in kinds:
         res = {}
         for v in COMPRESSED_VARIANTS:
