@@ -39,7 +39,6 @@ import jax
 import numpy as np
 
 from jaxbuffers import _validate
-from jaxbuffers.compressed import _common
 
 __all__ = ["StagingWriter"]
 
