@@ -242,9 +242,16 @@ class StagingWriter:
             self._check_add(dict(step), terminated, truncated, final_obs)
             self._passed = sig
         m = len(self._stage)  # flat: the step's leaves, terminated, then truncated and the final_obs leaves if given
-        leaves, term = given[:m], np.asarray(given[m])
-        fin = None if truncated is None else given[m + 2 :]
-        trunc = None if truncated is None else np.asarray(given[m + 1])
+        self._add_checked(given[:m], given[m], None if truncated is None else given[m + 1], None if truncated is None else given[m + 2 :])
+
+    def _add_checked(self, leaves: list, term, trunc, fin: list | None) -> None:
+        """`add` of checked arguments: ``leaves`` the step's flat leaves (the example step's order, shapes
+        ``[num_envs, ...]`` and dtypes), ``term`` / ``trunc`` bool ``[num_envs]`` (``trunc`` None: not given),
+        ``fin`` the final observation's flat leaves or None (the SB3 replay adapter makes them so: its checks are
+        `add`'s, made once). The frame-stack check and everything after it are `add`'s."""
+        self._buf.host.check_state("StagingWriter.add")
+        term = np.asarray(term)
+        truncated = trunc = None if trunc is None else np.asarray(trunc)
         if self._stacked:  # stacks the buffer could not rebuild: refused here, as its add refuses them
             stacks = [np.asarray(leaves[self._obs_offset + i]) for i in self._buf.leaf_index]
             if self._previous is None:  # the lanes' last steps are in the buffer: read from the store once

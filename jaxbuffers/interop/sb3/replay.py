@@ -400,8 +400,10 @@ class _JaxReplayImpl:
             # Every episode end goes in as a truncation, so that its terminal observation is kept in
             # the final-observation ring; SB3's dones and timeouts live in the row store.
             obs_row, d = row.pop("observations"), row["dones"]
-            zeros = {"action": _common.zeros(n, np.uint8), "reward": _common.zeros(n, np.float32)}
-            self._writer.add({"obs": obs_row, **zeros}, terminated=_common.zeros(n, np.bool_), truncated=d, final_obs=next_row)
+            # the rows have the writer's spec (its example step is made from them): staged without checking again
+            w, no = self._writer, _common.zeros(n, np.bool_)
+            step = w._treedef.flatten_up_to({"obs": obs_row, "action": _common.zeros(n, np.uint8), "reward": _common.zeros(n, np.float32)})
+            w._add_checked(step, no, d, w._obs_treedef.flatten_up_to(next_row))
             self._pending = _common.copy_obs(next_row)  # next_row may be a view of the caller's array
             self._stage_row(row)
         elif not self.optimize_memory_usage:
