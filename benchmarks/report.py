@@ -96,7 +96,7 @@ NOTES = {
            "smaller); `bytes_per_*`: RSS growth between two fills (noisy when the machine swaps); `compressed_dict/*`: "
            "the Dict classes on observations {pixels: the stacks, vector: 4 float32} (ours compress `pixels`), against "
            "sb3-extra-buffers' and SB3's Dict buffers (call rows over 3,000 steps); the `compressed/*/add` and "
-           "`compressed_dict/*` rows were measured while other jobs loaded the two cores (load average 13 to 22): read "
+           "`compressed_dict/*` rows were measured while other jobs loaded the two cores (load average 7 to 22): read "
            "their ratios, not their times against other rows; call rows: ratio = "
            "sb3-extra-buffers' fastest time / ours (> 1: faster). `rollout/*`: the uncompressed `JaxRolloutBuffer` "
            "against SB3's `RolloutBuffer` in one process, one rollout of 2048 Breakout steps as SB3's PPO runs it "
