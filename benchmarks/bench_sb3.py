@@ -20,6 +20,11 @@ Cases:
     ``sample(32)`` (one gradient step's batch, torch tensors), the buffer's share of a step, and
     of the pair (the compressed adapter stages adds on the host and flushes them at the sample).
 
+  * ``compressed`` / ``compressed_dict``: the compressed SB3 classes (``CompressedReplayBuffer``,
+    ``CompressedRolloutBuffer``; their Dict classes on observations {pixels: the stacks, vector: 4 floats}, ours
+    compressing ``pixels``) against sb3-extra-buffers' classes of the same names and SB3's own buffers: bytes held per
+    transition (step), add and sample / ``get`` times, every variant in one process.
+
   * ``rollout``: SB3's ``RolloutBuffer`` against the uncompressed ``JaxRolloutBuffer`` in one process, one rollout
     of T=2048 Breakout steps: add, GAE, ``get(256)`` passes, bytes held (``rollout_rows``).
 
@@ -27,7 +32,7 @@ Rows (``_common`` format): ``impl`` is ``sb3`` (the anchor) or ``ours`` with ``v
 (uncompressed) or ``jax_compressed``; memory rows carry ``value`` in GB. Without the recorded
 frames the benchmark prints one ``skipped`` row.
 
-Run: python benchmarks/bench_sb3.py [--quick] [--rollout-only]
+Run: python benchmarks/bench_sb3.py [--quick] [--rollout-only | --compressed-timing-only | --compressed-dict-only]
 """
 
 from __future__ import annotations
@@ -174,35 +179,49 @@ def memory_child(variant: str, n: int) -> None:
 COMPRESSED_VARIANTS = ["sb3", "extra:rle-jit", "extra:igzip1", "extra:gzip9", "ours:zstd-1", "ours:igzip1"]
 
 
-def compressed_class(kind: str, variant: str):
-    """(class, kwargs) of a variant for kind "replay" or "rollout"."""
-    from stable_baselines3.common.buffers import ReplayBuffer, RolloutBuffer
+def compressed_class(kind: str, variant: str, dict_obs: bool = False):
+    """(class, kwargs) of a variant for kind "replay" or "rollout" (``dict_obs``: the Dict classes, `DICT_SPACE`)."""
+    import stable_baselines3.common.buffers as sb3
 
+    name = ("Replay" if kind == "replay" else "Rollout") + "Buffer"
     if variant == "sb3":
-        return (ReplayBuffer if kind == "replay" else RolloutBuffer), {}
+        return getattr(sb3, ("Dict" if dict_obs else "") + name), {}
+    cls = "Compressed" + ("Dict" if dict_obs else "") + name
     who, method = variant.split(":")
     if who == "extra":
         import sb3_extra_buffers.compressed as x
 
-        return (x.CompressedReplayBuffer if kind == "replay" else x.CompressedRolloutBuffer), {"compression_method": method}
-    from jaxbuffers.interop.sb3 import CompressedReplayBuffer, CompressedRolloutBuffer
+        return getattr(x, cls), {"compression_method": method}
+    import jaxbuffers.interop.sb3 as ours
 
     # frames stored once: the observations are stacks of 4 on axis 0
     stacked = {"frame_stack": 4, "stack_axis": 0, **({"padding": "reset"} if kind == "replay" else {})}  # reset: the recorder's FrameStackObservation
-    return (CompressedReplayBuffer if kind == "replay" else CompressedRolloutBuffer), {"compression_method": method, **stacked}
+    return getattr(ours, cls), {"compression_method": method, **stacked, **({"compress_keys": ["pixels"]} if dict_obs else {})}
 
 
-def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> None:
+def observation_space(dict_obs: bool):
+    """The recorded stacks' space, or `dict_space`."""
+    return dict_space() if dict_obs else make_env({"obs": None}).observation_space
+
+
+def dict_space():
+    """The Dict observation space of the ``compressed_dict`` rows: the recorded stacks and a small float vector."""
+    from gymnasium import spaces
+
+    return spaces.Dict({"pixels": spaces.Box(0, 255, (4, 84, 84), np.uint8), "vector": spaces.Box(-1e6, 1e6, (4,), np.float32)})
+
+
+def compressed_child(kind: str, variant: str, n: int, traced: bool = False, dict_obs: bool = False) -> None:
     """Fill a buffer of n transitions (replay) or n steps (rollout) with recorded frames in a fresh process; print the
     RSS growth as JSON. With ``traced``: only the bytes held, as tracemalloc's traced host memory (numpy arrays, Python
     bytes, the host arenas) plus the JAX arrays alive (``jax.live_arrays``, which tracemalloc does not see) less those
     alive before the buffer was created, immune to swapping. Nothing is flushed or read before it is taken. Times are
-    not taken here (`compressed_timing_rows` times every variant in one process)."""
+    not taken here (`compressed_timing_rows` times every variant in one process). ``dict_obs``: the Dict classes."""
     import psutil
 
-    feed = Feed(kind)
-    env_cls = make_env({"obs": None})
-    cls, kw = compressed_class(kind, variant)
+    feed = Feed(kind, dict_obs)
+    space, act = observation_space(dict_obs), make_env({"obs": None}).action_space
+    cls, kw = compressed_class(kind, variant, dict_obs)
     if variant.startswith("ours"):  # start JAX outside the measured window
         import jax.numpy as jnp
 
@@ -210,7 +229,7 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
     if traced:
         import tracemalloc
 
-        warm = cls(256, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+        warm = cls(256, space, act, device="cpu", **kw)
         for i in range(256):  # lazy imports and compiled code of the first adds: outside the measured window
             feed.add(warm, i)
         del warm
@@ -219,7 +238,7 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
         tracemalloc.start()
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
-    buf = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+    buf = cls(n, space, act, device="cpu", **kw)
     for i in range(n):
         feed.add(buf, i)
     rss = proc.memory_info().rss - rss0
@@ -233,9 +252,10 @@ def compressed_child(kind: str, variant: str, n: int, traced: bool = False) -> N
 
 class Feed:
     """The recorded Breakout steps as SB3's DQN (``replay``) or PPO (``rollout``) passes them to ``add``, one env:
-    stacks built per add from the frames (the process stays small)."""
+    stacks built per add from the frames (the process stays small). With ``dict_obs`` the observations are
+    `dict_space`'s: the stack as ``pixels`` and ``vector`` = (reward, done, step / steps, 1)."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, dict_obs: bool = False):
         import torch as th
 
         th.set_num_threads(1)
@@ -244,20 +264,30 @@ class Feed:
             self.reward, term, trunc = f["breakout_rewards"], f["breakout_terminated"], f["breakout_truncated"]
         self.kind, self.m, self.trunc, self.done = kind, len(self.obs_idx), trunc, term | trunc
         self.zero1, self.act = th.zeros(1, 1), np.zeros(1, np.int64)
+        self.vector = None
+        if dict_obs:
+            j = np.arange(self.m)
+            self.vector = np.stack([self.reward, self.done, j / self.m, np.ones(self.m)], axis=1).astype(np.float32)
+
+    def obs(self, frame: int, j: int):
+        pixels = self.frames[frame][None]
+        return pixels if self.vector is None else {"pixels": pixels, "vector": self.vector[j % self.m][None]}
 
     def add(self, buf, i: int) -> None:
         j = i % self.m
         if self.kind == "replay":
-            buf.add(self.frames[self.obs_idx[j]][None], self.frames[self.next_idx[j]][None], self.act, self.reward[j : j + 1],
+            buf.add(self.obs(self.obs_idx[j], j), self.obs(self.next_idx[j], j + 1), self.act, self.reward[j : j + 1],
                     np.array([self.done[j]]), [{"TimeLimit.truncated": bool(self.trunc[j])}])
         else:
             start = np.array([j > 0 and self.done[j - 1]], np.float32)
-            buf.add(self.frames[self.obs_idx[j]][None], self.act, self.reward[j : j + 1], start, self.zero1, self.zero1[0])
+            buf.add(self.obs(self.obs_idx[j], j), self.act, self.reward[j : j + 1], start, self.zero1, self.zero1[0])
 
 
-def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
+def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: bool = False) -> None:
     """Rows ``compressed/<kind>/add`` and ``.../sample32`` (replay) or ``.../get256_per_step`` (rollout): every variant
-    in this one process, interleaved, so that their ratios see the same machine load.
+    in this one process, interleaved, so that their ratios see the same machine load. With ``dict_obs`` the Dict
+    classes on `dict_space` observations (ours compress ``pixels`` only), rows ``compressed_dict/...``, a third of the
+    steps.
 
     Each variant's buffer of ``n`` transitions (steps) is filled in blocks of 64 adds, the variants taking turns per
     block (the order rotates); a block's time / 64 is one sample of the add time, so staged adds and their flushes
@@ -267,14 +297,15 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
     variant's median / ours (> 1: faster). The sample and get rows also carry ``cpu_us``, the median CPU time of the
     process (all threads) per call (per step for get), and ours ``cpu_ratio``, the fastest variant's over ours: on a
     loaded machine a call that hands work between threads waits for CPUs, which the wall time counts."""
-    n, block = (3_000 if quick else 9_000), 64
-    env_cls = make_env({"obs": None})
+    n, block = (3_000 if quick else 9_000) // (3 if dict_obs else 1), 64
+    space, act, prefix = observation_space(dict_obs), make_env({"obs": None}).action_space, "compressed_dict" if dict_obs else "compressed"
+    pixels = (lambda o: o["pixels"]) if dict_obs else (lambda o: o)  # noqa: E731
     for kind in kinds:
-        feed = Feed(kind)
+        feed = Feed(kind, dict_obs)
         bufs = {}
         for v in COMPRESSED_VARIANTS:
-            cls, kw = compressed_class(kind, v)
-            bufs[v] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+            cls, kw = compressed_class(kind, v, dict_obs)
+            bufs[v] = cls(n, space, act, device="cpu", **kw)
         order = list(COMPRESSED_VARIANTS)
         t_add = {v: [] for v in order}
         for b0 in range(0, n, block):
@@ -291,7 +322,7 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
                 order = order[1:] + order[:1]
                 for v in order:
                     t, c = time.perf_counter(), time.process_time()
-                    bufs[v].sample(32).observations.reshape(-1)[-1].item()
+                    pixels(bufs[v].sample(32).observations).reshape(-1)[-1].item()
                     t_sample[v].append(time.perf_counter() - t)
                     cpu[v].append(time.process_time() - c)
         else:
@@ -302,7 +333,7 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
                 for v in order:
                     t, c = time.perf_counter(), time.process_time()
                     for mb in bufs[v].get(256):
-                        mb.observations.reshape(-1)[-1].item()
+                        pixels(mb.observations).reshape(-1)[-1].item()
                     t_sample[v].append((time.perf_counter() - t) / n)
                     cpu[v].append((time.process_time() - c) / n)
         del bufs
@@ -318,7 +349,7 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
                 c = {} if call == "add" else {"cpu_us": round(1e6 * float(np.median(cpu[v])), 3)}
                 if c and a:  # the anchor's CPU time / ours, medians
                     c["cpu_ratio"] = round(float(np.median(cpu[fastest]) / max(np.median(cpu[v]), 1e-12)), 4)
-                row(BENCH, f"compressed/{kind}/{call}", impl, med[v], n=n, repeats=len(times[v]), unit="calls/s", anchor=a,
+                row(BENCH, f"{prefix}/{kind}/{call}", impl, med[v], n=n, repeats=len(times[v]), unit="calls/s", anchor=a,
                     anchor_seconds=med[fastest] if a else None, variant=v, in_one_process=True, **c)
 
 
@@ -349,15 +380,16 @@ def compressed_rows(quick: bool, kinds=("replay", "rollout")) -> None:
                   "ratio": None if impl != "ours" else round(b / max(res[smallest], 1.0), 3), "transitions": [n1, n2]})
 
 
-def compressed_traced_rows(quick: bool, kinds=("replay", "rollout")) -> None:
+def compressed_traced_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: bool = False) -> None:
     """Rows ``compressed/<kind>/held_bytes_per_<unit>``: bytes held per transition (step) after filling N, as
-    tracemalloc + device arrays (`compressed_child` with ``traced``); ratio: this row / sb3-extra-buffers' smallest."""
+    tracemalloc + device arrays (`compressed_child` with ``traced``); ratio: this row / sb3-extra-buffers' smallest.
+    With ``dict_obs``: the Dict classes, rows ``compressed_dict/...``."""
     n = 3_000 if quick else 9_000
     for kind in kinds:
         res = {}
         for v in COMPRESSED_VARIANTS:
-            out = subprocess.run([sys.executable, __file__, "--compressed-child", kind, v, str(n), "--traced"], capture_output=True,
-                                 text=True, check=True).stdout.strip().splitlines()[-1]
+            out = subprocess.run([sys.executable, __file__, "--compressed-child", kind, v, str(n), "--traced", *(["--dict"] if dict_obs else [])],
+                                 capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             r = json.loads(out)
             res[v] = (r["traced"] + r["device"]) / n
         extra = [v for v in res if v.startswith("extra")]
@@ -365,7 +397,7 @@ def compressed_traced_rows(quick: bool, kinds=("replay", "rollout")) -> None:
         unit = "transition" if kind == "replay" else "step"
         for v, b in res.items():
             impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
-            emit({"bench": BENCH, "case": f"compressed/{kind}/held_bytes_per_{unit}", "impl": impl, "variant": v,
+            emit({"bench": BENCH, "case": f"{'compressed_dict' if dict_obs else 'compressed'}/{kind}/held_bytes_per_{unit}", "impl": impl, "variant": v,
                   "value": round(b, 1), "unit": f"B/{unit}", "n": n, "anchor": smallest if impl == "ours" else None,
                   "ratio": round(b / res[smallest], 3) if impl == "ours" else None})
 
@@ -478,13 +510,15 @@ def main() -> None:
     p.add_argument("--compressed-timing-only", action="store_true", help="only the add and sample rows of the compressed classes")
     p.add_argument("--rollout-only", action="store_true", help="only the uncompressed rollout-buffer rows")
     p.add_argument("--traced", action="store_true", help=ARGPARSE_SUPPRESS)
+    p.add_argument("--dict", action="store_true", help=ARGPARSE_SUPPRESS)
+    p.add_argument("--compressed-dict-only", action="store_true", help="only the Dict classes' rows (held bytes, add and sample)")
     p.add_argument("--compressed-kinds", default="replay,rollout", help="the compressed classes' cases to run: replay, rollout or both")
     args = p.parse_args()
     if args.memory_child:
         memory_child(args.memory_child[0], int(args.memory_child[1]))
         return
     if args.compressed_child:
-        compressed_child(args.compressed_child[0], args.compressed_child[1], int(args.compressed_child[2]), args.traced)
+        compressed_child(args.compressed_child[0], args.compressed_child[1], int(args.compressed_child[2]), args.traced, args.dict)
         return
     quick = args.quick
     repeats = args.repeats or (1 if quick else 3)
@@ -493,11 +527,15 @@ def main() -> None:
         emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_rollouts.npz not found"})
         return
     if not args.train_only:
-        if not (args.compressed_only or args.compressed_traced_only or args.compressed_timing_only):
+        if not (args.compressed_only or args.compressed_traced_only or args.compressed_timing_only or args.compressed_dict_only):
             rollout_rows(quick, repeats)
         if args.rollout_only:
             return
         kinds = tuple(args.compressed_kinds.split(","))
+        if args.compressed_dict_only:
+            compressed_traced_rows(quick, kinds, dict_obs=True)
+            compressed_timing_rows(quick, kinds, dict_obs=True)
+            return
         if args.compressed_timing_only:
             compressed_timing_rows(quick, kinds)
             return
@@ -506,6 +544,8 @@ def main() -> None:
             return
         compressed_rows(quick, kinds)
         compressed_timing_rows(quick, kinds)
+        compressed_traced_rows(quick, kinds, dict_obs=True)
+        compressed_timing_rows(quick, kinds, dict_obs=True)
     if args.compressed_only:
         return
     variants = ["sb3", "jax", "jax_compressed"]

@@ -67,6 +67,14 @@ def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt):
     return order, cuts, base_i, depth
 
 
+def _in_sorted(x: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """`np.isin(x, sorted_set)` for a sorted 1-D `sorted_set`: a binary search (`np.isin` of integers builds a table
+    the size of their range, here up to the store's slot count, on every call)."""
+    if not sorted_set.size:
+        return np.zeros(np.shape(x), bool)
+    return sorted_set[np.minimum(np.searchsorted(sorted_set, x), sorted_set.size - 1)] == x
+
+
 class DeltaChains:
     """The delta-chain half of `CompressedStore` (module doc): argument checks of `bases`, the chain and dependent
     walks over the `base` / `child` columns, and the XOR of a put's rows against their bases."""
@@ -87,11 +95,11 @@ class DeltaChains:
 
     def _dependents(self, s: np.ndarray) -> np.ndarray:
         """`dependents` of unique slots `s`; under the lock."""
-        out, cur = [], s
+        out, cur, ordered = [], s, np.sort(s)
         for _ in range(self.num_slots):
             c = self._child[self._at(cur)]
             c, par = c[c >= 0], cur[c >= 0]
-            live = (self._chunk[c] >= 0) & (self._base[c] == par) & ~np.isin(c, s)
+            live = (self._chunk[c] >= 0) & (self._base[c] == par) & ~_in_sorted(c, ordered)
             cur = c[live]
             if not cur.size:
                 break
@@ -182,7 +190,7 @@ class DeltaChains:
         """ValueError when a put of slots `s` would make a slot the base of a second live delta; under the lock."""
         b_, x_ = base[delta], s[delta]
         c_ = self._child[b_]
-        taken = (c_ >= 0) & (c_ != x_) & ~np.isin(c_, s)
+        taken = (c_ >= 0) & (c_ != x_) & ~_in_sorted(c_, np.sort(s))
         taken[taken] = (self._chunk[c_[taken]] >= 0) & (self._base[c_[taken]] == b_[taken])
         if taken.any():
             raise ValueError(f"bases: slot {int(b_[taken][0])} is already the base of slot {int(c_[taken][0])} (a slot is the base of at most one delta)")
@@ -197,9 +205,9 @@ class DeltaChains:
         self._child[base[delta]] = s[delta]
         pending = np.flatnonzero(delta)
         while pending.size:
-            ready = ~np.isin(base[pending], s[pending])
+            ready = ~_in_sorted(base[pending], np.sort(s[pending]))
             i = pending[ready]
             self._check[s[i]] ^= base_sums(base[i], self._check[base[i]])
             pending = pending[~ready]
-        tip = ~np.isin(s, base)  # the rows no delta of this put is based on: the likely bases of the next put
+        tip = ~_in_sorted(s, np.sort(base))  # the rows no delta of this put is based on: the likely bases of the next put
         self._recent = (s[tip], rows[tip])

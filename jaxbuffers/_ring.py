@@ -190,8 +190,8 @@ def last_item_number(counter: jax.Array, head: jax.Array, slots: jax.Array, capa
 # step that bootstraps from its final observation (truncated and not terminated).
 
 
-def final_slots(final_head: jax.Array, boot: jax.Array, capacity: int):
-    """Ring slots of a chunk's final observations, per lane.
+def final_slots(final_head: jax.Array, boot: jax.Array, capacity: int, xp=jnp):
+    """Ring slots of a chunk's final observations, per lane (``xp``: `jax.numpy`, or `numpy` on the host).
 
     Args:
       final_head: int32[E], each lane's next final-observation slot, in ``[0, capacity)``.
@@ -203,11 +203,11 @@ def final_slots(final_head: jax.Array, boot: jax.Array, capacity: int):
       bool[E, t] where ``boot`` and not overwritten within this chunk (a lane with more than
       ``K`` such steps in one chunk keeps its last ``K``); int32[E] the heads after the chunk.
     """
-    cum = jnp.cumsum(boot.astype(jnp.int32), axis=1)
+    cum = xp.cumsum(boot.astype(xp.int32), axis=1)
     n_new = cum[:, -1]
-    slot = ((final_head[:, None] + cum - 1) % capacity).astype(jnp.int32)
+    slot = ((final_head[:, None] + cum - 1) % capacity).astype(xp.int32)
     keep = boot & (n_new[:, None] - cum < capacity)
-    return slot, keep, ((final_head + n_new) % capacity).astype(jnp.int32)
+    return slot, keep, ((final_head + n_new) % capacity).astype(xp.int32)
 
 
 def write_lanes(storage, rows, slots: jax.Array, keep: jax.Array):

@@ -963,7 +963,7 @@ def test_staging_writer_compiles_power_of_two_chunks_and_keeps_data_on_failure()
     ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     buf = CompressedTrajectoryBuffer.create(ex, num_envs=1, length=50, frame_stack=2, codec="none")
     seen = []
-    real = type(buf).add_frames_from_host
+    real = type(buf)._add_checked_frames
 
     def spy(self, step, frames, terminated, *args, **kw):
         seen.append(terminated.shape[1])
@@ -974,14 +974,14 @@ def test_staging_writer_compiles_power_of_two_chunks_and_keeps_data_on_failure()
     step = {"obs": np.ones((1, 2, H, W), np.uint8), "action": np.zeros(1, np.int32), "reward": np.zeros(1, np.float32)}
     no = np.zeros(1, bool)
     try:
-        type(buf).add_frames_from_host = spy
+        type(buf)._add_checked_frames = spy
         for _ in range(16 + 13):
             writer.add(step, terminated=no)
         assert seen == [16] and writer.pending == 13  # auto flush at max_pending
         writer.flush()
         assert seen == [16, 8, 4, 1]
     finally:
-        type(buf).add_frames_from_host = real
+        type(buf)._add_checked_frames = real
     # A stale wrapped state: the flush raises and every staged step stays staged.
     for _ in range(5):
         writer.add(step, terminated=no)

@@ -123,22 +123,31 @@ class RolloutHostWriter:
           TypeError, ValueError: as `jaxbuffers.RolloutBuffer.add`.
           RuntimeError: the buffer was closed.
         """
+        self._add_checked(*self._check_add(step, dict(reward=reward, value=value, terminated=terminated, truncated=truncated,
+                                                      final_value=final_value, trainable=trainable)))
+
+    def _check_add(self, step: Any, given: dict) -> tuple[list, dict]:
+        """`add`'s checks, changing nothing: ``(the step's flat leaves, the fields as numpy arrays or None)``."""
         n = self._envs
-        given = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
         leaves, sig = _validate.layout(step)
         field_sig = tuple((type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in given.values())
         if (sig, field_sig) != self._checked:  # arguments laid out as the last accepted ones pass the same checks
             (got,) = _validate.check_batch(self._spec, step, 1, "step")
             if got != n:
                 raise ValueError(f"step: expected a leading axis of num_envs={n} on every leaf, got {got}")
-            if (truncated is None) != (final_value is None):
-                one, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
+            if (given["truncated"] is None) != (given["final_value"] is None):
+                one, missing = ("truncated", "final_value") if given["final_value"] is None else ("final_value", "truncated")
                 raise ValueError(f"{one}: given without {missing}; pass both or neither")
             for k, x in given.items():
                 if x is not None or k not in _DEFAULTS:
                     _validate.array(k, x, (n,), self._specs[k][1])
             self._checked = (sig, field_sig)
-        fields = {k: None if x is None else np.asarray(x) for k, x in given.items()}
+        return leaves, {k: None if x is None else np.asarray(x) for k, x in given.items()}
+
+    def _add_checked(self, leaves: list, fields: dict) -> None:
+        """`add` of checked arguments: ``leaves`` the step's flat leaves (the spec's order, shapes ``[num_envs, ...]``
+        and dtypes), ``fields`` numpy ``[num_envs]`` of the fields' dtypes by name, None where not given (the SB3
+        adapter makes them so: its checks are `add`'s, made once)."""
         self._state.host.check_state("add")
         self._own_mirrors()
         if self.row >= self._steps:

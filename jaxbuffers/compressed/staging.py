@@ -39,7 +39,6 @@ import jax
 import numpy as np
 
 from jaxbuffers import _validate
-from jaxbuffers.compressed import _common
 
 __all__ = ["StagingWriter"]
 
@@ -143,16 +142,17 @@ class StagingWriter:
         # it ended each lane's episode), the one the next step's stacks must follow; None: the buffer's last step.
         self._stacked = any(i.stack_axis is not None for i in buffer.leaves)
         self._previous: tuple | None = None
+        n_obs = len(self._obs_leaves)
+        self._picks = [self._newest(i - self._obs_offset if 0 <= i - self._obs_offset < n_obs else None) for i in range(len(leaves))]
+        self._final_picks = [self._newest(i) for i in range(n_obs)]
 
-    def _staged(self, x: Any, obs_index: int | None) -> np.ndarray:
-        """What to stage of one validated leaf `[E, ...]`: the newest frame of a compressed
-        frame-stacked leaf, the leaf otherwise."""
-        x = np.asarray(x)
+    def _newest(self, obs_index: int | None) -> tuple | None:
+        """The index of what to stage of one validated leaf `[E, ...]`: the newest frame of a compressed frame-stacked
+        leaf (a view), None (the leaf) otherwise."""
         info = None if obs_index is None else self._info.get(obs_index)
         if info is None or info.stack_axis is None:
-            return x
-        k = info.shape[info.stack_axis]
-        return np.take(x, k - 1, axis=1 + info.stack_axis)
+            return None
+        return (slice(None),) * (1 + info.stack_axis) + (info.shape[info.stack_axis] - 1,)
 
     @property
     def pending(self) -> int:
@@ -242,9 +242,16 @@ class StagingWriter:
             self._check_add(dict(step), terminated, truncated, final_obs)
             self._passed = sig
         m = len(self._stage)  # flat: the step's leaves, terminated, then truncated and the final_obs leaves if given
-        leaves, term = given[:m], np.asarray(given[m])
-        fin = None if truncated is None else given[m + 2 :]
-        trunc = None if truncated is None else np.asarray(given[m + 1])
+        self._add_checked(given[:m], given[m], None if truncated is None else given[m + 1], None if truncated is None else given[m + 2 :])
+
+    def _add_checked(self, leaves: list, term, trunc, fin: list | None) -> None:
+        """`add` of checked arguments: ``leaves`` the step's flat leaves (the example step's order, shapes
+        ``[num_envs, ...]`` and dtypes), ``term`` / ``trunc`` bool ``[num_envs]`` (``trunc`` None: not given),
+        ``fin`` the final observation's flat leaves or None (the SB3 replay adapter makes them so: its checks are
+        `add`'s, made once). The frame-stack check and everything after it are `add`'s."""
+        self._buf.host.check_state("StagingWriter.add")
+        term = np.asarray(term)
+        truncated = trunc = None if trunc is None else np.asarray(trunc)
         if self._stacked:  # stacks the buffer could not rebuild: refused here, as its add refuses them
             stacks = [np.asarray(leaves[self._obs_offset + i]) for i in self._buf.leaf_index]
             if self._previous is None:  # the lanes' last steps are in the buffer: read from the store once
@@ -257,15 +264,18 @@ class StagingWriter:
             if error is not None:
                 raise error
             self._previous = ([np.array(x) for x in stacks], term | (False if truncated is None else trunc))
-        j, off = self._n, self._obs_offset  # checked: stage copies (JAX arrays are fetched here)
-        for i, (dst, x) in enumerate(zip(self._stage, leaves)):
-            dst[:, j] = self._staged(x, i - off if 0 <= i - off < len(self._obs_leaves) else None)
+        j = self._n  # checked: stage copies (JAX arrays are fetched here)
+        for dst, x, pick in zip(self._stage, leaves, self._picks):
+            x = np.asarray(x)
+            dst[:, j] = x if pick is None else x[pick]
         self._terminated[:, j] = term
         if fin is not None:
             self._allocate_final()
             self._truncated[:, j] = trunc
-            for i, (dst, x) in enumerate(zip(self._final, fin)):
-                dst[:, j] = self._staged(x, i)
+            if (trunc & ~term).any():  # the rows read (a flush writes the others nowhere)
+                for dst, x, pick in zip(self._final, fin, self._final_picks):
+                    x = np.asarray(x)
+                    dst[:, j] = x if pick is None else x[pick]
         else:
             self._truncated[:, j] = False
             if self._final is not None:
@@ -324,16 +334,15 @@ class StagingWriter:
         try:
             for size in _pow2_pieces(n, self._buf.length):  # a chunk may not exceed a lane
                 a, b = done, done + size
-                # Slices of the staging arrays go straight to add_from_host; it returns only after
-                # the device computation that reads them has finished (it fetches its host-write
-                # parts), so refilling the staging arrays afterwards cannot race with it.
+                # Slices of the staging arrays, checked as each step was staged: the device program gets copies
+                # (it may run after this returns), the host store compresses the frames before the add returns.
                 step, frames = self._chunk(self._stage, self._treedef, self._obs_offset, a, b)
                 term = self._terminated[:, a:b]
-                if self._final is None:
-                    self._buf = self._buf.add_frames_from_host(step, frames, term, donate=self.donate)
-                else:
+                fin = fframes = trunc = None
+                if self._final is not None:
                     fin, fframes = self._chunk(self._final, self._obs_treedef, 0, a, b)
-                    self._buf = self._buf.add_frames_from_host(step, frames, term, self._truncated[:, a:b], fin, fframes, donate=self.donate)
+                    trunc = self._truncated[:, a:b]
+                self._buf = self._buf._add_checked_frames(step, frames, term, trunc, fin, fframes, self.donate)
                 done = b
         finally:
             if done:

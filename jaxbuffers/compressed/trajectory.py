@@ -70,10 +70,11 @@ import numpy as np
 from flax import struct
 
 from host_codecs import get_codec
-from jaxbuffers import _compiled, _ring, _validate
+from jaxbuffers import _compiled, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import FrameStacked, HostStores
+from jaxbuffers.compressed.trajectory_slots import ChunkFrames, chunk_frames
 from jaxbuffers.compressed.trajectory_stacks import StackChecked
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
 from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample
@@ -364,46 +365,19 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         write `[M]`, delta bases `[M]` or None for `K = 1`)): rows `[0, E*t)` are the newest frames of the steps,
         lane-major, then (with `truncated`) `E*t` final frames (keyframes, base -1)."""
         traj = self.trajectory
-        e, t = terminated.shape
-        k, ring = self.frame_stack, self.frame_ring
-        j = jnp.arange(t, dtype=jnp.int32)
-        lane = jnp.arange(e, dtype=jnp.int32)[:, None]
-        pos = (self.frame_head + j) % ring  # [t]
-        newest = lane * ring + pos[None, :]  # [E, t] store slots of this chunk's frames
-        prev = lane * ring + ((pos - 1) % ring)[None, :]
-        ends = terminated if truncated is None else terminated | truncated
-        # ep_pos: steps since the episode start (clipped to k - 1). Step j starts an episode iff
-        # step j - 1 ended one (or, for j = 0, the previous add's last step did: next_ep_pos == 0).
-        last_end = jax.lax.cummax(jnp.where(ends, j[None, :], -1), axis=1)
-        before = jnp.concatenate([jnp.full((e, 1), -1, jnp.int32), last_end[:, :-1]], axis=1)
-        ep = jnp.where(before >= 0, j[None, :] - before - 1, self.next_ep_pos[:, None] + j[None, :])
-        ep = jnp.minimum(ep, k - 1).astype(jnp.int32)
-        next_ep = jnp.where(ends[:, -1], 0, jnp.minimum(ep[:, -1] + 1, k - 1)).astype(jnp.int32)
-        # frames since the keyframe: counted from the episode start (or carried over), modulo K
-        kk = self.keyframe_interval
-        kpos = jnp.where(before >= 0, (j[None, :] - before - 1) % kk, (self.next_key_pos[:, None] + j[None, :]) % kk)
-        next_key = jnp.where(ends[:, -1], 0, (kpos[:, -1] + 1) % kk).astype(jnp.int32)
-        bases = jnp.where(kpos == 0, -1, prev).reshape(-1).astype(jnp.int32)
-        ids = jnp.stack([newest, prev, ep], axis=-1).astype(jnp.int32)  # [E, t, 3]
-        slots, valid = newest.reshape(-1), jnp.ones((e * t,), bool)
-        final_head, inner_final = self.final_head, None
-        if truncated is not None:
-            boot = truncated & ~terminated
-            fslot, _, final_head = _ring.final_slots(final_head, boot, traj.final_obs_capacity)
-            fstore = e * ring + lane * traj.final_obs_capacity + fslot  # [E, t]
-            fids = jnp.stack([fstore, newest, jnp.minimum(ep + 1, k - 1)], axis=-1).astype(jnp.int32)
-            slots = jnp.concatenate([slots, fstore.reshape(-1)])
-            valid = jnp.concatenate([valid, boot.reshape(-1)])
-            bases = jnp.concatenate([bases, jnp.full((e * t,), -1, jnp.int32)])
-            inner_final = _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves))
+        c = self._chunk_frames(jnp, terminated, truncated, (self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head))
+        inner_final = None if truncated is None else _common.replace_leaves(final_obs, self.leaf_index, [c.final_ids] * len(self.leaves))
         inner_step = dict(step)
-        inner_step[traj.obs_key] = _common.replace_leaves(step[traj.obs_key], self.leaf_index, [ids] * len(self.leaves))
+        inner_step[traj.obs_key] = _common.replace_leaves(step[traj.obs_key], self.leaf_index, [c.ids] * len(self.leaves))
         inner = self.buffer.add_prepared(inner_step, terminated, truncated, inner_final)
-        new = self.replace(
-            buffer=inner, frame_head=((self.frame_head + t) % ring).astype(jnp.int32), next_ep_pos=next_ep,
-            final_head=final_head, next_key_pos=next_key,
-        )
-        return new, (slots, valid, None if kk == 1 else bases)
+        new = self.replace(buffer=inner, frame_head=c.frame_head, next_ep_pos=c.next_ep_pos, final_head=c.final_head,
+                           next_key_pos=c.next_key_pos)
+        return new, (c.slots, c.valid, c.bases)
+
+    def _chunk_frames(self, xp, terminated, truncated, cursors) -> ChunkFrames:
+        """`chunk_frames` with this buffer's sizes; ``cursors``: (frame_head, next_ep_pos, next_key_pos, final_head)."""
+        return chunk_frames(xp, terminated, truncated, *cursors, ring=self.frame_ring, frame_stack=self.frame_stack,
+                            keyframe_interval=self.keyframe_interval, final_capacity=self.trajectory.final_obs_capacity)
 
     def add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None, *, donate: bool = False):
         """`add_from_host` of a chunk whose compressed leaves come as host frames (for
@@ -423,14 +397,26 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
                 raise TypeError(f"{name}: expected a list of {len(self.leaves)} arrays (one per compressed leaf), got {type(given).__name__}")
             for f, i in zip(given, self.leaves):
                 _validate.array(f"{name} of {i.name}", f, (e, t, *i.frame_shape), i.dtype)
+        host = lambda x: None if x is None else np.asarray(x)  # noqa: E731
+        return self._add_checked_frames(step, frames, host(terminated), host(truncated), final_obs, final_frames, donate)
+
+    def _add_checked_frames(self, step, frames, terminated, truncated, final_obs, final_frames, donate: bool):
+        """`add_frames_from_host` of checked arguments (chunk leaves `[E, t, ...]` of the step spec, numpy flags): a
+        `StagingWriter` stages them in arrays made from that spec, so they are checked once, as each step is staged.
+        The rows written are computed on the host (`chunk_frames` of the state's cursors), so the frames are
+        compressed while the device program runs and nothing waits for it; that program gets copies of the host
+        arrays (a CPU program may read an aligned numpy argument in place, after this returns)."""
         _common.check_before_dispatch(self, add=True)
-        add_ids, version = _add_ids_donated if donate else type(self)._add_ids, np.int32(self.version)  # read before a donation
-        new, (slots, valid, bases) = add_ids(self, step, terminated, truncated, final_obs)
-        slots, valid, bases = jax.device_get((slots, valid, bases))
+        version, *cursors = jax.device_get((self.version, self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head))
+        c = self._chunk_frames(np, terminated, truncated, cursors)  # read before a donation
+        add_ids = _add_ids_donated if donate else type(self)._add_ids
+        own = lambda x: np.array(x) if isinstance(x, np.ndarray) else x  # noqa: E731
+        new = add_ids(self, *jax.tree.map(own, (step, terminated, truncated, final_obs)))[0]
+        e, t = terminated.shape
         datas = [np.reshape(f, (e * t, *i.frame_shape)) for f, i in zip(frames, self.leaves)]
         if truncated is not None:
             datas = [np.concatenate([d, np.reshape(f, (e * t, *i.frame_shape))]) for d, f, i in zip(datas, final_frames, self.leaves)]
-        version = self.host.write(version, slots, valid, *datas, bases=bases)
+        version = self.host.write(version, c.slots, c.valid, *datas, bases=c.bases)
         return new.replace(version=jnp.asarray(version, jnp.int32))
 
     def truncate_last_from_host(self, truncated, final_obs, *, donate: bool = False) -> "CompressedTrajectoryBuffer":

@@ -264,3 +264,13 @@ def test_the_rows_kept_for_the_next_puts_deltas_are_counted():
     assert store.recent_nbytes == 2 * frames[0].nbytes + store._recent[0].nbytes
     store.delete([5])
     assert store.recent_nbytes == 0 and store.nbytes == store.arena_nbytes + store.index_nbytes
+
+
+def test_membership_by_binary_search_is_isin():
+    from host_codecs.deltas import _in_sorted
+
+    rng = np.random.default_rng(0)
+    for n, m in [(0, 5), (5, 0), (1, 1), (64, 60), (300, 1000)]:
+        s, x = np.unique(rng.integers(0, 2_000_000, n)), rng.integers(0, 2_000_000, m)
+        x[: m // 2] = rng.choice(s, m // 2) if s.size else x[: m // 2]
+        np.testing.assert_array_equal(_in_sorted(x, s), np.isin(x, s))

@@ -210,3 +210,22 @@ def test_thread_pool_left_open_shuts_down_quietly_at_exit():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
+
+
+def test_add_converts_each_step_once_and_a_buffer_held_twice_stops_when_full(monkeypatch):
+    from jaxbuffers.interop.sb3 import rollout
+
+    calls = []
+    real = rollout._JaxRolloutImpl._add_rows
+    monkeypatch.setattr(rollout._JaxRolloutImpl, "_add_rows", lambda self, *a, **k: calls.append(type(self).__name__) or real(self, *a, **k))
+    bufs = _buffers()
+    vec = DummyVecRolloutBuffer(5, OBS, ACT, "cpu", n_envs=N, buffers=bufs)
+    step = _step(np.random.default_rng(0))
+    vec.add(*step)
+    assert sorted(calls) == ["CompressedRolloutBuffer", "JaxRolloutBuffer"]  # checked and converted once, then stored
+    assert [b.pos for b in bufs] == [1, 1, 1]
+    one = JaxRolloutBuffer(1, OBS, ACT, "cpu", n_envs=N)
+    twice = DummyVecRolloutBuffer(1, OBS, ACT, "cpu", n_envs=N, buffers=[one, one])
+    with pytest.raises(IndexError, match="full"):  # both pass the check; the second store finds it full
+        twice.add(*step)
+    assert one.pos == 1 and one.full

@@ -99,6 +99,24 @@ def flags(x: Any, what: str) -> np.ndarray:
     return b
 
 
+_ZEROS: dict = {}
+
+
+def zeros(n: int, dtype: Any) -> np.ndarray:
+    """A read-only ``np.zeros(n, dtype)``, one per ``(n, dtype)`` (a constant argument is not allocated per add)."""
+    key = (n, np.dtype(dtype))
+    out = _ZEROS.get(key)
+    if out is None:
+        out = _ZEROS[key] = np.zeros(n, dtype)
+        out.flags.writeable = False
+    return out
+
+
+def copy_obs(obs: Any) -> Any:
+    """A copy of a stored observation row (a dict of them for Dict spaces)."""
+    return {k: np.array(v) for k, v in obs.items()} if isinstance(obs, dict) else np.array(obs)
+
+
 def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> Any:
     """``fn(space, *leaves, what)`` once, or per key of a Dict space (a dict back).
 
@@ -161,9 +179,10 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
       TypeError: not numbers (``None``, a string, an object array), or, with ``exact`` or an integer stored dtype, a
         value the stored dtype does not hold.
     """
-    arr = numbers(x, what)
+    arr = x if type(x) is np.ndarray and x.dtype.kind in "biuf" else numbers(x, what)  # numbers' check, inline: every add
     if arr.shape == shape:
-        pass
+        if arr.dtype == dtype:  # the stored dtype: nothing to cast, each check below would pass
+            return arr
     elif arr.size != math.prod(shape):
         raise ValueError(f"{what}: expected {math.prod(shape)} values shaped {shape}, got shape {arr.shape}")
     elif reshape:
@@ -179,7 +198,7 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return flags(arr, what)
-    if (exact or np.issubdtype(dtype, np.integer)) and np.issubdtype(arr.dtype, np.number):
+    if (exact or dtype.kind in "iu") and arr.dtype.kind in "iufc":  # an integer stored dtype; numbers (not bool)
         arr = exact_cast(arr, dtype, what)
     try:
         return arr.astype(dtype, copy=False)

@@ -225,7 +225,11 @@ class _CompressedRolloutImpl(_JaxRolloutImpl):
         self._writer = RolloutHostWriter(state)
 
     def _put(self, step: dict, reward: np.ndarray, value: np.ndarray) -> None:
-        self._writer.add(step, reward=reward, value=value, terminated=np.zeros(self.n_envs, np.bool_))
+        # `_add_rows` made the writer's checks (its rows have the writer's spec): write them as they are
+        w = self._writer
+        fields = {"reward": reward, "value": value, "terminated": _common.zeros(self.n_envs, np.bool_), "truncated": None,
+                  "final_value": None, "trainable": None}
+        w._add_checked(w._treedef.flatten_up_to(step), fields)
 
     def _epoch_gather(self):
         # One pass of get(): every stored frame decoded once (about one per step with frame_stack: a stack shares its

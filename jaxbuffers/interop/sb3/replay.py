@@ -229,19 +229,33 @@ class _JaxReplayImpl:
     @property
     def _state(self) -> _replay.ReplayBuffer:
         queue = self.__dict__.get("_row_queue")
-        if queue:
+        if queue is not None and queue[1]:
             from jaxbuffers.compressed.staging import _pow2_pieces
 
-            self._row_queue, state, at = [], self.__dict__["_rows_state"], 0
-            for size in _pow2_pieces(len(queue), cap=min(_ROW_QUEUE, self.buffer_size)):
-                state = _add_rows(state, jax.tree.map(lambda *x: np.stack(x), *queue[at : at + size]))
+            (rows, filled), state, at = queue, self.__dict__["_rows_state"], 0
+            self._row_queue = None  # the next add stages into new arrays: the device adds may read these after they return
+            for size in _pow2_pieces(filled, cap=min(_ROW_QUEUE, self.buffer_size)):
+                state = _add_rows(state, {k: x[at : at + size] for k, x in rows.items()})
                 at += size
             self.__dict__["_rows_state"] = state
         return self.__dict__["_rows_state"]
 
     @_state.setter
     def _state(self, state: _replay.ReplayBuffer) -> None:
-        self.__dict__["_rows_state"], self._row_queue = state, []
+        self.__dict__["_rows_state"], self._row_queue = state, None
+
+    def _stage_row(self, row: dict) -> None:
+        """Stage one checked SB3 row (stored shapes and dtypes) for the next device add (compressed adapter):
+        ``_row_queue`` is ``(arrays [_ROW_QUEUE, ...] per field, rows filled)``."""
+        queue = self._row_queue
+        if queue is None:
+            queue = ({k: np.empty((_ROW_QUEUE, *x.shape), x.dtype) for k, x in row.items()}, 0)
+        rows, k = queue
+        for name, x in row.items():
+            rows[name][k] = x  # a copy: the row may be a view of the caller's arrays
+        self._row_queue = (rows, k + 1)
+        if k + 1 == _ROW_QUEUE:
+            self._state  # noqa: B018 (adds the staged rows)
 
     def _new_compressed(self):
         from jaxbuffers.compressed import CompressedTrajectoryBuffer, StagingWriter
@@ -376,7 +390,7 @@ class _JaxReplayImpl:
         row = {
             "observations": self._rows.observation(obs, "obs"), "actions": self._rows.action_row(action),
             "rewards": _common.as_row(reward, (n,), np.float32, "reward"),
-            "dones": _common.as_row(done, (n,), np.bool_, "done"), "timeouts": np.zeros(n, np.bool_),
+            "dones": _common.as_row(done, (n,), np.bool_, "done"), "timeouts": _common.zeros(n, np.bool_),
         }
         if self.handle_timeout_termination:
             if not isinstance(infos, (list, tuple)) or len(infos) != n or not all(isinstance(i, Mapping) for i in infos):
@@ -392,16 +406,15 @@ class _JaxReplayImpl:
                 moved = _common.differs(obs_row, self._pending)
                 if moved.any():
                     self._writer.truncate_last(moved, final_obs=self._pending)
-            zeros = {"action": np.zeros(n, np.uint8), "reward": np.zeros(n, np.float32)}
-            self._writer.add({"obs": obs_row, **zeros}, terminated=np.zeros_like(d), truncated=d, final_obs=next_row)
-            self._pending = jax.tree.map(np.array, next_row)  # a copy: next_row may be a view of the caller's array
+            # the rows have the writer's spec (its example step is made from them): staged without checking again
+            w, no = self._writer, _common.zeros(n, np.bool_)
+            step = w._treedef.flatten_up_to({"obs": obs_row, "action": _common.zeros(n, np.uint8), "reward": _common.zeros(n, np.float32)})
+            w._add_checked(step, no, d, w._obs_treedef.flatten_up_to(next_row))
+            self._pending = _common.copy_obs(next_row)  # next_row may be a view of the caller's array
+            self._stage_row(row)
         elif not self.optimize_memory_usage:
             row["next_observations"] = next_row
-        if self.compress is not None:
-            self._row_queue.append(jax.tree.map(np.array, row))  # copies: the rows may be views of the caller's arrays
-            if len(self._row_queue) >= _ROW_QUEUE:
-                self._state  # noqa: B018 (flushes)
-        else:
+        if self.compress is None:
             self._state = _add_row(self._state, row, next_row if self.optimize_memory_usage else None, next_in_obs=self.optimize_memory_usage)
         self.pos = (self.pos + 1) % self.buffer_size
         self.full = self.full or self.pos == 0

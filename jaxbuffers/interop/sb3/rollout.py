@@ -243,7 +243,12 @@ class _JaxRolloutImpl:
             ``episode_start`` other than 0 / 1 (the message names the argument).
           TypeError: a value the stored dtype cannot hold where it is narrower than SB3's.
         """
-        step, reward, value = self._add_rows(obs, action, reward, episode_start, value, log_prob)
+        self._commit_add(*self._add_rows(obs, action, reward, episode_start, value, log_prob))
+
+    def _commit_add(self, step: dict, reward: np.ndarray, value: np.ndarray) -> None:
+        """Store one step that `_add_rows` returned (its rows may be views of the caller's arrays: copied here)."""
+        if self.full:  # checked again: a facade may hold this buffer twice
+            raise IndexError(f"add: the rollout buffer is full ({self.buffer_size} steps); call reset() first")
         self._put(step, reward, value)
         self.pos += 1
         self.full = self.pos == self.buffer_size
@@ -281,10 +286,25 @@ class _JaxRolloutImpl:
           what the call raises for its arguments (``add``, ``compute_returns_and_advantage``, ``get``,
             ``_get_samples``; the other methods check nothing beyond their signature).
         """
+        self.prepare_call(name, *args, **kwargs)
+
+    def prepare_call(self, name: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        """`check_call`, returning the call itself as a function of no arguments: what
+        ``getattr(self, name)(*args, **kwargs)`` does, its arguments already checked and, for ``add``, converted (so a
+        facade converts each step once). Nothing changes until it is called.
+
+        Raises:
+          as `check_call`.
+        """
         bound = inspect.signature(getattr(self, name)).bind(*args, **kwargs).arguments
         if name == "add":
-            self._add_rows(**bound)
-        elif name == "compute_returns_and_advantage":
+            rows = self._add_rows(**bound)
+            return lambda: self._commit_add(*rows)
+        self._check_bound(name, bound)
+        return lambda: getattr(self, name)(*args, **kwargs)
+
+    def _check_bound(self, name: str, bound: dict) -> None:
+        if name == "compute_returns_and_advantage":
             self._returns_rows(**bound)
         elif name == "get":
             self._get_batch_size(bound.get("batch_size"))

@@ -37,17 +37,21 @@ __all__ = ["DummyVecRolloutBuffer"]
 _OWN = ("_buffers", "_executor", "_finalizer", "use_threads")
 
 
-def _check(i: int, buf: Any, name: str, fn: Callable, args: tuple, kwargs: dict) -> None:
-    """Buffer ``i``'s checks of ``fn(*args, **kwargs)`` (`DummyVecRolloutBuffer.call`), changing nothing; a refusal is
-    raised again, same type, with the buffer's index and method first in its message."""
-    own = getattr(buf, "check_call", None)
+def _prepare(i: int, buf: Any, name: str, fn: Callable, args: tuple, kwargs: dict) -> Callable[[], Any]:
+    """Buffer ``i``'s checks of ``fn(*args, **kwargs)`` (`DummyVecRolloutBuffer.call`), changing nothing, and the call
+    to make once every buffer passed (a buffer's ``prepare_call``: its arguments converted once); a refusal is raised
+    again, same type, with the buffer's index and method first in its message."""
+    own, prepare = getattr(buf, "check_call", None), getattr(buf, "prepare_call", None)
     try:
+        if callable(prepare):
+            return prepare(name, *args, **kwargs)
         if callable(own):
             own(name, *args, **kwargs)
         elif isinstance(buf, RolloutBuffer):
             sb3_rollout.check(buf, name, *args, **kwargs)
         else:
             inspect.signature(fn).bind(*args, **kwargs)
+        return lambda: fn(*args, **kwargs)
     except Exception as e:
         where = f"buffers[{i}] ({type(buf).__name__}.{name})"
         try:
@@ -124,12 +128,7 @@ class DummyVecRolloutBuffer(RolloutBuffer):
           Exception: the refusing buffer's own exception type (``TypeError``, ``ValueError``, ``IndexError``,
             ``RuntimeError``, ...), its message starting ``buffers[i] (Class.name):`` and naming the argument.
         """
-        self.check_call(name, *args, **kwargs)
-        fns = self._methods(name)
-        if self._executor is None:
-            return [self._run(i, fn, args, kwargs) for i, fn in enumerate(fns)]
-        tasks = [self._executor.submit(self._run, i, fn, args, kwargs) for i, fn in enumerate(fns)]
-        return [t.result() for t in tasks]
+        return self.prepare_call(name, *args, **kwargs)()
 
     def check_call(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Every buffer's checks of ``call(name, *args, **kwargs)``, changing nothing (a facade may hold facades).
@@ -137,8 +136,26 @@ class DummyVecRolloutBuffer(RolloutBuffer):
         Raises:
           Exception: what `call` raises before it calls any buffer.
         """
-        for i, (b, fn) in enumerate(zip(self._buffers, self._methods(name))):
-            _check(i, b, name, fn, args, kwargs)
+        self.prepare_call(name, *args, **kwargs)
+
+    def prepare_call(self, name: str, *args: Any, **kwargs: Any) -> Callable[[], list]:
+        """`check_call`, returning `call` itself as a function of no arguments that calls every buffer, the
+        arguments each buffer converted at the check (jaxbuffers' SB3 rollout classes: an ``add``'s step is converted
+        once). Nothing changes until it is called.
+
+        Raises:
+          Exception: what `call` raises before it calls any buffer.
+        """
+        fns = self._methods(name)
+        calls = [_prepare(i, b, name, fn, args, kwargs) for i, (b, fn) in enumerate(zip(self._buffers, fns))]
+
+        def run() -> list:
+            if self._executor is None:
+                return [self._run(i, c, fn) for i, (c, fn) in enumerate(zip(calls, fns))]
+            tasks = [self._executor.submit(self._run, i, c, fn) for i, (c, fn) in enumerate(zip(calls, fns))]
+            return [t.result() for t in tasks]
+
+        return run
 
     def _methods(self, name: str) -> list[Callable]:
         fns = []
@@ -150,9 +167,9 @@ class DummyVecRolloutBuffer(RolloutBuffer):
         return fns
 
     @staticmethod
-    def _run(i: int, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    def _run(i: int, call: Callable[[], Any], fn: Callable) -> Any:
         try:
-            return fn(*args, **kwargs)
+            return call()
         except Exception as e:
             e.add_note(f"in buffers[{i}] ({type(fn.__self__).__name__}.{fn.__name__})")
             raise
