@@ -4,10 +4,10 @@ orbax writes every array of a one-process save (`use_ocdbt=False`, no compressio
 uncompressed C-order chunk: `arrays/<name>/.zarray` and one chunk file (`0`, `0.0`, ...) holding the array's bytes as
 they lie in memory. Such an array is read here with one copy of its bytes:
 
-* onto one CPU device: the file is memory-mapped and XLA copies it into a buffer of its own (which a donation then
-  updates in place); its xxh3-64 is taken over that buffer;
-* anywhere else (an accelerator, several devices, the host stores' numpy arrays): the file is read into 64-byte
-  aligned host memory and hashed in the same pass, then put on the devices.
+* onto one CPU device (arrays of `_MAPPED` bytes or more): the file is memory-mapped and XLA copies it into a
+  buffer of its own (which a donation then updates in place); its xxh3-64 is taken over that buffer;
+* anywhere else (an accelerator, several devices, small arrays, the host stores' numpy arrays): the file is read
+  into host memory and hashed in the same pass, then put on the devices.
 
 Either way the bytes checked against the manifest are the bytes the restored array holds (or was copied from), and
 a mismatch raises `CheckpointError` naming the file. Any other layout (several chunks, compression, another dtype
@@ -30,7 +30,7 @@ import xxhash
 from jaxbuffers._checkpoint_describe import _DTYPES, CheckpointError
 from jaxbuffers._checkpoint_files import _BLOCK, _mismatch
 
-_ALIGN = 64  # bytes: XLA's CPU client wraps host memory of this alignment instead of copying it
+_MAPPED = 1 << 20  # bytes: smaller arrays are read and put (no copy program compiled for each shape)
 _ZARR_DTYPES = {("bfloat16" if d == jnp.bfloat16 else d.str): d for d in _DTYPES.values()}
 
 
@@ -83,13 +83,6 @@ def _single_chunk(root: Path, name: str, listed: dict) -> Chunk | None:
     return Chunk(key, shape, dtype)
 
 
-def _aligned_empty(shape: tuple, dtype: np.dtype) -> np.ndarray:
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
-
-
 def _hash(data: np.ndarray, progress) -> str:
     h, flat = xxhash.xxh3_64(), data.reshape(-1).view(np.uint8)
     for a in range(0, flat.size, _BLOCK):
@@ -99,12 +92,12 @@ def _hash(data: np.ndarray, progress) -> str:
 
 
 def to_host(root: Path, chunk: Chunk, want: str, progress) -> np.ndarray:
-    """The chunk's array in new 64-byte aligned host memory, hashed block by block as it is read.
+    """The chunk's array in new host memory, hashed block by block as it is read.
 
     Raises:
       CheckpointError: its xxh3-64 is not `want`, or the file ends early (naming the file).
     """
-    out = _aligned_empty(chunk.shape, chunk.dtype)
+    out = np.empty(chunk.shape, chunk.dtype)
     flat, h, path = out.reshape(-1).view(np.uint8), xxhash.xxh3_64(), root / chunk.rel
     with open(path, "rb", buffering=0) as f:
         for a in range(0, flat.size, _BLOCK):
@@ -146,11 +139,13 @@ def to_device(root: Path, chunk: Chunk, want: str, sharding: jax.sharding.Shardi
     Raises:
       CheckpointError: its xxh3-64 is not `want` (naming the file).
     """
-    if not (len(sharding.device_set) == 1 and next(iter(sharding.device_set)).platform == "cpu" and chunk.dtype != jnp.bfloat16):
+    nbytes = chunk.dtype.itemsize * int(np.prod(chunk.shape))
+    one_cpu = len(sharding.device_set) == 1 and next(iter(sharding.device_set)).platform == "cpu"
+    if not one_cpu or nbytes < _MAPPED or chunk.dtype == jnp.bfloat16:  # numpy takes no bfloat16 through dlpack
         return on_devices([to_host(root, chunk, want, progress)], [sharding])[0]
     path = root / chunk.rel
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size != chunk.dtype.itemsize * int(np.prod(chunk.shape)):
+        if os.fstat(f.fileno()).st_size != nbytes:
             raise CheckpointError(f"{path}: its size changed since the manifest was checked")
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     mapped.madvise(mmap.MADV_WILLNEED)  # read ahead from the disk if the file is not in the page cache

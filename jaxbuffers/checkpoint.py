@@ -26,8 +26,11 @@ Safety:
 
 * No pickle: metadata is JSON, arrays are tensorstore files read by orbax; the class comes from a fixed table of
   jaxbuffers classes and dtypes from a fixed list of numeric dtypes. A crafted checkpoint cannot run code.
-* Every file is checked against the manifest (size and xxh3-64) before anything is read from it; a mismatch raises
-  `CheckpointError` naming the file.
+* Every file is checked against the manifest: all sizes first, then the xxh3-64 of every file before anything read
+  from it is used. An array stored as one uncompressed chunk (what a one-process save writes) is read straight into
+  the memory it ends in and hashed on the bytes read (`jaxbuffers._checkpoint_zarr`); every other file, and any other
+  layout of an array (read by orbax), is hashed before it is read. A mismatch raises `CheckpointError` naming the
+  file.
 * `save` writes into a temporary sibling folder and renames it into place; a crash at any point leaves the previous
   checkpoint whole (between the two renames it is the sibling `.<name>.prev`, which `restore` falls back to). Every
   file and folder is fsynced before the rename.
