@@ -121,7 +121,7 @@ NOTES = {
                   "same arrays (the same durability; `np.save` alone leaves them in the page cache, "
                   "`save_vs_np.save` is ours / its rate); restore anchor: `np.load` + `device_put`. flashbax's Vault "
                   "holds device arrays only (uncompressed case), with its default gzip-5 and with zstd-1. Restores "
-                  "read what the saves left in the page cache; an untimed `os.sync()` precedes every timed call. `save_blocking`: how long `save(..., blocking=False)` "
+                  "read what the saves left in the page cache; an untimed `os.sync()` (after a trim of freed memory) precedes every timed call; the December rows were measured with other jobs loading the two cores (load average 10 to 17). `save_blocking`: how long `save(..., blocking=False)` "
                   "holds the caller (the buffer taken to host memory; the write then runs in the background), beside "
                   "`np.save`. A blocking save's time is orbax (tensorstore) writing and fsyncing every file, "
                   "then the manifest pass hashing them, the work of `np.save+fsync`; on a loaded machine both swing "
