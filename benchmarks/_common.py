@@ -118,12 +118,14 @@ def accumulating(fn: Callable, total: list) -> Callable:
     return timed
 
 
-def interleaved(runs: dict[str, Callable[[], object]], repeats: int, per: int = 1, samples: dict | None = None) -> dict:
+def interleaved(runs: dict[str, Callable[[], object]], repeats: int, per: int = 1, samples: dict | None = None,
+                setup: Callable[[], object] | None = None) -> dict:
     """Median seconds per operation of each ``runs[name]()`` (which does ``per`` operations and
     blocks on its result; one untimed warm-up call each, which also compiles), timed round-robin:
     each repetition runs every implementation once, in an order rotated by one per repetition, so
     a change of machine load or a first-in-round penalty hits every implementation alike. A
-    ``samples`` dict receives every repetition's seconds per run, by name."""
+    ``samples`` dict receives every repetition's seconds per run, by name. ``setup()`` runs untimed
+    before every timed call (e.g. ``os.sync``: no run pays for the disk writes the previous one left)."""
     for fn in runs.values():
         fn()
     order = list(runs)
@@ -131,6 +133,8 @@ def interleaved(runs: dict[str, Callable[[], object]], repeats: int, per: int = 
     for _ in range(repeats):
         order = order[1:] + order[:1]
         for name in order:
+            if setup is not None:
+                setup()
             t0 = time.perf_counter()
             runs[name]()
             times[name].append(time.perf_counter() - t0)

@@ -7,10 +7,12 @@ Cases, side by side in one process, the same arrays written to the same disk (a 
 * `compressed`: a `CompressedTrajectoryBuffer` (frame dedup, zstd:-1 with its dictionary) of `--steps` (default
   1,000,000) of the recorded Breakout steps, cycled: device ids plus host arenas.
 
-Implementations, each timed `--repeats` times interleaved (median reported):
+Implementations, each timed `--repeats` times interleaved (median reported), every timed call preceded by an
+untimed `os.sync()` (and a trim of freed memory) so that none pays for the disk writes another left behind:
 
 * `ours`: `jaxbuffers.save` (orbax arrays, host-store export, xxh3-64 manifest, fsync, atomic rename) and
-  `jaxbuffers.restore` (checksums verified, arrays back on the device).
+  `jaxbuffers.restore` (every file checked against its checksum, each array's bytes copied once into the memory the
+  restored array owns and hashed there).
 * `ours-async` (case `save_blocking`): the time `jaxbuffers.save(..., blocking=False)` blocks the caller (the
   snapshot of the buffer; the write then runs in a background thread and is waited for, untimed, before the next
   repetition), beside the `np.save` median of the same run.
@@ -30,6 +32,8 @@ Usage: python benchmarks/bench_checkpoint.py [--quick] [--gb 1.0] [--steps 10000
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import io
 import os
 import shutil
@@ -105,6 +109,16 @@ def fsync_all(root: Path) -> None:
             os.close(fd)
 
 
+def settle() -> None:
+    """Untimed, before every timed call: free what the previous call left (glibc keeps freed memory of its threads'
+    arenas until trimmed: without it the Vault and tensorstore runs pile up gigabytes) and sync the disk, so that no
+    call pays for the dirty pages another left."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    os.sync()
+
+
 def run_case(case: str, buf, root: Path, repeats: int, vault: bool) -> None:
     nbytes = sum(a.nbytes for a in arrays_of(buf).values())
     folder = lambda name: root / case / name  # noqa: E731
@@ -152,15 +166,16 @@ def run_case(case: str, buf, root: Path, repeats: int, vault: bool) -> None:
             saves[name], restores[name] = write, read
     gb = nbytes / 1e9
     emit({"bench": BENCH, "case": f"{case}/size", "impl": "ours", "value": round(gb, 4), "unit": "GB of arrays"})
-    t_save = interleaved(saves, repeats)
+    t_save = interleaved(saves, repeats, setup=settle)
     compare(BENCH, f"{case}/save", {k: t_save[k] for k in ("np.save+fsync", "ours", "np.save", *[k for k in t_save if "vault" in k])},
             "np.save+fsync", n=1, repeats=repeats, items=gb, unit="GB/s")
-    t_restore = interleaved(restores, repeats)
+    t_restore = interleaved(restores, repeats, setup=settle)
     compare(BENCH, f"{case}/restore", t_restore, "np.load", n=1, repeats=repeats, items=gb, unit="GB/s")
     ratio = t_save["np.save"] / t_save["ours"]
     emit({"bench": BENCH, "case": f"{case}/save_vs_np.save", "impl": "ours", "value": round(ratio, 3), "unit": "x np.save rate"})
     blocked = []  # save(blocking=False): the time until the training loop may go on (the write then runs behind it)
     for _ in range(repeats):
+        settle()
         t0 = time.perf_counter()
         pending = jb.save(folder("ours-async"), buf, progress=False, blocking=False)
         blocked.append(time.perf_counter() - t0)
@@ -176,7 +191,7 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="folder to write in (default: a temporary folder)")
     args = p.parse_args()
     gb, steps = (0.05, 20_000) if args.quick else (args.gb, args.steps)
-    repeats = args.repeats or (1 if args.quick else 3)
+    repeats = args.repeats or (1 if args.quick else 5)
     header(BENCH, args.quick, gb=gb, steps=steps)
     if DATA is None:
         emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_rollouts.npz not found"})

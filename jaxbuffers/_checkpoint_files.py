@@ -81,8 +81,10 @@ def _read_json(path: Path, what: str) -> dict:
     return out
 
 
-def _verify(root: Path, progress) -> None:
-    """Check every file of the checkpoint against its manifest (sizes first, then xxh3-64)."""
+def _verify(root: Path, progress, later=lambda listed: set()) -> tuple[dict, set]:
+    """Check every file of the checkpoint against its manifest: all sizes, then the xxh3-64 of every file but those
+    `later(listed)` names (their checksums are taken as they are read, `_check_hashes`). Returns the manifest's
+    file list and the files left to hash."""
     manifest = _read_json(root / "manifest.json", "checkpoint manifest")
     listed = manifest.get("files")
     if not isinstance(listed, dict):
@@ -98,9 +100,19 @@ def _verify(root: Path, progress) -> None:
         if p.stat().st_size != info["bytes"]:
             raise CheckpointError(f"{p}: {p.stat().st_size} bytes, the manifest says {info['bytes']} (truncated or replaced)")
     progress.reset(total=sum(int(i["bytes"]) for i in listed.values()))
-    for rel, info in listed.items():
-        if _hash_file(root / rel, progress) != info["xxh3_64"]:
-            raise CheckpointError(f"{root / rel}: checksum mismatch (xxh3_64 differs from the manifest): the file is corrupt")
+    deferred = set(later(listed))
+    _check_hashes(root, listed, [rel for rel in listed if rel not in deferred], progress)
+    return listed, deferred
+
+
+def _check_hashes(root: Path, listed: dict, rels, progress) -> None:
+    for rel in rels:
+        if _hash_file(root / rel, progress) != listed[rel]["xxh3_64"]:
+            raise _mismatch(root / rel)
+
+
+def _mismatch(path: Path) -> CheckpointError:
+    return CheckpointError(f"{path}: checksum mismatch (xxh3_64 differs from the manifest): the file is corrupt")
 
 
 def _is_checkpoint(path: Path) -> bool:

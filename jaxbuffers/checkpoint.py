@@ -26,8 +26,11 @@ Safety:
 
 * No pickle: metadata is JSON, arrays are tensorstore files read by orbax; the class comes from a fixed table of
   jaxbuffers classes and dtypes from a fixed list of numeric dtypes. A crafted checkpoint cannot run code.
-* Every file is checked against the manifest (size and xxh3-64) before anything is read from it; a mismatch raises
-  `CheckpointError` naming the file.
+* Every file is checked against the manifest: all sizes first, then the xxh3-64 of every file before anything read
+  from it is used. An array stored as one uncompressed chunk (what a one-process save writes) is read straight into
+  the memory it ends in and hashed on the bytes read (`jaxbuffers._checkpoint_zarr`); every other file, and any other
+  layout of an array (read by orbax), is hashed before it is read. A mismatch raises `CheckpointError` naming the
+  file.
 * `save` writes into a temporary sibling folder and renames it into place; a crash at any point leaves the previous
   checkpoint whole (between the two renames it is the sibling `.<name>.prev`, which `restore` falls back to). Every
   file and folder is fsynced before the rename.
@@ -67,19 +70,18 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxbuffers import _checkpoint_processes as _processes, _validate
+from jaxbuffers import _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
 from jaxbuffers._validate import processes as _replicas
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
-    _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
+    _check_hashes, _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
     _write_manifest,
 )
 from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
@@ -216,32 +218,6 @@ def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
     return flat
 
 
-_copy_one = jax.jit(jnp.copy)  # one program per shape, dtype and sharding, compiled once for every later restore
-
-
-def _copy(arrays: list) -> list:
-    return [_copy_one(x) for x in arrays]
-
-
-def _on_devices(arrays: list[np.ndarray], shardings: list) -> list:
-    """`arrays` put on `shardings`, each in memory that XLA owns, so that donating it updates it in place.
-
-    On CPU `device_put` can wrap the numpy memory itself (depending on its alignment), and donating such an array
-    copies it: those arrays are copied once here, each by a copy program compiled once per shape, dtype and sharding.
-    (Which arrays are wrapped changes from one restore to the next with where numpy's allocator put them, so one
-    program over all of them would be compiled anew at almost every restore.)"""
-    out = jax.device_put(arrays, shardings)
-
-    def wraps(a: np.ndarray, x: jax.Array) -> bool:
-        lo = a.ctypes.data
-        return any(s.device.platform == "cpu" and lo <= s.data.unsafe_buffer_pointer() < lo + a.nbytes for s in x.addressable_shards)
-
-    wrapped = [i for i, (a, x) in enumerate(zip(arrays, out)) if a.nbytes and wraps(a, x)]
-    for i, c in zip(wrapped, _copy([out[i] for i in wrapped]) if wrapped else ()):
-        out[i] = c
-    return out
-
-
 def _host_restore_args(meta: dict | None) -> dict:
     """orbax's restore arguments of the host arrays `meta` (a `_host_snapshot` metadata) describes."""
     if meta is not None and meta.get("layout") == "stacked":  # written by several processes: a byte row per shard
@@ -262,11 +238,51 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
                                   functools.partial(_read_arrays, progress=progress), _host_restore_args, _load_host, _upgraded_host)
     if isinstance(target, ShardedBuffer):  # its stacked buffer, on the target's mesh, wrapped again
         return target.replace(shards=_read(root, target.shards, sharding, progress))
-    meta, leaves, treedef, shardings = _checked(root, target, sharding, progress)
+    listed, later = _verify(root, progress, _zarr.deferred)
+    meta, leaves, treedef, shardings = _described(root, target, sharding)
     host_meta = meta.get("host")
-    # every array is read to host memory and put on its devices here: ~2x less work than orbax's device arrays
     restore_args = {"device": {str(i): ocp.RestoreArgs(restore_type=np.ndarray) for i, x in enumerate(leaves) if x.size},
                     "host": _host_restore_args(host_meta)}
+    direct = _read_direct(root, listed, later, restore_args, leaves, shardings, progress)
+    if direct is None:  # a layout orbax reads (several chunks, ...): every file verified first
+        _check_hashes(root, listed, sorted(later), progress)
+        arrays, host_out = _read_orbax(root, meta, restore_args, leaves, shardings, progress)
+    else:
+        arrays, host_out = direct
+    if target is not None:
+        _check_meta_defaults(target, arrays, root, stacked="sharded" in meta)
+    buffer, host_meta = _upgraded_host(jax.tree.unflatten(treedef, arrays), host_meta)
+    if host_meta is not None and "shards" in host_meta:
+        versions = np.asarray(buffer.version).tolist()
+        for i, (h, m) in enumerate(zip(buffer.host.shards, host_meta["shards"])):
+            _load_host(h, versions[i], m, _processes.shard_arrays(host_out, host_meta, i), f"{root} (shard {i})")
+    elif host_meta is not None:
+        _load_host(buffer.host, int(buffer.version), host_meta, host_out, root)
+    return buffer
+
+
+def _read_direct(root: Path, listed: dict, later: set, restore_args: dict, leaves: list, shardings: list,
+                 progress: _Progress) -> tuple[list, dict] | None:
+    """The buffer's arrays on `shardings` and the host arrays, each read straight from its single-chunk file and
+    hashed on the bytes read (`jaxbuffers._checkpoint_zarr`); None if any array is stored otherwise."""
+    is_args = lambda a: isinstance(a, ocp.RestoreArgs)  # noqa: E731
+    flat, host_tree = jax.tree_util.tree_flatten_with_path(restore_args["host"], is_leaf=is_args)
+    host_names = ["host." + ".".join(str(k.key) for k in path) for path, _ in flat]
+    wanted = {f"device.{i}": (x.shape, x.dtype) for i, x in enumerate(leaves) if x.size}
+    wanted.update({n: (None, a.dtype) for n, (_, a) in zip(host_names, flat)})
+    chunks = _zarr.plan(root, wanted, listed)
+    if chunks is None:
+        return None
+    _check_hashes(root, listed, sorted(later - {c.rel for c in chunks.values()}), progress)
+    hashed = lambda name: listed[chunks[name].rel]["xxh3_64"]  # noqa: E731
+    arrays = [_zarr.to_device(root, chunks[f"device.{i}"], hashed(f"device.{i}"), s, progress) if x.size
+              else _zarr.on_devices([np.zeros(x.shape, x.dtype)], [s])[0] for i, (x, s) in enumerate(zip(leaves, shardings))]
+    host = [_zarr.to_host(root, chunks[n], hashed(n), progress) for n in host_names]
+    return arrays, jax.tree_util.tree_unflatten(host_tree, host)
+
+
+def _read_orbax(root: Path, meta: dict, restore_args: dict, leaves: list, shardings: list, progress: _Progress) -> tuple[list, dict]:
+    """The buffer's arrays on `shardings` and the host arrays, read by orbax to host memory (every file verified)."""
     out = _read_arrays(root, restore_args, leaves, progress)
     host = []
     for i, x in enumerate(leaves):
@@ -274,16 +290,8 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
         if not isinstance(a, np.ndarray) or a.shape != x.shape or a.dtype != x.dtype:
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {getattr(a, 'shape', None)}, expected {x.shape} {x.dtype}")
         host.append(a)
-    if target is not None:
-        _check_meta_defaults(target, host, root, stacked="sharded" in meta)
-    buffer, host_meta = _upgraded_host(jax.tree.unflatten(treedef, _on_devices(host, shardings)), host_meta)
-    if host_meta is not None and "shards" in host_meta:
-        versions = np.asarray(buffer.version).tolist()
-        for i, (h, m) in enumerate(zip(buffer.host.shards, host_meta["shards"])):
-            _load_host(h, versions[i], m, _processes.shard_arrays(out["host"], host_meta, i), f"{root} (shard {i})")
-    elif host_meta is not None:
-        _load_host(buffer.host, int(buffer.version), host_meta, out["host"], root)
-    return buffer
+    return _zarr.on_devices(host, shardings), out["host"]
+
 
 
 def _read_arrays(root: Path, restore_args: dict, leaves: list, progress: _Progress) -> dict:
@@ -302,8 +310,14 @@ def _read_arrays(root: Path, restore_args: dict, leaves: list, progress: _Progre
 
 def _checked(root: Path, target: Any, sharding: Any, progress: _Progress) -> tuple[dict, list, Any, list]:
     """(buffer.json, abstract leaves, treedef, shardings) of the checkpoint at `root`, after every check that comes
-    before reading an array: the manifest's checksums, the description, the target's class and configuration."""
+    before reading an array: the manifest's checksums of every file, then `_described`'s."""
     _verify(root, progress)
+    return _described(root, target, sharding)
+
+
+def _described(root: Path, target: Any, sharding: Any) -> tuple[dict, list, Any, list]:
+    """(buffer.json, abstract leaves, treedef, shardings) of the checkpoint at `root` (its buffer.json verified), after
+    the checks of the description and of the target's class and configuration."""
     meta = _read_json(root / "buffer.json", "buffer description")
     if target is not None:
         _entry(target, "target")  # TypeError for a target that is not a buffer

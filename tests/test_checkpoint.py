@@ -335,6 +335,51 @@ def test_corrupt_file_is_detected_naming_it(damage, tmp_path):
         jb.restore(tmp_path / "ck")
 
 
+def test_corrupt_host_store_file_is_detected_naming_it(tmp_path):
+    """A byte flipped in a compressed buffer's packed payloads (read into host memory, hashed as read)."""
+    step = {"obs": jnp.zeros((6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    frames = np.random.default_rng(0).integers(0, 255, (2, 6, 6, 6), dtype=np.uint8)
+    no = jnp.zeros((2, 6), bool)
+    buf = jb.CompressedTrajectoryBuffer.create(step, num_envs=2, length=8, codec="zstd:1").add(
+        {"obs": frames, "action": jnp.zeros((2, 6), jnp.int32), "reward": jnp.zeros((2, 6))}, terminated=no)
+    jb.save(tmp_path / "c", buf)
+    victim = next((tmp_path / "c" / "arrays" / "host.stores.0.payload").glob("[0-9]*"))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(jb.CheckpointError, match=f"{victim.parent.name}/{victim.name}: checksum mismatch"):
+        jb.restore(tmp_path / "c")
+
+
+def test_arrays_stored_in_several_chunks_are_read_by_orbax(tmp_path):
+    """An array of the checkpoint rewritten as a zarr array of several chunks (a layout orbax reads, not a single
+    chunk file): the buffer restores bit for bit, and a flipped byte in one of those chunks is still detected."""
+    import tensorstore as ts
+    from jaxbuffers import _checkpoint_files as files
+
+    buf = _filled_replay(4096)
+    jb.save(tmp_path / "ck", buf)
+    folder = max((tmp_path / "ck" / "arrays").glob("device.*"), key=lambda p: sum(f.stat().st_size for f in p.iterdir()))
+    data = np.asarray(ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(folder)}}).result().read().result())
+    for f in folder.iterdir():
+        f.unlink()
+    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(folder)},
+            "metadata": {"shape": list(data.shape), "chunks": [max(1, data.shape[0] // 4), *data.shape[1:]], "dtype": data.dtype.str,
+                         "compressor": None}}
+    ts.open(spec, create=True).result().write(data).result()
+    assert len([f for f in folder.iterdir() if not f.name.startswith(".")]) == 4
+    files._write_manifest(tmp_path / "ck", files._Progress(False, ""))
+    back = jb.restore(tmp_path / "ck")
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(buf)):
+        np.testing.assert_array_equal(a, b)
+    victim = folder / "1.0" if data.ndim == 2 else folder / "1"
+    raw = bytearray(victim.read_bytes())
+    raw[0] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    with pytest.raises(jb.CheckpointError, match=f"{folder.name}/{victim.name}: checksum mismatch"):
+        jb.restore(tmp_path / "ck")
+
+
 def test_crafted_pickle_is_never_executed(tmp_path, monkeypatch):
     """A buffer.json replaced by a pickle that would create a file when unpickled (manifest updated to match):
     restore refuses it as not JSON, and no pickle loader is ever called."""

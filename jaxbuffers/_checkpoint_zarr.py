@@ -1,0 +1,160 @@
+"""Reading a checkpoint's arrays straight into the memory the restored arrays own, checksummed on the bytes read.
+
+orbax writes every array of a one-process save (`use_ocdbt=False`, no compression) as a zarr v2 array of a single
+uncompressed C-order chunk: `arrays/<name>/.zarray` and one chunk file (`0`, `0.0`, ...) holding the array's bytes as
+they lie in memory. Such an array is read here with one copy of its bytes:
+
+* onto one CPU device (arrays of `_MAPPED` bytes or more): the file is memory-mapped and XLA copies it into a
+  buffer of its own (which a donation then updates in place); its xxh3-64 is taken over that buffer;
+* anywhere else (an accelerator, several devices, small arrays, the host stores' numpy arrays): the file is read
+  into host memory and hashed in the same pass, then put on the devices.
+
+Either way the bytes checked against the manifest are the bytes the restored array holds (or was copied from), and
+a mismatch raises `CheckpointError` naming the file. Any other layout (several chunks, compression, another dtype
+than expected, ocdbt) is not planned here and is read by orbax.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xxhash
+
+from jaxbuffers._checkpoint_describe import _DTYPES, CheckpointError
+from jaxbuffers._checkpoint_files import _BLOCK, _mismatch
+
+_MAPPED = 1 << 20  # bytes: smaller arrays are read and put (no copy program compiled for each shape)
+_ZARR_DTYPES = {("bfloat16" if d == jnp.bfloat16 else d.str): d for d in _DTYPES.values()}
+
+
+class Chunk(NamedTuple):
+    """One array stored as one uncompressed C-order chunk file."""
+
+    rel: str  # the chunk file, relative to the checkpoint folder (its manifest key)
+    shape: tuple
+    dtype: np.dtype
+
+
+def deferred(listed: dict) -> set[str]:
+    """The files of `listed` (manifest paths) that may be array chunks under `arrays/<name>/`: their checksums are
+    taken while they are read (`plan`), every other file is verified first."""
+    return {rel for rel in listed if rel.startswith("arrays/") and rel.count("/") == 2 and not rel.rsplit("/", 1)[1].startswith(".")}
+
+
+def plan(root: Path, names: dict[str, tuple], listed: dict) -> dict[str, Chunk] | None:
+    """The chunk of each array `name` of `names`, which maps it to its expected `(shape, dtype)` (either None: any),
+    or None if any of them is stored otherwise (orbax then reads them all). Each `root / "arrays" / name / ".zarray"`
+    must have been verified against the manifest `listed`."""
+    out = {}
+    for name, (shape, dtype) in names.items():
+        chunk = _single_chunk(root, name, listed)
+        if chunk is None or (shape is not None and chunk.shape != tuple(shape)) or (dtype is not None and chunk.dtype != np.dtype(dtype)):
+            return None
+        out[name] = chunk
+    return out
+
+
+def _single_chunk(root: Path, name: str, listed: dict) -> Chunk | None:
+    rel = f"arrays/{name}/.zarray"
+    if rel not in listed:
+        return None
+    try:
+        z = json.loads((root / rel).read_text())
+        shape = tuple(int(n) for n in z["shape"])
+        simple = (z.get("zarr_format") == 2 and z.get("compressor") is None and not z.get("filters") and z.get("order") == "C"
+                  and [int(n) for n in z["chunks"]] == list(shape) and z["dtype"] in _ZARR_DTYPES)
+        simple = simple and z.get("dimension_separator", ".") == "."
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # orbax reads it, or names what is wrong with it
+    if not simple:
+        return None
+    dtype = np.dtype(_ZARR_DTYPES[z["dtype"]])
+    key = f"arrays/{name}/" + (".".join("0" * len(shape)) if shape else "0")
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if key not in listed or int(listed[key]["bytes"]) != nbytes or nbytes == 0:
+        return None
+    return Chunk(key, shape, dtype)
+
+
+def _hash(data: np.ndarray, progress) -> str:
+    h, flat = xxhash.xxh3_64(), data.reshape(-1).view(np.uint8)
+    for a in range(0, flat.size, _BLOCK):
+        h.update(flat[a : a + _BLOCK])
+        progress.update(min(_BLOCK, flat.size - a))
+    return h.hexdigest()
+
+
+def to_host(root: Path, chunk: Chunk, want: str, progress) -> np.ndarray:
+    """The chunk's array in new host memory, hashed block by block as it is read.
+
+    Raises:
+      CheckpointError: its xxh3-64 is not `want`, or the file ends early (naming the file).
+    """
+    out = np.empty(chunk.shape, chunk.dtype)
+    flat, h, path = out.reshape(-1).view(np.uint8), xxhash.xxh3_64(), root / chunk.rel
+    with open(path, "rb", buffering=0) as f:
+        for a in range(0, flat.size, _BLOCK):
+            block = flat[a : a + _BLOCK]
+            if f.readinto(block) != block.size:
+                raise CheckpointError(f"{path}: shorter than the manifest says (truncated while read)")
+            h.update(block)
+            progress.update(block.size)
+    if h.hexdigest() != want:
+        raise _mismatch(path)
+    return out
+
+
+_copy_one = jax.jit(jnp.copy)  # one program per shape, dtype and sharding, compiled once for every later restore
+
+
+def on_devices(arrays: list[np.ndarray], shardings: list) -> list:
+    """`arrays` put on `shardings`, each in memory that XLA owns, so that donating it updates it in place.
+
+    On CPU `device_put` can wrap the numpy memory itself (depending on its alignment), and donating such an array
+    copies it: those arrays are copied once here, each by a copy program compiled once per shape, dtype and sharding.
+    (Which arrays are wrapped changes from one restore to the next with where numpy's allocator put them, so one
+    program over all of them would be compiled anew at almost every restore.)"""
+    out = jax.device_put(arrays, shardings)
+    wrapped = [i for i, (a, x) in enumerate(zip(arrays, out)) if a.nbytes and _wraps(a, x)]
+    for i in wrapped:
+        out[i] = _copy_one(out[i])
+    return out
+
+
+def _wraps(a: np.ndarray, x: jax.Array) -> bool:
+    lo = a.ctypes.data
+    return any(s.device.platform == "cpu" and lo <= s.data.unsafe_buffer_pointer() < lo + a.nbytes for s in x.addressable_shards)
+
+
+def to_device(root: Path, chunk: Chunk, want: str, sharding: jax.sharding.Sharding, progress) -> jax.Array:
+    """The chunk's array on `sharding`, in memory XLA owns, its bytes copied once and hashed (module doc).
+
+    Raises:
+      CheckpointError: its xxh3-64 is not `want` (naming the file).
+    """
+    nbytes = chunk.dtype.itemsize * int(np.prod(chunk.shape))
+    one_cpu = len(sharding.device_set) == 1 and next(iter(sharding.device_set)).platform == "cpu"
+    if not one_cpu or nbytes < _MAPPED or chunk.dtype == jnp.bfloat16:  # numpy takes no bfloat16 through dlpack
+        return on_devices([to_host(root, chunk, want, progress)], [sharding])[0]
+    path = root / chunk.rel
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size != nbytes:
+            raise CheckpointError(f"{path}: its size changed since the manifest was checked")
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    mapped.madvise(mmap.MADV_WILLNEED)  # read ahead from the disk if the file is not in the page cache
+    x = on_devices([np.frombuffer(mapped, chunk.dtype).reshape(chunk.shape)], [sharding])[0].block_until_ready()
+    view = np.from_dlpack(x)  # XLA's buffer, zero-copy; dropped before returning, so a donation still updates in place
+    try:
+        got = _hash(view, progress)
+    finally:
+        del view
+    if got != want:
+        raise _mismatch(path)
+    return x
