@@ -20,8 +20,9 @@ forces a copy or a serialising barrier).
 
 Invariant: every internal row is the combination of its children in the tree's dtype.
 `SumMinTree.set` recomputes the ancestors of the written leaves from their children (never by
-adding deltas), so the root never drifts. A batch of `B` writes costs `O(B log P + B log B)`, in place when
-the tree is donated. The tree is a pure pytree: it works under `jit`, `lax.scan` and `vmap`.
+adding deltas), so the root never drifts. A batch of `B` writes costs `O(B log(P / B) + B log B)` (each depth
+of more than `B` rows gathers and scatters `B` ancestors; the depths of at most `B` rows, `2B` rows together, are
+recomputed whole), in place when the tree is donated. The tree is a pure pytree: it works under `jit`, `lax.scan` and `vmap`.
 
 References:
   Schaul et al., "Prioritized Experience Replay", ICLR 2016, appendix B.2.1 (prefix-sum search and
@@ -250,6 +251,12 @@ class SumMinTree(flax.struct.PyTreeNode):
         levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(_rows(values), mode="drop")
         node = jnp.where(active, indices, 0)  # inactive entries recompute leaf 0's ancestors: a no-op
         for l in reversed(range(self.depth)):
+            if 1 << l <= b:
+                # A depth of at most B rows is recomputed whole, from contiguous children: no more rows than the B
+                # gathered ones, and no gather or scatter. Written over its own array: in place under donation.
+                kids = levels[l + 1].reshape(-1, 2, 2)
+                levels[l] = jax.lax.dynamic_update_slice(levels[l], _combine(kids[:, 0], kids[:, 1]), (0, 0))
+                continue
             node = node >> 1
             kids = levels[l + 1].reshape(-1, 2, 2)[node]
             levels[l] = levels[l].at[node].set(_combine(kids[:, 0], kids[:, 1]), mode="promise_in_bounds")  # duplicates write equal rows
