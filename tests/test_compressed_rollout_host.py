@@ -60,12 +60,12 @@ def test_writer_matches_rollout_buffer_and_device_add(stack_axis, frame_stack):
                     "logp": rng.normal(size=n).astype(np.float32)}
             f = dict(reward=rng.normal(size=n).astype(np.float32), value=np.zeros(n, np.float32), terminated=rng.random(n) < 0.2)
             writer.add(step, **f)
-            dev = dev.add(step, **f)
             if i < t:
-                ref = ref.add(step, **f)
-            else:  # an eager add on a full RolloutBuffer raises and changes nothing
-                with pytest.raises(BufferFullError):
-                    ref.add(step, **f)
+                dev, ref = dev.add(step, **f), ref.add(step, **f)
+            else:  # an eager add on a full buffer, compressed or not, raises and changes nothing
+                for full in (dev, ref):
+                    with pytest.raises(BufferFullError):
+                        full.add(step, **f)
         if r == 0 and frame_stack:  # distinct frames: the first stack's and one per later step, +3 for the broken one
             fr = pixels if stack_axis == 0 else np.moveaxis(pixels, -1, 2)
             distinct = sum(len({fr[i, e, j].tobytes() for i in range(t) for j in range(K)}) for e in range(n))
