@@ -4,7 +4,8 @@ Same transitions for every buffer (the first ``--n`` steps of ``shared/data/atar
 obs and next obs [4, 84, 84] uint8), one buffer per case, each case in a fresh subprocess so that
 process memory can be measured honestly:
 
-* ``bytes_per_transition``: (RSS after filling - RSS before filling) / n, measured after
+* ``bytes_per_transition``: (RSS after filling - RSS before filling) / n, RSS being the anonymous resident
+  memory (``RssAnon``; file-backed pages come and go with the machine's memory pressure), measured after
   ``gc.collect()`` and ``malloc_trim(0)``; compile and warm-up happen before the first RSS reading.
   For jaxbuffers the device arrays (CPU backend, allocated at create) are added from their exact
   shapes (``device_nbytes``). The accounting numbers (``accounted_bytes_per_transition``) are
@@ -75,13 +76,21 @@ SB3X_CODECS = ["none", "rle", "rle-old", "rle-jit", "gzip", "igzip", "igzip1"]
 
 
 def rss() -> int:
+    """Anonymous resident bytes (`RssAnon`: heap and anonymous maps, where buffers live), after `gc.collect()` and
+    `malloc_trim(0)`. Not the whole RSS: its file-backed pages (shared libraries) leave it when the kernel reclaims
+    them under memory pressure, which made a fill look smaller than the memory it holds."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
         pass
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    with open("/proc/self/statm") as f:  # kernels without RssAnon: resident pages less shared (file-backed) ones
+        resident, shared = (int(x) for x in f.read().split()[1:3])
+        return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
 
 
 ALE_FRAMES = False  # set by --ale: every game's frames from `_atari` (the frames of the --million case)
