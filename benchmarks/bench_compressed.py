@@ -358,10 +358,15 @@ def run_keyframes(game: str, steps: int, real: int, repeats: int, codec: str, in
     return rec
 
 
+QUEUED_ADDS = 4  # run_million: adds dispatched before the fill waits for them
+
+
 def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyframe_interval: int) -> dict:
     """`steps` transitions of `game` in a `CompressedTrajectoryBuffer` of 8 lanes (frame_stack=4), added as jitted
-    chunks of 250 steps per lane (`_tiled`). RSS growth is measured from a
-    warmed process: after compiling add and both samplers and adding the first 4,000 transitions."""
+    chunks of 250 steps per lane (`_tiled`), waiting for every `QUEUED_ADDS`-th add (each queued add holds its
+    chunk's obs and final obs on the device until it runs; unbounded, JAX's CPU client queues dozens of them, gigabytes
+    beyond the buffer). RSS growth is measured from a warmed process: after compiling add and both samplers and adding
+    the first 4,000 transitions."""
     import jax
 
     e, t = 8, 250
@@ -381,6 +386,8 @@ def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyf
     t0 = time.perf_counter()
     for i in range(warm, chunks):
         buf = add(buf, *chunk(i))
+        if i % QUEUED_ADDS == 0:
+            jax.block_until_ready(buf)
     jax.block_until_ready(buf)
     t_add = time.perf_counter() - t0
     r1 = rss()
