@@ -4,7 +4,8 @@ Same transitions for every buffer (the first ``--n`` steps of ``shared/data/atar
 obs and next obs [4, 84, 84] uint8), one buffer per case, each case in a fresh subprocess so that
 process memory can be measured honestly:
 
-* ``bytes_per_transition``: (RSS after filling - RSS before filling) / n, measured after
+* ``bytes_per_transition``: (RSS after filling - RSS before filling) / n, RSS being the anonymous resident
+  memory (``RssAnon``; file-backed pages come and go with the machine's memory pressure), measured after
   ``gc.collect()`` and ``malloc_trim(0)``; compile and warm-up happen before the first RSS reading.
   For jaxbuffers the device arrays (CPU backend, allocated at create) are added from their exact
   shapes (``device_nbytes``). The accounting numbers (``accounted_bytes_per_transition``) are
@@ -75,13 +76,21 @@ SB3X_CODECS = ["none", "rle", "rle-old", "rle-jit", "gzip", "igzip", "igzip1"]
 
 
 def rss() -> int:
+    """Anonymous resident bytes (`RssAnon`: heap and anonymous maps, where buffers live), after `gc.collect()` and
+    `malloc_trim(0)`. Not the whole RSS: its file-backed pages (shared libraries) leave it when the kernel reclaims
+    them under memory pressure, which made a fill look smaller than the memory it holds."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
         pass
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    with open("/proc/self/statm") as f:  # kernels without RssAnon: resident pages less shared (file-backed) ones
+        resident, shared = (int(x) for x in f.read().split()[1:3])
+        return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
 
 
 ALE_FRAMES = False  # set by --ale: every game's frames from `_atari` (the frames of the --million case)
@@ -349,10 +358,15 @@ def run_keyframes(game: str, steps: int, real: int, repeats: int, codec: str, in
     return rec
 
 
+QUEUED_ADDS = 4  # run_million: adds dispatched before the fill waits for them
+
+
 def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyframe_interval: int) -> dict:
     """`steps` transitions of `game` in a `CompressedTrajectoryBuffer` of 8 lanes (frame_stack=4), added as jitted
-    chunks of 250 steps per lane (`_tiled`). RSS growth is measured from a
-    warmed process: after compiling add and both samplers and adding the first 4,000 transitions."""
+    chunks of 250 steps per lane (`_tiled`), waiting for every `QUEUED_ADDS`-th add (each queued add holds its
+    chunk's obs and final obs on the device until it runs; unbounded, JAX's CPU client queues dozens of them, gigabytes
+    beyond the buffer). RSS growth is measured from a warmed process: after compiling add and both samplers and adding
+    the first 4,000 transitions."""
     import jax
 
     e, t = 8, 250
@@ -372,6 +386,8 @@ def run_million(game: str, steps: int, real: int, repeats: int, codec: str, keyf
     t0 = time.perf_counter()
     for i in range(warm, chunks):
         buf = add(buf, *chunk(i))
+        if i % QUEUED_ADDS == 0:
+            jax.block_until_ready(buf)
     jax.block_until_ready(buf)
     t_add = time.perf_counter() - t0
     r1 = rss()
