@@ -322,6 +322,50 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
                     anchor_seconds=med[fastest] if a else None, variant=v, in_one_process=True, **c)
 
 
+KEYFRAME_INTERVALS = (1, 2, 4, 8)
+
+
+def keyframe_rows(quick: bool, method: str = "zstd-1") -> None:
+    """Rows ``compressed/replay/keyframe_K<k>/sample32`` and ``.../nbytes_per_transition``: our `CompressedReplayBuffer`
+    (``method``, frames stored once) at each ``keyframe_interval`` in `KEYFRAME_INTERVALS`, beside sb3-extra-buffers'
+    ``rle-jit`` (its fastest sample), all in this one process: the buffers filled with the same ``n`` recorded
+    transitions, then ``sample(32)`` once per buffer in turn, 100 rounds. Memory: ``nbytes / n`` (bytes the buffer
+    holds: compressed entries, staging, device rows). ``cpu_ratio``: rle-jit's median CPU time per sample / this one's."""
+    n = 3_000 if quick else 9_000
+    env_cls = make_env({"obs": None})
+    feed = Feed("replay")
+    anchor = "extra:rle-jit"
+    bufs = {}
+    cls, kw = compressed_class("replay", anchor)
+    bufs[anchor] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+    cls, kw = compressed_class("replay", f"ours:{method}")
+    for k in KEYFRAME_INTERVALS:
+        bufs[k] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", keyframe_interval=k, **kw)
+    for i in range(n):
+        for b in bufs.values():
+            feed.add(b, i)
+    order = list(bufs)
+    cpu = {v: [] for v in order}
+    wall = {v: [] for v in order}
+    for _ in range(100):
+        order = order[1:] + order[:1]
+        for v in order:
+            t, c = time.perf_counter(), time.process_time()
+            bufs[v].sample(32).observations.reshape(-1)[-1].item()
+            wall[v].append(time.perf_counter() - t)
+            cpu[v].append(time.process_time() - c)
+    a_cpu = float(np.median(cpu[anchor]))
+    row(BENCH, "compressed/replay/keyframe/sample32", "sb3-extra-buffers", float(np.median(wall[anchor])), n=n, repeats=100,
+        unit="calls/s", variant=anchor, in_one_process=True, cpu_us=round(1e6 * a_cpu, 3))
+    for k in KEYFRAME_INTERVALS:
+        c = float(np.median(cpu[k]))
+        row(BENCH, "compressed/replay/keyframe/sample32", "ours", float(np.median(wall[k])), n=n, repeats=100, unit="calls/s",
+            anchor=anchor, anchor_seconds=float(np.median(wall[anchor])), variant=f"ours:{method}/K{k}", keyframe_interval=k,
+            in_one_process=True, cpu_us=round(1e6 * c, 3), cpu_ratio=round(a_cpu / c, 4))
+        emit({"bench": BENCH, "case": "compressed/replay/keyframe/nbytes_per_transition", "impl": "ours", "variant": f"ours:{method}/K{k}",
+              "keyframe_interval": k, "value": round(bufs[k].nbytes / n, 1), "unit": "B/transition (nbytes)", "n": n})
+
+
 def live_device_bytes() -> int:
     """Bytes of every JAX array alive in this process."""
     import jax
@@ -476,6 +520,7 @@ def main() -> None:
     p.add_argument("--compressed-only", action="store_true", help="only the compressed-classes cases")
     p.add_argument("--compressed-traced-only", action="store_true", help="only the held-bytes rows of the compressed classes")
     p.add_argument("--compressed-timing-only", action="store_true", help="only the add and sample rows of the compressed classes")
+    p.add_argument("--keyframe-only", action="store_true", help="only the keyframe-interval rows of the compressed replay class")
     p.add_argument("--rollout-only", action="store_true", help="only the uncompressed rollout-buffer rows")
     p.add_argument("--traced", action="store_true", help=ARGPARSE_SUPPRESS)
     p.add_argument("--compressed-kinds", default="replay,rollout", help="the compressed classes' cases to run: replay, rollout or both")
@@ -493,11 +538,14 @@ def main() -> None:
         emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_rollouts.npz not found"})
         return
     if not args.train_only:
-        if not (args.compressed_only or args.compressed_traced_only or args.compressed_timing_only):
+        if not (args.compressed_only or args.compressed_traced_only or args.compressed_timing_only or args.keyframe_only):
             rollout_rows(quick, repeats)
         if args.rollout_only:
             return
         kinds = tuple(args.compressed_kinds.split(","))
+        if args.keyframe_only:
+            keyframe_rows(quick)
+            return
         if args.compressed_timing_only:
             compressed_timing_rows(quick, kinds)
             return
