@@ -175,12 +175,13 @@ COMPRESSED_VARIANTS = ["sb3", "extra:rle-jit", "extra:igzip1", "extra:gzip9", "o
 
 
 def compressed_class(kind: str, variant: str):
-    """(class, kwargs) of a variant for kind "replay" or "rollout"."""
+    """(class, kwargs) of a variant for kind "replay" or "rollout"; ``ours:<method>/K<k>``: with ``keyframe_interval=k``."""
     from stable_baselines3.common.buffers import ReplayBuffer, RolloutBuffer
 
     if variant == "sb3":
         return (ReplayBuffer if kind == "replay" else RolloutBuffer), {}
     who, method = variant.split(":")
+    method, _, k = method.partition("/K")  # ours:<method>/K<k>: keyframe_interval=k
     if who == "extra":
         import sb3_extra_buffers.compressed as x
 
@@ -189,6 +190,7 @@ def compressed_class(kind: str, variant: str):
 
     # frames stored once: the observations are stacks of 4 on axis 0
     stacked = {"frame_stack": 4, "stack_axis": 0, **({"padding": "reset"} if kind == "replay" else {})}  # reset: the recorder's FrameStackObservation
+    stacked.update({"keyframe_interval": int(k)} if k else {})
     return (CompressedReplayBuffer if kind == "replay" else CompressedRolloutBuffer), {"compression_method": method, **stacked}
 
 
@@ -329,8 +331,9 @@ def keyframe_rows(quick: bool, method: str = "zstd-1") -> None:
     """Rows ``compressed/replay/keyframe_K<k>/sample32`` and ``.../nbytes_per_transition``: our `CompressedReplayBuffer`
     (``method``, frames stored once) at each ``keyframe_interval`` in `KEYFRAME_INTERVALS`, beside sb3-extra-buffers'
     ``rle-jit`` (its fastest sample), all in this one process: the buffers filled with the same ``n`` recorded
-    transitions, then ``sample(32)`` once per buffer in turn, 100 rounds. Memory: ``nbytes / n`` (bytes the buffer
-    holds: compressed entries, staging, device rows). ``cpu_ratio``: rle-jit's median CPU time per sample / this one's."""
+    transitions, then ``sample(32)`` once per buffer in turn, 100 rounds. Memory: ``held_bytes_per_transition`` as
+    `compressed_traced_rows` measures it (a fresh process per ``K``), ratio to sb3-extra-buffers' smallest (gzip9, its
+    own fresh process). ``cpu_ratio``: rle-jit's median CPU time per sample / this one's."""
     n = 3_000 if quick else 9_000
     env_cls = make_env({"obs": None})
     feed = Feed("replay")
@@ -338,9 +341,9 @@ def keyframe_rows(quick: bool, method: str = "zstd-1") -> None:
     bufs = {}
     cls, kw = compressed_class("replay", anchor)
     bufs[anchor] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
-    cls, kw = compressed_class("replay", f"ours:{method}")
     for k in KEYFRAME_INTERVALS:
-        bufs[k] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", keyframe_interval=k, **kw)
+        cls, kw = compressed_class("replay", f"ours:{method}/K{k}")
+        bufs[k] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
     for i in range(n):
         for b in bufs.values():
             feed.add(b, i)
@@ -362,8 +365,20 @@ def keyframe_rows(quick: bool, method: str = "zstd-1") -> None:
         row(BENCH, "compressed/replay/keyframe/sample32", "ours", float(np.median(wall[k])), n=n, repeats=100, unit="calls/s",
             anchor=anchor, anchor_seconds=float(np.median(wall[anchor])), variant=f"ours:{method}/K{k}", keyframe_interval=k,
             in_one_process=True, cpu_us=round(1e6 * c, 3), cpu_ratio=round(a_cpu / c, 4))
-        emit({"bench": BENCH, "case": "compressed/replay/keyframe/nbytes_per_transition", "impl": "ours", "variant": f"ours:{method}/K{k}",
-              "keyframe_interval": k, "value": round(bufs[k].nbytes / n, 1), "unit": "B/transition (nbytes)", "n": n})
+    del bufs
+    gc.collect()
+
+    def held(v: str) -> float:
+        out = subprocess.run([sys.executable, __file__, "--compressed-child", "replay", v, str(n), "--traced"], capture_output=True,
+                             text=True, check=True).stdout.strip().splitlines()[-1]
+        return (json.loads(out)["traced"] + json.loads(out)["device"]) / n
+
+    smallest = held("extra:gzip9")
+    for k in KEYFRAME_INTERVALS:
+        b = held(f"ours:{method}/K{k}")
+        emit({"bench": BENCH, "case": "compressed/replay/keyframe/held_bytes_per_transition", "impl": "ours", "variant": f"ours:{method}/K{k}",
+              "keyframe_interval": k, "value": round(b, 1), "unit": "B/transition", "n": n, "anchor": "extra:gzip9",
+              "anchor_value": round(smallest, 1), "ratio": round(b / smallest, 3)})
 
 
 def live_device_bytes() -> int:
