@@ -88,8 +88,7 @@ _READ_SHARD_BYTES = 1 << 20  # decoding is fast per byte: a smaller shard does n
 
 
 def _payload_sums(chunks, chunk_ids, offsets, lengths, slots, checksum: str = _checksum.CRC32) -> np.ndarray:
-    """# shape=(k,), dtype=uint32: the entries' checksums, `host_codecs._checksum.payload_sums` (one compiled loop
-    per batch)."""
+    """# shape=(k,), dtype=uint32: the entries' checksums, `host_codecs._checksum.payload_sums` (one compiled loop)."""
     return _checksum.payload_sums(chunks, chunk_ids, offsets, lengths, slots, checksum)
 
 
@@ -492,7 +491,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         with self._lock:  # a snapshot: published payload bytes never change afterwards
             chains = self._chains(flat)  # the slots the requested deltas' chains add, after the request
             flat = np.concatenate([flat, chains]) if chains.size else flat
-            chunk, offset, length, tag, meta, layout, check, base, _ = (a[self._at(flat)] for a in self._index())
+            at = self._at(flat)
+            chunk, offset, length, tag, meta, layout, check, base, _ = (a[at] for a in self._index())
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
         if chains_out is not None:
             chains_out.append(chains)
