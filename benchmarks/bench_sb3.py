@@ -257,6 +257,21 @@ class Feed:
             buf.add(self.frames[self.obs_idx[j]][None], self.act, self.reward[j : j + 1], start, self.zero1, self.zero1[0])
 
 
+def sample_rounds(bufs: dict, order: list, rounds: int = 100) -> tuple[dict, dict]:
+    """``sample(32)`` of each buffer in turn (the order rotating per round), timed until the observation tensor can be
+    read (one element is read): ``(wall, cpu)`` seconds per call by buffer key, ``cpu`` the process's CPU time (every
+    thread)."""
+    wall, cpu = {v: [] for v in order}, {v: [] for v in order}
+    for _ in range(rounds):
+        order = order[1:] + order[:1]
+        for v in order:
+            t, c = time.perf_counter(), time.process_time()
+            bufs[v].sample(32).observations.reshape(-1)[-1].item()
+            wall[v].append(time.perf_counter() - t)
+            cpu[v].append(time.process_time() - c)
+    return wall, cpu
+
+
 def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
     """Rows ``compressed/<kind>/add`` and ``.../sample32`` (replay) or ``.../get256_per_step`` (rollout): every variant
     in this one process, interleaved, so that their ratios see the same machine load.
@@ -289,13 +304,7 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout")) -> None:
         t_sample = {v: [] for v in order}
         cpu = {v: [] for v in order}  # the process's CPU time (every thread), which waits for a CPU do not inflate
         if kind == "replay":
-            for _ in range(100):
-                order = order[1:] + order[:1]
-                for v in order:
-                    t, c = time.perf_counter(), time.process_time()
-                    bufs[v].sample(32).observations.reshape(-1)[-1].item()
-                    t_sample[v].append(time.perf_counter() - t)
-                    cpu[v].append(time.process_time() - c)
+            t_sample, cpu = sample_rounds(bufs, order)
         else:
             for v in order:
                 bufs[v].compute_returns_and_advantage(feed.zero1, np.zeros(1))
@@ -328,7 +337,7 @@ KEYFRAME_INTERVALS = (1, 2, 4, 8)
 
 
 def keyframe_rows(quick: bool, method: str = "zstd-1") -> None:
-    """Rows ``compressed/replay/keyframe_K<k>/sample32`` and ``.../nbytes_per_transition``: our `CompressedReplayBuffer`
+    """Rows ``compressed/replay/keyframe/sample32`` and ``.../held_bytes_per_transition``: our `CompressedReplayBuffer`
     (``method``, frames stored once) at each ``keyframe_interval`` in `KEYFRAME_INTERVALS`, beside sb3-extra-buffers'
     ``rle-jit`` (its fastest sample), all in this one process: the buffers filled with the same ``n`` recorded
     transitions, then ``sample(32)`` once per buffer in turn, 100 rounds. Memory: ``held_bytes_per_transition`` as
@@ -347,16 +356,7 @@ def keyframe_rows(quick: bool, method: str = "zstd-1") -> None:
     for i in range(n):
         for b in bufs.values():
             feed.add(b, i)
-    order = list(bufs)
-    cpu = {v: [] for v in order}
-    wall = {v: [] for v in order}
-    for _ in range(100):
-        order = order[1:] + order[:1]
-        for v in order:
-            t, c = time.perf_counter(), time.process_time()
-            bufs[v].sample(32).observations.reshape(-1)[-1].item()
-            wall[v].append(time.perf_counter() - t)
-            cpu[v].append(time.process_time() - c)
+    wall, cpu = sample_rounds(bufs, list(bufs))
     a_cpu = float(np.median(cpu[anchor]))
     row(BENCH, "compressed/replay/keyframe/sample32", "sb3-extra-buffers", float(np.median(wall[anchor])), n=n, repeats=100,
         unit="calls/s", variant=anchor, in_one_process=True, cpu_us=round(1e6 * a_cpu, 3))
