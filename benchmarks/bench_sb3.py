@@ -180,7 +180,8 @@ COMPRESSED_VARIANTS = ["sb3", "extra:rle-jit", "extra:igzip1", "extra:gzip9", "o
 
 
 def compressed_class(kind: str, variant: str, dict_obs: bool = False):
-    """(class, kwargs) of a variant for kind "replay" or "rollout" (``dict_obs``: the Dict classes, `DICT_SPACE`)."""
+    """(class, kwargs) of a variant for kind "replay" or "rollout" (``dict_obs``: the Dict classes, `DICT_SPACE`);
+    ``ours:<method>/K<k>``: with ``keyframe_interval=k``."""
     import stable_baselines3.common.buffers as sb3
 
     name = ("Replay" if kind == "replay" else "Rollout") + "Buffer"
@@ -188,6 +189,7 @@ def compressed_class(kind: str, variant: str, dict_obs: bool = False):
         return getattr(sb3, ("Dict" if dict_obs else "") + name), {}
     cls = "Compressed" + ("Dict" if dict_obs else "") + name
     who, method = variant.split(":")
+    method, _, k = method.partition("/K")  # ours:<method>/K<k>: keyframe_interval=k
     if who == "extra":
         import sb3_extra_buffers.compressed as x
 
@@ -196,6 +198,7 @@ def compressed_class(kind: str, variant: str, dict_obs: bool = False):
 
     # frames stored once: the observations are stacks of 4 on axis 0
     stacked = {"frame_stack": 4, "stack_axis": 0, **({"padding": "reset"} if kind == "replay" else {})}  # reset: the recorder's FrameStackObservation
+    stacked.update({"keyframe_interval": int(k)} if k else {})
     return getattr(ours, cls), {"compression_method": method, **stacked, **({"compress_keys": ["pixels"]} if dict_obs else {})}
 
 
@@ -283,6 +286,21 @@ class Feed:
             buf.add(self.obs(self.obs_idx[j], j), self.act, self.reward[j : j + 1], start, self.zero1, self.zero1[0])
 
 
+def sample_rounds(bufs: dict, order: list, rounds: int = 100, pick=lambda o: o) -> tuple[dict, dict]:
+    """``sample(32)`` of each buffer in turn (the order rotating per round), timed until the observation tensor can be
+    read (one element is read; ``pick`` takes a Dict observation's pixels): ``(wall, cpu)`` seconds per call by buffer key, ``cpu`` the process's CPU time (every
+    thread)."""
+    wall, cpu = {v: [] for v in order}, {v: [] for v in order}
+    for _ in range(rounds):
+        order = order[1:] + order[:1]
+        for v in order:
+            t, c = time.perf_counter(), time.process_time()
+            pick(bufs[v].sample(32).observations).reshape(-1)[-1].item()
+            wall[v].append(time.perf_counter() - t)
+            cpu[v].append(time.process_time() - c)
+    return wall, cpu
+
+
 def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: bool = False) -> None:
     """Rows ``compressed/<kind>/add`` and ``.../sample32`` (replay) or ``.../get256_per_step`` (rollout): every variant
     in this one process, interleaved, so that their ratios see the same machine load. With ``dict_obs`` the Dict
@@ -318,13 +336,7 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
         t_sample = {v: [] for v in order}
         cpu = {v: [] for v in order}  # the process's CPU time (every thread), which waits for a CPU do not inflate
         if kind == "replay":
-            for _ in range(100):
-                order = order[1:] + order[:1]
-                for v in order:
-                    t, c = time.perf_counter(), time.process_time()
-                    pixels(bufs[v].sample(32).observations).reshape(-1)[-1].item()
-                    t_sample[v].append(time.perf_counter() - t)
-                    cpu[v].append(time.process_time() - c)
+            t_sample, cpu = sample_rounds(bufs, order, pick=pixels)
         else:
             for v in order:
                 bufs[v].compute_returns_and_advantage(feed.zero1, np.zeros(1))
@@ -351,6 +363,54 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
                     c["cpu_ratio"] = round(float(np.median(cpu[fastest]) / max(np.median(cpu[v]), 1e-12)), 4)
                 row(BENCH, f"{prefix}/{kind}/{call}", impl, med[v], n=n, repeats=len(times[v]), unit="calls/s", anchor=a,
                     anchor_seconds=med[fastest] if a else None, variant=v, in_one_process=True, **c)
+
+
+KEYFRAME_INTERVALS = (1, 2, 4, 8)
+
+
+def keyframe_rows(quick: bool, method: str = "zstd-1") -> None:
+    """Rows ``compressed/replay/keyframe/sample32`` and ``.../held_bytes_per_transition``: our `CompressedReplayBuffer`
+    (``method``, frames stored once) at each ``keyframe_interval`` in `KEYFRAME_INTERVALS`, beside sb3-extra-buffers'
+    ``rle-jit`` (its fastest sample), all in this one process: the buffers filled with the same ``n`` recorded
+    transitions, then ``sample(32)`` once per buffer in turn, 100 rounds. Memory: ``held_bytes_per_transition`` as
+    `compressed_traced_rows` measures it (a fresh process per ``K``), ratio to sb3-extra-buffers' smallest (gzip9, its
+    own fresh process). ``cpu_ratio``: rle-jit's median CPU time per sample / this one's."""
+    n = 3_000 if quick else 9_000
+    env_cls = make_env({"obs": None})
+    feed = Feed("replay")
+    anchor = "extra:rle-jit"
+    bufs = {}
+    cls, kw = compressed_class("replay", anchor)
+    bufs[anchor] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+    for k in KEYFRAME_INTERVALS:
+        cls, kw = compressed_class("replay", f"ours:{method}/K{k}")
+        bufs[k] = cls(n, env_cls.observation_space, env_cls.action_space, device="cpu", **kw)
+    for i in range(n):
+        for b in bufs.values():
+            feed.add(b, i)
+    wall, cpu = sample_rounds(bufs, list(bufs))
+    a_cpu = float(np.median(cpu[anchor]))
+    row(BENCH, "compressed/replay/keyframe/sample32", "sb3-extra-buffers", float(np.median(wall[anchor])), n=n, repeats=100,
+        unit="calls/s", variant=anchor, in_one_process=True, cpu_us=round(1e6 * a_cpu, 3))
+    for k in KEYFRAME_INTERVALS:
+        c = float(np.median(cpu[k]))
+        row(BENCH, "compressed/replay/keyframe/sample32", "ours", float(np.median(wall[k])), n=n, repeats=100, unit="calls/s",
+            anchor=anchor, anchor_seconds=float(np.median(wall[anchor])), variant=f"ours:{method}/K{k}", keyframe_interval=k,
+            in_one_process=True, cpu_us=round(1e6 * c, 3), cpu_ratio=round(a_cpu / c, 4))
+    del bufs
+    gc.collect()
+
+    def held(v: str) -> float:
+        out = subprocess.run([sys.executable, __file__, "--compressed-child", "replay", v, str(n), "--traced"], capture_output=True,
+                             text=True, check=True).stdout.strip().splitlines()[-1]
+        return (json.loads(out)["traced"] + json.loads(out)["device"]) / n
+
+    smallest = held("extra:gzip9")
+    for k in KEYFRAME_INTERVALS:
+        b = held(f"ours:{method}/K{k}")
+        emit({"bench": BENCH, "case": "compressed/replay/keyframe/held_bytes_per_transition", "impl": "ours", "variant": f"ours:{method}/K{k}",
+              "keyframe_interval": k, "value": round(b, 1), "unit": "B/transition", "n": n, "anchor": "extra:gzip9",
+              "anchor_value": round(smallest, 1), "ratio": round(b / smallest, 3)})
 
 
 def live_device_bytes() -> int:
@@ -508,6 +568,7 @@ def main() -> None:
     p.add_argument("--compressed-only", action="store_true", help="only the compressed-classes cases")
     p.add_argument("--compressed-traced-only", action="store_true", help="only the held-bytes rows of the compressed classes")
     p.add_argument("--compressed-timing-only", action="store_true", help="only the add and sample rows of the compressed classes")
+    p.add_argument("--keyframe-only", action="store_true", help="only the keyframe-interval rows of the compressed replay class")
     p.add_argument("--rollout-only", action="store_true", help="only the uncompressed rollout-buffer rows")
     p.add_argument("--traced", action="store_true", help=ARGPARSE_SUPPRESS)
     p.add_argument("--dict", action="store_true", help=ARGPARSE_SUPPRESS)
@@ -527,14 +588,16 @@ def main() -> None:
         emit({"bench": BENCH, "case": "all", "impl": "ours", "skipped": "shared/data/atari_rollouts.npz not found"})
         return
     if not args.train_only:
-        if not (args.compressed_only or args.compressed_traced_only or args.compressed_timing_only or args.compressed_dict_only):
+        if not (args.compressed_only or args.compressed_traced_only or args.compressed_timing_only or args.compressed_dict_only
+                or args.keyframe_only):
             rollout_rows(quick, repeats)
         if args.rollout_only:
             return
         kinds = tuple(args.compressed_kinds.split(","))
-        if args.compressed_dict_only:
-            compressed_traced_rows(quick, kinds, dict_obs=True)
-            compressed_timing_rows(quick, kinds, dict_obs=True)
+        if not (args.compressed_only or args.compressed_traced_only or args.compressed_timing_only or args.compressed_dict_only):
+            return
+        if args.keyframe_only:
+            keyframe_rows(quick)
             return
         if args.compressed_timing_only:
             compressed_timing_rows(quick, kinds)

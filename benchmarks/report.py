@@ -117,7 +117,9 @@ NOTES = {
            "their ratios, not their times against other rows; call rows: ratio = "
            "sb3-extra-buffers' fastest time / ours (> 1: faster); the sample and get rows' JSON lines also carry `cpu_us`, "
            "the process CPU time per call (per step for get), and `cpu_ratio` (the same ratio of CPU times), which "
-           "waits for a CPU on a loaded machine do not inflate. `rollout/*`: the uncompressed `JaxRolloutBuffer` "
+           "waits for a CPU on a loaded machine do not inflate. `compressed/replay/keyframe/*`: our replay class "
+           "(`zstd-1`) at each `keyframe_interval` K (`/K<k>`), its sample rows in one process beside `extra:rle-jit`, "
+           "its held bytes one fresh process per K, ratio = ours / `extra:gzip9`'s. `rollout/*`: the uncompressed `JaxRolloutBuffer` "
            "against SB3's `RolloutBuffer` in one process, one rollout of 2048 Breakout steps as SB3's PPO runs it "
            "(reset, adds, GAE, 4 passes of `get(256)`); ratio = SB3's time / ours (> 1: faster), for `bytes_per_step` "
            "SB3's bytes held / ours.",

@@ -57,7 +57,7 @@ def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt):
     depth = (base_i >= 0).astype(np.int64)
     for _ in range(64):  # pointer jumping: chains of up to 2**64 entries
         up = root[root]
-        if np.array_equal(up, root):
+        if (up == root).all():
             break
         depth, root = depth + depth[root] * (up != root), up
     else:
@@ -115,13 +115,13 @@ class DeltaChains:
         seen = np.zeros(self.num_slots, bool)
         seen[flat] = True
         extra = []
-        while frontier.size:
-            new = np.unique(frontier[~seen[frontier]])
+        while frontier.size:  # one level of the chains per step; a slot met twice in one level is kept once below
+            new = frontier[~seen[frontier]]
             seen[new] = True
             extra.append(new)
             frontier = self._base[new]
             frontier = frontier[frontier >= 0]
-        return np.concatenate(extra).astype(np.int64)
+        return np.unique(np.concatenate(extra)).astype(np.int64)
 
     def _bases(self, bases: Any, s: np.ndarray) -> np.ndarray:
         """`bases` of a put of slots `s`, checked: int64 `[B]`, -1 for whole entries."""

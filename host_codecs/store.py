@@ -88,8 +88,7 @@ _READ_SHARD_BYTES = 1 << 20  # decoding is fast per byte: a smaller shard does n
 
 
 def _payload_sums(chunks, chunk_ids, offsets, lengths, slots, checksum: str = _checksum.CRC32) -> np.ndarray:
-    """# shape=(k,), dtype=uint32: the entries' checksums, `host_codecs._checksum.payload_sums` (one compiled loop
-    per batch)."""
+    """# shape=(k,), dtype=uint32: the entries' checksums, `host_codecs._checksum.payload_sums` (one compiled loop)."""
     return _checksum.payload_sums(chunks, chunk_ids, offsets, lengths, slots, checksum)
 
 
@@ -492,7 +491,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         with self._lock:  # a snapshot: published payload bytes never change afterwards
             chains = self._chains(flat)  # the slots the requested deltas' chains add, after the request
             flat = np.concatenate([flat, chains]) if chains.size else flat
-            chunk, offset, length, tag, meta, layout, check, base, _ = (a[self._at(flat)] for a in self._index())
+            at = self._at(flat)
+            chunk, offset, length, tag, meta, layout, check, base, _ = (a[at] for a in self._index())
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
         if chains_out is not None:
             chains_out.append(chains)
@@ -520,8 +520,9 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             ids = np.unique(flat[empty])
             raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
                            + "; pass missing='zeros' to get zeros instead")
-        lids = np.unique(layout[present])
         if present.size:
+            lay = layout[present]
+            lids = lay[:1] if lay.min() == lay.max() else np.unique(lay)
             if lids.size > 1:
                 desc = [f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in lids[:5].tolist()]
                 raise ValueError(f"slots: the requested entries have different dtypes/shapes {desc}; get them in separate calls")
@@ -538,9 +539,10 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         views = [r.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8) for s, r in zip(ss, results)]
         if chains.size:
             views.append(np.empty((chains.size, nbytes), np.uint8))  # chain frames not requested
-        out_j, out_row = _out_of(empty, bounds)
-        for j in np.unique(out_j).tolist():  # zeros for the empty slots
-            views[j][out_row[out_j == j]] = 0
+        if empty.size:  # zeros for the empty slots
+            out_j, out_row = _out_of(empty, bounds)
+            for j in np.unique(out_j).tolist():
+                views[j][out_row[out_j == j]] = 0
         if not present.size or not nbytes:
             return results
         pos_out, pos_row = _out_of(pos, bounds)
@@ -568,9 +570,9 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             # (in chain order when they share one codec, else depth by depth): every base is whole before its deltas
             d = np.zeros(sl.size, np.int64) if depth is None else depth[sl]
             key = np.flatnonzero(d == 0)
-            groups = [(key[tag[p[key]] == t], None) for t in np.unique(tag[p[key]]).tolist()]
+            groups = [(key[tag[p[key]] == t], None) for t in tags]  # a codec with no keyframe here: empty, skipped
             rest = np.flatnonzero(d > 0)
-            if np.unique(tag[p[rest]]).size == 1:
+            if rest.size and (tag[p[rest]] == tag[p[rest[0]]]).all():
                 groups.append((rest, bases))
             else:
                 groups += [(np.flatnonzero((d == level) & (tag[p] == t)), bases) for level in np.unique(d[rest]).tolist() for t in tags]

@@ -206,6 +206,43 @@ def test_replay_refuses_options_it_cannot_honour():
         CompressedReplayBuffer(8, DICT, ACT, "cpu")
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_replay_keyframe_interval_equals_sb3_and_pickles(k):
+    n, size, steps = 2, 20, 17
+    ref = ReplayBuffer(size, PIX, ACT, "cpu", n_envs=n)
+    ours = CompressedReplayBuffer(size, PIX, ACT, "cpu", n_envs=n, compression_method="zstd-1", keyframe_interval=k)
+    _fill_replay([ref, ours], PIX, n, steps)
+    assert ours._writer.buffer.keyframe_interval == k
+    _assert_same(_replay_samples(ref), _replay_samples(ours))
+    back = pickle.loads(pickle.dumps(ours))
+    assert back._writer.buffer.keyframe_interval == k
+    _assert_same(_replay_samples(ref), _replay_samples(back))
+
+
+@pytest.mark.parametrize("k", [0, -2, 2.0, True, "8"])
+def test_replay_keyframe_interval_refused_unless_a_positive_int(k):
+    with pytest.raises(ValueError, match="keyframe_interval: expected a Python int >= 1"):
+        CompressedReplayBuffer(8, PIX, ACT, "cpu", keyframe_interval=k)
+
+
+def test_replay_sample_observations_alias_the_decoded_arrays(monkeypatch):
+    """The sampled observation tensors share memory with the decoded JAX arrays (DLPack, no copy)."""
+    from jaxbuffers.interop.sb3 import _common
+
+    seen, real = set(), _common.to_torch
+
+    def spy(tree, device=None, **kw):
+        seen.update(x.unsafe_buffer_pointer() for x in jax.tree.leaves(tree) if isinstance(x, jax.Array))
+        return real(tree, device=device, **kw)
+
+    ours = CompressedReplayBuffer(20, PIX, ACT, "cpu", n_envs=2, compression_method="zstd-1")
+    _fill_replay([ours], PIX, 2, 17)
+    monkeypatch.setattr(_common, "to_torch", spy)
+    s = _replay_samples(ours)
+    assert s.observations.dtype == th.uint8 and s.observations.data_ptr() in seen
+    assert s.next_observations.data_ptr() in seen
+
+
 def test_contents_of_sb3_extra_buffers_buffers_convert():
     """replay_to_jax / rollout_to_jax read sb3-extra-buffers' compressed buffers (one bytes object per observation)."""
     xb = pytest.importorskip("sb3_extra_buffers.compressed")

@@ -36,7 +36,11 @@ with the env's previous one, `jaxbuffers.compressed.RolloutHostWriter`). ``paddi
 how an episode's first stack is padded, as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` says:
 ``"zero"`` (default: SB3's ``VecFrameStack``) or ``"reset"`` (its first frame repeated: Gymnasium's
 ``FrameStackObservation`` by default). Stacks padded otherwise are refused at ``add`` (``ValueError``), never stored
-as other stacks.
+as other stacks. ``keyframe_interval`` (replay): ``K`` of the temporal coding, a positive int (default
+`jaxbuffers.compressed.trajectory.DEFAULT_KEYFRAME_INTERVAL`; 1 for the ``none`` codec): each frame is stored as a
+delta against the one before it except every ``K``-th of an episode, stored whole, so sampling a frame decodes at most
+``K`` entries; ``1`` stores every frame whole (more bytes, fewer decodes). A value that is not an int >= 1 raises
+``ValueError``.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictReplayBuffer, DictRolloutBuffer, ReplayBuffer, RolloutBuffer
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, DictRolloutBufferSamples
 
+from jaxbuffers import _validate
 from jaxbuffers.interop.sb3 import _common
 from jaxbuffers.interop.sb3.replay import _JaxReplayImpl
 from jaxbuffers.interop.sb3.rollout import _JaxRolloutImpl
@@ -318,7 +323,7 @@ class _CompressedReplayImpl(_JaxReplayImpl):
                  n_envs: int = 1, optimize_memory_usage: bool = False, handle_timeout_termination: bool = True, dtypes: Any = None,
                  normalize_images: bool = False, compression_method: str = "rle", compression_kwargs: dict | None = None,
                  decompression_kwargs: dict | None = None, output_dtype: str = "raw", compress_keys: Sequence[str] | None = None,
-                 frame_stack: int | None = None, stack_axis: int = -1, padding: str = "zero"):
+                 frame_stack: int | None = None, stack_axis: int = -1, padding: str = "zero", keyframe_interval: int | None = None):
         if output_dtype not in ("raw", "float"):
             raise ValueError(f"output_dtype: expected 'raw' or 'float', got {output_dtype!r}")
         if optimize_memory_usage:
@@ -332,6 +337,8 @@ class _CompressedReplayImpl(_JaxReplayImpl):
         self.padding = padding
         stacking = {"frame_stack": frame_stack, "stack_axis": stack_axis, "padding": padding}
         compress = {"codec": codec, **({} if frame_stack is None else stacking)}
+        if keyframe_interval is not None:
+            compress["keyframe_interval"] = _validate.static_int("keyframe_interval", keyframe_interval)
         if self._keys is not None:
             compress["keys"] = self._keys
         super().__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs, optimize_memory_usage=False,
