@@ -315,8 +315,8 @@ class StagingWriter:
                 raise error
             self._previous = (self._previous[0], self._previous[1] | boot)
         self._allocate_final()
-        for i, (dst, x) in enumerate(zip(self._final, fin)):
-            dst[boot, j] = self._staged(x, i)[boot]
+        for dst, x, pick in zip(self._final, fin, self._final_picks):
+            dst[boot, j] = (x if pick is None else x[pick])[boot]
         self._truncated[:, j] |= boot
 
     def flush(self) -> Any:

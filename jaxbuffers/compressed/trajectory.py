@@ -70,7 +70,7 @@ import numpy as np
 from flax import struct
 
 from host_codecs import get_codec
-from jaxbuffers import _compiled, _validate
+from jaxbuffers import _compiled, _ring, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import FrameStacked, HostStores
