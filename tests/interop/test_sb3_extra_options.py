@@ -370,3 +370,89 @@ def test_replay_frame_stack_padding_reset_equals_sb3_with_gymnasium_frame_stack(
             np.testing.assert_array_equal(getattr(a, name).numpy(), getattr(b, name).numpy(), err_msg=name)
     with pytest.raises(ValueError, match=r"step\['obs'\]: env 0, step 0 .* not the stack the buffer rebuilds"):
         _frame_stacked_replays(None, steps=1)
+
+
+def _stacked_steps(steps: int, n: int, vec_dim: int = 4):
+    """SB3's off-policy loop over Gymnasium's FrameStackObservation(4) of `_Counter` envs, with a random float32
+    ``vector`` beside each stack: yields ``(obs, next_obs, action, reward, done, infos)`` for the Dict space
+    {pixels, vector} (the plain space's observations are the ``pixels``)."""
+    from gymnasium.wrappers import FrameStackObservation
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    env = DummyVecEnv([lambda s=s: FrameStackObservation(_Counter(s), 4) for s in range(n)])
+    rng = np.random.default_rng(3)
+    vec = lambda: rng.uniform(-1, 1, (n, vec_dim)).astype(np.float32)  # noqa: E731
+    obs = {"pixels": env.reset(), "vector": vec()}
+    for _ in range(steps):
+        action = rng.integers(0, 3, n)
+        new, reward, done, infos = env.step(action)
+        new = {"pixels": new, "vector": vec()}
+        nxt = {"pixels": new["pixels"].copy(), "vector": new["vector"].copy()}
+        for i, d in enumerate(done):
+            if d:  # the terminal observation; the next row's obs is the reset one
+                nxt["pixels"][i], nxt["vector"][i] = infos[i]["terminal_observation"], rng.uniform(-1, 1, vec_dim)
+        yield obs, nxt, action, reward, done, infos
+        obs = new
+
+
+def _stacked_spaces(vec_dim: int = 4):
+    pix = spaces.Box(0, 255, (4, 3, 2), np.uint8)
+    return pix, spaces.Dict({"pixels": pix, "vector": spaces.Box(-1, 1, (vec_dim,), np.float32)})
+
+
+def test_dict_replay_stores_the_pixels_as_the_plain_class_plus_the_other_keys_own_bytes():
+    """`CompressedDictReplayBuffer` compressing ``pixels`` (frame stacks) beside a float32 ``vector``, against
+    `CompressedReplayBuffer` given the same stacks: the host stores hold the same bytes, the row stores the same, and
+    the device arrays differ by exactly the vector's rows (``[rows, n_envs, 4]`` float32 for the observations and as
+    many for the final-observation ring), the staging arrays by the vector's staged steps; samples equal SB3's
+    ``DictReplayBuffer``'s under the same seed. (A pixel key stored without frame dedup or temporal coding, a second
+    copy of the next observations, or the vector widened or padded breaks one of these.)"""
+    n, size, steps, dim = 2, 48, 40, 4
+    pix, space = _stacked_spaces(dim)
+    opts = dict(compression_method="zstd-1", frame_stack=4, stack_axis=0, padding="reset")
+    ref = DictReplayBuffer(size, space, ACT, "cpu", n_envs=n)
+    plain = CompressedReplayBuffer(size, pix, ACT, "cpu", n_envs=n, **opts)
+    ours = CompressedDictReplayBuffer(size, space, ACT, "cpu", n_envs=n, compress_keys=["pixels"], **opts)
+    for obs, nxt, action, reward, done, infos in _stacked_steps(steps, n, dim):
+        ref.add(obs, nxt, action[:, None], reward, done, infos)
+        ours.add(obs, nxt, action[:, None], reward, done, infos)
+        plain.add(obs["pixels"], nxt["pixels"], action[:, None], reward, done, infos)
+    _assert_same(_replay_samples(ref), _replay_samples(ours))
+    rows, vec = size // n, dim * np.dtype(np.float32).itemsize
+    staged = ours._writer.staging_nbytes - plain._writer.staging_nbytes
+    assert staged == 2 * n * ours._writer.max_pending * vec  # the steps and the final observations staged
+    a, b = plain._writer.buffer, ours._writer.buffer
+    assert b.host.num_rows == a.host.num_rows and b.host_arena_nbytes == a.host_arena_nbytes
+    assert b.host_nbytes == a.host_nbytes
+    assert b.device_nbytes - a.device_nbytes == 2 * rows * n * vec
+    assert ours._state.memory_bytes == plain._state.memory_bytes
+    assert ours.nbytes - plain.nbytes == 2 * rows * n * vec + staged + n * vec  # + the held next observation
+
+
+def test_dict_rollout_stores_the_pixels_as_the_plain_class_plus_the_other_keys_own_bytes():
+    """`CompressedDictRolloutBuffer` compressing ``pixels`` (frame stacks, one stored frame per distinct frame) beside
+    a float32 ``vector``, against `CompressedRolloutBuffer` given the same stacks: the host stores hold the same bytes
+    and the rest differs by exactly the vector's ``[T, n_envs, 4]`` float32; minibatches equal SB3's
+    ``DictRolloutBuffer``'s under the same seed."""
+    n, steps, dim = 2, 24, 4
+    pix, space = _stacked_spaces(dim)
+    opts = dict(compression_method="zstd-1", frame_stack=4, stack_axis=0)
+    ref = DictRolloutBuffer(steps, space, ACT, "cpu", n_envs=n)
+    plain = CompressedRolloutBuffer(steps, pix, ACT, "cpu", n_envs=n, **opts)
+    ours = CompressedDictRolloutBuffer(steps, space, ACT, "cpu", n_envs=n, compress_keys=["pixels"], **opts)
+    rng, start = np.random.default_rng(4), np.ones(n, np.float32)
+    for obs, _, action, reward, done, _ in _stacked_steps(steps, n, dim):
+        value, logp = th.from_numpy(rng.normal(size=(n, 1)).astype(np.float32)), th.from_numpy(rng.normal(size=n).astype(np.float32))
+        for b, o in ((ref, obs), (ours, obs), (plain, obs["pixels"])):
+            b.add(o, action[:, None], reward, start, value, logp)
+        start = done.astype(np.float32)
+    vec = dim * np.dtype(np.float32).itemsize
+    assert ours._writer.mirror_nbytes - plain._writer.mirror_nbytes == steps * n * vec
+    a, b = plain._state, ours._state
+    assert b.host.num_rows == a.host.num_rows and b.host_arena_nbytes == a.host_arena_nbytes
+    assert b.host_nbytes == a.host_nbytes
+    assert ours.nbytes - plain.nbytes == b.device_nbytes - a.device_nbytes == steps * n * vec
+    for buf in (ref, ours):
+        buf.compute_returns_and_advantage(th.zeros(n, 1), np.zeros(n))
+    for x, y in zip(_rollout_batches(ref), _rollout_batches(ours)):
+        _assert_same(x, y)
