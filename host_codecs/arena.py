@@ -99,6 +99,43 @@ class Arena:
             start = stop
         return chunk_ids, placed
 
+    def cuts(self, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Where to cut payloads packed back to back from byte 0 (`offsets`, `lengths` as `place` takes them) into
+        pieces that `take` holds as chunks: the end of each piece, # shape=(P,), dtype=int64. Each piece is the most
+        payloads that fit `chunk_bytes` (a payload larger than that alone), as `place` would fill fresh chunks."""
+        ends = offsets + ceil_align(lengths)
+        out, start = [], 0
+        while start < ends.size:
+            base = int(offsets[start])
+            stop = max(start + int(np.searchsorted(ends[start:] - base, self.chunk_bytes, side="right")), start + 1)
+            out.append(int(ends[stop - 1]))
+            start = stop
+        return np.asarray(out, np.int64)
+
+    def take(self, pieces: list[np.ndarray], offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Hold payloads packed back to back in `pieces` (cut as `cuts` says) as sealed chunks of their own, without
+        copying them: the arena owns each piece from now on (nobody else may write it). No slack: a piece is exactly
+        its payloads. `offsets`, `lengths` and the result are as `place`'s, offsets counted over the pieces joined."""
+        chunk_ids = np.empty(offsets.shape[0], dtype=np.int32)
+        placed = np.empty(offsets.shape[0], dtype=np.int64)
+        start = 0
+        for piece in pieces:
+            stop = start + int(np.searchsorted(offsets[start:], int(offsets[start]) + piece.shape[0], side="left"))
+            chunk_ids[start:stop], placed[start:stop] = self._hold(piece, offsets[start:stop] - offsets[start], lengths[start:stop])
+            start = stop
+        return chunk_ids, placed
+
+    def _hold(self, piece: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`take` of one piece: it becomes a sealed chunk (`host_codecs.chunk_arena` copies it into its files)."""
+        cid, ch = self._next_id, _Chunk(piece)
+        self.chunks[cid] = ch
+        self._next_id += 1
+        self._table = None
+        self.nbytes += piece.shape[0]
+        ch.used = ch.live_bytes = piece.shape[0]
+        ch.live_count = offsets.shape[0]
+        return np.full(offsets.shape[0], cid, np.int32), offsets
+
     def free(self, chunk_ids: np.ndarray, lengths: np.ndarray) -> None:
         """Mark payloads as no longer used (`lengths` without padding); release emptied chunks."""
         ids, inv = np.unique(chunk_ids, return_inverse=True)

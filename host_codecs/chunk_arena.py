@@ -114,6 +114,9 @@ class ChunkFileArena(Arena):
     def _contents(self, ch: _Chunk) -> np.ndarray:
         return ch.data[0 : ch.used]
 
+    def _hold(self, piece: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.place(piece, offsets, lengths)  # memory cannot become a chunk file: written into one
+
     def _drop(self, cid: int) -> None:
         path = self.chunks[cid].data.path
         super()._drop(cid)

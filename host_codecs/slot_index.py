@@ -56,6 +56,21 @@ class IndexRows:
         for name, (dtype, empty) in _COLUMNS.items():
             setattr(self, "_" + name, np.full(n, empty, dtype=dtype))
 
+    def _load_index(self, columns: dict[str, np.ndarray], rows: int, adopt: bool) -> None:
+        """An index of `rows` rows holding `columns` (checked: every column, its dtype, `rows` long). With `adopt`,
+        columns that can serve as they are (`rows == num_slots`: no empty row to add; each writable and owning its
+        C-contiguous memory) become the index themselves, else they are copied."""
+        if adopt and rows == self.num_slots and all(
+            a.base is None and a.flags.writeable and a.flags.c_contiguous for a in (columns[n] for n in _COLUMNS)
+        ):
+            self._rows = int(rows)
+            for name in _COLUMNS:
+                setattr(self, "_" + name, columns[name])
+            return
+        self._new_index(rows)
+        for name, col in self._index_columns().items():
+            col[:rows] = columns[name]
+
     def _grow_index(self, need: int) -> None:
         """Grow the columns so that slot ids below `need` have rows (`grown_rows`); under the lock."""
         rows = grown_rows(self._rows, int(need), self.num_slots)

@@ -76,13 +76,25 @@ class Snapshots:
                   "dictionary": np.frombuffer(d.data, np.uint8).copy() if d is not None else np.zeros(0, np.uint8)}
         return meta, arrays
 
-    def import_state(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    def import_state(self, meta: dict[str, Any], arrays: dict[str, Any], *, adopt: bool = False) -> None:
         """Load an `export_state` snapshot into this empty store of the same configuration.
 
         Everything is checked before anything changes: the configuration, the column names, shapes
         and dtypes, and that every live entry's codec tag, layout and payload range are valid. The index columns
         may have any length up to `num_slots` (one each, all alike; a store saved before its index grew as slots are
         used has `num_slots`): the index takes that many rows.
+
+        `arrays["payload"]` is the uint8 payload array, or a payload source: an object with `nbytes` (the payload's
+        size) and `read_pieces(pieces)`, which writes the payload bytes in order into `pieces` (new uint8 arrays
+        whose sizes sum to `nbytes`: the arena's chunks to be, cut at payload boundaries, `Arena.cuts`) and raises if
+        it cannot (e.g. a file that fails its checksum; nothing is changed then). The pieces become the arena's
+        chunks as they are: the payload is written once, with no slack (`Arena.take`).
+
+        Args:
+          meta, arrays: what `export_state` returned (or the same read back).
+          adopt: the caller hands `arrays` over and does not use them again: index columns of `num_slots` rows that
+            own their writable memory become the store's index, and a payload array that owns its memory and fits one
+            chunk becomes its chunk, instead of being copied.
 
         Raises:
           ValueError: the store holds entries, or the snapshot does not match it or is inconsistent
@@ -105,28 +117,41 @@ class Snapshots:
         extra = set(arrays) - set(expected) - {"payload", "dictionary"}
         if extra:
             raise ValueError(f"store arrays: unknown arrays {sorted(extra)} (this store has {sorted(expected)})")
-        payload = np.ascontiguousarray(arrays["payload"], np.uint8).reshape(-1)
+        payload = arrays["payload"]
+        source = callable(getattr(payload, "read_pieces", None))
+        if not source:
+            payload = np.ascontiguousarray(payload, np.uint8)
+            payload = payload if payload.ndim == 1 else payload.reshape(-1)
+        size = int(payload.nbytes)
         live = np.flatnonzero(arrays["chunk"] >= 0)
         live = live[np.argsort(arrays["offset"][live], kind="stable")]
         off, length = arrays["offset"][live].astype(np.int64), arrays["length"][live].astype(np.int64)
         ends = off + ceil_align(length)
-        if live.size and (off[0] != 0 or np.any(off[1:] != ends[:-1]) or ends[-1] != payload.size):
-            raise ValueError(f"store array 'offset': live payloads must be packed back to back over the {payload.size} payload bytes")
+        if (ends[-1] if live.size else 0) != size or (live.size and (off[0] != 0 or np.any(off[1:] != ends[:-1]))):
+            raise ValueError(f"store array 'offset': live payloads must be packed back to back over the {size} payload bytes")
         known = np.isin(arrays["codec"][live], [c.tag for c in CODECS.values()])
         layouts = [(dtype_code(np.dtype(dt), field="layouts"), tuple(int(x) for x in shp)) for dt, shp in meta["layouts"]]
         if not known.all() or (live.size and int(arrays["layout"][live].max()) >= len(layouts)):
             raise ValueError("store arrays 'codec' / 'layout': a live entry has an unknown codec tag or layout id")
         level, dictionary = meta.get("dictionary_level"), arrays.get("dictionary")
+        if (self._chunk >= 0).any() or self._layouts:
+            raise ValueError("import_state: expected an empty store, this one holds entries")
+        cuts = self._arena.cuts(off, length)
+        pieces = None
+        if source:
+            pieces = [np.empty(n, np.uint8) for n in np.diff(cuts, prepend=0).tolist()]
+            payload.read_pieces(pieces)
+        elif adopt and cuts.size == 1 and payload.base is None:
+            pieces = [payload]
         with self._lock:
             if (self._chunk >= 0).any() or self._layouts:
                 raise ValueError("import_state: expected an empty store, this one holds entries")
             for code, shape in layouts:
                 self._layout_id(code, shape)
-            self._new_index(rows)
-            for k, c in self._index_columns().items():
-                c[:rows] = arrays[k]
+            self._load_index({k: arrays[k] for k in cols}, rows, adopt)
             if live.size:
-                self._chunk[live], self._offset[live] = self._arena.place(payload, off, length)
+                at = self._arena.take(pieces, off, length) if pieces is not None else self._arena.place(payload, off, length)
+                self._chunk[live], self._offset[live] = at
             self._tags[...] = arrays["tags"]
             self._dictionary = None if level is None else ZstdDictionary(dictionary.tobytes(), level)
             self._rows_seen, self._trained = int(meta["rows_seen"]), bool(meta["trained"])

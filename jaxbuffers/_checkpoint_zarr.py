@@ -7,7 +7,10 @@ they lie in memory. Such an array is read here with one copy of its bytes:
 * onto one CPU device (arrays of `_MAPPED` bytes or more): the file is memory-mapped and XLA copies it into a
   buffer of its own (which a donation then updates in place); its xxh3-64 is taken over that buffer;
 * anywhere else (an accelerator, several devices, small arrays, the host stores' numpy arrays): the file is read
-  into host memory and hashed in the same pass, then put on the devices.
+  into host memory and hashed in the same pass, then put on the devices;
+* a host store's packed payloads (`HostSource`): read, when the store asks for them, straight into the arena chunks
+  it then holds (`host_codecs.CompressedStore.import_state`), hashed in the same pass; the other host arrays become
+  the store's index as they were read.
 
 Either way the bytes checked against the manifest are the bytes the restored array holds (or was copied from), and
 a mismatch raises `CheckpointError` naming the file. Any other layout (several chunks, compression, another dtype
@@ -98,17 +101,47 @@ def to_host(root: Path, chunk: Chunk, want: str, progress) -> np.ndarray:
       CheckpointError: its xxh3-64 is not `want`, or the file ends early (naming the file).
     """
     out = np.empty(chunk.shape, chunk.dtype)
-    flat, h, path = out.reshape(-1).view(np.uint8), xxhash.xxh3_64(), root / chunk.rel
+    _read_into(root / chunk.rel, [out.reshape(-1).view(np.uint8)], want, progress)
+    return out
+
+
+class HostSource:
+    """A host store's packed payload file, read when its store asks for it straight into the arena chunks it will
+    hold (`host_codecs.CompressedStore.import_state`'s payload source): one copy of the bytes, hashed as read.
+
+    Attributes:
+      nbytes: the file's size (the payload's).
+    """
+
+    def __init__(self, root: Path, chunk: Chunk, want: str, progress):
+        self.path, self.want, self.progress = root / chunk.rel, want, progress
+        self.nbytes = chunk.dtype.itemsize * int(np.prod(chunk.shape))
+
+    def read_pieces(self, pieces: list[np.ndarray]) -> None:
+        """Fill `pieces` (uint8, sizes summing to `nbytes`) with the file's bytes in order.
+
+        Raises:
+          CheckpointError: the sizes do not sum to the file's, its xxh3-64 is not the manifest's, or the file ends
+            early (naming the file).
+        """
+        if sum(p.nbytes for p in pieces) != self.nbytes:
+            raise CheckpointError(f"{self.path}: {self.nbytes} bytes, asked for {sum(p.nbytes for p in pieces)}")
+        _read_into(self.path, pieces, self.want, self.progress)
+
+
+def _read_into(path: Path, flats: list[np.ndarray], want: str, progress) -> None:
+    """Read the file `path` into the uint8 arrays `flats` in order, hashing block by block (to_host)."""
+    h = xxhash.xxh3_64()
     with open(path, "rb", buffering=0) as f:
-        for a in range(0, flat.size, _BLOCK):
-            block = flat[a : a + _BLOCK]
-            if f.readinto(block) != block.size:
-                raise CheckpointError(f"{path}: shorter than the manifest says (truncated while read)")
-            h.update(block)
-            progress.update(block.size)
+        for flat in flats:
+            for a in range(0, flat.size, _BLOCK):
+                block = flat[a : a + _BLOCK]
+                if f.readinto(block) != block.size:
+                    raise CheckpointError(f"{path}: shorter than the manifest says (truncated while read)")
+                h.update(block)
+                progress.update(block.size)
     if h.hexdigest() != want:
         raise _mismatch(path)
-    return out
 
 
 _copy_one = jax.jit(jnp.copy)  # one program per shape, dtype and sharding, compiled once for every later restore

@@ -277,7 +277,7 @@ def _read_direct(root: Path, listed: dict, later: set, restore_args: dict, leave
     hashed = lambda name: listed[chunks[name].rel]["xxh3_64"]  # noqa: E731
     arrays = [_zarr.to_device(root, chunks[f"device.{i}"], hashed(f"device.{i}"), s, progress) if x.size
               else _zarr.on_devices([np.zeros(x.shape, x.dtype)], [s])[0] for i, (x, s) in enumerate(zip(leaves, shardings))]
-    host = [_zarr.to_host(root, chunks[n], hashed(n), progress) for n in host_names]
+    host = [(_zarr.HostSource if n.endswith(".payload") else _zarr.to_host)(root, chunks[n], hashed(n), progress) for n in host_names]
     return arrays, jax.tree_util.tree_unflatten(host_tree, host)
 
 
@@ -345,9 +345,10 @@ def _load_host(host: Any, version: int, meta: dict, arrays: dict, root: Any) -> 
         raise CheckpointError(f"{root}: host slot_version of shape {sv.shape} {sv.dtype}, expected int32 (n,) with n <= {host.num_slots}")
     for i, (store, m) in enumerate(zip(host.stores, meta["stores"])):
         got = arrays["stores"].get(str(i), {})
-        full = {k: np.asarray(got[k]) if k in got else np.zeros(shp, _dtype(d, k)) for k, (shp, d) in shapes[str(i)].items()}
+        full = {k: (got[k] if isinstance(got[k], _zarr.HostSource) else np.asarray(got[k])) if k in got else np.zeros(shp, _dtype(d, k))
+                for k, (shp, d) in shapes[str(i)].items()}
         try:
-            store.import_state(m, full)
+            store.import_state(m, full, adopt=True)  # the arrays read are the store's from now on
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{root}: host store {i} ({host.names[i]}): {e}") from None
     host.set_slot_versions(sv, f"{root}: host slot_version")
