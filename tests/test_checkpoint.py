@@ -351,6 +351,41 @@ def test_corrupt_host_store_file_is_detected_naming_it(tmp_path):
         jb.restore(tmp_path / "c")
 
 
+def test_restored_host_store_holds_the_payload_read_as_its_arena(tmp_path):
+    """The packed payloads are read once, straight into the arena chunks the restored store then holds (traced host
+    memory peaks at about one payload, not two), and adds after the restore keep the accounting exact."""
+    import tracemalloc
+
+    step = {"obs": jnp.zeros((64, 64), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    rng, n = np.random.default_rng(0), 600
+    batch = lambda k: ({"obs": rng.integers(0, 255, (1, k, 64, 64), dtype=np.uint8), "action": jnp.zeros((1, k), jnp.int32),  # noqa: E731
+                        "reward": jnp.zeros((1, k))}, jnp.zeros((1, k), bool))
+    buf = jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=n, codec="zstd:1", chunk_bytes=1 << 20)
+    buf = buf.add(*batch(n)[:1], terminated=batch(n)[1])
+    jb.save(tmp_path / "c", buf)
+    payload = next((tmp_path / "c" / "arrays" / "host.stores.0.payload").glob("[0-9]*")).stat().st_size
+    tracemalloc.start()
+    try:
+        back = jb.restore(tmp_path / "c")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    store = back.host.stores[0]
+    held = [ch.data for ch in store._arena.chunks.values()]
+    assert len(held) > 1 and all(h.base is None and h.size <= 1 << 20 for h in held) and sum(h.size for h in held) == payload
+    assert payload < peak < 1.5 * payload, (peak, payload)  # one payload and the index, not a second payload
+    live = lambda b: b.host_live_nbytes - b.host.recent_nbytes - b.host.stores[0].recent_nbytes  # noqa: E731 - decoded rows kept, not saved
+    assert back.host_arena_nbytes == payload and store.stats()["dead_nbytes"] == 0 and live(back) == live(buf)
+    more = batch(n // 2)
+    back, buf = back.add(more[0], terminated=more[1]), buf.add(more[0], terminated=more[1])
+    key = jax.random.key(1)
+    for a, b in zip(jax.tree.leaves(back.sample_sequences(key, 64, 4)), jax.tree.leaves(buf.sample_sequences(key, 64, 4))):
+        np.testing.assert_array_equal(a, b)
+    s = store.stats()
+    assert live(back) == live(buf) and s["arena_nbytes"] == s["payload_nbytes"] + s["slack_nbytes"]
+    assert s["slack_nbytes"] <= 0.25 * s["arena_nbytes"]
+
+
 def test_arrays_stored_in_several_chunks_are_read_by_orbax(tmp_path):
     """An array of the checkpoint rewritten as a zarr array of several chunks (a layout orbax reads, not a single
     chunk file): the buffer restores bit for bit, and a flipped byte in one of those chunks is still detected."""
