@@ -135,3 +135,28 @@ def test_a_read_of_only_empty_slots_gives_zeros_without_touching_the_chunk_files
     got = store.get_many([np.array([5, 6])], missing="zeros")[0]
     assert got.shape == (2, 4, 4) and not got.any()
     np.testing.assert_array_equal(store.get_many([np.array([1, 7])], missing="zeros")[0], [np.ones((4, 4)), np.zeros((4, 4))])
+
+
+def test_import_from_a_payload_source_writes_its_pieces_into_chunk_files(tmp_path):
+    """The pieces a payload source fills (`import_state`) cannot become chunk files: they are written into new ones,
+    and the store reads and writes on as the in-memory store does."""
+    files, mem = _pair(tmp_path)
+    frames = _frames(2 * N)
+    mem.put(np.arange(N), frames[:N])
+    meta, arrays = mem.export_state()
+
+    class Source:
+        nbytes = arrays["payload"].nbytes
+
+        def read_pieces(self, pieces):
+            at = 0
+            for p in pieces:
+                p[:] = arrays["payload"][at : at + p.size]
+                at += p.size
+
+    files.import_state(meta, {**arrays, "payload": Source()}, adopt=True)
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [f"chunk-{c:06d}.bin" for c in sorted(files._arena.chunks)]
+    assert _folder_bytes(tmp_path / "s") == files.stats()["arena_nbytes"] == Source.nbytes
+    for s in (files, mem):
+        s.put(np.arange(N // 2), frames[N : N + N // 2])
+    np.testing.assert_array_equal(files.get(np.arange(N)), mem.get(np.arange(N)))
