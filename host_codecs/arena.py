@@ -116,13 +116,14 @@ class Arena:
         """Hold payloads packed back to back in `pieces` (cut as `cuts` says) as sealed chunks of their own, without
         copying them: the arena owns each piece from now on (nobody else may write it). No slack: a piece is exactly
         its payloads. `offsets`, `lengths` and the result are as `place`'s, offsets counted over the pieces joined."""
+        ends = offsets + ceil_align(lengths)
         chunk_ids = np.empty(offsets.shape[0], dtype=np.int32)
         placed = np.empty(offsets.shape[0], dtype=np.int64)
-        start = 0
+        start = base = 0
         for piece in pieces:
-            stop = start + int(np.searchsorted(offsets[start:], int(offsets[start]) + piece.shape[0], side="left"))
-            chunk_ids[start:stop], placed[start:stop] = self._hold(piece, offsets[start:stop] - offsets[start], lengths[start:stop])
-            start = stop
+            stop = int(np.searchsorted(ends, base + piece.shape[0], side="right"))  # the payloads ending in this piece
+            chunk_ids[start:stop], placed[start:stop] = self._hold(piece, offsets[start:stop] - base, lengths[start:stop])
+            start, base = stop, base + piece.shape[0]
         return chunk_ids, placed
 
     def _hold(self, piece: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
