@@ -27,6 +27,7 @@ of array bytes (the buffer's device arrays plus, compressed, the host bytes writ
 (anchor `np.save+fsync` for saves, `np.load` for restores; > 1: ours is faster).
 
 Usage: python benchmarks/bench_checkpoint.py [--quick] [--gb 1.0] [--steps 1000000] [--dir PATH]
+       [--case all|uncompressed|compressed]
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ def main() -> None:
     p.add_argument("--gb", type=float, default=1.0, help="size of the uncompressed buffer")
     p.add_argument("--steps", type=int, default=1_000_000, help="steps of the compressed buffer")
     p.add_argument("--dir", default=None, help="folder to write in (default: a temporary folder)")
+    p.add_argument("--case", choices=("all", "uncompressed", "compressed"), default="all", help="run only this case")
     args = p.parse_args()
     gb, steps = (0.05, 20_000) if args.quick else (args.gb, args.steps)
     repeats = args.repeats or (1 if args.quick else 5)
@@ -198,12 +200,15 @@ def main() -> None:
         return
     root = Path(tempfile.mkdtemp(prefix="jaxbuffers-bench-", dir=args.dir))
     try:
-        t0 = time.perf_counter()
-        buf = uncompressed_buffer(gb)
-        emit({"bench": BENCH, "case": "uncompressed/fill_s", "impl": "ours", "value": round(time.perf_counter() - t0, 2), "unit": "s"})
-        run_case("uncompressed", buf, root, repeats, vault=True)
-        del buf
-        shutil.rmtree(root / "uncompressed", ignore_errors=True)
+        if args.case in ("all", "uncompressed"):
+            t0 = time.perf_counter()
+            buf = uncompressed_buffer(gb)
+            emit({"bench": BENCH, "case": "uncompressed/fill_s", "impl": "ours", "value": round(time.perf_counter() - t0, 2), "unit": "s"})
+            run_case("uncompressed", buf, root, repeats, vault=True)
+            del buf
+            shutil.rmtree(root / "uncompressed", ignore_errors=True)
+        if args.case == "uncompressed":
+            return
         t0 = time.perf_counter()
         buf = compressed_buffer(steps)
         emit({"bench": BENCH, "case": "compressed/fill_s", "impl": "ours", "value": round(time.perf_counter() - t0, 2), "unit": "s",
