@@ -31,6 +31,10 @@ ACT = spaces.Discrete(3)
     ("igzip0", None, None, "igzip:0"), ("igzip", dict(compresslevel=2), None, "igzip:2"),
     ("zstd", None, None, "zstd:3"), ("zstd5", None, None, "zstd:5"), ("zstd-3", None, None, "zstd:-3"),
     ("zstd", dict(compresslevel=7), None, "zstd:7"), ("none", None, None, "none"), ("ZSTD/4", None, None, "zstd:4"),
+    # the method name's level wins over compresslevel, as in sb3-extra-buffers; zstd takes threads (encoding only)
+    ("gzip9", dict(compresslevel=1), None, "igzip:3"), ("igzip0", dict(compresslevel=2), None, "igzip:0"),
+    ("zstd5", dict(compresslevel=1), None, "zstd:5"), ("zstd/-2", dict(compresslevel=7), None, "zstd:-2"),
+    ("zstd-1", dict(threads=4), None, "zstd:-1"), ("zstd", dict(compresslevel=2, threads=0), None, "zstd:2"),
 ])
 def test_codec_for_maps_every_method_name(method, kwargs, dtypes, codec):
     assert codec_for(method, kwargs, dtypes)[0] == codec
@@ -44,6 +48,8 @@ def test_codec_for_maps_every_method_name(method, kwargs, dtypes, codec):
     ("rle", None, dict(elem=np.uint8), None, ValueError, "dtypes: unknown keys"),
     ("rle", None, dict(runs_type=np.uint16), dict(runs_type=np.uint8), ValueError, "decompression_kwargs"),
     ("zstd", dict(compresslevel="3"), None, None, TypeError, "compresslevel"), (3, None, None, None, TypeError, "compression_method"),
+    ("gzip1", dict(threads=2), None, None, ValueError, "threads.*only zstd"), ("zstd", dict(threads=-1), None, None, ValueError, "threads"),
+    ("zstd", dict(threads=2.0), None, None, TypeError, "threads"), ("zstd", dict(threads=True), None, None, TypeError, "threads"),
 ])
 def test_codec_for_refuses_with_the_option_named(method, kwargs, dtypes, decomp, error, match):
     with pytest.raises(error, match=match):

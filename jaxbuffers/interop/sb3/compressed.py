@@ -19,9 +19,12 @@ Options (the sb3-extra-buffers names):
   | ``zstd`` (level ``L``, default 0) | ``zstd:L`` (``zstd:3`` for 0, zstd's own default) |
   | ``lz4-frame``, ``lz4-block`` | refused (``ValueError``): no lz4 codec; ``igzip0`` is the nearest in speed and size |
 
-* ``compression_kwargs``: ``compresslevel`` (the level, as a shorthand would give it), ``elem_type`` and
-  ``runs_type`` (override ``dtypes``); ``decompression_kwargs``: the same dtypes or nothing (each entry records its
-  codec, so decoding needs no options). Other keys raise ``ValueError``.
+* ``compression_kwargs``: ``compresslevel`` (the level when the method name has none: a level in the name wins, as in
+  sb3-extra-buffers, so ``"gzip9"`` with ``compresslevel=1`` is level 9), ``threads`` (zstd only, an int >= 0: it sets
+  only how many threads encode, never the bytes; accepted and checked, but the store splits every batch over
+  `host_codecs`' own thread pool, sized by `host_codecs.set_num_threads`), ``elem_type`` and ``runs_type`` (override
+  ``dtypes``); ``decompression_kwargs``: the same dtypes or nothing (each entry records its codec, so decoding needs
+  no options). Other keys raise ``ValueError``.
 * ``dtypes``: ``dict(elem_type=..., runs_type=...)`` or one dtype for both. ``elem_type`` is the dtype observations
   are stored in (default: the space's): a narrower one is allowed when every value fits exactly (e.g. pixels in a
   float32 space held as uint8); a value that does not raises ``TypeError`` at ``add`` (sb3-extra-buffers clips and
@@ -67,7 +70,7 @@ __all__ = ["CompressedRolloutBuffer", "CompressedDictRolloutBuffer", "Compressed
 _RUNS_BITS = {np.dtype(np.uint8): 8, np.dtype(np.uint16): 16, np.dtype(np.uint32): 32}
 _LZ4 = ("lz4-frame", "lz4-block")
 _METHODS = ("none", "rle", "rle-jit", "rle-old", "gzip", "igzip", "zstd", *_LZ4)
-_KWARGS = {"compresslevel", "elem_type", "runs_type"}
+_KWARGS = {"compresslevel", "threads", "elem_type", "runs_type"}
 
 
 def _split_method(method: Any) -> tuple[str, int | None]:
@@ -83,8 +86,8 @@ def _split_method(method: Any) -> tuple[str, int | None]:
     return (m.group(1), int(m.group(2))) if m else (level, None)
 
 
-def _dtypes(dtypes: Any, compression_kwargs: dict | None, decompression_kwargs: dict | None) -> tuple[np.dtype | None, np.dtype | None, int | None]:
-    """``(elem_type, runs_type, compresslevel)`` from the three options (None: not given)."""
+def _dtypes(dtypes: Any, compression_kwargs: dict | None, decompression_kwargs: dict | None) -> tuple[np.dtype | None, np.dtype | None, int | None, bool]:
+    """``(elem_type, runs_type, compresslevel, threads given)`` from the three options (None: not given)."""
     if dtypes is None:
         d = {}
     elif isinstance(dtypes, dict):
@@ -96,9 +99,12 @@ def _dtypes(dtypes: Any, compression_kwargs: dict | None, decompression_kwargs: 
     kw = dict(compression_kwargs or {})
     if set(kw) - _KWARGS:
         raise ValueError(f"compression_kwargs: unknown keys {sorted(set(kw) - _KWARGS)}; expected some of {sorted(_KWARGS)}")
-    level = kw.pop("compresslevel", None)
-    if level is not None and (isinstance(level, bool) or not isinstance(level, (int, np.integer))):
-        raise TypeError(f"compression_kwargs['compresslevel']: expected an int, got {level!r}")
+    level, threads = kw.pop("compresslevel", None), kw.pop("threads", None)
+    for k, v in (("compresslevel", level), ("threads", threads)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+            raise TypeError(f"compression_kwargs[{k!r}]: expected an int, got {v!r}")
+    if threads is not None and threads < 0:
+        raise ValueError(f"compression_kwargs['threads']: expected an int >= 0 (0: one per CPU), got {threads}")
     d.update(kw)
     elem = None if d.get("elem_type") is None else np.dtype(d["elem_type"])
     runs = None if d.get("runs_type") is None else np.dtype(d["runs_type"])
@@ -108,7 +114,7 @@ def _dtypes(dtypes: Any, compression_kwargs: dict | None, decompression_kwargs: 
         mine = elem if k == "elem_type" else runs
         if mine is None or np.dtype(v) != mine:
             raise ValueError(f"decompression_kwargs[{k!r}]: {np.dtype(v)} differs from the {k} compression uses ({mine})")
-    return elem, runs, None if level is None else int(level)
+    return elem, runs, None if level is None else int(level), threads is not None
 
 
 def codec_for(compression_method: str = "rle", compression_kwargs: dict | None = None, dtypes: Any = None,
@@ -118,13 +124,16 @@ def codec_for(compression_method: str = "rle", compression_kwargs: dict | None =
     See the module doc for the mapping.
 
     Raises:
-      ValueError: an unknown or lz4 method, a level the codec does not take, unknown option keys, a ``runs_type``
-        other than uint8/16/32, decompression dtypes other than the compression ones.
-      TypeError: a method that is not a string, a level that is not an int.
+      ValueError: an unknown or lz4 method, a level the codec does not take, unknown option keys, ``threads`` below 0
+        or with a method other than zstd, a ``runs_type`` other than uint8/16/32, decompression dtypes other than the
+        compression ones.
+      TypeError: a method that is not a string, a level or ``threads`` that is not an int.
     """
     name, level = _split_method(compression_method)
-    elem, runs, kw_level = _dtypes(dtypes, compression_kwargs, decompression_kwargs)
-    level = kw_level if kw_level is not None else level
+    elem, runs, kw_level, threads = _dtypes(dtypes, compression_kwargs, decompression_kwargs)
+    level = level if level is not None else kw_level  # as sb3-extra-buffers: the method name's level wins
+    if threads and name != "zstd":
+        raise ValueError(f"compression_kwargs['threads']: only zstd takes it, got compression_method {compression_method!r}")
     if name in _LZ4:
         raise ValueError(f"compression_method: {compression_method!r} (lz4) has no jaxbuffers codec; use 'igzip0' (raw deflate "
                          f"level 0, close to lz4 in speed and size), 'zstd-1' or 'rle'")
