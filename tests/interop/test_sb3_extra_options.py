@@ -204,12 +204,28 @@ def test_dict_replay_equals_sb3_and_pickles(keys):
 def test_replay_refuses_options_it_cannot_honour():
     with pytest.raises(ValueError, match="output_dtype"):
         CompressedReplayBuffer(8, PIX, ACT, "cpu", output_dtype="half")
-    with pytest.raises(ValueError, match="optimize_memory_usage"):
-        CompressedReplayBuffer(8, PIX, ACT, "cpu", optimize_memory_usage=True, handle_timeout_termination=False)
+    with pytest.raises(TypeError, match="optimize_memory_usage"):
+        CompressedReplayBuffer(8, PIX, ACT, "cpu", optimize_memory_usage="False")
     with pytest.raises(ValueError, match="lz4"):
         CompressedReplayBuffer(8, PIX, ACT, "cpu", compression_method="lz4-frame")
     with pytest.raises(TypeError, match="CompressedDictReplayBuffer|JaxDictReplayBuffer"):
         CompressedReplayBuffer(8, DICT, ACT, "cpu")
+
+
+@pytest.mark.parametrize("space, timeouts", [(PIX, False), (PIX, True), (DICT, False)], ids=["timeouts-as-dones", "timeouts", "dict"])
+def test_replay_optimize_memory_usage_is_accepted_and_changes_nothing(space, timeouts):
+    """sb3-extra-buffers takes ``optimize_memory_usage=True`` to store each observation once: ours always does, so
+    the option is a no-op: the same bytes held and the samples of SB3's buffer without it, with either timeout
+    handling and for Dict spaces."""
+    n, size, steps = 2, 20, 17
+    sb3_cls, cls = (DictReplayBuffer, CompressedDictReplayBuffer) if space is DICT else (ReplayBuffer, CompressedReplayBuffer)
+    kw = dict(n_envs=n, handle_timeout_termination=timeouts, compression_method="zstd1", compression_kwargs=dict(threads=2))
+    ref, plain, ours = sb3_cls(size, space, ACT, "cpu", n_envs=n, handle_timeout_termination=timeouts), cls(size, space, ACT, "cpu", **kw), \
+        cls(size, space, ACT, "cpu", optimize_memory_usage=True, **kw)
+    _fill_replay([ref, plain, ours], space, n, steps)
+    assert ours.nbytes == plain.nbytes
+    _assert_same(_replay_samples(ref), _replay_samples(ours))
+    _assert_same(_replay_samples(ref), _replay_samples(pickle.loads(pickle.dumps(ours))))
 
 
 @pytest.mark.parametrize("k", [1, 3])

@@ -31,6 +31,13 @@ Options (the sb3-extra-buffers names):
   casts silently). ``runs_type`` (uint8, uint16, uint32) is the smallest run count of ``rle``.
 * ``normalize_images``: sampled observations (of compressed uint8 keys) come back as float32 ``x / 255``.
 * ``output_dtype`` (replay): ``"raw"`` (the space's dtype) or ``"float"`` (float32).
+* ``optimize_memory_usage`` (replay): a bool, accepted and a no-op. In SB3 and sb3-extra-buffers it stores each
+  observation once (row ``i``'s next observation read from row ``i + 1``) instead of twice; these classes always do:
+  an env's observations are one lane of a compressed trajectory buffer, the next row's observation is the next
+  observation and an episode's terminal one is kept in its final-observation ring. So the samples are those of SB3's
+  buffer without it (its draws skip row ``pos`` with it), the attribute stays False, and nothing is refused with it:
+  not ``handle_timeout_termination`` (which SB3 and sb3-extra-buffers refuse beside it, their next observation of a
+  timeout being the next episode's first) nor Dict spaces (which sb3-extra-buffers refuses).
 
 Extensions: ``compress_keys`` (Dict classes): the observation keys to compress (default all); the others are stored
 as they are. ``frame_stack``, ``stack_axis``: store each frame of stacked observations once (replay: as
@@ -44,6 +51,13 @@ as other stacks. ``keyframe_interval`` (replay): ``K`` of the temporal coding, a
 delta against the one before it except every ``K``-th of an episode, stored whole, so sampling a frame decodes at most
 ``K`` entries; ``1`` stores every frame whole (more bytes, fewer decodes). A value that is not an int >= 1 raises
 ``ValueError``.
+
+Differences from sb3-extra-buffers 0.5 that remain: lz4 methods are refused; gzip levels above 3 encode at igzip's 3
+(raw deflate: other bytes, the same values); ``threads`` sets no thread count; ``optimize_memory_usage`` changes
+nothing (so no sample skips row ``pos``); ``compression_kwargs`` keys other than the four above are refused (it hands
+them to its compressor, which ignores those it does not take) and its dtypes add to ``dtypes`` (it uses one or the
+other); a value ``elem_type`` does not hold raises ``TypeError`` (it clips and casts), and a finite float64 value
+beyond float32 raises ``ValueError`` (it stores inf).
 """
 
 from __future__ import annotations
@@ -335,9 +349,7 @@ class _CompressedReplayImpl(_JaxReplayImpl):
                  frame_stack: int | None = None, stack_axis: int = -1, padding: str = "zero", keyframe_interval: int | None = None):
         if output_dtype not in ("raw", "float"):
             raise ValueError(f"output_dtype: expected 'raw' or 'float', got {output_dtype!r}")
-        if optimize_memory_usage:
-            raise ValueError("optimize_memory_usage: not needed with compression (each frame is stored once with frame_stack); "
-                             "pass optimize_memory_usage=False")
+        _validate.static_bool("optimize_memory_usage", optimize_memory_usage)  # a no-op (module doc), checked
         self.dtypes, self.normalize_images, self.output_dtype = dtypes, bool(normalize_images), output_dtype
         self.compression_method, self.compression_kwargs, self.decompression_kwargs = compression_method, compression_kwargs, decompression_kwargs
         self.compress_keys = compress_keys
@@ -381,8 +393,8 @@ class CompressedReplayBuffer(_CompressedReplayImpl, ReplayBuffer):
     (module doc: options), each stored once; same samples as SB3's ``ReplayBuffer`` under the same seed.
 
     Raises:
-      ValueError, TypeError: options as `codec_for` says; ``optimize_memory_usage=True`` (each observation is already
-        stored once); a Dict space (use `CompressedDictReplayBuffer`).
+      ValueError, TypeError: options as `codec_for` says; a Dict space (use `CompressedDictReplayBuffer`);
+        ``optimize_memory_usage`` that is not a bool (``TypeError``).
     """
 
 
