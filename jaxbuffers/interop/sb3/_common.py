@@ -97,17 +97,18 @@ def cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
       ValueError: a finite value overflows a float ``dtype`` (numpy would store inf; inf and NaN given as such pass
         as they are), or values numpy cannot convert; names ``what``.
     """
+    dtype = np.dtype(dtype)
     try:
-        with np.errstate(over="ignore"):  # an overflow is raised below, naming the field
-            out = a.astype(dtype, copy=False)
+        if not (a.dtype.kind == dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize):
+            return a.astype(dtype, copy=False)
+        with np.errstate(over="raise"):  # numpy flags a cast that overflows to inf (an inf given casts to inf unflagged)
+            return a.astype(dtype, copy=False)
+    except FloatingPointError:
+        with np.errstate(over="ignore"):
+            over = np.isinf(a.astype(dtype)) & ~np.isinf(a)
+        raise ValueError(f"{what}: the value {a[over].flat[0]} overflows the stored {dtype} (largest finite {np.finfo(dtype).max})") from None
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{what}: cannot convert values of dtype {a.dtype} to the stored {np.dtype(dtype)}: {e}") from None
-    if out is not a and out.dtype.kind == "f" and np.isinf(out).any():
-        over = np.isinf(out) & ~np.isinf(a)
-        if over.any():
-            raise ValueError(f"{what}: the value {a[over].flat[0]} overflows the stored {out.dtype} "
-                             f"(largest finite {np.finfo(out.dtype).max})")
-    return out
+        raise ValueError(f"{what}: cannot convert values of dtype {a.dtype} to the stored {dtype}: {e}") from None
 
 
 def flags(x: Any, what: str) -> np.ndarray:
