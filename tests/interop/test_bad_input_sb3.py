@@ -254,3 +254,40 @@ def test_sb3_rollout_checks_refuse_what_sb3_would_half_store(bad):
             assert snapshot(fields()) == before
             continue
         getattr(buf, method)(**args)  # not refused: SB3 takes it whole
+
+
+FLOAT_ACT = spaces.Box(-1, 1, (2,), np.float32)
+
+
+def _with_float64(value, overflow: float):
+    """``value`` (an add argument) as a float64 numpy array whose first entry is ``overflow``."""
+    a = np.array(value.numpy() if hasattr(value, "numpy") else value, np.float64)
+    a.flat[0] = overflow
+    return a
+
+
+@pytest.mark.parametrize("kind", ["replay", "rollout", "compressed replay", "compressed rollout"])
+def test_finite_float64_values_overflowing_float32_are_refused_not_stored_as_inf(kind):
+    """SB3 passes float64 rewards (and values, log_probs, observations, actions of float spaces) that are stored as
+    float32: a finite value beyond float32's range is refused naming the field, nothing stored; rounding to float32
+    is allowed, and inf and NaN given as such are stored as they are."""
+    if kind.startswith("compressed"):  # uint8 image observations, Discrete actions: the float fields are the rest
+        buf, args, stored = _compressed(kind.split()[1])
+        good = args(5)
+    elif kind == "replay":
+        buf, stored = JaxReplayBuffer(8, OBS, FLOAT_ACT, device="cpu", n_envs=N), None
+        good = {**replay_args(), "action": np.zeros((N, 2), np.float32)}
+    else:
+        buf, stored = JaxRolloutBuffer(3, OBS, FLOAT_ACT, device="cpu", n_envs=N), None
+        good = {**rollout_args(), "action": np.zeros((N, 2), np.float32)}
+    stored = stored or state(buf)
+    floats = [k for k in good if k not in ("infos", "done", "episode_start") and not (kind.startswith("compressed") and k in ("obs", "next_obs", "action"))]
+    for name in floats:
+        refused(lambda: buf.add(**{**good, name: _with_float64(good[name], 1e300)}), name, state=stored, exc=(ValueError,))
+        refused(lambda: buf.add(**{**good, name: _with_float64(good[name], -1e39)}), name, state=stored, exc=(ValueError,))
+    reward = np.array([0.1, np.inf, np.nan][:N])
+    row = buf.pos
+    buf.add(**{**good, "reward": reward})
+    np.testing.assert_array_equal(np.asarray(buf.rewards)[row], reward.astype(np.float32))
+    if kind == "replay":  # SB3 writes its numpy fields too: the same refusal
+        refused(lambda: buf.rewards.__setitem__((0, 0), 1e300), "rewards", state=stored, exc=(ValueError,))

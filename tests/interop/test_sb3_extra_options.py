@@ -31,6 +31,10 @@ ACT = spaces.Discrete(3)
     ("igzip0", None, None, "igzip:0"), ("igzip", dict(compresslevel=2), None, "igzip:2"),
     ("zstd", None, None, "zstd:3"), ("zstd5", None, None, "zstd:5"), ("zstd-3", None, None, "zstd:-3"),
     ("zstd", dict(compresslevel=7), None, "zstd:7"), ("none", None, None, "none"), ("ZSTD/4", None, None, "zstd:4"),
+    # the method name's level wins over compresslevel, as in sb3-extra-buffers; zstd takes threads (encoding only)
+    ("gzip9", dict(compresslevel=1), None, "igzip:3"), ("igzip0", dict(compresslevel=2), None, "igzip:0"),
+    ("zstd5", dict(compresslevel=1), None, "zstd:5"), ("zstd/-2", dict(compresslevel=7), None, "zstd:-2"),
+    ("zstd-1", dict(threads=4), None, "zstd:-1"), ("zstd", dict(compresslevel=2, threads=0), None, "zstd:2"),
 ])
 def test_codec_for_maps_every_method_name(method, kwargs, dtypes, codec):
     assert codec_for(method, kwargs, dtypes)[0] == codec
@@ -44,6 +48,8 @@ def test_codec_for_maps_every_method_name(method, kwargs, dtypes, codec):
     ("rle", None, dict(elem=np.uint8), None, ValueError, "dtypes: unknown keys"),
     ("rle", None, dict(runs_type=np.uint16), dict(runs_type=np.uint8), ValueError, "decompression_kwargs"),
     ("zstd", dict(compresslevel="3"), None, None, TypeError, "compresslevel"), (3, None, None, None, TypeError, "compression_method"),
+    ("gzip1", dict(threads=2), None, None, ValueError, "threads.*only zstd"), ("zstd", dict(threads=-1), None, None, ValueError, "threads"),
+    ("zstd", dict(threads=2.0), None, None, TypeError, "threads"), ("zstd", dict(threads=True), None, None, TypeError, "threads"),
 ])
 def test_codec_for_refuses_with_the_option_named(method, kwargs, dtypes, decomp, error, match):
     with pytest.raises(error, match=match):
@@ -198,12 +204,28 @@ def test_dict_replay_equals_sb3_and_pickles(keys):
 def test_replay_refuses_options_it_cannot_honour():
     with pytest.raises(ValueError, match="output_dtype"):
         CompressedReplayBuffer(8, PIX, ACT, "cpu", output_dtype="half")
-    with pytest.raises(ValueError, match="optimize_memory_usage"):
-        CompressedReplayBuffer(8, PIX, ACT, "cpu", optimize_memory_usage=True, handle_timeout_termination=False)
+    with pytest.raises(TypeError, match="optimize_memory_usage"):
+        CompressedReplayBuffer(8, PIX, ACT, "cpu", optimize_memory_usage="False")
     with pytest.raises(ValueError, match="lz4"):
         CompressedReplayBuffer(8, PIX, ACT, "cpu", compression_method="lz4-frame")
     with pytest.raises(TypeError, match="CompressedDictReplayBuffer|JaxDictReplayBuffer"):
         CompressedReplayBuffer(8, DICT, ACT, "cpu")
+
+
+@pytest.mark.parametrize("space, timeouts", [(PIX, False), (PIX, True), (DICT, False)], ids=["timeouts-as-dones", "timeouts", "dict"])
+def test_replay_optimize_memory_usage_is_accepted_and_changes_nothing(space, timeouts):
+    """sb3-extra-buffers takes ``optimize_memory_usage=True`` to store each observation once: ours always does, so
+    the option is a no-op: the same bytes held and the samples of SB3's buffer without it, with either timeout
+    handling and for Dict spaces."""
+    n, size, steps = 2, 20, 17
+    sb3_cls, cls = (DictReplayBuffer, CompressedDictReplayBuffer) if space is DICT else (ReplayBuffer, CompressedReplayBuffer)
+    kw = dict(n_envs=n, handle_timeout_termination=timeouts, compression_method="zstd1", compression_kwargs=dict(threads=2))
+    ref, plain, ours = sb3_cls(size, space, ACT, "cpu", n_envs=n, handle_timeout_termination=timeouts), cls(size, space, ACT, "cpu", **kw), \
+        cls(size, space, ACT, "cpu", optimize_memory_usage=True, **kw)
+    _fill_replay([ref, plain, ours], space, n, steps)
+    assert ours.nbytes == plain.nbytes
+    _assert_same(_replay_samples(ref), _replay_samples(ours))
+    _assert_same(_replay_samples(ref), _replay_samples(pickle.loads(pickle.dumps(ours))))
 
 
 @pytest.mark.parametrize("k", [1, 3])

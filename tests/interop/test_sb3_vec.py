@@ -229,3 +229,22 @@ def test_add_converts_each_step_once_and_a_buffer_held_twice_stops_when_full(mon
     with pytest.raises(IndexError, match="full"):  # both pass the check; the second store finds it full
         twice.add(*step)
     assert one.pos == 1 and one.full
+
+
+def test_module_doc_example_fills_every_buffer_through_the_facade():
+    """The module doc's facade, built as written, is full after ``buffer_size`` adds through it: adds are not
+    refused before every buffer is full (the smallest buffer bounds the rollout)."""
+    import re
+
+    from jaxbuffers.interop.sb3 import vec as vec_module
+
+    code = re.search(r"^ *(vec = DummyVecRolloutBuffer\(.*?\]\))$", vec_module.__doc__, re.S | re.M).group(1)
+    scope = {"DummyVecRolloutBuffer": DummyVecRolloutBuffer, "JaxRolloutBuffer": JaxRolloutBuffer,
+             "CompressedRolloutBuffer": CompressedRolloutBuffer, "obs_space": OBS, "act_space": ACT}
+    exec(code.replace("\n", " "), scope)
+    vec, rng = scope["vec"], np.random.default_rng(0)
+    one_env = lambda step: tuple(x[:1] for x in step)  # noqa: E731  the example's buffers have n_envs=1
+    for _ in range(vec.buffer_size):
+        assert not vec.full
+        vec.add(*one_env(_step(rng)))
+    assert vec.full and [b.full for b in vec.buffers] == [True] * len(vec.buffers)

@@ -19,7 +19,8 @@ Contents:
   `DictRolloutBuffer` stored in a `jaxbuffers.RolloutBuffer`, GAE by `jaxbuffers.returns.gae`.
 * `CompressedRolloutBuffer`, `CompressedDictRolloutBuffer`, `CompressedReplayBuffer`, `CompressedDictReplayBuffer`
   (`.compressed`): the sb3-extra-buffers classes of those names, with their constructor options.
-* `DummyVecRolloutBuffer` (`.vec`): one rollout buffer object over a list of buffers of any sizes and types.
+* `DummyVecRolloutBuffer` (`.vec`): one rollout buffer object over a list of buffers of any types (the smallest
+  bounds the rollout).
 * `replay_to_jax`, `replay_from_jax`, `rollout_to_jax`, `rollout_from_jax` (`.convert`): move the
   contents of a filled SB3 buffer into a jaxbuffers buffer and back, translating the flags.
 * `sb3_replay_nbytes`: what SB3's own replay buffer would allocate.

@@ -90,6 +90,27 @@ def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
     return out
 
 
+def cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
+    """``a`` in ``dtype`` by numpy's cast (float64 rounds to float32, as SB3 stores it).
+
+    Raises:
+      ValueError: a finite value overflows a float ``dtype`` (numpy would store inf; inf and NaN given as such pass
+        as they are), or values numpy cannot convert; names ``what``.
+    """
+    dtype = np.dtype(dtype)
+    try:
+        if not (a.dtype.kind == dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize):
+            return a.astype(dtype, copy=False)
+        with np.errstate(over="raise"):  # numpy flags a cast that overflows to inf (an inf given casts to inf unflagged)
+            return a.astype(dtype, copy=False)
+    except FloatingPointError:
+        with np.errstate(over="ignore"):
+            over = np.isinf(a.astype(dtype)) & ~np.isinf(a)
+        raise ValueError(f"{what}: the value {a[over].flat[0]} overflows the stored {dtype} (largest finite {np.finfo(dtype).max})") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what}: cannot convert values of dtype {a.dtype} to the stored {dtype}: {e}") from None
+
+
 def flags(x: Any, what: str) -> np.ndarray:
     """``x`` as bool, or ``ValueError`` for a value other than 0 and 1 (SB3 keeps flags as float32)."""
     a = np.asarray(x)
@@ -200,10 +221,7 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
         return flags(arr, what)
     if (exact or dtype.kind in "iu") and arr.dtype.kind in "iufc":  # an integer stored dtype; numbers (not bool)
         arr = exact_cast(arr, dtype, what)
-    try:
-        return arr.astype(dtype, copy=False)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{what}: cannot convert values of dtype {arr.dtype} to the stored {dtype}: {e}") from None
+    return cast(arr, dtype, what)
 
 
 class Rows:

@@ -19,15 +19,25 @@ Options (the sb3-extra-buffers names):
   | ``zstd`` (level ``L``, default 0) | ``zstd:L`` (``zstd:3`` for 0, zstd's own default) |
   | ``lz4-frame``, ``lz4-block`` | refused (``ValueError``): no lz4 codec; ``igzip0`` is the nearest in speed and size |
 
-* ``compression_kwargs``: ``compresslevel`` (the level, as a shorthand would give it), ``elem_type`` and
-  ``runs_type`` (override ``dtypes``); ``decompression_kwargs``: the same dtypes or nothing (each entry records its
-  codec, so decoding needs no options). Other keys raise ``ValueError``.
+* ``compression_kwargs``: ``compresslevel`` (the level when the method name has none: a level in the name wins, as in
+  sb3-extra-buffers, so ``"gzip9"`` with ``compresslevel=1`` is level 9), ``threads`` (zstd only, an int >= 0: it sets
+  only how many threads encode, never the bytes; accepted and checked, but the store splits every batch over
+  `host_codecs`' own thread pool, sized by `host_codecs.set_num_threads`), ``elem_type`` and ``runs_type`` (override
+  ``dtypes``); ``decompression_kwargs``: the same dtypes or nothing (each entry records its codec, so decoding needs
+  no options). Other keys raise ``ValueError``.
 * ``dtypes``: ``dict(elem_type=..., runs_type=...)`` or one dtype for both. ``elem_type`` is the dtype observations
   are stored in (default: the space's): a narrower one is allowed when every value fits exactly (e.g. pixels in a
   float32 space held as uint8); a value that does not raises ``TypeError`` at ``add`` (sb3-extra-buffers clips and
   casts silently). ``runs_type`` (uint8, uint16, uint32) is the smallest run count of ``rle``.
 * ``normalize_images``: sampled observations (of compressed uint8 keys) come back as float32 ``x / 255``.
 * ``output_dtype`` (replay): ``"raw"`` (the space's dtype) or ``"float"`` (float32).
+* ``optimize_memory_usage`` (replay): a bool, accepted and a no-op. In SB3 and sb3-extra-buffers it stores each
+  observation once (row ``i``'s next observation read from row ``i + 1``) instead of twice; these classes always do:
+  an env's observations are one lane of a compressed trajectory buffer, the next row's observation is the next
+  observation and an episode's terminal one is kept in its final-observation ring. So the samples are those of SB3's
+  buffer without it (its draws skip row ``pos`` with it), the attribute stays False, and nothing is refused with it:
+  not ``handle_timeout_termination`` (which SB3 and sb3-extra-buffers refuse beside it, their next observation of a
+  timeout being the next episode's first) nor Dict spaces (which sb3-extra-buffers refuses).
 
 Extensions: ``compress_keys`` (Dict classes): the observation keys to compress (default all); the others are stored
 as they are. ``frame_stack``, ``stack_axis``: store each frame of stacked observations once (replay: as
@@ -41,6 +51,13 @@ as other stacks. ``keyframe_interval`` (replay): ``K`` of the temporal coding, a
 delta against the one before it except every ``K``-th of an episode, stored whole, so sampling a frame decodes at most
 ``K`` entries; ``1`` stores every frame whole (more bytes, fewer decodes). A value that is not an int >= 1 raises
 ``ValueError``.
+
+Differences from sb3-extra-buffers 0.5 that remain: lz4 methods are refused; gzip levels above 3 encode at igzip's 3
+(raw deflate: other bytes, the same values); ``threads`` sets no thread count; ``optimize_memory_usage`` changes
+nothing (so no sample skips row ``pos``); ``compression_kwargs`` keys other than the four above are refused (it hands
+them to its compressor, which ignores those it does not take) and its dtypes add to ``dtypes`` (it uses one or the
+other); a value ``elem_type`` does not hold raises ``TypeError`` (it clips and casts), and a finite float64 value
+beyond float32 raises ``ValueError`` (it stores inf).
 """
 
 from __future__ import annotations
@@ -67,7 +84,7 @@ __all__ = ["CompressedRolloutBuffer", "CompressedDictRolloutBuffer", "Compressed
 _RUNS_BITS = {np.dtype(np.uint8): 8, np.dtype(np.uint16): 16, np.dtype(np.uint32): 32}
 _LZ4 = ("lz4-frame", "lz4-block")
 _METHODS = ("none", "rle", "rle-jit", "rle-old", "gzip", "igzip", "zstd", *_LZ4)
-_KWARGS = {"compresslevel", "elem_type", "runs_type"}
+_KWARGS = {"compresslevel", "threads", "elem_type", "runs_type"}
 
 
 def _split_method(method: Any) -> tuple[str, int | None]:
@@ -83,8 +100,8 @@ def _split_method(method: Any) -> tuple[str, int | None]:
     return (m.group(1), int(m.group(2))) if m else (level, None)
 
 
-def _dtypes(dtypes: Any, compression_kwargs: dict | None, decompression_kwargs: dict | None) -> tuple[np.dtype | None, np.dtype | None, int | None]:
-    """``(elem_type, runs_type, compresslevel)`` from the three options (None: not given)."""
+def _dtypes(dtypes: Any, compression_kwargs: dict | None, decompression_kwargs: dict | None) -> tuple[np.dtype | None, np.dtype | None, int | None, bool]:
+    """``(elem_type, runs_type, compresslevel, threads given)`` from the three options (None: not given)."""
     if dtypes is None:
         d = {}
     elif isinstance(dtypes, dict):
@@ -96,9 +113,12 @@ def _dtypes(dtypes: Any, compression_kwargs: dict | None, decompression_kwargs: 
     kw = dict(compression_kwargs or {})
     if set(kw) - _KWARGS:
         raise ValueError(f"compression_kwargs: unknown keys {sorted(set(kw) - _KWARGS)}; expected some of {sorted(_KWARGS)}")
-    level = kw.pop("compresslevel", None)
-    if level is not None and (isinstance(level, bool) or not isinstance(level, (int, np.integer))):
-        raise TypeError(f"compression_kwargs['compresslevel']: expected an int, got {level!r}")
+    level, threads = kw.pop("compresslevel", None), kw.pop("threads", None)
+    for k, v in (("compresslevel", level), ("threads", threads)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+            raise TypeError(f"compression_kwargs[{k!r}]: expected an int, got {v!r}")
+    if threads is not None and threads < 0:
+        raise ValueError(f"compression_kwargs['threads']: expected an int >= 0 (0: one per CPU), got {threads}")
     d.update(kw)
     elem = None if d.get("elem_type") is None else np.dtype(d["elem_type"])
     runs = None if d.get("runs_type") is None else np.dtype(d["runs_type"])
@@ -108,7 +128,7 @@ def _dtypes(dtypes: Any, compression_kwargs: dict | None, decompression_kwargs: 
         mine = elem if k == "elem_type" else runs
         if mine is None or np.dtype(v) != mine:
             raise ValueError(f"decompression_kwargs[{k!r}]: {np.dtype(v)} differs from the {k} compression uses ({mine})")
-    return elem, runs, None if level is None else int(level)
+    return elem, runs, None if level is None else int(level), threads is not None
 
 
 def codec_for(compression_method: str = "rle", compression_kwargs: dict | None = None, dtypes: Any = None,
@@ -118,13 +138,16 @@ def codec_for(compression_method: str = "rle", compression_kwargs: dict | None =
     See the module doc for the mapping.
 
     Raises:
-      ValueError: an unknown or lz4 method, a level the codec does not take, unknown option keys, a ``runs_type``
-        other than uint8/16/32, decompression dtypes other than the compression ones.
-      TypeError: a method that is not a string, a level that is not an int.
+      ValueError: an unknown or lz4 method, a level the codec does not take, unknown option keys, ``threads`` below 0
+        or with a method other than zstd, a ``runs_type`` other than uint8/16/32, decompression dtypes other than the
+        compression ones.
+      TypeError: a method that is not a string, a level or ``threads`` that is not an int.
     """
     name, level = _split_method(compression_method)
-    elem, runs, kw_level = _dtypes(dtypes, compression_kwargs, decompression_kwargs)
-    level = kw_level if kw_level is not None else level
+    elem, runs, kw_level, threads = _dtypes(dtypes, compression_kwargs, decompression_kwargs)
+    level = level if level is not None else kw_level  # as sb3-extra-buffers: the method name's level wins
+    if threads and name != "zstd":
+        raise ValueError(f"compression_kwargs['threads']: only zstd takes it, got compression_method {compression_method!r}")
     if name in _LZ4:
         raise ValueError(f"compression_method: {compression_method!r} (lz4) has no jaxbuffers codec; use 'igzip0' (raw deflate "
                          f"level 0, close to lz4 in speed and size), 'zstd-1' or 'rle'")
@@ -326,9 +349,7 @@ class _CompressedReplayImpl(_JaxReplayImpl):
                  frame_stack: int | None = None, stack_axis: int = -1, padding: str = "zero", keyframe_interval: int | None = None):
         if output_dtype not in ("raw", "float"):
             raise ValueError(f"output_dtype: expected 'raw' or 'float', got {output_dtype!r}")
-        if optimize_memory_usage:
-            raise ValueError("optimize_memory_usage: not needed with compression (each frame is stored once with frame_stack); "
-                             "pass optimize_memory_usage=False")
+        _validate.static_bool("optimize_memory_usage", optimize_memory_usage)  # a no-op (module doc), checked
         self.dtypes, self.normalize_images, self.output_dtype = dtypes, bool(normalize_images), output_dtype
         self.compression_method, self.compression_kwargs, self.decompression_kwargs = compression_method, compression_kwargs, decompression_kwargs
         self.compress_keys = compress_keys
@@ -372,8 +393,8 @@ class CompressedReplayBuffer(_CompressedReplayImpl, ReplayBuffer):
     (module doc: options), each stored once; same samples as SB3's ``ReplayBuffer`` under the same seed.
 
     Raises:
-      ValueError, TypeError: options as `codec_for` says; ``optimize_memory_usage=True`` (each observation is already
-        stored once); a Dict space (use `CompressedDictReplayBuffer`).
+      ValueError, TypeError: options as `codec_for` says; a Dict space (use `CompressedDictReplayBuffer`);
+        ``optimize_memory_usage`` that is not a bool (``TypeError``).
     """
 
 

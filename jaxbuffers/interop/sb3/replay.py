@@ -139,13 +139,16 @@ class FieldView:
     def __setitem__(self, key, value) -> None:
         """Write ``value`` at ``key`` as SB3's numpy assignment would, but nothing is cast silently where the stored
         dtype is narrower than SB3's: flags take 0 / 1 (``ValueError`` otherwise), a narrower field takes the values
-        it holds exactly (``TypeError`` otherwise), and non-numbers raise ``TypeError``; the message names the field."""
+        it holds exactly (``TypeError`` otherwise), a finite value overflowing a float field raises ``ValueError`` (numpy
+        would store inf), and non-numbers raise ``TypeError``; the message names the field."""
         arr = np.array(self._read())
         v = _common.numbers(value, self._name)
         if arr.dtype == np.bool_:
             v = _common.flags(v, self._name)
         elif arr.dtype != self._dtype:
             v = _common.exact_cast(v, arr.dtype, self._name)
+        else:
+            v = _common.cast(v, arr.dtype, self._name)
         arr[key] = v
         self._write(jnp.asarray(arr))
 

@@ -2,9 +2,11 @@
 
 Every method call on the facade is made on each underlying buffer with the same arguments, in list order (or all
 at once in a thread pool with ``use_threads``), and returns the list of their results. The buffers may differ in
-size and type (SB3's, `JaxRolloutBuffer`, `CompressedRolloutBuffer`, ...): the facade holds no storage of its own.
+type (SB3's, `JaxRolloutBuffer`, `CompressedRolloutBuffer`, ...): the facade holds no storage of its own.
 A call's arguments are checked on every buffer before any buffer is called (`DummyVecRolloutBuffer.call`), so a call
-that one buffer refuses changes none. ``full`` is True when every buffer is full. Attributes the facade does not have
+that one buffer refuses changes none. ``full`` is True when every buffer is full. Sizes may differ, but the smallest
+buffer bounds the rollout: once it is full, every ``add`` through the facade is refused for all of them and ``full``
+stays False, so give every buffer the facade's ``buffer_size`` (PPO's ``n_steps``). Attributes the facade does not have
 are read from every buffer (a list). This is for several learners or several rollout layouts fed from one loop; a
 population of identical buffers on the device is a `jax.vmap` over `jaxbuffers.RolloutBuffer` instead.
 
@@ -13,9 +15,9 @@ Example:
     from jaxbuffers.interop.sb3 import CompressedRolloutBuffer, DummyVecRolloutBuffer, JaxRolloutBuffer
 
     vec = DummyVecRolloutBuffer(128, obs_space, act_space, buffers=[
-        JaxRolloutBuffer(128, obs_space, act_space), CompressedRolloutBuffer(256, obs_space, act_space)])
+        JaxRolloutBuffer(128, obs_space, act_space), CompressedRolloutBuffer(128, obs_space, act_space)])
     vec.add(obs, action, reward, episode_start, value, log_prob)   # [None, None]
-    vec.full                                                        # both full
+    vec.full                                                        # after 128 adds: both full
     ```
 """
 
