@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxbuffers as jb
+from jaxbuffers._metrics import HIST
 from metrics_model import RingModel, metrics_of as _metrics
 
 ITEM = {"x": jax.ShapeDtypeStruct((2,), jnp.float32)}
@@ -149,7 +150,7 @@ def test_counts_saturate_instead_of_wrapping():
     buf = jb.ReplayBuffer.create(ITEM, 4, metrics=True).add(_zeros(ITEM, (4,)))
     top = np.iinfo(np.int32).max
     m = buf.metrics
-    buf = buf.replace(metrics=m.replace(sample_count=m.sample_count.at[1].set(top - 1), age_hist=m.age_hist.at[1].set(top - 1)))
+    buf = buf.replace(metrics=m.replace(sample_count=m.sample_count.at[1].set(top - 1), totals=m.totals.at[HIST + 1].set(top - 1)))
     buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([1, 1, 1, 2, 2], jnp.int32)))  # slot 2: age 1, bin 1
     assert int(buf.metrics.sample_count[1]) == top  # stops at the top, never wraps
     assert int(buf.metrics.sample_count[2]) == 2
