@@ -256,6 +256,8 @@ def bench_section(bench, rows) -> list[str]:
         ratio = "" if r.get("ratio") is None else f"{fmt(r['ratio'])} (vs {r.get('anchor')})"
         if ratio and r.get("ratio_spread"):
             ratio += " [{} to {}]".format(*map(fmt, r["ratio_spread"]))
+        if ratio and r.get("cpu_ratio_spread"):
+            ratio += "; CPU time {} [{} to {}]".format(*map(fmt, [r["cpu_ratio"], *r["cpu_ratio_spread"]]))
         cells = [r["case"], r.get("impl", ""), r.get("variant", "") or "", median, thr, ratio]
         if has_base:
             b = base.get((r["case"], r.get("impl"), r.get("variant")))

@@ -150,15 +150,16 @@ class Metrics(struct.PyTreeNode):
 def _add_totals(totals: jax.Array, sampled, stale, age_max) -> jax.Array:
     """`totals` (int32 `[TOTALS]`) with `sampled` and `stale` (int32 scalars in `[0, 2**30)`) and one call added to
     their two-word counters (`_ring.counter_add`, exact) and `age_max` taken in; the bins as they were. One
-    elementwise pass: each low word gets its increment and keeps its low 30 bits, each high word the carry of the
-    low word after it."""
-    i = jnp.arange(TOTALS, dtype=jnp.int32)
+    elementwise pass over the counters, written back in place: each low word gets its increment and keeps its low 30
+    bits, each high word the carry of the low word after it."""
+    head = totals[:HIST]
+    i = jnp.arange(HIST, dtype=jnp.int32)
     inc = jnp.where(i == SAMPLED + 1, sampled, jnp.where(i == CALLS + 1, 1, jnp.where(i == STALE + 1, stale, 0)))
-    low = totals + inc
+    low = head + inc
     carry = jnp.roll(low, -1) >> _ring.LOW_BITS
     words = i < AGE_MAX
-    return jnp.where(words & (i % 2 == 1), low & _ring.LOW_MASK,
-                     jnp.where(words, totals + carry, jnp.where(i == AGE_MAX, jnp.maximum(totals, age_max), totals)))
+    head = jnp.where(words & (i % 2 == 1), low & _ring.LOW_MASK, jnp.where(words, head + carry, jnp.maximum(head, age_max)))
+    return jax.lax.dynamic_update_slice(totals, head, (0,))
 
 
 _SCATTER_1D = jax.lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,))
