@@ -48,7 +48,7 @@ NOTES = {
               "of the counters). Where the cost goes (callgrind, 200 steps of the quarter-full vector step, "
               "instructions per step outside the thread pool's idle spinning): without metrics about 178k, 53k of "
               "them in the compiled kernels, 59k in XLA's runtime (about 300 per operation launched) and 48k in "
-              "memory allocation; `counters` adds about 8k (4.4%): one scatter of the 256 draws' age bins into the 32 bins "
+              "memory allocation; in the kernels and the runtime, `counters` adds about 8k (4.4%): one scatter of the 256 draws' age bins into the 32 bins "
               "(3.3k, 13 instructions a draw), one reduction over the batch for the drawn count, the age sum and the "
               "largest age (1.3k), the bins' indices (0.8k), one update of the counters (0.3k) and seven operations "
               "launched; `per-slot` adds about 5k more (7.0% in all): a second scatter of 256 saturating increments "
@@ -57,7 +57,11 @@ NOTES = {
               "buffer, 400 KB of counts beside 10 MB of storage, about 18% more misses of a 2 MB last-level cache). "
               "The two scatters are O(batch) whatever the layout of the counts, so a step that does nothing but "
               "sample pays them in full, the counts more so on a full buffer; a step that also trains a network "
-              "hides them.",
+              "hides them. Timings on this shared machine cannot settle a few percent: two identical steps "
+              "compiled apart (the same operations) differed by 4 to 5% within one process, and over four runs of "
+              "the vector steps the CPU-time ratio ranged 0.93 to 0.99 (`counters`) and 0.89 to 0.97 (`per-slot`); the instruction "
+              "counts above are the steady measure (before the counters and age bins became one array: 5.1% and "
+              "7.8%).",
     "prioritised": "Anchor: flashbax's prioritised item buffer. `call` / `scan` as for uniform replay; "
                    "`sample+set_priorities/.../scan` is the pair a prioritised training step runs. flashbax picks its "
                    "sum-tree update by backend: on CPU (`flashbax`) a sequential leaf-to-root walk per item (a scan "
