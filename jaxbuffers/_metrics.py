@@ -16,7 +16,7 @@ Counted on the device, inside the training step, as ordinary state leaves (saved
 
 The integer counters and the age bins share one int32 leaf, `totals` (`sampled`, `record_calls`, `stale`, `age_max`
 and `age_hist` are views of it, `TOTALS` entries: the three two-word counters at `SAMPLED`, `CALLS`, `STALE`, the
-largest age at `AGE_MAX`, the bins from `HIST`), so that `record` updates them all with one elementwise pass and one
+largest age at `AGE_MAX` (the word after it stays 0), the bins from `HIST`), so that `record` updates them all with one elementwise pass and one
 scatter of the batch's bins into the same array, whatever the number of counters.
 
 `sample` stays pure: a training step records what it drew with `buf = buf.record(sample)` (cost O(batch)). Ages are
@@ -43,7 +43,7 @@ from jaxbuffers import _compiled, _ring, _timing, _validate
 __all__ = ["Metrics", "Recorded", "NUM_AGE_BINS"]
 
 NUM_AGE_BINS = 32
-SAMPLED, CALLS, STALE, AGE_MAX, HIST = 0, 2, 4, 6, 7  # where each counter starts in `Metrics.totals`
+SAMPLED, CALLS, STALE, AGE_MAX, HIST = 0, 2, 4, 6, 8  # where each counter starts in `Metrics.totals` (word 7: 0)
 TOTALS = HIST + NUM_AGE_BINS
 _MAX = np.iinfo(np.int32).max
 
@@ -149,16 +149,13 @@ class Metrics(struct.PyTreeNode):
 
 def _add_totals(totals: jax.Array, sampled, stale, age_max) -> jax.Array:
     """`totals` (int32 `[TOTALS]`) with `sampled` and `stale` (int32 scalars in `[0, 2**30)`) and one call added to
-    their two-word counters (`_ring.counter_add`, exact) and `age_max` taken in; the bins as they were. One
-    elementwise pass over the counters, written back in place: each low word gets its increment and keeps its low 30
-    bits, each high word the carry of the low word after it."""
-    head = totals[:HIST]
-    i = jnp.arange(HIST, dtype=jnp.int32)
-    inc = jnp.where(i == SAMPLED + 1, sampled, jnp.where(i == CALLS + 1, 1, jnp.where(i == STALE + 1, stale, 0)))
-    low = head + inc
-    carry = jnp.roll(low, -1) >> _ring.LOW_BITS
-    words = i < AGE_MAX
-    head = jnp.where(words & (i % 2 == 1), low & _ring.LOW_MASK, jnp.where(words, head + carry, jnp.maximum(head, age_max)))
+    their two-word counters (`_ring.counter_add`, exact) and `age_max` taken in; the bins as they were. One small
+    elementwise pass over the words before the bins, as four pairs (the fourth, `[age_max, 0]`, gets 0 added),
+    written back in place."""
+    k = jnp.arange(HIST // 2, dtype=jnp.int32)  # the pairs SAMPLED, CALLS, STALE, AGE_MAX
+    inc = jnp.where(k == 0, sampled, jnp.where(k == 1, 1, jnp.where(k == 2, stale, 0)))
+    words = _ring.counter_add(totals[:HIST].reshape(-1, 2), inc).reshape(-1)
+    head = jnp.where(jnp.arange(HIST) == AGE_MAX, jnp.maximum(words, age_max), words)
     return jax.lax.dynamic_update_slice(totals, head, (0,))
 
 

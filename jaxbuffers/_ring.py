@@ -146,10 +146,11 @@ def counter_zero() -> jax.Array:
 
 
 def counter_add(counter: jax.Array, n) -> jax.Array:
-    """Add ``n`` (``0 <= n < 2**30``) to a two-word counter; exact, never wraps below 2**61."""
-    low = counter[1] + jnp.asarray(n, jnp.int32)
+    """Add ``n`` (``0 <= n < 2**30``) to a two-word counter; exact, never wraps below 2**61. Several counters at once:
+    ``counter`` ``[..., 2]`` and ``n`` of shape ``[...]`` (or a scalar for all)."""
+    low = counter[..., 1] + jnp.asarray(n, jnp.int32)
     carry = low >> LOW_BITS
-    return jnp.stack([counter[0] + carry, low & LOW_MASK]).astype(jnp.int32)
+    return jnp.stack([counter[..., 0] + carry, low & LOW_MASK], axis=-1).astype(jnp.int32)
 
 
 def counter_mod(counter: jax.Array, m: int) -> jax.Array:
