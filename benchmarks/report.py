@@ -58,8 +58,8 @@ NOTES = {
               "The two scatters are O(batch) whatever the layout of the counts, so a step that does nothing but "
               "sample pays them in full, the counts more so on a full buffer; a step that also trains a network "
               "hides them. Timings on this shared machine cannot settle a few percent: two identical steps "
-              "compiled apart (the same operations) differed by 4 to 5% within one process, and over four runs of "
-              "the vector steps the CPU-time ratio ranged 0.93 to 0.99 (`counters`) and 0.89 to 0.97 (`per-slot`); the instruction "
+              "compiled apart (the same operations) differed by 4 to 5% within one process, and over three runs of "
+              "the vector steps the CPU-time ratio ranged 0.93 to 0.97 (`counters`) and 0.88 to 0.95 (`per-slot`); the instruction "
               "counts above are the steady measure (before the counters and age bins became one array: 5.1% and "
               "7.8%).",
     "prioritised": "Anchor: flashbax's prioritised item buffer. `call` / `scan` as for uniform replay; "
