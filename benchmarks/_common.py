@@ -119,27 +119,32 @@ def accumulating(fn: Callable, total: list) -> Callable:
 
 
 def interleaved(runs: dict[str, Callable[[], object]], repeats: int, per: int = 1, samples: dict | None = None,
-                setup: Callable[[], object] | None = None) -> dict:
+                setup: Callable[[], object] | None = None, cpu: dict | None = None) -> dict:
     """Median seconds per operation of each ``runs[name]()`` (which does ``per`` operations and
     blocks on its result; one untimed warm-up call each, which also compiles), timed round-robin:
     each repetition runs every implementation once, in an order rotated by one per repetition, so
     a change of machine load or a first-in-round penalty hits every implementation alike. A
-    ``samples`` dict receives every repetition's seconds per run, by name. ``setup()`` runs untimed
-    before every timed call (e.g. ``os.sync``: no run pays for the disk writes the previous one left)."""
+    ``samples`` dict receives every repetition's seconds per run, by name, and a ``cpu`` dict the
+    process CPU time (all threads) of each. ``setup()`` runs untimed before every timed call (e.g.
+    ``os.sync``: no run pays for the disk writes the previous one left)."""
     for fn in runs.values():
         fn()
     order = list(runs)
     times = {name: [] for name in runs}
+    cpus = {name: [] for name in runs}
     for _ in range(repeats):
         order = order[1:] + order[:1]
         for name in order:
             if setup is not None:
                 setup()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             runs[name]()
             times[name].append(time.perf_counter() - t0)
+            cpus[name].append(time.process_time() - c0)
     if samples is not None:
         samples.update(times)
+    if cpu is not None:
+        cpu.update(cpus)
     return {name: statistics.median(t) / per for name, t in times.items()}
 
 
@@ -250,15 +255,25 @@ def _sample_record_runner(impl, n: int, item):
 
 def _metrics_compare(bench: str, case: str, runs: dict, repeats: int, n: int, items: int) -> None:
     """``compare`` of ``runs`` against ``off``, each row with ``ratio_spread``: the quartiles of the ratio taken within
-    each repetition (``off``'s time over this row's, both timed in the same round), the spread the load leaves."""
+    each repetition (``off``'s time over this row's, both timed in the same round), the spread the load leaves; and
+    ``cpu_ratio`` / ``cpu_ratio_spread``: the same of the process CPU times (all threads), which a busy machine's
+    waits for a core leave out."""
     samples: dict = {}
-    times = interleaved(runs, repeats, n, samples)
-    base = np.asarray(samples["off"])
+    cpu: dict = {}
+    times = interleaved(runs, repeats, n, samples, cpu=cpu)
+
+    def quartiles(x):
+        return [round(float(q), 4) for q in np.percentile(x, [25, 75])]
+
     for impl, t in times.items():
         a = None if impl == "off" else "off"
-        spread = None if a is None else [round(float(q), 4) for q in np.percentile(base / np.asarray(samples[impl]), [25, 75])]
+        extra = {"ratio_spread": None}
+        if a is not None:
+            c = np.asarray(cpu["off"]) / np.asarray(cpu[impl])
+            extra = {"ratio_spread": quartiles(np.asarray(samples["off"]) / np.asarray(samples[impl])),
+                     "cpu_ratio": round(float(np.median(cpu["off"]) / np.median(cpu[impl])), 4), "cpu_ratio_spread": quartiles(c)}
         row(bench, case, impl, t, n=n, repeats=repeats, items=items, anchor=a, anchor_seconds=times["off"] if a else None,
-            ratio_spread=spread)
+            cpu_us=round(1e6 * float(np.median(cpu[impl])) / n, 3), **extra)
 
 
 def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: bool, full: tuple = ()) -> None:

@@ -137,7 +137,7 @@ def set_runner(impl, mode: str, n: int, with_sample: bool = False):
 
 def main():
     args = parser(__doc__.splitlines()[0]).parse_args()
-    repeats = args.repeats or (3 if args.quick else 101 if args.metrics else 9)  # --metrics: short runs, ratios of a few %
+    repeats = args.repeats or (3 if args.quick else 301 if args.metrics else 9)  # --metrics: short runs, ratios of a few %
     shrink = 20 if args.quick else 1
     header(BENCH, args.quick)
     if args.metrics:

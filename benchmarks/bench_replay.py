@@ -83,7 +83,7 @@ class FlashbaxFlat(Flashbax):
 
 def main():
     args = parser(__doc__.splitlines()[0]).parse_args()
-    repeats = args.repeats or (3 if args.quick else 101 if args.metrics else 9)  # --metrics: short runs, ratios of a few %
+    repeats = args.repeats or (3 if args.quick else 301 if args.metrics else 9)  # --metrics: short runs, ratios of a few %
     shrink = 20 if args.quick else 1
     header(BENCH, args.quick)
     if args.metrics:

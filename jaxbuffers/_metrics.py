@@ -14,6 +14,11 @@ Counted on the device, inside the training step, as ordinary state leaves (saved
   is kept per position: a ring's slot `s` holds item number `added - 1 - ((head - 1 - s) mod ring)`
   (`jaxbuffers._ring.last_item_number`), so ages come from the cursors alone.
 
+The integer counters and the age bins share one int32 leaf, `totals` (`sampled`, `record_calls`, `stale`, `age_max`
+and `age_hist` are views of it, `TOTALS` entries: the three two-word counters at `SAMPLED`, `CALLS`, `STALE`, the
+largest age at `AGE_MAX` (the word after it stays 0), the bins from `HIST`), so that `record` updates them all with one elementwise pass and one
+scatter of the batch's bins into the same array, whatever the number of counters.
+
 `sample` stays pure: a training step records what it drew with `buf = buf.record(sample)` (cost O(batch)). Ages are
 those at `record` time, the same as at sample time when no add comes between. A sample with `generations` (the
 prioritised buffers') is checked against the slot's current generation, so a draw whose slot was overwritten meanwhile
@@ -38,20 +43,43 @@ from jaxbuffers import _compiled, _ring, _timing, _validate
 __all__ = ["Metrics", "Recorded", "NUM_AGE_BINS"]
 
 NUM_AGE_BINS = 32
+SAMPLED, CALLS, STALE, AGE_MAX, HIST = 0, 2, 4, 6, 8  # where each counter starts in `Metrics.totals` (word 7: 0)
+TOTALS = HIST + NUM_AGE_BINS
 _MAX = np.iinfo(np.int32).max
 
 
 class Metrics(struct.PyTreeNode):
     """Sample-side counters of one buffer (module doc). Build with `Metrics.create`."""
 
-    sampled: jax.Array  # shape=(2,), int32: draws recorded (not stale), two-word counter [high, low] (_ring.counter_*)
-    record_calls: jax.Array  # shape=(2,), int32: record calls, two-word counter
-    stale: jax.Array  # shape=(2,), int32: draws recorded as stale, two-word counter
+    totals: jax.Array  # shape=[TOTALS], int32: the counters and age bins below, one array (module doc)
     sample_count: jax.Array  # shape=[*positions] (per_slot) or [0], int32: draws recorded since the position was written (stops at 2**31 - 1)
     age_sum: jax.Array  # shape=(), float32: sum of the ages of the recorded draws
-    age_max: jax.Array  # shape=(), int32: largest age recorded (0 before any draw)
-    age_hist: jax.Array  # shape=[NUM_AGE_BINS], int32: draws by age bin floor(log2(age + 1))
     per_slot: bool = struct.field(pytree_node=False)  # whether sample_count is kept
+
+    @property
+    def sampled(self) -> jax.Array:
+        """Draws recorded (not stale): int32 `[..., 2]`, a two-word counter `[high, low]` (`jaxbuffers._ring`)."""
+        return self.totals[..., SAMPLED:SAMPLED + 2]
+
+    @property
+    def record_calls(self) -> jax.Array:
+        """`record` calls: int32 `[..., 2]`, a two-word counter."""
+        return self.totals[..., CALLS:CALLS + 2]
+
+    @property
+    def stale(self) -> jax.Array:
+        """Draws recorded as stale: int32 `[..., 2]`, a two-word counter."""
+        return self.totals[..., STALE:STALE + 2]
+
+    @property
+    def age_max(self) -> jax.Array:
+        """Largest age recorded (0 before any draw): int32 `[...]`."""
+        return self.totals[..., AGE_MAX]
+
+    @property
+    def age_hist(self) -> jax.Array:
+        """Draws by age bin `floor(log2(age + 1))`, the last bin open: int32 `[..., NUM_AGE_BINS]` (stop at `2**31 - 1`)."""
+        return self.totals[..., HIST:]
 
     @classmethod
     def create(cls, positions: tuple[int, ...], per_slot: bool) -> "Metrics":
@@ -62,12 +90,8 @@ class Metrics(struct.PyTreeNode):
           TypeError: `per_slot` not a bool (`_validate.static_bool`, named `metrics`).
         """
         per_slot = _validate.static_bool("metrics", per_slot)
-        z = _ring.counter_zero
-        return cls(
-            sampled=z(), record_calls=z(), stale=z(),
-            sample_count=jnp.zeros(positions if per_slot else (0,), jnp.int32), age_sum=jnp.float32(0),
-            age_max=jnp.int32(0), age_hist=jnp.zeros((NUM_AGE_BINS,), jnp.int32), per_slot=per_slot,
-        )
+        return cls(totals=jnp.zeros((TOTALS,), jnp.int32), sample_count=jnp.zeros(positions if per_slot else (0,), jnp.int32),
+                   age_sum=jnp.float32(0), per_slot=per_slot)
 
     def write(self, storage: Any, rows: Any, head: jax.Array, axis: int = 0) -> tuple[Any, "Metrics"]:
         """`jaxbuffers._ring.write(storage, rows, head, axis)`, with `sample_count` reset to 0 at the positions written
@@ -105,23 +129,34 @@ class Metrics(struct.PyTreeNode):
         # One pass over the batch for the totals: drawn, the age sum (exact in int32 as 16-bit halves for B <= 2**15,
         # whose sums cannot wrap; in float32 beyond) and the largest age. The bins and the positions are counted
         # by a scatter of saturating increments each (a stale draw goes past the end and is dropped), which beats a
-        # one-hot sum on CPU.
+        # one-hot sum on CPU; the bins go into `totals` after its counters are updated, so the counters and the bins
+        # cost one elementwise pass and one scatter.
         ages = (ok_age >> 16, ok_age & 0xFFFF) if b <= 2**15 else (ok_age.astype(jnp.float32),)
         operands = (ok.astype(jnp.int32), *ages, ok_age)
         n, *sums, age_max = jax.lax.reduce(
             operands, tuple(jnp.zeros((), x.dtype) for x in operands),
             lambda x, y: (*(u + v for u, v in zip(x[:-1], y[:-1])), jnp.maximum(x[-1], y[-1])), (0,))
         age_sum = sums[0].astype(jnp.float32) * 65536.0 + sums[1].astype(jnp.float32) if len(sums) == 2 else sums[0]
-        bins = jnp.where(ok, jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), NUM_AGE_BINS)
-        new = self.replace(
-            sampled=_ring.counter_add(self.sampled, n), record_calls=_ring.counter_add(self.record_calls, 1),
-            stale=_ring.counter_add(self.stale, (b if mine is None else jnp.sum(mine, dtype=jnp.int32)) - n),
-            age_sum=self.age_sum + age_sum, age_max=jnp.maximum(self.age_max, age_max), age_hist=_count(self.age_hist, bins),
-        )
+        drawn = b if mine is None else jnp.sum(mine, dtype=jnp.int32)
+        bins = jnp.where(ok, HIST + jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), TOTALS)
+        new = self.replace(totals=_count(_add_totals(self.totals, n, drawn - n, age_max), bins),
+                           age_sum=self.age_sum + age_sum)
         if not self.per_slot:
             return new
         counts = _count(self.sample_count.reshape(-1), jnp.where(ok, pos, lanes_ring))
         return new.replace(sample_count=counts.reshape(self.sample_count.shape))
+
+
+def _add_totals(totals: jax.Array, sampled, stale, age_max) -> jax.Array:
+    """`totals` (int32 `[TOTALS]`) with `sampled` and `stale` (int32 scalars in `[0, 2**30)`) and one call added to
+    their two-word counters (`_ring.counter_add`, exact) and `age_max` taken in; the bins as they were. One small
+    elementwise pass over the words before the bins, as four pairs (the fourth, `[age_max, 0]`, gets 0 added),
+    written back in place."""
+    k = jnp.arange(HIST // 2, dtype=jnp.int32)  # the pairs SAMPLED, CALLS, STALE, AGE_MAX
+    inc = jnp.where(k == 0, sampled, jnp.where(k == 1, 1, jnp.where(k == 2, stale, 0)))
+    words = _ring.counter_add(totals[:HIST].reshape(-1, 2), inc).reshape(-1)
+    head = jnp.where(jnp.arange(HIST) == AGE_MAX, jnp.maximum(words, age_max), words)
+    return jax.lax.dynamic_update_slice(totals, head, (0,))
 
 
 _SCATTER_1D = jax.lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,))

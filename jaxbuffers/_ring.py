@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 
-_LOW_BITS = 30
-LOW_MASK = (1 << _LOW_BITS) - 1  # largest low word of a two-word counter
+LOW_BITS = 30
+LOW_MASK = (1 << LOW_BITS) - 1  # largest low word of a two-word counter
 
 
 def check_batch_fits(batch_size: int, capacity: int, what: str = "batch", size_name: str = "capacity") -> None:
@@ -146,10 +146,11 @@ def counter_zero() -> jax.Array:
 
 
 def counter_add(counter: jax.Array, n) -> jax.Array:
-    """Add ``n`` (``0 <= n < 2**30``) to a two-word counter; exact, never wraps below 2**61."""
-    low = counter[1] + jnp.asarray(n, jnp.int32)
-    carry = low >> _LOW_BITS
-    return jnp.stack([counter[0] + carry, low & LOW_MASK]).astype(jnp.int32)
+    """Add ``n`` (``0 <= n < 2**30``) to a two-word counter; exact, never wraps below 2**61. Several counters at once:
+    ``counter`` ``[..., 2]`` and ``n`` of shape ``[...]`` (or a scalar for all)."""
+    low = counter[..., 1] + jnp.asarray(n, jnp.int32)
+    carry = low >> LOW_BITS
+    return jnp.stack([counter[..., 0] + carry, low & LOW_MASK], axis=-1).astype(jnp.int32)
 
 
 def counter_mod(counter: jax.Array, m: int) -> jax.Array:
@@ -159,7 +160,7 @@ def counter_mod(counter: jax.Array, m: int) -> jax.Array:
         return jnp.zeros((), jnp.int32)
     m32 = np.uint32(m)
     r = counter[..., 0].astype(jnp.uint32) % m32
-    for _ in range(_LOW_BITS):
+    for _ in range(LOW_BITS):
         r = (r * np.uint32(2)) % m32
     return ((r + counter[..., 1].astype(jnp.uint32) % m32) % m32).astype(jnp.int32)
 
@@ -168,7 +169,7 @@ def counter_value(counter) -> int:
     """Host-side exact value of a two-word counter: a Python int (a numpy int64 array for a
     stacked counter `[..., 2]`); forces a device transfer."""
     c = np.asarray(counter).astype(np.int64)
-    value = (c[..., 0] << _LOW_BITS) + c[..., 1]
+    value = (c[..., 0] << LOW_BITS) + c[..., 1]
     return int(value) if value.ndim == 0 else value
 
 
@@ -180,7 +181,7 @@ def last_item_number(counter: jax.Array, head: jax.Array, slots: jax.Array, capa
     `slots`; only meaningful for slots holding data. Prioritised buffers use it as the slot's *generation*: it
     changes exactly when the slot is overwritten, with no per-slot state.
     """
-    added32 = jnp.left_shift(counter[..., 0], _LOW_BITS) + counter[..., 1]  # wraps in int32
+    added32 = jnp.left_shift(counter[..., 0], LOW_BITS) + counter[..., 1]  # wraps in int32
     back = jnp.mod(head - 1 - jnp.asarray(slots, jnp.int32), capacity)
     return (added32 - 1 - back).astype(jnp.int32)
 

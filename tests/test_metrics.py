@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxbuffers as jb
+from jaxbuffers._metrics import HIST
 from metrics_model import RingModel, metrics_of as _metrics
 
 ITEM = {"x": jax.ShapeDtypeStruct((2,), jnp.float32)}
@@ -149,7 +150,7 @@ def test_counts_saturate_instead_of_wrapping():
     buf = jb.ReplayBuffer.create(ITEM, 4, metrics=True).add(_zeros(ITEM, (4,)))
     top = np.iinfo(np.int32).max
     m = buf.metrics
-    buf = buf.replace(metrics=m.replace(sample_count=m.sample_count.at[1].set(top - 1), age_hist=m.age_hist.at[1].set(top - 1)))
+    buf = buf.replace(metrics=m.replace(sample_count=m.sample_count.at[1].set(top - 1), totals=m.totals.at[HIST + 1].set(top - 1)))
     buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([1, 1, 1, 2, 2], jnp.int32)))  # slot 2: age 1, bin 1
     assert int(buf.metrics.sample_count[1]) == top  # stops at the top, never wraps
     assert int(buf.metrics.sample_count[2]) == 2
@@ -157,6 +158,28 @@ def test_counts_saturate_instead_of_wrapping():
     buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([1, 1, 1, 1], jnp.int32)))
     assert int(buf.metrics.sample_count[1]) == top
     assert buf.stats()["samples"] == 9
+
+
+def test_the_counters_carry_into_their_high_words_exactly():
+    """`samples`, `stale` and `record_calls` share `Metrics.totals` with the age bins: a record that takes their low
+    words past `2**30 - 1` carries into their high words exactly, and leaves the bins and the word after `age_max`."""
+    from jaxbuffers import _metrics as mm
+    from jaxbuffers._ring import LOW_MASK
+
+    buf = jb.ReplayBuffer.create(ITEM, 4).add(_zeros(ITEM, (3,)))  # slot 3 holds nothing: its draws are stale
+    m = buf.metrics
+    totals = m.totals.at[mm.SAMPLED:mm.AGE_MAX].set(jnp.array([5, LOW_MASK - 1, 0, LOW_MASK, 2, LOW_MASK - 2], jnp.int32))
+    buf = buf.replace(metrics=m.replace(totals=totals.at[mm.AGE_MAX].set(7)))
+    buf = jax.jit(lambda b: b.record(jb.ReplaySample(item=None, indices=jnp.array([0, 1, 2, 3, 3, 3, 3], jnp.int32))))(buf)
+    s = buf.stats()
+    assert s["samples"] == 5 * 2**30 + LOW_MASK - 1 + 3
+    assert s["record_calls"] == 2**30
+    assert s["stale"] == 2 * 2**30 + LOW_MASK - 2 + 4
+    assert s["age_max"] == 7  # the largest age recorded before (the ages drawn now are 0 to 2)
+    t = np.asarray(buf.metrics.totals)
+    assert t[mm.AGE_MAX + 1] == 0 and t[mm.HIST:].sum() == 3 and t[mm.HIST:mm.HIST + 2].tolist() == [1, 2]
+    for counter in (buf.metrics.sampled, buf.metrics.record_calls, buf.metrics.stale):
+        assert 0 <= int(counter[1]) <= LOW_MASK
 
 
 def test_the_age_sum_of_a_large_batch_does_not_wrap():

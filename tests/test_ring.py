@@ -177,6 +177,20 @@ def test_counter_never_overflows_int32():
     assert _ring.counter_value(stacked).tolist() == [total, 5]
 
 
+def test_counter_add_of_several_counters_is_each_ones_add():
+    """`counter_add` of counters `[k, 2]` and increments `[k]` (or one for all) adds each to its own counter, carry
+    included, as one counter at a time does."""
+    low = _ring.LOW_MASK
+    counters = jnp.array([[0, low], [3, low - 1], [0, 0], [7, 5]], jnp.int32)
+    n = jnp.array([1, 5, (1 << 30) - 1, 0], jnp.int32)
+    got = jax.jit(_ring.counter_add)(counters, n)
+    want = jnp.stack([_ring.counter_add(c, k) for c, k in zip(counters, n)])
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert _ring.counter_value(got).tolist() == [(1 << 30), 3 * (1 << 30) + low + 4, (1 << 30) - 1, 7 * (1 << 30) + 5]
+    np.testing.assert_array_equal(np.asarray(_ring.counter_add(counters, 2)),
+                                  np.asarray(jnp.stack([_ring.counter_add(c, 2) for c in counters])))
+
+
 @pytest.mark.parametrize("capacity", [1, 3, 8])
 def test_last_item_number_matches_model(capacity):
     """The item last written to each slot, from the cursors alone, for every fill level."""
