@@ -74,7 +74,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxbuffers import _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
+from jaxbuffers import _background, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
 from jaxbuffers._validate import processes as _replicas
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
@@ -183,21 +183,6 @@ def _write(root: Path, snapshot: _Snapshot, progress: _Progress) -> None:
     progress.update(nbytes)
     (root / "buffer.json").write_text(json.dumps(snapshot.meta))
     _write_manifest(root, progress)
-
-
-def _in_background(fn, *args) -> concurrent.futures.Future:
-    """`fn(*args)` in a new thread; the future holds its result or exception. The thread is not a daemon: a save that
-    has started finishes before the interpreter exits."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
-
-    def run():
-        try:
-            future.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits
-            future.set_exception(e)
-
-    threading.Thread(target=run, name="jaxbuffers-save").start()
-    return future
 
 
 # --- reading one checkpoint folder ---
@@ -363,7 +348,9 @@ class PendingSave:
 
     The checkpoint holds the buffer as it was when `save` was called. Its folder is replaced only once the new
     checkpoint is complete (the same atomic rename as a blocking save); a later `save` to the same folder waits for
-    this one first.
+    this one first. At a normal interpreter exit every pending save is finished before the interpreter shuts its
+    thread pools down; one that fails there, and whose error no `wait()` raised, is printed on stderr and the
+    process exits with status 1 (`jaxbuffers._background`).
     """
 
     def __init__(self, path: Path, future: concurrent.futures.Future):
@@ -387,9 +374,13 @@ class PendingSave:
         """
         timeout = _validate.timeout("timeout", timeout)
         try:
-            return self._future.result(timeout)
+            out = self._future.result(timeout)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"save to {self.path}: not finished within {timeout} s") from None
+        except BaseException:
+            _background.taken(self._future)  # raised to the caller: not reported again at exit
+            raise
+        return out
 
 
 _PENDING: dict[Path, PendingSave] = {}
@@ -473,7 +464,7 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
 
     if blocking:
         return write()
-    pending = PendingSave(path, _in_background(write))
+    pending = PendingSave(path, _background.start(write, what=f"save to {path}"))
     with _PENDING_LOCK:
         _PENDING[path] = pending
     pending._future.add_done_callback(lambda _: _forget(path, pending))
