@@ -574,6 +574,27 @@ def not_narrowed(name: str, x: Any) -> Any:
     return x
 
 
+def exact_cast(name: str, x: np.ndarray, dtype: Any) -> np.ndarray:
+    """Numpy ``x`` converted to ``dtype`` when that keeps every value exactly (a widening, or values the narrower
+    type holds: 0..255 floats to uint8); NaN stays NaN. Raises ValueError naming ``name``, both dtypes and the values
+    held, when a value would change (out of range, a fraction, a rounded float)."""
+    dtype = np.dtype(dtype)
+    if x.dtype == dtype:
+        return x
+    with np.errstate(all="ignore"):
+        out = x.astype(dtype)
+        back = out.astype(x.dtype)
+    same = (back == x) | (np.isnan(back) & np.isnan(x) if x.dtype.kind in "fc" else False)
+    if not np.all(same):
+        bad = x[~same]
+        raise ValueError(
+            f"{name}: dtype {x.dtype} with values {bad.ravel()[:3].tolist()} (and {bad.size - min(bad.size, 3)} more) "
+            f"that {dtype} cannot hold exactly (values in [{np.nanmin(x)}, {np.nanmax(x)}]); convert them yourself or "
+            f"give a space of a dtype that holds them"
+        )
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def _raw_key_shape(impl: str) -> tuple[int, ...]:
     return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape)
