@@ -194,12 +194,15 @@ def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
     if isinstance(sharding, jax.Device):
         sharding = jax.sharding.SingleDeviceSharding(sharding)
     if sharding is None or isinstance(sharding, jax.sharding.Sharding):
-        return [sharding or default] * n
-    flat = jax.tree.leaves(sharding, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-    if not all(isinstance(x, jax.sharding.Sharding) for x in flat):  # a wrong kind of argument ("cpu", 0, ...)
-        raise TypeError(f"sharding: expected a Sharding, a Device or a tree of {n} Shardings like the buffer, got {sharding!r:.200}")
-    if len(flat) != n:
-        raise ValueError(f"sharding: expected a Sharding, a Device or a tree of {n} Shardings like the buffer, got {sharding!r:.200}")
+        flat = [sharding or default] * n
+    else:
+        flat = jax.tree.leaves(sharding, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+        if not all(isinstance(x, jax.sharding.Sharding) for x in flat):  # a wrong kind of argument ("cpu", 0, ...)
+            raise TypeError(f"sharding: expected a Sharding, a Device or a tree of {n} Shardings like the buffer, got {sharding!r:.200}")
+        if len(flat) != n:
+            raise ValueError(f"sharding: expected a Sharding, a Device or a tree of {n} Shardings like the buffer, got {sharding!r:.200}")
+    for (path, x), s in zip(jax.tree_util.tree_flatten_with_path(abstract)[0], flat):  # before any array is read
+        _validate.sharding_fits("sharding", _validate.leaf_name(path), np.shape(x), s)
     return flat
 
 
@@ -488,7 +491,9 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
         new one from `ShardedBuffer.create` on this run's mesh) takes a checkpoint of `S` stacked shards back onto
         its mesh.
       sharding: where the arrays go: a `jax.sharding.Sharding` or `jax.Device` for every array, or a tree of
-        shardings like the buffer. Default: the target's shardings, else the default device.
+        shardings like the buffer. Default: the target's shardings, else the default device. One sharding is
+        applied to every array as it is, scalars included: a sharding that splits an axis fits no scalar, so give
+        a tree of shardings for a buffer with arrays of several ranks (each is checked before anything is read).
       progress: a tqdm bar for loads over a second; None: only on a terminal.
 
     Returns:
@@ -498,7 +503,9 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
     Raises:
       TypeError: `directory` not a path, `target` not a jaxbuffers buffer, `progress` not a bool or None, `sharding`
         not a Sharding, a Device or a tree of Shardings.
-      ValueError: `sharding` a tree of another number of Shardings than the buffer's arrays.
+      ValueError: `sharding` a tree of another number of Shardings than the buffer's arrays, or a sharding that
+        cannot lay out its array (more axes in its spec than the array has, a dimension not divisible), naming the
+        array, its shape and the sharding.
       CheckpointError: missing or corrupt files (the message names the file), another format version, or a
         class, configuration, shape or dtype other than the target's, or episode meta defaults other than a concrete
         target's (naming the field).

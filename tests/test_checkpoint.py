@@ -794,3 +794,21 @@ def test_non_blocking_save_at_interpreter_exit_is_finished_and_a_failed_one_exit
     assert "OSError: no space left on device" in proc.stderr and "cannot schedule new futures" not in proc.stderr
     assert int(jb.restore(tmp_path / "kept").size()) == 9  # the save pending at exit, not the one before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # no temporary folder left
+
+
+def test_restore_refuses_a_sharding_that_cannot_hold_an_array_naming_it_before_reading(tmp_path, monkeypatch):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    buf = jb.ReplayBuffer.create({"x": jnp.zeros(3)}, capacity=8).add({"x": jnp.ones((2, 3))})
+    jb.save(tmp_path / "c", buf)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
+    reads = []
+    monkeypatch.setattr(ckpt, "_read_arrays", lambda *a, **k: reads.append(a))
+    with pytest.raises(ValueError, match=r"^sharding: NamedSharding\(.*\) cannot hold array \.head of shape \(\)"):
+        jb.restore(tmp_path / "c", sharding=NamedSharding(mesh, P("d")))
+    assert not reads  # refused before any array was read
+    monkeypatch.undo()
+    # A tree of shardings: the capacity axis split, the scalars replicated.
+    shardings = jax.tree.map(lambda x: NamedSharding(mesh, P("d") if np.size(x) > 1 else P()), buf)
+    out = jb.restore(tmp_path / "c", sharding=shardings)
+    assert out.storage["x"].sharding == NamedSharding(mesh, P("d")) and int(out.size()) == 2
