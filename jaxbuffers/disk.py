@@ -420,9 +420,23 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
         return jnp.any(jnp.stack([b.can_sample(batch_size, where=m) for b, m in zip(self.buffers, self._masks(where))]))
 
     def can_sample_sequences(self, batch_size: int, sequence_length: int, *, where=None) -> jax.Array:
-        """bool scalar: some buffer `can_sample_sequences` with its filter."""
-        return jnp.any(jnp.stack([
-            b.can_sample_sequences(batch_size, sequence_length, where=m) for b, m in zip(self.buffers, self._masks(where))]))
+        """bool scalar: some buffer whose `max_timesteps` is at least `sequence_length` `can_sample_sequences` with
+        its filter (a shorter buffer holds no such window).
+
+        Raises:
+          ValueError: `sequence_length` above every buffer's `max_timesteps` (`sample_sequences`).
+        """
+        masks, long = self._masks(where), self._long_enough(sequence_length)
+        return jnp.any(jnp.stack([self.buffers[i].can_sample_sequences(batch_size, sequence_length, where=masks[i]) for i in long]))
+
+    def _long_enough(self, sequence_length) -> tuple[int, ...]:
+        """The buffers whose episodes can hold a window of `sequence_length` steps (`max_timesteps` at least that)."""
+        length = _validate.static_int("sequence_length", sequence_length)
+        long = tuple(i for i, b in enumerate(self.buffers) if b.max_timesteps >= length)
+        if not long:
+            raise ValueError(f"sequence_length: expected at most the largest max_timesteps of the buffers, got {length} "
+                             f"(max_timesteps: {[b.max_timesteps for b in self.buffers]})")
+        return long
 
     def _check(self) -> None:
         for b in self.buffers:
@@ -438,14 +452,18 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
             out.append(jnp.sum(jnp.where(passing, per_episode(inner.lengths), 0)))
         return out
 
-    def _merged(self, key: jax.Array, batch_size: int, units: list[jax.Array], masks: tuple, sample, finish=None) -> ConcatenatedSample:
-        """Draw each row's buffer, sample `batch_size` rows of every buffer's inner buffer (`sample(b, key, mask)`,
-        compressed leaves still placeholders), decode each buffer's own rows only (then `finish`) and merge them."""
+    def _merged(self, key: jax.Array, batch_size: int, units: list[jax.Array], masks: tuple, sample, finish=None,
+                among: tuple[int, ...] | None = None) -> ConcatenatedSample:
+        """Draw each row's buffer among the buffers `among` (default: all), sample `batch_size` rows of each of those
+        buffers' inner buffer (`sample(b, key, mask)`, compressed leaves still placeholders), decode each buffer's own
+        rows only (then `finish`) and merge them."""
+        among = tuple(range(len(self.buffers))) if among is None else among
         keys = jax.random.split(key, len(self.buffers) + 1)
-        source = _draw(keys[0], units, batch_size)
+        local = _draw(keys[0], [units[i] for i in among], batch_size)
         finish = finish or (lambda s: s)
-        parts = [finish(b.decode(sample(b, k, m), rows=source == i)) for i, (b, k, m) in enumerate(zip(self.buffers, keys[1:], masks))]
-        return ConcatenatedSample(_pick(parts, source), source)
+        parts = [finish(self.buffers[i].decode(sample(self.buffers[i], keys[1 + i], masks[i]), rows=local == j))
+                 for j, i in enumerate(among)]
+        return ConcatenatedSample(_pick(parts, local), jnp.asarray(among, jnp.int32)[local])
 
     @_common.reads_of(lambda self: self.buffers)
     def sample_episodes(self, key: jax.Array, batch_size: int, *, where=None) -> ConcatenatedSample:
@@ -467,17 +485,22 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
 
     @_common.reads_of(lambda self: self.buffers)
     def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, where=None) -> ConcatenatedSample:
-        """`CompressedEpisodeBuffer.sample_sequences` over the union of the windows (class doc); `sequence_length` at
-        most every buffer's `max_timesteps`."""
+        """`CompressedEpisodeBuffer.sample_sequences` over the union of the windows (class doc). A buffer whose
+        `max_timesteps` is below `sequence_length` holds no window: its rows are never drawn.
+
+        Raises:
+          ValueError: `sequence_length` above every buffer's `max_timesteps` (naming each); the buffers' errors.
+        """
         self._check()
-        batch_size, length = _validate.static_int("batch_size", batch_size), _validate.static_int("sequence_length", sequence_length)
-        return self._sequences(_validate.key("key", key), batch_size, length, self._masks(where))
+        batch_size = _validate.static_int("batch_size", batch_size)
+        self._long_enough(sequence_length)
+        return self._sequences(_validate.key("key", key), batch_size, sequence_length, self._masks(where))
 
     @_compiled.method("batch_size", "sequence_length")
     def _sequences(self, key, batch_size: int, sequence_length: int, masks) -> ConcatenatedSample:
         units = self._units(masks, lambda n: jnp.maximum(n - sequence_length + 1, 0))
         sample = lambda b, k, m: b.buffer.sample_sequences(k, batch_size, sequence_length, where=m)  # noqa: E731
-        return self._merged(key, batch_size, units, masks, sample)
+        return self._merged(key, batch_size, units, masks, sample, among=self._long_enough(sequence_length))
 
     @_common.reads_of(lambda self: self.buffers)
     def sample_timesteps(self, key: jax.Array, batch_size: int, *, where=None) -> ConcatenatedSample:

@@ -526,3 +526,20 @@ def test_a_folder_written_before_delta_codec_reopens(tmp_path):
     new = disk.open(tmp_path / "new", "r")
     assert set(new.host.stores[0].stats()["codecs"]) == {"zstd", "rle"}
     assert _same(_sample(new), _sample(twin))
+
+
+def test_concatenated_episodes_sequences_longer_than_one_buffer_draw_from_the_others():
+    step = {"obs": jnp.zeros((4, 4), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+
+    def filled(max_timesteps, n, fill):
+        buf = jb.CompressedEpisodeBuffer.create(step, max_episodes=2, max_timesteps=max_timesteps, codec="none")
+        return buf.add_episode({"obs": jnp.full((n, 4, 4), fill, jnp.uint8), "action": jnp.zeros(n, jnp.int32),
+                                "reward": jnp.zeros(n)}, n, terminated=True, final_obs=jnp.zeros((4, 4), jnp.uint8))
+
+    both = disk.ConcatenatedEpisodes.create([filled(5, 5, 1), filled(8, 8, 2)])
+    assert bool(both.can_sample_sequences(4, 6)) and bool(both.can_sample_sequences(4, 3))
+    out = both.sample_sequences(jax.random.key(0), 16, 6)
+    assert (np.asarray(out.source) == 1).all() and (np.asarray(out.sample.item["obs"]) == 2).all()
+    for call in (lambda: both.can_sample_sequences(4, 9), lambda: both.sample_sequences(jax.random.key(0), 4, 9)):
+        with pytest.raises(ValueError, match=r"^sequence_length: .* got 9 \(max_timesteps: \[5, 8\]\)"):
+            call()
