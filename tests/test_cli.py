@@ -653,3 +653,15 @@ def test_python_dash_m_jaxbuffers_runs_the_command(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         runpy.run_module("jaxbuffers", run_name="__main__")
     assert exit_.value.code == 0 and "sheet" in capsys.readouterr().out
+
+
+def test_progress_bars_only_on_a_terminal_unless_asked(saved, capsys, monkeypatch):
+    from jaxbuffers.cli import _commands
+
+    bar = _commands.tqdm
+    monkeypatch.setattr(_commands, "tqdm", lambda *a, **k: bar(*a, **{**k, "delay": 0}))  # every bar at once
+    path = saved["CompressedTrajectoryBuffer"]
+    assert main(["inspect", str(path), "--json"]) == 0  # stderr is not a terminal here
+    assert "decode obs" not in capsys.readouterr().err
+    assert main(["--progress", "inspect", str(path), "--json"]) == 0
+    assert "decode obs" in capsys.readouterr().err
