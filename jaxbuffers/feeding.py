@@ -167,14 +167,18 @@ class BufferServer:
         buffer: its store's checks first (`_common.check_before_dispatch`: open, writable, the newest state), and
         when its write may refuse the batch as it runs (`_write_may_refuse`: frame stacks checked on the host) the
         add without donation, waited for, so that a refusal raises the buffer's own exception and `buf` stays
-        whole."""
+        whole. The result is remembered as its store's newest add (`_common.remember_add`), as an eager add is: the
+        next add is checked without waiting for this one to run."""
         host = getattr(buf, "host", None)
         if not isinstance(host, _common.HostStores) or isinstance(getattr(buf, "version", None), jax.core.Tracer):
             return self._add(buf, batch)
-        _common.check_before_dispatch(buf, True)
+        made = _common.check_before_dispatch(buf, True)
         if not getattr(buf, "_write_may_refuse", False):
-            return self._add(buf, batch)
-        return _common.run_eager([host], lambda: self._add_kept(buf, batch), wait=True)
+            out = self._add(buf, batch)
+        else:
+            out = _common.run_eager([host], lambda: self._add_kept(buf, batch), wait=True)
+        _common.remember_add(out, made)
+        return out
 
     def _check_batch(self, batch: Any) -> None:
         """The buffer's own checks of `batch`, traced (nothing runs), before the limiter counts anything. The jitted

@@ -207,3 +207,42 @@ def test_writer_add_that_times_out_keeps_the_accepted_items_and_one_deadline_bou
     threading.Timer(0.3, writer._lock.release).start()
     writer.append(_item(8), timeout=10.0)
     assert len(waits) == 1 and waits[0] <= 10.0 - 0.3
+
+
+@pytest.mark.parametrize("frame_stack", [None, 2])
+def test_server_adds_to_a_compressed_buffer_equal_direct_adds_and_a_moved_store_is_still_refused(frame_stack):
+    from jaxbuffers.compressed import StaleBufferError, _common
+
+    k = frame_stack or 1
+    obs = np.zeros((k, 4, 4) if frame_stack else (4, 4), np.uint8)
+    step = {"obs": obs, "action": np.int32(0), "reward": np.float32(0)}
+
+    def batch(t: int) -> dict:  # frame t of env 0, stacked over frames t-k+1..t (episode start repeated)
+        frames = [np.full((4, 4), max(t - i, 1), np.uint8) for i in reversed(range(k))]
+        return {"obs": (np.stack(frames) if frame_stack else frames[0])[None], "action": np.full(1, t, np.int32),
+                "reward": np.full(1, t, np.float32)}
+
+    add = lambda b, x: b.add(x, terminated=np.zeros(1, bool))  # noqa: E731
+    make = lambda: jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=16, frame_stack=frame_stack, codec="zstd:3")  # noqa: E731
+    server = jb.BufferServer(make(), add=add, sample=lambda b, key, n: b.sample_sequences(key, n, 2))
+    direct = make()
+    for t in range(1, 7):
+        server.add(batch(t))
+        direct = add(direct, batch(t))
+        # The held state is its store's newest add: the next one is checked without waiting for this one.
+        assert _common._newest_add[server._buffer.host][0] is server._buffer.version
+    for seed in range(3):
+        got = server.sample(jax.random.key(seed), 8)
+        want = direct.sample_sequences(jax.random.key(seed), 8, 2)
+        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert np.asarray(got.item["action"]).min() >= 1
+    # A state copied out of the server and added to (under jit: no eager check remembers it) moves the store: the
+    # server's state, still its newest eager add, is then refused, not forked.
+    jax.block_until_ready(jax.jit(add)(server.buffer(), batch(7)))
+    with pytest.raises(StaleBufferError, match="version 6 but its host store is at version 7"):
+        server.add(batch(7))
+    assert int(server.buffer().size()) == 6
+    server.sample(jax.random.key(0), 8)
+    direct.close()
+    server.buffer().close()
