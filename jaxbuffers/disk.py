@@ -42,7 +42,7 @@ from host_codecs.file_store import ReadOnlyError
 from jaxbuffers import _compiled, _disk_folder, _validate, checkpoint
 from jaxbuffers._disk_folder import FORMAT_VERSION, DiskStores, FolderLockedError
 from jaxbuffers.compressed import _common
-from jaxbuffers.compressed._host import HostStores, StaleBufferError
+from jaxbuffers.compressed._host import Closing, HostStores, StaleBufferError
 from jaxbuffers.compressed.episode import CompressedEpisodeBuffer
 from jaxbuffers.compressed.trajectory import CompressedTrajectoryBuffer
 from jaxbuffers.episode import EpisodeSample
@@ -173,15 +173,19 @@ def _reopen(d: Path, mode: str, buffer: Any, lock: Any) -> Any:
         host = DiskStores(d, like, mode, meta, lock)
     except ValueError as e:
         raise checkpoint.CheckpointError(str(e)) from None
-    sv, path = _disk_folder.slot_versions(d, meta)
     try:
-        host.set_slot_versions(sv, str(path))
-    except ValueError as e:
-        raise checkpoint.CheckpointError(str(e)) from None
-    host.version, host.num_writes, host.num_rows = (int(meta["host"][k]) for k in ("version", "num_writes", "num_rows"))
-    if int(restored.version) != host.version:
-        raise checkpoint.CheckpointError(
-            f"{d}: {state.name}/ holds version {int(restored.version)}, disk.json version {host.version} (a flush was interrupted)")
+        sv, path = _disk_folder.slot_versions(d, meta)
+        try:
+            host.set_slot_versions(sv, str(path))
+        except ValueError as e:
+            raise checkpoint.CheckpointError(str(e)) from None
+        host.version, host.num_writes, host.num_rows = (int(meta["host"][k]) for k in ("version", "num_writes", "num_rows"))
+        if int(restored.version) != host.version:
+            raise checkpoint.CheckpointError(
+                f"{d}: {state.name}/ holds version {int(restored.version)}, disk.json version {host.version} (a flush was interrupted)")
+    except BaseException:  # close the files opened (and release the lock, which `open` would release anyway)
+        host.close()
+        raise
     return restored.replace(host=host)
 
 
@@ -266,12 +270,23 @@ def _pick(parts: list, source: jax.Array) -> Any:
 _FIXED_SIZES = ("num_envs", "length", "final_obs_capacity")
 
 
-class Concatenated(struct.PyTreeNode):
+class _Several(Closing):
+    """`close` of `Concatenated` and `ConcatenatedEpisodes`."""
+
+    def close(self) -> None:
+        """Close every buffer (`close`: a folder's files and its lock); `with Concatenated.create(...) as both:` does
+        it when the block ends."""
+        for b in self.buffers:
+            b.close()
+
+
+class Concatenated(_Several, struct.PyTreeNode):
     """Several `CompressedTrajectoryBuffer`s of one configuration (sizes may differ) sampled as one buffer.
 
     A draw is uniform over the union of the buffers' valid windows: each row picks buffer `i` with probability
     `w_i / sum(w)` (`w_i`: its number of valid windows for the sampler asked) and then a window of it uniformly. Use
-    it eagerly or inside `jit`; folders opened with `mode="r"` are the usual inputs. Build it with `create`.
+    it eagerly or inside `jit`; folders opened with `mode="r"` are the usual inputs. Build it with `create`; `close()`
+    (or a `with` block) closes every buffer.
 
     Attributes:
       buffers: a tuple of `CompressedTrajectoryBuffer` (the uniform class, not the prioritised one) with the same
@@ -363,7 +378,7 @@ _EPISODE_SIZES = ("max_episodes", "max_timesteps", "circular")
 _GAMMA = {"gamma": (0.0, 1.0)}
 
 
-class ConcatenatedEpisodes(struct.PyTreeNode):
+class ConcatenatedEpisodes(_Several, struct.PyTreeNode):
     """Several `CompressedEpisodeBuffer`s of one configuration (sizes may differ) sampled as one buffer.
 
     Each sampler draws uniformly over the union of what the buffers' own sampler draws from, among the episodes that
@@ -371,7 +386,8 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
     (`sample_sequences`) or steps (`sample_timesteps`, `sample_transitions`). Row `b` picks buffer `i` with
     probability `u_i / sum(u)` (`u_i`: its units) and then a unit of it uniformly, so every unit of the union has
     probability `1 / sum(u)`; each row's frames are read from its own buffer only. Use it eagerly or inside `jit`;
-    folders opened with `mode="r"` are the usual inputs. Build it with `create`.
+    folders opened with `mode="r"` are the usual inputs. Build it with `create`; `close()` (or a `with` block) closes
+    every buffer.
 
     Filters (`where`): None (every stored episode), a function of one buffer's meta dict (leaves
     `[max_episodes_i, ...]`) returning a bool `[max_episodes_i]` mask, applied to each buffer, or a list or tuple

@@ -254,13 +254,12 @@ class Writer:
         """Queue one item (a pytree of arrays like the buffer's item, no batch axis); add a batch when full.
 
         `timeout` bounds the whole call: the wait for the writer's lock and the add's wait for the limiter share
-        one deadline.
+        one deadline. On any error the item is not queued, and the items queued before it stay pending.
 
         Raises:
           jaxbuffers.RateLimiterTimeout: the lock and the limiter not both obtained within `timeout` seconds.
           BufferClosed: the server was closed.
-          The errors of `BufferServer.add` for the batch this item completes.
-          On any error the item is not queued, and the items queued before it stay pending.
+          TypeError / ValueError: `BufferServer.add`'s, for the batch this item completes (its other errors likewise).
         """
         deadline = self._acquire("append", timeout)
         try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -454,6 +456,13 @@ def test_disk_backed_folder(tmp_path, capsys):
     assert code == 0, err
     got = [np.asarray(Image.open(p)) for p in sorted((tmp_path / "png").glob("*.png"))]
     np.testing.assert_array_equal(got, [tiled(x) for x in stacks()[0][: TRUNC_AT + 1, 1]])
+    if os.path.isdir("/proc/self/fd"):  # each command closes the folder it opened
+        gc.collect()
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            assert run(capsys, "inspect", tmp_path / "d", "--json")[0] == 0
+        gc.collect()
+        assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_serve_command(saved):

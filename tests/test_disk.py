@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ import pytest
 import jaxbuffers as jb
 from frame_stacks import stacked_chunk, stacked_episodes
 from host_codecs import CorruptEntryError
-from jaxbuffers import disk
+from jaxbuffers import _disk_folder, disk
 from rollout_layouts import before_empty_slot, unwritten_zeroed
 
 STEP = {"obs": jnp.zeros((4, 6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
@@ -543,3 +544,46 @@ def test_concatenated_episodes_sequences_longer_than_one_buffer_draw_from_the_ot
     for call in (lambda: both.can_sample_sequences(4, 9), lambda: both.sample_sequences(jax.random.key(0), 4, 9)):
         with pytest.raises(ValueError, match=r"^sequence_length: .* got 9 \(max_timesteps: \[5, 8\]\)"):
             call()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
+@pytest.mark.parametrize("codec", ["none", "zstd:3"])
+def test_episode_readers_close_what_they_open(tmp_path, codec):
+    """Readers of an episode folder, each sampled (which keeps it in JAX's compile caches) and closed by a `with`
+    block, a reader dropped unclosed before any host call, and opens that fail after the files were opened: the process
+    holds no more descriptors afterwards."""
+    make = lambda: jb.CompressedEpisodeBuffer.create(EP_STEP, codec=codec, frame_stack=4, max_episodes=4, max_timesteps=EP_T,  # noqa: E731
+                                                     meta={"task": jnp.int32(-1)})
+    path = tmp_path / "eps"
+    with disk.open(path, "w", make()) as buf:
+        disk.flush(_add_episodes(buf, _episodes(0, 3)))
+    with pytest.raises(RuntimeError, match="after close"):  # the block closed it
+        _add_episodes(buf, _episodes(1, 1))
+    sample = lambda b: b.sample_transitions(jax.random.key(0), 8, n_step=2, gamma=0.9)  # noqa: E731
+    with disk.open(path, "r") as ro:
+        expected = jax.tree.map(np.asarray, sample(ro))
+    gc.collect()
+    before = _open_fds()
+    for _ in range(3):
+        with disk.open(path, "r") as ro:
+            assert _same(sample(ro), expected)
+        with disk.ConcatenatedEpisodes.create([disk.open(path, "r"), disk.open(path, "r")]) as both:
+            jax.block_until_ready(both.sample_timesteps(jax.random.key(0), 8))
+        ro = disk.open(path, "r")
+        assert int(ro.num_episodes()) == 3  # device fields only: no host call keeps it alive
+        del ro
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    meta = json.loads((broken / "disk.json").read_text())
+    meta["host"]["version"] += 1  # the device state no longer matches: found once the stores are open
+    (broken / "disk.json").write_text(json.dumps(meta))
+    for mode in ("r", "r+") * 3:
+        with pytest.raises(jb.CheckpointError, match="a flush was interrupted"):
+            disk.open(broken, mode)
+    gc.collect()
+    assert _open_fds() == before
+    _disk_folder.FolderLock(broken).release()  # each failed "r+" released the folder's lock

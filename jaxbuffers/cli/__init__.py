@@ -111,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     from jaxbuffers.cli._view import BufferView, ViewError
 
     progress = False if args.no_progress else True if args.progress else None
+    loaded = None
     try:
         buffer, meta, root = load(args.path, progress=progress)
+        loaded = buffer
         stack = stack_shape(meta)
         if args.command == "inspect" and stack and args.member is None:
             s = stacked_summary(buffer, meta, root, progress=progress, decode=not args.no_decode)
@@ -168,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxbuffers {args.command}: error: PATH: {corrupt} (the folder's files were changed after its last "
               "jaxbuffers.disk.flush, by something other than jaxbuffers.disk: restore them from a copy)", file=sys.stderr)
         return 2
+    finally:  # a disk folder's files (a compressed buffer's host memory) are released when the command ends
+        if callable(getattr(loaded, "close", None)):
+            loaded.close()
     return 0
 
 
