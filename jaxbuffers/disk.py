@@ -204,6 +204,7 @@ def _create(d: Path, buffer: Any) -> Any:
         raise FileExistsError(f"directory: {d} exists, is not empty and is not a jaxbuffers disk folder; refusing to replace it")
     d.mkdir(parents=True, exist_ok=True)
     lock = _disk_folder.FolderLock(d)  # before anything of a folder another handle may be writing is deleted
+    out = None
     try:
         for p in d.iterdir():
             if p.name != _disk_folder.LOCK_NAME:
@@ -211,6 +212,8 @@ def _create(d: Path, buffer: Any) -> Any:
         out = buffer.replace(host=DiskStores(d, like, "w", lock=lock))
         flush(out)
     except BaseException:
+        if out is not None:  # the files it created stay; their descriptors close
+            out.host.close()
         lock.release()
         raise
     return out

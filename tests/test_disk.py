@@ -552,10 +552,10 @@ def _open_fds() -> int:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
 @pytest.mark.parametrize("codec", ["none", "zstd:3"])
-def test_episode_readers_close_what_they_open(tmp_path, codec):
+def test_episode_readers_close_what_they_open(tmp_path, codec, monkeypatch):
     """Readers of an episode folder, each sampled (which keeps it in JAX's compile caches) and closed by a `with`
-    block, a reader dropped unclosed before any host call, and opens that fail after the files were opened: the process
-    holds no more descriptors afterwards."""
+    block, a reader dropped unclosed before any host call, and opens that fail after the files were opened (a reader,
+    a writer, a new folder whose first flush fails): the process holds no more descriptors afterwards."""
     make = lambda: jb.CompressedEpisodeBuffer.create(EP_STEP, codec=codec, frame_stack=4, max_episodes=4, max_timesteps=EP_T,  # noqa: E731
                                                      meta={"task": jnp.int32(-1)})
     path = tmp_path / "eps"
@@ -584,6 +584,18 @@ def test_episode_readers_close_what_they_open(tmp_path, codec):
     for mode in ("r", "r+") * 3:
         with pytest.raises(jb.CheckpointError, match="a flush was interrupted"):
             disk.open(broken, mode)
+    def full_disk(*args):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(_disk_folder, "commit", full_disk)
+    raised = []  # kept, as a notebook keeps its last traceback: the frames that made the stores stay alive
+    for i in range(3):
+        with pytest.raises(OSError, match="no space left") as info:
+            disk.open(tmp_path / f"new{i}", "w", make())
+        raised.append(info)
+    monkeypatch.undo()
     gc.collect()
     assert _open_fds() == before
-    _disk_folder.FolderLock(broken).release()  # each failed "r+" released the folder's lock
+    _disk_folder.FolderLock(broken).release()  # each failed "r+" or "w" released the folder's lock
+    for i in range(3):
+        _disk_folder.FolderLock(tmp_path / f"new{i}").release()
