@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -124,6 +125,20 @@ class FileStore:
             self._index = np.stack([index[0] & 1, index[1], index[0] >> 1])
         self._committed = self._index[[0, 2]].copy()  # written and copy of each slot as the last committed index says
         self._fds, self._offsets, self._dirty = [-1, -1], [0, 0], [False, False]
+        # The descriptors close with `close`, when the store is collected, or when this constructor fails.
+        self._closer = weakref.finalize(self, _close_fds, self._fds)
+        try:
+            self._open_files(mode, shape)
+        except BaseException:
+            self._closer()
+            raise
+        self._lock = threading.RLock()
+        if mode == "w":
+            self.flush()
+
+    def _open_files(self, mode: str, shape: tuple[int, ...]) -> None:
+        """Open the two data files (created with `"w"`, or the copy file of a store of one file with `"r+"`), each
+        checked against its header, into `self._fds`."""
         for c, path in enumerate((self.data_path, self.copy_path)):
             if c == 1 and mode != "w" and not path.exists():  # a store of one file (or no entry in this one yet)
                 if self._index[2].any():
@@ -141,9 +156,6 @@ class FileStore:
             if path.stat().st_size < need:
                 raise ValueError(f"{path}: {path.stat().st_size} bytes, its header needs {need} (truncated)")
             self._fds[c] = os.open(path, os.O_RDONLY if mode == "r" else os.O_RDWR)
-        self._lock = threading.RLock()
-        if mode == "w":
-            self.flush()
 
     # --- the CompressedStore interface a host store uses ---
 
@@ -361,14 +373,20 @@ class FileStore:
             self.commit(token)
 
     def close(self) -> None:
-        """Close the data files (unflushed index rows are dropped: `flush` first to keep them). Later calls raise."""
-        for c, fd in enumerate(self._fds):
-            if fd >= 0:
-                os.close(fd)
-                self._fds[c] = -1
+        """Close the data files (unflushed index rows are dropped: `flush` first to keep them). Later calls raise.
+        A store that is garbage collected unclosed closes them then."""
+        self._closer()
 
     def __repr__(self) -> str:
         return f"FileStore({str(self.path)!r}, num_slots={self.num_slots}, item_shape={self.item_shape}, dtype={self.dtype}, mode={self.mode!r})"
+
+
+def _close_fds(fds: list[int]) -> None:
+    """Close the descriptors of `fds` that are open (>= 0) and mark them closed (-1)."""
+    for c, fd in enumerate(fds):
+        if fd >= 0:
+            fds[c] = -1
+            os.close(fd)
 
 
 def _runs(sorted_slots: np.ndarray) -> list[tuple[int, int]]:

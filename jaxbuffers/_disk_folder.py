@@ -150,7 +150,14 @@ class DiskStores(HostStores):
         self.meta = meta or {}  # the disk.json of the generation this object last read or committed
         self.generation = int(self.meta.get("generation", 0))
         saved = self.meta.get("stores") or [{} for _ in like.stores]
-        self.stores = [self._store(i, s, shp, dt, n, m) for i, (s, shp, dt, n, m) in enumerate(zip(like.stores, shapes, dtypes, like.names, saved))]
+        self.stores = []
+        try:
+            for i, (s, shp, dt, n, m) in enumerate(zip(like.stores, shapes, dtypes, like.names, saved)):
+                self.stores.append(self._store(i, s, shp, dt, n, m))
+        except BaseException:  # the stores opened before the one that failed close their files now
+            for s in self.stores:
+                s.close()
+            raise
 
     def _store(self, i: int, like, shape, dtype, name: str, saved: dict):
         if self.codec == "none":

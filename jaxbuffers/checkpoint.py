@@ -74,7 +74,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxbuffers import _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
+from jaxbuffers import _background, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
 from jaxbuffers._validate import processes as _replicas
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
@@ -185,21 +185,6 @@ def _write(root: Path, snapshot: _Snapshot, progress: _Progress) -> None:
     _write_manifest(root, progress)
 
 
-def _in_background(fn, *args) -> concurrent.futures.Future:
-    """`fn(*args)` in a new thread; the future holds its result or exception. The thread is not a daemon: a save that
-    has started finishes before the interpreter exits."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
-
-    def run():
-        try:
-            future.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits
-            future.set_exception(e)
-
-    threading.Thread(target=run, name="jaxbuffers-save").start()
-    return future
-
-
 # --- reading one checkpoint folder ---
 
 def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
@@ -209,12 +194,15 @@ def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
     if isinstance(sharding, jax.Device):
         sharding = jax.sharding.SingleDeviceSharding(sharding)
     if sharding is None or isinstance(sharding, jax.sharding.Sharding):
-        return [sharding or default] * n
-    flat = jax.tree.leaves(sharding, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-    if not all(isinstance(x, jax.sharding.Sharding) for x in flat):  # a wrong kind of argument ("cpu", 0, ...)
-        raise TypeError(f"sharding: expected a Sharding, a Device or a tree of {n} Shardings like the buffer, got {sharding!r:.200}")
-    if len(flat) != n:
-        raise ValueError(f"sharding: expected a Sharding, a Device or a tree of {n} Shardings like the buffer, got {sharding!r:.200}")
+        flat = [sharding or default] * n
+    else:
+        flat = jax.tree.leaves(sharding, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+        if not all(isinstance(x, jax.sharding.Sharding) for x in flat):  # a wrong kind of argument ("cpu", 0, ...)
+            raise TypeError(f"sharding: expected a Sharding, a Device or a tree of {n} Shardings like the buffer, got {sharding!r:.200}")
+        if len(flat) != n:
+            raise ValueError(f"sharding: expected a Sharding, a Device or a tree of {n} Shardings like the buffer, got {sharding!r:.200}")
+    for (path, x), s in zip(jax.tree_util.tree_flatten_with_path(abstract)[0], flat):  # before any array is read
+        _validate.sharding_fits("sharding", _validate.leaf_name(path), np.shape(x), s)
     return flat
 
 
@@ -364,7 +352,9 @@ class PendingSave:
 
     The checkpoint holds the buffer as it was when `save` was called. Its folder is replaced only once the new
     checkpoint is complete (the same atomic rename as a blocking save); a later `save` to the same folder waits for
-    this one first.
+    this one first. At a normal interpreter exit every pending save is finished before the interpreter shuts its
+    thread pools down; one that fails there, and whose error no `wait()` raised, is printed on stderr and the
+    process exits with status 1 (`jaxbuffers._background`).
     """
 
     def __init__(self, path: Path, future: concurrent.futures.Future):
@@ -388,9 +378,13 @@ class PendingSave:
         """
         timeout = _validate.timeout("timeout", timeout)
         try:
-            return self._future.result(timeout)
+            out = self._future.result(timeout)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"save to {self.path}: not finished within {timeout} s") from None
+        except BaseException:
+            _background.taken(self._future)  # raised to the caller: not reported again at exit
+            raise
+        return out
 
 
 _PENDING: dict[Path, PendingSave] = {}
@@ -474,7 +468,7 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
 
     if blocking:
         return write()
-    pending = PendingSave(path, _in_background(write))
+    pending = PendingSave(path, _background.start(write, what=f"save to {path}"))
     with _PENDING_LOCK:
         _PENDING[path] = pending
     pending._future.add_done_callback(lambda _: _forget(path, pending))
@@ -498,7 +492,9 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
         new one from `ShardedBuffer.create` on this run's mesh) takes a checkpoint of `S` stacked shards back onto
         its mesh.
       sharding: where the arrays go: a `jax.sharding.Sharding` or `jax.Device` for every array, or a tree of
-        shardings like the buffer. Default: the target's shardings, else the default device.
+        shardings like the buffer. Default: the target's shardings, else the default device. One sharding is
+        applied to every array as it is, scalars included: a sharding that splits an axis fits no scalar, so give
+        a tree of shardings for a buffer with arrays of several ranks (each is checked before anything is read).
       progress: a tqdm bar for loads over a second; None: only on a terminal.
 
     Returns:
@@ -508,7 +504,9 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
     Raises:
       TypeError: `directory` not a path, `target` not a jaxbuffers buffer, `progress` not a bool or None, `sharding`
         not a Sharding, a Device or a tree of Shardings.
-      ValueError: `sharding` a tree of another number of Shardings than the buffer's arrays.
+      ValueError: `sharding` a tree of another number of Shardings than the buffer's arrays, or a sharding that
+        cannot lay out its array (more axes in its spec than the array has, a dimension not divisible), naming the
+        array, its shape and the sharding.
       CheckpointError: missing or corrupt files (the message names the file), another format version, or a
         class, configuration, shape or dtype other than the target's, or episode meta defaults other than a concrete
         target's (naming the field).

@@ -19,7 +19,8 @@ bits; with `jax_enable_x64` on they are stored as they are. With it off JAX hold
 refuses a 64-bit field with a `TypeError` naming it, unless `cast_64bit=True` asks for the conversion: float64 to
 float32 (rounded to nearest), int64 / uint64 to int32 / uint32, with a `ValueError` naming the field for an integer
 that the 32-bit type cannot hold. `to_minari`
-writes observations and actions in the dtypes of the spaces given, rewards in float64 and 32-bit infos in 64 bits
+writes observations and actions in the dtypes of the spaces given (converted only where every value is kept exactly,
+else a `ValueError` naming the field), rewards in float64 and 32-bit infos in 64 bits
 (the dtype of the Python numbers an env puts in its infos). The round trip
 `to_minari(from_minari(d))` is exact for data that float32 holds exactly (float32 observations, integer actions,
 rewards such as CartPole's).
@@ -186,9 +187,10 @@ def _widen(x: np.ndarray) -> np.ndarray:
     return x.astype(wide[x.dtype]) if x.dtype in wide else x
 
 
-def _space_dtype(space, x: np.ndarray) -> np.ndarray:
+def _space_dtype(name: str, space, x: np.ndarray) -> np.ndarray:
+    """`x` in `space`'s dtype, every value kept exactly (`_validate.exact_cast`: else a ValueError naming `name`)."""
     dtype = getattr(space, "dtype", None)
-    return x if dtype is None else x.astype(dtype)
+    return x if dtype is None else _validate.exact_cast(name, x, dtype)
 
 
 def to_minari(buffer: EpisodeBuffer, dataset_id: str, *, observation_space, action_space, env: Any = None, **metadata) -> Any:
@@ -213,7 +215,9 @@ def to_minari(buffer: EpisodeBuffer, dataset_id: str, *, observation_space, acti
     Raises:
       TypeError: `buffer` not an `EpisodeBuffer`, `dataset_id` not a str, a space not a Gymnasium space,
         `jpeg_encoding` not a bool (checked before anything is written).
-      ValueError: an empty buffer; Minari's errors for the id or the spaces.
+      ValueError: an empty buffer; observations or actions whose values the space's dtype cannot hold exactly
+        (out of its range, fractions for an integer dtype, floats it would round), naming the field and episode:
+        nothing is cast silently (checked before anything is written); Minari's errors for the id or the spaces.
     """
     import minari
     from minari.data_collector import EpisodeBuffer as MinariEpisode
@@ -236,10 +240,11 @@ def to_minari(buffer: EpisodeBuffer, dataset_id: str, *, observation_space, acti
         n = int(everything.lengths[i])
         item = jax.tree.map(lambda x: x[i][:n], everything.item)
         obs = jax.tree.map(lambda x, f: np.concatenate([x, f[i][None]]), item[buffer.obs_key], everything.final_obs)
+        where = f"episode {i}: "
         if isinstance(obs, Mapping):
-            obs = {k: _space_dtype(observation_space[k], v) for k, v in obs.items()}
+            obs = {k: _space_dtype(f"{where}{buffer.obs_key}[{k!r}]", observation_space[k], v) for k, v in obs.items()}
         else:
-            obs = _space_dtype(observation_space, obs)
+            obs = _space_dtype(f"{where}{buffer.obs_key}", observation_space, obs)
         term = bool(everything.terminated[i])
         terminations = np.zeros(n, bool)
         truncations = np.zeros(n, bool)
@@ -255,7 +260,7 @@ def to_minari(buffer: EpisodeBuffer, dataset_id: str, *, observation_space, acti
                     node = node.setdefault(k, {})
                 node[keys[-1]] = _widen(np.concatenate([value, np.asarray(last)[None]]))
         out.append(MinariEpisode(
-            id=i, observations=obs, actions=_space_dtype(action_space, item[buffer.action_key]),
+            id=i, observations=obs, actions=_space_dtype(f"{where}{buffer.action_key}", action_space, item[buffer.action_key]),
             rewards=item[buffer.reward_key].astype(np.float64), terminations=terminations, truncations=truncations,
             infos=infos,
         ))

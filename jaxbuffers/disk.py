@@ -42,7 +42,7 @@ from host_codecs.file_store import ReadOnlyError
 from jaxbuffers import _compiled, _disk_folder, _validate, checkpoint
 from jaxbuffers._disk_folder import FORMAT_VERSION, DiskStores, FolderLockedError
 from jaxbuffers.compressed import _common
-from jaxbuffers.compressed._host import HostStores, StaleBufferError
+from jaxbuffers.compressed._host import Closing, HostStores, StaleBufferError
 from jaxbuffers.compressed.episode import CompressedEpisodeBuffer
 from jaxbuffers.compressed.trajectory import CompressedTrajectoryBuffer
 from jaxbuffers.episode import EpisodeSample
@@ -173,15 +173,19 @@ def _reopen(d: Path, mode: str, buffer: Any, lock: Any) -> Any:
         host = DiskStores(d, like, mode, meta, lock)
     except ValueError as e:
         raise checkpoint.CheckpointError(str(e)) from None
-    sv, path = _disk_folder.slot_versions(d, meta)
     try:
-        host.set_slot_versions(sv, str(path))
-    except ValueError as e:
-        raise checkpoint.CheckpointError(str(e)) from None
-    host.version, host.num_writes, host.num_rows = (int(meta["host"][k]) for k in ("version", "num_writes", "num_rows"))
-    if int(restored.version) != host.version:
-        raise checkpoint.CheckpointError(
-            f"{d}: {state.name}/ holds version {int(restored.version)}, disk.json version {host.version} (a flush was interrupted)")
+        sv, path = _disk_folder.slot_versions(d, meta)
+        try:
+            host.set_slot_versions(sv, str(path))
+        except ValueError as e:
+            raise checkpoint.CheckpointError(str(e)) from None
+        host.version, host.num_writes, host.num_rows = (int(meta["host"][k]) for k in ("version", "num_writes", "num_rows"))
+        if int(restored.version) != host.version:
+            raise checkpoint.CheckpointError(
+                f"{d}: {state.name}/ holds version {int(restored.version)}, disk.json version {host.version} (a flush was interrupted)")
+    except BaseException:  # close the files opened (and release the lock, which `open` would release anyway)
+        host.close()
+        raise
     return restored.replace(host=host)
 
 
@@ -200,6 +204,7 @@ def _create(d: Path, buffer: Any) -> Any:
         raise FileExistsError(f"directory: {d} exists, is not empty and is not a jaxbuffers disk folder; refusing to replace it")
     d.mkdir(parents=True, exist_ok=True)
     lock = _disk_folder.FolderLock(d)  # before anything of a folder another handle may be writing is deleted
+    out = None
     try:
         for p in d.iterdir():
             if p.name != _disk_folder.LOCK_NAME:
@@ -207,6 +212,8 @@ def _create(d: Path, buffer: Any) -> Any:
         out = buffer.replace(host=DiskStores(d, like, "w", lock=lock))
         flush(out)
     except BaseException:
+        if out is not None:  # the files it created stay; their descriptors close
+            out.host.close()
         lock.release()
         raise
     return out
@@ -266,12 +273,23 @@ def _pick(parts: list, source: jax.Array) -> Any:
 _FIXED_SIZES = ("num_envs", "length", "final_obs_capacity")
 
 
-class Concatenated(struct.PyTreeNode):
+class _Several(Closing):
+    """`close` of `Concatenated` and `ConcatenatedEpisodes`."""
+
+    def close(self) -> None:
+        """Close every buffer (`close`: a folder's files and its lock); `with Concatenated.create(...) as both:` does
+        it when the block ends."""
+        for b in self.buffers:
+            b.close()
+
+
+class Concatenated(_Several, struct.PyTreeNode):
     """Several `CompressedTrajectoryBuffer`s of one configuration (sizes may differ) sampled as one buffer.
 
     A draw is uniform over the union of the buffers' valid windows: each row picks buffer `i` with probability
     `w_i / sum(w)` (`w_i`: its number of valid windows for the sampler asked) and then a window of it uniformly. Use
-    it eagerly or inside `jit`; folders opened with `mode="r"` are the usual inputs. Build it with `create`.
+    it eagerly or inside `jit`; folders opened with `mode="r"` are the usual inputs. Build it with `create`; `close()`
+    (or a `with` block) closes every buffer.
 
     Attributes:
       buffers: a tuple of `CompressedTrajectoryBuffer` (the uniform class, not the prioritised one) with the same
@@ -363,7 +381,7 @@ _EPISODE_SIZES = ("max_episodes", "max_timesteps", "circular")
 _GAMMA = {"gamma": (0.0, 1.0)}
 
 
-class ConcatenatedEpisodes(struct.PyTreeNode):
+class ConcatenatedEpisodes(_Several, struct.PyTreeNode):
     """Several `CompressedEpisodeBuffer`s of one configuration (sizes may differ) sampled as one buffer.
 
     Each sampler draws uniformly over the union of what the buffers' own sampler draws from, among the episodes that
@@ -371,7 +389,8 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
     (`sample_sequences`) or steps (`sample_timesteps`, `sample_transitions`). Row `b` picks buffer `i` with
     probability `u_i / sum(u)` (`u_i`: its units) and then a unit of it uniformly, so every unit of the union has
     probability `1 / sum(u)`; each row's frames are read from its own buffer only. Use it eagerly or inside `jit`;
-    folders opened with `mode="r"` are the usual inputs. Build it with `create`.
+    folders opened with `mode="r"` are the usual inputs. Build it with `create`; `close()` (or a `with` block) closes
+    every buffer.
 
     Filters (`where`): None (every stored episode), a function of one buffer's meta dict (leaves
     `[max_episodes_i, ...]`) returning a bool `[max_episodes_i]` mask, applied to each buffer, or a list or tuple
@@ -420,9 +439,23 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
         return jnp.any(jnp.stack([b.can_sample(batch_size, where=m) for b, m in zip(self.buffers, self._masks(where))]))
 
     def can_sample_sequences(self, batch_size: int, sequence_length: int, *, where=None) -> jax.Array:
-        """bool scalar: some buffer `can_sample_sequences` with its filter."""
-        return jnp.any(jnp.stack([
-            b.can_sample_sequences(batch_size, sequence_length, where=m) for b, m in zip(self.buffers, self._masks(where))]))
+        """bool scalar: some buffer whose `max_timesteps` is at least `sequence_length` `can_sample_sequences` with
+        its filter (a shorter buffer holds no such window).
+
+        Raises:
+          ValueError: `sequence_length` above every buffer's `max_timesteps` (`sample_sequences`).
+        """
+        masks, long = self._masks(where), self._long_enough(sequence_length)
+        return jnp.any(jnp.stack([self.buffers[i].can_sample_sequences(batch_size, sequence_length, where=masks[i]) for i in long]))
+
+    def _long_enough(self, sequence_length) -> tuple[int, ...]:
+        """The buffers whose episodes can hold a window of `sequence_length` steps (`max_timesteps` at least that)."""
+        length = _validate.static_int("sequence_length", sequence_length)
+        long = tuple(i for i, b in enumerate(self.buffers) if b.max_timesteps >= length)
+        if not long:
+            raise ValueError(f"sequence_length: expected at most the largest max_timesteps of the buffers, got {length} "
+                             f"(max_timesteps: {[b.max_timesteps for b in self.buffers]})")
+        return long
 
     def _check(self) -> None:
         for b in self.buffers:
@@ -438,14 +471,18 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
             out.append(jnp.sum(jnp.where(passing, per_episode(inner.lengths), 0)))
         return out
 
-    def _merged(self, key: jax.Array, batch_size: int, units: list[jax.Array], masks: tuple, sample, finish=None) -> ConcatenatedSample:
-        """Draw each row's buffer, sample `batch_size` rows of every buffer's inner buffer (`sample(b, key, mask)`,
-        compressed leaves still placeholders), decode each buffer's own rows only (then `finish`) and merge them."""
+    def _merged(self, key: jax.Array, batch_size: int, units: list[jax.Array], masks: tuple, sample, finish=None,
+                among: tuple[int, ...] | None = None) -> ConcatenatedSample:
+        """Draw each row's buffer among the buffers `among` (default: all), sample `batch_size` rows of each of those
+        buffers' inner buffer (`sample(b, key, mask)`, compressed leaves still placeholders), decode each buffer's own
+        rows only (then `finish`) and merge them."""
+        among = tuple(range(len(self.buffers))) if among is None else among
         keys = jax.random.split(key, len(self.buffers) + 1)
-        source = _draw(keys[0], units, batch_size)
+        local = _draw(keys[0], [units[i] for i in among], batch_size)
         finish = finish or (lambda s: s)
-        parts = [finish(b.decode(sample(b, k, m), rows=source == i)) for i, (b, k, m) in enumerate(zip(self.buffers, keys[1:], masks))]
-        return ConcatenatedSample(_pick(parts, source), source)
+        parts = [finish(self.buffers[i].decode(sample(self.buffers[i], keys[1 + i], masks[i]), rows=local == j))
+                 for j, i in enumerate(among)]
+        return ConcatenatedSample(_pick(parts, local), jnp.asarray(among, jnp.int32)[local])
 
     @_common.reads_of(lambda self: self.buffers)
     def sample_episodes(self, key: jax.Array, batch_size: int, *, where=None) -> ConcatenatedSample:
@@ -467,17 +504,22 @@ class ConcatenatedEpisodes(struct.PyTreeNode):
 
     @_common.reads_of(lambda self: self.buffers)
     def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, where=None) -> ConcatenatedSample:
-        """`CompressedEpisodeBuffer.sample_sequences` over the union of the windows (class doc); `sequence_length` at
-        most every buffer's `max_timesteps`."""
+        """`CompressedEpisodeBuffer.sample_sequences` over the union of the windows (class doc). A buffer whose
+        `max_timesteps` is below `sequence_length` holds no window: its rows are never drawn.
+
+        Raises:
+          ValueError: `sequence_length` above every buffer's `max_timesteps` (naming each); the buffers' errors.
+        """
         self._check()
-        batch_size, length = _validate.static_int("batch_size", batch_size), _validate.static_int("sequence_length", sequence_length)
-        return self._sequences(_validate.key("key", key), batch_size, length, self._masks(where))
+        batch_size = _validate.static_int("batch_size", batch_size)
+        self._long_enough(sequence_length)
+        return self._sequences(_validate.key("key", key), batch_size, sequence_length, self._masks(where))
 
     @_compiled.method("batch_size", "sequence_length")
     def _sequences(self, key, batch_size: int, sequence_length: int, masks) -> ConcatenatedSample:
         units = self._units(masks, lambda n: jnp.maximum(n - sequence_length + 1, 0))
         sample = lambda b, k, m: b.buffer.sample_sequences(k, batch_size, sequence_length, where=m)  # noqa: E731
-        return self._merged(key, batch_size, units, masks, sample)
+        return self._merged(key, batch_size, units, masks, sample, among=self._long_enough(sequence_length))
 
     @_common.reads_of(lambda self: self.buffers)
     def sample_timesteps(self, key: jax.Array, batch_size: int, *, where=None) -> ConcatenatedSample:

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ import jax
 import numpy as np
 
 from jaxbuffers import _compiled, _validate
+from jaxbuffers.compressed import _common
 from jaxbuffers.ratelimit import BlockingRateLimiter, RateLimiterClosed, RateLimiterTimeout
 
 __all__ = ["BufferServer", "Writer", "BufferClosed", "ray_server"]
@@ -88,6 +90,7 @@ class BufferServer:
         self._buffer = buffer
         self._add_fn = add or type(buffer).add
         self._add = jax.jit(self._add_fn, donate_argnums=0)
+        self._add_kept = jax.jit(self._add_fn)  # buffers whose store may refuse a batch when the add runs (`_added`)
         self._sample = jax.jit(sample or type(buffer).sample, static_argnums=2)
         self._limiter = rate_limiter
         self._key = jax.random.key(seed)
@@ -117,7 +120,7 @@ class BufferServer:
     def _admit(self, what: str, n: int, timeout: float | None) -> None:
         self._check_open(what)
         if self._limiter is not None:
-            wait = self._limiter.await_insert if what == "add" else self._limiter.await_sample
+            wait = self._limiter.reserve_insert if what == "add" else self._limiter.await_sample
             try:
                 wait(n, timeout, name="batch_size" if what == "sample" else "batch")
             except RateLimiterClosed as e:
@@ -126,7 +129,9 @@ class BufferServer:
     def add(self, batch: Any, timeout: float | None = None) -> None:
         """Add `batch` (leaves with a leading axis `B`, numpy or JAX arrays, exactly the buffer's dtypes).
 
-        Waits for the rate limiter's room for `B` inserts first (at most `timeout` seconds).
+        Waits for the rate limiter's room for `B` inserts first (at most `timeout` seconds); the limiter counts
+        the inserts once the batch is stored (`BlockingRateLimiter.reserve_insert`, then `commit_insert`, or
+        `cancel_insert` when the add raised), so a sample is never admitted on items that were not stored.
 
         Raises:
           BufferClosed: the server was closed before or while waiting.
@@ -134,15 +139,46 @@ class BufferServer:
           TypeError / ValueError: the buffer's `add` refused the batch (nothing is added and the limiter counts
             nothing: the batch is checked before the limiter is asked). A numpy leaf that JAX would narrow (float64
             or int64 with `jax_enable_x64` off) is refused as the buffer's own eager `add` refuses it, never cast.
+            A batch the buffer's host store refuses when the add runs (a compressed buffer's frame stack that is
+            not the one it rebuilds) raises the error the buffer's eager `add` raises (naming leaf, env and step);
+            nothing is added, the limiter counts nothing and the server keeps its buffer.
+          jaxbuffers.disk.ReadOnlyError, jaxbuffers.compressed.StaleBufferError, RuntimeError: a disk folder opened
+            with `mode="r"`, a compressed buffer whose store has moved past the held state, or a closed store:
+            refused before the add runs, the server unchanged.
         """
         n = _leading(batch)
         self._check_open("add")
         _validate.array_leaves("batch", batch)  # what jit cannot even take as an argument
         self._check_batch(batch)
         self._admit("add", n, timeout)
-        with self._lock:
-            self._check_open("add")
-            self._buffer = self._add(self._buffer, batch)
+        try:
+            with self._lock:
+                self._check_open("add")
+                self._buffer = self._added(self._buffer, batch)
+        except BaseException:
+            if self._limiter is not None:
+                self._limiter.cancel_insert(n)
+            raise
+        if self._limiter is not None:
+            self._limiter.commit_insert(n)
+
+    def _added(self, buf: Any, batch: Any) -> Any:
+        """`buf` with `batch` added. A buffer without a host store: the donated add. A compressed or disk-backed
+        buffer: its store's checks first (`_common.check_before_dispatch`: open, writable, the newest state), and
+        when its write may refuse the batch as it runs (`_write_may_refuse`: frame stacks checked on the host) the
+        add without donation, waited for, so that a refusal raises the buffer's own exception and `buf` stays
+        whole. The result is remembered as its store's newest add (`_common.remember_add`), as an eager add is: the
+        next add is checked without waiting for this one to run."""
+        host = getattr(buf, "host", None)
+        if not isinstance(host, _common.HostStores) or isinstance(getattr(buf, "version", None), jax.core.Tracer):
+            return self._add(buf, batch)
+        made = _common.check_before_dispatch(buf, True)
+        if not getattr(buf, "_write_may_refuse", False):
+            out = self._add(buf, batch)
+        else:
+            out = _common.run_eager([host], lambda: self._add_kept(buf, batch), wait=True)
+        _common.remember_add(out, made)
+        return out
 
     def _check_batch(self, batch: Any) -> None:
         """The buffer's own checks of `batch`, traced (nothing runs), before the limiter counts anything. The jitted
@@ -194,7 +230,8 @@ class Writer:
 
     Appends are serialised: the append that completes a batch stacks it on the host and adds it while the others
     wait (back-pressure: with a rate limiter, actors slow down to the learner's pace). Items still pending at
-    `close` are dropped.
+    `close` are dropped. An append or flush that raises keeps every item accepted before it pending (a later
+    append or `flush` adds them); the item of an append that raised was not accepted.
     """
 
     def __init__(self, server: BufferServer, flush_size: int):
@@ -216,12 +253,15 @@ class Writer:
     def append(self, item: Any, timeout: float | None = None) -> None:
         """Queue one item (a pytree of arrays like the buffer's item, no batch axis); add a batch when full.
 
+        `timeout` bounds the whole call: the wait for the writer's lock and the add's wait for the limiter share
+        one deadline. On any error the item is not queued, and the items queued before it stay pending.
+
         Raises:
-          jaxbuffers.RateLimiterTimeout: the lock or the limiter not obtained within `timeout` seconds.
+          jaxbuffers.RateLimiterTimeout: the lock and the limiter not both obtained within `timeout` seconds.
           BufferClosed: the server was closed.
+          TypeError / ValueError: `BufferServer.add`'s, for the batch this item completes (its other errors likewise).
         """
-        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
-            raise RateLimiterTimeout(f"append: another actor's add held the writer for more than timeout={timeout} s")
+        deadline = self._acquire("append", timeout)
         try:
             if self.server.closed:
                 raise BufferClosed("append: the buffer server was closed")
@@ -231,9 +271,22 @@ class Writer:
                 self._spec = self._checked_first(item)
             self._pending.append(item)
             if len(self._pending) >= self.flush_size:
-                self._flush(timeout)
+                try:
+                    self._flush(deadline)
+                except BaseException:
+                    self._pending.pop()
+                    raise
         finally:
             self._lock.release()
+
+    def _acquire(self, what: str, timeout: float | None) -> float | None:
+        """Take the writer's lock within `timeout` seconds; returns the call's deadline (`time.monotonic()`)."""
+        if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout >= 0):
+            raise ValueError(f"timeout: expected None or a number of seconds >= 0, got {timeout!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise RateLimiterTimeout(f"{what}: another actor's add held the writer for more than timeout={timeout} s")
+        return deadline
 
     def _checked_first(self, item: Any) -> Any:
         """The spec of the first item of a batch, once the buffer's `add` took it (traced, nothing runs) as a row of
@@ -251,14 +304,20 @@ class Writer:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), item)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Add the pending items now (fewer than `flush_size`; nothing when none are pending)."""
-        with self._lock:
+        """Add the pending items now (fewer than `flush_size`; nothing when none are pending); `timeout` as
+        `append`'s. On an error they stay pending."""
+        deadline = self._acquire("flush", timeout)
+        try:
             if self._pending:
-                self._flush(timeout)
+                self._flush(deadline)
+        finally:
+            self._lock.release()
 
-    def _flush(self, timeout: float | None) -> None:
-        items, self._pending = self._pending, []
-        self.server.add(jax.tree.map(lambda *xs: np.stack(xs), *items), timeout)
+    def _flush(self, deadline: float | None) -> None:
+        """Add the pending items in one batch; they are removed from the queue only once the add returned."""
+        batch = jax.tree.map(lambda *xs: np.stack(xs), *self._pending)
+        self.server.add(batch, None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self._pending = []
 
 
 def ray_server(buffer: Any, *, rate_limit: dict | None = None, max_concurrency: int = 16, **kwargs) -> Any:

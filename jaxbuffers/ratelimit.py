@@ -258,6 +258,12 @@ class BlockingRateLimiter:
     counts are Python ints: exact and unbounded. Admission and recording are one step under the lock, so two callers
     can never both use the same room in the band.
 
+    Two-phase inserts: `reserve_insert` waits for room and holds it (later inserts see it used; samples do not yet
+    see the items), then `commit_insert` records the insert or `cancel_insert` gives the room back, as if the
+    request never came. A caller whose insert may still fail after admission (a buffer that refuses a batch when
+    it runs) reserves, and commits only once the items are stored: a sample is never admitted on items that were
+    not stored.
+
     Example:
       ```python
       lim = jb.BlockingRateLimiter(samples_per_insert=4.0, min_size=1_000, error_buffer=512.0)
@@ -272,6 +278,7 @@ class BlockingRateLimiter:
         self.band = _Band.create(samples_per_insert, min_size, error_buffer)
         self._cond = threading.Condition()
         self._inserted = 0
+        self._reserved = 0  # inserts admitted by reserve_insert, not yet committed or cancelled
         self._sampled = 0
         self._closed = False
 
@@ -293,19 +300,21 @@ class BlockingRateLimiter:
     def num_inserts_allowed(self) -> int:
         """Items an insert could add now without waiting (Python int, >= 0)."""
         with self._cond:
-            return int(self.band.inserts_allowed(np, min(self._inserted, self.band.min_size), self._balance()))
+            ahead = self._inserted + self._reserved
+            return int(self.band.inserts_allowed(np, min(ahead, self.band.min_size), self._balance(self._reserved)))
 
     def num_samples_allowed(self) -> int:
         """Items a sample could take now without waiting (Python int, >= 0)."""
         with self._cond:
             return int(self.band.samples_allowed(np, min(self._inserted, self.band.min_size), self._balance()))
 
-    def _balance(self) -> int:
-        return self._inserted * self.band.num - self._sampled * self.band.den
+    def _balance(self, reserved: int = 0) -> int:
+        return (self._inserted + reserved) * self.band.num - self._sampled * self.band.den
 
     def _state(self) -> str:
         b = self.band
-        return (f"inserted={self._inserted}, sampled={self._sampled}, balance={self._balance() / b.den} "
+        reserved = f" (+{self._reserved} reserved)" if self._reserved else ""
+        return (f"inserted={self._inserted}{reserved}, sampled={self._sampled}, balance={self._balance() / b.den} "
                 f"({b.describe()})")
 
     def _await(self, what: str, n, timeout: float | None, admits, name: str) -> None:
@@ -328,10 +337,10 @@ class BlockingRateLimiter:
                     raise RateLimiterClosed(f"{what} of {n} items: the rate limiter was closed ({self._state()})")
                 if admits(n):
                     if what == "insert":
-                        self._inserted += n
+                        self._reserved += n
                     else:
                         self._sampled += n
-                    self._cond.notify_all()
+                        self._cond.notify_all()
                     return
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -342,7 +351,7 @@ class BlockingRateLimiter:
                 self._cond.wait(left)
 
     def await_insert(self, n: int = 1, timeout: float | None = None, *, name: str = "n") -> None:
-        """Block until an insert of `n` items may run, then record it.
+        """Block until an insert of `n` items may run, then record it (`reserve_insert` then `commit_insert`).
 
         Args:
           n: items (Python int >= 0).
@@ -354,8 +363,43 @@ class BlockingRateLimiter:
           RateLimiterClosed: `close` was called before or while waiting.
           ValueError: `n` or `timeout` invalid, or `n` too large for any balance to admit.
         """
+        self.reserve_insert(n, timeout, name=name)
+        self.commit_insert(n)
+
+    def reserve_insert(self, n: int = 1, timeout: float | None = None, *, name: str = "n") -> None:
+        """Block until an insert of `n` items may run, then hold its room: later inserts are admitted as if it had
+        run, samples as if it had not, until `commit_insert(n)` or `cancel_insert(n)`. Arguments and errors as
+        `await_insert`."""
         b = self.band
-        self._await("insert", n, timeout, lambda k: b.can_insert(min(self._inserted, b.min_size), self._balance(), k), name)
+
+        def admits(k: int) -> bool:
+            ahead = self._inserted + self._reserved
+            return b.can_insert(min(ahead, b.min_size), self._balance(self._reserved), k)
+
+        self._await("insert", n, timeout, admits, name)
+
+    def commit_insert(self, n: int) -> None:
+        """Record the insert of `n` items reserved by `reserve_insert` (it ran); wakes waiting samples.
+
+        Raises:
+          ValueError: `n` is more than the items reserved and not yet committed or cancelled.
+        """
+        self._settle("commit_insert", n, commit=True)
+
+    def cancel_insert(self, n: int) -> None:
+        """Give back the room of `n` items reserved by `reserve_insert` (the insert did not run): nothing is
+        counted, and waiting inserts may use the room. Works after `close` too. Errors as `commit_insert`."""
+        self._settle("cancel_insert", n, commit=False)
+
+    def _settle(self, what: str, n: int, commit: bool) -> None:
+        n = _validate.static_int("n", n, minimum=0)
+        with self._cond:
+            if n > self._reserved:
+                raise ValueError(f"n: {what} of {n} items, but only {self._reserved} are reserved ({self._state()})")
+            self._reserved -= n
+            if commit:
+                self._inserted += n
+            self._cond.notify_all()
 
     def await_sample(self, n: int = 1, timeout: float | None = None, *, name: str = "n") -> None:
         """Block until a sample of `n` items may run, then record it. Arguments and errors as `await_insert`."""

@@ -41,8 +41,8 @@ composes the maps $(a_t, b_t)$ with `lax.associative_scan` in $O(\log T)$ depth,
 horizons on accelerators. Both are correct everywhere and agree to float32 rounding.
 
 **Dtypes and checks.** Flags must be `bool` and all float arguments share one floating dtype; nothing is cast
-silently. A Python float is accepted for `last_value` when `*B` is `()`. `gamma` and the lambdas are scalars (Python
-numbers or 0-d arrays, possibly traced), in $[0, 1]$ when concrete. Checks run at trace time (`TypeError` for
+silently. A Python float is accepted for `last_value` when `*B` is `()` (a numpy scalar is an array of its dtype).
+`gamma` and the lambdas are scalars (Python numbers or 0-d arrays, possibly traced), in $[0, 1]$ when concrete. Checks run at trace time (`TypeError` for
 dtypes, `ValueError` for shapes and ranges). Results have the dtype of `reward`; inputs narrower than 32 bits are
 computed in float32 and rounded once at the end (in bfloat16 itself `gamma = 0.99` would round to `0.98828125`).
 `final_value` is selected with `where`, so NaN where it is not read never propagates; other float inputs must be
@@ -122,8 +122,8 @@ def _check(fn: str, method, reward, value, terminated, truncated, final_value, l
     if truncated is not None:
         truncated = _validate.array(f"{fn}: truncated", truncated, shape, jnp.bool_)
         final_value = _validate.array(f"{fn}: final_value", final_value, shape, dtype)
-    if isinstance(last_value, float):
-        last_value = jnp.asarray(last_value, dtype)  # a Python scalar carries no dtype of its own
+    if type(last_value) is float:  # a Python scalar carries no dtype of its own (a numpy float64, a subclass, does)
+        last_value = jnp.asarray(last_value, dtype)
     try:
         last_value = _validate.array(f"{fn}: last_value", last_value, shape[1:], dtype)
     except ValueError as e:  # its shape: most often batch-major inputs, whose first axis is not time

@@ -96,3 +96,10 @@ def test_float64_needs_x64_and_is_kept_with_it():
         adv, _ = jb.gae(**f64, gamma=0.9, gae_lambda=0.9)
         assert adv.dtype == np.float64
         refused(lambda: jb.gae(**{**f64, "value": ARGS["value"]}, gamma=0.9, gae_lambda=0.9), "gae: value")
+
+
+def test_numpy_float64_last_value_is_refused_like_a_float64_array():
+    one = {k: v[:, 0] if v.ndim == 2 else v[0] for k, v in ARGS.items()}  # *B = (): last_value a scalar
+    refused(lambda: jb.gae(**{**one, "last_value": np.float64(0.5)}, gamma=0.9, gae_lambda=0.9), "gae: last_value")
+    with_float, with_f32 = (jb.gae(**{**one, "last_value": lv}, gamma=0.9, gae_lambda=0.9)[0] for lv in (0.5, np.float32(0.5)))
+    np.testing.assert_array_equal(with_float, with_f32)  # a Python float takes the rollout's dtype

@@ -821,3 +821,45 @@ def test_sharded_rollout_checkpoint_of_the_layout_before_the_empty_slot_restores
         assert g.version == o.version
     key = jax.random.key(2)
     _assert_same(got.minibatches(key, 2), old.minibatches(key, 2))
+
+
+def test_non_blocking_save_at_interpreter_exit_is_finished_and_a_failed_one_exits_non_zero(tmp_path):
+    child = textwrap.dedent("""
+        import sys, jax.numpy as jnp, jaxbuffers as jb
+        from jaxbuffers import checkpoint
+        buf = jb.ReplayBuffer.create({"x": jnp.zeros(100)}, capacity=1000).add({"x": jnp.ones((7, 100))})
+        jb.save(sys.argv[1] + "/kept", buf)
+        jb.save(sys.argv[1] + "/kept", buf.add({"x": jnp.ones((2, 100))}), blocking=False)  # the script ends here
+        write = checkpoint._write
+        def broken(root, snapshot, progress):  # the folder of "lost" only (the save of "kept" may not have written yet)
+            if ".lost." in root.name:
+                raise OSError("no space left on device")
+            return write(root, snapshot, progress)
+        checkpoint._write = broken
+        jb.save(sys.argv[1] + "/lost", buf, blocking=False)  # fails in the background; nobody waits for it
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(jb.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", child, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"save to {tmp_path / 'lost'} failed before the interpreter exited" in proc.stderr
+    assert "OSError: no space left on device" in proc.stderr and "cannot schedule new futures" not in proc.stderr
+    assert int(jb.restore(tmp_path / "kept").size()) == 9  # the save pending at exit, not the one before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # no temporary folder left
+
+
+def test_restore_refuses_a_sharding_that_cannot_hold_an_array_naming_it_before_reading(tmp_path, monkeypatch):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    buf = jb.ReplayBuffer.create({"x": jnp.zeros(3)}, capacity=8).add({"x": jnp.ones((2, 3))})
+    jb.save(tmp_path / "c", buf)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
+    reads = []
+    monkeypatch.setattr(ckpt, "_read_arrays", lambda *a, **k: reads.append(a))
+    with pytest.raises(ValueError, match=r"^sharding: NamedSharding\(.*\) cannot hold array \.head of shape \(\)"):
+        jb.restore(tmp_path / "c", sharding=NamedSharding(mesh, P("d")))
+    assert not reads  # refused before any array was read
+    monkeypatch.undo()
+    # A tree of shardings: the capacity axis split, the scalars replicated.
+    shardings = jax.tree.map(lambda x: NamedSharding(mesh, P("d") if np.size(x) > 1 else P()), buf)
+    out = jb.restore(tmp_path / "c", sharding=shardings)
+    assert out.storage["x"].sharding == NamedSharding(mesh, P("d")) and int(out.size()) == 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -454,6 +456,13 @@ def test_disk_backed_folder(tmp_path, capsys):
     assert code == 0, err
     got = [np.asarray(Image.open(p)) for p in sorted((tmp_path / "png").glob("*.png"))]
     np.testing.assert_array_equal(got, [tiled(x) for x in stacks()[0][: TRUNC_AT + 1, 1]])
+    if os.path.isdir("/proc/self/fd"):  # each command closes the folder it opened
+        gc.collect()
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            assert run(capsys, "inspect", tmp_path / "d", "--json")[0] == 0
+        gc.collect()
+        assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_serve_command(saved):
@@ -653,3 +662,15 @@ def test_python_dash_m_jaxbuffers_runs_the_command(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         runpy.run_module("jaxbuffers", run_name="__main__")
     assert exit_.value.code == 0 and "sheet" in capsys.readouterr().out
+
+
+def test_progress_bars_only_on_a_terminal_unless_asked(saved, capsys, monkeypatch):
+    from jaxbuffers.cli import _commands
+
+    bar = _commands.tqdm
+    monkeypatch.setattr(_commands, "tqdm", lambda *a, **k: bar(*a, **{**k, "delay": 0}))  # every bar at once
+    path = saved["CompressedTrajectoryBuffer"]
+    assert main(["inspect", str(path), "--json"]) == 0  # stderr is not a terminal here
+    assert "decode obs" not in capsys.readouterr().err
+    assert main(["--progress", "inspect", str(path), "--json"]) == 0
+    assert "decode obs" in capsys.readouterr().err

@@ -138,3 +138,28 @@ def test_integers_that_int32_cannot_hold_are_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"infos\['count'\]: values in"):
         _narrow("infos['count']", np.array([0, 2**40]), True)
     assert _narrow("rewards", np.array([0.1]), True).dtype == np.float32
+
+
+def test_to_minari_refuses_values_the_space_dtype_cannot_hold_naming_the_field(tmp_path, monkeypatch):
+    import jax.numpy as jnp
+
+    import jaxbuffers as jb
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    spaces = gym.spaces
+    buf = jb.EpisodeBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}, max_episodes=1, max_timesteps=2)
+
+    def one(obs, action=(0, 1)):
+        return buf.add_episode({"obs": np.asarray(obs, np.float32), "action": np.asarray(action, np.int32),
+                                "reward": np.zeros(2, np.float32)}, 2, terminated=True, final_obs=np.ones(2, np.float32))
+
+    box = spaces.Box(0, 255, (2,), np.uint8)
+    with pytest.raises(ValueError, match=r"^episode 0: obs: dtype float32 with values \[300.5, -1.0\] .* uint8 cannot hold exactly"):
+        to_minari(one([[300.5, -1.0], [2.0, 3.0]]), "test/cast-v0", observation_space=box, action_space=spaces.Discrete(2))
+    with pytest.raises(ValueError, match=r"^episode 0: action: dtype int32 with values \[300\]"):
+        to_minari(one([[1, 2], [3, 4]], (0, 300)), "test/cast-v0", observation_space=box,
+                  action_space=spaces.Box(0, 255, (), np.uint8))
+    assert not (tmp_path / "test").exists()  # nothing written
+    ds = to_minari(one([[1, 2], [3, 255]]), "test/cast-v0", observation_space=box, action_space=spaces.Discrete(2))
+    obs = next(ds.iterate_episodes()).observations  # values the dtype holds are converted, exactly
+    assert obs.dtype == np.uint8 and obs.tolist() == [[1, 2], [3, 255], [1, 1]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ import pytest
 import jaxbuffers as jb
 from frame_stacks import stacked_chunk, stacked_episodes
 from host_codecs import CorruptEntryError
-from jaxbuffers import disk
+from jaxbuffers import _disk_folder, disk
 from rollout_layouts import before_empty_slot, unwritten_zeroed
 
 STEP = {"obs": jnp.zeros((4, 6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
@@ -526,3 +527,75 @@ def test_a_folder_written_before_delta_codec_reopens(tmp_path):
     new = disk.open(tmp_path / "new", "r")
     assert set(new.host.stores[0].stats()["codecs"]) == {"zstd", "rle"}
     assert _same(_sample(new), _sample(twin))
+
+
+def test_concatenated_episodes_sequences_longer_than_one_buffer_draw_from_the_others():
+    step = {"obs": jnp.zeros((4, 4), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+
+    def filled(max_timesteps, n, fill):
+        buf = jb.CompressedEpisodeBuffer.create(step, max_episodes=2, max_timesteps=max_timesteps, codec="none")
+        return buf.add_episode({"obs": jnp.full((n, 4, 4), fill, jnp.uint8), "action": jnp.zeros(n, jnp.int32),
+                                "reward": jnp.zeros(n)}, n, terminated=True, final_obs=jnp.zeros((4, 4), jnp.uint8))
+
+    both = disk.ConcatenatedEpisodes.create([filled(5, 5, 1), filled(8, 8, 2)])
+    assert bool(both.can_sample_sequences(4, 6)) and bool(both.can_sample_sequences(4, 3))
+    out = both.sample_sequences(jax.random.key(0), 16, 6)
+    assert (np.asarray(out.source) == 1).all() and (np.asarray(out.sample.item["obs"]) == 2).all()
+    for call in (lambda: both.can_sample_sequences(4, 9), lambda: both.sample_sequences(jax.random.key(0), 4, 9)):
+        with pytest.raises(ValueError, match=r"^sequence_length: .* got 9 \(max_timesteps: \[5, 8\]\)"):
+            call()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
+@pytest.mark.parametrize("codec", ["none", "zstd:3"])
+def test_episode_readers_close_what_they_open(tmp_path, codec, monkeypatch):
+    """Readers of an episode folder, each sampled (which keeps it in JAX's compile caches) and closed by a `with`
+    block, a reader dropped unclosed before any host call, and opens that fail after the files were opened (a reader,
+    a writer, a new folder whose first flush fails): the process holds no more descriptors afterwards."""
+    make = lambda: jb.CompressedEpisodeBuffer.create(EP_STEP, codec=codec, frame_stack=4, max_episodes=4, max_timesteps=EP_T,  # noqa: E731
+                                                     meta={"task": jnp.int32(-1)})
+    path = tmp_path / "eps"
+    with disk.open(path, "w", make()) as buf:
+        disk.flush(_add_episodes(buf, _episodes(0, 3)))
+    with pytest.raises(RuntimeError, match="after close"):  # the block closed it
+        _add_episodes(buf, _episodes(1, 1))
+    sample = lambda b: b.sample_transitions(jax.random.key(0), 8, n_step=2, gamma=0.9)  # noqa: E731
+    with disk.open(path, "r") as ro:
+        expected = jax.tree.map(np.asarray, sample(ro))
+    gc.collect()
+    before = _open_fds()
+    for _ in range(3):
+        with disk.open(path, "r") as ro:
+            assert _same(sample(ro), expected)
+        with disk.ConcatenatedEpisodes.create([disk.open(path, "r"), disk.open(path, "r")]) as both:
+            jax.block_until_ready(both.sample_timesteps(jax.random.key(0), 8))
+        ro = disk.open(path, "r")
+        assert int(ro.num_episodes()) == 3  # device fields only: no host call keeps it alive
+        del ro
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    meta = json.loads((broken / "disk.json").read_text())
+    meta["host"]["version"] += 1  # the device state no longer matches: found once the stores are open
+    (broken / "disk.json").write_text(json.dumps(meta))
+    for mode in ("r", "r+") * 3:
+        with pytest.raises(jb.CheckpointError, match="a flush was interrupted"):
+            disk.open(broken, mode)
+    def full_disk(*args):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(_disk_folder, "commit", full_disk)
+    raised = []  # kept, as a notebook keeps its last traceback: the frames that made the stores stay alive
+    for i in range(3):
+        with pytest.raises(OSError, match="no space left") as info:
+            disk.open(tmp_path / f"new{i}", "w", make())
+        raised.append(info)
+    monkeypatch.undo()
+    gc.collect()
+    assert _open_fds() == before
+    _disk_folder.FolderLock(broken).release()  # each failed "r+" or "w" released the folder's lock
+    for i in range(3):
+        _disk_folder.FolderLock(tmp_path / f"new{i}").release()

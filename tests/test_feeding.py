@@ -137,3 +137,112 @@ def test_ray_actor_server_takes_numpy_pytrees_from_remote_actors():
         assert isinstance(out.item["obs"], np.ndarray) and set(ids.tolist()) <= {a * 1_000 + i + 1 for a in range(2) for i in range(32)}
     finally:
         ray.shutdown()
+
+
+def _stack_batch(prev: int, newest: int) -> dict:
+    """One step of one env whose 2-frame obs stack is `(prev, newest)` (4x4 frames of those values)."""
+    obs = np.stack([np.full((4, 4), prev, np.uint8), np.full((4, 4), newest, np.uint8)])[None]
+    return {"obs": obs, "action": np.zeros(1, np.int32), "reward": np.zeros(1, np.float32)}
+
+
+def test_server_refused_stack_adds_nothing_counts_nothing_and_keeps_serving():
+    step = {"obs": np.zeros((2, 4, 4), np.uint8), "action": np.int32(0), "reward": np.float32(0)}
+    buf = jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=16, frame_stack=2, codec="zstd:3")
+    lim = jb.BlockingRateLimiter(1.0, min_size=1, error_buffer=100.0)
+    server = jb.BufferServer(buf, add=lambda b, x: b.add(x, terminated=np.zeros(1, bool)),
+                             sample=lambda b, k, n: b.sample_sequences(k, n, 1), rate_limiter=lim)
+    server.add(_stack_batch(1, 1))
+    server.add(_stack_batch(1, 2))
+    with pytest.raises(ValueError, match=r"step\['obs'\]: env 0, step 0 of the add is not the stack"):
+        server.add(_stack_batch(7, 3))  # the previous frame is 2
+    assert lim.num_inserted == 2 and int(server.buffer().size()) == 2
+    server.add(_stack_batch(2, 3))  # the server still works, from the state before the refused batch
+    assert lim.num_inserted == 3 and int(server.buffer().size()) == 3
+    newest = np.asarray(server.sample(None, 8).item["obs"])[:, 0, -1, 0, 0]
+    assert set(newest.tolist()) <= {1, 2, 3}
+
+
+def test_server_over_a_read_only_folder_refuses_adds_and_keeps_serving(tmp_path):
+    from jaxbuffers import disk
+
+    step = {"obs": np.zeros((4, 4), np.uint8), "action": np.int32(0), "reward": np.float32(0)}
+    made = jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=8, codec="none")
+    batch = {"obs": np.full((1, 4, 4), 5, np.uint8), "action": np.zeros(1, np.int32), "reward": np.zeros(1, np.float32)}
+    writer = disk.open(tmp_path / "run", "w", made).add(batch, terminated=np.zeros(1, bool))
+    disk.flush(writer)
+    writer.close()
+    lim = jb.BlockingRateLimiter(1.0, min_size=0, error_buffer=100.0)
+    server = jb.BufferServer(disk.open(tmp_path / "run", "r"), add=lambda b, x: b.add(x, terminated=np.zeros(1, bool)),
+                             sample=lambda b, k, n: b.sample_sequences(k, n, 1), rate_limiter=lim)
+    for _ in range(2):
+        with pytest.raises(disk.ReadOnlyError, match="mode='r'"):
+            server.add(batch)
+    assert lim.num_inserted == 0 and lim.num_inserts_allowed() > 0 and int(server.buffer().size()) == 1
+    assert (np.asarray(server.sample(jax.random.key(0), 2, timeout=5).item["obs"]) == 5).all()
+    server.buffer().close()
+
+
+def test_writer_add_that_times_out_keeps_the_accepted_items_and_one_deadline_bounds_the_call():
+    lim = jb.BlockingRateLimiter(1.0, min_size=2, error_buffer=(2.0, 2.0))
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, capacity=64), rate_limiter=lim)
+    writer = jb.Writer(server, flush_size=2)
+    for uid in range(1, 5):  # two adds; then the limiter admits no insert until the learner samples
+        writer.append(_item(uid), timeout=5)
+    writer.append(_item(5), timeout=5)
+    with pytest.raises(jb.RateLimiterTimeout):
+        writer.append(_item(6), timeout=0.05)
+    assert writer.num_pending == 1 and lim.num_inserted == 4  # item 5 kept, item 6 not accepted
+    with pytest.raises(jb.RateLimiterTimeout):
+        writer.flush(timeout=0.05)
+    assert writer.num_pending == 1
+    server.sample(None, 4, timeout=5)  # room for inserts again
+    writer.append(_item(6), timeout=5)
+    buf = server.buffer()
+    assert writer.num_pending == 0 and np.asarray(buf.storage["action"][:6]).tolist() == [1, 2, 3, 4, 5, 6]
+    # The wait for the writer's lock is taken out of the add's timeout: one deadline for the call.
+    waits, add = [], server.add
+    server.add = lambda batch, timeout=None: (waits.append(timeout), add(batch, timeout))[1]
+    writer.append(_item(7), timeout=10.0)
+    writer._lock.acquire()  # another actor holds the writer for 0.3 s while item 8 completes a batch
+    threading.Timer(0.3, writer._lock.release).start()
+    writer.append(_item(8), timeout=10.0)
+    assert len(waits) == 1 and waits[0] <= 10.0 - 0.3
+
+
+@pytest.mark.parametrize("frame_stack", [None, 2])
+def test_server_adds_to_a_compressed_buffer_equal_direct_adds_and_a_moved_store_is_still_refused(frame_stack):
+    from jaxbuffers.compressed import StaleBufferError, _common
+
+    k = frame_stack or 1
+    obs = np.zeros((k, 4, 4) if frame_stack else (4, 4), np.uint8)
+    step = {"obs": obs, "action": np.int32(0), "reward": np.float32(0)}
+
+    def batch(t: int) -> dict:  # frame t of env 0, stacked over frames t-k+1..t (episode start repeated)
+        frames = [np.full((4, 4), max(t - i, 1), np.uint8) for i in reversed(range(k))]
+        return {"obs": (np.stack(frames) if frame_stack else frames[0])[None], "action": np.full(1, t, np.int32),
+                "reward": np.full(1, t, np.float32)}
+
+    add = lambda b, x: b.add(x, terminated=np.zeros(1, bool))  # noqa: E731
+    make = lambda: jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=16, frame_stack=frame_stack, codec="zstd:3")  # noqa: E731
+    server = jb.BufferServer(make(), add=add, sample=lambda b, key, n: b.sample_sequences(key, n, 2))
+    direct = make()
+    for t in range(1, 7):
+        server.add(batch(t))
+        direct = add(direct, batch(t))
+        # The held state is its store's newest add: the next one is checked without waiting for this one.
+        assert _common._newest_add[server._buffer.host][0] is server._buffer.version
+    for seed in range(3):
+        got = server.sample(jax.random.key(seed), 8)
+        want = direct.sample_sequences(jax.random.key(seed), 8, 2)
+        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert np.asarray(got.item["action"]).min() >= 1
+    # A state copied out of the server and added to (under jit: no eager check remembers it) moves the store: the
+    # server's state, still its newest eager add, is then refused, not forked.
+    jax.block_until_ready(jax.jit(add)(server.buffer(), batch(7)))
+    with pytest.raises(StaleBufferError, match="version 6 but its host store is at version 7"):
+        server.add(batch(7))
+    assert int(server.buffer().size()) == 6
+    server.sample(jax.random.key(0), 8)
+    direct.close()
+    server.buffer().close()

@@ -187,3 +187,21 @@ def test_jitted_and_blocking_limiters_agree_step_by_step(rho, m, err):
         assert bool(ok) == host_ok
         assert (int(ins), int(smp)) == (host.num_inserts_allowed(), host.num_samples_allowed())
     assert (state.num_inserted(), state.num_sampled()) == (host.num_inserted, host.num_sampled)
+
+
+def test_blocking_reserved_insert_admits_no_sample_until_committed_and_cancel_gives_the_room_back():
+    lim = jb.BlockingRateLimiter(1.0, min_size=2, error_buffer=(2.0, 2.0))
+    lim.reserve_insert(2, timeout=0)
+    assert lim.num_inserted == 0 and lim.num_samples_allowed() == 0 and lim.num_inserts_allowed() == 2
+    with pytest.raises(jb.RateLimiterTimeout):
+        lim.await_sample(1, timeout=0.01)  # the reserved items were not stored yet
+    lim.reserve_insert(2, timeout=0)  # the band's room above: 2 more
+    with pytest.raises(jb.RateLimiterTimeout):
+        lim.reserve_insert(1, timeout=0.01)
+    lim.cancel_insert(2)  # that insert did not run: its room is free again, nothing counted
+    assert lim.num_inserted == 0 and lim.num_inserts_allowed() == 2
+    lim.commit_insert(2)
+    assert lim.num_inserted == 2 and lim.num_samples_allowed() == 2
+    lim.await_sample(2, timeout=0)
+    with pytest.raises(ValueError, match=r"^n: commit_insert of 1 items, but only 0 are reserved"):
+        lim.commit_insert(1)

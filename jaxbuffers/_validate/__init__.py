@@ -574,6 +574,46 @@ def not_narrowed(name: str, x: Any) -> Any:
     return x
 
 
+def exact_cast(name: str, x: np.ndarray, dtype: Any) -> np.ndarray:
+    """Numpy ``x`` converted to ``dtype`` when that keeps every value exactly (a widening, or values the narrower
+    type holds: 0..255 floats to uint8); NaN stays NaN. Raises ValueError naming ``name``, both dtypes and the values
+    held, when a value would change (out of range, a fraction, a rounded float)."""
+    dtype = np.dtype(dtype)
+    if x.dtype == dtype:
+        return x
+    with np.errstate(all="ignore"):
+        out = x.astype(dtype)
+        back = out.astype(x.dtype)
+    same = (back == x) | (np.isnan(back) & np.isnan(x) if x.dtype.kind in "fc" else False)
+    if not np.all(same):
+        bad = x[~same]
+        raise ValueError(
+            f"{name}: dtype {x.dtype} with values {bad.ravel()[:3].tolist()} (and {bad.size - min(bad.size, 3)} more) "
+            f"that {dtype} cannot hold exactly (values in [{np.nanmin(x)}, {np.nanmax(x)}]); convert them yourself or "
+            f"give a space of a dtype that holds them"
+        )
+    return out
+
+
+def sharding_fits(name: str, leaf: str, shape: tuple, sharding: Any) -> None:
+    """Raise ValueError naming ``name``, the array ``leaf``, its shape and ``sharding`` when ``sharding`` cannot lay out
+    an array of ``shape`` (a spec of more axes than the array has, a dimension its mesh axes do not divide)."""
+    why = None
+    spec = getattr(sharding, "spec", None)
+    if spec is not None and len(spec) > len(shape):  # even on a mesh of one device, where the shards would fit
+        why = f"its spec names {len(spec)} axes"
+    else:
+        try:
+            sharding.shard_shape(tuple(shape))
+        except Exception as e:  # noqa: BLE001 - JAX raises IndexError, ValueError or its own errors for a misfit
+            why = f"{type(e).__name__}: {str(e)[:120]}"
+    if why is not None:
+        raise ValueError(
+            f"{name}: {sharding} cannot hold array {leaf} of shape {tuple(shape)} ({why}); give a tree of shardings "
+            f"like the buffer (e.g. a replicated sharding for its scalars)"
+        )
+
+
 @functools.lru_cache(maxsize=None)
 def _raw_key_shape(impl: str) -> tuple[int, ...]:
     return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape)

@@ -46,7 +46,10 @@ def _image_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `jaxbuffers` command (one sub-command per tool)."""
     parser = argparse.ArgumentParser(prog="jaxbuffers", description="See what is in a saved jaxbuffers buffer.", epilog=_EPILOG)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    bars = parser.add_mutually_exclusive_group()
+    bars.add_argument("--no-progress", action="store_true", help="no progress bars")
+    bars.add_argument("--progress", action="store_true", help="progress bars also when stderr is not a terminal "
+                                                              "(default: only on a terminal)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("inspect", help="type, configuration, sizes, bytes, per-field statistics, episodes, priorities",
@@ -107,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     from jaxbuffers.cli._view import BufferView, ViewError
 
-    progress = False if args.no_progress else None
+    progress = False if args.no_progress else True if args.progress else None
+    loaded = None
     try:
         buffer, meta, root = load(args.path, progress=progress)
+        loaded = buffer
         stack = stack_shape(meta)
         if args.command == "inspect" and stack and args.member is None:
             s = stacked_summary(buffer, meta, root, progress=progress, decode=not args.no_decode)
@@ -165,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxbuffers {args.command}: error: PATH: {corrupt} (the folder's files were changed after its last "
               "jaxbuffers.disk.flush, by something other than jaxbuffers.disk: restore them from a copy)", file=sys.stderr)
         return 2
+    finally:  # a disk folder's files (a compressed buffer's host memory) are released when the command ends
+        if callable(getattr(loaded, "close", None)):
+            loaded.close()
     return 0
 
 

@@ -114,6 +114,12 @@ def _example(tree: Any) -> Any:
     return None
 
 
+def _hidden(progress: bool | None) -> bool | None:
+    """tqdm's `disable` for the command's `progress`: None shows a bar only when stderr is a terminal (tqdm's rule
+    for `disable=None`), as `save` and `restore` do; True / False always / never."""
+    return None if progress is None else not progress
+
+
 def _bytes(buffer: Any, root: Path | None) -> dict[str, int]:
     from jaxbuffers import _validate
 
@@ -133,7 +139,7 @@ def _field_stats(view: BufferView, name: str, progress: bool | None, decode: boo
     if compressed:
         chunk = min(chunk, 8192)
     with tqdm(total=view.num_steps, desc=f"{'decode' if compressed else 'read'} {name}", unit="step",
-              disable=progress is False, leave=False, delay=1.0) as bar:
+              disable=_hidden(progress), leave=False, delay=1.0) as bar:
         for a in range(0, view.num_steps, chunk):
             x = view.column(name, np.arange(a, min(a + chunk, view.num_steps)))
             bar.update(len(x))
@@ -420,7 +426,7 @@ def episode_pictures(view: BufferView, k: int, field: ImageField, *, with_overla
     raw = view.column(field.name, ep.positions)
     out = []
     for t, (pos, x) in enumerate(tqdm(list(zip(ep.positions, raw)), desc=f"render episode {k}", unit="frame",
-                                      disable=progress is False, leave=False, delay=1.0)):
+                                      disable=_hidden(progress), leave=False, delay=1.0)):
         p = field.picture(x)
         out.append(overlay(p, _step_lines(view, ep, t, int(pos)), scale) if with_overlay else scaled(p, scale))
     return out
@@ -458,7 +464,7 @@ def _writing(out: Path):
 
 def _write_frames(out: Path, suffix: str, pics: list, fps: float, progress: bool | None) -> None:
     """`write_video`'s writing, by the suffix of `out`."""
-    bar = lambda xs: tqdm(xs, desc=f"write {out.name}", unit="frame", disable=progress is False, leave=False, delay=1.0)  # noqa: E731
+    bar = lambda xs: tqdm(xs, desc=f"write {out.name}", unit="frame", disable=_hidden(progress), leave=False, delay=1.0)  # noqa: E731
     if suffix == "" or str(out).endswith("/"):
         out.mkdir(parents=True, exist_ok=True)
         from PIL import Image

@@ -347,6 +347,13 @@ def check_before_dispatch(buf: Any, add: bool) -> int | None:
     return version + 1
 
 
+def remember_add(out: Any, made: int | None) -> None:
+    """Record `out`, the state an add returned whose write makes version `made` (`check_before_dispatch`'s result),
+    as its store's newest add: an add to `out` is then checked without waiting for this one."""
+    if made is not None:
+        _newest_add[out.host] = (out.version, made)
+
+
 def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> int | None:
     """`check_before_dispatch` of an add; a stale state's wrong arguments are named first, as under `jit` (where
     they fail while tracing, before the write callback refuses the state): `add(buf)` is traced, not run."""
@@ -421,8 +428,7 @@ def checked_before_dispatch(add: bool = False) -> Callable:
                 return method(self, *args, **kwargs)
             wait = not add or getattr(self, "_write_may_refuse", False)
             out = run_eager([self.host], lambda: method(self, *args, **kwargs), wait=wait)
-            if made is not None:
-                _newest_add[self.host] = (out.version, made)
+            remember_add(out, made)
             return out
 
         return call

@@ -487,7 +487,21 @@ class ShardedHostStores:
             h.check_state(f"{what} (shard {s})", None if versions is None else int(np.asarray(versions)[s]))
 
 
-class HostBacked(Wrapper, struct.PyTreeNode):
+class Closing:
+    """`with x as y:` calls `x.close()` when the block ends (a compressed buffer, `jaxbuffers.disk.Concatenated`).
+
+    A buffer that a jitted function (an eager call included) compiled against stays referenced by JAX's compile caches
+    until `jax.clear_caches()`, so dropping it frees neither its host memory nor a disk folder's open files: `close()`
+    or a `with` block does."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class HostBacked(Closing, Wrapper, struct.PyTreeNode):
     """Base of the compressed buffers: the static fields every one declares (its `HostStores` and which leaves
     live there), byte counts, `close`, and `size` / `is_full` of its wrapped device buffer.
 
@@ -529,8 +543,10 @@ class HostBacked(Wrapper, struct.PyTreeNode):
         return self.device_nbytes + self.host_nbytes
 
     def close(self) -> None:
-        """Free the host memory now (the buffer cannot be used afterwards)."""
+        """Free the host memory now (the buffer cannot be used afterwards); a disk-backed buffer closes its files and
+        releases its folder's lock. Every state of the buffer shares its host stores: closing one closes them all."""
         self.host.close()
+
 
 
 class FrameStacked(HostBacked):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import os
+
 import numpy as np
 import pytest
 
@@ -110,3 +113,28 @@ def test_puts_never_overwrite_what_the_last_commit_names(tmp_path):
     assert np.load(old.index_path)[0].tolist() == [1] * 4  # as a store of one file wrote it
     old.copy_path.unlink()
     np.testing.assert_array_equal(FileStore(one, 4, (2,), np.uint8, mode="r").get(np.arange(4)), np.arange(8).reshape(4, 2))
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
+def test_files_close_when_a_store_is_dropped_unclosed_and_when_its_constructor_fails(tmp_path):
+    st, data = _filled(tmp_path)
+    st.flush()
+    st.close()
+    st.close()  # twice: nothing more to close
+    before = _open_fds()
+    for _ in range(20):
+        ro = FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="r")
+        np.testing.assert_array_equal(ro.get([4]), data[[4]])
+        del ro  # never closed: collected, its two files close
+    gc.collect()
+    assert _open_fds() == before
+    with open(tmp_path / "x.1.npy", "r+b") as f:  # the copy file, checked after the data file is opened
+        f.truncate(200)
+    for _ in range(20):
+        with pytest.raises(ValueError, match=r"x\.1\.npy: .* \(truncated\)"):
+            FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="r")
+    assert _open_fds() == before
