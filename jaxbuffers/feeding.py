@@ -253,6 +253,8 @@ class Writer:
     def append(self, item: Any, timeout: float | None = None) -> None:
         """Queue one item (a pytree of arrays like the buffer's item, no batch axis); add a batch when full.
 
+        The item's numpy leaves are copied when queued: the caller may refill its arrays in place at once.
+
         `timeout` bounds the whole call: the wait for the writer's lock and the add's wait for the limiter share
         one deadline. On any error the item is not queued, and the items queued before it stay pending.
 
@@ -269,7 +271,9 @@ class Writer:
                 _validate.check_batch(self._spec, item, 0, "item")
             else:
                 self._spec = self._checked_first(item)
-            self._pending.append(item)
+            # numpy leaves are copied: an actor that refills one observation array in place must not change
+            # the items already queued (they are stacked only when the batch is flushed)
+            self._pending.append(jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else x, item))
             if len(self._pending) >= self.flush_size:
                 try:
                     self._flush(deadline)

@@ -209,6 +209,16 @@ def test_writer_add_that_times_out_keeps_the_accepted_items_and_one_deadline_bou
     assert len(waits) == 1 and waits[0] <= 10.0 - 0.3
 
 
+def test_writer_keeps_what_was_appended_when_the_caller_refills_its_numpy_array():
+    server = jb.BufferServer(jb.ReplayBuffer.create({"x": np.zeros(3, np.float32)}, capacity=8))
+    writer = jb.Writer(server, flush_size=4)
+    x = np.zeros(3, np.float32)
+    for i in range(4):
+        x[:] = i  # an actor reusing one observation array
+        writer.append({"x": x})
+    assert np.asarray(server.buffer().storage["x"][:4, 0]).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 @pytest.mark.parametrize("frame_stack", [None, 2])
 def test_server_adds_to_a_compressed_buffer_equal_direct_adds_and_a_moved_store_is_still_refused(frame_stack):
     from jaxbuffers.compressed import StaleBufferError, _common
