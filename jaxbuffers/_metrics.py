@@ -14,10 +14,12 @@ Counted on the device, inside the training step, as ordinary state leaves (saved
   is kept per position: a ring's slot `s` holds item number `added - 1 - ((head - 1 - s) mod ring)`
   (`jaxbuffers._ring.last_item_number`), so ages come from the cursors alone.
 
-The integer counters and the age bins share one int32 leaf, `totals` (`sampled`, `record_calls`, `stale`, `age_max`
-and `age_hist` are views of it, `TOTALS` entries: the three two-word counters at `SAMPLED`, `CALLS`, `STALE`, the
-largest age at `AGE_MAX` (the word after it stays 0), the bins from `HIST`), so that `record` updates them all with one elementwise pass and one
-scatter of the batch's bins into the same array, whatever the number of counters.
+The integer counters and the age bins share one int32 leaf, `totals` (`sampled`, `record_calls`, `stale`, `age_max`,
+`age_sum_parts` and `age_hist` are views of it, `TOTALS` entries: the three two-word counters at `SAMPLED`, `CALLS`,
+`STALE`, the largest age at `AGE_MAX` (the word after it stays 0), the age sum at `AGE_SUM` as three two-word counters
+of the ages' 11-bit parts (`age = p0 + p1 * 2**11 + p2 * 2**22`: exact at any length of run, where a float sum would
+drift), the bins from `HIST`), so that `record` updates them all with one elementwise pass and one scatter of the
+batch's bins into the same array, whatever the number of counters.
 
 `sample` stays pure: a training step records what it drew with `buf = buf.record(sample)` (cost O(batch)). Ages are
 those at `record` time, the same as at sample time when no add comes between. A sample with `generations` (the
@@ -43,8 +45,10 @@ from jaxbuffers import _compiled, _ring, _timing, _validate
 __all__ = ["Metrics", "Recorded", "NUM_AGE_BINS"]
 
 NUM_AGE_BINS = 32
-SAMPLED, CALLS, STALE, AGE_MAX, HIST = 0, 2, 4, 6, 8  # where each counter starts in `Metrics.totals` (word 7: 0)
+SAMPLED, CALLS, STALE, AGE_MAX, AGE_SUM, HIST = 0, 2, 4, 6, 8, 14  # where each starts in `Metrics.totals` (word 7: 0)
 TOTALS = HIST + NUM_AGE_BINS
+AGE_PART_BITS = 11  # the age sum is kept as the sums of three 11-bit parts of each age (module doc)
+MAX_RECORD = 2**30 // 2**AGE_PART_BITS  # draws per `record` call: a call's part sums stay below 2**30
 _MAX = np.iinfo(np.int32).max
 
 
@@ -53,7 +57,6 @@ class Metrics(struct.PyTreeNode):
 
     totals: jax.Array  # shape=[TOTALS], int32: the counters and age bins below, one array (module doc)
     sample_count: jax.Array  # shape=[*positions] (per_slot) or [0], int32: draws recorded since the position was written (stops at 2**31 - 1)
-    age_sum: jax.Array  # shape=(), float32: sum of the ages of the recorded draws
     per_slot: bool = struct.field(pytree_node=False)  # whether sample_count is kept
 
     @property
@@ -77,6 +80,12 @@ class Metrics(struct.PyTreeNode):
         return self.totals[..., AGE_MAX]
 
     @property
+    def age_sum_parts(self) -> jax.Array:
+        """Sum of the recorded ages as three two-word counters (int32 `[..., 3, 2]`) of the ages' 11-bit parts
+        `p_k = (age >> 11 k) & 2047`: the sum is `sum_k value_k * 2**(11 k)` (`age_sum` reads it on the host)."""
+        return self.totals[..., AGE_SUM:HIST].reshape(*self.totals.shape[:-1], 3, 2)
+
+    @property
     def age_hist(self) -> jax.Array:
         """Draws by age bin `floor(log2(age + 1))`, the last bin open: int32 `[..., NUM_AGE_BINS]` (stop at `2**31 - 1`)."""
         return self.totals[..., HIST:]
@@ -91,7 +100,7 @@ class Metrics(struct.PyTreeNode):
         """
         per_slot = _validate.static_bool("metrics", per_slot)
         return cls(totals=jnp.zeros((TOTALS,), jnp.int32), sample_count=jnp.zeros(positions if per_slot else (0,), jnp.int32),
-                   age_sum=jnp.float32(0), per_slot=per_slot)
+                   per_slot=per_slot)
 
     def write(self, storage: Any, rows: Any, head: jax.Array, axis: int = 0) -> tuple[Any, "Metrics"]:
         """`jaxbuffers._ring.write(storage, rows, head, axis)`, with `sample_count` reset to 0 at the positions written
@@ -114,8 +123,15 @@ class Metrics(struct.PyTreeNode):
     def recorded(self, positions, generations, added, head, num_valid, ring: int, lanes: int = 1, mine=None) -> "Metrics":
         """Count draws at flat `positions` (int32[B], `lane * ring + slot`) of `lanes` rings of `ring` slots with
         cursors `added` (two-word), `head`, `num_valid`; `generations` (int32[B] or None) as sampled; `mine` (bool[B]
-        or None: all) the draws of this buffer, the others counted nowhere (a shard's part of a global sample). O(B)."""
+        or None: all) the draws of this buffer, the others counted nowhere (a shard's part of a global sample). O(B).
+
+        Raises:
+          ValueError: more than `MAX_RECORD` draws in one call (record them in parts).
+        """
         lanes_ring, b = lanes * ring, positions.shape[0]
+        if b > MAX_RECORD:
+            raise ValueError(f"record: expected at most {MAX_RECORD} draws per call (the exact age sum), got {b}; "
+                             f"record the sample in parts")
         pos = jnp.clip(positions, 0, lanes_ring - 1)
         slot = pos % ring if lanes > 1 else pos
         back = head - 1 - slot  # in [-ring, ring - 1)
@@ -126,34 +142,32 @@ class Metrics(struct.PyTreeNode):
         if mine is not None:
             ok = ok & mine
         ok_age = jnp.where(ok, age, 0)
-        # One pass over the batch for the totals: drawn, the age sum (exact in int32 as 16-bit halves for B <= 2**15,
-        # whose sums cannot wrap; in float32 beyond) and the largest age. The bins and the positions are counted
+        # One pass over the batch for the totals: drawn, the sums of the ages' three 11-bit parts (each below
+        # MAX_RECORD * 2**11 = 2**30: exact in int32) and the largest age. The bins and the positions are counted
         # by a scatter of saturating increments each (a stale draw goes past the end and is dropped), which beats a
         # one-hot sum on CPU; the bins go into `totals` after its counters are updated, so the counters and the bins
         # cost one elementwise pass and one scatter.
-        ages = (ok_age >> 16, ok_age & 0xFFFF) if b <= 2**15 else (ok_age.astype(jnp.float32),)
-        operands = (ok.astype(jnp.int32), *ages, ok_age)
+        mask = 2**AGE_PART_BITS - 1
+        parts = tuple((ok_age >> (AGE_PART_BITS * k)) & mask for k in range(3))
+        operands = (ok.astype(jnp.int32), *parts, ok_age)
         n, *sums, age_max = jax.lax.reduce(
             operands, tuple(jnp.zeros((), x.dtype) for x in operands),
             lambda x, y: (*(u + v for u, v in zip(x[:-1], y[:-1])), jnp.maximum(x[-1], y[-1])), (0,))
-        age_sum = sums[0].astype(jnp.float32) * 65536.0 + sums[1].astype(jnp.float32) if len(sums) == 2 else sums[0]
         drawn = b if mine is None else jnp.sum(mine, dtype=jnp.int32)
         bins = jnp.where(ok, HIST + jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), TOTALS)
-        new = self.replace(totals=_count(_add_totals(self.totals, n, drawn - n, age_max), bins),
-                           age_sum=self.age_sum + age_sum)
+        new = self.replace(totals=_count(_add_totals(self.totals, n, drawn - n, age_max, sums), bins))
         if not self.per_slot:
             return new
         counts = _count(self.sample_count.reshape(-1), jnp.where(ok, pos, lanes_ring))
         return new.replace(sample_count=counts.reshape(self.sample_count.shape))
 
 
-def _add_totals(totals: jax.Array, sampled, stale, age_max) -> jax.Array:
-    """`totals` (int32 `[TOTALS]`) with `sampled` and `stale` (int32 scalars in `[0, 2**30)`) and one call added to
-    their two-word counters (`_ring.counter_add`, exact) and `age_max` taken in; the bins as they were. One small
-    elementwise pass over the words before the bins, as four pairs (the fourth, `[age_max, 0]`, gets 0 added),
-    written back in place."""
-    k = jnp.arange(HIST // 2, dtype=jnp.int32)  # the pairs SAMPLED, CALLS, STALE, AGE_MAX
-    inc = jnp.where(k == 0, sampled, jnp.where(k == 1, 1, jnp.where(k == 2, stale, 0)))
+def _add_totals(totals: jax.Array, sampled, stale, age_max, age_parts) -> jax.Array:
+    """`totals` (int32 `[TOTALS]`) with `sampled`, `stale` and the three `age_parts` sums (int32 scalars in
+    `[0, 2**30)`) and one call added to their two-word counters (`_ring.counter_add`, exact) and `age_max` taken in;
+    the bins as they were. One small elementwise pass over the words before the bins, as seven pairs (the fourth,
+    `[age_max, 0]`, gets 0 added), written back in place."""
+    inc = jnp.stack([jnp.asarray(x, jnp.int32) for x in (sampled, 1, stale, 0, *age_parts)])  # one per pair
     words = _ring.counter_add(totals[:HIST].reshape(-1, 2), inc).reshape(-1)
     head = jnp.where(jnp.arange(HIST) == AGE_MAX, jnp.maximum(words, age_max), words)
     return jax.lax.dynamic_update_slice(totals, head, (0,))
@@ -179,7 +193,14 @@ def held_counts(counts: np.ndarray, head: int, num_valid: int, ring: int) -> np.
     return counts[np.broadcast_to(held, counts.shape)]
 
 
-def summary(inserts: int, samples: int, record_calls: int, stale: int, age_sum: float, age_max: int, age_hist: np.ndarray,
+def age_sum(parts) -> int:
+    """Host-side exact sum of the recorded ages from `Metrics.age_sum_parts` (`[..., 3, 2]`: summed over any leading
+    axes, e.g. shards): a Python int; forces a device transfer."""
+    values = np.asarray(_ring.counter_value(np.asarray(parts).reshape(-1, 3, 2))).reshape(-1, 3)
+    return sum(int(v) << (AGE_PART_BITS * k) for row in values.tolist() for k, v in enumerate(row))
+
+
+def summary(inserts: int, samples: int, record_calls: int, stale: int, age_sum: int, age_max: int, age_hist: np.ndarray,
             counts: np.ndarray | None) -> dict:
     """The dict `Recorded.stats` returns, from host values: the counters, the age sum, largest age and bins, and the
     per-position counts of the positions held (None: not kept)."""
@@ -274,7 +295,8 @@ class Recorded:
         if m.per_slot:
             counts = held_counts(np.asarray(m.sample_count).reshape(-1, ring), int(head), int(num_valid), ring)
         out = summary(_ring.counter_value(added), _ring.counter_value(m.sampled), _ring.counter_value(m.record_calls),
-                      _ring.counter_value(m.stale), float(m.age_sum), int(m.age_max), np.asarray(m.age_hist), counts)
+                      _ring.counter_value(m.stale), age_sum(m.age_sum_parts), int(m.age_max), np.asarray(m.age_hist),
+                      counts)
         if timing is not None:
             out["timing"] = timing.summary(f"{type(self).__name__}.")
         return out

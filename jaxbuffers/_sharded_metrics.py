@@ -118,5 +118,5 @@ class ShardedRecorded:
         return _metrics.summary(
             int(inserts.max() if isinstance(owner, TrajectoryBuffer) else inserts.sum()),
             int(_ring.counter_value(_host(m.sampled)).sum()), int(_ring.counter_value(_host(m.record_calls)).max()),
-            int(_ring.counter_value(_host(m.stale)).sum()), float(_host(m.age_sum).astype(np.float64).sum()),
+            int(_ring.counter_value(_host(m.stale)).sum()), _metrics.age_sum(_host(m.age_sum_parts)),
             int(_host(m.age_max).max()), _host(m.age_hist).astype(np.int64).sum(axis=0), counts)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxbuffers as jb
+from jaxbuffers import _metrics as mm
 from jaxbuffers._metrics import HIST
 from metrics_model import RingModel, metrics_of as _metrics
 
@@ -182,12 +183,23 @@ def test_the_counters_carry_into_their_high_words_exactly():
         assert 0 <= int(counter[1]) <= LOW_MASK
 
 
-def test_the_age_sum_of_a_large_batch_does_not_wrap():
+def test_the_age_sum_is_exact_for_large_batches_and_long_runs():
     buf = jb.ReplayBuffer.create(ITEM, 2**16).add(_zeros(ITEM, (2**16,)))  # slot 0 holds the oldest: age 2**16 - 1
-    for b in (2**15, 2**15 + 1):  # exact 16-bit halves up to 2**15 draws, float32 beyond (the halves would wrap)
+    for b in (2**15, 2**15 + 1, 2**17):  # part sums per call stay below 2**30 up to MAX_RECORD draws
         s = buf.record(jb.ReplaySample(item=None, indices=jnp.zeros(b, jnp.int32))).stats()
-        assert s["samples"] == b and s["age_max"] == 2**16 - 1
-        assert s["age_mean"] == pytest.approx(2**16 - 1, rel=1e-4)  # float32 sums: no wrap to a negative sum
+        assert s["samples"] == b and s["age_max"] == 2**16 - 1 and s["age_mean"] == 2**16 - 1
+    # a long run of calls with ages 2**16 - 1 and 1: the float32 running sum these replace drifts from the exact one
+    step = jax.jit(lambda b, i: b.record(jb.ReplaySample(item=None, indices=i)))
+    idx = jnp.concatenate([jnp.zeros(2**12 + 1, jnp.int32), jnp.full(2**12, 2**16 - 2, jnp.int32)])
+    for _ in range(300):
+        buf = step(buf, idx)
+    s = buf.stats()
+    calls, per_call = 300, (2**12 + 1) * (2**16 - 1) + 2**12 * 1  # odd: a float32 running sum loses its low bits
+    assert s["samples"] == calls * (2**13 + 1) and s["age_mean"] == calls * per_call / (calls * (2**13 + 1))
+    parts = np.asarray(buf.metrics.age_sum_parts)
+    assert mm.age_sum(parts) == calls * per_call and parts.shape == (3, 2)
+    with pytest.raises(ValueError, match="record: expected at most"):
+        buf.record(jb.ReplaySample(item=None, indices=jnp.zeros(mm.MAX_RECORD + 1, jnp.int32)))
 
 
 def test_record_of_a_stacked_buffer_counts_each_member_apart():
