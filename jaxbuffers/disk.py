@@ -40,6 +40,7 @@ from flax import struct
 from host_codecs import dtype_from_code
 from host_codecs.file_store import ReadOnlyError
 from jaxbuffers import _compiled, _disk_folder, _validate, checkpoint
+from jaxbuffers._checkpoint_describe import config_differences, differences_text
 from jaxbuffers._disk_folder import FORMAT_VERSION, DiskStores, FolderLockedError
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import HostStores, StaleBufferError
@@ -244,9 +245,9 @@ def _same_configuration(buffers: Sequence[Any], cls: type, sizes: tuple[str, ...
         cfg = checkpoint._json_config({k: v for k, v in describe(b.replace(host=like)).items() if k not in sizes})
         if ref is None:
             ref = cfg
-        for k in sorted(set(cfg) | set(ref)):
-            if cfg.get(k) != ref.get(k):
-                raise ValueError(f"buffers[{i}]: config {k!r} is {cfg.get(k)!r:.200}, buffers[0] has {ref.get(k)!r:.200}")
+        differences = config_differences(cfg, ref, (f"buffers[{i}]", "buffers[0]"))
+        if differences:
+            raise ValueError(f"buffers[{i}]: {differences_text(differences)}")
     return buffers
 
 
