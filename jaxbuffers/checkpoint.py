@@ -538,18 +538,31 @@ def to_bytes(buffers: dict[str, Any]) -> bytes:
     byte-oriented channel (e.g. `__getstate__`) without pickling them.
 
     Raises:
+      TypeError: `buffers` not a dict (e.g. one buffer: pass `{"name": buffer}`), a name not a str, or a value not a
+        jaxbuffers buffer (naming it), before anything is written.
       ValueError: a name that is not a plain folder name. Otherwise as `save`.
       NotImplementedError: `jax.process_count() > 1` (an archive is one process's).
     """
     _validate.single_process("to_bytes", _ONE_PROCESS)
+    for name, buf in _named_buffers("buffers", buffers, "buffer").items():
+        _entry(_sharded(buf)[0], f"buffers[{name!r}]")
     out = io.BytesIO()
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(fileobj=out, mode="w") as tar:
         for name, buf in buffers.items():
-            if not name or not all(c.isalnum() or c in "_-" for c in name):
-                raise ValueError(f"buffers: expected plain folder names, got {name!r}")
             save(Path(tmp) / name, buf, progress=False)
             tar.add(Path(tmp) / name, arcname=name)
     return out.getvalue()
+
+
+def _named_buffers(name: str, value: Any, what: str) -> dict:
+    """`value` if it is a dict whose keys are plain folder names (letters, digits, `_` and `-`), else TypeError (not a
+    dict, a key not a str) or ValueError (another str) naming `name`, what was expected and what came."""
+    _validate.instance(name, value, dict, f'a dict of name -> {what} (one buffer: {{"name": buffer}})')
+    for k in value:
+        _validate.instance(f"{name} key {k!r:.40}", k, str, "a str (a folder name in the archive)")
+        if not k or not all(c.isalnum() or c in "_-" for c in k):
+            raise ValueError(f"{name}: expected plain folder names (letters, digits, _ and -), got {k!r}")
+    return value
 
 
 def from_bytes(data: bytes, targets: dict[str, Any]) -> dict[str, Any]:
@@ -558,9 +571,16 @@ def from_bytes(data: bytes, targets: dict[str, Any]) -> dict[str, Any]:
     Only plain files and folders inside the archive are extracted (no links, no absolute or `..` paths).
 
     Raises:
+      TypeError: `data` not bytes, `targets` not a dict of name -> target buffer or None (e.g. one buffer: pass
+        `{"name": buffer}`), or a target not a jaxbuffers buffer (naming it).
+      ValueError: a name that is not a plain folder name.
       CheckpointError: not such an archive, a member that is not a plain file or folder, a missing name, or
         `restore`'s errors (the message names the file).
     """
+    _validate.instance("data", data, (bytes, bytearray, memoryview), "the bytes of a jaxbuffers.checkpoint.to_bytes archive")
+    for name, target in _named_buffers("targets", targets, "target buffer or None").items():
+        if target is not None:
+            _entry(_sharded(target)[0], f"targets[{name!r}]")
     try:
         tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
     except tarfile.TarError as e:
@@ -622,6 +642,8 @@ class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
     def restore(self, directory, args: "BufferRestore | None" = None) -> Any:
         """The buffer in `directory` (`restore`'s arguments from `args`)."""
         args = args or BufferRestore()
+        if args.target is not None:
+            _entry(_sharded(args.target)[0], "target")
         bar = _Progress(self.progress, "restore buffer")
         try:
             return _read(Path(directory), args.target, args.sharding, bar)
