@@ -81,8 +81,8 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
-    _check_hashes, _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
-    _write_manifest,
+    _check_hashes, _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _through_link,
+    _verify, _write_manifest,
 )
 from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
 from jaxbuffers.sharding import ShardedBuffer
@@ -401,6 +401,7 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
 
     Args:
       directory: the checkpoint folder. An existing checkpoint there is replaced only once the new one is complete.
+        A symbolic link is written through: the folder it points to is replaced and the link kept.
       buffer: any jaxbuffers buffer (`ReplayBuffer`, `PrioritisedReplayBuffer`, `TrajectoryBuffer`,
         `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not,
         or a `ShardedBuffer` (saved as its shards: a buffer stacked `[S]`, one host store per shard for compressed
@@ -433,7 +434,7 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
 
 def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host: bool = True, blocking: bool = True) -> Path | PendingSave:
     """`save`, with `_snapshot`'s `host`."""
-    path = _validate.path("directory", directory).absolute()
+    path = _through_link(_validate.path("directory", directory).absolute())
     _describe(buffer)  # its TypeErrors before anything is created
     if progress is not None:
         _validate.static_bool("progress", progress)
@@ -516,7 +517,7 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
     checkpoint saved by one process or by several restores either way), and an error is raised on every process; any
     other buffer is read whole by each process, onto its own devices by default.
     """
-    path = _validate.path("directory", directory).absolute()
+    path = _through_link(_validate.path("directory", directory).absolute())
     if target is not None:
         _entry(_sharded(target)[0], "target")
     if progress is not None:

@@ -454,6 +454,27 @@ def test_save_refuses_to_replace_a_folder_that_is_not_a_checkpoint(tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
+def test_save_writes_through_a_symbolic_link(tmp_path):
+    """A `latest -> ckpt_N` link is kept: the folder it points to is replaced (atomically) and read back through it;
+    a link to a folder not written yet creates that folder; restore follows the link to the target's `.prev`."""
+    one, two = _filled_replay(16), _filled_replay(32)
+    jb.save(tmp_path / "ckpt_1", one)
+    (tmp_path / "latest").symlink_to("ckpt_1")  # relative, as `ln -s ckpt_1 latest` makes it
+    saved = jb.save(tmp_path / "latest", two)
+    assert (tmp_path / "latest").is_symlink() and os.readlink(tmp_path / "latest") == "ckpt_1"
+    assert saved == tmp_path / "ckpt_1"
+    _assert_same(jb.restore(tmp_path / "ckpt_1"), two)
+    _assert_same(jb.restore(tmp_path / "latest"), two)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["ckpt_1", "latest"]
+    (tmp_path / "latest").unlink()
+    (tmp_path / "latest").symlink_to(tmp_path / "ckpt_2")  # not written yet
+    jb.save(tmp_path / "latest", one)
+    assert (tmp_path / "latest").is_symlink() and (tmp_path / "ckpt_2" / "manifest.json").is_file()
+    _assert_same(jb.restore(tmp_path / "latest"), one)
+    os.rename(tmp_path / "ckpt_2", tmp_path / ".ckpt_2.prev")  # a crash between a save's two renames
+    _assert_same(jb.restore(tmp_path / "latest"), one)
+
+
 def test_stale_compressed_state_is_refused(tmp_path):
     create, add, data, *_ = CASES["compressed-trajectory"]()
     rng = np.random.default_rng(0)
