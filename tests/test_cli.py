@@ -181,6 +181,36 @@ def test_inspect_json(saved, capsys, name):
         assert s["metrics"]["sample_count"]["positions_held"] == (count if "Episode" in name else held)
 
 
+def test_a_checkpoint_saved_with_x64_is_read(tmp_path, capsys):
+    """64-bit fields (saved with jax_enable_x64 on) are read as saved: the command turns x64 on while it runs (and
+    back off after), where it used to refuse the checkpoint ("cannot be stored without narrowing")."""
+    big = 2**40
+    with jax.enable_x64(True):
+        buf = jb.ReplayBuffer.create({"obs": jnp.zeros((3,), jnp.float64), "action": jnp.int64(0), "reward": jnp.float32(0)}, capacity=8)
+        buf = buf.add({"obs": jnp.full((5, 3), 0.1, jnp.float64) + jnp.arange(5.0)[:, None],
+                       "action": big + jnp.arange(5, dtype=jnp.int64), "reward": jnp.arange(5, dtype=jnp.float32)})
+        jb.save(tmp_path / "ck", buf, progress=False)
+    code, out, err = run(capsys, "inspect", tmp_path / "ck", "--json")
+    assert code == 0, err
+    assert jax.config.jax_enable_x64 is False
+    fields = {f["field"]: f for f in json.loads(out)["fields"]}
+    assert (fields["action"]["dtype"], fields["action"]["min"], fields["action"]["max"]) == ("int64", big, big + 4)
+    assert (fields["obs"]["dtype"], fields["obs"]["min"], fields["obs"]["max"]) == ("float64", 0.1, 4.1)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_a_32_bit_checkpoint_reads_the_same_with_x64(saved, capsys, name):
+    """The command's x64 changes nothing for a 32-bit checkpoint: its summary is the one computed with x64 off."""
+    from jaxbuffers.cli._commands import load, summary
+
+    assert jax.config.jax_enable_x64 is False
+    buffer, meta, root = load(saved[name], progress=False)
+    want = json.loads(json.dumps(summary(buffer, meta, root, progress=False)))
+    code, out, err = run(capsys, "inspect", saved[name], "--json")
+    assert code == 0, err
+    assert json.loads(out) == want
+
+
 def test_inspect_statistics_and_priorities(saved, capsys):
     s = json.loads(run(capsys, "inspect", saved["PrioritisedReplayBuffer"], "--json")[1])
     reward = next(f for f in s["fields"] if f["field"] == "reward")

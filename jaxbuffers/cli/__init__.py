@@ -11,6 +11,7 @@ PATH is a folder written by `jaxbuffers.save` (any buffer type), or the folder o
 (`jaxbuffers.disk`, opened read-only). Of a stacked (vmapped) buffer, `--member I` picks one member; `inspect` without
 it prints a summary per member. A saved `ShardedBuffer` is read as its shards stacked, one member per shard. How steps are cut into episodes and numbered, and
 how an image field and its frame stack are recognised: `jaxbuffers.cli._view` and `jaxbuffers.cli._images`. The
+commands run with `jax_enable_x64` on, so a checkpoint with 64-bit fields reads as saved. The
 commands need the `inspect` extra (`pip install 'jaxbuffers[inspect]'`: rich, Pillow, imageio, imageio-ffmpeg).
 """
 
@@ -99,8 +100,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the `jaxbuffers` command with `argv` (default: `sys.argv[1:]`); returns the exit status."""
+    """Run the `jaxbuffers` command with `argv` (default: `sys.argv[1:]`); returns the exit status.
+
+    The command runs with `jax_enable_x64` on (restored on return), so a checkpoint with 64-bit fields reads as
+    saved; a 32-bit checkpoint reads and shows the same either way (every leaf keeps its saved dtype)."""
     args = build_parser().parse_args(argv)
+    import jax
+
+    x64 = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        return _run(args)
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """`main` once its arguments are parsed."""
     from jaxbuffers.cli._commands import (
         CliError, load, member, print_stacked_summary, print_summary, stack_shape, stacked_summary, summary, write_sheet,
         write_video,
