@@ -391,6 +391,24 @@ def test_help_of_every_command():
     assert out.returncode == 0 and all(c in out.stdout for c in ("inspect", "video", "sheet", "serve"))
 
 
+@pytest.mark.parametrize("cmd", [["inspect", "P"], ["video", "P", "--episode", "0", "--out", "x.gif"],
+                                 ["sheet", "P", "--out", "x.png"], ["serve", "P"]], ids=lambda c: c[0])
+def test_global_options_go_before_or_after_the_command(cmd):
+    """`--no-progress` is taken before the sub-command, after it, or both (was "unrecognized arguments" after)."""
+    from jaxbuffers.cli import build_parser
+
+    for argv, want in (([*cmd], False), (["--no-progress", *cmd], True), ([*cmd, "--no-progress"], True),
+                       ([cmd[0], "--no-progress", *cmd[1:]], True), (["--no-progress", *cmd, "--no-progress"], True)):
+        assert build_parser().parse_args(argv).no_progress is want, argv
+
+
+def test_no_progress_after_the_command_runs_it(saved, capsys):
+    code = main(["inspect", str(saved["ReplayBuffer"]), "--json", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["type"] == "ReplayBuffer" and err == ""
+
+
 def test_console_script_declared():
     import importlib
     import tomllib

@@ -44,13 +44,21 @@ def _image_args(p: argparse.ArgumentParser) -> None:
                    help="tile: a stack's frames side by side, oldest first (default); newest: its newest frame only")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the `jaxbuffers` command (one sub-command per tool)."""
-    parser = argparse.ArgumentParser(prog="jaxbuffers", description="See what is in a saved jaxbuffers buffer.", epilog=_EPILOG)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+def _global_args(p: argparse.ArgumentParser, default) -> argparse.ArgumentParser:
+    """The options of every command, taken before or after the sub-command: `default` is their value in the main
+    parser, `argparse.SUPPRESS` in each sub-command's (so that one left out there keeps the value given before)."""
+    p.add_argument("--no-progress", action="store_true", default=default, help="no progress bars")
+    return p
 
-    p = sub.add_parser("inspect", help="type, configuration, sizes, bytes, per-field statistics, episodes, priorities",
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `jaxbuffers` command (one sub-command per tool). The global options (`--no-progress`)
+    go before or after the sub-command."""
+    parser = _global_args(argparse.ArgumentParser(prog="jaxbuffers", description="See what is in a saved jaxbuffers buffer.", epilog=_EPILOG), False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = [_global_args(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)]
+
+    p = sub.add_parser("inspect", parents=common, help="type, configuration, sizes, bytes, per-field statistics, episodes, priorities",
                        description="Print what a saved buffer holds: its type and configuration, steps held, bytes on "
                                    "device, host and disk, each field's dtype, shape, min, max and mean (compressed "
                                    "fields decoded), episode counts and a length histogram, an episode buffer's meta fields, "
@@ -62,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-decode", action="store_true", help="skip the statistics of compressed fields (they decode "
                    "every stored observation)")
 
-    p = sub.add_parser("video", help="write one episode's frames as mp4, gif or PNG frames",
+    p = sub.add_parser("video", parents=common, help="write one episode's frames as mp4, gif or PNG frames",
                        description="Write the frames of one episode exactly as stored (a compressed buffer's frame "
                                    "stacks rebuilt), with a band below each frame giving the episode, step, reward "
                                    "and end flags. .mp4 is H.264 (lossy); .gif and PNG frames are lossless for gray "
@@ -76,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=float, default=15.0, help="frames per second (default 15)")
     _image_args(p)
 
-    p = sub.add_parser("sheet", help="a contact sheet of sampled frames with episode/step labels",
+    p = sub.add_parser("sheet", parents=common, help="a contact sheet of sampled frames with episode/step labels",
                        description="Draw steps uniformly without replacement (seeded) and write their frames as one "
                                    "PNG grid, each labelled with its episode and step.", epilog=_EPILOG)
     _path_args(p)
@@ -88,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=int, default=1, help="integer upscaling, nearest neighbour (default 1)")
     _image_args(p)
 
-    p = sub.add_parser("serve", help="a local web page to step through episodes frame by frame",
+    p = sub.add_parser("serve", parents=common, help="a local web page to step through episodes frame by frame",
                        description="Serve a page on 127.0.0.1 (loopback only) with an episode list, the frame as "
                                    "stored, the step's fields beside it, and prev/next buttons (arrow keys). Stop "
                                    "with Ctrl-C.", epilog=_EPILOG)
