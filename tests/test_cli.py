@@ -504,6 +504,36 @@ def test_disk_backed_folder(tmp_path, capsys):
     np.testing.assert_array_equal(got, [tiled(x) for x in stacks()[0][: TRUNC_AT + 1, 1]])
 
 
+def test_disk_bytes_are_the_space_used(tmp_path, capsys):
+    """A `codec="none"` disk folder's files are sparse: `disk` is the space they take (allocated blocks), which grows
+    as frames are written, while their apparent size (`disk_apparent`) is the same empty or filled."""
+    from jaxbuffers import disk
+
+    def folder(name: str, fill: bool) -> dict:
+        buf = disk.open(tmp_path / name, "w", CompressedTrajectoryBuffer.create(_step((H, H)), num_envs=E, length=512, codec="none"))
+        if fill:
+            rng = np.random.default_rng(0)
+            n = 256
+            buf = buf.add({"obs": rng.integers(0, 255, (E, n, H, H), np.uint8), "action": np.zeros((E, n), np.int32),
+                           "reward": np.zeros((E, n), np.float32)}, terminated=np.zeros((E, n), bool))
+        disk.flush(buf)
+        buf.close()
+        code, out, err = run(capsys, "inspect", tmp_path / name, "--json", "--no-decode")
+        assert code == 0, err
+        files = [p.stat() for p in (tmp_path / name).rglob("*") if p.is_file()]
+        b = json.loads(out)["bytes"]
+        assert b["disk"] == sum(st.st_blocks * 512 for st in files) and b["disk_apparent"] == sum(st.st_size for st in files)
+        return b
+
+    empty, full = folder("empty", False), folder("full", True)
+    if empty["disk"] >= empty["disk_apparent"]:
+        pytest.skip("this file system does not keep the files sparse")
+    assert abs(full["disk_apparent"] - empty["disk_apparent"]) < 8192  # the same data files, the state beside them
+    assert full["disk"] - empty["disk"] >= E * 256 * H * H  # the frames written take space
+    code, out, _ = run(capsys, "inspect", tmp_path / "empty", "--no-decode")
+    assert code == 0 and "apparent" in out
+
+
 def test_serve_command(saved):
     """The real command in its own process: it prints its loopback URL and answers on it."""
     proc = subprocess.Popen([sys.executable, "-m", "jaxbuffers.cli", "--no-progress", "serve", str(saved["TrajectoryBuffer"]), "--port", "0"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,31 @@ def _example(tree: Any) -> Any:
 
 
 def _bytes(buffer: Any, root: Path | None) -> dict[str, int]:
+    """Bytes of `buffer`: `device` (its arrays), `host` (its host stores), and of its folder `root`: `disk`, the space
+    its files take (allocated blocks: a never-written part of a sparse file, e.g. a slot of a `codec="none"` disk
+    folder, takes none) and `disk_apparent`, the sum of their sizes."""
     from jaxbuffers import _validate
 
     host = int(getattr(buffer, "host_nbytes", 0) or 0)
-    disk = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root is not None else None
-    return {"device": _validate.tree_nbytes(buffer), "host": host, "disk": disk}
+    stats = [p.stat() for p in root.rglob("*") if p.is_file()] if root is not None else None
+    return {"device": _validate.tree_nbytes(buffer), "host": host,
+            "disk": None if stats is None else sum(_allocated(st) for st in stats),
+            "disk_apparent": None if stats is None else sum(st.st_size for st in stats)}
+
+
+def _allocated(st: os.stat_result) -> int:
+    """Bytes a file takes on its file system: its 512-byte blocks (POSIX `st_blocks`), else its size."""
+    blocks = getattr(st, "st_blocks", None)
+    return st.st_size if blocks is None else blocks * 512
+
+
+def _fmt_sizes(b: dict) -> str:
+    """The `bytes` of a summary in words: device, host, and disk used (with the files' apparent size where it
+    differs, e.g. sparse files)."""
+    disk = _fmt_bytes(b["disk"])
+    if b.get("disk_apparent") is not None and _fmt_bytes(b["disk_apparent"]) != disk:
+        disk += f" allocated, {_fmt_bytes(b['disk_apparent'])} apparent"
+    return f"device {_fmt_bytes(b['device'])}, host {_fmt_bytes(b['host'])}, disk {disk}"
 
 
 def _field_stats(view: BufferView, name: str, progress: bool | None, decode: bool = True) -> dict:
@@ -308,8 +329,7 @@ def print_summary(s: dict, console=None) -> None:
     head.add_row("size()", str(s["size"]))
     if s["num_added"] is not None:
         head.add_row(f"ever added ({s.get('num_added_unit') or 'items'})", _num(s["num_added"]))
-    b = s["bytes"]
-    head.add_row("bytes", f"device {_fmt_bytes(b['device'])}, host {_fmt_bytes(b['host'])}, disk {_fmt_bytes(b['disk'])}")
+    head.add_row("bytes", _fmt_sizes(s["bytes"]))
     for k, v in s["config"].items():
         head.add_row(k, json.dumps(v) if isinstance(v, (dict, list)) else str(v))
     console.print(head)
@@ -377,12 +397,11 @@ def print_stacked_summary(s: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    b = s["bytes"]
     sharded = s.get("sharded")
     what = "shard" if sharded else "member"
     kind = (f"ShardedBuffer of {sharded['num_shards']} shards (mesh axis {sharded['axis']!r})" if sharded else "stacked")
     t = Table(title=f"{s['type']} {kind} {tuple(s['stack_shape'])}  {s['path'] or ''}",
-              caption=f"bytes: device {_fmt_bytes(b['device'])}, host {_fmt_bytes(b['host'])}, disk {_fmt_bytes(b['disk'])}; "
+              caption=f"bytes: {_fmt_sizes(s['bytes'])}; "
                       f"--member I for one {what}'s full tables")
     unit = (s["members"][0].get("num_added_unit") or "items") if s["members"] else "items"
     for c in (what, "steps held", f"ever added ({unit})", "episodes (complete)", "mean length", "samples recorded"):
