@@ -353,6 +353,32 @@ def test_video_mp4_with_overlay(saved, capsys, tmp_path):
     assert frames[0].shape[1] >= K * H * 2 and frames[0].shape[0] > H * 2  # scaled x2, plus the text band
 
 
+def test_video_mp4_forks_no_copy_of_this_process(saved, capsys, tmp_path):
+    """The encoder starts without a fork of this (multithreaded, JAX) process running Python: no at-fork handler runs,
+    so JAX's "os.fork() was called ... deadlock" warning is not given (imageio's writer gave it on every .mp4)."""
+    pytest.importorskip("imageio_ffmpeg")
+    import os
+    import warnings
+
+    forks = []
+    os.register_at_fork(before=lambda: forks.append(1))  # runs only where Python forks itself (os.fork, preexec_fn)
+    jax.devices()  # JAX's own at-fork warning is installed with its backends
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = run(capsys, "video", saved["CompressedTrajectoryBuffer"], "--episode", 0, "--out", tmp_path / "ep.mp4")
+    assert code == 0, err
+    assert (tmp_path / "ep.mp4").stat().st_size > 0
+    assert not forks and not [w for w in caught if "fork" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_video_mp4_encoder_errors_are_one_line(saved, capsys, tmp_path, monkeypatch):
+    """An encoder that fails is one error line with its exit status, the file not claimed written."""
+    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+    monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", lambda: "false")
+    code, out, err = run(capsys, "video", saved["CompressedTrajectoryBuffer"], "--episode", 0, "--out", tmp_path / "ep.mp4")
+    assert code == 2 and "--out: ffmpeg could not write" in err and "exit status 1" in err and out == ""
+
+
 def test_sheet(saved, capsys, tmp_path):
     from PIL import Image
 

@@ -491,17 +491,57 @@ def _write_frames(out: Path, suffix: str, pics: list, fps: float, progress: bool
         ims = [Image.fromarray(p) for p in pics]
         ims[0].save(out, save_all=True, append_images=ims[1:], duration=round(1000 / fps), loop=0, optimize=False)
     elif suffix == ".mp4":
+        _write_mp4(out, pics, fps, bar)
+
+
+_PIXEL_FORMATS = {(2, 1): "gray", (3, 1): "gray", (3, 3): "rgb24", (3, 4): "rgba"}  # (ndim, channels) -> ffmpeg's name
+_MP4_CRF = 10  # H.264 constant rate factor (0 lossless .. 51 worst)
+
+
+def _write_mp4(out: Path, pics: list, fps: float, bar) -> None:
+    """H.264 `.mp4` of `pics` (uint8 `[H, W]` or `[H, W, C]`, padded to even sides) by the ffmpeg executable that
+    imageio-ffmpeg ships, fed raw frames through a pipe.
+
+    The encoder is started with `start_new_session` (a terminal's Ctrl-C stops this command, which then stops the
+    encoder, rather than the encoder alone): that is done by C code between fork and exec, so CPython starts the
+    child with vfork and no Python runs in it, and JAX's threads are never forked. (imageio's writer passes
+    `preexec_fn=os.setpgrp`, which forks this multithreaded process and runs Python in the copy: the deadlock JAX
+    warns of.)"""
+    import subprocess
+
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        raise CliError("--out: writing .mp4 needs imageio-ffmpeg (pip install 'jaxbuffers[inspect]'); "
+                       "or write a .gif or a folder of PNG frames") from None
+    h, w = pics[0].shape[:2]
+    pix = _PIXEL_FORMATS.get((pics[0].ndim, pics[0].shape[2] if pics[0].ndim == 3 else 1))
+    if pix is None:
+        raise CliError(f"--out: an .mp4 takes gray, RGB or RGBA pictures, got pictures of shape {pics[0].shape}")
+    pad = ((0, h % 2), (0, w % 2)) + (((0, 0),) if pics[0].ndim == 3 else ())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", pix,
+           "-s", f"{w + w % 2}x{h + h % 2}", "-r", repr(float(fps)), "-i", "-", "-an", "-c:v", "libx264",
+           "-pix_fmt", "yuv420p", "-crf", str(_MP4_CRF), str(out)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
         try:
-            import imageio.v2 as iio
-        except ImportError:
-            raise CliError("--out: writing .mp4 needs imageio and imageio-ffmpeg (pip install 'jaxbuffers[inspect]'); "
-                           "or write a .gif or a folder of PNG frames") from None
-        out.parent.mkdir(parents=True, exist_ok=True)
-        h, w = pics[0].shape[:2]
-        pad = ((0, h % 2), (0, w % 2)) + (((0, 0),) if pics[0].ndim == 3 else ())
-        with iio.get_writer(out, fps=fps, codec="libx264", macro_block_size=1, quality=8) as writer:
             for p in bar(pics):
-                writer.append_data(np.pad(p, pad))
+                proc.stdin.write(np.ascontiguousarray(np.pad(p, pad)).tobytes())
+            proc.stdin.close()
+        except BrokenPipeError:  # the encoder stopped: its message follows
+            pass
+        err = proc.stderr.read().decode(errors="replace").strip()
+        proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stderr.close()
+    if proc.returncode != 0:
+        raise CliError(f"--out: ffmpeg could not write {out} (exit status {proc.returncode}): {err[-500:]}")
 
 
 def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: int = 8, seed: int = 0,
