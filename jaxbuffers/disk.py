@@ -165,7 +165,9 @@ def _reopen(d: Path, mode: str, buffer: Any, lock: Any) -> Any:
     kind = "raw" if like.codec == "none" else "chunks"
     want = [{"name": n, "shape": list(s._declared[1]), "dtype": dtype_from_code(s._declared[0]).name, "kind": kind} for n, s in zip(like.names, like.stores)]
     saved = [{k: s.get(k, "raw") for k in ("name", "shape", "dtype", "kind")} for s in meta["stores"]]  # version 1: raw stores
-    for field, on_disk, ours in (("num_slots", meta["num_slots"], like.num_slots), ("stores", saved, want)):
+    stores = ([(f"stores[{i}]", a, b) for i, (a, b) in enumerate(zip(saved, want))] if len(saved) == len(want)
+              else [("stores", saved, want)])  # the store that differs, by its index
+    for field, on_disk, ours in (("num_slots", meta["num_slots"], like.num_slots), *stores):
         if on_disk != ours:
             raise checkpoint.CheckpointError(f"{d / 'disk.json'}: {field} is {on_disk!r:.200}, the buffer in {state.name}/ needs {ours!r:.200}")
     if mode == "r+":
