@@ -558,7 +558,8 @@ def to_bytes(buffers: dict[str, Any]) -> bytes:
 def _named_buffers(name: str, value: Any, what: str) -> dict:
     """`value` if it is a dict whose keys are plain folder names (letters, digits, `_` and `-`), else TypeError (not a
     dict, a key not a str) or ValueError (another str) naming `name`, what was expected and what came."""
-    _validate.instance(name, value, dict, f'a dict of name -> {what} (one buffer: {{"name": buffer}})')
+    if not isinstance(value, dict):  # its type only: a buffer's repr is its arrays
+        raise TypeError(f'{name}: expected a dict of name -> {what} (one buffer: {{"name": buffer}}), got {type(value).__name__}')
     for k in value:
         _validate.instance(f"{name} key {k!r:.40}", k, str, "a str (a folder name in the archive)")
         if not k or not all(c.isalnum() or c in "_-" for c in k):
