@@ -269,15 +269,90 @@ def _nbytes(tree: Any) -> int:
     return sum(int(np.prod(np.shape(x))) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
+_TREE_KINDS = ("dict", "list", "tuple", "none", "array")
+_MAX_REPORTED = 5  # differences a message lists before "and N more"
+
+
+def _tree_kind(node: Any) -> str | None:
+    """The kind of an encoded tree node (`_encode`), or None for any other value."""
+    if isinstance(node, dict) and len(node) == 1 and next(iter(node)) in _TREE_KINDS:
+        return next(iter(node))
+    return None
+
+
+def _tree_differences(a: Any, b: Any, where: str, names: tuple[str, str]) -> list[str]:
+    """Where the encoded trees `a` and `b` (`_encode`) differ, one line per differing node: `where` (its path, e.g.
+    `example['obs']['a']`) and what differs, the shape, dtype, keys, length or kind, `a` then `b` (`names`)."""
+    na, nb = names
+    ka, kb = _tree_kind(a), _tree_kind(b)
+    if ka is None or kb is None or ka != kb:
+        return [f"{where}: {_node_text(a, ka)} in {na}, {_node_text(b, kb)} in {nb}"]
+    va, vb = a[ka], b[kb]
+    if ka == "array":
+        (sa, da), (sb, db) = va, vb
+        out = [f"{where}: shape {tuple(sa)} in {na}, {tuple(sb)} in {nb}"] if list(sa) != list(sb) else []
+        return out + ([f"{where}: dtype {da} in {na}, {db} in {nb}"] if da != db else [])
+    if ka == "none":
+        return []
+    if ka in ("list", "tuple"):
+        if len(va) != len(vb):
+            return [f"{where}: {len(va)} items in {na}, {len(vb)} in {nb}"]
+        return [d for i, (x, y) in enumerate(zip(va, vb)) for d in _tree_differences(x, y, f"{where}[{i}]", names)]
+    da, db = dict(va), dict(vb)
+    out = []
+    for name, keys in ((na, [k for k in da if k not in db]), (nb, [k for k in db if k not in da])):
+        if keys:
+            out.append(f"{where}: key{'s' if len(keys) > 1 else ''} {', '.join(map(repr, keys))} only in {name}")
+    out += [d for k in da if k in db for d in _tree_differences(da[k], db[k], f"{where}[{k!r}]", names)]
+    if not out and list(da) != list(db):
+        out = [f"{where}: keys in the order {list(da)} in {na}, {list(db)} in {nb}"]
+    return out
+
+
+def _node_text(node: Any, kind: str | None) -> str:
+    """An encoded tree node (`_encode`) of kind `kind` in words, for a message."""
+    if kind == "array":
+        return f"an array of shape {tuple(node['array'][0])} and dtype {node['array'][1]}"
+    return {None: f"{node!r:.100}", "none": "None"}.get(kind, f"a {kind}")
+
+
+def config_differences(a: dict, b: dict, names: tuple[str, str]) -> list[str]:
+    """Every difference between two described configurations (`_json_config`, so the example and the meta fields are
+    encoded trees), one line each, naming the field and, inside a tree, the leaf's path and what differs:
+    `config 'example' differs at example['reward']: dtype float32 in the checkpoint, float16 in the target`.
+    `names`: what `a` and `b` are, for the message. Plain fields compare by equality."""
+    na, nb = names
+    out = []
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if x == y:
+            continue
+        if _tree_kind(x) is not None and _tree_kind(y) is not None:
+            out += [f"config {k!r} differs at {d}" for d in _tree_differences(x, y, k, names)]
+        else:
+            out.append(f"config {k!r} differs: {x!r:.200} in {na}, {y!r:.200} in {nb}")
+    return out
+
+
+def differences_text(differences: list[str]) -> str:
+    """`config_differences` as one message: the first `_MAX_REPORTED` of them, and how many more."""
+    more = len(differences) - _MAX_REPORTED
+    return "; ".join(differences[:_MAX_REPORTED]) + (f"; and {more} more" if more > 0 else "")
+
+
 def _check_config(name: str, saved: dict, cfg: dict, what: str) -> None:
     if saved["class"] != name:
         raise CheckpointError(f"{what}: the checkpoint holds a {saved['class']}, the target is a {name}")
     ours = _json_config(cfg)
-    for k in sorted(set(ours) | set(saved["config"])):
-        a, b = saved["config"].get(k), ours.get(k)
-        if a != b and not (k == "example" and a is None):
-            hint = f" (create the target with metrics={a}, or restore without a target)" if k == "metrics" else ""
-            raise CheckpointError(f"{what}: config {k!r} of the checkpoint is {a!r:.200}, the target's is {b!r:.200}{hint}")
+    theirs = dict(saved["config"])
+    if theirs.get("example") is None:  # not described in buffer.json: the target's example is taken
+        theirs["example"] = ours.get("example")
+    differences = config_differences(theirs, ours, ("the checkpoint", "the target"))
+    if differences:
+        a = theirs.get("metrics")
+        hint = (f" (create the target with metrics={a}, or restore without a target)"
+                if a != ours.get("metrics") else "")
+        raise CheckpointError(f"{what}: {differences_text(differences)}{hint}")
 
 
 def _check_meta_defaults(target: Any, loaded: list, root: Path, stacked: bool = False, values=np.asarray) -> None:

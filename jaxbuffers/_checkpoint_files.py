@@ -119,6 +119,13 @@ def _is_checkpoint(path: Path) -> bool:
     return (path / "manifest.json").is_file() or (path / "buffer.json").is_file()
 
 
+def _through_link(path: Path) -> Path:
+    """The folder a checkpoint path names: the target of a symbolic link (followed to its end; it need not exist
+    yet), else `path` itself. A save replaces that folder atomically and keeps the link (a `latest -> ckpt_N` layout
+    stays a link to the new checkpoint); a restore reads it and falls back to its `.prev`."""
+    return path.resolve() if path.is_symlink() else path
+
+
 def _prev(path: Path) -> Path:
     return path.parent / f".{path.name}.prev"
 

@@ -81,8 +81,8 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
-    _check_hashes, _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
-    _write_manifest,
+    _check_hashes, _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _through_link,
+    _verify, _write_manifest,
 )
 from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
 from jaxbuffers.sharding import ShardedBuffer
@@ -396,6 +396,7 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
 
     Args:
       directory: the checkpoint folder. An existing checkpoint there is replaced only once the new one is complete.
+        A symbolic link is written through: the folder it points to is replaced and the link kept.
       buffer: any jaxbuffers buffer (`ReplayBuffer`, `PrioritisedReplayBuffer`, `TrajectoryBuffer`,
         `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not,
         or a `ShardedBuffer` (saved as its shards: a buffer stacked `[S]`, one host store per shard for compressed
@@ -428,7 +429,7 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
 
 def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host: bool = True, blocking: bool = True) -> Path | PendingSave:
     """`save`, with `_snapshot`'s `host`."""
-    path = _validate.path("directory", directory).absolute()
+    path = _through_link(_validate.path("directory", directory).absolute())
     _describe(buffer)  # its TypeErrors before anything is created
     if progress is not None:
         _validate.static_bool("progress", progress)
@@ -515,7 +516,7 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
     checkpoint saved by one process or by several restores either way), and an error is raised on every process; any
     other buffer is read whole by each process, onto its own devices by default.
     """
-    path = _validate.path("directory", directory).absolute()
+    path = _through_link(_validate.path("directory", directory).absolute())
     if target is not None:
         _entry(_sharded(target)[0], "target")
     if progress is not None:
@@ -537,18 +538,32 @@ def to_bytes(buffers: dict[str, Any]) -> bytes:
     byte-oriented channel (e.g. `__getstate__`) without pickling them.
 
     Raises:
+      TypeError: `buffers` not a dict (e.g. one buffer: pass `{"name": buffer}`), a name not a str, or a value not a
+        jaxbuffers buffer (naming it), before anything is written.
       ValueError: a name that is not a plain folder name. Otherwise as `save`.
       NotImplementedError: `jax.process_count() > 1` (an archive is one process's).
     """
     _validate.single_process("to_bytes", _ONE_PROCESS)
+    for name, buf in _named_buffers("buffers", buffers, "buffer").items():
+        _entry(_sharded(buf)[0], f"buffers[{name!r}]")
     out = io.BytesIO()
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(fileobj=out, mode="w") as tar:
         for name, buf in buffers.items():
-            if not name or not all(c.isalnum() or c in "_-" for c in name):
-                raise ValueError(f"buffers: expected plain folder names, got {name!r}")
             save(Path(tmp) / name, buf, progress=False)
             tar.add(Path(tmp) / name, arcname=name)
     return out.getvalue()
+
+
+def _named_buffers(name: str, value: Any, what: str) -> dict:
+    """`value` if it is a dict whose keys are plain folder names (letters, digits, `_` and `-`), else TypeError (not a
+    dict, a key not a str) or ValueError (another str) naming `name`, what was expected and what came."""
+    if not isinstance(value, dict):  # its type only: a buffer's repr is its arrays
+        raise TypeError(f'{name}: expected a dict of name -> {what} (one buffer: {{"name": buffer}}), got {type(value).__name__}')
+    for k in value:
+        _validate.instance(f"{name} key {k!r:.40}", k, str, "a str (a folder name in the archive)")
+        if not k or not all(c.isalnum() or c in "_-" for c in k):
+            raise ValueError(f"{name}: expected plain folder names (letters, digits, _ and -), got {k!r}")
+    return value
 
 
 def from_bytes(data: bytes, targets: dict[str, Any]) -> dict[str, Any]:
@@ -557,9 +572,16 @@ def from_bytes(data: bytes, targets: dict[str, Any]) -> dict[str, Any]:
     Only plain files and folders inside the archive are extracted (no links, no absolute or `..` paths).
 
     Raises:
+      TypeError: `data` not bytes, `targets` not a dict of name -> target buffer or None (e.g. one buffer: pass
+        `{"name": buffer}`), or a target not a jaxbuffers buffer (naming it).
+      ValueError: a name that is not a plain folder name.
       CheckpointError: not such an archive, a member that is not a plain file or folder, a missing name, or
         `restore`'s errors (the message names the file).
     """
+    _validate.instance("data", data, (bytes, bytearray, memoryview), "the bytes of a jaxbuffers.checkpoint.to_bytes archive")
+    for name, target in _named_buffers("targets", targets, "target buffer or None").items():
+        if target is not None:
+            _entry(_sharded(target)[0], f"targets[{name!r}]")
     try:
         tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
     except tarfile.TarError as e:
@@ -621,6 +643,8 @@ class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
     def restore(self, directory, args: "BufferRestore | None" = None) -> Any:
         """The buffer in `directory` (`restore`'s arguments from `args`)."""
         args = args or BufferRestore()
+        if args.target is not None:
+            _entry(_sharded(args.target)[0], "target")
         bar = _Progress(self.progress, "restore buffer")
         try:
             return _read(Path(directory), args.target, args.sharding, bar)

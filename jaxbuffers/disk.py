@@ -40,6 +40,7 @@ from flax import struct
 from host_codecs import dtype_from_code
 from host_codecs.file_store import ReadOnlyError
 from jaxbuffers import _compiled, _disk_folder, _validate, checkpoint
+from jaxbuffers._checkpoint_describe import config_differences, differences_text
 from jaxbuffers._disk_folder import FORMAT_VERSION, DiskStores, FolderLockedError
 from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._host import Closing, HostStores, StaleBufferError
@@ -164,7 +165,9 @@ def _reopen(d: Path, mode: str, buffer: Any, lock: Any) -> Any:
     kind = "raw" if like.codec == "none" else "chunks"
     want = [{"name": n, "shape": list(s._declared[1]), "dtype": dtype_from_code(s._declared[0]).name, "kind": kind} for n, s in zip(like.names, like.stores)]
     saved = [{k: s.get(k, "raw") for k in ("name", "shape", "dtype", "kind")} for s in meta["stores"]]  # version 1: raw stores
-    for field, on_disk, ours in (("num_slots", meta["num_slots"], like.num_slots), ("stores", saved, want)):
+    stores = ([(f"stores[{i}]", a, b) for i, (a, b) in enumerate(zip(saved, want))] if len(saved) == len(want)
+              else [("stores", saved, want)])  # the store that differs, by its index
+    for field, on_disk, ours in (("num_slots", meta["num_slots"], like.num_slots), *stores):
         if on_disk != ours:
             raise checkpoint.CheckpointError(f"{d / 'disk.json'}: {field} is {on_disk!r:.200}, the buffer in {state.name}/ needs {ours!r:.200}")
     if mode == "r+":
@@ -251,9 +254,9 @@ def _same_configuration(buffers: Sequence[Any], cls: type, sizes: tuple[str, ...
         cfg = checkpoint._json_config({k: v for k, v in describe(b.replace(host=like)).items() if k not in sizes})
         if ref is None:
             ref = cfg
-        for k in sorted(set(cfg) | set(ref)):
-            if cfg.get(k) != ref.get(k):
-                raise ValueError(f"buffers[{i}]: config {k!r} is {cfg.get(k)!r:.200}, buffers[0] has {ref.get(k)!r:.200}")
+        differences = config_differences(cfg, ref, (f"buffers[{i}]", "buffers[0]"))
+        if differences:
+            raise ValueError(f"buffers[{i}]: {differences_text(differences)}")
     return buffers
 
 

@@ -191,3 +191,38 @@ def test_restore_refuses_a_target_whose_meta_default_differs(kind, tmp_path):
     for target in (_episodes(kind, -1), jax.eval_shape(lambda: other)):
         got = jb.restore(path, target, progress=False)
         assert int(got.meta_defaults["task"] if kind == "device" else got.buffer.meta_defaults["task"]) == -1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# to_bytes / from_bytes: dicts of name -> buffer
+
+ARCHIVE = jb.checkpoint.to_bytes({"replay": BUF})
+
+
+@SETTINGS
+@given(buffers=st.sampled_from([BUF, [BUF], (BUF,), None, "replay", {1: BUF}, {("a",): BUF}, {"a": 3}, {"a": BUF.storage},
+                                {"a": {"b": BUF}}]))
+@example(buffers=BUF)  # was AttributeError: 'ReplayBuffer' object has no attribute 'items'
+def test_to_bytes_refuses_what_is_not_a_dict_of_buffers(buffers):
+    """A TypeError naming `buffers` (a key or a value by its name) and what was expected, before anything is saved."""
+    err = refused(lambda: jb.checkpoint.to_bytes(buffers), "buffers", state=on_disk, exc=(TypeError,))
+    assert "expected" in str(err) and "got" in str(err)
+
+
+@SETTINGS
+@given(data=st.sampled_from([None, "archive", 3, BUF, [ARCHIVE]]),
+       targets=st.sampled_from([BUF, [BUF], None, "replay", {1: BUF}, {"replay": 3}, {"replay": BUF.storage}]))
+@example(data=ARCHIVE.decode("latin-1"), targets=BUF)  # a buffer for targets was AttributeError
+def test_from_bytes_refuses_what_is_not_bytes_or_a_dict_of_targets(data, targets):
+    refused(lambda: jb.checkpoint.from_bytes(data, {"replay": BUF}), "data", state=on_disk, exc=(TypeError,))
+    refused(lambda: jb.checkpoint.from_bytes(ARCHIVE, targets), "targets", state=on_disk, exc=(TypeError,))
+
+
+def test_to_bytes_names_and_the_accepted_forms():
+    """Names that are not plain folder names are a ValueError naming `buffers` / `targets`; a dict of buffers round
+    trips, with a target or None."""
+    refused(lambda: jb.checkpoint.to_bytes({"a/b": BUF}), "buffers", state=on_disk, exc=(ValueError,))
+    refused(lambda: jb.checkpoint.from_bytes(ARCHIVE, {"..": None}), "targets", state=on_disk, exc=(ValueError,))
+    for target in (None, BUF, jax.eval_shape(lambda: BUF)):
+        got = jb.checkpoint.from_bytes(bytearray(ARCHIVE), {"replay": target})
+        assert snapshot(got["replay"]) == snapshot(BUF)

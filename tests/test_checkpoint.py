@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -258,6 +259,26 @@ def test_wrong_config_is_refused_naming_the_field(other, field, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def _nested_item(reward=jnp.float32, a_shape=(3,), **more):
+    return {"obs": {"a": jnp.zeros(a_shape, jnp.bfloat16), "b": jnp.zeros((2, 2), jnp.uint8), **more},
+            "flag": jnp.bool_(False), "action": jnp.int32(0), "reward": jnp.zeros((), reward)}
+
+
+@pytest.mark.parametrize(
+    "item, says",
+    [(_nested_item(jnp.float16), "example['reward']: dtype float32 in the checkpoint, float16 in the target"),
+     (_nested_item(a_shape=(4,)), "example['obs']['a']: shape (3,) in the checkpoint, (4,) in the target"),
+     (_nested_item(c=jnp.zeros(2)), "example['obs']: key 'c' only in the target"),
+     ({**_nested_item(), "obs": [jnp.zeros((3,), jnp.bfloat16)]}, "example['obs']: a dict in the checkpoint, a list in the target")],
+    ids=["dtype", "shape", "key", "structure"],
+)
+def test_a_nested_example_mismatch_names_the_leaf_and_what_differs(item, says, tmp_path):
+    jb.save(tmp_path / "ck", jb.ReplayBuffer.create(_nested_item(), capacity=8))
+    with pytest.raises(jb.CheckpointError, match=re.escape(f"config 'example' differs at {says}")) as e:
+        jb.restore(tmp_path / "ck", jb.ReplayBuffer.create(item, capacity=8))
+    assert str(e.value).count("differs") == 1  # the leaves that agree are not listed
+
+
 def _filled_episodes(**kw):
     create, add, data, *_ = _episode_ops(jb.EpisodeBuffer, STEP)
     buf = create() if not kw else jb.EpisodeBuffer.create(STEP, **{"max_episodes": 3, "max_timesteps": 4, "meta": {"task_id": jnp.int32(-1)}, **kw})
@@ -266,16 +287,18 @@ def _filled_episodes(**kw):
 
 @pytest.mark.parametrize(
     "kw, field",
-    [(dict(max_episodes=4), "max_episodes"), (dict(max_timesteps=5), "max_timesteps"), (dict(circular=False), "circular"),
-     (dict(meta={"task_id": jnp.int32(-1), "goal": jnp.zeros(2)}), "meta"), (dict(meta={"task_id": jnp.int16(-1)}), "meta"),
-     (dict(obs_key="obs", reward_key="reward", action_key="action", meta=None), "meta")],
+    [(dict(max_episodes=4), "max_episodes' differs: 3 in the checkpoint, 4 in the target"),
+     (dict(max_timesteps=5), "max_timesteps' differs"), (dict(circular=False), "circular' differs"),
+     (dict(meta={"task_id": jnp.int32(-1), "goal": jnp.zeros(2)}), "meta' differs at meta: key 'goal' only in the target"),
+     (dict(meta={"task_id": jnp.int16(-1)}), "meta' differs at meta['task_id']: dtype int32 in the checkpoint, int16 in the target"),
+     (dict(obs_key="obs", reward_key="reward", action_key="action", meta=None), "meta' differs at meta: key 'task_id' only in the checkpoint")],
     ids=["max_episodes", "max_timesteps", "circular", "meta-field", "meta-dtype", "no-meta"],
 )
 def test_episode_buffer_wrong_config_is_refused(kw, field, tmp_path):
     jb.save(tmp_path / "ck", _filled_episodes())
     target = jb.EpisodeBuffer.create(STEP, **{"max_episodes": 3, "max_timesteps": 4, "meta": {"task_id": jnp.int32(-1)}, **kw})
     before = jax.tree.map(np.asarray, target)
-    with pytest.raises(jb.CheckpointError, match=f"config '{field}'"):
+    with pytest.raises(jb.CheckpointError, match=re.escape(f"config '{field}")):
         jb.restore(tmp_path / "ck", target)
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(target)):
         np.testing.assert_array_equal(a, b)
@@ -480,6 +503,27 @@ def test_save_refuses_to_replace_a_folder_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(FileExistsError, match="not a jaxbuffers checkpoint"):
         jb.save(tmp_path / "mine", _filled_replay())
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_save_writes_through_a_symbolic_link(tmp_path):
+    """A `latest -> ckpt_N` link is kept: the folder it points to is replaced (atomically) and read back through it;
+    a link to a folder not written yet creates that folder; restore follows the link to the target's `.prev`."""
+    one, two = _filled_replay(16), _filled_replay(32)
+    jb.save(tmp_path / "ckpt_1", one)
+    (tmp_path / "latest").symlink_to("ckpt_1")  # relative, as `ln -s ckpt_1 latest` makes it
+    saved = jb.save(tmp_path / "latest", two)
+    assert (tmp_path / "latest").is_symlink() and os.readlink(tmp_path / "latest") == "ckpt_1"
+    assert saved == tmp_path / "ckpt_1"
+    _assert_same(jb.restore(tmp_path / "ckpt_1"), two)
+    _assert_same(jb.restore(tmp_path / "latest"), two)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["ckpt_1", "latest"]
+    (tmp_path / "latest").unlink()
+    (tmp_path / "latest").symlink_to(tmp_path / "ckpt_2")  # not written yet
+    jb.save(tmp_path / "latest", one)
+    assert (tmp_path / "latest").is_symlink() and (tmp_path / "ckpt_2" / "manifest.json").is_file()
+    _assert_same(jb.restore(tmp_path / "latest"), one)
+    os.rename(tmp_path / "ckpt_2", tmp_path / ".ckpt_2.prev")  # a crash between a save's two renames
+    _assert_same(jb.restore(tmp_path / "latest"), one)
 
 
 def test_stale_compressed_state_is_refused(tmp_path):

@@ -183,6 +183,36 @@ def test_inspect_json(saved, capsys, name):
         assert s["metrics"]["sample_count"]["positions_held"] == (count if "Episode" in name else held)
 
 
+def test_a_checkpoint_saved_with_x64_is_read(tmp_path, capsys):
+    """64-bit fields (saved with jax_enable_x64 on) are read as saved: the command turns x64 on while it runs (and
+    back off after), where it used to refuse the checkpoint ("cannot be stored without narrowing")."""
+    big = 2**40
+    with jax.enable_x64(True):
+        buf = jb.ReplayBuffer.create({"obs": jnp.zeros((3,), jnp.float64), "action": jnp.int64(0), "reward": jnp.float32(0)}, capacity=8)
+        buf = buf.add({"obs": jnp.full((5, 3), 0.1, jnp.float64) + jnp.arange(5.0)[:, None],
+                       "action": big + jnp.arange(5, dtype=jnp.int64), "reward": jnp.arange(5, dtype=jnp.float32)})
+        jb.save(tmp_path / "ck", buf, progress=False)
+    code, out, err = run(capsys, "inspect", tmp_path / "ck", "--json")
+    assert code == 0, err
+    assert jax.config.jax_enable_x64 is False
+    fields = {f["field"]: f for f in json.loads(out)["fields"]}
+    assert (fields["action"]["dtype"], fields["action"]["min"], fields["action"]["max"]) == ("int64", big, big + 4)
+    assert (fields["obs"]["dtype"], fields["obs"]["min"], fields["obs"]["max"]) == ("float64", 0.1, 4.1)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_a_32_bit_checkpoint_reads_the_same_with_x64(saved, capsys, name):
+    """The command's x64 changes nothing for a 32-bit checkpoint: its summary is the one computed with x64 off."""
+    from jaxbuffers.cli._commands import load, summary
+
+    assert jax.config.jax_enable_x64 is False
+    buffer, meta, root = load(saved[name], progress=False)
+    want = json.loads(json.dumps(summary(buffer, meta, root, progress=False)))
+    code, out, err = run(capsys, "inspect", saved[name], "--json")
+    assert code == 0, err
+    assert json.loads(out) == want
+
+
 def test_inspect_statistics_and_priorities(saved, capsys):
     s = json.loads(run(capsys, "inspect", saved["PrioritisedReplayBuffer"], "--json")[1])
     reward = next(f for f in s["fields"] if f["field"] == "reward")
@@ -325,6 +355,32 @@ def test_video_mp4_with_overlay(saved, capsys, tmp_path):
     assert frames[0].shape[1] >= K * H * 2 and frames[0].shape[0] > H * 2  # scaled x2, plus the text band
 
 
+def test_video_mp4_forks_no_copy_of_this_process(saved, capsys, tmp_path):
+    """The encoder starts without a fork of this (multithreaded, JAX) process running Python: no at-fork handler runs,
+    so JAX's "os.fork() was called ... deadlock" warning is not given (imageio's writer gave it on every .mp4)."""
+    pytest.importorskip("imageio_ffmpeg")
+    import os
+    import warnings
+
+    forks = []
+    os.register_at_fork(before=lambda: forks.append(1))  # runs only where Python forks itself (os.fork, preexec_fn)
+    jax.devices()  # JAX's own at-fork warning is installed with its backends
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = run(capsys, "video", saved["CompressedTrajectoryBuffer"], "--episode", 0, "--out", tmp_path / "ep.mp4")
+    assert code == 0, err
+    assert (tmp_path / "ep.mp4").stat().st_size > 0
+    assert not forks and not [w for w in caught if "fork" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_video_mp4_encoder_errors_are_one_line(saved, capsys, tmp_path, monkeypatch):
+    """An encoder that fails is one error line with its exit status, the file not claimed written."""
+    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+    monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", lambda: "false")
+    code, out, err = run(capsys, "video", saved["CompressedTrajectoryBuffer"], "--episode", 0, "--out", tmp_path / "ep.mp4")
+    assert code == 2 and "--out: ffmpeg could not write" in err and "exit status 1" in err and out == ""
+
+
 def test_sheet(saved, capsys, tmp_path):
     from PIL import Image
 
@@ -361,6 +417,24 @@ def test_help_of_every_command():
         assert e.value.code == 0
     out = subprocess.run([sys.executable, "-m", "jaxbuffers.cli", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and all(c in out.stdout for c in ("inspect", "video", "sheet", "serve"))
+
+
+@pytest.mark.parametrize("cmd", [["inspect", "P"], ["video", "P", "--episode", "0", "--out", "x.gif"],
+                                 ["sheet", "P", "--out", "x.png"], ["serve", "P"]], ids=lambda c: c[0])
+def test_global_options_go_before_or_after_the_command(cmd):
+    """`--no-progress` is taken before the sub-command, after it, or both (was "unrecognized arguments" after)."""
+    from jaxbuffers.cli import build_parser
+
+    for argv, want in (([*cmd], False), (["--no-progress", *cmd], True), ([*cmd, "--no-progress"], True),
+                       ([cmd[0], "--no-progress", *cmd[1:]], True), (["--no-progress", *cmd, "--no-progress"], True)):
+        assert build_parser().parse_args(argv).no_progress is want, argv
+
+
+def test_no_progress_after_the_command_runs_it(saved, capsys):
+    code = main(["inspect", str(saved["ReplayBuffer"]), "--json", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["type"] == "ReplayBuffer" and err == ""
 
 
 def test_console_script_declared():
@@ -463,6 +537,36 @@ def test_disk_backed_folder(tmp_path, capsys):
             assert run(capsys, "inspect", tmp_path / "d", "--json")[0] == 0
         gc.collect()
         assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_disk_bytes_are_the_space_used(tmp_path, capsys):
+    """A `codec="none"` disk folder's files are sparse: `disk` is the space they take (allocated blocks), which grows
+    as frames are written, while their apparent size (`disk_apparent`) is the same empty or filled."""
+    from jaxbuffers import disk
+
+    def folder(name: str, fill: bool) -> dict:
+        buf = disk.open(tmp_path / name, "w", CompressedTrajectoryBuffer.create(_step((H, H)), num_envs=E, length=512, codec="none"))
+        if fill:
+            rng = np.random.default_rng(0)
+            n = 256
+            buf = buf.add({"obs": rng.integers(0, 255, (E, n, H, H), np.uint8), "action": np.zeros((E, n), np.int32),
+                           "reward": np.zeros((E, n), np.float32)}, terminated=np.zeros((E, n), bool))
+        disk.flush(buf)
+        buf.close()
+        code, out, err = run(capsys, "inspect", tmp_path / name, "--json", "--no-decode")
+        assert code == 0, err
+        files = [p.stat() for p in (tmp_path / name).rglob("*") if p.is_file()]
+        b = json.loads(out)["bytes"]
+        assert b["disk"] == sum(st.st_blocks * 512 for st in files) and b["disk_apparent"] == sum(st.st_size for st in files)
+        return b
+
+    empty, full = folder("empty", False), folder("full", True)
+    if empty["disk"] >= empty["disk_apparent"]:
+        pytest.skip("this file system does not keep the files sparse")
+    assert abs(full["disk_apparent"] - empty["disk_apparent"]) < 8192  # the same data files, the state beside them
+    assert full["disk"] - empty["disk"] >= E * 256 * H * H  # the frames written take space
+    code, out, _ = run(capsys, "inspect", tmp_path / "empty", "--no-decode")
+    assert code == 0 and "apparent" in out
 
 
 def test_serve_command(saved):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -151,7 +152,7 @@ def test_config_checks_name_the_field(folder, tmp_path):
     meta = json.loads((path / "disk.json").read_text())
     meta["stores"][0]["shape"] = [6, 7]
     (path / "disk.json").write_text(json.dumps(meta))
-    with pytest.raises(jb.CheckpointError, match="disk.json: stores is"):
+    with pytest.raises(jb.CheckpointError, match=r"disk.json: stores\[0\] is \{.*'shape': \[6, 7\].*needs \{.*'shape': \[6, 6\]"):
         disk.open(path, "r")
     with pytest.raises(ValueError, match="keyframe_interval=2 with codec='none'"):
         disk.open(tmp_path / "z", "w", _make(keyframe_interval=2))
@@ -229,7 +230,7 @@ def test_concatenated_is_uniform_over_the_union_with_exact_contents(tmp_path):
 def test_concatenated_refuses_other_configurations(tmp_path):
     a = jb.CompressedTrajectoryBuffer.create(ITEM, num_envs=1, length=4, codec="none")
     b = jb.CompressedTrajectoryBuffer.create({**ITEM, "action": jnp.float32(0)}, num_envs=1, length=4, codec="none")
-    with pytest.raises(ValueError, match=r"buffers\[1\]: config 'example'"):
+    with pytest.raises(ValueError, match=re.escape("buffers[1]: config 'example' differs at example['action']: dtype float32 in buffers[1], int32 in buffers[0]")):
         disk.Concatenated.create([a, b])
     c = jb.CompressedTrajectoryBuffer.create(ITEM, num_envs=1, length=4, codec="rle")
     with pytest.raises(ValueError, match=r"buffers\[1\]: config 'codec'"):
@@ -397,7 +398,7 @@ def test_an_episode_folder_checks_its_configuration(episodes_built):
     path, _, _ = episodes_built
     with pytest.raises(jb.CheckpointError, match="config 'max_timesteps'"):
         disk.open(path, "r", jax.eval_shape(lambda: _make_episodes(max_timesteps=EP_T + 1)))
-    with pytest.raises(jb.CheckpointError, match="config 'meta'"):
+    with pytest.raises(jb.CheckpointError, match=re.escape("config 'meta' differs at meta['task']: dtype int32 in the checkpoint, float32 in the target")):
         disk.open(path, "r", jax.eval_shape(lambda: _make_episodes(meta={"task": jnp.float32(0)})))
     with pytest.raises(jb.CheckpointError, match="CompressedEpisodeBuffer"):
         disk.open(path, "r", jax.eval_shape(_make))
@@ -456,7 +457,7 @@ def test_concatenated_episodes_are_uniform_over_the_union_with_exact_contents(tm
 def test_concatenated_episodes_refuse_other_configurations():
     a = _tagged_episodes(0, 2, 3, [3])
     b = jb.CompressedEpisodeBuffer.create(ITEM, max_episodes=2, max_timesteps=3, codec="none", meta={"task": jnp.int16(0)})
-    with pytest.raises(ValueError, match=r"buffers\[1\]: config 'meta'"):
+    with pytest.raises(ValueError, match=re.escape("buffers[1]: config 'meta' differs at meta['task']: dtype int16 in buffers[1], int32 in buffers[0]")):
         disk.ConcatenatedEpisodes.create([a, b])
     with pytest.raises(TypeError, match=r"buffers\[1\]: expected a CompressedEpisodeBuffer, got CompressedTrajectoryBuffer"):
         disk.ConcatenatedEpisodes.create([a, _make()])

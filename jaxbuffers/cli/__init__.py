@@ -11,6 +11,7 @@ PATH is a folder written by `jaxbuffers.save` (any buffer type), or the folder o
 (`jaxbuffers.disk`, opened read-only). Of a stacked (vmapped) buffer, `--member I` picks one member; `inspect` without
 it prints a summary per member. A saved `ShardedBuffer` is read as its shards stacked, one member per shard. How steps are cut into episodes and numbered, and
 how an image field and its frame stack are recognised: `jaxbuffers.cli._view` and `jaxbuffers.cli._images`. The
+commands run with `jax_enable_x64` on, so a checkpoint with 64-bit fields reads as saved. The
 commands need the `inspect` extra (`pip install 'jaxbuffers[inspect]'`: rich, Pillow, imageio, imageio-ffmpeg).
 """
 
@@ -43,16 +44,24 @@ def _image_args(p: argparse.ArgumentParser) -> None:
                    help="tile: a stack's frames side by side, oldest first (default); newest: its newest frame only")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the `jaxbuffers` command (one sub-command per tool)."""
-    parser = argparse.ArgumentParser(prog="jaxbuffers", description="See what is in a saved jaxbuffers buffer.", epilog=_EPILOG)
-    bars = parser.add_mutually_exclusive_group()
-    bars.add_argument("--no-progress", action="store_true", help="no progress bars")
-    bars.add_argument("--progress", action="store_true", help="progress bars also when stderr is not a terminal "
-                                                              "(default: only on a terminal)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+def _global_args(p: argparse.ArgumentParser, default) -> argparse.ArgumentParser:
+    """The options of every command, taken before or after the sub-command: `default` is their value in the main
+    parser, `argparse.SUPPRESS` in each sub-command's (so that one left out there keeps the value given before)."""
+    bars = p.add_mutually_exclusive_group()
+    bars.add_argument("--no-progress", action="store_true", default=default, help="no progress bars")
+    bars.add_argument("--progress", action="store_true", default=default,
+                      help="progress bars also when stderr is not a terminal (default: only on a terminal)")
+    return p
 
-    p = sub.add_parser("inspect", help="type, configuration, sizes, bytes, per-field statistics, episodes, priorities",
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `jaxbuffers` command (one sub-command per tool). The global options
+    (`--no-progress`, `--progress`) go before or after the sub-command."""
+    parser = _global_args(argparse.ArgumentParser(prog="jaxbuffers", description="See what is in a saved jaxbuffers buffer.", epilog=_EPILOG), False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = [_global_args(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)]
+
+    p = sub.add_parser("inspect", parents=common, help="type, configuration, sizes, bytes, per-field statistics, episodes, priorities",
                        description="Print what a saved buffer holds: its type and configuration, steps held, bytes on "
                                    "device, host and disk, each field's dtype, shape, min, max and mean (compressed "
                                    "fields decoded), episode counts and a length histogram, an episode buffer's meta fields, "
@@ -64,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-decode", action="store_true", help="skip the statistics of compressed fields (they decode "
                    "every stored observation)")
 
-    p = sub.add_parser("video", help="write one episode's frames as mp4, gif or PNG frames",
+    p = sub.add_parser("video", parents=common, help="write one episode's frames as mp4, gif or PNG frames",
                        description="Write the frames of one episode exactly as stored (a compressed buffer's frame "
                                    "stacks rebuilt), with a band below each frame giving the episode, step, reward "
                                    "and end flags. .mp4 is H.264 (lossy); .gif and PNG frames are lossless for gray "
@@ -78,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=float, default=15.0, help="frames per second (default 15)")
     _image_args(p)
 
-    p = sub.add_parser("sheet", help="a contact sheet of sampled frames with episode/step labels",
+    p = sub.add_parser("sheet", parents=common, help="a contact sheet of sampled frames with episode/step labels",
                        description="Draw steps uniformly without replacement (seeded) and write their frames as one "
                                    "PNG grid, each labelled with its episode and step.", epilog=_EPILOG)
     _path_args(p)
@@ -90,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=int, default=1, help="integer upscaling, nearest neighbour (default 1)")
     _image_args(p)
 
-    p = sub.add_parser("serve", help="a local web page to step through episodes frame by frame",
+    p = sub.add_parser("serve", parents=common, help="a local web page to step through episodes frame by frame",
                        description="Serve a page on 127.0.0.1 (loopback only) with an episode list, the frame as "
                                    "stored, the step's fields beside it, and prev/next buttons (arrow keys). Stop "
                                    "with Ctrl-C.", epilog=_EPILOG)
@@ -102,8 +111,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the `jaxbuffers` command with `argv` (default: `sys.argv[1:]`); returns the exit status."""
+    """Run the `jaxbuffers` command with `argv` (default: `sys.argv[1:]`); returns the exit status.
+
+    The command runs with `jax_enable_x64` on (restored on return), so a checkpoint with 64-bit fields reads as
+    saved; a 32-bit checkpoint reads and shows the same either way (every leaf keeps its saved dtype)."""
     args = build_parser().parse_args(argv)
+    import jax
+
+    x64 = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        return _run(args)
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """`main` once its arguments are parsed."""
     from jaxbuffers.cli._commands import (
         CliError, load, member, print_stacked_summary, print_summary, stack_shape, stacked_summary, summary, write_sheet,
         write_video,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -121,11 +122,31 @@ def _hidden(progress: bool | None) -> bool | None:
 
 
 def _bytes(buffer: Any, root: Path | None) -> dict[str, int]:
+    """Bytes of `buffer`: `device` (its arrays), `host` (its host stores), and of its folder `root`: `disk`, the space
+    its files take (allocated blocks: a never-written part of a sparse file, e.g. a slot of a `codec="none"` disk
+    folder, takes none) and `disk_apparent`, the sum of their sizes."""
     from jaxbuffers import _validate
 
     host = int(getattr(buffer, "host_nbytes", 0) or 0)
-    disk = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root is not None else None
-    return {"device": _validate.tree_nbytes(buffer), "host": host, "disk": disk}
+    stats = [p.stat() for p in root.rglob("*") if p.is_file()] if root is not None else None
+    return {"device": _validate.tree_nbytes(buffer), "host": host,
+            "disk": None if stats is None else sum(_allocated(st) for st in stats),
+            "disk_apparent": None if stats is None else sum(st.st_size for st in stats)}
+
+
+def _allocated(st: os.stat_result) -> int:
+    """Bytes a file takes on its file system: its 512-byte blocks (POSIX `st_blocks`), else its size."""
+    blocks = getattr(st, "st_blocks", None)
+    return st.st_size if blocks is None else blocks * 512
+
+
+def _fmt_sizes(b: dict) -> str:
+    """The `bytes` of a summary in words: device, host, and disk used (with the files' apparent size where it
+    differs, e.g. sparse files)."""
+    disk = _fmt_bytes(b["disk"])
+    if b.get("disk_apparent") is not None and _fmt_bytes(b["disk_apparent"]) != disk:
+        disk += f" allocated, {_fmt_bytes(b['disk_apparent'])} apparent"
+    return f"device {_fmt_bytes(b['device'])}, host {_fmt_bytes(b['host'])}, disk {disk}"
 
 
 def _field_stats(view: BufferView, name: str, progress: bool | None, decode: bool = True) -> dict:
@@ -314,8 +335,7 @@ def print_summary(s: dict, console=None) -> None:
     head.add_row("size()", str(s["size"]))
     if s["num_added"] is not None:
         head.add_row(f"ever added ({s.get('num_added_unit') or 'items'})", _num(s["num_added"]))
-    b = s["bytes"]
-    head.add_row("bytes", f"device {_fmt_bytes(b['device'])}, host {_fmt_bytes(b['host'])}, disk {_fmt_bytes(b['disk'])}")
+    head.add_row("bytes", _fmt_sizes(s["bytes"]))
     for k, v in s["config"].items():
         head.add_row(k, json.dumps(v) if isinstance(v, (dict, list)) else str(v))
     console.print(head)
@@ -383,12 +403,11 @@ def print_stacked_summary(s: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    b = s["bytes"]
     sharded = s.get("sharded")
     what = "shard" if sharded else "member"
     kind = (f"ShardedBuffer of {sharded['num_shards']} shards (mesh axis {sharded['axis']!r})" if sharded else "stacked")
     t = Table(title=f"{s['type']} {kind} {tuple(s['stack_shape'])}  {s['path'] or ''}",
-              caption=f"bytes: device {_fmt_bytes(b['device'])}, host {_fmt_bytes(b['host'])}, disk {_fmt_bytes(b['disk'])}; "
+              caption=f"bytes: {_fmt_sizes(s['bytes'])}; "
                       f"--member I for one {what}'s full tables")
     unit = (s["members"][0].get("num_added_unit") or "items") if s["members"] else "items"
     for c in (what, "steps held", f"ever added ({unit})", "episodes (complete)", "mean length", "samples recorded"):
@@ -478,17 +497,57 @@ def _write_frames(out: Path, suffix: str, pics: list, fps: float, progress: bool
         ims = [Image.fromarray(p) for p in pics]
         ims[0].save(out, save_all=True, append_images=ims[1:], duration=round(1000 / fps), loop=0, optimize=False)
     elif suffix == ".mp4":
+        _write_mp4(out, pics, fps, bar)
+
+
+_PIXEL_FORMATS = {(2, 1): "gray", (3, 1): "gray", (3, 3): "rgb24", (3, 4): "rgba"}  # (ndim, channels) -> ffmpeg's name
+_MP4_CRF = 10  # H.264 constant rate factor (0 lossless .. 51 worst)
+
+
+def _write_mp4(out: Path, pics: list, fps: float, bar) -> None:
+    """H.264 `.mp4` of `pics` (uint8 `[H, W]` or `[H, W, C]`, padded to even sides) by the ffmpeg executable that
+    imageio-ffmpeg ships, fed raw frames through a pipe.
+
+    The encoder is started with `start_new_session` (a terminal's Ctrl-C stops this command, which then stops the
+    encoder, rather than the encoder alone): that is done by C code between fork and exec, so CPython starts the
+    child with vfork and no Python runs in it, and JAX's threads are never forked. (imageio's writer passes
+    `preexec_fn=os.setpgrp`, which forks this multithreaded process and runs Python in the copy: the deadlock JAX
+    warns of.)"""
+    import subprocess
+
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        raise CliError("--out: writing .mp4 needs imageio-ffmpeg (pip install 'jaxbuffers[inspect]'); "
+                       "or write a .gif or a folder of PNG frames") from None
+    h, w = pics[0].shape[:2]
+    pix = _PIXEL_FORMATS.get((pics[0].ndim, pics[0].shape[2] if pics[0].ndim == 3 else 1))
+    if pix is None:
+        raise CliError(f"--out: an .mp4 takes gray, RGB or RGBA pictures, got pictures of shape {pics[0].shape}")
+    pad = ((0, h % 2), (0, w % 2)) + (((0, 0),) if pics[0].ndim == 3 else ())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", pix,
+           "-s", f"{w + w % 2}x{h + h % 2}", "-r", repr(float(fps)), "-i", "-", "-an", "-c:v", "libx264",
+           "-pix_fmt", "yuv420p", "-crf", str(_MP4_CRF), str(out)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
         try:
-            import imageio.v2 as iio
-        except ImportError:
-            raise CliError("--out: writing .mp4 needs imageio and imageio-ffmpeg (pip install 'jaxbuffers[inspect]'); "
-                           "or write a .gif or a folder of PNG frames") from None
-        out.parent.mkdir(parents=True, exist_ok=True)
-        h, w = pics[0].shape[:2]
-        pad = ((0, h % 2), (0, w % 2)) + (((0, 0),) if pics[0].ndim == 3 else ())
-        with iio.get_writer(out, fps=fps, codec="libx264", macro_block_size=1, quality=8) as writer:
             for p in bar(pics):
-                writer.append_data(np.pad(p, pad))
+                proc.stdin.write(np.ascontiguousarray(np.pad(p, pad)).tobytes())
+            proc.stdin.close()
+        except BrokenPipeError:  # the encoder stopped: its message follows
+            pass
+        err = proc.stderr.read().decode(errors="replace").strip()
+        proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stderr.close()
+    if proc.returncode != 0:
+        raise CliError(f"--out: ffmpeg could not write {out} (exit status {proc.returncode}): {err[-500:]}")
 
 
 def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: int = 8, seed: int = 0,
