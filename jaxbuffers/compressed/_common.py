@@ -347,6 +347,12 @@ def check_before_dispatch(buf: Any, add: bool) -> int | None:
     return version + 1
 
 
+def note_add(host: Any, version: jax.Array, made: int) -> None:
+    """Remember ``version`` (a state's version array) as the newest eager add of ``host``, its write making ``made``:
+    `check_before_dispatch` checks that state without waiting for the add."""
+    _newest_add[host] = (version, made)
+
+
 def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> int | None:
     """`check_before_dispatch` of an add; a stale state's wrong arguments are named first, as under `jit` (where
     they fail while tracing, before the write callback refuses the state): `add(buf)` is traced, not run."""
@@ -422,7 +428,7 @@ def checked_before_dispatch(add: bool = False) -> Callable:
             wait = not add or getattr(self, "_write_may_refuse", False)
             out = run_eager([self.host], lambda: method(self, *args, **kwargs), wait=wait)
             if made is not None:
-                _newest_add[self.host] = (out.version, made)
+                note_add(self.host, out.version, made)
             return out
 
         return call

@@ -240,8 +240,15 @@ class Rows:
 def differs(a: Any, b: Any) -> np.ndarray:
     """bool ``[n]``: where row ``i`` of two pytrees of numpy arrays ``[n, ...]`` of one structure and dtype differ, bit
     for bit (a NaN or -0.0 counts as its bytes)."""
-    bytes_of = lambda x: np.ascontiguousarray(x).view(np.uint8).reshape(len(x), -1)  # noqa: E731
-    return np.any([np.any(bytes_of(x) != bytes_of(y), axis=1) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))], axis=0)
+    def words(x):  # each row's bytes, compared 8 at a time where the row length allows
+        x = np.ascontiguousarray(x).reshape(len(x), -1).view(np.uint8)
+        return x.view(np.uint64) if x.shape[1] % 8 == 0 else x
+
+    out = None
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        d = (words(x) != words(y)).any(axis=1)
+        out = d if out is None else out | d
+    return out
 
 
 def check_type(name: str, x: Any, cls: type) -> None:
