@@ -91,15 +91,16 @@ class StagingWriter:
       buffer: a `jaxbuffers.compressed.CompressedTrajectoryBuffer` (or its prioritised
         subclass) state; the writer owns it from now on (add through the writer only).
       max_pending: steps staged before an automatic flush (int >= 1; default 256). Host memory
-        held: `max_pending` x one step of every env (x2 for the observations once
-        `truncated` is used: the final observations are staged too).
+        held: `max_pending` x one step of every env (compressed leaves: their newest frame), plus, once
+        `truncated` is used, the final observations: their uncompressed leaves for every staged step, the newest
+        frame of the compressed ones for the steps whose final observation is read (`truncated & ~terminated`).
       donate: each flush gives the wrapped state up to the next one (`add_frames_from_host(donate=True)`: O(chunk)
         device work instead of a copy of the state's arrays per flush); a state read from `buffer` is then valid
         until the next flush only (its arrays are reused by it). Default False: every state read stays valid.
 
     Raises:
       TypeError: `buffer` is not a compressed trajectory buffer.
-      ValueError: `max_pending` not an int >= 1.
+      ValueError: `max_pending` not an int >= 1; a stacked (vmapped) `buffer`.
       RuntimeError: `buffer` was closed.
 
     Every method checks all of its arguments before it stages, flushes or samples anything; after `close()` each
@@ -111,6 +112,7 @@ class StagingWriter:
 
         if not isinstance(buffer, CompressedTrajectoryBuffer):
             raise TypeError(f"buffer: expected a CompressedTrajectoryBuffer, got {type(buffer).__name__}")
+        _validate.unstacked("buffer", buffer, "give the writer one member's state")  # checked once: adds do not again
         self.max_pending = _validate.static_int("max_pending", max_pending)
         self.donate = _validate.static_bool("donate", donate)
         buffer.host.check_state("StagingWriter")
@@ -186,7 +188,7 @@ class StagingWriter:
     @property
     def staging_nbytes(self) -> int:
         """Host bytes of the staging arrays (allocated up front; the final-observation ones on
-        the first `truncated`)."""
+        the first `truncated`) and of the final frames staged (`max_pending` above)."""
         arrays = self._stage + [self._placeholder, self._terminated, self._truncated] + [x for x in self._final or [] if x is not None]
         return sum(x.nbytes for x in arrays) + sum(f.nbytes for fs in self._final_frames.values() for f in fs)
 
@@ -257,6 +259,7 @@ class StagingWriter:
         self._buf.host.check_state("StagingWriter.add")
         term = np.asarray(term)
         truncated = trunc = None if trunc is None else np.asarray(trunc)
+        boot = None if fin is None else trunc & ~term  # the final observations read
         if self._stacked:  # stacks the buffer could not rebuild: refused here, as its add refuses them
             stacks = [np.asarray(leaves[self._obs_offset + i]) for i in self._buf.leaf_index]
             if self._previous is None:  # the lanes' last steps are in the buffer: read from the store once
@@ -264,8 +267,8 @@ class StagingWriter:
             else:
                 befores, first = self._previous
             finals = None if fin is None else [np.asarray(fin[i])[:, None] for i in self._buf.leaf_index]
-            error = self._buf.stack_error([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
-                                          None if fin is None else (trunc & ~term)[:, None])
+            error = self._buf._stack_error_of([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
+                                              None if fin is None else boot[:, None])
             if error is not None:
                 raise error
             self._previous = ([np.array(x) for x in stacks], term | (False if truncated is None else trunc))
@@ -277,7 +280,8 @@ class StagingWriter:
         if fin is not None:
             self._allocate_final()
             self._truncated[:, j] = trunc
-            self._stage_finals(j, trunc & ~term, fin)
+            if self._dense_finals or boot.any():
+                self._stage_finals(j, boot, fin)
         else:
             self._truncated[:, j] = False
             self._stage_finals(j, None, None)
@@ -296,8 +300,8 @@ class StagingWriter:
         """Stage step ``j``'s final observations ``fin`` (flat obs leaves ``[E, ...]``) where ``boot`` (bool ``[E]``): the
         uncompressed leaves of the ``lanes`` given (default every lane: rows never read stay deterministic), the newest
         frames of the compressed ones (copies) only where read. ``fin`` None: zeros in the uncompressed rows."""
-        if self._final is None or (fin is not None and not boot.any() and self._dense_finals == 0):
-            return  # nothing read, nothing to keep deterministic
+        if self._final is None:
+            return
         if fin is None:
             for dst in self._final:
                 if dst is not None:

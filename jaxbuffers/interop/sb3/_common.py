@@ -240,15 +240,9 @@ class Rows:
 def differs(a: Any, b: Any) -> np.ndarray:
     """bool ``[n]``: where row ``i`` of two pytrees of numpy arrays ``[n, ...]`` of one structure and dtype differ, bit
     for bit (a NaN or -0.0 counts as its bytes)."""
-    def words(x):  # each row's bytes, compared 8 at a time where the row length allows
-        x = np.ascontiguousarray(x).reshape(len(x), -1).view(np.uint8)
-        return x.view(np.uint64) if x.shape[1] % 8 == 0 else x
-
-    out = None
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        d = (words(x) != words(y)).any(axis=1)
-        out = d if out is None else out | d
-    return out
+    pairs = [(a, b)] if type(a) is np.ndarray else list(zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    # each row's bytes compared whole (a copy and a memcmp: faster here than an elementwise comparison and a reduction)
+    return np.array([any(x[i].tobytes() != y[i].tobytes() for x, y in pairs) for i in range(len(pairs[0][0]))], bool)
 
 
 def check_type(name: str, x: Any, cls: type) -> None:
