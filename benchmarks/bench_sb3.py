@@ -178,6 +178,7 @@ def memory_child(variant: str, n: int) -> None:
 # variant: "sb3", "extra:<method>" (sb3-extra-buffers) or "ours:<method>" (jaxbuffers.interop.sb3).
 COMPRESSED_VARIANTS = ["sb3", "extra:rle-jit", "extra:igzip1", "extra:gzip9", "ours:zstd-1", "ours:igzip1"]
 ADD_BLOCK = 128  # adds per timed block of `compressed_timing_rows`: the replay adapter's staging at these sizes
+GET_ROUNDS = 7  # timed get(256) passes per rollout variant (a median of three took a preempted pass too often)
 
 
 def compressed_class(kind: str, variant: str, dict_obs: bool = False):
@@ -312,8 +313,9 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
     turns per block (the order rotates); a block's time / ``ADD_BLOCK`` is one sample of the add time, so staged adds
     and their flushes count at their share (a block is at least the staging of the adapters that stage: each block holds
     their flushes). Then, replay: ``sample(32)`` once per variant in turn, 100 rounds (timed until the
-    observation tensor can be read: one element is read); rollout: ``compute_returns_and_advantage``, then one
-    ``get(256)`` pass per variant in turn, 3 rounds, its time / ``n``. Medians; ratio: sb3-extra-buffers' fastest
+    observation tensor can be read: one element is read); rollout: ``compute_returns_and_advantage`` and one untimed
+    ``get(256)`` pass per variant (the first pass compiles), then one pass per variant in turn, ``GET_ROUNDS`` rounds,
+    its time / ``n``. Medians; ratio: sb3-extra-buffers' fastest
     variant's median / ours (> 1: faster). Every row also carries ``cpu_us``, the median CPU time of the
     process (all threads) per call (per step for get), and ours ``cpu_ratio``, the fastest variant's over ours: on a
     loaded machine a call that hands work between threads waits for CPUs, which the wall time counts."""
@@ -343,7 +345,9 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
         else:
             for v in order:
                 bufs[v].compute_returns_and_advantage(feed.zero1, np.zeros(1))
-            for _ in range(3):
+                for mb in bufs[v].get(256):  # untimed: the first pass compiles (once per buffer, not per rollout)
+                    pixels(mb.observations).reshape(-1)[-1].item()
+            for _ in range(GET_ROUNDS):
                 order = order[1:] + order[:1]
                 for v in order:
                     t, c = time.perf_counter(), time.process_time()
