@@ -118,7 +118,7 @@ NOTES = {
            "sb3-extra-buffers' fastest time / ours (> 1: faster); the add, sample and get rows' JSON lines also carry "
            "`cpu_us`, the process CPU time per call (per step for get), and `cpu_ratio` (the same ratio of CPU times), "
            "which waits for a CPU on a loaded machine do not inflate; the `compressed/{replay,rollout}/*` call rows and "
-           "their baseline ran in one session on one machine (2 cores of an Intel Xeon, not the CPU in the table above). `compressed/replay/keyframe/*`: our replay class "
+           "their baseline ran one after the other on one machine (2 cores of an Intel Xeon, not the CPU in the table above). `compressed/replay/keyframe/*`: our replay class "
            "(`zstd-1`) at each `keyframe_interval` K (`/K<k>`), its sample rows in one process beside `extra:rle-jit`, "
            "its held bytes one fresh process per K, ratio = ours / `extra:gzip9`'s. `rollout/*`: the uncompressed `JaxRolloutBuffer` "
            "against SB3's `RolloutBuffer` in one process, one rollout of 2048 Breakout steps as SB3's PPO runs it "
