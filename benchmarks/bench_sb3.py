@@ -177,6 +177,8 @@ def memory_child(variant: str, n: int) -> None:
 # sb3-extra-buffers' classes of the same names and SB3's own buffers, same frames, same process kind.
 # variant: "sb3", "extra:<method>" (sb3-extra-buffers) or "ours:<method>" (jaxbuffers.interop.sb3).
 COMPRESSED_VARIANTS = ["sb3", "extra:rle-jit", "extra:igzip1", "extra:gzip9", "ours:zstd-1", "ours:igzip1"]
+ADD_BLOCK = 128  # adds per timed block of `compressed_timing_rows`: the replay adapter's staging at these sizes
+GET_ROUNDS = 7  # timed get(256) passes per rollout variant (a median of three took a preempted pass too often)
 
 
 def compressed_class(kind: str, variant: str, dict_obs: bool = False):
@@ -307,15 +309,17 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
     classes on `dict_space` observations (ours compress ``pixels`` only), rows ``compressed_dict/...``, a third of the
     steps.
 
-    Each variant's buffer of ``n`` transitions (steps) is filled in blocks of 64 adds, the variants taking turns per
-    block (the order rotates); a block's time / 64 is one sample of the add time, so staged adds and their flushes
-    count at their share. Then, replay: ``sample(32)`` once per variant in turn, 100 rounds (timed until the
-    observation tensor can be read: one element is read); rollout: ``compute_returns_and_advantage``, then one
-    ``get(256)`` pass per variant in turn, 3 rounds, its time / ``n``. Medians; ratio: sb3-extra-buffers' fastest
-    variant's median / ours (> 1: faster). The sample and get rows also carry ``cpu_us``, the median CPU time of the
+    Each variant's buffer of ``n`` transitions (steps) is filled in blocks of ``ADD_BLOCK`` adds, the variants taking
+    turns per block (the order rotates); a block's time / ``ADD_BLOCK`` is one sample of the add time, so staged adds
+    and their flushes count at their share (a block is at least the staging of the adapters that stage: each block holds
+    their flushes). Then, replay: ``sample(32)`` once per variant in turn, 100 rounds (timed until the
+    observation tensor can be read: one element is read); rollout: ``compute_returns_and_advantage`` and one untimed
+    ``get(256)`` pass per variant (the first pass compiles), then one pass per variant in turn, ``GET_ROUNDS`` rounds,
+    its time / ``n``. Medians; ratio: sb3-extra-buffers' fastest
+    variant's median / ours (> 1: faster). Every row also carries ``cpu_us``, the median CPU time of the
     process (all threads) per call (per step for get), and ours ``cpu_ratio``, the fastest variant's over ours: on a
     loaded machine a call that hands work between threads waits for CPUs, which the wall time counts."""
-    n, block = (3_000 if quick else 9_000) // (3 if dict_obs else 1), 64
+    n, block = (3_000 if quick else 9_000) // (3 if dict_obs else 1), ADD_BLOCK
     space, act, prefix = observation_space(dict_obs), make_env({"obs": None}).action_space, "compressed_dict" if dict_obs else "compressed"
     pixels = (lambda o: o["pixels"]) if dict_obs else (lambda o: o)  # noqa: E731
     for kind in kinds:
@@ -325,14 +329,15 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
             cls, kw = compressed_class(kind, v, dict_obs)
             bufs[v] = cls(n, space, act, device="cpu", **kw)
         order = list(COMPRESSED_VARIANTS)
-        t_add = {v: [] for v in order}
+        t_add, cpu_add = {v: [] for v in order}, {v: [] for v in order}
         for b0 in range(0, n, block):
             order = order[1:] + order[:1]
             for v in order:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 for i in range(b0, min(b0 + block, n)):
                     feed.add(bufs[v], i)
                 t_add[v].append((time.perf_counter() - t) / (min(b0 + block, n) - b0))
+                cpu_add[v].append((time.process_time() - c) / (min(b0 + block, n) - b0))
         t_sample = {v: [] for v in order}
         cpu = {v: [] for v in order}  # the process's CPU time (every thread), which waits for a CPU do not inflate
         if kind == "replay":
@@ -340,7 +345,9 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
         else:
             for v in order:
                 bufs[v].compute_returns_and_advantage(feed.zero1, np.zeros(1))
-            for _ in range(3):
+                for mb in bufs[v].get(256):  # untimed: the first pass compiles (once per buffer, not per rollout)
+                    pixels(mb.observations).reshape(-1)[-1].item()
+            for _ in range(GET_ROUNDS):
                 order = order[1:] + order[:1]
                 for v in order:
                     t, c = time.perf_counter(), time.process_time()
@@ -352,15 +359,15 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
         gc.collect()
         extra = [v for v in order if v.startswith("extra")]
         what = "sample32" if kind == "replay" else "get256_per_step"
-        for call, times in (("add", t_add), (what, t_sample)):
+        for call, times, cpus in (("add", t_add, cpu_add), (what, t_sample, cpu)):
             med = {v: float(np.median(x)) for v, x in times.items()}
             fastest = min(extra, key=med.get)
             for v in COMPRESSED_VARIANTS:
                 impl = {"sb3": "sb3", "extra": "sb3-extra-buffers", "ours": "ours"}[v.split(":")[0]]
                 a = fastest if impl == "ours" else None
-                c = {} if call == "add" else {"cpu_us": round(1e6 * float(np.median(cpu[v])), 3)}
-                if c and a:  # the anchor's CPU time / ours, medians
-                    c["cpu_ratio"] = round(float(np.median(cpu[fastest]) / max(np.median(cpu[v]), 1e-12)), 4)
+                c = {"cpu_us": round(1e6 * float(np.median(cpus[v])), 3)}
+                if a:  # the anchor's CPU time / ours, medians
+                    c["cpu_ratio"] = round(float(np.median(cpus[fastest]) / max(np.median(cpus[v]), 1e-12)), 4)
                 row(BENCH, f"{prefix}/{kind}/{call}", impl, med[v], n=n, repeats=len(times[v]), unit="calls/s", anchor=a,
                     anchor_seconds=med[fastest] if a else None, variant=v, in_one_process=True, **c)
 

@@ -182,7 +182,14 @@ class DeltaChains:
         src, ext = self._base_rows(s, base, rows, code, item_shape)
         coded = rows.copy()
         inside, outside = np.flatnonzero((src >= 0) & (src < s.size)), np.flatnonzero(src < 0)
-        coded[inside] ^= rows[src[inside]]
+        follow = src[inside] == inside - 1  # based on the row before (a lane's frames in order): runs XORed as slices
+        run = inside[follow]
+        if run.size:
+            cut = np.flatnonzero(np.diff(run) != 1)
+            for a, b in zip(run[np.r_[0, cut + 1]].tolist(), (run[np.r_[cut, run.size - 1]] + 1).tolist()):
+                np.bitwise_xor(coded[a:b], rows[a - 1 : b - 1], out=coded[a:b])
+        other = inside[~follow]
+        coded[other] ^= rows[src[other]]
         coded[outside] ^= ext[-1 - src[outside]]
         return coded
 

@@ -59,8 +59,10 @@ def record(thing: Any) -> dict:
     bytes) and host record; for a `StagingWriter`, also its staged rows and wrapped state."""
     if isinstance(thing, StagingWriter):
         n = thing.pending
-        staged = [x[:, :n].tobytes() for x in thing._stage + [thing._terminated, thing._truncated] + (thing._final or [])]
-        return {"pending": n, "staged": staged, "buffer": record(thing._buf)}
+        dense = [x for x in thing._final or [] if x is not None]  # the compressed leaves' final frames: _final_frames
+        staged = [x[:, :n].tobytes() for x in thing._stage + [thing._terminated, thing._truncated] + dense]
+        finals = sorted((key, [f.tobytes() for f in frames]) for key, frames in thing._final_frames.items())
+        return {"pending": n, "staged": staged, "finals": finals, "buffer": record(thing._buf)}
     leaves = [(str(x.dtype), x.shape, np.asarray(x).tobytes()) for x in jax.tree.leaves(thing)]
     return {"device": leaves, "host": host_record(thing.host)}
 

@@ -1038,6 +1038,32 @@ def test_staging_writer_donating_flush_reuses_the_state_and_keeps_a_refused_one(
     np.asarray(good.trajectory.storage["action"])  # still whole
 
 
+def test_staging_writer_stages_a_final_frame_only_where_read():
+    """With `truncated`, the writer stages the newest frame of a compressed final observation only for the steps whose
+    final observation is read (truncated, not terminated): its staging bytes grow by one frame per such step and by
+    nothing for the others, and a flush releases them; the buffer equals a writer's that flushes every step. A
+    stacked (vmapped) buffer is refused when the writer is made."""
+    from jaxbuffers.compressed import StagingWriter
+
+    ex = {"obs": jax.ShapeDtypeStruct((2, H, W), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    make = lambda: CompressedTrajectoryBuffer.create(ex, num_envs=2, length=40, frame_stack=2, codec="rle:8")  # noqa: E731
+    big, small = StagingWriter(make(), max_pending=16), StagingWriter(make(), max_pending=1)
+    stk = Stacker(np.random.default_rng(3), 2, 2, "reset", 0)
+    base, read = big.staging_nbytes, 0
+    for t in range(12):
+        o, term, trunc, nxt = stk.step(0.3, 0.3)
+        step = {"obs": o, "action": np.full(2, t, np.int32), "reward": np.ones(2, np.float32)}
+        for w in (big, small):
+            w.add(step, terminated=term, truncated=trunc, final_obs=nxt)
+        read += int((trunc & ~term).sum())
+        assert big.staging_nbytes == base + read * H * W  # one frame per final observation read, nothing else
+    assert read > 0
+    _device_leaves_equal(big.buffer, small.buffer)
+    assert big.staging_nbytes == base  # the flush released the staged final frames
+    with pytest.raises(ValueError, match="buffer"):
+        StagingWriter(jax.tree.map(lambda x: jnp.stack([x, x]), make()))
+
+
 def test_staging_writer_sample_prioritised_cached_jit_and_argument_errors(compile_counter):
     """The writer samples both buffer kinds through one cached jit: equal to the buffer's own
     sample, no recompile when gamma or beta change, arguments checked with clear errors."""

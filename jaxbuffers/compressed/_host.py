@@ -229,8 +229,9 @@ class HostStores:
                     self.slot_version[slots] = new
                     self.slot_version[lost] = new
                 base = None if bases is None else np.asarray(bases).reshape(-1)[sel]
+                every = sel.size == valid.shape[0]  # no row to leave out: the rows as given (a put copies what it keeps)
                 for store, data in zip(self.stores, datas):
-                    store.put(slots, data[sel], bases=base)
+                    store.put(slots, data if every else data[sel], bases=base)
             kept = self._kept(version, slots, lost if sel.size else slots, np.asarray(slots_all), valid, datas, recent)
             self.version = new
             self._recent = (new, kept)

@@ -91,15 +91,16 @@ class StagingWriter:
       buffer: a `jaxbuffers.compressed.CompressedTrajectoryBuffer` (or its prioritised
         subclass) state; the writer owns it from now on (add through the writer only).
       max_pending: steps staged before an automatic flush (int >= 1; default 256). Host memory
-        held: `max_pending` x one step of every env (x2 for the observations once
-        `truncated` is used: the final observations are staged too).
+        held: `max_pending` x one step of every env (compressed leaves: their newest frame), plus, once
+        `truncated` is used, the final observations: their uncompressed leaves for every staged step, the newest
+        frame of the compressed ones for the steps whose final observation is read (`truncated & ~terminated`).
       donate: each flush gives the wrapped state up to the next one (`add_frames_from_host(donate=True)`: O(chunk)
         device work instead of a copy of the state's arrays per flush); a state read from `buffer` is then valid
         until the next flush only (its arrays are reused by it). Default False: every state read stays valid.
 
     Raises:
       TypeError: `buffer` is not a compressed trajectory buffer.
-      ValueError: `max_pending` not an int >= 1.
+      ValueError: `max_pending` not an int >= 1; a stacked (vmapped) `buffer`.
       RuntimeError: `buffer` was closed.
 
     Every method checks all of its arguments before it stages, flushes or samples anything; after `close()` each
@@ -111,6 +112,7 @@ class StagingWriter:
 
         if not isinstance(buffer, CompressedTrajectoryBuffer):
             raise TypeError(f"buffer: expected a CompressedTrajectoryBuffer, got {type(buffer).__name__}")
+        _validate.unstacked("buffer", buffer, "give the writer one member's state")  # checked once: adds do not again
         self.max_pending = _validate.static_int("max_pending", max_pending)
         self.donate = _validate.static_bool("donate", donate)
         buffer.host.check_state("StagingWriter")
@@ -136,7 +138,11 @@ class StagingWriter:
         self._placeholder = np.zeros((e, p, 3), np.int32)  # stands in for compressed leaves (not read)
         self._terminated = np.zeros((e, p), bool)  # shape=[E, P], dtype=bool
         self._truncated = np.zeros((e, p), bool)  # shape=[E, P], dtype=bool
-        self._final: list[np.ndarray] | None = None  # obs leaves [E, P, ...] (frames when compressed), on first truncated
+        # Final observations, on first truncated: the uncompressed obs leaves [E, P, ...] (None for compressed ones), and
+        # the newest frames of the compressed leaves only where read, {(step, lane): [frame per compressed leaf]}.
+        self._final: list[np.ndarray | None] | None = None
+        self._final_frames: dict[tuple[int, int], list[np.ndarray]] = {}
+        self._cursors: tuple | None = None  # the wrapped state's (version, *write cursors) on the host, None: read them
         self._n = 0  # staged steps
         # With frame stacks: the newest step added here (its stacks, one [E, *shape] per compressed leaf, and whether
         # it ended each lane's episode), the one the next step's stacks must follow; None: the buffer's last step.
@@ -176,15 +182,15 @@ class StagingWriter:
                 f"StagingWriter.buffer: {self._n} staged steps are not in the buffer yet; read "
                 "writer.buffer (which flushes) and derive the new state from it"
             )
-        self._buf = new
+        self._buf, self._cursors = new, None
         self._previous = None  # the next step follows the new state's last step
 
     @property
     def staging_nbytes(self) -> int:
         """Host bytes of the staging arrays (allocated up front; the final-observation ones on
-        the first `truncated`)."""
-        arrays = self._stage + [self._placeholder, self._terminated, self._truncated] + (self._final or [])
-        return sum(x.nbytes for x in arrays)
+        the first `truncated`) and of the final frames staged (`max_pending` above)."""
+        arrays = self._stage + [self._placeholder, self._terminated, self._truncated] + [x for x in self._final or [] if x is not None]
+        return sum(x.nbytes for x in arrays) + sum(f.nbytes for fs in self._final_frames.values() for f in fs)
 
     @property
     def nbytes(self) -> int:
@@ -194,6 +200,7 @@ class StagingWriter:
     def close(self) -> None:
         """Drop the staged steps and free the buffer's host memory (`buffer.close()`)."""
         self._n = 0
+        self._final_frames.clear()
         self._buf.close()
 
     def _check_add(self, step: dict, terminated, truncated, final_obs) -> None:
@@ -252,6 +259,7 @@ class StagingWriter:
         self._buf.host.check_state("StagingWriter.add")
         term = np.asarray(term)
         truncated = trunc = None if trunc is None else np.asarray(trunc)
+        boot = None if fin is None else trunc & ~term  # the final observations read
         if self._stacked:  # stacks the buffer could not rebuild: refused here, as its add refuses them
             stacks = [np.asarray(leaves[self._obs_offset + i]) for i in self._buf.leaf_index]
             if self._previous is None:  # the lanes' last steps are in the buffer: read from the store once
@@ -259,8 +267,8 @@ class StagingWriter:
             else:
                 befores, first = self._previous
             finals = None if fin is None else [np.asarray(fin[i])[:, None] for i in self._buf.leaf_index]
-            error = self._buf.stack_error([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
-                                          None if fin is None else (trunc & ~term)[:, None])
+            error = self._buf._stack_error_of([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
+                                              None if fin is None else boot[:, None])
             if error is not None:
                 raise error
             self._previous = ([np.array(x) for x in stacks], term | (False if truncated is None else trunc))
@@ -272,26 +280,46 @@ class StagingWriter:
         if fin is not None:
             self._allocate_final()
             self._truncated[:, j] = trunc
-            if (trunc & ~term).any():  # the rows read (a flush writes the others nowhere)
-                for dst, x, pick in zip(self._final, fin, self._final_picks):
-                    x = np.asarray(x)
-                    dst[:, j] = x if pick is None else x[pick]
+            if self._dense_finals or boot.any():
+                self._stage_finals(j, boot, fin)
         else:
             self._truncated[:, j] = False
-            if self._final is not None:
-                for dst in self._final:  # never read (not truncated), but keep rows deterministic
-                    dst[:, j] = 0
+            self._stage_finals(j, None, None)
         self._n = j + 1
         if self._n == self.max_pending:
             self.flush()
 
     def _allocate_final(self) -> None:
-        """The staging arrays of the final observations, on first use."""
+        """The staging arrays of the uncompressed final observation leaves, on first use."""
         if self._final is None:
-            self._final = [
-                np.zeros((self.num_envs, self.max_pending, *(self._info[i].frame_shape if i in self._info else s.shape)), s.dtype)
-                for i, s in enumerate(self._obs_leaves)
-            ]
+            self._final = [None if i in self._info else np.zeros((self.num_envs, self.max_pending, *s.shape), s.dtype)
+                           for i, s in enumerate(self._obs_leaves)]
+            self._dense_finals = sum(x is not None for x in self._final)
+
+    def _stage_finals(self, j: int, boot: np.ndarray | None, fin: list | None, lanes: np.ndarray | None = None) -> None:
+        """Stage step ``j``'s final observations ``fin`` (flat obs leaves ``[E, ...]``) where ``boot`` (bool ``[E]``): the
+        uncompressed leaves of the ``lanes`` given (default every lane: rows never read stay deterministic), the newest
+        frames of the compressed ones (copies) only where read. ``fin`` None: zeros in the uncompressed rows."""
+        if self._final is None:
+            return
+        if fin is None:
+            for dst in self._final:
+                if dst is not None:
+                    dst[:, j] = 0
+            return
+        sel = slice(None) if lanes is None else lanes
+        read = np.flatnonzero(boot).tolist()
+        frames = {e: [] for e in read}
+        for i, (dst, x, pick) in enumerate(zip(self._final, fin, self._final_picks)):
+            x = np.asarray(x)
+            if dst is not None:
+                dst[sel, j] = x[sel]
+                continue
+            x = x if pick is None else x[pick]
+            for e in read:
+                frames[e].append(np.array(x[e]))
+        for e in read:
+            self._final_frames[(j, e)] = frames[e]
 
     def truncate_last(self, truncated, final_obs) -> None:
         """`CompressedTrajectoryBuffer.truncate_last_from_host`: mark each lane's newest step truncated, with its final
@@ -303,7 +331,7 @@ class StagingWriter:
         self._buf.host.check_state("StagingWriter.truncate_last")
         if self._n == 0:
             self._buf = self._buf.truncate_last_from_host(truncated, final_obs, donate=self.donate)
-            self._previous = None  # the next step follows the buffer's last step
+            self._previous = self._cursors = None  # the next step follows the buffer's last step
             return
         _validate.array("truncated", truncated, (self.num_envs,), np.bool_)
         self._check_envs("final_obs", _validate.check_batch(self._spec[self._obs_key], final_obs, 1, "final_obs"))
@@ -315,8 +343,7 @@ class StagingWriter:
                 raise error
             self._previous = (self._previous[0], self._previous[1] | boot)
         self._allocate_final()
-        for dst, x, pick in zip(self._final, fin, self._final_picks):
-            dst[boot, j] = (x if pick is None else x[pick])[boot]
+        self._stage_finals(j, boot, fin, lanes=boot)
         self._truncated[:, j] |= boot
 
     def flush(self) -> Any:
@@ -338,19 +365,20 @@ class StagingWriter:
                 # (it may run after this returns), the host store compresses the frames before the add returns.
                 step, frames = self._chunk(self._stage, self._treedef, self._obs_offset, a, b)
                 term = self._terminated[:, a:b]
-                fin = fframes = trunc = None
+                fin = frows = trunc = None
                 if self._final is not None:
-                    fin, fframes = self._chunk(self._final, self._obs_treedef, 0, a, b)
                     trunc = self._truncated[:, a:b]
-                self._buf = self._buf._add_checked_frames(step, frames, term, trunc, fin, fframes, self.donate)
+                    fin, frows = self._final_chunk(a, b, trunc & ~term)
+                self._buf, self._cursors = self._buf._add_checked_frames(step, frames, term, trunc, fin, frows, self.donate, self._cursors)
                 done = b
         finally:
             if done:
                 rest = n - done
                 if rest:  # a failed flush: keep the steps not added, oldest first
-                    arrays = self._stage + [self._terminated, self._truncated] + (self._final or [])
+                    arrays = self._stage + [self._terminated, self._truncated] + [x for x in self._final or [] if x is not None]
                     for x in arrays:
                         x[:, :rest] = x[:, done:n].copy()
+                self._final_frames = {(j - done, e): f for (j, e), f in self._final_frames.items() if j >= done}
                 self._n = rest
         return self._buf
 
@@ -365,6 +393,16 @@ class StagingWriter:
                 leaves.append(x[:, a:b])
         # frames are in leaf order, which is the order of buffer.leaf_index (sorted flat indices)
         return jax.tree.unflatten(treedef, leaves), frames
+
+    def _final_chunk(self, a: int, b: int, boot: np.ndarray):
+        """Steps `[a, b)`'s final observations as (pytree with placeholders for compressed leaves, per compressed leaf
+        the frames where ``boot`` (bool ``[E, b - a]``), ``[n, *frame]`` lane-major)."""
+        leaves = [self._placeholder[:, a:b] if x is None else x[:, a:b] for x in self._final]
+        lanes, steps = np.nonzero(boot)
+        picked = [self._final_frames[(a + j, e)] for e, j in zip(lanes.tolist(), steps.tolist())]
+        rows = [np.stack([p[i] for p in picked]) if picked else np.zeros((0, *info.frame_shape), info.dtype)
+                for i, info in enumerate(self._buf.leaves)]
+        return jax.tree.unflatten(self._obs_treedef, leaves), rows
 
     def sample_transitions(self, key: jax.Array, batch_size: int, *, gamma, n_step: int | None = None, beta=None) -> Any:
         """Flush, then sample: same arguments and result as the buffer's `sample_transitions`

@@ -398,26 +398,36 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
             for f, i in zip(given, self.leaves):
                 _validate.array(f"{name} of {i.name}", f, (e, t, *i.frame_shape), i.dtype)
         host = lambda x: None if x is None else np.asarray(x)  # noqa: E731
-        return self._add_checked_frames(step, frames, host(terminated), host(truncated), final_obs, final_frames, donate)
+        terminated, truncated = host(terminated), host(truncated)
+        rows = None if truncated is None else [np.asarray(f)[truncated & ~terminated] for f in final_frames]
+        return self._add_checked_frames(step, frames, terminated, truncated, final_obs, rows, donate)[0]
 
-    def _add_checked_frames(self, step, frames, terminated, truncated, final_obs, final_frames, donate: bool):
-        """`add_frames_from_host` of checked arguments (chunk leaves `[E, t, ...]` of the step spec, numpy flags): a
-        `StagingWriter` stages them in arrays made from that spec, so they are checked once, as each step is staged.
-        The rows written are computed on the host (`chunk_frames` of the state's cursors), so the frames are
-        compressed while the device program runs and nothing waits for it; that program gets copies of the host
-        arrays (a CPU program may read an aligned numpy argument in place, after this returns)."""
-        _common.check_before_dispatch(self, add=True)
-        version, *cursors = jax.device_get((self.version, self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head))
-        c = self._chunk_frames(np, terminated, truncated, cursors)  # read before a donation
-        add_ids = _add_ids_donated if donate else type(self)._add_ids
+    def _add_checked_frames(self, step, frames, terminated, truncated, final_obs, final_rows, donate: bool, cursors: tuple | None = None):
+        """`add_frames_from_host` of checked arguments (chunk leaves `[E, t, ...]` of the step spec, numpy flags; the
+        final frames only where read, ``final_rows``: per compressed leaf ``[n, *frame]``, the rows of
+        ``truncated & ~terminated`` lane-major): a `StagingWriter` stages them in arrays made from that spec, so they
+        are checked once, as each step is staged. The rows written are computed on the host (`chunk_frames` of the
+        state's cursors: ``cursors``, this state's ``(version, frame_head, next_ep_pos, next_key_pos, final_head)`` on
+        the host as the last call returned them, or None: read from the device), so the frames are compressed while
+        the device program runs and nothing waits for it; that program gets copies of the host arrays (a CPU program
+        may read an aligned numpy argument in place, after this returns) and the version the write makes. Returns
+        (the new state, its cursors)."""
+        made = _common.check_before_dispatch(self, add=True)
+        if cursors is None or cursors[0] + 1 != made:
+            cursors = tuple(jax.device_get((self.version, self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head)))
+        version = int(cursors[0])
+        c = self._chunk_frames(np, terminated, truncated, cursors[1:])  # read before a donation
         own = lambda x: np.array(x) if isinstance(x, np.ndarray) else x  # noqa: E731
-        new = add_ids(self, *jax.tree.map(own, (step, terminated, truncated, final_obs)))[0]
+        new = (_add_at_donated if donate else _add_at)(self, np.int32(version + 1), *jax.tree.map(own, (step, terminated, truncated, final_obs)))
         e, t = terminated.shape
         datas = [np.reshape(f, (e * t, *i.frame_shape)) for f, i in zip(frames, self.leaves)]
-        if truncated is not None:
-            datas = [np.concatenate([d, np.reshape(f, (e * t, *i.frame_shape))]) for d, f, i in zip(datas, final_frames, self.leaves)]
-        version = self.host.write(version, c.slots, c.valid, *datas, bases=c.bases)
-        return new.replace(version=jnp.asarray(version, jnp.int32))
+        slots, bases = c.slots, c.bases
+        if truncated is not None:  # the final frames read: the rows the store writes
+            slots, bases = slots[c.valid], None if bases is None else bases[c.valid]
+            datas = datas if len(slots) == e * t else [np.concatenate([d, r]) for d, r in zip(datas, final_rows)]
+        self.host.write(version, slots, np.ones(len(slots), bool), *datas, bases=bases)
+        _common.remember_add(new, version + 1)
+        return new, (version + 1, c.frame_head, c.next_ep_pos, c.next_key_pos, c.final_head)
 
     def truncate_last_from_host(self, truncated, final_obs, *, donate: bool = False) -> "CompressedTrajectoryBuffer":
         """`jaxbuffers.TrajectoryBuffer.truncate_last` (same arguments), the final frames written to the host store
@@ -616,7 +626,12 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
 
 # `add_frames_from_host(donate=True)`: the state's arrays are reused for the new state (a `StagingWriter` that owns it).
-_add_ids_donated = jax.jit(CompressedTrajectoryBuffer._add_ids.uncompiled, donate_argnums=0)
+def _add_ids_at(buf, version, step, terminated, truncated, final_obs):
+    """`_add_ids`' new state carrying `version` (the version its host write makes, known before the write runs)."""
+    return CompressedTrajectoryBuffer._add_ids.uncompiled(buf, step, terminated, truncated, final_obs)[0].replace(version=version)
+
+
+_add_at, _add_at_donated = jax.jit(_add_ids_at), jax.jit(_add_ids_at, donate_argnums=0)
 _truncate_ids_donated = jax.jit(CompressedTrajectoryBuffer._truncate_ids.uncompiled, donate_argnums=0)
 
 

@@ -134,6 +134,10 @@ class StackChecked:
           finals, boot: per compressed leaf numpy `[num_envs, t, *shape]` final observations and bool `[num_envs, t]`
             where they are read (truncated and not terminated); or None.
         """
+        return self._stack_error_of(stacks, befores, starts, finals, boot)
+
+    def _stack_error_of(self, stacks, befores, starts, finals=None, boot=None) -> ValueError | None:
+        """`stack_error` without its one-member check, for a `StagingWriter` (which checks that once, when it is made)."""
         bad = [
             _validate.unrebuilt_trajectory_stacks(x, b, starts, None if finals is None else f, boot, stack_axis=i.stack_axis, padding=self.padding)
             for x, b, f, i in zip(stacks, befores, finals or [None] * len(stacks), self.leaves)

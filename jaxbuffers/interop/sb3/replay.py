@@ -17,7 +17,7 @@ episode ends, harmless for true terminations).
 
 Compression (`compress=`, without `optimize_memory_usage`): `True` or a dict of options of
 `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (`codec`, `delta_codec`, `keyframe_interval`, `frame_stack`,
-`stack_axis`, `padding`, `chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`) plus `max_pending` (default `min(64, rows // 16)`, at least 1): the steps
+`stack_axis`, `padding`, `chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`) plus `max_pending` (default `min(128, rows // 16)`, at least 1): the steps
 a `jaxbuffers.compressed.StagingWriter` holds uncompressed on the host (counted in `nbytes`) before it adds them, at
 the latest when SB3 samples; and, for Dict spaces, `keys`: the observation keys to compress (default all). The
 observations live in a compressed trajectory buffer with one lane per env; with
@@ -158,7 +158,7 @@ class FieldView:
 
 # Attributes that __setstate__ rebuilds from the checkpoint bytes instead of unpickling them.
 _REBUILT = ("_rows_state", "_row_queue", "_writer", "_pending", "_rows")
-_ROW_QUEUE = 64  # compressed adapter: SB3 rows staged on the host before one device add
+_ROW_QUEUE = 128  # compressed adapter: SB3 rows staged on the host before one device add
 
 _COMPRESS_OPTIONS = {"codec", "delta_codec", "keyframe_interval", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending", "keys"}
 
@@ -269,7 +269,7 @@ class _JaxReplayImpl:
         example = {"obs": obs, "action": np.uint8(0), "reward": np.float32(0)}
         # max_pending: SB3 fills a replay buffer for `learning_starts` steps before it samples; staging more steps
         # pays a flush's fixed cost less often, the staging memory kept small beside the buffer's own
-        default_pending = max(1, min(64, self.buffer_size // 16))
+        default_pending = max(1, min(_ROW_QUEUE, self.buffer_size // 16))
         max_pending, keys = opts.pop("max_pending", default_pending), opts.pop("keys", None)  # keys: the Dict keys to compress (None: all)
         buf = CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size,
                                                 compress=None if keys is None else tuple(keys), **opts)
