@@ -140,7 +140,8 @@ NOTES = {
     "torch_interop": "Anchor: the numpy route (`torch.from_numpy(np.asarray(x))` and back). Throughput in MB/s.",
     "checkpoint": "A `ReplayBuffer` of real Atari items (`uncompressed`) and a `CompressedTrajectoryBuffer` of recorded "
                   "Breakout steps (`compressed`: device ids plus host arenas), written to the same disk. Throughput in "
-                  "GB/s of array bytes. `ours`: `jaxbuffers.save` (orbax arrays, checksums, fsync, atomic rename) and "
+                  "GB/s of array bytes. `ours`: `jaxbuffers.save` (each array's bytes written from its memory in orbax's "
+                  "layout and checksummed as written, one fsync per file, atomic rename) and "
                   "`jaxbuffers.restore` (each array's bytes copied once into the memory the restored array owns and "
                   "checksummed there, arrays on the device). Save anchor: `np.save+fsync` of the "
                   "same arrays (the same durability; `np.save` alone leaves them in the page cache, "
@@ -148,8 +149,8 @@ NOTES = {
                   "holds device arrays only (uncompressed case), with its default gzip-5 and with zstd-1. Restores "
                   "read what the saves left in the page cache; an untimed `os.sync()` (after a trim of freed memory) precedes every timed call; the December rows were measured with other jobs loading the two cores (load average 10 to 17). `save_blocking`: how long `save(..., blocking=False)` "
                   "holds the caller (the buffer taken to host memory; the write then runs in the background), beside "
-                  "`np.save`. A blocking save's time is orbax (tensorstore) writing and fsyncing every file, "
-                  "then the manifest pass hashing them, the work of `np.save+fsync`; on a loaded machine both swing "
+                  "`np.save`. A blocking save's time is writing and fsyncing every file with its checksum taken in the "
+                  "same pass, the work of `np.save+fsync` plus the hashing; on a loaded machine both swing "
                   "with the disk's writeback, so compare rows of one run only.",
     "scale": "`ShardedBuffer` on meshes of the first 1, 2, 4 and 8 devices (`variant`); ratio = the 1-device time / "
              "this row's (> 1: faster than one device). On a CPU the devices are forced host devices sharing the "
