@@ -181,6 +181,28 @@ def _commit(tmp: Path, path: Path) -> None:
         threading.Thread(target=shutil.rmtree, args=(old,), kwargs={"ignore_errors": True}, name="jaxbuffers-remove-old").start()
 
 
+def _drop_cached(path: Path) -> None:
+    """Drop from the page cache the files of the checkpoint at `path` (if any), which a save is about to replace; they
+    stay whole on disk. The new checkpoint's files then take the memory those pages held: writing into memory the
+    page cache has just freed costs less than into memory the kernel must first evict, or that a virtual machine's
+    host must first provide. A hint where the OS takes it (`posix_fadvise`), skipped elsewhere and for a file that
+    cannot be opened."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None or not path.is_dir():
+        return
+    for p in (p for p in path.rglob("*") if p.is_file()):
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def _clean_stale(path: Path) -> None:
     """Remove folders beside `path` left by saves whose process is gone: temporary folders of a crash mid-save,
     and replaced checkpoints whose background deletion did not finish."""

@@ -83,8 +83,8 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
-    _check_hashes, _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _verify,
-    _write_file, _write_manifest,
+    _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json,
+    _sibling, _verify, _write_file, _write_manifest,
 )
 from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
 from jaxbuffers.sharding import ShardedBuffer
@@ -453,6 +453,7 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
 
         def finish(bar: _Progress) -> Path:
             try:
+                _drop_cached(path)
                 _write(tmp, snapshot, bar)
                 _commit(tmp, path)
             except BaseException:
