@@ -7,9 +7,9 @@ tree: each array's keys, `np.ndarray`; each empty dict, `Dict`) and every array 
 uncompressed C-order chunk, `arrays/<name>/.zarray` and one chunk file (`0`, `0.0`, ...) holding the array's bytes as
 they lie in memory (`<name>`: its keys joined by `.`). `write` writes those files itself: each array's bytes go from
 the memory they lie in to the file, hashed block by block as they are handed to the kernel, each file synced once,
-several files at once. (orbax itself copies every array on its way to the file, writes each file under a temporary
-name, syncs and renames it, and a manifest would then have to read every file back to hash it.) Several processes'
-saves are written by orbax (`jaxbuffers._checkpoint_processes`).
+several files at once. (orbax's own write, through tensorstore, takes each array through buffers of its own and
+writes each file under a temporary name, then syncs and renames it and syncs its folder; the manifest then had to
+read every file back to hash it.) Several processes' saves are written by orbax (`jaxbuffers._checkpoint_processes`).
 
 An array stored as one chunk is read here with one copy of its bytes:
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 import json
 import mmap
 import os
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -69,19 +69,21 @@ def write(root: Path, tree: dict, progress) -> dict[str, dict]:
             a, name = np.asarray(x), ".".join(keys)  # a CPU array's own memory, no copy
             (folder / name).mkdir()
             zdtype = "bfloat16" if a.dtype == jnp.bfloat16 else a.dtype.str
-            z = {"chunks": list(a.shape), "compressor": None, "dimension_separator": ".", "dtype": zdtype, "fill_value": None,
-                 "filters": None, "order": "C", "shape": list(a.shape), "zarr_format": 2}
+            z = {"chunks": list(a.shape), "compressor": None, "dimension_separator": ".", "dtype": zdtype,
+                 "fill_value": None, "filters": None, "order": "C", "shape": list(a.shape), "zarr_format": 2}
             files.append((f"{name}/.zarray", json.dumps(z, separators=(",", ":")).encode()))
             if a.size:
                 files.append((f"{name}/{_chunk_file(a.shape)}", a))
             value = {"value_type": "np.ndarray", "skip_deserialize": False}
-        tree_metadata[str(keys)] = {"key_metadata": [{"key": k, "key_type": 2} for k in keys], "value_metadata": value}
+        keyed = [{"key": k, "key_type": 2} for k in keys]  # key_type 2: a dict key
+        tree_metadata[str(keys)] = {"key_metadata": keyed, "value_metadata": value}
     metadata = {"tree_metadata": tree_metadata, "use_ocdbt": False, "use_zarr3": False,
                 "store_array_data_equal_to_fill_value": True, "custom_metadata": None}
     files.append(("_METADATA", json.dumps(metadata).encode()))
     files.sort(key=lambda f: -(f[1].nbytes if isinstance(f[1], np.ndarray) else len(f[1])))  # the largest first
+    one = lambda f: _write_file(folder / f[0], f[1], progress if isinstance(f[1], np.ndarray) else quiet)  # noqa: E731
     with ThreadPoolExecutor(_SYNC_THREADS) as pool:
-        entries = list(pool.map(lambda f: _write_file(folder / f[0], f[1], progress if isinstance(f[1], np.ndarray) else quiet), files))
+        entries = list(pool.map(one, files))
     return {f"arrays/{rel}": e for (rel, _), e in zip(files, entries)}
 
 
