@@ -147,7 +147,7 @@ NOTES = {
                   "same arrays (the same durability; `np.save` alone leaves them in the page cache, "
                   "`save_vs_np.save` is ours / its rate); restore anchor: `np.load` + `device_put`. flashbax's Vault "
                   "holds device arrays only (uncompressed case), with its default gzip-5 and with zstd-1. Restores "
-                  "read what the saves left in the page cache; an untimed `os.sync()` (after a trim of freed memory) precedes every timed call; the December rows were measured with other jobs loading the two cores (load average 10 to 17). `save_blocking`: how long `save(..., blocking=False)` "
+                  "read what the saves left in the page cache; an untimed `os.sync()` (after a trim of freed memory) precedes every timed call; the December rows were measured with other jobs loading the two cores (load average about 4 to 9). `save_blocking`: how long `save(..., blocking=False)` "
                   "holds the caller (the buffer taken to host memory; the write then runs in the background), beside "
                   "`np.save`. A blocking save's time is writing and fsyncing every file with its checksum taken in the "
                   "same pass, the work of `np.save+fsync` plus the hashing; on a loaded machine both swing "
@@ -201,6 +201,11 @@ def load(paths):
     return rows
 
 
+def _machine(rows) -> dict | None:
+    """The machine of the first header row of the current tree among `rows`."""
+    return next((r["machine"] for r in rows if r.get("header") and r.get("tree", "current") == "current"), None)
+
+
 def header_section(rows, sources) -> list[str]:
     heads = [r for r in rows if r.get("header") and r.get("tree", "current") == "current"]
     quick = any(r.get("quick") for r in heads)
@@ -233,11 +238,14 @@ def header_section(rows, sources) -> list[str]:
     return out
 
 
-def bench_section(bench, rows) -> list[str]:
+def bench_section(bench, rows, page_machine: dict | None = None) -> list[str]:
     cur = [r for r in rows if r.get("tree", "current") == "current" and "case" in r and not r.get("header")]
     base = {(r["case"], r.get("impl"), r.get("variant")): r for r in rows
             if r.get("tree") == "baseline" and "case" in r and not r.get("header")}
-    out = [f"## {TITLES.get(bench, bench)}", "", f"`benchmarks/bench_{bench}.py`. {NOTES.get(bench, '')}", ""]
+    own = _machine(rows) or {}
+    where = (f" Measured on {own.get('cpu')} ({own.get('cores')} cores), not the machine of the table at the top."
+             if page_machine and own and own.get("cpu") != page_machine.get("cpu") else "")
+    out = [f"## {TITLES.get(bench, bench)}", "", f"`benchmarks/bench_{bench}.py`. {NOTES.get(bench, '')}{where}", ""]
     has_base = any(k for k in base)
     cols = ["case", "impl", "variant", "median", "throughput", "ratio"] + (["baseline", "vs baseline"] if has_base else [])
     out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -286,7 +294,7 @@ def main() -> None:
     lines = header_section(rows, sources)
     benches = sorted({r["bench"] for r in rows if "bench" in r}, key=lambda b: ORDER.index(b) if b in ORDER else 99)
     for bench in benches:
-        lines += bench_section(bench, [r for r in rows if r.get("bench") == bench])
+        lines += bench_section(bench, [r for r in rows if r.get("bench") == bench], _machine(rows))
     Path(args.out).write_text("\n".join(lines).rstrip() + "\n")
     print(args.out)
 
