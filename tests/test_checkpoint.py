@@ -404,8 +404,9 @@ def test_arrays_folder_is_what_orbax_writes_for_the_same_arrays(case, tmp_path):
     assert any(n.startswith("host.stores.0.") for n in names) == (case != "replay")
     for n in names:
         assert (ours / n).read_bytes() == (theirs / n).read_bytes(), n
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
     back = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False).restore(
-        epath.Path(ours), args=ocp.args.PyTreeRestore(restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)))
+        epath.Path(ours), args=ocp.args.PyTreeRestore(restore_args=as_numpy))
     jax.tree.map(np.testing.assert_array_equal, back, tree)
     listed = json.loads((tmp_path / "ck" / "manifest.json").read_text())["files"]
     assert sorted(listed) == sorted(p.relative_to(tmp_path / "ck").as_posix() for p in (tmp_path / "ck").rglob("*")
