@@ -10,7 +10,8 @@ Cases, side by side in one process, the same arrays written to the same disk (a 
 Implementations, each timed `--repeats` times interleaved (median reported), every timed call preceded by an
 untimed `os.sync()` (and a trim of freed memory) so that none pays for the disk writes another left behind:
 
-* `ours`: `jaxbuffers.save` (orbax arrays, host-store export, xxh3-64 manifest, fsync, atomic rename) and
+* `ours`: `jaxbuffers.save` (host-store export, each array written from its memory in orbax's layout and hashed
+  (xxh3-64) as written, one fsync per file, manifest, atomic rename) and
   `jaxbuffers.restore` (every file checked against its checksum, each array's bytes copied once into the memory the
   restored array owns and hashed there).
 * `ours-async` (case `save_blocking`): the time `jaxbuffers.save(..., blocking=False)` blocks the caller (the

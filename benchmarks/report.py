@@ -154,23 +154,18 @@ NOTES = {
     "torch_interop": "Anchor: the numpy route (`torch.from_numpy(np.asarray(x))` and back). Throughput in MB/s.",
     "checkpoint": "A `ReplayBuffer` of real Atari items (`uncompressed`) and a `CompressedTrajectoryBuffer` of recorded "
                   "Breakout steps (`compressed`: device ids plus host arenas), written to the same disk. Throughput in "
-                  "GB/s of array bytes. `ours`: `jaxbuffers.save` (orbax arrays, checksums, fsync, atomic rename) and "
+                  "GB/s of array bytes. `ours`: `jaxbuffers.save` (each array's bytes written from its memory in orbax's "
+                  "layout and checksummed as written, one fsync per file, atomic rename) and "
                   "`jaxbuffers.restore` (each array's bytes copied once into the memory the restored array owns and "
                   "checksummed there, arrays on the device; the host payloads read straight into the arena chunks "
                   "the restored store keeps). Save anchor: `np.save+fsync` of the "
                   "same arrays (the same durability; `np.save` alone leaves them in the page cache, "
                   "`save_vs_np.save` is ours / its rate); restore anchor: `np.load` + `device_put`. flashbax's Vault "
                   "holds device arrays only (uncompressed case), with its default gzip-5 and with zstd-1. Restores "
-                  "read what the saves left in the page cache; an untimed `os.sync()` (after a trim of freed memory) precedes every timed call; the December rows were measured with other jobs loading the two cores (load average 10 to 17). The `compressed` "
-                  "rows were measured again alone (`--case compressed`, load average 12 to 16, on an Intel Xeon of 2 cores), "
-                  "each followed by a run of the tree before the restore read the host payloads into the arena chunks "
-                  "(`baseline`: it read the payload into one array, then copied it into new chunks); the restore ratio to "
-                  "each run's own `np.load` went from 0.37 to 0.51 (0.35 to 0.95 in an earlier pair of runs). The save code "
-                  "is the same in both trees: its `vs baseline` column, like `np.load`'s, is the swing of the load "
-                  "between the two runs. `save_blocking`: how long `save(..., blocking=False)` "
+                  "read what the saves left in the page cache; an untimed `os.sync()` (after a trim of freed memory) precedes every timed call; the December rows were measured with other jobs loading the two cores (load average about 4 to 9). `save_blocking`: how long `save(..., blocking=False)` "
                   "holds the caller (the buffer taken to host memory; the write then runs in the background), beside "
-                  "`np.save`. A blocking save's time is orbax (tensorstore) writing and fsyncing every file, "
-                  "then the manifest pass hashing them, the work of `np.save+fsync`; on a loaded machine both swing "
+                  "`np.save`. A blocking save's time is writing and fsyncing every file with its checksum taken in the "
+                  "same pass, the work of `np.save+fsync` plus the hashing; on a loaded machine both swing "
                   "with the disk's writeback, so compare rows of one run only.",
     "scale": "`ShardedBuffer` on meshes of the first 1, 2, 4 and 8 devices (`variant`); ratio = the 1-device time / "
              "this row's (> 1: faster than one device). On a CPU the devices are forced host devices sharing the "
@@ -221,6 +216,11 @@ def load(paths):
     return rows
 
 
+def _machine(rows) -> dict | None:
+    """The machine of the first header row of the current tree among `rows`."""
+    return next((r["machine"] for r in rows if r.get("header") and r.get("tree", "current") == "current"), None)
+
+
 def header_section(rows, sources) -> list[str]:
     heads = [r for r in rows if r.get("header") and r.get("tree", "current") == "current"]
     quick = any(r.get("quick") for r in heads)
@@ -253,11 +253,14 @@ def header_section(rows, sources) -> list[str]:
     return out
 
 
-def bench_section(bench, rows) -> list[str]:
+def bench_section(bench, rows, page_machine: dict | None = None) -> list[str]:
     cur = [r for r in rows if r.get("tree", "current") == "current" and "case" in r and not r.get("header")]
     base = {(r["case"], r.get("impl"), r.get("variant")): r for r in rows
             if r.get("tree") == "baseline" and "case" in r and not r.get("header")}
-    out = [f"## {TITLES.get(bench, bench)}", "", f"`benchmarks/bench_{bench}.py`. {NOTES.get(bench, '')}", ""]
+    own = _machine(rows) or {}
+    where = (f" Measured on {own.get('cpu')} ({own.get('cores')} cores), not the machine of the table at the top."
+             if page_machine and own and own.get("cpu") != page_machine.get("cpu") else "")
+    out = [f"## {TITLES.get(bench, bench)}", "", f"`benchmarks/bench_{bench}.py`. {NOTES.get(bench, '')}{where}", ""]
     has_base = any(k for k in base)
     cols = ["case", "impl", "variant", "median", "throughput", "ratio"] + (["baseline", "vs baseline"] if has_base else [])
     out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -308,7 +311,7 @@ def main() -> None:
     lines = header_section(rows, sources)
     benches = sorted({r["bench"] for r in rows if "bench" in r}, key=lambda b: ORDER.index(b) if b in ORDER else 99)
     for bench in benches:
-        lines += bench_section(bench, [r for r in rows if r.get("bench") == bench])
+        lines += bench_section(bench, [r for r in rows if r.get("bench") == bench], _machine(rows))
     Path(args.out).write_text("\n".join(lines).rstrip() + "\n")
     print(args.out)
 

@@ -1,5 +1,5 @@
-"""The files of a checkpoint folder: the manifest of sizes and xxh3-64 checksums, fsync, the atomic swap of a new
-folder into place, and the tqdm progress bar of saves and loads."""
+"""The files of a checkpoint folder: writing a file hashed as it is written, the manifest of sizes and xxh3-64
+checksums, fsync, the atomic swap of a new folder into place, and the tqdm progress bar of saves and loads."""
 
 from __future__ import annotations
 
@@ -12,14 +12,17 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import xxhash
 
 from jaxbuffers import _validate
 from jaxbuffers._checkpoint_describe import FORMAT, FORMAT_VERSION, CheckpointError
 
 _BLOCK = 64 << 20  # bytes hashed per read
-_SYNC_THREADS = 16  # files hashed and synced at once
+_WRITE_BLOCK = 4 << 20  # bytes hashed, then written, at a time: still in the CPU cache when the kernel copies them
+_SYNC_THREADS = 16  # files written, hashed and synced at once
 
 def _hash_file(path: Path, progress) -> str:
     """xxh3-64 of a file's bytes, read through a memory map (no copy of the page cache)."""
@@ -34,6 +37,35 @@ def _hash_file(path: Path, progress) -> str:
     return h.hexdigest()
 
 
+def _write_file(path: Path, data: Any, progress) -> dict:
+    """Create the file `path` holding the bytes of `data` (bytes, or an array: its bytes in C order) and fsync it;
+    returns its manifest entry. Each block is hashed just before it is handed to the kernel, so the checksum is of
+    the bytes written, taken in the same pass (no second read of the file).
+
+    Raises:
+      OSError: naming the file (it exists already, the disk is full, ...).
+    """
+    view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else data)
+    h = xxhash.xxh3_64()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            for a in range(0, len(view), _WRITE_BLOCK):
+                block = view[a : a + _WRITE_BLOCK]
+                h.update(block)
+                while block:
+                    block = block[os.write(fd, block):]
+                progress.update(min(_WRITE_BLOCK, len(view) - a))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    return {"bytes": len(view), "xxh3_64": h.hexdigest()}
+
+
 def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != "manifest.json")
 
@@ -46,12 +78,14 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _write_manifest(root: Path, progress) -> None:
-    """Hash and fsync every file under `root` (and fsync its folders), then write and fsync `manifest.json`.
+def _write_manifest(root: Path, progress, written: dict | None = None) -> None:
+    """Hash and fsync every file under `root` but those of `written` (their manifest entries, by path relative to
+    `root`: files `_write_file` wrote, hashed and synced), fsync its folders, then write and fsync `manifest.json`.
 
     The files are synced by a pool of threads: one fsync waits on the disk with the GIL released, and the file
     system commits concurrent syncs together."""
-    paths = _files(root)
+    written = written or {}
+    paths = [p for p in _files(root) if p.relative_to(root).as_posix() not in written]
 
     def one(p: Path) -> dict:
         out = {"bytes": p.stat().st_size, "xxh3_64": _hash_file(p, progress)}
@@ -61,7 +95,7 @@ def _write_manifest(root: Path, progress) -> None:
     with ThreadPoolExecutor(_SYNC_THREADS) as pool:
         entries = list(pool.map(one, paths))
         list(pool.map(_fsync, [d for d in root.rglob("*") if d.is_dir()]))
-    files = {p.relative_to(root).as_posix(): e for p, e in zip(paths, entries)}
+    files = dict(sorted({**written, **{p.relative_to(root).as_posix(): e for p, e in zip(paths, entries)}}.items()))
     (root / "manifest.json").write_text(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "files": files}))
     _fsync(root / "manifest.json")
     _fsync(root)
@@ -152,6 +186,28 @@ def _commit(tmp: Path, path: Path) -> None:
         old = _sibling(path, "old")
         os.rename(prev, old)
         threading.Thread(target=shutil.rmtree, args=(old,), kwargs={"ignore_errors": True}, name="jaxbuffers-remove-old").start()
+
+
+def _drop_cached(path: Path) -> None:
+    """Drop from the page cache the files of the checkpoint at `path` (if any), which a save is about to replace; they
+    stay whole on disk. The new checkpoint's files then take the memory those pages held: writing into memory the
+    page cache has just freed costs less than into memory the kernel must first evict, or that a virtual machine's
+    host must first provide. A hint where the OS takes it (`posix_fadvise`), skipped elsewhere and for a file that
+    cannot be opened."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None or not path.is_dir():
+        return
+    for p in (p for p in path.rglob("*") if p.is_file()):
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _clean_stale(path: Path) -> None:

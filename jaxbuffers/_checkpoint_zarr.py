@@ -1,8 +1,17 @@
-"""Reading a checkpoint's arrays straight into the memory the restored arrays own, checksummed on the bytes read.
+"""A checkpoint's arrays written straight from host memory and read straight into the memory the restored arrays
+own, checksummed on the bytes written and read.
 
-orbax writes every array of a one-process save (`use_ocdbt=False`, no compression) as a zarr v2 array of a single
-uncompressed C-order chunk: `arrays/<name>/.zarray` and one chunk file (`0`, `0.0`, ...) holding the array's bytes as
-they lie in memory. Such an array is read here with one copy of its bytes:
+`arrays/` of a one-process save is an orbax-checkpoint PyTree checkpoint of numpy arrays, in the layout
+`orbax.checkpoint.PyTreeCheckpointHandler(use_ocdbt=False, use_compression=False)` writes for them: `_METADATA` (the
+tree: each array's keys, `np.ndarray`; each empty dict, `Dict`) and every array as a zarr v2 array of a single
+uncompressed C-order chunk, `arrays/<name>/.zarray` and one chunk file (`0`, `0.0`, ...) holding the array's bytes as
+they lie in memory (`<name>`: its keys joined by `.`). `write` writes those files itself: each array's bytes go from
+the memory they lie in to the file, hashed block by block as they are handed to the kernel, each file synced once,
+several files at once. (orbax's own write, through tensorstore, takes each array through buffers of its own and
+writes each file under a temporary name, then syncs and renames it and syncs its folder; the manifest then had to
+read every file back to hash it.) Several processes' saves are written by orbax (`jaxbuffers._checkpoint_processes`).
+
+An array stored as one chunk is read here with one copy of its bytes:
 
 * onto one CPU device (arrays of `_MAPPED` bytes or more): the file is memory-mapped and XLA copies it into a
   buffer of its own (which a donation then updates in place); its xxh3-64 is taken over that buffer;
@@ -22,8 +31,9 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,11 +41,65 @@ import numpy as np
 import xxhash
 
 from jaxbuffers._checkpoint_describe import _DTYPES, CheckpointError
-from jaxbuffers._checkpoint_files import _BLOCK, _mismatch
+from jaxbuffers._checkpoint_files import _BLOCK, _SYNC_THREADS, _mismatch, _Progress, _write_file
 
 _MAPPED = 1 << 20  # bytes: smaller arrays are read and put (no copy program compiled for each shape)
 _ZARR_DTYPES = {("bfloat16" if d == jnp.bfloat16 else d.str): d for d in _DTYPES.values()}
 
+
+def _chunk_file(shape: tuple) -> str:
+    """The name of the one chunk file of an array of `shape`."""
+    return ".".join("0" * len(shape)) if shape else "0"
+
+
+# --- writing ---
+
+def write(root: Path, tree: dict, progress) -> dict[str, dict]:
+    """Write `tree` (dicts of string keys down to arrays on host memory: numpy, or JAX arrays on a CPU device) into
+    the new folder `root / "arrays"` (module doc), each file synced (its folders are not: `_write_manifest` syncs
+    them). Returns the manifest entry of every file written, by path relative to `root`.
+
+    Raises:
+      OSError: naming the file that could not be written.
+    """
+    folder, quiet = root / "arrays", _Progress(False, "")  # the bar counts the arrays' bytes
+    folder.mkdir()
+    files: list[tuple[str, Any]] = []
+    tree_metadata = {}
+    for keys, x in _items(tree):
+        value = {"value_type": "Dict", "skip_deserialize": True}
+        if x is not None:
+            a, name = np.asarray(x), ".".join(keys)  # a CPU array's own memory, no copy
+            (folder / name).mkdir()
+            zdtype = "bfloat16" if a.dtype == jnp.bfloat16 else a.dtype.str
+            z = {"chunks": list(a.shape), "compressor": None, "dimension_separator": ".", "dtype": zdtype,
+                 "fill_value": None, "filters": None, "order": "C", "shape": list(a.shape), "zarr_format": 2}
+            files.append((f"{name}/.zarray", json.dumps(z, separators=(",", ":")).encode()))
+            if a.size:
+                files.append((f"{name}/{_chunk_file(a.shape)}", a))
+            value = {"value_type": "np.ndarray", "skip_deserialize": False}
+        keyed = [{"key": k, "key_type": 2} for k in keys]  # key_type 2: a dict key
+        tree_metadata[str(keys)] = {"key_metadata": keyed, "value_metadata": value}
+    metadata = {"tree_metadata": tree_metadata, "use_ocdbt": False, "use_zarr3": False,
+                "store_array_data_equal_to_fill_value": True, "custom_metadata": None}
+    files.append(("_METADATA", json.dumps(metadata).encode()))
+    files.sort(key=lambda f: -(f[1].nbytes if isinstance(f[1], np.ndarray) else len(f[1])))  # the largest first
+    one = lambda f: _write_file(folder / f[0], f[1], progress if isinstance(f[1], np.ndarray) else quiet)  # noqa: E731
+    with ThreadPoolExecutor(_SYNC_THREADS) as pool:
+        entries = list(pool.map(one, files))
+    return {f"arrays/{rel}": e for (rel, _), e in zip(files, entries)}
+
+
+def _items(tree: dict, keys: tuple = ()):
+    """`(keys, array)` of every array of `tree` and `(keys, None)` of every empty dict, keys sorted as JAX flattens."""
+    for k in sorted(tree):
+        if isinstance(tree[k], dict) and tree[k]:
+            yield from _items(tree[k], (*keys, k))
+        else:
+            yield (*keys, k), None if isinstance(tree[k], dict) else tree[k]
+
+
+# --- reading ---
 
 class Chunk(NamedTuple):
     """One array stored as one uncompressed C-order chunk file."""
@@ -79,7 +143,7 @@ def _single_chunk(root: Path, name: str, listed: dict) -> Chunk | None:
     if not simple:
         return None
     dtype = np.dtype(_ZARR_DTYPES[z["dtype"]])
-    key = f"arrays/{name}/" + (".".join("0" * len(shape)) if shape else "0")
+    key = f"arrays/{name}/{_chunk_file(shape)}"
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if key not in listed or int(listed[key]["bytes"]) != nbytes or nbytes == 0:
         return None

@@ -18,14 +18,16 @@ arrays/          an orbax-checkpoint PyTree checkpoint (tensorstore) of
                    "slot_version": ...}}: the buffer's arrays, and for a compressed buffer its host stores
                   (`host_codecs.CompressedStore.export_state`: index columns, packed payloads, zstd dictionary);
                   a sharded one's per shard ({"shards": {"s": ...}}), or, saved by several processes
-                  ("layout": "stacked"), as one uint8 array [S, n] of a byte row per shard
+                  ("layout": "stacked"), as one uint8 array [S, n] of a byte row per shard. One process writes the
+                  files itself, in the layout orbax writes for numpy arrays (`jaxbuffers._checkpoint_zarr`: one
+                  zarr chunk per array, straight from its memory); several processes' parts are written by orbax
 manifest.json    {"format", "version", "files": {relative path: {"bytes", "xxh3_64"}}}, written last
 ```
 
 Safety:
 
-* No pickle: metadata is JSON, arrays are tensorstore files read by orbax; the class comes from a fixed table of
-  jaxbuffers classes and dtypes from a fixed list of numeric dtypes. A crafted checkpoint cannot run code.
+* No pickle: metadata is JSON, arrays are raw zarr chunks (read directly, or by orbax); the class comes from a fixed
+  table of jaxbuffers classes and dtypes from a fixed list of numeric dtypes. A crafted checkpoint cannot run code.
 * Every file is checked against the manifest: all sizes first, then the xxh3-64 of every file before anything read
   from it is used. An array stored as one uncompressed chunk (what a one-process save writes) is read straight into
   the memory it ends in and hashed on the bytes read (`jaxbuffers._checkpoint_zarr`); every other file, and any other
@@ -33,7 +35,7 @@ Safety:
   file.
 * `save` writes into a temporary sibling folder and renames it into place; a crash at any point leaves the previous
   checkpoint whole (between the two renames it is the sibling `.<name>.prev`, which `restore` falls back to). Every
-  file and folder is fsynced before the rename.
+  file (hashed as it is written) and folder is fsynced before the rename.
 * `save(..., blocking=False)` copies the buffer's arrays to host memory (on CPU: holds them, so that a later donation
   copies instead of writing over them) and the host stores' contents before it returns, and writes in a background
   thread: the checkpoint holds the buffer as of the call, whatever the training loop does with it afterwards.
@@ -81,8 +83,8 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
-    _check_hashes, _clean_stale, _commit, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json, _sibling, _through_link,
-    _verify, _write_manifest,
+    _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json,
+    _sibling, _through_link, _verify, _write_file, _write_manifest,
 )
 from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
 from jaxbuffers.sharding import ShardedBuffer
@@ -129,7 +131,7 @@ def _store_snapshot(host: Any, version: int) -> tuple[dict, dict]:
 
 
 def _host_tree(host_arrays: dict) -> dict:
-    """The host arrays orbax writes: non-empty ones only (an empty array's shape and dtype are in buffer.json)."""
+    """The host arrays written: non-empty ones only (an empty array's shape and dtype are in buffer.json)."""
     if "shards" in host_arrays:
         return {"shards": {i: _host_tree(a) for i, a in host_arrays["shards"].items()}}
     host = {"stores": {i: {k: a for k, a in s.items() if a.size} for i, s in host_arrays.get("stores", {}).items()}}
@@ -139,13 +141,13 @@ def _host_tree(host_arrays: dict) -> dict:
 
 
 def _array_tree(leaves: list, host_arrays: dict) -> dict:
-    """What orbax writes: non-empty arrays only (an empty array's shape and dtype are in buffer.json)."""
+    """What `arrays/` holds: non-empty arrays only (an empty array's shape and dtype are in buffer.json)."""
     return {"device": {str(i): x for i, x in enumerate(leaves) if np.size(x)}, "host": _host_tree(host_arrays)}
 
 
 class _Snapshot(NamedTuple):
     meta: dict  # buffer.json
-    tree: dict  # what orbax writes (`_array_tree`): arrays on host memory only
+    tree: dict  # what `arrays/` holds (`_array_tree`): arrays on host memory only
 
 
 def _snapshot(buffer: Any, host: bool = True) -> _Snapshot:
@@ -164,25 +166,19 @@ def _snapshot(buffer: Any, host: bool = True) -> _Snapshot:
     for x in leaves:
         if isinstance(x, jax.Array) and x.is_fully_addressable:
             x.copy_to_host_async()
-    # host memory as CPU arrays: orbax writes jax arrays from their memory, several times faster than numpy arrays
+    # host memory as CPU arrays: written from their memory (several processes: by orbax, which writes jax arrays from
+    # their memory, several times faster than numpy arrays)
     cpu = jax.local_devices(backend="cpu")[0]
     return _Snapshot(meta, _array_tree([jax.device_put(_replicas.whole_leaf(x), cpu) for x in leaves], host_arrays))
 
 
 def _write(root: Path, snapshot: _Snapshot, progress: _Progress) -> None:
-    """Write `snapshot` into the existing empty folder `root` (not atomic: `save` and the orbax manager make it so)."""
-    nbytes = _nbytes(snapshot.tree)
-    progress.reset(total=2 * nbytes)
-    handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
-    arrays = epath.Path(root / "arrays")
-    arrays.mkdir()
-    try:
-        handler.save(arrays, args=ocp.args.PyTreeSave(snapshot.tree))  # one chunk per array: chunked arrays restored ~3x slower
-    finally:
-        handler.close()
-    progress.update(nbytes)
-    (root / "buffer.json").write_text(json.dumps(snapshot.meta))
-    _write_manifest(root, progress)
+    """Write `snapshot` into the existing empty folder `root` (not atomic: `save` and the orbax manager make it so):
+    every file hashed as it is written and synced once (`_checkpoint_zarr.write`), the manifest last."""
+    progress.reset(total=_nbytes(snapshot.tree))
+    written = _zarr.write(root, snapshot.tree, progress)
+    written["buffer.json"] = _write_file(root / "buffer.json", json.dumps(snapshot.meta).encode(), _Progress(False, ""))
+    _write_manifest(root, progress, written)
 
 
 # --- reading one checkpoint folder ---
@@ -453,6 +449,7 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
 
         def finish(bar: _Progress) -> Path:
             try:
+                _drop_cached(path)
                 _write(tmp, snapshot, bar)
                 _commit(tmp, path)
             except BaseException:

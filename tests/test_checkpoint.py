@@ -358,14 +358,17 @@ def test_corrupt_file_is_detected_naming_it(damage, tmp_path):
         jb.restore(tmp_path / "ck")
 
 
-def test_corrupt_host_store_file_is_detected_naming_it(tmp_path):
-    """A byte flipped in a compressed buffer's packed payloads (read into host memory, hashed as read)."""
-    step = {"obs": jnp.zeros((6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+def _small_compressed(reward_dtype=jnp.float32):
+    step = {"obs": jnp.zeros((6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.zeros((), reward_dtype)}
     frames = np.random.default_rng(0).integers(0, 255, (2, 6, 6, 6), dtype=np.uint8)
     no = jnp.zeros((2, 6), bool)
-    buf = jb.CompressedTrajectoryBuffer.create(step, num_envs=2, length=8, codec="zstd:1").add(
-        {"obs": frames, "action": jnp.zeros((2, 6), jnp.int32), "reward": jnp.zeros((2, 6))}, terminated=no)
-    jb.save(tmp_path / "c", buf)
+    return jb.CompressedTrajectoryBuffer.create(step, num_envs=2, length=8, codec="zstd:1").add(
+        {"obs": frames, "action": jnp.zeros((2, 6), jnp.int32), "reward": jnp.ones((2, 6), reward_dtype)}, terminated=no)
+
+
+def test_corrupt_host_store_file_is_detected_naming_it(tmp_path):
+    """A byte flipped in a compressed buffer's packed payloads (read into host memory, hashed as read)."""
+    jb.save(tmp_path / "c", _small_compressed())
     victim = next((tmp_path / "c" / "arrays" / "host.stores.0.payload").glob("[0-9]*"))
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -452,6 +455,62 @@ def test_arrays_stored_in_several_chunks_are_read_by_orbax(tmp_path):
     victim.write_bytes(bytes(raw))
     with pytest.raises(jb.CheckpointError, match=f"{folder.name}/{victim.name}: checksum mismatch"):
         jb.restore(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("case", ["replay", "compressed-bfloat16"])
+def test_arrays_folder_is_what_orbax_writes_for_the_same_arrays(case, tmp_path):
+    """`save` writes `arrays/` itself: every file is byte for byte the one orbax's PyTreeCheckpointHandler writes for
+    the same tree of numpy arrays (bool, bfloat16, 0-d arrays, host stores, an empty dict of stores), and orbax reads
+    it back; the manifest's checksums, taken as the files were written, are those of the files on disk."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    from etils import epath
+    from jaxbuffers import _checkpoint_files as files
+
+    buf = _filled_replay(256) if case == "replay" else _small_compressed(jnp.bfloat16)
+    jb.save(tmp_path / "ck", buf)
+    tree = jax.tree.map(np.asarray, ckpt._snapshot(buf).tree)
+    handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
+    handler.save(epath.Path(tmp_path / "orbax"), args=ocp.args.PyTreeSave(tree))
+    handler.close()
+    ours, theirs = tmp_path / "ck" / "arrays", tmp_path / "orbax"
+    names = sorted(p.relative_to(ours).as_posix() for p in ours.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(theirs).as_posix() for p in theirs.rglob("*") if p.is_file())
+    assert any(n.startswith("host.stores.0.") for n in names) == (case != "replay")
+    for n in names:
+        assert (ours / n).read_bytes() == (theirs / n).read_bytes(), n
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    back = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False).restore(
+        epath.Path(ours), args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+    jax.tree.map(np.testing.assert_array_equal, back, tree)
+    listed = json.loads((tmp_path / "ck" / "manifest.json").read_text())["files"]
+    assert sorted(listed) == sorted(p.relative_to(tmp_path / "ck").as_posix() for p in (tmp_path / "ck").rglob("*")
+                                    if p.is_file() and p.name != "manifest.json")
+    for rel, info in listed.items():
+        assert info == {"bytes": (tmp_path / "ck" / rel).stat().st_size,
+                        "xxh3_64": files._hash_file(tmp_path / "ck" / rel, files._Progress(False, ""))}, rel
+
+
+def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    from jaxbuffers import _checkpoint_files as files
+
+    old, new = _filled_replay(), _filled_replay(4096)
+    jb.save(tmp_path / "ck", old)
+    write = os.write
+
+    def full(fd, data):
+        if len(data) > 4096:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(fd, data)
+
+    monkeypatch.setattr(files.os, "write", full)
+    with pytest.raises(OSError, match=r"No space left on device: '.*arrays/device\.\d+/0") as e:
+        jb.save(tmp_path / "ck", new)
+    assert e.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    _assert_same(jb.restore(tmp_path / "ck"), old)
+    assert not list(tmp_path.glob(".ck.*"))
 
 
 def test_crafted_pickle_is_never_executed(tmp_path, monkeypatch):
