@@ -31,8 +31,11 @@ from typing import Any
 import numpy as np
 
 from ._base import integer_ids
+from ._pool import parallel_for
 
-__all__ = ["DeltaChains", "base_sums", "chain_order"]
+__all__ = ["DeltaChains", "base_sums", "chain_order", "xor_rows"]
+
+_XOR_BLOCK = 64  # rows per block of `xor_rows`: its gathered bases stay in cache while they are XORed in
 
 
 def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
@@ -40,6 +43,36 @@ def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
     b = np.asarray(base, np.int64)
     mixed = ((b + 1) * 0x9E3779B1 & 0xFFFFFFFF).astype(np.uint32) ^ np.asarray(base_check, np.uint32)
     return np.where(b >= 0, mixed, np.uint32(0)).astype(np.uint32)
+
+
+def xor_rows(rows: np.ndarray, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> np.ndarray:
+    """# shape=(D, nbytes), dtype=uint8: row `j` is `rows[idx[j]] XOR rows[src[j]]` for `src[j] >= 0`, else
+    `rows[idx[j]] XOR ext[-1 - src[j]]` (`rows`: uint8 `[B, nbytes]`, `ext`: uint8 `[J, nbytes]`, `idx`, `src`:
+    int64 `[D]`).
+
+    Block by block of `_XOR_BLOCK` rows over the thread pool (`host_codecs._pool.parallel_for`): each block gathers
+    its rows into the output and its bases into a buffer of the block's size, then XORs in place, so no temporary the
+    size of the batch is made and each row is read once from memory.
+    """
+    d, nbytes = idx.size, rows.shape[1]
+    out = np.empty((d, nbytes), np.uint8)
+
+    def body(lo: int, hi: int) -> None:
+        tmp = np.empty((min(_XOR_BLOCK, hi - lo), nbytes), np.uint8)
+        for a in range(lo, hi, _XOR_BLOCK):
+            b = min(a + _XOR_BLOCK, hi)
+            o, t, sb = out[a:b], tmp[: b - a], src[a:b]
+            np.take(rows, idx[a:b], axis=0, out=o)
+            if (sb >= 0).all():
+                np.take(rows, sb, axis=0, out=t)
+            else:
+                t[sb >= 0] = rows[sb[sb >= 0]]
+                t[sb < 0] = ext[-1 - sb[sb < 0]]
+            np.bitwise_xor(o, t, out=o)
+
+    blocks = -(-d // _XOR_BLOCK)
+    parallel_for(blocks, lambda lo, hi: body(lo * _XOR_BLOCK, min(hi * _XOR_BLOCK, d)), work_bytes=2 * d * nbytes)
+    return out
 
 
 def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt):
@@ -177,14 +210,11 @@ class DeltaChains:
         return src, ext
 
     def _delta_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape) -> np.ndarray:
-        """The rows a put of unique slots `s` encodes: `rows[i] XOR` its base's bytes where `base[i] >= 0`, else
-        `rows[i]` (uint8 `[B, nbytes]`, a new array)."""
+        """The delta rows a put of unique slots `s` encodes: uint8 `[D, nbytes]` (a new array), row `j` being
+        `rows[i] XOR` its base's bytes for the `j`-th row `i` with `base[i] >= 0` (`xor_rows`)."""
         src, ext = self._base_rows(s, base, rows, code, item_shape)
-        coded = rows.copy()
-        inside, outside = np.flatnonzero((src >= 0) & (src < s.size)), np.flatnonzero(src < 0)
-        coded[inside] ^= rows[src[inside]]
-        coded[outside] ^= ext[-1 - src[outside]]
-        return coded
+        idx = np.flatnonzero(base >= 0)
+        return xor_rows(rows, idx, src[idx], ext)
 
     def _check_linear(self, s: np.ndarray, base: np.ndarray, delta: np.ndarray) -> None:
         """ValueError when a put of slots `s` would make a slot the base of a second live delta; under the lock."""

@@ -328,12 +328,14 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         if cdc is self.codec:
             dictionary = self._dictionary if self._trained else self._train(rows, code, item_shape)
         delta = np.zeros(b, bool) if base is None else base >= 0
-        coded = self._delta_rows(s, base, rows, code, item_shape) if delta.any() else rows
         # outside the lock: the expensive part
         dcdc = self.delta_codec if codec is None and self.delta_codec is not None and delta.any() else cdc
         tags = np.where(delta, dcdc.tag, cdc.tag).astype(np.uint8)
-        enc = _encode(coded, a.dtype, cdc, dictionary) if dcdc is cdc else _merged(
-            [_encode(coded[~delta], a.dtype, cdc, dictionary), _encode(coded[delta], a.dtype, dcdc, None)], [~delta, delta])
+        if not delta.any():
+            enc = _encode(rows, a.dtype, cdc, dictionary)
+        else:  # the keyframes and the deltas (only the delta rows XORed, into a new array), merged in row order
+            deltas = _encode(self._delta_rows(s, base, rows, code, item_shape), a.dtype, dcdc, dictionary if dcdc is cdc else None)
+            enc = deltas if delta.all() else _merged([_encode(rows[~delta], a.dtype, cdc, dictionary), deltas], [~delta, delta])
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
         sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s, self.checksum)
