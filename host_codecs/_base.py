@@ -132,6 +132,40 @@ def import_extra(codec: str, package: str, module: str):
         raise err from exc
 
 
+_XOR_BLOCK = 64  # rows per block of `xor_rows`: its gathered bases stay in cache while they are XORed in
+
+
+def xor_rows(rows: np.ndarray, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> np.ndarray:
+    """# shape=(D, nbytes), dtype=uint8: row `j` is `rows[idx[j]] XOR rows[src[j]]` for `src[j] >= 0`, else
+    `rows[idx[j]] XOR ext[-1 - src[j]]` (`rows`: uint8 `[B, nbytes]`, `ext`: uint8 `[J, nbytes]`, `idx`, `src`:
+    int64 `[D]`).
+
+    The XOR `Codec.encode_deltas` encodes by default. Block by block of `_XOR_BLOCK` rows over the thread pool
+    (`host_codecs._pool.parallel_for`): each block gathers its rows into the output and its bases into a buffer of
+    the block's size, then XORs in place, so no temporary the size of the batch is made.
+    """
+    d, nbytes = idx.size, rows.shape[1]
+    out = np.empty((d, nbytes), np.uint8)
+
+    def body(lo: int, hi: int) -> None:
+        tmp = np.empty((min(_XOR_BLOCK, hi - lo), nbytes), np.uint8)
+        for a in range(lo, hi, _XOR_BLOCK):
+            b = min(a + _XOR_BLOCK, hi)
+            o, t, sb = out[a:b], tmp[: b - a], src[a:b]
+            np.take(rows, idx[a:b], axis=0, out=o)
+            if (sb >= 0).all():
+                np.take(rows, sb, axis=0, out=t)
+            else:
+                t[sb >= 0] = rows[sb[sb >= 0]]
+                t[sb < 0] = ext[-1 - sb[sb < 0]]
+            np.bitwise_xor(o, t, out=o)
+
+    blocks = -(-d // _XOR_BLOCK)
+    parallel_for(blocks, lambda lo, hi: body(lo * _XOR_BLOCK, min(hi * _XOR_BLOCK, d)), work_bytes=2 * d * nbytes)
+    return out
+
+
+
 @dataclass(frozen=True)
 class EncodedBatch:
     """The payloads of one encoded batch, packed in one buffer.
@@ -348,6 +382,23 @@ class Codec:
           An `EncodedBatch` with one payload per row.
         """
         raise NotImplementedError
+
+    def encode_deltas(self, rows: np.ndarray, dtype: np.dtype, idx: np.ndarray, src: np.ndarray, ext: np.ndarray, *args) -> EncodedBatch:
+        """Encode the deltas `xor_rows(rows, idx, src, ext)` (row `idx[j]` XOR its base: batch row `src[j]`, or
+        row `-1 - src[j]` of `ext` for `src[j] < 0`), as `encode_batch` of them with `args` would (a codec may take
+        the XOR inside its encoder instead: `host_codecs.rle`).
+
+        Args:
+          rows: # shape=(B, nbytes), dtype=uint8, C-contiguous: the batch.
+          dtype: the entries' element dtype.
+          idx, src: # shape=(D,), dtype=int64: the batch row of each delta and its base.
+          ext: # shape=(J, nbytes), dtype=uint8: the bases from outside the batch.
+          *args: what `encode_batch` takes beyond `rows, dtype` (zstd: its dictionary).
+
+        Returns:
+          An `EncodedBatch` of `D` payloads, in the order of `idx`.
+        """
+        return self.encode_batch(xor_rows(rows, idx, src, ext), dtype, *args)
 
     def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
         """Decode payloads of one arena chunk into rows of `out`.

@@ -1,7 +1,7 @@
 """Delta chains of a `host_codecs.CompressedStore`: temporal coding of similar consecutive entries.
 
 `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded like any entry (with the
-store's dictionary when it has one); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
+store's dictionary when it has one; `Codec.encode_deltas`: RLE XORs inside its encoder's scan); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
 (base, base of base, ... down to a keyframe): every slot of the chains of one request is decoded once, a chain's
 entries in order on one thread (`chain_order`), and the codec XORs each delta with its base as it decodes it
 (`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); chains whose entries have several codecs
@@ -31,11 +31,8 @@ from typing import Any
 import numpy as np
 
 from ._base import integer_ids
-from ._pool import parallel_for
 
-__all__ = ["DeltaChains", "base_sums", "chain_order", "xor_rows"]
-
-_XOR_BLOCK = 64  # rows per block of `xor_rows`: its gathered bases stay in cache while they are XORed in
+__all__ = ["DeltaChains", "base_sums", "chain_order"]
 
 
 def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
@@ -43,36 +40,6 @@ def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
     b = np.asarray(base, np.int64)
     mixed = ((b + 1) * 0x9E3779B1 & 0xFFFFFFFF).astype(np.uint32) ^ np.asarray(base_check, np.uint32)
     return np.where(b >= 0, mixed, np.uint32(0)).astype(np.uint32)
-
-
-def xor_rows(rows: np.ndarray, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> np.ndarray:
-    """# shape=(D, nbytes), dtype=uint8: row `j` is `rows[idx[j]] XOR rows[src[j]]` for `src[j] >= 0`, else
-    `rows[idx[j]] XOR ext[-1 - src[j]]` (`rows`: uint8 `[B, nbytes]`, `ext`: uint8 `[J, nbytes]`, `idx`, `src`:
-    int64 `[D]`).
-
-    Block by block of `_XOR_BLOCK` rows over the thread pool (`host_codecs._pool.parallel_for`): each block gathers
-    its rows into the output and its bases into a buffer of the block's size, then XORs in place, so no temporary the
-    size of the batch is made and each row is read once from memory.
-    """
-    d, nbytes = idx.size, rows.shape[1]
-    out = np.empty((d, nbytes), np.uint8)
-
-    def body(lo: int, hi: int) -> None:
-        tmp = np.empty((min(_XOR_BLOCK, hi - lo), nbytes), np.uint8)
-        for a in range(lo, hi, _XOR_BLOCK):
-            b = min(a + _XOR_BLOCK, hi)
-            o, t, sb = out[a:b], tmp[: b - a], src[a:b]
-            np.take(rows, idx[a:b], axis=0, out=o)
-            if (sb >= 0).all():
-                np.take(rows, sb, axis=0, out=t)
-            else:
-                t[sb >= 0] = rows[sb[sb >= 0]]
-                t[sb < 0] = ext[-1 - sb[sb < 0]]
-            np.bitwise_xor(o, t, out=o)
-
-    blocks = -(-d // _XOR_BLOCK)
-    parallel_for(blocks, lambda lo, hi: body(lo * _XOR_BLOCK, min(hi * _XOR_BLOCK, d)), work_bytes=2 * d * nbytes)
-    return out
 
 
 def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt):
@@ -110,7 +77,7 @@ def _in_sorted(x: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
 
 class DeltaChains:
     """The delta-chain half of `CompressedStore` (module doc): argument checks of `bases`, the chain and dependent
-    walks over the `base` / `child` columns, and the XOR of a put's rows against their bases."""
+    walks over the `base` / `child` columns, and where the bases of a put's rows are."""
 
     def chain_slots(self, slots: Any) -> np.ndarray:
         """The slots (int64, unique) that decoding `slots` also decodes (the bases of their delta chains) and
@@ -209,12 +176,12 @@ class DeltaChains:
                 ext[~hit] = self.get(miss).reshape(miss.size, -1).view(np.uint8)
         return src, ext
 
-    def _delta_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape) -> np.ndarray:
-        """The delta rows a put of unique slots `s` encodes: uint8 `[D, nbytes]` (a new array), row `j` being
-        `rows[i] XOR` its base's bytes for the `j`-th row `i` with `base[i] >= 0` (`xor_rows`)."""
+    def _delta_parts(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
+        """What `Codec.encode_deltas` takes for a put of unique slots `s`: `(idx, src, ext)`, the batch rows with
+        `base >= 0`, each one's base (a batch row, or `-1 - j` for row `j` of `ext`) and `ext` (`_base_rows`)."""
         src, ext = self._base_rows(s, base, rows, code, item_shape)
         idx = np.flatnonzero(base >= 0)
-        return xor_rows(rows, idx, src[idx], ext)
+        return idx, src[idx], ext
 
     def _check_linear(self, s: np.ndarray, base: np.ndarray, delta: np.ndarray) -> None:
         """ValueError when a put of slots `s` would make a slot the base of a second live delta; under the lock."""

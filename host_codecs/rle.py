@@ -30,6 +30,7 @@ __all__ = ["RLECodec"]
 
 _REP = {1: np.uint64(0x0101010101010101), 2: np.uint64(0x0001000100010001), 4: np.uint64(0x0000000100000001), 8: np.uint64(1)}
 _NO_WORDS = np.zeros((1, 0), np.uint64)  # stands in for the uint64 view of unaligned rows
+_NO_IDS = np.zeros(0, np.int64)  # stands in for the delta rows and bases of a batch of whole entries
 
 
 def _views(buf: np.ndarray, word: np.dtype) -> tuple[np.ndarray, ...]:
@@ -58,17 +59,31 @@ class RLECodec(Codec):
         self._k = import_extra("rle", "numba", "host_codecs._rle_kernels")
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype) -> EncodedBatch:
+        return self._encode(rows, dtype, None)
+
+    def encode_deltas(self, rows: np.ndarray, dtype: np.dtype, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> EncodedBatch:
+        """`Codec.encode_deltas` with the XOR taken word by word inside the encoder's scan
+        (`host_codecs._rle_kernels.encode_range`): the deltas are never written out."""
+        return self._encode(rows, dtype, (np.asarray(idx, np.int64), np.asarray(src, np.int64), np.ascontiguousarray(ext)))
+
+    def _encode(self, rows: np.ndarray, dtype: np.dtype, based) -> EncodedBatch:
+        """`encode_batch` (`based` None) or `encode_deltas` (`based` = `(idx, src, ext)`)."""
         word, rows = element_view_dtype(dtype), np.ascontiguousarray(rows)
-        b, nbytes = rows.shape
+        nbytes = rows.shape[1]
+        idx, src, ext = based if based is not None else (_NO_IDS, _NO_IDS, np.zeros((0, nbytes), np.uint8))
+        b = rows.shape[0] if based is None else idx.shape[0]
         x = rows.view(word)  # [B, n]
-        fast = nbytes > 0 and nbytes % 8 == 0 and rows.ctypes.data % 8 == 0
-        args = (x, rows.view(np.uint64) if fast else _NO_WORDS, fast, _REP[word.itemsize], self.level // 8)
+        fast = nbytes > 0 and nbytes % 8 == 0 and rows.ctypes.data % 8 == 0 and ext.ctypes.data % 8 == 0
+        words = (lambda a: a.view(np.uint64)) if fast else (lambda a: _NO_WORDS)
+        args = (x, words(rows), fast, _REP[word.itemsize], self.level // 8)
+        deltas = (based is not None, idx, src, ext.view(word), words(ext))
         sizes, cws, offs = np.zeros(b, np.int64), np.zeros(b, np.uint8), np.zeros(b, np.int64)
 
         def run(write: bool, out: np.ndarray) -> None:
             views = _views(out, word)
             parallel_for(
-                b, lambda lo, hi: self._k.encode_range(*args, lo, hi, write, sizes, cws, offs, *views), work_bytes=rows.nbytes
+                b, lambda lo, hi: self._k.encode_range(*args, lo, hi, write, sizes, cws, offs, *views, *deltas),
+                work_bytes=b * nbytes * (1 if based is None else 2),
             )
 
         run(False, np.zeros(0, np.uint8))

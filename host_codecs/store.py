@@ -104,18 +104,20 @@ def _encode(rows: np.ndarray, dtype: np.dtype, codec: Codec, dictionary) -> Enco
 
 def _merged(parts: list[EncodedBatch], masks: list[np.ndarray]) -> EncodedBatch:
     """One batch of the rows of `parts[i]` at the rows `masks[i]` (boolean masks that partition the batch), its
-    payloads in row order (ascending offsets, as `Arena.place` takes them)."""
+    payloads in row order (ascending offsets, as `Arena.place` takes them), gathered as `ALIGN`-byte words."""
     n = masks[0].size
     src, lengths, meta = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint8)
-    shift = 0
+    shift, buffers = 0, []
     for enc, m in zip(parts, masks):
         src[m], lengths[m], meta[m] = enc.offsets + shift, enc.lengths, enc.meta
-        shift += enc.buffer.size
-    padded = ceil_align(lengths)
+        buffers += [enc.buffer, np.zeros(ceil_align(enc.buffer.size) - enc.buffer.size, np.uint8)]
+        shift += ceil_align(enc.buffer.size)
+    words = ceil_align(lengths) // ALIGN
     offsets = np.zeros(n, np.int64)
-    np.cumsum(padded[:-1], out=offsets[1:])
-    gather = np.repeat(src - offsets, padded) + np.arange(int(padded.sum()))  # byte j of row i: src[i] + (j - offsets[i])
-    return EncodedBatch(np.concatenate([e.buffer for e in parts])[gather], offsets, lengths, meta)
+    np.cumsum(words[:-1] * ALIGN, out=offsets[1:])
+    gather = np.repeat((src - offsets) // ALIGN, words) + np.arange(int(words.sum()))  # word j of row i: src[i] / ALIGN + (j - offsets[i] / ALIGN)
+    word = np.dtype((np.void, ALIGN))
+    return EncodedBatch(np.concatenate(buffers).view(word)[gather].view(np.uint8), offsets, lengths, meta)
 
 
 def _stat(key: str, doc: str) -> property:
@@ -333,8 +335,10 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         tags = np.where(delta, dcdc.tag, cdc.tag).astype(np.uint8)
         if not delta.any():
             enc = _encode(rows, a.dtype, cdc, dictionary)
-        else:  # the keyframes and the deltas (only the delta rows XORed, into a new array), merged in row order
-            deltas = _encode(self._delta_rows(s, base, rows, code, item_shape), a.dtype, dcdc, dictionary if dcdc is cdc else None)
+        else:  # the keyframes and the deltas (`Codec.encode_deltas`), merged in row order
+            parts = self._delta_parts(s, base, rows, code, item_shape)
+            d_dict = dictionary if dcdc is cdc else None
+            deltas = dcdc.encode_deltas(rows, a.dtype, *parts) if d_dict is None else dcdc.encode_deltas(rows, a.dtype, *parts, d_dict)
             enc = deltas if delta.all() else _merged([_encode(rows[~delta], a.dtype, cdc, dictionary), deltas], [~delta, delta])
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
