@@ -97,9 +97,10 @@ def _fields(tag, meta, layout) -> np.ndarray:
     return np.asarray(tag, np.uint32) | np.asarray(meta, np.uint32) << 8 | np.asarray(layout, np.uint32) << 16
 
 
-def _encode(rows: np.ndarray, dtype: np.dtype, codec: Codec, dictionary) -> EncodedBatch:
-    """`rows` encoded by `codec`, with the zstd `dictionary` when not None."""
-    return codec.encode_batch(rows, dtype) if dictionary is None else codec.encode_batch(rows, dtype, dictionary)
+def _encode(rows: np.ndarray, dtype: np.dtype, codec: Codec, dictionary, deltas: tuple = ()) -> EncodedBatch:
+    """`rows`, or the deltas `(idx, src, ext)` of `Codec.encode_deltas`, encoded by `codec` (zstd: with `dictionary`)."""
+    extra = () if dictionary is None else (dictionary,)
+    return codec.encode_deltas(rows, dtype, *deltas, *extra) if deltas else codec.encode_batch(rows, dtype, *extra)
 
 
 def _merged(parts: list[EncodedBatch], masks: list[np.ndarray]) -> EncodedBatch:
@@ -113,11 +114,9 @@ def _merged(parts: list[EncodedBatch], masks: list[np.ndarray]) -> EncodedBatch:
         buffers += [enc.buffer, np.zeros(ceil_align(enc.buffer.size) - enc.buffer.size, np.uint8)]
         shift += ceil_align(enc.buffer.size)
     words = ceil_align(lengths) // ALIGN
-    offsets = np.zeros(n, np.int64)
-    np.cumsum(words[:-1] * ALIGN, out=offsets[1:])
+    offsets = np.concatenate([[0], np.cumsum(words[:-1] * ALIGN)]).astype(np.int64)
     gather = np.repeat((src - offsets) // ALIGN, words) + np.arange(int(words.sum()))  # word j of row i: src[i] / ALIGN + (j - offsets[i] / ALIGN)
-    word = np.dtype((np.void, ALIGN))
-    return EncodedBatch(np.concatenate(buffers).view(word)[gather].view(np.uint8), offsets, lengths, meta)
+    return EncodedBatch(np.concatenate(buffers).view(np.dtype((np.void, ALIGN)))[gather].view(np.uint8), offsets, lengths, meta)
 
 
 def _stat(key: str, doc: str) -> property:
@@ -333,13 +332,9 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         # outside the lock: the expensive part
         dcdc = self.delta_codec if codec is None and self.delta_codec is not None and delta.any() else cdc
         tags = np.where(delta, dcdc.tag, cdc.tag).astype(np.uint8)
-        if not delta.any():
-            enc = _encode(rows, a.dtype, cdc, dictionary)
-        else:  # the keyframes and the deltas (`Codec.encode_deltas`), merged in row order
-            parts = self._delta_parts(s, base, rows, code, item_shape)
-            d_dict = dictionary if dcdc is cdc else None
-            deltas = dcdc.encode_deltas(rows, a.dtype, *parts) if d_dict is None else dcdc.encode_deltas(rows, a.dtype, *parts, d_dict)
-            enc = deltas if delta.all() else _merged([_encode(rows[~delta], a.dtype, cdc, dictionary), deltas], [~delta, delta])
+        parts = self._delta_parts(s, base, rows, code, item_shape) if delta.any() else ()
+        enc = _encode(rows, a.dtype, cdc, dictionary) if not parts else _merged(  # keyframes and deltas, in row order
+            [_encode(rows[~delta], a.dtype, cdc, dictionary), _encode(rows, a.dtype, dcdc, dictionary if dcdc is cdc else None, parts)], [~delta, delta])
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
         sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s, self.checksum)
