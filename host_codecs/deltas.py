@@ -138,10 +138,11 @@ class DeltaChains:
             raise ValueError(f"bases: slot {int(used[count > 1][0])} is the base of several rows (a slot is the base of at most one delta)")
         return base
 
-    def _base_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
-        """Where each row's base is, for a put of unique slots `s`: `(src, ext)`, `src[i]` = `B` (`len(s)`) for a
-        whole row, the batch row of its base when an earlier row of the batch writes it, else `-1 - j` for row `j` of
-        `ext` (uint8 `[J, nbytes]`: the last put's row of that slot, else the stored entry decoded)."""
+    def _delta_parts(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
+        """What `Codec.encode_deltas` takes for a put of unique slots `s`: `(idx, src, ext)`, `idx` the batch rows with
+        `base >= 0`, `src[k]` the batch row of row `idx[k]`'s base when an earlier row of the batch writes it, else
+        `-1 - j` for row `j` of `ext` (uint8 `[J, nbytes]`: the last put's row of that slot, else the stored entry
+        decoded)."""
         n = s.size
         src = np.full(n, n, np.int64)
         idx = np.flatnonzero(base >= 0)
@@ -174,13 +175,6 @@ class DeltaChains:
                 if (lids != self._layout_ids.get((code, tuple(item_shape)), -1)).any():
                     raise ValueError("bases: a base slot holds an entry of another dtype or shape")
                 ext[~hit] = self.get(miss).reshape(miss.size, -1).view(np.uint8)
-        return src, ext
-
-    def _delta_parts(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
-        """What `Codec.encode_deltas` takes for a put of unique slots `s`: `(idx, src, ext)`, the batch rows with
-        `base >= 0`, each one's base (a batch row, or `-1 - j` for row `j` of `ext`) and `ext` (`_base_rows`)."""
-        src, ext = self._base_rows(s, base, rows, code, item_shape)
-        idx = np.flatnonzero(base >= 0)
         return idx, src[idx], ext
 
     def _check_linear(self, s: np.ndarray, base: np.ndarray, delta: np.ndarray) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, ceil_align, check_decode, chunk_addresses, element_view_dtype, import_extra
+from ._base import Codec, EncodedBatch, ceil_align, check_decode, check_deltas, chunk_addresses, element_view_dtype, import_extra
 from ._pool import parallel_for
 
 __all__ = ["RLECodec"]
@@ -64,7 +64,7 @@ class RLECodec(Codec):
     def encode_deltas(self, rows: np.ndarray, dtype: np.dtype, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> EncodedBatch:
         """`Codec.encode_deltas` with the XOR taken word by word inside the encoder's scan
         (`host_codecs._rle_kernels.encode_range`): the deltas are never written out."""
-        return self._encode(rows, dtype, (np.asarray(idx, np.int64), np.asarray(src, np.int64), np.ascontiguousarray(ext)))
+        return self._encode(rows, dtype, check_deltas(self.name, rows, idx, src, ext))
 
     def _encode(self, rows: np.ndarray, dtype: np.dtype, based) -> EncodedBatch:
         """`encode_batch` (`based` None) or `encode_deltas` (`based` = `(idx, src, ext)`)."""

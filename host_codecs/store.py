@@ -69,7 +69,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, dtype_code, dtype_from_code, integer_ids, shape_arg
+from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, dtype_code, dtype_from_code, integer_ids, merged_batches, shape_arg
 from . import _checksum
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
@@ -101,22 +101,6 @@ def _encode(rows: np.ndarray, dtype: np.dtype, codec: Codec, dictionary, deltas:
     """`rows`, or the deltas `(idx, src, ext)` of `Codec.encode_deltas`, encoded by `codec` (zstd: with `dictionary`)."""
     extra = () if dictionary is None else (dictionary,)
     return codec.encode_deltas(rows, dtype, *deltas, *extra) if deltas else codec.encode_batch(rows, dtype, *extra)
-
-
-def _merged(parts: list[EncodedBatch], masks: list[np.ndarray]) -> EncodedBatch:
-    """One batch of the rows of `parts[i]` at the rows `masks[i]` (boolean masks that partition the batch), its
-    payloads in row order (ascending offsets, as `Arena.place` takes them), gathered as `ALIGN`-byte words."""
-    n = masks[0].size
-    src, lengths, meta = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint8)
-    shift, buffers = 0, []
-    for enc, m in zip(parts, masks):
-        src[m], lengths[m], meta[m] = enc.offsets + shift, enc.lengths, enc.meta
-        buffers += [enc.buffer, np.zeros(ceil_align(enc.buffer.size) - enc.buffer.size, np.uint8)]
-        shift += ceil_align(enc.buffer.size)
-    words = ceil_align(lengths) // ALIGN
-    offsets = np.concatenate([[0], np.cumsum(words[:-1] * ALIGN)]).astype(np.int64)
-    gather = np.repeat((src - offsets) // ALIGN, words) + np.arange(int(words.sum()))  # word j of row i: src[i] / ALIGN + (j - offsets[i] / ALIGN)
-    return EncodedBatch(np.concatenate(buffers).view(np.dtype((np.void, ALIGN)))[gather].view(np.uint8), offsets, lengths, meta)
 
 
 def _stat(key: str, doc: str) -> property:
@@ -333,7 +317,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         dcdc = self.delta_codec if codec is None and self.delta_codec is not None and delta.any() else cdc
         tags = np.where(delta, dcdc.tag, cdc.tag).astype(np.uint8)
         parts = self._delta_parts(s, base, rows, code, item_shape) if delta.any() else ()
-        enc = _encode(rows, a.dtype, cdc, dictionary) if not parts else _merged(  # keyframes and deltas, in row order
+        enc = _encode(rows, a.dtype, cdc, dictionary) if not parts else merged_batches(  # keyframes and deltas, in row order
             [_encode(rows[~delta], a.dtype, cdc, dictionary), _encode(rows, a.dtype, dcdc, dictionary if dcdc is cdc else None, parts)], [~delta, delta])
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")

@@ -85,3 +85,25 @@ def test_encode_deltas_is_encoding_the_xor_of_each_row_with_its_base(spec):
     out = np.zeros_like(want)
     c.decode_into(enc.buffer, enc.offsets, enc.lengths, enc.meta, out, np.arange(idx.size), np.dtype(np.uint8))
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("spec", ["none", "rle"])
+@pytest.mark.parametrize(
+    "idx, src, ext, err, match",
+    [
+        ([0, 3], [1, 0], np.zeros((1, 8), np.uint8), ValueError, "idx: a row out of range for a batch of 3 rows"),
+        ([-1], [0], np.zeros((1, 8), np.uint8), ValueError, "idx: a row out of range"),
+        ([2], [3], np.zeros((1, 8), np.uint8), ValueError, r"src: a base out of range \[-1, 3\)"),
+        ([2], [-2], np.zeros((1, 8), np.uint8), ValueError, r"src: a base out of range \[-1, 3\)"),
+        ([1, 2], [0], np.zeros((1, 8), np.uint8), ValueError, "idx, src: expected two 1-D arrays of one length"),
+        ([1.0], [0], np.zeros((1, 8), np.uint8), TypeError, "idx: expected integer"),
+        ([1], [0], np.zeros((1, 7), np.uint8), ValueError, r"ext: expected uint8 rows of shape \(J, 8\)"),
+        ([1], [0], np.zeros((1, 8), np.int16), TypeError, "ext: expected uint8 rows"),
+    ],
+)
+def test_encode_deltas_refuses_bad_rows_and_bases(spec, idx, src, ext, err, match):
+    """Rows and bases outside the batch or `ext` are refused before anything is read (the RLE encoder has no bounds
+    checks), integers are never cast from floats, and `ext` must have the batch's row size."""
+    rows = np.zeros((3, 8), np.uint8)
+    with pytest.raises(err, match=match):
+        get_codec(spec).encode_deltas(rows, np.dtype(np.uint8), np.array(idx), np.array(src), ext)
