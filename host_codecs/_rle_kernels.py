@@ -42,21 +42,31 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
     trailing zero bits count the equal words at its low (first, little-endian) end.
 
     With `based`, entry `t` is the XOR of row `idx[t]` of `x` with its base: row `src[t]` of `x` when
-    `src[t] >= 0`, else row `-1 - src[t]` of `ext` (`ext64` its uint64 view when `fast`); the XOR is taken word by
-    word as the runs are scanned, so the delta is never written out. Without `based`, `idx`, `src`, `ext`, `ext64`
-    are not read.
+    `src[t] >= 0`, else row `-1 - src[t]` of `ext` (`ext64` its uint64 view when `fast`). Each delta is XORed into
+    one scratch row of this call (it stays in cache) and scanned there, so no delta of the batch is written out.
+    Without `based`, `idx`, `src`, `ext`, `ext64` are not read.
     """
     n = x.shape[1]
     n8 = x64.shape[1]
     vw = aw.itemsize
     lg = 0 if vw == 1 else (1 if vw == 2 else (2 if vw == 4 else 3))
+    scratch64 = np.empty((n * vw + 7) // 8, np.uint64)  # the delta being scanned, when `based`
+    scratch = scratch64.view(x.dtype)  # its first `n` words
     for t in range(lo, hi):
-        i = idx[t] if based else t
-        s = src[t] if based else i
-        row = x[i]
-        w64 = x64[i] if fast else x64[0]
-        brow = x[s] if s >= 0 else ext[-1 - s]  # read only when `based`
-        b64 = (x64[s] if s >= 0 else ext64[-1 - s]) if fast else x64[0]
+        row = x[t] if not based else scratch
+        w64 = (x64[t] if not based else scratch64) if fast else x64[0]
+        if based:
+            i, s = idx[t], src[t]
+            if fast:
+                b64 = x64[s] if s >= 0 else ext64[-1 - s]
+                a64 = x64[i]
+                for q in range(n8):
+                    scratch64[q] = a64[q] ^ b64[q]
+            else:
+                brow = x[s] if s >= 0 else ext[-1 - s]
+                arow = x[i]
+                for q in range(n):
+                    scratch[q] = arow[q] ^ brow[q]
         cw = np.int64(cws[t]) if write else np.int64(4)
         maxc = MAX_COUNT_1 if cw == 1 else (MAX_COUNT_2 if cw == 2 else MAX_COUNT_4)
         nruns = sizes[t] // (vw + cw) if write else 0
@@ -66,21 +76,21 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
         j = 0
         while j < n:
             # The end k of the run starting at j, written here: a helper call per run is slow.
-            v = (row[j] ^ brow[j]) if based else row[j]
+            v = row[j]
             if fast:
                 pat = np.uint64(v) * rep
                 q = j >> (3 - lg)
-                d = (w64[q] ^ (b64[q] if based else np.uint64(0)) ^ pat) >> np.uint64((j - (q << (3 - lg))) << (3 + lg))
+                d = (w64[q] ^ pat) >> np.uint64((j - (q << (3 - lg))) << (3 + lg))
                 if d != 0:
                     k = j + (np.int64(trailing_zeros(d)) >> (3 + lg))
                 else:
                     q += 1
-                    while q < n8 and (w64[q] ^ b64[q] if based else w64[q]) == pat:
+                    while q < n8 and w64[q] == pat:
                         q += 1
-                    k = n if q == n8 else (q << (3 - lg)) + (np.int64(trailing_zeros(w64[q] ^ (b64[q] if based else np.uint64(0)) ^ pat)) >> (3 + lg))
+                    k = n if q == n8 else (q << (3 - lg)) + (np.int64(trailing_zeros(w64[q] ^ pat)) >> (3 + lg))
             else:
                 k = j + 1
-                while k < n and ((row[k] ^ brow[k]) if based else row[k]) == v:
+                while k < n and row[k] == v:
                     k += 1
             length = k - j
             if write:
