@@ -1,7 +1,7 @@
 """Delta chains of a `host_codecs.CompressedStore`: temporal coding of similar consecutive entries.
 
 `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded like any entry (with the
-store's dictionary when it has one; `Codec.encode_deltas`: RLE XORs inside its encoder's scan); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
+store's dictionary when it has one; `Codec.encode_deltas`: RLE XORs inside its encoder); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
 (base, base of base, ... down to a keyframe): every slot of the chains of one request is decoded once, a chain's
 entries in order on one thread (`chain_order`), and the codec XORs each delta with its base as it decodes it
 (`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); chains whose entries have several codecs

@@ -62,8 +62,8 @@ class RLECodec(Codec):
         return self._encode(rows, dtype, None)
 
     def encode_deltas(self, rows: np.ndarray, dtype: np.dtype, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> EncodedBatch:
-        """`Codec.encode_deltas` with the XOR taken word by word inside the encoder's scan
-        (`host_codecs._rle_kernels.encode_range`): the deltas are never written out."""
+        """`Codec.encode_deltas` with the XOR taken inside the encoder (`host_codecs._rle_kernels.encode_range`): each
+        delta is XORed into one scratch row of its thread and scanned there, so no delta row of the batch is made."""
         return self._encode(rows, dtype, check_deltas(self.name, rows, idx, src, ext))
 
     def _encode(self, rows: np.ndarray, dtype: np.dtype, based) -> EncodedBatch:
