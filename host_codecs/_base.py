@@ -431,7 +431,8 @@ class Codec:
         Args:
           rows: # shape=(B, nbytes), dtype=uint8, C-contiguous: the batch.
           dtype: the entries' element dtype.
-          idx, src: # shape=(D,), integer dtype: the batch row of each delta and its base.
+          idx: # shape=(D,), integer dtype: the batch row of each delta.
+          src: # shape=(D,), integer dtype: the base of each delta (a batch row, or `-1 - j` for row `j` of `ext`).
           ext: # shape=(J, nbytes), dtype=uint8: the bases from outside the batch.
           *args: what `encode_batch` takes beyond `rows, dtype` (zstd: its dictionary).
 
