@@ -115,7 +115,12 @@ NOTES = {
                   "the sample ratio compares with sb3x's fastest codec. `add_chunk` compares adds of 250 steps x 8 lanes "
                   "with K=8 and K=1 (every frame whole), interleaved. The million rows were measured while other "
                   "jobs loaded the two cores (load average 6 to 15): compare rows of one game with each other, not "
-                  "with the other tables.",
+                  "with the other tables. The `add_chunk` rows were measured again, apart from the other million "
+                  "rows, after the add path changed (a put encodes its deltas from the batch and their bases; RLE "
+                  "XORs each delta into one scratch row and scans it there): the same code as `--million` after a "
+                  "fill of 20,000 transitions (`--case million --n 20000`), each row the mean of two runs' medians, "
+                  "load average 5.5 to 13; the tree before the change, run alternately with it in separate processes, "
+                  "gave K=8 / K=1 ratios of 0.81 to 0.89 (its K=8 adds XORed every delta row out before encoding it).",
     "sb3": "SB3 DQN (CnnPolicy) on a replay of recorded Breakout frames. Anchor: SB3's own ReplayBuffer. Memory is "
            "extrapolated to 1M transitions from two fill sizes. `compressed/replay/*` and `compressed/rollout/*`: the "
            "SB3 classes with sb3-extra-buffers' names (`ours:<method>`, with frame_stack=4) against "

@@ -132,6 +132,64 @@ def import_extra(codec: str, package: str, module: str):
         raise err from exc
 
 
+_XOR_BLOCK = 64  # rows per block of `xor_rows`: its gathered bases stay in cache while they are XORed in
+
+
+def xor_rows(rows: np.ndarray, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> np.ndarray:
+    """# shape=(D, nbytes), dtype=uint8: row `j` is `rows[idx[j]] XOR rows[src[j]]` for `src[j] >= 0`, else
+    `rows[idx[j]] XOR ext[-1 - src[j]]` (`rows`: uint8 `[B, nbytes]`, `ext`: uint8 `[J, nbytes]`, `idx`, `src`:
+    int64 `[D]`).
+
+    The XOR `Codec.encode_deltas` encodes by default. Block by block of `_XOR_BLOCK` rows over the thread pool
+    (`host_codecs._pool.parallel_for`): each block gathers its rows into the output and its bases into a buffer of
+    the block's size, then XORs in place, so no temporary the size of the batch is made.
+    """
+    d, nbytes = idx.size, rows.shape[1]
+    out = np.empty((d, nbytes), np.uint8)
+
+    def body(lo: int, hi: int) -> None:
+        tmp = np.empty((min(_XOR_BLOCK, hi - lo), nbytes), np.uint8)
+        for a in range(lo, hi, _XOR_BLOCK):
+            b = min(a + _XOR_BLOCK, hi)
+            o, t, sb = out[a:b], tmp[: b - a], src[a:b]
+            np.take(rows, idx[a:b], axis=0, out=o)
+            if (sb >= 0).all():
+                np.take(rows, sb, axis=0, out=t)
+            else:
+                t[sb >= 0] = rows[sb[sb >= 0]]
+                t[sb < 0] = ext[-1 - sb[sb < 0]]
+            np.bitwise_xor(o, t, out=o)
+
+    blocks = -(-d // _XOR_BLOCK)
+    parallel_for(blocks, lambda lo, hi: body(lo * _XOR_BLOCK, min(hi * _XOR_BLOCK, d)), work_bytes=2 * d * nbytes)
+    return out
+
+
+def check_deltas(codec: str, rows: np.ndarray, idx, src, ext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The arguments `idx, src, ext` of `Codec.encode_deltas` for the batch `rows`, checked before anything is read
+    (the RLE encoder has no bounds checks): `idx`, `src` as int64 (any integer dtype, never cast from another
+    kind), `ext` C-contiguous.
+
+    Raises:
+      TypeError: `idx` or `src` not integers, or `ext` not uint8.
+      ValueError: `idx` and `src` not 1-D of one length, `ext` not `[J, nbytes]` for rows of `nbytes` bytes, a row
+        of `idx` outside the batch, or a base of `src` outside `[-J, B)`.
+    """
+    idx, src = (integer_ids(x, f"codec {codec!r}: {name}").astype(np.int64) for x, name in ((idx, "idx"), (src, "src")))
+    ext = as_array(ext, "ext")
+    if idx.ndim != 1 or src.shape != idx.shape:
+        raise ValueError(f"codec {codec!r}: idx, src: expected two 1-D arrays of one length, got shapes {idx.shape} and {src.shape}")
+    if ext.dtype != np.uint8 or ext.ndim != 2 or ext.shape[1] != rows.shape[1]:
+        err = TypeError if ext.dtype != np.uint8 else ValueError
+        raise err(f"codec {codec!r}: ext: expected uint8 rows of shape (J, {rows.shape[1]}), got {ext.dtype} of shape {ext.shape}")
+    b, j = rows.shape[0], ext.shape[0]
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= b):
+        raise ValueError(f"codec {codec!r}: idx: a row out of range for a batch of {b} rows, got {int(idx.min())}..{int(idx.max())}")
+    if src.size and (int(src.min()) < -j or int(src.max()) >= b):
+        raise ValueError(f"codec {codec!r}: src: a base out of range [-{j}, {b}) ({j} rows of ext, {b} of the batch), got {int(src.min())}..{int(src.max())}")
+    return idx, src, np.ascontiguousarray(ext)
+
+
 @dataclass(frozen=True)
 class EncodedBatch:
     """The payloads of one encoded batch, packed in one buffer.
@@ -160,6 +218,22 @@ def pack_payloads(payloads: Sequence[bytes], meta: np.ndarray | None = None) -> 
     for p, o, n in zip(payloads, offsets.tolist(), lengths.tolist()):
         buffer[o : o + n] = np.frombuffer(p, dtype=np.uint8)
     return EncodedBatch(buffer, offsets, lengths, np.zeros(len(payloads), np.uint8) if meta is None else meta)
+
+
+def merged_batches(parts: list[EncodedBatch], masks: list[np.ndarray]) -> EncodedBatch:
+    """One batch of the rows of `parts[i]` at the rows `masks[i]` (boolean masks that partition the batch), its
+    payloads in row order (ascending offsets, as `Arena.place` takes them), gathered as `ALIGN`-byte words."""
+    n = masks[0].size
+    src, lengths, meta = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint8)
+    shift, buffers = 0, []
+    for enc, m in zip(parts, masks):
+        src[m], lengths[m], meta[m] = enc.offsets + shift, enc.lengths, enc.meta
+        buffers += [enc.buffer, np.zeros(ceil_align(enc.buffer.size) - enc.buffer.size, np.uint8)]
+        shift += ceil_align(enc.buffer.size)
+    words = ceil_align(lengths) // ALIGN
+    offsets = np.concatenate([[0], np.cumsum(words[:-1] * ALIGN)]).astype(np.int64)
+    gather = np.repeat((src - offsets) // ALIGN, words) + np.arange(int(words.sum()))  # word j of row i: src[i] / ALIGN + (j - offsets[i] / ALIGN)
+    return EncodedBatch(np.concatenate(buffers).view(np.dtype((np.void, ALIGN)))[gather].view(np.uint8), offsets, lengths, meta)
 
 
 class ChunkTable(dict):
@@ -348,6 +422,28 @@ class Codec:
           An `EncodedBatch` with one payload per row.
         """
         raise NotImplementedError
+
+    def encode_deltas(self, rows: np.ndarray, dtype: np.dtype, idx: np.ndarray, src: np.ndarray, ext: np.ndarray, *args) -> EncodedBatch:
+        """Encode the deltas `xor_rows(rows, idx, src, ext)` (row `idx[j]` XOR its base: batch row `src[j]`, or
+        row `-1 - src[j]` of `ext` for `src[j] < 0`), as `encode_batch` of them with `args` would (a codec may take
+        the XOR inside its encoder instead: `host_codecs.rle`).
+
+        Args:
+          rows: # shape=(B, nbytes), dtype=uint8, C-contiguous: the batch.
+          dtype: the entries' element dtype.
+          idx: # shape=(D,), integer dtype: the batch row of each delta.
+          src: # shape=(D,), integer dtype: the base of each delta (a batch row, or `-1 - j` for row `j` of `ext`).
+          ext: # shape=(J, nbytes), dtype=uint8: the bases from outside the batch.
+          *args: what `encode_batch` takes beyond `rows, dtype` (zstd: its dictionary).
+
+        Returns:
+          An `EncodedBatch` of `D` payloads, in the order of `idx`.
+
+        Raises:
+          TypeError, ValueError: `idx`, `src` or `ext` refused by `check_deltas`.
+        """
+        idx, src, ext = check_deltas(self.name, rows, idx, src, ext)
+        return self.encode_batch(xor_rows(rows, idx, src, ext), dtype, *args)
 
     def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
         """Decode payloads of one arena chunk into rows of `out`.

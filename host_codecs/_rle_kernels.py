@@ -26,7 +26,7 @@ DEC_BAD_COUNTS = 3
 
 
 @njit(nogil=True, cache=True)
-def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, a1, a2, a4, aw):
+def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, a1, a2, a4, aw, based, idx, src, ext, ext64):
     """One pass of the encoder over entries `[lo, hi)` of `x`.
 
     The first pass (`write` False) finds each entry's runs and sets its count width `cws[t]`
@@ -40,14 +40,33 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
     scanned 8 bytes at a time: `rep` broadcasts one word over a uint64 (0x0101..01 for bytes),
     the XOR of a uint64 with the broadcast run value is zero where the words are equal, and its
     trailing zero bits count the equal words at its low (first, little-endian) end.
+
+    With `based`, entry `t` is the XOR of row `idx[t]` of `x` with its base: row `src[t]` of `x` when
+    `src[t] >= 0`, else row `-1 - src[t]` of `ext` (`ext64` its uint64 view when `fast`). Each delta is XORed into
+    one scratch row of this call (it stays in cache) and scanned there, so no delta of the batch is written out.
+    Without `based`, `idx`, `src`, `ext`, `ext64` are not read.
     """
     n = x.shape[1]
     n8 = x64.shape[1]
     vw = aw.itemsize
     lg = 0 if vw == 1 else (1 if vw == 2 else (2 if vw == 4 else 3))
+    scratch64 = np.empty((n * vw + 7) // 8, np.uint64)  # the delta being scanned, when `based`
+    scratch = scratch64.view(x.dtype)  # its first `n` words
     for t in range(lo, hi):
-        row = x[t]
-        w64 = x64[t] if fast else x64[0]
+        row = x[t] if not based else scratch
+        w64 = (x64[t] if not based else scratch64) if fast else x64[0]
+        if based:
+            i, s = idx[t], src[t]
+            if fast:
+                b64 = x64[s] if s >= 0 else ext64[-1 - s]
+                a64 = x64[i]
+                for q in range(n8):
+                    scratch64[q] = a64[q] ^ b64[q]
+            else:
+                brow = x[s] if s >= 0 else ext[-1 - s]
+                arow = x[i]
+                for q in range(n):
+                    scratch[q] = arow[q] ^ brow[q]
         cw = np.int64(cws[t]) if write else np.int64(4)
         maxc = MAX_COUNT_1 if cw == 1 else (MAX_COUNT_2 if cw == 2 else MAX_COUNT_4)
         nruns = sizes[t] // (vw + cw) if write else 0

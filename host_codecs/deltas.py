@@ -1,7 +1,7 @@
 """Delta chains of a `host_codecs.CompressedStore`: temporal coding of similar consecutive entries.
 
 `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded like any entry (with the
-store's dictionary when it has one); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
+store's dictionary when it has one; `Codec.encode_deltas`: RLE XORs inside its encoder); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
 (base, base of base, ... down to a keyframe): every slot of the chains of one request is decoded once, a chain's
 entries in order on one thread (`chain_order`), and the codec XORs each delta with its base as it decodes it
 (`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); chains whose entries have several codecs
@@ -77,7 +77,7 @@ def _in_sorted(x: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
 
 class DeltaChains:
     """The delta-chain half of `CompressedStore` (module doc): argument checks of `bases`, the chain and dependent
-    walks over the `base` / `child` columns, and the XOR of a put's rows against their bases."""
+    walks over the `base` / `child` columns, and where the bases of a put's rows are."""
 
     def chain_slots(self, slots: Any) -> np.ndarray:
         """The slots (int64, unique) that decoding `slots` also decodes (the bases of their delta chains) and
@@ -138,10 +138,11 @@ class DeltaChains:
             raise ValueError(f"bases: slot {int(used[count > 1][0])} is the base of several rows (a slot is the base of at most one delta)")
         return base
 
-    def _base_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
-        """Where each row's base is, for a put of unique slots `s`: `(src, ext)`, `src[i]` = `B` (`len(s)`) for a
-        whole row, the batch row of its base when an earlier row of the batch writes it, else `-1 - j` for row `j` of
-        `ext` (uint8 `[J, nbytes]`: the last put's row of that slot, else the stored entry decoded)."""
+    def _delta_parts(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape):
+        """What `Codec.encode_deltas` takes for a put of unique slots `s`: `(idx, src, ext)`, `idx` the batch rows with
+        `base >= 0`, `src[k]` the batch row of row `idx[k]`'s base when an earlier row of the batch writes it, else
+        `-1 - j` for row `j` of `ext` (uint8 `[J, nbytes]`: the last put's row of that slot, else the stored entry
+        decoded)."""
         n = s.size
         src = np.full(n, n, np.int64)
         idx = np.flatnonzero(base >= 0)
@@ -174,24 +175,7 @@ class DeltaChains:
                 if (lids != self._layout_ids.get((code, tuple(item_shape)), -1)).any():
                     raise ValueError("bases: a base slot holds an entry of another dtype or shape")
                 ext[~hit] = self.get(miss).reshape(miss.size, -1).view(np.uint8)
-        return src, ext
-
-    def _delta_rows(self, s: np.ndarray, base: np.ndarray, rows: np.ndarray, code: int, item_shape) -> np.ndarray:
-        """The rows a put of unique slots `s` encodes: `rows[i] XOR` its base's bytes where `base[i] >= 0`, else
-        `rows[i]` (uint8 `[B, nbytes]`, a new array)."""
-        src, ext = self._base_rows(s, base, rows, code, item_shape)
-        coded = rows.copy()
-        inside, outside = np.flatnonzero((src >= 0) & (src < s.size)), np.flatnonzero(src < 0)
-        follow = src[inside] == inside - 1  # based on the row before (a lane's frames in order): runs XORed as slices
-        run = inside[follow]
-        if run.size:
-            cut = np.flatnonzero(np.diff(run) != 1)
-            for a, b in zip(run[np.r_[0, cut + 1]].tolist(), (run[np.r_[cut, run.size - 1]] + 1).tolist()):
-                np.bitwise_xor(coded[a:b], rows[a - 1 : b - 1], out=coded[a:b])
-        other = inside[~follow]
-        coded[other] ^= rows[src[other]]
-        coded[outside] ^= ext[-1 - src[outside]]
-        return coded
+        return idx, src[idx], ext
 
     def _check_linear(self, s: np.ndarray, base: np.ndarray, delta: np.ndarray) -> None:
         """ValueError when a put of slots `s` would make a slot the base of a second live delta; under the lock."""

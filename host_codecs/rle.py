@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Codec, EncodedBatch, ceil_align, check_decode, chunk_addresses, element_view_dtype, import_extra
+from ._base import Codec, EncodedBatch, ceil_align, check_decode, check_deltas, chunk_addresses, element_view_dtype, import_extra
 from ._pool import parallel_for
 
 __all__ = ["RLECodec"]
@@ -34,6 +34,7 @@ _NO_WORDS = np.zeros((1, 0), np.uint64)  # stands in for the uint64 view of unal
 # for the runs of zeros of a delta, several times faster per byte than the other codecs, for which
 # `host_codecs.parallel_for`'s default is sized; a smaller batch is encoded on the calling thread.
 _ENCODE_SHARD_BYTES = 1 << 21
+_NO_IDS = np.zeros(0, np.int64)  # stands in for the delta rows and bases of a batch of whole entries
 
 
 def _views(buf: np.ndarray, word: np.dtype) -> tuple[np.ndarray, ...]:
@@ -62,18 +63,31 @@ class RLECodec(Codec):
         self._k = import_extra("rle", "numba", "host_codecs._rle_kernels")
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype) -> EncodedBatch:
+        return self._encode(rows, dtype, None)
+
+    def encode_deltas(self, rows: np.ndarray, dtype: np.dtype, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> EncodedBatch:
+        """`Codec.encode_deltas` with the XOR taken inside the encoder (`host_codecs._rle_kernels.encode_range`): each
+        delta is XORed into one scratch row of its thread and scanned there, so no delta row of the batch is made."""
+        return self._encode(rows, dtype, check_deltas(self.name, rows, idx, src, ext))
+
+    def _encode(self, rows: np.ndarray, dtype: np.dtype, based) -> EncodedBatch:
+        """`encode_batch` (`based` None) or `encode_deltas` (`based` = `(idx, src, ext)`)."""
         word, rows = element_view_dtype(dtype), np.ascontiguousarray(rows)
-        b, nbytes = rows.shape
+        nbytes = rows.shape[1]
+        idx, src, ext = based if based is not None else (_NO_IDS, _NO_IDS, np.zeros((0, nbytes), np.uint8))
+        b = rows.shape[0] if based is None else idx.shape[0]
         x = rows.view(word)  # [B, n]
-        fast = nbytes > 0 and nbytes % 8 == 0 and rows.ctypes.data % 8 == 0
-        args = (x, rows.view(np.uint64) if fast else _NO_WORDS, fast, _REP[word.itemsize], self.level // 8)
+        fast = nbytes > 0 and nbytes % 8 == 0 and rows.ctypes.data % 8 == 0 and ext.ctypes.data % 8 == 0
+        words = (lambda a: a.view(np.uint64)) if fast else (lambda a: _NO_WORDS)
+        args = (x, words(rows), fast, _REP[word.itemsize], self.level // 8)
+        deltas = (based is not None, idx, src, ext.view(word), words(ext))
         sizes, cws, offs = np.zeros(b, np.int64), np.zeros(b, np.uint8), np.zeros(b, np.int64)
 
         def run(write: bool, out: np.ndarray) -> None:
             views = _views(out, word)
             parallel_for(
-                b, lambda lo, hi: self._k.encode_range(*args, lo, hi, write, sizes, cws, offs, *views), work_bytes=rows.nbytes,
-                min_shard_bytes=_ENCODE_SHARD_BYTES,
+                b, lambda lo, hi: self._k.encode_range(*args, lo, hi, write, sizes, cws, offs, *views, *deltas),
+                work_bytes=b * nbytes * (1 if based is None else 2), min_shard_bytes=_ENCODE_SHARD_BYTES,
             )
 
         run(False, np.zeros(0, np.uint8))

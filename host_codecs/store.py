@@ -69,7 +69,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, dtype_code, dtype_from_code, integer_ids, shape_arg
+from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, dtype_code, dtype_from_code, integer_ids, merged_batches, shape_arg
 from . import _checksum
 from ._pool import parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
@@ -97,25 +97,10 @@ def _fields(tag, meta, layout) -> np.ndarray:
     return np.asarray(tag, np.uint32) | np.asarray(meta, np.uint32) << 8 | np.asarray(layout, np.uint32) << 16
 
 
-def _encode(rows: np.ndarray, dtype: np.dtype, codec: Codec, dictionary) -> EncodedBatch:
-    """`rows` encoded by `codec`, with the zstd `dictionary` when not None."""
-    return codec.encode_batch(rows, dtype) if dictionary is None else codec.encode_batch(rows, dtype, dictionary)
-
-
-def _merged(parts: list[EncodedBatch], masks: list[np.ndarray]) -> EncodedBatch:
-    """One batch of the rows of `parts[i]` at the rows `masks[i]` (boolean masks that partition the batch), its
-    payloads in row order (ascending offsets, as `Arena.place` takes them)."""
-    n = masks[0].size
-    src, lengths, meta = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint8)
-    shift = 0
-    for enc, m in zip(parts, masks):
-        src[m], lengths[m], meta[m] = enc.offsets + shift, enc.lengths, enc.meta
-        shift += enc.buffer.size
-    padded = ceil_align(lengths)
-    offsets = np.zeros(n, np.int64)
-    np.cumsum(padded[:-1], out=offsets[1:])
-    gather = np.repeat(src - offsets, padded) + np.arange(int(padded.sum()))  # byte j of row i: src[i] + (j - offsets[i])
-    return EncodedBatch(np.concatenate([e.buffer for e in parts])[gather], offsets, lengths, meta)
+def _encode(rows: np.ndarray, dtype: np.dtype, codec: Codec, dictionary, deltas: tuple = ()) -> EncodedBatch:
+    """`rows`, or the deltas `(idx, src, ext)` of `Codec.encode_deltas`, encoded by `codec` (zstd: with `dictionary`)."""
+    extra = () if dictionary is None else (dictionary,)
+    return codec.encode_deltas(rows, dtype, *deltas, *extra) if deltas else codec.encode_batch(rows, dtype, *extra)
 
 
 def _stat(key: str, doc: str) -> property:
@@ -328,12 +313,12 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         if cdc is self.codec:
             dictionary = self._dictionary if self._trained else self._train(rows, code, item_shape)
         delta = np.zeros(b, bool) if base is None else base >= 0
-        coded = self._delta_rows(s, base, rows, code, item_shape) if delta.any() else rows
         # outside the lock: the expensive part
         dcdc = self.delta_codec if codec is None and self.delta_codec is not None and delta.any() else cdc
         tags = np.where(delta, dcdc.tag, cdc.tag).astype(np.uint8)
-        enc = _encode(coded, a.dtype, cdc, dictionary) if dcdc is cdc else _merged(
-            [_encode(coded[~delta], a.dtype, cdc, dictionary), _encode(coded[delta], a.dtype, dcdc, None)], [~delta, delta])
+        parts = self._delta_parts(s, base, rows, code, item_shape) if delta.any() else ()
+        enc = _encode(rows, a.dtype, cdc, dictionary) if not parts else merged_batches(  # keyframes and deltas, in row order
+            [_encode(rows[~delta], a.dtype, cdc, dictionary), _encode(rows, a.dtype, dcdc, dictionary if dcdc is cdc else None, parts)], [~delta, delta])
         if int(enc.lengths.max(initial=0)) > MAX_CHUNK_BYTES:
             raise ValueError(f"arrays: one compressed entry exceeds {MAX_CHUNK_BYTES} bytes")
         sums = _payload_sums({0: enc.buffer}, np.zeros(b, np.int64), enc.offsets, enc.lengths, s, self.checksum)
