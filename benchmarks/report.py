@@ -167,7 +167,7 @@ NOTES = {
                   "same arrays (the same durability; `np.save` alone leaves them in the page cache, "
                   "`save_vs_np.save` is ours / its rate); restore anchor: `np.load` + `device_put`. flashbax's Vault "
                   "holds device arrays only (uncompressed case), with its default gzip-5 and with zstd-1. Restores "
-                  "read what the saves left in the page cache; an untimed `os.sync()` (after a trim of freed memory) precedes every timed call; the December rows were measured with other jobs loading the two cores (load average about 4 to 9). `save_blocking`: how long `save(..., blocking=False)` "
+                  "read what the saves left in the page cache; an untimed `os.sync()` (after a trim of freed memory) precedes every timed call; the rows were measured in one full run on a quiet machine (load average 2 to 3), after the save began dropping the checkpoint it replaces from the page cache and writing each file itself (the tree before gave 0.30x `np.save+fsync` for 1 GB and 0.83x compressed, under load) and after the restore began reading the host payloads straight into the arena chunks (compressed restore 0.37x `np.load` before, 0.51x after, side by side under load). `save_blocking`: how long `save(..., blocking=False)` "
                   "holds the caller (the buffer taken to host memory; the write then runs in the background), beside "
                   "`np.save`. A blocking save's time is writing and fsyncing every file with its checksum taken in the "
                   "same pass, the work of `np.save+fsync` plus the hashing; on a loaded machine both swing "
