@@ -61,7 +61,12 @@ NOTES = {
               "compiled apart (the same operations) differed by 4 to 5% within one process, and over three runs of "
               "the vector steps the CPU-time ratio ranged 0.93 to 0.97 (`counters`) and 0.88 to 0.95 (`per-slot`); the instruction "
               "counts above are the steady measure (before the counters and age bins became one array: 5.1% and "
-              "7.8%).",
+              "7.8%; they were counted before the age sum became three exact integer counters in place of a float32 "
+              "sum, which adds one term to the reduction and three counter pairs to the update). The rows shown were "
+              "measured on a quiet machine (load average 2 to 3) with the exact age sum; the tree before it, run "
+              "right after, gave 0.99 / 0.94 (`counters`, quarter / full) and 0.78 / 0.76 (`per-slot`) in wall time, "
+              "0.95 / 0.94 and 0.89 / 0.87 in CPU time: on an idle machine the per-position scatter costs more of "
+              "the step than under load.",
     "prioritised": "Anchor: flashbax's prioritised item buffer. `call` / `scan` as for uniform replay; "
                    "`sample+set_priorities/.../scan` is the pair a prioritised training step runs. flashbax picks its "
                    "sum-tree update by backend: on CPU (`flashbax`) a sequential leaf-to-root walk per item (a scan "
