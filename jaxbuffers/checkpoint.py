@@ -315,7 +315,12 @@ def _described(root: Path, target: Any, sharding: Any) -> tuple[dict, list, Any,
     _, described = _leaves(abstract)
     if described != meta["leaves"]:
         diff = next((a, b) for a, b in zip(described + [None] * len(meta["leaves"]), meta["leaves"] + [None] * len(described)) if a != b)
-        raise CheckpointError(f"{root / 'buffer.json'}: array {diff[1]} in the checkpoint, {diff[0]} in the buffer to restore")
+        earlier = (".metrics.sampled", ".metrics.record_calls", ".metrics.stale", ".metrics.age_sum", ".metrics.age_max",
+                   ".metrics.age_hist")  # the metrics arrays before `totals`
+        old_metrics = isinstance(diff[1], dict) and str(diff[1].get("path", "")).endswith(earlier)
+        hint = ("; the usage metrics' arrays changed layout before their first release (one `totals` array): "
+                "checkpoints written with the earlier layout are not read, save the buffer again") if old_metrics else ""
+        raise CheckpointError(f"{root / 'buffer.json'}: array {diff[1]} in the checkpoint, {diff[0]} in the buffer to restore{hint}")
     return meta, leaves, treedef, _shardings(abstract, sharding, concrete)
 
 

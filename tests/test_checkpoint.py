@@ -966,3 +966,20 @@ def test_restore_refuses_a_sharding_that_cannot_hold_an_array_naming_it_before_r
     shardings = jax.tree.map(lambda x: NamedSharding(mesh, P("d") if np.size(x) > 1 else P()), buf)
     out = jb.restore(tmp_path / "c", sharding=shardings)
     assert out.storage["x"].sharding == NamedSharding(mesh, P("d")) and int(out.size()) == 2
+
+
+def test_a_checkpoint_with_the_earlier_metrics_arrays_is_refused_saying_so(tmp_path):
+    """The usage metrics became one `totals` array before their first release: a checkpoint that lists the earlier
+    arrays (here `.metrics.sampled` in place of `.metrics.totals`) is refused with a message that says to save again."""
+    root = tmp_path / "ck"
+    jb.save(root, _filled_replay())
+    meta = json.loads((root / "buffer.json").read_text())
+    leaf = next(d for d in meta["leaves"] if d["path"].endswith(".metrics.totals"))
+    leaf["path"], leaf["shape"] = leaf["path"].replace(".totals", ".sampled"), [2]
+    (root / "buffer.json").write_text(json.dumps(meta))
+    m = json.loads((root / "manifest.json").read_text())
+    m["files"]["buffer.json"] = {"bytes": (root / "buffer.json").stat().st_size,
+                                 "xxh3_64": ckpt._hash_file(root / "buffer.json", ckpt._Progress(False, ""))}
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(jb.CheckpointError, match=r"\.metrics\.sampled.*earlier layout are not read, save the buffer again"):
+        jb.restore(root)

@@ -291,3 +291,16 @@ def test_finite_float64_values_overflowing_float32_are_refused_not_stored_as_inf
     np.testing.assert_array_equal(np.asarray(buf.rewards)[row], reward.astype(np.float32))
     if kind == "replay":  # SB3 writes its numpy fields too: the same refusal
         refused(lambda: buf.rewards.__setitem__((0, 0), 1e300), "rewards", state=stored, exc=(ValueError,))
+
+
+def test_integer_values_overflowing_a_float16_field_are_refused_not_stored_as_inf():
+    """An integer observation beyond float16's range (70,000 > 65,504) into a float16 Box is refused naming the
+    field, as a float64 one is; integers it holds are stored (rounded as numpy rounds them)."""
+    obs16 = spaces.Box(-np.inf, np.inf, (2,), np.float16)
+    buf = JaxReplayBuffer(8, obs16, FLOAT_ACT, device="cpu", n_envs=1)
+    o = np.array([[70000, 1]], np.int64)
+    args = dict(next_obs=np.zeros((1, 2), np.float16), action=np.zeros((1, 2), np.float32), reward=np.zeros(1),
+                done=np.zeros(1, bool), infos=[{}])
+    refused(lambda: buf.add(obs=o, **args), "obs", state=state(buf), exc=(ValueError,))
+    buf.add(obs=np.array([[60000, -3]], np.int64), **args)
+    np.testing.assert_array_equal(np.asarray(buf.observations)[0, 0], np.array([60000, -3], np.float16))

@@ -99,13 +99,14 @@ def cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
     """
     dtype = np.dtype(dtype)
     try:
-        if not (a.dtype.kind == dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize):
+        narrowing = a.dtype.kind in "iu" or (a.dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize)
+        if not (dtype.kind == "f" and narrowing):  # only a float dtype narrower than the values can overflow to inf
             return a.astype(dtype, copy=False)
         with np.errstate(over="raise"):  # numpy flags a cast that overflows to inf (an inf given casts to inf unflagged)
             return a.astype(dtype, copy=False)
     except FloatingPointError:
         with np.errstate(over="ignore"):
-            over = np.isinf(a.astype(dtype)) & ~np.isinf(a)
+            over = np.isinf(a.astype(dtype)) & ~np.isinf(a.astype(np.float64))
         raise ValueError(f"{what}: the value {a[over].flat[0]} overflows the stored {dtype} (largest finite {np.finfo(dtype).max})") from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what}: cannot convert values of dtype {a.dtype} to the stored {dtype}: {e}") from None
