@@ -778,3 +778,19 @@ def test_progress_bars_only_on_a_terminal_unless_asked(saved, capsys, monkeypatc
     assert "decode obs" not in capsys.readouterr().err
     assert main(["--progress", "inspect", str(path), "--json"]) == 0
     assert "decode obs" in capsys.readouterr().err
+
+
+def test_video_mp4_to_a_name_starting_with_a_dash_and_a_chatty_failing_encoder(saved, capsys, tmp_path, monkeypatch):
+    """A relative output name starting with '-' is written (not read by ffmpeg as an option); an encoder that fails
+    after writing more messages than a pipe holds does not block the command: one error line, the last of them."""
+    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "video", saved["CompressedTrajectoryBuffer"], "--episode", 0, "--out=-ep.mp4")
+    assert code == 0, err
+    assert (tmp_path / "-ep.mp4").stat().st_size > 0
+    chatty = tmp_path / "chatty"
+    chatty.write_text("#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' x >&2\necho last words >&2\nexit 3\n")
+    chatty.chmod(0o755)
+    monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", lambda: str(chatty))
+    code, out, err = run(capsys, "video", saved["CompressedTrajectoryBuffer"], "--episode", 0, "--out", tmp_path / "x.mp4")
+    assert code == 2 and "exit status 3" in err and "last words" in err and out == ""

@@ -514,6 +514,7 @@ def _write_mp4(out: Path, pics: list, fps: float, bar) -> None:
     `preexec_fn=os.setpgrp`, which forks this multithreaded process and runs Python in the copy: the deadlock JAX
     warns of.)"""
     import subprocess
+    import tempfile
 
     try:
         import imageio_ffmpeg
@@ -528,24 +529,24 @@ def _write_mp4(out: Path, pics: list, fps: float, bar) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", pix,
            "-s", f"{w + w % 2}x{h + h % 2}", "-r", repr(float(fps)), "-i", "-", "-an", "-c:v", "libx264",
-           "-pix_fmt", "yuv420p", "-crf", str(_MP4_CRF), str(out)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
+           "-pix_fmt", "yuv420p", "-crf", str(_MP4_CRF), str(out.absolute())]  # absolute: never read as an option
+    # ffmpeg's messages go to a file, not a pipe: a pipe read only at the end could fill and block both sides
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         try:
-            for p in bar(pics):
-                proc.stdin.write(np.ascontiguousarray(np.pad(p, pad)).tobytes())
-            proc.stdin.close()
-        except BrokenPipeError:  # the encoder stopped: its message follows
-            pass
-        err = proc.stderr.read().decode(errors="replace").strip()
-        proc.wait()
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        proc.stderr.close()
+            try:
+                for p in bar(pics):
+                    proc.stdin.write(np.ascontiguousarray(np.pad(p, pad)).tobytes())
+                proc.stdin.close()
+            except BrokenPipeError:  # the encoder stopped: its message follows
+                pass
+            proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        log.seek(0)
+        err = log.read().decode(errors="replace").strip()
     if proc.returncode != 0:
         raise CliError(f"--out: ffmpeg could not write {out} (exit status {proc.returncode}): {err[-500:]}")
 
