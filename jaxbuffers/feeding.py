@@ -284,9 +284,13 @@ class Writer:
             self._lock.release()
 
     def _acquire(self, what: str, timeout: float | None) -> float | None:
-        """Take the writer's lock within `timeout` seconds; returns the call's deadline (`time.monotonic()`)."""
-        if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout >= 0):
-            raise ValueError(f"timeout: expected None or a number of seconds >= 0, got {timeout!r}")
+        """Take the writer's lock within `timeout` seconds; returns the call's deadline (`time.monotonic()`).
+
+        Raises:
+          TypeError / ValueError: `timeout` not None or a number >= 0 (`_validate.timeout`).
+          jaxbuffers.RateLimiterTimeout: the lock not obtained in time.
+        """
+        timeout = _validate.timeout("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             raise RateLimiterTimeout(f"{what}: another actor's add held the writer for more than timeout={timeout} s")
