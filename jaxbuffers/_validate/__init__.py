@@ -197,9 +197,6 @@ def tree_nbytes(tree: Any) -> int:
     return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
 
 
-spec_nbytes = tree_nbytes  # bytes of one item described by a spec
-
-
 def static_int(name: str, value, minimum: int = 1, maximum: int = 2**31 - 1) -> int:
     """A static size argument: a Python (or numpy) int in `[minimum, maximum]`, returned as `int`.
 
@@ -683,7 +680,7 @@ def static_value(name: str, value: Any, want: str = "an array or a hashable Pyth
 
 # the step checks (module doc), after every name they use is defined
 from jaxbuffers._validate.steps import (  # noqa: E402
-    decoded_entries, episode_lengths, final_obs_not_step, host_call, frame_leaves, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks,
+    decoded_entries, episode_lengths, final_obs_not_step, final_value_pair, host_call, frame_leaves, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks,
     unrebuilt_trajectory_stack_error, unrebuilt_trajectory_stacks,
 )
 from jaxbuffers._validate.members import member_axes, one_member, one_member_methods, unstacked  # noqa: E402

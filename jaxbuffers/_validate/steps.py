@@ -13,6 +13,17 @@ import numpy as np
 from jaxbuffers._validate import _is_array, check_batch, index_array, item_spec, leaf_name, not_array, static_int
 
 
+def final_value_pair(prefix: str, truncated, final_value) -> None:
+    """A truncated step bootstraps from `final_value`: `truncated` and `final_value` come both or neither
+    (ValueError naming the one given, after `prefix`)."""
+    if (truncated is None) != (final_value is None):
+        given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
+        raise ValueError(
+            f"{prefix}{given}: given without {missing}; a truncated step bootstraps from final_value "
+            f"(V of the real next observation), so pass both or neither"
+        )
+
+
 def trajectory_example(example_step, num_envs, length, obs_key: str, action_key: str, reward_key: str):
     """`(num_envs, length, spec)` of a trajectory buffer's `create` (its errors): sizes whose flat
     positions `lane * length + slot` fit int32, and an example step dict with an observation of at
