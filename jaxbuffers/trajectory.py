@@ -465,10 +465,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         return self._transitions(*self._uniform_positions(key, batch_size, n_step + 1, 1), n_step, gamma)
 
     def _split_indices(self, indices) -> tuple[jax.Array, jax.Array]:
-        indices = _validate.index_array(indices)
-        if indices.ndim != 1:
-            raise ValueError(f"indices: expected a 1-D array [B] of flat positions (lane * length + slot), got shape {indices.shape}")
-        flat = jnp.clip(_validate.integer_indices("indices", indices), 0, self.num_envs * self.length - 1)
+        flat = jnp.clip(_validate.index_vector("indices", indices), 0, self.num_envs * self.length - 1)
         return flat // self.length, flat % self.length
 
     @_compiled.method("window", "period")
