@@ -289,27 +289,18 @@ def n_step_returns(
     gamma, zero = _scalar(fn, "gamma", gamma, dtype), jnp.zeros((), dtype)
 
     # Offset i of every window at once: y[t] = x[t + i], read from arrays padded past the end of
-    # the rollout (rewards 0, flags False). A fori_loop keeps compile time flat in n.
-    def pad(x: jax.Array, fill) -> jax.Array:
-        return jnp.concatenate([x, jnp.full(x.shape, fill, x.dtype)], axis=0)
-
+    # the rollout (zeros, flags False). A fori_loop keeps compile time flat in n.
+    padded = [jnp.concatenate([x, jnp.zeros_like(x)]) for x in (ro.reward, ro.v_next(), ro.ended, ro.terminated)]
     shape = ro.reward.shape
-    padded = (
-        pad(ro.reward, 0),
-        pad(ro.v_next(), 0),
-        pad(ro.ended, False),
-        pad(ro.terminated, False),
-        pad(jnp.zeros(shape, jnp.bool_).at[-1].set(True), False),  # last step of the rollout
-        pad(jnp.ones(shape, jnp.bool_), False),  # inside the rollout
-    )
+    t = lax.broadcasted_iota(jnp.int32, shape, 0)
 
     def body(i, carry):
         target, num_steps, discount, open_, gamma_i = carry
-        r_i, v_i, end_i, term_i, last_i, in_i = (lax.dynamic_slice_in_dim(x, i, T, axis=0) for x in padded)
-        active = open_ & in_i  # the window of t still reaches step t + i
+        r_i, v_i, end_i, term_i = (lax.dynamic_slice_in_dim(x, i, T, axis=0) for x in padded)
+        active = open_ & (t + i < T)  # the window of t still reaches step t + i, inside the rollout
         target = target + jnp.where(active, gamma_i * r_i, zero)
         num_steps = num_steps + active.astype(jnp.int32)
-        closes = active & (end_i | last_i | (i == n - 1))
+        closes = active & (end_i | (t + i == T - 1) | (i == n - 1))  # an episode end, the rollout's last step or step n
         boot = jnp.where(term_i, zero, gamma_i * gamma)
         target = target + jnp.where(closes, boot * v_i, zero)
         discount = jnp.where(closes, boot, discount)
