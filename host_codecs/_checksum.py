@@ -1,18 +1,6 @@
 """The entries' checksum: CRC-32 of each payload, seeded, all of a batch in one compiled loop.
 
-`payload_sums` checksums the `k` payloads of a put or a read. The checksum is CRC-32 (the gzip/zlib polynomial),
-started from a 32-bit mix of the entry's slot id and length: a CRC detects every change of up to 32 consecutive bits
-(so every changed byte, whatever its value) and any other change but for about 1 in 4e9, and the seed makes a payload
-moved to another slot, or read with another length, fail. It calls isa-l's `crc32_gzip_refl` (the PCLMUL variant the
-CPU has; the `isal` package carries it) from a numba loop over the entries with the GIL released, split over the
-threads of `host_codecs.parallel_for` for large batches: one Python call per batch instead of one per entry. Where
-that C function cannot be found (no `isal`, no numba, another build), or gives another value than `zlib.crc32` on a
-test input, the same sums are computed with `zlib.crc32`, one call per entry: exactly the same checks.
-
-`XXH3` names the checksum stores used before: the low 32 bits of XXH3-64 (the `xxhash` package) seeded with
-`slot ^ length << 32`. A store loaded from a snapshot or an index written then keeps verifying and writing it (the
-snapshot has no `checksum` field, `CHECKSUMS` lists both); it detects a change but for about 1 in 4e9, without the
-CRC's guarantee for short changes.
+The checksum, its guarantees, its fallback and the older `XXH3`: `docs/api/host_codecs.md`, "Checksums".
 """
 
 from __future__ import annotations
@@ -81,7 +69,7 @@ def _per_entry(name: str, views: list, starts: list, ends: list, seeds: list) ->
 
 
 def payload_sums(chunks, chunk_ids, offsets, lengths, slots, checksum: str = CRC32) -> np.ndarray:
-    """# shape=(k,), dtype=uint32: `checksum` (module doc) of each payload, seeded with its slot id and its length
+    """# shape=(k,), dtype=uint32: `checksum` (`docs/api/host_codecs.md`, "Checksums") of each payload, seeded with its slot id and its length
     (`chunks`: chunk id -> uint8 array or bytes; `chunk_ids`, `offsets`, `lengths`, `slots`: # shape=(k,), integer
     arrays). A payload past its chunk's end is checksummed as far as it goes and one in a chunk not in `chunks` as
     empty (its seed keeps its stored length), so their sums differ from the stored ones."""

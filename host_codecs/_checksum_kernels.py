@@ -1,11 +1,6 @@
 """numba loops of the entries' checksums (imported by `host_codecs._checksum` on first use).
 
-One loop per checksum over a range of entries with the GIL released (`nogil=True`): `host_codecs.parallel_for` runs
-one shard of a large batch per thread, as it does the codecs' kernels (numba's own parallel loops would bring a second
-pool of threads). Each entry's address, length and seed are computed in the loop (no temporary arrays per batch). `fn`
-is the C function, passed as an argument (a ctypes function), so the compiled loops cached on disk hold no address of
-this process: isa-l's `crc32_gzip_refl(init, pointer, length)` (`crc_range`) or xxhash's
-`XXH3_64bits_withSeed_dispatch(pointer, length, seed)` (`hash_range`).
+How the loops run and find the C functions: `docs/api/host_codecs.md`, "Checksums".
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """The thread pool every codec and the store split their batches over.
 
-A batch is cut into one contiguous shard per thread (one task per thread, not per entry). The shard bodies release
-the GIL (isal, zstandard and the RLE kernels do). A `parallel_for` called inside a shard runs inline on that thread,
-so a caller that shards a larger job itself (a store read) decides once for everything inside it.
-
-Shards are claimed, not assigned: the calling thread and the pool's threads each take the next shard nobody has
-started until none is left, and the call returns once every shard has finished. A pool thread that is not running
-yet (busy with another batch, or waiting for a CPU on a loaded machine) then costs nothing: its shards run on the
-threads that are.
+How batches are sharded over the threads: `docs/api/host_codecs.md`, "Thread pool".
 """
 
 from __future__ import annotations
@@ -72,7 +65,8 @@ def parallel_for(
 
     Args:
       n: number of items.
-      body: called once per shard with its item range, on the calling thread or a pool thread (module doc).
+      body: called once per shard with its item range, on the calling thread or a pool thread
+        (`docs/api/host_codecs.md`, "Thread pool").
       work_bytes: bytes the whole batch touches; shards smaller than `min_shard_bytes` are
         merged, so a small batch runs inline as one shard (and what it calls stays inline).
       min_shard_bytes: smallest shard worth a thread's wake-up.

@@ -1,10 +1,6 @@
 """numba kernels of the RLE codec (imported only when an RLE codec is created).
 
-Every kernel works on a range of entries with the GIL released (`nogil=True`), so the thread pool runs one shard of
-a batch per thread. Values are compared as unsigned words (see `host_codecs._base.element_view_dtype`), so the
-coding is bit-exact for every dtype. Counts are uint8, uint16 or uint32; a run longer than the count's maximum is
-split into several runs of the same value, so no count ever overflows its dtype. Specialisations are compiled lazily
-per word dtype and cached on disk.
+How the kernels run and split runs: `docs/api/host_codecs.md`, "RLE payloads".
 """
 
 from __future__ import annotations

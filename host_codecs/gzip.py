@@ -1,10 +1,6 @@
 """`igzip`: raw DEFLATE streams (RFC 1951) compressed and decompressed with Intel ISA-L.
 
-Uses `isal.igzip_lib` with `COMP_DEFLATE` / `DECOMP_DEFLATE`: no gzip header or CRC, whose
-per-payload cost is large for payloads of a few kilobytes (a `host_codecs.CompressedStore` checks
-every entry's bytes itself). Decoding stops one byte past the entry's size, so a corrupt stream
-never inflates beyond it. Levels 0-3 are ISA-L's (0 fastest,
-3 smallest); the default is 1. A batch is split over the thread pool; ISA-L releases the GIL.
+Why raw streams, and the levels: `docs/api/host_codecs.md`, "Codecs".
 """
 
 from __future__ import annotations

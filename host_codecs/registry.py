@@ -1,16 +1,6 @@
 """Codec registry: `"name"` or `"name:level"` -> codec object; tag -> codec.
 
-Known codecs:
-
-| name    | tag | levels        | default | needs      |
-|---------|-----|---------------|---------|------------|
-| `none`  | 0   | --            | --      | numpy only |
-| `rle`   | 1   | 8, 16, 32     | 8       | numba      |
-| `igzip` | 2   | 0, 1, 2, 3    | 1       | isal       |
-| `zstd`  | 3   | -7..-1, 1..22 | 3       | zstandard  |
-
-The tag is stored with every entry of a `host_codecs.CompressedStore`, so a store decodes each
-entry with the codec that wrote it. Tags are part of the stored format: never renumber them.
+The known codecs with their tags, levels and packages: `docs/api/host_codecs.md`, "Codecs".
 
 Example:
   >>> from host_codecs import get_codec

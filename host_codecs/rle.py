@@ -1,22 +1,7 @@
 """Run-length coding with numba kernels (`host_codecs._rle_kernels`), split over the thread pool.
 
-Payload format of one entry with `R` runs, element word width `vw` bytes (the unsigned view of
-the dtype, see `host_codecs._base.element_view_dtype`) and count width `cw` bytes (1, 2 or 4,
-recorded per entry in the store's meta byte):
-
-```
-vw >= cw:  values[R] (vw bytes each) | counts[R] (cw bytes each)
-vw <  cw:  counts[R] | values[R]
-```
-
-The wider section comes first so both stay aligned (payloads start on 8 bytes).
-`R = len(payload) / (vw + cw)` and `sum(counts)` is the number of words; little-endian (native).
-
-Values are compared and stored as raw words, so every dtype (NaN payloads, -0.0, complex...) round-trips
-bit-exactly; a run longer than the count's maximum is split, so no count overflows. The count width of an entry
-gives its smallest payload among the widths the level allows (the level is the minimum count width in bits: `rle:16`
-counts expand faster but take more room); ties go to the wider count. Encoding is two passes over the batch: the
-first finds every entry's runs, count width and size, the second writes the payloads into one zeroed buffer.
+Bit-exact for every dtype (values compared as raw words), count width chosen per entry, long runs split so no count
+overflows. Payload format and encoding passes: `docs/api/host_codecs.md`, "RLE payloads".
 """
 
 from __future__ import annotations
@@ -46,7 +31,7 @@ class RLECodec(Codec):
     """Run-length codec (tag 1). Level = minimum count width in bits: 8 (default), 16 or 32.
 
     Args:
-      level: 8, 16 or 32 (see the module doc).
+      level: 8, 16 or 32, the minimum count width in bits (`docs/api/host_codecs.md`, "RLE payloads").
 
     Raises:
       ImportError: naming the `codecs` extra when numba is not installed.

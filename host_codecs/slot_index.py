@@ -1,20 +1,6 @@
 """The per-slot index of a `host_codecs.CompressedStore`, allocated as slots are used.
 
-A store of `num_slots` slots keeps one row of index columns (`host_codecs.store`: chunk, offset, length, codec,
-meta, layout, check; `host_codecs.deltas`: base, child) per slot id below `rows`, the number of rows grown so far.
-A `put` whose highest slot id is `hi >= rows` grows every column to `grown_rows(rows, hi + 1, num_slots)` rows: at
-least `hi + 1`, at least `GROWTH` times the old count, at most `num_slots`. So the rows held are at most `GROWTH`
-times the highest slot id written (plus `MIN_ROWS`), and a store whose slots are used from 0 up (a rollout's frames
-numbered in the order they are stored) holds an index for the slots it uses, not for every slot it could use.
-Growing copies the columns: `O(rows)` once per growth, amortised `O(1)` per slot.
-
-While `rows < num_slots`, each column holds one more row, at index `rows`, that is always empty (chunk -1, base -1,
-child -1); `at(s)` maps every slot id `>= rows` to it, so a read, delete or delta walk of a slot never written
-reads an empty row without growing anything. Once `rows == num_slots` there is no such row and `at` is the
-identity. The columns are replaced (never resized in place) when they grow: a reader that took rows under the
-store's lock keeps what it took.
-
-`IndexRows` is the part of `CompressedStore` that holds these columns; the store calls it under its lock.
+How the rows grow and the empty row: `docs/api/host_codecs.md`, "Slot index".
 """
 
 from __future__ import annotations
@@ -47,7 +33,8 @@ def grown_rows(rows: int, need: int, limit: int) -> int:
 
 
 class IndexRows:
-    """Index columns grown as slots are used (module doc). The host class sets `num_slots` first."""
+    """Index columns grown as slots are used (`docs/api/host_codecs.md`, "Slot index"). The host class sets
+    `num_slots` first."""
 
     def _new_index(self, rows: int) -> None:
         """Empty columns of `rows` rows (plus the empty row while `rows < num_slots`)."""
@@ -95,5 +82,5 @@ class IndexRows:
 
     @property
     def index_rows(self) -> int:
-        """Slot ids the index holds rows for (`0 <= index_rows <= num_slots`; module doc)."""
+        """Slot ids the index holds rows for (`0 <= index_rows <= num_slots`; `docs/api/host_codecs.md`)."""
         return self._rows

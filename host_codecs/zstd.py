@@ -1,20 +1,8 @@
 """`zstd`: Zstandard frames through the optional `zstandard` package.
 
-Every frame records its content size and a content checksum, so a corrupt payload, or one decoded with the wrong
-dictionary, raises instead of reading back wrong bytes; any zstd decoder reads the frames. Levels 1-22 (default 3)
-and zstd's fast levels -7..-1, which store literals without Huffman coding: a frame is a little larger and decodes
-faster. Decoding is the same for every level.
-
-A batch is split over the thread pool (`host_codecs.parallel_for`), every thread with its own compressor and
-decompressor objects (they are not safe to share between threads); zstandard releases the GIL while it works.
-
-Dictionaries (`ZstdDictionary`): a `host_codecs.CompressedStore` created with `dictionary_bytes` builds one from its
-first entries with zstd's own trainer (`zstandard.train_dictionary`: content picked from the samples, plus entropy
-tables fitted to them) and encodes its default codec's later entries with it. Small similar entries such as 84x84
-Atari frames then skip most of their per-frame cost: at level -1 with a 32 KiB dictionary, about 100 B per Breakout
-frame and 90 B per Pong frame against 340 B and 185 B without one. When the trainer refuses the samples, the store
-keeps encoding without a dictionary. Frames carry no dictionary id: an entry's meta byte is 0 (no dictionary) or 1
-(the store's dictionary), and the content checksum rejects any other dictionary.
+Checksummed frames with their content size; levels 1-22 (default 3) and the fast levels -7..-1; optional store-built
+dictionaries (`ZstdDictionary`). Frame format, threading and dictionaries: `docs/api/host_codecs.md`, "zstd frames and
+dictionaries".
 """
 
 from __future__ import annotations
@@ -49,12 +37,11 @@ def _coders(local: threading.local, level: int, dictionary: "ZstdDictionary | No
 
 class ZstdDictionary:
     """A zstd dictionary trained on a store's first entries by zstd's own trainer: content picked
-    from the samples, entropy tables fitted to them.
+    from the samples, entropy tables fitted to them. Thread-safe.
 
     A zstd frame of one small entry (an 84x84 frame, 7 KB) finds no earlier data to match; with a
-    dictionary made of what similar entries share, most of the entry is a few long matches.
-    Frames encoded with it carry no dictionary id: their entries have meta byte 1, and a frame
-    decoded with another dictionary (or none) fails its content checksum and raises. Thread-safe.
+    dictionary made of what similar entries share, most of the entry is a few long matches. Frames
+    encoded with it carry no dictionary id (meta byte 1; `docs/api/host_codecs.md`).
 
     Args:
       data: the dictionary bytes (from `train`, or saved earlier).

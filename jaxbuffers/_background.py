@@ -1,14 +1,7 @@
 """Background work that the interpreter's exit waits for: `start(fn, *args, what=)` runs `fn` in a thread of its own
 and returns a `concurrent.futures.Future`.
 
-At a normal exit Python runs the `threading` module's exit hooks (newest first) before it joins the threads that are
-not daemons, and one of them, registered when `concurrent.futures` is imported, shuts every thread pool: work that
-submits to a pool afterwards (orbax writes through pools) fails with "cannot schedule new futures after interpreter
-shutdown". So `start` makes sure `finish_at_exit` is the newest of those hooks (registered again when a later import
-added one), and `finish_at_exit` waits for every started job before the pools shut. A job that failed and whose
-error nobody took (`Future.result()` / `exception()` never called) is reported on stderr at exit, and the process
-exits with status 1 (`os._exit`, once the other threads that are not daemons have finished and stdout and stderr
-are flushed): a lost checkpoint is never silent.
+Why and how the interpreter's exit waits for it: `docs/api/checkpoint.md`, "Background saves at exit".
 """
 
 from __future__ import annotations

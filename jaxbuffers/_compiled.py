@@ -1,24 +1,9 @@
 """Eager calls at jit speed: every public buffer method runs as one cached compiled program.
 
-A method decorated with `method` is `jax.jit` of itself. Called eagerly (a notebook, an SB3-style host loop) it
-compiles once per argument structure, shapes, dtypes and static values, then runs one program per call instead of
-dispatching its operations one by one. Called inside `jit`, `lax.scan`, `vmap` or `grad` it is traced into the
-caller's program as usual (a nested `jit` is inlined), so the same code serves both.
-
-What a bare `jax.jit` would lose is kept:
-
-* Concrete hyperparameters (`beta`, `gamma`, ...) become tracers inside the program, where their range cannot be
-  checked; the ones a method declares in `scalars` are checked first (`jaxbuffers._validate.scalar_parameter`), so
-  `gamma=7` still raises a `ValueError` naming `gamma`.
-* Arguments a program would not take as they are run the method uncompiled, so that its own checks see them and
-  raise their error naming the argument: a string, an unhashable static value, a Python int outside int32, and a
-  numpy array JAX would narrow at the call boundary (an int64 or float64 array with `jax_enable_x64` off: narrowed,
-  a float64 batch would pass the dtype check and an int64 index `2**32 + 3` would wrap to slot 3).
-
-Trace-time checks (tree structure, shapes, dtypes, static sizes) run while the program is traced,
-on the first call with a new structure, and raise the same errors eagerly and under `jit`.
-
-Inside a `jaxbuffers.timing()` block an eager call is also timed (`jaxbuffers._timing`).
+A method decorated with `method` is `jax.jit` of itself, compiled once per argument structure, shapes, dtypes and
+static values; inside `jit`, `lax.scan`, `vmap` or `grad` it is traced into the caller's program. What a bare
+`jax.jit` would lose (range checks of concrete hyperparameters, errors naming arguments it would not take as they
+are) and when trace-time checks run: `docs/guide.md`, "Eager calls".
 """
 
 from __future__ import annotations
@@ -78,7 +63,7 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
       *static: names of the arguments that are static Python values (batch sizes, lengths,
         flags); each distinct value compiles a program of its own.
       scalars: `{name: (lo, hi)}` of traced scalar hyperparameters whose concrete values are
-        range-checked before the call (see the module doc).
+        range-checked before the call (`docs/guide.md`, "Eager calls").
 
     Returns:
       The decorated function, with the original's name, signature and docstring; the plain

@@ -1,21 +1,7 @@
 """Ring-buffer index arithmetic shared by every buffer: the ONE place wrap-around lives.
 
-Conventions (all buffers):
-
-* A ring has a static ``capacity`` (Python int) and two int32 scalars: ``head``, the physical
-  slot the next item is written to (in ``[0, capacity)``), and ``num_valid``, how many slots hold
-  data (in ``[0, capacity]``). Writes start at slot 0, so until the ring is full the valid slots are
-  exactly ``[0, num_valid)``; once full, ``head`` is also the oldest slot.
-* A *logical* index counts valid items from the oldest (0) to the newest (``num_valid - 1``);
-  `logical_to_physical` maps it to a slot.
-* A *window* of ``length`` consecutive items starting at logical index ``k`` is valid when
-  ``k + length <= num_valid``: it then never straddles the write head (it never mixes the oldest
-  data with data written after wrap-around). With a ``period``, windows start at the items whose
-  number (counting every item ever added, from 0) is a multiple of ``period``: the logical starts are
-  ``first, first + period, ...`` with ``first = aligned_first(...)``, so a stored item's eligibility
-  never changes while it is stored, and ``period = length`` gives fixed non-overlapping chunks.
-* The number of items ever added is kept in a two-word int32 counter (``[high, low]``, ``low`` in
-  ``[0, 2**30)``) so it never overflows silently (exact up to 2**61 items).
+Its conventions (`head`, `num_valid`, logical indices, valid windows, `period`, the two-word counter):
+`docs/guide.md`, "Ring state".
 
 Every function here is pure and jittable; ``capacity``, ``batch_size``, ``length`` and ``period``
 are static Python ints, the rest may be traced.
@@ -97,7 +83,7 @@ def physical_to_logical(physical: jax.Array, head: jax.Array, num_valid: jax.Arr
 
 def aligned_first(added_mod: jax.Array, num_valid: jax.Array, period: int) -> jax.Array:
     """Logical index (int32, in ``[0, period)``) of the oldest stored item whose number, counting every item ever
-    added from 0, is a multiple of ``period``: the first window start (module doc). ``added_mod`` is the count of
+    added from 0, is a multiple of ``period``: the first window start. ``added_mod`` is the count of
     items ever added modulo ``period`` (`counter_mod`); item ``l`` (logical) is item number ``added - num_valid + l``."""
     return ((num_valid - added_mod) % period).astype(jnp.int32)
 

@@ -1,18 +1,6 @@
 """Host wall-clock timing of eager buffer calls: `timing()` and the `Timing` summary it collects.
 
-Inside `with jaxbuffers.timing() as t:` every buffer method called eagerly (outside `jit`: a host-driven loop)
-is timed from the call until its result is ready (`jax.block_until_ready`), under the name `Class.method`.
-Host code that is not a buffer method (a codec's encode or decode) adds its own spans with `span(name)`. Calls
-traced into a caller's program (inside `jit`, `lax.scan`, `vmap`) are not timed: they have no host time of their
-own. Outside a `timing()` block nothing is measured and nothing waits for results.
-
-Example:
-  ```python
-  with jb.timing() as t:
-      buf = buf.add(batch)
-      out = buf.sample(key, 256)
-  t.summary()   # {"ReplayBuffer.add": {"calls": 1, "total_s": ..., "mean_s": ..., "max_s": ...}, ...}
-  ```
+What is timed, under which names, and an example: `docs/api/metrics.md`, "Host timing".
 """
 
 from __future__ import annotations
@@ -68,7 +56,8 @@ class Timing:
 
 @contextlib.contextmanager
 def timing() -> Iterator[Timing]:
-    """Time every eager buffer call (and every `span`) made inside the block; yields the `Timing` (module doc).
+    """Time every eager buffer call (and every `span`) made inside the block; yields the `Timing`
+    (what is timed: `docs/api/metrics.md`).
 
     Blocks may nest: a call is counted in every open block. While a block is open each timed call waits for its
     result, so a host loop's asynchronous overlap is lost: time a few iterations, not a whole run.

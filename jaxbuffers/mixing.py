@@ -1,32 +1,8 @@
-r"""Sampling from several buffers in fixed proportions: `sample_mixed`, `mixed_counts`, `MixedSample`.
+"""Sampling from several buffers in fixed proportions: `sample_mixed`, `mixed_counts`, `MixedSample`.
 
-A batch of `batch_size` rows is drawn from `K` sources (e.g. an offline dataset and the online replay, half and
-half as in RLPD, Ball et al. 2023) with an *exact* composition: source `i` gives exactly `counts[i]` rows every
-call, where `counts = mixed_counts(batch_size, proportions)` apportions the batch by the largest-remainder rule
-(static Python ints, fixed at trace time):
-
-$$
-c_i = \lfloor B p_i \rfloor + [\,i \text{ is among the } B - \sum_j \lfloor B p_j \rfloor
-\text{ largest remainders } B p_i - \lfloor B p_i \rfloor\,], \qquad p_i = w_i / \textstyle\sum_j w_j,
-$$
-
-ties going to the earlier source. A source is a function `sampler(key, n)` returning a pytree with leading axis
-`[n]` (typically a buffer's sampler with its buffer bound, e.g. `lambda k, n: offline.sample_transitions(k, n,
-n_step=1, gamma=0.99, where=mask)`); every source must return the same structure, per-row shapes and dtypes, so
-that the rows can be concatenated (map a buffer's sample to a common dict in its sampler when they differ). Each
-source gets its own key, split from `key`; a source with count 0 is not called. Everything is traced into the
-caller's program: it works under `jit`, `lax.scan` and `vmap`.
-
-Example:
-
-```python
-mask = offline.meta["task_id"] == 1
-sources = [
-    lambda k, n: offline.sample_timesteps(k, n, where=mask).item,   # the offline dataset
-    lambda k, n: online.sample(k, n).item,                          # the online replay
-]
-batch = jb.sample_mixed(key, sources, 256, (0.5, 0.5))       # batch.item: leaves [256, ...]; batch.source
-```
+A batch drawn from `K` sources (e.g. offline and online data, half and half as in RLPD, Ball et al. 2023) with an
+exact composition every call; the rule, the sources' contract and an example: `docs/api/episodes.md`, "Mixing
+sources".
 """
 
 from __future__ import annotations
@@ -52,7 +28,14 @@ class MixedSample(NamedTuple):
 
 
 def mixed_counts(batch_size: int, proportions: Sequence[float]) -> tuple[int, ...]:
-    """Rows per source of a batch of `batch_size` (the largest-remainder rule of the module doc).
+    r"""Rows per source of a batch of `batch_size`, apportioned by the largest-remainder rule:
+
+    $$
+    c_i = \lfloor B p_i \rfloor + [\,i \text{ is among the } B - \sum_j \lfloor B p_j \rfloor
+    \text{ largest remainders } B p_i - \lfloor B p_i \rfloor\,], \qquad p_i = w_i / \textstyle\sum_j w_j,
+    $$
+
+    ties going to the earlier source.
 
     Args:
       batch_size: static int >= 1.
@@ -93,7 +76,8 @@ def sample_mixed(
 
     Args:
       key: PRNG key; source `i` samples with `jax.random.split(key, K + 1)[i]`, the shuffle with the last.
-      samplers: `K` functions `(key, n) -> pytree` with leading axis `[n]` (module doc).
+      samplers: `K` functions `(key, n) -> pytree` with leading axis `[n]`, all with the same structure, per-row
+        shapes and dtypes (a source with count 0 is not called).
       batch_size: static int >= 1.
       proportions: `K` non-negative numbers (`mixed_counts`).
       shuffle: static bool: permute the rows uniformly (the composition stays exact); by default the rows of
@@ -112,15 +96,12 @@ def sample_mixed(
     key = _validate.key("key", key)
     if isinstance(samplers, (str, bytes)) or not isinstance(samplers, Sequence):
         raise TypeError(f"samplers: expected a sequence of functions (key, n) -> pytree, got {type(samplers).__name__}")
-    if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence):
-        raise TypeError(f"proportions: expected a sequence of numbers, one per sampler, got {type(proportions).__name__}")
-    samplers = list(samplers)
+    counts, samplers = mixed_counts(batch_size, proportions), list(samplers)
     if len(samplers) != len(proportions):
         raise ValueError(f"proportions: expected one per sampler ({len(samplers)}), got {len(proportions)}")
     for i, s in enumerate(samplers):
         if not callable(s):
             raise TypeError(f"samplers[{i}]: expected a function (key, n) -> pytree of [n, ...] rows, got {type(s).__name__}")
-    counts = mixed_counts(batch_size, proportions)
     keys = jax.random.split(key, len(samplers) + 1)
     parts, spec = [], None
     for i, (s, n) in enumerate(zip(samplers, counts)):

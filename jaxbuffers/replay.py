@@ -1,21 +1,6 @@
 """Uniform item replay: `ReplayBuffer` and its sample type `ReplaySample`.
 
-A fixed-capacity ring of items (any pytree of arrays). `add` overwrites the oldest items first; `sample` draws
-uniformly with replacement over the stored items. Everything is pure and jittable; with
-`jax.jit(..., donate_argnums=...)` on a state holding the buffer, `add` updates the storage in place (cost O(batch),
-never O(capacity)). Called outside `jit`, every method runs one cached compiled program.
-
-Example:
-  ```python
-  import jax, jax.numpy as jnp
-  import jaxbuffers as jb
-
-  item = {"obs": jnp.zeros(4), "action": jnp.int32(0), "reward": jnp.float32(0)}
-  buf = jb.ReplayBuffer.create(item, capacity=10_000)
-  batch = jax.tree.map(lambda x: jnp.stack([x] * 8), item)     # leading axis B = 8
-  buf = jax.jit(jb.ReplayBuffer.add, donate_argnums=0)(buf, batch)
-  out = buf.sample(jax.random.key(0), 32)                       # out.item["obs"]: [32, 4]
-  ```
+A fixed-capacity ring of items sampled uniformly with replacement; overview and an example: `docs/api/replay.md`.
 """
 
 from __future__ import annotations

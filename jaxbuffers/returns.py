@@ -1,59 +1,8 @@
-r"""Return and advantage estimators over time-major rollouts: GAE, lambda-, discounted and n-step returns.
+"""Return and advantage estimators over time-major rollouts: GAE, lambda-, discounted and n-step returns.
 
-All functions are pure and jittable. They take whole rollouts, time-major, with any number of trailing batch axes
-`*B` (`[T]`, `[T, N]`, `[T, N, M]`, ...): there is no need to `vmap` over environments.
-
-**Step convention** (shared by every function here and every buffer). Step $t$, $0 \le t < T$, is the transition
-$o_t \xrightarrow{a_t} o_{t+1}$, and every `[T, *B]` argument is indexed by the step it belongs to:
-
-| argument | shape | at index $t$ |
-|---|---|---|
-| `reward` | `[T, *B]` float | $r_t$, received on step $t$ |
-| `value` | `[T, *B]` float | $V(o_t)$, the value of the state step $t$ starts from |
-| `terminated` | `[T, *B]` bool | $o_{t+1}$ is terminal: value 0, no bootstrap |
-| `truncated` | `[T, *B]` bool | the episode was cut after step $t$ (time limit): bootstrap from `final_value[t]` |
-| `final_value` | `[T, *B]` float | $V(o_{t+1})$ of the real last observation, before the auto-reset; read only where `truncated[t]` (elsewhere anything, even NaN) |
-| `last_value` | `[*B]` float | $V(o_T)$, the value of the observation after the rollout |
-
-A step both terminated and truncated counts as terminated. An *episode end* is a step that is terminated or
-truncated, $d_t = \text{terminated}_t \lor \text{truncated}_t$: after it, `value[t + 1]` belongs to the next
-episode, so no reward, value or trace crosses it. Every estimator is built on the value step $t$ bootstraps from:
-
-$$
-V^{next}_t = \begin{cases}
-  0 & \text{if terminated}_t \\
-  \text{final\_value}_t & \text{else if truncated}_t \\
-  \text{value}_{t+1} & \text{else if } t < T - 1 \\
-  \text{last\_value} & \text{else}
-\end{cases}
-$$
-
-The end of the rollout ($t = T - 1$ without an episode end) is not an episode end: it bootstraps
-from `last_value` (pass zeros to disable).
-
-**Index convention.** "Rewards at times $[t, t+k-1]$" means `reward[t], ..., reward[t+k-1]`: the
-reward of the step that starts at $o_t$ carries index $t$. Sutton & Barto and rlax call the same
-reward $r_{t+1}$: our `reward[t]` is rlax's `r_t[t]` in a sequence at times $[1, T]$.
-
-**Evaluation.** The backward recursions are affine, $x_t = a_t x_{t+1} + b_t$. `method="scan"`
-(default) runs them as a reverse `lax.scan` of $T$ sequential steps. `method="associative"`
-composes the maps $(a_t, b_t)$ with `lax.associative_scan` in $O(\log T)$ depth, for long
-horizons on accelerators. Both are correct everywhere and agree to float32 rounding.
-
-**Dtypes and checks.** Flags must be `bool` and all float arguments share one floating dtype; nothing is cast
-silently. A Python float is accepted for `last_value` when `*B` is `()` (a numpy scalar is an array of its dtype).
-`gamma` and the lambdas are scalars (Python numbers or 0-d arrays, possibly traced), in $[0, 1]$ when concrete. Checks run at trace time (`TypeError` for
-dtypes, `ValueError` for shapes and ranges). Results have the dtype of `reward`; inputs narrower than 32 bits are
-computed in float32 and rounded once at the end (in bfloat16 itself `gamma = 0.99` would round to `0.98828125`).
-`final_value` is selected with `where`, so NaN where it is not read never propagates; other float inputs must be
-finite (an episode end multiplies the later trace by 0).
-
-References:
-    Schulman, Moritz, Levine, Jordan, Abbeel (2016). High-Dimensional Continuous Control Using
-    Generalized Advantage Estimation. ICLR 2016. https://arxiv.org/abs/1506.02438
-
-    Sutton & Barto (2018). Reinforcement Learning: An Introduction, 2nd ed., sections 7.1
-    (n-step returns) and 12.1 (the lambda-return).
+Pure, jittable, time-major over `[T, *B]` (any trailing batch axes, no `vmap` needed). The step convention,
+the bootstrap value $V^{next}_t$, the index convention, the two evaluation methods and the dtype rules:
+`docs/api/rollout.md`, "Return functions".
 """
 
 from __future__ import annotations
@@ -80,7 +29,7 @@ class NStepReturns(NamedTuple):
 
 
 class _Rollout(NamedTuple):
-    """Checked inputs, floats widened to at least float32 (module doc)."""
+    """Checked inputs, floats widened to at least float32."""
 
     reward: jax.Array
     value: jax.Array | None
@@ -96,7 +45,7 @@ class _Rollout(NamedTuple):
         return self.terminated if self.truncated is None else self.terminated | self.truncated
 
     def v_next(self) -> jax.Array:
-        """$V^{next}_t$ of the module doc, `[T, *B]` (`where`, so unread NaN cannot leak)."""
+        """$V^{next}_t$ (`gae`), `[T, *B]` (`where`, so unread NaN cannot leak)."""
         nxt = jnp.concatenate([self.value[1:], self.last_value[None]], axis=0)
         if self.truncated is not None:
             nxt = jnp.where(self.truncated, self.final_value, nxt)
@@ -104,7 +53,7 @@ class _Rollout(NamedTuple):
 
 
 def _check(fn: str, method, reward, value, terminated, truncated, final_value, last_value, need_value=True) -> _Rollout:
-    """Trace-time checks of the arguments against the step convention (module doc)."""
+    """Trace-time checks of the arguments against the step convention."""
     _validate.choice(f"{fn}: method", method, _METHODS)
     reward = _validate.array(f"{fn}: reward", reward, None, "floating")
     if reward.ndim < 1 or reward.shape[0] < 1:
@@ -113,12 +62,7 @@ def _check(fn: str, method, reward, value, terminated, truncated, final_value, l
     if need_value:
         value = _validate.array(f"{fn}: value", value, shape, dtype)
     terminated = _validate.array(f"{fn}: terminated", terminated, shape, jnp.bool_)
-    if (truncated is None) != (final_value is None):
-        given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
-        raise ValueError(
-            f"{fn}: {given} given without {missing}; a truncated step bootstraps from final_value "
-            f"(V of the real next observation), so pass both or neither"
-        )
+    _validate.final_value_pair(f"{fn}: ", truncated, final_value)
     if truncated is not None:
         truncated = _validate.array(f"{fn}: truncated", truncated, shape, jnp.bool_)
         final_value = _validate.array(f"{fn}: final_value", final_value, shape, dtype)
@@ -159,7 +103,9 @@ def gae(
 ) -> tuple[jax.Array, jax.Array]:
     r"""Generalized advantage estimates and their returns (Schulman et al. 2016).
 
-    With $V^{next}_t$ and $d_t$ of the module doc:
+    With $d_t$ = terminated$_t$ or truncated$_t$ (an episode end) and $V^{next}_t$ the value step $t$ bootstraps
+    from (0 if terminated, else `final_value[t]` if truncated, else `value[t + 1]`, `last_value` at $t = T - 1$;
+    `docs/api/rollout.md`, "Return functions"):
 
     $$
     \delta_t = r_t + \gamma V^{next}_t - V(o_t), \qquad
@@ -181,7 +127,7 @@ def gae(
       last_value: `[*B]`, $V(o_T)$, after the last step. Required.
       gamma: discount, scalar in $[0, 1]$. Required.
       gae_lambda: GAE $\lambda$, scalar in $[0, 1]$. Required.
-      method: `"scan"` or `"associative"` (static; module doc, *Evaluation*).
+      method: `"scan"` or `"associative"` (static; `docs/api/rollout.md`, "Evaluation").
 
     Returns:
       `(advantages, returns)`, both `[T, *B]` with the dtype of `reward`.
@@ -198,6 +144,10 @@ def gae(
       ...                last_value=jnp.float32(0.5), gamma=0.9, gae_lambda=1.0)
       >>> [round(a, 4) for a in adv.tolist()]  # 1 + 0.9 * 1, 1 (terminated), 1 + 0.9 * 0.5
       [1.9, 1.0, 1.45]
+
+    References:
+      Schulman, Moritz, Levine, Jordan, Abbeel (2016). High-Dimensional Continuous Control Using
+      Generalized Advantage Estimation. ICLR 2016. https://arxiv.org/abs/1506.02438
     """
     ro = _check("gae", method, reward, value, terminated, truncated, final_value, last_value)
     dtype = ro.reward.dtype
@@ -215,7 +165,7 @@ def lambda_returns(
 ) -> jax.Array:
     r"""Lambda-returns (Sutton & Barto 2018, section 12.1), cut at episode ends.
 
-    With $V^{next}_t$ and $d_t$ of the module doc:
+    With $V^{next}_t$ and $d_t$ of `gae`:
 
     $$
     G^\lambda_t = \begin{cases}
@@ -304,7 +254,7 @@ def n_step_returns(
 
     The window of step $t$ is the rewards at times $[t, t+k-1]$, $k = \min(n, e - t + 1, T - t)$
     with $e \ge t$ the first episode end at or after $t$: it stops early at a termination, a
-    truncation or the end of the rollout. With $V^{next}$ of the module doc:
+    truncation or the end of the rollout. With $V^{next}$ of `gae`:
 
     $$
     G^{(k)}_t = \sum_{i=0}^{k-1} \gamma^i r_{t+i} + \gamma^{boot}_t V^{next}_{t+k-1}, \qquad
@@ -339,27 +289,18 @@ def n_step_returns(
     gamma, zero = _scalar(fn, "gamma", gamma, dtype), jnp.zeros((), dtype)
 
     # Offset i of every window at once: y[t] = x[t + i], read from arrays padded past the end of
-    # the rollout (rewards 0, flags False). A fori_loop keeps compile time flat in n.
-    def pad(x: jax.Array, fill) -> jax.Array:
-        return jnp.concatenate([x, jnp.full(x.shape, fill, x.dtype)], axis=0)
-
+    # the rollout (zeros, flags False). A fori_loop keeps compile time flat in n.
+    padded = [jnp.concatenate([x, jnp.zeros_like(x)]) for x in (ro.reward, ro.v_next(), ro.ended, ro.terminated)]
     shape = ro.reward.shape
-    padded = (
-        pad(ro.reward, 0),
-        pad(ro.v_next(), 0),
-        pad(ro.ended, False),
-        pad(ro.terminated, False),
-        pad(jnp.zeros(shape, jnp.bool_).at[-1].set(True), False),  # last step of the rollout
-        pad(jnp.ones(shape, jnp.bool_), False),  # inside the rollout
-    )
+    t = lax.broadcasted_iota(jnp.int32, shape, 0)
 
     def body(i, carry):
         target, num_steps, discount, open_, gamma_i = carry
-        r_i, v_i, end_i, term_i, last_i, in_i = (lax.dynamic_slice_in_dim(x, i, T, axis=0) for x in padded)
-        active = open_ & in_i  # the window of t still reaches step t + i
+        r_i, v_i, end_i, term_i = (lax.dynamic_slice_in_dim(x, i, T, axis=0) for x in padded)
+        active = open_ & (t + i < T)  # the window of t still reaches step t + i, inside the rollout
         target = target + jnp.where(active, gamma_i * r_i, zero)
         num_steps = num_steps + active.astype(jnp.int32)
-        closes = active & (end_i | last_i | (i == n - 1))
+        closes = active & (end_i | (t + i == T - 1) | (i == n - 1))  # an episode end, the rollout's last step or step n
         boot = jnp.where(term_i, zero, gamma_i * gamma)
         target = target + jnp.where(closes, boot * v_i, zero)
         discount = jnp.where(closes, boot, discount)

@@ -1,45 +1,8 @@
-r"""On-policy storage: `RolloutBuffer`, its minibatch type and its memory-pressure report.
+"""On-policy storage: `RolloutBuffer`, its minibatch type and its memory-pressure report.
 
-A rollout buffer holds one rollout of `num_steps` ($T$) steps from `num_envs` ($N$) parallel environments,
-time-major `[T, N, ...]`, for algorithms such as PPO and A2C: collect $T$ steps with `add`, compute advantages once
-with `compute_gae`, iterate over shuffled minibatches with `minibatches` for a few epochs, then `reset` for the next
-rollout. Every method is pure and jittable (eagerly, each runs as one cached compiled program); the buffer can be
-carried through `lax.scan` and stacked under `jax.vmap` (one buffer per seed or learner).
-
-**What is stored.** `step`, the user's pytree for one env step (observation, action, log-probability...), as
-`example_step` in `create`: stored and handed back, never interpreted. Beside it, the fields GAE needs, with the
-step convention of `jaxbuffers.returns` (step $t$ is $o_t \to o_{t+1}$), given to `add` as keywords: `reward`
-($r_t$), `value` ($V(o_t)$), `terminated`, optionally `truncated` with `final_value`, and `trainable` (default True:
-steps that take part in GAE but are not learned from, e.g. a scripted controller's). `compute_gae` adds `advantages`
-and `returns` (`[T, N]`).
-
-**At the edges.**
-
-* `add` on a full buffer (`step_index == num_steps`) never overwrites row 0 (that would break the time order GAE
-  relies on). Called eagerly it raises `jaxbuffers.BufferFullError` (as a fixed `EpisodeBuffer` does) and nothing
-  changes; under `jit`, `lax.scan` or `vmap` the fill level is traced, so it writes nothing and sets `overflowed`
-  until `reset`.
-* A partial buffer is handled exactly: `compute_gae` bootstraps the last filled row from
-  `last_value` and writes zeros into the unfilled rows, which are masked out of learning.
-* `reset` only moves `step_index` to 0 (no reallocation, no zeroing); stale rows count as
-  unfilled until overwritten.
-
-Example:
-    ```python
-    import jax, jax.numpy as jnp
-    import jaxbuffers as jb
-
-    N, T = 4, 128
-    example = {"obs": jnp.zeros(4), "action": jnp.int32(0), "log_prob": jnp.float32(0)}
-    buf = jb.RolloutBuffer.create(example, num_envs=N, num_steps=T)
-    step = jax.tree.map(lambda x: jnp.stack([x] * N), example)      # leaves [N, ...]
-    for t in range(T):                                               # (a lax.scan in practice)
-        buf = buf.add(step, reward=jnp.ones(N), value=jnp.zeros(N),
-                      terminated=jnp.zeros(N, bool))
-    buf = buf.compute_gae(last_value=jnp.zeros(N), gamma=0.99, gae_lambda=0.95)
-    mbs = buf.minibatches(jax.random.key(0), num_minibatches=4)     # leaves [4, 128, ...]
-    print(buf.estimate_memory_pressure(num_minibatches=4))          # a readable table
-    ```
+One rollout of `num_steps` steps from `num_envs` environments, time-major `[T, N, ...]` (PPO, A2C). What is
+stored, the behaviour at the edges (a full buffer, a partial rollout, `reset`) and an example: `docs/api/rollout.md`,
+"Rollout buffer".
 """
 
 from __future__ import annotations
@@ -151,7 +114,7 @@ _GAE_FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "tra
 class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches.
 
-    See the module doc for what is stored and the behaviour at the edges. Build it with `create`. Under `jax.vmap` a
+    What is stored and the behaviour at the edges: `docs/api/rollout.md`. Build it with `create`. Under `jax.vmap` a
     stacked buffer (every array leaf with a leading axis $K$) behaves as $K$ independent buffers:
     `jax.vmap(lambda _: RolloutBuffer.create(...), axis_size=K)(None)` builds one.
     """
@@ -274,16 +237,11 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
     @_compiled.method()
     def _add(self, step, *, reward, value, terminated, truncated, final_value, trainable) -> "RolloutBuffer":
-        """`add` past its eager fill check (module doc: a full buffer under a transformation)."""
+        """`add` past its eager fill check (a full buffer under a transformation writes nothing)."""
         (n,) = _validate.check_batch(self.step_spec, step, 1, "step")
         if n != self.num_envs:
             raise ValueError(f"step: expected a leading axis of num_envs={self.num_envs} on every leaf, got {n}")
-        if (truncated is None) != (final_value is None):
-            given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
-            raise ValueError(
-                f"{given}: given without {missing}; a truncated step bootstraps from final_value "
-                f"(V of the real next observation), so pass both or neither"
-            )
+        _validate.final_value_pair("", truncated, final_value)
         fdt = self.float_dtype
         fields = {
             "reward": self._per_env("reward", reward, fdt), "value": self._per_env("value", value, fdt),
@@ -354,15 +312,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         return self.replace(advantages=jnp.where(filled, adv, zero), returns=jnp.where(filled, ret, zero), has_advantages=jnp.bool_(True))
 
     def _check_num_minibatches(self, num_minibatches: Any) -> int:
-        total = self.num_steps * self.num_envs
-        m = _validate.static_int("num_minibatches", num_minibatches)
-        if total % m:
-            divisors = [d for d in range(1, min(total, 64) + 1) if total % d == 0]
-            raise ValueError(
-                f"num_minibatches: num_steps * num_envs = {self.num_steps} * {self.num_envs} = {total} steps "
-                f"is not divisible by num_minibatches={m}; choose a divisor of {total} (e.g. {divisors})"
-            )
-        return m
+        what = f"num_steps * num_envs = {self.num_steps} * {self.num_envs}"
+        return _validate.divisor("num_minibatches", num_minibatches, self.num_steps * self.num_envs, what)
 
     @_compiled.method("num_minibatches")
     def minibatch_indices(self, key: jax.Array, num_minibatches: int) -> jax.Array:

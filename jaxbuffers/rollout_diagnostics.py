@@ -1,20 +1,6 @@
 """What a rollout holds and where its bytes live: `trainable_diagnostics`, `memory_estimate`, `total_size`,
 `get_minibatches` for `jaxbuffers.RolloutBuffer` and `jaxbuffers.CompressedRolloutBuffer` (OakEmu-RL's
-`RolloutBuffer` names).
-
-Example:
-    ```python
-    import jax, jax.numpy as jnp
-    import jaxbuffers as jb
-
-    buf = jb.RolloutBuffer.create({"obs": jnp.zeros(4)}, num_envs=2, num_steps=8)
-    ...                                                   # add, compute_gae
-    d = jb.trainable_diagnostics(buf)                     # d.trainable_steps, d.frozen_steps, ...
-    m = jb.memory_estimate(buf, minibatch_size=4)         # m.cpu_bytes, m.gpu_bytes, m.memory_gb
-    for mb in jb.get_minibatches(buf, jax.random.key(0), 4, device="cpu"):
-        ...                                               # RolloutMinibatch of 4 steps on that device
-    ```
-"""
+`RolloutBuffer` names); an example: `docs/api/rollout.md`, "Diagnostics"."""
 
 from __future__ import annotations
 
@@ -175,9 +161,7 @@ def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = Non
       ValueError: ``batch_size`` does not divide the rollout; no device of the platform asked for.
     """
     total, dev = total_size(buf), _device(device)
-    batch_size = _validate.static_int("batch_size", batch_size)
-    if total % batch_size:
-        raise ValueError(f"batch_size: {batch_size} does not divide total_size={total}")
+    batch_size = _validate.divisor("batch_size", batch_size, total, "total_size")
     return _gathered(buf, buf.minibatch_indices(key, total // batch_size), dev)
 
 

@@ -1,55 +1,7 @@
-r"""Per-environment trajectory storage: `TrajectoryBuffer`, its sample types and the n-step window.
+"""Per-environment trajectory storage: `TrajectoryBuffer`, its sample types and the n-step window.
 
-Layout: every field of a step is stored in *lanes*, one per environment, leaves
-`[num_envs, length, ...]`. All lanes are written together (one step `[num_envs, ...]` or a chunk
-`[num_envs, t, ...]` per `add`), so they share one ring (`head`, `num_valid` counting steps *per
-lane*; `jaxbuffers._ring`). Positions are flat: `index = lane * length + physical_slot`.
-
-Step convention (`docs/guide.md`, section 2): step `t` of a lane is the transition `obs_t --action_t--> obs_{t+1}`,
-a dict with at least `obs` (any pytree of arrays), `action` and `reward` (a floating scalar), plus any extras (the
-three names are configurable in `create`). `add` takes the episode flags: `terminated[t]` (`obs_{t+1}` is terminal,
-no bootstrap) and `truncated[t]` (the episode was cut after step `t`, e.g. a time limit: bootstrap from the true
-`obs_{t+1}`). A step both terminated and truncated counts as terminated (Gymnasium's rule). An *episode end* is a
-step that is terminated or truncated.
-
-Final-observation ring. Observations are stored once: the next observation of step `t` is the `obs` of step `t + 1`,
-which after an auto-reset is the *reset* observation. After termination that does not matter (discount 0); after
-truncation the true final observation is needed, so `add` takes it as `final_obs` and keeps it in a ring of
-`final_obs_capacity` ($K$) slots per lane, one per truncated (and not terminated) step (`final_slot`). It is exact
-while no lane holds more than $K$ such steps at once: with a time limit $T_{max}$,
-$K = \lceil \text{length} / T_{max} \rceil + 1$ suffices, and the default $K$ = `length` always does. Past that the
-oldest final observations are overwritten (`TrajectoryBuffer.final_obs_lost`).
-
-Windows. A window of $w$ steps starting at a lane's logical step $l$ (0 = oldest stored) is valid when $l + w \le$
-`num_valid`: it never straddles the write head. Sequences use $w$ = `sequence_length`, n-step transitions $w$ =
-`n_step + 1` (the window includes the step holding $obs_{t+n}$). The reads at given positions (`sequences_at`,
-`transitions_at`, `final_obs_at`) return what the samplers return there; they do not check positions against the
-write head (`valid_starts` does) and clamp indices outside `[0, num_envs * length)` into it.
-
-Period. With `period` $p$, a window may start only at step $a$ of its lane with $a \bmod p = 0$, $a$ counting every
-step ever added to the lane from 0 (kept exactly by the `added` counter): a stored step's eligibility never changes
-while it is stored, and `period = sequence_length` gives fixed non-overlapping chunks, once the ring wraps as before.
-`jaxbuffers.PrioritisedTrajectoryBuffer` aligns its windows by the same rule (`jaxbuffers._ring.aligned_first`).
-
-Example:
-
-```python
-import jax, jax.numpy as jnp
-import jaxbuffers as jb
-
-step = {"obs": jnp.zeros(17), "action": jnp.zeros(6), "reward": jnp.float32(0)}
-buf = jb.TrajectoryBuffer.create(step, num_envs=8, length=1000)
-batch = jax.tree.map(lambda x: jnp.stack([x] * 8), step)          # [num_envs, ...]
-done = jnp.zeros(8, bool)
-buf = buf.add(batch, terminated=done, truncated=done, final_obs=batch["obs"])
-if buf.can_sample(256, 32):
-    seq = buf.sample_sequences(jax.random.key(0), 256, 32)   # seq.item["obs"]: [256, 32, 17]
-tr = buf.sample_transitions(jax.random.key(1), 256, n_step=3, gamma=0.99)
-```
-
-References:
-  Sutton & Barto (2018), *Reinforcement Learning: An Introduction*, section 7.1 (n-step returns);
-  Gymnasium's `terminated` / `truncated` API.
+Layout, flat positions, the final-observation ring, valid windows and `period`: `docs/api/trajectory.md`;
+the step convention: `docs/guide.md`, section 2.
 """
 
 from __future__ import annotations
@@ -165,9 +117,14 @@ def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array
 class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     """Per-environment lanes of steps with episode flags; uniform sequence and n-step sampling.
 
-    Module doc: layout, step convention, final-observation ring. Every method is pure; it works
-    under `jit` (donated: in place), `lax.scan` and `vmap`, and eagerly runs as one cached
-    compiled program (`jaxbuffers._compiled`).
+    Layout, final-observation ring, windows and `period`: `docs/api/trajectory.md`; an example: `docs/guide.md`,
+    section 3. Every method is
+    pure; it works under `jit` (donated: in place), `lax.scan` and `vmap`, and eagerly runs as one
+    cached compiled program (`jaxbuffers._compiled`).
+
+    References:
+      Sutton & Barto (2018), *Reinforcement Learning: An Introduction*, section 7.1 (n-step returns);
+      Gymnasium's `terminated` / `truncated` API.
     """
 
     _cursor = "head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
@@ -258,7 +215,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     @_compiled.method("window", "period")
     def num_valid_windows(self, window: int, *, period: int = 1) -> jax.Array:
         """The number of windows of `window` steps that the uniform samplers draw from (crossing episodes), over all
-        lanes (int32 scalar): valid (module doc) and aligned to `period` (module doc, "Period").
+        lanes (int32 scalar): valid and aligned to `period` ("Windows", "Period" in `docs/api/trajectory.md`).
 
         Raises:
           ValueError: `window` or `period` not an int >= 1.
@@ -456,9 +413,10 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     ) -> SequenceSample:
         """Sample `batch_size` sequences of `sequence_length` consecutive steps of one lane.
 
-        Uniform with replacement over the valid windows (module doc) whose start is aligned to `period` (module
-        doc: the step's number, counted from the first step ever added to its lane, is a multiple of `period`). With `cross_episodes=False` only windows with no episode end before their last step count, drawn
-        exactly uniformly (`O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`).
+        Uniform with replacement over the valid windows whose start is aligned to `period` (the step's number,
+        counted from the first step ever added to its lane, is a multiple of `period`; `docs/api/trajectory.md`).
+        With `cross_episodes=False` only windows with no episode end before their last step count, drawn exactly
+        uniformly (`O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`).
 
         Args:
           key: PRNG key.
@@ -507,18 +465,15 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         return self._transitions(*self._uniform_positions(key, batch_size, n_step + 1, 1), n_step, gamma)
 
     def _split_indices(self, indices) -> tuple[jax.Array, jax.Array]:
-        indices = _validate.index_array(indices)
-        if indices.ndim != 1:
-            raise ValueError(f"indices: expected a 1-D array [B] of flat positions (lane * length + slot), got shape {indices.shape}")
-        flat = jnp.clip(_validate.integer_indices("indices", indices), 0, self.num_envs * self.length - 1)
+        flat = jnp.clip(_validate.index_vector("indices", indices), 0, self.num_envs * self.length - 1)
         return flat // self.length, flat % self.length
 
     @_compiled.method("window", "period")
     def valid_starts(self, indices, window: int, *, period: int = 1) -> jax.Array:
         """Whether a window of `window` steps starting at each flat position is valid now.
 
-        What the uniform samplers draw from: a valid window (module doc) whose start is aligned to `period` (module
-        doc) (for `transitions_at` with `n_step=n`: `window=n + 1`).
+        What the uniform samplers draw from: a valid window whose start is aligned to `period`
+        (`docs/api/trajectory.md`; for `transitions_at` with `n_step=n`: `window=n + 1`).
 
         Args:
           indices: int[B], flat positions.
@@ -540,8 +495,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     def sequences_at(self, indices, sequence_length: int) -> SequenceSample:
         """The sequences of `sequence_length` steps starting at flat positions `indices` (int[B]).
 
-        `sequences_at(s.indices, L)` equals the sample `s` of `sample_sequences` (positions: module doc). Returns a
-        `SequenceSample`; raises as `sample_sequences` and for `indices` that are not a 1-D integer array.
+        `sequences_at(s.indices, L)` equals the sample `s` of `sample_sequences` (positions: `docs/api/trajectory.md`).
+        Returns a `SequenceSample`; raises as `sample_sequences` and for `indices` that are not a 1-D integer array.
         """
         sequence_length = self._sequence_length(sequence_length)
         return self._sequences(*self._split_indices(indices), sequence_length)
@@ -566,8 +521,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """The n-step transitions starting at flat positions `indices` (int[B]).
 
         `transitions_at(s.indices, n_step=n, gamma=g)` equals the sample `s` of `sample_transitions` with the same
-        `n` and `g` (positions: module doc). Returns a `TransitionSample`; raises as `sample_transitions` and for
-        `indices` that are not a 1-D integer array.
+        `n` and `g` (positions: `docs/api/trajectory.md`). Returns a `TransitionSample`; raises as
+        `sample_transitions` and for `indices` that are not a 1-D integer array.
         """
         n_step = self._n_step(n_step)
         _gamma(gamma, self.storage[self.reward_key].dtype)

@@ -236,7 +236,7 @@ def test_compute_gae_errors(jit):
 @pytest.mark.parametrize("m", [0, -2, 5, 7])
 def test_num_minibatches_errors(m):
     buf = RolloutBuffer.create(EXAMPLE, num_steps=4, num_envs=3)  # 12 steps
-    match = "not divisible" if m > 0 else ">= 1"
+    match = "expected a divisor of num_steps \\* num_envs = 4 \\* 3 = 12" if m > 0 else ">= 1"
     with pytest.raises(ValueError, match=match):
         buf.minibatches(jax.random.key(0), m)
     with pytest.raises(ValueError, match=match):

@@ -97,7 +97,7 @@ def test_item_spec_rejects_silent_narrowing():
 
 
 def test_nbytes():
-    assert _validate.spec_nbytes(SPEC) == 6 + 16 + 4
+    assert _validate.tree_nbytes(SPEC) == 6 + 16 + 4
     assert _validate.tree_nbytes(batch(10)) == 10 * 26
 
 

@@ -1,19 +1,11 @@
 """Every trace-time argument and input check of the library, each in one place.
 
-Every buffer stores an *item spec*: a pytree of `jax.ShapeDtypeStruct` describing one item (no batch axis).
-`check_batch` compares a batch against it before anything is written, so wrong input fails while tracing with a
-message naming the leaf path (e.g. `obs['pixels']`), the expected and the received shape or dtype. Nothing is ever
-cast: a float64 numpy batch for a float32 field is an error. Static sizes go through `static_int` (given by position
-to a `create` that takes them by keyword: `keyword_sizes`), flags `static_bool`, static floats `static_float`,
-traced hyperparameters `scalar_parameter`, index arguments `integer_indices` / `index_vector`, per-entry vectors
-`vector`, PRNG keys `key`, dtype arguments `storable_dtype`; what is not an array gets `not_array`'s error. Wrong
-structure, kind or dtype raises `TypeError`; wrong shape or value `ValueError`; every message starts with the
-argument's name. docs/guide.md, section 8, tabulates what each kind of argument accepts.
-Checks of steps for the env-step buffers (trajectory example, a step's flags and final observation, frame leaves)
-live in `jaxbuffers._validate.steps`, the refusal of a state stacked with `jax.vmap` called without it in
-`jaxbuffers._validate.members`, plain-Python options (names, paths, strs, choices) in `jaxbuffers._validate.options`, the samples a sharded buffer
-records in `jaxbuffers._validate.sharded`;
-all are re-exported here, so every check is reached as `_validate.<name>`.
+Every buffer stores an *item spec* (a pytree of `jax.ShapeDtypeStruct`, one item without a batch axis) and
+`check_batch` compares a batch against it before anything is written, naming the leaf path; nothing is ever cast.
+Wrong structure, kind or dtype raises `TypeError`, wrong shape or value `ValueError`, every message starting with
+the argument's name (`docs/guide.md`, section 8, tabulates what each kind of argument accepts). The checks of env
+steps live in `.steps`, of stacked states in `.members`, of plain-Python options in `.options`, of a sharded
+buffer's samples in `.sharded`; all are re-exported here, so every check is reached as `_validate.<name>`.
 """
 
 from __future__ import annotations
@@ -195,9 +187,6 @@ def layout(tree: Any) -> tuple[list, tuple]:
 def tree_nbytes(tree: Any) -> int:
     """Total bytes of the array leaves of `tree` (arrays or ShapeDtypeStructs, e.g. an item spec)."""
     return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
-
-
-spec_nbytes = tree_nbytes  # bytes of one item described by a spec
 
 
 def static_int(name: str, value, minimum: int = 1, maximum: int = 2**31 - 1) -> int:
@@ -683,7 +672,7 @@ def static_value(name: str, value: Any, want: str = "an array or a hashable Pyth
 
 # the step checks (module doc), after every name they use is defined
 from jaxbuffers._validate.steps import (  # noqa: E402
-    decoded_entries, episode_lengths, final_obs_not_step, host_call, frame_leaves, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks,
+    decoded_entries, episode_lengths, final_obs_not_step, final_value_pair, host_call, frame_leaves, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks,
     unrebuilt_trajectory_stack_error, unrebuilt_trajectory_stacks,
 )
 from jaxbuffers._validate.members import member_axes, one_member, one_member_methods, unstacked  # noqa: E402

@@ -13,6 +13,17 @@ import numpy as np
 from jaxbuffers._validate import _is_array, check_batch, index_array, item_spec, leaf_name, not_array, static_int
 
 
+def final_value_pair(prefix: str, truncated, final_value) -> None:
+    """A truncated step bootstraps from `final_value`: `truncated` and `final_value` come both or neither
+    (ValueError naming the one given, after `prefix`)."""
+    if (truncated is None) != (final_value is None):
+        given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
+        raise ValueError(
+            f"{prefix}{given}: given without {missing}; a truncated step bootstraps from final_value "
+            f"(V of the real next observation), so pass both or neither"
+        )
+
+
 def trajectory_example(example_step, num_envs, length, obs_key: str, action_key: str, reward_key: str):
     """`(num_envs, length, spec)` of a trajectory buffer's `create` (its errors): sizes whose flat
     positions `lane * length + slot` fit int32, and an example step dict with an observation of at
@@ -161,11 +172,6 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
     return out
 
 
-def _xp(x):
-    """The array module of `x`: numpy for a numpy array (the write callback checks on the host), else `jax.numpy`."""
-    return np if isinstance(x, np.ndarray) else jnp
-
-
 def _part(x, lead: int, start: int, stop: int):
     """`x[..., start:stop, ...]` along axis `lead` (a slice: no gather)."""
     return x[(slice(None),) * lead + (slice(start, stop),)]
@@ -174,23 +180,19 @@ def _part(x, lead: int, start: int, stop: int):
 def _differs(a, b, lead: int):
     """bool `a.shape[:lead]`: whether `a` and `b` differ in some byte past their first `lead` axes (floats compared
     bit for bit, so a NaN equals itself): one XOR and one max over the flattened trailing axes."""
-    xp = _xp(a)
-    if xp.issubdtype(a.dtype, xp.floating):
+    if jnp.issubdtype(a.dtype, jnp.floating):
         width = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
-        if xp is np:
-            a, b = a.view(width), np.asarray(b, a.dtype).view(width)
-        else:
-            a, b = jax.lax.bitcast_convert_type(a, width), jax.lax.bitcast_convert_type(b, width)
+        a, b = jax.lax.bitcast_convert_type(a, width), jax.lax.bitcast_convert_type(b, width)
     d = (a ^ b).reshape(*a.shape[:lead], int(np.prod(a.shape[lead:])))
-    return xp.max(d, axis=-1, initial=0) != 0
+    return jnp.max(d, axis=-1, initial=0) != 0
 
 
 def _padding_breaks(x, lead: int, padding: str):
     """bool `[*L]` of stacks `x` `[*L, k, *frame]` (`lead = len(L)`): whether the older frames `x[..., :k - 1, ...]`
     are not the padding of an episode's first step: its newest frame repeated (`"reset"`) or zeros (`"zero"`)."""
-    xp, k = _xp(x), x.shape[lead]
+    k = x.shape[lead]
     older, newest = _part(x, lead, 0, k - 1), _part(x, lead, k - 1, k)
-    return _differs(older, xp.zeros_like(older) if padding == "zero" else xp.broadcast_to(newest, older.shape), lead)
+    return _differs(older, jnp.zeros_like(older) if padding == "zero" else jnp.broadcast_to(newest, older.shape), lead)
 
 
 def _shift_breaks(x, prev, lead: int):
@@ -254,14 +256,13 @@ def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_a
     """
     if isinstance(stacks, np.ndarray):
         return _host_unrebuilt(stacks, before, starts, finals, boot, stack_axis=stack_axis, padding=padding)
-    xp = _xp(stacks)
-    x = xp.moveaxis(stacks, 2 + stack_axis, 2)  # [E, t, k, *frame]
-    prev = xp.concatenate([xp.moveaxis(xp.asarray(before), 1 + stack_axis, 1)[:, None], x[:, :-1]], axis=1)
-    bad = xp.where(starts, _padding_breaks(x, 2, padding), _shift_breaks(x, prev, 2))
-    bad_final = xp.zeros_like(bad)
+    x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [E, t, k, *frame]
+    prev = jnp.concatenate([jnp.moveaxis(jnp.asarray(before), 1 + stack_axis, 1)[:, None], x[:, :-1]], axis=1)
+    bad = jnp.where(starts, _padding_breaks(x, 2, padding), _shift_breaks(x, prev, 2))
+    bad_final = jnp.zeros_like(bad)
     if finals is not None:
-        bad_final = _shift_breaks(xp.moveaxis(finals, 2 + stack_axis, 2), x, 2) & boot
-    return xp.stack([bad, bad_final])
+        bad_final = _shift_breaks(jnp.moveaxis(finals, 2 + stack_axis, 2), x, 2) & boot
+    return jnp.stack([bad, bad_final])
 
 
 def _host_unrebuilt(stacks, before, starts, finals, boot, *, stack_axis: int, padding: str) -> np.ndarray:

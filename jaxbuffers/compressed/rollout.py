@@ -1,26 +1,7 @@
 """Host-compressed on-policy storage: `CompressedRolloutBuffer`.
 
-A `jaxbuffers.RolloutBuffer` (`[num_steps, num_envs]` storage, GAE, shuffled minibatches: all of it reused) whose
-chosen step leaves (`compress=("pixels",)`) are replaced by one int32 store slot per step (`t * num_envs + env`);
-the pixels live compressed in host stores. `gather` decodes only the steps it is given, so scanning over
-`minibatch_indices` and gathering one minibatch per iteration never materialises the decoded rollout. The callback
-rules (exactly-once ordered writes, versioned reads, not vmappable) are in `jaxbuffers.compressed._host`.
-
-Example:
-    ```python
-    import jax, jax.numpy as jnp
-    from jaxbuffers.compressed import CompressedRolloutBuffer
-
-    N, T = 8, 128
-    example = {"pixels": jnp.zeros((84, 84, 4), jnp.uint8), "action": jnp.int32(0)}
-    buf = CompressedRolloutBuffer.create(example, num_envs=N, num_steps=T, compress=("pixels",),
-                                         normalize_images=True)
-    step = jax.tree.map(lambda x: jnp.stack([x] * N), example)
-    buf = buf.add(step, reward=jnp.ones(N), value=jnp.zeros(N), terminated=jnp.zeros(N, bool))
-    buf = buf.compute_gae(last_value=jnp.zeros(N), gamma=0.99, gae_lambda=0.95)
-    idx = buf.minibatch_indices(jax.random.key(0), num_minibatches=4)   # [4, T * N / 4]
-    mb = buf.gather(idx[0])            # mb.step["pixels"]: float32[T * N / 4, 84, 84, 4]
-    ```
+A `jaxbuffers.RolloutBuffer` whose chosen step leaves are one int32 host-store slot per step (`t * num_envs + env`);
+layout and an example: `docs/api/compressed.md`, "Compressed rollouts".
 """
 
 from __future__ import annotations

@@ -1,44 +1,8 @@
 """Whole pytrees between JAX and PyTorch through DLPack, zero copy where the frameworks allow it.
 
-Import this submodule explicitly; importing `jaxbuffers` never imports PyTorch.
-
-```python
-from jaxbuffers.interop.torch import from_torch, to_torch
-
-batch = to_torch(buf.sample(key, 256).item)  # the same tree of torch tensors, no copy on CPU
-prios = from_torch(learner(batch).detach())  # jax.Array [256], no copy on CPU
-```
-
-Trees are walked with `jax.tree_util`: every registered pytree keeps its structure, `None` is an empty subtree,
-torch tensors are leaves. Leaf policy (anything else raises `TypeError` naming the leaf path, e.g. `['obs'][0]`):
-
-| leaf | `to_torch` | `from_torch` |
-|---|---|---|
-| `jax.Array` | aliases the JAX buffer; copied when `device` differs | unchanged (`copy=True`: a copy) |
-| `torch.Tensor` | unchanged (moved to `device`, cloned with `copy=True`) | aliases the tensor's memory |
-| numpy array / scalar | aliases the numpy memory (negative strides: copied) | copied (numpy arrays are mutable) |
-| Python number | `TypeError`: its dtype would be a guess; wrap it, e.g. `np.float32(x)` | `TypeError` |
-
-Dtypes (`SUPPORTED_DTYPES`): bool, (u)int8 to (u)int64, float16, bfloat16, float32, float64, complex64, complex128,
-each to the same dtype on the other side. With `jax_enable_x64` off a 64-bit tensor or numpy array cannot become a
-JAX array without narrowing: `from_torch` raises `TypeError` instead (cast it or enable x64).
-
-Copies. JAX to torch on the array's own device is always aliased (a fully replicated array gives its first local
-shard; a partly sharded one is an error). Torch to JAX is aliased when the tensor is dense up to a permutation of
-its axes and its data pointer is 64-byte aligned (XLA CPU's requirement; views starting mid-buffer and tensors over
-numpy memory usually are not, and JAX copies them); strided slices and broadcasts are copied here. `copy=True` on
-CPU copies through numpy, whose allocations are already paged in. `requires_grad` tensors are detached; lazily
-conjugated or negated tensors are resolved.
-
-Aliasing. A tensor made by `to_torch` shares the JAX buffer: writing it in place (an in-place optimiser step)
-changes the JAX array too; pass `copy=True` for a tensor to write to. Likewise an array made by `from_torch` sees
-later in-place writes to its tensor. DLPack keeps either memory alive as long as the other side needs it. While a
-tensor from `to_torch` is alive, donating its source array to a jitted function does not reuse the buffer (the
-in-place update is lost): drop the tensor first or use `copy=True`.
-
-Errors: `TypeError` (unsupported leaf or dtype, a 64-bit tensor with x64 off, a traced value inside
-`jit`, a `copy` that is not a bool); `ValueError` (a deleted or donated JAX array, an array sharded over several devices);
-device errors (`device="cuda"` without CUDA) are torch's own.
+Import this submodule explicitly; importing `jaxbuffers` never imports PyTorch. `SUPPORTED_DTYPES` maps each
+numpy/JAX dtype converted (both directions) to its torch dtype. Leaf policy, dtypes, when a copy happens, aliasing
+and errors: `docs/api/torch.md`.
 """
 
 from __future__ import annotations
@@ -132,7 +96,7 @@ def _numpy_leaf_to_torch(path, a: np.ndarray) -> torch.Tensor:
     if dtype == _BF16:  # numpy has no DLPack code for ml_dtypes.bfloat16: reinterpret the bits
         return torch.from_dlpack(a.view(np.uint16)).view(torch.bfloat16)
     # from_dlpack rather than from_numpy: same aliasing, but no warning for read-only arrays
-    # (e.g. np.asarray(jax_array)); the aliasing rules in the module docstring apply.
+    # (e.g. np.asarray(jax_array)); the aliasing rules of docs/api/torch.md apply.
     return torch.from_dlpack(a)
 
 
@@ -171,7 +135,7 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
             raise _bad_leaf("to_torch", path, leaf)
         moved = t if dev is None else t.to(dev)
         if copy and moved is t:  # .to() returns the tensor itself when nothing moves
-            if isinstance(leaf, jax.Array) and moved.device.type == "cpu":  # see "When a copy happens"
+            if isinstance(leaf, jax.Array) and moved.device.type == "cpu":  # numpy allocations are paged in (docs/api/torch.md, "Copies")
                 moved = _numpy_leaf_to_torch(path, np.array(leaf))
             else:
                 moved = moved.clone(memory_format=torch.contiguous_format)
