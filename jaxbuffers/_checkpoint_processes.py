@@ -46,6 +46,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxbuffers import _checkpoint_zarr as _zarr
 from jaxbuffers._checkpoint_describe import _COMPRESSED, CheckpointError, _check_meta_defaults, _describe, _dtype, _nbytes
 from jaxbuffers._checkpoint_files import _clean_stale, _commit, _is_checkpoint, _sibling, _write_manifest
 from jaxbuffers._validate import processes as _replicas
@@ -169,7 +170,7 @@ def _replicated(buffer: Any, snapshot) -> tuple[dict, dict]:
     error, meta, tree, hashes = None, None, None, None
     try:
         meta, tree = snapshot(buffer)
-        tree = jax.tree.map(np.asarray, tree)
+        tree = jax.tree.map(lambda x: _zarr.stored(np.asarray(x)), tree)
         hashes = {"buffer.json": xxhash.xxh3_64(json.dumps(meta, sort_keys=True).encode()).hexdigest(), **_hashes(tree)}
     except Exception as e:  # noqa: BLE001 - raised below by every process
         error = e
@@ -191,7 +192,7 @@ def parts(buffer: Any, store_snapshot, snapshot, copy: bool) -> tuple[dict, dict
     meta["host"] = {"axis": shards.host.axis, "layout": "stacked", "shards": exported} if compressed else None
     host = _host_tree(shards, NamedSharding(buffer.mesh, P(buffer.axis)), rows, exported) if compressed else {}
     leaves = [x for x in jax.tree.leaves(shards) if x.size]
-    leaves = _copy_all(leaves) if copy else leaves
+    leaves = [_zarr.stored(x) for x in (_copy_all(leaves) if copy else leaves)]
     device, it = {}, iter(leaves)
     for i, x in enumerate(jax.tree.leaves(shards)):
         if x.size:
@@ -299,19 +300,19 @@ def shard_arrays(host_out: dict, host_meta: dict, s: int) -> dict:
 def restore(root: Path, target: Any, checked, read, host_args, load_host, upgraded) -> Any:
     """`jaxbuffers.restore` into a `ShardedBuffer` `target` by every process (module doc), with the one-process
     restore's pieces (`jaxbuffers.checkpoint`): `checked(root, target)` gives `(meta, abstract leaves, treedef,
-    shardings)` after every check; `read(root, restore_args, leaves)` reads the arrays; `host_args(meta)` gives the
+    shardings)` after every check; `read(root, restore_args, leaves)` reads the arrays; `host_args(meta, root)` gives the
     one-process restore arguments of host arrays; `load_host(host, version, meta, arrays, what)` fills a fresh store;
     `upgraded(buffer, host_meta)` takes an older layout's state and host metadata to this one's."""
     meta, leaves, treedef, shardings = checked(root, target.shards)
     host_meta = meta.get("host")
-    args: dict = {"device": {str(i): ocp.ArrayRestoreArgs(sharding=s, global_shape=x.shape, dtype=x.dtype)
+    args: dict = {"device": {str(i): ocp.ArrayRestoreArgs(sharding=s, global_shape=x.shape, dtype=_zarr.stored_dtype(x.dtype))
                              for i, (x, s) in enumerate(zip(leaves, shardings)) if x.size}, "host": {}}
     if host_meta is not None and host_meta.get("layout") == "stacked":  # each process reads its shards' rows
         args["host"] = {"bytes": ocp.ArrayRestoreArgs(sharding=NamedSharding(target.mesh, P(target.axis)))}
     elif host_meta is not None:  # saved by one process: each reads every shard's entries and loads its own
-        args["host"] = host_args(host_meta)
+        args["host"] = host_args(host_meta, root)
     out = read(root, args, leaves)
-    arrays = [out["device"][str(i)] if x.size else zeros(x, s) for i, (x, s) in enumerate(zip(leaves, shardings))]
+    arrays = [_zarr.loaded(out["device"][str(i)], x.dtype) if x.size else zeros(x, s) for i, (x, s) in enumerate(zip(leaves, shardings))]
     for i, (a, x) in enumerate(zip(arrays, leaves)):
         if a.shape != x.shape or a.dtype != x.dtype:
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {a.shape} {a.dtype}, expected {x.shape} {x.dtype}")
