@@ -240,8 +240,9 @@ def _entry(buffer: Any, what: str = "buffer") -> tuple[str, type, Any, tuple[int
     """(class name, class, config function, stack shape) of a buffer, or TypeError naming the argument `what`."""
     entry = _CLASSES.get(type(buffer).__name__)
     if entry is None or entry[0] is not type(buffer):
+        value = f" {buffer!r:.60}" if isinstance(buffer, (bool, int, float, complex, str, bytes)) else ""  # not a tree's repr
         raise TypeError(f"{what}: expected one of the jaxbuffers buffers {sorted(_CLASSES)} or a ShardedBuffer of one, "
-                        f"got {type(buffer).__name__}")
+                        f"got {type(buffer).__name__}{value}")
     cls, config = entry
     return type(buffer).__name__, cls, config, _validate.member_axes(buffer)
 

@@ -48,11 +48,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxbuffers import _checkpoint_zarr as _zarr
 from jaxbuffers._checkpoint_describe import _COMPRESSED, CheckpointError, _check_meta_defaults, _describe, _dtype, _nbytes
-from jaxbuffers._checkpoint_files import _clean_stale, _commit, _is_checkpoint, _sibling, _write_manifest
+from jaxbuffers._checkpoint_files import _check_destination, _clean_stale, _commit, _sibling, _write_manifest
 from jaxbuffers._validate import processes as _replicas
 from jaxbuffers.sharding import ShardedBuffer, _local_rows
 
-_NAME_BYTES = 512  # the broadcast temporary folder name, utf-8, zero-padded
+_NAME_BYTES = 512  # the broadcast temporary folder name (or process 0's refusal), utf-8, zero-padded
+_REFUSALS = {e.__name__: e for e in (FileExistsError, NotADirectoryError, ValueError)}  # `_check_destination`'s
 _WAIT_MS = 3_600_000  # how long a process waits for the others' writes and for process 0's commit
 
 
@@ -218,23 +219,30 @@ def save(path: Path, buffer: Any, store_snapshot, snapshot, copy: bool) -> Calla
     device collective: it may run in a background thread) and returns the folder once committed.
 
     Raises:
-      FileExistsError: `path` exists and is not a checkpoint (on every process; nothing is deleted).
+      FileExistsError, NotADirectoryError, ValueError: `_checkpoint_files._check_destination`'s refusals of `path` (on
+        every process; nothing is created or deleted).
       ValueError: a non-sharded buffer that differs between processes. Errors of taking the buffer (on the process
         that met them; a RuntimeError naming that process on the others). `finish` raises RuntimeError when any
         process failed to write its parts or process 0 to commit: nothing is committed then.
     """
     meta, tree = parts(buffer, store_snapshot, snapshot, copy)
-    name = ""
+    name, error = "", None
     if jax.process_index() == 0:
-        if not (path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir())))):
+        try:
+            _check_destination(path)
             path.parent.mkdir(parents=True, exist_ok=True)
             _clean_stale(path)
             tmp = _sibling(path, "tmp")
             (tmp / "arrays").mkdir(parents=True)
             name = tmp.name
+        except (OSError, ValueError) as e:
+            error, name = e, f"{type(e).__name__}: {e}"  # not a folder name (those start with '.'): the others raise it
     name = _broadcast_text(name)
-    if not name:
-        raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
+    if error is not None:
+        raise error
+    if not name.startswith("."):
+        kind, _, message = name.partition(": ")
+        raise _REFUSALS.get(kind, RuntimeError)(message if kind in _REFUSALS else f"save: process 0 could not start the save ({name})")
     tmp, replicated = path.parent / name, not isinstance(buffer, ShardedBuffer)
 
     def finish(progress) -> Path:

@@ -85,9 +85,9 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
-from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
-    _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json,
-    _sibling, _through_link, _verify, _write_file, _write_manifest,
+from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _fsync, _hash_file: used by jaxbuffers.disk
+    _check_destination, _check_folder_path, _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file, _is_checkpoint,
+    _one_at_a_time, _prev, _Progress, _read_json, _sibling, _through_link, _verify, _write_file, _write_manifest,
 )
 from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
 from jaxbuffers.sharding import ShardedBuffer
@@ -206,8 +206,7 @@ def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
 
 
 def _host_restore_args(meta: dict | None, root: Path) -> dict:
-    """orbax's restore arguments of the host arrays `meta` (a `_host_snapshot` metadata of the checkpoint at `root`)
-    describes."""
+    """orbax's restore arguments of the host arrays `meta` (a `_host_snapshot` metadata, of the checkpoint `root`)."""
     if meta is not None and meta.get("layout") == "stacked":  # written by several processes: a byte row per shard
         return {"bytes": ocp.RestoreArgs(restore_type=np.ndarray)}
     if meta is not None and "shards" in meta:
@@ -402,13 +401,13 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
     """Save `buffer` to the folder `directory` (created or replaced as a whole; see the module doc for the format).
 
     Args:
-      directory: the checkpoint folder. An existing checkpoint there is replaced only once the new one is complete.
-        A symbolic link is written through: the folder it points to is replaced and the link kept.
+      directory: the checkpoint folder. An existing checkpoint there is replaced only once the new one is complete
+        (saves to one folder from several threads: one after the other). A symbolic link is written through: the
+        folder it points to is replaced and the link kept.
       buffer: any jaxbuffers buffer (`ReplayBuffer`, `PrioritisedReplayBuffer`, `TrajectoryBuffer`,
         `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not,
         or a `ShardedBuffer` (saved as its shards: a buffer stacked `[S]`, one host store per shard for compressed
-        buffers, the mesh axis in buffer.json). A
-        compressed buffer must be the state returned by its last `add`.
+        buffers, the mesh axis in buffer.json). A compressed buffer must be the state returned by its last `add`.
       progress: a tqdm bar (sizes, throughput) for saves over a second; None: only on a terminal.
       blocking: False: take the buffer's arrays to host memory (a `ShardedBuffer` with several processes: copies on
         its devices), start writing in a background thread and return a `PendingSave` at once. The buffer may then be
@@ -424,7 +423,10 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer, a field
         of dtype `jnp.int1` / `jnp.uint1` (JAX takes them to host memory as bool and cannot put them back; naming the
         field), `progress` not a bool or None, `blocking` not a bool (all checked before anything is created).
-      FileExistsError: `directory` exists and is not a checkpoint (nothing is deleted).
+      FileExistsError: `directory` exists and is neither a checkpoint nor an empty folder (nothing is deleted). An
+        empty folder is filled in place (it keeps its inode: it may be the working directory).
+      NotADirectoryError: `directory` or a path above it is a file (naming it).
+      ValueError: `directory` inside a checkpoint folder (naming it), or a checkpoint holding the working directory.
       StaleBufferError: a compressed buffer state older than its host store.
       ValueError: with several processes, a buffer other than a `ShardedBuffer` that is not the same on every process
         (one replicated buffer is saved: module doc), naming the array; raised by every process.
@@ -451,8 +453,7 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
     if _processes.several():  # every process, together; commits once every process has written
         finish = _processes.save(path, buffer, _store_snapshot, _snapshot, copy=not blocking)
     else:
-        if path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
-            raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
+        _check_destination(path)
         snapshot = _snapshot(buffer, host)
         path.parent.mkdir(parents=True, exist_ok=True)
         _clean_stale(path)
@@ -472,7 +473,8 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
     def write() -> Path:
         bar = _Progress(progress, f"save {path.name}")
         try:
-            return finish(bar)
+            with _one_at_a_time(path):
+                return finish(bar)
         finally:
             bar.close()
 
