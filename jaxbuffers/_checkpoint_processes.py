@@ -240,9 +240,11 @@ def save(path: Path, buffer: Any, store_snapshot, snapshot, copy: bool) -> Calla
     name = _broadcast_text(name)
     if error is not None:
         raise error
-    if not name.startswith("."):
+    if not name.startswith("."):  # process 0's refusal, "Kind: message"
         kind, _, message = name.partition(": ")
-        raise _REFUSALS.get(kind, RuntimeError)(message if kind in _REFUSALS else f"save: process 0 could not start the save ({name})")
+        if kind in _REFUSALS:
+            raise _REFUSALS[kind](message)
+        raise RuntimeError(f"save: process 0 could not start the save ({name})")
     tmp, replicated = path.parent / name, not isinstance(buffer, ShardedBuffer)
 
     def finish(progress) -> Path:

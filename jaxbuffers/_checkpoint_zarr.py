@@ -6,9 +6,9 @@ own, checksummed on the bytes written and read.
 tree: each array's keys, `np.ndarray`; each empty dict, `Dict`) and every array as a zarr v2 array of a single
 uncompressed C-order chunk, `arrays/<name>/.zarray` and one chunk file (`0`, `0.0`, ...) holding the array's bytes as
 they lie in memory (`<name>`: its keys joined by `.`); an array of a dtype other than numpy's and bfloat16 (float8,
-int4, ...) as the unsigned integers of its item size holding its bytes (`stored`). `write` writes those files itself: each array's bytes go from
-the memory they lie in to the file, hashed block by block as they are handed to the kernel, each file synced once,
-several files at once. (orbax's own write, through tensorstore, takes each array through buffers of its own and
+int4, ...) as the unsigned integers of its item size holding its bytes (`stored`). `write` writes those files itself:
+each array's bytes go from the memory they lie in to the file, hashed block by block as they are handed to the
+kernel, each file synced once, several files at once. (orbax's own write, through tensorstore, takes each array through buffers of its own and
 writes each file under a temporary name, then syncs and renames it and syncs its folder; the manifest then had to
 read every file back to hash it.) Several processes' saves are written by orbax (`jaxbuffers._checkpoint_processes`).
 

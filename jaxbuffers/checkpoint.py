@@ -86,8 +86,9 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _fsync, _hash_file: used by jaxbuffers.disk
-    _check_destination, _check_folder_path, _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file, _is_checkpoint,
-    _one_at_a_time, _prev, _Progress, _read_json, _sibling, _through_link, _verify, _write_file, _write_manifest,
+    _check_destination, _check_folder_path, _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file,
+    _is_checkpoint, _one_at_a_time, _prev, _Progress, _read_json, _sibling, _through_link, _verify, _write_file,
+    _write_manifest,
 )
 from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
 from jaxbuffers.sharding import ShardedBuffer
