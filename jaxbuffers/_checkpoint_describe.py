@@ -28,11 +28,16 @@ from jaxbuffers.trajectory import TrajectoryBuffer
 
 FORMAT = "jaxbuffers.checkpoint"
 FORMAT_VERSION = 1
-_DTYPES = {
-    jnp.dtype(d).name: jnp.dtype(d)
-    for d in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-              "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
-}
+#: the dtypes a buffer's arrays may have: numpy's numeric dtypes and bfloat16, stored under their zarr names ...
+_NAMED_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
+                 "float32", "float64", "complex64", "complex128")
+#: ... and the other ml_dtypes JAX holds (those of this JAX version), stored as their bytes (`_checkpoint_zarr.stored`)
+_BYTE_DTYPES = ("float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn", "int4", "uint4", "int2", "uint2")
+#: dtypes a buffer may hold that `save` refuses before writing anything, and why
+_REFUSED_DTYPES = {d: "JAX takes its arrays to host memory as bool and cannot put them back; store the field as bool"
+                   for d in ("int1", "uint1")}
+_DTYPES = {jnp.dtype(d).name: jnp.dtype(d) for d in _NAMED_DTYPES + _BYTE_DTYPES if d in _NAMED_DTYPES or hasattr(jnp, d)}
 
 
 class CheckpointError(ValueError):
@@ -186,8 +191,9 @@ def _encode(tree: Any) -> Any:
 
 
 def _dtype(name: Any, what: str) -> np.dtype:
+    """The dtype named `name` in a checkpoint, or CheckpointError naming `what` (prefix it with the file)."""
     if name not in _DTYPES:
-        raise CheckpointError(f"{what}: expected a numeric dtype name, got {name!r}")
+        raise CheckpointError(f"{what}: expected the name of a numeric or bool dtype, got {name!r:.60}")
     return _DTYPES[name]
 
 
@@ -234,8 +240,9 @@ def _entry(buffer: Any, what: str = "buffer") -> tuple[str, type, Any, tuple[int
     """(class name, class, config function, stack shape) of a buffer, or TypeError naming the argument `what`."""
     entry = _CLASSES.get(type(buffer).__name__)
     if entry is None or entry[0] is not type(buffer):
+        value = f" {buffer!r:.60}" if isinstance(buffer, (bool, int, float, complex, str, bytes)) else ""  # not a tree's repr
         raise TypeError(f"{what}: expected one of the jaxbuffers buffers {sorted(_CLASSES)} or a ShardedBuffer of one, "
-                        f"got {type(buffer).__name__}")
+                        f"got {type(buffer).__name__}{value}")
     cls, config = entry
     return type(buffer).__name__, cls, config, _validate.member_axes(buffer)
 
@@ -259,9 +266,14 @@ def _describe(buffer: Any) -> dict:
         raise TypeError(f"buffer: a disk-backed {name} is its folder {buffer.host.directory}; jaxbuffers.disk.flush it and copy the folder")
     if stack and isinstance(buffer, _COMPRESSED) and not (isinstance(buffer.host, ShardedHostStores) and stack == (len(buffer.host.shards),)):
         raise TypeError(f"buffer: a {name} cannot be stacked (one host store); a jaxbuffers.ShardedBuffer has one per shard")
+    leaves = _leaves(buffer)[1]
+    for leaf in leaves:
+        if leaf["dtype"] not in _DTYPES:
+            why = _REFUSED_DTYPES.get(leaf["dtype"], "not a dtype a checkpoint stores")
+            raise TypeError(f"buffer{leaf['path']}: dtype {leaf['dtype']} cannot be saved ({why})")
     cfg = config(_unstacked(buffer, stack))
     out = {"format": FORMAT, "version": FORMAT_VERSION, "class": name, "config": _json_config(cfg),
-           "stack_shape": list(stack), "leaves": _leaves(buffer)[1]}
+           "stack_shape": list(stack), "leaves": leaves}
     return out if sharded is None else {**out, "sharded": sharded}
 
 
@@ -401,10 +413,10 @@ def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
     cfg = dict(meta["config"])
     if cfg.get("example") is None:
         raise CheckpointError(f"{root}: the example of this {name} is not described in buffer.json; pass target=")
-    example = _decode(cfg.pop("example"))
+    example = _decode(cfg.pop("example"), f"{root / 'buffer.json'}: config.example")
     for k in _SPECS:
         if k in cfg:
-            cfg[k] = _decode(cfg[k], f"config.{k}")
+            cfg[k] = _decode(cfg[k], f"{root / 'buffer.json'}: config.{k}")
     if isinstance(cfg.get("compress"), list):
         cfg["compress"] = tuple(cfg["compress"])
     try:

@@ -169,12 +169,64 @@ def _sibling(path: Path, kind: str) -> Path:
     return path.parent / f".{path.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+def _check_folder_path(path: Path) -> None:
+    """NotADirectoryError naming `path`, or the path above it, that is a file: no folder can be made at `path`."""
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise NotADirectoryError(f"directory: {p} is a file, not a folder" + ("" if p == path else f" (no folder {path} can be made)"))
+
+
+def _check_destination(path: Path) -> None:
+    """Refuse a folder `path` (absolute, through links) that a save must not write, before anything is created: a
+    save writes a new folder, an existing empty folder (filled in place: `_commit`) or replaces a checkpoint.
+
+    Raises:
+      NotADirectoryError: `path` or a path above it is a file (naming it).
+      ValueError: `path` is inside a checkpoint folder (naming it: its manifest would not list the new files), or is
+        a checkpoint that holds the working directory (replacing it would delete the working directory).
+      FileExistsError: `path` exists and is neither a checkpoint nor an empty folder (nothing is deleted).
+    """
+    _check_folder_path(path)
+    for above in path.parents:
+        if _is_checkpoint(above):
+            raise ValueError(f"directory: {path} is inside the checkpoint {above}; save beside it, not into it")
+    if path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
+        raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint or an empty folder; refusing to replace it")
+    try:
+        cwd = Path.cwd()
+    except OSError:  # no working directory any more
+        return
+    if _is_checkpoint(path) and (cwd == path.resolve() or path.resolve() in cwd.parents):
+        raise ValueError(f"directory: {path} holds the working directory {cwd}; replacing it would delete the working "
+                         "directory: save from another folder")
+
+
+_SAVING: dict[Path, threading.Lock] = {}  # one per folder saved to by this process: its saves write one at a time
+_SAVING_LOCK = threading.Lock()
+
+
+def _one_at_a_time(path: Path) -> threading.Lock:
+    """The lock held while a save of this process writes and commits the folder `path`: saves to one folder from
+    several threads then replace it one after the other (each commit finds the folder as the last one left it)."""
+    with _SAVING_LOCK:
+        return _SAVING.setdefault(path, threading.Lock())
+
+
 def _commit(tmp: Path, path: Path) -> None:
-    """Move the complete checkpoint folder `tmp` to `path`, replacing the checkpoint there.
+    """Move the complete checkpoint folder `tmp` to `path`, replacing the checkpoint there, or into the existing empty
+    folder `path` (which keeps its inode: it may be the working directory), the manifest last.
 
     Between the two renames the old checkpoint is `.<name>.prev` (which `restore` falls back to); once the new one is
     in place and its parent folder synced, the old one is renamed aside and deleted by a background thread (deleting
     gigabytes of files takes a while and the new checkpoint no longer needs it)."""
+    if path.is_dir() and not _is_checkpoint(path) and not any(path.iterdir()):
+        for entry in sorted(tmp.iterdir(), key=lambda p: p.name == "manifest.json"):
+            if entry.name == "manifest.json":
+                _fsync(path)  # every other file in place first: a folder with a manifest is complete
+            os.rename(entry, path / entry.name)
+        _fsync(path)
+        tmp.rmdir()
+        return
     prev = _prev(path)
     if path.exists():
         if prev.exists():  # left by a crash after the previous save completed

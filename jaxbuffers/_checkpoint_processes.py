@@ -46,12 +46,14 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxbuffers import _checkpoint_zarr as _zarr
 from jaxbuffers._checkpoint_describe import _COMPRESSED, CheckpointError, _check_meta_defaults, _describe, _dtype, _nbytes
-from jaxbuffers._checkpoint_files import _clean_stale, _commit, _is_checkpoint, _sibling, _write_manifest
+from jaxbuffers._checkpoint_files import _check_destination, _clean_stale, _commit, _sibling, _write_manifest
 from jaxbuffers._validate import processes as _replicas
 from jaxbuffers.sharding import ShardedBuffer, _local_rows
 
-_NAME_BYTES = 512  # the broadcast temporary folder name, utf-8, zero-padded
+_NAME_BYTES = 512  # the broadcast temporary folder name (or process 0's refusal), utf-8, zero-padded
+_REFUSALS = {e.__name__: e for e in (FileExistsError, NotADirectoryError, ValueError)}  # `_check_destination`'s
 _WAIT_MS = 3_600_000  # how long a process waits for the others' writes and for process 0's commit
 
 
@@ -169,7 +171,7 @@ def _replicated(buffer: Any, snapshot) -> tuple[dict, dict]:
     error, meta, tree, hashes = None, None, None, None
     try:
         meta, tree = snapshot(buffer)
-        tree = jax.tree.map(np.asarray, tree)
+        tree = jax.tree.map(lambda x: _zarr.stored(np.asarray(x)), tree)
         hashes = {"buffer.json": xxhash.xxh3_64(json.dumps(meta, sort_keys=True).encode()).hexdigest(), **_hashes(tree)}
     except Exception as e:  # noqa: BLE001 - raised below by every process
         error = e
@@ -191,7 +193,7 @@ def parts(buffer: Any, store_snapshot, snapshot, copy: bool) -> tuple[dict, dict
     meta["host"] = {"axis": shards.host.axis, "layout": "stacked", "shards": exported} if compressed else None
     host = _host_tree(shards, NamedSharding(buffer.mesh, P(buffer.axis)), rows, exported) if compressed else {}
     leaves = [x for x in jax.tree.leaves(shards) if x.size]
-    leaves = _copy_all(leaves) if copy else leaves
+    leaves = [_zarr.stored(x) for x in (_copy_all(leaves) if copy else leaves)]
     device, it = {}, iter(leaves)
     for i, x in enumerate(jax.tree.leaves(shards)):
         if x.size:
@@ -217,23 +219,32 @@ def save(path: Path, buffer: Any, store_snapshot, snapshot, copy: bool) -> Calla
     device collective: it may run in a background thread) and returns the folder once committed.
 
     Raises:
-      FileExistsError: `path` exists and is not a checkpoint (on every process; nothing is deleted).
+      FileExistsError, NotADirectoryError, ValueError: `_checkpoint_files._check_destination`'s refusals of `path` (on
+        every process; nothing is created or deleted).
       ValueError: a non-sharded buffer that differs between processes. Errors of taking the buffer (on the process
         that met them; a RuntimeError naming that process on the others). `finish` raises RuntimeError when any
         process failed to write its parts or process 0 to commit: nothing is committed then.
     """
     meta, tree = parts(buffer, store_snapshot, snapshot, copy)
-    name = ""
+    name, error = "", None
     if jax.process_index() == 0:
-        if not (path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir())))):
+        try:
+            _check_destination(path)
             path.parent.mkdir(parents=True, exist_ok=True)
             _clean_stale(path)
             tmp = _sibling(path, "tmp")
             (tmp / "arrays").mkdir(parents=True)
             name = tmp.name
+        except (OSError, ValueError) as e:
+            error, name = e, f"{type(e).__name__}: {e}"  # not a folder name (those start with '.'): the others raise it
     name = _broadcast_text(name)
-    if not name:
-        raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
+    if error is not None:
+        raise error
+    if not name.startswith("."):  # process 0's refusal, "Kind: message"
+        kind, _, message = name.partition(": ")
+        if kind in _REFUSALS:
+            raise _REFUSALS[kind](message)
+        raise RuntimeError(f"save: process 0 could not start the save ({name})")
     tmp, replicated = path.parent / name, not isinstance(buffer, ShardedBuffer)
 
     def finish(progress) -> Path:
@@ -299,19 +310,19 @@ def shard_arrays(host_out: dict, host_meta: dict, s: int) -> dict:
 def restore(root: Path, target: Any, checked, read, host_args, load_host, upgraded) -> Any:
     """`jaxbuffers.restore` into a `ShardedBuffer` `target` by every process (module doc), with the one-process
     restore's pieces (`jaxbuffers.checkpoint`): `checked(root, target)` gives `(meta, abstract leaves, treedef,
-    shardings)` after every check; `read(root, restore_args, leaves)` reads the arrays; `host_args(meta)` gives the
+    shardings)` after every check; `read(root, restore_args, leaves)` reads the arrays; `host_args(meta, root)` gives the
     one-process restore arguments of host arrays; `load_host(host, version, meta, arrays, what)` fills a fresh store;
     `upgraded(buffer, host_meta)` takes an older layout's state and host metadata to this one's."""
     meta, leaves, treedef, shardings = checked(root, target.shards)
     host_meta = meta.get("host")
-    args: dict = {"device": {str(i): ocp.ArrayRestoreArgs(sharding=s, global_shape=x.shape, dtype=x.dtype)
+    args: dict = {"device": {str(i): ocp.ArrayRestoreArgs(sharding=s, global_shape=x.shape, dtype=_zarr.stored_dtype(x.dtype))
                              for i, (x, s) in enumerate(zip(leaves, shardings)) if x.size}, "host": {}}
     if host_meta is not None and host_meta.get("layout") == "stacked":  # each process reads its shards' rows
         args["host"] = {"bytes": ocp.ArrayRestoreArgs(sharding=NamedSharding(target.mesh, P(target.axis)))}
     elif host_meta is not None:  # saved by one process: each reads every shard's entries and loads its own
-        args["host"] = host_args(host_meta)
+        args["host"] = host_args(host_meta, root)
     out = read(root, args, leaves)
-    arrays = [out["device"][str(i)] if x.size else zeros(x, s) for i, (x, s) in enumerate(zip(leaves, shardings))]
+    arrays = [_zarr.loaded(out["device"][str(i)], x.dtype) if x.size else zeros(x, s) for i, (x, s) in enumerate(zip(leaves, shardings))]
     for i, (a, x) in enumerate(zip(arrays, leaves)):
         if a.shape != x.shape or a.dtype != x.dtype:
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {a.shape} {a.dtype}, expected {x.shape} {x.dtype}")

@@ -5,9 +5,10 @@ own, checksummed on the bytes written and read.
 `orbax.checkpoint.PyTreeCheckpointHandler(use_ocdbt=False, use_compression=False)` writes for them: `_METADATA` (the
 tree: each array's keys, `np.ndarray`; each empty dict, `Dict`) and every array as a zarr v2 array of a single
 uncompressed C-order chunk, `arrays/<name>/.zarray` and one chunk file (`0`, `0.0`, ...) holding the array's bytes as
-they lie in memory (`<name>`: its keys joined by `.`). `write` writes those files itself: each array's bytes go from
-the memory they lie in to the file, hashed block by block as they are handed to the kernel, each file synced once,
-several files at once. (orbax's own write, through tensorstore, takes each array through buffers of its own and
+they lie in memory (`<name>`: its keys joined by `.`); an array of a dtype other than numpy's and bfloat16 (float8,
+int4, ...) as the unsigned integers of its item size holding its bytes (`stored`). `write` writes those files itself:
+each array's bytes go from the memory they lie in to the file, hashed block by block as they are handed to the
+kernel, each file synced once, several files at once. (orbax's own write, through tensorstore, takes each array through buffers of its own and
 writes each file under a temporary name, then syncs and renames it and syncs its folder; the manifest then had to
 read every file back to hash it.) Several processes' saves are written by orbax (`jaxbuffers._checkpoint_processes`).
 
@@ -28,6 +29,7 @@ than expected, ocdbt) is not planned here and is read by orbax.
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -40,11 +42,55 @@ import jax.numpy as jnp
 import numpy as np
 import xxhash
 
-from jaxbuffers._checkpoint_describe import _DTYPES, CheckpointError
+from jaxbuffers._checkpoint_describe import _DTYPES, _NAMED_DTYPES, CheckpointError
 from jaxbuffers._checkpoint_files import _BLOCK, _SYNC_THREADS, _mismatch, _Progress, _write_file
 
 _MAPPED = 1 << 20  # bytes: smaller arrays are read and put (no copy program compiled for each shape)
-_ZARR_DTYPES = {("bfloat16" if d == jnp.bfloat16 else d.str): d for d in _DTYPES.values()}
+_NAMED = {d for n, d in _DTYPES.items() if n in _NAMED_DTYPES}  # stored under their own zarr dtype
+_ZARR_DTYPES = {("bfloat16" if d == jnp.bfloat16 else d.str): d for d in _NAMED}
+
+
+# --- how each dtype is stored ---
+
+def stored_dtype(dtype: Any) -> np.dtype:
+    """The dtype an array of `dtype` is stored as: itself for numpy's dtypes and bfloat16 (zarr and tensorstore name
+    them), else (float8, float4, int4, uint4, int2, ...: ml_dtypes that not every zarr reader names) the unsigned
+    integers of its item size holding its bytes as JAX holds them on host (a sub-byte value in the low bits of a
+    byte). buffer.json names the dtype itself."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype in _NAMED else np.dtype(f"uint{8 * dtype.itemsize}")
+
+
+def stored(x: Any) -> Any:
+    """`x` (a numpy array, or a JAX array anywhere) as it is stored (`stored_dtype`), the same bytes."""
+    want = stored_dtype(x.dtype)
+    if want == x.dtype:
+        return x
+    if isinstance(x, np.ndarray):
+        return x.view(want)
+    return _to_bits(x)
+
+
+def loaded(x: Any, dtype: Any) -> Any:
+    """The array of `dtype` stored as `x` (`stored`; a numpy array, or a JAX array anywhere); `x` itself when it is not
+    of `dtype`'s stored dtype (the caller names the mismatch)."""
+    dtype = np.dtype(dtype)
+    if x.dtype == dtype or x.dtype != stored_dtype(dtype):
+        return x
+    if isinstance(x, np.ndarray):
+        return x.view(dtype)
+    return _from_bits(x, dtype)
+
+
+@jax.jit
+def _to_bits(x: jax.Array) -> jax.Array:
+    bits = jax.dtypes.itemsize_bits(x.dtype)
+    return jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{bits}")).astype(stored_dtype(x.dtype))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _from_bits(x: jax.Array, dtype: np.dtype) -> jax.Array:
+    return jax.lax.bitcast_convert_type(x.astype(jnp.dtype(f"uint{jax.dtypes.itemsize_bits(dtype)}")), dtype)
 
 
 def _chunk_file(shape: tuple) -> str:
@@ -69,7 +115,7 @@ def write(root: Path, tree: dict, progress) -> dict[str, dict]:
     for keys, x in _items(tree):
         value = {"value_type": "Dict", "skip_deserialize": True}
         if x is not None:
-            a, name = np.asarray(x), ".".join(keys)  # a CPU array's own memory, no copy
+            a, name = stored(np.asarray(x)), ".".join(keys)  # a CPU array's own memory, no copy
             (folder / name).mkdir()
             zdtype = "bfloat16" if a.dtype == jnp.bfloat16 else a.dtype.str
             z = {"chunks": list(a.shape), "compressor": None, "dimension_separator": ".", "dtype": zdtype,
@@ -122,9 +168,9 @@ def plan(root: Path, names: dict[str, tuple], listed: dict) -> dict[str, Chunk] 
     out = {}
     for name, (shape, dtype) in names.items():
         chunk = _single_chunk(root, name, listed)
-        if chunk is None or (shape is not None and chunk.shape != tuple(shape)) or (dtype is not None and chunk.dtype != np.dtype(dtype)):
+        if chunk is None or (shape is not None and chunk.shape != tuple(shape)) or (dtype is not None and chunk.dtype != stored_dtype(dtype)):
             return None
-        out[name] = chunk
+        out[name] = chunk if dtype is None else chunk._replace(dtype=np.dtype(dtype))  # a dtype stored as bytes: itself
     return out
 
 
@@ -238,7 +284,7 @@ def to_device(root: Path, chunk: Chunk, want: str, sharding: jax.sharding.Shardi
     """
     nbytes = chunk.dtype.itemsize * int(np.prod(chunk.shape))
     one_cpu = len(sharding.device_set) == 1 and next(iter(sharding.device_set)).platform == "cpu"
-    if not one_cpu or nbytes < _MAPPED or chunk.dtype == jnp.bfloat16:  # numpy takes no bfloat16 through dlpack
+    if not one_cpu or nbytes < _MAPPED or chunk.dtype not in _NAMED or chunk.dtype == jnp.bfloat16:  # numpy's dlpack: numpy's dtypes
         return on_devices([to_host(root, chunk, want, progress)], [sharding])[0]
     path = root / chunk.rel
     with open(path, "rb") as f:

@@ -18,7 +18,9 @@ arrays/          an orbax-checkpoint PyTree checkpoint (tensorstore) of
                    "slot_version": ...}}: the buffer's arrays, and for a compressed buffer its host stores
                   (`host_codecs.CompressedStore.export_state`: index columns, packed payloads, zstd dictionary);
                   a sharded one's per shard ({"shards": {"s": ...}}), or, saved by several processes
-                  ("layout": "stacked"), as one uint8 array [S, n] of a byte row per shard. One process writes the
+                  ("layout": "stacked"), as one uint8 array [S, n] of a byte row per shard. An array of a dtype
+                  other than numpy's and bfloat16 (float8, float4, int4, uint4, int2, uint2) is stored as its bytes,
+                  unsigned integers of its item size (`_checkpoint_zarr.stored`). One process writes the
                   files itself, in the layout orbax writes for numpy arrays (`jaxbuffers._checkpoint_zarr`: one
                   zarr chunk per array, straight from its memory); several processes' parts are written by orbax
 manifest.json    {"format", "version", "files": {relative path: {"bytes", "xxh3_64"}}}, written last
@@ -27,7 +29,8 @@ manifest.json    {"format", "version", "files": {relative path: {"bytes", "xxh3_
 Safety:
 
 * No pickle: metadata is JSON, arrays are raw zarr chunks (read directly, or by orbax); the class comes from a fixed
-  table of jaxbuffers classes and dtypes from a fixed list of numeric dtypes. A crafted checkpoint cannot run code.
+  table of jaxbuffers classes and dtypes from a fixed list of numeric and bool dtypes. A crafted checkpoint cannot run
+  code.
 * Every file is checked against the manifest: all sizes first, then the xxh3-64 of every file before anything read
   from it is used. An array stored as one uncompressed chunk (what a one-process save writes) is read straight into
   the memory it ends in and hashed on the bytes read (`jaxbuffers._checkpoint_zarr`); every other file, and any other
@@ -82,9 +85,10 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
-from jaxbuffers._checkpoint_files import (  # noqa: F401 - _fsync, _hash_file: used by jaxbuffers.disk
-    _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file, _is_checkpoint, _prev, _Progress, _read_json,
-    _sibling, _through_link, _verify, _write_file, _write_manifest,
+from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _fsync, _hash_file: used by jaxbuffers.disk
+    _check_destination, _check_folder_path, _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file,
+    _is_checkpoint, _one_at_a_time, _prev, _Progress, _read_json, _sibling, _through_link, _verify, _write_file,
+    _write_manifest,
 )
 from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
 from jaxbuffers.sharding import ShardedBuffer
@@ -202,14 +206,15 @@ def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
     return flat
 
 
-def _host_restore_args(meta: dict | None) -> dict:
-    """orbax's restore arguments of the host arrays `meta` (a `_host_snapshot` metadata) describes."""
+def _host_restore_args(meta: dict | None, root: Path) -> dict:
+    """orbax's restore arguments of the host arrays `meta` (a `_host_snapshot` metadata, of the checkpoint `root`)."""
     if meta is not None and meta.get("layout") == "stacked":  # written by several processes: a byte row per shard
         return {"bytes": ocp.RestoreArgs(restore_type=np.ndarray)}
     if meta is not None and "shards" in meta:
-        return {"shards": {str(i): _host_restore_args(m) for i, m in enumerate(meta["shards"])}}
+        return {"shards": {str(i): _host_restore_args(m, root) for i, m in enumerate(meta["shards"])}}
     shapes = {} if meta is None else meta["arrays"]
-    args = {"stores": {i: {k: ocp.RestoreArgs(restore_type=np.ndarray, dtype=_dtype(d, k)) for k, (shp, d) in s.items() if np.prod(shp)}
+    args = {"stores": {i: {k: ocp.RestoreArgs(restore_type=np.ndarray, dtype=_dtype(d, f"{root / 'buffer.json'}: host store {i} array {k!r}"))
+                           for k, (shp, d) in s.items() if np.prod(shp)}
                        for i, s in shapes.items()}}
     if meta is not None:
         args["slot_version"] = ocp.RestoreArgs(restore_type=np.ndarray)
@@ -226,7 +231,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     meta, leaves, treedef, shardings = _described(root, target, sharding)
     host_meta = meta.get("host")
     restore_args = {"device": {str(i): ocp.RestoreArgs(restore_type=np.ndarray) for i, x in enumerate(leaves) if x.size},
-                    "host": _host_restore_args(host_meta)}
+                    "host": _host_restore_args(host_meta, root)}
     direct = _read_direct(root, listed, later, restore_args, leaves, shardings, progress)
     if direct is None:  # a layout orbax reads (several chunks, ...): every file verified first
         _check_hashes(root, listed, sorted(later), progress)
@@ -270,9 +275,10 @@ def _read_orbax(root: Path, meta: dict, restore_args: dict, leaves: list, shardi
     out = _read_arrays(root, restore_args, leaves, progress)
     host = []
     for i, x in enumerate(leaves):
-        a = out["device"].get(str(i)) if x.size else np.zeros(x.shape, x.dtype)
+        a = _zarr.loaded(out["device"].get(str(i)), x.dtype) if x.size else np.zeros(x.shape, x.dtype)
         if not isinstance(a, np.ndarray) or a.shape != x.shape or a.dtype != x.dtype:
-            raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {getattr(a, 'shape', None)}, expected {x.shape} {x.dtype}")
+            got = f"{a.shape} {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {got}, expected {x.shape} {x.dtype}")
         host.append(a)
     return _zarr.on_devices(host, shardings), out["host"]
 
@@ -334,8 +340,8 @@ def _load_host(host: Any, version: int, meta: dict, arrays: dict, root: Any) -> 
         raise CheckpointError(f"{root}: host slot_version of shape {sv.shape} {sv.dtype}, expected int32 (n,) with n <= {host.num_slots}")
     for i, (store, m) in enumerate(zip(host.stores, meta["stores"])):
         got = arrays["stores"].get(str(i), {})
-        full = {k: (got[k] if isinstance(got[k], _zarr.HostSource) else np.asarray(got[k])) if k in got else np.zeros(shp, _dtype(d, k))
-                for k, (shp, d) in shapes[str(i)].items()}
+        full = {k: (got[k] if isinstance(got[k], _zarr.HostSource) else np.asarray(got[k])) if k in got
+                else np.zeros(shp, _dtype(d, f"{root}: host store {i} array {k!r}")) for k, (shp, d) in shapes[str(i)].items()}
         try:
             store.import_state(m, full, adopt=True)  # the arrays read are the store's from now on
         except (KeyError, TypeError, ValueError) as e:
@@ -396,13 +402,13 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
     """Save `buffer` to the folder `directory` (created or replaced as a whole; see the module doc for the format).
 
     Args:
-      directory: the checkpoint folder. An existing checkpoint there is replaced only once the new one is complete.
-        A symbolic link is written through: the folder it points to is replaced and the link kept.
+      directory: the checkpoint folder. An existing checkpoint there is replaced only once the new one is complete
+        (saves to one folder from several threads: one after the other). A symbolic link is written through: the
+        folder it points to is replaced and the link kept.
       buffer: any jaxbuffers buffer (`ReplayBuffer`, `PrioritisedReplayBuffer`, `TrajectoryBuffer`,
         `PrioritisedTrajectoryBuffer`, `RolloutBuffer`, `EpisodeBuffer`, the compressed buffers), stacked (vmapped) or not,
         or a `ShardedBuffer` (saved as its shards: a buffer stacked `[S]`, one host store per shard for compressed
-        buffers, the mesh axis in buffer.json). A
-        compressed buffer must be the state returned by its last `add`.
+        buffers, the mesh axis in buffer.json). A compressed buffer must be the state returned by its last `add`.
       progress: a tqdm bar (sizes, throughput) for saves over a second; None: only on a terminal.
       blocking: False: take the buffer's arrays to host memory (a `ShardedBuffer` with several processes: copies on
         its devices), start writing in a background thread and return a `PendingSave` at once. The buffer may then be
@@ -415,9 +421,13 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       The checkpoint folder as a `pathlib.Path` (blocking), or a `PendingSave` whose `wait()` returns it.
 
     Raises:
-      TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer,
-        `progress` not a bool or None, `blocking` not a bool (all checked before anything is created).
-      FileExistsError: `directory` exists and is not a checkpoint (nothing is deleted).
+      TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer, a field
+        of dtype `jnp.int1` / `jnp.uint1` (JAX takes them to host memory as bool and cannot put them back; naming the
+        field), `progress` not a bool or None, `blocking` not a bool (all checked before anything is created).
+      FileExistsError: `directory` exists and is neither a checkpoint nor an empty folder (nothing is deleted). An
+        empty folder is filled in place (it keeps its inode: it may be the working directory).
+      NotADirectoryError: `directory` or a path above it is a file (naming it).
+      ValueError: `directory` inside a checkpoint folder (naming it), or a checkpoint holding the working directory.
       StaleBufferError: a compressed buffer state older than its host store.
       ValueError: with several processes, a buffer other than a `ShardedBuffer` that is not the same on every process
         (one replicated buffer is saved: module doc), naming the array; raised by every process.
@@ -444,8 +454,7 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
     if _processes.several():  # every process, together; commits once every process has written
         finish = _processes.save(path, buffer, _store_snapshot, _snapshot, copy=not blocking)
     else:
-        if path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
-            raise FileExistsError(f"directory: {path} exists and is not a jaxbuffers checkpoint; refusing to replace it")
+        _check_destination(path)
         snapshot = _snapshot(buffer, host)
         path.parent.mkdir(parents=True, exist_ok=True)
         _clean_stale(path)
@@ -465,7 +474,8 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
     def write() -> Path:
         bar = _Progress(progress, f"save {path.name}")
         try:
-            return finish(bar)
+            with _one_at_a_time(path):
+                return finish(bar)
         finally:
             bar.close()
 

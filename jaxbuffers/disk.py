@@ -108,6 +108,7 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
       ValueError: a bad `mode`; with `"w"`, a `buffer` that is not an empty compressed buffer, or has
         `keyframe_interval > 1` with `codec="none"`.
       FileExistsError: `"w"` on a non-empty folder that is not a disk folder (nothing is deleted).
+      NotADirectoryError: `"w"` where `directory` or a path above it is a file (naming it).
       FolderLockedError: `"w"` / `"r+"` on a folder another writable handle holds, in this process or another (the
         message names the folder and the holder's pid; nothing is read or deleted).
       CheckpointError: `"r"` / `"r+"` on a folder that is missing, corrupt, of a format version this jaxbuffers does
@@ -203,6 +204,7 @@ def _create(d: Path, buffer: Any) -> Any:
         )
     if like.version or int(buffer.version):
         raise ValueError(f"buffer: expected an empty buffer (no add yet), got one at version {int(buffer.version)}")
+    checkpoint._check_folder_path(d)
     if d.exists() and any(p.name != _disk_folder.LOCK_NAME for p in d.iterdir()) and not (d / "disk.json").is_file():
         raise FileExistsError(f"directory: {d} exists, is not empty and is not a jaxbuffers disk folder; refusing to replace it")
     d.mkdir(parents=True, exist_ok=True)
@@ -237,13 +239,17 @@ def _same_configuration(buffers: Sequence[Any], cls: type, sizes: tuple[str, ...
     its checkpoint description (`jaxbuffers.checkpoint`) but `sizes` equal to `buffers[0]`'s.
 
     Raises:
-      TypeError: not a list or tuple, no buffer, or a buffer of another class.
-      ValueError: a stacked (vmapped) buffer, or a configuration field that differs from `buffers[0]`'s (the message
-        names it).
+      TypeError: not a list or tuple (naming its type only: a buffer's repr is its arrays), or a buffer of another
+        class.
+      ValueError: no buffer, a stacked (vmapped) buffer, or a configuration field that differs from `buffers[0]`'s
+        (the message names it).
     """
-    buffers = tuple(_validate.instance("buffers", buffers, (list, tuple), f"a list of {cls.__name__}s"))
+    if not isinstance(buffers, (list, tuple)):
+        one = " (one buffer: [buffer])" if isinstance(buffers, cls) else ""
+        raise TypeError(f"buffers: expected a list of {cls.__name__}s, got {type(buffers).__name__}{one}")
     if not buffers:
-        raise TypeError("buffers: expected at least one buffer")
+        raise ValueError(f"buffers: expected at least one {cls.__name__}, got an empty {type(buffers).__name__}")
+    buffers = tuple(buffers)
     describe = checkpoint._CLASSES[cls.__name__][1]
     ref = None
     for i, b in enumerate(buffers):
@@ -306,9 +312,9 @@ class Concatenated(_Several, struct.PyTreeNode):
         """Check `buffers` (class doc) and wrap them.
 
         Raises:
-          TypeError: not a list or tuple, no buffer, or a buffer of another class.
-          ValueError: a stacked (vmapped) buffer, or a configuration field that differs from `buffers[0]`'s (the
-            message names it).
+          TypeError: not a list or tuple (naming its type), or a buffer of another class.
+          ValueError: no buffer, a stacked (vmapped) buffer, or a configuration field that differs from
+            `buffers[0]`'s (the message names it).
         """
         return cls(buffers=_same_configuration(buffers, CompressedTrajectoryBuffer, _FIXED_SIZES))
 
@@ -411,9 +417,9 @@ class ConcatenatedEpisodes(_Several, struct.PyTreeNode):
         """Check `buffers` (class doc) and wrap them.
 
         Raises:
-          TypeError: no buffer, or a buffer of another class.
-          ValueError: a stacked (vmapped) buffer; a configuration field other than the sizes that differs from
-            `buffers[0]`'s (named).
+          TypeError: not a list or tuple (naming its type), or a buffer of another class.
+          ValueError: no buffer, a stacked (vmapped) buffer; a configuration field other than the sizes that differs
+            from `buffers[0]`'s (named).
         """
         return cls(buffers=_same_configuration(buffers, CompressedEpisodeBuffer, _EPISODE_SIZES))
 

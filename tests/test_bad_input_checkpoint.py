@@ -70,6 +70,12 @@ def test_restore_refuses_a_target_that_is_not_a_buffer(target):
     refused(lambda: jb.restore(SAVED, target), "target", state=on_disk)
 
 
+@pytest.mark.parametrize("target, came", [(5, "got int 5"), ("x", "got str 'x'"), (BUF.storage, "got dict")])
+def test_a_target_that_is_not_a_buffer_is_named_with_what_came(target, came):
+    """A scalar or str target is shown; a tree (of arrays, maybe large) by its type only."""
+    assert str(refused(lambda: jb.restore(SAVED, target), "target", state=on_disk)).endswith(came)
+
+
 TARGETS = {
     "class": lambda: jb.PrioritisedReplayBuffer.create(ITEM, capacity=4),
     "capacity": lambda: jb.ReplayBuffer.create(ITEM, capacity=8),

@@ -104,6 +104,24 @@ def test_flush_and_concatenated_bad_arguments(buffer, buffers):
     refused(lambda: disk.Concatenated.create(buffers), ("buffers", "buffers[0]", "buffers[1]"), state=stored)
 
 
+def test_open_w_where_a_file_is_says_it_is_a_file(tmp_path):
+    (tmp_path / "notes").write_text("keep")
+    for d in (tmp_path / "notes", tmp_path / "notes" / "sub"):
+        with pytest.raises(NotADirectoryError, match=f"directory: {tmp_path / 'notes'} is a file, not a folder"):
+            disk.open(d, "w", make())
+    assert [p.name for p in tmp_path.iterdir()] == ["notes"] and (tmp_path / "notes").read_text() == "keep"
+
+
+def test_concatenated_of_no_buffer_or_of_a_buffer_not_in_a_list():
+    """No buffer: a ValueError; one buffer not in a list: its type named, never its repr (its arrays)."""
+    for create, empty in ((disk.Concatenated.create, []), (disk.ConcatenatedEpisodes.create, ())):
+        with pytest.raises(ValueError, match=f"buffers: expected at least one Compressed.*Buffer, got an empty {type(empty).__name__}"):
+            create(empty)
+    with pytest.raises(TypeError) as e:
+        disk.Concatenated.create(BUF)
+    assert str(e.value) == "buffers: expected a list of CompressedTrajectoryBuffers, got CompressedTrajectoryBuffer (one buffer: [buffer])"
+
+
 CAT = disk.Concatenated.create([BUF])
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import jax
@@ -216,6 +217,68 @@ def test_round_trip_matches_never_saved(case, jit, tmp_path):
 def _filled_replay(capacity=64):
     buf = jb.PrioritisedReplayBuffer.create(ITEM, capacity=capacity)
     return buf.add(_rand(np.random.default_rng(0), ITEM, (capacity // 2,)))
+
+
+def _buffer_dtypes() -> list[str]:
+    """Every dtype jax.numpy names (numpy's, bfloat16, the float8 / float4 / int4 / uint4 / int2 ... of ml_dtypes)
+    that a buffer's `create` accepts and XLA holds."""
+    out = set()
+    for name in dir(jnp):
+        try:
+            d = jnp.dtype(getattr(jnp, name))
+            jb.ReplayBuffer.create({"q": np.zeros((2,), d)}, capacity=2)
+        except Exception:  # noqa: BLE001 - not a dtype, or one refused (JAX, XLA or create)
+            continue
+        out.add(d.name)
+    return sorted(out)
+
+
+BUFFER_DTYPES = _buffer_dtypes()
+
+
+def test_the_dtypes_round_tripped_below_include_the_ml_dtypes():
+    assert {"bool", "uint8", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int4", "uint4"} <= set(BUFFER_DTYPES)
+
+
+def _every_bit_pattern(dtype, shape, rng):
+    """An array of `dtype` of random bits (NaN payloads included), a sub-byte value in the low bits of its byte."""
+    d = np.dtype(dtype)
+    if d == np.bool_:
+        return rng.random(shape) < 0.5
+    bits = jax.dtypes.itemsize_bits(d)
+    raw = rng.integers(0, 256, (*shape, d.itemsize), dtype=np.uint8)
+    if bits < 8:
+        raw &= (1 << bits) - 1
+    return raw.view(d).reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", BUFFER_DTYPES)
+@pytest.mark.parametrize("read", ["direct", "orbax"])
+def test_every_dtype_a_buffer_holds_round_trips_bit_for_bit(dtype, read, tmp_path, monkeypatch):
+    """A buffer of each dtype (a small field and one over 1 MiB, read through a memory map where its dtype allows)
+    comes back byte for byte, restored without a target, into an abstract template and into a concrete one; also
+    when the arrays are read by orbax (the layout several processes write)."""
+    item = {"q": np.zeros((3,), dtype), "big": np.zeros((1 << 18,), dtype)}
+    create = lambda: jb.ReplayBuffer.create(item, capacity=4)  # noqa: E731
+    rng = np.random.default_rng(0)
+    if dtype in ("int1", "uint1"):  # JAX takes them to host memory as bool and cannot put that back: refused
+        holding = lambda x: jax.ShapeDtypeStruct(x.shape, dtype)  # noqa: E731 - JAX's caches may turn int1 into bool
+        buf = jax.eval_shape(create).replace(storage=jax.tree.map(holding, jax.eval_shape(create).storage))
+        with pytest.raises(TypeError, match=rf"buffer\.storage\['big'\]: dtype {dtype} cannot be saved .*store the field as bool"):
+            jb.save(tmp_path / "ck", buf)
+        assert not list(tmp_path.iterdir())
+        return
+    buf = create().add({k: jnp.asarray(_every_bit_pattern(dtype, (3, *v.shape), rng)) for k, v in item.items()})
+    jb.save(tmp_path / "ck", buf)
+    if read == "orbax":
+        monkeypatch.setattr(ckpt._zarr, "plan", lambda *a: None)
+    for target in (None, jax.eval_shape(create), create()):
+        back = jb.restore(tmp_path / "ck", target)
+        for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(buf)):
+            assert isinstance(a, jax.Array) and a.dtype == b.dtype and a.shape == b.shape
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    np.testing.assert_array_equal(np.asarray(back.sample(jax.random.key(1), 5).item["q"]).view(np.uint8),
+                                  np.asarray(buf.sample(jax.random.key(1), 5).item["q"]).view(np.uint8))
 
 
 def test_restored_leaves_are_jax_arrays_and_donation_is_in_place(tmp_path):
@@ -513,6 +576,22 @@ def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(tmp_pat
     assert not list(tmp_path.glob(".ck.*"))
 
 
+def test_an_array_read_back_as_another_dtype_is_refused_naming_both(tmp_path):
+    """An array whose zarr metadata was edited to another dtype (read by orbax as that dtype): refused, naming the
+    array, the shape and dtype it came back as and those expected."""
+    from jaxbuffers import _checkpoint_files as files
+
+    buf = jb.ReplayBuffer.create(ITEM, capacity=16).add(_rand(np.random.default_rng(0), ITEM, (4,)))
+    root = jb.save(tmp_path / "ck", buf)
+    leaves = json.loads((root / "buffer.json").read_text())["leaves"]
+    i = next(i for i, leaf in enumerate(leaves) if leaf["path"] == ".storage['obs']")
+    zarray = root / "arrays" / f"device.{i}" / ".zarray"
+    zarray.write_text(zarray.read_text().replace('"<f4"', '"<i4"'))
+    files._write_manifest(root, files._Progress(False, ""))
+    with pytest.raises(jb.CheckpointError, match=re.escape(f"array {i} (.storage['obs']) came back as (16, 3) int32, expected (16, 3) float32")):
+        jb.restore(root)
+
+
 def test_crafted_pickle_is_never_executed(tmp_path, monkeypatch):
     """A buffer.json replaced by a pickle that would create a file when unpickled (manifest updated to match):
     restore refuses it as not JSON, and no pickle loader is ever called."""
@@ -542,9 +621,10 @@ def test_crafted_pickle_is_never_executed(tmp_path, monkeypatch):
 
 
 def test_crafted_class_and_dtype_are_refused(tmp_path):
-    jb.save(tmp_path / "ck", _filled_replay())
     root = tmp_path / "ck"
-    for key, value, msg in (("class", "os.system", "not a jaxbuffers buffer"), ("config", None, "dtype")):
+    for key, value, msg in (("class", "os.system", "not a jaxbuffers buffer"),
+                            ("config", None, re.escape(f"{root / 'buffer.json'}: config.example") + r".*dtype, got 'object'")):
+        jb.save(root, _filled_replay())
         meta = json.loads((root / "buffer.json").read_text())
         if key == "class":
             meta["class"] = value
@@ -562,6 +642,82 @@ def test_save_refuses_to_replace_a_folder_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(FileExistsError, match="not a jaxbuffers checkpoint"):
         jb.save(tmp_path / "mine", _filled_replay())
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_save_fills_an_existing_empty_folder_in_place(tmp_path, monkeypatch):
+    """An empty folder (the working directory too) keeps its inode: the checkpoint is written into it, and a later
+    save replaces it as any checkpoint. A checkpoint holding the working directory is refused (replacing it would
+    delete the working directory)."""
+    one, two = _filled_replay(16), _filled_replay(32)
+    (tmp_path / "empty").mkdir()
+    inode = (tmp_path / "empty").stat().st_ino
+    assert jb.save(tmp_path / "empty", one) == tmp_path / "empty"
+    assert (tmp_path / "empty").stat().st_ino == inode
+    _assert_same(jb.restore(tmp_path / "empty"), one)
+    jb.save(tmp_path / "empty", two)
+    _assert_same(jb.restore(tmp_path / "empty"), two)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert jb.save(".", one) == tmp_path / "cwd"
+    assert os.path.samefile(os.getcwd(), tmp_path / "cwd")
+    _assert_same(jb.restore("."), one)
+    for inside in (".", tmp_path / "cwd"):
+        with pytest.raises(ValueError, match=f"directory: {tmp_path / 'cwd'} holds the working directory"):
+            jb.save(inside, two)
+    assert os.path.samefile(os.getcwd(), tmp_path / "cwd")
+    _assert_same(jb.restore("."), one)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "empty"]
+
+
+@pytest.mark.parametrize("inside", ["newsub", "arrays", "arrays/device.0", "a/b"])
+def test_save_inside_a_checkpoint_is_refused_naming_it(inside, tmp_path):
+    buf = _filled_replay(16)
+    jb.save(tmp_path / "ck", buf)
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match=f"directory: {tmp_path / 'ck' / inside} is inside the checkpoint {tmp_path / 'ck'}"):
+        jb.save(tmp_path / "ck" / inside, buf)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
+    _assert_same(jb.restore(tmp_path / "ck"), buf)
+
+
+def test_save_under_a_file_says_the_file_is_not_a_folder(tmp_path):
+    (tmp_path / "notes").write_text("keep")
+    for path in (tmp_path / "notes" / "ck", tmp_path / "notes" / "a" / "ck", tmp_path / "notes"):
+        with pytest.raises(NotADirectoryError, match=f"directory: {tmp_path / 'notes'} is a file, not a folder"):
+            jb.save(path, _filled_replay(16))
+    assert [p.name for p in tmp_path.iterdir()] == ["notes"] and (tmp_path / "notes").read_text() == "keep"
+
+
+def test_blocking_saves_to_one_folder_from_several_threads_each_replace_it(tmp_path, monkeypatch):
+    """Six threads save six buffers to one folder at once (each rename slowed, so that commits would overlap): every
+    save succeeds, one after the other, and the folder holds one of the buffers whole."""
+    from jaxbuffers import _checkpoint_files as files
+
+    bufs = [jb.ReplayBuffer.create(ITEM, capacity=16).add(_rand(np.random.default_rng(i), ITEM, (i + 1,))) for i in range(6)]
+    rename, start, errors = os.rename, threading.Barrier(6), []
+
+    def slow_rename(a, b):
+        time.sleep(0.02)
+        rename(a, b)
+
+    monkeypatch.setattr(files.os, "rename", slow_rename)
+
+    def save(i):
+        start.wait()
+        try:
+            jb.save(tmp_path / "ck", bufs[i], progress=False)
+        except Exception as e:  # noqa: BLE001 - gathered and reported below
+            errors.append(f"save {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    back = jb.restore(tmp_path / "ck")
+    assert int(back.size()) in range(1, 7)
+    _assert_same(back, bufs[int(back.size()) - 1])
 
 
 def test_save_writes_through_a_symbolic_link(tmp_path):

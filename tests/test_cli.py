@@ -200,6 +200,20 @@ def test_a_checkpoint_saved_with_x64_is_read(tmp_path, capsys):
     assert (fields["obs"]["dtype"], fields["obs"]["min"], fields["obs"]["max"]) == ("float64", 0.1, 4.1)
 
 
+def test_inspect_reads_float8_and_int4_fields(tmp_path, capsys):
+    """Fields of the ml_dtypes JAX holds (float8, float4, int4, uint4, bfloat16) are read and summarised as held."""
+    names = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn", "int4", "uint4", "bfloat16")
+    buf = jb.ReplayBuffer.create({n: np.zeros((2,), n) for n in names}, capacity=8)
+    buf = buf.add({n: jnp.asarray(np.array([[-1, 2], [3, 0], [1, 1]] if n != "uint4" else [[1, 2], [3, 0], [1, 1]], n))
+                   for n in names})
+    jb.save(tmp_path / "ck", buf, progress=False)
+    code, out, err = run(capsys, "inspect", tmp_path / "ck", "--json")
+    assert code == 0, err
+    fields = {f["field"]: f for f in json.loads(out)["fields"]}
+    for n in names:
+        assert (fields[n]["dtype"], fields[n]["min"], fields[n]["max"]) == (n, 0 if n == "uint4" else -1, 3), fields[n]
+
+
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_a_32_bit_checkpoint_reads_the_same_with_x64(saved, capsys, name):
     """The command's x64 changes nothing for a 32-bit checkpoint: its summary is the one computed with x64 off."""

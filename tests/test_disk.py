@@ -235,7 +235,7 @@ def test_concatenated_refuses_other_configurations(tmp_path):
     c = jb.CompressedTrajectoryBuffer.create(ITEM, num_envs=1, length=4, codec="rle")
     with pytest.raises(ValueError, match=r"buffers\[1\]: config 'codec'"):
         disk.Concatenated.create([a, c])
-    with pytest.raises(TypeError, match="at least one"):
+    with pytest.raises(ValueError, match="at least one"):
         disk.Concatenated.create([])
 
 

@@ -316,6 +316,32 @@ def _replicated(pid: int, mesh, out_dir: str) -> dict:
     return {"pid": pid, "ok": True}
 
 
+def _byte_dtypes(pid: int, mesh, out_dir: str) -> dict:
+    """Fields of dtypes stored as their bytes (float8_e4m3 and uint4: tensorstore names neither), in a sharded buffer
+    (each process writes its parts) and in a replicated one (process 0 writes it): back bit for bit. A folder inside
+    a checkpoint: refused by both processes, naming it, nothing written."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxbuffers as jb
+
+    item = {"q": jnp.zeros((2,), jnp.float8_e4m3), "u": jnp.zeros((), jnp.uint4)}
+    rows = lambda n, seed: {"q": np.random.default_rng(seed).integers(0, 256, (n, 2), dtype=np.uint8).view(jnp.float8_e4m3),  # noqa: E731
+                            "u": (np.arange(n) % 16).astype(jnp.uint4)}
+    new = lambda: jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(item, capacity=CAPACITY), mesh, "data")  # noqa: E731
+    sharded = jax.jit(jb.ShardedBuffer.add)(new(), new().local_batch(rows(2 * ROWS, pid)))
+    rep = jb.ReplayBuffer.create(item, capacity=CAPACITY).add(jax.tree.map(jnp.asarray, rows(ROWS, 7)))
+    for name, buf, target in (("sharded", sharded, new()), ("rep", rep, rep)):
+        jb.save(os.path.join(out_dir, name), buf)
+        back = jb.restore(os.path.join(out_dir, name), target)
+        for x, y in zip(_rows(back), _rows(buf)):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), name
+    inside = os.path.join(out_dir, "rep", "sub")
+    _raises(ValueError, lambda: jb.save(inside, rep), f"is inside the checkpoint {os.path.join(out_dir, 'rep')}")
+    assert not os.path.exists(inside)
+    return {"pid": pid, "ok": True}
+
+
 def _worker(case: str, pid: int, port: int, out_dir: str) -> None:
     import jax
 
@@ -324,7 +350,7 @@ def _worker(case: str, pid: int, port: int, out_dir: str) -> None:
     mesh = jax.make_mesh((4,), ("data",))
     cases = {"device": _device_buffers, "compressed": _compressed_buffer,
              "save": lambda *a: _checkpoint(*a, "save"), "restore": lambda *a: _checkpoint(*a, "restore"),
-             "collective": _collective, "replicated": _replicated}
+             "collective": _collective, "replicated": _replicated, "byte_dtypes": _byte_dtypes}
     result = cases[case](pid, mesh, out_dir)
     print(json.dumps(result), flush=True)
     jax.distributed.shutdown()
@@ -444,6 +470,11 @@ def test_two_processes_save_every_kind_together_and_commit_nothing_when_one_fail
     step of a train state and both buffers; a save in which one process fails to export or to write raises in both
     and leaves the previous checkpoint whole."""
     assert _two_processes("collective", tmp_path) == [{"pid": 0, "ok": True}, {"pid": 1, "ok": True}]
+
+
+@pytest.mark.slow  # two JAX processes on localhost
+def test_two_processes_save_and_restore_fields_stored_as_bytes(tmp_path):
+    assert _two_processes("byte_dtypes", tmp_path) == [{"pid": 0, "ok": True}, {"pid": 1, "ok": True}]
 
 
 if __name__ == "__main__":
