@@ -436,9 +436,10 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         field_bytes += [(name, _validate.tree_nbytes(getattr(self, name))) for name in _GAE_FIELDS]
         counters = _validate.tree_nbytes((self.step_index, self.overflowed, self.has_advantages))
         storage = sum(b for _, b in field_bytes) + counters
-        # Per step: every stored [T, N] field (`trainable` becomes `mask`, also bool) plus the int32
-        # `index`: exactly the fields of RolloutMinibatch.
-        per_step = sum(b for _, b in field_bytes) // (copies * steps) + 4
+        # Per step: what `gather` returns for one step of one member (traced on shapes, nothing runs).
+        stacked = self.reward.ndim - 2
+        member = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[stacked:], x.dtype), self)
+        per_step = _validate.tree_nbytes(jax.eval_shape(RolloutBuffer.gather, member, jax.ShapeDtypeStruct((1,), jnp.int32)))
         minibatch = copies * (steps // m) * per_step
         return RolloutMemoryPressure(
             num_steps=self.num_steps, num_envs=self.num_envs, num_minibatches=m, minibatch_size=steps // m,

@@ -539,3 +539,15 @@ def test_gather_saturates_wide_indices_and_rejects_floats():
     np.testing.assert_array_equal(np.asarray(out.index), [t * n - 1, 0, 5])
     with pytest.raises(TypeError, match="indices: expected an integer dtype"):
         buf.gather(jnp.array([1.0, 2.0]))
+
+
+def test_memory_pressure_minibatch_bytes_are_the_gathered_minibatchs_stacked_and_abstract():
+    """minibatch_bytes comes from gather's own output, for one buffer, a stacked one and an abstract one."""
+    example = {"obs": jnp.zeros(3, jnp.bfloat16), "flag": jnp.bool_(False)}
+    buf = RolloutBuffer.create(example, num_steps=4, num_envs=2, float_dtype=jnp.bfloat16)
+    mb = buf.gather(jnp.arange(4, dtype=jnp.int32))
+    assert buf.estimate_memory_pressure(2).minibatch_bytes == sum(x.nbytes for x in jax.tree.leaves(mb))
+    stack = jax.vmap(lambda _: RolloutBuffer.create(example, num_steps=4, num_envs=2, float_dtype=jnp.bfloat16), axis_size=3)(None)
+    assert stack.estimate_memory_pressure(2).minibatch_bytes == 3 * buf.estimate_memory_pressure(2).minibatch_bytes
+    abstract = jax.eval_shape(lambda: stack)
+    assert abstract.estimate_memory_pressure(2) == stack.estimate_memory_pressure(2)
