@@ -21,8 +21,8 @@ and `returns` (`[T, N]`).
   until `reset`.
 * A partial buffer is handled exactly: `compute_gae` bootstraps the last filled row from
   `last_value` and writes zeros into the unfilled rows, which are masked out of learning.
-* `reset` only moves `step_index` to 0 (no reallocation, no zeroing); stale rows count as
-  unfilled until overwritten.
+* `reset` moves `step_index` to 0 and zeroes `advantages` and `returns` (no reallocation, in place when
+  donated); the other stale rows count as unfilled until overwritten.
 
 Example:
     ```python
@@ -313,9 +313,13 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
     @_compiled.method()
     def reset(self) -> "RolloutBuffer":
-        """Empty the buffer for the next rollout: `step_index` 0, flags cleared, storage kept (O(1))."""
+        """Empty the buffer for the next rollout: `step_index` 0, flags cleared, `advantages` and `returns` zeroed
+        (until the next `compute_gae`), the rest of the storage kept."""
         false = jnp.bool_(False)
-        return self.replace(step_index=jnp.zeros_like(self.step_index), overflowed=false, has_advantages=false)
+        # Written over the old arrays: a donated buffer keeps them (a fresh zeros array is a new allocation).
+        zero = lambda x: x.at[...].set(0)  # noqa: E731
+        return self.replace(step_index=jnp.zeros_like(self.step_index), overflowed=false, has_advantages=false,
+                            advantages=zero(self.advantages), returns=zero(self.returns))
 
     @_compiled.method("method", scalars=_UNIT)
     def compute_gae(self, last_value: jax.Array, gamma: float | jax.Array, gae_lambda: float | jax.Array, method: str = "scan") -> "RolloutBuffer":
