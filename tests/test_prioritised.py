@@ -221,7 +221,7 @@ def test_empty_buffer_sample_is_defined(use_jit):
 
 
 def test_sample_signature_is_the_uniform_one_plus_a_beta_keyword():
-    """A drop-in for ReplayBuffer: sample(key, batch_size, *, beta=1.0), can_sample(batch_size)."""
+    """A drop-in for ReplayBuffer: sample(key, batch_size, *, beta=1.0), can_sample(batch_size, *, beta=1.0)."""
     import inspect
 
     from jaxbuffers import ReplayBuffer
@@ -229,7 +229,7 @@ def test_sample_signature_is_the_uniform_one_plus_a_beta_keyword():
     params = inspect.signature(PRB.sample).parameters
     assert list(params) == ["self", "key", "batch_size", "beta"]
     assert params["beta"].kind is inspect.Parameter.KEYWORD_ONLY and params["beta"].default == 1.0
-    assert list(inspect.signature(PRB.can_sample).parameters) == list(inspect.signature(ReplayBuffer.can_sample).parameters)
+    assert list(inspect.signature(PRB.can_sample).parameters) == [*inspect.signature(ReplayBuffer.can_sample).parameters, "beta"]
     buf = PRB.create(ITEM, 8).add(_batch([0, 1]), jnp.array([1.0, 3.0]))
     np.testing.assert_array_equal(buf.sample(jax.random.key(0), 4).importance_weights, buf.sample(jax.random.key(0), 4, beta=1.0).importance_weights)
     with pytest.raises(TypeError):
