@@ -1,7 +1,8 @@
 r"""`PrioritisedTrajectoryBuffer`: a `jaxbuffers.TrajectoryBuffer` whose window starts are drawn by priority.
 
 A drop-in for the uniform buffer: the same `create` sizes, the same `add`, and `sample_sequences` /
-`sample_transitions` with the same arguments plus a keyword `beta=1.0`; the samples have the uniform samples' fields
+`sample_transitions` with the same arguments plus a keyword `beta=1.0` (the defaults and limits the tree's windows
+set: `docs/guide.md`, section 1); the samples have the uniform samples' fields
 plus `probabilities`, `importance_weights` and `generations`. The priority policy, the probabilities and the
 importance weights are those of every prioritised buffer (`jaxbuffers._priority`, Schaul et al. 2016).
 
@@ -177,11 +178,30 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         """`jaxbuffers.TrajectoryBuffer.step_spec`."""
         return self.buffer.step_spec
 
-    length = property(lambda self: self.buffer.length, doc="Steps kept per lane (static Python int), as `create`'s.")
-    final_obs_capacity = property(lambda self: self.buffer.final_obs_capacity, doc="`jaxbuffers.TrajectoryBuffer.final_obs_capacity`.")
-    obs_key = property(lambda self: self.buffer.obs_key, doc="Name of the observation field, as `create`'s.")
-    action_key = property(lambda self: self.buffer.action_key, doc="Name of the action field, as `create`'s.")
-    reward_key = property(lambda self: self.buffer.reward_key, doc="Name of the reward field, as `create`'s.")
+    @property
+    def length(self) -> int:
+        """Steps kept per lane (static Python int), as `create`'s."""
+        return self.buffer.length
+
+    @property
+    def final_obs_capacity(self) -> int:
+        """Final observations kept per lane (static Python int), as `jaxbuffers.TrajectoryBuffer.create`'s."""
+        return self.buffer.final_obs_capacity
+
+    @property
+    def obs_key(self) -> str:
+        """Name of the observation field, as `create`'s."""
+        return self.buffer.obs_key
+
+    @property
+    def action_key(self) -> str:
+        """Name of the action field, as `create`'s."""
+        return self.buffer.action_key
+
+    @property
+    def reward_key(self) -> str:
+        """Name of the reward field, as `create`'s."""
+        return self.buffer.reward_key
 
     @_compiled.method()
     def final_obs_lost(self) -> jax.Array:

@@ -789,3 +789,15 @@ def test_truncate_last_equals_adding_the_step_truncated():
     assert jax.tree.all(jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), same, empty))
     with pytest.raises(ValueError, match="final_obs"):
         empty.truncate_last(jnp.array([True, True]), jnp.zeros((3, OBS_DIM)))
+
+
+def test_can_sample_transitions_takes_the_samplers_gamma():
+    """gamma= is taken (it raised TypeError) and checked as sample_transitions checks it; it never changes the answer."""
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=1, length=4)
+    assert not bool(buf.can_sample_transitions(2, n_step=1, gamma=0.9))
+    buf = do_add(buf, ADD, *make_chunk(np.random.default_rng(0), 1, 2, 0, 0.0, 0.0), as_step=False)
+    assert bool(buf.can_sample_transitions(2, n_step=1, gamma=0.9)) and bool(buf.can_sample_transitions(2, n_step=1))
+    with pytest.raises(ValueError, match="gamma"):
+        buf.can_sample_transitions(2, n_step=1, gamma=7.0)
+    with pytest.raises(ValueError, match="gamma"):
+        buf.sample_transitions(jax.random.key(0), 2, n_step=1, gamma=7.0)

@@ -285,10 +285,10 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         """`jaxbuffers.TrajectoryBuffer.can_sample`: whether `sample_sequences` returns only valid data."""
         return self.buffer.can_sample(batch_size, sequence_length, period=period, cross_episodes=cross_episodes)
 
-    @_compiled.method("batch_size", "n_step")
-    def can_sample_transitions(self, batch_size: int, *, n_step: int = 1) -> jax.Array:
+    @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
+    def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None) -> jax.Array:
         """`jaxbuffers.TrajectoryBuffer.can_sample_transitions`: whether `sample_transitions` returns only valid data."""
-        return self.buffer.can_sample_transitions(batch_size, n_step=n_step)
+        return self.buffer.can_sample_transitions(batch_size, n_step=n_step, gamma=gamma)
 
     @_common.checked_before_dispatch(add=True)
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
