@@ -252,7 +252,8 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
           key: a JAX PRNG key.
           batch_size: static Python int >= 1.
           beta: importance-sampling exponent, a number >= 0 or a 0-d array (may be traced, e.g.
-            annealed inside a jitted step from ~0.4 to 1 over training); `0` gives weights of 1.
+            annealed inside a jitted step from ~0.4 to 1 over training); `0` gives weights of 1, and
+            so does a traced negative `beta` (clamped at 0: the weights stay in `[0, 1]`).
 
         Returns:
           `PrioritisedSample`; every index is a stored slot once an item was added. On an empty

@@ -331,7 +331,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
           sequence_length: static int `<= window_length` (default `window_length`).
           period: static int, `create`'s `period` (None: that one); the tree holds only those windows.
           cross_episodes: static bool.
-          beta: importance exponent >= 0 (may be traced).
+          beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
 
         Returns:
           `PrioritisedSequenceSample`.
@@ -354,7 +354,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
           batch_size: static int >= 1.
           n_step: static int in `[1, window_length - 1]` (default `window_length - 1`).
           gamma: discount in [0, 1] (may be traced). Required.
-          beta: importance exponent >= 0 (may be traced).
+          beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
 
         Returns:
           `PrioritisedTransitionSample`.

@@ -855,3 +855,29 @@ def test_can_sample_takes_the_samplers_beta():
     for call in (lambda: buf.can_sample(2, beta=-1.0), lambda: buf.sample(jax.random.key(0), 2, beta=-1.0)):
         with pytest.raises(ValueError, match="beta"):
             call()
+
+
+@JIT
+def test_a_list_of_python_ints_is_taken_as_float32_priorities(use_jit):
+    """A list or tuple of Python numbers has no dtype: ints there are priorities like floats (they were refused as
+    int64 / int32); integer arrays, numpy integers and bools stay refused."""
+    buf = PRB.create(ITEM, 4, priority_exponent=1.0).add(_batch([0, 1]))
+    set_p = jax.jit(PRB.set_priorities) if use_jit else PRB.set_priorities
+    slots = jnp.arange(4, dtype=jnp.int32)
+    for given in ([1, 2], (1, 2.5)):
+        got = set_p(buf, [0, 1], given, [0, 1]).priorities(slots)
+        np.testing.assert_array_equal(np.asarray(got), [given[0], given[1], 0, 0])
+    np.testing.assert_array_equal(np.asarray(buf.add(_batch([2]), [3]).priorities(slots)), [1, 1, 3, 0])
+    for bad in (np.array([1, 2]), jnp.array([1, 2]), [True, False], [np.int64(1), 2]):
+        with pytest.raises(TypeError, match="priorities"):
+            set_p(buf, [0, 1], bad, [0, 1])
+
+
+def test_a_traced_negative_beta_counts_as_zero():
+    """A traced beta cannot be range-checked; a negative one gave weights above 1 (documented in [0, 1])."""
+    buf = PRB.create(ITEM, 8, priority_exponent=1.0).add(_batch([0, 1, 2]), jnp.array([1.0, 4.0, 16.0]))
+    sample = jax.jit(lambda b, beta: b.sample(jax.random.key(1), 64, beta=beta))
+    w = np.asarray(sample(buf, -1.0).importance_weights)
+    np.testing.assert_array_equal(w, np.asarray(sample(buf, 0.0).importance_weights))
+    assert (w == 1).all()
+    assert 0 < np.asarray(sample(buf, 0.5).importance_weights).min() < 1  # a positive traced beta still weighs

@@ -374,12 +374,12 @@ def test_period_is_the_same_rule_in_the_uniform_and_prioritised_buffers():
         assert int(u.num_valid_windows(window, period=period)) == int(p.num_valid_windows())
 
 
-def _filled_pair(steps=11, length=6, window=3, period=1, seed=11):
+def _filled_pair(steps=11, length=6, window=3, period=1, seed=11, p_term=0.25):
     rng = np.random.default_rng(seed)
     bufs = [TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=length),
             PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=2, length=length, window_length=window, period=period)]
     for i in range(steps):
-        c = make_chunk(rng, 2, 1, i, p_term=0.25, p_trunc=0.0)
+        c = make_chunk(rng, 2, 1, i, p_term=p_term, p_trunc=0.0)
         bufs = [do_add(b, ADD, *c, as_step=True) for b in bufs]
     return bufs
 
@@ -467,3 +467,13 @@ def test_a_drop_in_for_the_trajectory_buffer():
     from test_prioritised import drop_in_differences
 
     assert drop_in_differences(TrajectoryBuffer, PrioritisedTrajectoryBuffer) == _WINDOW_FIXED_AT_CREATE
+
+
+def test_a_traced_negative_beta_counts_as_zero():
+    _, pri = _filled_pair(p_term=0.05)
+    pri = pri.set_priorities(jnp.arange(12), jnp.arange(1.0, 13.0), pri.generations_at(jnp.arange(12)))
+    assert np.sum(np.asarray(pri.valid_starts(jnp.arange(12), cross_episodes=False))) > 1
+    for cross in (True, False):
+        draw = jax.jit(lambda b, beta: b.sample_sequences(jax.random.key(2), 32, cross_episodes=cross, beta=beta))
+        np.testing.assert_array_equal(np.asarray(draw(pri, -2.0).importance_weights), 1)
+        assert np.asarray(draw(pri, 1.0).importance_weights).min() < 1
