@@ -168,8 +168,9 @@ def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = Non
       `RolloutMinibatch` with leaves ``[batch_size, ...]``.
 
     Raises (by the call, before any minibatch is gathered):
-      TypeError: ``buf`` is not a (compressed) rollout buffer; ``key`` is not a PRNG key; ``batch_size`` not an int.
-      ValueError: ``batch_size`` does not divide the rollout; no device of the platform asked for.
+      TypeError: ``buf`` is not a (compressed) rollout buffer; ``key`` is not a PRNG key.
+      ValueError: ``batch_size`` not an int >= 1 (guide, section 8: sizes) or not dividing the rollout; no device of
+        the platform asked for.
     """
     total, dev = total_size(buf), _device(device)
     batch_size = _validate.static_int("batch_size", batch_size)

@@ -214,10 +214,10 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
         Raises:
           TypeError: `example_step` is not a dict, a leaf is not an array, a field name is not a str, `metrics`
-            not a bool.
+            not a bool, the reward not of a floating dtype (or not one array).
           ValueError: a size is not a positive int, `num_envs * length` above `2**31 - 1`
             (positions are int32 `lane * length + slot`), a required field missing, the
-            observation without leaves, the reward not a floating scalar.
+            observation without leaves, the reward not a scalar.
         """
         num_envs, length, spec = _validate.trajectory_example(example_step, num_envs, length, obs_key, action_key, reward_key)
         k = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
