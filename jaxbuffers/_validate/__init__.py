@@ -442,9 +442,8 @@ def vector(name: str, x, b: int | None, kind: str) -> jax.Array:
 
 def _weak_number(v: Any) -> bool:
     """A Python int or float (not a bool), also as a compiled program receives one: a weakly typed 0-d value."""
-    if isinstance(v, jax.Array):
-        return v.ndim == 0 and v.dtype != np.bool_ and getattr(v, "aval", v).weak_type
-    return type(v) in (int, float)
+    weak = isinstance(v, jax.Array) and v.ndim == 0 and v.dtype != np.bool_ and getattr(v, "aval", v).weak_type
+    return weak or type(v) in (int, float)
 
 
 def index_vector(name: str, indices) -> jax.Array:
