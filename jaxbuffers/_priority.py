@@ -81,13 +81,36 @@ def probabilities_and_weights(tree: SumMinTree, leaf: jax.Array, beta) -> tuple[
     Raises (trace time):
       ValueError / TypeError: `beta` rejected by `_validate.scalar_parameter` (`>= 0`).
     """
+    return _probabilities_and_weights(leaf, tree.total(), tree.min(), beta)
+
+
+def _probabilities_and_weights(leaf: jax.Array, total: jax.Array, minimum: jax.Array, beta) -> tuple[jax.Array, jax.Array]:
+    """`probabilities_and_weights` given the sum and the smallest positive value of the leaves drawn from."""
     _validate.scalar_parameter("beta", beta, 0.0)
-    total = tree.total()
     nonempty = total > 0
     probabilities = jnp.where(nonempty, leaf / jnp.where(nonempty, total, 1), 0)
     # Every sampled leaf is >= the minimum, so the ratio is >= 1 and the weight <= 1; XLA may turn
     # the division into a product with 1/min, which gave 0.99999994 (a weight of 1.0000001) for a
-    # leaf equal to the minimum: the clamp keeps the documented range.
-    ratio = jnp.maximum(leaf / jnp.where(nonempty, tree.min(), 1), 1)
-    weights = jnp.where(nonempty, jnp.power(ratio, -jnp.asarray(beta, jnp.float32)), 1)
+    # leaf equal to the minimum: the clamp keeps the documented range. A traced beta < 0 (not
+    # checkable at trace time) counts as 0, so the weights stay in [0, 1].
+    ratio = jnp.maximum(leaf / jnp.where(nonempty, minimum, 1), 1)
+    weights = jnp.where(nonempty, jnp.power(ratio, -jnp.maximum(jnp.asarray(beta, jnp.float32), 0)), 1)
     return probabilities.astype(jnp.float32), weights.astype(jnp.float32)
+
+
+def draw_from_leaves(leaves: jax.Array, key: jax.Array, batch_size: int, beta) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A stratified proportional draw over explicit leaves (float32 `[C]`, 0 where not drawable): what
+    `SumMinTree.sample_stratified` and `probabilities_and_weights` give for a tree holding `leaves`, in `O(C)` (float32
+    running sums: a leaf narrower than their spacing is drawn less often than its due).
+
+    Returns:
+      `(indices, probabilities, weights)`, int32 / float32 / float32 `[batch_size]`; with no positive leaf the last
+      index, probability 0 and weight 1 (defined; `can_sample` is False then).
+    """
+    cum = jnp.cumsum(leaves)
+    total = cum[-1]
+    u = (jnp.arange(batch_size) + jax.random.uniform(_validate.key("key", key), (batch_size,))) / batch_size * total
+    last = leaves.shape[0] - 1 - jnp.argmax(leaves[::-1] > 0)  # rounding may put u at the total: the last positive leaf
+    idx = jnp.minimum(jnp.searchsorted(cum, u, side="right"), last).astype(jnp.int32)
+    minimum = jnp.min(jnp.where(leaves > 0, leaves, jnp.inf))
+    return idx, *_probabilities_and_weights(leaves[idx], total, minimum, beta)

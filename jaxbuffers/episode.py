@@ -140,9 +140,10 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
             by default; ages count episodes).
 
         Raises:
-          TypeError: `example_step` or `meta` not a dict, a leaf not an array, `circular` or `metrics` not a bool.
+          TypeError: `example_step` or `meta` not a dict, a leaf not an array, `circular` or `metrics` not a bool,
+            the reward not of a floating dtype (or not one array).
           ValueError: a size not a positive int or the product above `2**31 - 1`, a required field missing, the
-            reward not a floating scalar.
+            reward not a scalar.
         """
         e = _validate.static_int("max_episodes", max_episodes)
         m = _validate.static_int("max_timesteps", max_timesteps)

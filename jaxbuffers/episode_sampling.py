@@ -136,6 +136,14 @@ class EpisodeSampling:
         _validate.static_int("batch_size", batch_size)
         return self._any(self._filter(where), 1)
 
+    def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None, where=None) -> jax.Array:
+        """Whether `sample_transitions` with these arguments returns only valid data (bool scalar): `can_sample`.
+        `sample_transitions`' arguments without the key (`gamma` optional here: checked when given); same errors."""
+        _validate.static_int("n_step", n_step, maximum=self.max_timesteps)
+        if gamma is not None:
+            self._transition_args(n_step, gamma)
+        return self.can_sample(batch_size, where=where)
+
     def can_sample_sequences(self, batch_size: int, sequence_length: int, *, where=None) -> jax.Array:
         """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some episode
         passing `where` holds at least `sequence_length` steps."""

@@ -153,11 +153,32 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         """Exact number of items ever added (host-side Python int; numpy int64 array when stacked)."""
         return self.replay.num_added()
 
-    @_compiled.method("batch_size")
-    def can_sample(self, batch_size: int = 1) -> jax.Array:
-        """Whether `sample(key, batch_size)` returns only stored items (bool scalar), as
-        `jaxbuffers.ReplayBuffer.can_sample` (every stored slot has a positive leaf)."""
+    @_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})
+    def can_sample(self, batch_size: int = 1, *, beta=1.0) -> jax.Array:
+        """Whether `sample(key, batch_size, beta=beta)` returns only stored items (bool scalar), as
+        `jaxbuffers.ReplayBuffer.can_sample` (every stored slot has a positive leaf). `sample`'s arguments without
+        the key; same errors."""
+        _validate.scalar_parameter("beta", beta, 0.0)
         return self.replay.can_sample(batch_size)
+
+    @_compiled.method()
+    def get(self, indices: jax.Array) -> Any:
+        """`jaxbuffers.ReplayBuffer.get`: the items at slots `indices` (same shapes, clamping and errors)."""
+        return self.replay.get(indices)
+
+    def with_cursors(self, *, head=None, num_valid=None, added=None) -> "PrioritisedReplayBuffer":
+        """`jaxbuffers.ReplayBuffer.with_cursors` (same arguments, checks and errors), the priorities made to match:
+        a slot stored afterwards keeps its priority (the running max if it had none), every other slot's leaf is 0.
+        Cost `O(capacity log capacity)`."""
+        return self._stored_leaves(self.replay.with_cursors(head=head, num_valid=num_valid, added=added))
+
+    @_compiled.method()
+    def _stored_leaves(self, replay: ReplayBuffer) -> "PrioritisedReplayBuffer":
+        slots = jnp.arange(self.capacity, dtype=jnp.int32)
+        stored = _ring.physical_to_logical(slots, replay.head, replay.num_valid, self.capacity) < replay.num_valid
+        leaf, fresh = self.tree.get(slots), _priority.priority_leaf(self.max_priority, self.priority_exponent)
+        values = jnp.where(stored, jnp.where(leaf > 0, leaf, fresh), 0).astype(jnp.float32)
+        return self.replace(replay=replay, tree=self.tree.set(slots, values, distinct=True))
 
     @_compiled.method()
     def generations_at(self, indices) -> jax.Array:
@@ -231,7 +252,8 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
           key: a JAX PRNG key.
           batch_size: static Python int >= 1.
           beta: importance-sampling exponent, a number >= 0 or a 0-d array (may be traced, e.g.
-            annealed inside a jitted step from ~0.4 to 1 over training); `0` gives weights of 1.
+            annealed inside a jitted step from ~0.4 to 1 over training); `0` gives weights of 1, and
+            so does a traced negative `beta` (clamped at 0: the weights stay in `[0, 1]`).
 
         Returns:
           `PrioritisedSample`; every index is a stored slot once an item was added. On an empty
@@ -259,7 +281,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
           generations: int `[B]`, `PrioritisedSample.generations` from the same sample.
 
         Returns:
-          The new buffer. An entry applies only if its slot is in `[0, size())` and still has
+          The new buffer. An entry applies only if its slot holds a stored item and still has
           `generations`; among applied entries for one slot the last wins, and the running max
           rises to the largest priority written. Cost `O(B log C)`.
 
@@ -270,10 +292,11 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         (b,) = indices.shape
         priorities = _validate.vector("priorities", priorities, b, "floating")
         generations = _validate.vector("generations", generations, b, "integer").astype(jnp.int32)
-        valid = self.replay.num_valid
+        r = self.replay
         tree, max_priority = _priority.write_priorities(
             self.tree, indices, priorities, generations,
-            lambda slot, gen: (slot < valid) & (self.generations_at(slot) == gen),
+            lambda slot, gen: (_ring.physical_to_logical(slot, r.head, r.num_valid, self.capacity) < r.num_valid)
+            & (self.generations_at(slot) == gen),
             self.max_priority, self.epsilon, self.priority_exponent,
         )
         return self.replace(tree=tree, max_priority=max_priority)

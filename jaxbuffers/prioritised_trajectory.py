@@ -1,7 +1,8 @@
 r"""`PrioritisedTrajectoryBuffer`: a `jaxbuffers.TrajectoryBuffer` whose window starts are drawn by priority.
 
 A drop-in for the uniform buffer: the same `create` sizes, the same `add`, and `sample_sequences` /
-`sample_transitions` with the same arguments plus a keyword `beta=1.0`; the samples have the uniform samples' fields
+`sample_transitions` with the same arguments plus a keyword `beta=1.0` (the defaults and limits the tree's windows
+set: `docs/guide.md`, section 1); the samples have the uniform samples' fields
 plus `probabilities`, `importance_weights` and `generations`. The priority policy, the probabilities and the
 importance weights are those of every prioritised buffer (`jaxbuffers._priority`, Schaul et al. 2016).
 
@@ -32,9 +33,12 @@ from jaxbuffers import _compiled, _priority, _ring, _validate
 from jaxbuffers.sum_tree import SumMinTree
 from jaxbuffers._metrics import Recorded
 from jaxbuffers._wrapper import Wrapper
-from jaxbuffers.trajectory import TrajectoryBuffer, episode_mask
+from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample, episode_mask
 
 __all__ = ["PrioritisedTrajectoryBuffer", "PrioritisedSequenceSample", "PrioritisedTransitionSample"]
+
+_GAMMA, _BETA = {"gamma": (0.0, 1.0)}, {"beta": (0.0, float("inf"))}
+_GAMMA_BETA = {**_GAMMA, **_BETA}
 
 
 class PrioritisedSequenceSample(NamedTuple):
@@ -133,27 +137,82 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         """Bytes of every array held (steps and tree)."""
         return _validate.tree_nbytes(self)
 
-    @_compiled.method("batch_size", "sequence_length")
-    def can_sample(self, batch_size: int, sequence_length: int | None = None) -> jax.Array:
-        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar):
-        some window is valid (the tree's total is positive). Same errors as `sample_sequences`."""
+    @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes", scalars=_BETA)
+    def can_sample(self, batch_size: int, sequence_length: int | None = None, *, period: int | None = None,
+                   cross_episodes: bool = True, beta=1.0) -> jax.Array:
+        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some window it
+        draws from has a positive priority (the tree's total, or with `cross_episodes=False` its in-episode part).
+        `sample_sequences`' arguments without the key; same errors."""
         _validate.static_int("batch_size", batch_size)
-        self._sequence_length(sequence_length)
-        return self.tree.total() > 0
+        sequence_length = self._sequence_length(sequence_length, period)
+        if _validate.static_bool("cross_episodes", cross_episodes):
+            return self.tree.total() > 0
+        return jnp.any(self._in_episode_leaves(sequence_length) > 0)
 
-    @_compiled.method("batch_size", "n_step")
-    def can_sample_transitions(self, batch_size: int, *, n_step: int | None = None) -> jax.Array:
-        """Whether `sample_transitions` with these arguments returns only valid data (bool scalar)."""
+    @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
+    def can_sample_transitions(self, batch_size: int, *, n_step: int | None = None, gamma=None, beta=1.0) -> jax.Array:
+        """Whether `sample_transitions` with these arguments returns only valid data (bool scalar).
+        `sample_transitions`' arguments without the key (`gamma` optional here); same errors."""
         _validate.static_int("batch_size", batch_size)
         self._n_step(n_step)
+        if gamma is not None:
+            self.buffer.can_sample_transitions(batch_size, gamma=gamma)  # gamma's own checks
         return self.tree.total() > 0
 
+    @_compiled.method("window", "period")
+    def num_valid_windows(self, window: int | None = None, *, period: int | None = None) -> jax.Array:
+        """`jaxbuffers.TrajectoryBuffer.num_valid_windows` (int32 scalar); `window` None: `window_length`, `period`
+        None: `create`'s. With both None: the positions with a positive priority, the windows the samplers draw."""
+        window = self.window_length if window is None else window
+        return self.buffer.num_valid_windows(window, period=self.period if period is None else period)
+
+    @_compiled.method("window", "period", "cross_episodes")
+    def valid_starts(self, indices, window: int | None = None, *, period: int | None = None, cross_episodes: bool = True) -> jax.Array:
+        """`jaxbuffers.TrajectoryBuffer.valid_starts` (bool `[B]`); `window` None: `window_length`, `period` None:
+        `create`'s. With both None and `cross_episodes=True`: exactly the positions with a positive priority."""
+        window = self.window_length if window is None else window
+        return self.buffer.valid_starts(indices, window, period=self.period if period is None else period, cross_episodes=cross_episodes)
+
+    @property
+    def step_spec(self) -> Any:
+        """`jaxbuffers.TrajectoryBuffer.step_spec`."""
+        return self.buffer.step_spec
+
+    @property
+    def length(self) -> int:
+        """Steps kept per lane (static Python int), as `create`'s."""
+        return self.buffer.length
+
+    @property
+    def final_obs_capacity(self) -> int:
+        """Final observations kept per lane (static Python int), as `jaxbuffers.TrajectoryBuffer.create`'s."""
+        return self.buffer.final_obs_capacity
+
+    @property
+    def obs_key(self) -> str:
+        """Name of the observation field, as `create`'s."""
+        return self.buffer.obs_key
+
+    @property
+    def action_key(self) -> str:
+        """Name of the action field, as `create`'s."""
+        return self.buffer.action_key
+
+    @property
+    def reward_key(self) -> str:
+        """Name of the reward field, as `create`'s."""
+        return self.buffer.reward_key
+
     @_compiled.method()
-    def num_valid_windows(self) -> jax.Array:
-        """The number of valid positions over all lanes (int32 scalar)."""
-        b = self.buffer
-        first = _ring.aligned_first(self.phase, b.num_valid, self.period)
-        return (_ring.num_windows(b.num_valid, self.window_length, self.period, first) * b.num_envs).astype(jnp.int32)
+    def final_obs_lost(self) -> jax.Array:
+        """`jaxbuffers.TrajectoryBuffer.final_obs_lost` (bool scalar)."""
+        return self.buffer.final_obs_lost()
+
+    @_compiled.method()
+    def truncate_last(self, truncated, final_obs) -> "PrioritisedTrajectoryBuffer":
+        """`jaxbuffers.TrajectoryBuffer.truncate_last` (same arguments and errors). The priorities are unchanged: which
+        windows are valid does not depend on episode ends (only `cross_episodes=False` draws do, read at sampling)."""
+        return self.replace(buffer=self.buffer.truncate_last(truncated, final_obs))
 
     @_compiled.method()
     def generations_at(self, indices: jax.Array) -> jax.Array:
@@ -213,7 +272,12 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         tree = self.tree.set(positions.reshape(-1), jnp.broadcast_to(vals, (e, k.shape[0])).reshape(-1), distinct=True)
         return self.replace(buffer=new, tree=tree, phase=phase)
 
-    def _sequence_length(self, sequence_length) -> int:
+    def _sequence_length(self, sequence_length, period=None) -> int:
+        if period is not None and _validate.static_int("period", period) != self.period:
+            raise ValueError(
+                f"period: the priority tree holds the windows aligned to create's period={self.period}; got {period} "
+                f"(pass period={self.period} or leave it out)"
+            )
         if sequence_length is None:
             return self.window_length
         sequence_length = _validate.static_int("sequence_length", sequence_length)
@@ -234,32 +298,54 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
             raise ValueError(f"n_step: expected 1 <= n_step <= window_length - 1 = {self.window_length - 1}, got {n_step}")
         return n_step
 
-    def _draw(self, key, batch_size: int, beta):
-        idx = self.tree.sample_stratified(key, _validate.static_int("batch_size", batch_size))
-        probs, weights = _priority.probabilities_and_weights(self.tree, self.tree.get(idx), beta)
+    def _in_episode_leaves(self, sequence_length: int) -> jax.Array:
+        """float32 `[num_envs * length]`: the tree's leaves where no episode end lies before the window's last step
+        of `sequence_length` steps, 0 elsewhere (`O(num_envs * length)`)."""
+        positions = jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)
+        inside = self.buffer.valid_starts(positions, sequence_length, period=self.period, cross_episodes=False)
+        return jnp.where(inside, self.tree.get(positions), 0)
+
+    def _draw(self, key, batch_size: int, beta, leaves=None):
+        batch_size = _validate.static_int("batch_size", batch_size)
+        if leaves is None:
+            idx = self.tree.sample_stratified(key, batch_size)
+            probs, weights = _priority.probabilities_and_weights(self.tree, self.tree.get(idx), beta)
+        else:
+            idx, probs, weights = _priority.draw_from_leaves(leaves, key, batch_size, beta)
         return idx, (probs, weights, self.generations_at(idx))
 
-    @_compiled.method("batch_size", "sequence_length", scalars={"beta": (0.0, float("inf"))})
-    def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int | None = None, *, beta=1.0) -> PrioritisedSequenceSample:
+    @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes", scalars=_BETA)
+    def sample_sequences(
+        self, key: jax.Array, batch_size: int, sequence_length: int | None = None, *, period: int | None = None,
+        cross_episodes: bool = True, beta=1.0,
+    ) -> PrioritisedSequenceSample:
         r"""Sequences whose start is drawn in proportion to $p^\alpha$ (stratified, sum tree).
+
+        With `cross_episodes=False` only the windows with no episode end before their last step are drawn, in
+        proportion to $p^\alpha$ among them (an `O(num_envs * length)` pass, as the uniform buffer's); the
+        probabilities and the weights' normaliser are those of that set.
 
         Args:
           key: PRNG key.
           batch_size: static int >= 1.
           sequence_length: static int `<= window_length` (default `window_length`).
-          beta: importance exponent >= 0 (may be traced).
+          period: static int, `create`'s `period` (None: that one); the tree holds only those windows.
+          cross_episodes: static bool.
+          beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
 
         Returns:
           `PrioritisedSequenceSample`.
 
         Raises:
-          ValueError: bad sizes, `sequence_length > window_length`, a concrete `beta` < 0.
+          ValueError: bad sizes, `sequence_length > window_length`, `period` not `create`'s, a concrete `beta` < 0.
+          TypeError: `cross_episodes` not a bool.
         """
-        sequence_length = self._sequence_length(sequence_length)
-        idx, extra = self._draw(key, batch_size, beta)
+        sequence_length = self._sequence_length(sequence_length, period)
+        cross = _validate.static_bool("cross_episodes", cross_episodes)
+        idx, extra = self._draw(key, batch_size, beta, None if cross else self._in_episode_leaves(sequence_length))
         return PrioritisedSequenceSample(*self.buffer.sequences_at(idx, sequence_length), *extra)
 
-    @_compiled.method("batch_size", "n_step", scalars={"gamma": (0.0, 1.0), "beta": (0.0, float("inf"))})
+    @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int | None = None, gamma, beta=1.0) -> PrioritisedTransitionSample:
         """n-step transitions (`jaxbuffers.TrajectoryBuffer.sample_transitions`) drawn by priority.
 
@@ -268,7 +354,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
           batch_size: static int >= 1.
           n_step: static int in `[1, window_length - 1]` (default `window_length - 1`).
           gamma: discount in [0, 1] (may be traced). Required.
-          beta: importance exponent >= 0 (may be traced).
+          beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
 
         Returns:
           `PrioritisedTransitionSample`.
@@ -280,6 +366,18 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         n_step = self._n_step(n_step)
         idx, extra = self._draw(key, batch_size, beta)
         return PrioritisedTransitionSample(*self.buffer.transitions_at(idx, n_step=n_step, gamma=gamma), *extra)
+
+    @_compiled.method("sequence_length")
+    def sequences_at(self, indices, sequence_length: int | None = None) -> SequenceSample:
+        """`jaxbuffers.TrajectoryBuffer.sequences_at` (a `jaxbuffers.SequenceSample`; same errors); `sequence_length`
+        None: `window_length`, as `sample_sequences`."""
+        return self.buffer.sequences_at(indices, self.window_length if sequence_length is None else sequence_length)
+
+    @_compiled.method("n_step", scalars=_GAMMA)
+    def transitions_at(self, indices, *, n_step: int | None = None, gamma) -> TransitionSample:
+        """`jaxbuffers.TrajectoryBuffer.transitions_at` (a `jaxbuffers.TransitionSample`; same errors); `n_step`
+        None: `window_length - 1`, as `sample_transitions`."""
+        return self.buffer.transitions_at(indices, n_step=self._n_step(None) if n_step is None else n_step, gamma=gamma)
 
     @_compiled.method("sequence_length")
     def final_obs_at(self, indices, sequence_length: int) -> Any:

@@ -70,10 +70,11 @@ def _check(fn: str, method, reward, value, terminated, truncated, final_value, l
         last_value = jnp.asarray(last_value, dtype)
     try:
         last_value = _validate.array(f"{fn}: last_value", last_value, shape[1:], dtype)
-    except ValueError as e:  # its shape: most often batch-major inputs, whose first axis is not time
+    except ValueError as e:  # its shape: batch-major inputs (reward [N, T], last_value [N]) give this shape
+        transposed = len(shape) == 2 and tuple(jnp.shape(last_value)) == shape[:1]
         raise ValueError(
             f"{e}; inputs are time-major: reward [T, N], last_value [N] (reward {tuple(shape)} reads as T={shape[0]} "
-            f"steps; transpose batch-major [N, T] inputs)"
+            f"steps{'; transpose batch-major [N, T] inputs' if transposed else ''})"
         ) from None
     wide = jnp.promote_types(dtype, jnp.float32)
     widen = lambda x: None if x is None else x.astype(wide)  # noqa: E731

@@ -271,9 +271,13 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
     @_compiled.method()
     def reset(self) -> "RolloutBuffer":
-        """Empty the buffer for the next rollout: `step_index` 0, flags cleared, storage kept (O(1))."""
+        """Empty the buffer for the next rollout: `step_index` 0, flags cleared, `advantages` and `returns` zeroed
+        (until the next `compute_gae`), the rest of the storage kept."""
         false = jnp.bool_(False)
-        return self.replace(step_index=jnp.zeros_like(self.step_index), overflowed=false, has_advantages=false)
+        # Written over the old arrays: a donated buffer keeps them (a fresh zeros array is a new allocation).
+        zero = lambda x: x.at[...].set(0)  # noqa: E731
+        return self.replace(step_index=jnp.zeros_like(self.step_index), overflowed=false, has_advantages=false,
+                            advantages=zero(self.advantages), returns=zero(self.returns))
 
     @_compiled.method("method", scalars=_UNIT)
     def compute_gae(self, last_value: jax.Array, gamma: float | jax.Array, gae_lambda: float | jax.Array, method: str = "scan") -> "RolloutBuffer":
@@ -387,9 +391,10 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         field_bytes += [(name, _validate.tree_nbytes(getattr(self, name))) for name in _GAE_FIELDS]
         counters = _validate.tree_nbytes((self.step_index, self.overflowed, self.has_advantages))
         storage = sum(b for _, b in field_bytes) + counters
-        # Per step: every stored [T, N] field (`trainable` becomes `mask`, also bool) plus the int32
-        # `index`: exactly the fields of RolloutMinibatch.
-        per_step = sum(b for _, b in field_bytes) // (copies * steps) + 4
+        # Per step: what `gather` returns for one step of one member (traced on shapes, nothing runs).
+        stacked = self.reward.ndim - 2
+        member = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[stacked:], x.dtype), self)
+        per_step = _validate.tree_nbytes(jax.eval_shape(RolloutBuffer.gather, member, jax.ShapeDtypeStruct((1,), jnp.int32)))
         minibatch = copies * (steps // m) * per_step
         return RolloutMemoryPressure(
             num_steps=self.num_steps, num_envs=self.num_envs, num_minibatches=m, minibatch_size=steps // m,

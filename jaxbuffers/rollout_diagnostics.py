@@ -10,7 +10,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxbuffers import _validate
 from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
@@ -121,14 +120,12 @@ def memory_estimate(buf: Any, minibatch_size: int | None = None) -> RolloutMemor
         raise ValueError(f"minibatch_size: expected at most total_size={total}, got {size}")
     host = buf.host_nbytes if inner is not buf else 0
     device = buf.device_nbytes if inner is not buf else inner.memory_bytes
-    spec = buf.step_spec if inner is not buf else inner.step_spec
-    if inner is not buf and buf.normalize_images:  # compressed leaves come back float32
-        spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, np.float32) if s.dtype == np.uint8 else s, spec)
-    per_step = _validate.tree_nbytes(spec) + 6 * inner.float_dtype.itemsize + 3 + 4  # floats, flags, int32 index
+    # What `gather` returns for `size` steps (traced, nothing runs): the minibatch's own fields and dtypes.
+    minibatch = jax.eval_shape(buf.gather, jax.ShapeDtypeStruct((size,), jnp.int32))
     platform = _platform(inner)
     on_cpu = platform == "cpu"
     return RolloutMemoryEstimate(cpu_bytes=host + (device if on_cpu else 0), gpu_bytes=0 if on_cpu else device,
-                                 minibatch_bytes=size * per_step, platform=platform)
+                                 minibatch_bytes=_validate.tree_nbytes(minibatch), platform=platform)
 
 
 def _device(device: Any) -> jax.Device | None:
@@ -157,8 +154,9 @@ def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = Non
       `RolloutMinibatch` with leaves ``[batch_size, ...]``.
 
     Raises (by the call, before any minibatch is gathered):
-      TypeError: ``buf`` is not a (compressed) rollout buffer; ``key`` is not a PRNG key; ``batch_size`` not an int.
-      ValueError: ``batch_size`` does not divide the rollout; no device of the platform asked for.
+      TypeError: ``buf`` is not a (compressed) rollout buffer; ``key`` is not a PRNG key.
+      ValueError: ``batch_size`` not an int >= 1 (guide, section 8: sizes) or not dividing the rollout; no device of
+        the platform asked for.
     """
     total, dev = total_size(buf), _device(device)
     batch_size = _validate.divisor("batch_size", batch_size, total, "total_size")

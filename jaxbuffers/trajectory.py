@@ -171,10 +171,10 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
         Raises:
           TypeError: `example_step` is not a dict, a leaf is not an array, a field name is not a str, `metrics`
-            not a bool.
+            not a bool, the reward not of a floating dtype (or not one array).
           ValueError: a size is not a positive int, `num_envs * length` above `2**31 - 1`
             (positions are int32 `lane * length + slot`), a required field missing, the
-            observation without leaves, the reward not a floating scalar.
+            observation without leaves, the reward not a scalar.
         """
         num_envs, length, spec = _validate.trajectory_example(example_step, num_envs, length, obs_key, action_key, reward_key)
         k = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
@@ -223,11 +223,14 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         window, period = _validate.static_int("window", window), _validate.static_int("period", period)
         return (self._num_windows(window, period) * self.num_envs).astype(jnp.int32)
 
-    @_compiled.method("batch_size", "n_step")
-    def can_sample_transitions(self, batch_size: int, *, n_step: int = 1) -> jax.Array:
+    @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
+    def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None) -> jax.Array:
         """Whether `sample_transitions` with these arguments returns only valid data (bool scalar):
-        some lane holds `n_step + 1` steps. Same errors as `sample_transitions`."""
+        some lane holds `n_step + 1` steps. `sample_transitions`' arguments without the key (`gamma` optional here:
+        checked when given, it never changes the answer); same errors."""
         _validate.static_int("batch_size", batch_size)
+        if gamma is not None:
+            _gamma(gamma, self.storage[self.reward_key].dtype)
         return self._num_windows(self._n_step(n_step) + 1) > 0
 
     @_compiled.method()
@@ -354,6 +357,14 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         starts = _ring.window_starts(flat % per_lane, self.head, self.num_valid, self.length, period, first)
         return flat // per_lane, starts
 
+    def _ends_before(self) -> jax.Array:
+        """int32 `[num_envs, length + 1]`: entry `[lane, l]` counts the episode ends among the lane's logical steps
+        `[0, l)`, so no end lies in steps `[a, b)` iff `c[:, b] == c[:, a]`."""
+        n = self.length
+        phys = _ring.logical_to_physical(jnp.arange(n, dtype=jnp.int32), self.head, self.num_valid, n)
+        ends = (self.terminated | self.truncated)[:, phys].astype(jnp.int32)  # logical order
+        return jnp.concatenate([jnp.zeros((self.num_envs, 1), jnp.int32), jnp.cumsum(ends, axis=1)], axis=1)
+
     def _episode_window_counts(self, window: int, period: int) -> jax.Array:
         """Running count (int32[num_envs * (length - window + 1)]) of valid windows inside one episode.
 
@@ -362,9 +373,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         `[l, l + window - 1)` (an end at the last step is allowed).
         """
         n = self.length
-        phys = _ring.logical_to_physical(jnp.arange(n, dtype=jnp.int32), self.head, self.num_valid, n)
-        ends = (self.terminated | self.truncated)[:, phys].astype(jnp.int32)  # logical order
-        c = jnp.concatenate([jnp.zeros((self.num_envs, 1), jnp.int32), jnp.cumsum(ends, axis=1)], axis=1)
+        c = self._ends_before()
         ls = jnp.arange(n - window + 1, dtype=jnp.int32)
         inside = (c[:, ls + window - 1] - c[:, ls]) == 0
         ok = inside & (ls + window <= self.num_valid) & _ring.aligned(ls, self._first_start(period), period)
@@ -468,28 +477,34 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         flat = jnp.clip(_validate.index_vector("indices", indices), 0, self.num_envs * self.length - 1)
         return flat // self.length, flat % self.length
 
-    @_compiled.method("window", "period")
-    def valid_starts(self, indices, window: int, *, period: int = 1) -> jax.Array:
+    @_compiled.method("window", "period", "cross_episodes")
+    def valid_starts(self, indices, window: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
         """Whether a window of `window` steps starting at each flat position is valid now.
 
         What the uniform samplers draw from: a valid window whose start is aligned to `period`
-        (`docs/api/trajectory.md`; for `transitions_at` with `n_step=n`: `window=n + 1`).
+        (`docs/api/trajectory.md`; for `transitions_at` with `n_step=n`: `window=n + 1`); with `cross_episodes=False`
+        also no episode end before its last step (`sample_sequences`' windows; `O(num_envs * length)`).
 
         Args:
           indices: int[B], flat positions.
           window: static int >= 1.
           period: static int >= 1.
+          cross_episodes: static bool.
 
         Returns:
           bool[B]; False for indices outside `[0, num_envs * length)`.
         """
         window = _validate.static_int("window", window)
         period = _validate.static_int("period", period)
-        _, slots = self._split_indices(indices)
+        lanes, slots = self._split_indices(indices)
         wide = _validate.int32_indices(indices)  # saturated: out of range stays out
         in_range = (wide >= 0) & (wide < self.num_envs * self.length)
         logical = _ring.physical_to_logical(slots, self.head, self.num_valid, self.length)
-        return in_range & (logical + window <= self.num_valid) & _ring.aligned(logical, self._first_start(period), period)
+        ok = in_range & (logical + window <= self.num_valid) & _ring.aligned(logical, self._first_start(period), period)
+        if _validate.static_bool("cross_episodes", cross_episodes):
+            return ok
+        c, last = self._ends_before(), jnp.minimum(logical + window - 1, self.length)
+        return ok & (c[lanes, last] == c[lanes, logical])
 
     @_compiled.method("sequence_length")
     def sequences_at(self, indices, sequence_length: int) -> SequenceSample:

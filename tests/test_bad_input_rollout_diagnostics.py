@@ -69,3 +69,13 @@ def test_get_minibatches_gives_every_step_once_for_every_divisor(batch_size, dev
     assert len(mbs) == TOTAL // batch_size and all(m.index.shape == (batch_size,) for m in mbs)
     assert sorted(np.concatenate([np.asarray(m.index) for m in mbs]).tolist()) == list(range(TOTAL))
     assert snapshot(BUF) == before
+
+
+@pytest.mark.parametrize("batch_size", [2.0, "2", None, True, 3])
+def test_get_minibatches_raises_for_batch_size_what_its_docstring_lists(batch_size):
+    """A size that is not an int is a ValueError (guide, section 8: sizes); the docstring listed it under TypeError."""
+    with pytest.raises(ValueError, match="batch_size") as info:
+        jb.get_minibatches(BUF, jax.random.key(0), batch_size)
+    raises = jb.get_minibatches.__doc__.split("Raises", 1)[1]
+    listed = [line.split(":")[0].strip() for line in raises.splitlines() if "``batch_size``" in line]
+    assert listed == [type(info.value).__name__], raises

@@ -221,7 +221,7 @@ def test_empty_buffer_sample_is_defined(use_jit):
 
 
 def test_sample_signature_is_the_uniform_one_plus_a_beta_keyword():
-    """A drop-in for ReplayBuffer: sample(key, batch_size, *, beta=1.0), can_sample(batch_size)."""
+    """A drop-in for ReplayBuffer: sample(key, batch_size, *, beta=1.0), can_sample(batch_size, *, beta=1.0)."""
     import inspect
 
     from jaxbuffers import ReplayBuffer
@@ -229,7 +229,7 @@ def test_sample_signature_is_the_uniform_one_plus_a_beta_keyword():
     params = inspect.signature(PRB.sample).parameters
     assert list(params) == ["self", "key", "batch_size", "beta"]
     assert params["beta"].kind is inspect.Parameter.KEYWORD_ONLY and params["beta"].default == 1.0
-    assert list(inspect.signature(PRB.can_sample).parameters) == list(inspect.signature(ReplayBuffer.can_sample).parameters)
+    assert list(inspect.signature(PRB.can_sample).parameters) == [*inspect.signature(ReplayBuffer.can_sample).parameters, "beta"]
     buf = PRB.create(ITEM, 8).add(_batch([0, 1]), jnp.array([1.0, 3.0]))
     np.testing.assert_array_equal(buf.sample(jax.random.key(0), 4).importance_weights, buf.sample(jax.random.key(0), 4, beta=1.0).importance_weights)
     with pytest.raises(TypeError):
@@ -782,3 +782,102 @@ def test_weights_never_exceed_one_when_sampled_leaves_equal_the_minimum():
     buf = PRB.create({"x": jnp.float32(0)}, 64, priority_exponent=0.7).add({"x": jnp.arange(64.0)}, priorities=jnp.asarray(rng.gamma(0.5, size=64), jnp.float32))
     w = np.asarray(jax.jit(lambda b, k: b.sample(k, 512, beta=1.0))(buf, jax.random.key(1)).importance_weights)
     assert w.max() <= 1.0 and w.min() > 0
+
+
+def drop_in_differences(uniform: type, prioritised: type) -> set[tuple[str, str, str]]:
+    """`(member, parameter, what)` for every way `prioritised` may refuse a call written for `uniform`: a public
+    method, property or static field missing; a parameter missing, of another kind or position; a default changed;
+    an added parameter without a default."""
+    import dataclasses
+    import inspect
+
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    static = [f.name for f in dataclasses.fields(uniform) if not f.metadata.get("pytree_node", True)]
+    out = set()
+    for name in sorted({n for n in dir(uniform) if not n.startswith("_")} | set(static)):
+        if not hasattr(prioritised, name):
+            out.add((name, "", "missing"))
+            continue
+        u, p = inspect.getattr_static(uniform, name, None), inspect.getattr_static(prioritised, name)
+        if u is None or isinstance(u, property) or not callable(getattr(uniform, name)):
+            continue
+        su, sp = inspect.signature(getattr(uniform, name)).parameters, inspect.signature(getattr(prioritised, name)).parameters
+        order_u, order_p = [n for n, x in su.items() if x.kind in positional], [n for n, x in sp.items() if x.kind in positional]
+        for arg, x in su.items():
+            y = sp.get(arg)
+            if y is None or y.kind is not x.kind:
+                out.add((name, arg, "missing" if y is None else "kind"))
+            elif x.kind in positional and order_u.index(arg) != order_p.index(arg):
+                out.add((name, arg, "position"))
+            elif x.default is not x.empty and y.default != x.default:
+                out.add((name, arg, f"default {y.default!r} for {x.default!r}"))
+        for arg, y in sp.items():
+            if arg not in su and y.default is y.empty and y.kind not in (y.VAR_POSITIONAL, y.VAR_KEYWORD):
+                out.add((name, arg, "required"))
+    return out
+
+
+def test_a_drop_in_for_the_replay_buffer():
+    """Every public method, property and static field of ReplayBuffer, with parameters that take its calls (get and
+    with_cursors were missing)."""
+    from jaxbuffers import ReplayBuffer
+
+    assert drop_in_differences(ReplayBuffer, PRB) == set()
+    buf = PRB.create(ITEM, 8).add(_batch([0, 1, 2]), jnp.array([1.0, 2.0, 3.0]))
+    jax.tree.map(np.testing.assert_array_equal, buf.get(jnp.arange(8)), buf.replay.get(jnp.arange(8)))
+
+
+@pytest.mark.parametrize("cursors", [dict(num_valid=8), dict(head=1, num_valid=2), dict(head=0, num_valid=0)])
+def test_with_cursors_keeps_the_tree_on_the_stored_slots(cursors):
+    """After with_cursors the positive leaves are exactly the stored slots: a slot kept keeps its priority, a slot
+    now stored gets the running max, one no longer stored reads 0 and refuses set_priorities."""
+    buf = PRB.create(ITEM, 8, priority_exponent=1.0).add(_batch([0, 1, 2]), jnp.array([1.0, 2.0, 3.0]))
+    new = buf.with_cursors(**cursors)
+    replay = buf.replay.with_cursors(**cursors)
+    slots = jnp.arange(8, dtype=jnp.int32)
+    stored = np.zeros(8, bool)
+    for k in range(int(replay.num_valid)):
+        stored[(int(replay.head) - 1 - k) % 8] = True
+    before, after = np.asarray(buf.priorities(slots)), np.asarray(new.priorities(slots))
+    np.testing.assert_array_equal(after > 0, stored)
+    np.testing.assert_array_equal(after[stored], np.where(before > 0, before, 3.0)[stored])
+    assert float(new.tree.total()) == pytest.approx(after.sum())
+    gens = new.generations_at(slots)
+    np.testing.assert_array_equal(np.asarray(new.set_priorities(slots, jnp.full(8, 5.0), gens).priorities(slots)), np.where(stored, 5.0, 0))
+
+
+def test_can_sample_takes_the_samplers_beta():
+    """beta= is taken (it raised TypeError) and checked as sample checks it."""
+    buf = PRB.create(ITEM, 8)
+    assert not bool(buf.can_sample(2, beta=0.5))
+    buf = buf.add(_batch([0]))
+    assert bool(buf.can_sample(2, beta=0.5))
+    for call in (lambda: buf.can_sample(2, beta=-1.0), lambda: buf.sample(jax.random.key(0), 2, beta=-1.0)):
+        with pytest.raises(ValueError, match="beta"):
+            call()
+
+
+@JIT
+def test_a_list_of_python_ints_is_taken_as_float32_priorities(use_jit):
+    """A list or tuple of Python numbers has no dtype: ints there are priorities like floats (they were refused as
+    int64 / int32); integer arrays, numpy integers and bools stay refused."""
+    buf = PRB.create(ITEM, 4, priority_exponent=1.0).add(_batch([0, 1]))
+    set_p = jax.jit(PRB.set_priorities) if use_jit else PRB.set_priorities
+    slots = jnp.arange(4, dtype=jnp.int32)
+    for given in ([1, 2], (1, 2.5)):
+        got = set_p(buf, [0, 1], given, [0, 1]).priorities(slots)
+        np.testing.assert_array_equal(np.asarray(got), [given[0], given[1], 0, 0])
+    np.testing.assert_array_equal(np.asarray(buf.add(_batch([2]), [3]).priorities(slots)), [1, 1, 3, 0])
+    for bad in (np.array([1, 2]), jnp.array([1, 2]), [True, False], [np.int64(1), 2]):
+        with pytest.raises(TypeError, match="priorities"):
+            set_p(buf, [0, 1], bad, [0, 1])
+
+
+def test_a_traced_negative_beta_counts_as_zero():
+    """A traced beta cannot be range-checked; a negative one gave weights above 1 (documented in [0, 1])."""
+    buf = PRB.create(ITEM, 8, priority_exponent=1.0).add(_batch([0, 1, 2]), jnp.array([1.0, 4.0, 16.0]))
+    sample = jax.jit(lambda b, beta: b.sample(jax.random.key(1), 64, beta=beta))
+    w = np.asarray(sample(buf, -1.0).importance_weights)
+    np.testing.assert_array_equal(w, np.asarray(sample(buf, 0.0).importance_weights))
+    assert (w == 1).all()
+    assert 0 < np.asarray(sample(buf, 0.5).importance_weights).min() < 1  # a positive traced beta still weighs

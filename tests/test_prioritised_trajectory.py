@@ -372,3 +372,108 @@ def test_period_is_the_same_rule_in_the_uniform_and_prioritised_buffers():
         first = np.asarray(u.sequences_at(every, window).item["action"][:, 0])[starts]  # step numbers of the starts
         assert (first % period == 0).all() and len(first) == int(u.num_valid_windows(window, period=period))
         assert int(u.num_valid_windows(window, period=period)) == int(p.num_valid_windows())
+
+
+def _filled_pair(steps=11, length=6, window=3, period=1, seed=11, p_term=0.25):
+    rng = np.random.default_rng(seed)
+    bufs = [TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=length),
+            PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=2, length=length, window_length=window, period=period)]
+    for i in range(steps):
+        c = make_chunk(rng, 2, 1, i, p_term=p_term, p_trunc=0.0)
+        bufs = [do_add(b, ADD, *c, as_step=True) for b in bufs]
+    return bufs
+
+
+def test_truncate_last_keeps_the_tree_equal_to_the_valid_starts():
+    """truncate_last on the prioritised buffer is the uniform one's on its steps, and afterwards the tree's nonzero
+    leaves are exactly the valid window starts (it had no truncate_last)."""
+    for period in (1, 2):
+        uni, pri = _filled_pair(period=period)
+        final = jnp.asarray(np.full((2, OBS_DIM), 7.5, np.float32))
+        lanes = jnp.array([True, False])
+        uni, pri = uni.truncate_last(lanes, final), pri.truncate_last(lanes, final)
+        jax.tree.map(np.testing.assert_array_equal, host(pri.buffer), host(uni))
+        positions = jnp.arange(2 * 6, dtype=jnp.int32)
+        np.testing.assert_array_equal(tree_leaves(pri) > 0, np.asarray(pri.valid_starts(positions)))
+        np.testing.assert_array_equal(np.asarray(pri.valid_starts(positions)),
+                                      np.asarray(uni.valid_starts(positions, 3, period=period)))
+        assert int(pri.num_valid_windows()) == int(np.sum(tree_leaves(pri) > 0)) == int(uni.num_valid_windows(3, period=period))
+        # a sequence read through the prioritised buffer sees the truncation and its final observation
+        newest = jnp.asarray([(int(uni.head) - 1) % 6], jnp.int32)
+        assert bool(pri.sequences_at(newest, 1).truncated[0, 0]) and not bool(pri.final_obs_lost())
+        np.testing.assert_array_equal(np.asarray(pri.transitions_at(newest, n_step=1, gamma=0.5).next_obs[0]), 7.5)
+
+
+def test_reads_at_positions_and_static_fields_are_the_wrapped_buffers():
+    uni, pri = _filled_pair()
+    idx = jnp.array([2, 9, 4], jnp.int32)
+    jax.tree.map(np.testing.assert_array_equal, host(pri.sequences_at(idx, 2)), host(uni.sequences_at(idx, 2)))
+    jax.tree.map(np.testing.assert_array_equal, host(pri.sequences_at(idx)), host(uni.sequences_at(idx, 3)))  # window_length
+    jax.tree.map(np.testing.assert_array_equal, host(pri.transitions_at(idx, gamma=0.9)),
+                 host(uni.transitions_at(idx, n_step=2, gamma=0.9)))  # window_length - 1
+    assert pri.step_spec == uni.step_spec
+    for name in ("length", "final_obs_capacity", "obs_key", "action_key", "reward_key", "num_envs"):
+        assert getattr(pri, name) == getattr(uni, name), name
+
+
+def test_sample_sequences_takes_period_and_cross_episodes():
+    """period= is create's (others refused: the tree holds those windows); cross_episodes=False draws by priority
+    among the windows with no episode end before their last step, with probabilities and weights of that set."""
+    uni, pri = _filled_pair(steps=13, period=1)
+    key = jax.random.key(3)
+    jax.tree.map(np.testing.assert_array_equal, host(pri.sample_sequences(key, 8, period=1)), host(pri.sample_sequences(key, 8)))
+    with pytest.raises(ValueError, match="period"):
+        pri.sample_sequences(key, 8, period=2)
+    with pytest.raises(ValueError, match="period"):
+        pri.can_sample(8, period=2)
+    positions = jnp.arange(12, dtype=jnp.int32)
+    inside = np.asarray(uni.valid_starts(positions, 3, cross_episodes=False))
+    assert 0 < inside.sum() < np.asarray(uni.valid_starts(positions, 3)).sum()  # some windows cross an episode end
+    pri = pri.set_priorities(positions, jnp.arange(1.0, 13.0), pri.generations_at(positions))
+    leaves = np.where(inside, tree_leaves(pri), 0)
+    s = pri.sample_sequences(key, 512, cross_episodes=False, beta=0.5)
+    idx = np.asarray(s.indices)
+    assert inside[idx].all() and np.asarray(s.mask).all()  # every step in the first one's episode
+    np.testing.assert_allclose(np.asarray(s.probabilities), leaves[idx] / leaves.sum(), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(s.importance_weights), (leaves[idx] / leaves[inside].min()) ** -0.5, rtol=1e-5)
+    freq = np.bincount(idx, minlength=12) / idx.size
+    np.testing.assert_allclose(freq, leaves / leaves.sum(), atol=0.03)  # stratified: within a stratum of the due rate
+    assert bool(pri.can_sample(1, cross_episodes=False))
+    empty = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=2, length=6, window_length=3)
+    assert not bool(empty.can_sample(1, cross_episodes=False))
+
+
+# The ways PrioritisedTrajectoryBuffer takes TrajectoryBuffer's calls differently, each a consequence of the tree
+# indexing one kind of window fixed at create (guide, section 1: the drop-in paragraph).
+_WINDOW_FIXED_AT_CREATE = {
+    # the tree has one leaf per window of window_length steps: create must know it
+    ("create", "window_length", "required"),
+    # n_step defaults to window_length - 1 (the longest transition a window holds), not 1
+    ("sample_transitions", "n_step", "default None for 1"),
+    ("can_sample_transitions", "n_step", "default None for 1"),
+    ("transitions_at", "n_step", "default None for 1"),
+    # period defaults to create's (None); another period is refused by the samplers (the tree holds create's windows)
+    ("sample_sequences", "period", "default None for 1"),
+    ("can_sample", "period", "default None for 1"),
+    ("valid_starts", "period", "default None for 1"),
+    ("num_valid_windows", "period", "default None for 1"),
+}
+
+
+def test_a_drop_in_for_the_trajectory_buffer():
+    """Every public method, property and static field of TrajectoryBuffer, with parameters that take its calls, but
+    for the listed differences (truncate_last, final_obs_lost, transitions_at, sequences_at, valid_starts, step_spec,
+    length were missing; sample_sequences refused period= and cross_episodes=)."""
+    from test_prioritised import drop_in_differences
+
+    assert drop_in_differences(TrajectoryBuffer, PrioritisedTrajectoryBuffer) == _WINDOW_FIXED_AT_CREATE
+
+
+def test_a_traced_negative_beta_counts_as_zero():
+    _, pri = _filled_pair(p_term=0.05)
+    pri = pri.set_priorities(jnp.arange(12), jnp.arange(1.0, 13.0), pri.generations_at(jnp.arange(12)))
+    assert np.sum(np.asarray(pri.valid_starts(jnp.arange(12), cross_episodes=False))) > 1
+    for cross in (True, False):
+        draw = jax.jit(lambda b, beta: b.sample_sequences(jax.random.key(2), 32, cross_episodes=cross, beta=beta))
+        np.testing.assert_array_equal(np.asarray(draw(pri, -2.0).importance_weights), 1)
+        assert np.asarray(draw(pri, 1.0).importance_weights).min() < 1

@@ -562,7 +562,18 @@ def test_batch_major_input_is_told_inputs_are_time_major():
               lambda: discounted_returns(r, te, last_value=lv, gamma=0.9)):
         with pytest.raises(ValueError, match=r"last_value: expected shape \(16,\), got \(4,\)") as info:
             f()
-        assert hint in str(info.value) and "(4, 16) reads as T=4 steps" in str(info.value), str(info.value)
+        assert hint in str(info.value) and "(4, 16) reads as T=4 steps; transpose" in str(info.value), str(info.value)
+
+
+def test_transpose_is_advised_only_for_the_transposed_shape():
+    """reward [T, N] with a scalar (or another wrong) last_value is not batch-major: no advice to transpose (it was
+    given for every last_value shape error)."""
+    t, n = 16, 4
+    r, v, te = np.zeros((t, n), np.float32), np.zeros((t, n), np.float32), np.zeros((t, n), bool)
+    for lv in (np.float32(0.5), np.zeros(n + 1, np.float32), np.zeros((t, n), np.float32)):
+        with pytest.raises(ValueError, match=r"last_value: expected shape \(4,\)") as info:
+            gae(r, v, te, last_value=lv, gamma=0.9, gae_lambda=0.95)
+        assert "inputs are time-major" in str(info.value) and "transpose" not in str(info.value), str(info.value)
 
 
 def test_other_functions_check_inputs():

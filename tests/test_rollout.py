@@ -157,6 +157,33 @@ def test_reset_keeps_storage_and_restarts_at_row_zero(jit):
     assert int(buf.size()) == n and int(buf.trainable_size()) == n
 
 
+@JIT
+def test_reset_zeroes_advantages_and_returns(jit):
+    """After reset, a rollout whose compute_gae was forgotten reads zeros, as RolloutMinibatch documents (it read
+    the previous rollout's advantages and returns, with mask True)."""
+    t, n = 2, 2
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), random_rollout(np.random.default_rng(2), t, n), t, jit)
+    buf = buf.compute_gae(jnp.ones(n), 0.9, 0.8)
+    assert np.asarray(buf.advantages).any() and np.asarray(buf.returns).any()
+    buf = maybe_jit(RolloutBuffer.reset, jit)(buf)
+    buf = fill(buf, random_rollout(np.random.default_rng(3), t, n), 1, jit)
+    mb = buf.minibatches(jax.random.key(0), 1)
+    assert np.asarray(mb.mask).sum() == n
+    np.testing.assert_array_equal(np.asarray(mb.advantages), 0)
+    np.testing.assert_array_equal(np.asarray(mb.returns), 0)
+    assert jb.rollout_stats(buf).summary()["advantage_mean"] == 0
+
+
+def test_reset_zeroes_advantages_in_place_when_donated():
+    t, n = 4, 2
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), random_rollout(np.random.default_rng(4), t, n), t, True)
+    buf = buf.compute_gae(jnp.ones(n), 0.9, 0.8)
+    where = (buf.advantages.unsafe_buffer_pointer(), buf.returns.unsafe_buffer_pointer())
+    buf = jax.jit(RolloutBuffer.reset, donate_argnums=0)(buf)
+    assert (buf.advantages.unsafe_buffer_pointer(), buf.returns.unsafe_buffer_pointer()) == where
+    np.testing.assert_array_equal(np.asarray(buf.advantages), 0)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     ops=st.lists(st.sampled_from(["add", "add", "add", "reset"]), max_size=20),
@@ -539,3 +566,15 @@ def test_gather_saturates_wide_indices_and_rejects_floats():
     np.testing.assert_array_equal(np.asarray(out.index), [t * n - 1, 0, 5])
     with pytest.raises(TypeError, match="indices: expected an integer dtype"):
         buf.gather(jnp.array([1.0, 2.0]))
+
+
+def test_memory_pressure_minibatch_bytes_are_the_gathered_minibatchs_stacked_and_abstract():
+    """minibatch_bytes comes from gather's own output, for one buffer, a stacked one and an abstract one."""
+    example = {"obs": jnp.zeros(3, jnp.bfloat16), "flag": jnp.bool_(False)}
+    buf = RolloutBuffer.create(example, num_steps=4, num_envs=2, float_dtype=jnp.bfloat16)
+    mb = buf.gather(jnp.arange(4, dtype=jnp.int32))
+    assert buf.estimate_memory_pressure(2).minibatch_bytes == sum(x.nbytes for x in jax.tree.leaves(mb))
+    stack = jax.vmap(lambda _: RolloutBuffer.create(example, num_steps=4, num_envs=2, float_dtype=jnp.bfloat16), axis_size=3)(None)
+    assert stack.estimate_memory_pressure(2).minibatch_bytes == 3 * buf.estimate_memory_pressure(2).minibatch_bytes
+    abstract = jax.eval_shape(lambda: stack)
+    assert abstract.estimate_memory_pressure(2) == stack.estimate_memory_pressure(2)

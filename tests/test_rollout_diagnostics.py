@@ -50,6 +50,18 @@ def test_memory_estimate_splits_host_and_device():
         jb.memory_estimate(plain, minibatch_size=T * N + 1)
 
 
+@pytest.mark.parametrize("compressed, normalize", [(False, False), (True, False), (True, True)],
+                         ids=["plain", "compressed", "compressed-normalized"])
+def test_memory_estimate_minibatch_bytes_are_the_gathered_minibatchs(compressed, normalize):
+    """minibatch_bytes is the nbytes of what gather returns (it once counted a sixth float field per step)."""
+    buf = _filled(compressed, normalize=normalize)
+    for size in (1, 6, T * N):
+        mb = buf.gather(jnp.arange(size, dtype=jnp.int32))
+        assert jb.memory_estimate(buf, minibatch_size=size).minibatch_bytes == sum(x.nbytes for x in jax.tree.leaves(mb))
+    if not compressed:
+        assert jb.memory_estimate(buf, minibatch_size=6).minibatch_bytes == buf.estimate_memory_pressure(2).minibatch_bytes
+
+
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "compressed"])
 def test_get_minibatches_covers_every_step_on_the_device(compressed):
     buf = _filled(compressed, rows=T).compute_gae(jnp.zeros(N), 0.99, 0.95)

@@ -555,7 +555,7 @@ def test_errors():
         TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0)}, num_envs=1, length=4)
     with pytest.raises(TypeError, match="expected a dict"):
         TrajectoryBuffer.create(jnp.zeros(3), num_envs=1, length=4)
-    with pytest.raises(ValueError, match="floating scalar"):
+    with pytest.raises(ValueError, match=r"floating scalar per step, got shape \(2,\)"):
         TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.zeros(2)}, num_envs=1, length=4)
     # positions lane * length + slot are int32: refused before anything is allocated
     with pytest.raises(ValueError, match=r"num_envs \* length: expected at most 2\*\*31 - 1 .* = 2147549184"):
@@ -789,3 +789,27 @@ def test_truncate_last_equals_adding_the_step_truncated():
     assert jax.tree.all(jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), same, empty))
     with pytest.raises(ValueError, match="final_obs"):
         empty.truncate_last(jnp.array([True, True]), jnp.zeros((3, OBS_DIM)))
+
+
+def test_can_sample_transitions_takes_the_samplers_gamma():
+    """gamma= is taken (it raised TypeError) and checked as sample_transitions checks it; it never changes the answer."""
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=1, length=4)
+    assert not bool(buf.can_sample_transitions(2, n_step=1, gamma=0.9))
+    buf = do_add(buf, ADD, *make_chunk(np.random.default_rng(0), 1, 2, 0, 0.0, 0.0), as_step=False)
+    assert bool(buf.can_sample_transitions(2, n_step=1, gamma=0.9)) and bool(buf.can_sample_transitions(2, n_step=1))
+    with pytest.raises(ValueError, match="gamma"):
+        buf.can_sample_transitions(2, n_step=1, gamma=7.0)
+    with pytest.raises(ValueError, match="gamma"):
+        buf.sample_transitions(jax.random.key(0), 2, n_step=1, gamma=7.0)
+
+
+@pytest.mark.parametrize("reward", [jnp.int32(0), jnp.bool_(False), {"r": jnp.float32(0)}], ids=["int32", "bool", "tree"])
+def test_a_reward_of_another_dtype_or_kind_is_a_type_error(reward):
+    """A wrong dtype is a TypeError (guide, section 8), as for the data; an int32 reward was refused with ValueError."""
+    import jaxbuffers as jb
+
+    for create in (lambda ex: TrajectoryBuffer.create(ex, num_envs=1, length=4),
+                   lambda ex: PrioritisedTrajectoryBuffer.create(ex, num_envs=1, length=4, window_length=2),
+                   lambda ex: jb.EpisodeBuffer.create(ex, max_episodes=2, max_timesteps=4)):
+        with pytest.raises(TypeError, match=r"example_step\['reward'\]: expected a floating scalar"):
+            create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": reward})

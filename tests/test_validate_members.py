@@ -37,9 +37,8 @@ def _replay(b, fill: bool):
     calls = {"add": lambda c: c.add({"x": jnp.ones((2, 2))}), "sample": lambda c: c.sample(KEY, 2),
              "can_sample": lambda c: c.can_sample(2), "size": lambda c: c.size(), "is_full": lambda c: c.is_full(),
              "num_added": lambda c: c.num_added(), "record": lambda c: c.record(b.sample(KEY, 2) if fill else jb.ReplaySample(ITEM, IDX)), "stats": lambda c: c.stats()}
-    if isinstance(b, jb.ReplayBuffer):
-        calls["get"] = lambda c: c.get(idx)
-    else:
+    calls["get"] = lambda c: c.get(idx)
+    if not isinstance(b, jb.ReplayBuffer):
         g = b.generations_at(idx) if fill else IDX
         calls.update(priorities=lambda c: c.priorities(idx), generations_at=lambda c: c.generations_at(idx),
                      set_priorities=lambda c: c.set_priorities(idx, jnp.ones(2), g))
@@ -61,10 +60,10 @@ def _trajectory(b, fill: bool):
         s = b.sample_sequences(KEY, 2) if fill else None
         i, g = (s.indices, s.generations) if fill else (IDX, IDX)
         calls.update(set_priorities=lambda c: c.set_priorities(i, jnp.ones(2), g), priorities=lambda c: c.priorities(i), num_valid_windows=lambda c: c.num_valid_windows())
-    else:
-        calls.update(valid_starts=lambda c: c.valid_starts(jnp.array([0, 1]), 2),
-                     sequences_at=lambda c: c.sequences_at(jnp.array([0, 1]), 2),
-                     transitions_at=lambda c: c.transitions_at(jnp.array([0, 1]), gamma=0.9))
+    calls.update(valid_starts=lambda c: c.valid_starts(jnp.array([0, 1]), 2),
+                 sequences_at=lambda c: c.sequences_at(jnp.array([0, 1]), 2),
+                 transitions_at=lambda c: c.transitions_at(jnp.array([0, 1]), gamma=0.9),
+                 final_obs_lost=lambda c: c.final_obs_lost())
     return b, calls
 
 
@@ -159,3 +158,22 @@ def test_refused_under_jit_and_taken_under_vmap():
     assert np.asarray(jax.vmap(jb.ReplayBuffer.size)(stacked)).tolist() == [3] * S
     with pytest.raises(ValueError, match=r"^ReplayBuffer\.num_added: .*take one member"):
         stacked.num_added()
+
+
+@pytest.mark.parametrize("name", sorted(n for n in BUFFERS if "Rollout" not in n))  # a rollout has no sampler
+def test_every_can_sample_takes_exactly_its_samplers_arguments(name):
+    """`can_sample*` answers for the sampler called with the same arguments, so it takes them, key apart: the same
+    names, kinds, order and defaults (a sampler's required argument may have one there: `gamma`, `batch_size`). `PrioritisedReplayBuffer.can_sample`
+    refused `beta=`, `TrajectoryBuffer.can_sample_transitions` refused `gamma=`."""
+    import inspect
+
+    cls = type(BUFFERS[name](False)[0])
+    samplers = [m for m in dir(cls) if m.startswith("sample") and callable(getattr(cls, m))]
+    assert samplers
+    for sampler in samplers:
+        checker = f"can_{sampler}" if hasattr(cls, f"can_{sampler}") else "can_sample"
+        want = [p for p in inspect.signature(getattr(cls, sampler)).parameters.values() if p.name != "key"]
+        got = list(inspect.signature(getattr(cls, checker)).parameters.values())
+        assert [(p.name, p.kind) for p in got] == [(p.name, p.kind) for p in want], (checker, sampler)
+        for p, q in zip(want, got):
+            assert p.default is p.empty or q.default == p.default, (checker, sampler, p.name)

@@ -413,10 +413,13 @@ def vector(name: str, x, b: int | None, kind: str) -> jax.Array:
     """`x` (an array, a list, a CPU torch tensor: `index_array`) as a `[b]` array (`b` None: any
     1-D) of the given kind (`'floating'`, `'integer'` or `'bool'`), checked at trace time; its
     dtype is kept (priorities of any floating dtype become float32 leaves where they are stored).
+    A list or tuple of Python ints and floats has no dtype of its own: as `'floating'` it is read as float32.
 
     Raises:
       TypeError: not an array of numbers, or the wrong dtype kind; ValueError: not of shape `(b,)`.
     """
+    if kind == "floating" and isinstance(x, (list, tuple)) and x and all(map(_weak_number, x)):
+        x = jnp.stack([jnp.asarray(v, jnp.float32) for v in x])
     article = "an" if kind == "integer" else "a"
     x = index_array(x, name, f"{article} {kind} array of shape [{'B' if b is None else b}]", clip=False)
     if x.ndim != 1 or (b is not None and x.shape[0] != b):
@@ -424,6 +427,12 @@ def vector(name: str, x, b: int | None, kind: str) -> jax.Array:
     if not jnp.issubdtype(x.dtype, _KINDS[kind]) or (kind == "integer" and x.dtype == np.bool_):
         raise TypeError(f"{name}: expected {article} {kind} dtype, got {x.dtype}")
     return jnp.asarray(x)
+
+
+def _weak_number(v: Any) -> bool:
+    """A Python int or float (not a bool), also as a compiled program receives one: a weakly typed 0-d value."""
+    weak = isinstance(v, jax.Array) and v.ndim == 0 and v.dtype != np.bool_ and getattr(v, "aval", v).weak_type
+    return weak or type(v) in (int, float)
 
 
 def index_vector(name: str, indices) -> jax.Array:

@@ -52,8 +52,10 @@ def trajectory_example(example_step, num_envs, length, obs_key: str, action_key:
     if not jax.tree.leaves(spec[obs_key]):
         raise ValueError(f"example_step[{obs_key!r}]: expected at least one array leaf (the observation), got {example_step[obs_key]!r}")
     rspec = spec[reward_key]
-    if not isinstance(rspec, jax.ShapeDtypeStruct) or rspec.shape != () or not jnp.issubdtype(rspec.dtype, jnp.floating):
-        raise ValueError(f"example_step[{reward_key!r}]: expected a floating scalar per step, got {rspec}")
+    if not isinstance(rspec, jax.ShapeDtypeStruct) or not jnp.issubdtype(rspec.dtype, jnp.floating):  # kind or dtype
+        raise TypeError(f"example_step[{reward_key!r}]: expected a floating scalar per step, got {rspec}")
+    if rspec.shape != ():
+        raise ValueError(f"example_step[{reward_key!r}]: expected a floating scalar per step, got shape {rspec.shape}")
     return num_envs, length, spec
 
 

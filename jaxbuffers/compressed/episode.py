@@ -183,6 +183,10 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
         """`jaxbuffers.EpisodeBuffer.can_sample_sequences`."""
         return self.buffer.can_sample_sequences(batch_size, sequence_length, where=where)
 
+    def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None, where=None) -> jax.Array:
+        """`jaxbuffers.EpisodeBuffer.can_sample_transitions`."""
+        return self.buffer.can_sample_transitions(batch_size, n_step=n_step, gamma=gamma, where=where)
+
     # ------------------------------------------------------------------------------------------
     # adding
 

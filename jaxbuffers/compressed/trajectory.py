@@ -285,10 +285,10 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         """`jaxbuffers.TrajectoryBuffer.can_sample`: whether `sample_sequences` returns only valid data."""
         return self.buffer.can_sample(batch_size, sequence_length, period=period, cross_episodes=cross_episodes)
 
-    @_compiled.method("batch_size", "n_step")
-    def can_sample_transitions(self, batch_size: int, *, n_step: int = 1) -> jax.Array:
+    @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
+    def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None) -> jax.Array:
         """`jaxbuffers.TrajectoryBuffer.can_sample_transitions`: whether `sample_transitions` returns only valid data."""
-        return self.buffer.can_sample_transitions(batch_size, n_step=n_step)
+        return self.buffer.can_sample_transitions(batch_size, n_step=n_step, gamma=gamma)
 
     @_common.checked_before_dispatch(add=True)
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
@@ -664,23 +664,24 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
         )
         return cls._create(prioritised, example_step, num_envs=num_envs, length=length, **options)
 
-    @_compiled.method("batch_size", "sequence_length")
-    def can_sample(self, batch_size: int, sequence_length: int | None = None) -> jax.Array:  # type: ignore[override]
+    @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes", scalars=_BETA)
+    def can_sample(self, batch_size: int, sequence_length: int | None = None, *, period: int | None = None, cross_episodes: bool = True, beta=1.0) -> jax.Array:  # type: ignore[override]
         """`jaxbuffers.PrioritisedTrajectoryBuffer.can_sample`."""
-        return self.buffer.can_sample(batch_size, sequence_length)
+        return self.buffer.can_sample(batch_size, sequence_length, period=period, cross_episodes=cross_episodes, beta=beta)
 
-    @_compiled.method("batch_size", "n_step")
-    def can_sample_transitions(self, batch_size: int, *, n_step: int | None = None) -> jax.Array:  # type: ignore[override]
+    @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
+    def can_sample_transitions(self, batch_size: int, *, n_step: int | None = None, gamma=None, beta=1.0) -> jax.Array:  # type: ignore[override]
         """`jaxbuffers.PrioritisedTrajectoryBuffer.can_sample_transitions`."""
-        return self.buffer.can_sample_transitions(batch_size, n_step=n_step)
+        return self.buffer.can_sample_transitions(batch_size, n_step=n_step, gamma=gamma, beta=beta)
 
     @_common.checked_before_dispatch()
-    @_compiled.method("batch_size", "sequence_length", scalars=_BETA)
+    @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes", scalars=_BETA)
     def sample_sequences(  # type: ignore[override]
-        self, key: jax.Array, batch_size: int, sequence_length: int | None = None, *, beta=1.0
+        self, key: jax.Array, batch_size: int, sequence_length: int | None = None, *, period: int | None = None,
+        cross_episodes: bool = True, beta=1.0,
     ) -> PrioritisedSequenceSample:
         """`jaxbuffers.PrioritisedTrajectoryBuffer.sample_sequences`, observations decoded."""
-        return self._decode_sequences(self.buffer.sample_sequences(key, batch_size, sequence_length, beta=beta))
+        return self._decode_sequences(self.buffer.sample_sequences(key, batch_size, sequence_length, period=period, cross_episodes=cross_episodes, beta=beta))
 
     @_common.checked_before_dispatch()
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)

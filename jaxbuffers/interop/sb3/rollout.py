@@ -220,7 +220,7 @@ class _JaxRolloutImpl:
         self.__dict__.update(state)
 
     def reset(self) -> None:
-        """Start a new rollout: ``pos`` 0, not full (storage kept, no zeroing)."""
+        """Start a new rollout: ``pos`` 0, not full, advantages and returns zeroed (the rest of the storage kept)."""
         if hasattr(self, "_state"):
             self._state = _RESET[self._owns_state](self._state)
         self.generator_ready = False
