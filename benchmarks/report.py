@@ -82,9 +82,7 @@ NOTES = {
                    "a slot overwritten since it was sampled is updated anyway.",
     "trajectory": "Anchor: flashbax's trajectory buffers (8 envs). Add throughput in env steps/s; `chunk16` adds 16 "
                   "steps per env per call. Ours also writes episode flags and a final-observation ring and never "
-                  "samples across the write head. The uniform rows (not `prioritised/`) of December 6 ran while other "
-                  "jobs loaded the two cores (load average 7 to 12): rows whose code did not change (the samplers, "
-                  "every flashbax row) moved by up to 3x between the current and the baseline run.",
+                  "samples across the write head.",
     "episodes": "1,000 episodes of 50 to 200 steps (obs f32[17], action f32[6]). Anchors: memmap-replay-buffer's "
                 "`dataloader` (whole episodes; 3-step transitions) and TorchRL: padded episodes in a "
                 "`LazyTensorStorage` (whole episodes), `SliceSampler` windows of 3 steps with their discounted return "
