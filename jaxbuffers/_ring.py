@@ -69,35 +69,15 @@ def write(storage, batch, head: jax.Array, axis: int = 0):
       axis: the ring axis (0 for item buffers, 1 for per-lane `[num_envs, length, ...]` storage).
 
     Returns:
-      The written storage, same structure. Cost O(batch): per leaf two dynamic_update_slices of
-      contiguous slots (the block up to the end of the ring, then the items that wrap to its front),
-      which XLA performs in place when the storage is donated.
+      The written storage, same structure. Cost O(batch): one scatter with distinct in-bounds
+      slots, which XLA performs in place when the storage is donated.
     """
     leaves, treedef = jax.tree.flatten(storage)
     rows = treedef.flatten_up_to(batch)
-    b, capacity = rows[0].shape[axis], leaves[0].shape[axis]
-    head = jnp.asarray(head, jnp.int32)
-    start = jnp.minimum(head, capacity - b)  # slots [start, start + b) stay inside the ring
-    wrap = head - start  # items that go to the front, in [0, b): the last `wrap` of the batch
-    front = jnp.where(wrap > 0, 0, start)  # slots [0, wrap); with nothing to wrap, the block just written
-    pos = jnp.arange(b, dtype=jnp.int32)
-    out = []
-    for s, x in zip(leaves, rows):
-        r = jnp.roll(x, wrap, axis=axis)  # r[j] = x[j - wrap] for j >= wrap, x[b - wrap + j] for j < wrap
-        s = _put(s, r, pos >= wrap, start, axis)
-        if b > 1:
-            s = _put(s, jax.lax.slice_in_dim(r, 0, b - 1, axis=axis), pos[: b - 1] < wrap, front, axis)
-        out.append(s)
+    idx = write_indices(head, rows[0].shape[axis], leaves[0].shape[axis])
+    at = (slice(None),) * axis + (idx,)
+    out = [s.at[at].set(x, unique_indices=True, mode="promise_in_bounds") for s, x in zip(leaves, rows)]
     return jax.tree.unflatten(treedef, out)
-
-
-def _put(storage: jax.Array, rows: jax.Array, mask: jax.Array, start: jax.Array, axis: int) -> jax.Array:
-    """`storage` with `rows` written at slots `start, start + 1, ...` along `axis` where `mask` (bool, one per row),
-    the slots elsewhere left as they are: one dynamic_update_slice (in place when donated)."""
-    at = tuple(start if d == axis else jnp.int32(0) for d in range(storage.ndim))
-    keep = mask.reshape((1,) * axis + (-1,) + (1,) * (rows.ndim - axis - 1))
-    old = jax.lax.dynamic_slice(storage, at, rows.shape)
-    return jax.lax.dynamic_update_slice(storage, jnp.where(keep, rows, old), at)
 
 
 def oldest(head: jax.Array, num_valid: jax.Array, capacity: int) -> jax.Array:
