@@ -727,6 +727,23 @@ def test_compiles_once_per_shape_and_donation(compile_counter):
     assert old.storage["obs"].is_deleted()  # donated: updated in place
 
 
+@pytest.mark.parametrize("t", [1, 3])
+def test_donated_adds_write_every_array_in_place(t):
+    """A donated add, of one step or of chunks that wrap around the ring's end, keeps the buffer of every array of
+    the state it writes per step (steps, flags, final-observation slots and ring, sample counts)."""
+    buf = TrajectoryBuffer.create(EXAMPLE, num_envs=2, length=5, final_obs_capacity=2)
+    add = jax.jit(_add, donate_argnums=0)
+    rng = np.random.default_rng(0)
+    buf = do_add(buf, add, *make_chunk(rng, 2, t, 0), as_step=t == 1)  # the first call may allocate its outputs
+    arrays = lambda b: [b.storage["obs"], b.storage["reward"], b.terminated, b.truncated, b.final_slot,  # noqa: E731
+                        b.final_obs, b.metrics.sample_count]
+    for i in range(1, 7):  # heads 1..6 * t modulo 5: every chunk of 3 after the first wraps at some point
+        ptrs = [x.unsafe_buffer_pointer() for x in arrays(buf)]
+        buf = do_add(buf, add, *make_chunk(rng, 2, t, i), as_step=t == 1)
+        assert [x.unsafe_buffer_pointer() for x in arrays(buf)] == ptrs
+    assert buf.num_added() == 7 * t
+
+
 def test_odd_configurations_are_refused_with_the_reason():
     """An observation with no array leaves is refused at create (an add with truncation used to
     fail on a bare assert); transitions of a window of one step name
