@@ -481,7 +481,6 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
         if chains_out is not None:
             chains_out.append(chains)
-        bounds = np.append(bounds, flat.size) if chains.size else bounds
         present = np.flatnonzero(chunk >= 0)
         empty = np.flatnonzero(chunk[:n] == -1)
         if empty.size + present.size < flat.size:
@@ -522,22 +521,21 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         nbytes = math.prod(item_shape) * dtype.itemsize
         results = [self._output(outs, j, s.shape + tuple(item_shape), dtype, len(ss)) for j, s in enumerate(ss)]
         views = [r.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8) for s, r in zip(ss, results)]
-        if chains.size:
-            views.append(np.empty((chains.size, nbytes), np.uint8))  # chain frames not requested
         if empty.size:  # zeros for the empty slots
             out_j, out_row = _out_of(empty, bounds)
             for j in np.unique(out_j).tolist():
                 views[j][out_row[out_j == j]] = 0
         if not present.size or not nbytes:
             return results
-        pos_out, pos_row = _out_of(pos, bounds)
         chunk, offset, length = chunk.astype(np.int64), offset.astype(np.int64), length.astype(np.int64)
         # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the
-        # entries (not the chains, whose lengths differ) split evenly.
-        order, cuts, base_i, depth = np.arange(pos.size), np.arange(pos.size + 1), None, None
+        # entries (not the chains, whose lengths differ) split evenly. A chain's entries not asked for are decoded
+        # into the row of the next one asked for (`chain_order`'s target): each delta XORed in place.
+        order, cuts, base_i, depth, target = np.arange(pos.size), np.arange(pos.size + 1), None, None, slice(None)
         if base_pos is not None:
-            order, cuts, base_i, depth = chain_order(
-                pos, base_pos, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"))
+            order, cuts, base_i, depth, target = chain_order(
+                pos, base_pos, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
+        pos_out, pos_row = _out_of(pos[target], bounds)  # the row each decoded entry is decoded into
 
         def shard(a: int, b: int) -> None:
             c0, c1 = np.searchsorted(cuts[:-1], (a, b)).tolist()  # the chains that start in [a, b)
