@@ -536,10 +536,20 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             order, cuts, base_i, depth, target = chain_order(
                 pos, base_pos, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
         pos_out, pos_row = _out_of(pos[target], bounds)  # the row each decoded entry is decoded into
+        # the repeated slots' rows, copied by the shard that decodes their first row, by the rank of its entry in `order`
+        rank = np.empty(pos.size, np.int64)
+        rank[order] = np.arange(pos.size)
+        rep_rank = rank[np.searchsorted(pos, source[~is_first])]
+        by_rank = np.argsort(rep_rank, kind="stable")
+        rep_src, rep_dst, rep_rank = source[~is_first][by_rank], present[~is_first][by_rank], rep_rank[by_rank]
 
         def shard(a: int, b: int) -> None:
             c0, c1 = np.searchsorted(cuts[:-1], (a, b)).tolist()  # the chains that start in [a, b)
-            sl = order[cuts[c0] : cuts[c1]]
+            decode_chains(order[cuts[c0] : cuts[c1]])
+            r0, r1 = np.searchsorted(rep_rank, (cuts[c0], cuts[c1])).tolist()
+            _copy_rows(views, _out_of(rep_src[r0:r1], bounds), _out_of(rep_dst[r0:r1], bounds), nbytes)
+
+        def decode_chains(sl: np.ndarray) -> None:
             p = pos[sl]  # the codecs' own parallel_for calls run inline here
             tags = np.unique(tag[p]).tolist()
             bases = None
@@ -568,7 +578,6 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                     )
 
         parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
-        _copy_rows(views, _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds), nbytes)
         return results
 
     def _corrupt(self, slots: np.ndarray, why: str):
