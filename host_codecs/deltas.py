@@ -4,7 +4,9 @@
 store's dictionary when it has one; `Codec.encode_deltas`: RLE XORs inside its encoder); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
 (base, base of base, ... down to a keyframe): every slot of the chains of one request is decoded once, a chain's
 entries in order on one thread (`chain_order`), and the codec XORs each delta with its base as it decodes it
-(`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); chains whose entries have several codecs
+(`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); a slot the request reads only as a base is
+decoded into the row of the next slot of its chain that the request asks for, each delta XORed into it in place (no
+row of its own, no copy); chains whose entries have several codecs
 (e.g. zstd keyframes and RLE deltas) are decoded depth by depth, codec by codec. Chains are linear: a slot is the base of at most
 one live delta. A delta never outlives its base: rewriting or deleting a slot also deletes the deltas after it in
 its chain (`dependents`), so every stored entry decodes. (A frame ring that keeps each chain's keyframe while a

@@ -41,8 +41,9 @@ chains, what a read decodes, what a rewrite deletes). Snapshots: `export_state` 
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
 distinct slot of the request once, into its first row, in one shard per thread
-(`host_codecs.parallel_for`; a shard takes whole delta chains, cut where the entries split evenly), then copy it
-to its other rows.
+(`host_codecs.parallel_for`; a shard takes whole delta chains, cut where the entries split evenly; a chain's slots
+not requested are decoded into the row of the next one requested, in place), and that shard copies it to its other
+rows.
 
 Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
@@ -537,9 +538,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                 pos, base_pos, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
         pos_out, pos_row = _out_of(pos[target], bounds)  # the row each decoded entry is decoded into
         # the repeated slots' rows, copied by the shard that decodes their first row, by the rank of its entry in `order`
-        rank = np.empty(pos.size, np.int64)
-        rank[order] = np.arange(pos.size)
-        rep_rank = rank[np.searchsorted(pos, source[~is_first])]
+        rep_rank = np.argsort(order)[np.searchsorted(pos, source[~is_first])]  # argsort(order): each entry's rank
         by_rank = np.argsort(rep_rank, kind="stable")
         rep_src, rep_dst, rep_rank = source[~is_first][by_rank], present[~is_first][by_rank], rep_rank[by_rank]
 
@@ -547,10 +546,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         po = pos[order]
         tag_o, chunk_o, offset_o, length_o, meta_o = tag[po], chunk[po], offset[po], length[po], meta[po]
         out_o, row_o, depth_o = pos_out[order], pos_row[order], np.zeros(po.size, np.int64) if depth is None else depth[order]
-        bases_o = None
-        if base_i is not None:  # where each delta's base row is (-1: a keyframe)
-            b = base_i[order]
-            bases_o = (np.where(b >= 0, pos_out[b], -1), np.where(b >= 0, pos_row[b], -1))
+        b = None if base_i is None else base_i[order]  # where each delta's base row is (-1: a keyframe)
+        bases_o = None if b is None else (np.where(b >= 0, pos_out[b], -1), np.where(b >= 0, pos_row[b], -1))
         tags_all = np.unique(tag_o).tolist()
 
         def shard(a: int, b: int) -> None:

@@ -37,8 +37,9 @@ def _frames(rng, n):
 def test_frame_ring_of_deltas_matches_a_dict(seed, codec, delta_codec, ring, key, chunks, fresh):
     """Frames written to a ring of `ring + key - 1` slots as chains of `key` (a keyframe, then deltas against the
     previous slot; the deltas coded by `delta_codec` when given), in chunks: every frame of the newest `ring` reads
-    back exactly. With `fresh`, each put goes to a
-    store object that did not make the previous put (its bases are decoded from the store, not remembered)."""
+    back exactly, also a random few of them read into two outputs (with repeats, most chain frames not asked for). With
+    `fresh`, each put goes to a store object that did not make the previous put (its bases are decoded from the store,
+    not remembered)."""
     rng = np.random.default_rng(seed)
     size = ring + key - 1
     store = CompressedStore(size, codec, item_shape=SHAPE, dtype=np.uint8, delta_codec=delta_codec)
@@ -56,6 +57,9 @@ def test_frame_ring_of_deltas_matches_a_dict(seed, codec, delta_codec, ring, key
         live = [s for s, x in model.items() if x >= t - ring]
         got = store.get(np.array(live))
         np.testing.assert_array_equal(got, frames[[model[s] for s in live]])
+        pick = rng.choice(np.array(live), size=int(rng.integers(1, 2 * len(live) + 1)))  # a random few, some repeated
+        for ids, read in zip((pick, pick[::-3]), store.get_many([pick, pick[::-3]])):  # chain frames not asked for: in place
+            np.testing.assert_array_equal(read, frames[[model[s] for s in ids.tolist()]])
         held = np.flatnonzero(store.written(np.arange(size)))
         np.testing.assert_array_equal(store.get(held), frames[[model[s] for s in held.tolist()]])  # no delta lost its base
     assert (store._base >= 0).any() == (key > 1 and t > 1)
