@@ -272,7 +272,8 @@ def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids,
     Raises:
       ValueError: a payload lies outside its chunk (or its chunk is absent), an output index or a
         row is out of range, an output is read-only, the outputs' row sizes differ, or a delta's base
-        (`bases`) is out of range, its own row, or a row a later entry of the call decodes.
+        (`bases`) is out of range or a row a later entry of the call decodes first (a delta's own row is its base in
+        place: decoded by an earlier entry of the call, or before it).
     """
     if len(chunk_ids):
         keys, _, chunk_sizes = chunk_addresses(chunks)  # kept on a ChunkTable: one lookup per read, not per chunk
@@ -293,6 +294,7 @@ def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids,
             raise ValueError(f"codec {codec!r}: bases: expected (outputs, rows) of one base per entry")
         d = np.flatnonzero(b_out >= 0)
         _check_rows(codec, outs, b_out[d], b_row[d], "bases: base")
+        d = d[(b_out[d] != np.asarray(out_ids, np.int64)[d]) | (b_row[d] != np.asarray(rows, np.int64)[d])]  # not in place
         stride = max((o.shape[0] for o in outs), default=0) + 1
         key = np.asarray(out_ids, np.int64) * stride + np.asarray(rows, np.int64)
         order = np.argsort(key, kind="stable")
@@ -485,24 +487,31 @@ class Codec:
           bases: optional `(base_outs, base_rows)`, # shape=(k,) each, int64: entry `i` is a delta
             (`host_codecs.deltas`): once decoded, its row is XORed bytewise with row `base_rows[i]` of
             `outs[base_outs[i]]` (-1: none), which holds its base's whole entry by then: a row decoded before the
-            call, or the row of an earlier entry of this call. Entries whose base lies in the call are decoded in
-            order on the calling thread (a caller that wants threads gives each thread whole chains).
+            call, or the row of an earlier entry of this call; or its own row (the delta XORed into it in place:
+            entries not asked for are decoded into the row of the next entry of their chain). Entries whose base
+            lies in the call are decoded in order on the calling thread (a caller that wants threads gives each
+            thread whole chains).
 
         Raises:
           ValueError: as `decode_into`, or a base row that is out of range or that a later entry decodes.
         """
         check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases)
-        key = np.asarray(out_ids, np.int64) * (int(np.max(chunk_ids, initial=0)) + 1) + chunk_ids
+        # with bases, every entry is decoded into a scratch row first: a delta's row may hold its base (in place)
+        into = outs if bases is None else [np.empty((len(rows), outs[0].shape[1]), np.uint8)] if len(rows) else []
+        out_at, row_at = (out_ids, rows) if bases is None else (np.zeros(len(rows), np.int64), np.arange(len(rows)))
+        key = np.asarray(out_at, np.int64) * (int(np.max(chunk_ids, initial=0)) + 1) + chunk_ids
         for k in np.unique(key).tolist():
             sel = np.flatnonzero(key == k)
             c = int(chunk_ids[sel[0]])
-            self.decode_into(chunks[c], offsets[sel], lengths[sel], meta[sel], outs[int(out_ids[sel[0]])], rows[sel], dtype)
+            self.decode_into(chunks[c], offsets[sel], lengths[sel], meta[sel], into[int(out_at[sel[0]])], row_at[sel], dtype)
         if bases is not None:  # in order: a base that is an earlier entry is whole before its delta reads it
             oids, rws = np.asarray(out_ids).tolist(), np.asarray(rows).tolist()
             for i, (bo, br) in enumerate(zip(*(np.asarray(x).tolist() for x in bases))):
+                dst = outs[oids[i]][rws[i]]
                 if bo >= 0:
-                    dst = outs[oids[i]][rws[i]]
-                    np.bitwise_xor(dst, outs[bo][br], out=dst)
+                    np.bitwise_xor(into[0][i], outs[bo][br], out=dst)
+                else:
+                    dst[...] = into[0][i]
 
     def encode(self, array: np.ndarray) -> bytes:
         """Encode one array to `bytes`: its meta byte, then its payload (the dtype and shape are

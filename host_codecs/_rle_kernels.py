@@ -152,7 +152,8 @@ def decode_at(src, lengths, meta, dst, base, nbytes, vw, lo, hi, status):
     """For t in `[lo, hi)`, in order: expand the payload of `lengths[t]` bytes at address `src[t]` (count width
     `meta[t]` bytes, element words of `vw` bytes) into the `nbytes` bytes at address `dst[t]`, XORed bytewise with the
     `nbytes` bytes at address `base[t]` when it is not 0 (a delta: the row is its base's copy with the XOR of every
-    run of non-zero words applied; runs of zeros cost nothing more).
+    run of non-zero words applied; runs of zeros cost nothing more; a base at `dst[t]` itself is XORed in place, no
+    copy).
 
     The caller has checked that every payload lies inside its chunk and every row inside its output (the addresses
     are of live numpy arrays); a delta's base row is whole before the delta is decoded (an earlier entry, or decoded
@@ -172,7 +173,7 @@ def decode_at(src, lengths, meta, dst, base, nbytes, vw, lo, hi, status):
         p = _bytes_at(src[t], length)
         out = _bytes_at(dst[t], nbytes)
         delta = base[t] != 0
-        if delta:
+        if delta and base[t] != dst[t]:  # a base in the row itself: the delta is XORed in place
             _copy(dst[t], base[t], nbytes)
         vb = 0 if vw >= cw else nruns * cw
         cb = nruns * vw if vw >= cw else 0

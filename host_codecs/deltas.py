@@ -4,7 +4,9 @@
 store's dictionary when it has one; `Codec.encode_deltas`: RLE XORs inside its encoder); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
 (base, base of base, ... down to a keyframe): every slot of the chains of one request is decoded once, a chain's
 entries in order on one thread (`chain_order`), and the codec XORs each delta with its base as it decodes it
-(`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); chains whose entries have several codecs
+(`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); a slot the request reads only as a base is
+decoded into the row of the next slot of its chain that the request asks for, each delta XORed into it in place (no
+row of its own, no copy); chains whose entries have several codecs
 (e.g. zstd keyframes and RLE deltas) are decoded depth by depth, codec by codec. Chains are linear: a slot is the base of at most
 one live delta. A delta never outlives its base: rewriting or deleting a slot also deletes the deltas after it in
 its chain (`dependents`), so every stored entry decodes. (A frame ring that keeps each chain's keyframe while a
@@ -42,14 +44,22 @@ def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
     return np.where(b >= 0, mixed, np.uint32(0)).astype(np.uint32)
 
 
-def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt):
+def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt, requested: np.ndarray):
     """Decode order of entries at request positions `pos` (ascending) whose bases are at request positions
-    `base_pos` (-1: a keyframe).
+    `base_pos` (-1: a keyframe), and the entry whose row each one is decoded into.
+
+    Args:
+      requested: # shape=(len(pos),), dtype=bool: the entries with a row of their own in the output; the others
+        (bases the chains need, not asked for) are decoded into the row of the next requested entry of their chain,
+        each delta XORed into it in place, so such an entry costs only its decode, no copy (every chain ends with a
+        requested entry: an entry not asked for is read only as the base of the one after it).
 
     Returns:
-      `(order, cuts, base_i, depth)`: the entries chain by chain (keyframe first, then by depth), chain `c` being `order[cuts[c]:cuts[c + 1]]`; each entry's base as an index
-      into `pos` (-1 for a keyframe); each entry's depth (0 for a keyframe). An entry whose chain never reaches a
-      keyframe (a cycle: a corrupt index) is passed to `corrupt(indices into pos)`, which raises.
+      `(order, cuts, base_i, depth, target)`: the entries chain by chain (keyframe first, then by depth), chain `c`
+      being `order[cuts[c]:cuts[c + 1]]`; each entry's base as an index into `pos` (-1 for a keyframe); each entry's
+      depth (0 for a keyframe); the index into `pos` of the requested entry whose row each entry is decoded into
+      (itself when requested). An entry whose chain never reaches a keyframe (a cycle: a corrupt index) is passed to
+      `corrupt(indices into pos)`, which raises.
     """
     n = pos.size
     base_i = np.where(base_pos >= 0, np.searchsorted(pos, base_pos), -1)
@@ -64,7 +74,12 @@ def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt):
         corrupt(np.flatnonzero(root != root[root]))
     order = np.lexsort((depth, root))
     cuts = np.concatenate([[0], np.flatnonzero(np.diff(root[order])) + 1, [n]])
-    return order, cuts, base_i, depth
+    # the next requested entry at or after each one in chain order, in its chain (else itself: never for a request)
+    at = np.where(requested[order], np.arange(n), n)
+    nxt = order[np.minimum(np.minimum.accumulate(at[::-1])[::-1], n - 1)] if n else order
+    target = np.empty(n, np.int64)
+    target[order] = np.where((root[nxt] == root[order]) & requested[nxt], nxt, order)
+    return order, cuts, base_i, depth, target
 
 
 def _in_sorted(x: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:

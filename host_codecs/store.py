@@ -41,8 +41,9 @@ chains, what a read decodes, what a rewrite deletes). Snapshots: `export_state` 
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
 distinct slot of the request once, into its first row, in one shard per thread
-(`host_codecs.parallel_for`; a shard takes whole delta chains, cut where the entries split evenly), then copy it
-to its other rows.
+(`host_codecs.parallel_for`; a shard takes whole delta chains, cut where the entries split evenly; a chain's slots
+not requested are decoded into the row of the next one requested, in place), and that shard copies it to its other
+rows.
 
 Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
@@ -481,7 +482,6 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
         if chains_out is not None:
             chains_out.append(chains)
-        bounds = np.append(bounds, flat.size) if chains.size else bounds
         present = np.flatnonzero(chunk >= 0)
         empty = np.flatnonzero(chunk[:n] == -1)
         if empty.size + present.size < flat.size:
@@ -522,55 +522,65 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         nbytes = math.prod(item_shape) * dtype.itemsize
         results = [self._output(outs, j, s.shape + tuple(item_shape), dtype, len(ss)) for j, s in enumerate(ss)]
         views = [r.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8) for s, r in zip(ss, results)]
-        if chains.size:
-            views.append(np.empty((chains.size, nbytes), np.uint8))  # chain frames not requested
         if empty.size:  # zeros for the empty slots
             out_j, out_row = _out_of(empty, bounds)
             for j in np.unique(out_j).tolist():
                 views[j][out_row[out_j == j]] = 0
         if not present.size or not nbytes:
             return results
-        pos_out, pos_row = _out_of(pos, bounds)
         chunk, offset, length = chunk.astype(np.int64), offset.astype(np.int64), length.astype(np.int64)
         # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the
-        # entries (not the chains, whose lengths differ) split evenly.
-        order, cuts, base_i, depth = np.arange(pos.size), np.arange(pos.size + 1), None, None
+        # entries (not the chains, whose lengths differ) split evenly. A chain's entries not asked for are decoded
+        # into the row of the next one asked for (`chain_order`'s target): each delta XORed in place.
+        order, cuts, base_i, depth, target = np.arange(pos.size), np.arange(pos.size + 1), None, None, slice(None)
         if base_pos is not None:
-            order, cuts, base_i, depth = chain_order(
-                pos, base_pos, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"))
+            order, cuts, base_i, depth, target = chain_order(
+                pos, base_pos, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
+        pos_out, pos_row = _out_of(pos[target], bounds)  # the row each decoded entry is decoded into
+        # the repeated slots' rows, copied by the shard that decodes their first row, by the rank of its entry in `order`
+        rep_rank = np.argsort(order)[np.searchsorted(pos, source[~is_first])]  # argsort(order): each entry's rank
+        by_rank = np.argsort(rep_rank, kind="stable")
+        rep_src, rep_dst, rep_rank = source[~is_first][by_rank], present[~is_first][by_rank], rep_rank[by_rank]
+
+        # every per-entry column in decode order, so that a shard's entries are one slice of each
+        po = pos[order]
+        tag_o, chunk_o, offset_o, length_o, meta_o = tag[po], chunk[po], offset[po], length[po], meta[po]
+        out_o, row_o, depth_o = pos_out[order], pos_row[order], np.zeros(po.size, np.int64) if depth is None else depth[order]
+        b = None if base_i is None else base_i[order]  # where each delta's base row is (-1: a keyframe)
+        bases_o = None if b is None else (np.where(b >= 0, pos_out[b], -1), np.where(b >= 0, pos_row[b], -1))
+        tags_all = np.unique(tag_o).tolist()
 
         def shard(a: int, b: int) -> None:
             c0, c1 = np.searchsorted(cuts[:-1], (a, b)).tolist()  # the chains that start in [a, b)
-            sl = order[cuts[c0] : cuts[c1]]
-            p = pos[sl]  # the codecs' own parallel_for calls run inline here
-            tags = np.unique(tag[p]).tolist()
-            bases = None
-            if base_i is not None:  # where each delta's base row is (-1: a keyframe)
-                b = base_i[sl]
-                bases = (np.where(b >= 0, pos_out[b], -1), np.where(b >= 0, pos_row[b], -1))
-            if len(tags) == 1:  # one codec: its whole chains in order, each delta XORed with its base as it is decoded
-                codec_for_tag(tags[0]).decode_many(table, chunk[p], offset[p], length[p], meta[p], views, pos_out[sl], pos_row[sl], dtype, bases=bases)
+            decode_chains(slice(cuts[c0], cuts[c1]))
+            r0, r1 = np.searchsorted(rep_rank, (cuts[c0], cuts[c1])).tolist()
+            _copy_rows(views, _out_of(rep_src[r0:r1], bounds), _out_of(rep_dst[r0:r1], bounds), nbytes)
+
+        def decode(sel, with_bases: bool) -> None:  # entries `sel` (a slice or indices in decode order), of one codec
+            first = sel.start if isinstance(sel, slice) else sel[0]
+            codec_for_tag(int(tag_o[first])).decode_many(
+                table, chunk_o[sel], offset_o[sel], length_o[sel], meta_o[sel], views, out_o[sel], row_o[sel], dtype,
+                bases=(bases_o[0][sel], bases_o[1][sel]) if with_bases and bases_o is not None else None)
+
+        def decode_chains(sl: slice) -> None:
+            if sl.start == sl.stop:
                 return
+            if len(tags_all) == 1:  # one codec: its whole chains in order, each delta XORed with its base as it is decoded
+                return decode(sl, True)
             # entries of several codecs (e.g. zstd keyframes, RLE deltas): the keyframes codec by codec, then the deltas
             # (in chain order when they share one codec, else depth by depth): every base is whole before its deltas
-            d = np.zeros(sl.size, np.int64) if depth is None else depth[sl]
-            key = np.flatnonzero(d == 0)
-            groups = [(key[tag[p[key]] == t], None) for t in tags]  # a codec with no keyframe here: empty, skipped
-            rest = np.flatnonzero(d > 0)
-            if rest.size and (tag[p[rest]] == tag[p[rest[0]]]).all():
-                groups.append((rest, bases))
+            t, d, at = tag_o[sl], depth_o[sl], np.arange(sl.start, sl.stop)
+            groups = [at[(d == 0) & (t == c)] for c in tags_all]
+            rest = d > 0
+            if rest.any() and (t[rest] == t[rest][0]).all():
+                groups.append(at[rest])
             else:
-                groups += [(np.flatnonzero((d == level) & (tag[p] == t)), bases) for level in np.unique(d[rest]).tolist() for t in tags]
-            for sel, b in groups:
-                if sel.size:
-                    q = p[sel]
-                    codec_for_tag(int(tag[q[0]])).decode_many(
-                        table, chunk[q], offset[q], length[q], meta[q], views, pos_out[sl][sel], pos_row[sl][sel], dtype,
-                        bases=None if b is None else (b[0][sel], b[1][sel]),
-                    )
+                groups += [at[(d == level) & (t == c)] for level in np.unique(d[rest]).tolist() for c in tags_all]
+            for g in groups:
+                if g.size:
+                    decode(g, depth_o[g[0]] > 0)
 
         parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
-        _copy_rows(views, _out_of(source[~is_first], bounds), _out_of(present[~is_first], bounds), nbytes)
         return results
 
     def _corrupt(self, slots: np.ndarray, why: str):
