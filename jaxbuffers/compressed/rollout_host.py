@@ -85,6 +85,7 @@ class RolloutHostWriter:
         self._fields = {k: _mirror(x) for k in _FIELDS for x in [np.asarray(getattr(inner, k))]
                         if k not in _DEFAULTS or (x[: int(inner.step_index)] != _DEFAULTS[k]).any()}
         self._handed = False  # the mirrors are the arrays of the state `flush` returned: copy before writing
+        self._owned = False  # `_own_mirrors` made since the writer got a state holding device arrays (made or flushed)
         self.row = int(inner.step_index)
         self._next_slot = self.row * self._envs * (self._k or 1)  # slot of the next frame stored (module doc)
         self._overflowed = bool(inner.overflowed)
@@ -114,6 +115,7 @@ class RolloutHostWriter:
             inner = inner.replace(step=jax.tree.map(_placeholder, inner.step),
                                   **{k: _placeholder(getattr(inner, k)) for k in _FIELDS + _DERIVED})
             self._state = self._state.replace(buffer=inner)
+        self._owned = True
 
     def add(self, step: Any, *, reward, value, terminated, truncated=None, final_value=None, trainable=None) -> None:
         """`CompressedRolloutBuffer.add` on numpy values: the same arguments, shapes, dtypes and errors (checked
@@ -148,12 +150,15 @@ class RolloutHostWriter:
         """`add` of checked arguments: ``leaves`` the step's flat leaves (the spec's order, shapes ``[num_envs, ...]``
         and dtypes), ``fields`` numpy ``[num_envs]`` of the fields' dtypes by name, None where not given (the SB3
         adapter makes them so: its checks are `add`'s, made once)."""
-        self._state.host.check_state("add")
-        self._own_mirrors()
-        if self.row >= self._steps:
+        state, row = self._state, self.row
+        state.host.check_state("add")
+        if not self._owned:
+            self._own_mirrors()
+        if row >= self._steps:
             self._overflowed, self._dirty = True, True
             return
-        slots, fresh, frames = self._frame_ids([np.asarray(leaves[i]) for i in self._state.leaf_index])
+        compressed = state.leaf_index
+        slots, fresh, frames = self._frame_ids([np.asarray(leaves[i]) for i in compressed])
         if fresh is None:  # every entry is new
             self._pending.append((slots.reshape(-1), [np.array(f).reshape(-1, *f.shape[slots.ndim:]) for f in frames]))  # copies
         elif fresh[0]:
@@ -161,15 +166,18 @@ class RolloutHostWriter:
         self._num_pending += slots.size if fresh is None else len(fresh[0])
         if self._num_pending >= self.put_rows:
             self._write_pending()
-        picked = dict(zip(self._state.leaf_index, [slots] * len(frames)))
         for i, (m, x) in enumerate(zip(self._step, leaves)):
-            m[self.row] = picked[i] if i in picked else x
+            m[row] = slots if i in compressed else x
+        mirrors = self._fields
         for k, x in fields.items():
-            if x is not None and k not in self._fields:  # the first value given: the rows before hold the default
-                self._fields[k] = _mirror(np.full(self._specs[k][0], _DEFAULTS[k], self._specs[k][1]))
-            if k in self._fields:
-                self._fields[k][self.row] = _DEFAULTS[k] if x is None else x
-        self.row += 1
+            if x is None:
+                if k in mirrors:  # an optional field given before: this row holds its default
+                    mirrors[k][row] = _DEFAULTS[k]
+                continue
+            if k not in mirrors:  # the first value given: the rows before hold the default
+                mirrors[k] = _mirror(np.full(self._specs[k][0], _DEFAULTS[k], self._specs[k][1]))
+            mirrors[k][row] = x
+        self.row = row + 1
         self._dirty = True
 
     def _frame_ids(self, stacks: list[np.ndarray]) -> tuple[np.ndarray, tuple | None, list[np.ndarray]]:
@@ -180,10 +188,10 @@ class RolloutHostWriter:
         if k is None:
             return (row * n + np.arange(n, dtype=np.int32)).astype(np.int32), None, stacks
         frames = [np.ascontiguousarray(x if i.stack_axis == 0 else np.moveaxis(x, 1 + i.stack_axis, 1)) for x, i in zip(stacks, self._state.leaves)]
-        # each frame's bytes (a tuple over the leaves), compared exactly; bytes objects are also the copy of the
-        # previous stack kept (the caller may reuse its arrays)
+        # each frame's bytes (its leaves' joined: each leaf has a fixed size), compared exactly; bytes objects are also
+        # the copy of the previous stack kept (the caller may reuse its arrays)
         flat = [f.reshape(n, k, -1).view(np.uint8) for f in frames]
-        keys = [[tuple(x[e, j].tobytes() for x in flat) for j in range(k)] for e in range(n)]
+        keys = [[b"".join([x[e, j].tobytes() for x in flat]) for j in range(k)] for e in range(n)]
         fresh_e, fresh_j, slots = [], [], []
         for e in range(n):
             mine = []
@@ -227,7 +235,7 @@ class RolloutHostWriter:
                 has_advantages=jnp.bool_(False),
             )
             self._state = self._state.replace(buffer=inner, version=jnp.int32(self._state.host.version))
-            self._dirty, self._handed = False, True
+            self._dirty, self._handed, self._owned = False, True, False
         return self._state
 
     def reset(self) -> None:

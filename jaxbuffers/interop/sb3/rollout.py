@@ -257,13 +257,13 @@ class _JaxRolloutImpl:
         """`add`'s checks, changing nothing: the step's rows in the stored shapes and dtypes, ``(step, reward, value)``."""
         if self.full:
             raise IndexError(f"add: the rollout buffer is full ({self.buffer_size} steps); call reset() first")
-        n = self.n_envs
+        n, f32 = self.n_envs, _common.F32
         step = {
             "obs": self._rows.observation(obs, "obs"), "action": self._rows.action_row(action),
-            "log_prob": _common.as_row(log_prob, (n,), np.float32, "log_prob"),
-            "episode_start": _common.as_row(episode_start, (n,), np.bool_, "episode_start"),
+            "log_prob": _common.as_row(log_prob, (n,), f32, "log_prob"),
+            "episode_start": _common.as_row(episode_start, (n,), _common.BOOL, "episode_start"),
         }
-        return step, _common.as_row(reward, (n,), np.float32, "reward"), _common.as_row(value, (n,), np.float32, "value", reshape=True)
+        return step, _common.as_row(reward, (n,), f32, "reward"), _common.as_row(value, (n,), f32, "value", reshape=True)
 
     def _returns_rows(self, last_values: Any, dones: Any) -> tuple[np.ndarray, np.ndarray]:
         """`compute_returns_and_advantage`'s checks, changing nothing: ``(last_values, dones)`` as ``[n_envs]`` rows."""
