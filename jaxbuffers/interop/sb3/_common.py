@@ -160,8 +160,11 @@ def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> A
 def numbers(x: Any, what: str) -> np.ndarray:
     """``x`` (an array, a list, a torch tensor) as a numpy array of bools or numbers, or ``TypeError`` naming ``what``
     (``None``, strings and objects are not cast: numpy would read ``None`` as NaN)."""
-    if hasattr(x, "detach"):  # a torch tensor (on the CPU without a grad: its memory, no copy)
-        x = x.numpy(force=True)
+    if hasattr(x, "detach"):  # a torch tensor
+        try:
+            x = x.numpy()  # on the CPU without a grad (SB3's values, made under no_grad): its memory, no copy
+        except (RuntimeError, TypeError):  # with a grad, or on another device
+            x = x.numpy(force=True)
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError) as e:
@@ -295,8 +298,12 @@ def check_space_kind(adapter: Any, dict_class: type, observation_space: spaces.S
         raise TypeError(f"observation_space: {type(adapter).__name__} got a {type(observation_space).__name__} space; use Jax{want} for it")
 
 
-def to_sb3(tree: Any, device: Any, dtypes: Any = None) -> Any:
-    """Arrays (jax or numpy) as torch tensors on ``device`` (no copy CPU to CPU), in ``dtypes``
-    (a matching tree of numpy dtypes, e.g. SB3's int64 for int32-held data) when given."""
-    out = to_torch(tree, device=device)
-    return out if dtypes is None else jax.tree.map(lambda t, d: t.to(SUPPORTED_DTYPES[np.dtype(d)]), out, dtypes)
+def to_sb3(fields: dict, device: Any, dtypes: dict) -> dict:
+    """``fields`` (name -> a pytree of arrays, jax or numpy) as torch tensors on ``device`` (no copy CPU to CPU), all
+    in one conversion, ``fields[name]`` in ``dtypes[name]`` (a matching tree of numpy dtypes, e.g. SB3's int64 for
+    int32-held data) where that is not None."""
+    out = to_torch(fields, device=device)
+    for name, d in dtypes.items():
+        if d is not None:
+            out[name] = jax.tree.map(lambda t, d: t.to(SUPPORTED_DTYPES[np.dtype(d)]), out[name], d)
+    return out

@@ -158,7 +158,8 @@ class FieldView:
 
 # Attributes that __setstate__ rebuilds from the checkpoint bytes instead of unpickling them.
 _REBUILT = ("_rows_state", "_row_queue", "_writer", "_pending", "_rows", "_step_ends")
-_ROW_QUEUE = 128  # compressed adapter: SB3 rows staged on the host before one device add
+_ROW_QUEUE = 1024  # compressed adapter: SB3 rows (a few bytes each) staged on the host before one device add
+_MAX_PENDING = 128  # compressed adapter: the default most steps the observation writer stages (`max_pending`)
 
 _COMPRESS_OPTIONS = {"codec", "delta_codec", "keyframe_interval", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending", "keys"}
 
@@ -270,7 +271,7 @@ class _JaxReplayImpl:
         example = {"obs": obs, "action": np.uint8(0), "reward": np.float32(0)}
         # max_pending: SB3 fills a replay buffer for `learning_starts` steps before it samples; staging more steps
         # pays a flush's fixed cost less often, the staging memory kept small beside the buffer's own
-        default_pending = max(1, min(_ROW_QUEUE, self.buffer_size // 16))
+        default_pending = max(1, min(_MAX_PENDING, self.buffer_size // 16))
         max_pending, keys = opts.pop("max_pending", default_pending), opts.pop("keys", None)  # keys: the Dict keys to compress (None: all)
         buf = CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size,
                                                 compress=None if keys is None else tuple(keys), **opts)
@@ -482,13 +483,9 @@ class _JaxReplayImpl:
             obs = self._normalize_obs(self._rows.to_sb3_obs(obs), env)
             nxt = self._normalize_obs(self._rows.to_sb3_obs(nxt), env)
             rew, dtypes = self._normalize_reward(np.asarray(rew), env), None
-        dev = self.device
-        return self._samples_type(
-            observations=_common.to_sb3(obs, dev, dtypes),
-            actions=_common.to_sb3(g["actions"], dev, self._rows.action_dtype),
-            next_observations=_common.to_sb3(nxt, dev, dtypes), dones=_common.to_sb3(g["sb3_dones"], dev),
-            rewards=_common.to_sb3(rew, dev),
-        )
+        fields = {"observations": obs, "actions": g["actions"], "next_observations": nxt, "dones": g["sb3_dones"], "rewards": rew}
+        return self._samples_type(**_common.to_sb3(fields, self.device, {"observations": dtypes, "actions": self._rows.action_dtype,
+                                                                          "next_observations": dtypes}))
 
     def _decoded(self, rows: np.ndarray, envs: np.ndarray) -> tuple[dict, Any, Any]:
         """The gathered fields and the decoded (obs, next_obs) at (row, env) pairs: the transitions at (lane = env,

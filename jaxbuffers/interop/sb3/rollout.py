@@ -370,13 +370,9 @@ class _JaxRolloutImpl:
 
     def _samples_from(self, mb: Any):
         """A backing minibatch as SB3's samples (torch tensors on ``device``)."""
-        dev = self.device
-        return self._samples_type(
-            observations=_common.to_sb3(mb.step["obs"], dev, self._sample_obs_dtypes),
-            actions=_common.to_sb3(mb.step["action"], dev, np.float32),
-            old_values=_common.to_sb3(mb.value, dev), old_log_prob=_common.to_sb3(mb.step["log_prob"], dev),
-            advantages=_common.to_sb3(mb.advantages, dev), returns=_common.to_sb3(mb.returns, dev),
-        )
+        fields = {"observations": mb.step["obs"], "actions": mb.step["action"], "old_values": mb.value,
+                  "old_log_prob": mb.step["log_prob"], "advantages": mb.advantages, "returns": mb.returns}
+        return self._samples_type(**_common.to_sb3(fields, self.device, {"observations": self._sample_obs_dtypes, "actions": np.float32}))
 
 
 class JaxRolloutBuffer(_JaxRolloutImpl, RolloutBuffer):
