@@ -24,6 +24,7 @@ which grow as slots are used (`host_codecs.slot_index`), hold rows for the disti
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -92,8 +93,7 @@ class RolloutHostWriter:
         self._prev: tuple[list, list] | None = None  # per env, the last stack's frames (bytes) and their slots
         self._dirty = False
         self._checked: tuple | None = None  # layouts of the last step and fields that passed the checks
-        self._pending: list = []  # (slots, [entries per leaf]) of adds not yet put into the host stores
-        self._num_pending = 0
+        self._pending: list[tuple[int, bytes]] = []  # (slot, entry bytes: `_frame_ids`) not yet put into the host stores
 
     put_rows = 32  # entries staged before one put into the host stores (flush puts the rest)
 
@@ -158,13 +158,8 @@ class RolloutHostWriter:
             self._overflowed, self._dirty = True, True
             return
         compressed = state.leaf_index
-        slots, fresh, frames = self._frame_ids([np.asarray(leaves[i]) for i in compressed])
-        if fresh is None:  # every entry is new
-            self._pending.append((slots.reshape(-1), [np.array(f).reshape(-1, *f.shape[slots.ndim:]) for f in frames]))  # copies
-        elif fresh[0]:
-            self._pending.append((slots[fresh], [f[fresh] for f in frames]))  # copies
-        self._num_pending += slots.size if fresh is None else len(fresh[0])
-        if self._num_pending >= self.put_rows:
+        slots = self._frame_ids([np.asarray(leaves[i]) for i in compressed])
+        if len(self._pending) >= self.put_rows:
             self._write_pending()
         for i, (m, x) in enumerate(zip(self._step, leaves)):
             m[row] = slots if i in compressed else x
@@ -180,45 +175,48 @@ class RolloutHostWriter:
         self.row = row + 1
         self._dirty = True
 
-    def _frame_ids(self, stacks: list[np.ndarray]) -> tuple[np.ndarray, tuple | None, list[np.ndarray]]:
-        """``(slots, fresh, entries)`` of this step: ``slots`` int32 ``[N]`` or ``[N, k]``, where each entry is (or an
-        equal entry already is) stored; ``fresh`` the index (``(envs, frames)`` lists) of the entries to write, None
-        for all; ``entries`` ``[N(, k), *frame_shape]`` per compressed leaf."""
+    def _frame_ids(self, stacks: list[np.ndarray]) -> np.ndarray:
+        """This step's slots, int32 ``[N]`` or ``[N, k]``: where each entry is (or an equal entry already is) stored. The
+        entries to write are staged (`_pending`) as ``(slot, bytes)``: an entry's bytes are its compressed leaves'
+        ``[*frame_shape]`` (C order) joined, each leaf a fixed size; a copy (the caller may reuse its arrays)."""
         n, k, row = self._envs, self._k, self.row
         if k is None:
-            return (row * n + np.arange(n, dtype=np.int32)).astype(np.int32), None, stacks
-        frames = [np.ascontiguousarray(x if i.stack_axis == 0 else np.moveaxis(x, 1 + i.stack_axis, 1)) for x, i in zip(stacks, self._state.leaves)]
-        # each frame's bytes (its leaves' joined: each leaf has a fixed size), compared exactly; bytes objects are also
-        # the copy of the previous stack kept (the caller may reuse its arrays)
-        flat = [f.reshape(n, k, -1).view(np.uint8) for f in frames]
-        keys = [[b"".join([x[e, j].tobytes() for x in flat]) for j in range(k)] for e in range(n)]
-        fresh_e, fresh_j, slots = [], [], []
+            slots = (row * n + np.arange(n, dtype=np.int32)).astype(np.int32)
+            self._pending += [(int(s), b"".join([x[e].tobytes() for x in stacks])) for e, s in enumerate(slots.tolist())]
+            return slots
+        frames = [x if i.stack_axis == 0 else np.moveaxis(x, 1 + i.stack_axis, 1) for x, i in zip(stacks, self._state.leaves)]
+        # each frame's bytes, compared exactly; they are also the copy of the previous stack kept and the entries staged
+        keys = [[b"".join([f[e, j].tobytes() for f in frames]) for j in range(k)] for e in range(n)]
+        fresh, slots = self._pending, []
         for e in range(n):
             mine = []
             old_keys, old_slots = (self._prev[0][e], self._prev[1][e]) if self._prev is not None else (None, None)
             for j, key in enumerate(keys[e]):
                 if old_keys is not None and j < k - 1 and key == old_keys[j + 1]:  # shifted from the previous stack
-                    s, fresh = old_slots[j + 1], False
+                    s = old_slots[j + 1]
                 elif j > 0 and key == keys[e][j - 1]:  # repeats its left neighbour ("reset" padding)
-                    s, fresh = mine[j - 1], False
+                    s = mine[j - 1]
                 else:
-                    s, fresh = self._next_slot + len(fresh_e), True
+                    s = self._next_slot
+                    self._next_slot += 1
+                    fresh.append((s, key))
                 mine.append(s)
-                if fresh:
-                    fresh_e.append(e)
-                    fresh_j.append(j)
             slots.append(mine)
         self._prev = (keys, slots)
-        self._next_slot += len(fresh_e)
-        return np.array(slots, np.int32), (fresh_e, fresh_j), frames
+        return np.array(slots, np.int32)
 
     def _write_pending(self) -> None:
         """Put the staged entries into the host stores (one write: the per-call cost of a put is paid once)."""
         if self._pending:
-            host = self._state.host
-            slots = np.concatenate([p[0] for p in self._pending])
-            datas = [np.concatenate(f) for f in zip(*(p[1] for p in self._pending))]
-            self._pending, self._num_pending = [], 0
+            host, pending = self._state.host, self._pending
+            self._pending = []
+            slots = np.array([s for s, _ in pending], np.int32)
+            raw = np.frombuffer(b"".join([b for _, b in pending]), np.uint8).reshape(len(pending), -1)
+            datas, at = [], 0
+            for i in self._state.leaves:  # each leaf's bytes of every entry, as [m, *frame_shape]
+                size = math.prod(i.frame_shape) * np.dtype(i.dtype).itemsize
+                datas.append(np.ascontiguousarray(raw[:, at : at + size]).view(i.dtype).reshape(-1, *i.frame_shape))
+                at += size
             host.write(np.int32(host.version), slots, np.ones(slots.size, np.bool_), *datas)
 
     def flush(self) -> CompressedRolloutBuffer:

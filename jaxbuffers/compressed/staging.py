@@ -251,11 +251,12 @@ class StagingWriter:
         m = len(self._stage)  # flat: the step's leaves, terminated, then truncated and the final_obs leaves if given
         self._add_checked(given[:m], given[m], None if truncated is None else given[m + 1], None if truncated is None else given[m + 2 :])
 
-    def _add_checked(self, leaves: list, term, trunc, fin: list | None) -> None:
+    def _add_checked(self, leaves: list, term, trunc, fin: list | None, owned: bool = False) -> None:
         """`add` of checked arguments: ``leaves`` the step's flat leaves (the example step's order, shapes
         ``[num_envs, ...]`` and dtypes), ``term`` / ``trunc`` bool ``[num_envs]`` (``trunc`` None: not given),
         ``fin`` the final observation's flat leaves or None (the SB3 replay adapter makes them so: its checks are
-        `add`'s, made once). The frame-stack check and everything after it are `add`'s."""
+        `add`'s, made once). The frame-stack check and everything after it are `add`'s. ``owned``: the compressed
+        leaves are numpy arrays nobody changes from now on, kept as they are for the next step's check (not copied)."""
         buf = self._buf
         buf.host.check_state("StagingWriter.add")
         term = np.asarray(term)
@@ -272,7 +273,7 @@ class StagingWriter:
                                         None if fin is None else boot[:, None])
             if error is not None:
                 raise error
-            self._previous = ([np.array(x) for x in stacks], term if truncated is None else term | trunc)
+            self._previous = (stacks if owned else [np.array(x) for x in stacks], term if truncated is None else term | trunc)
         j = self._n  # checked: stage copies (JAX arrays are fetched here)
         for dst, x, pick in zip(self._stage, leaves, self._picks):
             dst[:, j] = x if pick is None else np.asarray(x)[pick]

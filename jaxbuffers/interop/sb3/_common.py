@@ -136,9 +136,12 @@ def zeros(n: int, dtype: Any) -> np.ndarray:
     return out
 
 
-def copy_obs(obs: Any) -> Any:
-    """A copy of a stored observation row (a dict of them for Dict spaces)."""
-    return {k: np.array(v) for k, v in obs.items()} if isinstance(obs, dict) else np.array(obs)
+def frozen_obs(obs: Any) -> tuple[Any, list[bytes]]:
+    """A read-only copy of a stored observation row (a dict of them for Dict spaces) and its leaves' bytes (in
+    `jax.tree.leaves` order), the copy's memory: one copy makes both."""
+    raw = [x.tobytes() for x in jax.tree.leaves(obs)]
+    leaves = [np.frombuffer(b, x.dtype).reshape(x.shape) for b, x in zip(raw, jax.tree.leaves(obs))]
+    return jax.tree.unflatten(jax.tree.structure(obs), leaves), raw
 
 
 def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> Any:
@@ -274,11 +277,12 @@ class Rows:
         return jax.tree.map(lambda x, d: np.asarray(x).astype(d, copy=False), obs, self.obs_dtypes)
 
 
-def differs(a: Any, b: Any) -> np.ndarray | None:
+def differs(a: Any, b: Any, b_bytes: list[bytes]) -> np.ndarray | None:
     """bool ``[n]``: where row ``i`` of two pytrees of numpy arrays ``[n, ...]`` of one structure and dtype differ, bit
-    for bit (a NaN or -0.0 counts as its bytes); None where no row does (the usual case: one comparison per leaf)."""
+    for bit (a NaN or -0.0 counts as its bytes); None where no row does (the usual case: one comparison per leaf, with
+    ``b_bytes``, the bytes of ``b``'s leaves, `frozen_obs`)."""
     pairs = [(a, b)] if type(a) is np.ndarray else list(zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-    if all(x.tobytes() == y.tobytes() for x, y in pairs):
+    if all(x.tobytes() == y for (x, _), y in zip(pairs, b_bytes)):
         return None
     # each row's bytes compared whole (a copy and a memcmp: faster here than an elementwise comparison and a reduction)
     return np.array([any(x[i].tobytes() != y[i].tobytes() for x, y in pairs) for i in range(len(pairs[0][0]))], bool)

@@ -157,7 +157,7 @@ class FieldView:
 
 
 # Attributes that __setstate__ rebuilds from the checkpoint bytes instead of unpickling them.
-_REBUILT = ("_rows_state", "_row_queue", "_writer", "_pending", "_rows", "_step_ends")
+_REBUILT = ("_rows_state", "_row_queue", "_writer", "_pending", "_pending_bytes", "_rows", "_step_ends")
 _ROW_QUEUE = 1024  # compressed adapter: SB3 rows (a few bytes each) staged on the host before one device add
 _MAX_PENDING = 128  # compressed adapter: the default most steps the observation writer stages (`max_pending`)
 
@@ -374,8 +374,8 @@ class _JaxReplayImpl:
             self._writer.close()
             self._writer = StagingWriter(restored["observations"], max_pending=max_pending, donate=True)
             if pending is not None:
-                leaves = [np.frombuffer(raw, np.dtype(dtype)).reshape(shape).copy() for raw, shape, dtype in pending]
-                self._pending = jax.tree.unflatten(jax.tree.structure(self._rows.obs), leaves)
+                leaves = [np.frombuffer(raw, np.dtype(dtype)).reshape(shape) for raw, shape, dtype in pending]
+                self._pending, self._pending_bytes = jax.tree.unflatten(jax.tree.structure(self._rows.obs), leaves), [raw for raw, _, _ in pending]
         self.__dict__.update(state)
 
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
@@ -427,21 +427,23 @@ class _JaxReplayImpl:
         Every episode end goes in as a truncation, so that its terminal observation is kept in the final-observation
         ring; SB3's dones and timeouts live in the row store. The rows have the writer's spec (its example step is
         made from them), so they are staged without being checked again."""
-        w = self._writer
-        if self._pending is not None:  # an env whose obs is not the previous row's next_obs: that row ends there
-            moved = _common.differs(obs_row, self._pending)
+        w, pending, moved = self._writer, self._pending, True
+        if pending is not None:  # an env whose obs is not the previous row's next_obs: that row ends there
+            moved = _common.differs(obs_row, pending, self._pending_bytes)
             if moved is not None:
-                w.truncate_last(moved, final_obs=self._pending)
+                w.truncate_last(moved, final_obs=pending)
         if self._step_ends is None:  # the writer's flat step: [*head, *obs leaves, *tail] (placeholders around the obs)
             flat = w._treedef.flatten_up_to({"obs": obs_row, "action": _common.zeros(self.n_envs, np.uint8),
                                              "reward": _common.zeros(self.n_envs, np.float32)})
             m = len(w._obs_leaves)
             self._step_ends = (flat[: w._obs_offset], flat[w._obs_offset + m :])
         head, tail = self._step_ends
-        obs_leaves = [obs_row] if type(obs_row) is np.ndarray else w._obs_treedef.flatten_up_to(obs_row)
+        owned = moved is None  # obs is the held copy bit for bit: that read-only copy goes in, kept without a copy
+        obs = pending if owned else obs_row
+        obs_leaves = [obs] if type(obs) is np.ndarray else w._obs_treedef.flatten_up_to(obs)
         next_leaves = [next_row] if type(next_row) is np.ndarray else w._obs_treedef.flatten_up_to(next_row)
-        w._add_checked([*head, *obs_leaves, *tail], _common.zeros(self.n_envs, np.bool_), fields["dones"], next_leaves)
-        self._pending = _common.copy_obs(next_row)  # next_row may be a view of the caller's array
+        w._add_checked([*head, *obs_leaves, *tail], _common.zeros(self.n_envs, np.bool_), fields["dones"], next_leaves, owned=owned)
+        self._pending, self._pending_bytes = _common.frozen_obs(next_row)  # next_row may be a view of the caller's array
         self._stage_row(fields)
 
     def sample(self, batch_size: int, env: VecNormalize | None = None):
