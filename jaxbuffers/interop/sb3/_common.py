@@ -139,9 +139,10 @@ def zeros(n: int, dtype: Any) -> np.ndarray:
 def frozen_obs(obs: Any) -> tuple[Any, list[bytes]]:
     """A read-only copy of a stored observation row (a dict of them for Dict spaces) and its leaves' bytes (in
     `jax.tree.leaves` order), the copy's memory: one copy makes both."""
-    raw = [x.tobytes() for x in jax.tree.leaves(obs)]
-    leaves = [np.frombuffer(b, x.dtype).reshape(x.shape) for b, x in zip(raw, jax.tree.leaves(obs))]
-    return jax.tree.unflatten(jax.tree.structure(obs), leaves), raw
+    leaves, tree = ([obs], None) if type(obs) is np.ndarray else jax.tree.flatten(obs)  # one array: no tree to walk
+    raw = [x.tobytes() for x in leaves]
+    copies = [np.frombuffer(b, x.dtype).reshape(x.shape) for b, x in zip(raw, leaves)]
+    return (copies[0] if tree is None else jax.tree.unflatten(tree, copies)), raw
 
 
 def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> Any:
