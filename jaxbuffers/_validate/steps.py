@@ -271,23 +271,24 @@ def _host_unrebuilt(stacks, before, starts, finals, boot, *, stack_axis: int, pa
     """`unrebuilt_trajectory_stacks` on the host: the same result, each stack compared as bytes (bit for bit, as
     `_differs`) only where the rule reads it, one step at a time: a step's comparison touches its own stack once and
     makes no temporaries the size of the chunk."""
-    def front(a, lead):  # the k axis after the `lead` axes (a view; the array itself when it is there already)
-        a = np.asarray(a)
-        return a if stack_axis == 0 else np.moveaxis(a, lead + stack_axis, lead)
-
-    x, prev0, f, starts = front(stacks, 2), front(before, 1), None if finals is None else front(finals, 2), np.asarray(starts)  # [E, t, k, *frame]
-    e_n, t_n, k = x.shape[:3]
+    x, prev0, f = np.asarray(stacks), np.asarray(before), None if finals is None else np.asarray(finals)
+    if stack_axis:  # the k axis after the leading axes (views)
+        x, prev0 = np.moveaxis(x, 2 + stack_axis, 2), np.moveaxis(prev0, 1 + stack_axis, 1)
+        f = None if f is None else np.moveaxis(f, 2 + stack_axis, 2)
+    e_n, t_n, k = x.shape[:3]  # x: [E, t, k, *frame]
+    starts, read = np.asarray(starts).tolist(), None if f is None else np.asarray(boot).tolist()
     bad = np.zeros((2, e_n, t_n), np.bool_)
     for e in range(e_n):
         for t in range(t_n):
             older = x[e, t, : k - 1].tobytes()
-            if starts[e, t]:
+            if starts[e][t]:
                 pad = bytes(len(older)) if padding == "zero" else x[e, t, k - 1].tobytes() * (k - 1)
             else:
                 pad = (prev0[e] if t == 0 else x[e, t - 1])[1:].tobytes()
-            bad[0, e, t] = older != pad
-            if f is not None and boot[e, t]:
-                bad[1, e, t] = f[e, t, : k - 1].tobytes() != x[e, t, 1:].tobytes()
+            if older != pad:
+                bad[0, e, t] = True
+            if read is not None and read[e][t] and f[e, t, : k - 1].tobytes() != x[e, t, 1:].tobytes():
+                bad[1, e, t] = True
     return bad
 
 

@@ -24,6 +24,7 @@ which grow as slots are used (`host_codecs.slot_index`), hold rows for the disti
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -85,14 +86,14 @@ class RolloutHostWriter:
         self._fields = {k: _mirror(x) for k in _FIELDS for x in [np.asarray(getattr(inner, k))]
                         if k not in _DEFAULTS or (x[: int(inner.step_index)] != _DEFAULTS[k]).any()}
         self._handed = False  # the mirrors are the arrays of the state `flush` returned: copy before writing
+        self._owned = False  # `_own_mirrors` made since the writer got a state holding device arrays (made or flushed)
         self.row = int(inner.step_index)
         self._next_slot = self.row * self._envs * (self._k or 1)  # slot of the next frame stored (module doc)
         self._overflowed = bool(inner.overflowed)
         self._prev: tuple[list, list] | None = None  # per env, the last stack's frames (bytes) and their slots
         self._dirty = False
         self._checked: tuple | None = None  # layouts of the last step and fields that passed the checks
-        self._pending: list = []  # (slots, [entries per leaf]) of adds not yet put into the host stores
-        self._num_pending = 0
+        self._pending: list[tuple[int, bytes]] = []  # (slot, entry bytes: `_frame_ids`) not yet put into the host stores
 
     put_rows = 32  # entries staged before one put into the host stores (flush puts the rest)
 
@@ -114,6 +115,7 @@ class RolloutHostWriter:
             inner = inner.replace(step=jax.tree.map(_placeholder, inner.step),
                                   **{k: _placeholder(getattr(inner, k)) for k in _FIELDS + _DERIVED})
             self._state = self._state.replace(buffer=inner)
+        self._owned = True
 
     def add(self, step: Any, *, reward, value, terminated, truncated=None, final_value=None, trainable=None) -> None:
         """`CompressedRolloutBuffer.add` on numpy values: the same arguments, shapes, dtypes and errors (checked
@@ -148,69 +150,73 @@ class RolloutHostWriter:
         """`add` of checked arguments: ``leaves`` the step's flat leaves (the spec's order, shapes ``[num_envs, ...]``
         and dtypes), ``fields`` numpy ``[num_envs]`` of the fields' dtypes by name, None where not given (the SB3
         adapter makes them so: its checks are `add`'s, made once)."""
-        self._state.host.check_state("add")
-        self._own_mirrors()
-        if self.row >= self._steps:
+        state, row = self._state, self.row
+        state.host.check_state("add")
+        if not self._owned:
+            self._own_mirrors()
+        if row >= self._steps:
             self._overflowed, self._dirty = True, True
             return
-        slots, fresh, frames = self._frame_ids([np.asarray(leaves[i]) for i in self._state.leaf_index])
-        if fresh is None:  # every entry is new
-            self._pending.append((slots.reshape(-1), [np.array(f).reshape(-1, *f.shape[slots.ndim:]) for f in frames]))  # copies
-        elif fresh[0]:
-            self._pending.append((slots[fresh], [f[fresh] for f in frames]))  # copies
-        self._num_pending += slots.size if fresh is None else len(fresh[0])
-        if self._num_pending >= self.put_rows:
+        compressed = state.leaf_index
+        slots = self._frame_ids([np.asarray(leaves[i]) for i in compressed])
+        if len(self._pending) >= self.put_rows:
             self._write_pending()
-        picked = dict(zip(self._state.leaf_index, [slots] * len(frames)))
         for i, (m, x) in enumerate(zip(self._step, leaves)):
-            m[self.row] = picked[i] if i in picked else x
+            m[row] = slots if i in compressed else x
+        mirrors = self._fields
         for k, x in fields.items():
-            if x is not None and k not in self._fields:  # the first value given: the rows before hold the default
-                self._fields[k] = _mirror(np.full(self._specs[k][0], _DEFAULTS[k], self._specs[k][1]))
-            if k in self._fields:
-                self._fields[k][self.row] = _DEFAULTS[k] if x is None else x
-        self.row += 1
+            if x is None:
+                if k in mirrors:  # an optional field given before: this row holds its default
+                    mirrors[k][row] = _DEFAULTS[k]
+                continue
+            if k not in mirrors:  # the first value given: the rows before hold the default
+                mirrors[k] = _mirror(np.full(self._specs[k][0], _DEFAULTS[k], self._specs[k][1]))
+            mirrors[k][row] = x
+        self.row = row + 1
         self._dirty = True
 
-    def _frame_ids(self, stacks: list[np.ndarray]) -> tuple[np.ndarray, tuple | None, list[np.ndarray]]:
-        """``(slots, fresh, entries)`` of this step: ``slots`` int32 ``[N]`` or ``[N, k]``, where each entry is (or an
-        equal entry already is) stored; ``fresh`` the index (``(envs, frames)`` lists) of the entries to write, None
-        for all; ``entries`` ``[N(, k), *frame_shape]`` per compressed leaf."""
+    def _frame_ids(self, stacks: list[np.ndarray]) -> np.ndarray:
+        """This step's slots, int32 ``[N]`` or ``[N, k]``: where each entry is (or an equal entry already is) stored. The
+        entries to write are staged (`_pending`) as ``(slot, bytes)``: an entry's bytes are its compressed leaves'
+        ``[*frame_shape]`` (C order) joined, each leaf a fixed size; a copy (the caller may reuse its arrays)."""
         n, k, row = self._envs, self._k, self.row
         if k is None:
-            return (row * n + np.arange(n, dtype=np.int32)).astype(np.int32), None, stacks
-        frames = [np.ascontiguousarray(x if i.stack_axis == 0 else np.moveaxis(x, 1 + i.stack_axis, 1)) for x, i in zip(stacks, self._state.leaves)]
-        # each frame's bytes (a tuple over the leaves), compared exactly; bytes objects are also the copy of the
-        # previous stack kept (the caller may reuse its arrays)
-        flat = [f.reshape(n, k, -1).view(np.uint8) for f in frames]
-        keys = [[tuple(x[e, j].tobytes() for x in flat) for j in range(k)] for e in range(n)]
-        fresh_e, fresh_j, slots = [], [], []
+            slots = (row * n + np.arange(n, dtype=np.int32)).astype(np.int32)
+            self._pending += [(int(s), b"".join([x[e].tobytes() for x in stacks])) for e, s in enumerate(slots.tolist())]
+            return slots
+        frames = [x if i.stack_axis == 0 else np.moveaxis(x, 1 + i.stack_axis, 1) for x, i in zip(stacks, self._state.leaves)]
+        # each frame's bytes, compared exactly; they are also the copy of the previous stack kept and the entries staged
+        keys = [[b"".join([f[e, j].tobytes() for f in frames]) for j in range(k)] for e in range(n)]
+        fresh, slots = self._pending, []
         for e in range(n):
             mine = []
             old_keys, old_slots = (self._prev[0][e], self._prev[1][e]) if self._prev is not None else (None, None)
             for j, key in enumerate(keys[e]):
                 if old_keys is not None and j < k - 1 and key == old_keys[j + 1]:  # shifted from the previous stack
-                    s, fresh = old_slots[j + 1], False
+                    s = old_slots[j + 1]
                 elif j > 0 and key == keys[e][j - 1]:  # repeats its left neighbour ("reset" padding)
-                    s, fresh = mine[j - 1], False
+                    s = mine[j - 1]
                 else:
-                    s, fresh = self._next_slot + len(fresh_e), True
+                    s = self._next_slot
+                    self._next_slot += 1
+                    fresh.append((s, key))
                 mine.append(s)
-                if fresh:
-                    fresh_e.append(e)
-                    fresh_j.append(j)
             slots.append(mine)
         self._prev = (keys, slots)
-        self._next_slot += len(fresh_e)
-        return np.array(slots, np.int32), (fresh_e, fresh_j), frames
+        return np.array(slots, np.int32)
 
     def _write_pending(self) -> None:
         """Put the staged entries into the host stores (one write: the per-call cost of a put is paid once)."""
         if self._pending:
-            host = self._state.host
-            slots = np.concatenate([p[0] for p in self._pending])
-            datas = [np.concatenate(f) for f in zip(*(p[1] for p in self._pending))]
-            self._pending, self._num_pending = [], 0
+            host, pending = self._state.host, self._pending
+            self._pending = []
+            slots = np.array([s for s, _ in pending], np.int32)
+            raw = np.frombuffer(b"".join([b for _, b in pending]), np.uint8).reshape(len(pending), -1)
+            datas, at = [], 0
+            for i in self._state.leaves:  # each leaf's bytes of every entry, as [m, *frame_shape]
+                size = math.prod(i.frame_shape) * np.dtype(i.dtype).itemsize
+                datas.append(np.ascontiguousarray(raw[:, at : at + size]).view(i.dtype).reshape(-1, *i.frame_shape))
+                at += size
             host.write(np.int32(host.version), slots, np.ones(slots.size, np.bool_), *datas)
 
     def flush(self) -> CompressedRolloutBuffer:
@@ -227,7 +233,7 @@ class RolloutHostWriter:
                 has_advantages=jnp.bool_(False),
             )
             self._state = self._state.replace(buffer=inner, version=jnp.int32(self._state.host.version))
-            self._dirty, self._handed = False, True
+            self._dirty, self._handed, self._owned = False, True, False
         return self._state
 
     def reset(self) -> None:

@@ -251,36 +251,38 @@ class StagingWriter:
         m = len(self._stage)  # flat: the step's leaves, terminated, then truncated and the final_obs leaves if given
         self._add_checked(given[:m], given[m], None if truncated is None else given[m + 1], None if truncated is None else given[m + 2 :])
 
-    def _add_checked(self, leaves: list, term, trunc, fin: list | None) -> None:
+    def _add_checked(self, leaves: list, term, trunc, fin: list | None, owned: bool = False) -> None:
         """`add` of checked arguments: ``leaves`` the step's flat leaves (the example step's order, shapes
         ``[num_envs, ...]`` and dtypes), ``term`` / ``trunc`` bool ``[num_envs]`` (``trunc`` None: not given),
         ``fin`` the final observation's flat leaves or None (the SB3 replay adapter makes them so: its checks are
-        `add`'s, made once). The frame-stack check and everything after it are `add`'s."""
-        self._buf.host.check_state("StagingWriter.add")
+        `add`'s, made once). The frame-stack check and everything after it are `add`'s. ``owned``: the compressed
+        leaves are numpy arrays nobody changes from now on, kept as they are for the next step's check (not copied)."""
+        buf = self._buf
+        buf.host.check_state("StagingWriter.add")
         term = np.asarray(term)
         truncated = trunc = None if trunc is None else np.asarray(trunc)
         boot = None if fin is None else trunc & ~term  # the final observations read
         if self._stacked:  # stacks the buffer could not rebuild: refused here, as its add refuses them
-            stacks = [np.asarray(leaves[self._obs_offset + i]) for i in self._buf.leaf_index]
+            stacks = [np.asarray(leaves[self._obs_offset + i]) for i in buf.leaf_index]
             if self._previous is None:  # the lanes' last steps are in the buffer: read from the store once
-                befores, first = jax.device_get(self._buf.lane_tails())
+                befores, first = jax.device_get(buf.lane_tails())
             else:
                 befores, first = self._previous
-            finals = None if fin is None else [np.asarray(fin[i])[:, None] for i in self._buf.leaf_index]
-            error = self._buf._stack_error_of([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
-                                              None if fin is None else boot[:, None])
+            finals = None if fin is None else [np.asarray(fin[i])[:, None] for i in buf.leaf_index]
+            error = buf._stack_error_of([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
+                                        None if fin is None else boot[:, None])
             if error is not None:
                 raise error
-            self._previous = ([np.array(x) for x in stacks], term | (False if truncated is None else trunc))
+            self._previous = (stacks if owned else [np.array(x) for x in stacks], term if truncated is None else term | trunc)
         j = self._n  # checked: stage copies (JAX arrays are fetched here)
         for dst, x, pick in zip(self._stage, leaves, self._picks):
-            x = np.asarray(x)
-            dst[:, j] = x if pick is None else x[pick]
+            dst[:, j] = x if pick is None else np.asarray(x)[pick]
         self._terminated[:, j] = term
         if fin is not None:
-            self._allocate_final()
+            if self._final is None:
+                self._allocate_final()
             self._truncated[:, j] = trunc
-            if self._dense_finals or boot.any():
+            if self._dense_finals or np.count_nonzero(boot):
                 self._stage_finals(j, boot, fin)
         else:
             self._truncated[:, j] = False

@@ -142,7 +142,7 @@ class StackChecked:
             _validate.unrebuilt_trajectory_stacks(x, b, starts, None if finals is None else f, boot, stack_axis=i.stack_axis, padding=self.padding)
             for x, b, f, i in zip(stacks, befores, finals or [None] * len(stacks), self.leaves)
         ]
-        return self._stack_error(np.stack(bad)) if any(b.any() for b in bad) else None
+        return self._stack_error(np.stack(bad)) if any(np.count_nonzero(b) for b in bad) else None
 
     def final_error(self, befores, finals, boot) -> ValueError | None:
         """The error `add` raises for final observations that are not their step's stack shifted by one frame, or

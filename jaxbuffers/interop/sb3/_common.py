@@ -21,6 +21,8 @@ from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 from jaxbuffers import _ring
 from jaxbuffers.interop.torch import SUPPORTED_DTYPES, to_torch
 
+F32, BOOL = np.dtype(np.float32), np.dtype(np.bool_)  # the stored dtypes of rewards and flags (`as_row` compares dtypes)
+
 
 # The ring cursors of a ReplayBuffer are read and set only through these two.
 def ring_state(buf: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -85,7 +87,7 @@ def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
     same = back == a  # one comparison per value: this runs on every add
     if a.dtype.kind in "fc":  # NaN is held exactly when it comes back as NaN
         same |= np.isnan(a) & np.isnan(back)
-    if not same.all():
+    if np.count_nonzero(same) != same.size:  # not `same.all()`: a direct count is the cheaper call on a few values
         raise TypeError(f"{what}: values of dtype {a.dtype} that {np.dtype(dtype)} does not hold exactly")
     return out
 
@@ -116,7 +118,7 @@ def flags(x: Any, what: str) -> np.ndarray:
     """``x`` as bool, or ``ValueError`` for a value other than 0 and 1 (SB3 keeps flags as float32)."""
     a = np.asarray(x)
     b = a.astype(np.bool_)
-    if a.dtype != np.bool_ and not (b == a).all():  # 0 and 1 are the values equal to their bool
+    if a.dtype != np.bool_ and np.count_nonzero(b == a) != a.size:  # 0 and 1 are the values equal to their bool
         raise ValueError(f"{what}: expected booleans (0 or 1), got the value {a[(a != 0) & (a != 1)].flat[0]!r}")
     return b
 
@@ -134,9 +136,13 @@ def zeros(n: int, dtype: Any) -> np.ndarray:
     return out
 
 
-def copy_obs(obs: Any) -> Any:
-    """A copy of a stored observation row (a dict of them for Dict spaces)."""
-    return {k: np.array(v) for k, v in obs.items()} if isinstance(obs, dict) else np.array(obs)
+def frozen_obs(obs: Any) -> tuple[Any, list[bytes]]:
+    """A read-only copy of a stored observation row (a dict of them for Dict spaces) and its leaves' bytes (in
+    `jax.tree.leaves` order), the copy's memory: one copy makes both."""
+    leaves, tree = ([obs], None) if type(obs) is np.ndarray else jax.tree.flatten(obs)  # one array: no tree to walk
+    raw = [x.tobytes() for x in leaves]
+    copies = [np.frombuffer(b, x.dtype).reshape(x.shape) for b, x in zip(raw, leaves)]
+    return (copies[0] if tree is None else jax.tree.unflatten(tree, copies)), raw
 
 
 def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> Any:
@@ -159,7 +165,10 @@ def numbers(x: Any, what: str) -> np.ndarray:
     """``x`` (an array, a list, a torch tensor) as a numpy array of bools or numbers, or ``TypeError`` naming ``what``
     (``None``, strings and objects are not cast: numpy would read ``None`` as NaN)."""
     if hasattr(x, "detach"):  # a torch tensor
-        x = x.detach().cpu().numpy()
+        try:
+            x = x.numpy()  # on the CPU without a grad (SB3's values, made under no_grad): its memory, no copy
+        except (RuntimeError, TypeError):  # with a grad, or on another device
+            x = x.numpy(force=True)
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError) as e:
@@ -221,7 +230,7 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
     if dtype == np.bool_:
         return flags(arr, what)
     if (exact or dtype.kind in "iu") and arr.dtype.kind in "iufc":  # an integer stored dtype; numbers (not bool)
-        arr = exact_cast(arr, dtype, what)
+        return exact_cast(arr, dtype, what)  # every value held exactly: `cast` would pass them as they are
     return cast(arr, dtype, what)
 
 
@@ -238,11 +247,24 @@ class Rows:
         self.action_dtype = np.dtype(action_dtype)
         stored = storage_dtype(sb3_float32(action_dtype), action_space, "action_space")
         self.action = jax.ShapeDtypeStruct((n_envs, get_action_dim(action_space)), stored)
+        self._obs_args: tuple | None = None  # (self.obs, its `_row_args`) once made; None for Dict spaces
+
+    def _row_args(self, sp: spaces.Space, s: jax.ShapeDtypeStruct, sb3: np.dtype) -> tuple:
+        """`as_row`'s arguments for one observation leaf: ``(shape, stored dtype, reshape, exact)``."""
+        return s.shape, np.dtype(s.dtype), isinstance(sp, spaces.Discrete), s.dtype != sb3
 
     def observation(self, obs: Any, what: str) -> Any:
         """One step's observation in the stored shapes and dtypes (`as_row`'s errors)."""
+        if not isinstance(self.space, spaces.Dict):  # one leaf: its arguments made once (again if `obs` was replaced)
+            made = self._obs_args
+            if made is None or made[0] is not self.obs:
+                made = self._obs_args = (self.obs, self._row_args(self.space, self.obs, self.obs_dtypes))
+            shape, dtype, reshape, exact = made[1]
+            return as_row(obs, shape, dtype, what, reshape=reshape, exact=exact)
+
         def one(sp, s, sb3, x, name):
-            return as_row(x, s.shape, s.dtype, name, reshape=isinstance(sp, spaces.Discrete), exact=s.dtype != sb3)
+            shape, dtype, reshape, exact = self._row_args(sp, s, sb3)
+            return as_row(x, shape, dtype, name, reshape=reshape, exact=exact)
 
         return per_key(one, self.space, self.obs, self.obs_dtypes, obs, what=what)
 
@@ -256,10 +278,13 @@ class Rows:
         return jax.tree.map(lambda x, d: np.asarray(x).astype(d, copy=False), obs, self.obs_dtypes)
 
 
-def differs(a: Any, b: Any) -> np.ndarray:
+def differs(a: Any, b: Any, b_bytes: list[bytes]) -> np.ndarray | None:
     """bool ``[n]``: where row ``i`` of two pytrees of numpy arrays ``[n, ...]`` of one structure and dtype differ, bit
-    for bit (a NaN or -0.0 counts as its bytes)."""
+    for bit (a NaN or -0.0 counts as its bytes); None where no row does (the usual case: one comparison per leaf, with
+    ``b_bytes``, the bytes of ``b``'s leaves, `frozen_obs`)."""
     pairs = [(a, b)] if type(a) is np.ndarray else list(zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    if all(x.tobytes() == y for (x, _), y in zip(pairs, b_bytes)):
+        return None
     # each row's bytes compared whole (a copy and a memcmp: faster here than an elementwise comparison and a reduction)
     return np.array([any(x[i].tobytes() != y[i].tobytes() for x, y in pairs) for i in range(len(pairs[0][0]))], bool)
 
@@ -278,8 +303,12 @@ def check_space_kind(adapter: Any, dict_class: type, observation_space: spaces.S
         raise TypeError(f"observation_space: {type(adapter).__name__} got a {type(observation_space).__name__} space; use Jax{want} for it")
 
 
-def to_sb3(tree: Any, device: Any, dtypes: Any = None) -> Any:
-    """Arrays (jax or numpy) as torch tensors on ``device`` (no copy CPU to CPU), in ``dtypes``
-    (a matching tree of numpy dtypes, e.g. SB3's int64 for int32-held data) when given."""
-    out = to_torch(tree, device=device)
-    return out if dtypes is None else jax.tree.map(lambda t, d: t.to(SUPPORTED_DTYPES[np.dtype(d)]), out, dtypes)
+def to_sb3(fields: dict, device: Any, dtypes: dict) -> dict:
+    """``fields`` (name -> a pytree of arrays, jax or numpy) as torch tensors on ``device`` (no copy CPU to CPU), all
+    in one conversion, ``fields[name]`` in ``dtypes[name]`` (a matching tree of numpy dtypes, e.g. SB3's int64 for
+    int32-held data) where that is not None."""
+    out = to_torch(fields, device=device)
+    for name, d in dtypes.items():
+        if d is not None:
+            out[name] = jax.tree.map(lambda t, d: t.to(SUPPORTED_DTYPES[np.dtype(d)]), out[name], d)
+    return out

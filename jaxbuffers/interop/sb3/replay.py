@@ -157,8 +157,9 @@ class FieldView:
 
 
 # Attributes that __setstate__ rebuilds from the checkpoint bytes instead of unpickling them.
-_REBUILT = ("_rows_state", "_row_queue", "_writer", "_pending", "_rows")
-_ROW_QUEUE = 128  # compressed adapter: SB3 rows staged on the host before one device add
+_REBUILT = ("_rows_state", "_row_queue", "_writer", "_pending", "_pending_bytes", "_rows", "_step_ends")
+_ROW_QUEUE = 1024  # compressed adapter: SB3 rows (a few bytes each) staged on the host before one device add
+_MAX_PENDING = 128  # compressed adapter: the default most steps the observation writer stages (`max_pending`)
 
 _COMPRESS_OPTIONS = {"codec", "delta_codec", "keyframe_interval", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending", "keys"}
 
@@ -223,6 +224,7 @@ class _JaxReplayImpl:
             del spec["observations"]  # observations live in the compressed buffer
             self._writer = self._new_compressed()
             self._pending = None  # host [n_envs, *obs_shape] (a dict for Dict spaces): the newest row's next observation
+            self._step_ends = None  # the constant leaves of the writer's flat step before and after the observation's
         elif not self.optimize_memory_usage:
             spec["next_observations"] = self._rows.obs
         self._state = _replay.ReplayBuffer.create(spec, capacity=self.buffer_size)
@@ -254,8 +256,8 @@ class _JaxReplayImpl:
         if queue is None:
             queue = ({k: np.empty((_ROW_QUEUE, *x.shape), x.dtype) for k, x in row.items()}, 0)
         rows, k = queue
-        for name, x in row.items():
-            rows[name][k] = x  # a copy: the row may be a view of the caller's arrays
+        for dst, x in zip(rows.values(), row.values()):  # one order: every row is made by `add`
+            dst[k] = x  # a copy: the row may be a view of the caller's arrays
         self._row_queue = (rows, k + 1)
         if k + 1 == _ROW_QUEUE:
             self._state  # noqa: B018 (adds the staged rows)
@@ -269,7 +271,7 @@ class _JaxReplayImpl:
         example = {"obs": obs, "action": np.uint8(0), "reward": np.float32(0)}
         # max_pending: SB3 fills a replay buffer for `learning_starts` steps before it samples; staging more steps
         # pays a flush's fixed cost less often, the staging memory kept small beside the buffer's own
-        default_pending = max(1, min(_ROW_QUEUE, self.buffer_size // 16))
+        default_pending = max(1, min(_MAX_PENDING, self.buffer_size // 16))
         max_pending, keys = opts.pop("max_pending", default_pending), opts.pop("keys", None)  # keys: the Dict keys to compress (None: all)
         buf = CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size,
                                                 compress=None if keys is None else tuple(keys), **opts)
@@ -372,8 +374,8 @@ class _JaxReplayImpl:
             self._writer.close()
             self._writer = StagingWriter(restored["observations"], max_pending=max_pending, donate=True)
             if pending is not None:
-                leaves = [np.frombuffer(raw, np.dtype(dtype)).reshape(shape).copy() for raw, shape, dtype in pending]
-                self._pending = jax.tree.unflatten(jax.tree.structure(self._rows.obs), leaves)
+                leaves = [np.frombuffer(raw, np.dtype(dtype)).reshape(shape) for raw, shape, dtype in pending]
+                self._pending, self._pending_bytes = jax.tree.unflatten(jax.tree.structure(self._rows.obs), leaves), [raw for raw, _, _ in pending]
         self.__dict__.update(state)
 
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
@@ -389,38 +391,60 @@ class _JaxReplayImpl:
             other than 0 / 1 (the message names the argument).
           TypeError: an integer beyond the int32 an int64 field is held in.
         """
+        n, rows = self.n_envs, self._rows
+        obs_row = rows.observation(obs, "obs")
+        fields = {"actions": rows.action_row(action), "rewards": _common.as_row(reward, (n,), _common.F32, "reward"),
+                  "dones": _common.as_row(done, (n,), _common.BOOL, "done"), "timeouts": self._timeouts(infos)}
+        next_row = rows.observation(next_obs, "next_obs")
+        if self.compress is not None:
+            self._add_compressed(obs_row, next_row, fields)
+        else:
+            fields["observations"] = obs_row
+            if not self.optimize_memory_usage:
+                fields["next_observations"] = next_row
+            self._state = _add_row(self._state, fields, next_row if self.optimize_memory_usage else None, next_in_obs=self.optimize_memory_usage)
+        self.pos = (self.pos + 1) % self.buffer_size
+        self.full = self.full or self.pos == 0
+
+    def _timeouts(self, infos: Any) -> np.ndarray:
+        """``timeouts`` of an add: ``infos[i]["TimeLimit.truncated"]`` with ``handle_timeout_termination``, else False.
+
+        Raises:
+          ValueError: with ``handle_timeout_termination``, ``infos`` not a list (or tuple) of ``n_envs`` dicts.
+        """
         n = self.n_envs
-        row = {
-            "observations": self._rows.observation(obs, "obs"), "actions": self._rows.action_row(action),
-            "rewards": _common.as_row(reward, (n,), np.float32, "reward"),
-            "dones": _common.as_row(done, (n,), np.bool_, "done"), "timeouts": _common.zeros(n, np.bool_),
-        }
-        if self.handle_timeout_termination:
+        if not self.handle_timeout_termination:
+            return _common.zeros(n, np.bool_)
+        if not (type(infos) is list and len(infos) == n and all(type(i) is dict for i in infos)):  # SB3's: checked at once
             if not isinstance(infos, (list, tuple)) or len(infos) != n or not all(isinstance(i, Mapping) for i in infos):
                 got = f"a {type(infos).__name__} of {len(infos)}" if isinstance(infos, (list, tuple)) else type(infos).__name__
                 raise ValueError(f"infos: expected a list of {n} dicts (one per env), got {got}")
-            row["timeouts"] = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
-        next_row = self._rows.observation(next_obs, "next_obs")
-        if self.compress is not None:
-            # Every episode end goes in as a truncation, so that its terminal observation is kept in
-            # the final-observation ring; SB3's dones and timeouts live in the row store.
-            obs_row, d = row.pop("observations"), row["dones"]
-            if self._pending is not None:  # an env whose obs is not the previous row's next_obs: that row ends there
-                moved = _common.differs(obs_row, self._pending)
-                if moved.any():
-                    self._writer.truncate_last(moved, final_obs=self._pending)
-            # the rows have the writer's spec (its example step is made from them): staged without checking again
-            w, no = self._writer, _common.zeros(n, np.bool_)
-            step = w._treedef.flatten_up_to({"obs": obs_row, "action": _common.zeros(n, np.uint8), "reward": _common.zeros(n, np.float32)})
-            w._add_checked(step, no, d, w._obs_treedef.flatten_up_to(next_row))
-            self._pending = _common.copy_obs(next_row)  # next_row may be a view of the caller's array
-            self._stage_row(row)
-        elif not self.optimize_memory_usage:
-            row["next_observations"] = next_row
-        if self.compress is None:
-            self._state = _add_row(self._state, row, next_row if self.optimize_memory_usage else None, next_in_obs=self.optimize_memory_usage)
-        self.pos = (self.pos + 1) % self.buffer_size
-        self.full = self.full or self.pos == 0
+        return np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
+
+    def _add_compressed(self, obs_row: Any, next_row: Any, fields: dict) -> None:
+        """The compressed adapter's add of checked rows (stored shapes and dtypes).
+
+        Every episode end goes in as a truncation, so that its terminal observation is kept in the final-observation
+        ring; SB3's dones and timeouts live in the row store. The rows have the writer's spec (its example step is
+        made from them), so they are staged without being checked again."""
+        w, pending, moved = self._writer, self._pending, True
+        if pending is not None:  # an env whose obs is not the previous row's next_obs: that row ends there
+            moved = _common.differs(obs_row, pending, self._pending_bytes)
+            if moved is not None:
+                w.truncate_last(moved, final_obs=pending)
+        if self._step_ends is None:  # the writer's flat step: [*head, *obs leaves, *tail] (placeholders around the obs)
+            flat = w._treedef.flatten_up_to({"obs": obs_row, "action": _common.zeros(self.n_envs, np.uint8),
+                                             "reward": _common.zeros(self.n_envs, np.float32)})
+            m = len(w._obs_leaves)
+            self._step_ends = (flat[: w._obs_offset], flat[w._obs_offset + m :])
+        head, tail = self._step_ends
+        owned = moved is None  # obs is the held copy bit for bit: that read-only copy goes in, kept without a copy
+        obs = pending if owned else obs_row
+        obs_leaves = [obs] if type(obs) is np.ndarray else w._obs_treedef.flatten_up_to(obs)
+        next_leaves = [next_row] if type(next_row) is np.ndarray else w._obs_treedef.flatten_up_to(next_row)
+        w._add_checked([*head, *obs_leaves, *tail], _common.zeros(self.n_envs, np.bool_), fields["dones"], next_leaves, owned=owned)
+        self._pending, self._pending_bytes = _common.frozen_obs(next_row)  # next_row may be a view of the caller's array
+        self._stage_row(fields)
 
     def sample(self, batch_size: int, env: VecNormalize | None = None):
         """SB3's ``sample``: ``batch_size`` transitions drawn with ``np.random`` as SB3 draws them.
@@ -461,13 +485,9 @@ class _JaxReplayImpl:
             obs = self._normalize_obs(self._rows.to_sb3_obs(obs), env)
             nxt = self._normalize_obs(self._rows.to_sb3_obs(nxt), env)
             rew, dtypes = self._normalize_reward(np.asarray(rew), env), None
-        dev = self.device
-        return self._samples_type(
-            observations=_common.to_sb3(obs, dev, dtypes),
-            actions=_common.to_sb3(g["actions"], dev, self._rows.action_dtype),
-            next_observations=_common.to_sb3(nxt, dev, dtypes), dones=_common.to_sb3(g["sb3_dones"], dev),
-            rewards=_common.to_sb3(rew, dev),
-        )
+        fields = {"observations": obs, "actions": g["actions"], "next_observations": nxt, "dones": g["sb3_dones"], "rewards": rew}
+        return self._samples_type(**_common.to_sb3(fields, self.device, {"observations": dtypes, "actions": self._rows.action_dtype,
+                                                                          "next_observations": dtypes}))
 
     def _decoded(self, rows: np.ndarray, envs: np.ndarray) -> tuple[dict, Any, Any]:
         """The gathered fields and the decoded (obs, next_obs) at (row, env) pairs: the transitions at (lane = env,

@@ -257,13 +257,13 @@ class _JaxRolloutImpl:
         """`add`'s checks, changing nothing: the step's rows in the stored shapes and dtypes, ``(step, reward, value)``."""
         if self.full:
             raise IndexError(f"add: the rollout buffer is full ({self.buffer_size} steps); call reset() first")
-        n = self.n_envs
+        n, f32 = self.n_envs, _common.F32
         step = {
             "obs": self._rows.observation(obs, "obs"), "action": self._rows.action_row(action),
-            "log_prob": _common.as_row(log_prob, (n,), np.float32, "log_prob"),
-            "episode_start": _common.as_row(episode_start, (n,), np.bool_, "episode_start"),
+            "log_prob": _common.as_row(log_prob, (n,), f32, "log_prob"),
+            "episode_start": _common.as_row(episode_start, (n,), _common.BOOL, "episode_start"),
         }
-        return step, _common.as_row(reward, (n,), np.float32, "reward"), _common.as_row(value, (n,), np.float32, "value", reshape=True)
+        return step, _common.as_row(reward, (n,), f32, "reward"), _common.as_row(value, (n,), f32, "value", reshape=True)
 
     def _returns_rows(self, last_values: Any, dones: Any) -> tuple[np.ndarray, np.ndarray]:
         """`compute_returns_and_advantage`'s checks, changing nothing: ``(last_values, dones)`` as ``[n_envs]`` rows."""
@@ -370,13 +370,9 @@ class _JaxRolloutImpl:
 
     def _samples_from(self, mb: Any):
         """A backing minibatch as SB3's samples (torch tensors on ``device``)."""
-        dev = self.device
-        return self._samples_type(
-            observations=_common.to_sb3(mb.step["obs"], dev, self._sample_obs_dtypes),
-            actions=_common.to_sb3(mb.step["action"], dev, np.float32),
-            old_values=_common.to_sb3(mb.value, dev), old_log_prob=_common.to_sb3(mb.step["log_prob"], dev),
-            advantages=_common.to_sb3(mb.advantages, dev), returns=_common.to_sb3(mb.returns, dev),
-        )
+        fields = {"observations": mb.step["obs"], "actions": mb.step["action"], "old_values": mb.value,
+                  "old_log_prob": mb.step["log_prob"], "advantages": mb.advantages, "returns": mb.returns}
+        return self._samples_type(**_common.to_sb3(fields, self.device, {"observations": self._sample_obs_dtypes, "actions": np.float32}))
 
 
 class JaxRolloutBuffer(_JaxRolloutImpl, RolloutBuffer):
