@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_EPILOG)
     _path_args(p)
     p.add_argument("--episode", type=int, required=True, metavar="K", help="episode number (0: the first; see inspect)")
-    p.add_argument("--out", required=True, help="output: a .mp4 or .gif file, or a folder (ending in /) for PNG frames")
+    p.add_argument("--out", required=True, help="output: a .mp4 or .gif file, or a new or empty folder (ending in /) for PNG frames")
     p.add_argument("--no-overlay", action="store_true", help="frames only, no text band")
     p.add_argument("--scale", type=int, default=2, help="integer upscaling, nearest neighbour (default 2)")
     p.add_argument("--fps", type=float, default=15.0, help="frames per second (default 15)")
