@@ -162,6 +162,9 @@ def _reopen(d: Path, mode: str, buffer: Any, lock: Any) -> Any:
             restored, n = upgraded, like.num_slots
             meta = {**meta, "num_slots": n, "stores": [{**m, "meta": {**m["meta"], "config": {**m["meta"]["config"], "num_slots": n}}}
                                                       for m in meta["stores"]]}
+    if getattr(restored, "keyframe_interval", None) == 1:  # saved before `K = 1` dropped its unused delta codec
+        meta = {**meta, "stores": [{**m, "meta": {**m["meta"], "config": {**m["meta"]["config"], "delta_codec": None}}}
+                                   if isinstance(m.get("meta"), dict) and "config" in m["meta"] else m for m in meta["stores"]]}
     kind = "raw" if like.codec == "none" else "chunks"
     want = [{"name": n, "shape": list(s._declared[1]), "dtype": dtype_from_code(s._declared[0]).name, "kind": kind} for n, s in zip(like.names, like.stores)]
     saved = [{k: s.get(k, "raw") for k in ("name", "shape", "dtype", "kind")} for s in meta["stores"]]  # version 1: raw stores

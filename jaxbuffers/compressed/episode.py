@@ -128,7 +128,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
             `keyframe_interval`).
         """
         spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
-        key = keyframe_interval_of(keyframe_interval, codec)
+        key, delta_codec = keyframe_interval_of(keyframe_interval, codec, delta_codec)
         inner_step = {**spec, obs_key: _common.replace_leaves(spec[obs_key], idx, [_PLACEHOLDER] * len(idx))}
         inner = EpisodeBuffer.create(
             inner_step, max_episodes=max_episodes, max_timesteps=max_timesteps, meta=meta, circular=circular,

@@ -99,16 +99,18 @@ _BETA = {"beta": (0.0, float("inf"))}
 _GAMMA_BETA = {**_GAMMA, **_BETA}
 
 
-def keyframe_interval_of(keyframe_interval: int | None, codec: str) -> int:
-    """The checked `keyframe_interval` argument of a compressed buffer's `create`: `None` gives
-    `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (deltas of raw entries save nothing).
+def keyframe_interval_of(keyframe_interval: int | None, codec: str, delta_codec: str | None) -> tuple[int, str | None]:
+    """The checked `keyframe_interval` argument of a compressed buffer's `create` (`None` gives
+    `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"`: deltas of raw entries save nothing), and the delta codec
+    of its stores: `delta_codec`, or None when `K = 1` (no delta is ever stored, so none is built or imported).
 
     Raises:
       ValueError: not a positive int (`jaxbuffers._validate.static_int`); an unknown codec.
     """
     if keyframe_interval is None:
         keyframe_interval = 1 if get_codec(codec).name == "none" else DEFAULT_KEYFRAME_INTERVAL
-    return _validate.static_int("keyframe_interval", keyframe_interval)
+    key = _validate.static_int("keyframe_interval", keyframe_interval)
+    return key, (delta_codec if key > 1 else None)
 
 
 def _steps(inner) -> TrajectoryBuffer:
@@ -125,7 +127,7 @@ def _build(
     """Shared part of both `create`s: returns (inner example step, final-obs ring size, config)."""
     num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
     spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
-    key = keyframe_interval_of(keyframe_interval, codec)
+    key, delta_codec = keyframe_interval_of(keyframe_interval, codec, delta_codec)
     kcap = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
     obs_spec = spec[obs_key]
     ring = length + k - 1 + key - 1
@@ -203,7 +205,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
           keyframe_interval: `K` of the temporal coding (module doc): a positive int, 1 for none. Default:
             `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (a delta of raw bytes is no smaller).
           delta_codec: codec of the delta frames (module doc; keyframes keep `codec`): `DEFAULT_DELTA_CODEC`
-            (`"rle"`), any name `codec` takes, or None (`codec` codes the deltas too).
+            (`"rle"`), any name `codec` takes, or None (`codec` codes the deltas too). Unused with
+            `keyframe_interval=1` (no deltas): not built, so `codec="none"` needs numpy alone.
 
         Raises:
           TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string.
