@@ -18,7 +18,9 @@ What a bare `jax.jit` would lose is kept:
 Trace-time checks (tree structure, shapes, dtypes, static sizes) run while the program is traced,
 on the first call with a new structure, and raise the same errors eagerly and under `jit`.
 
-Inside a `jaxbuffers.timing()` block an eager call is also timed (`jaxbuffers._timing`).
+Inside a `jaxbuffers.timing()` block an eager call of a public function or method is also timed
+(`jaxbuffers._timing`); a buffer's public methods are timed by `jaxbuffers._timing.timed_methods`, under their
+own names, with the private helpers they call inside them.
 """
 
 from __future__ import annotations
@@ -98,11 +100,12 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
         fixed_at = {i for i, _ in fixed}
 
         is_method = bool(names) and names[0] == "self"
+        public = not fn.__name__.startswith("_")  # a helper's time is its public caller's (`_timing.timed_methods`)
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            if _timing.active():  # a host timing block is open (jaxbuffers.timing): "ReplayBuffer.add"
-                name = f"{type(args[0]).__name__}.{fn.__name__.lstrip('_')}" if is_method and args else fn.__qualname__
+            if public and _timing.active():  # a host timing block is open (jaxbuffers.timing): "SumMinTree.get"
+                name = f"{type(args[0]).__name__}.{fn.__name__}" if is_method and args else fn.__qualname__
                 return _timing.timed(name, dispatch, args, kwargs)
             return dispatch(*args, **kwargs)
 

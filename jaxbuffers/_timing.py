@@ -1,7 +1,8 @@
 """Host wall-clock timing of eager buffer calls: `timing()` and the `Timing` summary it collects.
 
-Inside `with jaxbuffers.timing() as t:` every buffer method called eagerly (outside `jit`: a host-driven loop)
-is timed from the call until its result is ready (`jax.block_until_ready`), under the name `Class.method`.
+Inside `with jaxbuffers.timing() as t:` every public buffer method called eagerly (outside `jit`: a host-driven
+loop) is timed from the call until its result is ready (`jax.block_until_ready`), under the name `Class.method` of
+the method called (`timed_methods` wraps them; the helpers a method calls are part of its time, never rows).
 Host code that is not a buffer method (a codec's encode or decode) adds its own spans with `span(name)`. Calls
 traced into a caller's program (inside `jit`, `lax.scan`, `vmap`) are not timed: they have no host time of their
 own. Outside a `timing()` block nothing is measured and nothing waits for results.
@@ -18,6 +19,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +29,7 @@ import jax
 
 from jaxbuffers import _validate
 
-__all__ = ["Timing", "timing", "span"]
+__all__ = ["Timing", "timing", "span", "timed_methods"]
 
 _ACTIVE: list["Timing"] = []  # the open timing() blocks, innermost last
 _LOCAL = threading.local()  # .depth: timed calls in progress on this thread (only the outermost is counted)
@@ -122,3 +125,31 @@ def timed(name: str, fn: Callable, args: tuple, kwargs: dict):
         _LOCAL.depth = 0
     _count(name, time.perf_counter() - start)
     return out
+
+
+def timed_methods(cls: type) -> type:
+    """Class decorator of a buffer: every public method (inherited ones included; not properties, classmethods or
+    `replace`) is timed under `Class.method` (`type(self).__name__`) when called eagerly inside a `timing()` block.
+    Every buffer class gets it from `jaxbuffers._validate.one_member_methods`; `jaxbuffers.disk`'s concatenations
+    are decorated with it.
+
+    Returns:
+      `cls`, its methods replaced (`functools.wraps`: names, signatures and docstrings kept).
+    """
+    for name in dir(cls):
+        fn = inspect.getattr_static(cls, name)
+        if name.startswith("_") or name == "replace" or not inspect.isfunction(fn) or getattr(fn, "timed", False):
+            continue
+        setattr(cls, name, _timed_method(fn, name))
+    return cls
+
+
+def _timed_method(fn: Callable, name: str) -> Callable:
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        if not _ACTIVE:
+            return fn(self, *args, **kwargs)
+        return timed(f"{type(self).__name__}.{name}", fn, (self, *args), kwargs)
+
+    call.timed = True
+    return call

@@ -39,7 +39,7 @@ from flax import struct
 
 from host_codecs import dtype_from_code
 from host_codecs.file_store import ReadOnlyError
-from jaxbuffers import _compiled, _disk_folder, _validate, checkpoint
+from jaxbuffers import _compiled, _disk_folder, _timing, _validate, checkpoint
 from jaxbuffers._checkpoint_describe import config_differences, differences_text
 from jaxbuffers._disk_folder import FORMAT_VERSION, DiskStores, FolderLockedError
 from jaxbuffers.compressed import _common
@@ -289,6 +289,7 @@ class _Several(Closing):
             b.close()
 
 
+@_timing.timed_methods
 class Concatenated(_Several, struct.PyTreeNode):
     """Several `CompressedTrajectoryBuffer`s of one configuration (sizes may differ) sampled as one buffer.
 
@@ -387,6 +388,7 @@ _EPISODE_SIZES = ("max_episodes", "max_timesteps", "circular")
 _GAMMA = {"gamma": (0.0, 1.0)}
 
 
+@_timing.timed_methods
 class ConcatenatedEpisodes(_Several, struct.PyTreeNode):
     """Several `CompressedEpisodeBuffer`s of one configuration (sizes may differ) sampled as one buffer.
 
