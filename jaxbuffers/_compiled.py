@@ -20,7 +20,7 @@ on the first call with a new structure, and raise the same errors eagerly and un
 
 Inside a `jaxbuffers.timing()` block an eager call of a public function or method is also timed
 (`jaxbuffers._timing`); a buffer's public methods are timed by `jaxbuffers._timing.timed_methods`, under their
-own names, with the private helpers they call inside them.
+own names, with the private methods they call inside them.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
         fixed_at = {i for i, _ in fixed}
 
         is_method = bool(names) and names[0] == "self"
-        public = not fn.__name__.startswith("_")  # a helper's time is its public caller's (`_timing.timed_methods`)
+        public = not fn.__name__.startswith("_")  # a private method is timed inside its public caller
 
         @functools.wraps(fn)
         def call(*args, **kwargs):

@@ -2,7 +2,7 @@
 
 Inside `with jaxbuffers.timing() as t:` every public buffer method called eagerly (outside `jit`: a host-driven
 loop) is timed from the call until its result is ready (`jax.block_until_ready`), under the name `Class.method` of
-the method called (`timed_methods` wraps them; the helpers a method calls are part of its time, never rows).
+the method called (`timed_methods` wraps them; the private methods a method calls are part of its time, never rows).
 Host code that is not a buffer method (a codec's encode or decode) adds its own spans with `span(name)`. Calls
 traced into a caller's program (inside `jit`, `lax.scan`, `vmap`) are not timed: they have no host time of their
 own. Outside a `timing()` block nothing is measured and nothing waits for results.

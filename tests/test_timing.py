@@ -1,6 +1,6 @@
 """Host timing of eager calls (`jaxbuffers._timing`): every public method of every buffer class, called eagerly in a
 `jaxbuffers.timing()` block, is counted once under `Class.method` of the method called, never under the names of
-the helpers it runs (`_write`, `_any`, ...)."""
+the private methods it runs (`_write`, `_any`, ...)."""
 
 from __future__ import annotations
 

@@ -62,8 +62,8 @@ from flax import struct
 from jaxbuffers import _compiled, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
-from jaxbuffers.compressed._host import FrameStacked, HostStores
-from jaxbuffers.compressed.trajectory import DEFAULT_CODEC, DEFAULT_DELTA_CODEC, keyframe_interval_of
+from jaxbuffers.compressed._host import DEFAULT_DELTA_CODEC, FrameStacked, HostStores, keyframe_interval_of
+from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
 from jaxbuffers.episode import EpisodeBuffer, _is_traced
 from jaxbuffers.episode_sampling import (
     GAMMA, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample, positions,

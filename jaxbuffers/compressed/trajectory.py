@@ -69,11 +69,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from host_codecs import get_codec
 from jaxbuffers import _compiled, _ring, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
-from jaxbuffers.compressed._host import FrameStacked, HostStores
+from jaxbuffers.compressed._host import DEFAULT_DELTA_CODEC, DEFAULT_KEYFRAME_INTERVAL, FrameStacked, HostStores, keyframe_interval_of
 from jaxbuffers.compressed.trajectory_slots import ChunkFrames, chunk_frames
 from jaxbuffers.compressed.trajectory_stacks import StackChecked
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
@@ -84,33 +83,10 @@ __all__ = ["CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer"
 DEFAULT_CODEC = "zstd:-1"
 """Codec of the host stores unless `codec=` is given (zstd's fast level -1)."""
 
-DEFAULT_DELTA_CODEC = "rle"
-"""Codec of the delta frames of the temporal coding unless `delta_codec=` is given: the XOR of two consecutive frames
-of a lane is mostly zeros, which run-length coding stores compactly and decodes in one compiled loop straight into
-the base frame's copy (`host_codecs.rle`); keyframes keep `codec` (and its zstd dictionary)."""
-
-DEFAULT_KEYFRAME_INTERVAL = 8
-"""Frames per chain of the temporal coding unless `keyframe_interval=` is given (a keyframe every 8 frames; with
-`codec="none"` every frame is whole, K = 1)."""
-
 _ID = jax.ShapeDtypeStruct((3,), jnp.int32)
 _GAMMA = {"gamma": (0.0, 1.0)}
 _BETA = {"beta": (0.0, float("inf"))}
 _GAMMA_BETA = {**_GAMMA, **_BETA}
-
-
-def keyframe_interval_of(keyframe_interval: int | None, codec: str, delta_codec: str | None) -> tuple[int, str | None]:
-    """The checked `keyframe_interval` argument of a compressed buffer's `create` (`None` gives
-    `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"`: deltas of raw entries save nothing), and the delta codec
-    of its stores: `delta_codec`, or None when `K = 1` (no delta is ever stored, so none is built or imported).
-
-    Raises:
-      ValueError: not a positive int (`jaxbuffers._validate.static_int`); an unknown codec.
-    """
-    if keyframe_interval is None:
-        keyframe_interval = 1 if get_codec(codec).name == "none" else DEFAULT_KEYFRAME_INTERVAL
-    key = _validate.static_int("keyframe_interval", keyframe_interval)
-    return key, (delta_codec if key > 1 else None)
 
 
 def _steps(inner) -> TrajectoryBuffer:
