@@ -1360,3 +1360,24 @@ def test_eager_add_to_a_donated_state_is_stale():
     with pytest.raises(StaleBufferError, match="donated"):
         b0.add(step, terminated=jnp.zeros(1, bool))
     assert int(b1.add(step, terminated=jnp.zeros(1, bool)).num_added()) == 2
+
+
+def test_compress_naming_no_leaf_says_which_names_there_are():
+    """`compress` names leaves inside the observation (a trajectory or episode buffer) or the step (a rollout): a
+    name that matches none is refused with the names there are, or, for a bare-array observation, with the rule
+    that it has none (before: "its leaves are ['<root>']")."""
+    from jaxbuffers.compressed import CompressedEpisodeBuffer, CompressedRolloutBuffer
+
+    bare = {"obs": jnp.zeros((4, 4), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    nested = {**bare, "obs": {"pixels": jnp.zeros((4, 4), jnp.uint8), "pos": jnp.zeros(3)}}
+    for make in (lambda: CompressedTrajectoryBuffer.create(bare, num_envs=1, length=4, compress=("obs",)),
+                 lambda: CompressedEpisodeBuffer.create(bare, max_episodes=2, max_timesteps=4, compress=("obs",))):
+        with pytest.raises(ValueError, match=r"^compress: \['obs'\] name no leaf of example_step\['obs'\]: it is one array, "
+                                             r"with no names inside it; leave compress out"):
+            make()
+    with pytest.raises(ValueError, match=r"^compress: \['obs'\] name no leaf of example_step\['obs'\]; the names inside it are \['pixels', 'pos'\]$"):
+        CompressedTrajectoryBuffer.create(nested, num_envs=1, length=4, compress=("obs",))
+    with pytest.raises(ValueError, match=r"^compress: \['pixel'\] name no leaf of example_step; the names inside it are "
+                                         r"\['action', 'obs', 'pixels', 'pos', 'reward'\]$"):
+        CompressedRolloutBuffer.create(nested, num_envs=1, num_steps=4, compress=("pixel",))
+    assert CompressedRolloutBuffer.create(nested, num_envs=1, num_steps=4, compress=("pixels",)).leaves[0].name == "example_step['obs']['pixels']"

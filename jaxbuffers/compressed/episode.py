@@ -107,8 +107,8 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
           example_step: as `jaxbuffers.EpisodeBuffer.create`, like `max_episodes`, `max_timesteps`, `meta`,
             `circular`, `obs_key`, `action_key`, `reward_key` and `metrics` (per-episode sample counts, kept in the
             device buffer).
-          compress: names of the observation leaves to store on the host (dict keys on the leaf's path, e.g.
-            `("pixels",)`); `None`: every leaf of the observation.
+          compress: the leaves inside the observation to store on the host, and their dtypes, as
+            `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (e.g. `("pixels",)`); `None`: all of it.
           frame_stack: `k` when the compressed leaves are stacks of the last `k` frames (module doc); `None`: store
             each observation whole.
           stack_axis: axis of the `k` frames within one observation.

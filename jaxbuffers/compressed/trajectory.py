@@ -167,8 +167,12 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
           example_step: as `jaxbuffers.TrajectoryBuffer.create`, like `num_envs`, `length`, `final_obs_capacity` (it
             also sizes the host's final-frame ring), `obs_key`, `action_key`, `reward_key` and `metrics` (per-position
             sample counts, kept in the device buffer) (not repeated here).
-          compress: names of the observation leaves to store on the host (dict keys on the
-            leaf's path, e.g. `("pixels",)`); `None`: every leaf of the observation.
+          compress: the leaves inside the observation `example_step[obs_key]` to store on the host, by a dict key
+            (or attribute name) on the leaf's path below `obs_key`, or its full name; `None`: every leaf of the
+            observation. E.g. `obs = {"pixels": uint8 [84, 84], "pos": float32 [3]}` with `compress=("pixels",)`
+            keeps `pos` on the device. A bare-array observation has no names inside it: leave `compress` out.
+            Compressed leaves take the dtypes of `host_codecs.DTYPES`: bool, int8 to int64, uint8 to uint64,
+            float16, float32, float64, complex64, complex128 (not bfloat16, float8 or int4: keep those on device).
           frame_stack: `k` when the compressed leaves are stacks of the last `k` frames (module
             doc); `None`: store each observation whole.
           stack_axis: axis of the `k` frames within one observation.
@@ -185,7 +189,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
             `keyframe_interval=1` (no deltas): not built, so `codec="none"` needs numpy alone.
 
         Raises:
-          TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string.
+          TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string; a compressed leaf of another
+            dtype than those above (naming the leaf).
           ValueError: as `jaxbuffers.TrajectoryBuffer.create` and `jaxbuffers._validate.frame_leaves`;
             `compress` naming no leaf; a bad `padding`, codec or delta codec; `dictionary_bytes` without zstd.
         """
