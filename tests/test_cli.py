@@ -624,6 +624,9 @@ def test_serve_routes(server):
     assert code == 400 and "t: expected a step in [0, 8]" in json.loads(body)["error"]
     code, body = _get(server + "/api/episode?k=x")
     assert code == 400 and "k: expected an integer" in json.loads(body)["error"]
+    for path in ("/api/episode?k=9", "/frame.png?k=-1&t=0"):  # the query parameter is named, not a command option
+        code, body = _get(server + path)
+        assert code == 400 and json.loads(body)["error"].startswith("k: expected an episode number in [0, 3], got "), body
     assert _get(server + "/elsewhere")[0] == 404
 
 
