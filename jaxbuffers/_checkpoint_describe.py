@@ -161,6 +161,8 @@ def _upgraded_host(buffer: Any, host_meta: dict | None) -> tuple[Any, dict | Non
     """(buffer, host metadata) of a checkpoint's restored compressed buffer in this layout (`_upgraded`): its stores'
     saved `num_slots` taken as this layout's. Unchanged when no upgrade applies (`import_state` then refuses the
     count, naming `num_slots`)."""
+    if host_meta is not None and getattr(buffer, "keyframe_interval", None) == 1:  # `K = 1`: stores without a delta codec
+        host_meta = stores_config(host_meta, delta_codec=None)
     shards = None if host_meta is None else host_meta.get("shards", [host_meta])
     saved = {m["config"].get("num_slots") for s in shards or () for m in s["stores"] if isinstance(m.get("config"), dict)}
     if len(saved) != 1 or not isinstance(next(iter(saved)), int):
@@ -168,12 +170,17 @@ def _upgraded_host(buffer: Any, host_meta: dict | None) -> tuple[Any, dict | Non
     new = _upgraded(buffer, saved.pop())
     if new is None or new is buffer:
         return buffer, host_meta
-    n = buffer.host.num_slots
+    return new, stores_config(host_meta, num_slots=buffer.host.num_slots)
 
-    def slots(m: dict) -> dict:
-        return {**m, "stores": [{**st, "config": {**st["config"], "num_slots": n}} for st in m["stores"]]}
 
-    return new, ({**host_meta, "shards": [slots(m) for m in shards]} if "shards" in host_meta else slots(host_meta))
+def stores_config(host_meta: dict, **values) -> dict:
+    """A checkpoint's host metadata `host_meta` (of one `HostStores`, or of each shard's) with `values` in the
+    configuration of every store (checkpoints written before a store configuration changed)."""
+    def one(m: dict) -> dict:
+        return {**m, "stores": [{**st, "config": {**st["config"], **values}} if isinstance(st.get("config"), dict) else st
+                                for st in m["stores"]]}
+
+    return {**host_meta, "shards": [one(m) for m in host_meta["shards"]]} if "shards" in host_meta else one(host_meta)
 
 
 # --- JSON encoding of the example's tree (dicts, lists, tuples, None and arrays only) ---
@@ -399,6 +406,8 @@ def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
     name = meta["class"]
     if isinstance(meta.get("config"), dict) and name in _ADDED:  # an older checkpoint: the arguments it predates
         meta = {**meta, "config": {**_ADDED[name], **meta["config"]}}
+    if isinstance(meta.get("config"), dict) and meta["config"].get("keyframe_interval") == 1:  # saved before `K = 1`
+        meta = {**meta, "config": {**meta["config"], "delta_codec": None}}  # dropped its unused delta codec
     if name not in _CLASSES:
         raise CheckpointError(f"{root / 'buffer.json'}: class {name!r} is not a jaxbuffers buffer ({sorted(_CLASSES)})")
     cls, config = _CLASSES[name]

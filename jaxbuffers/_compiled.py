@@ -83,11 +83,12 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
         fixed_at = {i for i, _ in fixed}
 
         is_method = bool(names) and names[0] == "self"
+        public = not fn.__name__.startswith("_")  # a private method is timed inside its public caller
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            if _timing.active():  # a host timing block is open (jaxbuffers.timing): "ReplayBuffer.add"
-                name = f"{type(args[0]).__name__}.{fn.__name__.lstrip('_')}" if is_method and args else fn.__qualname__
+            if public and _timing.active():  # a host timing block is open (jaxbuffers.timing): "SumMinTree.get"
+                name = f"{type(args[0]).__name__}.{fn.__name__}" if is_method and args else fn.__qualname__
                 return _timing.timed(name, dispatch, args, kwargs)
             return dispatch(*args, **kwargs)
 

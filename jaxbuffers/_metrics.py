@@ -3,8 +3,10 @@
 Counted on the device, inside the training step, as ordinary state leaves (saved by `jaxbuffers.save`):
 
 * inserts: the buffer's own two-word `added` counter (`num_added()`);
-* draws recorded: `sampled` (two-word counter), `record_calls`, and `stale`: draws that no longer hold the item
-  drawn when recorded (the slot was overwritten between the sample and `record`, or held nothing);
+* draws recorded: `sampled` (two-word counter), `record_calls`, and `stale`: draws of a position that does not
+  hold the item drawn when recorded (the slot was overwritten between the sample and `record`, held nothing, or is
+  past this buffer's positions). A sample's empty rows (`indices` -1: a `where=` sample with nothing to draw) were
+  never drawn and are counted nowhere;
 * ages: for each recorded draw, the items (steps per lane, episodes) added after the drawn one, as of the
   `record` call: `age_sum`, `age_max`, and `age_hist`, bin `k = floor(log2(age + 1))` (ages `[2**k - 1,
   2**(k+1) - 2]`, the last bin open);
@@ -123,7 +125,8 @@ class Metrics(struct.PyTreeNode):
     def recorded(self, positions, generations, added, head, num_valid, ring: int, lanes: int = 1, mine=None) -> "Metrics":
         """Count draws at flat `positions` (int32[B], `lane * ring + slot`) of `lanes` rings of `ring` slots with
         cursors `added` (two-word), `head`, `num_valid`; `generations` (int32[B] or None) as sampled; `mine` (bool[B]
-        or None: all) the draws of this buffer, the others counted nowhere (a shard's part of a global sample). O(B).
+        or None: all) the draws of this buffer, the others counted nowhere (a shard's part of a global sample), as
+        are negative positions (empty rows: not drawn). O(B).
 
         Raises:
           ValueError: more than `MAX_RECORD` draws in one call (record them in parts).
@@ -141,6 +144,7 @@ class Metrics(struct.PyTreeNode):
             ok = ok & (_ring.last_item_number(added, head, slot, ring) == generations)
         if mine is not None:
             ok = ok & mine
+        drawn = positions >= 0 if mine is None else (positions >= 0) & mine
         ok_age = jnp.where(ok, age, 0)
         # One pass over the batch for the totals: drawn, the sums of the ages' three 11-bit parts (each below
         # MAX_RECORD * 2**11 = 2**30: exact in int32) and the largest age. The bins and the positions are counted
@@ -149,11 +153,10 @@ class Metrics(struct.PyTreeNode):
         # cost one elementwise pass and one scatter.
         mask = 2**AGE_PART_BITS - 1
         parts = tuple((ok_age >> (AGE_PART_BITS * k)) & mask for k in range(3))
-        operands = (ok.astype(jnp.int32), *parts, ok_age)
-        n, *sums, age_max = jax.lax.reduce(
+        operands = (ok.astype(jnp.int32), drawn.astype(jnp.int32), *parts, ok_age)
+        n, drawn, *sums, age_max = jax.lax.reduce(
             operands, tuple(jnp.zeros((), x.dtype) for x in operands),
             lambda x, y: (*(u + v for u, v in zip(x[:-1], y[:-1])), jnp.maximum(x[-1], y[-1])), (0,))
-        drawn = b if mine is None else jnp.sum(mine, dtype=jnp.int32)
         bins = jnp.where(ok, HIST + jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), TOTALS)
         new = self.replace(totals=_count(_add_totals(self.totals, n, drawn - n, age_max, sums), bins))
         if not self.per_slot:
@@ -242,7 +245,8 @@ class Recorded:
           sample: what a sampler of this buffer returned: anything with `indices` (int `[B]`) and, for prioritised
             samples, `generations` (int `[B]`). Nothing in a sample names the buffer it came from (a buffer of the
             same kind and size makes the same indices), so none is refused: a sample of another buffer is counted
-            as draws of this one's positions, those outside the positions held being left out.
+            as draws of this one's positions, those not held (or past its positions) as `stale`. Empty rows
+            (`indices` -1, as a `where=` sampler returns when nothing passes) were not drawn: counted nowhere.
 
         Returns:
           The new buffer (only its metrics differ).

@@ -6,6 +6,8 @@ What is timed, under which names, and an example: `docs/api/metrics.md`, "Host t
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +16,7 @@ import jax
 
 from jaxbuffers import _validate
 
-__all__ = ["Timing", "timing", "span"]
+__all__ = ["Timing", "timing", "span", "timed_methods"]
 
 _ACTIVE: list["Timing"] = []  # the open timing() blocks, innermost last
 _LOCAL = threading.local()  # .depth: timed calls in progress on this thread (only the outermost is counted)
@@ -111,3 +113,31 @@ def timed(name: str, fn: Callable, args: tuple, kwargs: dict):
         _LOCAL.depth = 0
     _count(name, time.perf_counter() - start)
     return out
+
+
+def timed_methods(cls: type) -> type:
+    """Class decorator of a buffer: every public method (inherited ones included; not properties, classmethods or
+    `replace`) is timed under `Class.method` (`type(self).__name__`) when called eagerly inside a `timing()` block.
+    Every buffer class gets it from `jaxbuffers._validate.one_member_methods`; `jaxbuffers.disk`'s concatenations
+    are decorated with it.
+
+    Returns:
+      `cls`, its methods replaced (`functools.wraps`: names, signatures and docstrings kept).
+    """
+    for name in dir(cls):
+        fn = inspect.getattr_static(cls, name)
+        if name.startswith("_") or name == "replace" or not inspect.isfunction(fn) or getattr(fn, "timed", False):
+            continue
+        setattr(cls, name, _timed_method(fn, name))
+    return cls
+
+
+def _timed_method(fn: Callable, name: str) -> Callable:
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        if not _ACTIVE:
+            return fn(self, *args, **kwargs)
+        return timed(f"{type(self).__name__}.{name}", fn, (self, *args), kwargs)
+
+    call.timed = True
+    return call

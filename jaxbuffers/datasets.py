@@ -20,7 +20,8 @@ refuses a 64-bit field with a `TypeError` naming it, unless `cast_64bit=True` as
 float32 (rounded to nearest), int64 / uint64 to int32 / uint32, with a `ValueError` naming the field for an integer
 that the 32-bit type cannot hold. `to_minari`
 writes observations and actions in the dtypes of the spaces given (converted only where every value is kept exactly,
-else a `ValueError` naming the field), rewards in float64 and 32-bit infos in 64 bits
+else a `ValueError` naming the field) after checking them against the bounds the spaces define (`Discrete`,
+`MultiDiscrete`, `MultiBinary`, `Box`; a `ValueError` naming the field and the first step out), rewards in float64 and 32-bit infos in 64 bits
 (the dtype of the Python numbers an env puts in its infos). The round trip
 `to_minari(from_minari(d))` is exact for data that float32 holds exactly (float32 observations, integer actions,
 rewards such as CartPole's).
@@ -187,10 +188,34 @@ def _widen(x: np.ndarray) -> np.ndarray:
     return x.astype(wide[x.dtype]) if x.dtype in wide else x
 
 
-def _space_dtype(name: str, space, x: np.ndarray) -> np.ndarray:
-    """`x` in `space`'s dtype, every value kept exactly (`_validate.exact_cast`: else a ValueError naming `name`)."""
+def _space_dtype(name: str, space, x: np.ndarray, final: bool = False) -> np.ndarray:
+    """`x` (one episode's values, steps on axis 0; `final`: the last row is the final observation) in `space`'s
+    dtype, every value kept exactly (`_validate.exact_cast`), and inside the bounds the space defines: `Discrete`
+    and `MultiDiscrete` `[start, start + n)`, `MultiBinary` {0, 1}, `Box` `[low, high]` elementwise (NaN outside).
+
+    Raises:
+      ValueError: a value not kept exactly, or out of the bounds: naming `name`, the first step out and the space.
+    """
+    from gymnasium import spaces
+
     dtype = getattr(space, "dtype", None)
-    return x if dtype is None else _validate.exact_cast(name, x, dtype)
+    x = x if dtype is None else _validate.exact_cast(name, x, dtype)
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        lo = np.asarray(space.start)
+        inside = (x >= lo) & (x < lo + np.asarray(space.n if isinstance(space, spaces.Discrete) else space.nvec))
+    elif isinstance(space, spaces.MultiBinary):
+        inside = (x == 0) | (x == 1)
+    elif isinstance(space, spaces.Box) and np.shape(x)[1:] == space.shape:
+        inside = (x >= space.low) & (x <= space.high)
+    else:
+        return x
+    out = ~np.reshape(inside, (len(x), -1)).all(axis=1)
+    if out.any():
+        t = int(np.argmax(out))
+        step = "its final observation" if final and t == len(x) - 1 else f"step {t}"
+        raise ValueError(f"{name}: {step} holds {np.asarray(x[t]).tolist()!r:.200}, outside {space} (its bounds); "
+                         "nothing was written")
+    return x
 
 
 def to_minari(buffer: EpisodeBuffer, dataset_id: str, *, observation_space, action_space, env: Any = None, **metadata) -> Any:
@@ -216,8 +241,10 @@ def to_minari(buffer: EpisodeBuffer, dataset_id: str, *, observation_space, acti
       TypeError: `buffer` not an `EpisodeBuffer`, `dataset_id` not a str, a space not a Gymnasium space,
         `jpeg_encoding` not a bool (checked before anything is written).
       ValueError: an empty buffer; observations or actions whose values the space's dtype cannot hold exactly
-        (out of its range, fractions for an integer dtype, floats it would round), naming the field and episode:
-        nothing is cast silently (checked before anything is written); Minari's errors for the id or the spaces.
+        (out of its range, fractions for an integer dtype, floats it would round), or outside the bounds the space
+        defines (`Discrete`, `MultiDiscrete`, `MultiBinary`, `Box`), naming the field, the episode and the first
+        step out: nothing is cast silently (checked before anything is written); Minari's errors for the id or
+        the spaces.
     """
     import minari
     from minari.data_collector import EpisodeBuffer as MinariEpisode
@@ -242,9 +269,9 @@ def to_minari(buffer: EpisodeBuffer, dataset_id: str, *, observation_space, acti
         obs = jax.tree.map(lambda x, f: np.concatenate([x, f[i][None]]), item[buffer.obs_key], everything.final_obs)
         where = f"episode {i}: "
         if isinstance(obs, Mapping):
-            obs = {k: _space_dtype(f"{where}{buffer.obs_key}[{k!r}]", observation_space[k], v) for k, v in obs.items()}
+            obs = {k: _space_dtype(f"{where}{buffer.obs_key}[{k!r}]", observation_space[k], v, True) for k, v in obs.items()}
         else:
-            obs = _space_dtype(f"{where}{buffer.obs_key}", observation_space, obs)
+            obs = _space_dtype(f"{where}{buffer.obs_key}", observation_space, obs, True)
         term = bool(everything.terminated[i])
         terminations = np.zeros(n, bool)
         truncations = np.zeros(n, bool)

@@ -39,7 +39,7 @@ from flax import struct
 
 from host_codecs import dtype_from_code
 from host_codecs.file_store import ReadOnlyError
-from jaxbuffers import _compiled, _disk_folder, _validate, checkpoint
+from jaxbuffers import _compiled, _disk_folder, _timing, _validate, checkpoint
 from jaxbuffers._checkpoint_describe import config_differences, differences_text
 from jaxbuffers._disk_folder import FORMAT_VERSION, DiskStores, FolderLockedError
 from jaxbuffers.compressed import _common
@@ -163,6 +163,9 @@ def _reopen(d: Path, mode: str, buffer: Any, lock: Any) -> Any:
             restored, n = upgraded, like.num_slots
             meta = {**meta, "num_slots": n, "stores": [{**m, "meta": {**m["meta"], "config": {**m["meta"]["config"], "num_slots": n}}}
                                                       for m in meta["stores"]]}
+    if getattr(restored, "keyframe_interval", None) == 1:  # saved before `K = 1` dropped its unused delta codec
+        meta = {**meta, "stores": [{**m, "meta": {**m["meta"], "config": {**m["meta"]["config"], "delta_codec": None}}}
+                                   if isinstance(m.get("meta"), dict) and "config" in m["meta"] else m for m in meta["stores"]]}
     kind = "raw" if like.codec == "none" else "chunks"
     want = [{"name": n, "shape": list(s._declared[1]), "dtype": dtype_from_code(s._declared[0]).name, "kind": kind} for n, s in zip(like.names, like.stores)]
     saved = [{k: s.get(k, "raw") for k in ("name", "shape", "dtype", "kind")} for s in meta["stores"]]  # version 1: raw stores
@@ -292,6 +295,7 @@ class _Several(Closing):
             b.close()
 
 
+@_timing.timed_methods
 class Concatenated(_Several, struct.PyTreeNode):
     """Several `CompressedTrajectoryBuffer`s of one configuration (sizes may differ) sampled as one buffer.
 
@@ -390,6 +394,7 @@ _EPISODE_SIZES = ("max_episodes", "max_timesteps", "circular")
 _GAMMA = {"gamma": (0.0, 1.0)}
 
 
+@_timing.timed_methods
 class ConcatenatedEpisodes(_Several, struct.PyTreeNode):
     """Several `CompressedEpisodeBuffer`s of one configuration (sizes may differ) sampled as one buffer.
 

@@ -8,7 +8,7 @@ function is traced each time the sampler is called eagerly; pass a mask (or call
 
 Nothing to draw. When nothing passes (`can_sample`, or `can_sample_sequences` for `sample_sequences`, is False:
 no stored episode passes the filter, or none holds a window of the length asked), a sampler returns *empty rows*:
-`indices` -1 (no slot: `update` ignores it, `record` counts it as stale) and every other field zero or False, so
+`indices` -1 (no slot: `update` ignores it, `record` counts it nowhere) and every other field zero or False, so
 `mask` is all False, `lengths` and `num_steps` 0, `window_mask` all False, `discount` 0. Rows are never read from
 a slot that did not pass. `indices >= 0` tells the rows drawn from data apart (e.g. after
 `jaxbuffers.sample_mixed`).

@@ -161,9 +161,10 @@ class EpisodeWriter:
           The number of episodes this call committed.
 
         Raises:
-          TypeError: a field missing or extra, a wrong dtype, flags not bool, an `env_id` that is not hashable.
-          ValueError: a wrong shape, a step id already given or already joined, a step id other than the one
-            expected (the message names the env, the id expected and the id given).
+          TypeError: a field missing or extra, a wrong dtype, flags not bool, an `env_id` that is not hashable, a
+            `step_id` that is not an int (`"0"`, `0.0`, `True`).
+          ValueError: a wrong shape, a negative step id, a step id already given or already joined, a step id other
+            than the one expected (the message names the env, the id expected and the id given).
           BufferFullError: a commit into a full fixed buffer (the episode is dropped; later steps go on).
         """
         _env_id(env_id), _step_id(step_id)
@@ -310,7 +311,10 @@ def _env_id(env_id) -> None:
 
 
 def _step_id(step_id) -> None:
-    if isinstance(step_id, bool) or not isinstance(step_id, (int, np.integer)) or step_id < 0:
+    """TypeError for a `step_id` that is not an int (bools, floats and strings included), ValueError for one < 0."""
+    if isinstance(step_id, bool) or not isinstance(step_id, (int, np.integer)):
+        raise TypeError(f"step_id: expected an int >= 0, got {type(step_id).__name__} {step_id!r}")
+    if step_id < 0:
         raise ValueError(f"step_id: expected an int >= 0, got {step_id!r}")
 
 

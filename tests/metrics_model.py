@@ -33,6 +33,8 @@ class RingModel:
     def record(self, positions, generations=None) -> None:
         self.calls += 1
         for i, p in enumerate(positions):
+            if p < 0:  # an empty row: not drawn
+                continue
             lane, slot = divmod(int(p), self.ring)
             item = self.item[slot]
             if item is None or (generations is not None and int(generations[i]) != item):

@@ -106,3 +106,18 @@ def test_accepted_values_write_their_output(saved, tmp_path_factory, capsys, dat
         code, _, err = _run(capsys, "sheet", saved, "--out", out / "s.png", "--count", count, "--columns", data.draw(st.integers(1, 9)),
                             "--seed", data.draw(st.integers(0, 2**31)), "--episode", episode, "--scale", scale)
         assert code == 0 and (out / "s.png").stat().st_size > 0, err
+
+
+def test_png_frames_are_refused_into_a_non_empty_folder_and_leave_it_unchanged(saved, tmp_path, capsys):
+    """A folder holding an earlier export (or anything else) is refused: its files would mix with the new frames."""
+    code, _, err = _run(capsys, "video", saved, "--episode", 2, "--out", tmp_path / "png")
+    assert code == 0, err
+    before = _digest(tmp_path / "png")
+    assert len(before) == STEPS  # episode 2 is lane 1's six steps
+    for out in (tmp_path / "png", f"{tmp_path / 'png'}/"):
+        code, _, err = _run(capsys, "video", saved, "--episode", 0, "--out", out)
+        assert code == 2 and err.startswith("jaxbuffers video: error: --out: the folder ") and "not empty" in err, err
+        assert err.count("\n") == 1 and _digest(tmp_path / "png") == before
+    (tmp_path / "empty").mkdir()
+    code, _, err = _run(capsys, "video", saved, "--episode", 0, "--out", tmp_path / "empty")
+    assert code == 0 and sorted(p.name for p in (tmp_path / "empty").iterdir()) == [f"frame_{t:05d}.png" for t in range(3)], err

@@ -4,6 +4,8 @@ written (no dataset folder appears); the accepted forms give exactly the documen
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -86,6 +88,33 @@ def test_to_minari_bad_arguments(folder, filled, buffer, dataset_id, space, jpeg
     refused(lambda: to_minari(buf, "test/cartpole/out-v0", observation_space=obs, action_space=act, jpeg_encoding=jpeg),
             "jpeg_encoding", state=state)
     assert snapshot(buf) == before
+
+
+def test_to_minari_refuses_values_outside_the_spaces_bounds_naming_the_field_and_step(folder):
+    """Actions and observations are checked against the bounds their space defines before anything is written (a
+    Discrete(3) space took action 4 silently)."""
+    from gymnasium import spaces
+
+    path, _ = folder
+    step = {"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = jb.EpisodeBuffer.create(step, max_episodes=2, max_timesteps=4)
+    for actions in ([0, 1, 2, 0], [2, 1, 0, 4]):
+        buf = buf.add_episode({"obs": jnp.full((4, 2), 0.5), "action": jnp.asarray(actions, jnp.int32), "reward": jnp.zeros(4)},
+                              4, terminated=True, final_obs=jnp.full(2, 2.0))
+    box, wide = spaces.Box(-1.0, 1.0, (2,), np.float32), spaces.Box(-1.0, 3.0, (2,), np.float32)
+    state = lambda: tree(path)  # noqa: E731
+    cases = [  # (observation space, action space, the error's start)
+        (wide, spaces.Discrete(3), r"episode 1: action: step 3 holds 4, outside Discrete\(3\)"),
+        (wide, spaces.Discrete(4, start=1), r"episode 0: action: step 0 holds 0, outside Discrete\(4, start=1\)"),
+        (wide, spaces.Box(0, 3, (), np.int32), r"episode 1: action: step 3 holds 4, outside Box\(0, 3, \(\), int32\)"),
+        (box, spaces.Discrete(5), r"episode 0: obs: its final observation holds \[2.0, 2.0\], outside Box\(-1.0, 1.0, \(2,\), float32\)"),
+    ]
+    for obs, act, message in cases:
+        err = refused(lambda: to_minari(buf, "test/bounds/out-v0", observation_space=obs, action_space=act), "action" if "action" in message else "obs",
+                      state=state, exc=(ValueError,))
+        assert re.match(message, str(err)), str(err)
+    written = to_minari(buf, "test/bounds/in-v0", observation_space=wide, action_space=spaces.Discrete(5))
+    assert written.total_episodes == 2
 
 
 def test_accepted_sizes_give_the_documented_buffer(folder):

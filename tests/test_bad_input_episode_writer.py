@@ -17,7 +17,7 @@ M = 3
 STEP = {"obs": jnp.zeros((2,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0)}
 BUFFER = jb.EpisodeBuffer.create(STEP, max_episodes=4, max_timesteps=M, meta={"task": jnp.int32(-1)})
 ENVS = (0, "b")
-BAD_IDS = st.sampled_from([-1, 1.5, "0", None, True, np.float32(1), [0], np.zeros(2, np.int32)])
+BAD_IDS = st.sampled_from([-1, 1.5, 0.0, "0", None, True, np.float32(1), [0], np.zeros(2, np.int32)])
 BAD_FLAGS = st.sampled_from([1, 0, "True", None, np.int32(1), np.array([True]), np.float32(1), [True]])
 BAD_ENV_IDS = st.sampled_from([[0], {"a": 1}, {0}, np.zeros(2)])
 
@@ -69,10 +69,11 @@ def test_bad_ids(env_id, step_id):
     for call in (lambda i: W.add_env(i, 2, e, next_obs=nxt, terminated=False), lambda i: W.add_policy(i, 2, p),
                  lambda i: W.add_step(i, {**e, **p}, next_obs=nxt, terminated=False), W.discard, W.in_progress, W.pending):
         refused(lambda: call(env_id), "env_id", state=s)
-    refused(lambda: W.add_env("b", step_id, e, next_obs=nxt, terminated=False), "step_id", state=s)
-    refused(lambda: W.add_policy("b", step_id, p), "step_id", state=s)
+    kind = (ValueError,) if isinstance(step_id, int) and not isinstance(step_id, bool) else (TypeError,)  # -1: a value
+    refused(lambda: W.add_env("b", step_id, e, next_obs=nxt, terminated=False), "step_id", state=s, exc=kind)
+    refused(lambda: W.add_policy("b", step_id, p), "step_id", state=s, exc=kind)
     if step_id is not None:  # None: the env's next id
-        refused(lambda: W.add_step(7, {**e, **p}, next_obs=nxt, terminated=False, step_id=step_id), "step_id", state=s)
+        refused(lambda: W.add_step(7, {**e, **p}, next_obs=nxt, terminated=False, step_id=step_id), "step_id", state=s, exc=kind)
     refused(lambda: W.add_env("b", 2, e, next_obs=nxt, terminated=False), "step_id", state=s)  # given already
     refused(lambda: W.add_policy(0, 0, p), "step_id", state=s)  # joined already
 

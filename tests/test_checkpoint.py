@@ -962,6 +962,32 @@ def test_a_compressed_checkpoint_written_before_delta_codec_restores(tmp_path):
         jb.restore(tmp_path / "c", make())
 
 
+def test_a_keyframe_interval_1_checkpoint_that_recorded_a_delta_codec_restores(tmp_path):
+    """A `keyframe_interval=1` checkpoint whose config and stores recorded the default delta codec (builds before
+    `K = 1` dropped the unused codec) restores, with and without a target, to the saved frames."""
+    from jaxbuffers import _checkpoint_files as files
+
+    step = {"obs": jnp.zeros((6, 6), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    make = lambda: jb.CompressedTrajectoryBuffer.create(step, num_envs=2, length=8, codec="zstd:1", keyframe_interval=1)  # noqa: E731
+    frames = np.random.default_rng(1).integers(0, 256, (2, 6, 6, 6), dtype=np.uint8)
+    no = jnp.zeros((2, 6), bool)
+    buf = make().add({"obs": frames, "action": jnp.zeros((2, 6), jnp.int32), "reward": jnp.zeros((2, 6))},
+                     terminated=no, truncated=no, final_obs=frames)
+    assert buf.host.stores[0].delta_codec is None
+    jb.save(tmp_path / "c", buf)
+    meta = json.loads((tmp_path / "c" / "buffer.json").read_text())
+    meta["config"]["delta_codec"] = "rle:8"
+    for store in meta["host"]["stores"]:
+        store["config"]["delta_codec"] = "rle:8"
+    (tmp_path / "c" / "buffer.json").write_text(json.dumps(meta))
+    files._write_manifest(tmp_path / "c", files._Progress(False, ""))
+    key = jax.random.key(2)
+    for back in (jb.restore(tmp_path / "c"), jb.restore(tmp_path / "c", make())):
+        assert back.host.stores[0].delta_codec is None
+        for a, b in zip(jax.tree.leaves(back.sample_sequences(key, 4, 3)), jax.tree.leaves(buf.sample_sequences(key, 4, 3))):
+            np.testing.assert_array_equal(a, b)
+
+
 def _sharded(mesh):
     make = lambda: jb.ReplayBuffer.create(ITEM, capacity=8, metrics=True)  # noqa: E731
     return make, jb.ShardedBuffer.create(make, mesh, "data")

@@ -598,6 +598,21 @@ def test_serve_command(saved):
         proc.wait(timeout=30)
 
 
+@pytest.mark.parametrize("json_out", [True, False])
+def test_a_reader_that_closes_stdout_early_ends_the_command_quietly(saved, json_out):
+    """`jaxbuffers inspect --json PATH | head`: the pipe closed before the command writes ends it with status 1 and
+    nothing on stderr, as the tables (rich) do (the JSON ended with a BrokenPipeError traceback)."""
+    cmd = [sys.executable, "-m", "jaxbuffers.cli", "--no-progress", "inspect", str(saved["CompressedTrajectoryBuffer"])]
+    proc = subprocess.Popen(cmd + ["--json"] * json_out, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the command has imported JAX
+    try:
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 1 and err == "", err[-2000:]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _get(url: str) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
@@ -638,6 +653,9 @@ def test_serve_routes(server):
     assert code == 400 and "t: expected a step in [0, 8]" in json.loads(body)["error"]
     code, body = _get(server + "/api/episode?k=x")
     assert code == 400 and "k: expected an integer" in json.loads(body)["error"]
+    for path in ("/api/episode?k=9", "/frame.png?k=-1&t=0"):  # the query parameter is named, not a command option
+        code, body = _get(server + path)
+        assert code == 400 and json.loads(body)["error"].startswith("k: expected an episode number in [0, 3], got "), body
     assert _get(server + "/elsewhere")[0] == 404
 
 

@@ -409,6 +409,31 @@ def _run_fresh_process(code: str, *args: str, env: dict | None = None) -> list[s
     return run.stdout.split()
 
 
+_WITHOUT_NUMBA = """
+import sys
+sys.modules["numba"] = None  # every import of numba fails
+import jax.numpy as jnp, numpy as np
+from jaxbuffers.compressed import CompressedEpisodeBuffer, CompressedTrajectoryBuffer
+step = {"obs": jnp.zeros((8, 8), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+frames = np.arange(2 * 3 * 64, dtype=np.uint8).reshape(2, 3, 8, 8)
+chunk = {"obs": frames, "action": np.zeros((2, 3), np.int32), "reward": np.zeros((2, 3), np.float32)}
+no = np.zeros((2, 3), bool)
+for buf in (CompressedTrajectoryBuffer.create(step, num_envs=2, length=8, codec="none", keyframe_interval=1),
+            CompressedTrajectoryBuffer.create(step, num_envs=2, length=8, codec="none")):
+    buf = buf.add(chunk, terminated=no, truncated=no, final_obs=frames)
+    assert np.array_equal(np.asarray(buf.decode_obs(buf.trajectory.storage["obs"][:, :3])), frames)
+ep = CompressedEpisodeBuffer.create(step, max_episodes=2, max_timesteps=8, codec="none")
+ep = ep.add_episodes(chunk, np.array([3, 3]), terminated=np.array([True, True]), final_obs=frames[:, -1])
+print("ok", ep.num_episodes())
+"""
+
+
+def test_codec_none_needs_no_delta_codec_and_no_numba():
+    """`codec="none"` (K = 1: no deltas) creates, adds and reads back without numba, whose RLE is the default delta
+    codec: no delta codec is built when `keyframe_interval` is 1."""
+    assert _run_fresh_process(_WITHOUT_NUMBA) == ["ok", "2"]
+
+
 def test_jitted_adds_in_a_process_limited_to_one_cpu():
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("needs os.sched_setaffinity (Linux)")
@@ -1335,3 +1360,24 @@ def test_eager_add_to_a_donated_state_is_stale():
     with pytest.raises(StaleBufferError, match="donated"):
         b0.add(step, terminated=jnp.zeros(1, bool))
     assert int(b1.add(step, terminated=jnp.zeros(1, bool)).num_added()) == 2
+
+
+def test_compress_naming_no_leaf_says_which_names_there_are():
+    """`compress` names leaves inside the observation (a trajectory or episode buffer) or the step (a rollout): a
+    name that matches none is refused with the names there are, or, for a bare-array observation, with the rule
+    that it has none (before: "its leaves are ['<root>']")."""
+    from jaxbuffers.compressed import CompressedEpisodeBuffer, CompressedRolloutBuffer
+
+    bare = {"obs": jnp.zeros((4, 4), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    nested = {**bare, "obs": {"pixels": jnp.zeros((4, 4), jnp.uint8), "pos": jnp.zeros(3)}}
+    for make in (lambda: CompressedTrajectoryBuffer.create(bare, num_envs=1, length=4, compress=("obs",)),
+                 lambda: CompressedEpisodeBuffer.create(bare, max_episodes=2, max_timesteps=4, compress=("obs",))):
+        with pytest.raises(ValueError, match=r"^compress: \['obs'\] name no leaf of example_step\['obs'\]: it is one array, "
+                                             r"with no names inside it; leave compress out"):
+            make()
+    with pytest.raises(ValueError, match=r"^compress: \['obs'\] name no leaf of example_step\['obs'\]; the names inside it are \['pixels', 'pos'\]$"):
+        CompressedTrajectoryBuffer.create(nested, num_envs=1, length=4, compress=("obs",))
+    with pytest.raises(ValueError, match=r"^compress: \['pixel'\] name no leaf of example_step; the names inside it are "
+                                         r"\['action', 'obs', 'pixels', 'pos', 'reward'\]$"):
+        CompressedRolloutBuffer.create(nested, num_envs=1, num_steps=4, compress=("pixel",))
+    assert CompressedRolloutBuffer.create(nested, num_envs=1, num_steps=4, compress=("pixels",)).leaves[0].name == "example_step['obs']['pixels']"

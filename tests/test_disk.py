@@ -494,6 +494,35 @@ def test_sampling_whole_episodes_from_a_large_folder_keeps_resident_memory_flat(
     assert _rss_mb() - before < 200
 
 
+def _with_delta_codec(obj, spec):
+    """`obj` (parsed JSON) with every `delta_codec` of every dict in it set to `spec`."""
+    if isinstance(obj, dict):
+        return {k: spec if k == "delta_codec" else _with_delta_codec(v, spec) for k, v in obj.items()}
+    return [_with_delta_codec(v, spec) for v in obj] if isinstance(obj, list) else obj
+
+
+def test_a_keyframe_interval_1_folder_that_recorded_a_delta_codec_reopens(tmp_path):
+    """A `keyframe_interval=1` folder whose files recorded the default delta codec (builds before `K = 1` dropped the
+    unused codec) reopens, read-only and for writing, and gives its in-memory twin's sample."""
+    from jaxbuffers import _checkpoint_files as files
+
+    make = lambda: jb.CompressedTrajectoryBuffer.create(STEP, num_envs=2, length=12, codec="zstd:1", frame_stack=4, keyframe_interval=1)  # noqa: E731
+    chunk = _chunk(20, seed=5)
+    buf, twin = (_add(b, chunk, 2) for b in (disk.open(tmp_path / "k1", "w", make()), make()))
+    assert buf.host.stores[0].delta_codec is None
+    disk.flush(buf)
+    buf.close()
+    for f in (tmp_path / "k1").rglob("*.json"):
+        f.write_text(json.dumps(_with_delta_codec(json.loads(f.read_text()), "rle:8")))
+    for state in (tmp_path / "k1").glob("state-*"):
+        files._write_manifest(state, files._Progress(False, ""))
+    assert '"delta_codec": "rle:8"' in (tmp_path / "k1" / "disk.json").read_text()
+    for mode in ("r", "r+"):
+        old = disk.open(tmp_path / "k1", mode)
+        assert old.host.stores[0].delta_codec is None and _same(_sample(old), _sample(twin))
+        old.close()
+
+
 def _without(obj, key):
     """`obj` (parsed JSON) with every `key` of every dict in it removed."""
     if isinstance(obj, dict):

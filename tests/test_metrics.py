@@ -139,6 +139,21 @@ def test_an_empty_buffer_records_its_draws_as_stale():
     assert buf.stats()["stale"] == 3 and buf.stats()["samples"] == 0 == s["samples"]
 
 
+def test_empty_rows_are_not_draws_and_not_stale():
+    """A sample's empty rows (`indices` -1: a `where=` sampler with nothing to draw) count neither as samples nor as
+    stale (they used to be stale); a position not held, or past the buffer's positions, is stale."""
+    step = {"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    ep = jb.EpisodeBuffer.create(step, max_episodes=4, max_timesteps=3, meta={"task": jnp.int32(0)})
+    ep = ep.add_episode(_zeros(step, (3,)), 3, terminated=True, final_obs=jnp.zeros(2))
+    none = ep.sample_timesteps(jax.random.key(0), 5, where=lambda meta: meta["task"] == 1)
+    assert np.asarray(none.indices).tolist() == [-1] * 5
+    s = ep.record(none).stats()
+    assert (s["samples"], s["stale"], s["record_calls"], s["sample_count"]["max"]) == (0, 0, 1, 0)
+    buf = jb.ReplayBuffer.create(ITEM, 4).add(_zeros(ITEM, (2,)))  # slots 0 and 1 held
+    s = buf.record(jb.ReplaySample(item=None, indices=jnp.array([-1, 0, 3, 9, -1], jnp.int32))).stats()
+    assert (s["samples"], s["stale"]) == (1, 2)
+
+
 def test_an_add_resets_the_counts_of_the_slots_it_writes():
     buf = jb.ReplayBuffer.create(ITEM, 4, metrics=True).add(_zeros(ITEM, (4,)))
     buf = buf.record(jb.ReplaySample(item=None, indices=jnp.array([0, 1, 2, 3, 3], jnp.int32)))

@@ -1,5 +1,7 @@
 """Trace-time validation: errors name the leaf, the expected and the received shape/dtype."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -240,3 +242,24 @@ def test_unrebuilt_trajectory_stacks_host_equals_device(stack_axis):
         np.testing.assert_array_equal(unrebuilt_trajectory_stacks(x, before, starts, None, None, **kw),
                                       np.asarray(device_rule(jnp.asarray(x), jnp.asarray(before), jnp.asarray(starts), None, None, **kw)))
     assert seen == {(0, False), (0, True), (1, False), (1, True)}
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.int4])
+def test_compressed_leaves_of_a_dtype_the_host_stores_do_not_take_are_refused_in_create_naming_the_leaf(dtype):
+    """(before: `TypeError dtype: expected a numeric dtype ...` from the host store, naming its own argument)"""
+    import jaxbuffers as jb
+
+    step = lambda obs: {"obs": obs, "action": jnp.int32(0), "reward": jnp.float32(0)}  # noqa: E731
+    bare, nested = step(jnp.zeros((4, 4), dtype)), step({"pixels": jnp.zeros((4, 4), dtype), "pos": jnp.zeros(3, dtype)})
+    makes = {
+        "example_step['obs']": [lambda: jb.CompressedTrajectoryBuffer.create(bare, num_envs=1, length=4),
+                                lambda: jb.CompressedEpisodeBuffer.create(bare, max_episodes=2, max_timesteps=4),
+                                lambda: jb.CompressedRolloutBuffer.create(bare, num_envs=1, num_steps=4)],
+        "example_step['obs']['pixels']": [lambda: jb.CompressedTrajectoryBuffer.create(nested, num_envs=1, length=4, compress=("pixels",))],
+    }
+    for leaf, calls in makes.items():
+        for make in calls:
+            with pytest.raises(TypeError, match=rf"^{re.escape(leaf)}: dtype {np.dtype(dtype).name} cannot be stored compressed: .*'float16'"):
+                make()
+    on_device = step({"pixels": jnp.zeros((4, 4), jnp.uint8), "pos": jnp.zeros(3, dtype)})  # not compressed: taken
+    assert jb.CompressedTrajectoryBuffer.create(on_device, num_envs=1, length=4, compress=("pixels",)).step_spec["obs"]["pos"].dtype == dtype

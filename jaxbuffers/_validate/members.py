@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxbuffers import _timing
+
 
 def member_axes(buffer: Any) -> tuple[int, ...]:
     """The leading member axes of `buffer`'s state: the shape of its cursor (`()` for one buffer, also for one
@@ -70,7 +72,8 @@ _HOST = frozenset({"num_added", "stats"})  # read values on the host: never unde
 def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
     """Class decorator: every public method of a buffer class (inherited ones included; not properties,
     classmethods, `replace`, `close` and the byte counts) calls `one_member` before its body, so a stacked state is
-    refused by every method, eagerly and while traced, before any argument check reads the state's shapes.
+    refused by every method, eagerly and while traced, before any argument check reads the state's shapes. The
+    class's public methods are then timed under their own names (`jaxbuffers._timing.timed_methods`).
 
     Args:
       cls: the buffer class (it declares `_cursor`).
@@ -86,7 +89,7 @@ def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
         if name.startswith("_") or name in _UNCHECKED or not inspect.isfunction(fn) or getattr(fn, "one_member", False):
             continue
         setattr(cls, name, _checked(fn, name, mapped and name not in _HOST))
-    return cls
+    return _timing.timed_methods(cls)
 
 
 def _checked(fn: Callable, name: str, mapped: bool) -> Callable:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from host_codecs import DTYPES
 from jaxbuffers._validate import _is_array, check_batch, index_array, item_spec, leaf_name, not_array, static_int
 
 
@@ -149,6 +150,8 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
     `indices` that a compressed trajectory buffer stores on the host (its `create`'s errors).
 
     Raises:
+      TypeError: a leaf whose dtype the host stores do not take (`host_codecs.DTYPES`: bool, the integers of 8 to
+        64 bits, float16, float32, float64, complex64, complex128; not bfloat16, float8 or int4), naming the leaf.
       ValueError: `normalize_images` on a non-uint8 leaf; with `frame_stack=k`, a `stack_axis`
         out of range or not holding `k` frames.
     """
@@ -157,6 +160,10 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
     for i in indices:
         path, s = flat[i]
         name, shape = f"{what}{leaf_name(path) if path else ''}", tuple(s.shape)
+        if np.dtype(s.dtype) not in DTYPES:
+            raise TypeError(f"{name}: dtype {s.dtype} cannot be stored compressed: the host stores take "
+                            f"{[d.name for d in DTYPES]} (keep the leaf on the device by leaving it out of `compress`, "
+                            "or store it as one of these dtypes)")
         if normalize_images and np.dtype(s.dtype) != np.uint8:
             raise ValueError(f"normalize_images: {name} has dtype {s.dtype}; x / 255 is defined for uint8 images only")
         if frame_stack is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 __all__ = ["main", "build_parser"]
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_EPILOG)
     _path_args(p)
     p.add_argument("--episode", type=int, required=True, metavar="K", help="episode number (0: the first; see inspect)")
-    p.add_argument("--out", required=True, help="output: a .mp4 or .gif file, or a folder (ending in /) for PNG frames")
+    p.add_argument("--out", required=True, help="output: a .mp4 or .gif file, or a new or empty folder (ending in /) for PNG frames")
     p.add_argument("--no-overlay", action="store_true", help="frames only, no text band")
     p.add_argument("--scale", type=int, default=2, help="integer upscaling, nearest neighbour (default 2)")
     p.add_argument("--fps", type=float, default=15.0, help="frames per second (default 15)")
@@ -111,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the `jaxbuffers` command with `argv` (default: `sys.argv[1:]`); returns the exit status.
+    """Run the `jaxbuffers` command with `argv` (default: `sys.argv[1:]`); returns the exit status (1 and no message
+    when the reader of stdout closed it early, as in `jaxbuffers inspect --json PATH | head`).
 
     The command runs with `jax_enable_x64` on (restored on return), so a checkpoint with 64-bit fields reads as
     saved; a 32-bit checkpoint reads and shows the same either way (every leaf keeps its saved dtype)."""
@@ -121,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     x64 = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     try:
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()  # a reader gone is found here, not in the flush at exit
+        return code
+    except BrokenPipeError:  # the reader of stdout closed it (`| head`): stop quietly, as rich's tables do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit writes nowhere
+        return 1
     finally:
         jax.config.update("jax_enable_x64", x64)
 

@@ -456,17 +456,21 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
                 progress: bool | None = None) -> Path:
     """Write episode `k` to `out`: `.mp4` (H.264 through imageio-ffmpeg), `.gif` (lossless for gray frames and up to
     256 colours; identical consecutive frames become one longer frame), or a folder (`out/` or no suffix): one
-    lossless PNG per step, `frame_00000.png`, ..."""
+    lossless PNG per step, `frame_00000.png`, ...; the folder must be new or empty (`CliError` otherwise), so that
+    it never mixes the frames of two exports."""
     out = Path(out)
     field = _image(view, image, stack_axis, layout)
     if scale < 1:
         raise CliError(f"--scale: expected an integer >= 1, got {scale}")
     if not 0 < fps < float("inf"):
         raise CliError(f"--fps: expected a finite number > 0, got {fps}")
-    pics = episode_pictures(view, k, field, with_overlay=with_overlay, scale=scale, progress=progress)
     suffix = out.suffix.lower()
     if suffix not in ("", ".gif", ".mp4") and not str(out).endswith("/"):
         raise CliError(f"--out: expected a .mp4 or .gif file or a folder for PNG frames, got {out}")
+    if (suffix == "" or str(out).endswith("/")) and out.is_dir() and any(out.iterdir()):
+        raise CliError(f"--out: the folder {out} is not empty: PNG frames are written only into a new or empty folder "
+                       "(remove its files or give another folder)")
+    pics = episode_pictures(view, k, field, with_overlay=with_overlay, scale=scale, progress=progress)
     with _writing(out):
         _write_frames(out, suffix, pics, fps, progress)
     return out

@@ -59,7 +59,7 @@ class _App:
 
     def episode(self, k: int) -> dict:
         v = self.view
-        ep = v.episode(k)
+        ep = v.episode(k, "k")
         names = [n for n in v.fields if self.field is None or n != self.field.name]
         cols = {n: v.column(n, ep.positions) for n in names if n not in v.compressed_fields}
         steps = [{"t": t, **{n: _jsonable(c[t]) for n, c in cols.items()}} for t in range(ep.length)]
@@ -70,7 +70,7 @@ class _App:
 
         if self.field is None:
             raise ViewError("frame: this buffer has no image field")
-        ep = self.view.episode(k)
+        ep = self.view.episode(k, "k")
         if not 0 <= t < ep.length:
             raise ViewError(f"t: expected a step in [0, {ep.length - 1}] of episode {k}, got {t}")
         with self.lock:

@@ -308,12 +308,12 @@ class BufferView:
             out[a : a + len(part)] = x
         return out
 
-    def episode(self, k: int) -> Episode:
-        """Episode `k`, or ViewError naming the range."""
+    def episode(self, k: int, name: str = "--episode") -> Episode:
+        """Episode `k`, or ViewError naming `name` (the option or query parameter that gave `k`) and the range."""
         n = len(self.episodes)
         if not isinstance(k, (int, np.integer)) or not 0 <= k < n:
             what = f"an episode number in [0, {n - 1}]" if n else "no episode number: this buffer holds no episodes"
-            raise ViewError(f"--episode: expected {what}, got {k!r}")
+            raise ViewError(f"{name}: expected {what}, got {k!r}")
         return self.episodes[k]
 
     def step_labels(self) -> tuple[np.ndarray, np.ndarray]:

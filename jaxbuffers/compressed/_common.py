@@ -43,17 +43,22 @@ def select_leaves(spec: Any, compress: Sequence[str] | None, what: str) -> tuple
         return tuple(range(len(leaves)))
     if isinstance(compress, str):
         raise TypeError(f"compress: expected a tuple of leaf names, e.g. ({compress!r},), got the string {compress!r}")
-    names, chosen, used = set(compress), [], set()
+    names, chosen, used, known = set(compress), [], set(), set()
     for i, (path, _) in enumerate(leaves):
         # dict keys and attribute names along the path (sequence indices skipped), and the full name
         keys = {str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)}
-        keys |= {k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)} | {_validate.leaf_name(path)}
+        keys |= {k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)}
+        known |= keys
+        keys.add(_validate.leaf_name(path))
         if keys & names:
             chosen.append(i)
             used |= keys & names
+    known = sorted(known) or [_validate.leaf_name(p) for p, _ in leaves if p]  # a tuple's leaves: their full names
+    if names - used and not known:
+        raise ValueError(f"compress: {sorted(names - used)} name no leaf of {what}: it is one array, with no names inside "
+                         f"it; leave compress out (None: the whole array is compressed)")
     if names - used:
-        avail = [_validate.leaf_name(p) for p, _ in leaves]
-        raise ValueError(f"compress: {sorted(names - used)} match no leaf of {what}; its leaves are {avail}")
+        raise ValueError(f"compress: {sorted(names - used)} name no leaf of {what}; the names inside it are {known}")
     if not chosen:
         raise ValueError(f"compress: selects no leaf of {what}")
     return tuple(chosen)

@@ -48,12 +48,35 @@ from host_codecs.slot_index import grown_rows
 from jaxbuffers import _validate
 from jaxbuffers._wrapper import Wrapper
 
-__all__ = ["DEFAULT_DICTIONARY_BYTES", "HostStores", "ShardedHostStores", "StaleBufferError"]
+__all__ = ["DEFAULT_DELTA_CODEC", "DEFAULT_DICTIONARY_BYTES", "DEFAULT_KEYFRAME_INTERVAL", "HostStores", "ShardedHostStores", "StaleBufferError"]
 
 #: Most bytes of the zstd dictionary a compressed buffer's store builds from its first 1,024
 #: frames when the codec is zstd. On 84x84 Atari frames at level -1, 32 KiB gave smaller frames
 #: than 16 KiB (Breakout about 97 against 99 B, Pong 92 against 96 B) and than 64 KiB.
 DEFAULT_DICTIONARY_BYTES = 32768
+
+DEFAULT_DELTA_CODEC = "rle"
+"""Codec of the delta frames of the temporal coding unless `delta_codec=` is given: the XOR of two consecutive frames
+of a lane is mostly zeros, which run-length coding stores compactly and decodes in one compiled loop straight into
+the base frame's copy (`host_codecs.rle`); keyframes keep `codec` (and its zstd dictionary)."""
+
+DEFAULT_KEYFRAME_INTERVAL = 8
+"""Frames per chain of the temporal coding unless `keyframe_interval=` is given (a keyframe every 8 frames; with
+`codec="none"` every frame is whole, K = 1)."""
+
+
+def keyframe_interval_of(keyframe_interval: int | None, codec: str, delta_codec: str | None) -> tuple[int, str | None]:
+    """The checked `keyframe_interval` argument of a compressed buffer's `create` (`None` gives
+    `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"`: deltas of raw entries save nothing), and the delta codec
+    of its stores: `delta_codec`, or None when `K = 1` (no delta is ever stored, so none is built or imported).
+
+    Raises:
+      ValueError: not a positive int (`jaxbuffers._validate.static_int`); an unknown codec.
+    """
+    if keyframe_interval is None:
+        keyframe_interval = 1 if get_codec(codec).name == "none" else DEFAULT_KEYFRAME_INTERVAL
+    key = _validate.static_int("keyframe_interval", keyframe_interval)
+    return key, (delta_codec if key > 1 else None)
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype, align: int = 64) -> np.ndarray:

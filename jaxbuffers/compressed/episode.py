@@ -62,8 +62,8 @@ from flax import struct
 from jaxbuffers import _compiled, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
-from jaxbuffers.compressed._host import FrameStacked, HostStores
-from jaxbuffers.compressed.trajectory import DEFAULT_CODEC, DEFAULT_DELTA_CODEC, keyframe_interval_of
+from jaxbuffers.compressed._host import DEFAULT_DELTA_CODEC, FrameStacked, HostStores, keyframe_interval_of
+from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
 from jaxbuffers.episode import EpisodeBuffer, _is_traced
 from jaxbuffers.episode_sampling import (
     GAMMA, EpisodeSample, EpisodeSequenceSample, EpisodeStepSample, EpisodeTransitionSample, positions,
@@ -107,8 +107,8 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
           example_step: as `jaxbuffers.EpisodeBuffer.create`, like `max_episodes`, `max_timesteps`, `meta`,
             `circular`, `obs_key`, `action_key`, `reward_key` and `metrics` (per-episode sample counts, kept in the
             device buffer).
-          compress: names of the observation leaves to store on the host (dict keys on the leaf's path, e.g.
-            `("pixels",)`); `None`: every leaf of the observation.
+          compress: the leaves inside the observation to store on the host, and their dtypes, as
+            `jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (e.g. `("pixels",)`); `None`: all of it.
           frame_stack: `k` when the compressed leaves are stacks of the last `k` frames (module doc); `None`: store
             each observation whole.
           stack_axis: axis of the `k` frames within one observation.
@@ -128,7 +128,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
             `keyframe_interval`).
         """
         spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
-        key = keyframe_interval_of(keyframe_interval, codec)
+        key, delta_codec = keyframe_interval_of(keyframe_interval, codec, delta_codec)
         inner_step = {**spec, obs_key: _common.replace_leaves(spec[obs_key], idx, [_PLACEHOLDER] * len(idx))}
         inner = EpisodeBuffer.create(
             inner_step, max_episodes=max_episodes, max_timesteps=max_timesteps, meta=meta, circular=circular,

@@ -53,8 +53,11 @@ class CompressedRolloutBuffer(HostBacked):
           num_envs: as `jaxbuffers.RolloutBuffer.create`.
           num_steps: as `jaxbuffers.RolloutBuffer.create`.
           float_dtype: as `jaxbuffers.RolloutBuffer.create`.
-          compress: names of the step leaves to store on the host (dict keys on the leaf's path;
-            default `("obs",)`, every leaf under an `obs` key); None: every leaf.
+          compress: the leaves of the step `example_step` (not only its observation) to store on the host, by a
+            dict key (or attribute name) on the leaf's path, or its full name; default `("obs",)`: every leaf under
+            the step's `obs` key; None: every leaf of the step. E.g. `{"obs": {"pixels": uint8 [84, 84], "pos":
+            float32 [3]}, "action": int32}` with `compress=("pixels",)` keeps `pos` and `action` on the device.
+            Compressed leaves take the dtypes of `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
           codec: host codec name.
           normalize_images: return compressed uint8 leaves as float32 `x / 255`.
           chunk_bytes: largest host arena chunk.
@@ -67,6 +70,7 @@ class CompressedRolloutBuffer(HostBacked):
           stack_axis: axis of each compressed leaf holding the `k` frames.
 
         Raises:
+          TypeError: a compressed leaf of a dtype the host stores do not take (naming the leaf).
           ValueError: as `jaxbuffers.RolloutBuffer.create`, or `compress` names no leaf, or
             `normalize_images` meets a non-uint8 leaf, or (with `frame_stack`) a leaf's
             `stack_axis` does not hold `frame_stack` frames.

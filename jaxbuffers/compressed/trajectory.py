@@ -69,11 +69,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from host_codecs import get_codec
 from jaxbuffers import _compiled, _ring, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers.compressed import _common
-from jaxbuffers.compressed._host import FrameStacked, HostStores
+from jaxbuffers.compressed._host import DEFAULT_DELTA_CODEC, DEFAULT_KEYFRAME_INTERVAL, FrameStacked, HostStores, keyframe_interval_of
 from jaxbuffers.compressed.trajectory_slots import ChunkFrames, chunk_frames
 from jaxbuffers.compressed.trajectory_stacks import StackChecked
 from jaxbuffers.prioritised_trajectory import PrioritisedSequenceSample, PrioritisedTrajectoryBuffer, PrioritisedTransitionSample
@@ -84,31 +83,10 @@ __all__ = ["CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer"
 DEFAULT_CODEC = "zstd:-1"
 """Codec of the host stores unless `codec=` is given (zstd's fast level -1)."""
 
-DEFAULT_DELTA_CODEC = "rle"
-"""Codec of the delta frames of the temporal coding unless `delta_codec=` is given: the XOR of two consecutive frames
-of a lane is mostly zeros, which run-length coding stores compactly and decodes in one compiled loop straight into
-the base frame's copy (`host_codecs.rle`); keyframes keep `codec` (and its zstd dictionary)."""
-
-DEFAULT_KEYFRAME_INTERVAL = 8
-"""Frames per chain of the temporal coding unless `keyframe_interval=` is given (a keyframe every 8 frames; with
-`codec="none"` every frame is whole, K = 1)."""
-
 _ID = jax.ShapeDtypeStruct((3,), jnp.int32)
 _GAMMA = {"gamma": (0.0, 1.0)}
 _BETA = {"beta": (0.0, float("inf"))}
 _GAMMA_BETA = {**_GAMMA, **_BETA}
-
-
-def keyframe_interval_of(keyframe_interval: int | None, codec: str) -> int:
-    """The checked `keyframe_interval` argument of a compressed buffer's `create`: `None` gives
-    `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (deltas of raw entries save nothing).
-
-    Raises:
-      ValueError: not a positive int (`jaxbuffers._validate.static_int`); an unknown codec.
-    """
-    if keyframe_interval is None:
-        keyframe_interval = 1 if get_codec(codec).name == "none" else DEFAULT_KEYFRAME_INTERVAL
-    return _validate.static_int("keyframe_interval", keyframe_interval)
 
 
 def _steps(inner) -> TrajectoryBuffer:
@@ -125,7 +103,7 @@ def _build(
     """Shared part of both `create`s: returns (inner example step, final-obs ring size, config)."""
     num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
     spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
-    key = keyframe_interval_of(keyframe_interval, codec)
+    key, delta_codec = keyframe_interval_of(keyframe_interval, codec, delta_codec)
     kcap = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
     obs_spec = spec[obs_key]
     ring = length + k - 1 + key - 1
@@ -189,8 +167,12 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
           example_step: as `jaxbuffers.TrajectoryBuffer.create`, like `num_envs`, `length`, `final_obs_capacity` (it
             also sizes the host's final-frame ring), `obs_key`, `action_key`, `reward_key` and `metrics` (per-position
             sample counts, kept in the device buffer) (not repeated here).
-          compress: names of the observation leaves to store on the host (dict keys on the
-            leaf's path, e.g. `("pixels",)`); `None`: every leaf of the observation.
+          compress: the leaves inside the observation `example_step[obs_key]` to store on the host, by a dict key
+            (or attribute name) on the leaf's path below `obs_key`, or its full name; `None`: every leaf of the
+            observation. E.g. `obs = {"pixels": uint8 [84, 84], "pos": float32 [3]}` with `compress=("pixels",)`
+            keeps `pos` on the device. A bare-array observation has no names inside it: leave `compress` out.
+            Compressed leaves take the dtypes of `host_codecs.DTYPES`: bool, int8 to int64, uint8 to uint64,
+            float16, float32, float64, complex64, complex128 (not bfloat16, float8 or int4: keep those on device).
           frame_stack: `k` when the compressed leaves are stacks of the last `k` frames (module
             doc); `None`: store each observation whole.
           stack_axis: axis of the `k` frames within one observation.
@@ -203,10 +185,12 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
           keyframe_interval: `K` of the temporal coding (module doc): a positive int, 1 for none. Default:
             `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (a delta of raw bytes is no smaller).
           delta_codec: codec of the delta frames (module doc; keyframes keep `codec`): `DEFAULT_DELTA_CODEC`
-            (`"rle"`), any name `codec` takes, or None (`codec` codes the deltas too).
+            (`"rle"`), any name `codec` takes, or None (`codec` codes the deltas too). Unused with
+            `keyframe_interval=1` (no deltas): not built, so `codec="none"` needs numpy alone.
 
         Raises:
-          TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string.
+          TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string; a compressed leaf of another
+            dtype than those above (naming the leaf).
           ValueError: as `jaxbuffers.TrajectoryBuffer.create` and `jaxbuffers._validate.frame_leaves`;
             `compress` naming no leaf; a bad `padding`, codec or delta codec; `dictionary_bytes` without zstd.
         """
