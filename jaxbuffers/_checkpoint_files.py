@@ -150,7 +150,17 @@ def _mismatch(path: Path) -> CheckpointError:
 
 
 def _is_checkpoint(path: Path) -> bool:
-    return (path / "manifest.json").is_file() or (path / "buffer.json").is_file()
+    """Whether the folder `path` is a jaxbuffers checkpoint: its `manifest.json` or `buffer.json` (a fill in place
+    cut short before its manifest) is a JSON object of this format. A file of that name written by anything else
+    does not count."""
+    for name in ("manifest.json", "buffer.json"):
+        try:
+            data = json.loads((path / name).read_bytes())
+        except (OSError, ValueError):  # absent, unreadable, not JSON (UnicodeDecodeError is a ValueError)
+            continue
+        if isinstance(data, dict) and data.get("format") == FORMAT:
+            return True
+    return False
 
 
 def _through_link(path: Path) -> Path:
@@ -177,8 +187,9 @@ def _check_folder_path(path: Path) -> None:
 
 
 def _check_destination(path: Path) -> None:
-    """Refuse a folder `path` (absolute, through links) that a save must not write, before anything is created: a
-    save writes a new folder, an existing empty folder (filled in place: `_commit`) or replaces a checkpoint.
+    """Refuse a folder `path` (absolute, through links) that a save must not write: before anything is created, and
+    again at the commit (`_commit`). A save writes a new folder, an existing empty folder (filled in place) or
+    replaces a checkpoint.
 
     Raises:
       NotADirectoryError: `path` or a path above it is a file (naming it).
@@ -187,7 +198,7 @@ def _check_destination(path: Path) -> None:
       FileExistsError: `path` exists and is neither a checkpoint nor an empty folder (nothing is deleted).
     """
     _check_folder_path(path)
-    for above in path.parents:
+    for above in path.resolve().parents:  # where the folder is on disk: `a/../b` is beside `a`, a link into a checkpoint is in it
         if _is_checkpoint(above):
             raise ValueError(f"directory: {path} is inside the checkpoint {above}; save beside it, not into it")
     if path.exists() and not (_is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
@@ -207,9 +218,10 @@ _SAVING_LOCK = threading.Lock()
 
 def _one_at_a_time(path: Path) -> threading.Lock:
     """The lock held while a save of this process writes and commits the folder `path`: saves to one folder from
-    several threads then replace it one after the other (each commit finds the folder as the last one left it)."""
+    several threads then replace it one after the other (each commit finds the folder as the last one left it). One
+    lock per folder on disk: paths through links to the same folder share it."""
     with _SAVING_LOCK:
-        return _SAVING.setdefault(path, threading.Lock())
+        return _SAVING.setdefault(path.resolve(), threading.Lock())
 
 
 def _commit(tmp: Path, path: Path) -> None:
@@ -218,7 +230,12 @@ def _commit(tmp: Path, path: Path) -> None:
 
     Between the two renames the old checkpoint is `.<name>.prev` (which `restore` falls back to); once the new one is
     in place and its parent folder synced, the old one is renamed aside and deleted by a background thread (deleting
-    gigabytes of files takes a while and the new checkpoint no longer needs it)."""
+    gigabytes of files takes a while and the new checkpoint no longer needs it).
+
+    `path` is checked again first (`_check_destination`), as it is now: another save or a writer may have changed it
+    since the save began. Its refusals are raised and nothing at `path` is moved or deleted.
+    """
+    _check_destination(path)
     if path.is_dir() and not _is_checkpoint(path) and not any(path.iterdir()):
         for entry in sorted(tmp.iterdir(), key=lambda p: p.name == "manifest.json"):
             if entry.name == "manifest.json":

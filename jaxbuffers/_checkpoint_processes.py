@@ -73,9 +73,9 @@ def _allgathered(obj: Any) -> list:
 
 
 def _broadcast_text(text: str) -> str:
-    """Process 0's `text` on every process."""
+    """Process 0's `text` on every process, its utf-8 cut to `_NAME_BYTES` at a character boundary."""
     data = np.zeros(_NAME_BYTES, np.uint8)
-    raw = text.encode()[:_NAME_BYTES]
+    raw = text.encode()[:_NAME_BYTES].decode(errors="ignore").encode()  # "ignore": only a character cut in two
     data[: len(raw)] = np.frombuffer(raw, np.uint8)
     return np.asarray(multihost_utils.broadcast_one_to_all(data)).tobytes().rstrip(b"\0").decode()
 

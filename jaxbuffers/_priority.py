@@ -94,8 +94,14 @@ def _probabilities_and_weights(leaf: jax.Array, total: jax.Array, minimum: jax.A
     # leaf equal to the minimum: the clamp keeps the documented range. A traced beta < 0 (not
     # checkable at trace time) counts as 0, so the weights stay in [0, 1].
     ratio = jnp.maximum(leaf / jnp.where(nonempty, minimum, 1), 1)
-    weights = jnp.where(nonempty, jnp.power(ratio, -jnp.maximum(jnp.asarray(beta, jnp.float32), 0)), 1)
+    weights = jnp.where(nonempty, jnp.power(ratio, weight_exponent(beta)), 1)
     return probabilities.astype(jnp.float32), weights.astype(jnp.float32)
+
+
+def weight_exponent(beta) -> jax.Array:
+    """The exponent `-beta` of the importance weights `(leaf / min_leaf)^-beta` (float32 scalar), `beta` clamped at
+    0: a traced negative `beta` (not checkable at trace time) counts as 0, so every weight stays in `[0, 1]`."""
+    return -jnp.maximum(jnp.asarray(beta, jnp.float32), 0)
 
 
 def draw_from_leaves(leaves: jax.Array, key: jax.Array, batch_size: int, beta) -> tuple[jax.Array, jax.Array, jax.Array]:

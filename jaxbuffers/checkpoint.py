@@ -424,8 +424,8 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer, a field
         of dtype `jnp.int1` / `jnp.uint1` (JAX takes them to host memory as bool and cannot put them back; naming the
         field), `progress` not a bool or None, `blocking` not a bool (all checked before anything is created).
-      FileExistsError: `directory` exists and is neither a checkpoint nor an empty folder (nothing is deleted). An
-        empty folder is filled in place (it keeps its inode: it may be the working directory).
+      FileExistsError: `directory` exists and is neither a checkpoint nor an empty folder (nothing is deleted), now or
+        at the commit. An empty folder is filled in place (it keeps its inode: it may be the working directory).
       NotADirectoryError: `directory` or a path above it is a file (naming it).
       ValueError: `directory` inside a checkpoint folder (naming it), or a checkpoint holding the working directory.
       StaleBufferError: a compressed buffer state older than its host store.

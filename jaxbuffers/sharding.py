@@ -99,9 +99,11 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxbuffers import _validate
+from jaxbuffers._priority import weight_exponent
 from jaxbuffers._sharded_metrics import ShardedRecorded
 from jaxbuffers.compressed._host import HostBacked, ShardedHostStores
 from jaxbuffers.episode import EpisodeBuffer
+from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
 from jaxbuffers.replay import ReplayBuffer
 from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
 from jaxbuffers.trajectory import TrajectoryBuffer
@@ -190,7 +192,7 @@ def _choose_shards(key, mass: jax.Array, batch_size: int) -> jax.Array:
 
 
 #: The samplers of an `EpisodeBuffer` that `ShardedBuffer.sample` runs globally, with their guards.
-_EPISODE_GUARDS = {"sample_episodes": "can_sample", "sample_timesteps": "can_sample", "sample_transitions": "can_sample",
+_EPISODE_GUARDS = {"sample_episodes": "can_sample", "sample_timesteps": "can_sample", "sample_transitions": "can_sample_transitions",
                    "sample_sequences": "can_sample_sequences"}
 _GUARDS = {"sample": "can_sample", "sample_sequences": "can_sample", "sample_transitions": "can_sample_transitions"}
 #: The samplers `sample` and `sample_local` call, of the buffers that have them.
@@ -222,22 +224,20 @@ def _global_rule(buf, method: str, static: dict):
         if method not in _EPISODE_GUARDS:
             raise ValueError(f"method: expected one of {tuple(_EPISODE_GUARDS)} for an EpisodeBuffer, got {method!r}")
         return (lambda b, kw: (_episode_units(b, method, kw), jnp.float32(0))), None
+    if isinstance(buf, (TrajectoryBuffer, PrioritisedTrajectoryBuffer)) and static.get("cross_episodes", True) is False:
+        raise ValueError("cross_episodes: global sampling draws shards by stored steps (or priority totals), which "
+                         "match the windows inside episodes only per shard; use sample_local, or cross_episodes=True")
     if hasattr(buf, "tree") and hasattr(buf, "set_priorities"):  # the prioritised buffers
 
         def finish(sample, shard, totals, mins, beta):
             total, low = jnp.sum(totals), jnp.min(mins)
             probabilities = sample.probabilities * (totals[shard] / jnp.where(total > 0, total, 1))
             # w = (v / min_all)^-beta = w_shard * (min_shard / min_all)^-beta: at most w_shard <= 1.
-            scale = jnp.power(jnp.where(jnp.isfinite(low), mins[shard] / low, 1), -jnp.asarray(beta, jnp.float32))
+            scale = jnp.power(jnp.where(jnp.isfinite(low), mins[shard] / low, 1), weight_exponent(beta))
             return sample._replace(probabilities=probabilities.astype(jnp.float32),
                                    importance_weights=(sample.importance_weights * scale).astype(jnp.float32))
 
         return (lambda b, kw: (b.tree.total().astype(jnp.float32), b.tree.min().astype(jnp.float32))), finish
-    if isinstance(buf, TrajectoryBuffer) and static.get("cross_episodes", True) is False:
-        raise ValueError(
-            "cross_episodes: global sampling draws shards by stored steps, which matches the windows inside "
-            "episodes only per shard; use sample_local, or cross_episodes=True"
-        )
     if isinstance(buf, (ReplayBuffer, TrajectoryBuffer)):
         # Every shard of a trajectory buffer has the same lanes and ring, so windows are proportional to steps.
         return (lambda b, kw: (b.size().astype(jnp.int32), jnp.float32(0))), None
@@ -536,9 +536,9 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
     def can_sample(self, batch_size: int = 1, *, method: str = "sample", every_shard: bool = True, **kwargs: Any) -> jax.Array:
         """Whether sampling with these arguments returns only valid data (bool scalar), from the shards' guards of
         `method` called with the same arguments without the key: `can_sample` for `"sample"` / `"sample_sequences"`,
-        `can_sample_transitions` for `"sample_transitions"` of trajectory buffers; for an `EpisodeBuffer`
-        `can_sample` (`where=`) for `"sample_episodes"`, `"sample_timesteps"`, `"sample_transitions"` and
-        `can_sample_sequences` (`sequence_length=`, `where=`) for `"sample_sequences"`.
+        `can_sample_transitions` for `"sample_transitions"`; for an `EpisodeBuffer` `can_sample` (`where=`) for
+        `"sample_episodes"`, `"sample_timesteps"`, and `can_sample_sequences` (`sequence_length=`, `where=`) for
+        `"sample_sequences"`.
 
         Args:
           every_shard: static bool. True: every shard's guard holds, what `sample_local` needs. False: some shard's

@@ -15,12 +15,9 @@ So the root holds $\sum_i v_i$ (for sampling) and the smallest POSITIVE leaf (th
 the slots that can be sampled). The padding leaves `[capacity, P)` hold the identity `(0, +inf)` forever.
 
 One array per depth, not one heap: an update reads depth `l + 1` and writes depth `l`, two different buffers, so
-every write is an in-place scatter under donation on every backend. A heap was measured too. Gathering a step's
-children from it and scattering the parents into it copied the whole heap for a one-item write. Scattering first
-(each step writes the parents found in the step before, then gathers the next children from what that write
-returned) stays in place and makes the update one small loop over the depths, but every gather and scatter then
-spans an array the size of the whole tree, which XLA:CPU splits across threads: on CPU that heap wrote single items
-faster than the per-depth arrays, and batches of 8 or more, and samples, slower.
+every write is an in-place scatter under donation on every backend, and each gather and scatter spans the rows of one
+depth only. In a single heap array each step would gather from and scatter into the same buffer, which copies the
+whole heap (or, with every scatter ordered before the next gather, makes every gather and scatter span the whole tree).
 
 Invariant: every internal row is the combination of its children in the tree's dtype.
 `SumMinTree.set` recomputes the ancestors of the written leaves from their children (never by

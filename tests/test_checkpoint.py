@@ -680,6 +680,80 @@ def test_save_inside_a_checkpoint_is_refused_naming_it(inside, tmp_path):
     _assert_same(jb.restore(tmp_path / "ck"), buf)
 
 
+def test_inside_a_checkpoint_is_where_the_folder_is_on_disk(tmp_path):
+    """`ck/../new` is beside the checkpoint `ck`, not in it; a link to a folder of a checkpoint leads into it; a
+    `manifest.json` or `buffer.json` that is not a jaxbuffers one does not make its folder a checkpoint."""
+    buf = _filled_replay(16)
+    jb.save(tmp_path / "ck", buf)
+    jb.save(tmp_path / "ck" / ".." / "new", buf)
+    _assert_same(jb.restore(tmp_path / "new"), buf)
+    (tmp_path / "L").symlink_to(tmp_path / "ck" / "arrays")
+    with pytest.raises(ValueError, match=f"directory: {tmp_path / 'L' / 'sub'} is inside the checkpoint {tmp_path / 'ck'}"):
+        jb.save(tmp_path / "L" / "sub", buf)
+    assert not (tmp_path / "ck" / "arrays" / "sub").exists()
+    for name in ("manifest.json", "buffer.json"):
+        project = tmp_path / name.split(".")[0]
+        project.mkdir()
+        (project / name).write_text(json.dumps({"name": "a web app", "files": {}}))
+        jb.save(project / "runs" / "ckpt", buf)
+        _assert_same(jb.restore(project / "runs" / "ckpt"), buf)
+        assert json.loads((project / name).read_text())["name"] == "a web app"
+
+
+def test_a_commit_checks_the_folder_again_and_never_replaces_the_working_directory(tmp_path, monkeypatch):
+    """Two threads save to the empty working directory at once (both past the first check before either commits):
+    one fills it, the other is refused at its commit (the folder is now a checkpoint holding the working directory).
+    The working directory is never moved or deleted."""
+    (tmp_path / "cwd").mkdir()
+    inode = (tmp_path / "cwd").stat().st_ino
+    monkeypatch.chdir(tmp_path / "cwd")
+    snapshot, both_checked, errors = ckpt._snapshot, threading.Barrier(2), []
+
+    def checked_then_snapshot(*args, **kwargs):
+        both_checked.wait(timeout=60)
+        return snapshot(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "_snapshot", checked_then_snapshot)
+    bufs = [_filled_replay(16), _filled_replay(32)]
+
+    def save(i):
+        try:
+            jb.save(".", bufs[i], progress=False)
+        except Exception as e:  # noqa: BLE001 - gathered and checked below
+            errors.append(e)
+
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [type(e) for e in errors] == [ValueError] and "holds the working directory" in str(errors[0])
+    assert (tmp_path / "cwd").stat().st_ino == inode and os.path.samefile(os.getcwd(), tmp_path / "cwd")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd"]
+    back = jb.restore(".")
+    _assert_same(back, bufs[0] if back.capacity == 16 else bufs[1])
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_file_written_into_the_empty_folder_during_a_save_is_kept_and_the_save_refused(blocking, tmp_path, monkeypatch):
+    """The folder was empty when the save began; a file written into it before the commit makes the save fail with
+    FileExistsError at the commit, and nothing is deleted."""
+    (tmp_path / "ck").mkdir()
+    write = ckpt._write
+
+    def someone_writes_first(*args, **kwargs):
+        (tmp_path / "ck" / "notes.txt").write_text("keep")
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "_write", someone_writes_first)
+    with pytest.raises(FileExistsError, match="not a jaxbuffers checkpoint or an empty folder"):
+        out = jb.save(tmp_path / "ck", _filled_replay(16), progress=False, blocking=blocking)
+        if not blocking:
+            out.wait()
+    assert [p.name for p in (tmp_path / "ck").iterdir()] == ["notes.txt"] and (tmp_path / "ck" / "notes.txt").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
 def test_save_under_a_file_says_the_file_is_not_a_folder(tmp_path):
     (tmp_path / "notes").write_text("keep")
     for path in (tmp_path / "notes" / "ck", tmp_path / "notes" / "a" / "ck", tmp_path / "notes"):
@@ -688,10 +762,15 @@ def test_save_under_a_file_says_the_file_is_not_a_folder(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["notes"] and (tmp_path / "notes").read_text() == "keep"
 
 
-def test_blocking_saves_to_one_folder_from_several_threads_each_replace_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("through_link", [False, True])
+def test_blocking_saves_to_one_folder_from_several_threads_each_replace_it(through_link, tmp_path, monkeypatch):
     """Six threads save six buffers to one folder at once (each rename slowed, so that commits would overlap): every
-    save succeeds, one after the other, and the folder holds one of the buffers whole."""
+    save succeeds, one after the other, and the folder holds one of the buffers whole. Half the threads may name
+    the folder through a link to the folder above it: it is the same folder."""
     from jaxbuffers import _checkpoint_files as files
+
+    (tmp_path / "L").symlink_to(tmp_path)
+    paths = [tmp_path / "L" / "ck" if through_link and i % 2 else tmp_path / "ck" for i in range(6)]
 
     bufs = [jb.ReplayBuffer.create(ITEM, capacity=16).add(_rand(np.random.default_rng(i), ITEM, (i + 1,))) for i in range(6)]
     rename, start, errors = os.rename, threading.Barrier(6), []
@@ -705,7 +784,7 @@ def test_blocking_saves_to_one_folder_from_several_threads_each_replace_it(tmp_p
     def save(i):
         start.wait()
         try:
-            jb.save(tmp_path / "ck", bufs[i], progress=False)
+            jb.save(paths[i], bufs[i], progress=False)
         except Exception as e:  # noqa: BLE001 - gathered and reported below
             errors.append(f"save {i}: {type(e).__name__}: {e}")
 

@@ -386,6 +386,17 @@ def _two_processes(case: str, tmp_path) -> list[dict]:
     return outs
 
 
+@pytest.mark.parametrize("text", [".ck.tmp-1-ab", "a" + "é" * 300, "a" + "€" * 200, "x" * 600])
+def test_a_broadcast_text_is_cut_at_a_character_boundary(text):
+    """Process 0's folder name or refusal, in one process: at most `_NAME_BYTES` bytes of utf-8, never a character
+    cut in two (a refusal naming a path of accented letters)."""
+    from jaxbuffers import _checkpoint_processes as processes
+
+    got = processes._broadcast_text(text)
+    assert text.startswith(got) and len(got.encode()) <= processes._NAME_BYTES
+    assert len(got.encode()) > processes._NAME_BYTES - 4 if len(text.encode()) > processes._NAME_BYTES else got == text
+
+
 @pytest.mark.slow  # two JAX processes on localhost; python -m pytest -m slow tests/test_multihost.py
 def test_two_processes_sample_one_global_buffer(tmp_path):
     from scipy.stats import chi2

@@ -173,6 +173,11 @@ def test_global_prioritised_sampling_probabilities_and_weights_are_the_whole_buf
     w_whole = (leaves[slots] / leaves.min()) ** -beta
     np.testing.assert_allclose(np.asarray(out.sample.importance_weights).ravel(), w_whole, rtol=2e-5)
     assert np.asarray(out.sample.importance_weights).max() <= 1.0
+    # A traced negative beta counts as 0, as in every prioritised buffer: every weight is 1.
+    mins = np.asarray(jax.vmap(lambda t: t.min())(sharded.shards.tree))
+    assert mins.max() > mins.min()  # the shards' minima differ: the rescaling of a shard's weights matters
+    weights = jax.jit(lambda buf, b: buf.sample(jax.random.key(3), 1024, beta=b).sample.importance_weights)(sharded, -1.0)
+    np.testing.assert_array_equal(np.asarray(weights), 1.0)
 
 
 @eight
@@ -348,6 +353,9 @@ def test_prioritised_trajectory_global_sampling_is_the_whole_buffers(mesh):
         step, term = _steps(rng, e, t), rng.random(e) < 0.1
         sharded, whole = sharded.add(step, terminated=term), whole.add(step, terminated=term)
     to_global = lambda shard, idx: (shard * lanes + idx // length) * length + idx % length  # noqa: E731
+    # Shards drawn by their tree totals would not match windows drawn inside episodes only: refused, as unprioritised.
+    with pytest.raises(ValueError, match="cross_episodes: global sampling draws shards by stored steps"):
+        sharded.sample(jax.random.key(14), 8, method="sample_sequences", sequence_length=window, cross_episodes=False)
     draw = jax.jit(lambda b, k: b.sample(k, 64, method="sample_sequences", sequence_length=window, beta=beta))
     out = draw(sharded, jax.random.key(12))
     new = jnp.asarray(rng.uniform(0.1, 5.0, 64), jnp.float32)  # the same updates to both: unequal shard totals
@@ -451,6 +459,11 @@ def test_episode_content_is_the_unsharded_buffer_bit_for_bit(mesh):
     for s in range(S):  # each shard draws only its own episodes that pass its row of the mask
         assert set(np.asarray(local.meta["id"])[s].tolist()) <= set(ids[s][mask[s]].tolist()) or not mask[s].any()
     assert bool(sharded.can_sample(4, method="sample_episodes")) and bool(sharded.can_sample(4, method="sample_sequences", sequence_length=7, every_shard=False))
+    for n in (1, 3, 7):  # the guard of sample_transitions takes its arguments
+        inside = [bool(sharded.shard(s).can_sample_transitions(2, n_step=n, gamma=0.9)) for s in range(S)]
+        assert bool(sharded.can_sample(2, method="sample_transitions", n_step=n, gamma=0.9)) == all(inside)
+    with pytest.raises(ValueError, match="n_step"):
+        sharded.can_sample(2, method="sample_transitions", n_step=8)
 
 
 def _episode_frequencies(sharded, whole, draws: int):

@@ -91,6 +91,19 @@ def test_a_list_is_told_the_dtype_of_the_place_it_goes():
         _validate.array("x", [1, 2], (2,), np.uint8)
 
 
+def test_a_floating_vector_takes_a_list_of_python_ints_and_floats_only():
+    """A list of Python ints and floats (also as a compiled program receives them) is read as float32; a complex
+    in it is a TypeError naming the field, never a silent cast to its real part."""
+    np.testing.assert_array_equal(_validate.vector("priorities", [1, 2.5], 2, "floating"), np.float32([1, 2.5]))
+    got = jax.jit(lambda a, b: _validate.vector("priorities", [a, b], 2, "floating"))(1, 2.5)
+    assert got.dtype == jnp.float32 and np.array_equal(got, [1, 2.5])
+    for bad in ([1 + 2j, 3.0], [1.0, 3 + 0j]):
+        with pytest.raises(TypeError, match="priorities: expected a floating dtype"):
+            _validate.vector("priorities", bad, 2, "floating")
+    with pytest.raises(TypeError, match="priorities: expected a floating dtype"):
+        jax.jit(lambda a, b: _validate.vector("priorities", [a, b], 2, "floating"))(1.0, 3 + 0j)
+
+
 def test_item_spec_rejects_silent_narrowing():
     with pytest.raises(TypeError, match="float64"):
         _validate.item_spec({"x": np.zeros(3, np.float64)})

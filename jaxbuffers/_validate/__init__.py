@@ -430,9 +430,10 @@ def vector(name: str, x, b: int | None, kind: str) -> jax.Array:
 
 
 def _weak_number(v: Any) -> bool:
-    """A Python int or float (not a bool), also as a compiled program receives one: a weakly typed 0-d value."""
-    weak = isinstance(v, jax.Array) and v.ndim == 0 and v.dtype != np.bool_ and getattr(v, "aval", v).weak_type
-    return weak or type(v) in (int, float)
+    """A Python int or float (not a bool, not a complex), also as a compiled program receives one: a weakly typed 0-d
+    integer or floating value."""
+    real = isinstance(v, jax.Array) and (jnp.issubdtype(v.dtype, jnp.integer) or jnp.issubdtype(v.dtype, jnp.floating))
+    return (real and v.ndim == 0 and getattr(v, "aval", v).weak_type) or type(v) in (int, float)
 
 
 def index_vector(name: str, indices) -> jax.Array:
