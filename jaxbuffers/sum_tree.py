@@ -254,9 +254,10 @@ class SumMinTree(flax.struct.PyTreeNode):
         for l in reversed(range(self.depth)):
             if 1 << l <= b:
                 # A depth of at most B rows is recomputed whole, from contiguous children: no more rows than the B
-                # gathered ones, and no gather or scatter. Written over its own array: in place under donation.
+                # gathered ones, and no gather. Set over its own array, which keeps the array's sharding (an update
+                # computed from sharded children may carry another) and stays in place under donation.
                 kids = levels[l + 1].reshape(-1, 2, 2)
-                levels[l] = jax.lax.dynamic_update_slice(levels[l], _combine(kids[:, 0], kids[:, 1]), (0, 0))
+                levels[l] = levels[l].at[:].set(_combine(kids[:, 0], kids[:, 1]))
                 continue
             node = node >> 1
             kids = levels[l + 1].reshape(-1, 2, 2)[node]
