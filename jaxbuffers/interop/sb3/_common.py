@@ -123,6 +123,15 @@ def flags(x: Any, what: str) -> np.ndarray:
     return b
 
 
+def read_only(tree: Any) -> Any:
+    """``tree`` (numpy arrays) with every array made read-only: a host copy refuses writes, which it would drop."""
+    def freeze(a: np.ndarray) -> np.ndarray:
+        a.flags.writeable = False
+        return a
+
+    return jax.tree.map(freeze, tree)
+
+
 _ZEROS: dict = {}
 
 
