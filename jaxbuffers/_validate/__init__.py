@@ -686,4 +686,4 @@ from jaxbuffers._validate.steps import (  # noqa: E402
 )
 from jaxbuffers._validate.members import member_axes, one_member, one_member_methods, unstacked  # noqa: E402
 from jaxbuffers._validate.options import choice, filled, names, one_each, path, single_process, text  # noqa: E402
-from jaxbuffers._validate.sharded import keeps_metrics, sharded_draws  # noqa: E402
+from jaxbuffers._validate.sharded import keeps_metrics, shapes_passed, sharded_draws  # noqa: E402
