@@ -53,7 +53,9 @@ def mixed_counts(batch_size: int, proportions: Sequence[float]) -> tuple[int, ..
     if isinstance(proportions, np.ndarray) and proportions.ndim == 1 and proportions.dtype.kind in "iuf":
         proportions = proportions.tolist()  # a 1-d numpy array of numbers: its values, each checked below
     if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence):
-        got = f"an array of shape {proportions.shape} and dtype {proportions.dtype}" if isinstance(proportions, np.ndarray) else type(proportions).__name__
+        got = type(proportions).__name__
+        if isinstance(proportions, np.ndarray):
+            got = f"an array of shape {proportions.shape} and dtype {proportions.dtype}"
         raise TypeError(f"proportions: expected a sequence (or a 1-d numpy array) of numbers, one per source, got {got}")
     if not proportions:
         raise ValueError(f"proportions: expected a non-empty sequence of numbers, one per source, got {proportions!r}")
