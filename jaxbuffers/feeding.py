@@ -75,7 +75,8 @@ class BufferServer:
     """A jaxbuffers buffer shared by actor and learner threads (module doc).
 
     Args:
-      buffer: any jaxbuffers buffer (the initial state).
+      buffer: any jaxbuffers buffer (the initial state). It is donated: the server's first add reuses its arrays,
+        so do not use `buffer` (or arrays it holds) after passing it; read the state through `buffer()`.
       add: `(buffer, batch) -> buffer`; default `type(buffer).add`. Jitted here with the buffer donated.
       sample: `(buffer, key, batch_size) -> sample`; default `type(buffer).sample`. Jitted with `batch_size`
         static.
@@ -226,7 +227,11 @@ class Writer:
 
     Args:
       server: the `BufferServer` to add to.
-      flush_size: items per add (Python int >= 1).
+      flush_size: items per add (Python int >= 1), a batch the server's rate limiter can admit.
+
+    Raises:
+      TypeError: `server` is not a `BufferServer`. ValueError: `flush_size` is not an int >= 1, or an insert of
+        `flush_size` items is one the server's limiter never admits (`BlockingRateLimiter.check_insert`).
 
     Appends are serialised: the append that completes a batch stacks it on the host and adds it while the others
     wait (back-pressure: with a rate limiter, actors slow down to the learner's pace). Items still pending at
@@ -239,6 +244,8 @@ class Writer:
             raise TypeError(f"server: expected a BufferServer, got {type(server).__name__}")
         if isinstance(flush_size, bool) or not isinstance(flush_size, int) or flush_size < 1:
             raise ValueError(f"flush_size: expected a Python int >= 1, got {flush_size!r}")
+        if server.rate_limiter is not None:  # a batch the limiter never admits would leave its items pending for good
+            server.rate_limiter.check_insert(flush_size, name="flush_size")
         self.server = server
         self.flush_size = flush_size
         self._pending: list = []

@@ -39,18 +39,24 @@ def mixed_counts(batch_size: int, proportions: Sequence[float]) -> tuple[int, ..
 
     Args:
       batch_size: static int >= 1.
-      proportions: one non-negative number per source (normalised by their sum, which must be positive).
+      proportions: one non-negative number per source (normalised by their sum, which must be positive): a
+        sequence or a 1-d numpy array of numbers.
 
     Returns:
       A tuple of Python ints summing to `batch_size`.
 
     Raises:
       ValueError: `batch_size` not an int >= 1, no proportions, a proportion negative, NaN or infinite, or all 0.
-      TypeError: a proportion that is not a number.
+      TypeError: `proportions` neither a sequence nor a 1-d numpy array of numbers, a proportion that is not a number.
     """
     batch_size = _validate.static_int("batch_size", batch_size)
+    if isinstance(proportions, np.ndarray) and proportions.ndim == 1 and proportions.dtype.kind in "iuf":
+        proportions = proportions.tolist()  # a 1-d numpy array of numbers: its values, each checked below
     if isinstance(proportions, (str, bytes)) or not isinstance(proportions, Sequence):
-        raise TypeError(f"proportions: expected a sequence of numbers, one per source, got {type(proportions).__name__}")
+        got = type(proportions).__name__
+        if isinstance(proportions, np.ndarray):
+            got = f"an array of shape {proportions.shape} and dtype {proportions.dtype}"
+        raise TypeError(f"proportions: expected a sequence (or a 1-d numpy array) of numbers, one per source, got {got}")
     if not proportions:
         raise ValueError(f"proportions: expected a non-empty sequence of numbers, one per source, got {proportions!r}")
     w = [_validate.static_float(f"proportions[{i}]", p, 0.0, math.inf) for i, p in enumerate(proportions)]

@@ -321,15 +321,7 @@ class BlockingRateLimiter:
         n = _validate.static_int(name, n, minimum=0)
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
             raise ValueError(f"timeout: expected None or a number of seconds >= 0, got {timeout!r}")
-        # The balance never leaves [min(0, lo), hi] by admitted requests: beyond that room nothing is ever admitted.
-        b = self.band
-        room = b.hi - min(0, b.lo) if what == "insert" else b.hi - b.lo
-        cost = n * (b.num if what == "insert" else b.den)
-        if cost > room and not (what == "insert" and n <= b.min_size):
-            raise ValueError(
-                f"{name}: {'an' if what == 'insert' else 'a'} {what} of {n} items moves the balance by {cost / b.den}, more than the {room / b.den} the "
-                f"band ever leaves: no balance admits it ({b.describe()}); split the request"
-            )
+        self._check_admissible(what, n, name)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
@@ -349,6 +341,26 @@ class BlockingRateLimiter:
                         f"the other side (the {'learner' if what == 'insert' else 'actors'}) made no room"
                     )
                 self._cond.wait(left)
+
+    def _check_admissible(self, what: str, n: int, name: str) -> None:
+        # The balance never leaves [min(0, lo), hi] by admitted requests: beyond that room nothing is ever admitted.
+        b = self.band
+        room = b.hi - min(0, b.lo) if what == "insert" else b.hi - b.lo
+        cost = n * (b.num if what == "insert" else b.den)
+        if cost > room and not (what == "insert" and n <= b.min_size):
+            raise ValueError(
+                f"{name}: {'an' if what == 'insert' else 'a'} {what} of {n} items moves the balance by {cost / b.den}, more than the {room / b.den} the "
+                f"band ever leaves: no balance admits it ({b.describe()}); split the request"
+            )
+
+    def check_insert(self, n: int, *, name: str = "n") -> None:
+        """Refuse an insert of `n` items that no balance ever admits (every `await_insert(n)` would raise), without
+        waiting or counting anything; `name` is what the error calls `n`.
+
+        Raises:
+          ValueError: `n` is not an int >= 0, or `n * samples_per_insert` exceeds the band's width (and `n > min_size`).
+        """
+        self._check_admissible("insert", _validate.static_int(name, n, minimum=0), name)
 
     def await_insert(self, n: int = 1, timeout: float | None = None, *, name: str = "n") -> None:
         """Block until an insert of `n` items may run, then record it (`reserve_insert` then `commit_insert`).

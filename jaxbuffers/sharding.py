@@ -466,7 +466,7 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
             not a JAX or numpy array of a dtype JAX holds as it is (a float64 numpy array with x64 off is refused, not
             narrowed), a keyword value neither an array nor hashable, a keyword the buffer's `add` does not take.
           ValueError: an array argument whose leading axis is not a multiple of `S` (named by its path); and the
-            buffer's own `add` errors for one shard's block.
+            buffer's own `add` errors for one shard's block (a shape named as the caller passed it).
         """
         return self._add("add", args, kwargs)
 
@@ -495,11 +495,11 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
         names = {**{params[i] if i < len(params) else f"args[{i}]": a for i, a in enumerate(args)}, **arrays}
         self._check_split(names, lambda: self._own_check(method, args, arrays, static))
         self._check_hosts(add=True)
-        return self._run(_program(self.mesh, self.axis, "add", method, static=static), (tuple(args), arrays), (), names)
+        run = lambda: self._run(_program(self.mesh, self.axis, "add", method, static=static), (tuple(args), arrays), (), names)  # noqa: E731
+        return _validate.shapes_passed(run, (args, arrays), self.num_shards)  # a shard's block refused: the shapes passed shown
 
     def _own_check(self, method: str, args: tuple, arrays: dict, static: tuple) -> None:
-        """Raise the wrapped buffer's own refusal of the first shard's block of the arguments (`_validate.refusal`:
-        numpy leaves closed over, so a float64 one reaches its checks unnarrowed, as unsharded), if it has one."""
+        """Raise the buffer's own refusal of shard 0's block (`_validate.refusal`; numpy leaves closed over: unnarrowed)."""
         n = self.num_shards
         if all(np.ndim(x) and np.shape(x)[0] % n == 0 for x in jax.tree.leaves((args, arrays)) if _is_array(x)):
             block = jax.tree.map(lambda x: x[: np.shape(x)[0] // n] if _is_array(x) else x, (args, arrays))

@@ -132,7 +132,7 @@ def _source(value: float):
 
 @SETTINGS
 @given(key=bad_keys(), batch_size=bad_static_ints(),
-       props=st.sampled_from([None, 1.0, "ab", iter([1, 1]), np.array([1.0, 1.0]), [], [1.0], [1.0, -1.0], [0.0, 0.0], [1.0, float("nan")],
+       props=st.sampled_from([None, 1.0, "ab", iter([1, 1]), np.array([[1.0, 1.0]]), np.array([True, True]), [], [1.0], [1.0, -1.0], [0.0, 0.0], [1.0, float("nan")],
                               [1.0, float("inf")], [1.0, "1"], [True, 1.0], [1.0, None]]),
        samplers=st.sampled_from([None, _source(0.0), [1, _source(0.0)], [_source(0.0), lambda k, n: [1]],
                                  [_source(0.0), lambda k, n: {"x": jnp.zeros((n, 2), jnp.int32)}],
@@ -152,10 +152,12 @@ def test_sample_mixed_bad_arguments(key, batch_size, props, samplers, shuffle):
 
 
 @SETTINGS
-@given(form=st.sampled_from(["list", "tuple", "ints", "numpy_floats"]), batch_size=st.integers(1, 9))
+@given(form=st.sampled_from(["list", "tuple", "ints", "numpy_floats", "numpy_array"]), batch_size=st.integers(1, 9))
 def test_mixed_counts_accepted_forms(form, batch_size):
-    """The table: proportions a list or tuple of Python or numpy numbers (ints too), normalised by their sum."""
-    props = {"list": [1.0, 3.0], "tuple": (1.0, 3.0), "ints": [1, 3], "numpy_floats": [np.float32(1), np.float64(3)]}[form]
+    """The table: proportions a list or tuple of Python or numpy numbers (ints too), or a 1-d numpy array of numbers,
+    normalised by their sum."""
+    props = {"list": [1.0, 3.0], "tuple": (1.0, 3.0), "ints": [1, 3], "numpy_floats": [np.float32(1), np.float64(3)],
+             "numpy_array": np.array([1.0, 3.0])}[form]
     assert mixed_counts(batch_size, props) == mixed_counts(batch_size, [0.25, 0.75])
     assert sum(mixed_counts(batch_size, props)) == batch_size
 

@@ -184,6 +184,13 @@ def test_leading_axis_not_divided_by_the_shards(b):
     refused(lambda: REPLAY.apply(lambda buf, x: buf, np.zeros(b, np.float32)), "args[0]", state=REPLAY)
 
 
+@pytest.mark.devices(2)
+def test_a_refused_add_names_the_shape_passed_not_a_shards_block():
+    bad = {"obs": np.ones((4 * S, 3), np.float32), "a": np.zeros(4 * S, np.int32)}
+    err = refused(lambda: REPLAY.add(bad), "batch['obs']", state=REPLAY)
+    assert f"got {(4 * S, 3)} (each of the {S} shards checks its block of 4 rows)" in str(err), str(err)
+
+
 def test_add_episodes_concrete_lengths_out_of_range():
     """Concrete `lengths` outside `[1, max_timesteps]` are refused as by the unsharded buffer, before any program
     runs (a compressed buffer's stores keep their version)."""

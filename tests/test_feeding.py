@@ -113,6 +113,19 @@ def test_writer_batches_many_items_into_one_add_in_order():
         jb.Writer(server, flush_size=0)
 
 
+def test_writer_refuses_a_flush_size_its_limiter_never_admits():
+    # accepted, such a writer raised on every append and flush and kept its items pending for good
+    lim = jb.BlockingRateLimiter(1.0, min_size=1, error_buffer=10.0)  # the band is 20 inserts wide
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, capacity=64), rate_limiter=lim)
+    with pytest.raises(ValueError, match=r"flush_size: an insert of 32 items .* more than the 20.0 the band ever leaves"):
+        jb.Writer(server, flush_size=32)
+    jb.Writer(server, flush_size=20)  # admitted once the learner has sampled 9 items ahead
+    writer = jb.Writer(server, flush_size=11)
+    for uid in range(1, 12):
+        writer.append(_item(uid), timeout=5)
+    assert writer.num_pending == 0 and int(server.buffer().size()) == 11
+
+
 @pytest.mark.slow  # starts a local Ray cluster
 def test_ray_actor_server_takes_numpy_pytrees_from_remote_actors():
     ray = pytest.importorskip("ray", reason="ray is not installed (the Ray integration is optional)")

@@ -35,6 +35,16 @@ def test_mixed_counts_largest_remainder():
         mixed_counts(0, (1,))
 
 
+def test_mixed_counts_takes_a_numpy_array_of_proportions():
+    for p in (np.array([0.2, 0.2, 0.6]), np.array([0.2, 0.2, 0.6], np.float32), np.array([1, 1, 3])):
+        assert mixed_counts(5, p) == mixed_counts(5, p.tolist())
+    assert mixed_counts(10, np.array([1.0, 2.0])) == (3, 7)
+    with pytest.raises(ValueError, match=r"proportions\[1\]: expected a float in"):
+        mixed_counts(4, np.array([1.0, -1.0]))
+    with pytest.raises(TypeError, match=r"proportions: expected a sequence \(or a 1-d numpy array\) .* shape \(1, 2\)"):
+        mixed_counts(4, np.ones((1, 2)))
+
+
 def filled_buffers():
     """An offline EpisodeBuffer whose steps have action 1xx and an online ReplayBuffer with action 2xx."""
     off = EpisodeBuffer.create(EXAMPLE, max_episodes=4, max_timesteps=5)

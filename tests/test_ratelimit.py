@@ -157,6 +157,12 @@ def test_request_no_balance_can_admit_is_refused():
     lim = jb.BlockingRateLimiter(1.0, min_size=0, error_buffer=4.0)
     with pytest.raises(ValueError, match="split the request"):
         lim.await_sample(9, timeout=0)
+    with pytest.raises(ValueError, match=r"batch: an insert of 9 items moves the balance by 9.0, more than the 8.0"):
+        lim.check_insert(9, name="batch")  # refused without waiting or counting
+    lim.check_insert(8)
+    assert lim.num_inserted == 0 and lim.num_inserts_allowed() == 4
+    with pytest.raises(ValueError, match="n: "):
+        lim.check_insert(-1)
 
 
 @pytest.mark.parametrize("rho, m, err", [(0.25, 7, (3.0, 1.5)), (3.0, 0, 5.0), (1.0, 20, 2.0)])

@@ -1,15 +1,36 @@
 """Checks of what `ShardedBuffer.record` is given: a global sample (a `ShardedSample`) or a per-device sample (a
-`sample_local` output), each against the sharded buffer's number of shards (`jaxbuffers._validate`'s conventions:
-the argument's name first, TypeError for kind, ValueError for shape or value)."""
+`sample_local` output), each against the sharded buffer's number of shards, and the wrapped buffer's refusal of one
+shard's block of an add's arguments (`jaxbuffers._validate`'s conventions: the argument's name first, TypeError for kind,
+ValueError for shape or value)."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxbuffers._validate import index_array, index_vector, indices_below, integer_indices, vector
+
+
+def shapes_passed(run: Callable[[], Any], whole: Any, n: int) -> Any:
+    """``run()``, whose refusal (TypeError, ValueError) of one shard's block of the arguments ``whole`` (their leading
+    axes split ``n`` ways) is raised with the first block shape it names (``got (2, 3)``) replaced by the shape passed
+    (``got (8, 3)``)."""
+    try:
+        return run()
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        for full in jax.tree.leaves(whole) if type(e) in (TypeError, ValueError) else ():  # subclasses may take other arguments
+            shape = np.shape(full)
+            part = str((shape[0] // n, *shape[1:])) if len(shape) and shape[0] % n == 0 else None
+            got = part and re.search(rf"got (shape )?{re.escape(part)}", msg)
+            if got:
+                said = f"{got[0][: -len(part)]}{shape} (each of the {n} shards checks its block of {shape[0] // n} rows)"
+                raise type(e)(msg.replace(got[0], said, 1)) from None
+        raise
 
 
 def sharded_draws(name: str, sample: Any, num_shards: int, axis: str) -> tuple[bool, jax.Array, Any, Any]:

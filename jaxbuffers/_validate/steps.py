@@ -145,6 +145,12 @@ def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, termina
     return step, terminated, truncated, final_obs
 
 
+def normalizable(name: str, dtype) -> None:
+    """``ValueError`` naming ``name`` unless ``normalize_images`` (``x / 255``) applies to its ``dtype`` (uint8)."""
+    if np.dtype(dtype) != np.uint8:
+        raise ValueError(f"normalize_images: {name} has dtype {np.dtype(dtype)}; x / 255 is defined for uint8 images only")
+
+
 def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, normalize_images: bool) -> list[tuple]:
     """`(name, shape, dtype, frame_shape, stack_axis or None)` of the observation leaves number
     `indices` that a compressed trajectory buffer stores on the host (its `create`'s errors).
@@ -164,8 +170,8 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
             raise TypeError(f"{name}: dtype {s.dtype} cannot be stored compressed: the host stores take "
                             f"{[d.name for d in DTYPES]} (keep the leaf on the device by leaving it out of `compress`, "
                             "or store it as one of these dtypes)")
-        if normalize_images and np.dtype(s.dtype) != np.uint8:
-            raise ValueError(f"normalize_images: {name} has dtype {s.dtype}; x / 255 is defined for uint8 images only")
+        if normalize_images:
+            normalizable(name, s.dtype)
         if frame_stack is None:
             out.append((name, shape, np.dtype(s.dtype), shape, None))
             continue

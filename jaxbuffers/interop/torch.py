@@ -69,6 +69,9 @@ def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
     if isinstance(x, jax.core.Tracer):
         raise TypeError(f"{_where('to_torch', path)}: got a traced value ({type(x).__name__}); to_torch converts "
                         f"concrete arrays, so call it outside jit/vmap/scan, on the function's outputs")
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # numpy has no dtype for typed keys
+        raise TypeError(f"{_where('to_torch', path)}: dtype {x.dtype} (a PRNG key) is not supported (supported: "
+                        f"{_SUPPORTED_NAMES}); convert its raw bits with jax.random.key_data first")
     dtype = np.dtype(x.dtype)
     _check_dtype("to_torch", path, dtype, dtype)
     if x.is_deleted():

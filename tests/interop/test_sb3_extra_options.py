@@ -210,6 +210,12 @@ def test_replay_refuses_options_it_cannot_honour():
         CompressedReplayBuffer(8, PIX, ACT, "cpu", compression_method="lz4-frame")
     with pytest.raises(TypeError, match="CompressedDictReplayBuffer|JaxDictReplayBuffer"):
         CompressedReplayBuffer(8, DICT, ACT, "cpu")
+    for cls in (CompressedReplayBuffer, CompressedRolloutBuffer):  # x / 255 of float pixels: one check, one message
+        with pytest.raises(ValueError, match="normalize_images: .*observation.* has dtype float32; x / 255 is defined for uint8"):
+            cls(8, FPIX, ACT, "cpu", normalize_images=True)
+    with pytest.raises(ValueError, match=r"normalize_images: observation\['vec'\] has dtype float32"):
+        CompressedDictReplayBuffer(8, DICT, ACT, "cpu", normalize_images=True)
+    CompressedDictReplayBuffer(8, DICT, ACT, "cpu", normalize_images=True, compress_keys=["img"])  # the uint8 key only
 
 
 @pytest.mark.parametrize("space, timeouts", [(PIX, False), (PIX, True), (DICT, False)], ids=["timeouts-as-dones", "timeouts", "dict"])
@@ -478,3 +484,13 @@ def test_dict_rollout_stores_the_pixels_as_the_plain_class_plus_the_other_keys_o
         buf.compute_returns_and_advantage(th.zeros(n, 1), np.zeros(n))
     for x, y in zip(_rollout_batches(ref), _rollout_batches(ours)):
         _assert_same(x, y)
+
+
+def test_rollout_host_copies_refuse_writes_they_would_drop():
+    ours = CompressedRolloutBuffer(2, PIX, ACT, "cpu", n_envs=1)
+    for _ in range(2):
+        ours.add(np.zeros((1, *PIX.shape), np.uint8), np.array([1]), np.ones(1), np.zeros(1), th.zeros(1, 1), th.zeros(1))
+    for name in ("observations", "actions", "episode_starts", "rewards"):
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(ours, name)[0] = 1
+    assert ours.actions.ravel().tolist() == [1, 1]

@@ -375,3 +375,28 @@ def test_compressed_frame_stacks_where_one_env_restarts_without_done():
     with pytest.raises(ValueError, match="final_obs"):
         jb.add(np.stack([_stack(ep) for ep in [episodes[0] + [frame()], [frame()]]]), obs, np.array([[1], [2]]),
                np.ones(2, np.float32), np.zeros(2, bool), [{}, {}])
+
+
+def test_view_writes_are_checked_as_adds_are():
+    # a uint8 field is stored as uint8 (SB3's dtype): numpy's assignment would wrap 300 to 44 and -1 to 255
+    jb = JaxReplayBuffer(4, spaces.Box(0, 255, (4,), np.uint8), DISC_A, device="cpu")
+    o = np.zeros((1, 4), np.uint8)
+    jb.add(o, o, np.zeros(1), np.zeros(1), np.zeros(1), [{}])
+    for name, value in [("observations", 300), ("next_observations", -1), ("observations", 3.5)]:
+        with pytest.raises(TypeError, match=f"{name}: values of dtype .* that uint8 does not hold exactly"):
+            getattr(jb, name)[0] = value
+    np.testing.assert_array_equal(np.asarray(jb.observations)[0], o)
+    np.testing.assert_array_equal(np.asarray(jb.next_observations)[0], o)
+    jb.observations[0, 0, 1] = 255  # a value the field holds is written
+    assert np.asarray(jb.observations)[0, 0, 1] == 255
+
+
+@pytest.mark.parametrize(("value", "error"), [("False", TypeError), (2, ValueError), (0.5, ValueError), (np.nan, ValueError), (None, TypeError)])
+def test_timeouts_are_checked_as_dones_are(value, error):
+    jb = JaxReplayBuffer(4, BOX, DISC_A, device="cpu", n_envs=2)
+    obs, nxt, act, rew, done, _ = random_step(BOX, DISC_A, 2, np.random.default_rng(0))
+    with pytest.raises(error, match=r"infos\[1\]\['TimeLimit.truncated'\]"):
+        jb.add(obs, nxt, act, rew, done, [{}, {"TimeLimit.truncated": value}])
+    assert jb.pos == 0
+    jb.add(obs, nxt, act, rew, done, [{"TimeLimit.truncated": np.True_}, {"TimeLimit.truncated": 0}])
+    np.testing.assert_array_equal(np.asarray(jb.timeouts)[0], [1.0, 0.0])

@@ -199,3 +199,18 @@ def test_reset_and_gae_update_the_rollout_in_place():
         np.testing.assert_array_equal(jb.advantages, sb3.advantages)
         jb.reset()
         assert where() == before
+
+
+def test_host_copies_refuse_writes_they_would_drop():
+    # the converted copies (int64 actions and Discrete observations, float32 episode_starts) were writable: a write
+    # went to the copy and was lost
+    jb = JaxRolloutBuffer(2, spaces.Discrete(5), DISC_A, device="cpu")
+    for _ in range(2):
+        jb.add(np.array([1]), np.array([2]), np.ones(1), np.zeros(1), th.zeros(1, 1), th.zeros(1))
+    for name in ("observations", "actions", "episode_starts", "rewards", "values", "log_probs", "advantages", "returns"):
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(jb, name)[0] = 1
+    assert (jb.observations.ravel().tolist(), jb.actions.ravel().tolist(), jb.episode_starts.ravel().tolist()) == ([1, 1], [2, 2], [0.0, 0.0])
+    d = JaxDictRolloutBuffer(2, DICT, DISC_A, device="cpu")
+    with pytest.raises(ValueError, match="read-only"):
+        d.observations["img"][0] = 1

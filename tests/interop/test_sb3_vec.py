@@ -40,7 +40,7 @@ def test_delegates_to_every_buffer_and_is_full_when_all_are(use_threads):
         vec.call("add", *step) if t < 3 else [b.add(*step) for b in bufs[1 + (t == 4):]]
         fulls.append(vec.full)
     assert fulls == [False, False, False, False, True]
-    assert vec.pos == 0 and [b.pos for b in bufs] == [3, 4, 5]
+    assert vec.pos == 3 and [b.pos for b in bufs] == [3, 4, 5]  # the smallest buffer's
     assert vec.size() == vec.call("size") == [3, 4, 5]
     last = th.zeros(N, 1)
     vec.compute_returns_and_advantage(last, np.zeros(N))
@@ -55,7 +55,7 @@ def test_delegates_to_every_buffer_and_is_full_when_all_are(use_threads):
 
 def test_errors_name_the_buffer():
     with pytest.raises(TypeError, match=r"buffers\[1\]"):
-        DummyVecRolloutBuffer(4, OBS, ACT, buffers=[_buffers()[0], object()])
+        DummyVecRolloutBuffer(4, OBS, ACT, n_envs=N, buffers=[_buffers()[0], object()])
     with pytest.raises(TypeError, match="use_threads"):
         DummyVecRolloutBuffer(4, OBS, ACT, use_threads=1)
     with pytest.raises(ValueError, match="gae"):
@@ -248,3 +248,20 @@ def test_module_doc_example_fills_every_buffer_through_the_facade():
         assert not vec.full
         vec.add(*one_env(_step(rng)))
     assert vec.full and [b.full for b in vec.buffers] == [True] * len(vec.buffers)
+
+
+def test_members_must_fit_the_facade_and_pos_is_theirs():
+    # a member of other n_envs or shapes was accepted until the first add refused it
+    for bad, what in [(JaxRolloutBuffer(4, OBS, ACT, "cpu", n_envs=N + 1), "n_envs=3, the facade's is 2"),
+                      (JaxRolloutBuffer(4, spaces.Box(0, 255, (2, 4, 5), np.uint8), ACT, "cpu", n_envs=N), r"obs_shape=\(2, 4, 5\)"),
+                      (RolloutBuffer(4, OBS, spaces.Box(-1, 1, (2,), np.float32), "cpu", n_envs=N), "action_dim=2, the facade's is 1")]:
+        with pytest.raises(ValueError, match=rf"buffers\[1\]: a {type(bad).__name__} with {what}"):
+            DummyVecRolloutBuffer(4, OBS, ACT, "cpu", n_envs=N, buffers=[JaxRolloutBuffer(4, OBS, ACT, "cpu", n_envs=N), bad])
+    bufs = _buffers()
+    vec = DummyVecRolloutBuffer(5, OBS, ACT, "cpu", n_envs=N, buffers=bufs[1:])
+    rng = np.random.default_rng(0)
+    for t in range(1, 5):
+        vec.add(*_step(rng))
+        assert vec.pos == t == bufs[1].pos
+    vec.reset()
+    assert vec.pos == 0 and [b.pos for b in bufs[1:]] == [0, 0]

@@ -395,6 +395,7 @@ def test_requires_grad_and_conj_are_handled():
         (np.array([1, None], dtype=object), r"dtype object is not supported"),
         (jnp.zeros(2, jnp.float8_e4m3fn), r"dtype float8_e4m3fn is not supported"),
         (np.zeros(2, ">f4"), r"non-native byte order"),
+        (jax.random.key(0), r"to_torch: leaf \['obs'\]\[1\]: dtype key<fry> \(a PRNG key\) is not supported.*key_data"),
     ],
 )
 def test_to_torch_unsupported_leaf_names_the_path(leaf, match):

@@ -123,6 +123,15 @@ def flags(x: Any, what: str) -> np.ndarray:
     return b
 
 
+def read_only(tree: Any) -> Any:
+    """``tree`` (numpy arrays) with every array made read-only: a host copy refuses writes, which it would drop."""
+    def freeze(a: np.ndarray) -> np.ndarray:
+        a.flags.writeable = False
+        return a
+
+    return jax.tree.map(freeze, tree)
+
+
 _ZEROS: dict = {}
 
 
@@ -226,6 +235,16 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
             arr = np.broadcast_to(arr, shape)  # same size: only unit axes are added
         except ValueError:
             raise ValueError(f"{what}: expected shape {shape}, got shape {got} (same size, another layout)") from None
+    return stored(arr, dtype, what, exact)
+
+
+def stored(arr: np.ndarray, dtype: Any, what: str, exact: bool) -> np.ndarray:
+    """Numbers ``arr`` in the stored ``dtype``, checked as `as_row` checks them (the checks of every write).
+
+    Raises:
+      ValueError: a bool ``dtype`` given values other than 0 and 1, or `cast`'s errors. TypeError: with ``exact`` (a
+        stored dtype narrower than SB3's) or an integer ``dtype``, a value ``dtype`` does not hold exactly.
+    """
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return flags(arr, what)

@@ -211,6 +211,15 @@ def _compress_keys(space: spaces.Space, compress_keys: Sequence[str] | None) -> 
     return keys
 
 
+def _check_normalize(normalize_images: bool, space: spaces.Space, keys: tuple[str, ...] | None, elem: np.dtype | None = None) -> None:
+    """With ``normalize_images``, ``ValueError`` naming a compressed observation (every one when ``keys`` is None)
+    not of dtype uint8 (``elem``, the stored dtype, where given, else the space's): ``x / 255`` applies to uint8 only."""
+    if normalize_images:
+        for k, sp in space.spaces.items() if isinstance(space, spaces.Dict) else [(None, space)]:
+            if keys is None or k in keys:
+                _validate.normalizable("observation" if k is None else f"observation[{k!r}]", sp.dtype if elem is None else elem)
+
+
 class _CompressedRolloutImpl(_JaxRolloutImpl):
     """The rollout classes' shared implementation: `_JaxRolloutImpl` over a compressed backing buffer."""
 
@@ -227,6 +236,7 @@ class _CompressedRolloutImpl(_JaxRolloutImpl):
         self.compress_keys = compress_keys
         self._codec, self._elem = codec_for(compression_method, compression_kwargs, dtypes, decompression_kwargs)
         self._keys = _compress_keys(observation_space, compress_keys)
+        _check_normalize(self.normalize_images, observation_space, self._keys, self._elem)  # rollouts decode the stored dtype
         super().__init__(buffer_size, observation_space, action_space, device, gae_lambda=gae_lambda, gamma=gamma, n_envs=n_envs)
 
     def _new_state(self, example: Any) -> Any:
@@ -292,11 +302,11 @@ class _CompressedRolloutImpl(_JaxRolloutImpl):
 
     @property
     def observations(self) -> Any:
-        """``[T, n_envs, *obs_shape]`` decoded host copy in the space's dtypes (float32 ``x / 255`` with
+        """``[T, n_envs, *obs_shape]`` decoded read-only host copy in the space's dtypes (float32 ``x / 255`` with
         ``normalize_images``; a dict for Dict spaces)."""
         mb = self._state.gather(jnp.arange(self.buffer_size * self.n_envs, dtype=jnp.int32))
         obs = jax.tree.map(lambda x: np.asarray(x).reshape(self.buffer_size, self.n_envs, *x.shape[1:]), mb.step["obs"])
-        return jax.tree.map(lambda x, d: x.astype(d, copy=False), obs, self._sample_obs_dtypes)
+        return _common.read_only(jax.tree.map(lambda x, d: x.astype(d, copy=False), obs, self._sample_obs_dtypes))
 
     @property
     def nbytes(self) -> int:
@@ -362,6 +372,7 @@ class _CompressedReplayImpl(_JaxReplayImpl):
             compress["keyframe_interval"] = _validate.static_int("keyframe_interval", keyframe_interval)
         if self._keys is not None:
             compress["keys"] = self._keys
+        _check_normalize(self.normalize_images, observation_space, self._keys)
         super().__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs, optimize_memory_usage=False,
                          handle_timeout_termination=handle_timeout_termination, compress=compress)
 
@@ -394,7 +405,8 @@ class CompressedReplayBuffer(_CompressedReplayImpl, ReplayBuffer):
 
     Raises:
       ValueError, TypeError: options as `codec_for` says; a Dict space (use `CompressedDictReplayBuffer`);
-        ``optimize_memory_usage`` that is not a bool (``TypeError``).
+        ``optimize_memory_usage`` that is not a bool (``TypeError``); ``normalize_images`` with a compressed key of a
+        non-uint8 space.
     """
 
 

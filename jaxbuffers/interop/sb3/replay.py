@@ -109,6 +109,14 @@ def _gather_decoded(storage: dict, cbuf: Any, rows: jax.Array, envs: jax.Array, 
     return g, obs, nxt, held
 
 
+def _timeout(value: Any, what: str) -> bool:
+    """One ``TimeLimit.truncated`` as a bool, checked as ``done`` is (`_common.flags`), or an error naming ``what``."""
+    a = _common.flags(_common.numbers(value, what), what)
+    if a.shape != ():
+        raise ValueError(f"{what}: expected one boolean, got shape {a.shape}")
+    return bool(a)
+
+
 class FieldView:
     """A numpy-like window on one stored field, in SB3's layout ``[rows, n_envs, ...]`` and dtype.
 
@@ -137,19 +145,13 @@ class FieldView:
         return np.array(self._read()).astype(self._dtype if dtype is None else dtype, copy=False)
 
     def __setitem__(self, key, value) -> None:
-        """Write ``value`` at ``key`` as SB3's numpy assignment would, but nothing is cast silently where the stored
-        dtype is narrower than SB3's: flags take 0 / 1 (``ValueError`` otherwise), a narrower field takes the values
-        it holds exactly (``TypeError`` otherwise), a finite value overflowing a float field raises ``ValueError`` (numpy
-        would store inf), and non-numbers raise ``TypeError``; the message names the field."""
+        """Write ``value`` at ``key`` as SB3's numpy assignment would, but checked as ``add`` checks values, nothing
+        cast silently: flags take 0 / 1 (``ValueError`` otherwise), an integer field or one narrower than SB3's takes
+        the values it holds exactly (``TypeError`` otherwise: numpy would wrap 300 to 44 in uint8), a finite value
+        overflowing a float field raises ``ValueError`` (numpy would store inf), and non-numbers raise ``TypeError``;
+        the message names the field."""
         arr = np.array(self._read())
-        v = _common.numbers(value, self._name)
-        if arr.dtype == np.bool_:
-            v = _common.flags(v, self._name)
-        elif arr.dtype != self._dtype:
-            v = _common.exact_cast(v, arr.dtype, self._name)
-        else:
-            v = _common.cast(v, arr.dtype, self._name)
-        arr[key] = v
+        arr[key] = _common.stored(_common.numbers(value, self._name), arr.dtype, self._name, arr.dtype != self._dtype)
         self._write(jnp.asarray(arr))
 
     def __repr__(self) -> str:
@@ -410,7 +412,8 @@ class _JaxReplayImpl:
         """``timeouts`` of an add: ``infos[i]["TimeLimit.truncated"]`` with ``handle_timeout_termination``, else False.
 
         Raises:
-          ValueError: with ``handle_timeout_termination``, ``infos`` not a list (or tuple) of ``n_envs`` dicts.
+          ValueError: with ``handle_timeout_termination``, ``infos`` not a list (or tuple) of ``n_envs`` dicts, or a
+            ``TimeLimit.truncated`` other than a bool, 0 or 1 (as ``done``). TypeError: one that is not a number.
         """
         n = self.n_envs
         if not self.handle_timeout_termination:
@@ -419,7 +422,10 @@ class _JaxReplayImpl:
             if not isinstance(infos, (list, tuple)) or len(infos) != n or not all(isinstance(i, Mapping) for i in infos):
                 got = f"a {type(infos).__name__} of {len(infos)}" if isinstance(infos, (list, tuple)) else type(infos).__name__
                 raise ValueError(f"infos: expected a list of {n} dicts (one per env), got {got}")
-        return np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
+        values = [info.get("TimeLimit.truncated", False) for info in infos]
+        if all(type(v) is bool for v in values):  # gymnasium's: nothing to check
+            return np.array(values)
+        return np.array([_timeout(v, f"infos[{i}]['TimeLimit.truncated']") for i, v in enumerate(values)])
 
     def _add_compressed(self, obs_row: Any, next_row: Any, fields: dict) -> None:
         """The compressed adapter's add of checked rows (stored shapes and dtypes).

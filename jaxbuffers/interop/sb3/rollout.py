@@ -21,7 +21,7 @@ steps filled, where SB3 fails on a bare `assert`) and yields minibatches of
 `batch_size` over SB3's env-major `np.random.permutation` of the `T * n_envs` steps (the same numpy seed gives SB3's
 minibatches); samples are torch tensors on `device`, actions float32. Differences, lossless for what SB3 stores:
 `episode_starts` is bool; float64 actions are held as float32, int64 as int32 when the bounds fit; the numpy fields
-(`values`, `returns`, ...) are host copies `[T, n_envs, ...]` that `get` does not reorder; a partly filled buffer is
+(`values`, `returns`, ...) are read-only host copies `[T, n_envs, ...]` that `get` does not reorder; a partly filled buffer is
 handled exactly (the last filled step bootstraps from `last_values` unless `dones`).
 """
 
@@ -110,7 +110,7 @@ _GAE = {True: jax.jit(_sb3_gae, donate_argnums=0), False: jax.jit(_sb3_gae)}
 
 def _host(get: Any, doc: str, dtype: Any = None) -> property:
     """A read-only host copy of ``get(backing buffer)``."""
-    return property(lambda self: np.asarray(get(self._rollout), dtype), doc=doc)
+    return property(lambda self: _common.read_only(np.asarray(get(self._rollout), dtype)), doc=doc)
 
 
 class _JaxRolloutImpl:
@@ -183,17 +183,17 @@ class _JaxRolloutImpl:
         """Bytes of the stored arrays, a Python int."""
         return self._state.memory_bytes
 
-    observations = property(lambda self: self._rows.to_sb3_obs(self._state.step["obs"]),
-                            doc="``[T, n_envs, *obs_shape]`` host copy in the space's dtypes (a dict for Dict spaces).")
+    observations = property(lambda self: _common.read_only(self._rows.to_sb3_obs(self._state.step["obs"])),
+                            doc="``[T, n_envs, *obs_shape]`` read-only host copy in the space's dtypes (a dict for Dict spaces).")
 
     @property
     def actions(self) -> np.ndarray:
-        """``[T, n_envs, action_dim]`` host copy (float32 for float64 spaces, see the module doc)."""
+        """``[T, n_envs, action_dim]`` read-only host copy (float32 for float64 spaces, see the module doc)."""
         a = np.asarray(self._rollout.step["action"])
-        return a if np.issubdtype(a.dtype, np.floating) else a.astype(self._rows.action_dtype)
+        return _common.read_only(a if np.issubdtype(a.dtype, np.floating) else a.astype(self._rows.action_dtype))
 
     rewards = _host(lambda s: s.reward, "``[T, n_envs]`` float32 host copy (SB3's timeout bootstrap folded in).")
-    episode_starts = _host(lambda s: s.step["episode_start"], "``[T, n_envs]`` float32 0/1 host copy.", np.float32)
+    episode_starts = _host(lambda s: s.step["episode_start"], "``[T, n_envs]`` float32 0/1 read-only host copy.", np.float32)
     values = _host(lambda s: s.value, "``[T, n_envs]`` float32 host copy of ``V(obs_t)``.")
     log_probs = _host(lambda s: s.step["log_prob"], "``[T, n_envs]`` float32 host copy.")
     advantages = _host(lambda s: s.advantages, "``[T, n_envs]`` float32 host copy (zeros before ``compute_returns_and_advantage``).")

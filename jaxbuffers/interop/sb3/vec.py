@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, RolloutBuffer
+from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 
 from jaxbuffers._validate import sb3_rollout
 
@@ -78,7 +79,8 @@ class DummyVecRolloutBuffer(RolloutBuffer):
     Raises:
       TypeError: ``buffers`` is not an iterable of objects with ``add``, ``reset`` and ``full`` (the message names
         the index), or ``use_threads`` is not a bool.
-      ValueError: an unknown keyword argument.
+      ValueError: an unknown keyword argument; a buffer whose ``n_envs``, ``obs_shape`` or ``action_dim`` differs
+        from the facade's (the message names the index).
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
@@ -93,6 +95,10 @@ class DummyVecRolloutBuffer(RolloutBuffer):
             missing = [m for m in ("add", "reset", "full") if not hasattr(b, m)]
             if missing:
                 raise TypeError(f"buffers[{i}]: a {type(b).__name__} has no {missing}; expected a rollout buffer")
+            want = {"n_envs": n_envs, "obs_shape": get_obs_shape(observation_space), "action_dim": get_action_dim(action_space)}
+            for name, value in want.items():  # what every add through the facade must fit (where the buffer says)
+                if getattr(b, name, value) != value:
+                    raise ValueError(f"buffers[{i}]: a {type(b).__name__} with {name}={getattr(b, name)}, the facade's is {value}")
         self._buffers, self.use_threads = bufs, use_threads
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(len(bufs), 1)) if use_threads else None
         # The pool is shut down when the facade is collected or, at the latest, at interpreter exit while the modules
@@ -115,6 +121,15 @@ class DummyVecRolloutBuffer(RolloutBuffer):
     @full.setter
     def full(self, value: bool) -> None:
         pass  # SB3's reset assigns it; fullness is the buffers'
+
+    @property
+    def pos(self) -> int:
+        """Steps added since ``reset``: the smallest ``pos`` of the buffers (0 for no buffers)."""
+        return min((int(b.pos) for b in self._buffers if hasattr(b, "pos")), default=0)
+
+    @pos.setter
+    def pos(self, value: int) -> None:
+        pass  # SB3's reset assigns it; positions are the buffers'
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> list:
         """``[getattr(b, name)(*args, **kwargs) for b in buffers]``, concurrently with ``use_threads``.
@@ -181,7 +196,7 @@ class DummyVecRolloutBuffer(RolloutBuffer):
         return self.call("add", *args, **kwargs)
 
     def reset(self) -> list:
-        """``reset`` on every buffer; also resets the facade's ``pos``."""
+        """``reset`` on every buffer."""
         if hasattr(self, "_buffers"):
             out = self.call("reset")
             BaseBuffer.reset(self)
