@@ -19,10 +19,11 @@ Run::
     python examples/dqn_atari.py --checkpoint-dir runs/breakout --resume   # continues from the latest checkpoint
 
 Checkpoints (``--checkpoint-dir``) are steps of an orbax ``CheckpointManager``: the train state (parameters, target,
-optimiser, PRNG key) and the replay buffer (``jaxbuffers.BufferSave``: device arrays and the compressed host frames)
-saved as one step, named by the env steps done. ``--resume`` restores the latest and continues from its step
-counter. The environments restart (their emulator state is not saved), so the episode each env was in at the
-checkpoint is joined to the first one after the restart in the buffer: one transition per env.
+optimiser, PRNG key, the current observations) and the replay buffer (``jaxbuffers.BufferSave``: device arrays and
+the compressed host frames) saved as one step, named by the env steps done. ``--resume`` restores the latest and
+continues from its step counter. The environments restart (their emulator state is not saved), so each env's newest
+stored step is marked truncated at the restart (``truncate_last_from_host``), with the saved observation that
+followed it as its final observation, and the first step after the restart starts a new episode.
 """
 
 from __future__ import annotations
@@ -180,11 +181,16 @@ def main(argv=None) -> dict:
     if args.resume and mngr.latest_step() is not None:
         steps = mngr.latest_step()
         train = {k: state[k] for k in ("params", "target", "opt")}
-        abstract = jax.eval_shape(lambda: {**train, "key": jax.random.key_data(key)})
+        obs_spec = jax.ShapeDtypeStruct((n_envs, *envs.single_observation_space.shape), envs.single_observation_space.dtype)
+        abstract = {**jax.eval_shape(lambda: {**train, "key": jax.random.key_data(key)}), "obs": obs_spec}
         out = mngr.restore(steps, args=ocp.args.Composite(
             train=ocp.args.StandardRestore(abstract), buffer=jb.BufferRestore(state["buf"])))
         state = {**out.train, "buf": out.buffer}
         key = jax.random.wrap_key_data(state.pop("key"))
+        # The environments start new episodes below, so each lane's newest stored step is cut there: truncated, with
+        # the observation that followed it (saved with it) as its final observation.
+        last_obs = np.asarray(state.pop("obs"))
+        state["buf"] = state["buf"].truncate_last_from_host(np.ones(n_envs, bool), last_obs)
         print(f"resumed from step {steps:,} ({int(state['buf'].size()):,} stored transitions)", flush=True)
     resumed_from = steps
 
@@ -228,7 +234,8 @@ def main(argv=None) -> dict:
         if mngr is not None and (steps % args.checkpoint_every < n_envs or steps >= args.total_steps):
             train = {k: state[k] for k in ("params", "target", "opt")}
             mngr.save(steps, args=ocp.args.Composite(
-                train=ocp.args.StandardSave({**train, "key": jax.random.key_data(key)}), buffer=jb.BufferSave(state["buf"])))
+                train=ocp.args.StandardSave({**train, "key": jax.random.key_data(key), "obs": np.asarray(obs)}),
+                buffer=jb.BufferSave(state["buf"])))
             mngr.wait_until_finished()  # the next train_step donates the state being written
         if steps % args.log_every < n_envs or steps >= args.total_steps:
             now = time.time()
