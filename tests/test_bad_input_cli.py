@@ -1,7 +1,7 @@
 """Bad input to the `jaxbuffers` console script (`inspect`, `video`, `sheet`): each wrong option value is refused
 with exit status 2 and one error line of ours naming the option, what was expected and what came (no traceback),
 before anything is written: the saved folder is byte-identical and no output file appears; the documented accepted
-values (any episode in range, any `--scale` >= 1, any finite `--fps` > 0, `--count` beyond the steps held) write
+values (any episode in range, any `--scale` >= 1, any finite `--fps` > 0 (for a GIF, at most 655.35 s a frame), `--count` beyond the steps held) write
 their output."""
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def test_accepted_values_write_their_output(saved, tmp_path_factory, capsys, dat
     out = tmp_path_factory.mktemp("out")
     episode, scale = data.draw(st.integers(0, EPISODES - 1), "episode"), data.draw(st.integers(1, 3), "scale")
     if data.draw(st.booleans(), "video"):
-        fps = data.draw(st.floats(min_value=1e-3, max_value=1e3), "fps")
+        fps = data.draw(st.floats(min_value=1000 / 655_350, max_value=1e3), "fps")  # a GIF frame lasts at most 655.35 s
         code, _, err = _run(capsys, "video", saved, "--episode", episode, "--out", out / "v.gif", "--scale", scale, "--fps", fps)
         assert code == 0 and (out / "v.gif").stat().st_size > 0, err
     else:
@@ -121,3 +121,11 @@ def test_png_frames_are_refused_into_a_non_empty_folder_and_leave_it_unchanged(s
     (tmp_path / "empty").mkdir()
     code, _, err = _run(capsys, "video", saved, "--episode", 0, "--out", tmp_path / "empty")
     assert code == 0 and sorted(p.name for p in (tmp_path / "empty").iterdir()) == [f"frame_{t:05d}.png" for t in range(3)], err
+
+
+def test_a_gif_frame_longer_than_the_format_holds_is_refused(saved, tmp_path, capsys):
+    """A GIF frame's delay is 16 bits of hundredths of a second: `--fps 0.001` (1000 s a frame) is refused by name,
+    before anything is written, instead of failing inside the image writer."""
+    code, _, err = _run(capsys, "video", saved, "--episode", 0, "--out", tmp_path / "v.gif", "--fps", 0.001)
+    assert code != 0 and "--fps: a GIF frame lasts at most 655.35 s" in err, err
+    assert not (tmp_path / "v.gif").exists()

@@ -465,6 +465,9 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
     if not 0 < fps < float("inf"):
         raise CliError(f"--fps: expected a finite number > 0, got {fps}")
     suffix = out.suffix.lower()
+    if suffix == ".gif" and round(1000 / fps) > _GIF_MAX_MS:
+        raise CliError(f"--fps: a GIF frame lasts at most {_GIF_MAX_MS / 1000} s, so a .gif needs fps >= "
+                       f"{1000 / _GIF_MAX_MS:.6g}, got {fps}")
     if suffix not in ("", ".gif", ".mp4") and not str(out).endswith("/"):
         raise CliError(f"--out: expected a .mp4 or .gif file or a folder for PNG frames, got {out}")
     if (suffix == "" or str(out).endswith("/")) and out.is_dir() and any(out.iterdir()):
@@ -474,6 +477,9 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
     with _writing(out):
         _write_frames(out, suffix, pics, fps, progress)
     return out
+
+
+_GIF_MAX_MS = 655_350  # a GIF frame's delay is an unsigned 16-bit count of hundredths of a second
 
 
 @contextlib.contextmanager
