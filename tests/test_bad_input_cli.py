@@ -1,8 +1,8 @@
 """Bad input to the `jaxbuffers` console script (`inspect`, `video`, `sheet`): each wrong option value is refused
 with exit status 2 and one error line of ours naming the option, what was expected and what came (no traceback),
 before anything is written: the saved folder is byte-identical and no output file appears; the documented accepted
-values (any episode in range, any `--scale` >= 1, any finite `--fps` > 0 (for a GIF, at most 655.35 s a frame), `--count` beyond the steps held) write
-their output."""
+values (any episode in range, any `--scale` >= 1, any finite `--fps` > 0 (for a GIF, at most 655.35 s a frame),
+`--count` beyond the steps held) write their output."""
 
 from __future__ import annotations
 
