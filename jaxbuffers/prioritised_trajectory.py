@@ -76,12 +76,6 @@ class PrioritisedTransitionSample(NamedTuple):
 
 
 @_validate.one_member_methods
-
-def _of_buffer(name: str, doc: str) -> property:
-    """A read-only property answering as the wrapped `TrajectoryBuffer`'s attribute `name`."""
-    return property(lambda self: getattr(self.buffer, name), doc=doc)
-
-
 class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority (module doc)."""
 
@@ -179,13 +173,35 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         window = self.window_length if window is None else window
         return self.buffer.valid_starts(indices, window, period=self.period if period is None else period, cross_episodes=cross_episodes)
 
-    step_spec = _of_buffer("step_spec", "`jaxbuffers.TrajectoryBuffer.step_spec`.")
-    length = _of_buffer("length", "Steps kept per lane (static Python int), as `create`'s.")
-    final_obs_capacity = _of_buffer("final_obs_capacity", "Final observations kept per lane (static Python int), as "
-                                    "`jaxbuffers.TrajectoryBuffer.create`'s.")
-    obs_key = _of_buffer("obs_key", "Name of the observation field, as `create`'s.")
-    action_key = _of_buffer("action_key", "Name of the action field, as `create`'s.")
-    reward_key = _of_buffer("reward_key", "Name of the reward field, as `create`'s.")
+    @property
+    def step_spec(self) -> Any:
+        """`jaxbuffers.TrajectoryBuffer.step_spec`."""
+        return self.buffer.step_spec
+
+    @property
+    def length(self) -> int:
+        """Steps kept per lane (static Python int), as `create`'s."""
+        return self.buffer.length
+
+    @property
+    def final_obs_capacity(self) -> int:
+        """Final observations kept per lane (static Python int), as `jaxbuffers.TrajectoryBuffer.create`'s."""
+        return self.buffer.final_obs_capacity
+
+    @property
+    def obs_key(self) -> str:
+        """Name of the observation field, as `create`'s."""
+        return self.buffer.obs_key
+
+    @property
+    def action_key(self) -> str:
+        """Name of the action field, as `create`'s."""
+        return self.buffer.action_key
+
+    @property
+    def reward_key(self) -> str:
+        """Name of the reward field, as `create`'s."""
+        return self.buffer.reward_key
 
     @_compiled.method()
     def final_obs_lost(self) -> jax.Array:
