@@ -112,6 +112,9 @@ def draw_from_leaves(leaves: jax.Array, key: jax.Array, batch_size: int, beta) -
     Returns:
       `(indices, probabilities, weights)`, int32 / float32 / float32 `[batch_size]`; with no positive leaf the last
       index, probability 0 and weight 1 (defined; `can_sample` is False then).
+
+    Raises (trace time):
+      TypeError / ValueError: `key` not a PRNG key; `beta` rejected as in `probabilities_and_weights`.
     """
     cum = jnp.cumsum(leaves)
     total = cum[-1]
