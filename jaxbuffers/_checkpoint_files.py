@@ -3,6 +3,7 @@ checksums, fsync, the atomic swap of a new folder into place, and the tqdm progr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -212,16 +213,27 @@ def _check_destination(path: Path) -> None:
                          "directory: save from another folder")
 
 
-_SAVING: dict[Path, threading.Lock] = {}  # one per folder saved to by this process: its saves write one at a time
+_SAVING: dict[Path, list] = {}  # folder -> [lock, saves holding or awaiting it]; an entry goes with its last save
 _SAVING_LOCK = threading.Lock()
 
 
-def _one_at_a_time(path: Path) -> threading.Lock:
-    """The lock held while a save of this process writes and commits the folder `path`: saves to one folder from
-    several threads then replace it one after the other (each commit finds the folder as the last one left it). One
-    lock per folder on disk: paths through links to the same folder share it."""
+@contextlib.contextmanager
+def _one_at_a_time(path: Path):
+    """Held while a save of this process writes and commits the folder `path`: saves to one folder from several
+    threads replace it one after the other (each commit finds the folder as the last one left it). One lock per
+    folder on disk (paths through links to the same folder share it), kept only while a save uses it."""
+    key = path.resolve()
     with _SAVING_LOCK:
-        return _SAVING.setdefault(path.resolve(), threading.Lock())
+        entry = _SAVING.setdefault(key, [threading.Lock(), 0])
+        entry[1] += 1
+    try:
+        with entry[0]:
+            yield
+    finally:
+        with _SAVING_LOCK:
+            entry[1] -= 1
+            if not entry[1]:
+                del _SAVING[key]
 
 
 def _commit(tmp: Path, path: Path) -> None:

@@ -797,6 +797,19 @@ def test_blocking_saves_to_one_folder_from_several_threads_each_replace_it(throu
     back = jb.restore(tmp_path / "ck")
     assert int(back.size()) in range(1, 7)
     _assert_same(back, bufs[int(back.size()) - 1])
+    assert (tmp_path / "ck").resolve() not in files._SAVING  # the folder's lock went with its last save
+
+
+def test_the_per_folder_save_locks_do_not_accumulate(tmp_path):
+    """A process saving to many folders (one per step) keeps no lock for a folder once its saves are done."""
+    from jaxbuffers import _checkpoint_files as files
+
+    before = set(files._SAVING)
+    for i in range(5):
+        jb.save(tmp_path / f"ck_{i}", _filled_replay(16), progress=False)
+    pending = jb.save(tmp_path / "ck_async", _filled_replay(16), progress=False, blocking=False)
+    pending.wait()
+    assert set(files._SAVING) == before
 
 
 def test_save_writes_through_a_symbolic_link(tmp_path):
