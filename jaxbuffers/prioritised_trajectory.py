@@ -1,27 +1,23 @@
 r"""`PrioritisedTrajectoryBuffer`: a `jaxbuffers.TrajectoryBuffer` whose window starts are drawn by priority.
 
-A drop-in for the uniform buffer: the same `create` sizes, the same `add`, and `sample_sequences` /
-`sample_transitions` with the same arguments plus a keyword `beta=1.0` (the defaults and limits the tree's windows
-set: `docs/guide.md`, section 1); the samples have the uniform samples' fields
-plus `probabilities`, `importance_weights` and `generations`. The priority policy, the probabilities and the
-importance weights are those of every prioritised buffer (`jaxbuffers._priority`, Schaul et al. 2016).
+A drop-in for the uniform buffer: the same `create` sizes and `add`; `sample_sequences` / `sample_transitions` take
+the same arguments plus a keyword `beta=1.0` (defaults and limits set by the tree's windows: `docs/guide.md`,
+section 1) and return the uniform samples' fields plus `probabilities`, `importance_weights` and `generations`
+(priority policy and weights: `jaxbuffers._priority`, Schaul et al. 2016).
 
-Positions (`lane * length + slot`) are leaves of an on-device `jaxbuffers.SumMinTree`. A position
-holds $p^\alpha$ only while its window of `window_length` steps is valid (stored, not straddling
-the write head, aligned to `period`); every other leaf is 0, so invalid windows are never
-sampled. Each `add` of `t` steps zeroes the `num_envs * t` overwritten starts and gives the
-newly completed windows the running max priority: O(num_envs * t * log capacity).
-
-`period` alignment is the uniform buffer's (`jaxbuffers.trajectory`, "Period"): step $a$ ever added in a lane,
-counting from 0, starts a window iff $a \bmod \text{period} = 0$, so a position's eligibility (and its priority)
-never changes while it is stored; to ask whether a position is valid here use `priorities(indices) > 0`.
+Positions (`lane * length + slot`) are leaves of an on-device `jaxbuffers.SumMinTree`, holding $p^\alpha$ only while
+their window of `window_length` steps is valid (stored, not straddling the write head, aligned to `period`), else 0:
+invalid windows are never sampled. An `add` of `t` steps zeroes the `num_envs * t` overwritten starts and gives the
+newly completed windows the running max priority: O(num_envs * t * log capacity). Step $a$ of a lane (counting
+from 0) starts a window iff $a \bmod \text{period} = 0$ (`jaxbuffers.trajectory`, "Period"), so a stored position's
+eligibility never changes; a position is valid here iff `priorities(indices) > 0`.
 
 References:
   Schaul, Quan, Antonoglou, Silver (2016), *Prioritized Experience Replay*, ICLR.
 """
-
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -73,6 +69,12 @@ class PrioritisedTransitionSample(NamedTuple):
     probabilities: jax.Array  # shape=[B], dtype=float32
     importance_weights: jax.Array  # shape=[B], dtype=float32
     generations: jax.Array  # shape=[B], dtype=int32
+
+
+def _of_buffer(name: str) -> property:
+    """A read-only property: the wrapped `TrajectoryBuffer`'s attribute `name` (a property is no method: the class
+    decorator `jaxbuffers._validate.one_member_methods` wraps none, here as in every buffer)."""
+    return property(operator.attrgetter(f"buffer.{name}"), doc=f"`{name}` of the wrapped `TrajectoryBuffer`, read only.")
 
 
 @_validate.one_member_methods
@@ -173,35 +175,18 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         window = self.window_length if window is None else window
         return self.buffer.valid_starts(indices, window, period=self.period if period is None else period, cross_episodes=cross_episodes)
 
-    @property
-    def step_spec(self) -> Any:
-        """`jaxbuffers.TrajectoryBuffer.step_spec`."""
-        return self.buffer.step_spec
-
-    @property
-    def length(self) -> int:
-        """Steps kept per lane (static Python int), as `create`'s."""
-        return self.buffer.length
-
-    @property
-    def final_obs_capacity(self) -> int:
-        """Final observations kept per lane (static Python int), as `jaxbuffers.TrajectoryBuffer.create`'s."""
-        return self.buffer.final_obs_capacity
-
-    @property
-    def obs_key(self) -> str:
-        """Name of the observation field, as `create`'s."""
-        return self.buffer.obs_key
-
-    @property
-    def action_key(self) -> str:
-        """Name of the action field, as `create`'s."""
-        return self.buffer.action_key
-
-    @property
-    def reward_key(self) -> str:
-        """Name of the reward field, as `create`'s."""
-        return self.buffer.reward_key
+    step_spec = _of_buffer("step_spec")
+    """`jaxbuffers.TrajectoryBuffer.step_spec`."""
+    length = _of_buffer("length")
+    """Steps kept per lane (static Python int), as `create`'s."""
+    final_obs_capacity = _of_buffer("final_obs_capacity")
+    """Final observations kept per lane (static Python int), as `jaxbuffers.TrajectoryBuffer.create`'s."""
+    obs_key = _of_buffer("obs_key")
+    """Name of the observation field, as `create`'s."""
+    action_key = _of_buffer("action_key")
+    """Name of the action field, as `create`'s."""
+    reward_key = _of_buffer("reward_key")
+    """Name of the reward field, as `create`'s."""
 
     @_compiled.method()
     def final_obs_lost(self) -> jax.Array:
@@ -216,23 +201,17 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method()
     def generations_at(self, indices: jax.Array) -> jax.Array:
-        """Generation of flat positions `indices` (int, any shape; TypeError for other dtypes): int32.
-
-        The number (modulo `2**32`) of the step last written to the position's slot: it changes
-        exactly when the slot is overwritten (`jaxbuffers._ring.last_item_number`). Indices outside
-        `[0, num_envs * length)` are clamped into it, as in `sequences_at`.
-        """
+        """Generation of flat positions `indices` (int, any shape; TypeError for other dtypes), int32: the number
+        (modulo `2**32`) of the step last written to the slot, changed exactly when it is overwritten
+        (`jaxbuffers._ring.last_item_number`). Indices outside `[0, num_envs * length)` are clamped into it."""
         b = self.buffer
         slots = jnp.mod(jnp.clip(_validate.integer_indices("indices", indices), 0, b.num_envs * b.length - 1), b.length)
         return _ring.last_item_number(b.added, b.head, slots, b.length)
 
     @_compiled.method()
     def priorities(self, indices: jax.Array) -> jax.Array:
-        """Priorities of flat positions `indices` (int, any shape; TypeError for other dtypes): float32.
-
-        From the tree (`jaxbuffers._priority.priorities_at`); invalid windows and indices outside
-        `[0, num_envs * length)` read 0.
-        """
+        """Priorities of flat positions `indices` (int, any shape; TypeError for other dtypes), float32, from the tree
+        (`jaxbuffers._priority.priorities_at`); invalid windows and indices outside `[0, num_envs * length)` read 0."""
         return _priority.priorities_at(self.tree, indices, self.priority_exponent)
 
     @property
@@ -299,8 +278,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         return n_step
 
     def _in_episode_leaves(self, sequence_length: int) -> jax.Array:
-        """float32 `[num_envs * length]`: the tree's leaves where no episode end lies before the window's last step
-        of `sequence_length` steps, 0 elsewhere (`O(num_envs * length)`)."""
+        """The tree's leaves (float32 `[num_envs * length]`) where no episode end lies before the window's last step."""
         positions = jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)
         inside = self.buffer.valid_starts(positions, sequence_length, period=self.period, cross_episodes=False)
         return jnp.where(inside, self.tree.get(positions), 0)
@@ -319,11 +297,9 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         self, key: jax.Array, batch_size: int, sequence_length: int | None = None, *, period: int | None = None,
         cross_episodes: bool = True, beta=1.0,
     ) -> PrioritisedSequenceSample:
-        r"""Sequences whose start is drawn in proportion to $p^\alpha$ (stratified, sum tree).
-
-        With `cross_episodes=False` only the windows with no episode end before their last step are drawn, in
-        proportion to $p^\alpha$ among them (an `O(num_envs * length)` pass, as the uniform buffer's); the
-        probabilities and the weights' normaliser are those of that set.
+        r"""Sequences whose start is drawn in proportion to $p^\alpha$ (stratified, sum tree); with
+        `cross_episodes=False` among the windows with no episode end before their last step only (an
+        `O(num_envs * length)` pass; probabilities and the weights' normaliser are those of that set).
 
         Args:
           key: PRNG key.
@@ -381,18 +357,17 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method("sequence_length")
     def final_obs_at(self, indices, sequence_length: int) -> Any:
-        """`jaxbuffers.TrajectoryBuffer.final_obs_at` of the steps: the final observations at the
-        truncated steps of the sequences starting at `indices` (a sample's `indices`)."""
+        """`jaxbuffers.TrajectoryBuffer.final_obs_at`: the final observations at the truncated steps of the sequences
+        starting at `indices` (a sample's `indices`)."""
         return self.buffer.final_obs_at(indices, sequence_length)
 
     @_compiled.method()
     def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "PrioritisedTrajectoryBuffer":
         r"""Set the priorities of sampled positions (typically `|TD error| + eps`).
 
-        An entry is ignored when its start slot was overwritten since sampling (generation
-        differs), when its window is not valid now (leaf 0), or when the index is out of range.
-        Duplicate indices: the last entry wins; `max_priority` grows to the largest priority
-        actually written. Policy for NaN, small and huge values: `jaxbuffers._priority`.
+        An entry is ignored when its start slot was overwritten since sampling (generation differs), its window is
+        not valid now (leaf 0) or the index is out of range. Duplicate indices: the last entry wins; `max_priority`
+        grows to the largest priority written. NaN, small and huge values: `jaxbuffers._priority`.
 
         Args:
           indices: int32[B] from a sample's `indices`.
