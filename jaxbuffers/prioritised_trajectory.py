@@ -1,20 +1,14 @@
 r"""`PrioritisedTrajectoryBuffer`: a `jaxbuffers.TrajectoryBuffer` whose window starts are drawn by priority.
 
-A drop-in for the uniform buffer: the same `create` sizes and `add`; `sample_sequences` / `sample_transitions` take
-the same arguments plus a keyword `beta=1.0` (defaults and limits set by the tree's windows: `docs/guide.md`,
-section 1) and return the uniform samples' fields plus `probabilities`, `importance_weights` and `generations`
-(priority policy and weights: `jaxbuffers._priority`, Schaul et al. 2016).
-
-Positions (`lane * length + slot`) are leaves of an on-device `jaxbuffers.SumMinTree`, holding $p^\alpha$ only while
-their window of `window_length` steps is valid (stored, not straddling the write head, aligned to `period`), else 0:
-invalid windows are never sampled. An `add` of `t` steps zeroes the `num_envs * t` overwritten starts and gives the
-newly completed windows the running max priority: O(num_envs * t * log capacity). Step $a$ of a lane (counting
-from 0) starts a window iff $a \bmod \text{period} = 0$ (`jaxbuffers.trajectory`, "Period"), so a stored position's
-eligibility never changes; a position is valid here iff `priorities(indices) > 0`.
+A drop-in for the uniform buffer (`docs/guide.md`, section 1): its samplers take a keyword `beta=1.0` and add
+`probabilities`, `importance_weights` and `generations` to the uniform samples (priority policy and weights:
+`jaxbuffers._priority`). The tree of window starts, its upkeep and `period`: `docs/api/trajectory.md`, "Prioritised
+windows".
 
 References:
   Schaul, Quan, Antonoglou, Silver (2016), *Prioritized Experience Replay*, ICLR.
 """
+
 from __future__ import annotations
 
 import operator
@@ -74,12 +68,15 @@ class PrioritisedTransitionSample(NamedTuple):
 def _of_buffer(name: str) -> property:
     """A read-only property: the wrapped `TrajectoryBuffer`'s attribute `name` (a property is no method: the class
     decorator `jaxbuffers._validate.one_member_methods` wraps none, here as in every buffer)."""
-    return property(operator.attrgetter(f"buffer.{name}"), doc=f"`{name}` of the wrapped `TrajectoryBuffer`, read only.")
+    return property(operator.attrgetter(f"buffer.{name}"), doc=f"`{name}` of the wrapped `TrajectoryBuffer`.")
 
 
 @_validate.one_member_methods
 class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
-    """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority (module doc)."""
+    """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority.
+
+    Its tree and `period`: `docs/api/trajectory.md`, "Prioritised windows".
+    """
 
     _cursor = "buffer.head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
@@ -107,7 +104,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
             `final_obs_capacity`, `obs_key`, `action_key`, `reward_key` and `metrics` (not repeated here).
           window_length: static window of a position: sequences of up to this length, or n-step
             transitions with `n_step <= window_length - 1`.
-          period: window starts every `period` steps (absolute alignment, module doc).
+          period: window starts every `period` steps (absolute alignment, "Period" in `docs/api/trajectory.md`).
           priority_exponent: $\alpha$ in `[0, 1]`.
           epsilon: smallest priority kept, in `[1e-30, 1]`.
 
@@ -225,7 +222,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "PrioritisedTrajectoryBuffer":
-        """`jaxbuffers.TrajectoryBuffer.add`, plus the priority bookkeeping (module doc). Same arguments and errors."""
+        """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors), plus the priority bookkeeping."""
         b = self.buffer
         return self.add_prepared(*_validate.trajectory_add(b.step_spec, b.obs_key, b.num_envs, b.length, step, terminated, truncated, final_obs))
 
@@ -297,8 +294,8 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         self, key: jax.Array, batch_size: int, sequence_length: int | None = None, *, period: int | None = None,
         cross_episodes: bool = True, beta=1.0,
     ) -> PrioritisedSequenceSample:
-        r"""Sequences whose start is drawn in proportion to $p^\alpha$ (stratified, sum tree); with
-        `cross_episodes=False` among the windows with no episode end before their last step only (an
+        r"""A `PrioritisedSequenceSample` of sequences whose start is drawn in proportion to $p^\alpha$ (stratified,
+        sum tree); with `cross_episodes=False` among the windows with no episode end before their last step only (an
         `O(num_envs * length)` pass; probabilities and the weights' normaliser are those of that set).
 
         Args:
@@ -308,9 +305,6 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
           period: static int, `create`'s `period` (None: that one); the tree holds only those windows.
           cross_episodes: static bool.
           beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
-
-        Returns:
-          `PrioritisedSequenceSample`.
 
         Raises:
           ValueError: bad sizes, `sequence_length > window_length`, `period` not `create`'s, a concrete `beta` < 0.
@@ -323,7 +317,8 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int | None = None, gamma, beta=1.0) -> PrioritisedTransitionSample:
-        """n-step transitions (`jaxbuffers.TrajectoryBuffer.sample_transitions`) drawn by priority.
+        """A `PrioritisedTransitionSample` of n-step transitions (`jaxbuffers.TrajectoryBuffer.sample_transitions`)
+        drawn by priority.
 
         Args:
           key: PRNG key.
@@ -331,9 +326,6 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
           n_step: static int in `[1, window_length - 1]` (default `window_length - 1`).
           gamma: discount in [0, 1] (may be traced). Required.
           beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
-
-        Returns:
-          `PrioritisedTransitionSample`.
 
         Raises:
           ValueError: bad sizes, `window_length < 2`, `n_step` too large, `gamma` / `beta` out of range.

@@ -149,9 +149,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """An empty buffer of `num_envs` lanes of `length` steps.
 
         Args:
-          example_step: one step of one env (no leading axes): a dict with at least `obs_key` (a
-            pytree of arrays), `action_key` and `reward_key` (a floating scalar), plus any extras.
-            Arrays or `jax.ShapeDtypeStruct`; dtypes are stored exactly.
+          example_step: one step of one env (no leading axes): a dict with at least `obs_key` (a pytree of arrays),
+            `action_key` and `reward_key` (a floating scalar), plus any extras; arrays or `jax.ShapeDtypeStruct`,
+            dtypes stored exactly.
           num_envs: lanes (Python int >= 1).
           length: steps kept per lane (Python int >= 1); the oldest are overwritten first.
           final_obs_capacity: final observations kept per lane for truncated steps ($K$, `docs/api/trajectory.md`);
@@ -165,8 +165,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         Raises:
           TypeError: `example_step` is not a dict, a leaf is not an array, a field name is not a str, `metrics`
             not a bool, the reward not of a floating dtype (or not one array).
-          ValueError: a size is not a positive int, `num_envs * length` above `2**31 - 1` (positions are int32 `lane *
-            length + slot`), a required field missing, the observation without leaves, the reward not a scalar.
+          ValueError: a size is not a positive int, `num_envs * length` above `2**31 - 1` (positions are int32
+            `lane * length + slot`), a required field missing, the observation without leaves, the reward not a scalar.
         """
         num_envs, length, spec = _validate.trajectory_example(example_step, num_envs, length, obs_key, action_key, reward_key)
         k = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
@@ -194,9 +194,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def can_sample(self, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
-        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar):
-        some valid window exists (`cross_episodes=False`: inside one episode, an `O(num_envs *
-        length)` count). Same arguments and errors as `sample_sequences`, without the key."""
+        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some valid window
+        exists (`cross_episodes=False`: inside one episode, an `O(num_envs * length)` count). Same arguments and
+        errors as `sample_sequences`, without the key."""
         _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
         period = _validate.static_int("period", period)
@@ -217,9 +217,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None) -> jax.Array:
-        """Whether `sample_transitions` with these arguments returns only valid data (bool scalar):
-        some lane holds `n_step + 1` steps. `sample_transitions`' arguments without the key (`gamma` optional here:
-        checked when given, it never changes the answer); same errors."""
+        """Whether `sample_transitions` with these arguments returns only valid data (bool scalar): some lane holds
+        `n_step + 1` steps. `sample_transitions`' arguments and errors without the key (`gamma` optional here:
+        checked when given, it never changes the answer)."""
         _validate.static_int("batch_size", batch_size)
         if gamma is not None:
             _gamma(gamma, self.storage[self.reward_key].dtype)
@@ -230,28 +230,28 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Append one step or a chunk of steps to every lane.
 
         Args:
-          step: dict like the example step, leaves `[num_envs, ...]` (one step) or
-            `[num_envs, t, ...]` (a chunk, `1 <= t <= length`), exactly the stored dtypes.
+          step: dict like the example step, leaves `[num_envs, ...]` (one step) or `[num_envs, t, ...]` (a chunk,
+            `1 <= t <= length`), exactly the stored dtypes.
           terminated: bool `[num_envs]` or `[num_envs, t]`: `obs_{t+1}` is terminal.
           truncated: optional bool, same shape: the episode was cut after the step.
-          final_obs: required with `truncated`: obs pytree like `step[obs_key]`, the true
-            observation after each step before any auto-reset. Read where `truncated & ~terminated`.
+          final_obs: required with `truncated`: obs pytree like `step[obs_key]`, the true observation after each
+            step before any auto-reset. Read where `truncated & ~terminated`.
 
         Returns:
           The new buffer. Cost O(num_envs * t); in place when donated.
 
         Raises:
-          TypeError: `step` not a dict, wrong structure or dtype (flags must be bool), `final_obs`
-            missing with `truncated`.
-          ValueError: wrong shapes or `num_envs`, `t` outside `[1, length]`, `final_obs` without
-            `truncated` or with other leading axes than `step` (never broadcast).
+          TypeError: `step` not a dict, wrong structure or dtype (flags must be bool), `final_obs` missing with
+            `truncated`.
+          ValueError: wrong shapes or `num_envs`, `t` outside `[1, length]`, `final_obs` without `truncated` or with
+            other leading axes than `step` (never broadcast).
         """
         args = _validate.trajectory_add(self.step_spec, self.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs)
         return self.add_prepared(*args)
 
     def add_prepared(self, step, terminated, truncated, final_obs) -> "TrajectoryBuffer":
         """`add` of arguments that `jaxbuffers._validate.trajectory_add` has checked and given a time axis
-        (`[num_envs, t, ...]`), for wrappers that check the step against a spec of their own (the compressed buffers)."""
+        (`[num_envs, t, ...]`), for wrappers that check the step against a spec of their own (compressed buffers)."""
         t = terminated.shape[1]
         if truncated is None:
             truncated = jnp.zeros_like(terminated)
@@ -271,10 +271,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method()
     def truncate_last(self, truncated, final_obs) -> "TrajectoryBuffer":
-        """Mark each lane's newest step truncated after the fact, with its final observation.
-
-        For a step whose successor turned out not to continue it (the next observation given with the step differs
-        from the next step's observation): afterwards the buffer equals the one where that step was added with
+        """Mark each lane's newest step truncated after the fact, with its final observation, when its successor
+        turned out not to continue it: afterwards the buffer equals the one where that step was added with
         `truncated=True` and this `final_obs`. Lanes whose newest step already ended an episode, and an empty buffer,
         are left as they are.
 
