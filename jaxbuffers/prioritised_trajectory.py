@@ -296,14 +296,12 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     ) -> PrioritisedSequenceSample:
         r"""A `PrioritisedSequenceSample` of sequences whose start is drawn in proportion to $p^\alpha$ (stratified,
         sum tree); with `cross_episodes=False` among the windows with no episode end before their last step only (an
-        `O(num_envs * length)` pass; probabilities and the weights' normaliser are those of that set).
+        `O(num_envs * length)` pass; probabilities and the weights' normaliser are those of that set). `key`,
+        `batch_size` and `cross_episodes` are as in `jaxbuffers.TrajectoryBuffer.sample_sequences`.
 
         Args:
-          key: PRNG key.
-          batch_size: static int >= 1.
           sequence_length: static int `<= window_length` (default `window_length`).
           period: static int, `create`'s `period` (None: that one); the tree holds only those windows.
-          cross_episodes: static bool.
           beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
 
         Raises:
@@ -318,13 +316,10 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int | None = None, gamma, beta=1.0) -> PrioritisedTransitionSample:
         """A `PrioritisedTransitionSample` of n-step transitions (`jaxbuffers.TrajectoryBuffer.sample_transitions`)
-        drawn by priority.
+        drawn by priority; `key`, `batch_size` and `gamma` (required) as there.
 
         Args:
-          key: PRNG key.
-          batch_size: static int >= 1.
           n_step: static int in `[1, window_length - 1]` (default `window_length - 1`).
-          gamma: discount in [0, 1] (may be traced). Required.
           beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
 
         Raises:

@@ -179,12 +179,10 @@ def lambda_returns(
     first episode end. $\lambda = 1$ gives `discounted_returns`, $\lambda = 0$ the one-step target
     $r_t + \gamma V^{next}_t$. Equals the `returns` of `gae` with `gae_lambda = lambda_` (computed independently).
 
-    `reward`, `value`, `terminated`, `truncated`, `final_value` and `last_value` are as in `gae`.
+    `reward`, `value`, `terminated`, `truncated`, `final_value`, `last_value`, `gamma` and `method` are as in `gae`.
 
     Args:
-      gamma: discount, scalar in $[0, 1]$. Required.
       lambda_: mixing parameter $\lambda$, scalar in $[0, 1]$. Required.
-      method: `"scan"` or `"associative"` (static).
 
     Returns:
       `[T, *B]` lambda-returns, dtype of `reward`.
@@ -221,11 +219,7 @@ def discounted_returns(
     $t+k-1$ is the first episode end at or after $t$ (or $T-1$). There is no `value` argument: values serve only to
     bootstrap. `last_value = 0` gives Monte-Carlo returns that ignore the unfinished tail.
 
-    `reward`, `terminated`, `truncated`, `final_value` and `last_value` are as in `gae`.
-
-    Args:
-      gamma: discount, scalar in $[0, 1]$. Required.
-      method: `"scan"` or `"associative"` (static).
+    `reward`, `terminated`, `truncated`, `final_value`, `last_value`, `gamma` and `method` are as in `gae`.
 
     Returns:
       `[T, *B]` returns, dtype of `reward`.
@@ -264,11 +258,10 @@ def n_step_returns(
     from another estimate (a target network): `target - discount * V_next[t+k-1] + discount * V'`. Cost
     $O(\min(n, T) \cdot T)$ per batch element: one vectorised pass per window offset, in a `lax.fori_loop`.
 
-    `reward`, `value`, `terminated`, `truncated`, `final_value` and `last_value` are as in `gae` (`value[0]` is never
-    read: a bootstrap is at least one step ahead).
+    `reward`, `value`, `terminated`, `truncated`, `final_value`, `last_value` and `gamma` are as in `gae` (`value[0]`
+    is never read: a bootstrap is at least one step ahead).
 
     Args:
-      gamma: discount, scalar in $[0, 1]$. Required.
       n: window length, a static Python int >= 1.
 
     Returns:
