@@ -435,7 +435,7 @@ def test_every_method_is_wrapped_and_the_delegating_properties_stay_properties()
         assert isinstance(inspect.getattr_static(cls, name), property) and inspect.getdoc(getattr(cls, name)), name
         if name != "step_spec":  # the spec of a stacked state's leaves has the member axis (as the uniform buffer's)
             assert getattr(stacked, name) == getattr(pri.buffer, name), name
-    with pytest.raises(ValueError, match=r"^PrioritisedTrajectoryBuffer\.final_obs_lost: the state has a leading member"):
+    with pytest.raises(ValueError, match=r"^PrioritisedTrajectoryBuffer\.final_obs_lost: the state has a leading"):
         stacked.final_obs_lost()
     final = jnp.zeros((2, OBS_DIM), jnp.float32)
     pri.truncate_last(jnp.ones(2, bool), final)  # compiled outside the block
