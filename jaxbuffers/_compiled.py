@@ -36,10 +36,9 @@ def passable(leaf) -> bool:
 
 
 def _retrace_with_python_values(fn: Callable, args: tuple, kwargs: dict) -> None:
-    """After a compiled call refused its arguments: trace `fn` again (`jax.eval_shape`: nothing runs) with the Python
-    scalars given kept as they are, and raise the error its checks raise then, which names the value given
-    (`key: ... got int 0`) rather than the int32 tracer the program made of it. Returns when that trace passes (the
-    caller raises the first error)."""
+    """After a compiled call refused its arguments: trace `fn` again (`jax.eval_shape`) with the Python scalars kept as
+    given, and raise the error that names the value given (`key: ... got int 0`), not the int32 tracer the program
+    made of it. Returns when that trace passes (the caller raises the first error)."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     kept = [not isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves]
     if not any(isinstance(x, (int, float, complex)) for x in leaves):
@@ -60,14 +59,14 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
     """Decorate a pure buffer method (or function) so that it runs as one cached compiled program.
 
     Args:
-      *static: names of the arguments that are static Python values (batch sizes, lengths,
-        flags); each distinct value compiles a program of its own.
-      scalars: `{name: (lo, hi)}` of traced scalar hyperparameters whose concrete values are
-        range-checked before the call (`docs/guide.md`, "Eager calls").
+      *static: names of the arguments that are static Python values (batch sizes, lengths, flags); each distinct
+        value compiles a program of its own.
+      scalars: `{name: (lo, hi)}` of traced scalar hyperparameters whose concrete values are range-checked before the
+        call (`docs/guide.md`, "Eager calls").
 
     Returns:
-      The decorated function, with the original's name, signature and docstring; the plain
-      function is its `uncompiled` attribute.
+      The decorated function, with the original's name, signature and docstring; the plain function is its
+      `uncompiled` attribute.
 
     Example:
       `@_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})` above

@@ -1,10 +1,8 @@
-"""Ring-buffer index arithmetic shared by every buffer: the ONE place wrap-around lives.
+"""Ring-buffer index arithmetic shared by every buffer: the one place wrap-around lives.
 
-Its conventions (`head`, `num_valid`, logical indices, valid windows, `period`, the two-word counter):
-`docs/guide.md`, "Ring state".
-
-Every function here is pure and jittable; ``capacity``, ``batch_size``, ``length`` and ``period``
-are static Python ints, the rest may be traced.
+Conventions (`head`, `num_valid`, logical indices, valid windows, `period`, the two-word counter): `docs/guide.md`,
+"Ring state". Every function is pure and jittable; ``capacity``, ``batch_size``, ``length`` and ``period`` are static
+Python ints, the rest may be traced.
 """
 
 from __future__ import annotations
@@ -49,14 +47,14 @@ def write(storage, batch, head: jax.Array, axis: int = 0):
 
     Args:
       storage: an array `[..., capacity, ...]` with the ring along `axis`, or a pytree of them.
-      batch: the same structure; each leaf has its storage leaf's shape and dtype except
-        `batch_size <= capacity` along `axis`.
+      batch: the same structure; each leaf has its storage leaf's shape and dtype except `batch_size <= capacity`
+        along `axis`.
       head: int32 scalar, first slot to write.
       axis: the ring axis (0 for item buffers, 1 for per-lane `[num_envs, length, ...]` storage).
 
     Returns:
-      The written storage, same structure. Cost O(batch): one scatter with distinct in-bounds
-      slots, which XLA performs in place when the storage is donated.
+      The written storage, same structure. Cost O(batch): one scatter with distinct in-bounds slots, in place when
+      the storage is donated.
     """
     leaves, treedef = jax.tree.flatten(storage)
     rows = treedef.flatten_up_to(batch)
@@ -122,7 +120,6 @@ def sample_windows(key, shape: tuple[int, ...], head, num_valid, capacity: int, 
     return window_starts(k, head, num_valid, capacity, period)
 
 
-# ---------------------------------------------------------------------------------------------
 # Overflow-safe count of items ever added.
 
 
@@ -152,8 +149,8 @@ def counter_mod(counter: jax.Array, m: int) -> jax.Array:
 
 
 def counter_value(counter) -> int:
-    """Host-side exact value of a two-word counter: a Python int (a numpy int64 array for a
-    stacked counter `[..., 2]`); forces a device transfer."""
+    """Host-side exact value of a two-word counter: a Python int (a numpy int64 array for a stacked counter
+    `[..., 2]`); forces a device transfer."""
     c = np.asarray(counter).astype(np.int64)
     value = (c[..., 0] << LOW_BITS) + c[..., 1]
     return int(value) if value.ndim == 0 else value
@@ -162,19 +159,17 @@ def counter_value(counter) -> int:
 def last_item_number(counter: jax.Array, head: jax.Array, slots: jax.Array, capacity: int) -> jax.Array:
     """Number (0-based, modulo ``2**32``: int32 wrap-around) of the item last written to ``slots``.
 
-    A ring writes items ``0, 1, 2, ...`` to slots ``0, 1, 2, ... mod capacity``, so slot ``s`` last received item
-    ``added - 1 - ((head - 1 - s) mod capacity)`` (``added`` from the two-word ``counter``): int32, the shape of
-    `slots`; only meaningful for slots holding data. Prioritised buffers use it as the slot's *generation*: it
-    changes exactly when the slot is overwritten, with no per-slot state.
+    Slot ``s`` last received item ``added - 1 - ((head - 1 - s) mod capacity)`` (``added`` from the two-word
+    ``counter``): int32, the shape of `slots`, meaningful for slots holding data. Prioritised buffers use it as the
+    slot's *generation*: it changes exactly when the slot is overwritten, with no per-slot state.
     """
     added32 = jnp.left_shift(counter[..., 0], LOW_BITS) + counter[..., 1]  # wraps in int32
     back = jnp.mod(head - 1 - jnp.asarray(slots, jnp.int32), capacity)
     return (added32 - 1 - back).astype(jnp.int32)
 
 
-# ---------------------------------------------------------------------------------------------
-# Final-observation ring of the trajectory buffers: per lane, K slots handed out in order, one per
-# step that bootstraps from its final observation (truncated and not terminated).
+# Final-observation ring of the trajectory buffers: per lane, K slots handed out in order, one per step that
+# bootstraps from its final observation (truncated and not terminated).
 
 
 def final_slots(final_head: jax.Array, boot: jax.Array, capacity: int, xp=jnp):
@@ -186,9 +181,9 @@ def final_slots(final_head: jax.Array, boot: jax.Array, capacity: int, xp=jnp):
       capacity: static ring size ``K`` per lane.
 
     Returns:
-      ``(slot, keep, new_head)``: int32[E, t] the slot of each step (meaningful where ``boot``);
-      bool[E, t] where ``boot`` and not overwritten within this chunk (a lane with more than
-      ``K`` such steps in one chunk keeps its last ``K``); int32[E] the heads after the chunk.
+      ``(slot, keep, new_head)``: int32[E, t] the slot of each step (meaningful where ``boot``); bool[E, t] where
+      ``boot`` and not overwritten within this chunk (a lane with more than ``K`` such steps in one chunk keeps its
+      last ``K``); int32[E] the heads after the chunk.
     """
     cum = xp.cumsum(boot.astype(xp.int32), axis=1)
     n_new = cum[:, -1]
@@ -199,11 +194,8 @@ def final_slots(final_head: jax.Array, boot: jax.Array, capacity: int, xp=jnp):
 
 def write_lanes(storage, rows, slots: jax.Array, keep: jax.Array):
     """Scatter ``rows`` (leaves ``[E, t, ...]``) into ``storage`` (leaves ``[E, K, ...]``) at
-    ``storage[e, slots[e, j]]`` where ``keep[e, j]``; the other rows are dropped.
-
-    The ``(lane, slot)`` pairs written must be distinct where ``keep`` (what `final_slots` gives): dropped rows
-    point past the end, each to its own column, so every pair is unique and the scatter may run in parallel.
-    """
+    ``storage[e, slots[e, j]]`` where ``keep[e, j]``, dropping the other rows. The pairs written where ``keep`` must
+    be distinct (as `final_slots` gives): dropped rows point past the end, each to its own column."""
     e, t = slots.shape
     k = jax.tree.leaves(storage)[0].shape[1]
     lanes = jnp.broadcast_to(jnp.arange(e, dtype=jnp.int32)[:, None], (e, t))

@@ -1,20 +1,9 @@
 r"""`PrioritisedTrajectoryBuffer`: a `jaxbuffers.TrajectoryBuffer` whose window starts are drawn by priority.
 
-A drop-in for the uniform buffer: the same `create` sizes, the same `add`, and `sample_sequences` /
-`sample_transitions` with the same arguments plus a keyword `beta=1.0` (the defaults and limits the tree's windows
-set: `docs/guide.md`, section 1); the samples have the uniform samples' fields
-plus `probabilities`, `importance_weights` and `generations`. The priority policy, the probabilities and the
-importance weights are those of every prioritised buffer (`jaxbuffers._priority`, Schaul et al. 2016).
-
-Positions (`lane * length + slot`) are leaves of an on-device `jaxbuffers.SumMinTree`. A position
-holds $p^\alpha$ only while its window of `window_length` steps is valid (stored, not straddling
-the write head, aligned to `period`); every other leaf is 0, so invalid windows are never
-sampled. Each `add` of `t` steps zeroes the `num_envs * t` overwritten starts and gives the
-newly completed windows the running max priority: O(num_envs * t * log capacity).
-
-`period` alignment is the uniform buffer's (`jaxbuffers.trajectory`, "Period"): step $a$ ever added in a lane,
-counting from 0, starts a window iff $a \bmod \text{period} = 0$, so a position's eligibility (and its priority)
-never changes while it is stored; to ask whether a position is valid here use `priorities(indices) > 0`.
+A drop-in for the uniform buffer (`docs/guide.md`, section 1): its samplers take a keyword `beta=1.0` and add
+`probabilities`, `importance_weights` and `generations` to the uniform samples (priority policy and weights:
+`jaxbuffers._priority`). The tree of window starts, its upkeep and `period`: `docs/api/trajectory.md`, "Prioritised
+windows".
 
 References:
   Schaul, Quan, Antonoglou, Silver (2016), *Prioritized Experience Replay*, ICLR.
@@ -22,6 +11,7 @@ References:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -75,9 +65,18 @@ class PrioritisedTransitionSample(NamedTuple):
     generations: jax.Array  # shape=[B], dtype=int32
 
 
+def _of_buffer(name: str) -> property:
+    """A read-only property: the wrapped `TrajectoryBuffer`'s attribute `name` (a property is no method: the class
+    decorator `jaxbuffers._validate.one_member_methods` wraps none, here as in every buffer)."""
+    return property(operator.attrgetter(f"buffer.{name}"), doc=f"`{name}` of the wrapped `TrajectoryBuffer`.")
+
+
 @_validate.one_member_methods
 class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
-    """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority (module doc)."""
+    """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority.
+
+    Its tree and `period`: `docs/api/trajectory.md`, "Prioritised windows".
+    """
 
     _cursor = "buffer.head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
@@ -105,7 +104,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
             `final_obs_capacity`, `obs_key`, `action_key`, `reward_key` and `metrics` (not repeated here).
           window_length: static window of a position: sequences of up to this length, or n-step
             transitions with `n_step <= window_length - 1`.
-          period: window starts every `period` steps (absolute alignment, module doc).
+          period: window starts every `period` steps (absolute alignment, "Period" in `docs/api/trajectory.md`).
           priority_exponent: $\alpha$ in `[0, 1]`.
           epsilon: smallest priority kept, in `[1e-30, 1]`.
 
@@ -173,35 +172,18 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         window = self.window_length if window is None else window
         return self.buffer.valid_starts(indices, window, period=self.period if period is None else period, cross_episodes=cross_episodes)
 
-    @property
-    def step_spec(self) -> Any:
-        """`jaxbuffers.TrajectoryBuffer.step_spec`."""
-        return self.buffer.step_spec
-
-    @property
-    def length(self) -> int:
-        """Steps kept per lane (static Python int), as `create`'s."""
-        return self.buffer.length
-
-    @property
-    def final_obs_capacity(self) -> int:
-        """Final observations kept per lane (static Python int), as `jaxbuffers.TrajectoryBuffer.create`'s."""
-        return self.buffer.final_obs_capacity
-
-    @property
-    def obs_key(self) -> str:
-        """Name of the observation field, as `create`'s."""
-        return self.buffer.obs_key
-
-    @property
-    def action_key(self) -> str:
-        """Name of the action field, as `create`'s."""
-        return self.buffer.action_key
-
-    @property
-    def reward_key(self) -> str:
-        """Name of the reward field, as `create`'s."""
-        return self.buffer.reward_key
+    step_spec = _of_buffer("step_spec")
+    """`jaxbuffers.TrajectoryBuffer.step_spec`."""
+    length = _of_buffer("length")
+    """Steps kept per lane (static Python int), as `create`'s."""
+    final_obs_capacity = _of_buffer("final_obs_capacity")
+    """Final observations kept per lane (static Python int), as `jaxbuffers.TrajectoryBuffer.create`'s."""
+    obs_key = _of_buffer("obs_key")
+    """Name of the observation field, as `create`'s."""
+    action_key = _of_buffer("action_key")
+    """Name of the action field, as `create`'s."""
+    reward_key = _of_buffer("reward_key")
+    """Name of the reward field, as `create`'s."""
 
     @_compiled.method()
     def final_obs_lost(self) -> jax.Array:
@@ -216,23 +198,17 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method()
     def generations_at(self, indices: jax.Array) -> jax.Array:
-        """Generation of flat positions `indices` (int, any shape; TypeError for other dtypes): int32.
-
-        The number (modulo `2**32`) of the step last written to the position's slot: it changes
-        exactly when the slot is overwritten (`jaxbuffers._ring.last_item_number`). Indices outside
-        `[0, num_envs * length)` are clamped into it, as in `sequences_at`.
-        """
+        """Generation of flat positions `indices` (int, any shape; TypeError for other dtypes), int32: the number
+        (modulo `2**32`) of the step last written to the slot, changed exactly when it is overwritten
+        (`jaxbuffers._ring.last_item_number`). Indices outside `[0, num_envs * length)` are clamped into it."""
         b = self.buffer
         slots = jnp.mod(jnp.clip(_validate.integer_indices("indices", indices), 0, b.num_envs * b.length - 1), b.length)
         return _ring.last_item_number(b.added, b.head, slots, b.length)
 
     @_compiled.method()
     def priorities(self, indices: jax.Array) -> jax.Array:
-        """Priorities of flat positions `indices` (int, any shape; TypeError for other dtypes): float32.
-
-        From the tree (`jaxbuffers._priority.priorities_at`); invalid windows and indices outside
-        `[0, num_envs * length)` read 0.
-        """
+        """Priorities of flat positions `indices` (int, any shape; TypeError for other dtypes), float32, from the tree
+        (`jaxbuffers._priority.priorities_at`); invalid windows and indices outside `[0, num_envs * length)` read 0."""
         return _priority.priorities_at(self.tree, indices, self.priority_exponent)
 
     @property
@@ -246,7 +222,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "PrioritisedTrajectoryBuffer":
-        """`jaxbuffers.TrajectoryBuffer.add`, plus the priority bookkeeping (module doc). Same arguments and errors."""
+        """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors), plus the priority bookkeeping."""
         b = self.buffer
         return self.add_prepared(*_validate.trajectory_add(b.step_spec, b.obs_key, b.num_envs, b.length, step, terminated, truncated, final_obs))
 
@@ -299,8 +275,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         return n_step
 
     def _in_episode_leaves(self, sequence_length: int) -> jax.Array:
-        """float32 `[num_envs * length]`: the tree's leaves where no episode end lies before the window's last step
-        of `sequence_length` steps, 0 elsewhere (`O(num_envs * length)`)."""
+        """The tree's leaves (float32 `[num_envs * length]`) where no episode end lies before the window's last step."""
         positions = jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)
         inside = self.buffer.valid_starts(positions, sequence_length, period=self.period, cross_episodes=False)
         return jnp.where(inside, self.tree.get(positions), 0)
@@ -319,22 +294,15 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         self, key: jax.Array, batch_size: int, sequence_length: int | None = None, *, period: int | None = None,
         cross_episodes: bool = True, beta=1.0,
     ) -> PrioritisedSequenceSample:
-        r"""Sequences whose start is drawn in proportion to $p^\alpha$ (stratified, sum tree).
-
-        With `cross_episodes=False` only the windows with no episode end before their last step are drawn, in
-        proportion to $p^\alpha$ among them (an `O(num_envs * length)` pass, as the uniform buffer's); the
-        probabilities and the weights' normaliser are those of that set.
+        r"""A `PrioritisedSequenceSample` of sequences whose start is drawn in proportion to $p^\alpha$ (stratified,
+        sum tree); with `cross_episodes=False` among the windows with no episode end before their last step only (an
+        `O(num_envs * length)` pass; probabilities and the weights' normaliser are those of that set). `key`,
+        `batch_size` and `cross_episodes` are as in `jaxbuffers.TrajectoryBuffer.sample_sequences`.
 
         Args:
-          key: PRNG key.
-          batch_size: static int >= 1.
           sequence_length: static int `<= window_length` (default `window_length`).
           period: static int, `create`'s `period` (None: that one); the tree holds only those windows.
-          cross_episodes: static bool.
           beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
-
-        Returns:
-          `PrioritisedSequenceSample`.
 
         Raises:
           ValueError: bad sizes, `sequence_length > window_length`, `period` not `create`'s, a concrete `beta` < 0.
@@ -347,17 +315,12 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int | None = None, gamma, beta=1.0) -> PrioritisedTransitionSample:
-        """n-step transitions (`jaxbuffers.TrajectoryBuffer.sample_transitions`) drawn by priority.
+        """A `PrioritisedTransitionSample` of n-step transitions (`jaxbuffers.TrajectoryBuffer.sample_transitions`)
+        drawn by priority; `key`, `batch_size` and `gamma` (required) as there.
 
         Args:
-          key: PRNG key.
-          batch_size: static int >= 1.
           n_step: static int in `[1, window_length - 1]` (default `window_length - 1`).
-          gamma: discount in [0, 1] (may be traced). Required.
           beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
-
-        Returns:
-          `PrioritisedTransitionSample`.
 
         Raises:
           ValueError: bad sizes, `window_length < 2`, `n_step` too large, `gamma` / `beta` out of range.
@@ -381,18 +344,17 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method("sequence_length")
     def final_obs_at(self, indices, sequence_length: int) -> Any:
-        """`jaxbuffers.TrajectoryBuffer.final_obs_at` of the steps: the final observations at the
-        truncated steps of the sequences starting at `indices` (a sample's `indices`)."""
+        """`jaxbuffers.TrajectoryBuffer.final_obs_at`: the final observations at the truncated steps of the sequences
+        starting at `indices` (a sample's `indices`)."""
         return self.buffer.final_obs_at(indices, sequence_length)
 
     @_compiled.method()
     def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "PrioritisedTrajectoryBuffer":
         r"""Set the priorities of sampled positions (typically `|TD error| + eps`).
 
-        An entry is ignored when its start slot was overwritten since sampling (generation
-        differs), when its window is not valid now (leaf 0), or when the index is out of range.
-        Duplicate indices: the last entry wins; `max_priority` grows to the largest priority
-        actually written. Policy for NaN, small and huge values: `jaxbuffers._priority`.
+        An entry is ignored when its start slot was overwritten since sampling (generation differs), its window is
+        not valid now (leaf 0) or the index is out of range. Duplicate indices: the last entry wins; `max_priority`
+        grows to the largest priority written. NaN, small and huge values: `jaxbuffers._priority`.
 
         Args:
           indices: int32[B] from a sample's `indices`.

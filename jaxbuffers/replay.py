@@ -24,11 +24,10 @@ class ReplaySample(NamedTuple):
 
 @_validate.one_member_methods
 class ReplayBuffer(Recorded, struct.PyTreeNode):
-    """Fixed-capacity ring of items with uniform sampling (with replacement).
+    """Fixed-capacity ring of items with uniform sampling (with replacement); ring conventions: `jaxbuffers._ring`.
 
-    Build it with `ReplayBuffer.create`; every method is pure and returns a new buffer. Under `jax.vmap` a stacked
-    buffer (every leaf with a leading axis) behaves as independent buffers, e.g. one per seed. The ring conventions
-    (`head`, `num_valid`, `added`) are those of `jaxbuffers._ring`.
+    Every method is pure and returns a new buffer. Under `jax.vmap` a stacked buffer (every leaf with a leading axis)
+    behaves as independent buffers, e.g. one per seed.
     """
 
     _cursor = "head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
@@ -72,9 +71,9 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
         return self.metrics, self.added, self.head, self.num_valid, self.capacity, 1
 
     def with_cursors(self, *, head=None, num_valid=None, added=None) -> "ReplayBuffer":
-        """A copy with the given ring fields replaced after a range check (for adapters that
-        rebuild a ring); `replace(head=...)` skips the check. `head` in `[0, capacity)`,
-        `num_valid` in `[0, capacity]`, `added` an int[2] `[high, low]` with `0 <= low < 2**30`.
+        """A copy with the given ring fields replaced after a range check (`replace` skips it), for adapters that
+        rebuild a ring: `head` in `[0, capacity)`, `num_valid` in `[0, capacity]`, `added` an int[2] `[high, low]`
+        with `0 <= low < 2**30`.
 
         Raises:
           TypeError: not an integer value.
@@ -116,8 +115,8 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method("batch_size")
     def can_sample(self, batch_size: int = 1) -> jax.Array:
-        """Whether `sample(key, batch_size)` returns only stored items (bool scalar): at least
-        `min_size` items are stored. Sampling is with replacement, so any `batch_size >= 1` works.
+        """Whether `sample(key, batch_size)` returns only stored items (bool scalar): at least `min_size` are stored
+        (sampling is with replacement: any `batch_size >= 1` works).
 
         Raises:
           ValueError: `batch_size` not an int >= 1.
@@ -157,8 +156,8 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
           batch_size: static Python int >= 1.
 
         Returns:
-          `ReplaySample` with `item` (leaves `[batch_size, ...]`) and `indices`. On an empty buffer (`can_sample`
-          False) it returns slot 0, which holds zeros: defined, never garbage, but check `can_sample` first.
+          `ReplaySample` with `item` (leaves `[batch_size, ...]`) and `indices`; on an empty buffer (`can_sample`
+          False) slot 0, which holds zeros.
 
         Raises:
           ValueError: `batch_size` not an int >= 1.
@@ -169,10 +168,8 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method()
     def get(self, indices: jax.Array) -> Any:
-        """Items at physical slots `indices` (int32[...]); leaves `[*indices.shape, ...]`.
-
-        Indices outside `[0, capacity)` are clamped into it (`-1` reads slot 0: no negative
-        indexing); slots never written read as zeros.
+        """Items at physical slots `indices` (int32[...]); leaves `[*indices.shape, ...]`. Indices outside
+        `[0, capacity)` are clamped into it (`-1` reads slot 0); slots never written read as zeros.
 
         Raises:
           TypeError: `indices` not an integer array.

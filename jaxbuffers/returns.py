@@ -113,18 +113,18 @@ def gae(
     A_t = \delta_t + \gamma \lambda (1 - d_t) A_{t+1}, \qquad A_T = 0,
     $$
 
-    so $A_t = \sum_{l=0}^{k-1} (\gamma\lambda)^l \delta_{t+l}$ over the steps $[t, t+k-1]$ up to
-    and including the first episode end (or the end of the rollout). `returns = advantages +
-    value`: the lambda-return targets, equal to `lambda_returns` with the same lambda. Gradients
-    flow through every float input (wrap targets in `jax.lax.stop_gradient`).
+    so $A_t = \sum_{l=0}^{k-1} (\gamma\lambda)^l \delta_{t+l}$ over the steps $[t, t+k-1]$ up to and including the
+    first episode end (or the end of the rollout). `returns = advantages + value`: the lambda-return targets, equal to
+    `lambda_returns` with the same lambda. Gradients flow through every float input (wrap targets in
+    `jax.lax.stop_gradient`).
 
     Args:
       reward: `[T, *B]` float, `reward[t]` = $r_t$ of step $t$.
       value: `[T, *B]`, `value[t]` = $V(o_t)$, the state step $t$ starts from.
       terminated: `[T, *B]` bool, `terminated[t]`: $o_{t+1}$ is terminal.
       truncated: `[T, *B]` bool, `truncated[t]`: the episode was cut after step $t$; or None.
-      final_value: `[T, *B]`, `final_value[t]` = $V(o_{t+1})$ before the auto-reset, read only
-        where `truncated[t]`; required with `truncated`.
+      final_value: `[T, *B]`, `final_value[t]` = $V(o_{t+1})$ before the auto-reset, read only where `truncated[t]`;
+        required with `truncated`.
       last_value: `[*B]`, $V(o_T)$, after the last step. Required.
       gamma: discount, scalar in $[0, 1]$. Required.
       gae_lambda: GAE $\lambda$, scalar in $[0, 1]$. Required.
@@ -135,8 +135,8 @@ def gae(
 
     Raises:
       TypeError: a required argument is missing, a flag is not bool, or a float argument's dtype is not `reward`'s.
-      ValueError: shapes disagree with `reward`, `truncated` without `final_value` (or the
-        reverse), a concrete `gamma` / `gae_lambda` outside $[0, 1]$, or an unknown `method`.
+      ValueError: shapes disagree with `reward`, `truncated` without `final_value` (or the reverse), a concrete
+        `gamma` / `gae_lambda` outside $[0, 1]$, or an unknown `method`.
 
     Example:
       >>> import jax.numpy as jnp
@@ -179,19 +179,16 @@ def lambda_returns(
     first episode end. $\lambda = 1$ gives `discounted_returns`, $\lambda = 0$ the one-step target
     $r_t + \gamma V^{next}_t$. Equals the `returns` of `gae` with `gae_lambda = lambda_` (computed independently).
 
-    `reward`, `value`, `terminated`, `truncated`, `final_value` and `last_value` are as in `gae`.
+    `reward`, `value`, `terminated`, `truncated`, `final_value`, `last_value`, `gamma` and `method` are as in `gae`.
 
     Args:
-      gamma: discount, scalar in $[0, 1]$. Required.
       lambda_: mixing parameter $\lambda$, scalar in $[0, 1]$. Required.
-      method: `"scan"` or `"associative"` (static).
 
     Returns:
       `[T, *B]` lambda-returns, dtype of `reward`.
 
     Raises:
-      TypeError: as in `gae`.
-      ValueError: as in `gae`.
+      TypeError, ValueError: as in `gae`.
     """
     fn = "lambda_returns"
     ro = _check(fn, method, reward, value, terminated, truncated, final_value, last_value)
@@ -218,23 +215,17 @@ def discounted_returns(
     \end{cases}, \qquad G_T = \text{last\_value},
     $$
 
-    i.e. $G_t = \sum_{i=0}^{k-1} \gamma^i r_{t+i} + \gamma^k V^{next}_{t+k-1}$ over rewards at
-    times $[t, t+k-1]$, where $t+k-1$ is the first episode end at or after $t$ (or $T-1$). There
-    is no `value` argument: values serve only to bootstrap. `last_value = 0` gives Monte-Carlo
-    returns that ignore the unfinished tail.
+    i.e. $G_t = \sum_{i=0}^{k-1} \gamma^i r_{t+i} + \gamma^k V^{next}_{t+k-1}$ over rewards at times $[t, t+k-1]$, where
+    $t+k-1$ is the first episode end at or after $t$ (or $T-1$). There is no `value` argument: values serve only to
+    bootstrap. `last_value = 0` gives Monte-Carlo returns that ignore the unfinished tail.
 
-    `reward`, `terminated`, `truncated`, `final_value` and `last_value` are as in `gae`.
-
-    Args:
-      gamma: discount, scalar in $[0, 1]$. Required.
-      method: `"scan"` or `"associative"` (static).
+    `reward`, `terminated`, `truncated`, `final_value`, `last_value`, `gamma` and `method` are as in `gae`.
 
     Returns:
       `[T, *B]` returns, dtype of `reward`.
 
     Raises:
-      TypeError: as in `gae`.
-      ValueError: as in `gae`.
+      TypeError, ValueError: as in `gae`.
     """
     fn = "discounted_returns"
     ro = _check(fn, method, reward, None, terminated, truncated, final_value, last_value, need_value=False)
@@ -253,31 +244,29 @@ def n_step_returns(
 ) -> NStepReturns:
     r"""n-step bootstrapped returns (Sutton & Barto 2018, section 7.1), cut at episode ends.
 
-    The window of step $t$ is the rewards at times $[t, t+k-1]$, $k = \min(n, e - t + 1, T - t)$
-    with $e \ge t$ the first episode end at or after $t$: it stops early at a termination, a
-    truncation or the end of the rollout. With $V^{next}$ of `gae`:
+    The window of step $t$ is the rewards at times $[t, t+k-1]$, $k = \min(n, e - t + 1, T - t)$ with $e \ge t$ the
+    first episode end at or after $t$: it stops early at a termination, a truncation or the end of the rollout. With
+    $V^{next}$ of `gae`:
 
     $$
     G^{(k)}_t = \sum_{i=0}^{k-1} \gamma^i r_{t+i} + \gamma^{boot}_t V^{next}_{t+k-1}, \qquad
     \gamma^{boot}_t = \begin{cases} 0 & \text{if terminated}_{t+k-1} \\ \gamma^k & \text{otherwise} \end{cases}
     $$
 
-    so the bootstrap is `value[t+n]` for a full window, `final_value[t+k-1]` at a truncation,
-    `last_value` at the end of the rollout and 0 after a termination. $n \ge T$ gives
-    `discounted_returns`. `discount` lets a caller re-bootstrap from another estimate (a target
-    network): `target - discount * V_next[t+k-1] + discount * V'`. Cost $O(\min(n, T) \cdot T)$
-    per batch element: one vectorised pass per window offset, in a `lax.fori_loop`.
+    so the bootstrap is `value[t+n]` for a full window, `final_value[t+k-1]` at a truncation, `last_value` at the end of
+    the rollout and 0 after a termination. $n \ge T$ gives `discounted_returns`. `discount` lets a caller re-bootstrap
+    from another estimate (a target network): `target - discount * V_next[t+k-1] + discount * V'`. Cost
+    $O(\min(n, T) \cdot T)$ per batch element: one vectorised pass per window offset, in a `lax.fori_loop`.
 
-    `reward`, `value`, `terminated`, `truncated`, `final_value` and `last_value` are as in `gae`
-    (`value[0]` is never read: a bootstrap is at least one step ahead).
+    `reward`, `value`, `terminated`, `truncated`, `final_value`, `last_value` and `gamma` are as in `gae` (`value[0]`
+    is never read: a bootstrap is at least one step ahead).
 
     Args:
-      gamma: discount, scalar in $[0, 1]$. Required.
       n: window length, a static Python int >= 1.
 
     Returns:
-      `NStepReturns(target, num_steps, discount)`: $G^{(k)}_t$ (`[T, *B]`, dtype of `reward`),
-      $k$ (`[T, *B]` int32) and $\gamma^{boot}_t$ (`[T, *B]`, dtype of `reward`).
+      `NStepReturns(target, num_steps, discount)`: $G^{(k)}_t$ (`[T, *B]`, dtype of `reward`), $k$ (`[T, *B]` int32)
+      and $\gamma^{boot}_t$ (`[T, *B]`, dtype of `reward`).
 
     Raises:
       TypeError: as in `gae`.

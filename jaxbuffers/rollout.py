@@ -54,24 +54,12 @@ def _fmt_bytes(n: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutMemoryPressure:
-    """Bytes a `RolloutBuffer` and one PPO-style update over it need (host-side ints).
+    """Bytes a `RolloutBuffer` and one PPO-style update over it need (host-side ints), from
+    `RolloutBuffer.estimate_memory_pressure`; `str()` prints it as a table.
 
-    Returned by `RolloutBuffer.estimate_memory_pressure`; `str()` prints it as a table. For a
-    stacked buffer (one per seed under `jax.vmap`) every number covers all of them. With
-    $S$ = `num_steps * num_envs` steps and $M$ = `num_minibatches`:
-
-    * `storage_bytes`: everything the buffer holds (the sum of `field_bytes`), alive for the
-      whole update; equals `RolloutBuffer.memory_bytes`.
-    * `minibatch_bytes`: one `RolloutMinibatch` of $S / M$ steps, every field: what the loss
-      reads and the gradient is taken through.
-    * `shuffled_bytes`: the shuffled copy of all $S$ steps that `minibatches` materialises
-      ($M$ x `minibatch_bytes`), the `xs` of a `lax.scan` over minibatches.
-    * `peak_bytes`: one epoch with `minibatches`: storage + shuffled copy + one minibatch.
-    * `peak_bytes_gathered`: one epoch gathering each minibatch inside the scan body
-      (`minibatch_indices` + `gather`): storage + the permutation ($S$ int32) + one minibatch.
-
-    Model parameters, optimiser state, activations and gradients are not included. XLA drops
-    fields the loss never reads, so these are upper bounds for the buffer's share.
+    With $S$ = `num_steps * num_envs` steps and $M$ = `num_minibatches`; for a stacked buffer (one per seed under
+    `jax.vmap`) every number covers all of them. Model parameters, optimiser state, activations and gradients are not
+    included; XLA drops fields the loss never reads, so these are upper bounds for the buffer's share.
     """
 
     num_steps: int
@@ -79,11 +67,11 @@ class RolloutMemoryPressure:
     num_minibatches: int
     minibatch_size: int
     field_bytes: tuple[tuple[str, int], ...]  # (field name, bytes in storage), in storage order
-    storage_bytes: int
-    minibatch_bytes: int
-    shuffled_bytes: int
-    peak_bytes: int
-    peak_bytes_gathered: int
+    storage_bytes: int  # all the buffer holds (sum of field_bytes), alive for the whole update: = memory_bytes
+    minibatch_bytes: int  # one RolloutMinibatch of S / M steps, every field: what the loss reads
+    shuffled_bytes: int  # the shuffled copy of all S steps `minibatches` makes (M x minibatch_bytes): a scan's xs
+    peak_bytes: int  # one epoch with `minibatches`: storage + shuffled copy + one minibatch
+    peak_bytes_gathered: int  # one epoch of minibatch_indices + gather in the scan: storage + S int32 + one minibatch
 
     def __str__(self) -> str:
         rows = [*self.field_bytes,
@@ -112,10 +100,9 @@ _GAE_FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "tra
 
 @_validate.one_member_methods
 class RolloutBuffer(EnvSteps, struct.PyTreeNode):
-    """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches.
+    """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches (`docs/api/rollout.md`).
 
-    What is stored and the behaviour at the edges: `docs/api/rollout.md`. Build it with `create`. Under `jax.vmap` a
-    stacked buffer (every array leaf with a leading axis $K$) behaves as $K$ independent buffers:
+    Under `jax.vmap` a stacked buffer (every array leaf with a leading axis $K$) behaves as $K$ independent buffers:
     `jax.vmap(lambda _: RolloutBuffer.create(...), axis_size=K)(None)` builds one.
     """
 
@@ -142,17 +129,17 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         """An empty buffer for `num_steps` steps of `num_envs` envs.
 
         Args:
-          example_step: one env's step, no batch axis: a pytree of arrays or
-            `jax.ShapeDtypeStruct` (e.g. `{"obs": f32[4], "action": i32[], "log_prob": f32[]}`),
-            stored with exactly these dtypes. Reward, value and flags are `add` keywords instead.
+          example_step: one env's step, no batch axis: a pytree of arrays or `jax.ShapeDtypeStruct` (e.g.
+            `{"obs": f32[4], "action": i32[], "log_prob": f32[]}`), stored with exactly these dtypes. Reward, value
+            and flags are `add` keywords instead.
           num_envs: $N$, parallel environments (Python int >= 1).
           num_steps: $T$, rollout length (Python int >= 1).
           float_dtype: dtype of `reward`, `value`, `final_value`, `advantages` and `returns`.
 
         Raises:
           ValueError: `num_envs` or `num_steps` not a Python int >= 1, or an empty example.
-          TypeError: a leaf of the example is not an array, or `float_dtype` is not floating or
-            cannot be stored as it is (float64 with `jax_enable_x64` off).
+          TypeError: a leaf of the example is not an array, or `float_dtype` is not floating or cannot be stored as
+            it is (float64 with `jax_enable_x64` off).
         """
         num_envs = _validate.static_int("num_envs", num_envs)
         num_steps = _validate.static_int("num_steps", num_steps)
@@ -215,9 +202,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           trainable: `[N]` bool, learn from this step. Omitted: True.
 
         Returns:
-          The new buffer (O(N x step bytes), in place when donated), `has_advantages` False. On a
-          full buffer under a transformation (`jit`, `lax.scan`, `vmap`) nothing is written and
-          `overflowed` becomes True.
+          The new buffer (O(N x step bytes), in place when donated), `has_advantages` False. On a full buffer under a
+          transformation (`jit`, `lax.scan`, `vmap`) nothing is written and `overflowed` becomes True.
 
         Raises:
           BufferFullError: called eagerly on a full buffer (`step_index == num_steps`) with arguments it would take;
@@ -281,15 +267,13 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("method", scalars=_UNIT)
     def compute_gae(self, last_value: jax.Array, gamma: float | jax.Array, gae_lambda: float | jax.Array, method: str = "scan") -> "RolloutBuffer":
-        r"""Store GAE `advantages` and `returns` computed with `jaxbuffers.returns.gae`.
-
-        For a full buffer this is `returns.gae` on the stored arrays (its doc gives the recursion and the
-        reference). With $k$ = `step_index` $< T$ rows filled it equals `gae` on the first $k$ rows (row $k - 1$
-        bootstraps from `last_value` unless it ended an episode), and rows $\ge k$ get zeros.
+        r"""Store GAE `advantages` and `returns` computed with `jaxbuffers.returns.gae` (the recursion and the
+        reference) on the stored arrays. With $k$ = `step_index` $< T$ rows filled it equals `gae` on the first $k$
+        rows (row $k - 1$ bootstraps from `last_value` unless it ended an episode), and rows $\ge k$ get zeros.
 
         Args:
-          last_value: `[N]` float_dtype, $V(o_k)$: the value of the observation after the last
-            filled row ($V(o_T)$ for a full buffer).
+          last_value: `[N]` float_dtype, $V(o_k)$: the value of the observation after the last filled row
+            ($V(o_T)$ for a full buffer).
           gamma: discount in $[0, 1]$ (Python float or traced scalar).
           gae_lambda: GAE $\lambda$ in $[0, 1]$.
           method: `"scan"` or `"associative"` (static), see `jaxbuffers.returns`.
@@ -298,8 +282,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           The buffer with `advantages` and `returns` (`[T, N]` float_dtype) written and `has_advantages` True.
 
         Raises:
-          TypeError, ValueError: `last_value` has the wrong dtype or shape (the message names it),
-            or `gae` rejects `gamma`, `gae_lambda` or `method`.
+          TypeError, ValueError: `last_value` has the wrong dtype or shape (the message names it), or `gae` rejects
+            `gamma`, `gae_lambda` or `method`.
         """
         last_value = self._per_env("last_value", last_value, self.float_dtype)
         t = jnp.arange(self.num_steps, dtype=jnp.int32)[:, None]
@@ -328,8 +312,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           num_minibatches: $M$, static Python int dividing `T * N`.
 
         Returns:
-          int32 `[M, T * N / M]`: every flat index `t * num_envs + env` exactly once. Unfilled
-          and non-trainable steps are included (`gather` masks them), so shapes stay static.
+          int32 `[M, T * N / M]`: every flat index `t * num_envs + env` exactly once, unfilled and non-trainable
+          steps included (`gather` masks them).
 
         Raises:
           ValueError: $M$ is not a Python int >= 1 or does not divide `T * N` (at trace time).
@@ -343,8 +327,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         """The steps at flat indices `indices` (int32 `[*L]`, values in `[0, T * N)`).
 
         Returns:
-          `RolloutMinibatch` with leaves `[*L, ...]`; `mask` is `trainable & filled`.
-          Out-of-range indices are clipped (defined, but a caller bug).
+          `RolloutMinibatch` with leaves `[*L, ...]`; `mask` is `trainable & filled`. Out-of-range indices are
+          clipped.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
@@ -364,11 +348,10 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
         """All `T * N` steps, shuffled, as `num_minibatches` minibatches for `lax.scan`.
 
-        `gather(minibatch_indices(key, num_minibatches))`: leaves `[num_minibatches, T * N / num_minibatches, ...]`;
-        each step appears exactly once; drop non-trainable and unfilled steps in the loss with `mask`. This
-        materialises a shuffled copy of the buffer (see `RolloutMemoryPressure`); to avoid it, scan over
-        `minibatch_indices` and `gather` one minibatch per iteration. `advantages` / `returns` are what
-        `compute_gae` last wrote (`has_advantages` says whether it ran after the last `add`).
+        `gather(minibatch_indices(key, num_minibatches))`: leaves `[num_minibatches, T * N / num_minibatches, ...]`,
+        each step exactly once (drop non-trainable and unfilled ones in the loss with `mask`). It materialises a
+        shuffled copy of the buffer (`RolloutMemoryPressure`); to avoid it, scan over `minibatch_indices` and `gather`
+        one minibatch per iteration. `advantages` / `returns` are what `compute_gae` last wrote (`has_advantages`).
 
         Raises:
           ValueError: as `minibatch_indices`.
@@ -376,10 +359,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         return self.gather(self.minibatch_indices(key, num_minibatches))
 
     def estimate_memory_pressure(self, num_minibatches: int) -> RolloutMemoryPressure:
-        """Per-field storage bytes and the projected peak of an update (`RolloutMemoryPressure`).
-
-        Host-side arithmetic on shapes only (works on abstract buffers, e.g. from
-        `jax.eval_shape`). A stacked buffer counts every stacked copy.
+        """Per-field storage bytes and the projected peak of an update (`RolloutMemoryPressure`): host-side arithmetic
+        on shapes only (abstract buffers from `jax.eval_shape` work); a stacked buffer counts every stacked copy.
 
         Raises:
           ValueError: as `minibatch_indices`.

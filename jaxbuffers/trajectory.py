@@ -54,16 +54,11 @@ class TransitionSample(NamedTuple):
     indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical slot of step t
 
 
-def _window_mask(ends: jax.Array) -> jax.Array:
-    """`mask[..., j]` = no episode end among steps `[0, j)` of the window (bool, same shape)."""
-    pos = jnp.arange(ends.shape[-1], dtype=jnp.int32)
-    first = jnp.min(jnp.where(ends, pos, ends.shape[-1]), axis=-1, keepdims=True)
-    return pos <= first
-
-
 def episode_mask(terminated: jax.Array, truncated: jax.Array) -> jax.Array:
     """bool `[..., L]`: step `j` of a window is in its first step's episode (no end in steps `[0, j)`)."""
-    return _window_mask(terminated | truncated)
+    pos = jnp.arange(terminated.shape[-1], dtype=jnp.int32)
+    first = jnp.min(jnp.where(terminated | truncated, pos, terminated.shape[-1]), axis=-1, keepdims=True)
+    return pos <= first
 
 
 def _flat_take(x: jax.Array, flat: jax.Array) -> jax.Array:
@@ -104,7 +99,7 @@ def n_step_window(reward: jax.Array, terminated: jax.Array, truncated: jax.Array
     n = reward.shape[-1]
     acc = jnp.promote_types(reward.dtype, jnp.float32)  # float32, or float64 rewards kept
     g = _gamma(gamma, acc)
-    alive = _window_mask(terminated | truncated)  # step i counts iff no end in [0, i)
+    alive = episode_mask(terminated, truncated)  # step i counts iff no end in [0, i)
     powers = g ** jnp.arange(n, dtype=acc)
     ret = jnp.sum(jnp.where(alive, powers * reward.astype(acc), 0), axis=-1).astype(reward.dtype)
     k = jnp.sum(alive, axis=-1, dtype=jnp.int32)
@@ -118,9 +113,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     """Per-environment lanes of steps with episode flags; uniform sequence and n-step sampling.
 
     Layout, final-observation ring, windows and `period`: `docs/api/trajectory.md`; an example: `docs/guide.md`,
-    section 3. Every method is
-    pure; it works under `jit` (donated: in place), `lax.scan` and `vmap`, and eagerly runs as one
-    cached compiled program (`jaxbuffers._compiled`).
+    section 3. Every method is pure; it works under `jit` (donated: in place), `lax.scan` and `vmap`, and eagerly
+    runs as one cached compiled program (`jaxbuffers._compiled`).
 
     References:
       Sutton & Barto (2018), *Reinforcement Learning: An Introduction*, section 7.1 (n-step returns);
@@ -155,14 +149,13 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """An empty buffer of `num_envs` lanes of `length` steps.
 
         Args:
-          example_step: one step of one env (no leading axes): a dict with at least `obs_key` (a
-            pytree of arrays), `action_key` and `reward_key` (a floating scalar), plus any extras.
-            Arrays or `jax.ShapeDtypeStruct`; dtypes are stored exactly.
+          example_step: one step of one env (no leading axes): a dict with at least `obs_key` (a pytree of arrays),
+            `action_key` and `reward_key` (a floating scalar), plus any extras; arrays or `jax.ShapeDtypeStruct`,
+            dtypes stored exactly.
           num_envs: lanes (Python int >= 1).
           length: steps kept per lane (Python int >= 1); the oldest are overwritten first.
-          final_obs_capacity: final observations kept per lane for truncated steps ($K$, module
-            doc); `None` means `length` (always exact). A value above `length` is reduced to
-            `length`: a lane never holds more truncated steps than that.
+          final_obs_capacity: final observations kept per lane for truncated steps ($K$, `docs/api/trajectory.md`);
+            `None` means `length` (always exact); a value above `length` is reduced to `length`.
           obs_key: name of the observation field.
           action_key: name of the action field.
           reward_key: name of the reward field.
@@ -172,9 +165,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         Raises:
           TypeError: `example_step` is not a dict, a leaf is not an array, a field name is not a str, `metrics`
             not a bool, the reward not of a floating dtype (or not one array).
-          ValueError: a size is not a positive int, `num_envs * length` above `2**31 - 1`
-            (positions are int32 `lane * length + slot`), a required field missing, the
-            observation without leaves, the reward not a scalar.
+          ValueError: a size is not a positive int, `num_envs * length` above `2**31 - 1` (positions are int32
+            `lane * length + slot`), a required field missing, the observation without leaves, the reward not a scalar.
         """
         num_envs, length, spec = _validate.trajectory_example(example_step, num_envs, length, obs_key, action_key, reward_key)
         k = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
@@ -202,9 +194,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def can_sample(self, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
-        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar):
-        some valid window exists (`cross_episodes=False`: inside one episode, an `O(num_envs *
-        length)` count). Same arguments and errors as `sample_sequences`, without the key."""
+        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some valid window
+        exists (`cross_episodes=False`: inside one episode, an `O(num_envs * length)` count). Same arguments and
+        errors as `sample_sequences`, without the key."""
         _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
         period = _validate.static_int("period", period)
@@ -225,9 +217,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None) -> jax.Array:
-        """Whether `sample_transitions` with these arguments returns only valid data (bool scalar):
-        some lane holds `n_step + 1` steps. `sample_transitions`' arguments without the key (`gamma` optional here:
-        checked when given, it never changes the answer); same errors."""
+        """Whether `sample_transitions` with these arguments returns only valid data (bool scalar): some lane holds
+        `n_step + 1` steps. `sample_transitions`' arguments and errors without the key (`gamma` optional here:
+        checked when given, it never changes the answer)."""
         _validate.static_int("batch_size", batch_size)
         if gamma is not None:
             _gamma(gamma, self.storage[self.reward_key].dtype)
@@ -238,31 +230,28 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Append one step or a chunk of steps to every lane.
 
         Args:
-          step: dict like the example step, leaves `[num_envs, ...]` (one step) or
-            `[num_envs, t, ...]` (a chunk, `1 <= t <= length`), exactly the stored dtypes.
+          step: dict like the example step, leaves `[num_envs, ...]` (one step) or `[num_envs, t, ...]` (a chunk,
+            `1 <= t <= length`), exactly the stored dtypes.
           terminated: bool `[num_envs]` or `[num_envs, t]`: `obs_{t+1}` is terminal.
           truncated: optional bool, same shape: the episode was cut after the step.
-          final_obs: required with `truncated`: obs pytree like `step[obs_key]`, the true
-            observation after each step before any auto-reset. Read where `truncated & ~terminated`.
+          final_obs: required with `truncated`: obs pytree like `step[obs_key]`, the true observation after each
+            step before any auto-reset. Read where `truncated & ~terminated`.
 
         Returns:
           The new buffer. Cost O(num_envs * t); in place when donated.
 
         Raises:
-          TypeError: `step` not a dict, wrong structure or dtype (flags must be bool), `final_obs`
-            missing with `truncated`.
-          ValueError: wrong shapes or `num_envs`, `t` outside `[1, length]`, `final_obs` without
-            `truncated` or with other leading axes than `step` (never broadcast).
+          TypeError: `step` not a dict, wrong structure or dtype (flags must be bool), `final_obs` missing with
+            `truncated`.
+          ValueError: wrong shapes or `num_envs`, `t` outside `[1, length]`, `final_obs` without `truncated` or with
+            other leading axes than `step` (never broadcast).
         """
         args = _validate.trajectory_add(self.step_spec, self.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs)
         return self.add_prepared(*args)
 
     def add_prepared(self, step, terminated, truncated, final_obs) -> "TrajectoryBuffer":
-        """`add` of arguments that `jaxbuffers._validate.trajectory_add` has checked and given a time axis (`[num_envs, t, ...]`).
-
-        For wrappers that check the user's step against a spec of their own (the compressed
-        buffers); everyone else calls `add`.
-        """
+        """`add` of arguments that `jaxbuffers._validate.trajectory_add` has checked and given a time axis
+        (`[num_envs, t, ...]`), for wrappers that check the step against a spec of their own (compressed buffers)."""
         t = terminated.shape[1]
         if truncated is None:
             truncated = jnp.zeros_like(terminated)
@@ -282,10 +271,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method()
     def truncate_last(self, truncated, final_obs) -> "TrajectoryBuffer":
-        """Mark each lane's newest step truncated after the fact, with its final observation.
-
-        For a step whose successor turned out not to continue it (the next observation given with the step differs
-        from the next step's observation): afterwards the buffer equals the one where that step was added with
+        """Mark each lane's newest step truncated after the fact, with its final observation, when its successor
+        turned out not to continue it: afterwards the buffer equals the one where that step was added with
         `truncated=True` and this `final_obs`. Lanes whose newest step already ended an episode, and an empty buffer,
         are left as they are.
 
@@ -316,9 +303,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     def final_obs_lost(self) -> jax.Array:
         """Whether some stored truncated step's final observation was overwritten (bool scalar).
 
-        Exact: a truncated step's final observation survives iff fewer than $K$ truncated (and not
-        terminated) steps came after it in its lane. It describes the steps stored now (False
-        again once those are overwritten). Costs `O(num_envs * length)`: a diagnostic.
+        Exact: it survives iff fewer than $K$ truncated (and not terminated) steps came after it in its lane; only
+        the steps stored now count. Costs `O(num_envs * length)`: a diagnostic.
         """
         n = self.length
         logical = jnp.arange(n, dtype=jnp.int32)
@@ -341,8 +327,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         return n_step
 
     def _first_start(self, period: int) -> jax.Array:
-        """Logical index of the first window start of a lane: the oldest stored step whose number, counting every
-        step ever added to the lane from 0, is a multiple of `period` (`jaxbuffers._ring.aligned_first`)."""
+        """Logical index of a lane's first window start aligned to `period` (`jaxbuffers._ring.aligned_first`)."""
         return _ring.aligned_first(_ring.counter_mod(self.added, period), self.num_valid, period)
 
     def _num_windows(self, window: int, period: int = 1) -> jax.Array:
@@ -358,20 +343,15 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         return flat // per_lane, starts
 
     def _ends_before(self) -> jax.Array:
-        """int32 `[num_envs, length + 1]`: entry `[lane, l]` counts the episode ends among the lane's logical steps
-        `[0, l)`, so no end lies in steps `[a, b)` iff `c[:, b] == c[:, a]`."""
+        """int32 `[num_envs, length + 1]`: `c[lane, l]` counts the episode ends in logical steps `[0, l)`."""
         n = self.length
         phys = _ring.logical_to_physical(jnp.arange(n, dtype=jnp.int32), self.head, self.num_valid, n)
         ends = (self.terminated | self.truncated)[:, phys].astype(jnp.int32)  # logical order
         return jnp.concatenate([jnp.zeros((self.num_envs, 1), jnp.int32), jnp.cumsum(ends, axis=1)], axis=1)
 
     def _episode_window_counts(self, window: int, period: int) -> jax.Array:
-        """Running count (int32[num_envs * (length - window + 1)]) of valid windows inside one episode.
-
-        Entry `lane * W + l` (logical start `l`, `W = length - window + 1`) counts when
-        `l + window <= num_valid`, `l` is aligned to `period` (`_first_start`) and no episode end lies in steps
-        `[l, l + window - 1)` (an end at the last step is allowed).
-        """
+        """Running count (int32[num_envs * (length - window + 1)]) of the valid, aligned windows with no episode end
+        before their last step, by `lane * (length - window + 1) + logical start`."""
         n = self.length
         c = self._ends_before()
         ls = jnp.arange(n - window + 1, dtype=jnp.int32)
@@ -422,10 +402,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     ) -> SequenceSample:
         """Sample `batch_size` sequences of `sequence_length` consecutive steps of one lane.
 
-        Uniform with replacement over the valid windows whose start is aligned to `period` (the step's number,
-        counted from the first step ever added to its lane, is a multiple of `period`; `docs/api/trajectory.md`).
-        With `cross_episodes=False` only windows with no episode end before their last step count, drawn exactly
-        uniformly (`O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`).
+        Uniform with replacement over the valid windows whose start is aligned to `period` ("Period" in
+        `docs/api/trajectory.md`); with `cross_episodes=False` over those with no episode end before their last step
+        (exact, `O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`).
 
         Args:
           key: PRNG key.
@@ -451,9 +430,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> TransitionSample:
         """Sample `batch_size` n-step transitions uniformly over the valid windows of `n_step + 1` steps.
 
-        The return is cut at the first episode end (`n_step_window`); `next_obs` is `obs_{t+k}`, from step `t + k`
-        of the lane or, if step `t + k - 1` was truncated, from the final-observation ring (never the reset
-        observation). After termination it is the stored step `t + k`, defined and multiplied by `discount = 0`.
+        The return is cut at the first episode end (`n_step_window`); `next_obs` is `obs_{t+k}`: from the
+        final-observation ring if step `t + k - 1` was truncated (never the reset observation), else the stored step
+        `t + k` (after termination defined and multiplied by `discount = 0`).
 
         Args:
           key: PRNG key.
@@ -479,11 +458,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("window", "period", "cross_episodes")
     def valid_starts(self, indices, window: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
-        """Whether a window of `window` steps starting at each flat position is valid now.
-
-        What the uniform samplers draw from: a valid window whose start is aligned to `period`
-        (`docs/api/trajectory.md`; for `transitions_at` with `n_step=n`: `window=n + 1`); with `cross_episodes=False`
-        also no episode end before its last step (`sample_sequences`' windows; `O(num_envs * length)`).
+        """Whether a window of `window` steps starting at each flat position is one the uniform samplers draw now:
+        valid and aligned to `period` (`docs/api/trajectory.md`; `window=n + 1` for `n_step=n`), with
+        `cross_episodes=False` also no episode end before its last step (`O(num_envs * length)`).
 
         Args:
           indices: int[B], flat positions.
@@ -518,13 +495,13 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("sequence_length")
     def final_obs_at(self, indices, sequence_length: int) -> Any:
-        """The true final observations of the steps of the sequences starting at `indices` (int[B]).
+        """The true final observations of the steps of the sequences starting at `indices` (int[B]), to bootstrap from
+        at a truncation inside a sequence: `v_next[:, j] = where(s.truncated[:, j] & ~s.terminated[:, j],
+        V(final[:, j]), V(s.item["obs"][:, j + 1]))`.
 
-        What a sequence learner bootstraps from at a truncation inside a sequence, e.g.
-        `v_next[:, j] = where(s.truncated[:, j] & ~s.terminated[:, j], V(final[:, j]), V(s.item["obs"][:, j + 1]))`.
-        Entry `[b, j]` is the `final_obs` given to `add` with step `j` of sequence `b` where that
-        step was truncated and not terminated (exact unless `final_obs_lost`), zeros elsewhere:
-        an obs pytree, leaves `[B, sequence_length, ...]`. Arguments and errors as `sequences_at`.
+        Entry `[b, j]` is the `final_obs` given to `add` with step `j` of sequence `b` where it was truncated and not
+        terminated (exact unless `final_obs_lost`), zeros elsewhere: an obs pytree, leaves `[B, sequence_length, ...]`.
+        Arguments and errors as `sequences_at`.
         """
         sequence_length = self._sequence_length(sequence_length)
         lanes, slots = self._split_indices(indices)

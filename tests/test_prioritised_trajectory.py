@@ -416,6 +416,36 @@ def test_reads_at_positions_and_static_fields_are_the_wrapped_buffers():
         assert getattr(pri, name) == getattr(uni, name), name
 
 
+def test_every_method_is_wrapped_and_the_delegating_properties_stay_properties():
+    """The class decorator wraps every public method, the delegating ones included (stacked-state check, then host
+    timing under the class's own name); the properties `_of_buffer` builds are properties with a docstring, which no
+    decorator wraps (as the uniform buffer's), and read static values also on a stacked state."""
+    import inspect
+
+    import jaxbuffers as jb
+
+    cls = PrioritisedTrajectoryBuffer
+    methods = {n for n in dir(cls) if not n.startswith("_") and inspect.isfunction(inspect.getattr_static(cls, n))}
+    assert {"final_obs_lost", "final_obs_at", "num_added", "truncate_last", "sequences_at", "add"} <= methods
+    wrapped = {n for n in methods if all(getattr(getattr(cls, n), flag, False) for flag in ("one_member", "timed"))}
+    assert methods - wrapped == {"replace"}  # flax's own copy: never wrapped
+    _, pri = _filled_pair()
+    stacked = jax.tree.map(lambda x: jnp.stack([x, x]), pri)
+    for name in ("step_spec", "length", "final_obs_capacity", "obs_key", "action_key", "reward_key"):
+        assert isinstance(inspect.getattr_static(cls, name), property) and inspect.getdoc(getattr(cls, name)), name
+        if name != "step_spec":  # the spec of a stacked state's leaves has the member axis (as the uniform buffer's)
+            assert getattr(stacked, name) == getattr(pri.buffer, name), name
+    with pytest.raises(ValueError, match=r"^PrioritisedTrajectoryBuffer\.final_obs_lost: the state has a leading"):
+        stacked.final_obs_lost()
+    final = jnp.zeros((2, OBS_DIM), jnp.float32)
+    pri.truncate_last(jnp.ones(2, bool), final)  # compiled outside the block
+    with jb.timing() as t:
+        pri.truncate_last(jnp.ones(2, bool), final)
+        pri.final_obs_lost()
+    assert {k: v["calls"] for k, v in t.summary().items()} == {
+        "PrioritisedTrajectoryBuffer.truncate_last": 1, "PrioritisedTrajectoryBuffer.final_obs_lost": 1}
+
+
 def test_sample_sequences_takes_period_and_cross_episodes():
     """period= is create's (others refused: the tree holds those windows); cross_episodes=False draws by priority
     among the windows with no episode end before their last step, with probabilities and weights of that set."""
