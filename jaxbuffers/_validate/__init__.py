@@ -30,17 +30,14 @@ def leaf_name(path) -> str:
     return jax.tree_util.keystr(tuple(path)) or "<root>"
 
 
-def _at(what: str, path) -> str:
-    """`what` followed by the leaf path (nothing for the root): ``batch['obs']``."""
+def leaf_path(what: str, path) -> str:
+    """The name of the leaf at `path` of the argument `what`: ``batch['obs']``, or ``batch`` for the root."""
     return what + jax.tree_util.keystr(tuple(path))
 
 
-def _got(x: Any) -> str:
-    return f"{type(x).__name__} {x!r:.60}"
-
-
-def _expected(name: str, want: str, x: Any, why: str = "") -> TypeError:
-    return TypeError(f"{name}: expected {want}, got {_got(x)}{why}")
+def unexpected(name: str, want: str, x: Any, why: str = "") -> TypeError:
+    """The TypeError ``name: expected <want>, got <type> <repr>`` (the repr cut at 60 characters), then ``why``."""
+    return TypeError(f"{name}: expected {want}, got {type(x).__name__} {x!r:.60}{why}")
 
 
 def _is_key(dtype) -> bool:
@@ -72,7 +69,7 @@ def _is_array(x) -> bool:
 def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)", dtype: Any = None) -> TypeError:
     """The TypeError for `x` given where `want` (an array, of `dtype` when the place stores one) belongs; a list is
     told to convert to an array of that `dtype`, a torch tensor to use `from_torch`."""
-    got, hint = _got(x), ""
+    got, hint = f"{type(x).__name__} {x!r:.60}", ""
     if isinstance(x, (list, tuple)):
         kind = None if dtype is None else "bool_" if np.dtype(dtype) == np.bool_ else np.dtype(dtype).name
         to = "dtype" if kind is None else f"{'np' if hasattr(np, kind) else 'jnp'}.{kind}"  # bfloat16: jnp's
@@ -83,20 +80,15 @@ def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)", dtype: A
 
 
 def item_spec(example: Any, what: str = "example_item") -> Any:
-    """The per-item spec (pytree of ``jax.ShapeDtypeStruct``) of an example item, dtypes kept exactly.
-
-    Leaves are jax/numpy arrays or ``jax.ShapeDtypeStruct``s; Python scalars are refused (their dtype would be a guess).
-
-    Raises:
-      TypeError: a leaf not array-like, a typed PRNG key array, or of a dtype JAX would narrow (x64 off).
-      ValueError: the example has no leaves.
-    """
+    """The per-item spec (pytree of ``jax.ShapeDtypeStruct``) of an example item of array or ShapeDtypeStruct leaves,
+    dtypes kept exactly. Raises TypeError for a leaf not array-like (a Python scalar: its dtype would be a guess), a
+    typed PRNG key array, or of a dtype JAX would narrow (x64 off); ValueError for an example without leaves."""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(example)
     if not leaves:
         raise ValueError(f"{what}: expected a pytree with at least one array leaf, got {example!r}")
     specs = []
     for path, leaf in leaves:
-        name = _at(what, path)
+        name = leaf_path(what, path)
         if isinstance(leaf, (bool, int, float, complex)) and not isinstance(leaf, np.generic):
             raise TypeError(f"{name}: expected an array or jax.ShapeDtypeStruct (its dtype is stored exactly), "
                             f"got {type(leaf).__name__} {leaf!r}; wrap it, e.g. jnp.float32({leaf!r})")
@@ -129,18 +121,14 @@ def _structure_error(spec, batch, what: str) -> TypeError:
 def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch", lead_names: tuple[str, ...] = ("B", "T")) -> tuple[int, ...]:
     """Check ``batch`` against the item ``spec`` (`item_spec`): the same structure, each leaf exactly the spec's dtype
     and of shape ``lead + spec.shape``, ``lead`` (``batch_ndim`` axes, named ``lead_names`` in errors) the same for
-    every leaf. ``what`` names the batch in errors. Returns ``lead`` (Python ints).
-
-    Raises:
-      TypeError: structure differs, a leaf is not an array, or a dtype differs.
-      ValueError: a per-item shape differs, or the leading axes disagree between leaves.
-    """
+    every leaf; returns ``lead`` (Python ints). Raises TypeError (naming ``what`` and the leaf) for another structure,
+    a leaf not an array or of another dtype; ValueError for another per-item shape or leading axes."""
     if jax.tree_util.tree_structure(batch) != jax.tree_util.tree_structure(spec):
         raise _structure_error(spec, batch, what)
     lead: tuple[int, ...] | None = None
     lead_from = ""
     for (path, s), leaf in zip(jax.tree_util.tree_flatten_with_path(spec)[0], jax.tree_util.tree_leaves(batch)):
-        name = _at(what, path)
+        name = leaf_path(what, path)
         if not _is_array(leaf):
             raise not_array(name, leaf, dtype=s.dtype)
         shape, tail = tuple(leaf.shape), tuple(s.shape)
@@ -176,11 +164,8 @@ def tree_nbytes(tree: Any) -> int:
 
 
 def static_int(name: str, value, minimum: int = 1, maximum: int = _INT32.max) -> int:
-    """A static size: a Python (or numpy) int in `[minimum, maximum]` (default int32's: positions are int32), as `int`.
-
-    Raises:
-      ValueError: a bool, a float (even `10.0`: never rounded), a traced or other non-int value, or out of range.
-    """
+    """A static size: a Python (or numpy) int in `[minimum, maximum]` (default int32's: positions are int32), as `int`;
+    ValueError for a bool, a float (even `10.0`: never rounded), a traced or other non-int value, or out of range."""
     if not _is_int(value) or int(value) < minimum:
         raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
     if int(value) > maximum:
@@ -190,11 +175,7 @@ def static_int(name: str, value, minimum: int = 1, maximum: int = _INT32.max) ->
 
 
 def divisor(name: str, value, total: int, what: str) -> int:
-    """`value` as a Python int >= 1 that divides `total` (`what` names `total`).
-
-    Raises:
-      ValueError: not an int >= 1 (`static_int`), or not a divisor of `total`.
-    """
+    """`value` as a Python int >= 1 (`static_int`) that divides `total` (`what` names it); else ValueError."""
     value = static_int(name, value)
     if total % value:
         divisors = [d for d in range(1, min(total, 64) + 1) if total % d == 0]
@@ -226,11 +207,8 @@ def keyword_sizes(create: Callable) -> Callable:
 def scalar_parameter(name: str, x: Any, lo: float, hi: float = math.inf) -> Any:
     """A scalar hyperparameter that may be traced (a discount, a lambda, an importance exponent), returned unchanged:
     a Python or numpy int or float, or a 0-d integer or floating array; a concrete one finite and in `[lo, hi]`.
-
-    Raises:
-      TypeError: a bool, a complex number, a string, any other kind.
-      ValueError: an array that is not 0-d, or a concrete value NaN, infinite or outside the range.
-    """
+    Raises TypeError for a bool, a complex, a string or other kind; ValueError for an array not 0-d, or a concrete
+    value NaN, infinite or out of range."""
     want = "a float" + (f" in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f" >= {lo:g}") + " or a 0-d float array"
     if x is None or isinstance(x, (bool, np.bool_, complex, np.complexfloating)):
         raise TypeError(f"{name}: expected {want}, got {x!r}")
@@ -266,18 +244,15 @@ def as_array(x: Any) -> Any:
 
 
 def _python_ints(a: np.ndarray) -> bool:
-    return a.dtype == object and a.size and all(map(_is_int, a.flat))
+    return a.dtype == object and a.size > 0 and all(map(_is_int, a.flat))
 
 
 def index_array(x: Any, name: str = "indices", want: str = "an integer array (int32)", clip: bool = True) -> Any:
     """`as_array` for small per-entry vectors (indices, priorities, generations), lists and array-likes numpy reads (a
     CPU torch tensor) included. With `clip`, Python ints beyond 64 bits are clipped to int64 (so an index out of range
-    stays so once `int32_indices` saturates it; not for generations, compared modulo `2**32`).
-
-    Raises:
-      TypeError: naming `name` and `want`, for what is not an array of numbers (`None`, a string, a dict, ragged or
-        mixed lists, a `jax.ShapeDtypeStruct`, a torch tensor numpy cannot read).
-    """
+    stays so once `int32_indices` saturates it; not for generations, compared modulo `2**32`). Raises TypeError
+    naming `name` and `want` for what is not an array of numbers (`None`, a str, a dict, ragged or mixed lists, a
+    `jax.ShapeDtypeStruct`, a torch tensor numpy cannot read)."""
     # other libraries' array-likes are read through numpy (a jax.ShapeDtypeStruct becomes a 0-d object array: refused)
     other = hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (np.ndarray, np.generic, jax.Array))
     if clip and isinstance(x, (list, tuple)):  # numpy reads [0, 2**63] as float64: read Python ints as objects first
@@ -287,12 +262,12 @@ def index_array(x: Any, name: str = "indices", want: str = "an integer array (in
     try:
         out = np.asarray(x) if other else as_array(x)
     except Exception as e:  # dicts, ragged lists, None / str / huge ints next to JAX arrays, a CUDA or grad tensor
-        raise _expected(name, want, x, f" ({type(e).__name__}: {str(e).splitlines()[0][:80]})") from None
+        raise unexpected(name, want, x, f" ({type(e).__name__}: {str(e).splitlines()[0][:80]})") from None
     if clip and isinstance(out, np.ndarray) and _python_ints(out):
         info = np.iinfo(np.int64)
         out = np.array([min(max(int(v), info.min), info.max) for v in out.flat], np.int64).reshape(out.shape)
     if isinstance(out, np.ndarray) and out.dtype.kind not in "biufc":
-        raise _expected(name, want, x)
+        raise unexpected(name, want, x)
     return out
 
 
@@ -349,11 +324,8 @@ def timeout(name: str, value) -> float | None:
 
 def vector(name: str, x, b: int | None, kind: str) -> jax.Array:
     """`x` (`index_array`) as a `[b]` array (`b` None: any 1-D) of the dtype kind `'floating'`, `'integer'` or
-    `'bool'`, its dtype kept; a list of Python ints and floats is read as float32 for `'floating'`.
-
-    Raises:
-      TypeError: not an array of numbers, or the wrong dtype kind; ValueError: not of shape `(b,)`.
-    """
+    `'bool'`, its dtype kept (a list of Python ints and floats is float32 for `'floating'`). Raises TypeError for what
+    is not an array of numbers or of the wrong kind, ValueError for a shape other than `(b,)`."""
     if kind == "floating" and isinstance(x, (list, tuple)) and x and all(map(_weak_number, x)):
         x = jnp.stack([jnp.asarray(v, jnp.float32) for v in x])
     article = "an" if kind == "integer" else "a"
@@ -381,11 +353,8 @@ def index_vector(name: str, indices) -> jax.Array:
 
 def integer_value(name: str, value, shape: tuple, lo, hi, expected: str = "") -> jax.Array:
     """An integer array of `shape` (a cursor, a counter) as int32; concrete values (before narrowing) must lie in
-    `[lo, hi]` (`expected` describes the range), traced ones are not range-checked.
-
-    Raises:
-      TypeError: not of an integer dtype; ValueError: wrong shape, or a concrete value out of range.
-    """
+    `[lo, hi]` (`expected` describes the range). Raises TypeError for a dtype not integer, ValueError for another
+    shape or a concrete value out of range."""
     v = value if isinstance(value, jax.core.Tracer) else np.asarray(value)
     if not jnp.issubdtype(v.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an integer value, got dtype {v.dtype}")
@@ -398,12 +367,9 @@ def integer_value(name: str, value, shape: tuple, lo, hi, expected: str = "") ->
 
 def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
     """``x`` itself, checked at trace time to be an array (JAX or numpy, not converted) of exactly ``shape`` (None: any)
-    and ``dtype``: a dtype (matched exactly), ``"floating"`` (any floating dtype) or None (any).
-
-    Raises:
-      TypeError: not an array (``None``, a Python scalar, a list), a dtype JAX would narrow (float64 with x64 off), or
-        the wrong dtype. ValueError: the wrong shape.
-    """
+    and ``dtype``: a dtype (matched exactly), ``"floating"`` (any floating dtype) or None (any). Raises TypeError for
+    what is not an array (``None``, a Python scalar, a list), a dtype JAX would narrow or the wrong dtype; ValueError
+    for the wrong shape."""
     floating = isinstance(dtype, str) and dtype == "floating"  # (a float64 dtype compares equal to "floating")
     if not _is_array(x):
         known = np.float32 if floating else dtype
@@ -438,7 +404,7 @@ def array_leaves(what: str, tree: Any) -> None:
     """Every leaf of `tree` a JAX or numpy array of numbers or bools (bfloat16 included): else TypeError naming it."""
     for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
         if not _is_array(x) or not (x.dtype == np.bool_ or jnp.issubdtype(x.dtype, jnp.number)):
-            raise not_array(_at(what, path), x, "a numeric or bool array (JAX or numpy)")
+            raise not_array(leaf_path(what, path), x, "a numeric or bool array (JAX or numpy)")
 
 
 def keyword_dict(name: str, value: Any, fn: Callable) -> dict:
@@ -457,15 +423,11 @@ def keyword_dict(name: str, value: Any, fn: Callable) -> dict:
 
 def split_leaves(args: dict, num_shards: int, axis: str, own: Callable | None = None) -> None:
     """Every leaf of the arguments `{name: tree}` a sharded call splits into `num_shards` blocks (mesh axis `axis`):
-    an array JAX holds as it is (PRNG keys pass) with a leading axis a multiple of `num_shards`. Before a leaf JAX
-    would narrow is refused, `own()` (when given) may raise the wrapped buffer's own refusal instead.
-
-    Raises:
-      TypeError: a leaf not an array, or one JAX would narrow; ValueError: a leading axis the shards do not divide.
-    """
+    an array JAX holds as it is (PRNG keys pass; else TypeError) with a leading axis a multiple of `num_shards` (else
+    ValueError). Before a leaf JAX would narrow is refused, `own()` (when given) may raise the buffer's own refusal."""
     for arg, tree in args.items():
         for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-            name = _at(arg, path)
+            name = leaf_path(arg, path)
             if not (_is_array(x) and _is_key(x.dtype)):  # keys split per shard pass
                 try:
                     array(name, x)
@@ -512,7 +474,8 @@ def exact_cast(name: str, x: np.ndarray, dtype: Any) -> np.ndarray:
         bad = x[~same]
         raise ValueError(f"{name}: dtype {x.dtype} with values {bad.ravel()[:3].tolist()} (and "
                          f"{bad.size - min(bad.size, 3)} more) that {dtype} cannot hold exactly (values in "
-                         f"[{np.nanmin(x)}, {np.nanmax(x)}]); convert them yourself or give a space of a dtype that holds them")
+                         f"[{np.nanmin(x)}, {np.nanmax(x)}]); convert them yourself or give a space of a dtype that "
+                         f"holds them")
     return out
 
 
@@ -540,15 +503,12 @@ def _raw_key_shape(impl: str) -> tuple[int, ...]:
 
 def key(name: str, k: Any) -> Any:
     """`k` itself once checked to be one PRNG key, concrete or traced: a typed key array of shape `()`
-    (`jax.random.key(seed)`) or a raw `uint32` key (`jax.random.PRNGKey(seed)`, `(2,)` for threefry).
-
-    Raises:
-      TypeError: naming `name`: not a key, or a batch of keys (use one per call: `vmap` over them).
-    """
+    (`jax.random.key(seed)`) or a raw `uint32` key (`jax.random.PRNGKey(seed)`, `(2,)` for threefry). Raises
+    TypeError naming `name` for what is not a key, or a batch of keys (use one per call: `vmap` over them)."""
     raw = _raw_key_shape(str(jax.config.jax_default_prng_impl))
     want = f"one PRNG key: jax.random.key(seed) (shape ()) or jax.random.PRNGKey(seed) (uint32{list(raw)})"
     if not _is_array(k):
-        raise _expected(name, want, k)
+        raise unexpected(name, want, k)
     shape, dtype = tuple(k.shape), k.dtype
     if _is_key(dtype):
         if shape != ():
@@ -567,7 +527,7 @@ def storable_dtype(name: str, value: Any, kind: str = "floating") -> np.dtype:
     except TypeError:
         d = None
     if d is None:
-        raise _expected(name, f"a {kind} dtype (e.g. jnp.float32)", value)
+        raise unexpected(name, f"a {kind} dtype (e.g. jnp.float32)", value)
     if not jnp.issubdtype(d, _KINDS[kind]):
         raise TypeError(f"{name}: expected a {kind} dtype, got {d}")
     if jax.dtypes.canonicalize_dtype(d) != d:
@@ -578,7 +538,7 @@ def storable_dtype(name: str, value: Any, kind: str = "floating") -> np.dtype:
 def instance(name: str, value: Any, types: Any, want: str) -> Any:
     """``value`` if it is an instance of ``types`` (``callable``: any callable), else TypeError naming ``name``."""
     if not (callable(value) if types is callable else isinstance(value, types)):
-        raise _expected(name, want, value)
+        raise unexpected(name, want, value)
     return value
 
 
@@ -587,7 +547,7 @@ def static_value(name: str, value: Any, want: str = "an array or a hashable Pyth
     try:
         hash(value)
     except TypeError:
-        raise _expected(name, want, value) from None
+        raise unexpected(name, want, value) from None
     return value
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from jaxbuffers._validate import _expected
+from jaxbuffers._validate import unexpected
 
 
 def names(name: str, value: Any, minimum: int = 0) -> list[str]:
@@ -21,7 +21,7 @@ def names(name: str, value: Any, minimum: int = 0) -> list[str]:
       ValueError: fewer than ``minimum`` names, or a name given twice.
     """
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise _expected(name, "a list of field names (strs)", value)
+        raise unexpected(name, "a list of field names (strs)", value)
     if len(value) < minimum or len(set(value)) != len(value):
         raise ValueError(f"{name}: expected at least {minimum} distinct names, got {list(value)!r:.80}")
     return list(value)
@@ -30,14 +30,14 @@ def names(name: str, value: Any, minimum: int = 0) -> list[str]:
 def path(name: str, value: Any) -> pathlib.Path:
     """A file-system path: a non-empty ``str`` or an ``os.PathLike``, as ``pathlib.Path``; else TypeError."""
     if not (isinstance(value, os.PathLike) or (isinstance(value, str) and value)):
-        raise _expected(name, "a folder path (a non-empty str or os.PathLike)", value)
+        raise unexpected(name, "a folder path (a non-empty str or os.PathLike)", value)
     return pathlib.Path(value)
 
 
 def text(name: str, value: Any, optional: bool = False) -> Any:
     """A str argument (a name, a prefix), or None where ``optional``; else TypeError naming ``name``."""
     if not (isinstance(value, str) or (optional and value is None)):
-        raise _expected(name, f"a str{' or None' if optional else ''}", value)
+        raise unexpected(name, f"a str{' or None' if optional else ''}", value)
     return value
 
 

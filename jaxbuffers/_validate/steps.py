@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from host_codecs import DTYPES
-from jaxbuffers._validate import _at, _is_array, _is_int, check_batch, index_array, item_spec, not_array, static_int
+from jaxbuffers._validate import _is_array, _is_int, check_batch, index_array, item_spec, leaf_path, not_array, static_int
 
 
 def final_value_pair(prefix: str, truncated, final_value) -> None:
@@ -31,8 +31,8 @@ def trajectory_example(example_step, num_envs, length, obs_key: str, action_key:
         if not isinstance(key, str):
             raise TypeError(f"{arg}: expected a str, the name of a field of example_step, got {type(key).__name__} {key!r}")
     if num_envs * length > 2**31 - 1:
-        raise ValueError(f"num_envs * length: expected at most 2**31 - 1 steps in all (positions are int32 lane * length "
-                         f"+ slot), got {num_envs} * {length} = {num_envs * length}")
+        raise ValueError(f"num_envs * length: expected at most 2**31 - 1 steps in all (positions are int32 lane * "
+                         f"length + slot), got {num_envs} * {length} = {num_envs * length}")
     if not isinstance(example_step, Mapping):
         raise TypeError(f"example_step: expected a dict with fields {obs_key!r}, {action_key!r}, {reward_key!r} "
                         f"(plus any extras), got {type(example_step).__name__}")
@@ -96,7 +96,8 @@ def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, termina
     step = dict(step)
     # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the rank of most leaves (a tie by that of
     # `terminated`), so that the error names the argument of the wrong rank.
-    extra = [getattr(_leaf_at(step, p), "ndim", -1) - len(s.shape) for p, s in jax.tree_util.tree_flatten_with_path(spec)[0]]
+    specs = jax.tree_util.tree_flatten_with_path(spec)[0]
+    extra = [getattr(_leaf_at(step, p), "ndim", -1) - len(s.shape) for p, s in specs]
     one, two = extra.count(1), extra.count(2)
     nd = 2 if two > one or (two == one and getattr(terminated, "ndim", 1) == 2) else 1
     lead = check_batch(spec, step, nd, "step", ("num_envs", "t"))
@@ -144,7 +145,7 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
     out = []
     for i in indices:
         path, s = flat[i]
-        name, shape, dtype = _at(what, path), tuple(s.shape), np.dtype(s.dtype)
+        name, shape, dtype = leaf_path(what, path), tuple(s.shape), np.dtype(s.dtype)
         if dtype not in DTYPES:
             raise TypeError(f"{name}: dtype {s.dtype} cannot be stored compressed: the host stores take "
                             f"{[d.name for d in DTYPES]} (keep the leaf on the device by leaving it out of `compress`, "
@@ -295,11 +296,13 @@ def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched
     compressed leaf; `names`: per leaf, its name in the episode argument and in `final_obs` (e.g.
     `("episodes['obs']['pixels']", "final_obs['pixels']")`); `batched`: several episodes (`add_episodes`)."""
     for (step_name, final_name), leaf in zip(names, np.asarray(bad)):
-        if (hit := _first(leaf)) is not None:
-            e, t = hit
-            episode, final = f"episode {e}" if batched else "the episode", t == leaf.shape[1] - 1
-            what = f"{final_name}: the final observation of {episode}" if final else f"{step_name}: step {t} of {episode}"
-            return ValueError(f"{what} {_UNREBUILT}")
+        if (hit := _first(leaf)) is None:
+            continue
+        e, t = hit
+        episode = f"episode {e}" if batched else "the episode"
+        final = t == leaf.shape[1] - 1
+        what = f"{final_name}: the final observation of {episode}" if final else f"{step_name}: step {t} of {episode}"
+        return ValueError(f"{what} {_UNREBUILT}")
     return None
 
 
