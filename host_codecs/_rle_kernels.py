@@ -27,10 +27,9 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
     at least `min_width` bytes; ties go to the wider) and payload bytes `sizes[t]`. The second (`write` True) writes
     each payload at byte `offs[t]` of the zeroed output, viewed as `a1, a2, a4, aw` (uint8, uint16, uint32, words).
 
-    When `fast` (rows 8-byte aligned and long), runs are scanned 8 bytes at a time in `x64` (# shape=(B, n * vw / 8),
-    dtype=uint64, the same bytes): XORed with the run value broadcast by `rep`, the trailing zero bits count the equal
-    words. With `based`, entry `t` is row `idx[t]` XOR its base, row `src[t]` of `x` (`src[t] >= 0`) or row
-    `-1 - src[t]` of `ext` (`ext64` its uint64 view), scanned in one scratch row; else those four are not read.
+    When `fast`, runs are scanned 8 bytes at a time in `x64` (# shape=(B, n * vw / 8), dtype=uint64, the same bytes),
+    `rep` broadcasting a word (`docs/api/host_codecs.md`, "RLE payloads"). With `based`, entry `t` is row `idx[t]`
+    XOR its base, row `src[t]` of `x` (`src[t] >= 0`) or row `-1 - src[t]` of `ext` (`ext64` its uint64 view).
     """
     n = x.shape[1]
     n8 = x64.shape[1]

@@ -1,13 +1,6 @@
-"""The arena a `host_codecs.CompressedStore` packs its payloads in.
-
-A few large `uint8` chunks: the first of `min_chunk_bytes`, each later one a tenth of the arena so far (at least
-that, at most `chunk_bytes`), so the unused tail stays under a tenth of the arena, and a ring that overwrites its
-oldest entries holds about one chunk of freed space: with the alignment padding, under a quarter of the arena once
-it is a few chunks big. Payloads are packed at `ALIGN`-byte offsets behind each chunk's bump pointer.
-
-Published bytes are never modified: space is reclaimed only by releasing a chunk with no live payload left, or by
-moving a sparse chunk's live payloads into fresh space and dropping the old chunk (a reader holding it keeps it
-alive), so a reader's `table` snapshot stays whole. Not thread-safe: the store calls it under its lock.
+"""The arena a `host_codecs.CompressedStore` packs its payloads in: growing `uint8` chunks, payloads at `ALIGN`-byte
+offsets behind each chunk's bump pointer, published bytes never modified (`docs/api/host_codecs.md`, "Arena").
+Not thread-safe: the store calls it under its lock.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ from ._base import ALIGN, ChunkTable, ceil_align
 
 __all__ = ["MAX_CHUNK_BYTES", "Arena"]
 
-_GROWTH = 10  # a new chunk is at most 1/_GROWTH of the arena so far (module doc)
+_GROWTH = 10  # a new chunk is at most 1/_GROWTH of the arena so far
 
 #: Largest chunk: offsets and lengths are stored as uint32.
 MAX_CHUNK_BYTES = (1 << 32) - ALIGN

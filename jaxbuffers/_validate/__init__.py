@@ -413,9 +413,8 @@ def keyword_dict(name: str, value: Any, fn: Callable) -> dict:
     if not isinstance(value, dict):
         raise TypeError(f"{name}: expected a dict of {fn.__qualname__} arguments or None, got {type(value).__name__}")
     params = parameters(name, fn, value)
-    required = [k for k, p in list(inspect.signature(fn).parameters.items())[1:]
-                if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    missing = [k for k in required if k not in value]
+    missing = [k for k, p in list(inspect.signature(fn).parameters.items())[1:]
+               if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and k not in value]
     if missing:
         raise TypeError(f"{name}: missing required argument(s) {missing}; {fn.__qualname__} takes {params}")
     return value
@@ -482,11 +481,9 @@ def exact_cast(name: str, x: np.ndarray, dtype: Any) -> np.ndarray:
 def sharding_fits(name: str, leaf: str, shape: tuple, sharding: Any) -> None:
     """ValueError naming ``name``, the array ``leaf``, its shape and ``sharding`` when ``sharding`` cannot lay out an
     array of ``shape`` (a spec of more axes than the array has, a dimension its mesh axes do not divide)."""
-    why = None
-    spec = getattr(sharding, "spec", None)
-    if spec is not None and len(spec) > len(shape):  # even on a mesh of one device, where the shards would fit
-        why = f"its spec names {len(spec)} axes"
-    else:
+    spec = getattr(sharding, "spec", None)  # more axes than the array's: refused even where the shards would fit
+    why = f"its spec names {len(spec)} axes" if spec is not None and len(spec) > len(shape) else None
+    if why is None:
         try:
             sharding.shard_shape(tuple(shape))
         except Exception as e:  # noqa: BLE001 - JAX raises IndexError, ValueError or its own errors for a misfit

@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from host_codecs import DTYPES
-from jaxbuffers._validate import _is_array, _is_int, check_batch, index_array, item_spec, leaf_path, not_array, static_int
+from jaxbuffers._validate import (
+    _is_array, _is_int, check_batch, index_array, item_spec, leaf_path, not_array, static_int,
+)
 
 
 def final_value_pair(prefix: str, truncated, final_value) -> None:
@@ -83,12 +85,8 @@ def final_obs_not_step(obs_spec, obs_key: str, final_obs) -> None:
 
 def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, terminated, truncated, final_obs):
     """Check the arguments of a trajectory buffer's `add` against the step `spec` (trace time; the errors of
-    `TrajectoryBuffer.add`, for the device and the compressed buffers).
-
-    Returns:
-      `(step, terminated, truncated, final_obs)` with a time axis, leaves `[num_envs, t, ...]`
-      (`truncated` and `final_obs` stay None when not given).
-    """
+    `TrajectoryBuffer.add`); returns `(step, terminated, truncated, final_obs)` with a time axis, leaves
+    `[num_envs, t, ...]` (`truncated` and `final_obs` stay None when not given)."""
     from jaxbuffers import _ring  # the ring's own fit check
 
     if not isinstance(step, Mapping):
@@ -197,13 +195,10 @@ def _shift_breaks(x, prev, lead: int):
 
 
 def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) -> jax.Array:
-    """Where frame stacks are not what a frame-deduplicating episode store rebuilds from each step's newest frame.
-
-    Such a store keeps frame `k - 1` (the newest) of every step's stack and rebuilds position `j` of step `t` as the
-    newest frame of step `t - (k - 1 - j)`; before the episode's first step, the first step's newest frame
-    (`padding="reset"`) or zeros (`"zero"`); the final observation is step `n` (the length). That holds exactly when
-    step 0's older frames are the padding and every later stack (the final observation's too) is the one before it
-    shifted by one frame: `x[t][j] == x[t - 1][j + 1]`, `j < k - 1`.
+    """Where frame stacks are not what a store keeping each step's newest frame rebuilds (`docs/guide.md`, section 4):
+    step 0's older frames must be the padding (its newest frame repeated, `"reset"`, or zeros, `"zero"`) and every
+    later stack, the final observation's (step `n`, the length) too, the one before shifted by one frame:
+    `x[t][j] == x[t - 1][j + 1]`, `j < k - 1`.
 
     Args:
       stacks: `[B, T, *shape]`, `k` frames along `stack_axis` of `shape`.
@@ -228,9 +223,8 @@ def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) 
 
 
 def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_axis: int, padding: str) -> jax.Array:
-    """`unrebuilt_stacks` for steps that arrive in chunks `[E, t]` per lane (a trajectory store): a step that starts an
-    episode must hold the padding, any other step the stack before it shifted by one frame, and a final observation
-    the stack of its step shifted by one frame.
+    """`unrebuilt_stacks` for steps that arrive in chunks `[E, t]` per lane (a trajectory store), a final observation
+    at every step where `boot`.
 
     Args:
       stacks: `[E, t, *shape]`, `k` frames along `stack_axis` of `shape`.
