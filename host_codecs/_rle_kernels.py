@@ -31,9 +31,7 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
     `rep` broadcasting a word (`docs/api/host_codecs.md`, "RLE payloads"). With `based`, entry `t` is row `idx[t]`
     XOR its base, row `src[t]` of `x` (`src[t] >= 0`) or row `-1 - src[t]` of `ext` (`ext64` its uint64 view).
     """
-    n = x.shape[1]
-    n8 = x64.shape[1]
-    vw = aw.itemsize
+    n, n8, vw = x.shape[1], x64.shape[1], aw.itemsize
     lg = 0 if vw == 1 else (1 if vw == 2 else (2 if vw == 4 else 3))
     scratch64 = np.empty((n * vw + 7) // 8, np.uint64)  # the delta being scanned, when `based`
     scratch = scratch64.view(x.dtype)  # its first `n` words
@@ -43,13 +41,11 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
         if based:
             i, s = idx[t], src[t]
             if fast:
-                b64 = x64[s] if s >= 0 else ext64[-1 - s]
-                a64 = x64[i]
+                a64, b64 = x64[i], (x64[s] if s >= 0 else ext64[-1 - s])
                 for q in range(n8):
                     scratch64[q] = a64[q] ^ b64[q]
             else:
-                brow = x[s] if s >= 0 else ext[-1 - s]
-                arow = x[i]
+                arow, brow = x[i], (x[s] if s >= 0 else ext[-1 - s])
                 for q in range(n):
                     scratch[q] = arow[q] ^ brow[q]
         cw = np.int64(cws[t]) if write else np.int64(4)
@@ -57,8 +53,7 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
         nruns = sizes[t] // (vw + cw) if write else 0
         vi = (offs[t] if vw >= cw else offs[t] + nruns * cw) // vw
         ci = (offs[t] + nruns * vw if vw >= cw else offs[t]) // cw
-        r = extra1 = extra2 = extra4 = 0
-        j = 0
+        r = extra1 = extra2 = extra4 = j = 0
         while j < n:
             # The end k of the run starting at j, written here: a helper call per run is slow.
             v = row[j]
@@ -100,11 +95,9 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
         if not write:
             size = (r + extra4) * (vw + 4)
             if min_width <= 2 and (r + extra2) * (vw + 2) < size:
-                cw = 2
-                size = (r + extra2) * (vw + 2)
+                cw, size = 2, (r + extra2) * (vw + 2)
             if min_width <= 1 and (r + extra1) * (vw + 1) < size:
-                cw = 1
-                size = (r + extra1) * (vw + 1)
+                cw, size = 1, (r + extra1) * (vw + 1)
             sizes[t] = size
             cws[t] = cw
 
