@@ -516,17 +516,17 @@ def key(name: str, k: Any) -> Any:
     return k
 
 
-def storable_dtype(name: str, value: Any, kind: str = "floating") -> np.dtype:
-    """`value` (a dtype or a name numpy reads: `jnp.float32`, `"bfloat16"`) as a numpy dtype of `kind` that JAX stores
+def storable_dtype(name: str, value: Any) -> np.dtype:
+    """`value` (a dtype or a name numpy reads: `jnp.float32`, `"bfloat16"`) as a floating numpy dtype that JAX stores
     as it is; else TypeError naming `name` (a torch dtype, another kind, a 64-bit dtype with x64 off)."""
     try:
         d = None if value is None else np.dtype(value)
     except TypeError:
         d = None
     if d is None:
-        raise unexpected(name, f"a {kind} dtype (e.g. jnp.float32)", value)
-    if not jnp.issubdtype(d, _KINDS[kind]):
-        raise TypeError(f"{name}: expected a {kind} dtype, got {d}")
+        raise unexpected(name, "a floating dtype (e.g. jnp.float32)", value)
+    if not jnp.issubdtype(d, jnp.floating):
+        raise TypeError(f"{name}: expected a floating dtype, got {d}")
     if jax.dtypes.canonicalize_dtype(d) != d:
         raise TypeError(f"{name}: {d} needs jax_enable_x64 (without it JAX stores {jax.dtypes.canonicalize_dtype(d)}); enable x64 or pass a 32-bit dtype")
     return d
