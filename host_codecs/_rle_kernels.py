@@ -10,9 +10,7 @@ from numba import carray, njit, types
 from numba.core.extending import intrinsic
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-MAX_COUNT_1 = 255
-MAX_COUNT_2 = 65535
-MAX_COUNT_4 = 4294967295
+MAX_COUNT_1, MAX_COUNT_2, MAX_COUNT_4 = 255, 65535, 4294967295
 
 #: `decode_at` status per entry.
 DEC_OK = 0
@@ -23,28 +21,17 @@ DEC_BAD_COUNTS = 3
 
 @njit(nogil=True, cache=True)
 def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, a1, a2, a4, aw, based, idx, src, ext, ext64):
-    """One pass of the encoder over entries `[lo, hi)` of `x`.
+    """One pass of the encoder over entries `[lo, hi)` of `x` (# shape=(B, n), unsigned words).
 
-    The first pass (`write` False) finds each entry's runs and sets its count width `cws[t]`
-    (the smallest payload among the widths of at least `min_width` bytes; ties go to the wider
-    count) and payload bytes `sizes[t]`. The second pass (`write` True) finds the runs again and
-    writes each payload at byte `offs[t]` of the output, viewed as `a1, a2, a4, aw` (uint8,
-    uint16, uint32, the word dtype); the caller zeroes the output, so the padding is zero.
+    The first pass (`write` False) sets each entry's count width `cws[t]` (the smallest payload among the widths of
+    at least `min_width` bytes; ties go to the wider) and payload bytes `sizes[t]`. The second (`write` True) writes
+    each payload at byte `offs[t]` of the zeroed output, viewed as `a1, a2, a4, aw` (uint8, uint16, uint32, words).
 
-    x: # shape=(B, n), unsigned words. x64: # shape=(B, n * vw / 8), dtype=uint64: the same
-    bytes, used when `fast` (rows 8-byte aligned, a multiple of 8 bytes long). Then a run is
-    scanned 8 bytes at a time: `rep` broadcasts one word over a uint64 (0x0101..01 for bytes),
-    the XOR of a uint64 with the broadcast run value is zero where the words are equal, and its
-    trailing zero bits count the equal words at its low (first, little-endian) end.
-
-    With `based`, entry `t` is the XOR of row `idx[t]` of `x` with its base: row `src[t]` of `x` when
-    `src[t] >= 0`, else row `-1 - src[t]` of `ext` (`ext64` its uint64 view when `fast`). Each delta is XORed into
-    one scratch row of this call (it stays in cache) and scanned there, so no delta of the batch is written out.
-    Without `based`, `idx`, `src`, `ext`, `ext64` are not read.
+    When `fast`, runs are scanned 8 bytes at a time in `x64` (# shape=(B, n * vw / 8), dtype=uint64, the same bytes),
+    `rep` broadcasting a word (`docs/api/host_codecs.md`, "RLE payloads"). With `based`, entry `t` is row `idx[t]`
+    XOR its base, row `src[t]` of `x` (`src[t] >= 0`) or row `-1 - src[t]` of `ext` (`ext64` its uint64 view).
     """
-    n = x.shape[1]
-    n8 = x64.shape[1]
-    vw = aw.itemsize
+    n, n8, vw = x.shape[1], x64.shape[1], aw.itemsize
     lg = 0 if vw == 1 else (1 if vw == 2 else (2 if vw == 4 else 3))
     scratch64 = np.empty((n * vw + 7) // 8, np.uint64)  # the delta being scanned, when `based`
     scratch = scratch64.view(x.dtype)  # its first `n` words
@@ -54,13 +41,11 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
         if based:
             i, s = idx[t], src[t]
             if fast:
-                b64 = x64[s] if s >= 0 else ext64[-1 - s]
-                a64 = x64[i]
+                a64, b64 = x64[i], (x64[s] if s >= 0 else ext64[-1 - s])
                 for q in range(n8):
                     scratch64[q] = a64[q] ^ b64[q]
             else:
-                brow = x[s] if s >= 0 else ext[-1 - s]
-                arow = x[i]
+                arow, brow = x[i], (x[s] if s >= 0 else ext[-1 - s])
                 for q in range(n):
                     scratch[q] = arow[q] ^ brow[q]
         cw = np.int64(cws[t]) if write else np.int64(4)
@@ -68,8 +53,7 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
         nruns = sizes[t] // (vw + cw) if write else 0
         vi = (offs[t] if vw >= cw else offs[t] + nruns * cw) // vw
         ci = (offs[t] + nruns * vw if vw >= cw else offs[t]) // cw
-        r = extra1 = extra2 = extra4 = 0
-        j = 0
+        r = extra1 = extra2 = extra4 = j = 0
         while j < n:
             # The end k of the run starting at j, written here: a helper call per run is slow.
             v = row[j]
@@ -111,11 +95,9 @@ def encode_range(x, x64, fast, rep, min_width, lo, hi, write, sizes, cws, offs, 
         if not write:
             size = (r + extra4) * (vw + 4)
             if min_width <= 2 and (r + extra2) * (vw + 2) < size:
-                cw = 2
-                size = (r + extra2) * (vw + 2)
+                cw, size = 2, (r + extra2) * (vw + 2)
             if min_width <= 1 and (r + extra1) * (vw + 1) < size:
-                cw = 1
-                size = (r + extra1) * (vw + 1)
+                cw, size = 1, (r + extra1) * (vw + 1)
             sizes[t] = size
             cws[t] = cw
 
@@ -150,15 +132,11 @@ def _copy(dst, src, n):
 @njit(nogil=True, cache=True)
 def decode_at(src, lengths, meta, dst, base, nbytes, vw, lo, hi, status):
     """For t in `[lo, hi)`, in order: expand the payload of `lengths[t]` bytes at address `src[t]` (count width
-    `meta[t]` bytes, element words of `vw` bytes) into the `nbytes` bytes at address `dst[t]`, XORed bytewise with the
-    `nbytes` bytes at address `base[t]` when it is not 0 (a delta: the row is its base's copy with the XOR of every
-    run of non-zero words applied; runs of zeros cost nothing more; a base at `dst[t]` itself is XORed in place, no
-    copy).
+    `meta[t]` bytes, words of `vw` bytes) into the `nbytes` bytes at address `dst[t]`; a delta (`base[t]` not 0) is
+    the row at `base[t]` (copied unless it is `dst[t]` itself) with its non-zero runs XORed in.
 
-    The caller has checked that every payload lies inside its chunk and every row inside its output (the addresses
-    are of live numpy arrays); a delta's base row is whole before the delta is decoded (an earlier entry, or decoded
-    before the call). status: # shape=(k,), dtype=int8: set per entry to `DEC_OK` or why the payload is
-    corrupt (bad count width, length not a whole number of runs, counts not adding up to `nbytes`).
+    The caller has checked every payload lies inside its chunk and every row inside its output, and a delta's base
+    row is whole before it. status: # shape=(k,), dtype=int8: per entry `DEC_OK` or why the payload is corrupt.
     """
     for t in range(lo, hi):
         cw = np.int64(meta[t])

@@ -1,14 +1,6 @@
-"""The arena a `host_codecs.CompressedStore` packs its payloads in.
-
-A few large `uint8` chunks: the first of `min_chunk_bytes`, each later one a tenth of the arena so far (at least
-that, at most `chunk_bytes`), so the unused tail stays under a tenth of the arena while it grows, and a ring that
-overwrites its oldest entries (whose chunks die in the order they were filled) holds about one chunk of freed and
-unused space in all: together with the alignment padding, under a quarter of the arena once it is a few chunks big. Payloads are packed at
-`ALIGN`-byte offsets behind each chunk's bump pointer; there is no Python object per payload.
-
-Published bytes are never modified: space is reclaimed only by releasing a chunk with no live payload left, or by
-moving a sparse chunk's live payloads into fresh space and dropping the old chunk (a reader holding it keeps it
-alive), so a reader's `table` snapshot stays whole. Not thread-safe: the store calls it under its lock.
+"""The arena a `host_codecs.CompressedStore` packs its payloads in: growing `uint8` chunks, payloads at `ALIGN`-byte
+offsets behind each chunk's bump pointer, published bytes never modified (`docs/api/host_codecs.md`, "Arena").
+Not thread-safe: the store calls it under its lock.
 """
 
 from __future__ import annotations
@@ -19,7 +11,7 @@ from ._base import ALIGN, ChunkTable, ceil_align
 
 __all__ = ["MAX_CHUNK_BYTES", "Arena"]
 
-_GROWTH = 10  # a new chunk is at most 1/_GROWTH of the arena so far (module doc)
+_GROWTH = 10  # a new chunk is at most 1/_GROWTH of the arena so far
 
 #: Largest chunk: offsets and lengths are stored as uint32.
 MAX_CHUNK_BYTES = (1 << 32) - ALIGN
@@ -77,8 +69,7 @@ class Arena:
         """
         b = offsets.shape[0]
         ends = offsets + ceil_align(lengths)  # padded end of each payload
-        chunk_ids = np.empty(b, dtype=np.int32)
-        placed = np.empty(b, dtype=np.int64)
+        chunk_ids, placed = np.empty(b, dtype=np.int32), np.empty(b, dtype=np.int64)
         start = 0
         while start < b:
             base = int(offsets[start])
@@ -100,9 +91,8 @@ class Arena:
         return chunk_ids, placed
 
     def cuts(self, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Where to cut payloads packed back to back from byte 0 (`offsets`, `lengths` as `place` takes them) into
-        pieces that `take` holds as chunks: the end of each piece, # shape=(P,), dtype=int64. Each piece is the most
-        payloads that fit `chunk_bytes` (a payload larger than that alone), as `place` would fill fresh chunks."""
+        """The end of each piece (# shape=(P,), dtype=int64) to cut payloads packed back to back from byte 0 into for
+        `take`: each piece the most payloads that fit `chunk_bytes` (a larger payload alone), as `place` fills."""
         ends = offsets + ceil_align(lengths)
         out, start = [], 0
         while start < ends.size:
@@ -114,11 +104,10 @@ class Arena:
 
     def take(self, pieces: list[np.ndarray], offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Hold payloads packed back to back in `pieces` (cut as `cuts` says) as sealed chunks of their own, without
-        copying them: the arena owns each piece from now on (nobody else may write it). No slack: a piece is exactly
-        its payloads. `offsets`, `lengths` and the result are as `place`'s, offsets counted over the pieces joined."""
+        copying (the arena owns each piece from now on). `offsets`, `lengths` and the result are as `place`'s,
+        offsets counted over the pieces joined."""
         ends = offsets + ceil_align(lengths)
-        chunk_ids = np.empty(offsets.shape[0], dtype=np.int32)
-        placed = np.empty(offsets.shape[0], dtype=np.int64)
+        chunk_ids, placed = np.empty(offsets.shape[0], dtype=np.int32), np.empty(offsets.shape[0], dtype=np.int64)
         start = base = 0
         for piece in pieces:
             stop = int(np.searchsorted(ends, base + piece.shape[0], side="right"))  # the payloads ending in this piece
@@ -128,11 +117,8 @@ class Arena:
 
     def _hold(self, piece: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`take` of one piece: it becomes a sealed chunk (`host_codecs.chunk_arena` copies it into its files)."""
-        cid, ch = self._next_id, _Chunk(piece)
-        self.chunks[cid] = ch
-        self._next_id += 1
-        self._table = None
-        self.nbytes += piece.shape[0]
+        cid = self._add(piece)
+        ch = self.chunks[cid]
         ch.used = ch.live_bytes = piece.shape[0]
         ch.live_count = offsets.shape[0]
         return np.full(offsets.shape[0], cid, np.int32), offsets
@@ -159,12 +145,11 @@ class Arena:
     def relocate(self, cid: int, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Move the live payloads of chunk `cid` (`offsets`, `lengths` of every one) into fresh
         space and drop the chunk; returns their new `(chunk_ids, offsets)` as `place` does."""
-        src = self.chunks[cid]
         padded = ceil_align(lengths.astype(np.int64))
         packed = np.zeros(len(padded), np.int64)
         np.cumsum(padded[:-1], out=packed[1:])
         buf = np.empty(int(padded.sum()), np.uint8)
-        data = self._contents(src)
+        data = self._contents(self.chunks[cid])
         for o, n, d in zip(offsets.tolist(), padded.tolist(), packed.tolist()):
             buf[d : d + n] = data[o : o + n]
         placed = self.place(buf, packed, lengths.astype(np.int64))
@@ -178,9 +163,8 @@ class Arena:
         self._open = None
 
     def load(self, table: ChunkTable, chunk: np.ndarray, offset: np.ndarray, length: np.ndarray, pos: np.ndarray):
-        """The payloads at positions `pos` of a read, readable from memory: `(table, chunk, offset)`. Payloads in memory
-        are read in place (the arguments come back as they are); a store whose chunks are files reads them here
-        (`host_codecs.chunk_arena`)."""
+        """The payloads at positions `pos` of a read, readable from memory: `(table, chunk, offset)`, read in place
+        here; a store whose chunks are files reads them (`host_codecs.chunk_arena`)."""
         return table, chunk, offset
 
     def _allocate(self, cid: int, size: int):
@@ -191,13 +175,18 @@ class Arena:
         """A chunk's bytes as an array (`relocate` copies from it)."""
         return ch.data
 
-    def _new_chunk(self, need: int) -> None:
-        size = ceil_align(max(min(self.chunk_bytes, max(self.min_chunk_bytes, self.nbytes // _GROWTH)), need))
-        old, self._open = self._open, self._next_id
-        self.chunks[self._next_id] = _Chunk(self._allocate(self._next_id, size))
+    def _add(self, data) -> int:
+        """A new chunk holding `data`: its id."""
+        cid = self._next_id
+        self.chunks[cid] = _Chunk(data)
         self._next_id += 1
         self._table = None
-        self.nbytes += size
+        self.nbytes += data.shape[0]
+        return cid
+
+    def _new_chunk(self, need: int) -> None:
+        size = ceil_align(max(min(self.chunk_bytes, max(self.min_chunk_bytes, self.nbytes // _GROWTH)), need))
+        old, self._open = self._open, self._add(self._allocate(self._next_id, size))
         if old is not None:
             self._release_if_empty(old)
 

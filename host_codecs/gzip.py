@@ -30,12 +30,11 @@ class IgzipCodec(Codec):
         self._lib = import_extra("igzip", "isal", "isal.igzip_lib")
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype) -> EncodedBatch:
-        lib, level = self._lib, self.level
         payloads: list[bytes] = [b""] * rows.shape[0]
 
         def work(start: int, stop: int) -> None:
             for i in range(start, stop):
-                payloads[i] = lib.compress(rows[i], level, lib.COMP_DEFLATE)
+                payloads[i] = self._lib.compress(rows[i], self.level, self._lib.COMP_DEFLATE)
 
         parallel_for(rows.shape[0], work, work_bytes=rows.nbytes)
         return pack_payloads(payloads)
@@ -50,20 +49,18 @@ class IgzipCodec(Codec):
         lib = self._lib
         nbytes = outs[0].shape[1] if len(outs) else 0
 
-        def inflater():
-            def inflate(src, t: int) -> bytes:
-                dec = lib.IgzipDecompressor(lib.DECOMP_DEFLATE)
-                try:  # at most one byte more than the entry's size: a corrupt stream cannot inflate further
-                    data = dec.decompress(src, nbytes + 1)
-                except lib.error as exc:
-                    raise ValueError(str(exc)) from exc
-                if len(data) > nbytes:
-                    raise ValueError(f"the stream inflates past the entry's {nbytes} bytes")
-                if len(data) < nbytes or not dec.eof or dec.unused_data:
-                    raise ValueError(f"the stream gives {len(data)} bytes (expected {nbytes}), "
-                                     f"{'ends' if dec.eof else 'does not end'} there, and has {len(dec.unused_data)} bytes after its end")
-                return data
+        def inflate(src, t: int) -> bytes:
+            dec = lib.IgzipDecompressor(lib.DECOMP_DEFLATE)
+            try:  # at most one byte more than the entry's size: a corrupt stream cannot inflate further
+                data = dec.decompress(src, nbytes + 1)
+            except lib.error as exc:
+                raise ValueError(str(exc)) from exc
+            if len(data) > nbytes:
+                raise ValueError(f"the stream inflates past the entry's {nbytes} bytes")
+            if len(data) < nbytes or not dec.eof or dec.unused_data:
+                ends = "ends" if dec.eof else "does not end"
+                raise ValueError(f"the stream gives {len(data)} bytes (expected {nbytes}), {ends} there, and has "
+                                 f"{len(dec.unused_data)} bytes after its end")
+            return data
 
-            return inflate
-
-        decode_each(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases, inflater)
+        decode_each(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases, lambda: inflate)

@@ -23,10 +23,8 @@ class NoneCodec(Codec):
         stride = ceil_align(nbytes)
         buf = np.zeros((b, stride), dtype=np.uint8)  # zero padding: the output is deterministic
         buf[:, :nbytes] = rows
-        return EncodedBatch(
-            buffer=buf.reshape(-1), offsets=np.arange(b, dtype=np.int64) * stride,
-            lengths=np.full(b, nbytes, dtype=np.int64), meta=np.zeros(b, dtype=np.uint8),
-        )
+        offsets = np.arange(b, dtype=np.int64) * stride
+        return EncodedBatch(buf.reshape(-1), offsets, np.full(b, nbytes, dtype=np.int64), np.zeros(b, dtype=np.uint8))
 
     def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
         zeros = np.zeros(len(rows), np.int64)

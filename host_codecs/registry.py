@@ -40,19 +40,11 @@ def available_codecs() -> list[str]:
 
 
 def get_codec(spec: "str | Codec") -> Codec:
-    """The codec object for `spec`.
-
-    Codec objects are immutable and cached, so calling this per put is cheap.
-
-    Args:
-      spec: `"rle"`, `"igzip:1"`, `"zstd:3"`, ... or a `host_codecs.Codec` (returned as it is).
-
-    Returns:
-      The codec.
+    """The codec object for `spec` (`"rle"`, `"igzip:1"`, `"zstd:3"`, ..., or a `host_codecs.Codec`, returned as it
+    is). Codec objects are immutable and cached, so calling this per put is cheap.
 
     Raises:
-      ValueError: unknown name (the message lists the known names) or bad level (the message
-        lists the valid levels).
+      ValueError: unknown name (the message lists the known names) or bad level (it lists the valid levels).
       TypeError: `spec` is neither a string nor a Codec.
       ImportError: the codec's optional package is missing (the message names the extra).
     """
@@ -70,23 +62,16 @@ def get_codec(spec: "str | Codec") -> Codec:
         try:
             level = int(level_text)
         except ValueError:
-            raise ValueError(
-                f"codec {spec!r}: level must be an integer"
-                + (f" in {list(cls.levels)}" if cls.levels else f" (codec {name!r} takes no level)")
-            ) from None
-    key = (name, level)
-    codec = _CACHE.get(key)
-    if codec is None:
-        codec = _CACHE[key] = cls(level)
-    return codec
+            levels = f" in {list(cls.levels)}" if cls.levels else f" (codec {name!r} takes no level)"
+            raise ValueError(f"codec {spec!r}: level must be an integer{levels}") from None
+    if (name, level) not in _CACHE:
+        _CACHE[name, level] = cls(level)
+    return _CACHE[name, level]
 
 
 def codec_for_tag(tag: int) -> Codec:
-    """The default-level codec object that decodes entries stored with `tag`.
-
-    Raises:
-      ValueError: unknown tag (corrupt index).
-    """
+    """The default-level codec object that decodes entries stored with `tag`; ValueError for an unknown tag (a
+    corrupt index)."""
     cls = _BY_TAG.get(int(tag))
     if cls is None:
         raise ValueError(f"codec tag {tag} is unknown; known tags: {sorted(_BY_TAG)}")

@@ -15,23 +15,15 @@ __all__ = ["RLECodec"]
 
 _REP = {1: np.uint64(0x0101010101010101), 2: np.uint64(0x0001000100010001), 4: np.uint64(0x0000000100000001), 8: np.uint64(1)}
 _NO_WORDS = np.zeros((1, 0), np.uint64)  # stands in for the uint64 view of unaligned rows
-# Smallest encode shard worth a pool thread's wake-up: run-length coding reads a row 8 bytes at a time and writes little
-# for the runs of zeros of a delta, several times faster per byte than the other codecs, for which
-# `host_codecs.parallel_for`'s default is sized; a smaller batch is encoded on the calling thread.
+# Smallest encode shard worth a pool thread's wake-up (run-length coding is several times faster per byte than the
+# codecs `host_codecs.parallel_for`'s default is sized for); a smaller batch is encoded on the calling thread.
 _ENCODE_SHARD_BYTES = 1 << 21
 _NO_IDS = np.zeros(0, np.int64)  # stands in for the delta rows and bases of a batch of whole entries
 
 
-def _views(buf: np.ndarray, word: np.dtype) -> tuple[np.ndarray, ...]:
-    """`buf` (uint8, length a multiple of 8) viewed as uint8, uint16, uint32 and `word`."""
-    return buf, buf.view(np.uint16), buf.view(np.uint32), buf.view(word)
-
-
 class RLECodec(Codec):
-    """Run-length codec (tag 1). Level = minimum count width in bits: 8 (default), 16 or 32.
-
-    Args:
-      level: 8, 16 or 32, the minimum count width in bits (`docs/api/host_codecs.md`, "RLE payloads").
+    """Run-length codec (tag 1). Level: the minimum count width in bits, 8 (default), 16 or 32
+    (`docs/api/host_codecs.md`, "RLE payloads").
 
     Raises:
       ImportError: naming the `codecs` extra when numba is not installed.
@@ -68,8 +60,8 @@ class RLECodec(Codec):
         deltas = (based is not None, idx, src, ext.view(word), words(ext))
         sizes, cws, offs = np.zeros(b, np.int64), np.zeros(b, np.uint8), np.zeros(b, np.int64)
 
-        def run(write: bool, out: np.ndarray) -> None:
-            views = _views(out, word)
+        def run(write: bool, out: np.ndarray) -> None:  # `out` (uint8, 8-byte multiple) viewed as u8, u16, u32, words
+            views = out, out.view(np.uint16), out.view(np.uint32), out.view(word)
             parallel_for(
                 b, lambda lo, hi: self._k.encode_range(*args, lo, hi, write, sizes, cws, offs, *views, *deltas),
                 work_bytes=b * nbytes * (1 if based is None else 2), min_shard_bytes=_ENCODE_SHARD_BYTES,

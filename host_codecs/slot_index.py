@@ -27,9 +27,7 @@ _COLUMNS = {
 def grown_rows(rows: int, need: int, limit: int) -> int:
     """Rows to grow `rows` to so that `need` fit: `min(limit, max(need, ceil(GROWTH * rows), MIN_ROWS))`, or
     `rows` when `need <= rows`."""
-    if need <= rows:
-        return rows
-    return min(limit, max(need, math.ceil(GROWTH * rows), MIN_ROWS))
+    return rows if need <= rows else min(limit, max(need, math.ceil(GROWTH * rows), MIN_ROWS))
 
 
 class IndexRows:
@@ -44,9 +42,8 @@ class IndexRows:
             setattr(self, "_" + name, np.full(n, empty, dtype=dtype))
 
     def _load_index(self, columns: dict[str, np.ndarray], rows: int, adopt: bool) -> None:
-        """An index of `rows` rows holding `columns` (checked: every column, its dtype, `rows` long). With `adopt`,
-        columns that can serve as they are (`rows == num_slots`: no empty row to add; each writable and owning its
-        C-contiguous memory) become the index themselves, else they are copied."""
+        """An index of `rows` rows holding `columns` (checked: every column, its dtype, `rows` long): with `adopt` and
+        no empty row to add, columns writable and owning their C-contiguous memory serve as they are, else copied."""
         if adopt and rows == self.num_slots and all(
             a.base is None and a.flags.writeable and a.flags.c_contiguous for a in (columns[n] for n in _COLUMNS)
         ):

@@ -1,11 +1,9 @@
 """The one check that a buffer's state is one buffer, not several stacked with `jax.vmap`.
 
-`jax.vmap(Buffer.create)` (one buffer per seed) gives a state whose every leaf has a leading member axis `[S]`.
-Under `jax.vmap` each call sees one member and works as usual; called without `vmap` (eagerly or in `jit`) a method
-would read the member axis as data (sample whole member rows as items, write member 0 only). Every buffer names the
-leaf that is a scalar in one buffer (its write cursor: the class attribute `_cursor`, a dotted attribute path); a
-leading axis on it is the member axis. The check reads shapes only (no device work, no transfer) and raises while
-tracing, before anything runs. `one_member_methods` applies it to every public method of a buffer class.
+`jax.vmap(Buffer.create)` gives a state whose every leaf has a leading member axis `[S]`; called without `vmap`, a
+method would read that axis as data. Every buffer names the leaf that is a scalar in one buffer (its write cursor:
+the class attribute `_cursor`, a dotted attribute path); a leading axis on it is the member axis. The check reads
+shapes only and raises while tracing, before anything runs.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,13 +30,8 @@ def _axes(stack: tuple[int, ...]) -> str:
 
 
 def one_member(method: str, buffer: Any, *, mapped: bool = True) -> None:
-    """Refuse a stacked state given to `type(buffer).method` outside `jax.vmap`.
-
-    Args:
-      method: the public method's name, for the message.
-      buffer: the buffer whose method is called.
-      mapped: whether the method works under `jax.vmap` (else it reads values on the host, such as `num_added`,
-        and the message says to take one member out).
+    """Refuse a stacked state given to `type(buffer).method` outside `jax.vmap` (`mapped`: whether the method works
+    under `jax.vmap`; else it reads values on the host and the message says to take one member out).
 
     Raises:
       ValueError: the state has leading member axes; the message names the method, the axes and how to call it.
@@ -54,11 +46,7 @@ def one_member(method: str, buffer: Any, *, mapped: bool = True) -> None:
 
 
 def unstacked(name: str, buffer: Any, hint: str) -> None:
-    """Refuse a stacked state given as the argument `name` of a function that takes one buffer.
-
-    Raises:
-      ValueError: naming `name`, the member axes and `hint` (how to reach one member, or map over them).
-    """
+    """ValueError naming `name`, the member axes and `hint` (how to reach one member) for a stacked `buffer`."""
     stack = member_axes(buffer)
     if stack:
         raise ValueError(f"{name}: a {type(buffer).__name__} with {_axes(stack)} (buffers stacked with jax.vmap); {hint}")
@@ -70,18 +58,10 @@ _HOST = frozenset({"num_added", "stats"})  # read values on the host: never unde
 
 
 def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
-    """Class decorator: every public method of a buffer class (inherited ones included; not properties,
-    classmethods, `replace`, `close` and the byte counts) calls `one_member` before its body, so a stacked state is
-    refused by every method, eagerly and while traced, before any argument check reads the state's shapes. The
-    class's public methods are then timed under their own names (`jaxbuffers._timing.timed_methods`).
-
-    Args:
-      cls: the buffer class (it declares `_cursor`).
-      mapped: whether its methods work under `jax.vmap` (False for the compressed buffers: one host store).
-
-    Returns:
-      `cls`, its methods replaced (`functools.wraps`: names, signatures and docstrings kept).
-    """
+    """Class decorator: every public method of a buffer class `cls` (inherited ones included; not properties,
+    classmethods, `replace`, `close` and the byte counts) calls `one_member` first (`mapped`: False for buffers whose
+    methods do not work under `jax.vmap`), then the public methods are timed (`jaxbuffers._timing.timed_methods`).
+    Returns `cls`, its methods wrapped (`functools.wraps`)."""
     if cls is None:
         return functools.partial(one_member_methods, mapped=mapped)
     for name in dir(cls):
@@ -92,7 +72,7 @@ def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
     return _timing.timed_methods(cls)
 
 
-def _checked(fn: Callable, name: str, mapped: bool) -> Callable:
+def _checked(fn, name: str, mapped: bool):
     @functools.wraps(fn)
     def call(self, *args, **kwargs):
         one_member(name, self, mapped=mapped)

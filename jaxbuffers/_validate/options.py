@@ -4,43 +4,40 @@ argument's name."""
 
 from __future__ import annotations
 
+import os
+import pathlib
 from typing import Any
 
 import jax
+
+from jaxbuffers._validate import unexpected
 
 
 def names(name: str, value: Any, minimum: int = 0) -> list[str]:
     """A list or tuple of at least ``minimum`` distinct strs (field names), as a list.
 
     Raises:
-      TypeError: naming ``name``: not a list or tuple (a lone str too: it would be read letter by letter), an item
-        not a str. ValueError: fewer than ``minimum`` names, or a name given twice.
+      TypeError: not a list or tuple (a lone str too: it would be read letter by letter), an item not a str.
+      ValueError: fewer than ``minimum`` names, or a name given twice.
     """
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise TypeError(f"{name}: expected a list of field names (strs), got {type(value).__name__} {value!r:.60}")
+        raise unexpected(name, "a list of field names (strs)", value)
     if len(value) < minimum or len(set(value)) != len(value):
         raise ValueError(f"{name}: expected at least {minimum} distinct names, got {list(value)!r:.80}")
     return list(value)
 
 
-def path(name: str, value: Any) -> Any:
-    """A file-system path argument: a ``str`` (not empty) or an ``os.PathLike``, returned as ``pathlib.Path``.
-
-    Raises:
-      TypeError: naming ``name``: ``None``, bytes, numbers, buffers and other objects given where a path belongs.
-    """
-    import os
-    import pathlib
-
+def path(name: str, value: Any) -> pathlib.Path:
+    """A file-system path: a non-empty ``str`` or an ``os.PathLike``, as ``pathlib.Path``; else TypeError."""
     if not (isinstance(value, os.PathLike) or (isinstance(value, str) and value)):
-        raise TypeError(f"{name}: expected a folder path (a non-empty str or os.PathLike), got {type(value).__name__} {value!r:.60}")
+        raise unexpected(name, "a folder path (a non-empty str or os.PathLike)", value)
     return pathlib.Path(value)
 
 
 def text(name: str, value: Any, optional: bool = False) -> Any:
     """A str argument (a name, a prefix), or None where ``optional``; else TypeError naming ``name``."""
     if not (isinstance(value, str) or (optional and value is None)):
-        raise TypeError(f"{name}: expected a str{' or None' if optional else ''}, got {type(value).__name__} {value!r:.60}")
+        raise unexpected(name, f"a str{' or None' if optional else ''}", value)
     return value
 
 
@@ -52,8 +49,7 @@ def choice(name: str, value: Any, options: tuple) -> Any:
 
 
 def one_each(name: str, value: Any, n: int, what: str) -> tuple:
-    """``value`` (a list or tuple of exactly ``n`` entries, one per ``what``) as a tuple, else TypeError naming
-    ``name``, ``n`` and what came."""
+    """``value`` (a list or tuple of exactly ``n`` entries, one per ``what``) as a tuple, else TypeError."""
     if not isinstance(value, (list, tuple)) or len(value) != n:
         got = f"{type(value).__name__} of {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
         raise TypeError(f"{name}: expected a list or tuple of {n} entries (one per {what}), got {got}")

@@ -11,44 +11,37 @@ import jax.numpy as jnp
 import numpy as np
 
 from host_codecs import DTYPES
-from jaxbuffers._validate import _is_array, check_batch, index_array, item_spec, leaf_name, not_array, static_int
+from jaxbuffers._validate import (
+    _is_array, _is_int, check_batch, index_array, item_spec, leaf_path, not_array, static_int,
+)
 
 
 def final_value_pair(prefix: str, truncated, final_value) -> None:
-    """A truncated step bootstraps from `final_value`: `truncated` and `final_value` come both or neither
-    (ValueError naming the one given, after `prefix`)."""
+    """ValueError naming the one given (after `prefix`) unless `truncated` and `final_value` come both or neither."""
     if (truncated is None) != (final_value is None):
         given, missing = ("truncated", "final_value") if final_value is None else ("final_value", "truncated")
-        raise ValueError(
-            f"{prefix}{given}: given without {missing}; a truncated step bootstraps from final_value "
-            f"(V of the real next observation), so pass both or neither"
-        )
+        raise ValueError(f"{prefix}{given}: given without {missing}; a truncated step bootstraps from final_value "
+                         f"(V of the real next observation), so pass both or neither")
 
 
 def trajectory_example(example_step, num_envs, length, obs_key: str, action_key: str, reward_key: str):
-    """`(num_envs, length, spec)` of a trajectory buffer's `create` (its errors): sizes whose flat
-    positions `lane * length + slot` fit int32, and an example step dict with an observation of at
-    least one leaf, an action and a floating scalar reward."""
+    """`(num_envs, length, spec)` of a trajectory buffer's `create` (its errors): sizes whose flat positions
+    `lane * length + slot` fit int32, and an example step dict with an observation of at least one leaf, an action
+    and a floating scalar reward."""
     num_envs, length = static_int("num_envs", num_envs), static_int("length", length)
     for arg, key in (("obs_key", obs_key), ("action_key", action_key), ("reward_key", reward_key)):
         if not isinstance(key, str):
             raise TypeError(f"{arg}: expected a str, the name of a field of example_step, got {type(key).__name__} {key!r}")
     if num_envs * length > 2**31 - 1:
-        raise ValueError(
-            f"num_envs * length: expected at most 2**31 - 1 steps in all (positions are int32 lane * length + slot), "
-            f"got {num_envs} * {length} = {num_envs * length}"
-        )
+        raise ValueError(f"num_envs * length: expected at most 2**31 - 1 steps in all (positions are int32 lane * "
+                         f"length + slot), got {num_envs} * {length} = {num_envs * length}")
     if not isinstance(example_step, Mapping):
-        raise TypeError(
-            f"example_step: expected a dict with fields {obs_key!r}, {action_key!r}, {reward_key!r} "
-            f"(plus any extras), got {type(example_step).__name__}"
-        )
+        raise TypeError(f"example_step: expected a dict with fields {obs_key!r}, {action_key!r}, {reward_key!r} "
+                        f"(plus any extras), got {type(example_step).__name__}")
     for name in (obs_key, action_key, reward_key):
         if name not in example_step:
-            raise ValueError(
-                f"example_step: missing field {name!r} (got fields {sorted(example_step)}); pass "
-                f"obs_key/action_key/reward_key to create if your names differ"
-            )
+            raise ValueError(f"example_step: missing field {name!r} (got fields {sorted(example_step)}); pass "
+                             f"obs_key/action_key/reward_key to create if your names differ")
     spec = item_spec(dict(example_step), "example_step")
     if not jax.tree.leaves(spec[obs_key]):
         raise ValueError(f"example_step[{obs_key!r}]: expected at least one array leaf (the observation), got {example_step[obs_key]!r}")
@@ -82,29 +75,18 @@ def _leaf_at(tree, path):
 
 
 def final_obs_not_step(obs_spec, obs_key: str, final_obs) -> None:
-    """Refuse a whole step passed as a trajectory buffer's `final_obs` (a dict with an `obs_key` field that the
-    observation `obs_spec` has not), naming the mistake where `check_batch` would report a tree structure difference.
-
-    Raises:
-      TypeError: `final_obs` is a whole step rather than an observation.
-    """
+    """TypeError for a whole step (a dict with an `obs_key` field the observation `obs_spec` has not) passed as a
+    trajectory buffer's `final_obs`, where `check_batch` would report a tree structure difference."""
     if isinstance(final_obs, Mapping) and obs_key in final_obs and not (isinstance(obs_spec, Mapping) and obs_key in obs_spec):
-        raise TypeError(
-            f"final_obs: expected the observation only, shaped like the step's {obs_key!r} field, not the whole step "
-            f"(got a dict with the fields {sorted(final_obs, key=str)}); pass its {obs_key!r} field alone"
-        )
+        raise TypeError(f"final_obs: expected the observation only, shaped like the step's {obs_key!r} field, not the "
+                        f"whole step (got a dict with the fields {sorted(final_obs, key=str)}); pass its {obs_key!r} "
+                        f"field alone")
 
 
 def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, terminated, truncated, final_obs):
-    """Check the arguments of a trajectory buffer's `add` against the step `spec` (trace time).
-
-    Shared by the device and the compressed buffers (each checks the step its user sees); the
-    errors are those of `TrajectoryBuffer.add`.
-
-    Returns:
-      `(step, terminated, truncated, final_obs)` with a time axis, leaves `[num_envs, t, ...]`
-      (`truncated` and `final_obs` stay None when not given).
-    """
+    """Check the arguments of a trajectory buffer's `add` against the step `spec` (trace time; the errors of
+    `TrajectoryBuffer.add`); returns `(step, terminated, truncated, final_obs)` with a time axis, leaves
+    `[num_envs, t, ...]` (`truncated` and `final_obs` stay None when not given)."""
     from jaxbuffers import _ring  # the ring's own fit check
 
     if not isinstance(step, Mapping):
@@ -127,18 +109,14 @@ def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, termina
     else:
         truncated = _flag("truncated", truncated, lead)
         if final_obs is None:
-            raise TypeError(
-                "final_obs: required when truncated is given: the true observation after each step, "
-                "before any auto-reset (read only where truncated); shaped like step[obs] "
-                f"(leading axes {list(lead)})"
-            )
+            raise TypeError("final_obs: required when truncated is given: the true observation after each step, "
+                            "before any auto-reset (read only where truncated); shaped like step[obs] "
+                            f"(leading axes {list(lead)})")
         final_obs_not_step(spec[obs_key], obs_key, final_obs)
         got = check_batch(spec[obs_key], final_obs, nd, "final_obs", ("num_envs", "t"))
         if tuple(got) != tuple(lead):
-            raise ValueError(
-                f"final_obs: expected leading axes {list(lead)} like step (one observation per env"
-                f"{' and step' if nd == 2 else ''}), got {list(got)}"
-            )
+            raise ValueError(f"final_obs: expected leading axes {list(lead)} like step (one observation per env"
+                             f"{' and step' if nd == 2 else ''}), got {list(got)}")
     if nd == 1:
         ex = lambda x: None if x is None else jax.tree.map(lambda v: jnp.expand_dims(jnp.asarray(v), 1), x)  # noqa: E731
         step, terminated, truncated, final_obs = ex(step), ex(terminated), ex(truncated), ex(final_obs)
@@ -152,38 +130,37 @@ def normalizable(name: str, dtype) -> None:
 
 
 def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, normalize_images: bool) -> list[tuple]:
-    """`(name, shape, dtype, frame_shape, stack_axis or None)` of the observation leaves number
-    `indices` that a compressed trajectory buffer stores on the host (its `create`'s errors).
+    """`(name, shape, dtype, frame_shape, stack_axis or None)` of the observation leaves number `indices` that a
+    compressed trajectory buffer stores on the host (its `create`'s errors).
 
     Raises:
       TypeError: a leaf whose dtype the host stores do not take (`host_codecs.DTYPES`: bool, the integers of 8 to
         64 bits, float16, float32, float64, complex64, complex128; not bfloat16, float8 or int4), naming the leaf.
-      ValueError: `normalize_images` on a non-uint8 leaf; with `frame_stack=k`, a `stack_axis`
-        out of range or not holding `k` frames.
+      ValueError: `normalize_images` on a non-uint8 leaf; with `frame_stack=k`, a `stack_axis` out of range or not
+        holding `k` frames.
     """
     flat = jax.tree_util.tree_flatten_with_path(obs_spec)[0]
     out = []
     for i in indices:
         path, s = flat[i]
-        name, shape = f"{what}{leaf_name(path) if path else ''}", tuple(s.shape)
-        if np.dtype(s.dtype) not in DTYPES:
+        name, shape, dtype = leaf_path(what, path), tuple(s.shape), np.dtype(s.dtype)
+        if dtype not in DTYPES:
             raise TypeError(f"{name}: dtype {s.dtype} cannot be stored compressed: the host stores take "
                             f"{[d.name for d in DTYPES]} (keep the leaf on the device by leaving it out of `compress`, "
                             "or store it as one of these dtypes)")
         if normalize_images:
             normalizable(name, s.dtype)
         if frame_stack is None:
-            out.append((name, shape, np.dtype(s.dtype), shape, None))
+            out.append((name, shape, dtype, shape, None))
             continue
         if not -len(shape) <= stack_axis < len(shape):
             raise ValueError(f"stack_axis: {stack_axis} is out of range for {name} of shape {shape}")
         ax = stack_axis % len(shape)
         if shape[ax] != frame_stack:
-            raise ValueError(
-                f"frame_stack: {name} has shape {shape}, so axis {stack_axis} holds {shape[ax]} frames, expected "
-                f"frame_stack={frame_stack}; set stack_axis to the frame axis (0 for [k, H, W], -1 for [H, W, k])"
-            )
-        out.append((name, shape, np.dtype(s.dtype), tuple(d for j, d in enumerate(shape) if j != ax), ax))
+            raise ValueError(f"frame_stack: {name} has shape {shape}, so axis {stack_axis} holds {shape[ax]} frames, "
+                             f"expected frame_stack={frame_stack}; set stack_axis to the frame axis (0 for [k, H, W], "
+                             f"-1 for [H, W, k])")
+        out.append((name, shape, dtype, shape[:ax] + shape[ax + 1:], ax))
     return out
 
 
@@ -194,7 +171,7 @@ def _part(x, lead: int, start: int, stop: int):
 
 def _differs(a, b, lead: int):
     """bool `a.shape[:lead]`: whether `a` and `b` differ in some byte past their first `lead` axes (floats compared
-    bit for bit, so a NaN equals itself): one XOR and one max over the flattened trailing axes."""
+    bit for bit, so a NaN equals itself)."""
     if jnp.issubdtype(a.dtype, jnp.floating):
         width = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
         a, b = jax.lax.bitcast_convert_type(a, width), jax.lax.bitcast_convert_type(b, width)
@@ -203,30 +180,25 @@ def _differs(a, b, lead: int):
 
 
 def _padding_breaks(x, lead: int, padding: str):
-    """bool `[*L]` of stacks `x` `[*L, k, *frame]` (`lead = len(L)`): whether the older frames `x[..., :k - 1, ...]`
-    are not the padding of an episode's first step: its newest frame repeated (`"reset"`) or zeros (`"zero"`)."""
+    """bool `[*L]` of stacks `x` `[*L, k, *frame]` (`lead = len(L)`): whether the older frames are not the padding of
+    an episode's first step: its newest frame repeated (`"reset"`) or zeros (`"zero"`)."""
     k = x.shape[lead]
     older, newest = _part(x, lead, 0, k - 1), _part(x, lead, k - 1, k)
     return _differs(older, jnp.zeros_like(older) if padding == "zero" else jnp.broadcast_to(newest, older.shape), lead)
 
 
 def _shift_breaks(x, prev, lead: int):
-    """bool `[*L]` of stacks `x` and the stacks `prev` of the steps before them (both `[*L, k, *frame]`): whether
-    `x[j] != prev[j + 1]` for some `j < k - 1` (a stack is not the one before it shifted by one frame)."""
+    """bool `[*L]` of stacks `x` and `prev` of the steps before them (both `[*L, k, *frame]`): whether
+    `x[j] != prev[j + 1]` for some `j < k - 1` (not the stack before shifted by one frame)."""
     k = x.shape[lead]
     return _differs(_part(x, lead, 0, k - 1), _part(prev, lead, 1, k), lead)
 
 
 def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) -> jax.Array:
-    """Where frame stacks are not what a frame-deduplicating episode store rebuilds from each step's newest frame.
-
-    Such a store keeps frame `k - 1` (the newest) of every step's stack and rebuilds stack position `j` of step `t`
-    as the newest frame of step `t - (k - 1 - j)` of the same episode; before the episode's first step, the first
-    step's newest frame (`padding="reset"`) or zeros (`"zero"`). The final observation is position `n` (the length).
-    By induction over `t` that holds exactly when step 0's older frames are the padding and every later stack (the
-    final observation's too) is the one before it shifted by one frame: `x[t][j] == x[t - 1][j + 1]`, `j < k - 1`,
-    which is what is compared (slices, no gather). `unrebuilt_trajectory_stacks` is the same rule for steps that
-    arrive in chunks.
+    """Where frame stacks are not what a store keeping each step's newest frame rebuilds (`docs/guide.md`, section 4):
+    step 0's older frames must be the padding (its newest frame repeated, `"reset"`, or zeros, `"zero"`) and every
+    later stack, the final observation's (step `n`, the length) too, the one before shifted by one frame:
+    `x[t][j] == x[t - 1][j + 1]`, `j < k - 1`.
 
     Args:
       stacks: `[B, T, *shape]`, `k` frames along `stack_axis` of `shape`.
@@ -251,23 +223,20 @@ def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) 
 
 
 def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_axis: int, padding: str) -> jax.Array:
-    """`unrebuilt_stacks` for steps that arrive in chunks `[E, t]` per lane (a trajectory store): a step that starts an
-    episode must hold the padding, any other step the stack before it shifted by one frame (the step before chunk
-    step 0 is `before`, the stack the store rebuilds for the lane's previous step), and a final observation the
-    stack of its step shifted by one frame.
+    """`unrebuilt_stacks` for steps that arrive in chunks `[E, t]` per lane (a trajectory store), a final observation
+    at every step where `boot`.
 
     Args:
       stacks: `[E, t, *shape]`, `k` frames along `stack_axis` of `shape`.
-      before: `[E, *shape]`, the stacks of the steps before chunk step 0 (read only where that step does not start
-        an episode).
+      before: `[E, *shape]`, the stacks the store rebuilds for the steps before chunk step 0 (read only where that
+        step does not start an episode).
       starts: bool `[E, t]`, the steps that start an episode.
-      finals: `[E, t, *shape]`, the final observations, compared where `boot` (bool `[E, t]`); or None (no final
-        observations).
+      finals: `[E, t, *shape]`, the final observations, compared where `boot` (bool `[E, t]`); or None.
       stack_axis, padding: as the store's.
 
     Returns:
-      bool `[2, E, t]`: row 0 the steps whose stack would not come back as given, row 1 the final observations.
-      numpy when `stacks` is a numpy array (computed on the host, `_host_unrebuilt`), else a `jax.Array`.
+      bool `[2, E, t]`: row 0 the steps whose stack would not come back as given, row 1 the final observations;
+      numpy (computed on the host) when `stacks` is a numpy array, else a `jax.Array`.
     """
     if isinstance(stacks, np.ndarray):
         return _host_unrebuilt(stacks, before, starts, finals, boot, stack_axis=stack_axis, padding=padding)
@@ -281,9 +250,8 @@ def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_a
 
 
 def _host_unrebuilt(stacks, before, starts, finals, boot, *, stack_axis: int, padding: str) -> np.ndarray:
-    """`unrebuilt_trajectory_stacks` on the host: the same result, each stack compared as bytes (bit for bit, as
-    `_differs`) only where the rule reads it, one step at a time: a step's comparison touches its own stack once and
-    makes no temporaries the size of the chunk."""
+    """`unrebuilt_trajectory_stacks` on the host, each stack compared as bytes only where the rule reads it, one step
+    at a time (no temporaries the size of the chunk)."""
     x, prev0, f = np.asarray(stacks), np.asarray(before), None if finals is None else np.asarray(finals)
     if stack_axis:  # the k axis after the leading axes (views)
         x, prev0 = np.moveaxis(x, 2 + stack_axis, 2), np.moveaxis(prev0, 1 + stack_axis, 1)
@@ -298,10 +266,8 @@ def _host_unrebuilt(stacks, before, starts, finals, boot, *, stack_axis: int, pa
                 pad = bytes(len(older)) if padding == "zero" else x[e, t, k - 1].tobytes() * (k - 1)
             else:
                 pad = (prev0[e] if t == 0 else x[e, t - 1])[1:].tobytes()
-            if older != pad:
-                bad[0, e, t] = True
-            if read is not None and read[e][t] and f[e, t, : k - 1].tobytes() != x[e, t, 1:].tobytes():
-                bad[1, e, t] = True
+            bad[0, e, t] = older != pad
+            bad[1, e, t] = read is not None and read[e][t] and f[e, t, : k - 1].tobytes() != x[e, t, 1:].tobytes()
     return bad
 
 
@@ -313,17 +279,22 @@ _UNREBUILT = (
 )
 
 
+def _first(bad: np.ndarray) -> tuple[int, int] | None:
+    """`(row, column)` of the first True of a 2-D bool array, or None."""
+    hits = np.argwhere(bad)
+    return (int(hits[0][0]), int(hits[0][1])) if hits.size else None
+
+
 def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched: bool) -> ValueError | None:
-    """The error naming the first stack `unrebuilt_stacks` found, or None. `bad`: bool `[L, B, T + 1]`, one
-    `unrebuilt_stacks` per compressed leaf; `names`: per leaf, its name in the episode argument and in `final_obs`
-    (e.g. `("episodes['obs']['pixels']", "final_obs['pixels']")`); `batched`: several episodes (`add_episodes`)."""
+    """The error naming the first stack `unrebuilt_stacks` found, or None. `bad`: bool `[L, B, T + 1]`, one per
+    compressed leaf; `names`: per leaf, its name in the episode argument and in `final_obs` (e.g.
+    `("episodes['obs']['pixels']", "final_obs['pixels']")`); `batched`: several episodes (`add_episodes`)."""
     for (step_name, final_name), leaf in zip(names, np.asarray(bad)):
-        hits = np.argwhere(leaf)
-        if not hits.size:
+        if (hit := _first(leaf)) is None:
             continue
-        e, t = (int(i) for i in hits[0])
-        final = t == leaf.shape[1] - 1
+        e, t = hit
         episode = f"episode {e}" if batched else "the episode"
+        final = t == leaf.shape[1] - 1
         what = f"{final_name}: the final observation of {episode}" if final else f"{step_name}: step {t} of {episode}"
         return ValueError(f"{what} {_UNREBUILT}")
     return None
@@ -334,21 +305,17 @@ def unrebuilt_trajectory_stack_error(bad: np.ndarray, names: list[tuple[str, str
     per compressed leaf; `names`: per leaf, its name in `step` and in `final_obs`."""
     for (step_name, final_name), leaf in zip(names, np.asarray(bad)):
         for row, name in enumerate((step_name, final_name)):
-            hits = np.argwhere(leaf[row])
-            if hits.size:
-                e, t = (int(i) for i in hits[0])
-                what = "the final observation of " if row else ""
-                return ValueError(
-                    f"{name}: {what}env {e}, step {t} of the add {_UNREBUILT} (a buffer's first step, and each lane's "
-                    f"step after an episode end, starts an episode)"
-                )
+            if (hit := _first(leaf[row])) is not None:
+                return ValueError(f"{name}: {'the final observation of ' if row else ''}env {hit[0]}, step {hit[1]} of "
+                                  f"the add {_UNREBUILT} (a buffer's first step, and each lane's step after an episode "
+                                  f"end, starts an episode)")
     return None
 
 
 def episode_lengths(name: str, x, shape: tuple, t: int):
     """Episode lengths of `shape` as int32 (`EpisodeBuffer.add_episode(s)`, `ShardedBuffer.add_episodes`): integers;
     concrete values must lie in `[1, t]` (traced ones are clipped by the add)."""
-    if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+    if _is_int(x):
         x = np.full(shape, int(x), np.int64)
     x = index_array(x, name)
     if tuple(x.shape) != tuple(shape):
