@@ -58,11 +58,9 @@ def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> No
     if jax.dtypes.canonicalize_dtype(dtype) != dtype:
         narrow = str(jax.dtypes.canonicalize_dtype(dtype))
         cast = f"array.astype(np.{narrow})" if numpy else f"tensor.to(torch.{narrow})"
-        raise TypeError(
-            f"{_where(fn, path)}: {shown} cannot become a JAX array without narrowing to {narrow} "
-            f"because jax_enable_x64 is off; cast it explicitly (e.g. {cast}) or "
-            f'enable 64-bit JAX with jax.config.update("jax_enable_x64", True)'
-        )
+        raise TypeError(f"{_where(fn, path)}: {shown} cannot become a JAX array without narrowing to {narrow} because "
+                        f"jax_enable_x64 is off; cast it explicitly (e.g. {cast}) or "
+                        f'enable 64-bit JAX with jax.config.update("jax_enable_x64", True)')
 
 
 def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
@@ -78,11 +76,9 @@ def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
         raise ValueError(f"{_where('to_torch', path)}: the JAX array has been deleted or donated")
     if len(x.sharding.device_set) > 1:
         if not x.is_fully_replicated:
-            raise ValueError(
-                f"{_where('to_torch', path)}: array of shape {x.shape} is sharded over "
-                f"{len(x.sharding.device_set)} devices; gather it first (jax.device_get or a "
-                f"replicated sharding) or convert its shards: [to_torch(s.data) for s in x.addressable_shards]"
-            )
+            raise ValueError(f"{_where('to_torch', path)}: array of shape {x.shape} is sharded over "
+                             f"{len(x.sharding.device_set)} devices; gather it first (jax.device_get or a replicated "
+                             f"sharding) or convert its shards: [to_torch(s.data) for s in x.addressable_shards]")
         x = x.addressable_data(0)  # every local shard holds the whole array: use the first, no copy
     return torch.from_dlpack(x)
 
@@ -134,7 +130,7 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
             raise _bad_leaf("to_torch", path, leaf)
         moved = t if dev is None else t.to(dev)
         if copy and moved is t:  # .to() returns the tensor itself when nothing moves
-            if isinstance(leaf, jax.Array) and moved.device.type == "cpu":  # through numpy (docs/api/torch.md, "Copies")
+            if isinstance(leaf, jax.Array) and moved.device.type == "cpu":  # via numpy (docs/api/torch.md, "Copies")
                 moved = _numpy_leaf_to_torch(path, np.array(leaf))
             else:
                 moved = moved.clone(memory_format=torch.contiguous_format)
@@ -157,10 +153,8 @@ def _torch_leaf_to_jax(path, t: torch.Tensor, copy: bool) -> jax.Array:
     if t.layout != torch.strided:
         raise TypeError(f"{_where('from_torch', path)}: {t.layout} tensors are not supported; convert with tensor.to_dense()")
     if t.dtype not in _TORCH_TO_NUMPY:
-        raise TypeError(
-            f"{_where('from_torch', path)}: dtype {t.dtype} is not supported (supported: "
-            f"{', '.join(str(d) for d in _TORCH_TO_NUMPY)}); cast it explicitly first"
-        )
+        raise TypeError(f"{_where('from_torch', path)}: dtype {t.dtype} is not supported (supported: "
+                        f"{', '.join(str(d) for d in _TORCH_TO_NUMPY)}); cast it explicitly first")
     _check_x64("from_torch", path, _TORCH_TO_NUMPY[t.dtype], t.dtype)
     t = t.detach().resolve_conj().resolve_neg()
     dense = t.numel() > 0 and _dense_up_to_permutation(t)

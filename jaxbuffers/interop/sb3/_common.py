@@ -5,6 +5,7 @@ Nothing here is public. The dtype policy is the one of `docs/api/sb3.md` ("Dtype
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -17,11 +18,6 @@ from jaxbuffers import _ring
 from jaxbuffers.interop.torch import SUPPORTED_DTYPES, to_torch
 
 F32, BOOL = np.dtype(np.float32), np.dtype(np.bool_)  # the stored dtypes of rewards and flags (`as_row` compares dtypes)
-
-
-def ring_state(buf: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(head, num_valid, added)`` of a `jaxbuffers.ReplayBuffer` (``added``: the int32[2] count)."""
-    return buf.head, buf.num_valid, buf.added
 
 
 def with_ring_state(buf: Any, head: int, num_valid: int, added: int) -> Any:
@@ -61,15 +57,11 @@ def storage_dtype(dtype: Any, space: spaces.Space | None, what: str) -> np.dtype
         bounds, info = _int_bounds(space), np.iinfo(canonical)
         if bounds is not None and info.min <= bounds[0] and bounds[1] <= info.max:
             return canonical
-        raise TypeError(
-            f"{what}: dtype {dtype} with bounds {bounds} cannot be stored in {canonical} without loss "
-            f"(jax_enable_x64 is off); use a space with 32-bit bounds or enable x64"
-        )
-    raise TypeError(
-        f"{what}: dtype {dtype} cannot be stored losslessly by JAX with jax_enable_x64 off "
-        f"(it would be narrowed to {canonical}); use a {canonical} space (e.g. wrap the env with "
-        f"gymnasium.wrappers.DtypeObservation) or enable x64"
-    )
+        raise TypeError(f"{what}: dtype {dtype} with bounds {bounds} cannot be stored in {canonical} without loss "
+                        f"(jax_enable_x64 is off); use a space with 32-bit bounds or enable x64")
+    raise TypeError(f"{what}: dtype {dtype} cannot be stored losslessly by JAX with jax_enable_x64 off (it would be "
+                    f"narrowed to {canonical}); use a {canonical} space (e.g. wrap the env with "
+                    f"gymnasium.wrappers.DtypeObservation) or enable x64")
 
 
 def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
@@ -116,26 +108,20 @@ def flags(x: Any, what: str) -> np.ndarray:
     return b
 
 
+def _freeze(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
 def read_only(tree: Any) -> Any:
     """``tree`` (numpy arrays) made read-only: a host copy refuses writes, which it would drop."""
-    def freeze(a: np.ndarray) -> np.ndarray:
-        a.flags.writeable = False
-        return a
-
-    return jax.tree.map(freeze, tree)
+    return jax.tree.map(_freeze, tree)
 
 
-_ZEROS: dict = {}
-
-
+@functools.cache
 def zeros(n: int, dtype: Any) -> np.ndarray:
     """A read-only ``np.zeros(n, dtype)``, one per ``(n, dtype)`` (not allocated per add)."""
-    key = (n, np.dtype(dtype))
-    out = _ZEROS.get(key)
-    if out is None:
-        out = _ZEROS[key] = np.zeros(n, dtype)
-        out.flags.writeable = False
-    return out
+    return _freeze(np.zeros(n, dtype))
 
 
 def frozen_obs(obs: Any) -> tuple[Any, list[bytes]]:

@@ -98,7 +98,6 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     _common.check_type("buffer", buffer, ReplayBuffer)
     rows, n = buffer.buffer_size, buffer.n_envs
     total = rows * n
-    flat = lambda a: a.reshape(total, *a.shape[2:])  # noqa: E731
     obs = _stored(_observations(buffer, "observations"), buffer.observation_space, "observations")
     if buffer.optimize_memory_usage:
         next_obs = jax.tree.map(lambda a: np.roll(a, -1, axis=0), obs)
@@ -109,11 +108,9 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     dones, timeouts = _common.flags(buffer.dones, "dones"), _common.flags(buffer.timeouts, "timeouts")
     if (timeouts & ~dones).any():
         raise ValueError("timeouts: set where dones is not; a timeout is an episode end (done) in SB3's VecEnvs")
-    item = {
-        "obs": obs, "action": act, "reward": np.asarray(buffer.rewards, np.float32), "next_obs": next_obs,
-        "terminated": dones & ~timeouts, "truncated": dones & timeouts,
-    }
-    item = jax.tree.map(flat, item)
+    item = {"obs": obs, "action": act, "reward": np.asarray(buffer.rewards, np.float32), "next_obs": next_obs,
+            "terminated": dones & ~timeouts, "truncated": dones & timeouts}
+    item = jax.tree.map(lambda a: a.reshape(total, *a.shape[2:]), item)  # [rows, n_envs, ...] -> [rows * n_envs, ...]
     out = _replay.ReplayBuffer.create(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), item), capacity=total)
     if buffer.full:
         valid, added = ((rows - 1) * n if buffer.optimize_memory_usage else total), total
@@ -147,8 +144,7 @@ def replay_from_jax(buffer: _replay.ReplayBuffer, observation_space: spaces.Spac
     if not isinstance(storage, dict) or set(storage) != want:
         got = sorted(storage) if isinstance(storage, dict) else type(storage).__name__
         raise ValueError(f"buffer: expected items with fields {sorted(want)} (the replay_to_jax layout), got {got}")
-    head, valid, _ = _common.ring_state(buffer)
-    cap, head, valid, n = buffer.capacity, int(head), int(valid), int(n_envs)
+    cap, head, valid, n = buffer.capacity, int(buffer.head), int(buffer.num_valid), int(n_envs)
     for name, v in (("capacity", cap), ("head", head), ("num_valid", valid)):
         if v % n:
             raise ValueError(f"buffer.{name}: {v} is not divisible by n_envs={n}; SB3 stores whole rows of n_envs transitions")
@@ -270,11 +266,9 @@ def rollout_from_jax(buffer: _rollout.RolloutBuffer, observation_space: spaces.S
     skipped = np.asarray(buffer.filled() & ~buffer.trainable)
     if skipped.any():
         at = tuple(int(i) for i in np.argwhere(skipped)[0])
-        raise ValueError(
-            f"buffer.trainable: expected every filled step trainable (SB3 has no per-step mask and would learn "
-            f"from all), got {int(skipped.sum())} that are not, the first at (t, env) = {at}; to convert "
-            f"anyway, pass buffer.replace(trainable=jnp.ones_like(buffer.trainable))"
-        )
+        raise ValueError(f"buffer.trainable: expected every filled step trainable (SB3 has no per-step mask and would "
+                         f"learn from all), got {int(skipped.sum())} that are not, the first at (t, env) = {at}; to "
+                         f"convert anyway, pass buffer.replace(trainable=jnp.ones_like(buffer.trainable))")
     t, n = buffer.num_steps, buffer.num_envs
     cls = DictRolloutBuffer if isinstance(observation_space, spaces.Dict) else RolloutBuffer
     out = cls(t, observation_space, action_space, device=device, gae_lambda=gae_lambda, gamma=gamma, n_envs=n)

@@ -33,8 +33,7 @@ __all__ = ["JaxReplayBuffer", "JaxDictReplayBuffer", "FieldView", "sb3_replay_nb
 def _add_row(state: _replay.ReplayBuffer, row: Any, next_obs: Any, next_in_obs: bool) -> _replay.ReplayBuffer:
     state = state.add(jax.tree.map(lambda x: x[None], row))
     if next_in_obs:  # optimize_memory_usage: next_obs goes to the next row's observation slot
-        head = _common.ring_state(state)[0]
-        obs = _ring.write(state.storage["observations"], jax.tree.map(lambda x: x[None], next_obs), head)
+        obs = _ring.write(state.storage["observations"], jax.tree.map(lambda x: x[None], next_obs), state.head)
         state = state.replace(storage={**state.storage, "observations": obs})
     return state
 
@@ -181,11 +180,9 @@ class _JaxReplayImpl:
         self.compress = _compress_options(compress)
         n = self.n_envs
         self._rows = _common.Rows(observation_space, action_space, n, _common.sb3_float32(action_space.dtype))
-        spec = {
-            "observations": self._rows.obs, "actions": self._rows.action,
-            "rewards": jax.ShapeDtypeStruct((n,), np.float32), "dones": jax.ShapeDtypeStruct((n,), np.bool_),
-            "timeouts": jax.ShapeDtypeStruct((n,), np.bool_),
-        }
+        flag = jax.ShapeDtypeStruct((n,), np.bool_)
+        spec = {"observations": self._rows.obs, "actions": self._rows.action,
+                "rewards": jax.ShapeDtypeStruct((n,), np.float32), "dones": flag, "timeouts": flag}
         if self.compress is not None:
             del spec["observations"]  # observations live in the compressed buffer
             self._writer = self._new_compressed()
@@ -215,7 +212,7 @@ class _JaxReplayImpl:
         self.__dict__["_rows_state"], self._row_queue = state, None
 
     def _stage_row(self, row: dict) -> None:
-        """Stage one checked row for the next device add: ``_row_queue`` is ``(arrays [_ROW_QUEUE, ...], rows filled)``."""
+        """Stage one checked row for the next device add (``_row_queue``: ``(arrays [_ROW_QUEUE, ...], filled)``)."""
         queue = self._row_queue
         if queue is None:
             queue = ({k: np.empty((_ROW_QUEUE, *x.shape), x.dtype) for k, x in row.items()}, 0)

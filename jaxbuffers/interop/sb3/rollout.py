@@ -112,11 +112,9 @@ class _JaxRolloutImpl:
         self.gae_lambda, self.gamma, self.generator_ready = gae_lambda, gamma, False
         self._rows = _common.Rows(observation_space, action_space, self.n_envs, action_space.dtype)
         per_env = lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype)  # noqa: E731
-        example = {
-            "obs": jax.tree.map(per_env, self._rows.obs), "action": per_env(self._rows.action),
-            "log_prob": jax.ShapeDtypeStruct((), np.float32),
-            "episode_start": jax.ShapeDtypeStruct((), np.bool_),
-        }
+        scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype)  # noqa: E731
+        example = {"obs": jax.tree.map(per_env, self._rows.obs), "action": per_env(self._rows.action),
+                   "log_prob": scalar(np.float32), "episode_start": scalar(np.bool_)}
         self._state = self._new_state(example)
         BaseBuffer.reset(self)
 
@@ -124,8 +122,7 @@ class _JaxRolloutImpl:
         """The backing buffer for steps shaped like ``example`` (one env's step pytree)."""
         return _rollout.RolloutBuffer.create(example, num_envs=self.n_envs, num_steps=self.buffer_size)
 
-    # Adds are staged in numpy arrays (`STAGED_STEPS` steps) and added in one device call when the stage is full or
-    # something reads the state (GAE, minibatches, the numpy fields, checkpoints).
+    # Adds are staged in numpy (`_put`) and added in one device call when the stage is full or the state is read.
     @property
     def _state(self) -> Any:
         if getattr(self, "_num_staged", 0):
