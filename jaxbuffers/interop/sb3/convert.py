@@ -34,12 +34,8 @@ def _stored(tree: Any, space: spaces.Space, what: str) -> Any:
 
 
 def _decoded(buffer: Any, a: Any, key: str | None, what: str) -> Any:
-    """``a``, or for an object array of sb3-extra-buffers' compressed entries (``bytes`` per observation) the
-    observations ``[*a.shape, *obs_shape]`` decoded by the buffer's own decoder (zeros where nothing was stored).
-
-    Raises:
-      TypeError: an object array in a buffer without a decoder.
-    """
+    """``a``, or sb3-extra-buffers' object array of compressed entries decoded to ``[*a.shape, *obs_shape]`` (zeros
+    where nothing was stored) by the buffer's decoder (``TypeError`` without one)."""
     a = np.asarray(a)
     if a.dtype != object:
         return a
@@ -65,12 +61,9 @@ def _observations(buffer: Any, name: str) -> Any:
 
 
 def _put(dst: Any, src: Any, lead: int, what: str, space: spaces.Space | None = None, shift: int = 0) -> Any:
-    """Write ``src`` (``[*L, *item]``, ``lead = len(L)``) into SB3's ``dst`` (``[rows, n_envs, *sb3_item]``) and return
-    what was written; ``item`` is ``sb3_item`` or the space's shape, ``shift`` rows are rolled to the front.
-
-    Raises:
-      ValueError: another item shape. TypeError: a value ``dst.dtype`` does not hold.
-    """
+    """Write ``src`` ``[*L, *item]`` (``lead = len(L)``; ``item``: ``sb3_item`` or the space's shape), rows rolled
+    ``shift`` to the front, into SB3's ``dst`` ``[rows, n_envs, *sb3_item]`` and return it; ``ValueError`` for
+    another item shape, ``TypeError`` for a value ``dst.dtype`` does not hold."""
     if isinstance(space, spaces.Dict):
         return _common.per_key(lambda sp, d, s, w: _put(d, s, lead, w, sp, shift), space, dst, src, what=what)
     a = np.asarray(src)

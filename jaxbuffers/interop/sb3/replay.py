@@ -364,12 +364,8 @@ class _JaxReplayImpl:
         self.full = self.full or self.pos == 0
 
     def _timeouts(self, infos: Any) -> np.ndarray:
-        """``timeouts`` of an add: ``infos[i]["TimeLimit.truncated"]`` with ``handle_timeout_termination``, else False.
-
-        Raises:
-          ValueError: with ``handle_timeout_termination``, ``infos`` not a list (or tuple) of ``n_envs`` dicts, or a
-            ``TimeLimit.truncated`` other than a bool, 0 or 1 (as ``done``). TypeError: one that is not a number.
-        """
+        """``infos[i]["TimeLimit.truncated"]`` with ``handle_timeout_termination``, else False; ``ValueError`` for
+        ``infos`` not ``n_envs`` dicts, a value checked as ``done`` is."""
         n = self.n_envs
         if not self.handle_timeout_termination:
             return _common.zeros(n, np.bool_)

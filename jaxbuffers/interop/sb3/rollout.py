@@ -237,11 +237,9 @@ class _JaxRolloutImpl:
         if self.full:
             raise IndexError(f"add: the rollout buffer is full ({self.buffer_size} steps); call reset() first")
         n, f32 = self.n_envs, _common.F32
-        step = {
-            "obs": self._rows.observation(obs, "obs"), "action": self._rows.action_row(action),
-            "log_prob": _common.as_row(log_prob, (n,), f32, "log_prob"),
-            "episode_start": _common.as_row(episode_start, (n,), _common.BOOL, "episode_start"),
-        }
+        step = {"obs": self._rows.observation(obs, "obs"), "action": self._rows.action_row(action),
+                "log_prob": _common.as_row(log_prob, (n,), f32, "log_prob"),
+                "episode_start": _common.as_row(episode_start, (n,), _common.BOOL, "episode_start")}
         return step, _common.as_row(reward, (n,), f32, "reward"), _common.as_row(value, (n,), f32, "value", reshape=True)
 
     def _returns_rows(self, last_values: Any, dones: Any) -> tuple[np.ndarray, np.ndarray]:
