@@ -48,9 +48,9 @@ def _bad_leaf(fn: str, path, leaf) -> TypeError:
     return TypeError(f"{_where(fn, path)}: cannot convert {type(leaf).__name__} {text}: {hint}")
 
 
-def _check_dtype(fn: str, path, dtype: np.dtype, shown) -> None:
+def _check_dtype(fn: str, path, dtype: np.dtype) -> None:
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{_where(fn, path)}: dtype {shown} is not supported (supported: {_SUPPORTED_NAMES}); cast it explicitly first")
+        raise TypeError(f"{_where(fn, path)}: dtype {dtype} is not supported (supported: {_SUPPORTED_NAMES}); cast it explicitly first")
 
 
 def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> None:
@@ -71,7 +71,7 @@ def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
         raise TypeError(f"{_where('to_torch', path)}: dtype {x.dtype} (a PRNG key) is not supported (supported: "
                         f"{_SUPPORTED_NAMES}); convert its raw bits with jax.random.key_data first")
     dtype = np.dtype(x.dtype)
-    _check_dtype("to_torch", path, dtype, dtype)
+    _check_dtype("to_torch", path, dtype)
     if x.is_deleted():
         raise ValueError(f"{_where('to_torch', path)}: the JAX array has been deleted or donated")
     if len(x.sharding.device_set) > 1:
@@ -87,7 +87,7 @@ def _numpy_leaf_to_torch(path, a: np.ndarray) -> torch.Tensor:
     dtype = a.dtype
     if not dtype.isnative:
         raise TypeError(f"{_where('to_torch', path)}: non-native byte order {dtype.str}; convert it first with a.astype(a.dtype.newbyteorder('='))")
-    _check_dtype("to_torch", path, dtype, dtype)
+    _check_dtype("to_torch", path, dtype)
     if a.size and any(s < 0 or s % a.itemsize for s in a.strides):
         a = np.ascontiguousarray(a)  # strides torch cannot represent (DLPack aborts on negative ones): one copy
     if dtype == _BF16:  # numpy has no DLPack code for ml_dtypes.bfloat16: reinterpret the bits
@@ -200,7 +200,7 @@ def from_torch(tree: Any, *, copy: bool = False) -> Any:
             a = np.asarray(leaf)
             if not a.dtype.isnative:  # e.g. big-endian '>f4' read from a file: the same values, native order
                 a = a.astype(a.dtype.newbyteorder("="))
-            _check_dtype("from_torch", path, a.dtype, a.dtype)
+            _check_dtype("from_torch", path, a.dtype)
             _check_x64("from_torch", path, a.dtype, f"numpy {a.dtype}", numpy=True)
             return jnp.array(a, copy=True)
         raise _bad_leaf("from_torch", path, leaf)
