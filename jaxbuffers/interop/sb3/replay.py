@@ -166,13 +166,12 @@ class _JaxReplayImpl:
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
         _common.check_space_kind(self, DictReplayBuffer, observation_space)
-        is_dict = isinstance(observation_space, spaces.Dict)
         optimize_memory_usage = _validate.static_bool("optimize_memory_usage", optimize_memory_usage)
         handle_timeout_termination = _validate.static_bool("handle_timeout_termination", handle_timeout_termination)
         if optimize_memory_usage and handle_timeout_termination:
             raise ValueError("optimize_memory_usage=True and handle_timeout_termination=True cannot be combined (as in SB3: the "
                              "next observation of a timeout would be the next episode's first one); pass handle_timeout_termination=False")
-        if optimize_memory_usage and is_dict:
+        if optimize_memory_usage and isinstance(observation_space, spaces.Dict):
             raise ValueError("optimize_memory_usage: not supported with Dict observations (as in SB3's DictReplayBuffer)")
         if compress and optimize_memory_usage:
             raise ValueError("compress: supported with optimize_memory_usage=False (it stores each frame once); got optimize_memory_usage=True")
