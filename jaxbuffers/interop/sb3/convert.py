@@ -33,9 +33,11 @@ def _stored(tree: Any, space: spaces.Space, what: str) -> Any:
     return _common.per_key(one, space, tree, what=what)
 
 
-def _decoded(buffer: Any, a: Any, key: str | None, what: str) -> Any:
-    """``a``, or sb3-extra-buffers' object array of compressed entries decoded to ``[*a.shape, *obs_shape]`` (zeros
-    where nothing was stored) by the buffer's decoder (``TypeError`` without one)."""
+def _decoded(buffer: Any, a: Any, what: str, key: str | None = None) -> Any:
+    """``a`` (a dict of them for Dict spaces), or sb3-extra-buffers' object array of compressed entries decoded to
+    ``[*a.shape, *obs_shape]`` (zeros where nothing was stored) by the buffer's decoder (``TypeError`` without one)."""
+    if isinstance(a, dict):
+        return {k: _decoded(buffer, v, f"{what}[{k!r}]", k) for k, v in a.items()}
     a = np.asarray(a)
     if a.dtype != object:
         return a
@@ -50,14 +52,6 @@ def _decoded(buffer: Any, a: Any, key: str | None, what: str) -> Any:
         if a[i] is not None:
             out[i] = _common.exact_cast(np.asarray(decompress(a[i], arr_configs=config)).reshape(shape), dtype, what)
     return out
-
-
-def _observations(buffer: Any, name: str) -> Any:
-    """``buffer.<name>`` with compressed entries decoded (`_decoded`; a dict for Dict spaces)."""
-    value = getattr(buffer, name)
-    if isinstance(value, dict):
-        return {k: _decoded(buffer, v, k, f"{name}[{k!r}]") for k, v in value.items()}
-    return _decoded(buffer, value, None, name)
 
 
 def _put(dst: Any, src: Any, lead: int, what: str, space: spaces.Space | None = None, shift: int = 0) -> Any:
@@ -91,11 +85,12 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     _common.check_type("buffer", buffer, ReplayBuffer)
     rows, n = buffer.buffer_size, buffer.n_envs
     total = rows * n
-    obs = _stored(_observations(buffer, "observations"), buffer.observation_space, "observations")
+    obs = _stored(_decoded(buffer, buffer.observations, "observations"), buffer.observation_space, "observations")
     if buffer.optimize_memory_usage:
         next_obs = jax.tree.map(lambda a: np.roll(a, -1, axis=0), obs)
     else:
-        next_obs = _stored(_observations(buffer, "next_observations"), buffer.observation_space, "next_observations")
+        next_obs = _stored(_decoded(buffer, buffer.next_observations, "next_observations"), buffer.observation_space,
+                           "next_observations")
     act = np.asarray(buffer.actions)
     act = act.astype(_common.storage_dtype(act.dtype, buffer.action_space, "actions"), copy=False)
     dones, timeouts = _common.flags(buffer.dones, "dones"), _common.flags(buffer.timeouts, "timeouts")
@@ -176,7 +171,7 @@ def _sb3_layout(buffer: RolloutBuffer, name: str, item: Any) -> Any:
     t, n = buffer.buffer_size, buffer.n_envs
 
     def one(a: Any, item: tuple, what: str, key: str | None = None) -> np.ndarray:
-        a = _decoded(buffer, a, key, what)  # sb3-extra-buffers' compressed entries: [T, n] or, after get(), [n * T, 1]
+        a = _decoded(buffer, a, what, key)  # sb3-extra-buffers' compressed entries: [T, n] or, after get(), [n * T, 1]
         if (n > 1 and a.shape == (n * t, 1, *item)) or (not item and a.shape == (n * t,)):  # the latter: sb3-extra-buffers' get()
             a = a.reshape(n * t, *(item or (1,)))
         a, flat = np.asarray(a), (n * t, *(item or (1,)))
