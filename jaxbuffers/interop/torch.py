@@ -30,6 +30,7 @@ SUPPORTED_DTYPES: dict[np.dtype, torch.dtype] = {np.dtype(getattr(jnp, n.replace
 _TORCH_TO_NUMPY = {t: n for n, t in SUPPORTED_DTYPES.items()}
 _BF16 = np.dtype(jnp.bfloat16)
 _SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+_WRAPS = ((bool, "np.bool_"), (int, "np.int32"), (float, "np.float32"), (complex, "np.complex64"))
 
 
 def _where(fn: str, path) -> str:
@@ -37,20 +38,19 @@ def _where(fn: str, path) -> str:
 
 
 def _bad_leaf(fn: str, path, leaf) -> TypeError:
-    if isinstance(leaf, (bool, int, float, complex)):
-        wrap = next(w for t, w in ((bool, "np.bool_"), (int, "np.int32"), (float, "np.float32"), (complex, "np.complex64")) if isinstance(leaf, t))
+    wrap = next((w for t, w in _WRAPS if isinstance(leaf, t)), None)
+    if wrap is not None:
         hint = f"its dtype would be a guess; wrap it with an explicit dtype, e.g. {wrap}({leaf!r})"
     else:
         hint = "expected a jax.Array, torch.Tensor, numpy array or numpy scalar"
     text = repr(leaf)
-    if len(text) > 60:
-        text = text[:57] + "..."
+    text = text if len(text) <= 60 else text[:57] + "..."
     return TypeError(f"{_where(fn, path)}: cannot convert {type(leaf).__name__} {text}: {hint}")
 
 
-def _check_dtype(fn: str, path, dtype: np.dtype, shown) -> None:
+def _check_dtype(fn: str, path, dtype: np.dtype) -> None:
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{_where(fn, path)}: dtype {shown} is not supported (supported: {_SUPPORTED_NAMES}); cast it explicitly first")
+        raise TypeError(f"{_where(fn, path)}: dtype {dtype} is not supported (supported: {_SUPPORTED_NAMES}); cast it explicitly first")
 
 
 def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> None:
@@ -58,11 +58,9 @@ def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> No
     if jax.dtypes.canonicalize_dtype(dtype) != dtype:
         narrow = str(jax.dtypes.canonicalize_dtype(dtype))
         cast = f"array.astype(np.{narrow})" if numpy else f"tensor.to(torch.{narrow})"
-        raise TypeError(
-            f"{_where(fn, path)}: {shown} cannot become a JAX array without narrowing to {narrow} "
-            f"because jax_enable_x64 is off; cast it explicitly (e.g. {cast}) or "
-            f'enable 64-bit JAX with jax.config.update("jax_enable_x64", True)'
-        )
+        raise TypeError(f"{_where(fn, path)}: {shown} cannot become a JAX array without narrowing to {narrow} because "
+                        f"jax_enable_x64 is off; cast it explicitly (e.g. {cast}) or "
+                        f'enable 64-bit JAX with jax.config.update("jax_enable_x64", True)')
 
 
 def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
@@ -73,16 +71,14 @@ def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
         raise TypeError(f"{_where('to_torch', path)}: dtype {x.dtype} (a PRNG key) is not supported (supported: "
                         f"{_SUPPORTED_NAMES}); convert its raw bits with jax.random.key_data first")
     dtype = np.dtype(x.dtype)
-    _check_dtype("to_torch", path, dtype, dtype)
+    _check_dtype("to_torch", path, dtype)
     if x.is_deleted():
         raise ValueError(f"{_where('to_torch', path)}: the JAX array has been deleted or donated")
     if len(x.sharding.device_set) > 1:
         if not x.is_fully_replicated:
-            raise ValueError(
-                f"{_where('to_torch', path)}: array of shape {x.shape} is sharded over "
-                f"{len(x.sharding.device_set)} devices; gather it first (jax.device_get or a "
-                f"replicated sharding) or convert its shards: [to_torch(s.data) for s in x.addressable_shards]"
-            )
+            raise ValueError(f"{_where('to_torch', path)}: array of shape {x.shape} is sharded over "
+                             f"{len(x.sharding.device_set)} devices; gather it first (jax.device_get or a replicated "
+                             f"sharding) or convert its shards: [to_torch(s.data) for s in x.addressable_shards]")
         x = x.addressable_data(0)  # every local shard holds the whole array: use the first, no copy
     return torch.from_dlpack(x)
 
@@ -91,16 +87,12 @@ def _numpy_leaf_to_torch(path, a: np.ndarray) -> torch.Tensor:
     dtype = a.dtype
     if not dtype.isnative:
         raise TypeError(f"{_where('to_torch', path)}: non-native byte order {dtype.str}; convert it first with a.astype(a.dtype.newbyteorder('='))")
-    _check_dtype("to_torch", path, dtype, dtype)
+    _check_dtype("to_torch", path, dtype)
     if a.size and any(s < 0 or s % a.itemsize for s in a.strides):
-        # torch cannot represent these strides (DLPack import of negative strides even aborts the
-        # process): one contiguous copy.
-        a = np.ascontiguousarray(a)
+        a = np.ascontiguousarray(a)  # strides torch cannot represent (DLPack aborts on negative ones): one copy
     if dtype == _BF16:  # numpy has no DLPack code for ml_dtypes.bfloat16: reinterpret the bits
         return torch.from_dlpack(a.view(np.uint16)).view(torch.bfloat16)
-    # from_dlpack rather than from_numpy: same aliasing, but no warning for read-only arrays
-    # (e.g. np.asarray(jax_array)); the aliasing rules of docs/api/torch.md apply.
-    return torch.from_dlpack(a)
+    return torch.from_dlpack(a)  # not from_numpy: same aliasing, no warning for read-only arrays
 
 
 def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy: bool = False) -> Any:
@@ -112,16 +104,16 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
       device: torch device (``torch.device``, ``"cpu"``, ``"cuda:0"``, index) for every tensor, or ``None`` to keep
         each leaf on the device it is on (a JAX GPU array becomes a CUDA tensor). A device other than the leaf's
         means one copy (``tensor.to(device)``); errors for an unavailable device are torch's own.
-      copy: if True every returned tensor owns its memory (safe to write in place). If False
-        (default) tensors alias the JAX/numpy buffers where possible: do not write them in place.
+      copy: if True every returned tensor owns its memory (safe to write in place). If False (default) tensors
+        alias the JAX/numpy buffers where possible: do not write them in place.
 
     Returns:
-      The same tree structure with ``torch.Tensor`` leaves: same shapes (0-d and empty included)
-      and same dtypes (see `SUPPORTED_DTYPES`).
+      The same tree structure with ``torch.Tensor`` leaves of the same shapes (0-d and empty included) and dtypes
+      (see `SUPPORTED_DTYPES`).
 
     Raises:
-      TypeError: a leaf that is not an array (e.g. a Python number or string), an unsupported dtype,
-        or a traced value (called inside ``jit``); the message names the leaf path.
+      TypeError: a leaf that is not an array (e.g. a Python number or string), an unsupported dtype, or a traced
+        value (called inside ``jit``); the message names the leaf path.
       ValueError: a deleted/donated JAX array, or one sharded over several devices.
     """
     copy = _validate.static_bool("copy", copy)
@@ -138,7 +130,7 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
             raise _bad_leaf("to_torch", path, leaf)
         moved = t if dev is None else t.to(dev)
         if copy and moved is t:  # .to() returns the tensor itself when nothing moves
-            if isinstance(leaf, jax.Array) and moved.device.type == "cpu":  # numpy allocations are paged in (docs/api/torch.md, "Copies")
+            if isinstance(leaf, jax.Array) and moved.device.type == "cpu":  # via numpy (docs/api/torch.md, "Copies")
                 moved = _numpy_leaf_to_torch(path, np.array(leaf))
             else:
                 moved = moved.clone(memory_format=torch.contiguous_format)
@@ -157,31 +149,18 @@ def _dense_up_to_permutation(t: torch.Tensor) -> bool:
     return True
 
 
-def _numpy_view(t: torch.Tensor) -> np.ndarray:
-    """Zero-copy numpy view of a detached, resolved CPU tensor (bfloat16 through its bits)."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.uint16).numpy().view(_BF16)
-    return t.numpy()
-
-
 def _torch_leaf_to_jax(path, t: torch.Tensor, copy: bool) -> jax.Array:
     if t.layout != torch.strided:
         raise TypeError(f"{_where('from_torch', path)}: {t.layout} tensors are not supported; convert with tensor.to_dense()")
     if t.dtype not in _TORCH_TO_NUMPY:
-        raise TypeError(
-            f"{_where('from_torch', path)}: dtype {t.dtype} is not supported (supported: "
-            f"{', '.join(str(d) for d in _TORCH_TO_NUMPY)}); cast it explicitly first"
-        )
+        raise TypeError(f"{_where('from_torch', path)}: dtype {t.dtype} is not supported (supported: "
+                        f"{', '.join(str(d) for d in _TORCH_TO_NUMPY)}); cast it explicitly first")
     _check_x64("from_torch", path, _TORCH_TO_NUMPY[t.dtype], t.dtype)
-    t = t.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
+    t = t.detach().resolve_conj().resolve_neg()
     dense = t.numel() > 0 and _dense_up_to_permutation(t)
-    if t.device.type == "cpu" and (copy or not dense):
-        # one copy into XLA-owned memory straight from a numpy view of the tensor (any strides)
-        return jnp.array(_numpy_view(t), copy=True)
+    if t.device.type == "cpu" and (copy or not dense):  # one copy into XLA memory from a numpy view (any strides)
+        view = t.view(torch.uint16).numpy().view(_BF16) if t.dtype == torch.bfloat16 else t.numpy()
+        return jnp.array(view, copy=True)
     if copy:
         t = t.clone(memory_format=torch.contiguous_format)
     elif not dense:
@@ -196,20 +175,19 @@ def from_torch(tree: Any, *, copy: bool = False) -> Any:
     """Convert every ``torch.Tensor`` leaf of a pytree to a ``jax.Array``, zero copy where possible.
 
     Args:
-      tree: any pytree whose leaves are ``torch.Tensor``, ``jax.Array`` (kept as they are) or
-        numpy arrays/scalars (copied into JAX).
-      copy: if True the JAX arrays own their memory, so later in-place writes to the tensors
-        cannot reach them. If False (default) each array aliases its tensor's memory where the
-        layout allows it (on the tensor's device): do not write the tensor in place afterwards.
+      tree: any pytree whose leaves are ``torch.Tensor``, ``jax.Array`` (kept as they are) or numpy arrays/scalars
+        (copied into JAX).
+      copy: if True the JAX arrays own their memory, so later in-place writes to the tensors cannot reach them. If
+        False (default) each array aliases its tensor's memory where the layout allows it (on the tensor's device):
+        do not write the tensor in place afterwards.
 
     Returns:
-      The same tree structure with ``jax.Array`` leaves of the same shapes and dtypes, on the
-      JAX device matching each tensor's device.
+      The same tree structure with ``jax.Array`` leaves of the same shapes and dtypes, on the JAX device matching
+      each tensor's device.
 
     Raises:
-      TypeError: a leaf that is not an array, an unsupported dtype or layout, or a 64-bit tensor
-        (int64, uint64, float64, complex128) while ``jax_enable_x64`` is off: it is never narrowed
-        silently; cast it or enable x64. The message names the leaf path.
+      TypeError: a leaf that is not an array, an unsupported dtype or layout, or a 64-bit tensor (int64, uint64,
+        float64, complex128) while ``jax_enable_x64`` is off (never narrowed silently); the message names the leaf.
     """
     copy = _validate.static_bool("copy", copy)
 
@@ -222,7 +200,7 @@ def from_torch(tree: Any, *, copy: bool = False) -> Any:
             a = np.asarray(leaf)
             if not a.dtype.isnative:  # e.g. big-endian '>f4' read from a file: the same values, native order
                 a = a.astype(a.dtype.newbyteorder("="))
-            _check_dtype("from_torch", path, a.dtype, a.dtype)
+            _check_dtype("from_torch", path, a.dtype)
             _check_x64("from_torch", path, a.dtype, f"numpy {a.dtype}", numpy=True)
             return jnp.array(a, copy=True)
         raise _bad_leaf("from_torch", path, leaf)

@@ -234,8 +234,7 @@ def test_replay_from_jax_samples_only_valid_transitions(n, omu_out):
     mid = replay_to_jax(src)
     assert int(mid.num_valid) < mid.capacity <= mid.num_added()
     # ... and a native one whose valid range wraps and ends short of the capacity.
-    head, _, _ = _common.ring_state(mid)
-    short = _common.with_ring_state(mid, int(head), 2 * n, mid.num_added())
+    short = _common.with_ring_state(mid, int(mid.head), 2 * n, mid.num_added())
     for buf in (mid, short):
         slots = (int(buf.head) - int(buf.num_valid) + np.arange(int(buf.num_valid))) % buf.capacity  # the valid ones
         valid = np.asarray(buf.storage["obs"])[slots, 0]

@@ -1,15 +1,11 @@
 """What the SB3 adapters and conversions share: the ring cursors, storable dtypes, SB3 rows, the torch hand-off.
 
-Nothing here is public; `jaxbuffers.interop.sb3` re-exports what users need.
-
-Dtypes: with `jax_enable_x64` off JAX cannot hold 64-bit values. Integer data is held in 32 bits when the space's
-bounds prove it fits (Discrete actions are int64 in gymnasium, their values are small) and given back in SB3's
-dtype; float64 observations are refused (narrowing would change values). Where a stored dtype is narrower than
-SB3's, or is an integer dtype, a value it does not hold exactly raises `TypeError`: nothing is cast silently.
+Nothing here is public. The dtype policy is the one of `docs/api/sb3.md` ("Dtypes").
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -22,12 +18,6 @@ from jaxbuffers import _ring
 from jaxbuffers.interop.torch import SUPPORTED_DTYPES, to_torch
 
 F32, BOOL = np.dtype(np.float32), np.dtype(np.bool_)  # the stored dtypes of rewards and flags (`as_row` compares dtypes)
-
-
-# The ring cursors of a ReplayBuffer are read and set only through these two.
-def ring_state(buf: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(head, num_valid, added)`` of a `jaxbuffers.ReplayBuffer` (``added``: the int32[2] count)."""
-    return buf.head, buf.num_valid, buf.added
 
 
 def with_ring_state(buf: Any, head: int, num_valid: int, added: int) -> Any:
@@ -54,7 +44,7 @@ def _int_bounds(space: spaces.Space | None) -> tuple[int, int] | None:
 
 
 def storage_dtype(dtype: Any, space: spaces.Space | None, what: str) -> np.dtype:
-    """The dtype JAX holds ``dtype`` in without loss (see the module doc).
+    """The dtype JAX holds ``dtype`` in without loss (the dtype policy).
 
     Raises:
       TypeError: float64, or 64-bit integers whose space bounds do not fit 32 bits; names ``what``.
@@ -67,15 +57,11 @@ def storage_dtype(dtype: Any, space: spaces.Space | None, what: str) -> np.dtype
         bounds, info = _int_bounds(space), np.iinfo(canonical)
         if bounds is not None and info.min <= bounds[0] and bounds[1] <= info.max:
             return canonical
-        raise TypeError(
-            f"{what}: dtype {dtype} with bounds {bounds} cannot be stored in {canonical} without loss "
-            f"(jax_enable_x64 is off); use a space with 32-bit bounds or enable x64"
-        )
-    raise TypeError(
-        f"{what}: dtype {dtype} cannot be stored losslessly by JAX with jax_enable_x64 off "
-        f"(it would be narrowed to {canonical}); use a {canonical} space (e.g. wrap the env with "
-        f"gymnasium.wrappers.DtypeObservation) or enable x64"
-    )
+        raise TypeError(f"{what}: dtype {dtype} with bounds {bounds} cannot be stored in {canonical} without loss "
+                        f"(jax_enable_x64 is off); use a space with 32-bit bounds or enable x64")
+    raise TypeError(f"{what}: dtype {dtype} cannot be stored losslessly by JAX with jax_enable_x64 off (it would be "
+                    f"narrowed to {canonical}); use a {canonical} space (e.g. wrap the env with "
+                    f"gymnasium.wrappers.DtypeObservation) or enable x64")
 
 
 def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
@@ -84,10 +70,10 @@ def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
     if out is a:
         return out
     back = out.astype(a.dtype)
-    same = back == a  # one comparison per value: this runs on every add
+    same = back == a
     if a.dtype.kind in "fc":  # NaN is held exactly when it comes back as NaN
         same |= np.isnan(a) & np.isnan(back)
-    if np.count_nonzero(same) != same.size:  # not `same.all()`: a direct count is the cheaper call on a few values
+    if np.count_nonzero(same) != same.size:  # not `same.all()`: cheaper on the few values of an add
         raise TypeError(f"{what}: values of dtype {a.dtype} that {np.dtype(dtype)} does not hold exactly")
     return out
 
@@ -96,15 +82,14 @@ def cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
     """``a`` in ``dtype`` by numpy's cast (float64 rounds to float32, as SB3 stores it).
 
     Raises:
-      ValueError: a finite value overflows a float ``dtype`` (numpy would store inf; inf and NaN given as such pass
-        as they are), or values numpy cannot convert; names ``what``.
+      ValueError: a finite value overflows a float ``dtype`` (inf and NaN pass), or values numpy cannot convert.
     """
     dtype = np.dtype(dtype)
     try:
         narrowing = a.dtype.kind in "iu" or (a.dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize)
         if not (dtype.kind == "f" and narrowing):  # only a float dtype narrower than the values can overflow to inf
             return a.astype(dtype, copy=False)
-        with np.errstate(over="raise"):  # numpy flags a cast that overflows to inf (an inf given casts to inf unflagged)
+        with np.errstate(over="raise"):  # flags a cast overflowing to inf (an inf given casts unflagged)
             return a.astype(dtype, copy=False)
     except FloatingPointError:
         with np.errstate(over="ignore"):
@@ -123,31 +108,24 @@ def flags(x: Any, what: str) -> np.ndarray:
     return b
 
 
+def _freeze(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
 def read_only(tree: Any) -> Any:
-    """``tree`` (numpy arrays) with every array made read-only: a host copy refuses writes, which it would drop."""
-    def freeze(a: np.ndarray) -> np.ndarray:
-        a.flags.writeable = False
-        return a
-
-    return jax.tree.map(freeze, tree)
+    """``tree`` (numpy arrays) made read-only: a host copy refuses writes, which it would drop."""
+    return jax.tree.map(_freeze, tree)
 
 
-_ZEROS: dict = {}
-
-
+@functools.cache
 def zeros(n: int, dtype: Any) -> np.ndarray:
-    """A read-only ``np.zeros(n, dtype)``, one per ``(n, dtype)`` (a constant argument is not allocated per add)."""
-    key = (n, np.dtype(dtype))
-    out = _ZEROS.get(key)
-    if out is None:
-        out = _ZEROS[key] = np.zeros(n, dtype)
-        out.flags.writeable = False
-    return out
+    """A read-only ``np.zeros(n, dtype)``, one per ``(n, dtype)`` (not allocated per add)."""
+    return _freeze(np.zeros(n, dtype))
 
 
 def frozen_obs(obs: Any) -> tuple[Any, list[bytes]]:
-    """A read-only copy of a stored observation row (a dict of them for Dict spaces) and its leaves' bytes (in
-    `jax.tree.leaves` order), the copy's memory: one copy makes both."""
+    """A read-only copy of an observation row (a dict for Dict spaces) and its leaves' bytes, the copy's memory."""
     leaves, tree = ([obs], None) if type(obs) is np.ndarray else jax.tree.flatten(obs)  # one array: no tree to walk
     raw = [x.tobytes() for x in leaves]
     copies = [np.frombuffer(b, x.dtype).reshape(x.shape) for b, x in zip(raw, leaves)]
@@ -171,11 +149,11 @@ def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> A
 
 
 def numbers(x: Any, what: str) -> np.ndarray:
-    """``x`` (an array, a list, a torch tensor) as a numpy array of bools or numbers, or ``TypeError`` naming ``what``
-    (``None``, strings and objects are not cast: numpy would read ``None`` as NaN)."""
+    """``x`` (an array, a list, a torch tensor) as a numpy array of bools or numbers, else ``TypeError`` naming
+    ``what`` (numpy would read ``None`` as NaN)."""
     if hasattr(x, "detach"):  # a torch tensor
         try:
-            x = x.numpy()  # on the CPU without a grad (SB3's values, made under no_grad): its memory, no copy
+            x = x.numpy()  # on the CPU without a grad (SB3's values): no copy
         except (RuntimeError, TypeError):  # with a grad, or on another device
             x = x.numpy(force=True)
     try:
@@ -188,11 +166,10 @@ def numbers(x: Any, what: str) -> np.ndarray:
 
 
 def indices(x: Any, what: str, hi: int) -> np.ndarray:
-    """``x`` as integer indices in ``[0, hi)`` (SB3's flat or row indices), a 1-d numpy array.
+    """``x`` as a 1-d numpy array of integer indices in ``[0, hi)`` (SB3's flat or row indices).
 
     Raises:
-      TypeError: not an array of numbers. IndexError: not of an integer dtype or a value outside ``[0, hi)`` (as
-        numpy indexing). ValueError: not 1-d.
+      TypeError: not numbers. IndexError: not integers, or outside ``[0, hi)``. ValueError: not 1-d.
     """
     idx = numbers(x, what)
     if idx.ndim != 1:
@@ -205,23 +182,17 @@ def indices(x: Any, what: str, hi: int) -> np.ndarray:
 
 
 def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bool = False, exact: bool = False) -> np.ndarray:
-    """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's numpy assignment accepts it.
-
-    ``x`` holds ``shape``'s number of values in ``shape`` up to leading unit axes (values are never repeated to fill
-    the field), or any shape with ``reshape`` (SB3 reshapes actions and Discrete observations). The cast is numpy's
-    (SB3 passes float64 rewards), but a bool field refuses values other than 0 and 1, and with ``exact`` (a stored
-    dtype narrower than SB3's) or an integer stored dtype (where numpy would wrap 300 to 44 in uint8, or truncate 0.5
-    to 0) so does a value the stored dtype does not hold.
+    """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's numpy assignment accepts it: ``shape``'s
+    number of values, in ``shape`` up to leading unit axes (never repeated), or any shape with ``reshape`` (SB3
+    reshapes actions and Discrete observations); the values checked as `stored` checks them.
 
     Raises:
-      ValueError: the wrong number of values, a layout assignment would refuse, a bool field given
-        other values, or values numpy cannot convert (naming the field).
-      TypeError: not numbers (``None``, a string, an object array), or, with ``exact`` or an integer stored dtype, a
-        value the stored dtype does not hold.
+      ValueError: the wrong number of values, a layout assignment would refuse, or `stored`'s.
+      TypeError: not numbers (``None``, a string, an object array), or `stored`'s.
     """
-    arr = x if type(x) is np.ndarray and x.dtype.kind in "biuf" else numbers(x, what)  # numbers' check, inline: every add
+    arr = x if type(x) is np.ndarray and x.dtype.kind in "biuf" else numbers(x, what)  # numbers' check, inline
     if arr.shape == shape:
-        if arr.dtype == dtype:  # the stored dtype: nothing to cast, each check below would pass
+        if arr.dtype == dtype:  # nothing to cast, nothing to check
             return arr
     elif arr.size != math.prod(shape):
         raise ValueError(f"{what}: expected {math.prod(shape)} values shaped {shape}, got shape {arr.shape}")
@@ -239,24 +210,24 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
 
 
 def stored(arr: np.ndarray, dtype: Any, what: str, exact: bool) -> np.ndarray:
-    """Numbers ``arr`` in the stored ``dtype``, checked as `as_row` checks them (the checks of every write).
+    """Numbers ``arr`` in the stored ``dtype`` by numpy's cast (SB3 passes float64 rewards), checked.
 
     Raises:
       ValueError: a bool ``dtype`` given values other than 0 and 1, or `cast`'s errors. TypeError: with ``exact`` (a
-        stored dtype narrower than SB3's) or an integer ``dtype``, a value ``dtype`` does not hold exactly.
+        stored dtype narrower than SB3's) or an integer ``dtype`` (numpy would wrap 300 to 44 in uint8), a value
+        ``dtype`` does not hold exactly.
     """
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return flags(arr, what)
-    if (exact or dtype.kind in "iu") and arr.dtype.kind in "iufc":  # an integer stored dtype; numbers (not bool)
-        return exact_cast(arr, dtype, what)  # every value held exactly: `cast` would pass them as they are
+    if (exact or dtype.kind in "iu") and arr.dtype.kind in "iufc":  # numbers, not bools
+        return exact_cast(arr, dtype, what)
     return cast(arr, dtype, what)
 
 
 class Rows:
-    """One SB3 ``add`` call's observation and action as stored rows: ``obs`` and ``action`` are the
-    specs ``[n_envs, *obs_shape]`` (a dict for Dict spaces) and ``[n_envs, action_dim]``,
-    ``obs_dtypes`` and ``action_dtype`` SB3's dtypes."""
+    """One ``add``'s observation and action as stored rows: specs ``obs`` ``[n_envs, *obs_shape]`` (a dict for Dict
+    spaces) and ``action`` ``[n_envs, action_dim]``; ``obs_dtypes`` and ``action_dtype`` are SB3's dtypes."""
 
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int, action_dtype: Any):
         self.space = observation_space
@@ -298,13 +269,12 @@ class Rows:
 
 
 def differs(a: Any, b: Any, b_bytes: list[bytes]) -> np.ndarray | None:
-    """bool ``[n]``: where row ``i`` of two pytrees of numpy arrays ``[n, ...]`` of one structure and dtype differ, bit
-    for bit (a NaN or -0.0 counts as its bytes); None where no row does (the usual case: one comparison per leaf, with
-    ``b_bytes``, the bytes of ``b``'s leaves, `frozen_obs`)."""
+    """bool ``[n]``: which rows of two pytrees of numpy arrays ``[n, ...]`` differ bit for bit; None where none does
+    (one comparison per leaf against ``b_bytes``, the bytes of ``b``'s leaves from `frozen_obs`)."""
     pairs = [(a, b)] if type(a) is np.ndarray else list(zip(jax.tree.leaves(a), jax.tree.leaves(b)))
     if all(x.tobytes() == y for (x, _), y in zip(pairs, b_bytes)):
         return None
-    # each row's bytes compared whole (a copy and a memcmp: faster here than an elementwise comparison and a reduction)
+    # each row's bytes compared whole: faster here than an elementwise comparison and a reduction
     return np.array([any(x[i].tobytes() != y[i].tobytes() for x, y in pairs) for i in range(len(pairs[0][0]))], bool)
 
 
@@ -323,9 +293,8 @@ def check_space_kind(adapter: Any, dict_class: type, observation_space: spaces.S
 
 
 def to_sb3(fields: dict, device: Any, dtypes: dict) -> dict:
-    """``fields`` (name -> a pytree of arrays, jax or numpy) as torch tensors on ``device`` (no copy CPU to CPU), all
-    in one conversion, ``fields[name]`` in ``dtypes[name]`` (a matching tree of numpy dtypes, e.g. SB3's int64 for
-    int32-held data) where that is not None."""
+    """``fields`` (name -> a pytree of jax or numpy arrays) as torch tensors on ``device`` in one conversion,
+    ``fields[name]`` cast to ``dtypes[name]`` (a matching tree of numpy dtypes) where that is not None."""
     out = to_torch(fields, device=device)
     for name, d in dtypes.items():
         if d is not None:

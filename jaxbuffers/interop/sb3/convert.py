@@ -1,20 +1,7 @@
 """Move the contents of SB3 buffers into jaxbuffers buffers and back.
 
-Replay (`replay_to_jax` / `replay_from_jax`): a `jaxbuffers.ReplayBuffer` of single transitions, items
-`{"obs", "action", "reward", "next_obs", "terminated", "truncated"}`, capacity `rows * n_envs`. SB3's row `t`, env
-`e` is slot `t * n_envs + e` (so `head = pos * n_envs`), `num_valid` counts the transitions SB3 would sample, and
-`num_added()` is `rows * n_envs` once SB3 was full (`pos * n_envs` before). Flags:
-`terminated = done and not timeout`, `truncated = done and timeout`; back, `dones = terminated or truncated`,
-`timeouts = truncated` (all 0 with `handle_timeout_termination=False`: SB3 then treats time limits as terminal).
-
-Rollout (`rollout_to_jax` / `rollout_from_jax`): a `jaxbuffers.RolloutBuffer` with step pytree
-`{"obs", "action", "log_prob", "episode_start"}` (`JaxRolloutBuffer`'s layout), the flags mapped
-as the `jaxbuffers.interop.sb3.rollout` module doc explains.
-
-Dtypes as the `jaxbuffers.interop.sb3._common` module doc says; a `RolloutBuffer`'s float64
-actions are held as float32 and refused when a value is not a float32 one (PPO and A2C store
-float32 policy outputs). Nothing is cast silently either way, so a round trip SB3 -> jaxbuffers ->
-SB3 (same settings) gives back every array bit for bit with `pos` and `full`, or raises.
+Layouts, flags and dtypes: `docs/api/sb3.md` ("Conversions"). Nothing is cast silently either way, so a round trip
+SB3 -> jaxbuffers -> SB3 (same settings) gives back every array bit for bit with `pos` and `full`, or raises.
 """
 
 from __future__ import annotations
@@ -46,14 +33,11 @@ def _stored(tree: Any, space: spaces.Space, what: str) -> Any:
     return _common.per_key(one, space, tree, what=what)
 
 
-def _decoded(buffer: Any, a: Any, key: str | None, what: str) -> Any:
-    """``a`` itself, or for an object array of compressed entries (sb3-extra-buffers' compressed classes hold one
-    ``bytes`` per observation) the decoded observations ``[*a.shape, *obs_shape]`` (zeros where nothing was stored,
-    as SB3's zero-initialised arrays), by the buffer's own decoder.
-
-    Raises:
-      TypeError: an object array in a buffer without a decoder.
-    """
+def _decoded(buffer: Any, a: Any, what: str, key: str | None = None) -> Any:
+    """``a`` (a dict of them for Dict spaces), or sb3-extra-buffers' object array of compressed entries decoded to
+    ``[*a.shape, *obs_shape]`` (zeros where nothing was stored) by the buffer's decoder (``TypeError`` without one)."""
+    if isinstance(a, dict):
+        return {k: _decoded(buffer, v, f"{what}[{k!r}]", k) for k, v in a.items()}
     a = np.asarray(a)
     if a.dtype != object:
         return a
@@ -70,21 +54,10 @@ def _decoded(buffer: Any, a: Any, key: str | None, what: str) -> Any:
     return out
 
 
-def _observations(buffer: Any, name: str) -> Any:
-    """``buffer.<name>`` with compressed entries decoded (`_decoded`; a dict for Dict spaces)."""
-    value = getattr(buffer, name)
-    if isinstance(value, dict):
-        return {k: _decoded(buffer, v, k, f"{name}[{k!r}]") for k, v in value.items()}
-    return _decoded(buffer, value, None, name)
-
-
 def _put(dst: Any, src: Any, lead: int, what: str, space: spaces.Space | None = None, shift: int = 0) -> Any:
-    """Write ``src`` (``[*L, *item]``, ``lead = len(L)``) into SB3's ``dst`` (``[rows, n_envs, *sb3_item]``).
-
-    ``item`` is SB3's ``sb3_item`` or the space's own shape (SB3 flattens actions to ``action_dim`` and Discrete
-    observations to ``(1,)``); ``shift``: rows rolled to the front. Returns what was written. Raises ``ValueError``
-    for another item shape, ``TypeError`` for a value ``dst.dtype`` does not hold.
-    """
+    """Write ``src`` ``[*L, *item]`` (``lead = len(L)``; ``item``: ``sb3_item`` or the space's shape), rows rolled
+    ``shift`` to the front, into SB3's ``dst`` ``[rows, n_envs, *sb3_item]`` and return it; ``ValueError`` for
+    another item shape, ``TypeError`` for a value ``dst.dtype`` does not hold."""
     if isinstance(space, spaces.Dict):
         return _common.per_key(lambda sp, d, s, w: _put(d, s, lead, w, sp, shift), space, dst, src, what=what)
     a = np.asarray(src)
@@ -99,37 +72,33 @@ def _put(dst: Any, src: Any, lead: int, what: str, space: spaces.Space | None = 
 def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     """The transitions of a (filled) SB3 ``ReplayBuffer`` / ``DictReplayBuffer`` as a `jaxbuffers.ReplayBuffer`.
 
-    Also accepts sb3-extra-buffers' compressed buffers (observations decoded with their own decoder) and
-    `JaxReplayBuffer`, but not one made with ``compress=...`` (its observations are not
-    arrays: ``AttributeError``; sample it instead). See the module doc for the layout. With
-    ``optimize_memory_usage`` the next observations are materialised (``next_obs`` of row ``t`` is
-    SB3's ``observations[(t + 1) % rows]``) and, once full, the row at ``pos`` (whose observation
-    SB3 has overwritten) is outside the valid range.
+    Also accepts sb3-extra-buffers' compressed buffers (observations decoded) and `JaxReplayBuffer`, but not one made
+    with ``compress=...`` (``AttributeError``; sample it instead). Layout: `docs/api/sb3.md`. With
+    ``optimize_memory_usage`` the next observations are materialised (``next_obs`` of row ``t`` is SB3's
+    ``observations[(t + 1) % rows]``) and, once full, the row at ``pos`` (overwritten by SB3) is not valid.
 
     Raises:
-      ValueError: a ``timeouts`` flag set where ``dones`` is not (SB3's VecEnvs never produce it),
-        or flags other than 0/1.
+      ValueError: a ``timeouts`` flag set where ``dones`` is not (SB3's VecEnvs never produce it), or flags other
+        than 0/1.
       TypeError: `buffer` not an SB3 replay buffer, float64 observations, or 64-bit integers outside int32.
     """
     _common.check_type("buffer", buffer, ReplayBuffer)
     rows, n = buffer.buffer_size, buffer.n_envs
     total = rows * n
-    flat = lambda a: a.reshape(total, *a.shape[2:])  # noqa: E731
-    obs = _stored(_observations(buffer, "observations"), buffer.observation_space, "observations")
+    obs = _stored(_decoded(buffer, buffer.observations, "observations"), buffer.observation_space, "observations")
     if buffer.optimize_memory_usage:
         next_obs = jax.tree.map(lambda a: np.roll(a, -1, axis=0), obs)
     else:
-        next_obs = _stored(_observations(buffer, "next_observations"), buffer.observation_space, "next_observations")
+        next_obs = _stored(_decoded(buffer, buffer.next_observations, "next_observations"), buffer.observation_space,
+                           "next_observations")
     act = np.asarray(buffer.actions)
     act = act.astype(_common.storage_dtype(act.dtype, buffer.action_space, "actions"), copy=False)
     dones, timeouts = _common.flags(buffer.dones, "dones"), _common.flags(buffer.timeouts, "timeouts")
     if (timeouts & ~dones).any():
         raise ValueError("timeouts: set where dones is not; a timeout is an episode end (done) in SB3's VecEnvs")
-    item = {
-        "obs": obs, "action": act, "reward": np.asarray(buffer.rewards, np.float32), "next_obs": next_obs,
-        "terminated": dones & ~timeouts, "truncated": dones & timeouts,
-    }
-    item = jax.tree.map(flat, item)
+    item = {"obs": obs, "action": act, "reward": np.asarray(buffer.rewards, np.float32), "next_obs": next_obs,
+            "terminated": dones & ~timeouts, "truncated": dones & timeouts}
+    item = jax.tree.map(lambda a: a.reshape(total, *a.shape[2:]), item)  # [rows, n_envs, ...] -> [rows * n_envs, ...]
     out = _replay.ReplayBuffer.create(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), item), capacity=total)
     if buffer.full:
         valid, added = ((rows - 1) * n if buffer.optimize_memory_usage else total), total
@@ -142,18 +111,17 @@ def replay_from_jax(buffer: _replay.ReplayBuffer, observation_space: spaces.Spac
                     device: th.device | str = "auto", optimize_memory_usage: bool = False, handle_timeout_termination: bool = True) -> ReplayBuffer:
     """An SB3 ``ReplayBuffer`` (``DictReplayBuffer`` for Dict spaces) holding ``buffer``'s transitions.
 
-    ``buffer`` has the `replay_to_jax` layout, with ``capacity``, ``head`` and ``num_valid``
-    divisible by ``n_envs``; items may also have the spaces' own shapes (a Discrete observation or
-    action ``()``). SB3 gets ``capacity // n_envs`` rows and samples only the ``num_valid`` valid
-    transitions: the layout is kept where SB3's ``pos`` / ``full`` can describe them (``pos = head
-    // n_envs``; ``full`` when every row is valid, or with ``optimize_memory_usage`` all but row ``pos`` and
-    ``num_added() >= capacity``), else the valid rows move to the front, oldest first, and ``pos = num_valid //
-    n_envs``. With ``optimize_memory_usage`` the newest next observation goes to row ``pos``, as SB3 does (a buffer
-    valid in every row then loses its oldest row, which SB3 never samples).
+    ``buffer`` has the `replay_to_jax` layout, with ``capacity``, ``head`` and ``num_valid`` divisible by ``n_envs``;
+    items may also have the spaces' own shapes (a Discrete observation or action ``()``). SB3 gets ``capacity //
+    n_envs`` rows and samples only the ``num_valid`` valid transitions: the layout is kept where SB3's ``pos`` /
+    ``full`` can describe them (``pos = head // n_envs``; ``full`` when every row is valid, or with
+    ``optimize_memory_usage`` all but row ``pos`` and ``num_added() >= capacity``), else the valid rows move to the
+    front, oldest first, and ``pos = num_valid // n_envs``. With ``optimize_memory_usage`` the newest next
+    observation goes to row ``pos``, as SB3 does (a buffer valid in every row then loses its oldest row).
 
     Raises:
-      ValueError: missing or extra fields or keys, an item shape the spaces do not give (both
-        named), flags other than 0/1, or sizes not divisible by ``n_envs``.
+      ValueError: missing or extra fields or keys, an item shape the spaces do not give (both named), flags other
+        than 0/1, or sizes not divisible by ``n_envs``.
       TypeError: `buffer` not a `jaxbuffers.ReplayBuffer`, or a value SB3's dtype for the field does not hold
         exactly (0.5 for uint8 pixels).
     """
@@ -164,8 +132,7 @@ def replay_from_jax(buffer: _replay.ReplayBuffer, observation_space: spaces.Spac
     if not isinstance(storage, dict) or set(storage) != want:
         got = sorted(storage) if isinstance(storage, dict) else type(storage).__name__
         raise ValueError(f"buffer: expected items with fields {sorted(want)} (the replay_to_jax layout), got {got}")
-    head, valid, _ = _common.ring_state(buffer)
-    cap, head, valid, n = buffer.capacity, int(head), int(valid), int(n_envs)
+    cap, head, valid, n = buffer.capacity, int(buffer.head), int(buffer.num_valid), int(n_envs)
     for name, v in (("capacity", cap), ("head", head), ("num_valid", valid)):
         if v % n:
             raise ValueError(f"buffer.{name}: {v} is not divisible by n_envs={n}; SB3 stores whole rows of n_envs transitions")
@@ -173,8 +140,7 @@ def replay_from_jax(buffer: _replay.ReplayBuffer, observation_space: spaces.Spac
     out = cls(cap, observation_space, action_space, device=device, n_envs=n,
               optimize_memory_usage=optimize_memory_usage, handle_timeout_termination=handle_timeout_termination)
     rows, pos, valid_rows = out.buffer_size, head // n, valid // n
-    # SB3 samples rows [0, pos), or every row once full (but row pos with optimize_memory_usage).
-    # Where our valid rows (the valid_rows before pos) are not laid out so, move them to the front.
+    # SB3 samples rows [0, pos), or every row once full (but row pos with optimize_memory_usage): else ours move.
     full = valid_rows == rows or (optimize_memory_usage and buffer.num_added() >= cap and valid_rows == rows - 1 > 0)
     shift = 0 if full else (pos - valid_rows) % rows
     pos = pos if full else valid_rows
@@ -200,12 +166,12 @@ def replay_from_jax(buffer: _replay.ReplayBuffer, observation_space: spaces.Spac
 
 
 def _sb3_layout(buffer: RolloutBuffer, name: str, item: Any) -> Any:
-    """``buffer.<name>`` as ``[T, n_envs, *item]``: SB3's ``get()`` flattens several arrays in place to
-    ``[n_envs * T, *item]`` (env-major; ``[n_envs * T, 1]`` for ``[T, n_envs]`` ones), ours never do."""
+    """``buffer.<name>`` as ``[T, n_envs, *item]``, also after SB3's ``get()`` flattened it in place to ``[n_envs * T,
+    *item]`` (env-major; ``[n_envs * T, 1]`` for ``[T, n_envs]`` ones)."""
     t, n = buffer.buffer_size, buffer.n_envs
 
     def one(a: Any, item: tuple, what: str, key: str | None = None) -> np.ndarray:
-        a = _decoded(buffer, a, key, what)  # sb3-extra-buffers' compressed entries: [T, n] or, after get(), [n * T, 1]
+        a = _decoded(buffer, a, what, key)  # sb3-extra-buffers' compressed entries: [T, n] or, after get(), [n * T, 1]
         if (n > 1 and a.shape == (n * t, 1, *item)) or (not item and a.shape == (n * t,)):  # the latter: sb3-extra-buffers' get()
             a = a.reshape(n * t, *(item or (1,)))
         a, flat = np.asarray(a), (n * t, *(item or (1,)))
@@ -224,21 +190,20 @@ def _sb3_layout(buffer: RolloutBuffer, name: str, item: Any) -> Any:
 def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) -> _rollout.RolloutBuffer:
     """The contents of an SB3 ``RolloutBuffer`` / ``DictRolloutBuffer`` as a `jaxbuffers.RolloutBuffer`.
 
-    Also accepts `JaxRolloutBuffer`, sb3-extra-buffers' compressed rollouts (observations decoded), and SB3 buffers reordered by ``get()`` (told apart by their
-    shapes, ``[T, n_envs, ...]`` or ``[n_envs * T, ...]``). Every field is copied, ``advantages``
-    and ``returns`` as they are (``has_advantages`` True, ``trainable`` all True); the rows filled
-    are ``buffer_size`` when full, ``pos`` before.
+    Also accepts `JaxRolloutBuffer`, sb3-extra-buffers' compressed rollouts (observations decoded), and SB3 buffers
+    reordered by ``get()`` (told apart by their shapes, ``[T, n_envs, ...]`` or ``[n_envs * T, ...]``). Every field
+    is copied, ``advantages`` and ``returns`` as they are (``has_advantages`` True, ``trainable`` all True); the rows
+    filled are ``buffer_size`` when full, ``pos`` before.
 
     Args:
       buffer: the SB3 buffer.
-      last_dones: ``[n_envs]`` bool, the ``dones`` SB3 passed to ``compute_returns_and_advantage``
-        (SB3 does not store it); without it the last step counts as not terminated.
+      last_dones: ``[n_envs]`` bool, the ``dones`` SB3 passed to ``compute_returns_and_advantage`` (SB3 does not
+        store it); without it the last step counts as not terminated.
 
     Raises:
-      ValueError: flags other than 0/1, ``last_dones`` of the wrong size, or an array of neither
-        shape above (named, with both shapes).
-      TypeError: `buffer` not an SB3 rollout buffer, float64 observations, 64-bit integers outside int32, or float64 actions that
-        float32 does not hold exactly.
+      ValueError: flags other than 0/1, ``last_dones`` of the wrong size, or an array of neither shape above.
+      TypeError: `buffer` not an SB3 rollout buffer, float64 observations, 64-bit integers outside int32, or float64
+        actions that float32 does not hold exactly.
     """
     _common.check_type("buffer", buffer, RolloutBuffer)
     t, n = buffer.buffer_size, buffer.n_envs
@@ -277,8 +242,8 @@ def rollout_from_jax(buffer: _rollout.RolloutBuffer, observation_space: spaces.S
     ``buffer.replace(trainable=jnp.ones_like(buffer.trainable))``.
 
     Raises:
-      ValueError: the step lacks ``obs``, ``action`` or ``log_prob``; a filled step is not
-        ``trainable``; an item shape the spaces do not give (both named); flags other than 0/1.
+      ValueError: the step lacks ``obs``, ``action`` or ``log_prob``; a filled step is not ``trainable``; an item
+        shape the spaces do not give (both named); flags other than 0/1.
       TypeError: `buffer` not a `jaxbuffers.RolloutBuffer`, or a value SB3's dtype for the field does not hold exactly.
     """
     _common.check_type("buffer", buffer, _rollout.RolloutBuffer)
@@ -289,11 +254,9 @@ def rollout_from_jax(buffer: _rollout.RolloutBuffer, observation_space: spaces.S
     skipped = np.asarray(buffer.filled() & ~buffer.trainable)
     if skipped.any():
         at = tuple(int(i) for i in np.argwhere(skipped)[0])
-        raise ValueError(
-            f"buffer.trainable: expected every filled step trainable (SB3 has no per-step mask and would learn "
-            f"from all), got {int(skipped.sum())} that are not, the first at (t, env) = {at}; to convert "
-            f"anyway, pass buffer.replace(trainable=jnp.ones_like(buffer.trainable))"
-        )
+        raise ValueError(f"buffer.trainable: expected every filled step trainable (SB3 has no per-step mask and would "
+                         f"learn from all), got {int(skipped.sum())} that are not, the first at (t, env) = {at}; to "
+                         f"convert anyway, pass buffer.replace(trainable=jnp.ones_like(buffer.trainable))")
     t, n = buffer.num_steps, buffer.num_envs
     cls = DictRolloutBuffer if isinstance(observation_space, spaces.Dict) else RolloutBuffer
     out = cls(t, observation_space, action_space, device=device, gae_lambda=gae_lambda, gamma=gamma, n_envs=n)

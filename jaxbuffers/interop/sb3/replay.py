@@ -1,43 +1,8 @@
 """SB3-compatible replay buffers backed by `jaxbuffers.ReplayBuffer`.
 
-`JaxReplayBuffer` and `JaxDictReplayBuffer` subclass SB3's `ReplayBuffer` and `DictReplayBuffer`,
-so every off-policy SB3 algorithm (DQN, SAC, TD3, ...) accepts them as `replay_buffer_class`.
-One SB3 row (one `add`: a transition of each of the `n_envs` envs) is one item of a
-`jaxbuffers.ReplayBuffer` of capacity `max(buffer_size // n_envs, 1)`: the storage has SB3's
-layout `[rows, n_envs, ...]` and `pos` equals the ring's `head`.
-
-Semantics kept from SB3 (2.x): `add(obs, next_obs, action, reward, done, infos)` gets the terminal observation
-already in `next_obs` of envs that ended; `timeouts` records `infos[i]["TimeLimit.truncated"]` when
-`handle_timeout_termination` (default). `sample(batch_size, env)` draws rows then envs with `np.random` exactly as
-SB3 does (same seed, same batch) and returns torch tensors on `device`: `dones = done and not timeout` and `rewards`
-`[B, 1]` float32, observations and actions in SB3's dtypes, normalised by a `VecNormalize` `env` as SB3 does.
-`optimize_memory_usage=True` (non-Dict, without `handle_timeout_termination`) stores observations once: the next
-observation of row `i` is row `i + 1`, and the row at `pos` is never sampled once full (with SB3's limitation at
-episode ends, harmless for true terminations).
-
-Compression (`compress=`, without `optimize_memory_usage`): `True` or a dict of options of
-`jaxbuffers.compressed.CompressedTrajectoryBuffer.create` (`codec`, `delta_codec`, `keyframe_interval`, `frame_stack`,
-`stack_axis`, `padding`, `chunk_bytes`; `padding` defaults to `"zero"`, as SB3's `VecFrameStack`) plus `max_pending` (default `min(128, rows // 16)`, at least 1): the steps
-a `jaxbuffers.compressed.StagingWriter` holds uncompressed on the host (counted in `nbytes`) before it adds them, at
-the latest when SB3 samples; and, for Dict spaces, `keys`: the observation keys to compress (default all). The
-observations live in a compressed trajectory buffer with one lane per env; with
-`frame_stack=k` only the newest frame of each observation is stored and stacks are rebuilt at sample time (exact for
-observations made by a frame stacker). Every SB3 episode end goes in as a truncation, so its terminal observation is
-kept in the final-observation ring; elsewhere the next row's `obs` is the next observation (the same array in SB3's
-loop), and where an env's next `obs` is not the `next_obs` given before (independent transitions, envs reset without
-an episode end), the next add truncates that row with its `next_obs` (`StagingWriter.truncate_last`; with `frame_stack`
-it must be the row's stack shifted by one frame, else that add raises `ValueError`). Samples equal SB3's. The observation views are unavailable when compressed. For SB3's Atari stack (CnnPolicy is channels-first, so the frame axis is
-0):
-
-```python
-DQN("CnnPolicy", env, replay_buffer_class=JaxReplayBuffer,
-    replay_buffer_kwargs=dict(compress=dict(frame_stack=4, stack_axis=0, codec="zstd:3")))
-```
-
-Differences, all lossless: flags are stored as bool (SB3: float32 0/1); dtypes as the
-`jaxbuffers.interop.sb3._common` module doc says. SB3's numpy fields (`observations`, `dones`, ...)
-are `FieldView`s; writing through them (SB3 writes `dones[pos] = True` when it truncates the last
-trajectory) costs a copy of the field.
+One SB3 row (one `add`: a transition of each of the `n_envs` envs) is one item of a `jaxbuffers.ReplayBuffer` of
+capacity `max(buffer_size // n_envs, 1)`: the storage has SB3's layout `[rows, n_envs, ...]` and `pos` equals the
+ring's `head`. Semantics, compression (`compress=`) and the differences from SB3: `docs/api/sb3.md`.
 """
 
 from __future__ import annotations
@@ -63,14 +28,12 @@ from jaxbuffers.interop.sb3 import _common
 __all__ = ["JaxReplayBuffer", "JaxDictReplayBuffer", "FieldView", "sb3_replay_nbytes"]
 
 
-# The adapter owns its state, so the add donates it (updated in place, O(row) per step); a
-# non-donating call would copy the whole storage on every SB3 step.
+# The adapter owns its state, so the add donates it (in place, O(row); else a copy of the storage per step).
 @functools.partial(jax.jit, donate_argnums=0, static_argnames=("next_in_obs",))
 def _add_row(state: _replay.ReplayBuffer, row: Any, next_obs: Any, next_in_obs: bool) -> _replay.ReplayBuffer:
     state = state.add(jax.tree.map(lambda x: x[None], row))
     if next_in_obs:  # optimize_memory_usage: next_obs goes to the next row's observation slot
-        head = _common.ring_state(state)[0]
-        obs = _ring.write(state.storage["observations"], jax.tree.map(lambda x: x[None], next_obs), head)
+        obs = _ring.write(state.storage["observations"], jax.tree.map(lambda x: x[None], next_obs), state.head)
         state = state.replace(storage={**state.storage, "observations": obs})
     return state
 
@@ -96,9 +59,7 @@ def _where(xp: Any, held: Any, a: Any, b: Any) -> Any:
     return xp.where(held.reshape((-1,) + (1,) * (np.ndim(a) - 1)), a, b)
 
 
-# A compressed sample is one compiled program: the gather, which rows hold their next observation on the host, and
-# the decode (op-by-op dispatch of the index arithmetic cost more than the decode; a second program cost a dispatch
-# and a wait for the dones).
+# A compressed sample is one compiled program: the gather, which rows hold their next observation, and the decode.
 @jax.jit
 def _gather_decoded(storage: dict, cbuf: Any, rows: jax.Array, envs: jax.Array, newest: jax.Array) -> tuple[dict, Any, Any, jax.Array]:
     g = _gather(storage, rows, envs, next_in_obs=False)
@@ -120,9 +81,9 @@ def _timeout(value: Any, what: str) -> bool:
 class FieldView:
     """A numpy-like window on one stored field, in SB3's layout ``[rows, n_envs, ...]`` and dtype.
 
-    ``np.asarray(view)`` and ``view[k]`` read a host copy; ``view[k] = v`` writes through to the device storage (a
-    copy of the field; meant for rare edits such as SB3 marking the last stored transition done). ``view[k]`` is a
-    copy, so a chained write ``view[k][j] = v`` changes only that copy; write ``view[k, j] = v``.
+    ``np.asarray(view)`` and ``view[k]`` read a host copy (so ``view[k][j] = v`` changes only that copy; write
+    ``view[k, j] = v``); ``view[k] = v`` writes through to the device storage (a copy of the field: for rare edits
+    such as SB3 marking the last stored transition done).
     """
 
     def __init__(self, name: str, dtype: Any, read: Callable[[], jax.Array], write: Callable[[jax.Array], None]):
@@ -145,11 +106,13 @@ class FieldView:
         return np.array(self._read()).astype(self._dtype if dtype is None else dtype, copy=False)
 
     def __setitem__(self, key, value) -> None:
-        """Write ``value`` at ``key`` as SB3's numpy assignment would, but checked as ``add`` checks values, nothing
-        cast silently: flags take 0 / 1 (``ValueError`` otherwise), an integer field or one narrower than SB3's takes
-        the values it holds exactly (``TypeError`` otherwise: numpy would wrap 300 to 44 in uint8), a finite value
-        overflowing a float field raises ``ValueError`` (numpy would store inf), and non-numbers raise ``TypeError``;
-        the message names the field."""
+        """Write ``value`` at ``key`` as SB3's numpy assignment would, checked as ``add`` checks values.
+
+        Raises:
+          ValueError: flags other than 0 / 1, or a finite value overflowing a float field.
+          TypeError: non-numbers, or a value an integer field or one narrower than SB3's does not hold exactly
+            (numpy would wrap 300 to 44 in uint8); messages name the field.
+        """
         arr = np.array(self._read())
         arr[key] = _common.stored(_common.numbers(value, self._name), arr.dtype, self._name, arr.dtype != self._dtype)
         self._write(jnp.asarray(arr))
@@ -160,10 +123,10 @@ class FieldView:
 
 # Attributes that __setstate__ rebuilds from the checkpoint bytes instead of unpickling them.
 _REBUILT = ("_rows_state", "_row_queue", "_writer", "_pending", "_pending_bytes", "_rows", "_step_ends")
-_ROW_QUEUE = 1024  # compressed adapter: SB3 rows (a few bytes each) staged on the host before one device add
-_MAX_PENDING = 128  # compressed adapter: the default most steps the observation writer stages (`max_pending`)
-
-_COMPRESS_OPTIONS = {"codec", "delta_codec", "keyframe_interval", "frame_stack", "stack_axis", "padding", "chunk_bytes", "max_pending", "keys"}
+_ROW_QUEUE = 1024  # compressed adapter: SB3 rows staged on the host before one device add
+_MAX_PENDING = 128  # compressed adapter: the default `max_pending`
+_COMPRESS_OPTIONS = {"codec", "delta_codec", "keyframe_interval", "frame_stack", "stack_axis", "padding", "chunk_bytes",
+                     "max_pending", "keys"}
 
 
 def _compress_options(compress: bool | dict) -> dict | None:
@@ -184,7 +147,7 @@ def sb3_replay_nbytes(buffer_size: int, observation_space: spaces.Space, action_
 
     ``rows * n_envs * (obs [* 2 unless optimize_memory_usage] + actions + 3 * 4)`` with ``rows = max(buffer_size //
     n_envs, 1)``: observations in the space's dtype, actions ``[action_dim]`` (float64 kept as float32), rewards,
-    dones and timeouts as float32. This is the allocation; its resident size grows as SB3 fills the buffer.
+    dones and timeouts as float32 (the allocation; its resident size grows as SB3 fills the buffer).
     """
     shape = get_obs_shape(observation_space)
     obs = sum(jax.tree.leaves(_common.per_key(lambda sp, s, _: int(np.prod(s)) * np.dtype(sp.dtype).itemsize, observation_space, shape)))
@@ -203,13 +166,12 @@ class _JaxReplayImpl:
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
         _common.check_space_kind(self, DictReplayBuffer, observation_space)
-        is_dict = isinstance(observation_space, spaces.Dict)
         optimize_memory_usage = _validate.static_bool("optimize_memory_usage", optimize_memory_usage)
         handle_timeout_termination = _validate.static_bool("handle_timeout_termination", handle_timeout_termination)
         if optimize_memory_usage and handle_timeout_termination:
             raise ValueError("optimize_memory_usage=True and handle_timeout_termination=True cannot be combined (as in SB3: the "
                              "next observation of a timeout would be the next episode's first one); pass handle_timeout_termination=False")
-        if optimize_memory_usage and is_dict:
+        if optimize_memory_usage and isinstance(observation_space, spaces.Dict):
             raise ValueError("optimize_memory_usage: not supported with Dict observations (as in SB3's DictReplayBuffer)")
         if compress and optimize_memory_usage:
             raise ValueError("compress: supported with optimize_memory_usage=False (it stores each frame once); got optimize_memory_usage=True")
@@ -217,11 +179,9 @@ class _JaxReplayImpl:
         self.compress = _compress_options(compress)
         n = self.n_envs
         self._rows = _common.Rows(observation_space, action_space, n, _common.sb3_float32(action_space.dtype))
-        spec = {
-            "observations": self._rows.obs, "actions": self._rows.action,
-            "rewards": jax.ShapeDtypeStruct((n,), np.float32), "dones": jax.ShapeDtypeStruct((n,), np.bool_),
-            "timeouts": jax.ShapeDtypeStruct((n,), np.bool_),
-        }
+        flag = jax.ShapeDtypeStruct((n,), np.bool_)
+        spec = {"observations": self._rows.obs, "actions": self._rows.action,
+                "rewards": jax.ShapeDtypeStruct((n,), np.float32), "dones": flag, "timeouts": flag}
         if self.compress is not None:
             del spec["observations"]  # observations live in the compressed buffer
             self._writer = self._new_compressed()
@@ -231,8 +191,7 @@ class _JaxReplayImpl:
             spec["next_observations"] = self._rows.obs
         self._state = _replay.ReplayBuffer.create(spec, capacity=self.buffer_size)
 
-    # With ``compress`` the SB3 rows (actions, rewards, flags) are staged on the host like the observations and
-    # added to the device row store in one call when something reads it (a sample, the field views, a checkpoint).
+    # With ``compress`` the SB3 rows are staged on the host (`_stage_row`) and added when something reads the state.
     @property
     def _state(self) -> _replay.ReplayBuffer:
         queue = self.__dict__.get("_row_queue")
@@ -240,7 +199,7 @@ class _JaxReplayImpl:
             from jaxbuffers.compressed.staging import _pow2_pieces
 
             (rows, filled), state, at = queue, self.__dict__["_rows_state"], 0
-            self._row_queue = None  # the next add stages into new arrays: the device adds may read these after they return
+            self._row_queue = None  # the next add stages into new arrays: the device adds may still read these
             for size in _pow2_pieces(filled, cap=min(_ROW_QUEUE, self.buffer_size)):
                 state = _add_rows(state, {k: x[at : at + size] for k, x in rows.items()})
                 at += size
@@ -252,8 +211,7 @@ class _JaxReplayImpl:
         self.__dict__["_rows_state"], self._row_queue = state, None
 
     def _stage_row(self, row: dict) -> None:
-        """Stage one checked SB3 row (stored shapes and dtypes) for the next device add (compressed adapter):
-        ``_row_queue`` is ``(arrays [_ROW_QUEUE, ...] per field, rows filled)``."""
+        """Stage one checked row for the next device add (``_row_queue``: ``(arrays [_ROW_QUEUE, ...], filled)``)."""
         queue = self._row_queue
         if queue is None:
             queue = ({k: np.empty((_ROW_QUEUE, *x.shape), x.dtype) for k, x in row.items()}, 0)
@@ -268,13 +226,10 @@ class _JaxReplayImpl:
         from jaxbuffers.compressed import CompressedTrajectoryBuffer, StagingWriter
 
         opts = dict(self.compress)
-        # The row store keeps actions and rewards: the compressed buffer's are unused.
         obs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), self._rows.obs)
-        example = {"obs": obs, "action": np.uint8(0), "reward": np.float32(0)}
-        # max_pending: SB3 fills a replay buffer for `learning_starts` steps before it samples; staging more steps
-        # pays a flush's fixed cost less often, the staging memory kept small beside the buffer's own
-        default_pending = max(1, min(_MAX_PENDING, self.buffer_size // 16))
-        max_pending, keys = opts.pop("max_pending", default_pending), opts.pop("keys", None)  # keys: the Dict keys to compress (None: all)
+        example = {"obs": obs, "action": np.uint8(0), "reward": np.float32(0)}  # unused: the row store holds these
+        max_pending = opts.pop("max_pending", max(1, min(_MAX_PENDING, self.buffer_size // 16)))
+        keys = opts.pop("keys", None)  # the Dict keys to compress (None: all)
         buf = CompressedTrajectoryBuffer.create(example, num_envs=self.n_envs, length=self.buffer_size,
                                                 compress=None if keys is None else tuple(keys), **opts)
         return StagingWriter(buf, max_pending=max_pending, donate=True)  # the adapter reads its state only right away
@@ -283,15 +238,14 @@ class _JaxReplayImpl:
     def jax_buffer(self) -> _replay.ReplayBuffer:
         """The backing `jaxbuffers.ReplayBuffer`: one item per SB3 row, leaves ``[rows, n_envs, ...]``.
 
-        The adapter's next ``add`` donates these arrays (updated in place), after which this object
-        raises "Array has been deleted" when read: read it right away, or keep
-        ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
+        The next ``add`` donates these arrays ("Array has been deleted" when read after it): read it right away, or
+        keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
         return self._state
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the device arrays plus, with ``compress``, the compressed buffer's device
-        ids and host bytes and the staged steps, a Python int."""
+        """Bytes held (a Python int): the device arrays plus, with ``compress``, the compressed buffer's device ids and
+        host bytes and the staged steps."""
         extra = 0 if self.compress is None else self._writer.nbytes + sum(x.nbytes for x in jax.tree.leaves(self._pending))
         return self._state.memory_bytes + extra
 
@@ -339,8 +293,8 @@ class _JaxReplayImpl:
         self._state = _common.with_ring_state(self._state, 0, 0, 0)
 
     def __getstate__(self) -> dict:
-        """SB3's attributes plus the buffers as checkpoint bytes (`jaxbuffers.checkpoint.to_bytes`): what SB3's
-        ``save_replay_buffer`` pickles. No jaxbuffers or host object is pickled; `__setstate__` rebuilds them."""
+        """SB3's attributes plus the buffers as checkpoint bytes (`jaxbuffers.checkpoint.to_bytes`), what SB3's
+        ``save_replay_buffer`` pickles; `__setstate__` rebuilds the jaxbuffers and host objects."""
         state = {k: v for k, v in self.__dict__.items() if k not in _REBUILT}
         buffers = {"rows": self._state}
         if self.compress is not None:
@@ -381,16 +335,16 @@ class _JaxReplayImpl:
         self.__dict__.update(state)
 
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
-        """Store one transition per env (SB3's signature and semantics; see the module doc).
+        """Store one transition per env (SB3's signature and semantics).
 
         Args:
-          obs: ``[n_envs, *obs_shape]`` (a dict of them for Dict spaces); next_obs: the same after
-            the step (the terminal observation for envs that ended); action: ``[n_envs, action_dim]``
-            or reshapeable to it; reward, done: ``[n_envs]``; infos: ``n_envs`` dicts.
+          obs: ``[n_envs, *obs_shape]`` (a dict of them for Dict spaces); next_obs: the same after the step (the
+            terminal observation for envs that ended); action: ``[n_envs, action_dim]`` or reshapeable to it; reward,
+            done: ``[n_envs]``; infos: ``n_envs`` dicts.
 
         Raises:
-          ValueError: a wrong number of values, a layout SB3's assignment would refuse, or a done
-            other than 0 / 1 (the message names the argument).
+          ValueError: a wrong number of values, a layout SB3's assignment would refuse, or a done other than 0 / 1
+            (the message names the argument).
           TypeError: an integer beyond the int32 an int64 field is held in.
         """
         n, rows = self.n_envs, self._rows
@@ -409,12 +363,8 @@ class _JaxReplayImpl:
         self.full = self.full or self.pos == 0
 
     def _timeouts(self, infos: Any) -> np.ndarray:
-        """``timeouts`` of an add: ``infos[i]["TimeLimit.truncated"]`` with ``handle_timeout_termination``, else False.
-
-        Raises:
-          ValueError: with ``handle_timeout_termination``, ``infos`` not a list (or tuple) of ``n_envs`` dicts, or a
-            ``TimeLimit.truncated`` other than a bool, 0 or 1 (as ``done``). TypeError: one that is not a number.
-        """
+        """``infos[i]["TimeLimit.truncated"]`` with ``handle_timeout_termination``, else False; ``ValueError`` for
+        ``infos`` not ``n_envs`` dicts, a value checked as ``done`` is."""
         n = self.n_envs
         if not self.handle_timeout_termination:
             return _common.zeros(n, np.bool_)
@@ -428,11 +378,8 @@ class _JaxReplayImpl:
         return np.array([_timeout(v, f"infos[{i}]['TimeLimit.truncated']") for i, v in enumerate(values)])
 
     def _add_compressed(self, obs_row: Any, next_row: Any, fields: dict) -> None:
-        """The compressed adapter's add of checked rows (stored shapes and dtypes).
-
-        Every episode end goes in as a truncation, so that its terminal observation is kept in the final-observation
-        ring; SB3's dones and timeouts live in the row store. The rows have the writer's spec (its example step is
-        made from them), so they are staged without being checked again."""
+        """The compressed add of checked rows: every episode end goes in as a truncation (its terminal observation
+        kept in the final-observation ring); the rows have the writer's spec, so they are not checked again."""
         w, pending, moved = self._writer, self._pending, True
         if pending is not None:  # an env whose obs is not the previous row's next_obs: that row ends there
             moved = _common.differs(obs_row, pending, self._pending_bytes)
@@ -471,8 +418,7 @@ class _JaxReplayImpl:
 
         Raises:
           ValueError: the two are not 1-d arrays of one length.
-          IndexError: an index outside ``[0, rows)`` / ``[0, n_envs)`` or not of an integer dtype
-            (as numpy indexing).
+          IndexError: an index outside ``[0, rows)`` / ``[0, n_envs)`` or not of an integer dtype.
         """
         rows, envs = _common.indices(batch_inds, "batch_inds", self.buffer_size), _common.indices(env_indices, "env_indices", self.n_envs)
         if rows.shape != envs.shape:
@@ -496,10 +442,8 @@ class _JaxReplayImpl:
                                                                           "next_observations": dtypes}))
 
     def _decoded(self, rows: np.ndarray, envs: np.ndarray) -> tuple[dict, Any, Any]:
-        """The gathered fields and the decoded (obs, next_obs) at (row, env) pairs: the transitions at (lane = env,
-        slot = row), their frames decoded in one host callback, all in one compiled program. The newest row's next
-        observation is not stored yet (it becomes the next row's obs) unless the step ended an episode (then it is in
-        the final-observation ring): it comes from the held copy."""
+        """The gathered fields and the decoded (obs, next_obs) at (row, env) pairs (lane = env, slot = row). The
+        newest row's next observation, not stored unless its step ended an episode, comes from the held copy."""
         cbuf = self._writer.buffer  # flushes the staged steps first
         newest = np.int32((self.pos - 1) % self.buffer_size)
         g, obs, nxt, held = _gather_decoded(self._state.storage, cbuf, rows, envs, newest)
@@ -510,9 +454,9 @@ class _JaxReplayImpl:
 
 
 class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
-    """Drop-in replacement for SB3's ``ReplayBuffer`` (Box, Discrete, MultiDiscrete, MultiBinary
-    observations) with jaxbuffers storage; see the module doc. SB3's arguments, plus ``compress``
-    (``False``, ``True`` or a dict of options).
+    """Drop-in replacement for SB3's ``ReplayBuffer`` (Box, Discrete, MultiDiscrete, MultiBinary observations) with
+    jaxbuffers storage (`docs/api/sb3.md`). SB3's arguments, plus ``compress`` (``False``, ``True`` or a dict of
+    options).
 
     Raises:
       ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3), or
@@ -532,10 +476,9 @@ class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
 class JaxDictReplayBuffer(_JaxReplayImpl, DictReplayBuffer):
     """Drop-in replacement for SB3's ``DictReplayBuffer`` (``spaces.Dict`` observations).
 
-    SB3 picks ``DictReplayBuffer`` by itself for Dict spaces; pass this class as
-    ``replay_buffer_class`` instead. Samples are ``DictReplayBufferSamples``. Same arguments and
-    semantics as `JaxReplayBuffer`, without ``optimize_memory_usage``; ``compress`` also takes ``keys``, the
-    observation keys to compress (default all; the others are stored as they are).
+    Pass it as ``replay_buffer_class`` (SB3 picks its own ``DictReplayBuffer`` for Dict spaces). Samples are
+    ``DictReplayBufferSamples``. Same arguments and semantics as `JaxReplayBuffer`, without ``optimize_memory_usage``;
+    ``compress`` also takes ``keys``, the observation keys to compress (default all).
     """
 
     _samples_type = DictReplayBufferSamples

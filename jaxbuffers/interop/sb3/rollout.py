@@ -1,28 +1,9 @@
-r"""SB3-compatible rollout buffers backed by `jaxbuffers.RolloutBuffer`.
+"""SB3-compatible rollout buffers backed by `jaxbuffers.RolloutBuffer`.
 
-`JaxRolloutBuffer` and `JaxDictRolloutBuffer` subclass SB3's `RolloutBuffer` and `DictRolloutBuffer`, so PPO and A2C
-accept them as `rollout_buffer_class`; storage, GAE and minibatches are jaxbuffers'.
-
-Episode flags. SB3's loop calls `add(obs_t, action_t, reward_t, episode_start_t, V(obs_t), log_prob_t)`, where
-`episode_start_t` says that the previous step ended an episode, and at a time-limit end it has already folded
-`gamma * V(terminal_obs)` into the reward. In the conventions of `jaxbuffers.returns` that is
-`terminated[t] = episode_start[t + 1]`, `terminated[T - 1] = dones` (the argument of
-`compute_returns_and_advantage`) and no truncation: `jaxbuffers.RolloutBuffer.compute_gae` of these flags is SB3's
-recursion (Schulman et al. 2016), with $s$ the episode starts, which `compute_returns_and_advantage` evaluates on the
-host in SB3's order of operations (`sb3_advantages`), so that advantages and returns are SB3's bit for bit:
-
-$$
-\delta_t = r_t + \gamma V_{t+1} (1 - s_{t+1}) - V_t, \qquad
-A_t = \delta_t + \gamma \lambda (1 - s_{t+1}) A_{t+1}, \qquad R_t = A_t + V_t
-$$
-
-Kept from SB3: `add` on a full buffer raises `IndexError`; `get` needs a full buffer (a `RuntimeError` naming the
-steps filled, where SB3 fails on a bare `assert`) and yields minibatches of
-`batch_size` over SB3's env-major `np.random.permutation` of the `T * n_envs` steps (the same numpy seed gives SB3's
-minibatches); samples are torch tensors on `device`, actions float32. Differences, lossless for what SB3 stores:
-`episode_starts` is bool; float64 actions are held as float32, int64 as int32 when the bounds fit; the numpy fields
-(`values`, `returns`, ...) are read-only host copies `[T, n_envs, ...]` that `get` does not reorder; a partly filled buffer is
-handled exactly (the last filled step bootstraps from `last_values` unless `dones`).
+SB3's `episode_start[t]` (the previous step ended an episode) is `terminated[t - 1]` in the conventions of
+`jaxbuffers.returns`, with `terminated[T - 1] = dones` of `compute_returns_and_advantage` and no truncation (SB3
+folds `gamma * V(terminal_obs)` into the reward at time-limit ends). The GAE equation and the differences from SB3:
+`docs/api/sb3.md`.
 """
 
 from __future__ import annotations
@@ -41,22 +22,19 @@ from stable_baselines3.common.buffers import BaseBuffer, DictRolloutBuffer, Roll
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
-from jaxbuffers import checkpoint
-from jaxbuffers import _validate
-from jaxbuffers._validate import sb3_rollout
+from jaxbuffers import _validate, checkpoint
 from jaxbuffers import rollout as _rollout
+from jaxbuffers._validate import sb3_rollout
 from jaxbuffers.interop.sb3 import _common
 
 __all__ = ["JaxRolloutBuffer", "JaxDictRolloutBuffer"]
 
 
-#: SB3 steps staged on the host before one device call adds them (a jitted call per step cost several times the
-#: numpy copy of the step).
+#: SB3 steps staged on the host before one device call adds them (a call per step costs more than a numpy copy).
 STAGED_STEPS = 64
 
 
-# The adapter owns its state, so the add donates it (updated in place); a non-donating call
-# would copy the whole rollout on every call.
+# The adapter owns its state, so the add donates it (in place; else a copy of the rollout per call).
 @functools.partial(jax.jit, donate_argnums=0)
 def _add_steps(state: _rollout.RolloutBuffer, steps: Any, reward: jax.Array, value: jax.Array, count: jax.Array) -> _rollout.RolloutBuffer:
     """Add the first `count` of the staged steps (leaves `[STAGED_STEPS, n_envs, ...]`), in order."""
@@ -78,10 +56,16 @@ def sb3_terminated(episode_starts: jax.Array, dones: jax.Array, num_filled: jax.
 
 def sb3_advantages(reward: np.ndarray, value: np.ndarray, episode_start: np.ndarray, dones: np.ndarray, last_values: np.ndarray,
                    num_filled: int, gamma: Any, gae_lambda: Any) -> tuple[np.ndarray, np.ndarray]:
-    """GAE advantages and returns ``[T, n_envs]`` in numpy, the recursion of the module doc evaluated in the order
-    of SB3's ``compute_returns_and_advantage`` loop, operation for operation (so with its roundings: a jitted
-    evaluation may fuse a multiply and an add into one rounding), over the first ``num_filled`` rows (the last
-    bootstraps from ``last_values`` unless ``dones``); zeros after them. ``gamma``, ``gae_lambda`` as SB3 holds them."""
+    r"""GAE advantages and returns ``[T, n_envs]`` in numpy over the first ``num_filled`` rows (the last bootstraps
+    from ``last_values`` unless ``dones``; zeros after them), with $s$ the episode starts:
+
+    $$
+    \delta_t = r_t + \gamma V_{t+1} (1 - s_{t+1}) - V_t, \qquad
+    A_t = \delta_t + \gamma \lambda (1 - s_{t+1}) A_{t+1}, \qquad R_t = A_t + V_t
+    $$
+
+    evaluated operation for operation as SB3's ``compute_returns_and_advantage`` loop, so with its roundings (a jitted
+    evaluation may fuse a multiply and an add into one). ``gamma``, ``gae_lambda`` as SB3 holds them."""
     adv, last = np.zeros_like(reward), 0
     for t in reversed(range(num_filled)):
         if t == num_filled - 1:
@@ -102,8 +86,7 @@ def _sb3_gae(rollout: _rollout.RolloutBuffer, dones: jax.Array, advantages: jax.
     return rollout.replace(terminated=terminated, advantages=advantages, returns=returns, has_advantages=jnp.bool_(True))
 
 
-# With the state donated, for an adapter that alone holds its state: a program called eagerly returns new arrays for
-# every field it passes through, so without donation each reset and GAE copied the whole rollout.
+# Donated where the adapter alone holds its state: without, each reset and GAE copies the whole rollout.
 _RESET = {True: jax.jit(lambda s: s.reset(), donate_argnums=0), False: lambda s: s.reset()}
 _GAE = {True: jax.jit(_sb3_gae, donate_argnums=0), False: jax.jit(_sb3_gae)}
 
@@ -117,7 +100,7 @@ class _JaxRolloutImpl:
     """Shared implementation of the two rollout classes (mixed in before SB3's class)."""
 
     _samples_type: type = RolloutBufferSamples
-    #: Whether this object alone holds its backing state, so that reset and GAE may update it in place (donated).
+    #: Whether this object alone holds its backing state, so that reset and GAE may donate it.
     _owns_state: bool = True
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
@@ -129,11 +112,9 @@ class _JaxRolloutImpl:
         self.gae_lambda, self.gamma, self.generator_ready = gae_lambda, gamma, False
         self._rows = _common.Rows(observation_space, action_space, self.n_envs, action_space.dtype)
         per_env = lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype)  # noqa: E731
-        example = {
-            "obs": jax.tree.map(per_env, self._rows.obs), "action": per_env(self._rows.action),
-            "log_prob": jax.ShapeDtypeStruct((), np.float32),
-            "episode_start": jax.ShapeDtypeStruct((), np.bool_),
-        }
+        scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype)  # noqa: E731
+        example = {"obs": jax.tree.map(per_env, self._rows.obs), "action": per_env(self._rows.action),
+                   "log_prob": scalar(np.float32), "episode_start": scalar(np.bool_)}
         self._state = self._new_state(example)
         BaseBuffer.reset(self)
 
@@ -141,8 +122,7 @@ class _JaxRolloutImpl:
         """The backing buffer for steps shaped like ``example`` (one env's step pytree)."""
         return _rollout.RolloutBuffer.create(example, num_envs=self.n_envs, num_steps=self.buffer_size)
 
-    # Adds are staged in numpy arrays (`STAGED_STEPS` steps) and added in one device call when the stage is full or
-    # something reads the state (GAE, minibatches, the numpy fields, checkpoints).
+    # Adds are staged in numpy (`_put`) and added in one device call when the stage is full or the state is read.
     @property
     def _state(self) -> Any:
         if getattr(self, "_num_staged", 0):
@@ -171,11 +151,11 @@ class _JaxRolloutImpl:
 
     @property
     def jax_buffer(self) -> _rollout.RolloutBuffer:
-        """The backing `jaxbuffers.RolloutBuffer` (step pytree: ``obs``, ``action``, ``log_prob``,
-        ``episode_start``; the layout `jaxbuffers.interop.sb3.rollout_to_jax` produces).
+        """The backing `jaxbuffers.RolloutBuffer` (step pytree: ``obs``, ``action``, ``log_prob``, ``episode_start``;
+        the layout of `jaxbuffers.interop.sb3.rollout_to_jax`).
 
-        The adapter's next ``add``, ``reset`` or GAE donates these arrays, after which this object raises "Array has
-        been deleted" when read: read it right away, or keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
+        The next ``add``, ``reset`` or GAE donates these arrays ("Array has been deleted" when read after it): read it
+        right away, or keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
         return self._state
 
     @property
@@ -188,7 +168,7 @@ class _JaxRolloutImpl:
 
     @property
     def actions(self) -> np.ndarray:
-        """``[T, n_envs, action_dim]`` read-only host copy (float32 for float64 spaces, see the module doc)."""
+        """``[T, n_envs, action_dim]`` read-only host copy (float32 for float64 spaces)."""
         a = np.asarray(self._rollout.step["action"])
         return _common.read_only(a if np.issubdtype(a.dtype, np.floating) else a.astype(self._rows.action_dtype))
 
@@ -200,8 +180,7 @@ class _JaxRolloutImpl:
     returns = _host(lambda s: s.returns, "``[T, n_envs]`` float32 host copy, ``advantages + values``.")
 
     def __getstate__(self) -> dict:
-        """SB3's attributes plus the rollout as checkpoint bytes (`jaxbuffers.checkpoint.to_bytes`), never the
-        jaxbuffers objects themselves."""
+        """SB3's attributes plus the rollout as checkpoint bytes (`jaxbuffers.checkpoint.to_bytes`)."""
         state = {k: v for k, v in self.__dict__.items() if k not in ("_stored", "_staged", "_num_staged", "_rows")}
         state["_checkpoint"] = checkpoint.to_bytes({"rollout": self._state})
         return state
@@ -227,7 +206,7 @@ class _JaxRolloutImpl:
         BaseBuffer.reset(self)
 
     def add(self, obs: Any, action: np.ndarray, reward: np.ndarray, episode_start: np.ndarray, value: th.Tensor, log_prob: th.Tensor) -> None:
-        """Store one step of every env (SB3's signature; see the module doc for the flags).
+        """Store one step of every env (SB3's signature and flags).
 
         Args:
           obs: ``[n_envs, *obs_shape]`` (a dict for Dict spaces), ``obs_t``.
@@ -239,8 +218,8 @@ class _JaxRolloutImpl:
 
         Raises:
           IndexError: the buffer is full (``buffer_size`` steps since ``reset``), as in SB3.
-          ValueError: a wrong number of values, a layout SB3's assignment would refuse, or an
-            ``episode_start`` other than 0 / 1 (the message names the argument).
+          ValueError: a wrong number of values, a layout SB3's assignment would refuse, or an ``episode_start`` other
+            than 0 / 1 (the message names the argument).
           TypeError: a value the stored dtype cannot hold where it is narrower than SB3's.
         """
         self._commit_add(*self._add_rows(obs, action, reward, episode_start, value, log_prob))
@@ -258,11 +237,9 @@ class _JaxRolloutImpl:
         if self.full:
             raise IndexError(f"add: the rollout buffer is full ({self.buffer_size} steps); call reset() first")
         n, f32 = self.n_envs, _common.F32
-        step = {
-            "obs": self._rows.observation(obs, "obs"), "action": self._rows.action_row(action),
-            "log_prob": _common.as_row(log_prob, (n,), f32, "log_prob"),
-            "episode_start": _common.as_row(episode_start, (n,), _common.BOOL, "episode_start"),
-        }
+        step = {"obs": self._rows.observation(obs, "obs"), "action": self._rows.action_row(action),
+                "log_prob": _common.as_row(log_prob, (n,), f32, "log_prob"),
+                "episode_start": _common.as_row(episode_start, (n,), _common.BOOL, "episode_start")}
         return step, _common.as_row(reward, (n,), f32, "reward"), _common.as_row(value, (n,), f32, "value", reshape=True)
 
     def _returns_rows(self, last_values: Any, dones: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -278,8 +255,8 @@ class _JaxRolloutImpl:
         return batch_size
 
     def check_call(self, name: str, *args: Any, **kwargs: Any) -> None:
-        """Make every argument check that ``getattr(self, name)(*args, **kwargs)`` makes, changing nothing (so that a
-        facade over several buffers, `DummyVecRolloutBuffer`, checks all of them before it calls any).
+        """Make every argument check that ``getattr(self, name)(*args, **kwargs)`` makes, changing nothing (so that
+        `DummyVecRolloutBuffer` checks all its buffers before it calls any).
 
         Raises:
           TypeError: arguments the method does not take (the method's own message).
@@ -289,9 +266,8 @@ class _JaxRolloutImpl:
         self.prepare_call(name, *args, **kwargs)
 
     def prepare_call(self, name: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
-        """`check_call`, returning the call itself as a function of no arguments: what
-        ``getattr(self, name)(*args, **kwargs)`` does, its arguments already checked and, for ``add``, converted (so a
-        facade converts each step once). Nothing changes until it is called.
+        """`check_call`, returning the call as a function of no arguments, its arguments already checked and, for
+        ``add``, converted. Nothing changes until it is called.
 
         Raises:
           as `check_call`.
@@ -300,20 +276,16 @@ class _JaxRolloutImpl:
         if name == "add":
             rows = self._add_rows(**bound)
             return lambda: self._commit_add(*rows)
-        self._check_bound(name, bound)
-        return lambda: getattr(self, name)(*args, **kwargs)
-
-    def _check_bound(self, name: str, bound: dict) -> None:
         if name == "compute_returns_and_advantage":
             self._returns_rows(**bound)
         elif name == "get":
             self._get_batch_size(bound.get("batch_size"))
         elif name == "_get_samples":
             _common.indices(bound["batch_inds"], "batch_inds", self.buffer_size * self.n_envs)
+        return lambda: getattr(self, name)(*args, **kwargs)
 
     def _put(self, step: dict, reward: np.ndarray, value: np.ndarray) -> None:
-        """Store one checked step (stored shapes and dtypes) at row ``pos``: staged, added when the stage is full
-        (new stage arrays each time: the device call may still read the last ones)."""
+        """Stage one checked step, added when the stage is full (into new arrays: the add may still read these)."""
         if self._staged is None:
             new = lambda x: np.empty((STAGED_STEPS, *np.shape(x)), np.asarray(x).dtype)  # noqa: E731
             self._staged = (jax.tree.map(new, step), new(reward), new(value))
@@ -325,7 +297,7 @@ class _JaxRolloutImpl:
             self._state  # noqa: B018 - adds the stage
 
     def compute_returns_and_advantage(self, last_values: th.Tensor, dones: np.ndarray) -> None:
-        """GAE advantages and returns, SB3's bit for bit (`sb3_advantages`; the module doc gives the mapping).
+        """GAE advantages and returns, SB3's bit for bit (`sb3_advantages`).
 
         Args:
           last_values: torch ``[n_envs, 1]`` or ``[n_envs]``, ``V`` of the observation after the last step.
@@ -378,7 +350,7 @@ class _JaxRolloutImpl:
 class JaxRolloutBuffer(_JaxRolloutImpl, RolloutBuffer):
     """Drop-in replacement for SB3's ``RolloutBuffer`` with jaxbuffers storage and GAE.
 
-    Takes SB3's arguments with SB3's meaning (`buffer_size`: steps per env); the module doc gives the flag mapping.
+    Takes SB3's arguments with SB3's meaning (`buffer_size`: steps per env); `docs/api/sb3.md` gives the flag mapping.
 
     Raises:
       TypeError: a Dict observation space (use `JaxDictRolloutBuffer`) or a float64 one.
