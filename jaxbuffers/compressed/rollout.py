@@ -93,12 +93,10 @@ class CompressedRolloutBuffer(HostBacked):
             return self
         if saved_num_slots != self.host.num_slots - 1:
             return None
-        inner = self.buffer
-        head = jnp.asarray(inner.step_index)
-        stack = head.ndim
+        inner, head = self.buffer, jnp.asarray(self.buffer.step_index)
 
         def empty(ids: jax.Array) -> jax.Array:
-            lanes = tuple(range(stack + 1, ids.ndim))  # envs (and frames) of a row
+            lanes = tuple(range(head.ndim + 1, ids.ndim))  # envs (and frames) of a row
             unwritten = (jnp.arange(inner.num_steps) >= head[..., None]) & ~jnp.any(ids != 0, axis=lanes)
             return jnp.where(unwritten.reshape(unwritten.shape + (1,) * len(lanes)), -1, ids)
 
