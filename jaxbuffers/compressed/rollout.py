@@ -56,9 +56,7 @@ class CompressedRolloutBuffer(HostBacked):
           chunk_bytes: largest host arena chunk.
           dictionary_bytes: as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
           frame_stack: `k`: the compressed leaves are stacks of `k` frames along `stack_axis`, stored one frame per
-            store entry (slot `(t * N + e) * k + j` for frame `j` of step `(t, e)`); each step holds the int32 `[k]`
-            slots of its frames, oldest to newest. `add` writes all `k` frames; `RolloutHostWriter` stores each
-            distinct frame once. None: one entry per observation.
+            store entry (`docs/api/compressed.md`, "Compressed rollouts"); None: one entry per observation.
           stack_axis: axis of each compressed leaf holding the `k` frames.
 
         Raises:

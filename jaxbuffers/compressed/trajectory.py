@@ -235,11 +235,9 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
             self.step_spec, self.trajectory.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
         )
         e, t = terminated.shape
-
-        def frames(obs):
-            leaves = _common.pick_leaves(obs, self.leaf_index)
-            return [_common.newest_frame(x, i, 2).reshape(e * t, *i.frame_shape) for x, i in zip(leaves, self.leaves)]
-
+        frames = lambda o: [  # noqa: E731
+            _common.newest_frame(x, i, 2).reshape(e * t, *i.frame_shape) for x, i in zip(_common.pick_leaves(o, self.leaf_index), self.leaves)
+        ]
         datas = frames(step[self.trajectory.obs_key])
         if truncated is not None:
             datas = [jnp.concatenate([d, f]) for d, f in zip(datas, frames(final_obs))]

@@ -1,11 +1,7 @@
 """The frame-stack check of `jaxbuffers.compressed.CompressedTrajectoryBuffer` (`docs/api/compressed.md`, "Which
-stacks"): the rule of `jaxbuffers._validate.unrebuilt_trajectory_stacks` applied to an add, against the stack the store
-rebuilds for each lane's last step.
-
-It runs on the host, in numpy: an add's program passes its operands to the write callback, which refuses before it
-writes anything (`jaxbuffers.compressed._common.write`'s `refuse`); `add_from_host` and `check_stacks` run it without a
-callback. The lanes' last frames are those the store kept from its last write (`HostStores.read_recent`), decoded
-only when the state is not the one that write made (a restored buffer, a reopened folder).
+stacks"): the rule of `jaxbuffers._validate.unrebuilt_trajectory_stacks` applied on the host to an add, by its write
+callback before it writes (`jaxbuffers.compressed._common.write`'s `refuse`), against the stacks the store rebuilds
+from the frames its last write kept (`HostStores.read_recent`).
 """
 
 from __future__ import annotations
