@@ -384,7 +384,10 @@ def checked_before_dispatch(add: bool = False) -> Callable:
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         def call(self, *args, **kwargs):
-            made = check_add_before_dispatch(self, lambda b: method(b, *args, **kwargs)) if add else check_before_dispatch(self, False)
+            if add:
+                made = check_add_before_dispatch(self, lambda b: method(b, *args, **kwargs))
+            else:
+                made = check_before_dispatch(self, False)
             if isinstance(self.version, jax.core.Tracer):
                 return method(self, *args, **kwargs)
             wait = not add or getattr(self, "_write_may_refuse", False)

@@ -86,7 +86,8 @@ class CompressedRolloutBuffer(HostBacked):
         """This restored state in this layout, given `saved_num_slots`, the slot count its stores were saved with:
         `self` when it is `host.num_slots`, the upgraded state when it is one fewer (the layout before the empty slot,
         where a step never added held slot 0: a row `t >= step_index` whose ids are all 0 becomes -1), else None (the
-        caller refuses the checkpoint). Stacked states (a `jaxbuffers.ShardedBuffer`'s shards) upgrade shard by shard."""
+        caller refuses the checkpoint). Stacked states (a `jaxbuffers.ShardedBuffer`'s shards) upgrade shard by
+        shard."""
         if saved_num_slots == self.host.num_slots:
             return self
         if saved_num_slots != self.host.num_slots - 1:

@@ -127,13 +127,18 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         if unknown:  # named as `create`'s
             raise TypeError(f"{cls.__name__}.create: unexpected keyword argument(s) {sorted(unknown)}")
         num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
-        spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
+        spec, idx, infos, k = _common.obs_leaves(
+            example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images
+        )
         key, delta_codec = keyframe_interval_of(keyframe_interval, codec, delta_codec)
-        kcap = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
+        kcap = length if final_obs_capacity is None else min(
+            _validate.static_int("final_obs_capacity", final_obs_capacity), length
+        )
         ring = length + k - 1 + key - 1
         host = HostStores(  # the last slot is never written: the empty slot
             num_envs * ring + num_envs * kcap + 1, codec, [i.frame_shape for i in infos], [i.dtype for i in infos],
-            [i.name for i in infos], chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes, delta_codec=delta_codec,
+            [i.name for i in infos], chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes,
+            delta_codec=delta_codec,
         )
         inner = inner_create(
             {**spec, obs_key: _common.replace_leaves(spec[obs_key], idx, [_ID] * len(idx))}, num_envs=num_envs,
@@ -163,7 +168,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     def step_spec(self) -> Any:
         """Dict of `jax.ShapeDtypeStruct`: one step of one env as the user sees it."""
         traj, specs = self.trajectory, [jax.ShapeDtypeStruct(i.shape, i.dtype) for i in self.leaves]
-        return {**traj.step_spec, traj.obs_key: _common.replace_leaves(traj.step_spec[traj.obs_key], self.leaf_index, specs)}
+        obs = _common.replace_leaves(traj.step_spec[traj.obs_key], self.leaf_index, specs)
+        return {**traj.step_spec, traj.obs_key: obs}
 
     def uncompressed_nbytes(self) -> int:
         """Bytes a plain `TrajectoryBuffer` with the same configuration would hold (shapes only)."""
@@ -249,11 +255,11 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     def _add_ids(self, step, terminated, truncated, final_obs):
         """The device half of an add of checked `[E, t]` inputs (compressed leaves not read): (state without the
         version bump, `chunk_frames`' (slots, valid, bases))."""
-        obs_key, ids = self.trajectory.obs_key, lambda x: [x] * len(self.leaves)  # noqa: E731
+        key, ids = self.trajectory.obs_key, lambda x: [x] * len(self.leaves)  # noqa: E731
         c = self._chunk_frames(jnp, terminated, truncated, (self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head))
-        inner_final = None if truncated is None else _common.replace_leaves(final_obs, self.leaf_index, ids(c.final_ids))
-        inner_step = {**step, obs_key: _common.replace_leaves(step[obs_key], self.leaf_index, ids(c.ids))}
-        inner = self.buffer.add_prepared(inner_step, terminated, truncated, inner_final)
+        finals = None if truncated is None else _common.replace_leaves(final_obs, self.leaf_index, ids(c.final_ids))
+        inner_step = {**step, key: _common.replace_leaves(step[key], self.leaf_index, ids(c.ids))}
+        inner = self.buffer.add_prepared(inner_step, terminated, truncated, finals)
         new = self.replace(buffer=inner, frame_head=c.frame_head, next_ep_pos=c.next_ep_pos, final_head=c.final_head,
                            next_key_pos=c.next_key_pos)
         return new, (c.slots, c.valid, c.bases)
@@ -294,7 +300,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
             cursors = tuple(jax.device_get((self.version, self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head)))
         version = int(cursors[0])
         c = self._chunk_frames(np, terminated, truncated, cursors[1:])  # read before a donation
-        own = lambda x: np.array(x) if isinstance(x, np.ndarray) else x  # noqa: E731 (a CPU program may read numpy in place)
+        # the program gets copies: a CPU program may read a numpy argument in place after this returns
+        own = lambda x: np.array(x) if isinstance(x, np.ndarray) else x  # noqa: E731
         new = (_add_at_donated if donate else _add_at)(self, np.int32(version + 1), *jax.tree.map(own, (step, terminated, truncated, final_obs)))
         e, t = terminated.shape
         datas = [np.reshape(f, (e * t, *i.frame_shape)) for f, i in zip(frames, self.leaves)]
@@ -352,8 +359,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         fids = jnp.stack([fstore, lanes * ring + (self.frame_head - 1) % ring, jnp.minimum(ep + 1, self.frame_stack - 1)], axis=-1).astype(jnp.int32)
         new = traj.truncate_last(truncated, _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves)))
         zero = lambda x: jnp.where(boot, 0, x).astype(jnp.int32)  # noqa: E731 (the next step starts an episode, a keyframe)
-        new = self.replace(buffer=_with_steps(self.buffer, new), final_head=final_head, next_ep_pos=zero(self.next_ep_pos),
-                           next_key_pos=zero(self.next_key_pos))
+        new = self.replace(buffer=_with_steps(self.buffer, new), final_head=final_head,
+                           next_ep_pos=zero(self.next_ep_pos), next_key_pos=zero(self.next_key_pos))
         return new, (fstore, boot)
 
     def _frame_ids(self, ids: jax.Array):
@@ -390,7 +397,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         decoded = _common.read(self.host, self.leaves, self.version, *(f for f, _ in slots))
         outs = []
         for j, (o, x, (_, pad)) in enumerate(zip(obs, ids, slots)):
-            leaves = [_common.finish(d[j], i, x.ndim - 1, pad, self.normalize_images) for d, i in zip(decoded, self.leaves)]
+            leaves = [_common.finish(d[j], i, x.ndim - 1, pad, self.normalize_images)
+                      for d, i in zip(decoded, self.leaves)]
             outs.append(_common.replace_leaves(o, self.leaf_index, leaves))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
