@@ -29,10 +29,8 @@ from jaxbuffers.compressed._host import HostStores, ShardedHostStores, StaleBuff
 
 
 def select_leaves(spec: Any, compress: Sequence[str] | None, what: str) -> tuple[int, ...]:
-    """Flat indices (in `jax.tree.leaves` order) of the leaves of `spec` to compress.
-
-    A leaf is selected when one of the dict keys (or attribute names) on its path is in `compress`, or when its full
-    name (`_validate.leaf_name`, e.g. `['pixels']`) is. `compress=None` selects every leaf.
+    """Flat indices (`jax.tree.leaves` order) of the leaves of `spec` whose path holds a dict key or attribute name in
+    `compress`, or whose full name (`_validate.leaf_name`, e.g. `['pixels']`) is; `None`: every leaf.
 
     Raises:
       ValueError: a name selects nothing (the message lists the leaves), or nothing is selected.
@@ -88,14 +86,12 @@ class LeafInfo:
 
 
 def obs_leaves(example_step: Any, obs_key: str, compress, frame_stack, stack_axis: int, padding: str, normalize_images: bool) -> tuple:
-    """The example step of a frame-deduplicating buffer's `create` and the compressed leaves of its observation,
-    checked (the `create` errors): `(step spec, flat indices within the observation, [LeafInfo], k)`,
-    `k = frame_stack` or 1.
+    """A frame-deduplicating buffer's `create` arguments, checked: `(step spec, flat indices of the compressed leaves
+    within the observation, [LeafInfo], k = frame_stack or 1)`.
 
     Raises:
       TypeError / ValueError: `example_step` not a dict or without an `obs_key` field; as `select_leaves` and
-        `jaxbuffers._validate.frame_leaves`; a `padding` other than `"reset"` or `"zero"`; `frame_stack` not an
-        int >= 1.
+        `jaxbuffers._validate.frame_leaves`; a bad `padding`; `frame_stack` not an int >= 1.
     """
     if not isinstance(example_step, Mapping):
         raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
@@ -112,8 +108,8 @@ def obs_leaves(example_step: Any, obs_key: str, compress, frame_stack, stack_axi
 
 
 def newest_frame(x: jax.Array, info: LeafInfo, lead: int) -> jax.Array:
-    """The entry to store for observations `x` (`[*lead, *info.shape]`): the newest frame of
-    each stack (index `k - 1` along the stack axis), or the whole observation."""
+    """The entry to store for observations `x` (`[*lead, *info.shape]`): the newest frame of each stack (index
+    `k - 1` along the stack axis), or the whole observation."""
     if info.stack_axis is None:
         return x
     k = info.shape[info.stack_axis]
@@ -124,19 +120,12 @@ _forced: bool | None = None  # set by forced_callbacks only
 
 
 def in_place_callbacks(host: Any = None) -> bool:
-    """Whether host callbacks to `host` traced now use `buffer_callback` (True) or `io_callback` / `pure_callback`.
-
-    The one place this is decided, for writes and reads alike. A `buffer_callback` hands the host function XLA's own
-    buffers: that needs them in host memory (the CPU backend; on GPU they are device memory) and a program on one
-    device (XLA refuses to partition a side-effecting one: "Side-effect HLO must have sharding"), or a callback
-    inside `shard_map`, which runs on each device with that device's buffers (the stores of a
-    `jaxbuffers.ShardedBuffer`, `ShardedHostStores`). Where it can be used it must be: an ordered `io_callback`
-    copies its arguments into new arrays first, and in a process allowed one CPU (`taskset`, a container or SLURM
-    CPU set) reading a copy of over ~100 KB inside the callback never returns. Elsewhere the ordered `io_callback` is
-    the exactly-once write. Both run once per executed add (once per shard inside `shard_map`), in program order,
-    under `jit`, `lax.scan` and donation (tested on CPU with each forced by `forced_callbacks`, also on 8 forced
-    host devices under `shard_map`).
-    """
+    """Whether host callbacks to `host` traced now use `buffer_callback` (True) or `io_callback` / `pure_callback`,
+    for writes and reads alike. A `buffer_callback` needs XLA's buffers in host memory (CPU) and a program on one
+    device, or a callback inside `shard_map` (`ShardedHostStores`); where it can be used it must be: an ordered
+    `io_callback` copies its arguments, and in a process allowed one CPU reading such a copy (over ~100 KB) inside
+    the callback never returns. Both run once per executed add, in program order, under `jit`, `lax.scan` and
+    donation."""
     if _forced is not None:
         return _forced
     one_program_per_device = jax.device_count() == 1 or isinstance(host, ShardedHostStores)
@@ -145,11 +134,8 @@ def in_place_callbacks(host: Any = None) -> bool:
 
 @contextlib.contextmanager
 def forced_callbacks(in_place: bool) -> Iterator[None]:
-    """Trace host callbacks with the given mechanism inside the block (tests run both on CPU).
-
-    Compiled programs are cached per buffer (its host store is a static field): use buffers
-    created inside the block, or the cached program keeps the mechanism it was traced with.
-    """
+    """Trace host callbacks with the given mechanism inside the block (tests run both on CPU). Programs are cached
+    per buffer: use buffers created inside the block, or a cached program keeps the mechanism it was traced with."""
     global _forced
     before, _forced = _forced, bool(in_place)
     try:
@@ -162,18 +148,13 @@ def write(
     host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array], bases: jax.Array | None = None,
     refuse: tuple[jax.Array, Callable[[np.ndarray], Exception | None]] | None = None, recent: tuple | None = None,
 ) -> jax.Array:
-    """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`, with `bases`: int32 `[M]`
-    delta bases, -1 for whole entries); returns the new version (int32 scalar), which orders every later read and
-    write of the store by data dependency. The mechanism is `in_place_callbacks`'s.
-
-    Args:
-      refuse: `(values, error)`: on the host, before anything is written, `error(*values)` (numpy; `values` an array
-        or a tuple of them) returns the exception to raise instead of writing, or None (a check of values known only
-        when the program runs).
-      recent: `HostStores.write`'s (numpy rows, cap): the frames the store keeps for `HostStores.read_recent`.
+    """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`, with its `bases` and `recent`);
+    returns the new version (int32 scalar), which orders every later read and write of the store by data dependency.
+    `refuse`: `(values, error)`: on the host, before anything is written, `error(*values)` (numpy; `values` an array
+    or a tuple of them) returns the exception to raise instead of writing, or None.
 
     Raises:
-      ValueError: under `vmap`: a buffer is one host store, so states cannot be stacked.
+      ValueError: under `vmap` (a buffer is one host store).
     """
     args = (*host.operands(), version, slots.astype(jnp.int32), valid, *datas)
     n = len(args)
@@ -215,19 +196,9 @@ def write(
 
 
 def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: jax.Array) -> list:
-    """Host callback decoding store slots for every leaf, for one or more id arrays at once.
-
-    Args:
-      host: the stores. infos: the compressed leaves.
-      version: the state's version: the data dependency on the write that produced it.
-      *ids: int32 arrays of any shapes `S_j`; slots shared between them are decoded once (an
-        observation and its next observation share most stack frames).
-
-    Returns:
-      `out[leaf][j]`: `[*S_j, *frame_shape]` per leaf and id array. With `in_place_callbacks` the
-      frames are decoded straight into XLA's output buffers (`HostStores.read_into`), otherwise
-      a `pure_callback` returns them (`HostStores.read`). Both batch under `vmap`.
-    """
+    """Host callback decoding the slots `ids` (int32, any shapes `S_j`; a slot shared between them decoded once) of
+    every leaf of `infos` after the write that made `version`: `out[leaf][j]` `[*S_j, *frame_shape]`, decoded into
+    XLA's output buffers with `in_place_callbacks` (`HostStores.read_into`), else returned (`HostStores.read`)."""
     ids = [x.astype(jnp.int32) for x in ids]
     m, lead = len(ids), host.operands()
     shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
@@ -244,8 +215,8 @@ def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: 
     return [list(flat[i * m : (i + 1) * m]) for i in range(len(infos))]
 
 
-# HostStores -> the exception its newest failed host callback raised during an eager call (`keeping`, `run_eager`),
-# and the number of eager calls running (exceptions are kept only then: a kept one holds its frames).
+# HostStores -> the exception its newest failed host callback raised during an eager call, and the number of eager
+# calls running (exceptions are kept only then: a kept one holds its frames).
 _raised: "weakref.WeakKeyDictionary[HostStores, BaseException]" = weakref.WeakKeyDictionary()
 _eager: "weakref.WeakKeyDictionary[HostStores, int]" = weakref.WeakKeyDictionary()
 _eager_lock = threading.Lock()  # eager calls may run in several threads
@@ -267,11 +238,9 @@ def keeping(host: HostStores, fn: Callable) -> Callable:
 
 
 def run_eager(hosts: Sequence[HostStores], call: Callable[[], Any], wait: bool) -> Any:
-    """`call()` (an eager call of buffers whose stores are `hosts`), raising the exception a host callback of one of
-    `hosts` raised instead of the error carrying its text out of the program (`jax.errors.JaxRuntimeError`, or a
-    `ValueError` from a `pure_callback`); an error whose text names no kept exception (e.g. another thread's) is
-    raised as it is. `wait`: wait for the result first,
-    so that a read's error is raised here."""
+    """`call()`, an eager call of buffers whose stores are `hosts`, raising the exception a host callback of `hosts`
+    raised instead of the error carrying its text out of the program; `wait`: wait for the result first, so that a
+    read's error is raised here."""
     with _eager_lock:
         for host in hosts:
             _eager[host] = _eager.get(host, 0) + 1
@@ -316,14 +285,9 @@ _newest_add: "weakref.WeakKeyDictionary[HostStores, tuple[jax.Array, int]]" = we
 
 
 def check_before_dispatch(buf: Any, add: bool) -> int | None:
-    """The checks of a compressed buffer's eager call, made before anything is dispatched.
-
-    With a concrete state (not under `jit`, `lax.scan` or another transformation): the store must be open and, for
-    an add, the state must be the newest one (`HostStores.check_state`). A state returned by the newest eager add is
-    checked without waiting for that add (its version is known; the store is past it only if a later write ran);
-    any other state is checked after the adds dispatched before have run. Returns, for an add of a concrete state,
-    the version its write will make (else None: under a transformation the version is traced and the write callback
-    refuses a stale add when it runs).
+    """The checks of an eager call made before anything is dispatched (`HostStores.check_state`): the store is open
+    and an add's state is the newest (the newest eager add's state is checked without waiting for that add). Returns,
+    for an add of a concrete state, the version its write will make, else None.
 
     Raises:
       RuntimeError: the buffer was closed.
@@ -353,15 +317,14 @@ def check_before_dispatch(buf: Any, add: bool) -> int | None:
 
 
 def remember_add(out: Any, made: int | None) -> None:
-    """Record `out`, the state an add returned whose write makes version `made` (`check_before_dispatch`'s result),
-    as its store's newest add: an add to `out` is then checked without waiting for this one."""
+    """Record `out`, an add's state whose write makes version `made`, as its store's newest add."""
     if made is not None:
         _newest_add[out.host] = (out.version, made)
 
 
 def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> int | None:
-    """`check_before_dispatch` of an add; a stale state's wrong arguments are named first, as under `jit` (where
-    they fail while tracing, before the write callback refuses the state): `add(buf)` is traced, not run."""
+    """`check_before_dispatch` of an add; a stale state's wrong arguments are named first, as under `jit`: `add(buf)`
+    is traced, not run."""
     try:
         return check_before_dispatch(buf, True)
     except StaleBufferError:
@@ -370,9 +333,8 @@ def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> int | None
 
 
 def delegated(name: str, via: str = "buffer") -> Callable:
-    """A compressed buffer's method `name` that reads device fields only: `getattr(self, via).name(...)` (the
-    wrapped device buffer's method, one compiled program eagerly), so it returns exactly what that buffer returns,
-    also after `close()` (the host store is not read)."""
+    """A compressed buffer's method `name` that reads device fields only: `getattr(self, via).name(...)`, exactly
+    the wrapped device buffer's result, also after `close()` (the host store is not read)."""
 
     def method(self, *args, **kwargs):
         return getattr(getattr(self, via), name)(*args, **kwargs)
@@ -393,13 +355,12 @@ NOT_WRAPPED = {
     "estimate_memory_pressure": "a projection of device arrays; the compressed rollout decodes its pixels per minibatch",
 }
 """Public attributes of the wrapped device buffers that the compressed buffers do not have, and why (docs/guide.md §4
-lists them); every other one is the compressed buffer's own or `delegates`' read-only view of the device buffer's."""
+lists them)."""
 
 
 def delegates(*names: str, via: str = "buffer") -> Callable[[type], type]:
     """Class decorator of a compressed buffer: read-only properties `names`, each `getattr(self, via).name` (a field
-    or a piece of configuration of the wrapped device buffer that holds no compressed data: flags, cursors, keys,
-    returns), exactly the device buffer's."""
+    or setting of the wrapped device buffer that holds no compressed data), exactly the device buffer's."""
 
     def decorate(cls: type) -> type:
         for name in names:
@@ -413,14 +374,12 @@ def delegates(*names: str, via: str = "buffer") -> Callable[[type], type]:
 
 def checked_before_dispatch(add: bool = False) -> Callable:
     """Decorate a public method of a compressed buffer (above `jaxbuffers._compiled.method`) with
-    `check_before_dispatch` (`check_add_before_dispatch` for an add, which is then remembered as the newest one
-    of its store).
+    `check_before_dispatch` (`check_add_before_dispatch` for an add, then remembered as its store's newest).
 
     Called eagerly, the method raises the exception its host callback raised (`StaleBufferError`,
-    `host_codecs.CorruptEntryError`, ...), not the `jax.errors.JaxRuntimeError` that carries it out of the program:
-    a read waits for its result (its caller reads it next anyway) so that the error is raised here; an add is not
-    waited for (its checks ran before dispatch) unless its write callback may refuse it (the buffer's
-    `_write_may_refuse`: a frame-stack check that runs on the host). Under `jit` the program's caller gets the `JaxRuntimeError`."""
+    `host_codecs.CorruptEntryError`, ...), not the `jax.errors.JaxRuntimeError` carrying it: a read waits for its
+    result so that the error is raised here; an add is not waited for unless its write callback may refuse it (the
+    buffer's `_write_may_refuse`). Under `jit` the program's caller gets the `JaxRuntimeError`."""
 
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
@@ -442,14 +401,13 @@ def checked_before_dispatch(add: bool = False) -> Callable:
 
 
 def stack_slots(ids: jax.Array, *, frame_stack: int, ring: int, num_lanes: int, empty: int, stacked: bool, padding: str):
-    """Store slots of the frames of observations given by their ids, in a store whose lanes hold rings of frames.
+    """Store slots of the frames of observations given by their ids, in a store of `num_lanes` rings of `ring` frames
+    (lane `l`: slots `[l * ring, (l + 1) * ring)`) and a never-written slot `empty` (zeros).
 
     Args:
-      ids: int32 `[*S, 3]` = `(newest, prev, ep_pos)`: the store slot of the observation's newest frame, the slot
-        of the frame one step back in its lane's ring (lane `l`'s ring is slots `[l * ring, (l + 1) * ring)`;
-        negative or past the rings: no older frame) and `min(steps since its episode started, k - 1)`.
-        `newest` outside `[0, empty)` reads the never-written slot `empty` (zeros).
-      frame_stack: `k`. ring: frames per lane. num_lanes: lanes. empty: the never-written slot.
+      ids: int32 `[*S, 3]` = `(newest, prev, ep_pos)`: the slot of the observation's newest frame (outside
+        `[0, empty)`: `empty`), the slot one step back in its lane's ring (negative or past the rings: no older
+        frame) and `min(steps since its episode started, k - 1)`, `k = frame_stack`.
       stacked: whether the observations are stacks of `k` frames (else one entry each).
       padding: `"reset"` (frames before the episode start repeat its first) or `"zero"`.
 
@@ -479,16 +437,16 @@ def stack_slots(ids: jax.Array, *, frame_stack: int, ring: int, num_lanes: int, 
     return fids.astype(jnp.int32), pad
 
 
-def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool, xp: Any = jnp) -> jax.Array:
-    """Decoded entries -> observations (`xp`: `jax.numpy` inside programs, `numpy` for host arrays).
+def only_rows(ids: jax.Array, rows: jax.Array | None) -> jax.Array:
+    """`ids` `[S0, ...]` with the rows where bool `rows` `[S0]` is False set to -1 (the never-written slot, read as
+    zeros without decoding); `rows` None: every row."""
+    return ids if rows is None else jnp.where(rows.reshape(rows.shape + (1,) * (ids.ndim - 1)), ids, -1)
 
-    Args:
-      frames: with frame dedup `[*S, k, *frame_shape]` (stack position `j`: oldest `0` to
-        newest `k - 1`), else `[*S, *shape]`. `lead = len(S)`.
-      pad: bool `[*S, k]`, frames to zero (`padding="zero"`), or None.
-      normalize: return float32 `x * float32(1 / 255)` instead of the stored dtype (XLA turns a division by 255 into
-        this product anyway; it is within 1 ulp of `x / 255`, exactly 0 and 1 at 0 and 255).
-    """
+
+def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool, xp: Any = jnp) -> jax.Array:
+    """Decoded entries `frames` (`[*S, k, *frame_shape]` oldest to newest with frame dedup, else `[*S, *shape]`;
+    `lead = len(S)`) -> observations, zero where `pad` (bool `[*S, k]`, or None); with `normalize` float32
+    `x * float32(1 / 255)` (within 1 ulp of `x / 255`, exactly 0 and 1 at 0 and 255). `xp`: `jax.numpy` or `numpy`."""
     if info.stack_axis is not None:
         if pad is not None:
             zero = xp.zeros((), frames.dtype)
@@ -501,11 +459,11 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
 
 
 def decode_sample(decoders: Mapping[type, Callable], sample: Any, rows: Any, inner: str) -> Any:
-    """A compressed buffer's `decode`: `decoders[type(sample)](sample, rows)` with its arguments checked.
+    """A compressed buffer's `decode`: `decoders[type(sample)](sample, rows)`, its arguments checked (`inner` names
+    the buffer the sample comes from).
 
     Raises:
-      TypeError: a sample type not in `decoders` (`inner` names the buffer it samples); `rows` not a bool array.
-      ValueError: `rows` not of shape `[B]` (`B` the sample's leading axis).
+      TypeError: a sample type not in `decoders`; `rows` not a bool array. ValueError: `rows` not of shape `[B]`.
     """
     if type(sample) not in decoders:
         raise TypeError(f"sample: expected one of {sorted(c.__name__ for c in decoders)} of this buffer's inner {inner}, "

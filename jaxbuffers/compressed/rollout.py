@@ -21,11 +21,8 @@ from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
 
 __all__ = ["CompressedRolloutBuffer"]
 
-_ID = jax.ShapeDtypeStruct((), jnp.int32)
-
-
-@_common.delegates("advantages", "returns", "has_advantages", "overflowed", "step_index", "reward", "value", "terminated",
-                   "truncated", "trainable", "final_value")
+@_common.delegates("advantages", "returns", "has_advantages", "overflowed", "step_index", "reward", "value",
+                   "terminated", "truncated", "trainable", "final_value", "num_steps", "float_dtype")
 @_validate.one_member_methods(mapped=False)
 class CompressedRolloutBuffer(HostBacked):
     """A `jaxbuffers.RolloutBuffer` whose chosen step leaves live compressed on the host.
@@ -49,42 +46,33 @@ class CompressedRolloutBuffer(HostBacked):
         """An empty buffer for `num_steps` steps of `num_envs` envs.
 
         Args:
-          example_step: as `jaxbuffers.RolloutBuffer.create`.
-          num_envs: as `jaxbuffers.RolloutBuffer.create`.
-          num_steps: as `jaxbuffers.RolloutBuffer.create`.
-          float_dtype: as `jaxbuffers.RolloutBuffer.create`.
-          compress: the leaves of the step `example_step` (not only its observation) to store on the host, by a
-            dict key (or attribute name) on the leaf's path, or its full name; default `("obs",)`: every leaf under
-            the step's `obs` key; None: every leaf of the step. E.g. `{"obs": {"pixels": uint8 [84, 84], "pos":
+          example_step: as `jaxbuffers.RolloutBuffer.create`, like `num_envs`, `num_steps` and `float_dtype`.
+          compress: the leaves of the step (not only its observation) to store on the host, as
+            `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`'s (same dtypes); default `("obs",)`: every leaf
+            under the step's `obs` key; None: every leaf of the step. E.g. `{"obs": {"pixels": uint8 [84, 84], "pos":
             float32 [3]}, "action": int32}` with `compress=("pixels",)` keeps `pos` and `action` on the device.
-            Compressed leaves take the dtypes of `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
           codec: host codec name.
           normalize_images: return compressed uint8 leaves as float32 `x / 255`.
           chunk_bytes: largest host arena chunk.
           dictionary_bytes: as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
-          frame_stack: `k`: the compressed leaves are stacks of `k` frames along `stack_axis`, stored
-            one frame per store entry (slot `(t * N + e) * k + j` for frame `j` of step `(t, e)`);
-            each step holds the int32 `[k]` slots of its frames, oldest to newest. `add` writes all
-            `k` frames; `jaxbuffers.compressed.RolloutHostWriter` stores each distinct frame once.
-            None: one entry per observation.
+          frame_stack: `k`: the compressed leaves are stacks of `k` frames along `stack_axis`, stored one frame per
+            store entry (`docs/api/compressed.md`, "Compressed rollouts"); None: one entry per observation.
           stack_axis: axis of each compressed leaf holding the `k` frames.
 
         Raises:
           TypeError: a compressed leaf of a dtype the host stores do not take (naming the leaf).
-          ValueError: as `jaxbuffers.RolloutBuffer.create`, or `compress` names no leaf, or
-            `normalize_images` meets a non-uint8 leaf, or (with `frame_stack`) a leaf's
-            `stack_axis` does not hold `frame_stack` frames.
+          ValueError: as `jaxbuffers.RolloutBuffer.create`, or `compress` names no leaf, or `normalize_images` meets
+            a non-uint8 leaf, or (with `frame_stack`) a leaf's `stack_axis` does not hold `frame_stack` frames.
         """
         spec = _validate.item_spec(example_step, "example_step")
         idx = _common.select_leaves(spec, compress, "example_step")
         k = 1 if frame_stack is None else _validate.static_int("frame_stack", frame_stack)
         infos = [LeafInfo(*f) for f in _validate.frame_leaves(spec, idx, "example_step", frame_stack and k, stack_axis, normalize_images)]
-        ids = _ID if frame_stack is None else jax.ShapeDtypeStruct((k,), jnp.int32)
+        ids = jax.ShapeDtypeStruct(() if frame_stack is None else (k,), jnp.int32)
         inner = RolloutBuffer.create(
             _common.replace_leaves(spec, idx, [ids] * len(idx)), num_envs=num_envs, num_steps=num_steps, float_dtype=float_dtype
         )
-        # The empty slot in every step not yet added (decoded as zeros, as a RolloutBuffer holds zeros there).
-        never = [jnp.full_like(x, -1) for x in _common.pick_leaves(inner.step, idx)]
+        never = [jnp.full_like(x, -1) for x in _common.pick_leaves(inner.step, idx)]  # the empty slot: zeros
         inner = inner.replace(step=_common.replace_leaves(inner.step, idx, never))
         host = HostStores(
             inner.num_steps * inner.num_envs * k + 1,  # the last slot (-1) is never written: the empty slot
@@ -95,41 +83,24 @@ class CompressedRolloutBuffer(HostBacked):
                    normalize_images=bool(normalize_images))
 
     def _upgraded_from(self, saved_num_slots: int) -> "CompressedRolloutBuffer | None":
-        """This restored state in this layout, given the slot count its host stores were saved with.
-
-        Layout before the empty slot: `num_steps * num_envs * k` slots (one fewer), and a step never added held slot
-        0 in every lane. Its saved slots are this store's slots `0 .. n - 1` unchanged (the last, the empty slot, stays
-        unwritten); a row `t >= step_index` whose ids are all 0 becomes -1 (decodes as zeros). Rows added before a
-        `reset` keep their ids, as they do in this layout.
-
-        Args:
-          saved_num_slots: `num_slots` of the saved stores.
-
-        Returns:
-          `self` when `saved_num_slots` is `host.num_slots`, the upgraded state when it is one fewer, else None (the
-          caller refuses the checkpoint). Stacked states (a `jaxbuffers.ShardedBuffer`'s `[S]` shards) are
-          upgraded shard by shard.
-        """
+        """This restored state in this layout, given `saved_num_slots`, the slot count its stores were saved with:
+        `self` when it is `host.num_slots`, the upgraded state when it is one fewer (the layout before the empty slot,
+        where a step never added held slot 0: a row `t >= step_index` whose ids are all 0 becomes -1), else None (the
+        caller refuses the checkpoint). Stacked states (a `jaxbuffers.ShardedBuffer`'s shards) upgrade shard by
+        shard."""
         if saved_num_slots == self.host.num_slots:
             return self
         if saved_num_slots != self.host.num_slots - 1:
             return None
-        inner = self.buffer
-        head = jnp.asarray(inner.step_index)
-        stack = head.ndim
+        inner, head = self.buffer, jnp.asarray(self.buffer.step_index)
 
         def empty(ids: jax.Array) -> jax.Array:
-            lanes = tuple(range(stack + 1, ids.ndim))  # envs (and frames) of a row
+            lanes = tuple(range(head.ndim + 1, ids.ndim))  # envs (and frames) of a row
             unwritten = (jnp.arange(inner.num_steps) >= head[..., None]) & ~jnp.any(ids != 0, axis=lanes)
             return jnp.where(unwritten.reshape(unwritten.shape + (1,) * len(lanes)), -1, ids)
 
         ids = [empty(x) for x in _common.pick_leaves(inner.step, self.leaf_index)]
         return self.replace(buffer=inner.replace(step=_common.replace_leaves(inner.step, self.leaf_index, ids)))
-
-    @property
-    def num_steps(self) -> int:
-        """Rows $T$ of the rollout (static Python int)."""
-        return self.buffer.num_steps
 
     @property
     def frame_stack(self) -> int | None:
@@ -146,10 +117,9 @@ class CompressedRolloutBuffer(HostBacked):
     def add(self, step: Any, **fields) -> "CompressedRolloutBuffer":
         """`jaxbuffers.RolloutBuffer.add` (same keyword fields, shapes and errors).
 
-        The compressed leaves of the `num_envs` steps go to the host in one ordered callback at
-        row `step_index`, after every check passed. On a full buffer, as for `RolloutBuffer`: called eagerly it
-        raises `BufferFullError` and nothing changes (host store included); under a transformation nothing is
-        written (host included) and `overflowed` becomes True.
+        The compressed leaves of the `num_envs` steps go to the host in one ordered callback at row `step_index`,
+        after every check passed. On a full buffer, as for `RolloutBuffer`: eagerly `BufferFullError` and nothing
+        changes (host store included); under a transformation nothing is written and `overflowed` becomes True.
 
         Raises:
           BufferFullError: called eagerly on a full buffer with arguments it would take, before anything runs.
@@ -181,11 +151,6 @@ class CompressedRolloutBuffer(HostBacked):
         version = _common.write(self.host, self.version, slots.reshape(-1), valid, datas)
         return self.replace(buffer=new, version=version)
 
-    @property
-    def float_dtype(self) -> Any:
-        """`jaxbuffers.RolloutBuffer.float_dtype` of the wrapped buffer."""
-        return self.buffer.float_dtype
-
     filled = _common.delegated("filled")
     learn_mask = _common.delegated("learn_mask")
     trainable_size = _common.delegated("trainable_size")
@@ -208,8 +173,8 @@ class CompressedRolloutBuffer(HostBacked):
     @_common.checked_before_dispatch()
     @_compiled.method()
     def gather(self, indices: jax.Array) -> RolloutMinibatch:
-        """`jaxbuffers.RolloutBuffer.gather` with the compressed leaves decoded (one host callback
-        for the `indices` given: call it per minibatch to decode per minibatch)."""
+        """`jaxbuffers.RolloutBuffer.gather` with the compressed leaves decoded (one host callback for the `indices`
+        given: call it per minibatch to decode per minibatch)."""
         return self._decode(self.buffer.gather(indices), None)
 
     def decode(self, minibatch: RolloutMinibatch, *, rows: jax.Array | None = None) -> RolloutMinibatch:
@@ -218,9 +183,7 @@ class CompressedRolloutBuffer(HostBacked):
 
         Args:
           minibatch: a `RolloutMinibatch` of `self.buffer`, leading axis `B` (`[B, ...]` or `[B, m, ...]`).
-          rows: bool `[B]` or None (every row). Rows where it is False read nothing from the host and their
-            compressed leaves decode as zeros (a sharded rollout's epoch decodes on each shard only the steps that
-            shard holds).
+          rows: bool `[B]` or None (every row); rows where it is False read nothing and decode as zeros.
 
         Raises:
           TypeError: not a `RolloutMinibatch`; `rows` not a bool array. ValueError: `rows` not of shape `[B]`.
@@ -228,23 +191,20 @@ class CompressedRolloutBuffer(HostBacked):
         return _common.decode_sample({RolloutMinibatch: self._decode}, minibatch, rows, "buffer")
 
     def _decode(self, mb: RolloutMinibatch, rows: jax.Array | None) -> RolloutMinibatch:
-        ids = _common.pick_leaves(mb.step, self.leaf_index)[0]
-        if rows is not None:  # -1: the empty slot, read as zeros without decoding
-            ids = jnp.where(rows.reshape(rows.shape + (1,) * (ids.ndim - 1)), ids, -1)
+        ids = _common.only_rows(_common.pick_leaves(mb.step, self.leaf_index)[0], rows)
         decoded = _common.read(self.host, self.leaves, self.version, ids)
         lead = ids.ndim - (self.frame_stack is not None)
         out = [_common.finish(x[0], i, lead, None, self.normalize_images) for x, i in zip(decoded, self.leaves)]
         return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
 
     def decode_entries(self) -> tuple[np.ndarray, ...]:
-        """Every host-store entry this state's steps may read, each decoded once, for an epoch of minibatches
-        gathered on the host (`gather_entries`): a frame that `k` stacks share is decoded once per epoch, not once
-        per minibatch that holds one of them. Called eagerly (it reads the stores directly, not through a callback).
+        """Every host-store entry this state's steps may read, each decoded once (a frame `k` stacks share is decoded
+        once per epoch), for minibatches gathered on the host (`gather_entries`). Eager only: reads the stores directly.
 
         Returns:
           Per compressed leaf, numpy `[n + 1, *frame_shape]` in the stored dtype: rows `0 .. n - 1` the entries of
           slots `0 .. n - 1` (`n`: one past the largest slot id the steps hold; an empty slot gives zeros), row `n`
-          zeros. Memory: `n + 1` frames, about one per step with `frame_stack` (the stacks hold `k` each).
+          zeros.
 
         Raises:
           StaleBufferError: a slot below `n` was rewritten after this state (a later add), checked before and after
@@ -262,9 +222,8 @@ class CompressedRolloutBuffer(HostBacked):
         return out
 
     def gather_entries(self, entries: Sequence[np.ndarray], indices: Any) -> RolloutMinibatch:
-        """`gather(indices)` with the compressed leaves taken from `decode_entries`' arrays (host numpy), equal to
-        `gather`'s (float32 `x / 255` with `normalize_images`); the other leaves as `jaxbuffers.RolloutBuffer.gather`
-        gives them. Ids outside the entries (never-written steps) read the zero row, as `gather` reads zeros.
+        """`gather(indices)`, equal to it, with the compressed leaves taken from `decode_entries`' arrays (host numpy);
+        ids outside the entries (never-written steps) read the zero row.
 
         Raises:
           ValueError: `entries` not one `[n + 1, *frame_shape]` array per compressed leaf of this buffer.
@@ -283,6 +242,6 @@ class CompressedRolloutBuffer(HostBacked):
     @_common.checked_before_dispatch()
     @_compiled.method("num_minibatches")
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
-        """All steps shuffled into `num_minibatches` minibatches, decoded at once (the whole
-        rollout in memory; prefer `minibatch_indices` + `gather`)."""
+        """All steps shuffled into `num_minibatches` minibatches, decoded at once (the whole rollout in memory; prefer
+        `minibatch_indices` + `gather`)."""
         return self.gather(self.minibatch_indices(key, num_minibatches))

@@ -1,66 +1,14 @@
 """Host-compressed trajectory buffers: `CompressedTrajectoryBuffer` and its prioritised variant.
 
-A `CompressedTrajectoryBuffer` is a `jaxbuffers.TrajectoryBuffer` (all of its logic reused) whose chosen observation
-leaves (`compress=("pixels",)`) are replaced by int32 ids, while the pixels live compressed in host
-`host_codecs.CompressedStore`s. Sampling gathers the ids of the sampled steps and decodes them in one host callback
-(`jaxbuffers.compressed._host`: exactly-once ordered writes, versioned reads, not vmappable). Called eagerly, each
-method runs as one cached compiled program, callbacks included.
-
-Frame-stack dedup (`frame_stack=k`). When an observation leaf is a stack of the last `k` frames (Gymnasium's
-`FrameStackObservation`; `stack_axis` is the `k` axis: `0` for `[4, 84, 84]`, `-1` for `[84, 84, 4]`), only the
-newest frame of each step is stored and stacks are rebuilt at sample time:
-
-* Each lane has a ring of `F = length + k - 1 + K - 1` frames (every stored step's frame plus the `k - 1`
-  before the oldest, which its stack needs, plus the `K - 1` temporal coding keeps, below).
-* Each step records `ep_pos = min(steps since its episode started, k - 1)`; a step starts an episode when the
-  previous step of its lane ended one (terminated *or truncated*). A stack reads the frames `k-1, ..., 0` steps
-  back; those from before the episode start are padding: `padding="reset"` repeats the episode's first frame
-  (Gymnasium's default), `"zero"` gives zeros. So a stack never mixes two episodes.
-* A truncated step's final observation keeps its newest frame in a per-lane ring of
-  `final_obs_capacity` frames (`jaxbuffers._ring.final_slots`), stacked on the step's frames.
-
-Temporal coding (`keyframe_interval=K`, default `DEFAULT_KEYFRAME_INTERVAL`). Each frame of a lane's ring is stored as
-the bytewise XOR with the previous frame of the same lane (a delta, `host_codecs.CompressedStore.put`'s `bases`),
-except keyframes, stored whole: the frame of every episode start and every `K`-th frame after it. So a chain (a
-keyframe and the deltas after it) never crosses an episode start, and decoding a frame decodes at most `K - 1`
-frames before it, which the frame stacks around it mostly need anyway. The frame ring keeps `K - 1` more frames
-(`F = length + k - 1 + K - 1`), so overwriting the oldest frames never drops a keyframe whose deltas a stored step
-still reads; the deltas of an older chain whose keyframe is overwritten (frames no stored step reads) are deleted with
-it, so every stored frame decodes. Final frames are keyframes. `K = 1` stores every frame whole.
-
-Which stacks. This is exact when the observations given to `add` are what such a frame stacker produced from each
-episode's start, and any other stack is refused (`check_stacks`; the rule of `jaxbuffers._validate.unrebuilt_stacks`,
-shared with `jaxbuffers.compressed.CompressedEpisodeBuffer`): a step that starts an episode (the first after
-`create`, and each lane's step after one that terminated or truncated) holds the padding, every other step the
-previous step's stack shifted by one frame (the previous step's stack is read from the store as a sample reads it
-when it came in an earlier add), and a final observation its step's stack shifted by one frame. A buffer created
-mid-episode must be fed from an episode start or with padded stacks. Without `frame_stack` every compressed leaf is
-stored whole.
-
-Ids on device, per compressed leaf and step: int32 `[3]` = `(newest, prev, ep_pos)`, the store
-slots of the step's frame and of the frame one step back. Lane `e`'s frame ring is store slots
-`[e * F, (e + 1) * F)`; final frames follow at `num_envs * F + e * K + j`.
-
-Example:
-
-```python
-import jax, jax.numpy as jnp
-from jaxbuffers.compressed import CompressedTrajectoryBuffer
-
-step = {"obs": jnp.zeros((4, 84, 84), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
-buf = CompressedTrajectoryBuffer.create(step, num_envs=8, length=100_000, frame_stack=4)
-batch = jax.tree.map(lambda x: jnp.stack([x] * 8), step)
-add = jax.jit(CompressedTrajectoryBuffer.add, donate_argnums=0)
-for _ in range(2):
-    buf = add(buf, batch, terminated=jnp.zeros(8, bool))
-tr = buf.sample_transitions(jax.random.key(0), 32, n_step=1, gamma=0.99)   # tr.obs: uint8[32, 4, 84, 84]
-```
+A `jaxbuffers.TrajectoryBuffer` (all of its logic reused) whose chosen observation leaves hold int32 ids `[3]` =
+`(newest, prev, ep_pos)` per step, while the pixels live compressed in host `host_codecs.CompressedStore`s. Frame-stack
+dedup, temporal coding, which stacks are stored, the slot layout and an example: `docs/api/compressed.md`, "Frame
+stacks and temporal coding"; how the device and host halves talk: `jaxbuffers.compressed._host`.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Mapping
 from typing import Any, Sequence
 
@@ -94,49 +42,21 @@ def _steps(inner) -> TrajectoryBuffer:
     return inner.buffer if isinstance(inner, PrioritisedTrajectoryBuffer) else inner
 
 
-def _build(
-    example_step: Mapping, num_envs: int, length: int, final_obs_capacity, obs_key: str, *,
-    compress: Sequence[str] | None = None, frame_stack: int | None = None, stack_axis: int = 0, padding: str = "reset",
-    codec: str = DEFAULT_CODEC, normalize_images: bool = False, chunk_bytes: int = 64 << 20,
-    dictionary_bytes: int | None = None, keyframe_interval: int | None = None, delta_codec: str | None = DEFAULT_DELTA_CODEC,
-):
-    """Shared part of both `create`s: returns (inner example step, final-obs ring size, config)."""
-    num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
-    spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images)
-    key, delta_codec = keyframe_interval_of(keyframe_interval, codec, delta_codec)
-    kcap = length if final_obs_capacity is None else min(_validate.static_int("final_obs_capacity", final_obs_capacity), length)
-    obs_spec = spec[obs_key]
-    ring = length + k - 1 + key - 1
-    host = HostStores(
-        num_envs * ring + num_envs * kcap + 1,  # the last slot is never written: the empty slot
-        codec,
-        [i.frame_shape for i in infos],
-        [i.dtype for i in infos],
-        [i.name for i in infos],
-        chunk_bytes=chunk_bytes,
-        dictionary_bytes=dictionary_bytes,
-        delta_codec=delta_codec,
-    )
-    inner_obs = _common.replace_leaves(obs_spec, idx, [_ID] * len(idx))
-    inner_step = dict(spec)
-    inner_step[obs_key] = inner_obs
-    config = dict(
-        host=host, leaves=tuple(infos), leaf_index=tuple(idx), frame_stack=k, padding=padding,
-        normalize_images=bool(normalize_images), frame_ring=ring, keyframe_interval=key,
-    )
-    return inner_step, kcap, config
+def _with_steps(inner, traj: TrajectoryBuffer):
+    """`inner` (uniform or prioritised) holding `traj` as its `TrajectoryBuffer`."""
+    return inner.replace(buffer=traj) if isinstance(inner, PrioritisedTrajectoryBuffer) else traj
 
 
 @_common.delegates("obs_key", "action_key", "reward_key", "num_valid", "head", "added", "terminated", "truncated",
-                   "final_slot", "metrics", via="trajectory")
+                   "final_slot", "metrics", "length", "final_obs_capacity", via="trajectory")
 @_validate.one_member_methods(mapped=False)
 class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
 
     Same methods and sample types as `jaxbuffers.TrajectoryBuffer`; sampled observations are decoded (and frame
     stacks rebuilt) on the host. With the same adds and keys it returns exactly what a `TrajectoryBuffer` returns
-    (float32 `x / 255` for compressed leaves when `normalize_images`). Module doc: frame dedup and the id layout.
-    Not vmappable (one host store); jittable, `lax.scan`-able, donatable.
+    (float32 `x / 255` for compressed leaves when `normalize_images`). Frame dedup and the id layout:
+    `docs/api/compressed.md`. Not vmappable (one host store); jittable, `lax.scan`-able, donatable.
     """
 
     _metrics_in = "buffer"  # record / stats: the metrics of the wrapped buffer
@@ -165,28 +85,26 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
         Args:
           example_step: as `jaxbuffers.TrajectoryBuffer.create`, like `num_envs`, `length`, `final_obs_capacity` (it
-            also sizes the host's final-frame ring), `obs_key`, `action_key`, `reward_key` and `metrics` (per-position
-            sample counts, kept in the device buffer) (not repeated here).
+            also sizes the host's final-frame ring), `obs_key`, `action_key`, `reward_key` and `metrics`.
           compress: the leaves inside the observation `example_step[obs_key]` to store on the host, by a dict key
             (or attribute name) on the leaf's path below `obs_key`, or its full name; `None`: every leaf of the
-            observation. E.g. `obs = {"pixels": uint8 [84, 84], "pos": float32 [3]}` with `compress=("pixels",)`
-            keeps `pos` on the device. A bare-array observation has no names inside it: leave `compress` out.
-            Compressed leaves take the dtypes of `host_codecs.DTYPES`: bool, int8 to int64, uint8 to uint64,
-            float16, float32, float64, complex64, complex128 (not bfloat16, float8 or int4: keep those on device).
-          frame_stack: `k` when the compressed leaves are stacks of the last `k` frames (module
-            doc); `None`: store each observation whole.
+            observation (a bare array has no names inside it). E.g. `obs = {"pixels": uint8 [84, 84], "pos": float32
+            [3]}` with `compress=("pixels",)` keeps `pos` on the device. Compressed leaves take the dtypes of
+            `host_codecs.DTYPES`: bool, int8 to int64, uint8 to uint64, float16, float32, float64, complex64,
+            complex128 (not bfloat16, float8 or int4: keep those on device).
+          frame_stack: `k` when the compressed leaves are stacks of the last `k` frames (`docs/api/compressed.md`);
+            `None`: store each observation whole.
           stack_axis: axis of the `k` frames within one observation.
           padding: `"reset"` (repeat the episode's first frame) or `"zero"`.
           codec: host codec (`"zstd:-1".."zstd:22"`, `"igzip:0".."igzip:3"`, `"rle"`, `"none"`).
           normalize_images: sampled compressed leaves come back float32 `x / 255` (uint8 only).
           chunk_bytes: largest host arena chunk.
-          dictionary_bytes: most bytes of each store's zstd dictionary (`None`:
-            `DEFAULT_DICTIONARY_BYTES`, 32 KiB, for a zstd codec, else 0; 0: none).
-          keyframe_interval: `K` of the temporal coding (module doc): a positive int, 1 for none. Default:
+          dictionary_bytes: most bytes of each store's zstd dictionary (`None`: `DEFAULT_DICTIONARY_BYTES` for a zstd
+            codec, else 0; 0: none).
+          keyframe_interval: `K` of the temporal coding: a positive int, 1 for none. Default:
             `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (a delta of raw bytes is no smaller).
-          delta_codec: codec of the delta frames (module doc; keyframes keep `codec`): `DEFAULT_DELTA_CODEC`
-            (`"rle"`), any name `codec` takes, or None (`codec` codes the deltas too). Unused with
-            `keyframe_interval=1` (no deltas): not built, so `codec="none"` needs numpy alone.
+          delta_codec: codec of the delta frames (keyframes keep `codec`): any name `codec` takes, or None (`codec`
+            codes the deltas too). Not built with `keyframe_interval=1`, so `codec="none"` needs numpy alone.
 
         Raises:
           TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string; a compressed leaf of another
@@ -200,32 +118,45 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     @classmethod
     def _create(
-        cls, inner_create, example_step, *, num_envs, length, final_obs_capacity=None, obs_key="obs", action_key="action",
-        reward_key="reward", metrics=True, **compressed,
+        cls, inner_create, example_step, *, num_envs, length, compress=None, frame_stack=None, stack_axis=0,
+        padding="reset", codec=DEFAULT_CODEC, normalize_images=False, final_obs_capacity=None, obs_key="obs",
+        action_key="action", reward_key="reward", chunk_bytes=64 << 20, dictionary_bytes=None, keyframe_interval=None,
+        delta_codec=DEFAULT_DELTA_CODEC, metrics=True, **unknown,
     ):
-        """Both `create`s: `_build`, then `inner_create` (a buffer's `create`) of the id-holding step.
-        Unwritten steps hold id -1 (decoded as zeros, like an unwritten plain buffer's zeros)."""
-        unknown = sorted(set(compressed) - set(inspect.signature(_build).parameters))
-        if unknown:  # named as `create`'s, not the shared helper's
-            raise TypeError(f"{cls.__name__}.create: unexpected keyword argument(s) {unknown}")
-        inner_step, kcap, config = _build(example_step, num_envs, length, final_obs_capacity, obs_key, **compressed)
+        """Both `create`s: `inner_create` of the id-holding step; unwritten steps hold id -1 (decoded as zeros)."""
+        if unknown:  # named as `create`'s
+            raise TypeError(f"{cls.__name__}.create: unexpected keyword argument(s) {sorted(unknown)}")
+        num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
+        spec, idx, infos, k = _common.obs_leaves(
+            example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images
+        )
+        key, delta_codec = keyframe_interval_of(keyframe_interval, codec, delta_codec)
+        kcap = length if final_obs_capacity is None else min(
+            _validate.static_int("final_obs_capacity", final_obs_capacity), length
+        )
+        ring = length + k - 1 + key - 1
+        host = HostStores(  # the last slot is never written: the empty slot
+            num_envs * ring + num_envs * kcap + 1, codec, [i.frame_shape for i in infos], [i.dtype for i in infos],
+            [i.name for i in infos], chunk_bytes=chunk_bytes, dictionary_bytes=dictionary_bytes,
+            delta_codec=delta_codec,
+        )
         inner = inner_create(
-            inner_step, num_envs=num_envs, length=length, final_obs_capacity=kcap, obs_key=obs_key,
-            action_key=action_key, reward_key=reward_key, metrics=metrics,
+            {**spec, obs_key: _common.replace_leaves(spec[obs_key], idx, [_ID] * len(idx))}, num_envs=num_envs,
+            length=length, final_obs_capacity=kcap, obs_key=obs_key, action_key=action_key, reward_key=reward_key,
+            metrics=metrics,
         )
         traj = _steps(inner)
-        idx = config["leaf_index"]
         empty = lambda tree: _common.replace_leaves(  # noqa: E731
             tree, idx, [jnp.full_like(x, -1) for x in _common.pick_leaves(tree, idx)]
         )
-        storage = dict(traj.storage)
-        storage[traj.obs_key] = empty(storage[traj.obs_key])
+        storage = {**traj.storage, obs_key: empty(traj.storage[obs_key])}
         traj = traj.replace(storage=storage, final_obs=empty(traj.final_obs))
-        inner = inner.replace(buffer=traj) if isinstance(inner, PrioritisedTrajectoryBuffer) else traj
-        e = traj.num_envs
+        zeros = lambda: jnp.zeros((num_envs,), jnp.int32)  # noqa: E731 (three arrays: a state may be donated)
         return cls(
-            buffer=inner, frame_head=jnp.int32(0), next_ep_pos=jnp.zeros((e,), jnp.int32),
-            final_head=jnp.zeros((e,), jnp.int32), next_key_pos=jnp.zeros((e,), jnp.int32), version=jnp.int32(0), **config,
+            buffer=_with_steps(inner, traj), frame_head=jnp.int32(0), next_ep_pos=zeros(), final_head=zeros(),
+            next_key_pos=zeros(), version=jnp.int32(0), host=host, leaves=tuple(infos), leaf_index=tuple(idx),
+            frame_stack=k, padding=padding, normalize_images=bool(normalize_images), frame_ring=ring,
+            keyframe_interval=key,
         )
 
     @property
@@ -234,35 +165,21 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         return _steps(self.buffer)
 
     @property
-    def length(self):
-        """Steps kept per lane (static int)."""
-        return self.trajectory.length
-
-    @property
-    def final_obs_capacity(self):
-        """Final observations kept per lane (static int)."""
-        return self.trajectory.final_obs_capacity
-
-    @property
     def step_spec(self) -> Any:
         """Dict of `jax.ShapeDtypeStruct`: one step of one env as the user sees it."""
-        traj = self.trajectory
-        spec = dict(traj.step_spec)
-        spec[traj.obs_key] = _common.replace_leaves(
-            spec[traj.obs_key], self.leaf_index, [jax.ShapeDtypeStruct(i.shape, i.dtype) for i in self.leaves]
-        )
-        return spec
+        traj, specs = self.trajectory, [jax.ShapeDtypeStruct(i.shape, i.dtype) for i in self.leaves]
+        obs = _common.replace_leaves(traj.step_spec[traj.obs_key], self.leaf_index, specs)
+        return {**traj.step_spec, traj.obs_key: obs}
 
     def uncompressed_nbytes(self) -> int:
         """Bytes a plain `TrajectoryBuffer` with the same configuration would hold (shapes only)."""
         t = self.trajectory
-        keys = dict(obs_key=t.obs_key, action_key=t.action_key, reward_key=t.reward_key)
-        create = lambda: TrajectoryBuffer.create(self.step_spec, num_envs=t.num_envs, length=t.length, final_obs_capacity=t.final_obs_capacity, **keys)  # noqa: E731
+        create = functools.partial(TrajectoryBuffer.create, self.step_spec, num_envs=t.num_envs, length=t.length,
+                                   final_obs_capacity=t.final_obs_capacity, obs_key=t.obs_key,
+                                   action_key=t.action_key, reward_key=t.reward_key)
         return _validate.tree_nbytes(jax.eval_shape(create))
 
-    def num_added(self) -> int:
-        """Exact number of steps ever added per lane (host-side Python int)."""
-        return self.trajectory.num_added()
+    num_added = _common.delegated("num_added", "trajectory")
 
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def can_sample(self, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
@@ -275,37 +192,30 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         return self.buffer.can_sample_transitions(batch_size, n_step=n_step, gamma=gamma)
 
     @_common.checked_before_dispatch(add=True)
+    @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors), checked once here.
 
-        The newest frame of each compressed observation and, where `truncated & ~terminated`, of
-        its `final_obs` go to the host in one ordered callback; the device buffer gets their ids.
-        The previous state must not be added to again (that would fork the host store).
-        With `frame_stack`, the stacks given must be those the buffer rebuilds (module doc, "Which stacks").
+        The newest frame of each compressed observation and, where `truncated & ~terminated`, of its `final_obs` go to
+        the host in one ordered callback; the device buffer gets their ids. The previous state must not be added to
+        again (that would fork the host store). With `frame_stack`, the stacks given must be those the buffer rebuilds
+        (`docs/api/compressed.md`, "Which stacks").
 
         Raises:
           ValueError: with `frame_stack`, a stack that is not the one the buffer rebuilds (named by leaf, env and
-            step), before anything is written (under `jit` the write callback refuses it:
-            `jax.errors.JaxRuntimeError`).
-          StaleBufferError: called eagerly on a state that is not the newest, before anything runs
-            (under `jit` the write callback refuses it: `jax.errors.JaxRuntimeError`).
+            step), before anything is written (under `jit` the write callback refuses it: `JaxRuntimeError`).
+          StaleBufferError: called eagerly on a state that is not the newest, before anything runs (under `jit` the
+            write callback refuses it: `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
-        return self._add(step, terminated, truncated, final_obs)
-
-    @_compiled.method()
-    def _add(self, step, terminated, truncated, final_obs) -> "CompressedTrajectoryBuffer":
-        """`add` once its eager checks ran; with frame stacks the write callback refuses stacks the store cannot
-        rebuild before it writes anything (`_stack_refusal`)."""
         new, (slots, valid, bases, datas), checks = self._add_device(step, terminated, truncated, final_obs)
         refuse = (checks, self._stack_refusal) if checks else None
-        version = _common.write(self.host, self.version, slots, valid, datas, bases, refuse, self._recent_rows(valid.shape[0], truncated is not None))
-        return new.replace(version=version)
+        recent = self._recent_rows(valid.shape[0], truncated is not None)
+        return new.replace(version=_common.write(self.host, self.version, slots, valid, datas, bases, refuse, recent))
 
     def add_from_host(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
-        """`add` with the host write as a direct Python call instead of a callback; not traceable.
-
-        Same arguments, results and errors as `add` (the returned buffer is identical).
+        """`add` with the host write as a direct Python call instead of a callback; not traceable. Same arguments,
+        results and errors as `add`.
 
         Raises:
           TypeError: called under a JAX transformation (use `add` there).
@@ -320,13 +230,13 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         if error is not None:
             raise error
         recent = self._recent_rows(np.shape(valid)[0], truncated is not None)
-        return new.replace(version=jnp.asarray(self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases, recent=recent), jnp.int32))
+        version = self.host.write(np.asarray(self.version), slots, valid, *datas, bases=bases, recent=recent)
+        return new.replace(version=jnp.asarray(version, jnp.int32))
 
     @_compiled.method()
     def _add_device(self, step, terminated, truncated, final_obs):
-        """Everything `add` does on device, its arguments checked once; returns (state without the version bump,
-        write parts, the operands of the host stack check: `_checked_stack_operands`, or `()` without frame
-        stacks)."""
+        """Everything `add` does on device, its arguments checked once: (state without the version bump, write parts,
+        `_checked_stack_operands` or `()` without frame stacks)."""
         step, terminated, truncated, final_obs = _validate.trajectory_add(
             self.step_spec, self.trajectory.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
         )
@@ -343,34 +253,28 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     @_compiled.method()
     def _add_ids(self, step, terminated, truncated, final_obs):
-        """The device half of an add of checked `[E, t]` inputs: ids, episode positions, the inner
-        buffer's add. The compressed leaves of `step[obs]` / `final_obs` are not read (any array
-        stands in for them). Returns (state without the version bump, (store slots `[M]`, rows to
-        write `[M]`, delta bases `[M]` or None for `K = 1`)): rows `[0, E*t)` are the newest frames of the steps,
-        lane-major, then (with `truncated`) `E*t` final frames (keyframes, base -1)."""
-        traj = self.trajectory
+        """The device half of an add of checked `[E, t]` inputs (compressed leaves not read): (state without the
+        version bump, `chunk_frames`' (slots, valid, bases))."""
+        key, ids = self.trajectory.obs_key, lambda x: [x] * len(self.leaves)  # noqa: E731
         c = self._chunk_frames(jnp, terminated, truncated, (self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head))
-        inner_final = None if truncated is None else _common.replace_leaves(final_obs, self.leaf_index, [c.final_ids] * len(self.leaves))
-        inner_step = dict(step)
-        inner_step[traj.obs_key] = _common.replace_leaves(step[traj.obs_key], self.leaf_index, [c.ids] * len(self.leaves))
-        inner = self.buffer.add_prepared(inner_step, terminated, truncated, inner_final)
+        finals = None if truncated is None else _common.replace_leaves(final_obs, self.leaf_index, ids(c.final_ids))
+        inner_step = {**step, key: _common.replace_leaves(step[key], self.leaf_index, ids(c.ids))}
+        inner = self.buffer.add_prepared(inner_step, terminated, truncated, finals)
         new = self.replace(buffer=inner, frame_head=c.frame_head, next_ep_pos=c.next_ep_pos, final_head=c.final_head,
                            next_key_pos=c.next_key_pos)
         return new, (c.slots, c.valid, c.bases)
 
     def _chunk_frames(self, xp, terminated, truncated, cursors) -> ChunkFrames:
-        """`chunk_frames` with this buffer's sizes; ``cursors``: (frame_head, next_ep_pos, next_key_pos, final_head)."""
+        """`chunk_frames` with this buffer's sizes; `cursors`: (frame_head, next_ep_pos, next_key_pos, final_head)."""
         return chunk_frames(xp, terminated, truncated, *cursors, ring=self.frame_ring, frame_stack=self.frame_stack,
                             keyframe_interval=self.keyframe_interval, final_capacity=self.trajectory.final_obs_capacity)
 
     def add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None, *, donate: bool = False):
-        """`add_from_host` of a chunk whose compressed leaves come as host frames (for
-        `jaxbuffers.compressed.StagingWriter`): `step` / `final_obs` `[E, t, ...]` with int32 `[E, t, 3]`
-        placeholders for the compressed leaves (not read), `frames` / `final_frames` per compressed leaf
-        `[E, t, *frame_shape]` of its dtype (the newest frames), written to the host store directly. Same
-        state as `add_from_host`; the same errors (`frames` and `final_frames` named), raised before anything runs.
-        With `donate` the caller gives this state up: the new state reuses its device arrays (O(t) work, where a
-        program that keeps this state copies every field, O(length)), and this state must not be used again."""
+        """`add_from_host` of a chunk whose compressed leaves come as host frames (for `StagingWriter`): `step` /
+        `final_obs` `[E, t, ...]` with int32 `[E, t, 3]` placeholders for the compressed leaves (not read), `frames` /
+        `final_frames` per compressed leaf `[E, t, *frame_shape]` of its dtype (the newest frames). Same state and
+        errors as `add_from_host` (`frames` and `final_frames` named), raised before anything runs. With `donate` the
+        new state reuses this state's device arrays (O(t) work instead of O(length)): it must not be used again."""
         traj = self.trajectory
         step, terminated, truncated, final_obs = _validate.trajectory_add(
             traj.step_spec, traj.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
@@ -381,26 +285,22 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
                 raise TypeError(f"{name}: expected a list of {len(self.leaves)} arrays (one per compressed leaf), got {type(given).__name__}")
             for f, i in zip(given, self.leaves):
                 _validate.array(f"{name} of {i.name}", f, (e, t, *i.frame_shape), i.dtype)
-        host = lambda x: None if x is None else np.asarray(x)  # noqa: E731
-        terminated, truncated = host(terminated), host(truncated)
+        terminated = np.asarray(terminated)
+        truncated = None if truncated is None else np.asarray(truncated)
         rows = None if truncated is None else [np.asarray(f)[truncated & ~terminated] for f in final_frames]
         return self._add_checked_frames(step, frames, terminated, truncated, final_obs, rows, donate)[0]
 
     def _add_checked_frames(self, step, frames, terminated, truncated, final_obs, final_rows, donate: bool, cursors: tuple | None = None):
-        """`add_frames_from_host` of checked arguments (chunk leaves `[E, t, ...]` of the step spec, numpy flags; the
-        final frames only where read, ``final_rows``: per compressed leaf ``[n, *frame]``, the rows of
-        ``truncated & ~terminated`` lane-major): a `StagingWriter` stages them in arrays made from that spec, so they
-        are checked once, as each step is staged. The rows written are computed on the host (`chunk_frames` of the
-        state's cursors: ``cursors``, this state's ``(version, frame_head, next_ep_pos, next_key_pos, final_head)`` on
-        the host as the last call returned them, or None: read from the device), so the frames are compressed while
-        the device program runs and nothing waits for it; that program gets copies of the host arrays (a CPU program
-        may read an aligned numpy argument in place, after this returns) and the version the write makes. Returns
-        (the new state, its cursors)."""
+        """`add_frames_from_host` of checked arguments (numpy flags; `final_rows`: per compressed leaf the frames where
+        `truncated & ~terminated`, lane-major). The rows are placed on the host from `cursors` (`(version,
+        frame_head, next_ep_pos, next_key_pos, final_head)` as the last call returned them, or None: read from the
+        device), so nothing waits for the device program. Returns (the new state, its cursors)."""
         made = _common.check_before_dispatch(self, add=True)
         if cursors is None or cursors[0] + 1 != made:
             cursors = tuple(jax.device_get((self.version, self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head)))
         version = int(cursors[0])
         c = self._chunk_frames(np, terminated, truncated, cursors[1:])  # read before a donation
+        # the program gets copies: a CPU program may read a numpy argument in place after this returns
         own = lambda x: np.array(x) if isinstance(x, np.ndarray) else x  # noqa: E731
         new = (_add_at_donated if donate else _add_at)(self, np.int32(version + 1), *jax.tree.map(own, (step, terminated, truncated, final_obs)))
         e, t = terminated.shape
@@ -415,9 +315,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     def truncate_last_from_host(self, truncated, final_obs, *, donate: bool = False) -> "CompressedTrajectoryBuffer":
         """`jaxbuffers.TrajectoryBuffer.truncate_last` (same arguments), the final frames written to the host store
-        directly; not traceable. Afterwards the buffer equals the one where each lane's newest step was added with
-        `truncated=True` and this `final_obs` (its next step starts an episode). With `donate`, as
-        `add_frames_from_host`.
+        directly; not traceable. The buffer then equals the one where each lane's newest step was added with
+        `truncated=True` and this `final_obs`. With `donate`, as `add_frames_from_host`.
 
         Raises (before anything is written):
           TypeError / ValueError: as `jaxbuffers.TrajectoryBuffer.truncate_last`; a call under a JAX transformation;
@@ -432,10 +331,11 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         if lead[0] != e:
             raise ValueError(f"final_obs: expected leading axis num_envs={e}, got {lead[0]}")
         _common.check_before_dispatch(self, add=True)
-        frames = [np.asarray(_common.newest_frame(np.asarray(x), i, 1)) for x, i in zip(_common.pick_leaves(final_obs, self.leaf_index), self.leaves)]
+        finals = [np.asarray(x) for x in _common.pick_leaves(final_obs, self.leaf_index)]
+        frames = [np.asarray(_common.newest_frame(x, i, 1)) for x, i in zip(finals, self.leaves)]
         if self._stacked:
             befores, starts = self.lane_tails()
-            error = self.final_error(befores, [np.asarray(x) for x in _common.pick_leaves(final_obs, self.leaf_index)], np.asarray(truncated) & ~starts)
+            error = self.final_error(befores, finals, np.asarray(truncated) & ~starts)
             if error is not None:
                 raise error
         placeholder = _common.replace_leaves(final_obs, self.leaf_index, [np.zeros((e, 3), np.int32)] * len(self.leaves))
@@ -447,8 +347,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     @_compiled.method()
     def _truncate_ids(self, truncated, final_obs):
-        """The device half of `truncate_last_from_host` (`final_obs`' compressed leaves are not read): the new state
-        without the version bump, (store slots `[E]` of the final frames, which of them to write `[E]`)."""
+        """The device half of `truncate_last_from_host` (compressed leaves not read): (the new state without the
+        version bump, (store slots `[E]` of the final frames, which of them to write `[E]`))."""
         traj = self.trajectory
         e, ring = self.num_envs, self.frame_ring
         lanes, slot = jnp.arange(e, dtype=jnp.int32), (traj.head - 1) % traj.length
@@ -458,17 +358,15 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         ep = _common.pick_leaves(traj.storage[traj.obs_key], self.leaf_index)[0][lanes, slot, 2]
         fids = jnp.stack([fstore, lanes * ring + (self.frame_head - 1) % ring, jnp.minimum(ep + 1, self.frame_stack - 1)], axis=-1).astype(jnp.int32)
         new = traj.truncate_last(truncated, _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves)))
-        inner = self.buffer.replace(buffer=new) if isinstance(self.buffer, PrioritisedTrajectoryBuffer) else new
         zero = lambda x: jnp.where(boot, 0, x).astype(jnp.int32)  # noqa: E731 (the next step starts an episode, a keyframe)
-        new = self.replace(buffer=inner, final_head=final_head, next_ep_pos=zero(self.next_ep_pos), next_key_pos=zero(self.next_key_pos))
+        new = self.replace(buffer=_with_steps(self.buffer, new), final_head=final_head,
+                           next_ep_pos=zero(self.next_ep_pos), next_key_pos=zero(self.next_key_pos))
         return new, (fstore, boot)
 
     def _frame_ids(self, ids: jax.Array):
         """ids `[*S, 3]` -> (store slots `[*S, k]` oldest to newest, zero-pad mask or None): `_common.stack_slots`."""
-        return _common.stack_slots(
-            ids, frame_stack=self.frame_stack, ring=self.frame_ring, num_lanes=self.num_envs, empty=self.host.num_slots - 1,
-            stacked=self.leaves[0].stack_axis is not None, padding=self.padding,
-        )
+        return _common.stack_slots(ids, frame_stack=self.frame_stack, ring=self.frame_ring, num_lanes=self.num_envs,
+                                   empty=self.host.num_slots - 1, stacked=self._stacked, padding=self.padding)
 
     @_common.checked_before_dispatch()
     def decode_obs(self, *obs: Any, rows: jax.Array | None = None) -> Any:
@@ -477,15 +375,12 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         Args:
           *obs: pytrees like the stored observation (a sample's `obs` before decoding, or a slice of
             `trajectory.storage[obs_key]`): each compressed leaf int32 `[*S, 3]` holding the same ids, the other
-            leaves `[*S, ...]` of their stored dtypes. Several pytrees are decoded in one host callback (frames
-            they share are decoded once).
-          rows: bool `[S0]` (the first axis of `S`) or None (every row); rows where it is False read nothing from
-            the host and their compressed leaves decode as zeros.
+            leaves `[*S, ...]` of their stored dtypes; decoded in one host callback.
+          rows: bool `[S0]` or None (every row); rows where it is False read nothing and decode as zeros.
 
         Returns:
-          Each pytree with its compressed leaves `[*S, *shape]` (float32 with `normalize_images`); one pytree in,
-          one out; several in, a tuple. Ids outside the store (not made by this buffer) decode as zeros, like a
-          step never written.
+          Each pytree with its compressed leaves `[*S, *shape]` (float32 with `normalize_images`); a tuple for
+          several. Ids not made by this buffer decode as zeros, like a step never written.
 
         Raises:
           TypeError: no pytree, a structure other than the stored observation's, or another dtype (float ids
@@ -496,19 +391,14 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         if not obs:
             raise TypeError("obs: expected at least one observation pytree (compressed leaves int32 [*S, 3])")
         spec = self.trajectory.step_spec[self.trajectory.obs_key]
-        fids, pads, leads = [], [], []
-        for j, o in enumerate(obs):
-            ids = self._checked_ids(spec, o, "obs" if len(obs) == 1 else f"obs[{j}]")
-            if rows is not None:  # -1: the never-written slot, read as zeros without decoding
-                ids = jnp.where(rows.reshape(rows.shape + (1,) * (ids.ndim - 1)), ids, -1)
-            f, p = self._frame_ids(ids)
-            fids.append(f)
-            pads.append(p)
-            leads.append(ids.ndim - 1)
-        decoded = _common.read(self.host, self.leaves, self.version, *fids)
+        ids = [_common.only_rows(self._checked_ids(spec, o, "obs" if len(obs) == 1 else f"obs[{j}]"), rows)
+               for j, o in enumerate(obs)]
+        slots = [self._frame_ids(x) for x in ids]  # (store slots, zero-pad mask or None) per pytree
+        decoded = _common.read(self.host, self.leaves, self.version, *(f for f, _ in slots))
         outs = []
-        for j, o in enumerate(obs):
-            leaves = [_common.finish(decoded[i][j], info, leads[j], pads[j], self.normalize_images) for i, info in enumerate(self.leaves)]
+        for j, (o, x, (_, pad)) in enumerate(zip(obs, ids, slots)):
+            leaves = [_common.finish(d[j], i, x.ndim - 1, pad, self.normalize_images)
+                      for d, i in zip(decoded, self.leaves)]
             outs.append(_common.replace_leaves(o, self.leaf_index, leaves))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -541,16 +431,14 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     @_common.checked_before_dispatch()
     @_compiled.method()
     def decode(self, sample, *, rows=None):
-        """The observations of a sample of the inner buffer (`buf.buffer`, whose compressed leaves hold ids) decoded
-        as this buffer's sampler of that kind returns them: `buf.decode(buf.buffer.sample_transitions(key, B, ...))`
-        equals `buf.sample_transitions(key, B, ...)`, and likewise for sequences.
+        """The observations of a sample of the inner buffer (`buf.buffer`, whose compressed leaves hold ids) decoded:
+        `buf.decode(buf.buffer.sample_transitions(key, B, ...))` equals `buf.sample_transitions(key, B, ...)`, and
+        likewise for sequences.
 
         Args:
-          sample: a `TransitionSample` or `SequenceSample` (their prioritised variants for the prioritised buffer)
-            of `self.buffer`, leading axis `B`.
-          rows: bool `[B]` or None (every row). Rows where it is False read nothing from the host and their
-            compressed leaves decode as zeros (a sharded buffer's global sample decodes on each shard only the rows
-            that shard contributes).
+          sample: a `TransitionSample` or `SequenceSample` (prioritised variants for the prioritised buffer) of
+            `self.buffer`, leading axis `B`.
+          rows: bool `[B]` or None (every row); rows where it is False read nothing and decode as zeros.
 
         Raises:
           TypeError: another sample type; `rows` not a bool array. ValueError: `rows` not of shape `[B]`.
@@ -562,9 +450,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     @_common.checked_before_dispatch()
     @_compiled.method("sequence_length")
     def final_obs_at(self, indices, sequence_length: int) -> Any:
-        """`jaxbuffers.TrajectoryBuffer.final_obs_at`, observations decoded (`[B, L, ...]`): at
-        every truncated (and not terminated) step of the sequences starting at `indices`, the true
-        final observation; zeros elsewhere (those steps read the store's never-written slot)."""
+        """`jaxbuffers.TrajectoryBuffer.final_obs_at`, observations decoded (`[B, L, ...]`): the true final observation
+        at every truncated (and not terminated) step of the sequences starting at `indices`, zeros elsewhere."""
         traj = self.trajectory
         final = traj.final_obs_at(indices, sequence_length)
         seq = traj.sequences_at(indices, sequence_length)
@@ -590,28 +477,22 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     @_common.checked_before_dispatch()
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
-    def sample_sequences(
-        self, key: jax.Array, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True
-    ) -> SequenceSample:
+    def sample_sequences(self, key: jax.Array, batch_size: int, sequence_length: int, *, period: int = 1,
+                         cross_episodes: bool = True) -> SequenceSample:
         """`jaxbuffers.TrajectoryBuffer.sample_sequences`, observations decoded (`[B, L, ...]`)."""
         return self._decode_sequences(self.buffer.sample_sequences(key, batch_size, sequence_length, period=period, cross_episodes=cross_episodes))
 
     @_common.checked_before_dispatch()
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> TransitionSample:
-        """`jaxbuffers.TrajectoryBuffer.sample_transitions`, `obs` / `next_obs` decoded.
-
-        `next_obs` after a truncation is the true final observation (its stack rebuilt from the
-        step's frames and the stored final frame). A state older than the host store raises
-        `StaleBufferError` inside the read callback (raised as it is eagerly; under `jit`, a
-        `jax.errors.JaxRuntimeError` carrying it).
-        """
+        """`jaxbuffers.TrajectoryBuffer.sample_transitions`, `obs` / `next_obs` decoded (`next_obs` after a truncation
+        is the true final observation). A state older than the host store raises `StaleBufferError` (under `jit`, a
+        `jax.errors.JaxRuntimeError` carrying it)."""
         return self._decode_transitions(self.buffer.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma))
 
 
-# `add_frames_from_host(donate=True)`: the state's arrays are reused for the new state (a `StagingWriter` that owns it).
 def _add_ids_at(buf, version, step, terminated, truncated, final_obs):
-    """`_add_ids`' new state carrying `version` (the version its host write makes, known before the write runs)."""
+    """`_add_ids`' new state carrying `version`, the version its host write makes."""
     return CompressedTrajectoryBuffer._add_ids.uncompiled(buf, step, terminated, truncated, final_obs)[0].replace(version=version)
 
 
@@ -638,8 +519,8 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
 
         Args:
           example_step: as `CompressedTrajectoryBuffer.create`, like `num_envs` and `length`.
-          window_length: as `jaxbuffers.PrioritisedTrajectoryBuffer.create`, like `period`,
-            `priority_exponent` and `epsilon` (not repeated here).
+          window_length: as `jaxbuffers.PrioritisedTrajectoryBuffer.create`, like `period`, `priority_exponent` and
+            `epsilon`.
           **options: the other keywords of `CompressedTrajectoryBuffer.create`.
         """
         prioritised = functools.partial(

@@ -1,10 +1,8 @@
 """Where a chunk added to a `jaxbuffers.compressed.CompressedTrajectoryBuffer` puts its frames: `chunk_frames`.
 
-The store slots, episode positions and delta bases of a chunk's frames are written once, over an array namespace:
-`jax.numpy` inside the add's program (the ids it stores), `numpy` on the host, where a
-`jaxbuffers.compressed.StagingWriter` flush computes the rows it writes from the state's cursors and the staged flags
-instead of waiting for the device program to hand them back. Both give the same integers (int32 arithmetic on the
-same inputs). The layout is the module doc's of `jaxbuffers.compressed.trajectory`.
+Written once over an array namespace: `jax.numpy` inside the add's program, `numpy` on the host, where a
+`jaxbuffers.compressed.StagingWriter` flush places the rows it writes without waiting for the device program; both
+give the same int32 integers. The layout: `docs/api/compressed.md`, "Frame stacks and temporal coding".
 """
 
 from __future__ import annotations
@@ -34,10 +32,6 @@ class ChunkFrames(NamedTuple):
     final_head: Any  # shape=[E], dtype=int32
 
 
-def _cummax(xp, a, axis: int):
-    return jax.lax.cummax(a, axis=axis) if xp is jnp else np.maximum.accumulate(a, axis=axis)
-
-
 def chunk_frames(xp, terminated, truncated, frame_head, next_ep_pos, next_key_pos, final_head, *, ring: int,
                  frame_stack: int, keyframe_interval: int, final_capacity: int) -> ChunkFrames:
     """Frame placement of a checked chunk: ``terminated`` / ``truncated`` (None: not given) bool ``[E, t]``, the
@@ -59,7 +53,8 @@ def chunk_frames(xp, terminated, truncated, frame_head, next_ep_pos, next_key_po
     ends = terminated if truncated is None else terminated | truncated
     # Step j starts an episode iff step j - 1 ended one (or, for j = 0, the previous chunk's last step did: the
     # carried position is 0).
-    last_end = _cummax(xp, xp.where(ends, j[None, :], -1), 1)
+    marks = xp.where(ends, j[None, :], -1)
+    last_end = jax.lax.cummax(marks, axis=1) if xp is jnp else np.maximum.accumulate(marks, axis=1)
     before = xp.concatenate([xp.full((e, 1), -1, i32), last_end[:, :-1]], axis=1)
     since = j[None, :] - before - 1
     ep = xp.minimum(xp.where(before >= 0, since, next_ep_pos[:, None] + j[None, :]), k - 1).astype(i32)

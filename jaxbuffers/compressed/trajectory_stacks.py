@@ -1,15 +1,7 @@
-"""The frame-stack check of `jaxbuffers.compressed.CompressedTrajectoryBuffer` (its module doc, "Which stacks"):
-the rule of `jaxbuffers._validate.unrebuilt_trajectory_stacks` applied to an add, against the stack the store
-rebuilds for each lane's last step.
-
-One path, on the host, in numpy: the add's program passes the check's operands (the stacks given, the episode
-starts, the slots of each lane's last frames) to its write callback, which runs the rule before it writes anything
-and raises instead of writing (`jaxbuffers.compressed._common.write`'s `refuse`). The lanes' last frames come from the
-frames the store kept from the add that made the state (`HostStores.read_recent`; the `recent` rows of its write), so
-nothing is decoded, and are decoded from the store only when the state is not the one the store's last write made (a
-restored buffer, a reopened folder) or the store kept none of them. An eager add with frame stacks waits for its
-write, so that the refusal is raised by the call; `add_from_host` and `check_stacks` run the same rule on the same
-operands without a callback.
+"""The frame-stack check of `jaxbuffers.compressed.CompressedTrajectoryBuffer` (`docs/api/compressed.md`, "Which
+stacks"): the rule of `jaxbuffers._validate.unrebuilt_trajectory_stacks` applied on the host to an add, by its write
+callback before it writes (`jaxbuffers.compressed._common.write`'s `refuse`), against the stacks the store rebuilds
+from the frames its last write kept (`HostStores.read_recent`).
 """
 
 from __future__ import annotations
@@ -32,15 +24,11 @@ class StackChecked:
         """Whether the compressed leaves are frame stacks (the store keeps each step's newest frame only)."""
         return self.leaves[0].stack_axis is not None
 
-    @property
-    def _write_may_refuse(self) -> bool:
-        """Whether an add's write callback may refuse it (`_common.checked_before_dispatch`: an eager add then waits
-        for its write, so that it raises the refusal)."""
-        return self._stacked
+    _write_may_refuse = _stacked  # an add's write callback may refuse it: an eager add waits for its write
 
     def check_stacks(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> None:
-        """Raise the error `add` raises for frame stacks it cannot store (`jaxbuffers.compressed.trajectory`
-        module doc, "Which stacks"), without adding.
+        """Raise the error `add` raises for frame stacks it cannot store (`docs/api/compressed.md`, "Which stacks"),
+        without adding.
 
         Args: as `add` (checked as `add` checks them).
 
@@ -63,39 +51,36 @@ class StackChecked:
         ))
 
     def _checked_stack_operands(self, step, terminated, truncated, final_obs) -> tuple:
-        """The operands of `_stack_refusal` for an add of checked `[E, t]` inputs: the store's leading operands (the
-        shard of a sharded store) and the version, the slots of each lane's last frames int32 `[E, k]` (`_last_ids`)
-        and their zero-pad mask (a scalar when there is none), whether each lane's next step starts an episode bool
-        `[E]`, the episode ends of the add bool `[E, t]`, the stacks of each compressed leaf, and with `truncated`
-        its final observations and where they are read (`truncated & ~terminated`)."""
+        """The operands of `_stack_refusal` for an add of checked `[E, t]` inputs: `_tail_operands`, the add's episode
+        ends bool `[E, t]`, each compressed leaf's stacks, and with `truncated` its final observations and where they
+        are read (`truncated & ~terminated`)."""
         ends = terminated if truncated is None else terminated | truncated
-        fids, pad = self._last_ids()
         stacks = _common.pick_leaves(step[self.trajectory.obs_key], self.leaf_index)
         finals = [] if truncated is None else [*_common.pick_leaves(final_obs, self.leaf_index), truncated & ~terminated]
-        return (*self.host.operands(), self.version, fids, jnp.zeros(()) if pad is None else pad, self.next_ep_pos == 0, ends, *stacks, *finals)
+        return (*self._tail_operands.uncompiled(self), ends, *stacks, *finals)
 
     def _stack_refusal(self, *operands: np.ndarray) -> ValueError | None:
-        """On the host: `stack_error` given `_checked_stack_operands` (numpy), against `_befores`."""
-        n, m = self.host.num_operands + 1, len(self.leaves)  # (operands() traces: not callable in a callback)
-        fids, pad, first, ends = operands[n : n + 4]
-        stacks, rest = operands[n + 4 : n + 4 + m], operands[n + 4 + m :]
+        """On the host: `stack_error` given `_checked_stack_operands` (numpy)."""
+        befores, first = self._tails(operands)
+        n, m = self.host.num_operands + 4, len(self.leaves)
+        ends, stacks, rest = operands[n], operands[n + 1 : n + 1 + m], operands[n + 1 + m :]
         starts = np.concatenate([first[:, None], ends[:, :-1]], axis=1)
-        befores = self._befores(operands[:n], fids, pad)
         return self.stack_error(stacks, befores, starts, list(rest[:m]) if rest else None, rest[-1] if rest else None)
 
-    def _befores(self, front: tuple, fids: np.ndarray, pad: np.ndarray) -> list:
-        """On the host, per compressed leaf numpy `[E, *shape]`: the stack the store rebuilds for each lane's last step
-        (`HostStores.read_recent` of `_last_ids`' slots `fids`; zeros where `pad`, a scalar when there is none),
-        given the store's leading operands and the version `front`."""
-        pad = pad if pad.shape else None
+    def _tails(self, ops: tuple) -> tuple:
+        """`lane_tails` on the host, from `_tail_operands` (numpy) at the front of `ops`."""
+        n = self.host.num_operands + 1  # (operands() traces: not callable in a callback)
+        fids, pad, first = ops[n : n + 3]
+        if not self._stacked:
+            return [], first
+        pad = pad if pad.shape else None  # zeros where `pad` (a scalar: none)
         return [
             np.moveaxis(b if pad is None else np.where(pad.reshape(pad.shape + (1,) * (b.ndim - 2)), 0, b), 1, 1 + i.stack_axis)
-            for b, i in zip(self.host.read_recent(*front, fids), self.leaves)
-        ]
+            for b, i in zip(self.host.read_recent(*ops[:n], fids), self.leaves)
+        ], first
 
     def _last_ids(self) -> tuple:
-        """`_frame_ids` of each lane's last step, as far as the lane's next step reads it (frames back to its episode
-        start; none where the next step starts an episode): store slots int32 `[E, k]`, zero-pad mask or None."""
+        """`_frame_ids` of each lane's last step, back to its episode start (none where the next step starts one)."""
         e, ring = self.num_envs, self.frame_ring
         lane = jnp.arange(e, dtype=jnp.int32) * ring
         going = self.next_ep_pos > 0  # the lane's previous step is in the episode its next step continues
@@ -105,23 +90,21 @@ class StackChecked:
 
     @_compiled.method()
     def _tail_operands(self) -> tuple:
-        """The store's leading operands and the version, `_last_ids`' slots and zero-pad mask (a scalar when there is
-        none), and whether each lane's next step starts an episode: the operands of `lane_tails`."""
+        """The operands of `lane_tails`: the store's leading operands (a sharded store's shard) and the version, the
+        slots of each lane's last frames int32 `[E, k]` (`_last_ids`) and their zero-pad mask (a scalar when there is
+        none), and whether each lane's next step starts an episode bool `[E]`."""
         fids, pad = self._last_ids()
         return (*self.host.operands(), self.version, fids, jnp.zeros(()) if pad is None else pad, self.next_ep_pos == 0)
 
     def lane_tails(self) -> tuple:
-        """`(stacks, starts)`, numpy: per compressed leaf `[num_envs, *shape]`, the stack the store rebuilds for each
-        lane's last step (zeros where the next step starts an episode), and bool `[num_envs]`, whether each lane's next
-        step starts an episode: what `stack_error` compares a lane's next stack with. Empty stacks without frame
-        stacks.
+        """`(stacks, starts)`, numpy: per compressed leaf `[num_envs, *shape]` the stack the store rebuilds for each
+        lane's last step (zeros where the next step starts an episode; no leaves without frame stacks), and bool
+        `[num_envs]`, whether each lane's next step starts an episode: what `stack_error` compares with.
 
         Raises:
           StaleBufferError: the store moved past this state (read on the host, `HostStores.read_recent`).
         """
-        ops = jax.device_get(self._tail_operands())
-        n = self.host.num_operands + 1
-        return (self._befores(ops[:n], *ops[n : n + 2]) if self._stacked else []), ops[n + 2]
+        return self._tails(jax.device_get(self._tail_operands()))
 
     def stack_error(self, stacks, befores, starts, finals=None, boot=None) -> ValueError | None:
         """The error `add` raises for these frame stacks, or None, computed on the host in numpy (nothing dispatched).
@@ -137,7 +120,7 @@ class StackChecked:
         return self._stack_error_of(stacks, befores, starts, finals, boot)
 
     def _stack_error_of(self, stacks, befores, starts, finals=None, boot=None) -> ValueError | None:
-        """`stack_error` without its one-member check, for a `StagingWriter` (which checks that once, when it is made)."""
+        """`stack_error` without its one-member check, for a `StagingWriter` (which checks that once)."""
         bad = [
             _validate.unrebuilt_trajectory_stacks(x, b, starts, None if finals is None else f, boot, stack_axis=i.stack_axis, padding=self.padding)
             for x, b, f, i in zip(stacks, befores, finals or [None] * len(stacks), self.leaves)
@@ -158,9 +141,8 @@ class StackChecked:
 
     def _recent_rows(self, m: int, finals: bool) -> tuple[np.ndarray, int] | None:
         """`HostStores.write`'s `recent` for an add writing `m` rows (`[E, t]` steps, then as many final frames when
-        `finals`): the newest frames of each lane's last `k - 1` steps, which the next add's stack check reads
-        (`_stack_refusal`), and a cap of `2 E (k - 1)` frames, which keeps every lane's last `k - 1` for chunks of any
-        length. None without frame stacks."""
+        `finals`): each lane's last `k - 1` frames, which the next add's stack check reads, and a cap of `2 E (k - 1)`
+        frames (every lane's last `k - 1` for chunks of any length). None without frame stacks."""
         if not self._stacked:
             return None
         k, e = self.frame_stack, self.num_envs
@@ -170,8 +152,8 @@ class StackChecked:
         return rows.reshape(-1), 2 * e * (k - 1)
 
     def _stack_error(self, bad: np.ndarray) -> ValueError | None:
-        """`jaxbuffers._validate.unrebuilt_trajectory_stack_error` of the rule's result (bool `[leaves, 2, E, t]`), naming the leaves as
-        the add's arguments."""
+        """`jaxbuffers._validate.unrebuilt_trajectory_stack_error` of the rule's result (bool `[leaves, 2, E, t]`),
+        naming the leaves as the add's arguments."""
         obs = f"[{self.trajectory.obs_key!r}]"
         names = [(f"step{i.name[len('example_step'):]}", f"final_obs{i.name[len('example_step' + obs):]}") for i in self.leaves]
         return _validate.unrebuilt_trajectory_stack_error(bad, names)
