@@ -45,8 +45,8 @@ def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
 
 
 def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt, requested: np.ndarray):
-    """Decode order of entries at request positions `pos` (ascending) whose bases are at request positions
-    `base_pos` (-1: a keyframe), and the entry whose row each one is decoded into.
+    """The chains of entries at request positions `pos` (ascending) whose bases are at request positions `base_pos`
+    (-1: a keyframe), and the entry whose row each one is decoded into.
 
     Args:
       requested: # shape=(len(pos),), dtype=bool: the entries with a row of their own in the output; the others
@@ -55,11 +55,10 @@ def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt, requested: np.nd
         requested entry: an entry not asked for is read only as the base of the one after it).
 
     Returns:
-      `(order, cuts, base_i, depth, target)`: the entries chain by chain (keyframe first, then by depth), chain `c`
-      being `order[cuts[c]:cuts[c + 1]]`; each entry's base as an index into `pos` (-1 for a keyframe); each entry's
-      depth (0 for a keyframe); the index into `pos` of the requested entry whose row each entry is decoded into
-      (itself when requested). An entry whose chain never reaches a keyframe (a cycle: a corrupt index) is passed to
-      `corrupt(indices into pos)`, which raises.
+      `(order, base_i, root, depth, target)`, indices into `pos`: the entries chain by chain (keyframe first, then
+      by depth); each entry's base (-1 for a keyframe), the keyframe of its chain, its depth (0 for a keyframe) and
+      the requested entry whose row it is decoded into (itself when requested). An entry whose chain never reaches
+      a keyframe (a cycle: a corrupt index) is passed to `corrupt(indices into pos)`, which raises.
     """
     n = pos.size
     base_i = np.where(base_pos >= 0, np.searchsorted(pos, base_pos), -1)
@@ -73,13 +72,12 @@ def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt, requested: np.nd
     else:
         corrupt(np.flatnonzero(root != root[root]))
     order = np.lexsort((depth, root))
-    cuts = np.concatenate([[0], np.flatnonzero(np.diff(root[order])) + 1, [n]])
     # the next requested entry at or after each one in chain order, in its chain (else itself: never for a request)
     at = np.where(requested[order], np.arange(n), n)
     nxt = order[np.minimum(np.minimum.accumulate(at[::-1])[::-1], n - 1)] if n else order
     target = np.empty(n, np.int64)
     target[order] = np.where((root[nxt] == root[order]) & requested[nxt], nxt, order)
-    return order, cuts, base_i, depth, target
+    return order, base_i, root, depth, target
 
 
 def _in_sorted(x: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
