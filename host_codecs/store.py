@@ -490,15 +490,15 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         source = present[first[inverse.reshape(-1)]]
         is_first = source == present
         pos = present[is_first]  # positions decoded, ascending
-        base_pos = None  # position of each decoded delta's base (decoded too), -1 for a keyframe
+        in_pos = np.cumsum(is_first) - 1  # index into `pos` of each distinct slot's first position (by `present` index)
+        base_i = None  # index into `pos` of each decoded delta's base (decoded too), -1 for a keyframe
         if chains.size or (base[pos] >= 0).any():
             b = base[pos].astype(np.int64)
-            at = np.minimum(np.searchsorted(uniq, b), uniq.size - 1)
-            base_pos = np.where(b >= 0, present[first[at]], -1)
+            base_i = np.where(b >= 0, in_pos[first[np.minimum(np.searchsorted(uniq, b), uniq.size - 1)]], -1)
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
         self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos],
-                     None if base_pos is None else (base[pos], np.where(base_pos >= 0, check[base_pos], 0)))
+                     None if base_i is None else (base[pos], np.where(base_i >= 0, check[pos[base_i]], 0)))
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
             raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
@@ -527,10 +527,10 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         if not present.size or not nbytes:
             return results
         k = pos.size
-        order, base_i, root, depth, target = np.arange(k), None, np.arange(k), np.zeros(k, np.int64), np.arange(k)
-        if base_pos is not None:
-            order, base_i, root, depth, target = chain_order(
-                pos, base_pos, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
+        order, root, depth, target = np.arange(k), np.arange(k), np.zeros(k, np.int64), np.arange(k)
+        if base_i is not None:
+            order, root, depth, target = chain_order(
+                base_i, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
         # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the entries
         # split evenly in chain order; a chain's entries not asked for are decoded into the row of the next one asked
         # for (`chain_order`'s target), each delta XORed in place. A shard decodes runs of one codec, every base before
@@ -560,7 +560,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             bases = (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1))
         # the repeated slots' rows, copied by the shard that decodes their first row
         rep = np.flatnonzero(~is_first)
-        rep_shard = shard[np.searchsorted(pos, source[rep])]
+        rep_shard = shard[in_pos[first[inverse.reshape(-1)[rep]]]]
         by = np.argsort(rep_shard, kind="stable")
         rep_src, rep_dst = _out_of(source[rep[by]], bounds), _out_of(present[rep[by]], bounds)
         rep_cuts = np.searchsorted(rep_shard[by], np.arange(shards + 1)).tolist()
