@@ -239,9 +239,8 @@ def merged_batches(parts: list[EncodedBatch], masks: list[np.ndarray]) -> Encode
 class ChunkTable(dict):
     """Arena chunk id -> chunk bytes (# shape=(chunk_bytes,), dtype=uint8), plus the store's zstd
     dictionary (`host_codecs.ZstdDictionary` or None): what a codec needs to decode a store's
-    entries. A store builds one per state of its arena, not one per read. `checked`: a table a
-    `CompressedStore` reads with; the store checks its requests itself (payloads inside their chunks
-    in `_verify`, rows and bases by construction), so `check_decode` does not check them again."""
+    entries. A store builds one per state of its arena, not one per read, `checked`: the store checks
+    its reads' requests itself (payloads in `_verify`, rows and bases by construction), not `check_decode`."""
 
     __slots__ = ("dictionary", "addresses", "checked")
 
