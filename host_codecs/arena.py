@@ -54,7 +54,7 @@ class Arena:
     def table(self, dictionary=None) -> ChunkTable:
         """The chunks' bytes for readers (immutable once built: it keeps its chunks alive)."""
         if self._table is None or self._table.dictionary is not dictionary:
-            self._table = ChunkTable({c: ch.data for c, ch in self.chunks.items()}, dictionary)
+            self._table = ChunkTable({c: ch.data for c, ch in self.chunks.items()}, dictionary, checked=True)
         return self._table
 
     def place(self, buffer: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

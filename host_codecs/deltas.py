@@ -44,25 +44,23 @@ def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
     return np.where(b >= 0, mixed, np.uint32(0)).astype(np.uint32)
 
 
-def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt, requested: np.ndarray):
-    """Decode order of entries at request positions `pos` (ascending) whose bases are at request positions
-    `base_pos` (-1: a keyframe), and the entry whose row each one is decoded into.
+def chain_order(base_i: np.ndarray, corrupt, requested: np.ndarray):
+    """The chains of a read's decoded entries, whose bases are the entries `base_i` (-1: a keyframe), and the entry
+    whose row each one is decoded into.
 
     Args:
-      requested: # shape=(len(pos),), dtype=bool: the entries with a row of their own in the output; the others
+      requested: # shape=(len(base_i),), dtype=bool: the entries with a row of their own in the output; the others
         (bases the chains need, not asked for) are decoded into the row of the next requested entry of their chain,
         each delta XORed into it in place, so such an entry costs only its decode, no copy (every chain ends with a
         requested entry: an entry not asked for is read only as the base of the one after it).
 
     Returns:
-      `(order, cuts, base_i, depth, target)`: the entries chain by chain (keyframe first, then by depth), chain `c`
-      being `order[cuts[c]:cuts[c + 1]]`; each entry's base as an index into `pos` (-1 for a keyframe); each entry's
-      depth (0 for a keyframe); the index into `pos` of the requested entry whose row each entry is decoded into
-      (itself when requested). An entry whose chain never reaches a keyframe (a cycle: a corrupt index) is passed to
-      `corrupt(indices into pos)`, which raises.
+      `(order, root, depth, target)`, indices of entries: the entries chain by chain (keyframe first, then by depth);
+      each entry's chain (its keyframe), its depth (0 for a keyframe) and the requested entry whose row it is decoded
+      into (itself when requested). An entry whose chain never reaches a keyframe (a cycle: a corrupt index) is passed
+      to `corrupt(entries)`, which raises.
     """
-    n = pos.size
-    base_i = np.where(base_pos >= 0, np.searchsorted(pos, base_pos), -1)
+    n = base_i.size
     root = np.where(base_i >= 0, base_i, np.arange(n))
     depth = (base_i >= 0).astype(np.int64)
     for _ in range(64):  # pointer jumping: chains of up to 2**64 entries
@@ -72,14 +70,13 @@ def chain_order(pos: np.ndarray, base_pos: np.ndarray, corrupt, requested: np.nd
         depth, root = depth + depth[root] * (up != root), up
     else:
         corrupt(np.flatnonzero(root != root[root]))
-    order = np.lexsort((depth, root))
-    cuts = np.concatenate([[0], np.flatnonzero(np.diff(root[order])) + 1, [n]])
+    order = np.argsort(root * (int(depth.max(initial=0)) + 1) + depth)  # (root, depth) pairs are distinct: chains are linear
     # the next requested entry at or after each one in chain order, in its chain (else itself: never for a request)
     at = np.where(requested[order], np.arange(n), n)
     nxt = order[np.minimum(np.minimum.accumulate(at[::-1])[::-1], n - 1)] if n else order
     target = np.empty(n, np.int64)
     target[order] = np.where((root[nxt] == root[order]) & requested[nxt], nxt, order)
-    return order, cuts, base_i, depth, target
+    return order, root, depth, target
 
 
 def _in_sorted(x: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:

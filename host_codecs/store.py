@@ -70,9 +70,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, dtype_code, dtype_from_code, integer_ids, merged_batches, shape_arg
+from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, chunk_addresses, dtype_code, dtype_from_code, integer_ids, merged_batches, shape_arg
 from . import _checksum
-from ._pool import parallel_for
+from ._pool import num_threads, parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
 from .deltas import DeltaChains, base_sums, chain_order
 from .slot_index import IndexRows
@@ -88,9 +88,7 @@ _MAX_DICTIONARY_BYTES = 1 << 20
 _READ_SHARD_BYTES = 1 << 20  # decoding is fast per byte: a smaller shard does not pay for a thread
 
 
-def _payload_sums(chunks, chunk_ids, offsets, lengths, slots, checksum: str = _checksum.CRC32) -> np.ndarray:
-    """# shape=(k,), dtype=uint32: the entries' checksums, `host_codecs._checksum.payload_sums` (one compiled loop)."""
-    return _checksum.payload_sums(chunks, chunk_ids, offsets, lengths, slots, checksum)
+_payload_sums = _checksum.payload_sums  # the entries' checksums (one compiled loop), looked up here on every call
 
 
 def _fields(tag, meta, layout) -> np.ndarray:
@@ -492,15 +490,15 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         source = present[first[inverse.reshape(-1)]]
         is_first = source == present
         pos = present[is_first]  # positions decoded, ascending
-        base_pos = None  # position of each decoded delta's base (decoded too), -1 for a keyframe
+        in_pos = np.cumsum(is_first) - 1  # index into `pos` of each distinct slot's first position (by `present` index)
+        base_i = None  # index into `pos` of each decoded delta's base (decoded too), -1 for a keyframe
         if chains.size or (base[pos] >= 0).any():
             b = base[pos].astype(np.int64)
-            at = np.minimum(np.searchsorted(uniq, b), uniq.size - 1)
-            base_pos = np.where(b >= 0, present[first[at]], -1)
+            base_i = np.where(b >= 0, in_pos[first[np.minimum(np.searchsorted(uniq, b), uniq.size - 1)]], -1)
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
         self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos],
-                     None if base_pos is None else (base[pos], np.where(base_pos >= 0, check[base_pos], 0)))
+                     None if base_i is None else (base[pos], np.where(base_i >= 0, check[pos[base_i]], 0)))
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
             raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
@@ -528,59 +526,54 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                 views[j][out_row[out_j == j]] = 0
         if not present.size or not nbytes:
             return results
-        chunk, offset, length = chunk.astype(np.int64), offset.astype(np.int64), length.astype(np.int64)
-        # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the
-        # entries (not the chains, whose lengths differ) split evenly. A chain's entries not asked for are decoded
-        # into the row of the next one asked for (`chain_order`'s target): each delta XORed in place.
-        order, cuts, base_i, depth, target = np.arange(pos.size), np.arange(pos.size + 1), None, None, slice(None)
-        if base_pos is not None:
-            order, cuts, base_i, depth, target = chain_order(
-                pos, base_pos, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
-        pos_out, pos_row = _out_of(pos[target], bounds)  # the row each decoded entry is decoded into
-        # the repeated slots' rows, copied by the shard that decodes their first row, by the rank of its entry in `order`
-        rep_rank = np.argsort(order)[np.searchsorted(pos, source[~is_first])]  # argsort(order): each entry's rank
-        by_rank = np.argsort(rep_rank, kind="stable")
-        rep_src, rep_dst, rep_rank = source[~is_first][by_rank], present[~is_first][by_rank], rep_rank[by_rank]
+        k = pos.size
+        order, root, depth, target = np.arange(k), np.arange(k), np.zeros(k, np.int64), np.arange(k)
+        if base_i is not None:
+            order, root, depth, target = chain_order(
+                base_i, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
+        # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the entries
+        # split evenly in chain order; a chain's entries not asked for are decoded into the row of the next one asked
+        # for (`chain_order`'s target), each delta XORed in place. A shard decodes runs of one codec, every base before
+        # its deltas: its chains in order (one codec), keyframes codec by codec then deltas in chain order (deltas of
+        # one codec), else depth by depth, codec by codec.
+        shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
+        rank = np.empty(k, np.int64)
+        rank[order] = np.arange(k)
+        shard = np.searchsorted(np.linspace(0, k, shards + 1)[1:-1], rank[root], side="right")
+        t = tag[pos].astype(np.int64)
+        if (t[depth > 0] == t[depth > 0][:1]).all():
+            lead = shard if (t == t[0]).all() else (shard * 2 + (depth > 0)) * _NUM_TAGS + t
+            do = order[np.argsort(lead[order].astype(np.int16), kind="stable")]
+        else:
+            do = np.lexsort((root, t, depth, shard))
+        po, t, shard_o = pos[do], t[do], shard[do]
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(t * shards + shard_o)) + 1, [k]]).tolist()
+        runs = [[] for _ in range(shards)]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            runs[int(shard_o[lo])].append((lo, hi, codec_for_tag(int(t[lo]))))
+        # every per-entry column in decode order: a run is one slice of each
+        cols = (chunk[po].astype(np.int64), offset[po].astype(np.int64), length[po].astype(np.int64), meta[po])
+        out_t, row_t = _out_of(pos[target], bounds)  # the row each entry is decoded into
+        into = (out_t[do], row_t[do])
+        if base_i is not None:  # where each delta's base row is (-1: a keyframe)
+            b = base_i[do]
+            bases = (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1))
+        # the repeated slots' rows, copied by the shard that decodes their first row
+        rep = np.flatnonzero(~is_first)
+        rep_shard = shard[in_pos[first[inverse.reshape(-1)[rep]]]]
+        by = np.argsort(rep_shard, kind="stable")
+        rep_src, rep_dst = _out_of(source[rep[by]], bounds), _out_of(present[rep[by]], bounds)
+        rep_cuts = np.searchsorted(rep_shard[by], np.arange(shards + 1)).tolist()
 
-        # every per-entry column in decode order, so that a shard's entries are one slice of each
-        po = pos[order]
-        tag_o, chunk_o, offset_o, length_o, meta_o = tag[po], chunk[po], offset[po], length[po], meta[po]
-        out_o, row_o, depth_o = pos_out[order], pos_row[order], np.zeros(po.size, np.int64) if depth is None else depth[order]
-        b = None if base_i is None else base_i[order]  # where each delta's base row is (-1: a keyframe)
-        bases_o = None if b is None else (np.where(b >= 0, pos_out[b], -1), np.where(b >= 0, pos_row[b], -1))
-        tags_all = np.unique(tag_o).tolist()
+        def work(s0: int, s1: int) -> None:
+            for s in range(s0, s1):
+                for lo, hi, codec in runs[s]:
+                    codec.decode_many(table, *(c[lo:hi] for c in cols), views, *(c[lo:hi] for c in into), dtype,
+                                      bases=None if base_i is None else tuple(c[lo:hi] for c in bases))
+                r = slice(rep_cuts[s], rep_cuts[s + 1])
+                _copy_rows(views, tuple(c[r] for c in rep_src), tuple(c[r] for c in rep_dst), nbytes)
 
-        def shard(a: int, b: int) -> None:
-            c0, c1 = np.searchsorted(cuts[:-1], (a, b)).tolist()  # the chains that start in [a, b)
-            decode_chains(slice(cuts[c0], cuts[c1]))
-            r0, r1 = np.searchsorted(rep_rank, (cuts[c0], cuts[c1])).tolist()
-            _copy_rows(views, _out_of(rep_src[r0:r1], bounds), _out_of(rep_dst[r0:r1], bounds), nbytes)
-
-        def decode(sel, with_bases: bool) -> None:  # entries `sel` (a slice or indices in decode order), of one codec
-            first = sel.start if isinstance(sel, slice) else sel[0]
-            codec_for_tag(int(tag_o[first])).decode_many(
-                table, chunk_o[sel], offset_o[sel], length_o[sel], meta_o[sel], views, out_o[sel], row_o[sel], dtype,
-                bases=(bases_o[0][sel], bases_o[1][sel]) if with_bases and bases_o is not None else None)
-
-        def decode_chains(sl: slice) -> None:
-            if sl.start == sl.stop:
-                return
-            if len(tags_all) == 1:  # one codec: its whole chains in order, each delta XORed with its base as it is decoded
-                return decode(sl, True)
-            # entries of several codecs (e.g. zstd keyframes, RLE deltas): the keyframes codec by codec, then the deltas
-            # (in chain order when they share one codec, else depth by depth): every base is whole before its deltas
-            t, d, at = tag_o[sl], depth_o[sl], np.arange(sl.start, sl.stop)
-            groups = [at[(d == 0) & (t == c)] for c in tags_all]
-            rest = d > 0
-            if rest.any() and (t[rest] == t[rest][0]).all():
-                groups.append(at[rest])
-            else:
-                groups += [at[(d == level) & (t == c)] for level in np.unique(d[rest]).tolist() for c in tags_all]
-            for g in groups:
-                if g.size:
-                    decode(g, depth_o[g[0]] > 0)
-
-        parallel_for(pos.size, shard, work_bytes=pos.size * nbytes, min_shard_bytes=_READ_SHARD_BYTES)
+        parallel_for(shards, work)
         return results
 
     def _corrupt(self, slots: np.ndarray, why: str):
@@ -594,12 +587,19 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
     def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check, bases=None) -> None:
         """Raise CorruptEntryError naming the slots whose entries fail their checksum (module doc); `bases`: (base
         slots, the bases' checks) of deltas."""
+        if not slots.size:  # nothing read: the chunks (possibly files an arena reads on demand) are not looked at
+            return
         expect = _payload_sums(table, chunk, offset, length, slots, self.checksum) ^ _fields(tag, meta, layout)
         if bases is not None:
             expect ^= base_sums(*bases)
         bad = expect != check
         if bad.any():
             self._corrupt(slots[bad], "checksum mismatch")
+        keys, _, sizes = chunk_addresses(table)  # the decoders read without bounds checks (`ChunkTable.checked`)
+        at = np.minimum(np.searchsorted(keys, chunk), max(keys.size - 1, 0))
+        bad = (keys[at] != chunk) | (offset.astype(np.int64) + length > sizes[at])
+        if bad.any():
+            self._corrupt(slots[bad], "a payload outside its chunk")
 
     @staticmethod
     def _output(outs, j: int, shape: tuple[int, ...], dtype: np.dtype, m: int) -> np.ndarray:
