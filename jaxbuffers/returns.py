@@ -7,6 +7,7 @@ the bootstrap value $V^{next}_t$, the index convention, the two evaluation metho
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -85,6 +86,7 @@ def _scalar(fn: str, name: str, x, dtype) -> jax.Array:
     return jnp.asarray(_validate.scalar_parameter(f"{fn}: {name}", x, 0.0, 1.0), dtype)
 
 
+@functools.partial(jax.jit, static_argnames="method")  # eager calls: one cached program, not a scan traced anew
 def _solve(a: jax.Array, b: jax.Array, init: jax.Array, method: str) -> jax.Array:
     r"""$x_t = a_t x_{t+1} + b_t$ for $t = T-1, \dots, 0$ with $x_T$ = `init`; returns `x[0:T]`."""
     if method == "scan":
@@ -275,13 +277,20 @@ def n_step_returns(
     fn = "n_step_returns"
     n = _validate.static_int(f"{fn}: n", n)
     ro = _check(fn, "scan", reward, value, terminated, truncated, final_value, last_value)
-    dtype, T = ro.reward.dtype, ro.reward.shape[0]
-    gamma, zero = _scalar(fn, "gamma", gamma, dtype), jnp.zeros((), dtype)
+    gamma = _scalar(fn, "gamma", gamma, ro.reward.dtype)
+    target, num_steps, discount = _n_step(ro.reward, ro.v_next(), ro.ended, ro.terminated, gamma, n)
+    return NStepReturns(target.astype(ro.out), num_steps, discount.astype(ro.out))
 
+
+@functools.partial(jax.jit, static_argnames="n")  # eager calls: one cached program, not a loop traced anew
+def _n_step(reward, v_next, ended, terminated, gamma, n: int):
+    """`(target, num_steps, discount)` of `n_step_returns` from its checked, widened inputs."""
+    dtype, T = reward.dtype, reward.shape[0]
+    zero = jnp.zeros((), dtype)
     # Offset i of every window at once: y[t] = x[t + i], read from arrays padded past the end of
     # the rollout (zeros, flags False). A fori_loop keeps compile time flat in n.
-    padded = [jnp.concatenate([x, jnp.zeros_like(x)]) for x in (ro.reward, ro.v_next(), ro.ended, ro.terminated)]
-    shape = ro.reward.shape
+    padded = [jnp.concatenate([x, jnp.zeros_like(x)]) for x in (reward, v_next, ended, terminated)]
+    shape = reward.shape
     t = lax.broadcasted_iota(jnp.int32, shape, 0)
 
     def body(i, carry):
@@ -297,5 +306,4 @@ def n_step_returns(
         return target, num_steps, discount, active & ~closes, gamma_i * gamma
 
     init = (jnp.zeros(shape, dtype), jnp.zeros(shape, jnp.int32), jnp.zeros(shape, dtype), jnp.ones(shape, jnp.bool_), jnp.ones((), dtype))
-    target, num_steps, discount, _, _ = lax.fori_loop(0, min(n, T), body, init)  # gamma_i = gamma**i
-    return NStepReturns(target.astype(ro.out), num_steps, discount.astype(ro.out))
+    return lax.fori_loop(0, min(n, T), body, init)[:3]  # gamma_i = gamma**i

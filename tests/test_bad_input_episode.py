@@ -244,6 +244,15 @@ def test_create_bad_arguments(kind, size, flag, meta, step):
     check("device", lambda: create(step, max_episodes=E, max_timesteps=M), ("example_step", "example_item"))
 
 
+@pytest.mark.parametrize("name", ["reward", "action", "obs"])
+def test_create_meta_named_like_a_step_field(name):
+    """`update` takes step and meta fields by name in one dict: a meta field named like a step field could never be
+    updated, so `create` refuses it."""
+    for create in (jb.EpisodeBuffer.create, lambda s, **kw: CompressedEpisodeBuffer.create(s, codec="rle", **kw)):
+        err = check("device", lambda: create(STEP, max_episodes=E, max_timesteps=M, meta={**META, name: jnp.float32(0)}), "meta")
+        assert repr(name) in str(err)
+
+
 def test_create_too_many_steps():
     check("device", lambda: jb.EpisodeBuffer.create(STEP, max_episodes=2**16, max_timesteps=2**16), "max_episodes * max_timesteps")
 

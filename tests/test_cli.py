@@ -327,6 +327,24 @@ def test_inspect_tables(saved, capsys):
         assert text in out
 
 
+def test_step_field_named_like_a_buffer_field_keeps_both():
+    """A step field named like one of the buffer's own per-step fields (a trajectory's `terminated` flag, a
+    rollout's `value`) is read under `step.<name>`; the buffer's field keeps its name, its dtype and its values."""
+    step = {"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0), "terminated": jnp.float32(0)}
+    buf = jb.TrajectoryBuffer.create(step, num_envs=1, length=4)
+    for t in range(3):
+        buf = buf.add({"obs": np.zeros((1, 2), np.float32), "action": np.zeros(1, np.int32), "reward": np.ones(1, np.float32),
+                       "terminated": np.full(1, 7.0, np.float32)}, terminated=np.array([t == 1]))
+    rollout = jb.RolloutBuffer.create({"obs": jnp.zeros(2), "value": jnp.int32(0)}, num_envs=1, num_steps=2)
+    rollout = rollout.add({"obs": jnp.zeros((1, 2)), "value": jnp.full(1, 5, jnp.int32)}, reward=jnp.ones(1), value=jnp.full(1, 0.5),
+                          terminated=jnp.zeros(1, bool))
+    for b, name, own, dtype, mine in ((buf, "terminated", [False, True, False], np.bool_, 7.0), (rollout, "value", [0.5], np.float32, 5)):
+        view = BufferView(b)
+        assert view.fields.count(name) == 1 and f"step.{name}" in view.fields
+        assert view.column(name).tolist() == own and view.spec(name)[1] == dtype
+        assert view.column(f"step.{name}").tolist() == [mine] * len(own)
+
+
 @pytest.mark.parametrize("name", ["TrajectoryBuffer", "CompressedTrajectoryBuffer", "CompressedRolloutBuffer", "ReplayBuffer"])
 def test_video_frames_equal_stored_frames(saved, capsys, tmp_path, name):
     from PIL import Image

@@ -445,6 +445,24 @@ def test_traced_gamma_and_lambda_under_jit():
     np.testing.assert_allclose(adv, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["scan", "associative"])
+def test_eager_calls_compile_once(compile_counter, method):
+    arrays = make_rollout(5, 16, (3,))
+    calls = [
+        lambda g: gae(*arrays, gamma=g, gae_lambda=0.95, method=method),
+        lambda g: lambda_returns(*arrays, gamma=g, lambda_=0.95, method=method),
+        lambda g: discounted_returns(arrays[0], *arrays[2:], gamma=g, method=method),
+        lambda g: n_step_returns(*arrays, gamma=g, n=3),
+    ]
+    for f in calls:
+        jax.block_until_ready(f(0.9))
+    with compile_counter() as n:
+        for f in calls:
+            for g in (0.9, 0.95, 0.99):  # the same call again, and new hyperparameters: no new program
+                jax.block_until_ready(f(g))
+    assert n() == 0
+
+
 def test_gradients_flow_through_values():
     arrays = make_rollout(4, 10, (2,), p_trunc=0.0, nan_final=False)
     g = jax.grad(lambda v: gae(arrays[0], v, *arrays[2:], gamma=0.9, gae_lambda=0.95)[0].sum())(arrays[1])

@@ -152,8 +152,8 @@ class BufferView:
             self._spec = b.step_spec  # the decoded fields, not the ids stored on device
         self.num_steps = int(len(self._index[0]))
         self._cache: dict[str, np.ndarray] = {}
-        self.leaves = {field_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(self._storage)[0]}
-        self.specs = {field_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(self._spec)[0]}
+        self.leaves = {self._name(p): x for p, x in jax.tree_util.tree_flatten_with_path(self._storage)[0]}
+        self.specs = {self._name(p): x for p, x in jax.tree_util.tree_flatten_with_path(self._spec)[0]}
         self.compressed_fields = self._compressed_names()
 
     # --- per-kind layout: self._storage (leaves with leading step axes), self._index (arrays into them), flags ---
@@ -238,6 +238,12 @@ class BufferView:
             self.episodes.append(Episode(len(self.episodes), lane, np.arange(a, b), bool(term[b - 1]),
                                          bool(trunc[b - 1] and not term[b - 1]), bool(has_start), bool(ends[b - 1])))
 
+    def _name(self, path) -> str:
+        """A step field's name; `step.<name>` where the buffer has a per-step field of its own so named (a
+        `terminated` leaf beside a trajectory's flags)."""
+        name = field_name(path)
+        return f"step.{name}" if name in self._extra else name
+
     def _compressed_names(self) -> tuple[str, ...]:
         if not self.compressed:
             return ()
@@ -247,7 +253,7 @@ class BufferView:
             sub = jax.tree_util.tree_flatten_with_path(b.step_spec[obs_key])[0]
             return tuple(".".join([obs_key, field_name(sub[i][0])]) if sub[i][0] else obs_key for i in b.leaf_index)
         flat = jax.tree_util.tree_flatten_with_path(b.step_spec)[0]
-        return tuple(field_name(flat[i][0]) for i in b.leaf_index)
+        return tuple(self._name(flat[i][0]) for i in b.leaf_index)
 
     # --- reading ---
 
