@@ -192,7 +192,7 @@ class BufferServer:
         jax.eval_shape(lambda buf: self._add_fn(buf, batch), self._buffer)
         for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:  # a custom add that took it: still not cast
             if not _compiled.passable(x):
-                _validate.not_narrowed(f"batch{jax.tree_util.keystr(tuple(path))}", x)
+                _validate.not_narrowed(_validate.leaf_path("batch", path), x)
 
     def sample(self, key: jax.Array | None, batch_size: int, timeout: float | None = None) -> Any:
         """A sample of `batch_size` items drawn with `key` (`None`: the next key of the server's own stream).
@@ -242,8 +242,7 @@ class Writer:
     def __init__(self, server: BufferServer, flush_size: int):
         if not isinstance(server, BufferServer):
             raise TypeError(f"server: expected a BufferServer, got {type(server).__name__}")
-        if isinstance(flush_size, bool) or not isinstance(flush_size, int) or flush_size < 1:
-            raise ValueError(f"flush_size: expected a Python int >= 1, got {flush_size!r}")
+        flush_size = _validate.static_int("flush_size", flush_size)
         if server.rate_limiter is not None:  # a batch the limiter never admits would leave its items pending for good
             server.rate_limiter.check_insert(flush_size, name="flush_size")
         self.server = server

@@ -232,8 +232,8 @@ def _count(name: str, n) -> jax.Array:
         if not 0 <= n < 2**30:
             raise ValueError(f"{name}: expected an int in [0, 2**30), got {n}")
         return jnp.int32(n)
-    if not _validate._is_array(n):  # a Python float, bool, string...: named as given, not as the array it would become
-        raise TypeError(f"{name}: expected an int or a 0-d integer array, got {type(n).__name__} {n!r:.60}")
+    if not _validate.is_array(n):  # a Python float, bool, string...: named as given, not as the array it would become
+        raise _validate.unexpected(name, "an int or a 0-d integer array", n)
     x = _validate.as_array(n)
     if x.shape != () or not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an int or a 0-d integer array, got {x.dtype}{list(x.shape)}")

@@ -106,6 +106,13 @@ def test_server_and_writer_constructors(buffer, fn, seed):
     refused(lambda: jb.Writer(SERVER, seed), "flush_size")
 
 
+def test_writer_flush_size_is_a_size():
+    """`flush_size` is checked as every size is: a Python or numpy int in [1, 2**31 - 1], kept as a Python int."""
+    assert type(jb.Writer(SERVER, np.int32(2)).flush_size) is int
+    for bad in (0, 2.0, True, 2**31):
+        refused(lambda: jb.Writer(SERVER, bad), "flush_size", exc=(ValueError,))
+
+
 @SETTINGS
 @given(first=st.booleans(), bad=corrupt({k: v[0] for k, v in rows(1).items()}, "item"))
 @example(first=True, bad=({**{k: v[0] for k, v in rows(1).items()}, "obs": jax.ShapeDtypeStruct((2,), jnp.float32)}, "item['obs']"))
