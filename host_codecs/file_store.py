@@ -96,7 +96,7 @@ class FileStore:
       ValueError: a bad mode or size; with `"r"` / `"r+"`, files whose shape or dtype differ from the arguments, or a
         data file shorter than its header says (the message names the file and the field).
       FileNotFoundError: `"r"` / `"r+"` and a file is missing.
-      TypeError: a `path` that is not a path, an `item_shape` that is not a tuple of ints >= 0, an unsupported (or
+      TypeError: a `path` or `index` that is not a path, an `item_shape` that is not a tuple of ints >= 0, an unsupported (or
         no) dtype. (All checked before any file is created.)
     """
 

@@ -161,9 +161,9 @@ class EpisodeWriter:
           The number of episodes this call committed.
 
         Raises:
-          TypeError: a field missing or extra, a wrong dtype, flags not bool, an `env_id` that is not hashable, a
-            `step_id` that is not an int (`"0"`, `0.0`, `True`).
-          ValueError: a wrong shape, a negative step id, a step id already given or already joined, a step id other
+          TypeError: a field missing or extra, a wrong dtype, flags not a bool or a bool array, an `env_id` that is
+            not hashable, a `step_id` that is not an int (`"0"`, `0.0`, `True`).
+          ValueError: a wrong shape (a flag array's included: `()`), a negative step id, a step id already given or already joined, a step id other
             than the one expected (the message names the env, the id expected and the id given).
           BufferFullError: a commit into a full fixed buffer (the episode is dropped; later steps go on).
         """
