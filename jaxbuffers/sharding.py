@@ -640,9 +640,8 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
         _validate.key("key", key)
         batch_size = _validate.static_int("batch_size", batch_size)
         self._check_hosts(add=False)
-        if not (isinstance(method, str) and method in methods and callable(getattr(self.shards, method, None))):
-            have = tuple(m for m in methods if callable(getattr(self.shards, m, None)))
-            raise ValueError(f"method: expected a sampler of {type(self.shards).__name__}, one of {have}, got {method!r}")
+        have = tuple(m for m in methods if callable(getattr(self.shards, m, None)))
+        _validate.choice("method", method, have, f"(the samplers of {type(self.shards).__name__})")
         return batch_size, method
 
     def set_priorities(self, shard: jax.Array, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "ShardedBuffer":

@@ -355,8 +355,7 @@ class _CompressedReplayImpl(_JaxReplayImpl):
                  normalize_images: bool = False, compression_method: str = "rle", compression_kwargs: dict | None = None,
                  decompression_kwargs: dict | None = None, output_dtype: str = "raw", compress_keys: Sequence[str] | None = None,
                  frame_stack: int | None = None, stack_axis: int = -1, padding: str = "zero", keyframe_interval: int | None = None):
-        if output_dtype not in ("raw", "float"):
-            raise ValueError(f"output_dtype: expected 'raw' or 'float', got {output_dtype!r}")
+        _validate.choice("output_dtype", output_dtype, ("raw", "float"))
         _validate.static_bool("optimize_memory_usage", optimize_memory_usage)  # a no-op (module doc), checked
         self.dtypes, self.normalize_images, self.output_dtype = dtypes, bool(normalize_images), output_dtype
         self.compression_method, self.compression_kwargs, self.decompression_kwargs = compression_method, compression_kwargs, decompression_kwargs
