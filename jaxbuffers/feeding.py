@@ -120,6 +120,7 @@ class BufferServer:
 
     def _admit(self, what: str, n: int, timeout: float | None) -> None:
         self._check_open(what)
+        timeout = _validate.timeout("timeout", timeout)  # checked with or without a limiter
         if self._limiter is not None:
             wait = self._limiter.reserve_insert if what == "add" else self._limiter.await_sample
             try:
@@ -137,7 +138,8 @@ class BufferServer:
         Raises:
           BufferClosed: the server was closed before or while waiting.
           jaxbuffers.RateLimiterTimeout: no room within `timeout`.
-          TypeError / ValueError: the buffer's `add` refused the batch (nothing is added and the limiter counts
+          TypeError / ValueError: `timeout` not None or a number >= 0 (checked with or without a limiter); the
+            buffer's `add` refused the batch (nothing is added and the limiter counts
             nothing: the batch is checked before the limiter is asked). A numpy leaf that JAX would narrow (float64
             or int64 with `jax_enable_x64` off) is refused as the buffer's own eager `add` refuses it, never cast.
             A batch the buffer's host store refuses when the add runs (a compressed buffer's frame stack that is
@@ -201,7 +203,7 @@ class BufferServer:
         any later add runs.
 
         Raises:
-          BufferClosed, jaxbuffers.RateLimiterTimeout: as `add`.
+          BufferClosed, jaxbuffers.RateLimiterTimeout: as `add`; TypeError / ValueError for `timeout` as `add`.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         if key is not None:

@@ -82,6 +82,10 @@ def test_a_wait_takes_its_timeout_as_every_wait_does():
         refused(lambda: lim.await_insert(1, bad), "timeout", state=counts, exc=(TypeError,))
     for bad in (-1, float("nan")):
         refused(lambda: lim.await_sample(1, bad), "timeout", state=counts, exc=(ValueError,))
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, 4))  # no limiter: nothing waits, the timeout is still checked
+    for bad in (True, "1", -1):
+        refused(lambda: server.add(rows(1), timeout=bad), "timeout", state=lambda: server_state(server))
+        refused(lambda: server.sample(None, 1, timeout=bad), "timeout", state=lambda: server_state(server))
 
 
 @SETTINGS
