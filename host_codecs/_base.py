@@ -551,3 +551,19 @@ class Codec:
         zero = np.zeros(1, np.int64)
         self.decode_into(chunk, zero, np.array([len(body) - 1], np.int64), body[:1].copy(), out, zero, dtype)
         return out.view(dtype).reshape(shape)
+
+
+def int_arg(field: str, value, lo: int = 1, hi: int | None = None) -> int:
+    """An int argument (Python or numpy, not a bool) in `[lo, hi]` (`hi` None: no bound), as `int`; else ValueError
+    naming `field`, the range and the value (a float is refused, even `2.0`: never rounded)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (hi is not None and value > hi):
+        raise ValueError(f"{field}: expected an int in [{lo}, {'inf' if hi is None else hi}], got {value!r}")
+    return int(value)
+
+
+def path_arg(field: str, value):
+    """`value` if it is a file path: a non-empty str or an `os.PathLike` (its type has `__fspath__`); else TypeError
+    naming `field` and what came."""
+    if not (hasattr(type(value), "__fspath__") or (isinstance(value, str) and value)):
+        raise TypeError(f"{field}: expected a file path (a non-empty str or os.PathLike), got {type(value).__name__} {value!r:.60}")
+    return value

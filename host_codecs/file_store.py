@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code, integer_ids, shape_arg
+from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code, int_arg, integer_ids, path_arg, shape_arg
 from . import _checksum
 from ._pool import parallel_for
 from .store import _out_of
@@ -96,7 +96,7 @@ class FileStore:
       ValueError: a bad mode or size; with `"r"` / `"r+"`, files whose shape or dtype differ from the arguments, or a
         data file shorter than its header says (the message names the file and the field).
       FileNotFoundError: `"r"` / `"r+"` and a file is missing.
-      TypeError: a `path` that is not a path, an `item_shape` that is not a tuple of ints >= 0, an unsupported (or
+      TypeError: a `path` or `index` that is not a path, an `item_shape` that is not a tuple of ints >= 0, an unsupported (or
         no) dtype. (All checked before any file is created.)
     """
 
@@ -104,17 +104,13 @@ class FileStore:
                  mode: str = "r", name: str = "", index: str | os.PathLike | None = None):
         if mode not in ("w", "r+", "r"):
             raise ValueError(f"mode: expected 'w', 'r+' or 'r', got {mode!r}")
-        if isinstance(num_slots, bool) or not isinstance(num_slots, (int, np.integer)) or num_slots < 1:
-            raise ValueError(f"num_slots: expected an int >= 1, got {num_slots!r}")
-        if not (isinstance(path, os.PathLike) or (isinstance(path, str) and path)):
-            raise TypeError(f"path: expected a file path (a non-empty str or os.PathLike), got {type(path).__name__} {path!r:.60}")
-        self.path, self.mode, self.name = Path(path), mode, str(name)
-        self.num_slots, self.item_shape = int(num_slots), shape_arg(item_shape)
+        self.num_slots, self.path = int_arg("num_slots", num_slots), Path(path_arg("path", path))
+        self.mode, self.name, self.item_shape = mode, str(name), shape_arg(item_shape)
         self.dtype = dtype_from_code(dtype_code(dtype, field="dtype"))
         self._declared = (dtype_code(self.dtype), self.item_shape)  # what CompressedStore calls it
         self.row_nbytes = math.prod(self.item_shape) * self.dtype.itemsize
         self.data_path, self.copy_path = self.path.with_name(self.path.name + ".npy"), self.path.with_name(self.path.name + ".1.npy")
-        self.index_path = Path(index) if index is not None else self.path.with_name(self.path.name + ".index.npy")
+        self.index_path = Path(path_arg("index", index)) if index is not None else self.path.with_name(self.path.name + ".index.npy")
         shape = (self.num_slots, *self.item_shape)
         if mode == "w":
             self._index = np.zeros((3, self.num_slots), np.uint32)  # shape=(3, num_slots), uint32: written, check, copy

@@ -29,7 +29,7 @@ def passable(leaf) -> bool:
         _ARRAY_TYPES.add(type(leaf))
         return True
     if isinstance(leaf, (np.ndarray, np.generic)):
-        return leaf.dtype.kind in "biufc" and jax.dtypes.canonicalize_dtype(leaf.dtype) == leaf.dtype
+        return leaf.dtype.kind in "biufc" and _validate.jax_holds(leaf.dtype)
     if isinstance(leaf, int):  # bool included
         return _INT32.min <= leaf <= _INT32.max
     return isinstance(leaf, (float, complex))

@@ -47,21 +47,16 @@ def _narrow(name: str, x, cast_64bit: bool) -> np.ndarray:
     """`x` as a numpy array JAX can hold: as it is, or (only with `cast_64bit`) 64-bit floats and ints narrowed to 32
     bits, ints range-checked (module doc)."""
     x = np.asarray(x)
-    if jax.dtypes.canonicalize_dtype(x.dtype) == x.dtype:
-        return x
     target = np.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
-    if x.dtype.kind in "iufb" and not cast_64bit:
-        raise TypeError(
-            f"{name}: dtype {x.dtype}, which JAX holds only with jax_enable_x64 on; pass cast_64bit=True to store it as "
-            f"{target} (floats rounded to nearest, integers range-checked), or enable jax_enable_x64 to keep {x.dtype}"
-        )
+    if not (cast_64bit and x.dtype.kind in "iuf"):
+        how = (f"pass cast_64bit=True to store it as {target} (floats rounded to nearest, integers range-checked), or "
+               f"enable jax_enable_x64 to keep {x.dtype}") if x.dtype.kind in "iuf" else "convert it"
+        return _validate.not_narrowed(name, x, how)
     if x.dtype.kind in "iu":
         info = np.iinfo(target)
         if x.size and (x.min() < info.min or x.max() > info.max):
             raise ValueError(f"{name}: values in [{x.min()}, {x.max()}] do not fit {target} (x64 is off); enable jax_enable_x64")
-    if x.dtype.kind not in "iufb":
-        raise TypeError(f"{name}: dtype {x.dtype} cannot be stored in a JAX array")
-    return x.astype(target)
+    return x.astype(target, copy=False)
 
 
 def _info_names(infos: Mapping, prefix: str = "") -> list[tuple[str, tuple]]:
@@ -101,7 +96,7 @@ def _read(dataset, cast_64bit: bool) -> list[dict]:
         meta = {}
         if info_names:
             steps["infos"] = jax.tree_util.tree_map_with_path(
-                lambda path, x: narrow(f"infos{_validate.leaf_name(path)}", x)[:n], dict(ep.infos))
+                lambda path, x: narrow(_validate.leaf_path("infos", path), x)[:n], dict(ep.infos))
             meta = {_FINAL_INFO + name: narrow(f"infos[{name}]", np.asarray(_get(ep.infos, p))[n]) for name, p in info_names}
         out.append(dict(steps=steps, final=jax.tree.map(lambda x: x[n], obs), term=bool(t_flags[-1]),
                         trunc=bool(u_flags[-1]), meta=meta, length=n))

@@ -115,8 +115,7 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
         not read, or of another class or configuration than `buffer` (the message names the file or the field).
     """
     d = _validate.path("directory", directory).absolute()
-    if not isinstance(mode, str) or mode not in _MODES:
-        raise ValueError(f"mode: expected one of {_MODES}, got {mode!r}")
+    _validate.choice("mode", mode, _MODES)
     if mode == "w":
         return _create(d, buffer)
     if buffer is not None:

@@ -161,9 +161,9 @@ class EpisodeWriter:
           The number of episodes this call committed.
 
         Raises:
-          TypeError: a field missing or extra, a wrong dtype, flags not bool, an `env_id` that is not hashable, a
-            `step_id` that is not an int (`"0"`, `0.0`, `True`).
-          ValueError: a wrong shape, a negative step id, a step id already given or already joined, a step id other
+          TypeError: a field missing or extra, a wrong dtype, flags not a bool or a bool array, an `env_id` that is
+            not hashable, a `step_id` that is not an int (`"0"`, `0.0`, `True`).
+          ValueError: a wrong shape (a flag array's included: `()`), a negative step id, a step id already given or already joined, a step id other
             than the one expected (the message names the env, the id expected and the id given).
           BufferFullError: a commit into a full fixed buffer (the episode is dropped; later steps go on).
         """
@@ -312,16 +312,9 @@ def _env_id(env_id) -> None:
 
 def _step_id(step_id) -> None:
     """TypeError for a `step_id` that is not an int (bools, floats and strings included), ValueError for one < 0."""
-    if isinstance(step_id, bool) or not isinstance(step_id, (int, np.integer)):
-        raise TypeError(f"step_id: expected an int >= 0, got {type(step_id).__name__} {step_id!r}")
-    if step_id < 0:
-        raise ValueError(f"step_id: expected an int >= 0, got {step_id!r}")
+    _validate.integer("step_id", step_id, minimum=0)
 
 
 def _bool(name: str, x) -> bool:
-    """A host flag: a Python or numpy bool, or a 0-d bool array."""
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if hasattr(x, "dtype") and np.dtype(x.dtype) == np.dtype(bool) and np.shape(x) == ():
-        return bool(x)
-    raise TypeError(f"{name}: expected a bool, got {type(x).__name__} {getattr(x, 'dtype', '')}".rstrip())
+    """A host flag: a Python or numpy bool, or a 0-d bool array (`_validate.flag`)."""
+    return bool(_validate.flag(name, x))

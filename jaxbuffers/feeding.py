@@ -120,6 +120,7 @@ class BufferServer:
 
     def _admit(self, what: str, n: int, timeout: float | None) -> None:
         self._check_open(what)
+        timeout = _validate.timeout("timeout", timeout)  # checked with or without a limiter
         if self._limiter is not None:
             wait = self._limiter.reserve_insert if what == "add" else self._limiter.await_sample
             try:
@@ -137,7 +138,8 @@ class BufferServer:
         Raises:
           BufferClosed: the server was closed before or while waiting.
           jaxbuffers.RateLimiterTimeout: no room within `timeout`.
-          TypeError / ValueError: the buffer's `add` refused the batch (nothing is added and the limiter counts
+          TypeError / ValueError: `timeout` not None or a number >= 0 (checked with or without a limiter); the
+            buffer's `add` refused the batch (nothing is added and the limiter counts
             nothing: the batch is checked before the limiter is asked). A numpy leaf that JAX would narrow (float64
             or int64 with `jax_enable_x64` off) is refused as the buffer's own eager `add` refuses it, never cast.
             A batch the buffer's host store refuses when the add runs (a compressed buffer's frame stack that is
@@ -192,7 +194,7 @@ class BufferServer:
         jax.eval_shape(lambda buf: self._add_fn(buf, batch), self._buffer)
         for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:  # a custom add that took it: still not cast
             if not _compiled.passable(x):
-                _validate.not_narrowed(f"batch{jax.tree_util.keystr(tuple(path))}", x)
+                _validate.not_narrowed(_validate.leaf_path("batch", path), x)
 
     def sample(self, key: jax.Array | None, batch_size: int, timeout: float | None = None) -> Any:
         """A sample of `batch_size` items drawn with `key` (`None`: the next key of the server's own stream).
@@ -201,7 +203,7 @@ class BufferServer:
         any later add runs.
 
         Raises:
-          BufferClosed, jaxbuffers.RateLimiterTimeout: as `add`.
+          BufferClosed, jaxbuffers.RateLimiterTimeout: as `add`; TypeError / ValueError for `timeout` as `add`.
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         if key is not None:
@@ -242,8 +244,7 @@ class Writer:
     def __init__(self, server: BufferServer, flush_size: int):
         if not isinstance(server, BufferServer):
             raise TypeError(f"server: expected a BufferServer, got {type(server).__name__}")
-        if isinstance(flush_size, bool) or not isinstance(flush_size, int) or flush_size < 1:
-            raise ValueError(f"flush_size: expected a Python int >= 1, got {flush_size!r}")
+        flush_size = _validate.static_int("flush_size", flush_size)
         if server.rate_limiter is not None:  # a batch the limiter never admits would leave its items pending for good
             server.rate_limiter.check_insert(flush_size, name="flush_size")
         self.server = server

@@ -232,8 +232,8 @@ def _count(name: str, n) -> jax.Array:
         if not 0 <= n < 2**30:
             raise ValueError(f"{name}: expected an int in [0, 2**30), got {n}")
         return jnp.int32(n)
-    if not _validate._is_array(n):  # a Python float, bool, string...: named as given, not as the array it would become
-        raise TypeError(f"{name}: expected an int or a 0-d integer array, got {type(n).__name__} {n!r:.60}")
+    if not _validate.is_array(n):  # a Python float, bool, string...: named as given, not as the array it would become
+        raise _validate.unexpected(name, "an int or a 0-d integer array", n)
     x = _validate.as_array(n)
     if x.shape != () or not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an int or a 0-d integer array, got {x.dtype}{list(x.shape)}")
@@ -319,8 +319,7 @@ class BlockingRateLimiter:
 
     def _await(self, what: str, n, timeout: float | None, admits, name: str) -> None:
         n = _validate.static_int(name, n, minimum=0)
-        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
-            raise ValueError(f"timeout: expected None or a number of seconds >= 0, got {timeout!r}")
+        timeout = _validate.timeout("timeout", timeout)
         self._check_admissible(what, n, name)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -373,7 +372,8 @@ class BlockingRateLimiter:
         Raises:
           RateLimiterTimeout: not admitted within `timeout`.
           RateLimiterClosed: `close` was called before or while waiting.
-          ValueError: `n` or `timeout` invalid, or `n` too large for any balance to admit.
+          TypeError: `timeout` not None or a number (a bool, a str).
+          ValueError: `n` invalid, `timeout` negative or NaN, or `n` too large for any balance to admit.
         """
         self.reserve_insert(n, timeout, name=name)
         self.commit_insert(n)

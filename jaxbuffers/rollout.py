@@ -368,7 +368,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         m = self._check_num_minibatches(num_minibatches)
         steps = self.num_steps * self.num_envs
         copies = int(np.prod(self.reward.shape, dtype=np.int64)) // steps  # K for a stacked buffer
-        field_bytes = [(f"step{_validate.leaf_name(p) if p else ''}", _validate.tree_nbytes(x)) for p, x in jax.tree_util.tree_flatten_with_path(self.step)[0]]
+        field_bytes = [(_validate.leaf_path("step", p), _validate.tree_nbytes(x)) for p, x in jax.tree_util.tree_flatten_with_path(self.step)[0]]
         field_bytes += [(name, _validate.tree_nbytes(getattr(self, name))) for name in _GAE_FIELDS]
         counters = _validate.tree_nbytes((self.step_index, self.overflowed, self.has_advantages))
         storage = sum(b for _, b in field_bytes) + counters

@@ -118,14 +118,10 @@ class ShardedSample(NamedTuple):
     shard: jax.Array  # shape=[B], dtype=int32: the shard each item was drawn from
 
 
-def _is_array(x) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
-
-
 def _split_static(kwargs: dict) -> tuple[dict, tuple]:
     """Array keyword arguments (operands) and the others (static: closed over, hashable), `None` ones dropped. A
     static value is keyed with its type: `True`, `1` and `1.0` hash alike, and must not find each other's program."""
-    arrays = {k: v for k, v in kwargs.items() if v is not None and jax.tree.leaves(v) and all(map(_is_array, jax.tree.leaves(v)))}
+    arrays = {k: v for k, v in kwargs.items() if v is not None and jax.tree.leaves(v) and all(map(_validate.is_array, jax.tree.leaves(v)))}
     static = tuple(sorted((k, (type(v).__name__, _validate.static_value(k, v))) for k, v in kwargs.items() if v is not None and k not in arrays))
     return arrays, static
 
@@ -221,8 +217,7 @@ def _global_rule(buf, method: str, static: dict):
     count or float32 tree total) and its minimum leaf, and `finish(sample, shard, masses, mins, beta)` turns
     shard-level probabilities into global ones (None: nothing to turn)."""
     if isinstance(buf, EpisodeBuffer):
-        if method not in _EPISODE_GUARDS:
-            raise ValueError(f"method: expected one of {tuple(_EPISODE_GUARDS)} for an EpisodeBuffer, got {method!r}")
+        _validate.choice("method", method, tuple(_EPISODE_GUARDS), "for an EpisodeBuffer")
         return (lambda b, kw: (_episode_units(b, method, kw), jnp.float32(0))), None
     if isinstance(buf, (TrajectoryBuffer, PrioritisedTrajectoryBuffer)) and static.get("cross_episodes", True) is False:
         raise ValueError("cross_episodes: global sampling draws shards by stored steps (or priority totals), which "
@@ -370,8 +365,7 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
         """
         _validate.instance("make", make, callable, "a function of no arguments returning one shard's buffer")
         _validate.instance("mesh", mesh, Mesh, "a jax.sharding.Mesh")
-        if not isinstance(axis, str) or axis not in mesh.shape:
-            raise ValueError(f"axis: expected one of the mesh's axis names {tuple(mesh.shape)}, got {axis!r}")
+        _validate.choice("axis", axis, tuple(mesh.shape), "(the mesh's axis names)")
         n = mesh.shape[axis]
         build = lambda: jax.vmap(lambda _: make(), axis_size=n)(None)  # noqa: E731
         abstract = jax.eval_shape(build)
@@ -501,8 +495,8 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
     def _own_check(self, method: str, args: tuple, arrays: dict, static: tuple) -> None:
         """Raise the buffer's own refusal of shard 0's block (`_validate.refusal`; numpy leaves closed over: unnarrowed)."""
         n = self.num_shards
-        if all(np.ndim(x) and np.shape(x)[0] % n == 0 for x in jax.tree.leaves((args, arrays)) if _is_array(x)):
-            block = jax.tree.map(lambda x: x[: np.shape(x)[0] // n] if _is_array(x) else x, (args, arrays))
+        if all(np.ndim(x) and np.shape(x)[0] % n == 0 for x in jax.tree.leaves((args, arrays)) if _validate.is_array(x)):
+            block = jax.tree.map(lambda x: x[: np.shape(x)[0] // n] if _validate.is_array(x) else x, (args, arrays))
             fn = _local_fn(self.axis, "add", method, None, static)
             _validate.refusal(lambda b: fn(b, *block), jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.shards))
 
@@ -550,9 +544,8 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
             an int >= 1.
         """
         guards = _EPISODE_GUARDS if isinstance(_device(self.shards), EpisodeBuffer) else _GUARDS
-        if not (isinstance(method, str) and method in guards and callable(getattr(self.shards, guards[method], None))):
-            have = tuple(m for m, g in guards.items() if callable(getattr(self.shards, g, None)))
-            raise ValueError(f"method: expected one of {have} (the samplers of {type(self.shards).__name__} with a guard), got {method!r}")
+        have = tuple(m for m, g in guards.items() if callable(getattr(self.shards, g, None)))
+        _validate.choice("method", method, have, f"(the samplers of {type(self.shards).__name__} with a guard)")
         every_shard = _validate.static_bool("every_shard", every_shard)
         guard = self._query(guards[method], _validate.static_int("batch_size", batch_size), **kwargs)
         return jnp.all(guard) if every_shard else jnp.any(guard)
@@ -647,9 +640,8 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
         _validate.key("key", key)
         batch_size = _validate.static_int("batch_size", batch_size)
         self._check_hosts(add=False)
-        if not (isinstance(method, str) and method in methods and callable(getattr(self.shards, method, None))):
-            have = tuple(m for m in methods if callable(getattr(self.shards, m, None)))
-            raise ValueError(f"method: expected a sampler of {type(self.shards).__name__}, one of {have}, got {method!r}")
+        have = tuple(m for m in methods if callable(getattr(self.shards, m, None)))
+        _validate.choice("method", method, have, f"(the samplers of {type(self.shards).__name__})")
         return batch_size, method
 
     def set_priorities(self, shard: jax.Array, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "ShardedBuffer":

@@ -109,6 +109,19 @@ def test_wrong_flags_and_meta(flag, which, meta):
     refused(lambda: W.add_env("b", 3, e, next_obs=nxt, terminated=False, meta=meta), "meta", state=s)
 
 
+def test_a_flag_of_another_shape_is_a_value_error_as_in_add_episode():
+    """Flags are checked as `EpisodeBuffer.add_episode` checks one episode's: the wrong kind or dtype is a TypeError,
+    a bool array of another shape than `()` a ValueError."""
+    e, p, nxt = halves(2)
+    s = lambda: state(W)  # noqa: E731
+    for which in ("terminated", "truncated"):
+        flags = {"terminated": False, which: np.array([True])}
+        refused(lambda: W.add_env("b", 3, e, next_obs=nxt, **flags), f"{which}: expected shape ()", state=s, exc=(ValueError,))
+        refused(lambda: W.add_step(0, {**e, **p}, next_obs=nxt, **flags), which, state=s, exc=(ValueError,))
+        for bad in (None, 1, np.float32(1)):
+            refused(lambda: W.add_env("b", 3, e, next_obs=nxt, **{**flags, which: bad}), which, state=s, exc=(TypeError,))
+
+
 @SETTINGS
 @given(ops=st.lists(st.sampled_from(["good", "bad_env", "bad_policy", "bad_id", "bad_flag"]), min_size=1, max_size=8))
 def test_refusals_in_any_order_change_nothing(ops):

@@ -72,6 +72,22 @@ def test_blocking_rate_limiter_bad_arguments(n, timeout):
     refused(lambda: lim.await_insert(1000), "n", state=counts)  # no balance ever admits it
 
 
+def test_a_wait_takes_its_timeout_as_every_wait_does():
+    """A wait's `timeout` as `PendingSave.wait`'s: None or a Python or numpy number >= 0; a bool (once read as 1 s)
+    or a str is the wrong kind (TypeError), a negative or NaN value a ValueError."""
+    lim = jb.BlockingRateLimiter(1.0, min_size=1, error_buffer=4.0)
+    lim.await_insert(1, timeout=np.float32(0.5))
+    counts = lambda: (lim.num_inserted, lim.num_sampled)  # noqa: E731
+    for bad in (True, "1", [1]):
+        refused(lambda: lim.await_insert(1, bad), "timeout", state=counts, exc=(TypeError,))
+    for bad in (-1, float("nan")):
+        refused(lambda: lim.await_sample(1, bad), "timeout", state=counts, exc=(ValueError,))
+    server = jb.BufferServer(jb.ReplayBuffer.create(ITEM, 4))  # no limiter: nothing waits, the timeout is still checked
+    for bad in (True, "1", -1):
+        refused(lambda: server.add(rows(1), timeout=bad), "timeout", state=lambda: server_state(server))
+        refused(lambda: server.sample(None, 1, timeout=bad), "timeout", state=lambda: server_state(server))
+
+
 @SETTINGS
 @given(bad=corrupt(rows(3), "batch"), timeout=BAD_TIMEOUTS)
 @example(bad=({**rows(3), "obs": np.full((3, 2), 1e300)}, "batch['obs']"), timeout=-1)  # was stored as inf float32
@@ -104,6 +120,13 @@ def test_server_and_writer_constructors(buffer, fn, seed):
     refused(lambda: jb.BufferServer(buf, seed=seed), "seed")
     refused(lambda: jb.Writer(buffer, 2), "server")
     refused(lambda: jb.Writer(SERVER, seed), "flush_size")
+
+
+def test_writer_flush_size_is_a_size():
+    """`flush_size` is checked as every size is: a Python or numpy int in [1, 2**31 - 1], kept as a Python int."""
+    assert type(jb.Writer(SERVER, np.int32(2)).flush_size) is int
+    for bad in (0, 2.0, True, 2**31):
+        refused(lambda: jb.Writer(SERVER, bad), "flush_size", exc=(ValueError,))
 
 
 @SETTINGS

@@ -651,7 +651,7 @@ def test_episode_calls_are_checked_before_tracing():
         sharded.add({"obs": np.zeros((1, 3, 2), np.float32)})
     with pytest.raises(ValueError, match=r"method: expected one of \('sample_episodes'.*for an EpisodeBuffer, got 'sample'"):
         sharded.sample(jax.random.key(0), 4)
-    with pytest.raises(ValueError, match=r"method: expected a sampler of EpisodeBuffer, one of \('sample_sequences'.*got 'sample'"):
+    with pytest.raises(ValueError, match=r"method: expected one of \('sample_sequences'.*\(the samplers of EpisodeBuffer\), got 'sample'"):
         sharded.sample_local(jax.random.key(0), 4)
     with pytest.raises(ValueError, match=r"where: expected shape \(1, 4\), got \(4,\)"):
         sharded.sample(jax.random.key(0), 4, method="sample_episodes", where=np.ones(4, bool))

@@ -276,3 +276,54 @@ def test_compressed_leaves_of_a_dtype_the_host_stores_do_not_take_are_refused_in
                 make()
     on_device = step({"pixels": jnp.zeros((4, 4), jnp.uint8), "pos": jnp.zeros(3, dtype)})  # not compressed: taken
     assert jb.CompressedTrajectoryBuffer.create(on_device, num_envs=1, length=4, compress=("pixels",)).step_spec["obs"]["pos"].dtype == dtype
+
+
+def test_integer_refuses_another_kind_with_a_type_error_and_a_low_value_with_a_value_error():
+    """An int option that is not a size (an id, a thread count): any Python or numpy int, as `int`; a float (even
+    `2.0`), a bool or a str is the wrong kind (TypeError), a value below the minimum a ValueError."""
+    assert _validate.integer("step_id", np.int64(2**40), 0) == 2**40 and type(_validate.integer("level", -3)) is int
+    for bad in (2.0, True, np.bool_(False), "1", None, np.zeros(()), jnp.int32(1)):
+        with pytest.raises(TypeError, match=r"step_id: expected an int >= 0, got"):
+            _validate.integer("step_id", bad, 0)
+    with pytest.raises(TypeError, match=r"level: expected an int, got float 1.5"):
+        _validate.integer("level", 1.5)
+    with pytest.raises(ValueError, match=r"step_id: expected an int >= 0, got -1"):
+        _validate.integer("step_id", -1, 0)
+
+
+def test_choice_names_what_the_options_are():
+    assert _validate.choice("axis", "x", ("x", "y"), "(the mesh's axis names)") == "x"
+    for bad in ("z", 0, ["x"]):
+        with pytest.raises(ValueError, match=r"axis: expected one of \('x', 'y'\) \(the mesh's axis names\), got"):
+            _validate.choice("axis", bad, ("x", "y"), "(the mesh's axis names)")
+    with pytest.raises(ValueError, match=r"^mode: expected one of \('w', 'r'\), got 'a'$"):
+        _validate.choice("mode", "a", ("w", "r"))
+
+
+def test_flag_is_a_bool_or_a_bool_array_of_the_shape():
+    """A Python or numpy bool fills the shape; a bool array must have it exactly; nothing is cast."""
+    assert _validate.flag("terminated", True).shape == () and bool(_validate.flag("terminated", np.bool_(True)))
+    np.testing.assert_array_equal(_validate.flag("terminated", False, (2,)), [False, False])
+    assert _validate.flag("terminated", jnp.array([True, False]), (2,)).dtype == np.bool_
+    for bad in (None, 1, "True", [True]):
+        with pytest.raises(TypeError, match=r"terminated: expected a bool or a bool array of shape \(\), got"):
+            _validate.flag("terminated", bad)
+    for bad in (np.int32(1), np.float32(1), np.array(1)):
+        with pytest.raises(TypeError, match="terminated: expected dtype bool"):
+            _validate.flag("terminated", bad)
+    with pytest.raises(ValueError, match=r"terminated: expected shape \(\), got \(1,\)"):
+        _validate.flag("terminated", np.array([True]))
+
+
+def test_is_array_and_jax_holds():
+    assert _validate.is_array(np.zeros(2)) and _validate.is_array(jnp.int32(1)) and _validate.is_array(np.float32(1))
+    assert not any(map(_validate.is_array, (1, 1.5, [1], None, jax.ShapeDtypeStruct((2,), jnp.float32))))
+    assert _validate.jax_holds(np.float32) and _validate.jax_holds(np.dtype(np.uint8)) and _validate.jax_holds(np.bool_)
+    assert not _validate.jax_holds(np.float64) and not _validate.jax_holds(np.int64)
+
+
+def test_not_narrowed_says_how_to_keep_the_dtype():
+    with pytest.raises(TypeError, match=r"x: dtype int64 would be narrowed to int32 \(x64 is off\); convert it$"):
+        _validate.not_narrowed("x", np.zeros(2, np.int64))
+    with pytest.raises(TypeError, match=r"x: dtype float64 would be narrowed to float32 \(x64 is off\); pass cast=True$"):
+        _validate.not_narrowed("x", np.zeros(2), "pass cast=True")

@@ -61,9 +61,14 @@ def _is_array_like(x) -> bool:
     return True
 
 
-def _is_array(x) -> bool:
+def is_array(x) -> bool:
     """`_is_array_like` with values: not an abstract `jax.ShapeDtypeStruct` (allowed in examples only)."""
     return _is_array_like(x) and not isinstance(x, jax.ShapeDtypeStruct)
+
+
+def jax_holds(dtype) -> bool:
+    """Whether JAX holds arrays of `dtype` as they are (not a 64-bit dtype it narrows while x64 is off)."""
+    return jax.dtypes.canonicalize_dtype(dtype) == np.dtype(dtype)
 
 
 def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)", dtype: Any = None) -> TypeError:
@@ -129,7 +134,7 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
     lead_from = ""
     for (path, s), leaf in zip(jax.tree_util.tree_flatten_with_path(spec)[0], jax.tree_util.tree_leaves(batch)):
         name = leaf_path(what, path)
-        if not _is_array(leaf):
+        if not is_array(leaf):
             raise not_array(name, leaf, dtype=s.dtype)
         shape, tail = tuple(leaf.shape), tuple(s.shape)
         if len(shape) != batch_ndim + len(tail) or shape[batch_ndim:] != tail:
@@ -171,6 +176,18 @@ def static_int(name: str, value, minimum: int = 1, maximum: int = _INT32.max) ->
     if int(value) > maximum:
         limit = "2**31 - 1 (int32 arithmetic)" if maximum == _INT32.max else maximum
         raise ValueError(f"{name}: expected at most {limit}, got {value!r}")
+    return int(value)
+
+
+def integer(name: str, value, minimum: int | None = None) -> int:
+    """An int option that is not a size (an id, a level, a thread count): a Python or numpy int, not a bool, of at
+    least `minimum` (None: any), as `int`. Raises TypeError for another kind (a float, even `2.0`; a str; an array),
+    ValueError below `minimum`."""
+    want = "an int" if minimum is None else f"an int >= {minimum}"
+    if not _is_int(value):
+        raise unexpected(name, want, value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}: expected {want}, got {value!r}")
     return int(value)
 
 
@@ -231,6 +248,17 @@ def static_bool(name: str, value) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}: expected a Python bool, got {value!r}")
     return bool(value)
+
+
+def flag(name: str, x: Any, shape: tuple = ()) -> Any:
+    """A bool flag of `shape`: a Python or numpy bool (filled to `shape`, as numpy) or a bool array of exactly `shape`
+    (returned as it is), never cast. Raises TypeError for what is not a bool or an array (`None`, an int, a list) or
+    a dtype other than bool, ValueError for another shape."""
+    if isinstance(x, (bool, np.bool_)):
+        x = np.full(shape, bool(x))
+    if not is_array(x):
+        raise not_array(name, x, f"a bool or a bool array of shape {tuple(shape)}", np.bool_)
+    return array(name, x, shape, np.bool_)
 
 
 def as_array(x: Any) -> Any:
@@ -371,7 +399,7 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
     what is not an array (``None``, a Python scalar, a list), a dtype JAX would narrow or the wrong dtype; ValueError
     for the wrong shape."""
     floating = isinstance(dtype, str) and dtype == "floating"  # (a float64 dtype compares equal to "floating")
-    if not _is_array(x):
+    if not is_array(x):
         known = np.float32 if floating else dtype
         raise not_array(name, x, "an array (JAX or numpy)" + ("" if shape is None else f" of shape {shape}"), known)
     if isinstance(x.dtype, np.dtype) and x.dtype.kind in "OUSMm":
@@ -403,7 +431,7 @@ def parameters(where: str, fn: Callable, kwargs: dict) -> list[str]:
 def array_leaves(what: str, tree: Any) -> None:
     """Every leaf of `tree` a JAX or numpy array of numbers or bools (bfloat16 included): else TypeError naming it."""
     for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if not _is_array(x) or not (x.dtype == np.bool_ or jnp.issubdtype(x.dtype, jnp.number)):
+        if not is_array(x) or not (x.dtype == np.bool_ or jnp.issubdtype(x.dtype, jnp.number)):
             raise not_array(leaf_path(what, path), x, "a numeric or bool array (JAX or numpy)")
 
 
@@ -427,11 +455,11 @@ def split_leaves(args: dict, num_shards: int, axis: str, own: Callable | None = 
     for arg, tree in args.items():
         for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
             name = leaf_path(arg, path)
-            if not (_is_array(x) and _is_key(x.dtype)):  # keys split per shard pass
+            if not (is_array(x) and _is_key(x.dtype)):  # keys split per shard pass
                 try:
                     array(name, x)
                 except TypeError:
-                    if own is not None and _is_array(x) and jax.dtypes.canonicalize_dtype(x.dtype) != np.dtype(x.dtype):
+                    if own is not None and is_array(x) and not jax_holds(x.dtype):
                         own()
                     raise
             if np.ndim(x) == 0 or np.shape(x)[0] % num_shards:
@@ -451,11 +479,12 @@ def refusal(fn: Callable, *abstract: Any) -> None:
         return
 
 
-def not_narrowed(name: str, x: Any) -> Any:
-    """``x`` itself once checked that JAX keeps its dtype (not a numpy 64-bit dtype with x64 off); else TypeError."""
-    got = np.dtype(x.dtype)
-    if jax.dtypes.canonicalize_dtype(got) != got:
-        raise TypeError(f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (x64 is off); convert it")
+def not_narrowed(name: str, x: Any, how: str = "convert it") -> Any:
+    """``x`` itself once checked that JAX keeps its dtype (`jax_holds`: not a numpy 64-bit dtype with x64 off); else
+    TypeError naming `name`, the dtype and what JAX would make of it, then `how` to keep or convert it."""
+    if not jax_holds(x.dtype):
+        got = np.dtype(x.dtype)
+        raise TypeError(f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (x64 is off); {how}")
     return x
 
 
@@ -504,7 +533,7 @@ def key(name: str, k: Any) -> Any:
     TypeError naming `name` for what is not a key, or a batch of keys (use one per call: `vmap` over them)."""
     raw = _raw_key_shape(str(jax.config.jax_default_prng_impl))
     want = f"one PRNG key: jax.random.key(seed) (shape ()) or jax.random.PRNGKey(seed) (uint32{list(raw)})"
-    if not _is_array(k):
+    if not is_array(k):
         raise unexpected(name, want, k)
     shape, dtype = tuple(k.shape), k.dtype
     if _is_key(dtype):
@@ -527,7 +556,7 @@ def storable_dtype(name: str, value: Any) -> np.dtype:
         raise unexpected(name, "a floating dtype (e.g. jnp.float32)", value)
     if not jnp.issubdtype(d, jnp.floating):
         raise TypeError(f"{name}: expected a floating dtype, got {d}")
-    if jax.dtypes.canonicalize_dtype(d) != d:
+    if not jax_holds(d):
         raise TypeError(f"{name}: {d} needs jax_enable_x64 (without it JAX stores {jax.dtypes.canonicalize_dtype(d)}); enable x64 or pass a 32-bit dtype")
     return d
 

@@ -41,10 +41,11 @@ def text(name: str, value: Any, optional: bool = False) -> Any:
     return value
 
 
-def choice(name: str, value: Any, options: tuple) -> Any:
-    """A static option: ``value`` if it is one of ``options``, else ValueError naming ``name``."""
+def choice(name: str, value: Any, options: tuple, what: str = "") -> Any:
+    """A static option: ``value`` if it is one of ``options``, else ValueError naming ``name``, the options (then
+    ``what`` they are, e.g. ``"(the mesh's axis names)"``) and the value."""
     if not any(isinstance(value, type(o)) and value == o for o in options):
-        raise ValueError(f"{name}: expected one of {options}, got {value!r}")
+        raise ValueError(f"{name}: expected one of {tuple(options)}{what and ' ' + what}, got {value!r}")
     return value
 
 

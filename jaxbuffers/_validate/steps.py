@@ -12,7 +12,7 @@ import numpy as np
 
 from host_codecs import DTYPES
 from jaxbuffers._validate import (
-    _is_array, _is_int, check_batch, index_array, item_spec, leaf_path, not_array, static_int,
+    _is_int, check_batch, index_array, is_array, item_spec, leaf_path, not_array, static_int,
 )
 
 
@@ -55,7 +55,7 @@ def trajectory_example(example_step, num_envs, length, obs_key: str, action_key:
 
 def _flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
     """A bool episode-flag array of shape `lead` (trace time)."""
-    if not _is_array(flag):
+    if not is_array(flag):
         raise not_array(name, flag, f"a bool array of shape {list(lead)}", np.bool_)
     if tuple(flag.shape) != tuple(lead):
         raise ValueError(f"{name}: expected shape {list(lead)} (one flag per env and step), got {list(flag.shape)}")

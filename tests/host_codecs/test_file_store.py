@@ -138,3 +138,19 @@ def test_files_close_when_a_store_is_dropped_unclosed_and_when_its_constructor_f
         with pytest.raises(ValueError, match=r"x\.1\.npy: .* \(truncated\)"):
             FileStore(tmp_path / "x", 16, (3, 5), np.float32, mode="r")
     assert _open_fds() == before
+
+
+def test_sizes_and_paths_are_refused_naming_the_argument(tmp_path):
+    """`num_slots` an int >= 1 (Python or numpy); `path` and `index` a non-empty str or os.PathLike: anything else is
+    refused naming the argument, before any file is created."""
+    assert FileStore(tmp_path / "a", np.int32(2), (1,), np.uint8, mode="w").num_slots == 2
+    for bad in (0, 1.0, True, "2", None):
+        with pytest.raises(ValueError, match=r"num_slots: expected an int in \[1, inf\], got"):
+            FileStore(tmp_path / "b", bad, (1,), np.uint8, mode="w")
+    for bad in (None, "", 5, b"x"):
+        with pytest.raises(TypeError, match=r"path: expected a file path \(a non-empty str or os.PathLike\), got"):
+            FileStore(bad, 2, (1,), np.uint8, mode="w")
+        if bad is not None:  # None: the default index file
+            with pytest.raises(TypeError, match=r"index: expected a file path \(a non-empty str or os.PathLike\), got"):
+                FileStore(tmp_path / "c", 2, (1,), np.uint8, mode="w", index=bad)
+    assert not any(tmp_path.glob("[bc]*"))

@@ -56,8 +56,10 @@ def test_delegates_to_every_buffer_and_is_full_when_all_are(use_threads):
 def test_errors_name_the_buffer():
     with pytest.raises(TypeError, match=r"buffers\[1\]"):
         DummyVecRolloutBuffer(4, OBS, ACT, n_envs=N, buffers=[_buffers()[0], object()])
-    with pytest.raises(TypeError, match="use_threads"):
-        DummyVecRolloutBuffer(4, OBS, ACT, use_threads=1)
+    for bad in (1, "True", None):
+        with pytest.raises(TypeError, match="use_threads: expected a Python bool, got"):
+            DummyVecRolloutBuffer(4, OBS, ACT, use_threads=bad)
+    DummyVecRolloutBuffer(4, OBS, ACT, use_threads=np.bool_(False))  # a flag as every static flag is
     with pytest.raises(ValueError, match="gae"):
         DummyVecRolloutBuffer(4, OBS, ACT, gae=0.9)
     bufs = _buffers()

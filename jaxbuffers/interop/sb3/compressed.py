@@ -114,11 +114,10 @@ def _dtypes(dtypes: Any, compression_kwargs: dict | None, decompression_kwargs: 
     if set(kw) - _KWARGS:
         raise ValueError(f"compression_kwargs: unknown keys {sorted(set(kw) - _KWARGS)}; expected some of {sorted(_KWARGS)}")
     level, threads = kw.pop("compresslevel", None), kw.pop("threads", None)
-    for k, v in (("compresslevel", level), ("threads", threads)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
-            raise TypeError(f"compression_kwargs[{k!r}]: expected an int, got {v!r}")
-    if threads is not None and threads < 0:
-        raise ValueError(f"compression_kwargs['threads']: expected an int >= 0 (0: one per CPU), got {threads}")
+    if level is not None:
+        level = _validate.integer("compression_kwargs['compresslevel']", level)
+    if threads is not None:
+        _validate.integer("compression_kwargs['threads']", threads, minimum=0)  # 0: one per CPU
     d.update(kw)
     elem = None if d.get("elem_type") is None else np.dtype(d["elem_type"])
     runs = None if d.get("runs_type") is None else np.dtype(d["runs_type"])
@@ -128,7 +127,7 @@ def _dtypes(dtypes: Any, compression_kwargs: dict | None, decompression_kwargs: 
         mine = elem if k == "elem_type" else runs
         if mine is None or np.dtype(v) != mine:
             raise ValueError(f"decompression_kwargs[{k!r}]: {np.dtype(v)} differs from the {k} compression uses ({mine})")
-    return elem, runs, None if level is None else int(level), threads is not None
+    return elem, runs, level, threads is not None
 
 
 def codec_for(compression_method: str = "rle", compression_kwargs: dict | None = None, dtypes: Any = None,
@@ -151,8 +150,7 @@ def codec_for(compression_method: str = "rle", compression_kwargs: dict | None =
     if name in _LZ4:
         raise ValueError(f"compression_method: {compression_method!r} (lz4) has no jaxbuffers codec; use 'igzip0' (raw deflate "
                          f"level 0, close to lz4 in speed and size), 'zstd-1' or 'rle'")
-    if name not in _METHODS:
-        raise ValueError(f"compression_method: unknown method {compression_method!r}; expected one of {list(_METHODS)}")
+    _validate.choice("compression_method", name, _METHODS, "(a level may follow: 'gzip9', 'zstd-3')")
     if name == "none":
         codec = "none"
     elif name.startswith("rle"):
@@ -357,8 +355,7 @@ class _CompressedReplayImpl(_JaxReplayImpl):
                  normalize_images: bool = False, compression_method: str = "rle", compression_kwargs: dict | None = None,
                  decompression_kwargs: dict | None = None, output_dtype: str = "raw", compress_keys: Sequence[str] | None = None,
                  frame_stack: int | None = None, stack_axis: int = -1, padding: str = "zero", keyframe_interval: int | None = None):
-        if output_dtype not in ("raw", "float"):
-            raise ValueError(f"output_dtype: expected 'raw' or 'float', got {output_dtype!r}")
+        _validate.choice("output_dtype", output_dtype, ("raw", "float"))
         _validate.static_bool("optimize_memory_usage", optimize_memory_usage)  # a no-op (module doc), checked
         self.dtypes, self.normalize_images, self.output_dtype = dtypes, bool(normalize_images), output_dtype
         self.compression_method, self.compression_kwargs, self.decompression_kwargs = compression_method, compression_kwargs, decompression_kwargs

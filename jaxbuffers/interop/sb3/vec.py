@@ -33,6 +33,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, RolloutBuffer
 from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 
+from jaxbuffers import _validate
 from jaxbuffers._validate import sb3_rollout
 
 __all__ = ["DummyVecRolloutBuffer"]
@@ -85,8 +86,7 @@ class DummyVecRolloutBuffer(RolloutBuffer):
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, device: th.device | str = "auto",
                  n_envs: int = 1, use_threads: bool = False, buffers: Iterable[BaseBuffer] | None = None, **kwargs: Any):
-        if not isinstance(use_threads, bool):
-            raise TypeError(f"use_threads: expected a bool, got {type(use_threads).__name__}")
+        use_threads = _validate.static_bool("use_threads", use_threads)
         unknown = sorted(set(kwargs) - {"gae_lambda", "gamma"})
         if unknown:
             raise ValueError(f"kwargs: unknown options {unknown}; expected some of ['gae_lambda', 'gamma']")
