@@ -259,10 +259,10 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     def _add_ids(self, step, terminated, truncated, final_obs):
         """The device half of an add of checked `[E, t]` inputs (compressed leaves not read): (state without the
         version bump, `chunk_frames`' (slots, valid, bases))."""
-        key, ids = self.trajectory.obs_key, lambda x: [x] * len(self.leaves)  # noqa: E731
+        key, n = self.trajectory.obs_key, len(self.leaves)
         c = self._chunk_frames(jnp, terminated, truncated, (self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head))
-        finals = None if truncated is None else _common.replace_leaves(final_obs, self.leaf_index, ids(c.final_ids))
-        inner_step = {**step, key: _common.replace_leaves(step[key], self.leaf_index, ids(c.ids))}
+        finals = None if truncated is None else _common.replace_leaves(final_obs, self.leaf_index, [c.final_ids] * n)
+        inner_step = {**step, key: _common.replace_leaves(step[key], self.leaf_index, [c.ids] * n)}
         inner = self.buffer.add_prepared(inner_step, terminated, truncated, finals)
         new = self.replace(buffer=inner, frame_head=c.frame_head, next_ep_pos=c.next_ep_pos, final_head=c.final_head,
                            next_key_pos=c.next_key_pos)
