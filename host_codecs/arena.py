@@ -91,8 +91,9 @@ class Arena:
         return chunk_ids, placed
 
     def cuts(self, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """The end of each piece (# shape=(P,), dtype=int64) to cut payloads packed back to back from byte 0 into for
-        `take`: each piece the most payloads that fit `chunk_bytes` (a larger payload alone), as `place` fills."""
+        """Where to cut payloads packed back to back from byte 0 (`offsets`, `lengths` as `place` takes them) into the
+        pieces `take` holds as chunks: the end of each piece, # shape=(P,), dtype=int64. Each piece holds the most
+        payloads that fit `chunk_bytes` (a larger payload alone), as `place` fills fresh chunks."""
         ends = offsets + ceil_align(lengths)
         out, start = [], 0
         while start < ends.size:

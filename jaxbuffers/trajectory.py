@@ -303,8 +303,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     def final_obs_lost(self) -> jax.Array:
         """Whether some stored truncated step's final observation was overwritten (bool scalar).
 
-        Exact: it survives iff fewer than $K$ truncated (and not terminated) steps came after it in its lane; only
-        the steps stored now count. Costs `O(num_envs * length)`: a diagnostic.
+        Exact: a final observation survives iff fewer than $K$ truncated (and not terminated) steps came after its
+        step in its lane. Only the steps stored now count (False again once those are overwritten). Costs
+        `O(num_envs * length)`: a diagnostic.
         """
         n = self.length
         logical = jnp.arange(n, dtype=jnp.int32)

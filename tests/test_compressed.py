@@ -218,6 +218,21 @@ def test_jitted_sampling_matches_and_compiles_once(compile_counter):
             assert_tree_equal(got[i - 3], ref.sample_transitions(keys[i], 8, n_step=2, gamma=0.99))
 
 
+def test_eager_add_compiles_once_however_its_keywords_are_spelt(compile_counter):
+    """An eager add runs one cached program: leaving out the optional flags or passing them as None is one call."""
+    ex = example(4, 0, False)
+    comp = CompressedTrajectoryBuffer.create(ex, num_envs=2, length=8, frame_stack=4, codec="rle")
+    step = make_step(np.zeros((2, 4, H, W), np.uint8), 2, None, False, np.random.default_rng(0))
+    term = jnp.zeros(2, bool)
+    comp = comp.add(step, terminated=term)  # compiles the add
+    with compile_counter() as n:
+        comp = comp.add(step, terminated=term, truncated=None)
+        comp = comp.add(step, terminated=term, truncated=None, final_obs=None)
+        comp = comp.add(step=step, terminated=term)
+        jax.block_until_ready(comp)
+        assert n() == 0
+
+
 def test_normalize_images_matches_reference_over_255():
     rng = np.random.default_rng(2)
     stacker = Stacker(rng, 2, 3, "reset", -1)

@@ -114,7 +114,8 @@ def item_spec(example: Any, what: str = "example_item") -> Any:
 
 
 def _structure_error(spec, batch, what: str) -> TypeError:
-    exp, got = ({leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(t)[0]} for t in (spec, batch))
+    exp = {leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(spec)[0]}
+    got = {leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(batch)[0]}
     missing, extra = sorted(exp - got), sorted(got - exp)
     detail = [f"{kind} leaves {v}" for kind, v in (("missing", missing), ("unexpected", extra)) if v]
     if not detail:

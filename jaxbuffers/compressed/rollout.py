@@ -204,7 +204,7 @@ class CompressedRolloutBuffer(HostBacked):
         Returns:
           Per compressed leaf, numpy `[n + 1, *frame_shape]` in the stored dtype: rows `0 .. n - 1` the entries of
           slots `0 .. n - 1` (`n`: one past the largest slot id the steps hold; an empty slot gives zeros), row `n`
-          zeros.
+          zeros. Memory: `n + 1` frames, about one per step with `frame_stack` (the stacks hold `k` each).
 
         Raises:
           StaleBufferError: a slot below `n` was rewritten after this state (a later add), checked before and after

@@ -192,7 +192,6 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         return self.buffer.can_sample_transitions(batch_size, n_step=n_step, gamma=gamma)
 
     @_common.checked_before_dispatch(add=True)
-    @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors), checked once here.
 
@@ -208,6 +207,11 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
             write callback refuses it: `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
+        return self._add(step, terminated, truncated, final_obs)
+
+    @_compiled.method()
+    def _add(self, step, terminated, truncated, final_obs) -> "CompressedTrajectoryBuffer":
+        """`add`'s program, its arguments by position: one cached program however the keywords of `add` are spelt."""
         new, (slots, valid, bases, datas), checks = self._add_device(step, terminated, truncated, final_obs)
         refuse = (checks, self._stack_refusal) if checks else None
         recent = self._recent_rows(valid.shape[0], truncated is not None)
@@ -255,10 +259,10 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     def _add_ids(self, step, terminated, truncated, final_obs):
         """The device half of an add of checked `[E, t]` inputs (compressed leaves not read): (state without the
         version bump, `chunk_frames`' (slots, valid, bases))."""
-        key, ids = self.trajectory.obs_key, lambda x: [x] * len(self.leaves)  # noqa: E731
+        key, n = self.trajectory.obs_key, len(self.leaves)
         c = self._chunk_frames(jnp, terminated, truncated, (self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head))
-        finals = None if truncated is None else _common.replace_leaves(final_obs, self.leaf_index, ids(c.final_ids))
-        inner_step = {**step, key: _common.replace_leaves(step[key], self.leaf_index, ids(c.ids))}
+        finals = None if truncated is None else _common.replace_leaves(final_obs, self.leaf_index, [c.final_ids] * n)
+        inner_step = {**step, key: _common.replace_leaves(step[key], self.leaf_index, [c.ids] * n)}
         inner = self.buffer.add_prepared(inner_step, terminated, truncated, finals)
         new = self.replace(buffer=inner, frame_head=c.frame_head, next_ep_pos=c.next_ep_pos, final_head=c.final_head,
                            next_key_pos=c.next_key_pos)
