@@ -315,14 +315,15 @@ class SumMinTree(flax.struct.PyTreeNode):
         first, wrapped = jnp.clip(lo + r - start, 0, b - 1), jnp.minimum(lo_wrapped + r + n, b - 1)
         levels = list(self.levels)
         levels[-1] = _write_slice(levels[-1], lo, rows[first], (lo + r >= start) & (lo + r < start + n) & written[first])
-        levels[-1] = _write_slice(levels[-1], lo_wrapped, rows[wrapped], (lo_wrapped + r < end) & written[wrapped])
+        if b > 1:  # one leaf never wraps around
+            levels[-1] = _write_slice(levels[-1], lo_wrapped, rows[wrapped], (lo_wrapped + r < end) & written[wrapped])
         for l in reversed(range(self.depth)):
             k = self.depth - l
             width = min(1 << l, ((b - 1 + (1 << k) - 1) >> k) + 1)  # the ancestors of B consecutive leaves
             # Recomputing a row whose children are up to date leaves it as it is, so the slices may hold more rows
             # than the ancestors: each is clamped into its depth; one as wide as the depth is the whole depth.
             levels[l] = _recompute_slice(levels, l, jnp.minimum(start >> k, (1 << l) - width), width)
-            if width < 1 << l:
+            if b > 1 and width < 1 << l:
                 levels[l] = _recompute_slice(levels, l, jnp.maximum(((end - 1) >> k) - width + 1, 0), width)
         return self.replace(levels=tuple(levels))
 
