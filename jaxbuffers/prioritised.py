@@ -223,7 +223,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
         Returns:
           The new buffer; each written slot's generation becomes its new item's number. Cost
-          `O(B log C)`; in place when the buffer is donated.
+          `O(B + log C)` (`jaxbuffers.SumMinTree.set_run`); in place when the buffer is donated.
 
         Raises (at trace time):
           TypeError / ValueError: as `jaxbuffers.ReplayBuffer.add`; `priorities` not a floating

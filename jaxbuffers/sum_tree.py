@@ -284,9 +284,10 @@ class SumMinTree(flax.struct.PyTreeNode):
         """Write `B` leaves of a ring run, `(start + r) mod capacity <- values[r]` for `r < B`, and recompute their
         ancestors: what `set(_ring.write_indices(start, B, capacity), values, distinct=True)` gives, bit for bit.
 
-        The run is at most two runs of consecutive leaves (`[s, s + n)` and, past the end of the capacity, `[0, B - n)`),
-        whose ancestors are at most two runs of `ceil((B - 1) / 2**k) + 1` rows at `k` levels above the leaves: each
-        depth reads and writes those two slices (one may be all kept rows). Cost `O(B + log P)`.
+        The run is at most two runs of consecutive leaves (`[s, s + n)` and, past the end of the capacity, `[0, B - n)`;
+        one leaf never wraps), whose ancestors are at most two runs of `ceil((B - 1) / 2**k) + 1` rows at `k` levels
+        above the leaves: each depth reads and writes those slices (the second may hold only kept rows). Cost
+        `O(B + log P)`.
 
         Args:
           start: integer scalar (traced or not): the leaf of `values[0]`, taken modulo `capacity`.
@@ -300,6 +301,7 @@ class SumMinTree(flax.struct.PyTreeNode):
           TypeError / ValueError: `start` not an integer scalar; `values` not a floating 1-D array of length
           `1 .. capacity`.
         """
+        start = _validate.index_array(start, "start", "an integer scalar", clip=False)
         start = _validate.integer_value("start", start, (), -(2**31), 2**31 - 1) % self.capacity
         values = _validate.vector("values", values, None, "floating").astype(self.dtype)
         (b,) = values.shape
@@ -309,7 +311,8 @@ class SumMinTree(flax.struct.PyTreeNode):
         written = ~jnp.isnan(values)
         r = jnp.arange(b, dtype=jnp.int32)
         # The run up to the end of the capacity, leaves [start, start + n), in the B rows from `lo` (kept in the
-        # array); the rest wraps around to leaves [0, end), in the B rows ending at `end` (clamped at row 0).
+        # array); the rest wraps around to leaves [0, end), in the B rows ending at `end` (clamped at row 0: an offset
+        # computed, not the constant 0, which XLA:CPU compiled into a rewrite of the whole depth).
         n, end = jnp.minimum(b, self.capacity - start), start + b - self.capacity
         lo, lo_wrapped = jnp.minimum(start, self.padded_capacity - b), jnp.maximum(end - b, 0)
         first, wrapped = jnp.clip(lo + r - start, 0, b - 1), jnp.minimum(lo_wrapped + r + n, b - 1)
