@@ -223,7 +223,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
         Returns:
           The new buffer; each written slot's generation becomes its new item's number. Cost
-          `O(B log C)`; in place when the buffer is donated.
+          `O(B + log C)` (`jaxbuffers.SumMinTree.set_run`); in place when the buffer is donated.
 
         Raises (at trace time):
           TypeError / ValueError: as `jaxbuffers.ReplayBuffer.add`; `priorities` not a floating
@@ -231,14 +231,13 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         """
         replay = self.replay.add(batch)
         b = jax.tree.leaves(batch)[0].shape[0]  # checked by replay.add
-        slots = _ring.write_indices(self.replay.head, b, self.capacity)
         if priorities is None:
             p = jnp.full((b,), self.max_priority, jnp.float32)
         else:
             priorities = _validate.vector("priorities", priorities, b, "floating")
             p = _priority.sanitise_priorities(priorities, self.max_priority, self.epsilon)
         return self.replace(
-            replay=replay, tree=self.tree.set(slots, _priority.priority_leaf(p, self.priority_exponent), distinct=True),
+            replay=replay, tree=self.tree.set_run(self.replay.head, _priority.priority_leaf(p, self.priority_exponent)),
             max_priority=jnp.maximum(self.max_priority, jnp.max(p)),
         )
 

@@ -20,10 +20,13 @@ depth only. In a single heap array each step would gather from and scatter into 
 whole heap (or, with every scatter ordered before the next gather, makes every gather and scatter span the whole tree).
 
 Invariant: every internal row is the combination of its children in the tree's dtype.
-`SumMinTree.set` recomputes the ancestors of the written leaves from their children (never by
-adding deltas), so the root never drifts. A batch of `B` writes costs `O(B log(P / B) + B log B)` (each depth
-of more than `B` rows gathers and scatters `B` ancestors; the depths of at most `B` rows, `2B` rows together, are
-recomputed whole), in place when the tree is donated. The tree is a pure pytree: it works under `jit`, `lax.scan` and `vmap`.
+`SumMinTree.set` and `SumMinTree.set_run` recompute the ancestors of the written leaves from their children (never by
+adding deltas), so the root never drifts. A batch of `B` writes at any indices costs `O(B log(P / B) + B log B)` (each
+depth of more than `B` rows gathers and scatters `B` ancestors; the depths of at most `B` rows, `2B` rows together, are
+recomputed whole). The ancestors of a run of consecutive leaves are a run of consecutive rows at every depth, so
+`set_run` (the ring write of every buffer's `add`) reads and writes slices instead: `O(B + log P)`, no gather or
+scatter. Both work in place when the tree is donated. The tree is a pure pytree: it works under `jit`, `lax.scan` and
+`vmap`.
 
 References:
   Schaul et al., "Prioritized Experience Replay", ICLR 2016, appendix B.2.1 (prefix-sum search and
@@ -82,6 +85,18 @@ def _combine(left: jax.Array, right: jax.Array) -> jax.Array:
 def _rows(values: jax.Array) -> jax.Array:
     """Leaf rows `[B, 2]` of leaf values `[B]`: `(v, v)` for positive `v`, `(v, +inf)` otherwise."""
     return jnp.stack([values, jnp.where(values > 0, values, jnp.inf).astype(values.dtype)], axis=-1)
+
+
+def _write_slice(level: jax.Array, lo: jax.Array, rows: jax.Array, write: jax.Array) -> jax.Array:
+    """`level` with rows `[lo, lo + len(rows))` set to `rows` where `write` (bool per row), kept elsewhere."""
+    kept = jax.lax.dynamic_slice_in_dim(level, lo, rows.shape[0])
+    return jax.lax.dynamic_update_slice_in_dim(level, jnp.where(write[:, None], rows, kept), lo, 0)
+
+
+def _recompute_slice(levels: list, l: int, lo: jax.Array, width: int) -> jax.Array:
+    """Depth `l` with rows `[lo, lo + width)` recomputed from their children (rows `[2 lo, 2 lo + 2 width)` of `l + 1`)."""
+    kids = jax.lax.dynamic_slice_in_dim(levels[l + 1], 2 * lo, 2 * width).reshape(width, 2, 2)
+    return jax.lax.dynamic_update_slice_in_dim(levels[l], _combine(kids[:, 0], kids[:, 1]), lo, 0)
 
 
 def _restart_level(depth: int) -> int:
@@ -262,6 +277,57 @@ class SumMinTree(flax.struct.PyTreeNode):
             node = node >> 1
             kids = levels[l + 1].reshape(-1, 2, 2)[node]
             levels[l] = levels[l].at[node].set(_combine(kids[:, 0], kids[:, 1]), mode="promise_in_bounds")  # duplicates write equal rows
+        return self.replace(levels=tuple(levels))
+
+    @_compiled.method()
+    def set_run(self, start, values) -> "SumMinTree":
+        """Write `B` leaves of a ring run, `(start + r) mod capacity <- values[r]` for `r < B`, and recompute their
+        ancestors: what `set(_ring.write_indices(start, B, capacity), values, distinct=True)` gives, bit for bit.
+
+        The run is at most two runs of consecutive leaves (`[s, s + n)` and, past the end of the capacity, `[0, B - n)`;
+        one leaf never wraps), whose ancestors are at most two runs of `ceil((B - 1) / 2**k) + 1` rows at `k` levels
+        above the leaves: each depth reads and writes those slices (the second may hold only kept rows). Cost
+        `O(B + log P)`.
+
+        Args:
+          start: integer scalar (traced or not): the leaf of `values[0]`, taken modulo `capacity`.
+          values: floating `[B]`, `1 <= B <= capacity`, converted to the tree's dtype; the policy of `set`: a NaN
+            value is not written, a negative one is written as 0 and `+inf` as the dtype's largest finite value.
+
+        Returns:
+          A new tree (in place when donated).
+
+        Raises (at trace time):
+          TypeError / ValueError: `start` not an integer scalar; `values` not a floating 1-D array of length
+          `1 .. capacity`.
+        """
+        start = _validate.index_array(start, "start", "an integer scalar", clip=False)
+        start = _validate.integer_value("start", start, (), -(2**31), 2**31 - 1) % self.capacity
+        values = _validate.vector("values", values, None, "floating").astype(self.dtype)
+        (b,) = values.shape
+        if not 1 <= b <= self.capacity:
+            raise ValueError(f"values: expected a length B in [1, {self.capacity}] (the capacity), got {b}")
+        rows = _rows(jnp.clip(values, 0, jnp.finfo(self.dtype).max))  # the policy of `set`
+        written = ~jnp.isnan(values)
+        r = jnp.arange(b, dtype=jnp.int32)
+        # The run up to the end of the capacity, leaves [start, start + n), in the B rows from `lo` (kept in the
+        # array); the rest wraps around to leaves [0, end), in the B rows ending at `end` (clamped at row 0: an offset
+        # computed, not the constant 0, which XLA:CPU compiled into a rewrite of the whole depth).
+        n, end = jnp.minimum(b, self.capacity - start), start + b - self.capacity
+        lo, lo_wrapped = jnp.minimum(start, self.padded_capacity - b), jnp.maximum(end - b, 0)
+        first, wrapped = jnp.clip(lo + r - start, 0, b - 1), jnp.minimum(lo_wrapped + r + n, b - 1)
+        levels = list(self.levels)
+        levels[-1] = _write_slice(levels[-1], lo, rows[first], (lo + r >= start) & (lo + r < start + n) & written[first])
+        if b > 1:  # one leaf never wraps around
+            levels[-1] = _write_slice(levels[-1], lo_wrapped, rows[wrapped], (lo_wrapped + r < end) & written[wrapped])
+        for l in reversed(range(self.depth)):
+            k = self.depth - l
+            width = min(1 << l, ((b - 1 + (1 << k) - 1) >> k) + 1)  # the ancestors of B consecutive leaves
+            # Recomputing a row whose children are up to date leaves it as it is, so the slices may hold more rows
+            # than the ancestors: each is clamped into its depth; one as wide as the depth is the whole depth.
+            levels[l] = _recompute_slice(levels, l, jnp.minimum(start >> k, (1 << l) - width), width)
+            if b > 1 and width < 1 << l:
+                levels[l] = _recompute_slice(levels, l, jnp.maximum(((end - 1) >> k) - width + 1, 0), width)
         return self.replace(levels=tuple(levels))
 
     @_compiled.method()

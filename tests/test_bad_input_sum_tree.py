@@ -71,6 +71,22 @@ def test_sample_stratified_bad_arguments(key, batch_size):
 
 
 @SETTINGS
+@given(
+    which=st.sampled_from(["start", "values"]),
+    bad=non_arrays(host_vector=True).filter(lambda v: not isinstance(v, int) or isinstance(v, bool)) | st.sampled_from([
+        np.ones(2, np.int32), np.ones(2, np.float32), np.float32(1), 2**40, np.ones(0, np.float32), np.ones(CAP + 1, np.float32),
+    ]),
+)
+def test_set_run_bad_argument(which, bad):
+    """`start` an integer scalar, `values` a floating vector of 1 to capacity entries; else refused naming it."""
+    args = {"start": 2, "values": np.array([2.0, 3.0], np.float32)}
+    if which == "values" and (isinstance(bad, np.ndarray) and bad.dtype.kind == "f" and 1 <= bad.shape[0] <= CAP):
+        return  # a valid run
+    args[which] = bad
+    refused_eager_and_jit(lambda t, a: t.set_run(**a), (TREE, args), which, state=TREE)
+
+
+@SETTINGS
 @given(bad=st.sampled_from(["True", 1, 0, None, 1.0, np.int32(1), np.ones(1, np.bool_)]))
 def test_set_bad_distinct(bad):
     """`distinct` is a static Python bool: a string (truthy), a number or an array is refused naming it."""

@@ -142,6 +142,30 @@ def test_distinct_set_equals_the_sorted_set(capacity, idx, val, where):
     _check_invariant(got)
 
 
+_RUN = jax.jit(lambda t, s, v: (t.set_run(s, v), t.set((s + jnp.arange(v.shape[0])) % t.capacity, v, distinct=True)))
+
+
+@given(
+    capacity=st.sampled_from([1, 3, 8, 1000]),
+    runs=st.lists(
+        st.tuples(st.integers(-3000, 3000), st.sampled_from([1, 2, 7, 1000]),
+                  st.lists(st.sampled_from([np.nan, -1.0, 0.0, 0.5, 2.0, np.inf]), min_size=1000, max_size=1000)),
+        min_size=1, max_size=3),
+)
+@settings(max_examples=25, deadline=None)
+def test_set_run_equals_set_of_the_ring_slots(capacity, runs):
+    """A ring run (wrapping past the capacity or not, as long as the capacity, from any start) gives bit for bit the
+    tree `set` gives for its slots, with the same policy for NaN, negative and infinite values."""
+    got = want = _FULL[capacity] if capacity in _FULL else SumMinTree.create(capacity)
+    for start, b, val in runs:
+        b = min(b, capacity)
+        got = _RUN(got, start, np.array(val[:b], np.float32))[0]
+        want = _RUN(want, start, np.array(val[:b], np.float32))[1]
+        for x, y in zip(got.levels, want.levels):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    _check_invariant(got)
+
+
 def test_distinct_set_with_duplicates_stays_consistent():
     """A broken promise of `distinct` leaves one of the duplicates' values and a consistent tree."""
     tree = SumMinTree.create(8).set(jnp.array([3, 1, 3]), jnp.array([1.0, 2.0, 5.0]), distinct=True)
@@ -527,6 +551,21 @@ def test_donated_set_updates_every_depth_in_place():
             tree = fn(tree, idx, 2 * val)
             assert [x.unsafe_buffer_pointer() for x in tree.levels] == ptr, batch
         assert float(tree.total()) == 2 * batch
+
+
+def test_donated_set_run_updates_every_depth_in_place():
+    """A donated jitted `set_run` writes into the arrays it was given, for runs that wrap around the capacity or not."""
+    fn = jax.jit(lambda t, s, v: t.set_run(s, v), donate_argnums=0)
+    for batch in (1, 8, 5000):
+        tree, want = fn(SumMinTree.create(100_000), 0, jnp.ones(batch, jnp.float32)), np.zeros(100_000, np.float32)
+        want[:batch] = 1
+        for start in (99_999, 123):
+            ptr = [x.unsafe_buffer_pointer() for x in tree.levels]
+            tree = fn(tree, start, 2 * jnp.ones(batch, jnp.float32))
+            assert [x.unsafe_buffer_pointer() for x in tree.levels] == ptr, batch
+            want[(start + np.arange(batch)) % 100_000] = 2
+        np.testing.assert_array_equal(np.asarray(tree.leaves()), want)
+        assert float(tree.total()) == want.sum()
 
 
 @pytest.mark.parametrize("batch", [1, 2, 256])
