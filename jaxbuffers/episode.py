@@ -143,7 +143,7 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
           TypeError: `example_step` or `meta` not a dict, a leaf not an array, `circular` or `metrics` not a bool,
             the reward not of a floating dtype (or not one array).
           ValueError: a size not a positive int or the product above `2**31 - 1`, a required field missing, the
-            reward not a scalar.
+            reward not a scalar, a meta field named like a step field.
         """
         e = _validate.static_int("max_episodes", max_episodes)
         m = _validate.static_int("max_timesteps", max_timesteps)
@@ -158,6 +158,10 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
         if not isinstance(meta, Mapping) or not all(isinstance(k, str) for k in meta):
             raise TypeError(f"meta: expected a dict {{name: default array}} with str names, got {meta!r:.80}")
         mspec = _validate.item_spec(dict(meta), "meta") if meta else {}
+        shared = sorted(set(mspec) & set(spec))
+        if shared:
+            raise ValueError(f"meta: {shared[0]!r} is also a step field (step fields {sorted(spec)}); give the meta field "
+                             f"another name (update takes both kinds of field by name)")
         # copies: a leaf of the buffer must not be the caller's array (donating the buffer would delete it)
         defaults = {k: jnp.zeros(v.shape, v.dtype) if isinstance(v, jax.ShapeDtypeStruct) else jnp.array(v, copy=True) for k, v in meta.items()}
         return cls(

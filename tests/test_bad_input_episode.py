@@ -244,6 +244,15 @@ def test_create_bad_arguments(kind, size, flag, meta, step):
     check("device", lambda: create(step, max_episodes=E, max_timesteps=M), ("example_step", "example_item"))
 
 
+@pytest.mark.parametrize("kind", ["device", "compressed"])
+def test_a_meta_field_named_like_a_step_field_is_refused(kind):
+    """`update` takes step and meta fields by name in one dict: a meta field sharing a step field's name could
+    never be relabelled, so `create` refuses it."""
+    create = jb.EpisodeBuffer.create if kind == "device" else (lambda s, **kw: CompressedEpisodeBuffer.create(s, codec="rle", **kw))
+    err = check("device", lambda: create(STEP, max_episodes=E, max_timesteps=M, meta={"reward": jnp.float32(0)}), "meta")
+    assert "'reward'" in str(err) and "step field" in str(err)
+
+
 def test_create_too_many_steps():
     check("device", lambda: jb.EpisodeBuffer.create(STEP, max_episodes=2**16, max_timesteps=2**16), "max_episodes * max_timesteps")
 
