@@ -313,9 +313,9 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
             )
         return split_long
 
-    def _full_error(self) -> BufferFullError:
+    def _full_error(self, batched: bool) -> BufferFullError:
         return BufferFullError(
-            f"add_episode: the fixed buffer (circular=False) holds {int(self.num_valid)} of max_episodes="
+            f"add_episode{'s' if batched else ''}: the fixed buffer (circular=False) holds {int(self.num_valid)} of max_episodes="
             f"{self.max_episodes} episodes and has no room for the ones given; nothing was written"
         )
 
@@ -323,7 +323,7 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
         self._check_time(episodes, split_long, batched)
         new, refused = self._write(episodes, lengths, terminated, truncated, final_obs, meta, batched)
         if not self.circular and not _is_traced((self, new)) and bool(refused):  # a circular add never refuses
-            raise self._full_error()
+            raise self._full_error(batched)
         return new
 
     @_compiled.method("batched")

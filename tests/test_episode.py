@@ -291,8 +291,11 @@ def test_update_relabels_in_place():
 def test_errors_name_the_argument_and_leave_the_buffer():
     buf = filled(circular=False)
     steps, final = make_episode(np.random.default_rng(0), 3, [0])
-    with pytest.raises(BufferFullError, match="holds 6 of max_episodes=6"):
+    with pytest.raises(BufferFullError, match="^add_episode: the fixed buffer .* holds 6 of max_episodes=6"):
         buf.add_episode(steps, 3, terminated=True, final_obs=final)
+    batch = jax.tree.map(lambda x: np.asarray(x)[None], (steps, final))
+    with pytest.raises(BufferFullError, match="^add_episodes: the fixed buffer .* holds 6 of max_episodes=6"):
+        buf.add_episodes(batch[0], np.array([3]), terminated=np.array([True]), final_obs=batch[1])
     fresh = EpisodeBuffer.create(EXAMPLE, max_episodes=2, max_timesteps=4, meta=META)
     with pytest.raises(TypeError, match=r"episode\['reward'\]: expected dtype float32, got float64"):
         fresh.add_episode({**steps, "reward": steps["reward"].astype(np.float64)}, 3, terminated=True, final_obs=final)

@@ -230,7 +230,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
             m = inner.max_timesteps
             parts = int(np.sum(-(-np.asarray(args[1]) // m)))
             if int(inner.num_valid) + parts > inner.max_episodes:
-                raise inner._full_error()
+                raise inner._full_error(batched)
         if self._stacked and not traced:  # stacks the store cannot rebuild: refused before anything runs
             error = self._stack_error(np.asarray(self._unrebuilt(args[0], args[1], args[4], batched)), batched)
             if error is not None:
