@@ -567,3 +567,10 @@ def path_arg(field: str, value):
     if not (hasattr(type(value), "__fspath__") or (isinstance(value, str) and value)):
         raise TypeError(f"{field}: expected a file path (a non-empty str or os.PathLike), got {type(value).__name__} {value!r:.60}")
     return value
+
+
+def mode_arg(value) -> str:
+    """`value` if it is a file store's mode, `"w"`, `"r+"` or `"r"`; else ValueError naming `mode` and what came."""
+    if not (isinstance(value, str) and value in ("w", "r+", "r")):
+        raise ValueError(f"mode: expected 'w', 'r+' or 'r', got {value!r}")
+    return value

@@ -43,15 +43,16 @@ def set_num_threads(n: int | None) -> None:
     """Set how many threads a batch is split over.
 
     Args:
-      n: a positive int, or None for the default of `num_threads`. The pool grows when needed;
+      n: a positive int (Python or numpy), or None for the default of `num_threads`. The pool grows when needed;
         it never runs more shards than this number.
 
     Raises:
       ValueError: `n` is not a positive int or None.
     """
+    from ._base import int_arg  # (here: _base imports this module)
+
     global _NUM_THREADS, _POOL
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"set_num_threads: expected a positive int or None, got {n!r}")
+    n = None if n is None else int_arg("set_num_threads", n)
     with _LOCK:
         _NUM_THREADS = n
         if _POOL is not None and n is not None and n > _POOL._max_workers:

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import ALIGN, ChunkTable, CorruptEntryError, ceil_align, dtype_code, dtype_from_code
+from ._base import ALIGN, ChunkTable, CorruptEntryError, ceil_align, dtype_code, dtype_from_code, mode_arg, path_arg
 from ._pool import parallel_for
 from .arena import Arena, _Chunk
 from .file_store import ReadOnlyError
@@ -196,7 +196,8 @@ class ChunkFileStore(CompressedStore):
         `dictionary_bytes`, `dictionary_samples`, `name`).
 
     Raises:
-      ValueError: as `CompressedStore`; with `"w"`, a non-empty folder; with `"r"` / `"r+"`, an index of another
+      TypeError: `directory` not a path (a non-empty str or `os.PathLike`).
+      ValueError: as `CompressedStore`; another mode; with `"w"`, a non-empty folder; with `"r"` / `"r+"`, an index of another
         configuration or inconsistent with itself, or a chunk file it names missing or short (the message names the
         file and the field).
       FileNotFoundError: the index file is missing.
@@ -204,10 +205,9 @@ class ChunkFileStore(CompressedStore):
 
     def __init__(self, directory: str | os.PathLike, num_slots: int, codec: Any, *, item_shape, dtype, mode: str,
                  index: str | os.PathLike | None = None, meta: dict | None = None, **kwargs: Any):
-        if mode not in ("w", "r+", "r"):
-            raise ValueError(f"mode: expected 'w', 'r+' or 'r', got {mode!r}")
+        directory, mode = Path(path_arg("directory", directory)), mode_arg(mode)
         super().__init__(num_slots, codec, item_shape=item_shape, dtype=dtype, **kwargs)
-        self.directory, self.mode = Path(directory), mode
+        self.directory, self.mode = directory, mode
         if mode == "w":
             self.directory.mkdir(parents=True, exist_ok=True)
             if any(self.directory.iterdir()):

@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code, int_arg, integer_ids, path_arg, shape_arg
+from ._base import CorruptEntryError, as_array, dtype_code, dtype_from_code, int_arg, integer_ids, mode_arg, path_arg, shape_arg
 from . import _checksum
 from ._pool import parallel_for
 from .store import _out_of
@@ -102,8 +102,7 @@ class FileStore:
 
     def __init__(self, path: str | os.PathLike, num_slots: int, item_shape: Sequence[int], dtype: Any, *,
                  mode: str = "r", name: str = "", index: str | os.PathLike | None = None):
-        if mode not in ("w", "r+", "r"):
-            raise ValueError(f"mode: expected 'w', 'r+' or 'r', got {mode!r}")
+        mode = mode_arg(mode)
         self.num_slots, self.path = int_arg("num_slots", num_slots), Path(path_arg("path", path))
         self.mode, self.name, self.item_shape = mode, str(name), shape_arg(item_shape)
         self.dtype = dtype_from_code(dtype_code(dtype, field="dtype"))

@@ -70,7 +70,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, chunk_addresses, dtype_code, dtype_from_code, integer_ids, merged_batches, shape_arg
+from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, chunk_addresses, dtype_code, dtype_from_code, int_arg, integer_ids, merged_batches, shape_arg
 from . import _checksum
 from ._pool import num_threads, parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
@@ -164,13 +164,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         max_dead_fraction: float = 0.25, dictionary_bytes: int = 0, dictionary_samples: int = 1024, name: str = "",
         delta_codec: "str | Codec | None" = None,
     ):
-        for arg, v, lo, hi in (
-            ("num_slots", num_slots, 1, None),
-            ("dictionary_bytes", dictionary_bytes, 0, _MAX_DICTIONARY_BYTES),
-            ("dictionary_samples", dictionary_samples, 1, None),
-        ):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or (hi is not None and v > hi):
-                raise ValueError(f"{arg}: expected an int in [{lo}, {hi or 'inf'}], got {v!r}")
+        num_slots, dictionary_samples = int_arg("num_slots", num_slots), int_arg("dictionary_samples", dictionary_samples)
+        dictionary_bytes = int_arg("dictionary_bytes", dictionary_bytes, 0, _MAX_DICTIONARY_BYTES)
         if not (ALIGN <= min_chunk_bytes <= chunk_bytes <= MAX_CHUNK_BYTES):
             raise ValueError(
                 f"chunk sizes: expected {ALIGN} <= min_chunk_bytes <= chunk_bytes <= {MAX_CHUNK_BYTES}, "

@@ -76,13 +76,6 @@ def _is_traced(x) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(x))
 
 
-def _flag(name: str, x, shape: tuple):
-    """A bool flag of `shape`: a Python bool or a bool array (never cast from another dtype)."""
-    if isinstance(x, (bool, np.bool_)):
-        x = np.full(shape, bool(x))
-    return _validate.array(name, x, shape, bool)
-
-
 @_validate.one_member_methods
 class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
     """Whole episodes with lengths, end flags, final observations and meta fields; episode, sequence, step and
@@ -287,8 +280,8 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
         if 0 in lead:
             raise ValueError(f"{name}: expected at least one episode (B >= 1), got leading axes {list(lead)}")
         lengths = _validate.episode_lengths(lname, lengths, lead, t)
-        terminated = _flag("terminated", terminated, lead)
-        truncated = np.zeros(lead, bool) if truncated is None else _flag("truncated", truncated, lead)
+        terminated = _validate.flag("terminated", terminated, lead)
+        truncated = np.zeros(lead, bool) if truncated is None else _validate.flag("truncated", truncated, lead)
         final_obs = self._final_obs_arg(spec[self.obs_key], final_obs, len(lead), lead)
         return dict(episodes), lengths, terminated, truncated, final_obs, meta_values(self.meta_spec, meta, lead)
 

@@ -116,7 +116,7 @@ def sample_mixed(
         out = s(keys[i], n)
         if spec is None:  # the first source's leaves must be arrays JAX holds as they are: the others are checked against them
             for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
-                _validate.array(f"samplers[{i}](key, {n}){_validate.leaf_name(path)}", x)
+                _validate.array(_validate.leaf_path(f"samplers[{i}](key, {n})", path), x)
             spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x)), out)
         lead = _validate.check_batch(spec, out, 1, f"samplers[{i}](key, {n})")
         if lead[0] != n:

@@ -49,6 +49,13 @@ def test_a_first_source_of_non_arrays(leaf):
     refused(lambda: jb.sample_mixed(KEY, sources, 6, [1.0, 1.0]), "samplers[0](key, 3)['obs']", state=lambda: (REPLAY, OTHER))
 
 
+def test_a_first_source_of_a_bare_array_is_named_by_its_call():
+    """A source returning one array (not a tree of them): the error names the call itself, `samplers[0](key, 3)`."""
+    sources = [lambda k, n: np.zeros(n), lambda k, n: jnp.zeros(n, jnp.float32)]
+    with pytest.raises(TypeError, match=r"^samplers\[0\]\(key, 3\): dtype float64 would be narrowed"):
+        jb.sample_mixed(KEY, sources, 6, [1.0, 1.0])
+
+
 @SETTINGS
 @given(props=st.sampled_from([[1e308, 1e308], [np.float64(1e308)] * 3, [1.7e308, 1.7e308, 0.0]]))
 @example(props=[1e308, 1e308])  # was Python's OverflowError from the sum

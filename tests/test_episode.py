@@ -305,6 +305,9 @@ def test_errors_name_the_argument_and_leave_the_buffer():
         fresh.add_episode(steps, 0, terminated=True, final_obs=final)
     with pytest.raises(TypeError, match="terminated: expected dtype bool"):
         fresh.add_episode(steps, 3, terminated=np.int32(1), final_obs=final)
+    for bad in (1, None):  # the message says a Python bool is taken
+        with pytest.raises(TypeError, match=r"terminated: expected a bool or a bool array of shape \(\), got"):
+            fresh.add_episode(steps, 3, terminated=bad, final_obs=final)
     with pytest.raises(TypeError, match="final_obs: required"):
         fresh.add_episode(steps, 3, terminated=True, final_obs=None)
     with pytest.raises(TypeError, match="final_obs: expected the observation only"):

@@ -55,7 +55,7 @@ def _check_dtype(fn: str, path, dtype: np.dtype) -> None:
 
 def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> None:
     """Refuse a 64-bit dtype that JAX would narrow (x64 off) instead of narrowing it silently."""
-    if jax.dtypes.canonicalize_dtype(dtype) != dtype:
+    if not _validate.jax_holds(dtype):
         narrow = str(jax.dtypes.canonicalize_dtype(dtype))
         cast = f"array.astype(np.{narrow})" if numpy else f"tensor.to(torch.{narrow})"
         raise TypeError(f"{_where(fn, path)}: {shown} cannot become a JAX array without narrowing to {narrow} because "

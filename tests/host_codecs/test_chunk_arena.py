@@ -8,7 +8,7 @@ import pytest
 
 from host_codecs import CompressedStore, CorruptEntryError
 from host_codecs.chunk_arena import ChunkFileStore
-from host_codecs.file_store import ReadOnlyError
+from host_codecs.file_store import FileStore, ReadOnlyError
 
 N = 48
 KW = dict(item_shape=(24, 24), dtype=np.uint8, chunk_bytes=1 << 14, min_chunk_bytes=1 << 12)
@@ -160,3 +160,21 @@ def test_import_from_a_payload_source_writes_its_pieces_into_chunk_files(tmp_pat
     for s in (files, mem):
         s.put(np.arange(N // 2), frames[N : N + N // 2])
     np.testing.assert_array_equal(files.get(np.arange(N)), mem.get(np.arange(N)))
+
+
+@pytest.mark.parametrize("directory", ["", None, 3, b"s"])
+def test_a_directory_that_is_not_a_path_is_refused_naming_it(tmp_path, directory, monkeypatch):
+    """`directory` is checked as `FileStore`'s `path` is: an empty str (the current folder) or a non-path is a
+    TypeError naming it, before anything is created."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=r"^directory: expected a file path \(a non-empty str or os.PathLike\), got "):
+        ChunkFileStore(directory, N, "zstd:3", mode="w", **KW)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_mode_is_refused_as_file_stores_is(tmp_path):
+    for make in (lambda: ChunkFileStore(tmp_path / "s", N, "zstd:3", mode="a", **KW),
+                 lambda: FileStore(tmp_path / "f", N, (2,), np.uint8, mode="a")):
+        with pytest.raises(ValueError, match=r"^mode: expected 'w', 'r\+' or 'r', got 'a'$"):
+            make()
+    assert list(tmp_path.iterdir()) == []

@@ -3,6 +3,7 @@ concurrency, and a model-based property test."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -317,8 +318,21 @@ def test_thread_count_does_not_change_results(threads, atari_stacks):
             assert_bit_exact(store.get(np.arange(96)[::-1]), obs[::-1])
     finally:
         host_codecs.set_num_threads(None)
-    with pytest.raises(ValueError, match="positive int"):
+    with pytest.raises(ValueError, match=r"^set_num_threads: expected an int in \[1, inf\], got 0$"):
         host_codecs.set_num_threads(0)
+
+
+def test_set_num_threads_takes_a_numpy_int_as_every_int_argument():
+    import host_codecs
+
+    try:
+        host_codecs.set_num_threads(np.int64(2))
+        assert host_codecs.num_threads() == 2 and type(host_codecs.num_threads()) is int
+    finally:
+        host_codecs.set_num_threads(None)
+    for bad in (True, 2.0, "2"):
+        with pytest.raises(ValueError, match=rf"^set_num_threads: expected an int in \[1, inf\], got {re.escape(repr(bad))}$"):
+            host_codecs.set_num_threads(bad)
 
 
 def _codec_for(spec):

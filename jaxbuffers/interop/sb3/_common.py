@@ -14,7 +14,7 @@ import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 
-from jaxbuffers import _ring
+from jaxbuffers import _ring, _validate
 from jaxbuffers.interop.torch import SUPPORTED_DTYPES, to_torch
 
 F32, BOOL = np.dtype(np.float32), np.dtype(np.bool_)  # the stored dtypes of rewards and flags (`as_row` compares dtypes)
@@ -50,9 +50,9 @@ def storage_dtype(dtype: Any, space: spaces.Space | None, what: str) -> np.dtype
       TypeError: float64, or 64-bit integers whose space bounds do not fit 32 bits; names ``what``.
     """
     dtype = np.dtype(dtype)
-    canonical = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
-    if canonical == dtype:
+    if _validate.jax_holds(dtype):
         return dtype
+    canonical = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
     if np.issubdtype(dtype, np.integer):
         bounds, info = _int_bounds(space), np.iinfo(canonical)
         if bounds is not None and info.min <= bounds[0] and bounds[1] <= info.max:
