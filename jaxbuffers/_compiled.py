@@ -3,7 +3,8 @@
 A method decorated with `method` is `jax.jit` of itself, compiled once per argument structure, shapes, dtypes and
 static values, however the call is spelt (its arguments are bound to the signature, defaults filled in); inside
 `jit`, `lax.scan`, `vmap` or `grad` it is traced into the caller's program. What a bare `jax.jit` would lose (range
-checks of concrete hyperparameters, errors naming arguments it would not take as they are) and when trace-time checks run: `docs/guide.md`, "Eager calls".
+checks of concrete hyperparameters, errors naming arguments it would not take as they are) and when trace-time checks
+run: `docs/guide.md`, "Eager calls".
 """
 
 from __future__ import annotations
