@@ -1,9 +1,10 @@
 """Eager calls at jit speed: every public buffer method runs as one cached compiled program.
 
 A method decorated with `method` is `jax.jit` of itself, compiled once per argument structure, shapes, dtypes and
-static values; inside `jit`, `lax.scan`, `vmap` or `grad` it is traced into the caller's program. What a bare
-`jax.jit` would lose (range checks of concrete hyperparameters, errors naming arguments it would not take as they
-are) and when trace-time checks run: `docs/guide.md`, "Eager calls".
+static values, however the call is spelt (its arguments are bound to the signature, defaults filled in); inside
+`jit`, `lax.scan`, `vmap` or `grad` it is traced into the caller's program. What a bare `jax.jit` would lose (range
+checks of concrete hyperparameters, errors naming arguments it would not take as they are) and when trace-time checks
+run: `docs/guide.md`, "Eager calls".
 """
 
 from __future__ import annotations
@@ -55,6 +56,45 @@ def _retrace_with_python_values(fn: Callable, args: tuple, kwargs: dict) -> None
         raise e.with_traceback(None) from None
 
 
+class _Given(int):
+    """Stands, in `_layout`'s trial binding, for the call's given value at this index."""
+
+
+def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], static: tuple[str, ...]) -> tuple:
+    """How a call with `n_args` positional arguments and the keywords `keys` (in that order) binds to `signature`,
+    defaults filled in: `(defaults, positions, {keyword: index}, {name: index}, traced)`, indices into
+    `(*args, *kwargs.values(), *defaults)` (`traced`: those of the arguments not `static`). Raises the TypeError of
+    `inspect.Signature.bind` for a call it refuses."""
+    bound = signature.bind(*map(_Given, range(n_args)), **{k: _Given(n_args + i) for i, k in enumerate(keys)})
+    bound.apply_defaults()
+    defaults: list = []
+
+    def index(v) -> int:
+        if type(v) is _Given:
+            return int(v)
+        defaults.append(v)
+        return n_args + len(keys) + len(defaults) - 1
+
+    positions: list[int] = []
+    keywords: dict[str, int] = {}
+    named: dict[str, int] = {}
+    for name, v in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            positions += map(index, v)
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            keywords.update({k: index(x) for k, x in v.items()})
+        else:
+            named[name] = i = index(v)
+            if kind is inspect.Parameter.KEYWORD_ONLY:
+                keywords[name] = i
+            else:
+                positions.append(i)
+    fixed = {named[n] for n in static}
+    traced = tuple(i for i in (*positions, *keywords.values()) if i not in fixed)
+    return tuple(defaults), tuple(positions), keywords, named, traced
+
+
 def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = None) -> Callable:
     """Decorate a pure buffer method (or function) so that it runs as one cached compiled program.
 
@@ -76,10 +116,11 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
 
     def wrap(fn: Callable) -> Callable:
         jitted = jax.jit(fn, static_argnames=static)
-        names = list(inspect.signature(fn).parameters)
-        checked = [(names.index(n), n, lo, hi) for n, (lo, hi) in scalars.items()]
-        fixed = [(names.index(n), n) for n in static]
-        fixed_at = {i for i, _ in fixed}
+        signature = inspect.signature(fn)
+        names = list(signature.parameters)
+        unknown = [n for n in (*static, *scalars) if n not in names]
+        if unknown:
+            raise ValueError(f"method: {fn.__qualname__} has no argument(s) {unknown}; its arguments are {names}")
 
         is_method = bool(names) and names[0] == "self"
         public = not fn.__name__.startswith("_")  # a private method is timed inside its public caller
@@ -91,18 +132,30 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
                 return _timing.timed(name, dispatch, args, kwargs)
             return dispatch(*args, **kwargs)
 
+        layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> _layout
+
         def dispatch(*args, **kwargs):
-            # Arguments by position or keyword, without inspect's binding (this runs every call).
-            for i, name, lo, hi in checked:
-                x = kwargs[name] if name in kwargs else args[i] if i < len(args) else None
-                if x is not None:
-                    _validate.scalar_parameter(name, x, lo, hi)
+            # One layout however the call is spelt (by position or keyword, a default left out or given): every
+            # argument by position where it can be, the keyword-only ones in signature order, defaults filled in.
+            spelt = (len(args), *kwargs)
+            layout = layouts.get(spelt)
+            if layout is None:
+                try:
+                    layout = layouts[spelt] = _layout(signature, len(args), spelt[1:], static)
+                except TypeError:
+                    return fn(*args, **kwargs)  # Python's own error, naming the method
+            defaults, positions, keywords, named, traced_at = layout
+            given = (*args, *kwargs.values(), *defaults)
+            for name, (lo, hi) in scalars.items():
+                if given[named[name]] is not None:
+                    _validate.scalar_parameter(name, given[named[name]], lo, hi)
             try:
-                for i, name in fixed:
-                    hash(kwargs[name] if name in kwargs else args[i] if i < len(args) else None)
+                for name in static:
+                    hash(given[named[name]])
             except TypeError:
                 return fn(*args, **kwargs)  # an unhashable static value: its own check names it
-            traced = [a for i, a in enumerate(args) if i not in fixed_at] + [v for k, v in kwargs.items() if k not in static]
+            args, kwargs = [given[i] for i in positions], {k: given[i] for k, i in keywords.items()}
+            traced = [given[i] for i in traced_at]
             if all(passable(leaf) for leaf in jax.tree_util.tree_leaves(traced)):
                 try:
                     return jitted(*args, **kwargs)

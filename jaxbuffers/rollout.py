@@ -55,11 +55,12 @@ def _fmt_bytes(n: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class RolloutMemoryPressure:
     """Bytes a `RolloutBuffer` and one PPO-style update over it need (host-side ints), from
-    `RolloutBuffer.estimate_memory_pressure`; `str()` prints it as a table.
+    `RolloutBuffer.estimate_memory_pressure`; `str()` prints it as a table. What each field counts (of the
+    `num_steps * num_envs` steps and `num_minibatches` minibatches): `docs/api/rollout.md`, "Rollout buffer".
 
-    With $S$ = `num_steps * num_envs` steps and $M$ = `num_minibatches`; for a stacked buffer (one per seed under
-    `jax.vmap`) every number covers all of them. Model parameters, optimiser state, activations and gradients are not
-    included; XLA drops fields the loss never reads, so these are upper bounds for the buffer's share.
+    For a stacked buffer (one per seed under `jax.vmap`) every number covers all of them. Model parameters, optimiser
+    state, activations and gradients are not included; XLA drops fields the loss never reads, so these are upper
+    bounds for the buffer's share.
     """
 
     num_steps: int

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxbuffers import PrioritisedReplayBuffer, _compiled, _validate
+from jaxbuffers import PrioritisedReplayBuffer, ReplayBuffer, RolloutBuffer, TrajectoryBuffer, _compiled, _validate
 
 ITEM = {"obs": jnp.zeros((2,), jnp.float32)}
 
@@ -73,3 +73,44 @@ def test_works_inside_jit_scan_and_vmap():
     eager = buf.add({"obs": jnp.ones((2, 2))}).sample(keys[0], 4, beta=0.5)
     jitted = jax.jit(lambda b: b.add({"obs": jnp.ones((2, 2))}).sample(keys[0], 4, beta=0.5))(buf)
     jax.tree.map(np.testing.assert_array_equal, eager, jitted)
+
+
+def test_eager_calls_compile_once_however_their_arguments_are_spelt(compile_counter):
+    """By position or keyword, an optional argument left out or given as its default: one cached program each."""
+    traj = TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}, num_envs=2, length=4)
+    step = {"obs": jnp.ones((2, 2)), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}
+    term = jnp.zeros(2, bool)
+    replay = ReplayBuffer.create(ITEM, 8).add({"obs": jnp.ones((3, 2))})
+    key = jax.random.key(0)
+    roll = RolloutBuffer.create({"obs": jnp.zeros(2)}, num_envs=2, num_steps=2)
+    zeros = jnp.zeros(2)
+    roll = roll.add({"obs": jnp.ones((2, 2))}, reward=zeros, value=zeros, terminated=term)
+    roll = roll.add({"obs": jnp.ones((2, 2))}, reward=zeros, value=zeros, terminated=term)
+    spellings = {
+        "TrajectoryBuffer.add": [lambda: traj.add(step, terminated=term), lambda: traj.add(step, terminated=term, truncated=None),
+         lambda: traj.add(step, final_obs=None, terminated=term, truncated=None), lambda: traj.add(step=step, terminated=term)],
+        "TrajectoryBuffer.can_sample": [lambda: traj.can_sample(2, 2), lambda: traj.can_sample(2, sequence_length=2, period=1),
+         lambda: traj.can_sample(cross_episodes=True, batch_size=2, sequence_length=2)],
+        "ReplayBuffer.sample": [lambda: replay.sample(key, 4), lambda: replay.sample(key, batch_size=4), lambda: replay.sample(key=key, batch_size=4)],
+        "ReplayBuffer.can_sample": [lambda: replay.can_sample(), lambda: replay.can_sample(1), lambda: replay.can_sample(batch_size=1)],
+        "RolloutBuffer.compute_gae": [lambda: roll.compute_gae(zeros, 0.9, 0.8), lambda: roll.compute_gae(zeros, gamma=0.9, gae_lambda=0.8),
+         lambda: roll.compute_gae(last_value=zeros, gae_lambda=0.8, gamma=0.9, method="scan")],
+        "RolloutBuffer.minibatches": [lambda: roll.minibatches(key, 2), lambda: roll.minibatches(key, num_minibatches=2), lambda: roll.minibatches(key=key, num_minibatches=2)],
+    }
+    recompiles = {}
+    for name, (first, *others) in spellings.items():
+        jax.block_until_ready(first())  # compiles the program
+        with compile_counter() as n:
+            jax.block_until_ready([call() for call in others])
+        recompiles[name] = n()
+    assert recompiles == dict.fromkeys(spellings, 0)
+
+
+def test_arguments_it_does_not_take_get_pythons_error_naming_the_method():
+    buf = ReplayBuffer.create(ITEM, 8)
+    with pytest.raises(TypeError, match=r"sample\(\) got an unexpected keyword argument 'size'"):
+        buf.sample(jax.random.key(0), size=4)
+    with pytest.raises(TypeError, match=r"sample\(\) missing 1 required positional argument: 'batch_size'"):
+        buf.sample(jax.random.key(0))
+    with pytest.raises(TypeError, match=r"can_sample\(\) got multiple values for argument 'batch_size'"):
+        buf.can_sample(1, batch_size=1)

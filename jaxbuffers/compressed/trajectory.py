@@ -192,6 +192,7 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         return self.buffer.can_sample_transitions(batch_size, n_step=n_step, gamma=gamma)
 
     @_common.checked_before_dispatch(add=True)
+    @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
         """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors), checked once here.
 
@@ -207,11 +208,6 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
             write callback refuses it: `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
-        return self._add(step, terminated, truncated, final_obs)
-
-    @_compiled.method()
-    def _add(self, step, terminated, truncated, final_obs) -> "CompressedTrajectoryBuffer":
-        """`add`'s program, its arguments by position: one cached program however the keywords of `add` are spelt."""
         new, (slots, valid, bases, datas), checks = self._add_device(step, terminated, truncated, final_obs)
         refuse = (checks, self._stack_refusal) if checks else None
         recent = self._recent_rows(valid.shape[0], truncated is not None)
