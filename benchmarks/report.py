@@ -81,10 +81,11 @@ NOTES = {
                    "whole. Per call, every state array is an argument and a result of the program: ours passes 28 "
                    "(18 of them the tree's depths) against flashbax's 9, most of the remaining per-call gap at B = 1 "
                    "and 8. flashbax's `set_priorities` also skips what ours checks: "
-                   "a slot overwritten since it was sampled is updated anyway.",
+                   "a slot overwritten since it was sampled is updated anyway. The rows were measured on a quiet "
+                   "machine (load average under 2).",
     "trajectory": "Anchor: flashbax's trajectory buffers (8 envs). Add throughput in env steps/s; `chunk16` adds 16 "
                   "steps per env per call. Ours also writes episode flags and a final-observation ring and never "
-                  "samples across the write head.",
+                  "samples across the write head. The rows were measured on a quiet machine (load average under 2).",
     "episodes": "1,000 episodes of 50 to 200 steps (obs f32[17], action f32[6]). Anchors: memmap-replay-buffer's "
                 "`dataloader` (whole episodes; 3-step transitions) and TorchRL: padded episodes in a "
                 "`LazyTensorStorage` (whole episodes), `SliceSampler` windows of 3 steps with their discounted return "
