@@ -426,6 +426,18 @@ def test_sheet(saved, capsys, tmp_path):
     assert any(np.array_equal(cell, tiled(s)) for s in obs)
 
 
+def test_sheet_writes_the_format_its_extension_names(saved, capsys, tmp_path):
+    magic = {"s.png": b"\x89PNG", "s.jpg": b"\xff\xd8\xff", "s.JPEG": b"\xff\xd8\xff", "s.gif": b"GIF8", "s.bmp": b"BM"}
+    for name, head in magic.items():
+        code, _, err = run(capsys, "sheet", saved["CompressedTrajectoryBuffer"], "--out", tmp_path / name, "--count", 2)
+        assert code == 0, err
+        assert (tmp_path / name).read_bytes()[: len(head)] == head, name
+    for name in ("s.xyz", "s"):
+        code, out, err = run(capsys, "sheet", saved["CompressedTrajectoryBuffer"], "--out", tmp_path / name)
+        assert code == 2 and "--out" in err and name in err and ".png" in err and out == ""
+        assert not (tmp_path / name).exists()
+
+
 def test_errors_name_the_argument(saved, capsys, tmp_path):
     code, _, err = run(capsys, "inspect", tmp_path / "nope")
     assert code == 2 and "PATH" in err and "nope" in err and "no such" in err

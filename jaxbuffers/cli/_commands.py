@@ -564,8 +564,15 @@ def _write_mp4(out: Path, pics: list, fps: float, bar) -> None:
 def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: int = 8, seed: int = 0,
                 episode: int | None = None, image: str | None = None, stack_axis: str = "auto", layout: str = "tile",
                 scale: int = 1) -> Path:
-    """A PNG contact sheet of `count` steps drawn uniformly without replacement (seeded by `seed`) from the buffer
-    (or from episode `episode`), in storage order, each labelled with its episode and step."""
+    """A contact sheet of `count` steps drawn uniformly without replacement (seeded by `seed`) from the buffer (or
+    from episode `episode`), in storage order, each labelled with its episode and step, in the image format the
+    suffix of `out` names (`.png`, `.jpg`, `.gif`, ...: any that Pillow writes; `CliError` for another)."""
+    from PIL import Image
+
+    out = Path(out)
+    fmt = Image.registered_extensions().get(out.suffix.lower())
+    if fmt not in Image.SAVE:
+        raise CliError(f"--out: expected a file ending in an image format's extension (.png, .jpg, .gif, ...), got {out}")
     field = _image(view, image, stack_axis, layout)
     for option, value, least in (("--count", count, 1), ("--columns", columns, 1), ("--scale", scale, 1), ("--seed", seed, 0)):
         if value < least:
@@ -577,10 +584,7 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
     raw = view.column(field.name, picks)
     pics = [field.picture(x) for x in raw]
     labels = [f"ep {eps[p]} t {ts[p]}" if eps[p] >= 0 else f"step {p}" for p in picks]
-    from PIL import Image
-
-    out = Path(out)
     with _writing(out):
         out.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(contact_sheet(pics, labels, columns, scale)).save(out)
+        Image.fromarray(contact_sheet(pics, labels, columns, scale)).save(out, format=fmt)
     return out
