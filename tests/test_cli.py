@@ -172,6 +172,7 @@ def test_inspect_json(saved, capsys, name):
     if "obs" in fields:
         assert fields["obs"]["shape"] == [K, H, H] and fields["obs"]["compressed"] == name.startswith("Compressed")
         assert s["image_field"] == {"field": "obs", "shape": [K, H, H], "stack_axis": 0}
+    assert s["config"].get("compress") == (["obs"] if name.startswith("Compressed") else None)
     assert (s["priorities"] is not None) == ("Prioritised" in name)
     assert (s["metrics"] is not None) == ("Rollout" not in name)  # through the wrapped buffer of a compressed one
     assert (s["rollout"] is not None) == ("Rollout" in name)
@@ -411,6 +412,18 @@ def test_video_mp4_encoder_errors_are_one_line(saved, capsys, tmp_path, monkeypa
     monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", lambda: "false")
     code, out, err = run(capsys, "video", saved["CompressedTrajectoryBuffer"], "--episode", 0, "--out", tmp_path / "ep.mp4")
     assert code == 2 and "--out: ffmpeg could not write" in err and "exit status 1" in err and out == ""
+
+
+def test_inspect_shows_the_compressed_leaves_by_their_field_names(capsys, tmp_path):
+    step = {"obs": {"pixels": jnp.zeros((4, 4), jnp.uint8), "pos": jnp.zeros(2)}, "action": jnp.int32(0), "reward": jnp.float32(0)}
+    path = jb.save(tmp_path / "b", CompressedTrajectoryBuffer.create(step, num_envs=1, length=4, compress=["pixels"]), progress=False)
+    code, out, err = run(capsys, "inspect", path, "--json")
+    assert code == 0, err
+    assert json.loads(out)["config"]["compress"] == ["obs.pixels"]
+    code, out, err = run(capsys, "inspect", path)
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if " compress " in line)
+    assert "obs.pixels" in row and "[" not in row and "'" not in row
 
 
 def test_sheet(saved, capsys, tmp_path):

@@ -243,6 +243,8 @@ def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, pro
     for k in ("example", "meta"):  # encoded trees of arrays: shown as {name: "dtype[shape]"}
         if k in cfg:
             cfg[k] = _example(cfg[k])
+    if "compress" in cfg:  # saved as full leaf names ("['pixels']"): shown as the fields are named ("obs.pixels")
+        cfg["compress"] = list(view.compressed_fields)
     image = find_image(view)
     return {
         "path": str(root) if root is not None else None,
@@ -337,7 +339,8 @@ def print_summary(s: dict, console=None) -> None:
         head.add_row(f"ever added ({s.get('num_added_unit') or 'items'})", _num(s["num_added"]))
     head.add_row("bytes", _fmt_sizes(s["bytes"]))
     for k, v in s["config"].items():
-        head.add_row(k, json.dumps(v) if isinstance(v, (dict, list)) else str(v))
+        plain = k == "compress" and isinstance(v, list)  # field names, one after another
+        head.add_row(k, ", ".join(v) if plain else json.dumps(v) if isinstance(v, (dict, list)) else str(v))
     console.print(head)
 
     fields = Table(title="fields (per step)")
