@@ -511,6 +511,14 @@ def parse_args(argv=None) -> tuple[PPOConfig, argparse.Namespace]:
         chunk_updates=a.chunk_updates,
         max_episode_steps=a.max_episode_steps,
     )
+    try:  # the rollout's sizes and minibatches as the buffer checks them, traced only (nothing compiled)
+        def minibatches():
+            rollout = RolloutBuffer.create(jnp.float32(0), num_envs=config.num_envs, num_steps=config.num_steps)
+            return rollout.minibatch_indices(jax.random.key(0), config.num_minibatches)
+
+        jax.eval_shape(minibatches)
+    except ValueError as e:
+        p.error(str(e))
     return config, a
 
 

@@ -243,8 +243,9 @@ def _same_configuration(buffers: Sequence[Any], cls: type, sizes: tuple[str, ...
     Raises:
       TypeError: not a list or tuple (naming its type only: a buffer's repr is its arrays), or a buffer of another
         class.
-      ValueError: no buffer, a stacked (vmapped) buffer, or a configuration field that differs from `buffers[0]`'s
-        (the message names it).
+      ValueError: no buffer, a stacked (vmapped) buffer, a buffer (or a folder, its path resolved) given twice (the
+        message names both positions), or a configuration field that differs from `buffers[0]`'s (the message names
+        it).
     """
     if not isinstance(buffers, (list, tuple)):
         one = " (one buffer: [buffer])" if isinstance(buffers, cls) else ""
@@ -253,10 +254,15 @@ def _same_configuration(buffers: Sequence[Any], cls: type, sizes: tuple[str, ...
         raise ValueError(f"buffers: expected at least one {cls.__name__}, got an empty {type(buffers).__name__}")
     buffers = tuple(buffers)
     describe = checkpoint._CLASSES[cls.__name__][1]
-    ref = None
+    ref, seen = None, {}
     for i, b in enumerate(buffers):
         if type(b) is not cls:
             raise TypeError(f"buffers[{i}]: expected a {cls.__name__}, got {type(b).__name__}")
+        key = Path(b.host.directory).resolve() if isinstance(b.host, DiskStores) else id(b.host)
+        if key in seen:  # it would be sampled with double weight and closed twice
+            what = f"folder {key}" if isinstance(key, Path) else "buffer"
+            raise ValueError(f"buffers[{i}]: the {what} of buffers[{seen[key]}] again")
+        seen[key] = i
         _validate.unstacked(f"buffers[{i}]", b, "give one member's state, jax.tree.map(lambda x: x[j], buffer)")
         like = b.host.like if isinstance(b.host, DiskStores) else b.host
         cfg = checkpoint._json_config({k: v for k, v in describe(b.replace(host=like)).items() if k not in sizes})
@@ -316,8 +322,8 @@ class Concatenated(_Several, struct.PyTreeNode):
 
         Raises:
           TypeError: not a list or tuple (naming its type), or a buffer of another class.
-          ValueError: no buffer, a stacked (vmapped) buffer, or a configuration field that differs from
-            `buffers[0]`'s (the message names it).
+          ValueError: no buffer, a stacked (vmapped) buffer, a buffer or folder given twice (both positions named),
+            or a configuration field that differs from `buffers[0]`'s (the message names it).
         """
         return cls(buffers=_same_configuration(buffers, CompressedTrajectoryBuffer, _FIXED_SIZES))
 
@@ -422,8 +428,8 @@ class ConcatenatedEpisodes(_Several, struct.PyTreeNode):
 
         Raises:
           TypeError: not a list or tuple (naming its type), or a buffer of another class.
-          ValueError: no buffer, a stacked (vmapped) buffer; a configuration field other than the sizes that differs
-            from `buffers[0]`'s (named).
+          ValueError: no buffer, a stacked (vmapped) buffer, a buffer or folder given twice (both positions named);
+            a configuration field other than the sizes that differs from `buffers[0]`'s (named).
         """
         return cls(buffers=_same_configuration(buffers, CompressedEpisodeBuffer, _EPISODE_SIZES))
 

@@ -60,12 +60,11 @@ def mixed_counts(batch_size: int, proportions: Sequence[float]) -> tuple[int, ..
     if not proportions:
         raise ValueError(f"proportions: expected a non-empty sequence of numbers, one per source, got {proportions!r}")
     w = [_validate.static_float(f"proportions[{i}]", p, 0.0, math.inf) for i, p in enumerate(proportions)]
-    try:
-        total = math.fsum(w)
-    except OverflowError:  # a sum beyond float64's range (two proportions of 1e308)
-        total = math.inf
-    if not total > 0 or not math.isfinite(total):
+    largest = max(w)
+    if not largest > 0:
         raise ValueError(f"proportions: expected finite non-negative numbers with a positive sum, got {list(proportions)}")
+    w = [x / largest for x in w]  # each in [0, 1]: the sum stays finite (two proportions of 1e308 overflowed it)
+    total = math.fsum(w)
     exact = [batch_size * x / total for x in w]
     counts = [math.floor(x) for x in exact]
     order = sorted(range(len(w)), key=lambda i: (-(exact[i] - counts[i]), i))

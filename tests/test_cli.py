@@ -172,6 +172,7 @@ def test_inspect_json(saved, capsys, name):
     if "obs" in fields:
         assert fields["obs"]["shape"] == [K, H, H] and fields["obs"]["compressed"] == name.startswith("Compressed")
         assert s["image_field"] == {"field": "obs", "shape": [K, H, H], "stack_axis": 0}
+    assert s["config"].get("compress") == (["obs"] if name.startswith("Compressed") else None)
     assert (s["priorities"] is not None) == ("Prioritised" in name)
     assert (s["metrics"] is not None) == ("Rollout" not in name)  # through the wrapped buffer of a compressed one
     assert (s["rollout"] is not None) == ("Rollout" in name)
@@ -413,6 +414,18 @@ def test_video_mp4_encoder_errors_are_one_line(saved, capsys, tmp_path, monkeypa
     assert code == 2 and "--out: ffmpeg could not write" in err and "exit status 1" in err and out == ""
 
 
+def test_inspect_shows_the_compressed_leaves_by_their_field_names(capsys, tmp_path):
+    step = {"obs": {"pixels": jnp.zeros((4, 4), jnp.uint8), "pos": jnp.zeros(2)}, "action": jnp.int32(0), "reward": jnp.float32(0)}
+    path = jb.save(tmp_path / "b", CompressedTrajectoryBuffer.create(step, num_envs=1, length=4, compress=["pixels"]), progress=False)
+    code, out, err = run(capsys, "inspect", path, "--json")
+    assert code == 0, err
+    assert json.loads(out)["config"]["compress"] == ["obs.pixels"]
+    code, out, err = run(capsys, "inspect", path)
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if " compress " in line)
+    assert "obs.pixels" in row and "[" not in row and "'" not in row
+
+
 def test_sheet(saved, capsys, tmp_path):
     from PIL import Image
 
@@ -424,6 +437,18 @@ def test_sheet(saved, capsys, tmp_path):
     cell = img[4 : 4 + H, 4 : 4 + K * H, 0]
     obs = stacks()[0].reshape(-1, K, H, H)
     assert any(np.array_equal(cell, tiled(s)) for s in obs)
+
+
+def test_sheet_writes_the_format_its_extension_names(saved, capsys, tmp_path):
+    magic = {"s.png": b"\x89PNG", "s.jpg": b"\xff\xd8\xff", "s.JPEG": b"\xff\xd8\xff", "s.gif": b"GIF8", "s.bmp": b"BM"}
+    for name, head in magic.items():
+        code, _, err = run(capsys, "sheet", saved["CompressedTrajectoryBuffer"], "--out", tmp_path / name, "--count", 2)
+        assert code == 0, err
+        assert (tmp_path / name).read_bytes()[: len(head)] == head, name
+    for name in ("s.xyz", "s"):
+        code, out, err = run(capsys, "sheet", saved["CompressedTrajectoryBuffer"], "--out", tmp_path / name)
+        assert code == 2 and "--out" in err and name in err and ".png" in err and out == ""
+        assert not (tmp_path / name).exists()
 
 
 def test_errors_name_the_argument(saved, capsys, tmp_path):

@@ -239,6 +239,23 @@ def test_concatenated_refuses_other_configurations(tmp_path):
         disk.Concatenated.create([])
 
 
+def test_concatenated_refuses_a_buffer_or_a_folder_given_twice(tmp_path):
+    """Twice the same buffer (or folder, however spelt) would be sampled with double weight and closed twice."""
+    a = _tagged(0, 1, 4, 4)
+    with pytest.raises(ValueError, match=re.escape("buffers[2]: the buffer of buffers[0] again")):
+        disk.Concatenated.create([a, _tagged(1, 1, 4, 4), a])
+    ro = _tagged(0, 1, 4, 4, tmp_path / "a")
+    (tmp_path / "x").mkdir()
+    again = disk.open(tmp_path / "x" / ".." / "a", "r")
+    for twice in ([ro, ro], [ro, again]):
+        with pytest.raises(ValueError, match=re.escape(f"buffers[1]: the folder {(tmp_path / 'a').resolve()} of buffers[0] again")):
+            disk.Concatenated.create(twice)
+    eps = _tagged_episodes(0, 2, 3, [3])
+    with pytest.raises(ValueError, match=re.escape("buffers[1]: the buffer of buffers[0] again")):
+        disk.ConcatenatedEpisodes.create([eps, eps])
+    ro.close(), again.close()
+
+
 def test_a_compressed_rollout_buffer_on_disk_gives_the_same_minibatches(tmp_path):
     step = {"obs": jnp.zeros((5,), jnp.uint8), "action": jnp.int32(0)}
     make = lambda: jb.CompressedRolloutBuffer.create(step, num_envs=2, num_steps=4, codec="none")  # noqa: E731
@@ -461,7 +478,7 @@ def test_concatenated_episodes_refuse_other_configurations():
         disk.ConcatenatedEpisodes.create([a, b])
     with pytest.raises(TypeError, match=r"buffers\[1\]: expected a CompressedEpisodeBuffer, got CompressedTrajectoryBuffer"):
         disk.ConcatenatedEpisodes.create([a, _make()])
-    cat = disk.ConcatenatedEpisodes.create([a, a])
+    cat = disk.ConcatenatedEpisodes.create([a, _tagged_episodes(1, 2, 3, [3])])
     with pytest.raises(TypeError, match="where: expected a list or tuple of 2 entries"):
         cat.sample_timesteps(jax.random.key(0), 4, where=[jnp.ones(2, bool)])
     with pytest.raises(ValueError, match=r"where\[1\]: expected shape \(2,\), got \(3,\)"):
@@ -591,6 +608,7 @@ def test_episode_readers_close_what_they_open(tmp_path, codec, monkeypatch):
     path = tmp_path / "eps"
     with disk.open(path, "w", make()) as buf:
         disk.flush(_add_episodes(buf, _episodes(0, 3)))
+    copy = shutil.copytree(path, tmp_path / "copy")
     with pytest.raises(RuntimeError, match="after close"):  # the block closed it
         _add_episodes(buf, _episodes(1, 1))
     sample = lambda b: b.sample_transitions(jax.random.key(0), 8, n_step=2, gamma=0.9)  # noqa: E731
@@ -601,7 +619,7 @@ def test_episode_readers_close_what_they_open(tmp_path, codec, monkeypatch):
     for _ in range(3):
         with disk.open(path, "r") as ro:
             assert _same(sample(ro), expected)
-        with disk.ConcatenatedEpisodes.create([disk.open(path, "r"), disk.open(path, "r")]) as both:
+        with disk.ConcatenatedEpisodes.create([disk.open(path, "r"), disk.open(copy, "r")]) as both:
             jax.block_until_ready(both.sample_timesteps(jax.random.key(0), 8))
         ro = disk.open(path, "r")
         assert int(ro.num_episodes()) == 3  # device fields only: no host call keeps it alive

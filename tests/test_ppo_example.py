@@ -86,6 +86,16 @@ def test_exit_status_with_explicit_target(ppo, monkeypatch):
     assert ppo.main(["--env", "Acrobot-v1"]) == 0 and calls[-1][1] == -100.0
 
 
+def test_minibatches_not_dividing_the_rollout_are_a_usage_error(ppo, monkeypatch, capsys):
+    """Refused while the arguments are read (exit status 2, the library's message), before any training starts."""
+    monkeypatch.setattr(ppo, "run", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(SystemExit) as e:
+        ppo.main(["--num-minibatches", "3"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "num_minibatches: expected a divisor of" in err and "= 512" in err and "got 3" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_full_run_reaches_475(ppo):
     """Default settings reach a rolling 20-episode mean of >= 475 on CartPole-v1."""

@@ -90,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sheet", parents=common, help="a contact sheet of sampled frames with episode/step labels",
                        description="Draw steps uniformly without replacement (seeded) and write their frames as one "
-                                   "PNG grid, each labelled with its episode and step.", epilog=_EPILOG)
+                                   "image grid, each labelled with its episode and step.", epilog=_EPILOG)
     _path_args(p)
-    p.add_argument("--out", required=True, help="output PNG file")
+    p.add_argument("--out", required=True, help="output image file, in the format its extension names (.png, .jpg, .gif, ...)")
     p.add_argument("--count", type=int, default=16, help="frames to draw (default 16)")
     p.add_argument("--columns", type=int, default=8, help="frames per row (default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")

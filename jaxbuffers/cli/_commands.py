@@ -243,6 +243,8 @@ def summary(buffer: Any, meta: dict | None = None, root: Path | None = None, pro
     for k in ("example", "meta"):  # encoded trees of arrays: shown as {name: "dtype[shape]"}
         if k in cfg:
             cfg[k] = _example(cfg[k])
+    if "compress" in cfg:  # saved as full leaf names ("['pixels']"): shown as the fields are named ("obs.pixels")
+        cfg["compress"] = list(view.compressed_fields)
     image = find_image(view)
     return {
         "path": str(root) if root is not None else None,
@@ -337,7 +339,8 @@ def print_summary(s: dict, console=None) -> None:
         head.add_row(f"ever added ({s.get('num_added_unit') or 'items'})", _num(s["num_added"]))
     head.add_row("bytes", _fmt_sizes(s["bytes"]))
     for k, v in s["config"].items():
-        head.add_row(k, json.dumps(v) if isinstance(v, (dict, list)) else str(v))
+        plain = k == "compress" and isinstance(v, list)  # field names, one after another
+        head.add_row(k, ", ".join(v) if plain else json.dumps(v) if isinstance(v, (dict, list)) else str(v))
     console.print(head)
 
     fields = Table(title="fields (per step)")
@@ -564,8 +567,15 @@ def _write_mp4(out: Path, pics: list, fps: float, bar) -> None:
 def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: int = 8, seed: int = 0,
                 episode: int | None = None, image: str | None = None, stack_axis: str = "auto", layout: str = "tile",
                 scale: int = 1) -> Path:
-    """A PNG contact sheet of `count` steps drawn uniformly without replacement (seeded by `seed`) from the buffer
-    (or from episode `episode`), in storage order, each labelled with its episode and step."""
+    """A contact sheet of `count` steps drawn uniformly without replacement (seeded by `seed`) from the buffer (or
+    from episode `episode`), in storage order, each labelled with its episode and step, in the image format the
+    suffix of `out` names (`.png`, `.jpg`, `.gif`, ...: any that Pillow writes; `CliError` for another)."""
+    from PIL import Image
+
+    out = Path(out)
+    fmt = Image.registered_extensions().get(out.suffix.lower())
+    if fmt not in Image.SAVE:
+        raise CliError(f"--out: expected a file ending in an image format's extension (.png, .jpg, .gif, ...), got {out}")
     field = _image(view, image, stack_axis, layout)
     for option, value, least in (("--count", count, 1), ("--columns", columns, 1), ("--scale", scale, 1), ("--seed", seed, 0)):
         if value < least:
@@ -577,10 +587,7 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
     raw = view.column(field.name, picks)
     pics = [field.picture(x) for x in raw]
     labels = [f"ep {eps[p]} t {ts[p]}" if eps[p] >= 0 else f"step {p}" for p in picks]
-    from PIL import Image
-
-    out = Path(out)
     with _writing(out):
         out.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(contact_sheet(pics, labels, columns, scale)).save(out)
+        Image.fromarray(contact_sheet(pics, labels, columns, scale)).save(out, format=fmt)
     return out
