@@ -22,6 +22,11 @@ _INT32 = np.iinfo(np.int32)
 _ARRAY_TYPES: set[type] = set()  # concrete classes of the JAX arrays seen: a set lookup is cheaper than isinstance
 
 
+def all_passable(leaves: list) -> bool:
+    """`passable` of every leaf: one set test when all are JAX arrays of a class seen before (a buffer's state)."""
+    return _ARRAY_TYPES.issuperset(map(type, leaves)) or all(map(passable, leaves))
+
+
 def passable(leaf) -> bool:
     """Whether a compiled program takes ``leaf`` as an argument without changing its value or dtype."""
     if type(leaf) in _ARRAY_TYPES:  # the common case first
@@ -132,31 +137,36 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
                 return _timing.timed(name, dispatch, args, kwargs)
             return dispatch(*args, **kwargs)
 
-        layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> _layout
+        layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> _layout + indices
 
         def dispatch(*args, **kwargs):
             # One layout however the call is spelt (by position or keyword, a default left out or given): every
             # argument by position where it can be, the keyword-only ones in signature order, defaults filled in.
-            spelt = (len(args), *kwargs)
+            spelt = (len(args), *kwargs) if kwargs else len(args)
             layout = layouts.get(spelt)
             if layout is None:
                 try:
-                    layout = layouts[spelt] = _layout(signature, len(args), spelt[1:], static)
+                    defaults, positions, keywords, named, traced_at = _layout(
+                        signature, len(args), spelt[1:] if kwargs else (), static)
                 except TypeError:
                     return fn(*args, **kwargs)  # Python's own error, naming the method
-            defaults, positions, keywords, named, traced_at = layout
-            given = (*args, *kwargs.values(), *defaults)
-            for name, (lo, hi) in scalars.items():
-                if given[named[name]] is not None:
-                    _validate.scalar_parameter(name, given[named[name]], lo, hi)
+                checks = tuple((name, named[name], lo, hi) for name, (lo, hi) in scalars.items())
+                as_given = positions == tuple(range(len(args))) and not kwargs and not defaults and not keywords
+                layout = layouts[spelt] = (defaults, positions, keywords, checks, tuple(named[n] for n in static),
+                                           traced_at, as_given)
+            defaults, positions, keywords, checks, static_at, traced_at, as_given = layout
+            given = (*args, *kwargs.values(), *defaults) if kwargs or defaults else args
+            for name, i, lo, hi in checks:
+                if given[i] is not None:
+                    _validate.scalar_parameter(name, given[i], lo, hi)
             try:
-                for name in static:
-                    hash(given[named[name]])
+                for i in static_at:
+                    hash(given[i])
             except TypeError:
                 return fn(*args, **kwargs)  # an unhashable static value: its own check names it
-            args, kwargs = [given[i] for i in positions], {k: given[i] for k, i in keywords.items()}
-            traced = [given[i] for i in traced_at]
-            if all(passable(leaf) for leaf in jax.tree_util.tree_leaves(traced)):
+            if not as_given:
+                args, kwargs = [given[i] for i in positions], {k: given[i] for k, i in keywords.items()}
+            if all_passable(jax.tree_util.tree_leaves([given[i] for i in traced_at])):
                 try:
                     return jitted(*args, **kwargs)
                 except (TypeError, ValueError):
