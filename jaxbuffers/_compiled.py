@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Mapping
 
 import jax
@@ -20,6 +21,29 @@ from jaxbuffers import _timing, _validate
 
 _INT32 = np.iinfo(np.int32)
 _ARRAY_TYPES: set[type] = set()  # concrete classes of the JAX arrays seen: a set lookup is cheaper than isinstance
+
+
+_HOST_INTS: dict[int, tuple[weakref.ref, int]] = {}  # id(array) -> (weak reference to it, its value)
+
+
+def host_int(x) -> int:
+    """`int(x)` of a concrete scalar array, without waiting for the program that computes it when `remember_int`
+    was told its value (an eager method that knows on the host what it writes, e.g. a cursor it advances by one)."""
+    known = _HOST_INTS.get(id(x))
+    if known is not None and known[0]() is x:
+        return known[1]
+    return int(x)
+
+
+def remember_int(x: jax.Array, value: int) -> None:
+    """Record that the concrete scalar array `x` holds `value` (read back by `host_int` while `x` lives)."""
+    key = id(x)
+
+    def forget(ref: weakref.ref) -> None:
+        if _HOST_INTS.get(key, (None,))[0] is ref:
+            del _HOST_INTS[key]
+
+    _HOST_INTS[key] = (weakref.ref(x, forget), int(value))
 
 
 def all_passable(leaves: list) -> bool:
