@@ -48,7 +48,8 @@ def remember_int(x: jax.Array, value: int) -> None:
 
 def all_passable(leaves: list) -> bool:
     """`passable` of every leaf: one set test when all are JAX arrays of a class seen before (a buffer's state)."""
-    return _ARRAY_TYPES.issuperset(map(type, leaves)) or all(map(passable, leaves))
+    unseen = set(map(type, leaves)).difference(_ARRAY_TYPES)
+    return not unseen or all(passable(x) for x in leaves if type(x) in unseen)
 
 
 def passable(leaf) -> bool:
@@ -175,7 +176,9 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
                 except TypeError:
                     return fn(*args, **kwargs)  # Python's own error, naming the method
                 checks = tuple((name, named[name], lo, hi) for name, (lo, hi) in scalars.items())
-                as_given = positions == tuple(range(len(args))) and not kwargs and not defaults and not keywords
+                # already in the layout's order: passed on as they came
+                as_given = not defaults and positions == tuple(range(len(args))) and list(keywords.items()) == [
+                    (k, len(args) + i) for i, k in enumerate(kwargs)]
                 layout = layouts[spelt] = (defaults, positions, keywords, checks, tuple(named[n] for n in static),
                                            traced_at, as_given)
             defaults, positions, keywords, checks, static_at, traced_at, as_given = layout
