@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Mapping
 
 import jax
@@ -20,6 +21,35 @@ from jaxbuffers import _timing, _validate
 
 _INT32 = np.iinfo(np.int32)
 _ARRAY_TYPES: set[type] = set()  # concrete classes of the JAX arrays seen: a set lookup is cheaper than isinstance
+
+
+_HOST_INTS: dict[int, tuple[weakref.ref, int]] = {}  # id(array) -> (weak reference to it, its value)
+
+
+def host_int(x) -> int:
+    """`int(x)` of a concrete scalar array, without waiting for the program that computes it when `remember_int`
+    was told its value (an eager method that knows on the host what it writes, e.g. a cursor it advances by one)."""
+    known = _HOST_INTS.get(id(x))
+    if known is not None and known[0]() is x:
+        return known[1]
+    return int(x)
+
+
+def remember_int(x: jax.Array, value: int) -> None:
+    """Record that the concrete scalar array `x` holds `value` (read back by `host_int` while `x` lives)."""
+    key = id(x)
+
+    def forget(ref: weakref.ref) -> None:
+        if _HOST_INTS.get(key, (None,))[0] is ref:
+            del _HOST_INTS[key]
+
+    _HOST_INTS[key] = (weakref.ref(x, forget), int(value))
+
+
+def all_passable(leaves: list) -> bool:
+    """`passable` of every leaf: one set test when all are JAX arrays of a class seen before (a buffer's state)."""
+    unseen = set(map(type, leaves)).difference(_ARRAY_TYPES)
+    return not unseen or all(passable(x) for x in leaves if type(x) in unseen)
 
 
 def passable(leaf) -> bool:
@@ -132,31 +162,38 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
                 return _timing.timed(name, dispatch, args, kwargs)
             return dispatch(*args, **kwargs)
 
-        layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> _layout
+        layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> _layout + indices
 
         def dispatch(*args, **kwargs):
             # One layout however the call is spelt (by position or keyword, a default left out or given): every
             # argument by position where it can be, the keyword-only ones in signature order, defaults filled in.
-            spelt = (len(args), *kwargs)
+            spelt = (len(args), *kwargs) if kwargs else len(args)
             layout = layouts.get(spelt)
             if layout is None:
                 try:
-                    layout = layouts[spelt] = _layout(signature, len(args), spelt[1:], static)
+                    defaults, positions, keywords, named, traced_at = _layout(
+                        signature, len(args), spelt[1:] if kwargs else (), static)
                 except TypeError:
                     return fn(*args, **kwargs)  # Python's own error, naming the method
-            defaults, positions, keywords, named, traced_at = layout
-            given = (*args, *kwargs.values(), *defaults)
-            for name, (lo, hi) in scalars.items():
-                if given[named[name]] is not None:
-                    _validate.scalar_parameter(name, given[named[name]], lo, hi)
+                checks = tuple((name, named[name], lo, hi) for name, (lo, hi) in scalars.items())
+                # already in the layout's order: passed on as they came
+                as_given = not defaults and positions == tuple(range(len(args))) and list(keywords.items()) == [
+                    (k, len(args) + i) for i, k in enumerate(kwargs)]
+                layout = layouts[spelt] = (defaults, positions, keywords, checks, tuple(named[n] for n in static),
+                                           traced_at, as_given)
+            defaults, positions, keywords, checks, static_at, traced_at, as_given = layout
+            given = (*args, *kwargs.values(), *defaults) if kwargs or defaults else args
+            for name, i, lo, hi in checks:
+                if given[i] is not None:
+                    _validate.scalar_parameter(name, given[i], lo, hi)
             try:
-                for name in static:
-                    hash(given[named[name]])
+                for i in static_at:
+                    hash(given[i])
             except TypeError:
                 return fn(*args, **kwargs)  # an unhashable static value: its own check names it
-            args, kwargs = [given[i] for i in positions], {k: given[i] for k, i in keywords.items()}
-            traced = [given[i] for i in traced_at]
-            if all(passable(leaf) for leaf in jax.tree_util.tree_leaves(traced)):
+            if not as_given:
+                args, kwargs = [given[i] for i in positions], {k: given[i] for k, i in keywords.items()}
+            if all_passable(jax.tree_util.tree_leaves([given[i] for i in traced_at])):
                 try:
                     return jitted(*args, **kwargs)
                 except (TypeError, ValueError):

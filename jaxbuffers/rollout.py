@@ -213,14 +213,21 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           ValueError: wrong shape or leading axis, or `truncated` / `final_value` without the other.
         """
         kw = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
-        if not isinstance(self.step_index, jax.core.Tracer) and int(self.step_index) >= self.num_steps:
+        if isinstance(self.step_index, jax.core.Tracer):
+            return self._add(step, **kw)
+        # the fill check reads the cursor on the host; an eager add records the one it returns, so a loop of eager
+        # adds does not wait for each write to finish before dispatching the next
+        at = _compiled.host_int(self.step_index)
+        if at >= self.num_steps:
             # the arguments' own refusal first (traced, nothing runs), as on a buffer with room
             _validate.refusal(lambda b: b._add(step, **kw), jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), self))
             raise BufferFullError(
-                f"add: the rollout buffer is full (step_index={int(self.step_index)} of num_steps={self.num_steps}); "
+                f"add: the rollout buffer is full (step_index={at} of num_steps={self.num_steps}); "
                 f"nothing was written. Call reset() for the next rollout"
             )
-        return self._add(step, **kw)
+        out = self._add(step, **kw)
+        _compiled.remember_int(out.step_index, at + 1)  # room was left: the cursor advanced by one
+        return out
 
     @_compiled.method()
     def _add(self, step, *, reward, value, terminated, truncated, final_value, trainable) -> "RolloutBuffer":

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxbuffers import PrioritisedReplayBuffer, ReplayBuffer, RolloutBuffer, TrajectoryBuffer, _compiled, _validate
+from jaxbuffers.episode import BufferFullError
 
 ITEM = {"obs": jnp.zeros((2,), jnp.float32)}
 
@@ -114,3 +115,23 @@ def test_arguments_it_does_not_take_get_pythons_error_naming_the_method():
         buf.sample(jax.random.key(0))
     with pytest.raises(TypeError, match=r"can_sample\(\) got multiple values for argument 'batch_size'"):
         buf.can_sample(1, batch_size=1)
+
+
+def test_host_int_reads_a_remembered_value_only_for_that_array():
+    x, other = jnp.int32(4), jnp.int32(4)
+    _compiled.remember_int(x, 7)  # not its value: shows which one is read
+    assert _compiled.host_int(x) == 7
+    assert _compiled.host_int(other) == 4  # an equal array it was not told about: read from the device
+    key = id(x)
+    del x
+    assert key not in _compiled._HOST_INTS  # forgotten with the array
+
+
+def test_eager_rollout_adds_track_the_cursor_on_the_host_and_still_refuse_a_full_buffer():
+    buf = RolloutBuffer.create(ITEM, num_steps=3, num_envs=2)
+    zeros, no = jnp.zeros(2), jnp.zeros(2, bool)
+    for t in range(1, 4):
+        buf = buf.add({"obs": jnp.zeros((2, 2))}, reward=zeros, value=zeros, terminated=no)
+        assert _compiled.host_int(buf.step_index) == int(np.asarray(buf.step_index)) == t
+    with pytest.raises(BufferFullError, match=r"step_index=3 of num_steps=3"):
+        buf.add({"obs": jnp.zeros((2, 2))}, reward=zeros, value=zeros, terminated=no)

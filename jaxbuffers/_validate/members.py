@@ -21,8 +21,19 @@ from jaxbuffers import _timing
 def member_axes(buffer: Any) -> tuple[int, ...]:
     """The leading member axes of `buffer`'s state: the shape of its cursor (`()` for one buffer, also for one
     member seen under `jax.vmap`, and for objects without a `_cursor`)."""
-    path = getattr(type(buffer), "_cursor", None)
-    return () if path is None else tuple(np.shape(operator.attrgetter(path)(buffer)))
+    get = _cursor_getter(type(buffer))
+    if get is None:
+        return ()
+    cursor = get(buffer)
+    shape = getattr(cursor, "shape", None)  # a JAX or NumPy array, a tracer: read directly
+    return tuple(np.shape(cursor) if shape is None else shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _cursor_getter(cls: type):
+    """`operator.attrgetter` of `cls._cursor`, None for a class without one (made once per class)."""
+    path = getattr(cls, "_cursor", None)
+    return None if path is None else operator.attrgetter(path)
 
 
 def _axes(stack: tuple[int, ...]) -> str:
