@@ -95,7 +95,8 @@ NOTES = {
                 "replacement.",
     "eager": "`ours-eager` calls the buffer method from Python; `ours-jit` wraps the same call in `jax.jit`. "
              "Ratio = jitted time / eager time: 1.0 means the eager call costs what the jitted one does "
-             "(target >= 0.8).",
+             "(target >= 0.8). The current rows were measured on a quiet machine (load average under 2); the "
+             "baseline rows ran while other jobs loaded the two cores.",
     "ppo": "Anchor: `plain-ppo`, a PureJaxRL-style PPO with its own loop and metrics; `shared-driver` is the same "
            "buffer-free PPO inside the example's driver. `wall_s_to_475`: seconds from the start (compile included) "
            "to a rolling 20-episode mean return of 475; empty when not reached (quick runs train 5e4 steps only). "
@@ -128,7 +129,7 @@ NOTES = {
                   "XORs each delta into one scratch row and scans it there): the same code as `--million` after a "
                   "fill of 20,000 transitions (`--case million --n 20000`), each row the mean of two runs' medians, "
                   "load average 5.5 to 13; the tree before the change, run alternately with it in separate processes, "
-                  "gave K=8 / K=1 ratios of 0.81 to 0.89 (its K=8 adds XORed every delta row out before encoding it). The Pong million rows were measured once more, whole, at the end on a quiet machine (load average 2 to 3).",
+                  "gave K=8 / K=1 ratios of 0.81 to 0.89 (its K=8 adds XORed every delta row out before encoding it). The Pong million rows were measured once more, whole, at the end on a quiet machine (load average under 2); the other games' rows come from earlier runs, possibly on another 2-core machine: compare ratios within a game, not medians across games.",
     "sb3": "SB3 DQN (CnnPolicy) on a replay of recorded Breakout frames. Anchor: SB3's own ReplayBuffer. Memory is "
            "extrapolated to 1M transitions from two fill sizes. `compressed/replay/*` and `compressed/rollout/*`: the "
            "SB3 classes with sb3-extra-buffers' names (`ours:<method>`, with frame_stack=4) against "
