@@ -129,7 +129,7 @@ NOTES = {
                   "XORs each delta into one scratch row and scans it there): the same code as `--million` after a "
                   "fill of 20,000 transitions (`--case million --n 20000`), each row the mean of two runs' medians, "
                   "load average 5.5 to 13; the tree before the change, run alternately with it in separate processes, "
-                  "gave K=8 / K=1 ratios of 0.81 to 0.89 (its K=8 adds XORed every delta row out before encoding it). The Pong million rows were measured once more, whole, at the end on a quiet machine (load average under 2); the other games' rows come from earlier runs, possibly on another 2-core machine: compare ratios within a game, not medians across games.",
+                  "gave K=8 / K=1 ratios of 0.81 to 0.89 (its K=8 adds XORed every delta row out before encoding it). The Pong million rows were measured once more, whole, at the end on a quiet machine (load average under 2); the other games' rows come from earlier runs, possibly on another CPU: compare ratios within a game, not medians across games.",
     "sb3": "SB3 DQN (CnnPolicy) on a replay of recorded Breakout frames. Anchor: SB3's own ReplayBuffer. Memory is "
            "extrapolated to 1M transitions from two fill sizes. `compressed/replay/*` and `compressed/rollout/*`: the "
            "SB3 classes with sb3-extra-buffers' names (`ours:<method>`, with frame_stack=4) against "

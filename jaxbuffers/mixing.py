@@ -61,7 +61,7 @@ def mixed_counts(batch_size: int, proportions: Sequence[float]) -> tuple[int, ..
         raise ValueError(f"proportions: expected a non-empty sequence of numbers, one per source, got {proportions!r}")
     w = [_validate.static_float(f"proportions[{i}]", p, 0.0, math.inf) for i, p in enumerate(proportions)]
     largest = max(w)
-    if not largest > 0:
+    if not 0 < largest < math.inf:
         raise ValueError(f"proportions: expected finite non-negative numbers with a positive sum, got {list(proportions)}")
     w = [x / largest for x in w]  # each in [0, 1]: the sum stays finite (two proportions of 1e308 overflowed it)
     total = math.fsum(w)

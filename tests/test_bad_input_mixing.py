@@ -5,6 +5,8 @@ call, `samplers[i](key, n)`); the buffers sampled unchanged; the accepted forms 
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +67,12 @@ def test_proportions_whose_sum_is_beyond_float64_are_apportioned():
     out = jb.sample_mixed(KEY, SOURCES, 4, [1e308, 1e308])
     assert np.asarray(out.source).tolist() == [0, 0, 1, 1]
 
+
+
+@pytest.mark.parametrize("props", [[1.0, math.inf], [math.inf, math.inf], [0.0, math.nan]])
+def test_infinite_or_nan_proportions_are_refused_naming_them(props):
+    with pytest.raises(ValueError, match=r"^proportions(\[1\])?: expected"):
+        jb.mixed_counts(3, props)
 
 @FEW
 @given(form=st.sampled_from(["list", "tuple", "numpy_scalars", "ints", "scaled"]), key=st.sampled_from(["typed", "raw"]))
