@@ -13,19 +13,21 @@ untimed `os.sync()` (and a trim of freed memory) so that none pays for the disk 
 * `ours`: `jaxbuffers.save` (host-store export, each array written from its memory in orbax's layout and hashed
   (xxh3-64) as written, one fsync per file, manifest, atomic rename) and
   `jaxbuffers.restore` (every file checked against its checksum, each array's bytes copied once into the memory the
-  restored array owns and hashed there).
+  restored array owns and hashed there; host payloads read straight into the arena chunks the restored store keeps).
 * `ours-async` (case `save_blocking`): the time `jaxbuffers.save(..., blocking=False)` blocks the caller (the
   snapshot of the buffer; the write then runs in a background thread and is waited for, untimed, before the next
   repetition), beside the `np.save` median of the same run.
 * `np.save`: `np.save` of every array of the buffer (for the compressed buffer: its device arrays and the host
   stores' `export_state` arrays, the export included in the timing) and `np.save+fsync` (the same, then fsync of
-  every file: what `ours` guarantees); their restore rows are `np.load` + `jax.device_put`.
+  every file: what `ours` guarantees; `np.save` alone leaves the files in the page cache); their restore rows are
+  `np.load` + `jax.device_put`.
 * `flashbax-vault`: `Vault.write` / `Vault.read` of the same item arrays (uncompressed case only: a Vault holds
   device arrays, not a host store), with its default compression (gzip level 5) and with zstd level 1.
 
 Restores read files the preceding save left in the page cache, for every implementation alike. Throughput is GB/s
 of array bytes (the buffer's device arrays plus, compressed, the host bytes written). Ratio: anchor time / ours
-(anchor `np.save+fsync` for saves, `np.load` for restores; > 1: ours is faster).
+(anchor `np.save+fsync` for saves, `np.load` for restores; > 1: ours is faster); `save_vs_np.save` is ours' save
+rate over `np.save`'s. `fill_s` and `size`: the time to fill the buffer and the bytes saved.
 
 Usage: python benchmarks/bench_checkpoint.py [--quick] [--gb 1.0] [--steps 1000000] [--dir PATH]
        [--case all|uncompressed|compressed]

@@ -39,6 +39,16 @@ compiled loop per batch; ``impl="checksums-only"``: the seconds spent computing 
 op (``overhead_pct`` = that over the op's time without checksums: the cost with less of the machine's noise than the
 difference of two timings).
 
+``--million`` (rows ``<game>/million/*``): 1M transitions of a random-policy ale-py rollout of ``--real`` steps
+(20,000) tiled over 8 lanes, added as jitted chunks of 250 steps per lane (`run_million`); RSS growth from a warmed
+process, the SB3 and sb3x buffers holding ``--anchor-n`` transitions (10,000) of the same frames, each in its own
+subprocess, ``extrapolated_bytes`` scaling theirs linearly to 1M; the sample ratio is against the fastest sb3x
+codec. ``add_chunk``: chunk adds at the keyframe interval K=8 and at K=1 (every frame whole), interleaved.
+
+``--keyframes 8,4 --delta-codecs none,rle`` (rows ``<game>/keyframes/*``): one buffer per delta codec and keyframe
+interval, all in one process (`run_keyframes`): bytes per transition and per frame, the frames a sample decodes per
+transition, and sample throughput, interleaved, against the first delta codec at the first interval.
+
 Output: ``_common`` rows, one per case and metric (``case`` = ``<game>/<metric>``, ``variant`` =
 the buffer and codec): throughputs in transitions/s, memory as ``value`` in bytes/transition;
 then one ``summary`` line per game (which jaxbuffers settings beat each sb3x codec on memory, add

@@ -22,8 +22,12 @@ Cases:
 
   * ``compressed`` / ``compressed_dict``: the compressed SB3 classes (``CompressedReplayBuffer``,
     ``CompressedRolloutBuffer``; their Dict classes on observations {pixels: the stacks, vector: 4 floats}, ours
-    compressing ``pixels``) against sb3-extra-buffers' classes of the same names and SB3's own buffers: bytes held per
-    transition (step), add and sample / ``get`` times, every variant in one process.
+    compressing ``pixels``) against sb3-extra-buffers' classes of the same names and SB3's own buffers. Bytes held
+    (``held_bytes_*``, `compressed_traced_rows`): tracemalloc's traced host memory plus the live JAX arrays, one fresh
+    process per variant; ``bytes_per_*``: RSS growth between two fills (noisy when the machine swaps); both with
+    ratio = ours / sb3-extra-buffers' smallest. Add, sample and ``get`` times (`compressed_timing_rows`): every variant
+    in one process, interleaved, ratio = sb3-extra-buffers' fastest / ours, with ``cpu_us`` and ``cpu_ratio``.
+    ``compressed/replay/keyframe/*`` (`keyframe_rows`): our replay class at each ``keyframe_interval``.
 
   * ``rollout``: SB3's ``RolloutBuffer`` against the uncompressed ``JaxRolloutBuffer`` in one process, one rollout
     of T=2048 Breakout steps: add, GAE, ``get(256)`` passes, bytes held (``rollout_rows``).
