@@ -33,6 +33,7 @@ TITLES = {
     "scale": "Sharded buffers from 1 to 8 devices, and actors feeding a learner",
     "disk": "Sampling a disk-backed buffer larger than memory",
 }
+# How to read each table, in a few sentences; what a benchmark times and how is its module docstring.
 NOTES = {
     "replay": "Anchor: flashbax's item buffer; `flashbax-flat` is its flat buffer. `call`: one jitted, donated call "
               "per operation from Python; `scan`: the operations inside one jitted `lax.scan`, as in a training "
@@ -93,7 +94,7 @@ NOTES = {
     "checkpoint": "`uncompressed`: a `ReplayBuffer` of Atari items; `compressed`: a `CompressedTrajectoryBuffer` of "
                   "Breakout steps. GB/s of array bytes; ratio = anchor time / ours. Save anchor `np.save+fsync`, the "
                   "durability ours gives (`np.save` alone leaves the files in the page cache); restore anchor "
-                  "`np.load` + `device_put`; flashbax's Vault (gzip-5, zstd-1) holds the uncompressed case only. "
+                  "`np.load` + `device_put`; flashbax's Vault (gzip-5, zstd-1) in the uncompressed case only. "
                   "`save_blocking`: how long a non-blocking save holds the caller. Disk writeback swings between "
                   "runs: compare rows of one run.",
     "disk": "Disk-backed buffers, their folders evicted from the page cache, sampled eagerly. `build...`: GB/s "
