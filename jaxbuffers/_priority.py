@@ -48,17 +48,16 @@ def set_priorities(buf, indices, priorities, generations, applies):
     (b,) = indices.shape
     priorities = _validate.vector("priorities", priorities, b, "floating")
     generations = _validate.vector("generations", generations, b, "integer").astype(jnp.int32)
-    tree, max_priority = buf.tree, buf.max_priority
     if b == 0:
         return buf
-    cap = tree.capacity
+    cap = buf.tree.capacity
     slots = jnp.clip(indices, 0, cap - 1)
     ok = (indices >= 0) & (indices < cap) & applies(slots, generations)
-    p = sanitise_priorities(priorities, max_priority, buf.epsilon)
+    p = sanitise_priorities(priorities, buf.max_priority, buf.epsilon)
     # One sort finds the winners, distinct slots: the tree write needs no sort of its own.
     won = last_write_mask(slots, ok, cap)
-    tree = tree.set(slots, priority_leaf(p, buf.priority_exponent), where=won, distinct=True)
-    return buf.replace(tree=tree, max_priority=jnp.maximum(max_priority, jnp.max(jnp.where(won, p, 0))))
+    tree = buf.tree.set(slots, priority_leaf(p, buf.priority_exponent), where=won, distinct=True)
+    return buf.replace(tree=tree, max_priority=jnp.maximum(buf.max_priority, jnp.max(jnp.where(won, p, 0))))
 
 
 def draw(tree: SumMinTree, key: jax.Array, batch_size: int, beta) -> tuple[jax.Array, jax.Array, jax.Array]:
