@@ -46,9 +46,9 @@ def last_write_mask(indices: jax.Array, where: jax.Array | None = None, bound: i
     return jnp.zeros((b,), bool).at[order].set(last, unique_indices=True)
 
 
-def _combine(left: jax.Array, right: jax.Array) -> jax.Array:
-    """Parent rows `[..., 2]` of two stacks of child rows: sums added, minima taken."""
-    return jnp.stack([left[..., 0] + right[..., 0], jnp.minimum(left[..., 1], right[..., 1])], axis=-1)
+def _combine(kids: jax.Array) -> jax.Array:
+    """Parent rows `[..., 2]` of child pairs `[..., 2, 2]` (left, right): sums added, minima taken."""
+    return jnp.stack([kids[..., 0, 0] + kids[..., 1, 0], jnp.minimum(kids[..., 0, 1], kids[..., 1, 1])], axis=-1)
 
 
 def _rows(values: jax.Array) -> jax.Array:
@@ -66,7 +66,7 @@ def _write_slice(level: jax.Array, lo: jax.Array, rows: jax.Array, write: jax.Ar
 def _recompute_slice(levels: list, l: int, lo: jax.Array, width: int) -> jax.Array:
     """Depth `l` with rows `[lo, lo + width)` recomputed from their children (rows `[2 lo, 2 lo + 2 width)` of `l + 1`)."""
     kids = jax.lax.dynamic_slice_in_dim(levels[l + 1], 2 * lo, 2 * width).reshape(width, 2, 2)
-    return jax.lax.dynamic_update_slice_in_dim(levels[l], _combine(kids[:, 0], kids[:, 1]), lo, 0)
+    return jax.lax.dynamic_update_slice_in_dim(levels[l], _combine(kids), lo, 0)
 
 
 def _restart_level(depth: int) -> int:
@@ -220,15 +220,14 @@ class SumMinTree(flax.struct.PyTreeNode):
         levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(_rows(values), mode="drop")
         node = jnp.where(active, indices, 0)  # inactive entries recompute leaf 0's ancestors: a no-op
         for l in reversed(range(self.depth)):
+            kids = levels[l + 1].reshape(-1, 2, 2)
             if 1 << l <= b:
                 # A depth of at most B rows is recomputed whole, no gather; set over its own array, which keeps its
                 # sharding and stays in place under donation.
-                kids = levels[l + 1].reshape(-1, 2, 2)
-                levels[l] = levels[l].at[:].set(_combine(kids[:, 0], kids[:, 1]))
+                levels[l] = levels[l].at[:].set(_combine(kids))
                 continue
             node = node >> 1
-            kids = levels[l + 1].reshape(-1, 2, 2)[node]
-            levels[l] = levels[l].at[node].set(_combine(kids[:, 0], kids[:, 1]), mode="promise_in_bounds")  # duplicates write equal rows
+            levels[l] = levels[l].at[node].set(_combine(kids[node]), mode="promise_in_bounds")  # duplicates write equal rows
         return self.replace(levels=tuple(levels))
 
     @_compiled.method()
