@@ -31,7 +31,7 @@ class PrioritisedSample(NamedTuple):
     item: Any  # pytree like the example item, leaves [B, ...] with the stored dtypes
     indices: jax.Array  # shape=[B], dtype=int32: physical slots the items were read from
     probabilities: jax.Array  # shape=[B], dtype=float32: P(i) (class doc)
-    importance_weights: jax.Array  # shape=[B], dtype=float32: w_i (class doc), in [0, 1] (0 only when the weight underflows float32: a huge leaf ratio or a large beta)
+    importance_weights: jax.Array  # shape=[B], dtype=float32: w_i (class doc), in [0, 1] (0 only on float32 underflow)
     generations: jax.Array  # shape=[B], dtype=int32: slot generation at sampling; pass to set_priorities
 
 
@@ -45,7 +45,8 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
     $$
     P(i) = \frac{p_i^\alpha}{\sum_k p_k^\alpha}, \qquad
-    w_i = \frac{(N P(i))^{-\beta}}{\max_j (N P(j))^{-\beta}} = \left(\frac{p_i^\alpha}{\min_j p_j^\alpha}\right)^{-\beta}.
+    w_i = \frac{(N P(i))^{-\beta}}{\max_j (N P(j))^{-\beta}}
+        = \left(\frac{p_i^\alpha}{\min_j p_j^\alpha}\right)^{-\beta}.
     $$
 
     Priority policy, generations and precision: `docs/api/replay.md`, "Prioritised replay". Pure methods, under `jit`

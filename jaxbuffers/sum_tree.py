@@ -226,8 +226,8 @@ class SumMinTree(flax.struct.PyTreeNode):
                 # sharding and stays in place under donation.
                 levels[l] = levels[l].at[:].set(_combine(kids))
                 continue
-            node = node >> 1
-            levels[l] = levels[l].at[node].set(_combine(kids[node]), mode="promise_in_bounds")  # duplicates write equal rows
+            node = node >> 1  # duplicate nodes write equal rows
+            levels[l] = levels[l].at[node].set(_combine(kids[node]), mode="promise_in_bounds")
         return self.replace(levels=tuple(levels))
 
     @_compiled.method()
