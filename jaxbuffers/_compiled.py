@@ -1,10 +1,8 @@
 """Eager calls at jit speed: every public buffer method runs as one cached compiled program.
 
 A method decorated with `method` is `jax.jit` of itself, compiled once per argument structure, shapes, dtypes and
-static values, however the call is spelt (its arguments are bound to the signature, defaults filled in); inside
-`jit`, `lax.scan`, `vmap` or `grad` it is traced into the caller's program. What a bare `jax.jit` would lose (range
-checks of concrete hyperparameters, errors naming arguments it would not take as they are) and when trace-time checks
-run: `docs/guide.md`, "Eager calls".
+static values, however the call is spelt; inside `jit`, `lax.scan`, `vmap` or `grad` it is traced into the caller's
+program. What a bare `jax.jit` would lose and when trace-time checks run: `docs/guide.md`, "Eager calls".
 """
 
 from __future__ import annotations
@@ -67,9 +65,8 @@ def passable(leaf) -> bool:
 
 
 def _retrace_with_python_values(fn: Callable, args: tuple, kwargs: dict) -> None:
-    """After a compiled call refused its arguments: trace `fn` again (`jax.eval_shape`) with the Python scalars kept as
-    given, and raise the error that names the value given (`key: ... got int 0`), not the int32 tracer the program
-    made of it. Returns when that trace passes (the caller raises the first error)."""
+    """After a compiled call refused its arguments: trace `fn` again with the Python scalars kept as given, to raise
+    the error naming the value given (`got int 0`), not its int32 tracer. Returns when that trace passes."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     kept = [not isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves]
     if not any(isinstance(x, (int, float, complex)) for x in leaves):
@@ -91,10 +88,9 @@ class _Given(int):
 
 
 def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], static: tuple[str, ...]) -> tuple:
-    """How a call with `n_args` positional arguments and the keywords `keys` (in that order) binds to `signature`,
-    defaults filled in: `(defaults, positions, {keyword: index}, {name: index}, traced)`, indices into
-    `(*args, *kwargs.values(), *defaults)` (`traced`: those of the arguments not `static`). Raises the TypeError of
-    `inspect.Signature.bind` for a call it refuses."""
+    """How a call with `n_args` positional arguments and the keywords `keys` binds to `signature`, defaults filled in:
+    `(defaults, positions, {keyword: index}, {name: index}, traced)`, indices into `(*args, *kwargs.values(),
+    *defaults)`. Raises the TypeError of `inspect.Signature.bind` for a call it refuses."""
     bound = signature.bind(*map(_Given, range(n_args)), **{k: _Given(n_args + i) for i, k in enumerate(keys)})
     bound.apply_defaults()
     defaults: list = []
@@ -137,10 +133,6 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
     Returns:
       The decorated function, with the original's name, signature and docstring; the plain function is its
       `uncompiled` attribute.
-
-    Example:
-      `@_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})` above
-      `def sample(self, key, batch_size, *, beta=1.0)`.
     """
     scalars = dict(scalars or {})
 
@@ -165,8 +157,7 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
         layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> _layout + indices
 
         def dispatch(*args, **kwargs):
-            # One layout however the call is spelt (by position or keyword, a default left out or given): every
-            # argument by position where it can be, the keyword-only ones in signature order, defaults filled in.
+            # One layout however the call is spelt: by position where it can be, keyword-only ones in signature order.
             spelt = (len(args), *kwargs) if kwargs else len(args)
             layout = layouts.get(spelt)
             if layout is None:

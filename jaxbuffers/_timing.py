@@ -59,11 +59,7 @@ class Timing:
 @contextlib.contextmanager
 def timing() -> Iterator[Timing]:
     """Time every eager buffer call (and every `span`) made inside the block; yields the `Timing`
-    (what is timed: `docs/api/metrics.md`).
-
-    Blocks may nest: a call is counted in every open block. While a block is open each timed call waits for its
-    result, so a host loop's asynchronous overlap is lost: time a few iterations, not a whole run.
-    """
+    (what is timed, nesting, and the cost of waiting for each result: `docs/api/metrics.md`, "Host timing")."""
     t = Timing()
     _ACTIVE.append(t)
     try:
@@ -73,7 +69,7 @@ def timing() -> Iterator[Timing]:
 
 
 def active() -> bool:
-    """Whether some `timing()` block is open (the only check a call pays when none is)."""
+    """Whether some `timing()` block is open."""
     return bool(_ACTIVE)
 
 
@@ -101,8 +97,7 @@ def _count(name: str, seconds: float) -> None:
 
 
 def timed(name: str, fn: Callable, args: tuple, kwargs: dict):
-    """`fn(*args, **kwargs)`, timed until its result is ready unless it is being traced or inside another timed
-    call (a method calling another is counted once, as the outer one)."""
+    """`fn(*args, **kwargs)`, timed until its result is ready unless traced or inside another timed call."""
     if getattr(_LOCAL, "depth", 0) or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
         return fn(*args, **kwargs)
     _LOCAL.depth = 1
@@ -116,14 +111,9 @@ def timed(name: str, fn: Callable, args: tuple, kwargs: dict):
 
 
 def timed_methods(cls: type) -> type:
-    """Class decorator of a buffer: every public method (inherited ones included; not properties, classmethods or
-    `replace`) is timed under `Class.method` (`type(self).__name__`) when called eagerly inside a `timing()` block.
-    Every buffer class gets it from `jaxbuffers._validate.one_member_methods`; `jaxbuffers.disk`'s concatenations
-    are decorated with it.
-
-    Returns:
-      `cls`, its methods replaced (`functools.wraps`: names, signatures and docstrings kept).
-    """
+    """Class decorator: every public method (inherited ones included; not properties, classmethods or `replace`) is
+    timed under `Class.method` (`type(self).__name__`) when called eagerly inside a `timing()` block. Returns `cls`,
+    its methods wrapped (names, signatures and docstrings kept)."""
     for name in dir(cls):
         fn = inspect.getattr_static(cls, name)
         if name.startswith("_") or name == "replace" or not inspect.isfunction(fn) or getattr(fn, "timed", False):

@@ -105,15 +105,14 @@ def sample_mixed(
     if len(samplers) != len(proportions):
         raise ValueError(f"proportions: expected one per sampler ({len(samplers)}), got {len(proportions)}")
     for i, s in enumerate(samplers):
-        if not callable(s):
-            raise TypeError(f"samplers[{i}]: expected a function (key, n) -> pytree of [n, ...] rows, got {type(s).__name__}")
+        _validate.instance(f"samplers[{i}]", s, callable, "a function (key, n) -> pytree of [n, ...] rows")
     keys = jax.random.split(key, len(samplers) + 1)
     parts, spec = [], None
     for i, (s, n) in enumerate(zip(samplers, counts)):
         if n == 0:
             continue
         out = s(keys[i], n)
-        if spec is None:  # the first source's leaves must be arrays JAX holds as they are: the others are checked against them
+        if spec is None:  # the first source's leaves must be arrays JAX holds as they are; the rest must match them
             for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
                 _validate.array(_validate.leaf_path(f"samplers[{i}](key, {n})", path), x)
             spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x)), out)

@@ -1,46 +1,7 @@
 r"""Prioritised item replay: `PrioritisedReplayBuffer` and `PrioritisedSample`.
 
-A `jaxbuffers.ReplayBuffer` plus, per slot, a leaf $p_i^\alpha$ in a `jaxbuffers.SumMinTree` (sums for sampling,
-minima for the weights' normaliser). With $p_i$ the priority of slot $i$, $\alpha$ the priority exponent and $N$ the
-number of stored items, the sampling probability and importance weight are
-
-$$
-P(i) = \frac{p_i^\alpha}{\sum_k p_k^\alpha}, \qquad
-w_i = \frac{(N P(i))^{-\beta}}{\max_j (N P(j))^{-\beta}}
-    = \left(\frac{p_i^\alpha}{\min_j p_j^\alpha}\right)^{-\beta},
-$$
-
-with $j$ over the stored slots only ($N$ cancels): the maths of every prioritised buffer.
-
-Priority policy (applied by `add` and `set_priorities`; values cannot be checked at trace time):
-
-* `NaN` -> the running max priority (before this call): the item is revisited soon.
-* `< epsilon` (zero, negative, `-inf`) -> `epsilon`: a stored item is never unreachable.
-* `> PRIORITY_MAX` (incl. `+inf`) -> `PRIORITY_MAX` (1e20): the sum over `2**30` leaves stays finite in float32.
-
-So the tree never holds NaN or inf, and sampling never returns an empty slot once one item was added.
-
-A slot's generation (what `set_priorities` compares to tell a fresh item from an overwritten one)
-is the number, modulo `2**32`, of the item last written there: it follows from `head` and `added`
-(a stale update goes undetected only if a multiple of `2**32` items were added in between).
-
-Precision: only the float32 leaf $p^\alpha$ is stored, so `priorities` reads `p` to about
-`6e-8 / alpha` relative. Within one `set_priorities` call only the winning entry of each slot (the
-last applied one) raises the running max.
-
-Example:
-  ```python
-  import jax, jax.numpy as jnp
-  import jaxbuffers as jb
-
-  item = {"obs": jnp.zeros(4), "reward": jnp.float32(0)}
-  buf = jb.PrioritisedReplayBuffer.create(item, capacity=10_000, priority_exponent=0.6)
-  batch = jax.tree.map(lambda x: jnp.stack([x] * 8), item)       # leading axis B = 8
-  buf = jax.jit(jb.PrioritisedReplayBuffer.add, donate_argnums=0)(buf, batch)
-  out = buf.sample(jax.random.key(0), 32, beta=0.4)
-  td_error = jnp.ones(32)                                         # from the learner
-  buf = buf.set_priorities(out.indices, jnp.abs(td_error), out.generations)
-  ```
+The maths, the priority policy and generations of every prioritised buffer, and an example: `docs/api/replay.md`,
+"Prioritised replay".
 
 References:
   Schaul et al., "Prioritized Experience Replay", ICLR 2016.
@@ -69,18 +30,27 @@ class PrioritisedSample(NamedTuple):
 
     item: Any  # pytree like the example item, leaves [B, ...] with the stored dtypes
     indices: jax.Array  # shape=[B], dtype=int32: physical slots the items were read from
-    probabilities: jax.Array  # shape=[B], dtype=float32: P(i) (module doc)
-    importance_weights: jax.Array  # shape=[B], dtype=float32: w_i (module doc), in [0, 1] (0 only when the weight underflows float32: a huge leaf ratio or a large beta)
+    probabilities: jax.Array  # shape=[B], dtype=float32: P(i) (class doc)
+    importance_weights: jax.Array  # shape=[B], dtype=float32: w_i (class doc), in [0, 1] (0 only on float32 underflow)
     generations: jax.Array  # shape=[B], dtype=int32: slot generation at sampling; pass to set_priorities
 
 
 @_validate.one_member_methods
 class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
-    """Fixed-capacity ring of items with proportional prioritised, stratified sampling.
+    r"""Fixed-capacity ring of items with proportional prioritised, stratified sampling.
 
-    A drop-in for `jaxbuffers.ReplayBuffer`: the same `create` sizes and `add` call; `sample`
-    returns the same fields plus `probabilities`, `importance_weights` and `generations`. Pure
-    methods, under `jit` (donate for in-place adds), `lax.scan` and `vmap`. See the module doc.
+    A drop-in for `jaxbuffers.ReplayBuffer`: the same `create` sizes and `add` call; `sample` returns the same fields
+    plus `probabilities`, `importance_weights` and `generations`. Each stored slot `i` of priority $p_i$ holds the
+    leaf $p_i^\alpha$ in a `jaxbuffers.SumMinTree`; with $N$ stored items and $j$ over the stored slots,
+
+    $$
+    P(i) = \frac{p_i^\alpha}{\sum_k p_k^\alpha}, \qquad
+    w_i = \frac{(N P(i))^{-\beta}}{\max_j (N P(j))^{-\beta}}
+        = \left(\frac{p_i^\alpha}{\min_j p_j^\alpha}\right)^{-\beta}.
+    $$
+
+    Priority policy, generations and precision: `docs/api/replay.md`, "Prioritised replay". Pure methods, under `jit`
+    (donate for in-place adds), `lax.scan` and `vmap`.
     """
 
     _cursor = "replay.head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
@@ -156,8 +126,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
     @_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})
     def can_sample(self, batch_size: int = 1, *, beta=1.0) -> jax.Array:
         """Whether `sample(key, batch_size, beta=beta)` returns only stored items (bool scalar), as
-        `jaxbuffers.ReplayBuffer.can_sample` (every stored slot has a positive leaf). `sample`'s arguments without
-        the key; same errors."""
+        `jaxbuffers.ReplayBuffer.can_sample`. `sample`'s arguments without the key; same errors."""
         _validate.scalar_parameter("beta", beta, 0.0)
         return self.replay.can_sample(batch_size)
 
@@ -182,11 +151,10 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method()
     def generations_at(self, indices) -> jax.Array:
-        """Generation of slots `indices` (int, any shape): int32, same shape.
+        """Generation of slots `indices` (int, any shape): int32, same shape (`_ring.last_item_number`).
 
-        `_ring.last_item_number` (module doc); only meaningful for slots in `[0, size())`. A slot
-        never written reads `slot - capacity` (negative); updates for it are ignored. Indices
-        outside `[0, capacity)` are clamped into it, as in `get`.
+        Only meaningful for slots in `[0, size())`; a slot never written reads `slot - capacity` (negative) and
+        updates for it are ignored. Indices outside `[0, capacity)` are clamped into it, as in `get`.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
@@ -201,10 +169,8 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method()
     def priorities(self, indices) -> jax.Array:
-        """Priorities `p_i` at slots `indices` (int, any shape): float32, same shape.
-
-        Recovered as `leaf ** (1 / alpha)` (module doc; 1 for alpha = 0). Empty slots and indices
-        outside `[0, capacity)` read 0.
+        """Priorities `p_i` at slots `indices` (int, any shape): float32, same shape, as `leaf ** (1 / alpha)` (1 for
+        alpha = 0). Empty slots and indices outside `[0, capacity)` read 0.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
@@ -216,18 +182,17 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         """Append a batch of items, overwriting the oldest ones once full.
 
         Args:
-          batch: pytree like the example item with a leading axis `B` on every leaf,
-            `1 <= B <= capacity`, exactly the stored dtypes.
-          priorities: optional floating `[B]`; default: every new item gets the running max
-            priority. Given values follow the priority policy and raise the running max.
+          batch: pytree like the example item with a leading axis `B` on every leaf, `1 <= B <= capacity`, exactly
+            the stored dtypes.
+          priorities: optional floating `[B]` (default: the running max priority), following the priority policy;
+            they raise the running max.
 
         Returns:
-          The new buffer; each written slot's generation becomes its new item's number. Cost
-          `O(B + log C)` (`jaxbuffers.SumMinTree.set_run`); in place when the buffer is donated.
+          The new buffer; each written slot's generation becomes its new item's number. Cost `O(B + log C)`; in
+          place when the buffer is donated.
 
         Raises (at trace time):
-          TypeError / ValueError: as `jaxbuffers.ReplayBuffer.add`; `priorities` not a floating
-          `[B]` array.
+          TypeError / ValueError: as `jaxbuffers.ReplayBuffer.add`; `priorities` not a floating `[B]` array.
         """
         replay = self.replay.add(batch)
         b = jax.tree.leaves(batch)[0].shape[0]  # checked by replay.add
@@ -243,27 +208,23 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})
     def sample(self, key: jax.Array, batch_size: int, *, beta=1.0) -> PrioritisedSample:
-        """Draw `batch_size` items by stratified proportional sampling (with replacement).
-
-        One draw per stratum of the total (`jaxbuffers.SumMinTree.sample_stratified`).
+        """Draw `batch_size` items, one per stratum of the total (`jaxbuffers.SumMinTree.sample_stratified`).
 
         Args:
           key: a JAX PRNG key.
           batch_size: static Python int >= 1.
-          beta: importance-sampling exponent, a number >= 0 or a 0-d array (may be traced, e.g.
-            annealed inside a jitted step from ~0.4 to 1 over training); `0` gives weights of 1, and
-            so does a traced negative `beta` (clamped at 0: the weights stay in `[0, 1]`).
+          beta: importance-sampling exponent, a number >= 0 or a 0-d array (may be traced, e.g. annealed from ~0.4
+            to 1); `0` gives weights of 1, and so does a traced negative `beta` (clamped at 0).
 
         Returns:
-          `PrioritisedSample`; every index is a stored slot once an item was added. On an empty
-          buffer: slot 0 (zeros), probability 0 and weight 1 (defined; check `can_sample`).
+          `PrioritisedSample`; every index is a stored slot once an item was added. On an empty buffer: slot 0
+          (zeros), probability 0 and weight 1 (defined; check `can_sample`).
 
         Raises:
-          ValueError: `batch_size` not an int >= 1, `beta` not a scalar, or a concrete `beta`
-            that is negative or not finite.
+          ValueError: `batch_size` not an int >= 1, `beta` not a scalar, or a concrete `beta` that is negative or
+            not finite.
         """
-        indices = self.tree.sample_stratified(key, batch_size)
-        probabilities, weights = _priority.probabilities_and_weights(self.tree, self.tree.get(indices), beta)
+        indices, probabilities, weights = _priority.draw(self.tree, key, batch_size, beta)
         return PrioritisedSample(
             item=self.replay.get(indices), indices=indices, probabilities=probabilities,
             importance_weights=weights, generations=self.generations_at(indices),
@@ -275,27 +236,20 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
         Args:
           indices: int `[B]` slots (`PrioritisedSample.indices`).
-          priorities: floating `[B]` new priorities (typically `|TD error|`); the priority policy
-            of the module doc applies.
+          priorities: floating `[B]` new priorities (typically `|TD error|`), following the priority policy.
           generations: int `[B]`, `PrioritisedSample.generations` from the same sample.
 
         Returns:
-          The new buffer. An entry applies only if its slot holds a stored item and still has
-          `generations`; among applied entries for one slot the last wins, and the running max
-          rises to the largest priority written. Cost `O(B log C)`.
+          The new buffer. An entry applies only if its slot holds a stored item and still has `generations`; of
+          applied entries for one slot the last wins; the running max rises to the largest priority written.
+          Cost `O(B log C)`.
 
         Raises (at trace time):
           ValueError / TypeError: an argument not 1-D, lengths differ, wrong dtype kind.
         """
-        indices = _validate.index_vector("indices", indices)
-        (b,) = indices.shape
-        priorities = _validate.vector("priorities", priorities, b, "floating")
-        generations = _validate.vector("generations", generations, b, "integer").astype(jnp.int32)
         r = self.replay
-        tree, max_priority = _priority.write_priorities(
-            self.tree, indices, priorities, generations,
+        return _priority.set_priorities(
+            self, indices, priorities, generations,
             lambda slot, gen: (_ring.physical_to_logical(slot, r.head, r.num_valid, self.capacity) < r.num_valid)
             & (self.generations_at(slot) == gen),
-            self.max_priority, self.epsilon, self.priority_exponent,
         )
-        return self.replace(tree=tree, max_priority=max_priority)

@@ -2,8 +2,8 @@ r"""`PrioritisedTrajectoryBuffer`: a `jaxbuffers.TrajectoryBuffer` whose window 
 
 A drop-in for the uniform buffer (`docs/guide.md`, section 1): its samplers take a keyword `beta=1.0` and add
 `probabilities`, `importance_weights` and `generations` to the uniform samples (priority policy and weights:
-`jaxbuffers._priority`). The tree of window starts, its upkeep and `period`: `docs/api/trajectory.md`, "Prioritised
-windows".
+`docs/api/replay.md`, "Prioritised replay"). The tree of window starts, its upkeep and `period`:
+`docs/api/trajectory.md`, "Prioritised windows".
 
 References:
   Schaul, Quan, Antonoglou, Silver (2016), *Prioritized Experience Replay*, ICLR.
@@ -50,7 +50,7 @@ class PrioritisedSequenceSample(NamedTuple):
 
 class PrioritisedTransitionSample(NamedTuple):
     """`jaxbuffers.TransitionSample`'s fields, plus `probabilities`, `importance_weights` (in [0, 1], 0 only when
-    the weight underflows float32; `jaxbuffers._priority`) and `generations` (what `set_priorities` takes back)."""
+    the weight underflows float32) and `generations` (what `set_priorities` takes back)."""
 
     obs: Any
     action: Any
@@ -66,8 +66,7 @@ class PrioritisedTransitionSample(NamedTuple):
 
 
 def _of_buffer(name: str) -> property:
-    """A read-only property: the wrapped `TrajectoryBuffer`'s attribute `name` (a property is no method: the class
-    decorator `jaxbuffers._validate.one_member_methods` wraps none, here as in every buffer)."""
+    """A read-only property: the wrapped `TrajectoryBuffer`'s attribute `name`."""
     return property(operator.attrgetter(f"buffer.{name}"), doc=f"`{name}` of the wrapped `TrajectoryBuffer`.")
 
 
@@ -207,8 +206,8 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method()
     def priorities(self, indices: jax.Array) -> jax.Array:
-        """Priorities of flat positions `indices` (int, any shape; TypeError for other dtypes), float32, from the tree
-        (`jaxbuffers._priority.priorities_at`); invalid windows and indices outside `[0, num_envs * length)` read 0."""
+        """Priorities of flat positions `indices` (int, any shape; TypeError for other dtypes), float32; invalid
+        windows and indices outside `[0, num_envs * length)` read 0."""
         return _priority.priorities_at(self.tree, indices, self.priority_exponent)
 
     @property
@@ -232,10 +231,9 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         new = old.add_prepared(step, terminated, truncated, final_obs)
         e, n, w, t = old.num_envs, old.length, self.window_length, terminated.shape[1]
         phase = ((self.phase + t) % self.period).astype(jnp.int32)
-        # One tree write per position, none twice (`distinct`), the same in every lane: the t written steps (logical
-        # starts nv - t + k in new coordinates), each the max priority if it now starts a whole aligned window (k <= t - w)
-        # and 0 otherwise; then the newly whole windows that start before the chunk (nv - w - t + 1 + i for
-        # i < min(t, w - 1)), written only if they exist and are aligned.
+        # One tree write per position, the same in every lane: the t written steps (logical nv - t + k), each the max
+        # priority if it starts a whole aligned window and 0 otherwise; then the windows before the chunk made whole
+        # (nv - w - t + 1 + i for i < min(t, w - 1)), written only if they exist and are aligned.
         k = jnp.arange(t + min(t, w - 1), dtype=jnp.int32)
         written = k < t
         logical = jnp.where(written, new.num_valid - t + k, new.num_valid - w - 2 * t + 1 + k)
@@ -283,8 +281,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     def _draw(self, key, batch_size: int, beta, leaves=None):
         batch_size = _validate.static_int("batch_size", batch_size)
         if leaves is None:
-            idx = self.tree.sample_stratified(key, batch_size)
-            probs, weights = _priority.probabilities_and_weights(self.tree, self.tree.get(idx), beta)
+            idx, probs, weights = _priority.draw(self.tree, key, batch_size, beta)
         else:
             idx, probs, weights = _priority.draw_from_leaves(leaves, key, batch_size, beta)
         return idx, (probs, weights, self.generations_at(idx))
@@ -350,11 +347,11 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method()
     def set_priorities(self, indices: jax.Array, priorities: jax.Array, generations: jax.Array) -> "PrioritisedTrajectoryBuffer":
-        r"""Set the priorities of sampled positions (typically `|TD error| + eps`).
+        r"""Set the priorities of sampled positions (typically `|TD error| + eps`), following the priority policy.
 
         An entry is ignored when its start slot was overwritten since sampling (generation differs), its window is
         not valid now (leaf 0) or the index is out of range. Duplicate indices: the last entry wins; `max_priority`
-        grows to the largest priority written. NaN, small and huge values: `jaxbuffers._priority`.
+        grows to the largest priority written.
 
         Args:
           indices: int32[B] from a sample's `indices`.
@@ -365,16 +362,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
           ValueError: the three not of one shape `[B]`.
           TypeError: wrong dtype kinds.
         """
-        indices = _validate.index_array(indices)
-        b = indices.shape[0] if indices.ndim == 1 else -1
-        if b < 0:
-            raise ValueError(f"indices: expected a [B] array, got shape {indices.shape}")
-        indices = _validate.integer_indices("indices", indices)
-        priorities = _validate.vector("priorities", priorities, b, "floating")
-        generations = _validate.vector("generations", generations, b, "integer")
-        tree, max_p = _priority.write_priorities(
-            self.tree, indices, priorities, generations.astype(jnp.int32),
+        return _priority.set_priorities(
+            self, indices, priorities, generations,
             lambda slot, gen: (self.generations_at(slot) == gen) & (self.tree.get(slot) > 0),  # leaf 0: window not valid now
-            self.max_priority, self.epsilon, self.priority_exponent,
         )
-        return self.replace(tree=tree, max_priority=max_p)

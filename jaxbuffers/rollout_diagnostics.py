@@ -60,12 +60,8 @@ class RolloutMemoryEstimate:
 
 
 def _inner(buf: Any) -> RolloutBuffer:
-    """The `RolloutBuffer` of ``buf`` (itself, or a compressed rollout's device part).
-
-    Raises:
-      TypeError: ``buf`` is neither a `RolloutBuffer` nor a `CompressedRolloutBuffer`.
-      ValueError: ``buf`` is stacked (vmapped) and the call is not under ``jax.vmap``.
-    """
+    """The `RolloutBuffer` of ``buf`` (itself, or a compressed rollout's device part); TypeError for another type,
+    ValueError for a stacked ``buf`` outside ``jax.vmap``."""
     inner = getattr(buf, "buffer", buf)
     if not isinstance(inner, RolloutBuffer):
         raise TypeError(f"buf: expected a RolloutBuffer or a CompressedRolloutBuffer, got {type(buf).__name__}")
@@ -97,8 +93,7 @@ def trainable_diagnostics(buf: Any) -> TrainableDiagnostics:
     Raises:
       TypeError: ``buf`` is not a (compressed) rollout buffer.
     """
-    inner = _inner(buf)
-    return TrainableDiagnostics(total_size(buf), *_counts(inner))
+    return TrainableDiagnostics(total_size(buf), *_counts(_inner(buf)))
 
 
 def _platform(tree: Any) -> str:
@@ -120,7 +115,6 @@ def memory_estimate(buf: Any, minibatch_size: int | None = None) -> RolloutMemor
         raise ValueError(f"minibatch_size: expected at most total_size={total}, got {size}")
     host = buf.host_nbytes if inner is not buf else 0
     device = buf.device_nbytes if inner is not buf else inner.memory_bytes
-    # What `gather` returns for `size` steps (traced, nothing runs): the minibatch's own fields and dtypes.
     minibatch = jax.eval_shape(buf.gather, jax.ShapeDtypeStruct((size,), jnp.int32))
     platform = _platform(inner)
     on_cpu = platform == "cpu"
@@ -164,7 +158,6 @@ def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = Non
 
 
 def _gathered(buf: Any, indices: jax.Array, dev: jax.Device | None) -> Iterator[RolloutMinibatch]:
-    """`get_minibatches`' minibatches, each gathered when the iterator reaches it."""
     for idx in indices:
         mb = buf.gather(idx)
         yield mb if dev is None else jax.device_put(mb, dev)

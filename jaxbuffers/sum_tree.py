@@ -1,32 +1,6 @@
 r"""On-device sum tree with minima: `SumMinTree`, the index of every prioritised buffer.
 
-A complete binary tree over `P = 2 ** ceil(log2(capacity))` leaves (the capacity padded to a power of two) is stored
-one array per depth: `levels[l]` has shape `[2**l, 2]`, so `levels[0]` is the root, node `n` of depth `l` has children
-`2n` and `2n + 1` of depth `l + 1`, and leaf `i` (`0 <= i < capacity`) is row `i` of `levels[-1]`. Each row is the pair
-`(sum, min)` of its subtree: leaf `i` with value $v_i \ge 0$ holds $(v_i, v_i)$ if $v_i > 0$ and $(0, +\infty)$
-otherwise, and every internal row is
-
-$$
-(\mathrm{sum}, \mathrm{min})^{(l)}_n = \left(\mathrm{sum}^{(l+1)}_{2n} + \mathrm{sum}^{(l+1)}_{2n+1},\
-\min(\mathrm{min}^{(l+1)}_{2n}, \mathrm{min}^{(l+1)}_{2n+1})\right).
-$$
-
-So the root holds $\sum_i v_i$ (for sampling) and the smallest POSITIVE leaf (the importance-weight normaliser over
-the slots that can be sampled). The padding leaves `[capacity, P)` hold the identity `(0, +inf)` forever.
-
-One array per depth, not one heap: an update reads depth `l + 1` and writes depth `l`, two different buffers, so
-every write is an in-place scatter under donation on every backend, and each gather and scatter spans the rows of one
-depth only. In a single heap array each step would gather from and scatter into the same buffer, which copies the
-whole heap (or, with every scatter ordered before the next gather, makes every gather and scatter span the whole tree).
-
-Invariant: every internal row is the combination of its children in the tree's dtype.
-`SumMinTree.set` and `SumMinTree.set_run` recompute the ancestors of the written leaves from their children (never by
-adding deltas), so the root never drifts. A batch of `B` writes at any indices costs `O(B log(P / B) + B log B)` (each
-depth of more than `B` rows gathers and scatters `B` ancestors; the depths of at most `B` rows, `2B` rows together, are
-recomputed whole). The ancestors of a run of consecutive leaves are a run of consecutive rows at every depth, so
-`set_run` (the ring write of every buffer's `add`) reads and writes slices instead: `O(B + log P)`, no gather or
-scatter. Both work in place when the tree is donated. The tree is a pure pytree: it works under `jit`, `lax.scan` and
-`vmap`.
+Layout, invariant and costs: `docs/api/replay.md`, "Sum tree".
 
 References:
   Schaul et al., "Prioritized Experience Replay", ICLR 2016, appendix B.2.1 (prefix-sum search and
@@ -48,24 +22,19 @@ def last_write_mask(indices: jax.Array, where: jax.Array | None = None, bound: i
     """Which entries of a batched write survive when later writes to the same index win.
 
     Args:
-      indices: int[B] indices; only equality matters, but active entries must be `>= 0` (a
-        negative index is treated as inactive).
-      where: optional bool[B]; entries with `False` are not writes at all (they never win and
-        never shadow an earlier entry).
-      bound: optional static Python int: a promise that every active index is `< bound`. When
-        `(bound + 1) * B <= 2**31` the entries are ordered by sorting one int32 key,
-        `(index + 1) * B + k` (`0` for inactive entries), instead of a stable sort of the indices
-        that carries the batch positions along: the same order, from a one-operand sort.
+      indices: int[B]; only equality matters; a negative index is inactive.
+      where: optional bool[B]; `False` entries are no writes (they never win nor shadow an earlier entry).
+      bound: optional static int, a promise that every active index is `< bound`; when `(bound + 1) * B <= 2**31`
+        one int32 key `(index + 1) * B + k` is sorted instead of a stable argsort (the same order).
 
     Returns:
-      bool[B]: `True` at entry `k` iff `where[k]` and no later entry `j > k` with `where[j]` has
-      `indices[j] == indices[k]`. Deterministic; `O(B log B)` (one sort).
+      bool[B]: `True` at entry `k` iff `where[k]` and no later active entry `j > k` has `indices[j] == indices[k]`.
+      Deterministic; `O(B log B)`.
     """
     indices = jnp.asarray(indices, jnp.int32)
     (b,) = indices.shape
     where = jnp.ones((b,), bool) if where is None else where
-    # Inactive entries get the key -1 (never a winner); ordering by index, then batch position, puts the last
-    # write of each index at the end of its group.
+    # Inactive entries get the group -1 (never a winner); the last write of each index ends its group.
     group = jnp.where(where & (indices >= 0), indices, -1)
     if bound is not None and (bound + 1) * b <= 2**31:
         key = jnp.sort((group + 1) * b + jnp.arange(b, dtype=jnp.int32))
@@ -77,13 +46,14 @@ def last_write_mask(indices: jax.Array, where: jax.Array | None = None, bound: i
     return jnp.zeros((b,), bool).at[order].set(last, unique_indices=True)
 
 
-def _combine(left: jax.Array, right: jax.Array) -> jax.Array:
-    """Parent rows `[..., 2]` of two stacks of child rows: sums added, minima taken."""
-    return jnp.stack([left[..., 0] + right[..., 0], jnp.minimum(left[..., 1], right[..., 1])], axis=-1)
+def _combine(kids: jax.Array) -> jax.Array:
+    """Parent rows `[..., 2]` of child pairs `[..., 2, 2]` (left, right): sums added, minima taken."""
+    return jnp.stack([kids[..., 0, 0] + kids[..., 1, 0], jnp.minimum(kids[..., 0, 1], kids[..., 1, 1])], axis=-1)
 
 
 def _rows(values: jax.Array) -> jax.Array:
-    """Leaf rows `[B, 2]` of leaf values `[B]`: `(v, v)` for positive `v`, `(v, +inf)` otherwise."""
+    """Leaf rows `[B, 2]` of leaf values `[B]` clipped into `[0, max finite]`: `(v, v)` if `v > 0`, else `(0, +inf)`."""
+    values = jnp.clip(values, 0, jnp.finfo(values.dtype).max)
     return jnp.stack([values, jnp.where(values > 0, values, jnp.inf).astype(values.dtype)], axis=-1)
 
 
@@ -96,26 +66,17 @@ def _write_slice(level: jax.Array, lo: jax.Array, rows: jax.Array, write: jax.Ar
 def _recompute_slice(levels: list, l: int, lo: jax.Array, width: int) -> jax.Array:
     """Depth `l` with rows `[lo, lo + width)` recomputed from their children (rows `[2 lo, 2 lo + 2 width)` of `l + 1`)."""
     kids = jax.lax.dynamic_slice_in_dim(levels[l + 1], 2 * lo, 2 * width).reshape(width, 2, 2)
-    return jax.lax.dynamic_update_slice_in_dim(levels[l], _combine(kids[:, 0], kids[:, 1]), lo, 0)
+    return jax.lax.dynamic_update_slice_in_dim(levels[l], _combine(kids), lo, 0)
 
 
 def _restart_level(depth: int) -> int:
-    """Levels decided by the stratified query before the descent restarts (`depth`: never):
-    half the depth; trees of fewer than 6 levels (at most 32 padded leaves) do not restart."""
+    """Levels the stratified query decides before the descent restarts: half, all below 6 levels (32 leaves)."""
     return depth if depth < 6 else depth // 2
 
 
 def _restart(subtree_sum: jax.Array, u2: jax.Array) -> jax.Array:
-    """The query that continues a descent inside a subtree of stored sum `subtree_sum`:
-    `u2 * subtree_sum`, kept in `[0, subtree_sum)` (0 for an empty subtree).
-
-    Why: a float32 query near `total` is a multiple of `ulp(total) ~ total * 2**-24`, so a leaf
-    narrower than that spacing is either missed by every query or given a whole spacing's
-    probability, depending on where it sits. Replacing the rest of the query, once the descent has
-    chosen a subtree of sum `S`, by a fresh uniform times `S` keeps every leaf's probability
-    `v_i / total` (the first levels choose the subtree with probability `S / total`, the rest the
-    leaf with `v_i / S`) and resolves leaves down to `~S * 2**-23` (the uniforms carry 23 bits).
-    """
+    """The query continuing a descent in a subtree of sum `subtree_sum`: `u2 * subtree_sum`, kept in
+    `[0, subtree_sum)` (0 when empty). Why: `docs/api/replay.md`, "Sum tree"."""
     s = subtree_sum.astype(u2.dtype)
     q = u2 * s
     zero = jnp.zeros_like(s)
@@ -126,14 +87,11 @@ def _descend(levels: tuple, q: jax.Array, u2: jax.Array | None = None) -> jax.Ar
     """Leaf ids int32[Q] of clamped queries `q` [Q], one vectorised step per depth: left when
     `q < left_sum`, else right with `q - left_sum`, never into an empty subtree. With `u2` ([Q] in
     `[0, 1)`) the query is replaced at `_restart_level` by `_restart`.
-
-    The steps run in one `fori_loop` whose body reads the children of depth `l` through a
-    `lax.switch` on `l` (the depths are arrays of different shapes): one compiled step, however
-    deep the tree.
     """
     depth = len(levels) - 1
     if depth == 0:
         return jnp.zeros(q.shape, jnp.int32)
+    # one compiled step however deep the tree: a `lax.switch` on `l` reads depth l's children (shapes differ)
     children = [lambda node, kids=kids: kids.reshape(-1, 2, 2)[node, :, 0].astype(q.dtype) for kids in levels[1:]]
 
     def step(l, carry):
@@ -151,9 +109,11 @@ def _descend(levels: tuple, q: jax.Array, u2: jax.Array | None = None) -> jax.Ar
 
 
 class SumMinTree(flax.struct.PyTreeNode):
-    """Sums and minima over `capacity` non-negative leaves, one array per depth (see the module doc).
+    r"""Sums and minima over `capacity` non-negative leaves, one array per depth (`docs/api/replay.md`, "Sum tree").
 
-    Build it with `SumMinTree.create`; every method is pure and returns a new tree or arrays.
+    Row `n` of `levels[l]` is the `(sum, min)` of node `n`'s subtree: leaf `i` holds $(v_i, v_i)$ if $v_i > 0$,
+    else $(0, +\infty)$; an internal row combines rows `2n` and `2n + 1` of depth `l + 1` (sums added, minima
+    taken). Build it with `SumMinTree.create`; every method is pure and returns a new tree or arrays.
 
     Example:
       >>> import jax.numpy as jnp
@@ -164,7 +124,7 @@ class SumMinTree(flax.struct.PyTreeNode):
       [0, 2, 2]
     """
 
-    levels: tuple  # levels[l]: shape=(2**l, 2), float32 (or create's dtype): row n = (sum, min) of node n at depth l; levels[0] the root, levels[-1] the P leaves
+    levels: tuple  # levels[l]: shape=(2**l, 2), create's dtype (float32): (sum, min) rows; levels[-1] the P leaves
     capacity: int = flax.struct.field(pytree_node=False)
 
     @classmethod
@@ -172,10 +132,10 @@ class SumMinTree(flax.struct.PyTreeNode):
         """An empty tree: every row of every depth holds the identity `(0, +inf)`.
 
         Args:
-          capacity: Python int in `[1, 2**30]`, the number of leaves (ids `0 .. capacity - 1`);
-            storage is padded to the next power of two.
-          dtype: a floating dtype (float32 default). Sums are rounded in it, so bfloat16 or float16
-            trees sample only approximately; the total must stay finite.
+          capacity: Python int in `[1, 2**30]`, the number of leaves (ids `0 .. capacity - 1`), padded to `P`,
+            the next power of two.
+          dtype: a floating dtype (float32 default); sums are rounded in it (bfloat16 and float16 trees sample
+            only approximately); the total must stay finite.
 
         Raises:
           ValueError: capacity not an int in `[1, 2**30]`. TypeError: dtype not floating.
@@ -220,9 +180,7 @@ class SumMinTree(flax.struct.PyTreeNode):
 
     @_compiled.method()
     def get(self, indices) -> jax.Array:
-        """Leaf values at `indices` (int[B]): dtype[B].
-
-        Indices outside `[0, capacity)` are clamped into it (as every buffer's reads).
+        """Leaf values at `indices` (int[B]): dtype[B]; indices outside `[0, capacity)` are clamped into it.
 
         Raises:
           TypeError / ValueError: `indices` not a 1-D integer array.
@@ -236,23 +194,19 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Args:
           indices: int[B] leaf ids. Entries outside `[0, capacity)` are ignored.
-          values: floating [B], converted to the tree's dtype. A NaN value is not written (the entry is ignored, as
-            if `where` were False), so NaN never enters the tree; a negative value (`-inf` included) is written as 0
-            (an empty leaf) and `+inf` as the dtype's largest finite value, so every leaf stays finite and `>= 0`
-            (the prioritised buffers apply their own priority policy first).
+          values: floating [B], converted to the tree's dtype. A NaN entry is ignored (NaN never enters the tree);
+            a negative value (`-inf` included) is written as 0 and `+inf` as the dtype's largest finite value.
           where: optional bool[B]; entries with `False` are ignored.
-          distinct: static bool; `True` promises that no two active entries share an index (the slots of a ring
-            write), which skips the `O(B log B)` sort that finds the last write of each index. Duplicates then leave
-            a consistent tree holding one of their values, which one unspecified.
+          distinct: static bool; `True` promises no two active entries share an index, skipping the `O(B log B)`
+            sort for the last write of each index (duplicates then leave one of their values, which unspecified).
 
         Returns:
           A new tree; of duplicate indices the LAST active entry wins. Cost `O(B log P + B log B)`, `O(B log P)`
           with `distinct`.
 
         Raises (at trace time):
-          TypeError / ValueError: indices not 1-D integer, values not floating of the indices'
-          shape, `where` not bool[B] (each a list, a numpy or JAX array, or a CPU torch tensor); `distinct` not a
-          Python bool.
+          TypeError / ValueError: indices not 1-D integer, values not floating of the indices' shape, `where` not
+          bool[B] (each a list, a numpy or JAX array, or a CPU torch tensor); `distinct` not a Python bool.
         """
         distinct = _validate.static_bool("distinct", distinct)
         indices = _validate.index_vector("indices", indices)
@@ -261,38 +215,30 @@ class SumMinTree(flax.struct.PyTreeNode):
         active = (indices >= 0) & (indices < self.capacity) & ~jnp.isnan(values)
         if where is not None:
             active = active & _validate.vector("where", where, b, "bool")
-        values = jnp.clip(values, 0, jnp.finfo(self.dtype).max)  # the documented policy: see the docstring
         keep = active if distinct else last_write_mask(indices, active, self.capacity)
         levels = list(self.levels)
         levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(_rows(values), mode="drop")
         node = jnp.where(active, indices, 0)  # inactive entries recompute leaf 0's ancestors: a no-op
         for l in reversed(range(self.depth)):
+            kids = levels[l + 1].reshape(-1, 2, 2)
             if 1 << l <= b:
-                # A depth of at most B rows is recomputed whole, from contiguous children: no more rows than the B
-                # gathered ones, and no gather. Set over its own array, which keeps the array's sharding (an update
-                # computed from sharded children may carry another) and stays in place under donation.
-                kids = levels[l + 1].reshape(-1, 2, 2)
-                levels[l] = levels[l].at[:].set(_combine(kids[:, 0], kids[:, 1]))
+                # A depth of at most B rows is recomputed whole, no gather; set over its own array, which keeps its
+                # sharding and stays in place under donation.
+                levels[l] = levels[l].at[:].set(_combine(kids))
                 continue
-            node = node >> 1
-            kids = levels[l + 1].reshape(-1, 2, 2)[node]
-            levels[l] = levels[l].at[node].set(_combine(kids[:, 0], kids[:, 1]), mode="promise_in_bounds")  # duplicates write equal rows
+            node = node >> 1  # duplicate nodes write equal rows
+            levels[l] = levels[l].at[node].set(_combine(kids[node]), mode="promise_in_bounds")
         return self.replace(levels=tuple(levels))
 
     @_compiled.method()
     def set_run(self, start, values) -> "SumMinTree":
         """Write `B` leaves of a ring run, `(start + r) mod capacity <- values[r]` for `r < B`, and recompute their
-        ancestors: what `set(_ring.write_indices(start, B, capacity), values, distinct=True)` gives, bit for bit.
-
-        The run is at most two runs of consecutive leaves (`[s, s + n)` and, past the end of the capacity, `[0, B - n)`;
-        one leaf never wraps), whose ancestors are at most two runs of `ceil((B - 1) / 2**k) + 1` rows at `k` levels
-        above the leaves: each depth reads and writes those slices (the second may hold only kept rows). Cost
-        `O(B + log P)`.
+        ancestors: bit for bit `set(_ring.write_indices(start, B, capacity), values, distinct=True)`, in
+        `O(B + log P)` (slices, no gather or scatter).
 
         Args:
           start: integer scalar (traced or not): the leaf of `values[0]`, taken modulo `capacity`.
-          values: floating `[B]`, `1 <= B <= capacity`, converted to the tree's dtype; the policy of `set`: a NaN
-            value is not written, a negative one is written as 0 and `+inf` as the dtype's largest finite value.
+          values: floating `[B]`, `1 <= B <= capacity`, converted to the tree's dtype; the value policy of `set`.
 
         Returns:
           A new tree (in place when donated).
@@ -307,12 +253,11 @@ class SumMinTree(flax.struct.PyTreeNode):
         (b,) = values.shape
         if not 1 <= b <= self.capacity:
             raise ValueError(f"values: expected a length B in [1, {self.capacity}] (the capacity), got {b}")
-        rows = _rows(jnp.clip(values, 0, jnp.finfo(self.dtype).max))  # the policy of `set`
+        rows = _rows(values)
         written = ~jnp.isnan(values)
         r = jnp.arange(b, dtype=jnp.int32)
-        # The run up to the end of the capacity, leaves [start, start + n), in the B rows from `lo` (kept in the
-        # array); the rest wraps around to leaves [0, end), in the B rows ending at `end` (clamped at row 0: an offset
-        # computed, not the constant 0, which XLA:CPU compiled into a rewrite of the whole depth).
+        # Leaves [start, start + n) in the B rows from `lo`; the rest wraps to leaves [0, end), in the B rows ending at
+        # `end` (clamped at row 0).
         n, end = jnp.minimum(b, self.capacity - start), start + b - self.capacity
         lo, lo_wrapped = jnp.minimum(start, self.padded_capacity - b), jnp.maximum(end - b, 0)
         first, wrapped = jnp.clip(lo + r - start, 0, b - 1), jnp.minimum(lo_wrapped + r + n, b - 1)
@@ -323,8 +268,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         for l in reversed(range(self.depth)):
             k = self.depth - l
             width = min(1 << l, ((b - 1 + (1 << k) - 1) >> k) + 1)  # the ancestors of B consecutive leaves
-            # Recomputing a row whose children are up to date leaves it as it is, so the slices may hold more rows
-            # than the ancestors: each is clamped into its depth; one as wide as the depth is the whole depth.
+            # Recomputing a row with up-to-date children keeps it: slices may hold extra rows, clamped into the depth.
             levels[l] = _recompute_slice(levels, l, jnp.minimum(start >> k, (1 << l) - width), width)
             if b > 1 and width < 1 << l:
                 levels[l] = _recompute_slice(levels, l, jnp.maximum(((end - 1) >> k) - width + 1, 0), width)
@@ -334,10 +278,9 @@ class SumMinTree(flax.struct.PyTreeNode):
     def find(self, queries) -> jax.Array:
         r"""Leaf `i` whose prefix-sum interval $[S_i, S_i + v_i)$ contains each query, $S_i = \sum_{j<i} v_j$.
 
-        Queries are clamped into `[0, total)` (NaN to 0). A node with a positive sum always has a
-        positive child, so whenever `total() > 0` the result is a POSITIVE leaf, whatever the
-        rounding; otherwise leaf 0. Near a prefix sum `S` a float32 query only tells apart leaves
-        wider than about `S * 2**-24` (`sample_stratified` restarts the descent instead).
+        Queries are clamped into `[0, total)` (NaN to 0). Whenever `total() > 0` the result is a POSITIVE leaf,
+        whatever the rounding; otherwise leaf 0. Near a prefix sum `S` a float32 query only tells apart leaves wider
+        than about `S * 2**-24`.
 
         Args:
           queries: floating [Q].
@@ -365,10 +308,9 @@ class SumMinTree(flax.struct.PyTreeNode):
         q_k = (k + u_k) \frac{\mathrm{total}}{B}, \qquad u_k \sim U[0, 1)\ \text{i.i.d.},
         $$
 
-        in stratum `k`. It chooses the path through the top half of the levels (all of them up to
-        32 padded leaves); below, a second uniform times the subtree's sum continues (`_restart`).
-        Each index has probability `v_i / total` averaged over strata, and leaves narrower than a
-        float32 spacing of the total are drawn at their due rate.
+        in stratum `k`; it decides the top half of the levels (all up to 32 padded leaves), a second uniform times
+        the subtree's sum the rest. Each index has probability `v_i / total` averaged over strata, leaves narrower
+        than a float32 spacing of the total included.
 
         Args:
           key: a PRNG key.
@@ -383,8 +325,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         batch_size = _validate.static_int("batch_size", batch_size)
         qdt = self.query_dtype
         u, u2 = jax.random.uniform(_validate.key("key", key), (2, batch_size), jnp.float32).astype(qdt)
-        # A product with 1/B, not a division: XLA rewrites a division by a constant into this
-        # product under jit only, which would make eager and jitted draws differ in a last bit.
+        # A product with 1/B: XLA rewrites a division by a constant so under jit only (eager and jit would differ).
         width = self.total().astype(qdt) * jnp.asarray(1.0 / batch_size, qdt)
         q = (jnp.arange(batch_size, dtype=qdt) + u) * width
         return _descend(self.levels, self._clamp(q), u2)

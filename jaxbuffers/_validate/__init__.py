@@ -251,14 +251,14 @@ def static_bool(name: str, value) -> bool:
     return bool(value)
 
 
-def flag(name: str, x: Any, shape: tuple = ()) -> Any:
-    """A bool flag of `shape`: a Python or numpy bool (filled to `shape`, as numpy) or a bool array of exactly `shape`
-    (returned as it is), never cast. Raises TypeError for what is not a bool or an array (`None`, an int, a list) or
-    a dtype other than bool, ValueError for another shape."""
-    if isinstance(x, (bool, np.bool_)):
+def flag(name: str, x: Any, shape: tuple = (), fill: bool = True) -> Any:
+    """A bool flag of `shape`: a bool array of exactly `shape` (returned as it is) or, with `fill`, a Python or numpy
+    bool (filled to `shape`, as numpy), never cast. Raises TypeError for what is not a bool or an array (`None`, an
+    int, a list) or a dtype other than bool, ValueError for another shape."""
+    if fill and isinstance(x, (bool, np.bool_)):
         x = np.full(shape, bool(x))
     if not is_array(x):
-        raise not_array(name, x, f"a bool or a bool array of shape {tuple(shape)}", np.bool_)
+        raise not_array(name, x, f"a bool{' or a bool' if fill else ''} array of shape {tuple(shape)}", np.bool_)
     return array(name, x, shape, np.bool_)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from host_codecs import DTYPES
 from jaxbuffers._validate import (
-    _is_int, check_batch, index_array, is_array, item_spec, leaf_path, not_array, static_int,
+    _is_int, check_batch, flag, index_array, item_spec, leaf_path, static_int,
 )
 
 
@@ -53,19 +53,8 @@ def trajectory_example(example_step, num_envs, length, obs_key: str, action_key:
     return num_envs, length, spec
 
 
-def _flag(name: str, flag, lead: tuple[int, ...]) -> jax.Array:
-    """A bool episode-flag array of shape `lead` (trace time)."""
-    if not is_array(flag):
-        raise not_array(name, flag, f"a bool array of shape {list(lead)}", np.bool_)
-    if tuple(flag.shape) != tuple(lead):
-        raise ValueError(f"{name}: expected shape {list(lead)} (one flag per env and step), got {list(flag.shape)}")
-    if flag.dtype != np.dtype(bool):
-        raise TypeError(f"{name}: expected dtype bool, got {flag.dtype} (convert with .astype(bool))")
-    return jnp.asarray(flag)
-
-
 def _leaf_at(tree, path):
-    """The subtree of `tree` at a key path, or None where it has none."""
+    """The subtree of `tree` at a key path, or None."""
     for k in path:
         try:
             tree = tree[k.key if hasattr(k, "key") else k.idx if hasattr(k, "idx") else k.name]
@@ -92,8 +81,7 @@ def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, termina
     if not isinstance(step, Mapping):
         raise TypeError(f"step: expected a dict like the example step, got {type(step).__name__}")
     step = dict(step)
-    # One step [num_envs, ...] or a chunk [num_envs, t, ...]: told apart by the rank of most leaves (a tie by that of
-    # `terminated`), so that the error names the argument of the wrong rank.
+    # One step [num_envs, ...] or a chunk [num_envs, t, ...]: the rank of most leaves says (a tie: `terminated`'s).
     specs = jax.tree_util.tree_flatten_with_path(spec)[0]
     extra = [getattr(_leaf_at(step, p), "ndim", -1) - len(s.shape) for p, s in specs]
     one, two = extra.count(1), extra.count(2)
@@ -102,12 +90,12 @@ def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, termina
     if lead[0] != num_envs:
         raise ValueError(f"step: expected leading axis num_envs={num_envs}, got {lead[0]}")
     _ring.check_batch_fits(1 if nd == 1 else lead[1], length, "step chunk (time axis)", "length")
-    terminated = _flag("terminated", terminated, lead)
+    terminated = jnp.asarray(flag("terminated", terminated, lead, fill=False))
     if truncated is None:
         if final_obs is not None:
             raise ValueError("final_obs: given without truncated; pass truncated=... with it")
     else:
-        truncated = _flag("truncated", truncated, lead)
+        truncated = jnp.asarray(flag("truncated", truncated, lead, fill=False))
         if final_obs is None:
             raise TypeError("final_obs: required when truncated is given: the true observation after each step, "
                             "before any auto-reset (read only where truncated); shaped like step[obs] "
@@ -134,8 +122,7 @@ def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, nor
     compressed trajectory buffer stores on the host (its `create`'s errors).
 
     Raises:
-      TypeError: a leaf whose dtype the host stores do not take (`host_codecs.DTYPES`: bool, the integers of 8 to
-        64 bits, float16, float32, float64, complex64, complex128; not bfloat16, float8 or int4), naming the leaf.
+      TypeError: a leaf whose dtype the host stores do not take (`host_codecs.DTYPES`), naming the leaf.
       ValueError: `normalize_images` on a non-uint8 leaf; with `frame_stack=k`, a `stack_axis` out of range or not
         holding `k` frames.
     """
@@ -170,8 +157,7 @@ def _part(x, lead: int, start: int, stop: int):
 
 
 def _differs(a, b, lead: int):
-    """bool `a.shape[:lead]`: whether `a` and `b` differ in some byte past their first `lead` axes (floats compared
-    bit for bit, so a NaN equals itself)."""
+    """bool `a.shape[:lead]`: whether `a` and `b` differ in some byte past their first `lead` axes (bit for bit)."""
     if jnp.issubdtype(a.dtype, jnp.floating):
         width = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
         a, b = jax.lax.bitcast_convert_type(a, width), jax.lax.bitcast_convert_type(b, width)
@@ -188,8 +174,7 @@ def _padding_breaks(x, lead: int, padding: str):
 
 
 def _shift_breaks(x, prev, lead: int):
-    """bool `[*L]` of stacks `x` and `prev` of the steps before them (both `[*L, k, *frame]`): whether
-    `x[j] != prev[j + 1]` for some `j < k - 1` (not the stack before shifted by one frame)."""
+    """bool `[*L]` of stacks `x`, `prev` of the steps before (`[*L, k, *frame]`): `x[j] != prev[j + 1]`, j < k - 1."""
     k = x.shape[lead]
     return _differs(_part(x, lead, 0, k - 1), _part(prev, lead, 1, k), lead)
 
@@ -250,8 +235,7 @@ def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_a
 
 
 def _host_unrebuilt(stacks, before, starts, finals, boot, *, stack_axis: int, padding: str) -> np.ndarray:
-    """`unrebuilt_trajectory_stacks` on the host, each stack compared as bytes only where the rule reads it, one step
-    at a time (no temporaries the size of the chunk)."""
+    """`unrebuilt_trajectory_stacks` on the host, one step at a time (no temporaries the size of the chunk)."""
     x, prev0, f = np.asarray(stacks), np.asarray(before), None if finals is None else np.asarray(finals)
     if stack_axis:  # the k axis after the leading axes (views)
         x, prev0 = np.moveaxis(x, 2 + stack_axis, 2), np.moveaxis(prev0, 1 + stack_axis, 1)

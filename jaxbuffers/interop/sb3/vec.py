@@ -1,24 +1,6 @@
 """`DummyVecRolloutBuffer`: one SB3 rollout buffer object over a list of buffers (sb3-extra-buffers' name).
 
-Every method call on the facade is made on each underlying buffer with the same arguments, in list order (or all
-at once in a thread pool with ``use_threads``), and returns the list of their results. The buffers may differ in
-type (SB3's, `JaxRolloutBuffer`, `CompressedRolloutBuffer`, ...): the facade holds no storage of its own.
-A call's arguments are checked on every buffer before any buffer is called (`DummyVecRolloutBuffer.call`), so a call
-that one buffer refuses changes none. ``full`` is True when every buffer is full. Sizes may differ, but the smallest
-buffer bounds the rollout: once it is full, every ``add`` through the facade is refused for all of them and ``full``
-stays False, so give every buffer the facade's ``buffer_size`` (PPO's ``n_steps``). Attributes the facade does not have
-are read from every buffer (a list). This is for several learners or several rollout layouts fed from one loop; a
-population of identical buffers on the device is a `jax.vmap` over `jaxbuffers.RolloutBuffer` instead.
-
-Example:
-    ```python
-    from jaxbuffers.interop.sb3 import CompressedRolloutBuffer, DummyVecRolloutBuffer, JaxRolloutBuffer
-
-    vec = DummyVecRolloutBuffer(128, obs_space, act_space, buffers=[
-        JaxRolloutBuffer(128, obs_space, act_space), CompressedRolloutBuffer(128, obs_space, act_space)])
-    vec.add(obs, action, reward, episode_start, value, log_prob)   # [None, None]
-    vec.full                                                        # after 128 adds: both full
-    ```
+What it forwards, how sizes bound the rollout, and an example: `docs/api/sb3.md`, "Several buffers behind one".
 """
 
 from __future__ import annotations
@@ -42,9 +24,8 @@ _OWN = ("_buffers", "_executor", "_finalizer", "use_threads")
 
 
 def _prepare(i: int, buf: Any, name: str, fn: Callable, args: tuple, kwargs: dict) -> Callable[[], Any]:
-    """Buffer ``i``'s checks of ``fn(*args, **kwargs)`` (`DummyVecRolloutBuffer.call`), changing nothing, and the call
-    to make once every buffer passed (a buffer's ``prepare_call``: its arguments converted once); a refusal is raised
-    again, same type, with the buffer's index and method first in its message."""
+    """Buffer ``i``'s checks of ``fn(*args, **kwargs)``, changing nothing, and the call to make once every buffer
+    passed; a refusal is raised again, same type, with the buffer's index and method first in its message."""
     own, prepare = getattr(buf, "check_call", None), getattr(buf, "prepare_call", None)
     try:
         if callable(prepare):
@@ -67,7 +48,8 @@ def _prepare(i: int, buf: Any, name: str, fn: Callable, args: tuple, kwargs: dic
 
 
 class DummyVecRolloutBuffer(RolloutBuffer):
-    """A rollout buffer that forwards every call to ``buffers`` and returns one result per buffer (module doc).
+    """A rollout buffer that forwards every call to ``buffers`` and returns one result per buffer
+    (`docs/api/sb3.md`, "Several buffers behind one").
 
     ``buffer_size``, ``observation_space``, ``action_space``, ``device`` and ``n_envs`` are SB3's, kept as attributes
     (the facade allocates nothing).
@@ -101,8 +83,7 @@ class DummyVecRolloutBuffer(RolloutBuffer):
                     raise ValueError(f"buffers[{i}]: a {type(b).__name__} with {name}={getattr(b, name)}, the facade's is {value}")
         self._buffers, self.use_threads = bufs, use_threads
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(len(bufs), 1)) if use_threads else None
-        # The pool is shut down when the facade is collected or, at the latest, at interpreter exit while the modules
-        # it needs still exist (a `__del__` run during teardown would find them gone).
+        # Shut down when the facade is collected or at interpreter exit, while the modules it needs still exist.
         self._finalizer = None if self._executor is None else weakref.finalize(self, self._executor.shutdown, wait=False, cancel_futures=True)
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.gae_lambda, self.gamma = kwargs.get("gae_lambda", 1), kwargs.get("gamma", 0.99)
@@ -134,11 +115,9 @@ class DummyVecRolloutBuffer(RolloutBuffer):
     def call(self, name: str, *args: Any, **kwargs: Any) -> list:
         """``[getattr(b, name)(*args, **kwargs) for b in buffers]``, concurrently with ``use_threads``.
 
-        Every buffer's arguments are checked before any buffer is called, so a call one buffer refuses changes none:
-        a buffer with a ``check_call`` method (jaxbuffers' SB3 rollout classes) makes its own call's checks, SB3's
-        ``RolloutBuffer`` / ``DictRolloutBuffer`` get the checks of `jaxbuffers._validate.sb3_rollout` (from their
-        shapes and spaces), any other buffer its method's signature. An exception raised by a buffer during the
-        call itself propagates with a note naming the buffer's index.
+        Every buffer's arguments are checked before any buffer is called (by its ``check_call``, SB3's rollout
+        checks, or its method's signature), so a call one buffer refuses changes none. An exception raised by a
+        buffer during the call itself propagates with a note naming the buffer's index.
 
         Raises:
           AttributeError: a buffer without ``name`` (named with its index).
@@ -156,14 +135,16 @@ class DummyVecRolloutBuffer(RolloutBuffer):
         self.prepare_call(name, *args, **kwargs)
 
     def prepare_call(self, name: str, *args: Any, **kwargs: Any) -> Callable[[], list]:
-        """`check_call`, returning `call` itself as a function of no arguments that calls every buffer, the
-        arguments each buffer converted at the check (jaxbuffers' SB3 rollout classes: an ``add``'s step is converted
-        once). Nothing changes until it is called.
+        """`check_call`, returning `call` as a function of no arguments, with the arguments each buffer converted at
+        the check. Nothing changes until it is called.
 
         Raises:
           Exception: what `call` raises before it calls any buffer.
         """
-        fns = self._methods(name)
+        fns = [getattr(b, name, None) for b in self._buffers]
+        for i, (b, fn) in enumerate(zip(self._buffers, fns)):
+            if not callable(fn):
+                raise AttributeError(f"buffers[{i}]: a {type(b).__name__} has no method {name!r}")
         calls = [_prepare(i, b, name, fn, args, kwargs) for i, (b, fn) in enumerate(zip(self._buffers, fns))]
 
         def run() -> list:
@@ -173,15 +154,6 @@ class DummyVecRolloutBuffer(RolloutBuffer):
             return [t.result() for t in tasks]
 
         return run
-
-    def _methods(self, name: str) -> list[Callable]:
-        fns = []
-        for i, b in enumerate(self._buffers):
-            fn = getattr(b, name, None)
-            if not callable(fn):
-                raise AttributeError(f"buffers[{i}]: a {type(b).__name__} has no method {name!r}")
-            fns.append(fn)
-        return fns
 
     @staticmethod
     def _run(i: int, call: Callable[[], Any], fn: Callable) -> Any:
