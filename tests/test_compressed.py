@@ -751,6 +751,20 @@ def test_rollout_writes_once_under_jit_scan_donation_and_eagerly(in_place):
             jax.block_until_ready(_rollout_add(buf, obs[7]))
 
 
+def test_rollout_eager_adds_read_no_cursor_from_the_device_and_still_refuse_a_full_buffer(monkeypatch):
+    obs = jnp.ones((2, H, W), jnp.uint8)
+    buf = _rollout_add(_rollout(num_steps=3), obs)  # a new buffer's cursor is read once
+    array = type(buf.buffer.step_index)
+    reads, to_int = [], array.__int__
+    monkeypatch.setattr(array, "__int__", lambda x: reads.append(x.shape) or to_int(x))
+    for _ in range(2):
+        buf = _rollout_add(buf, obs)
+    with pytest.raises(BufferFullError, match=r"step_index=3 of num_steps=3"):
+        _rollout_add(buf, obs)
+    assert reads == []  # each eager add knew the cursor the one before it wrote
+    assert int(buf.buffer.step_index) == 3
+
+
 @MECHANISMS
 def test_rollout_add_refuses_vmap(in_place):
     with _common.forced_callbacks(in_place):

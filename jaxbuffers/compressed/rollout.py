@@ -128,11 +128,16 @@ class CompressedRolloutBuffer(HostBacked):
           RuntimeError: the buffer was closed.
         """
         inner = self.buffer
-        if not isinstance(inner.step_index, jax.core.Tracer) and int(inner.step_index) >= inner.num_steps:
+        if isinstance(inner.step_index, jax.core.Tracer):
+            return self._add(step, **fields)
+        at = _compiled.host_int(inner.step_index)  # the cursor an eager add recorded: read without a device transfer
+        if at >= inner.num_steps:
             (n,) = _validate.check_batch(self.step_spec, step, 1, "step")  # the compressed leaves; then the rest:
             ids = np.zeros((n,) + (() if self.frame_stack is None else (self.frame_stack,)), np.int32)
             inner.add(_common.replace_leaves(step, self.leaf_index, [ids] * len(self.leaves)), **fields)  # raises BufferFullError
-        return self._add(step, **fields)
+        out = self._add(step, **fields)
+        _compiled.remember_int(out.buffer.step_index, at + 1)  # room was left: the cursor advanced by one
+        return out
 
     @_common.checked_before_dispatch(add=True)
     @_compiled.method()
