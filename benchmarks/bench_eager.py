@@ -11,7 +11,7 @@ Cases: ``ReplayBuffer.add`` (B = 8) / ``sample`` (256); ``PrioritisedReplayBuffe
 ``sample`` (256, beta 0.4); ``TrajectoryBuffer.add`` (8 envs, one step) / ``sample_sequences``
 (256 x 32) / ``sample_transitions`` (256, n_step 3); ``PrioritisedTrajectoryBuffer.add`` /
 ``sample_sequences`` (256, window 32); ``RolloutBuffer.add`` (4 envs; a rollout of 128 steps per
-repetition from an empty buffer) / ``minibatches`` (4 of 128 steps x 4 envs);
+repetition from an empty buffer) / ``minibatches`` (4 of 128 steps x 4 envs, after ``compute_gae``);
 ``CompressedTrajectoryBuffer.add`` (8 envs of u8[84,84,4] frames) / ``sample_transitions``
 (256, n_step 3); ``CompressedRolloutBuffer.add`` (8 envs of u8[84,84,4] frames; a rollout of 128 steps per
 repetition, from the last one reset). ``--quick`` lowers the repetition counts.
@@ -80,7 +80,7 @@ def cases():
     ro = jb.RolloutBuffer.create({"obs": jnp.zeros(4), "action": jnp.int32(0), "log_prob": jnp.float32(0)},
                                  num_steps=128, num_envs=4)
     out += [("RolloutBuffer.add", ro, ro_add, "rollout"),
-            ("RolloutBuffer.minibatches", filled(ro, ro_add, 128), lambda s, k: s.minibatches(k, 4), False)]
+            ("RolloutBuffer.minibatches", filled(ro, ro_add, 128).compute_gae(zeros, 0.99, 0.95), lambda s, k: s.minibatches(k, 4), False)]
     pix = {"obs": jnp.zeros((84, 84, 4), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     frames = {"obs": jax.random.randint(jax.random.key(0), (ENVS, 84, 84, 4), 0, 4, jnp.int32).astype(jnp.uint8),
               "action": jnp.zeros(ENVS, jnp.int32), "reward": jnp.zeros(ENVS)}
