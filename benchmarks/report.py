@@ -95,8 +95,10 @@ NOTES = {
                 "replacement.",
     "eager": "`ours-eager` calls the buffer method from Python; `ours-jit` wraps the same call in `jax.jit`. "
              "Ratio = jitted time / eager time: 1.0 means the eager call costs what the jitted one does "
-             "(target >= 0.8). The current rows were measured on a quiet machine (load average under 2); the "
-             "baseline rows ran while other jobs loaded the two cores.",
+             "(target >= 0.8). The current rows were measured on a quiet machine (load average under 2), except "
+             "`RolloutBuffer.minibatches` (since a rollout's minibatches need `compute_gae` first, on a state after "
+             "it) and `CompressedRolloutBuffer.add`, measured while other jobs loaded the two cores (load average 7 "
+             "to 10); the baseline rows ran under load too.",
     "ppo": "Anchor: `plain-ppo`, a PureJaxRL-style PPO with its own loop and metrics; `shared-driver` is the same "
            "buffer-free PPO inside the example's driver. `wall_s_to_475`: seconds from the start (compile included) "
            "to a rolling 20-episode mean return of 475; empty when not reached (quick runs train 5e4 steps only). "
