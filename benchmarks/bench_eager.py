@@ -11,9 +11,10 @@ Cases: ``ReplayBuffer.add`` (B = 8) / ``sample`` (256); ``PrioritisedReplayBuffe
 ``sample`` (256, beta 0.4); ``TrajectoryBuffer.add`` (8 envs, one step) / ``sample_sequences``
 (256 x 32) / ``sample_transitions`` (256, n_step 3); ``PrioritisedTrajectoryBuffer.add`` /
 ``sample_sequences`` (256, window 32); ``RolloutBuffer.add`` (4 envs; a rollout of 128 steps per
-repetition from an empty buffer) / ``minibatches`` (4 of 128 steps x 4 envs);
+repetition from an empty buffer) / ``minibatches`` (4 of 128 steps x 4 envs, after ``compute_gae``);
 ``CompressedTrajectoryBuffer.add`` (8 envs of u8[84,84,4] frames) / ``sample_transitions``
-(256, n_step 3). ``--quick`` lowers the repetition counts.
+(256, n_step 3); ``CompressedRolloutBuffer.add`` (8 envs of u8[84,84,4] frames; a rollout of 128 steps per
+repetition, from the last one reset). ``--quick`` lowers the repetition counts.
 
 Run: python benchmarks/bench_eager.py [--quick] [--repeats N]
 """
@@ -79,7 +80,7 @@ def cases():
     ro = jb.RolloutBuffer.create({"obs": jnp.zeros(4), "action": jnp.int32(0), "log_prob": jnp.float32(0)},
                                  num_steps=128, num_envs=4)
     out += [("RolloutBuffer.add", ro, ro_add, "rollout"),
-            ("RolloutBuffer.minibatches", filled(ro, ro_add, 128), lambda s, k: s.minibatches(k, 4), False)]
+            ("RolloutBuffer.minibatches", filled(ro, ro_add, 128).compute_gae(zeros, 0.99, 0.95), lambda s, k: s.minibatches(k, 4), False)]
     pix = {"obs": jnp.zeros((84, 84, 4), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
     frames = {"obs": jax.random.randint(jax.random.key(0), (ENVS, 84, 84, 4), 0, 4, jnp.int32).astype(jnp.uint8),
               "action": jnp.zeros(ENVS, jnp.int32), "reward": jnp.zeros(ENVS)}
@@ -94,17 +95,27 @@ def cases():
     out += [("CompressedTrajectoryBuffer.add", comp, comp_add, True),
             ("CompressedTrajectoryBuffer.sample_transitions", comp_full,
              lambda s, k: s.sample_transitions(k, 256, n_step=3, gamma=0.99), False)]
+    no8 = jnp.zeros(ENVS, bool)
+
+    def comp_ro_add(s, k):
+        return s.add(frames, reward=frames["reward"], value=frames["reward"], terminated=no8)
+
+    def comp_ro():  # its own host store per side, as comp()
+        return jb.CompressedRolloutBuffer.create(pix, num_envs=ENVS, num_steps=128)
+
+    out += [("CompressedRolloutBuffer.add", comp_ro, comp_ro_add, "rollout-reset")]
     return out
 
 
 def runner(op, state, threads, n):
-    """``n`` calls of ``op``; adds thread the state (a rollout restarts from the empty buffer)."""
+    """``n`` calls of ``op``; adds thread the state (a rollout restarts from the empty buffer; a host-backed one from
+    its last state reset: an older state of it is stale)."""
     keys = list(jax.random.split(jax.random.key(1), n))
     state = state() if callable(state) else state
     box = {"s": state}
 
     def run():
-        s = state if threads == "rollout" else box["s"]
+        s = state if threads == "rollout" else box["s"].reset() if threads == "rollout-reset" else box["s"]
         out = None
         for k in keys:
             out = op(s, k)
@@ -121,7 +132,7 @@ def main():
     repeats = args.repeats or (3 if args.quick else 15)
     header(BENCH, args.quick)
     for name, state, op, threads in cases():
-        n = 128 if threads == "rollout" else (10 if args.quick else 100)
+        n = 128 if threads in ("rollout", "rollout-reset") else (10 if args.quick else 100)
         jitted = jax.jit(op)
         times = interleaved({"ours-eager": runner(op, state, threads, n), "ours-jit": runner(jitted, state, threads, n)},
                             repeats, n)

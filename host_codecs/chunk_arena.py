@@ -196,7 +196,7 @@ class ChunkFileStore(CompressedStore):
         `dictionary_bytes`, `dictionary_samples`, `name`).
 
     Raises:
-      TypeError: `directory` not a path (a non-empty str or `os.PathLike`).
+      TypeError: `directory` or `index` not a path (a non-empty str or `os.PathLike`), or `meta` not a dict.
       ValueError: as `CompressedStore`; another mode; with `"w"`, a non-empty folder; with `"r"` / `"r+"`, an index of another
         configuration or inconsistent with itself, or a chunk file it names missing or short (the message names the
         file and the field).
@@ -206,6 +206,11 @@ class ChunkFileStore(CompressedStore):
     def __init__(self, directory: str | os.PathLike, num_slots: int, codec: Any, *, item_shape, dtype, mode: str,
                  index: str | os.PathLike | None = None, meta: dict | None = None, **kwargs: Any):
         directory, mode = Path(path_arg("directory", directory)), mode_arg(mode)
+        index = None if index is None else Path(path_arg("index", index))
+        if meta is not None and not isinstance(meta, dict):
+            raise TypeError(f"meta: expected the dict write_index returned with the index file, got {type(meta).__name__} {meta!r:.60}")
+        if mode != "w" and (index is None or meta is None):
+            raise ValueError(f"index, meta: mode={mode!r} opens an index file and its metadata, got {index!r}, {meta is not None}")
         super().__init__(num_slots, codec, item_shape=item_shape, dtype=dtype, **kwargs)
         self.directory, self.mode = directory, mode
         if mode == "w":
@@ -215,9 +220,7 @@ class ChunkFileStore(CompressedStore):
         self._arena = ChunkFileArena(self.directory, self._arena.chunk_bytes, self._arena.min_chunk_bytes, mode != "r")
         self._chunks = self._arena.chunks
         if mode != "w":
-            if index is None or meta is None:
-                raise ValueError(f"index, meta: mode={mode!r} opens an index file and its metadata, got {index!r}, {meta is not None}")
-            self._load(Path(index), meta)
+            self._load(index, meta)
 
     @property
     def nbytes(self) -> int:

@@ -188,7 +188,7 @@ class BufferServer:
         add's abstract signature would see a float64 numpy leaf as float32 (JAX narrows it at the call): such a
         batch is traced with its leaves as given, so the buffer's add names the dtype that came."""
         leaves = jax.tree_util.tree_leaves(batch)
-        if all(_compiled.passable(x) for x in leaves):
+        if _compiled.all_passable(leaves):
             self._add.eval_shape(self._buffer, batch)
             return
         jax.eval_shape(lambda buf: self._add_fn(buf, batch), self._buffer)
@@ -310,7 +310,7 @@ class Writer:
         (`item['x']: expected dtype float32, got float64 ...`, where the add says `batch['x']`)."""
         _validate.array_leaves("item", item)
         try:
-            if not all(_compiled.passable(x) for x in jax.tree.leaves(item)):  # a dtype JAX would narrow: as given
+            if not _compiled.all_passable(jax.tree.leaves(item)):  # a dtype JAX would narrow: as given
                 self.server._check_batch(jax.tree.map(lambda x: x[None], item))
             rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.flush_size, *np.shape(x)), x.dtype), item)
             self.server._add.eval_shape(self.server._buffer, rows)

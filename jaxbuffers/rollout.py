@@ -39,8 +39,8 @@ class RolloutMinibatch(NamedTuple):
     terminated: jax.Array  # shape=[*L], bool
     truncated: jax.Array  # shape=[*L], bool
     final_value: jax.Array  # shape=[*L], float: meaningful only where truncated
-    advantages: jax.Array  # shape=[*L], float: from compute_gae (zeros before it)
-    returns: jax.Array  # shape=[*L], float: advantages + value (zeros before compute_gae)
+    advantages: jax.Array  # shape=[*L], float: from compute_gae (NaN while has_advantages is False)
+    returns: jax.Array  # shape=[*L], float: advantages + value (NaN while has_advantages is False)
     mask: jax.Array  # shape=[*L], bool: learn from this step (trainable and filled)
     index: jax.Array  # shape=[*L], int32: flat step index t * num_envs + env
 
@@ -273,7 +273,6 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         return self.replace(step_index=jnp.zeros_like(self.step_index), overflowed=false, has_advantages=false,
                             advantages=zero(self.advantages), returns=zero(self.returns))
 
-    @_compiled.method("method", scalars=_UNIT)
     def compute_gae(self, last_value: jax.Array, gamma: float | jax.Array, gae_lambda: float | jax.Array, method: str = "scan") -> "RolloutBuffer":
         r"""Store GAE `advantages` and `returns` computed with `jaxbuffers.returns.gae` (the recursion and the
         reference) on the stored arrays. With $k$ = `step_index` $< T$ rows filled it equals `gae` on the first $k$
@@ -293,6 +292,14 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           TypeError, ValueError: `last_value` has the wrong dtype or shape (the message names it), or `gae` rejects
             `gamma`, `gae_lambda` or `method`.
         """
+        out = self._compute_gae(last_value, gamma, gae_lambda, method)
+        if not isinstance(out.has_advantages, jax.core.Tracer):  # eager: `minibatches` reads the flag on the host
+            _compiled.remember_int(out.has_advantages, 1)
+        return out
+
+    @_compiled.method("method", scalars=_UNIT)
+    def _compute_gae(self, last_value, gamma, gae_lambda, method) -> "RolloutBuffer":
+        """`compute_gae` (its eager result's flag remembered on the host by the caller)."""
         last_value = self._per_env("last_value", last_value, self.float_dtype)
         t = jnp.arange(self.num_steps, dtype=jnp.int32)[:, None]
         filled = t < self.step_index
@@ -336,7 +343,9 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
         Returns:
           `RolloutMinibatch` with leaves `[*L, ...]`; `mask` is `trainable & filled`. Out-of-range indices are
-          clipped.
+          clipped. While `has_advantages` is False (no `compute_gae` since the last `add` or `reset`) `advantages`
+          and `returns` are NaN: the stored arrays are zeros or the previous rollout's, which a loss would train on
+          without a sign; NaN reaches the loss and the gradients, where it shows.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
@@ -348,22 +357,35 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
             return jnp.take(x.reshape(total, *x.shape[2:]), indices, axis=0, mode="clip")
 
         fields = {k: take(getattr(self, k)) for k in RolloutMinibatch._fields if k not in ("step", "mask", "index")}
+        nan = jnp.asarray(jnp.nan, self.float_dtype)
+        fields.update({k: jnp.where(self.has_advantages, fields[k], nan) for k in ("advantages", "returns")})
         return RolloutMinibatch(
             step=jax.tree.map(take, self.step), **fields, mask=take(self.learn_mask()), index=jnp.clip(indices, 0, total - 1)
         )
 
-    @_compiled.method("num_minibatches")
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
         """All `T * N` steps, shuffled, as `num_minibatches` minibatches for `lax.scan`.
 
         `gather(minibatch_indices(key, num_minibatches))`: leaves `[num_minibatches, T * N / num_minibatches, ...]`,
         each step exactly once (drop non-trainable and unfilled ones in the loss with `mask`). It materialises a
         shuffled copy of the buffer (`RolloutMemoryPressure`); to avoid it, scan over `minibatch_indices` and `gather`
-        one minibatch per iteration. `advantages` / `returns` are what `compute_gae` last wrote (`has_advantages`).
+        one minibatch per iteration. `advantages` / `returns` are what `compute_gae` last wrote; before it they are
+        not the rollout's: an eager call refuses, and under a transformation (`jit`, `lax.scan`, `vmap`), where
+        `has_advantages` is traced, they are NaN (`gather`).
 
         Raises:
-          ValueError: as `minibatch_indices`.
+          ValueError: as `minibatch_indices` (checked first).
+          RuntimeError: called eagerly while `has_advantages` is False (no `compute_gae` since the last `add` or
+            `reset`).
         """
+        if not isinstance(self.has_advantages, jax.core.Tracer) and not _compiled.host_int(self.has_advantages):
+            _validate.refusal(lambda b: b._minibatches(key, num_minibatches), self)  # the arguments' own errors first
+            raise _validate.advantages_missing("minibatches", "compute_gae(last_value, gamma, gae_lambda)")
+        return self._minibatches(key, num_minibatches)
+
+    @_compiled.method("num_minibatches")
+    def _minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
+        """`minibatches` past its eager check."""
         return self.gather(self.minibatch_indices(key, num_minibatches))
 
     def estimate_memory_pressure(self, num_minibatches: int) -> RolloutMemoryPressure:

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbuffers import _validate
+from jaxbuffers import _compiled, _validate
 from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
 
 __all__ = ["TrainableDiagnostics", "RolloutMemoryEstimate", "trainable_diagnostics", "memory_estimate", "total_size",
@@ -151,10 +151,15 @@ def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = Non
       TypeError: ``buf`` is not a (compressed) rollout buffer; ``key`` is not a PRNG key.
       ValueError: ``batch_size`` not an int >= 1 (guide, section 8: sizes) or not dividing the rollout; no device of
         the platform asked for.
+      RuntimeError: ``buf`` has no advantages (``has_advantages`` False: no ``compute_gae`` since its last add or
+        reset), as ``RolloutBuffer.minibatches``.
     """
     total, dev = total_size(buf), _device(device)
     batch_size = _validate.divisor("batch_size", batch_size, total, "total_size")
-    return _gathered(buf, buf.minibatch_indices(key, total // batch_size), dev)
+    indices, computed = buf.minibatch_indices(key, total // batch_size), _inner(buf).has_advantages
+    if not isinstance(computed, jax.core.Tracer) and not _compiled.host_int(computed):
+        raise _validate.advantages_missing("get_minibatches", "compute_gae(last_value, gamma, gae_lambda)")
+    return _gathered(buf, indices, dev)
 
 
 def _gathered(buf: Any, indices: jax.Array, dev: jax.Device | None) -> Iterator[RolloutMinibatch]:

@@ -625,12 +625,18 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
         Raises:
           TypeError: the wrapped buffer is neither a `RolloutBuffer` nor a `CompressedRolloutBuffer`.
           ValueError: `M` not an int >= 1 or not dividing a shard's `num_steps * num_envs`.
+          RuntimeError: called eagerly while a shard's `has_advantages` is False (under `jit`: NaN advantages and
+            returns, as `RolloutBuffer.minibatches`).
         """
         if not isinstance(_device(self.shards), RolloutBuffer):
             raise TypeError(f"minibatches: {type(self.shards).__name__} is not a RolloutBuffer (item buffers: sample)")
         self._check_hosts(add=False)
         steps = self.shards.num_steps * self.shards.num_envs
         m = _validate.divisor("num_minibatches", num_minibatches, steps, "a shard's num_steps * num_envs")
+        computed = _device(self.shards).has_advantages
+        if not isinstance(computed, jax.core.Tracer) and not np.all(np.asarray(computed)):
+            _validate.key("key", key)  # the arguments' errors first
+            raise _validate.advantages_missing("minibatches", "buf.apply(lambda b, v: b.compute_gae(v, gamma, lam), last_value)")
         program = _program(self.mesh, self.axis, "epoch", batch_size=m)
         return program(self.shards, self._placed(_validate.key("key", key), P()))
 

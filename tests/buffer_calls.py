@@ -66,7 +66,7 @@ def _trajectory(b, fill: bool):
 
 def _rollout(b, fill: bool):
     kw = dict(reward=jnp.ones(E), value=jnp.ones(E), terminated=jnp.zeros(E, bool))
-    b = b.add(_steps(E, (E,)), **kw) if fill else b
+    b = b.add(_steps(E, (E,)), **kw).compute_gae(jnp.ones(E), 0.9, 0.9) if fill else b  # minibatches needs advantages
     calls = {"add": lambda c: c.add(_steps(E, (E,)), **kw), "compute_gae": lambda c: c.compute_gae(jnp.ones(E), 0.9, 0.9),
              "minibatches": lambda c: c.minibatches(KEY, 1), "minibatch_indices": lambda c: c.minibatch_indices(KEY, 1),
              "gather": lambda c: c.gather(jnp.array([[0, 1]])), "reset": lambda c: c.reset(), "size": lambda c: c.size(),

@@ -143,4 +143,4 @@ def test_refused_calls_in_any_order_change_nothing(ops):
         "bad_add": (lambda b: b.add(step(), **{**fields(), "reward": np.zeros(N, np.float64)}), "reward"),
         "bad_gae": (lambda b: b.compute_gae(np.ones(N, np.float32), 0.9, 2.0), "gae_lambda"),
     })
-    buf.minibatches(jax.random.key(0), 2)
+    buf.compute_gae(np.ones(N, np.float32), 0.9, 0.9).minibatches(jax.random.key(0), 2)

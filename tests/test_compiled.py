@@ -87,6 +87,7 @@ def test_eager_calls_compile_once_however_their_arguments_are_spelt(compile_coun
     zeros = jnp.zeros(2)
     roll = roll.add({"obs": jnp.ones((2, 2))}, reward=zeros, value=zeros, terminated=term)
     roll = roll.add({"obs": jnp.ones((2, 2))}, reward=zeros, value=zeros, terminated=term)
+    done = roll.compute_gae(zeros, 0.9, 0.8)
     spellings = {
         "TrajectoryBuffer.add": [lambda: traj.add(step, terminated=term), lambda: traj.add(step, terminated=term, truncated=None),
          lambda: traj.add(step, final_obs=None, terminated=term, truncated=None), lambda: traj.add(step=step, terminated=term)],
@@ -96,7 +97,7 @@ def test_eager_calls_compile_once_however_their_arguments_are_spelt(compile_coun
         "ReplayBuffer.can_sample": [lambda: replay.can_sample(), lambda: replay.can_sample(1), lambda: replay.can_sample(batch_size=1)],
         "RolloutBuffer.compute_gae": [lambda: roll.compute_gae(zeros, 0.9, 0.8), lambda: roll.compute_gae(zeros, gamma=0.9, gae_lambda=0.8),
          lambda: roll.compute_gae(last_value=zeros, gae_lambda=0.8, gamma=0.9, method="scan")],
-        "RolloutBuffer.minibatches": [lambda: roll.minibatches(key, 2), lambda: roll.minibatches(key, num_minibatches=2), lambda: roll.minibatches(key=key, num_minibatches=2)],
+        "RolloutBuffer.minibatches": [lambda: done.minibatches(key, 2), lambda: done.minibatches(key, num_minibatches=2), lambda: done.minibatches(key=key, num_minibatches=2)],
     }
     recompiles = {}
     for name, (first, *others) in spellings.items():

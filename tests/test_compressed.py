@@ -712,7 +712,7 @@ def test_rollout_gather_per_minibatch_in_scan():
     reads = comp.host.num_reads
     got = epoch(comp, jax.random.key(3))
     assert comp.host.num_reads - reads == 4  # one decode per minibatch
-    want = ref.minibatches(jax.random.key(3), 4).step["obs"]
+    want = ref.gather(ref.minibatch_indices(jax.random.key(3), 4)).step["obs"]
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
@@ -749,6 +749,36 @@ def test_rollout_writes_once_under_jit_scan_donation_and_eagerly(in_place):
         np.testing.assert_array_equal(np.asarray(got.step["obs"]), np.asarray(obs[:6]).reshape(12, H, W))
         with pytest.raises(Exception, match="version"):  # the dropped add advanced the store: a fork
             jax.block_until_ready(_rollout_add(buf, obs[7]))
+
+
+def test_rollout_minibatches_before_compute_gae_are_refused_eagerly_and_nan_under_jit():
+    obs = jnp.asarray(np.random.default_rng(2).integers(0, 256, (2, 2, H, W)).astype(np.uint8))
+    buf = _rollout_add(_rollout_add(_rollout(num_steps=2), obs[0]), obs[1])
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match="num_minibatches"):  # the arguments' own error first
+        buf.minibatches(key, 3)
+    with pytest.raises(RuntimeError, match=r"^minibatches: .*\(has_advantages is False\); call compute_gae\("):
+        buf.minibatches(key, 2)
+    early = jax.jit(lambda b: b.minibatches(key, 2))(buf)
+    assert np.isnan(np.asarray(early.advantages)).all() and np.isnan(np.asarray(early.returns)).all()
+    np.testing.assert_array_equal(np.asarray(early.step["obs"]).reshape(4, H, W)[np.argsort(np.asarray(early.index).ravel())],
+                                  np.asarray(obs).reshape(4, H, W))  # the steps themselves as stored
+    done = buf.compute_gae(jnp.zeros(2), 0.9, 0.95).minibatches(key, 2)
+    assert np.isfinite(np.asarray(done.advantages)).all() and np.asarray(done.advantages).any()
+
+
+def test_rollout_eager_adds_read_no_cursor_from_the_device_and_still_refuse_a_full_buffer(monkeypatch):
+    obs = jnp.ones((2, H, W), jnp.uint8)
+    buf = _rollout_add(_rollout(num_steps=3), obs)  # a new buffer's cursor is read once
+    array = type(buf.buffer.step_index)
+    reads, to_int = [], array.__int__
+    monkeypatch.setattr(array, "__int__", lambda x: reads.append(x.shape) or to_int(x))
+    for _ in range(2):
+        buf = _rollout_add(buf, obs)
+    with pytest.raises(BufferFullError, match=r"step_index=3 of num_steps=3"):
+        _rollout_add(buf, obs)
+    assert reads == []  # each eager add knew the cursor the one before it wrote
+    assert int(buf.buffer.step_index) == 3
 
 
 @MECHANISMS

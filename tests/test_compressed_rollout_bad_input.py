@@ -178,7 +178,7 @@ def test_eager_reads_raise_our_errors_not_jax_runtime_errors():
         with pytest.raises(CorruptEntryError, match="corrupt"):
             b1.decode_entries()
         with pytest.raises(CorruptEntryError, match="corrupt"):
-            b1.minibatches(jax.random.key(0), 2)
+            b1.compute_gae(jnp.zeros(E, jnp.float32), 0.9, 0.95).minibatches(jax.random.key(0), 2)
     np.testing.assert_array_equal(np.asarray(b1.gather(jnp.arange(E)).step["obs"]), first)  # intact again
     b1.close()
 

@@ -159,19 +159,45 @@ def test_reset_keeps_storage_and_restarts_at_row_zero(jit):
 
 @JIT
 def test_reset_zeroes_advantages_and_returns(jit):
-    """After reset, a rollout whose compute_gae was forgotten reads zeros, as RolloutMinibatch documents (it read
-    the previous rollout's advantages and returns, with mask True)."""
+    """After reset the stored advantages and returns are zeros (the previous rollout's are gone)."""
     t, n = 2, 2
     buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), random_rollout(np.random.default_rng(2), t, n), t, jit)
     buf = buf.compute_gae(jnp.ones(n), 0.9, 0.8)
     assert np.asarray(buf.advantages).any() and np.asarray(buf.returns).any()
     buf = maybe_jit(RolloutBuffer.reset, jit)(buf)
     buf = fill(buf, random_rollout(np.random.default_rng(3), t, n), 1, jit)
-    mb = buf.minibatches(jax.random.key(0), 1)
-    assert np.asarray(mb.mask).sum() == n
-    np.testing.assert_array_equal(np.asarray(mb.advantages), 0)
-    np.testing.assert_array_equal(np.asarray(mb.returns), 0)
+    np.testing.assert_array_equal(np.asarray(buf.advantages), 0)
+    np.testing.assert_array_equal(np.asarray(buf.returns), 0)
     assert jb.rollout_stats(buf).summary()["advantage_mean"] == 0
+
+
+@pytest.mark.parametrize("since", ["create", "add after compute_gae", "reset"])
+def test_a_forgotten_compute_gae_is_refused_eagerly_and_reads_nan_under_jit(since):
+    """Advantages read before compute_gae are not the rollout's (zeros, or the last rollout's after an add): an eager
+    minibatches names compute_gae, and every read under jit (minibatches, gather) gives NaN advantages and returns,
+    the other fields as stored. After compute_gae the same reads give the stored values."""
+    t, n = 3, 2
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), random_rollout(np.random.default_rng(7), t, n), t - 1, False)
+    if since != "create":
+        buf = buf.compute_gae(jnp.ones(n), 0.9, 0.8)
+        buf = buf.add(make_step(t - 1, n), reward=jnp.ones(n), value=jnp.ones(n), terminated=jnp.zeros(n, bool))
+        if since == "reset":
+            buf = buf.reset()
+    key, idx = jax.random.key(0), jnp.arange(t * n, dtype=jnp.int32)
+    with pytest.raises(RuntimeError, match=r"^minibatches: the rollout's advantages and returns were not computed since "
+                                           r"its last add or reset \(has_advantages is False\); call compute_gae\("):
+        buf.minibatches(key, 2)
+    with pytest.raises(ValueError, match="num_minibatches"):  # a bad argument is named first
+        buf.minibatches(key, 4)
+    mbs = jax.jit(RolloutBuffer.minibatches, static_argnums=2)(buf, key, 2)
+    for mb in (mbs, buf.gather(idx), jax.jit(RolloutBuffer.gather)(buf, idx)):
+        assert np.isnan(np.asarray(mb.advantages)).all() and np.isnan(np.asarray(mb.returns)).all()
+        assert np.isfinite(np.asarray(mb.reward)).all()
+    done = buf.compute_gae(jnp.ones(n), 0.9, 0.8)
+    mb = done.minibatches(key, 2)
+    flat = np.asarray(mb.index).ravel()
+    np.testing.assert_array_equal(np.asarray(mb.advantages).ravel(), np.asarray(done.advantages).ravel()[flat])
+    np.testing.assert_array_equal(np.asarray(mb.returns).ravel(), np.asarray(done.returns).ravel()[flat])
 
 
 def test_reset_zeroes_advantages_in_place_when_donated():
@@ -376,7 +402,7 @@ def test_minibatches_is_a_permutation(jit, shape, seed):
 def test_minibatches_shuffle_differs_by_key_and_matches_gather():
     t, n = 8, 4
     data = random_rollout(np.random.default_rng(5), t, n)
-    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, t, jit=False)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, t, jit=False).compute_gae(jnp.zeros(n), 0.9, 0.9)
     a = np.asarray(buf.minibatches(jax.random.key(0), 4).index)
     b = np.asarray(buf.minibatches(jax.random.key(1), 4).index)
     assert not np.array_equal(a, b)
@@ -391,7 +417,7 @@ def test_minibatches_shuffle_differs_by_key_and_matches_gather():
 def test_minibatches_mask_excludes_unfilled_rows():
     t, n = 4, 2
     data = random_rollout(np.random.default_rng(6), t, n)
-    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, 2, jit=False)
+    buf = fill(RolloutBuffer.create(EXAMPLE, num_steps=t, num_envs=n), data, 2, jit=False).compute_gae(jnp.zeros(n), 0.9, 0.9)
     mb = buf.minibatches(jax.random.key(0), 2)
     index, mask = np.asarray(mb.index).ravel(), np.asarray(mb.mask).ravel()
     np.testing.assert_array_equal(mask, (index // n < 2) & data["trainable"][index // n, index % n])
@@ -528,7 +554,7 @@ def test_memory_pressure_hand_checked():
     assert mp.peak_bytes == 1510 + 1632 + 408
     assert mp.peak_bytes_gathered == 1510 + 32 * 4 + 408
     # the minibatch estimate matches what minibatches() actually returns
-    mb = buf.minibatches(jax.random.key(0), m)
+    mb = buf.compute_gae(jnp.zeros(n), 0.9, 0.9).minibatches(jax.random.key(0), m)
     from jaxbuffers._validate import tree_nbytes
 
     assert tree_nbytes(mb) == mp.shuffled_bytes

@@ -75,3 +75,15 @@ def test_get_minibatches_covers_every_step_on_the_device(compressed):
         next(jb.get_minibatches(buf, jax.random.key(0), 5))
     with pytest.raises(ValueError, match="device"):
         next(jb.get_minibatches(buf, jax.random.key(0), 4, device="tpu"))
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "compressed"])
+def test_get_minibatches_refuses_a_rollout_without_advantages(compressed):
+    """Before compute_gae the advantages are not the rollout's: refused by the call, as RolloutBuffer.minibatches,
+    after the arguments' own errors."""
+    buf = _filled(compressed, rows=T)
+    with pytest.raises(ValueError, match="batch_size"):
+        jb.get_minibatches(buf, jax.random.key(0), 5)
+    with pytest.raises(RuntimeError, match=r"^get_minibatches: .*\(has_advantages is False\); call compute_gae\("):
+        jb.get_minibatches(buf, jax.random.key(0), 4)
+    assert len(list(jb.get_minibatches(buf.compute_gae(jnp.zeros(N), 0.99, 0.95), jax.random.key(0), 4))) == 3

@@ -544,10 +544,14 @@ def test_rollout_epoch_is_the_unsharded_epoch_split_over_shards(mesh):
                   terminated=rng.random(e) < 0.2, trainable=rng.random(e) < 0.9)
         step = _steps(rng, e, t)
         sharded, whole = sharded.add(step, **kw), whole.add(step, **kw)
+    key = jax.random.key(25)
+    with pytest.raises(RuntimeError, match=r"^minibatches: .*has_advantages is False\); call buf\.apply\(lambda b, v: b\.compute_gae"):
+        sharded.minibatches(key, m)  # compute_gae forgotten: refused eagerly, NaN advantages and returns under jit
+    early = jax.jit(lambda b, k: b.minibatches(k, m))(sharded, key)
+    assert np.isnan(np.asarray(early.advantages)).all() and np.isnan(np.asarray(early.returns)).all()
     last = rng.standard_normal(e).astype(np.float32)
     sharded = sharded.apply(lambda b, v: b.compute_gae(v, 0.99, 0.95), last)
     whole = whole.compute_gae(last, 0.99, 0.95)
-    key = jax.random.key(25)
     out = jax.jit(lambda b, k: b.minibatches(k, m))(sharded, key)
     assert out.advantages.shape == (S, m, t_len * e // S // m) and out.advantages.sharding.spec[0] == "data"
     index = np.asarray(out.index)

@@ -584,5 +584,5 @@ from jaxbuffers._validate.steps import (  # noqa: E402
     trajectory_example, unrebuilt_stack_error, unrebuilt_stacks, unrebuilt_trajectory_stack_error, unrebuilt_trajectory_stacks,
 )
 from jaxbuffers._validate.members import member_axes, one_member, one_member_methods, unstacked  # noqa: E402
-from jaxbuffers._validate.options import choice, filled, names, one_each, path, single_process, text  # noqa: E402
+from jaxbuffers._validate.options import advantages_missing, choice, filled, names, one_each, path, single_process, text  # noqa: E402
 from jaxbuffers._validate.sharded import keeps_metrics, shapes_passed, sharded_draws  # noqa: E402

@@ -64,6 +64,13 @@ def filled(what: str, filled: int, size: int, unit: str, hint: str) -> None:
         raise RuntimeError(f"{what}: the buffer holds {filled} of buffer_size={size} {unit}; {hint}")
 
 
+def advantages_missing(what: str, compute: str) -> RuntimeError:
+    """The RuntimeError of `what`, a read of a rollout's advantages (eager: its `has_advantages` concrete) while they
+    were not computed since its last add or reset; `compute` names the call that computes them."""
+    return RuntimeError(f"{what}: the rollout's advantages and returns were not computed since its last add or reset "
+                        f"(has_advantages is False); call {compute} first")
+
+
 def single_process(what: str, why: str) -> None:
     """NotImplementedError naming `what` when JAX runs in several processes (`jax.process_count() > 1`)."""
     if jax.process_count() > 1:

@@ -128,11 +128,16 @@ class CompressedRolloutBuffer(HostBacked):
           RuntimeError: the buffer was closed.
         """
         inner = self.buffer
-        if not isinstance(inner.step_index, jax.core.Tracer) and int(inner.step_index) >= inner.num_steps:
+        if isinstance(inner.step_index, jax.core.Tracer):
+            return self._add(step, **fields)
+        at = _compiled.host_int(inner.step_index)  # the cursor an eager add recorded: read without a device transfer
+        if at >= inner.num_steps:
             (n,) = _validate.check_batch(self.step_spec, step, 1, "step")  # the compressed leaves; then the rest:
             ids = np.zeros((n,) + (() if self.frame_stack is None else (self.frame_stack,)), np.int32)
             inner.add(_common.replace_leaves(step, self.leaf_index, [ids] * len(self.leaves)), **fields)  # raises BufferFullError
-        return self._add(step, **fields)
+        out = self._add(step, **fields)
+        _compiled.remember_int(out.buffer.step_index, at + 1)  # room was left: the cursor advanced by one
+        return out
 
     @_common.checked_before_dispatch(add=True)
     @_compiled.method()
@@ -239,9 +244,24 @@ class CompressedRolloutBuffer(HostBacked):
         out = [_common.finish(e[at], i, lead, None, self.normalize_images, xp=np) for e, i in zip(entries, self.leaves)]
         return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
 
-    @_common.checked_before_dispatch()
-    @_compiled.method("num_minibatches")
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
         """All steps shuffled into `num_minibatches` minibatches, decoded at once (the whole rollout in memory; prefer
-        `minibatch_indices` + `gather`)."""
+        `minibatch_indices` + `gather`). Before `compute_gae`, as `jaxbuffers.RolloutBuffer.minibatches`: refused
+        eagerly, NaN advantages and returns under a transformation.
+
+        Raises:
+          ValueError: as `minibatch_indices` (checked first).
+          RuntimeError: called eagerly while `has_advantages` is False (no `compute_gae` since the last `add` or
+            `reset`); the buffer was closed.
+        """
+        if not isinstance(self.version, jax.core.Tracer) and not _compiled.host_int(self.buffer.has_advantages):
+            _common.check_before_dispatch(self, False)  # a closed store, then the arguments, named first
+            _validate.refusal(lambda b: b.minibatch_indices(key, num_minibatches), self.buffer)
+            raise _validate.advantages_missing("minibatches", "compute_gae(last_value, gamma, gae_lambda)")
+        return self._minibatches(key, num_minibatches)
+
+    @_common.checked_before_dispatch()
+    @_compiled.method("num_minibatches")
+    def _minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
+        """`minibatches` past its eager check."""
         return self.gather(self.minibatch_indices(key, num_minibatches))

@@ -178,3 +178,21 @@ def test_a_bad_mode_is_refused_as_file_stores_is(tmp_path):
         with pytest.raises(ValueError, match=r"^mode: expected 'w', 'r\+' or 'r', got 'a'$"):
             make()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", ["r", "r+"])
+@pytest.mark.parametrize("index", ["", 3, b"index-1.npz"])
+def test_an_index_that_is_not_a_path_is_refused_naming_it(tmp_path, index, mode, monkeypatch):
+    """`index` is checked as `directory` (and `FileStore`'s `index`) is: an empty str (the current folder) or a
+    non-path is a TypeError naming it, before the folder is touched; a `meta` that is not a dict names `meta`."""
+    st, _ = _pair(tmp_path)
+    st.put(np.arange(4), _frames(4))
+    meta, token = st.write_index(tmp_path / "s" / "index-1.npz")
+    st.commit(token)
+    (tmp_path / "s" / "leftover").write_bytes(b"x")  # "r+" removes the files an index it opens does not name
+    monkeypatch.chdir(tmp_path / "s")
+    with pytest.raises(TypeError, match=r"^index: expected a file path \(a non-empty str or os.PathLike\), got "):
+        ChunkFileStore(tmp_path / "s", N, "zstd:3", mode=mode, index=index, meta=meta, **KW)
+    with pytest.raises(TypeError, match=r"^meta: expected the dict write_index returned with the index file, got list "):
+        ChunkFileStore(tmp_path / "s", N, "zstd:3", mode=mode, index=tmp_path / "s" / "index-1.npz", meta=[meta], **KW)
+    assert (tmp_path / "s" / "leftover").exists()

@@ -124,6 +124,20 @@ def test_full_buffer_add_raises_and_reset():
         JaxRolloutBuffer(4, DICT, DISC_A)
 
 
+def test_get_before_compute_returns_and_advantage_is_refused():
+    """SB3 would hand out zero advantages and returns (or the last rollout's); the adapter refuses."""
+    _, jb = make_pair(BOX, DISC_A, 2, 1, 0.99, 0.95)
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        last_values, dones = fill([jb], BOX, DISC_A, 2, 1, rng)
+        with pytest.raises(RuntimeError, match=r"^get: .*\(has_advantages is False\); call compute_returns_and_advantage\("):
+            jb.get(1)
+        assert np.isnan(jb._get_samples(np.arange(2)).advantages.numpy()).all()
+        jb.compute_returns_and_advantage(last_values, dones)
+        assert len(list(jb.get(1))) == 2
+        jb.reset()
+
+
 def test_partial_rollout_bootstraps_last_filled_step():
     """Documented difference: a partial fill bootstraps step pos-1 from last_values."""
     _, jb = make_pair(BOX, DISC_A, 4, 1, 0.5, 1.0)

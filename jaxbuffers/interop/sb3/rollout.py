@@ -252,6 +252,8 @@ class _JaxRolloutImpl:
         total = self.buffer_size * self.n_envs
         batch_size = total if batch_size is None else _validate.static_int("batch_size", batch_size)
         sb3_rollout.filled_for_get(self)
+        if not self._rollout.has_advantages:  # the minibatches would carry NaN advantages and returns
+            raise _validate.advantages_missing("get", "compute_returns_and_advantage(last_values, dones)")
         return batch_size
 
     def check_call(self, name: str, *args: Any, **kwargs: Any) -> None:
@@ -315,7 +317,8 @@ class _JaxRolloutImpl:
         Raises (at the call, before anything is drawn):
           ValueError: ``batch_size`` neither None nor a Python int >= 1.
           RuntimeError: the buffer is not full (``pos`` of ``buffer_size`` steps added since ``reset``; SB3 fails on
-            a bare ``assert`` there).
+            a bare ``assert`` there), or ``compute_returns_and_advantage`` has not run since the last ``add`` or
+            ``reset`` (SB3 would train on zero advantages and returns).
         """
         return self._minibatches(self._get_batch_size(batch_size))
 
