@@ -120,7 +120,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         return self.replay.is_full()
 
     def num_added(self) -> int:
-        """Exact number of items ever added (host-side Python int; numpy int64 array when stacked)."""
+        """Exact number of items ever added: a host-side Python int (a stacked state: one member at a time)."""
         return self.replay.num_added()
 
     @_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})

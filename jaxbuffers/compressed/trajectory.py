@@ -96,7 +96,7 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
             `None`: store each observation whole.
           stack_axis: axis of the `k` frames within one observation.
           padding: `"reset"` (repeat the episode's first frame) or `"zero"`.
-          codec: host codec (`"zstd:-1".."zstd:22"`, `"igzip:0".."igzip:3"`, `"rle"`, `"none"`).
+          codec: host codec (`"zstd:-7".."zstd:22"`, `"igzip:0".."igzip:3"`, `"rle"`, `"none"`).
           normalize_images: sampled compressed leaves come back float32 `x / 255` (uint8 only).
           chunk_bytes: largest host arena chunk.
           dictionary_bytes: most bytes of each store's zstd dictionary (`None`: `DEFAULT_DICTIONARY_BYTES` for a zstd
