@@ -1257,3 +1257,49 @@ def test_a_checkpoint_with_the_earlier_metrics_arrays_is_refused_saying_so(tmp_p
     (root / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(jb.CheckpointError, match=r"\.metrics\.sampled.*earlier layout are not read, save the buffer again"):
         jb.restore(root)
+
+
+def test_a_large_file_is_synced_while_written_and_hashed_as_written(tmp_path, monkeypatch):
+    """A file over `_WRITEBACK` bytes: its written blocks are handed to the disk during the write (a sync started once
+    a span is written), it is hashed by a helper thread, and the manifest's checksum is that of the file on disk."""
+    from jaxbuffers import _checkpoint_files as files
+
+    monkeypatch.setattr(files, "_WRITE_BLOCK", 4096)
+    monkeypatch.setattr(files, "_WRITEBACK", 16384)
+    sizes, datasync = [], files._datasync
+
+    def counted(fd):
+        sizes.append(os.fstat(fd).st_size)
+        return datasync(fd)
+
+    monkeypatch.setattr(files, "_datasync", counted)
+    buf = _filled_replay(4096)
+    root = jb.save(tmp_path / "ck", buf)
+    listed = json.loads((root / "manifest.json").read_text())["files"]
+    large = {rel: info for rel, info in listed.items() if info["bytes"] > files._WRITEBACK}
+    assert large and sizes and min(sizes) >= files._WRITEBACK
+    for rel, info in large.items():
+        assert info["xxh3_64"] == files._hash_file(root / rel, files._Progress(False, "")), rel
+    _assert_same(jb.restore(root), buf)
+
+
+def test_a_failed_sync_during_a_write_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    from jaxbuffers import _checkpoint_files as files
+
+    old, new = _filled_replay(), _filled_replay(4096)
+    jb.save(tmp_path / "ck", old)
+    monkeypatch.setattr(files, "_WRITE_BLOCK", 4096)
+    monkeypatch.setattr(files, "_WRITEBACK", 16384)
+
+    def failing(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(files, "_datasync", failing)
+    with pytest.raises(OSError, match=r"Input/output error: '.*arrays/device\.\d+/0") as e:
+        jb.save(tmp_path / "ck", new)
+    assert e.value.errno == errno.EIO
+    monkeypatch.undo()
+    _assert_same(jb.restore(tmp_path / "ck"), old)
+    assert not list(tmp_path.glob(".ck.*"))
