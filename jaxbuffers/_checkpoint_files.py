@@ -23,7 +23,7 @@ from jaxbuffers._checkpoint_describe import FORMAT, FORMAT_VERSION, CheckpointEr
 
 _BLOCK = 64 << 20  # bytes hashed per read
 _WRITE_BLOCK = 4 << 20  # bytes hashed, then written, at a time: still in the CPU cache when the kernel copies them
-_WRITEBACK = 32 << 20  # bytes written between two syncs started while a large file is written
+_WRITEBACK = 8 << 20  # bytes written between two syncs started while a large file is written (at most one at a time)
 _SYNC_THREADS = 16  # files written, hashed and synced at once
 _datasync = getattr(os, "fdatasync", os.fsync)  # a file's data to the disk (and its size), not its other metadata
 
