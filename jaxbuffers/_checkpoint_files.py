@@ -54,9 +54,10 @@ def _write_file(path: Path, data: Any, progress) -> dict:
 
     A file over `_WRITEBACK` bytes is hashed by a helper thread while it is written (the same bytes, read from the
     same memory, which nothing changes meanwhile), and every `_WRITEBACK` bytes written are handed to the disk by a
-    second helper (`os.fdatasync`, where the OS has it, else `os.fsync`) while the next ones are copied: the
-    closing fsync then waits for the last few blocks only, not for the whole file. A smaller file is hashed block by
-    block just before each block is written.
+    second helper (`os.fdatasync`, where the OS has it, else `os.fsync`; one sync at a time, the next started at the
+    first block boundary after the last has finished) while the next ones are copied: the closing fsync then waits
+    for the last few blocks only, not for the whole file. A smaller file is hashed block by block just before each
+    block is written.
 
     Raises:
       OSError: naming the file (it exists already, the disk is full, ...).
