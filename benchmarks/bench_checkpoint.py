@@ -8,10 +8,12 @@ Cases, side by side in one process, the same arrays written to the same disk (a 
   1,000,000) of the recorded Breakout steps, cycled: device ids plus host arenas.
 
 Implementations, each timed `--repeats` times interleaved (median reported), every timed call preceded by an
-untimed `os.sync()` (and a trim of freed memory) so that none pays for the disk writes another left behind:
+untimed `os.sync()` (after a trim of freed memory and the end of the background deletion of the checkpoint a save
+replaced) so that none pays for the disk writes another left behind:
 
 * `ours`: `jaxbuffers.save` (host-store export, each array written from its memory in orbax's layout and hashed
-  (xxh3-64) as written, one fsync per file, manifest, atomic rename) and
+  (xxh3-64) as written (a file over 8 MB: hashed by a helper thread during the write, and its written blocks handed
+  to the disk meanwhile, a sync started every 8 MB, one at a time), one fsync per file, manifest, atomic rename) and
   `jaxbuffers.restore` (every file checked against its checksum, each array's bytes copied once into the memory the
   restored array owns and hashed there; host payloads read straight into the arena chunks the restored store keeps).
 * `ours-async` (case `save_blocking`): the time `jaxbuffers.save(..., blocking=False)` blocks the caller (the
@@ -44,6 +46,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -115,8 +118,12 @@ def fsync_all(root: Path) -> None:
 
 def settle() -> None:
     """Untimed, before every timed call: free what the previous call left (glibc keeps freed memory of its threads'
-    arenas until trimmed: without it the Vault and tensorstore runs pile up gigabytes) and sync the disk, so that no
-    call pays for the dirty pages another left."""
+    arenas until trimmed: without it the Vault and tensorstore runs pile up gigabytes), wait for the deletion of the
+    checkpoint a save replaced (a background thread of `jaxbuffers.save`) and sync the disk, so that no call pays for
+    the work another left."""
+    for t in threading.enumerate():
+        if t.name == "jaxbuffers-remove-old":
+            t.join()
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -23,7 +23,9 @@ from jaxbuffers._checkpoint_describe import FORMAT, FORMAT_VERSION, CheckpointEr
 
 _BLOCK = 64 << 20  # bytes hashed per read
 _WRITE_BLOCK = 4 << 20  # bytes hashed, then written, at a time: still in the CPU cache when the kernel copies them
+_WRITEBACK = 8 << 20  # bytes written between two syncs started while a large file is written (at most one at a time)
 _SYNC_THREADS = 16  # files written, hashed and synced at once
+_datasync = getattr(os, "fdatasync", os.fsync)  # a file's data to the disk (and its size), not its other metadata
 
 def _hash_file(path: Path, progress) -> str:
     """xxh3-64 of a file's bytes, read through a memory map (no copy of the page cache)."""
@@ -38,25 +40,41 @@ def _hash_file(path: Path, progress) -> str:
     return h.hexdigest()
 
 
+def _hash_bytes(view: memoryview) -> str:
+    h = xxhash.xxh3_64()
+    for a in range(0, len(view), _BLOCK):
+        h.update(view[a : a + _BLOCK])  # releases the GIL
+    return h.hexdigest()
+
+
 def _write_file(path: Path, data: Any, progress) -> dict:
     """Create the file `path` holding the bytes of `data` (bytes, or an array: its bytes in C order) and fsync it;
-    returns its manifest entry. Each block is hashed just before it is handed to the kernel, so the checksum is of
-    the bytes written, taken in the same pass (no second read of the file).
+    returns its manifest entry (size, xxh3-64 of the bytes written). Each byte is copied once, from `data`'s memory
+    into the page cache.
+
+    A file over `_WRITEBACK` bytes is hashed by a helper thread while it is written (the same bytes, read from the
+    same memory, which nothing changes meanwhile), and every `_WRITEBACK` bytes written are handed to the disk by a
+    second helper (`os.fdatasync`, where the OS has it, else `os.fsync`; one sync at a time, the next started at the
+    first block boundary after the last has finished) while the next ones are copied: the closing fsync then waits
+    for the last few blocks only, not for the whole file. A smaller file is hashed block by block just before each
+    block is written.
 
     Raises:
       OSError: naming the file (it exists already, the disk is full, ...).
     """
     view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else data)
-    h = xxhash.xxh3_64()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
-            for a in range(0, len(view), _WRITE_BLOCK):
-                block = view[a : a + _WRITE_BLOCK]
-                h.update(block)
-                while block:
-                    block = block[os.write(fd, block):]
-                progress.update(min(_WRITE_BLOCK, len(view) - a))
+            if len(view) > _WRITEBACK:
+                with ThreadPoolExecutor(2) as helpers:  # one hashes, one hands written blocks to the disk
+                    digest = helpers.submit(_hash_bytes, view)
+                    _write_blocks(fd, view, progress, lambda: helpers.submit(_datasync, fd))
+                    digest = digest.result()
+            else:
+                h = xxhash.xxh3_64()
+                _write_blocks(fd, view, progress, None, h)
+                digest = h.hexdigest()
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -64,7 +82,26 @@ def _write_file(path: Path, data: Any, progress) -> dict:
         if e.filename is not None:
             raise
         raise OSError(e.errno, e.strerror, str(path)) from e
-    return {"bytes": len(view), "xxh3_64": h.hexdigest()}
+    return {"bytes": len(view), "xxh3_64": digest}
+
+
+def _write_blocks(fd: int, view: memoryview, progress, writeback, h=None) -> None:
+    """Write `view` to `fd` in `_WRITE_BLOCK`s, each hashed into `h` first (if given); `writeback()` (if given) starts
+    a sync of what is written every `_WRITEBACK` bytes, once the previous one has finished."""
+    synced, pending = 0, None
+    for a in range(0, len(view), _WRITE_BLOCK):
+        block = view[a : a + _WRITE_BLOCK]
+        if h is not None:
+            h.update(block)
+        while block:
+            block = block[os.write(fd, block):]
+        progress.update(min(_WRITE_BLOCK, len(view) - a))
+        if writeback is not None and a + _WRITE_BLOCK - synced >= _WRITEBACK and (pending is None or pending.done()):
+            if pending is not None:
+                pending.result()  # its OSError, if any
+            pending, synced = writeback(), a + _WRITE_BLOCK
+    if pending is not None:
+        pending.result()
 
 
 def _files(root: Path) -> list[Path]:

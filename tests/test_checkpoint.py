@@ -553,24 +553,35 @@ def test_arrays_folder_is_what_orbax_writes_for_the_same_arrays(case, tmp_path):
                         "xxh3_64": files._hash_file(tmp_path / "ck" / rel, files._Progress(False, ""))}, rel
 
 
-def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failing", ["write", "sync"])
+def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(failing, tmp_path, monkeypatch):
+    """The disk full while a file is written, or an I/O error of a sync started during the write (a file over
+    `_WRITEBACK` bytes): the save raises the error naming the file, and the previous checkpoint is kept."""
     import errno
 
     from jaxbuffers import _checkpoint_files as files
 
     old, new = _filled_replay(), _filled_replay(4096)
     jb.save(tmp_path / "ck", old)
-    write = os.write
+    write, code = os.write, errno.ENOSPC if failing == "write" else errno.EIO
 
     def full(fd, data):
         if len(data) > 4096:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(code, os.strerror(code))
         return write(fd, data)
 
-    monkeypatch.setattr(files.os, "write", full)
-    with pytest.raises(OSError, match=r"No space left on device: '.*arrays/device\.\d+/0") as e:
+    def failed_sync(fd):
+        raise OSError(code, os.strerror(code))
+
+    if failing == "write":
+        monkeypatch.setattr(files.os, "write", full)
+    else:
+        monkeypatch.setattr(files, "_WRITE_BLOCK", 4096)
+        monkeypatch.setattr(files, "_WRITEBACK", 16384)
+        monkeypatch.setattr(files, "_datasync", failed_sync)
+    with pytest.raises(OSError, match=re.escape(os.strerror(code)) + r": '.*arrays/device\.\d+/0") as e:
         jb.save(tmp_path / "ck", new)
-    assert e.value.errno == errno.ENOSPC
+    assert e.value.errno == code
     monkeypatch.undo()
     _assert_same(jb.restore(tmp_path / "ck"), old)
     assert not list(tmp_path.glob(".ck.*"))
@@ -1258,3 +1269,28 @@ def test_a_checkpoint_with_the_earlier_metrics_arrays_is_refused_saying_so(tmp_p
     (root / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(jb.CheckpointError, match=r"\.metrics\.sampled.*earlier layout are not read, save the buffer again"):
         jb.restore(root)
+
+
+def test_a_large_file_is_synced_while_written_and_hashed_as_written(tmp_path, monkeypatch):
+    """A file over `_WRITEBACK` bytes: its written blocks are handed to the disk during the write (a sync started once
+    a span is written), it is hashed by a helper thread, and the manifest's checksum is that of the file on disk."""
+    from jaxbuffers import _checkpoint_files as files
+
+    monkeypatch.setattr(files, "_WRITE_BLOCK", 4096)
+    monkeypatch.setattr(files, "_WRITEBACK", 16384)
+    sizes, datasync = [], files._datasync
+
+    def counted(fd):
+        sizes.append(os.fstat(fd).st_size)
+        return datasync(fd)
+
+    monkeypatch.setattr(files, "_datasync", counted)
+    buf = _filled_replay(4096)
+    root = jb.save(tmp_path / "ck", buf)
+    listed = json.loads((root / "manifest.json").read_text())["files"]
+    large = {rel: info for rel, info in listed.items() if info["bytes"] > files._WRITEBACK}
+    assert large and sizes and min(sizes) >= files._WRITEBACK
+    for rel, info in large.items():
+        assert info["xxh3_64"] == files._hash_file(root / rel, files._Progress(False, "")), rel
+    _assert_same(jb.restore(root), buf)
+
