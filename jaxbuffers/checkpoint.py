@@ -138,10 +138,8 @@ def _host_tree(host_arrays: dict) -> dict:
     """The host arrays written: non-empty ones only (an empty array's shape and dtype are in buffer.json)."""
     if "shards" in host_arrays:
         return {"shards": {i: _host_tree(a) for i, a in host_arrays["shards"].items()}}
-    host = {"stores": {i: {k: a for k, a in s.items() if a.size} for i, s in host_arrays.get("stores", {}).items()}}
-    if "slot_version" in host_arrays:
-        host["slot_version"] = host_arrays["slot_version"]
-    return host
+    stores = {i: {k: a for k, a in s.items() if a.size} for i, s in host_arrays.get("stores", {}).items()}
+    return {"stores": stores} | {k: v for k, v in host_arrays.items() if k == "slot_version"}
 
 
 def _array_tree(leaves: list, host_arrays: dict) -> dict:
@@ -421,9 +419,9 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       The checkpoint folder as a `pathlib.Path` (blocking), or a `PendingSave` whose `wait()` returns it.
 
     Raises:
-      TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer, a field
-        of dtype `jnp.int1` / `jnp.uint1` (JAX takes them to host memory as bool and cannot put them back; naming the
-        field), `progress` not a bool or None, `blocking` not a bool (all checked before anything is created).
+      TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer or traced
+        (inside `jax.jit`), a field of dtype `jnp.int1` / `jnp.uint1` (JAX takes them to host memory as bool and cannot
+        put them back; naming it), `progress` not a bool or None, `blocking` not a bool (checked before any write).
       FileExistsError: `directory` exists and is neither a checkpoint nor an empty folder (nothing is deleted), now or
         at the commit. An empty folder is filled in place (it keeps its inode: it may be the working directory).
       NotADirectoryError: `directory` or a path above it is a file (naming it).
@@ -441,6 +439,8 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
 def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host: bool = True, blocking: bool = True) -> Path | PendingSave:
     """`save`, with `_snapshot`'s `host`."""
     path = _through_link(_validate.path("directory", directory).absolute())
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(buffer)):
+        raise TypeError("buffer: expected concrete arrays, got traced values: save runs outside jax.jit and lax.scan")
     _describe(buffer)  # its TypeErrors before anything is created
     if progress is not None:
         _validate.static_bool("progress", progress)

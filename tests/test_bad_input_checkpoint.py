@@ -64,6 +64,19 @@ def test_save_refuses_what_is_not_a_buffer(buffer, fresh):
     assert not (ROOT / "parent").exists()
 
 
+def test_save_inside_jit_names_the_traced_buffer():
+    """A save traced inside jit is refused naming `buffer` and where save runs; nothing is written."""
+    before = on_disk()
+
+    def step(b):
+        jb.save(SAVED, b)
+        return b
+
+    with pytest.raises(TypeError, match=r"buffer: expected concrete arrays, got traced values: save runs outside jax.jit"):
+        jax.jit(step)(BUF)
+    assert on_disk() == before
+
+
 @SETTINGS
 @given(target=st.sampled_from([3, "x", {"obs": np.zeros(2)}, BUF.storage, jb.RateLimiter.create(1.0)]))
 def test_restore_refuses_a_target_that_is_not_a_buffer(target):
