@@ -268,11 +268,12 @@ class StagingWriter:
                 befores, first = jax.device_get(buf.lane_tails())
             else:
                 befores, first = self._previous
-            finals = None if fin is None else [np.asarray(fin[i])[:, None] for i in buf.leaf_index]
-            error = buf._stack_error_of([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
-                                        None if fin is None else boot[:, None])
-            if error is not None:
-                raise error
+            if (fin is not None and boot.any()) or not buf._step_follows(stacks, befores, first):  # else: nothing to name
+                finals = None if fin is None else [np.asarray(fin[i])[:, None] for i in buf.leaf_index]
+                error = buf._stack_error_of([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
+                                            None if fin is None else boot[:, None])
+                if error is not None:
+                    raise error
             self._previous = (stacks if owned else [np.array(x) for x in stacks], term if truncated is None else term | trunc)
         j = self._n  # checked: stage copies (JAX arrays are fetched here)
         for dst, x, pick in zip(self._stage, leaves, self._picks):

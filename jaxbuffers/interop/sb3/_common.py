@@ -272,7 +272,7 @@ def differs(a: Any, b: Any, b_bytes: list[bytes]) -> np.ndarray | None:
     """bool ``[n]``: which rows of two pytrees of numpy arrays ``[n, ...]`` differ bit for bit; None where none does
     (one comparison per leaf against ``b_bytes``, the bytes of ``b``'s leaves from `frozen_obs`)."""
     pairs = [(a, b)] if type(a) is np.ndarray else list(zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-    if all(x.tobytes() == y for (x, _), y in zip(pairs, b_bytes)):
+    if all(_validate.same_bytes(y, x) for (x, _), y in zip(pairs, b_bytes)):  # ``x`` read in place where contiguous
         return None
     # each row's bytes compared whole: faster here than an elementwise comparison and a reduction
     return np.array([any(x[i].tobytes() != y[i].tobytes() for x, y in pairs) for i in range(len(pairs[0][0]))], bool)
