@@ -210,7 +210,7 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
             arr = np.broadcast_to(arr, shape)  # same size: only unit axes are added
         except ValueError:
             raise ValueError(f"{what}: expected shape {shape}, got shape {got} (same size, another layout)") from None
-    return stored(arr, dtype, what, exact)
+    return arr if arr.dtype == dtype else stored(arr, dtype, what, exact)  # the stored dtype: nothing to cast or check
 
 
 def stored(arr: np.ndarray, dtype: Any, what: str, exact: bool) -> np.ndarray:
