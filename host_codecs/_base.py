@@ -24,6 +24,7 @@ __all__ = ["ALIGN", "DTYPES", "as_array", "ChunkTable", "Codec", "CorruptEntryEr
 #: Every payload starts on a multiple of this many bytes (in encoded batches and in the arena),
 #: so codecs may view a payload as uint16/32/64 words without unaligned access.
 ALIGN = 8
+_PADDING = [bytes(n) for n in range(ALIGN)]  # the zeros after a payload of each length % ALIGN
 
 #: Supported element dtypes; an entry stores the position of its dtype here, so this list is part
 #: of the stored format: append only. Native byte order only.
@@ -210,13 +211,12 @@ class EncodedBatch:
 
 def pack_payloads(payloads: Sequence[bytes], meta: np.ndarray | None = None) -> EncodedBatch:
     """Pack one `bytes` payload per entry into one aligned `EncodedBatch` (zero padding)."""
-    lengths = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
+    lengths = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
     padded = ceil_align(lengths)
     offsets = np.zeros(len(payloads), dtype=np.int64)
     np.cumsum(padded[:-1], out=offsets[1:])
-    buffer = np.zeros(int(padded.sum()), dtype=np.uint8)
-    for p, o, n in zip(payloads, offsets.tolist(), lengths.tolist()):
-        buffer[o : o + n] = np.frombuffer(p, dtype=np.uint8)
+    pads = [_PADDING[n] for n in (padded - lengths).tolist()]
+    buffer = np.frombuffer(bytearray(b"".join([x for pair in zip(payloads, pads) for x in pair])), np.uint8)  # one copy
     return EncodedBatch(buffer, offsets, lengths, np.zeros(len(payloads), np.uint8) if meta is None else meta)
 
 

@@ -133,3 +133,28 @@ def test_torch_tensors_and_wrong_keys_are_named_before_flushing(writers, kind):
     for key in WRONG_KEYS:
         assert_refused(lambda: w.sample_transitions(key, 2, gamma=0.9), ("key",), w)
         assert_refused(lambda: w.sample_sequences(key, 2, *((2,) if kind == "uniform" else ())), ("key",), w)
+
+
+def test_stacks_that_do_not_shift_are_refused_naming_the_env_before_staging():
+    """Within an episode, a stack that is not the step before's shifted by one frame, or a final observation that is
+    not its step's stack shifted, is refused with the buffer's message naming the env, nothing staged; the shifted
+    stacks are staged and come back as given."""
+    w = StagingWriter(CompressedTrajectoryBuffer.create(EXAMPLE, num_envs=E, length=LENGTH, frame_stack=K, codec="rle"), max_pending=16)
+    frames = np.random.default_rng(3).integers(0, 256, (E, 6, H, W), dtype=np.uint8)
+    stack = lambda t: np.stack([frames[:, max(t - 1, 0)], frames[:, t]], axis=1)  # noqa: E731  (reset padding at t = 0)
+    step = lambda obs: {"obs": obs, "action": np.zeros(E, np.int32), "reward": np.zeros(E, np.float32)}  # noqa: E731
+    going = {"terminated": np.zeros(E, bool)}
+    w.add(step(stack(0)), **going)
+    w.add(step(stack(1)), **going)
+    jumped = stack(2)
+    jumped[1] = np.stack([frames[1, 3], frames[1, 4]])  # env 1 skips frames: [3, 4] after [0, 1]
+    err = assert_refused(lambda: w.add(step(jumped), **going), ("step['obs']",), w, errors=(ValueError,))
+    assert "env 1, step 0 of the add is not the stack the buffer rebuilds" in str(err)
+    ended = {"terminated": np.zeros(E, bool), "truncated": np.array([True, False])}
+    err = assert_refused(lambda: w.add(step(stack(2)), **ended, final_obs=stack(4)), ("final_obs",), w, errors=(ValueError,))
+    assert "env 0" in str(err)
+    w.add(step(stack(2)), **ended, final_obs=stack(3))
+    assert w.pending == 3
+    obs = np.asarray(w.buffer.decode_obs(w.buffer.trajectory.storage["obs"][:, :3]))
+    np.testing.assert_array_equal(obs, np.stack([stack(0), stack(1), stack(2)], axis=1))
+    w.close()

@@ -580,8 +580,8 @@ def static_value(name: str, value: Any, want: str = "an array or a hashable Pyth
 
 # the step checks (module doc), after every name they use is defined
 from jaxbuffers._validate.steps import (  # noqa: E402
-    decoded_entries, episode_lengths, final_obs_not_step, final_value_pair, host_call, frame_leaves, normalizable, trajectory_add,
-    trajectory_example, unrebuilt_stack_error, unrebuilt_stacks, unrebuilt_trajectory_stack_error, unrebuilt_trajectory_stacks,
+    decoded_entries, episode_lengths, final_obs_not_step, final_value_pair, host_call, host_stack_breaks, frame_leaves, normalizable,
+    same_bytes, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks, unrebuilt_trajectory_stack_error, unrebuilt_trajectory_stacks,
 )
 from jaxbuffers._validate.members import member_axes, one_member, one_member_methods, unstacked  # noqa: E402
 from jaxbuffers._validate.options import advantages_missing, choice, filled, names, one_each, path, single_process, text  # noqa: E402

@@ -245,14 +245,30 @@ def _host_unrebuilt(stacks, before, starts, finals, boot, *, stack_axis: int, pa
     bad = np.zeros((2, e_n, t_n), np.bool_)
     for e in range(e_n):
         for t in range(t_n):
-            older = x[e, t, : k - 1].tobytes()
-            if starts[e][t]:
-                pad = bytes(len(older)) if padding == "zero" else x[e, t, k - 1].tobytes() * (k - 1)
-            else:
-                pad = (prev0[e] if t == 0 else x[e, t - 1])[1:].tobytes()
-            bad[0, e, t] = older != pad
-            bad[1, e, t] = read is not None and read[e][t] and f[e, t, : k - 1].tobytes() != x[e, t, 1:].tobytes()
+            bad[0, e, t] = host_stack_breaks(x[e, t], prev0[e] if t == 0 else x[e, t - 1], starts[e][t], padding)
+            bad[1, e, t] = read is not None and read[e][t] and not same_bytes(f[e, t, : k - 1], x[e, t, 1:])
     return bad
+
+
+def host_stack_breaks(stack: np.ndarray, older: np.ndarray, start: bool, padding: str) -> bool:
+    """The rule of `unrebuilt_trajectory_stacks` for one stack on the host: whether ``stack`` (``[k, *frame]``, the k
+    axis first) would not come back as given, i.e. its older frames are not its padding where ``start`` (the step
+    starts an episode), else not ``older`` (the step before's stack) shifted by one frame. Compared as bytes."""
+    k = stack.shape[0]
+    if start:
+        kept = stack[: k - 1].tobytes()
+        return kept != (bytes(len(kept)) if padding == "zero" else stack[k - 1].tobytes() * (k - 1))
+    return not same_bytes(stack[: k - 1], older[1:])
+
+
+def same_bytes(a: np.ndarray | bytes, b: np.ndarray | bytes) -> bool:
+    """Whether ``a`` and ``b`` (numpy arrays or ``bytes``) hold the same bytes. ``a`` is copied unless it is ``bytes``,
+    ``b`` only when it is an array that is not C-contiguous (``bytes.startswith`` reads a buffer in place)."""
+    a = a if type(a) is bytes else a.tobytes()
+    size = len(b) if type(b) is bytes else b.nbytes
+    if type(b) is not bytes and not b.flags.c_contiguous:
+        b = b.tobytes()
+    return len(a) == size and a.startswith(b)
 
 
 _UNREBUILT = (

@@ -54,6 +54,16 @@ def _placeholder(x) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
+def _holds(key: bytes, parts: list[np.ndarray]) -> bool:
+    """Whether ``key`` is the bytes of ``parts`` joined (each read in place where it is C-contiguous)."""
+    at = 0
+    for p in parts:
+        if not key.startswith(p if p.flags.c_contiguous else p.tobytes(), at):
+            return False
+        at += p.nbytes
+    return at == len(key)
+
+
 class RolloutHostWriter:
     """Adds steps to a `CompressedRolloutBuffer` on the host; `flush` returns the device state.
 
@@ -185,23 +195,26 @@ class RolloutHostWriter:
             self._pending += [(int(s), b"".join([x[e].tobytes() for x in stacks])) for e, s in enumerate(slots.tolist())]
             return slots
         frames = [x if i.stack_axis == 0 else np.moveaxis(x, 1 + i.stack_axis, 1) for x, i in zip(stacks, self._state.leaves)]
-        # each frame's bytes, compared exactly; they are also the copy of the previous stack kept and the entries staged
-        keys = [[b"".join([f[e, j].tobytes() for f in frames]) for j in range(k)] for e in range(n)]
-        fresh, slots = self._pending, []
+        # each frame compared exactly with the kept bytes of an equal frame, in place; only a frame stored is copied
+        # (its bytes are the entry staged and the copy kept for the next stack)
+        fresh, slots, keys = self._pending, [], []
         for e in range(n):
-            mine = []
+            mine, mine_keys = [], []
             old_keys, old_slots = (self._prev[0][e], self._prev[1][e]) if self._prev is not None else (None, None)
-            for j, key in enumerate(keys[e]):
-                if old_keys is not None and j < k - 1 and key == old_keys[j + 1]:  # shifted from the previous stack
-                    s = old_slots[j + 1]
-                elif j > 0 and key == keys[e][j - 1]:  # repeats its left neighbour ("reset" padding)
-                    s = mine[j - 1]
+            for j in range(k):
+                parts = [f[e, j] for f in frames]
+                if old_keys is not None and j < k - 1 and _holds(old_keys[j + 1], parts):  # shifted from the previous stack
+                    key, s = old_keys[j + 1], old_slots[j + 1]
+                elif j > 0 and _holds(mine_keys[j - 1], parts):  # repeats its left neighbour ("reset" padding)
+                    key, s = mine_keys[j - 1], mine[j - 1]
                 else:
-                    s = self._next_slot
+                    key, s = b"".join([x.tobytes() for x in parts]), self._next_slot
                     self._next_slot += 1
                     fresh.append((s, key))
                 mine.append(s)
+                mine_keys.append(key)
             slots.append(mine)
+            keys.append(mine_keys)
         self._prev = (keys, slots)
         return np.array(slots, np.int32)
 

@@ -262,17 +262,19 @@ class StagingWriter:
         term = np.asarray(term)
         truncated = trunc = None if trunc is None else np.asarray(trunc)
         boot = None if fin is None else trunc & ~term  # the final observations read
+        booted = boot is not None and np.count_nonzero(boot) > 0
         if self._stacked:  # stacks the buffer could not rebuild: refused here, as its add refuses them
             stacks = [np.asarray(leaves[self._obs_offset + i]) for i in buf.leaf_index]
             if self._previous is None:  # the lanes' last steps are in the buffer: read from the store once
                 befores, first = jax.device_get(buf.lane_tails())
             else:
                 befores, first = self._previous
-            finals = None if fin is None else [np.asarray(fin[i])[:, None] for i in buf.leaf_index]
-            error = buf._stack_error_of([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
-                                        None if fin is None else boot[:, None])
-            if error is not None:
-                raise error
+            if booted or not buf._step_follows(stacks, befores, first):  # else: nothing to name
+                finals = None if fin is None else [np.asarray(fin[i])[:, None] for i in buf.leaf_index]
+                error = buf._stack_error_of([x[:, None] for x in stacks], befores, np.asarray(first)[:, None], finals,
+                                            None if fin is None else boot[:, None])
+                if error is not None:
+                    raise error
             self._previous = (stacks if owned else [np.array(x) for x in stacks], term if truncated is None else term | trunc)
         j = self._n  # checked: stage copies (JAX arrays are fetched here)
         for dst, x, pick in zip(self._stage, leaves, self._picks):
@@ -282,7 +284,7 @@ class StagingWriter:
             if self._final is None:
                 self._allocate_final()
             self._truncated[:, j] = trunc
-            if self._dense_finals or np.count_nonzero(boot):
+            if self._dense_finals or booted:
                 self._stage_finals(j, boot, fin)
         else:
             self._truncated[:, j] = False

@@ -127,6 +127,19 @@ class StackChecked:
         ]
         return self._stack_error(np.stack(bad)) if any(np.count_nonzero(b) for b in bad) else None
 
+    def _step_follows(self, stacks, befores, starts) -> bool:
+        """Whether one step's stacks (per compressed leaf numpy `[num_envs, *shape]`) pass `stack_error` after
+        ``befores`` (as there), ``starts`` bool `[num_envs]`: its rule (`jaxbuffers._validate.host_stack_breaks`)
+        stack by stack, no array made (a `StagingWriter` checks each step so)."""
+        starts = np.asarray(starts).tolist()
+        for x, before, i in zip(stacks, befores, self.leaves):
+            if i.stack_axis:  # the k axis after the env axis (views)
+                x, before = np.moveaxis(x, 1 + i.stack_axis, 1), np.moveaxis(before, 1 + i.stack_axis, 1)
+            for e, start in enumerate(starts):
+                if _validate.host_stack_breaks(x[e], before[e], start, self.padding):
+                    return False
+        return True
+
     def final_error(self, befores, finals, boot) -> ValueError | None:
         """The error `add` raises for final observations that are not their step's stack shifted by one frame, or
         None, on the host: `befores` / `finals` per compressed leaf numpy `[num_envs, *shape]` (the steps' stacks and

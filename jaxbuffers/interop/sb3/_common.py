@@ -70,10 +70,12 @@ def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
     if out is a:
         return out
     back = out.astype(a.dtype)
-    same = back == a
     if a.dtype.kind in "fc":  # NaN is held exactly when it comes back as NaN
-        same |= np.isnan(a) & np.isnan(back)
-    if np.count_nonzero(same) != same.size:  # not `same.all()`: cheaper on the few values of an add
+        same = (back == a) | (np.isnan(a) & np.isnan(back))
+        held = np.count_nonzero(same) == same.size  # not `same.all()`: cheaper on the few values of an add
+    else:  # integers and bools: equal values are equal bytes (cheaper than a comparison and a count)
+        held = back.tobytes() == a.tobytes()
+    if not held:
         raise TypeError(f"{what}: values of dtype {a.dtype} that {np.dtype(dtype)} does not hold exactly")
     return out
 
@@ -101,9 +103,11 @@ def cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
 
 def flags(x: Any, what: str) -> np.ndarray:
     """``x`` as bool, or ``ValueError`` for a value other than 0 and 1 (SB3 keeps flags as float32)."""
-    a = np.asarray(x)
+    a = x if type(x) is np.ndarray else np.asarray(x)
+    if a.dtype.kind == "b":
+        return a
     b = a.astype(np.bool_)
-    if a.dtype != np.bool_ and np.count_nonzero(b == a) != a.size:  # 0 and 1 are the values equal to their bool
+    if np.count_nonzero(b == a) != a.size:  # 0 and 1 are the values equal to their bool
         raise ValueError(f"{what}: expected booleans (0 or 1), got the value {a[(a != 0) & (a != 1)].flat[0]!r}")
     return b
 
@@ -157,7 +161,7 @@ def numbers(x: Any, what: str) -> np.ndarray:
         except (RuntimeError, TypeError):  # with a grad, or on another device
             x = x.numpy(force=True)
     try:
-        arr = np.asarray(x)
+        arr = x if type(x) is np.ndarray else np.asarray(x)
     except (TypeError, ValueError) as e:
         raise TypeError(f"{what}: expected an array of numbers, got {type(x).__name__} ({e})") from None
     if arr.dtype.kind not in "biuf":
@@ -206,7 +210,7 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
             arr = np.broadcast_to(arr, shape)  # same size: only unit axes are added
         except ValueError:
             raise ValueError(f"{what}: expected shape {shape}, got shape {got} (same size, another layout)") from None
-    return stored(arr, dtype, what, exact)
+    return arr if arr.dtype == dtype else stored(arr, dtype, what, exact)  # the stored dtype: nothing to cast or check
 
 
 def stored(arr: np.ndarray, dtype: Any, what: str, exact: bool) -> np.ndarray:
@@ -218,7 +222,7 @@ def stored(arr: np.ndarray, dtype: Any, what: str, exact: bool) -> np.ndarray:
         ``dtype`` does not hold exactly.
     """
     dtype = np.dtype(dtype)
-    if dtype == np.bool_:
+    if dtype.kind == "b":
         return flags(arr, what)
     if (exact or dtype.kind in "iu") and arr.dtype.kind in "iufc":  # numbers, not bools
         return exact_cast(arr, dtype, what)
@@ -271,9 +275,14 @@ class Rows:
 def differs(a: Any, b: Any, b_bytes: list[bytes]) -> np.ndarray | None:
     """bool ``[n]``: which rows of two pytrees of numpy arrays ``[n, ...]`` differ bit for bit; None where none does
     (one comparison per leaf against ``b_bytes``, the bytes of ``b``'s leaves from `frozen_obs`)."""
-    pairs = [(a, b)] if type(a) is np.ndarray else list(zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-    if all(x.tobytes() == y for (x, _), y in zip(pairs, b_bytes)):
-        return None
+    if type(a) is np.ndarray:  # one array: no tree to walk
+        if _validate.same_bytes(b_bytes[0], a):  # ``a`` read in place where contiguous
+            return None
+        pairs = [(a, b)]
+    else:
+        pairs = list(zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+        if all(_validate.same_bytes(y, x) for (x, _), y in zip(pairs, b_bytes)):
+            return None
     # each row's bytes compared whole: faster here than an elementwise comparison and a reduction
     return np.array([any(x[i].tobytes() != y[i].tobytes() for x, y in pairs) for i in range(len(pairs[0][0]))], bool)
 
