@@ -43,15 +43,7 @@ device gathers the minibatch's steps it holds (zeros elsewhere) and one reduce-s
 into the blocks; so an epoch moves the whole rollout across devices (each device sends about `S - 1` times its
 shard's steps in a ring reduce-scatter), which the per-shard shuffle avoids.
 
-Compressed buffers (`jaxbuffers.compressed`: trajectory, prioritised trajectory, episode and rollout buffers) keep
-one host store per shard (`jaxbuffers.compressed.ShardedHostStores`): `make` is called once per shard, each shard's
-store holds only its own lanes' or episodes' frames at the slot ids of one unsharded buffer of the shard's size
-(shard-local ids), and every callback, traced inside `shard_map`, passes its shard index (`lax.axis_index`) and
-reaches that shard's store with that shard's version (the `version` leaf is `[S]`; a stale state is refused store by
-store). A global sample draws each shard's candidates from its device half, then decodes on the host only the rows
-that shard contributes (`decode(sample, rows=mine)`), before the all-reduce. `sample_local` decodes each shard's own
-batch. The unsharded epoch (`minibatches`) of a compressed rollout decodes each step once, on the shard holding it
-(`decode(minibatch, rows=mine)`), before the reduce-scatter. A disk-backed buffer (`jaxbuffers.disk`) is refused.
+Compressed buffers keep one host store per shard: `docs/api/scale.md`, "Compressed buffers over shards".
 
 Edits (`update`): after a global sample, `update(shard, indices, fields)` sends entry `j` to shard `shard[j]`, as
 `set_priorities` does; a shard-local edit of each shard's own rows is `apply(lambda b, i, f: b.update(i, f), ...)`.
@@ -571,8 +563,11 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
           TypeError: `key` not one PRNG key.
           ValueError: `batch_size` not an int >= 1, `method` not a sampler of the wrapped buffer; and the sampler's
             own errors.
+          RuntimeError: `method="minibatches"` as in `minibatches`.
         """
         batch_size, method = self._sampler(key, batch_size, method, _LOCAL_SAMPLERS)
+        if method == "minibatches":
+            self._require_advantages("sample_local(method='minibatches')", key)
         arrays, static = _split_static(kwargs)
         own = self._own(arrays)
         program = _program(self.mesh, self.axis, "local", method, batch_size, static)
@@ -625,20 +620,26 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
         Raises:
           TypeError: the wrapped buffer is neither a `RolloutBuffer` nor a `CompressedRolloutBuffer`.
           ValueError: `M` not an int >= 1 or not dividing a shard's `num_steps * num_envs`.
-          RuntimeError: called eagerly while a shard's `has_advantages` is False (under `jit`: NaN advantages and
-            returns, as `RolloutBuffer.minibatches`).
+          RuntimeError: called eagerly in one process while a shard's `has_advantages` is False (under `jit`, or
+            with several processes: NaN advantages and returns, as `RolloutBuffer.minibatches`).
         """
         if not isinstance(_device(self.shards), RolloutBuffer):
             raise TypeError(f"minibatches: {type(self.shards).__name__} is not a RolloutBuffer (item buffers: sample)")
         self._check_hosts(add=False)
         steps = self.shards.num_steps * self.shards.num_envs
         m = _validate.divisor("num_minibatches", num_minibatches, steps, "a shard's num_steps * num_envs")
-        computed = _device(self.shards).has_advantages
-        if not isinstance(computed, jax.core.Tracer) and not np.all(np.asarray(computed)):
-            _validate.key("key", key)  # the arguments' errors first
-            raise _validate.advantages_missing("minibatches", "buf.apply(lambda b, v: b.compute_gae(v, gamma, lam), last_value)")
+        self._require_advantages("minibatches", key)
         program = _program(self.mesh, self.axis, "epoch", batch_size=m)
         return program(self.shards, self._placed(_validate.key("key", key), P()))
+
+    def _require_advantages(self, what: str, key: Any) -> None:
+        """Raise for an eager read of a rollout's advantages before `compute_gae`, once the key is checked; a flag
+        traced, or spread over several processes (each would decide alone), is not read (the read gives NaN)."""
+        computed = _device(self.shards).has_advantages
+        if isinstance(computed, jax.core.Tracer) or not computed.is_fully_addressable or np.all(np.asarray(computed)):
+            return
+        _validate.key("key", key)
+        raise _validate.advantages_missing(what, "buf.apply(lambda b, v: b.compute_gae(v, gamma, lam), last_value)")
 
     def _sampler(self, key: Any, batch_size: Any, method: Any, methods: tuple) -> tuple[int, str]:
         """`(batch_size, method)` of a sampling call, checked with its key before any program is built or looked up

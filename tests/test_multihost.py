@@ -46,6 +46,16 @@ def _device_buffers(pid: int, mesh, out_dir: str) -> dict:
         assert np.array_equal(obs[..., 0], ids) and np.array_equal(obs[..., 1], -ids), "torn rows"
         result[kind] = ids.ravel().tolist()
         result["size"] = int(buf.size())
+    envs = 2 * ROWS  # a rollout of ROWS envs per shard: an eager epoch after its GAE, the flag spread over both processes
+    roll = jb.ShardedBuffer.create(lambda: jb.RolloutBuffer.create(item, num_envs=ROWS, num_steps=ADDS), mesh, "data")
+    add = jax.jit(lambda b, s, f, d: b.add(s, reward=f, value=f, terminated=d))
+    for a in range(ADDS):
+        ids = pid * 1_000 + a * envs + np.arange(envs, dtype=np.int32)
+        step = roll.local_batch({"obs": np.stack([ids, -ids], 1).astype(np.float32), "id": ids})
+        roll = add(roll, step, roll.local_batch(np.ones(envs, np.float32)), roll.local_batch(np.zeros(envs, bool)))
+    gae = jax.jit(lambda b, v: b.apply(lambda s, v: s.compute_gae(v, 0.9, 0.9), v))
+    roll_epoch = gae(roll, roll.local_batch(np.ones(envs, np.float32))).minibatches(jax.random.key(1), 2)
+    result["epoch_shape"] = list(roll_epoch.advantages.shape)
     return result
 
 
@@ -404,6 +414,7 @@ def test_two_processes_sample_one_global_buffer(tmp_path):
     outs = _two_processes("device", tmp_path)
     assert outs[0]["uniform"] == outs[1]["uniform"] and outs[0]["prioritised"] == outs[1]["prioritised"]  # replicated
     assert outs[0]["size"] == 2 * 2 * CAPACITY  # the shards keep their last CAPACITY rows
+    assert outs[0]["epoch_shape"] == outs[1]["epoch_shape"] == [4, 2, ADDS * ROWS // 2]  # [S, M, T * N / M]
     # Each shard keeps its last 2 adds (CAPACITY = 2 * ROWS): ids of adds 1 and 2 of both processes, 32 items.
     stored = np.array([pid * 1_000 + a * 2 * ROWS + r for pid in range(2) for a in range(ADDS - 2, ADDS) for r in range(2 * ROWS)])
     leaves = _priority(stored).astype(np.float64) ** 0.6

@@ -547,6 +547,8 @@ def test_rollout_epoch_is_the_unsharded_epoch_split_over_shards(mesh):
     key = jax.random.key(25)
     with pytest.raises(RuntimeError, match=r"^minibatches: .*has_advantages is False\); call buf\.apply\(lambda b, v: b\.compute_gae"):
         sharded.minibatches(key, m)  # compute_gae forgotten: refused eagerly, NaN advantages and returns under jit
+    with pytest.raises(RuntimeError, match=r"^sample_local\(method='minibatches'\): .*has_advantages is False"):
+        sharded.sample_local(key, m, method="minibatches")
     early = jax.jit(lambda b, k: b.minibatches(k, m))(sharded, key)
     assert np.isnan(np.asarray(early.advantages)).all() and np.isnan(np.asarray(early.returns)).all()
     last = rng.standard_normal(e).astype(np.float32)
