@@ -12,7 +12,7 @@ untimed `os.sync()` (after a trim of freed memory and the end of the background 
 replaced) so that none pays for the disk writes another left behind:
 
 * `ours`: `jaxbuffers.save` (host-store export, each array written from its memory in orbax's layout and hashed
-  (xxh3-64) as written (a file over 8 MB: hashed by a helper thread during the write, and its written blocks handed
+  (xxh3-64) as written (a file over 8 MB: hashed by a second thread during the write, and its written blocks handed
   to the disk meanwhile, a sync started every 8 MB, one at a time), one fsync per file, manifest, atomic rename) and
   `jaxbuffers.restore` (every file checked against its checksum, each array's bytes copied once into the memory the
   restored array owns and hashed there; host payloads read straight into the arena chunks the restored store keeps).

@@ -52,7 +52,7 @@ def _write_file(path: Path, data: Any, progress) -> dict:
     returns its manifest entry (size, xxh3-64 of the bytes written). Each byte is copied once, from `data`'s memory
     into the page cache.
 
-    A file over `_WRITEBACK` bytes is hashed by a helper thread while it is written (the same bytes, read from the
+    A file over `_WRITEBACK` bytes is hashed by a second thread while it is written (the same bytes, read from the
     same memory, which nothing changes meanwhile), and every `_WRITEBACK` bytes written are handed to the disk by a
     second helper (`os.fdatasync`, where the OS has it, else `os.fsync`; one sync at a time, the next started at the
     first block boundary after the last has finished) while the next ones are copied: the closing fsync then waits
