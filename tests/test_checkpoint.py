@@ -1273,7 +1273,7 @@ def test_a_checkpoint_with_the_earlier_metrics_arrays_is_refused_saying_so(tmp_p
 
 def test_a_large_file_is_synced_while_written_and_hashed_as_written(tmp_path, monkeypatch):
     """A file over `_WRITEBACK` bytes: its written blocks are handed to the disk during the write (a sync started once
-    a span is written), it is hashed by a helper thread, and the manifest's checksum is that of the file on disk."""
+    a span is written), it is hashed by a second thread, and the manifest's checksum is that of the file on disk."""
     from jaxbuffers import _checkpoint_files as files
 
     monkeypatch.setattr(files, "_WRITE_BLOCK", 4096)
