@@ -471,7 +471,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             chains = self._chains(flat)  # the slots the requested deltas' chains add, after the request
             flat = np.concatenate([flat, chains]) if chains.size else flat
             at = self._at(flat)
-            chunk, offset, length, tag, meta, layout, check, base, _ = (a[at] for a in self._index())
+            chunk, offset, length, tag, meta, layout, check, base = (a[at] for a in self._index()[:8])  # not `child`
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
         if chains_out is not None:
             chains_out.append(chains)
@@ -524,15 +524,15 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                 if base_i is not None:
                     order, root, depth, target = chain_order(
                         base_i, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
-                # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the entries
-                # split evenly in chain order; a chain's entries not asked for are decoded into the row of the next one asked
-                # for (`chain_order`'s target), each delta XORed in place. A shard decodes runs of one codec, every base before
-                # its deltas: its chains in order (one codec), keyframes codec by codec then deltas in chain order (deltas of
-                # one codec), else depth by depth, codec by codec.
+                # Shards take whole chains (a delta is XORed with its base once its shard decoded both), dealt in turn
+                # in the order of their keyframes (chains whose keyframe was asked for come first: dealing them in
+                # turn gives each shard as many keyframes, the costly entries); a chain's entries not asked for are
+                # decoded into the row of the next one asked for (`chain_order`'s target), each delta XORed in place.
+                # A shard decodes runs of one codec, every base before its deltas: its chains in order (one codec),
+                # keyframes codec by codec then deltas in chain order (deltas of one codec), else depth by depth,
+                # codec by codec.
                 shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
-                rank = np.empty(k, np.int64)
-                rank[order] = np.arange(k)
-                shard = np.searchsorted(np.linspace(0, k, shards + 1)[1:-1], rank[root], side="right")
+                shard = np.searchsorted(np.flatnonzero(depth == 0), root) % shards
                 t = tag[pos].astype(np.int64)
                 if (t[depth > 0] == t[depth > 0][:1]).all():
                     lead = shard if (t == t[0]).all() else (shard * 2 + (depth > 0)) * _NUM_TAGS + t
