@@ -41,9 +41,9 @@ chains, what a read decodes, what a rewrite deletes). Snapshots: `export_state` 
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
 distinct slot of the request once, into its first row, in one shard per thread
-(`host_codecs.parallel_for`; a shard takes whole delta chains, cut where the entries split evenly; a chain's slots
+(`host_codecs.parallel_for`; whole delta chains are dealt to the shards in turn; a chain's slots
 not requested are decoded into the row of the next one requested, in place), and that shard copies it to its other
-rows.
+rows. The checksums are verified on a pool thread while the decode is planned, before anything is written.
 
 Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
