@@ -86,6 +86,7 @@ _NUM_TAGS = max(c.tag for c in CODECS.values()) + 1
 _MAX_SAMPLE_BYTES = 64 << 20  # most bytes of entries (at least 8 entries) a dictionary is built from
 _MAX_DICTIONARY_BYTES = 1 << 20
 _READ_SHARD_BYTES = 1 << 20  # decoding is fast per byte: a smaller shard does not pay for a thread
+_DEALS = 8  # blocks of delta chains dealt to each read shard in turn
 
 
 _payload_sums = _checksum.payload_sums  # the entries' checksums (one compiled loop), looked up here on every call
@@ -525,14 +526,15 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                     order, root, depth, target = chain_order(
                         base_i, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
                 # Shards take whole chains (a delta is XORed with its base once its shard decoded both), dealt in turn
-                # in the order of their keyframes (chains whose keyframe was asked for come first: dealing them in
-                # turn gives each shard as many keyframes, the costly entries); a chain's entries not asked for are
-                # decoded into the row of the next one asked for (`chain_order`'s target), each delta XORed in place.
-                # A shard decodes runs of one codec, every base before its deltas: its chains in order (one codec),
-                # keyframes codec by codec then deltas in chain order (deltas of one codec), else depth by depth,
-                # codec by codec.
+                # in `_DEALS` blocks per shard in the order of their keyframes (chains whose keyframe was asked for
+                # come first: dealt so, each shard gets as many keyframes, the costly entries, and runs of neighbouring
+                # rows); a chain's entries not asked for are decoded into the row of the next one asked for
+                # (`chain_order`'s target), each delta XORed in place. A shard decodes runs of one codec, every base
+                # before its deltas: its chains in order (one codec), keyframes codec by codec then deltas in chain
+                # order (deltas of one codec), else depth by depth, codec by codec.
                 shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
-                shard = np.searchsorted(np.flatnonzero(depth == 0), root) % shards
+                keys = np.flatnonzero(depth == 0)
+                shard = np.searchsorted(keys, root) * (shards * _DEALS) // keys.size % shards
                 t = tag[pos].astype(np.int64)
                 if (t[depth > 0] == t[depth > 0][:1]).all():
                     lead = shard if (t == t[0]).all() else (shard * 2 + (depth > 0)) * _NUM_TAGS + t
