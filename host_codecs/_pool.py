@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["num_threads", "parallel_for", "set_num_threads", "started"]
+__all__ = ["num_threads", "parallel_for", "set_num_threads"]
 
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None
 _LOCK = threading.Lock()
@@ -79,37 +79,16 @@ def parallel_for(
     if shards <= 1 or getattr(_SHARD, "active", False):
         _run_shard(body, 0, n)
         return
-    pool = _pool()
+    global _POOL
+    with _LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="host_codecs")
+        pool = _POOL
     job = _Shards(body, np.linspace(0, n, shards + 1).astype(np.int64).tolist())
     for _ in range(shards - 1):
         pool.submit(job.work)
     job.work()
     job.wait()
-
-
-def started(fn: Callable[[], None]) -> Callable[[], None]:
-    """Start `fn()` on a pool thread while the caller goes on; returns `wait`, which returns once `fn` has run (on
-    the caller's thread if no pool thread has taken it yet), raising what `fn` raised. With one thread, or inside a
-    shard, `fn` runs now, on the calling thread."""
-    job = _Shards(lambda start, stop: fn(), [0, 1])
-    if num_threads() <= 1 or getattr(_SHARD, "active", False):
-        job.work()
-    else:
-        _pool().submit(job.work)
-
-    def wait() -> None:
-        job.work()
-        job.wait()
-
-    return wait
-
-
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _POOL
-    with _LOCK:
-        if _POOL is None:
-            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="host_codecs")
-        return _POOL
 
 
 class _Shards:

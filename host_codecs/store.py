@@ -41,9 +41,9 @@ chains, what a read decodes, what a rewrite deletes). Snapshots: `export_state` 
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
 distinct slot of the request once, into its first row, in one shard per thread
-(`host_codecs.parallel_for`; whole delta chains are dealt to the shards in turn; a chain's slots
+(`host_codecs.parallel_for`; a shard takes whole delta chains, cut where the entries split evenly; a chain's slots
 not requested are decoded into the row of the next one requested, in place), and that shard copies it to its other
-rows. The checksums are verified on a pool thread while the decode is planned, before anything is written.
+rows.
 
 Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
@@ -72,7 +72,7 @@ import numpy as np
 
 from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, chunk_addresses, dtype_code, dtype_from_code, int_arg, integer_ids, merged_batches, shape_arg
 from . import _checksum
-from ._pool import num_threads, parallel_for, started
+from ._pool import num_threads, parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
 from .deltas import DeltaChains, base_sums, chain_order
 from .slot_index import IndexRows
@@ -86,7 +86,6 @@ _NUM_TAGS = max(c.tag for c in CODECS.values()) + 1
 _MAX_SAMPLE_BYTES = 64 << 20  # most bytes of entries (at least 8 entries) a dictionary is built from
 _MAX_DICTIONARY_BYTES = 1 << 20
 _READ_SHARD_BYTES = 1 << 20  # decoding is fast per byte: a smaller shard does not pay for a thread
-_DEALS = 8  # blocks of delta chains dealt to each read shard in turn
 
 
 _payload_sums = _checksum.payload_sums  # the entries' checksums (one compiled loop), looked up here on every call
@@ -493,88 +492,83 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             base_i = np.where(b >= 0, in_pos[first[np.minimum(np.searchsorted(uniq, b), uniq.size - 1)]], -1)
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
-        # the checksums are verified on a pool thread while the decode is planned: nothing is written before both
-        wait = started(lambda: self._verify(
-            table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos],
-            None if base_i is None else (base[pos], np.where(base_i >= 0, check[pos[base_i]], 0))))
-        try:
-            if empty.size and missing == "raise":
-                ids = np.unique(flat[empty])
-                raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
-                               + "; pass missing='zeros' to get zeros instead")
-            if present.size:
-                lay = layout[present]
-                lids = lay[:1] if lay.min() == lay.max() else np.unique(lay)
-                if lids.size > 1:
-                    desc = [f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in lids[:5].tolist()]
-                    raise ValueError(f"slots: the requested entries have different dtypes/shapes {desc}; get them in separate calls")
-                code, item_shape = layouts[int(lids[0])]
-            elif self._declared is not None:
-                code, item_shape = self._declared
-            elif flat.size == 0:
-                code, item_shape = dtype_code(np.uint8), ()
-            else:
-                raise KeyError("slots: all requested slots are empty and the store has no declared item_shape/dtype, so the zeros' shape is unknown")
-            dtype = dtype_from_code(code)
-            nbytes = math.prod(item_shape) * dtype.itemsize
-            results = [self._output(outs, j, s.shape + tuple(item_shape), dtype, len(ss)) for j, s in enumerate(ss)]
-            views = [r.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8) for s, r in zip(ss, results)]
-            if present.size and nbytes:
-                k = pos.size
-                order, root, depth, target = np.arange(k), np.arange(k), np.zeros(k, np.int64), np.arange(k)
-                if base_i is not None:
-                    order, root, depth, target = chain_order(
-                        base_i, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
-                # Shards take whole chains (a delta is XORed with its base once its shard decoded both), dealt in turn
-                # in `_DEALS` blocks per shard in the order of their keyframes (chains whose keyframe was asked for
-                # come first: dealt so, each shard gets as many keyframes, the costly entries, and runs of neighbouring
-                # rows); a chain's entries not asked for are decoded into the row of the next one asked for
-                # (`chain_order`'s target), each delta XORed in place. A shard decodes runs of one codec, every base
-                # before its deltas: its chains in order (one codec), keyframes codec by codec then deltas in chain
-                # order (deltas of one codec), else depth by depth, codec by codec.
-                shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
-                keys = np.flatnonzero(depth == 0)
-                shard = np.searchsorted(keys, root) * (shards * _DEALS) // keys.size % shards
-                t = tag[pos].astype(np.int64)
-                if (t[depth > 0] == t[depth > 0][:1]).all():
-                    lead = shard if (t == t[0]).all() else (shard * 2 + (depth > 0)) * _NUM_TAGS + t
-                    do = order[np.argsort(lead[order].astype(np.int16), kind="stable")]
-                else:
-                    do = np.lexsort((root, t, depth, shard))
-                po, t, shard_o = pos[do], t[do], shard[do]
-                cuts = np.concatenate([[0], np.flatnonzero(np.diff(t * shards + shard_o)) + 1, [k]]).tolist()
-                runs = [[] for _ in range(shards)]
-                for lo, hi in zip(cuts[:-1], cuts[1:]):
-                    runs[int(shard_o[lo])].append((lo, hi, codec_for_tag(int(t[lo]))))
-                # every per-entry column in decode order: a run is one slice of each
-                cols = (chunk[po].astype(np.int64), offset[po].astype(np.int64), length[po].astype(np.int64), meta[po])
-                out_t, row_t = _out_of(pos[target], bounds)  # the row each entry is decoded into
-                into = (out_t[do], row_t[do])
-                if base_i is not None:  # where each delta's base row is (-1: a keyframe)
-                    b = base_i[do]
-                    bases = (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1))
-                # the repeated slots' rows, copied by the shard that decodes their first row
-                rep = np.flatnonzero(~is_first)
-                rep_shard = shard[in_pos[first[inverse.reshape(-1)[rep]]]]
-                by = np.argsort(rep_shard, kind="stable")
-                rep_src, rep_dst = _out_of(source[rep[by]], bounds), _out_of(present[rep[by]], bounds)
-                rep_cuts = np.searchsorted(rep_shard[by], np.arange(shards + 1)).tolist()
-
-                def work(s0: int, s1: int) -> None:
-                    for s in range(s0, s1):
-                        for lo, hi, codec in runs[s]:
-                            codec.decode_many(table, *(c[lo:hi] for c in cols), views, *(c[lo:hi] for c in into), dtype,
-                                              bases=None if base_i is None else tuple(c[lo:hi] for c in bases))
-                        r = slice(rep_cuts[s], rep_cuts[s + 1])
-                        _copy_rows(views, tuple(c[r] for c in rep_src), tuple(c[r] for c in rep_dst), nbytes)
-        finally:
-            wait()  # a corrupt entry is reported first, whatever the planning raised
+        self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos],
+                     None if base_i is None else (base[pos], np.where(base_i >= 0, check[pos[base_i]], 0)))
+        if empty.size and missing == "raise":
+            ids = np.unique(flat[empty])
+            raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
+                           + "; pass missing='zeros' to get zeros instead")
+        if present.size:
+            lay = layout[present]
+            lids = lay[:1] if lay.min() == lay.max() else np.unique(lay)
+            if lids.size > 1:
+                desc = [f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in lids[:5].tolist()]
+                raise ValueError(f"slots: the requested entries have different dtypes/shapes {desc}; get them in separate calls")
+            code, item_shape = layouts[int(lids[0])]
+        elif self._declared is not None:
+            code, item_shape = self._declared
+        elif flat.size == 0:
+            code, item_shape = dtype_code(np.uint8), ()
+        else:
+            raise KeyError("slots: all requested slots are empty and the store has no declared item_shape/dtype, so the zeros' shape is unknown")
+        dtype = dtype_from_code(code)
+        nbytes = math.prod(item_shape) * dtype.itemsize
+        results = [self._output(outs, j, s.shape + tuple(item_shape), dtype, len(ss)) for j, s in enumerate(ss)]
+        views = [r.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8) for s, r in zip(ss, results)]
         if empty.size:  # zeros for the empty slots
             out_j, out_row = _out_of(empty, bounds)
             for j in np.unique(out_j).tolist():
                 views[j][out_row[out_j == j]] = 0
-        if present.size and nbytes:
-            parallel_for(shards, work)
+        if not present.size or not nbytes:
+            return results
+        k = pos.size
+        order, root, depth, target = np.arange(k), np.arange(k), np.zeros(k, np.int64), np.arange(k)
+        if base_i is not None:
+            order, root, depth, target = chain_order(
+                base_i, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
+        # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the entries
+        # split evenly in chain order; a chain's entries not asked for are decoded into the row of the next one asked
+        # for (`chain_order`'s target), each delta XORed in place. A shard decodes runs of one codec, every base before
+        # its deltas: its chains in order (one codec), keyframes codec by codec then deltas in chain order (deltas of
+        # one codec), else depth by depth, codec by codec.
+        shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
+        rank = np.empty(k, np.int64)
+        rank[order] = np.arange(k)
+        shard = np.searchsorted(np.linspace(0, k, shards + 1)[1:-1], rank[root], side="right")
+        t = tag[pos].astype(np.int64)
+        if (t[depth > 0] == t[depth > 0][:1]).all():
+            lead = shard if (t == t[0]).all() else (shard * 2 + (depth > 0)) * _NUM_TAGS + t
+            do = order[np.argsort(lead[order].astype(np.int16), kind="stable")]
+        else:
+            do = np.lexsort((root, t, depth, shard))
+        po, t, shard_o = pos[do], t[do], shard[do]
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(t * shards + shard_o)) + 1, [k]]).tolist()
+        runs = [[] for _ in range(shards)]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            runs[int(shard_o[lo])].append((lo, hi, codec_for_tag(int(t[lo]))))
+        # every per-entry column in decode order: a run is one slice of each
+        cols = (chunk[po].astype(np.int64), offset[po].astype(np.int64), length[po].astype(np.int64), meta[po])
+        out_t, row_t = _out_of(pos[target], bounds)  # the row each entry is decoded into
+        into = (out_t[do], row_t[do])
+        if base_i is not None:  # where each delta's base row is (-1: a keyframe)
+            b = base_i[do]
+            bases = (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1))
+        # the repeated slots' rows, copied by the shard that decodes their first row
+        rep = np.flatnonzero(~is_first)
+        rep_shard = shard[in_pos[first[inverse.reshape(-1)[rep]]]]
+        by = np.argsort(rep_shard, kind="stable")
+        rep_src, rep_dst = _out_of(source[rep[by]], bounds), _out_of(present[rep[by]], bounds)
+        rep_cuts = np.searchsorted(rep_shard[by], np.arange(shards + 1)).tolist()
+
+        def work(s0: int, s1: int) -> None:
+            for s in range(s0, s1):
+                for lo, hi, codec in runs[s]:
+                    codec.decode_many(table, *(c[lo:hi] for c in cols), views, *(c[lo:hi] for c in into), dtype,
+                                      bases=None if base_i is None else tuple(c[lo:hi] for c in bases))
+                r = slice(rep_cuts[s], rep_cuts[s + 1])
+                _copy_rows(views, tuple(c[r] for c in rep_src), tuple(c[r] for c in rep_dst), nbytes)
+
+        parallel_for(shards, work)
         return results
 
     def _corrupt(self, slots: np.ndarray, why: str):

@@ -562,9 +562,8 @@ def test_get_many_argument_errors_leave_outputs_untouched():
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_corrupt_entry_is_reported_before_planning_errors_and_nothing_is_written(threads):
-    """A read verifies its checksums beside its planning (`host_codecs._pool.started`): a corrupt entry is reported
-    whatever the planning raises (here a wrong `out` dtype), and an output is not written (not even the zeros of an
-    empty slot) when an entry is corrupt."""
+    """A corrupt entry is reported before what the rest of the read would refuse (here a wrong `out` dtype), and an
+    output is not written (not even the zeros of an empty slot) when an entry is corrupt, with one thread or two."""
     import host_codecs
     from host_codecs import CorruptEntryError
 
@@ -587,44 +586,6 @@ def test_a_corrupt_entry_is_reported_before_planning_errors_and_nothing_is_writt
     finally:
         host_codecs.set_num_threads(None)
 
-
-def test_started_runs_its_task_on_the_caller_when_the_pool_is_busy():
-    """`started(fn)`: `wait()` returns once `fn` ran, on the caller if every pool thread is busy, and raises what `fn`
-    raised."""
-    import host_codecs
-    from host_codecs import _pool
-
-    release, busy = threading.Event(), threading.Semaphore(0)
-
-    def blocking(a, b):
-        busy.release()
-        assert release.wait(30)
-
-    try:
-        host_codecs.set_num_threads(2)
-        with _pool._LOCK:
-            _pool._POOL = None  # a pool of exactly 2 threads
-        blockers = [threading.Thread(target=_pool.parallel_for, args=(2, blocking), kwargs={"work_bytes": 1 << 30}) for _ in range(2)]
-        for t in blockers:
-            t.start()
-        for _ in range(4):  # both shards of both batches running: the pool's two threads are held
-            assert busy.acquire(timeout=30)
-        ran = []
-        _pool.started(lambda: ran.append(threading.get_ident()))()
-        assert ran == [threading.get_ident()]
-
-        def failing():
-            raise RuntimeError("the task failed")
-
-        wait = _pool.started(failing)
-        release.set()
-        with pytest.raises(RuntimeError, match="the task failed"):
-            wait()
-        for t in blockers:
-            t.join(30)
-    finally:
-        release.set()
-        host_codecs.set_num_threads(None)
 
 @pytest.mark.parametrize("spec", [s for s in ("zstd:-1", "rle", "igzip:1", "none") if s.split(":")[0] in HAVE])
 def test_codecs_refuse_rows_and_ranges_out_of_bounds(spec):
