@@ -471,7 +471,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             chains = self._chains(flat)  # the slots the requested deltas' chains add, after the request
             flat = np.concatenate([flat, chains]) if chains.size else flat
             at = self._at(flat)
-            chunk, offset, length, tag, meta, layout, check, base, _ = (a[at] for a in self._index())
+            chunk, offset, length, tag, meta, layout, check, base = (a[at] for a in self._index()[:8])  # not `child`
             table, layouts = self._arena.table(self._dictionary), list(self._layouts)
         if chains_out is not None:
             chains_out.append(chains)

@@ -559,6 +559,34 @@ def test_get_many_argument_errors_leave_outputs_untouched():
     assert (good == 5).all()  # slot 3 is empty, but outs[0] was not zeroed: the call failed first
 
 
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_corrupt_entry_is_reported_before_planning_errors_and_nothing_is_written(threads):
+    """A corrupt entry is reported before what the rest of the read would refuse (here a wrong `out` dtype), and an
+    output is not written (not even the zeros of an empty slot) when an entry is corrupt, with one thread or two."""
+    import host_codecs
+    from host_codecs import CorruptEntryError
+
+    try:
+        host_codecs.set_num_threads(threads)
+        store = CompressedStore(8, codec="rle", item_shape=(64,), dtype=np.uint8, name="obs")
+        store.put(np.arange(4), np.arange(4 * 64, dtype=np.uint8).reshape(4, 64))
+        store.put(np.arange(4, 6), np.arange(2 * 64, dtype=np.uint8).reshape(2, 64), bases=[2, 4])
+        store._check[5] ^= 1  # the delta at the end of a chain
+        out = np.full((4, 64), 7, np.uint8)
+        with pytest.raises(CorruptEntryError, match=r"slots \[5\] are corrupt"):
+            store.get([0, 5, 7, 5], missing="zeros", out=np.zeros((4, 64), np.int8))
+        with pytest.raises(CorruptEntryError, match=r"slots \[5\] are corrupt"):
+            store.get([0, 5, 7, 5], missing="zeros", out=out)
+        assert (out == 7).all()
+        store._check[5] ^= 1
+        store.get([0, 5, 7, 5], missing="zeros", out=out)
+        assert_bit_exact(out[[0, 2]], np.stack([np.arange(64, dtype=np.uint8), np.zeros(64, np.uint8)]))
+        assert_bit_exact(out[[1, 3]], np.stack([np.arange(64, 128, dtype=np.uint8)] * 2))  # deltas read as put
+    finally:
+        host_codecs.set_num_threads(None)
+
+
 @pytest.mark.parametrize("spec", [s for s in ("zstd:-1", "rle", "igzip:1", "none") if s.split(":")[0] in HAVE])
 def test_codecs_refuse_rows_and_ranges_out_of_bounds(spec):
     """decode_into / decode_many check rows (also negative ones) and payload ranges before their
