@@ -1205,6 +1205,7 @@ def test_sharded_rollout_checkpoint_of_the_layout_before_the_empty_slot_restores
     for _ in range(2):  # adding continues from the same head: the rollout fills, its epoch is the old one's
         step, fields = _roll_step(rng, E * s)
         got, old = got.add(step, **fields), old.add(step, **fields)
+    jax.block_until_ready((got, old))  # the stores' writes run in the adds' programs, dispatched asynchronously
     for g, o in zip(got.shards.host.shards, old.shards.host.shards):
         assert g.version == o.version
     key, gae = jax.random.key(2), lambda b, v: b.compute_gae(v, 0.9, 0.8)
