@@ -100,6 +100,23 @@ _GAE_FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "tra
 
 
 @_validate.one_member_methods
+def advantages_required(flag: Any, what: str, first=None, compute: str = "compute_gae(last_value, gamma, gae_lambda)") -> None:
+    """Refuse an eager read of a rollout's advantages before `compute_gae`.
+
+    `flag` is `has_advantages` (bool, `()` or stacked `[S]`). A traced flag, or one spread over several processes
+    (each would decide alone), is not read: the read gives NaN (`RolloutBuffer.gather`). Otherwise, unless every
+    entry is True, `first()` raises the call's own argument errors if any, then RuntimeError naming `what` and
+    `compute` (`_validate.advantages_missing`).
+    """
+    if isinstance(flag, jax.core.Tracer) or not flag.is_fully_addressable:
+        return
+    if _compiled.host_int(flag) if flag.ndim == 0 else np.all(np.asarray(flag)):
+        return
+    if first is not None:
+        first()
+    raise _validate.advantages_missing(what, compute)
+
+
 class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches (`docs/api/rollout.md`).
 
@@ -378,9 +395,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           RuntimeError: called eagerly while `has_advantages` is False (no `compute_gae` since the last `add` or
             `reset`).
         """
-        if not isinstance(self.has_advantages, jax.core.Tracer) and not _compiled.host_int(self.has_advantages):
-            _validate.refusal(lambda b: b._minibatches(key, num_minibatches), self)  # the arguments' own errors first
-            raise _validate.advantages_missing("minibatches", "compute_gae(last_value, gamma, gae_lambda)")
+        advantages_required(self.has_advantages, "minibatches", lambda: _validate.refusal(
+            lambda b: b._minibatches(key, num_minibatches), self))  # the arguments' own errors first
         return self._minibatches(key, num_minibatches)
 
     @_compiled.method("num_minibatches")

@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxbuffers import _compiled, _validate
-from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
+from jaxbuffers import _validate
+from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch, advantages_required
 
 __all__ = ["TrainableDiagnostics", "RolloutMemoryEstimate", "trainable_diagnostics", "memory_estimate", "total_size",
            "get_minibatches"]
@@ -156,9 +156,8 @@ def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = Non
     """
     total, dev = total_size(buf), _device(device)
     batch_size = _validate.divisor("batch_size", batch_size, total, "total_size")
-    indices, computed = buf.minibatch_indices(key, total // batch_size), _inner(buf).has_advantages
-    if not isinstance(computed, jax.core.Tracer) and not _compiled.host_int(computed):
-        raise _validate.advantages_missing("get_minibatches", "compute_gae(last_value, gamma, gae_lambda)")
+    indices = buf.minibatch_indices(key, total // batch_size)
+    advantages_required(_inner(buf).has_advantages, "get_minibatches")
     return _gathered(buf, indices, dev)
 
 

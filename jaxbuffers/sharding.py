@@ -97,7 +97,7 @@ from jaxbuffers.compressed._host import HostBacked, ShardedHostStores
 from jaxbuffers.episode import EpisodeBuffer
 from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
 from jaxbuffers.replay import ReplayBuffer
-from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
+from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch, advantages_required
 from jaxbuffers.trajectory import TrajectoryBuffer
 
 __all__ = ["ShardedBuffer", "ShardedSample"]
@@ -633,13 +633,9 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
         return program(self.shards, self._placed(_validate.key("key", key), P()))
 
     def _require_advantages(self, what: str, key: Any) -> None:
-        """Raise for an eager read of a rollout's advantages before `compute_gae`, once the key is checked; a flag
-        traced, or spread over several processes (each would decide alone), is not read (the read gives NaN)."""
-        computed = _device(self.shards).has_advantages
-        if isinstance(computed, jax.core.Tracer) or not computed.is_fully_addressable or np.all(np.asarray(computed)):
-            return
-        _validate.key("key", key)
-        raise _validate.advantages_missing(what, "buf.apply(lambda b, v: b.compute_gae(v, gamma, lam), last_value)")
+        """`advantages_required` of the shards' flags, the key checked first."""
+        advantages_required(_device(self.shards).has_advantages, what, lambda: _validate.key("key", key),
+                            "buf.apply(lambda b, v: b.compute_gae(v, gamma, lam), last_value)")
 
     def _sampler(self, key: Any, batch_size: Any, method: Any, methods: tuple) -> tuple[int, str]:
         """`(batch_size, method)` of a sampling call, checked with its key before any program is built or looked up

@@ -17,7 +17,7 @@ from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._common import LeafInfo
 from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
-from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch
+from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch, advantages_required
 
 __all__ = ["CompressedRolloutBuffer"]
 
@@ -254,10 +254,11 @@ class CompressedRolloutBuffer(HostBacked):
           RuntimeError: called eagerly while `has_advantages` is False (no `compute_gae` since the last `add` or
             `reset`); the buffer was closed.
         """
-        if not isinstance(self.version, jax.core.Tracer) and not _compiled.host_int(self.buffer.has_advantages):
-            _common.check_before_dispatch(self, False)  # a closed store, then the arguments, named first
+        def first():  # a closed store, then the arguments, named first
+            _common.check_before_dispatch(self, False)
             _validate.refusal(lambda b: b.minibatch_indices(key, num_minibatches), self.buffer)
-            raise _validate.advantages_missing("minibatches", "compute_gae(last_value, gamma, gae_lambda)")
+
+        advantages_required(self.buffer.has_advantages, "minibatches", first)
         return self._minibatches(key, num_minibatches)
 
     @_common.checked_before_dispatch()
