@@ -22,7 +22,7 @@ from jaxbuffers import _validate
 from jaxbuffers._checkpoint_describe import FORMAT, FORMAT_VERSION, CheckpointError
 
 _BLOCK = 64 << 20  # bytes hashed per read
-_WRITE_BLOCK = 4 << 20  # bytes hashed, then written, at a time: still in the CPU cache when the kernel copies them
+_WRITE_BLOCK = 4 << 20  # bytes handed to one os.write
 _WRITEBACK = 8 << 20  # bytes written between two syncs started while a large file is written (at most one at a time)
 _SYNC_THREADS = 16  # files written, hashed and synced at once
 _datasync = getattr(os, "fdatasync", os.fsync)  # a file's data to the disk (and its size), not its other metadata
@@ -41,6 +41,7 @@ def _hash_file(path: Path, progress) -> str:
 
 
 def _hash_bytes(view: memoryview) -> str:
+    """xxh3-64 (hex str) of the bytes of `view`."""
     h = xxhash.xxh3_64()
     for a in range(0, len(view), _BLOCK):
         h.update(view[a : a + _BLOCK])  # releases the GIL
@@ -56,8 +57,7 @@ def _write_file(path: Path, data: Any, progress) -> dict:
     same memory, which nothing changes meanwhile), and every `_WRITEBACK` bytes written are handed to the disk by a
     second helper (`os.fdatasync`, where the OS has it, else `os.fsync`; one sync at a time, the next started at the
     first block boundary after the last has finished) while the next ones are copied: the closing fsync then waits
-    for the last few blocks only, not for the whole file. A smaller file is hashed block by block just before each
-    block is written.
+    for the last few blocks only, not for the whole file. A smaller file is hashed, then written.
 
     Raises:
       OSError: naming the file (it exists already, the disk is full, ...).
@@ -72,9 +72,8 @@ def _write_file(path: Path, data: Any, progress) -> dict:
                     _write_blocks(fd, view, progress, lambda: helpers.submit(_datasync, fd))
                     digest = digest.result()
             else:
-                h = xxhash.xxh3_64()
-                _write_blocks(fd, view, progress, None, h)
-                digest = h.hexdigest()
+                digest = _hash_bytes(view)
+                _write_blocks(fd, view, progress, None)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -85,14 +84,12 @@ def _write_file(path: Path, data: Any, progress) -> dict:
     return {"bytes": len(view), "xxh3_64": digest}
 
 
-def _write_blocks(fd: int, view: memoryview, progress, writeback, h=None) -> None:
-    """Write `view` to `fd` in `_WRITE_BLOCK`s, each hashed into `h` first (if given); `writeback()` (if given) starts
-    a sync of what is written every `_WRITEBACK` bytes, once the previous one has finished."""
+def _write_blocks(fd: int, view: memoryview, progress, writeback) -> None:
+    """Write `view` to `fd` in `_WRITE_BLOCK`s; `writeback()` (if given) starts a sync of what is written every
+    `_WRITEBACK` bytes, once the previous one has finished."""
     synced, pending = 0, None
     for a in range(0, len(view), _WRITE_BLOCK):
         block = view[a : a + _WRITE_BLOCK]
-        if h is not None:
-            h.update(block)
         while block:
             block = block[os.write(fd, block):]
         progress.update(min(_WRITE_BLOCK, len(view) - a))
