@@ -99,7 +99,6 @@ class RolloutMemoryPressure:
 _GAE_FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "trainable", "advantages", "returns")
 
 
-@_validate.one_member_methods
 def advantages_required(flag: Any, what: str, first=None, compute: str = "compute_gae(last_value, gamma, gae_lambda)") -> None:
     """Refuse an eager read of a rollout's advantages before `compute_gae`.
 
@@ -117,6 +116,7 @@ def advantages_required(flag: Any, what: str, first=None, compute: str = "comput
     raise _validate.advantages_missing(what, compute)
 
 
+@_validate.one_member_methods
 class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches (`docs/api/rollout.md`).
 
