@@ -168,16 +168,25 @@ def header_section(rows, sources) -> list[str]:
     return out
 
 
-def bench_section(bench, rows, page_machine: dict | None = None) -> list[str]:
+def bench_section(bench, rows, page_machine: dict | None = None, run_machines: list | None = None) -> list[str]:
     cur = [r for r in rows if r.get("tree", "current") == "current" and "case" in r and not r.get("header")]
     base = {(r["case"], r.get("impl"), r.get("variant")): r for r in rows
             if r.get("tree") == "baseline" and "case" in r and not r.get("header")}
     own = _machine(rows) or {}
-    where = (f" Measured on {own.get('cpu')} ({own.get('cores')} cores), not the machine of the table at the top."
-             if page_machine and own and own.get("cpu") != page_machine.get("cpu") else "")
+    runs = list(dict.fromkeys(r.get("rev", "")[:8] for r in cur))
+    if len(runs) > 1:
+        known = {r["rev"][:8]: r["machine"].get("cpu") for r in (run_machines or []) if r["rev"][:8] in runs}
+        where = (f" Rows come from {len(runs)} runs, named by the commit they measured (column `run`); compare ratios "
+                 "within a run. CPU of a run where its header line was kept: "
+                 + ("; ".join(f"`{rev}` {cpu}" for rev, cpu in known.items()) or "none") + ".")
+    elif page_machine and own and own.get("cpu") != page_machine.get("cpu"):
+        where = f" Measured on {own.get('cpu')} ({own.get('cores')} cores), not the machine of the table at the top."
+    else:
+        where = ""
     out = [f"## {TITLES.get(bench, bench)}", "", f"`benchmarks/bench_{bench}.py`. {NOTES.get(bench, '')}{where}", ""]
     has_base = any(k for k in base)
     cols = ["case", "impl", "variant", "median", "throughput", "ratio"] + (["baseline", "vs baseline"] if has_base else [])
+    cols += ["run"] if len(runs) > 1 else []
     out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in cur:
         if "skipped" in r:
@@ -208,6 +217,7 @@ def bench_section(bench, rows, page_machine: dict | None = None) -> list[str]:
                 cells += [f"{fmt(b['value'])} {b.get('unit', '')}", ""]
             else:
                 cells += ["", ""]
+        cells += [f"`{r.get('rev', '')[:8]}`"] if len(runs) > 1 else []
         out.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
     errors = [r for r in rows if "error" in r]
     for e in errors:
@@ -226,7 +236,8 @@ def main() -> None:
     lines = header_section(rows, sources)
     benches = sorted({r["bench"] for r in rows if "bench" in r}, key=lambda b: ORDER.index(b) if b in ORDER else 99)
     for bench in benches:
-        lines += bench_section(bench, [r for r in rows if r.get("bench") == bench], _machine(rows))
+        lines += bench_section(bench, [r for r in rows if r.get("bench") == bench], _machine(rows),
+                               [r for r in rows if r.get("header") and r.get("tree", "current") == "current"])
     Path(args.out).write_text("\n".join(lines).rstrip() + "\n")
     print(args.out)
 
