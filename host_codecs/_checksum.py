@@ -62,9 +62,8 @@ def _seeds(name: str, slots: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 def _per_entry(name: str, views: list, starts: list, ends: list, seeds: list) -> list[int]:
     if name == CRC32:
         return [zlib.crc32(v[o:e], s & 0xFFFFFFFF) for v, o, e, s in zip(views, starts, ends, seeds)]
-    import xxhash
+    from xxhash import xxh3_64_intdigest as h
 
-    h = xxhash.xxh3_64_intdigest
     return [h(v[o:e], s) for v, o, e, s in zip(views, starts, ends, seeds)]
 
 

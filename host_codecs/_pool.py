@@ -30,12 +30,8 @@ def num_threads() -> int:
     global _NUM_THREADS
     if _NUM_THREADS is None:
         env = os.environ.get("HOST_CODECS_THREADS")
-        if env:
-            _NUM_THREADS = max(1, int(env))
-        elif hasattr(os, "sched_getaffinity"):
-            _NUM_THREADS = max(1, len(os.sched_getaffinity(0)))
-        else:
-            _NUM_THREADS = max(1, os.cpu_count() or 1)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        _NUM_THREADS = max(1, int(env) if env else cpus)
     return _NUM_THREADS
 
 
@@ -43,8 +39,7 @@ def set_num_threads(n: int | None) -> None:
     """Set how many threads a batch is split over.
 
     Args:
-      n: a positive int (Python or numpy), or None for the default of `num_threads`. The pool grows when needed;
-        it never runs more shards than this number.
+      n: a positive int (Python or numpy), or None for the default of `num_threads`; at most this many shards run.
 
     Raises:
       ValueError: `n` is not a positive int or None.

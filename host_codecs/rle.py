@@ -76,9 +76,8 @@ class RLECodec(Codec):
 
     def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
         """`Codec.decode_many` in one compiled loop per thread (`host_codecs._rle_kernels.decode_at`): every payload
-        read where it lies, every entry expanded straight into its row; a delta is its base row with its non-zero
-        runs XORed in, so a delta of mostly zeros costs little more than a copy of its base row. Outputs that are
-        not C-contiguous are decoded into contiguous copies, then copied back."""
+        read where it lies and expanded into its row (a delta: its base row with its non-zero runs XORed in).
+        Outputs that are not C-contiguous are decoded into contiguous copies, then copied back."""
         flat = [o if o.flags.c_contiguous else np.ascontiguousarray(o) for o in outs]
         check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases)
         k, n, nbytes = self._k, len(rows), outs[0].shape[1] if len(outs) else 0

@@ -22,8 +22,7 @@ def _zstandard():
 
 
 def _coders(local: threading.local, level: int, dictionary: "ZstdDictionary | None" = None):
-    """This thread's `(ZstdCompressor, ZstdDecompressor)` kept in `local`, with `dictionary` when
-    given (created on first use, reused afterwards)."""
+    """This thread's `(ZstdCompressor, ZstdDecompressor)`, with `dictionary` when given, made once per `local`."""
     coders = getattr(local, "coders", None)
     if coders is None:
         z = _zstandard()
@@ -36,12 +35,8 @@ def _coders(local: threading.local, level: int, dictionary: "ZstdDictionary | No
 
 
 class ZstdDictionary:
-    """A zstd dictionary trained on a store's first entries by zstd's own trainer: content picked
-    from the samples, entropy tables fitted to them. Thread-safe.
-
-    A zstd frame of one small entry (an 84x84 frame, 7 KB) finds no earlier data to match; with a
-    dictionary made of what similar entries share, most of the entry is a few long matches. Frames
-    encoded with it carry no dictionary id (meta byte 1; `docs/api/host_codecs.md`).
+    """A zstd dictionary trained on a store's first entries by zstd's own trainer (`docs/api/host_codecs.md`, "zstd
+    frames and dictionaries"). Thread-safe. Frames encoded with it carry no dictionary id (meta byte 1).
 
     Args:
       data: the dictionary bytes (from `train`, or saved earlier).
@@ -58,12 +53,9 @@ class ZstdDictionary:
 
     @classmethod
     def train(cls, samples, size: int, level: int) -> "ZstdDictionary | None":
-        """Build a dictionary of at most `size` bytes for entries like `samples`.
-
-        zstd's trainer (`zstandard.train_dictionary`, fastCover), with segments as long as the
-        longest sample (at most `size`), tried with both dmer sizes (6 and 8) on all the samples,
-        and entropy tables for `level`: on 84x84 Atari frames the segments are whole frames, which
-        an entry matches for most of its length.
+        """Build a dictionary of at most `size` bytes for entries like `samples`: `zstandard.train_dictionary`
+        (fastCover) with segments as long as the longest sample (at most `size`), both dmer sizes (6 and 8) tried
+        on all the samples, entropy tables for `level`.
 
         Args:
           samples: 1-D uint8 arrays, or a 2-D uint8 array (one entry per row).
@@ -97,8 +89,7 @@ class ZstdDictionary:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the dictionary (the copies zstandard digests per thread are not visible from
-        Python and not counted)."""
+        """Bytes of the dictionary (not the copies zstandard digests per thread, which Python cannot see)."""
         return len(self.data)
 
     def coders(self):
@@ -128,8 +119,7 @@ class ZstdCodec(Codec):
         self._local = threading.local()
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype, dictionary: ZstdDictionary | None = None) -> EncodedBatch:
-        """`Codec.encode_batch`; with `dictionary`, every entry is encoded with it (at the
-        dictionary's level) and gets meta byte 1, which tells decoders to use it."""
+        """`Codec.encode_batch`; with `dictionary`, every entry is encoded with it (at its level), meta byte 1."""
         payloads: list[bytes] = [b""] * rows.shape[0]
 
         def work(start: int, stop: int) -> None:
@@ -141,14 +131,12 @@ class ZstdCodec(Codec):
         return pack_payloads(payloads, np.full(rows.shape[0], 0 if dictionary is None else dictionary.meta, np.uint8))
 
     def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
-        """`Codec.decode_many`, every payload read where it lies (a delta XORed with its base as it is decoded). Entries with meta byte 1 were
-        encoded with a dictionary: `chunks` must then be a `ChunkTable` carrying it (a store passes
-        its own).
+        """`Codec.decode_many`, every payload read where it lies (a delta XORed with its base as it is decoded).
+        Entries with meta byte 1 were encoded with a dictionary: `chunks` must be a `ChunkTable` carrying it.
 
         Raises:
-          ValueError: an unknown meta byte, a dictionary entry without a dictionary, a corrupt
-            payload (bad frame, wrong content size or checksum, another dictionary), or as
-            `check_decode`.
+          ValueError: an unknown meta byte, a dictionary entry without a dictionary, a corrupt payload (bad frame,
+            wrong content size or checksum, another dictionary), or as `check_decode`.
         """
         meta = np.asarray(meta)
         top = int(meta.max(initial=0))
