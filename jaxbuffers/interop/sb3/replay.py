@@ -1,8 +1,6 @@
-"""SB3-compatible replay buffers backed by `jaxbuffers.ReplayBuffer`.
+"""SB3-compatible replay buffers backed by `jaxbuffers.ReplayBuffer`, one item per SB3 row (`[rows, n_envs, ...]`).
 
-One SB3 row (one `add`: a transition of each of the `n_envs` envs) is one item of a `jaxbuffers.ReplayBuffer` of
-capacity `max(buffer_size // n_envs, 1)`: the storage has SB3's layout `[rows, n_envs, ...]` and `pos` equals the
-ring's `head`. Semantics, compression (`compress=`) and the differences from SB3: `docs/api/sb3.md`.
+Semantics, compression (`compress=`) and the differences from SB3: `docs/api/sb3.md`, "Replay buffers".
 """
 
 from __future__ import annotations
@@ -81,9 +79,8 @@ def _timeout(value: Any, what: str) -> bool:
 class FieldView:
     """A numpy-like window on one stored field, in SB3's layout ``[rows, n_envs, ...]`` and dtype.
 
-    ``np.asarray(view)`` and ``view[k]`` read a host copy (so ``view[k][j] = v`` changes only that copy; write
-    ``view[k, j] = v``); ``view[k] = v`` writes through to the device storage (a copy of the field: for rare edits
-    such as SB3 marking the last stored transition done).
+    ``np.asarray(view)`` and ``view[k]`` read a host copy (``view[k][j] = v`` changes only that copy); ``view[k] = v``
+    writes through to the device storage (a copy of the field: for rare edits such as SB3's ``dones[pos] = True``).
     """
 
     def __init__(self, name: str, dtype: Any, read: Callable[[], jax.Array], write: Callable[[jax.Array], None]):
@@ -143,12 +140,10 @@ def _compress_options(compress: bool | dict) -> dict | None:
 
 def sb3_replay_nbytes(buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int = 1,
                       optimize_memory_usage: bool = False) -> int:
-    """Bytes SB3's own ``ReplayBuffer`` / ``DictReplayBuffer`` allocates for these arguments.
-
-    ``rows * n_envs * (obs [* 2 unless optimize_memory_usage] + actions + 3 * 4)`` with ``rows = max(buffer_size //
-    n_envs, 1)``: observations in the space's dtype, actions ``[action_dim]`` (float64 kept as float32), rewards,
-    dones and timeouts as float32 (the allocation; its resident size grows as SB3 fills the buffer).
-    """
+    """Bytes SB3's own ``ReplayBuffer`` / ``DictReplayBuffer`` allocates for these arguments: ``rows * n_envs * (obs
+    [* 2 unless optimize_memory_usage] + actions + 3 * 4)`` with ``rows = max(buffer_size // n_envs, 1)``:
+    observations in the space's dtype, actions ``[action_dim]`` (float64 kept as float32), rewards, dones and
+    timeouts as float32 (the allocation; its resident size grows as SB3 fills the buffer)."""
     shape = get_obs_shape(observation_space)
     obs = sum(jax.tree.leaves(_common.per_key(lambda sp, s, _: int(np.prod(s)) * np.dtype(sp.dtype).itemsize, observation_space, shape)))
     act = get_action_dim(action_space) * _common.sb3_float32(action_space.dtype).itemsize
@@ -236,16 +231,13 @@ class _JaxReplayImpl:
 
     @property
     def jax_buffer(self) -> _replay.ReplayBuffer:
-        """The backing `jaxbuffers.ReplayBuffer`: one item per SB3 row, leaves ``[rows, n_envs, ...]``.
-
-        The next ``add`` donates these arrays ("Array has been deleted" when read after it): read it right away, or
-        keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
+        """The backing `jaxbuffers.ReplayBuffer`: one item per SB3 row, leaves ``[rows, n_envs, ...]``. The next
+        ``add`` donates these arrays: read it right away, or keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
         return self._state
 
     @property
     def nbytes(self) -> int:
-        """Bytes held (a Python int): the device arrays plus, with ``compress``, the compressed buffer's device ids and
-        host bytes and the staged steps."""
+        """Bytes held (a Python int): device arrays, plus the compressed buffer and staged steps with ``compress``."""
         extra = 0 if self.compress is None else self._writer.nbytes + sum(x.nbytes for x in jax.tree.leaves(self._pending))
         return self._state.memory_bytes + extra
 
@@ -337,10 +329,9 @@ class _JaxReplayImpl:
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
         """Store one transition per env (SB3's signature and semantics).
 
-        Args:
-          obs: ``[n_envs, *obs_shape]`` (a dict of them for Dict spaces); next_obs: the same after the step (the
-            terminal observation for envs that ended); action: ``[n_envs, action_dim]`` or reshapeable to it; reward,
-            done: ``[n_envs]``; infos: ``n_envs`` dicts.
+        ``obs`` ``[n_envs, *obs_shape]`` (a dict of them for Dict spaces); ``next_obs`` the same after the step (the
+        terminal observation for envs that ended); ``action`` ``[n_envs, action_dim]`` or reshapeable to it;
+        ``reward``, ``done`` ``[n_envs]``; ``infos`` ``n_envs`` dicts.
 
         Raises:
           ValueError: a wrong number of values, a layout SB3's assignment would refuse, or a done other than 0 / 1
