@@ -1,6 +1,5 @@
-"""The entries' checksum: CRC-32 of each payload, seeded, all of a batch in one compiled loop.
-
-The checksum, its guarantees, its fallback and the older `XXH3`: `docs/api/host_codecs.md`, "Checksums".
+"""The entries' checksum: seeded CRC-32 of each payload, a batch in one compiled loop (`docs/api/host_codecs.md`,
+"Checksums": its guarantees, its fallback and the older `XXH3`).
 """
 
 from __future__ import annotations

@@ -21,12 +21,8 @@ _SHARD = threading.local()  # .active: this thread is running a parallel_for sha
 
 
 def num_threads() -> int:
-    """How many threads a batch is split over.
-
-    Returns:
-      The value given to `set_num_threads`, else the `HOST_CODECS_THREADS` environment
-      variable, else the number of CPUs this process may use.
-    """
+    """How many threads a batch is split over: the value given to `set_num_threads`, else the `HOST_CODECS_THREADS`
+    environment variable, else the number of CPUs this process may use."""
     global _NUM_THREADS
     if _NUM_THREADS is None:
         env = os.environ.get("HOST_CODECS_THREADS")
@@ -63,8 +59,8 @@ def parallel_for(
       n: number of items.
       body: called once per shard with its item range, on the calling thread or a pool thread
         (`docs/api/host_codecs.md`, "Thread pool").
-      work_bytes: bytes the whole batch touches; shards smaller than `min_shard_bytes` are
-        merged, so a small batch runs inline as one shard (and what it calls stays inline).
+      work_bytes: bytes the whole batch touches; shards smaller than `min_shard_bytes` are merged, so a small batch
+        runs inline as one shard (and what it calls stays inline).
       min_shard_bytes: smallest shard worth a thread's wake-up.
 
     Raises:

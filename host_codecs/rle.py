@@ -1,7 +1,5 @@
-"""Run-length coding with numba kernels (`host_codecs._rle_kernels`), split over the thread pool.
-
-Bit-exact for every dtype (values compared as raw words), count width chosen per entry, long runs split so no count
-overflows. Payload format and encoding passes: `docs/api/host_codecs.md`, "RLE payloads".
+"""Run-length coding of raw words (bit-exact for every dtype) with numba kernels (`host_codecs._rle_kernels`), split
+over the thread pool. Payload format and encoding passes: `docs/api/host_codecs.md`, "RLE payloads".
 """
 
 from __future__ import annotations
@@ -15,9 +13,7 @@ __all__ = ["RLECodec"]
 
 _REP = {1: np.uint64(0x0101010101010101), 2: np.uint64(0x0001000100010001), 4: np.uint64(0x0000000100000001), 8: np.uint64(1)}
 _NO_WORDS = np.zeros((1, 0), np.uint64)  # stands in for the uint64 view of unaligned rows
-# Smallest encode shard worth a pool thread's wake-up (run-length coding is several times faster per byte than the
-# codecs `host_codecs.parallel_for`'s default is sized for); a smaller batch is encoded on the calling thread.
-_ENCODE_SHARD_BYTES = 1 << 21
+_ENCODE_SHARD_BYTES = 1 << 21  # smallest encode shard worth a pool thread's wake-up (RLE is fast per byte)
 _NO_IDS = np.zeros(0, np.int64)  # stands in for the delta rows and bases of a batch of whole entries
 
 

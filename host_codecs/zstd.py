@@ -1,8 +1,5 @@
-"""`zstd`: Zstandard frames through the optional `zstandard` package.
-
-Checksummed frames with their content size; levels 1-22 (default 3) and the fast levels -7..-1; optional store-built
-dictionaries (`ZstdDictionary`). Frame format, threading and dictionaries: `docs/api/host_codecs.md`, "zstd frames and
-dictionaries".
+"""`zstd`: checksummed Zstandard frames through the optional `zstandard` package, optionally with a store-built
+`ZstdDictionary` (`docs/api/host_codecs.md`, "zstd frames and dictionaries").
 """
 
 from __future__ import annotations
@@ -98,10 +95,10 @@ class ZstdDictionary:
 
 
 class ZstdCodec(Codec):
-    """Zstandard codec (tag 3). Levels 1-22 and the fast levels -7..-1 (`"zstd:-1"`), default 3.
+    """Zstandard codec (tag 3).
 
     Args:
-      level: compression level (1-22, or -7..-1: larger frames, faster decode).
+      level: 1-22, or zstd's fast levels -7..-1 (`"zstd:-1"`: larger frames, faster decode); default 3.
 
     Raises:
       ImportError: naming the `codecs` extra when `zstandard` is not installed.
