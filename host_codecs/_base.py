@@ -41,8 +41,7 @@ def ceil_align(n):
 
 
 def as_array(x, field: str) -> np.ndarray:
-    """`np.asarray(x)`, or a TypeError naming `field` for what numpy cannot make one array of (ragged
-    nesting, a tensor that refuses conversion)."""
+    """`np.asarray(x)`, or a TypeError naming `field` for what numpy cannot convert (ragged lists, some tensors)."""
     try:
         return np.asarray(x)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -50,8 +49,7 @@ def as_array(x, field: str) -> np.ndarray:
 
 
 def shape_arg(value, field: str = "item_shape") -> tuple[int, ...]:
-    """A list or tuple of ints >= 0 (Python or numpy; not bools or floats, never rounded) as a tuple; else
-    TypeError naming `field`."""
+    """A list or tuple of ints >= 0 (not bools or floats, never rounded) as a tuple; else TypeError naming `field`."""
     if not isinstance(value, (list, tuple)) or not all(isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d >= 0 for d in value):
         raise TypeError(f"{field}: expected a tuple of ints >= 0, got {type(value).__name__} {value!r:.60}")
     return tuple(int(d) for d in value)
@@ -83,10 +81,8 @@ def dtype_code(dtype, *, field: str = "arrays") -> int:
     code = _DTYPE_TO_CODE.get(dt)
     if code is None:
         if dt.byteorder not in ("=", "|") and dt.newbyteorder("=") in _DTYPE_TO_CODE:
-            raise TypeError(
-                f"{field}: dtype {dt.str} is not in native byte order; convert it explicitly "
-                f"with .astype({dt.newbyteorder('=').name!r})"
-            )
+            raise TypeError(f"{field}: dtype {dt.str} is not in native byte order; convert it explicitly "
+                            f"with .astype({dt.newbyteorder('=').name!r})")
         raise TypeError(f"{field}: expected a numeric dtype, one of {[d.name for d in DTYPES]}, got {dt}")
     return code
 
@@ -294,8 +290,7 @@ def decode_each(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, 
     if not len(rows):
         return
     nbytes = outs[0].shape[1]
-    cids, offs, lens = (np.asarray(x).tolist() for x in (chunk_ids, offsets, lengths))
-    oids, rws = np.asarray(out_ids).tolist(), np.asarray(rows).tolist()
+    cids, offs, lens, oids, rws = (np.asarray(x).tolist() for x in (chunk_ids, offsets, lengths, out_ids, rows))
     # flat byte views: a row is filled by one slice assignment (no numpy array per entry)
     flat = [memoryview(o).cast("B") if o.flags.c_contiguous and o.size else None for o in outs]
     srcs = {c: memoryview(chunks[c]) for c in set(cids)}
@@ -510,8 +505,7 @@ def int_arg(field: str, value, lo: int = 1, hi: int | None = None) -> int:
 
 
 def path_arg(field: str, value):
-    """`value` if it is a file path: a non-empty str or an `os.PathLike` (its type has `__fspath__`); else TypeError
-    naming `field` and what came."""
+    """`value` if it is a file path (a non-empty str, or a type with `__fspath__`); else TypeError naming `field`."""
     if not (hasattr(type(value), "__fspath__") or (isinstance(value, str) and value)):
         raise TypeError(f"{field}: expected a file path (a non-empty str or os.PathLike), got {type(value).__name__} {value!r:.60}")
     return value

@@ -50,9 +50,8 @@ def set_num_threads(n: int | None) -> None:
             _POOL = None  # recreated bigger on next use; the old one finishes its tasks
 
 
-def parallel_for(
-    n: int, body: Callable[[int, int], None], *, work_bytes: int | None = None, min_shard_bytes: int = 1 << 18
-) -> None:
+def parallel_for(n: int, body: Callable[[int, int], None], *, work_bytes: int | None = None,
+                 min_shard_bytes: int = 1 << 18) -> None:
     """Run `body(start, stop)` over `range(n)`, cut into one contiguous shard per thread.
 
     Args:

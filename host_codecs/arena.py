@@ -30,17 +30,9 @@ class _Chunk:
 
 
 class Arena:
-    """Aligned payload space in growing chunks.
-
-    Args:
-      chunk_bytes: largest chunk in bytes (a multiple of `ALIGN`, at most `MAX_CHUNK_BYTES`).
-      min_chunk_bytes: first chunk size (a multiple of `ALIGN`).
-
-    Attributes:
-      chunks: chunk id -> `_Chunk`, the chunks held.
-      nbytes: bytes of all chunks held (payload and slack).
-      dead_nbytes: freed bytes in chunks still held.
-    """
+    """Aligned payload space in growing chunks, the first of `min_chunk_bytes`, the largest of `chunk_bytes` (multiples
+    of `ALIGN`, at most `MAX_CHUNK_BYTES`). `chunks`: chunk id -> `_Chunk`, the chunks held; `nbytes`: bytes of all
+    chunks held (payload and slack); `dead_nbytes`: freed bytes in chunks still held."""
 
     def __init__(self, chunk_bytes: int, min_chunk_bytes: int):
         self.chunk_bytes, self.min_chunk_bytes = chunk_bytes, min_chunk_bytes
@@ -128,8 +120,7 @@ class Arena:
             self._release_if_empty(cid)
 
     def sparsest(self, max_dead_fraction: float) -> int | None:
-        """The sealed chunk with the most freed bytes while freed bytes exceed `max_dead_fraction`
-        of the arena, else None: the next chunk to `relocate`."""
+        """The sealed chunk most freed if freed bytes exceed `max_dead_fraction` of the arena (else None)."""
         sealed = [(ch.used - ch.live_bytes, cid) for cid, ch in self.chunks.items() if cid != self._open]
         if not sealed or sum(d for d, _ in sealed) <= max_dead_fraction * self.nbytes:
             return None

@@ -58,10 +58,8 @@ class RLECodec(Codec):
 
         def run(write: bool, out: np.ndarray) -> None:  # `out` (uint8, 8-byte multiple) viewed as u8, u16, u32, words
             views = out, out.view(np.uint16), out.view(np.uint32), out.view(word)
-            parallel_for(
-                b, lambda lo, hi: self._k.encode_range(*args, lo, hi, write, sizes, cws, offs, *views, *deltas),
-                work_bytes=b * nbytes * (1 if based is None else 2), min_shard_bytes=_ENCODE_SHARD_BYTES,
-            )
+            parallel_for(b, lambda i, j: self._k.encode_range(*args, i, j, write, sizes, cws, offs, *views, *deltas),
+                         work_bytes=b * nbytes * (1 if based is None else 2), min_shard_bytes=_ENCODE_SHARD_BYTES)
 
         run(False, np.zeros(0, np.uint8))
         padded = ceil_align(sizes)

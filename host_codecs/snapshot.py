@@ -49,11 +49,9 @@ class Snapshots:
             cols = {k: v[: self._rows].copy() for k, v in self._index_columns().items()}
             chunks = {c: ch.data for c, ch in self._arena.chunks.items()}
             tags, layouts, d = self._tags.copy(), [[dtype_from_code(c).name, list(s)] for c, s in self._layouts], self._dictionary
-            meta = {
-                "config": self.config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
-                "rows_seen": self._rows_seen, "trained": self._trained, "dictionary_error": self.dictionary_error,
-                "compactions": self._compactions, "checksum": self.checksum,
-            }
+            meta = {"config": self.config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
+                    "rows_seen": self._rows_seen, "trained": self._trained, "dictionary_error": self.dictionary_error,
+                    "compactions": self._compactions, "checksum": self.checksum}
         live = np.flatnonzero(cols["chunk"] >= 0)
         live = live[np.lexsort((cols["offset"][live], cols["chunk"][live]))]
         src_chunk, src = cols["chunk"][live].astype(np.int64), cols["offset"][live].astype(np.int64)
@@ -78,11 +76,10 @@ class Snapshots:
         that every live entry's codec tag, layout and payload range are valid. The index takes as many rows as the
         index columns have (all alike, at most `num_slots`).
 
-        `arrays["payload"]` is the uint8 payload array, or a payload source: an object with `nbytes` (the payload's
-        size) and `read_pieces(pieces)`, which writes the payload bytes in order into `pieces` (new uint8 arrays
-        whose sizes sum to `nbytes`: the arena's chunks to be, cut at payload boundaries, `Arena.cuts`) and raises if
-        it cannot (e.g. a file that fails its checksum; nothing is changed then). The pieces become the arena's
-        chunks as they are: the payload is written once, with no slack (`Arena.take`).
+        `arrays["payload"]` is the uint8 payload array, or a payload source: an object with `nbytes` and
+        `read_pieces(pieces)`, which writes the payload bytes in order into `pieces` (new uint8 arrays whose sizes sum
+        to `nbytes`, cut at payload boundaries by `Arena.cuts`, then the arena's chunks as they are) and raises if it
+        cannot (e.g. a file that fails its checksum; nothing is changed then).
 
         Args:
           meta, arrays: what `export_state` returned (or the same read back).

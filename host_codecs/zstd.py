@@ -24,10 +24,9 @@ def _coders(local: threading.local, level: int, dictionary: "ZstdDictionary | No
     if coders is None:
         z = _zstandard()
         d = None if dictionary is None else z.ZstdCompressionDict(dictionary.data, dict_type=z.DICT_TYPE_FULLDICT)
-        coders = local.coders = (
-            z.ZstdCompressor(level=level, dict_data=d, write_checksum=True, write_content_size=True, write_dict_id=False),
-            z.ZstdDecompressor(dict_data=d),
-        )
+        comp = z.ZstdCompressor(level=level, dict_data=d, write_checksum=True, write_content_size=True,
+                                write_dict_id=False)
+        coders = local.coders = (comp, z.ZstdDecompressor(dict_data=d))
     return coders
 
 
@@ -78,10 +77,8 @@ class ZstdDictionary:
                 level=int(level), threads=1,  # a trainer thread's malloc arena kept ~11 MB of the process's memory
             )
         except z.ZstdError as exc:
-            raise ValueError(
-                f"zstd's trainer refused {len(rows)} samples of {sum(r.shape[0] for r in rows)} bytes "
-                f"for a dictionary of at most {size} bytes ({exc})"
-            ) from exc
+            raise ValueError(f"zstd's trainer refused {len(rows)} samples of {sum(r.shape[0] for r in rows)} bytes "
+                             f"for a dictionary of at most {size} bytes ({exc})") from exc
         return cls(d.as_bytes(), level)
 
     @property
