@@ -94,7 +94,8 @@ def _numpy_leaf_to_torch(path, a: np.ndarray) -> torch.Tensor:
 
 
 def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy: bool = False) -> Any:
-    """Convert every array leaf of a pytree to a ``torch.Tensor``, zero copy where possible.
+    """The same tree with every array leaf a ``torch.Tensor`` of its shape and dtype (`SUPPORTED_DTYPES`), zero copy
+    where possible.
 
     Args:
       tree: any pytree whose leaves are ``jax.Array``, ``numpy.ndarray``/numpy scalars or ``torch.Tensor``.
@@ -102,9 +103,6 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
         elsewhere), or ``None`` to keep each leaf on its device (a JAX GPU array becomes a CUDA tensor).
       copy: if True every returned tensor owns its memory (safe to write in place); if False (default) tensors
         alias the JAX/numpy buffers where possible: do not write them in place.
-
-    Returns:
-      The same tree with ``torch.Tensor`` leaves of the same shapes and dtypes (see `SUPPORTED_DTYPES`).
 
     Raises:
       TypeError: a leaf that is not an array (e.g. a Python number or string), an unsupported dtype, or a traced
@@ -167,15 +165,13 @@ def _torch_leaf_to_jax(path, t: torch.Tensor, copy: bool) -> jax.Array:
 
 
 def from_torch(tree: Any, *, copy: bool = False) -> Any:
-    """Convert every ``torch.Tensor`` leaf of a pytree to a ``jax.Array``, zero copy where possible.
+    """The same tree with every ``torch.Tensor`` leaf a ``jax.Array`` of its shape and dtype on the JAX device of the
+    tensor, zero copy where possible.
 
     Args:
       tree: any pytree whose leaves are ``torch.Tensor``, ``jax.Array`` (kept) or numpy arrays/scalars (copied).
       copy: if True the JAX arrays own their memory; if False (default) each array aliases its tensor's memory
         where the layout allows it (on the tensor's device): do not write the tensor in place afterwards.
-
-    Returns:
-      The same tree with ``jax.Array`` leaves of the same shapes and dtypes, on the JAX device of each tensor.
 
     Raises:
       TypeError: a leaf that is not an array, an unsupported dtype or layout, or a 64-bit tensor (int64, uint64,

@@ -190,7 +190,6 @@ def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) 
     ``buffer_size`` when full, ``pos`` before.
 
     Args:
-      buffer: the SB3 buffer.
       last_dones: ``[n_envs]`` bool, the ``dones`` SB3 passed to ``compute_returns_and_advantage`` (SB3 does not
         store it); without it the last step counts as not terminated.
 
@@ -207,20 +206,16 @@ def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) 
     starts = _common.flags(get("episode_starts"), "episode_starts")
     filled = t if buffer.full else buffer.pos
     dones = np.zeros(n, np.bool_) if last_dones is None else _common.as_row(last_dones, (n,), np.bool_, "last_dones")
-    step = {
-        "obs": _stored(get("observations", buffer.obs_shape), buffer.observation_space, "observations"),
-        "action": _common.exact_cast(act, act_dtype, "actions"),
-        "log_prob": np.asarray(get("log_probs"), np.float32), "episode_start": starts,
-    }
+    step = {"obs": _stored(get("observations", buffer.obs_shape), buffer.observation_space, "observations"),
+            "action": _common.exact_cast(act, act_dtype, "actions"),
+            "log_prob": np.asarray(get("log_probs"), np.float32), "episode_start": starts}
     spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[2:], a.dtype), step)
     out = _rollout.RolloutBuffer.create(spec, num_envs=n, num_steps=t)
     f32 = lambda name: jnp.asarray(np.asarray(get(name), np.float32))  # noqa: E731
-    return out.replace(
-        step=jax.tree.map(jnp.asarray, step), reward=f32("rewards"), value=f32("values"),
-        terminated=sb3_terminated(jnp.asarray(starts), jnp.asarray(dones), jnp.int32(filled)),
-        trainable=jnp.ones((t, n), jnp.bool_), advantages=f32("advantages"), returns=f32("returns"),
-        step_index=jnp.int32(filled), has_advantages=jnp.bool_(True),
-    )
+    return out.replace(step=jax.tree.map(jnp.asarray, step), reward=f32("rewards"), value=f32("values"),
+                       terminated=sb3_terminated(jnp.asarray(starts), jnp.asarray(dones), jnp.int32(filled)),
+                       trainable=jnp.ones((t, n), jnp.bool_), advantages=f32("advantages"), returns=f32("returns"),
+                       step_index=jnp.int32(filled), has_advantages=jnp.bool_(True))
 
 
 def rollout_from_jax(buffer: _rollout.RolloutBuffer, observation_space: spaces.Space, action_space: spaces.Space, *, device: th.device | str = "auto",

@@ -391,11 +391,8 @@ class _JaxReplayImpl:
         self._stage_row(fields)
 
     def sample(self, batch_size: int, env: VecNormalize | None = None):
-        """SB3's ``sample``: ``batch_size`` transitions drawn with ``np.random`` as SB3 draws them.
-
-        Raises:
-          ValueError: ``batch_size`` not a Python int >= 1 (before anything is drawn).
-        """
+        """SB3's ``sample``: ``batch_size`` transitions drawn with ``np.random`` as SB3 draws them; ValueError for a
+        ``batch_size`` not a Python int >= 1 (before anything is drawn)."""
         return super().sample(_validate.static_int("batch_size", batch_size), env=env)
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None):
@@ -422,8 +419,7 @@ class _JaxReplayImpl:
         else:
             g = _gather(self._state.storage, rows, envs, next_in_obs=self.optimize_memory_usage)
             obs, nxt = g.get("observations"), g.get("next_observations")
-        rew = g["rewards"]
-        dtypes = self._rows.obs_dtypes
+        rew, dtypes = g["rewards"], self._rows.obs_dtypes
         if env is not None:  # normalised on the host from SB3's dtypes, as SB3 does
             obs = self._normalize_obs(self._rows.to_sb3_obs(obs), env)
             nxt = self._normalize_obs(self._rows.to_sb3_obs(nxt), env)
@@ -446,12 +442,10 @@ class _JaxReplayImpl:
 
 class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
     """Drop-in replacement for SB3's ``ReplayBuffer`` (Box, Discrete, MultiDiscrete, MultiBinary observations) with
-    jaxbuffers storage (`docs/api/sb3.md`). SB3's arguments, plus ``compress`` (``False``, ``True`` or a dict of
-    options).
+    jaxbuffers storage (`docs/api/sb3.md`): SB3's arguments plus ``compress`` (``False``, ``True`` or an options dict).
 
     Raises:
-      ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3), or
-        ``compress`` with ``optimize_memory_usage``.
+      ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3) or with ``compress``.
       TypeError: a Dict observation space (use `JaxDictReplayBuffer`), or a float64 space.
 
     Example:
