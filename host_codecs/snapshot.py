@@ -35,16 +35,8 @@ class Snapshots:
     """`export_state` / `import_state` of `CompressedStore` (module doc)."""
 
     def export_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """A snapshot of the whole store as JSON-able metadata and numpy arrays (see `import_state`), taken under the
-        store lock (payload bytes, which never change, are copied after it).
-
-        Arrays: every index column for the slot ids below `index_rows` (the rows grown so far,
-        `host_codecs.slot_index`), `chunk` 0 for a live entry (-1 empty) and `offset` its position in `payload`;
-        `payload` (uint8): the live payloads packed in slot-offset order, each padded to 8 bytes; `tags` (int64
-        `(3, num_tags)`); `dictionary` (uint8, the zstd dictionary bytes, empty without one). Metadata: the store's
-        configuration (`config`), the layout table, the dictionary's level, the training counters and `checksum`
-        (`host_codecs._checksum.CHECKSUMS`; a snapshot without it holds XXH3 sums).
-        """
+        """A snapshot of the whole store as JSON-able metadata and numpy arrays (`docs/api/host_codecs.md`,
+        "Snapshots"), taken under the store lock (payload bytes, which never change, are copied after it)."""
         with self._lock:
             cols = {k: v[: self._rows].copy() for k, v in self._index_columns().items()}
             chunks = {c: ch.data for c, ch in self._arena.chunks.items()}
@@ -76,10 +68,7 @@ class Snapshots:
         that every live entry's codec tag, layout and payload range are valid. The index takes as many rows as the
         index columns have (all alike, at most `num_slots`).
 
-        `arrays["payload"]` is the uint8 payload array, or a payload source: an object with `nbytes` and
-        `read_pieces(pieces)`, which writes the payload bytes in order into `pieces` (new uint8 arrays whose sizes sum
-        to `nbytes`, cut at payload boundaries by `Arena.cuts`, then the arena's chunks as they are) and raises if it
-        cannot (e.g. a file that fails its checksum; nothing is changed then).
+        `arrays["payload"]` is the uint8 payload array, or a payload source (`docs/api/host_codecs.md`, "Snapshots").
 
         Args:
           meta, arrays: what `export_state` returned (or the same read back).

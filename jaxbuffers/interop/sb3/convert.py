@@ -1,7 +1,5 @@
-"""Move the contents of SB3 buffers into jaxbuffers buffers and back.
-
-Layouts, flags and dtypes: `docs/api/sb3.md` ("Conversions"). Nothing is cast silently either way, so a round trip
-SB3 -> jaxbuffers -> SB3 (same settings) gives back every array bit for bit with `pos` and `full`, or raises.
+"""Move the contents of SB3 buffers into jaxbuffers buffers and back, bit for bit or raising (layouts, flags and
+dtypes: `docs/api/sb3.md`, "Conversions").
 """
 
 from __future__ import annotations

@@ -401,8 +401,7 @@ class _JaxReplayImpl:
         return self.samples_at(batch_inds, env_indices, env=env)
 
     def samples_at(self, batch_inds: np.ndarray, env_indices: np.ndarray, env: VecNormalize | None = None):
-        """The transitions at rows ``batch_inds`` and envs ``env_indices`` (int arrays ``[B]``): SB3's
-        ``_get_samples`` with the same indices, field by field.
+        """SB3's ``_get_samples`` at rows ``batch_inds`` and envs ``env_indices`` (int arrays ``[B]``), field by field.
 
         Raises:
           ValueError: the two are not 1-d arrays of one length.
@@ -459,10 +458,8 @@ class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
 
 
 class JaxDictReplayBuffer(_JaxReplayImpl, DictReplayBuffer):
-    """Drop-in replacement for SB3's ``DictReplayBuffer`` (``spaces.Dict`` observations).
-
-    Pass it as ``replay_buffer_class`` (SB3 picks its own ``DictReplayBuffer`` for Dict spaces). Samples are
-    ``DictReplayBufferSamples``. Same arguments and semantics as `JaxReplayBuffer`, without ``optimize_memory_usage``;
+    """Drop-in replacement for SB3's ``DictReplayBuffer`` (``spaces.Dict`` observations), to pass as
+    ``replay_buffer_class``: `JaxReplayBuffer` without ``optimize_memory_usage``, samples ``DictReplayBufferSamples``;
     ``compress`` also takes ``keys``, the observation keys to compress (default all).
     """
 
