@@ -18,13 +18,11 @@ from ._pool import parallel_for
 
 __all__ = ["ALIGN", "DTYPES", "as_array", "ChunkTable", "Codec", "CorruptEntryError", "EncodedBatch", "dtype_code", "dtype_from_code"]
 
-#: Every payload starts on a multiple of this many bytes (in encoded batches and in the arena),
-#: so codecs may view a payload as uint16/32/64 words without unaligned access.
+#: Every payload starts on a multiple of this many bytes, so codecs may view it as aligned uint16/32/64 words.
 ALIGN = 8
 _PADDING = [bytes(n) for n in range(ALIGN)]  # the zeros after a payload of each length % ALIGN
 
-#: Supported element dtypes; an entry stores the position of its dtype here, so this list is part
-#: of the stored format: append only. Native byte order only.
+#: Supported element dtypes (native byte order), stored by position: part of the stored format, append only.
 DTYPES: tuple[np.dtype, ...] = tuple(map(np.dtype, (
     "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
     "float16", "float32", "float64", "complex64", "complex128")))
@@ -434,11 +432,10 @@ class Codec:
           outs: 2-D uint8 arrays with one row size, # shape=(B_j, nbytes).
           out_ids: # shape=(k,), dtype=int64: the output each entry goes to.
           rows: # shape=(k,), dtype=int64: the row of its output each entry fills.
-          bases: optional `(base_outs, base_rows)`, # shape=(k,) each, int64: entry `i` is a delta
-            (`host_codecs.deltas`) XORed, once decoded, with row `base_rows[i]` of `outs[base_outs[i]]` (-1: none),
-            which holds its base's whole entry by then: a row decoded before the call, an earlier entry's row, or
-            its own row (in place: entries not asked for are decoded into the row of the next entry of their chain).
-            Entries whose base lies in the call are decoded in order on the calling thread.
+          bases: None or `(base_outs, base_rows)`, # shape=(k,) each, int64: entry `i` is a delta (`host_codecs.deltas`)
+            XORed, once decoded, with row `base_rows[i]` of `outs[base_outs[i]]` (-1: none), which holds its base by
+            then: a row decoded before the call, an earlier entry's row, or its own row (in place: entries not asked
+            for are decoded into the row of the next entry of their chain), all decoded in order on the calling thread.
 
         Raises:
           ValueError: as `decode_into`, or a base row that is out of range or that a later entry decodes.
