@@ -379,8 +379,7 @@ class _JaxReplayImpl:
         if self._step_ends is None:  # the writer's flat step: [*head, *obs leaves, *tail] (placeholders around the obs)
             flat = w._treedef.flatten_up_to({"obs": obs_row, "action": _common.zeros(self.n_envs, np.uint8),
                                              "reward": _common.zeros(self.n_envs, np.float32)})
-            m = len(w._obs_leaves)
-            self._step_ends = (flat[: w._obs_offset], flat[w._obs_offset + m :])
+            self._step_ends = (flat[: w._obs_offset], flat[w._obs_offset + len(w._obs_leaves) :])
         head, tail = self._step_ends
         owned = moved is None  # obs is the held copy bit for bit: that read-only copy goes in, kept without a copy
         obs = pending if owned else obs_row
