@@ -1,11 +1,8 @@
 """The codec interface, the dtype table and the argument checks every codec shares.
 
-A codec turns a batch of equally shaped arrays into one contiguous `uint8` buffer (one 8-byte
-aligned payload per entry) and decodes payloads straight into rows of preallocated outputs. The
-store hands codecs arena chunks, offsets and lengths; there is no Python object per entry.
-
-Everything here imports with numpy alone; a codec module imports its optional package (numba,
-isal, zstandard) only when a codec object is created.
+A codec encodes a batch of equally shaped arrays into one `uint8` buffer (one 8-byte aligned payload per entry) and
+decodes payloads straight into rows of preallocated outputs. Imports with numpy alone; a codec module imports its
+optional package (numba, isal, zstandard) when a codec object is created.
 """
 
 from __future__ import annotations
@@ -21,18 +18,14 @@ from ._pool import parallel_for
 
 __all__ = ["ALIGN", "DTYPES", "as_array", "ChunkTable", "Codec", "CorruptEntryError", "EncodedBatch", "dtype_code", "dtype_from_code"]
 
-#: Every payload starts on a multiple of this many bytes (in encoded batches and in the arena),
-#: so codecs may view a payload as uint16/32/64 words without unaligned access.
+#: Every payload starts on a multiple of this many bytes, so codecs may view it as aligned uint16/32/64 words.
 ALIGN = 8
 _PADDING = [bytes(n) for n in range(ALIGN)]  # the zeros after a payload of each length % ALIGN
 
-#: Supported element dtypes; an entry stores the position of its dtype here, so this list is part
-#: of the stored format: append only. Native byte order only.
-DTYPES: tuple[np.dtype, ...] = tuple(
-    np.dtype(d)
-    for d in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-              "float16", "float32", "float64", "complex64", "complex128")
-)
+#: Supported element dtypes (native byte order), stored by position: part of the stored format, append only.
+DTYPES: tuple[np.dtype, ...] = tuple(map(np.dtype, (
+    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128")))
 _DTYPE_TO_CODE = {d: i for i, d in enumerate(DTYPES)}
 
 
@@ -46,8 +39,7 @@ def ceil_align(n):
 
 
 def as_array(x, field: str) -> np.ndarray:
-    """`np.asarray(x)`, or a TypeError naming `field` for what numpy cannot make one array of (ragged
-    nesting, a tensor that refuses conversion)."""
+    """`np.asarray(x)`, or a TypeError naming `field` for what numpy cannot convert (ragged lists, some tensors)."""
     try:
         return np.asarray(x)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -55,11 +47,7 @@ def as_array(x, field: str) -> np.ndarray:
 
 
 def shape_arg(value, field: str = "item_shape") -> tuple[int, ...]:
-    """A shape argument: a list or tuple of ints >= 0 (Python or numpy; not bools, not floats), as a tuple.
-
-    Raises:
-      TypeError: naming `field`, anything else (`None`, a lone int, floats: never rounded).
-    """
+    """A list or tuple of ints >= 0 (not bools or floats, never rounded) as a tuple; else TypeError naming `field`."""
     if not isinstance(value, (list, tuple)) or not all(isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d >= 0 for d in value):
         raise TypeError(f"{field}: expected a tuple of ints >= 0, got {type(value).__name__} {value!r:.60}")
     return tuple(int(d) for d in value)
@@ -76,11 +64,7 @@ def integer_ids(slots, field: str) -> np.ndarray:
 
 
 def dtype_code(dtype, *, field: str = "arrays") -> int:
-    """The stored code of a supported dtype (its position in `DTYPES`).
-
-    Args:
-      dtype: anything `np.dtype` accepts.
-      field: the argument name the error message names.
+    """The stored code of a supported `dtype` (its position in `DTYPES`); errors name the argument `field`.
 
     Raises:
       TypeError: `dtype` is not in `DTYPES` in native byte order (object, string, structured and
@@ -95,10 +79,8 @@ def dtype_code(dtype, *, field: str = "arrays") -> int:
     code = _DTYPE_TO_CODE.get(dt)
     if code is None:
         if dt.byteorder not in ("=", "|") and dt.newbyteorder("=") in _DTYPE_TO_CODE:
-            raise TypeError(
-                f"{field}: dtype {dt.str} is not in native byte order; convert it explicitly "
-                f"with .astype({dt.newbyteorder('=').name!r})"
-            )
+            raise TypeError(f"{field}: dtype {dt.str} is not in native byte order; convert it explicitly "
+                            f"with .astype({dt.newbyteorder('=').name!r})")
         raise TypeError(f"{field}: expected a numeric dtype, one of {[d.name for d in DTYPES]}, got {dt}")
     return code
 
@@ -109,12 +91,8 @@ def dtype_from_code(code: int) -> np.dtype:
 
 
 def element_view_dtype(dtype) -> np.dtype:
-    """The unsigned word dtype that views the raw bits of `dtype`.
-
-    The widest of uint64/32/16/8 whose size divides the item size: float32 -> uint32,
-    complex128 -> uint64 (two words per element), bool -> uint8. Comparing these words is a
-    bit-exact comparison (NaN payloads and -0.0 stay distinct); nothing is cast narrower.
-    """
+    """The unsigned word dtype viewing the raw bits of `dtype`: the widest of uint64/32/16/8 dividing its item size
+    (float32 -> uint32, complex128 -> uint64, bool -> uint8); comparing words is bit-exact (NaN payloads, -0.0)."""
     size = np.dtype(dtype).itemsize
     return np.dtype(f"u{next(w for w in (8, 4, 2, 1) if size % w == 0)}")
 
@@ -124,11 +102,9 @@ def import_extra(codec: str, package: str, module: str):
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        err = ImportError(
-            f"the {codec!r} codec needs the optional package {package!r}, which could not be "
-            f"imported ({exc}). Install the 'codecs' extra: pip install 'jaxbuffers[codecs]' "
-            f"(or pip install {package})."
-        )
+        err = ImportError(f"the {codec!r} codec needs the optional package {package!r}, which could not be imported "
+                          f"({exc}). Install the 'codecs' extra: pip install 'jaxbuffers[codecs]' "
+                          f"(or pip install {package}).")
         err.name = package
         raise err from exc
 
@@ -139,12 +115,8 @@ _XOR_BLOCK = 64  # rows per block of `xor_rows`: its gathered bases stay in cach
 def xor_rows(rows: np.ndarray, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> np.ndarray:
     """# shape=(D, nbytes), dtype=uint8: row `j` is `rows[idx[j]] XOR rows[src[j]]` for `src[j] >= 0`, else
     `rows[idx[j]] XOR ext[-1 - src[j]]` (`rows`: uint8 `[B, nbytes]`, `ext`: uint8 `[J, nbytes]`, `idx`, `src`:
-    int64 `[D]`).
-
-    The XOR `Codec.encode_deltas` encodes by default. Block by block of `_XOR_BLOCK` rows over the thread pool
-    (`host_codecs._pool.parallel_for`): each block gathers its rows into the output and its bases into a buffer of
-    the block's size, then XORs in place, so no temporary the size of the batch is made.
-    """
+    int64 `[D]`), what `Codec.encode_deltas` encodes by default. Blocks of `_XOR_BLOCK` rows over the thread pool,
+    each XORed in place with its bases gathered into a block-sized buffer: no temporary the size of the batch."""
     d, nbytes = idx.size, rows.shape[1]
     out = np.empty((d, nbytes), np.uint8)
 
@@ -167,9 +139,8 @@ def xor_rows(rows: np.ndarray, idx: np.ndarray, src: np.ndarray, ext: np.ndarray
 
 
 def check_deltas(codec: str, rows: np.ndarray, idx, src, ext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The arguments `idx, src, ext` of `Codec.encode_deltas` for the batch `rows`, checked before anything is read
-    (the RLE encoder has no bounds checks): `idx`, `src` as int64 (any integer dtype, never cast from another
-    kind), `ext` C-contiguous.
+    """`idx, src, ext` of `Codec.encode_deltas` for the batch `rows`, checked before anything is read (the RLE
+    encoder has no bounds checks): `idx`, `src` as int64 (from any integer dtype), `ext` C-contiguous.
 
     Raises:
       TypeError: `idx` or `src` not integers, or `ext` not uint8.
@@ -237,24 +208,21 @@ def merged_batches(parts: list[EncodedBatch], masks: list[np.ndarray]) -> Encode
 
 
 class ChunkTable(dict):
-    """Arena chunk id -> chunk bytes (# shape=(chunk_bytes,), dtype=uint8), plus the store's zstd
-    dictionary (`host_codecs.ZstdDictionary` or None): what a codec needs to decode a store's
-    entries. A store builds one per state of its arena, not one per read, `checked`: the store checks
+    """Arena chunk id -> chunk bytes (# shape=(chunk_bytes,), dtype=uint8), plus the store's zstd dictionary
+    (`host_codecs.ZstdDictionary` or None). A store builds one per state of its arena, `checked`: the store checks
     its reads' requests itself (payloads in `_verify`, rows and bases by construction), not `check_decode`."""
 
     __slots__ = ("dictionary", "addresses", "checked")
 
     def __init__(self, chunks: Mapping[int, np.ndarray], dictionary=None, checked: bool = False):
         super().__init__(chunks)
-        self.dictionary = dictionary
+        self.dictionary, self.checked = dictionary, checked
         self.addresses = None  # (ids, base addresses, sizes) of the chunks, built by chunk_addresses on first use
-        self.checked = checked
 
 
 def chunk_addresses(chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(ids, base addresses, sizes)` of the chunks (int64, uint64, int64; ids ascending), for compiled loops that read
-    payloads where they lie: kept on a `ChunkTable` (immutable, it keeps its chunks alive), built anew for another
-    mapping."""
+    """`(ids, base addresses, sizes)` of the chunks (int64, uint64, int64; ids ascending) for compiled loops, kept on
+    a `ChunkTable` (immutable, it keeps its chunks alive), built anew for another mapping."""
     cached = getattr(chunks, "addresses", None)
     if cached is not None:
         return cached
@@ -268,14 +236,13 @@ def chunk_addresses(chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases=None) -> None:
-    """Check a decode request (arguments as in `Codec.decode_many`) before anything is read or
-    written: kernels have no bounds checks, and numpy would wrap a negative row silently.
+    """Check a decode request (arguments as in `Codec.decode_many`) before anything is read or written: kernels have
+    no bounds checks, and numpy would wrap a negative row silently.
 
     Raises:
-      ValueError: a payload lies outside its chunk (or its chunk is absent), an output index or a
-        row is out of range, an output is read-only, the outputs' row sizes differ, or a delta's base
-        (`bases`) is out of range or a row a later entry of the call decodes first (a delta's own row is its base in
-        place: decoded by an earlier entry of the call, or before it).
+      ValueError: a payload outside its chunk (or its chunk absent), an output index or a row out of range, a
+        read-only output, outputs of different row sizes, or a delta's base (`bases`) out of range or a row a later
+        entry of the call decodes (a delta's own row is its base in place).
     """
     if getattr(chunks, "checked", False):  # a store's read: checked by the store (`ChunkTable`)
         return
@@ -287,7 +254,7 @@ def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids,
         if int(np.min(offsets)) < 0 or int(np.min(lengths)) < 0 or bool(np.any(np.add(offsets, lengths) > sizes)):
             raise ValueError(f"codec {codec!r}: payload index out of range (a payload lies outside its chunk)")
     _check_rows(codec, outs, out_ids, rows, "output")
-    for j, out in enumerate(outs):
+    for out in outs:
         if not out.flags.writeable:
             raise ValueError(f"codec {codec!r}: the output array is read-only")
         if out.shape[1] != outs[0].shape[1]:
@@ -308,14 +275,11 @@ def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids,
 
 
 def decode_each(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases, inflater) -> None:
-    """`Codec.decode_many` for a codec whose package decompresses one payload to a new `bytes` object: every
-    payload read where it lies, each result copied once into its row (XORed with its base row when `bases` names
-    one). Requests are checked first (`check_decode`). Entries are split over the thread pool, or decoded in order
-    on this thread when `bases` is given (a base before its deltas).
-
-    Args:
-      inflater: called once per thread, returns `inflate(payload, t) -> bytes`, the whole decoded entry `t` (a
-        `memoryview` payload), raising `ValueError` with what is wrong for a corrupt one.
+    """`Codec.decode_many` for a codec whose package decompresses one payload to a new `bytes` object, read where it
+    lies and copied once into its row (XORed with its base row where `bases` names one). Checked first
+    (`check_decode`); split over the thread pool, or in order on this thread with `bases` (a base before its deltas).
+    `inflater()`, called once per thread, returns `inflate(payload, t) -> bytes`, the whole decoded entry `t` (a
+    `memoryview` payload), raising `ValueError` with what is wrong for a corrupt one.
 
     Raises:
       ValueError: as `check_decode`, or `codec 'name': corrupt entry: ...` for the first corrupt payload found.
@@ -324,8 +288,7 @@ def decode_each(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, 
     if not len(rows):
         return
     nbytes = outs[0].shape[1]
-    cids, offs, lens = (np.asarray(x).tolist() for x in (chunk_ids, offsets, lengths))
-    oids, rws = np.asarray(out_ids).tolist(), np.asarray(rows).tolist()
+    cids, offs, lens, oids, rws = (np.asarray(x).tolist() for x in (chunk_ids, offsets, lengths, out_ids, rows))
     # flat byte views: a row is filled by one slice assignment (no numpy array per entry)
     flat = [memoryview(o).cast("B") if o.flags.c_contiguous and o.size else None for o in outs]
     srcs = {c: memoryview(chunks[c]) for c in set(cids)}
@@ -370,9 +333,7 @@ def _check_rows(codec: str, outs, out_ids, rows, what: str) -> None:
 
 
 class Codec:
-    """Base class of all codecs.
-
-    Subclasses set `name`, `tag`, `levels` and `default_level`, and implement `encode_batch` and
+    """Base class of all codecs: subclasses set `name`, `tag`, `levels`, `default_level` and define `encode_batch`,
     `decode_into` (or `decode_many`).
 
     Args:
@@ -393,8 +354,7 @@ class Codec:
     default_level: ClassVar[int | None] = None
 
     def __init__(self, level: int | None = None):
-        if level is None:
-            level = self.default_level
+        level = self.default_level if level is None else level
         if self.levels:
             if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or int(level) not in self.levels:
                 raise ValueError(f"codec {self.name!r}: level must be one of {list(self.levels)}, got {level!r}")
@@ -418,21 +378,17 @@ class Codec:
         return hash((type(self), self.level))
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype) -> EncodedBatch:
-        """Encode a batch.
+        """Encode a batch into an `EncodedBatch` with one payload per row.
 
         Args:
           rows: # shape=(B, nbytes), dtype=uint8, C-contiguous: the raw bytes of each entry.
           dtype: the entries' element dtype (codecs that work on elements view `rows` through `element_view_dtype`).
-
-        Returns:
-          An `EncodedBatch` with one payload per row.
         """
         raise NotImplementedError
 
     def encode_deltas(self, rows: np.ndarray, dtype: np.dtype, idx: np.ndarray, src: np.ndarray, ext: np.ndarray, *args) -> EncodedBatch:
-        """Encode the deltas `xor_rows(rows, idx, src, ext)` (row `idx[j]` XOR its base: batch row `src[j]`, or
-        row `-1 - src[j]` of `ext` for `src[j] < 0`), as `encode_batch` of them with `args` would (a codec may take
-        the XOR inside its encoder instead: `host_codecs.rle`).
+        """Encode the deltas `xor_rows(rows, idx, src, ext)` as `encode_batch(deltas, dtype, *args)` would: an
+        `EncodedBatch` of `D` payloads in the order of `idx` (`host_codecs.rle` takes the XOR inside its encoder).
 
         Args:
           rows: # shape=(B, nbytes), dtype=uint8, C-contiguous: the batch.
@@ -442,9 +398,6 @@ class Codec:
           ext: # shape=(J, nbytes), dtype=uint8: the bases from outside the batch.
           *args: what `encode_batch` takes beyond `rows, dtype` (zstd: its dictionary).
 
-        Returns:
-          An `EncodedBatch` of `D` payloads, in the order of `idx`.
-
         Raises:
           TypeError, ValueError: `idx`, `src` or `ext` refused by `check_deltas`.
         """
@@ -452,15 +405,13 @@ class Codec:
         return self.encode_batch(xor_rows(rows, idx, src, ext), dtype, *args)
 
     def decode_into(self, chunk, offsets, lengths, meta, out, rows, dtype) -> None:
-        """Decode payloads of one arena chunk into rows of `out`.
+        """Decode payload `i`, `chunk[offsets[i] : offsets[i] + lengths[i]]`, into row `rows[i]` of `out`.
 
         Args:
           chunk: # shape=(chunk_bytes,), dtype=uint8, length a multiple of `ALIGN`.
-          offsets: # shape=(k,), dtype=int64: where each payload starts in `chunk`.
-          lengths: # shape=(k,), dtype=int64: each payload's byte length.
+          offsets: # shape=(k,), dtype=int64 (as `lengths` and `rows`).
           meta: # shape=(k,), dtype=uint8: the per-entry bytes the encoder returned.
           out: # shape=(B, nbytes), dtype=uint8: decoded bytes of the whole request.
-          rows: # shape=(k,), dtype=int64: the row of `out` each payload fills.
           dtype: the entries' element dtype.
 
         Raises:
@@ -470,31 +421,21 @@ class Codec:
         self.decode_many({0: chunk}, zeros, offsets, lengths, meta, [out], zeros, rows, dtype)
 
     def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
-        """Decode payloads spread over arena chunks into rows of several outputs.
-
-        Entry `i` lives at `chunks[chunk_ids[i]][offsets[i] : offsets[i] + lengths[i]]` and is decoded into row
-        `rows[i]` of `outs[out_ids[i]]` (e.g. a batch of observations and of next observations, decoded straight
-        into their two outputs). The default makes one `decode_into` call per (output, chunk) group, then XORs the
-        deltas (`bases`) in order; a codec that reads each payload where it lies overrides it (and then
-        `decode_into`), XORing each delta while its bytes are fresh.
+        """Decode entry `i`, at `chunks[chunk_ids[i]][offsets[i] : offsets[i] + lengths[i]]`, into row `rows[i]` of
+        `outs[out_ids[i]]` (`offsets`, `lengths`, `meta`, `dtype` as in `decode_into`). The default makes one
+        `decode_into` call per (output, chunk) group, then XORs the deltas (`bases`) in order; a codec that reads each
+        payload where it lies overrides it (and `decode_into`).
 
         Args:
           chunks: arena chunk id -> bytes, or a `ChunkTable` (which also carries the dictionary).
           chunk_ids: # shape=(k,), dtype=int64: the chunk each payload lies in.
-          offsets: as in `decode_into`.
-          lengths: as in `decode_into`.
-          meta: as in `decode_into`.
           outs: 2-D uint8 arrays with one row size, # shape=(B_j, nbytes).
           out_ids: # shape=(k,), dtype=int64: the output each entry goes to.
           rows: # shape=(k,), dtype=int64: the row of its output each entry fills.
-          dtype: as in `decode_into`.
-          bases: optional `(base_outs, base_rows)`, # shape=(k,) each, int64: entry `i` is a delta
-            (`host_codecs.deltas`): once decoded, its row is XORed bytewise with row `base_rows[i]` of
-            `outs[base_outs[i]]` (-1: none), which holds its base's whole entry by then: a row decoded before the
-            call, or the row of an earlier entry of this call; or its own row (the delta XORed into it in place:
-            entries not asked for are decoded into the row of the next entry of their chain). Entries whose base
-            lies in the call are decoded in order on the calling thread (a caller that wants threads gives each
-            thread whole chains).
+          bases: None or `(base_outs, base_rows)`, # shape=(k,) each, int64: entry `i` is a delta (`host_codecs.deltas`)
+            XORed, once decoded, with row `base_rows[i]` of `outs[base_outs[i]]` (-1: none), which holds its base by
+            then: a row decoded before the call, an earlier entry's row, or its own row (in place: entries not asked
+            for are decoded into the row of the next entry of their chain), all decoded in order on the calling thread.
 
         Raises:
           ValueError: as `decode_into`, or a base row that is out of range or that a later entry decodes.
@@ -518,8 +459,7 @@ class Codec:
                     dst[...] = into[0][i]
 
     def encode(self, array: np.ndarray) -> bytes:
-        """Encode one array to `bytes`: its meta byte, then its payload (the dtype and shape are
-        not stored; a `CompressedStore` records them)."""
+        """One array encoded to `bytes`: its meta byte, then its payload (not its dtype or shape)."""
         a = np.ascontiguousarray(as_array(array, "array"))
         dtype_code(a.dtype, field="array")
         enc = self.encode_batch(a.reshape(1, -1).view(np.uint8), a.dtype)
@@ -562,8 +502,7 @@ def int_arg(field: str, value, lo: int = 1, hi: int | None = None) -> int:
 
 
 def path_arg(field: str, value):
-    """`value` if it is a file path: a non-empty str or an `os.PathLike` (its type has `__fspath__`); else TypeError
-    naming `field` and what came."""
+    """`value` if it is a file path (a non-empty str, or a type with `__fspath__`); else TypeError naming `field`."""
     if not (hasattr(type(value), "__fspath__") or (isinstance(value, str) and value)):
         raise TypeError(f"{field}: expected a file path (a non-empty str or os.PathLike), got {type(value).__name__} {value!r:.60}")
     return value

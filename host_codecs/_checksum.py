@@ -1,6 +1,5 @@
-"""The entries' checksum: CRC-32 of each payload, seeded, all of a batch in one compiled loop.
-
-The checksum, its guarantees, its fallback and the older `XXH3`: `docs/api/host_codecs.md`, "Checksums".
+"""The entries' checksum: seeded CRC-32 of each payload, a batch in one compiled loop (`docs/api/host_codecs.md`,
+"Checksums": its guarantees, its fallback and the older `XXH3`).
 """
 
 from __future__ import annotations
@@ -62,9 +61,8 @@ def _seeds(name: str, slots: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 def _per_entry(name: str, views: list, starts: list, ends: list, seeds: list) -> list[int]:
     if name == CRC32:
         return [zlib.crc32(v[o:e], s & 0xFFFFFFFF) for v, o, e, s in zip(views, starts, ends, seeds)]
-    import xxhash
+    from xxhash import xxh3_64_intdigest as h
 
-    h = xxhash.xxh3_64_intdigest
     return [h(v[o:e], s) for v, o, e, s in zip(views, starts, ends, seeds)]
 
 

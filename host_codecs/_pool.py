@@ -21,21 +21,13 @@ _SHARD = threading.local()  # .active: this thread is running a parallel_for sha
 
 
 def num_threads() -> int:
-    """How many threads a batch is split over.
-
-    Returns:
-      The value given to `set_num_threads`, else the `HOST_CODECS_THREADS` environment
-      variable, else the number of CPUs this process may use.
-    """
+    """How many threads a batch is split over: the value given to `set_num_threads`, else the `HOST_CODECS_THREADS`
+    environment variable, else the number of CPUs this process may use."""
     global _NUM_THREADS
     if _NUM_THREADS is None:
         env = os.environ.get("HOST_CODECS_THREADS")
-        if env:
-            _NUM_THREADS = max(1, int(env))
-        elif hasattr(os, "sched_getaffinity"):
-            _NUM_THREADS = max(1, len(os.sched_getaffinity(0)))
-        else:
-            _NUM_THREADS = max(1, os.cpu_count() or 1)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        _NUM_THREADS = max(1, int(env) if env else cpus)
     return _NUM_THREADS
 
 
@@ -43,8 +35,7 @@ def set_num_threads(n: int | None) -> None:
     """Set how many threads a batch is split over.
 
     Args:
-      n: a positive int (Python or numpy), or None for the default of `num_threads`. The pool grows when needed;
-        it never runs more shards than this number.
+      n: a positive int (Python or numpy), or None for the default of `num_threads`; at most this many shards run.
 
     Raises:
       ValueError: `n` is not a positive int or None.
@@ -59,17 +50,16 @@ def set_num_threads(n: int | None) -> None:
             _POOL = None  # recreated bigger on next use; the old one finishes its tasks
 
 
-def parallel_for(
-    n: int, body: Callable[[int, int], None], *, work_bytes: int | None = None, min_shard_bytes: int = 1 << 18
-) -> None:
+def parallel_for(n: int, body: Callable[[int, int], None], *, work_bytes: int | None = None,
+                 min_shard_bytes: int = 1 << 18) -> None:
     """Run `body(start, stop)` over `range(n)`, cut into one contiguous shard per thread.
 
     Args:
       n: number of items.
       body: called once per shard with its item range, on the calling thread or a pool thread
         (`docs/api/host_codecs.md`, "Thread pool").
-      work_bytes: bytes the whole batch touches; shards smaller than `min_shard_bytes` are
-        merged, so a small batch runs inline as one shard (and what it calls stays inline).
+      work_bytes: bytes the whole batch touches; shards smaller than `min_shard_bytes` are merged, so a small batch
+        runs inline as one shard (and what it calls stays inline).
       min_shard_bytes: smallest shard worth a thread's wake-up.
 
     Raises:

@@ -30,24 +30,14 @@ class _Chunk:
 
 
 class Arena:
-    """Aligned payload space in growing chunks.
-
-    Args:
-      chunk_bytes: largest chunk in bytes (a multiple of `ALIGN`, at most `MAX_CHUNK_BYTES`).
-      min_chunk_bytes: first chunk size (a multiple of `ALIGN`).
-
-    Attributes:
-      chunks: chunk id -> `_Chunk`, the chunks held.
-      nbytes: bytes of all chunks held (payload and slack).
-      dead_nbytes: freed bytes in chunks still held.
-    """
+    """Aligned payload space in growing chunks, the first of `min_chunk_bytes`, the largest of `chunk_bytes` (multiples
+    of `ALIGN`, at most `MAX_CHUNK_BYTES`). `chunks`: chunk id -> `_Chunk`, the chunks held; `nbytes`: bytes of all
+    chunks held (payload and slack); `dead_nbytes`: freed bytes in chunks still held."""
 
     def __init__(self, chunk_bytes: int, min_chunk_bytes: int):
         self.chunk_bytes, self.min_chunk_bytes = chunk_bytes, min_chunk_bytes
         self.chunks: dict[int, _Chunk] = {}
-        self.nbytes = 0
-        self.dead_nbytes = 0
-        self._next_id = 0
+        self.nbytes = self.dead_nbytes = self._next_id = 0
         self._open: int | None = None  # the chunk receiving new payloads
         self._table: ChunkTable | None = None  # snapshot for readers, rebuilt when chunks change
 
@@ -58,15 +48,9 @@ class Arena:
         return self._table
 
     def place(self, buffer: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Copy payloads into never-used space, one copy per run of payloads that fit a chunk.
-
-        Args:
-          buffer: # dtype=uint8: the payloads, each padded to `ALIGN`, at ascending `offsets`.
-          offsets, lengths: # shape=(B,), dtype=int64: where each payload is in `buffer`.
-
-        Returns:
-          `(chunk_ids, offsets)`, # shape=(B,), dtype=int32 and int64: where each payload now is.
-        """
+        """Copy payloads into never-used space, one copy per run of payloads that fit a chunk: `buffer` (uint8) holds
+        them at ascending `offsets`, each padded to `ALIGN`; `offsets`, `lengths`: int64 `[B]`. Returns where each
+        payload now is, `(chunk_ids, offsets)`: int32 and int64 `[B]`."""
         b = offsets.shape[0]
         ends = offsets + ceil_align(lengths)  # padded end of each payload
         chunk_ids, placed = np.empty(b, dtype=np.int32), np.empty(b, dtype=np.int64)
@@ -136,8 +120,7 @@ class Arena:
             self._release_if_empty(cid)
 
     def sparsest(self, max_dead_fraction: float) -> int | None:
-        """The sealed chunk with the most freed bytes while freed bytes exceed `max_dead_fraction`
-        of the arena, else None: the next chunk to `relocate`."""
+        """The sealed chunk most freed if freed bytes exceed `max_dead_fraction` of the arena (else None)."""
         sealed = [(ch.used - ch.live_bytes, cid) for cid, ch in self.chunks.items() if cid != self._open]
         if not sealed or sum(d for d, _ in sealed) <= max_dead_fraction * self.nbytes:
             return None

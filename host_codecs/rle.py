@@ -1,7 +1,5 @@
-"""Run-length coding with numba kernels (`host_codecs._rle_kernels`), split over the thread pool.
-
-Bit-exact for every dtype (values compared as raw words), count width chosen per entry, long runs split so no count
-overflows. Payload format and encoding passes: `docs/api/host_codecs.md`, "RLE payloads".
+"""Run-length coding of raw words (bit-exact for every dtype) with numba kernels (`host_codecs._rle_kernels`), split
+over the thread pool. Payload format and encoding passes: `docs/api/host_codecs.md`, "RLE payloads".
 """
 
 from __future__ import annotations
@@ -15,9 +13,7 @@ __all__ = ["RLECodec"]
 
 _REP = {1: np.uint64(0x0101010101010101), 2: np.uint64(0x0001000100010001), 4: np.uint64(0x0000000100000001), 8: np.uint64(1)}
 _NO_WORDS = np.zeros((1, 0), np.uint64)  # stands in for the uint64 view of unaligned rows
-# Smallest encode shard worth a pool thread's wake-up (run-length coding is several times faster per byte than the
-# codecs `host_codecs.parallel_for`'s default is sized for); a smaller batch is encoded on the calling thread.
-_ENCODE_SHARD_BYTES = 1 << 21
+_ENCODE_SHARD_BYTES = 1 << 21  # smallest encode shard worth a pool thread's wake-up (RLE is fast per byte)
 _NO_IDS = np.zeros(0, np.int64)  # stands in for the delta rows and bases of a batch of whole entries
 
 
@@ -62,10 +58,8 @@ class RLECodec(Codec):
 
         def run(write: bool, out: np.ndarray) -> None:  # `out` (uint8, 8-byte multiple) viewed as u8, u16, u32, words
             views = out, out.view(np.uint16), out.view(np.uint32), out.view(word)
-            parallel_for(
-                b, lambda lo, hi: self._k.encode_range(*args, lo, hi, write, sizes, cws, offs, *views, *deltas),
-                work_bytes=b * nbytes * (1 if based is None else 2), min_shard_bytes=_ENCODE_SHARD_BYTES,
-            )
+            parallel_for(b, lambda i, j: self._k.encode_range(*args, i, j, write, sizes, cws, offs, *views, *deltas),
+                         work_bytes=b * nbytes * (1 if based is None else 2), min_shard_bytes=_ENCODE_SHARD_BYTES)
 
         run(False, np.zeros(0, np.uint8))
         padded = ceil_align(sizes)
@@ -76,9 +70,8 @@ class RLECodec(Codec):
 
     def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
         """`Codec.decode_many` in one compiled loop per thread (`host_codecs._rle_kernels.decode_at`): every payload
-        read where it lies, every entry expanded straight into its row; a delta is its base row with its non-zero
-        runs XORed in, so a delta of mostly zeros costs little more than a copy of its base row. Outputs that are
-        not C-contiguous are decoded into contiguous copies, then copied back."""
+        read where it lies and expanded into its row (a delta: its base row with its non-zero runs XORed in).
+        Outputs that are not C-contiguous are decoded into contiguous copies, then copied back."""
         flat = [o if o.flags.c_contiguous else np.ascontiguousarray(o) for o in outs]
         check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases)
         k, n, nbytes = self._k, len(rows), outs[0].shape[1] if len(outs) else 0

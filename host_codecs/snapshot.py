@@ -1,11 +1,7 @@
-"""Snapshots of a `host_codecs.CompressedStore`: its whole state as JSON-able metadata and numpy arrays.
+"""Snapshots of a `host_codecs.CompressedStore`: its whole state as JSON-able metadata and numpy arrays, what a
+checkpoint of a compressed buffer saves (`jaxbuffers.checkpoint`).
 
-`export_state` packs the live payloads back to back (each padded to `ALIGN` bytes) beside every index column, the
-per-codec counters and the dictionary bytes; `import_state` loads such a snapshot into an empty store of the same
-configuration after checking all of it. What a checkpoint of a compressed buffer saves (`jaxbuffers.checkpoint`).
-
-`Snapshots` is the part of `CompressedStore` that does this; it works on the store's own index, arena and lock, and
-holds no state of its own.
+`Snapshots` is the part of `CompressedStore` that takes and loads them, on the store's own index, arena and lock.
 """
 
 from __future__ import annotations
@@ -39,26 +35,15 @@ class Snapshots:
     """`export_state` / `import_state` of `CompressedStore` (module doc)."""
 
     def export_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """A snapshot of the whole store as JSON-able metadata and numpy arrays (see `import_state`).
-
-        Metadata `checksum`: the entries' checksum (`host_codecs._checksum.CHECKSUMS`; a snapshot without it holds
-        XXH3 sums). Arrays: every per-slot index column (`_index()`) for the slot ids below `index_rows` (shape `(index_rows,)`:
-        the rows grown so far, `host_codecs.slot_index`) with `chunk` 0 for a live entry (-1 empty) and `offset` its
-        position in `payload`; `payload` (uint8): the live
-        payloads packed in slot-offset order, each padded to 8 bytes; `tags` (int64 `(3, num_tags)`);
-        `dictionary` (uint8, the zstd dictionary bytes, empty without one). Metadata: the store's
-        configuration (`config`), the layout table, the dictionary's level and the training counters.
-        Thread-safe: taken under the store lock (payload bytes are copied after it, they never change).
-        """
+        """A snapshot of the whole store as JSON-able metadata and numpy arrays (`docs/api/host_codecs.md`,
+        "Snapshots"), taken under the store lock (payload bytes, which never change, are copied after it)."""
         with self._lock:
             cols = {k: v[: self._rows].copy() for k, v in self._index_columns().items()}
             chunks = {c: ch.data for c, ch in self._arena.chunks.items()}
             tags, layouts, d = self._tags.copy(), [[dtype_from_code(c).name, list(s)] for c, s in self._layouts], self._dictionary
-            meta = {
-                "config": self.config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
-                "rows_seen": self._rows_seen, "trained": self._trained, "dictionary_error": self.dictionary_error,
-                "compactions": self._compactions, "checksum": self.checksum,
-            }
+            meta = {"config": self.config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
+                    "rows_seen": self._rows_seen, "trained": self._trained, "dictionary_error": self.dictionary_error,
+                    "compactions": self._compactions, "checksum": self.checksum}
         live = np.flatnonzero(cols["chunk"] >= 0)
         live = live[np.lexsort((cols["offset"][live], cols["chunk"][live]))]
         src_chunk, src = cols["chunk"][live].astype(np.int64), cols["offset"][live].astype(np.int64)
@@ -79,16 +64,11 @@ class Snapshots:
     def import_state(self, meta: dict[str, Any], arrays: dict[str, Any], *, adopt: bool = False) -> None:
         """Load an `export_state` snapshot into this empty store of the same configuration.
 
-        Everything is checked before anything changes: the configuration, the column names, shapes
-        and dtypes, and that every live entry's codec tag, layout and payload range are valid. The index columns
-        may have any length up to `num_slots` (one each, all alike; a store saved before its index grew as slots are
-        used has `num_slots`): the index takes that many rows.
+        Everything is checked before anything changes: the configuration, the column names, shapes and dtypes, and
+        that every live entry's codec tag, layout and payload range are valid. The index takes as many rows as the
+        index columns have (all alike, at most `num_slots`).
 
-        `arrays["payload"]` is the uint8 payload array, or a payload source: an object with `nbytes` (the payload's
-        size) and `read_pieces(pieces)`, which writes the payload bytes in order into `pieces` (new uint8 arrays
-        whose sizes sum to `nbytes`: the arena's chunks to be, cut at payload boundaries, `Arena.cuts`) and raises if
-        it cannot (e.g. a file that fails its checksum; nothing is changed then). The pieces become the arena's
-        chunks as they are: the payload is written once, with no slack (`Arena.take`).
+        `arrays["payload"]` is the uint8 payload array, or a payload source (`docs/api/host_codecs.md`, "Snapshots").
 
         Args:
           meta, arrays: what `export_state` returned (or the same read back).

@@ -1,8 +1,5 @@
-"""`zstd`: Zstandard frames through the optional `zstandard` package.
-
-Checksummed frames with their content size; levels 1-22 (default 3) and the fast levels -7..-1; optional store-built
-dictionaries (`ZstdDictionary`). Frame format, threading and dictionaries: `docs/api/host_codecs.md`, "zstd frames and
-dictionaries".
+"""`zstd`: checksummed Zstandard frames through the optional `zstandard` package, optionally with a store-built
+`ZstdDictionary` (`docs/api/host_codecs.md`, "zstd frames and dictionaries").
 """
 
 from __future__ import annotations
@@ -22,26 +19,20 @@ def _zstandard():
 
 
 def _coders(local: threading.local, level: int, dictionary: "ZstdDictionary | None" = None):
-    """This thread's `(ZstdCompressor, ZstdDecompressor)` kept in `local`, with `dictionary` when
-    given (created on first use, reused afterwards)."""
+    """This thread's `(ZstdCompressor, ZstdDecompressor)`, with `dictionary` when given, made once per `local`."""
     coders = getattr(local, "coders", None)
     if coders is None:
         z = _zstandard()
         d = None if dictionary is None else z.ZstdCompressionDict(dictionary.data, dict_type=z.DICT_TYPE_FULLDICT)
-        coders = local.coders = (
-            z.ZstdCompressor(level=level, dict_data=d, write_checksum=True, write_content_size=True, write_dict_id=False),
-            z.ZstdDecompressor(dict_data=d),
-        )
+        comp = z.ZstdCompressor(level=level, dict_data=d, write_checksum=True, write_content_size=True,
+                                write_dict_id=False)
+        coders = local.coders = (comp, z.ZstdDecompressor(dict_data=d))
     return coders
 
 
 class ZstdDictionary:
-    """A zstd dictionary trained on a store's first entries by zstd's own trainer: content picked
-    from the samples, entropy tables fitted to them. Thread-safe.
-
-    A zstd frame of one small entry (an 84x84 frame, 7 KB) finds no earlier data to match; with a
-    dictionary made of what similar entries share, most of the entry is a few long matches. Frames
-    encoded with it carry no dictionary id (meta byte 1; `docs/api/host_codecs.md`).
+    """A zstd dictionary trained on a store's first entries by zstd's own trainer (`docs/api/host_codecs.md`, "zstd
+    frames and dictionaries"). Thread-safe. Frames encoded with it carry no dictionary id (meta byte 1).
 
     Args:
       data: the dictionary bytes (from `train`, or saved earlier).
@@ -58,12 +49,9 @@ class ZstdDictionary:
 
     @classmethod
     def train(cls, samples, size: int, level: int) -> "ZstdDictionary | None":
-        """Build a dictionary of at most `size` bytes for entries like `samples`.
-
-        zstd's trainer (`zstandard.train_dictionary`, fastCover), with segments as long as the
-        longest sample (at most `size`), tried with both dmer sizes (6 and 8) on all the samples,
-        and entropy tables for `level`: on 84x84 Atari frames the segments are whole frames, which
-        an entry matches for most of its length.
+        """Build a dictionary of at most `size` bytes for entries like `samples`: `zstandard.train_dictionary`
+        (fastCover) with segments as long as the longest sample (at most `size`), both dmer sizes (6 and 8) tried
+        on all the samples, entropy tables for `level`.
 
         Args:
           samples: 1-D uint8 arrays, or a 2-D uint8 array (one entry per row).
@@ -89,16 +77,13 @@ class ZstdDictionary:
                 level=int(level), threads=1,  # a trainer thread's malloc arena kept ~11 MB of the process's memory
             )
         except z.ZstdError as exc:
-            raise ValueError(
-                f"zstd's trainer refused {len(rows)} samples of {sum(r.shape[0] for r in rows)} bytes "
-                f"for a dictionary of at most {size} bytes ({exc})"
-            ) from exc
+            raise ValueError(f"zstd's trainer refused {len(rows)} samples of {sum(r.shape[0] for r in rows)} bytes "
+                             f"for a dictionary of at most {size} bytes ({exc})") from exc
         return cls(d.as_bytes(), level)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the dictionary (the copies zstandard digests per thread are not visible from
-        Python and not counted)."""
+        """Bytes of the dictionary (not the copies zstandard digests per thread, which Python cannot see)."""
         return len(self.data)
 
     def coders(self):
@@ -107,10 +92,10 @@ class ZstdDictionary:
 
 
 class ZstdCodec(Codec):
-    """Zstandard codec (tag 3). Levels 1-22 and the fast levels -7..-1 (`"zstd:-1"`), default 3.
+    """Zstandard codec (tag 3).
 
     Args:
-      level: compression level (1-22, or -7..-1: larger frames, faster decode).
+      level: 1-22, or zstd's fast levels -7..-1 (`"zstd:-1"`: larger frames, faster decode); default 3.
 
     Raises:
       ImportError: naming the `codecs` extra when `zstandard` is not installed.
@@ -128,8 +113,7 @@ class ZstdCodec(Codec):
         self._local = threading.local()
 
     def encode_batch(self, rows: np.ndarray, dtype: np.dtype, dictionary: ZstdDictionary | None = None) -> EncodedBatch:
-        """`Codec.encode_batch`; with `dictionary`, every entry is encoded with it (at the
-        dictionary's level) and gets meta byte 1, which tells decoders to use it."""
+        """`Codec.encode_batch`; with `dictionary`, every entry is encoded with it (at its level), meta byte 1."""
         payloads: list[bytes] = [b""] * rows.shape[0]
 
         def work(start: int, stop: int) -> None:
@@ -141,14 +125,12 @@ class ZstdCodec(Codec):
         return pack_payloads(payloads, np.full(rows.shape[0], 0 if dictionary is None else dictionary.meta, np.uint8))
 
     def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
-        """`Codec.decode_many`, every payload read where it lies (a delta XORed with its base as it is decoded). Entries with meta byte 1 were
-        encoded with a dictionary: `chunks` must then be a `ChunkTable` carrying it (a store passes
-        its own).
+        """`Codec.decode_many`, every payload read where it lies (a delta XORed with its base as it is decoded).
+        Entries with meta byte 1 were encoded with a dictionary: `chunks` must be a `ChunkTable` carrying it.
 
         Raises:
-          ValueError: an unknown meta byte, a dictionary entry without a dictionary, a corrupt
-            payload (bad frame, wrong content size or checksum, another dictionary), or as
-            `check_decode`.
+          ValueError: an unknown meta byte, a dictionary entry without a dictionary, a corrupt payload (bad frame,
+            wrong content size or checksum, another dictionary), or as `check_decode`.
         """
         meta = np.asarray(meta)
         top = int(meta.max(initial=0))

@@ -39,10 +39,8 @@ def _where(fn: str, path) -> str:
 
 def _bad_leaf(fn: str, path, leaf) -> TypeError:
     wrap = next((w for t, w in _WRAPS if isinstance(leaf, t)), None)
-    if wrap is not None:
-        hint = f"its dtype would be a guess; wrap it with an explicit dtype, e.g. {wrap}({leaf!r})"
-    else:
-        hint = "expected a jax.Array, torch.Tensor, numpy array or numpy scalar"
+    hint = ("expected a jax.Array, torch.Tensor, numpy array or numpy scalar" if wrap is None
+            else f"its dtype would be a guess; wrap it with an explicit dtype, e.g. {wrap}({leaf!r})")
     text = repr(leaf)
     text = text if len(text) <= 60 else text[:57] + "..."
     return TypeError(f"{_where(fn, path)}: cannot convert {type(leaf).__name__} {text}: {hint}")
@@ -96,20 +94,15 @@ def _numpy_leaf_to_torch(path, a: np.ndarray) -> torch.Tensor:
 
 
 def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy: bool = False) -> Any:
-    """Convert every array leaf of a pytree to a ``torch.Tensor``, zero copy where possible.
+    """The same tree with every array leaf a ``torch.Tensor`` of its shape and dtype (`SUPPORTED_DTYPES`), zero copy
+    where possible.
 
     Args:
-      tree: any pytree (dict, tuple, NamedTuple such as ``ReplaySample``, flax struct dataclass...)
-        whose leaves are ``jax.Array``, ``numpy.ndarray``/numpy scalars or ``torch.Tensor``.
-      device: torch device (``torch.device``, ``"cpu"``, ``"cuda:0"``, index) for every tensor, or ``None`` to keep
-        each leaf on the device it is on (a JAX GPU array becomes a CUDA tensor). A device other than the leaf's
-        means one copy (``tensor.to(device)``); errors for an unavailable device are torch's own.
-      copy: if True every returned tensor owns its memory (safe to write in place). If False (default) tensors
+      tree: any pytree whose leaves are ``jax.Array``, ``numpy.ndarray``/numpy scalars or ``torch.Tensor``.
+      device: torch device (``torch.device``, ``"cpu"``, ``"cuda:0"``, index) for every tensor (one copy for a leaf
+        elsewhere), or ``None`` to keep each leaf on its device (a JAX GPU array becomes a CUDA tensor).
+      copy: if True every returned tensor owns its memory (safe to write in place); if False (default) tensors
         alias the JAX/numpy buffers where possible: do not write them in place.
-
-    Returns:
-      The same tree structure with ``torch.Tensor`` leaves of the same shapes (0-d and empty included) and dtypes
-      (see `SUPPORTED_DTYPES`).
 
     Raises:
       TypeError: a leaf that is not an array (e.g. a Python number or string), an unsupported dtype, or a traced
@@ -172,18 +165,13 @@ def _torch_leaf_to_jax(path, t: torch.Tensor, copy: bool) -> jax.Array:
 
 
 def from_torch(tree: Any, *, copy: bool = False) -> Any:
-    """Convert every ``torch.Tensor`` leaf of a pytree to a ``jax.Array``, zero copy where possible.
+    """The same tree with every ``torch.Tensor`` leaf a ``jax.Array`` of its shape and dtype on the JAX device of the
+    tensor, zero copy where possible.
 
     Args:
-      tree: any pytree whose leaves are ``torch.Tensor``, ``jax.Array`` (kept as they are) or numpy arrays/scalars
-        (copied into JAX).
-      copy: if True the JAX arrays own their memory, so later in-place writes to the tensors cannot reach them. If
-        False (default) each array aliases its tensor's memory where the layout allows it (on the tensor's device):
-        do not write the tensor in place afterwards.
-
-    Returns:
-      The same tree structure with ``jax.Array`` leaves of the same shapes and dtypes, on the JAX device matching
-      each tensor's device.
+      tree: any pytree whose leaves are ``torch.Tensor``, ``jax.Array`` (kept) or numpy arrays/scalars (copied).
+      copy: if True the JAX arrays own their memory; if False (default) each array aliases its tensor's memory
+        where the layout allows it (on the tensor's device): do not write the tensor in place afterwards.
 
     Raises:
       TypeError: a leaf that is not an array, an unsupported dtype or layout, or a 64-bit tensor (int64, uint64,

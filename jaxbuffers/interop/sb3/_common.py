@@ -1,6 +1,5 @@
-"""What the SB3 adapters and conversions share: the ring cursors, storable dtypes, SB3 rows, the torch hand-off.
-
-Nothing here is public. The dtype policy is the one of `docs/api/sb3.md` ("Dtypes").
+"""What the SB3 adapters and conversions share (not public): ring cursors, storable dtypes (`docs/api/sb3.md`,
+"Dtypes"), SB3 rows, the torch hand-off.
 """
 
 from __future__ import annotations
@@ -44,11 +43,8 @@ def _int_bounds(space: spaces.Space | None) -> tuple[int, int] | None:
 
 
 def storage_dtype(dtype: Any, space: spaces.Space | None, what: str) -> np.dtype:
-    """The dtype JAX holds ``dtype`` in without loss (the dtype policy).
-
-    Raises:
-      TypeError: float64, or 64-bit integers whose space bounds do not fit 32 bits; names ``what``.
-    """
+    """The dtype JAX holds ``dtype`` in without loss; TypeError naming ``what`` for float64, or 64-bit integers whose
+    space bounds do not fit 32 bits."""
     dtype = np.dtype(dtype)
     if _validate.jax_holds(dtype):
         return dtype
@@ -81,11 +77,8 @@ def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
 
 
 def cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
-    """``a`` in ``dtype`` by numpy's cast (float64 rounds to float32, as SB3 stores it).
-
-    Raises:
-      ValueError: a finite value overflows a float ``dtype`` (inf and NaN pass), or values numpy cannot convert.
-    """
+    """``a`` in ``dtype`` by numpy's cast (float64 rounds to float32, as SB3 stores it); ValueError for a finite value
+    overflowing a float ``dtype`` (inf and NaN pass), or values numpy cannot convert."""
     dtype = np.dtype(dtype)
     try:
         narrowing = a.dtype.kind in "iu" or (a.dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize)
@@ -137,11 +130,8 @@ def frozen_obs(obs: Any) -> tuple[Any, list[bytes]]:
 
 
 def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> Any:
-    """``fn(space, *leaves, what)`` once, or per key of a Dict space (a dict back).
-
-    Raises:
-      ValueError: for a Dict space, a tree that is not a dict with exactly the space's keys.
-    """
+    """``fn(space, *leaves, what)`` once, or per key of a Dict space (a dict back); ValueError for a Dict space and a
+    tree that is not a dict with exactly its keys."""
     if not isinstance(space, spaces.Dict):
         return fn(space, *trees, what)
     keys = sorted(space.spaces)
@@ -170,11 +160,8 @@ def numbers(x: Any, what: str) -> np.ndarray:
 
 
 def indices(x: Any, what: str, hi: int) -> np.ndarray:
-    """``x`` as a 1-d numpy array of integer indices in ``[0, hi)`` (SB3's flat or row indices).
-
-    Raises:
-      TypeError: not numbers. IndexError: not integers, or outside ``[0, hi)``. ValueError: not 1-d.
-    """
+    """``x`` as a 1-d numpy array of integer indices in ``[0, hi)`` (SB3's flat or row indices); TypeError for not
+    numbers, IndexError for not integers or outside ``[0, hi)``, ValueError for not 1-d."""
     idx = numbers(x, what)
     if idx.ndim != 1:
         raise ValueError(f"{what}: expected a 1-d array of indices, got shape {idx.shape}")
@@ -188,12 +175,8 @@ def indices(x: Any, what: str, hi: int) -> np.ndarray:
 def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bool = False, exact: bool = False) -> np.ndarray:
     """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's numpy assignment accepts it: ``shape``'s
     number of values, in ``shape`` up to leading unit axes (never repeated), or any shape with ``reshape`` (SB3
-    reshapes actions and Discrete observations); the values checked as `stored` checks them.
-
-    Raises:
-      ValueError: the wrong number of values, a layout assignment would refuse, or `stored`'s.
-      TypeError: not numbers (``None``, a string, an object array), or `stored`'s.
-    """
+    reshapes actions and Discrete observations); the values checked by `stored`. ValueError for the wrong number of
+    values or a layout assignment would refuse, TypeError for not numbers (``None``, a string, an object array)."""
     arr = x if type(x) is np.ndarray and x.dtype.kind in "biuf" else numbers(x, what)  # numbers' check, inline
     if arr.shape == shape:
         if arr.dtype == dtype:  # nothing to cast, nothing to check
@@ -214,13 +197,10 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
 
 
 def stored(arr: np.ndarray, dtype: Any, what: str, exact: bool) -> np.ndarray:
-    """Numbers ``arr`` in the stored ``dtype`` by numpy's cast (SB3 passes float64 rewards), checked.
-
-    Raises:
-      ValueError: a bool ``dtype`` given values other than 0 and 1, or `cast`'s errors. TypeError: with ``exact`` (a
-        stored dtype narrower than SB3's) or an integer ``dtype`` (numpy would wrap 300 to 44 in uint8), a value
-        ``dtype`` does not hold exactly.
-    """
+    """Numbers ``arr`` in the stored ``dtype`` by numpy's cast (SB3 passes float64 rewards), checked: ValueError for a
+    bool ``dtype`` given values other than 0 and 1, or `cast`'s errors; TypeError, with ``exact`` (a stored dtype
+    narrower than SB3's) or an integer ``dtype`` (numpy would wrap 300 to 44 in uint8), for a value ``dtype`` does
+    not hold exactly."""
     dtype = np.dtype(dtype)
     if dtype.kind == "b":
         return flags(arr, what)

@@ -1,7 +1,5 @@
-"""Move the contents of SB3 buffers into jaxbuffers buffers and back.
-
-Layouts, flags and dtypes: `docs/api/sb3.md` ("Conversions"). Nothing is cast silently either way, so a round trip
-SB3 -> jaxbuffers -> SB3 (same settings) gives back every array bit for bit with `pos` and `full`, or raises.
+"""Move the contents of SB3 buffers into jaxbuffers buffers and back, bit for bit or raising (layouts, flags and
+dtypes: `docs/api/sb3.md`, "Conversions").
 """
 
 from __future__ import annotations
@@ -73,9 +71,7 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     """The transitions of a (filled) SB3 ``ReplayBuffer`` / ``DictReplayBuffer`` as a `jaxbuffers.ReplayBuffer`.
 
     Also accepts sb3-extra-buffers' compressed buffers (observations decoded) and `JaxReplayBuffer`, but not one made
-    with ``compress=...`` (``AttributeError``; sample it instead). Layout: `docs/api/sb3.md`. With
-    ``optimize_memory_usage`` the next observations are materialised (``next_obs`` of row ``t`` is SB3's
-    ``observations[(t + 1) % rows]``) and, once full, the row at ``pos`` (overwritten by SB3) is not valid.
+    with ``compress=...`` (``AttributeError``; sample it instead). Layout: `docs/api/sb3.md`, "Conversions".
 
     Raises:
       ValueError: a ``timeouts`` flag set where ``dones`` is not (SB3's VecEnvs never produce it), or flags other
@@ -91,8 +87,7 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     else:
         next_obs = _stored(_decoded(buffer, buffer.next_observations, "next_observations"), buffer.observation_space,
                            "next_observations")
-    act = np.asarray(buffer.actions)
-    act = act.astype(_common.storage_dtype(act.dtype, buffer.action_space, "actions"), copy=False)
+    act = _stored(buffer.actions, buffer.action_space, "actions")
     dones, timeouts = _common.flags(buffer.dones, "dones"), _common.flags(buffer.timeouts, "timeouts")
     if (timeouts & ~dones).any():
         raise ValueError("timeouts: set where dones is not; a timeout is an episode end (done) in SB3's VecEnvs")
@@ -113,11 +108,8 @@ def replay_from_jax(buffer: _replay.ReplayBuffer, observation_space: spaces.Spac
 
     ``buffer`` has the `replay_to_jax` layout, with ``capacity``, ``head`` and ``num_valid`` divisible by ``n_envs``;
     items may also have the spaces' own shapes (a Discrete observation or action ``()``). SB3 gets ``capacity //
-    n_envs`` rows and samples only the ``num_valid`` valid transitions: the layout is kept where SB3's ``pos`` /
-    ``full`` can describe them (``pos = head // n_envs``; ``full`` when every row is valid, or with
-    ``optimize_memory_usage`` all but row ``pos`` and ``num_added() >= capacity``), else the valid rows move to the
-    front, oldest first, and ``pos = num_valid // n_envs``. With ``optimize_memory_usage`` the newest next
-    observation goes to row ``pos``, as SB3 does (a buffer valid in every row then loses its oldest row).
+    n_envs`` rows and samples only the ``num_valid`` valid transitions (``pos`` and ``full``: `docs/api/sb3.md`,
+    "Conversions").
 
     Raises:
       ValueError: missing or extra fields or keys, an item shape the spaces do not give (both named), flags other
@@ -191,12 +183,11 @@ def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) 
     """The contents of an SB3 ``RolloutBuffer`` / ``DictRolloutBuffer`` as a `jaxbuffers.RolloutBuffer`.
 
     Also accepts `JaxRolloutBuffer`, sb3-extra-buffers' compressed rollouts (observations decoded), and SB3 buffers
-    reordered by ``get()`` (told apart by their shapes, ``[T, n_envs, ...]`` or ``[n_envs * T, ...]``). Every field
-    is copied, ``advantages`` and ``returns`` as they are (``has_advantages`` True, ``trainable`` all True); the rows
-    filled are ``buffer_size`` when full, ``pos`` before.
+    reordered by ``get()`` (shapes ``[T, n_envs, ...]`` or ``[n_envs * T, ...]``). Every field is copied,
+    ``advantages`` and ``returns`` as they are (``has_advantages`` True, ``trainable`` all True); the rows filled are
+    ``buffer_size`` when full, ``pos`` before.
 
     Args:
-      buffer: the SB3 buffer.
       last_dones: ``[n_envs]`` bool, the ``dones`` SB3 passed to ``compute_returns_and_advantage`` (SB3 does not
         store it); without it the last step counts as not terminated.
 
@@ -213,20 +204,16 @@ def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) 
     starts = _common.flags(get("episode_starts"), "episode_starts")
     filled = t if buffer.full else buffer.pos
     dones = np.zeros(n, np.bool_) if last_dones is None else _common.as_row(last_dones, (n,), np.bool_, "last_dones")
-    step = {
-        "obs": _stored(get("observations", buffer.obs_shape), buffer.observation_space, "observations"),
-        "action": _common.exact_cast(act, act_dtype, "actions"),
-        "log_prob": np.asarray(get("log_probs"), np.float32), "episode_start": starts,
-    }
+    step = {"obs": _stored(get("observations", buffer.obs_shape), buffer.observation_space, "observations"),
+            "action": _common.exact_cast(act, act_dtype, "actions"),
+            "log_prob": np.asarray(get("log_probs"), np.float32), "episode_start": starts}
     spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[2:], a.dtype), step)
     out = _rollout.RolloutBuffer.create(spec, num_envs=n, num_steps=t)
     f32 = lambda name: jnp.asarray(np.asarray(get(name), np.float32))  # noqa: E731
-    return out.replace(
-        step=jax.tree.map(jnp.asarray, step), reward=f32("rewards"), value=f32("values"),
-        terminated=sb3_terminated(jnp.asarray(starts), jnp.asarray(dones), jnp.int32(filled)),
-        trainable=jnp.ones((t, n), jnp.bool_), advantages=f32("advantages"), returns=f32("returns"),
-        step_index=jnp.int32(filled), has_advantages=jnp.bool_(True),
-    )
+    return out.replace(step=jax.tree.map(jnp.asarray, step), reward=f32("rewards"), value=f32("values"),
+                       terminated=sb3_terminated(jnp.asarray(starts), jnp.asarray(dones), jnp.int32(filled)),
+                       trainable=jnp.ones((t, n), jnp.bool_), advantages=f32("advantages"), returns=f32("returns"),
+                       step_index=jnp.int32(filled), has_advantages=jnp.bool_(True))
 
 
 def rollout_from_jax(buffer: _rollout.RolloutBuffer, observation_space: spaces.Space, action_space: spaces.Space, *, device: th.device | str = "auto",
@@ -235,11 +222,9 @@ def rollout_from_jax(buffer: _rollout.RolloutBuffer, observation_space: spaces.S
 
     The step pytree holds ``obs``, ``action``, ``log_prob`` and optionally ``episode_start`` (the `rollout_to_jax`
     layout, used as is); without it ``episode_starts[t] = terminated[t-1] or truncated[t-1]`` and
-    ``episode_starts[0] = first_episode_start`` (default False). Where a step is truncated and not terminated,
-    ``gamma * final_value`` is added to its reward (SB3's timeout convention). ``advantages`` and ``returns`` are
-    copied as they are; ``pos`` is the rows filled. Items are shaped as `replay_from_jax` describes. SB3 learns from
-    every step, so a filled step not ``trainable`` is refused; to convert anyway pass
-    ``buffer.replace(trainable=jnp.ones_like(buffer.trainable))``.
+    ``episode_starts[0] = first_episode_start`` (default False). A step truncated and not terminated gets ``gamma *
+    final_value`` added to its reward (SB3's timeout convention). ``advantages`` and ``returns`` are copied as they
+    are; ``pos`` is the rows filled. Items are shaped as `replay_from_jax` describes. SB3 learns from every step.
 
     Raises:
       ValueError: the step lacks ``obs``, ``action`` or ``log_prob``; a filled step is not ``trainable``; an item

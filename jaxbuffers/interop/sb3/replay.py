@@ -1,8 +1,6 @@
-"""SB3-compatible replay buffers backed by `jaxbuffers.ReplayBuffer`.
+"""SB3-compatible replay buffers backed by `jaxbuffers.ReplayBuffer`, one item per SB3 row (`[rows, n_envs, ...]`).
 
-One SB3 row (one `add`: a transition of each of the `n_envs` envs) is one item of a `jaxbuffers.ReplayBuffer` of
-capacity `max(buffer_size // n_envs, 1)`: the storage has SB3's layout `[rows, n_envs, ...]` and `pos` equals the
-ring's `head`. Semantics, compression (`compress=`) and the differences from SB3: `docs/api/sb3.md`.
+Semantics, compression (`compress=`) and the differences from SB3: `docs/api/sb3.md`, "Replay buffers".
 """
 
 from __future__ import annotations
@@ -81,9 +79,8 @@ def _timeout(value: Any, what: str) -> bool:
 class FieldView:
     """A numpy-like window on one stored field, in SB3's layout ``[rows, n_envs, ...]`` and dtype.
 
-    ``np.asarray(view)`` and ``view[k]`` read a host copy (so ``view[k][j] = v`` changes only that copy; write
-    ``view[k, j] = v``); ``view[k] = v`` writes through to the device storage (a copy of the field: for rare edits
-    such as SB3 marking the last stored transition done).
+    ``np.asarray(view)`` and ``view[k]`` read a host copy (``view[k][j] = v`` changes only that copy); ``view[k] = v``
+    writes through to the device storage (a copy of the field: for rare edits such as SB3's ``dones[pos] = True``).
     """
 
     def __init__(self, name: str, dtype: Any, read: Callable[[], jax.Array], write: Callable[[jax.Array], None]):
@@ -143,12 +140,10 @@ def _compress_options(compress: bool | dict) -> dict | None:
 
 def sb3_replay_nbytes(buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int = 1,
                       optimize_memory_usage: bool = False) -> int:
-    """Bytes SB3's own ``ReplayBuffer`` / ``DictReplayBuffer`` allocates for these arguments.
-
-    ``rows * n_envs * (obs [* 2 unless optimize_memory_usage] + actions + 3 * 4)`` with ``rows = max(buffer_size //
-    n_envs, 1)``: observations in the space's dtype, actions ``[action_dim]`` (float64 kept as float32), rewards,
-    dones and timeouts as float32 (the allocation; its resident size grows as SB3 fills the buffer).
-    """
+    """Bytes SB3's own ``ReplayBuffer`` / ``DictReplayBuffer`` allocates for these arguments: ``rows * n_envs * (obs
+    [* 2 unless optimize_memory_usage] + actions + 3 * 4)`` with ``rows = max(buffer_size // n_envs, 1)``:
+    observations in the space's dtype, actions ``[action_dim]`` (float64 kept as float32), rewards, dones and
+    timeouts as float32 (the allocation; its resident size grows as SB3 fills the buffer)."""
     shape = get_obs_shape(observation_space)
     obs = sum(jax.tree.leaves(_common.per_key(lambda sp, s, _: int(np.prod(s)) * np.dtype(sp.dtype).itemsize, observation_space, shape)))
     act = get_action_dim(action_space) * _common.sb3_float32(action_space.dtype).itemsize
@@ -236,16 +231,13 @@ class _JaxReplayImpl:
 
     @property
     def jax_buffer(self) -> _replay.ReplayBuffer:
-        """The backing `jaxbuffers.ReplayBuffer`: one item per SB3 row, leaves ``[rows, n_envs, ...]``.
-
-        The next ``add`` donates these arrays ("Array has been deleted" when read after it): read it right away, or
-        keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
+        """The backing `jaxbuffers.ReplayBuffer`: one item per SB3 row, leaves ``[rows, n_envs, ...]``. The next
+        ``add`` donates these arrays: read it right away, or keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
         return self._state
 
     @property
     def nbytes(self) -> int:
-        """Bytes held (a Python int): the device arrays plus, with ``compress``, the compressed buffer's device ids and
-        host bytes and the staged steps."""
+        """Bytes held (a Python int): device arrays, plus the compressed buffer and staged steps with ``compress``."""
         extra = 0 if self.compress is None else self._writer.nbytes + sum(x.nbytes for x in jax.tree.leaves(self._pending))
         return self._state.memory_bytes + extra
 
@@ -337,10 +329,9 @@ class _JaxReplayImpl:
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
         """Store one transition per env (SB3's signature and semantics).
 
-        Args:
-          obs: ``[n_envs, *obs_shape]`` (a dict of them for Dict spaces); next_obs: the same after the step (the
-            terminal observation for envs that ended); action: ``[n_envs, action_dim]`` or reshapeable to it; reward,
-            done: ``[n_envs]``; infos: ``n_envs`` dicts.
+        ``obs`` ``[n_envs, *obs_shape]`` (a dict of them for Dict spaces); ``next_obs`` the same after the step (the
+        terminal observation for envs that ended); ``action`` ``[n_envs, action_dim]`` or reshapeable to it;
+        ``reward``, ``done`` ``[n_envs]``; ``infos`` ``n_envs`` dicts.
 
         Raises:
           ValueError: a wrong number of values, a layout SB3's assignment would refuse, or a done other than 0 / 1
@@ -388,8 +379,7 @@ class _JaxReplayImpl:
         if self._step_ends is None:  # the writer's flat step: [*head, *obs leaves, *tail] (placeholders around the obs)
             flat = w._treedef.flatten_up_to({"obs": obs_row, "action": _common.zeros(self.n_envs, np.uint8),
                                              "reward": _common.zeros(self.n_envs, np.float32)})
-            m = len(w._obs_leaves)
-            self._step_ends = (flat[: w._obs_offset], flat[w._obs_offset + m :])
+            self._step_ends = (flat[: w._obs_offset], flat[w._obs_offset + len(w._obs_leaves) :])
         head, tail = self._step_ends
         owned = moved is None  # obs is the held copy bit for bit: that read-only copy goes in, kept without a copy
         obs = pending if owned else obs_row
@@ -400,11 +390,8 @@ class _JaxReplayImpl:
         self._stage_row(fields)
 
     def sample(self, batch_size: int, env: VecNormalize | None = None):
-        """SB3's ``sample``: ``batch_size`` transitions drawn with ``np.random`` as SB3 draws them.
-
-        Raises:
-          ValueError: ``batch_size`` not a Python int >= 1 (before anything is drawn).
-        """
+        """SB3's ``sample``: ``batch_size`` transitions drawn with ``np.random`` as SB3 draws them; ValueError for a
+        ``batch_size`` not a Python int >= 1 (before anything is drawn)."""
         return super().sample(_validate.static_int("batch_size", batch_size), env=env)
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None):
@@ -413,8 +400,7 @@ class _JaxReplayImpl:
         return self.samples_at(batch_inds, env_indices, env=env)
 
     def samples_at(self, batch_inds: np.ndarray, env_indices: np.ndarray, env: VecNormalize | None = None):
-        """The transitions at rows ``batch_inds`` and envs ``env_indices`` (int arrays ``[B]``): SB3's
-        ``_get_samples`` with the same indices, field by field.
+        """SB3's ``_get_samples`` at rows ``batch_inds`` and envs ``env_indices`` (int arrays ``[B]``), field by field.
 
         Raises:
           ValueError: the two are not 1-d arrays of one length.
@@ -431,8 +417,7 @@ class _JaxReplayImpl:
         else:
             g = _gather(self._state.storage, rows, envs, next_in_obs=self.optimize_memory_usage)
             obs, nxt = g.get("observations"), g.get("next_observations")
-        rew = g["rewards"]
-        dtypes = self._rows.obs_dtypes
+        rew, dtypes = g["rewards"], self._rows.obs_dtypes
         if env is not None:  # normalised on the host from SB3's dtypes, as SB3 does
             obs = self._normalize_obs(self._rows.to_sb3_obs(obs), env)
             nxt = self._normalize_obs(self._rows.to_sb3_obs(nxt), env)
@@ -455,12 +440,10 @@ class _JaxReplayImpl:
 
 class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
     """Drop-in replacement for SB3's ``ReplayBuffer`` (Box, Discrete, MultiDiscrete, MultiBinary observations) with
-    jaxbuffers storage (`docs/api/sb3.md`). SB3's arguments, plus ``compress`` (``False``, ``True`` or a dict of
-    options).
+    jaxbuffers storage (`docs/api/sb3.md`): SB3's arguments plus ``compress`` (``False``, ``True`` or an options dict).
 
     Raises:
-      ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3), or
-        ``compress`` with ``optimize_memory_usage``.
+      ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3) or with ``compress``.
       TypeError: a Dict observation space (use `JaxDictReplayBuffer`), or a float64 space.
 
     Example:
@@ -474,10 +457,8 @@ class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
 
 
 class JaxDictReplayBuffer(_JaxReplayImpl, DictReplayBuffer):
-    """Drop-in replacement for SB3's ``DictReplayBuffer`` (``spaces.Dict`` observations).
-
-    Pass it as ``replay_buffer_class`` (SB3 picks its own ``DictReplayBuffer`` for Dict spaces). Samples are
-    ``DictReplayBufferSamples``. Same arguments and semantics as `JaxReplayBuffer`, without ``optimize_memory_usage``;
+    """Drop-in replacement for SB3's ``DictReplayBuffer`` (``spaces.Dict`` observations), to pass as
+    ``replay_buffer_class``: `JaxReplayBuffer` without ``optimize_memory_usage``, samples ``DictReplayBufferSamples``;
     ``compress`` also takes ``keys``, the observation keys to compress (default all).
     """
 

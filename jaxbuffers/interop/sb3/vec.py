@@ -1,7 +1,5 @@
-"""`DummyVecRolloutBuffer`: one SB3 rollout buffer object over a list of buffers (sb3-extra-buffers' name).
-
-What it forwards, how sizes bound the rollout, and an example: `docs/api/sb3.md`, "Several buffers behind one".
-"""
+"""`DummyVecRolloutBuffer`: one SB3 rollout buffer object over a list of buffers (`docs/api/sb3.md`, "Several
+buffers behind one")."""
 
 from __future__ import annotations
 
@@ -48,11 +46,8 @@ def _prepare(i: int, buf: Any, name: str, fn: Callable, args: tuple, kwargs: dic
 
 
 class DummyVecRolloutBuffer(RolloutBuffer):
-    """A rollout buffer that forwards every call to ``buffers`` and returns one result per buffer
-    (`docs/api/sb3.md`, "Several buffers behind one").
-
-    ``buffer_size``, ``observation_space``, ``action_space``, ``device`` and ``n_envs`` are SB3's, kept as attributes
-    (the facade allocates nothing).
+    """A rollout buffer that forwards every call to ``buffers`` and returns one result per buffer. ``buffer_size``,
+    ``observation_space``, ``action_space``, ``device`` and ``n_envs`` are SB3's, kept as attributes.
 
     Args:
       use_threads: run the calls of one delegated method concurrently in a thread pool (one worker per buffer).
@@ -113,11 +108,10 @@ class DummyVecRolloutBuffer(RolloutBuffer):
         pass  # SB3's reset assigns it; positions are the buffers'
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> list:
-        """``[getattr(b, name)(*args, **kwargs) for b in buffers]``, concurrently with ``use_threads``.
-
-        Every buffer's arguments are checked before any buffer is called (by its ``check_call``, SB3's rollout
-        checks, or its method's signature), so a call one buffer refuses changes none. An exception raised by a
-        buffer during the call itself propagates with a note naming the buffer's index.
+        """``[getattr(b, name)(*args, **kwargs) for b in buffers]``, concurrently with ``use_threads``. Every buffer's
+        arguments are checked before any buffer is called (by its ``check_call``, SB3's rollout checks, or its
+        method's signature), so a call one buffer refuses changes none; an exception raised during the call itself
+        propagates with a note naming the buffer's index.
 
         Raises:
           AttributeError: a buffer without ``name`` (named with its index).
@@ -127,20 +121,13 @@ class DummyVecRolloutBuffer(RolloutBuffer):
         return self.prepare_call(name, *args, **kwargs)()
 
     def check_call(self, name: str, *args: Any, **kwargs: Any) -> None:
-        """Every buffer's checks of ``call(name, *args, **kwargs)``, changing nothing (a facade may hold facades).
-
-        Raises:
-          Exception: what `call` raises before it calls any buffer.
-        """
+        """Every buffer's checks of ``call(name, *args, **kwargs)``, changing nothing (a facade may hold facades):
+        raises what `call` raises before it calls any buffer."""
         self.prepare_call(name, *args, **kwargs)
 
     def prepare_call(self, name: str, *args: Any, **kwargs: Any) -> Callable[[], list]:
         """`check_call`, returning `call` as a function of no arguments, with the arguments each buffer converted at
-        the check. Nothing changes until it is called.
-
-        Raises:
-          Exception: what `call` raises before it calls any buffer.
-        """
+        the check. Nothing changes until it is called."""
         fns = [getattr(b, name, None) for b in self._buffers]
         for i, (b, fn) in enumerate(zip(self._buffers, fns)):
             if not callable(fn):
