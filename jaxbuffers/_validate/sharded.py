@@ -1,7 +1,5 @@
-"""Checks of what `ShardedBuffer.record` is given: a global sample (a `ShardedSample`) or a per-device sample (a
-`sample_local` output), each against the sharded buffer's number of shards, and the wrapped buffer's refusal of one
-shard's block of an add's arguments (`jaxbuffers._validate`'s conventions: the argument's name first, TypeError for kind,
-ValueError for shape or value)."""
+"""Checks of a sharded buffer's calls (`jaxbuffers._validate`'s conventions): the samples `ShardedBuffer.record` is
+given, and the wrapped buffer's refusal of one shard's block of an add's arguments."""
 
 from __future__ import annotations
 
@@ -35,16 +33,10 @@ def shapes_passed(run: Callable[[], Any], whole: Any, n: int) -> Any:
 
 def sharded_draws(name: str, sample: Any, num_shards: int, axis: str) -> tuple[bool, jax.Array, Any, Any]:
     """`(whole, indices, generations, shard)` of a sample to record into a sharded buffer of `num_shards` shards
-    (mesh axis `axis`), at trace time. A global sample (with `shard` and `sample`): `whole` True, int32 `indices`
-    and `shard` `[B]`, `generations` `[B]` (its dtype kept) or None. A per-device sample (with `indices`): `whole`
-    False, int32 `indices` and `generations` (or None) `[num_shards, B]`.
-
-    Raises:
-      TypeError: neither kind of sample, or non-integer indices, shards or generations.
-      ValueError: per-device indices not `[num_shards, B]` (a sample of one unsharded buffer, of another number of
-        shards), `shard` or `generations` of another shape than the indices, a concrete `shard` outside
-        `[0, num_shards)`.
-    """
+    (mesh axis `axis`). A global sample (a `ShardedSample`): `whole` True, int32 `indices` and `shard` `[B]`,
+    `generations` `[B]` (its dtype kept) or None. A per-device one (`sample_local`'s): `whole` False, int32
+    `indices` and `generations` (or None) `[num_shards, B]`. TypeError for neither kind or non-integer fields;
+    ValueError for per-device indices not `[num_shards, B]`, fields of other shapes, a `shard` out of range."""
     inner = sample.sample if hasattr(sample, "shard") and hasattr(sample, "sample") else None
     if inner is not None:
         if not hasattr(inner, "indices"):
@@ -80,11 +72,7 @@ def sharded_draws(name: str, sample: Any, num_shards: int, axis: str) -> tuple[b
 
 
 def keeps_metrics(method: str, shards: Any) -> None:
-    """The wrapped buffer of a sharded buffer keeps usage metrics (`record` and `stats` reach them).
-
-    Raises:
-      TypeError: naming `method`, for a buffer without them (the rollout buffers: `jaxbuffers.rollout_stats`).
-    """
+    """TypeError naming `method` unless the wrapped buffer of a sharded buffer keeps usage metrics."""
     if not callable(getattr(shards, "_metrics_owner", None)):
         raise TypeError(f"{method}: {type(shards).__name__} keeps no usage metrics (a rollout's come from "
                         f"jaxbuffers.rollout_stats of its shards: apply(jaxbuffers.rollout_stats, ...))")
