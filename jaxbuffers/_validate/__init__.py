@@ -78,8 +78,7 @@ def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)", dtype: A
 
 
 def item_spec(example: Any, what: str = "example_item") -> Any:
-    """The per-item spec (pytree of ``jax.ShapeDtypeStruct``) of an example item, dtypes kept exactly. TypeError for a
-    leaf not array-like (a Python scalar), a PRNG key array or a dtype JAX would narrow; ValueError for no leaves."""
+    """The per-item spec (pytree of ``jax.ShapeDtypeStruct``) of an example of array leaves, dtypes kept exactly."""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(example)
     if not leaves:
         raise ValueError(f"{what}: expected a pytree with at least one array leaf, got {example!r}")
@@ -149,8 +148,7 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
 
 
 def layout(tree: Any) -> tuple[list, tuple]:
-    """``(leaves, signature)`` of a pytree: a hashable key of its structure and each leaf's type, shape and dtype (all
-    that `check_batch` and `array` read)."""
+    """``(leaves, signature)``: a hashable key of the structure and each leaf's type, shape and dtype of a pytree."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return leaves, (treedef, tuple((type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in leaves))
 
@@ -161,8 +159,7 @@ def tree_nbytes(tree: Any) -> int:
 
 
 def static_int(name: str, value, minimum: int = 1, maximum: int = _INT32.max) -> int:
-    """A static size: a Python (or numpy) int in `[minimum, maximum]` (default: int32's), as `int`; ValueError for a
-    bool, a float (even `10.0`), a traced or other non-int value, or out of range."""
+    """A static size: a Python (or numpy) int, not a bool or float, in `[minimum, maximum]` (default int32's)."""
     if not _is_int(value) or int(value) < minimum:
         raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
     if int(value) > maximum:
@@ -172,8 +169,7 @@ def static_int(name: str, value, minimum: int = 1, maximum: int = _INT32.max) ->
 
 
 def integer(name: str, value, minimum: int | None = None) -> int:
-    """An int option that is not a size (an id, a level): a Python or numpy int, not a bool, of at least `minimum`
-    (None: any), as `int`. TypeError for another kind (a float, even `2.0`), ValueError below `minimum`."""
+    """An int option that is not a size (an id): a Python or numpy int, not a bool or float, >= `minimum` if given."""
     want = "an int" if minimum is None else f"an int >= {minimum}"
     if not _is_int(value):
         raise unexpected(name, want, value)
@@ -192,8 +188,7 @@ def divisor(name: str, value, total: int, what: str) -> int:
 
 
 def keyword_sizes(create: Callable) -> Callable:
-    """Decorate a buffer's `create(cls, example, *, sizes...)` (below its `classmethod`): sizes given by position raise
-    a TypeError naming the keyword-only sizes and showing the call."""
+    """Decorate a buffer's `create` (below `classmethod`): sizes given by position raise a TypeError with the call."""
     params = list(inspect.signature(create).parameters.values())[1:]  # after cls
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     sizes = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
@@ -241,8 +236,7 @@ def static_bool(name: str, value) -> bool:
 
 
 def flag(name: str, x: Any, shape: tuple = (), fill: bool = True) -> Any:
-    """A bool flag of `shape`: a bool array of exactly `shape` (as it is) or, with `fill`, a Python or numpy bool
-    (filled to `shape`, as numpy). TypeError for another kind or dtype, ValueError for another shape."""
+    """A bool array of exactly `shape` or, with `fill`, a Python or numpy bool (filled to `shape`, as numpy)."""
     if fill and isinstance(x, (bool, np.bool_)):
         x = np.full(shape, bool(x))
     if not is_array(x):
@@ -251,8 +245,7 @@ def flag(name: str, x: Any, shape: tuple = (), fill: bool = True) -> Any:
 
 
 def as_array(x: Any) -> Any:
-    """`x` itself if it is an array; a sequence holding JAX arrays or tracers through `jnp.asarray`; anything else
-    through `np.asarray` (checks see a numpy int64 before JAX narrows it)."""
+    """`x` itself if an array; a sequence holding JAX arrays through `jnp.asarray`; else `np.asarray` (not narrowed)."""
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return x
     if any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(x)):
@@ -334,9 +327,8 @@ def timeout(name: str, value) -> float | None:
 
 
 def vector(name: str, x, b: int | None, kind: str) -> jax.Array:
-    """`x` (`index_array`) as a `[b]` array (`b` None: any 1-D) of the dtype kind `'floating'`, `'integer'` or
-    `'bool'`, its dtype kept (a list of Python numbers is float32). TypeError for another kind, ValueError for another
-    shape."""
+    """`x` as a `[b]` array (`b` None: any 1-D) of the kind `'floating'`, `'integer'` or `'bool'`, its dtype kept (a
+    list of Python numbers is float32)."""
     if kind == "floating" and isinstance(x, (list, tuple)) and x and all(map(_weak_number, x)):
         x = jnp.stack([jnp.asarray(v, jnp.float32) for v in x])
     article = "an" if kind == "integer" else "a"
@@ -363,8 +355,7 @@ def index_vector(name: str, indices) -> jax.Array:
 
 
 def integer_value(name: str, value, shape: tuple, lo, hi, expected: str = "") -> jax.Array:
-    """An integer array of `shape` (a cursor, a counter) as int32, concrete values in `[lo, hi]` (`expected` says so).
-    TypeError for a dtype not integer, ValueError for another shape or a value out of range."""
+    """An integer array of `shape` (a cursor, a counter) as int32, concrete values in `[lo, hi]` (`expected`)."""
     v = value if isinstance(value, jax.core.Tracer) else np.asarray(value)
     if not jnp.issubdtype(v.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an integer value, got dtype {v.dtype}")
@@ -376,9 +367,8 @@ def integer_value(name: str, value, shape: tuple, lo, hi, expected: str = "") ->
 
 
 def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
-    """``x`` itself, checked to be an array (JAX or numpy) of exactly ``shape`` (None: any) and ``dtype`` (exactly;
-    ``"floating"``: any floating dtype; None: any). TypeError for what is not an array, a dtype JAX would narrow or
-    another dtype; ValueError for another shape."""
+    """``x`` itself, an array (JAX or numpy) of exactly ``shape`` and ``dtype`` (``"floating"``: any floating; None:
+    any), of a dtype JAX keeps."""
     floating = isinstance(dtype, str) and dtype == "floating"  # (a float64 dtype compares equal to "floating")
     if not is_array(x):
         known = np.float32 if floating else dtype
@@ -428,9 +418,8 @@ def keyword_dict(name: str, value: Any, fn: Callable) -> dict:
 
 
 def split_leaves(args: dict, num_shards: int, axis: str, own: Callable | None = None) -> None:
-    """Every leaf of the arguments `{name: tree}` a sharded call splits into `num_shards` blocks (mesh axis `axis`): an
-    array JAX holds as it is (else TypeError, after `own()` may raise the buffer's own refusal of a narrowed dtype)
-    with a leading axis a multiple of `num_shards` (else ValueError)."""
+    """Every leaf of the arguments `{name: tree}` a sharded call splits into `num_shards` blocks: an array JAX holds as
+    it is (else `own()` may refuse first), its leading axis a multiple of `num_shards`."""
     for arg, tree in args.items():
         for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
             name = leaf_path(arg, path)
@@ -503,8 +492,7 @@ def _raw_key_shape(impl: str) -> tuple[int, ...]:
 
 
 def key(name: str, k: Any) -> Any:
-    """`k` itself, checked to be one PRNG key: a typed key array of shape `()` (`jax.random.key(seed)`) or a raw
-    `uint32` one (`jax.random.PRNGKey(seed)`); TypeError naming `name` for what is not a key, or a batch of keys."""
+    """`k` itself, one PRNG key: `jax.random.key(seed)` (shape `()`) or a raw `jax.random.PRNGKey(seed)` (`uint32`)."""
     raw = _raw_key_shape(str(jax.config.jax_default_prng_impl))
     want = f"one PRNG key: jax.random.key(seed) (shape ()) or jax.random.PRNGKey(seed) (uint32{list(raw)})"
     if not is_array(k):

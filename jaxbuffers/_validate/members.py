@@ -1,7 +1,5 @@
-"""The one check that a buffer's state is one buffer, not several stacked with `jax.vmap` (whose every leaf has a
-leading member axis `[S]`, which a method called without `vmap` would read as data). Every buffer names its write
-cursor, a scalar in one buffer, in the class attribute `_cursor` (a dotted path); a leading axis on it is the
-member axis. Shapes only, at trace time.
+"""The check that a buffer's state is one buffer, not several stacked with `jax.vmap`: a leading axis on the leaf
+named by the class attribute `_cursor` (a dotted path to the write cursor, a scalar in one buffer).
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def _axes(stack: tuple[int, ...]) -> str:
 
 
 def one_member(method: str, buffer: Any, *, mapped: bool = True) -> None:
-    """ValueError naming the method, the axes and how to call it for a stacked state given to `type(buffer).method`
-    outside `jax.vmap` (`mapped`: whether the method works under `jax.vmap`; else: take one member out)."""
+    """ValueError for a stacked state given to `type(buffer).method` outside `jax.vmap` (`mapped`: works under it)."""
     stack = member_axes(buffer)
     if not stack:
         return
@@ -62,9 +59,8 @@ _HOST = frozenset({"num_added", "stats"})  # read values on the host: never unde
 
 
 def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
-    """Class decorator: every public method of a buffer class `cls` (inherited ones included; not properties,
-    classmethods, `replace`, `close` and the byte counts) calls `one_member` first (`mapped`: False for buffers whose
-    methods do not work under `jax.vmap`), then is timed (`jaxbuffers._timing.timed_methods`). Returns `cls`."""
+    """Class decorator: every public method of `cls` (inherited ones too; not properties, classmethods, `_UNCHECKED`)
+    calls `one_member` first, then is timed (`jaxbuffers._timing.timed_methods`)."""
     if cls is None:
         return functools.partial(one_member_methods, mapped=mapped)
     for name in dir(cls):

@@ -1,7 +1,5 @@
-"""Checks of the calls on Stable-Baselines3's own ``RolloutBuffer`` / ``DictRolloutBuffer`` from its shapes and
-spaces, changing nothing, so that a facade over several buffers refuses a call before any buffer changes (SB3's
-``add`` fails at the first field that does not fit, the earlier ones written). `jaxbuffers._validate`'s conventions;
-IndexError for an add to a full buffer, as SB3's numpy indexing raises it.
+"""Checks of the calls on SB3's own ``RolloutBuffer`` / ``DictRolloutBuffer``, changing nothing, so that a facade over
+several buffers refuses a call before any changes (SB3's ``add`` fails at the first field that does not fit).
 """
 
 from __future__ import annotations
@@ -16,8 +14,7 @@ from jaxbuffers import _validate
 
 
 def assignable(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """``x`` as numpy when numpy can assign it into a float / bool array of ``shape`` (``dst[...] = x``: broadcast,
-    leading unit axes dropped); TypeError when not numeric, ValueError for a shape that does not broadcast."""
+    """``x`` as numpy when numpy can assign it into a float / bool array of ``shape`` (``dst[...] = x``)."""
     try:
         a = np.asarray(x)
     except Exception as e:  # a tensor on an accelerator, a ragged list, ...
@@ -87,13 +84,9 @@ def filled_for_get(buf: Any) -> None:
 
 
 def check(buf: Any, name: str, *args: Any, **kwargs: Any) -> None:
-    """The argument checks of ``getattr(buf, name)(*args, **kwargs)`` on SB3's ``RolloutBuffer`` or
-    ``DictRolloutBuffer``: ``add`` (a free row, obs ``[n_envs, *obs_shape]``, action ``n_envs * action_dim`` values,
-    reward / episode_start ``[n_envs]``, value and log_prob torch tensors of ``n_envs`` values),
-    ``compute_returns_and_advantage``, ``get`` (a full buffer; ``batch_size`` None or >= 1: SB3 loops forever on 0),
-    ``sample``; the other methods only their signature. Raises TypeError (an argument not taken, of the wrong kind,
-    a tensor that requires grad), ValueError (a shape or value), IndexError (``add`` on a full buffer) or
-    RuntimeError (``get`` on a buffer not full)."""
+    """The argument checks of ``getattr(buf, name)(*args, **kwargs)`` on SB3's rollout buffer ``buf``: ``add`` (a free
+    row, else IndexError as SB3's numpy indexing), ``compute_returns_and_advantage``, ``get`` (a full buffer, else
+    RuntimeError; ``batch_size`` >= 1: SB3 loops forever on 0) and ``sample``; other methods only their signature."""
     a = inspect.signature(getattr(buf, name)).bind(*args, **kwargs).arguments
     n = buf.n_envs
     if name == "add":

@@ -1,5 +1,4 @@
-"""Checks of a sharded buffer's calls (`jaxbuffers._validate`'s conventions): the samples `ShardedBuffer.record` is
-given, and the wrapped buffer's refusal of one shard's block of an add's arguments."""
+"""Checks of a sharded buffer's calls: the samples `ShardedBuffer.record` is given, a shard's refusal of an add."""
 
 from __future__ import annotations
 
@@ -14,9 +13,7 @@ from jaxbuffers._validate import index_array, index_vector, indices_below, integ
 
 
 def shapes_passed(run: Callable[[], Any], whole: Any, n: int) -> Any:
-    """``run()``, whose refusal (TypeError, ValueError) of one shard's block of the arguments ``whole`` (their leading
-    axes split ``n`` ways) is raised with the first block shape it names (``got (2, 3)``) replaced by the shape passed
-    (``got (8, 3)``)."""
+    """``run()``, its refusal of one shard's block of ``whole`` (split ``n`` ways) naming the shape passed instead."""
     try:
         return run()
     except (TypeError, ValueError) as e:
@@ -32,11 +29,9 @@ def shapes_passed(run: Callable[[], Any], whole: Any, n: int) -> Any:
 
 
 def sharded_draws(name: str, sample: Any, num_shards: int, axis: str) -> tuple[bool, jax.Array, Any, Any]:
-    """`(whole, indices, generations, shard)` of a sample to record into a sharded buffer of `num_shards` shards
-    (mesh axis `axis`). A global sample (a `ShardedSample`): `whole` True, int32 `indices` and `shard` `[B]`,
-    `generations` `[B]` (its dtype kept) or None. A per-device one (`sample_local`'s): `whole` False, int32
-    `indices` and `generations` (or None) `[num_shards, B]`. TypeError for neither kind or non-integer fields;
-    ValueError for per-device indices not `[num_shards, B]`, fields of other shapes, a `shard` out of range."""
+    """`(whole, indices, generations, shard)` of a sample to record into a sharded buffer of `num_shards` shards: a
+    global sample (a `ShardedSample`): True, int32 `indices` and `shard` `[B]`, `generations` `[B]` or None; a
+    per-device one (`sample_local`'s): False, int32 `indices` and `generations` (or None) `[num_shards, B]`, None."""
     inner = sample.sample if hasattr(sample, "shard") and hasattr(sample, "sample") else None
     if inner is not None:
         if not hasattr(inner, "indices"):

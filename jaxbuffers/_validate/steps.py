@@ -1,5 +1,4 @@
-"""Checks of env steps for the trajectory, episode and compressed buffers (`jaxbuffers._validate`'s conventions): the
-example step of a `create`, a step's flags and final observation at `add`, a compressed observation's frames."""
+"""Checks of env steps for the trajectory, episode and compressed buffers: example steps, `add`s, compressed frames."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def final_value_pair(prefix: str, truncated, final_value) -> None:
 
 
 def trajectory_example(example_step, num_envs, length, obs_key: str, action_key: str, reward_key: str):
-    """`(num_envs, length, spec)` of a trajectory buffer's `create`: sizes whose positions `lane * length + slot` fit
-    int32, an example step dict with an observation of at least one leaf, an action and a floating scalar reward."""
+    """`(num_envs, length, spec)` of a trajectory buffer's `create`: int32 positions, an obs, action, float reward."""
     num_envs, length = static_int("num_envs", num_envs), static_int("length", length)
     for arg, key in (("obs_key", obs_key), ("action_key", action_key), ("reward_key", reward_key)):
         if not isinstance(key, str):
@@ -62,8 +60,7 @@ def _leaf_at(tree, path):
 
 
 def final_obs_not_step(obs_spec, obs_key: str, final_obs) -> None:
-    """TypeError for a whole step (a dict with an `obs_key` field the observation `obs_spec` has not) passed as a
-    trajectory buffer's `final_obs`."""
+    """TypeError for a whole step (a dict with an `obs_key` field) passed as a trajectory buffer's `final_obs`."""
     if isinstance(final_obs, Mapping) and obs_key in final_obs and not (isinstance(obs_spec, Mapping) and obs_key in obs_spec):
         raise TypeError(f"final_obs: expected the observation only, shaped like the step's {obs_key!r} field, not the "
                         f"whole step (got a dict with the fields {sorted(final_obs, key=str)}); pass its {obs_key!r} "
@@ -116,8 +113,7 @@ def normalizable(name: str, dtype) -> None:
 
 def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, normalize_images: bool) -> list[tuple]:
     """`(name, shape, dtype, frame_shape, stack_axis or None)` of the observation leaves number `indices` that a
-    compressed buffer stores on the host. TypeError for a dtype the host stores do not take; ValueError for
-    `normalize_images` on a non-uint8 leaf or a `stack_axis` out of range or not holding `frame_stack` frames."""
+    compressed buffer stores on the host (a dtype they take; `stack_axis` holding `frame_stack` frames)."""
     flat = jax.tree_util.tree_flatten_with_path(obs_spec)[0]
     out = []
     for i in indices:
@@ -158,8 +154,7 @@ def _differs(a, b, lead: int):
 
 
 def _padding_breaks(x, lead: int, padding: str):
-    """bool `[*L]` of stacks `x` `[*L, k, *frame]` (`lead = len(L)`): whether the older frames are not the padding of
-    an episode's first step: its newest frame repeated (`"reset"`) or zeros (`"zero"`)."""
+    """bool `[*L]` of stacks `x` `[*L, k, *frame]` (`lead = len(L)`): the older frames are not the `padding`."""
     k = x.shape[lead]
     older, newest = _part(x, lead, 0, k - 1), _part(x, lead, k - 1, k)
     return _differs(older, jnp.zeros_like(older) if padding == "zero" else jnp.broadcast_to(newest, older.shape), lead)
@@ -172,11 +167,9 @@ def _shift_breaks(x, prev, lead: int):
 
 
 def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) -> jax.Array:
-    """bool `[B, T + 1]`: where frame stacks `[B, T, *shape]` (`k` frames along `stack_axis`) and final observations
-    `[B, *shape]` (column `T`) are not what a store keeping each step's newest frame rebuilds: step 0's older frames
-    are its `padding` (`"reset"`: its newest frame repeated, `"zero"`), every later stack (the final observation's
-    too) the one before shifted, `x[t][j] == x[t - 1][j + 1]`, `j < k - 1`. Steps at or past `lengths` (int `[B]`)
-    are not compared."""
+    """bool `[B, T + 1]`: where stacks `[B, T, *shape]` (`k` frames along `stack_axis`) and finals `[B, *shape]` (column
+    `T`) are not what a store of each step's newest frame rebuilds: step 0's older frames its `padding` (`"reset"`:
+    its newest frame repeated, or `"zero"`), later stacks the one before shifted (`x[t][j] == x[t - 1][j + 1]`)."""
     x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [B, T, k, *frame]
     f = jnp.moveaxis(finals, 1 + stack_axis, 1)  # [B, k, *frame]
     t = x.shape[1]
@@ -254,8 +247,7 @@ def _first(bad: np.ndarray) -> tuple[int, int] | None:
 
 
 def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched: bool) -> ValueError | None:
-    """The error naming the first stack `unrebuilt_stacks` found (`bad`: `[L, B, T + 1]`), or None; `names`: per
-    leaf its name in the episode argument and in `final_obs`; `batched`: several episodes (`add_episodes`)."""
+    """The error naming the first stack `unrebuilt_stacks` found (`bad`: `[L, B, T + 1]`, `names` per leaf), or None."""
     for (step_name, final_name), leaf in zip(names, np.asarray(bad)):
         if (hit := _first(leaf)) is None:
             continue
@@ -303,8 +295,7 @@ def host_call(name: str, state) -> None:
 
 
 def decoded_entries(name: str, entries, frames: list) -> list:
-    """`CompressedRolloutBuffer.decode_entries`' entries: per compressed leaf (`frames`: `(frame_shape, dtype)`) a
-    numpy `[n + 1, *frame_shape]` array of its dtype, one `n`."""
+    """`decode_entries`' entries: per leaf (`frames`: `(frame_shape, dtype)`) numpy `[n + 1, *frame_shape]`, one `n`."""
     got = list(entries) if isinstance(entries, (list, tuple)) else None
     ok = got is not None and len(got) == len(frames) and all(
         isinstance(e, np.ndarray) and e.ndim == 1 + len(shape) and e.shape[1:] == tuple(shape) and e.shape[0] >= 1
