@@ -59,8 +59,7 @@ def passable(leaf) -> bool:
 
 
 def _retrace_with_python_values(fn: Callable, args: tuple, kwargs: dict) -> None:
-    """Trace `fn` again with the Python scalars kept as given, to raise the error naming the value given (`got int
-    0`), not its int32 tracer; returns when that trace passes."""
+    """Trace `fn` again with the Python scalars as given, so that its error names them, not their int32 tracers."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     kept = [not isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves]
     if not any(isinstance(x, (int, float, complex)) for x in leaves):

@@ -21,16 +21,14 @@ def priority_leaf(p: jax.Array, alpha: float) -> jax.Array:
 
 
 def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon: float) -> jax.Array:
-    """The priority policy, float32 of the same shape: `NaN -> max_priority`, below `epsilon` -> `epsilon`, above
-    `PRIORITY_MAX` -> `PRIORITY_MAX`."""
+    """The priority policy (float32): NaN to `max_priority`, then clipped into `[epsilon, PRIORITY_MAX]`."""
     p = priorities.astype(jnp.float32)
     p = jnp.where(jnp.isnan(p), max_priority, p)
     return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
 
 
 def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
-    """Priorities `leaf ** (1 / alpha)` at `indices` (int, any shape): float32, same shape; 1 for every written leaf
-    when `alpha = 0`; empty leaves and indices outside `[0, capacity)` read 0. TypeError for non-integer `indices`."""
+    """Priorities `leaf ** (1 / alpha)` (float32) at `indices` (any shape); empty or outside `[0, capacity)`: 0."""
     i = _validate.integer_indices("indices", indices)
     leaf = jnp.where((i >= 0) & (i < tree.capacity), tree.get(i.reshape(-1)).reshape(i.shape), 0)
     if alpha in (0.0, 1.0):
@@ -57,8 +55,7 @@ def set_priorities(buf, indices, priorities, generations, applies):
 
 
 def draw(tree: SumMinTree, key: jax.Array, batch_size: int, beta) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`(indices, probabilities, weights)`, int32 / float32 / float32 `[batch_size]`, of
-    `tree.sample_stratified(key, batch_size)`; probability 0 and weight 1 on an empty tree."""
+    """`(indices, probabilities, weights)` `[batch_size]` of `tree.sample_stratified` (empty tree: 0 and 1)."""
     idx = tree.sample_stratified(key, batch_size)
     return idx, *_probabilities_and_weights(tree.get(idx), tree.total(), tree.min(), beta)
 
@@ -80,8 +77,7 @@ def weight_exponent(beta) -> jax.Array:
 
 
 def draw_from_leaves(leaves: jax.Array, key: jax.Array, batch_size: int, beta) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`draw` for a tree holding `leaves` (float32 `[C]`, 0 where not drawable) in `O(C)` (float32 running sums);
-    with no positive leaf the last index."""
+    """`draw` for a tree of `leaves` (float32 `[C]`, 0: not drawable) in `O(C)`; no positive leaf: the last index."""
     cum = jnp.cumsum(leaves)
     total = cum[-1]
     u = (jnp.arange(batch_size) + jax.random.uniform(_validate.key("key", key), (batch_size,))) / batch_size * total
