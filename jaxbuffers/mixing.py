@@ -75,8 +75,8 @@ def sample_mixed(key: jax.Array, samplers: Sequence[Callable[[jax.Array, int], A
 
     Args:
       key: PRNG key; source `i` samples with `jax.random.split(key, K + 1)[i]`, the shuffle with the last.
-      samplers: `K` functions `(key, n) -> pytree` of `[n, ...]` leaves, all of one structure, per-row shapes and
-        dtypes (a source with count 0 is not called).
+      samplers: `K` functions `(key, n) -> pytree` of `[n, ...]` leaves, alike in structure, row shapes and dtypes
+        (one with count 0 is not called).
       batch_size: static int >= 1.
       proportions: `K` non-negative numbers (`mixed_counts`).
       shuffle: static bool: permute the rows uniformly; by default source 0's rows come first, then source 1's...
@@ -85,10 +85,9 @@ def sample_mixed(key: jax.Array, samplers: Sequence[Callable[[jax.Array, int], A
       `MixedSample`: `item` (leaves `[batch_size, ...]`) and `source` (int32 `[batch_size]`).
 
     Raises:
-      ValueError: `len(proportions) != len(samplers)`, a source returning other than `n` rows or other per-row
-        shapes than source 0's, and as `mixed_counts`.
-      TypeError: a sampler not callable, a source returning another structure or dtypes than source 0,
-        `shuffle` not a bool.
+      ValueError: `len(proportions) != len(samplers)`, a source returning other than `n` rows or other row shapes
+        than source 0's, and as `mixed_counts`.
+      TypeError: a sampler not callable, a source of another structure or dtypes than source 0, `shuffle` not a bool.
     """
     shuffle = _validate.static_bool("shuffle", shuffle)
     key = _validate.key("key", key)

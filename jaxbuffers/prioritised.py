@@ -173,8 +173,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
         Args:
           batch: as `jaxbuffers.ReplayBuffer.add`.
-          priorities: optional floating `[B]` (default: the running max priority), following the priority policy;
-            they raise the running max.
+          priorities: optional floating `[B]` (default: the running max), under the priority policy; raise the max.
 
         Returns:
           The new buffer. Cost `O(B + log C)`; in place when the buffer is donated.
@@ -199,8 +198,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         Args:
           key: a JAX PRNG key.
           batch_size: static Python int >= 1.
-          beta: importance-sampling exponent, a number >= 0 or a 0-d array (may be traced; a traced negative one
-            counts as 0, weights of 1).
+          beta: importance-sampling exponent, a number >= 0 or a 0-d array (traced: a negative one counts as 0).
 
         Returns:
           `PrioritisedSample`; every index is a stored slot once an item was added. On an empty buffer: slot 0

@@ -118,8 +118,7 @@ def gae(
       value: `[T, *B]`, `value[t]` = $V(o_t)$, the state step $t$ starts from.
       terminated: `[T, *B]` bool, `terminated[t]`: $o_{t+1}$ is terminal.
       truncated: `[T, *B]` bool, `truncated[t]`: the episode was cut after step $t$; or None.
-      final_value: `[T, *B]`, `final_value[t]` = $V(o_{t+1})$ before the auto-reset, read only where `truncated[t]`;
-        required with `truncated`.
+      final_value: `[T, *B]`, $V(o_{t+1})$ before the auto-reset, read where `truncated[t]`; required with it.
       last_value: `[*B]`, $V(o_T)$, after the last step. Required.
       gamma: discount, scalar in $[0, 1]$. Required.
       gae_lambda: GAE $\lambda$, scalar in $[0, 1]$. Required.

@@ -136,8 +136,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
         Raises:
           ValueError: `num_envs` or `num_steps` not a Python int >= 1, or an empty example.
-          TypeError: a leaf of the example is not an array, or `float_dtype` is not floating or cannot be stored as
-            it is (float64 with `jax_enable_x64` off).
+          TypeError: a leaf of the example is not an array, `float_dtype` not floating or not stored as it is.
         """
         num_envs = _validate.static_int("num_envs", num_envs)
         num_steps = _validate.static_int("num_steps", num_steps)

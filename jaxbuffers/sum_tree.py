@@ -180,8 +180,7 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Args:
           indices: int[B] leaf ids. Entries outside `[0, capacity)` are ignored.
-          values: floating [B], in the tree's dtype: NaN is ignored, a negative value written as 0, `+inf` as the
-            largest finite value.
+          values: floating [B], in the tree's dtype: NaN ignored, a negative value as 0, `+inf` as the largest finite.
           where: optional bool[B]; entries with `False` are ignored.
           distinct: static bool; `True` promises no two active entries share an index (skips a sort).
 
