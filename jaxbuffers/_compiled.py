@@ -81,9 +81,8 @@ class _Given(int):
 
 
 def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], static: tuple[str, ...]) -> tuple:
-    """How a call with `n_args` positional arguments and the keywords `keys` binds to `signature`, defaults filled in:
-    `(defaults, positions, {keyword: index}, {name: index}, traced)`, indices into `(*args, *kwargs.values(),
-    *defaults)`. Raises the TypeError of `inspect.Signature.bind` for a call it refuses."""
+    """How a call of `n_args` positional arguments and keywords `keys` binds to `signature` (or `bind`'s TypeError):
+    `(defaults, positions, {keyword: index}, {name: index}, traced)`, indices into `(*args, *kwargs, *defaults)`."""
     bound = signature.bind(*map(_Given, range(n_args)), **{k: _Given(n_args + i) for i, k in enumerate(keys)})
     bound.apply_defaults()
     defaults: list = []
@@ -94,9 +93,7 @@ def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], st
         defaults.append(v)
         return n_args + len(keys) + len(defaults) - 1
 
-    positions: list[int] = []
-    keywords: dict[str, int] = {}
-    named: dict[str, int] = {}
+    positions, keywords, named = [], {}, {}  # indices: positional, {keyword: i}, {parameter: i}
     for name, v in bound.arguments.items():
         kind = signature.parameters[name].kind
         if kind is inspect.Parameter.VAR_POSITIONAL:

@@ -37,8 +37,7 @@ def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
 
 
 def set_priorities(buf, indices, priorities, generations, applies):
-    """Every prioritised buffer's `set_priorities` on `buf`'s `tree`, `max_priority`, `epsilon` and
-    `priority_exponent`: the entries where `applies(slots, generations)` are written; the last of duplicates wins."""
+    """Every prioritised buffer's `set_priorities`: entries where `applies(slots, generations)`, the last one wins."""
     indices = _validate.index_vector("indices", indices)
     (b,) = indices.shape
     priorities = _validate.vector("priorities", priorities, b, "floating")

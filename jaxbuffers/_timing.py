@@ -36,9 +36,7 @@ class Timing:
         seconds = float(_validate.scalar_parameter("seconds", seconds, 0.0))
         with self._lock:
             c = self._data.setdefault(name, [0, 0.0, 0.0])
-            c[0] += 1
-            c[1] += seconds
-            c[2] = max(c[2], seconds)
+            c[:] = [c[0] + 1, c[1] + seconds, max(c[2], seconds)]
 
     def summary(self, prefix: str | None = None) -> dict:
         """`{name: {"calls": int, "total_s": float, "mean_s": float, "max_s": float}}`, names sorted; with `prefix`

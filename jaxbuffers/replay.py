@@ -50,8 +50,7 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
           ValueError: `capacity < 1`, `min_size` outside `[1, capacity]`, empty example.
           TypeError: a leaf of the example is not an array (see `_validate.item_spec`), `metrics` not a bool.
         """
-        capacity = _validate.static_int("capacity", capacity)
-        min_size = _validate.static_int("min_size", min_size)
+        capacity, min_size = _validate.static_int("capacity", capacity), _validate.static_int("min_size", min_size)
         if min_size > capacity:
             raise ValueError(f"min_size: expected an int in [1, capacity={capacity}], got {min_size}")
         spec = _validate.item_spec(example_item)

@@ -94,12 +94,10 @@ def _solve(a: jax.Array, b: jax.Array, init: jax.Array, method: str) -> jax.Arra
     return lax.associative_scan(combine, (a, b), reverse=True, axis=0)[1]
 
 
-def gae(
-    reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None, gae_lambda: float | jax.Array | None = None, *,
-    method: str = "scan",
-) -> tuple[jax.Array, jax.Array]:
+def gae(reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+        final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+        gamma: float | jax.Array | None = None, gae_lambda: float | jax.Array | None = None, *,
+        method: str = "scan") -> tuple[jax.Array, jax.Array]:
     r"""Generalized advantage estimates and their returns (Schulman et al. 2016).
 
     With $d_t$ = terminated$_t$ or truncated$_t$ and $V^{next}_t$ the bootstrap value (0 if terminated, else
@@ -152,11 +150,10 @@ def gae(
     return advantages.astype(ro.out), (advantages + ro.value).astype(ro.out)
 
 
-def lambda_returns(
-    reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None, lambda_: float | jax.Array | None = None, *, method: str = "scan",
-) -> jax.Array:
+def lambda_returns(reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+                   final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+                   gamma: float | jax.Array | None = None, lambda_: float | jax.Array | None = None, *,
+                   method: str = "scan") -> jax.Array:
     r"""Lambda-returns (Sutton & Barto 2018, section 12.1), cut at episode ends.
 
     With $V^{next}_t$ and $d_t$ of `gae`:
@@ -188,11 +185,9 @@ def lambda_returns(
     return _solve(a, b, ro.last_value, method).astype(ro.out)
 
 
-def discounted_returns(
-    reward: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None, *, method: str = "scan",
-) -> jax.Array:
+def discounted_returns(reward: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+                       final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+                       gamma: float | jax.Array | None = None, *, method: str = "scan") -> jax.Array:
     r"""Discounted returns, bootstrapped at truncations and at the end of the rollout.
 
     $$
@@ -221,11 +216,9 @@ def discounted_returns(
     return _solve(jnp.where(ro.ended, zero, gamma), b, ro.last_value, method).astype(ro.out)
 
 
-def n_step_returns(
-    reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None, *, n: int,
-) -> NStepReturns:
+def n_step_returns(reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+                   final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+                   gamma: float | jax.Array | None = None, *, n: int) -> NStepReturns:
     r"""n-step bootstrapped returns (Sutton & Barto 2018, section 7.1), cut at episode ends.
 
     The window of step $t$ is the rewards at times $[t, t+k-1]$, $k = \min(n, e - t + 1, T - t)$, $e$ the first

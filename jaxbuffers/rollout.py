@@ -48,8 +48,8 @@ def _fmt_bytes(n: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class RolloutMemoryPressure:
     """Bytes a `RolloutBuffer` and one PPO-style update over it need (Python ints; `str()`: a table), from
-    `RolloutBuffer.estimate_memory_pressure`; fields: `docs/api/rollout.md`. A stacked buffer's cover every member;
-    the model, optimiser and activations are not counted, and XLA drops fields the loss never reads (upper bounds).
+    `RolloutBuffer.estimate_memory_pressure`; fields: `docs/api/rollout.md`. Counts cover every member of a stacked
+    buffer, not the model, optimiser or activations; XLA drops fields the loss never reads (upper bounds).
     """
 
     num_steps: int
@@ -129,7 +129,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
         Args:
           example_step: one env's step, no batch axis: a pytree of arrays or `jax.ShapeDtypeStruct` (dtypes kept
-            exactly), e.g. `{"obs": f32[4], "action": i32[], "log_prob": f32[]}`; reward, value and flags are apart.
+            exactly), e.g. `{"obs": f32[4], "action": i32[], "log_prob": f32[]}` (reward, value, flags: `add`'s).
           num_envs: $N$, parallel environments (Python int >= 1).
           num_steps: $T$, rollout length (Python int >= 1).
           float_dtype: dtype of `reward`, `value`, `final_value`, `advantages` and `returns`.
@@ -138,8 +138,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           ValueError: `num_envs` or `num_steps` not a Python int >= 1, or an empty example.
           TypeError: a leaf of the example is not an array, `float_dtype` not floating or not stored as it is.
         """
-        num_envs = _validate.static_int("num_envs", num_envs)
-        num_steps = _validate.static_int("num_steps", num_steps)
+        num_envs, num_steps = _validate.static_int("num_envs", num_envs), _validate.static_int("num_steps", num_steps)
         float_dtype = _validate.storable_dtype("float_dtype", float_dtype)
         spec = _validate.item_spec(example_step, "example_step")
         shape = (num_steps, num_envs)
@@ -182,11 +181,9 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
             return jnp.full(self.num_envs, default, dtype)
         return _validate.array(name, x, (self.num_envs,), dtype)
 
-    def add(
-        self, step: Any, *, reward: jax.Array, value: jax.Array, terminated: jax.Array,
-        truncated: jax.Array | None = None, final_value: jax.Array | None = None,
-        trainable: jax.Array | None = None,
-    ) -> "RolloutBuffer":
+    def add(self, step: Any, *, reward: jax.Array, value: jax.Array, terminated: jax.Array,
+            truncated: jax.Array | None = None, final_value: jax.Array | None = None,
+            trainable: jax.Array | None = None) -> "RolloutBuffer":
         """Write one step of every env at row `step_index` and advance it.
 
         Args:

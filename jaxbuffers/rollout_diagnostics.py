@@ -91,13 +91,11 @@ def memory_estimate(buf: Any, minibatch_size: int | None = None) -> RolloutMemor
       TypeError: ``buf`` is not a (compressed) rollout buffer.
       ValueError: ``minibatch_size`` not an int in ``[1, total_size]``.
     """
-    inner = _inner(buf)
-    total = total_size(buf)
+    inner, total = _inner(buf), total_size(buf)
     size = total if minibatch_size is None else _validate.static_int("minibatch_size", minibatch_size)
     if size > total:
         raise ValueError(f"minibatch_size: expected at most total_size={total}, got {size}")
-    host = buf.host_nbytes if inner is not buf else 0
-    device = buf.device_nbytes if inner is not buf else inner.memory_bytes
+    host, device = (buf.host_nbytes, buf.device_nbytes) if inner is not buf else (0, inner.memory_bytes)
     minibatch = jax.eval_shape(buf.gather, jax.ShapeDtypeStruct((size,), jnp.int32))
     arrays = [x for x in jax.tree.leaves(inner) if isinstance(x, jax.Array)]
     platform = next(iter(arrays[0].devices())).platform if arrays else jax.default_backend()

@@ -117,12 +117,10 @@ def _structure_error(spec, batch, what: str) -> TypeError:
 
 def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch", lead_names: tuple[str, ...] = ("B", "T")) -> tuple[int, ...]:
     """Check ``batch`` against the item ``spec``: the same structure, each leaf of the spec's dtype and of shape
-    ``lead + spec.shape``, ``lead`` (``batch_ndim`` axes, named ``lead_names``) the same for all; returns ``lead``.
-    TypeError (naming the leaf) for another structure, kind or dtype; ValueError for other shapes."""
+    ``lead + spec.shape``, ``lead`` (``batch_ndim`` axes, named ``lead_names``) the same for all; returns ``lead``."""
     if jax.tree_util.tree_structure(batch) != jax.tree_util.tree_structure(spec):
         raise _structure_error(spec, batch, what)
-    lead: tuple[int, ...] | None = None
-    lead_from = ""
+    lead, lead_from = None, ""  # the leading axes of the first leaf, its name
     for (path, s), leaf in zip(jax.tree_util.tree_flatten_with_path(spec)[0], jax.tree_util.tree_leaves(batch)):
         name = leaf_path(what, path)
         if not is_array(leaf):
@@ -208,9 +206,8 @@ def keyword_sizes(create: Callable) -> Callable:
 
 
 def scalar_parameter(name: str, x: Any, lo: float, hi: float = math.inf) -> Any:
-    """A scalar hyperparameter that may be traced (a discount, a lambda), returned unchanged: a Python or numpy int or
-    float, or a 0-d integer or floating array; a concrete one finite and in `[lo, hi]`. TypeError for a bool, a
-    complex or other kind; ValueError for an array not 0-d or a concrete value NaN, infinite or out of range."""
+    """A scalar hyperparameter that may be traced (a discount), returned unchanged: a Python or numpy int or float, or
+    a 0-d integer or floating array; a concrete one finite and in `[lo, hi]`."""
     want = "a float" + (f" in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f" >= {lo:g}") + " or a 0-d float array"
     if x is None or isinstance(x, (bool, np.bool_, complex, np.complexfloating)):
         raise TypeError(f"{name}: expected {want}, got {x!r}")
@@ -258,9 +255,8 @@ def _python_ints(a: np.ndarray) -> bool:
 
 
 def index_array(x: Any, name: str = "indices", want: str = "an integer array (int32)", clip: bool = True) -> Any:
-    """`as_array` for small per-entry vectors (indices, priorities, generations), lists and array-likes numpy reads
-    included. With `clip`, Python ints beyond 64 bits are clipped to int64 (an index out of range stays so). TypeError
-    naming `name` and `want` for what is not an array of numbers (`None`, a str, ragged lists, a ShapeDtypeStruct)."""
+    """`as_array` for small per-entry vectors (indices, priorities), lists and array-likes numpy reads included; with
+    `clip`, Python ints beyond 64 bits are clipped to int64 (an index out of range stays so)."""
     # other libraries' array-likes are read through numpy (a jax.ShapeDtypeStruct becomes a 0-d object array: refused)
     other = hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (np.ndarray, np.generic, jax.Array))
     if clip and isinstance(x, (list, tuple)):  # numpy reads [0, 2**63] as float64: read Python ints as objects first

@@ -29,9 +29,9 @@ def shapes_passed(run: Callable[[], Any], whole: Any, n: int) -> Any:
 
 
 def sharded_draws(name: str, sample: Any, num_shards: int, axis: str) -> tuple[bool, jax.Array, Any, Any]:
-    """`(whole, indices, generations, shard)` of a sample to record into a sharded buffer of `num_shards` shards: a
-    global sample (a `ShardedSample`): True, int32 `indices` and `shard` `[B]`, `generations` `[B]` or None; a
-    per-device one (`sample_local`'s): False, int32 `indices` and `generations` (or None) `[num_shards, B]`, None."""
+    """`(whole, indices, generations, shard or None)` of a sample to record into a sharded buffer of `num_shards`
+    shards: a global sample (a `ShardedSample`): True, int32 `indices` and `shard` `[B]`, `generations` `[B]` or
+    None; a per-device one (`sample_local`'s): False, int32 `indices` and `generations` (or None) `[num_shards, B]`."""
     inner = sample.sample if hasattr(sample, "shard") and hasattr(sample, "sample") else None
     if inner is not None:
         if not hasattr(inner, "indices"):

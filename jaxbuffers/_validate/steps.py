@@ -9,9 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from host_codecs import DTYPES
-from jaxbuffers._validate import (
-    _is_int, check_batch, flag, index_array, item_spec, leaf_path, static_int,
-)
+from jaxbuffers._validate import _is_int, check_batch, flag, index_array, item_spec, leaf_path, static_int
 
 
 def final_value_pair(prefix: str, truncated, final_value) -> None:
@@ -183,9 +181,8 @@ def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) 
 
 
 def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_axis: int, padding: str) -> jax.Array:
-    """`unrebuilt_stacks` of a chunk `stacks` `[E, t, *shape]` per lane: `before` `[E, *shape]` are the stacks
-    rebuilt before step 0, `starts` (bool `[E, t]`) the steps starting an episode, `finals` (`[E, t, *shape]` or
-    None) compared where `boot`. Returns bool `[2, E, t]` (row 1: the final observations), numpy for numpy stacks."""
+    """`unrebuilt_stacks` of chunks `[E, t, *shape]` after the rebuilt stacks `before` (`[E, *shape]`), episodes
+    starting where `starts`, `finals` compared where `boot`: bool `[2, E, t]` (row 1: finals), numpy for numpy."""
     if isinstance(stacks, np.ndarray):
         return _host_unrebuilt(stacks, before, starts, finals, boot, stack_axis=stack_axis, padding=padding)
     x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [E, t, k, *frame]
@@ -214,8 +211,7 @@ def _host_unrebuilt(stacks, before, starts, finals, boot, *, stack_axis: int, pa
 
 
 def host_stack_breaks(stack: np.ndarray, older: np.ndarray, start: bool, padding: str) -> bool:
-    """The rule of `unrebuilt_trajectory_stacks` for one stack ``[k, *frame]`` on the host: its older frames are not
-    its padding where ``start``, else not ``older`` (the step before's stack) shifted by one frame (as bytes)."""
+    """`unrebuilt_trajectory_stacks` of one stack ``[k, *frame]`` on the host, ``older`` the step before's (bytes)."""
     k = stack.shape[0]
     if start:
         kept = stack[: k - 1].tobytes()
