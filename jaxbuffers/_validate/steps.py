@@ -228,12 +228,10 @@ def same_bytes(a: np.ndarray | bytes, b: np.ndarray | bytes) -> bool:
     return len(a) == size and a.startswith(b)
 
 
-_UNREBUILT = (
-    "is not the stack the buffer rebuilds from each step's newest frame (with frame_stack, each stack is the previous "
-    "step's shifted by one frame, padded at the episode's start as `padding` says), so its older frames would be lost "
-    "(nothing was written). Store such observations whole (frame_stack=None), or give each episode the stacks a frame "
-    "stacker makes from its start"
-)
+_UNREBUILT = ("is not the stack the buffer rebuilds from each step's newest frame (with frame_stack, each stack is "
+              "the previous step's shifted by one frame, padded at the episode's start as `padding` says), so its "
+              "older frames would be lost (nothing was written). Store such observations whole (frame_stack=None), or "
+              "give each episode the stacks a frame stacker makes from its start")
 
 
 def _first(bad: np.ndarray) -> tuple[int, int] | None:
