@@ -108,8 +108,7 @@ def gae(reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: j
     A_t = \delta_t + \gamma \lambda (1 - d_t) A_{t+1}, \qquad A_T = 0,
     $$
 
-    so $A_t = \sum_{l=0}^{k-1} (\gamma\lambda)^l \delta_{t+l}$ up to the first episode end. `returns = advantages +
-    value` equals `lambda_returns` with the same lambda. Gradients flow through every float input.
+    so $A_t = \sum_{l=0}^{k-1} (\gamma\lambda)^l \delta_{t+l}$ to the first episode end; `returns = advantages + value`.
 
     Args:
       reward: `[T, *B]` float, `reward[t]` = $r_t$ of step $t$.
@@ -229,9 +228,8 @@ def n_step_returns(reward: jax.Array, value: jax.Array, terminated: jax.Array, t
     \gamma^{boot}_t = \begin{cases} 0 & \text{if terminated}_{t+k-1} \\ \gamma^k & \text{otherwise} \end{cases}
     $$
 
-    $n \ge T$ gives `discounted_returns`. To re-bootstrap from another estimate $V'$ (a target network):
-    `target - discount * V_next[t+k-1] + discount * V'`. Cost $O(\min(n, T) \cdot T)$. The other arguments are as
-    in `gae` (`value[0]` is never read).
+    $n \ge T$ gives `discounted_returns`; `discount` re-bootstraps a target (`docs/api/rollout.md`). Cost
+    $O(\min(n, T) \cdot T)$; the other arguments are as in `gae` (`value[0]` is never read).
 
     Args:
       n: window length, a static Python int >= 1.

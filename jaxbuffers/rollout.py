@@ -342,9 +342,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         """All `T * N` steps, shuffled, as `num_minibatches` minibatches for `lax.scan`.
 
         `gather(minibatch_indices(key, num_minibatches))`: leaves `[num_minibatches, T * N / num_minibatches, ...]`,
-        each step once (`mask` drops non-trainable and unfilled ones). It makes a shuffled copy of the buffer; to
-        avoid it, scan over `minibatch_indices` and `gather` one minibatch each. Under a transformation, before
-        `compute_gae`, `advantages` / `returns` are NaN (`gather`).
+        each step once (`mask` drops unfilled and non-trainable ones), via a shuffled copy of the buffer (scan over
+        `minibatch_indices` and `gather` to avoid it); traced before `compute_gae`, `advantages` / `returns` are NaN.
 
         Raises:
           ValueError: as `minibatch_indices` (checked first).

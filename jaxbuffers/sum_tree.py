@@ -232,9 +232,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         (b,) = values.shape
         if not 1 <= b <= self.capacity:
             raise ValueError(f"values: expected a length B in [1, {self.capacity}] (the capacity), got {b}")
-        rows = _rows(values)
-        written = ~jnp.isnan(values)
-        r = jnp.arange(b, dtype=jnp.int32)
+        rows, written, r = _rows(values), ~jnp.isnan(values), jnp.arange(b, dtype=jnp.int32)
         # Leaves [start, start + n) in the B rows from `lo`; the rest wraps to [0, end), in the B rows ending at `end`.
         n, end = jnp.minimum(b, self.capacity - start), start + b - self.capacity
         lo, lo_wrapped = jnp.minimum(start, self.padded_capacity - b), jnp.maximum(end - b, 0)
@@ -279,8 +277,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         q_k = (k + u_k) \frac{\mathrm{total}}{B}, \qquad u_k \sim U[0, 1)\ \text{i.i.d.},
         $$
 
-        which decides the top half of the levels; a second uniform times the subtree's sum decides the rest. Each
-        index has probability `v_i / total` averaged over strata.
+        for the top half of the levels, a second uniform for the rest (`docs/api/replay.md`): each leaf `v_i / total`.
 
         Args:
           key: a PRNG key.

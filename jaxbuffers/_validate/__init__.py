@@ -316,9 +316,7 @@ def static_float(name: str, value, lo: float, hi: float) -> float:
 
 def timeout(name: str, value) -> float | None:
     """A wait's limit in seconds: None or a number ``>= 0`` (`static_float`), as ``float``; ``inf`` is None."""
-    if value is None:
-        return None
-    value = static_float(name, value, 0.0, float("inf"))
+    value = None if value is None else static_float(name, value, 0.0, float("inf"))
     return None if value == float("inf") else value
 
 

@@ -41,8 +41,7 @@ def _sized(name: str, x: Any, size: int, what: str, tensor: bool = False) -> Non
         raise TypeError(f"{name}: expected {kind} of {size} values ({what}), got a {type(x).__name__}")
     if tensor:
         _no_grad(name, x)
-    n = math.prod(tuple(x.shape))
-    if n != size:
+    if math.prod(tuple(x.shape)) != size:
         raise ValueError(f"{name}: expected {size} values ({what}), got shape {tuple(x.shape)}")
     assignable(name, x.detach().cpu() if tensor else x, tuple(x.shape))
 
