@@ -1,8 +1,5 @@
-"""Eager calls at jit speed: every public buffer method runs as one cached compiled program.
-
-A method decorated with `method` is `jax.jit` of itself, compiled once per argument structure, shapes, dtypes and
-static values, however the call is spelt; inside `jit`, `lax.scan`, `vmap` or `grad` it is traced into the caller's
-program. What a bare `jax.jit` would lose and when trace-time checks run: `docs/guide.md`, "Eager calls".
+"""Eager calls at jit speed: every public buffer method runs as one cached compiled program, however the call is
+spelt, and traces into a caller's program (`docs/guide.md`, "Eager calls").
 """
 
 from __future__ import annotations
@@ -19,14 +16,11 @@ from jaxbuffers import _timing, _validate
 
 _INT32 = np.iinfo(np.int32)
 _ARRAY_TYPES: set[type] = set()  # concrete classes of the JAX arrays seen: a set lookup is cheaper than isinstance
-
-
 _HOST_INTS: dict[int, tuple[weakref.ref, int]] = {}  # id(array) -> (weak reference to it, its value)
 
 
 def host_int(x) -> int:
-    """`int(x)` of a concrete scalar array, without waiting for the program that computes it when `remember_int`
-    was told its value (an eager method that knows on the host what it writes, e.g. a cursor it advances by one)."""
+    """`int(x)` of a concrete scalar array, without waiting for its program when `remember_int` was told its value."""
     known = _HOST_INTS.get(id(x))
     if known is not None and known[0]() is x:
         return known[1]
@@ -65,8 +59,7 @@ def passable(leaf) -> bool:
 
 
 def _retrace_with_python_values(fn: Callable, args: tuple, kwargs: dict) -> None:
-    """After a compiled call refused its arguments: trace `fn` again with the Python scalars kept as given, to raise
-    the error naming the value given (`got int 0`), not its int32 tracer. Returns when that trace passes."""
+    """Trace `fn` again with the Python scalars as given, so that its error names them, not their int32 tracers."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     kept = [not isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves]
     if not any(isinstance(x, (int, float, complex)) for x in leaves):
@@ -88,9 +81,8 @@ class _Given(int):
 
 
 def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], static: tuple[str, ...]) -> tuple:
-    """How a call with `n_args` positional arguments and the keywords `keys` binds to `signature`, defaults filled in:
-    `(defaults, positions, {keyword: index}, {name: index}, traced)`, indices into `(*args, *kwargs.values(),
-    *defaults)`. Raises the TypeError of `inspect.Signature.bind` for a call it refuses."""
+    """How a call of `n_args` positional arguments and keywords `keys` binds to `signature` (or `bind`'s TypeError):
+    `(defaults, positions, {keyword: index}, {name: index}, traced)`, indices into `(*args, *kwargs, *defaults)`."""
     bound = signature.bind(*map(_Given, range(n_args)), **{k: _Given(n_args + i) for i, k in enumerate(keys)})
     bound.apply_defaults()
     defaults: list = []
@@ -101,9 +93,7 @@ def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], st
         defaults.append(v)
         return n_args + len(keys) + len(defaults) - 1
 
-    positions: list[int] = []
-    keywords: dict[str, int] = {}
-    named: dict[str, int] = {}
+    positions, keywords, named = [], {}, {}  # indices: positional, {keyword: i}, {parameter: i}
     for name, v in bound.arguments.items():
         kind = signature.parameters[name].kind
         if kind is inspect.Parameter.VAR_POSITIONAL:
@@ -125,14 +115,11 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
     """Decorate a pure buffer method (or function) so that it runs as one cached compiled program.
 
     Args:
-      *static: names of the arguments that are static Python values (batch sizes, lengths, flags); each distinct
-        value compiles a program of its own.
-      scalars: `{name: (lo, hi)}` of traced scalar hyperparameters whose concrete values are range-checked before the
-        call (`docs/guide.md`, "Eager calls").
+      *static: names of the static arguments (batch sizes, lengths, flags); each value compiles its own program.
+      scalars: `{name: (lo, hi)}` of traced scalar hyperparameters whose concrete values are range-checked first.
 
     Returns:
-      The decorated function, with the original's name, signature and docstring; the plain function is its
-      `uncompiled` attribute.
+      The decorated function (`functools.wraps`); the plain function is its `uncompiled` attribute.
     """
     scalars = dict(scalars or {})
 
@@ -157,7 +144,6 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
         layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> _layout + indices
 
         def dispatch(*args, **kwargs):
-            # One layout however the call is spelt: by position where it can be, keyword-only ones in signature order.
             spelt = (len(args), *kwargs) if kwargs else len(args)
             layout = layouts.get(spelt)
             if layout is None:
@@ -167,7 +153,6 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
                 except TypeError:
                     return fn(*args, **kwargs)  # Python's own error, naming the method
                 checks = tuple((name, named[name], lo, hi) for name, (lo, hi) in scalars.items())
-                # already in the layout's order: passed on as they came
                 as_given = not defaults and positions == tuple(range(len(args))) and list(keywords.items()) == [
                     (k, len(args) + i) for i, k in enumerate(kwargs)]
                 layout = layouts[spelt] = (defaults, positions, keywords, checks, tuple(named[n] for n in static),

@@ -10,29 +10,25 @@ from jaxbuffers import _validate
 from jaxbuffers.sum_tree import SumMinTree, last_write_mask
 
 PRIORITY_MAX = 1e20
-"""Largest priority kept (larger values and `+inf` are clamped to it): the sum over `2**30`
-leaves stays finite in float32."""
+"""Largest priority kept (larger ones and `+inf` are clamped): a sum over `2**30` leaves stays finite in float32."""
 
 
 def priority_leaf(p: jax.Array, alpha: float) -> jax.Array:
-    """Tree leaf ``p ** alpha`` for float32 priorities ``p`` (any shape); ``p`` itself when
-    ``alpha == 1`` and exactly 1 when ``alpha == 0`` (``alpha`` is a static Python float)."""
+    """Tree leaf ``p ** alpha`` of float32 priorities ``p`` (any shape; ``alpha`` a static Python float)."""
     if alpha == 1.0:
         return p
     return jnp.power(p, jnp.float32(alpha))
 
 
 def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon: float) -> jax.Array:
-    """The priority policy, float32 of the same shape: `NaN -> max_priority`, below `epsilon` -> `epsilon`, above
-    `PRIORITY_MAX` -> `PRIORITY_MAX`."""
+    """The priority policy (float32): NaN to `max_priority`, then clipped into `[epsilon, PRIORITY_MAX]`."""
     p = priorities.astype(jnp.float32)
     p = jnp.where(jnp.isnan(p), max_priority, p)
     return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
 
 
 def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
-    """Priorities `leaf ** (1 / alpha)` at `indices` (int, any shape): float32, same shape; 1 for every written leaf
-    when `alpha = 0`; empty leaves and indices outside `[0, capacity)` read 0. TypeError for non-integer `indices`."""
+    """Priorities `leaf ** (1 / alpha)` (float32) at `indices` (any shape); empty or outside `[0, capacity)`: 0."""
     i = _validate.integer_indices("indices", indices)
     leaf = jnp.where((i >= 0) & (i < tree.capacity), tree.get(i.reshape(-1)).reshape(i.shape), 0)
     if alpha in (0.0, 1.0):
@@ -41,9 +37,7 @@ def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
 
 
 def set_priorities(buf, indices, priorities, generations, applies):
-    """Every prioritised buffer's `set_priorities` (its checks and errors), on `buf`'s `tree`, `max_priority`,
-    `epsilon` and `priority_exponent`: the entries for which `applies(slots, generations)` (slots clipped into
-    `[0, capacity)`) are written; of duplicates the last applied entry wins, and only winners raise the running max."""
+    """Every prioritised buffer's `set_priorities`: entries where `applies(slots, generations)`, the last one wins."""
     indices = _validate.index_vector("indices", indices)
     (b,) = indices.shape
     priorities = _validate.vector("priorities", priorities, b, "floating")
@@ -54,16 +48,13 @@ def set_priorities(buf, indices, priorities, generations, applies):
     slots = jnp.clip(indices, 0, cap - 1)
     ok = (indices >= 0) & (indices < cap) & applies(slots, generations)
     p = sanitise_priorities(priorities, buf.max_priority, buf.epsilon)
-    # One sort finds the winners, distinct slots: the tree write needs no sort of its own.
     won = last_write_mask(slots, ok, cap)
     tree = buf.tree.set(slots, priority_leaf(p, buf.priority_exponent), where=won, distinct=True)
     return buf.replace(tree=tree, max_priority=jnp.maximum(buf.max_priority, jnp.max(jnp.where(won, p, 0))))
 
 
 def draw(tree: SumMinTree, key: jax.Array, batch_size: int, beta) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`(indices, probabilities, weights)` of `tree.sample_stratified(key, batch_size)`: int32 / float32 / float32
-    `[batch_size]`; probability 0 and weight 1 on an empty tree. Raises as `sample_stratified` and for a `beta`
-    `_validate.scalar_parameter` refuses (`>= 0`)."""
+    """`(indices, probabilities, weights)` `[batch_size]` of `tree.sample_stratified` (empty tree: 0 and 1)."""
     idx = tree.sample_stratified(key, batch_size)
     return idx, *_probabilities_and_weights(tree.get(idx), tree.total(), tree.min(), beta)
 
@@ -80,15 +71,12 @@ def _probabilities_and_weights(leaf: jax.Array, total: jax.Array, minimum: jax.A
 
 
 def weight_exponent(beta) -> jax.Array:
-    """The exponent `-beta` of the weights `(leaf / min_leaf)^-beta` (float32 scalar); a traced negative `beta`
-    (not checkable at trace time) counts as 0, so every weight stays in `[0, 1]`."""
+    """The weights' exponent `-beta` (float32 scalar); a traced negative `beta` counts as 0 (weights in `[0, 1]`)."""
     return -jnp.maximum(jnp.asarray(beta, jnp.float32), 0)
 
 
 def draw_from_leaves(leaves: jax.Array, key: jax.Array, batch_size: int, beta) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`draw` for a tree holding `leaves` (float32 `[C]`, 0 where not drawable), in `O(C)` (float32 running sums: a
-    leaf narrower than their spacing is drawn less often than its due); with no positive leaf the last index.
-    Raises TypeError / ValueError for a `key` not a PRNG key, and for `beta` as `draw`."""
+    """`draw` for a tree of `leaves` (float32 `[C]`, 0: not drawable) in `O(C)`; no positive leaf: the last index."""
     cum = jnp.cumsum(leaves)
     total = cum[-1]
     u = (jnp.arange(batch_size) + jax.random.uniform(_validate.key("key", key), (batch_size,))) / batch_size * total

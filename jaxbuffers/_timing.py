@@ -1,7 +1,4 @@
-"""Host wall-clock timing of eager buffer calls: `timing()` and the `Timing` summary it collects.
-
-What is timed, under which names, and an example: `docs/api/metrics.md`, "Host timing".
-"""
+"""Host wall-clock timing of eager buffer calls, `timing()` and its `Timing` (`docs/api/metrics.md`, "Host timing")."""
 
 from __future__ import annotations
 
@@ -39,9 +36,7 @@ class Timing:
         seconds = float(_validate.scalar_parameter("seconds", seconds, 0.0))
         with self._lock:
             c = self._data.setdefault(name, [0, 0.0, 0.0])
-            c[0] += 1
-            c[1] += seconds
-            c[2] = max(c[2], seconds)
+            c[:] = [c[0] + 1, c[1] + seconds, max(c[2], seconds)]
 
     def summary(self, prefix: str | None = None) -> dict:
         """`{name: {"calls": int, "total_s": float, "mean_s": float, "max_s": float}}`, names sorted; with `prefix`
@@ -58,8 +53,7 @@ class Timing:
 
 @contextlib.contextmanager
 def timing() -> Iterator[Timing]:
-    """Time every eager buffer call (and every `span`) made inside the block; yields the `Timing`
-    (what is timed, nesting, and the cost of waiting for each result: `docs/api/metrics.md`, "Host timing")."""
+    """Time every eager buffer call (and every `span`) made inside the block; yields the `Timing`."""
     t = Timing()
     _ACTIVE.append(t)
     try:
@@ -112,8 +106,7 @@ def timed(name: str, fn: Callable, args: tuple, kwargs: dict):
 
 def timed_methods(cls: type) -> type:
     """Class decorator: every public method (inherited ones included; not properties, classmethods or `replace`) is
-    timed under `Class.method` (`type(self).__name__`) when called eagerly inside a `timing()` block. Returns `cls`,
-    its methods wrapped (names, signatures and docstrings kept)."""
+    timed under `Class.method` when called eagerly inside a `timing()` block. Returns `cls`, its methods wrapped."""
     for name in dir(cls):
         fn = inspect.getattr_static(cls, name)
         if name.startswith("_") or name == "replace" or not inspect.isfunction(fn) or getattr(fn, "timed", False):

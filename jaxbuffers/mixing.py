@@ -1,8 +1,5 @@
-"""Sampling from several buffers in fixed proportions: `sample_mixed`, `mixed_counts`, `MixedSample`.
-
-A batch drawn from `K` sources (e.g. offline and online data, half and half as in RLPD, Ball et al. 2023) with an
-exact composition every call; the rule, the sources' contract and an example: `docs/api/episodes.md`, "Mixing
-sources".
+"""Batches from `K` sources in an exact composition (e.g. offline and online data half and half, as in RLPD, Ball et
+al. 2023): `sample_mixed`, `mixed_counts`, `MixedSample`; an example: `docs/api/episodes.md`, "Mixing sources".
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ def mixed_counts(batch_size: int, proportions: Sequence[float]) -> tuple[int, ..
 
     Args:
       batch_size: static int >= 1.
-      proportions: one non-negative number per source (normalised by their sum, which must be positive): a
-        sequence or a 1-d numpy array of numbers.
+      proportions: one number >= 0 per source, a positive sum: a sequence or a 1-d numpy array.
 
     Returns:
       A tuple of Python ints summing to `batch_size`.
@@ -73,29 +69,25 @@ def mixed_counts(batch_size: int, proportions: Sequence[float]) -> tuple[int, ..
     return tuple(counts)
 
 
-def sample_mixed(
-    key: jax.Array, samplers: Sequence[Callable[[jax.Array, int], Any]], batch_size: int, proportions: Sequence[float],
-    *, shuffle: bool = False,
-) -> MixedSample:
+def sample_mixed(key: jax.Array, samplers: Sequence[Callable[[jax.Array, int], Any]], batch_size: int,
+                 proportions: Sequence[float], *, shuffle: bool = False) -> MixedSample:
     """Draw `batch_size` rows from `samplers` in the exact composition `mixed_counts(batch_size, proportions)`.
 
     Args:
       key: PRNG key; source `i` samples with `jax.random.split(key, K + 1)[i]`, the shuffle with the last.
-      samplers: `K` functions `(key, n) -> pytree` with leading axis `[n]`, all with the same structure, per-row
-        shapes and dtypes (a source with count 0 is not called).
+      samplers: `K` functions `(key, n) -> pytree` of `[n, ...]` leaves, alike in structure, row shapes and dtypes
+        (one with count 0 is not called).
       batch_size: static int >= 1.
       proportions: `K` non-negative numbers (`mixed_counts`).
-      shuffle: static bool: permute the rows uniformly (the composition stays exact); by default the rows of
-        source 0 come first, then source 1's, and so on.
+      shuffle: static bool: permute the rows uniformly; by default source 0's rows come first, then source 1's...
 
     Returns:
       `MixedSample`: `item` (leaves `[batch_size, ...]`) and `source` (int32 `[batch_size]`).
 
     Raises:
-      ValueError: `len(proportions) != len(samplers)`, a source returning other than `n` rows or other per-row
-        shapes than source 0's, and as `mixed_counts`.
-      TypeError: a sampler not callable, a source returning another structure or dtypes than source 0,
-        `shuffle` not a bool.
+      ValueError: `len(proportions) != len(samplers)`, a source returning other than `n` rows or other row shapes
+        than source 0's, and as `mixed_counts`.
+      TypeError: a sampler not callable, a source of another structure or dtypes than source 0, `shuffle` not a bool.
     """
     shuffle = _validate.static_bool("shuffle", shuffle)
     key = _validate.key("key", key)

@@ -1,7 +1,5 @@
-r"""Prioritised item replay: `PrioritisedReplayBuffer` and `PrioritisedSample`.
-
-The maths, the priority policy and generations of every prioritised buffer, and an example: `docs/api/replay.md`,
-"Prioritised replay".
+r"""Prioritised item replay, `PrioritisedReplayBuffer` and `PrioritisedSample` (priority policy, generations and an
+example: `docs/api/replay.md`, "Prioritised replay").
 
 References:
   Schaul et al., "Prioritized Experience Replay", ICLR 2016.
@@ -49,8 +47,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         = \left(\frac{p_i^\alpha}{\min_j p_j^\alpha}\right)^{-\beta}.
     $$
 
-    Priority policy, generations and precision: `docs/api/replay.md`, "Prioritised replay". Pure methods, under `jit`
-    (donate for in-place adds), `lax.scan` and `vmap`.
+    Priority policy, generations and precision: `docs/api/replay.md`, "Prioritised replay".
     """
 
     _cursor = "replay.head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
@@ -63,10 +60,8 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
     _metrics_in = "replay"  # record / stats: the metrics of the wrapped ReplayBuffer
 
     @classmethod
-    def create(
-        cls, example_item: Any, capacity: int, *, priority_exponent: float = 0.6, min_size: int = 1, epsilon: float = 1e-6,
-        metrics: bool = True,
-    ) -> "PrioritisedReplayBuffer":
+    def create(cls, example_item: Any, capacity: int, *, priority_exponent: float = 0.6, min_size: int = 1,
+               epsilon: float = 1e-6, metrics: bool = True) -> "PrioritisedReplayBuffer":
         """An empty buffer for items shaped like `example_item`.
 
         Args:
@@ -83,11 +78,9 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         alpha = _validate.static_float("priority_exponent", priority_exponent, 0.0, 1.0)
         epsilon = _validate.static_float("epsilon", epsilon, 1e-30, 1.0)
         capacity = _validate.static_int("capacity", capacity, maximum=2**30)
-        return cls(
-            replay=ReplayBuffer.create(example_item, capacity, min_size=min_size, metrics=metrics),
-            tree=SumMinTree.create(capacity), max_priority=jnp.float32(1.0), priority_exponent=alpha,
-            epsilon=epsilon,
-        )
+        replay = ReplayBuffer.create(example_item, capacity, min_size=min_size, metrics=metrics)
+        return cls(replay=replay, tree=SumMinTree.create(capacity), max_priority=jnp.float32(1.0),
+                   priority_exponent=alpha, epsilon=epsilon)
 
     @property
     def capacity(self) -> int:
@@ -136,9 +129,8 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         return self.replay.get(indices)
 
     def with_cursors(self, *, head=None, num_valid=None, added=None) -> "PrioritisedReplayBuffer":
-        """`jaxbuffers.ReplayBuffer.with_cursors` (same arguments, checks and errors), the priorities made to match:
-        a slot stored afterwards keeps its priority (the running max if it had none), every other slot's leaf is 0.
-        Cost `O(capacity log capacity)`."""
+        """`jaxbuffers.ReplayBuffer.with_cursors` (same arguments and errors); a slot stored afterwards keeps its
+        priority (the running max if it had none), every other slot's leaf is 0. Cost `O(capacity log capacity)`."""
         return self._stored_leaves(self.replay.with_cursors(head=head, num_valid=num_valid, added=added))
 
     @_compiled.method()
@@ -151,10 +143,8 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method()
     def generations_at(self, indices) -> jax.Array:
-        """Generation of slots `indices` (int, any shape): int32, same shape (`_ring.last_item_number`).
-
-        Only meaningful for slots in `[0, size())`; a slot never written reads `slot - capacity` (negative) and
-        updates for it are ignored. Indices outside `[0, capacity)` are clamped into it, as in `get`.
+        """Generation of slots `indices` (int, any shape): int32, same shape (`_ring.last_item_number`); a slot never
+        written reads `slot - capacity` (negative). Indices outside `[0, capacity)` are clamped into it.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
@@ -170,7 +160,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
     @_compiled.method()
     def priorities(self, indices) -> jax.Array:
         """Priorities `p_i` at slots `indices` (int, any shape): float32, same shape, as `leaf ** (1 / alpha)` (1 for
-        alpha = 0). Empty slots and indices outside `[0, capacity)` read 0.
+        alpha = 0); empty slots and indices outside `[0, capacity)` read 0.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
@@ -182,14 +172,11 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         """Append a batch of items, overwriting the oldest ones once full.
 
         Args:
-          batch: pytree like the example item with a leading axis `B` on every leaf, `1 <= B <= capacity`, exactly
-            the stored dtypes.
-          priorities: optional floating `[B]` (default: the running max priority), following the priority policy;
-            they raise the running max.
+          batch: as `jaxbuffers.ReplayBuffer.add`.
+          priorities: optional floating `[B]` (default: the running max), under the priority policy; raise the max.
 
         Returns:
-          The new buffer; each written slot's generation becomes its new item's number. Cost `O(B + log C)`; in
-          place when the buffer is donated.
+          The new buffer. Cost `O(B + log C)`; in place when the buffer is donated.
 
         Raises (at trace time):
           TypeError / ValueError: as `jaxbuffers.ReplayBuffer.add`; `priorities` not a floating `[B]` array.
@@ -201,10 +188,8 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         else:
             priorities = _validate.vector("priorities", priorities, b, "floating")
             p = _priority.sanitise_priorities(priorities, self.max_priority, self.epsilon)
-        return self.replace(
-            replay=replay, tree=self.tree.set_run(self.replay.head, _priority.priority_leaf(p, self.priority_exponent)),
-            max_priority=jnp.maximum(self.max_priority, jnp.max(p)),
-        )
+        tree = self.tree.set_run(self.replay.head, _priority.priority_leaf(p, self.priority_exponent))
+        return self.replace(replay=replay, tree=tree, max_priority=jnp.maximum(self.max_priority, jnp.max(p)))
 
     @_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})
     def sample(self, key: jax.Array, batch_size: int, *, beta=1.0) -> PrioritisedSample:
@@ -213,22 +198,18 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         Args:
           key: a JAX PRNG key.
           batch_size: static Python int >= 1.
-          beta: importance-sampling exponent, a number >= 0 or a 0-d array (may be traced, e.g. annealed from ~0.4
-            to 1); `0` gives weights of 1, and so does a traced negative `beta` (clamped at 0).
+          beta: importance-sampling exponent, a number >= 0 or a 0-d array (traced: a negative one counts as 0).
 
         Returns:
           `PrioritisedSample`; every index is a stored slot once an item was added. On an empty buffer: slot 0
-          (zeros), probability 0 and weight 1 (defined; check `can_sample`).
+          (zeros), probability 0 and weight 1.
 
         Raises:
-          ValueError: `batch_size` not an int >= 1, `beta` not a scalar, or a concrete `beta` that is negative or
-            not finite.
+          ValueError: `batch_size` not an int >= 1, `beta` not a scalar, or concretely negative or not finite.
         """
         indices, probabilities, weights = _priority.draw(self.tree, key, batch_size, beta)
-        return PrioritisedSample(
-            item=self.replay.get(indices), indices=indices, probabilities=probabilities,
-            importance_weights=weights, generations=self.generations_at(indices),
-        )
+        return PrioritisedSample(item=self.replay.get(indices), indices=indices, probabilities=probabilities,
+                                 importance_weights=weights, generations=self.generations_at(indices))
 
     @_compiled.method()
     def set_priorities(self, indices, priorities, generations) -> "PrioritisedReplayBuffer":
@@ -240,9 +221,8 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
           generations: int `[B]`, `PrioritisedSample.generations` from the same sample.
 
         Returns:
-          The new buffer. An entry applies only if its slot holds a stored item and still has `generations`; of
-          applied entries for one slot the last wins; the running max rises to the largest priority written.
-          Cost `O(B log C)`.
+          The new buffer. An entry applies only if its slot holds a stored item of `generations`; of applied entries
+          for one slot the last wins and raises the running max. Cost `O(B log C)`.
 
         Raises (at trace time):
           ValueError / TypeError: an argument not 1-D, lengths differ, wrong dtype kind.

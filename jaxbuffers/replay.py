@@ -1,7 +1,4 @@
-"""Uniform item replay: `ReplayBuffer` and its sample type `ReplaySample`.
-
-A fixed-capacity ring of items sampled uniformly with replacement; overview and an example: `docs/api/replay.md`.
-"""
+"""Uniform item replay, `ReplayBuffer` and `ReplaySample`: a ring sampled with replacement (`docs/api/replay.md`)."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ class ReplaySample(NamedTuple):
 class ReplayBuffer(Recorded, struct.PyTreeNode):
     """Fixed-capacity ring of items with uniform sampling (with replacement); ring conventions: `jaxbuffers._ring`.
 
-    Every method is pure and returns a new buffer. Under `jax.vmap` a stacked buffer (every leaf with a leading axis)
-    behaves as independent buffers, e.g. one per seed.
+    Every method is pure. Under `jax.vmap` a stacked buffer behaves as independent buffers, e.g. one per seed.
     """
 
     _cursor = "head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
@@ -45,35 +41,29 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
         """An empty buffer for items shaped like `example_item`.
 
         Args:
-          example_item: one item, no batch axis: a pytree of arrays or `jax.ShapeDtypeStruct`.
-            Storage keeps exactly these dtypes (uint8 pixels stay uint8).
+          example_item: one item, no batch axis: a pytree of arrays or `jax.ShapeDtypeStruct` (dtypes kept exactly).
           capacity: number of items kept (Python int >= 1); older items are overwritten first.
           min_size: `can_sample` is False until this many items are stored (>= 1).
-          metrics: static bool: keep per-slot sample counts (`jaxbuffers._metrics`; int32 `[capacity]`; the other
-            counters are always kept).
+          metrics: static bool: keep per-slot sample counts (int32 `[capacity]`, `jaxbuffers._metrics`).
 
         Raises:
           ValueError: `capacity < 1`, `min_size` outside `[1, capacity]`, empty example.
           TypeError: a leaf of the example is not an array (see `_validate.item_spec`), `metrics` not a bool.
         """
-        capacity = _validate.static_int("capacity", capacity)
-        min_size = _validate.static_int("min_size", min_size)
+        capacity, min_size = _validate.static_int("capacity", capacity), _validate.static_int("min_size", min_size)
         if min_size > capacity:
             raise ValueError(f"min_size: expected an int in [1, capacity={capacity}], got {min_size}")
         spec = _validate.item_spec(example_item)
-        return cls(
-            storage=jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), spec), head=jnp.int32(0),
-            num_valid=jnp.int32(0), added=_ring.counter_zero(), metrics=Metrics.create((capacity,), metrics),
-            capacity=capacity, min_size=min_size,
-        )
+        return cls(storage=jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), spec), head=jnp.int32(0),
+                   num_valid=jnp.int32(0), added=_ring.counter_zero(), metrics=Metrics.create((capacity,), metrics),
+                   capacity=capacity, min_size=min_size)
 
     def _metrics_ring(self):
         return self.metrics, self.added, self.head, self.num_valid, self.capacity, 1
 
     def with_cursors(self, *, head=None, num_valid=None, added=None) -> "ReplayBuffer":
-        """A copy with the given ring fields replaced after a range check (`replace` skips it), for adapters that
-        rebuild a ring: `head` in `[0, capacity)`, `num_valid` in `[0, capacity]`, `added` an int[2] `[high, low]`
-        with `0 <= low < 2**30`.
+        """A copy with the given ring fields replaced after a range check (`replace` has none): `head` in
+        `[0, capacity)`, `num_valid` in `[0, capacity]`, `added` an int[2] `[high, low]` with `0 <= low < 2**30`.
 
         Raises:
           TypeError: not an integer value.
@@ -115,8 +105,7 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method("batch_size")
     def can_sample(self, batch_size: int = 1) -> jax.Array:
-        """Whether `sample(key, batch_size)` returns only stored items (bool scalar): at least `min_size` are stored
-        (sampling is with replacement: any `batch_size >= 1` works).
+        """Whether `sample(key, batch_size)` returns only stored items (bool scalar): at least `min_size` are stored.
 
         Raises:
           ValueError: `batch_size` not an int >= 1.
@@ -129,8 +118,7 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
         """Append a batch of items, overwriting the oldest ones once full.
 
         Args:
-          batch: pytree like the example item with a leading axis `B` on every leaf,
-            `1 <= B <= capacity`, exactly the stored dtypes.
+          batch: pytree like the example item, a leading axis `1 <= B <= capacity` on every leaf, the stored dtypes.
 
         Returns:
           The new buffer. Cost O(B); in place when the buffer is donated.
@@ -143,9 +131,8 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
         _ring.check_batch_fits(b, self.capacity, "batch")
         head, num_valid = _ring.advance(self.head, self.num_valid, b, self.capacity)
         storage, metrics = self.metrics.write(self.storage, batch, self.head)
-        return self.replace(
-            storage=storage, head=head, num_valid=num_valid, added=_ring.counter_add(self.added, b), metrics=metrics,
-        )
+        return self.replace(storage=storage, head=head, num_valid=num_valid, added=_ring.counter_add(self.added, b),
+                            metrics=metrics)
 
     @_compiled.method("batch_size")
     def sample(self, key: jax.Array, batch_size: int) -> ReplaySample:
@@ -156,8 +143,7 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
           batch_size: static Python int >= 1.
 
         Returns:
-          `ReplaySample` with `item` (leaves `[batch_size, ...]`) and `indices`; on an empty buffer (`can_sample`
-          False) slot 0, which holds zeros.
+          `ReplaySample` (leaves `[batch_size, ...]`); on an empty buffer slot 0, which holds zeros.
 
         Raises:
           ValueError: `batch_size` not an int >= 1.

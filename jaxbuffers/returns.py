@@ -1,8 +1,7 @@
-"""Return and advantage estimators over time-major rollouts: GAE, lambda-, discounted and n-step returns.
+"""GAE, lambda-, discounted and n-step returns over time-major rollouts `[T, *B]` (pure, jittable).
 
-Pure, jittable, time-major over `[T, *B]` (any trailing batch axes, no `vmap` needed). The step convention,
-the bootstrap value $V^{next}_t$, the index convention, the two evaluation methods and the dtype rules:
-`docs/api/rollout.md`, "Return functions".
+Step, bootstrap ($V^{next}_t$) and index conventions, evaluation methods, dtypes: `docs/api/rollout.md`,
+"Return functions".
 """
 
 from __future__ import annotations
@@ -53,8 +52,10 @@ class _Rollout(NamedTuple):
         return jnp.where(self.terminated, jnp.zeros((), nxt.dtype), nxt)
 
 
-def _check(fn: str, method, reward, value, terminated, truncated, final_value, last_value, need_value=True) -> _Rollout:
-    """Trace-time checks of the arguments against the step convention."""
+def _check(fn: str, method, reward, value, terminated, truncated, final_value, last_value, need_value=True,
+           **scalars) -> tuple:
+    """Trace-time checks of the arguments against the step convention: the `_Rollout`, then each of `scalars` (in
+    `[0, 1]`) as a scalar of the widened dtype."""
     _validate.choice(f"{fn}: method", method, _METHODS)
     reward = _validate.array(f"{fn}: reward", reward, None, "floating")
     if reward.ndim < 1 or reward.shape[0] < 1:
@@ -73,17 +74,13 @@ def _check(fn: str, method, reward, value, terminated, truncated, final_value, l
         last_value = _validate.array(f"{fn}: last_value", last_value, shape[1:], dtype)
     except ValueError as e:  # its shape: batch-major inputs (reward [N, T], last_value [N]) give this shape
         transposed = len(shape) == 2 and tuple(jnp.shape(last_value)) == shape[:1]
-        raise ValueError(
-            f"{e}; inputs are time-major: reward [T, N], last_value [N] (reward {tuple(shape)} reads as T={shape[0]} "
-            f"steps{'; transpose batch-major [N, T] inputs' if transposed else ''})"
-        ) from None
+        hint = "; transpose batch-major [N, T] inputs" if transposed else ""
+        raise ValueError(f"{e}; inputs are time-major: reward [T, N], last_value [N] (reward {tuple(shape)} reads as "
+                         f"T={shape[0]} steps{hint})") from None
     wide = jnp.promote_types(dtype, jnp.float32)
     widen = lambda x: None if x is None else x.astype(wide)  # noqa: E731
-    return _Rollout(widen(reward), widen(value), terminated, truncated, widen(final_value), widen(last_value), dtype)
-
-
-def _scalar(fn: str, name: str, x, dtype) -> jax.Array:
-    return jnp.asarray(_validate.scalar_parameter(f"{fn}: {name}", x, 0.0, 1.0), dtype)
+    ro = _Rollout(widen(reward), widen(value), terminated, truncated, widen(final_value), widen(last_value), dtype)
+    return ro, *(jnp.asarray(_validate.scalar_parameter(f"{fn}: {k}", x, 0.0, 1.0), wide) for k, x in scalars.items())
 
 
 @functools.partial(jax.jit, static_argnames="method")  # eager calls: one cached program, not a scan traced anew
@@ -91,42 +88,34 @@ def _solve(a: jax.Array, b: jax.Array, init: jax.Array, method: str) -> jax.Arra
     r"""$x_t = a_t x_{t+1} + b_t$ for $t = T-1, \dots, 0$ with $x_T$ = `init`; returns `x[0:T]`."""
     if method == "scan":
         return lax.scan(lambda x, ab: (ab[0] * x + ab[1],) * 2, init, (a, b), reverse=True)[1]
-    # Fold x_T into the last step, then compose f_t(x) = a_t x + b_t from the end:
-    # x_t = (f_t o ... o f_{T-1})(0). With reverse=True, combine(later, earlier).
+    # Fold x_T into the last step, then compose f_t(x) = a_t x + b_t from the end (reverse: combine(later, earlier)).
     b = b.at[-1].add(a[-1] * init)
     combine = lambda later, earlier: (earlier[0] * later[0], earlier[0] * later[1] + earlier[1])  # noqa: E731
     return lax.associative_scan(combine, (a, b), reverse=True, axis=0)[1]
 
 
-def gae(
-    reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None, gae_lambda: float | jax.Array | None = None, *,
-    method: str = "scan",
-) -> tuple[jax.Array, jax.Array]:
+def gae(reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+        final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+        gamma: float | jax.Array | None = None, gae_lambda: float | jax.Array | None = None, *,
+        method: str = "scan") -> tuple[jax.Array, jax.Array]:
     r"""Generalized advantage estimates and their returns (Schulman et al. 2016).
 
-    With $d_t$ = terminated$_t$ or truncated$_t$ (an episode end) and $V^{next}_t$ the value step $t$ bootstraps
-    from (0 if terminated, else `final_value[t]` if truncated, else `value[t + 1]`, `last_value` at $t = T - 1$;
-    `docs/api/rollout.md`, "Return functions"):
+    With $d_t$ = terminated$_t$ or truncated$_t$ and $V^{next}_t$ the bootstrap value (0 if terminated, else
+    `final_value[t]` if truncated, else `value[t + 1]`, `last_value` at $t = T - 1$):
 
     $$
     \delta_t = r_t + \gamma V^{next}_t - V(o_t), \qquad
     A_t = \delta_t + \gamma \lambda (1 - d_t) A_{t+1}, \qquad A_T = 0,
     $$
 
-    so $A_t = \sum_{l=0}^{k-1} (\gamma\lambda)^l \delta_{t+l}$ over the steps $[t, t+k-1]$ up to and including the
-    first episode end (or the end of the rollout). `returns = advantages + value`: the lambda-return targets, equal to
-    `lambda_returns` with the same lambda. Gradients flow through every float input (wrap targets in
-    `jax.lax.stop_gradient`).
+    so $A_t = \sum_{l=0}^{k-1} (\gamma\lambda)^l \delta_{t+l}$ to the first episode end; `returns = advantages + value`.
 
     Args:
       reward: `[T, *B]` float, `reward[t]` = $r_t$ of step $t$.
       value: `[T, *B]`, `value[t]` = $V(o_t)$, the state step $t$ starts from.
       terminated: `[T, *B]` bool, `terminated[t]`: $o_{t+1}$ is terminal.
       truncated: `[T, *B]` bool, `truncated[t]`: the episode was cut after step $t$; or None.
-      final_value: `[T, *B]`, `final_value[t]` = $V(o_{t+1})$ before the auto-reset, read only where `truncated[t]`;
-        required with `truncated`.
+      final_value: `[T, *B]`, $V(o_{t+1})$ before the auto-reset, read where `truncated[t]`; required with it.
       last_value: `[*B]`, $V(o_T)$, after the last step. Required.
       gamma: discount, scalar in $[0, 1]$. Required.
       gae_lambda: GAE $\lambda$, scalar in $[0, 1]$. Required.
@@ -152,20 +141,18 @@ def gae(
       Schulman, Moritz, Levine, Jordan, Abbeel (2016). High-Dimensional Continuous Control Using
       Generalized Advantage Estimation. ICLR 2016. https://arxiv.org/abs/1506.02438
     """
-    ro = _check("gae", method, reward, value, terminated, truncated, final_value, last_value)
-    dtype = ro.reward.dtype
-    gamma, lam = _scalar("gae", "gamma", gamma, dtype), _scalar("gae", "gae_lambda", gae_lambda, dtype)
+    ro, gamma, lam = _check("gae", method, reward, value, terminated, truncated, final_value, last_value,
+                            gamma=gamma, gae_lambda=gae_lambda)
     delta = ro.reward + gamma * ro.v_next() - ro.value
-    a = jnp.where(ro.ended, jnp.zeros((), dtype), gamma * lam)
+    a = jnp.where(ro.ended, jnp.zeros_like(lam), gamma * lam)
     advantages = _solve(a, delta, jnp.zeros_like(ro.last_value), method)
     return advantages.astype(ro.out), (advantages + ro.value).astype(ro.out)
 
 
-def lambda_returns(
-    reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None, lambda_: float | jax.Array | None = None, *, method: str = "scan",
-) -> jax.Array:
+def lambda_returns(reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+                   final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+                   gamma: float | jax.Array | None = None, lambda_: float | jax.Array | None = None, *,
+                   method: str = "scan") -> jax.Array:
     r"""Lambda-returns (Sutton & Barto 2018, section 12.1), cut at episode ends.
 
     With $V^{next}_t$ and $d_t$ of `gae`:
@@ -177,11 +164,8 @@ def lambda_returns(
     \end{cases}, \qquad G^\lambda_T = \text{last\_value},
     $$
 
-    the lambda-weighted mix of the n-step returns over rewards at times $[t, t+k-1]$, each window stopping at the
-    first episode end. $\lambda = 1$ gives `discounted_returns`, $\lambda = 0$ the one-step target
-    $r_t + \gamma V^{next}_t$. Equals the `returns` of `gae` with `gae_lambda = lambda_` (computed independently).
-
-    `reward`, `value`, `terminated`, `truncated`, `final_value`, `last_value`, `gamma` and `method` are as in `gae`.
+    $\lambda = 1$ gives `discounted_returns`; equals the `returns` of `gae` with `gae_lambda = lambda_`. The other
+    arguments are as in `gae`.
 
     Args:
       lambda_: mixing parameter $\lambda$, scalar in $[0, 1]$. Required.
@@ -192,21 +176,17 @@ def lambda_returns(
     Raises:
       TypeError, ValueError: as in `gae`.
     """
-    fn = "lambda_returns"
-    ro = _check(fn, method, reward, value, terminated, truncated, final_value, last_value)
-    dtype = ro.reward.dtype
-    gamma, lam = _scalar(fn, "gamma", gamma, dtype), _scalar(fn, "lambda_", lambda_, dtype)
-    one = jnp.ones((), dtype)
+    ro, gamma, lam = _check("lambda_returns", method, reward, value, terminated, truncated, final_value, last_value,
+                            gamma=gamma, lambda_=lambda_)
+    one = jnp.ones_like(lam)
     b = ro.reward + gamma * jnp.where(ro.ended, one, one - lam) * ro.v_next()
-    a = jnp.where(ro.ended, jnp.zeros((), dtype), gamma * lam)
+    a = jnp.where(ro.ended, jnp.zeros_like(lam), gamma * lam)
     return _solve(a, b, ro.last_value, method).astype(ro.out)
 
 
-def discounted_returns(
-    reward: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None, *, method: str = "scan",
-) -> jax.Array:
+def discounted_returns(reward: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+                       final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+                       gamma: float | jax.Array | None = None, *, method: str = "scan") -> jax.Array:
     r"""Discounted returns, bootstrapped at truncations and at the end of the rollout.
 
     $$
@@ -217,11 +197,8 @@ def discounted_returns(
     \end{cases}, \qquad G_T = \text{last\_value},
     $$
 
-    i.e. $G_t = \sum_{i=0}^{k-1} \gamma^i r_{t+i} + \gamma^k V^{next}_{t+k-1}$ over rewards at times $[t, t+k-1]$, where
-    $t+k-1$ is the first episode end at or after $t$ (or $T-1$). There is no `value` argument: values serve only to
-    bootstrap. `last_value = 0` gives Monte-Carlo returns that ignore the unfinished tail.
-
-    `reward`, `terminated`, `truncated`, `final_value`, `last_value`, `gamma` and `method` are as in `gae`.
+    i.e. $G_t = \sum_{i=0}^{k-1} \gamma^i r_{t+i} + \gamma^k V^{next}_{t+k-1}$, $t+k-1$ the first episode end at or
+    after $t$ (or $T-1$). `last_value = 0` gives Monte-Carlo returns. The arguments are as in `gae`.
 
     Returns:
       `[T, *B]` returns, dtype of `reward`.
@@ -229,55 +206,43 @@ def discounted_returns(
     Raises:
       TypeError, ValueError: as in `gae`.
     """
-    fn = "discounted_returns"
-    ro = _check(fn, method, reward, None, terminated, truncated, final_value, last_value, need_value=False)
-    dtype = ro.reward.dtype
-    gamma, zero = _scalar(fn, "gamma", gamma, dtype), jnp.zeros((), dtype)
+    ro, gamma = _check("discounted_returns", method, reward, None, terminated, truncated, final_value, last_value,
+                       need_value=False, gamma=gamma)
+    zero = jnp.zeros_like(gamma)
     b = ro.reward
     if ro.truncated is not None:
         b = b + jnp.where(ro.truncated & ~ro.terminated, gamma * ro.final_value, zero)
     return _solve(jnp.where(ro.ended, zero, gamma), b, ro.last_value, method).astype(ro.out)
 
 
-def n_step_returns(
-    reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
-    final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
-    gamma: float | jax.Array | None = None, *, n: int,
-) -> NStepReturns:
+def n_step_returns(reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,
+                   final_value: jax.Array | None = None, last_value: jax.Array | float | None = None,
+                   gamma: float | jax.Array | None = None, *, n: int) -> NStepReturns:
     r"""n-step bootstrapped returns (Sutton & Barto 2018, section 7.1), cut at episode ends.
 
-    The window of step $t$ is the rewards at times $[t, t+k-1]$, $k = \min(n, e - t + 1, T - t)$ with $e \ge t$ the
-    first episode end at or after $t$: it stops early at a termination, a truncation or the end of the rollout. With
-    $V^{next}$ of `gae`:
+    The window of step $t$ is the rewards at times $[t, t+k-1]$, $k = \min(n, e - t + 1, T - t)$, $e$ the first
+    episode end at or after $t$. With $V^{next}$ of `gae`:
 
     $$
     G^{(k)}_t = \sum_{i=0}^{k-1} \gamma^i r_{t+i} + \gamma^{boot}_t V^{next}_{t+k-1}, \qquad
     \gamma^{boot}_t = \begin{cases} 0 & \text{if terminated}_{t+k-1} \\ \gamma^k & \text{otherwise} \end{cases}
     $$
 
-    so the bootstrap is `value[t+n]` for a full window, `final_value[t+k-1]` at a truncation, `last_value` at the end of
-    the rollout and 0 after a termination. $n \ge T$ gives `discounted_returns`. `discount` lets a caller re-bootstrap
-    from another estimate (a target network): `target - discount * V_next[t+k-1] + discount * V'`. Cost
-    $O(\min(n, T) \cdot T)$ per batch element: one vectorised pass per window offset, in a `lax.fori_loop`.
-
-    `reward`, `value`, `terminated`, `truncated`, `final_value`, `last_value` and `gamma` are as in `gae` (`value[0]`
-    is never read: a bootstrap is at least one step ahead).
+    $n \ge T$ gives `discounted_returns`; `discount` re-bootstraps a target (`docs/api/rollout.md`). Cost
+    $O(\min(n, T) \cdot T)$; the other arguments are as in `gae` (`value[0]` is never read).
 
     Args:
       n: window length, a static Python int >= 1.
 
     Returns:
-      `NStepReturns(target, num_steps, discount)`: $G^{(k)}_t$ (`[T, *B]`, dtype of `reward`), $k$ (`[T, *B]` int32)
-      and $\gamma^{boot}_t$ (`[T, *B]`, dtype of `reward`).
+      `NStepReturns(target, num_steps, discount)`: $G^{(k)}_t$, $k$ and $\gamma^{boot}_t$, each `[T, *B]`.
 
     Raises:
-      TypeError: as in `gae`.
-      ValueError: as in `gae`, or `n` not a Python int >= 1.
+      TypeError, ValueError: as in `gae`; ValueError for `n` not a Python int >= 1.
     """
-    fn = "n_step_returns"
-    n = _validate.static_int(f"{fn}: n", n)
-    ro = _check(fn, "scan", reward, value, terminated, truncated, final_value, last_value)
-    gamma = _scalar(fn, "gamma", gamma, ro.reward.dtype)
+    n = _validate.static_int("n_step_returns: n", n)
+    ro, gamma = _check("n_step_returns", "scan", reward, value, terminated, truncated, final_value, last_value,
+                       gamma=gamma)
     target, num_steps, discount = _n_step(ro.reward, ro.v_next(), ro.ended, ro.terminated, gamma, n)
     return NStepReturns(target.astype(ro.out), num_steps, discount.astype(ro.out))
 
@@ -287,8 +252,7 @@ def _n_step(reward, v_next, ended, terminated, gamma, n: int):
     """`(target, num_steps, discount)` of `n_step_returns` from its checked, widened inputs."""
     dtype, T = reward.dtype, reward.shape[0]
     zero = jnp.zeros((), dtype)
-    # Offset i of every window at once: y[t] = x[t + i], read from arrays padded past the end of
-    # the rollout (zeros, flags False). A fori_loop keeps compile time flat in n.
+    # Offset i of every window at once, read from arrays padded past the end (a fori_loop: compile time flat in n).
     padded = [jnp.concatenate([x, jnp.zeros_like(x)]) for x in (reward, v_next, ended, terminated)]
     shape = reward.shape
     t = lax.broadcasted_iota(jnp.int32, shape, 0)

@@ -1,8 +1,6 @@
-"""On-policy storage: `RolloutBuffer`, its minibatch type and its memory-pressure report.
+"""On-policy storage: `RolloutBuffer` (one time-major `[T, N, ...]` rollout), its minibatch and memory report.
 
-One rollout of `num_steps` steps from `num_envs` environments, time-major `[T, N, ...]` (PPO, A2C). What is
-stored, the behaviour at the edges (a full buffer, a partial rollout, `reset`) and an example: `docs/api/rollout.md`,
-"Rollout buffer".
+What is stored, the edges (a full buffer, a partial rollout, `reset`), an example: `docs/api/rollout.md`.
 """
 
 from __future__ import annotations
@@ -23,15 +21,10 @@ from jaxbuffers.episode import BufferFullError
 
 __all__ = ["RolloutBuffer", "RolloutMinibatch", "RolloutMemoryPressure"]
 
-_UNIT = {"gamma": (0.0, 1.0), "gae_lambda": (0.0, 1.0)}
-
 
 class RolloutMinibatch(NamedTuple):
-    """Steps gathered from a `RolloutBuffer` (what `minibatches` and `gather` return).
-
-    Every leaf has the leading shape of the indices it was gathered with, written `[*L]`
-    (`[num_minibatches, minibatch_size]` for `minibatches`). Float fields have the buffer's `float_dtype`.
-    """
+    """Steps gathered from a `RolloutBuffer` (`minibatches`, `gather`): leaves lead with the indices' shape `[*L]`
+    (`[num_minibatches, minibatch_size]` for `minibatches`); float fields have the buffer's `float_dtype`."""
 
     step: Any  # user pytree like example_step, leaves [*L, ...], the stored dtypes
     reward: jax.Array  # shape=[*L], float: r_t
@@ -54,13 +47,9 @@ def _fmt_bytes(n: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutMemoryPressure:
-    """Bytes a `RolloutBuffer` and one PPO-style update over it need (host-side ints), from
-    `RolloutBuffer.estimate_memory_pressure`; `str()` prints it as a table. What each field counts (of the
-    `num_steps * num_envs` steps and `num_minibatches` minibatches): `docs/api/rollout.md`, "Rollout buffer".
-
-    For a stacked buffer (one per seed under `jax.vmap`) every number covers all of them. Model parameters, optimiser
-    state, activations and gradients are not included; XLA drops fields the loss never reads, so these are upper
-    bounds for the buffer's share.
+    """Bytes a `RolloutBuffer` and one PPO-style update over it need (Python ints; `str()`: a table), from
+    `RolloutBuffer.estimate_memory_pressure`; fields: `docs/api/rollout.md`. Counts cover every member of a stacked
+    buffer, not the model, optimiser or activations; XLA drops fields the loss never reads (upper bounds).
     """
 
     num_steps: int
@@ -75,8 +64,8 @@ class RolloutMemoryPressure:
     peak_bytes_gathered: int  # one epoch of minibatch_indices + gather in the scan: storage + S int32 + one minibatch
 
     def __str__(self) -> str:
-        rows = [*self.field_bytes,
-            ("= storage (buffer.memory_bytes)", self.storage_bytes),
+        rows = [
+            *self.field_bytes, ("= storage (buffer.memory_bytes)", self.storage_bytes),
             (f"one minibatch ({self.minibatch_size} steps, all fields)", self.minibatch_bytes),
             (f"shuffled copy ({self.num_minibatches} minibatches)", self.shuffled_bytes),
             ("peak, minibatches(): storage + copy + 1 minibatch", self.peak_bytes),
@@ -84,11 +73,8 @@ class RolloutMemoryPressure:
         ]
         width = max(len(r[0]) for r in rows)
         rule = "-" * (width + 29)
-        lines = [
-            f"RolloutBuffer memory: {self.num_steps} steps x {self.num_envs} envs, "
-            f"{self.num_minibatches} minibatches of {self.minibatch_size}",
-            f"{'field':<{width}}  {'bytes':>14}  {'':>11}", rule,
-        ]
+        lines = [f"RolloutBuffer memory: {self.num_steps} steps x {self.num_envs} envs, {self.num_minibatches} "
+                 f"minibatches of {self.minibatch_size}", f"{'field':<{width}}  {'bytes':>14}  {'':>11}", rule]
         for i, (name, b) in enumerate(rows):
             if i == len(self.field_bytes):
                 lines.append(rule)
@@ -100,13 +86,9 @@ _GAE_FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "tra
 
 
 def advantages_required(flag: Any, what: str, first=None, compute: str = "compute_gae(last_value, gamma, gae_lambda)") -> None:
-    """Refuse an eager read of a rollout's advantages before `compute_gae`.
-
-    `flag` is `has_advantages` (bool, `()` or stacked `[S]`). A traced flag, or one spread over several processes
-    (each would decide alone), is not read: the read gives NaN (`RolloutBuffer.gather`). Otherwise, unless every
-    entry is True, `first()` raises the call's own argument errors if any, then RuntimeError naming `what` and
-    `compute` (`_validate.advantages_missing`).
-    """
+    """Refuse an eager read of a rollout's advantages before `compute_gae`: unless every entry of `flag`
+    (`has_advantages`, `()` or `[S]`) is True, `first()` raises the call's own errors, then RuntimeError naming `what`
+    and `compute`. A traced flag, or one over several processes, is not read (the read gives NaN)."""
     if isinstance(flag, jax.core.Tracer) or not flag.is_fully_addressable:
         return
     if _compiled.host_int(flag) if flag.ndim == 0 else np.all(np.asarray(flag)):
@@ -120,8 +102,7 @@ def advantages_required(flag: Any, what: str, first=None, compute: str = "comput
 class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches (`docs/api/rollout.md`).
 
-    Under `jax.vmap` a stacked buffer (every array leaf with a leading axis $K$) behaves as $K$ independent buffers:
-    `jax.vmap(lambda _: RolloutBuffer.create(...), axis_size=K)(None)` builds one.
+    `jax.vmap(lambda _: RolloutBuffer.create(...), axis_size=K)(None)` builds $K$ independent buffers.
     """
 
     _cursor = "step_index"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
@@ -147,20 +128,17 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         """An empty buffer for `num_steps` steps of `num_envs` envs.
 
         Args:
-          example_step: one env's step, no batch axis: a pytree of arrays or `jax.ShapeDtypeStruct` (e.g.
-            `{"obs": f32[4], "action": i32[], "log_prob": f32[]}`), stored with exactly these dtypes. Reward, value
-            and flags are `add` keywords instead.
+          example_step: one env's step, no batch axis: a pytree of arrays or `jax.ShapeDtypeStruct` (dtypes kept
+            exactly), e.g. `{"obs": f32[4], "action": i32[], "log_prob": f32[]}` (reward, value, flags: `add`'s).
           num_envs: $N$, parallel environments (Python int >= 1).
           num_steps: $T$, rollout length (Python int >= 1).
           float_dtype: dtype of `reward`, `value`, `final_value`, `advantages` and `returns`.
 
         Raises:
           ValueError: `num_envs` or `num_steps` not a Python int >= 1, or an empty example.
-          TypeError: a leaf of the example is not an array, or `float_dtype` is not floating or cannot be stored as
-            it is (float64 with `jax_enable_x64` off).
+          TypeError: a leaf of the example is not an array, `float_dtype` not floating or not stored as it is.
         """
-        num_envs = _validate.static_int("num_envs", num_envs)
-        num_steps = _validate.static_int("num_steps", num_steps)
+        num_envs, num_steps = _validate.static_int("num_envs", num_envs), _validate.static_int("num_steps", num_steps)
         float_dtype = _validate.storable_dtype("float_dtype", float_dtype)
         spec = _validate.item_spec(example_step, "example_step")
         shape = (num_steps, num_envs)
@@ -203,11 +181,9 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
             return jnp.full(self.num_envs, default, dtype)
         return _validate.array(name, x, (self.num_envs,), dtype)
 
-    def add(
-        self, step: Any, *, reward: jax.Array, value: jax.Array, terminated: jax.Array,
-        truncated: jax.Array | None = None, final_value: jax.Array | None = None,
-        trainable: jax.Array | None = None,
-    ) -> "RolloutBuffer":
+    def add(self, step: Any, *, reward: jax.Array, value: jax.Array, terminated: jax.Array,
+            truncated: jax.Array | None = None, final_value: jax.Array | None = None,
+            trainable: jax.Array | None = None) -> "RolloutBuffer":
         """Write one step of every env at row `step_index` and advance it.
 
         Args:
@@ -221,27 +197,21 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
         Returns:
           The new buffer (O(N x step bytes), in place when donated), `has_advantages` False. On a full buffer under a
-          transformation (`jit`, `lax.scan`, `vmap`) nothing is written and `overflowed` becomes True.
+          transformation nothing is written and `overflowed` becomes True.
 
         Raises:
-          BufferFullError: called eagerly on a full buffer (`step_index == num_steps`) with arguments it would take;
-            nothing changes. (Bad arguments get their own TypeError / ValueError first.)
-          TypeError: wrong tree structure or dtype (nothing is cast); the message names the field.
+          BufferFullError: called eagerly on a full buffer with arguments it would take; nothing changes.
+          TypeError: wrong tree structure or dtype; the message names the field.
           ValueError: wrong shape or leading axis, or `truncated` / `final_value` without the other.
         """
         kw = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
         if isinstance(self.step_index, jax.core.Tracer):
             return self._add(step, **kw)
-        # the fill check reads the cursor on the host; an eager add records the one it returns, so a loop of eager
-        # adds does not wait for each write to finish before dispatching the next
-        at = _compiled.host_int(self.step_index)
-        if at >= self.num_steps:
-            # the arguments' own refusal first (traced, nothing runs), as on a buffer with room
+        at = _compiled.host_int(self.step_index)  # remembered by the last eager add: no wait for its write
+        if at >= self.num_steps:  # the arguments' own refusal first
             _validate.refusal(lambda b: b._add(step, **kw), jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), self))
-            raise BufferFullError(
-                f"add: the rollout buffer is full (step_index={at} of num_steps={self.num_steps}); "
-                f"nothing was written. Call reset() for the next rollout"
-            )
+            raise BufferFullError(f"add: the rollout buffer is full (step_index={at} of num_steps={self.num_steps}); "
+                                  f"nothing was written. Call reset() for the next rollout")
         out = self._add(step, **kw)
         _compiled.remember_int(out.step_index, at + 1)  # room was left: the cursor advanced by one
         return out
@@ -262,13 +232,11 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
             "trainable": self._per_env("trainable", trainable, jnp.bool_, True),
         }
         full = self.is_full()
-        # Unsigned: a signed index gets a negative-index wrap at each use, and with two copies of it XLA cannot see
-        # that the read of the old row and the write below address the same row, so it reads in a pass of its own.
+        # Unsigned: with a signed index's wraps XLA cannot see that the read and the write address the same row.
         row = jnp.minimum(self.step_index, self.num_steps - 1).astype(jnp.uint32)
 
         def write(store: jax.Array, x: jax.Array) -> jax.Array:
-            # Select against the old row (O(N)), never lax.cond on the whole storage: under vmap a
-            # cond becomes a select over every row, O(T * N).
+            # Select against the old row, O(N): a lax.cond becomes a select over all O(T * N) under vmap.
             at = (row,) + (jnp.uint32(0),) * (store.ndim - 1)
             old = lax.dynamic_slice(store, at, (1, *store.shape[1:]))
             return lax.dynamic_update_slice(store, jnp.where(full, old, jnp.asarray(x)[None]), at)
@@ -285,19 +253,16 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         """Empty the buffer for the next rollout: `step_index` 0, flags cleared, `advantages` and `returns` zeroed
         (until the next `compute_gae`), the rest of the storage kept."""
         false = jnp.bool_(False)
-        # Written over the old arrays: a donated buffer keeps them (a fresh zeros array is a new allocation).
-        zero = lambda x: x.at[...].set(0)  # noqa: E731
+        zero = lambda x: x.at[...].set(0)  # noqa: E731 - over the old arrays: a donated buffer keeps them
         return self.replace(step_index=jnp.zeros_like(self.step_index), overflowed=false, has_advantages=false,
                             advantages=zero(self.advantages), returns=zero(self.returns))
 
     def compute_gae(self, last_value: jax.Array, gamma: float | jax.Array, gae_lambda: float | jax.Array, method: str = "scan") -> "RolloutBuffer":
-        r"""Store GAE `advantages` and `returns` computed with `jaxbuffers.returns.gae` (the recursion and the
-        reference) on the stored arrays. With $k$ = `step_index` $< T$ rows filled it equals `gae` on the first $k$
-        rows (row $k - 1$ bootstraps from `last_value` unless it ended an episode), and rows $\ge k$ get zeros.
+        r"""Store `advantages` and `returns` of `jaxbuffers.returns.gae` on the first $k$ = `step_index` rows (row
+        $k - 1$ bootstraps from `last_value` unless it ended an episode); rows $\ge k$ get zeros.
 
         Args:
-          last_value: `[N]` float_dtype, $V(o_k)$: the value of the observation after the last filled row
-            ($V(o_T)$ for a full buffer).
+          last_value: `[N]` float_dtype, $V(o_k)$, the value after the last filled row.
           gamma: discount in $[0, 1]$ (Python float or traced scalar).
           gae_lambda: GAE $\lambda$ in $[0, 1]$.
           method: `"scan"` or `"associative"` (static), see `jaxbuffers.returns`.
@@ -306,28 +271,24 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           The buffer with `advantages` and `returns` (`[T, N]` float_dtype) written and `has_advantages` True.
 
         Raises:
-          TypeError, ValueError: `last_value` has the wrong dtype or shape (the message names it), or `gae` rejects
-            `gamma`, `gae_lambda` or `method`.
+          TypeError, ValueError: `last_value` of the wrong dtype or shape, or as `gae` for the others.
         """
         out = self._compute_gae(last_value, gamma, gae_lambda, method)
         if not isinstance(out.has_advantages, jax.core.Tracer):  # eager: `minibatches` reads the flag on the host
             _compiled.remember_int(out.has_advantages, 1)
         return out
 
-    @_compiled.method("method", scalars=_UNIT)
+    @_compiled.method("method", scalars={"gamma": (0.0, 1.0), "gae_lambda": (0.0, 1.0)})
     def _compute_gae(self, last_value, gamma, gae_lambda, method) -> "RolloutBuffer":
         """`compute_gae` (its eager result's flag remembered on the host by the caller)."""
         last_value = self._per_env("last_value", last_value, self.float_dtype)
         t = jnp.arange(self.num_steps, dtype=jnp.int32)[:, None]
         filled = t < self.step_index
-        # The last filled row bootstraps from last_value, expressed as a truncation there (a
-        # terminated step still wins); for a full buffer this changes nothing.
+        # The last filled row bootstraps from last_value: a truncation there (a terminated step still wins).
         cut = (t == self.step_index - 1) & ~self.truncated
-        adv, ret = _returns.gae(
-            self.reward, self.value, self.terminated, self.truncated | cut,
-            jnp.where(cut, last_value[None, :], self.final_value), last_value,
-            gamma=gamma, gae_lambda=gae_lambda, method=method,
-        )
+        final_value = jnp.where(cut, last_value[None, :], self.final_value)
+        adv, ret = _returns.gae(self.reward, self.value, self.terminated, self.truncated | cut, final_value, last_value,
+                                gamma=gamma, gae_lambda=gae_lambda, method=method)
         zero = jnp.zeros((), self.float_dtype)
         return self.replace(advantages=jnp.where(filled, adv, zero), returns=jnp.where(filled, ret, zero), has_advantages=jnp.bool_(True))
 
@@ -344,11 +305,10 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           num_minibatches: $M$, static Python int dividing `T * N`.
 
         Returns:
-          int32 `[M, T * N / M]`: every flat index `t * num_envs + env` exactly once, unfilled and non-trainable
-          steps included (`gather` masks them).
+          int32 `[M, T * N / M]`: every flat index `t * num_envs + env` exactly once (`gather` masks unfilled ones).
 
         Raises:
-          ValueError: $M$ is not a Python int >= 1 or does not divide `T * N` (at trace time).
+          ValueError: $M$ is not a Python int >= 1 or does not divide `T * N`.
         """
         m = self._check_num_minibatches(num_minibatches)
         total = self.num_steps * self.num_envs
@@ -360,9 +320,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
         Returns:
           `RolloutMinibatch` with leaves `[*L, ...]`; `mask` is `trainable & filled`. Out-of-range indices are
-          clipped. While `has_advantages` is False (no `compute_gae` since the last `add` or `reset`) `advantages`
-          and `returns` are NaN: the stored arrays are zeros or the previous rollout's, which a loss would train on
-          without a sign; NaN reaches the loss and the gradients, where it shows.
+          clipped. `advantages` and `returns` are NaN while `has_advantages` is False (no `compute_gae` since the
+          last `add` or `reset`), so a loss on stale values shows.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
@@ -376,24 +335,19 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         fields = {k: take(getattr(self, k)) for k in RolloutMinibatch._fields if k not in ("step", "mask", "index")}
         nan = jnp.asarray(jnp.nan, self.float_dtype)
         fields.update({k: jnp.where(self.has_advantages, fields[k], nan) for k in ("advantages", "returns")})
-        return RolloutMinibatch(
-            step=jax.tree.map(take, self.step), **fields, mask=take(self.learn_mask()), index=jnp.clip(indices, 0, total - 1)
-        )
+        mask, index = take(self.learn_mask()), jnp.clip(indices, 0, total - 1)
+        return RolloutMinibatch(step=jax.tree.map(take, self.step), **fields, mask=mask, index=index)
 
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
         """All `T * N` steps, shuffled, as `num_minibatches` minibatches for `lax.scan`.
 
         `gather(minibatch_indices(key, num_minibatches))`: leaves `[num_minibatches, T * N / num_minibatches, ...]`,
-        each step exactly once (drop non-trainable and unfilled ones in the loss with `mask`). It materialises a
-        shuffled copy of the buffer (`RolloutMemoryPressure`); to avoid it, scan over `minibatch_indices` and `gather`
-        one minibatch per iteration. `advantages` / `returns` are what `compute_gae` last wrote; before it they are
-        not the rollout's: an eager call refuses, and under a transformation (`jit`, `lax.scan`, `vmap`), where
-        `has_advantages` is traced, they are NaN (`gather`).
+        each step once (`mask` drops unfilled and non-trainable ones), via a shuffled copy of the buffer (scan over
+        `minibatch_indices` and `gather` to avoid it); traced before `compute_gae`, `advantages` / `returns` are NaN.
 
         Raises:
           ValueError: as `minibatch_indices` (checked first).
-          RuntimeError: called eagerly while `has_advantages` is False (no `compute_gae` since the last `add` or
-            `reset`).
+          RuntimeError: called eagerly while `has_advantages` is False.
         """
         advantages_required(self.has_advantages, "minibatches", lambda: _validate.refusal(
             lambda b: b._minibatches(key, num_minibatches), self))  # the arguments' own errors first
@@ -405,8 +359,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         return self.gather(self.minibatch_indices(key, num_minibatches))
 
     def estimate_memory_pressure(self, num_minibatches: int) -> RolloutMemoryPressure:
-        """Per-field storage bytes and the projected peak of an update (`RolloutMemoryPressure`): host-side arithmetic
-        on shapes only (abstract buffers from `jax.eval_shape` work); a stacked buffer counts every stacked copy.
+        """Per-field storage bytes and the projected peak of an update (`RolloutMemoryPressure`), from shapes only
+        (abstract buffers from `jax.eval_shape` work); a stacked buffer counts every member.
 
         Raises:
           ValueError: as `minibatch_indices`.
@@ -418,7 +372,6 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         field_bytes += [(name, _validate.tree_nbytes(getattr(self, name))) for name in _GAE_FIELDS]
         counters = _validate.tree_nbytes((self.step_index, self.overflowed, self.has_advantages))
         storage = sum(b for _, b in field_bytes) + counters
-        # Per step: what `gather` returns for one step of one member (traced on shapes, nothing runs).
         stacked = self.reward.ndim - 2
         member = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[stacked:], x.dtype), self)
         per_step = _validate.tree_nbytes(jax.eval_shape(RolloutBuffer.gather, member, jax.ShapeDtypeStruct((1,), jnp.int32)))
@@ -427,5 +380,4 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
             num_steps=self.num_steps, num_envs=self.num_envs, num_minibatches=m, minibatch_size=steps // m,
             field_bytes=(*field_bytes, ("counters (step_index, flags)", counters)), storage_bytes=storage,
             minibatch_bytes=minibatch, shuffled_bytes=m * minibatch, peak_bytes=storage + m * minibatch + minibatch,
-            peak_bytes_gathered=storage + copies * steps * 4 + minibatch,  # the int32 permutation
-        )
+            peak_bytes_gathered=storage + copies * steps * 4 + minibatch)  # 4: the int32 permutation

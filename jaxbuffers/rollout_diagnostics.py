@@ -19,11 +19,8 @@ __all__ = ["TrainableDiagnostics", "RolloutMemoryEstimate", "trainable_diagnosti
 
 
 class TrainableDiagnostics(NamedTuple):
-    """Counts over the filled steps of a rollout (`trainable_diagnostics`); device scalars unless noted.
-
-    A step is *filled* when written since the last reset, *trainable* when filled and marked `trainable` at `add`,
-    *frozen* when filled and not trainable (it takes part in GAE but not in the loss).
-    """
+    """Counts over the filled steps (written since the last reset) of a rollout (`trainable_diagnostics`): trainable
+    ones were marked `trainable` at `add`, frozen ones not (in GAE, not in the loss). Device scalars unless noted."""
 
     total_steps: int  # Python int: T * N, the capacity
     filled_steps: jax.Array  # shape=(), int32
@@ -36,16 +33,11 @@ class TrainableDiagnostics(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class RolloutMemoryEstimate:
-    """Bytes of a rollout by where they live (`memory_estimate`), Python ints.
+    """Bytes of a rollout by where they live (`memory_estimate`), Python ints."""
 
-    `cpu_bytes`: host memory (a compressed rollout's host stores, plus the device arrays when the device is the CPU);
-    `gpu_bytes`: accelerator memory (the device arrays when they live on an accelerator); `minibatch_bytes`: one
-    minibatch as the loss reads it, observations decoded, on the device the arrays live on.
-    """
-
-    cpu_bytes: int
-    gpu_bytes: int
-    minibatch_bytes: int
+    cpu_bytes: int  # host memory: a compressed rollout's host stores, and the device arrays on a CPU device
+    gpu_bytes: int  # accelerator memory: the device arrays on an accelerator
+    minibatch_bytes: int  # one minibatch as the loss reads it, observations decoded
     platform: str  # where the device arrays live: "cpu", "gpu", "tpu"
 
     @property
@@ -60,8 +52,7 @@ class RolloutMemoryEstimate:
 
 
 def _inner(buf: Any) -> RolloutBuffer:
-    """The `RolloutBuffer` of ``buf`` (itself, or a compressed rollout's device part); TypeError for another type,
-    ValueError for a stacked ``buf`` outside ``jax.vmap``."""
+    """The `RolloutBuffer` of ``buf`` (itself, or a compressed rollout's device part)."""
     inner = getattr(buf, "buffer", buf)
     if not isinstance(inner, RolloutBuffer):
         raise TypeError(f"buf: expected a RolloutBuffer or a CompressedRolloutBuffer, got {type(buf).__name__}")
@@ -77,8 +68,7 @@ def total_size(buf: Any) -> int:
 
 @jax.jit
 def _counts(inner: RolloutBuffer) -> tuple:
-    filled = inner.filled()
-    trainable = inner.learn_mask()
+    filled, trainable = inner.filled(), inner.learn_mask()
     n_filled, n_train = jnp.sum(filled, dtype=jnp.int32), jnp.sum(trainable, dtype=jnp.int32)
     fraction = jnp.where(n_filled > 0, n_train / jnp.maximum(n_filled, 1), 0.0).astype(jnp.float32)
     ends = jnp.sum(filled & (inner.terminated | inner.truncated), dtype=jnp.int32)
@@ -88,17 +78,10 @@ def _counts(inner: RolloutBuffer) -> tuple:
 def trainable_diagnostics(buf: Any) -> TrainableDiagnostics:
     """Counts of filled, trainable and frozen steps and episode ends (`TrainableDiagnostics`).
 
-    ``terminated`` is what `add` was given (the SB3 adapters set it at `compute_returns_and_advantage`).
-
     Raises:
       TypeError: ``buf`` is not a (compressed) rollout buffer.
     """
     return TrainableDiagnostics(total_size(buf), *_counts(_inner(buf)))
-
-
-def _platform(tree: Any) -> str:
-    leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
-    return next(iter(leaves[0].devices())).platform if leaves else jax.default_backend()
 
 
 def memory_estimate(buf: Any, minibatch_size: int | None = None) -> RolloutMemoryEstimate:
@@ -108,15 +91,14 @@ def memory_estimate(buf: Any, minibatch_size: int | None = None) -> RolloutMemor
       TypeError: ``buf`` is not a (compressed) rollout buffer.
       ValueError: ``minibatch_size`` not an int in ``[1, total_size]``.
     """
-    inner = _inner(buf)
-    total = total_size(buf)
+    inner, total = _inner(buf), total_size(buf)
     size = total if minibatch_size is None else _validate.static_int("minibatch_size", minibatch_size)
     if size > total:
         raise ValueError(f"minibatch_size: expected at most total_size={total}, got {size}")
-    host = buf.host_nbytes if inner is not buf else 0
-    device = buf.device_nbytes if inner is not buf else inner.memory_bytes
+    host, device = (buf.host_nbytes, buf.device_nbytes) if inner is not buf else (0, inner.memory_bytes)
     minibatch = jax.eval_shape(buf.gather, jax.ShapeDtypeStruct((size,), jnp.int32))
-    platform = _platform(inner)
+    arrays = [x for x in jax.tree.leaves(inner) if isinstance(x, jax.Array)]
+    platform = next(iter(arrays[0].devices())).platform if arrays else jax.default_backend()
     on_cpu = platform == "cpu"
     return RolloutMemoryEstimate(cpu_bytes=host + (device if on_cpu else 0), gpu_bytes=0 if on_cpu else device,
                                  minibatch_bytes=_validate.tree_nbytes(minibatch), platform=platform)
@@ -134,9 +116,8 @@ def _device(device: Any) -> jax.Device | None:
 
 
 def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = None) -> Iterator[RolloutMinibatch]:
-    """Every step once, shuffled by ``key``, in minibatches of ``batch_size`` steps placed on ``device``.
-
-    Each minibatch is gathered (and, for a compressed rollout, decoded) when the iterator reaches it.
+    """Every step once, shuffled by ``key``, in minibatches of ``batch_size`` steps placed on ``device``, each
+    gathered (and decoded) when the iterator reaches it.
 
     Args:
       buf: a `RolloutBuffer` or `CompressedRolloutBuffer` (after `compute_gae`).
@@ -149,10 +130,8 @@ def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = Non
 
     Raises (by the call, before any minibatch is gathered):
       TypeError: ``buf`` is not a (compressed) rollout buffer; ``key`` is not a PRNG key.
-      ValueError: ``batch_size`` not an int >= 1 (guide, section 8: sizes) or not dividing the rollout; no device of
-        the platform asked for.
-      RuntimeError: ``buf`` has no advantages (``has_advantages`` False: no ``compute_gae`` since its last add or
-        reset), as ``RolloutBuffer.minibatches``.
+      ValueError: ``batch_size`` not an int >= 1 or not dividing the rollout; no device of the platform asked for.
+      RuntimeError: ``has_advantages`` False, as ``RolloutBuffer.minibatches``.
     """
     total, dev = total_size(buf), _device(device)
     batch_size = _validate.divisor("batch_size", batch_size, total, "total_size")

@@ -1,6 +1,5 @@
-r"""On-device sum tree with minima: `SumMinTree`, the index of every prioritised buffer.
-
-Layout, invariant and costs: `docs/api/replay.md`, "Sum tree".
+r"""On-device sum tree with minima, `SumMinTree`, the index of every prioritised buffer (layout, invariant and
+costs: `docs/api/replay.md`, "Sum tree").
 
 References:
   Schaul et al., "Prioritized Experience Replay", ICLR 2016, appendix B.2.1 (prefix-sum search and
@@ -24,19 +23,17 @@ def last_write_mask(indices: jax.Array, where: jax.Array | None = None, bound: i
     Args:
       indices: int[B]; only equality matters; a negative index is inactive.
       where: optional bool[B]; `False` entries are no writes (they never win nor shadow an earlier entry).
-      bound: optional static int, a promise that every active index is `< bound`; when `(bound + 1) * B <= 2**31`
-        one int32 key `(index + 1) * B + k` is sorted instead of a stable argsort (the same order).
+      bound: optional static int, a promise that every active index is `< bound` (a cheaper sort, the same order).
 
     Returns:
-      bool[B]: `True` at entry `k` iff `where[k]` and no later active entry `j > k` has `indices[j] == indices[k]`.
-      Deterministic; `O(B log B)`.
+      bool[B]: `True` at entry `k` iff `where[k]` and no later active entry `j > k` has `indices[j] == indices[k]`;
+      `O(B log B)`.
     """
     indices = jnp.asarray(indices, jnp.int32)
     (b,) = indices.shape
     where = jnp.ones((b,), bool) if where is None else where
-    # Inactive entries get the group -1 (never a winner); the last write of each index ends its group.
     group = jnp.where(where & (indices >= 0), indices, -1)
-    if bound is not None and (bound + 1) * b <= 2**31:
+    if bound is not None and (bound + 1) * b <= 2**31:  # one int32 key (index + 1) * B + k, not a stable argsort
         key = jnp.sort((group + 1) * b + jnp.arange(b, dtype=jnp.int32))
         g, order = key // b - 1, key % b
     else:
@@ -75,8 +72,7 @@ def _restart_level(depth: int) -> int:
 
 
 def _restart(subtree_sum: jax.Array, u2: jax.Array) -> jax.Array:
-    """The query continuing a descent in a subtree of sum `subtree_sum`: `u2 * subtree_sum`, kept in
-    `[0, subtree_sum)` (0 when empty). Why: `docs/api/replay.md`, "Sum tree"."""
+    """`u2 * subtree_sum` kept in `[0, subtree_sum)` (0 when empty): the rest of a descent's query."""
     s = subtree_sum.astype(u2.dtype)
     q = u2 * s
     zero = jnp.zeros_like(s)
@@ -84,10 +80,8 @@ def _restart(subtree_sum: jax.Array, u2: jax.Array) -> jax.Array:
 
 
 def _descend(levels: tuple, q: jax.Array, u2: jax.Array | None = None) -> jax.Array:
-    """Leaf ids int32[Q] of clamped queries `q` [Q], one vectorised step per depth: left when
-    `q < left_sum`, else right with `q - left_sum`, never into an empty subtree. With `u2` ([Q] in
-    `[0, 1)`) the query is replaced at `_restart_level` by `_restart`.
-    """
+    """Leaf ids int32[Q] of clamped queries `q` [Q]: left when `q < left_sum`, else right with `q - left_sum`, never
+    into an empty subtree; with `u2` ([Q] in `[0, 1)`) the query restarts at `_restart_level`."""
     depth = len(levels) - 1
     if depth == 0:
         return jnp.zeros(q.shape, jnp.int32)
@@ -109,11 +103,8 @@ def _descend(levels: tuple, q: jax.Array, u2: jax.Array | None = None) -> jax.Ar
 
 
 class SumMinTree(flax.struct.PyTreeNode):
-    r"""Sums and minima over `capacity` non-negative leaves, one array per depth (`docs/api/replay.md`, "Sum tree").
-
-    Row `n` of `levels[l]` is the `(sum, min)` of node `n`'s subtree: leaf `i` holds $(v_i, v_i)$ if $v_i > 0$,
-    else $(0, +\infty)$; an internal row combines rows `2n` and `2n + 1` of depth `l + 1` (sums added, minima
-    taken). Build it with `SumMinTree.create`; every method is pure and returns a new tree or arrays.
+    r"""Sums and minima over `capacity` non-negative leaves, one array per depth (`docs/api/replay.md`, "Sum tree"):
+    row `n` of `levels[l]` is the `(sum, min)` of node `n`'s subtree. Every method is pure.
 
     Example:
       >>> import jax.numpy as jnp
@@ -132,10 +123,8 @@ class SumMinTree(flax.struct.PyTreeNode):
         """An empty tree: every row of every depth holds the identity `(0, +inf)`.
 
         Args:
-          capacity: Python int in `[1, 2**30]`, the number of leaves (ids `0 .. capacity - 1`), padded to `P`,
-            the next power of two.
-          dtype: a floating dtype (float32 default); sums are rounded in it (bfloat16 and float16 trees sample
-            only approximately); the total must stay finite.
+          capacity: Python int in `[1, 2**30]`, the number of leaves, padded to `P`, the next power of two.
+          dtype: a floating dtype the sums are rounded in (bfloat16, float16: approximate sampling).
 
         Raises:
           ValueError: capacity not an int in `[1, 2**30]`. TypeError: dtype not floating.
@@ -180,11 +169,8 @@ class SumMinTree(flax.struct.PyTreeNode):
 
     @_compiled.method()
     def get(self, indices) -> jax.Array:
-        """Leaf values at `indices` (int[B]): dtype[B]; indices outside `[0, capacity)` are clamped into it.
-
-        Raises:
-          TypeError / ValueError: `indices` not a 1-D integer array.
-        """
+        """Leaf values at `indices` (int[B]): dtype[B], indices clamped into `[0, capacity)`. TypeError / ValueError:
+        `indices` not a 1-D integer array."""
         i = _validate.index_vector("indices", indices)
         return self.levels[-1][jnp.clip(i, 0, self.capacity - 1), 0]
 
@@ -194,19 +180,16 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Args:
           indices: int[B] leaf ids. Entries outside `[0, capacity)` are ignored.
-          values: floating [B], converted to the tree's dtype. A NaN entry is ignored (NaN never enters the tree);
-            a negative value (`-inf` included) is written as 0 and `+inf` as the dtype's largest finite value.
+          values: floating [B], in the tree's dtype: NaN ignored, a negative value as 0, `+inf` as the largest finite.
           where: optional bool[B]; entries with `False` are ignored.
-          distinct: static bool; `True` promises no two active entries share an index, skipping the `O(B log B)`
-            sort for the last write of each index (duplicates then leave one of their values, which unspecified).
+          distinct: static bool; `True` promises no two active entries share an index (skips a sort).
 
         Returns:
-          A new tree; of duplicate indices the LAST active entry wins. Cost `O(B log P + B log B)`, `O(B log P)`
-          with `distinct`.
+          A new tree; of duplicate indices the LAST active entry wins. Cost `O(B log P + B log B)`.
 
         Raises (at trace time):
-          TypeError / ValueError: indices not 1-D integer, values not floating of the indices' shape, `where` not
-          bool[B] (each a list, a numpy or JAX array, or a CPU torch tensor); `distinct` not a Python bool.
+          TypeError / ValueError: indices not 1-D integer, values not floating `[B]`, `where` not bool[B] (each an
+          array or a list), `distinct` not a Python bool.
         """
         distinct = _validate.static_bool("distinct", distinct)
         indices = _validate.index_vector("indices", indices)
@@ -221,9 +204,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         node = jnp.where(active, indices, 0)  # inactive entries recompute leaf 0's ancestors: a no-op
         for l in reversed(range(self.depth)):
             kids = levels[l + 1].reshape(-1, 2, 2)
-            if 1 << l <= b:
-                # A depth of at most B rows is recomputed whole, no gather; set over its own array, which keeps its
-                # sharding and stays in place under donation.
+            if 1 << l <= b:  # recomputed whole, no gather; set over its own array (in place, sharding kept)
                 levels[l] = levels[l].at[:].set(_combine(kids))
                 continue
             node = node >> 1  # duplicate nodes write equal rows
@@ -232,9 +213,8 @@ class SumMinTree(flax.struct.PyTreeNode):
 
     @_compiled.method()
     def set_run(self, start, values) -> "SumMinTree":
-        """Write `B` leaves of a ring run, `(start + r) mod capacity <- values[r]` for `r < B`, and recompute their
-        ancestors: bit for bit `set(_ring.write_indices(start, B, capacity), values, distinct=True)`, in
-        `O(B + log P)` (slices, no gather or scatter).
+        """Write a ring run of `B` leaves, `(start + r) mod capacity <- values[r]`: bit for bit
+        `set(_ring.write_indices(start, B, capacity), values, distinct=True)` in `O(B + log P)` (slices).
 
         Args:
           start: integer scalar (traced or not): the leaf of `values[0]`, taken modulo `capacity`.
@@ -244,8 +224,7 @@ class SumMinTree(flax.struct.PyTreeNode):
           A new tree (in place when donated).
 
         Raises (at trace time):
-          TypeError / ValueError: `start` not an integer scalar; `values` not a floating 1-D array of length
-          `1 .. capacity`.
+          TypeError / ValueError: `start` not an integer scalar; `values` not floating `[B]`, `1 <= B <= capacity`.
         """
         start = _validate.index_array(start, "start", "an integer scalar", clip=False)
         start = _validate.integer_value("start", start, (), -(2**31), 2**31 - 1) % self.capacity
@@ -253,11 +232,8 @@ class SumMinTree(flax.struct.PyTreeNode):
         (b,) = values.shape
         if not 1 <= b <= self.capacity:
             raise ValueError(f"values: expected a length B in [1, {self.capacity}] (the capacity), got {b}")
-        rows = _rows(values)
-        written = ~jnp.isnan(values)
-        r = jnp.arange(b, dtype=jnp.int32)
-        # Leaves [start, start + n) in the B rows from `lo`; the rest wraps to leaves [0, end), in the B rows ending at
-        # `end` (clamped at row 0).
+        rows, written, r = _rows(values), ~jnp.isnan(values), jnp.arange(b, dtype=jnp.int32)
+        # Leaves [start, start + n) in the B rows from `lo`; the rest wraps to [0, end), in the B rows ending at `end`.
         n, end = jnp.minimum(b, self.capacity - start), start + b - self.capacity
         lo, lo_wrapped = jnp.minimum(start, self.padded_capacity - b), jnp.maximum(end - b, 0)
         first, wrapped = jnp.clip(lo + r - start, 0, b - 1), jnp.minimum(lo_wrapped + r + n, b - 1)
@@ -278,15 +254,8 @@ class SumMinTree(flax.struct.PyTreeNode):
     def find(self, queries) -> jax.Array:
         r"""Leaf `i` whose prefix-sum interval $[S_i, S_i + v_i)$ contains each query, $S_i = \sum_{j<i} v_j$.
 
-        Queries are clamped into `[0, total)` (NaN to 0). Whenever `total() > 0` the result is a POSITIVE leaf,
-        whatever the rounding; otherwise leaf 0. Near a prefix sum `S` a float32 query only tells apart leaves wider
-        than about `S * 2**-24`.
-
-        Args:
-          queries: floating [Q].
-
-        Returns:
-          int32[Q] leaf indices in `[0, capacity)`.
+        `queries` (floating `[Q]`) are clamped into `[0, total)` (NaN to 0). Returns int32[Q] leaf indices: whenever
+        `total() > 0` POSITIVE leaves, whatever the rounding; otherwise leaf 0.
 
         Raises:
           ValueError / TypeError: queries not a 1-D floating array.
@@ -308,9 +277,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         q_k = (k + u_k) \frac{\mathrm{total}}{B}, \qquad u_k \sim U[0, 1)\ \text{i.i.d.},
         $$
 
-        in stratum `k`; it decides the top half of the levels (all up to 32 padded leaves), a second uniform times
-        the subtree's sum the rest. Each index has probability `v_i / total` averaged over strata, leaves narrower
-        than a float32 spacing of the total included.
+        for the top half of the levels, a second uniform for the rest (`docs/api/replay.md`): each leaf `v_i / total`.
 
         Args:
           key: a PRNG key.
@@ -325,7 +292,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         batch_size = _validate.static_int("batch_size", batch_size)
         qdt = self.query_dtype
         u, u2 = jax.random.uniform(_validate.key("key", key), (2, batch_size), jnp.float32).astype(qdt)
-        # A product with 1/B: XLA rewrites a division by a constant so under jit only (eager and jit would differ).
+        # A product with 1/B: XLA rewrites a division by a constant under jit only (eager and jit would differ).
         width = self.total().astype(qdt) * jnp.asarray(1.0 / batch_size, qdt)
         q = (jnp.arange(batch_size, dtype=qdt) + u) * width
         return _descend(self.levels, self._clamp(q), u2)

@@ -1,11 +1,6 @@
-"""Every trace-time argument and input check of the library, each in one place.
-
-Every buffer stores an *item spec* (a pytree of `jax.ShapeDtypeStruct`, one item without a batch axis) and
-`check_batch` compares a batch against it before anything is written, naming the leaf path; nothing is ever cast.
-Wrong structure, kind or dtype raises `TypeError`, wrong shape or value `ValueError`, every message starting with
-the argument's name (`docs/guide.md`, section 8). Checks of env steps live in `.steps`, of stacked states in
-`.members`, of plain-Python options in `.options`, of a sharded buffer's samples in `.sharded`; all are re-exported
-here, so every check is reached as `_validate.<name>`.
+"""Every argument and input check of the library, each in one place, reached as `_validate.<name>` (those of
+`.steps`, `.members`, `.options` and `.sharded` re-exported). Wrong structure, kind or dtype raises `TypeError`, wrong
+shape or value `ValueError`, each message starting with the argument's name; nothing is cast (`docs/guide.md`, 8).
 """
 
 from __future__ import annotations
@@ -50,8 +45,7 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_array_like(x) -> bool:
-    """An array of JAX (a typed key array included) or numpy: a shape and a numpy or JAX dtype (a
-    torch tensor's dtype is neither)."""
+    """An array of JAX (typed keys included) or numpy: a shape and a numpy or JAX dtype (not a torch tensor)."""
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
         return False
     try:
@@ -72,8 +66,7 @@ def jax_holds(dtype) -> bool:
 
 
 def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)", dtype: Any = None) -> TypeError:
-    """The TypeError for `x` given where `want` (an array, of `dtype` when the place stores one) belongs; a list is
-    told to convert to an array of that `dtype`, a torch tensor to use `from_torch`."""
+    """The TypeError for `x` given where `want` (an array, of `dtype` if known) belongs; hints for lists, tensors."""
     got, hint = f"{type(x).__name__} {x!r:.60}", ""
     if isinstance(x, (list, tuple)):
         kind = None if dtype is None else "bool_" if np.dtype(dtype) == np.bool_ else np.dtype(dtype).name
@@ -85,9 +78,7 @@ def not_array(name: str, x: Any, want: str = "an array (JAX or numpy)", dtype: A
 
 
 def item_spec(example: Any, what: str = "example_item") -> Any:
-    """The per-item spec (pytree of ``jax.ShapeDtypeStruct``) of an example item of array or ShapeDtypeStruct leaves,
-    dtypes kept exactly. Raises TypeError for a leaf not array-like (a Python scalar: its dtype would be a guess), a
-    typed PRNG key array, or of a dtype JAX would narrow (x64 off); ValueError for an example without leaves."""
+    """The per-item spec (pytree of ``jax.ShapeDtypeStruct``) of an example of array leaves, dtypes kept exactly."""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(example)
     if not leaves:
         raise ValueError(f"{what}: expected a pytree with at least one array leaf, got {example!r}")
@@ -125,14 +116,11 @@ def _structure_error(spec, batch, what: str) -> TypeError:
 
 
 def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch", lead_names: tuple[str, ...] = ("B", "T")) -> tuple[int, ...]:
-    """Check ``batch`` against the item ``spec`` (`item_spec`): the same structure, each leaf exactly the spec's dtype
-    and of shape ``lead + spec.shape``, ``lead`` (``batch_ndim`` axes, named ``lead_names`` in errors) the same for
-    every leaf; returns ``lead`` (Python ints). Raises TypeError (naming ``what`` and the leaf) for another structure,
-    a leaf not an array or of another dtype; ValueError for another per-item shape or leading axes."""
+    """Check ``batch`` against the item ``spec``: the same structure, each leaf of the spec's dtype and of shape
+    ``lead + spec.shape``, ``lead`` (``batch_ndim`` axes, named ``lead_names``) the same for all; returns ``lead``."""
     if jax.tree_util.tree_structure(batch) != jax.tree_util.tree_structure(spec):
         raise _structure_error(spec, batch, what)
-    lead: tuple[int, ...] | None = None
-    lead_from = ""
+    lead, lead_from = None, ""  # the leading axes of the first leaf, its name
     for (path, s), leaf in zip(jax.tree_util.tree_flatten_with_path(spec)[0], jax.tree_util.tree_leaves(batch)):
         name = leaf_path(what, path)
         if not is_array(leaf):
@@ -158,8 +146,7 @@ def check_batch(spec: Any, batch: Any, batch_ndim: int = 1, what: str = "batch",
 
 
 def layout(tree: Any) -> tuple[list, tuple]:
-    """``(leaves, signature)`` of a pytree: its leaves and a hashable key of its structure and each leaf's type, shape
-    and dtype, all that `check_batch` and `array` read (a host writer skips them for a tree of a signature checked)."""
+    """``(leaves, signature)``: a hashable key of the structure and each leaf's type, shape and dtype of a pytree."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return leaves, (treedef, tuple((type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in leaves))
 
@@ -170,8 +157,7 @@ def tree_nbytes(tree: Any) -> int:
 
 
 def static_int(name: str, value, minimum: int = 1, maximum: int = _INT32.max) -> int:
-    """A static size: a Python (or numpy) int in `[minimum, maximum]` (default int32's: positions are int32), as `int`;
-    ValueError for a bool, a float (even `10.0`: never rounded), a traced or other non-int value, or out of range."""
+    """A static size: a Python (or numpy) int, not a bool or float, in `[minimum, maximum]` (default int32's)."""
     if not _is_int(value) or int(value) < minimum:
         raise ValueError(f"{name}: expected a Python int >= {minimum}, got {value!r}")
     if int(value) > maximum:
@@ -181,9 +167,7 @@ def static_int(name: str, value, minimum: int = 1, maximum: int = _INT32.max) ->
 
 
 def integer(name: str, value, minimum: int | None = None) -> int:
-    """An int option that is not a size (an id, a level, a thread count): a Python or numpy int, not a bool, of at
-    least `minimum` (None: any), as `int`. Raises TypeError for another kind (a float, even `2.0`; a str; an array),
-    ValueError below `minimum`."""
+    """An int option that is not a size (an id): a Python or numpy int, not a bool or float, >= `minimum` if given."""
     want = "an int" if minimum is None else f"an int >= {minimum}"
     if not _is_int(value):
         raise unexpected(name, want, value)
@@ -202,8 +186,7 @@ def divisor(name: str, value, total: int, what: str) -> int:
 
 
 def keyword_sizes(create: Callable) -> Callable:
-    """Decorate a buffer's `create(cls, example, *, sizes...)` (below its `classmethod`): sizes given by position raise
-    a TypeError naming the keyword-only sizes (those without a default) and showing the call."""
+    """Decorate a buffer's `create` (below `classmethod`): sizes given by position raise a TypeError with the call."""
     params = list(inspect.signature(create).parameters.values())[1:]  # after cls
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     sizes = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
@@ -223,10 +206,8 @@ def keyword_sizes(create: Callable) -> Callable:
 
 
 def scalar_parameter(name: str, x: Any, lo: float, hi: float = math.inf) -> Any:
-    """A scalar hyperparameter that may be traced (a discount, a lambda, an importance exponent), returned unchanged:
-    a Python or numpy int or float, or a 0-d integer or floating array; a concrete one finite and in `[lo, hi]`.
-    Raises TypeError for a bool, a complex, a string or other kind; ValueError for an array not 0-d, or a concrete
-    value NaN, infinite or out of range."""
+    """A scalar hyperparameter that may be traced (a discount), returned unchanged: a Python or numpy int or float, or
+    a 0-d integer or floating array; a concrete one finite and in `[lo, hi]`."""
     want = "a float" + (f" in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f" >= {lo:g}") + " or a 0-d float array"
     if x is None or isinstance(x, (bool, np.bool_, complex, np.complexfloating)):
         raise TypeError(f"{name}: expected {want}, got {x!r}")
@@ -252,9 +233,7 @@ def static_bool(name: str, value) -> bool:
 
 
 def flag(name: str, x: Any, shape: tuple = (), fill: bool = True) -> Any:
-    """A bool flag of `shape`: a bool array of exactly `shape` (returned as it is) or, with `fill`, a Python or numpy
-    bool (filled to `shape`, as numpy), never cast. Raises TypeError for what is not a bool or an array (`None`, an
-    int, a list) or a dtype other than bool, ValueError for another shape."""
+    """A bool array of exactly `shape` or, with `fill`, a Python or numpy bool (filled to `shape`, as numpy)."""
     if fill and isinstance(x, (bool, np.bool_)):
         x = np.full(shape, bool(x))
     if not is_array(x):
@@ -263,8 +242,7 @@ def flag(name: str, x: Any, shape: tuple = (), fill: bool = True) -> Any:
 
 
 def as_array(x: Any) -> Any:
-    """`x` itself if it is an array; a sequence holding JAX arrays or tracers (`[i, 1]` inside `jit`) through
-    `jnp.asarray`; anything else through `np.asarray` (checks see a numpy int64 before JAX narrows it)."""
+    """`x` itself if an array; a sequence holding JAX arrays through `jnp.asarray`; else `np.asarray` (not narrowed)."""
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return x
     if any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(x)):
@@ -277,11 +255,8 @@ def _python_ints(a: np.ndarray) -> bool:
 
 
 def index_array(x: Any, name: str = "indices", want: str = "an integer array (int32)", clip: bool = True) -> Any:
-    """`as_array` for small per-entry vectors (indices, priorities, generations), lists and array-likes numpy reads (a
-    CPU torch tensor) included. With `clip`, Python ints beyond 64 bits are clipped to int64 (so an index out of range
-    stays so once `int32_indices` saturates it; not for generations, compared modulo `2**32`). Raises TypeError
-    naming `name` and `want` for what is not an array of numbers (`None`, a str, a dict, ragged or mixed lists, a
-    `jax.ShapeDtypeStruct`, a torch tensor numpy cannot read)."""
+    """`as_array` for small per-entry vectors (indices, priorities), lists and array-likes numpy reads included; with
+    `clip`, Python ints beyond 64 bits are clipped to int64 (an index out of range stays so)."""
     # other libraries' array-likes are read through numpy (a jax.ShapeDtypeStruct becomes a 0-d object array: refused)
     other = hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (np.ndarray, np.generic, jax.Array))
     if clip and isinstance(x, (list, tuple)):  # numpy reads [0, 2**63] as float64: read Python ints as objects first
@@ -301,8 +276,7 @@ def index_array(x: Any, name: str = "indices", want: str = "an integer array (in
 
 
 def int32_indices(indices: Any) -> jax.Array:
-    """Integer `indices` (any integer dtype) as int32, saturating values outside int32's range (numpy input before
-    JAX converts it), so an index out of range stays out of range: writes ignore it, reads clip it."""
+    """Integer `indices` as int32, saturating values outside int32's range, so an index out of range stays so."""
     x = index_array(indices)
     xp = jnp if isinstance(x, jax.Array) else np
     info = np.iinfo(x.dtype)
@@ -314,8 +288,7 @@ def int32_indices(indices: Any) -> jax.Array:
 
 
 def integer_indices(name: str, indices) -> jax.Array:
-    """`indices` (integer, any shape) as int32 saturated (`int32_indices`). Raises TypeError
-    naming `name` for a non-integer dtype or what is not numbers (`index_array`)."""
+    """`indices` (integer, any shape) as `int32_indices`; TypeError naming `name` for what is not integers."""
     indices = index_array(indices, name)
     if not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an integer dtype (int32), got {indices.dtype}")
@@ -323,8 +296,7 @@ def integer_indices(name: str, indices) -> jax.Array:
 
 
 def indices_below(name: str, indices: jax.Array, size: int, what: str) -> None:
-    """Concrete `indices` must lie in `[0, size)` (`what` says what `size` counts); traced ones are not checked.
-    Raises ValueError naming `name`, the range expected and the range found."""
+    """ValueError naming `name` unless concrete `indices` lie in `[0, size)` (`what` says what `size` counts)."""
     if isinstance(indices, jax.core.Tracer) or not indices.size:
         return
     lo, hi = int(jnp.min(indices)), int(jnp.max(indices))
@@ -333,8 +305,7 @@ def indices_below(name: str, indices: jax.Array, size: int, what: str) -> None:
 
 
 def static_float(name: str, value, lo: float, hi: float) -> float:
-    """A static float (a Python or numpy number, not a bool) in ``[lo, hi]``, as ``float``.
-    Raises TypeError for what is not a number, ValueError outside ``[lo, hi]`` (or NaN)."""
+    """A static float (a Python or numpy number, not a bool) in ``[lo, hi]`` as ``float``; else TypeError/ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: expected a Python float, got {type(value).__name__} {value!r}")
     value = float(value)
@@ -345,16 +316,13 @@ def static_float(name: str, value, lo: float, hi: float) -> float:
 
 def timeout(name: str, value) -> float | None:
     """A wait's limit in seconds: None or a number ``>= 0`` (`static_float`), as ``float``; ``inf`` is None."""
-    if value is None:
-        return None
-    value = static_float(name, value, 0.0, float("inf"))
+    value = None if value is None else static_float(name, value, 0.0, float("inf"))
     return None if value == float("inf") else value
 
 
 def vector(name: str, x, b: int | None, kind: str) -> jax.Array:
-    """`x` (`index_array`) as a `[b]` array (`b` None: any 1-D) of the dtype kind `'floating'`, `'integer'` or
-    `'bool'`, its dtype kept (a list of Python ints and floats is float32 for `'floating'`). Raises TypeError for what
-    is not an array of numbers or of the wrong kind, ValueError for a shape other than `(b,)`."""
+    """`x` as a `[b]` array (`b` None: any 1-D) of the kind `'floating'`, `'integer'` or `'bool'`, its dtype kept (a
+    list of Python numbers is float32)."""
     if kind == "floating" and isinstance(x, (list, tuple)) and x and all(map(_weak_number, x)):
         x = jnp.stack([jnp.asarray(v, jnp.float32) for v in x])
     article = "an" if kind == "integer" else "a"
@@ -381,9 +349,7 @@ def index_vector(name: str, indices) -> jax.Array:
 
 
 def integer_value(name: str, value, shape: tuple, lo, hi, expected: str = "") -> jax.Array:
-    """An integer array of `shape` (a cursor, a counter) as int32; concrete values (before narrowing) must lie in
-    `[lo, hi]` (`expected` describes the range). Raises TypeError for a dtype not integer, ValueError for another
-    shape or a concrete value out of range."""
+    """An integer array of `shape` (a cursor, a counter) as int32, concrete values in `[lo, hi]` (`expected`)."""
     v = value if isinstance(value, jax.core.Tracer) else np.asarray(value)
     if not jnp.issubdtype(v.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an integer value, got dtype {v.dtype}")
@@ -395,10 +361,8 @@ def integer_value(name: str, value, shape: tuple, lo, hi, expected: str = "") ->
 
 
 def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
-    """``x`` itself, checked at trace time to be an array (JAX or numpy, not converted) of exactly ``shape`` (None: any)
-    and ``dtype``: a dtype (matched exactly), ``"floating"`` (any floating dtype) or None (any). Raises TypeError for
-    what is not an array (``None``, a Python scalar, a list), a dtype JAX would narrow or the wrong dtype; ValueError
-    for the wrong shape."""
+    """``x`` itself, an array (JAX or numpy) of exactly ``shape`` and ``dtype`` (``"floating"``: any floating; None:
+    any), of a dtype JAX keeps."""
     floating = isinstance(dtype, str) and dtype == "floating"  # (a float64 dtype compares equal to "floating")
     if not is_array(x):
         known = np.float32 if floating else dtype
@@ -418,8 +382,7 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
 
 
 def parameters(where: str, fn: Callable, kwargs: dict) -> list[str]:
-    """The parameter names of the method `fn` after `self`; a TypeError naming `where` for a keyword of `kwargs` it
-    does not take (unless it takes `**kwargs`)."""
+    """The parameter names of the method `fn` after `self`; TypeError naming `where` for a keyword it does not take."""
     signature = inspect.signature(fn)
     params = list(signature.parameters)[1:]
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
@@ -437,8 +400,7 @@ def array_leaves(what: str, tree: Any) -> None:
 
 
 def keyword_dict(name: str, value: Any, fn: Callable) -> dict:
-    """`value` as the keyword arguments of the method `fn` (a dict): TypeError naming `name` for a value that is not
-    a dict, a key `fn` does not take or a required argument missing."""
+    """`value`, a dict of keyword arguments of the method `fn`: else TypeError naming `name` (a key or one missing)."""
     if not isinstance(value, dict):
         raise TypeError(f"{name}: expected a dict of {fn.__qualname__} arguments or None, got {type(value).__name__}")
     params = parameters(name, fn, value)
@@ -450,9 +412,8 @@ def keyword_dict(name: str, value: Any, fn: Callable) -> dict:
 
 
 def split_leaves(args: dict, num_shards: int, axis: str, own: Callable | None = None) -> None:
-    """Every leaf of the arguments `{name: tree}` a sharded call splits into `num_shards` blocks (mesh axis `axis`):
-    an array JAX holds as it is (PRNG keys pass; else TypeError) with a leading axis a multiple of `num_shards` (else
-    ValueError). Before a leaf JAX would narrow is refused, `own()` (when given) may raise the buffer's own refusal."""
+    """Every leaf of the arguments `{name: tree}` a sharded call splits into `num_shards` blocks: an array JAX holds as
+    it is (else `own()` may refuse first), its leading axis a multiple of `num_shards`."""
     for arg, tree in args.items():
         for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
             name = leaf_path(arg, path)
@@ -470,8 +431,7 @@ def split_leaves(args: dict, num_shards: int, axis: str, own: Callable | None = 
 
 
 def refusal(fn: Callable, *abstract: Any) -> None:
-    """Trace `fn(*abstract)` (nothing runs) to raise its own refusal (TypeError, ValueError) as the caller's, without
-    the trace's frames; any other failure to trace returns."""
+    """Trace `fn(*abstract)` (nothing runs) to raise its refusal (TypeError, ValueError) without the trace's frames."""
     try:
         jax.eval_shape(fn, *abstract)
     except (TypeError, ValueError) as e:
@@ -481,8 +441,7 @@ def refusal(fn: Callable, *abstract: Any) -> None:
 
 
 def not_narrowed(name: str, x: Any, how: str = "convert it") -> Any:
-    """``x`` itself once checked that JAX keeps its dtype (`jax_holds`: not a numpy 64-bit dtype with x64 off); else
-    TypeError naming `name`, the dtype and what JAX would make of it, then `how` to keep or convert it."""
+    """``x`` itself if JAX keeps its dtype (`jax_holds`); else TypeError naming `name`, the dtypes and `how`."""
     if not jax_holds(x.dtype):
         got = np.dtype(x.dtype)
         raise TypeError(f"{name}: dtype {got} would be narrowed to {jax.dtypes.canonicalize_dtype(got)} (x64 is off); {how}")
@@ -490,8 +449,7 @@ def not_narrowed(name: str, x: Any, how: str = "convert it") -> Any:
 
 
 def exact_cast(name: str, x: np.ndarray, dtype: Any) -> np.ndarray:
-    """Numpy ``x`` converted to ``dtype`` when that keeps every value exactly (NaN stays NaN); else ValueError naming
-    ``name``, both dtypes and the values held."""
+    """Numpy ``x`` converted to ``dtype`` if every value stays exact (NaN stays NaN); else ValueError naming it."""
     dtype = np.dtype(dtype)
     if x.dtype == dtype:
         return x
@@ -509,8 +467,7 @@ def exact_cast(name: str, x: np.ndarray, dtype: Any) -> np.ndarray:
 
 
 def sharding_fits(name: str, leaf: str, shape: tuple, sharding: Any) -> None:
-    """ValueError naming ``name``, the array ``leaf``, its shape and ``sharding`` when ``sharding`` cannot lay out an
-    array of ``shape`` (a spec of more axes than the array has, a dimension its mesh axes do not divide)."""
+    """ValueError naming ``name``, the array ``leaf``, its shape and ``sharding`` if ``sharding`` cannot lay it out."""
     spec = getattr(sharding, "spec", None)  # more axes than the array's: refused even where the shards would fit
     why = f"its spec names {len(spec)} axes" if spec is not None and len(spec) > len(shape) else None
     if why is None:
@@ -529,9 +486,7 @@ def _raw_key_shape(impl: str) -> tuple[int, ...]:
 
 
 def key(name: str, k: Any) -> Any:
-    """`k` itself once checked to be one PRNG key, concrete or traced: a typed key array of shape `()`
-    (`jax.random.key(seed)`) or a raw `uint32` key (`jax.random.PRNGKey(seed)`, `(2,)` for threefry). Raises
-    TypeError naming `name` for what is not a key, or a batch of keys (use one per call: `vmap` over them)."""
+    """`k` itself, one PRNG key: `jax.random.key(seed)` (shape `()`) or a raw `jax.random.PRNGKey(seed)` (`uint32`)."""
     raw = _raw_key_shape(str(jax.config.jax_default_prng_impl))
     want = f"one PRNG key: jax.random.key(seed) (shape ()) or jax.random.PRNGKey(seed) (uint32{list(raw)})"
     if not is_array(k):
@@ -547,8 +502,7 @@ def key(name: str, k: Any) -> Any:
 
 
 def storable_dtype(name: str, value: Any) -> np.dtype:
-    """`value` (a dtype or a name numpy reads: `jnp.float32`, `"bfloat16"`) as a floating numpy dtype that JAX stores
-    as it is; else TypeError naming `name` (a torch dtype, another kind, a 64-bit dtype with x64 off)."""
+    """`value` (a dtype or a name numpy reads) as a floating numpy dtype JAX stores as it is; else TypeError."""
     try:
         d = None if value is None else np.dtype(value)
     except TypeError:
@@ -578,7 +532,7 @@ def static_value(name: str, value: Any, want: str = "an array or a hashable Pyth
     return value
 
 
-# the step checks (module doc), after every name they use is defined
+# the re-exported checks (module doc), after every name they use is defined
 from jaxbuffers._validate.steps import (  # noqa: E402
     decoded_entries, episode_lengths, final_obs_not_step, final_value_pair, host_call, host_stack_breaks, frame_leaves, normalizable,
     same_bytes, trajectory_add, trajectory_example, unrebuilt_stack_error, unrebuilt_stacks, unrebuilt_trajectory_stack_error, unrebuilt_trajectory_stacks,

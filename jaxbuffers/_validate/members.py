@@ -1,9 +1,5 @@
-"""The one check that a buffer's state is one buffer, not several stacked with `jax.vmap`.
-
-`jax.vmap(Buffer.create)` gives a state whose every leaf has a leading member axis `[S]`; called without `vmap`, a
-method would read that axis as data. Every buffer names the leaf that is a scalar in one buffer (its write cursor:
-the class attribute `_cursor`, a dotted attribute path); a leading axis on it is the member axis. The check reads
-shapes only and raises while tracing, before anything runs.
+"""The check that a buffer's state is one buffer, not several stacked with `jax.vmap`: a leading axis on the leaf
+named by the class attribute `_cursor` (a dotted path to the write cursor, a scalar in one buffer).
 """
 
 from __future__ import annotations
@@ -19,8 +15,7 @@ from jaxbuffers import _timing
 
 
 def member_axes(buffer: Any) -> tuple[int, ...]:
-    """The leading member axes of `buffer`'s state: the shape of its cursor (`()` for one buffer, also for one
-    member seen under `jax.vmap`, and for objects without a `_cursor`)."""
+    """The leading member axes of `buffer`'s state: its cursor's shape (`()` for one buffer or no `_cursor`)."""
     get = _cursor_getter(type(buffer))
     if get is None:
         return ()
@@ -31,7 +26,7 @@ def member_axes(buffer: Any) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _cursor_getter(cls: type):
-    """`operator.attrgetter` of `cls._cursor`, None for a class without one (made once per class)."""
+    """`operator.attrgetter` of `cls._cursor`, None for a class without one."""
     path = getattr(cls, "_cursor", None)
     return None if path is None else operator.attrgetter(path)
 
@@ -41,12 +36,7 @@ def _axes(stack: tuple[int, ...]) -> str:
 
 
 def one_member(method: str, buffer: Any, *, mapped: bool = True) -> None:
-    """Refuse a stacked state given to `type(buffer).method` outside `jax.vmap` (`mapped`: whether the method works
-    under `jax.vmap`; else it reads values on the host and the message says to take one member out).
-
-    Raises:
-      ValueError: the state has leading member axes; the message names the method, the axes and how to call it.
-    """
+    """ValueError for a stacked state given to `type(buffer).method` outside `jax.vmap` (`mapped`: works under it)."""
     stack = member_axes(buffer)
     if not stack:
         return
@@ -69,10 +59,8 @@ _HOST = frozenset({"num_added", "stats"})  # read values on the host: never unde
 
 
 def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
-    """Class decorator: every public method of a buffer class `cls` (inherited ones included; not properties,
-    classmethods, `replace`, `close` and the byte counts) calls `one_member` first (`mapped`: False for buffers whose
-    methods do not work under `jax.vmap`), then the public methods are timed (`jaxbuffers._timing.timed_methods`).
-    Returns `cls`, its methods wrapped (`functools.wraps`)."""
+    """Class decorator: every public method of `cls` (inherited ones too; not properties, classmethods, `_UNCHECKED`)
+    calls `one_member` first, then is timed (`jaxbuffers._timing.timed_methods`)."""
     if cls is None:
         return functools.partial(one_member_methods, mapped=mapped)
     for name in dir(cls):

@@ -1,10 +1,5 @@
-"""Checks of the calls on Stable-Baselines3's own ``RolloutBuffer`` / ``DictRolloutBuffer``, made from its shapes and
-spaces and changing nothing, so that a facade over several buffers can refuse a call before any buffer changes
-(`jaxbuffers._validate`'s conventions: the argument's name first; ValueError for a shape or value, TypeError for a
-kind; IndexError for an add to a full buffer, as SB3's numpy indexing raises it).
-
-SB3 checks none of these itself: its ``add`` writes the observation, then the action, ... into row ``pos`` and fails
-at the first that does not fit, with the earlier rows written.
+"""Checks of the calls on SB3's own ``RolloutBuffer`` / ``DictRolloutBuffer``, changing nothing, so that a facade over
+several buffers refuses a call before any changes (SB3's ``add`` fails at the first field that does not fit).
 """
 
 from __future__ import annotations
@@ -19,13 +14,7 @@ from jaxbuffers import _validate
 
 
 def assignable(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """``x`` as numpy when numpy can assign it into a float / bool array of ``shape`` (``dst[...] = x``: broadcast,
-    leading unit axes dropped).
-
-    Raises:
-      TypeError: not numeric (strings, objects, None).
-      ValueError: a shape that does not broadcast to ``shape``.
-    """
+    """``x`` as numpy when numpy can assign it into a float / bool array of ``shape`` (``dst[...] = x``)."""
     try:
         a = np.asarray(x)
     except Exception as e:  # a tensor on an accelerator, a ragged list, ...
@@ -52,8 +41,7 @@ def _sized(name: str, x: Any, size: int, what: str, tensor: bool = False) -> Non
         raise TypeError(f"{name}: expected {kind} of {size} values ({what}), got a {type(x).__name__}")
     if tensor:
         _no_grad(name, x)
-    n = math.prod(tuple(x.shape))
-    if n != size:
+    if math.prod(tuple(x.shape)) != size:
         raise ValueError(f"{name}: expected {size} values ({what}), got shape {tuple(x.shape)}")
     assignable(name, x.detach().cpu() if tensor else x, tuple(x.shape))
 
@@ -89,30 +77,15 @@ def _obs_leaf(name: str, x: Any, shape: tuple[int, ...], discrete: bool) -> None
 
 
 def filled_for_get(buf: Any) -> None:
-    """An SB3 rollout buffer's ``get`` needs every step of the rollout (``buffer_size`` since ``reset``).
-
-    Raises:
-      RuntimeError: ``pos`` of ``buffer_size`` steps added (SB3 itself fails on a bare ``assert``).
-    """
+    """RuntimeError unless an SB3 rollout buffer holds every step of the rollout, as its ``get`` needs."""
     _validate.filled("get", buf.buffer_size if buf.full else buf.pos, buf.buffer_size, "steps per env",
                      "add the rest of the rollout (and call compute_returns_and_advantage) before get()")
 
 
 def check(buf: Any, name: str, *args: Any, **kwargs: Any) -> None:
-    """The argument checks of ``getattr(buf, name)(*args, **kwargs)`` on SB3's ``RolloutBuffer`` or
-    ``DictRolloutBuffer``, changing nothing: ``add`` (a free row; obs ``[n_envs, *obs_shape]``, action
-    ``n_envs * action_dim`` values, reward / episode_start ``[n_envs]``, value and log_prob torch tensors of
-    ``n_envs`` values), ``compute_returns_and_advantage`` (``last_values`` a torch tensor of ``n_envs`` values,
-    ``dones`` ``[n_envs]``), ``get`` (a full buffer; ``batch_size`` None or an int >= 1: SB3 loops forever on 0),
-    ``sample`` (an int >= 1); the other methods only their signature.
-
-    Raises:
-      TypeError: arguments the method does not take, or of the wrong kind (a tensor that requires grad where SB3
-        calls ``.numpy()``).
-      ValueError: a wrong shape or value (the message names the argument).
-      IndexError: ``add`` on a full buffer.
-      RuntimeError: ``get`` on a buffer that is not full.
-    """
+    """The argument checks of ``getattr(buf, name)(*args, **kwargs)`` on SB3's rollout buffer ``buf``: ``add`` (a free
+    row, else IndexError as SB3's numpy indexing), ``compute_returns_and_advantage``, ``get`` (a full buffer, else
+    RuntimeError; ``batch_size`` >= 1: SB3 loops forever on 0) and ``sample``; other methods only their signature."""
     a = inspect.signature(getattr(buf, name)).bind(*args, **kwargs).arguments
     n = buf.n_envs
     if name == "add":

@@ -1,7 +1,4 @@
-"""Checks of what `ShardedBuffer.record` is given: a global sample (a `ShardedSample`) or a per-device sample (a
-`sample_local` output), each against the sharded buffer's number of shards, and the wrapped buffer's refusal of one
-shard's block of an add's arguments (`jaxbuffers._validate`'s conventions: the argument's name first, TypeError for kind,
-ValueError for shape or value)."""
+"""Checks of a sharded buffer's calls: the samples `ShardedBuffer.record` is given, a shard's refusal of an add."""
 
 from __future__ import annotations
 
@@ -16,9 +13,7 @@ from jaxbuffers._validate import index_array, index_vector, indices_below, integ
 
 
 def shapes_passed(run: Callable[[], Any], whole: Any, n: int) -> Any:
-    """``run()``, whose refusal (TypeError, ValueError) of one shard's block of the arguments ``whole`` (their leading
-    axes split ``n`` ways) is raised with the first block shape it names (``got (2, 3)``) replaced by the shape passed
-    (``got (8, 3)``)."""
+    """``run()``, its refusal of one shard's block of ``whole`` (split ``n`` ways) naming the shape passed instead."""
     try:
         return run()
     except (TypeError, ValueError) as e:
@@ -34,17 +29,9 @@ def shapes_passed(run: Callable[[], Any], whole: Any, n: int) -> Any:
 
 
 def sharded_draws(name: str, sample: Any, num_shards: int, axis: str) -> tuple[bool, jax.Array, Any, Any]:
-    """`(whole, indices, generations, shard)` of a sample to record into a sharded buffer of `num_shards` shards
-    (mesh axis `axis`), at trace time. A global sample (with `shard` and `sample`): `whole` True, int32 `indices`
-    and `shard` `[B]`, `generations` `[B]` (its dtype kept) or None. A per-device sample (with `indices`): `whole`
-    False, int32 `indices` and `generations` (or None) `[num_shards, B]`.
-
-    Raises:
-      TypeError: neither kind of sample, or non-integer indices, shards or generations.
-      ValueError: per-device indices not `[num_shards, B]` (a sample of one unsharded buffer, of another number of
-        shards), `shard` or `generations` of another shape than the indices, a concrete `shard` outside
-        `[0, num_shards)`.
-    """
+    """`(whole, indices, generations, shard or None)` of a sample to record into a sharded buffer of `num_shards`
+    shards: a global sample (a `ShardedSample`): True, int32 `indices` and `shard` `[B]`, `generations` `[B]` or
+    None; a per-device one (`sample_local`'s): False, int32 `indices` and `generations` (or None) `[num_shards, B]`."""
     inner = sample.sample if hasattr(sample, "shard") and hasattr(sample, "sample") else None
     if inner is not None:
         if not hasattr(inner, "indices"):
@@ -80,11 +67,7 @@ def sharded_draws(name: str, sample: Any, num_shards: int, axis: str) -> tuple[b
 
 
 def keeps_metrics(method: str, shards: Any) -> None:
-    """The wrapped buffer of a sharded buffer keeps usage metrics (`record` and `stats` reach them).
-
-    Raises:
-      TypeError: naming `method`, for a buffer without them (the rollout buffers: `jaxbuffers.rollout_stats`).
-    """
+    """TypeError naming `method` unless the wrapped buffer of a sharded buffer keeps usage metrics."""
     if not callable(getattr(shards, "_metrics_owner", None)):
         raise TypeError(f"{method}: {type(shards).__name__} keeps no usage metrics (a rollout's come from "
                         f"jaxbuffers.rollout_stats of its shards: apply(jaxbuffers.rollout_stats, ...))")

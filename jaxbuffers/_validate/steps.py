@@ -1,6 +1,4 @@
-"""Checks of env steps for the trajectory, episode and compressed buffers: the example step of a `create`, a step's
-flags and final observation at `add`, and the frame leaves of a compressed observation (`jaxbuffers._validate`'s
-conventions: the argument's name first, TypeError for structure, kind or dtype, ValueError for shape or value)."""
+"""Checks of env steps for the trajectory, episode and compressed buffers: example steps, `add`s, compressed frames."""
 
 from __future__ import annotations
 
@@ -11,9 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from host_codecs import DTYPES
-from jaxbuffers._validate import (
-    _is_int, check_batch, flag, index_array, item_spec, leaf_path, static_int,
-)
+from jaxbuffers._validate import _is_int, check_batch, flag, index_array, item_spec, leaf_path, static_int
 
 
 def final_value_pair(prefix: str, truncated, final_value) -> None:
@@ -25,9 +21,7 @@ def final_value_pair(prefix: str, truncated, final_value) -> None:
 
 
 def trajectory_example(example_step, num_envs, length, obs_key: str, action_key: str, reward_key: str):
-    """`(num_envs, length, spec)` of a trajectory buffer's `create` (its errors): sizes whose flat positions
-    `lane * length + slot` fit int32, and an example step dict with an observation of at least one leaf, an action
-    and a floating scalar reward."""
+    """`(num_envs, length, spec)` of a trajectory buffer's `create`: int32 positions, an obs, action, float reward."""
     num_envs, length = static_int("num_envs", num_envs), static_int("length", length)
     for arg, key in (("obs_key", obs_key), ("action_key", action_key), ("reward_key", reward_key)):
         if not isinstance(key, str):
@@ -64,8 +58,7 @@ def _leaf_at(tree, path):
 
 
 def final_obs_not_step(obs_spec, obs_key: str, final_obs) -> None:
-    """TypeError for a whole step (a dict with an `obs_key` field the observation `obs_spec` has not) passed as a
-    trajectory buffer's `final_obs`, where `check_batch` would report a tree structure difference."""
+    """TypeError for a whole step (a dict with an `obs_key` field) passed as a trajectory buffer's `final_obs`."""
     if isinstance(final_obs, Mapping) and obs_key in final_obs and not (isinstance(obs_spec, Mapping) and obs_key in obs_spec):
         raise TypeError(f"final_obs: expected the observation only, shaped like the step's {obs_key!r} field, not the "
                         f"whole step (got a dict with the fields {sorted(final_obs, key=str)}); pass its {obs_key!r} "
@@ -73,9 +66,8 @@ def final_obs_not_step(obs_spec, obs_key: str, final_obs) -> None:
 
 
 def trajectory_add(spec, obs_key: str, num_envs: int, length: int, step, terminated, truncated, final_obs):
-    """Check the arguments of a trajectory buffer's `add` against the step `spec` (trace time; the errors of
-    `TrajectoryBuffer.add`); returns `(step, terminated, truncated, final_obs)` with a time axis, leaves
-    `[num_envs, t, ...]` (`truncated` and `final_obs` stay None when not given)."""
+    """Check a trajectory buffer's `add` against the step `spec` (`TrajectoryBuffer.add`'s errors); returns `(step,
+    terminated, truncated, final_obs)` with leaves `[num_envs, t, ...]` (None stays None)."""
     from jaxbuffers import _ring  # the ring's own fit check
 
     if not isinstance(step, Mapping):
@@ -119,13 +111,7 @@ def normalizable(name: str, dtype) -> None:
 
 def frame_leaves(obs_spec, indices, what: str, frame_stack, stack_axis: int, normalize_images: bool) -> list[tuple]:
     """`(name, shape, dtype, frame_shape, stack_axis or None)` of the observation leaves number `indices` that a
-    compressed trajectory buffer stores on the host (its `create`'s errors).
-
-    Raises:
-      TypeError: a leaf whose dtype the host stores do not take (`host_codecs.DTYPES`), naming the leaf.
-      ValueError: `normalize_images` on a non-uint8 leaf; with `frame_stack=k`, a `stack_axis` out of range or not
-        holding `k` frames.
-    """
+    compressed buffer stores on the host (a dtype they take; `stack_axis` holding `frame_stack` frames)."""
     flat = jax.tree_util.tree_flatten_with_path(obs_spec)[0]
     out = []
     for i in indices:
@@ -166,8 +152,7 @@ def _differs(a, b, lead: int):
 
 
 def _padding_breaks(x, lead: int, padding: str):
-    """bool `[*L]` of stacks `x` `[*L, k, *frame]` (`lead = len(L)`): whether the older frames are not the padding of
-    an episode's first step: its newest frame repeated (`"reset"`) or zeros (`"zero"`)."""
+    """bool `[*L]` of stacks `x` `[*L, k, *frame]` (`lead = len(L)`): the older frames are not the `padding`."""
     k = x.shape[lead]
     older, newest = _part(x, lead, 0, k - 1), _part(x, lead, k - 1, k)
     return _differs(older, jnp.zeros_like(older) if padding == "zero" else jnp.broadcast_to(newest, older.shape), lead)
@@ -180,21 +165,9 @@ def _shift_breaks(x, prev, lead: int):
 
 
 def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) -> jax.Array:
-    """Where frame stacks are not what a store keeping each step's newest frame rebuilds (`docs/guide.md`, section 4):
-    step 0's older frames must be the padding (its newest frame repeated, `"reset"`, or zeros, `"zero"`) and every
-    later stack, the final observation's (step `n`, the length) too, the one before shifted by one frame:
-    `x[t][j] == x[t - 1][j + 1]`, `j < k - 1`.
-
-    Args:
-      stacks: `[B, T, *shape]`, `k` frames along `stack_axis` of `shape`.
-      finals: `[B, *shape]`, the final observations.
-      lengths: int `[B]`; steps at or past a length are not compared (nor the final observation of a length 0).
-      stack_axis, padding: as the store's.
-
-    Returns:
-      bool `[B, T + 1]`: True at the first step of a row whose stack would not come back as given (and at later ones
-      that do not shift from the step before); column `T`: the final observation.
-    """
+    """bool `[B, T + 1]`: where stacks `[B, T, *shape]` (`k` frames along `stack_axis`) and finals `[B, *shape]` (column
+    `T`) are not what a store of each step's newest frame rebuilds: step 0's older frames its `padding` (`"reset"`:
+    its newest frame repeated, or `"zero"`), later stacks the one before shifted (`x[t][j] == x[t - 1][j + 1]`)."""
     x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [B, T, k, *frame]
     f = jnp.moveaxis(finals, 1 + stack_axis, 1)  # [B, k, *frame]
     t = x.shape[1]
@@ -208,21 +181,8 @@ def unrebuilt_stacks(stacks, finals, lengths, *, stack_axis: int, padding: str) 
 
 
 def unrebuilt_trajectory_stacks(stacks, before, starts, finals, boot, *, stack_axis: int, padding: str) -> jax.Array:
-    """`unrebuilt_stacks` for steps that arrive in chunks `[E, t]` per lane (a trajectory store), a final observation
-    at every step where `boot`.
-
-    Args:
-      stacks: `[E, t, *shape]`, `k` frames along `stack_axis` of `shape`.
-      before: `[E, *shape]`, the stacks the store rebuilds for the steps before chunk step 0 (read only where that
-        step does not start an episode).
-      starts: bool `[E, t]`, the steps that start an episode.
-      finals: `[E, t, *shape]`, the final observations, compared where `boot` (bool `[E, t]`); or None.
-      stack_axis, padding: as the store's.
-
-    Returns:
-      bool `[2, E, t]`: row 0 the steps whose stack would not come back as given, row 1 the final observations;
-      numpy (computed on the host) when `stacks` is a numpy array, else a `jax.Array`.
-    """
+    """`unrebuilt_stacks` of chunks `[E, t, *shape]` after the rebuilt stacks `before` (`[E, *shape]`), episodes
+    starting where `starts`, `finals` compared where `boot`: bool `[2, E, t]` (row 1: finals), numpy for numpy."""
     if isinstance(stacks, np.ndarray):
         return _host_unrebuilt(stacks, before, starts, finals, boot, stack_axis=stack_axis, padding=padding)
     x = jnp.moveaxis(stacks, 2 + stack_axis, 2)  # [E, t, k, *frame]
@@ -251,9 +211,7 @@ def _host_unrebuilt(stacks, before, starts, finals, boot, *, stack_axis: int, pa
 
 
 def host_stack_breaks(stack: np.ndarray, older: np.ndarray, start: bool, padding: str) -> bool:
-    """The rule of `unrebuilt_trajectory_stacks` for one stack on the host: whether ``stack`` (``[k, *frame]``, the k
-    axis first) would not come back as given, i.e. its older frames are not its padding where ``start`` (the step
-    starts an episode), else not ``older`` (the step before's stack) shifted by one frame. Compared as bytes."""
+    """`unrebuilt_trajectory_stacks` of one stack ``[k, *frame]`` on the host, ``older`` the step before's (bytes)."""
     k = stack.shape[0]
     if start:
         kept = stack[: k - 1].tobytes()
@@ -262,8 +220,7 @@ def host_stack_breaks(stack: np.ndarray, older: np.ndarray, start: bool, padding
 
 
 def same_bytes(a: np.ndarray | bytes, b: np.ndarray | bytes) -> bool:
-    """Whether ``a`` and ``b`` (numpy arrays or ``bytes``) hold the same bytes. ``a`` is copied unless it is ``bytes``,
-    ``b`` only when it is an array that is not C-contiguous (``bytes.startswith`` reads a buffer in place)."""
+    """Whether ``a`` and ``b`` (numpy arrays or ``bytes``) hold the same bytes (``b`` read in place if contiguous)."""
     a = a if type(a) is bytes else a.tobytes()
     size = len(b) if type(b) is bytes else b.nbytes
     if type(b) is not bytes and not b.flags.c_contiguous:
@@ -271,12 +228,10 @@ def same_bytes(a: np.ndarray | bytes, b: np.ndarray | bytes) -> bool:
     return len(a) == size and a.startswith(b)
 
 
-_UNREBUILT = (
-    "is not the stack the buffer rebuilds from each step's newest frame (with frame_stack, each stack is the previous "
-    "step's shifted by one frame, padded at the episode's start as `padding` says), so its older frames would be lost "
-    "(nothing was written). Store such observations whole (frame_stack=None), or give each episode the stacks a frame "
-    "stacker makes from its start"
-)
+_UNREBUILT = ("is not the stack the buffer rebuilds from each step's newest frame (with frame_stack, each stack is "
+              "the previous step's shifted by one frame, padded at the episode's start as `padding` says), so its "
+              "older frames would be lost (nothing was written). Store such observations whole (frame_stack=None), or "
+              "give each episode the stacks a frame stacker makes from its start")
 
 
 def _first(bad: np.ndarray) -> tuple[int, int] | None:
@@ -286,9 +241,7 @@ def _first(bad: np.ndarray) -> tuple[int, int] | None:
 
 
 def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched: bool) -> ValueError | None:
-    """The error naming the first stack `unrebuilt_stacks` found, or None. `bad`: bool `[L, B, T + 1]`, one per
-    compressed leaf; `names`: per leaf, its name in the episode argument and in `final_obs` (e.g.
-    `("episodes['obs']['pixels']", "final_obs['pixels']")`); `batched`: several episodes (`add_episodes`)."""
+    """The error naming the first stack `unrebuilt_stacks` found (`bad`: `[L, B, T + 1]`, `names` per leaf), or None."""
     for (step_name, final_name), leaf in zip(names, np.asarray(bad)):
         if (hit := _first(leaf)) is None:
             continue
@@ -301,8 +254,7 @@ def unrebuilt_stack_error(bad: np.ndarray, names: list[tuple[str, str]], batched
 
 
 def unrebuilt_trajectory_stack_error(bad: np.ndarray, names: list[tuple[str, str]]) -> ValueError | None:
-    """The error naming the first stack `unrebuilt_trajectory_stacks` found, or None. `bad`: bool `[L, 2, E, t]`, one
-    per compressed leaf; `names`: per leaf, its name in `step` and in `final_obs`."""
+    """The error naming the first stack `unrebuilt_trajectory_stacks` found (`bad`: `[L, 2, E, t]`), or None."""
     for (step_name, final_name), leaf in zip(names, np.asarray(bad)):
         for row, name in enumerate((step_name, final_name)):
             if (hit := _first(leaf[row])) is not None:
@@ -313,8 +265,7 @@ def unrebuilt_trajectory_stack_error(bad: np.ndarray, names: list[tuple[str, str
 
 
 def episode_lengths(name: str, x, shape: tuple, t: int):
-    """Episode lengths of `shape` as int32 (`EpisodeBuffer.add_episode(s)`, `ShardedBuffer.add_episodes`): integers;
-    concrete values must lie in `[1, t]` (traced ones are clipped by the add)."""
+    """Episode lengths of `shape` as int32: integers, concrete ones in `[1, t]` (traced ones are clipped by the add)."""
     if _is_int(x):
         x = np.full(shape, int(x), np.int64)
     x = index_array(x, name)
@@ -331,16 +282,14 @@ def episode_lengths(name: str, x, shape: tuple, t: int):
 
 
 def host_call(name: str, state) -> None:
-    """TypeError naming `name` when `state` holds traced arrays: a method that reads host stores directly runs
-    eagerly, not inside `jit` / `vmap` / `scan`."""
+    """TypeError naming `name`, a method reading host stores, when `state` holds traced arrays."""
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(state)):
         raise TypeError(f"{name}: reads the host stores directly, so it is called eagerly, on a concrete state "
                         f"(not inside jit, vmap or scan); inside a program use gather")
 
 
 def decoded_entries(name: str, entries, frames: list) -> list:
-    """Decoded store entries of a compressed rollout (`CompressedRolloutBuffer.decode_entries`): one numpy array per
-    compressed leaf, `[n + 1, *frame_shape]` of its dtype (`frames`: `(frame_shape, dtype)` per leaf), one `n`."""
+    """`decode_entries`' entries: per leaf (`frames`: `(frame_shape, dtype)`) numpy `[n + 1, *frame_shape]`, one `n`."""
     got = list(entries) if isinstance(entries, (list, tuple)) else None
     ok = got is not None and len(got) == len(frames) and all(
         isinstance(e, np.ndarray) and e.ndim == 1 + len(shape) and e.shape[1:] == tuple(shape) and e.shape[0] >= 1
