@@ -20,6 +20,13 @@ repetition, from the last one reset). Their frames are one random frame (values 
 buffer holds 128 steps, so it overwrites its oldest as the rollout refills its rows). ``--quick`` lowers the
 repetition counts; ``--only`` runs the cases whose names contain one of its comma-separated strings.
 
+Profile of the compressed rollout add (why it cost a multiple of the trajectory add on a loaded machine, eager
+and jitted alike): its host write took its slots from no device result, so XLA's CPU runtime ran the write on a
+thread of its own beside the program's state updates and the calling thread waited for it; two thread wake-ups per
+add, each a scheduler delay when the cores are busy. Its CPU time on the recorded steps was about the trajectory
+add's (on the repeated random frame the trajectory add codes 7 in 8 frames as empty deltas); the write now reads
+its slots from the updated state and runs on the calling thread.
+
 Run: python benchmarks/bench_eager.py [--quick] [--repeats N] [--only NAMES]
 """
 
