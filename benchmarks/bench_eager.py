@@ -14,9 +14,20 @@ Cases: ``ReplayBuffer.add`` (B = 8) / ``sample`` (256); ``PrioritisedReplayBuffe
 repetition from an empty buffer) / ``minibatches`` (4 of 128 steps x 4 envs, after ``compute_gae``);
 ``CompressedTrajectoryBuffer.add`` (8 envs of u8[84,84,4] frames) / ``sample_transitions``
 (256, n_step 3); ``CompressedRolloutBuffer.add`` (8 envs of u8[84,84,4] frames; a rollout of 128 steps per
-repetition, from the last one reset). ``--quick`` lowers the repetition counts.
+repetition, from the last one reset). Their frames are one random frame (values 0..3), the same every step; the
+``.../breakout`` cases add the two compressed buffers' steps of recorded Breakout stacks instead (8 lanes of
+``shared/data/atari_rollouts.npz``, a new step per call, 128 calls per repetition: one rollout; the trajectory
+buffer holds 128 steps, so it overwrites its oldest as the rollout refills its rows). ``--quick`` lowers the
+repetition counts; ``--only`` runs the cases whose names contain one of its comma-separated strings.
 
-Run: python benchmarks/bench_eager.py [--quick] [--repeats N]
+Profile of the compressed rollout add (why it cost a multiple of the trajectory add on a loaded machine, eager
+and jitted alike): its host write took its slots from no device result, so XLA's CPU runtime ran the write on a
+thread of its own beside the program's state updates and the calling thread waited for it; two thread wake-ups per
+add, each a scheduler delay when the cores are busy. Its CPU time on the recorded steps was about the trajectory
+add's (on the repeated random frame the trajectory add codes 7 in 8 frames as empty deltas); the write now reads
+its slots from the updated state and runs on the calling thread.
+
+Run: python benchmarks/bench_eager.py [--quick] [--repeats N] [--only NAMES]
 """
 
 from __future__ import annotations
@@ -27,8 +38,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import batch_of, compare, header, interleaved, parser  # noqa: E402
+from _common import batch_of, compare, data_file, header, interleaved, parser  # noqa: E402
 
 import jaxbuffers as jb  # noqa: E402
 
@@ -104,13 +117,34 @@ def cases():
         return jb.CompressedRolloutBuffer.create(pix, num_envs=ENVS, num_steps=128)
 
     out += [("CompressedRolloutBuffer.add", comp_ro, comp_ro_add, "rollout-reset")]
+    steps = breakout_steps(128)
+    if steps is not None:  # op(state, step): the step is the call's argument (a new one per call)
+        out += [("CompressedTrajectoryBuffer.add/breakout",
+                 lambda: jb.CompressedTrajectoryBuffer.create(pix, num_envs=ENVS, length=128, final_obs_capacity=8),
+                 lambda s, x: s.add(x, terminated=no8, truncated=no8, final_obs=x["obs"]), True, steps),
+                ("CompressedRolloutBuffer.add/breakout", comp_ro,
+                 lambda s, x: s.add(x, reward=x["reward"], value=x["reward"], terminated=no8), "rollout-reset", steps)]
     return out
 
 
-def runner(op, state, threads, n):
+def breakout_steps(n):
+    """``n`` steps of ``ENVS`` lanes of recorded Breakout stacks (lane ``e`` from step ``e * 2000`` of the recording):
+    device dicts of ``obs`` u8[ENVS, 84, 84, 4], ``action`` int32 and ``reward`` float32 ``[ENVS]``; None without
+    the recorded frames."""
+    path = data_file("atari_rollouts.npz")
+    if path is None:
+        return None
+    with np.load(path) as d:
+        frames, idx = d["breakout_frames"], d["breakout_obs_idx"]
+    rows = idx[np.arange(ENVS)[:, None] * 2000 + np.arange(n)].transpose(1, 0, 2)  # [n, ENVS, 4] frame ids
+    obs = np.moveaxis(frames[rows], 2, -1)  # [n, ENVS, 84, 84, 4]
+    return [{"obs": jnp.asarray(o), "action": jnp.zeros(ENVS, jnp.int32), "reward": jnp.zeros(ENVS)} for o in obs]
+
+
+def runner(op, state, threads, n, args=None):
     """``n`` calls of ``op``; adds thread the state (a rollout restarts from the empty buffer; a host-backed one from
-    its last state reset: an older state of it is stale)."""
-    keys = list(jax.random.split(jax.random.key(1), n))
+    its last state reset: an older state of it is stale). ``op``'s second argument: a key per call, or ``args[i]``."""
+    keys = args[:n] if args is not None else list(jax.random.split(jax.random.key(1), n))
     state = state() if callable(state) else state
     box = {"s": state}
 
@@ -128,14 +162,18 @@ def runner(op, state, threads, n):
 
 
 def main():
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--only", default=None, help="comma-separated substrings of case names to run")
+    args = p.parse_args()
     repeats = args.repeats or (3 if args.quick else 15)
     header(BENCH, args.quick)
-    for name, state, op, threads in cases():
-        n = 128 if threads in ("rollout", "rollout-reset") else (10 if args.quick else 100)
-        jitted = jax.jit(op)
-        times = interleaved({"ours-eager": runner(op, state, threads, n), "ours-jit": runner(jitted, state, threads, n)},
-                            repeats, n)
+    for name, state, op, threads, *per_call in cases():
+        if args.only and not any(w in name for w in args.only.split(",")):
+            continue
+        n = 128 if threads in ("rollout", "rollout-reset") or per_call else (10 if args.quick else 100)
+        jitted, per_call = jax.jit(op), (per_call or [None])[0]
+        times = interleaved({"ours-eager": runner(op, state, threads, n, per_call),
+                             "ours-jit": runner(jitted, state, threads, n, per_call)}, repeats, n)
         compare(BENCH, name, times, "ours-jit", n=n, repeats=repeats, unit="calls/s")
 
 

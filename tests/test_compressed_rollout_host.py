@@ -157,3 +157,23 @@ def test_flushed_state_keeps_its_arrays_and_the_index_holds_distinct_frames():
     out = w2.flush().gather(jnp.arange(2 * n, dtype=jnp.int32))
     np.testing.assert_array_equal(np.asarray(out.step["obs"]["pixels"])[:n], step["obs"]["pixels"])
     np.testing.assert_array_equal(np.asarray(out.step["obs"]["pixels"])[n:], step["obs"]["pixels"][::-1])
+
+
+def test_the_add_that_fills_the_buffer_puts_the_staged_entries():
+    """Entries wait in the writer until `put_rows` are staged, except after the add that fills the buffer (no add
+    can follow it): the stores then hold every distinct frame before any `flush`, and the flushed state reads them."""
+    n, t = 2, 6
+    rng = np.random.default_rng(7)
+    ex = _example(0)
+    buf = CompressedRolloutBuffer.create(ex, num_envs=n, num_steps=t, compress=("pixels",), codec="rle", frame_stack=K)
+    writer = RolloutHostWriter(buf)
+    writer.put_rows = 10 * n * t * K  # more than the rollout stores: only the fill puts
+    pixels = _stacks(rng, n, t, 0)
+    f = dict(reward=np.zeros(n, np.float32), value=np.zeros(n, np.float32), terminated=np.zeros(n, bool))
+    for i in range(t):
+        assert buf.host.num_rows == 0
+        writer.add({"obs": {"pixels": pixels[i], "vec": np.zeros((n, 2), np.float32)}, "logp": np.zeros(n, np.float32)}, **f)
+    distinct = sum(len({pixels[i, e, j].tobytes() for i in range(t) for j in range(K)}) for e in range(n))
+    assert buf.host.num_rows == distinct and buf.host.num_writes == 1
+    out = writer.flush().gather(jnp.arange(n * t, dtype=jnp.int32))
+    np.testing.assert_array_equal(np.asarray(out.step["obs"]["pixels"]), pixels.reshape(n * t, K, H, W))

@@ -153,6 +153,9 @@ class CompressedRolloutBuffer(HostBacked):
             datas = [jnp.moveaxis(x, 1 + i.stack_axis, 1).reshape(n * k, *i.frame_shape) for x, i in zip(datas, self.leaves)]
         new = inner.add(_common.replace_leaves(step, self.leaf_index, [slots] * len(self.leaves)), **fields)
         valid = jnp.broadcast_to(~inner.is_full(), (slots.size,))
+        # the slots written are read back from the row the new state holds (equal to `slots` where `valid`): a write
+        # depending on no device result runs on another thread than the program, which then waits for it
+        slots = _common.pick_leaves(new.step, self.leaf_index)[0][row]
         version = _common.write(self.host, self.version, slots.reshape(-1), valid, datas)
         return self.replace(buffer=new, version=version)
 

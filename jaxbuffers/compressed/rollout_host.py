@@ -3,7 +3,8 @@
 For Python-driven loops (one env step per call, e.g. the SB3 adapters) a jitted `add` per step costs a device
 dispatch each time. The writer instead keeps the rollout's device fields as numpy mirrors (`[T, N, ...]`, the
 uncompressed step leaves included), puts the compressed leaves into the buffer's host stores (staged, `put_rows`
-entries at a time: a put has a fixed cost), and builds the device state once, at `flush` (before GAE or minibatches).
+entries at a time: a put has a fixed cost; the add that fills the buffer puts the rest, as no add can follow it), and
+builds the device state once, at `flush` (before GAE or minibatches).
 
 One copy of the per-step fields at a time: the mirrors are 64-byte aligned, so on CPU `flush` hands them to the
 device state without a copy (`jax.device_put` adopts them); the next `add` first copies them back into fresh mirrors
@@ -54,8 +55,11 @@ def _placeholder(x) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-def _holds(key: bytes, parts: list[np.ndarray]) -> bool:
-    """Whether ``key`` is the bytes of ``parts`` joined (each read in place where it is C-contiguous)."""
+def _holds(key: bytes, parts: np.ndarray | list[np.ndarray]) -> bool:
+    """Whether ``key`` is the bytes of ``parts`` (one C-contiguous array, or arrays joined, each read in place where
+    it is C-contiguous)."""
+    if type(parts) is np.ndarray:  # one C-contiguous entry of a fixed size: `key` has its size
+        return key.startswith(parts)
     at = 0
     for p in parts:
         if not key.startswith(p if p.flags.c_contiguous else p.tobytes(), at):
@@ -105,7 +109,7 @@ class RolloutHostWriter:
         self._checked: tuple | None = None  # layouts of the last step and fields that passed the checks
         self._pending: list[tuple[int, bytes]] = []  # (slot, entry bytes: `_frame_ids`) not yet put into the host stores
 
-    put_rows = 32  # entries staged before one put into the host stores (flush puts the rest)
+    put_rows = 128  # entries staged per put into the host stores (flush and the add that fills the buffer put the rest)
 
     @property
     def mirror_nbytes(self) -> int:
@@ -169,7 +173,7 @@ class RolloutHostWriter:
             return
         compressed = state.leaf_index
         slots = self._frame_ids([np.asarray(leaves[i]) for i in compressed])
-        if len(self._pending) >= self.put_rows:
+        if len(self._pending) >= self.put_rows or row + 1 == self._steps:  # full: no later add joins the put
             self._write_pending()
         for i, (m, x) in enumerate(zip(self._step, leaves)):
             m[row] = slots if i in compressed else x
@@ -185,10 +189,11 @@ class RolloutHostWriter:
         self.row = row + 1
         self._dirty = True
 
-    def _frame_ids(self, stacks: list[np.ndarray]) -> np.ndarray:
-        """This step's slots, int32 ``[N]`` or ``[N, k]``: where each entry is (or an equal entry already is) stored. The
-        entries to write are staged (`_pending`) as ``(slot, bytes)``: an entry's bytes are its compressed leaves'
-        ``[*frame_shape]`` (C order) joined, each leaf a fixed size; a copy (the caller may reuse its arrays)."""
+    def _frame_ids(self, stacks: list[np.ndarray]) -> np.ndarray | list[list[int]]:
+        """This step's slots, int32 ``[N]`` (numpy) or ``[N, k]`` (nested lists): where each entry is (or an equal entry
+        already is) stored. The entries to write are staged (`_pending`) as ``(slot, bytes)``: an entry's bytes are its
+        compressed leaves' ``[*frame_shape]`` (C order) joined, each leaf a fixed size; a copy (the caller may reuse its
+        arrays)."""
         n, k, row = self._envs, self._k, self.row
         if k is None:
             slots = (row * n + np.arange(n, dtype=np.int32)).astype(np.int32)
@@ -196,27 +201,29 @@ class RolloutHostWriter:
             return slots
         frames = [x if i.stack_axis == 0 else np.moveaxis(x, 1 + i.stack_axis, 1) for x, i in zip(stacks, self._state.leaves)]
         # each frame compared exactly with the kept bytes of an equal frame, in place; only a frame stored is copied
-        # (its bytes are the entry staged and the copy kept for the next stack)
-        fresh, slots, keys = self._pending, [], []
+        # (its bytes are the entry staged and the copy kept for the next stack). One C-contiguous leaf (the usual
+        # case): its frames are the entries, compared as they are.
+        one = frames[0] if len(frames) == 1 and frames[0].flags.c_contiguous else None
+        fresh, slots, keys, nxt = self._pending, [], [], self._next_slot
+        old_keys, old_slots = self._prev if self._prev is not None else ((None,) * n, (None,) * n)
         for e in range(n):
-            mine, mine_keys = [], []
-            old_keys, old_slots = (self._prev[0][e], self._prev[1][e]) if self._prev is not None else (None, None)
+            mine, mine_keys, olds = [], [], old_keys[e]
             for j in range(k):
-                parts = [f[e, j] for f in frames]
-                if old_keys is not None and j < k - 1 and _holds(old_keys[j + 1], parts):  # shifted from the previous stack
-                    key, s = old_keys[j + 1], old_slots[j + 1]
+                parts = one[e, j] if one is not None else [f[e, j] for f in frames]
+                if olds is not None and j < k - 1 and _holds(olds[j + 1], parts):  # shifted from the previous stack
+                    key, s = olds[j + 1], old_slots[e][j + 1]
                 elif j > 0 and _holds(mine_keys[j - 1], parts):  # repeats its left neighbour ("reset" padding)
                     key, s = mine_keys[j - 1], mine[j - 1]
                 else:
-                    key, s = b"".join([x.tobytes() for x in parts]), self._next_slot
-                    self._next_slot += 1
+                    key, s = parts.tobytes() if one is not None else b"".join([x.tobytes() for x in parts]), nxt
+                    nxt += 1
                     fresh.append((s, key))
                 mine.append(s)
                 mine_keys.append(key)
             slots.append(mine)
             keys.append(mine_keys)
-        self._prev = (keys, slots)
-        return np.array(slots, np.int32)
+        self._next_slot, self._prev = nxt, (keys, slots)
+        return slots
 
     def _write_pending(self) -> None:
         """Put the staged entries into the host stores (one write: the per-call cost of a put is paid once)."""
