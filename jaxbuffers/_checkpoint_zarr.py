@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import xxhash
 
+from host_codecs.snapshot import PayloadRuns
 from jaxbuffers._checkpoint_describe import _DTYPES, _NAMED_DTYPES, CheckpointError
 from jaxbuffers._checkpoint_files import _BLOCK, _SYNC_THREADS, _mismatch, _Progress, _write_file
 
@@ -101,7 +102,8 @@ def _chunk_file(shape: tuple) -> str:
 # --- writing ---
 
 def write(root: Path, tree: dict, progress) -> dict[str, dict]:
-    """Write `tree` (dicts of string keys down to arrays on host memory: numpy, or JAX arrays on a CPU device) into
+    """Write `tree` (dicts of string keys down to arrays on host memory: numpy, JAX arrays on a CPU device, or a host
+    store's payload as the runs of arena bytes it joins, `host_codecs.snapshot.PayloadRuns`, written as one array) into
     the new folder `root / "arrays"` (module doc), each file synced (its folders are not: `_write_manifest` syncs
     them). Returns the manifest entry of every file written, by path relative to `root`.
 
@@ -115,7 +117,8 @@ def write(root: Path, tree: dict, progress) -> dict[str, dict]:
     for keys, x in _items(tree):
         value = {"value_type": "Dict", "skip_deserialize": True}
         if x is not None:
-            a, name = stored(np.asarray(x)), ".".join(keys)  # a CPU array's own memory, no copy
+            a = x if isinstance(x, PayloadRuns) else stored(np.asarray(x))  # a CPU array's own memory, no copy
+            name = ".".join(keys)
             (folder / name).mkdir()
             zdtype = "bfloat16" if a.dtype == jnp.bfloat16 else a.dtype.str
             z = {"chunks": list(a.shape), "compressor": None, "dimension_separator": ".", "dtype": zdtype,
@@ -129,8 +132,12 @@ def write(root: Path, tree: dict, progress) -> dict[str, dict]:
     metadata = {"tree_metadata": tree_metadata, "use_ocdbt": False, "use_zarr3": False,
                 "store_array_data_equal_to_fill_value": True, "custom_metadata": None}
     files.append(("_METADATA", json.dumps(metadata).encode()))
-    files.sort(key=lambda f: -(f[1].nbytes if isinstance(f[1], np.ndarray) else len(f[1])))  # the largest first
-    one = lambda f: _write_file(folder / f[0], f[1], progress if isinstance(f[1], np.ndarray) else quiet)  # noqa: E731
+    files.sort(key=lambda f: -(len(f[1]) if isinstance(f[1], bytes) else f[1].nbytes))  # the largest first
+
+    def one(f: tuple[str, Any]) -> dict:
+        data = f[1].runs if isinstance(f[1], PayloadRuns) else f[1]
+        return _write_file(folder / f[0], data, quiet if isinstance(data, bytes) else progress)
+
     with ThreadPoolExecutor(_SYNC_THREADS) as pool:
         entries = list(pool.map(one, files))
     return {f"arrays/{rel}": e for (rel, _), e in zip(files, entries)}
