@@ -42,11 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 import xxhash
 
+from host_codecs import num_threads
 from host_codecs.snapshot import PayloadRuns
 from jaxbuffers._checkpoint_describe import _DTYPES, _NAMED_DTYPES, CheckpointError
 from jaxbuffers._checkpoint_files import _BLOCK, _SYNC_THREADS, _mismatch, _Progress, _write_file
 
 _MAPPED = 1 << 20  # bytes: smaller arrays are read and put (no copy program compiled for each shape)
+_READ_BLOCK = 4 << 20  # bytes of one positioned read (`_read_into`)
 _NAMED = {d for n, d in _DTYPES.items() if n in _NAMED_DTYPES}  # stored under their own zarr dtype
 _ZARR_DTYPES = {("bfloat16" if d == jnp.bfloat16 else d.str): d for d in _NAMED}
 
@@ -247,16 +249,31 @@ class HostSource:
 
 
 def _read_into(path: Path, flats: list[np.ndarray], want: str, progress) -> None:
-    """Read the file `path` into the uint8 arrays `flats` in order, hashing block by block (to_host)."""
+    """Read the file `path` into the uint8 arrays `flats` in order, hashing block by block (to_host): blocks of
+    `_READ_BLOCK` bytes read by a pool of threads (positioned reads, the GIL released), hashed in file order by the
+    calling thread as they arrive."""
+    blocks, at = [], 0
+    for flat in flats:
+        blocks += [(at + a, flat[a : a + _READ_BLOCK]) for a in range(0, flat.size, _READ_BLOCK)]
+        at += flat.size
     h = xxhash.xxh3_64()
-    with open(path, "rb", buffering=0) as f:
-        for flat in flats:
-            for a in range(0, flat.size, _BLOCK):
-                block = flat[a : a + _BLOCK]
-                if f.readinto(block) != block.size:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def read(block: tuple[int, np.ndarray]) -> bool:
+            start, view = block
+            got = 0
+            while got < view.size and (n := os.preadv(fd, [view[got:]], start + got)):
+                got += n
+            return got == view.size
+
+        with ThreadPoolExecutor(max(1, min(len(blocks) - 1, num_threads()))) as pool:  # one block: read here
+            for (_, view), whole in zip(blocks, pool.map(read, blocks) if len(blocks) > 1 else map(read, blocks)):
+                if not whole:
                     raise CheckpointError(f"{path}: shorter than the manifest says (truncated while read)")
-                h.update(block)
-                progress.update(block.size)
+                h.update(view)
+                progress.update(view.size)
+    finally:
+        os.close(fd)
     if h.hexdigest() != want:
         raise _mismatch(path)
 

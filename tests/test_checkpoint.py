@@ -440,6 +440,25 @@ def test_corrupt_host_store_file_is_detected_naming_it(tmp_path):
         jb.restore(tmp_path / "c")
 
 
+def test_a_file_read_in_many_blocks_by_several_threads_comes_back_whole_and_a_flipped_byte_is_caught(tmp_path, monkeypatch):
+    """Files read as blocks by a pool of threads and checksummed in file order: with blocks of 64 bytes a compressed
+    buffer comes back equal, and a byte flipped in the last block of its payload file is detected naming the file."""
+    from jaxbuffers import _checkpoint_zarr as zarr
+
+    monkeypatch.setattr(zarr, "_READ_BLOCK", 64)
+    buf = _small_compressed()
+    jb.save(tmp_path / "c", buf)
+    key = jax.random.key(0)
+    _assert_same(jb.restore(tmp_path / "c").sample_sequences(key, 4, 2), buf.sample_sequences(key, 4, 2))
+    victim = next((tmp_path / "c" / "arrays" / "host.stores.0.payload").glob("[0-9]*"))
+    data = bytearray(victim.read_bytes())
+    assert len(data) > 4 * 64
+    data[-3] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(jb.CheckpointError, match=f"{victim.parent.name}/{victim.name}: checksum mismatch"):
+        jb.restore(tmp_path / "c")
+
+
 def test_restored_compressed_buffer_holds_the_payload_read_once_and_goes_on_as_the_never_saved_one(tmp_path):
     """A compressed buffer saved and restored with the public API: its packed payloads are read once, straight into
     the arena chunks the restored store keeps (traced host memory peaks at about one payload, not two: the restore
