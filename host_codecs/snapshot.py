@@ -96,8 +96,11 @@ class Snapshots:
 
         def export() -> tuple[dict[str, Any], dict[str, Any]]:
             live = np.flatnonzero(cols["chunk"] >= 0)
-            live = live[np.lexsort((cols["offset"][live], cols["chunk"][live]))]
-            src_chunk, src = cols["chunk"][live].astype(np.int64), cols["offset"][live].astype(np.int64)
+            # by chunk, then offset: one key, sorted stably (in a ring the slots are nearly in this order already)
+            key = cols["chunk"][live].astype(np.int64) << 32 | cols["offset"][live]
+            order = np.argsort(key, kind="stable")
+            live, key = live[order], key[order]
+            src_chunk, src = key >> 32, key & 0xFFFFFFFF
             padded = ceil_align(cols["length"][live].astype(np.int64))
             dst = np.zeros(live.size, np.int64)
             np.cumsum(padded[:-1], out=dst[1:])
