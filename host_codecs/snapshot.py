@@ -2,7 +2,9 @@
 
 `export_state` packs the live payloads back to back (each padded to `ALIGN` bytes) beside every index column, the
 per-codec counters and the dictionary bytes; `import_state` loads such a snapshot into an empty store of the same
-configuration after checking all of it. What a checkpoint of a compressed buffer saves (`jaxbuffers.checkpoint`).
+configuration after checking all of it. `export_later` takes the state now and exports it later, its payload the
+runs of arena bytes it joins (`PayloadRuns`, not copied). What a checkpoint of a compressed buffer saves
+(`jaxbuffers.checkpoint`).
 
 `Snapshots` is the part of `CompressedStore` that does this; it works on the store's own index, arena and lock, and
 holds no state of its own.

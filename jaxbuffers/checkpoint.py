@@ -16,7 +16,7 @@ buffer.json      {"format": "jaxbuffers.checkpoint", "version": 1, "class": "Rep
 arrays/          an orbax-checkpoint PyTree checkpoint (tensorstore) of
                   {"device": {"0": leaf 0, ...}, "host": {"stores": {"0": {"chunk", "offset", ..., "payload"}, ...},
                    "slot_version": ...}}: the buffer's arrays, and for a compressed buffer its host stores
-                  (`host_codecs.CompressedStore.export_state`: index columns, packed payloads, zstd dictionary);
+                  (`host_codecs.CompressedStore.export_later`: index columns, packed payloads, zstd dictionary);
                   a sharded one's per shard ({"shards": {"s": ...}}), or, saved by several processes
                   ("layout": "stacked"), as one uint8 array [S, n] of a byte row per shard. An array of a dtype
                   other than numpy's and bfloat16 (float8, float4, int4, uint4, int2, uint2) is stored as its bytes,
@@ -40,8 +40,10 @@ Safety:
   checkpoint whole (between the two renames it is the sibling `.<name>.prev`, which `restore` falls back to). Every
   file (hashed as it is written) and folder is fsynced before the rename.
 * `save(..., blocking=False)` copies the buffer's arrays to host memory (on CPU: holds them, so that a later donation
-  copies instead of writing over them) and the host stores' contents before it returns, and writes in a background
-  thread: the checkpoint holds the buffer as of the call, whatever the training loop does with it afterwards.
+  copies instead of writing over them) and takes the host stores (a copy of their index; their payloads, which adds
+  never overwrite, written later from the arena: `jaxbuffers._checkpoint_snapshot`) before it returns, and writes in a
+  background thread: the checkpoint holds the buffer as of the call, whatever the training loop does with it
+  afterwards.
 * Several processes (`jax.distributed`): every process calls `save(directory, buffer)` with the same folder (on a
   file system they all see), blocking or not, and process 0 commits once every process has written its parts
   (`jaxbuffers._checkpoint_processes`). A `ShardedBuffer`: each process writes and reads the parts of its devices and
