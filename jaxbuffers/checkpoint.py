@@ -74,15 +74,15 @@ import tarfile
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from host_codecs import num_threads
 
 from jaxbuffers import _background, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
-from jaxbuffers._validate import processes as _replicas
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
@@ -93,7 +93,6 @@ from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _
     _is_checkpoint, _one_at_a_time, _prev, _Progress, _read_json, _sibling, _through_link, _verify, _write_file,
     _write_manifest,
 )
-from jaxbuffers.compressed._host import ShardedHostStores
 from jaxbuffers.sharding import ShardedBuffer
 
 __all__ = [
@@ -199,10 +198,19 @@ def _read_direct(root: Path, listed: dict, later: set, restore_args: dict, leave
         return None
     _check_hashes(root, listed, sorted(later - {c.rel for c in chunks.values()}), progress)
     hashed = lambda name: listed[chunks[name].rel]["xxh3_64"]  # noqa: E731
-    arrays = [_zarr.to_device(root, chunks[f"device.{i}"], hashed(f"device.{i}"), s, progress) if x.size
-              else _zarr.on_devices([np.zeros(x.shape, x.dtype)], [s])[0] for i, (x, s) in enumerate(zip(leaves, shardings))]
-    host = [(_zarr.HostSource if n.endswith(".payload") else _zarr.to_host)(root, chunks[n], hashed(n), progress) for n in host_names]
-    return arrays, jax.tree_util.tree_unflatten(host_tree, host)
+
+    def device(i: int, x: Any, s: Any) -> jax.Array:
+        if not x.size:
+            return _zarr.on_devices([np.zeros(x.shape, x.dtype)], [s])[0]
+        return _zarr.to_device(root, chunks[f"device.{i}"], hashed(f"device.{i}"), s, progress)
+
+    def host(n: str) -> Any:  # a payload is read when its store asks for it, into the chunks it keeps
+        return (_zarr.HostSource if n.endswith(".payload") else _zarr.to_host)(root, chunks[n], hashed(n), progress)
+
+    with concurrent.futures.ThreadPoolExecutor(num_threads()) as pool:  # files read at once (the first error raised)
+        arrays = list(pool.map(device, range(len(leaves)), leaves, shardings))
+        host_arrays = list(pool.map(host, host_names))
+    return arrays, jax.tree_util.tree_unflatten(host_tree, host_arrays)
 
 
 def _read_orbax(root: Path, meta: dict, restore_args: dict, leaves: list, shardings: list, progress: _Progress) -> tuple[list, dict]:
