@@ -82,6 +82,8 @@ def _host_tree(host_arrays: dict) -> dict:
 
 
 class Snapshot(NamedTuple):
+    """A buffer taken by `snapshot`, written by `jaxbuffers.checkpoint._write` (`done`, then the files)."""
+
     meta: dict  # buffer.json but its "host" (`done` adds it)
     leaves: list  # the buffer's arrays on host memory (CPU arrays), in pytree order
     host: Callable[[], tuple[dict | None, dict]]  # the host stores' metadata and arrays (`_host_taken`)

@@ -80,8 +80,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-from host_codecs import num_threads
 
+from host_codecs import num_threads
 from jaxbuffers import _background, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
