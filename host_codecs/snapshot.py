@@ -2,11 +2,13 @@
 checkpoint of a compressed buffer saves (`jaxbuffers.checkpoint`).
 
 `Snapshots` is the part of `CompressedStore` that takes and loads them, on the store's own index, arena and lock.
+`export_later` takes the state now and exports it later, its payload the runs of arena bytes it joins (`PayloadRuns`,
+not copied).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -15,7 +17,7 @@ from ._checksum import CHECKSUMS, XXH3
 from .registry import CODECS
 from .zstd import ZstdDictionary
 
-__all__ = ["Snapshots", "saved_checksum"]
+__all__ = ["PayloadRuns", "Snapshots", "saved_checksum"]
 
 
 def saved_checksum(meta: dict[str, Any], what: str) -> str:
@@ -31,35 +33,77 @@ def saved_checksum(meta: dict[str, Any], what: str) -> str:
     return got
 
 
+class PayloadRuns:
+    """An exported payload as the runs of arena bytes it joins, not copied: uint8 arrays whose concatenation, in
+    order, is the packed payload (shape `(nbytes,)`, dtype uint8). `packed()` (or `np.asarray`) joins them.
+
+    Attributes:
+      runs: list of uint8 1-d arrays (views of arena chunks).
+      shape, dtype, size, nbytes: those of the packed payload.
+    """
+
+    def __init__(self, runs: list[np.ndarray]):
+        self.runs = runs
+        self.nbytes = self.size = sum(r.shape[0] for r in runs)
+        self.shape, self.dtype = (self.nbytes,), np.dtype(np.uint8)
+
+    def packed(self) -> np.ndarray:
+        """The payload as one new uint8 array."""
+        return np.concatenate(self.runs) if self.runs else np.zeros(0, np.uint8)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self.packed() if dtype is None else self.packed().astype(dtype)
+
+
 class Snapshots:
     """`export_state` / `import_state` of `CompressedStore` (module doc)."""
 
     def export_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """A snapshot of the whole store as JSON-able metadata and numpy arrays (`docs/api/host_codecs.md`,
-        "Snapshots"), taken under the store lock (payload bytes, which never change, are copied after it)."""
+        "Snapshots"). Thread-safe: `export_later()()` with the payload packed."""
+        meta, arrays = self.export_later()()
+        return meta, {**arrays, "payload": arrays["payload"].packed()}
+
+    def export_later(self) -> Callable[[], tuple[dict[str, Any], dict[str, Any]]]:
+        """Take the store's state now; the returned function gives `export_state`'s snapshot of that state, later
+        and from any thread, whatever is put meanwhile, its `payload` a `PayloadRuns` of the arena's bytes.
+
+        Now, under the store lock: a copy of the index columns (`index_rows` rows) and the tags, and a reference to
+        each arena chunk (published payload bytes never change, and a chunk released later stays alive while
+        referenced). The function sorts the live entries and packs their offsets outside the lock; no payload byte
+        is copied.
+        """
         with self._lock:
             cols = {k: v[: self._rows].copy() for k, v in self._index_columns().items()}
             chunks = {c: ch.data for c, ch in self._arena.chunks.items()}
             tags, layouts, d = self._tags.copy(), [[dtype_from_code(c).name, list(s)] for c, s in self._layouts], self._dictionary
-            meta = {"config": self.config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
-                    "rows_seen": self._rows_seen, "trained": self._trained, "dictionary_error": self.dictionary_error,
-                    "compactions": self._compactions, "checksum": self.checksum}
-        live = np.flatnonzero(cols["chunk"] >= 0)
-        live = live[np.lexsort((cols["offset"][live], cols["chunk"][live]))]
-        src_chunk, src = cols["chunk"][live].astype(np.int64), cols["offset"][live].astype(np.int64)
-        padded = ceil_align(cols["length"][live].astype(np.int64))
-        dst = np.zeros(live.size, np.int64)
-        np.cumsum(padded[:-1], out=dst[1:])
-        payload = np.empty(int(padded.sum()), np.uint8)
-        # one copy per run of payloads that lie back to back in one chunk
-        breaks = np.flatnonzero((np.diff(src_chunk) != 0) | (np.diff(src) != padded[:-1])) + 1
-        for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), live.size]) if live.size else ():
-            n = int(dst[b - 1] + padded[b - 1] - dst[a])
-            payload[dst[a] : dst[a] + n] = chunks[int(src_chunk[a])][src[a] : src[a] + n]
-        cols["chunk"][live], cols["offset"][live] = 0, dst
-        arrays = {**cols, "payload": payload, "tags": tags,
-                  "dictionary": np.frombuffer(d.data, np.uint8).copy() if d is not None else np.zeros(0, np.uint8)}
-        return meta, arrays
+            meta = {
+                "config": self.config(), "layouts": layouts, "dictionary_level": None if d is None else d.level,
+                "rows_seen": self._rows_seen, "trained": self._trained, "dictionary_error": self.dictionary_error,
+                "compactions": self._compactions, "checksum": self.checksum,
+            }
+
+        def export() -> tuple[dict[str, Any], dict[str, Any]]:
+            live = np.flatnonzero(cols["chunk"] >= 0)
+            # by chunk, then offset: one key, sorted stably (in a ring the slots are nearly in this order already)
+            key = cols["chunk"][live].astype(np.int64) << 32 | cols["offset"][live]
+            order = np.argsort(key, kind="stable")
+            live, key = live[order], key[order]
+            src_chunk, src = key >> 32, key & 0xFFFFFFFF
+            padded = ceil_align(cols["length"][live].astype(np.int64))
+            dst = np.zeros(live.size, np.int64)
+            np.cumsum(padded[:-1], out=dst[1:])
+            # one run per stretch of payloads that lie back to back in one chunk
+            breaks = np.flatnonzero((np.diff(src_chunk) != 0) | (np.diff(src) != padded[:-1])) + 1
+            runs = [chunks[int(src_chunk[a])][src[a] : src[a] + int(dst[b - 1] + padded[b - 1] - dst[a])]
+                    for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), live.size])] if live.size else []
+            chunk, offset = cols["chunk"].copy(), cols["offset"].copy()  # the taken columns stay as taken
+            chunk[live], offset[live] = 0, dst
+            arrays = {**cols, "chunk": chunk, "offset": offset, "payload": PayloadRuns(runs), "tags": tags,
+                      "dictionary": np.frombuffer(d.data, np.uint8).copy() if d is not None else np.zeros(0, np.uint8)}
+            return dict(meta), arrays
+
+        return export
 
     def import_state(self, meta: dict[str, Any], arrays: dict[str, Any], *, adopt: bool = False) -> None:
         """Load an `export_state` snapshot into this empty store of the same configuration.

@@ -22,7 +22,8 @@ from jaxbuffers import _validate
 from jaxbuffers._checkpoint_describe import FORMAT, FORMAT_VERSION, CheckpointError
 
 _BLOCK = 64 << 20  # bytes hashed per read
-_WRITE_BLOCK = 4 << 20  # bytes handed to one os.write
+_WRITE_BLOCK = 4 << 20  # bytes handed to one os.writev
+_IOV_MAX = 1024  # views handed to one os.writev (POSIX's least IOV_MAX)
 _WRITEBACK = 8 << 20  # bytes written between two syncs started while a large file is written (at most one at a time)
 _SYNC_THREADS = 16  # files written, hashed and synced at once
 _datasync = getattr(os, "fdatasync", os.fsync)  # a file's data to the disk (and its size), not its other metadata
@@ -40,18 +41,19 @@ def _hash_file(path: Path, progress) -> str:
     return h.hexdigest()
 
 
-def _hash_bytes(view: memoryview) -> str:
-    """xxh3-64 (hex str) of the bytes of `view`."""
+def _hash_bytes(views: list[memoryview]) -> str:
+    """xxh3-64 (hex str) of the bytes of `views`, one after the other."""
     h = xxhash.xxh3_64()
-    for a in range(0, len(view), _BLOCK):
-        h.update(view[a : a + _BLOCK])  # releases the GIL
+    for view in views:
+        for a in range(0, len(view), _BLOCK):
+            h.update(view[a : a + _BLOCK])  # releases the GIL
     return h.hexdigest()
 
 
 def _write_file(path: Path, data: Any, progress) -> dict:
-    """Create the file `path` holding the bytes of `data` (bytes, or an array: its bytes in C order) and fsync it;
-    returns its manifest entry (size, xxh3-64 of the bytes written). Each byte is copied once, from `data`'s memory
-    into the page cache.
+    """Create the file `path` holding the bytes of `data` (bytes, an array: its bytes in C order, or a list of 1-d
+    uint8 arrays: their bytes one after the other) and fsync it; returns its manifest entry (size, xxh3-64 of the
+    bytes written). Each byte is copied once, from `data`'s memory into the page cache.
 
     A file over `_WRITEBACK` bytes is hashed by a second thread while it is written (the same bytes, read from the
     same memory, which nothing changes meanwhile), and every `_WRITEBACK` bytes written are handed to the disk by a
@@ -62,18 +64,19 @@ def _write_file(path: Path, data: Any, progress) -> dict:
     Raises:
       OSError: naming the file (it exists already, the disk is full, ...).
     """
-    view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else data)
+    views = [memoryview(np.ascontiguousarray(d).reshape(-1).view(np.uint8) if isinstance(d, np.ndarray) else d)
+             for d in (data if isinstance(data, list) else [data])]
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
-            if len(view) > _WRITEBACK:
+            if sum(len(v) for v in views) > _WRITEBACK:
                 with ThreadPoolExecutor(2) as helpers:  # one hashes, one hands written blocks to the disk
-                    digest = helpers.submit(_hash_bytes, view)
-                    _write_blocks(fd, view, progress, lambda: helpers.submit(_datasync, fd))
+                    digest = helpers.submit(_hash_bytes, views)
+                    size = _write_blocks(fd, views, progress, lambda: helpers.submit(_datasync, fd))
                     digest = digest.result()
             else:
-                digest = _hash_bytes(view)
-                _write_blocks(fd, view, progress, None)
+                digest = _hash_bytes(views)
+                size = _write_blocks(fd, views, progress, None)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -81,24 +84,46 @@ def _write_file(path: Path, data: Any, progress) -> dict:
         if e.filename is not None:
             raise
         raise OSError(e.errno, e.strerror, str(path)) from e
-    return {"bytes": len(view), "xxh3_64": digest}
+    return {"bytes": size, "xxh3_64": digest}
 
 
-def _write_blocks(fd: int, view: memoryview, progress, writeback) -> None:
-    """Write `view` to `fd` in `_WRITE_BLOCK`s; `writeback()` (if given) starts a sync of what is written every
-    `_WRITEBACK` bytes, once the previous one has finished."""
-    synced, pending = 0, None
-    for a in range(0, len(view), _WRITE_BLOCK):
-        block = view[a : a + _WRITE_BLOCK]
+def _write_blocks(fd: int, views: list[memoryview], progress, writeback) -> int:
+    """Write `views` one after the other to `fd`, `_WRITE_BLOCK` bytes (of up to `_IOV_MAX` views) per `os.writev`;
+    `writeback()` (if given) starts a sync of what is written every `_WRITEBACK` bytes, once the previous one has
+    finished. Returns the bytes written."""
+    written, synced, pending = 0, 0, None
+    for block in _blocks(views):
+        n = sum(len(v) for v in block)
         while block:
-            block = block[os.write(fd, block):]
-        progress.update(min(_WRITE_BLOCK, len(view) - a))
-        if writeback is not None and a + _WRITE_BLOCK - synced >= _WRITEBACK and (pending is None or pending.done()):
+            done = os.writev(fd, block)
+            while block and done >= len(block[0]):
+                done -= len(block[0])
+                block = block[1:]
+            if block:
+                block[0] = block[0][done:]
+        written += n
+        progress.update(n)
+        if writeback is not None and written - synced >= _WRITEBACK and (pending is None or pending.done()):
             if pending is not None:
                 pending.result()  # its OSError, if any
-            pending, synced = writeback(), a + _WRITE_BLOCK
+            pending, synced = writeback(), written
     if pending is not None:
         pending.result()
+    return written
+
+
+def _blocks(views: list[memoryview]):
+    """`views` cut and grouped into lists of `_WRITE_BLOCK` bytes (the last fewer), each of at most `_IOV_MAX` views."""
+    block, room = [], _WRITE_BLOCK
+    for view in views:
+        while len(view):
+            block.append(view[:room])
+            view, room = view[room:], room - len(block[-1])
+            if not room or len(block) == _IOV_MAX:
+                yield block
+                block, room = [], _WRITE_BLOCK
+    if block:
+        yield block
 
 
 def _files(root: Path) -> list[Path]:

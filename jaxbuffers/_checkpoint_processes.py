@@ -124,7 +124,7 @@ def _collected(error: BaseException | None, mine: Any, what: str) -> list:
 
 def _exported(buffer: Any, snapshot) -> tuple[dict, list]:
     """This process's shards of a sharded compressed buffer exported (`snapshot(host, version)`:
-    `jaxbuffers.checkpoint._store_snapshot`) as byte rows (`_pack`), `{s: row}`, and every shard's metadata, gathered
+    `jaxbuffers._checkpoint_snapshot.store_snapshot`) as byte rows (`_pack`), `{s: row}`, and every shard's metadata, gathered
     from every process together with their errors (`_collected`), before anything is written."""
     rows, metas, error = {}, {}, None
     try:
@@ -162,7 +162,7 @@ def _hashes(tree: dict) -> dict[str, str]:
 
 
 def _replicated(buffer: Any, snapshot) -> tuple[dict, dict]:
-    """(buffer.json, arrays as numpy) of a buffer every process holds whole (`snapshot`: `jaxbuffers.checkpoint`'s),
+    """(buffer.json, arrays as numpy) of a buffer every process holds whole (`snapshot`: `jaxbuffers._checkpoint_snapshot`'s),
     after checking that every process holds the same (module doc).
 
     Raises:
@@ -170,7 +170,7 @@ def _replicated(buffer: Any, snapshot) -> tuple[dict, dict]:
     """
     error, meta, tree, hashes = None, None, None, None
     try:
-        meta, tree = snapshot(buffer)
+        meta, tree = snapshot(buffer).done()
         tree = jax.tree.map(lambda x: _zarr.stored(np.asarray(x)), tree)
         hashes = {"buffer.json": xxhash.xxh3_64(json.dumps(meta, sort_keys=True).encode()).hexdigest(), **_hashes(tree)}
     except Exception as e:  # noqa: BLE001 - raised below by every process

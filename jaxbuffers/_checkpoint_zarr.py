@@ -42,10 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 import xxhash
 
+from host_codecs import num_threads
+from host_codecs.snapshot import PayloadRuns
 from jaxbuffers._checkpoint_describe import _DTYPES, _NAMED_DTYPES, CheckpointError
 from jaxbuffers._checkpoint_files import _BLOCK, _SYNC_THREADS, _mismatch, _Progress, _write_file
 
 _MAPPED = 1 << 20  # bytes: smaller arrays are read and put (no copy program compiled for each shape)
+_READ_BLOCK = 4 << 20  # bytes of one positioned read (`_read_into`)
 _NAMED = {d for n, d in _DTYPES.items() if n in _NAMED_DTYPES}  # stored under their own zarr dtype
 _ZARR_DTYPES = {("bfloat16" if d == jnp.bfloat16 else d.str): d for d in _NAMED}
 
@@ -101,7 +104,8 @@ def _chunk_file(shape: tuple) -> str:
 # --- writing ---
 
 def write(root: Path, tree: dict, progress) -> dict[str, dict]:
-    """Write `tree` (dicts of string keys down to arrays on host memory: numpy, or JAX arrays on a CPU device) into
+    """Write `tree` (dicts of string keys down to arrays on host memory: numpy, JAX arrays on a CPU device, or a host
+    store's payload as the runs of arena bytes it joins, `host_codecs.snapshot.PayloadRuns`, written as one array) into
     the new folder `root / "arrays"` (module doc), each file synced (its folders are not: `_write_manifest` syncs
     them). Returns the manifest entry of every file written, by path relative to `root`.
 
@@ -115,7 +119,8 @@ def write(root: Path, tree: dict, progress) -> dict[str, dict]:
     for keys, x in _items(tree):
         value = {"value_type": "Dict", "skip_deserialize": True}
         if x is not None:
-            a, name = stored(np.asarray(x)), ".".join(keys)  # a CPU array's own memory, no copy
+            a = x if isinstance(x, PayloadRuns) else stored(np.asarray(x))  # a CPU array's own memory, no copy
+            name = ".".join(keys)
             (folder / name).mkdir()
             zdtype = "bfloat16" if a.dtype == jnp.bfloat16 else a.dtype.str
             z = {"chunks": list(a.shape), "compressor": None, "dimension_separator": ".", "dtype": zdtype,
@@ -129,8 +134,12 @@ def write(root: Path, tree: dict, progress) -> dict[str, dict]:
     metadata = {"tree_metadata": tree_metadata, "use_ocdbt": False, "use_zarr3": False,
                 "store_array_data_equal_to_fill_value": True, "custom_metadata": None}
     files.append(("_METADATA", json.dumps(metadata).encode()))
-    files.sort(key=lambda f: -(f[1].nbytes if isinstance(f[1], np.ndarray) else len(f[1])))  # the largest first
-    one = lambda f: _write_file(folder / f[0], f[1], progress if isinstance(f[1], np.ndarray) else quiet)  # noqa: E731
+    files.sort(key=lambda f: -(len(f[1]) if isinstance(f[1], bytes) else f[1].nbytes))  # the largest first
+
+    def one(f: tuple[str, Any]) -> dict:
+        data = f[1].runs if isinstance(f[1], PayloadRuns) else f[1]
+        return _write_file(folder / f[0], data, quiet if isinstance(data, bytes) else progress)
+
     with ThreadPoolExecutor(_SYNC_THREADS) as pool:
         entries = list(pool.map(one, files))
     return {f"arrays/{rel}": e for (rel, _), e in zip(files, entries)}
@@ -240,16 +249,31 @@ class HostSource:
 
 
 def _read_into(path: Path, flats: list[np.ndarray], want: str, progress) -> None:
-    """Read the file `path` into the uint8 arrays `flats` in order, hashing block by block (to_host)."""
+    """Read the file `path` into the uint8 arrays `flats` in order, hashing block by block (to_host): blocks of
+    `_READ_BLOCK` bytes read by a pool of threads (positioned reads, the GIL released), hashed in file order by the
+    calling thread as they arrive."""
+    blocks, at = [], 0
+    for flat in flats:
+        blocks += [(at + a, flat[a : a + _READ_BLOCK]) for a in range(0, flat.size, _READ_BLOCK)]
+        at += flat.size
     h = xxhash.xxh3_64()
-    with open(path, "rb", buffering=0) as f:
-        for flat in flats:
-            for a in range(0, flat.size, _BLOCK):
-                block = flat[a : a + _BLOCK]
-                if f.readinto(block) != block.size:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def read(block: tuple[int, np.ndarray]) -> bool:
+            start, view = block
+            got = 0
+            while got < view.size and (n := os.preadv(fd, [view[got:]], start + got)):
+                got += n
+            return got == view.size
+
+        with ThreadPoolExecutor(max(1, min(len(blocks) - 1, num_threads()))) as pool:  # one block: read here
+            for (_, view), whole in zip(blocks, pool.map(read, blocks) if len(blocks) > 1 else map(read, blocks)):
+                if not whole:
                     raise CheckpointError(f"{path}: shorter than the manifest says (truncated while read)")
-                h.update(block)
-                progress.update(block.size)
+                h.update(view)
+                progress.update(view.size)
+    finally:
+        os.close(fd)
     if h.hexdigest() != want:
         raise _mismatch(path)
 

@@ -16,7 +16,7 @@ buffer.json      {"format": "jaxbuffers.checkpoint", "version": 1, "class": "Rep
 arrays/          an orbax-checkpoint PyTree checkpoint (tensorstore) of
                   {"device": {"0": leaf 0, ...}, "host": {"stores": {"0": {"chunk", "offset", ..., "payload"}, ...},
                    "slot_version": ...}}: the buffer's arrays, and for a compressed buffer its host stores
-                  (`host_codecs.CompressedStore.export_state`: index columns, packed payloads, zstd dictionary);
+                  (`host_codecs.CompressedStore.export_later`: index columns, packed payloads, zstd dictionary);
                   a sharded one's per shard ({"shards": {"s": ...}}), or, saved by several processes
                   ("layout": "stacked"), as one uint8 array [S, n] of a byte row per shard. An array of a dtype
                   other than numpy's and bfloat16 (float8, float4, int4, uint4, int2, uint2) is stored as its bytes,
@@ -40,8 +40,10 @@ Safety:
   checkpoint whole (between the two renames it is the sibling `.<name>.prev`, which `restore` falls back to). Every
   file (hashed as it is written) and folder is fsynced before the rename.
 * `save(..., blocking=False)` copies the buffer's arrays to host memory (on CPU: holds them, so that a later donation
-  copies instead of writing over them) and the host stores' contents before it returns, and writes in a background
-  thread: the checkpoint holds the buffer as of the call, whatever the training loop does with it afterwards.
+  copies instead of writing over them) and takes the host stores (a copy of their index; their payloads, which adds
+  never overwrite, written later from the arena: `jaxbuffers._checkpoint_snapshot`) before it returns, and writes in a
+  background thread: the checkpoint holds the buffer as of the call, whatever the training loop does with it
+  afterwards.
 * Several processes (`jax.distributed`): every process calls `save(directory, buffer)` with the same folder (on a
   file system they all see), blocking or not, and process 0 commits once every process has written its parts
   (`jaxbuffers._checkpoint_processes`). A `ShardedBuffer`: each process writes and reads the parts of its devices and
@@ -72,25 +74,25 @@ import tarfile
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from host_codecs import num_threads
 from jaxbuffers import _background, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
-from jaxbuffers._validate import processes as _replicas
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
+from jaxbuffers._checkpoint_snapshot import Snapshot as _Snapshot, snapshot as _snapshot, store_snapshot as _store_snapshot
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _fsync, _hash_file: used by jaxbuffers.disk
     _check_destination, _check_folder_path, _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file,
     _is_checkpoint, _one_at_a_time, _prev, _Progress, _read_json, _sibling, _through_link, _verify, _write_file,
     _write_manifest,
 )
-from jaxbuffers.compressed._host import ShardedHostStores, StaleBufferError
 from jaxbuffers.sharding import ShardedBuffer
 
 __all__ = [
@@ -104,82 +106,16 @@ _ONE_PROCESS = ("with several processes, every process calls save and restore wi
                 "archives and disk folders are one process's")
 
 
-# --- the snapshot a save writes: buffer.json and every array on host memory ---
-
-def _host_snapshot(buffer: Any) -> tuple[dict | None, dict]:
-    """Host metadata and arrays of a compressed buffer (None, {} otherwise); a sharded one's stores as
-    `{"axis", "shards": [metadata of shard s]}` and `{"shards": {"s": arrays of shard s}}`."""
-    if not isinstance(buffer, _COMPRESSED):
-        return None, {}
-    if isinstance(buffer.host, ShardedHostStores):
-        parts = [_store_snapshot(h, v) for h, v in zip(buffer.host.shards, np.asarray(buffer.version).tolist())]
-        return {"axis": buffer.host.axis, "shards": [m for m, _ in parts]}, {"shards": {str(i): a for i, (_, a) in enumerate(parts)}}
-    return _store_snapshot(buffer.host, int(buffer.version))
-
-
-def _store_snapshot(host: Any, version: int) -> tuple[dict, dict]:
-    """Metadata and arrays of one `HostStores` holding the entries of a state of version `version`."""
-    host._check_open("save")
-    with host._lock:  # the version is read before: the write that produces it takes the lock
-        if version != host.version:
-            raise StaleBufferError(
-                f"save: this buffer state has version {version} but its host store is at version "
-                f"{host.version}; save the state returned by the last add"
-            )
-        exported = [s.export_state() for s in host.stores]
-        meta = {"version": host.version, "num_writes": host.num_writes, "num_rows": host.num_rows,
-                "stores": [m for m, _ in exported]}
-        arrays = {"stores": {str(i): a for i, (_, a) in enumerate(exported)}, "slot_version": host.slot_version.copy()}
-    meta["arrays"] = {i: {k: [list(a.shape), a.dtype.name] for k, a in s.items()} for i, s in arrays["stores"].items()}
-    return meta, arrays
-
-
-def _host_tree(host_arrays: dict) -> dict:
-    """The host arrays written: non-empty ones only (an empty array's shape and dtype are in buffer.json)."""
-    if "shards" in host_arrays:
-        return {"shards": {i: _host_tree(a) for i, a in host_arrays["shards"].items()}}
-    stores = {i: {k: a for k, a in s.items() if a.size} for i, s in host_arrays.get("stores", {}).items()}
-    return {"stores": stores} | {k: v for k, v in host_arrays.items() if k == "slot_version"}
-
-
-def _array_tree(leaves: list, host_arrays: dict) -> dict:
-    """What `arrays/` holds: non-empty arrays only (an empty array's shape and dtype are in buffer.json)."""
-    return {"device": {str(i): x for i, x in enumerate(leaves) if np.size(x)}, "host": _host_tree(host_arrays)}
-
-
-class _Snapshot(NamedTuple):
-    meta: dict  # buffer.json
-    tree: dict  # what `arrays/` holds (`_array_tree`): arrays on host memory only
-
-
-def _snapshot(buffer: Any, host: bool = True) -> _Snapshot:
-    """Describe `buffer` and take its arrays to host memory, so that writing them can run while the buffer changes.
-
-    Device arrays are copied to host memory together (`copy_to_host_async`); on CPU `np.asarray` is a view that XLA
-    knows of, so a later donation of the buffer copies instead of updating in place. Either is wrapped as a CPU
-    array (without a copy where its alignment allows). Host stores are exported (a
-    copy, under their lock). `host=False` leaves a compressed buffer's host stores out (`jaxbuffers.disk` keeps them
-    in files of their own). A leaf replicated over several processes is taken from this process's copy."""
-    meta = _describe(buffer)
-    buffer = _sharded(buffer)[0]
-    host_meta, host_arrays = _host_snapshot(buffer) if host else (None, {})
-    meta["host"] = host_meta
-    leaves = jax.tree.leaves(buffer)
-    for x in leaves:
-        if isinstance(x, jax.Array) and x.is_fully_addressable:
-            x.copy_to_host_async()
-    # host memory as CPU arrays: written from their memory (several processes: by orbax, which writes jax arrays from
-    # their memory, several times faster than numpy arrays)
-    cpu = jax.local_devices(backend="cpu")[0]
-    return _Snapshot(meta, _array_tree([jax.device_put(_replicas.whole_leaf(x), cpu) for x in leaves], host_arrays))
-
+# --- writing one checkpoint folder ---
 
 def _write(root: Path, snapshot: _Snapshot, progress: _Progress) -> None:
     """Write `snapshot` into the existing empty folder `root` (not atomic: `save` and the orbax manager make it so):
-    every file hashed as it is written and synced once (`_checkpoint_zarr.write`), the manifest last."""
-    progress.reset(total=_nbytes(snapshot.tree))
-    written = _zarr.write(root, snapshot.tree, progress)
-    written["buffer.json"] = _write_file(root / "buffer.json", json.dumps(snapshot.meta).encode(), _Progress(False, ""))
+    the host stores exported (`_checkpoint_snapshot`), every file hashed as it is written and synced once
+    (`_checkpoint_zarr.write`), the manifest last."""
+    meta, tree = snapshot.done()
+    progress.reset(total=_nbytes(tree))
+    written = _zarr.write(root, tree, progress)
+    written["buffer.json"] = _write_file(root / "buffer.json", json.dumps(meta).encode(), _Progress(False, ""))
     _write_manifest(root, progress, written)
 
 
@@ -205,7 +141,7 @@ def _shardings(abstract: Any, sharding: Any, target: Any) -> list:
 
 
 def _host_restore_args(meta: dict | None, root: Path) -> dict:
-    """orbax's restore arguments of the host arrays `meta` (a `_host_snapshot` metadata, of the checkpoint `root`)."""
+    """orbax's restore arguments of the host arrays `meta` (`_checkpoint_snapshot`'s host metadata, of the checkpoint `root`)."""
     if meta is not None and meta.get("layout") == "stacked":  # written by several processes: a byte row per shard
         return {"bytes": ocp.RestoreArgs(restore_type=np.ndarray)}
     if meta is not None and "shards" in meta:
@@ -262,10 +198,19 @@ def _read_direct(root: Path, listed: dict, later: set, restore_args: dict, leave
         return None
     _check_hashes(root, listed, sorted(later - {c.rel for c in chunks.values()}), progress)
     hashed = lambda name: listed[chunks[name].rel]["xxh3_64"]  # noqa: E731
-    arrays = [_zarr.to_device(root, chunks[f"device.{i}"], hashed(f"device.{i}"), s, progress) if x.size
-              else _zarr.on_devices([np.zeros(x.shape, x.dtype)], [s])[0] for i, (x, s) in enumerate(zip(leaves, shardings))]
-    host = [(_zarr.HostSource if n.endswith(".payload") else _zarr.to_host)(root, chunks[n], hashed(n), progress) for n in host_names]
-    return arrays, jax.tree_util.tree_unflatten(host_tree, host)
+
+    def device(i: int, x: Any, s: Any) -> jax.Array:
+        if not x.size:
+            return _zarr.on_devices([np.zeros(x.shape, x.dtype)], [s])[0]
+        return _zarr.to_device(root, chunks[f"device.{i}"], hashed(f"device.{i}"), s, progress)
+
+    def host(n: str) -> Any:  # a payload is read when its store asks for it, into the chunks it keeps
+        return (_zarr.HostSource if n.endswith(".payload") else _zarr.to_host)(root, chunks[n], hashed(n), progress)
+
+    with concurrent.futures.ThreadPoolExecutor(num_threads()) as pool:  # files read at once (the first error raised)
+        arrays = list(pool.map(device, range(len(leaves)), leaves, shardings))
+        host_arrays = list(pool.map(host, host_names))
+    return arrays, jax.tree_util.tree_unflatten(host_tree, host_arrays)
 
 
 def _read_orbax(root: Path, meta: dict, restore_args: dict, leaves: list, shardings: list, progress: _Progress) -> tuple[list, dict]:

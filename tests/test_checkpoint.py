@@ -440,6 +440,25 @@ def test_corrupt_host_store_file_is_detected_naming_it(tmp_path):
         jb.restore(tmp_path / "c")
 
 
+def test_a_file_read_in_many_blocks_by_several_threads_comes_back_whole_and_a_flipped_byte_is_caught(tmp_path, monkeypatch):
+    """Files read as blocks by a pool of threads and checksummed in file order: with blocks of 64 bytes a compressed
+    buffer comes back equal, and a byte flipped in the last block of its payload file is detected naming the file."""
+    from jaxbuffers import _checkpoint_zarr as zarr
+
+    monkeypatch.setattr(zarr, "_READ_BLOCK", 64)
+    buf = _small_compressed()
+    jb.save(tmp_path / "c", buf)
+    key = jax.random.key(0)
+    _assert_same(jb.restore(tmp_path / "c").sample_sequences(key, 4, 2), buf.sample_sequences(key, 4, 2))
+    victim = next((tmp_path / "c" / "arrays" / "host.stores.0.payload").glob("[0-9]*"))
+    data = bytearray(victim.read_bytes())
+    assert len(data) > 4 * 64
+    data[-3] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(jb.CheckpointError, match=f"{victim.parent.name}/{victim.name}: checksum mismatch"):
+        jb.restore(tmp_path / "c")
+
+
 def test_restored_compressed_buffer_holds_the_payload_read_once_and_goes_on_as_the_never_saved_one(tmp_path):
     """A compressed buffer saved and restored with the public API: its packed payloads are read once, straight into
     the arena chunks the restored store keeps (traced host memory peaks at about one payload, not two: the restore
@@ -531,7 +550,7 @@ def test_arrays_folder_is_what_orbax_writes_for_the_same_arrays(case, tmp_path):
 
     buf = _filled_replay(256) if case == "replay" else _small_compressed(jnp.bfloat16)
     jb.save(tmp_path / "ck", buf)
-    tree = jax.tree.map(np.asarray, ckpt._snapshot(buf).tree)
+    tree = jax.tree.map(np.asarray, ckpt._snapshot(buf).done()[1])
     handler = ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False)
     handler.save(epath.Path(tmp_path / "orbax"), args=ocp.args.PyTreeSave(tree))
     handler.close()
@@ -563,18 +582,18 @@ def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(failing
 
     old, new = _filled_replay(), _filled_replay(4096)
     jb.save(tmp_path / "ck", old)
-    write, code = os.write, errno.ENOSPC if failing == "write" else errno.EIO
+    writev, code = os.writev, errno.ENOSPC if failing == "write" else errno.EIO
 
-    def full(fd, data):
-        if len(data) > 4096:
+    def full(fd, views):
+        if sum(len(v) for v in views) > 4096:
             raise OSError(code, os.strerror(code))
-        return write(fd, data)
+        return writev(fd, views)
 
     def failed_sync(fd):
         raise OSError(code, os.strerror(code))
 
     if failing == "write":
-        monkeypatch.setattr(files.os, "write", full)
+        monkeypatch.setattr(files.os, "writev", full)
     else:
         monkeypatch.setattr(files, "_WRITE_BLOCK", 4096)
         monkeypatch.setattr(files, "_WRITEBACK", 16384)
@@ -958,6 +977,35 @@ def test_async_save_holds_the_state_of_the_call_while_the_buffer_is_donated(tmp_
     assert pending.wait(60) == (tmp_path / "ck").absolute() and pending.done()
     _assert_same(jb.restore(tmp_path / "ck"), before)
     _assert_same(buf, before, same=False)
+
+
+def test_async_save_of_a_compressed_buffer_holds_its_host_store_of_the_call(tmp_path, monkeypatch):
+    """A non-blocking save of a compressed buffer returns before its host store is exported and written; adds that
+    then overwrite the whole ring three times (releasing every arena chunk the saved entries lie in) do not reach
+    the checkpoint: it is file for file the blocking save of the same state."""
+    step = {"obs": jnp.zeros((16, 16), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    rng, no = np.random.default_rng(0), jnp.zeros((1, 64), bool)
+
+    def batch():
+        return {"obs": rng.integers(0, 255, (1, 64, 16, 16), dtype=np.uint8),
+                "action": jnp.asarray(rng.integers(0, 6, (1, 64)), jnp.int32), "reward": jnp.ones((1, 64))}
+
+    buf = jb.CompressedTrajectoryBuffer.create(step, num_envs=1, length=64, codec="zstd:1", chunk_bytes=4096).add(batch(), terminated=no)
+    jb.save(tmp_path / "blocking", buf)
+    chunks = [ch.data for ch in buf.host.stores[0]._arena.chunks.values()]
+    gate = _gated_write(monkeypatch)
+    pending = jb.save(tmp_path / "ck", buf, blocking=False)
+    for _ in range(3):
+        buf = buf.add(batch(), terminated=no)
+    assert not any(ch.data is c for c in chunks for ch in buf.host.stores[0]._arena.chunks.values()) and len(chunks) > 2
+    gate.set()
+    pending.wait(60)
+    files = sorted(p.relative_to(tmp_path / "ck").as_posix() for p in (tmp_path / "ck").rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path / "blocking").as_posix() for p in (tmp_path / "blocking").rglob("*") if p.is_file())
+    for f in files:
+        assert (tmp_path / "ck" / f).read_bytes() == (tmp_path / "blocking" / f).read_bytes(), f
+    back, key = jb.restore(tmp_path / "ck"), jax.random.key(3)
+    _assert_same(back.sample_sequences(key, 8, 4), jb.restore(tmp_path / "blocking").sample_sequences(key, 8, 4))
 
 
 def test_failed_async_save_raises_on_wait_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

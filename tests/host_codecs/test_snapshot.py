@@ -109,3 +109,31 @@ def test_a_payload_array_is_held_only_when_handed_over_and_a_failed_read_changes
     short = CompressedStore(200, **KW)
     with pytest.raises(ValueError, match="packed back to back"):
         short.import_state(meta, {**arrays, "payload": _Source(arrays["payload"][:-8])})
+
+
+def test_a_later_export_is_the_state_of_its_call_whatever_is_put_and_compacted_meanwhile():
+    """`export_later()` takes the store now and exports later: puts that then overwrite every slot (a ring wrapped
+    twice, releasing every chunk the taken entries lie in), sparse chunks compacted and slots deleted do not reach
+    it. Its payload runs are views of the arena chunks (nothing copied) joined into `export_state`'s payload, and
+    calling it twice gives the same snapshot."""
+    rng = np.random.default_rng(1)
+    kw = {**KW, "max_dead_fraction": 0.05}
+    store = CompressedStore(N, **kw)
+    t = _put_ring(store, rng, 0, 3 * N // 2)
+    want_meta, want = store.export_state()
+    later = store.export_later()
+    chunks = [ch.data for ch in store._arena.chunks.values()]
+    store.delete(np.arange(0, N, 3))
+    _put_ring(store, rng, t, 2 * N)
+    assert not any(ch.data is c for c in chunks for ch in store._arena.chunks.values())  # every taken chunk released
+    assert store.stats()["compactions"] > 0
+    for _ in range(2):
+        meta, arrays = later()
+        runs = arrays["payload"].runs
+        assert all(any(np.shares_memory(r, c) for c in chunks) for r in runs) and len(runs) < len(chunks) + 2
+        assert meta == want_meta and set(arrays) == set(want)
+        for k, a in want.items():
+            np.testing.assert_array_equal(np.asarray(arrays[k]), a, err_msg=k)
+    copy = CompressedStore(N, **kw)
+    copy.import_state(meta, {**arrays, "payload": np.asarray(arrays["payload"])})
+    np.testing.assert_array_equal(copy.export_state()[1]["payload"], want["payload"])
