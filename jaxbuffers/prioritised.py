@@ -17,6 +17,7 @@ from flax import struct
 from jaxbuffers import _compiled, _priority, _ring, _validate
 from jaxbuffers._metrics import Recorded
 from jaxbuffers._priority import PRIORITY_MAX
+from jaxbuffers._wrapper import forward_fields
 from jaxbuffers.replay import ReplayBuffer
 from jaxbuffers.sum_tree import SumMinTree
 
@@ -34,6 +35,7 @@ class PrioritisedSample(NamedTuple):
 
 
 @_validate.one_member_methods
+@forward_fields("replay", ReplayBuffer)  # storage, head, num_valid, added, metrics
 class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
     r"""Fixed-capacity ring of items with proportional prioritised, stratified sampling.
 

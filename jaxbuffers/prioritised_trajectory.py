@@ -22,7 +22,7 @@ from flax import struct
 from jaxbuffers import _compiled, _priority, _ring, _validate
 from jaxbuffers.sum_tree import SumMinTree
 from jaxbuffers._metrics import Recorded
-from jaxbuffers._wrapper import Wrapper
+from jaxbuffers._wrapper import Wrapper, forward_fields
 from jaxbuffers.trajectory import SequenceSample, TrajectoryBuffer, TransitionSample, episode_mask
 
 __all__ = ["PrioritisedTrajectoryBuffer", "PrioritisedSequenceSample", "PrioritisedTransitionSample"]
@@ -71,6 +71,7 @@ def _of_buffer(name: str) -> property:
 
 
 @_validate.one_member_methods
+@forward_fields("buffer", TrajectoryBuffer)  # storage, terminated, truncated, final_obs, head, ...
 class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority.
 

@@ -786,15 +786,15 @@ def test_weights_never_exceed_one_when_sampled_leaves_equal_the_minimum():
 
 def drop_in_differences(uniform: type, prioritised: type) -> set[tuple[str, str, str]]:
     """`(member, parameter, what)` for every way `prioritised` may refuse a call written for `uniform`: a public
-    method, property or static field missing; a parameter missing, of another kind or position; a default changed;
-    an added parameter without a default."""
+    method, property or field (state array or static) missing; a parameter missing, of another kind or position; a
+    default changed; an added parameter without a default."""
     import dataclasses
     import inspect
 
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    static = [f.name for f in dataclasses.fields(uniform) if not f.metadata.get("pytree_node", True)]
+    fields = [f.name for f in dataclasses.fields(uniform) if not f.name.startswith("_")]
     out = set()
-    for name in sorted({n for n in dir(uniform) if not n.startswith("_")} | set(static)):
+    for name in sorted({n for n in dir(uniform) if not n.startswith("_")} | set(fields)):
         if not hasattr(prioritised, name):
             out.add((name, "", "missing"))
             continue
@@ -825,6 +825,35 @@ def test_a_drop_in_for_the_replay_buffer():
     assert drop_in_differences(ReplayBuffer, PRB) == set()
     buf = PRB.create(ITEM, 8).add(_batch([0, 1, 2]), jnp.array([1.0, 2.0, 3.0]))
     jax.tree.map(np.testing.assert_array_equal, buf.get(jnp.arange(8)), buf.replay.get(jnp.arange(8)))
+
+
+def assert_reads_as_the_wrapped(buf, inner: str) -> None:
+    """Every public field and property of the wrapped buffer `getattr(buf, inner)` reads the same on `buf` (arrays
+    equal, same dtypes), but `memory_bytes` (it counts the priorities too)."""
+    import dataclasses
+
+    wrapped = getattr(buf, inner)
+    cls = type(wrapped)
+    names = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+    names |= {n for n in dir(cls) if not n.startswith("_") and isinstance(getattr(cls, n), property)}
+    for name in sorted(names - {"memory_bytes"}):
+        got, want = getattr(buf, name), getattr(wrapped, name)
+        assert jax.tree.structure(got) == jax.tree.structure(want), name
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert getattr(g, "dtype", None) == getattr(w, "dtype", None), name
+            np.testing.assert_array_equal(np.asarray(g) if hasattr(g, "dtype") else g, w, err_msg=name)
+
+
+def test_reads_the_state_fields_of_the_replay_buffer():
+    """`storage`, `head`, `num_valid`, `added` and `metrics` (and every other public field and property of
+    ReplayBuffer) read the wrapped buffer's, read-only."""
+    buf = PRB.create(ITEM, 4).add(_batch([0, 1, 2])).add(_batch([3, 4]))
+    buf = buf.record(buf.sample(jax.random.key(0), 3))
+    assert_reads_as_the_wrapped(buf, "replay")
+    np.testing.assert_array_equal(buf.storage["id"], [4, 1, 2, 3])
+    assert int(buf.head) == 1 and int(buf.num_valid) == 4 and buf.num_added() == 5
+    with pytest.raises(AttributeError):
+        buf.head = jnp.int32(0)
 
 
 @pytest.mark.parametrize("cursors", [dict(num_valid=8), dict(head=1, num_valid=2), dict(head=0, num_valid=0)])

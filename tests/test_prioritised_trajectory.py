@@ -499,6 +499,20 @@ def test_a_drop_in_for_the_trajectory_buffer():
     assert drop_in_differences(TrajectoryBuffer, PrioritisedTrajectoryBuffer) == _WINDOW_FIXED_AT_CREATE
 
 
+def test_reads_the_state_fields_of_the_trajectory_buffer():
+    """`storage`, `terminated`, `truncated`, `final_obs`, `final_slot`, `final_head`, `head`, `num_valid`, `added`,
+    `metrics` (and every other public field and property of TrajectoryBuffer) read the wrapped buffer's."""
+    from test_prioritised import assert_reads_as_the_wrapped
+
+    rng = np.random.default_rng(3)
+    pri = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=2, length=8, window_length=3)
+    for i in range(11):
+        pri = do_add(pri, ADD, *make_chunk(rng, 2, 1, i, p_trunc=0.4), as_step=True)
+    assert int(np.sum(pri.truncated)) > 0 and int(np.sum(pri.final_head)) > 0
+    assert_reads_as_the_wrapped(pri, "buffer")
+    assert pri.storage["obs"].shape == (2, 8, OBS_DIM) and pri.terminated.shape == (2, 8)
+
+
 def test_a_traced_negative_beta_counts_as_zero():
     _, pri = _filled_pair(p_term=0.05)
     pri = pri.set_priorities(jnp.arange(12), jnp.arange(1.0, 13.0), pri.generations_at(jnp.arange(12)))
