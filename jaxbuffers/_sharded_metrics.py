@@ -104,8 +104,10 @@ class ShardedRecorded:
         transfer, `O(positions)` with per-position counts; with several processes, from all of them).
 
         Raises:
-          TypeError: a wrapped buffer without metrics (the rollout buffers: `jaxbuffers.rollout_stats`).
+          TypeError: a wrapped buffer without metrics (the rollout buffers: `jaxbuffers.rollout_stats`), a traced
+            state (under `jit`: read on the host).
         """
+        _validate.members.on_host("stats", self, "read the counters in buf.shards.metrics (one row per shard)")
         _validate.keeps_metrics("stats", self.shards)
         owner = self.shards._metrics_owner()
         m, added, head, num_valid, ring, _ = owner._metrics_ring()

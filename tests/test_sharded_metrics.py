@@ -121,3 +121,14 @@ def test_stats_without_per_position_counts():
 @pytest.mark.fewer_devices(4)
 def test_on_four_forced_devices(forced_devices):
     assert "5 passed, 1 deselected" in forced_devices(__file__, 4, "test_on_four_forced_devices")  # every other test ran
+
+
+def test_stats_under_jit_names_the_host_read():
+    """`stats` reads the shards' counters on the host: under `jit` a TypeError says so and what to read inside (it
+    was JAX's TracerArrayConversionError)."""
+    buf = jb.ShardedBuffer.create(lambda: jb.ReplayBuffer.create(ITEM, CAP), MESH, "data").add(_zeros(ITEM, (S,)))
+    assert buf.stats()["inserts"] == S
+    with pytest.raises(TypeError, match=r"^ShardedBuffer\.stats is read on the host: call it outside jit/vmap; "
+                                        r"inside, read the counters in buf\.shards\.metrics"):
+        jax.jit(lambda b: b.stats())(buf)
+    assert buf.shards.metrics.totals.shape[0] == S

@@ -84,3 +84,20 @@ def test_every_can_sample_takes_exactly_its_samplers_arguments(name):
         assert [(p.name, p.kind) for p in got] == [(p.name, p.kind) for p in want], (checker, sampler)
         for p, q in zip(want, got):
             assert p.default is p.empty or q.default == p.default, (checker, sampler, p.name)
+
+
+@pytest.mark.parametrize("name", sorted(BUFFERS))
+def test_host_side_methods_refuse_jit_and_vmap_naming_what_to_read_inside(name):
+    """`num_added` and `stats` read values on the host: under `jit` or `jax.vmap` they are a TypeError naming the
+    method and the state to read inside instead (it was JAX's TracerArrayConversionError)."""
+    one, calls = BUFFERS[name](True)
+    host = [m for m in ("num_added", "stats") if m in calls]
+    inside = {"num_added": r"buf\.added", "stats": r"buf\.metrics"}
+    for method in host:
+        call = calls[method]
+        call(one)  # eager: a host value
+        for how, run in (("jit", lambda: jax.jit(call)(one)), ("vmap", lambda: jax.vmap(call)(_stacked(one)))):
+            with pytest.raises(TypeError, match=rf"^{name}\.{method} is read on the host: call it outside jit/vmap; "
+                                                rf"inside, .*{inside[method]}"):
+                run()
+    assert name.endswith("RolloutBuffer") or host == ["num_added", "stats"]

@@ -9,6 +9,7 @@ import inspect
 import operator
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxbuffers import _timing
@@ -55,12 +56,29 @@ def unstacked(name: str, buffer: Any, hint: str) -> None:
 
 # no member's values read: a stacked state's store can be closed, its bytes counted (every member's)
 _UNCHECKED = frozenset({"replace", "close", "estimate_memory_pressure", "uncompressed_nbytes"})
-_HOST = frozenset({"num_added", "stats"})  # read values on the host: never under jax.vmap
+# read values on the host, never under jit or jax.vmap: what to read inside instead
+_HOST = {
+    "num_added": "read the two-word counter buf.added ([high, low]: high * 2**30 + low items)",
+    "stats": "read the counters in buf.metrics (jaxbuffers._metrics.Metrics)",
+}
+
+
+def on_host(method: str, buffer: Any, inside: str | None = None) -> None:
+    """Refuse a traced `buffer` (under `jit` or `jax.vmap`) given to `type(buffer).method`, a method that reads values
+    on the host (`_HOST`).
+
+    Raises:
+      TypeError: a leaf of `buffer` is traced; the message names the method and what to read inside instead
+        (`inside`, by default `_HOST[method]`).
+    """
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(buffer)):
+        inside = _HOST[method] if inside is None else inside
+        raise TypeError(f"{type(buffer).__name__}.{method} is read on the host: call it outside jit/vmap; inside, {inside}")
 
 
 def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
     """Class decorator: every public method of `cls` (inherited ones too; not properties, classmethods, `_UNCHECKED`)
-    calls `one_member` first, then is timed (`jaxbuffers._timing.timed_methods`)."""
+    calls `one_member` first (and `on_host`, for the `_HOST` methods), then is timed (`jaxbuffers._timing.timed_methods`)."""
     if cls is None:
         return functools.partial(one_member_methods, mapped=mapped)
     for name in dir(cls):
@@ -74,6 +92,8 @@ def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
 def _checked(fn, name: str, mapped: bool):
     @functools.wraps(fn)
     def call(self, *args, **kwargs):
+        if name in _HOST:
+            on_host(name, self)
         one_member(name, self, mapped=mapped)
         return fn(self, *args, **kwargs)
 
