@@ -92,9 +92,9 @@ def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
 def _checked(fn, name: str, mapped: bool):
     @functools.wraps(fn)
     def call(self, *args, **kwargs):
+        one_member(name, self, mapped=mapped)
         if name in _HOST:
             on_host(name, self)
-        one_member(name, self, mapped=mapped)
         return fn(self, *args, **kwargs)
 
     call.one_member = True
