@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuffers import _validate
+from jaxbuffers import _ring, _validate
 from jaxbuffers.compressed._host import ShardedHostStores
 from jaxbuffers.compressed import (
     CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
@@ -398,6 +398,27 @@ def _check_meta_defaults(target: Any, loaded: list, root: Path, stacked: bool = 
                 f"{root}: config 'meta' field {field!r}: the checkpoint's default is {a.tolist()!r:.100}, the target's is "
                 f"{b.tolist()!r:.100} (create the target with the checkpoint's meta defaults, or restore without a target)"
             )
+
+
+def _checked_cursors(buffer: Any, root: Path) -> Any:
+    """`buffer`, read from the checkpoint in `root`, once the cursors of the ring that holds its items (the one its
+    metrics count: `_metrics_in` followed down) pass the range checks of `jaxbuffers.ReplayBuffer.with_cursors`
+    (`jaxbuffers._ring.checked_cursors`), on every member of a stacked buffer. Buffers without a ring (rollouts) pass.
+
+    Raises:
+      CheckpointError: a cursor out of range, naming its leaf, the range and the value.
+    """
+    owner, prefix = buffer, ""
+    while getattr(owner, "_metrics_in", None) is not None:
+        owner, prefix = getattr(owner, owner._metrics_in), f"{prefix}{owner._metrics_in}."
+    if not hasattr(owner, "_metrics_ring"):
+        return buffer
+    _, added, head, num_valid, ring, _ = owner._metrics_ring()
+    try:
+        _ring.checked_cursors(ring, np.shape(head), prefix, head=head, num_valid=num_valid, added=added)
+    except ValueError as e:
+        raise CheckpointError(f"{root}: array {e}") from None
+    return buffer
 
 
 def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxbuffers import _validate
+
 
 LOW_BITS = 30
 LOW_MASK = (1 << LOW_BITS) - 1  # largest low word of a two-word counter
@@ -62,6 +64,26 @@ def write(storage, batch, head: jax.Array, axis: int = 0):
     at = (slice(None),) * axis + (idx,)
     out = [s.at[at].set(x, unique_indices=True, mode="promise_in_bounds") for s, x in zip(leaves, rows)]
     return jax.tree.unflatten(treedef, out)
+
+
+def checked_cursors(ring: int, lead: tuple = (), prefix: str = "", *, head=None, num_valid=None, added=None) -> dict:
+    """The cursors given of a ring of `ring` slots, range-checked (`jaxbuffers._validate.integer_value`), as int32
+    arrays by name: `head` in `[0, ring)`, `num_valid` in `[0, ring]`, `added` a two-word counter `[high, low]` with
+    `high >= 0` and `0 <= low < 2**30`; each with the leading (member) axes `lead`, named `prefix + name` in errors.
+
+    Raises:
+      TypeError: not an integer value.
+      ValueError: another shape, or a concrete value out of range (traced values are not range-checked).
+    """
+    new = {}
+    if head is not None:
+        new["head"] = _validate.integer_value(prefix + "head", head, lead, 0, ring - 1)
+    if num_valid is not None:
+        new["num_valid"] = _validate.integer_value(prefix + "num_valid", num_valid, lead, 0, ring)
+    if added is not None:
+        new["added"] = _validate.integer_value(prefix + "added", added, (*lead, 2), 0, [2**31 - 1, LOW_MASK],
+                                               "[high, low] with high >= 0 and 0 <= low < 2**30")
+    return new
 
 
 def oldest(head: jax.Array, num_valid: jax.Array, capacity: int) -> jax.Array:

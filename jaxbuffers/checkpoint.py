@@ -85,7 +85,7 @@ from host_codecs import num_threads
 from jaxbuffers import _background, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
-    _check_meta_defaults, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
+    _check_meta_defaults, _checked_cursors, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
 )
 from jaxbuffers._checkpoint_snapshot import Snapshot as _Snapshot, snapshot as _snapshot, store_snapshot as _store_snapshot
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _fsync, _hash_file: used by jaxbuffers.disk
@@ -174,7 +174,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
         arrays, host_out = direct
     if target is not None:
         _check_meta_defaults(target, arrays, root, stacked="sharded" in meta)
-    buffer, host_meta = _upgraded_host(jax.tree.unflatten(treedef, arrays), host_meta)
+    buffer, host_meta = _upgraded_host(_checked_cursors(jax.tree.unflatten(treedef, arrays), root), host_meta)
     if host_meta is not None and "shards" in host_meta:
         versions = np.asarray(buffer.version).tolist()
         for i, (h, m) in enumerate(zip(buffer.host.shards, host_meta["shards"])):
@@ -467,7 +467,7 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
         array, its shape and the sharding.
       CheckpointError: missing or corrupt files (the message names the file), another format version, or a
         class, configuration, shape or dtype other than the target's, or episode meta defaults other than a concrete
-        target's (naming the field).
+        target's (naming the field), or a ring cursor (`head`, `num_valid`, `added`) out of range (naming the leaf).
 
     With several processes a `ShardedBuffer` target is restored by every process together (each its shards; a
     checkpoint saved by one process or by several restores either way), and an error is raised on every process; any

@@ -69,15 +69,7 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
           TypeError: not an integer value.
           ValueError: wrong shape, or a concrete value out of range (traced values are not range-checked).
         """
-        new = {}
-        if head is not None:
-            new["head"] = _validate.integer_value("head", head, (), 0, self.capacity - 1)
-        if num_valid is not None:
-            new["num_valid"] = _validate.integer_value("num_valid", num_valid, (), 0, self.capacity)
-        if added is not None:
-            hi = [2**31 - 1, _ring.LOW_MASK]
-            new["added"] = _validate.integer_value("added", added, (2,), 0, hi, "[high, low] with high >= 0 and 0 <= low < 2**30")
-        return self.replace(**new)
+        return self.replace(**_ring.checked_cursors(self.capacity, head=head, num_valid=num_valid, added=added))
 
     @property
     def item_spec(self) -> Any:

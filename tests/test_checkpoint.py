@@ -622,6 +622,45 @@ def test_an_array_read_back_as_another_dtype_is_refused_naming_both(tmp_path):
         jb.restore(root)
 
 
+def _edit_leaf(root: Path, path: str, edit) -> None:
+    """Replace the int32 values of the saved leaf `path` by `edit(values)` and rewrite the manifest to match."""
+    leaves = json.loads((root / "buffer.json").read_text())["leaves"]
+    i = next(i for i, leaf in enumerate(leaves) if leaf["path"] == path)
+    (chunk,) = [f for f in (root / "arrays" / f"device.{i}").iterdir() if not f.name.startswith(".")]
+    chunk.write_bytes(np.asarray(edit(np.frombuffer(chunk.read_bytes(), "<i4").copy()), "<i4").tobytes())
+    ckpt._write_manifest(root, ckpt._Progress(False, ""))
+
+
+_STACKED = jax.vmap(lambda _: jb.ReplayBuffer.create(ITEM, capacity=8))(jnp.arange(2))
+
+
+@pytest.mark.parametrize("buffer, path, value, says", [
+    (jb.ReplayBuffer.create(ITEM, capacity=8), ".num_valid", 100, "num_valid: expected a value in [0, 8], got 100"),
+    (jb.ReplayBuffer.create(ITEM, capacity=8), ".head", -3, "head: expected a value in [0, 7], got -3"),
+    (jb.ReplayBuffer.create(ITEM, capacity=8), ".added", [0, 2**30],
+     "added: expected [high, low] with high >= 0 and 0 <= low < 2**30, got [0, 1073741824]"),
+    (jb.PrioritisedReplayBuffer.create(ITEM, capacity=8), ".replay.head", 8, "replay.head: expected a value in [0, 7], got 8"),
+    (_STACKED, ".num_valid", [3, 9], "num_valid: expected a value in [0, 8], got [3, 9]"),
+    (jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L), ".head", L, f"head: expected a value in [0, {L - 1}], got {L}"),
+    (jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2), ".buffer.num_valid", L + 1,
+     f"buffer.num_valid: expected a value in [0, {L}], got {L + 1}"),
+    (jb.EpisodeBuffer.create(STEP, max_episodes=3, max_timesteps=4), ".num_valid", -1, "num_valid: expected a value in [0, 3], got -1"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".buffer.head", 99,
+     f"buffer.head: expected a value in [0, {L - 1}], got 99"),
+], ids=["num_valid", "head", "added", "prioritised", "stacked", "trajectory", "prioritised-trajectory", "episode", "compressed"])
+def test_cursors_out_of_range_are_refused_naming_the_leaf(buffer, path, value, says, tmp_path):
+    """A checkpoint whose ring cursor was edited (manifest rewritten to match) is refused as `with_cursors` refuses
+    the value, naming the leaf: a capacity-8 buffer came back with `size() == 100`, or with `head == -3`."""
+    root = jb.save(tmp_path / "ck", buffer)
+    _edit_leaf(root, path, lambda v: np.broadcast_to(value, v.shape))
+    with pytest.raises(jb.CheckpointError, match=re.escape(f"{root}: array {says}")):
+        jb.restore(root)
+    with pytest.raises(jb.CheckpointError, match=re.escape(says)):
+        jb.restore(root, buffer)
+    _edit_leaf(root, path, lambda v: np.zeros_like(v))  # in range: restored
+    assert int(np.max(jb.restore(root).num_valid)) == 0
+
+
 def test_crafted_pickle_is_never_executed(tmp_path, monkeypatch):
     """A buffer.json replaced by a pickle that would create a file when unpickled (manifest updated to match):
     restore refuses it as not JSON, and no pickle loader is ever called."""

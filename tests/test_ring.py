@@ -2,6 +2,7 @@
 
 import functools
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -226,3 +227,24 @@ def test_write_pytree_equals_leaf_by_leaf():
         got = _ring.write(storage, batch, jnp.int32(5), axis=1)
         for k in storage:
             np.testing.assert_array_equal(got[k], _ring.write(storage[k], batch[k], jnp.int32(5), axis=1))
+
+
+def test_checked_cursors_range_checks_each_member_and_names_it():
+    """`head` in [0, ring), `num_valid` in [0, ring], `added` a two-word counter; leading member axes `lead`; the
+    name in errors carries `prefix` (what `ReplayBuffer.with_cursors` and a checkpoint's restore run)."""
+    out = _ring.checked_cursors(4, head=np.int64(3), num_valid=4, added=[1, 2**30 - 1])
+    assert {k: v.tolist() for k, v in out.items()} == {"head": 3, "num_valid": 4, "added": [1, 2**30 - 1]}
+    assert all(v.dtype == jnp.int32 for v in out.values())
+    assert _ring.checked_cursors(4, head=None) == {}
+    for kw, says in ((dict(head=4), "head: expected a value in [0, 3], got 4"),
+                     (dict(num_valid=-1), "num_valid: expected a value in [0, 4], got -1"),
+                     (dict(added=[-1, 0]), "added: expected [high, low] with high >= 0 and 0 <= low < 2**30, got [-1, 0]"),
+                     (dict(head=[0, 1]), "head: expected shape (), got (2,)")):
+        with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
+            _ring.checked_cursors(4, **kw)
+    with pytest.raises(TypeError, match="^head: expected an integer value, got dtype float32$"):
+        _ring.checked_cursors(4, head=np.float32(1))
+    stacked = _ring.checked_cursors(4, (2,), "buf.", head=[0, 3], added=[[0, 1], [0, 2]])
+    assert stacked["head"].shape == (2,) and stacked["added"].shape == (2, 2)
+    with pytest.raises(ValueError, match=re.escape("buf.num_valid: expected a value in [0, 4], got [4, 5]")):
+        _ring.checked_cursors(4, (2,), "buf.", num_valid=[4, 5])
