@@ -48,9 +48,9 @@ def _combine(kids: jax.Array) -> jax.Array:
     return jnp.stack([kids[..., 0, 0] + kids[..., 1, 0], jnp.minimum(kids[..., 0, 1], kids[..., 1, 1])], axis=-1)
 
 
-def _rows(values: jax.Array) -> jax.Array:
-    """Leaf rows `[B, 2]` of leaf values `[B]` clipped into `[0, max finite]`: `(v, v)` if `v > 0`, else `(0, +inf)`."""
-    values = jnp.clip(values, 0, jnp.finfo(values.dtype).max)
+def _rows(values: jax.Array, max_leaf: float) -> jax.Array:
+    """Leaf rows `[B, 2]` of leaf values `[B]` clipped into `[0, max_leaf]`: `(v, v)` if `v > 0`, else `(0, +inf)`."""
+    values = jnp.clip(values, 0, max_leaf)
     return jnp.stack([values, jnp.where(values > 0, values, jnp.inf).astype(values.dtype)], axis=-1)
 
 
@@ -124,7 +124,8 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Args:
           capacity: Python int in `[1, 2**30]`, the number of leaves, padded to `P`, the next power of two.
-          dtype: a floating dtype the sums are rounded in (bfloat16, float16: approximate sampling).
+          dtype: a floating dtype the sums are rounded in (bfloat16, float16: approximate sampling); the total stays
+            finite (`max_leaf`).
 
         Raises:
           ValueError: capacity not an int in `[1, 2**30]`. TypeError: dtype not floating.
@@ -144,6 +145,20 @@ class SumMinTree(flax.struct.PyTreeNode):
     def depth(self) -> int:
         """Number of levels below the root: `log2(P)` (Python int)."""
         return len(self.levels) - 1
+
+    @property
+    def max_leaf(self) -> float:
+        r"""The largest leaf value written (Python float); larger values and `+inf` are written as it:
+
+        $$
+        \text{max\_leaf} = 2^{\,e - 1 - \text{depth}} = 2^{e - 1} / P,
+        $$
+
+        with $2^e$ the dtype's overflow threshold (`jnp.finfo(dtype).maxexp`; $e = 128$ for float32): the largest
+        power of two at most the largest finite value divided by the `P` leaves. A subtree of $s$ leaves then sums
+        to at most $s \cdot \text{max\_leaf}$, a power of two (exact), so every sum is finite in any rounding order.
+        """
+        return 2.0 ** (jnp.finfo(self.dtype).maxexp - 1 - self.depth)
 
     @property
     def dtype(self):
@@ -180,7 +195,8 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Args:
           indices: int[B] leaf ids. Entries outside `[0, capacity)` are ignored.
-          values: floating [B], in the tree's dtype: NaN ignored, a negative value as 0, `+inf` as the largest finite.
+          values: floating [B], in the tree's dtype: NaN ignored, a negative value as 0, one above `max_leaf`
+            (`+inf` too) as `max_leaf`.
           where: optional bool[B]; entries with `False` are ignored.
           distinct: static bool; `True` promises no two active entries share an index (skips a sort).
 
@@ -200,7 +216,7 @@ class SumMinTree(flax.struct.PyTreeNode):
             active = active & _validate.vector("where", where, b, "bool")
         keep = active if distinct else last_write_mask(indices, active, self.capacity)
         levels = list(self.levels)
-        levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(_rows(values), mode="drop")
+        levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(_rows(values, self.max_leaf), mode="drop")
         node = jnp.where(active, indices, 0)  # inactive entries recompute leaf 0's ancestors: a no-op
         for l in reversed(range(self.depth)):
             kids = levels[l + 1].reshape(-1, 2, 2)
@@ -232,7 +248,7 @@ class SumMinTree(flax.struct.PyTreeNode):
         (b,) = values.shape
         if not 1 <= b <= self.capacity:
             raise ValueError(f"values: expected a length B in [1, {self.capacity}] (the capacity), got {b}")
-        rows, written, r = _rows(values), ~jnp.isnan(values), jnp.arange(b, dtype=jnp.int32)
+        rows, written, r = _rows(values, self.max_leaf), ~jnp.isnan(values), jnp.arange(b, dtype=jnp.int32)
         # Leaves [start, start + n) in the B rows from `lo`; the rest wraps to [0, end), in the B rows ending at `end`.
         n, end = jnp.minimum(b, self.capacity - start), start + b - self.capacity
         lo, lo_wrapped = jnp.minimum(start, self.padded_capacity - b), jnp.maximum(end - b, 0)
