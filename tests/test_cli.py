@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -437,6 +438,20 @@ def test_sheet(saved, capsys, tmp_path):
     cell = img[4 : 4 + H, 4 : 4 + K * H, 0]
     obs = stacks()[0].reshape(-1, K, H, H)
     assert any(np.array_equal(cell, tiled(s)) for s in obs)
+
+
+def test_sheet_says_when_count_is_more_than_the_buffer_holds(saved, capsys, tmp_path):
+    """`--count` above the steps held (or the episode's steps) draws every step, and says so on stderr (it wrote
+    fewer frames than asked without a word)."""
+    path = saved["TrajectoryBuffer"]
+    held = BufferView(jb.restore(path)).num_steps
+    code, out, err = run(capsys, "sheet", path, "--out", tmp_path / "s.png", "--count", 1000)
+    assert code == 0 and out.startswith("wrote ")
+    assert err == f"jaxbuffers sheet: --count 1000 is more than the {held} steps the buffer holds: drew all {held}\n"
+    code, _, err = run(capsys, "sheet", path, "--out", tmp_path / "s.png", "--count", held)
+    assert code == 0 and err == ""
+    code, _, err = run(capsys, "sheet", path, "--out", tmp_path / "s.png", "--episode", 0)
+    assert code == 0 and re.fullmatch(r"jaxbuffers sheet: --count 16 is more than the \d+ steps episode 0 holds: drew all \d+\n", err)
 
 
 def test_sheet_writes_the_format_its_extension_names(saved, capsys, tmp_path):

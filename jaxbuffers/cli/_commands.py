@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -568,8 +569,9 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
                 episode: int | None = None, image: str | None = None, stack_axis: str = "auto", layout: str = "tile",
                 scale: int = 1) -> Path:
     """A contact sheet of `count` steps drawn uniformly without replacement (seeded by `seed`) from the buffer (or
-    from episode `episode`), in storage order, each labelled with its episode and step, in the image format the
-    suffix of `out` names (`.png`, `.jpg`, `.gif`, ...: any that Pillow writes; `CliError` for another)."""
+    from episode `episode`; all of them, with a notice on stderr, when `count` is more than it holds), in storage
+    order, each labelled with its episode and step, in the image format the suffix of `out` names (`.png`, `.jpg`,
+    `.gif`, ...: any that Pillow writes; `CliError` for another)."""
     from PIL import Image
 
     out = Path(out)
@@ -581,6 +583,9 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
         if value < least:
             raise CliError(f"{option}: expected an integer >= {least}, got {value}")
     pool = view.episode(episode).positions if episode is not None else np.arange(view.num_steps)
+    if count > len(pool):
+        where = "the buffer holds" if episode is None else f"episode {episode} holds"
+        print(f"jaxbuffers sheet: --count {count} is more than the {len(pool)} steps {where}: drew all {len(pool)}", file=sys.stderr)
     rng = np.random.default_rng(seed)
     picks = np.sort(rng.choice(pool, size=min(count, len(pool)), replace=False)) if len(pool) else pool
     eps, ts = view.step_labels()
