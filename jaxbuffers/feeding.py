@@ -316,6 +316,9 @@ class Writer:
             self.server._add.eval_shape(self.server._buffer, rows)
         except (TypeError, ValueError) as e:
             msg = f"item{str(e)[5:]}" if str(e).startswith(("batch[", "batch:")) else f"item: {e}"
+            for shape in {np.shape(x) for x in jax.tree.leaves(item)}:  # the shape passed, not the batch's it made
+                for lead in {1, self.flush_size}:
+                    msg = msg.replace(f"got {(lead, *shape)}", f"got an item of shape {shape}")
             raise type(e)(f"{msg} (the item checked as a row of the batches of {self.flush_size} this writer adds)") from None
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), item)
 

@@ -5,6 +5,7 @@ counts, the server's buffer and the writer's queue exactly as they were."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -225,3 +226,17 @@ def test_messages_name_what_the_caller_passed():
     assert str(err).startswith("batch_size: a sample of 100 items moves the balance"), err
     err = refused(lambda: server.rate_limiter.await_insert(100), "n", exc=(ValueError,))
     assert str(err).startswith("n: an insert of 100 items"), err
+
+
+def test_writer_names_the_shape_of_the_item_passed():
+    """An item with a stray batch axis is refused naming its own shape `(1, 2)`, first in a batch or not (the first
+    item's message gave the shape of the batch it was checked in, `(4, 1, 2)`)."""
+    server = jb.BufferServer(jb.ReplayBuffer.create({"x": jnp.int32(0), "o": jnp.zeros(2)}, 16))
+    writer = jb.Writer(server, 4)
+    stray = {"x": np.zeros(1, np.int32), "o": np.zeros((1, 2), np.float32)}
+    for pending in (0, 1):
+        with pytest.raises(ValueError, match=r"^item\['(o|x)'\]: .*got (an item of shape )?\((1, 2|1,)\)") as e:
+            writer.append(stray)
+        assert "(4, 1" not in str(e.value) and "(4, 1, 2)" not in str(e.value), str(e.value)
+        assert writer.num_pending == pending
+        writer.append({"x": np.int32(0), "o": np.zeros(2, np.float32)})
