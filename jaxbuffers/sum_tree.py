@@ -216,7 +216,8 @@ class SumMinTree(flax.struct.PyTreeNode):
             active = active & _validate.vector("where", where, b, "bool")
         keep = active if distinct else last_write_mask(indices, active, self.capacity)
         levels = list(self.levels)
-        levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(_rows(values, self.max_leaf), mode="drop")
+        rows = _rows(values, self.max_leaf)
+        levels[-1] = levels[-1].at[jnp.where(keep, indices, self.padded_capacity)].set(rows, mode="drop")
         node = jnp.where(active, indices, 0)  # inactive entries recompute leaf 0's ancestors: a no-op
         for l in reversed(range(self.depth)):
             kids = levels[l + 1].reshape(-1, 2, 2)

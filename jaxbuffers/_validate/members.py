@@ -73,12 +73,14 @@ def on_host(method: str, buffer: Any, inside: str | None = None) -> None:
     """
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(buffer)):
         inside = _HOST[method] if inside is None else inside
-        raise TypeError(f"{type(buffer).__name__}.{method} is read on the host: call it outside jit/vmap; inside, {inside}")
+        name = f"{type(buffer).__name__}.{method}"
+        raise TypeError(f"{name} is read on the host: call it outside jit/vmap; inside, {inside}")
 
 
 def one_member_methods(cls: type | None = None, *, mapped: bool = True) -> Any:
     """Class decorator: every public method of `cls` (inherited ones too; not properties, classmethods, `_UNCHECKED`)
-    calls `one_member` first (and `on_host`, for the `_HOST` methods), then is timed (`jaxbuffers._timing.timed_methods`)."""
+    calls `one_member` first (and `on_host`, for the `_HOST` methods), then is timed
+    (`jaxbuffers._timing.timed_methods`)."""
     if cls is None:
         return functools.partial(one_member_methods, mapped=mapped)
     for name in dir(cls):

@@ -585,7 +585,8 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
     pool = view.episode(episode).positions if episode is not None else np.arange(view.num_steps)
     if count > len(pool):
         where = "the buffer holds" if episode is None else f"episode {episode} holds"
-        print(f"jaxbuffers sheet: --count {count} is more than the {len(pool)} steps {where}: drew all {len(pool)}", file=sys.stderr)
+        print(f"jaxbuffers sheet: --count {count} is more than the {len(pool)} steps {where}: drew all {len(pool)}",
+              file=sys.stderr)
     rng = np.random.default_rng(seed)
     picks = np.sort(rng.choice(pool, size=min(count, len(pool)), replace=False)) if len(pool) else pool
     eps, ts = view.step_labels()
