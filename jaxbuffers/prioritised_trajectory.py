@@ -217,6 +217,14 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         e, n = self.buffer.num_envs, self.buffer.length
         return jnp.where((indices >= 0) & (indices < e * n), (indices % n) * e + indices // n, -1).astype(jnp.int32)
 
+    def _from_lane_order(self) -> "PrioritisedTrajectoryBuffer":
+        """This buffer with a tree whose leaves are in the order `lane * length + slot` (checkpoints written before the
+        order `slot * num_envs + lane`) rebuilt in this order: the same leaf values, the sums recomputed."""
+        e, n = self.buffer.num_envs, self.buffer.length
+        leaves = self.tree.leaves().reshape(e, n).T.reshape(-1)
+        tree = SumMinTree.create(e * n, self.tree.dtype).set(jnp.arange(e * n, dtype=jnp.int32), leaves, distinct=True)
+        return self.replace(tree=tree)
+
     def _position(self, leaves: jax.Array) -> jax.Array:
         """Flat positions `lane * length + slot` (int32, same shape) of tree leaves in `[0, num_envs * length)`."""
         e, n = self.buffer.num_envs, self.buffer.length
