@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from jaxbuffers import _compiled, _priority, _ring, _validate
@@ -252,27 +251,21 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         new = old.add_prepared(step, terminated, truncated, final_obs)
         e, n, w, t = old.num_envs, old.length, self.window_length, terminated.shape[1]
         phase = ((self.phase + t) % self.period).astype(jnp.int32)
-        # The last r = min(t + w - 1, length) steps of every lane (logical nv - r + k), the same slots in every lane:
-        # the t written ones get the max priority if they start a whole aligned window and 0 otherwise; the windows
-        # before the chunk made whole (nv - w - t + 1 + i for i < min(t, w - 1)) get it if they exist and are
-        # aligned; the others are not written (NaN). Leaves `slot * num_envs + lane` make them one run of consecutive
-        # leaves (`SumMinTree.set_run`: slices); when the two groups lie apart (t < w - 1), only theirs are set.
-        r = min(t + w - 1, n)
-        k = np.arange(r)
-        written, whole = k >= r - t, (k >= r - w - t + 1) & (k < r - w - t + 1 + min(t, w - 1))  # static
-        logical = new.num_valid - r + jnp.asarray(k, jnp.int32)
+        # One run of tree leaves, the same slots in every lane (leaves `slot * num_envs + lane` are consecutive): the
+        # last min(t + w - 1, length) steps (logical nv - r + k). The t written ones get the max priority if they start
+        # a whole aligned window and 0 otherwise; the windows before the chunk made whole (nv - w - t + 1 + i for
+        # i < min(t, w - 1)) get it if they exist and are aligned; the others are not written (NaN).
+        r, m = min(t + w - 1, n), min(t, w - 1)
+        k = jnp.arange(r, dtype=jnp.int32)
+        logical = new.num_valid - r + k
+        made_whole = (logical >= new.num_valid - w - t + 1) & (logical < new.num_valid - w - t + 1 + m)
         aligned = _ring.aligned(logical, _ring.aligned_first(phase, new.num_valid, self.period), self.period)
         start = (logical >= 0) & (logical + w <= new.num_valid) & aligned
         fresh = _priority.priority_leaf(self.max_priority, self.priority_exponent)
-        vals = jnp.where(written, jnp.where(start, fresh, 0), jnp.where(whole & start, fresh, jnp.nan)).astype(jnp.float32)
-        if (written | whole).all():
-            first = _ring.logical_to_physical(logical[0], new.head, new.num_valid, n)
-            tree = self.tree.set_run(first * e, jnp.repeat(vals, e))
-        else:
-            at = np.flatnonzero(written | whole)
-            slots = _ring.logical_to_physical(logical[at], new.head, new.num_valid, n)
-            leaves = slots[:, None] * e + jnp.arange(e, dtype=jnp.int32)
-            tree = self.tree.set(leaves.reshape(-1), jnp.repeat(vals[at], e), distinct=True)
+        written = k >= r - t
+        vals = jnp.where(written, jnp.where(start, fresh, 0), jnp.where(made_whole & start, fresh, jnp.nan)).astype(jnp.float32)
+        first = _ring.logical_to_physical(logical[0], new.head, new.num_valid, n)
+        tree = self.tree.set_run(first * e, jnp.repeat(vals, e))
         return self.replace(buffer=new, tree=tree, phase=phase)
 
     def _sequence_length(self, sequence_length, period=None) -> int:
