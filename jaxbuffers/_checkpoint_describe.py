@@ -157,6 +157,31 @@ def _upgraded(buffer: Any, saved_num_slots: int) -> Any | None:
     return None if upgrade is None else upgrade(buffer, saved_num_slots)
 
 
+#: what buffer.json says of a prioritised trajectory tree's leaf order (`jaxbuffers.PrioritisedTrajectoryBuffer.tree`);
+#: checkpoints written before it have the leaves in the order `lane * length + slot`
+TREE_ORDER = "slot * num_envs + lane"
+
+
+def _prioritised_trajectory_of(buffer: Any) -> PrioritisedTrajectoryBuffer | None:
+    """The `PrioritisedTrajectoryBuffer` a buffer is, or a compressed one wraps; else None."""
+    inner = getattr(buffer, "buffer", None) if isinstance(buffer, CompressedPrioritisedTrajectoryBuffer) else buffer
+    return inner if isinstance(inner, PrioritisedTrajectoryBuffer) else None
+
+
+def _upgraded_state(buffer: Any, meta: dict) -> tuple[Any, dict | None]:
+    """(buffer, host metadata) of a restored checkpoint described by `meta` (buffer.json) in this layout: a
+    prioritised trajectory tree saved in the earlier leaf order (no `tree_order`) rebuilt in `TREE_ORDER` (the same
+    leaf values; every sum recomputed from its children, as an add does), then `_upgraded_host`."""
+    inner = _prioritised_trajectory_of(buffer)
+    if inner is not None and meta.get("tree_order") != TREE_ORDER:
+        rebuild = PrioritisedTrajectoryBuffer._from_lane_order
+        for _ in _validate.member_axes(inner):  # a stacked buffer: each member
+            rebuild = jax.vmap(rebuild)
+        rebuilt = jax.tree.map(lambda x, like: jax.device_put(x, like.sharding), jax.jit(rebuild)(inner), inner)
+        buffer = rebuilt if inner is buffer else buffer.replace(buffer=rebuilt)
+    return _upgraded_host(buffer, meta.get("host"))
+
+
 def _upgraded_host(buffer: Any, host_meta: dict | None) -> tuple[Any, dict | None]:
     """(buffer, host metadata) of a checkpoint's restored compressed buffer in this layout (`_upgraded`): its stores'
     saved `num_slots` taken as this layout's. Unchanged when no upgrade applies (`import_state` then refuses the
@@ -281,6 +306,8 @@ def _describe(buffer: Any) -> dict:
     cfg = config(_unstacked(buffer, stack))
     out = {"format": FORMAT, "version": FORMAT_VERSION, "class": name, "config": _json_config(cfg),
            "stack_shape": list(stack), "leaves": leaves}
+    if _prioritised_trajectory_of(buffer) is not None:
+        out["tree_order"] = TREE_ORDER
     return out if sharded is None else {**out, "sharded": sharded}
 
 

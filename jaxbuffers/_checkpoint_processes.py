@@ -312,7 +312,7 @@ def restore(root: Path, target: Any, checked, read, host_args, load_host, upgrad
     restore's pieces (`jaxbuffers.checkpoint`): `checked(root, target)` gives `(meta, abstract leaves, treedef,
     shardings)` after every check; `read(root, restore_args, leaves)` reads the arrays; `host_args(meta, root)` gives the
     one-process restore arguments of host arrays; `load_host(host, version, meta, arrays, what)` fills a fresh store;
-    `upgraded(buffer, host_meta)` takes an older layout's state and host metadata to this one's."""
+    `upgraded(buffer, meta)` takes an older layout's state (and its host metadata) to this one's."""
     meta, leaves, treedef, shardings = checked(root, target.shards)
     host_meta = meta.get("host")
     args: dict = {"device": {str(i): ocp.ArrayRestoreArgs(sharding=s, global_shape=x.shape, dtype=_zarr.stored_dtype(x.dtype))
@@ -328,7 +328,7 @@ def restore(root: Path, target: Any, checked, read, host_args, load_host, upgrad
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {a.shape} {a.dtype}, expected {x.shape} {x.dtype}")
     _same_meta_defaults(target.shards, arrays, root)
     buffer = jax.tree.unflatten(treedef, [_copy(a) for a in arrays])  # memory XLA owns: a donation updates it in place
-    buffer, host_meta = upgraded(buffer, host_meta)
+    buffer, host_meta = upgraded(buffer, meta)
     if host_meta is not None:
         host_out = {"bytes": _local_rows(out["host"]["bytes"])} if "bytes" in out["host"] else out["host"]
         for s, v in _local_rows(buffer.version).items():

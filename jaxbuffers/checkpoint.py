@@ -12,7 +12,8 @@ buffer.json      {"format": "jaxbuffers.checkpoint", "version": 1, "class": "Rep
                   "stack_shape": leading axes of a stacked (vmapped) buffer,
                   "sharded": {"axis", "num_shards"} of a saved ShardedBuffer (its shards, stacked [S]); absent else,
                   "leaves": [{"path", "shape", "dtype"}, ...] every array of the buffer, in pytree order,
-                  "host": host-store metadata of a compressed buffer, else null}
+                  "host": host-store metadata of a compressed buffer, else null, "tree_order": a prioritised
+                  trajectory tree's leaf order (`_checkpoint_describe.TREE_ORDER`; absent: `lane * length + slot`)}
 arrays/          an orbax-checkpoint PyTree checkpoint (tensorstore) of
                   {"device": {"0": leaf 0, ...}, "host": {"stores": {"0": {"chunk", "offset", ..., "payload"}, ...},
                    "slot_version": ...}}: the buffer's arrays, and for a compressed buffer its host stores
@@ -85,7 +86,7 @@ from host_codecs import num_threads
 from jaxbuffers import _background, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
-    _check_meta_defaults, _checked_cursors, _nbytes, _sharded, _template, _upgraded, _upgraded_host,
+    _check_meta_defaults, _checked_cursors, _nbytes, _sharded, _template, _upgraded, _upgraded_state,
 )
 from jaxbuffers._checkpoint_snapshot import Snapshot as _Snapshot, snapshot as _snapshot, store_snapshot as _store_snapshot
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _fsync, _hash_file: used by jaxbuffers.disk
@@ -158,7 +159,7 @@ def _host_restore_args(meta: dict | None, root: Path) -> dict:
 def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
     if isinstance(target, ShardedBuffer) and _processes.several():  # every process reads its parts
         return _processes.restore(root, target, functools.partial(_checked, sharding=sharding, progress=progress),
-                                  functools.partial(_read_arrays, progress=progress), _host_restore_args, _load_host, _upgraded_host)
+                                  functools.partial(_read_arrays, progress=progress), _host_restore_args, _load_host, _upgraded_state)
     if isinstance(target, ShardedBuffer):  # its stacked buffer, on the target's mesh, wrapped again
         return target.replace(shards=_read(root, target.shards, sharding, progress))
     listed, later = _verify(root, progress, _zarr.deferred)
@@ -174,7 +175,7 @@ def _read(root: Path, target: Any, sharding: Any, progress: _Progress) -> Any:
         arrays, host_out = direct
     if target is not None:
         _check_meta_defaults(target, arrays, root, stacked="sharded" in meta)
-    buffer, host_meta = _upgraded_host(_checked_cursors(jax.tree.unflatten(treedef, arrays), root), host_meta)
+    buffer, host_meta = _upgraded_state(_checked_cursors(jax.tree.unflatten(treedef, arrays), root), meta)
     if host_meta is not None and "shards" in host_meta:
         versions = np.asarray(buffer.version).tolist()
         for i, (h, m) in enumerate(zip(buffer.host.shards, host_meta["shards"])):
@@ -224,7 +225,6 @@ def _read_orbax(root: Path, meta: dict, restore_args: dict, leaves: list, shardi
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {got}, expected {x.shape} {x.dtype}")
         host.append(a)
     return _zarr.on_devices(host, shardings), out["host"]
-
 
 
 def _read_arrays(root: Path, restore_args: dict, leaves: list, progress: _Progress) -> dict:

@@ -81,7 +81,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     _cursor = "buffer.head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
     buffer: TrajectoryBuffer  # the steps
-    tree: SumMinTree  # capacity num_envs * length; leaves p^alpha at valid window starts, else 0
+    tree: SumMinTree  # capacity num_envs * length; leaf slot * num_envs + lane: p^alpha at a valid window start, else 0
     max_priority: jax.Array  # shape=(), dtype=float32: largest priority set so far (1 initially); new windows get it
     phase: jax.Array  # shape=(), dtype=int32: steps ever added per lane modulo period (window alignment)
     window_length: int = struct.field(pytree_node=False)
@@ -209,7 +209,27 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     def priorities(self, indices: jax.Array) -> jax.Array:
         """Priorities of flat positions `indices` (int, any shape; TypeError for other dtypes), float32; invalid
         windows and indices outside `[0, num_envs * length)` read 0."""
-        return _priority.priorities_at(self.tree, indices, self.priority_exponent)
+        return _priority.priorities_at(self.tree, self._leaf(_validate.integer_indices("indices", indices)), self.priority_exponent)
+
+    def _leaf(self, indices: jax.Array) -> jax.Array:
+        """Tree leaves (int32, same shape) of flat positions `lane * length + slot`: `slot * num_envs + lane`, so that
+        one slot of every lane, and consecutive slots, are consecutive leaves; positions outside
+        `[0, num_envs * length)` map to -1, outside the tree."""
+        e, n = self.buffer.num_envs, self.buffer.length
+        return jnp.where((indices >= 0) & (indices < e * n), (indices % n) * e + indices // n, -1).astype(jnp.int32)
+
+    def _from_lane_order(self) -> "PrioritisedTrajectoryBuffer":
+        """This buffer with a tree whose leaves are in the order `lane * length + slot` (checkpoints written before the
+        order `slot * num_envs + lane`) rebuilt in this order: the same leaf values, the sums recomputed."""
+        e, n = self.buffer.num_envs, self.buffer.length
+        leaves = self.tree.leaves().reshape(e, n).T.reshape(-1)
+        tree = SumMinTree.create(e * n, self.tree.dtype).set(jnp.arange(e * n, dtype=jnp.int32), leaves, distinct=True)
+        return self.replace(tree=tree)
+
+    def _position(self, leaves: jax.Array) -> jax.Array:
+        """Flat positions `lane * length + slot` (int32, same shape) of tree leaves in `[0, num_envs * length)`."""
+        e, n = self.buffer.num_envs, self.buffer.length
+        return ((leaves % e) * n + leaves // e).astype(jnp.int32)
 
     @property
     def generations(self):
@@ -232,19 +252,21 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         new = old.add_prepared(step, terminated, truncated, final_obs)
         e, n, w, t = old.num_envs, old.length, self.window_length, terminated.shape[1]
         phase = ((self.phase + t) % self.period).astype(jnp.int32)
-        # One tree write per position, the same in every lane: the t written steps (logical nv - t + k), each the max
-        # priority if it starts a whole aligned window and 0 otherwise; then the windows before the chunk made whole
-        # (nv - w - t + 1 + i for i < min(t, w - 1)), written only if they exist and are aligned.
-        k = jnp.arange(t + min(t, w - 1), dtype=jnp.int32)
-        written = k < t
-        logical = jnp.where(written, new.num_valid - t + k, new.num_valid - w - 2 * t + 1 + k)
+        # One run of tree leaves, the same slots in every lane (leaves `slot * num_envs + lane` are consecutive): the
+        # last min(t + w - 1, length) steps (logical nv - r + k). The t written ones get the max priority if they start
+        # a whole aligned window and 0 otherwise; the windows before the chunk made whole (nv - w - t + 1 + i for
+        # i < min(t, w - 1)) get it if they exist and are aligned; the others are not written (NaN).
+        r, m = min(t + w - 1, n), min(t, w - 1)
+        k = jnp.arange(r, dtype=jnp.int32)
+        logical = new.num_valid - r + k
+        made_whole = (logical >= new.num_valid - w - t + 1) & (logical < new.num_valid - w - t + 1 + m)
         aligned = _ring.aligned(logical, _ring.aligned_first(phase, new.num_valid, self.period), self.period)
         start = (logical >= 0) & (logical + w <= new.num_valid) & aligned
         fresh = _priority.priority_leaf(self.max_priority, self.priority_exponent)
-        vals = jnp.where(start, fresh, jnp.where(written, 0, jnp.nan)).astype(jnp.float32)  # NaN: not written
-        slot = _ring.logical_to_physical(logical, new.head, new.num_valid, n)
-        positions = jnp.arange(e, dtype=jnp.int32)[:, None] * n + slot
-        tree = self.tree.set(positions.reshape(-1), jnp.broadcast_to(vals, (e, k.shape[0])).reshape(-1), distinct=True)
+        written = k >= r - t
+        vals = jnp.where(written, jnp.where(start, fresh, 0), jnp.where(made_whole & start, fresh, jnp.nan)).astype(jnp.float32)
+        first = _ring.logical_to_physical(logical[0], new.head, new.num_valid, n)
+        tree = self.tree.set_run(first * e, jnp.repeat(vals, e))
         return self.replace(buffer=new, tree=tree, phase=phase)
 
     def _sequence_length(self, sequence_length, period=None) -> int:
@@ -277,12 +299,13 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         """The tree's leaves (float32 `[num_envs * length]`) where no episode end lies before the window's last step."""
         positions = jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)
         inside = self.buffer.valid_starts(positions, sequence_length, period=self.period, cross_episodes=False)
-        return jnp.where(inside, self.tree.get(positions), 0)
+        return jnp.where(inside, self.tree.get(self._leaf(positions)), 0)
 
     def _draw(self, key, batch_size: int, beta, leaves=None):
         batch_size = _validate.static_int("batch_size", batch_size)
         if leaves is None:
-            idx, probs, weights = _priority.draw(self.tree, key, batch_size, beta)
+            leaf, probs, weights = _priority.draw(self.tree, key, batch_size, beta)
+            idx = self._position(leaf)
         else:
             idx, probs, weights = _priority.draw_from_leaves(leaves, key, batch_size, beta)
         return idx, (probs, weights, self.generations_at(idx))
@@ -364,6 +387,6 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
           TypeError: wrong dtype kinds.
         """
         return _priority.set_priorities(
-            self, indices, priorities, generations,
-            lambda slot, gen: (self.generations_at(slot) == gen) & (self.tree.get(slot) > 0),  # leaf 0: window not valid now
+            self, self._leaf(_validate.index_vector("indices", indices)), priorities, generations,
+            lambda leaf, gen: (self.generations_at(self._position(leaf)) == gen) & (self.tree.get(leaf) > 0),  # 0: not valid now
         )

@@ -17,9 +17,16 @@ from jaxbuffers import TrajectoryBuffer
 from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
 
 
+def by_position(buf) -> jax.Array:
+    """The tree leaf of every flat position `lane * length + slot`, in that order: leaf `slot * num_envs + lane`."""
+    e, n = buf.buffer.num_envs, buf.buffer.length
+    p = jnp.arange(e * n, dtype=jnp.int32)
+    return (p % n) * e + p // n
+
+
 def tree_leaves(buf) -> np.ndarray:
-    """Every tree leaf of a prioritised buffer (p^alpha at valid starts, else 0)."""
-    return np.asarray(buf.tree.get(jnp.arange(buf.buffer.num_envs * buf.buffer.length, dtype=jnp.int32)))
+    """The tree's leaf of every flat position of a prioritised buffer (p^alpha at valid starts, else 0)."""
+    return np.asarray(buf.tree.get(by_position(buf)))
 
 
 def test_prioritised_sequences_final_obs_through_the_buffer():
@@ -56,7 +63,7 @@ def _valid_starts(ref: Ref, window: int, period: int) -> set[int]:
 @jax.jit
 def _tree_reads(buf, key):
     """The tree's leaves and min, num_valid_windows, can_sample and 32 sampled sequences: one program per buffer."""
-    return (buf.tree.get(jnp.arange(buf.buffer.num_envs * buf.buffer.length, dtype=jnp.int32)), buf.tree.min(),
+    return (buf.tree.get(by_position(buf)), buf.tree.min(),
             buf.num_valid_windows(), buf.can_sample(1), buf.sample_sequences(key, 32, beta=0.5))
 
 
