@@ -67,6 +67,14 @@ def test_a_list_is_told_the_dtype_of_its_field():
     assert str(err).endswith("np.asarray(x, np.bool_)"), err
 
 
+def test_a_number_flag_is_told_to_convert_itself():
+    """Integer or float flags of the right shape are refused with the conversion that makes them flags."""
+    buf = FILLED["uniform"]
+    for bad in (np.zeros(E, np.int32), np.zeros(E, np.float32)):
+        err = refused(lambda: buf.add(step(), terminated=bad), "terminated", state=buf, exc=(TypeError,))
+        assert str(err).endswith("convert with .astype(bool))"), err
+
+
 @SETTINGS
 @given(
     kind=KIND,

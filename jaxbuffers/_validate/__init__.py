@@ -238,6 +238,9 @@ def flag(name: str, x: Any, shape: tuple = (), fill: bool = True) -> Any:
         x = np.full(shape, bool(x))
     if not is_array(x):
         raise not_array(name, x, f"a bool{' or a bool' if fill else ''} array of shape {tuple(shape)}", np.bool_)
+    if tuple(x.shape) == tuple(shape) and x.dtype != np.bool_ and np.dtype(x.dtype).kind in "iuf":
+        raise TypeError(f"{name}: expected dtype bool, got {x.dtype} (nothing is cast implicitly: convert with "
+                        f".astype(bool))")
     return array(name, x, shape, np.bool_)
 
 
