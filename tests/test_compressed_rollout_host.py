@@ -177,3 +177,19 @@ def test_the_add_that_fills_the_buffer_puts_the_staged_entries():
     assert buf.host.num_rows == distinct and buf.host.num_writes == 1
     out = writer.flush().gather(jnp.arange(n * t, dtype=jnp.int32))
     np.testing.assert_array_equal(np.asarray(out.step["obs"]["pixels"]), pixels.reshape(n * t, K, H, W))
+
+
+def test_writer_stacks_scalar_frames():
+    """A compressed leaf whose frames are scalars (a stack of shape `[K]`) is stored and rebuilt like any other."""
+    n, k, t = 2, 3, 4
+    ex = {"pixels": jnp.zeros((k,), jnp.uint8), "action": jnp.int32(0)}
+    w = RolloutHostWriter(CompressedRolloutBuffer.create(ex, num_envs=n, num_steps=t, compress=("pixels",), codec="rle",
+                                                        frame_stack=k))
+    x, want = np.zeros((n, k), np.uint8), []
+    for s in range(t):
+        x = np.concatenate([x[:, 1:], np.full((n, 1), s + 1, np.uint8)], 1)
+        want.append(x.copy())
+        w.add({"pixels": x.copy(), "action": np.zeros(n, np.int32)}, reward=np.zeros(n, np.float32),
+              value=np.zeros(n, np.float32), terminated=np.zeros(n, bool))
+    got = np.asarray(w.flush().gather(jnp.arange(t * n, dtype=jnp.int32)).step["pixels"]).reshape(t, n, k)
+    np.testing.assert_array_equal(got, np.stack(want))

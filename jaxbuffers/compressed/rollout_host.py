@@ -209,7 +209,7 @@ class RolloutHostWriter:
         for e in range(n):
             mine, mine_keys, olds = [], [], old_keys[e]
             for j in range(k):
-                parts = one[e, j] if one is not None else [f[e, j] for f in frames]
+                parts = one[e, j, ...] if one is not None else [f[e, j] for f in frames]  # an array, 0-d for scalars
                 if olds is not None and j < k - 1 and _holds(olds[j + 1], parts):  # shifted from the previous stack
                     key, s = olds[j + 1], old_slots[e][j + 1]
                 elif j > 0 and _holds(mine_keys[j - 1], parts):  # repeats its left neighbour ("reset" padding)
