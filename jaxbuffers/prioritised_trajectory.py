@@ -37,7 +37,7 @@ class PrioritisedSequenceSample(NamedTuple):
     item: Any  # dict like the example step, leaves [B, L, ...]
     terminated: jax.Array  # shape=[B, L], dtype=bool
     truncated: jax.Array  # shape=[B, L], dtype=bool
-    indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical start slot (tree leaf)
+    indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical start slot (a position)
     probabilities: jax.Array  # shape=[B], dtype=float32: P(i)
     importance_weights: jax.Array  # shape=[B], dtype=float32: w_i, in [0, 1] (0 only when w_i underflows float32)
     generations: jax.Array  # shape=[B], dtype=int32: generation of the start slot when sampled
@@ -59,7 +59,7 @@ class PrioritisedTransitionSample(NamedTuple):
     next_obs: Any
     num_steps: jax.Array  # shape=[B], dtype=int32
     item: Any  # the whole step t, leaves [B, ...]
-    indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical slot of step t (tree leaf)
+    indices: jax.Array  # shape=[B], dtype=int32: lane * length + physical slot of step t (a position)
     probabilities: jax.Array  # shape=[B], dtype=float32
     importance_weights: jax.Array  # shape=[B], dtype=float32
     generations: jax.Array  # shape=[B], dtype=int32

@@ -49,8 +49,9 @@ def _combine(kids: jax.Array) -> jax.Array:
 
 
 def _rows(values: jax.Array, max_leaf: float) -> jax.Array:
-    """Leaf rows `[B, 2]` of leaf values `[B]` clipped into `[0, max_leaf]`: `(v, v)` if `v > 0`, else `(0, +inf)`."""
-    values = jnp.clip(values, 0, max_leaf)
+    """Leaf rows `[B, 2]` of leaf values `[B]`, negatives as 0 and `+inf` as `max_leaf`: `(v, v)` if `v > 0`, else
+    `(0, +inf)`."""
+    values = jnp.where(values == jnp.inf, max_leaf, jnp.maximum(values, 0))
     return jnp.stack([values, jnp.where(values > 0, values, jnp.inf).astype(values.dtype)], axis=-1)
 
 
@@ -124,8 +125,8 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Args:
           capacity: Python int in `[1, 2**30]`, the number of leaves, padded to `P`, the next power of two.
-          dtype: a floating dtype the sums are rounded in (bfloat16, float16: approximate sampling); the total stays
-            finite (`max_leaf`).
+          dtype: a floating dtype the sums are rounded in (bfloat16, float16: approximate sampling); `+inf` leaves
+            keep the total finite (`max_leaf`).
 
         Raises:
           ValueError: capacity not an int in `[1, 2**30]`. TypeError: dtype not floating.
@@ -148,7 +149,7 @@ class SumMinTree(flax.struct.PyTreeNode):
 
     @property
     def max_leaf(self) -> float:
-        r"""The largest leaf value written (Python float); larger values and `+inf` are written as it:
+        r"""The value a `+inf` leaf is written as (Python float):
 
         $$
         \text{max\_leaf} = 2^{\,e - 1 - \text{depth}} = 2^{e - 1} / P,
@@ -156,7 +157,9 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         with $2^e$ the dtype's overflow threshold (`jnp.finfo(dtype).maxexp`; $e = 128$ for float32): the largest
         power of two at most the largest finite value divided by the `P` leaves. A subtree of $s$ leaves then sums
-        to at most $s \cdot \text{max\_leaf}$, a power of two (exact), so every sum is finite in any rounding order.
+        to at most $s \cdot \text{max\_leaf}$, a power of two (exact), so leaves at `+inf` keep every sum finite.
+        Finite values are written as given: their total must stay below the dtype's largest finite value (else the
+        total is `+inf` and draws are not proportional).
         """
         return 2.0 ** (jnp.finfo(self.dtype).maxexp - 1 - self.depth)
 
@@ -195,8 +198,8 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Args:
           indices: int[B] leaf ids. Entries outside `[0, capacity)` are ignored.
-          values: floating [B], in the tree's dtype: NaN ignored, a negative value as 0, one above `max_leaf`
-            (`+inf` too) as `max_leaf`.
+          values: floating [B], in the tree's dtype: NaN ignored, a negative value as 0, `+inf` as `max_leaf`,
+            finite values as given (their total below the dtype's largest finite value).
           where: optional bool[B]; entries with `False` are ignored.
           distinct: static bool; `True` promises no two active entries share an index (skips a sort).
 

@@ -580,35 +580,37 @@ def test_donated_set_needs_no_tree_sized_temporary(batch):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize("capacity", [1, 2, 5, 1000])
-def test_leaves_are_capped_so_the_total_stays_finite(capacity, dtype):
-    """A leaf above `max_leaf` (+inf included) is written as `max_leaf = 2**(maxexp - 1 - depth)`: every leaf at the
-    cap still gives a finite total, in every dtype (two +inf or two 2e38 float32 leaves made the total inf)."""
+def test_infinite_leaves_are_capped_so_the_total_stays_finite(capacity, dtype):
+    """A `+inf` leaf is written as `max_leaf = 2**(maxexp - 1 - depth)`: every leaf at `+inf` still gives a finite
+    total, in every dtype (two +inf float32 leaves made the total inf)."""
     tree = SumMinTree.create(capacity, dtype)
     assert tree.max_leaf == 2.0 ** (jnp.finfo(dtype).maxexp - 1 - tree.depth)
     assert tree.max_leaf * tree.padded_capacity <= float(jnp.finfo(dtype).max)
     full = tree.set(jnp.arange(capacity), jnp.full((capacity,), jnp.inf, dtype))
     np.testing.assert_array_equal(np.asarray(full.leaves(), np.float64), tree.max_leaf)
     assert float(full.total()) == capacity * tree.max_leaf and float(full.min()) == tree.max_leaf
-    run = tree.set_run(jnp.int32(0), jnp.full((capacity,), jnp.finfo(dtype).max, dtype))
+    run = tree.set_run(jnp.int32(0), jnp.full((capacity,), jnp.inf, dtype))
     assert float(run.total()) == capacity * tree.max_leaf
     _check_invariant(full)
 
 
 def test_two_infinite_leaves_are_sampled_alike():
-    """Two +inf leaves (or two 2e38 float32 leaves) beside a finite one: the total is finite, both capped leaves are
-    drawn half of the time each and the finite one (1.0, far below the cap) is kept as it was."""
-    for big in (np.inf, 2e38):
-        tree = SumMinTree.create(4).set(jnp.array([0, 1, 2]), jnp.array([big, big, 1.0], jnp.float32))
-        assert np.isfinite(float(tree.total())) and float(tree.get(jnp.array([2]))[0]) == 1.0
-        counts = np.bincount(np.asarray(tree.sample_stratified(jax.random.key(0), 1000)), minlength=4)
-        assert abs(counts[0] - 500) <= 1 and counts[0] + counts[1] == 1000
+    """Two +inf leaves beside a finite one: the total is finite, both capped leaves are drawn half of the time each
+    and the finite one (1.0) is kept as it was."""
+    tree = SumMinTree.create(4).set(jnp.array([0, 1, 2]), jnp.array([np.inf, np.inf, 1.0], jnp.float32))
+    assert np.isfinite(float(tree.total())) and float(tree.get(jnp.array([2]))[0]) == 1.0
+    counts = np.bincount(np.asarray(tree.sample_stratified(jax.random.key(0), 1000)), minlength=4)
+    assert abs(counts[0] - 500) <= 1 and counts[0] + counts[1] == 1000
 
 
-def test_values_below_the_cap_are_kept_exactly():
-    """Values up to `max_leaf` are written as given (the cap of the largest tree, 2**97 for 2**30 float32 leaves, is
-    above the prioritised buffers' 1e20)."""
-    assert 2.0 ** (jnp.finfo(jnp.float32).maxexp - 1 - 30) > 1e20  # the cap of a 2**30-leaf tree (not allocated)
-    tree = SumMinTree.create(5)
-    values = np.array([1e-30, 0.5, 1e20, tree.max_leaf, 3.0], np.float32)
-    got = tree.set(jnp.arange(5), jnp.asarray(values))
-    np.testing.assert_array_equal(np.asarray(got.leaves()), values)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
+def test_finite_values_are_kept_exactly_whatever_the_cap(dtype):
+    """Finite values are written as given, above `max_leaf` too (a float16 tree of 32,768 leaves has `max_leaf` 1.0
+    and keeps 100)."""
+    tree = SumMinTree.create(32768, dtype)
+    big = 100.0 if dtype == jnp.float16 else 1e35
+    assert big > tree.max_leaf
+    values = np.array([big, 0.75, 0.5, 3.0], dtype)
+    for got in (tree.set(jnp.arange(4), jnp.asarray(values)), tree.set_run(jnp.int32(0), jnp.asarray(values))):
+        np.testing.assert_array_equal(np.asarray(got.leaves())[:4], values)
+        assert np.isclose(float(got.total()), float(values.astype(np.float64).sum()), rtol=1e-3)
