@@ -177,8 +177,9 @@ class HostStores:
         return self.nbytes - self.arena_nbytes + sum(s.payload_nbytes for s in self.stores)
 
     def close(self) -> None:
-        """Release the payload memory now. Later reads/writes raise. (A jitted function that
-        compiled against the buffer keeps this object alive; closing frees its arenas anyway.)"""
+        """Release the payload memory now (a non-blocking save in flight keeps the chunks it writes until it is
+        written). Later reads/writes raise. (A jitted function that compiled against the buffer keeps this object
+        alive; closing frees its arenas anyway.)"""
         with self._lock:
             for s in self.stores:
                 s.clear()
