@@ -120,7 +120,7 @@ def test_stats_without_per_position_counts():
 @pytest.mark.slow  # a subprocess of its own on 4 forced devices: python -m pytest -m slow tests/test_sharded_metrics.py
 @pytest.mark.fewer_devices(4)
 def test_on_four_forced_devices(forced_devices):
-    assert "5 passed, 1 deselected" in forced_devices(__file__, 4, "test_on_four_forced_devices")  # every other test ran
+    assert "6 passed, 1 deselected" in forced_devices(__file__, 4, "test_on_four_forced_devices")  # every other test ran
 
 
 def test_stats_under_jit_names_the_host_read():

@@ -361,12 +361,13 @@ def test_prioritised_trajectory_global_sampling_is_the_whole_buffers(mesh):
     new = jnp.asarray(rng.uniform(0.1, 5.0, 64), jnp.float32)  # the same updates to both: unequal shard totals
     sharded = sharded.set_priorities(out.shard, out.sample.indices, new, out.sample.generations)
     whole = whole.set_priorities(to_global(out.shard, out.sample.indices), new, out.sample.generations)
-    merged = np.asarray(jax.vmap(lambda t: t.leaves())(sharded.shards.tree)).reshape(-1)
-    np.testing.assert_array_equal(merged, np.asarray(whole.tree.leaves()))
+    in_positions = lambda b, n: b.tree.leaves()[b._leaf(jnp.arange(n * length, dtype=jnp.int32))]  # noqa: E731
+    merged = np.asarray(jax.vmap(lambda b: in_positions(b, lanes))(sharded.shards)).reshape(-1)
+    np.testing.assert_array_equal(merged, np.asarray(in_positions(whole, e)))
 
     out = draw(sharded, jax.random.key(13))
     g = to_global(out.shard, out.sample.indices)
-    leaf = np.asarray(whole.tree.get(g), np.float64)
+    leaf = np.asarray(whole.tree.get(whole._leaf(jnp.asarray(g))), np.float64)
     total, low = float(whole.tree.total()), float(whole.tree.min())
     np.testing.assert_allclose(np.asarray(out.sample.probabilities), leaf / total, rtol=2e-5)
     np.testing.assert_allclose(np.asarray(out.sample.importance_weights), (leaf / low) ** -beta, rtol=2e-5)
@@ -847,7 +848,7 @@ def test_compressed_prioritised_sampling_and_collectives(mesh):
     out = jax.jit(lambda b, k: b.sample(k, 64, method="sample_transitions", n_step=1, gamma=0.9, beta=0.5))(sharded, jax.random.key(38))
     g = _global_positions(out)
     tree = whole.buffer.tree
-    leaf, total, low = np.asarray(tree.get(g), np.float64), float(tree.total()), float(tree.min())
+    leaf, total, low = np.asarray(tree.get(whole.buffer._leaf(jnp.asarray(g))), np.float64), float(tree.total()), float(tree.min())
     np.testing.assert_allclose(np.asarray(out.sample.probabilities), leaf / total, rtol=2e-5)
     np.testing.assert_allclose(np.asarray(out.sample.importance_weights), (leaf / low) ** -0.5, rtol=2e-5)
     ref = whole.decode(whole.trajectory.transitions_at(g, n_step=1, gamma=0.9))
