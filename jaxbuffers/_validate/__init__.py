@@ -238,9 +238,6 @@ def flag(name: str, x: Any, shape: tuple = (), fill: bool = True) -> Any:
         x = np.full(shape, bool(x))
     if not is_array(x):
         raise not_array(name, x, f"a bool{' or a bool' if fill else ''} array of shape {tuple(shape)}", np.bool_)
-    if tuple(x.shape) == tuple(shape) and x.dtype != np.bool_ and np.dtype(x.dtype).kind in "iuf":
-        raise TypeError(f"{name}: expected dtype bool, got {x.dtype} (nothing is cast implicitly: convert with "
-                        f".astype(bool))")
     return array(name, x, shape, np.bool_)
 
 
@@ -380,7 +377,8 @@ def array(name: str, x: Any, shape: tuple[int, ...] | None = None, dtype: Any = 
     if floating and not jnp.issubdtype(got, jnp.floating):
         raise TypeError(f"{name}: expected a floating dtype, got {got}")
     if dtype is not None and not floating and got != np.dtype(dtype):
-        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got} (nothing is cast implicitly)")
+        hint = ": convert with .astype(bool)" if np.dtype(dtype) == np.bool_ and got.kind in "iuf" else ""
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got} (nothing is cast implicitly{hint})")
     return not_narrowed(name, x)
 
 
