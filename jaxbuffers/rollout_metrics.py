@@ -13,7 +13,8 @@ $$\bar A = \frac{1}{n}\sum A, \qquad \sigma_A = \sqrt{\frac{1}{n}\sum (A - \bar 
 \mathrm{EV} = 1 - \frac{\mathrm{Var}(G - V)}{\mathrm{Var}(G)}$$
 
 (population variances; `explained_variance` is NaN when $\mathrm{Var}(G) = 0$, as Stable-Baselines3's
-`explained_variance`; the means, deviations, extremes and fractions are NaN when no step is learnt).
+`explained_variance`; the means, deviations, extremes and fractions are NaN when no step is learnt; every advantage and
+return statistic is NaN while the buffer's `has_advantages` is False, i.e. before `compute_gae`).
 
 Example:
     ```python
@@ -86,7 +87,7 @@ def rollout_stats(buf: Any, draws: Any = None) -> RolloutStats:
 
     Args:
       buf: a `jaxbuffers.RolloutBuffer` or `jaxbuffers.CompressedRolloutBuffer` (after `compute_gae`: before it,
-        advantages and returns are zeros).
+        the advantage and return statistics are NaN).
       draws: the flat step indices an update drew (`t * num_envs + env`, int, any shape, e.g. the `[E, M, B]`
         indices of `E` epochs of `minibatch_indices`), or a `RolloutMinibatch` (its `index`), or None (no draws).
 
@@ -119,7 +120,8 @@ def _stats(inner, draws: jax.Array) -> RolloutStats:
     counts = jnp.zeros((total,), jnp.int32).at[draws].add(1, mode="drop").reshape(inner.num_steps, inner.num_envs)
     mask = inner.learn_mask()
     n = jnp.sum(mask, dtype=jnp.int32)
-    adv, ret = inner.advantages.astype(jnp.float32), inner.returns.astype(jnp.float32)
+    nan = jnp.float32(jnp.nan)
+    adv, ret = (jnp.where(inner.has_advantages, x.astype(jnp.float32), nan) for x in (inner.advantages, inner.returns))
     a_mean, a_std = _moments(adv, mask, n)
     r_mean, r_std = _moments(ret, mask, n)
     _, resid_std = _moments(ret - inner.value.astype(jnp.float32), mask, n)
@@ -131,7 +133,7 @@ def _stats(inner, draws: jax.Array) -> RolloutStats:
         wasted_draws=jnp.sum(jnp.where(mask, 0, counts), dtype=jnp.int32),
         advantage_mean=a_mean, advantage_std=a_std, advantage_min=_extremes(adv, mask, n)[0],
         advantage_max=_extremes(adv, mask, n)[1],
-        advantage_positive=jnp.sum(mask & (adv > 0), dtype=jnp.float32) / n.astype(jnp.float32),
+        advantage_positive=jnp.where(inner.has_advantages, jnp.sum(mask & (adv > 0), dtype=jnp.float32) / n, nan),
         return_mean=r_mean, return_std=r_std, return_min=_extremes(ret, mask, n)[0], return_max=_extremes(ret, mask, n)[1],
         explained_variance=ev.astype(jnp.float32),
     )

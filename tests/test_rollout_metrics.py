@@ -97,6 +97,18 @@ def test_nothing_learnt_gives_nan_not_garbage(compressed):
     assert all(d[k] is None for k in ("advantage_mean", "advantage_std", "return_max", "explained_variance", "advantage_positive"))
 
 
+def test_before_compute_gae_advantage_statistics_are_nan_not_zeros():
+    buf = _rollout(T - 1, seed=3)
+    stale = buf.add({"obs": jnp.zeros((N, 8, 8), jnp.uint8)}, reward=jnp.ones(N), value=jnp.ones(N),
+                    terminated=jnp.zeros(N, bool))  # an add after GAE: advantages are stale
+    draws = jnp.arange(7)
+    for b in (stale, buf.reset()):
+        d = jb.rollout_stats(b, draws).summary()
+        assert all(d[k] is None for k in d if k.startswith(("advantage_", "return_")) or k == "explained_variance"), d
+    after, before = jb.rollout_stats(buf, draws).summary(), jb.rollout_stats(stale, draws).summary()
+    assert after["advantage_mean"] is not None and before["learnt_steps"] > after["learnt_steps"] > 0
+
+
 def test_bad_draws_are_named():
     buf = _rollout(2)
     with pytest.raises(ValueError, match=r"draws: expected indices in \[0, 24\).*\[-1, 3\]"):
