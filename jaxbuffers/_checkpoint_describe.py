@@ -7,7 +7,7 @@ Only JSON and a fixed table of jaxbuffers classes and numeric dtypes are read, s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -427,10 +427,11 @@ def _check_meta_defaults(target: Any, loaded: list, root: Path, stacked: bool = 
             )
 
 
-def _checked_cursors(buffer: Any, root: Path) -> Any:
+def _checked_cursors(buffer: Any, root: Path, values: Callable[[Any], Any] = np.asarray) -> Any:
     """`buffer`, read from the checkpoint in `root`, once the cursors of the ring that holds its items (the one its
     metrics count: `_metrics_in` followed down) pass the range checks of `jaxbuffers.ReplayBuffer.with_cursors`
     (`jaxbuffers._ring.checked_cursors`), on every member of a stacked buffer. Buffers without a ring (rollouts) pass.
+    `values` reads a cursor array (with several processes: the rows this process holds).
 
     Raises:
       CheckpointError: a cursor out of range, naming its leaf, the range and the value.
@@ -441,6 +442,7 @@ def _checked_cursors(buffer: Any, root: Path) -> Any:
     if not hasattr(owner, "_metrics_ring"):
         return buffer
     _, added, head, num_valid, ring, _ = owner._metrics_ring()
+    added, head, num_valid = values(added), values(head), values(num_valid)
     try:
         _ring.checked_cursors(ring, np.shape(head), prefix, head=head, num_valid=num_valid, added=added)
     except ValueError as e:

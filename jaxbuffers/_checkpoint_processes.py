@@ -47,7 +47,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxbuffers import _checkpoint_zarr as _zarr
-from jaxbuffers._checkpoint_describe import _COMPRESSED, CheckpointError, _check_meta_defaults, _describe, _dtype, _nbytes
+from jaxbuffers._checkpoint_describe import (
+    _COMPRESSED, CheckpointError, _check_meta_defaults, _checked_cursors, _describe, _dtype, _nbytes,
+)
 from jaxbuffers._checkpoint_files import _check_destination, _clean_stale, _commit, _sibling, _write_manifest
 from jaxbuffers._validate import processes as _replicas
 from jaxbuffers.sharding import ShardedBuffer, _local_rows
@@ -326,8 +328,9 @@ def restore(root: Path, target: Any, checked, read, host_args, load_host, upgrad
     for i, (a, x) in enumerate(zip(arrays, leaves)):
         if a.shape != x.shape or a.dtype != x.dtype:
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {a.shape} {a.dtype}, expected {x.shape} {x.dtype}")
-    _same_meta_defaults(target.shards, arrays, root)
+    _everywhere(lambda: _check_meta_defaults(target.shards, arrays, root, stacked=True, values=_local))
     buffer = jax.tree.unflatten(treedef, [_copy(a) for a in arrays])  # memory XLA owns: a donation updates it in place
+    _everywhere(lambda: _checked_cursors(buffer, root, values=_local))  # cursors in range, on this process's rows  # cursors in range, on this process's rows
     buffer, host_meta = upgraded(buffer, meta)
     if host_meta is not None:
         host_out = {"bytes": _local_rows(out["host"]["bytes"])} if "bytes" in out["host"] else out["host"]
@@ -336,19 +339,17 @@ def restore(root: Path, target: Any, checked, read, host_args, load_host, upgrad
     return target.replace(shards=buffer)
 
 
-def _same_meta_defaults(target: Any, arrays: list, root: Path) -> None:
-    """`_check_meta_defaults` of a concrete target's episode meta defaults against the checkpoint's, on the rows this
-    process holds; every process raises the CheckpointError any process met (an all-gather).
+def _local(x: Any) -> np.ndarray:
+    """The rows of a stacked leaf this process holds, stacked in shard order (a host value as it is)."""
+    return np.stack([r for _, r in sorted(_local_rows(x).items())]) if isinstance(x, jax.Array) else np.asarray(x)
 
-    Raises:
-      CheckpointError: naming the meta field, both defaults, and the target (on every process).
-    """
-    def rows(x) -> np.ndarray:
-        return np.stack([r for _, r in sorted(_local_rows(x).items())]) if isinstance(x, jax.Array) else np.asarray(x)
 
+def _everywhere(check: Callable[[], Any]) -> None:
+    """Run `check` (a check of the rows this process holds) on every process; every process raises the
+    CheckpointError any process met (an all-gather)."""
     error = None
     try:
-        _check_meta_defaults(target, arrays, root, stacked=True, values=rows)
+        check()
     except CheckpointError as e:
         error = e
     messages = _allgathered(None if error is None else str(error))

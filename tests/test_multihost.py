@@ -231,6 +231,7 @@ def _collective(pid: int, mesh, out_dir: str) -> dict:
     import jax
     import jax.numpy as jnp
     import orbax.checkpoint as ocp
+    from jax.experimental import multihost_utils
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import jaxbuffers as jb
@@ -275,6 +276,19 @@ def _collective(pid: int, mesh, out_dir: str) -> dict:
     jb.save(folder("episodes"), episodes(-1))
     _raises(jb.CheckpointError, lambda: jb.restore(folder("episodes"), episodes(7)), "meta' field 'task'", "default is -1, the target's is 7")
     assert (_rows(jb.restore(folder("episodes"), episodes(-1)).shards.meta_defaults["task"])[0] == -1).all()
+    # A ring cursor out of range in rows only process 1 holds (shard 3's head edited in the saved chunk): both refuse.
+    jb.save(folder("cursors"), sharded)
+    if pid == 0:
+        from jaxbuffers import _checkpoint_files
+
+        leaves = json.loads((folder("cursors") / "buffer.json").read_text())["leaves"]
+        i = next(i for i, leaf in enumerate(leaves) if leaf["path"] == ".replay.head")
+        chunks = sorted(f for f in (folder("cursors") / "arrays" / f"device.{i}").rglob("*") if f.is_file() and not f.name.startswith("."))
+        assert [f.name for f in chunks] == ["0", "1", "2", "3"], chunks  # one chunk per shard
+        chunks[3].write_bytes(np.array([99], "<i4").tobytes())
+        _checkpoint_files._write_manifest(folder("cursors"), _checkpoint_files._Progress(False, ""))
+    multihost_utils.sync_global_devices("cursor edited")
+    _raises(jb.CheckpointError, lambda: jb.restore(folder("cursors"), new_replay()), "replay.head: expected a value in [0, 7], got")
     # An orbax manager step: a train state, the sharded buffer and the replicated one, saved together in the background.
     state = {"w": jax.device_put(np.arange(6, dtype=np.float32), NamedSharding(mesh, P())), "step": np.array([7], np.int32)}
     mngr = ocp.CheckpointManager(folder("run"), options=ocp.CheckpointManagerOptions(max_to_keep=2))
