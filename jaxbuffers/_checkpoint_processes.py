@@ -330,7 +330,7 @@ def restore(root: Path, target: Any, checked, read, host_args, load_host, upgrad
             raise CheckpointError(f"{root / 'arrays'}: array {i} ({meta['leaves'][i]['path']}) came back as {a.shape} {a.dtype}, expected {x.shape} {x.dtype}")
     _everywhere(lambda: _check_meta_defaults(target.shards, arrays, root, stacked=True, values=_local))
     buffer = jax.tree.unflatten(treedef, [_copy(a) for a in arrays])  # memory XLA owns: a donation updates it in place
-    _everywhere(lambda: _checked_cursors(buffer, root, values=_local))  # cursors in range, on this process's rows  # cursors in range, on this process's rows
+    _everywhere(lambda: _checked_cursors(buffer, root, values=_local))  # cursors in range, on this process's rows
     buffer, host_meta = upgraded(buffer, meta)
     if host_meta is not None:
         host_out = {"bytes": _local_rows(out["host"]["bytes"])} if "bytes" in out["host"] else out["host"]
