@@ -144,7 +144,7 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
                 return _timing.timed(name, dispatch, args, kwargs)
             return dispatch(*args, **kwargs)
 
-        layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> _layout + indices
+        layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> its _layout
 
         def dispatch(*args, **kwargs):
             spelt = (len(args), *kwargs) if kwargs else len(args)
