@@ -115,15 +115,10 @@ def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], st
 
 
 def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = None) -> Callable:
-    """Decorate a pure buffer method (or function) so that it runs as one cached compiled program.
-
-    Args:
-      *static: names of the static arguments (batch sizes, lengths, flags); each value compiles its own program.
-      scalars: `{name: (lo, hi)}` of traced scalar hyperparameters whose concrete values are range-checked first.
-
-    Returns:
-      The decorated function (`functools.wraps`); the plain function is its `uncompiled` attribute.
-    """
+    """Decorate a pure buffer method (or function) to run as one cached compiled program (`functools.wraps`; the plain
+    function is its `uncompiled` attribute). `static`: the names of the static arguments (batch sizes, lengths, flags;
+    each value compiles its own program); `scalars`: `{name: (lo, hi)}` of traced scalar hyperparameters whose
+    concrete values are range-checked first."""
     scalars = dict(scalars or {})
 
     def wrap(fn: Callable) -> Callable:

@@ -42,16 +42,10 @@ def advance(head: jax.Array, num_valid: jax.Array, batch_size: int, capacity: in
 
 
 def write(storage, batch, head: jax.Array, axis: int = 0):
-    """The storage with `batch` written along `axis` at slots `head, head+1, ...` with wrap-around: `O(batch)`, one
-    scatter of distinct in-bounds slots, in place when `storage` is donated.
-
-    Args:
-      storage: an array `[..., capacity, ...]` with the ring along `axis`, or a pytree of them.
-      batch: the same structure, each leaf of its storage leaf's shape and dtype but `batch_size <= capacity` along
-        `axis`.
-      head: int32 scalar, first slot to write.
-      axis: the ring axis (0 for item buffers, 1 for per-lane `[num_envs, length, ...]` storage).
-    """
+    """`storage` (an array `[..., capacity, ...]` with the ring along `axis`, or a pytree of them) with `batch` (the
+    same structure, `batch_size <= capacity` along `axis`) written at slots `head, head+1, ...` (`head` an int32
+    scalar) with wrap-around: one scatter of distinct in-bounds slots, in place when `storage` is donated. `axis`: 0
+    for item buffers, 1 for per-lane `[num_envs, length, ...]` storage."""
     leaves, treedef = jax.tree.flatten(storage)
     rows = treedef.flatten_up_to(batch)
     idx = write_indices(head, rows[0].shape[axis], leaves[0].shape[axis])
@@ -61,14 +55,10 @@ def write(storage, batch, head: jax.Array, axis: int = 0):
 
 
 def checked_cursors(ring: int, lead: tuple = (), prefix: str = "", *, head=None, num_valid=None, added=None) -> dict:
-    """The cursors given of a ring of `ring` slots, range-checked (`jaxbuffers._validate.integer_value`), as int32
-    arrays by name: `head` in `[0, ring)`, `num_valid` in `[0, ring]`, `added` a two-word counter `[high, low]` with
-    `high >= 0` and `0 <= low < 2**30`; each with the leading (member) axes `lead`, named `prefix + name` in errors.
-
-    Raises:
-      TypeError: not an integer value.
-      ValueError: another shape, or a concrete value out of range (traced values are not range-checked).
-    """
+    """The cursors given of a ring of `ring` slots as int32 arrays by name, each with the leading (member) axes `lead`:
+    `head` in `[0, ring)`, `num_valid` in `[0, ring]`, `added` a two-word counter `[high, low]` with `high >= 0` and
+    `0 <= low < 2**30`. `jaxbuffers._validate.integer_value` raises, naming `prefix + name`: TypeError for a
+    non-integer, ValueError for another shape or a concrete value out of range (traced ones are not range-checked)."""
     checks = {"head": (head, lead, 0, ring - 1), "num_valid": (num_valid, lead, 0, ring),
               "added": (added, (*lead, 2), 0, [2**31 - 1, LOW_MASK], "[high, low] with high >= 0 and 0 <= low < 2**30")}
     return {k: _validate.integer_value(prefix + k, *v) for k, v in checks.items() if v[0] is not None}
