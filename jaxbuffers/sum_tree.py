@@ -122,11 +122,11 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Args:
           capacity: Python int in `[1, 2**30]`, the number of leaves, padded to `P`, the next power of two.
-          dtype: a floating dtype the sums are rounded in (bfloat16, float16: approximate sampling); `+inf` leaves
-            keep the total finite (`max_leaf`).
+          dtype: a floating dtype the sums are rounded in (bfloat16, float16: approximate sampling).
 
         Raises:
-          ValueError: capacity not an int in `[1, 2**30]`. TypeError: dtype not floating.
+          ValueError: capacity not an int in `[1, 2**30]`.
+          TypeError: dtype not floating.
         """
         capacity = _validate.static_int("capacity", capacity, maximum=2**30)
         dtype = _validate.storable_dtype("dtype", dtype)
