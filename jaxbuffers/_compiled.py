@@ -80,9 +80,9 @@ class _Given(int):
     """Stands, in `_layout`'s trial binding, for the call's given value at this index."""
 
 
-def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], static: tuple[str, ...]) -> tuple:
+def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], static: tuple, scalars: dict) -> tuple:
     """How a call of `n_args` positional arguments and keywords `keys` binds to `signature` (or `bind`'s TypeError):
-    `(defaults, positions, {keyword: index}, {name: index}, traced)`, indices into `(*args, *kwargs, *defaults)`."""
+    `(defaults, positions, {keyword: i}, checks, static, traced, as_given)`, i into `(*args, *kwargs, *defaults)`."""
     bound = signature.bind(*map(_Given, range(n_args)), **{k: _Given(n_args + i) for i, k in enumerate(keys)})
     bound.apply_defaults()
     defaults: list = []
@@ -106,21 +106,19 @@ def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], st
                 keywords[name] = i
             else:
                 positions.append(i)
-    fixed = {named[n] for n in static}
-    traced = tuple(i for i in (*positions, *keywords.values()) if i not in fixed)
-    return tuple(defaults), tuple(positions), keywords, named, traced
+    static_at = tuple(named[n] for n in static)
+    traced = tuple(i for i in (*positions, *keywords.values()) if i not in static_at)
+    checks = tuple((name, named[name], lo, hi) for name, (lo, hi) in scalars.items())
+    as_given = not defaults and positions == list(range(n_args)) and list(keywords.items()) == [
+        (k, n_args + i) for i, k in enumerate(keys)]
+    return tuple(defaults), tuple(positions), keywords, checks, static_at, traced, as_given
 
 
 def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = None) -> Callable:
-    """Decorate a pure buffer method (or function) so that it runs as one cached compiled program.
-
-    Args:
-      *static: names of the static arguments (batch sizes, lengths, flags); each value compiles its own program.
-      scalars: `{name: (lo, hi)}` of traced scalar hyperparameters whose concrete values are range-checked first.
-
-    Returns:
-      The decorated function (`functools.wraps`); the plain function is its `uncompiled` attribute.
-    """
+    """Decorate a pure buffer method (or function) to run as one cached compiled program (`functools.wraps`; the plain
+    function is its `uncompiled` attribute). `static`: the names of the static arguments (batch sizes, lengths, flags;
+    each value compiles its own program); `scalars`: `{name: (lo, hi)}` of traced scalar hyperparameters whose
+    concrete values are range-checked first."""
     scalars = dict(scalars or {})
 
     def wrap(fn: Callable) -> Callable:
@@ -141,22 +139,16 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
                 return _timing.timed(name, dispatch, args, kwargs)
             return dispatch(*args, **kwargs)
 
-        layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> _layout + indices
+        layouts: dict[tuple, tuple] = {}  # one per way a call is spelt: (len(args), *kwargs) -> its _layout
 
         def dispatch(*args, **kwargs):
             spelt = (len(args), *kwargs) if kwargs else len(args)
             layout = layouts.get(spelt)
             if layout is None:
                 try:
-                    defaults, positions, keywords, named, traced_at = _layout(
-                        signature, len(args), spelt[1:] if kwargs else (), static)
+                    layout = layouts[spelt] = _layout(signature, len(args), tuple(kwargs), static, scalars)
                 except TypeError:
                     return fn(*args, **kwargs)  # Python's own error, naming the method
-                checks = tuple((name, named[name], lo, hi) for name, (lo, hi) in scalars.items())
-                as_given = not defaults and positions == tuple(range(len(args))) and list(keywords.items()) == [
-                    (k, len(args) + i) for i, k in enumerate(kwargs)]
-                layout = layouts[spelt] = (defaults, positions, keywords, checks, tuple(named[n] for n in static),
-                                           traced_at, as_given)
             defaults, positions, keywords, checks, static_at, traced_at, as_given = layout
             given = (*args, *kwargs.values(), *defaults) if kwargs or defaults else args
             for name, i, lo, hi in checks:

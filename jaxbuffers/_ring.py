@@ -19,13 +19,10 @@ LOW_MASK = (1 << LOW_BITS) - 1  # largest low word of a two-word counter
 
 
 def check_batch_fits(batch_size: int, capacity: int, what: str = "batch", size_name: str = "capacity") -> None:
-    """Raise ``ValueError`` unless ``0 < batch_size <= capacity`` (trace time: shapes are static);
-    ``size_name`` is the name of the ring's size in the buffer's ``create``."""
+    """``ValueError`` unless ``0 < batch_size <= capacity`` (static shapes); ``size_name`` names the ring's size."""
     if batch_size > capacity:
-        raise ValueError(
-            f"{what}: a batch of {batch_size} items does not fit a ring of {size_name} {capacity}; "
-            f"split it or create the buffer with {size_name} >= {batch_size}"
-        )
+        raise ValueError(f"{what}: a batch of {batch_size} items does not fit a ring of {size_name} {capacity}; "
+                         f"split it or create the buffer with {size_name} >= {batch_size}")
     if batch_size < 1:
         raise ValueError(f"{what}: expected at least one item, got {batch_size}")
 
@@ -45,19 +42,10 @@ def advance(head: jax.Array, num_valid: jax.Array, batch_size: int, capacity: in
 
 
 def write(storage, batch, head: jax.Array, axis: int = 0):
-    """Write `batch` into `storage` along `axis` at slots `head, head+1, ...` with wrap-around.
-
-    Args:
-      storage: an array `[..., capacity, ...]` with the ring along `axis`, or a pytree of them.
-      batch: the same structure; each leaf has its storage leaf's shape and dtype except `batch_size <= capacity`
-        along `axis`.
-      head: int32 scalar, first slot to write.
-      axis: the ring axis (0 for item buffers, 1 for per-lane `[num_envs, length, ...]` storage).
-
-    Returns:
-      The written storage, same structure. Cost O(batch): one scatter with distinct in-bounds slots, in place when
-      the storage is donated.
-    """
+    """`storage` (an array `[..., capacity, ...]` with the ring along `axis`, or a pytree of them) with `batch` (the
+    same structure, `batch_size <= capacity` along `axis`) written at slots `head, head+1, ...` (`head` an int32
+    scalar) with wrap-around: one scatter of distinct in-bounds slots, in place when `storage` is donated. `axis`: 0
+    for item buffers, 1 for per-lane `[num_envs, length, ...]` storage."""
     leaves, treedef = jax.tree.flatten(storage)
     rows = treedef.flatten_up_to(batch)
     idx = write_indices(head, rows[0].shape[axis], leaves[0].shape[axis])
@@ -67,23 +55,13 @@ def write(storage, batch, head: jax.Array, axis: int = 0):
 
 
 def checked_cursors(ring: int, lead: tuple = (), prefix: str = "", *, head=None, num_valid=None, added=None) -> dict:
-    """The cursors given of a ring of `ring` slots, range-checked (`jaxbuffers._validate.integer_value`), as int32
-    arrays by name: `head` in `[0, ring)`, `num_valid` in `[0, ring]`, `added` a two-word counter `[high, low]` with
-    `high >= 0` and `0 <= low < 2**30`; each with the leading (member) axes `lead`, named `prefix + name` in errors.
-
-    Raises:
-      TypeError: not an integer value.
-      ValueError: another shape, or a concrete value out of range (traced values are not range-checked).
-    """
-    new = {}
-    if head is not None:
-        new["head"] = _validate.integer_value(prefix + "head", head, lead, 0, ring - 1)
-    if num_valid is not None:
-        new["num_valid"] = _validate.integer_value(prefix + "num_valid", num_valid, lead, 0, ring)
-    if added is not None:
-        new["added"] = _validate.integer_value(prefix + "added", added, (*lead, 2), 0, [2**31 - 1, LOW_MASK],
-                                               "[high, low] with high >= 0 and 0 <= low < 2**30")
-    return new
+    """The cursors given of a ring of `ring` slots as int32 arrays by name, each with the leading (member) axes `lead`:
+    `head` in `[0, ring)`, `num_valid` in `[0, ring]`, `added` a two-word counter `[high, low]` with `high >= 0` and
+    `0 <= low < 2**30`. `jaxbuffers._validate.integer_value` raises, naming `prefix + name`: TypeError for a
+    non-integer, ValueError for another shape or a concrete value out of range (traced ones are not range-checked)."""
+    checks = {"head": (head, lead, 0, ring - 1), "num_valid": (num_valid, lead, 0, ring),
+              "added": (added, (*lead, 2), 0, [2**31 - 1, LOW_MASK], "[high, low] with high >= 0 and 0 <= low < 2**30")}
+    return {k: _validate.integer_value(prefix + k, *v) for k, v in checks.items() if v[0] is not None}
 
 
 def oldest(head: jax.Array, num_valid: jax.Array, capacity: int) -> jax.Array:
@@ -142,11 +120,8 @@ def sample_windows(key, shape: tuple[int, ...], head, num_valid, capacity: int, 
     return window_starts(k, head, num_valid, capacity, period)
 
 
-# Overflow-safe count of items ever added.
-
-
 def counter_zero() -> jax.Array:
-    """A zero count: int32[2] ``[high, low]``."""
+    """A zero overflow-safe count of items ever added, a two-word counter: int32[2] ``[high, low]``."""
     return jnp.zeros((2,), jnp.int32)
 
 
@@ -179,34 +154,20 @@ def counter_value(counter) -> int:
 
 
 def last_item_number(counter: jax.Array, head: jax.Array, slots: jax.Array, capacity: int) -> jax.Array:
-    """Number (0-based, modulo ``2**32``: int32 wrap-around) of the item last written to ``slots``.
-
-    Slot ``s`` last received item ``added - 1 - ((head - 1 - s) mod capacity)`` (``added`` from the two-word
-    ``counter``): int32, the shape of `slots`, meaningful for slots holding data. Prioritised buffers use it as the
-    slot's *generation*: it changes exactly when the slot is overwritten, with no per-slot state.
-    """
+    """Number (0-based, int32 modulo ``2**32``) of the item last written to each of ``slots`` holding data,
+    ``added - 1 - ((head - 1 - s) mod capacity)`` (``added`` of the two-word ``counter``): prioritised buffers' slot
+    *generation*, changing exactly when the slot is overwritten, with no per-slot state."""
     added32 = jnp.left_shift(counter[..., 0], LOW_BITS) + counter[..., 1]  # wraps in int32
     back = jnp.mod(head - 1 - jnp.asarray(slots, jnp.int32), capacity)
     return (added32 - 1 - back).astype(jnp.int32)
 
 
-# Final-observation ring of the trajectory buffers: per lane, K slots handed out in order, one per step that
-# bootstraps from its final observation (truncated and not terminated).
-
-
 def final_slots(final_head: jax.Array, boot: jax.Array, capacity: int, xp=jnp):
-    """Ring slots of a chunk's final observations, per lane (``xp``: `jax.numpy`, or `numpy` on the host).
-
-    Args:
-      final_head: int32[E], each lane's next final-observation slot, in ``[0, capacity)``.
-      boot: bool[E, t], the chunk's steps that keep a final observation.
-      capacity: static ring size ``K`` per lane.
-
-    Returns:
-      ``(slot, keep, new_head)``: int32[E, t] the slot of each step (meaningful where ``boot``); bool[E, t] where
-      ``boot`` and not overwritten within this chunk (a lane with more than ``K`` such steps in one chunk keeps its
-      last ``K``); int32[E] the heads after the chunk.
-    """
+    """Slots of a chunk's final observations (the trajectory buffers keep ``capacity`` per lane, handed out in order,
+    one per step that bootstraps: truncated, not terminated) from each lane's next slot ``final_head`` int32[E] for
+    the steps ``boot`` bool[E, t]: ``(slot, keep, new_head)``, int32[E, t] each step's slot (where ``boot``),
+    bool[E, t] where ``boot`` and not overwritten within the chunk (a lane keeps its last ``capacity``), int32[E] the
+    heads after. ``xp``: `jax.numpy`, or `numpy` on the host."""
     cum = xp.cumsum(boot.astype(xp.int32), axis=1)
     n_new = cum[:, -1]
     slot = ((final_head[:, None] + cum - 1) % capacity).astype(xp.int32)

@@ -18,16 +18,13 @@ __all__ = ["SumMinTree", "last_write_mask"]
 
 
 def last_write_mask(indices: jax.Array, where: jax.Array | None = None, bound: int | None = None) -> jax.Array:
-    """Which entries of a batched write survive when later writes to the same index win.
+    """The entries of a batched write that survive when later writes to the same index win, in `O(B log B)`: bool[B],
+    `True` at `k` iff `where[k]` and no later active entry `j > k` has `indices[j] == indices[k]`.
 
     Args:
       indices: int[B]; only equality matters; a negative index is inactive.
       where: optional bool[B]; `False` entries are no writes (they never win nor shadow an earlier entry).
       bound: optional static int, a promise that every active index is `< bound` (a cheaper sort, the same order).
-
-    Returns:
-      bool[B]: `True` at entry `k` iff `where[k]` and no later active entry `j > k` has `indices[j] == indices[k]`;
-      `O(B log B)`.
     """
     indices = jnp.asarray(indices, jnp.int32)
     (b,) = indices.shape
@@ -125,11 +122,11 @@ class SumMinTree(flax.struct.PyTreeNode):
 
         Args:
           capacity: Python int in `[1, 2**30]`, the number of leaves, padded to `P`, the next power of two.
-          dtype: a floating dtype the sums are rounded in (bfloat16, float16: approximate sampling); `+inf` leaves
-            keep the total finite (`max_leaf`).
+          dtype: a floating dtype the sums are rounded in (bfloat16, float16: approximate sampling).
 
         Raises:
-          ValueError: capacity not an int in `[1, 2**30]`. TypeError: dtype not floating.
+          ValueError: capacity not an int in `[1, 2**30]`.
+          TypeError: dtype not floating.
         """
         capacity = _validate.static_int("capacity", capacity, maximum=2**30)
         dtype = _validate.storable_dtype("dtype", dtype)
@@ -149,18 +146,9 @@ class SumMinTree(flax.struct.PyTreeNode):
 
     @property
     def max_leaf(self) -> float:
-        r"""The value a `+inf` leaf is written as (Python float):
-
-        $$
-        \text{max\_leaf} = 2^{\,e - 1 - \text{depth}} = 2^{e - 1} / P,
-        $$
-
-        with $2^e$ the dtype's overflow threshold (`jnp.finfo(dtype).maxexp`; $e = 128$ for float32): the largest
-        power of two at most the largest finite value divided by the `P` leaves. A subtree of $s$ leaves then sums
-        to at most $s \cdot \text{max\_leaf}$, a power of two (exact), so leaves at `+inf` keep every sum finite.
-        Finite values are written as given: their total must stay below the dtype's largest finite value (else the
-        total is `+inf` and draws are not proportional).
-        """
+        r"""The value a `+inf` leaf is written as (Python float), $2^{\,e - 1 - \text{depth}} = 2^{e - 1} / P$ with
+        $2^e$ the dtype's overflow threshold (`jnp.finfo(dtype).maxexp`; $e = 128$ for float32): every sum stays
+        finite (`docs/api/replay.md`, "Sum tree")."""
         return 2.0 ** (jnp.finfo(self.dtype).maxexp - 1 - self.depth)
 
     @property
@@ -194,7 +182,8 @@ class SumMinTree(flax.struct.PyTreeNode):
 
     @_compiled.method("distinct")
     def set(self, indices, values, where=None, *, distinct: bool = False) -> "SumMinTree":
-        """Write leaf values and recompute their ancestors from their children.
+        """Write leaf values and recompute their ancestors from their children: a new tree, of duplicate indices the
+        LAST active entry winning, in `O(B log P + B log B)`.
 
         Args:
           indices: int[B] leaf ids. Entries outside `[0, capacity)` are ignored.
@@ -202,9 +191,6 @@ class SumMinTree(flax.struct.PyTreeNode):
             finite values as given (their total below the dtype's largest finite value).
           where: optional bool[B]; entries with `False` are ignored.
           distinct: static bool; `True` promises no two active entries share an index (skips a sort).
-
-        Returns:
-          A new tree; of duplicate indices the LAST active entry wins. Cost `O(B log P + B log B)`.
 
         Raises (at trace time):
           TypeError / ValueError: indices not 1-D integer, values not floating `[B]`, `where` not bool[B] (each an
@@ -233,15 +219,12 @@ class SumMinTree(flax.struct.PyTreeNode):
 
     @_compiled.method()
     def set_run(self, start, values) -> "SumMinTree":
-        """Write a ring run of `B` leaves, `(start + r) mod capacity <- values[r]`: bit for bit
-        `set(_ring.write_indices(start, B, capacity), values, distinct=True)` in `O(B + log P)` (slices).
+        """Write a ring run of `B` leaves, `(start + r) mod capacity <- values[r]`: a new tree (in place when donated),
+        bit for bit `set(_ring.write_indices(start, B, capacity), values, distinct=True)` in `O(B + log P)` (slices).
 
         Args:
           start: integer scalar (traced or not): the leaf of `values[0]`, taken modulo `capacity`.
           values: floating `[B]`, `1 <= B <= capacity`, converted to the tree's dtype; the value policy of `set`.
-
-        Returns:
-          A new tree (in place when donated).
 
         Raises (at trace time):
           TypeError / ValueError: `start` not an integer scalar; `values` not floating `[B]`, `1 <= B <= capacity`.
@@ -272,10 +255,9 @@ class SumMinTree(flax.struct.PyTreeNode):
 
     @_compiled.method()
     def find(self, queries) -> jax.Array:
-        r"""Leaf `i` whose prefix-sum interval $[S_i, S_i + v_i)$ contains each query, $S_i = \sum_{j<i} v_j$.
-
-        `queries` (floating `[Q]`) are clamped into `[0, total)` (NaN to 0). Returns int32[Q] leaf indices: whenever
-        `total() > 0` POSITIVE leaves, whatever the rounding; otherwise leaf 0.
+        r"""Leaf `i` whose prefix-sum interval $[S_i, S_i + v_i)$ contains each query, $S_i = \sum_{j<i} v_j$: int32[Q]
+        of `queries` (floating `[Q]`, clamped into `[0, total)`, NaN to 0); POSITIVE leaves whenever `total() > 0`,
+        whatever the rounding; otherwise leaf 0.
 
         Raises:
           ValueError / TypeError: queries not a 1-D floating array.
@@ -289,9 +271,8 @@ class SumMinTree(flax.struct.PyTreeNode):
 
     @_compiled.method("batch_size")
     def sample_stratified(self, key: jax.Array, batch_size: int) -> jax.Array:
-        r"""Stratified proportional sampling: one draw per stratum of the total.
-
-        Draw `k` starts from the query
+        r"""Stratified proportional sampling, one draw per stratum of the total: int32[batch_size] leaf indices with
+        positive values (leaf 0 when `total() == 0`). Draw `k` starts from the query
 
         $$
         q_k = (k + u_k) \frac{\mathrm{total}}{B}, \qquad u_k \sim U[0, 1)\ \text{i.i.d.},
@@ -302,9 +283,6 @@ class SumMinTree(flax.struct.PyTreeNode):
         Args:
           key: a PRNG key.
           batch_size: static Python int >= 1.
-
-        Returns:
-          int32[batch_size] leaf indices with positive values (leaf 0 when `total() == 0`).
 
         Raises:
           ValueError: `batch_size` not an int >= 1.

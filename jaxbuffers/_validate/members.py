@@ -64,13 +64,8 @@ _HOST = {
 
 
 def on_host(method: str, buffer: Any, inside: str | None = None) -> None:
-    """Refuse a traced `buffer` (under `jit` or `jax.vmap`) given to `type(buffer).method`, a method that reads values
-    on the host (`_HOST`).
-
-    Raises:
-      TypeError: a leaf of `buffer` is traced; the message names the method and what to read inside instead
-        (`inside`, by default `_HOST[method]`).
-    """
+    """TypeError naming `type(buffer).method`, a method reading values on the host, and what to read inside instead
+    (`inside`, by default `_HOST[method]`) when a leaf of `buffer` is traced (under `jit` or `jax.vmap`)."""
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(buffer)):
         inside = _HOST[method] if inside is None else inside
         name = f"{type(buffer).__name__}.{method}"
