@@ -209,6 +209,11 @@ def stored(arr: np.ndarray, dtype: Any, what: str, exact: bool) -> np.ndarray:
     return cast(arr, dtype, what)
 
 
+def _obs_leaf(sp: spaces.Space, s: jax.ShapeDtypeStruct, sb3: np.dtype, x: Any, what: str) -> np.ndarray:
+    """One observation leaf as `as_row` stores it (reshaped for Discrete; exact where narrower than SB3's ``sb3``)."""
+    return as_row(x, s.shape, s.dtype, what, reshape=isinstance(sp, spaces.Discrete), exact=s.dtype != sb3)
+
+
 class Rows:
     """One ``add``'s observation and action as stored rows: specs ``obs`` ``[n_envs, *obs_shape]`` (a dict for Dict
     spaces) and ``action`` ``[n_envs, action_dim]``; ``obs_dtypes`` and ``action_dtype`` are SB3's dtypes."""
@@ -221,26 +226,10 @@ class Rows:
         self.action_dtype = np.dtype(action_dtype)
         stored = storage_dtype(sb3_float32(action_dtype), action_space, "action_space")
         self.action = jax.ShapeDtypeStruct((n_envs, get_action_dim(action_space)), stored)
-        self._obs_args: tuple | None = None  # (self.obs, its `_row_args`) once made; None for Dict spaces
-
-    def _row_args(self, sp: spaces.Space, s: jax.ShapeDtypeStruct, sb3: np.dtype) -> tuple:
-        """`as_row`'s arguments for one observation leaf: ``(shape, stored dtype, reshape, exact)``."""
-        return s.shape, np.dtype(s.dtype), isinstance(sp, spaces.Discrete), s.dtype != sb3
 
     def observation(self, obs: Any, what: str) -> Any:
         """One step's observation in the stored shapes and dtypes (`as_row`'s errors)."""
-        if not isinstance(self.space, spaces.Dict):  # one leaf: its arguments made once (again if `obs` was replaced)
-            made = self._obs_args
-            if made is None or made[0] is not self.obs:
-                made = self._obs_args = (self.obs, self._row_args(self.space, self.obs, self.obs_dtypes))
-            shape, dtype, reshape, exact = made[1]
-            return as_row(obs, shape, dtype, what, reshape=reshape, exact=exact)
-
-        def one(sp, s, sb3, x, name):
-            shape, dtype, reshape, exact = self._row_args(sp, s, sb3)
-            return as_row(x, shape, dtype, name, reshape=reshape, exact=exact)
-
-        return per_key(one, self.space, self.obs, self.obs_dtypes, obs, what=what)
+        return per_key(_obs_leaf, self.space, self.obs, self.obs_dtypes, obs, what=what)
 
     def action_row(self, action: Any) -> np.ndarray:
         """One step's actions (anything reshapeable to ``[n_envs, action_dim]``) in the stored dtype."""
