@@ -299,11 +299,10 @@ class _JaxReplayImpl:
         state = dict(state)
         data, pending = state.pop("_checkpoint"), state.pop("_pending", None)
         compress = state["compress"]
-        _JaxReplayImpl.__init__(
-            self, state["buffer_size"] * state["n_envs"], state["observation_space"], state["action_space"],
-            state["device"], n_envs=state["n_envs"], optimize_memory_usage=state["optimize_memory_usage"],
-            handle_timeout_termination=state["handle_timeout_termination"], compress=False if compress is None else compress,
-        )
+        _JaxReplayImpl.__init__(self, state["buffer_size"] * state["n_envs"], state["observation_space"],
+                                state["action_space"], state["device"], compress=compress or False,
+                                n_envs=state["n_envs"], optimize_memory_usage=state["optimize_memory_usage"],
+                                handle_timeout_termination=state["handle_timeout_termination"])
         targets = {"rows": self._state}
         if compress is not None:
             targets["observations"] = self._writer.buffer
