@@ -102,8 +102,7 @@ class FieldView:
 
         Raises:
           ValueError: flags other than 0 / 1, or a finite value overflowing a float field.
-          TypeError: non-numbers, or a value an integer field or one narrower than SB3's does not hold exactly
-            (numpy would wrap 300 to 44 in uint8); messages name the field.
+          TypeError: non-numbers, or a value an integer field or one narrower than SB3's does not hold exactly.
         """
         arr = np.array(self._read())
         arr[key] = _common.stored(_common.numbers(value, self._name), arr.dtype, self._name, arr.dtype != self._dtype)
@@ -347,8 +346,7 @@ class _JaxReplayImpl:
         self.full = self.full or self.pos == 0
 
     def _timeouts(self, infos: Any) -> np.ndarray:
-        """``infos[i]["TimeLimit.truncated"]`` with ``handle_timeout_termination``, else False; ``ValueError`` for
-        ``infos`` not ``n_envs`` dicts, a value checked as ``done`` is."""
+        """``infos[i]["TimeLimit.truncated"]`` (False without ``handle_timeout_termination``), checked as ``done``."""
         n = self.n_envs
         if not self.handle_timeout_termination:
             return _common.zeros(n, np.bool_)
@@ -448,9 +446,7 @@ class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
 
 
 class JaxDictReplayBuffer(_JaxReplayImpl, DictReplayBuffer):
-    """Drop-in replacement for SB3's ``DictReplayBuffer`` (``spaces.Dict`` observations), to pass as
-    ``replay_buffer_class``: `JaxReplayBuffer` without ``optimize_memory_usage``, samples ``DictReplayBufferSamples``;
-    ``compress`` also takes ``keys``, the observation keys to compress (default all).
-    """
+    """Drop-in replacement for SB3's ``DictReplayBuffer`` (``spaces.Dict`` observations): `JaxReplayBuffer` without
+    ``optimize_memory_usage``, samples ``DictReplayBufferSamples``; ``compress`` also takes ``keys`` (default all)."""
 
     _samples_type = DictReplayBufferSamples

@@ -277,7 +277,7 @@ class _JaxRolloutImpl:
         """Stage one checked step, added when the stage is full (into new arrays: the add may still read these)."""
         if self._staged is None:
             new = lambda x: np.empty((STAGED_STEPS, *np.shape(x)), np.asarray(x).dtype)  # noqa: E731
-            self._staged = (jax.tree.map(new, step), new(reward), new(value))
+            self._staged = jax.tree.map(new, (step, reward, value))
         k = self._num_staged
         for dst, x in zip(jax.tree.leaves(self._staged), jax.tree.leaves((step, reward, value))):
             dst[k] = x
