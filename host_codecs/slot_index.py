@@ -1,7 +1,4 @@
-"""The per-slot index of a `host_codecs.CompressedStore`, allocated as slots are used.
-
-How the rows grow and the empty row: `docs/api/host_codecs.md`, "Slot index".
-"""
+"""The per-slot index of a `host_codecs.CompressedStore`, grown as slots are used (`docs/api/host_codecs.md`)."""
 
 from __future__ import annotations
 
