@@ -1,7 +1,4 @@
-"""The thread pool every codec and the store split their batches over.
-
-How batches are sharded over the threads: `docs/api/host_codecs.md`, "Thread pool".
-"""
+"""The thread pool every codec and the store split their batches over (`docs/api/host_codecs.md`, "Thread pool")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`igzip`: raw DEFLATE streams (RFC 1951) compressed and decompressed with Intel ISA-L.
-
-Why raw streams, and the levels: `docs/api/host_codecs.md`, "Codecs".
-"""
+"""`igzip`: raw DEFLATE streams (RFC 1951) by Intel ISA-L (why raw streams, the levels: `docs/api/host_codecs.md`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The `none` codec: the payload is the entry's raw bytes (numpy only).
-
-A baseline, a home for incompressible data, and what works when the optional packages are missing.
-"""
+"""The `none` codec: the payload is the entry's raw bytes (numpy only)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The per-slot index of a `host_codecs.CompressedStore`, allocated as slots are used.
-
-How the rows grow and the empty row: `docs/api/host_codecs.md`, "Slot index".
-"""
+"""The per-slot index of a `host_codecs.CompressedStore`, grown as slots are used (`docs/api/host_codecs.md`)."""
 
 from __future__ import annotations
 
@@ -34,12 +31,16 @@ class IndexRows:
     """Index columns grown as slots are used (`docs/api/host_codecs.md`, "Slot index"). The host class sets
     `num_slots` first."""
 
-    def _new_index(self, rows: int) -> None:
-        """Empty columns of `rows` rows (plus the empty row while `rows < num_slots`)."""
+    def _new_index(self, rows: int, columns: dict[str, np.ndarray] | None = None, kept: int = 0) -> None:
+        """Empty columns of `rows` rows (plus the empty row while `rows < num_slots`), the first `kept` rows copied
+        from `columns`."""
         self._rows = int(rows)
         n = self._rows + (self._rows < self.num_slots)
         for name, (dtype, empty) in _COLUMNS.items():
-            setattr(self, "_" + name, np.full(n, empty, dtype=dtype))
+            col = np.full(n, empty, dtype=dtype)
+            if kept:
+                col[:kept] = columns[name][:kept]
+            setattr(self, "_" + name, col)
 
     def _load_index(self, columns: dict[str, np.ndarray], rows: int, adopt: bool) -> None:
         """An index of `rows` rows holding `columns` (checked: every column, its dtype, `rows` long): with `adopt` and
@@ -51,19 +52,13 @@ class IndexRows:
             for name in _COLUMNS:
                 setattr(self, "_" + name, columns[name])
             return
-        self._new_index(rows)
-        for name, col in self._index_columns().items():
-            col[:rows] = columns[name]
+        self._new_index(rows, columns, rows)
 
     def _grow_index(self, need: int) -> None:
         """Grow the columns so that slot ids below `need` have rows (`grown_rows`); under the lock."""
         rows = grown_rows(self._rows, int(need), self.num_slots)
-        if rows == self._rows:
-            return
-        old, kept = self._index_columns(), self._rows
-        self._new_index(rows)
-        for name, col in self._index_columns().items():
-            col[:kept] = old[name][:kept]
+        if rows != self._rows:
+            self._new_index(rows, self._index_columns(), self._rows)
 
     def _at(self, slots: np.ndarray) -> np.ndarray:
         """Row of each slot id (ids at or past `rows` read the empty row); under the lock."""

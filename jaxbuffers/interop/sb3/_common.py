@@ -43,8 +43,7 @@ def _int_bounds(space: spaces.Space | None) -> tuple[int, int] | None:
 
 
 def storage_dtype(dtype: Any, space: spaces.Space | None, what: str) -> np.dtype:
-    """The dtype JAX holds ``dtype`` in without loss; TypeError naming ``what`` for float64, or 64-bit integers whose
-    space bounds do not fit 32 bits."""
+    """The dtype JAX holds ``dtype`` in without loss (32 bits where the space's bounds fit), else TypeError."""
     dtype = np.dtype(dtype)
     if _validate.jax_holds(dtype):
         return dtype
@@ -77,8 +76,7 @@ def exact_cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
 
 
 def cast(a: np.ndarray, dtype: Any, what: str) -> np.ndarray:
-    """``a`` in ``dtype`` by numpy's cast (float64 rounds to float32, as SB3 stores it); ValueError for a finite value
-    overflowing a float ``dtype`` (inf and NaN pass), or values numpy cannot convert."""
+    """``a`` in ``dtype`` by numpy's cast; ValueError for a finite value overflowing a float ``dtype``, or no cast."""
     dtype = np.dtype(dtype)
     try:
         narrowing = a.dtype.kind in "iu" or (a.dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize)
@@ -130,8 +128,7 @@ def frozen_obs(obs: Any) -> tuple[Any, list[bytes]]:
 
 
 def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> Any:
-    """``fn(space, *leaves, what)`` once, or per key of a Dict space (a dict back); ValueError for a Dict space and a
-    tree that is not a dict with exactly its keys."""
+    """``fn(space, *leaves, what)``, or a dict of it per key of a Dict space (ValueError for another tree)."""
     if not isinstance(space, spaces.Dict):
         return fn(space, *trees, what)
     keys = sorted(space.spaces)
@@ -143,8 +140,7 @@ def per_key(fn: Callable, space: spaces.Space, *trees: Any, what: str = "") -> A
 
 
 def numbers(x: Any, what: str) -> np.ndarray:
-    """``x`` (an array, a list, a torch tensor) as a numpy array of bools or numbers, else ``TypeError`` naming
-    ``what`` (numpy would read ``None`` as NaN)."""
+    """``x`` (an array, a list, a torch tensor) as numpy bools or numbers, else TypeError (not ``None`` as NaN)."""
     if hasattr(x, "detach"):  # a torch tensor
         try:
             x = x.numpy()  # on the CPU without a grad (SB3's values): no copy
@@ -173,10 +169,8 @@ def indices(x: Any, what: str, hi: int) -> np.ndarray:
 
 
 def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bool = False, exact: bool = False) -> np.ndarray:
-    """``x`` as a numpy array of ``shape`` and ``dtype``, accepted as SB3's numpy assignment accepts it: ``shape``'s
-    number of values, in ``shape`` up to leading unit axes (never repeated), or any shape with ``reshape`` (SB3
-    reshapes actions and Discrete observations); the values checked by `stored`. ValueError for the wrong number of
-    values or a layout assignment would refuse, TypeError for not numbers (``None``, a string, an object array)."""
+    """``x`` in ``shape`` (up to leading unit axes; any shape of its size with ``reshape``, as SB3 reshapes actions)
+    and ``dtype`` (`stored`'s checks); ValueError for a size or layout assignment refuses; `numbers`' TypeError."""
     arr = x if type(x) is np.ndarray and x.dtype.kind in "biuf" else numbers(x, what)  # numbers' check, inline
     if arr.shape == shape:
         if arr.dtype == dtype:  # nothing to cast, nothing to check
@@ -197,16 +191,19 @@ def as_row(x: Any, shape: tuple[int, ...], dtype: Any, what: str, *, reshape: bo
 
 
 def stored(arr: np.ndarray, dtype: Any, what: str, exact: bool) -> np.ndarray:
-    """Numbers ``arr`` in the stored ``dtype`` by numpy's cast (SB3 passes float64 rewards), checked: ValueError for a
-    bool ``dtype`` given values other than 0 and 1, or `cast`'s errors; TypeError, with ``exact`` (a stored dtype
-    narrower than SB3's) or an integer ``dtype`` (numpy would wrap 300 to 44 in uint8), for a value ``dtype`` does
-    not hold exactly."""
+    """Numbers ``arr`` in the stored ``dtype``: `flags` for bool, `exact_cast` with ``exact`` (narrower than SB3's) or
+    an integer ``dtype`` (numpy would wrap 300 to 44 in uint8), else `cast`."""
     dtype = np.dtype(dtype)
     if dtype.kind == "b":
         return flags(arr, what)
     if (exact or dtype.kind in "iu") and arr.dtype.kind in "iufc":  # numbers, not bools
         return exact_cast(arr, dtype, what)
     return cast(arr, dtype, what)
+
+
+def _obs_leaf(sp: spaces.Space, s: jax.ShapeDtypeStruct, sb3: np.dtype, x: Any, what: str) -> np.ndarray:
+    """One observation leaf as `as_row` stores it (reshaped for Discrete; exact where narrower than SB3's ``sb3``)."""
+    return as_row(x, s.shape, s.dtype, what, reshape=isinstance(sp, spaces.Discrete), exact=s.dtype != sb3)
 
 
 class Rows:
@@ -221,26 +218,10 @@ class Rows:
         self.action_dtype = np.dtype(action_dtype)
         stored = storage_dtype(sb3_float32(action_dtype), action_space, "action_space")
         self.action = jax.ShapeDtypeStruct((n_envs, get_action_dim(action_space)), stored)
-        self._obs_args: tuple | None = None  # (self.obs, its `_row_args`) once made; None for Dict spaces
-
-    def _row_args(self, sp: spaces.Space, s: jax.ShapeDtypeStruct, sb3: np.dtype) -> tuple:
-        """`as_row`'s arguments for one observation leaf: ``(shape, stored dtype, reshape, exact)``."""
-        return s.shape, np.dtype(s.dtype), isinstance(sp, spaces.Discrete), s.dtype != sb3
 
     def observation(self, obs: Any, what: str) -> Any:
         """One step's observation in the stored shapes and dtypes (`as_row`'s errors)."""
-        if not isinstance(self.space, spaces.Dict):  # one leaf: its arguments made once (again if `obs` was replaced)
-            made = self._obs_args
-            if made is None or made[0] is not self.obs:
-                made = self._obs_args = (self.obs, self._row_args(self.space, self.obs, self.obs_dtypes))
-            shape, dtype, reshape, exact = made[1]
-            return as_row(obs, shape, dtype, what, reshape=reshape, exact=exact)
-
-        def one(sp, s, sb3, x, name):
-            shape, dtype, reshape, exact = self._row_args(sp, s, sb3)
-            return as_row(x, shape, dtype, name, reshape=reshape, exact=exact)
-
-        return per_key(one, self.space, self.obs, self.obs_dtypes, obs, what=what)
+        return per_key(_obs_leaf, self.space, self.obs, self.obs_dtypes, obs, what=what)
 
     def action_row(self, action: Any) -> np.ndarray:
         """One step's actions (anything reshapeable to ``[n_envs, action_dim]``) in the stored dtype."""
@@ -282,8 +263,7 @@ def check_space_kind(adapter: Any, dict_class: type, observation_space: spaces.S
 
 
 def to_sb3(fields: dict, device: Any, dtypes: dict) -> dict:
-    """``fields`` (name -> a pytree of jax or numpy arrays) as torch tensors on ``device`` in one conversion,
-    ``fields[name]`` cast to ``dtypes[name]`` (a matching tree of numpy dtypes) where that is not None."""
+    """``fields`` (name -> pytree) as torch tensors on ``device``, ``fields[name]`` cast to ``dtypes[name]`` if set."""
     out = to_torch(fields, device=device)
     for name, d in dtypes.items():
         if d is not None:

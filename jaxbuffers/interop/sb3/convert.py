@@ -68,10 +68,9 @@ def _put(dst: Any, src: Any, lead: int, what: str, space: spaces.Space | None = 
 
 
 def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
-    """The transitions of a (filled) SB3 ``ReplayBuffer`` / ``DictReplayBuffer`` as a `jaxbuffers.ReplayBuffer`.
-
-    Also accepts sb3-extra-buffers' compressed buffers (observations decoded) and `JaxReplayBuffer`, but not one made
-    with ``compress=...`` (``AttributeError``; sample it instead). Layout: `docs/api/sb3.md`, "Conversions".
+    """The transitions of a (filled) SB3 ``ReplayBuffer`` / ``DictReplayBuffer``, sb3-extra-buffers' compressed one
+    or a `JaxReplayBuffer` without ``compress`` (``AttributeError``) as a `jaxbuffers.ReplayBuffer` (layout:
+    `docs/api/sb3.md`, "Conversions").
 
     Raises:
       ValueError: a ``timeouts`` flag set where ``dones`` is not (SB3's VecEnvs never produce it), or flags other
@@ -81,12 +80,12 @@ def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     _common.check_type("buffer", buffer, ReplayBuffer)
     rows, n = buffer.buffer_size, buffer.n_envs
     total = rows * n
-    obs = _stored(_decoded(buffer, buffer.observations, "observations"), buffer.observation_space, "observations")
+    stored = lambda name: _stored(_decoded(buffer, getattr(buffer, name), name), buffer.observation_space, name)  # noqa: E731
+    obs = stored("observations")
     if buffer.optimize_memory_usage:
         next_obs = jax.tree.map(lambda a: np.roll(a, -1, axis=0), obs)
     else:
-        next_obs = _stored(_decoded(buffer, buffer.next_observations, "next_observations"), buffer.observation_space,
-                           "next_observations")
+        next_obs = stored("next_observations")
     act = _stored(buffer.actions, buffer.action_space, "actions")
     dones, timeouts = _common.flags(buffer.dones, "dones"), _common.flags(buffer.timeouts, "timeouts")
     if (timeouts & ~dones).any():
@@ -163,10 +162,9 @@ def _sb3_layout(buffer: RolloutBuffer, name: str, item: Any) -> Any:
     t, n = buffer.buffer_size, buffer.n_envs
 
     def one(a: Any, item: tuple, what: str, key: str | None = None) -> np.ndarray:
-        a = _decoded(buffer, a, what, key)  # sb3-extra-buffers' compressed entries: [T, n] or, after get(), [n * T, 1]
+        a, flat = _decoded(buffer, a, what, key), (n * t, *(item or (1,)))  # decoded: [T, n] or, after get(), [n * T, 1]
         if (n > 1 and a.shape == (n * t, 1, *item)) or (not item and a.shape == (n * t,)):  # the latter: sb3-extra-buffers' get()
-            a = a.reshape(n * t, *(item or (1,)))
-        a, flat = np.asarray(a), (n * t, *(item or (1,)))
+            a = a.reshape(flat)
         if a.shape == (t, n, *item):
             return a
         if a.shape == flat:
@@ -180,12 +178,10 @@ def _sb3_layout(buffer: RolloutBuffer, name: str, item: Any) -> Any:
 
 
 def rollout_to_jax(buffer: RolloutBuffer, last_dones: np.ndarray | None = None) -> _rollout.RolloutBuffer:
-    """The contents of an SB3 ``RolloutBuffer`` / ``DictRolloutBuffer`` as a `jaxbuffers.RolloutBuffer`.
-
-    Also accepts `JaxRolloutBuffer`, sb3-extra-buffers' compressed rollouts (observations decoded), and SB3 buffers
-    reordered by ``get()`` (shapes ``[T, n_envs, ...]`` or ``[n_envs * T, ...]``). Every field is copied,
-    ``advantages`` and ``returns`` as they are (``has_advantages`` True, ``trainable`` all True); the rows filled are
-    ``buffer_size`` when full, ``pos`` before.
+    """The contents of an SB3 ``RolloutBuffer`` / ``DictRolloutBuffer`` (a `JaxRolloutBuffer`, sb3-extra-buffers'
+    compressed one; fields ``[T, n_envs, ...]`` or ``[n_envs * T, ...]`` after ``get()``) as a
+    `jaxbuffers.RolloutBuffer`: every field copied (``has_advantages`` True, ``trainable`` all True), ``buffer_size``
+    rows filled when full, ``pos`` before.
 
     Args:
       last_dones: ``[n_envs]`` bool, the ``dones`` SB3 passed to ``compute_returns_and_advantage`` (SB3 does not

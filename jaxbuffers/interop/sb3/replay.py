@@ -36,9 +36,7 @@ def _add_row(state: _replay.ReplayBuffer, row: Any, next_obs: Any, next_in_obs: 
     return state
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _add_rows(state: _replay.ReplayBuffer, rows: Any) -> _replay.ReplayBuffer:
-    return state.add(rows)
+_add_rows = jax.jit(lambda state, rows: state.add(rows), donate_argnums=0)
 
 
 # Reads at (row, env) pairs: `ReplayBuffer.get` reads whole rows (every env).
@@ -77,11 +75,8 @@ def _timeout(value: Any, what: str) -> bool:
 
 
 class FieldView:
-    """A numpy-like window on one stored field, in SB3's layout ``[rows, n_envs, ...]`` and dtype.
-
-    ``np.asarray(view)`` and ``view[k]`` read a host copy (``view[k][j] = v`` changes only that copy); ``view[k] = v``
-    writes through to the device storage (a copy of the field: for rare edits such as SB3's ``dones[pos] = True``).
-    """
+    """A numpy-like window on one stored field, in SB3's layout ``[rows, n_envs, ...]`` and dtype: ``np.asarray(view)``
+    and ``view[k]`` read a host copy; ``view[k] = v`` writes through to the device storage (a copy of the field)."""
 
     def __init__(self, name: str, dtype: Any, read: Callable[[], jax.Array], write: Callable[[jax.Array], None]):
         self._name, self._dtype, self._read, self._write = name, np.dtype(dtype), read, write
@@ -107,8 +102,7 @@ class FieldView:
 
         Raises:
           ValueError: flags other than 0 / 1, or a finite value overflowing a float field.
-          TypeError: non-numbers, or a value an integer field or one narrower than SB3's does not hold exactly
-            (numpy would wrap 300 to 44 in uint8); messages name the field.
+          TypeError: non-numbers, or a value an integer field or one narrower than SB3's does not hold exactly.
         """
         arr = np.array(self._read())
         arr[key] = _common.stored(_common.numbers(value, self._name), arr.dtype, self._name, arr.dtype != self._dtype)
@@ -285,8 +279,7 @@ class _JaxReplayImpl:
         self._state = _common.with_ring_state(self._state, 0, 0, 0)
 
     def __getstate__(self) -> dict:
-        """SB3's attributes plus the buffers as checkpoint bytes (`jaxbuffers.checkpoint.to_bytes`), what SB3's
-        ``save_replay_buffer`` pickles; `__setstate__` rebuilds the jaxbuffers and host objects."""
+        """SB3's attributes plus the buffers as checkpoint bytes (`jaxbuffers.checkpoint.to_bytes`)."""
         state = {k: v for k, v in self.__dict__.items() if k not in _REBUILT}
         buffers = {"rows": self._state}
         if self.compress is not None:
@@ -305,11 +298,10 @@ class _JaxReplayImpl:
         state = dict(state)
         data, pending = state.pop("_checkpoint"), state.pop("_pending", None)
         compress = state["compress"]
-        _JaxReplayImpl.__init__(
-            self, state["buffer_size"] * state["n_envs"], state["observation_space"], state["action_space"],
-            state["device"], n_envs=state["n_envs"], optimize_memory_usage=state["optimize_memory_usage"],
-            handle_timeout_termination=state["handle_timeout_termination"], compress=False if compress is None else compress,
-        )
+        _JaxReplayImpl.__init__(self, state["buffer_size"] * state["n_envs"], state["observation_space"],
+                                state["action_space"], state["device"], compress=compress or False,
+                                n_envs=state["n_envs"], optimize_memory_usage=state["optimize_memory_usage"],
+                                handle_timeout_termination=state["handle_timeout_termination"])
         targets = {"rows": self._state}
         if compress is not None:
             targets["observations"] = self._writer.buffer
@@ -354,8 +346,7 @@ class _JaxReplayImpl:
         self.full = self.full or self.pos == 0
 
     def _timeouts(self, infos: Any) -> np.ndarray:
-        """``infos[i]["TimeLimit.truncated"]`` with ``handle_timeout_termination``, else False; ``ValueError`` for
-        ``infos`` not ``n_envs`` dicts, a value checked as ``done`` is."""
+        """``infos[i]["TimeLimit.truncated"]`` (False without ``handle_timeout_termination``), checked as ``done``."""
         n = self.n_envs
         if not self.handle_timeout_termination:
             return _common.zeros(n, np.bool_)
@@ -369,8 +360,7 @@ class _JaxReplayImpl:
         return np.array([_timeout(v, f"infos[{i}]['TimeLimit.truncated']") for i, v in enumerate(values)])
 
     def _add_compressed(self, obs_row: Any, next_row: Any, fields: dict) -> None:
-        """The compressed add of checked rows: every episode end goes in as a truncation (its terminal observation
-        kept in the final-observation ring); the rows have the writer's spec, so they are not checked again."""
+        """Add checked rows (of the writer's spec) to the writer, every episode end as a truncation."""
         w, pending, moved = self._writer, self._pending, True
         if pending is not None:  # an env whose obs is not the previous row's next_obs: that row ends there
             moved = _common.differs(obs_row, pending, self._pending_bytes)
@@ -400,7 +390,7 @@ class _JaxReplayImpl:
         return self.samples_at(batch_inds, env_indices, env=env)
 
     def samples_at(self, batch_inds: np.ndarray, env_indices: np.ndarray, env: VecNormalize | None = None):
-        """SB3's ``_get_samples`` at rows ``batch_inds`` and envs ``env_indices`` (int arrays ``[B]``), field by field.
+        """SB3's ``_get_samples`` at rows ``batch_inds`` and envs ``env_indices`` (int arrays ``[B]``).
 
         Raises:
           ValueError: the two are not 1-d arrays of one length.
@@ -427,8 +417,7 @@ class _JaxReplayImpl:
                                                                           "next_observations": dtypes}))
 
     def _decoded(self, rows: np.ndarray, envs: np.ndarray) -> tuple[dict, Any, Any]:
-        """The gathered fields and the decoded (obs, next_obs) at (row, env) pairs (lane = env, slot = row). The
-        newest row's next observation, not stored unless its step ended an episode, comes from the held copy."""
+        """The gathered fields and decoded ``(obs, next_obs)`` at (row, env) pairs (lane = env, slot = row)."""
         cbuf = self._writer.buffer  # flushes the staged steps first
         newest = np.int32((self.pos - 1) % self.buffer_size)
         g, obs, nxt, held = _gather_decoded(self._state.storage, cbuf, rows, envs, newest)
@@ -457,9 +446,7 @@ class JaxReplayBuffer(_JaxReplayImpl, ReplayBuffer):
 
 
 class JaxDictReplayBuffer(_JaxReplayImpl, DictReplayBuffer):
-    """Drop-in replacement for SB3's ``DictReplayBuffer`` (``spaces.Dict`` observations), to pass as
-    ``replay_buffer_class``: `JaxReplayBuffer` without ``optimize_memory_usage``, samples ``DictReplayBufferSamples``;
-    ``compress`` also takes ``keys``, the observation keys to compress (default all).
-    """
+    """Drop-in replacement for SB3's ``DictReplayBuffer`` (``spaces.Dict`` observations): `JaxReplayBuffer` without
+    ``optimize_memory_usage``, samples ``DictReplayBufferSamples``; ``compress`` also takes ``keys`` (default all)."""
 
     _samples_type = DictReplayBufferSamples

@@ -1,9 +1,5 @@
-"""SB3-compatible rollout buffers backed by `jaxbuffers.RolloutBuffer`.
-
-SB3's `episode_start[t]` (the previous step ended an episode) is `terminated[t - 1]` in the conventions of
-`jaxbuffers.returns`, with `terminated[T - 1] = dones` of `compute_returns_and_advantage` and no truncation (SB3
-folds `gamma * V(terminal_obs)` into the reward at time-limit ends). The GAE equation and the differences from SB3:
-`docs/api/sb3.md`.
+"""SB3-compatible rollout buffers backed by `jaxbuffers.RolloutBuffer` (flag mapping, GAE equation and the
+differences from SB3: `docs/api/sb3.md`, "Rollout buffers").
 """
 
 from __future__ import annotations
@@ -56,16 +52,15 @@ def sb3_terminated(episode_starts: jax.Array, dones: jax.Array, num_filled: jax.
 
 def sb3_advantages(reward: np.ndarray, value: np.ndarray, episode_start: np.ndarray, dones: np.ndarray, last_values: np.ndarray,
                    num_filled: int, gamma: Any, gae_lambda: Any) -> tuple[np.ndarray, np.ndarray]:
-    r"""GAE advantages and returns ``[T, n_envs]`` in numpy over the first ``num_filled`` rows (the last bootstraps
-    from ``last_values`` unless ``dones``; zeros after them), with $s$ the episode starts:
+    r"""GAE advantages and returns ``[T, n_envs]`` over the first ``num_filled`` rows (the last bootstraps from
+    ``last_values`` unless ``dones``; zeros after them), $s$ the episode starts, in numpy operation for operation as
+    SB3's loop (its roundings: jit may fuse a multiply-add); ``gamma``, ``gae_lambda`` as SB3 holds them:
 
     $$
     \delta_t = r_t + \gamma V_{t+1} (1 - s_{t+1}) - V_t, \qquad
     A_t = \delta_t + \gamma \lambda (1 - s_{t+1}) A_{t+1}, \qquad R_t = A_t + V_t
     $$
-
-    evaluated operation for operation as SB3's ``compute_returns_and_advantage`` loop, so with its roundings (a jitted
-    evaluation may fuse a multiply and an add into one). ``gamma``, ``gae_lambda`` as SB3 holds them."""
+    """
     adv, last = np.zeros_like(reward), 0
     for t in reversed(range(num_filled)):
         if t == num_filled - 1:
@@ -151,11 +146,9 @@ class _JaxRolloutImpl:
 
     @property
     def jax_buffer(self) -> _rollout.RolloutBuffer:
-        """The backing `jaxbuffers.RolloutBuffer` (step pytree: ``obs``, ``action``, ``log_prob``, ``episode_start``;
-        the layout of `jaxbuffers.interop.sb3.rollout_to_jax`).
-
-        The next ``add``, ``reset`` or GAE donates these arrays ("Array has been deleted" when read after it): read it
-        right away, or keep ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
+        """The backing `jaxbuffers.RolloutBuffer` (steps ``obs``, ``action``, ``log_prob``, ``episode_start``: the
+        `rollout_to_jax` layout). The next ``add``, ``reset`` or GAE donates its arrays: read it right away, or keep
+        ``jax.tree.map(jnp.copy, buf.jax_buffer)``."""
         return self._state
 
     @property
@@ -257,23 +250,17 @@ class _JaxRolloutImpl:
         return batch_size
 
     def check_call(self, name: str, *args: Any, **kwargs: Any) -> None:
-        """Make every argument check that ``getattr(self, name)(*args, **kwargs)`` makes, changing nothing (so that
-        `DummyVecRolloutBuffer` checks all its buffers before it calls any).
+        """Make the argument checks of ``getattr(self, name)(*args, **kwargs)``, changing nothing.
 
         Raises:
-          TypeError: arguments the method does not take (the method's own message).
-          what the call raises for its arguments (``add``, ``compute_returns_and_advantage``, ``get``,
-            ``_get_samples``; the other methods check nothing beyond their signature).
+          TypeError: arguments the method does not take; else what the call raises for its arguments (``add``,
+            ``compute_returns_and_advantage``, ``get``, ``_get_samples``; other methods check only their signature).
         """
         self.prepare_call(name, *args, **kwargs)
 
     def prepare_call(self, name: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
-        """`check_call`, returning the call as a function of no arguments, its arguments already checked and, for
-        ``add``, converted. Nothing changes until it is called.
-
-        Raises:
-          as `check_call`.
-        """
+        """`check_call`, returning the call as a function of no arguments (``add``'s arguments already converted);
+        nothing changes until it is called. Raises as `check_call`."""
         bound = inspect.signature(getattr(self, name)).bind(*args, **kwargs).arguments
         if name == "add":
             rows = self._add_rows(**bound)
@@ -290,7 +277,7 @@ class _JaxRolloutImpl:
         """Stage one checked step, added when the stage is full (into new arrays: the add may still read these)."""
         if self._staged is None:
             new = lambda x: np.empty((STAGED_STEPS, *np.shape(x)), np.asarray(x).dtype)  # noqa: E731
-            self._staged = (jax.tree.map(new, step), new(reward), new(value))
+            self._staged = jax.tree.map(new, (step, reward, value))
         k = self._num_staged
         for dst, x in zip(jax.tree.leaves(self._staged), jax.tree.leaves((step, reward, value))):
             dst[k] = x
@@ -323,14 +310,13 @@ class _JaxRolloutImpl:
         return self._minibatches(self._get_batch_size(batch_size))
 
     def _minibatches(self, batch_size: int) -> Generator[Any, None, None]:
-        gather = self._epoch_gather()
+        gather = self._epoch_gather()  # what one pass gathers each minibatch with (flat backing indices)
         total = self.buffer_size * self.n_envs
         indices, self.generator_ready = np.random.permutation(total), True
         for start in range(0, total, batch_size):
             yield self._samples_from(gather(self._flat_steps(indices[start : start + batch_size])))
 
     def _epoch_gather(self) -> Callable[[np.ndarray], Any]:
-        """What one pass of ``get`` gathers each minibatch with (backing flat indices -> backing minibatch)."""
         return lambda idx: self._state.gather(idx)
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None):
@@ -351,9 +337,8 @@ class _JaxRolloutImpl:
 
 
 class JaxRolloutBuffer(_JaxRolloutImpl, RolloutBuffer):
-    """Drop-in replacement for SB3's ``RolloutBuffer`` with jaxbuffers storage and GAE.
-
-    Takes SB3's arguments with SB3's meaning (`buffer_size`: steps per env); `docs/api/sb3.md` gives the flag mapping.
+    """Drop-in replacement for SB3's ``RolloutBuffer`` (SB3's arguments, `buffer_size` steps per env) with jaxbuffers
+    storage and GAE.
 
     Raises:
       TypeError: a Dict observation space (use `JaxDictRolloutBuffer`) or a float64 one.
