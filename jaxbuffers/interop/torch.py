@@ -1,9 +1,6 @@
-"""Whole pytrees between JAX and PyTorch through DLPack, zero copy where the frameworks allow it.
-
-Import this submodule explicitly; importing `jaxbuffers` never imports PyTorch. `SUPPORTED_DTYPES` maps each
-numpy/JAX dtype converted (both directions) to its torch dtype. Leaf policy, dtypes, when a copy happens, aliasing
-and errors: `docs/api/torch.md`.
-"""
+"""Whole pytrees between JAX and PyTorch through DLPack, zero copy where the frameworks allow it (import this
+submodule explicitly: `jaxbuffers` never imports PyTorch). `SUPPORTED_DTYPES` maps each numpy/JAX dtype converted
+(both directions) to its torch dtype. Leaf policy, dtypes, copies, aliasing and errors: `docs/api/torch.md`."""
 
 from __future__ import annotations
 
@@ -46,9 +43,11 @@ def _bad_leaf(fn: str, path, leaf) -> TypeError:
     return TypeError(f"{_where(fn, path)}: cannot convert {type(leaf).__name__} {text}: {hint}")
 
 
-def _check_dtype(fn: str, path, dtype: np.dtype) -> None:
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{_where(fn, path)}: dtype {dtype} is not supported (supported: {_SUPPORTED_NAMES}); cast it explicitly first")
+def _check_dtype(fn: str, path, dtype, supported: dict = SUPPORTED_DTYPES) -> None:
+    """TypeError unless `dtype` is a key of `supported` (numpy dtypes, or torch dtypes from `from_torch`)."""
+    if dtype not in supported:
+        names = ", ".join(map(str, supported))
+        raise TypeError(f"{_where(fn, path)}: dtype {dtype} is not supported (supported: {names}); cast it explicitly first")
 
 
 def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> None:
@@ -145,9 +144,7 @@ def _dense_up_to_permutation(t: torch.Tensor) -> bool:
 def _torch_leaf_to_jax(path, t: torch.Tensor, copy: bool) -> jax.Array:
     if t.layout != torch.strided:
         raise TypeError(f"{_where('from_torch', path)}: {t.layout} tensors are not supported; convert with tensor.to_dense()")
-    if t.dtype not in _TORCH_TO_NUMPY:
-        raise TypeError(f"{_where('from_torch', path)}: dtype {t.dtype} is not supported (supported: "
-                        f"{', '.join(str(d) for d in _TORCH_TO_NUMPY)}); cast it explicitly first")
+    _check_dtype("from_torch", path, t.dtype, _TORCH_TO_NUMPY)
     _check_x64("from_torch", path, _TORCH_TO_NUMPY[t.dtype], t.dtype)
     t = t.detach().resolve_conj().resolve_neg()
     dense = t.numel() > 0 and _dense_up_to_permutation(t)
