@@ -21,10 +21,8 @@ class ReplaySample(NamedTuple):
 
 @_validate.one_member_methods
 class ReplayBuffer(Recorded, struct.PyTreeNode):
-    """Fixed-capacity ring of items with uniform sampling (with replacement); ring conventions: `jaxbuffers._ring`.
-
-    Every method is pure. Under `jax.vmap` a stacked buffer behaves as independent buffers, e.g. one per seed.
-    """
+    """Fixed-capacity ring of items with uniform sampling (with replacement), pure methods; ring conventions:
+    `jaxbuffers._ring`. Under `jax.vmap` a stacked buffer behaves as independent buffers, e.g. one per seed."""
 
     _cursor = "head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
