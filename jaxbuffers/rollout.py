@@ -347,7 +347,6 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("num_minibatches")
     def _minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
-        """`minibatches` past its eager check."""
         return self.gather(self.minibatch_indices(key, num_minibatches))
 
     def estimate_memory_pressure(self, num_minibatches: int) -> RolloutMemoryPressure:
