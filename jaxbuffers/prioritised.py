@@ -140,14 +140,11 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method()
     def add(self, batch: Any, priorities: jax.Array | None = None) -> "PrioritisedReplayBuffer":
-        """Append a batch of items, overwriting the oldest ones once full.
+        """Append a batch of items, overwriting the oldest ones once full (`O(B + log C)`, in place when donated).
 
         Args:
           batch: as `jaxbuffers.ReplayBuffer.add`.
           priorities: optional floating `[B]` (default: the running max), under the priority policy; raise the max.
-
-        Returns:
-          The new buffer. Cost `O(B + log C)`; in place when the buffer is donated.
 
         Raises (at trace time):
           TypeError / ValueError: as `jaxbuffers.ReplayBuffer.add`; `priorities` not a floating `[B]` array.
@@ -184,16 +181,13 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method()
     def set_priorities(self, indices, priorities, generations) -> "PrioritisedReplayBuffer":
-        """Set the priorities of sampled slots, ignoring slots overwritten since they were sampled.
+        """Set the priorities of sampled slots (`O(B log C)`): an entry applies only if its slot holds a stored item
+        of `generations`; of applied entries for one slot the last wins and raises the running max.
 
         Args:
           indices: int `[B]` slots (`PrioritisedSample.indices`).
           priorities: floating `[B]` new priorities (typically `|TD error|`), following the priority policy.
           generations: int `[B]`, `PrioritisedSample.generations` from the same sample.
-
-        Returns:
-          The new buffer. An entry applies only if its slot holds a stored item of `generations`; of applied entries
-          for one slot the last wins and raises the running max. Cost `O(B log C)`.
 
         Raises (at trace time):
           ValueError / TypeError: an argument not 1-D, lengths differ, wrong dtype kind.

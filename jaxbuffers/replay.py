@@ -105,13 +105,10 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method()
     def add(self, batch: Any) -> "ReplayBuffer":
-        """Append a batch of items, overwriting the oldest ones once full.
+        """Append a batch of items, overwriting the oldest ones once full (O(B), in place when donated).
 
         Args:
           batch: pytree like the example item, a leading axis `1 <= B <= capacity` on every leaf, the stored dtypes.
-
-        Returns:
-          The new buffer. Cost O(B); in place when the buffer is donated.
 
         Raises (at trace time):
           TypeError: wrong tree structure or dtype (the message names the leaf).

@@ -178,7 +178,9 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     def add(self, step: Any, *, reward: jax.Array, value: jax.Array, terminated: jax.Array,
             truncated: jax.Array | None = None, final_value: jax.Array | None = None,
             trainable: jax.Array | None = None) -> "RolloutBuffer":
-        """Write one step of every env at row `step_index` and advance it.
+        """Write one step of every env at row `step_index` and advance it (O(N x step bytes), in place when donated);
+        `has_advantages` becomes False. On a full buffer under a transformation nothing is written and `overflowed`
+        becomes True.
 
         Args:
           step: pytree like `example_step`, leading axis `num_envs` on every leaf, stored dtypes.
@@ -188,10 +190,6 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           truncated: `[N]` bool, the episode was cut after this step; with `final_value`. Omitted: False.
           final_value: `[N]` float_dtype, $V$ of the real $o_{t+1}$, read only where `truncated`.
           trainable: `[N]` bool, learn from this step. Omitted: True.
-
-        Returns:
-          The new buffer (O(N x step bytes), in place when donated), `has_advantages` False. On a full buffer under a
-          transformation nothing is written and `overflowed` becomes True.
 
         Raises:
           BufferFullError: called eagerly on a full buffer with arguments it would take; nothing changes.
