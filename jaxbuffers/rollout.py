@@ -329,11 +329,9 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         return RolloutMinibatch(step=jax.tree.map(take, self.step), **fields, mask=mask, index=index)
 
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
-        """All `T * N` steps, shuffled, as `num_minibatches` minibatches for `lax.scan`.
-
-        `gather(minibatch_indices(key, num_minibatches))`: leaves `[num_minibatches, T * N / num_minibatches, ...]`,
-        each step once (`mask` drops unfilled and non-trainable ones), via a shuffled copy of the buffer (scan over
-        `minibatch_indices` and `gather` to avoid it); traced before `compute_gae`, `advantages` / `returns` are NaN.
+        """All `T * N` steps, shuffled, as `num_minibatches` minibatches for `lax.scan`:
+        `gather(minibatch_indices(key, num_minibatches))`, leaves `[num_minibatches, T * N / num_minibatches, ...]`,
+        through a shuffled copy of the buffer (scan over `minibatch_indices` and `gather` to avoid it).
 
         Raises:
           ValueError: as `minibatch_indices` (checked first).
