@@ -42,8 +42,7 @@ __all__ = [
     "rollout_stats", "RolloutStats",
     "gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns",  # returns
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
-    "CompressedEpisodeBuffer",
-    "StaleBufferError", "StagingWriter",
+    "CompressedEpisodeBuffer", "StaleBufferError", "StagingWriter",
     "save", "restore", "PendingSave", "BufferSave", "BufferRestore", "CheckpointError",  # checkpoints
     "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
     "BufferServer", "Writer", "BufferClosed", "ray_server",  # actors and learners
