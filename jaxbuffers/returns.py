@@ -14,6 +14,7 @@ from jaxbuffers import _validate
 
 __all__ = ["gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns"]
 
+
 class NStepReturns(NamedTuple):
     """Result of `n_step_returns` (unpacks as `target, num_steps, discount`)."""
 
