@@ -1,12 +1,7 @@
-"""jaxbuffers: JAX-native reinforcement-learning experience buffers.
-
-Every buffer is an immutable pytree with pure ``create`` / ``add`` / ``sample`` / ``can_sample`` / ``size`` methods
-that run inside jitted training steps; the return functions (``gae``, ``lambda_returns``, ``n_step_returns``,
-``discounted_returns``) are pure and time-major. This module is the public namespace: import from here, not from the
-private modules. Optional parts are submodules: ``jaxbuffers.interop.torch`` (needs torch) and
-``jaxbuffers.interop.sb3`` (needs stable-baselines3). The host-compressed buffers need the ``codecs`` extra only for
-the ``rle`` / ``igzip`` / ``zstd`` codecs they use.
-"""
+"""jaxbuffers: JAX-native reinforcement-learning experience buffers (immutable pytrees with pure ``create`` / ``add`` /
+``sample`` / ``can_sample`` / ``size`` methods) and pure, time-major return functions; import from this namespace.
+Optional submodules: ``jaxbuffers.interop.torch`` (needs torch), ``jaxbuffers.interop.sb3`` (needs stable-baselines3);
+the host-compressed buffers need the ``codecs`` extra only for the ``rle`` / ``igzip`` / ``zstd`` codecs they use."""
 
 from jaxbuffers.compressed import (
     CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
@@ -47,8 +42,7 @@ __all__ = [
     "rollout_stats", "RolloutStats",
     "gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns",  # returns
     "CompressedTrajectoryBuffer", "CompressedPrioritisedTrajectoryBuffer", "CompressedRolloutBuffer",  # host-compressed
-    "CompressedEpisodeBuffer",
-    "StaleBufferError", "StagingWriter",
+    "CompressedEpisodeBuffer", "StaleBufferError", "StagingWriter",
     "save", "restore", "PendingSave", "BufferSave", "BufferRestore", "CheckpointError",  # checkpoints
     "RateLimiter", "BlockingRateLimiter", "RateLimiterTimeout", "RateLimiterClosed",  # rate limiting
     "BufferServer", "Writer", "BufferClosed", "ray_server",  # actors and learners

@@ -1,9 +1,5 @@
-r"""Prioritised item replay, `PrioritisedReplayBuffer` and `PrioritisedSample` (priority policy, generations and an
-example: `docs/api/replay.md`, "Prioritised replay").
-
-References:
-  Schaul et al., "Prioritized Experience Replay", ICLR 2016.
-"""
+"""Prioritised item replay (Schaul et al., "Prioritized Experience Replay", ICLR 2016), `PrioritisedReplayBuffer` and
+`PrioritisedSample`; priority policy, generations, an example: `docs/api/replay.md`, "Prioritised replay"."""
 
 from __future__ import annotations
 
@@ -84,39 +80,17 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         return cls(replay=replay, tree=SumMinTree.create(capacity), max_priority=jnp.float32(1.0),
                    priority_exponent=alpha, epsilon=epsilon)
 
-    @property
-    def capacity(self) -> int:
-        """Number of item slots (static Python int)."""
-        return self.replay.capacity
-
-    @property
-    def min_size(self) -> int:
-        """Items needed before `can_sample` is True (static Python int)."""
-        return self.replay.min_size
-
-    @property
-    def item_spec(self) -> Any:
-        """Pytree of `jax.ShapeDtypeStruct`: one item's shapes and dtypes."""
-        return self.replay.item_spec
+    # The wrapped buffer's readers, run on the forwarded fields.
+    item_spec = ReplayBuffer.item_spec
+    size = ReplayBuffer.size
+    is_full = ReplayBuffer.is_full
+    num_added = ReplayBuffer.num_added
+    get = ReplayBuffer.get
 
     @property
     def memory_bytes(self) -> int:
         """Bytes held: item storage, the tree and the scalars (Python int)."""
         return _validate.tree_nbytes(self)
-
-    @_compiled.method()
-    def size(self) -> jax.Array:
-        """The number of items stored (int32 scalar, at most `capacity`)."""
-        return self.replay.size()
-
-    @_compiled.method()
-    def is_full(self) -> jax.Array:
-        """Whether every slot holds an item (bool scalar)."""
-        return self.replay.is_full()
-
-    def num_added(self) -> int:
-        """Exact number of items ever added: a host-side Python int (a stacked state: one member at a time)."""
-        return self.replay.num_added()
 
     @_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})
     def can_sample(self, batch_size: int = 1, *, beta=1.0) -> jax.Array:
@@ -124,11 +98,6 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         `jaxbuffers.ReplayBuffer.can_sample`. `sample`'s arguments without the key; same errors."""
         _validate.scalar_parameter("beta", beta, 0.0)
         return self.replay.can_sample(batch_size)
-
-    @_compiled.method()
-    def get(self, indices: jax.Array) -> Any:
-        """`jaxbuffers.ReplayBuffer.get`: the items at slots `indices` (same shapes, clamping and errors)."""
-        return self.replay.get(indices)
 
     def with_cursors(self, *, head=None, num_valid=None, added=None) -> "PrioritisedReplayBuffer":
         """`jaxbuffers.ReplayBuffer.with_cursors` (same arguments and errors); a slot stored afterwards keeps its
@@ -171,14 +140,11 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method()
     def add(self, batch: Any, priorities: jax.Array | None = None) -> "PrioritisedReplayBuffer":
-        """Append a batch of items, overwriting the oldest ones once full.
+        """Append a batch of items, overwriting the oldest ones once full (`O(B + log C)`, in place when donated).
 
         Args:
           batch: as `jaxbuffers.ReplayBuffer.add`.
           priorities: optional floating `[B]` (default: the running max), under the priority policy; raise the max.
-
-        Returns:
-          The new buffer. Cost `O(B + log C)`; in place when the buffer is donated.
 
         Raises (at trace time):
           TypeError / ValueError: as `jaxbuffers.ReplayBuffer.add`; `priorities` not a floating `[B]` array.
@@ -215,16 +181,13 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method()
     def set_priorities(self, indices, priorities, generations) -> "PrioritisedReplayBuffer":
-        """Set the priorities of sampled slots, ignoring slots overwritten since they were sampled.
+        """Set the priorities of sampled slots (`O(B log C)`): an entry applies only if its slot holds a stored item
+        of `generations`; of applied entries for one slot the last wins and raises the running max.
 
         Args:
           indices: int `[B]` slots (`PrioritisedSample.indices`).
           priorities: floating `[B]` new priorities (typically `|TD error|`), following the priority policy.
           generations: int `[B]`, `PrioritisedSample.generations` from the same sample.
-
-        Returns:
-          The new buffer. An entry applies only if its slot holds a stored item of `generations`; of applied entries
-          for one slot the last wins and raises the running max. Cost `O(B log C)`.
 
         Raises (at trace time):
           ValueError / TypeError: an argument not 1-D, lengths differ, wrong dtype kind.

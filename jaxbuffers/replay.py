@@ -21,10 +21,8 @@ class ReplaySample(NamedTuple):
 
 @_validate.one_member_methods
 class ReplayBuffer(Recorded, struct.PyTreeNode):
-    """Fixed-capacity ring of items with uniform sampling (with replacement); ring conventions: `jaxbuffers._ring`.
-
-    Every method is pure. Under `jax.vmap` a stacked buffer behaves as independent buffers, e.g. one per seed.
-    """
+    """Fixed-capacity ring of items with uniform sampling (with replacement), pure methods; ring conventions:
+    `jaxbuffers._ring`. Under `jax.vmap` a stacked buffer behaves as independent buffers, e.g. one per seed."""
 
     _cursor = "head"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
@@ -107,13 +105,10 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
 
     @_compiled.method()
     def add(self, batch: Any) -> "ReplayBuffer":
-        """Append a batch of items, overwriting the oldest ones once full.
+        """Append a batch of items, overwriting the oldest ones once full (O(B), in place when donated).
 
         Args:
           batch: pytree like the example item, a leading axis `1 <= B <= capacity` on every leaf, the stored dtypes.
-
-        Returns:
-          The new buffer. Cost O(B); in place when the buffer is donated.
 
         Raises (at trace time):
           TypeError: wrong tree structure or dtype (the message names the leaf).

@@ -1,8 +1,5 @@
-"""GAE, lambda-, discounted and n-step returns over time-major rollouts `[T, *B]` (pure, jittable).
-
-Step, bootstrap ($V^{next}_t$) and index conventions, evaluation methods, dtypes: `docs/api/rollout.md`,
-"Return functions".
-"""
+"""GAE, lambda-, discounted and n-step returns over time-major rollouts `[T, *B]` (pure, jittable); step, bootstrap
+($V^{next}_t$) and index conventions, evaluation methods, dtypes: `docs/api/rollout.md`, "Return functions"."""
 
 from __future__ import annotations
 
@@ -16,8 +13,6 @@ from jax import lax
 from jaxbuffers import _validate
 
 __all__ = ["gae", "lambda_returns", "discounted_returns", "n_step_returns", "NStepReturns"]
-
-_METHODS = ("scan", "associative")
 
 
 class NStepReturns(NamedTuple):
@@ -54,9 +49,8 @@ class _Rollout(NamedTuple):
 
 def _check(fn: str, method, reward, value, terminated, truncated, final_value, last_value, need_value=True,
            **scalars) -> tuple:
-    """Trace-time checks of the arguments against the step convention: the `_Rollout`, then each of `scalars` (in
-    `[0, 1]`) as a scalar of the widened dtype."""
-    _validate.choice(f"{fn}: method", method, _METHODS)
+    """The checked `_Rollout`, then each of `scalars` (in `[0, 1]`) as a scalar of the widened dtype (trace time)."""
+    _validate.choice(f"{fn}: method", method, ("scan", "associative"))
     reward = _validate.array(f"{fn}: reward", reward, None, "floating")
     if reward.ndim < 1 or reward.shape[0] < 1:
         raise ValueError(f"{fn}: reward: expected time-major [T, *B] with rank >= 1 and T >= 1, got shape {reward.shape}")

@@ -1,7 +1,5 @@
-"""On-policy storage: `RolloutBuffer` (one time-major `[T, N, ...]` rollout), its minibatch and memory report.
-
-What is stored, the edges (a full buffer, a partial rollout, `reset`), an example: `docs/api/rollout.md`.
-"""
+"""On-policy storage: `RolloutBuffer` (one time-major `[T, N, ...]` rollout), its minibatch and memory report
+(what is stored, a full buffer, a partial rollout, `reset`, an example: `docs/api/rollout.md`)."""
 
 from __future__ import annotations
 
@@ -48,9 +46,7 @@ def _fmt_bytes(n: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class RolloutMemoryPressure:
     """Bytes a `RolloutBuffer` and one PPO-style update over it need (Python ints; `str()`: a table), from
-    `RolloutBuffer.estimate_memory_pressure`; fields: `docs/api/rollout.md`. Counts cover every member of a stacked
-    buffer, not the model, optimiser or activations; XLA drops fields the loss never reads (upper bounds).
-    """
+    `RolloutBuffer.estimate_memory_pressure`; what the fields count: `docs/api/rollout.md`."""
 
     num_steps: int
     num_envs: int
@@ -100,10 +96,8 @@ def advantages_required(flag: Any, what: str, first=None, compute: str = "comput
 
 @_validate.one_member_methods
 class RolloutBuffer(EnvSteps, struct.PyTreeNode):
-    """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches (`docs/api/rollout.md`).
-
-    `jax.vmap(lambda _: RolloutBuffer.create(...), axis_size=K)(None)` builds $K$ independent buffers.
-    """
+    """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches (`docs/api/rollout.md`);
+    `jax.vmap(lambda _: RolloutBuffer.create(...), axis_size=K)(None)` builds $K$ independent buffers."""
 
     _cursor = "step_index"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
@@ -184,7 +178,9 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     def add(self, step: Any, *, reward: jax.Array, value: jax.Array, terminated: jax.Array,
             truncated: jax.Array | None = None, final_value: jax.Array | None = None,
             trainable: jax.Array | None = None) -> "RolloutBuffer":
-        """Write one step of every env at row `step_index` and advance it.
+        """Write one step of every env at row `step_index` and advance it (O(N x step bytes), in place when donated);
+        `has_advantages` becomes False. On a full buffer under a transformation nothing is written and `overflowed`
+        becomes True.
 
         Args:
           step: pytree like `example_step`, leading axis `num_envs` on every leaf, stored dtypes.
@@ -194,10 +190,6 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           truncated: `[N]` bool, the episode was cut after this step; with `final_value`. Omitted: False.
           final_value: `[N]` float_dtype, $V$ of the real $o_{t+1}$, read only where `truncated`.
           trainable: `[N]` bool, learn from this step. Omitted: True.
-
-        Returns:
-          The new buffer (O(N x step bytes), in place when donated), `has_advantages` False. On a full buffer under a
-          transformation nothing is written and `overflowed` becomes True.
 
         Raises:
           BufferFullError: called eagerly on a full buffer with arguments it would take; nothing changes.
@@ -209,7 +201,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
             return self._add(step, **kw)
         at = _compiled.host_int(self.step_index)  # remembered by the last eager add: no wait for its write
         if at >= self.num_steps:  # the arguments' own refusal first
-            _validate.refusal(lambda b: b._add(step, **kw), jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), self))
+            _validate.refusal(lambda b: b._add(step, **kw), self)
             raise BufferFullError(f"add: the rollout buffer is full (step_index={at} of num_steps={self.num_steps}); "
                                   f"nothing was written. Call reset() for the next rollout")
         out = self._add(step, **kw)
@@ -282,10 +274,9 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     def _compute_gae(self, last_value, gamma, gae_lambda, method) -> "RolloutBuffer":
         """`compute_gae` (its eager result's flag remembered on the host by the caller)."""
         last_value = self._per_env("last_value", last_value, self.float_dtype)
-        t = jnp.arange(self.num_steps, dtype=jnp.int32)[:, None]
-        filled = t < self.step_index
+        filled = self.filled()
         # The last filled row bootstraps from last_value: a truncation there (a terminated step still wins).
-        cut = (t == self.step_index - 1) & ~self.truncated
+        cut = (jnp.arange(self.num_steps, dtype=jnp.int32)[:, None] == self.step_index - 1) & ~self.truncated
         final_value = jnp.where(cut, last_value[None, :], self.final_value)
         adv, ret = _returns.gae(self.reward, self.value, self.terminated, self.truncated | cut, final_value, last_value,
                                 gamma=gamma, gae_lambda=gae_lambda, method=method)
@@ -320,8 +311,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
         Returns:
           `RolloutMinibatch` with leaves `[*L, ...]`; `mask` is `trainable & filled`. Out-of-range indices are
-          clipped. `advantages` and `returns` are NaN while `has_advantages` is False (no `compute_gae` since the
-          last `add` or `reset`), so a loss on stale values shows.
+          clipped. `advantages` and `returns` are NaN while `has_advantages` is False.
 
         Raises:
           TypeError: `indices` of a non-integer dtype.
@@ -339,11 +329,9 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         return RolloutMinibatch(step=jax.tree.map(take, self.step), **fields, mask=mask, index=index)
 
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
-        """All `T * N` steps, shuffled, as `num_minibatches` minibatches for `lax.scan`.
-
-        `gather(minibatch_indices(key, num_minibatches))`: leaves `[num_minibatches, T * N / num_minibatches, ...]`,
-        each step once (`mask` drops unfilled and non-trainable ones), via a shuffled copy of the buffer (scan over
-        `minibatch_indices` and `gather` to avoid it); traced before `compute_gae`, `advantages` / `returns` are NaN.
+        """All `T * N` steps, shuffled, as `num_minibatches` minibatches for `lax.scan`:
+        `gather(minibatch_indices(key, num_minibatches))`, leaves `[num_minibatches, T * N / num_minibatches, ...]`,
+        through a shuffled copy of the buffer (scan over `minibatch_indices` and `gather` to avoid it).
 
         Raises:
           ValueError: as `minibatch_indices` (checked first).
@@ -355,7 +343,6 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("num_minibatches")
     def _minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
-        """`minibatches` past its eager check."""
         return self.gather(self.minibatch_indices(key, num_minibatches))
 
     def estimate_memory_pressure(self, num_minibatches: int) -> RolloutMemoryPressure:

@@ -1,9 +1,6 @@
-"""Whole pytrees between JAX and PyTorch through DLPack, zero copy where the frameworks allow it.
-
-Import this submodule explicitly; importing `jaxbuffers` never imports PyTorch. `SUPPORTED_DTYPES` maps each
-numpy/JAX dtype converted (both directions) to its torch dtype. Leaf policy, dtypes, when a copy happens, aliasing
-and errors: `docs/api/torch.md`.
-"""
+"""Whole pytrees between JAX and PyTorch through DLPack, zero copy where the frameworks allow it (import this
+submodule explicitly: `jaxbuffers` never imports PyTorch). `SUPPORTED_DTYPES` maps each numpy/JAX dtype converted
+(both directions) to its torch dtype. Leaf policy, dtypes, copies, aliasing and errors: `docs/api/torch.md`."""
 
 from __future__ import annotations
 
@@ -46,18 +43,20 @@ def _bad_leaf(fn: str, path, leaf) -> TypeError:
     return TypeError(f"{_where(fn, path)}: cannot convert {type(leaf).__name__} {text}: {hint}")
 
 
-def _check_dtype(fn: str, path, dtype: np.dtype) -> None:
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{_where(fn, path)}: dtype {dtype} is not supported (supported: {_SUPPORTED_NAMES}); cast it explicitly first")
+def _check_dtype(fn: str, path, dtype, supported: dict = SUPPORTED_DTYPES) -> None:
+    if dtype not in supported:
+        names = ", ".join(map(str, supported))
+        raise TypeError(f"{_where(fn, path)}: dtype {dtype} is not supported (supported: {names}); "
+                        "cast it explicitly first")
 
 
-def _check_x64(fn: str, path, dtype: np.dtype, shown, numpy: bool = False) -> None:
+def _check_x64(path, dtype: np.dtype, shown, numpy: bool = False) -> None:
     """Refuse a 64-bit dtype that JAX would narrow (x64 off) instead of narrowing it silently."""
     if not _validate.jax_holds(dtype):
         narrow = str(jax.dtypes.canonicalize_dtype(dtype))
         cast = f"array.astype(np.{narrow})" if numpy else f"tensor.to(torch.{narrow})"
-        raise TypeError(f"{_where(fn, path)}: {shown} cannot become a JAX array without narrowing to {narrow} because "
-                        f"jax_enable_x64 is off; cast it explicitly (e.g. {cast}) or "
+        raise TypeError(f"{_where('from_torch', path)}: {shown} cannot become a JAX array without narrowing to "
+                        f"{narrow} because jax_enable_x64 is off; cast it explicitly (e.g. {cast}) or "
                         f'enable 64-bit JAX with jax.config.update("jax_enable_x64", True)')
 
 
@@ -145,10 +144,8 @@ def _dense_up_to_permutation(t: torch.Tensor) -> bool:
 def _torch_leaf_to_jax(path, t: torch.Tensor, copy: bool) -> jax.Array:
     if t.layout != torch.strided:
         raise TypeError(f"{_where('from_torch', path)}: {t.layout} tensors are not supported; convert with tensor.to_dense()")
-    if t.dtype not in _TORCH_TO_NUMPY:
-        raise TypeError(f"{_where('from_torch', path)}: dtype {t.dtype} is not supported (supported: "
-                        f"{', '.join(str(d) for d in _TORCH_TO_NUMPY)}); cast it explicitly first")
-    _check_x64("from_torch", path, _TORCH_TO_NUMPY[t.dtype], t.dtype)
+    _check_dtype("from_torch", path, t.dtype, _TORCH_TO_NUMPY)
+    _check_x64(path, _TORCH_TO_NUMPY[t.dtype], t.dtype)
     t = t.detach().resolve_conj().resolve_neg()
     dense = t.numel() > 0 and _dense_up_to_permutation(t)
     if t.device.type == "cpu" and (copy or not dense):  # one copy into XLA memory from a numpy view (any strides)
@@ -189,7 +186,7 @@ def from_torch(tree: Any, *, copy: bool = False) -> Any:
             if not a.dtype.isnative:  # e.g. big-endian '>f4' read from a file: the same values, native order
                 a = a.astype(a.dtype.newbyteorder("="))
             _check_dtype("from_torch", path, a.dtype)
-            _check_x64("from_torch", path, a.dtype, f"numpy {a.dtype}", numpy=True)
+            _check_x64(path, a.dtype, f"numpy {a.dtype}", numpy=True)
             return jnp.array(a, copy=True)
         raise _bad_leaf("from_torch", path, leaf)
 
