@@ -32,8 +32,7 @@ def select_leaves(spec: Any, compress: Sequence[str] | None, what: str) -> tuple
     `compress`, or whose full name (`_validate.leaf_name`, e.g. `['pixels']`) is; `None`: every leaf.
 
     Raises:
-      ValueError: a name selects nothing (the message lists the leaves), or nothing is selected.
-      TypeError: `compress` is a bare string (`("pixels",)` was meant).
+      ValueError: a name selects nothing (the message lists the leaves). TypeError: `compress` is a bare string.
     """
     leaves = jax.tree_util.tree_flatten_with_path(spec)[0]
     if compress is None:
@@ -86,12 +85,8 @@ class LeafInfo:
 
 def obs_leaves(example_step: Any, obs_key: str, compress, frame_stack, stack_axis: int, padding: str, normalize_images: bool) -> tuple:
     """A frame-deduplicating buffer's `create` arguments, checked: `(step spec, flat indices of the compressed leaves
-    within the observation, [LeafInfo], k = frame_stack or 1)`.
-
-    Raises:
-      TypeError / ValueError: `example_step` not a dict or without an `obs_key` field; as `select_leaves` and
-        `jaxbuffers._validate.frame_leaves`; a bad `padding`; `frame_stack` not an int >= 1.
-    """
+    within the observation, [LeafInfo], k = frame_stack or 1)`. TypeError / ValueError: `example_step` not a dict or
+    without `obs_key`; a bad `padding` or `frame_stack`; as `select_leaves` and `_validate.frame_leaves`."""
     if not isinstance(example_step, Mapping):
         raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
     if obs_key not in example_step:
@@ -175,9 +170,7 @@ def write(
     else:
         call = lambda *a: io_callback(put, out, *a, ordered=True)  # noqa: E731
 
-    @jax.custom_batching.custom_vmap
-    def write_once(*args):
-        return call(*args)
+    write_once = jax.custom_batching.custom_vmap(call)
 
     @write_once.def_vmap
     def _refuse_vmap(axis_size, in_batched, *args):
@@ -282,8 +275,7 @@ def check_before_dispatch(buf: Any, add: bool) -> int | None:
 
     Raises:
       RuntimeError: the buffer was closed.
-      StaleBufferError: `add` and a later add was made from this state (or from one derived from it), or the state
-        was donated to a call (its arrays deleted).
+      StaleBufferError: `add` and a later add was made from this state (or one derived from it), or it was donated.
     """
     if isinstance(buf.version, jax.core.Tracer):
         return None
@@ -370,14 +362,12 @@ def checked_before_dispatch(add: bool = False) -> Callable:
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         def call(self, *args, **kwargs):
-            if add:
-                made = check_add_before_dispatch(self, lambda b: method(b, *args, **kwargs))
-            else:
-                made = check_before_dispatch(self, False)
+            run = lambda b: method(b, *args, **kwargs)  # noqa: E731
+            made = check_add_before_dispatch(self, run) if add else check_before_dispatch(self, False)
             if isinstance(self.version, jax.core.Tracer):
-                return method(self, *args, **kwargs)
+                return run(self)
             wait = not add or getattr(self, "_write_may_refuse", False)
-            out = run_eager([self.host], lambda: method(self, *args, **kwargs), wait=wait)
+            out = run_eager([self.host], lambda: run(self), wait=wait)
             remember_add(out, made)
             return out
 
@@ -425,7 +415,7 @@ def only_rows(ids: jax.Array, rows: jax.Array | None) -> jax.Array:
 def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool, xp: Any = jnp) -> jax.Array:
     """Decoded entries `frames` (`[*S, k, *frame_shape]` oldest to newest with frame dedup, else `[*S, *shape]`;
     `lead = len(S)`) -> observations, zero where `pad` (bool `[*S, k]`, or None); with `normalize` float32
-    `x * float32(1 / 255)` (within 1 ulp of `x / 255`, exactly 0 and 1 at 0 and 255). `xp`: `jax.numpy` or `numpy`."""
+    `x * float32(1 / 255)` (within 1 ulp of `x / 255`, exact at 0 and 255). `xp`: `jax.numpy` or `numpy`."""
     if info.stack_axis is not None:
         if pad is not None:
             zero = xp.zeros((), frames.dtype)
@@ -438,12 +428,8 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
 
 
 def decode_sample(decoders: Mapping[type, Callable], sample: Any, rows: Any, inner: str) -> Any:
-    """A compressed buffer's `decode`: `decoders[type(sample)](sample, rows)`, its arguments checked (`inner` names
-    the buffer the sample comes from).
-
-    Raises:
-      TypeError: a sample type not in `decoders`; `rows` not a bool array. ValueError: `rows` not of shape `[B]`.
-    """
+    """A compressed buffer's `decode`: `decoders[type(sample)](sample, rows)`, checked (`inner` names the buffer the
+    sample comes from). TypeError: another sample type; `rows` not a bool array. ValueError: `rows` not `[B]`."""
     if type(sample) not in decoders:
         raise TypeError(f"sample: expected one of {sorted(c.__name__ for c in decoders)} of this buffer's inner {inner}, "
                         f"got {type(sample).__name__}")

@@ -100,9 +100,8 @@ class HostStores:
         self._versions_lock = threading.Lock()  # slot_version and num_reads (held briefly)
         self.closed = False
         self._items = [(tuple(s), np.dtype(d)) for s, d in zip(item_shapes, dtypes)]
-        # (version, {slot: one frame per store}): frames the newest writes asked to keep (`write(recent=)`), as they
-        # were written, exact for a state of that version; replaced (never mutated) by each write, so a reader's
-        # snapshot stays whole. What `read_recent` serves.
+        # (version, {slot: one frame per store}): the frames the newest writes kept (`write(recent=)`) for
+        # `read_recent`; replaced (never mutated) by each write, so a reader's snapshot stays whole
         self._recent: tuple[int, dict] = (0, {})
 
     # Identity semantics on purpose (one compiled program per buffer): do not define __eq__/__hash__.
@@ -138,9 +137,8 @@ class HostStores:
         return self.nbytes - self.arena_nbytes + sum(s.payload_nbytes for s in self.stores)
 
     def close(self) -> None:
-        """Release the payload memory now (a non-blocking save in flight keeps the chunks it writes until it is
-        written). Later reads/writes raise. (A jitted function that compiled against the buffer keeps this object
-        alive; closing frees its arenas anyway.)"""
+        """Release the payload memory now (a non-blocking save in flight keeps the chunks it writes until written);
+        later reads and writes raise."""
         with self._lock:
             for s in self.stores:
                 s.clear()

@@ -114,8 +114,8 @@ class CompressedRolloutBuffer(HostBacked):
 
         Raises:
           BufferFullError: called eagerly on a full buffer with arguments it would take, before anything runs.
-          StaleBufferError: called eagerly on a state that is not the newest, before anything runs
-            (under `jit` the write callback refuses it: `jax.errors.JaxRuntimeError`).
+          StaleBufferError: called eagerly on a state that is not the newest, before anything runs (under `jit`,
+            the write callback's `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
         inner = self.buffer

@@ -192,12 +192,12 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors): the newest frame of each compressed
         observation and, where `truncated & ~terminated`, of its `final_obs` go to the host in one ordered callback;
         with `frame_stack`, the stacks must be those the buffer rebuilds (`docs/api/compressed.md`, "Which stacks").
+        Under `jit` the errors below come as the write callback's `jax.errors.JaxRuntimeError`.
 
         Raises:
           ValueError: with `frame_stack`, a stack that is not the one the buffer rebuilds (named by leaf, env and
-            step), before anything is written (under `jit` the write callback refuses it: `JaxRuntimeError`).
-          StaleBufferError: called eagerly on a state that is not the newest, before anything runs (under `jit` the
-            write callback refuses it: `jax.errors.JaxRuntimeError`).
+            step), before anything is written.
+          StaleBufferError: called eagerly on a state that is not the newest, before anything runs.
           RuntimeError: the buffer was closed.
         """
         new, (slots, valid, bases, datas), checks = self._add_device(step, terminated, truncated, final_obs)
