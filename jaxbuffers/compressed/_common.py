@@ -140,11 +140,7 @@ def write(
 ) -> jax.Array:
     """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`); returns the new version (int32
     scalar). `refuse`: `(values, error)`: before writing, `error(*values)` (numpy; `values` an array or a tuple of
-    them) returns the exception to raise instead, or None.
-
-    Raises:
-      ValueError: under `vmap` (a buffer is one host store).
-    """
+    them) returns the exception to raise instead, or None. ValueError: under `vmap` (a buffer is one host store)."""
     args = (*host.operands(), version, slots.astype(jnp.int32), valid, *datas)
     n = len(args)
     if bases is not None:

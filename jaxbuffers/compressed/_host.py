@@ -62,7 +62,9 @@ class HostStores:
     Args:
       num_slots: slots per store (every compressed leaf uses the same slot ids).
       codec: codec name of the stores (`"zstd:3"`, `"igzip:1"`, `"rle"`, `"none"`...).
-      item_shapes, dtypes, names: per compressed leaf, the shape of one entry (a frame), its dtype, its name in errors.
+      item_shapes: per compressed leaf, the shape of one entry (a frame).
+      dtypes: per compressed leaf, its dtype.
+      names: per compressed leaf, its name in error messages.
       chunk_bytes: largest arena chunk of each store.
       dictionary_bytes: most bytes of each store's zstd dictionary (`None`: `DEFAULT_DICTIONARY_BYTES` for a zstd
         codec, else 0; 0: none). ValueError: > 0 with another codec.
@@ -154,8 +156,7 @@ class HostStores:
 
         Raises:
           RuntimeError: the store was closed.
-          StaleBufferError: `version` (given for an add) is not the store's current version: a later
-            add was made from this state or from one derived from it.
+          StaleBufferError: `version` (an add's) is not the store's: this state, or one derived from it, was added to.
         """
         self._check_open(what)
         if version is not None and version != self.version:
@@ -374,7 +375,8 @@ class ShardedHostStores:
 
     Every callback traced inside the sharded program's `shard_map` passes its shard index first (`operands`) and
     reaches that shard's store, which holds its own lanes' or episodes' frames at shard-local slot ids and keeps its
-    own version (a stale state is refused store by store).
+    own version (a stale state is refused store by store). `write`, `read`, `read_into` and `read_recent` are
+    `HostStores`' on the store of the shard given first; `nbytes`, `arena_nbytes` and `live_nbytes` sum the shards'.
 
     Args:
       stores: the shards' `HostStores`, shard `s` first-to-last (distinct objects of one configuration).
