@@ -199,9 +199,8 @@ class CompressedRolloutBuffer(HostBacked):
         """Every host-store entry this state's steps may read, each decoded once, for `gather_entries`. Eager only.
 
         Returns:
-          Per compressed leaf, numpy `[n + 1, *frame_shape]` in the stored dtype: rows `0 .. n - 1` the entries of
-          slots `0 .. n - 1` (`n`: one past the largest slot id the steps hold; an empty slot gives zeros), row `n`
-          zeros.
+          Per compressed leaf, numpy `[n + 1, *frame_shape]` in the stored dtype: row `s < n` the entry of slot `s`
+          (`n`: one past the largest slot id the steps hold; an empty slot gives zeros), row `n` zeros.
 
         Raises:
           StaleBufferError: a slot below `n` was rewritten after this state (a later add), checked before and after
@@ -219,8 +218,7 @@ class CompressedRolloutBuffer(HostBacked):
         return out
 
     def gather_entries(self, entries: Sequence[np.ndarray], indices: Any) -> RolloutMinibatch:
-        """`gather(indices)`, the compressed leaves taken from `decode_entries`' arrays (host numpy; ids outside them:
-        the zero row).
+        """`gather(indices)` with the compressed leaves taken from `decode_entries`' arrays (other ids: the zero row).
 
         Raises:
           ValueError: `entries` not one `[n + 1, *frame_shape]` array per compressed leaf of this buffer.
