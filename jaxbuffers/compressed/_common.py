@@ -1,7 +1,6 @@
 """Device-side helpers shared by the compressed buffers: leaf selection, host callbacks, output finishing.
 
-How the two halves talk (exactly-once ordered writes, versioned reads, no vmap over buffers) is in
-`jaxbuffers.compressed._host`; which callback carries them is decided by `in_place_callbacks`.
+How the two halves talk: `docs/api/compressed.md`, "Device and host".
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ def select_leaves(spec: Any, compress: Sequence[str] | None, what: str) -> tuple
     `compress`, or whose full name (`_validate.leaf_name`, e.g. `['pixels']`) is; `None`: every leaf.
 
     Raises:
-      ValueError: a name selects nothing (the message lists the leaves), or nothing is selected.
-      TypeError: `compress` is a bare string (`("pixels",)` was meant).
+      ValueError: a name selects nothing (the message lists the leaves). TypeError: `compress` is a bare string.
     """
     leaves = jax.tree_util.tree_flatten_with_path(spec)[0]
     if compress is None:
@@ -87,12 +85,8 @@ class LeafInfo:
 
 def obs_leaves(example_step: Any, obs_key: str, compress, frame_stack, stack_axis: int, padding: str, normalize_images: bool) -> tuple:
     """A frame-deduplicating buffer's `create` arguments, checked: `(step spec, flat indices of the compressed leaves
-    within the observation, [LeafInfo], k = frame_stack or 1)`.
-
-    Raises:
-      TypeError / ValueError: `example_step` not a dict or without an `obs_key` field; as `select_leaves` and
-        `jaxbuffers._validate.frame_leaves`; a bad `padding`; `frame_stack` not an int >= 1.
-    """
+    within the observation, [LeafInfo], k = frame_stack or 1)`. TypeError / ValueError: `example_step` not a dict or
+    without `obs_key`; a bad `padding` or `frame_stack`; as `select_leaves` and `_validate.frame_leaves`."""
     if not isinstance(example_step, Mapping):
         raise TypeError(f"example_step: expected a dict with an {obs_key!r} field, got {type(example_step).__name__}")
     if obs_key not in example_step:
@@ -121,11 +115,7 @@ _forced: bool | None = None  # set by forced_callbacks only
 
 def in_place_callbacks(host: Any = None) -> bool:
     """Whether host callbacks to `host` traced now use `buffer_callback` (True) or `io_callback` / `pure_callback`,
-    for writes and reads alike. A `buffer_callback` needs XLA's buffers in host memory (CPU) and a program on one
-    device, or a callback inside `shard_map` (`ShardedHostStores`); where it can be used it must be: an ordered
-    `io_callback` copies its arguments, and in a process allowed one CPU reading such a copy (over ~100 KB) inside
-    the callback never returns. Both run once per executed add, in program order, under `jit`, `lax.scan` and
-    donation."""
+    for writes and reads alike (why: `docs/api/compressed.md`, "Device and host")."""
     if _forced is not None:
         return _forced
     one_program_per_device = jax.device_count() == 1 or isinstance(host, ShardedHostStores)
@@ -134,8 +124,8 @@ def in_place_callbacks(host: Any = None) -> bool:
 
 @contextlib.contextmanager
 def forced_callbacks(in_place: bool) -> Iterator[None]:
-    """Trace host callbacks with the given mechanism inside the block (tests run both on CPU). Programs are cached
-    per buffer: use buffers created inside the block, or a cached program keeps the mechanism it was traced with."""
+    """Trace host callbacks with the given mechanism inside the block (tests run both on CPU); use buffers created
+    inside it (a cached program keeps its mechanism)."""
     global _forced
     before, _forced = _forced, bool(in_place)
     try:
@@ -148,14 +138,9 @@ def write(
     host: HostStores, version: jax.Array, slots: jax.Array, valid: jax.Array, datas: Sequence[jax.Array], bases: jax.Array | None = None,
     refuse: tuple[jax.Array, Callable[[np.ndarray], Exception | None]] | None = None, recent: tuple | None = None,
 ) -> jax.Array:
-    """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`, with its `bases` and `recent`);
-    returns the new version (int32 scalar), which orders every later read and write of the store by data dependency.
-    `refuse`: `(values, error)`: on the host, before anything is written, `error(*values)` (numpy; `values` an array
-    or a tuple of them) returns the exception to raise instead of writing, or None.
-
-    Raises:
-      ValueError: under `vmap` (a buffer is one host store).
-    """
+    """Host callback writing `datas[i][valid]` at `slots[valid]` (`HostStores.write`); returns the new version (int32
+    scalar). `refuse`: `(values, error)`: before writing, `error(*values)` (numpy; `values` an array or a tuple of
+    them) returns the exception to raise instead, or None. ValueError: under `vmap` (a buffer is one host store)."""
     args = (*host.operands(), version, slots.astype(jnp.int32), valid, *datas)
     n = len(args)
     if bases is not None:
@@ -181,9 +166,7 @@ def write(
     else:
         call = lambda *a: io_callback(put, out, *a, ordered=True)  # noqa: E731
 
-    @jax.custom_batching.custom_vmap
-    def write_once(*args):
-        return call(*args)
+    write_once = jax.custom_batching.custom_vmap(call)
 
     @write_once.def_vmap
     def _refuse_vmap(axis_size, in_batched, *args):
@@ -196,9 +179,8 @@ def write(
 
 
 def read(host: HostStores, infos: Sequence[LeafInfo], version: jax.Array, *ids: jax.Array) -> list:
-    """Host callback decoding the slots `ids` (int32, any shapes `S_j`; a slot shared between them decoded once) of
-    every leaf of `infos` after the write that made `version`: `out[leaf][j]` `[*S_j, *frame_shape]`, decoded into
-    XLA's output buffers with `in_place_callbacks` (`HostStores.read_into`), else returned (`HostStores.read`)."""
+    """Host callback decoding the slots `ids` (int32, any shapes `S_j`) of every leaf of `infos` after the write that
+    made `version`: `out[leaf][j]` `[*S_j, *frame_shape]` (`HostStores.read_into` / `HostStores.read`)."""
     ids = [x.astype(jnp.int32) for x in ids]
     m, lead = len(ids), host.operands()
     shapes = tuple(jax.ShapeDtypeStruct((*x.shape, *i.frame_shape), i.dtype) for i in infos for x in ids)
@@ -223,8 +205,8 @@ _eager_lock = threading.Lock()  # eager calls may run in several threads
 
 
 def keeping(host: HostStores, fn: Callable) -> Callable:
-    """`fn`, a host callback's body, that also keeps the exception it raises: JAX hands the caller a
-    `jax.errors.JaxRuntimeError` carrying only its text, and an eager call re-raises the kept one (`run_eager`)."""
+    """`fn`, a host callback's body, keeping the exception it raises for `run_eager` (JAX hands the caller a
+    `jax.errors.JaxRuntimeError` carrying only its text)."""
 
     def call(*args):
         try:
@@ -239,8 +221,7 @@ def keeping(host: HostStores, fn: Callable) -> Callable:
 
 def run_eager(hosts: Sequence[HostStores], call: Callable[[], Any], wait: bool) -> Any:
     """`call()`, an eager call of buffers whose stores are `hosts`, raising the exception a host callback of `hosts`
-    raised instead of the error carrying its text out of the program; `wait`: wait for the result first, so that a
-    read's error is raised here."""
+    raised, not the error carrying its text; `wait`: wait for the result, so that a read's error is raised here."""
     with _eager_lock:
         for host in hosts:
             _eager[host] = _eager.get(host, 0) + 1
@@ -285,14 +266,12 @@ _newest_add: "weakref.WeakKeyDictionary[HostStores, tuple[jax.Array, int]]" = we
 
 
 def check_before_dispatch(buf: Any, add: bool) -> int | None:
-    """The checks of an eager call made before anything is dispatched (`HostStores.check_state`): the store is open
-    and an add's state is the newest (the newest eager add's state is checked without waiting for that add). Returns,
-    for an add of a concrete state, the version its write will make, else None.
+    """An eager call's checks before anything is dispatched: the store is open and an add's state is the newest (the
+    newest eager add's state without waiting for it). Returns an add's version to be, else None.
 
     Raises:
       RuntimeError: the buffer was closed.
-      StaleBufferError: `add` and a later add was made from this state (or from one derived from it), or the state
-        was donated to a call (its arrays deleted).
+      StaleBufferError: `add` and a later add was made from this state (or one derived from it), or it was donated.
     """
     if isinstance(buf.version, jax.core.Tracer):
         return None
@@ -323,8 +302,8 @@ def remember_add(out: Any, made: int | None) -> None:
 
 
 def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> int | None:
-    """`check_before_dispatch` of an add; a stale state's wrong arguments are named first, as under `jit`: `add(buf)`
-    is traced, not run."""
+    """`check_before_dispatch` of an add; a stale state's wrong arguments are named first, as under `jit` (`add(buf)`
+    is traced)."""
     try:
         return check_before_dispatch(buf, True)
     except StaleBufferError:
@@ -333,8 +312,7 @@ def check_add_before_dispatch(buf: Any, add: Callable[[Any], Any]) -> int | None
 
 
 def delegated(name: str, via: str = "buffer") -> Callable:
-    """A compressed buffer's method `name` that reads device fields only: `getattr(self, via).name(...)`, exactly
-    the wrapped device buffer's result, also after `close()` (the host store is not read)."""
+    """A compressed buffer's method `name` reading device fields only: `getattr(self, via).name(...)`."""
 
     def method(self, *args, **kwargs):
         return getattr(getattr(self, via), name)(*args, **kwargs)
@@ -359,8 +337,8 @@ lists them)."""
 
 
 def delegates(*names: str, via: str = "buffer") -> Callable[[type], type]:
-    """Class decorator of a compressed buffer: read-only properties `names`, each `getattr(self, via).name` (a field
-    or setting of the wrapped device buffer that holds no compressed data), exactly the device buffer's."""
+    """Class decorator of a compressed buffer: read-only properties `names`, each `getattr(self, via).name` (fields
+    of the wrapped device buffer that hold no compressed data)."""
 
     def decorate(cls: type) -> type:
         for name in names:
@@ -374,24 +352,18 @@ def delegates(*names: str, via: str = "buffer") -> Callable[[type], type]:
 
 def checked_before_dispatch(add: bool = False) -> Callable:
     """Decorate a public method of a compressed buffer (above `jaxbuffers._compiled.method`) with
-    `check_before_dispatch` (`check_add_before_dispatch` for an add, then remembered as its store's newest).
-
-    Called eagerly, the method raises the exception its host callback raised (`StaleBufferError`,
-    `host_codecs.CorruptEntryError`, ...), not the `jax.errors.JaxRuntimeError` carrying it: a read waits for its
-    result so that the error is raised here; an add is not waited for unless its write callback may refuse it (the
-    buffer's `_write_may_refuse`). Under `jit` the program's caller gets the `JaxRuntimeError`."""
+    `check_before_dispatch` (an add: `check_add_before_dispatch`, then `remember_add`) and, called eagerly,
+    `run_eager`: a read waits for its result, an add only when its write may refuse it (`_write_may_refuse`)."""
 
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         def call(self, *args, **kwargs):
-            if add:
-                made = check_add_before_dispatch(self, lambda b: method(b, *args, **kwargs))
-            else:
-                made = check_before_dispatch(self, False)
+            run = lambda b: method(b, *args, **kwargs)  # noqa: E731
+            made = check_add_before_dispatch(self, run) if add else check_before_dispatch(self, False)
             if isinstance(self.version, jax.core.Tracer):
-                return method(self, *args, **kwargs)
+                return run(self)
             wait = not add or getattr(self, "_write_may_refuse", False)
-            out = run_eager([self.host], lambda: method(self, *args, **kwargs), wait=wait)
+            out = run_eager([self.host], lambda: run(self), wait=wait)
             remember_add(out, made)
             return out
 
@@ -401,20 +373,13 @@ def checked_before_dispatch(add: bool = False) -> Callable:
 
 
 def stack_slots(ids: jax.Array, *, frame_stack: int, ring: int, num_lanes: int, empty: int, stacked: bool, padding: str):
-    """Store slots of the frames of observations given by their ids, in a store of `num_lanes` rings of `ring` frames
-    (lane `l`: slots `[l * ring, (l + 1) * ring)`) and a never-written slot `empty` (zeros).
+    """Store slots of the frames of observations given by ids int32 `[*S, 3]` = `(newest, prev, ep_pos)`, in a store
+    of `num_lanes` rings of `ring` frames (lane `l`: slots `[l * ring, (l + 1) * ring)`) and a never-written slot
+    `empty` (zeros). `newest` outside `[0, empty)` reads `empty`; `prev` negative or past the rings: no older frame.
 
-    Args:
-      ids: int32 `[*S, 3]` = `(newest, prev, ep_pos)`: the slot of the observation's newest frame (outside
-        `[0, empty)`: `empty`), the slot one step back in its lane's ring (negative or past the rings: no older
-        frame) and `min(steps since its episode started, k - 1)`, `k = frame_stack`.
-      stacked: whether the observations are stacks of `k` frames (else one entry each).
-      padding: `"reset"` (frames before the episode start repeat its first) or `"zero"`.
-
-    Returns:
-      `(slots, pad)`: with `stacked`, `slots` int32 `[*S, k]` oldest to newest (frame `j` is `k - 1 - j` steps
-      back, `min(k - 1 - j, ep_pos)` with `"reset"`) and `pad` bool `[*S, k]` (the frames to zero, `"zero"`
-      padding) or None; without, `slots` `[*S]` and None.
+    Returns `(slots, pad)`: with `stacked`, int32 `[*S, k]` oldest to newest (frame `j` is `k - 1 - j` steps back,
+    `min(k - 1 - j, ep_pos)` with `"reset"` padding) and bool `[*S, k]`, the frames to zero (`"zero"` padding) or
+    None; without, `[*S]` and None.
     """
     k = frame_stack
     newest, prev, ep = ids[..., 0], ids[..., 1], ids[..., 2]
@@ -446,7 +411,7 @@ def only_rows(ids: jax.Array, rows: jax.Array | None) -> jax.Array:
 def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, normalize: bool, xp: Any = jnp) -> jax.Array:
     """Decoded entries `frames` (`[*S, k, *frame_shape]` oldest to newest with frame dedup, else `[*S, *shape]`;
     `lead = len(S)`) -> observations, zero where `pad` (bool `[*S, k]`, or None); with `normalize` float32
-    `x * float32(1 / 255)` (within 1 ulp of `x / 255`, exactly 0 and 1 at 0 and 255). `xp`: `jax.numpy` or `numpy`."""
+    `x * float32(1 / 255)` (within 1 ulp of `x / 255`, exact at 0 and 255). `xp`: `jax.numpy` or `numpy`."""
     if info.stack_axis is not None:
         if pad is not None:
             zero = xp.zeros((), frames.dtype)
@@ -459,12 +424,8 @@ def finish(frames: jax.Array, info: LeafInfo, lead: int, pad: jax.Array | None, 
 
 
 def decode_sample(decoders: Mapping[type, Callable], sample: Any, rows: Any, inner: str) -> Any:
-    """A compressed buffer's `decode`: `decoders[type(sample)](sample, rows)`, its arguments checked (`inner` names
-    the buffer the sample comes from).
-
-    Raises:
-      TypeError: a sample type not in `decoders`; `rows` not a bool array. ValueError: `rows` not of shape `[B]`.
-    """
+    """A compressed buffer's `decode`: `decoders[type(sample)](sample, rows)`, checked (`inner` names the buffer the
+    sample comes from). TypeError: another sample type; `rows` not a bool array. ValueError: `rows` not `[B]`."""
     if type(sample) not in decoders:
         raise TypeError(f"sample: expected one of {sorted(c.__name__ for c in decoders)} of this buffer's inner {inner}, "
                         f"got {type(sample).__name__}")

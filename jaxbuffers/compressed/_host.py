@@ -1,37 +1,7 @@
-"""Host half of the compressed buffers: the stores, the write/read callbacks and their versions.
+"""Host half of the compressed buffers: the stores, the host side of the write/read callbacks, and their versions.
 
-Everything that crosses from jitted code to the host goes through one `HostStores` object, which a
-buffer keeps in a *static* field (not a pytree leaf):
-
-* Identity hash and equality (Python's default): a jitted function compiles once per buffer and
-  reuses the program for every later state of it, and two buffers never share a cache entry.
-* **Writes** run exactly once per executed `add`, in program order, also inside `lax.scan` and
-  with donation (a `pure_callback` whose result is unused is removed by XLA, so writes never use
-  one). Each returns the new *version* (writes so far, int32), which the buffer carries as a
-  leaf; every later write and read of the store takes it as an argument, which orders them.
-* **Reads** take that version too: the data dependency makes a read run after the write that
-  produced the state it samples from. The callback carrying writes and reads is chosen in one
-  place, `jaxbuffers.compressed._common.in_place_callbacks` (which says why).
-* **Stale reads are refused, not served.** Every slot remembers the version that last wrote it; a read with version
-  `v` raises if one of its slots was written later (an old state kept after later adds, or a sample XLA scheduled
-  after a later add of the same program). A write from a state whose version is not the store's current one (adding
-  twice to one state: a fork) is refused before anything is written. Errors raised inside callbacks surface as
-  `jax.errors.JaxRuntimeError` when the result is used under `jit`; a buffer method called eagerly raises the
-  exception itself (`jaxbuffers.compressed._common.run_eager`). A read of a slot includes every slot its delta chain
-  decodes (`host_codecs.CompressedStore` deltas): a delta whose keyframe was rewritten after `v` is refused too.
-* **Reads are linearisable under threads.** A write marks its slots with its version *before* it puts a byte, and a
-  read checks its slots' versions before and again after it decodes (a sequence lock per slot): a read that
-  overlaps a write of one of its slots raises `StaleBufferError`, so a read returns exactly the entries of the
-  version it asked for or raises, never a later write's frames. Writers are serialised; readers take no lock while
-  they decode, so concurrent reads decode in parallel.
-* Writes cannot be `vmap`-ed (`ValueError: ... cannot be vmapped`): a compressed buffer is one
-  host store, so buffers cannot be stacked; `vmap` over sampling keys of one buffer works. A
-  `jaxbuffers.ShardedBuffer` stacks them under `shard_map` instead, with one store per shard
-  (`ShardedHostStores`: each callback passes its shard index and reaches its shard's store).
-
-The store layout is the `host_codecs.CompressedStore` layout (numpy arrays) plus one int32
-`slot_version` array for the stores, grown as slots are written as the stores' indexes grow (`host_codecs.slot_index`):
-a slot past its end was never written (version 0).
+The rules (exactly-once ordered writes, versioned reads, stale states refused, no vmap, one store per shard):
+`docs/api/compressed.md`, "Device and host".
 """
 
 from __future__ import annotations
@@ -50,9 +20,8 @@ from jaxbuffers._wrapper import Wrapper
 
 __all__ = ["DEFAULT_DELTA_CODEC", "DEFAULT_DICTIONARY_BYTES", "DEFAULT_KEYFRAME_INTERVAL", "HostStores", "ShardedHostStores", "StaleBufferError"]
 
-#: Most bytes of the zstd dictionary a compressed buffer's store builds from its first 1,024
-#: frames when the codec is zstd. On 84x84 Atari frames at level -1, 32 KiB gave smaller frames
-#: than 16 KiB (Breakout about 97 against 99 B, Pong 92 against 96 B) and than 64 KiB.
+#: Most bytes of the zstd dictionary a store builds from its first 1,024 frames with a zstd codec (84x84 Atari frames
+#: at level -1: smaller than with 16 KiB, Breakout about 97 against 99 B, Pong 92 against 96 B, and than with 64 KiB).
 DEFAULT_DICTIONARY_BYTES = 32768
 
 DEFAULT_DELTA_CODEC = "rle"
@@ -66,13 +35,8 @@ DEFAULT_KEYFRAME_INTERVAL = 8
 
 
 def keyframe_interval_of(keyframe_interval: int | None, codec: str, delta_codec: str | None) -> tuple[int, str | None]:
-    """The checked `keyframe_interval` argument of a compressed buffer's `create` (`None` gives
-    `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"`: deltas of raw entries save nothing), and the delta codec
-    of its stores: `delta_codec`, or None when `K = 1` (no delta is ever stored, so none is built or imported).
-
-    Raises:
-      ValueError: not a positive int (`jaxbuffers._validate.static_int`); an unknown codec.
-    """
+    """`(K, delta codec)` of a `create`: `keyframe_interval` checked (None: `DEFAULT_KEYFRAME_INTERVAL`, 1 with
+    `codec="none"`), and `delta_codec`, None when `K = 1` (never built). ValueError: not a positive int; a bad codec."""
     if keyframe_interval is None:
         keyframe_interval = 1 if get_codec(codec).name == "none" else DEFAULT_KEYFRAME_INTERVAL
     key = _validate.static_int("keyframe_interval", keyframe_interval)
@@ -98,14 +62,13 @@ class HostStores:
     Args:
       num_slots: slots per store (every compressed leaf uses the same slot ids).
       codec: codec name of the stores (`"zstd:3"`, `"igzip:1"`, `"rle"`, `"none"`...).
-      item_shapes: per compressed leaf, the shape of one stored entry (a frame).
+      item_shapes: per compressed leaf, the shape of one entry (a frame).
       dtypes: per compressed leaf, its dtype.
-      names: per compressed leaf, a readable name for error messages.
+      names: per compressed leaf, its name in error messages.
       chunk_bytes: largest arena chunk of each store.
-      dictionary_bytes: most bytes of the zstd dictionary each store builds from its
-        first 1,024 frames (`None`: `DEFAULT_DICTIONARY_BYTES` for a zstd codec, else 0;
-        0: none; see `host_codecs.CompressedStore`). ValueError: > 0 with another codec.
-      delta_codec: codec of the stores' delta frames (`host_codecs.CompressedStore`'s `delta_codec`; None: `codec`).
+      dictionary_bytes: most bytes of each store's zstd dictionary (`None`: `DEFAULT_DICTIONARY_BYTES` for a zstd
+        codec, else 0; 0: none). ValueError: > 0 with another codec.
+      delta_codec: codec of the stores' delta frames (None: `codec`).
     """
 
     def __init__(
@@ -139,12 +102,11 @@ class HostStores:
         self._versions_lock = threading.Lock()  # slot_version and num_reads (held briefly)
         self.closed = False
         self._items = [(tuple(s), np.dtype(d)) for s, d in zip(item_shapes, dtypes)]
-        # (version, {slot: one frame per store}): frames the newest writes asked to keep (`write(recent=)`), as they
-        # were written, exact for a state of that version; replaced (never mutated) by each write, so a reader's
-        # snapshot stays whole. What `read_recent` serves.
+        # (version, {slot: one frame per store}): the frames the newest writes kept (`write(recent=)`) for
+        # `read_recent`; replaced (never mutated) by each write, so a reader's snapshot stays whole
         self._recent: tuple[int, dict] = (0, {})
 
-    # Identity semantics on purpose (see module doc): do not define __eq__/__hash__.
+    # Identity semantics on purpose (one compiled program per buffer): do not define __eq__/__hash__.
 
     num_operands = 0  # len(operands()), known on the host too (a callback cannot call operands())
 
@@ -177,9 +139,8 @@ class HostStores:
         return self.nbytes - self.arena_nbytes + sum(s.payload_nbytes for s in self.stores)
 
     def close(self) -> None:
-        """Release the payload memory now (a non-blocking save in flight keeps the chunks it writes until it is
-        written). Later reads/writes raise. (A jitted function that compiled against the buffer keeps this object
-        alive; closing frees its arenas anyway.)"""
+        """Release the payload memory now (a non-blocking save in flight keeps the chunks it writes until written);
+        later reads and writes raise."""
         with self._lock:
             for s in self.stores:
                 s.clear()
@@ -195,8 +156,7 @@ class HostStores:
 
         Raises:
           RuntimeError: the store was closed.
-          StaleBufferError: `version` (given for an add) is not the store's current version: a later
-            add was made from this state or from one derived from it.
+          StaleBufferError: `version` (an add's) is not the store's: this state, or one derived from it, was added to.
         """
         self._check_open(what)
         if version is not None and version != self.version:
@@ -207,28 +167,18 @@ class HostStores:
             )
 
     def write(self, version, slots, valid, *datas, bases=None, recent=None) -> np.ndarray:
-        """Host side of an add: put `datas[i][valid]` into store `i` at `slots[valid]`.
+        """Host side of an add: put `datas[i][valid]` into store `i` at `slots[valid]`; returns the new version.
 
-        Args (numpy, from the write callback):
-          version: int32 scalar, the version of the buffer state being added to.
-          slots: int32[M] store slot ids. valid: bool[M], rows to write.
-          datas: one [M, *item_shape] array per store.
-          bases: optional int32[M]: row `r` is stored as a delta against slot `bases[r]` (`-1`: whole; see
-            `host_codecs.CompressedStore.put`).
+        Args (numpy):
+          version: int32 scalar, the version of the state added to. slots: int32 `[M]`. valid: bool `[M]`.
+          datas: one `[M, *item_shape]` array per store.
+          bases: int32 `[M]` or None: row `r` is a delta against slot `bases[r]` (-1: whole).
+          recent: `(rows, cap)` or None: bool `[M]`, the rows `read_recent` serves from memory (copies) until a
+            later write replaces them, and the most frames kept over successive writes (oldest dropped first).
 
-        Returns:
-          recent: `(rows, cap)`: bool `[M]`, the rows `read_recent` serves from memory until a later write replaces
-            them (copies of the frames as written), and the most frames kept over successive writes (the oldest go
-            first). None: keep none (`read_recent` then decodes).
-
-        Returns:
-          int32 scalar: the new version.
-
-        Raises:
-          StaleBufferError: `version` is not the store's current version (the state was
-            already added to: writing again would fork the shared store).
-          ValueError: `datas` do not match the stores (count, rows, item shape or dtype);
-            checked, like the version, before anything is written.
+        Raises (before anything is written):
+          StaleBufferError: `version` is not the store's (the state was already added to: a fork).
+          ValueError: `datas` do not match the stores (count, rows, item shape or dtype).
         """
         self._check_open("add")
         version = int(np.asarray(version))
@@ -283,14 +233,9 @@ class HostStores:
         return kept
 
     def read_recent(self, version, ids) -> tuple[np.ndarray, ...]:
-        """`read(version, ids)`, served from the frames the newest write kept (`write(recent=)`) when `version` is
-        the version that write made and every slot of `ids` is kept (or is the never-written last slot, zeros);
-        otherwise decoded by `read`, with its checks. Equal either way: a kept frame is the slot's entry at that
-        version.
-
-        Returns:
-          One `[*ids.shape, *item_shape]` array per store.
-        """
+        """`read(version, ids)`: one `[*ids.shape, *item_shape]` array per store, from the frames the newest write kept
+        (`write(recent=)`) when it made `version` and kept every slot of `ids` (the never-written last slot: zeros),
+        else decoded by `read`, with its checks. Equal either way."""
         ids = np.asarray(ids)
         tag, kept = self._recent  # one snapshot: each write publishes a new pair
         flat, empty = ids.reshape(-1).tolist(), self.num_slots - 1
@@ -306,8 +251,7 @@ class HostStores:
         return tuple(outs)
 
     def _grow_versions(self, need: int) -> None:
-        """Grow `slot_version` so that slots below `need` have an entry (`host_codecs.slot_index.grown_rows`); under
-        `_versions_lock`. A new array: a reader holding the old one keeps it."""
+        """Grow `slot_version` over slots below `need`, under `_versions_lock` (a new array: readers keep the old)."""
         rows = grown_rows(self.slot_version.size, need, self.num_slots)
         if rows > self.slot_version.size:
             grown = np.zeros(rows, np.int32)
@@ -315,8 +259,7 @@ class HostStores:
             self.slot_version = grown
 
     def set_slot_versions(self, versions: np.ndarray, what: str) -> None:
-        """Restore `slot_version` from a saved copy: int32 of any length up to `num_slots` (a save made before the
-        versions grew as slots are written has `num_slots`).
+        """Restore `slot_version` from a saved copy: int32 `[n]`, `n <= num_slots`.
 
         Raises:
           ValueError: another dtype, rank or a longer array (the message names `what`).
@@ -342,14 +285,13 @@ class HostStores:
                 )
 
     def _read_slots(self, slots: np.ndarray) -> np.ndarray:
-        """`slots` and the slots their delta chains decode (`host_codecs.CompressedStore`: every store holds the
-        same chains): what a read checks."""
+        """`slots` and the slots their delta chains decode (the same in every store): what a read checks."""
         chains = self.stores[0].chain_slots(slots.reshape(-1))
         return np.concatenate([slots.reshape(-1), chains]) if chains.size else slots
 
     def _check_read(self, version, slots: np.ndarray, *, count: bool = True) -> None:
-        """Raise StaleBufferError when a slot in `slots` (chains included: `_read_slots`) was rewritten after
-        `version`, or is being rewritten now (a read checks before and after it decodes: see the module doc)."""
+        """StaleBufferError when a slot of `slots` was rewritten after `version` (a read checks before and after it
+        decodes, so a write overlapping it is seen too)."""
         self._check_open("sample")
         v = int(np.max(np.asarray(version)))
         with self._versions_lock:
@@ -366,13 +308,9 @@ class HostStores:
             )
 
     def read_into(self, version, ids: Sequence[np.ndarray], outs: Sequence[Sequence[np.ndarray]]) -> None:
-        """Host side of an in-place jitted sample: decode slot arrays `ids[j]` (any shapes `S_j`)
-        of store `i` into `outs[i][j]` (`S_j + item_shape`, C-contiguous: XLA's own output
-        buffers, so the result is not copied again). A slot shared between the id arrays is
-        decoded once (`host_codecs.CompressedStore.get_many`). Same checks as `read`: the requested slots before
-        the decode, and with the chain slots the decode read (`get_many`'s `chains_out`: the chains walked once)
-        after it; a decode that raises is checked first, so a stale state raises `StaleBufferError`, not the error of
-        decoding entries rewritten since."""
+        """Host side of an in-place sample: decode slots `ids[j]` (any shapes `S_j`) of store `i` into XLA's output
+        buffers `outs[i][j]` (`[*S_j, *item_shape]`), a shared slot once. Checks as `read` (after the decode with the
+        chain slots it walked); a decode that raises is checked first, so a stale state raises `StaleBufferError`."""
         ids = [np.asarray(x) for x in ids]
         flat = ids[0] if len(ids) == 1 else np.concatenate([x.reshape(-1) for x in ids])
         self._check_read(version, flat)
@@ -386,20 +324,16 @@ class HostStores:
         self._check_read(version, np.concatenate([flat.reshape(-1), *chains]), count=False)
 
     def read(self, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
-        """Host side of a sample: decode slots `ids[j]` (any shapes `S_j`) from every store.
-
-        Each distinct slot (over all `ids`) is decoded once, in parallel, directly into the
-        output (`host_codecs.CompressedStore.get`); its other occurrences are row copies.
+        """Host side of a sample: decode slots `ids[j]` (any shapes `S_j`) from every store, each distinct slot once.
 
         Args:
-          aligned: decode into 64-byte aligned memory (each output starts on a 64-byte boundary
-            when its byte size allows), which JAX's CPU backend adopts without a copy.
+          aligned: decode into 64-byte aligned memory, which JAX's CPU backend adopts without a copy.
 
         Returns:
-          For store `i` and id array `j`, output `i * len(ids) + j`: shape `S_j + item_shape`, the store's dtype.
+          For store `i` and id array `j`, output `i * len(ids) + j`: `[*S_j, *item_shape]`, the store's dtype.
 
         Raises:
-          StaleBufferError: a slot was rewritten after `version`, or while it was read (see module doc).
+          StaleBufferError: a slot was rewritten after `version`, or while it was read.
         """
         ids = [np.asarray(x) for x in ids]
         flat = np.concatenate([x.reshape(-1) for x in ids]) if ids else np.zeros(0, np.int32)
@@ -408,8 +342,7 @@ class HostStores:
         bounds = np.cumsum([0] + [x.size for x in ids]).tolist()
         outs = []
         for store in self.stores:
-            # One output for all id arrays; the store decodes each distinct slot once, straight
-            # into its first row, and copies the repeats. The outputs are contiguous slices.
+            # one output for all id arrays, each distinct slot decoded once into its first row; outputs are slices
             out = None
             if aligned and store._declared is not None:
                 out = _aligned_empty((flat.size, *store._declared[1]), dtype_from_code(store._declared[0]))
@@ -420,14 +353,30 @@ class HostStores:
         return tuple(outs)
 
 
+def _on_shard(name: str):
+    """A `ShardedHostStores` method: `HostStores.<name>` on the store of the shard given first."""
+
+    def method(self, shard, *args, **kwargs):
+        return getattr(self.shards[int(np.asarray(shard))], name)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"`HostStores.{name}` on the store of shard `shard`."
+    return method
+
+
+def _summed(name: str) -> property:
+    """A `ShardedHostStores` property: `HostStores.<name>` summed over the shards' stores."""
+    doc = f"`HostStores.{name}` over every shard's store."
+    return property(lambda self: sum(getattr(h, name) for h in self.shards), doc=doc)
+
+
 class ShardedHostStores:
     """The host stores of a `jaxbuffers.ShardedBuffer` of compressed buffers: one `HostStores` per shard.
 
-    The stacked buffer keeps this object in its static `host` field; every callback traced inside the sharded
-    program's `shard_map` passes its shard index (`jax.lax.axis_index(axis)`, `operands`) first, and the call goes
-    to that shard's store, with that shard's version. So each shard's store holds only the frames of its own lanes
-    or episodes, at the slot ids of one unsharded buffer of the shard's size (shard-local ids), and keeps its own
-    version: a stale state is refused store by store, as for one buffer.
+    Every callback traced inside the sharded program's `shard_map` passes its shard index first (`operands`) and
+    reaches that shard's store, which holds its own lanes' or episodes' frames at shard-local slot ids and keeps its
+    own version (a stale state is refused store by store). `write`, `read`, `read_into` and `read_recent` are
+    `HostStores`' on the store of the shard given first; `nbytes`, `arena_nbytes` and `live_nbytes` sum the shards'.
 
     Args:
       stores: the shards' `HostStores`, shard `s` first-to-last (distinct objects of one configuration).
@@ -469,36 +418,13 @@ class ShardedHostStores:
         """The leading operands of every callback: the shard index (int32 scalar; inside `shard_map` only)."""
         return (jax.lax.axis_index(self.axis),)
 
-    def write(self, shard, version, slots, valid, *datas, bases=None, recent=None) -> np.ndarray:
-        """`HostStores.write` on the store of shard `shard`."""
-        return self.shards[int(np.asarray(shard))].write(version, slots, valid, *datas, bases=bases, recent=recent)
-
-    def read_recent(self, shard, version, ids) -> tuple[np.ndarray, ...]:
-        """`HostStores.read_recent` on the store of shard `shard`."""
-        return self.shards[int(np.asarray(shard))].read_recent(version, ids)
-
-    def read(self, shard, version, *ids, aligned: bool = False) -> tuple[np.ndarray, ...]:
-        """`HostStores.read` on the store of shard `shard`."""
-        return self.shards[int(np.asarray(shard))].read(version, *ids, aligned=aligned)
-
-    def read_into(self, shard, version, ids, outs) -> None:
-        """`HostStores.read_into` on the store of shard `shard`."""
-        self.shards[int(np.asarray(shard))].read_into(version, ids, outs)
-
-    @property
-    def nbytes(self) -> int:
-        """Host bytes held over every shard's store."""
-        return sum(h.nbytes for h in self.shards)
-
-    @property
-    def arena_nbytes(self) -> int:
-        """`HostStores.arena_nbytes` over every shard's store."""
-        return sum(h.arena_nbytes for h in self.shards)
-
-    @property
-    def live_nbytes(self) -> int:
-        """`HostStores.live_nbytes` over every shard's store."""
-        return sum(h.live_nbytes for h in self.shards)
+    write = _on_shard("write")
+    read_recent = _on_shard("read_recent")
+    read = _on_shard("read")
+    read_into = _on_shard("read_into")
+    nbytes = _summed("nbytes")
+    arena_nbytes = _summed("arena_nbytes")
+    live_nbytes = _summed("live_nbytes")
 
     def close(self) -> None:
         """Close every shard's store."""
@@ -513,11 +439,9 @@ class ShardedHostStores:
 
 
 class Closing:
-    """`with x as y:` calls `x.close()` when the block ends (a compressed buffer, `jaxbuffers.disk.Concatenated`).
-
-    A buffer that a jitted function (an eager call included) compiled against stays referenced by JAX's compile caches
-    until `jax.clear_caches()`, so dropping it frees neither its host memory nor a disk folder's open files: `close()`
-    or a `with` block does."""
+    """`with x as y:` calls `x.close()` when the block ends (a compressed buffer, `jaxbuffers.disk.Concatenated`):
+    JAX's compile caches keep a buffer a jitted function compiled against (until `jax.clear_caches()`), so dropping
+    it frees neither its host memory nor a disk folder's open files."""
 
     def __enter__(self):
         return self
@@ -528,11 +452,8 @@ class Closing:
 
 class HostBacked(Closing, Wrapper, struct.PyTreeNode):
     """Base of the compressed buffers: the static fields every one declares (its `HostStores` and which leaves
-    live there), byte counts, `close`, and `size` / `is_full` of its wrapped device buffer.
-
-    A buffer declares its own leaves (the wrapped `buffer`, `version`, cursors) in the order its checkpoints keep;
-    the fields here are static, so they change neither its pytree leaves nor their order.
-    """
+    live there; static, so a buffer's pytree leaves, in the order its checkpoints keep, are its own), byte counts,
+    `close`, and `size` / `is_full` of its wrapped device buffer."""
 
     _cursor = "version"  # the leaf that is a scalar in one buffer (stacked with jax.vmap: `jaxbuffers._validate.members`)
 
@@ -571,7 +492,6 @@ class HostBacked(Closing, Wrapper, struct.PyTreeNode):
         """Free the host memory now (the buffer cannot be used afterwards); a disk-backed buffer closes its files and
         releases its folder's lock. Every state of the buffer shares its host stores: closing one closes them all."""
         self.host.close()
-
 
 
 class FrameStacked(HostBacked):

@@ -1,8 +1,4 @@
-"""Host-compressed on-policy storage: `CompressedRolloutBuffer`.
-
-A `jaxbuffers.RolloutBuffer` whose chosen step leaves are one int32 host-store slot per step (`t * num_envs + env`);
-layout and an example: `docs/api/compressed.md`, "Compressed rollouts".
-"""
+"""Host-compressed on-policy storage: `CompressedRolloutBuffer` (`docs/api/compressed.md`, "Compressed rollouts")."""
 
 from __future__ import annotations
 
@@ -21,14 +17,14 @@ from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch, advantages_requi
 
 __all__ = ["CompressedRolloutBuffer"]
 
+
 @_common.delegates("advantages", "returns", "has_advantages", "overflowed", "step_index", "reward", "value",
                    "terminated", "truncated", "trainable", "final_value", "num_steps", "float_dtype")
 @_validate.one_member_methods(mapped=False)
 class CompressedRolloutBuffer(HostBacked):
     """A `jaxbuffers.RolloutBuffer` whose chosen step leaves live compressed on the host.
 
-    Same methods as `RolloutBuffer` (`add`, `reset`, `compute_gae`, `minibatch_indices`, `gather`, `minibatches`,
-    `size`); with the same adds and keys the minibatches are exactly a `RolloutBuffer`'s (float32 `x / 255` for
+    Same methods; with the same adds and keys the minibatches are exactly a `RolloutBuffer`'s (float32 `x / 255` for
     compressed leaves with `normalize_images`). Jittable, `lax.scan`-able, donatable; not vmappable.
     """
 
@@ -49,14 +45,13 @@ class CompressedRolloutBuffer(HostBacked):
           example_step: as `jaxbuffers.RolloutBuffer.create`, like `num_envs`, `num_steps` and `float_dtype`.
           compress: the leaves of the step (not only its observation) to store on the host, as
             `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`'s (same dtypes); default `("obs",)`: every leaf
-            under the step's `obs` key; None: every leaf of the step. E.g. `{"obs": {"pixels": uint8 [84, 84], "pos":
-            float32 [3]}, "action": int32}` with `compress=("pixels",)` keeps `pos` and `action` on the device.
+            under the step's `obs` key; None: every leaf of the step.
           codec: host codec name.
           normalize_images: return compressed uint8 leaves as float32 `x / 255`.
           chunk_bytes: largest host arena chunk.
           dictionary_bytes: as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
-          frame_stack: `k`: the compressed leaves are stacks of `k` frames along `stack_axis`, stored one frame per
-            store entry (`docs/api/compressed.md`, "Compressed rollouts"); None: one entry per observation.
+          frame_stack: `k`: the compressed leaves are stacks of `k` frames along `stack_axis`, one frame per store
+            entry; None: one entry per observation.
           stack_axis: axis of each compressed leaf holding the `k` frames.
 
         Raises:
@@ -83,11 +78,9 @@ class CompressedRolloutBuffer(HostBacked):
                    normalize_images=bool(normalize_images))
 
     def _upgraded_from(self, saved_num_slots: int) -> "CompressedRolloutBuffer | None":
-        """This restored state in this layout, given `saved_num_slots`, the slot count its stores were saved with:
-        `self` when it is `host.num_slots`, the upgraded state when it is one fewer (the layout before the empty slot,
-        where a step never added held slot 0: a row `t >= step_index` whose ids are all 0 becomes -1), else None (the
-        caller refuses the checkpoint). Stacked states (a `jaxbuffers.ShardedBuffer`'s shards) upgrade shard by
-        shard."""
+        """This restored state, its stores saved with `saved_num_slots`: `self` when it is `host.num_slots`; one fewer
+        (before the empty slot, an unwritten step held slot 0): rows `t >= step_index` of all-0 ids become -1 (stacked
+        states shard by shard); else None (the checkpoint is refused)."""
         if saved_num_slots == self.host.num_slots:
             return self
         if saved_num_slots != self.host.num_slots - 1:
@@ -115,16 +108,14 @@ class CompressedRolloutBuffer(HostBacked):
         return _common.replace_leaves(self.buffer.step_spec, self.leaf_index, specs)
 
     def add(self, step: Any, **fields) -> "CompressedRolloutBuffer":
-        """`jaxbuffers.RolloutBuffer.add` (same keyword fields, shapes and errors).
-
-        The compressed leaves of the `num_envs` steps go to the host in one ordered callback at row `step_index`,
-        after every check passed. On a full buffer, as for `RolloutBuffer`: eagerly `BufferFullError` and nothing
-        changes (host store included); under a transformation nothing is written and `overflowed` becomes True.
+        """`jaxbuffers.RolloutBuffer.add` (same keyword fields, shapes and errors): the compressed leaves go to the
+        host in one ordered callback. On a full buffer: eagerly `BufferFullError` and nothing changes (host store
+        included); under a transformation nothing is written and `overflowed` becomes True.
 
         Raises:
           BufferFullError: called eagerly on a full buffer with arguments it would take, before anything runs.
-          StaleBufferError: called eagerly on a state that is not the newest, before anything runs
-            (under `jit` the write callback refuses it: `jax.errors.JaxRuntimeError`).
+          StaleBufferError: called eagerly on a state that is not the newest, before anything runs (under `jit`,
+            the write callback's `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
         inner = self.buffer
@@ -181,12 +172,11 @@ class CompressedRolloutBuffer(HostBacked):
     @_common.checked_before_dispatch()
     @_compiled.method()
     def gather(self, indices: jax.Array) -> RolloutMinibatch:
-        """`jaxbuffers.RolloutBuffer.gather` with the compressed leaves decoded (one host callback for the `indices`
-        given: call it per minibatch to decode per minibatch)."""
+        """`jaxbuffers.RolloutBuffer.gather` with the compressed leaves decoded (one host callback per call)."""
         return self._decode(self.buffer.gather(indices), None)
 
     def decode(self, minibatch: RolloutMinibatch, *, rows: jax.Array | None = None) -> RolloutMinibatch:
-        """The steps of a `gather` of the inner buffer (`buf.buffer`, whose compressed leaves hold ids) decoded:
+        """A `gather` of the inner buffer (`buf.buffer`, compressed leaves holding ids) decoded:
         `buf.decode(buf.buffer.gather(idx))` equals `buf.gather(idx)`.
 
         Args:
@@ -206,13 +196,11 @@ class CompressedRolloutBuffer(HostBacked):
         return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
 
     def decode_entries(self) -> tuple[np.ndarray, ...]:
-        """Every host-store entry this state's steps may read, each decoded once (a frame `k` stacks share is decoded
-        once per epoch), for minibatches gathered on the host (`gather_entries`). Eager only: reads the stores directly.
+        """Every host-store entry this state's steps may read, each decoded once, for `gather_entries`. Eager only.
 
         Returns:
-          Per compressed leaf, numpy `[n + 1, *frame_shape]` in the stored dtype: rows `0 .. n - 1` the entries of
-          slots `0 .. n - 1` (`n`: one past the largest slot id the steps hold; an empty slot gives zeros), row `n`
-          zeros. Memory: `n + 1` frames, about one per step with `frame_stack` (the stacks hold `k` each).
+          Per compressed leaf, numpy `[n + 1, *frame_shape]` in the stored dtype: row `s < n` the entry of slot `s`
+          (`n`: one past the largest slot id the steps hold; an empty slot gives zeros), row `n` zeros.
 
         Raises:
           StaleBufferError: a slot below `n` was rewritten after this state (a later add), checked before and after
@@ -230,8 +218,7 @@ class CompressedRolloutBuffer(HostBacked):
         return out
 
     def gather_entries(self, entries: Sequence[np.ndarray], indices: Any) -> RolloutMinibatch:
-        """`gather(indices)`, equal to it, with the compressed leaves taken from `decode_entries`' arrays (host numpy);
-        ids outside the entries (never-written steps) read the zero row.
+        """`gather(indices)` with the compressed leaves taken from `decode_entries`' arrays (other ids: the zero row).
 
         Raises:
           ValueError: `entries` not one `[n + 1, *frame_shape]` array per compressed leaf of this buffer.
@@ -248,9 +235,8 @@ class CompressedRolloutBuffer(HostBacked):
         return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
 
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
-        """All steps shuffled into `num_minibatches` minibatches, decoded at once (the whole rollout in memory; prefer
-        `minibatch_indices` + `gather`). Before `compute_gae`, as `jaxbuffers.RolloutBuffer.minibatches`: refused
-        eagerly, NaN advantages and returns under a transformation.
+        """`jaxbuffers.RolloutBuffer.minibatches` decoded at once (the whole rollout in memory; prefer
+        `minibatch_indices` + `gather`).
 
         Raises:
           ValueError: as `minibatch_indices` (checked first).

@@ -1,9 +1,7 @@
 """Host-compressed trajectory buffers: `CompressedTrajectoryBuffer` and its prioritised variant.
 
-A `jaxbuffers.TrajectoryBuffer` (all of its logic reused) whose chosen observation leaves hold int32 ids `[3]` =
-`(newest, prev, ep_pos)` per step, while the pixels live compressed in host `host_codecs.CompressedStore`s. Frame-stack
-dedup, temporal coding, which stacks are stored, the slot layout and an example: `docs/api/compressed.md`, "Frame
-stacks and temporal coding"; how the device and host halves talk: `jaxbuffers.compressed._host`.
+A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves hold int32 ids `[3]` = `(newest, prev, ep_pos)` per
+step, the pixels compressed in host stores (`docs/api/compressed.md`, "Frame stacks and temporal coding").
 """
 
 from __future__ import annotations
@@ -53,10 +51,9 @@ def _with_steps(inner, traj: TrajectoryBuffer):
 class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
 
-    Same methods and sample types as `jaxbuffers.TrajectoryBuffer`; sampled observations are decoded (and frame
-    stacks rebuilt) on the host. With the same adds and keys it returns exactly what a `TrajectoryBuffer` returns
-    (float32 `x / 255` for compressed leaves when `normalize_images`). Frame dedup and the id layout:
-    `docs/api/compressed.md`. Not vmappable (one host store); jittable, `lax.scan`-able, donatable.
+    Same methods and sample types; with the same adds and keys it returns exactly what a `TrajectoryBuffer` returns
+    (float32 `x / 255` for compressed leaves when `normalize_images`). Not vmappable (one host store); jittable,
+    `lax.scan`-able, donatable.
     """
 
     _metrics_in = "buffer"  # record / stats: the metrics of the wrapped buffer
@@ -86,12 +83,11 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         Args:
           example_step: as `jaxbuffers.TrajectoryBuffer.create`, like `num_envs`, `length`, `final_obs_capacity` (it
             also sizes the host's final-frame ring), `obs_key`, `action_key`, `reward_key` and `metrics`.
-          compress: the leaves inside the observation `example_step[obs_key]` to store on the host, by a dict key
-            (or attribute name) on the leaf's path below `obs_key`, or its full name; `None`: every leaf of the
-            observation (a bare array has no names inside it). E.g. `obs = {"pixels": uint8 [84, 84], "pos": float32
-            [3]}` with `compress=("pixels",)` keeps `pos` on the device. Compressed leaves take the dtypes of
-            `host_codecs.DTYPES`: bool, int8 to int64, uint8 to uint64, float16, float32, float64, complex64,
-            complex128 (not bfloat16, float8 or int4: keep those on device).
+          compress: the leaves of the observation `example_step[obs_key]` to store on the host, by a dict key (or
+            attribute name) on the leaf's path below `obs_key`, or its full name; `None`: every leaf of it. E.g.
+            `compress=("pixels",)` with `obs = {"pixels": uint8 [84, 84], "pos": float32 [3]}` keeps `pos` on device.
+            Compressed leaves take the dtypes of `host_codecs.DTYPES`: bool, int8 to int64, uint8 to uint64, float16
+            to float64, complex64, complex128 (not bfloat16, float8 or int4: keep those on device).
           frame_stack: `k` when the compressed leaves are stacks of the last `k` frames (`docs/api/compressed.md`);
             `None`: store each observation whole.
           stack_axis: axis of the `k` frames within one observation.
@@ -102,9 +98,9 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
           dictionary_bytes: most bytes of each store's zstd dictionary (`None`: `DEFAULT_DICTIONARY_BYTES` for a zstd
             codec, else 0; 0: none).
           keyframe_interval: `K` of the temporal coding: a positive int, 1 for none. Default:
-            `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"` (a delta of raw bytes is no smaller).
-          delta_codec: codec of the delta frames (keyframes keep `codec`): any name `codec` takes, or None (`codec`
-            codes the deltas too). Not built with `keyframe_interval=1`, so `codec="none"` needs numpy alone.
+            `DEFAULT_KEYFRAME_INTERVAL`, or 1 with `codec="none"`.
+          delta_codec: codec of the delta frames (any name `codec` takes; keyframes keep `codec`), or None (`codec`);
+            not built with `K = 1`.
 
         Raises:
           TypeError: as `jaxbuffers.TrajectoryBuffer.create`; `compress` a bare string; a compressed leaf of another
@@ -127,9 +123,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         if unknown:  # named as `create`'s
             raise TypeError(f"{cls.__name__}.create: unexpected keyword argument(s) {sorted(unknown)}")
         num_envs, length = _validate.static_int("num_envs", num_envs), _validate.static_int("length", length)
-        spec, idx, infos, k = _common.obs_leaves(
-            example_step, obs_key, compress, frame_stack, stack_axis, padding, normalize_images
-        )
+        spec, idx, infos, k = _common.obs_leaves(example_step, obs_key, compress, frame_stack, stack_axis, padding,
+                                                 normalize_images)
         key, delta_codec = keyframe_interval_of(keyframe_interval, codec, delta_codec)
         kcap = length if final_obs_capacity is None else min(
             _validate.static_int("final_obs_capacity", final_obs_capacity), length
@@ -194,18 +189,15 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     @_common.checked_before_dispatch(add=True)
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
-        """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors), checked once here.
-
-        The newest frame of each compressed observation and, where `truncated & ~terminated`, of its `final_obs` go to
-        the host in one ordered callback; the device buffer gets their ids. The previous state must not be added to
-        again (that would fork the host store). With `frame_stack`, the stacks given must be those the buffer rebuilds
-        (`docs/api/compressed.md`, "Which stacks").
+        """`jaxbuffers.TrajectoryBuffer.add` (same arguments and errors): the newest frame of each compressed
+        observation and, where `truncated & ~terminated`, of its `final_obs` go to the host in one ordered callback;
+        with `frame_stack`, the stacks must be those the buffer rebuilds (`docs/api/compressed.md`, "Which stacks").
+        Under `jit` the errors below come as the write callback's `jax.errors.JaxRuntimeError`.
 
         Raises:
           ValueError: with `frame_stack`, a stack that is not the one the buffer rebuilds (named by leaf, env and
-            step), before anything is written (under `jit` the write callback refuses it: `JaxRuntimeError`).
-          StaleBufferError: called eagerly on a state that is not the newest, before anything runs (under `jit` the
-            write callback refuses it: `jax.errors.JaxRuntimeError`).
+            step), before anything is written.
+          StaleBufferError: called eagerly on a state that is not the newest, before anything runs.
           RuntimeError: the buffer was closed.
         """
         new, (slots, valid, bases, datas), checks = self._add_device(step, terminated, truncated, final_obs)
@@ -214,8 +206,7 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         return new.replace(version=_common.write(self.host, self.version, slots, valid, datas, bases, refuse, recent))
 
     def add_from_host(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "CompressedTrajectoryBuffer":
-        """`add` with the host write as a direct Python call instead of a callback; not traceable. Same arguments,
-        results and errors as `add`.
+        """`add` with the host write as a direct Python call instead of a callback (same arguments, result and errors).
 
         Raises:
           TypeError: called under a JAX transformation (use `add` there).
@@ -235,8 +226,7 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     @_compiled.method()
     def _add_device(self, step, terminated, truncated, final_obs):
-        """Everything `add` does on device, its arguments checked once: (state without the version bump, write parts,
-        `_checked_stack_operands` or `()` without frame stacks)."""
+        """`add`'s device work: (state without the version bump, write parts, `_checked_stack_operands` or `()`)."""
         step, terminated, truncated, final_obs = _validate.trajectory_add(
             self.step_spec, self.trajectory.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
         )
@@ -253,8 +243,7 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     @_compiled.method()
     def _add_ids(self, step, terminated, truncated, final_obs):
-        """The device half of an add of checked `[E, t]` inputs (compressed leaves not read): (state without the
-        version bump, `chunk_frames`' (slots, valid, bases))."""
+        """The ids of an add of checked `[E, t]` inputs: (state without the version bump, (slots, valid, bases))."""
         key, n = self.trajectory.obs_key, len(self.leaves)
         c = self._chunk_frames(jnp, terminated, truncated, (self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head))
         finals = None if truncated is None else _common.replace_leaves(final_obs, self.leaf_index, [c.final_ids] * n)
@@ -271,10 +260,10 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     def add_frames_from_host(self, step, frames, terminated, truncated=None, final_obs=None, final_frames=None, *, donate: bool = False):
         """`add_from_host` of a chunk whose compressed leaves come as host frames (for `StagingWriter`): `step` /
-        `final_obs` `[E, t, ...]` with int32 `[E, t, 3]` placeholders for the compressed leaves (not read), `frames` /
-        `final_frames` per compressed leaf `[E, t, *frame_shape]` of its dtype (the newest frames). Same state and
-        errors as `add_from_host` (`frames` and `final_frames` named), raised before anything runs. With `donate` the
-        new state reuses this state's device arrays (O(t) work instead of O(length)): it must not be used again."""
+        `final_obs` `[E, t, ...]` with int32 `[E, t, 3]` placeholders for the compressed leaves, `frames` /
+        `final_frames` per compressed leaf `[E, t, *frame_shape]` (the newest frames); errors as `add_from_host` (and
+        of `frames` / `final_frames`), before anything runs. With `donate` the new state reuses this state's device
+        arrays (O(t) work instead of O(length)): it must not be used again."""
         traj = self.trajectory
         step, terminated, truncated, final_obs = _validate.trajectory_add(
             traj.step_spec, traj.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
@@ -291,10 +280,9 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         return self._add_checked_frames(step, frames, terminated, truncated, final_obs, rows, donate)[0]
 
     def _add_checked_frames(self, step, frames, terminated, truncated, final_obs, final_rows, donate: bool, cursors: tuple | None = None):
-        """`add_frames_from_host` of checked arguments (numpy flags; `final_rows`: per compressed leaf the frames where
-        `truncated & ~terminated`, lane-major). The rows are placed on the host from `cursors` (`(version,
-        frame_head, next_ep_pos, next_key_pos, final_head)` as the last call returned them, or None: read from the
-        device), so nothing waits for the device program. Returns (the new state, its cursors)."""
+        """`add_frames_from_host` of checked arguments (numpy flags; `final_rows`: per leaf the frames where
+        `truncated & ~terminated`), placed from `cursors` (`(version, frame_head, next_ep_pos, next_key_pos,
+        final_head)` as the last call returned them, or None: read from the device). Returns (new state, cursors)."""
         made = _common.check_before_dispatch(self, add=True)
         if cursors is None or cursors[0] + 1 != made:
             cursors = tuple(jax.device_get((self.version, self.frame_head, self.next_ep_pos, self.next_key_pos, self.final_head)))
@@ -315,8 +303,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     def truncate_last_from_host(self, truncated, final_obs, *, donate: bool = False) -> "CompressedTrajectoryBuffer":
         """`jaxbuffers.TrajectoryBuffer.truncate_last` (same arguments), the final frames written to the host store
-        directly; not traceable. The buffer then equals the one where each lane's newest step was added with
-        `truncated=True` and this `final_obs`. With `donate`, as `add_frames_from_host`.
+        directly: as if each lane's newest step was added with `truncated=True` and this `final_obs`. With `donate`, as
+        `add_frames_from_host`.
 
         Raises (before anything is written):
           TypeError / ValueError: as `jaxbuffers.TrajectoryBuffer.truncate_last`; a call under a JAX transformation;
@@ -347,8 +335,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     @_compiled.method()
     def _truncate_ids(self, truncated, final_obs):
-        """The device half of `truncate_last_from_host` (compressed leaves not read): (the new state without the
-        version bump, (store slots `[E]` of the final frames, which of them to write `[E]`))."""
+        """The device half of `truncate_last_from_host`: (state without the version bump, (store slots `[E]` of the
+        final frames, which of them to write `[E]`))."""
         traj = self.trajectory
         e, ring = self.num_envs, self.frame_ring
         lanes, slot = jnp.arange(e, dtype=jnp.int32), (traj.head - 1) % traj.length
@@ -383,10 +371,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
           several. Ids not made by this buffer decode as zeros, like a step never written.
 
         Raises:
-          TypeError: no pytree, a structure other than the stored observation's, or another dtype (float ids
-            included: nothing is cast).
-          ValueError: shapes other than `[*S, *stored shape]` with one `S`; concrete compressed leaves holding
-            different ids.
+          TypeError: no pytree, a structure other than the stored observation's, or another dtype (nothing is cast).
+          ValueError: shapes other than `[*S, *stored shape]` with one `S`; concrete compressed leaves, different ids.
         """
         if not obs:
             raise TypeError("obs: expected at least one observation pytree (compressed leaves int32 [*S, 3])")
@@ -431,9 +417,8 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     @_common.checked_before_dispatch()
     @_compiled.method()
     def decode(self, sample, *, rows=None):
-        """The observations of a sample of the inner buffer (`buf.buffer`, whose compressed leaves hold ids) decoded:
-        `buf.decode(buf.buffer.sample_transitions(key, B, ...))` equals `buf.sample_transitions(key, B, ...)`, and
-        likewise for sequences.
+        """A sample of the inner buffer (`buf.buffer`, compressed leaves holding ids) with its observations decoded:
+        `buf.decode(buf.buffer.sample_transitions(key, B, ...))` equals `buf.sample_transitions(key, B, ...)`.
 
         Args:
           sample: a `TransitionSample` or `SequenceSample` (prioritised variants for the prioritised buffer) of

@@ -1,8 +1,6 @@
-"""Where a chunk added to a `jaxbuffers.compressed.CompressedTrajectoryBuffer` puts its frames: `chunk_frames`.
-
-Written once over an array namespace: `jax.numpy` inside the add's program, `numpy` on the host, where a
-`jaxbuffers.compressed.StagingWriter` flush places the rows it writes without waiting for the device program; both
-give the same int32 integers. The layout: `docs/api/compressed.md`, "Frame stacks and temporal coding".
+"""Where a chunk added to a `jaxbuffers.compressed.CompressedTrajectoryBuffer` puts its frames: `chunk_frames`, over
+`jax.numpy` in the add's program or `numpy` on the host (a `StagingWriter` flush), the same int32 integers either way
+(`docs/api/compressed.md`, "Frame stacks and temporal coding").
 """
 
 from __future__ import annotations
@@ -34,14 +32,10 @@ class ChunkFrames(NamedTuple):
 
 def chunk_frames(xp, terminated, truncated, frame_head, next_ep_pos, next_key_pos, final_head, *, ring: int,
                  frame_stack: int, keyframe_interval: int, final_capacity: int) -> ChunkFrames:
-    """Frame placement of a checked chunk: ``terminated`` / ``truncated`` (None: not given) bool ``[E, t]``, the
-    state's cursors before it; ``ring``, ``frame_stack``, ``keyframe_interval``, ``final_capacity`` its static sizes.
-
-    Lane ``e``'s frames go to store slots ``e * ring + pos`` in order; ``ep_pos`` counts the steps since the episode
-    start (a step starts one when the previous step of its lane terminated or truncated), clipped to
-    ``frame_stack - 1``; a frame is a keyframe (base -1) at each episode start and every ``keyframe_interval`` frames
-    after it, else a delta against the frame one step back; final frames (keyframes) follow at
-    ``E * ring + e * final_capacity + j`` (`jaxbuffers._ring.final_slots`).
+    """Frame placement of a checked chunk: `terminated` / `truncated` (None: not given) bool `[E, t]`, the state's
+    cursors before it, its static sizes. Lane `e`'s frames go to store slots `e * ring + pos` in order, each a
+    keyframe (base -1) at an episode start and every `keyframe_interval` frames after it, else a delta against the
+    frame one step back; final frames (keyframes) follow at `E * ring + e * final_capacity + j`.
     """
     e, t = terminated.shape
     k, kk, i32 = frame_stack, keyframe_interval, xp.int32
@@ -51,8 +45,7 @@ def chunk_frames(xp, terminated, truncated, frame_head, next_ep_pos, next_key_po
     newest = lane * ring + pos[None, :]  # [E, t] store slots of this chunk's frames
     prev = lane * ring + ((pos - 1) % ring)[None, :]
     ends = terminated if truncated is None else terminated | truncated
-    # Step j starts an episode iff step j - 1 ended one (or, for j = 0, the previous chunk's last step did: the
-    # carried position is 0).
+    # step j starts an episode iff step j - 1 ended one (j = 0: the previous chunk's, carried in next_ep_pos)
     marks = xp.where(ends, j[None, :], -1)
     last_end = jax.lax.cummax(marks, axis=1) if xp is jnp else np.maximum.accumulate(marks, axis=1)
     before = xp.concatenate([xp.full((e, 1), -1, i32), last_end[:, :-1]], axis=1)

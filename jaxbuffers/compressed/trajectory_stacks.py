@@ -1,7 +1,6 @@
 """The frame-stack check of `jaxbuffers.compressed.CompressedTrajectoryBuffer` (`docs/api/compressed.md`, "Which
-stacks"): the rule of `jaxbuffers._validate.unrebuilt_trajectory_stacks` applied on the host to an add, by its write
-callback before it writes (`jaxbuffers.compressed._common.write`'s `refuse`), against the stacks the store rebuilds
-from the frames its last write kept (`HostStores.read_recent`).
+stacks"): `jaxbuffers._validate.unrebuilt_trajectory_stacks` run on the host by an add's write callback before it
+writes, against the stacks the store rebuilds from the frames its last write kept (`HostStores.read_recent`).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from jaxbuffers.compressed import _common
 
 
 class StackChecked:
-    """Base of `CompressedTrajectoryBuffer` holding its frame-stack check (module doc); reads the buffer's fields."""
+    """Base of `CompressedTrajectoryBuffer` holding its frame-stack check (module doc)."""
 
     @property
     def _stacked(self) -> bool:
@@ -28,9 +27,7 @@ class StackChecked:
 
     def check_stacks(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> None:
         """Raise the error `add` raises for frame stacks it cannot store (`docs/api/compressed.md`, "Which stacks"),
-        without adding.
-
-        Args: as `add` (checked as `add` checks them).
+        without adding; arguments as `add`'s.
 
         Raises:
           ValueError: a stack that is not the one the buffer rebuilds (named by leaf, env and step); and `add`'s
@@ -45,15 +42,14 @@ class StackChecked:
 
     @_compiled.method()
     def _stack_operands(self, step, terminated, truncated, final_obs) -> tuple:
-        """`_checked_stack_operands` of `add`'s arguments, checked as `add` checks them (`check_stacks`)."""
+        """`_checked_stack_operands` of `add`'s arguments, checked as `add` checks them."""
         return self._checked_stack_operands(*_validate.trajectory_add(
             self.step_spec, self.trajectory.obs_key, self.num_envs, self.length, step, terminated, truncated, final_obs
         ))
 
     def _checked_stack_operands(self, step, terminated, truncated, final_obs) -> tuple:
-        """The operands of `_stack_refusal` for an add of checked `[E, t]` inputs: `_tail_operands`, the add's episode
-        ends bool `[E, t]`, each compressed leaf's stacks, and with `truncated` its final observations and where they
-        are read (`truncated & ~terminated`)."""
+        """`_stack_refusal`'s operands for an add of checked `[E, t]` inputs: `_tail_operands`, the episode ends bool
+        `[E, t]`, each leaf's stacks, and with `truncated` its final observations and `truncated & ~terminated`."""
         ends = terminated if truncated is None else terminated | truncated
         stacks = _common.pick_leaves(step[self.trajectory.obs_key], self.leaf_index)
         finals = [] if truncated is None else [*_common.pick_leaves(final_obs, self.leaf_index), truncated & ~terminated]
@@ -79,27 +75,23 @@ class StackChecked:
             for b, i in zip(self.host.read_recent(*ops[:n], fids), self.leaves)
         ], first
 
-    def _last_ids(self) -> tuple:
-        """`_frame_ids` of each lane's last step, back to its episode start (none where the next step starts one)."""
-        e, ring = self.num_envs, self.frame_ring
-        lane = jnp.arange(e, dtype=jnp.int32) * ring
-        going = self.next_ep_pos > 0  # the lane's previous step is in the episode its next step continues
-        ids = jnp.stack([jnp.where(going, lane + (self.frame_head - 1) % ring, -1), jnp.where(going, lane + (self.frame_head - 2) % ring, -1),
-                         jnp.maximum(self.next_ep_pos - 1, 0)], axis=-1).astype(jnp.int32)
-        return self._frame_ids(ids)
-
     @_compiled.method()
     def _tail_operands(self) -> tuple:
-        """The operands of `lane_tails`: the store's leading operands (a sharded store's shard) and the version, the
-        slots of each lane's last frames int32 `[E, k]` (`_last_ids`) and their zero-pad mask (a scalar when there is
-        none), and whether each lane's next step starts an episode bool `[E]`."""
-        fids, pad = self._last_ids()
+        """The operands of `lane_tails`: the store's leading operands and the version, the slots of each lane's last
+        frames back to its episode start int32 `[E, k]` (none where the next step starts one) and their zero-pad mask
+        (a scalar when there is none), and whether each lane's next step starts an episode bool `[E]`."""
+        ring, going = self.frame_ring, self.next_ep_pos > 0  # going: the next step continues the last step's episode
+        lane = jnp.arange(self.num_envs, dtype=jnp.int32) * ring
+        ids = jnp.stack([jnp.where(going, lane + (self.frame_head - 1) % ring, -1),
+                         jnp.where(going, lane + (self.frame_head - 2) % ring, -1),
+                         jnp.maximum(self.next_ep_pos - 1, 0)], axis=-1).astype(jnp.int32)
+        fids, pad = self._frame_ids(ids)
         return (*self.host.operands(), self.version, fids, jnp.zeros(()) if pad is None else pad, self.next_ep_pos == 0)
 
     def lane_tails(self) -> tuple:
         """`(stacks, starts)`, numpy: per compressed leaf `[num_envs, *shape]` the stack the store rebuilds for each
-        lane's last step (zeros where the next step starts an episode; no leaves without frame stacks), and bool
-        `[num_envs]`, whether each lane's next step starts an episode: what `stack_error` compares with.
+        lane's last step (zeros where the next step starts an episode; none without frame stacks), and bool
+        `[num_envs]`, whether each lane's next step starts an episode.
 
         Raises:
           StaleBufferError: the store moved past this state (read on the host, `HostStores.read_recent`).
@@ -107,7 +99,7 @@ class StackChecked:
         return self._tails(jax.device_get(self._tail_operands()))
 
     def stack_error(self, stacks, befores, starts, finals=None, boot=None) -> ValueError | None:
-        """The error `add` raises for these frame stacks, or None, computed on the host in numpy (nothing dispatched).
+        """The error `add` raises for these frame stacks, or None, computed on the host in numpy.
 
         Args:
           stacks: per compressed leaf, numpy `[num_envs, t, *shape]`, the stacks of a chunk of steps.
@@ -120,7 +112,7 @@ class StackChecked:
         return self._stack_error_of(stacks, befores, starts, finals, boot)
 
     def _stack_error_of(self, stacks, befores, starts, finals=None, boot=None) -> ValueError | None:
-        """`stack_error` without its one-member check, for a `StagingWriter` (which checks that once)."""
+        """`stack_error` without its one-member check (a `StagingWriter` checks that once)."""
         bad = [
             _validate.unrebuilt_trajectory_stacks(x, b, starts, None if finals is None else f, boot, stack_axis=i.stack_axis, padding=self.padding)
             for x, b, f, i in zip(stacks, befores, finals or [None] * len(stacks), self.leaves)
@@ -128,9 +120,8 @@ class StackChecked:
         return self._stack_error(np.stack(bad)) if any(np.count_nonzero(b) for b in bad) else None
 
     def _step_follows(self, stacks, befores, starts) -> bool:
-        """Whether one step's stacks (per compressed leaf numpy `[num_envs, *shape]`) pass `stack_error` after
-        ``befores`` (as there), ``starts`` bool `[num_envs]`: its rule (`jaxbuffers._validate.host_stack_breaks`)
-        stack by stack, no array made (a `StagingWriter` checks each step so)."""
+        """Whether one step's stacks (per leaf numpy `[num_envs, *shape]`) pass `stack_error` after `befores` given
+        `starts` bool `[num_envs]`, stack by stack (`jaxbuffers._validate.host_stack_breaks`), for a `StagingWriter`."""
         starts = np.asarray(starts).tolist()
         for x, before, i in zip(stacks, befores, self.leaves):
             if i.stack_axis:  # the k axis after the env axis (views)
@@ -142,8 +133,7 @@ class StackChecked:
 
     def final_error(self, befores, finals, boot) -> ValueError | None:
         """The error `add` raises for final observations that are not their step's stack shifted by one frame, or
-        None, on the host: `befores` / `finals` per compressed leaf numpy `[num_envs, *shape]` (the steps' stacks and
-        their final observations), compared where `boot` (bool `[num_envs]`)."""
+        None: `befores` / `finals` per leaf numpy `[num_envs, *shape]`, compared where `boot` (bool `[num_envs]`)."""
         e = len(boot)
         bad = [
             _validate.unrebuilt_trajectory_stacks(b[:, None], b, np.ones((e, 1), bool), f[:, None], np.asarray(boot)[:, None],
@@ -154,8 +144,8 @@ class StackChecked:
 
     def _recent_rows(self, m: int, finals: bool) -> tuple[np.ndarray, int] | None:
         """`HostStores.write`'s `recent` for an add writing `m` rows (`[E, t]` steps, then as many final frames when
-        `finals`): each lane's last `k - 1` frames, which the next add's stack check reads, and a cap of `2 E (k - 1)`
-        frames (every lane's last `k - 1` for chunks of any length). None without frame stacks."""
+        `finals`): each lane's last `k - 1` frames (the next add's stack check reads them), capped at `2 E (k - 1)`
+        frames. None without frame stacks."""
         if not self._stacked:
             return None
         k, e = self.frame_stack, self.num_envs
@@ -165,8 +155,7 @@ class StackChecked:
         return rows.reshape(-1), 2 * e * (k - 1)
 
     def _stack_error(self, bad: np.ndarray) -> ValueError | None:
-        """`jaxbuffers._validate.unrebuilt_trajectory_stack_error` of the rule's result (bool `[leaves, 2, E, t]`),
-        naming the leaves as the add's arguments."""
+        """`_validate.unrebuilt_trajectory_stack_error` of bool `[leaves, 2, E, t]`, leaves named as `add`'s."""
         obs = f"[{self.trajectory.obs_key!r}]"
         names = [(f"step{i.name[len('example_step'):]}", f"final_obs{i.name[len('example_step' + obs):]}") for i in self.leaves]
         return _validate.unrebuilt_trajectory_stack_error(bad, names)
