@@ -148,7 +148,8 @@ class Snapshots:
             payload = payload if payload.ndim == 1 else payload.reshape(-1)
         size = int(payload.nbytes)
         live = np.flatnonzero(arrays["chunk"] >= 0)
-        live = live[np.argsort(arrays["offset"][live], kind="stable")]
+        # by offset, an empty payload before the one starting where it does (the order `export` packs them in)
+        live = live[np.lexsort((arrays["length"][live] > 0, arrays["offset"][live]))]
         off, length = arrays["offset"][live].astype(np.int64), arrays["length"][live].astype(np.int64)
         ends = off + ceil_align(length)
         if (ends[-1] if live.size else 0) != size or (live.size and (off[0] != 0 or np.any(off[1:] != ends[:-1]))):

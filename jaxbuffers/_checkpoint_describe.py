@@ -430,8 +430,8 @@ def _check_meta_defaults(target: Any, loaded: list, root: Path, stacked: bool = 
 def _checked_cursors(buffer: Any, root: Path, values: Callable[[Any], Any] = np.asarray) -> Any:
     """`buffer`, read from the checkpoint in `root`, once the cursors of the ring that holds its items (the one its
     metrics count: `_metrics_in` followed down) pass the range checks of `jaxbuffers.ReplayBuffer.with_cursors`
-    (`jaxbuffers._ring.checked_cursors`), on every member of a stacked buffer. Buffers without a ring (rollouts) pass.
-    `values` reads a cursor array (with several processes: the rows this process holds).
+    (`jaxbuffers._ring.checked_cursors`), on every member of a stacked buffer; a rollout's `step_index` in
+    `[0, num_steps]`. `values` reads a cursor array (with several processes: the rows this process holds).
 
     Raises:
       CheckpointError: a cursor out of range, naming its leaf, the range and the value.
@@ -439,12 +439,15 @@ def _checked_cursors(buffer: Any, root: Path, values: Callable[[Any], Any] = np.
     owner, prefix = buffer, ""
     while getattr(owner, "_metrics_in", None) is not None:
         owner, prefix = getattr(owner, owner._metrics_in), f"{prefix}{owner._metrics_in}."
-    if not hasattr(owner, "_metrics_ring"):
-        return buffer
-    _, added, head, num_valid, ring, _ = owner._metrics_ring()
-    added, head, num_valid = values(added), values(head), values(num_valid)
     try:
-        _ring.checked_cursors(ring, np.shape(head), prefix, head=head, num_valid=num_valid, added=added)
+        if isinstance(owner, (RolloutBuffer, CompressedRolloutBuffer)):
+            rollout, prefix = (owner.buffer, "buffer.") if isinstance(owner, CompressedRolloutBuffer) else (owner, "")
+            at = values(rollout.step_index)
+            _validate.integer_value(prefix + "step_index", at, np.shape(at), 0, rollout.num_steps)
+        elif hasattr(owner, "_metrics_ring"):
+            _, added, head, num_valid, ring, _ = owner._metrics_ring()
+            added, head, num_valid = values(added), values(head), values(num_valid)
+            _ring.checked_cursors(ring, np.shape(head), prefix, head=head, num_valid=num_valid, added=added)
     except ValueError as e:
         raise CheckpointError(f"{root}: array {e}") from None
     return buffer

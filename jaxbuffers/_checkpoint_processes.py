@@ -341,7 +341,10 @@ def restore(root: Path, target: Any, checked, read, host_args, load_host, upgrad
 
 def _local(x: Any) -> np.ndarray:
     """The rows of a stacked leaf this process holds, stacked in shard order (a host value as it is)."""
-    return np.stack([r for _, r in sorted(_local_rows(x).items())]) if isinstance(x, jax.Array) else np.asarray(x)
+    if not isinstance(x, jax.Array):
+        return np.asarray(x)
+    rows = [r for _, r in sorted(_local_rows(x).items())]
+    return np.stack(rows) if rows else np.zeros((0, *x.shape[1:]), x.dtype)  # a process holding no rows
 
 
 def _everywhere(check: Callable[[], Any]) -> None:

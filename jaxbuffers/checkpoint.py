@@ -86,7 +86,7 @@ from host_codecs import num_threads
 from jaxbuffers import _background, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
-    _check_meta_defaults, _checked_cursors, _nbytes, _sharded, _template, _upgraded, _upgraded_state,
+    TREE_ORDER, _check_meta_defaults, _checked_cursors, _nbytes, _sharded, _template, _upgraded, _upgraded_state,
 )
 from jaxbuffers._checkpoint_snapshot import Snapshot as _Snapshot, snapshot as _snapshot, store_snapshot as _store_snapshot
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _fsync, _hash_file: used by jaxbuffers.disk
@@ -254,6 +254,9 @@ def _described(root: Path, target: Any, sharding: Any) -> tuple[dict, list, Any,
     meta = _read_json(root / "buffer.json", "buffer description")
     if target is not None:
         _entry(target, "target")  # TypeError for a target that is not a buffer
+    if meta.get("tree_order", TREE_ORDER) != TREE_ORDER:  # absent: the earlier order, rebuilt by `_upgraded_state`
+        raise CheckpointError(f"{root / 'buffer.json'}: tree_order {meta['tree_order']!r} is not a leaf order this "
+                              f"version reads ({TREE_ORDER!r}, or absent for the earlier lane order)")
     try:
         abstract, concrete = _template(meta, target, root)
     except CheckpointError:

@@ -647,7 +647,11 @@ _STACKED = jax.vmap(lambda _: jb.ReplayBuffer.create(ITEM, capacity=8))(jnp.aran
     (jb.EpisodeBuffer.create(STEP, max_episodes=3, max_timesteps=4), ".num_valid", -1, "num_valid: expected a value in [0, 3], got -1"),
     (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".buffer.head", 99,
      f"buffer.head: expected a value in [0, {L - 1}], got 99"),
-], ids=["num_valid", "head", "added", "prioritised", "stacked", "trajectory", "prioritised-trajectory", "episode", "compressed"])
+    (jb.RolloutBuffer.create(ITEM, num_envs=E, num_steps=4), ".step_index", -2, "step_index: expected a value in [0, 4], got -2"),
+    (jb.CompressedRolloutBuffer.create(PIXELS, num_envs=E, num_steps=4), ".buffer.step_index", 5,
+     "buffer.step_index: expected a value in [0, 4], got 5"),
+], ids=["num_valid", "head", "added", "prioritised", "stacked", "trajectory", "prioritised-trajectory", "episode", "compressed",
+        "rollout", "compressed-rollout"])
 def test_cursors_out_of_range_are_refused_naming_the_leaf(buffer, path, value, says, tmp_path):
     """A checkpoint whose ring cursor was edited (manifest rewritten to match) is refused as `with_cursors` refuses
     the value, naming the leaf: a capacity-8 buffer came back with `size() == 100`, or with `head == -3`."""
@@ -658,7 +662,8 @@ def test_cursors_out_of_range_are_refused_naming_the_leaf(buffer, path, value, s
     with pytest.raises(jb.CheckpointError, match=re.escape(says)):
         jb.restore(root, buffer)
     _edit_leaf(root, path, lambda v: np.zeros_like(v))  # in range: restored
-    assert int(np.max(jb.restore(root).num_valid)) == 0
+    back = jb.restore(root)
+    assert int(np.max(back.step_index if hasattr(back, "step_index") else back.num_valid)) == 0
 
 
 def test_crafted_pickle_is_never_executed(tmp_path, monkeypatch):
@@ -1189,6 +1194,19 @@ def test_a_prioritised_trajectory_checkpoint_with_its_tree_in_lane_order_restore
             key = jax.random.key(1)
             for a, b in zip(jax.tree.leaves(back.sample_sequences(key, 4, 3)), jax.tree.leaves(buf.sample_sequences(key, 4, 3))):
                 np.testing.assert_array_equal(a, b)
+
+
+def test_an_unknown_tree_order_is_refused_not_read_as_the_lane_order(tmp_path):
+    from jaxbuffers import _checkpoint_files as files
+
+    buf = jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2)
+    jb.save(tmp_path / "c", buf)
+    meta = json.loads((tmp_path / "c" / "buffer.json").read_text())
+    (tmp_path / "c" / "buffer.json").write_text(json.dumps({**meta, "tree_order": "lane * length + slot"}))
+    files._write_manifest(tmp_path / "c", files._Progress(False, ""))
+    for target in (None, buf):
+        with pytest.raises(jb.CheckpointError, match=re.escape("tree_order 'lane * length + slot' is not a leaf order")):
+            jb.restore(tmp_path / "c", target)
 
 
 def test_a_keyframe_interval_1_checkpoint_that_recorded_a_delta_codec_restores(tmp_path):
