@@ -178,9 +178,17 @@ def final_slots(final_head: jax.Array, boot: jax.Array, capacity: int, xp=jnp):
 def write_lanes(storage, rows, slots: jax.Array, keep: jax.Array):
     """Scatter ``rows`` (leaves ``[E, t, ...]``) into ``storage`` (leaves ``[E, K, ...]``) at
     ``storage[e, slots[e, j]]`` where ``keep[e, j]``, dropping the other rows. The pairs written where ``keep`` must
-    be distinct (as `final_slots` gives): dropped rows point past the end, each to its own column."""
+    be distinct (as `final_slots` gives). One scatter into the lanes flattened to ``[E * K, ...]``, its updates a
+    reshape of ``rows`` (no copy of them); dropped rows get distinct negative indices, out of range."""
     e, t = slots.shape
     k = jax.tree.leaves(storage)[0].shape[1]
-    lanes = jnp.broadcast_to(jnp.arange(e, dtype=jnp.int32)[:, None], (e, t))
-    cols = jnp.where(keep, slots, k + jnp.arange(t, dtype=jnp.int32)[None, :])
-    return jax.tree.map(lambda s, x: s.at[lanes, cols].set(x, mode="drop", unique_indices=True), storage, rows)
+    lanes = jnp.arange(e, dtype=jnp.int32)[:, None]
+    flat = jnp.where(keep, lanes * k + slots, -1 - (lanes * t + jnp.arange(t, dtype=jnp.int32))).reshape(-1, 1)
+
+    def put(s, x):
+        dims = jax.lax.ScatterDimensionNumbers(tuple(range(1, s.ndim)), (), (0,))  # one row per index
+        out = jax.lax.scatter(s.reshape(e * k, *s.shape[2:]), flat, x.reshape(e * t, 1, *x.shape[2:]), dims,
+                              unique_indices=True, mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
+        return out.reshape(s.shape)
+
+    return jax.tree.map(put, storage, rows)

@@ -11,7 +11,6 @@ References:
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -65,13 +64,8 @@ class PrioritisedTransitionSample(NamedTuple):
     generations: jax.Array  # shape=[B], dtype=int32
 
 
-def _of_buffer(name: str) -> property:
-    """A read-only property: the wrapped `TrajectoryBuffer`'s attribute `name`."""
-    return property(operator.attrgetter(f"buffer.{name}"), doc=f"`{name}` of the wrapped `TrajectoryBuffer`.")
-
-
 @_validate.one_member_methods
-@forward_fields("buffer", TrajectoryBuffer)  # storage, terminated, truncated, final_obs, head, ...
+@forward_fields("buffer", TrajectoryBuffer)  # storage, ..., head, ..., length, obs_key, ...: read-only
 class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     """A `jaxbuffers.TrajectoryBuffer` whose window starts are sampled in proportion to priority.
 
@@ -172,18 +166,10 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         window = self.window_length if window is None else window
         return self.buffer.valid_starts(indices, window, period=self.period if period is None else period, cross_episodes=cross_episodes)
 
-    step_spec = _of_buffer("step_spec")
-    """`jaxbuffers.TrajectoryBuffer.step_spec`."""
-    length = _of_buffer("length")
-    """Steps kept per lane (static Python int), as `create`'s."""
-    final_obs_capacity = _of_buffer("final_obs_capacity")
-    """Final observations kept per lane (static Python int), as `jaxbuffers.TrajectoryBuffer.create`'s."""
-    obs_key = _of_buffer("obs_key")
-    """Name of the observation field, as `create`'s."""
-    action_key = _of_buffer("action_key")
-    """Name of the action field, as `create`'s."""
-    reward_key = _of_buffer("reward_key")
-    """Name of the reward field, as `create`'s."""
+    @property
+    def step_spec(self) -> Any:
+        """`jaxbuffers.TrajectoryBuffer.step_spec`."""
+        return self.buffer.step_spec
 
     @_compiled.method()
     def final_obs_lost(self) -> jax.Array:

@@ -271,10 +271,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method()
     def truncate_last(self, truncated, final_obs) -> "TrajectoryBuffer":
-        """Mark each lane's newest step truncated after the fact, with its final observation, when its successor
-        turned out not to continue it: afterwards the buffer equals the one where that step was added with
-        `truncated=True` and this `final_obs`. Lanes whose newest step already ended an episode, and an empty buffer,
-        are left as they are.
+        """Mark each lane's newest step truncated after the fact, with its final observation: the buffer then equals
+        the one where that step was added with `truncated=True` and this `final_obs`. Lanes whose newest step already
+        ended an episode, and an empty buffer, are unchanged.
 
         Args:
           truncated: bool `[num_envs]`, the lanes to truncate.
@@ -288,14 +287,14 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         lead = _validate.check_batch(self.step_spec[self.obs_key], final_obs, 1, "final_obs")
         if lead[0] != self.num_envs:
             raise ValueError(f"final_obs: expected leading axis num_envs={self.num_envs}, got {lead[0]}")
-        lanes, slot = jnp.arange(self.num_envs), (self.head - 1) % self.length
-        ended = self.terminated[lanes, slot] | self.truncated[lanes, slot]
+        slot = (self.head - 1) % self.length  # each lane's newest step
+        ended = self.terminated[:, slot] | self.truncated[:, slot]
         boot = (jnp.asarray(truncated) & ~ended & (self.num_valid > 0))[:, None]
         fslot, keep, final_head = _ring.final_slots(self.final_head, boot, self.final_obs_capacity)
         store = _ring.write_lanes(self.final_obs, jax.tree.map(lambda x: jnp.asarray(x)[:, None], final_obs), fslot, keep)
         return self.replace(
-            truncated=self.truncated.at[lanes, slot].set(self.truncated[lanes, slot] | boot[:, 0]),
-            final_slot=self.final_slot.at[lanes, slot].set(jnp.where(boot[:, 0], fslot[:, 0], self.final_slot[lanes, slot])),
+            truncated=self.truncated.at[:, slot].set(self.truncated[:, slot] | boot[:, 0]),
+            final_slot=self.final_slot.at[:, slot].set(jnp.where(boot[:, 0], fslot[:, 0], self.final_slot[:, slot])),
             final_obs=store, final_head=final_head,
         )
 
@@ -303,14 +302,10 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     def final_obs_lost(self) -> jax.Array:
         """Whether some stored truncated step's final observation was overwritten (bool scalar).
 
-        Exact: a final observation survives iff fewer than $K$ truncated (and not terminated) steps came after its
-        step in its lane. Only the steps stored now count (False again once those are overwritten). Costs
-        `O(num_envs * length)`: a diagnostic.
+        Exact: a final observation survives iff fewer than $K$ truncated (not terminated) steps followed its step in
+        its lane; only the steps stored now count. `O(num_envs * length)`: a diagnostic.
         """
-        n = self.length
-        logical = jnp.arange(n, dtype=jnp.int32)
-        phys = _ring.logical_to_physical(logical, self.head, self.num_valid, n)
-        needs = (self.truncated & ~self.terminated)[:, phys] & (logical < self.num_valid)
+        needs = self._logical_order(self.truncated & ~self.terminated) & (jnp.arange(self.length) < self.num_valid)
         c = needs.astype(jnp.int32)
         later = jnp.sum(c, axis=1, keepdims=True) - jnp.cumsum(c, axis=1)  # ring writes after each step
         return jnp.any(needs & (later >= self.final_obs_capacity))
@@ -343,11 +338,14 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         starts = _ring.window_starts(flat % per_lane, self.head, self.num_valid, self.length, period, first)
         return flat // per_lane, starts
 
+    def _logical_order(self, x: jax.Array) -> jax.Array:
+        """`x` `[num_envs, length]` with its columns in logical order (the oldest stored step first)."""
+        n = self.length
+        return x[:, _ring.logical_to_physical(jnp.arange(n, dtype=jnp.int32), self.head, self.num_valid, n)]
+
     def _ends_before(self) -> jax.Array:
         """int32 `[num_envs, length + 1]`: `c[lane, l]` counts the episode ends in logical steps `[0, l)`."""
-        n = self.length
-        phys = _ring.logical_to_physical(jnp.arange(n, dtype=jnp.int32), self.head, self.num_valid, n)
-        ends = (self.terminated | self.truncated)[:, phys].astype(jnp.int32)  # logical order
+        ends = self._logical_order(self.terminated | self.truncated).astype(jnp.int32)
         return jnp.concatenate([jnp.zeros((self.num_envs, 1), jnp.int32), jnp.cumsum(ends, axis=1)], axis=1)
 
     def _episode_window_counts(self, window: int, period: int) -> jax.Array:
@@ -368,8 +366,12 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         w = self.length - window + 1
         return pos // w, _ring.logical_to_physical(pos % w, self.head, self.num_valid, self.length)
 
+    def _windows(self, lanes, starts, window: int) -> jax.Array:
+        """Flat positions int32 `[B, window]` of the windows starting at physical `starts` of `lanes`."""
+        return lanes[:, None] * self.length + _ring.window_slots(starts, window, self.length)
+
     def _sequences(self, lanes, starts, sequence_length: int) -> SequenceSample:
-        flat = lanes[:, None] * self.length + _ring.window_slots(starts, sequence_length, self.length)  # [B, L]
+        flat = self._windows(lanes, starts, sequence_length)
         return SequenceSample(
             item=jax.tree.map(lambda x: _flat_take(x, flat), self.storage),
             terminated=_flat_take(self.terminated, flat), truncated=_flat_take(self.truncated, flat),
@@ -383,7 +385,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         return jax.tree.map(lambda f: _flat_take(f, fslot), self.final_obs), real
 
     def _transitions(self, lanes, starts, n_step: int, gamma) -> TransitionSample:
-        flat = lanes[:, None] * self.length + _ring.window_slots(starts, n_step + 1, self.length)  # [B, n + 1]
+        flat = self._windows(lanes, starts, n_step + 1)
         fw = flat[:, :n_step]
         term = _flat_take(self.terminated, fw)
         ret, discount, k = n_step_window(_flat_take(self.storage[self.reward_key], fw), term, _flat_take(self.truncated, fw), gamma)
@@ -472,8 +474,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         Returns:
           bool[B]; False for indices outside `[0, num_envs * length)`.
         """
-        window = _validate.static_int("window", window)
-        period = _validate.static_int("period", period)
+        window, period = _validate.static_int("window", window), _validate.static_int("period", period)
         lanes, slots = self._split_indices(indices)
         wide = _validate.int32_indices(indices)  # saturated: out of range stays out
         in_range = (wide >= 0) & (wide < self.num_envs * self.length)
@@ -505,8 +506,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         Arguments and errors as `sequences_at`.
         """
         sequence_length = self._sequence_length(sequence_length)
-        lanes, slots = self._split_indices(indices)
-        final, real = self._final_obs(lanes[:, None] * self.length + _ring.window_slots(slots, sequence_length, self.length))
+        final, real = self._final_obs(self._windows(*self._split_indices(indices), sequence_length))
         return jax.tree.map(lambda x: jnp.where(real.reshape(real.shape + (1,) * (x.ndim - 2)), x, jnp.zeros((), x.dtype)), final)
 
     @_compiled.method("n_step", scalars=_GAMMA)

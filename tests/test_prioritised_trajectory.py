@@ -425,7 +425,7 @@ def test_reads_at_positions_and_static_fields_are_the_wrapped_buffers():
 
 def test_every_method_is_wrapped_and_the_delegating_properties_stay_properties():
     """The class decorator wraps every public method, the delegating ones included (stacked-state check, then host
-    timing under the class's own name); the properties `_of_buffer` builds are properties with a docstring, which no
+    timing under the class's own name); the forwarded properties are properties with a docstring, which no
     decorator wraps (as the uniform buffer's), and read static values also on a stacked state."""
     import inspect
 
