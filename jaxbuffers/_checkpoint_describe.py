@@ -6,6 +6,7 @@ Only JSON and a fixed table of jaxbuffers classes and numeric dtypes are read, s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -208,10 +209,49 @@ def stores_config(host_meta: dict, **values) -> dict:
     return {**host_meta, "shards": [one(m) for m in host_meta["shards"]]} if "shards" in host_meta else one(host_meta)
 
 
-# --- JSON encoding of the example's tree (dicts, lists, tuples, None and arrays only) ---
+# --- JSON encoding of the example's tree: dicts (str or int keys), lists, tuples, None and arrays; any other pytree
+# node (a NamedTuple, a dataclass) as its layout only: its type's name and its children's keys (`SavedNode`) ---
+
+#: a pytree key class -> its kind in buffer.json (a child's key of a `node`: `[kind, name, index or dict key]`)
+_KEY_KINDS = {jax.tree_util.GetAttrKey: "attr", jax.tree_util.DictKey: "key", jax.tree_util.SequenceKey: "index",
+              jax.tree_util.FlattenedIndexKey: "flat"}
+_KEY_FIELDS = {"attr": "name", "key": "key", "index": "idx", "flat": "key"}
+
+
+class SavedNode:
+    """A pytree node of a saved example that buffer.json describes by its layout only (a NamedTuple, a dataclass, any
+    node type but dict, list and tuple): `type_name` (``module.qualname``, never imported) and its children under
+    the same keys, so a buffer read with it (`layout_target`: the command-line tools) has the saved leaf paths."""
+
+    __slots__ = ("type_name", "keys", "children")
+
+    def __init__(self, type_name: str, keys: tuple, children: tuple):
+        self.type_name, self.keys, self.children = type_name, keys, children
+
+    def __getitem__(self, name: Any) -> Any:
+        for (_, k), child in zip(self.keys, self.children):
+            if k == name:
+                return child
+        raise KeyError(name)
+
+    def __repr__(self) -> str:
+        return f"{self.type_name}({', '.join(f'{k}={c!r}' for (_, k), c in zip(self.keys, self.children))})"
+
+
+jax.tree_util.register_pytree_with_keys(
+    SavedNode,
+    lambda n: ([(_key(kind, k), c) for (kind, k), c in zip(n.keys, n.children)], (n.type_name, n.keys)),
+    lambda aux, children: SavedNode(*aux, tuple(children)),
+    lambda n: (n.children, (n.type_name, n.keys)),
+)
+
+
+def _key(kind: str, k: Any) -> Any:
+    return next(c for c, name in _KEY_KINDS.items() if name == kind)(k)
+
 
 def _encode(tree: Any) -> Any:
-    if isinstance(tree, dict) and all(isinstance(k, str) for k in tree):
+    if isinstance(tree, dict) and all(isinstance(k, (str, int)) for k in tree):
         return {"dict": [[k, _encode(v)] for k, v in tree.items()]}
     if type(tree) in (list, tuple):
         return {type(tree).__name__: [_encode(v) for v in tree]}
@@ -219,7 +259,12 @@ def _encode(tree: Any) -> Any:
         return {"none": None}
     if hasattr(tree, "shape") and hasattr(tree, "dtype"):
         return {"array": [list(tree.shape), jnp.dtype(tree.dtype).name]}
-    raise TypeError(f"{type(tree).__name__} nodes are not stored in buffer.json")
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)[0]
+    keys = [(_KEY_KINDS.get(type(p[0])), getattr(p[0], _KEY_FIELDS.get(_KEY_KINDS.get(type(p[0])), ""), None)) for p, _ in flat]
+    if flat and flat[0][1] is tree or any(kind is None or not isinstance(k, (str, int)) for kind, k in keys):
+        raise TypeError(f"{type(tree).__name__} nodes are not stored in buffer.json")
+    name = tree.type_name if isinstance(tree, SavedNode) else f"{type(tree).__module__}.{type(tree).__qualname__}"
+    return {"node": [name, [list(k) for k in keys], [_encode(x) for _, x in flat]]}
 
 
 def _dtype(name: Any, what: str) -> np.dtype:
@@ -229,20 +274,42 @@ def _dtype(name: Any, what: str) -> np.dtype:
     return _DTYPES[name]
 
 
-def _decode(obj: Any, what: str = "config.example") -> Any:
+def _decode(obj: Any, what: str = "config.example", layout: bool = False) -> Any:
+    """The tree `_encode` wrote; a `node` as a `SavedNode` where `layout`, else CheckpointError naming its type."""
     if not isinstance(obj, dict) or len(obj) != 1:
         raise CheckpointError(f"{what}: malformed tree node {obj!r:.80}")
     (kind, v), = obj.items()
     if kind == "dict":
-        return {k: _decode(x, f"{what}[{k!r}]") for k, x in v}
+        return {k: _decode(x, f"{what}[{k!r}]", layout) for k, x in v}
     if kind in ("list", "tuple"):
-        items = [_decode(x, f"{what}[{i}]") for i, x in enumerate(v)]
+        items = [_decode(x, f"{what}[{i}]", layout) for i, x in enumerate(v)]
         return items if kind == "list" else tuple(items)
+    if kind == "node":
+        name, keys, children = _node(v, what)
+        if not layout:
+            raise CheckpointError(
+                f"{what}: a {name} node cannot be rebuilt from buffer.json, which records its layout, not its Python "
+                f"type (restore imports nothing); pass target=, a buffer created like the saved one (the same "
+                f"create call with an example of the same types); the command-line tools read it without")
+        return SavedNode(name, keys, tuple(_decode(x, f"{what}{_key(*k)}", layout) for k, x in zip(keys, children)))
     if kind == "none":
         return None
     if kind == "array":
         return jax.ShapeDtypeStruct(tuple(int(s) for s in v[0]), _dtype(v[1], what))
     raise CheckpointError(f"{what}: unknown tree node kind {kind!r}")
+
+
+def _node(v: Any, what: str) -> tuple[str, tuple, list]:
+    """(type name, keys, encoded children) of a `node` entry, or CheckpointError naming `what`."""
+    try:
+        name, keys, children = v
+        keys = tuple((kind, k) for kind, k in keys)
+    except (TypeError, ValueError):
+        keys = None
+    if (keys is None or not isinstance(name, str) or not isinstance(children, list) or len(children) != len(keys)
+            or any(kind not in _KEY_FIELDS or not isinstance(k, (str, int)) for kind, k in keys)):
+        raise CheckpointError(f"{what}: malformed node {v!r:.80}")
+    return name, keys, children
 
 
 _SPECS = ("meta",)  # config fields besides the example that are trees of array specs (`EpisodeBuffer`'s meta fields)
@@ -315,7 +382,7 @@ def _nbytes(tree: Any) -> int:
     return sum(int(np.prod(np.shape(x))) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-_TREE_KINDS = ("dict", "list", "tuple", "none", "array")
+_TREE_KINDS = ("dict", "list", "tuple", "none", "array", "node")
 _MAX_REPORTED = 5  # differences a message lists before "and N more"
 
 
@@ -340,6 +407,10 @@ def _tree_differences(a: Any, b: Any, where: str, names: tuple[str, str]) -> lis
         return out + ([f"{where}: dtype {da} in {na}, {db} in {nb}"] if da != db else [])
     if ka == "none":
         return []
+    if ka == "node":  # compared by layout: the type's name is not (a class moved to another module is the same)
+        if va[1] != vb[1]:
+            return [f"{where}: children {[k for _, k in va[1]]} in {na}, {[k for _, k in vb[1]]} in {nb}"]
+        return [d for k, x, y in zip(va[1], va[2], vb[2]) for d in _tree_differences(x, y, f"{where}{_key(*k)}", names)]
     if ka in ("list", "tuple"):
         if len(va) != len(vb):
             return [f"{where}: {len(va)} items in {na}, {len(vb)} in {nb}"]
@@ -359,6 +430,8 @@ def _node_text(node: Any, kind: str | None) -> str:
     """An encoded tree node (`_encode`) of kind `kind` in words, for a message."""
     if kind == "array":
         return f"an array of shape {tuple(node['array'][0])} and dtype {node['array'][1]}"
+    if kind == "node":
+        return f"a {node['node'][0]}"
     return {None: f"{node!r:.100}", "none": "None"}.get(kind, f"a {kind}")
 
 
@@ -450,9 +523,20 @@ def _checked_cursors(buffer: Any, root: Path, values: Callable[[Any], Any] = np.
     return buffer
 
 
-def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
+def layout_target(meta: dict, root: Path) -> Any | None:
+    """An abstract buffer to restore the checkpoint described by `meta` (buffer.json, in `root`) into, its example's
+    node types that buffer.json records by layout only (`_encode`) standing as `SavedNode`s (the command-line tools
+    read such a checkpoint with it; nothing is imported); None when it holds none (restore needs no target)."""
+    example = meta.get("config", {}).get("example") if isinstance(meta.get("config"), dict) else None
+    if '"node"' not in json.dumps(example):
+        return None
+    return _template(meta, None, root, layout=True)[0]
+
+
+def _template(meta: dict, target: Any, root: Path, layout: bool = False) -> tuple[Any, Any]:
     """(abstract buffer to restore into, concrete target shardings or None), after checking the target. A sharded
-    compressed buffer (`jaxbuffers.ShardedBuffer`) gets one fresh host store per shard, on the target's mesh axis."""
+    compressed buffer (`jaxbuffers.ShardedBuffer`) gets one fresh host store per shard, on the target's mesh axis.
+    `layout`: the saved example's `node`s as `SavedNode`s (`layout_target`)."""
     name = meta["class"]
     if isinstance(meta.get("config"), dict) and name in _ADDED:  # an older checkpoint: the arguments it predates
         meta = {**meta, "config": {**_ADDED[name], **meta["config"]}}
@@ -462,17 +546,25 @@ def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
         raise CheckpointError(f"{root / 'buffer.json'}: class {name!r} is not a jaxbuffers buffer ({sorted(_CLASSES)})")
     cls, config = _CLASSES[name]
     stack = tuple(int(s) for s in meta["stack_shape"])
+    given = None  # the target's create arguments
     if target is not None:
         tname, _, tconfig, tstack = _entry(target)
-        _check_config(tname, meta, tconfig(_unstacked(target, tstack)), f"{root}")
+        given = tconfig(_unstacked(target, tstack))
+        _check_config(tname, meta, given, f"{root}")
         if tstack != stack:
             raise CheckpointError(f"{root}: stack shape {stack} in the checkpoint, {tstack} in the target")
         if not isinstance(target, _COMPRESSED):  # a compressed buffer gets fresh host stores below
             return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), target), target
     cfg = dict(meta["config"])
-    if cfg.get("example") is None:
-        raise CheckpointError(f"{root}: the example of this {name} is not described in buffer.json; pass target=")
-    example = _decode(cfg.pop("example"), f"{root / 'buffer.json'}: config.example")
+    if given is not None:  # its example has the checkpoint's layout (checked), and its own node types
+        cfg["example"], example = None, given["example"]
+    elif cfg.get("example") is None:
+        raise CheckpointError(
+            f"{root}: the example of this {name} is not described in buffer.json (a pytree node with keys JSON does "
+            f"not hold); pass target=, a {name} created like the saved one (the same create call)")
+    else:
+        example = _decode(cfg["example"], f"{root / 'buffer.json'}: config.example", layout)
+    cfg.pop("example")
     for k in _SPECS:
         if k in cfg:
             cfg[k] = _decode(cfg[k], f"{root / 'buffer.json'}: config.{k}")

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+import typing
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -884,3 +885,23 @@ def test_video_mp4_to_a_name_starting_with_a_dash_and_a_chatty_failing_encoder(s
     monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", lambda: str(chatty))
     code, out, err = run(capsys, "video", saved["CompressedTrajectoryBuffer"], "--episode", 0, "--out", tmp_path / "x.mp4")
     assert code == 2 and "exit status 3" in err and "last words" in err and out == ""
+
+
+class _Step(typing.NamedTuple):
+    obs: jax.Array
+    reward: jax.Array
+
+
+def test_a_checkpoint_of_namedtuple_items_is_read_from_its_recorded_layout(tmp_path, capsys):
+    """buffer.json records a NamedTuple's layout, not its type: the tools read the checkpoint with stand-ins of it
+    (nothing imported), under the saved field names."""
+    buf = jb.ReplayBuffer.create(_Step(jnp.zeros((H, H), jnp.uint8), jnp.float32(0)), capacity=8)
+    buf = buf.add(_Step(jnp.asarray(np.stack([frame(0, t) for t in range(3)])), jnp.arange(3, dtype=jnp.float32)))
+    jb.save(tmp_path / "ck", buf)
+    code, out, err = run(capsys, "inspect", tmp_path / "ck", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["steps_held"] == 3 and {f["field"] for f in s["fields"]} == {"obs", "reward"}
+    assert s["config"]["example"]["type"].endswith("_Step") and s["config"]["example"]["reward"] == "float32[]"
+    code, _, err = run(capsys, "sheet", tmp_path / "ck", "--out", tmp_path / "s.png")
+    assert code == 0 and (tmp_path / "s.png").is_file(), err

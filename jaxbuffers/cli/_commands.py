@@ -56,7 +56,12 @@ def load(path: str | Path, progress: bool | None = None) -> tuple[Any, dict, Pat
         name = meta.get("class") if isinstance(meta, dict) else None
         if name not in SUPPORTED_NAMES:
             raise CliError(f"PATH: {path} holds a checkpoint of a {name!r}; the tools read {', '.join(SUPPORTED_NAMES)}")
-        buffer = disk.open(root, "r") if on_disk else jaxbuffers.restore(root, progress=progress)
+        if on_disk:
+            buffer = disk.open(root, "r")
+        else:  # an example holding NamedTuples or dataclasses reads with stand-ins of their recorded layout
+            from jaxbuffers._checkpoint_describe import layout_target
+
+            buffer = jaxbuffers.restore(root, layout_target(meta, root), progress=progress)
     except (CheckpointError, json.JSONDecodeError, OSError) as e:
         raise CliError(f"PATH: {path} could not be read as a jaxbuffers checkpoint: {e}") from None
     return buffer, meta, root
@@ -113,6 +118,8 @@ def _example(tree: Any) -> Any:
         return [_example(x) for x in v]
     if kind == "array":
         return f"{v[1]}{list(v[0])}"
+    if kind == "node" and isinstance(v, list) and len(v) == 3:  # a NamedTuple, dataclass, ...: its type and children
+        return {"type": v[0], **{str(k[-1]): _example(x) for k, x in zip(v[1], v[2]) if isinstance(k, list)}}
     return None
 
 
