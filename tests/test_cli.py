@@ -834,8 +834,27 @@ def test_bad_fps_and_unwritable_outputs_are_one_error_line(saved, tmp_path, caps
     for argv in (("video", path, "--episode", 0, "--out", tmp_path / "file" / "v.gif"),
                  ("sheet", path, "--out", tmp_path / "file" / "s.png")):
         code, _, err = run(capsys, *argv)
-        assert code == 2 and err.startswith(f"jaxbuffers {argv[0]}: error: --out: cannot write ") and err.count("\n") == 1, err
+        assert err == f"jaxbuffers {argv[0]}: error: --out: the folder {tmp_path / 'file'} is a file, not a folder; create it first (nothing was written)\n", err
     assert (tmp_path / "file").read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("out", ["v.gif", "v.mp4", "png/", "s.png"])
+def test_an_out_in_a_missing_folder_is_refused_naming_it_and_nothing_is_made(saved, tmp_path, capsys, out):
+    """`--out` goes into an existing folder: the commands never make the folders above it (a PNG frame folder
+    itself is made, as before)."""
+    path = saved["CompressedEpisodeBuffer"]
+    cmd = ["sheet", path] if out == "s.png" else ["video", path, "--episode", 0]
+    code, o, err = run(capsys, *cmd, "--out", f"{tmp_path}/no/such/{out}")
+    assert code == 2 and o == "" and err == (f"jaxbuffers {cmd[0]}: error: --out: the folder {tmp_path / 'no' / 'such'} "
+                                             "does not exist; create it first (nothing was written)\n"), err
+    assert not (tmp_path / "no").exists()
+
+
+def test_a_sheet_of_an_empty_buffer_says_only_that_it_holds_no_steps(tmp_path, capsys):
+    jb.save(tmp_path / "ck", jb.ReplayBuffer.create({"obs": jnp.zeros((H, H), jnp.uint8)}, capacity=4))
+    code, _, err = run(capsys, "sheet", tmp_path / "ck", "--out", tmp_path / "s.png")
+    assert code == 2 and err == "jaxbuffers sheet: error: sheet: no frames to show (the buffer holds no steps)\n", err
+    assert not (tmp_path / "s.png").exists()
 
 
 def test_small_frames_are_refused_with_the_rule_and_taken_with_a_stack_axis(capsys, tmp_path):
