@@ -212,10 +212,9 @@ def stores_config(host_meta: dict, **values) -> dict:
 # --- JSON encoding of the example's tree: dicts (str or int keys), lists, tuples, None and arrays; any other pytree
 # node (a NamedTuple, a dataclass) as its layout only: its type's name and its children's keys (`SavedNode`) ---
 
-#: a pytree key class -> its kind in buffer.json (a child's key of a `node`: `[kind, name, index or dict key]`)
-_KEY_KINDS = {jax.tree_util.GetAttrKey: "attr", jax.tree_util.DictKey: "key", jax.tree_util.SequenceKey: "index",
-              jax.tree_util.FlattenedIndexKey: "flat"}
-_KEY_FIELDS = {"attr": "name", "key": "key", "index": "idx", "flat": "key"}
+#: a child's key of a `node` in buffer.json, `[kind, name or index]`: kind -> (pytree key class, its attribute)
+_KEYS = {"attr": (jax.tree_util.GetAttrKey, "name"), "key": (jax.tree_util.DictKey, "key"),
+         "index": (jax.tree_util.SequenceKey, "idx"), "flat": (jax.tree_util.FlattenedIndexKey, "key")}
 
 
 class SavedNode:
@@ -247,7 +246,16 @@ jax.tree_util.register_pytree_with_keys(
 
 
 def _key(kind: str, k: Any) -> Any:
-    return next(c for c, name in _KEY_KINDS.items() if name == kind)(k)
+    """The pytree key of a `node`'s child key `[kind, k]`."""
+    return _KEYS[kind][0](k)
+
+
+def _key_entry(key: Any) -> list | None:
+    """`[kind, name or index]` of a pytree key, or None for a key buffer.json does not hold."""
+    for kind, (cls, attr) in _KEYS.items():
+        if type(key) is cls and type(getattr(key, attr)) in (str, int):
+            return [kind, getattr(key, attr)]
+    return None
 
 
 def _encode(tree: Any) -> Any:
@@ -260,11 +268,11 @@ def _encode(tree: Any) -> Any:
     if hasattr(tree, "shape") and hasattr(tree, "dtype"):
         return {"array": [list(tree.shape), jnp.dtype(tree.dtype).name]}
     flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)[0]
-    keys = [(_KEY_KINDS.get(type(p[0])), getattr(p[0], _KEY_FIELDS.get(_KEY_KINDS.get(type(p[0])), ""), None)) for p, _ in flat]
-    if flat and flat[0][1] is tree or any(kind is None or not isinstance(k, (str, int)) for kind, k in keys):
+    keys = [_key_entry(p[0]) if len(p) == 1 else None for p, _ in flat]  # a leaf other than an array: no key
+    if None in keys:
         raise TypeError(f"{type(tree).__name__} nodes are not stored in buffer.json")
     name = tree.type_name if isinstance(tree, SavedNode) else f"{type(tree).__module__}.{type(tree).__qualname__}"
-    return {"node": [name, [list(k) for k in keys], [_encode(x) for _, x in flat]]}
+    return {"node": [name, keys, [_encode(x) for _, x in flat]]}
 
 
 def _dtype(name: Any, what: str) -> np.dtype:
@@ -307,7 +315,7 @@ def _node(v: Any, what: str) -> tuple[str, tuple, list]:
     except (TypeError, ValueError):
         keys = None
     if (keys is None or not isinstance(name, str) or not isinstance(children, list) or len(children) != len(keys)
-            or any(kind not in _KEY_FIELDS or not isinstance(k, (str, int)) for kind, k in keys)):
+            or any(kind not in _KEYS or type(k) not in (str, int) for kind, k in keys)):
         raise CheckpointError(f"{what}: malformed node {v!r:.80}")
     return name, keys, children
 
@@ -408,9 +416,10 @@ def _tree_differences(a: Any, b: Any, where: str, names: tuple[str, str]) -> lis
     if ka == "none":
         return []
     if ka == "node":  # compared by layout: the type's name is not (a class moved to another module is the same)
-        if va[1] != vb[1]:
-            return [f"{where}: children {[k for _, k in va[1]]} in {na}, {[k for _, k in vb[1]]} in {nb}"]
-        return [d for k, x, y in zip(va[1], va[2], vb[2]) for d in _tree_differences(x, y, f"{where}{_key(*k)}", names)]
+        (_, keys_a, xa), (_, keys_b, xb) = _node(va, where), _node(vb, where)
+        if keys_a != keys_b:
+            return [f"{where}: children {[k for _, k in keys_a]} in {na}, {[k for _, k in keys_b]} in {nb}"]
+        return [d for k, x, y in zip(keys_a, xa, xb) for d in _tree_differences(x, y, f"{where}{_key(*k)}", names)]
     if ka in ("list", "tuple"):
         if len(va) != len(vb):
             return [f"{where}: {len(va)} items in {na}, {len(vb)} in {nb}"]
@@ -431,7 +440,7 @@ def _node_text(node: Any, kind: str | None) -> str:
     if kind == "array":
         return f"an array of shape {tuple(node['array'][0])} and dtype {node['array'][1]}"
     if kind == "node":
-        return f"a {node['node'][0]}"
+        return f"a {node['node'][0] if isinstance(node['node'], list) and node['node'] else 'node'!s:.100}"
     return {None: f"{node!r:.100}", "none": "None"}.get(kind, f"a {kind}")
 
 

@@ -380,6 +380,23 @@ def test_an_example_of_other_node_types_restores_into_a_target_and_without_one_n
         jb.restore(tmp_path / "ck", other)
 
 
+@pytest.mark.parametrize("node", [["m.T", [["import", "os"]], [{"none": None}]], ["m.T", [["attr", "obs"]], []], "m.T"])
+def test_a_crafted_node_is_refused_as_malformed(node, tmp_path):
+    from jaxbuffers._checkpoint_describe import layout_target
+
+    root = tmp_path / "ck"
+    item = _Transition(jnp.zeros(2), jnp.int32(0))
+    jb.save(root, jb.ReplayBuffer.create(item, capacity=4))
+    meta = json.loads((root / "buffer.json").read_text())
+    meta["config"]["example"] = {"node": node}
+    (root / "buffer.json").write_text(json.dumps(meta))
+    ckpt._write_manifest(root, ckpt._Progress(False, ""))
+    for call in (lambda: jb.restore(root), lambda: jb.restore(root, jb.ReplayBuffer.create(item, capacity=4)),
+                 lambda: layout_target(meta, root)):
+        with pytest.raises(jb.CheckpointError, match="malformed node"):
+            call()
+
+
 def test_a_dict_with_int_keys_restores_without_a_target(tmp_path):
     buf = jb.ReplayBuffer.create({0: jnp.zeros(2), 1: {"a": jnp.int32(0)}}, capacity=4)
     buf = buf.add({0: jnp.ones((2, 2)), 1: {"a": jnp.arange(2, dtype=jnp.int32)}})
