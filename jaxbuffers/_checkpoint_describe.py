@@ -6,7 +6,9 @@ Only JSON and a fixed table of jaxbuffers classes and numeric dtypes are read, s
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -535,11 +537,81 @@ def _checked_cursors(buffer: Any, root: Path, values: Callable[[Any], Any] = np.
 def layout_target(meta: dict, root: Path) -> Any | None:
     """An abstract buffer to restore the checkpoint described by `meta` (buffer.json, in `root`) into, its example's
     node types that buffer.json records by layout only (`_encode`) standing as `SavedNode`s (the command-line tools
-    read such a checkpoint with it; nothing is imported); None when it holds none (restore needs no target)."""
-    example = meta.get("config", {}).get("example") if isinstance(meta.get("config"), dict) else None
-    if '"node"' not in json.dumps(example):
+    read such a checkpoint with it; nothing is imported); None when it holds none (restore needs no target). A
+    checkpoint written before layouts were recorded (no example) gets its layout from its leaves (`_leaf_layout`)."""
+    config = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(config, dict) or meta.get("class") not in _CLASSES:
+        return None  # restore names what is wrong
+    example = config.get("example")
+    if example is None:
+        meta = {**meta, "config": {**config, "example": _leaf_layout(meta, root)}}
+    elif '"node"' not in json.dumps(example):
         return None
     return _template(meta, None, root, layout=True)[0]
+
+
+_PROBE = "__layout_probe__"
+_PATH_KEY = re.compile(r"\.(\w+)|\[(-?\d+)\]|\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]")  # .name, [0], ['key']
+
+
+def _leaf_layout(meta: dict, root: Path) -> dict:
+    """The encoded example of a checkpoint whose buffer.json has none, from its recorded leaves: a probe example's
+    leaf in a buffer of the saved class and configuration tells where the example's leaves are and their leading
+    axes; their paths give the nodes' keys (types not recorded). CheckpointError where they do not tell."""
+    refused = _undescribed(root, meta["class"])
+    probe = {_PROBE: jax.ShapeDtypeStruct((3, 5, 7), jnp.float32)}
+    try:
+        abstract, _ = _template({**meta, "config": {**meta["config"], "example": _encode(probe)}}, None, root)
+    except (CheckpointError, TypeError, ValueError, KeyError):
+        raise refused from None
+    at = [(p, x.shape) for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0] if _PROBE in _validate.leaf_name(p)]
+    if not at:
+        raise refused
+    prefix = _validate.leaf_name(at[0][0]).split(f"[{_PROBE!r}]")[0]
+    lead = list(at[0][1][:-3])
+    items = []
+    for leaf in meta.get("leaves") or ():
+        path, shape = str(leaf.get("path")), leaf.get("shape")
+        if path.startswith(prefix) and path[len(prefix): len(prefix) + 1] in (".", "["):
+            keys = _path_keys(path[len(prefix):])
+            if keys is None or not isinstance(shape, list) or shape[: len(lead)] != lead:
+                raise refused
+            items.append((keys, {"array": [shape[len(lead):], leaf.get("dtype")]}))
+    if not items:
+        raise refused
+    return _nested(items)
+
+
+def _path_keys(path: str) -> list | None:
+    """`[kind, name or index]` of each key of a leaf path (`.name`, `[0]`, `['key']`), or None for another path."""
+    keys, at = [], 0
+    while at < len(path):
+        m = _PATH_KEY.match(path, at)
+        if m is None:
+            return None
+        attr, index, quoted = m.groups()
+        keys.append(["attr", attr] if attr is not None else ["index", int(index)] if index is not None
+                    else ["key", ast.literal_eval(quoted)])  # a quoted string literal only
+        at = m.end()
+    return keys
+
+
+def _nested(items: list) -> dict:
+    """The encoded tree of `(keys, encoded leaf)` pairs in leaf order: a `node` per level (type not recorded)."""
+    if len(items) == 1 and not items[0][0]:
+        return items[0][1]
+    children: dict[tuple, list] = {}
+    for keys, leaf in items:
+        if not keys:
+            raise CheckpointError(f"leaves: a leaf and a node at one path {items[0][0]!r:.80}")
+        children.setdefault(tuple(keys[0]), []).append((keys[1:], leaf))
+    return {"node": ["(type not recorded)", [list(k) for k in children], [_nested(v) for v in children.values()]]}
+
+
+def _undescribed(root: Path, name: str) -> CheckpointError:
+    return CheckpointError(f"{root}: the example of this {name} is not described in buffer.json (written before pytree "
+                           f"node layouts were recorded, or a node whose keys JSON does not hold); pass target=, a "
+                           f"{name} created like the saved one (the same create call)")
 
 
 def _template(meta: dict, target: Any, root: Path, layout: bool = False) -> tuple[Any, Any]:
@@ -568,9 +640,7 @@ def _template(meta: dict, target: Any, root: Path, layout: bool = False) -> tupl
     if given is not None:  # its example has the checkpoint's layout (checked), and its own node types
         cfg["example"], example = None, given["example"]
     elif cfg.get("example") is None:
-        raise CheckpointError(
-            f"{root}: the example of this {name} is not described in buffer.json (a pytree node with keys JSON does "
-            f"not hold); pass target=, a {name} created like the saved one (the same create call)")
+        raise _undescribed(root, name)
     else:
         example = _decode(cfg["example"], f"{root / 'buffer.json'}: config.example", layout)
     cfg.pop("example")

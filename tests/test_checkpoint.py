@@ -397,6 +397,30 @@ def test_a_crafted_node_is_refused_as_malformed(node, tmp_path):
             call()
 
 
+@pytest.mark.parametrize("make", [lambda item: jb.ReplayBuffer.create(item, capacity=4),
+                                  lambda item: jb.PrioritisedReplayBuffer.create(item, capacity=4),
+                                  lambda item: jb.RolloutBuffer.create(item, num_envs=2, num_steps=3)], ids=["replay", "prioritised", "rollout"])
+def test_a_checkpoint_without_an_example_is_read_from_its_leaves(make, tmp_path):
+    """A buffer.json whose example is null (written before node layouts were recorded): restore asks for a target,
+    and `layout_target` (the command-line tools) rebuilds the layout from the recorded leaves, under their paths."""
+    from jaxbuffers._checkpoint_describe import layout_target
+
+    root = tmp_path / "ck"
+    item = _Transition(jnp.zeros(2), {"a": (jnp.int32(0), jnp.zeros(3, jnp.uint8))})
+    buf = make(item)
+    jb.save(root, buf)
+    meta = json.loads((root / "buffer.json").read_text())
+    meta["config"]["example"] = None
+    (root / "buffer.json").write_text(json.dumps(meta))
+    ckpt._write_manifest(root, ckpt._Progress(False, ""))
+    with pytest.raises(jb.CheckpointError, match=f"the example of this {type(buf).__name__} is not described.*pass target="):
+        jb.restore(root)
+    got = jb.restore(root, layout_target(meta, root))
+    paths = lambda b: [(jax.tree_util.keystr(p), x.shape, x.dtype) for p, x in jax.tree_util.tree_flatten_with_path(b)[0]]
+    assert paths(got) == paths(buf)
+    assert type(jb.restore(root, make(item))) is type(buf)
+
+
 def test_a_dict_with_int_keys_restores_without_a_target(tmp_path):
     buf = jb.ReplayBuffer.create({0: jnp.zeros(2), 1: {"a": jnp.int32(0)}}, capacity=4)
     buf = buf.add({0: jnp.ones((2, 2)), 1: {"a": jnp.arange(2, dtype=jnp.int32)}})

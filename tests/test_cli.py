@@ -924,3 +924,10 @@ def test_a_checkpoint_of_namedtuple_items_is_read_from_its_recorded_layout(tmp_p
     assert s["config"]["example"]["type"].endswith("_Step") and s["config"]["example"]["reward"] == "float32[]"
     code, _, err = run(capsys, "sheet", tmp_path / "ck", "--out", tmp_path / "s.png")
     assert code == 0 and (tmp_path / "s.png").is_file(), err
+    meta = json.loads((tmp_path / "ck" / "buffer.json").read_text())  # written before layouts were recorded: its leaves
+    (tmp_path / "ck" / "buffer.json").write_text(json.dumps({**meta, "config": {**meta["config"], "example": None}}))
+    from jaxbuffers import checkpoint
+
+    checkpoint._write_manifest(tmp_path / "ck", checkpoint._Progress(False, ""))
+    code, out, err = run(capsys, "inspect", tmp_path / "ck", "--json")
+    assert code == 0 and {f["field"] for f in json.loads(out)["fields"]} == {"obs", "reward"}, err
