@@ -6,6 +6,9 @@ Only JSON and a fixed table of jaxbuffers classes and numeric dtypes are read, s
 
 from __future__ import annotations
 
+import ast
+import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -208,10 +211,57 @@ def stores_config(host_meta: dict, **values) -> dict:
     return {**host_meta, "shards": [one(m) for m in host_meta["shards"]]} if "shards" in host_meta else one(host_meta)
 
 
-# --- JSON encoding of the example's tree (dicts, lists, tuples, None and arrays only) ---
+# --- JSON encoding of the example's tree: dicts (str or int keys), lists, tuples, None and arrays; any other pytree
+# node (a NamedTuple, a dataclass) as its layout only: its type's name and its children's keys (`SavedNode`) ---
+
+#: a child's key of a `node` in buffer.json, `[kind, name or index]`: kind -> (pytree key class, its attribute)
+_KEYS = {"attr": (jax.tree_util.GetAttrKey, "name"), "key": (jax.tree_util.DictKey, "key"),
+         "index": (jax.tree_util.SequenceKey, "idx"), "flat": (jax.tree_util.FlattenedIndexKey, "key")}
+
+
+class SavedNode:
+    """A pytree node of a saved example that buffer.json describes by its layout only (a NamedTuple, a dataclass, any
+    node type but dict, list and tuple): `type_name` (``module.qualname``, never imported) and its children under
+    the same keys, so a buffer read with it (`layout_target`: the command-line tools) has the saved leaf paths."""
+
+    __slots__ = ("type_name", "keys", "children")
+
+    def __init__(self, type_name: str, keys: tuple, children: tuple):
+        self.type_name, self.keys, self.children = type_name, keys, children
+
+    def __getitem__(self, name: Any) -> Any:
+        for (_, k), child in zip(self.keys, self.children):
+            if k == name:
+                return child
+        raise KeyError(name)
+
+    def __repr__(self) -> str:
+        return f"{self.type_name}({', '.join(f'{k}={c!r}' for (_, k), c in zip(self.keys, self.children))})"
+
+
+jax.tree_util.register_pytree_with_keys(
+    SavedNode,
+    lambda n: ([(_key(kind, k), c) for (kind, k), c in zip(n.keys, n.children)], (n.type_name, n.keys)),
+    lambda aux, children: SavedNode(*aux, tuple(children)),
+    lambda n: (n.children, (n.type_name, n.keys)),
+)
+
+
+def _key(kind: str, k: Any) -> Any:
+    """The pytree key of a `node`'s child key `[kind, k]`."""
+    return _KEYS[kind][0](k)
+
+
+def _key_entry(key: Any) -> list | None:
+    """`[kind, name or index]` of a pytree key, or None for a key buffer.json does not hold."""
+    for kind, (cls, attr) in _KEYS.items():
+        if type(key) is cls and type(getattr(key, attr)) in (str, int):
+            return [kind, getattr(key, attr)]
+    return None
+
 
 def _encode(tree: Any) -> Any:
-    if isinstance(tree, dict) and all(isinstance(k, str) for k in tree):
+    if isinstance(tree, dict) and all(isinstance(k, (str, int)) for k in tree):
         return {"dict": [[k, _encode(v)] for k, v in tree.items()]}
     if type(tree) in (list, tuple):
         return {type(tree).__name__: [_encode(v) for v in tree]}
@@ -219,7 +269,12 @@ def _encode(tree: Any) -> Any:
         return {"none": None}
     if hasattr(tree, "shape") and hasattr(tree, "dtype"):
         return {"array": [list(tree.shape), jnp.dtype(tree.dtype).name]}
-    raise TypeError(f"{type(tree).__name__} nodes are not stored in buffer.json")
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)[0]
+    keys = [_key_entry(p[0]) if len(p) == 1 else None for p, _ in flat]  # a leaf other than an array: no key
+    if None in keys:
+        raise TypeError(f"{type(tree).__name__} nodes are not stored in buffer.json")
+    name = tree.type_name if isinstance(tree, SavedNode) else f"{type(tree).__module__}.{type(tree).__qualname__}"
+    return {"node": [name, keys, [_encode(x) for _, x in flat]]}
 
 
 def _dtype(name: Any, what: str) -> np.dtype:
@@ -229,20 +284,42 @@ def _dtype(name: Any, what: str) -> np.dtype:
     return _DTYPES[name]
 
 
-def _decode(obj: Any, what: str = "config.example") -> Any:
+def _decode(obj: Any, what: str = "config.example", layout: bool = False) -> Any:
+    """The tree `_encode` wrote; a `node` as a `SavedNode` where `layout`, else CheckpointError naming its type."""
     if not isinstance(obj, dict) or len(obj) != 1:
         raise CheckpointError(f"{what}: malformed tree node {obj!r:.80}")
     (kind, v), = obj.items()
     if kind == "dict":
-        return {k: _decode(x, f"{what}[{k!r}]") for k, x in v}
+        return {k: _decode(x, f"{what}[{k!r}]", layout) for k, x in v}
     if kind in ("list", "tuple"):
-        items = [_decode(x, f"{what}[{i}]") for i, x in enumerate(v)]
+        items = [_decode(x, f"{what}[{i}]", layout) for i, x in enumerate(v)]
         return items if kind == "list" else tuple(items)
+    if kind == "node":
+        name, keys, children = _node(v, what)
+        if not layout:
+            raise CheckpointError(
+                f"{what}: a {name} node cannot be rebuilt from buffer.json, which records its layout, not its Python "
+                f"type (restore imports nothing); pass target=, a buffer created like the saved one (the same "
+                f"create call with an example of the same types); the command-line tools read it without")
+        return SavedNode(name, keys, tuple(_decode(x, f"{what}{_key(*k)}", layout) for k, x in zip(keys, children)))
     if kind == "none":
         return None
     if kind == "array":
         return jax.ShapeDtypeStruct(tuple(int(s) for s in v[0]), _dtype(v[1], what))
     raise CheckpointError(f"{what}: unknown tree node kind {kind!r}")
+
+
+def _node(v: Any, what: str) -> tuple[str, tuple, list]:
+    """(type name, keys, encoded children) of a `node` entry, or CheckpointError naming `what`."""
+    try:
+        name, keys, children = v
+        keys = tuple((kind, k) for kind, k in keys)
+    except (TypeError, ValueError):
+        keys = None
+    if (keys is None or not isinstance(name, str) or not isinstance(children, list) or len(children) != len(keys)
+            or any(kind not in _KEYS or type(k) not in (str, int) for kind, k in keys)):
+        raise CheckpointError(f"{what}: malformed node {v!r:.80}")
+    return name, keys, children
 
 
 _SPECS = ("meta",)  # config fields besides the example that are trees of array specs (`EpisodeBuffer`'s meta fields)
@@ -315,7 +392,7 @@ def _nbytes(tree: Any) -> int:
     return sum(int(np.prod(np.shape(x))) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-_TREE_KINDS = ("dict", "list", "tuple", "none", "array")
+_TREE_KINDS = ("dict", "list", "tuple", "none", "array", "node")
 _MAX_REPORTED = 5  # differences a message lists before "and N more"
 
 
@@ -340,6 +417,11 @@ def _tree_differences(a: Any, b: Any, where: str, names: tuple[str, str]) -> lis
         return out + ([f"{where}: dtype {da} in {na}, {db} in {nb}"] if da != db else [])
     if ka == "none":
         return []
+    if ka == "node":  # compared by layout: the type's name is not (a class moved to another module is the same)
+        (_, keys_a, xa), (_, keys_b, xb) = _node(va, where), _node(vb, where)
+        if keys_a != keys_b:
+            return [f"{where}: children {[k for _, k in keys_a]} in {na}, {[k for _, k in keys_b]} in {nb}"]
+        return [d for k, x, y in zip(keys_a, xa, xb) for d in _tree_differences(x, y, f"{where}{_key(*k)}", names)]
     if ka in ("list", "tuple"):
         if len(va) != len(vb):
             return [f"{where}: {len(va)} items in {na}, {len(vb)} in {nb}"]
@@ -359,6 +441,8 @@ def _node_text(node: Any, kind: str | None) -> str:
     """An encoded tree node (`_encode`) of kind `kind` in words, for a message."""
     if kind == "array":
         return f"an array of shape {tuple(node['array'][0])} and dtype {node['array'][1]}"
+    if kind == "node":
+        return f"a {node['node'][0] if isinstance(node['node'], list) and node['node'] else 'node'!s:.100}"
     return {None: f"{node!r:.100}", "none": "None"}.get(kind, f"a {kind}")
 
 
@@ -453,9 +537,90 @@ def _checked_cursors(buffer: Any, root: Path, values: Callable[[Any], Any] = np.
     return buffer
 
 
-def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
+def layout_target(meta: dict, root: Path) -> Any | None:
+    """An abstract buffer to restore the checkpoint described by `meta` (buffer.json, in `root`) into, its example's
+    node types that buffer.json records by layout only (`_encode`) standing as `SavedNode`s (the command-line tools
+    read such a checkpoint with it; nothing is imported); None when it holds none (restore needs no target). A
+    checkpoint written before layouts were recorded (no example) gets its layout from its leaves (`_leaf_layout`)."""
+    config = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(config, dict) or meta.get("class") not in _CLASSES:
+        return None  # restore names what is wrong
+    example = config.get("example")
+    if example is None:
+        meta = {**meta, "config": {**config, "example": _leaf_layout(meta, root)}}
+    elif '"node"' not in json.dumps(example):
+        return None
+    return _template(meta, None, root, layout=True)[0]
+
+
+_PROBE = "__layout_probe__"
+_PATH_KEY = re.compile(r"\.(\w+)|\[(-?\d+)\]|\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]")  # .name, [0], ['key']
+
+
+def _leaf_layout(meta: dict, root: Path) -> dict:
+    """The encoded example of a checkpoint whose buffer.json has none, from its recorded leaves: a probe example's
+    leaf in a buffer of the saved class and configuration tells where the example's leaves are and their leading
+    axes; their paths give the nodes' keys (types not recorded). CheckpointError where they do not tell."""
+    refused = _undescribed(root, meta["class"])
+    probe = {_PROBE: jax.ShapeDtypeStruct((3, 5, 7), jnp.float32)}
+    try:
+        abstract, _ = _template({**meta, "config": {**meta["config"], "example": _encode(probe)}}, None, root)
+    except (CheckpointError, TypeError, ValueError, KeyError):
+        raise refused from None
+    at = [(p, x.shape) for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0] if _PROBE in _validate.leaf_name(p)]
+    if not at:
+        raise refused
+    prefix = _validate.leaf_name(at[0][0]).split(f"[{_PROBE!r}]")[0]
+    lead = list(at[0][1][:-3])
+    items = []
+    for leaf in meta.get("leaves") or ():
+        path, shape = str(leaf.get("path")), leaf.get("shape")
+        if path.startswith(prefix) and path[len(prefix): len(prefix) + 1] in (".", "["):
+            keys = _path_keys(path[len(prefix):])
+            if keys is None or not isinstance(shape, list) or shape[: len(lead)] != lead:
+                raise refused
+            items.append((keys, {"array": [shape[len(lead):], leaf.get("dtype")]}))
+    if not items:
+        raise refused
+    return _nested(items)
+
+
+def _path_keys(path: str) -> list | None:
+    """`[kind, name or index]` of each key of a leaf path (`.name`, `[0]`, `['key']`), or None for another path."""
+    keys, at = [], 0
+    while at < len(path):
+        m = _PATH_KEY.match(path, at)
+        if m is None:
+            return None
+        attr, index, quoted = m.groups()
+        keys.append(["attr", attr] if attr is not None else ["index", int(index)] if index is not None
+                    else ["key", ast.literal_eval(quoted)])  # a quoted string literal only
+        at = m.end()
+    return keys
+
+
+def _nested(items: list) -> dict:
+    """The encoded tree of `(keys, encoded leaf)` pairs in leaf order: a `node` per level (type not recorded)."""
+    if len(items) == 1 and not items[0][0]:
+        return items[0][1]
+    children: dict[tuple, list] = {}
+    for keys, leaf in items:
+        if not keys:
+            raise CheckpointError(f"leaves: a leaf and a node at one path {items[0][0]!r:.80}")
+        children.setdefault(tuple(keys[0]), []).append((keys[1:], leaf))
+    return {"node": ["(type not recorded)", [list(k) for k in children], [_nested(v) for v in children.values()]]}
+
+
+def _undescribed(root: Path, name: str) -> CheckpointError:
+    return CheckpointError(f"{root}: the example of this {name} is not described in buffer.json (written before pytree "
+                           f"node layouts were recorded, or a node whose keys JSON does not hold); pass target=, a "
+                           f"{name} created like the saved one (the same create call)")
+
+
+def _template(meta: dict, target: Any, root: Path, layout: bool = False) -> tuple[Any, Any]:
     """(abstract buffer to restore into, concrete target shardings or None), after checking the target. A sharded
-    compressed buffer (`jaxbuffers.ShardedBuffer`) gets one fresh host store per shard, on the target's mesh axis."""
+    compressed buffer (`jaxbuffers.ShardedBuffer`) gets one fresh host store per shard, on the target's mesh axis.
+    `layout`: the saved example's `node`s as `SavedNode`s (`layout_target`)."""
     name = meta["class"]
     if isinstance(meta.get("config"), dict) and name in _ADDED:  # an older checkpoint: the arguments it predates
         meta = {**meta, "config": {**_ADDED[name], **meta["config"]}}
@@ -465,17 +630,23 @@ def _template(meta: dict, target: Any, root: Path) -> tuple[Any, Any]:
         raise CheckpointError(f"{root / 'buffer.json'}: class {name!r} is not a jaxbuffers buffer ({sorted(_CLASSES)})")
     cls, config = _CLASSES[name]
     stack = tuple(int(s) for s in meta["stack_shape"])
+    given = None  # the target's create arguments
     if target is not None:
         tname, _, tconfig, tstack = _entry(target)
-        _check_config(tname, meta, tconfig(_unstacked(target, tstack)), f"{root}")
+        given = tconfig(_unstacked(target, tstack))
+        _check_config(tname, meta, given, f"{root}")
         if tstack != stack:
             raise CheckpointError(f"{root}: stack shape {stack} in the checkpoint, {tstack} in the target")
         if not isinstance(target, _COMPRESSED):  # a compressed buffer gets fresh host stores below
             return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), target), target
     cfg = dict(meta["config"])
-    if cfg.get("example") is None:
-        raise CheckpointError(f"{root}: the example of this {name} is not described in buffer.json; pass target=")
-    example = _decode(cfg.pop("example"), f"{root / 'buffer.json'}: config.example")
+    if given is not None:  # its example has the checkpoint's layout (checked), and its own node types
+        cfg["example"], example = None, given["example"]
+    elif cfg.get("example") is None:
+        raise _undescribed(root, name)
+    else:
+        example = _decode(cfg["example"], f"{root / 'buffer.json'}: config.example", layout)
+    cfg.pop("example")
     for k in _SPECS:
         if k in cfg:
             cfg[k] = _decode(cfg[k], f"{root / 'buffer.json'}: config.{k}")

@@ -16,6 +16,7 @@ from jaxbuffers import _timing, _validate
 
 _INT32 = np.iinfo(np.int32)
 _ARRAY_TYPES: set[type] = set()  # concrete classes of the JAX arrays seen: a set lookup is cheaper than isinstance
+_HELD_TYPES: set[type] = set()  # those of them holding device buffers (not tracers): they can be donated or deleted
 _HOST_INTS: dict[int, tuple[weakref.ref, int]] = {}  # id(array) -> (weak reference to it, its value)
 
 
@@ -50,12 +51,24 @@ def passable(leaf) -> bool:
         return True
     if isinstance(leaf, jax.Array):  # tracers included
         _ARRAY_TYPES.add(type(leaf))
+        if not isinstance(leaf, jax.core.Tracer):
+            _HELD_TYPES.add(type(leaf))
         return True
     if isinstance(leaf, (np.ndarray, np.generic)):
         return leaf.dtype.kind in "biufc" and _validate.jax_holds(leaf.dtype)
     if isinstance(leaf, int):  # bool included
         return _INT32.min <= leaf <= _INT32.max
     return isinstance(leaf, (float, complex))
+
+
+def check_not_deleted(what: str, values: list) -> None:
+    """RuntimeError naming `what` and the argument whose arrays were donated or deleted (`Array.is_deleted`, a host
+    flag: no wait for the device), instead of XLA's error (which depends on whether the program was compiled)."""
+    for v in values:
+        if any(type(x) in _HELD_TYPES and x.is_deleted() for x in jax.tree_util.tree_leaves(v)):
+            given = "an array given was" if isinstance(v, jax.Array) else f"the {type(v).__name__} given holds arrays that were"
+            raise RuntimeError(f"{what}: {given} donated to a jitted call (donate_argnums) or deleted; use what "
+                               f"that call returned")
 
 
 def _retrace_with_python_values(fn: Callable, args: tuple, kwargs: dict) -> None:
@@ -161,7 +174,12 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
                 return fn(*args, **kwargs)  # an unhashable static value: its own check names it
             if not as_given:
                 args, kwargs = [given[i] for i in positions], {k: given[i] for k, i in keywords.items()}
-            if all_passable(jax.tree_util.tree_leaves([given[i] for i in traced_at])):
+            leaves = jax.tree_util.tree_leaves([given[i] for i in traced_at])
+            if all_passable(leaves):
+                for x in leaves:
+                    if type(x) in _HELD_TYPES and x.is_deleted():
+                        name = f"{type(given[0]).__name__}.{fn.__name__}" if is_method and given else fn.__qualname__
+                        check_not_deleted(name, [given[i] for i in traced_at])
                 try:
                     return jitted(*args, **kwargs)
                 except (TypeError, ValueError):

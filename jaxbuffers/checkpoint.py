@@ -8,7 +8,8 @@ Checkpoint format (a folder, format version `FORMAT_VERSION`):
 
 ```
 buffer.json      {"format": "jaxbuffers.checkpoint", "version": 1, "class": "ReplayBuffer",
-                  "config": create's arguments ("example": the example's tree of [shape, dtype]),
+                  "config": create's arguments ("example": the example's tree of [shape, dtype]; a node other
+                  than a dict, list or tuple by its layout: {"node": [type name, child keys, children]}),
                   "stack_shape": leading axes of a stacked (vmapped) buffer,
                   "sharded": {"axis", "num_shards"} of a saved ShardedBuffer (its shards, stacked [S]); absent else,
                   "leaves": [{"path", "shape", "dtype"}, ...] every array of the buffer, in pytree order,

@@ -29,6 +29,7 @@ does the same for episode buffers (episodes, sequences, steps and n-step transit
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -97,7 +98,7 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
         hold the folder's lock until the buffer's `close()`: one writer per folder (module doc).
       buffer: with `"w"`, the empty compressed buffer (no add yet) whose configuration the folder takes; with `"r"` /
         `"r+"`, optionally a buffer (concrete or from `jax.eval_shape`) whose class and configuration the folder
-        must have.
+        must have; its `chunk_bytes` (a tuning of the arena) may differ: the folder's own chunking wins.
 
     Returns:
       The disk-backed buffer: with `"w"` the empty buffer, else the state of the folder's last completed flush, its
@@ -143,10 +144,32 @@ def open(directory: str | os.PathLike, mode: str = "r", buffer: Any = None) -> A
         raise
 
 
+def _with_folder_chunking(buffer: Any, state: Path) -> Any:
+    """`buffer` with host stores of the `chunk_bytes` the folder's state (`state/buffer.json`) was written with, when
+    that is all that differs: the arena chunk size is a tuning, and the folder's chunk files keep their own."""
+    try:
+        saved = json.loads((state / "buffer.json").read_text())["config"]["chunk_bytes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return buffer  # restore names what is wrong with the folder
+    cls, describe = checkpoint._CLASSES.get(type(buffer).__name__, (None, None))
+    if not isinstance(getattr(buffer, "host", None), HostStores) or _validate.member_axes(buffer) or type(saved) is not int:
+        return buffer
+    cfg = describe(buffer)
+    if cfg["chunk_bytes"] == saved:
+        return buffer
+    example, cfg = cfg.pop("example"), {**cfg, "compress": tuple(cfg["compress"]), "chunk_bytes": saved}
+    try:
+        return buffer.replace(host=jax.eval_shape(lambda: cls.create(example, **cfg)).host)
+    except (TypeError, ValueError):  # restore names what differs
+        return buffer
+
+
 def _reopen(d: Path, mode: str, buffer: Any, lock: Any) -> Any:
     """`open` with `"r"` or `"r+"` (the folder's lock held for `"r+"`)."""
     meta = _disk_folder.read_meta(d)
     state = _disk_folder.state_path(d, meta)
+    if buffer is not None:
+        buffer = _with_folder_chunking(buffer, state)
     try:
         restored = checkpoint.restore(state, buffer, progress=False)
     except checkpoint.CheckpointError as e:  # restore's target is this function's buffer

@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -46,7 +47,7 @@ def state(w: RolloutHostWriter) -> dict:
 
 
 W2 = writer()  # two steps added, entries staged: refused adds must leave it exactly so
-FULL = writer(T)  # every row filled: an accepted add would only set `overflowed`
+FULL = writer(T)  # every row filled: an add with good arguments raises BufferFullError
 FIELD = st.sampled_from(sorted(fields()))
 
 
@@ -110,7 +111,7 @@ def test_add_wrong_field(name, bad):
 @SETTINGS
 @given(which=st.sampled_from(["truncated", "final_value"]), full=st.booleans())
 def test_add_truncated_without_final_value(which, full):
-    """Refused, on a full buffer too (which writes nothing but sets `overflowed` when the add is accepted)."""
+    """Refused naming the argument, on a full buffer too (before its BufferFullError)."""
     w = FULL if full else W2
     f = fields()
     del f[which]
@@ -118,9 +119,12 @@ def test_add_truncated_without_final_value(which, full):
 
 
 
-def test_full_buffer_refuses_before_overflowing():
+def test_full_buffer_refuses_bad_arguments_first_then_any_add():
     refused(lambda: FULL.add(step(), **{**fields(), "value": np.zeros(N, np.int32)}), "value", state=lambda: state(FULL))
-    assert not bool(FULL.flush().buffer.overflowed)
+    before = snapshot(state(FULL))
+    with pytest.raises(jb.BufferFullError, match="nothing was written"):
+        FULL.add(step(), **fields())
+    assert snapshot(state(FULL)) == before and not bool(FULL.flush().buffer.overflowed)
 
 
 def test_defaults_and_jax_inputs_give_the_explicit_state():

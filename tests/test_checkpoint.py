@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+import typing
 from pathlib import Path
 
 import jax
@@ -340,6 +341,111 @@ def test_a_nested_example_mismatch_names_the_leaf_and_what_differs(item, says, t
     with pytest.raises(jb.CheckpointError, match=re.escape(f"config 'example' differs at {says}")) as e:
         jb.restore(tmp_path / "ck", jb.ReplayBuffer.create(item, capacity=8))
     assert str(e.value).count("differs") == 1  # the leaves that agree are not listed
+
+
+class _Transition(typing.NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+
+
+def _node_items():
+    """Examples whose node types buffer.json records by layout only, by id."""
+    from flax import struct
+
+    @struct.dataclass
+    class Pair:
+        obs: jax.Array
+        action: jax.Array
+
+    return {"namedtuple": _Transition(jnp.zeros(2), jnp.int32(0)), "dataclass": Pair(jnp.zeros(2), jnp.int32(0)),
+            "nested": {"t": _Transition(jnp.zeros(2), jnp.int32(0))}}
+
+
+@pytest.mark.parametrize("kind", ["namedtuple", "dataclass", "nested"])
+def test_an_example_of_other_node_types_restores_into_a_target_and_without_one_names_the_type(kind, tmp_path):
+    pytest.importorskip("flax")
+    item = _node_items()[kind]
+    batch = jax.tree.map(lambda x: jnp.stack([x + 1, x + 2]), item)
+    buf = jb.ReplayBuffer.create(item, capacity=4).add(batch)
+    jb.save(tmp_path / "ck", buf)
+    name = type(item["t"] if kind == "nested" else item).__qualname__
+    with pytest.raises(jb.CheckpointError, match=rf"config.example.*a {__name__}\.{re.escape(name)} node cannot be rebuilt.*pass target="):
+        jb.restore(tmp_path / "ck")
+    got = jb.restore(tmp_path / "ck", jb.ReplayBuffer.create(item, capacity=4))
+    assert jax.tree.structure(got) == jax.tree.structure(buf)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(buf)):
+        np.testing.assert_array_equal(a, b)
+    other = jb.ReplayBuffer.create(_Transition(jnp.zeros(3), jnp.int32(0)) if kind != "nested" else {"t": (jnp.zeros(2), jnp.int32(0))}, capacity=4)
+    with pytest.raises(jb.CheckpointError, match="config 'example' differs at example"):  # another layout is refused
+        jb.restore(tmp_path / "ck", other)
+
+
+@pytest.mark.parametrize("node", [["m.T", [["import", "os"]], [{"none": None}]], ["m.T", [["attr", "obs"]], []], "m.T"])
+def test_a_crafted_node_is_refused_as_malformed(node, tmp_path):
+    from jaxbuffers._checkpoint_describe import layout_target
+
+    root = tmp_path / "ck"
+    item = _Transition(jnp.zeros(2), jnp.int32(0))
+    jb.save(root, jb.ReplayBuffer.create(item, capacity=4))
+    meta = json.loads((root / "buffer.json").read_text())
+    meta["config"]["example"] = {"node": node}
+    (root / "buffer.json").write_text(json.dumps(meta))
+    ckpt._write_manifest(root, ckpt._Progress(False, ""))
+    for call in (lambda: jb.restore(root), lambda: jb.restore(root, jb.ReplayBuffer.create(item, capacity=4)),
+                 lambda: layout_target(meta, root)):
+        with pytest.raises(jb.CheckpointError, match="malformed node"):
+            call()
+
+
+@pytest.mark.parametrize("make", [lambda item: jb.ReplayBuffer.create(item, capacity=4),
+                                  lambda item: jb.PrioritisedReplayBuffer.create(item, capacity=4),
+                                  lambda item: jb.RolloutBuffer.create(item, num_envs=2, num_steps=3)], ids=["replay", "prioritised", "rollout"])
+def test_a_checkpoint_without_an_example_is_read_from_its_leaves(make, tmp_path):
+    """A buffer.json whose example is null (written before node layouts were recorded): restore asks for a target,
+    and `layout_target` (the command-line tools) rebuilds the layout from the recorded leaves, under their paths."""
+    from jaxbuffers._checkpoint_describe import layout_target
+
+    root = tmp_path / "ck"
+    item = _Transition(jnp.zeros(2), {"a": (jnp.int32(0), jnp.zeros(3, jnp.uint8))})
+    buf = make(item)
+    jb.save(root, buf)
+    meta = json.loads((root / "buffer.json").read_text())
+    meta["config"]["example"] = None
+    (root / "buffer.json").write_text(json.dumps(meta))
+    ckpt._write_manifest(root, ckpt._Progress(False, ""))
+    with pytest.raises(jb.CheckpointError, match=f"the example of this {type(buf).__name__} is not described.*pass target="):
+        jb.restore(root)
+    got = jb.restore(root, layout_target(meta, root))
+    paths = lambda b: [(jax.tree_util.keystr(p), x.shape, x.dtype) for p, x in jax.tree_util.tree_flatten_with_path(b)[0]]
+    assert paths(got) == paths(buf)
+    assert type(jb.restore(root, make(item))) is type(buf)
+
+
+def test_a_dict_with_int_keys_restores_without_a_target(tmp_path):
+    buf = jb.ReplayBuffer.create({0: jnp.zeros(2), 1: {"a": jnp.int32(0)}}, capacity=4)
+    buf = buf.add({0: jnp.ones((2, 2)), 1: {"a": jnp.arange(2, dtype=jnp.int32)}})
+    jb.save(tmp_path / "ck", buf)
+    got = jb.restore(tmp_path / "ck")
+    assert jax.tree.structure(got) == jax.tree.structure(buf)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(buf)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_layout_target_reads_a_namedtuple_checkpoint_with_the_saved_leaf_paths(tmp_path):
+    """What the command-line tools restore with: stand-ins of the recorded layout, no user type imported."""
+    from jaxbuffers._checkpoint_describe import SavedNode, layout_target
+
+    buf = jb.ReplayBuffer.create(_Transition(jnp.zeros(2), jnp.int32(0)), capacity=4)
+    buf = buf.add(_Transition(jnp.ones((2, 2)), jnp.arange(2, dtype=jnp.int32)))
+    jb.save(tmp_path / "ck", buf)
+    meta = json.loads((tmp_path / "ck" / "buffer.json").read_text())
+    got = jb.restore(tmp_path / "ck", layout_target(meta, tmp_path / "ck"))
+    assert isinstance(got.storage, SavedNode) and got.storage.type_name.endswith("_Transition")
+    paths = lambda b: [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(b)[0]]
+    assert paths(got) == paths(buf)
+    np.testing.assert_array_equal(got.storage["action"], buf.storage.action)
+    assert int(got.size()) == 2
+    assert layout_target({"config": {"example": ckpt._json_config({"example": {"x": jnp.zeros(1)}})["example"]}}, tmp_path) is None
 
 
 def _filled_episodes(**kw):

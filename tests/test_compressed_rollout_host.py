@@ -40,7 +40,7 @@ def _compare(a, b):
 @pytest.mark.parametrize("frame_stack, stack_axis", [  # stack_axis=-1 through the SB3 adapter: tests/interop/test_sb3_extra_options.py
     (K, 0), pytest.param(K, -1, marks=pytest.mark.slow), pytest.param(None, 0, marks=pytest.mark.slow)])
 def test_writer_matches_rollout_buffer_and_device_add(stack_axis, frame_stack):
-    """Over two rollouts (the second overflowing), the writer's flushed state gives the minibatches of a
+    """Over two rollouts (the second given more steps than fit), the writer's flushed state gives the minibatches of a
     RolloutBuffer fed the same steps, and so does the device `add` of a buffer with the same frame_stack; with
     frame_stack the writer stores each distinct frame once (a stack that is not a shifted one stores all of its)."""
     n, t = 2, 12
@@ -59,11 +59,11 @@ def test_writer_matches_rollout_buffer_and_device_add(stack_axis, frame_stack):
             step = {"obs": {"pixels": pixels[i], "vec": rng.normal(size=(n, 2)).astype(np.float32)},
                     "logp": rng.normal(size=n).astype(np.float32)}
             f = dict(reward=rng.normal(size=n).astype(np.float32), value=np.zeros(n, np.float32), terminated=rng.random(n) < 0.2)
-            writer.add(step, **f)
             if i < t:
+                writer.add(step, **f)
                 dev, ref = dev.add(step, **f), ref.add(step, **f)
-            else:  # an eager add on a full buffer, compressed or not, raises and changes nothing
-                for full in (dev, ref):
+            else:  # an eager add on a full buffer, compressed or not, on the host or not, raises and changes nothing
+                for full in (writer, dev, ref):
                     with pytest.raises(BufferFullError):
                         full.add(step, **f)
         if r == 0 and frame_stack:  # distinct frames: the first stack's and one per later step, +3 for the broken one
@@ -71,7 +71,7 @@ def test_writer_matches_rollout_buffer_and_device_add(stack_axis, frame_stack):
             distinct = sum(len({fr[i, e, j].tobytes() for i in range(t) for j in range(K)}) for e in range(n))
             assert writer.flush().host.num_rows == distinct < n * t * K
     buf = writer.flush()
-    assert bool(buf.buffer.overflowed) and int(buf.buffer.step_index) == t
+    assert not bool(buf.buffer.overflowed) and int(buf.buffer.step_index) == t
     key = jax.random.key(1)
     want = ref.compute_gae(jnp.zeros(n), 0.9, 0.8).minibatches(key, 4)
     _compare(buf.compute_gae(jnp.zeros(n), 0.9, 0.8).minibatches(key, 4), want)
@@ -193,3 +193,26 @@ def test_writer_stacks_scalar_frames():
               value=np.zeros(n, np.float32), terminated=np.zeros(n, bool))
     got = np.asarray(w.flush().gather(jnp.arange(t * n, dtype=jnp.int32)).step["pixels"]).reshape(t, n, k)
     np.testing.assert_array_equal(got, np.stack(want))
+
+
+def test_writer_add_on_a_full_rollout_raises_and_writes_nothing():
+    """An add past `num_steps` raises BufferFullError, as `CompressedRolloutBuffer.add` does on the same state:
+    the rows, the host stores and `overflowed` are those of the full rollout; after `reset` adds work again."""
+    n = 2
+    writer = RolloutHostWriter(CompressedRolloutBuffer.create({"obs": jnp.zeros((H, W), jnp.uint8)}, num_envs=n, num_steps=2, codec="rle"))
+
+    def add(t):
+        writer.add({"obs": np.full((n, H, W), t, np.uint8)}, reward=np.full(n, t, np.float32), value=np.zeros(n, np.float32),
+                   terminated=np.zeros(n, bool))
+
+    add(0), add(1)
+    rows = writer.flush().host.num_rows
+    with pytest.raises(BufferFullError, match="full"):
+        add(2)
+    buf = writer.flush()
+    assert not bool(buf.buffer.overflowed) and int(buf.buffer.step_index) == 2 and buf.host.num_rows == rows
+    np.testing.assert_array_equal(np.asarray(buf.buffer.reward), [[0, 0], [1, 1]])
+    np.testing.assert_array_equal(np.asarray(buf.gather(jnp.arange(2 * n, dtype=jnp.int32)).step["obs"])[:, 0, 0], [0, 0, 1, 1])
+    writer.reset()
+    add(5)
+    np.testing.assert_array_equal(np.asarray(writer.flush().buffer.reward)[0], [5, 5])

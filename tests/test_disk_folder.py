@@ -91,6 +91,32 @@ def test_a_zstd_delta_coded_folder_reopens_read_only_and_samples_as_in_memory_un
     assert names == {"disk.json", "disk.lock", "state-2", "slot_version-2.npy", "store-0"}  # the first flush's files are gone
 
 
+def test_a_template_of_another_chunk_bytes_reopens_the_folder_with_its_own_chunking(zstd_folder, tmp_path):
+    """`chunk_bytes` is a tuning: a template that differs only there opens the folder ("r" and "r+"), whose chunk
+    files keep their 4 KiB chunking, and the buffer adds, flushes and samples as one opened with the folder's own;
+    a template that differs elsewhere is still refused."""
+    path, expected = zstd_folder
+    template = lambda length=10: jb.CompressedTrajectoryBuffer.create(  # noqa: E731 - _make's but 64 KiB chunks
+        STEP, num_envs=2, length=length, frame_stack=4, codec="zstd:3", keyframe_interval=3, chunk_bytes=1 << 16)
+    copies = [shutil.copytree(path, tmp_path / name) for name in ("theirs", "own")]
+    bufs = [disk.open(path, "r", template()), disk.open(copies[0], "r+", template()), disk.open(copies[1], "r+", _make())]
+    for b in bufs:
+        assert b.host.stores[0].config()["chunk_bytes"] == 4096 and _same(SAMPLE(b), expected)
+    bufs.pop(0).close()
+    bufs = [ADD(b, **_chunk(30)) for b in bufs]
+    for b in bufs:
+        disk.flush(b)
+    assert _same(SAMPLE(bufs[0]), SAMPLE(bufs[1]))
+    for b in bufs:
+        b.close()
+    reopened = [disk.open(c, "r") for c in copies]
+    assert _same_contents(*reopened)
+    for b in reopened:
+        b.close()
+    with pytest.raises(jb.CheckpointError, match="config 'length' differs"):
+        disk.open(path, "r+", template(length=12))
+
+
 def test_a_flipped_byte_in_a_chunk_file_names_the_slot_and_the_file(zstd_folder, tmp_path):
     path, _ = zstd_folder
     shutil.copytree(path, tmp_path / "c")

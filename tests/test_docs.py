@@ -198,3 +198,18 @@ def test_readme_says_of_the_ppo_example_only_what_the_benchmarks_record():
     table = (ROOT / "docs" / "benchmarks.md").read_text()
     median = lambda row: float(re.search(rf"\| cartpole/{row} \| ours \| [^|]*\| ([\d.]+) s \|", table).group(1))  # noqa: E731
     assert median("compile_s") > median("train_s_to_475")
+
+
+RUNNABLE_PAGES = ["docs/api/torch.md", "docs/api/rollout.md"]  # pages whose Python code blocks are complete programs
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PAGES)
+def test_the_code_blocks_of_a_page_run_as_written(page):
+    """The page's ```python blocks, in order, run in one fresh interpreter (a name a block uses is defined above it)."""
+    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / page).read_text(), re.S | re.M)
+    assert blocks, f"{page} has no python code block"
+    if "import torch" in "".join(blocks):
+        pytest.importorskip("torch")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", "\n".join(blocks)], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_EPILOG)
     _path_args(p)
     p.add_argument("--episode", type=int, required=True, metavar="K", help="episode number (0: the first; see inspect)")
-    p.add_argument("--out", required=True, help="output: a .mp4 or .gif file, or a new or empty folder (ending in /) for PNG frames")
+    p.add_argument("--out", required=True, help="output: a .mp4 or .gif file, or a new or empty folder (ending in /) for PNG frames, in an existing folder")
     p.add_argument("--no-overlay", action="store_true", help="frames only, no text band")
     p.add_argument("--scale", type=int, default=2, help="integer upscaling, nearest neighbour (default 2)")
     p.add_argument("--fps", type=float, default=15.0, help="frames per second (default 15)")
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Draw steps uniformly without replacement (seeded) and write their frames as one "
                                    "image grid, each labelled with its episode and step.", epilog=_EPILOG)
     _path_args(p)
-    p.add_argument("--out", required=True, help="output image file, in the format its extension names (.png, .jpg, .gif, ...)")
+    p.add_argument("--out", required=True, help="output image file, in the format its extension names (.png, .jpg, .gif, ...), in an existing folder")
     p.add_argument("--count", type=int, default=16, help="frames to draw (default 16)")
     p.add_argument("--columns", type=int, default=8, help="frames per row (default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")

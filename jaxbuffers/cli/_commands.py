@@ -56,7 +56,12 @@ def load(path: str | Path, progress: bool | None = None) -> tuple[Any, dict, Pat
         name = meta.get("class") if isinstance(meta, dict) else None
         if name not in SUPPORTED_NAMES:
             raise CliError(f"PATH: {path} holds a checkpoint of a {name!r}; the tools read {', '.join(SUPPORTED_NAMES)}")
-        buffer = disk.open(root, "r") if on_disk else jaxbuffers.restore(root, progress=progress)
+        if on_disk:
+            buffer = disk.open(root, "r")
+        else:  # an example holding NamedTuples or dataclasses reads with stand-ins of their recorded layout
+            from jaxbuffers._checkpoint_describe import layout_target
+
+            buffer = jaxbuffers.restore(root, layout_target(meta, root), progress=progress)
     except (CheckpointError, json.JSONDecodeError, OSError) as e:
         raise CliError(f"PATH: {path} could not be read as a jaxbuffers checkpoint: {e}") from None
     return buffer, meta, root
@@ -113,6 +118,8 @@ def _example(tree: Any) -> Any:
         return [_example(x) for x in v]
     if kind == "array":
         return f"{v[1]}{list(v[0])}"
+    if kind == "node" and isinstance(v, list) and len(v) == 3:  # a NamedTuple, dataclass, ...: its type and children
+        return {"type": v[0], **{str(k[-1]): _example(x) for k, x in zip(v[1], v[2]) if isinstance(k, list)}}
     return None
 
 
@@ -461,7 +468,8 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
     """Write episode `k` to `out`: `.mp4` (H.264 through imageio-ffmpeg), `.gif` (lossless for gray frames and up to
     256 colours; identical consecutive frames become one longer frame), or a folder (`out/` or no suffix): one
     lossless PNG per step, `frame_00000.png`, ...; the folder must be new or empty (`CliError` otherwise), so that
-    it never mixes the frames of two exports."""
+    it never mixes the frames of two exports. The folder `out` goes into must exist (`CliError` otherwise, before
+    anything is drawn or written)."""
     out = Path(out)
     field = _image(view, image, stack_axis, layout)
     if scale < 1:
@@ -477,6 +485,7 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
     if (suffix == "" or str(out).endswith("/")) and out.is_dir() and any(out.iterdir()):
         raise CliError(f"--out: the folder {out} is not empty: PNG frames are written only into a new or empty folder "
                        "(remove its files or give another folder)")
+    _check_out_folder(out)
     pics = episode_pictures(view, k, field, with_overlay=with_overlay, scale=scale, progress=progress)
     with _writing(out):
         _write_frames(out, suffix, pics, fps, progress)
@@ -484,6 +493,14 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
 
 
 _GIF_MAX_MS = 655_350  # a GIF frame's delay is an unsigned 16-bit count of hundredths of a second
+
+
+def _check_out_folder(out: Path) -> None:
+    """CliError unless the folder `out` goes into exists: the commands make no folder but a new PNG frame folder."""
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        what = "is a file, not a folder" if parent.exists() else "does not exist"
+        raise CliError(f"--out: the folder {parent} {what}; create it first (nothing was written)")
 
 
 @contextlib.contextmanager
@@ -499,7 +516,7 @@ def _write_frames(out: Path, suffix: str, pics: list, fps: float, progress: bool
     """`write_video`'s writing, by the suffix of `out`."""
     bar = lambda xs: tqdm(xs, desc=f"write {out.name}", unit="frame", disable=_hidden(progress), leave=False, delay=1.0)  # noqa: E731
     if suffix == "" or str(out).endswith("/"):
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(exist_ok=True)
         from PIL import Image
 
         for t, p in enumerate(bar(pics)):
@@ -507,7 +524,6 @@ def _write_frames(out: Path, suffix: str, pics: list, fps: float, progress: bool
     elif suffix == ".gif":
         from PIL import Image
 
-        out.parent.mkdir(parents=True, exist_ok=True)
         ims = [Image.fromarray(p) for p in pics]
         ims[0].save(out, save_all=True, append_images=ims[1:], duration=round(1000 / fps), loop=0, optimize=False)
     elif suffix == ".mp4":
@@ -540,7 +556,6 @@ def _write_mp4(out: Path, pics: list, fps: float, bar) -> None:
     if pix is None:
         raise CliError(f"--out: an .mp4 takes gray, RGB or RGBA pictures, got pictures of shape {pics[0].shape}")
     pad = ((0, h % 2), (0, w % 2)) + (((0, 0),) if pics[0].ndim == 3 else ())
-    out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", pix,
            "-s", f"{w + w % 2}x{h + h % 2}", "-r", repr(float(fps)), "-i", "-", "-an", "-c:v", "libx264",
            "-pix_fmt", "yuv420p", "-crf", str(_MP4_CRF), str(out.absolute())]  # absolute: never read as an option
@@ -571,7 +586,8 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
     """A contact sheet of `count` steps drawn uniformly without replacement (seeded by `seed`) from the buffer (or
     from episode `episode`; all of them, with a notice on stderr, when `count` is more than it holds), in storage
     order, each labelled with its episode and step, in the image format the suffix of `out` names (`.png`, `.jpg`,
-    `.gif`, ...: any that Pillow writes; `CliError` for another)."""
+    `.gif`, ...: any that Pillow writes; `CliError` for another). `CliError`, before anything is drawn or written,
+    when the folder `out` goes into does not exist or the buffer (episode) holds no steps."""
     from PIL import Image
 
     out = Path(out)
@@ -582,7 +598,10 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
     for option, value, least in (("--count", count, 1), ("--columns", columns, 1), ("--scale", scale, 1), ("--seed", seed, 0)):
         if value < least:
             raise CliError(f"{option}: expected an integer >= {least}, got {value}")
+    _check_out_folder(out)
     pool = view.episode(episode).positions if episode is not None else np.arange(view.num_steps)
+    if not len(pool):
+        raise CliError(f"sheet: no frames to show ({'the buffer' if episode is None else f'episode {episode}'} holds no steps)")
     if count > len(pool):
         where = "the buffer holds" if episode is None else f"episode {episode} holds"
         print(f"jaxbuffers sheet: --count {count} is more than the {len(pool)} steps {where}: drew all {len(pool)}",
@@ -594,6 +613,5 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
     pics = [field.picture(x) for x in raw]
     labels = [f"ep {eps[p]} t {ts[p]}" if eps[p] >= 0 else f"step {p}" for p in picks]
     with _writing(out):
-        out.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(contact_sheet(pics, labels, columns, scale)).save(out, format=fmt)
     return out

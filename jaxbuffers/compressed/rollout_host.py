@@ -35,6 +35,7 @@ import numpy as np
 from jaxbuffers import _validate
 from jaxbuffers.compressed._host import _aligned_empty
 from jaxbuffers.compressed.rollout import CompressedRolloutBuffer
+from jaxbuffers.episode import BufferFullError
 
 __all__ = ["RolloutHostWriter"]
 
@@ -133,9 +134,11 @@ class RolloutHostWriter:
 
     def add(self, step: Any, *, reward, value, terminated, truncated=None, final_value=None, trainable=None) -> None:
         """`CompressedRolloutBuffer.add` on numpy values: the same arguments, shapes, dtypes and errors (checked
-        before anything is written). On a full buffer nothing is written and `overflowed` becomes True.
+        before anything is written).
 
         Raises:
+          BufferFullError: the rollout is full (`num_steps` rows since `reset`); nothing is written (host stores
+            included) and `overflowed` is unchanged, as `CompressedRolloutBuffer.add` eagerly.
           TypeError, ValueError: as `jaxbuffers.RolloutBuffer.add`.
           RuntimeError: the buffer was closed.
         """
@@ -166,11 +169,11 @@ class RolloutHostWriter:
         adapter makes them so: its checks are `add`'s, made once)."""
         state, row = self._state, self.row
         state.host.check_state("add")
+        if row >= self._steps:
+            raise BufferFullError(f"add: the rollout buffer is full (step_index={row} of num_steps={self._steps}); "
+                                  f"nothing was written. Call reset() for the next rollout")
         if not self._owned:
             self._own_mirrors()
-        if row >= self._steps:
-            self._overflowed, self._dirty = True, True
-            return
         compressed = state.leaf_index
         slots = self._frame_ids([np.asarray(leaves[i]) for i in compressed])
         if len(self._pending) >= self.put_rows or row + 1 == self._steps:  # full: no later add joins the put
