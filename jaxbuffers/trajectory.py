@@ -155,7 +155,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
           num_envs: lanes (Python int >= 1).
           length: steps kept per lane (Python int >= 1); the oldest are overwritten first.
           final_obs_capacity: final observations kept per lane for truncated steps ($K$, `docs/api/trajectory.md`);
-            `None` means `length` (always exact); a value above `length` is reduced to `length`.
+            `None` means `length` (always exact); a value above `length` is reduced to `length`. Below `length`, the
+            windows that would read an overwritten one are never sampled.
           obs_key: name of the observation field.
           action_key: name of the action field.
           reward_key: name of the reward field.
@@ -194,9 +195,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def can_sample(self, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
-        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some valid window
-        exists (`cross_episodes=False`: inside one episode, an `O(num_envs * length)` count). Same arguments and
-        errors as `sample_sequences`, without the key."""
+        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some window it draws
+        exists (`cross_episodes=False`: inside one episode; with $K$ < `length` reading no lost final observation: an
+        `O(num_envs * length)` count). Same arguments and errors as `sample_sequences`, without the key."""
         _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
         period = _validate.static_int("period", period)
@@ -207,7 +208,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     @_compiled.method("window", "period")
     def num_valid_windows(self, window: int, *, period: int = 1) -> jax.Array:
         """The number of windows of `window` steps that the uniform samplers draw from (crossing episodes), over all
-        lanes (int32 scalar): valid and aligned to `period` ("Windows", "Period" in `docs/api/trajectory.md`).
+        lanes (int32 scalar): valid, aligned to `period` and, with $K$ < `length`, holding no step whose final
+        observation was lost ("Windows", "Period", "Lost final observations" in `docs/api/trajectory.md`).
 
         Raises:
           ValueError: `window` or `period` not an int >= 1.
@@ -445,8 +447,10 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Sample `batch_size` sequences of `sequence_length` consecutive steps of one lane.
 
         Uniform with replacement over the valid windows whose start is aligned to `period` ("Period" in
-        `docs/api/trajectory.md`); with `cross_episodes=False` over those with no episode end before their last step
-        (exact, `O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`).
+        `docs/api/trajectory.md`); with `cross_episodes=False` over those with no episode end before their last step;
+        with $K$ < `length` over those holding no step whose final observation was lost ("Lost final observations":
+        `final_obs_at` of the sample is exact). Exact; `O(num_envs * length)` per call with either restriction, else
+        `O(batch_size * sequence_length)`.
 
         Args:
           key: PRNG key.
@@ -476,7 +480,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
         The return is cut at the first episode end (`n_step_window`); `next_obs` is `obs_{t+k}`: from the
         final-observation ring if step `t + k - 1` was truncated (never the reset observation), else the stored step
-        `t + k` (after termination defined and multiplied by `discount = 0`).
+        `t + k` (after termination defined and multiplied by `discount = 0`). With $K$ < `length` a transition whose
+        step `t + k - 1` lost its final observation is never drawn: uniform over the others ("Lost final
+        observations" in `docs/api/trajectory.md`, `O(num_envs * length)` per call).
 
         Args:
           key: PRNG key.
@@ -508,7 +514,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     def valid_starts(self, indices, window: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
         """Whether a window of `window` steps starting at each flat position is one the uniform samplers draw now:
         valid and aligned to `period` (`docs/api/trajectory.md`; `window=n + 1` for `n_step=n`), with
-        `cross_episodes=False` also no episode end before its last step (`O(num_envs * length)`).
+        `cross_episodes=False` also no episode end before its last step (`O(num_envs * length)`), with $K$ <
+        `length` also holding no step whose final observation was lost (the rule of `sample_sequences`; a transition
+        needs only its bootstrap step's: "Lost final observations" in `docs/api/trajectory.md`).
 
         Args:
           indices: int[B], flat positions.
@@ -549,7 +557,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         V(final[:, j]), V(s.item["obs"][:, j + 1]))`.
 
         Entry `[b, j]` is the `final_obs` given to `add` with step `j` of sequence `b` where it was truncated and not
-        terminated (exact unless `final_obs_lost`), zeros elsewhere: an obs pytree, leaves `[B, sequence_length, ...]`.
+        terminated (exact at the windows `sample_sequences` draws; at a lost one, whatever holds its ring slot now:
+        "Lost final observations" in `docs/api/trajectory.md`), zeros elsewhere: an obs pytree, leaves `[B, sequence_length, ...]`.
         Arguments and errors as `sequences_at`.
         """
         sequence_length = self._sequence_length(sequence_length)
