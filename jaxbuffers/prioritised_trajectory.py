@@ -295,6 +295,18 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         ok = b.valid_starts(positions, window, period=self.period, cross_episodes=cross_episodes) if n_step is None else b._held_at(positions, window, n_step)
         return jnp.where(ok, self.tree.get(self._leaf(positions)), 0)
 
+    def _drawn_mass(self, method: str, kw: Mapping) -> tuple[jax.Array, jax.Array]:
+        """The total and the smallest positive leaf (float32 scalars) of the windows `method` (`"sample_sequences"`,
+        crossing episodes, or `"sample_transitions"`) called with keywords `kw` draws from."""
+        if not self.buffer._lossy:
+            return self.tree.total().astype(jnp.float32), self.tree.min().astype(jnp.float32)
+        if method == "sample_transitions":
+            n_step = self._n_step(kw.get("n_step"))
+            leaves = self._drawable_leaves(n_step + 1, True, n_step)
+        else:
+            leaves = self._drawable_leaves(self._sequence_length(kw.get("sequence_length"), kw.get("period")), True)
+        return jnp.sum(leaves), jnp.min(jnp.where(leaves > 0, leaves, jnp.inf))
+
     def _draw(self, key, batch_size: int, beta, leaves=None):
         batch_size = _validate.static_int("batch_size", batch_size)
         if leaves is None:

@@ -215,9 +215,20 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
           ValueError: `window` or `period` not an int >= 1.
         """
         window, period = _validate.static_int("window", window), _validate.static_int("period", period)
+        return self._num_drawn(window, period)
+
+    def _num_drawn(self, window: int, period: int = 1, n_step: int | None = None) -> jax.Array:
+        """The windows the uniform samplers draw, over all lanes (int32 scalar): sequences of `window` steps aligned
+        to `period`, or (`n_step`, `window = n_step + 1`, `period = 1`) transitions."""
         if self._lossy:
-            return jnp.sum(self._start_mask(window, period, True), dtype=jnp.int32)
+            return jnp.sum(self._start_mask(window, period, True, n_step), dtype=jnp.int32)
         return (self._num_windows(window, period) * self.num_envs).astype(jnp.int32)
+
+    def _drawn_by(self, method: str, kw: Mapping) -> jax.Array:
+        """`_num_drawn` of `method` (`"sample_sequences"` or `"sample_transitions"`) called with keywords `kw`."""
+        if method == "sample_transitions":
+            return self._num_drawn(kw.get("n_step", 1) + 1, 1, kw.get("n_step", 1))
+        return self._num_drawn(kw["sequence_length"], kw.get("period", 1))
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None) -> jax.Array:
