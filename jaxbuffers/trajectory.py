@@ -67,6 +67,11 @@ def _flat_take(x: jax.Array, flat: jax.Array) -> jax.Array:
     return jnp.take(x.reshape(e * n, *x.shape[2:]), flat, axis=0, mode="clip")
 
 
+def _counts_before(flags: jax.Array) -> jax.Array:
+    """int32 `[E, n + 1]` of bool `flags` `[E, n]`: entry `[e, l]` counts the flags set in `[0, l)` of row `e`."""
+    return jnp.concatenate([jnp.zeros((flags.shape[0], 1), jnp.int32), jnp.cumsum(flags, axis=1, dtype=jnp.int32)], axis=1)
+
+
 def _gamma(gamma, dtype) -> jax.Array:
     """`gamma` (`jaxbuffers._validate.scalar_parameter`, in [0, 1]) as a 0-d `dtype` array."""
     if gamma is None:
@@ -347,12 +352,12 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         lost = self._lost()
         pos = jnp.arange(n, dtype=jnp.int32)
         if n_step is None:  # lost steps in [l, l + window): a difference of running counts
-            c = jnp.concatenate([jnp.zeros((self.num_envs, 1), jnp.int32), jnp.cumsum(lost, axis=1, dtype=jnp.int32)], axis=1)
+            c = _counts_before(lost)
             return c[:, jnp.minimum(pos + window, n)] == c[:, :n]
         ends = self._logical_order(self.terminated | self.truncated)
         first = jax.lax.cummin(jnp.where(ends, pos, n), axis=1, reverse=True)  # first episode end at or after l
         boot_lost = jnp.take_along_axis(lost, jnp.minimum(first, n - 1), axis=1)
-        return ~(boot_lost & (first < pos + n_step))
+        return ~(boot_lost & (first < jnp.minimum(pos + n_step, n)))
 
     def _sequence_length(self, sequence_length) -> int:
         sequence_length = _validate.static_int("sequence_length", sequence_length)
@@ -389,8 +394,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     def _ends_before(self) -> jax.Array:
         """int32 `[num_envs, length + 1]`: `c[lane, l]` counts the episode ends in logical steps `[0, l)`."""
-        ends = self._logical_order(self.terminated | self.truncated).astype(jnp.int32)
-        return jnp.concatenate([jnp.zeros((self.num_envs, 1), jnp.int32), jnp.cumsum(ends, axis=1)], axis=1)
+        return _counts_before(self._logical_order(self.terminated | self.truncated))
 
     def _held_at(self, flat: jax.Array, window: int, n_step: int | None = None) -> jax.Array:
         """`_held` at flat positions `flat` in `[0, num_envs * length)` (bool, same shape)."""
