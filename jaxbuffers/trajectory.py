@@ -327,7 +327,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Whether some stored truncated step's final observation was overwritten (bool scalar).
 
         Exact: a final observation survives iff fewer than $K$ truncated (not terminated) steps followed its step in
-        its lane; only the steps stored now count. `O(num_envs * length)`: a diagnostic.
+        its lane; only the steps stored now count. `O(num_envs * length)`: a diagnostic (the samplers never draw a
+        window reading a lost one: "Lost final observations" in `docs/api/trajectory.md`).
         """
         return jnp.any(self._lost())
 
@@ -573,8 +574,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
         Entry `[b, j]` is the `final_obs` given to `add` with step `j` of sequence `b` where it was truncated and not
         terminated (exact at the windows `sample_sequences` draws; at a lost one, whatever holds its ring slot now:
-        "Lost final observations" in `docs/api/trajectory.md`), zeros elsewhere: an obs pytree, leaves `[B, sequence_length, ...]`.
-        Arguments and errors as `sequences_at`.
+        "Lost final observations" in `docs/api/trajectory.md`), zeros elsewhere: an obs pytree, leaves
+        `[B, sequence_length, ...]`. Arguments and errors as `sequences_at`.
         """
         sequence_length = self._sequence_length(sequence_length)
         final, real = self._final_obs(self._windows(*self._split_indices(indices), sequence_length))
