@@ -202,7 +202,7 @@ class RolloutHostWriter:
         for e in range(n):
             stack, olds, mine, mine_keys = one[e], old_keys[e], [], []
             for j in range(k):
-                frame = stack[j]  # an array, 0-d for scalars; every key holds one entry's bytes: startswith is ==
+                frame = stack[j, ...]  # an array, 0-d for scalars; every key holds one entry's bytes: startswith is ==
                 if olds is not None and j < k - 1 and olds[j + 1].startswith(frame):  # shifted from the previous stack
                     key, s = olds[j + 1], old_slots[e][j + 1]
                 elif j and mine_keys[j - 1].startswith(frame):  # repeats its left neighbour ("reset" padding)
