@@ -296,13 +296,21 @@ class Feed:
             buf.add(self.obs(self.obs_idx[j], j), self.act, self.reward[j : j + 1], start, self.zero1, self.zero1[0])
 
 
-def sample_rounds(bufs: dict, order: list, rounds: int = 100, pick=lambda o: o) -> tuple[dict, dict]:
-    """``sample(32)`` of each buffer in turn (the order rotating per round), timed until the observation tensor can be
-    read (one element is read; ``pick`` takes a Dict observation's pixels): ``(wall, cpu)`` seconds per call by buffer key, ``cpu`` the process's CPU time (every
-    thread)."""
+def shuffled(order: list, rng: np.random.Generator) -> list:
+    """``order`` in a random order (from ``rng``, seeded by the caller: not SB3's global numpy RNG). Interleaved
+    variants take turns so each round: a fixed rotation keeps each variant right behind the same one, so one always
+    starts on the caches another has just filled (e.g. right after gzip9's compression), a bias of its own."""
+    return [order[i] for i in rng.permutation(len(order))]
+
+
+def sample_rounds(bufs: dict, order: list, rounds: int = 100, pick=lambda o: o, rng=None) -> tuple[dict, dict]:
+    """``sample(32)`` of each buffer in turn (in a new order each round, `shuffled`), timed until the observation
+    tensor can be read (one element is read; ``pick`` takes a Dict observation's pixels): ``(wall, cpu)`` seconds per
+    call by buffer key, ``cpu`` the process's CPU time (every thread)."""
     wall, cpu = {v: [] for v in order}, {v: [] for v in order}
+    rng = np.random.default_rng(0) if rng is None else rng
     for _ in range(rounds):
-        order = order[1:] + order[:1]
+        order = shuffled(order, rng)
         for v in order:
             t, c = time.perf_counter(), time.process_time()
             pick(bufs[v].sample(32).observations).reshape(-1)[-1].item()
@@ -318,15 +326,15 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
     steps.
 
     Each variant's buffer of ``n`` transitions (steps) is filled in blocks of ``ADD_BLOCK`` adds, the variants taking
-    turns per block (the order rotates); a block's time / ``ADD_BLOCK`` is one sample of the add time, so staged adds
-    and their flushes count at their share (a block is at least the staging of the adapters that stage: each block holds
-    their flushes). Then, replay: ``sample(32)`` once per variant in turn, 100 rounds (timed until the
-    observation tensor can be read: one element is read); rollout: ``compute_returns_and_advantage`` and one untimed
-    ``get(256)`` pass per variant (the first pass compiles), then one pass per variant in turn, ``GET_ROUNDS`` rounds,
-    its time / ``n``. Medians; ratio: sb3-extra-buffers' fastest
-    variant's median / ours (> 1: faster). Every row also carries ``cpu_us``, the median CPU time of the
-    process (all threads) per call (per step for get), and ours ``cpu_ratio``, the fastest variant's over ours: on a
-    loaded machine a call that hands work between threads waits for CPUs, which the wall time counts."""
+    turns per block (in a new random order each round, `shuffled`); a block's time / ``ADD_BLOCK`` is one sample of
+    the add time, so staged adds and their flushes count at their share (a block is at least the staging of the
+    adapters that stage: each block holds their flushes). Then, replay: ``sample(32)`` once per variant in turn, 100
+    rounds (timed until the observation tensor can be read: one element is read); rollout:
+    ``compute_returns_and_advantage`` and one untimed ``get(256)`` pass per variant (the first pass compiles), then one
+    pass per variant in turn, ``GET_ROUNDS`` rounds, its time / ``n``. Medians; ratio: sb3-extra-buffers' fastest
+    variant's median / ours (> 1: faster). Every row also carries ``cpu_us``, the median CPU time of the process (all
+    threads) per call (per step for get), and ours ``cpu_ratio``, the fastest variant's over ours: on a loaded machine
+    a call that hands work between threads waits for CPUs, which the wall time counts."""
     n, block = (3_000 if quick else 9_000) // (3 if dict_obs else 1), ADD_BLOCK
     space, act, prefix = observation_space(dict_obs), make_env({"obs": None}).action_space, "compressed_dict" if dict_obs else "compressed"
     pixels = (lambda o: o["pixels"]) if dict_obs else (lambda o: o)  # noqa: E731
@@ -336,10 +344,10 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
         for v in COMPRESSED_VARIANTS:
             cls, kw = compressed_class(kind, v, dict_obs)
             bufs[v] = cls(n, space, act, device="cpu", **kw)
-        order = list(COMPRESSED_VARIANTS)
+        order, rng = list(COMPRESSED_VARIANTS), np.random.default_rng(0)
         t_add, cpu_add = {v: [] for v in order}, {v: [] for v in order}
         for b0 in range(0, n, block):
-            order = order[1:] + order[:1]
+            order = shuffled(order, rng)
             for v in order:
                 t, c = time.perf_counter(), time.process_time()
                 for i in range(b0, min(b0 + block, n)):
@@ -349,14 +357,14 @@ def compressed_timing_rows(quick: bool, kinds=("replay", "rollout"), dict_obs: b
         t_sample = {v: [] for v in order}
         cpu = {v: [] for v in order}  # the process's CPU time (every thread), which waits for a CPU do not inflate
         if kind == "replay":
-            t_sample, cpu = sample_rounds(bufs, order, pick=pixels)
+            t_sample, cpu = sample_rounds(bufs, order, pick=pixels, rng=rng)
         else:
             for v in order:
                 bufs[v].compute_returns_and_advantage(feed.zero1, np.zeros(1))
                 for mb in bufs[v].get(256):  # untimed: the first pass compiles (once per buffer, not per rollout)
                     pixels(mb.observations).reshape(-1)[-1].item()
             for _ in range(GET_ROUNDS):
-                order = order[1:] + order[:1]
+                order = shuffled(order, rng)
                 for v in order:
                     t, c = time.perf_counter(), time.process_time()
                     for mb in bufs[v].get(256):

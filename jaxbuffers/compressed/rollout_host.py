@@ -56,19 +56,6 @@ def _placeholder(x) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-def _holds(key: bytes, parts: np.ndarray | list[np.ndarray]) -> bool:
-    """Whether ``key`` is the bytes of ``parts`` (one C-contiguous array, or arrays joined, each read in place where
-    it is C-contiguous)."""
-    if type(parts) is np.ndarray:  # one C-contiguous entry of a fixed size: `key` has its size
-        return key.startswith(parts)
-    at = 0
-    for p in parts:
-        if not key.startswith(p if p.flags.c_contiguous else p.tobytes(), at):
-            return False
-        at += p.nbytes
-    return at == len(key)
-
-
 class RolloutHostWriter:
     """Adds steps to a `CompressedRolloutBuffer` on the host; `flush` returns the device state.
 
@@ -96,6 +83,7 @@ class RolloutHostWriter:
         self._spec = buffer.step_spec
         leaves, self._treedef = jax.tree.flatten(inner.step)
         self._step = [_mirror(x) for x in leaves]  # ids for the compressed leaves, data for the others
+        self._plain = tuple(i for i in range(len(leaves)) if i not in buffer.leaf_index)  # the uncompressed leaves
         self._specs = {k: (getattr(inner, k).shape, getattr(inner, k).dtype) for k in _FIELDS}
         # an optional field holding its default in every filled row has no mirror until a value is given
         self._fields = {k: _mirror(x) for k in _FIELDS for x in [np.asarray(getattr(inner, k))]
@@ -178,17 +166,20 @@ class RolloutHostWriter:
         slots = self._frame_ids([np.asarray(leaves[i]) for i in compressed])
         if len(self._pending) >= self.put_rows or row + 1 == self._steps:  # full: no later add joins the put
             self._write_pending()
-        for i, (m, x) in enumerate(zip(self._step, leaves)):
-            m[row] = slots if i in compressed else x
+        step = self._step
+        for i in compressed:
+            step[i][row] = slots
+        for i in self._plain:
+            step[i][row] = leaves[i]
         mirrors = self._fields
         for k, x in fields.items():
-            if x is None:
-                if k in mirrors:  # an optional field given before: this row holds its default
-                    mirrors[k][row] = _DEFAULTS[k]
-                continue
-            if k not in mirrors:  # the first value given: the rows before hold the default
-                mirrors[k] = _mirror(np.full(self._specs[k][0], _DEFAULTS[k], self._specs[k][1]))
-            mirrors[k][row] = x
+            if x is not None:
+                m = mirrors.get(k)
+                if m is None:  # the first value given: the rows before hold the default
+                    m = mirrors[k] = _mirror(np.full(self._specs[k][0], _DEFAULTS[k], self._specs[k][1]))
+                m[row] = x
+            elif k in mirrors:  # an optional field given before: this row holds its default
+                mirrors[k][row] = _DEFAULTS[k]
         self.row = row + 1
         self._dirty = True
 
@@ -202,23 +193,25 @@ class RolloutHostWriter:
             slots = (row * n + np.arange(n, dtype=np.int32)).astype(np.int32)
             self._pending += [(int(s), b"".join([x[e].tobytes() for x in stacks])) for e, s in enumerate(slots.tolist())]
             return slots
+        # The frames as one C-contiguous array [N, k, ...] (a copy only where the stack axis is not the first or
+        # several leaves are compressed: then each entry's leaves' bytes joined, [N, k, entry bytes]), so that each
+        # frame is compared in place with the kept bytes of an equal frame; only a frame stored is copied (its bytes
+        # are the entry staged and the copy kept for the next stack).
         frames = [x if i.stack_axis == 0 else np.moveaxis(x, 1 + i.stack_axis, 1) for x, i in zip(stacks, self._state.leaves)]
-        # each frame compared exactly with the kept bytes of an equal frame, in place; only a frame stored is copied
-        # (its bytes are the entry staged and the copy kept for the next stack). One C-contiguous leaf (the usual
-        # case): its frames are the entries, compared as they are.
-        one = frames[0] if len(frames) == 1 and frames[0].flags.c_contiguous else None
+        one = np.ascontiguousarray(frames[0]) if len(frames) == 1 else np.concatenate(
+            [np.ascontiguousarray(f).reshape(n, k, -1).view(np.uint8) for f in frames], axis=2)
         fresh, slots, keys, nxt = self._pending, [], [], self._next_slot
         old_keys, old_slots = self._prev if self._prev is not None else ((None,) * n, (None,) * n)
         for e in range(n):
-            mine, mine_keys, olds = [], [], old_keys[e]
+            stack, olds, mine, mine_keys = one[e], old_keys[e], [], []
             for j in range(k):
-                parts = one[e, j, ...] if one is not None else [f[e, j] for f in frames]  # an array, 0-d for scalars
-                if olds is not None and j < k - 1 and _holds(olds[j + 1], parts):  # shifted from the previous stack
+                frame = stack[j, ...]  # an array, 0-d for scalars; every key holds one entry's bytes: startswith is ==
+                if olds is not None and j < k - 1 and olds[j + 1].startswith(frame):  # shifted from the previous stack
                     key, s = olds[j + 1], old_slots[e][j + 1]
-                elif j > 0 and _holds(mine_keys[j - 1], parts):  # repeats its left neighbour ("reset" padding)
+                elif j and mine_keys[j - 1].startswith(frame):  # repeats its left neighbour ("reset" padding)
                     key, s = mine_keys[j - 1], mine[j - 1]
                 else:
-                    key, s = parts.tobytes() if one is not None else b"".join([x.tobytes() for x in parts]), nxt
+                    key, s = frame.tobytes(), nxt
                     nxt += 1
                     fresh.append((s, key))
                 mine.append(s)
