@@ -480,20 +480,17 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         if empty.size + present.size < flat.size:
             bad = chunk < -1
             self._corrupt(flat[bad] if bad.any() else flat[n:][chunk[n:] == -1], "an invalid chunk id" if bad.any() else "a delta's base slot is empty")
-        # Each distinct slot is decoded at its first position; the others are copies of it.
+        # Each distinct slot is decoded at its first position (`pos`, in slot order); the others are copies of it.
         uniq, first, inverse = np.unique(flat[present], return_index=True, return_inverse=True)
-        source = present[first[inverse.reshape(-1)]]
-        is_first = source == present
-        pos = present[is_first]  # positions decoded, ascending
-        in_pos = np.cumsum(is_first) - 1  # index into `pos` of each distinct slot's first position (by `present` index)
-        base_i = None  # index into `pos` of each decoded delta's base (decoded too), -1 for a keyframe
-        if chains.size or (base[pos] >= 0).any():
-            b = base[pos].astype(np.int64)
-            base_i = np.where(b >= 0, in_pos[first[np.minimum(np.searchsorted(uniq, b), uniq.size - 1)]], -1)
+        pos, inverse, bs = present[first], inverse.reshape(-1), base[present[first]]
+        base_i = None  # index into `uniq` of each decoded delta's base (decoded too), -1 for a keyframe
+        if chains.size or (bs >= 0).any():
+            base_i = np.where(bs >= 0, np.minimum(np.searchsorted(uniq, bs), uniq.size - 1), -1)
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
-        self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos],
-                     None if base_i is None else (base[pos], np.where(base_i >= 0, check[pos[base_i]], 0)))
+        chunk, offset, length, meta, check = chunk[pos], offset[pos], length[pos], meta[pos], check[pos]
+        self._verify(table, uniq, chunk, offset, length, tag[pos], meta, layout[pos], check,
+                     None if base_i is None else (bs, np.where(base_i >= 0, check[base_i], 0)))
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
             raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
@@ -525,7 +522,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         order, root, depth, target = np.arange(k), np.arange(k), np.zeros(k, np.int64), np.arange(k)
         if base_i is not None:
             order, root, depth, target = chain_order(
-                base_i, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
+                base_i, lambda bad: self._corrupt(uniq[bad], "its chain of deltas never reaches a keyframe"), pos < n)
         # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the entries
         # split evenly in chain order; a chain's entries not asked for are decoded into the row of the next one asked
         # for (`chain_order`'s target), each delta XORed in place. A shard decodes runs of one codec, every base before
@@ -541,23 +538,23 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             do = order[np.argsort(lead[order].astype(np.int16), kind="stable")]
         else:
             do = np.lexsort((root, t, depth, shard))
-        po, t, shard_o = pos[do], t[do], shard[do]
+        t, shard_o = t[do], shard[do]
         cuts = np.concatenate([[0], np.flatnonzero(np.diff(t * shards + shard_o)) + 1, [k]]).tolist()
         runs = [[] for _ in range(shards)]
         for lo, hi in zip(cuts[:-1], cuts[1:]):
             runs[int(shard_o[lo])].append((lo, hi, codec_for_tag(int(t[lo]))))
         # every per-entry column in decode order: a run is one slice of each
-        cols = (chunk[po].astype(np.int64), offset[po].astype(np.int64), length[po].astype(np.int64), meta[po])
+        cols = (chunk[do].astype(np.int64), offset[do].astype(np.int64), length[do].astype(np.int64), meta[do])
         out_t, row_t = _out_of(pos[target], bounds)  # the row each entry is decoded into
         into = (out_t[do], row_t[do])
         if base_i is not None:  # where each delta's base row is (-1: a keyframe)
             b = base_i[do]
             bases = (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1))
         # the repeated slots' rows, copied by the shard that decodes their first row
-        rep = np.flatnonzero(~is_first)
-        rep_shard = shard[in_pos[first[inverse.reshape(-1)[rep]]]]
+        rep = np.flatnonzero(pos[inverse] != present)
+        rep_shard = shard[inverse[rep]]
         by = np.argsort(rep_shard, kind="stable")
-        rep_src, rep_dst = _out_of(source[rep[by]], bounds), _out_of(present[rep[by]], bounds)
+        rep_src, rep_dst = _out_of(pos[inverse[rep[by]]], bounds), _out_of(present[rep[by]], bounds)
         rep_cuts = np.searchsorted(rep_shard[by], np.arange(shards + 1)).tolist()
 
         def work(s0: int, s1: int) -> None:
