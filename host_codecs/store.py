@@ -71,10 +71,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, chunk_addresses, dtype_code, dtype_from_code, int_arg, integer_ids, merged_batches, shape_arg
-from . import _checksum
+from . import _checksum, _plan
 from ._pool import num_threads, parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
-from .deltas import DeltaChains, base_sums, chain_order
+from .deltas import DeltaChains, base_sums
 from .slot_index import IndexRows
 from .snapshot import Snapshots
 from .registry import CODECS, codec_for_tag, get_codec
@@ -481,11 +481,11 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             bad = chunk < -1
             self._corrupt(flat[bad] if bad.any() else flat[n:][chunk[n:] == -1], "an invalid chunk id" if bad.any() else "a delta's base slot is empty")
         # Each distinct slot is decoded at its first position (`pos`, in slot order); the others are copies of it.
-        uniq, first, inverse = np.unique(flat[present], return_index=True, return_inverse=True)
-        pos, inverse, bs = present[first], inverse.reshape(-1), base[present[first]]
+        uniq, first, inverse = _plan.first_of(flat[present])
+        pos, bs = present[first], base[present[first]]
         base_i = None  # index into `uniq` of each decoded delta's base (decoded too), -1 for a keyframe
-        if chains.size or (bs >= 0).any():
-            base_i = np.where(bs >= 0, np.minimum(np.searchsorted(uniq, bs), uniq.size - 1), -1)
+        if chains.size or (bs >= 0).any():  # the chains, walked once (`host_codecs._plan`)
+            base_i, order, root, depth, rank, target, bad = _plan.chains(uniq, bs.astype(np.int64), pos < n)
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
         chunk, offset, length, meta, check = chunk[pos], offset[pos], length[pos], meta[pos], check[pos]
@@ -518,26 +518,17 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                 views[j][out_row[out_j == j]] = 0
         if not present.size or not nbytes:
             return results
+        # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`).
         k = pos.size
-        order, root, depth, target = np.arange(k), np.arange(k), np.zeros(k, np.int64), np.arange(k)
-        if base_i is not None:
-            order, root, depth, target = chain_order(
-                base_i, lambda bad: self._corrupt(uniq[bad], "its chain of deltas never reaches a keyframe"), pos < n)
-        # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the entries
-        # split evenly in chain order; a chain's entries not asked for are decoded into the row of the next one asked
-        # for (`chain_order`'s target), each delta XORed in place. A shard decodes runs of one codec, every base before
-        # its deltas: its chains in order (one codec), keyframes codec by codec then deltas in chain order (deltas of
-        # one codec), else depth by depth, codec by codec.
         shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
-        rank = np.empty(k, np.int64)
-        rank[order] = np.arange(k)
-        shard = np.searchsorted(np.linspace(0, k, shards + 1)[1:-1], rank[root], side="right")
-        t = tag[pos].astype(np.int64)
-        if (t[depth > 0] == t[depth > 0][:1]).all():
-            lead = shard if (t == t[0]).all() else (shard * 2 + (depth > 0)) * _NUM_TAGS + t
-            do = order[np.argsort(lead[order].astype(np.int16), kind="stable")]
+        cuts, t = np.linspace(0, k, shards + 1)[1:-1], tag[pos].astype(np.int64)
+        if base_i is None:  # keyframes only: each its own chain
+            target, shard = np.arange(k), np.searchsorted(cuts, np.arange(k), side="right")
+            do = np.lexsort((t, shard))
         else:
-            do = np.lexsort((root, t, depth, shard))
+            if bad.any():
+                self._corrupt(uniq[bad], "its chain of deltas never reaches a keyframe")
+            do, shard = _plan.decode_order(order, root, depth, rank, t, cuts, _NUM_TAGS)
         t, shard_o = t[do], shard[do]
         cuts = np.concatenate([[0], np.flatnonzero(np.diff(t * shards + shard_o)) + 1, [k]]).tolist()
         runs = [[] for _ in range(shards)]
