@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["chain_walk", "chains", "decode_order", "first_of", "unique"]
+
 _COMPILED: dict = {}  # function -> its compiled version (numba imported on first use), or itself without numba
 
 
@@ -36,13 +38,11 @@ def _compiled(f):
     call.py_func, call.__doc__ = f, f.__doc__
     return call
 
-__all__ = ["chain_walk", "chains", "decode_order", "first_of", "unique"]
-
 
 def first_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`np.unique(x, return_index=True, return_inverse=True)` of a 1-D array `x` of ints >= 0: its distinct values
-    ascending, the first position of each and the index of each element's value among them (int64). One sort of
-    `x * n + position` where that fits in int64 (a sort of values is several times faster than a stable argsort)."""
+    ascending, the first position of each and the index of each element's value among them (int64): one sort of the
+    values `x * n + position` where they fit in int64, else a stable argsort."""
     n = x.size
     if n and int(x.max()) < (1 << 62) // n:
         s = np.sort(x.astype(np.int64) * n + np.arange(n))
@@ -59,7 +59,7 @@ def first_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def unique(x: np.ndarray) -> np.ndarray:
-    """`np.unique(x)` of a 1-D array, by one sort (faster than numpy's hashing on a read's few thousand slot ids)."""
+    """`np.unique(x)` of a 1-D array, by one sort (not numpy's hashing)."""
     s = np.sort(x)
     return s[np.concatenate(([True], s[1:] != s[:-1]))] if s.size else s
 
