@@ -3,11 +3,10 @@
 `put(..., bases=b)` stores entry `i` as `arrays[i] XOR entry(b[i])` (bytewise), coded like any entry (with the
 store's dictionary when it has one; `Codec.encode_deltas`: RLE XORs inside its encoder); `b[i] = -1` stores it whole (a keyframe). Reading a delta decodes its chain
 (base, base of base, ... down to a keyframe): every slot of the chains of one request is decoded once, a chain's
-entries in order on one thread (`chain_order`), and the codec XORs each delta with its base as it decodes it
-(`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); a slot the request reads only as a base is
-decoded into the row of the next slot of its chain that the request asks for, each delta XORed into it in place (no
-row of its own, no copy); chains whose entries have several codecs
-(e.g. zstd keyframes and RLE deltas) are decoded depth by depth, codec by codec. Chains are linear: a slot is the base of at most
+entries in order on one thread (`host_codecs._plan`: the schedule), and the codec XORs each delta with its base as it
+decodes it (`Codec.decode_many(..., bases=)`: the base's bytes are still in cache); a slot the request reads only as a
+base is decoded into the row of the next slot of its chain that the request asks for, each delta XORed into it in
+place (no row of its own, no copy). Chains are linear: a slot is the base of at most
 one live delta. A delta never outlives its base: rewriting or deleting a slot also deletes the deltas after it in
 its chain (`dependents`), so every stored entry decodes. (A frame ring that keeps each chain's keyframe while a
 stored step reads its frames deletes only frames no step reads.)
@@ -32,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from . import _plan
 from ._base import integer_ids
 
-__all__ = ["DeltaChains", "base_sums", "chain_order"]
+__all__ = ["DeltaChains", "base_sums"]
 
 
 def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
@@ -42,41 +42,6 @@ def base_sums(base: np.ndarray, base_check: np.ndarray) -> np.ndarray:
     b = np.asarray(base, np.int64)
     mixed = ((b + 1) * 0x9E3779B1 & 0xFFFFFFFF).astype(np.uint32) ^ np.asarray(base_check, np.uint32)
     return np.where(b >= 0, mixed, np.uint32(0)).astype(np.uint32)
-
-
-def chain_order(base_i: np.ndarray, corrupt, requested: np.ndarray):
-    """The chains of a read's decoded entries, whose bases are the entries `base_i` (-1: a keyframe), and the entry
-    whose row each one is decoded into.
-
-    Args:
-      requested: # shape=(len(base_i),), dtype=bool: the entries with a row of their own in the output; the others
-        (bases the chains need, not asked for) are decoded into the row of the next requested entry of their chain,
-        each delta XORed into it in place, so such an entry costs only its decode, no copy (every chain ends with a
-        requested entry: an entry not asked for is read only as the base of the one after it).
-
-    Returns:
-      `(order, root, depth, target)`, indices of entries: the entries chain by chain (keyframe first, then by depth);
-      each entry's chain (its keyframe), its depth (0 for a keyframe) and the requested entry whose row it is decoded
-      into (itself when requested). An entry whose chain never reaches a keyframe (a cycle: a corrupt index) is passed
-      to `corrupt(entries)`, which raises.
-    """
-    n = base_i.size
-    root = np.where(base_i >= 0, base_i, np.arange(n))
-    depth = (base_i >= 0).astype(np.int64)
-    for _ in range(64):  # pointer jumping: chains of up to 2**64 entries
-        up = root[root]
-        if (up == root).all():
-            break
-        depth, root = depth + depth[root] * (up != root), up
-    else:
-        corrupt(np.flatnonzero(root != root[root]))
-    order = np.argsort(root * (int(depth.max(initial=0)) + 1) + depth)  # (root, depth) pairs are distinct: chains are linear
-    # the next requested entry at or after each one in chain order, in its chain (else itself: never for a request)
-    at = np.where(requested[order], np.arange(n), n)
-    nxt = order[np.minimum(np.minimum.accumulate(at[::-1])[::-1], n - 1)] if n else order
-    target = np.empty(n, np.int64)
-    target[order] = np.where((root[nxt] == root[order]) & requested[nxt], nxt, order)
-    return order, root, depth, target
 
 
 def _in_sorted(x: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
@@ -120,20 +85,9 @@ class DeltaChains:
 
     def _chains(self, flat: np.ndarray) -> np.ndarray:
         """The slots (int64, unique) the chains of the deltas among `flat` reach and `flat` lacks; under the lock."""
-        frontier = self._base[self._at(flat)]
-        frontier = frontier[frontier >= 0]
-        if not frontier.size:
+        if not (self._base[self._at(flat)] >= 0).any():
             return np.zeros(0, np.int64)
-        seen = np.zeros(self.num_slots, bool)
-        seen[flat] = True
-        extra = []
-        while frontier.size:  # one level of the chains per step; a slot met twice in one level is kept once below
-            new = frontier[~seen[frontier]]
-            seen[new] = True
-            extra.append(new)
-            frontier = self._base[new]
-            frontier = frontier[frontier >= 0]
-        return np.unique(np.concatenate(extra)).astype(np.int64)
+        return _plan.unique(_plan.chain_walk(_plan.unique(flat), self._base))
 
     def _bases(self, bases: Any, s: np.ndarray) -> np.ndarray:
         """`bases` of a put of slots `s`, checked: int64 `[B]`, -1 for whole entries."""

@@ -71,10 +71,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil_align, chunk_addresses, dtype_code, dtype_from_code, int_arg, integer_ids, merged_batches, shape_arg
-from . import _checksum
+from . import _checksum, _plan
 from ._pool import num_threads, parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
-from .deltas import DeltaChains, base_sums, chain_order
+from .deltas import DeltaChains, base_sums
 from .slot_index import IndexRows
 from .snapshot import Snapshots
 from .registry import CODECS, codec_for_tag, get_codec
@@ -480,20 +480,17 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         if empty.size + present.size < flat.size:
             bad = chunk < -1
             self._corrupt(flat[bad] if bad.any() else flat[n:][chunk[n:] == -1], "an invalid chunk id" if bad.any() else "a delta's base slot is empty")
-        # Each distinct slot is decoded at its first position; the others are copies of it.
-        uniq, first, inverse = np.unique(flat[present], return_index=True, return_inverse=True)
-        source = present[first[inverse.reshape(-1)]]
-        is_first = source == present
-        pos = present[is_first]  # positions decoded, ascending
-        in_pos = np.cumsum(is_first) - 1  # index into `pos` of each distinct slot's first position (by `present` index)
-        base_i = None  # index into `pos` of each decoded delta's base (decoded too), -1 for a keyframe
-        if chains.size or (base[pos] >= 0).any():
-            b = base[pos].astype(np.int64)
-            base_i = np.where(b >= 0, in_pos[first[np.minimum(np.searchsorted(uniq, b), uniq.size - 1)]], -1)
+        # Each distinct slot is decoded at its first position (`pos`, in slot order); the others are copies of it.
+        uniq, first, inverse = _plan.first_of(flat[present])
+        pos, bs = present[first], base[present[first]]
+        base_i = None  # index into `uniq` of each decoded delta's base (decoded too), -1 for a keyframe
+        if chains.size or (bs >= 0).any():  # the chains, walked once (`host_codecs._plan`)
+            base_i, order, root, depth, rank, target, bad = _plan.chains(uniq, bs.astype(np.int64), pos < n)
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
-        self._verify(table, flat[pos], chunk[pos], offset[pos], length[pos], tag[pos], meta[pos], layout[pos], check[pos],
-                     None if base_i is None else (base[pos], np.where(base_i >= 0, check[pos[base_i]], 0)))
+        chunk, offset, length, meta, check = chunk[pos], offset[pos], length[pos], meta[pos], check[pos]
+        self._verify(table, uniq, chunk, offset, length, tag[pos], meta, layout[pos], check,
+                     None if base_i is None else (bs, np.where(base_i >= 0, check[base_i], 0)))
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
             raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
@@ -521,43 +518,34 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                 views[j][out_row[out_j == j]] = 0
         if not present.size or not nbytes:
             return results
+        # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`).
         k = pos.size
-        order, root, depth, target = np.arange(k), np.arange(k), np.zeros(k, np.int64), np.arange(k)
-        if base_i is not None:
-            order, root, depth, target = chain_order(
-                base_i, lambda bad: self._corrupt(flat[pos[bad]], "its chain of deltas never reaches a keyframe"), pos < n)
-        # Shards take whole chains (a delta is XORed with its base once its shard decoded both), cut where the entries
-        # split evenly in chain order; a chain's entries not asked for are decoded into the row of the next one asked
-        # for (`chain_order`'s target), each delta XORed in place. A shard decodes runs of one codec, every base before
-        # its deltas: its chains in order (one codec), keyframes codec by codec then deltas in chain order (deltas of
-        # one codec), else depth by depth, codec by codec.
         shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
-        rank = np.empty(k, np.int64)
-        rank[order] = np.arange(k)
-        shard = np.searchsorted(np.linspace(0, k, shards + 1)[1:-1], rank[root], side="right")
-        t = tag[pos].astype(np.int64)
-        if (t[depth > 0] == t[depth > 0][:1]).all():
-            lead = shard if (t == t[0]).all() else (shard * 2 + (depth > 0)) * _NUM_TAGS + t
-            do = order[np.argsort(lead[order].astype(np.int16), kind="stable")]
+        cuts, t = np.linspace(0, k, shards + 1)[1:-1], tag[pos].astype(np.int64)
+        if base_i is None:  # keyframes only: each its own chain
+            target, shard = np.arange(k), np.searchsorted(cuts, np.arange(k), side="right")
+            do = np.lexsort((t, shard))
         else:
-            do = np.lexsort((root, t, depth, shard))
-        po, t, shard_o = pos[do], t[do], shard[do]
+            if bad.any():
+                self._corrupt(uniq[bad], "its chain of deltas never reaches a keyframe")
+            do, shard = _plan.decode_order(order, root, depth, rank, t, cuts, _NUM_TAGS)
+        t, shard_o = t[do], shard[do]
         cuts = np.concatenate([[0], np.flatnonzero(np.diff(t * shards + shard_o)) + 1, [k]]).tolist()
         runs = [[] for _ in range(shards)]
         for lo, hi in zip(cuts[:-1], cuts[1:]):
             runs[int(shard_o[lo])].append((lo, hi, codec_for_tag(int(t[lo]))))
         # every per-entry column in decode order: a run is one slice of each
-        cols = (chunk[po].astype(np.int64), offset[po].astype(np.int64), length[po].astype(np.int64), meta[po])
+        cols = (chunk[do].astype(np.int64), offset[do].astype(np.int64), length[do].astype(np.int64), meta[do])
         out_t, row_t = _out_of(pos[target], bounds)  # the row each entry is decoded into
         into = (out_t[do], row_t[do])
         if base_i is not None:  # where each delta's base row is (-1: a keyframe)
             b = base_i[do]
             bases = (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1))
         # the repeated slots' rows, copied by the shard that decodes their first row
-        rep = np.flatnonzero(~is_first)
-        rep_shard = shard[in_pos[first[inverse.reshape(-1)[rep]]]]
+        rep = np.flatnonzero(pos[inverse] != present)
+        rep_shard = shard[inverse[rep]]
         by = np.argsort(rep_shard, kind="stable")
-        rep_src, rep_dst = _out_of(source[rep[by]], bounds), _out_of(present[rep[by]], bounds)
+        rep_src, rep_dst = _out_of(pos[inverse[rep[by]]], bounds), _out_of(present[rep[by]], bounds)
         rep_cuts = np.searchsorted(rep_shard[by], np.arange(shards + 1)).tolist()
 
         def work(s0: int, s1: int) -> None:

@@ -1,0 +1,176 @@
+"""The decode schedule of a `host_codecs.CompressedStore` read with deltas: its chains, the order, thread and row each
+entry is decoded in, in compiled loops (numba, imported on first use, the GIL released; without numba the same loops
+run as Python).
+
+A read decodes `k` distinct entries (in slot order), each a keyframe or a delta whose base is another of them. Chains
+(`host_codecs.deltas`) are decoded keyframe first, then by depth; an entry the read does not ask for is decoded into
+the row of the next entry of its chain that it asks for (each delta XORed into it in place, no row of its own). Shards
+(one per thread) take whole chains, cut where the entries split evenly in chain order. A shard decodes runs of one
+codec, every base before its deltas: when all its deltas have one codec, its keyframes codec by codec in chain
+order, then its deltas in chain order; else depth by depth, codec by codec.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["chain_walk", "chains", "decode_order", "first_of", "unique"]
+
+_COMPILED: dict = {}  # function -> its compiled version (numba imported on first use), or itself without numba
+
+
+def _compiled(f):
+    """`f`, compiled by numba on its first call (cached on disk, the GIL released), or run by Python without numba;
+    `.py_func` is `f`."""
+
+    def call(*args):
+        g = _COMPILED.get(f)
+        if g is None:
+            try:
+                from numba import njit
+            except ImportError:  # the same loops, run by Python
+                g = f
+            else:
+                g = njit(nogil=True, cache=True)(f)
+            _COMPILED[f] = g
+        return g(*args)
+
+    call.py_func, call.__doc__ = f, f.__doc__
+    return call
+
+
+def first_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`np.unique(x, return_index=True, return_inverse=True)` of a 1-D array `x` of ints >= 0: its distinct values
+    ascending, the first position of each and the index of each element's value among them (int64): one sort of the
+    values `x * n + position` where they fit in int64, else a stable argsort."""
+    n = x.size
+    if n and int(x.max()) < (1 << 62) // n:
+        s = np.sort(x.astype(np.int64) * n + np.arange(n))
+        order, s = s % n, s // n
+    else:
+        order = np.argsort(x, kind="stable")
+        s = x[order]
+    head = np.empty(n, bool)
+    head[:1] = True
+    np.not_equal(s[1:], s[:-1], out=head[1:])
+    inverse = np.empty(n, np.int64)
+    inverse[order] = np.cumsum(head) - 1
+    return s[head], order[head], inverse
+
+
+def unique(x: np.ndarray) -> np.ndarray:
+    """`np.unique(x)` of a 1-D array, by one sort (not numpy's hashing)."""
+    s = np.sort(x)
+    return s[np.concatenate(([True], s[1:] != s[:-1]))] if s.size else s
+
+
+@_compiled
+def chain_walk(req, base):
+    """The slots the chains of the deltas among the slots `req` (# shape=(n,), dtype=int64, ascending, unique) reach
+    and `req` lacks, each once (a corrupt index may repeat some), walked down a store's `base` column (# shape=(rows,),
+    dtype=int32; slots from `rows` on are empty). Every slot not asked for is met once (chains are linear); a walk
+    longer than `rows` slots (a cycle: a corrupt index) stops."""
+    n, rows = req.size, base.size
+    out, m = np.empty(max(16, n), np.int64), 0
+    for i in range(n):
+        b = base[req[i]] if req[i] < rows else -1
+        while b >= 0 and m <= rows:
+            # is `b` asked for? (a base is often the slot before: `req[i - 1]`, or a slot between it and `req[i]`)
+            if i > 0 and b == req[i - 1]:
+                break
+            if (i > 0 and b < req[i - 1]) or b >= req[i]:
+                at = np.searchsorted(req, b)
+                if at < n and req[at] == b:
+                    break
+            if m == out.size:
+                out = np.concatenate((out, np.empty(m, np.int64)))
+            out[m], m, b = b, m + 1, base[b] if b < rows else -1
+    return out[:m]
+
+
+@_compiled
+def chains(uniq, bs, requested):
+    """The chains of the `k` distinct entries of a read.
+
+    Args:
+      uniq: # shape=(k,), dtype=int64: the entries' slots, ascending.
+      bs: # shape=(k,), dtype=int64: each entry's base slot (one of `uniq`), -1 for a keyframe.
+      requested: # shape=(k,), dtype=bool: the entries the read asks for (a row of their own).
+
+    Returns:
+      `(base_i, order, root, depth, rank, target, bad)`, int64 `[k]` but `bad`: each entry's base (an index into `uniq`,
+      -1 for a keyframe); the entries in chain order (chain by chain, in the order of their keyframes, each keyframe
+      first, then by depth); each entry's keyframe, depth (0 for a keyframe), rank in `order`, and the entry whose row
+      it is decoded into (itself when requested). `bad` (bool `[k]`): the entries no keyframe's chain reaches (a
+      corrupt index: a cycle, or a slot the base of two entries); the others but `base_i` then mean nothing.
+    """
+    k = uniq.size
+    base_i, child, bad = np.full(k, -1, np.int64), np.full(k, -1, np.int64), np.zeros(k, np.bool_)
+    for i in range(k):
+        if bs[i] >= 0:  # the entry before first (a base is often the slot before), else a binary search
+            b = i - 1 if i > 0 and uniq[i - 1] == bs[i] else min(np.searchsorted(uniq, bs[i]), k - 1)
+            base_i[i] = b
+            if child[b] >= 0:
+                bad[i] = True
+            else:
+                child[b] = i
+    order, root, depth, rank, target = np.empty(k, np.int64), np.arange(k), np.zeros(k, np.int64), np.full(k, -1, np.int64), np.arange(k)
+    q = 0
+    for i in range(k):  # each chain from its keyframe, child by child
+        if base_i[i] < 0:
+            j, d = i, 0
+            while j >= 0:
+                order[q], rank[j], root[j], depth[j] = j, q, i, d
+                q, d, j = q + 1, d + 1, child[j]
+    bad |= rank < 0
+    nxt, chain = -1, -1
+    for p in range(q - 1, -1, -1):  # the next requested entry at or after each one, in its chain
+        i = order[p]
+        if root[i] != chain:
+            nxt, chain = -1, root[i]
+        if requested[i]:
+            nxt = i
+        target[i] = nxt if nxt >= 0 else i
+    return base_i, order, root, depth, rank, target, bad
+
+
+@_compiled
+def decode_order(order, root, depth, rank, tag, cuts, num_tags):
+    """The entries of `chains` in decode order, and the shard of each.
+
+    Args:
+      order, root, depth, rank: of `chains`.
+      tag: # shape=(k,), dtype=int64: each entry's codec tag, below `num_tags`.
+      cuts: # shape=(shards - 1,), dtype=float64: shard `s` takes the chains whose keyframe's rank is at least
+        `cuts[s - 1]` and below `cuts[s]`.
+
+    Returns:
+      `(do, shard)`, int64 `[k]`: the entries shard by shard, in each the runs of one codec of the module doc.
+    """
+    k = order.size
+    shard, one_delta_tag, first_tag, delta_tag = np.zeros(k, np.int64), True, tag[0], -1
+    for i in range(k):
+        for c in cuts:
+            shard[i] += c <= rank[root[i]]
+        if depth[i] > 0:
+            one_delta_tag &= delta_tag < 0 or tag[i] == delta_tag
+            delta_tag = tag[i]
+        first_tag = first_tag if tag[i] == first_tag else -1
+    # a stable counting sort of the entries, in chain order, by the bucket of each
+    levels = depth.max() + 1 if not one_delta_tag else 2
+    key = np.empty(k, np.int64)
+    for i in range(k):
+        if first_tag >= 0:  # one codec: chain order
+            key[i] = shard[i]
+        else:  # keyframes codec by codec, then the deltas (one codec), each in chain order; else depth by depth
+            key[i] = (shard[i] * levels + min(depth[i], levels - 1)) * num_tags + tag[i]
+    start = np.zeros((cuts.size + 1) * levels * num_tags + 1, np.int64)
+    for i in range(k):
+        start[key[i] + 1] += 1
+    start = np.cumsum(start)
+    do = np.empty(k, np.int64)
+    for q in range(k):
+        i = order[q]
+        do[start[key[i]]] = i
+        start[key[i]] += 1
+    return do, shard

@@ -1,0 +1,129 @@
+"""The decode schedule of a store's reads (`host_codecs._plan`) against plain models: random forests of chains with
+random requests, keyframes of several codecs and deltas of one or several, cycles and shared bases of a corrupt
+index; the compiled loops and the same loops run as Python (what a store without numba runs) agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from host_codecs import _plan
+
+KERNELS = [pytest.param(lambda f: f, id="compiled"), pytest.param(lambda f: getattr(f, "py_func", f), id="python")]
+
+
+def _forest(rng, chains: int, longest: int, spread: int):
+    """Slots (ascending, spaced by up to `spread`) of `chains` linear chains of 1..`longest` entries in shuffled slot
+    order, and each entry's base slot (-1 for a keyframe)."""
+    lengths = rng.integers(1, longest + 1, chains)
+    slots = np.cumsum(rng.integers(1, spread + 1, lengths.sum())).astype(np.int64)
+    rng.shuffle(slots)
+    base, at = {}, 0
+    for n in lengths:
+        chain = slots[at : at + n]
+        base.update({int(s): (int(chain[i - 1]) if i else -1) for i, s in enumerate(chain)})
+        at += n
+    uniq = np.sort(slots)
+    return uniq, np.array([base[int(s)] for s in uniq], np.int64)
+
+
+def _model(uniq, bs, requested):
+    """Root, depth, chain order (by keyframe slot, then depth) and target of each entry, by walking."""
+    k, where = uniq.size, {int(s): i for i, s in enumerate(uniq)}
+    root, depth = np.arange(k), np.zeros(k, np.int64)
+    for i in range(k):
+        j = i
+        while bs[j] >= 0:
+            j, depth[i] = where[int(bs[j])], depth[i] + 1
+        root[i] = j
+    order = np.lexsort((depth, root))
+    target = np.arange(k)
+    for q, i in enumerate(order):
+        later = [j for j in order[q:] if root[j] == root[i] and requested[j]]
+        target[i] = later[0] if later else i
+    return root, depth, order, target
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), chains=st.integers(1, 30), longest=st.integers(1, 9), spread=st.integers(1, 3),
+       shards=st.integers(1, 4), tags=st.sampled_from(["one", "keyframes two", "deltas two"]))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_schedule_matches_a_walk_of_each_chain(kernel, seed, chains, longest, spread, shards, tags):
+    """`chains`: each entry's base, keyframe, depth, rank and target row as a walk finds them; `decode_order`: the
+    entries shard by shard (whole chains, cut evenly), each shard's runs of one codec with every base before its
+    deltas (keyframes codec by codec then the deltas in chain order, or depth by depth when deltas have two codecs)."""
+    rng = np.random.default_rng(seed)
+    uniq, bs = _forest(rng, chains, longest, spread)
+    k = uniq.size
+    requested = rng.random(k) < 0.5
+    base_i, order, root, depth, rank, target, bad = kernel(_plan.chains)(uniq, bs, requested)
+    want_root, want_depth, want_order, want_target = _model(uniq, bs, requested)
+    assert not bad.any()
+    np.testing.assert_array_equal(uniq[base_i[bs >= 0]], bs[bs >= 0])
+    assert (base_i[bs < 0] == -1).all()
+    for got, want in ((root, want_root), (depth, want_depth), (order, want_order), (target, want_target)):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(rank[order], np.arange(k))
+
+    tag = np.full(k, 1, np.int64)
+    if tags == "keyframes two":
+        tag[depth == 0] = rng.choice([2, 3], int((depth == 0).sum()))
+    elif tags == "deltas two":
+        tag[depth > 0] = rng.choice([1, 3], int((depth > 0).sum()))
+    cuts = np.linspace(0, k, shards + 1)[1:-1]
+    do, shard = kernel(_plan.decode_order)(order, root, depth, rank, tag, cuts, 5)
+    np.testing.assert_array_equal(np.sort(do), np.arange(k))
+    np.testing.assert_array_equal(shard, np.searchsorted(cuts, rank[root], side="right"))
+    assert (np.diff(shard[do]) >= 0).all()
+    seen = np.zeros(k, bool)
+    for i in do:  # every base decoded before its delta, by the same shard
+        assert bs[i] < 0 or (seen[base_i[i]] and shard[base_i[i]] == shard[i])
+        seen[i] = True
+    if np.unique(tag[depth > 0]).size > 1:
+        want = np.lexsort((root, tag, depth, shard))
+    else:
+        lead = shard if (tag == tag[0]).all() else (shard * 2 + (depth > 0)) * 5 + tag
+        want = order[np.argsort(lead[order], kind="stable")]
+    np.testing.assert_array_equal(do, want)
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_cycles_and_shared_bases_are_reported_not_walked_forever(kernel):
+    """A corrupt index: entries in a cycle, one based on a cycle, and a second delta on one base are `bad`; the rest
+    of a read still gets its bases."""
+    uniq = np.array([10, 11, 12, 20, 21, 30, 31, 32], np.int64)
+    bs = np.array([-1, 10, 11, 21, 20, 20, 30, 30], np.int64)  # 20 <-> 21 a cycle; 30 <- 20; 30 the base of 31 and 32
+    base_i, *_, bad = kernel(_plan.chains)(uniq, bs, np.ones(8, bool))
+    np.testing.assert_array_equal(bad, [False, False, False, True, True, True, True, True])
+    np.testing.assert_array_equal(base_i[:3], [-1, 0, 1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), chains=st.integers(1, 20), longest=st.integers(1, 9), spread=st.integers(1, 3))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_chain_walk_finds_the_slots_a_request_lacks(kernel, seed, chains, longest, spread):
+    """`chain_walk` of a random request: each slot of the requested entries' chains that the request lacks, once;
+    slots past the base column are empty; a cycle ends the walk."""
+    rng = np.random.default_rng(seed)
+    uniq, bs = _forest(rng, chains, longest, spread)
+    column = np.full(int(uniq.max()) + 1, -1, np.int32)
+    column[uniq] = bs
+    req = np.unique(np.concatenate([rng.choice(uniq, rng.integers(1, uniq.size + 1)), [column.size + 5]]))
+    want = set()
+    for s in req.tolist():
+        b = int(column[s]) if s < column.size else -1
+        while b >= 0:
+            want.add(b)
+            b = int(column[b])
+    got = kernel(_plan.chain_walk)(req, column)
+    assert sorted(got.tolist()) == sorted(want - set(req.tolist()))
+    cycle = np.array([-1, -1, -1, 5, -1, 3, -1, 3], np.int32)  # 7 -> 3 -> 5 -> 3 -> ...: the walk stops
+    assert set(kernel(_plan.chain_walk)(np.array([7], np.int64), cycle).tolist()) == {3, 5}
+
+
+@pytest.mark.parametrize("x", [np.zeros(0, np.int64), np.array([5], np.int64), np.array([3, 1, 3, 2, 1, 9, 3], np.int64)])
+def test_unique_and_first_of_are_numpys_unique(x):
+    np.testing.assert_array_equal(_plan.unique(x), np.unique(x))
+    for got, want in zip(_plan.first_of(x), np.unique(x, return_index=True, return_inverse=True)):
+        np.testing.assert_array_equal(got, want)
