@@ -391,7 +391,7 @@ class Concatenated(_Several, struct.PyTreeNode):
     @_compiled.method("batch_size", "n_step", scalars={"gamma": (0.0, 1.0)})
     def _transitions(self, key, batch_size: int, *, n_step: int = 1, gamma) -> ConcatenatedSample:
         keys = jax.random.split(key, len(self.buffers) + 1)
-        source = _draw(keys[0], [b.trajectory._drawn_by("sample_transitions", {"n_step": n_step}) for b in self.buffers], batch_size)
+        source = _draw(keys[0], [b.trajectory.num_valid_windows(n_step + 1) for b in self.buffers], batch_size)
         s: TransitionSample = _pick([b.buffer.sample_transitions(k, batch_size, n_step=n_step, gamma=gamma) for b, k in zip(self.buffers, keys[1:])], source)
         obs, next_obs = self._decode(source, s.obs, s.next_obs)
         item = {**s.item, self.buffers[0].trajectory.obs_key: obs}

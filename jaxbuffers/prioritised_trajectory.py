@@ -134,40 +134,35 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     def can_sample(self, batch_size: int, sequence_length: int | None = None, *, period: int | None = None,
                    cross_episodes: bool = True, beta=1.0) -> jax.Array:
         """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some window it
-        draws from has a positive priority (the tree's total, or its part with no episode end before the last step
-        with `cross_episodes=False`, or reading no lost final observation, `_drawable_leaves`).
+        draws from has a positive priority (the tree's total, or with `cross_episodes=False` its in-episode part).
         `sample_sequences`' arguments without the key; same errors."""
         _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length, period)
-        if _validate.static_bool("cross_episodes", cross_episodes) and not self.buffer._lossy:
+        if _validate.static_bool("cross_episodes", cross_episodes):
             return self.tree.total() > 0
-        return jnp.any(self._drawable_leaves(sequence_length, cross_episodes) > 0)
+        return jnp.any(self._in_episode_leaves(sequence_length) > 0)
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
     def can_sample_transitions(self, batch_size: int, *, n_step: int | None = None, gamma=None, beta=1.0) -> jax.Array:
         """Whether `sample_transitions` with these arguments returns only valid data (bool scalar).
         `sample_transitions`' arguments without the key (`gamma` optional here); same errors."""
         _validate.static_int("batch_size", batch_size)
-        n_step = self._n_step(n_step)
+        self._n_step(n_step)
         if gamma is not None:
             self.buffer.can_sample_transitions(batch_size, gamma=gamma)  # gamma's own checks
-        if self.buffer._lossy:
-            return jnp.any(self._drawable_leaves(n_step + 1, True, n_step) > 0)
         return self.tree.total() > 0
 
     @_compiled.method("window", "period")
     def num_valid_windows(self, window: int | None = None, *, period: int | None = None) -> jax.Array:
         """`jaxbuffers.TrajectoryBuffer.num_valid_windows` (int32 scalar); `window` None: `window_length`, `period`
-        None: `create`'s. With both None: the positions with a positive priority (those reading no lost final
-        observation when $K$ < `length`), the windows `sample_sequences` draws by default."""
+        None: `create`'s. With both None: the positions with a positive priority, the windows the samplers draw."""
         window = self.window_length if window is None else window
         return self.buffer.num_valid_windows(window, period=self.period if period is None else period)
 
     @_compiled.method("window", "period", "cross_episodes")
     def valid_starts(self, indices, window: int | None = None, *, period: int | None = None, cross_episodes: bool = True) -> jax.Array:
         """`jaxbuffers.TrajectoryBuffer.valid_starts` (bool `[B]`); `window` None: `window_length`, `period` None:
-        `create`'s. With both None and `cross_episodes=True`: exactly the positions with a positive priority (and, when
-        $K$ < `length`, reading no lost final observation: "Lost final observations" in `docs/api/trajectory.md`)."""
+        `create`'s. With both None and `cross_episodes=True`: exactly the positions with a positive priority."""
         window = self.window_length if window is None else window
         return self.buffer.valid_starts(indices, window, period=self.period if period is None else period, cross_episodes=cross_episodes)
 
@@ -286,26 +281,11 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
             raise ValueError(f"n_step: expected 1 <= n_step <= window_length - 1 = {self.window_length - 1}, got {n_step}")
         return n_step
 
-    def _drawable_leaves(self, window: int, cross_episodes: bool, n_step: int | None = None) -> jax.Array:
-        """The tree's leaves (float32 `[num_envs * length]`, by position) of the windows a sampler draws: with
-        `cross_episodes=False` no episode end before the last step, and no lost final observation read (sequences of
-        `window` steps, or transitions of `n_step`: `jaxbuffers.TrajectoryBuffer._held`); 0 elsewhere."""
-        b = self.buffer
-        positions = jnp.arange(b.num_envs * b.length, dtype=jnp.int32)
-        ok = b.valid_starts(positions, window, period=self.period, cross_episodes=cross_episodes) if n_step is None else b._held_at(positions, window, n_step)
-        return jnp.where(ok, self.tree.get(self._leaf(positions)), 0)
-
-    def _drawn_mass(self, method: str, kw: Mapping) -> tuple[jax.Array, jax.Array]:
-        """The total and the smallest positive leaf (float32 scalars) of the windows `method` (`"sample_sequences"`,
-        crossing episodes, or `"sample_transitions"`) called with keywords `kw` draws from."""
-        if not self.buffer._lossy:
-            return self.tree.total().astype(jnp.float32), self.tree.min().astype(jnp.float32)
-        if method == "sample_transitions":
-            n_step = self._n_step(kw.get("n_step"))
-            leaves = self._drawable_leaves(n_step + 1, True, n_step)
-        else:
-            leaves = self._drawable_leaves(self._sequence_length(kw.get("sequence_length"), kw.get("period")), True)
-        return jnp.sum(leaves), jnp.min(jnp.where(leaves > 0, leaves, jnp.inf))
+    def _in_episode_leaves(self, sequence_length: int) -> jax.Array:
+        """The tree's leaves (float32 `[num_envs * length]`) where no episode end lies before the window's last step."""
+        positions = jnp.arange(self.buffer.num_envs * self.buffer.length, dtype=jnp.int32)
+        inside = self.buffer.valid_starts(positions, sequence_length, period=self.period, cross_episodes=False)
+        return jnp.where(inside, self.tree.get(self._leaf(positions)), 0)
 
     def _draw(self, key, batch_size: int, beta, leaves=None):
         batch_size = _validate.static_int("batch_size", batch_size)
@@ -337,8 +317,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         """
         sequence_length = self._sequence_length(sequence_length, period)
         cross = _validate.static_bool("cross_episodes", cross_episodes)
-        exact = cross and not self.buffer._lossy  # the tree's windows are the drawn ones
-        idx, extra = self._draw(key, batch_size, beta, None if exact else self._drawable_leaves(sequence_length, cross))
+        idx, extra = self._draw(key, batch_size, beta, None if cross else self._in_episode_leaves(sequence_length))
         return PrioritisedSequenceSample(*self.buffer.sequences_at(idx, sequence_length), *extra)
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
@@ -355,7 +334,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
           TypeError: `gamma` missing or a bool.
         """
         n_step = self._n_step(n_step)
-        idx, extra = self._draw(key, batch_size, beta, self._drawable_leaves(n_step + 1, True, n_step) if self.buffer._lossy else None)
+        idx, extra = self._draw(key, batch_size, beta)
         return PrioritisedTransitionSample(*self.buffer.transitions_at(idx, n_step=n_step, gamma=gamma), *extra)
 
     @_compiled.method("sequence_length")

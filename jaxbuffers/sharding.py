@@ -224,11 +224,7 @@ def _global_rule(buf, method: str, static: dict):
             return sample._replace(probabilities=probabilities.astype(jnp.float32),
                                    importance_weights=(sample.importance_weights * scale).astype(jnp.float32))
 
-        if isinstance(buf, PrioritisedTrajectoryBuffer):  # less than the tree where final observations were lost
-            return (lambda b, kw: b._drawn_mass(method, kw)), finish
         return (lambda b, kw: (b.tree.total().astype(jnp.float32), b.tree.min().astype(jnp.float32))), finish
-    if isinstance(buf, TrajectoryBuffer) and buf._lossy:  # shards' windows differ where final observations were lost
-        return (lambda b, kw: (b._drawn_by(method, kw), jnp.float32(0))), None
     if isinstance(buf, (ReplayBuffer, TrajectoryBuffer)):
         # Every shard of a trajectory buffer has the same lanes and ring, so windows are proportional to steps.
         return (lambda b, kw: (b.size().astype(jnp.int32), jnp.float32(0))), None

@@ -67,11 +67,6 @@ def _flat_take(x: jax.Array, flat: jax.Array) -> jax.Array:
     return jnp.take(x.reshape(e * n, *x.shape[2:]), flat, axis=0, mode="clip")
 
 
-def _counts_before(flags: jax.Array) -> jax.Array:
-    """int32 `[E, n + 1]` of bool `flags` `[E, n]`: entry `[e, l]` counts the flags set in `[0, l)` of row `e`."""
-    return jnp.concatenate([jnp.zeros((flags.shape[0], 1), jnp.int32), jnp.cumsum(flags, axis=1, dtype=jnp.int32)], axis=1)
-
-
 def _gamma(gamma, dtype) -> jax.Array:
     """`gamma` (`jaxbuffers._validate.scalar_parameter`, in [0, 1]) as a 0-d `dtype` array."""
     if gamma is None:
@@ -160,8 +155,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
           num_envs: lanes (Python int >= 1).
           length: steps kept per lane (Python int >= 1); the oldest are overwritten first.
           final_obs_capacity: final observations kept per lane for truncated steps ($K$, `docs/api/trajectory.md`);
-            `None` means `length` (always exact); a value above `length` is reduced to `length`. Below `length`, the
-            windows that would read an overwritten one are never sampled.
+            `None` means `length` (always exact); a value above `length` is reduced to `length`.
           obs_key: name of the observation field.
           action_key: name of the action field.
           reward_key: name of the reward field.
@@ -200,54 +194,36 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def can_sample(self, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
-        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some window it draws
-        exists (`cross_episodes=False`: inside one episode; with $K$ < `length` reading no lost final observation: an
-        `O(num_envs * length)` count). Same arguments and errors as `sample_sequences`, without the key."""
+        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some valid window
+        exists (`cross_episodes=False`: inside one episode, an `O(num_envs * length)` count). Same arguments and
+        errors as `sample_sequences`, without the key."""
         _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
         period = _validate.static_int("period", period)
-        if _validate.static_bool("cross_episodes", cross_episodes) and not self._lossy:
+        if _validate.static_bool("cross_episodes", cross_episodes):
             return self._num_windows(sequence_length, period) > 0
-        return jnp.any(self._start_mask(sequence_length, period, cross_episodes))
+        return self._episode_window_counts(sequence_length, period)[-1] > 0
 
     @_compiled.method("window", "period")
     def num_valid_windows(self, window: int, *, period: int = 1) -> jax.Array:
         """The number of windows of `window` steps that the uniform samplers draw from (crossing episodes), over all
-        lanes (int32 scalar): valid, aligned to `period` and, with $K$ < `length`, holding no step whose final
-        observation was lost ("Windows", "Period", "Lost final observations" in `docs/api/trajectory.md`).
+        lanes (int32 scalar): valid and aligned to `period` ("Windows", "Period" in `docs/api/trajectory.md`).
 
         Raises:
           ValueError: `window` or `period` not an int >= 1.
         """
         window, period = _validate.static_int("window", window), _validate.static_int("period", period)
-        return self._num_drawn(window, period)
-
-    def _num_drawn(self, window: int, period: int = 1, n_step: int | None = None) -> jax.Array:
-        """The windows the uniform samplers draw, over all lanes (int32 scalar): sequences of `window` steps aligned
-        to `period`, or (`n_step`, `window = n_step + 1`, `period = 1`) transitions."""
-        if self._lossy:
-            return jnp.sum(self._start_mask(window, period, True, n_step), dtype=jnp.int32)
         return (self._num_windows(window, period) * self.num_envs).astype(jnp.int32)
-
-    def _drawn_by(self, method: str, kw: Mapping) -> jax.Array:
-        """`_num_drawn` of `method` (`"sample_sequences"` or `"sample_transitions"`) called with keywords `kw`."""
-        if method == "sample_transitions":
-            return self._num_drawn(kw.get("n_step", 1) + 1, 1, kw.get("n_step", 1))
-        return self._num_drawn(kw["sequence_length"], kw.get("period", 1))
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None) -> jax.Array:
         """Whether `sample_transitions` with these arguments returns only valid data (bool scalar): some lane holds
-        `n_step + 1` steps whose transition's final observation, if it needs one, is still held ("Lost final
-        observations" in `docs/api/trajectory.md`). `sample_transitions`' arguments and errors without the key
-        (`gamma` optional here: checked when given, it never changes the answer)."""
+        `n_step + 1` steps. `sample_transitions`' arguments and errors without the key (`gamma` optional here:
+        checked when given, it never changes the answer)."""
         _validate.static_int("batch_size", batch_size)
         if gamma is not None:
             _gamma(gamma, self.storage[self.reward_key].dtype)
-        n_step = self._n_step(n_step)
-        if self._lossy:
-            return jnp.any(self._start_mask(n_step + 1, 1, True, n_step))
-        return self._num_windows(n_step + 1) > 0
+        return self._num_windows(self._n_step(n_step) + 1) > 0
 
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "TrajectoryBuffer":
@@ -327,38 +303,12 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Whether some stored truncated step's final observation was overwritten (bool scalar).
 
         Exact: a final observation survives iff fewer than $K$ truncated (not terminated) steps followed its step in
-        its lane; only the steps stored now count. `O(num_envs * length)`: a diagnostic (the samplers never draw a
-        window reading a lost one: "Lost final observations" in `docs/api/trajectory.md`).
+        its lane; only the steps stored now count. `O(num_envs * length)`: a diagnostic.
         """
-        return jnp.any(self._lost())
-
-    @property
-    def _lossy(self) -> bool:
-        """Static: whether a final observation can be overwritten while its step is stored ($K$ < `length`)."""
-        return self.final_obs_capacity < self.length
-
-    def _lost(self) -> jax.Array:
-        """bool `[num_envs, length]` by logical step: stored truncated (not terminated) steps whose final observation
-        was overwritten, the ring of $K$ having been written at least $K$ times since (by later such steps)."""
         needs = self._logical_order(self.truncated & ~self.terminated) & (jnp.arange(self.length) < self.num_valid)
         c = needs.astype(jnp.int32)
         later = jnp.sum(c, axis=1, keepdims=True) - jnp.cumsum(c, axis=1)  # ring writes after each step
-        return needs & (later >= self.final_obs_capacity)
-
-    def _held(self, window: int, n_step: int | None = None) -> jax.Array:
-        """bool `[num_envs, length]` by logical start: the window of `window` steps there reads no lost final
-        observation. Sequences (`n_step` None): none of its steps is lost (`final_obs_at`). Transitions of `n_step`:
-        the first episode end among its first `n_step` steps, the step it bootstraps from, is not lost."""
-        n = self.length
-        lost = self._lost()
-        pos = jnp.arange(n, dtype=jnp.int32)
-        if n_step is None:  # lost steps in [l, l + window): a difference of running counts
-            c = _counts_before(lost)
-            return c[:, jnp.minimum(pos + window, n)] == c[:, :n]
-        ends = self._logical_order(self.terminated | self.truncated)
-        first = jax.lax.cummin(jnp.where(ends, pos, n), axis=1, reverse=True)  # first episode end at or after l
-        boot_lost = jnp.take_along_axis(lost, jnp.minimum(first, n - 1), axis=1)
-        return ~(boot_lost & (first < jnp.minimum(pos + n_step, n)))
+        return jnp.any(needs & (later >= self.final_obs_capacity))
 
     def _sequence_length(self, sequence_length) -> int:
         sequence_length = _validate.static_int("sequence_length", sequence_length)
@@ -395,32 +345,25 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     def _ends_before(self) -> jax.Array:
         """int32 `[num_envs, length + 1]`: `c[lane, l]` counts the episode ends in logical steps `[0, l)`."""
-        return _counts_before(self._logical_order(self.terminated | self.truncated))
+        ends = self._logical_order(self.terminated | self.truncated).astype(jnp.int32)
+        return jnp.concatenate([jnp.zeros((self.num_envs, 1), jnp.int32), jnp.cumsum(ends, axis=1)], axis=1)
 
-    def _held_at(self, flat: jax.Array, window: int, n_step: int | None = None) -> jax.Array:
-        """`_held` at flat positions `flat` in `[0, num_envs * length)` (bool, same shape)."""
-        logical = _ring.physical_to_logical(flat % self.length, self.head, self.num_valid, self.length)
-        return self._held(window, n_step)[flat // self.length, logical]
-
-    def _start_mask(self, window: int, period: int, cross_episodes: bool, n_step: int | None = None) -> jax.Array:
-        """bool `[num_envs, length - window + 1]` by logical start: the windows the samplers draw, valid and aligned,
-        with `cross_episodes=False` with no episode end before their last step, reading no lost final observation
-        (`_held`; `n_step`: of transitions)."""
+    def _episode_window_counts(self, window: int, period: int) -> jax.Array:
+        """Running count (int32[num_envs * (length - window + 1)]) of the valid, aligned windows with no episode end
+        before their last step, by `lane * (length - window + 1) + logical start`."""
         n = self.length
+        c = self._ends_before()
         ls = jnp.arange(n - window + 1, dtype=jnp.int32)
-        ok = (ls + window <= self.num_valid) & _ring.aligned(ls, self._first_start(period), period)
-        if not cross_episodes:
-            c = self._ends_before()
-            ok = ok & ((c[:, ls + window - 1] - c[:, ls]) == 0)
-        return ok & self._held(window, n_step)[:, : n - window + 1] if self._lossy else jnp.broadcast_to(ok, (self.num_envs, ls.shape[0]))
+        inside = (c[:, ls + window - 1] - c[:, ls]) == 0
+        ok = inside & (ls + window <= self.num_valid) & _ring.aligned(ls, self._first_start(period), period)
+        return jnp.cumsum(ok.reshape(-1).astype(jnp.int32))
 
-    def _masked_positions(self, key, batch_size: int, ok: jax.Array):
-        """Exact uniform (lane, physical start) over the starts where `ok` (`_start_mask`): running counts +
-        searchsorted, `O(num_envs * length)`. No start: lane 0's first slot."""
-        counts = jnp.cumsum(ok.reshape(-1).astype(jnp.int32))
+    def _episode_positions(self, key, batch_size: int, window: int, period: int):
+        """Exact uniform draw over windows inside one episode: cumulative counts + searchsorted."""
+        counts = self._episode_window_counts(window, period)
         r = jax.random.randint(_validate.key("key", key), (batch_size,), 0, jnp.maximum(counts[-1], 1), jnp.int32)
         pos = jnp.minimum(jnp.searchsorted(counts, r, side="right").astype(jnp.int32), counts.shape[0] - 1)
-        w = ok.shape[1]
+        w = self.length - window + 1
         return pos // w, _ring.logical_to_physical(pos % w, self.head, self.num_valid, self.length)
 
     def _windows(self, lanes, starts, window: int) -> jax.Array:
@@ -463,10 +406,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Sample `batch_size` sequences of `sequence_length` consecutive steps of one lane.
 
         Uniform with replacement over the valid windows whose start is aligned to `period` ("Period" in
-        `docs/api/trajectory.md`); with `cross_episodes=False` over those with no episode end before their last step;
-        with $K$ < `length` over those holding no step whose final observation was lost ("Lost final observations":
-        `final_obs_at` of the sample is exact). Exact; `O(num_envs * length)` per call with either restriction, else
-        `O(batch_size * sequence_length)`.
+        `docs/api/trajectory.md`); with `cross_episodes=False` over those with no episode end before their last step
+        (exact, `O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`).
 
         Args:
           key: PRNG key.
@@ -485,10 +426,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         batch_size = _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
         period = _validate.static_int("period", period)
-        if _validate.static_bool("cross_episodes", cross_episodes) and not self._lossy:
-            return self._sequences(*self._uniform_positions(key, batch_size, sequence_length, period), sequence_length)
-        ok = self._start_mask(sequence_length, period, cross_episodes)
-        return self._sequences(*self._masked_positions(key, batch_size, ok), sequence_length)
+        draw = self._uniform_positions if _validate.static_bool("cross_episodes", cross_episodes) else self._episode_positions
+        return self._sequences(*draw(key, batch_size, sequence_length, period), sequence_length)
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma) -> TransitionSample:
@@ -496,9 +435,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
         The return is cut at the first episode end (`n_step_window`); `next_obs` is `obs_{t+k}`: from the
         final-observation ring if step `t + k - 1` was truncated (never the reset observation), else the stored step
-        `t + k` (after termination defined and multiplied by `discount = 0`). With $K$ < `length` a transition whose
-        step `t + k - 1` lost its final observation is never drawn: uniform over the others ("Lost final
-        observations" in `docs/api/trajectory.md`, `O(num_envs * length)` per call).
+        `t + k` (after termination defined and multiplied by `discount = 0`).
 
         Args:
           key: PRNG key.
@@ -516,11 +453,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         batch_size = _validate.static_int("batch_size", batch_size)
         n_step = self._n_step(n_step)
         _gamma(gamma, self.storage[self.reward_key].dtype)
-        if self._lossy:
-            lanes, starts = self._masked_positions(key, batch_size, self._start_mask(n_step + 1, 1, True, n_step))
-        else:
-            lanes, starts = self._uniform_positions(key, batch_size, n_step + 1, 1)
-        return self._transitions(lanes, starts, n_step, gamma)
+        return self._transitions(*self._uniform_positions(key, batch_size, n_step + 1, 1), n_step, gamma)
 
     def _split_indices(self, indices) -> tuple[jax.Array, jax.Array]:
         flat = jnp.clip(_validate.index_vector("indices", indices), 0, self.num_envs * self.length - 1)
@@ -530,9 +463,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     def valid_starts(self, indices, window: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
         """Whether a window of `window` steps starting at each flat position is one the uniform samplers draw now:
         valid and aligned to `period` (`docs/api/trajectory.md`; `window=n + 1` for `n_step=n`), with
-        `cross_episodes=False` also no episode end before its last step (`O(num_envs * length)`), with $K$ <
-        `length` also holding no step whose final observation was lost (the rule of `sample_sequences`; a transition
-        needs only its bootstrap step's: "Lost final observations" in `docs/api/trajectory.md`).
+        `cross_episodes=False` also no episode end before its last step (`O(num_envs * length)`).
 
         Args:
           indices: int[B], flat positions.
@@ -549,8 +480,6 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         in_range = (wide >= 0) & (wide < self.num_envs * self.length)
         logical = _ring.physical_to_logical(slots, self.head, self.num_valid, self.length)
         ok = in_range & (logical + window <= self.num_valid) & _ring.aligned(logical, self._first_start(period), period)
-        if self._lossy:
-            ok = ok & self._held_at(lanes * self.length + slots, window)
         if _validate.static_bool("cross_episodes", cross_episodes):
             return ok
         c, last = self._ends_before(), jnp.minimum(logical + window - 1, self.length)
@@ -573,9 +502,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         V(final[:, j]), V(s.item["obs"][:, j + 1]))`.
 
         Entry `[b, j]` is the `final_obs` given to `add` with step `j` of sequence `b` where it was truncated and not
-        terminated (exact at the windows `sample_sequences` draws; at a lost one, whatever holds its ring slot now:
-        "Lost final observations" in `docs/api/trajectory.md`), zeros elsewhere: an obs pytree, leaves
-        `[B, sequence_length, ...]`. Arguments and errors as `sequences_at`.
+        terminated (exact unless `final_obs_lost`), zeros elsewhere: an obs pytree, leaves `[B, sequence_length, ...]`.
+        Arguments and errors as `sequences_at`.
         """
         sequence_length = self._sequence_length(sequence_length)
         final, real = self._final_obs(self._windows(*self._split_indices(indices), sequence_length))
