@@ -155,7 +155,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
           num_envs: lanes (Python int >= 1).
           length: steps kept per lane (Python int >= 1); the oldest are overwritten first.
           final_obs_capacity: final observations kept per lane for truncated steps ($K$, `docs/api/trajectory.md`);
-            `None` means `length` (always exact); a value above `length` is reduced to `length`.
+            `None` means `length` (always exact); a value above `length` is reduced to `length`. Below the number of
+            truncated steps a lane holds, samples bootstrapping from an overwritten one read another step's final
+            observation (`final_obs_lost`).
           obs_key: name of the observation field.
           action_key: name of the action field.
           reward_key: name of the reward field.
