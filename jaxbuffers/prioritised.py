@@ -63,12 +63,10 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
         """An empty buffer for items shaped like `example_item`.
 
         Args:
-          example_item: one item, no batch axis (as `jaxbuffers.ReplayBuffer.create`).
+          example_item: as `jaxbuffers.ReplayBuffer.create`, like `min_size` and `metrics`.
           capacity: number of items kept (Python int in `[1, 2**30]`); oldest overwritten first.
           priority_exponent: `alpha` in `[0, 1]` (0: uniform; 1: fully proportional).
-          min_size: `can_sample` is False until this many items are stored.
           epsilon: smallest priority kept, in `[1e-30, 1]`; zero or negative priorities become it.
-          metrics: static bool: keep per-slot sample counts (as `jaxbuffers.ReplayBuffer.create`).
 
         Raises:
           ValueError: as `jaxbuffers.ReplayBuffer.create`, or `priority_exponent` / `epsilon` outside their ranges.

@@ -94,6 +94,21 @@ def advantages_required(flag: Any, what: str, first=None, compute: str = "comput
     raise _validate.advantages_missing(what, compute)
 
 
+def add_once(buf: Any, step: Any, fields: dict) -> Any:
+    """`buf._add(step, **fields)` of a rollout (compressed or not). Eagerly, a full buffer refuses the arguments (their
+    own errors first) with `BufferFullError`, and the cursor the add advances is remembered on the host."""
+    if isinstance(buf.step_index, jax.core.Tracer):
+        return buf._add(step, **fields)
+    at = _compiled.host_int(buf.step_index)  # remembered by the last eager add: no wait for its write
+    if at >= buf.num_steps:
+        _validate.refusal(lambda b: b._add(step, **fields), buf)
+        raise BufferFullError(f"add: the rollout buffer is full (step_index={at} of num_steps={buf.num_steps}); "
+                              f"nothing was written. Call reset() for the next rollout")
+    out = buf._add(step, **fields)
+    _compiled.remember_int(out.step_index, at + 1)  # room was left: the cursor advanced by one
+    return out
+
+
 @_validate.one_member_methods
 class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     """Time-major `[num_steps, num_envs]` on-policy storage with GAE and shuffled minibatches (`docs/api/rollout.md`);
@@ -196,17 +211,9 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
           TypeError: wrong tree structure or dtype; the message names the field.
           ValueError: wrong shape or leading axis, or `truncated` / `final_value` without the other.
         """
-        kw = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value, trainable=trainable)
-        if isinstance(self.step_index, jax.core.Tracer):
-            return self._add(step, **kw)
-        at = _compiled.host_int(self.step_index)  # remembered by the last eager add: no wait for its write
-        if at >= self.num_steps:  # the arguments' own refusal first
-            _validate.refusal(lambda b: b._add(step, **kw), self)
-            raise BufferFullError(f"add: the rollout buffer is full (step_index={at} of num_steps={self.num_steps}); "
-                                  f"nothing was written. Call reset() for the next rollout")
-        out = self._add(step, **kw)
-        _compiled.remember_int(out.step_index, at + 1)  # room was left: the cursor advanced by one
-        return out
+        fields = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value,
+                      trainable=trainable)
+        return add_once(self, step, fields)
 
     @_compiled.method()
     def _add(self, step, *, reward, value, terminated, truncated, final_value, trainable) -> "RolloutBuffer":

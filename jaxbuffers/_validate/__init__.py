@@ -558,9 +558,7 @@ def path(name: str, value: Any) -> pathlib.Path:
 
 def text(name: str, value: Any, optional: bool = False) -> Any:
     """A str argument (a name, a prefix), or None where ``optional``; else TypeError naming ``name``."""
-    if not (isinstance(value, str) or (optional and value is None)):
-        raise unexpected(name, f"a str{' or None' if optional else ''}", value)
-    return value
+    return instance(name, value, (str, type(None)) if optional else str, f"a str{' or None' if optional else ''}")
 
 
 def choice(name: str, value: Any, options: tuple, what: str = "") -> Any:

@@ -13,7 +13,7 @@ from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._common import LeafInfo
 from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
-from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch, advantages_required
+from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch, add_once, advantages_required
 
 __all__ = ["CompressedRolloutBuffer"]
 
@@ -43,16 +43,10 @@ class CompressedRolloutBuffer(HostBacked):
 
         Args:
           example_step: as `jaxbuffers.RolloutBuffer.create`, like `num_envs`, `num_steps` and `float_dtype`.
-          compress: the leaves of the step (not only its observation) to store on the host, as
-            `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`'s (same dtypes); default `("obs",)`: every leaf
-            under the step's `obs` key; None: every leaf of the step.
-          codec: host codec name.
-          normalize_images: return compressed uint8 leaves as float32 `x / 255`.
-          chunk_bytes: largest host arena chunk.
-          dictionary_bytes: as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`.
-          frame_stack: `k`: the compressed leaves are stacks of `k` frames along `stack_axis`, one frame per store
-            entry; None: one entry per observation.
-          stack_axis: axis of each compressed leaf holding the `k` frames.
+          compress: the leaves of the step (not only its observation) to store on the host, named as
+            `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`'s (same dtypes); None: every leaf of the step.
+          codec: as `jaxbuffers.compressed.CompressedTrajectoryBuffer.create`, like `normalize_images`, `chunk_bytes`,
+            `dictionary_bytes`, `frame_stack` (one store entry per frame) and `stack_axis`.
 
         Raises:
           TypeError: a compressed leaf of a dtype the host stores do not take (naming the leaf).
@@ -118,17 +112,7 @@ class CompressedRolloutBuffer(HostBacked):
             the write callback's `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
-        inner = self.buffer
-        if isinstance(inner.step_index, jax.core.Tracer):
-            return self._add(step, **fields)
-        at = _compiled.host_int(inner.step_index)  # the cursor an eager add recorded: read without a device transfer
-        if at >= inner.num_steps:
-            (n,) = _validate.check_batch(self.step_spec, step, 1, "step")  # the compressed leaves; then the rest:
-            ids = np.zeros((n,) + (() if self.frame_stack is None else (self.frame_stack,)), np.int32)
-            inner.add(_common.replace_leaves(step, self.leaf_index, [ids] * len(self.leaves)), **fields)  # raises BufferFullError
-        out = self._add(step, **fields)
-        _compiled.remember_int(out.buffer.step_index, at + 1)  # room was left: the cursor advanced by one
-        return out
+        return add_once(self, step, fields)
 
     @_common.checked_before_dispatch(add=True)
     @_compiled.method()
