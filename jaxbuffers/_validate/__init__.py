@@ -536,12 +536,8 @@ def static_value(name: str, value: Any, want: str = "an array or a hashable Pyth
 
 
 def names(name: str, value: Any, minimum: int = 0) -> list[str]:
-    """A list or tuple of at least ``minimum`` distinct strs (field names), as a list.
-
-    Raises:
-      TypeError: not a list or tuple (a lone str too: it would be read letter by letter), an item not a str.
-      ValueError: fewer than ``minimum`` names, or a name given twice.
-    """
+    """A list or tuple of at least ``minimum`` distinct strs (field names), as a list; TypeError for another type (a
+    lone str too: it would be read letter by letter) or item, ValueError for too few names or one given twice."""
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise unexpected(name, "a list of field names (strs)", value)
     if len(value) < minimum or len(set(value)) != len(value):

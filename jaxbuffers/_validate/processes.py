@@ -9,11 +9,8 @@ import numpy as np
 
 
 def whole_leaf(x) -> np.ndarray:
-    """A leaf on host memory: a global array replicated over processes gives this process's copy.
-
-    Raises:
-      TypeError: an array split across processes (not one buffer each process holds whole).
-    """
+    """A leaf on host memory: a global array replicated over processes gives this process's copy; TypeError for an
+    array split across processes (not one buffer each process holds whole)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         if not x.is_fully_replicated:
             raise TypeError(f"buffer: an array {x.shape} split across processes ({x.sharding}); save a ShardedBuffer "
@@ -23,11 +20,8 @@ def whole_leaf(x) -> np.ndarray:
 
 
 def same_on_every_process(own: dict[str, str], every: list[dict[str, str]], me: int) -> None:
-    """`own` (this process's hash of every array, by name) equals every process's (`every`, in process order).
-
-    Raises:
-      ValueError: naming the first array that differs and the two processes.
-    """
+    """`own` (this process's hash of every array, by name) equals every process's (`every`, in process order); else
+    ValueError naming the first array that differs and the two processes."""
     for p, theirs in enumerate(every):
         diff = next((k for k in sorted(set(own) | set(theirs)) if own.get(k) != theirs.get(k)), None)
         if diff is not None:
