@@ -219,14 +219,8 @@ class CompressedRolloutBuffer(HostBacked):
         return mb._replace(step=_common.replace_leaves(mb.step, self.leaf_index, out))
 
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
-        """`jaxbuffers.RolloutBuffer.minibatches` decoded at once (the whole rollout in memory; prefer
-        `minibatch_indices` + `gather`).
-
-        Raises:
-          ValueError: as `minibatch_indices` (checked first).
-          RuntimeError: called eagerly while `has_advantages` is False (no `compute_gae` since the last `add` or
-            `reset`); the buffer was closed.
-        """
+        """`jaxbuffers.RolloutBuffer.minibatches` (same errors; RuntimeError also for a closed buffer) decoded at once:
+        the whole rollout in memory (prefer `minibatch_indices` + `gather`)."""
         def first():  # a closed store, then the arguments, named first
             _common.check_before_dispatch(self, False)
             _validate.refusal(lambda b: b.minibatch_indices(key, num_minibatches), self.buffer)
