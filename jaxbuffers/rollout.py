@@ -94,9 +94,9 @@ def advantages_required(flag: Any, what: str, first=None, compute: str = "comput
     raise _validate.advantages_missing(what, compute)
 
 
-def add_once(buf: Any, step: Any, fields: dict) -> Any:
-    """`buf._add(step, **fields)` of a rollout (compressed or not). Eagerly, a full buffer refuses the arguments (their
-    own errors first) with `BufferFullError`, and the cursor the add advances is remembered on the host."""
+def add_row(buf: Any, step: Any, fields: dict) -> Any:
+    """`buf._add(step, **fields)`: one row of a rollout (compressed or not). Eagerly, a full buffer refuses the
+    arguments (their own errors first) with `BufferFullError`, and the cursor the add advances is remembered."""
     if isinstance(buf.step_index, jax.core.Tracer):
         return buf._add(step, **fields)
     at = _compiled.host_int(buf.step_index)  # remembered by the last eager add: no wait for its write
@@ -213,7 +213,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         """
         fields = dict(reward=reward, value=value, terminated=terminated, truncated=truncated, final_value=final_value,
                       trainable=trainable)
-        return add_once(self, step, fields)
+        return add_row(self, step, fields)
 
     @_compiled.method()
     def _add(self, step, *, reward, value, terminated, truncated, final_value, trainable) -> "RolloutBuffer":

@@ -13,7 +13,7 @@ from jaxbuffers.compressed import _common
 from jaxbuffers.compressed._common import LeafInfo
 from jaxbuffers.compressed._host import HostBacked, HostStores
 from jaxbuffers.compressed.trajectory import DEFAULT_CODEC
-from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch, add_once, advantages_required
+from jaxbuffers.rollout import RolloutBuffer, RolloutMinibatch, add_row, advantages_required
 
 __all__ = ["CompressedRolloutBuffer"]
 
@@ -112,7 +112,7 @@ class CompressedRolloutBuffer(HostBacked):
             the write callback's `jax.errors.JaxRuntimeError`).
           RuntimeError: the buffer was closed.
         """
-        return add_once(self, step, fields)
+        return add_row(self, step, fields)
 
     @_common.checked_before_dispatch(add=True)
     @_compiled.method()
