@@ -26,6 +26,7 @@ _NAMES = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32
 SUPPORTED_DTYPES: dict[np.dtype, torch.dtype] = {np.dtype(getattr(jnp, n.replace("bool", "bool_"))): getattr(torch, n) for n in _NAMES}
 _TORCH_TO_NUMPY = {t: n for n, t in SUPPORTED_DTYPES.items()}
 _BF16 = np.dtype(jnp.bfloat16)
+_SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED_DTYPES)
 _WRAPS = ((bool, "np.bool_"), (int, "np.int32"), (float, "np.float32"), (complex, "np.complex64"))
 
 
@@ -65,7 +66,7 @@ def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
                         f"concrete arrays, so call it outside jit/vmap/scan, on the function's outputs")
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # numpy has no dtype for typed keys
         raise TypeError(f"{_where('to_torch', path)}: dtype {x.dtype} (a PRNG key) is not supported (supported: "
-                        f"{', '.join(map(str, SUPPORTED_DTYPES))}); convert its raw bits with jax.random.key_data first")
+                        f"{_SUPPORTED_NAMES}); convert its raw bits with jax.random.key_data first")
     dtype = np.dtype(x.dtype)
     _check_dtype("to_torch", path, dtype)
     if x.is_deleted():
