@@ -24,13 +24,21 @@ same of the process CPU times (``_common._metrics_compare``).
 
 Where the metrics' cost goes (callgrind, the quarter-full vector step, instructions per step outside the thread
 pool's idle spinning; steadier than timings, which differ by a few percent between two identical steps compiled
-apart): about 178k without metrics, 53k in the compiled kernels, 59k in XLA's runtime (about 300 per operation
-launched) and 48k in memory allocation. ``counters`` adds about 4%: a scatter of the 256 draws' age bins into 32 bins
-(13 instructions a draw), one reduction over the batch, the counters' update and seven more operations launched.
-``per-slot`` adds about 3% more: a second scatter, of saturating increments at random positions of the int32
-``[capacity]`` counts, the add's reset of the positions it writes, and one more cache line per draw (about 18% more
-L1 misses; on a full buffer, whose counts sit beside 10 MB of storage, about 18% more last-level misses). Both
-scatters are O(batch): a step that only samples pays them in full, a step that also trains a network hides them.
+apart): about 175k without metrics, 53k in the compiled kernels, 79k in XLA's runtime and 42k in memory allocation.
+``counters`` adds about 5% (9k): a scatter-add of the 256 draws' held flags at their age bins (9 instructions a
+draw), one reduction over the batch, one elementwise pass over the 46 counter words and six operations launched.
+``per-slot`` adds about 4% more (7k): a second scatter, of saturating increments at random positions of the int32
+``[capacity]`` counts (13 instructions a draw), the index it needs, and the add's reset of the positions it writes.
+Both scatters are O(batch): a step that only samples pays them in full, a step that also trains a network hides them.
+
+With both cores free, XLA runs a step's independent operations on two threads, and the step's time then depends
+more on the order its compiled schedule gives the sample's four gathers than on the metrics' work: a step whose
+schedule starts with the ``[256, 6]`` action gather ran about 12 us (40%) slower than one starting with another
+gather, whichever variant it was. Which variant gets that order follows from the whole graph, not from its cost:
+with the age bins counted as they are, ``counters`` gets it and ``per-slot`` does not; counting them with
+saturating increments at masked indices (one operation more, as many instructions) gives it to ``per-slot``
+instead. On a loaded machine one thread runs everything and the orders cost the same; rows measured there are the
+metrics' own cost.
 
 Run: python benchmarks/bench_replay.py [--quick] [--repeats N] [--metrics]
 """

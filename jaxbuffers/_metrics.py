@@ -147,18 +147,20 @@ class Metrics(struct.PyTreeNode):
         drawn = positions >= 0 if mine is None else (positions >= 0) & mine
         ok_age = jnp.where(ok, age, 0)
         # One pass over the batch for the totals: drawn, the sums of the ages' three 11-bit parts (each below
-        # MAX_RECORD * 2**11 = 2**30: exact in int32) and the largest age. The bins and the positions are counted
-        # by a scatter of saturating increments each (a stale draw goes past the end and is dropped), which beats a
-        # one-hot sum on CPU; the bins go into `totals` after its counters are updated, so the counters and the bins
-        # cost one elementwise pass and one scatter.
+        # MAX_RECORD * 2**11 = 2**30: exact in int32) and the largest age. The bins take one scatter-add of the draws
+        # held (1, else 0) at every draw's bin (always in bounds: no index of its own to mask), the counters one
+        # elementwise pass over `totals` after it (`_add_totals`); the positions one scatter of saturating increments
+        # (a stale draw goes past the end and is dropped). Scatters of the batch beat one-hot sums on CPU.
         mask = 2**AGE_PART_BITS - 1
         parts = tuple((ok_age >> (AGE_PART_BITS * k)) & mask for k in range(3))
-        operands = (ok.astype(jnp.int32), drawn.astype(jnp.int32), *parts, ok_age)
+        held = ok.astype(jnp.int32)
+        operands = (held, drawn.astype(jnp.int32), *parts, ok_age)
         n, drawn, *sums, age_max = jax.lax.reduce(
             operands, tuple(jnp.zeros((), x.dtype) for x in operands),
             lambda x, y: (*(u + v for u, v in zip(x[:-1], y[:-1])), jnp.maximum(x[-1], y[-1])), (0,))
-        bins = jnp.where(ok, HIST + jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1), TOTALS)
-        new = self.replace(totals=_count(_add_totals(self.totals, n, drawn - n, age_max, sums), bins))
+        bins = HIST + jnp.minimum(31 - jax.lax.clz(age + 1), NUM_AGE_BINS - 1)  # age in [0, ring): bin in [0, 32)
+        binned = jax.lax.scatter_add(self.totals, bins[:, None], held, _SCATTER_1D, mode="promise_in_bounds")
+        new = self.replace(totals=_add_totals(binned, n, drawn - n, age_max, sums))
         if not self.per_slot:
             return new
         counts = _count(self.sample_count.reshape(-1), jnp.where(ok, pos, lanes_ring))
@@ -166,14 +168,16 @@ class Metrics(struct.PyTreeNode):
 
 
 def _add_totals(totals: jax.Array, sampled, stale, age_max, age_parts) -> jax.Array:
-    """`totals` (int32 `[TOTALS]`) with `sampled`, `stale` and the three `age_parts` sums (int32 scalars in
-    `[0, 2**30)`) and one call added to their two-word counters (`_ring.counter_add`, exact) and `age_max` taken in;
-    the bins as they were. One small elementwise pass over the words before the bins, as seven pairs (the fourth,
-    `[age_max, 0]`, gets 0 added), written back in place."""
+    """`totals` (int32 `[TOTALS]`, its bins just scatter-added) with one call taken in: `sampled`, `stale`, one call
+    and the three `age_parts` sums (int32 scalars in `[0, 2**30)`) added to their two-word counters
+    (`_ring.counter_add`, exact), `age_max` taken in, and a bin that the scatter-add took past `2**31 - 1` (it wrapped
+    negative: a bin holds at most `2**31 - 1` and a call adds fewer than `2**31`) stopped there. One elementwise
+    pass over the seven pairs before the bins (the fourth, `[age_max, 0]`, gets 0 added) and the bins."""
     inc = jnp.stack([jnp.asarray(x, jnp.int32) for x in (sampled, 1, stale, 0, *age_parts)])  # one per pair
     words = _ring.counter_add(totals[:HIST].reshape(-1, 2), inc).reshape(-1)
-    head = jnp.where(jnp.arange(HIST) == AGE_MAX, jnp.maximum(words, age_max), words)
-    return jax.lax.dynamic_update_slice(totals, head, (0,))
+    words = jnp.where(jnp.arange(HIST) == AGE_MAX, jnp.maximum(words, age_max), words)
+    bins = totals[HIST:]
+    return jnp.concatenate([words, jnp.where(bins < 0, _MAX, bins)])
 
 
 _SCATTER_1D = jax.lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,))
