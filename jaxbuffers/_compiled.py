@@ -15,6 +15,7 @@ import numpy as np
 from jaxbuffers import _timing, _validate
 
 _INT32 = np.iinfo(np.int32)
+_NUMPY_STATIC = (np.integer, np.bool_)  # static values keyed as the equal Python int/bool (the checks accept both)
 _ARRAY_TYPES: set[type] = set()  # concrete classes of the JAX arrays seen: a set lookup is cheaper than isinstance
 _HELD_TYPES: set[type] = set()  # those of them holding device buffers (not tracers): they can be donated or deleted
 _HOST_INTS: dict[int, tuple[weakref.ref, int]] = {}  # id(array) -> (weak reference to it, its value)
@@ -130,7 +131,7 @@ def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], st
 def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = None) -> Callable:
     """Decorate a pure buffer method (or function) to run as one cached compiled program (`functools.wraps`; the plain
     function is its `uncompiled` attribute). `static`: the names of the static arguments (batch sizes, lengths, flags;
-    each value compiles its own program); `scalars`: `{name: (lo, hi)}` of traced scalar hyperparameters whose
+    each value compiles its own program, a numpy int or bool the program of the equal Python one); `scalars`: `{name: (lo, hi)}` of traced scalar hyperparameters whose
     concrete values are range-checked first."""
     scalars = dict(scalars or {})
 
@@ -172,6 +173,10 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
                     hash(given[i])
             except TypeError:
                 return fn(*args, **kwargs)  # an unhashable static value: its own check names it
+            if any(isinstance(given[i], _NUMPY_STATIC) for i in static_at):  # np.int64(4) is the program of 4
+                given = tuple(v.item() if i in static_at and isinstance(v, _NUMPY_STATIC) else v
+                              for i, v in enumerate(given))
+                as_given = False
             if not as_given:
                 args, kwargs = [given[i] for i in positions], {k: given[i] for k, i in keywords.items()}
             leaves = jax.tree_util.tree_leaves([given[i] for i in traced_at])

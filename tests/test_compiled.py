@@ -77,7 +77,8 @@ def test_works_inside_jit_scan_and_vmap():
 
 
 def test_eager_calls_compile_once_however_their_arguments_are_spelt(compile_counter):
-    """By position or keyword, an optional argument left out or given as its default: one cached program each."""
+    """By position or keyword, an optional argument left out or given as its default, a static one as a numpy
+    scalar: one cached program each."""
     traj = TrajectoryBuffer.create({"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}, num_envs=2, length=4)
     step = {"obs": jnp.ones((2, 2)), "action": jnp.zeros(2, jnp.int32), "reward": jnp.zeros(2)}
     term = jnp.zeros(2, bool)
@@ -99,6 +100,12 @@ def test_eager_calls_compile_once_however_their_arguments_are_spelt(compile_coun
          lambda: roll.compute_gae(last_value=zeros, gae_lambda=0.8, gamma=0.9, method="scan")],
         "RolloutBuffer.minibatches": [lambda: done.minibatches(key, 2), lambda: done.minibatches(key, num_minibatches=2), lambda: done.minibatches(key=key, num_minibatches=2)],
     }
+    # a static size or flag given as a numpy scalar is the program of the equal Python value
+    spellings["ReplayBuffer.sample"] += [lambda: replay.sample(key, np.int64(4)), lambda: replay.sample(key, batch_size=np.uint8(4))]
+    spellings["TrajectoryBuffer.can_sample"] += [lambda: traj.can_sample(np.int32(2), np.int64(2), cross_episodes=np.bool_(True))]
+    spellings["TrajectoryBuffer.can_sample_transitions"] = [lambda: traj.can_sample_transitions(2, n_step=3),
+                                                            lambda: traj.can_sample_transitions(np.int64(2), n_step=np.int64(3))]
+    spellings["RolloutBuffer.minibatches"] += [lambda: done.minibatches(key, np.int16(2))]
     recompiles = {}
     for name, (first, *others) in spellings.items():
         jax.block_until_ready(first())  # compiles the program
