@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -107,12 +108,32 @@ def memory_estimate(buf: Any, minibatch_size: int | None = None) -> RolloutMemor
 def _device(device: Any) -> jax.Device | None:
     if device is None or isinstance(device, jax.Device):
         return device
-    name = str(getattr(device, "type", device)).split(":")[0]  # a torch device or "cuda:0" names its platform
+    name = str(device).split(":")[0]  # "cuda:0" names its platform
     platform = {"cuda": "gpu", "rocm": "gpu"}.get(name, name)
     try:
         return jax.devices(platform)[0]
     except RuntimeError:
         raise ValueError(f"device: no JAX device of platform {platform!r} (from {device!r}); have {jax.devices()}") from None
+
+
+def _torch_device(device: Any, buf: Any) -> Any:
+    """``device`` if it is a ``torch.device`` that torch can use and whose tensors can hold every leaf of ``buf``'s
+    minibatches (else ValueError / TypeError), None if it is not a torch device (torch left unimported)."""
+    torch = sys.modules.get("torch")  # a torch.device exists only once torch is imported
+    if torch is None or not isinstance(device, torch.device):
+        return None
+    from jaxbuffers.interop.torch import SUPPORTED_DTYPES
+
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:  # torch without CUDA asserts
+        raise ValueError(f"device: torch cannot place tensors on {device!r}: {err}") from None
+    spec = jax.eval_shape(buf.gather, jax.ShapeDtypeStruct((1,), jnp.int32))
+    for path, leaf in jax.tree_util.tree_leaves_with_path(spec):
+        if leaf.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"device: a torch device, but leaf {_validate.leaf_name(path)} has dtype {leaf.dtype}, "
+                            f"which has no torch dtype; pass a JAX device or None")
+    return device
 
 
 def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = None) -> Iterator[RolloutMinibatch]:
@@ -123,24 +144,37 @@ def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = Non
       buf: a `RolloutBuffer` or `CompressedRolloutBuffer` (after `compute_gae`).
       key: a JAX PRNG key.
       batch_size: steps per minibatch, dividing ``total_size(buf)``.
-      device: a `jax.Device`, a platform name (``"cpu"``, ``"gpu"``, ``"cuda"``), a torch device, or None (stay).
+      device: a ``torch.device`` (every leaf a ``torch.Tensor`` on it, through
+        `jaxbuffers.interop.torch.to_torch`: zero copy from a JAX array on that device, else one copy; the tensors
+        are the minibatch's own, safe to write in place); a `jax.Device` or a platform name (``"cpu"``, ``"gpu"``,
+        ``"cuda"``, ``"cuda:0"``): JAX arrays on that device (on the platform's first device for a name); None:
+        JAX arrays where the rollout is.
 
     Yields:
-      `RolloutMinibatch` with leaves ``[batch_size, ...]``.
+      `RolloutMinibatch` with leaves ``[batch_size, ...]``: ``jax.Array``, or ``torch.Tensor`` for a torch device.
 
     Raises (by the call, before any minibatch is gathered):
-      TypeError: ``buf`` is not a (compressed) rollout buffer; ``key`` is not a PRNG key.
-      ValueError: ``batch_size`` not an int >= 1 or not dividing the rollout; no device of the platform asked for.
+      TypeError: ``buf`` is not a (compressed) rollout buffer; ``key`` is not a PRNG key; a torch ``device`` while a
+        leaf has a dtype torch lacks (`jaxbuffers.interop.torch.SUPPORTED_DTYPES`).
+      ValueError: ``batch_size`` not an int >= 1 or not dividing the rollout; no JAX device of the platform asked
+        for; a torch ``device`` torch cannot use (``cuda`` without CUDA).
       RuntimeError: ``has_advantages`` False, as ``RolloutBuffer.minibatches``.
     """
-    total, dev = total_size(buf), _device(device)
+    total = total_size(buf)
+    tensors_on = _torch_device(device, buf)
+    dev = None if tensors_on is not None else _device(device)
     batch_size = _validate.divisor("batch_size", batch_size, total, "total_size")
     indices = buf.minibatch_indices(key, total // batch_size)
     advantages_required(_inner(buf).has_advantages, "get_minibatches")
-    return _gathered(buf, indices, dev)
+    return _gathered(buf, indices, dev, tensors_on)
 
 
-def _gathered(buf: Any, indices: jax.Array, dev: jax.Device | None) -> Iterator[RolloutMinibatch]:
+def _gathered(buf: Any, indices: jax.Array, dev: jax.Device | None, tensors_on: Any) -> Iterator[RolloutMinibatch]:
+    if tensors_on is not None:
+        from jaxbuffers.interop.torch import to_torch
     for idx in indices:
         mb = buf.gather(idx)
-        yield mb if dev is None else jax.device_put(mb, dev)
+        if tensors_on is not None:
+            yield to_torch(mb, tensors_on)
+        else:
+            yield mb if dev is None else jax.device_put(mb, dev)

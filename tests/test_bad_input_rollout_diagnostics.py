@@ -2,7 +2,7 @@
 `get_minibatches`): refused with an error naming the argument, by the call itself (for `get_minibatches`, before
 any minibatch is gathered), the rollout byte-identical; the documented accepted values give exactly their result:
 `minibatch_size` None or in `[1, total_size]` (bytes proportional to it), any `batch_size` dividing the rollout
-(every step once), a platform name or None for `device`."""
+(every step once), a platform name, a JAX device or None for `device` (a torch device: tensors torch can hold)."""
 
 import jax
 import jax.numpy as jnp
@@ -79,3 +79,16 @@ def test_get_minibatches_raises_for_batch_size_what_its_docstring_lists(batch_si
     raises = jb.get_minibatches.__doc__.split("Raises", 1)[1]
     listed = [line.split(":")[0].strip() for line in raises.splitlines() if "``batch_size``" in line]
     assert listed == [type(info.value).__name__], raises
+
+
+def test_get_minibatches_refuses_a_torch_device_for_a_leaf_torch_cannot_hold_by_the_call():
+    torch = pytest.importorskip("torch")
+    f8 = jnp.float8_e4m3fn
+    buf = jb.RolloutBuffer.create({"obs": jnp.zeros(2, f8)}, num_envs=N, num_steps=1)
+    zeros = np.zeros(N, np.float32)
+    buf = buf.add({"obs": jnp.zeros((N, 2), f8)}, reward=zeros, value=zeros, terminated=np.zeros(N, bool))
+    buf = buf.compute_gae(zeros, 0.9, 0.8)
+    error = refused(lambda: jb.get_minibatches(buf, jax.random.key(0), 1, device=torch.device("cpu")), "device",
+                    state=buf, exc=(TypeError,))
+    assert "step['obs']" in str(error) and "float8_e4m3fn" in str(error)
+    assert next(jb.get_minibatches(buf, jax.random.key(0), 1, device="cpu")).step["obs"].dtype == f8  # JAX: kept

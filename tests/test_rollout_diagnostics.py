@@ -87,3 +87,33 @@ def test_get_minibatches_refuses_a_rollout_without_advantages(compressed):
     with pytest.raises(RuntimeError, match=r"^get_minibatches: .*\(has_advantages is False\); call compute_gae\("):
         jb.get_minibatches(buf, jax.random.key(0), 4)
     assert len(list(jb.get_minibatches(buf.compute_gae(jnp.zeros(N), 0.99, 0.95), jax.random.key(0), 4))) == 3
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "compressed"])
+def test_get_minibatches_to_a_torch_device_yields_torch_tensors_on_it(compressed):
+    """A torch device gives each minibatch as torch tensors there (values, dtypes, shapes of the JAX minibatch);
+    they are the minibatch's own memory: writing them in place leaves the rollout unchanged."""
+    torch = pytest.importorskip("torch")
+    buf = _filled(compressed, rows=T).compute_gae(jnp.zeros(N), 0.99, 0.95)
+    want = list(jb.get_minibatches(buf, jax.random.key(0), 4))
+    got = list(jb.get_minibatches(buf, jax.random.key(0), 4, device=torch.device("cpu")))
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        assert isinstance(g, jb.RolloutMinibatch) and jax.tree.structure(g) == jax.tree.structure(w)
+        for t, x in zip(jax.tree.leaves(g), jax.tree.leaves(w)):
+            assert isinstance(t, torch.Tensor) and t.device == torch.device("cpu")
+            assert t.numpy().dtype == x.dtype and t.shape == x.shape
+            np.testing.assert_array_equal(t.numpy(), np.asarray(x))
+    for t in jax.tree.leaves(got):
+        t.zero_()
+    again = list(jb.get_minibatches(buf, jax.random.key(0), 4))
+    jax.tree.map(np.testing.assert_array_equal, again, want)
+
+
+def test_get_minibatches_refuses_a_torch_device_torch_cannot_use_by_the_call():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("needs a torch without CUDA")
+    buf = _filled(False, rows=T).compute_gae(jnp.zeros(N), 0.99, 0.95)
+    with pytest.raises(ValueError, match=r"^device: .*cuda"):
+        jb.get_minibatches(buf, jax.random.key(0), 4, device=torch.device("cuda"))
