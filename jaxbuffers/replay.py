@@ -96,6 +96,7 @@ class ReplayBuffer(Recorded, struct.PyTreeNode):
     @_compiled.method("batch_size")
     def can_sample(self, batch_size: int = 1) -> jax.Array:
         """Whether `sample(key, batch_size)` returns only stored items (bool scalar): at least `min_size` are stored.
+        `sample` draws with replacement, so `batch_size` does not change the answer (it is checked only).
 
         Raises:
           ValueError: `batch_size` not an int >= 1.
