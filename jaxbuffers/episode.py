@@ -218,8 +218,12 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
         Args:
           episode: step dict like the example step, leaves `[T, ...]` (exactly the stored dtypes); steps
             `[length, T)` are ignored (padding).
-          length: the episode's steps, a Python int or int 0-d array in `[1, T]` (a traced value is clipped into
-            `[0, T]`; 0 writes nothing).
+          length: the episode's steps, a Python int or int 0-d array in `[1, T]` (`T` the time axis given; a
+            concrete value outside it raises). A traced one (under `jit`, `vmap`, `lax.scan`) is clipped into
+            `[0, T]` silently: a length <= 0 adds nothing (the buffer comes back unchanged, `num_added()` does not
+            grow: the one trace it leaves), a length > T stores the episode as one of length `T` (its `T` steps,
+            flags and `final_obs`), which nothing tells apart afterwards. Check traced lengths in the program
+            where they may fall outside `[1, T]`.
           terminated: bool (Python or 0-d array): the last step's `obs_{t+1}` is terminal.
           truncated: bool: the episode was cut after its last step (time limit).
           final_obs: obs pytree like `episode[obs_key]` without the time axis: the observation after the last step
@@ -250,7 +254,8 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
 
         Args:
           episodes: step dict, leaves `[B, T, ...]`.
-          lengths: int `[B]`, each in `[1, T]` (traced: clipped into `[0, T]`, 0 writes nothing).
+          lengths: int `[B]`, each in `[1, T]` (traced: clipped as in `add_episode`, episode by episode; one of
+            length <= 0 takes no slot, and the others take consecutive slots as if it were not given).
           terminated: bool `[B]`.
           truncated: bool `[B]`, or None (no episode truncated).
           final_obs: obs pytree, leaves `[B, ...]`.

@@ -354,6 +354,24 @@ def test_fixed_buffer_inside_jit_flags_overflow_and_writes_nothing():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_traced_length_outside_1_to_t_is_clipped_as_documented():
+    """Under jit a length <= 0 returns the buffer unchanged (no slot, no count), a length > T stores the episode as
+    one of length T, bit for bit; a batch's other episodes take consecutive slots as if it were not given."""
+    buf = filled(e=8, lengths=(2, 3), tasks=(0, 1))
+    steps, final = make_episode(np.random.default_rng(1), 4, [100])
+    add = jax.jit(lambda b, n: b.add_episode(steps, n, terminated=True, final_obs=final))
+    same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))  # noqa: E731
+    for n in (-5, 0):
+        assert same(add(buf, jnp.int32(n)), buf)
+    whole = buf.add_episode(steps, 4, terminated=True, final_obs=final)
+    assert same(add(buf, jnp.int32(9)), whole) and not same(add(buf, jnp.int32(3)), whole)
+    two = jax.tree.map(lambda x: np.stack([x, x]), steps)
+    adds = jax.jit(lambda b, n: b.add_episodes(two, n, terminated=np.ones(2, bool), final_obs=np.stack([final, final])))
+    assert same(adds(buf, jnp.array([-1, 9], jnp.int32)), whole)
+    doc = " ".join(EpisodeBuffer.add_episode.__doc__.split())
+    assert "a length <= 0 adds nothing" in doc and "a length > T stores the episode as one of length `T`" in doc
+
+
 def test_compiles_once_per_shape(compile_counter):
     buf = EpisodeBuffer.create(EXAMPLE, max_episodes=4, max_timesteps=5, meta=META)
     rng = np.random.default_rng(0)
