@@ -1,6 +1,6 @@
-"""The decode schedule of a `host_codecs.CompressedStore` read with deltas: its chains, the order, thread and row each
-entry is decoded in, in compiled loops (numba, imported on first use, the GIL released; without numba the same loops
-run as Python).
+"""The decode schedule of a `host_codecs.CompressedStore` read: its distinct slots and, with deltas, its chains, the
+order, thread and row each entry is decoded in, in compiled loops (numba, imported on first use, the GIL released;
+without numba the same loops run as Python).
 
 A read decodes `k` distinct entries (in slot order), each a keyframe or a delta whose base is another of them. Chains
 (`host_codecs.deltas`) are decoded keyframe first, then by depth; an entry the read does not ask for is decoded into
@@ -39,23 +39,22 @@ def _compiled(f):
     return call
 
 
-def first_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`np.unique(x, return_index=True, return_inverse=True)` of a 1-D array `x` of ints >= 0: its distinct values
-    ascending, the first position of each and the index of each element's value among them (int64): one sort of the
-    values `x * n + position` where they fit in int64, else a stable argsort."""
+@_compiled
+def first_of(x):
+    """`np.unique(x, return_index=True, return_inverse=True)` of a 1-D array `x` of ints (# dtype=int64): its distinct
+    values ascending, the first position of each and the index of each element's value among them (int64), from one
+    stable argsort."""
     n = x.size
-    if n and int(x.max()) < (1 << 62) // n:
-        s = np.sort(x.astype(np.int64) * n + np.arange(n))
-        order, s = s % n, s // n
-    else:
-        order = np.argsort(x, kind="stable")
-        s = x[order]
-    head = np.empty(n, bool)
-    head[:1] = True
-    np.not_equal(s[1:], s[:-1], out=head[1:])
-    inverse = np.empty(n, np.int64)
-    inverse[order] = np.cumsum(head) - 1
-    return s[head], order[head], inverse
+    order = np.argsort(x, kind="mergesort")  # stable: equal values keep their positions' order
+    uniq, first, inverse = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    m = -1
+    for i in range(n):
+        j = order[i]
+        if m < 0 or x[j] != uniq[m]:
+            m += 1
+            uniq[m], first[m] = x[j], j
+        inverse[j] = m
+    return uniq[: m + 1], first[: m + 1], inverse
 
 
 def unique(x: np.ndarray) -> np.ndarray:

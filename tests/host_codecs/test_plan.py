@@ -122,8 +122,11 @@ def test_chain_walk_finds_the_slots_a_request_lacks(kernel, seed, chains, longes
     assert set(kernel(_plan.chain_walk)(np.array([7], np.int64), cycle).tolist()) == {3, 5}
 
 
-@pytest.mark.parametrize("x", [np.zeros(0, np.int64), np.array([5], np.int64), np.array([3, 1, 3, 2, 1, 9, 3], np.int64)])
-def test_unique_and_first_of_are_numpys_unique(x):
-    np.testing.assert_array_equal(_plan.unique(x), np.unique(x))
-    for got, want in zip(_plan.first_of(x), np.unique(x, return_index=True, return_inverse=True)):
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("x", [np.zeros(0, np.int64), np.array([5], np.int64), np.array([3, 1, 3, 2, 1, 9, 3], np.int64),
+                               np.random.default_rng(0).integers(0, 40, 300)])
+def test_unique_and_first_of_are_numpys_unique(kernel, x):
+    np.testing.assert_array_equal(kernel(_plan.unique)(x), np.unique(x))
+    for got, want in zip(kernel(_plan.first_of)(x), np.unique(x, return_index=True, return_inverse=True)):
         np.testing.assert_array_equal(got, want)
+        assert got.dtype == np.int64
