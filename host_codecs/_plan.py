@@ -64,11 +64,12 @@ def unique(x: np.ndarray) -> np.ndarray:
 
 
 @_compiled
-def chain_walk(req, base):
-    """The slots the chains of the deltas among the slots `req` (# shape=(n,), dtype=int64, ascending, unique) reach
-    and `req` lacks, each once (a corrupt index may repeat some), walked down a store's `base` column (# shape=(rows,),
-    dtype=int32; slots from `rows` on are empty). Every slot not asked for is met once (chains are linear); a walk
-    longer than `rows` slots (a cycle: a corrupt index) stops."""
+def chain_walk(slots, base):
+    """The slots the chains of the deltas among `slots` (# shape=(n,), dtype=int64, any order, repeats allowed) reach
+    and `slots` lacks, ascending and each once, walked down a store's `base` column (# shape=(rows,), dtype=int32;
+    slots from `rows` on are empty). Every slot not asked for is met once (chains are linear); a walk longer than
+    `rows` slots (a cycle: a corrupt index) stops."""
+    req = np.unique(slots)
     n, rows = req.size, base.size
     out, m = np.empty(max(16, n), np.int64), 0
     for i in range(n):
@@ -84,7 +85,7 @@ def chain_walk(req, base):
             if m == out.size:
                 out = np.concatenate((out, np.empty(m, np.int64)))
             out[m], m, b = b, m + 1, base[b] if b < rows else -1
-    return out[:m]
+    return np.unique(out[:m])  # a corrupt index may reach a slot twice
 
 
 @_compiled
