@@ -1,6 +1,6 @@
-"""The decode schedule of a `host_codecs.CompressedStore` read with deltas: its chains, the order, thread and row each
-entry is decoded in, in compiled loops (numba, imported on first use, the GIL released; without numba the same loops
-run as Python).
+"""The decode schedule of a `host_codecs.CompressedStore` read: its distinct slots and, with deltas, its chains, the
+order, thread and row each entry is decoded in, in compiled loops (numba, imported on first use, the GIL released;
+without numba the same loops run as Python).
 
 A read decodes `k` distinct entries (in slot order), each a keyframe or a delta whose base is another of them. Chains
 (`host_codecs.deltas`) are decoded keyframe first, then by depth; an entry the read does not ask for is decoded into
@@ -39,23 +39,22 @@ def _compiled(f):
     return call
 
 
-def first_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`np.unique(x, return_index=True, return_inverse=True)` of a 1-D array `x` of ints >= 0: its distinct values
-    ascending, the first position of each and the index of each element's value among them (int64): one sort of the
-    values `x * n + position` where they fit in int64, else a stable argsort."""
+@_compiled
+def first_of(x):
+    """`np.unique(x, return_index=True, return_inverse=True)` of a 1-D array `x` of ints (# dtype=int64): its distinct
+    values ascending, the first position of each and the index of each element's value among them (int64), from one
+    stable argsort."""
     n = x.size
-    if n and int(x.max()) < (1 << 62) // n:
-        s = np.sort(x.astype(np.int64) * n + np.arange(n))
-        order, s = s % n, s // n
-    else:
-        order = np.argsort(x, kind="stable")
-        s = x[order]
-    head = np.empty(n, bool)
-    head[:1] = True
-    np.not_equal(s[1:], s[:-1], out=head[1:])
-    inverse = np.empty(n, np.int64)
-    inverse[order] = np.cumsum(head) - 1
-    return s[head], order[head], inverse
+    order = np.argsort(x, kind="mergesort")  # stable: equal values keep their positions' order
+    uniq, first, inverse = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    m = -1
+    for i in range(n):
+        j = order[i]
+        if m < 0 or x[j] != uniq[m]:
+            m += 1
+            uniq[m], first[m] = x[j], j
+        inverse[j] = m
+    return uniq[: m + 1], first[: m + 1], inverse
 
 
 def unique(x: np.ndarray) -> np.ndarray:
@@ -65,11 +64,12 @@ def unique(x: np.ndarray) -> np.ndarray:
 
 
 @_compiled
-def chain_walk(req, base):
-    """The slots the chains of the deltas among the slots `req` (# shape=(n,), dtype=int64, ascending, unique) reach
-    and `req` lacks, each once (a corrupt index may repeat some), walked down a store's `base` column (# shape=(rows,),
-    dtype=int32; slots from `rows` on are empty). Every slot not asked for is met once (chains are linear); a walk
-    longer than `rows` slots (a cycle: a corrupt index) stops."""
+def chain_walk(slots, base):
+    """The slots the chains of the deltas among `slots` (# shape=(n,), dtype=int64, any order, repeats allowed) reach
+    and `slots` lacks, ascending and each once, walked down a store's `base` column (# shape=(rows,), dtype=int32;
+    slots from `rows` on are empty). Every slot not asked for is met once (chains are linear); a walk longer than
+    `rows` slots (a cycle: a corrupt index) stops."""
+    req = np.unique(slots)
     n, rows = req.size, base.size
     out, m = np.empty(max(16, n), np.int64), 0
     for i in range(n):
@@ -85,7 +85,7 @@ def chain_walk(req, base):
             if m == out.size:
                 out = np.concatenate((out, np.empty(m, np.int64)))
             out[m], m, b = b, m + 1, base[b] if b < rows else -1
-    return out[:m]
+    return np.unique(out[:m])  # a corrupt index may reach a slot twice
 
 
 @_compiled

@@ -87,7 +87,7 @@ class DeltaChains:
         """The slots (int64, unique) the chains of the deltas among `flat` reach and `flat` lacks; under the lock."""
         if not (self._base[self._at(flat)] >= 0).any():
             return np.zeros(0, np.int64)
-        return _plan.unique(_plan.chain_walk(_plan.unique(flat), self._base))
+        return _plan.chain_walk(flat, self._base)
 
     def _bases(self, bases: Any, s: np.ndarray) -> np.ndarray:
         """`bases` of a put of slots `s`, checked: int64 `[B]`, -1 for whole entries."""

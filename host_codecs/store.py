@@ -64,6 +64,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from typing import Any, Sequence
@@ -465,7 +466,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         names = [field] if len(slot_arrays) == 1 else [f"{field}[{j}]" for j in range(len(slot_arrays))]
         ss = [integer_ids(x, n) for x, n in zip(slot_arrays, names)]
         flat = np.concatenate([self._slots(x.reshape(-1), n) for x, n in zip(ss, names)])
-        bounds = np.cumsum([0] + [x.size for x in ss]).astype(np.int64)
+        bounds = np.array([0, *itertools.accumulate(x.size for x in ss)], np.int64)
         n = flat.size
         with self._lock:  # a snapshot: published payload bytes never change afterwards
             chains = self._chains(flat)  # the slots the requested deltas' chains add, after the request
@@ -521,7 +522,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`).
         k = pos.size
         shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
-        cuts, t = np.linspace(0, k, shards + 1)[1:-1], tag[pos].astype(np.int64)
+        cuts, t = np.arange(1, shards) * (k / shards), tag[pos].astype(np.int64)  # np.linspace(0, k, shards + 1)[1:-1]
         if base_i is None:  # keyframes only: each its own chain
             target, shard = np.arange(k), np.searchsorted(cuts, np.arange(k), side="right")
             do = np.lexsort((t, shard))

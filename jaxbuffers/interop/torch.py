@@ -60,7 +60,7 @@ def _check_x64(path, dtype: np.dtype, shown, numpy: bool = False) -> None:
                         f'enable 64-bit JAX with jax.config.update("jax_enable_x64", True)')
 
 
-def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
+def _jax_leaf_to_torch(path, x: jax.Array, host: bool = False) -> torch.Tensor:
     if isinstance(x, jax.core.Tracer):
         raise TypeError(f"{_where('to_torch', path)}: got a traced value ({type(x).__name__}); to_torch converts "
                         f"concrete arrays, so call it outside jit/vmap/scan, on the function's outputs")
@@ -77,6 +77,9 @@ def _jax_leaf_to_torch(path, x: jax.Array) -> torch.Tensor:
                              f"{len(x.sharding.device_set)} devices; gather it first (jax.device_get or a replicated "
                              f"sharding) or convert its shards: [to_torch(s.data) for s in x.addressable_shards]")
         x = x.addressable_data(0)  # every local shard holds the whole array: use the first, no copy
+    if host:  # a CPU tensor: numpy's view of a CPU array (no copy; it holds the buffer as DLPack does), a
+        # fraction of the cost of JAX's DLPack export of a just-computed array; one copy from another device
+        return _numpy_leaf_to_torch(path, np.asarray(x))
     return torch.from_dlpack(x)
 
 
@@ -110,12 +113,13 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
     """
     copy = _validate.static_bool("copy", copy)
     dev = None if device is None else torch.device(device)
+    host = dev is not None and dev.type == "cpu"
 
     def convert(path, leaf):
         if isinstance(leaf, torch.Tensor):
             t = leaf
         elif isinstance(leaf, jax.Array):
-            t = _jax_leaf_to_torch(path, leaf)
+            t = _jax_leaf_to_torch(path, leaf, host)
         elif isinstance(leaf, (np.ndarray, np.generic)):
             t = _numpy_leaf_to_torch(path, np.asarray(leaf))
         else:

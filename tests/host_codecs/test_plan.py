@@ -103,8 +103,8 @@ def test_cycles_and_shared_bases_are_reported_not_walked_forever(kernel):
 @given(seed=st.integers(0, 2**31 - 1), chains=st.integers(1, 20), longest=st.integers(1, 9), spread=st.integers(1, 3))
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_chain_walk_finds_the_slots_a_request_lacks(kernel, seed, chains, longest, spread):
-    """`chain_walk` of a random request: each slot of the requested entries' chains that the request lacks, once;
-    slots past the base column are empty; a cycle ends the walk."""
+    """`chain_walk` of a random request (sorted, or shuffled with repeats): each slot of the requested entries' chains
+    that the request lacks, once, ascending; slots past the base column are empty; a cycle ends the walk."""
     rng = np.random.default_rng(seed)
     uniq, bs = _forest(rng, chains, longest, spread)
     column = np.full(int(uniq.max()) + 1, -1, np.int32)
@@ -116,14 +116,19 @@ def test_chain_walk_finds_the_slots_a_request_lacks(kernel, seed, chains, longes
         while b >= 0:
             want.add(b)
             b = int(column[b])
-    got = kernel(_plan.chain_walk)(req, column)
-    assert sorted(got.tolist()) == sorted(want - set(req.tolist()))
+    shuffled = rng.permutation(np.concatenate([req, req[: rng.integers(0, req.size + 1)]]))  # any order, repeats
+    for ask in (req, shuffled):
+        got = kernel(_plan.chain_walk)(ask, column)
+        assert got.tolist() == sorted(want - set(req.tolist()))  # ascending, each once
     cycle = np.array([-1, -1, -1, 5, -1, 3, -1, 3], np.int32)  # 7 -> 3 -> 5 -> 3 -> ...: the walk stops
     assert set(kernel(_plan.chain_walk)(np.array([7], np.int64), cycle).tolist()) == {3, 5}
 
 
-@pytest.mark.parametrize("x", [np.zeros(0, np.int64), np.array([5], np.int64), np.array([3, 1, 3, 2, 1, 9, 3], np.int64)])
-def test_unique_and_first_of_are_numpys_unique(x):
-    np.testing.assert_array_equal(_plan.unique(x), np.unique(x))
-    for got, want in zip(_plan.first_of(x), np.unique(x, return_index=True, return_inverse=True)):
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("x", [np.zeros(0, np.int64), np.array([5], np.int64), np.array([3, 1, 3, 2, 1, 9, 3], np.int64),
+                               np.random.default_rng(0).integers(0, 40, 300)])
+def test_unique_and_first_of_are_numpys_unique(kernel, x):
+    np.testing.assert_array_equal(kernel(_plan.unique)(x), np.unique(x))
+    for got, want in zip(kernel(_plan.first_of)(x), np.unique(x, return_index=True, return_inverse=True)):
         np.testing.assert_array_equal(got, want)
+        assert got.dtype == np.int64
