@@ -345,9 +345,9 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         fstore = e * ring + lanes * traj.final_obs_capacity + fslot[:, 0]
         ep = _common.pick_leaves(traj.storage[traj.obs_key], self.leaf_index)[0][lanes, slot, 2]
         fids = jnp.stack([fstore, lanes * ring + (self.frame_head - 1) % ring, jnp.minimum(ep + 1, self.frame_stack - 1)], axis=-1).astype(jnp.int32)
-        new = traj.truncate_last(truncated, _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves)))
+        new = self.buffer.truncate_last(truncated, _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves)))
         zero = lambda x: jnp.where(boot, 0, x).astype(jnp.int32)  # noqa: E731 (the next step starts an episode, a keyframe)
-        new = self.replace(buffer=_with_steps(self.buffer, new), final_head=final_head,
+        new = self.replace(buffer=new, final_head=final_head,
                            next_ep_pos=zero(self.next_ep_pos), next_key_pos=zero(self.next_key_pos))
         return new, (fstore, boot)
 
