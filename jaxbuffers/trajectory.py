@@ -390,6 +390,13 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
             return (_ring.num_windows(self.num_valid, window, period, self._first_start(period)) * self.num_envs).astype(jnp.int32)
         return jnp.sum(self._lane_windows(window, period)[1], dtype=jnp.int32)
 
+    def _drawn_by(self, method: str, kw: Mapping) -> jax.Array:
+        """`num_valid_windows` of the windows `method` (`"sample_sequences"` crossing episodes, or
+        `"sample_transitions"`) called with keywords `kw` draws from (a global sample's weight of a shard)."""
+        if method == "sample_transitions":
+            return self._total_windows(kw.get("n_step", 1) + 1)
+        return self._total_windows(kw["sequence_length"], kw.get("period", 1))
+
     def _uniform_positions(self, key, batch_size: int, window: int, period: int):
         """Uniform (lane, physical start) over the windows drawn: one draw over their number, `O(batch_size)`
         (with $K$ < `length` `O(num_envs + batch_size * log num_envs)`: a lane by its running count, then its window)."""

@@ -295,8 +295,9 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         datas = [np.reshape(f, (e * t, *i.frame_shape)) for f, i in zip(frames, self.leaves)]
         slots, bases = c.slots, c.bases
         if truncated is not None:  # the final frames read: the rows the store writes
+            kept = c.valid[e * t:][(truncated & ~terminated).reshape(-1)]  # of final_rows: not overwritten in the chunk
             slots, bases = slots[c.valid], None if bases is None else bases[c.valid]
-            datas = datas if len(slots) == e * t else [np.concatenate([d, r]) for d, r in zip(datas, final_rows)]
+            datas = datas if len(slots) == e * t else [np.concatenate([d, np.asarray(r)[kept]]) for d, r in zip(datas, final_rows)]
         self.host.write(version, slots, np.ones(len(slots), bool), *datas, bases=bases)
         _common.remember_add(new, version + 1)
         return new, (version + 1, c.frame_head, c.next_ep_pos, c.next_key_pos, c.final_head)
