@@ -158,8 +158,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
           length: steps kept per lane (Python int >= 1); the oldest are overwritten first.
           final_obs_capacity: final observations kept per lane for truncated steps ($K$, `docs/api/trajectory.md`);
             `None` means `length` (always exact); a value above `length` is reduced to `length`. Below the number of
-            truncated steps a lane holds, samples bootstrapping from an overwritten one read another step's final
-            observation (`final_obs_lost`).
+            truncated steps a lane holds, the oldest final observations are overwritten and no window starting at or
+            before a lane's newest such step is drawn (`lost_prefix`, `final_obs_lost`; "Lost final observations" in
+            `docs/api/trajectory.md`).
           obs_key: name of the observation field.
           action_key: name of the action field.
           reward_key: name of the reward field.
@@ -199,8 +200,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def can_sample(self, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
-        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some valid window
-        exists (`cross_episodes=False`: inside one episode, an `O(num_envs * length)` count). Same arguments and
+        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some window it draws
+        exists (valid, after its lane's `lost_prefix`; `cross_episodes=False`: inside one episode, an
+        `O(num_envs * length)` count). Same arguments and
         errors as `sample_sequences`, without the key."""
         _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
@@ -212,7 +214,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     @_compiled.method("window", "period")
     def num_valid_windows(self, window: int, *, period: int = 1) -> jax.Array:
         """The number of windows of `window` steps that the uniform samplers draw from (crossing episodes), over all
-        lanes (int32 scalar): valid and aligned to `period` ("Windows", "Period" in `docs/api/trajectory.md`).
+        lanes (int32 scalar): valid (after each lane's `lost_prefix`) and aligned to `period` ("Windows", "Period",
+        "Lost final observations" in `docs/api/trajectory.md`).
 
         Raises:
           ValueError: `window` or `period` not an int >= 1.
@@ -223,7 +226,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None) -> jax.Array:
         """Whether `sample_transitions` with these arguments returns only valid data (bool scalar): some lane holds
-        `n_step + 1` steps. `sample_transitions`' arguments and errors without the key (`gamma` optional here:
+        `n_step + 1` steps after its `lost_prefix`. `sample_transitions`' arguments and errors without the key (`gamma` optional here:
         checked when given, it never changes the answer)."""
         _validate.static_int("batch_size", batch_size)
         if gamma is not None:
@@ -484,8 +487,10 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Sample `batch_size` sequences of `sequence_length` consecutive steps of one lane.
 
         Uniform with replacement over the valid windows whose start is aligned to `period` ("Period" in
-        `docs/api/trajectory.md`); with `cross_episodes=False` over those with no episode end before their last step
-        (exact, `O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`).
+        `docs/api/trajectory.md`) and comes after its lane's `lost_prefix` (so `final_obs_at` of the sample is exact:
+        "Lost final observations"); with `cross_episodes=False` over those with no episode end before their last step
+        (exact, `O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`, plus
+        `O(num_envs)` when `final_obs_capacity < length`).
 
         Args:
           key: PRNG key.
@@ -513,7 +518,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
         The return is cut at the first episode end (`n_step_window`); `next_obs` is `obs_{t+k}`: from the
         final-observation ring if step `t + k - 1` was truncated (never the reset observation), else the stored step
-        `t + k` (after termination defined and multiplied by `discount = 0`).
+        `t + k` (after termination defined and multiplied by `discount = 0`). A window starts after its lane's
+        `lost_prefix`, so the final observation read is never an overwritten one ("Lost final observations" in
+        `docs/api/trajectory.md`).
 
         Args:
           key: PRNG key.
@@ -540,7 +547,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     @_compiled.method("window", "period", "cross_episodes")
     def valid_starts(self, indices, window: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
         """Whether a window of `window` steps starting at each flat position is one the uniform samplers draw now:
-        valid and aligned to `period` (`docs/api/trajectory.md`; `window=n + 1` for `n_step=n`), with
+        valid (after its lane's `lost_prefix`) and aligned to `period` (`docs/api/trajectory.md`; `window=n + 1` for
+        `n_step=n`), with
         `cross_episodes=False` also no episode end before its last step (`O(num_envs * length)`).
 
         Args:
@@ -582,7 +590,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         V(final[:, j]), V(s.item["obs"][:, j + 1]))`.
 
         Entry `[b, j]` is the `final_obs` given to `add` with step `j` of sequence `b` where it was truncated and not
-        terminated (exact unless `final_obs_lost`), zeros elsewhere: an obs pytree, leaves `[B, sequence_length, ...]`.
+        terminated (exact at the windows the samplers draw; at a step whose final observation was overwritten,
+        whatever holds its ring slot now: "Lost final observations" in `docs/api/trajectory.md`), zeros elsewhere: an obs pytree, leaves `[B, sequence_length, ...]`.
         Arguments and errors as `sequences_at`.
         """
         sequence_length = self._sequence_length(sequence_length)
