@@ -282,3 +282,36 @@ def test_compressed_buffers_follow_the_same_rule():
         assert set(drawn) == want
         np.testing.assert_array_equal(out.next_obs, np.stack([model.next_obs(a, b, 1) for a, b in drawn]))
         buf.close()
+
+
+@pytest.mark.parametrize("how", ["add", "add_frames_from_host"])
+def test_compressed_chunks_with_more_truncations_than_the_ring(how):
+    """Chunks holding more truncated steps per lane than K (delta-coded frames): only the final frames the ring keeps
+    are written, through the add's callback or from host frames, and the samples read the true ones."""
+    e, length, k, t = 2, 8, 1, 4
+    ex = {"obs": jnp.zeros((4, 4), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    buf = jb.CompressedTrajectoryBuffer.create(ex, num_envs=e, length=length, final_obs_capacity=k)
+    assert buf.keyframe_interval > 1
+    model, rng = Model(e, length, k), np.random.default_rng(11)
+    for _ in range(6):
+        obs = rng.integers(0, 255, (e, t, 4, 4)).astype(np.uint8)
+        term = np.zeros((e, t), bool)
+        trunc = rng.random((e, t)) < 0.6
+        trunc[0, :2] = True  # two truncated steps of lane 0 in every chunk: the first one's frame is never kept
+        final = rng.integers(0, 255, (e, t, 4, 4)).astype(np.uint8)
+        rest = {"action": np.zeros((e, t), np.int32), "reward": np.zeros((e, t), np.float32)}
+        if how == "add":
+            buf = buf.add({"obs": obs, **rest}, terminated=term, truncated=trunc, final_obs=final)
+        else:
+            ids = np.zeros((e, t, 3), np.int32)
+            buf = buf.add_frames_from_host({"obs": ids, **rest}, [obs], term, trunc, ids, [final])
+        model.add(obs, term, trunc, final)
+        _check_state(buf, model)
+        want = model.starts(2)
+        assert bool(buf.can_sample_transitions(1, n_step=1)) == bool(want)
+        if want:
+            out = jax.device_get(buf.sample_transitions(jax.random.key(model.total), 256, n_step=1, gamma=GAMMA))
+            drawn = [model.locate(i) for i in out.indices]
+            assert set(drawn) == want
+            np.testing.assert_array_equal(out.next_obs, np.stack([model.next_obs(a, b, 1) for a, b in drawn]))
+    buf.close()
