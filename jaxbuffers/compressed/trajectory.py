@@ -46,7 +46,7 @@ def _with_steps(inner, traj: TrajectoryBuffer):
 
 
 @_common.delegates("obs_key", "action_key", "reward_key", "num_valid", "head", "added", "terminated", "truncated",
-                   "final_slot", "metrics", "length", "final_obs_capacity", via="trajectory")
+                   "final_slot", "final_owner", "lost_prefix", "metrics", "length", "final_obs_capacity", via="trajectory")
 @_validate.one_member_methods(mapped=False)
 class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
