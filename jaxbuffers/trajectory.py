@@ -271,7 +271,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         )
         store = self.final_obs if final_obs is None else _ring.write_lanes(self.final_obs, final_obs, slot, keep)
         head, num_valid = _ring.advance(self.head, self.num_valid, t, self.length)
-        owner, lost = self._track_lost(boot, slot, keep, _ring.write_indices(self.head, t, self.length), t)
+        owner, lost = self._track_lost(boot, slot, keep, _ring.write_indices(self.head, t, self.length), t, (term, trunc, fslot))
         return self.replace(
             storage=storage, terminated=term, truncated=trunc, final_slot=fslot, final_obs=store,
             head=head, num_valid=num_valid, added=_ring.counter_add(self.added, t), final_head=final_head,
@@ -283,10 +283,12 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Static: whether a stored step's final observation can be overwritten ($K$ < `length`)."""
         return self.final_obs_capacity < self.length
 
-    def _track_lost(self, boot, slot, keep, steps, written: int) -> tuple[jax.Array, jax.Array]:
+    def _track_lost(self, boot, slot, keep, steps, written: int, flags) -> tuple[jax.Array, jax.Array]:
         """(`final_owner`, `lost_prefix`) after writing the final observations of steps `boot` bool `[E, t]` (at
         physical slots `steps` int32 `[t]`) to the ring slots `slot` where `keep` (`jaxbuffers._ring.final_slots`),
-        and `written` (static: `t` for an add, 0 for `truncate_last`) steps to the lanes. The ring is FIFO, so what it overwrites is its oldest: the
+        and `written` (static: `t` for an add, 0 for `truncate_last`) steps to the lanes; `flags`: `(terminated,
+        truncated, final_slot)` after the add's writes (read there, not copied: the steps they changed were not
+        stored or leave the lanes), before `truncate_last`'s. The ring is FIFO, so what it overwrites is its oldest: the
         newest step losing its final observation is the one that held the last slot overwritten (if still stored and
         still its owner), or a step of this chunk that `keep` drops. `O(E * t)`; unchanged unless $K$ < `length`."""
         if not self._lossy:
@@ -298,7 +300,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         last = (self.final_head + m - 1) % k
         p = self.final_owner[lanes, last]
         old = _ring.physical_to_logical(p, self.head, self.num_valid, n)
-        owned = (m > 0) & (old < self.num_valid) & self.truncated[lanes, p] & ~self.terminated[lanes, p] & (self.final_slot[lanes, p] == last)
+        term, trunc, fslot = flags
+        owned = (m > 0) & (old < self.num_valid) & trunc[lanes, p] & ~term[lanes, p] & (fslot[lanes, p] == last)
         lost = jnp.maximum(self.lost_prefix - evicted, 0)
         lost = jnp.where(owned, jnp.maximum(lost, old - evicted + 1), lost)
         fresh = _ring.physical_to_logical(steps, head, num_valid, n) + 1  # [t]: a lost step of the chunk and those before it
@@ -329,7 +332,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         boot = (jnp.asarray(truncated) & ~ended & (self.num_valid > 0))[:, None]
         fslot, keep, final_head = _ring.final_slots(self.final_head, boot, self.final_obs_capacity)
         store = _ring.write_lanes(self.final_obs, jax.tree.map(lambda x: jnp.asarray(x)[:, None], final_obs), fslot, keep)
-        owner, lost = self._track_lost(boot, fslot, keep, slot[None], 0)
+        owner, lost = self._track_lost(boot, fslot, keep, slot[None], 0, (self.terminated, self.truncated, self.final_slot))
         return self.replace(
             truncated=self.truncated.at[:, slot].set(self.truncated[:, slot] | boot[:, 0]),
             final_slot=self.final_slot.at[:, slot].set(jnp.where(boot[:, 0], fslot[:, 0], self.final_slot[:, slot])),
