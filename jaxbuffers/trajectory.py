@@ -132,8 +132,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     num_valid: jax.Array  # shape=(), dtype=int32: steps stored per lane, in [0, length]
     added: jax.Array  # shape=[2], dtype=int32: steps ever added per lane, two-word counter (_ring.counter_*)
     final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-obs ring slot per lane, in [0, final_obs_capacity)
-    final_owner: jax.Array  # shape=[num_envs, final_obs_capacity] ([num_envs, 0] when final_obs_capacity = length), dtype=int32: physical slot of the step whose final obs each ring slot last took
-    lost_prefix: jax.Array  # shape=[num_envs], dtype=int32: oldest stored steps per lane, through the newest truncated one whose final obs was overwritten, in [0, num_valid]: no window drawn starts there
+    final_owner: jax.Array  # shape=[num_envs, K] ([num_envs, 0] if K = length), dtype=int32: physical slot of each final-obs slot's step
+    lost_prefix: jax.Array  # shape=[num_envs], dtype=int32: oldest steps of a lane through its newest with a lost final obs (no window starts there)
     metrics: Metrics  # usage counters; sample_count [num_envs, length] by window start (jaxbuffers._metrics)
     num_envs: int = struct.field(pytree_node=False)
     length: int = struct.field(pytree_node=False)
@@ -202,8 +202,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     def can_sample(self, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
         """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some window it draws
         exists (valid, after its lane's `lost_prefix`; `cross_episodes=False`: inside one episode, an
-        `O(num_envs * length)` count). Same arguments and
-        errors as `sample_sequences`, without the key."""
+        `O(num_envs * length)` count). Same arguments and errors as `sample_sequences`, without the key."""
         _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
         period = _validate.static_int("period", period)
@@ -226,8 +225,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None) -> jax.Array:
         """Whether `sample_transitions` with these arguments returns only valid data (bool scalar): some lane holds
-        `n_step + 1` steps after its `lost_prefix`. `sample_transitions`' arguments and errors without the key (`gamma` optional here:
-        checked when given, it never changes the answer)."""
+        `n_step + 1` steps after its `lost_prefix`. `sample_transitions`' arguments and errors without the key (`gamma`
+        optional here: checked when given, it never changes the answer)."""
         _validate.static_int("batch_size", batch_size)
         if gamma is not None:
             _gamma(gamma, self.storage[self.reward_key].dtype)
@@ -288,9 +287,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         physical slots `steps` int32 `[t]`) to the ring slots `slot` where `keep` (`jaxbuffers._ring.final_slots`),
         and `written` (static: `t` for an add, 0 for `truncate_last`) steps to the lanes; `flags`: `(terminated,
         truncated, final_slot)` after the add's writes (read there, not copied: the steps they changed were not
-        stored or leave the lanes), before `truncate_last`'s. The ring is FIFO, so what it overwrites is its oldest: the
-        newest step losing its final observation is the one that held the last slot overwritten (if still stored and
-        still its owner), or a step of this chunk that `keep` drops. `O(E * t)`; unchanged unless $K$ < `length`."""
+        stored or leave the lanes), before `truncate_last`'s. The ring is FIFO, so what it overwrites is its oldest:
+        the newest step losing its final observation is the one that held the last slot overwritten (if still stored
+        and still its owner), or a step of this chunk that `keep` drops. `O(E * t)`; nothing unless $K$ < `length`."""
         if not self._lossy:
             return self.final_owner, self.lost_prefix
         n, k, lanes = self.length, self.final_obs_capacity, jnp.arange(self.num_envs, dtype=jnp.int32)
@@ -594,8 +593,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
         Entry `[b, j]` is the `final_obs` given to `add` with step `j` of sequence `b` where it was truncated and not
         terminated (exact at the windows the samplers draw; at a step whose final observation was overwritten,
-        whatever holds its ring slot now: "Lost final observations" in `docs/api/trajectory.md`), zeros elsewhere: an obs pytree, leaves `[B, sequence_length, ...]`.
-        Arguments and errors as `sequences_at`.
+        whatever holds its ring slot now: "Lost final observations" in `docs/api/trajectory.md`), zeros elsewhere: an
+        obs pytree, leaves `[B, sequence_length, ...]`. Arguments and errors as `sequences_at`.
         """
         sequence_length = self._sequence_length(sequence_length)
         final, real = self._final_obs(self._windows(*self._split_indices(indices), sequence_length))

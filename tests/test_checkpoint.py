@@ -1338,7 +1338,8 @@ def test_a_trajectory_checkpoint_without_the_lost_final_obs_fields_restores(tmp_
             mine, theirs = add(mine, np.random.default_rng(i)), add(theirs, np.random.default_rng(i))
             np.testing.assert_array_equal(lost(mine), lost(theirs))
         key = jax.random.key(1)
-        for a, b in zip(jax.tree.leaves(mine.sample_transitions(key, 8, n_step=1, gamma=0.9)), jax.tree.leaves(theirs.sample_transitions(key, 8, n_step=1, gamma=0.9))):
+        draw = lambda b: jax.tree.leaves(b.sample_transitions(key, 8, n_step=1, gamma=0.9))  # noqa: E731
+        for a, b in zip(draw(mine), draw(theirs), strict=True):
             np.testing.assert_array_equal(a, b)
 
 
