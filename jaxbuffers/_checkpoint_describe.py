@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxbuffers import _ring, _validate
+from jaxbuffers._checkpoint_upgrades import trajectory_in, with_lost_rebuilt
 from jaxbuffers.compressed._host import ShardedHostStores
 from jaxbuffers.compressed import (
     CompressedEpisodeBuffer, CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer,
@@ -173,8 +174,10 @@ def _prioritised_trajectory_of(buffer: Any) -> PrioritisedTrajectoryBuffer | Non
 
 def _upgraded_state(buffer: Any, meta: dict) -> tuple[Any, dict | None]:
     """(buffer, host metadata) of a restored checkpoint described by `meta` (buffer.json) in this layout: a
-    prioritised trajectory tree saved in the earlier leaf order (no `tree_order`) rebuilt in `TREE_ORDER` (the same
-    leaf values; every sum recomputed from its children, as an add does), then `_upgraded_host`."""
+    trajectory buffer saved before its lost-final-observation fields given them (`with_lost_rebuilt`); a prioritised
+    trajectory tree saved in the earlier leaf order (no `tree_order`) rebuilt in `TREE_ORDER` (the same leaf values;
+    every sum recomputed from its children, as an add does), then `_upgraded_host`."""
+    buffer = trajectory_in(buffer, with_lost_rebuilt) or buffer
     inner = _prioritised_trajectory_of(buffer)
     if inner is not None and meta.get("tree_order") != TREE_ORDER:
         rebuild = PrioritisedTrajectoryBuffer._from_lane_order

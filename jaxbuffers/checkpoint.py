@@ -89,6 +89,7 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     TREE_ORDER, _check_meta_defaults, _checked_cursors, _nbytes, _sharded, _template, _upgraded, _upgraded_state,
 )
+from jaxbuffers._checkpoint_upgrades import saved_without_lost
 from jaxbuffers._checkpoint_snapshot import Snapshot as _Snapshot, snapshot as _snapshot, store_snapshot as _store_snapshot
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _fsync, _hash_file: used by jaxbuffers.disk
     _check_destination, _check_folder_path, _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file,
@@ -259,7 +260,7 @@ def _described(root: Path, target: Any, sharding: Any) -> tuple[dict, list, Any,
         raise CheckpointError(f"{root / 'buffer.json'}: tree_order {meta['tree_order']!r} is not a leaf order this "
                               f"version reads ({TREE_ORDER!r}, or absent for the earlier lane order)")
     try:
-        abstract, concrete = _template(meta, target, root)
+        abstract, concrete = (saved_without_lost(meta, x) for x in _template(meta, target, root))  # read as saved
     except CheckpointError:
         raise
     except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field missing or of the wrong JSON type

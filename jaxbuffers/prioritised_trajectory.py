@@ -178,9 +178,11 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
 
     @_compiled.method()
     def truncate_last(self, truncated, final_obs) -> "PrioritisedTrajectoryBuffer":
-        """`jaxbuffers.TrajectoryBuffer.truncate_last` (same arguments and errors). The priorities are unchanged: which
-        windows are valid does not depend on episode ends (only `cross_episodes=False` draws do, read at sampling)."""
-        return self.replace(buffer=self.buffer.truncate_last(truncated, final_obs))
+        """`jaxbuffers.TrajectoryBuffer.truncate_last` (same arguments and errors). The priorities are unchanged (which
+        windows are valid does not depend on episode ends; only `cross_episodes=False` draws do, read at sampling),
+        but for the windows that start at or before a step whose final observation this one overwrote (`_drop_lost`)."""
+        new = self.buffer.truncate_last(truncated, final_obs)
+        return self.replace(buffer=new, tree=self._drop_lost(self.tree, new, 0))
 
     @_compiled.method()
     def generations_at(self, indices: jax.Array) -> jax.Array:
@@ -251,9 +253,34 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         fresh = _priority.priority_leaf(self.max_priority, self.priority_exponent)
         written = k >= r - t
         vals = jnp.where(written, jnp.where(start, fresh, 0), jnp.where(made_whole & start, fresh, jnp.nan)).astype(jnp.float32)
+        if old._lossy:  # [r, num_envs]: no window starts in a lane's lost prefix
+            vals = jnp.where(jnp.isnan(vals)[:, None] | (logical[:, None] >= new.lost_prefix), vals[:, None], 0).reshape(-1)
         first = _ring.logical_to_physical(logical[0], new.head, new.num_valid, n)
-        tree = self.tree.set_run(first * e, jnp.repeat(vals, e))
-        return self.replace(buffer=new, tree=tree, phase=phase)
+        tree = self.tree.set_run(first * e, vals if old._lossy else jnp.repeat(vals, e))
+        return self.replace(buffer=new, tree=self._drop_lost(tree, new, t), phase=phase)
+
+    def _drop_lost(self, tree: SumMinTree, new: TrajectoryBuffer, written: int) -> SumMinTree:
+        """`tree` with priority 0 at the windows that `new` (this buffer's steps after writing `written` steps, static)
+        added to each lane's `lost_prefix` ("Lost final observations" in `docs/api/trajectory.md`). The prefix can grow
+        by up to `length` in one add, but each stored step enters it once: blocks of `min(written + window_length - 1,
+        length)` leaves per lane in a loop, `O(steps entering * log capacity)` (amortised `O(t log capacity)` an add)."""
+        old = self.buffer
+        if not old._lossy:
+            return tree
+        e, n = old.num_envs, old.length
+        lo = jnp.maximum(old.lost_prefix - (old.num_valid + written - new.num_valid), 0)  # in the new logical order
+        block = max(min(written + self.window_length - 1, n), 1)
+        ks = jnp.arange(block, dtype=jnp.int32)
+
+        def zero(carry):
+            i, tree = carry
+            logical = lo[:, None] + i * block + ks  # [E, block]
+            leaf = _ring.logical_to_physical(logical, new.head, new.num_valid, n) * e + jnp.arange(e, dtype=jnp.int32)[:, None]
+            drop = (logical < new.lost_prefix[:, None]).reshape(-1)
+            return i + 1, tree.set(leaf.reshape(-1), jnp.zeros(drop.shape, tree.dtype), drop, distinct=True)
+
+        blocks = (jnp.max(new.lost_prefix - lo) + block - 1) // block
+        return jax.lax.while_loop(lambda c: c[0] < blocks, zero, (jnp.int32(0), tree))[1]
 
     def _sequence_length(self, sequence_length, period=None) -> int:
         if period is not None and _validate.static_int("period", period) != self.period:

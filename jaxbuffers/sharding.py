@@ -225,6 +225,8 @@ def _global_rule(buf, method: str, static: dict):
                                    importance_weights=(sample.importance_weights * scale).astype(jnp.float32))
 
         return (lambda b, kw: (b.tree.total().astype(jnp.float32), b.tree.min().astype(jnp.float32))), finish
+    if isinstance(buf, TrajectoryBuffer) and buf._lossy:  # shards' lanes start their windows after different steps
+        return (lambda b, kw: (b._drawn_by(method, kw), jnp.float32(0))), None
     if isinstance(buf, (ReplayBuffer, TrajectoryBuffer)):
         # Every shard of a trajectory buffer has the same lanes and ring, so windows are proportional to steps.
         return (lambda b, kw: (b.size().astype(jnp.int32), jnp.float32(0))), None

@@ -132,6 +132,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     num_valid: jax.Array  # shape=(), dtype=int32: steps stored per lane, in [0, length]
     added: jax.Array  # shape=[2], dtype=int32: steps ever added per lane, two-word counter (_ring.counter_*)
     final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-obs ring slot per lane, in [0, final_obs_capacity)
+    final_owner: jax.Array  # shape=[num_envs, K] ([num_envs, 0] if K = length), dtype=int32: physical slot of each final-obs slot's step
+    lost_prefix: jax.Array  # shape=[num_envs], dtype=int32: oldest steps of a lane through its newest with a lost final obs (no window starts there)
     metrics: Metrics  # usage counters; sample_count [num_envs, length] by window start (jaxbuffers._metrics)
     num_envs: int = struct.field(pytree_node=False)
     length: int = struct.field(pytree_node=False)
@@ -156,8 +158,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
           length: steps kept per lane (Python int >= 1); the oldest are overwritten first.
           final_obs_capacity: final observations kept per lane for truncated steps ($K$, `docs/api/trajectory.md`);
             `None` means `length` (always exact); a value above `length` is reduced to `length`. Below the number of
-            truncated steps a lane holds, samples bootstrapping from an overwritten one read another step's final
-            observation (`final_obs_lost`).
+            truncated steps a lane holds, the oldest final observations are overwritten and no window starting at or
+            before a lane's newest such step is drawn (`lost_prefix`, `final_obs_lost`; "Lost final observations" in
+            `docs/api/trajectory.md`).
           obs_key: name of the observation field.
           action_key: name of the action field.
           reward_key: name of the reward field.
@@ -179,6 +182,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
             final_slot=jnp.zeros((num_envs, length), jnp.int32),
             final_obs=jax.tree.map(lambda s: zeros(s, k), spec[obs_key]), head=jnp.int32(0),
             num_valid=jnp.int32(0), added=_ring.counter_zero(), final_head=jnp.zeros((num_envs,), jnp.int32),
+            final_owner=jnp.zeros((num_envs, k if k < length else 0), jnp.int32), lost_prefix=jnp.zeros((num_envs,), jnp.int32),
             metrics=Metrics.create((num_envs, length), metrics),
             num_envs=num_envs, length=length, final_obs_capacity=k, obs_key=obs_key, action_key=action_key,
             reward_key=reward_key,
@@ -196,36 +200,37 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     @_compiled.method("batch_size", "sequence_length", "period", "cross_episodes")
     def can_sample(self, batch_size: int, sequence_length: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
-        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some valid window
-        exists (`cross_episodes=False`: inside one episode, an `O(num_envs * length)` count). Same arguments and
-        errors as `sample_sequences`, without the key."""
+        """Whether `sample_sequences` with these arguments returns only valid data (bool scalar): some window it draws
+        exists (valid, after its lane's `lost_prefix`; `cross_episodes=False`: inside one episode, an
+        `O(num_envs * length)` count). Same arguments and errors as `sample_sequences`, without the key."""
         _validate.static_int("batch_size", batch_size)
         sequence_length = self._sequence_length(sequence_length)
         period = _validate.static_int("period", period)
         if _validate.static_bool("cross_episodes", cross_episodes):
-            return self._num_windows(sequence_length, period) > 0
+            return self._total_windows(sequence_length, period) > 0
         return self._episode_window_counts(sequence_length, period)[-1] > 0
 
     @_compiled.method("window", "period")
     def num_valid_windows(self, window: int, *, period: int = 1) -> jax.Array:
         """The number of windows of `window` steps that the uniform samplers draw from (crossing episodes), over all
-        lanes (int32 scalar): valid and aligned to `period` ("Windows", "Period" in `docs/api/trajectory.md`).
+        lanes (int32 scalar): valid (after each lane's `lost_prefix`) and aligned to `period` ("Windows", "Period",
+        "Lost final observations" in `docs/api/trajectory.md`).
 
         Raises:
           ValueError: `window` or `period` not an int >= 1.
         """
         window, period = _validate.static_int("window", window), _validate.static_int("period", period)
-        return (self._num_windows(window, period) * self.num_envs).astype(jnp.int32)
+        return self._total_windows(window, period)
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA)
     def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None) -> jax.Array:
         """Whether `sample_transitions` with these arguments returns only valid data (bool scalar): some lane holds
-        `n_step + 1` steps. `sample_transitions`' arguments and errors without the key (`gamma` optional here:
-        checked when given, it never changes the answer)."""
+        `n_step + 1` steps after its `lost_prefix`. `sample_transitions`' arguments and errors without the key (`gamma`
+        optional here: checked when given, it never changes the answer)."""
         _validate.static_int("batch_size", batch_size)
         if gamma is not None:
             _gamma(gamma, self.storage[self.reward_key].dtype)
-        return self._num_windows(self._n_step(n_step) + 1) > 0
+        return self._total_windows(self._n_step(n_step) + 1) > 0
 
     @_compiled.method()
     def add(self, step: Mapping, *, terminated, truncated=None, final_obs=None) -> "TrajectoryBuffer":
@@ -265,11 +270,43 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         )
         store = self.final_obs if final_obs is None else _ring.write_lanes(self.final_obs, final_obs, slot, keep)
         head, num_valid = _ring.advance(self.head, self.num_valid, t, self.length)
+        owner, lost = self._track_lost(boot, slot, keep, _ring.write_indices(self.head, t, self.length), t, (term, trunc, fslot))
         return self.replace(
             storage=storage, terminated=term, truncated=trunc, final_slot=fslot, final_obs=store,
             head=head, num_valid=num_valid, added=_ring.counter_add(self.added, t), final_head=final_head,
-            metrics=metrics,
+            final_owner=owner, lost_prefix=lost, metrics=metrics,
         )
+
+    @property
+    def _lossy(self) -> bool:
+        """Static: whether a stored step's final observation can be overwritten ($K$ < `length`)."""
+        return self.final_obs_capacity < self.length
+
+    def _track_lost(self, boot, slot, keep, steps, written: int, flags) -> tuple[jax.Array, jax.Array]:
+        """(`final_owner`, `lost_prefix`) after writing the final observations of steps `boot` bool `[E, t]` (at
+        physical slots `steps` int32 `[t]`) to the ring slots `slot` where `keep` (`jaxbuffers._ring.final_slots`),
+        and `written` (static: `t` for an add, 0 for `truncate_last`) steps to the lanes; `flags`: `(terminated,
+        truncated, final_slot)` after the add's writes (read there, not copied: the steps they changed were not
+        stored or leave the lanes), before `truncate_last`'s. The ring is FIFO, so what it overwrites is its oldest:
+        the newest step losing its final observation is the one that held the last slot overwritten (if still stored
+        and still its owner), or a step of this chunk that `keep` drops. `O(E * t)`; nothing unless $K$ < `length`."""
+        if not self._lossy:
+            return self.final_owner, self.lost_prefix
+        n, k, lanes = self.length, self.final_obs_capacity, jnp.arange(self.num_envs, dtype=jnp.int32)
+        head, num_valid = _ring.advance(self.head, self.num_valid, written, n)
+        evicted = self.num_valid + written - num_valid  # oldest steps overwritten by this write
+        m = jnp.minimum(jnp.sum(boot, axis=1, dtype=jnp.int32), k)  # ring slots overwritten per lane
+        last = (self.final_head + m - 1) % k
+        p = self.final_owner[lanes, last]
+        old = _ring.physical_to_logical(p, self.head, self.num_valid, n)
+        term, trunc, fslot = flags
+        owned = (m > 0) & (old < self.num_valid) & trunc[lanes, p] & ~term[lanes, p] & (fslot[lanes, p] == last)
+        lost = jnp.maximum(self.lost_prefix - evicted, 0)
+        lost = jnp.where(owned, jnp.maximum(lost, old - evicted + 1), lost)
+        fresh = _ring.physical_to_logical(steps, head, num_valid, n) + 1  # [t]: a lost step of the chunk and those before it
+        lost = jnp.maximum(lost, jnp.max(jnp.where(boot & ~keep, fresh, 0), axis=1))
+        owner = _ring.write_lanes(self.final_owner, jnp.broadcast_to(steps, boot.shape), slot, keep)
+        return owner, lost.astype(jnp.int32)
 
     @_compiled.method()
     def truncate_last(self, truncated, final_obs) -> "TrajectoryBuffer":
@@ -294,23 +331,39 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         boot = (jnp.asarray(truncated) & ~ended & (self.num_valid > 0))[:, None]
         fslot, keep, final_head = _ring.final_slots(self.final_head, boot, self.final_obs_capacity)
         store = _ring.write_lanes(self.final_obs, jax.tree.map(lambda x: jnp.asarray(x)[:, None], final_obs), fslot, keep)
+        owner, lost = self._track_lost(boot, fslot, keep, slot[None], 0, (self.terminated, self.truncated, self.final_slot))
         return self.replace(
             truncated=self.truncated.at[:, slot].set(self.truncated[:, slot] | boot[:, 0]),
             final_slot=self.final_slot.at[:, slot].set(jnp.where(boot[:, 0], fslot[:, 0], self.final_slot[:, slot])),
-            final_obs=store, final_head=final_head,
+            final_obs=store, final_head=final_head, final_owner=owner, lost_prefix=lost,
         )
 
     @_compiled.method()
     def final_obs_lost(self) -> jax.Array:
-        """Whether some stored truncated step's final observation was overwritten (bool scalar).
+        """Whether some stored truncated step's final observation was overwritten (bool scalar, `O(num_envs)`).
 
-        Exact: a final observation survives iff fewer than $K$ truncated (not terminated) steps followed its step in
-        its lane; only the steps stored now count. `O(num_envs * length)`: a diagnostic.
+        A final observation is overwritten once $K$ truncated (not terminated) steps followed its step in its lane;
+        only the steps stored now count. No sampler draws a window that reads one: each lane's windows start after its
+        newest such step (`lost_prefix`, "Lost final observations" in `docs/api/trajectory.md`).
         """
-        needs = self._logical_order(self.truncated & ~self.terminated) & (jnp.arange(self.length) < self.num_valid)
+        return jnp.any(self.lost_prefix > 0)
+
+    def _with_lost_rebuilt(self) -> "TrajectoryBuffer":
+        """This buffer with `final_owner` and `lost_prefix` computed from the flags and `final_slot`, `O(num_envs *
+        length)`, as the adds keep them (checkpoints saved before these fields): a step's final observation is lost
+        iff $K$ or more truncated (not terminated) steps follow it in its lane; a ring slot's owner is the newest
+        stored step holding it."""
+        if not self._lossy:
+            return self
+        n, pos = self.length, jnp.arange(self.length, dtype=jnp.int32)
+        needs = self._logical_order(self.truncated & ~self.terminated) & (pos < self.num_valid)
         c = needs.astype(jnp.int32)
         later = jnp.sum(c, axis=1, keepdims=True) - jnp.cumsum(c, axis=1)  # ring writes after each step
-        return jnp.any(needs & (later >= self.final_obs_capacity))
+        lost = jnp.max(jnp.where(needs & (later >= self.final_obs_capacity), pos + 1, 0), axis=1)
+        lanes = jnp.arange(self.num_envs, dtype=jnp.int32)[:, None]
+        newest = jnp.full(self.final_owner.shape, -1, jnp.int32).at[lanes, self._logical_order(self.final_slot)].max(jnp.where(needs, pos, -1))
+        owner = jnp.where(newest >= 0, _ring.logical_to_physical(newest, self.head, self.num_valid, n), 0)
+        return self.replace(final_owner=owner.astype(jnp.int32), lost_prefix=lost.astype(jnp.int32))
 
     def _sequence_length(self, sequence_length) -> int:
         sequence_length = _validate.static_int("sequence_length", sequence_length)
@@ -328,17 +381,43 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Logical index of a lane's first window start aligned to `period` (`jaxbuffers._ring.aligned_first`)."""
         return _ring.aligned_first(_ring.counter_mod(self.added, period), self.num_valid, period)
 
-    def _num_windows(self, window: int, period: int = 1) -> jax.Array:
-        """Valid windows of `window` steps per lane whose start is aligned to `period` (int32 scalar)."""
-        return _ring.num_windows(self.num_valid, window, period, self._first_start(period))
+    def _lane_windows(self, window: int, period: int) -> tuple[jax.Array, jax.Array]:
+        """(first start, number) of the windows of `window` steps drawn in each lane, int32 `[num_envs]`: valid,
+        aligned to `period`, starting at or after the lane's `lost_prefix` ("Lost final observations")."""
+        first = self._first_start(period)
+        behind = jnp.maximum(self.lost_prefix - first, 0)
+        first = (first + (behind + period - 1) // period * period).astype(jnp.int32)
+        return first, _ring.num_windows(self.num_valid, window, period, first)
+
+    def _total_windows(self, window: int, period: int = 1) -> jax.Array:
+        """The windows of `window` steps aligned to `period` that the uniform samplers draw, over all lanes (int32)."""
+        if not self._lossy:  # every lane has the same windows
+            return (_ring.num_windows(self.num_valid, window, period, self._first_start(period)) * self.num_envs).astype(jnp.int32)
+        return jnp.sum(self._lane_windows(window, period)[1], dtype=jnp.int32)
+
+    def _drawn_by(self, method: str, kw: Mapping) -> jax.Array:
+        """`num_valid_windows` of the windows `method` (`"sample_sequences"` crossing episodes, or
+        `"sample_transitions"`) called with keywords `kw` draws from (a global sample's weight of a shard)."""
+        if method == "sample_transitions":
+            return self._total_windows(kw.get("n_step", 1) + 1)
+        return self._total_windows(kw["sequence_length"], kw.get("period", 1))
 
     def _uniform_positions(self, key, batch_size: int, window: int, period: int):
-        """Uniform (lane, physical start) over valid windows: one draw over `num_envs * windows`."""
-        first = self._first_start(period)
-        per_lane = jnp.maximum(_ring.num_windows(self.num_valid, window, period, first), 1)
-        flat = jax.random.randint(_validate.key("key", key), (batch_size,), 0, per_lane * self.num_envs, jnp.int32)
-        starts = _ring.window_starts(flat % per_lane, self.head, self.num_valid, self.length, period, first)
-        return flat // per_lane, starts
+        """Uniform (lane, physical start) over the windows drawn: one draw over their number, `O(batch_size)`
+        (with $K$ < `length` `O(num_envs + batch_size * log num_envs)`: a lane by its running count, then its window)."""
+        key = _validate.key("key", key)
+        if not self._lossy:
+            first = self._first_start(period)
+            per_lane = jnp.maximum(_ring.num_windows(self.num_valid, window, period, first), 1)
+            flat = jax.random.randint(key, (batch_size,), 0, per_lane * self.num_envs, jnp.int32)
+            starts = _ring.window_starts(flat % per_lane, self.head, self.num_valid, self.length, period, first)
+            return flat // per_lane, starts
+        first, count = self._lane_windows(window, period)
+        cum = jnp.cumsum(count, dtype=jnp.int32)
+        r = jax.random.randint(key, (batch_size,), 0, jnp.maximum(cum[-1], 1), jnp.int32)
+        lanes = jnp.minimum(jnp.searchsorted(cum, r, side="right"), self.num_envs - 1).astype(jnp.int32)
+        starts = _ring.window_starts(r - (cum - count)[lanes], self.head, self.num_valid, self.length, period, first[lanes])
+        return lanes, starts
 
     def _logical_order(self, x: jax.Array) -> jax.Array:
         """`x` `[num_envs, length]` with its columns in logical order (the oldest stored step first)."""
@@ -358,6 +437,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         ls = jnp.arange(n - window + 1, dtype=jnp.int32)
         inside = (c[:, ls + window - 1] - c[:, ls]) == 0
         ok = inside & (ls + window <= self.num_valid) & _ring.aligned(ls, self._first_start(period), period)
+        if self._lossy:
+            ok = ok & (ls >= self.lost_prefix[:, None])
         return jnp.cumsum(ok.reshape(-1).astype(jnp.int32))
 
     def _episode_positions(self, key, batch_size: int, window: int, period: int):
@@ -408,8 +489,10 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Sample `batch_size` sequences of `sequence_length` consecutive steps of one lane.
 
         Uniform with replacement over the valid windows whose start is aligned to `period` ("Period" in
-        `docs/api/trajectory.md`); with `cross_episodes=False` over those with no episode end before their last step
-        (exact, `O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`).
+        `docs/api/trajectory.md`) and comes after its lane's `lost_prefix` (so `final_obs_at` of the sample is exact:
+        "Lost final observations"); with `cross_episodes=False` over those with no episode end before their last step
+        (exact, `O(num_envs * length)` per call; the default costs `O(batch_size * sequence_length)`, plus
+        `O(num_envs)` when `final_obs_capacity < length`).
 
         Args:
           key: PRNG key.
@@ -437,7 +520,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
         The return is cut at the first episode end (`n_step_window`); `next_obs` is `obs_{t+k}`: from the
         final-observation ring if step `t + k - 1` was truncated (never the reset observation), else the stored step
-        `t + k` (after termination defined and multiplied by `discount = 0`).
+        `t + k` (after termination defined and multiplied by `discount = 0`). A window starts after its lane's
+        `lost_prefix`, so the final observation read is never an overwritten one ("Lost final observations" in
+        `docs/api/trajectory.md`).
 
         Args:
           key: PRNG key.
@@ -464,7 +549,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     @_compiled.method("window", "period", "cross_episodes")
     def valid_starts(self, indices, window: int, *, period: int = 1, cross_episodes: bool = True) -> jax.Array:
         """Whether a window of `window` steps starting at each flat position is one the uniform samplers draw now:
-        valid and aligned to `period` (`docs/api/trajectory.md`; `window=n + 1` for `n_step=n`), with
+        valid (after its lane's `lost_prefix`) and aligned to `period` (`docs/api/trajectory.md`; `window=n + 1` for
+        `n_step=n`), with
         `cross_episodes=False` also no episode end before its last step (`O(num_envs * length)`).
 
         Args:
@@ -482,6 +568,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         in_range = (wide >= 0) & (wide < self.num_envs * self.length)
         logical = _ring.physical_to_logical(slots, self.head, self.num_valid, self.length)
         ok = in_range & (logical + window <= self.num_valid) & _ring.aligned(logical, self._first_start(period), period)
+        if self._lossy:
+            ok = ok & (logical >= self.lost_prefix[lanes])
         if _validate.static_bool("cross_episodes", cross_episodes):
             return ok
         c, last = self._ends_before(), jnp.minimum(logical + window - 1, self.length)
@@ -504,8 +592,9 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         V(final[:, j]), V(s.item["obs"][:, j + 1]))`.
 
         Entry `[b, j]` is the `final_obs` given to `add` with step `j` of sequence `b` where it was truncated and not
-        terminated (exact unless `final_obs_lost`), zeros elsewhere: an obs pytree, leaves `[B, sequence_length, ...]`.
-        Arguments and errors as `sequences_at`.
+        terminated (exact at the windows the samplers draw; at a step whose final observation was overwritten,
+        whatever holds its ring slot now: "Lost final observations" in `docs/api/trajectory.md`), zeros elsewhere: an
+        obs pytree, leaves `[B, sequence_length, ...]`. Arguments and errors as `sequences_at`.
         """
         sequence_length = self._sequence_length(sequence_length)
         final, real = self._final_obs(self._windows(*self._split_indices(indices), sequence_length))

@@ -1302,6 +1302,53 @@ def test_a_prioritised_trajectory_checkpoint_with_its_tree_in_lane_order_restore
                 np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("kind", ["plain", "stacked", "compressed"])
+def test_a_trajectory_checkpoint_without_the_lost_final_obs_fields_restores(tmp_path, kind):
+    """A checkpoint written before the trajectory buffers kept `final_owner` and `lost_prefix` (`final_obs_capacity`
+    below `length`, final observations already lost) restores, with and without a target, with both computed from
+    the flags: the same boundary, and the same samples and boundaries after more adds."""
+    from jaxbuffers._checkpoint_upgrades import trajectory_in
+
+    rng = np.random.default_rng(5)
+    compressed = kind == "compressed"
+    spec = PIXELS if compressed else STEP
+    cls = jb.CompressedPrioritisedTrajectoryBuffer if compressed else jb.PrioritisedTrajectoryBuffer
+    buf = cls.create(spec, num_envs=E, length=L, window_length=2, final_obs_capacity=1, **({"codec": "rle"} if compressed else {}))
+    def add(b, r):
+        trunc = jnp.asarray(r.random((E, 2)) < 0.4)
+        return b.add(_rand(r, spec, (E, 2)), terminated=jnp.zeros((E, 2), bool), truncated=trunc, final_obs=_rand(r, spec["obs"], (E, 2)))
+
+    for _ in range(5):
+        buf = add(buf, rng)
+    lost = lambda b: _traj(b).lost_prefix  # noqa: E731
+    assert np.asarray(lost(buf)).any()
+    old = trajectory_in(buf, lambda t: t.replace(final_owner=None, lost_prefix=None))
+    if kind == "stacked":
+        buf, old = (jax.tree.map(lambda x: jnp.stack([x] * 2), b) for b in (buf, old))
+    jb.save(tmp_path / "c", old)
+    assert not any(leaf["path"].endswith("lost_prefix") for leaf in json.loads((tmp_path / "c" / "buffer.json").read_text())["leaves"])
+    for j, back in enumerate((jb.restore(tmp_path / "c"), jb.restore(tmp_path / "c", buf))):
+        plain = lambda b: trajectory_in(b.replace(host=None) if compressed else b, lambda t: t.replace(final_owner=None))  # noqa: E731
+        for a, b in zip(jax.tree.leaves(plain(back)), jax.tree.leaves(plain(buf)), strict=True):
+            np.testing.assert_array_equal(a, b)
+        if kind == "stacked" or j == 1:  # `buf` is added to once (a compressed state is used once)
+            continue
+        mine, theirs = back, buf
+        for i in range(4):
+            mine, theirs = add(mine, np.random.default_rng(i)), add(theirs, np.random.default_rng(i))
+            np.testing.assert_array_equal(lost(mine), lost(theirs))
+        key = jax.random.key(1)
+        draw = lambda b: jax.tree.leaves(b.sample_transitions(key, 8, n_step=1, gamma=0.9))  # noqa: E731
+        for a, b in zip(draw(mine), draw(theirs), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def _traj(b):
+    while not isinstance(b, jb.TrajectoryBuffer):
+        b = b.buffer
+    return b
+
+
 def test_an_unknown_tree_order_is_refused_not_read_as_the_lane_order(tmp_path):
     from jaxbuffers import _checkpoint_files as files
 

@@ -257,6 +257,39 @@ def test_trajectory_lanes_sharded_equal_the_unsharded_lanes_and_samples_read_the
 
 
 @eight
+def test_global_uniform_samples_skip_shards_whose_final_observations_were_lost(mesh):
+    _global_sample_after_lost_final_obs(mesh, prioritised=False)
+
+
+@eight
+def test_global_prioritised_samples_skip_shards_whose_final_observations_were_lost(mesh):
+    _global_sample_after_lost_final_obs(mesh, prioritised=True)
+
+
+def _global_sample_after_lost_final_obs(mesh, prioritised):
+    """Shard 0's lanes truncate every step with one final-observation slot: each lane's windows start at its newest
+    step, so shard 0 has no window of 3 steps and a global sample never draws it; the rows drawn read the true ones."""
+    e, length = 16, 6
+    make = (lambda n: jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=n, length=length, window_length=3, final_obs_capacity=1)) if prioritised \
+        else (lambda n: jb.TrajectoryBuffer.create(STEP, num_envs=n, length=length, final_obs_capacity=1))  # noqa: E731
+    sharded, whole = jb.ShardedBuffer.create(lambda: make(e // S), mesh, "data"), make(e)
+    rng = np.random.default_rng(9)
+    trunc = np.arange(e) < e // S  # the lanes of shard 0
+    for t in range(9):
+        step, fin = _steps(rng, e, t), rng.standard_normal((e, 2)).astype(np.float32)
+        sharded = sharded.add(step, terminated=np.zeros(e, bool), truncated=trunc, final_obs=fin)
+        whole = whole.add(step, terminated=np.zeros(e, bool), truncated=trunc, final_obs=fin)
+    kw = {"beta": 1.0} if prioritised else {}
+    tr = jax.jit(lambda b, k: b.sample(k, 256, method="sample_transitions", n_step=2, gamma=0.9, **kw))(sharded, jax.random.key(3))
+    assert not np.any(np.asarray(tr.shard) == 0) and len(np.unique(np.asarray(tr.shard))) == S - 1
+    lanes = e // S
+    flat = (tr.shard * lanes + tr.sample.indices // length) * length + tr.sample.indices % length
+    np.testing.assert_array_equal(np.asarray(tr.sample.next_obs), np.asarray(whole.transitions_at(flat, n_step=2, gamma=0.9).next_obs))
+    if prioritised:  # (S - 1) shards of 2 lanes, 4 windows of 3 steps each, all of the initial priority
+        np.testing.assert_allclose(np.asarray(tr.sample.probabilities), 1 / ((S - 1) * lanes * 4), rtol=1e-5)
+
+
+@eight
 def test_rollout_sharded_over_envs_equals_the_unsharded_rollout(mesh):
     e, t_len = 16, 8
     rng = np.random.default_rng(8)

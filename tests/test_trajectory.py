@@ -540,7 +540,8 @@ def test_memory_bytes_and_ring_size():
     big = TrajectoryBuffer.create(EXAMPLE, num_envs=4, length=100)
     small = TrajectoryBuffer.create(EXAMPLE, num_envs=4, length=100, final_obs_capacity=5)
     ring_slot = 4 * OBS_DIM * 4  # 4 lanes x one float32 obs
-    assert big.memory_bytes - small.memory_bytes == (100 - 5) * ring_slot
+    owners = 4 * 5 * 4  # K < length: an int32 owner per ring slot (`final_owner`)
+    assert big.memory_bytes - small.memory_bytes == (100 - 5) * ring_slot - owners
     assert big.memory_bytes == tree_nbytes(big)
     steps = 4 * 100 * (OBS_DIM * 4 + 4 + 4)
     assert steps < big.memory_bytes < 3 * steps

@@ -46,7 +46,7 @@ def _with_steps(inner, traj: TrajectoryBuffer):
 
 
 @_common.delegates("obs_key", "action_key", "reward_key", "num_valid", "head", "added", "terminated", "truncated",
-                   "final_slot", "metrics", "length", "final_obs_capacity", via="trajectory")
+                   "final_slot", "final_owner", "lost_prefix", "metrics", "length", "final_obs_capacity", via="trajectory")
 @_validate.one_member_methods(mapped=False)
 class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
     """A `jaxbuffers.TrajectoryBuffer` whose chosen observation leaves live compressed on the host.
@@ -295,8 +295,9 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         datas = [np.reshape(f, (e * t, *i.frame_shape)) for f, i in zip(frames, self.leaves)]
         slots, bases = c.slots, c.bases
         if truncated is not None:  # the final frames read: the rows the store writes
+            kept = c.valid[e * t:][(truncated & ~terminated).reshape(-1)]  # of final_rows: not overwritten in the chunk
             slots, bases = slots[c.valid], None if bases is None else bases[c.valid]
-            datas = datas if len(slots) == e * t else [np.concatenate([d, r]) for d, r in zip(datas, final_rows)]
+            datas = datas if len(slots) == e * t else [np.concatenate([d, np.asarray(r)[kept]]) for d, r in zip(datas, final_rows)]
         self.host.write(version, slots, np.ones(len(slots), bool), *datas, bases=bases)
         _common.remember_add(new, version + 1)
         return new, (version + 1, c.frame_head, c.next_ep_pos, c.next_key_pos, c.final_head)
@@ -345,9 +346,9 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
         fstore = e * ring + lanes * traj.final_obs_capacity + fslot[:, 0]
         ep = _common.pick_leaves(traj.storage[traj.obs_key], self.leaf_index)[0][lanes, slot, 2]
         fids = jnp.stack([fstore, lanes * ring + (self.frame_head - 1) % ring, jnp.minimum(ep + 1, self.frame_stack - 1)], axis=-1).astype(jnp.int32)
-        new = traj.truncate_last(truncated, _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves)))
+        new = self.buffer.truncate_last(truncated, _common.replace_leaves(final_obs, self.leaf_index, [fids] * len(self.leaves)))
         zero = lambda x: jnp.where(boot, 0, x).astype(jnp.int32)  # noqa: E731 (the next step starts an episode, a keyframe)
-        new = self.replace(buffer=_with_steps(self.buffer, new), final_head=final_head,
+        new = self.replace(buffer=new, final_head=final_head,
                            next_ep_pos=zero(self.next_ep_pos), next_key_pos=zero(self.next_key_pos))
         return new, (fstore, boot)
 

@@ -22,7 +22,7 @@ class ChunkFrames(NamedTuple):
     ids: Any  # shape=[E, t, 3], dtype=int32: (newest, prev, ep_pos) per step
     final_ids: Any  # shape=[E, t, 3], dtype=int32, or None without truncated: ids of the final observations
     slots: Any  # shape=[M], dtype=int32: store slots of the rows to write (E*t frames, then E*t final frames)
-    valid: Any  # shape=[M], dtype=bool: rows written (final frames only where truncated and not terminated)
+    valid: Any  # shape=[M], dtype=bool: rows written (final frames only where truncated, not terminated and kept)
     bases: Any  # shape=[M], dtype=int32, or None for keyframe_interval 1: delta base slot per row, -1 whole
     frame_head: Any  # shape=(), dtype=int32: the cursors after the chunk
     next_ep_pos: Any  # shape=[E], dtype=int32
@@ -59,11 +59,11 @@ def chunk_frames(xp, terminated, truncated, frame_head, next_ep_pos, next_key_po
     slots, valid, final_ids = newest.reshape(-1), xp.ones((e * t,), bool), None
     if truncated is not None:
         boot = truncated & ~terminated
-        fslot, _, final_head = _ring.final_slots(final_head, boot, final_capacity, xp)
+        fslot, keep, final_head = _ring.final_slots(final_head, boot, final_capacity, xp)
         fstore = e * ring + lane * final_capacity + fslot  # [E, t]
         final_ids = xp.stack([fstore, newest, xp.minimum(ep + 1, k - 1)], axis=-1).astype(i32)
         slots = xp.concatenate([slots, fstore.reshape(-1)])
-        valid = xp.concatenate([valid, boot.reshape(-1)])
+        valid = xp.concatenate([valid, keep.reshape(-1)])  # a final frame overwritten within the chunk is not written
         bases = xp.concatenate([bases, xp.full((e * t,), -1, i32)])
     return ChunkFrames(ids, final_ids, slots.astype(i32), valid, None if kk == 1 else bases,
                        ((frame_head + t) % ring).astype(i32), next_ep, next_key, final_head)
