@@ -180,9 +180,7 @@ def _verify(root: Path, progress, later=lambda listed: set()) -> tuple[dict, set
     `later(listed)` names (their checksums are taken as they are read, `_check_hashes`). Returns the manifest's
     file list and the files left to hash."""
     manifest = _read_json(root / "manifest.json", "checkpoint manifest")
-    listed = manifest.get("files")
-    if not isinstance(listed, dict):
-        raise CheckpointError(f"{root / 'manifest.json'}: no file list")
+    listed = _checked_files(root / "manifest.json", manifest.get("files"))
     present = {p.relative_to(root).as_posix() for p in _files(root)}
     unlisted = sorted(p for p in present - set(listed) if "/" in p)  # markers beside the files (an orbax commit file) are not read
     if unlisted:
@@ -197,6 +195,27 @@ def _verify(root: Path, progress, later=lambda listed: set()) -> tuple[dict, set
     deferred = set(later(listed))
     _check_hashes(root, listed, [rel for rel in listed if rel not in deferred], progress)
     return listed, deferred
+
+
+def _checked_files(path: Path, listed: Any) -> dict:
+    """`listed`, the file list of the manifest `path` (manifest.json, or a disk folder's disk.json), once it is a dict
+    of relative path -> {"bytes": size, "xxh3_64": checksum}, every size an int >= 0 and every checksum a str.
+
+    Raises:
+      CheckpointError: naming `path`, the file listed and the key, what was expected and what came.
+    """
+    if not isinstance(listed, dict):
+        raise CheckpointError(f"{path}: files: expected a dict of relative path -> {{'bytes', 'xxh3_64'}}, got {listed!r:.80}")
+    for rel, info in listed.items():
+        where = f"{path}: files[{rel!r:.200}]"
+        if not isinstance(rel, str) or not isinstance(info, dict):
+            raise CheckpointError(f"{where}: expected a dict {{'bytes': size, 'xxh3_64': checksum}}, got {info!r:.100}")
+        size, digest = info.get("bytes"), info.get("xxh3_64")
+        if type(size) is not int or size < 0:
+            raise CheckpointError(f"{where}: expected 'bytes', an int >= 0 (the file's size), got {info!r:.100}")
+        if not isinstance(digest, str):
+            raise CheckpointError(f"{where}: expected 'xxh3_64', a str (the file's checksum), got {info!r:.100}")
+    return listed
 
 
 def _check_hashes(root: Path, listed: dict, rels, progress) -> None:

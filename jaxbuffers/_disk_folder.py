@@ -65,6 +65,7 @@ from host_codecs import CorruptEntryError, dtype_from_code
 from host_codecs.chunk_arena import ChunkFileStore
 from host_codecs.file_store import FileStore, ReadOnlyError
 from jaxbuffers import checkpoint
+from jaxbuffers._checkpoint_files import _checked_files
 from jaxbuffers.compressed._host import HostStores, StaleBufferError
 
 FORMAT = "jaxbuffers.disk"
@@ -331,7 +332,7 @@ def read_meta(d: Path) -> dict:
     if meta.get("version") not in READ_VERSIONS:
         raise checkpoint.CheckpointError(f"{path}: format version {meta.get('version')!r}, this jaxbuffers reads versions {list(READ_VERSIONS)}")
     off = checkpoint._Progress(False, "")
-    for name, info in meta["files"].items():
+    for name, info in _checked_files(path, meta.get("files")).items():
         p = d / name
         if not p.is_file() or p.stat().st_size != info["bytes"] or checkpoint._hash_file(p, off) != info["xxh3_64"]:
             raise checkpoint.CheckpointError(f"{p}: missing, truncated or corrupt (size or xxh3_64 differs from {path.name})")

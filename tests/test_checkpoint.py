@@ -513,6 +513,25 @@ def test_unknown_format_version_is_refused(tmp_path):
         jb.restore(tmp_path / "ck")
 
 
+@pytest.mark.parametrize("edit, says", [
+    (lambda e: {"bytez" if k == "bytes" else k: v for k, v in e.items()}, "'bytes'"),
+    (lambda e: {k: v for k, v in e.items() if k != "xxh3_64"}, "'xxh3_64'"),
+    (lambda e: {**e, "bytes": str(e["bytes"])}, "'bytes'"),
+    (lambda e: {**e, "bytes": -1}, "'bytes'"),
+    (lambda e: {**e, "xxh3_64": 7}, "'xxh3_64'"),
+    (lambda e: [e["bytes"], e["xxh3_64"]], "a dict"),
+], ids=["renamed", "missing", "size-a-str", "size-negative", "checksum-an-int", "a-list"])
+def test_a_damaged_manifest_entry_is_refused_naming_the_file_and_the_key(edit, says, tmp_path):
+    """A manifest whose file entry lost a key, or holds a value of another type, is refused as a CheckpointError
+    naming manifest.json, the file listed and the key, before any file is read."""
+    root = jb.save(tmp_path / "ck", _filled_replay())
+    m = json.loads((root / "manifest.json").read_text())
+    m["files"]["buffer.json"] = edit(m["files"]["buffer.json"])
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(jb.CheckpointError, match=re.escape(f"{root / 'manifest.json'}: files['buffer.json']: expected ") + f".*{re.escape(says)}.*got"):
+        jb.restore(root)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_corrupt_file_is_detected_naming_it(damage, tmp_path):
     jb.save(tmp_path / "ck", _filled_replay(4096))

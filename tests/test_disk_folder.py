@@ -133,6 +133,18 @@ def test_a_flipped_byte_in_a_chunk_file_names_the_slot_and_the_file(zstd_folder,
         jax.block_until_ready(jax.jit(lambda b: b.sample_sequences(jax.random.key(0), 64, 4))(ro))
 
 
+def test_a_damaged_file_entry_of_disk_json_is_refused_naming_the_file_and_the_key(zstd_folder, tmp_path):
+    """disk.json whose file entry lost its size is refused as a CheckpointError naming disk.json, the file and the key."""
+    path, _ = zstd_folder
+    shutil.copytree(path, tmp_path / "c")
+    meta = json.loads((tmp_path / "c" / "disk.json").read_text())
+    name = next(iter(meta["files"]))
+    meta["files"][name] = {"bytez": 1, "xxh3_64": meta["files"][name]["xxh3_64"]}
+    (tmp_path / "c" / "disk.json").write_text(json.dumps(meta))
+    with pytest.raises(jb.CheckpointError, match=rf"disk\.json: files\['{name}'\]: expected 'bytes', an int >= 0.*got"):
+        disk.open(tmp_path / "c", "r")
+
+
 def test_version_1_and_2_folders_open_and_unknown_versions_are_refused_naming_the_file(tmp_path):
     """Folders as versions 1 and 2 wrote them (a raw store in one file beside its index `store-0.index.npy` of two
     rows; version 1 also `state/`, `slot_version.npy`, no generation) open, and a flush of one in `"r+"` writes
