@@ -84,7 +84,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from host_codecs import num_threads
-from jaxbuffers import _background, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
+from jaxbuffers import _background, _compiled, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     TREE_ORDER, _check_meta_defaults, _checked_cursors, _nbytes, _sharded, _template, _upgraded, _upgraded_state,
@@ -371,6 +371,8 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer or traced
         (inside `jax.jit`), a field of dtype `jnp.int1` / `jnp.uint1` (JAX takes them to host memory as bool and cannot
         put them back; naming it), `progress` not a bool or None, `blocking` not a bool (checked before any write).
+      RuntimeError: `buffer`'s arrays were donated to a jitted call (`donate_argnums`) or deleted, naming its class
+        (save the state that call returned), before anything is written.
       FileExistsError: `directory` exists and is neither a checkpoint nor an empty folder (nothing is deleted), now or
         at the commit. An empty folder is filled in place (it keeps its inode: it may be the working directory).
       NotADirectoryError: `directory` or a path above it is a file (naming it).
@@ -391,6 +393,7 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(buffer)):
         raise TypeError("buffer: expected concrete arrays, got traced values: save runs outside jax.jit and lax.scan")
     _describe(buffer)  # its TypeErrors before anything is created
+    _compiled.check_not_deleted("save", [buffer])
     if progress is not None:
         _validate.static_bool("progress", progress)
     blocking = _validate.static_bool("blocking", blocking)
@@ -581,6 +584,7 @@ class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
     def _taken(self, directory, buffer: Any, copy: bool):
         """Take `buffer` now (with several processes: this process's parts, after the checks every process makes
         together); returns the write into `directory`."""
+        _compiled.check_not_deleted("BufferSave", [buffer])
         if not _processes.several():
             return functools.partial(self._write, directory, _snapshot(buffer))
         meta, tree = _processes.parts(buffer, _store_snapshot, _snapshot, copy)
