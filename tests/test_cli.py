@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import typing
 import urllib.error
 import urllib.request
@@ -740,6 +741,38 @@ def test_viewer_in_headless_chromium(server, tmp_path):
     np.testing.assert_array_equal(crop(shot0), scale4(tiled(obs[0, 1])))  # episode 2 is lane 1 from step 0
     np.testing.assert_array_equal(crop(shot1), scale4(tiled(obs[1, 1])))
     assert not np.array_equal(crop(shot0), crop(shot1))
+
+
+def test_viewer_shows_field_names_as_text_and_runs_none_as_markup(tmp_path):
+    """A field named like an HTML tag (its handler would retitle the page) is shown as its text in the viewer's
+    table, and nothing in it runs: a checkpoint cannot run code in the page."""
+    from chromium import Chromium, chromium_path
+
+    if chromium_path() is None:
+        pytest.skip("no chromium executable (Debian package `chromium`; .ci/run installs it)")
+    pytest.importorskip("websocket", reason="websocket-client drives Chromium (dev extra)")
+    from jaxbuffers.cli._images import find_image
+    from jaxbuffers.cli._server import make_server
+
+    name = "<img src=x onerror=\"document.title='INJECTED'\">"
+    ex = {"obs": jnp.zeros((8, 8), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0), name: jnp.float32(0)}
+    buf = jb.TrajectoryBuffer.create(ex, num_envs=1, length=4).add(
+        {"obs": jnp.zeros((1, 2, 8, 8), jnp.uint8), "action": jnp.zeros((1, 2), jnp.int32), "reward": jnp.zeros((1, 2)),
+         name: jnp.zeros((1, 2))}, terminated=jnp.array([[False, True]]))
+    view = BufferView(jb.restore(jb.save(tmp_path / "ck", buf, progress=False), progress=False))
+    srv = make_server(view, find_image(view), port=0, scale=4)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with Chromium(tmp_path) as browser:
+            browser.open(f"http://127.0.0.1:{srv.server_address[1]}/#k=0&t=0")
+            browser.wait("document.querySelectorAll('#fields td.k').length > 0", "the field table shown")
+            names = browser.eval("[...document.querySelectorAll('#fields td.k')].map((e) => e.textContent)")
+            time.sleep(0.5)  # an injected image's error handler would have run by now
+            title, images = browser.eval("[document.title, document.querySelectorAll('#fields img').length]")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert name in names and title == "jaxbuffers viewer" and images == 0
 
 
 def test_video_layout_and_stack_axis(saved, capsys, tmp_path):
