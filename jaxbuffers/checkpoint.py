@@ -474,8 +474,9 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
         array, its shape and the sharding.
       CheckpointError: missing or corrupt files (the message names the file), another format version, or a
         class, configuration, shape or dtype other than the target's, or episode meta defaults other than a concrete
-        target's (naming the field), or a ring cursor (`head`, `num_valid`, `added`) out of range (naming the leaf;
-        checked where one process restores).
+        target's (naming the field), or a cursor outside its documented range (`head`, `num_valid`, `added`,
+        `final_head`, `phase`, `frame_head`, `next_ep_pos`, `next_key_pos`, `step_index`: naming the leaf, the range
+        and the value).
 
     With several processes a `ShardedBuffer` target is restored by every process together (each its shards; a
     checkpoint saved by one process or by several restores either way), and an error is raised on every process; any

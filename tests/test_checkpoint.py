@@ -775,11 +775,30 @@ _STACKED = jax.vmap(lambda _: jb.ReplayBuffer.create(ITEM, capacity=8))(jnp.aran
     (jb.RolloutBuffer.create(ITEM, num_envs=E, num_steps=4), ".step_index", -2, "step_index: expected a value in [0, 4], got -2"),
     (jb.CompressedRolloutBuffer.create(PIXELS, num_envs=E, num_steps=4), ".buffer.step_index", 5,
      "buffer.step_index: expected a value in [0, 4], got 5"),
+    (jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, final_obs_capacity=3), ".final_head", [0, 3],
+     "final_head: expected a value in [0, 2], got [0, 3]"),
+    (jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2, period=2), ".phase", 2,
+     "phase: expected a value in [0, 1], got 2"),
+    (jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2), ".buffer.final_head", -1,
+     f"buffer.final_head: expected a value in [0, {L - 1}], got [-1, -1]"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".frame_head", 13,
+     "frame_head: expected a value in [0, 12], got 13"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".final_head", [L, 0],
+     f"final_head: expected a value in [0, {L - 1}], got [{L}, 0]"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".next_key_pos", [0, 8],
+     "next_key_pos: expected a value in [0, 7], got [0, 8]"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L, frame_stack=4), ".next_ep_pos", [-1, 0],
+     "next_ep_pos: expected a value in [0, 3], got [-1, 0]"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".buffer.final_head", [0, L],
+     f"buffer.final_head: expected a value in [0, {L - 1}], got [0, {L}]"),
 ], ids=["num_valid", "head", "added", "prioritised", "stacked", "trajectory", "prioritised-trajectory", "episode", "compressed",
-        "rollout", "compressed-rollout"])
+        "rollout", "compressed-rollout", "final_head", "phase", "prioritised-final_head", "frame_head", "compressed-final_head",
+        "next_key_pos", "next_ep_pos", "compressed-inner-final_head"])
 def test_cursors_out_of_range_are_refused_naming_the_leaf(buffer, path, value, says, tmp_path):
     """A checkpoint whose ring cursor was edited (manifest rewritten to match) is refused as `with_cursors` refuses
-    the value, naming the leaf: a capacity-8 buffer came back with `size() == 100`, or with `head == -3`."""
+    the value, naming the leaf: a capacity-8 buffer came back with `size() == 100`, or with `head == -3`. Every other
+    cursor with a documented range (the final-observation heads, the frame ring's cursors, a prioritised trajectory's
+    `phase`) is checked the same way, naming the leaf, the range and the value."""
     root = jb.save(tmp_path / "ck", buffer)
     _edit_leaf(root, path, lambda v: np.broadcast_to(value, v.shape))
     with pytest.raises(jb.CheckpointError, match=re.escape(f"{root}: array {says}")):
