@@ -218,6 +218,18 @@ def test_inspect_reads_float8_and_int4_fields(tmp_path, capsys):
         assert (fields[n]["dtype"], fields[n]["min"], fields[n]["max"]) == (n, 0 if n == "uint4" else -1, 3), fields[n]
 
 
+@pytest.mark.parametrize("name", ["[/bold]", "[red]x", "a[/b]"])
+def test_inspect_shows_field_and_folder_names_as_written(tmp_path, capsys, name):
+    """A field or folder named like rich markup is printed as written: no markup error, nothing dropped."""
+    buf = jb.ReplayBuffer.create({"obs": jnp.zeros(2), name: jnp.int32(0)}, capacity=4)
+    buf = buf.add({"obs": jnp.zeros((1, 2)), name: jnp.zeros(1, jnp.int32)})
+    path = jb.save(tmp_path / name / "buf", buf, progress=False)
+    code, out, err = run(capsys, "inspect", path)
+    assert code == 0, err
+    assert f"{name}/buf" in out.replace("\n", "") and any(line.split("│")[1].strip() == name for line in out.splitlines()
+                                                          if line.count("│") > 2), out
+
+
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_a_32_bit_checkpoint_reads_the_same_with_x64(saved, capsys, name):
     """The command's x64 changes nothing for a 32-bit checkpoint: its summary is the one computed with x64 off."""
@@ -881,6 +893,25 @@ def test_an_out_in_a_missing_folder_is_refused_naming_it_and_nothing_is_made(sav
     assert code == 2 and o == "" and err == (f"jaxbuffers {cmd[0]}: error: --out: the folder {tmp_path / 'no' / 'such'} "
                                              "does not exist; create it first (nothing was written)\n"), err
     assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("scale", [0, 257, 100_000])
+def test_a_scale_past_the_largest_picture_is_refused_naming_the_range(saved, tmp_path, capsys, scale):
+    """`--scale` makes pictures of at most 16384 pixels a side (a row of 4 tiles of 16x16: scale <= 256): a larger one
+    is refused before anything is drawn or allocated, as is 0; `serve` refuses it when it starts."""
+    from jaxbuffers.cli._images import find_image
+    from jaxbuffers.cli._server import make_server
+    from jaxbuffers.cli._view import ViewError
+
+    path = saved["CompressedEpisodeBuffer"]
+    says = f"--scale: expected an integer in [1, 256] (a 16x64 picture scaled to at most 16384 pixels a side), got {scale}"
+    for cmd in (["video", path, "--episode", 0, "--out", tmp_path / "v.gif"], ["sheet", path, "--out", tmp_path / "s.png"]):
+        code, o, err = run(capsys, *cmd, "--scale", scale)
+        assert code == 2 and err == f"jaxbuffers {cmd[0]}: error: {says}\n", err
+    assert not any(tmp_path.iterdir())
+    view = BufferView(jb.restore(path, progress=False))
+    with pytest.raises(ViewError, match=re.escape(says)):
+        make_server(view, find_image(view), port=0, scale=scale)
 
 
 def test_a_sheet_of_an_empty_buffer_says_only_that_it_holds_no_steps(tmp_path, capsys):

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
-from jaxbuffers.cli._images import ImageField, scaled
+from jaxbuffers.cli._images import ImageField, check_scale, scaled
 from jaxbuffers.cli._view import BufferView, ViewError, is_floating
 
 __all__ = ["make_server", "PAGE"]
@@ -89,8 +89,9 @@ def _int(q: dict, name: str) -> int:
 
 
 def make_server(view: BufferView, field: ImageField | None, *, port: int = 8765, scale: int = 4) -> ThreadingHTTPServer:
-    """An HTTP server on 127.0.0.1:`port` (0: any free port; read `server.server_address`) serving the page."""
-    app = _App(view, field, scale)
+    """An HTTP server on 127.0.0.1:`port` (0: any free port; read `server.server_address`) serving the page.
+    `ViewError` for a `scale` outside `check_scale`'s range, before the port is taken."""
+    app = _App(view, field, check_scale(field, scale))
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # quiet: the terminal shows the URL only
