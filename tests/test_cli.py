@@ -895,16 +895,16 @@ def test_an_out_in_a_missing_folder_is_refused_naming_it_and_nothing_is_made(sav
     assert not (tmp_path / "no").exists()
 
 
-@pytest.mark.parametrize("scale", [0, 257, 100_000])
+@pytest.mark.parametrize("scale", [0, 65, 100_000])
 def test_a_scale_past_the_largest_picture_is_refused_naming_the_range(saved, tmp_path, capsys, scale):
-    """`--scale` makes pictures of at most 16384 pixels a side (a row of 4 tiles of 16x16: scale <= 256): a larger one
+    """`--scale` makes pictures of at most 4096 pixels a side (a row of 4 tiles of 16x16: scale <= 64): a larger one
     is refused before anything is drawn or allocated, as is 0; `serve` refuses it when it starts."""
     from jaxbuffers.cli._images import find_image
     from jaxbuffers.cli._server import make_server
     from jaxbuffers.cli._view import ViewError
 
     path = saved["CompressedEpisodeBuffer"]
-    says = f"--scale: expected an integer in [1, 256] (a 16x64 picture scaled to at most 16384 pixels a side), got {scale}"
+    says = f"--scale: expected an integer in [1, 64] (a 16x64 picture scaled to at most 4096 pixels a side), got {scale}"
     for cmd in (["video", path, "--episode", 0, "--out", tmp_path / "v.gif"], ["sheet", path, "--out", tmp_path / "s.png"]):
         code, o, err = run(capsys, *cmd, "--scale", scale)
         assert code == 2 and err == f"jaxbuffers {cmd[0]}: error: {says}\n", err

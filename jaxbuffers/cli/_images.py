@@ -129,7 +129,7 @@ def _rgb(p: np.ndarray) -> np.ndarray:
     return np.repeat(p[..., None], 3, axis=-1) if p.ndim == 2 else p
 
 
-MAX_SIDE = 16384  # pixels a side of an upscaled picture (`check_scale`): a larger one is refused, not allocated
+MAX_SIDE = 4096  # pixels a side of an upscaled picture (`check_scale`): a larger one is refused, not allocated
 
 
 def check_scale(field: "ImageField | None", scale: int) -> int:
