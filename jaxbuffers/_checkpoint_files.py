@@ -175,6 +175,41 @@ def _read_json(path: Path, what: str) -> dict:
     return out
 
 
+def _checked_description(path: Path, meta: dict) -> dict:
+    """`meta`, the buffer description `path` (buffer.json), once the fields read before the class's own checks have
+    their documented types: `leaves` a list of dicts, `host` null or a compressed buffer's host metadata (a dict, or
+    `shards`: a list of them) with ints `version`, `num_writes`, `num_rows`, a list `stores` and a dict `arrays` of
+    store -> {array: [shape, dtype]}.
+
+    Raises:
+      CheckpointError: naming `path` and the field, what was expected and what came.
+    """
+    def fail(field: str, expected: str, got: Any) -> None:
+        raise CheckpointError(f"{path}: {field}: expected {expected}, got {got!r:.100}")
+
+    if not isinstance(meta.get("leaves"), list) or not all(isinstance(x, dict) for x in meta["leaves"]):
+        fail("leaves", "a list of {'path', 'shape', 'dtype'}", meta.get("leaves"))
+    host = meta.get("host")
+    if host is not None and not isinstance(host, dict):
+        fail("host", "null or a dict (the host stores of a compressed buffer)", host)
+    shards = [] if host is None else host.get("shards", [host])
+    if not isinstance(shards, list):
+        fail("host.shards", "a list of one dict per shard", shards)
+    for i, m in enumerate(shards):
+        where = f"host.shards[{i}]" if "shards" in host else "host"
+        if not isinstance(m, dict):
+            fail(where, "a dict", m)
+        for k, kind, text in (("version", int, "an int"), ("num_writes", int, "an int"), ("num_rows", int, "an int"),
+                              ("stores", list, "a list"), ("arrays", dict, "a dict")):
+            if type(m.get(k)) is not kind:
+                fail(where, f"key {k!r}, {text}", m.get(k))
+        for store, arrays in m["arrays"].items():
+            for name, spec in arrays.items() if isinstance(arrays, dict) else [("", arrays)]:
+                if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], list)):
+                    fail(f"{where}.arrays[{store!r}][{name!r}]", "[shape, dtype]", spec)
+    return meta
+
+
 def _verify(root: Path, progress, later=lambda listed: set()) -> tuple[dict, set]:
     """Check every file of the checkpoint against its manifest: all sizes, then the xxh3-64 of every file but those
     `later(listed)` names (their checksums are taken as they are read, `_check_hashes`). Returns the manifest's

@@ -91,9 +91,9 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
 )
 from jaxbuffers._checkpoint_snapshot import Snapshot as _Snapshot, snapshot as _snapshot, store_snapshot as _store_snapshot
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _fsync, _hash_file: used by jaxbuffers.disk
-    _check_destination, _check_folder_path, _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file,
-    _is_checkpoint, _one_at_a_time, _prev, _Progress, _read_json, _sibling, _through_link, _verify, _write_file,
-    _write_manifest,
+    _check_destination, _check_folder_path, _check_hashes, _checked_description, _clean_stale, _commit, _drop_cached,
+    _fsync, _hash_file, _is_checkpoint, _one_at_a_time, _prev, _Progress, _read_json, _sibling, _through_link, _verify,
+    _write_file, _write_manifest,
 )
 from jaxbuffers.sharding import ShardedBuffer
 
@@ -252,7 +252,7 @@ def _checked(root: Path, target: Any, sharding: Any, progress: _Progress) -> tup
 def _described(root: Path, target: Any, sharding: Any) -> tuple[dict, list, Any, list]:
     """(buffer.json, abstract leaves, treedef, shardings) of the checkpoint at `root` (its buffer.json verified), after
     the checks of the description and of the target's class and configuration."""
-    meta = _read_json(root / "buffer.json", "buffer description")
+    meta = _checked_description(root / "buffer.json", _read_json(root / "buffer.json", "buffer description"))
     if target is not None:
         _entry(target, "target")  # TypeError for a target that is not a buffer
     if meta.get("tree_order", TREE_ORDER) != TREE_ORDER:  # absent: the earlier order, rebuilt by `_upgraded_state`

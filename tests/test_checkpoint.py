@@ -532,6 +532,26 @@ def test_a_damaged_manifest_entry_is_refused_naming_the_file_and_the_key(edit, s
         jb.restore(root)
 
 
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m.__setitem__("leavez", m.pop("leaves")), "leaves: expected a list"),
+    (lambda m: m["host"].__setitem__("versionz", m["host"].pop("version")), "host: expected key 'version', an int, got None"),
+    (lambda m: m["host"].pop("stores"), "host: expected key 'stores', a list, got None"),
+    (lambda m: m["host"].__setitem__("arrays", [1]), "host: expected key 'arrays', a dict, got [1]"),
+    (lambda m: m["host"]["arrays"]["0"].__setitem__("payload", 5), "host.arrays['0']['payload']: expected [shape, dtype], got 5"),
+    (lambda m: m.__setitem__("host", 3), "host: expected null or a dict"),
+], ids=["leaves-renamed", "version-renamed", "stores-missing", "arrays-a-list", "array-an-int", "host-an-int"])
+def test_a_damaged_buffer_description_is_refused_naming_the_file_and_the_key(edit, says, tmp_path):
+    """A buffer.json (manifest rewritten to match) missing a key that restore reads, or holding a value of another
+    type, is refused as a CheckpointError naming buffer.json and the key."""
+    root = jb.save(tmp_path / "c", _small_compressed())
+    meta = json.loads((root / "buffer.json").read_text())
+    edit(meta)
+    (root / "buffer.json").write_text(json.dumps(meta))
+    ckpt._write_manifest(root, ckpt._Progress(False, ""))
+    with pytest.raises(jb.CheckpointError, match=re.escape(f"{root / 'buffer.json'}: {says}")):
+        jb.restore(root)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_corrupt_file_is_detected_naming_it(damage, tmp_path):
     jb.save(tmp_path / "ck", _filled_replay(4096))
