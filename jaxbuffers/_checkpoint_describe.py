@@ -7,6 +7,7 @@ Only JSON and a fixed table of jaxbuffers classes and numeric dtypes are read, s
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -515,10 +516,13 @@ def _check_meta_defaults(target: Any, loaded: list, root: Path, stacked: bool = 
 
 
 def _checked_cursors(buffer: Any, root: Path, values: Callable[[Any], Any] = np.asarray) -> Any:
-    """`buffer`, read from the checkpoint in `root`, once the cursors of the ring that holds its items (the one its
-    metrics count: `_metrics_in` followed down) pass the range checks of `jaxbuffers.ReplayBuffer.with_cursors`
-    (`jaxbuffers._ring.checked_cursors`), on every member of a stacked buffer; a rollout's `step_index` in
-    `[0, num_steps]`. `values` reads a cursor array (with several processes: the rows this process holds).
+    """`buffer`, read from the checkpoint in `root`, once its cursors are in their documented ranges, on every member
+    of a stacked buffer: those of the ring that holds its items (the one its metrics count: `_metrics_in` followed
+    down) by the checks of `jaxbuffers.ReplayBuffer.with_cursors` (`jaxbuffers._ring.checked_cursors`), and every
+    other cursor field a buffer class declares with its inclusive range (`_cursor_ranges`: a trajectory's
+    `final_head`, a prioritised trajectory's `phase`, the frame ring's cursors, a rollout's `step_index`), in the
+    buffer and in every buffer it holds (`_ranged`). `values` reads a cursor array (with several processes: the rows
+    this process holds).
 
     Raises:
       CheckpointError: a cursor out of range, naming its leaf, the range and the value.
@@ -527,17 +531,28 @@ def _checked_cursors(buffer: Any, root: Path, values: Callable[[Any], Any] = np.
     while getattr(owner, "_metrics_in", None) is not None:
         owner, prefix = getattr(owner, owner._metrics_in), f"{prefix}{owner._metrics_in}."
     try:
-        if isinstance(owner, (RolloutBuffer, CompressedRolloutBuffer)):
-            rollout, prefix = (owner.buffer, "buffer.") if isinstance(owner, CompressedRolloutBuffer) else (owner, "")
-            at = values(rollout.step_index)
-            _validate.integer_value(prefix + "step_index", at, np.shape(at), 0, rollout.num_steps)
-        elif hasattr(owner, "_metrics_ring"):
+        if hasattr(owner, "_metrics_ring"):
             _, added, head, num_valid, ring, _ = owner._metrics_ring()
             added, head, num_valid = values(added), values(head), values(num_valid)
             _ring.checked_cursors(ring, np.shape(head), prefix, head=head, num_valid=num_valid, added=added)
+        for name, value, (lo, hi) in _ranged(buffer):
+            at = values(value)
+            _validate.integer_value(name, at, np.shape(at), lo, hi)
     except ValueError as e:
         raise CheckpointError(f"{root}: array {e}") from None
     return buffer
+
+
+def _ranged(node: Any, prefix: str = ""):
+    """`(leaf name, array, (lo, hi))` of every cursor field declared by `_cursor_ranges` in `node` and in the buffers
+    among its pytree fields, depth first (`buffer.final_head` in a prioritised trajectory buffer)."""
+    declared = getattr(node, "_cursor_ranges", None)
+    for name, bounds in (declared() if declared is not None else {}).items():
+        yield prefix + name, getattr(node, name), bounds
+    for f in dataclasses.fields(node) if dataclasses.is_dataclass(node) else ():
+        child = getattr(node, f.name)
+        if f.metadata.get("pytree_node", True) and dataclasses.is_dataclass(child):
+            yield from _ranged(child, f"{prefix}{f.name}.")
 
 
 def layout_target(meta: dict, root: Path) -> Any | None:

@@ -175,14 +175,47 @@ def _read_json(path: Path, what: str) -> dict:
     return out
 
 
+def _checked_description(path: Path, meta: dict) -> dict:
+    """`meta`, the buffer description `path` (buffer.json), once the fields read before the class's own checks have
+    their documented types: `leaves` a list of dicts, `host` null or a compressed buffer's host metadata (a dict, or
+    `shards`: a list of them) with ints `version`, `num_writes`, `num_rows`, a list `stores` and a dict `arrays` of
+    store -> {array: [shape, dtype]}.
+
+    Raises:
+      CheckpointError: naming `path` and the field, what was expected and what came.
+    """
+    def fail(field: str, expected: str, got: Any) -> None:
+        raise CheckpointError(f"{path}: {field}: expected {expected}, got {got!r:.100}")
+
+    if not isinstance(meta.get("leaves"), list) or not all(isinstance(x, dict) for x in meta["leaves"]):
+        fail("leaves", "a list of {'path', 'shape', 'dtype'}", meta.get("leaves"))
+    host = meta.get("host")
+    if host is not None and not isinstance(host, dict):
+        fail("host", "null or a dict (the host stores of a compressed buffer)", host)
+    shards = [] if host is None else host.get("shards", [host])
+    if not isinstance(shards, list):
+        fail("host.shards", "a list of one dict per shard", shards)
+    for i, m in enumerate(shards):
+        where = f"host.shards[{i}]" if "shards" in host else "host"
+        if not isinstance(m, dict):
+            fail(where, "a dict", m)
+        for k, kind, text in (("version", int, "an int"), ("num_writes", int, "an int"), ("num_rows", int, "an int"),
+                              ("stores", list, "a list"), ("arrays", dict, "a dict")):
+            if type(m.get(k)) is not kind:
+                fail(where, f"key {k!r}, {text}", m.get(k))
+        for store, arrays in m["arrays"].items():
+            for name, spec in arrays.items() if isinstance(arrays, dict) else [("", arrays)]:
+                if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], list)):
+                    fail(f"{where}.arrays[{store!r}][{name!r}]", "[shape, dtype]", spec)
+    return meta
+
+
 def _verify(root: Path, progress, later=lambda listed: set()) -> tuple[dict, set]:
     """Check every file of the checkpoint against its manifest: all sizes, then the xxh3-64 of every file but those
     `later(listed)` names (their checksums are taken as they are read, `_check_hashes`). Returns the manifest's
     file list and the files left to hash."""
     manifest = _read_json(root / "manifest.json", "checkpoint manifest")
-    listed = manifest.get("files")
-    if not isinstance(listed, dict):
-        raise CheckpointError(f"{root / 'manifest.json'}: no file list")
+    listed = _checked_files(root / "manifest.json", manifest.get("files"))
     present = {p.relative_to(root).as_posix() for p in _files(root)}
     unlisted = sorted(p for p in present - set(listed) if "/" in p)  # markers beside the files (an orbax commit file) are not read
     if unlisted:
@@ -197,6 +230,27 @@ def _verify(root: Path, progress, later=lambda listed: set()) -> tuple[dict, set
     deferred = set(later(listed))
     _check_hashes(root, listed, [rel for rel in listed if rel not in deferred], progress)
     return listed, deferred
+
+
+def _checked_files(path: Path, listed: Any) -> dict:
+    """`listed`, the file list of the manifest `path` (manifest.json, or a disk folder's disk.json), once it is a dict
+    of relative path -> {"bytes": size, "xxh3_64": checksum}, every size an int >= 0 and every checksum a str.
+
+    Raises:
+      CheckpointError: naming `path`, the file listed and the key, what was expected and what came.
+    """
+    if not isinstance(listed, dict):
+        raise CheckpointError(f"{path}: files: expected a dict of relative path -> {{'bytes', 'xxh3_64'}}, got {listed!r:.80}")
+    for rel, info in listed.items():
+        where = f"{path}: files[{rel!r:.200}]"
+        if not isinstance(rel, str) or not isinstance(info, dict):
+            raise CheckpointError(f"{where}: expected a dict {{'bytes': size, 'xxh3_64': checksum}}, got {info!r:.100}")
+        size, digest = info.get("bytes"), info.get("xxh3_64")
+        if type(size) is not int or size < 0:
+            raise CheckpointError(f"{where}: expected 'bytes', an int >= 0 (the file's size), got {info!r:.100}")
+        if not isinstance(digest, str):
+            raise CheckpointError(f"{where}: expected 'xxh3_64', a str (the file's checksum), got {info!r:.100}")
+    return listed
 
 
 def _check_hashes(root: Path, listed: dict, rels, progress) -> None:

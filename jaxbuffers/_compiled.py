@@ -64,9 +64,11 @@ def passable(leaf) -> bool:
 
 def check_not_deleted(what: str, values: list) -> None:
     """RuntimeError naming `what` and the argument whose arrays were donated or deleted (`Array.is_deleted`, a host
-    flag: no wait for the device), instead of XLA's error (which depends on whether the program was compiled)."""
+    flag: no wait for the device), instead of XLA's error (which depends on whether the program was compiled). Any
+    concrete JAX array is checked, of a class seen before or not (`jaxbuffers.save` calls it first)."""
     for v in values:
-        if any(type(x) in _HELD_TYPES and x.is_deleted() for x in jax.tree_util.tree_leaves(v)):
+        if any(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted()
+               for x in jax.tree_util.tree_leaves(v)):
             given = "an array given was" if isinstance(v, jax.Array) else f"the {type(v).__name__} given holds arrays that were"
             raise RuntimeError(f"{what}: {given} donated to a jitted call (donate_argnums) or deleted; use what "
                                f"that call returned")

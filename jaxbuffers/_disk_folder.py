@@ -65,6 +65,7 @@ from host_codecs import CorruptEntryError, dtype_from_code
 from host_codecs.chunk_arena import ChunkFileStore
 from host_codecs.file_store import FileStore, ReadOnlyError
 from jaxbuffers import checkpoint
+from jaxbuffers._checkpoint_files import _checked_files
 from jaxbuffers.compressed._host import HostStores, StaleBufferError
 
 FORMAT = "jaxbuffers.disk"
@@ -316,8 +317,8 @@ def read_meta(d: Path) -> dict:
     """The checked `disk.json` of folder `d`.
 
     Raises:
-      CheckpointError: no disk.json, not JSON, another format, a version this jaxbuffers does not read, or a file it
-        lists missing, truncated or corrupt (the message names the file).
+      CheckpointError: no disk.json, not JSON, another format, a version this jaxbuffers does not read, a field of
+        another type (`_check_fields`), or a file it lists missing, truncated or corrupt (the message names the file).
     """
     path = d / "disk.json"
     try:
@@ -330,12 +331,54 @@ def read_meta(d: Path) -> dict:
         raise checkpoint.CheckpointError(f"{path}: expected format {FORMAT!r}, got {meta.get('format') if isinstance(meta, dict) else meta!r:.60}")
     if meta.get("version") not in READ_VERSIONS:
         raise checkpoint.CheckpointError(f"{path}: format version {meta.get('version')!r}, this jaxbuffers reads versions {list(READ_VERSIONS)}")
+    _check_fields(path, meta)
     off = checkpoint._Progress(False, "")
-    for name, info in meta["files"].items():
+    for name, info in _checked_files(path, meta.get("files")).items():
         p = d / name
         if not p.is_file() or p.stat().st_size != info["bytes"] or checkpoint._hash_file(p, off) != info["xxh3_64"]:
             raise checkpoint.CheckpointError(f"{p}: missing, truncated or corrupt (size or xxh3_64 differs from {path.name})")
     return meta
+
+
+def _check_fields(path: Path, meta: dict) -> None:
+    """The fields of disk.json (`path`) that name files or counts have their documented types: `generation` an int
+    >= 0, `num_slots` an int >= 1, `host` a dict of ints `version`, `num_writes`, `num_rows`, `state` and
+    `slot_version` names inside the folder, `stores` a list of dicts whose `file`, `copy`, `dir` and `index` are
+    names inside the folder and whose `meta` is a dict. Raises CheckpointError naming `path`, the field, what was
+    expected and what came (the names are checked because a flush deletes what the previous disk.json named)."""
+    def fail(field: str, expected: str, got) -> None:
+        raise checkpoint.CheckpointError(f"{path}: {field}: expected {expected}, got {got!r:.100}")
+
+    def count(field: str, v, least: int) -> None:
+        if type(v) is not int or v < least:
+            fail(field, f"an int >= {least}", v)
+
+    def name(field: str, v) -> None:
+        parts = v.split("/") if isinstance(v, str) else None
+        if not parts or any(p in ("", ".", "..") for p in parts) or "\\" in v:
+            fail(field, "a relative path inside the folder", v)
+
+    count("generation", meta.get("generation", 0), 0)
+    count("num_slots", meta.get("num_slots"), 1)
+    host = meta.get("host")
+    if not isinstance(host, dict):
+        fail("host", "a dict {'version', 'num_writes', 'num_rows'}", host)
+    for k in ("version", "num_writes", "num_rows"):
+        count(f"host.{k}", host.get(k), 0)
+    for k in ("state", "slot_version"):
+        if k in meta:
+            name(k, meta[k])
+    stores = meta.get("stores")
+    if not isinstance(stores, list):
+        fail("stores", "a list of one dict per compressed leaf", stores)
+    for i, store in enumerate(stores):
+        if not isinstance(store, dict):
+            fail(f"stores[{i}]", "a dict", store)
+        for k in ("file", "copy", "dir", "index"):
+            if k in store:
+                name(f"stores[{i}].{k}", store[k])
+        if "meta" in store and not isinstance(store["meta"], dict):
+            fail(f"stores[{i}].meta", "a dict", store["meta"])
 
 
 def state_path(d: Path, meta: dict) -> Path:
@@ -346,4 +389,7 @@ def state_path(d: Path, meta: dict) -> Path:
 def slot_versions(d: Path, meta: dict) -> tuple[np.ndarray, Path]:
     """(the slot versions a checked disk.json names, their file); `HostStores.set_slot_versions` checks them."""
     path = d / meta.get("slot_version", "slot_version.npy")
-    return np.load(path, allow_pickle=False), path
+    try:
+        return np.load(path, allow_pickle=False), path
+    except FileNotFoundError:
+        raise checkpoint.CheckpointError(f"{path}: missing (disk.json names it as the slot versions)") from None

@@ -84,7 +84,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from host_codecs import num_threads
-from jaxbuffers import _background, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
+from jaxbuffers import _background, _compiled, _checkpoint_processes as _processes, _checkpoint_zarr as _zarr, _validate
 from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_config: used by jaxbuffers.disk
     _CLASSES, _COMPRESSED, FORMAT, FORMAT_VERSION, CheckpointError, _describe, _dtype, _entry, _json_config, _leaves,
     TREE_ORDER, _check_meta_defaults, _checked_cursors, _nbytes, _sharded, _template, _upgraded, _upgraded_state,
@@ -92,9 +92,9 @@ from jaxbuffers._checkpoint_describe import (  # noqa: F401 - _CLASSES, _json_co
 from jaxbuffers._checkpoint_upgrades import saved_without_lost
 from jaxbuffers._checkpoint_snapshot import Snapshot as _Snapshot, snapshot as _snapshot, store_snapshot as _store_snapshot
 from jaxbuffers._checkpoint_files import (  # noqa: F401 - _check_folder_path, _fsync, _hash_file: used by jaxbuffers.disk
-    _check_destination, _check_folder_path, _check_hashes, _clean_stale, _commit, _drop_cached, _fsync, _hash_file,
-    _is_checkpoint, _one_at_a_time, _prev, _Progress, _read_json, _sibling, _through_link, _verify, _write_file,
-    _write_manifest,
+    _check_destination, _check_folder_path, _check_hashes, _checked_description, _clean_stale, _commit, _drop_cached,
+    _fsync, _hash_file, _is_checkpoint, _one_at_a_time, _prev, _Progress, _read_json, _sibling, _through_link, _verify,
+    _write_file, _write_manifest,
 )
 from jaxbuffers.sharding import ShardedBuffer
 
@@ -253,7 +253,7 @@ def _checked(root: Path, target: Any, sharding: Any, progress: _Progress) -> tup
 def _described(root: Path, target: Any, sharding: Any) -> tuple[dict, list, Any, list]:
     """(buffer.json, abstract leaves, treedef, shardings) of the checkpoint at `root` (its buffer.json verified), after
     the checks of the description and of the target's class and configuration."""
-    meta = _read_json(root / "buffer.json", "buffer description")
+    meta = _checked_description(root / "buffer.json", _read_json(root / "buffer.json", "buffer description"))
     if target is not None:
         _entry(target, "target")  # TypeError for a target that is not a buffer
     if meta.get("tree_order", TREE_ORDER) != TREE_ORDER:  # absent: the earlier order, rebuilt by `_upgraded_state`
@@ -372,6 +372,8 @@ def save(directory: str | os.PathLike, buffer: Any, *, progress: bool | None = N
       TypeError: `directory` not a path, `buffer` not a jaxbuffers buffer or a stacked compressed buffer or traced
         (inside `jax.jit`), a field of dtype `jnp.int1` / `jnp.uint1` (JAX takes them to host memory as bool and cannot
         put them back; naming it), `progress` not a bool or None, `blocking` not a bool (checked before any write).
+      RuntimeError: `buffer`'s arrays were donated to a jitted call (`donate_argnums`) or deleted, naming its class
+        (save the state that call returned), before anything is written.
       FileExistsError: `directory` exists and is neither a checkpoint nor an empty folder (nothing is deleted), now or
         at the commit. An empty folder is filled in place (it keeps its inode: it may be the working directory).
       NotADirectoryError: `directory` or a path above it is a file (naming it).
@@ -392,6 +394,7 @@ def _save(directory: str | os.PathLike, buffer: Any, progress: bool | None, host
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(buffer)):
         raise TypeError("buffer: expected concrete arrays, got traced values: save runs outside jax.jit and lax.scan")
     _describe(buffer)  # its TypeErrors before anything is created
+    _compiled.check_not_deleted("save", [buffer])
     if progress is not None:
         _validate.static_bool("progress", progress)
     blocking = _validate.static_bool("blocking", blocking)
@@ -472,8 +475,9 @@ def restore(directory: str | os.PathLike, target: Any = None, *, sharding: Any =
         array, its shape and the sharding.
       CheckpointError: missing or corrupt files (the message names the file), another format version, or a
         class, configuration, shape or dtype other than the target's, or episode meta defaults other than a concrete
-        target's (naming the field), or a ring cursor (`head`, `num_valid`, `added`) out of range (naming the leaf;
-        checked where one process restores).
+        target's (naming the field), or a cursor outside its documented range (`head`, `num_valid`, `added`,
+        `final_head`, `phase`, `frame_head`, `next_ep_pos`, `next_key_pos`, `step_index`: naming the leaf, the range
+        and the value).
 
     With several processes a `ShardedBuffer` target is restored by every process together (each its shards; a
     checkpoint saved by one process or by several restores either way), and an error is raised on every process; any
@@ -582,6 +586,7 @@ class BufferCheckpointHandler(ocp.AsyncCheckpointHandler):
     def _taken(self, directory, buffer: Any, copy: bool):
         """Take `buffer` now (with several processes: this process's parts, after the checks every process makes
         together); returns the write into `directory`."""
+        _compiled.check_not_deleted("BufferSave", [buffer])
         if not _processes.several():
             return functools.partial(self._write, directory, _snapshot(buffer))
         meta, tree = _processes.parts(buffer, _store_snapshot, _snapshot, copy)

@@ -202,6 +202,9 @@ def _reopen(d: Path, mode: str, buffer: Any, lock: Any) -> Any:
         host = DiskStores(d, like, mode, meta, lock)
     except ValueError as e:
         raise checkpoint.CheckpointError(str(e)) from None
+    except (TypeError, KeyError, AttributeError, FileNotFoundError) as e:  # a store's entry of disk.json, damaged
+        raise checkpoint.CheckpointError(f"{d / 'disk.json'}: stores: an entry this jaxbuffers cannot read "
+                                         f"({type(e).__name__}: {e})") from None
     try:
         sv, path = _disk_folder.slot_versions(d, meta)
         try:

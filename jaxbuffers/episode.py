@@ -387,8 +387,13 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
     # ------------------------------------------------------------------------------------------
     # in-place edits and reads
 
-    def update(self, indices, fields: Mapping, *, steps=None) -> "EpisodeBuffer":
+    def update(self, indices, fields: Mapping, *, steps=None, generations=None) -> "EpisodeBuffer":
         """Overwrite fields of stored episodes (reward relabelling, hindsight goal relabelling).
+
+        Pass the sample's `generations` when episodes may have been added since the sample was drawn: a row is then
+        written only if its slot still holds a stored episode of that generation, and skipped otherwise (an episode
+        that overwrote the slot is left as it is; `PrioritisedReplayBuffer.set_priorities`' rule). Without
+        `generations` every row in range is written to whatever episode its slot holds now.
 
         Args:
           indices: int `[B]`, episode slots (e.g. a sample's `indices`); slots outside `[0, max_episodes)` are
@@ -398,12 +403,14 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
             never sampled), meta fields `[B, ...]`. With `steps`: step fields `[B, ...]`, one step each.
           steps: optional int `[B]`, the step `t` of each episode to overwrite (e.g. a sample's `steps`); steps
             outside `[0, max_timesteps)` are ignored.
+          generations: optional int `[B]`, the sample's `generations` (`jaxbuffers.episode_sampling`, Generations):
+            rows whose slot no longer holds that episode, or holds none, are skipped.
 
         Returns:
           The new buffer, in place when donated; lengths, flags and final observations are unchanged.
 
         Raises:
-          TypeError: an unknown field, a wrong dtype, a meta field with `steps`, non-integer indices.
+          TypeError: an unknown field, a wrong dtype, a meta field with `steps`, non-integer indices or generations.
           ValueError: wrong shapes.
         """
         if not isinstance(fields, Mapping):
@@ -430,12 +437,19 @@ class EpisodeBuffer(EpisodeSampling, Recorded, struct.PyTreeNode):
         for k, v in meta_f.items():
             s = self.meta_spec[k]
             _validate.array(f"fields[{k!r}]", v, (b, *s.shape), s.dtype)
-        return self._update(indices, step_f, meta_f, steps)
+        if generations is not None:
+            generations = _validate.vector("generations", generations, b, "integer")
+        return self._update(indices, step_f, meta_f, steps, generations)
 
     @_compiled.method()
-    def _update(self, indices, step_f, meta_f, steps):
+    def _update(self, indices, step_f, meta_f, steps, generations):
         e, m = self.max_episodes, self.max_timesteps
-        ep = jnp.where((indices >= 0) & (indices < e), indices, e)  # out of range: dropped
+        ok = (indices >= 0) & (indices < e)
+        if generations is not None:  # the slot still holds the episode sampled
+            slot = jnp.clip(indices, 0, e - 1)
+            held = _ring.physical_to_logical(slot, self.head, self.num_valid, e) < self.num_valid
+            ok = ok & held & (self._generations(slot) == generations.astype(jnp.int32))
+        ep = jnp.where(ok, indices, e)  # out of range or stale: dropped
         if steps is None:
             storage = {**self.storage, **{k: self.storage[k].at[ep].set(v, mode="drop") for k, v in step_f.items()}}
         else:

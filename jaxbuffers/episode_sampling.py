@@ -16,6 +16,11 @@ a slot that did not pass. `indices >= 0` tells the rows drawn from data apart (e
 Draws. A sampler counts the units each episode slot holds (1 per passing episode, its steps, or its windows of the
 length asked), draws `batch_size` of them uniformly with replacement from the running total (an O(max_episodes)
 search, `_draw`) and gathers the rows at the slots and steps drawn.
+
+Generations. Every sample carries `generations`: for each row, the number (modulo `2**32`) of the episode its slot
+held when it was read. `EpisodeBuffer.update(..., generations=s.generations)` writes a row only while its slot still
+holds that episode, so a relabel computed from a sample never lands on an episode added after it (the rule of
+`PrioritisedReplayBuffer.set_priorities`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbuffers import _compiled, _validate
+from jaxbuffers import _compiled, _ring, _validate
 from jaxbuffers.trajectory import n_step_window
 
 __all__ = ["EpisodeSample", "EpisodeSequenceSample", "EpisodeStepSample", "EpisodeTransitionSample"]
@@ -46,6 +51,7 @@ class EpisodeSample(NamedTuple):
     final_obs: Any  # obs pytree, leaves [B, ...]: obs after the last step
     meta: dict  # {name: [B, ...]}, declared dtypes
     indices: jax.Array  # shape=[B], dtype=int32: episode slots; -1 in an empty row (module doc)
+    generations: jax.Array  # shape=[B], dtype=int32: episode number of each slot at sampling; pass to update
 
 
 class EpisodeSequenceSample(NamedTuple):
@@ -58,6 +64,7 @@ class EpisodeSequenceSample(NamedTuple):
     meta: dict  # {name: [B, ...]}
     indices: jax.Array  # shape=[B], dtype=int32: episode slots; -1 in an empty row (module doc)
     starts: jax.Array  # shape=[B], dtype=int32: step of the window's first step in its episode
+    generations: jax.Array  # shape=[B], dtype=int32: episode number of each slot at sampling; pass to update
 
 
 class EpisodeStepSample(NamedTuple):
@@ -70,6 +77,7 @@ class EpisodeStepSample(NamedTuple):
     meta: dict  # {name: [B, ...]}
     indices: jax.Array  # shape=[B], dtype=int32: episode slots; -1 in an empty row (module doc)
     steps: jax.Array  # shape=[B], dtype=int32: t
+    generations: jax.Array  # shape=[B], dtype=int32: episode number of each slot at sampling; pass to update
 
 
 class EpisodeTransitionSample(NamedTuple):
@@ -91,6 +99,7 @@ class EpisodeTransitionSample(NamedTuple):
     meta: dict  # {name: [B, ...]}
     indices: jax.Array  # shape=[B], dtype=int32: episode slots; -1 in an empty row (module doc)
     steps: jax.Array  # shape=[B], dtype=int32: t
+    generations: jax.Array  # shape=[B], dtype=int32: episode number of each slot at sampling; pass to update
 
 
 class EpisodeSampling:
@@ -210,6 +219,7 @@ class EpisodeSampling:
         return _rows_or_empty(ok, EpisodeSequenceSample(
             item=jax.tree.map(lambda x: x[ep[:, None], t], self.storage), terminated=term, truncated=trunc,
             next_obs=self._next_obs(ep, start + sequence_length), meta=self._meta(ep), indices=ep, starts=start,
+            generations=self._generations(ep),
         ))
 
     def sample_timesteps(self, key: jax.Array, batch_size: int, *, where=None) -> EpisodeStepSample:
@@ -236,7 +246,7 @@ class EpisodeSampling:
         term, trunc = self._step_flags(ep, t)
         return _rows_or_empty(ok, EpisodeStepSample(
             item=jax.tree.map(lambda x: x[ep, t], self.storage), next_obs=self._next_obs(ep, t + 1),
-            terminated=term, truncated=trunc, meta=self._meta(ep), indices=ep, steps=t,
+            terminated=term, truncated=trunc, meta=self._meta(ep), indices=ep, steps=t, generations=self._generations(ep),
         ))
 
     def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma, where=None) -> EpisodeTransitionSample:
@@ -301,6 +311,11 @@ class EpisodeSampling:
     # ------------------------------------------------------------------------------------------
     # reads at given slots
 
+    def _generations(self, ep) -> jax.Array:
+        """Generation of episode slots `ep` (int32, in range): the number, modulo `2**32`, of the episode last written
+        there (`_ring.last_item_number`); what `update(..., generations=)` compares."""
+        return _ring.last_item_number(self.added, self.head, ep, self.max_episodes)
+
     def _meta(self, ep) -> dict:
         return {k: v[ep] for k, v in self.meta.items()}
 
@@ -311,6 +326,7 @@ class EpisodeSampling:
             mask=jnp.arange(self.max_timesteps, dtype=jnp.int32)[None, :] < lengths[:, None], lengths=lengths,
             terminated=self.terminated[ep], truncated=self.truncated[ep],
             final_obs=jax.tree.map(lambda x: x[ep], self.final_obs), meta=self._meta(ep), indices=ep.astype(jnp.int32),
+            generations=self._generations(ep),
         )
 
     def _step_flags(self, ep, t):
@@ -340,7 +356,7 @@ class EpisodeSampling:
             obs=item[self.obs_key], action=item[self.action_key], n_step_return=ret, discount=discount,
             next_obs=self._next_obs(ep, t + k), num_steps=k, item=item, window=window,
             window_mask=jnp.arange(n_step, dtype=jnp.int32)[None, :] < k[:, None], meta=self._meta(ep),
-            indices=ep.astype(jnp.int32), steps=t.astype(jnp.int32),
+            indices=ep.astype(jnp.int32), steps=t.astype(jnp.int32), generations=self._generations(ep),
         )
 
 

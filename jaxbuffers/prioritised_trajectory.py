@@ -77,12 +77,16 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     buffer: TrajectoryBuffer  # the steps
     tree: SumMinTree  # capacity num_envs * length; leaf slot * num_envs + lane: p^alpha at a valid window start, else 0
     max_priority: jax.Array  # shape=(), dtype=float32: largest priority set so far (1 initially); new windows get it
-    phase: jax.Array  # shape=(), dtype=int32: steps ever added per lane modulo period (window alignment)
+    phase: jax.Array  # shape=(), dtype=int32: steps ever added per lane modulo period (window alignment), in [0, period)
     window_length: int = struct.field(pytree_node=False)
     period: int = struct.field(pytree_node=False)
     priority_exponent: float = struct.field(pytree_node=False)
     epsilon: float = struct.field(pytree_node=False)  # smallest priority kept, > 0
     _metrics_in = "buffer"  # record / stats: the metrics of the wrapped TrajectoryBuffer
+
+    def _cursor_ranges(self) -> dict:
+        """`(lo, hi)`, inclusive, of the cursor fields' documented ranges (`_checkpoint_describe._checked_cursors`)."""
+        return {"phase": (0, self.period - 1)}
 
     @classmethod
     @_validate.keyword_sizes

@@ -131,6 +131,10 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     num_steps: int = struct.field(pytree_node=False)  # T
     num_envs: int = struct.field(pytree_node=False)  # N
 
+    def _cursor_ranges(self) -> dict:
+        """`(lo, hi)`, inclusive, of the cursor fields' documented ranges (`_checkpoint_describe._checked_cursors`)."""
+        return {"step_index": (0, self.num_steps)}
+
     @classmethod
     @_validate.keyword_sizes
     def create(cls, example_step: Any, *, num_envs: int, num_steps: int, float_dtype: Any = jnp.float32) -> "RolloutBuffer":

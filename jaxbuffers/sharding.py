@@ -259,7 +259,8 @@ def _local_fn(axis: str, op: str, method: str | None, batch_size: int | None, st
         return lambda b, own, arrays: getattr(b, method)(*(() if batch_size is None else (batch_size,)), **arrays, **_unstack(own), **kw)
 
     if op == "update":  # entries of other shards get slot -1, which update ignores
-        return lambda b, shard, indices, fields, steps: b.update(jnp.where(shard == lax.axis_index(axis), indices, -1), fields, steps=steps)
+        return lambda b, shard, indices, fields, steps, generations: b.update(
+            jnp.where(shard == lax.axis_index(axis), indices, -1), fields, steps=steps, generations=generations)
 
     def set_priorities(b, shard, indices, priorities, generations):
         mine = jnp.where(shard == lax.axis_index(axis), indices, -1)  # -1: ignored by set_priorities
@@ -670,7 +671,8 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
         program = _program(self.mesh, self.axis, "set_priorities")
         return self._run(program, (), (shard, indices, priorities, generations))
 
-    def update(self, shard: jax.Array, indices: jax.Array, fields: Any, *, steps: jax.Array | None = None) -> "ShardedBuffer":
+    def update(self, shard: jax.Array, indices: jax.Array, fields: Any, *, steps: jax.Array | None = None,
+               generations: jax.Array | None = None) -> "ShardedBuffer":
         """`update` of the wrapped buffer (`EpisodeBuffer.update`: relabel step or meta fields of stored episodes)
         after a global `sample`: entry `j` goes to shard `shard[j]`, slot `indices[j]` of that shard (and step
         `steps[j]`), as `ShardedSample` gives them. Every argument is replicated; each shard writes its own entries
@@ -681,6 +683,7 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
           shard: int `[B]`, the shard of each entry. indices: int `[B]`, slots inside the shard.
           fields: `{name: values}` as the wrapped buffer's `update` takes them, leading axis `B`.
           steps: optional int `[B]`, as the wrapped buffer's `update`.
+          generations: optional int `[B]`, the sample's `generations`: stale entries skipped, as the wrapped `update`.
 
         Raises:
           TypeError: a wrapped buffer without `update` (only episode buffers have one), `shard` or `indices` not
@@ -694,4 +697,5 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
             raise ValueError(f"shard: expected shape {indices.shape} (one shard per entry of indices), got {shard.shape}")
         _validate.instance("fields", fields, Mapping, "a dict {name: values}")
         steps = None if steps is None else _validate.index_vector("steps", steps)
-        return self._run(_program(self.mesh, self.axis, "update"), (), (shard, indices, fields, steps))
+        generations = None if generations is None else _validate.vector("generations", generations, shard.shape[0], "integer")
+        return self._run(_program(self.mesh, self.axis, "update"), (), (shard, indices, fields, steps, generations))

@@ -188,6 +188,10 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
             reward_key=reward_key,
         )
 
+    def _cursor_ranges(self) -> dict:
+        """`(lo, hi)`, inclusive, of the cursor fields' documented ranges (`_checkpoint_describe._checked_cursors`)."""
+        return {"final_head": (0, self.final_obs_capacity - 1)}
+
     def _metrics_ring(self):
         return self.metrics, self.added, self.head, self.num_valid, self.length, self.num_envs
 

@@ -77,6 +77,28 @@ def test_save_inside_jit_names_the_traced_buffer():
     assert on_disk() == before
 
 
+def _orbax_save(directory: pathlib.Path, buffer) -> None:
+    import orbax.checkpoint as ocp
+
+    with ocp.Checkpointer(jb.checkpoint.BufferCheckpointHandler()) as checkpointer:
+        checkpointer.save(directory, args=jb.BufferSave(buffer))
+
+
+@pytest.mark.parametrize("save", [
+    lambda b: jb.save(ROOT / "donated", b), lambda b: jb.save(ROOT / "donated", b, blocking=False).wait(),
+    lambda b: jb.checkpoint.to_bytes({"b": b}), lambda b: _orbax_save(ROOT / "orbax", b),
+], ids=["blocking", "background", "to_bytes", "orbax"])
+def test_saving_a_donated_buffer_names_the_class_and_save(save):
+    """A buffer whose arrays were donated to a jitted call is refused as its own methods refuse it, naming its class
+    and save (not JAX's "Array has been deleted"); nothing is written."""
+    buf = jb.ReplayBuffer.create(ITEM, capacity=4).add({"obs": np.ones((3, 2), np.float32), "a": np.arange(3, dtype=np.int32)})
+    jax.jit(jb.ReplayBuffer.add, donate_argnums=0)(buf, {"obs": np.ones((1, 2), np.float32), "a": np.zeros(1, np.int32)})
+    before = tree()
+    with pytest.raises(RuntimeError, match=r"(save|BufferSave): the ReplayBuffer given holds arrays that were donated to a jitted call"):
+        save(buf)
+    assert [t for t in tree() if not t[0].startswith("orbax")]  # orbax makes its folder first == before
+
+
 @SETTINGS
 @given(target=st.sampled_from([3, "x", {"obs": np.zeros(2)}, BUF.storage, jb.RateLimiter.create(1.0)]))
 def test_restore_refuses_a_target_that_is_not_a_buffer(target):

@@ -513,6 +513,45 @@ def test_unknown_format_version_is_refused(tmp_path):
         jb.restore(tmp_path / "ck")
 
 
+@pytest.mark.parametrize("edit, says", [
+    (lambda e: {"bytez" if k == "bytes" else k: v for k, v in e.items()}, "'bytes'"),
+    (lambda e: {k: v for k, v in e.items() if k != "xxh3_64"}, "'xxh3_64'"),
+    (lambda e: {**e, "bytes": str(e["bytes"])}, "'bytes'"),
+    (lambda e: {**e, "bytes": -1}, "'bytes'"),
+    (lambda e: {**e, "xxh3_64": 7}, "'xxh3_64'"),
+    (lambda e: [e["bytes"], e["xxh3_64"]], "a dict"),
+], ids=["renamed", "missing", "size-a-str", "size-negative", "checksum-an-int", "a-list"])
+def test_a_damaged_manifest_entry_is_refused_naming_the_file_and_the_key(edit, says, tmp_path):
+    """A manifest whose file entry lost a key, or holds a value of another type, is refused as a CheckpointError
+    naming manifest.json, the file listed and the key, before any file is read."""
+    root = jb.save(tmp_path / "ck", _filled_replay())
+    m = json.loads((root / "manifest.json").read_text())
+    m["files"]["buffer.json"] = edit(m["files"]["buffer.json"])
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(jb.CheckpointError, match=re.escape(f"{root / 'manifest.json'}: files['buffer.json']: expected ") + f".*{re.escape(says)}.*got"):
+        jb.restore(root)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m.__setitem__("leavez", m.pop("leaves")), "leaves: expected a list"),
+    (lambda m: m["host"].__setitem__("versionz", m["host"].pop("version")), "host: expected key 'version', an int, got None"),
+    (lambda m: m["host"].pop("stores"), "host: expected key 'stores', a list, got None"),
+    (lambda m: m["host"].__setitem__("arrays", [1]), "host: expected key 'arrays', a dict, got [1]"),
+    (lambda m: m["host"]["arrays"]["0"].__setitem__("payload", 5), "host.arrays['0']['payload']: expected [shape, dtype], got 5"),
+    (lambda m: m.__setitem__("host", 3), "host: expected null or a dict"),
+], ids=["leaves-renamed", "version-renamed", "stores-missing", "arrays-a-list", "array-an-int", "host-an-int"])
+def test_a_damaged_buffer_description_is_refused_naming_the_file_and_the_key(edit, says, tmp_path):
+    """A buffer.json (manifest rewritten to match) missing a key that restore reads, or holding a value of another
+    type, is refused as a CheckpointError naming buffer.json and the key."""
+    root = jb.save(tmp_path / "c", _small_compressed())
+    meta = json.loads((root / "buffer.json").read_text())
+    edit(meta)
+    (root / "buffer.json").write_text(json.dumps(meta))
+    ckpt._write_manifest(root, ckpt._Progress(False, ""))
+    with pytest.raises(jb.CheckpointError, match=re.escape(f"{root / 'buffer.json'}: {says}")):
+        jb.restore(root)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_corrupt_file_is_detected_naming_it(damage, tmp_path):
     jb.save(tmp_path / "ck", _filled_replay(4096))
@@ -756,11 +795,30 @@ _STACKED = jax.vmap(lambda _: jb.ReplayBuffer.create(ITEM, capacity=8))(jnp.aran
     (jb.RolloutBuffer.create(ITEM, num_envs=E, num_steps=4), ".step_index", -2, "step_index: expected a value in [0, 4], got -2"),
     (jb.CompressedRolloutBuffer.create(PIXELS, num_envs=E, num_steps=4), ".buffer.step_index", 5,
      "buffer.step_index: expected a value in [0, 4], got 5"),
+    (jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, final_obs_capacity=3), ".final_head", [0, 3],
+     "final_head: expected a value in [0, 2], got [0, 3]"),
+    (jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2, period=2), ".phase", 2,
+     "phase: expected a value in [0, 1], got 2"),
+    (jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2), ".buffer.final_head", -1,
+     f"buffer.final_head: expected a value in [0, {L - 1}], got [-1, -1]"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".frame_head", 13,
+     "frame_head: expected a value in [0, 12], got 13"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".final_head", [L, 0],
+     f"final_head: expected a value in [0, {L - 1}], got [{L}, 0]"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".next_key_pos", [0, 8],
+     "next_key_pos: expected a value in [0, 7], got [0, 8]"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L, frame_stack=4), ".next_ep_pos", [-1, 0],
+     "next_ep_pos: expected a value in [0, 3], got [-1, 0]"),
+    (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".buffer.final_head", [0, L],
+     f"buffer.final_head: expected a value in [0, {L - 1}], got [0, {L}]"),
 ], ids=["num_valid", "head", "added", "prioritised", "stacked", "trajectory", "prioritised-trajectory", "episode", "compressed",
-        "rollout", "compressed-rollout"])
+        "rollout", "compressed-rollout", "final_head", "phase", "prioritised-final_head", "frame_head", "compressed-final_head",
+        "next_key_pos", "next_ep_pos", "compressed-inner-final_head"])
 def test_cursors_out_of_range_are_refused_naming_the_leaf(buffer, path, value, says, tmp_path):
     """A checkpoint whose ring cursor was edited (manifest rewritten to match) is refused as `with_cursors` refuses
-    the value, naming the leaf: a capacity-8 buffer came back with `size() == 100`, or with `head == -3`."""
+    the value, naming the leaf: a capacity-8 buffer came back with `size() == 100`, or with `head == -3`. Every other
+    cursor with a documented range (the final-observation heads, the frame ring's cursors, a prioritised trajectory's
+    `phase`) is checked the same way, naming the leaf, the range and the value."""
     root = jb.save(tmp_path / "ck", buffer)
     _edit_leaf(root, path, lambda v: np.broadcast_to(value, v.shape))
     with pytest.raises(jb.CheckpointError, match=re.escape(f"{root}: array {says}")):

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import typing
 import urllib.error
 import urllib.request
@@ -215,6 +216,18 @@ def test_inspect_reads_float8_and_int4_fields(tmp_path, capsys):
     fields = {f["field"]: f for f in json.loads(out)["fields"]}
     for n in names:
         assert (fields[n]["dtype"], fields[n]["min"], fields[n]["max"]) == (n, 0 if n == "uint4" else -1, 3), fields[n]
+
+
+@pytest.mark.parametrize("name", ["[/bold]", "[red]x", "a[/b]"])
+def test_inspect_shows_field_and_folder_names_as_written(tmp_path, capsys, name):
+    """A field or folder named like rich markup is printed as written: no markup error, nothing dropped."""
+    buf = jb.ReplayBuffer.create({"obs": jnp.zeros(2), name: jnp.int32(0)}, capacity=4)
+    buf = buf.add({"obs": jnp.zeros((1, 2)), name: jnp.zeros(1, jnp.int32)})
+    path = jb.save(tmp_path / name / "buf", buf, progress=False)
+    code, out, err = run(capsys, "inspect", path)
+    assert code == 0, err
+    assert f"{name}/buf" in out.replace("\n", "") and any(line.split("│")[1].strip() == name for line in out.splitlines()
+                                                          if line.count("│") > 2), out
 
 
 @pytest.mark.parametrize("name", list(BUILDERS))
@@ -742,6 +755,38 @@ def test_viewer_in_headless_chromium(server, tmp_path):
     assert not np.array_equal(crop(shot0), crop(shot1))
 
 
+def test_viewer_shows_field_names_as_text_and_runs_none_as_markup(tmp_path):
+    """A field named like an HTML tag (its handler would retitle the page) is shown as its text in the viewer's
+    table, and nothing in it runs: a checkpoint cannot run code in the page."""
+    from chromium import Chromium, chromium_path
+
+    if chromium_path() is None:
+        pytest.skip("no chromium executable (Debian package `chromium`; .ci/run installs it)")
+    pytest.importorskip("websocket", reason="websocket-client drives Chromium (dev extra)")
+    from jaxbuffers.cli._images import find_image
+    from jaxbuffers.cli._server import make_server
+
+    name = "<img src=x onerror=\"document.title='INJECTED'\">"
+    ex = {"obs": jnp.zeros((8, 8), jnp.uint8), "action": jnp.int32(0), "reward": jnp.float32(0), name: jnp.float32(0)}
+    buf = jb.TrajectoryBuffer.create(ex, num_envs=1, length=4).add(
+        {"obs": jnp.zeros((1, 2, 8, 8), jnp.uint8), "action": jnp.zeros((1, 2), jnp.int32), "reward": jnp.zeros((1, 2)),
+         name: jnp.zeros((1, 2))}, terminated=jnp.array([[False, True]]))
+    view = BufferView(jb.restore(jb.save(tmp_path / "ck", buf, progress=False), progress=False))
+    srv = make_server(view, find_image(view), port=0, scale=4)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with Chromium(tmp_path) as browser:
+            browser.open(f"http://127.0.0.1:{srv.server_address[1]}/#k=0&t=0")
+            browser.wait("document.querySelectorAll('#fields td.k').length > 0", "the field table shown")
+            names = browser.eval("[...document.querySelectorAll('#fields td.k')].map((e) => e.textContent)")
+            time.sleep(0.5)  # an injected image's error handler would have run by now
+            title, images = browser.eval("[document.title, document.querySelectorAll('#fields img').length]")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert name in names and title == "jaxbuffers viewer" and images == 0
+
+
 def test_video_layout_and_stack_axis(saved, capsys, tmp_path):
     from PIL import Image
 
@@ -848,6 +893,25 @@ def test_an_out_in_a_missing_folder_is_refused_naming_it_and_nothing_is_made(sav
     assert code == 2 and o == "" and err == (f"jaxbuffers {cmd[0]}: error: --out: the folder {tmp_path / 'no' / 'such'} "
                                              "does not exist; create it first (nothing was written)\n"), err
     assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("scale", [0, 65, 100_000])
+def test_a_scale_past_the_largest_picture_is_refused_naming_the_range(saved, tmp_path, capsys, scale):
+    """`--scale` makes pictures of at most 4096 pixels a side (a row of 4 tiles of 16x16: scale <= 64): a larger one
+    is refused before anything is drawn or allocated, as is 0; `serve` refuses it when it starts."""
+    from jaxbuffers.cli._images import find_image
+    from jaxbuffers.cli._server import make_server
+    from jaxbuffers.cli._view import ViewError
+
+    path = saved["CompressedEpisodeBuffer"]
+    says = f"--scale: expected an integer in [1, 64] (a 16x64 picture scaled to at most 4096 pixels a side), got {scale}"
+    for cmd in (["video", path, "--episode", 0, "--out", tmp_path / "v.gif"], ["sheet", path, "--out", tmp_path / "s.png"]):
+        code, o, err = run(capsys, *cmd, "--scale", scale)
+        assert code == 2 and err == f"jaxbuffers {cmd[0]}: error: {says}\n", err
+    assert not any(tmp_path.iterdir())
+    view = BufferView(jb.restore(path, progress=False))
+    with pytest.raises(ViewError, match=re.escape(says)):
+        make_server(view, find_image(view), port=0, scale=scale)
 
 
 def test_a_sheet_of_an_empty_buffer_says_only_that_it_holds_no_steps(tmp_path, capsys):

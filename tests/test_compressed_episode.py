@@ -91,7 +91,7 @@ def run(cfg, seed: int, use_jit: bool, num_ops: int = 10, **extra):
         return b.add_episodes(eps, n, terminated=te, truncated=tr, final_obs=fo, meta={"task_id": task})
 
     def relabel(b, s, r):
-        return b.update(s.indices, {"reward": r}, steps=s.steps)
+        return b.update(s.indices, {"reward": r}, steps=s.steps, generations=s.generations)
 
     samples = _samples
     if use_jit:

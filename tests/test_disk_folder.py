@@ -133,6 +133,42 @@ def test_a_flipped_byte_in_a_chunk_file_names_the_slot_and_the_file(zstd_folder,
         jax.block_until_ready(jax.jit(lambda b: b.sample_sequences(jax.random.key(0), 64, 4))(ro))
 
 
+def test_a_damaged_file_entry_of_disk_json_is_refused_naming_the_file_and_the_key(zstd_folder, tmp_path):
+    """disk.json whose file entry lost its size is refused as a CheckpointError naming disk.json, the file and the key."""
+    path, _ = zstd_folder
+    shutil.copytree(path, tmp_path / "c")
+    meta = json.loads((tmp_path / "c" / "disk.json").read_text())
+    name = next(iter(meta["files"]))
+    meta["files"][name] = {"bytez": 1, "xxh3_64": meta["files"][name]["xxh3_64"]}
+    (tmp_path / "c" / "disk.json").write_text(json.dumps(meta))
+    with pytest.raises(jb.CheckpointError, match=rf"disk\.json: files\['{name}'\]: expected 'bytes', an int >= 0.*got"):
+        disk.open(tmp_path / "c", "r")
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m.__setitem__("host", None), r"host: expected a dict"),
+    (lambda m: m["host"].__setitem__("num_rows", "x"), r"host\.num_rows: expected an int >= 0, got 'x'"),
+    (lambda m: m.__setitem__("generation", [5]), r"generation: expected an int >= 0, got \[5\]"),
+    (lambda m: m.__setitem__("stores", [5]), r"stores\[0\]: expected a dict, got 5"),
+    (lambda m: m.__setitem__("state", "../elsewhere"), r"state: expected a relative path inside the folder, got '\.\./elsewhere'"),
+    (lambda m: m["stores"][0].__setitem__("index", "/etc/x"), r"stores\[0\]\.index: expected a relative path inside the folder"),
+    (lambda m: m["stores"][0].__setitem__("meta", "x"), r"stores\[0\]\.meta: expected a dict, got 'x'"),
+    (lambda m: m["stores"][0]["meta"].__setitem__("chunks", "x"), r"stores: an entry this jaxbuffers cannot read"),
+    (lambda m: m.__setitem__("slot_version", "gone.npy"), r"gone\.npy: missing"),
+], ids=["host-null", "host-count-a-str", "generation-a-list", "store-an-int", "state-outside", "index-absolute", "meta-a-str",
+        "chunks-a-str", "slot-versions-missing"])
+def test_a_damaged_disk_json_is_refused_naming_the_file_and_the_field(zstd_folder, tmp_path, edit, says):
+    """disk.json with a field of another type, or a file name outside the folder (a flush deletes what the previous
+    disk.json named), is refused as a CheckpointError naming the file and the field; nothing is opened."""
+    path, _ = zstd_folder
+    shutil.copytree(path, tmp_path / "c")
+    meta = json.loads((tmp_path / "c" / "disk.json").read_text())
+    edit(meta)
+    (tmp_path / "c" / "disk.json").write_text(json.dumps(meta))
+    with pytest.raises(jb.CheckpointError, match=says):
+        disk.open(tmp_path / "c", "r")
+
+
 def test_version_1_and_2_folders_open_and_unknown_versions_are_refused_naming_the_file(tmp_path):
     """Folders as versions 1 and 2 wrote them (a raw store in one file beside its index `store-0.index.npy` of two
     rows; version 1 also `state/`, `slot_version.npy`, no generation) open, and a flush of one in `"r+"` writes

@@ -288,6 +288,40 @@ def test_update_relabels_in_place():
     assert float(jnp.sum(out.storage["reward"][0])) == 0.0
 
 
+@pytest.mark.parametrize("sampler", ["episodes", "sequences", "timesteps", "transitions", "transitions_at", "get_all"])
+def test_update_with_generations_skips_rows_whose_episode_was_overwritten_after_the_sample(sampler):
+    """A sample carries the generation (episode number) of each slot it drew; `update(..., generations=)` writes a
+    row only while its slot still holds that episode, as `PrioritisedReplayBuffer.set_priorities` does: rows of an
+    episode a later `add_episode` overwrote are skipped, the others written. Without `generations`, every row is
+    written (the earlier form)."""
+    buf = filled(e=3, m=5, lengths=(2, 3, 4), tasks=(0, 1, 2))
+    key = jax.random.key(0)
+    s = {"episodes": lambda: buf.sample_episodes(key, 8), "sequences": lambda: buf.sample_sequences(key, 8, 2),
+         "timesteps": lambda: buf.sample_timesteps(key, 8), "transitions": lambda: buf.sample_transitions(key, 8, gamma=0.9),
+         "transitions_at": lambda: buf.transitions_at(np.array([0, 1, 2, 0]), np.array([0, 1, 0, 1]), gamma=0.9),
+         "get_all": buf.get_all}[sampler]()
+    idx = np.asarray(s.indices)
+    steps_, final = make_episode(np.random.default_rng(1), 2, [100])
+    newer = buf.add_episode(steps_, 2, terminated=True, final_obs=final, meta={"task_id": 9})  # overwrites slot 0
+    overwritten = idx == 0
+    assert overwritten.any() and (~overwritten).any()
+    b = idx.shape[0]
+    out = newer.update(s.indices, {"task_id": np.full(b, 42, np.int32)}, generations=s.generations)
+    got = np.asarray(out.meta["task_id"])
+    assert got[0] == 9  # the newer episode is untouched
+    np.testing.assert_array_equal(got[np.unique(idx[~overwritten])], 42)
+    out = newer.update(s.indices, {"reward": np.full((b, 5), -100.0, np.float32)}, generations=s.generations)
+    np.testing.assert_array_equal(np.asarray(out.storage["reward"][0]), np.asarray(newer.storage["reward"][0]))
+    if sampler in ("timesteps", "transitions", "transitions_at"):  # one step each
+        out = newer.update(s.indices, {"reward": np.full(b, -100.0, np.float32)}, steps=s.steps, generations=s.generations)
+        np.testing.assert_array_equal(np.asarray(out.storage["reward"][0]), np.asarray(newer.storage["reward"][0]))
+        assert (np.asarray(out.storage["reward"])[idx[~overwritten], np.asarray(s.steps)[~overwritten]] == -100).all()
+    stale = newer.update(s.indices, {"task_id": np.full(b, 42, np.int32)})  # the earlier form: every row written
+    assert int(stale.meta["task_id"][0]) == 42
+    jitted = jax.jit(lambda bf, i, g: bf.update(i, {"task_id": jnp.full(b, 42, jnp.int32)}, generations=g))
+    np.testing.assert_array_equal(np.asarray(jitted(newer, s.indices, s.generations).meta["task_id"]), got)
+
+
 def test_errors_name_the_argument_and_leave_the_buffer():
     buf = filled(circular=False)
     steps, final = make_episode(np.random.default_rng(0), 3, [0])

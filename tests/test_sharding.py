@@ -466,6 +466,9 @@ def test_update_after_a_global_sample_edits_the_unsharded_buffers_episodes(mesh)
     reward = (slots * 100 + np.asarray(out.sample.steps)).astype(np.float32)  # a step drawn twice gets one value
     sharded = sharded.update(out.shard, out.sample.indices, {"reward": reward}, steps=out.sample.steps)
     whole = whole.update(slots, {"reward": reward}, steps=out.sample.steps)
+    stale = sharded.update(out.shard, out.sample.indices, {"reward": -reward}, steps=out.sample.steps,
+                           generations=out.sample.generations + 1)  # the generations of other episodes: nothing written
+    np.testing.assert_array_equal(np.asarray(stale.shards.storage["reward"]), np.asarray(sharded.shards.storage["reward"]))
     eps = sharded.sample(jax.random.key(25), 8, method="sample_episodes")  # relabel whole episodes and their meta
     slots = np.array([slot_of[int(i)] for i in np.asarray(eps.sample.meta["id"])])
     fields = {"reward": -(slots[:, None] * 10.0 + np.arange(whole.max_timesteps)).astype(np.float32), "task": (slots % 4 + 5).astype(np.int32)}
@@ -546,7 +549,8 @@ def test_episode_global_sampling_matches_the_unsharded_distribution(mesh):
     slot_of = {int(i): k for k, i in enumerate(np.asarray(whole.meta["id"]))}
     slots = np.array([slot_of[int(i)] for i in np.asarray(tr.sample.meta["id"])])
     ref = whole.transitions_at(slots, tr.sample.steps, n_step=3, gamma=0.9)
-    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), tr.sample._replace(indices=ref.indices), ref)
+    got = tr.sample._replace(indices=ref.indices, generations=ref.generations)  # both shard-local
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), got, ref)
     assert len(np.unique(np.asarray(tr.shard))) == S
 
 
@@ -963,7 +967,8 @@ def test_compressed_episode_shards_sample_and_update_as_the_unsharded_buffer(mes
     tr = sharded.sample(jax.random.key(45), 32, method="sample_transitions", n_step=2, gamma=0.9, where=keep)
     slots = np.array([slot_of[int(i)] for i in np.asarray(tr.sample.meta["id"])])
     ref = whole.transitions_at(slots, tr.sample.steps, n_step=2, gamma=0.9)
-    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), tr.sample._replace(indices=ref.indices), ref)
+    got = tr.sample._replace(indices=ref.indices, generations=ref.generations)  # both shard-local
+    jax.tree.map(lambda g, w: np.testing.assert_array_equal(_bits(g), _bits(w)), got, ref)
     fields = {"reward": (slots[:, None] * 10.0 + np.arange(t_max)).astype(np.float32), "task": (slots % 3).astype(np.int32)}
     sharded, whole = sharded.update(tr.shard, tr.sample.indices, fields), whole.update(slots, fields)
     _check_episodes(sharded.apply(lambda buf: buf.get_all()), whole.get_all(), c, b)

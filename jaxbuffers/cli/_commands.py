@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxbuffers.cli._images import IMAGE_RULE, ImageField, contact_sheet, find_image, overlay, scaled
+from jaxbuffers.cli._images import IMAGE_RULE, ImageField, check_scale, contact_sheet, find_image, overlay, scaled
 from jaxbuffers.cli._view import SUPPORTED_NAMES, BufferView, ViewError, is_floating, is_numeric
 from jaxbuffers.compressed import ShardedHostStores
 
@@ -335,11 +335,12 @@ def _num(x: Any) -> str:
 
 
 def print_summary(s: dict, console=None) -> None:
-    """`summary` as rich tables on the terminal."""
+    """`summary` as rich tables on the terminal (default console: rich markup off, so field names, folder names and
+    meta values from the checkpoint are printed as written, never read as markup)."""
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(markup=False)
     head = Table(title=f"{s['type']}  {s['path'] or ''}", show_header=False)
     head.add_row(s.get("steps_held_label") or "steps held", str(s["steps_held"]))
     head.add_row("size()", str(s["size"]))
@@ -409,11 +410,11 @@ def print_summary(s: dict, console=None) -> None:
 
 
 def print_stacked_summary(s: dict, console=None) -> None:
-    """`stacked_summary` as one rich table, a row per member."""
+    """`stacked_summary` as one rich table, a row per member (the console as `print_summary`'s)."""
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(markup=False)
     sharded = s.get("sharded")
     what = "shard" if sharded else "member"
     kind = (f"ShardedBuffer of {sharded['num_shards']} shards (mesh axis {sharded['axis']!r})" if sharded else "stacked")
@@ -472,8 +473,7 @@ def write_video(view: BufferView, k: int, out: str | Path, *, image: str | None 
     anything is drawn or written)."""
     out = Path(out)
     field = _image(view, image, stack_axis, layout)
-    if scale < 1:
-        raise CliError(f"--scale: expected an integer >= 1, got {scale}")
+    check_scale(field, scale)
     if not 0 < fps < float("inf"):
         raise CliError(f"--fps: expected a finite number > 0, got {fps}")
     suffix = out.suffix.lower()
@@ -595,9 +595,10 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
     if fmt not in Image.SAVE:
         raise CliError(f"--out: expected a file ending in an image format's extension (.png, .jpg, .gif, ...), got {out}")
     field = _image(view, image, stack_axis, layout)
-    for option, value, least in (("--count", count, 1), ("--columns", columns, 1), ("--scale", scale, 1), ("--seed", seed, 0)):
+    for option, value, least in (("--count", count, 1), ("--columns", columns, 1), ("--seed", seed, 0)):
         if value < least:
             raise CliError(f"{option}: expected an integer >= {least}, got {value}")
+    check_scale(field, scale)
     _check_out_folder(out)
     pool = view.episode(episode).positions if episode is not None else np.arange(view.num_steps)
     if not len(pool):

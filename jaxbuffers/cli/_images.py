@@ -129,6 +129,22 @@ def _rgb(p: np.ndarray) -> np.ndarray:
     return np.repeat(p[..., None], 3, axis=-1) if p.ndim == 2 else p
 
 
+MAX_SIDE = 4096  # pixels a side of an upscaled picture (`check_scale`): a larger one is refused, not allocated
+
+
+def check_scale(field: "ImageField | None", scale: int) -> int:
+    """`scale` if it is an int in `[1, MAX_SIDE // side]`, `side` the longer side of `field`'s picture (1 without an
+    image field), else `ViewError` naming `--scale`, the range and the value (before anything is drawn)."""
+    from jaxbuffers.cli._view import ViewError
+
+    h, w = field.picture(np.zeros(field.shape, field.dtype)).shape[:2] if field is not None else (1, 1)
+    most = max(1, MAX_SIDE // max(h, w))
+    if not 1 <= scale <= most:
+        raise ViewError(f"--scale: expected an integer in [1, {most}] (a {h}x{w} picture scaled to at most {MAX_SIDE} "
+                        f"pixels a side), got {scale}")
+    return scale
+
+
 def scaled(p: np.ndarray, scale: int) -> np.ndarray:
     """Nearest-neighbour upscaling by an integer factor (pixels stay exact)."""
     return p if scale == 1 else np.repeat(np.repeat(p, scale, axis=0), scale, axis=1)

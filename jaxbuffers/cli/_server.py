@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
-from jaxbuffers.cli._images import ImageField, scaled
+from jaxbuffers.cli._images import ImageField, check_scale, scaled
 from jaxbuffers.cli._view import BufferView, ViewError, is_floating
 
 __all__ = ["make_server", "PAGE"]
@@ -89,8 +89,9 @@ def _int(q: dict, name: str) -> int:
 
 
 def make_server(view: BufferView, field: ImageField | None, *, port: int = 8765, scale: int = 4) -> ThreadingHTTPServer:
-    """An HTTP server on 127.0.0.1:`port` (0: any free port; read `server.server_address`) serving the page."""
-    app = _App(view, field, scale)
+    """An HTTP server on 127.0.0.1:`port` (0: any free port; read `server.server_address`) serving the page.
+    `ViewError` for a `scale` outside `check_scale`'s range, before the port is taken."""
+    app = _App(view, field, check_scale(field, scale))
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # quiet: the terminal shows the URL only
@@ -147,6 +148,9 @@ PAGE = """<!doctype html>
 <script>
 const S = { k: 0, t: 0, ep: null, summary: null };
 const $ = (id) => document.getElementById(id);
+function el(tag, text, attrs) {  // an element holding `text` as text (never markup: field names come from the checkpoint)
+  const e = document.createElement(tag); e.textContent = text; Object.assign(e, attrs || {}); return e;
+}
 function fmt(v) { return typeof v === "object" && v !== null && !Array.isArray(v) ? `shape ${JSON.stringify(v.shape)} min ${v.min} max ${v.max}` : JSON.stringify(v); }
 function show() {
   const ep = S.ep; if (!ep) return;
@@ -155,7 +159,8 @@ function show() {
   $("pos").textContent = `step ${S.t} / ${ep.length - 1}`;
   if (S.summary.image) { const img = $("frame"); img.dataset.k = S.k; img.dataset.t = S.t; img.src = `/frame.png?k=${S.k}&t=${S.t}`; }
   const step = ep.steps[S.t];
-  $("fields").innerHTML = Object.entries(step).map(([k, v]) => `<tr><td class="k">${k}</td><td>${fmt(v)}</td></tr>`).join("");
+  $("fields").replaceChildren(...Object.entries(step).map(([k, v]) => {
+    const row = el("tr", ""); row.append(el("td", k, { className: "k" }), el("td", fmt(v))); return row; }));
   history.replaceState(null, "", `#k=${S.k}&t=${S.t}`);
 }
 async function load(k, t) {
@@ -167,8 +172,8 @@ async function main() {
   S.summary = await (await fetch("/api/summary")).json();
   $("kind").textContent = S.summary.type;
   if (!S.summary.image) $("frame").style.display = "none";
-  $("episode").innerHTML = S.summary.episodes.map((e) =>
-    `<option value="${e.k}">${e.k}: lane ${e.lane}, ${e.length} steps${e.terminated ? ", terminated" : ""}${e.truncated ? ", truncated" : ""}${e.partial ? ", partial" : ""}</option>`).join("");
+  $("episode").replaceChildren(...S.summary.episodes.map((e) =>
+    el("option", `${e.k}: lane ${e.lane}, ${e.length} steps${e.terminated ? ", terminated" : ""}${e.truncated ? ", truncated" : ""}${e.partial ? ", partial" : ""}`, { value: e.k })));
   if (!S.summary.episodes.length) { $("err").textContent = "this buffer holds no episodes"; return; }
   const h = new URLSearchParams(location.hash.slice(1));
   await load(parseInt(h.get("k") || "0"), parseInt(h.get("t") || "0"));

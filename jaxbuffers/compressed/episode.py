@@ -293,7 +293,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
     # in-place edits
 
     @_compiled.method()
-    def update(self, indices, fields: Mapping, *, steps=None) -> "CompressedEpisodeBuffer":
+    def update(self, indices, fields: Mapping, *, steps=None, generations=None) -> "CompressedEpisodeBuffer":
         """`jaxbuffers.EpisodeBuffer.update` of fields other than the observation (device only, no host work).
 
         Raises:
@@ -305,7 +305,7 @@ class CompressedEpisodeBuffer(FrameStacked, Recorded):
                 f"fields: {self.obs_key!r} holds host-compressed leaves and cannot be updated; keep the fields to relabel "
                 f"(e.g. goals) in a step field of their own or a meta field"
             )
-        return self.replace(buffer=self.buffer.update(indices, fields, steps=steps))
+        return self.replace(buffer=self.buffer.update(indices, fields, steps=steps, generations=generations))
 
     # ------------------------------------------------------------------------------------------
     # reads: the inner sample, then every observation decoded in one host callback

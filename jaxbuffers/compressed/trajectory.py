@@ -60,13 +60,18 @@ class CompressedTrajectoryBuffer(StackChecked, FrameStacked, Recorded):
 
     buffer: Any  # TrajectoryBuffer (PrioritisedTrajectoryBuffer for the subclass); compressed leaves hold int32[3] ids
     frame_head: jax.Array  # shape=(), dtype=int32: position of the next step in every lane's frame ring, in [0, frame_ring)
-    next_ep_pos: jax.Array  # shape=[num_envs], dtype=int32: ep_pos of each lane's next step (0 = starts an episode)
+    next_ep_pos: jax.Array  # shape=[num_envs], dtype=int32: ep_pos of each lane's next step (0 = starts an episode), in [0, frame_stack)
     final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-frame slot per lane, in [0, final_obs_capacity)
     next_key_pos: jax.Array  # shape=[num_envs], dtype=int32: frames since its keyframe of each lane's next frame, in [0, keyframe_interval) (0: a keyframe)
     version: jax.Array  # shape=(), dtype=int32: host-store writes included in this state
     # static: host, leaves, leaf_index, normalize_images, frame_stack, padding (FrameStacked), and
     frame_ring: int = struct.field(pytree_node=False)  # F = length + k - 1 + K - 1 frames per lane
     keyframe_interval: int = struct.field(pytree_node=False)  # K: a keyframe at every episode start and every K frames
+
+    def _cursor_ranges(self) -> dict:
+        """`(lo, hi)`, inclusive, of the cursor fields' documented ranges (`_checkpoint_describe._checked_cursors`)."""
+        return {"frame_head": (0, self.frame_ring - 1), "next_ep_pos": (0, self.frame_stack - 1),
+                "final_head": (0, self.trajectory.final_obs_capacity - 1), "next_key_pos": (0, self.keyframe_interval - 1)}
 
     @classmethod
     @_validate.keyword_sizes
