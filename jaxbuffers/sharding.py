@@ -682,8 +682,7 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
         Args:
           shard: int `[B]`, the shard of each entry. indices: int `[B]`, slots inside the shard.
           fields: `{name: values}` as the wrapped buffer's `update` takes them, leading axis `B`.
-          steps: optional int `[B]`, as the wrapped buffer's `update`.
-          generations: optional int `[B]`, the sample's `generations`: stale entries skipped, as the wrapped `update`.
+          steps, generations: optional int `[B]`, as the wrapped buffer's `update` (stale generations skipped).
 
         Raises:
           TypeError: a wrapped buffer without `update` (only episode buffers have one), `shard` or `indices` not

@@ -190,7 +190,8 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     def _cursor_ranges(self) -> dict:
         """`(lo, hi)`, inclusive, of the cursor fields' documented ranges (`_checkpoint_describe._checked_cursors`)."""
-        return {"final_head": (0, self.final_obs_capacity - 1)}
+        return {"final_head": (0, self.final_obs_capacity - 1), "final_owner": (0, self.length - 1),
+                "lost_prefix": (0, self.length)}
 
     def _metrics_ring(self):
         return self.metrics, self.added, self.head, self.num_valid, self.length, self.num_envs

@@ -811,9 +811,13 @@ _STACKED = jax.vmap(lambda _: jb.ReplayBuffer.create(ITEM, capacity=8))(jnp.aran
      "next_ep_pos: expected a value in [0, 3], got [-1, 0]"),
     (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".buffer.final_head", [0, L],
      f"buffer.final_head: expected a value in [0, {L - 1}], got [0, {L}]"),
+    (jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, final_obs_capacity=3), ".final_owner", L,
+     f"final_owner: expected a value in [0, {L - 1}], got [[{L}, {L}, {L}], [{L}, {L}, {L}]]"),
+    (jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, final_obs_capacity=3), ".lost_prefix", [0, L + 1],
+     f"lost_prefix: expected a value in [0, {L}], got [0, {L + 1}]"),
 ], ids=["num_valid", "head", "added", "prioritised", "stacked", "trajectory", "prioritised-trajectory", "episode", "compressed",
         "rollout", "compressed-rollout", "final_head", "phase", "prioritised-final_head", "frame_head", "compressed-final_head",
-        "next_key_pos", "next_ep_pos", "compressed-inner-final_head"])
+        "next_key_pos", "next_ep_pos", "compressed-inner-final_head", "final_owner", "lost_prefix"])
 def test_cursors_out_of_range_are_refused_naming_the_leaf(buffer, path, value, says, tmp_path):
     """A checkpoint whose ring cursor was edited (manifest rewritten to match) is refused as `with_cursors` refuses
     the value, naming the leaf: a capacity-8 buffer came back with `size() == 100`, or with `head == -3`. Every other
