@@ -39,11 +39,11 @@ Deltas (temporal coding): `put(..., bases=b)` stores entry `i` as a delta agains
 chains, what a read decodes, what a rewrite deletes). Snapshots: `export_state` / `import_state`
 (`host_codecs.snapshot`).
 
-Reads: `get` (one slot array) and `get_many` (several, each into its own output) verify the entries on one thread
-while another plans their decode (nothing is written before both end), then decode every distinct slot of the
-request once, into its first row, in one shard per thread (`host_codecs.parallel_for`; a shard takes whole delta
-chains, cut where the entries split evenly; a chain's slots not requested are decoded into the row of the next one
-requested, in place), and that shard copies it to its other rows.
+Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
+distinct slot of the request once, into its first row, in one shard per thread
+(`host_codecs.parallel_for`; a shard takes whole delta chains, cut where the entries split evenly; a chain's slots
+not requested are decoded into the row of the next one requested, in place), and that shard copies it to its other
+rows.
 
 Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
@@ -86,7 +86,6 @@ _NUM_TAGS = max(c.tag for c in CODECS.values()) + 1
 _MAX_SAMPLE_BYTES = 64 << 20  # most bytes of entries (at least 8 entries) a dictionary is built from
 _MAX_DICTIONARY_BYTES = 1 << 20
 _READ_SHARD_BYTES = 1 << 20  # decoding is fast per byte: a smaller shard does not pay for a thread
-_VERIFY_SHARD_BYTES = 1 << 16  # payload bytes of a read worth verifying on another thread while its decode is planned
 
 
 _payload_sums = _checksum.payload_sums  # the entries' checksums (one compiled loop), looked up here on every call
@@ -486,99 +485,78 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         pos, bs = present[first], base[present[first]]
         base_i = None  # index into `uniq` of each decoded delta's base (decoded too), -1 for a keyframe
         if chains.size or (bs >= 0).any():  # the chains, walked once (`host_codecs._plan`)
-            base_i, *chained = _plan.chains(uniq, bs.astype(np.int64), pos < n)
+            base_i, order, root, depth, rank, target, bad = _plan.chains(uniq, bs.astype(np.int64), pos < n)
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
         chunk, offset, length, meta, check = chunk[pos], offset[pos], length[pos], meta[pos], check[pos]
-
-        def verify() -> None:  # reads every payload (mostly cache misses): on another thread than `plan`
-            self._verify(table, uniq, chunk, offset, length, tag[pos], meta, layout[pos], check, None if base_i is None else (bs, np.where(base_i >= 0, check[base_i], 0)))
-
-        def plan() -> tuple:  # what the decode needs, and what the read refuses besides corrupt entries
-            if empty.size and missing == "raise":
-                ids = np.unique(flat[empty])
-                raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
-                               + "; pass missing='zeros' to get zeros instead")
-            if present.size:
-                lay = layout[present]
-                lids = lay[:1] if lay.min() == lay.max() else np.unique(lay)
-                if lids.size > 1:
-                    desc = [f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in lids[:5].tolist()]
-                    raise ValueError(f"slots: the requested entries have different dtypes/shapes {desc}; get them in separate calls")
-                code, item_shape = layouts[int(lids[0])]
-            elif self._declared is not None:
-                code, item_shape = self._declared
-            elif flat.size == 0:
-                code, item_shape = dtype_code(np.uint8), ()
-            else:
-                raise KeyError("slots: all requested slots are empty and the store has no declared item_shape/dtype, so the zeros' shape is unknown")
-            dtype, nbytes = dtype_from_code(code), math.prod(item_shape) * dtype_from_code(code).itemsize
-            results = [self._output(outs, j, s.shape + tuple(item_shape), dtype, len(ss)) for j, s in enumerate(ss)]
-            views = [r.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8) for s, r in zip(ss, results)]
-            if not present.size or not nbytes:
-                return results, views, None
-            # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`).
-            k = pos.size
-            shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
-            cuts, t = np.linspace(0, k, shards + 1)[1:-1], tag[pos].astype(np.int64)
-            if int(t.max()) >= _NUM_TAGS:  # (verified meanwhile: this is the corrupt entry's error, raised after its own)
-                self._corrupt(uniq[t >= _NUM_TAGS], "an unknown codec tag")
-            if base_i is None:  # keyframes only: each its own chain
-                target, shard = np.arange(k), np.searchsorted(cuts, np.arange(k), side="right")
-                do = np.lexsort((t, shard))
-            else:
-                order, root, depth, rank, target, bad = chained
-                if bad.any():
-                    self._corrupt(uniq[bad], "its chain of deltas never reaches a keyframe")
-                do, shard = _plan.decode_order(order, root, depth, rank, t, cuts, _NUM_TAGS)
-            t, shard_o = t[do], shard[do]
-            cuts = np.concatenate([[0], np.flatnonzero(np.diff(t * shards + shard_o)) + 1, [k]]).tolist()
-            runs = [[] for _ in range(shards)]
-            for lo, hi in zip(cuts[:-1], cuts[1:]):
-                runs[int(shard_o[lo])].append((lo, hi, codec_for_tag(int(t[lo]))))
-            # every per-entry column in decode order: a run is one slice of each
-            cols = (chunk[do].astype(np.int64), offset[do].astype(np.int64), length[do].astype(np.int64), meta[do])
-            out_t, row_t = _out_of(pos[target], bounds)  # the row each entry is decoded into
-            into = (out_t[do], row_t[do])
-            b = None if base_i is None else base_i[do]  # where each delta's base row is (-1: a keyframe)
-            bases = None if b is None else (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1))
-            # the repeated slots' rows, copied by the shard that decodes their first row
-            rep = np.flatnonzero(pos[inverse] != present)
-            by = np.argsort(rep_shard := shard[inverse[rep]], kind="stable")
-            rep_src, rep_dst = _out_of(pos[inverse[rep[by]]], bounds), _out_of(present[rep[by]], bounds)
-            rep_cuts = np.searchsorted(rep_shard[by], np.arange(shards + 1)).tolist()
-
-            def work(s0: int, s1: int) -> None:
-                for s in range(s0, s1):
-                    for lo, hi, codec in runs[s]:
-                        codec.decode_many(table, *(c[lo:hi] for c in cols), views, *(c[lo:hi] for c in into), dtype,
-                                          bases=None if bases is None else tuple(c[lo:hi] for c in bases))
-                    r = slice(rep_cuts[s], rep_cuts[s + 1])
-                    _copy_rows(views, tuple(c[r] for c in rep_src), tuple(c[r] for c in rep_dst), nbytes)
-
-            return results, views, (shards, work)
-
-        # one thread verifies the entries while another plans their decode; nothing is written before both end
-        done: list = [None, None]
-
-        def verify_and_plan(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                try:
-                    done[i] = (True, (verify, plan)[i]())
-                except Exception as exc:  # noqa: BLE001 - raised below
-                    done[i] = (False, exc)
-
-        parallel_for(2, verify_and_plan, work_bytes=int(length.sum()), min_shard_bytes=_VERIFY_SHARD_BYTES)
-        for ok, value in done:  # a corrupt entry's error first
-            if not ok:
-                raise value
-        results, views, decode = done[1][1]
+        self._verify(table, uniq, chunk, offset, length, tag[pos], meta, layout[pos], check,
+                     None if base_i is None else (bs, np.where(base_i >= 0, check[base_i], 0)))
+        if empty.size and missing == "raise":
+            ids = np.unique(flat[empty])
+            raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
+                           + "; pass missing='zeros' to get zeros instead")
+        if present.size:
+            lay = layout[present]
+            lids = lay[:1] if lay.min() == lay.max() else np.unique(lay)
+            if lids.size > 1:
+                desc = [f"{dtype_from_code(layouts[i][0])}{list(layouts[i][1])}" for i in lids[:5].tolist()]
+                raise ValueError(f"slots: the requested entries have different dtypes/shapes {desc}; get them in separate calls")
+            code, item_shape = layouts[int(lids[0])]
+        elif self._declared is not None:
+            code, item_shape = self._declared
+        elif flat.size == 0:
+            code, item_shape = dtype_code(np.uint8), ()
+        else:
+            raise KeyError("slots: all requested slots are empty and the store has no declared item_shape/dtype, so the zeros' shape is unknown")
+        dtype = dtype_from_code(code)
+        nbytes = math.prod(item_shape) * dtype.itemsize
+        results = [self._output(outs, j, s.shape + tuple(item_shape), dtype, len(ss)) for j, s in enumerate(ss)]
+        views = [r.reshape(s.size, -1).view(np.uint8) if nbytes and s.size else np.empty((s.size, nbytes), np.uint8) for s, r in zip(ss, results)]
         if empty.size:  # zeros for the empty slots
             out_j, out_row = _out_of(empty, bounds)
             for j in np.unique(out_j).tolist():
                 views[j][out_row[out_j == j]] = 0
-        if decode is not None:
-            parallel_for(*decode)
+        if not present.size or not nbytes:
+            return results
+        # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`).
+        k = pos.size
+        shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
+        cuts, t = np.linspace(0, k, shards + 1)[1:-1], tag[pos].astype(np.int64)
+        if base_i is None:  # keyframes only: each its own chain
+            target, shard = np.arange(k), np.searchsorted(cuts, np.arange(k), side="right")
+            do = np.lexsort((t, shard))
+        else:
+            if bad.any():
+                self._corrupt(uniq[bad], "its chain of deltas never reaches a keyframe")
+            do, shard = _plan.decode_order(order, root, depth, rank, t, cuts, _NUM_TAGS)
+        t, shard_o = t[do], shard[do]
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(t * shards + shard_o)) + 1, [k]]).tolist()
+        runs = [[] for _ in range(shards)]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            runs[int(shard_o[lo])].append((lo, hi, codec_for_tag(int(t[lo]))))
+        # every per-entry column in decode order: a run is one slice of each
+        cols = (chunk[do].astype(np.int64), offset[do].astype(np.int64), length[do].astype(np.int64), meta[do])
+        out_t, row_t = _out_of(pos[target], bounds)  # the row each entry is decoded into
+        into = (out_t[do], row_t[do])
+        if base_i is not None:  # where each delta's base row is (-1: a keyframe)
+            b = base_i[do]
+            bases = (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1))
+        # the repeated slots' rows, copied by the shard that decodes their first row
+        rep = np.flatnonzero(pos[inverse] != present)
+        rep_shard = shard[inverse[rep]]
+        by = np.argsort(rep_shard, kind="stable")
+        rep_src, rep_dst = _out_of(pos[inverse[rep[by]]], bounds), _out_of(present[rep[by]], bounds)
+        rep_cuts = np.searchsorted(rep_shard[by], np.arange(shards + 1)).tolist()
+
+        def work(s0: int, s1: int) -> None:
+            for s in range(s0, s1):
+                for lo, hi, codec in runs[s]:
+                    codec.decode_many(table, *(c[lo:hi] for c in cols), views, *(c[lo:hi] for c in into), dtype,
+                                      bases=None if base_i is None else tuple(c[lo:hi] for c in bases))
+                r = slice(rep_cuts[s], rep_cuts[s + 1])
+                _copy_rows(views, tuple(c[r] for c in rep_src), tuple(c[r] for c in rep_dst), nbytes)
+
+        parallel_for(shards, work)
         return results
 
     def _corrupt(self, slots: np.ndarray, why: str):
