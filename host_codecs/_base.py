@@ -343,6 +343,10 @@ class Codec:
       name: registry name, e.g. `"igzip"`.
       tag: integer tag stored per entry; decoding dispatches on it, never on a guess.
       level: compression level (None for codecs without levels).
+      threaded_decode: whether `decode_many` spends its time outside the interpreter lock (one compiled loop per
+        call), so that threads decoding parts of one read run side by side; a codec decoding payload by payload from
+        Python (one call into its package per entry) holds the lock between entries, and two such threads mostly wait
+        for each other.
 
     Raises:
       ValueError: a level not in `levels`, or any level for a codec without levels.
@@ -352,6 +356,7 @@ class Codec:
     tag: ClassVar[int] = -1
     levels: ClassVar[tuple[int, ...]] = ()
     default_level: ClassVar[int | None] = None
+    threaded_decode: ClassVar[bool] = False
 
     def __init__(self, level: int | None = None):
         level = self.default_level if level is None else level

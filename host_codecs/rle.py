@@ -30,6 +30,7 @@ class RLECodec(Codec):
     tag = 1
     levels = (8, 16, 32)
     default_level = 8
+    threaded_decode = True
 
     def __init__(self, level: int | None = None):
         super().__init__(level)

@@ -40,10 +40,10 @@ chains, what a read decodes, what a rewrite deletes). Snapshots: `export_state` 
 (`host_codecs.snapshot`).
 
 Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
-distinct slot of the request once, into its first row, in one shard per thread
-(`host_codecs.parallel_for`; a shard takes whole delta chains, cut where the entries split evenly; a chain's slots
-not requested are decoded into the row of the next one requested, in place), and that shard copies it to its other
-rows.
+distinct slot of the request once, into its first row, in one shard per thread (`host_codecs.parallel_for`; one
+shard when a codec of the read decodes holding the interpreter lock, `Codec.threaded_decode`; a shard takes whole delta
+chains, cut where the entries split evenly; a chain's slots not requested are decoded into the row of the next one
+requested, in place), and that shard copies it to its other rows.
 
 Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
 `max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
@@ -519,10 +519,12 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                 views[j][out_row[out_j == j]] = 0
         if not present.size or not nbytes:
             return results
-        # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`).
-        k = pos.size
-        shards = max(1, min(num_threads(), k, k * nbytes // _READ_SHARD_BYTES))
-        cuts, t = np.arange(1, shards) * (k / shards), tag[pos].astype(np.int64)  # np.linspace(0, k, shards + 1)[1:-1]
+        # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`); one
+        # shard when a codec of the read decodes holding the interpreter lock (`Codec.threaded_decode`).
+        k, t = pos.size, tag[pos].astype(np.int64)
+        threads = num_threads() if all(codec_for_tag(c).threaded_decode for c in _plan.unique(t).tolist()) else 1
+        shards = max(1, min(threads, k, k * nbytes // _READ_SHARD_BYTES))
+        cuts = np.arange(1, shards) * (k / shards)  # np.linspace(0, k, shards + 1)[1:-1]
         if base_i is None:  # keyframes only: each its own chain
             target, shard = np.arange(k), np.searchsorted(cuts, np.arange(k), side="right")
             do = np.lexsort((t, shard))

@@ -667,3 +667,31 @@ def test_unsigned_ids_past_int64_are_refused_not_wrapped():
         with pytest.raises(IndexError, match=r"(slots|slot_arrays\[1\]): slot 18446744073709551615 out of range"):
             call()
     assert store.get(np.array([9], np.uint64)).tolist() == [[9]]
+
+
+@pytest.mark.skipif(not {"zstd", "rle"} <= HAVE, reason="needs zstandard and numba")
+def test_a_read_is_split_over_threads_only_when_its_codecs_decode_in_compiled_loops(atari_stacks):
+    """zstd keyframes (decoded payload by payload from Python) keep a read on one shard: one decode call per codec;
+    RLE alone (`threaded_decode`) is split into a shard per thread. The frames come back the same either way."""
+    import host_codecs
+
+    frames = atari_stacks["pong_obs"][:320, -1]  # 320 frames of 7 KB: more than two read shards' worth
+    slots, bases = np.arange(320), np.where(np.arange(320) % 8, np.arange(320) - 1, -1)  # chains of 8
+    calls: list = []
+    try:
+        host_codecs.set_num_threads(2)
+        for codec, delta, want in (("zstd:-1", "rle", {"zstd": 1, "rle": 1}), ("rle", None, {"rle": 2})):
+            store = CompressedStore(320, codec=codec, delta_codec=delta, item_shape=(84, 84), dtype=np.uint8)
+            store.put(slots, frames, bases=bases)
+            used = {get_codec(c.split(":")[0]) for c in (codec, delta) if c}  # the objects reads decode with
+            for c in used:
+                c.decode_many = (lambda f, name: lambda *a, **k: (calls.append(name), f(*a, **k))[1])(c.decode_many, c.name)
+            try:
+                calls.clear()
+                assert_bit_exact(store.get(slots[::-1]), frames[::-1])
+            finally:
+                for c in used:
+                    del c.decode_many
+            assert {n: calls.count(n) for n in set(calls)} == want, codec
+    finally:
+        host_codecs.set_num_threads(None)
