@@ -319,13 +319,14 @@ def test_compressed_chunks_with_more_truncations_than_the_ring(how):
     buf.close()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_adds_keep_the_boundary_of_the_reference_model(data):
     """Model-based: random lanes, ring sizes, chunks of 1..length steps (wrapping the data ring and the final ring),
     `truncate_last`, terminations; after each operation the tracked boundary equals the model's and the rebuilt one,
     the uniform windows (period 1 and 2, crossing episodes or not) are the model's, the prioritised tree's positive
-    leaves are exactly the model's windows, and drawn transitions read true final observations."""
+    leaves are exactly the model's windows, drawn transitions read true final observations, and a state rebuilt from
+    the flags (an older checkpoint's) moves its boundary as the tracked one does."""
     e = data.draw(st.integers(1, 3), label="num_envs")
     n = data.draw(st.integers(2, 7), label="length")
     k = data.draw(st.integers(1, n - 1), label="K")
@@ -345,13 +346,15 @@ def test_random_adds_keep_the_boundary_of_the_reference_model(data):
         trunc = rng.random((e, t)) < p_trunc
         final = (-obs - 7).astype(np.float32)
         step = {"obs": obs, "action": base.astype(np.int32), "reward": np.zeros((e, t), np.float32)}
-        buf = buf.add(step, terminated=term, truncated=trunc, final_obs=final)
+        restored = buf._with_lost_rebuilt()  # an older checkpoint's state, given the fields, then added to
+        buf, restored = (b.add(step, terminated=term, truncated=trunc, final_obs=final) for b in (buf, restored))
         pri = pri.add(step, terminated=term, truncated=trunc, final_obs=final)
         model.add(obs, term, trunc, final)
         if cut:
             which, fin = rng.random(e) < 0.7, (-obs[:, -1] - 11).astype(np.float32)
-            buf, pri = buf.truncate_last(which, fin), pri.truncate_last(which, fin)
+            buf, pri, restored = buf.truncate_last(which, fin), pri.truncate_last(which, fin), restored.truncate_last(which, fin)
             model.truncate_last(which, fin)
+        np.testing.assert_array_equal(restored.lost_prefix, buf.lost_prefix)
         _check_state(buf, model)
         _check_state(pri, model)
         rebuilt = buf._with_lost_rebuilt()
