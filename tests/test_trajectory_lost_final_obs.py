@@ -319,7 +319,7 @@ def test_compressed_chunks_with_more_truncations_than_the_ring(how):
     buf.close()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_adds_keep_the_boundary_of_the_reference_model(data):
     """Model-based: random lanes, ring sizes, chunks of 1..length steps (wrapping the data ring and the final ring),
