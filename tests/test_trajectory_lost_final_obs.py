@@ -276,6 +276,9 @@ def test_compressed_buffers_follow_the_same_rule():
                 buf = buf.truncate_last_from_host(cut, fin)
                 model.truncate_last(cut, fin)
             _check_state(buf, model)
+            if extra:  # the tree holds exactly the drawable windows, also after `truncate_last_from_host`
+                every = jnp.arange(e * length, dtype=jnp.int32)
+                assert {model.locate(i) for i in np.flatnonzero(np.asarray(buf.priorities(every)) > 0)} == model.starts(3)
         window = 3 if extra else 2
         want = model.starts(window)
         assert want and bool(buf.can_sample_transitions(1, n_step=1))
