@@ -14,7 +14,7 @@ from jaxbuffers.compressed import CompressedTrajectoryBuffer
 from jaxbuffers.prioritised_trajectory import PrioritisedTrajectoryBuffer
 from jaxbuffers.trajectory import TrajectoryBuffer
 
-__all__ = ["LOST_FIELDS", "saved_without_lost", "trajectory_in", "with_lost_rebuilt"]
+__all__ = ["LOST_FIELDS", "saved_without_lost", "trajectory_in", "with_lost_dropped", "with_lost_rebuilt"]
 
 
 #: the trajectory buffers' fields that keep lost final observations; checkpoints written before them lack them
@@ -55,3 +55,17 @@ def with_lost_rebuilt(traj: TrajectoryBuffer) -> TrajectoryBuffer:
         rebuild = jax.vmap(rebuild)
     owner, lost = (jax.device_put(x, traj.final_head.sharding) for x in jax.jit(rebuild)(full))
     return traj.replace(final_owner=owner, lost_prefix=lost)
+
+
+def with_lost_dropped(prio: PrioritisedTrajectoryBuffer) -> PrioritisedTrajectoryBuffer:
+    """A prioritised trajectory buffer whose `lost_prefix` `with_lost_rebuilt` just computed, its tree (in this
+    version's leaf order) with priority 0 at the windows starting in that prefix, as the adds keep it: the adds of the
+    version that saved it gave them priorities (on every member of a stacked one)."""
+    traj = prio.buffer
+    if not traj._lossy:
+        return prio
+    zeroed = lambda p: p.replace(buffer=p.buffer.replace(lost_prefix=jnp.zeros_like(p.buffer.lost_prefix)))._drop_lost(p.tree, p.buffer, 0)  # noqa: E731
+    for _ in _validate.member_axes(traj):
+        zeroed = jax.vmap(zeroed)
+    tree = jax.tree.map(lambda x, like: jax.device_put(x, like.sharding), jax.jit(zeroed)(prio), prio.tree)
+    return prio.replace(tree=tree)

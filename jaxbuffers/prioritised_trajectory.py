@@ -266,24 +266,30 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     def _drop_lost(self, tree: SumMinTree, new: TrajectoryBuffer, written: int) -> SumMinTree:
         """`tree` with priority 0 at the windows that `new` (this buffer's steps after writing `written` steps, static)
         added to each lane's `lost_prefix` ("Lost final observations" in `docs/api/trajectory.md`). The prefix can grow
-        by up to `length` in one add, but each stored step enters it once: blocks of `min(written + window_length - 1,
-        length)` leaves per lane in a loop, `O(steps entering * log capacity)` (amortised `O(t log capacity)` an add)."""
+        by up to `length` in one add, but each stored step enters it once: the (lane, step) pairs entering, numbered
+        over all lanes, zeroed in blocks of `num_envs * min(written + window_length - 1, length)` leaves in a loop,
+        `O((steps entering + num_envs * block) * log capacity)` (amortised `O(num_envs * t log capacity)` an add, however
+        the lanes' prefixes grow)."""
         old = self.buffer
         if not old._lossy:
             return tree
         e, n = old.num_envs, old.length
         lo = jnp.maximum(old.lost_prefix - (old.num_valid + written - new.num_valid), 0)  # in the new logical order
-        block = max(min(written + self.window_length - 1, n), 1)
+        count = (new.lost_prefix - lo).astype(jnp.int32)  # [E]: steps entering each lane's prefix
+        cum = jnp.cumsum(count, dtype=jnp.int32)
+        block = e * max(min(written + self.window_length - 1, n), 1)
         ks = jnp.arange(block, dtype=jnp.int32)
 
         def zero(carry):
             i, tree = carry
-            logical = lo[:, None] + i * block + ks  # [E, block]
-            leaf = _ring.logical_to_physical(logical, new.head, new.num_valid, n) * e + jnp.arange(e, dtype=jnp.int32)[:, None]
-            drop = (logical < new.lost_prefix[:, None]).reshape(-1)
-            return i + 1, tree.set(leaf.reshape(-1), jnp.zeros(drop.shape, tree.dtype), drop, distinct=True)
+            j = i * block + ks  # [block]: pair numbers; pair j is in the lane whose running count first exceeds it
+            lane = jnp.minimum(jnp.searchsorted(cum, j, side="right"), e - 1).astype(jnp.int32)
+            logical = lo[lane] + j - (cum - count)[lane]
+            leaf = _ring.logical_to_physical(logical, new.head, new.num_valid, n) * e + lane
+            drop = j < cum[-1]
+            return i + 1, tree.set(leaf, jnp.zeros(drop.shape, tree.dtype), drop, distinct=True)
 
-        blocks = (jnp.max(new.lost_prefix - lo) + block - 1) // block
+        blocks = (cum[-1] + block - 1) // block
         return jax.lax.while_loop(lambda c: c[0] < blocks, zero, (jnp.int32(0), tree))[1]
 
     def _sequence_length(self, sequence_length, period=None) -> int:

@@ -1405,6 +1405,60 @@ def test_a_trajectory_checkpoint_without_the_lost_final_obs_fields_restores(tmp_
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("k", [None, 3])
+def test_a_trajectory_checkpoint_without_the_lost_final_obs_fields_restores_uniform_and_full_ring(tmp_path, k):
+    """The uniform `TrajectoryBuffer` saved before `final_owner` and `lost_prefix`, with the final-obs ring as long as
+    the lanes (nothing can be lost: an empty owner table) or shorter: restored with and without a target, it has the
+    tracked boundary, moves it as the tracked state does, and samples the same."""
+    from jaxbuffers._checkpoint_upgrades import trajectory_in
+
+    rng = np.random.default_rng(8)
+    buf = jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, final_obs_capacity=k)
+    add = lambda b, r: b.add(_rand(r, STEP, (E, 3)), terminated=jnp.asarray(r.random((E, 3)) < 0.1),  # noqa: E731
+                             truncated=jnp.asarray(r.random((E, 3)) < 0.6), final_obs=_rand(r, STEP["obs"], (E, 3)))
+    for _ in range(4):
+        buf = add(buf, rng)
+    jb.save(tmp_path / "c", trajectory_in(buf, lambda t: t.replace(final_owner=None, lost_prefix=None)))
+    target = jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, final_obs_capacity=k)
+    for back in (jb.restore(tmp_path / "c"), jb.restore(tmp_path / "c", target)):
+        assert back.final_owner.shape == buf.final_owner.shape == (E, 0 if k is None else k)
+        np.testing.assert_array_equal(back.lost_prefix, buf.lost_prefix)
+        for i in range(3):
+            back, buf2 = add(back, np.random.default_rng(i)), add(buf if i == 0 else buf2, np.random.default_rng(i))
+            np.testing.assert_array_equal(back.lost_prefix, buf2.lost_prefix)
+        key = jax.random.key(2)
+        for a, b in zip(jax.tree.leaves(back.sample_transitions(key, 16, n_step=1, gamma=0.9)),
+                        jax.tree.leaves(buf2.sample_transitions(key, 16, n_step=1, gamma=0.9)), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_an_older_prioritised_trajectory_checkpoint_restores_with_its_lost_windows_at_priority_0(tmp_path, stacked):
+    """Before `lost_prefix`, the adds gave every whole window a priority, those before a lane's newest lost final
+    observation too: such a checkpoint restores with those leaves 0 (never drawn, not revived by `set_priorities`) and
+    the tree's total the drawable mass."""
+    from jaxbuffers._checkpoint_upgrades import trajectory_in
+
+    rng = np.random.default_rng(6)
+    buf = jb.PrioritisedTrajectoryBuffer.create(STEP, num_envs=E, length=L, window_length=2, final_obs_capacity=1)
+    for _ in range(4):
+        buf = buf.add(_rand(rng, STEP, (E, 2)), terminated=jnp.zeros((E, 2), bool), truncated=jnp.asarray(rng.random((E, 2)) < 0.5),
+                      final_obs=_rand(rng, STEP["obs"], (E, 2)))
+    every = jnp.arange(E * L, dtype=jnp.int32)
+    whole = np.asarray(buf.buffer.replace(lost_prefix=jnp.zeros_like(buf.buffer.lost_prefix)).valid_starts(every, 2))
+    assert (whole & ~np.asarray(buf.valid_starts(every))).any()  # windows an earlier version gave a priority, now lost
+    fresh = float(buf.priorities(every).max())
+    older = buf.replace(tree=buf.tree.set(buf._leaf(every), jnp.where(whole, fresh, 0).astype(jnp.float32)))
+    older = trajectory_in(older, lambda t: t.replace(final_owner=None, lost_prefix=None))
+    if stacked:
+        buf, older = (jax.tree.map(lambda x: jnp.stack([x] * 2), b) for b in (buf, older))
+    jb.save(tmp_path / "c", older)
+    no_owner = lambda b: trajectory_in(b, lambda t: t.replace(final_owner=None))  # noqa: E731 (rebuilt: only stored owners)
+    for back in (jb.restore(tmp_path / "c"), jb.restore(tmp_path / "c", buf)):
+        for a, b in zip(jax.tree.leaves(no_owner(back)), jax.tree.leaves(no_owner(buf)), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
 def _traj(b):
     while not isinstance(b, jb.TrajectoryBuffer):
         b = b.buffer

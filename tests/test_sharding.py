@@ -287,6 +287,12 @@ def _global_sample_after_lost_final_obs(mesh, prioritised):
     np.testing.assert_array_equal(np.asarray(tr.sample.next_obs), np.asarray(whole.transitions_at(flat, n_step=2, gamma=0.9).next_obs))
     if prioritised:  # (S - 1) shards of 2 lanes, 4 windows of 3 steps each, all of the initial priority
         np.testing.assert_allclose(np.asarray(tr.sample.probabilities), 1 / ((S - 1) * lanes * 4), rtol=1e-5)
+    else:  # sequences aligned to a period: shard 0 still holds none, the others theirs (steps 4 and 6 of 3..8)
+        sq = jax.jit(lambda b, k: b.sample(k, 256, method="sample_sequences", sequence_length=3, period=2))(sharded, jax.random.key(4))
+        assert not np.any(np.asarray(sq.shard) == 0) and len(np.unique(np.asarray(sq.shard))) == S - 1
+        flat = (sq.shard * lanes + sq.sample.indices // length) * length + sq.sample.indices % length
+        assert np.asarray(whole.valid_starts(flat, 3, period=2)).all()
+        np.testing.assert_array_equal(np.asarray(sq.sample.item["action"]), np.asarray(whole.sequences_at(flat, 3).item["action"]))
 
 
 @eight

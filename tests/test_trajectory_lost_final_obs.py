@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import jaxbuffers as jb
 
@@ -274,6 +276,9 @@ def test_compressed_buffers_follow_the_same_rule():
                 buf = buf.truncate_last_from_host(cut, fin)
                 model.truncate_last(cut, fin)
             _check_state(buf, model)
+            if extra:  # the tree holds exactly the drawable windows, also after `truncate_last_from_host`
+                every = jnp.arange(e * length, dtype=jnp.int32)
+                assert {model.locate(i) for i in np.flatnonzero(np.asarray(buf.priorities(every)) > 0)} == model.starts(3)
         window = 3 if extra else 2
         want = model.starts(window)
         assert want and bool(buf.can_sample_transitions(1, n_step=1))
@@ -315,3 +320,139 @@ def test_compressed_chunks_with_more_truncations_than_the_ring(how):
             assert set(drawn) == want
             np.testing.assert_array_equal(out.next_obs, np.stack([model.next_obs(a, b, 1) for a, b in drawn]))
     buf.close()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_adds_keep_the_boundary_of_the_reference_model(data):
+    """Model-based: random lanes, ring sizes, chunks of 1..length steps (wrapping the data ring and the final ring),
+    `truncate_last`, terminations; after each operation the tracked boundary equals the model's and the rebuilt one,
+    the uniform windows (period 1 and 2, crossing episodes or not) are the model's, the prioritised tree's positive
+    leaves are exactly the model's windows, drawn transitions read true final observations, and a state rebuilt from
+    the flags (an older checkpoint's) moves its boundary as the tracked one does."""
+    e = data.draw(st.integers(1, 3), label="num_envs")
+    n = data.draw(st.integers(2, 7), label="length")
+    k = data.draw(st.integers(1, n - 1), label="K")
+    w = data.draw(st.integers(1, n), label="window_length")
+    period = data.draw(st.sampled_from([1, 2]), label="period")
+    p_trunc = data.draw(st.sampled_from([0.3, 0.7, 1.0]), label="p_trunc")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    rng = np.random.default_rng(seed)
+    ops = [(data.draw(st.integers(1, n)), data.draw(st.booleans())) for _ in range(data.draw(st.integers(3, 7)))]
+    buf = jb.TrajectoryBuffer.create(EXAMPLE, num_envs=e, length=n, final_obs_capacity=k)
+    pri = jb.PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=e, length=n, window_length=w, period=period, final_obs_capacity=k)
+    model, every = Model(e, n, k), jnp.arange(e * n, dtype=jnp.int32)
+    for t, cut in ops:
+        base = model.total + np.arange(t)[None, :] + 1000 * np.arange(e)[:, None]
+        obs = np.stack([base, base + 0.5], axis=-1).astype(np.float32)
+        term = rng.random((e, t)) < 0.15
+        trunc = rng.random((e, t)) < p_trunc
+        final = (-obs - 7).astype(np.float32)
+        step = {"obs": obs, "action": base.astype(np.int32), "reward": np.zeros((e, t), np.float32)}
+        restored = buf._with_lost_rebuilt()  # an older checkpoint's state, given the fields, then added to
+        buf, restored = (b.add(step, terminated=term, truncated=trunc, final_obs=final) for b in (buf, restored))
+        pri = pri.add(step, terminated=term, truncated=trunc, final_obs=final)
+        model.add(obs, term, trunc, final)
+        if cut:
+            which, fin = rng.random(e) < 0.7, (-obs[:, -1] - 11).astype(np.float32)
+            buf, pri, restored = buf.truncate_last(which, fin), pri.truncate_last(which, fin), restored.truncate_last(which, fin)
+            model.truncate_last(which, fin)
+        np.testing.assert_array_equal(restored.lost_prefix, buf.lost_prefix)
+        _check_state(buf, model)
+        _check_state(pri, model)
+        rebuilt = buf._with_lost_rebuilt()
+        for window, per, cross in ((1, 1, True), (2, 1, True), (min(3, n), 2, True), (2, 1, False)):
+            want = model.starts(window, per, cross)
+            got = {model.locate(i) for i in np.flatnonzero(np.asarray(buf.valid_starts(every, window, period=per, cross_episodes=cross)))}
+            assert got == want
+            assert bool(buf.can_sample(1, window, period=per, cross_episodes=cross)) == bool(want)
+            if cross:
+                assert int(buf.num_valid_windows(window, period=per)) == int(rebuilt.num_valid_windows(window, period=per)) == len(want)
+        want = model.starts(w, period)
+        assert {model.locate(i) for i in np.flatnonzero(np.asarray(pri.priorities(every)) > 0)} == want
+        np.testing.assert_allclose(float(pri.tree.total()), len(want), rtol=1e-5)
+        assert bool(pri.can_sample(1)) == bool(want)
+        want = model.starts(2)
+        if want:
+            s = jax.device_get(buf.sample_transitions(jax.random.key(model.total), 128, n_step=1, gamma=GAMMA))
+            drawn = [model.locate(i) for i in s.indices]
+            assert set(drawn) <= want
+            np.testing.assert_array_equal(s.next_obs, np.stack([model.next_obs(a, b, 1) for a, b in drawn]))
+
+
+def test_set_priorities_never_revives_a_window_that_entered_the_lost_prefix():
+    """Windows sampled (generations kept), then lost by a later truncation, then given a priority: still 0, and the
+    tree's total is the drawable mass; the windows still drawable do take the new priority."""
+    e, n, k, w = 2, 8, 1, 2
+    buf = jb.PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=e, length=n, window_length=w, final_obs_capacity=k)
+    model = Model(e, n, k)
+    buf = _fill(buf, model, np.random.default_rng(0), [5], p_trunc=0.0)
+    s = jax.device_get(buf.sample_sequences(jax.random.key(0), 64, 2))
+    obs = np.full((e, 2, OBS_DIM), 50, np.float32)
+    trunc = np.ones((e, 2), bool)  # two truncations, K = 1: the first is lost, every window up to it too
+    step = {"obs": obs, "action": np.zeros((e, 2), np.int32), "reward": np.zeros((e, 2), np.float32)}
+    buf = buf.add(step, terminated=np.zeros((e, 2), bool), truncated=trunc, final_obs=-obs)
+    model.add(obs, np.zeros((e, 2), bool), trunc, -obs)
+    _check_state(buf, model)
+    every = jnp.arange(e * n, dtype=jnp.int32)
+    before = {model.locate(i) for i in np.flatnonzero(np.asarray(buf.priorities(every)) > 0)}
+    assert before == model.starts(w) and len(before) < len({model.locate(i) for i in s.indices})
+    buf = buf.set_priorities(s.indices, np.full(64, 5.0, np.float32), s.generations)
+    p = np.asarray(buf.priorities(every))
+    assert {model.locate(i) for i in np.flatnonzero(p > 0)} == model.starts(w)
+    np.testing.assert_allclose(float(buf.tree.total()), float(p.sum()), rtol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [jb.TrajectoryBuffer, jb.PrioritisedTrajectoryBuffer])
+def test_adds_under_scan_vmap_and_donation_keep_the_eager_boundary(cls):
+    """The same chunks added eagerly, inside `lax.scan` under `jit` with donation, and to a stack of two members under
+    `vmap`: the same `lost_prefix`, `final_owner` and tree."""
+    e, n, k, t = 2, 6, 2, 3
+    extra = {"window_length": 2} if cls is jb.PrioritisedTrajectoryBuffer else {}
+    empty = cls.create(EXAMPLE, num_envs=e, length=n, final_obs_capacity=k, **extra)
+    rng = np.random.default_rng(4)
+    chunks = 7
+    obs = rng.standard_normal((chunks, e, t, OBS_DIM)).astype(np.float32)
+    term = rng.random((chunks, e, t)) < 0.1
+    trunc = rng.random((chunks, e, t)) < 0.6
+    xs = ({"obs": obs, "action": np.zeros((chunks, e, t), np.int32), "reward": np.zeros((chunks, e, t), np.float32)}, term, trunc, -obs)
+    eager = empty
+    for i in range(chunks):
+        s, a, b, f = jax.tree.map(lambda x: x[i], xs)
+        eager = eager.add(s, terminated=a, truncated=b, final_obs=f)
+    scan = jax.jit(lambda buf, xs: jax.lax.scan(lambda b, x: (b.add(x[0], terminated=x[1], truncated=x[2], final_obs=x[3]), None), buf, xs)[0],
+                   donate_argnums=0)
+    stacked = jax.tree.map(lambda x: jnp.stack([x, x]), empty)
+    scanned = scan(empty, xs)
+    vadd = jax.vmap(lambda b, s, a, c, f: b.add(s, terminated=a, truncated=c, final_obs=f))
+    for i in range(chunks):
+        stacked = vadd(stacked, *jax.tree.map(lambda x: jnp.stack([x[i]] * 2), xs))
+    inner = lambda b: getattr(b, "buffer", b)  # noqa: E731
+    assert np.asarray(inner(eager).lost_prefix).any()
+    for other in (scanned, jax.tree.map(lambda x: x[1], stacked)):
+        np.testing.assert_array_equal(inner(other).lost_prefix, inner(eager).lost_prefix)
+        np.testing.assert_array_equal(inner(other).final_owner, inner(eager).final_owner)
+        if extra:
+            every = jnp.arange(e * n, dtype=jnp.int32)
+            np.testing.assert_array_equal(other.priorities(every), eager.priorities(every))
+
+
+@pytest.mark.parametrize("k", [2, 6])
+def test_a_checkpoint_of_the_tracked_state_restores_it(tmp_path, k):
+    """Save and restore (with and without a target) of a buffer with lost final observations ($K$ < `length`) and of
+    one with `final_obs_capacity = length` (an empty owner table `[num_envs, 0]`): the same state, the same samples."""
+    e, n = 2, 6
+    buf = jb.PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=e, length=n, window_length=2, final_obs_capacity=k)
+    model = Model(e, n, k)
+    buf = _fill(buf, model, np.random.default_rng(2), [4, 5, 3], p_trunc=0.6)
+    assert buf.buffer.final_owner.shape == (e, k if k < n else 0)
+    assert bool(buf.final_obs_lost()) == (k < n)
+    jb.save(tmp_path / "c", buf)
+    target = jb.PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=e, length=n, window_length=2, final_obs_capacity=k)
+    for back in (jb.restore(tmp_path / "c"), jb.restore(tmp_path / "c", target)):
+        for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(buf), strict=True):
+            np.testing.assert_array_equal(a, b)
+        key = jax.random.key(1)
+        for a, b in zip(jax.tree.leaves(back.sample_transitions(key, 8, n_step=1, gamma=GAMMA)),
+                        jax.tree.leaves(buf.sample_transitions(key, 8, n_step=1, gamma=GAMMA)), strict=True):
+            np.testing.assert_array_equal(a, b)
