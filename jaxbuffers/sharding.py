@@ -506,8 +506,7 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
             self.shards.host.check_state("add" if add else "sample", version if concrete else None)
 
     def _own(self, arrays: dict) -> dict:
-        """Pops from `arrays` the keyword arguments that hold one row per shard: an episode filter `where` given as
-        a bool mask, `[S, max_episodes]` (row `s` filters the slots of shard `s`)."""
+        """Pops from `arrays` the arguments of one row per shard: an episode filter `where`, bool `[S, max_episodes]`."""
         if not isinstance(_device(self.shards), EpisodeBuffer) or "where" not in arrays:
             return {}
         return {"where": _validate.array("where", arrays.pop("where"), (self.num_shards, self.shards.max_episodes), bool)}
@@ -682,7 +681,8 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
         Args:
           shard: int `[B]`, the shard of each entry. indices: int `[B]`, slots inside the shard.
           fields: `{name: values}` as the wrapped buffer's `update` takes them, leading axis `B`.
-          steps, generations: optional int `[B]`, as the wrapped buffer's `update` (stale generations skipped).
+          steps: optional int `[B]`, as the wrapped buffer's `update`.
+          generations: optional int `[B]`, the sample's `generations`: stale entries skipped, as the wrapped `update`.
 
         Raises:
           TypeError: a wrapped buffer without `update` (only episode buffers have one), `shard` or `indices` not
