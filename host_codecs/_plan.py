@@ -7,14 +7,15 @@ A read decodes `k` distinct entries (in slot order), each a keyframe or a delta 
 the row of the next entry of its chain that it asks for (each delta XORed into it in place, no row of its own). Shards
 (one per thread) take whole chains, cut where the entries split evenly in chain order. A shard decodes runs of one
 codec, every base before its deltas: when all its deltas have one codec, its keyframes codec by codec in chain
-order, then its deltas in chain order; else depth by depth, codec by codec.
+order, then its deltas in chain order; else depth by depth, codec by codec. `placement` turns the schedule into the
+per-entry columns the codecs take and the rows copied from a repeated slot's decoded row (`copy_rows`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["chain_walk", "chains", "decode_order", "first_of", "unique"]
+__all__ = ["chain_walk", "chains", "copy_rows", "decode_order", "first_of", "placement", "unique"]
 
 _COMPILED: dict = {}  # function -> its compiled version (numba imported on first use), or itself without numba
 
@@ -174,3 +175,71 @@ def decode_order(order, root, depth, rank, tag, cuts, num_tags):
         do[start[key[i]]] = i
         start[key[i]] += 1
     return do, shard
+
+
+@_compiled
+def placement(do, shard, tag, target, base_i, pos, present, inverse, bounds, shards, chunk, offset, length, meta):
+    """What a read's shards do, from its schedule: every per-entry column in decode order (a run is one slice of each)
+    and the rows that copy a repeated slot's decoded row. Request position `p` is row `p - bounds[j]` of output `j`,
+    `bounds[j] <= p < bounds[j + 1]`.
+
+    Args:
+      do, shard: of `decode_order`; tag: # shape=(k,), dtype=int64, each entry's codec tag; target, base_i: of
+        `chains`; pos: # shape=(k,), dtype=int64, each entry's first request position.
+      present: # shape=(p,), dtype=int64: the request positions holding an entry; inverse: # shape=(p,), the entry of
+        each (`first_of`).
+      bounds: # shape=(m + 1,), dtype=int64: the outputs' first positions, then the request's size; shards: how many.
+      chunk, offset, length, meta: # shape=(k,): each entry's index fields.
+
+    Returns:
+      `(runs, cols, into, bases, copies, copy_cuts)`: `runs` (int64 `[r + 1]`): where the runs of one shard and codec
+      start in decode order, then `k`; `cols`: `(chunk, offset, length)` int64 and `meta` (its dtype) `[k]` in decode
+      order; `into`: `(outputs, rows)` int64 `[k]`, where each entry (in decode order) is decoded; `bases`:
+      `(outputs, rows)` int64 `[k]` of each one's base (-1: a keyframe); `copies` (int64 `[4, c]`): source output,
+      source row, output and row of each repeated position, shard by shard; `copy_cuts` (int64 `[shards + 1]`): shard
+      `s` copies `copies[:, copy_cuts[s]:copy_cuts[s + 1]]`.
+    """
+    k, m = do.size, bounds.size - 1
+    out_t, row_t = np.empty(k, np.int64), np.empty(k, np.int64)  # where each entry is decoded (by entry)
+    for i in range(k):
+        p = pos[target[i]]
+        j = min(max(np.searchsorted(bounds, p, side="right") - 1, 0), m - 1)
+        out_t[i], row_t[i] = j, p - bounds[j]
+    into_out, into_row, base_out, base_row = np.empty(k, np.int64), np.empty(k, np.int64), np.empty(k, np.int64), np.empty(k, np.int64)
+    c_chunk, c_offset, c_length, c_meta = np.empty(k, np.int64), np.empty(k, np.int64), np.empty(k, np.int64), np.empty(k, meta.dtype)
+    runs, r = np.empty(k + 1, np.int64), 0
+    for q in range(k):
+        i = do[q]
+        if q == 0 or tag[i] != tag[do[q - 1]] or shard[i] != shard[do[q - 1]]:
+            runs[r], r = q, r + 1
+        into_out[q], into_row[q] = out_t[i], row_t[i]
+        b = base_i[i]
+        base_out[q], base_row[q] = (out_t[b], row_t[b]) if b >= 0 else (-1, -1)
+        c_chunk[q], c_offset[q], c_length[q], c_meta[q] = chunk[i], offset[i], length[i], meta[i]
+    runs[r] = k
+    # the repeated positions, by the shard that decodes their slot (a stable counting sort)
+    copy_cuts = np.zeros(shards + 1, np.int64)
+    for i in range(present.size):
+        u = inverse[i]
+        if pos[u] != present[i]:
+            copy_cuts[shard[u] + 1] += 1
+    copy_cuts = np.cumsum(copy_cuts)
+    at, copies = copy_cuts[:-1].copy(), np.empty((4, copy_cuts[-1]), np.int64)
+    for i in range(present.size):
+        u = inverse[i]
+        if pos[u] != present[i]:
+            q, at[shard[u]] = at[shard[u]], at[shard[u]] + 1
+            j = min(max(np.searchsorted(bounds, present[i], side="right") - 1, 0), m - 1)
+            copies[0, q], copies[1, q] = out_t[u], row_t[u]
+            copies[2, q], copies[3, q] = j, present[i] - bounds[j]
+    return runs[: r + 1], (c_chunk, c_offset, c_length, c_meta), (into_out, into_row), (base_out, base_row), copies, copy_cuts
+
+
+@_compiled
+def copy_rows(memmove, addresses, copies, nbytes, lo, hi):
+    """Row `copies[3, i]` of output `copies[2, i]` = row `copies[1, i]` of output `copies[0, i]`, for `i` in
+    `[lo, hi)`: one `memmove` (`ctypes.memmove`) of `nbytes` bytes per row (# dtype=int64 `addresses`: each output's
+    first byte; the rows are distinct)."""
+    for i in range(lo, hi):
+        dst, src = addresses[copies[2, i]] + copies[3, i] * nbytes, addresses[copies[0, i]] + copies[1, i] * nbytes
+        memmove(int(dst), int(src), nbytes)  # (Python ints: what ctypes takes without numba)

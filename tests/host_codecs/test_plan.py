@@ -4,6 +4,8 @@ index; the compiled loops and the same loops run as Python (what a store without
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -132,3 +134,61 @@ def test_unique_and_first_of_are_numpys_unique(kernel, x):
     for got, want in zip(kernel(_plan.first_of)(x), np.unique(x, return_index=True, return_inverse=True)):
         np.testing.assert_array_equal(got, want)
         assert got.dtype == np.int64
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), chains=st.integers(1, 20), longest=st.integers(1, 6), shards=st.integers(1, 3),
+       outputs=st.integers(1, 3))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_placement_and_copies_match_numpy(kernel, seed, chains, longest, shards, outputs):
+    """`placement`: the columns in decode order, each entry's row and its base's row, the runs of one shard and codec,
+    and the repeated positions' copies shard by shard, as numpy finds them; `copy_rows` copies exactly those rows."""
+    rng = np.random.default_rng(seed)
+    uniq, bs = _forest(rng, chains, longest, 2)
+    k = uniq.size
+    asked = rng.choice(uniq, rng.integers(1, 3 * k + 1))  # repeats; the slots not asked for come after the request
+    rest = np.setdiff1d(uniq, asked)
+    flat = np.concatenate([asked, rest])
+    present = np.flatnonzero(rng.random(flat.size) < 2)  # every position
+    u, first, inverse = _plan.first_of(flat[present])
+    pos = present[first]
+    base_i, order, root, depth, rank, target, bad = _plan.chains(u, bs, pos < asked.size)
+    tag = rng.choice([1, 3], k).astype(np.int64)
+    cuts = np.linspace(0, k, shards + 1)[1:-1]
+    do, shard = _plan.decode_order(order, root, depth, rank, tag, cuts, 5)
+    bounds = np.unique(np.concatenate([[0], rng.integers(0, asked.size + 1, outputs - 1), [flat.size]])).astype(np.int64)
+    chunk, offset = rng.integers(0, 4, k).astype(np.int32), rng.integers(0, 1000, k).astype(np.uint32)
+    length, meta = rng.integers(0, 99, k).astype(np.uint32), rng.integers(0, 3, k).astype(np.uint8)
+    runs, cols, into, bases, copies, copy_cuts = kernel(_plan.placement)(
+        do, shard, tag, target, base_i, pos, present, inverse, bounds, shards, chunk, offset, length, meta)
+
+    def out_of(p):
+        j = np.searchsorted(bounds, p, side="right") - 1
+        return j, p - bounds[j]
+
+    for got, want in zip(cols, (chunk[do], offset[do], length[do], meta[do])):
+        np.testing.assert_array_equal(got, want)
+    assert cols[3].dtype == np.uint8 and cols[0].dtype == np.int64
+    out_t, row_t = out_of(pos[target])
+    np.testing.assert_array_equal(into, (out_t[do], row_t[do]))
+    b = base_i[do]
+    np.testing.assert_array_equal(bases, (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1)))
+    key = tag[do] * shards + shard[do]
+    np.testing.assert_array_equal(runs, np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1, [k]]))
+    rep = np.flatnonzero(pos[inverse] != present)
+    by = np.argsort(shard[inverse[rep]], kind="stable")
+    np.testing.assert_array_equal(copies, np.array([*out_of(pos[inverse[rep[by]]]), *out_of(present[rep[by]])]).reshape(4, -1))
+    np.testing.assert_array_equal(copy_cuts, np.searchsorted(shard[inverse[rep]][by], np.arange(shards + 1)))
+
+    nbytes = 3
+    views = [np.zeros((int(hi - lo), nbytes), np.uint8) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    for j, v in enumerate(views):
+        v[:] = rng.integers(0, 256, v.shape)
+    want = [v.copy() for v in views]
+    for sj, sr, dj, dr in copies.T.tolist():
+        want[dj][dr] = want[sj][sr]
+    addresses = np.array([v.__array_interface__["data"][0] for v in views], np.int64)
+    for s in range(shards):
+        kernel(_plan.copy_rows)(ctypes.memmove, addresses, copies, nbytes, copy_cuts[s], copy_cuts[s + 1])
+    for got, w in zip(views, want):
+        np.testing.assert_array_equal(got, w)
