@@ -40,13 +40,20 @@ def _compiled(f):
     return call
 
 
-@_compiled
-def first_of(x):
-    """`np.unique(x, return_index=True, return_inverse=True)` of a 1-D array `x` of ints (# dtype=int64): its distinct
-    values ascending, the first position of each and the index of each element's value among them (int64), from one
-    stable argsort."""
+def _stable_order(x: np.ndarray) -> np.ndarray:
+    """`np.argsort(x, kind="stable")` of a 1-D int64 `x`: one `np.sort` of each value and its position packed in an
+    int64 when they fit (a value below `2**(62 - b)` in magnitude, `b` the bits of `x.size`), else the stable argsort."""
     n = x.size
-    order = np.argsort(x, kind="mergesort")  # stable: equal values keep their positions' order
+    b = n.bit_length()
+    if n and -(1 << (62 - b)) <= x.min() and x.max() < 1 << (62 - b):
+        return np.sort(x << b | np.arange(n)) & ((1 << b) - 1)
+    return np.argsort(x, kind="stable")
+
+
+@_compiled
+def _first_of(x, order):
+    """`first_of` of `x` taking its stable argsort `order`."""
+    n = x.size
     uniq, first, inverse = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     m = -1
     for i in range(n):
@@ -58,19 +65,37 @@ def first_of(x):
     return uniq[: m + 1], first[: m + 1], inverse
 
 
+def first_of(x):
+    """`np.unique(x, return_index=True, return_inverse=True)` of a 1-D array `x` of ints (# dtype=int64): its distinct
+    values ascending, the first position of each and the index of each element's value among them (int64), from one
+    stable sort (`_stable_order`) and one compiled loop (`.py_func`: the loop run by Python)."""
+    return _first_of(x, _stable_order(x))
+
+
+first_of.py_func = lambda x: _first_of.py_func(x, _stable_order(x))
+
+
 def unique(x: np.ndarray) -> np.ndarray:
     """`np.unique(x)` of a 1-D array, by one sort (not numpy's hashing)."""
     s = np.sort(x)
     return s[np.concatenate(([True], s[1:] != s[:-1]))] if s.size else s
 
 
-@_compiled
 def chain_walk(slots, base):
     """The slots the chains of the deltas among `slots` (# shape=(n,), dtype=int64, any order, repeats allowed) reach
     and `slots` lacks, ascending and each once, walked down a store's `base` column (# shape=(rows,), dtype=int32;
     slots from `rows` on are empty). Every slot not asked for is met once (chains are linear); a walk longer than
-    `rows` slots (a cycle: a corrupt index) stops."""
-    req = np.unique(slots)
+    `rows` slots (a cycle: a corrupt index) stops. The sorts by numpy, the walk compiled (`.py_func`: run by Python)."""
+    return unique(_walk(unique(slots), base))
+
+
+chain_walk.py_func = lambda slots, base: unique(_walk.py_func(unique(slots), base))
+
+
+@_compiled
+def _walk(req, base):
+    """The walk of `chain_walk` from the distinct slots `req` (ascending): the slots met (a corrupt index may give one
+    twice)."""
     n, rows = req.size, base.size
     out, m = np.empty(max(16, n), np.int64), 0
     for i in range(n):
@@ -86,7 +111,7 @@ def chain_walk(slots, base):
             if m == out.size:
                 out = np.concatenate((out, np.empty(m, np.int64)))
             out[m], m, b = b, m + 1, base[b] if b < rows else -1
-    return np.unique(out[:m])  # a corrupt index may reach a slot twice
+    return out[:m]
 
 
 @_compiled
