@@ -8,14 +8,15 @@ the row of the next entry of its chain that it asks for (each delta XORed into i
 (one per thread) take whole chains, cut where the entries split evenly in chain order. A shard decodes runs of one
 codec, every base before its deltas: when all its deltas have one codec, its keyframes codec by codec in chain
 order, then its deltas in chain order; else depth by depth, codec by codec. `placement` turns the schedule into the
-per-entry columns the codecs take and the rows copied from a repeated slot's decoded row (`copy_rows`).
+per-entry columns the codecs take and the rows copied from a repeated slot's decoded row (`copy_rows`);
+`entry_checks` checks the entries a read decodes before they are decoded.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["chain_walk", "chains", "copy_rows", "decode_order", "first_of", "placement", "unique"]
+__all__ = ["chain_walk", "chains", "copy_rows", "decode_order", "entry_checks", "first_of", "placement", "unique"]
 
 _COMPILED: dict = {}  # function -> its compiled version (numba imported on first use), or itself without numba
 
@@ -268,3 +269,31 @@ def copy_rows(memmove, addresses, copies, nbytes, lo, hi):
     for i in range(lo, hi):
         dst, src = addresses[copies[2, i]] + copies[3, i] * nbytes, addresses[copies[0, i]] + copies[1, i] * nbytes
         memmove(int(dst), int(src), nbytes)  # (Python ints: what ctypes takes without numba)
+
+
+@_compiled
+def entry_checks(sums, check, tag, meta, layout, base, base_check, keys, sizes, chunk, offset, length):
+    """The checks of the `k` entries a read decodes, before they are decoded (`host_codecs.store`, Checksums).
+
+    Args:
+      sums: # shape=(k,), dtype=uint32: each payload's checksum (`host_codecs._checksum.payload_sums`).
+      check, tag, meta, layout, chunk, offset, length: # shape=(k,): each entry's index fields.
+      base, base_check: # shape=(k,): each entry's base slot (-1 for a keyframe) and that base's check.
+      keys, sizes: # dtype=int64: the chunks' ids (ascending) and sizes (`host_codecs._base.chunk_addresses`).
+
+    Returns:
+      `(bad_sum, outside)`, bool `[k]`: the entries whose check is not `sums ^ (tag | meta << 8 | layout << 16)`, XOR
+      (a delta) `host_codecs.deltas.base_sums(base, base_check)`; the payloads not inside their chunk.
+    """
+    k, mask = sums.size, np.int64(0xFFFFFFFF)
+    bad_sum, outside = np.zeros(k, np.bool_), np.zeros(k, np.bool_)
+    for i in range(k):
+        expect = np.int64(sums[i]) ^ np.int64(tag[i]) ^ np.int64(meta[i]) << 8 ^ np.int64(layout[i]) << 16
+        b = np.int64(base[i])
+        if b >= 0:  # (b + 1) * 0x9E3779B1 modulo 2**32, in 64 bits without overflow
+            mixed = (np.uint64((b + 1) & mask) * np.uint64(0x9E3779B1)) & np.uint64(0xFFFFFFFF)
+            expect ^= np.int64(mixed) ^ np.int64(base_check[i])
+        bad_sum[i] = (expect & mask) != np.int64(check[i])
+        at = min(np.searchsorted(keys, chunk[i]), keys.size - 1)
+        outside[i] = at < 0 or keys[at] != chunk[i] or np.int64(offset[i]) + np.int64(length[i]) > sizes[at]
+    return bad_sum, outside

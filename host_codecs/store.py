@@ -76,7 +76,7 @@ from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil
 from . import _checksum, _plan
 from ._pool import num_threads, parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
-from .deltas import DeltaChains, base_sums
+from .deltas import DeltaChains
 from .slot_index import IndexRows
 from .snapshot import Snapshots
 from .registry import CODECS, codec_for_tag, get_codec
@@ -484,7 +484,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
         chunk, offset, length, meta, check = chunk[pos], offset[pos], length[pos], meta[pos], check[pos]
-        self._verify(table, uniq, chunk, offset, length, tag[pos], meta, layout[pos], check, (bs, np.where(base_i >= 0, check[base_i], 0)))
+        self._verify(table, uniq, chunk, offset, length, tag[pos], meta, layout[pos], check, (bs, check[base_i]))  # (read for deltas only)
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
             raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
@@ -551,22 +551,18 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             + f" are corrupt ({why}): their bytes changed after they were written"
         )
 
-    def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check, bases=None) -> None:
+    def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check, bases) -> None:
         """Raise CorruptEntryError naming the slots whose entries fail their checksum (module doc); `bases`: (base
-        slots, the bases' checks) of deltas."""
+        slots, -1 for a keyframe, and the bases' checks) of the entries (`host_codecs._plan.entry_checks`)."""
         if not slots.size:  # nothing read: the chunks (possibly files an arena reads on demand) are not looked at
             return
-        expect = _payload_sums(table, chunk, offset, length, slots, self.checksum) ^ _fields(tag, meta, layout)
-        if bases is not None:
-            expect ^= base_sums(*bases)
-        bad = expect != check
+        keys, _, sizes = chunk_addresses(table)  # the decoders read without bounds checks (`ChunkTable.checked`)
+        sums = _payload_sums(table, chunk, offset, length, slots, self.checksum)
+        bad, outside = _plan.entry_checks(sums, check, tag, meta, layout, *bases, keys, sizes, chunk, offset, length)
         if bad.any():
             self._corrupt(slots[bad], "checksum mismatch")
-        keys, _, sizes = chunk_addresses(table)  # the decoders read without bounds checks (`ChunkTable.checked`)
-        at = np.minimum(np.searchsorted(keys, chunk), max(keys.size - 1, 0))
-        bad = (keys[at] != chunk) | (offset.astype(np.int64) + length > sizes[at])
-        if bad.any():
-            self._corrupt(slots[bad], "a payload outside its chunk")
+        if outside.any():
+            self._corrupt(slots[outside], "a payload outside its chunk")
 
     @staticmethod
     def _output(outs, j: int, shape: tuple[int, ...], dtype: np.dtype, m: int) -> np.ndarray:

@@ -193,3 +193,34 @@ def test_placement_and_copies_match_numpy(kernel, seed, chains, longest, shards,
         kernel(_plan.copy_rows)(ctypes.memmove, addresses, copies, nbytes, copy_cuts[s], copy_cuts[s + 1])
     for got, w in zip(views, want):
         np.testing.assert_array_equal(got, w)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_entry_checks_are_the_stored_checks(kernel):
+    """`entry_checks` flags exactly the entries whose check differs from `sums ^ fields ^ base_sums`, and the payloads
+    outside their chunk (or in a chunk not there)."""
+    from host_codecs.deltas import base_sums
+    from host_codecs.store import _fields
+
+    rng = np.random.default_rng(0)
+    k = 500
+    sums = rng.integers(0, 2**32, k, dtype=np.uint64).astype(np.uint32)
+    tag, meta = rng.integers(0, 5, k).astype(np.uint8), rng.integers(0, 3, k).astype(np.uint8)
+    layout = rng.integers(0, 2**16, k).astype(np.uint16)
+    base = np.where(rng.random(k) < 0.5, rng.integers(0, 2**31 - 1, k), -1).astype(np.int64)
+    base[:3] = [2**31 - 2, 0, -1]
+    base_check = rng.integers(0, 2**32, k, dtype=np.uint64).astype(np.uint32)
+    check = sums ^ _fields(tag, meta, layout) ^ base_sums(base, base_check)
+    wrong = rng.random(k) < 0.1
+    check[wrong] ^= np.uint32(1) << rng.integers(0, 32, int(wrong.sum())).astype(np.uint32)
+    keys, sizes = np.array([2, 5, 9], np.int64), np.array([100, 50, 10], np.int64)
+    chunk = rng.choice([1, 2, 5, 9, 12], k).astype(np.int32)
+    offset, length = rng.integers(0, 60, k).astype(np.uint32), rng.integers(0, 60, k).astype(np.uint32)
+    size_of = dict(zip(keys.tolist(), sizes.tolist()))
+    want_outside = np.array([c not in size_of or o + n > size_of[c] for c, o, n in zip(chunk.tolist(), offset.tolist(), length.tolist())])
+    bad, outside = kernel(_plan.entry_checks)(sums, check, tag, meta, layout, base, base_check, keys, sizes, chunk, offset, length)
+    np.testing.assert_array_equal(bad, wrong)
+    np.testing.assert_array_equal(outside, want_outside)
+    assert want_outside.any() and not want_outside.all()
+    none = kernel(_plan.entry_checks)(sums, check, tag, meta, layout, base, base_check, keys[:0], sizes[:0], chunk, offset, length)[1]
+    assert none.all()
