@@ -515,7 +515,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`); one
         # shard when a codec of the read decodes holding the interpreter lock (`Codec.threaded_decode`).
         k, t = pos.size, tag[pos].astype(np.int64)
-        threads = num_threads() if all(codec_for_tag(c).threaded_decode for c in _plan.unique(t).tolist()) else 1
+        threads = num_threads() if all(codec_for_tag(c).threaded_decode for c in np.flatnonzero(np.bincount(t)).tolist()) else 1
         shards = max(1, min(threads, k, k * nbytes // _READ_SHARD_BYTES))
         cuts = np.arange(1, shards) * (k / shards)  # np.linspace(0, k, shards + 1)[1:-1]
         if bad.any():
