@@ -64,6 +64,7 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import threading
@@ -75,7 +76,7 @@ from ._base import ALIGN, Codec, CorruptEntryError, EncodedBatch, as_array, ceil
 from . import _checksum, _plan
 from ._pool import num_threads, parallel_for
 from .arena import MAX_CHUNK_BYTES, Arena
-from .deltas import DeltaChains, base_sums
+from .deltas import DeltaChains
 from .slot_index import IndexRows
 from .snapshot import Snapshots
 from .registry import CODECS, codec_for_tag, get_codec
@@ -117,13 +118,6 @@ def _out_of(pos: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Output index and row of flat request positions `pos` (output `j` holds `bounds[j]:bounds[j+1]`)."""
     j = np.searchsorted(bounds, pos, side="right") - 1
     return j, pos - bounds[j]
-
-
-def _copy_rows(views: list[np.ndarray], src: tuple, dst: tuple, nbytes: int) -> None:
-    """Row `dst[1][i]` of `views[dst[0][i]]` = row `src[1][i]` of `views[src[0][i]]`: one copy per row, no temporary."""
-    flat = [memoryview(v).cast("B") if v.size else None for v in views]
-    for sj, sr, dj, dr in zip(*(x.tolist() for x in (*src, *dst))):
-        flat[dj][dr * nbytes : (dr + 1) * nbytes] = flat[sj][sr * nbytes : (sr + 1) * nbytes]
 
 
 class CompressedStore(IndexRows, DeltaChains, Snapshots):
@@ -484,14 +478,13 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         # Each distinct slot is decoded at its first position (`pos`, in slot order); the others are copies of it.
         uniq, first, inverse = _plan.first_of(flat[present])
         pos, bs = present[first], base[present[first]]
-        base_i = None  # index into `uniq` of each decoded delta's base (decoded too), -1 for a keyframe
-        if chains.size or (bs >= 0).any():  # the chains, walked once (`host_codecs._plan`)
-            base_i, order, root, depth, rank, target, bad = _plan.chains(uniq, bs.astype(np.int64), pos < n)
+        # the chains, walked once (`host_codecs._plan`; keyframes only: each its own chain); `base_i`: index into
+        # `uniq` of each decoded delta's base (decoded too), -1 for a keyframe
+        base_i, order, root, depth, rank, target, bad = _plan.chains(uniq, bs.astype(np.int64), pos < n)
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
         chunk, offset, length, meta, check = chunk[pos], offset[pos], length[pos], meta[pos], check[pos]
-        self._verify(table, uniq, chunk, offset, length, tag[pos], meta, layout[pos], check,
-                     None if base_i is None else (bs, np.where(base_i >= 0, check[base_i], 0)))
+        self._verify(table, uniq, chunk, offset, length, tag[pos], meta, layout[pos], check, (bs, check[base_i]))  # (read for deltas only)
         if empty.size and missing == "raise":
             ids = np.unique(flat[empty])
             raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
@@ -522,42 +515,30 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`); one
         # shard when a codec of the read decodes holding the interpreter lock (`Codec.threaded_decode`).
         k, t = pos.size, tag[pos].astype(np.int64)
-        threads = num_threads() if all(codec_for_tag(c).threaded_decode for c in _plan.unique(t).tolist()) else 1
+        threads = num_threads() if all(codec_for_tag(c).threaded_decode for c in np.flatnonzero(np.bincount(t)).tolist()) else 1
         shards = max(1, min(threads, k, k * nbytes // _READ_SHARD_BYTES))
         cuts = np.arange(1, shards) * (k / shards)  # np.linspace(0, k, shards + 1)[1:-1]
-        if base_i is None:  # keyframes only: each its own chain
-            target, shard = np.arange(k), np.searchsorted(cuts, np.arange(k), side="right")
-            do = np.lexsort((t, shard))
-        else:
-            if bad.any():
-                self._corrupt(uniq[bad], "its chain of deltas never reaches a keyframe")
-            do, shard = _plan.decode_order(order, root, depth, rank, t, cuts, _NUM_TAGS)
-        t, shard_o = t[do], shard[do]
-        cuts = np.concatenate([[0], np.flatnonzero(np.diff(t * shards + shard_o)) + 1, [k]]).tolist()
+        if bad.any():
+            self._corrupt(uniq[bad], "its chain of deltas never reaches a keyframe")
+        do, shard = _plan.decode_order(order, root, depth, rank, t, cuts, _NUM_TAGS)
+        # every per-entry column in decode order (a run is one slice of each), the row each entry is decoded into, its
+        # base's row, and the repeated slots' rows, copied by the shard that decodes their first row
+        run_at, cols, into, bases, copies, copy_cuts = _plan.placement(
+            do, shard, t, target, base_i, pos, present, inverse, bounds, shards, chunk, offset, length, meta)
         runs = [[] for _ in range(shards)]
-        for lo, hi in zip(cuts[:-1], cuts[1:]):
-            runs[int(shard_o[lo])].append((lo, hi, codec_for_tag(int(t[lo]))))
-        # every per-entry column in decode order: a run is one slice of each
-        cols = (chunk[do].astype(np.int64), offset[do].astype(np.int64), length[do].astype(np.int64), meta[do])
-        out_t, row_t = _out_of(pos[target], bounds)  # the row each entry is decoded into
-        into = (out_t[do], row_t[do])
-        if base_i is not None:  # where each delta's base row is (-1: a keyframe)
-            b = base_i[do]
-            bases = (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1))
-        # the repeated slots' rows, copied by the shard that decodes their first row
-        rep = np.flatnonzero(pos[inverse] != present)
-        rep_shard = shard[inverse[rep]]
-        by = np.argsort(rep_shard, kind="stable")
-        rep_src, rep_dst = _out_of(pos[inverse[rep[by]]], bounds), _out_of(present[rep[by]], bounds)
-        rep_cuts = np.searchsorted(rep_shard[by], np.arange(shards + 1)).tolist()
+        first = do[run_at[:-1]]
+        for lo, hi, s, c in zip(run_at[:-1].tolist(), run_at[1:].tolist(), shard[first].tolist(), t[first].tolist()):
+            runs[s].append((lo, hi, codec_for_tag(c)))
+        deltas = bool(chains.size) or bool((bs >= 0).any())
+        addresses = np.array([v.__array_interface__["data"][0] for v in views], np.int64)
+        copy_cuts = copy_cuts.tolist()
 
         def work(s0: int, s1: int) -> None:
             for s in range(s0, s1):
                 for lo, hi, codec in runs[s]:
                     codec.decode_many(table, *(c[lo:hi] for c in cols), views, *(c[lo:hi] for c in into), dtype,
-                                      bases=None if base_i is None else tuple(c[lo:hi] for c in bases))
-                r = slice(rep_cuts[s], rep_cuts[s + 1])
-                _copy_rows(views, tuple(c[r] for c in rep_src), tuple(c[r] for c in rep_dst), nbytes)
+                                      bases=tuple(c[lo:hi] for c in bases) if deltas else None)
+                _plan.copy_rows(ctypes.memmove, addresses, copies, nbytes, copy_cuts[s], copy_cuts[s + 1])
 
         parallel_for(shards, work)
         return results
@@ -570,22 +551,18 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             + f" are corrupt ({why}): their bytes changed after they were written"
         )
 
-    def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check, bases=None) -> None:
+    def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check, bases) -> None:
         """Raise CorruptEntryError naming the slots whose entries fail their checksum (module doc); `bases`: (base
-        slots, the bases' checks) of deltas."""
+        slots, -1 for a keyframe, and the bases' checks) of the entries (`host_codecs._plan.entry_checks`)."""
         if not slots.size:  # nothing read: the chunks (possibly files an arena reads on demand) are not looked at
             return
-        expect = _payload_sums(table, chunk, offset, length, slots, self.checksum) ^ _fields(tag, meta, layout)
-        if bases is not None:
-            expect ^= base_sums(*bases)
-        bad = expect != check
+        keys, _, sizes = chunk_addresses(table)  # the decoders read without bounds checks (`ChunkTable.checked`)
+        sums = _payload_sums(table, chunk, offset, length, slots, self.checksum)
+        bad, outside = _plan.entry_checks(sums, check, tag, meta, layout, *bases, keys, sizes, chunk, offset, length)
         if bad.any():
             self._corrupt(slots[bad], "checksum mismatch")
-        keys, _, sizes = chunk_addresses(table)  # the decoders read without bounds checks (`ChunkTable.checked`)
-        at = np.minimum(np.searchsorted(keys, chunk), max(keys.size - 1, 0))
-        bad = (keys[at] != chunk) | (offset.astype(np.int64) + length > sizes[at])
-        if bad.any():
-            self._corrupt(slots[bad], "a payload outside its chunk")
+        if outside.any():
+            self._corrupt(slots[outside], "a payload outside its chunk")
 
     @staticmethod
     def _output(outs, j: int, shape: tuple[int, ...], dtype: np.dtype, m: int) -> np.ndarray:

@@ -4,6 +4,8 @@ index; the compiled loops and the same loops run as Python (what a store without
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -126,9 +128,99 @@ def test_chain_walk_finds_the_slots_a_request_lacks(kernel, seed, chains, longes
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("x", [np.zeros(0, np.int64), np.array([5], np.int64), np.array([3, 1, 3, 2, 1, 9, 3], np.int64),
-                               np.random.default_rng(0).integers(0, 40, 300)])
+                               np.random.default_rng(0).integers(0, 40, 300),
+                               np.array([2**62, -(2**62), 5, 2**62, -1, 5], np.int64)])  # too wide to pack with positions
 def test_unique_and_first_of_are_numpys_unique(kernel, x):
     np.testing.assert_array_equal(kernel(_plan.unique)(x), np.unique(x))
     for got, want in zip(kernel(_plan.first_of)(x), np.unique(x, return_index=True, return_inverse=True)):
         np.testing.assert_array_equal(got, want)
         assert got.dtype == np.int64
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), chains=st.integers(1, 20), longest=st.integers(1, 6), shards=st.integers(1, 3),
+       outputs=st.integers(1, 3))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_placement_and_copies_match_numpy(kernel, seed, chains, longest, shards, outputs):
+    """`placement`: the columns in decode order, each entry's row and its base's row, the runs of one shard and codec,
+    and the repeated positions' copies shard by shard, as numpy finds them; `copy_rows` copies exactly those rows."""
+    rng = np.random.default_rng(seed)
+    uniq, bs = _forest(rng, chains, longest, 2)
+    k = uniq.size
+    asked = rng.choice(uniq, rng.integers(1, 3 * k + 1))  # repeats; the slots not asked for come after the request
+    rest = np.setdiff1d(uniq, asked)
+    flat = np.concatenate([asked, rest])
+    present = np.flatnonzero(rng.random(flat.size) < 2)  # every position
+    u, first, inverse = _plan.first_of(flat[present])
+    pos = present[first]
+    base_i, order, root, depth, rank, target, bad = _plan.chains(u, bs, pos < asked.size)
+    tag = rng.choice([1, 3], k).astype(np.int64)
+    cuts = np.linspace(0, k, shards + 1)[1:-1]
+    do, shard = _plan.decode_order(order, root, depth, rank, tag, cuts, 5)
+    bounds = np.unique(np.concatenate([[0], rng.integers(0, asked.size + 1, outputs - 1), [flat.size]])).astype(np.int64)
+    chunk, offset = rng.integers(0, 4, k).astype(np.int32), rng.integers(0, 1000, k).astype(np.uint32)
+    length, meta = rng.integers(0, 99, k).astype(np.uint32), rng.integers(0, 3, k).astype(np.uint8)
+    runs, cols, into, bases, copies, copy_cuts = kernel(_plan.placement)(
+        do, shard, tag, target, base_i, pos, present, inverse, bounds, shards, chunk, offset, length, meta)
+
+    def out_of(p):
+        j = np.searchsorted(bounds, p, side="right") - 1
+        return j, p - bounds[j]
+
+    for got, want in zip(cols, (chunk[do], offset[do], length[do], meta[do])):
+        np.testing.assert_array_equal(got, want)
+    assert cols[3].dtype == np.uint8 and cols[0].dtype == np.int64
+    out_t, row_t = out_of(pos[target])
+    np.testing.assert_array_equal(into, (out_t[do], row_t[do]))
+    b = base_i[do]
+    np.testing.assert_array_equal(bases, (np.where(b >= 0, out_t[b], -1), np.where(b >= 0, row_t[b], -1)))
+    key = tag[do] * shards + shard[do]
+    np.testing.assert_array_equal(runs, np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1, [k]]))
+    rep = np.flatnonzero(pos[inverse] != present)
+    by = np.argsort(shard[inverse[rep]], kind="stable")
+    np.testing.assert_array_equal(copies, np.array([*out_of(pos[inverse[rep[by]]]), *out_of(present[rep[by]])]).reshape(4, -1))
+    np.testing.assert_array_equal(copy_cuts, np.searchsorted(shard[inverse[rep]][by], np.arange(shards + 1)))
+
+    nbytes = 3
+    views = [np.zeros((int(hi - lo), nbytes), np.uint8) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    for j, v in enumerate(views):
+        v[:] = rng.integers(0, 256, v.shape)
+    want = [v.copy() for v in views]
+    for sj, sr, dj, dr in copies.T.tolist():
+        want[dj][dr] = want[sj][sr]
+    addresses = np.array([v.__array_interface__["data"][0] for v in views], np.int64)
+    for s in range(shards):
+        kernel(_plan.copy_rows)(ctypes.memmove, addresses, copies, nbytes, copy_cuts[s], copy_cuts[s + 1])
+    for got, w in zip(views, want):
+        np.testing.assert_array_equal(got, w)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_entry_checks_are_the_stored_checks(kernel):
+    """`entry_checks` flags exactly the entries whose check differs from `sums ^ fields ^ base_sums`, and the payloads
+    outside their chunk (or in a chunk not there)."""
+    from host_codecs.deltas import base_sums
+    from host_codecs.store import _fields
+
+    rng = np.random.default_rng(0)
+    k = 500
+    sums = rng.integers(0, 2**32, k, dtype=np.uint64).astype(np.uint32)
+    tag, meta = rng.integers(0, 5, k).astype(np.uint8), rng.integers(0, 3, k).astype(np.uint8)
+    layout = rng.integers(0, 2**16, k).astype(np.uint16)
+    base = np.where(rng.random(k) < 0.5, rng.integers(0, 2**31 - 1, k), -1).astype(np.int64)
+    base[:3] = [2**31 - 2, 0, -1]
+    base_check = rng.integers(0, 2**32, k, dtype=np.uint64).astype(np.uint32)
+    check = sums ^ _fields(tag, meta, layout) ^ base_sums(base, base_check)
+    wrong = rng.random(k) < 0.1
+    check[wrong] ^= np.uint32(1) << rng.integers(0, 32, int(wrong.sum())).astype(np.uint32)
+    keys, sizes = np.array([2, 5, 9], np.int64), np.array([100, 50, 10], np.int64)
+    chunk = rng.choice([1, 2, 5, 9, 12], k).astype(np.int32)
+    offset, length = rng.integers(0, 60, k).astype(np.uint32), rng.integers(0, 60, k).astype(np.uint32)
+    size_of = dict(zip(keys.tolist(), sizes.tolist()))
+    want_outside = np.array([c not in size_of or o + n > size_of[c] for c, o, n in zip(chunk.tolist(), offset.tolist(), length.tolist())])
+    bad, outside = kernel(_plan.entry_checks)(sums, check, tag, meta, layout, base, base_check, keys, sizes, chunk, offset, length)
+    np.testing.assert_array_equal(bad, wrong)
+    np.testing.assert_array_equal(outside, want_outside)
+    assert want_outside.any() and not want_outside.all()
+    none = kernel(_plan.entry_checks)(sums, check, tag, meta, layout, base, base_check, keys[:0], sizes[:0], chunk, offset, length)[1]
+    assert none.all()
