@@ -494,3 +494,15 @@ def test_rollout_host_copies_refuse_writes_they_would_drop():
         with pytest.raises(ValueError, match="read-only"):
             getattr(ours, name)[0] = 1
     assert ours.actions.ravel().tolist() == [1, 1]
+
+
+def test_replay_to_jax_refuses_a_compressed_adapter_naming_it():
+    """A `JaxReplayBuffer` with ``compress`` (and so jaxbuffers' `CompressedReplayBuffer`) holds its observations in
+    a host store `replay_to_jax` does not read: a TypeError naming the class and the option, not an AttributeError."""
+    from jaxbuffers.interop.sb3 import CompressedReplayBuffer, JaxReplayBuffer, replay_to_jax
+
+    for buf in (CompressedReplayBuffer(12, PIX, ACT, "cpu", compression_method="gzip1"),
+                JaxReplayBuffer(12, PIX, ACT, "cpu", compress=True)):
+        _fill_replay([buf], PIX, 1, 3)
+        with pytest.raises(TypeError, match=rf"buffer: a {type(buf).__name__} with compress=\.\.\. "):
+            replay_to_jax(buf)

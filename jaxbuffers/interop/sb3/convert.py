@@ -69,15 +69,20 @@ def _put(dst: Any, src: Any, lead: int, what: str, space: spaces.Space | None = 
 
 def replay_to_jax(buffer: ReplayBuffer) -> _replay.ReplayBuffer:
     """The transitions of a (filled) SB3 ``ReplayBuffer`` / ``DictReplayBuffer``, sb3-extra-buffers' compressed one
-    or a `JaxReplayBuffer` without ``compress`` (``AttributeError``) as a `jaxbuffers.ReplayBuffer` (layout:
-    `docs/api/sb3.md`, "Conversions").
+    or a `JaxReplayBuffer` without ``compress`` as a `jaxbuffers.ReplayBuffer` (layout: `docs/api/sb3.md`,
+    "Conversions").
 
     Raises:
       ValueError: a ``timeouts`` flag set where ``dones`` is not (SB3's VecEnvs never produce it), or flags other
         than 0/1.
-      TypeError: `buffer` not an SB3 replay buffer, float64 observations, or 64-bit integers outside int32.
+      TypeError: `buffer` not an SB3 replay buffer, a `JaxReplayBuffer` with ``compress`` (jaxbuffers'
+        `CompressedReplayBuffer`: its observations live in a host store; SB3's ``save_replay_buffer`` keeps it),
+        float64 observations, or 64-bit integers outside int32.
     """
     _common.check_type("buffer", buffer, ReplayBuffer)
+    if getattr(buffer, "compress", None) is not None and hasattr(buffer, "jax_buffer"):
+        raise TypeError(f"buffer: a {type(buffer).__name__} with compress=... holds its observations in a host store, "
+                        "which replay_to_jax does not read; sample it, or save it with save_replay_buffer")
     rows, n = buffer.buffer_size, buffer.n_envs
     total = rows * n
     stored = lambda name: _stored(_decoded(buffer, getattr(buffer, name), name), buffer.observation_space, name)  # noqa: E731
