@@ -218,9 +218,10 @@ def test_inspect_reads_float8_and_int4_fields(tmp_path, capsys):
         assert (fields[n]["dtype"], fields[n]["min"], fields[n]["max"]) == (n, 0 if n == "uint4" else -1, 3), fields[n]
 
 
-@pytest.mark.parametrize("name", ["[/bold]", "[red]x", "a[/b]"])
+@pytest.mark.parametrize("name", ["[/bold]", "[red]x", "a[/b]", ":smile:", "a:thumbs_up:b"])
 def test_inspect_shows_field_and_folder_names_as_written(tmp_path, capsys, name):
-    """A field or folder named like rich markup is printed as written: no markup error, nothing dropped."""
+    """A field or folder named like rich markup or an emoji code is printed as written: no markup error, nothing
+    dropped or replaced."""
     buf = jb.ReplayBuffer.create({"obs": jnp.zeros(2), name: jnp.int32(0)}, capacity=4)
     buf = buf.add({"obs": jnp.zeros((1, 2)), name: jnp.zeros(1, jnp.int32)})
     path = jb.save(tmp_path / name / "buf", buf, progress=False)
