@@ -834,6 +834,18 @@ def test_cursors_out_of_range_are_refused_naming_the_leaf(buffer, path, value, s
     assert int(np.max(back.step_index if hasattr(back, "step_index") else back.num_valid)) == 0
 
 
+def test_a_large_cursor_out_of_range_is_named_by_its_first_bad_entry(tmp_path):
+    """A cursor array of many entries (a trajectory's `final_owner`, `[num_envs, K]`) with one entry out of range: the
+    error names that entry's index and value and how many are out of range, not every value of the array."""
+    buffer = jb.TrajectoryBuffer.create(STEP, num_envs=E, length=64, final_obs_capacity=40)
+    root = jb.save(tmp_path / "ck", buffer)
+    _edit_leaf(root, ".final_owner", lambda v: np.where(np.arange(v.size) == 47, 64, v))
+    with pytest.raises(jb.CheckpointError) as e:
+        jb.restore(root)
+    assert str(e.value) == (f"{root}: array final_owner: expected a value in [0, 63], got 64 at [1, 7] "
+                            f"(1 of {E * 40} values out of range)")
+
+
 def test_crafted_pickle_is_never_executed(tmp_path, monkeypatch):
     """A buffer.json replaced by a pickle that would create a file when unpickled (manifest updated to match):
     restore refuses it as not JSON, and no pickle loader is ever called."""
