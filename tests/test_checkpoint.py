@@ -539,7 +539,13 @@ def test_a_damaged_manifest_entry_is_refused_naming_the_file_and_the_key(edit, s
     (lambda m: m["host"].__setitem__("arrays", [1]), "host: expected key 'arrays', a dict, got [1]"),
     (lambda m: m["host"]["arrays"]["0"].__setitem__("payload", 5), "host.arrays['0']['payload']: expected [shape, dtype], got 5"),
     (lambda m: m.__setitem__("host", 3), "host: expected null or a dict"),
-], ids=["leaves-renamed", "version-renamed", "stores-missing", "arrays-a-list", "array-an-int", "host-an-int"])
+    (lambda m: m["host"]["stores"].__setitem__(0, None), "host.stores[0]: expected a dict with a dict 'config', got None"),
+    (lambda m: m["host"]["stores"][0].__setitem__("config", []), "host.stores[0]: expected a dict with a dict 'config'"),
+    (lambda m: m["host"].__setitem__("arrays", {}), "host.arrays: expected a key '0' (one per store), got {}"),
+    (lambda m: m["host"]["arrays"]["0"]["chunk"][0].__setitem__(0, None), "host.arrays['0']['chunk']: expected [shape, dtype]"),
+    (lambda m: m["host"]["arrays"]["0"]["chunk"].__setitem__(1, []), "host.arrays['0']['chunk']: expected [shape, dtype]"),
+], ids=["leaves-renamed", "version-renamed", "stores-missing", "arrays-a-list", "array-an-int", "host-an-int", "store-none",
+        "store-config-a-list", "arrays-empty", "array-shape-none", "array-dtype-a-list"])
 def test_a_damaged_buffer_description_is_refused_naming_the_file_and_the_key(edit, says, tmp_path):
     """A buffer.json (manifest rewritten to match) missing a key that restore reads, or holding a value of another
     type, is refused as a CheckpointError naming buffer.json and the key."""
