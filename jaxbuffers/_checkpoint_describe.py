@@ -315,7 +315,9 @@ def _decode(obj: Any, what: str = "config.example", layout: bool = False) -> Any
     if kind == "none":
         return None
     if kind == "array":
-        return jax.ShapeDtypeStruct(tuple(int(s) for s in v[0]), _dtype(v[1], what))
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], list) and all(type(s) is int and s >= 0 for s in v[0])):
+            raise CheckpointError(f"{what}: expected an array entry [shape, dtype], got {v!r:.80}")
+        return jax.ShapeDtypeStruct(tuple(v[0]), _dtype(v[1], what))
     raise CheckpointError(f"{what}: unknown tree node kind {kind!r}")
 
 
