@@ -204,8 +204,9 @@ def _checked_description(path: Path, meta: dict) -> dict:
             if type(m.get(k)) is not kind:
                 fail(where, f"key {k!r}, {text}", m.get(k))
         for j, store in enumerate(m["stores"]):
-            if not (isinstance(store, dict) and isinstance(store.get("config"), dict)):
-                fail(f"{where}.stores[{j}]", "a dict with a dict 'config'", store)
+            if not (isinstance(store, dict) and isinstance(store.get("config"), dict)
+                    and type(store["config"].get("num_slots", 0)) is int):
+                fail(f"{where}.stores[{j}]", "a dict with a dict 'config' (its 'num_slots' an int)", store)
             if str(j) not in m["arrays"]:
                 fail(f"{where}.arrays", f"a key '{j}' (one per store)", m["arrays"])
         for store, arrays in m["arrays"].items():

@@ -539,7 +539,8 @@ def test_a_damaged_manifest_entry_is_refused_naming_the_file_and_the_key(edit, s
     (lambda m: m["host"].__setitem__("arrays", [1]), "host: expected key 'arrays', a dict, got [1]"),
     (lambda m: m["host"]["arrays"]["0"].__setitem__("payload", 5), "host.arrays['0']['payload']: expected [shape, dtype], got 5"),
     (lambda m: m.__setitem__("host", 3), "host: expected null or a dict"),
-    (lambda m: m["host"]["stores"].__setitem__(0, None), "host.stores[0]: expected a dict with a dict 'config', got None"),
+    (lambda m: m["host"]["stores"].__setitem__(0, None), "host.stores[0]: expected a dict with a dict 'config' (its 'num_slots' an int), got None"),
+    (lambda m: m["host"]["stores"][0]["config"].__setitem__("num_slots", []), "host.stores[0]: expected a dict with a dict 'config'"),
     (lambda m: m["host"]["stores"][0].__setitem__("config", []), "host.stores[0]: expected a dict with a dict 'config'"),
     (lambda m: m["host"].__setitem__("arrays", {}), "host.arrays: expected a key '0' (one per store), got {}"),
     (lambda m: m["host"]["arrays"]["0"]["chunk"][0].__setitem__(0, None), "host.arrays['0']['chunk']: expected [shape, dtype]"),
@@ -547,7 +548,7 @@ def test_a_damaged_manifest_entry_is_refused_naming_the_file_and_the_key(edit, s
     (lambda m: m["config"]["example"]["dict"][0][1].__setitem__("array", []), "expected an array entry [shape, dtype], got []"),
     (lambda m: m["config"]["example"]["dict"][0][1].__setitem__("array", [[-2], "uint8"]), "expected an array entry"),
 ], ids=["leaves-renamed", "version-renamed", "stores-missing", "arrays-a-list", "array-an-int", "host-an-int", "store-none",
-        "store-config-a-list", "arrays-empty", "array-shape-none", "array-dtype-a-list", "example-array-empty",
+        "store-num-slots-a-list", "store-config-a-list", "arrays-empty", "array-shape-none", "array-dtype-a-list", "example-array-empty",
         "example-array-negative"])
 def test_a_damaged_buffer_description_is_refused_naming_the_file_and_the_key(edit, says, tmp_path):
     """A buffer.json (manifest rewritten to match) missing a key that restore reads, or holding a value of another
