@@ -315,7 +315,9 @@ def _decode(obj: Any, what: str = "config.example", layout: bool = False) -> Any
     if kind == "none":
         return None
     if kind == "array":
-        return jax.ShapeDtypeStruct(tuple(int(s) for s in v[0]), _dtype(v[1], what))
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], list) and all(type(s) is int and s >= 0 for s in v[0])):
+            raise CheckpointError(f"{what}: expected an array entry [shape, dtype], got {v!r:.80}")
+        return jax.ShapeDtypeStruct(tuple(v[0]), _dtype(v[1], what))
     raise CheckpointError(f"{what}: unknown tree node kind {kind!r}")
 
 
@@ -551,10 +553,12 @@ def _checked_cursors(buffer: Any, root: Path, values: Callable[[Any], Any] = np.
 
 def _ranged(node: Any, prefix: str = ""):
     """`(leaf name, array, (lo, hi))` of every cursor field declared by `_cursor_ranges` in `node` and in the buffers
-    among its pytree fields, depth first (`buffer.final_head` in a prioritised trajectory buffer)."""
+    among its pytree fields, depth first (`buffer.final_head` in a prioritised trajectory buffer); a field an older
+    checkpoint lacks (None until `_upgraded_state` computes it) is skipped."""
     declared = getattr(node, "_cursor_ranges", None)
     for name, bounds in (declared() if declared is not None else {}).items():
-        yield prefix + name, getattr(node, name), bounds
+        if getattr(node, name) is not None:
+            yield prefix + name, getattr(node, name), bounds
     for f in dataclasses.fields(node) if dataclasses.is_dataclass(node) else ():
         child = getattr(node, f.name)
         if f.metadata.get("pytree_node", True) and dataclasses.is_dataclass(child):

@@ -178,8 +178,8 @@ def _read_json(path: Path, what: str) -> dict:
 def _checked_description(path: Path, meta: dict) -> dict:
     """`meta`, the buffer description `path` (buffer.json), once the fields read before the class's own checks have
     their documented types: `leaves` a list of dicts, `host` null or a compressed buffer's host metadata (a dict, or
-    `shards`: a list of them) with ints `version`, `num_writes`, `num_rows`, a list `stores` and a dict `arrays` of
-    store -> {array: [shape, dtype]}.
+    `shards`: a list of them) with ints `version`, `num_writes`, `num_rows`, a list `stores` of dicts with a dict
+    `config` and a dict `arrays` of store -> {array: [shape, dtype]} (a list of ints >= 0, a str) with every store.
 
     Raises:
       CheckpointError: naming `path` and the field, what was expected and what came.
@@ -203,9 +203,16 @@ def _checked_description(path: Path, meta: dict) -> dict:
                               ("stores", list, "a list"), ("arrays", dict, "a dict")):
             if type(m.get(k)) is not kind:
                 fail(where, f"key {k!r}, {text}", m.get(k))
+        for j, store in enumerate(m["stores"]):
+            if not (isinstance(store, dict) and isinstance(store.get("config"), dict)
+                    and type(store["config"].get("num_slots", 0)) is int):
+                fail(f"{where}.stores[{j}]", "a dict with a dict 'config' (its 'num_slots' an int)", store)
+            if str(j) not in m["arrays"]:
+                fail(f"{where}.arrays", f"a key '{j}' (one per store)", m["arrays"])
         for store, arrays in m["arrays"].items():
             for name, spec in arrays.items() if isinstance(arrays, dict) else [("", arrays)]:
-                if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], list)):
+                if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], list) and isinstance(spec[1], str)
+                        and all(type(n) is int and n >= 0 for n in spec[0])):
                     fail(f"{where}.arrays[{store!r}][{name!r}]", "[shape, dtype]", spec)
     return meta
 

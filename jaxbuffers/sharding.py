@@ -672,17 +672,16 @@ class ShardedBuffer(ShardedRecorded, struct.PyTreeNode):
 
     def update(self, shard: jax.Array, indices: jax.Array, fields: Any, *, steps: jax.Array | None = None,
                generations: jax.Array | None = None) -> "ShardedBuffer":
-        """`update` of the wrapped buffer (`EpisodeBuffer.update`: relabel step or meta fields of stored episodes)
-        after a global `sample`: entry `j` goes to shard `shard[j]`, slot `indices[j]` of that shard (and step
-        `steps[j]`), as `ShardedSample` gives them. Every argument is replicated; each shard writes its own entries
-        (the others get slot -1, which `update` ignores), with no communication. A shard-local edit of each shard's
-        own rows: `apply(lambda b, i, f: b.update(i, f), indices, fields)` with leaves `[S * B, ...]`.
+        """`update` of the wrapped buffer (`EpisodeBuffer.update`: relabel step or meta fields of stored episodes) after
+        a global `sample`: entry `j` goes to shard `shard[j]`, slot `indices[j]` there (step `steps[j]`), as
+        `ShardedSample` gives them. Arguments are replicated; each shard writes its own entries (the others get slot -1:
+        ignored), with no communication. A shard-local edit: `apply(lambda b, i, f: b.update(i, f), indices, fields)`.
 
         Args:
           shard: int `[B]`, the shard of each entry. indices: int `[B]`, slots inside the shard.
           fields: `{name: values}` as the wrapped buffer's `update` takes them, leading axis `B`.
           steps: optional int `[B]`, as the wrapped buffer's `update`.
-          generations: optional int `[B]`, the sample's `generations`: stale entries skipped, as the wrapped `update`.
+          generations: optional int `[B]`, as the wrapped buffer's `update` (stale generations skipped).
 
         Raises:
           TypeError: a wrapped buffer without `update` (only episode buffers have one), `shard` or `indices` not

@@ -539,7 +539,17 @@ def test_a_damaged_manifest_entry_is_refused_naming_the_file_and_the_key(edit, s
     (lambda m: m["host"].__setitem__("arrays", [1]), "host: expected key 'arrays', a dict, got [1]"),
     (lambda m: m["host"]["arrays"]["0"].__setitem__("payload", 5), "host.arrays['0']['payload']: expected [shape, dtype], got 5"),
     (lambda m: m.__setitem__("host", 3), "host: expected null or a dict"),
-], ids=["leaves-renamed", "version-renamed", "stores-missing", "arrays-a-list", "array-an-int", "host-an-int"])
+    (lambda m: m["host"]["stores"].__setitem__(0, None), "host.stores[0]: expected a dict with a dict 'config' (its 'num_slots' an int), got None"),
+    (lambda m: m["host"]["stores"][0]["config"].__setitem__("num_slots", []), "host.stores[0]: expected a dict with a dict 'config'"),
+    (lambda m: m["host"]["stores"][0].__setitem__("config", []), "host.stores[0]: expected a dict with a dict 'config'"),
+    (lambda m: m["host"].__setitem__("arrays", {}), "host.arrays: expected a key '0' (one per store), got {}"),
+    (lambda m: m["host"]["arrays"]["0"]["chunk"][0].__setitem__(0, None), "host.arrays['0']['chunk']: expected [shape, dtype]"),
+    (lambda m: m["host"]["arrays"]["0"]["chunk"].__setitem__(1, []), "host.arrays['0']['chunk']: expected [shape, dtype]"),
+    (lambda m: m["config"]["example"]["dict"][0][1].__setitem__("array", []), "expected an array entry [shape, dtype], got []"),
+    (lambda m: m["config"]["example"]["dict"][0][1].__setitem__("array", [[-2], "uint8"]), "expected an array entry"),
+], ids=["leaves-renamed", "version-renamed", "stores-missing", "arrays-a-list", "array-an-int", "host-an-int", "store-none",
+        "store-num-slots-a-list", "store-config-a-list", "arrays-empty", "array-shape-none", "array-dtype-a-list", "example-array-empty",
+        "example-array-negative"])
 def test_a_damaged_buffer_description_is_refused_naming_the_file_and_the_key(edit, says, tmp_path):
     """A buffer.json (manifest rewritten to match) missing a key that restore reads, or holding a value of another
     type, is refused as a CheckpointError naming buffer.json and the key."""
@@ -548,7 +558,8 @@ def test_a_damaged_buffer_description_is_refused_naming_the_file_and_the_key(edi
     edit(meta)
     (root / "buffer.json").write_text(json.dumps(meta))
     ckpt._write_manifest(root, ckpt._Progress(False, ""))
-    with pytest.raises(jb.CheckpointError, match=re.escape(f"{root / 'buffer.json'}: {says}")):
+    with pytest.raises(jb.CheckpointError, match=re.escape(says) if says.startswith("expected an array") else
+                       re.escape(f"{root / 'buffer.json'}: {says}")):
         jb.restore(root)
 
 
@@ -832,6 +843,18 @@ def test_cursors_out_of_range_are_refused_naming_the_leaf(buffer, path, value, s
     _edit_leaf(root, path, lambda v: np.zeros_like(v))  # in range: restored
     back = jb.restore(root)
     assert int(np.max(back.step_index if hasattr(back, "step_index") else back.num_valid)) == 0
+
+
+def test_a_large_cursor_out_of_range_is_named_by_its_first_bad_entry(tmp_path):
+    """A cursor array of many entries (a trajectory's `final_owner`, `[num_envs, K]`) with one entry out of range: the
+    error names that entry's index and value and how many are out of range, not every value of the array."""
+    buffer = jb.TrajectoryBuffer.create(STEP, num_envs=E, length=64, final_obs_capacity=40)
+    root = jb.save(tmp_path / "ck", buffer)
+    _edit_leaf(root, ".final_owner", lambda v: np.where(np.arange(v.size) == 47, 64, v))
+    with pytest.raises(jb.CheckpointError) as e:
+        jb.restore(root)
+    assert str(e.value) == (f"{root}: array final_owner: expected a value in [0, 63], got 64 at [1, 7] "
+                            f"(1 of {E * 40} values out of range)")
 
 
 def test_crafted_pickle_is_never_executed(tmp_path, monkeypatch):

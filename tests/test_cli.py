@@ -218,9 +218,10 @@ def test_inspect_reads_float8_and_int4_fields(tmp_path, capsys):
         assert (fields[n]["dtype"], fields[n]["min"], fields[n]["max"]) == (n, 0 if n == "uint4" else -1, 3), fields[n]
 
 
-@pytest.mark.parametrize("name", ["[/bold]", "[red]x", "a[/b]"])
+@pytest.mark.parametrize("name", ["[/bold]", "[red]x", "a[/b]", ":smile:", "a:thumbs_up:b"])
 def test_inspect_shows_field_and_folder_names_as_written(tmp_path, capsys, name):
-    """A field or folder named like rich markup is printed as written: no markup error, nothing dropped."""
+    """A field or folder named like rich markup or an emoji code is printed as written: no markup error, nothing
+    dropped or replaced."""
     buf = jb.ReplayBuffer.create({"obs": jnp.zeros(2), name: jnp.int32(0)}, capacity=4)
     buf = buf.add({"obs": jnp.zeros((1, 2)), name: jnp.zeros(1, jnp.int32)})
     path = jb.save(tmp_path / name / "buf", buf, progress=False)
@@ -785,6 +786,30 @@ def test_viewer_shows_field_names_as_text_and_runs_none_as_markup(tmp_path):
         srv.shutdown()
         srv.server_close()
     assert name in names and title == "jaxbuffers viewer" and images == 0
+
+
+def test_viewer_serves_complex_fields_as_text(tmp_path):
+    """JSON has no complex numbers: a complex field's values come as their text ("(1+2j)"), and an array over 16
+    values as its shape without a min or max (as `inspect` gives none), never a dropped connection."""
+    from jaxbuffers.cli._server import make_server
+
+    ex = {"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0), "z": jnp.zeros(2, jnp.complex64),
+          "big": jnp.zeros(20, jnp.complex64)}
+    buf = jb.TrajectoryBuffer.create(ex, num_envs=1, length=4).add(
+        {"obs": jnp.zeros((1, 2, 2)), "action": jnp.zeros((1, 2), jnp.int32), "reward": jnp.zeros((1, 2)),
+         "z": jnp.full((1, 2, 2), 1 + 2j, jnp.complex64), "big": jnp.ones((1, 2, 20), jnp.complex64)},
+        terminated=jnp.array([[False, True]]))
+    view = BufferView(jb.restore(jb.save(tmp_path / "ck", buf, progress=False), progress=False))
+    srv = make_server(view, None, port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        code, body = _get(f"http://127.0.0.1:{srv.server_address[1]}/api/episode?k=0")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert code == 200, body
+    step = json.loads(body)["steps"][1]
+    assert step["z"] == ["(1+2j)", "(1+2j)"] and step["big"] == {"shape": [20], "min": None, "max": None}
 
 
 def test_video_layout_and_stack_axis(saved, capsys, tmp_path):

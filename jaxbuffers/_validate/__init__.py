@@ -351,14 +351,18 @@ def index_vector(name: str, indices) -> jax.Array:
 
 
 def integer_value(name: str, value, shape: tuple, lo, hi, expected: str = "") -> jax.Array:
-    """An integer array of `shape` (a cursor, a counter) as int32, concrete values in `[lo, hi]` (`expected`)."""
+    """An integer array of `shape` (a cursor, a counter) as int32, concrete values in `[lo, hi]` (`expected`). The
+    error shows the values of an array of up to 16; of a larger one its first value out of range, where, and how many."""
     v = value if isinstance(value, jax.core.Tracer) else np.asarray(value)
     if not jnp.issubdtype(v.dtype, jnp.integer):
         raise TypeError(f"{name}: expected an integer value, got dtype {v.dtype}")
     if v.shape != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {v.shape}")
     if isinstance(v, np.ndarray) and (np.any(v < lo) or np.any(v > hi)):
-        raise ValueError(f"{name}: expected {expected or f'a value in [{lo}, {hi}]'}, got {v.tolist()}")
+        bad = np.flatnonzero((v < lo) | (v > hi))
+        got = v.tolist() if v.size <= 16 else (
+            f"{v.flat[bad[0]]} at {[int(i) for i in np.unravel_index(bad[0], v.shape)]} ({bad.size} of {v.size} values out of range)")
+        raise ValueError(f"{name}: expected {expected or f'a value in [{lo}, {hi}]'}, got {got}")
     return jnp.asarray(v.astype(np.int32))
 
 

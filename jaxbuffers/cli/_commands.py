@@ -335,12 +335,12 @@ def _num(x: Any) -> str:
 
 
 def print_summary(s: dict, console=None) -> None:
-    """`summary` as rich tables on the terminal (default console: rich markup off, so field names, folder names and
-    meta values from the checkpoint are printed as written, never read as markup)."""
+    """`summary` as rich tables on the terminal (default console: rich markup and emoji codes off, so field names,
+    folder names and meta values from the checkpoint are printed as written, never read as markup or emoji)."""
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(markup=False)
+    console = console or Console(markup=False, emoji=False)
     head = Table(title=f"{s['type']}  {s['path'] or ''}", show_header=False)
     head.add_row(s.get("steps_held_label") or "steps held", str(s["steps_held"]))
     head.add_row("size()", str(s["size"]))
@@ -414,7 +414,7 @@ def print_stacked_summary(s: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(markup=False)
+    console = console or Console(markup=False, emoji=False)
     sharded = s.get("sharded")
     what = "shard" if sharded else "member"
     kind = (f"ShardedBuffer of {sharded['num_shards']} shards (mesh axis {sharded['axis']!r})" if sharded else "stacked")

@@ -34,13 +34,16 @@ def _number(v):
 
 
 def _jsonable(x: np.ndarray):
-    """One step's value of a field for the page: the value (lists up to 16 numbers), else its shape, min and max."""
+    """One step's value of a field for the page: the value (lists up to 16 numbers), else its shape, min and max. A
+    complex value comes as its text, "(1+2j)" (JSON has no complex numbers), a larger one without min and max."""
     x = np.asarray(x)
+    cx = np.iscomplexobj(x)
     if x.size > 16:
-        return {"shape": list(x.shape), "min": _number(float(np.nanmin(x))), "max": _number(float(np.nanmax(x)))}
+        lo, hi = (None, None) if cx else (_number(float(np.nanmin(x))), _number(float(np.nanmax(x))))
+        return {"shape": list(x.shape), "min": lo, "max": hi}
     if is_floating(x.dtype):
         x = np.round(x.astype(np.float64), 6)
-    flat = [_number(v) for v in x.reshape(-1).tolist()]
+    flat = [str(v) if cx else _number(v) for v in x.reshape(-1).tolist()]
     return flat[0] if x.ndim == 0 else np.array(flat, dtype=object).reshape(x.shape).tolist()
 
 
