@@ -227,7 +227,7 @@ def test_inspect_shows_field_and_folder_names_as_written(tmp_path, capsys, name)
     path = jb.save(tmp_path / name / "buf", buf, progress=False)
     code, out, err = run(capsys, "inspect", path)
     assert code == 0, err
-    assert f"{name}/buf" in out.replace("\n", "") and any(line.split("│")[1].strip() == name for line in out.splitlines()
+    assert f"{name}/buf" in "".join(out.split()) and any(line.split("│")[1].strip() == name for line in out.splitlines()
                                                           if line.count("│") > 2), out
 
 
