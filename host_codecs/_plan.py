@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["chain_walk", "chains", "copy_rows", "decode_order", "entry_checks", "first_of", "placement"]
+__all__ = ["chain_walk", "chains", "copy_rows", "decode_order", "entry_checks", "first_of", "placement", "unique"]
 
 _COMPILED: dict = {}  # function -> its compiled version (numba imported on first use), or itself without numba
 
@@ -74,6 +74,12 @@ def first_of(x):
 
 
 first_of.py_func = lambda x: _first_of.py_func(x, _stable_order(x))
+
+
+def unique(x: np.ndarray) -> np.ndarray:
+    """`np.unique(x)` of a 1-D array, by one sort (not numpy's hashing)."""
+    s = np.sort(x)
+    return s[np.concatenate(([True], s[1:] != s[:-1]))] if s.size else s
 
 
 def chain_walk(slots, base):

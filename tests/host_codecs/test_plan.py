@@ -130,7 +130,8 @@ def test_chain_walk_finds_the_slots_a_request_lacks(kernel, seed, chains, longes
 @pytest.mark.parametrize("x", [np.zeros(0, np.int64), np.array([5], np.int64), np.array([3, 1, 3, 2, 1, 9, 3], np.int64),
                                np.random.default_rng(0).integers(0, 40, 300),
                                np.array([2**62, -(2**62), 5, 2**62, -1, 5], np.int64)])  # too wide to pack with positions
-def test_first_of_is_numpys_unique(kernel, x):
+def test_unique_and_first_of_are_numpys_unique(kernel, x):
+    np.testing.assert_array_equal(kernel(_plan.unique)(x), np.unique(x))
     for got, want in zip(kernel(_plan.first_of)(x), np.unique(x, return_index=True, return_inverse=True)):
         np.testing.assert_array_equal(got, want)
         assert got.dtype == np.int64
