@@ -598,7 +598,7 @@ def test_compressed_episode_buffer_served(saved):
         code, body = _get(url + "/frame.png?k=1&t=3")
         assert code == 200 and np.array_equal(np.asarray(Image.open(io.BytesIO(body))), tiled(stacks()[0][3, 1]))
         ep = json.loads(_get(url + "/api/episode?k=2")[1])
-        assert ep["steps"][0]["meta.task"] == 2 and ep["steps"][-1]["truncated"] is True
+        assert ep["steps"][0]["fields"]["meta.task"] == 2 and ep["steps"][-1]["fields"]["truncated"] is True
     finally:
         srv.shutdown()
         srv.server_close()
@@ -717,7 +717,7 @@ def test_serve_routes(server):
     assert code == 200 and s["image"] == "obs" and [e["length"] for e in s["episodes"]] == [TERM_AT + 1, T - TERM_AT - 1, TRUNC_AT + 1, T - TRUNC_AT - 1]
     code, body = _get(server + "/api/episode?k=0")
     ep = json.loads(body)
-    assert code == 200 and ep["length"] == TERM_AT + 1 and ep["steps"][TERM_AT]["terminated"] is True
+    assert code == 200 and ep["length"] == TERM_AT + 1 and ep["steps"][TERM_AT]["fields"]["terminated"] is True
     code, body = _get(server + "/frame.png?k=2&t=3")
     got = np.asarray(Image.open(io.BytesIO(body)))
     want = np.repeat(np.repeat(tiled(stacks()[0][3, 1]), 4, 0), 4, 1)
@@ -730,6 +730,25 @@ def test_serve_routes(server):
         code, body = _get(server + path)
         assert code == 400 and json.loads(body)["error"].startswith("k: expected an episode number in [0, 3], got "), body
     assert _get(server + "/elsewhere")[0] == 404
+
+
+def test_serve_step_field_named_t_keeps_its_values():
+    """A step field named `t` is served under `fields`, beside the step number, and neither hides the other."""
+    from jaxbuffers.cli._server import make_server
+
+    step = {"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0), "t": jnp.float32(0)}
+    buf = jb.TrajectoryBuffer.create(step, num_envs=1, length=4)
+    for i in range(3):
+        buf = buf.add({"obs": np.zeros((1, 2), np.float32), "action": np.zeros(1, np.int32), "reward": np.zeros(1, np.float32),
+                       "t": np.full(1, 10.0 + i, np.float32)}, terminated=np.array([i == 2]))
+    srv = make_server(BufferView(buf), None, port=0, scale=1)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        ep = json.loads(_get(f"http://127.0.0.1:{srv.server_address[1]}/api/episode?k=0")[1])
+        assert [(s["t"], s["fields"]["t"]) for s in ep["steps"]] == [(0, 10.0), (1, 11.0), (2, 12.0)]
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_viewer_in_headless_chromium(server, tmp_path):
@@ -808,7 +827,7 @@ def test_viewer_serves_complex_fields_as_text(tmp_path):
         srv.shutdown()
         srv.server_close()
     assert code == 200, body
-    step = json.loads(body)["steps"][1]
+    step = json.loads(body)["steps"][1]["fields"]
     assert step["z"] == ["(1+2j)", "(1+2j)"] and step["big"] == {"shape": [20], "min": None, "max": None}
 
 

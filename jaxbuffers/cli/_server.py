@@ -5,8 +5,8 @@ Standard library only (`http.server`), bound to the loopback interface. Routes:
 * `/`: the page (episode list, the frame, the step's fields, buttons, keys `<-` / `->`, deep links `#k=2&t=5`);
 * `/api/summary`: JSON `{"type", "image", "fields", "episodes": [{"k", "lane", "length", "terminated",
   "truncated", "partial"}, ...]}`;
-* `/api/episode?k=K`: JSON `{"k", "length", "steps": [{field: value, ...}, ...]}` (arrays over 16 values are
-  summarised as shape, min and max);
+* `/api/episode?k=K`: JSON `{"k", "length", "steps": [{"t", "fields": {field: value, ...}}, ...]}` (arrays over
+  16 values are summarised as shape, min and max);
 * `/frame.png?k=K&t=T`: step `T` of episode `K` as a PNG, pixels as stored (upscaled by `--scale`).
 
 A bad request gets a 400/404 with a JSON `{"error": ...}` naming the parameter.
@@ -65,7 +65,7 @@ class _App:
         ep = v.episode(k, "k")
         names = [n for n in v.fields if self.field is None or n != self.field.name]
         cols = {n: v.column(n, ep.positions) for n in names if n not in v.compressed_fields}
-        steps = [{"t": t, **{n: _jsonable(c[t]) for n, c in cols.items()}} for t in range(ep.length)]
+        steps = [{"t": t, "fields": {n: _jsonable(c[t]) for n, c in cols.items()}} for t in range(ep.length)]
         return {"k": k, "length": ep.length, "steps": steps}
 
     def frame(self, k: int, t: int) -> bytes:
@@ -162,7 +162,7 @@ function show() {
   $("pos").textContent = `step ${S.t} / ${ep.length - 1}`;
   if (S.summary.image) { const img = $("frame"); img.dataset.k = S.k; img.dataset.t = S.t; img.src = `/frame.png?k=${S.k}&t=${S.t}`; }
   const step = ep.steps[S.t];
-  $("fields").replaceChildren(...Object.entries(step).map(([k, v]) => {
+  $("fields").replaceChildren(...Object.entries(step.fields).map(([k, v]) => {
     const row = el("tr", ""); row.append(el("td", k, { className: "k" }), el("td", fmt(v))); return row; }));
   history.replaceState(null, "", `#k=${S.k}&t=${S.t}`);
 }
