@@ -469,6 +469,22 @@ def test_sheet_says_when_count_is_more_than_the_buffer_holds(saved, capsys, tmp_
     assert code == 0 and re.fullmatch(r"jaxbuffers sheet: --count 16 is more than the \d+ steps episode 0 holds: drew all \d+\n", err)
 
 
+def test_sheet_larger_than_the_pixel_bound_is_refused_before_drawing(saved, capsys, tmp_path):
+    """A sheet over `MAX_SHEET_PIXELS` (many frames at a large `--scale`) is refused, naming the options and the size,
+    and nothing is written; the same frames at scale 1 are drawn."""
+    from jaxbuffers.cli._images import MAX_SHEET_PIXELS
+
+    path = saved["CompressedTrajectoryBuffer"]
+    code, _, err = run(capsys, "sheet", path, "--out", tmp_path / "s.png", "--scale", 10**6)
+    most = int(re.search(r"in \[1, (\d+)\]", err).group(1))
+    code, _, err = run(capsys, "sheet", path, "--out", tmp_path / "s.png", "--count", 1000, "--scale", most)
+    size = re.search(r"\((\d+)x(\d+) pixels\)", err)
+    assert code != 0 and "--count/--columns/--scale: expected a sheet of at most" in err
+    assert int(size.group(1)) * int(size.group(2)) > MAX_SHEET_PIXELS and not (tmp_path / "s.png").exists()
+    code, _, err = run(capsys, "sheet", path, "--out", tmp_path / "s.png", "--count", 1000)
+    assert code == 0 and (tmp_path / "s.png").exists()
+
+
 def test_sheet_writes_the_format_its_extension_names(saved, capsys, tmp_path):
     magic = {"s.png": b"\x89PNG", "s.jpg": b"\xff\xd8\xff", "s.JPEG": b"\xff\xd8\xff", "s.gif": b"GIF8", "s.bmp": b"BM"}
     for name, head in magic.items():

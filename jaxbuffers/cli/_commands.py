@@ -13,7 +13,8 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxbuffers.cli._images import IMAGE_RULE, ImageField, check_scale, contact_sheet, find_image, overlay, scaled
+from jaxbuffers.cli._images import (IMAGE_RULE, MAX_SHEET_PIXELS, ImageField, check_scale, contact_sheet, find_image, overlay,
+                                    scaled, sheet_shape)
 from jaxbuffers.cli._view import SUPPORTED_NAMES, BufferView, ViewError, is_floating, is_numeric
 from jaxbuffers.compressed import ShardedHostStores
 
@@ -587,7 +588,8 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
     from episode `episode`; all of them, with a notice on stderr, when `count` is more than it holds), in storage
     order, each labelled with its episode and step, in the image format the suffix of `out` names (`.png`, `.jpg`,
     `.gif`, ...: any that Pillow writes; `CliError` for another). `CliError`, before anything is drawn or written,
-    when the folder `out` goes into does not exist or the buffer (episode) holds no steps."""
+    when the folder `out` goes into does not exist, the buffer (episode) holds no steps, or the sheet would hold more
+    than `MAX_SHEET_PIXELS` pixels."""
     from PIL import Image
 
     out = Path(out)
@@ -607,8 +609,14 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
         where = "the buffer holds" if episode is None else f"episode {episode} holds"
         print(f"jaxbuffers sheet: --count {count} is more than the {len(pool)} steps {where}: drew all {len(pool)}",
               file=sys.stderr)
+    n = min(count, len(pool))
+    cell = overlay(field.picture(np.zeros(field.shape, field.dtype)), ["ep 0 t 0"], scale).shape[:2]
+    height, width, used = sheet_shape(cell, n, columns)
+    if height * width > MAX_SHEET_PIXELS:
+        raise CliError(f"--count/--columns/--scale: expected a sheet of at most {MAX_SHEET_PIXELS} pixels, got {n} frames of "
+                       f"{cell[0]}x{cell[1]} in {used} columns ({height}x{width} pixels): draw fewer frames or pass a smaller --scale")
     rng = np.random.default_rng(seed)
-    picks = np.sort(rng.choice(pool, size=min(count, len(pool)), replace=False)) if len(pool) else pool
+    picks = np.sort(rng.choice(pool, size=n, replace=False))
     eps, ts = view.step_labels()
     raw = view.column(field.name, picks)
     pics = [field.picture(x) for x in raw]

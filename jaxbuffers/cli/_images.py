@@ -130,6 +130,8 @@ def _rgb(p: np.ndarray) -> np.ndarray:
 
 
 MAX_SIDE = 4096  # pixels a side of an upscaled picture (`check_scale`): a larger one is refused, not allocated
+MAX_SHEET_PIXELS = 1 << 26  # pixels of a whole contact sheet (`sheet_shape`): a larger one is refused, not allocated
+_GAP = 4  # pixels between the cells of a contact sheet
 
 
 def check_scale(field: "ImageField | None", scale: int) -> int:
@@ -164,6 +166,14 @@ def overlay(p: np.ndarray, lines: list[str], scale: int = 1) -> np.ndarray:
     return np.concatenate([img, np.asarray(band_img)], axis=0)
 
 
+def sheet_shape(cell: tuple[int, int], count: int, columns: int) -> tuple[int, int, int]:
+    """`(height, width, columns)` of a contact sheet of `count` cells of `cell = (height, width)` pixels in at most
+    `columns` columns, with `_GAP` pixels around each cell."""
+    columns = max(1, min(columns, count))
+    rows = -(-count // columns)
+    return rows * (cell[0] + _GAP) + _GAP, columns * (cell[1] + _GAP) + _GAP, columns
+
+
 def contact_sheet(pictures: list[np.ndarray], labels: list[str], columns: int, scale: int = 1) -> np.ndarray:
     """A grid of `pictures` (same shape), each with its label beneath, RGB uint8."""
     from jaxbuffers.cli._view import ViewError
@@ -172,11 +182,10 @@ def contact_sheet(pictures: list[np.ndarray], labels: list[str], columns: int, s
         raise ViewError("sheet: no frames to show (the buffer holds no steps)")
     cells = [overlay(p, [lab], scale) for p, lab in zip(pictures, labels)]
     h, w = cells[0].shape[:2]
-    columns = max(1, min(columns, len(cells)))
-    rows = -(-len(cells) // columns)
-    gap = 4
-    sheet = np.full((rows * (h + gap) + gap, columns * (w + gap) + gap, 3), 40, np.uint8)
+    height, width, columns = sheet_shape((h, w), len(cells), columns)
+    sheet = np.full((height, width, 3), 40, np.uint8)
     for i, c in enumerate(cells):
         r, q = divmod(i, columns)
-        sheet[gap + r * (h + gap) : gap + r * (h + gap) + h, gap + q * (w + gap) : gap + q * (w + gap) + w] = c
+        top, left = _GAP + r * (h + _GAP), _GAP + q * (w + _GAP)
+        sheet[top : top + h, left : left + w] = c
     return sheet
