@@ -75,10 +75,11 @@ def check_not_deleted(what: str, values: list) -> None:
 
 
 def _retrace_with_python_values(fn: Callable, args: tuple, kwargs: dict) -> None:
-    """Trace `fn` again with the Python scalars as given, so that its error names them, not their int32 tracers."""
+    """Trace `fn` again with the Python and numpy scalars as given, so that its error names them, not their tracers
+    (a numpy float given for a static size is named as given)."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    kept = [not isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves]
-    if not any(isinstance(x, (int, float, complex)) for x in leaves):
+    kept = [not isinstance(x, (jax.Array, np.ndarray)) for x in leaves]
+    if not any(isinstance(x, (int, float, complex, np.generic)) for x in leaves):
         return
 
     def traced(*arrays):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +51,9 @@ def test_what_a_program_cannot_take_gets_the_library_error():
         scaled("abc", 1)
     with pytest.raises(ValueError, match="batch_size"):
         PrioritisedReplayBuffer.create(ITEM, 8).sample(jax.random.key(0), [4])  # unhashable static
+    for bad in (np.float64(4.0), np.float32(2.5)):  # a numpy float for a static size is named as given, not as a tracer
+        with pytest.raises(ValueError, match=rf"batch_size: expected a Python int >= 1, got {re.escape(repr(bad))}"):
+            PrioritisedReplayBuffer.create(ITEM, 8).sample(jax.random.key(0), bad)
     buf = PrioritisedReplayBuffer.create(ITEM, 8).add({"obs": jnp.ones((3, 2))})
     with pytest.raises(TypeError, match=r"batch\['obs'\]: expected dtype float32, got float64"):
         buf.add({"obs": np.ones((1, 2))})  # narrowed at a jit boundary, the dtype check would pass
