@@ -105,11 +105,9 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
       chunk_bytes: largest arena chunk in bytes (at most 4 GiB - 8).
       min_chunk_bytes: first arena chunk size (`host_codecs.arena`).
       max_dead_fraction: compaction starts when freed-but-unreleased bytes exceed this fraction of the arena.
-      dictionary_bytes: 0 (default), or the most bytes of a zstd dictionary (zstd default codec only; at most
-        1 MiB). The `put` that brings the default codec's entries to `dictionary_samples` builds one from its batch
-        and the stored entries of its dtype and shape (`host_codecs.ZstdDictionary.train`) and encodes that batch
-        and every later entry of the default codec with it. A failed build leaves the store without a dictionary,
-        and `dictionary_error` says why.
+      dictionary_bytes: 0 (default), or the most bytes of a zstd dictionary (zstd default codec only; at most 1 MiB),
+        built from the entries of one dtype and shape once `dictionary_samples` were put with the default codec, and
+        used for its later entries; `dictionary_error` says why a build failed.
       dictionary_samples: entries to build the dictionary from (fewer for large entries: at most 64 MiB, at least 8).
       name: what error messages call this store (e.g. the field it holds).
       delta_codec: optional codec of the deltas (`put(..., bases=)`) a `put` with the default codec stores (None:
@@ -436,8 +434,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         # Each distinct slot is decoded at its first position (`pos`, in slot order); the others are copies of it.
         uniq, first, inverse = _plan.first_of(flat[present])
         pos, bs = present[first], base[present[first]]
-        # the chains, walked once (`host_codecs._plan`; keyframes only: each its own chain); `base_i`: index into
-        # `uniq` of each decoded delta's base (decoded too), -1 for a keyframe
+        # the chains, walked once (`host_codecs._plan`); `base_i`: each delta's base as an index into `uniq`, -1: none
         base_i, order, root, depth, rank, target, bad = _plan.chains(uniq, bs.astype(np.int64), pos < n)
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
@@ -468,8 +465,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                 views[j][out_row[out_j == j]] = 0
         if not present.size or not nbytes:
             return results
-        # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`); one
-        # shard when a codec of the read decodes holding the interpreter lock (`Codec.threaded_decode`).
+        # one shard of whole chains per thread; one shard when a codec decodes holding the GIL (`Codec.threaded_decode`)
         k, t = pos.size, tag[pos].astype(np.int64)
         threads = num_threads() if all(codec_for_tag(c).threaded_decode for c in np.flatnonzero(np.bincount(t)).tolist()) else 1
         shards = max(1, min(threads, k, k * nbytes // _READ_SHARD_BYTES))
@@ -477,8 +473,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         if bad.any():
             self._corrupt(uniq[bad], "its chain of deltas never reaches a keyframe")
         do, shard = _plan.decode_order(order, root, depth, rank, t, cuts, _NUM_TAGS)
-        # every per-entry column in decode order (a run is one slice of each), the row each entry is decoded into, its
-        # base's row, and the repeated slots' rows, copied by the shard that decodes their first row
+        # in decode order: each entry's columns (a run: one slice), row and base's row; the rows each shard copies
         run_at, cols, into, bases, copies, copy_cuts = _plan.placement(
             do, shard, t, target, base_i, pos, present, inverse, bounds, shards, chunk, offset, length, meta)
         runs = [[] for _ in range(shards)]
