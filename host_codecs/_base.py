@@ -115,8 +115,7 @@ _XOR_BLOCK = 64  # rows per block of `xor_rows`: its gathered bases stay in cach
 def xor_rows(rows: np.ndarray, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> np.ndarray:
     """# shape=(D, nbytes), dtype=uint8: row `j` is `rows[idx[j]] XOR rows[src[j]]` for `src[j] >= 0`, else
     `rows[idx[j]] XOR ext[-1 - src[j]]` (`rows`: uint8 `[B, nbytes]`, `ext`: uint8 `[J, nbytes]`, `idx`, `src`:
-    int64 `[D]`), what `Codec.encode_deltas` encodes by default. Blocks of `_XOR_BLOCK` rows over the thread pool,
-    each XORed in place with its bases gathered into a block-sized buffer: no temporary the size of the batch."""
+    int64 `[D]`). Computed in blocks over the thread pool, with no temporary the size of the batch."""
     d, nbytes = idx.size, rows.shape[1]
     out = np.empty((d, nbytes), np.uint8)
 
@@ -209,8 +208,7 @@ def merged_batches(parts: list[EncodedBatch], masks: list[np.ndarray]) -> Encode
 
 class ChunkTable(dict):
     """Arena chunk id -> chunk bytes (# shape=(chunk_bytes,), dtype=uint8), plus the store's zstd dictionary
-    (`host_codecs.ZstdDictionary` or None). A store builds one per state of its arena, `checked`: the store checks
-    its reads' requests itself (payloads in `_verify`, rows and bases by construction), not `check_decode`."""
+    (`host_codecs.ZstdDictionary` or None); `checked`: the store checked the read itself, so `check_decode` skips it."""
 
     __slots__ = ("dictionary", "addresses", "checked")
 
@@ -221,8 +219,8 @@ class ChunkTable(dict):
 
 
 def chunk_addresses(chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(ids, base addresses, sizes)` of the chunks (int64, uint64, int64; ids ascending) for compiled loops, kept on
-    a `ChunkTable` (immutable, it keeps its chunks alive), built anew for another mapping."""
+    """`(ids, base addresses, sizes)` of the chunks (int64, uint64, int64; ids ascending) for compiled loops, cached
+    on a `ChunkTable` (which keeps its chunks alive)."""
     cached = getattr(chunks, "addresses", None)
     if cached is not None:
         return cached
@@ -236,8 +234,7 @@ def chunk_addresses(chunks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases=None) -> None:
-    """Check a decode request (arguments as in `Codec.decode_many`) before anything is read or written: kernels have
-    no bounds checks, and numpy would wrap a negative row silently.
+    """Check a decode request (arguments as in `Codec.decode_many`) before anything is read or written.
 
     Raises:
       ValueError: a payload outside its chunk (or its chunk absent), an output index or a row out of range, a
@@ -275,11 +272,10 @@ def check_decode(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids,
 
 
 def decode_each(codec: str, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases, inflater) -> None:
-    """`Codec.decode_many` for a codec whose package decompresses one payload to a new `bytes` object, read where it
-    lies and copied once into its row (XORed with its base row where `bases` names one). Checked first
-    (`check_decode`); split over the thread pool, or in order on this thread with `bases` (a base before its deltas).
-    `inflater()`, called once per thread, returns `inflate(payload, t) -> bytes`, the whole decoded entry `t` (a
-    `memoryview` payload), raising `ValueError` with what is wrong for a corrupt one.
+    """`Codec.decode_many` for a codec whose package decompresses one payload to a new `bytes` object, copied once
+    into its row (XORed with its base row where `bases` names one); over the thread pool, or in order with `bases`.
+    `inflater()`, called once per thread, returns `inflate(payload, t) -> bytes`, the decoded entry `t` (a
+    `memoryview` payload), raising `ValueError` for a corrupt one.
 
     Raises:
       ValueError: as `check_decode`, or `codec 'name': corrupt entry: ...` for the first corrupt payload found.
@@ -344,9 +340,7 @@ class Codec:
       tag: integer tag stored per entry; decoding dispatches on it, never on a guess.
       level: compression level (None for codecs without levels).
       threaded_decode: whether `decode_many` spends its time outside the interpreter lock (one compiled loop per
-        call), so that threads decoding parts of one read run side by side; a codec decoding payload by payload from
-        Python (one call into its package per entry) holds the lock between entries, and two such threads mostly wait
-        for each other.
+        call), so that threads decoding parts of one read run side by side.
 
     Raises:
       ValueError: a level not in `levels`, or any level for a codec without levels.
@@ -393,7 +387,7 @@ class Codec:
 
     def encode_deltas(self, rows: np.ndarray, dtype: np.dtype, idx: np.ndarray, src: np.ndarray, ext: np.ndarray, *args) -> EncodedBatch:
         """Encode the deltas `xor_rows(rows, idx, src, ext)` as `encode_batch(deltas, dtype, *args)` would: an
-        `EncodedBatch` of `D` payloads in the order of `idx` (`host_codecs.rle` takes the XOR inside its encoder).
+        `EncodedBatch` of `D` payloads in the order of `idx`.
 
         Args:
           rows: # shape=(B, nbytes), dtype=uint8, C-contiguous: the batch.
@@ -428,8 +422,7 @@ class Codec:
     def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
         """Decode entry `i`, at `chunks[chunk_ids[i]][offsets[i] : offsets[i] + lengths[i]]`, into row `rows[i]` of
         `outs[out_ids[i]]` (`offsets`, `lengths`, `meta`, `dtype` as in `decode_into`). The default makes one
-        `decode_into` call per (output, chunk) group, then XORs the deltas (`bases`) in order; a codec that reads each
-        payload where it lies overrides it (and `decode_into`).
+        `decode_into` call per (output, chunk) group, then XORs the deltas (`bases`) in order.
 
         Args:
           chunks: arena chunk id -> bytes, or a `ChunkTable` (which also carries the dictionary).
@@ -439,8 +432,7 @@ class Codec:
           rows: # shape=(k,), dtype=int64: the row of its output each entry fills.
           bases: None or `(base_outs, base_rows)`, # shape=(k,) each, int64: entry `i` is a delta (`host_codecs.deltas`)
             XORed, once decoded, with row `base_rows[i]` of `outs[base_outs[i]]` (-1: none), which holds its base by
-            then: a row decoded before the call, an earlier entry's row, or its own row (in place: entries not asked
-            for are decoded into the row of the next entry of their chain), all decoded in order on the calling thread.
+            then: a row decoded before the call, an earlier entry's row, or its own row (in place).
 
         Raises:
           ValueError: as `decode_into`, or a base row that is out of range or that a later entry decodes.
@@ -499,8 +491,8 @@ class Codec:
 
 
 def int_arg(field: str, value, lo: int = 1, hi: int | None = None) -> int:
-    """An int argument (Python or numpy, not a bool) in `[lo, hi]` (`hi` None: no bound), as `int`; else ValueError
-    naming `field`, the range and the value (a float is refused, even `2.0`: never rounded)."""
+    """An int argument (Python or numpy, not a bool or float) in `[lo, hi]` (`hi` None: no bound), as `int`; else
+    ValueError naming `field`."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (hi is not None and value > hi):
         raise ValueError(f"{field}: expected an int in [{lo}, {'inf' if hi is None else hi}], got {value!r}")
     return int(value)

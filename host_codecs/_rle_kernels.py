@@ -1,6 +1,4 @@
-"""numba kernels of the RLE codec (imported only when an RLE codec is created).
-
-How the kernels run and split runs: `docs/api/host_codecs.md`, "RLE payloads".
+"""numba kernels of the RLE codec, imported when an RLE codec is created (`docs/api/host_codecs.md`, "RLE payloads").
 """
 
 from __future__ import annotations
@@ -135,8 +133,8 @@ def decode_at(src, lengths, meta, dst, base, nbytes, vw, lo, hi, status):
     `meta[t]` bytes, words of `vw` bytes) into the `nbytes` bytes at address `dst[t]`; a delta (`base[t]` not 0) is
     the row at `base[t]` (copied unless it is `dst[t]` itself) with its non-zero runs XORed in.
 
-    The caller has checked every payload lies inside its chunk and every row inside its output, and a delta's base
-    row is whole before it. status: # shape=(k,), dtype=int8: per entry `DEC_OK` or why the payload is corrupt.
+    Unchecked: the caller has checked the payloads, rows and bases. status: # shape=(k,), dtype=int8: per entry
+    `DEC_OK` or why the payload is corrupt.
     """
     for t in range(lo, hi):
         cw = np.int64(meta[t])

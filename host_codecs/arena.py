@@ -23,7 +23,7 @@ class _Chunk:
     __slots__ = ("data", "used", "live_bytes", "live_count")
 
     def __init__(self, data):
-        self.data = data  # shape=(size,), dtype=uint8 (`Arena._allocate`: memory, or a chunk file's handle)
+        self.data = data  # shape=(size,), dtype=uint8, or a chunk file's handle (`Arena._allocate`)
         self.used = 0  # bytes handed out (the bump pointer), a multiple of ALIGN
         self.live_bytes = 0  # padded bytes of payloads still in use
         self.live_count = 0  # payloads still in use (zero-length ones included)
@@ -75,9 +75,9 @@ class Arena:
         return chunk_ids, placed
 
     def cuts(self, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Where to cut payloads packed back to back from byte 0 (`offsets`, `lengths` as `place` takes them) into the
-        pieces `take` holds as chunks: the end of each piece, # shape=(P,), dtype=int64. Each piece holds the most
-        payloads that fit `chunk_bytes` (a larger payload alone), as `place` fills fresh chunks."""
+        """The end of each piece (# shape=(P,), dtype=int64) that `take` holds as a chunk, of payloads packed back to
+        back from byte 0 (`offsets`, `lengths` as `place` takes them): the most that fit `chunk_bytes` (a larger one
+        alone)."""
         ends = offsets + ceil_align(lengths)
         out, start = [], 0
         while start < ends.size:
@@ -88,9 +88,8 @@ class Arena:
         return np.asarray(out, np.int64)
 
     def take(self, pieces: list[np.ndarray], offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Hold payloads packed back to back in `pieces` (cut as `cuts` says) as sealed chunks of their own, without
-        copying (the arena owns each piece from now on). `offsets`, `lengths` and the result are as `place`'s,
-        offsets counted over the pieces joined."""
+        """Hold payloads packed back to back in `pieces` (cut as `cuts` says) as sealed chunks, not copied. `offsets`
+        (over the pieces joined), `lengths` and the result are as `place`'s."""
         ends = offsets + ceil_align(lengths)
         chunk_ids, placed = np.empty(offsets.shape[0], dtype=np.int32), np.empty(offsets.shape[0], dtype=np.int64)
         start = base = 0
@@ -127,8 +126,8 @@ class Arena:
         return max(sealed)[1]
 
     def relocate(self, cid: int, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Move the live payloads of chunk `cid` (`offsets`, `lengths` of every one) into fresh
-        space and drop the chunk; returns their new `(chunk_ids, offsets)` as `place` does."""
+        """Move the live payloads of chunk `cid` into fresh space and drop the chunk; returns their new
+        `(chunk_ids, offsets)` as `place` does."""
         padded = ceil_align(lengths.astype(np.int64))
         packed = np.zeros(len(padded), np.int64)
         np.cumsum(padded[:-1], out=packed[1:])
@@ -147,8 +146,8 @@ class Arena:
         self._open = None
 
     def load(self, table: ChunkTable, chunk: np.ndarray, offset: np.ndarray, length: np.ndarray, pos: np.ndarray):
-        """The payloads at positions `pos` of a read, readable from memory: `(table, chunk, offset)`, read in place
-        here; a store whose chunks are files reads them (`host_codecs.chunk_arena`)."""
+        """`(table, chunk, offset)` of the payloads at positions `pos` of a read, readable from memory (here: as they
+        are; `host_codecs.chunk_arena` reads its files)."""
         return table, chunk, offset
 
     def _allocate(self, cid: int, size: int):

@@ -40,8 +40,7 @@ class RLECodec(Codec):
         return self._encode(rows, dtype, None)
 
     def encode_deltas(self, rows: np.ndarray, dtype: np.dtype, idx: np.ndarray, src: np.ndarray, ext: np.ndarray) -> EncodedBatch:
-        """`Codec.encode_deltas` with the XOR taken inside the encoder (`host_codecs._rle_kernels.encode_range`): each
-        delta is XORed into one scratch row of its thread and scanned there, so no delta row of the batch is made."""
+        """`Codec.encode_deltas` with the XOR taken inside the encoder (`host_codecs._rle_kernels.encode_range`)."""
         return self._encode(rows, dtype, check_deltas(self.name, rows, idx, src, ext))
 
     def _encode(self, rows: np.ndarray, dtype: np.dtype, based) -> EncodedBatch:
@@ -70,9 +69,8 @@ class RLECodec(Codec):
         return EncodedBatch(buf, offs, sizes, cws)
 
     def decode_many(self, chunks, chunk_ids, offsets, lengths, meta, outs, out_ids, rows, dtype, bases=None) -> None:
-        """`Codec.decode_many` in one compiled loop per thread (`host_codecs._rle_kernels.decode_at`): every payload
-        read where it lies and expanded into its row (a delta: its base row with its non-zero runs XORed in).
-        Outputs that are not C-contiguous are decoded into contiguous copies, then copied back."""
+        """`Codec.decode_many` in one compiled loop per thread (`host_codecs._rle_kernels.decode_at`); outputs that
+        are not C-contiguous are decoded into contiguous copies, then copied back."""
         flat = [o if o.flags.c_contiguous else np.ascontiguousarray(o) for o in outs]
         check_decode(self.name, chunks, chunk_ids, offsets, lengths, outs, out_ids, rows, bases)
         k, n, nbytes = self._k, len(rows), outs[0].shape[1] if len(outs) else 0

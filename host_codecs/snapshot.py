@@ -1,9 +1,5 @@
 """Snapshots of a `host_codecs.CompressedStore`: its whole state as JSON-able metadata and numpy arrays, what a
-checkpoint of a compressed buffer saves (`jaxbuffers.checkpoint`).
-
-`Snapshots` is the part of `CompressedStore` that takes and loads them, on the store's own index, arena and lock.
-`export_later` takes the state now and exports it later, its payload the runs of arena bytes it joins (`PayloadRuns`,
-not copied).
+checkpoint of a compressed buffer saves. `Snapshots` is the part of `CompressedStore` that takes and loads them.
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ __all__ = ["PayloadRuns", "Snapshots", "saved_checksum"]
 
 
 def saved_checksum(meta: dict[str, Any], what: str) -> str:
-    """The checksum an exported snapshot or a written index records (`meta["checksum"]`; XXH3, the one before it
-    was recorded, where it records none).
+    """The checksum an exported snapshot or a written index records (`meta["checksum"]`; XXH3 where it records none).
 
     Raises:
       ValueError: a name not in `host_codecs._checksum.CHECKSUMS` (the message names `what`'s `checksum`).
@@ -34,8 +29,8 @@ def saved_checksum(meta: dict[str, Any], what: str) -> str:
 
 
 class PayloadRuns:
-    """An exported payload as the runs of arena bytes it joins, not copied: uint8 arrays whose concatenation, in
-    order, is the packed payload (shape `(nbytes,)`, dtype uint8). `packed()` (or `np.asarray`) joins them.
+    """An exported payload as the runs of arena bytes it joins, not copied; `packed()` (or `np.asarray`) joins them
+    into the packed payload (shape `(nbytes,)`, dtype uint8).
 
     Attributes:
       runs: list of uint8 1-d arrays (views of arena chunks).
@@ -60,19 +55,14 @@ class Snapshots:
 
     def export_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """A snapshot of the whole store as JSON-able metadata and numpy arrays (`docs/api/host_codecs.md`,
-        "Snapshots"). Thread-safe: `export_later()()` with the payload packed."""
+        "Snapshots"); thread-safe."""
         meta, arrays = self.export_later()()
         return meta, {**arrays, "payload": arrays["payload"].packed()}
 
     def export_later(self) -> Callable[[], tuple[dict[str, Any], dict[str, Any]]]:
-        """Take the store's state now; the returned function gives `export_state`'s snapshot of that state, later
-        and from any thread, whatever is put meanwhile, its `payload` a `PayloadRuns` of the arena's bytes.
-
-        Now, under the store lock: a copy of the index columns (`index_rows` rows) and the tags, and a reference to
-        each arena chunk (published payload bytes never change, and a chunk released later stays alive while
-        referenced). The function sorts the live entries and packs their offsets outside the lock; no payload byte
-        is copied.
-        """
+        """Take the store's state now (the index columns copied, the arena chunks referenced, under the lock); the
+        returned function gives `export_state`'s snapshot of that state later, from any thread, whatever is put
+        meanwhile, its `payload` a `PayloadRuns` of the arena's bytes (no payload byte copied)."""
         with self._lock:
             cols = {k: v[: self._rows].copy() for k, v in self._index_columns().items()}
             chunks = {c: ch.data for c, ch in self._arena.chunks.items()}
@@ -108,21 +98,17 @@ class Snapshots:
     def import_state(self, meta: dict[str, Any], arrays: dict[str, Any], *, adopt: bool = False) -> None:
         """Load an `export_state` snapshot into this empty store of the same configuration.
 
-        Everything is checked before anything changes: the configuration, the column names, shapes and dtypes, and
-        that every live entry's codec tag, layout and payload range are valid. The index takes as many rows as the
-        index columns have (all alike, at most `num_slots`).
-
-        `arrays["payload"]` is the uint8 payload array, or a payload source (`docs/api/host_codecs.md`, "Snapshots").
+        Everything is checked before anything changes. The index takes as many rows as the index columns have (at
+        most `num_slots`). `arrays["payload"]`: the uint8 payload, or a payload source (`docs/api/host_codecs.md`).
 
         Args:
           meta, arrays: what `export_state` returned (or the same read back).
-          adopt: the caller hands `arrays` over and does not use them again: index columns of `num_slots` rows that
-            own their writable memory become the store's index, and a payload array that owns its memory and fits one
-            chunk becomes its chunk, instead of being copied.
+          adopt: the caller hands `arrays` over: index columns of `num_slots` rows and a payload of one chunk that own
+            their (writable) memory are taken as they are instead of being copied.
 
         Raises:
-          ValueError: the store holds entries, or the snapshot does not match it or is inconsistent
-            (the message names the field, what this store expects and what came).
+          ValueError: the store holds entries, or the snapshot does not match it or is inconsistent (configuration,
+            column names, shapes and dtypes, a live entry's codec tag, layout or payload range).
         """
         config = self.config()
         for k, v in config.items():

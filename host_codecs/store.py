@@ -1,8 +1,6 @@
 """CompressedStore: a fixed number of slots, each holding one compressed array.
 
-Layout (plain numpy arrays, simple to persist):
-
-* index, one row per slot id below `index_rows` (28 bytes per row; grown as slots are used, `host_codecs.slot_index`):
+Index, one row per slot id below `index_rows` (grown as slots are used, `host_codecs.slot_index`):
 
   ```
   chunk   # shape=(rows,), dtype=int32,  arena chunk id, -1 = empty slot
@@ -10,48 +8,21 @@ Layout (plain numpy arrays, simple to persist):
   length  # shape=(rows,), dtype=uint32, payload bytes (without alignment padding)
   codec   # shape=(rows,), dtype=uint8,  codec tag (host_codecs.registry)
   meta    # shape=(rows,), dtype=uint8,  the codec's byte (RLE: count width; zstd: 1 with the dictionary)
-  layout  # shape=(rows,), dtype=uint16, id into the layout table
+  layout  # shape=(rows,), dtype=uint16, id into the layout table: (dtype code, shape)
   check   # shape=(rows,), dtype=uint32, the entry's checksum (below)
   base    # shape=(rows,), dtype=int32,  delta base slot, -1 = none (`host_codecs.deltas`)
   child   # shape=(rows,), dtype=int32,  the delta based on the slot, -1 = none (`host_codecs.deltas`)
   ```
 
-* layout table: layout id -> (dtype code, shape), shared by every entry of that dtype and shape.
-  So every entry records its codec, dtype and shape, and decode never guesses.
-* arena: the payload bytes (`host_codecs.arena`).
+The payload bytes live in an arena (`host_codecs.arena`). An entry's `check` is the checksum of its payload seeded
+by its slot id and length (`host_codecs._checksum`), XOR `codec | meta << 8 | layout << 16`; a delta's also covers
+its base slot and the base's `check`. Every read verifies the entries it decodes and raises
+`host_codecs.CorruptEntryError` naming the store and the slots that changed; chunk ids below -1 are corrupt too.
 
-Checksums: an entry's `check` is the CRC-32 of its payload started from a mix of its slot id and length
-(`host_codecs._checksum`; the store's `checksum`: a store loaded from a snapshot or index written before CRC-32 keeps
-the XXH3 sums it holds), XOR `codec | meta << 8 | layout << 16`; a delta entry's check also XORs in a hash of its base slot and the base's
-`check` when the delta was put, so a delta whose base was rewritten since fails. Every read verifies the entries it decodes before decoding them and raises
-`host_codecs.CorruptEntryError` naming the store and the slots whose payload, length, offset, chunk, codec, meta byte
-or layout changed since they were written (any change of codec, meta or layout always, and with CRC-32 any change of
-up to 4 consecutive payload bytes; another change of payload, offset or length unless the sums collide, about 1 in
-4e9); a payload moved to another slot fails too. The other chunk ids
-below -1 are refused as corrupt, never read as empty.
-
-Concurrency: one lock guards the index and the arena. `put` encodes outside the lock, then under it copies the
-payloads into never-used arena space and only then publishes the index rows. `get` snapshots the index rows and the
-arena's chunks under the lock and decodes outside it. Published payload bytes never change, so a concurrent reader
-sees each entry entirely before or entirely after a put, never torn.
-
-Deltas (temporal coding): `put(..., bases=b)` stores entry `i` as a delta against slot `b[i]` (`host_codecs.deltas`:
-chains, what a read decodes, what a rewrite deletes). Snapshots: `export_state` / `import_state`
-(`host_codecs.snapshot`).
-
-Reads: `get` (one slot array) and `get_many` (several, each into its own output) decode every
-distinct slot of the request once, into its first row, in one shard per thread (`host_codecs.parallel_for`; one
-shard when a codec of the read decodes holding the interpreter lock, `Codec.threaded_decode`; a shard takes whole delta
-chains, cut where the entries split evenly; a chain's slots not requested are decoded into the row of the next one
-requested, in place), and that shard copies it to its other rows.
-
-Space reuse: a chunk with no live entry left is released; when freed-but-unreleased bytes exceed
-`max_dead_fraction` of the arena, the sparsest chunks are compacted. FIFO overwrite (a replay
-buffer) empties chunks in order and never needs compaction.
-
-Accounting: `nbytes = arena_nbytes + index_nbytes + dictionary_nbytes + recent_nbytes`, `arena_nbytes =
-payload_nbytes + slack` (padding, freed space, unused chunk tails); `recent_nbytes`: the raw rows of the newest put
-with `bases` that the next put's deltas may be based on, kept decoded (`host_codecs.deltas`).
+One lock guards the index and the arena: `put` encodes outside it and publishes the index rows only after the
+payloads, `get` snapshots the rows under it and decodes outside it, so a reader never sees a torn entry. Deltas:
+`put(..., bases=b)` (`host_codecs.deltas`); snapshots: `export_state` / `import_state` (`host_codecs.snapshot`).
+Reads, space reuse and accounting: `docs/api/host_codecs.md`.
 
 Example:
   >>> import numpy as np
@@ -93,11 +64,6 @@ _READ_SHARD_BYTES = 1 << 20  # decoding is fast per byte: a smaller shard does n
 _payload_sums = _checksum.payload_sums  # the entries' checksums (one compiled loop), looked up here on every call
 
 
-def _fields(tag, meta, layout) -> np.ndarray:
-    """# dtype=uint32: `tag | meta << 8 | layout << 16`, the index fields an entry's check covers exactly."""
-    return np.asarray(tag, np.uint32) | np.asarray(meta, np.uint32) << 8 | np.asarray(layout, np.uint32) << 16
-
-
 def _encode(rows: np.ndarray, dtype: np.dtype, codec: Codec, dictionary, deltas: tuple = ()) -> EncodedBatch:
     """`rows`, or the deltas `(idx, src, ext)` of `Codec.encode_deltas`, encoded by `codec` (zstd: with `dictionary`)."""
     extra = () if dictionary is None else (dictionary,)
@@ -114,6 +80,12 @@ def _stat(key: str, doc: str) -> property:
     return property(get)
 
 
+def _some(slots: np.ndarray) -> str:
+    """The first 10 distinct `slots` as a list, and how many more there are."""
+    ids = np.unique(slots)
+    return f"{ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
+
+
 def _out_of(pos: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Output index and row of flat request positions `pos` (output `j` holds `bounds[j]:bounds[j+1]`)."""
     j = np.searchsorted(bounds, pos, side="right") - 1
@@ -124,29 +96,22 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
     """Thread-safe slots of compressed arrays, payloads packed in large arenas.
 
     Args:
-      num_slots: number of slots; slot ids are ints in `[-num_slots, num_slots)` (negative ids
-        count from the end, as in numpy).
-      codec: the default codec of `put`: a registry name (`"rle"`, `"igzip:1"`, `"zstd:3"`,
-        `"none"`) or a `host_codecs.Codec`.
-      item_shape: optional shape of every entry. When given (with `dtype`), `put` refuses anything else and
-        `get(..., missing="zeros")` can fill a batch of only empty slots. When omitted, each entry records its own.
+      num_slots: number of slots; slot ids are ints in `[-num_slots, num_slots)` (negative ids count from the end).
+      codec: the default codec of `put`: a registry name (`"rle"`, `"igzip:1"`, `"zstd:3"`, `"none"`) or a
+        `host_codecs.Codec`.
+      item_shape: optional shape of every entry; given with `dtype`, `put` refuses anything else and
+        `get(..., missing="zeros")` can fill a batch of only empty slots. Omitted, each entry records its own.
       dtype: optional dtype of every entry (see `item_shape`).
       chunk_bytes: largest arena chunk in bytes (at most 4 GiB - 8).
       min_chunk_bytes: first arena chunk size (`host_codecs.arena`).
       max_dead_fraction: compaction starts when freed-but-unreleased bytes exceed this fraction of the arena.
-      dictionary_bytes: 0 (default), or the most bytes of a zstd dictionary (zstd default codec only; at most
-        1 MiB). The `put` that brings the entries put with the default codec to `dictionary_samples` builds one from
-        its batch and the stored entries of its dtype and shape (`host_codecs.ZstdDictionary.train`: zstd's trainer),
-        and encodes that batch and every later entry of the default codec with it; earlier entries keep their format.
-        A failed build (the trainer refusing the samples, e.g. fewer than 5 or too few bytes) leaves the store
-        without a dictionary, and `dictionary_error` says why.
-      dictionary_samples: entries to build the dictionary from (fewer for large entries: at most
-        64 MiB of them, at least 8).
+      dictionary_bytes: 0 (default), or the most bytes of a zstd dictionary (zstd default codec only; at most 1 MiB),
+        built from the entries of one dtype and shape once `dictionary_samples` were put with the default codec, and
+        used for its later entries; `dictionary_error` says why a build failed.
+      dictionary_samples: entries to build the dictionary from (fewer for large entries: at most 64 MiB, at least 8).
       name: what error messages call this store (e.g. the field it holds).
-      delta_codec: optional codec of the delta entries (`put(..., bases=)`) that a `put` with the default codec
-        stores (None: the default codec codes them too); its keyframes keep the default codec (and its dictionary).
-        The XOR of two similar frames is mostly zeros, which `"rle"` codes compactly and decodes straight into the
-        base's copy (`host_codecs.rle`).
+      delta_codec: optional codec of the deltas (`put(..., bases=)`) a `put` with the default codec stores (None:
+        the default codec); keyframes keep the default codec. `"rle"` suits XORs of similar frames (`host_codecs.rle`).
 
     Raises:
       ValueError: bad sizes, a bad codec or delta codec, or `dictionary_bytes` with a codec other than zstd.
@@ -162,10 +127,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         num_slots, dictionary_samples = int_arg("num_slots", num_slots), int_arg("dictionary_samples", dictionary_samples)
         dictionary_bytes = int_arg("dictionary_bytes", dictionary_bytes, 0, _MAX_DICTIONARY_BYTES)
         if not (ALIGN <= min_chunk_bytes <= chunk_bytes <= MAX_CHUNK_BYTES):
-            raise ValueError(
-                f"chunk sizes: expected {ALIGN} <= min_chunk_bytes <= chunk_bytes <= {MAX_CHUNK_BYTES}, "
-                f"got min_chunk_bytes={min_chunk_bytes}, chunk_bytes={chunk_bytes}"
-            )
+            raise ValueError(f"chunk sizes: expected {ALIGN} <= min_chunk_bytes <= chunk_bytes <= {MAX_CHUNK_BYTES}, "
+                             f"got min_chunk_bytes={min_chunk_bytes}, chunk_bytes={chunk_bytes}")
         if not 0.0 < max_dead_fraction < 1.0:
             raise ValueError(f"max_dead_fraction: expected a float in (0, 1), got {max_dead_fraction}")
         if (item_shape is None) != (dtype is None):
@@ -180,7 +143,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             raise type(exc)(f"delta_codec: {exc}") from None
         if dictionary_bytes and self.codec.name != "zstd":
             raise ValueError(f"dictionary_bytes: dictionaries are for the zstd codec, this store's codec is {self.codec.spec!r}")
-        self._declared: tuple[int, tuple[int, ...]] | None = None
+        self._declared: tuple[int, tuple[int, ...]] | None = None  # (dtype code, shape) of every entry
         if item_shape is not None:
             shape = shape_arg(item_shape)
             self._declared = (dtype_code(np.dtype(dtype), field="dtype"), shape)
@@ -209,8 +172,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         self._lock = threading.Lock()
 
     def config(self) -> dict[str, Any]:
-        """The construction arguments as JSON-able values (`codec` as its spec, `declared` as
-        `[dtype name, shape]` or None): what `import_state` requires to match."""
+        """The construction arguments as JSON-able values (`codec` as its spec, `declared` as `[dtype name, shape]`
+        or None): what `import_state` requires to match."""
         declared = None if self._declared is None else [dtype_from_code(self._declared[0]).name, list(self._declared[1])]
         return {
             "num_slots": self.num_slots, "codec": self.codec.spec, "declared": declared,
@@ -244,8 +207,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                 raise ValueError("CompressedStore: more than 65,536 distinct (dtype, shape) layouts")
             self._layouts.append((code, shape))
             self._layout_ids[(code, shape)] = lid
-            nb = math.prod(shape) * dtype_from_code(code).itemsize
-            self._layout_nbytes = np.append(self._layout_nbytes, nb)
+            self._layout_nbytes = np.append(self._layout_nbytes, math.prod(shape) * dtype_from_code(code).itemsize)
         return lid
 
     def put(self, slots: Any, arrays: Any, *, codec: "str | Codec | None" = None, bases: Any = None) -> None:
@@ -258,7 +220,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             coexist, and each is decoded with its own.
           bases: optional # shape=(B,), integer slot ids: entry `i` is stored as a delta against what slot
             `bases[i]` holds after the rows before it are stored (an earlier row of this batch or a stored entry of
-            the same dtype and shape), `-1`: whole (module doc, Deltas).
+            the same dtype and shape), `-1`: whole (`host_codecs.deltas`).
 
         Raises:
           TypeError: an unsupported dtype or non-integer slots or bases.
@@ -282,10 +244,8 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         item_shape = tuple(int(d) for d in a.shape[1:])
         if self._declared is not None and (code, item_shape) != self._declared:
             dcode, dshape = self._declared
-            raise ValueError(
-                f"{values}: this store holds items of shape {dshape} and dtype "
-                f"{dtype_from_code(dcode)}, got shape {item_shape} and dtype {a.dtype}"
-            )
+            raise ValueError(f"{values}: this store holds items of shape {dshape} and dtype {dtype_from_code(dcode)}, "
+                             f"got shape {item_shape} and dtype {a.dtype}")
         base = None if bases is None else self._bases(bases, s)
         if s.size == 0:
             return
@@ -320,17 +280,14 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
             self._free(np.union1d(s, self._dependents(s)))
             self._chunk[s], self._offset[s], self._length[s] = chunk_ids, offsets, enc.lengths
             self._codec[s], self._meta[s], self._layout[s] = tags, enc.meta, lid
-            self._check[s] = sums ^ _fields(tags, enc.meta, lid)
+            self._check[s] = sums ^ (tags.astype(np.uint32) | enc.meta.astype(np.uint32) << 8 | np.uint32(lid) << 16)
             self._link(s, base, rows)
-            for t in np.unique(tags).tolist():
-                n_t = int(np.count_nonzero(tags == t))
-                self._tags[:, t] += (n_t, n_t * int(self._layout_nbytes[lid]), int(enc.lengths[tags == t].sum()))
+            self._tally(s, 1)
             self._maybe_compact()
 
     def _train(self, rows: np.ndarray, code: int, item_shape: tuple[int, ...]):
-        """The dictionary to encode `rows` with, built (once, outside the store lock) when the
-        entries put with the default codec reach `dictionary_samples`, from stored entries of
-        their dtype and shape (decoded again) and `rows`; None before."""
+        """The dictionary to encode `rows` with: None until `dictionary_samples` entries, then built once (outside the
+        store lock) from stored entries of their dtype and shape and `rows`."""
         with self._samples_lock:
             if self._trained:  # by another thread meanwhile
                 return self._dictionary
@@ -366,27 +323,29 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         """The built `host_codecs.ZstdDictionary`, or None (none asked for, or not built)."""
         return self._dictionary
 
+    def _tally(self, s: np.ndarray, sign: int) -> None:
+        """Add (`sign` 1) or remove (-1) the entries of slots `s` in the per-codec counts `_tags`; under the lock."""
+        for row, w in enumerate((None, self._layout_nbytes[self._layout[s]], self._length[s].astype(np.float64))):
+            self._tags[row] += sign * np.bincount(self._codec[s], weights=w, minlength=_NUM_TAGS).astype(np.int64)
+
     def _free(self, s: np.ndarray) -> None:
         """Drop the entries of slots `s` (unique ids); under the lock."""
         s = s[self._chunk[self._at(s)] >= 0]
         if not s.size:
             return
-        for row, w in enumerate((None, self._layout_nbytes[self._layout[s]], self._length[s].astype(np.float64))):
-            self._tags[row] -= np.bincount(self._codec[s], weights=w, minlength=_NUM_TAGS).astype(np.int64)
+        self._tally(s, -1)
         self._arena.free(self._chunk[s], self._length[s])
         self._chunk[s], self._base[s], self._child[s] = -1, -1, -1
 
     def _maybe_compact(self) -> None:
-        """Relocate the sparsest sealed chunks while freed bytes exceed `max_dead_fraction` of
-        the arena; under the lock."""
+        """Relocate the sparsest sealed chunks while freed bytes exceed `max_dead_fraction` of the arena; under the lock."""
         while (cid := self._arena.sparsest(self.max_dead_fraction)) is not None:
             slots = np.flatnonzero(self._chunk == cid)
             self._chunk[slots], self._offset[slots] = self._arena.relocate(cid, self._offset[slots], self._length[slots])
             self._compactions += 1
 
     def delete(self, slots: Any) -> None:
-        """Empty the given slots, and the deltas based on them (`dependents`); their space is reclaimed as the module
-        doc says."""
+        """Empty the given slots and the deltas based on them (`dependents`)."""
         s = np.unique(self._slots(slots).reshape(-1))
         with self._lock:
             self._recent = None
@@ -405,11 +364,9 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
 
         Args:
           slots: integer slot ids of any shape `S` (negative ids count from the end).
-          missing: what an empty (never written or deleted) slot gives: `"raise"` (default)
-            raises KeyError; `"zeros"` gives zeros of the batch's dtype and shape (taken from
-            the other entries of the batch, else the declared `item_shape` and `dtype`).
-          out: optional writeable C-contiguous array of shape `S + item_shape` and the entries'
-            dtype to decode into (e.g. a reused or pinned buffer).
+          missing: what an empty (never written or deleted) slot gives: `"raise"` (default) raises KeyError;
+            `"zeros"` gives zeros of the batch's dtype and shape (else the declared `item_shape` and `dtype`).
+          out: optional writeable C-contiguous array of shape `S + item_shape` and the entries' dtype to decode into.
 
         Returns:
           # shape=S + item_shape, the dtype the entries were stored with.
@@ -428,16 +385,15 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
     ) -> list[np.ndarray]:
         """`get` for several slot arrays at once, each into its own output.
 
-        A slot that occurs several times, in one array or across arrays, is decoded once (into
-        its first occurrence) and copied to the others: e.g. a batch of frame stacks and the
-        next stacks, which share most frames, decoded straight into two separate outputs.
+        A slot that occurs several times, in one array or across arrays, is decoded once and copied to the others
+        (e.g. frame stacks and the next stacks, which share most frames).
 
         Args:
           slot_arrays: `m` integer arrays of slot ids, shapes `S_j`.
           missing: as in `get` (all entries of all arrays must share one dtype and shape).
           outs: optional `m` writeable C-contiguous arrays, shapes `S_j + item_shape`.
           chains_out: optional list; the read appends the slots (int64, unique) it decoded besides the requested ones
-            (`chain_slots` of the request as the read found them: what a caller checks after the read, walked once).
+            (`chain_slots` of the request as the read found them).
 
         Returns:
           `m` arrays, # shape=S_j + item_shape, the stored dtype.
@@ -478,17 +434,14 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         # Each distinct slot is decoded at its first position (`pos`, in slot order); the others are copies of it.
         uniq, first, inverse = _plan.first_of(flat[present])
         pos, bs = present[first], base[present[first]]
-        # the chains, walked once (`host_codecs._plan`; keyframes only: each its own chain); `base_i`: index into
-        # `uniq` of each decoded delta's base (decoded too), -1 for a keyframe
+        # the chains, walked once (`host_codecs._plan`); `base_i`: each delta's base as an index into `uniq`, -1: none
         base_i, order, root, depth, rank, target, bad = _plan.chains(uniq, bs.astype(np.int64), pos < n)
         # read hook: an arena whose chunks are files (host_codecs.chunk_arena) reads the decoded payloads here
         table, chunk, offset = self._arena.load(table, chunk, offset, length, pos)
         chunk, offset, length, meta, check = chunk[pos], offset[pos], length[pos], meta[pos], check[pos]
         self._verify(table, uniq, chunk, offset, length, tag[pos], meta, layout[pos], check, (bs, check[base_i]))  # (read for deltas only)
         if empty.size and missing == "raise":
-            ids = np.unique(flat[empty])
-            raise KeyError(f"slots never written (or deleted): {ids[:10].tolist()}" + (f" and {ids.size - 10} more" if ids.size > 10 else "")
-                           + "; pass missing='zeros' to get zeros instead")
+            raise KeyError(f"slots never written (or deleted): {_some(flat[empty])}; pass missing='zeros' to get zeros instead")
         if present.size:
             lay = layout[present]
             lids = lay[:1] if lay.min() == lay.max() else np.unique(lay)
@@ -512,8 +465,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
                 views[j][out_row[out_j == j]] = 0
         if not present.size or not nbytes:
             return results
-        # Shards (one per thread) take whole chains, each run of them decoded by one codec (`host_codecs._plan`); one
-        # shard when a codec of the read decodes holding the interpreter lock (`Codec.threaded_decode`).
+        # one shard of whole chains per thread; one shard when a codec decodes holding the GIL (`Codec.threaded_decode`)
         k, t = pos.size, tag[pos].astype(np.int64)
         threads = num_threads() if all(codec_for_tag(c).threaded_decode for c in np.flatnonzero(np.bincount(t)).tolist()) else 1
         shards = max(1, min(threads, k, k * nbytes // _READ_SHARD_BYTES))
@@ -521,8 +473,7 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         if bad.any():
             self._corrupt(uniq[bad], "its chain of deltas never reaches a keyframe")
         do, shard = _plan.decode_order(order, root, depth, rank, t, cuts, _NUM_TAGS)
-        # every per-entry column in decode order (a run is one slice of each), the row each entry is decoded into, its
-        # base's row, and the repeated slots' rows, copied by the shard that decodes their first row
+        # in decode order: each entry's columns (a run: one slice), row and base's row; the rows each shard copies
         run_at, cols, into, bases, copies, copy_cuts = _plan.placement(
             do, shard, t, target, base_i, pos, present, inverse, bounds, shards, chunk, offset, length, meta)
         runs = [[] for _ in range(shards)]
@@ -544,16 +495,12 @@ class CompressedStore(IndexRows, DeltaChains, Snapshots):
         return results
 
     def _corrupt(self, slots: np.ndarray, why: str):
-        ids = np.unique(slots)
-        raise CorruptEntryError(
-            f"CompressedStore{' ' + repr(self.name) if self.name else ''}: slots {ids[:10].tolist()}"
-            + (f" and {ids.size - 10} more" if ids.size > 10 else "")
-            + f" are corrupt ({why}): their bytes changed after they were written"
-        )
+        raise CorruptEntryError(f"CompressedStore{' ' + repr(self.name) if self.name else ''}: slots {_some(slots)} are corrupt "
+                                f"({why}): their bytes changed after they were written")
 
     def _verify(self, table, slots, chunk, offset, length, tag, meta, layout, check, bases) -> None:
-        """Raise CorruptEntryError naming the slots whose entries fail their checksum (module doc); `bases`: (base
-        slots, -1 for a keyframe, and the bases' checks) of the entries (`host_codecs._plan.entry_checks`)."""
+        """Raise CorruptEntryError naming the slots whose entries fail their checks; `bases`: (base slots, -1 for a
+        keyframe, and the bases' checks) of the entries (`host_codecs._plan.entry_checks`)."""
         if not slots.size:  # nothing read: the chunks (possibly files an arena reads on demand) are not looked at
             return
         keys, _, sizes = chunk_addresses(table)  # the decoders read without bounds checks (`ChunkTable.checked`)

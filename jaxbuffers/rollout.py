@@ -82,9 +82,8 @@ _GAE_FIELDS = ("reward", "value", "terminated", "truncated", "final_value", "tra
 
 
 def advantages_required(flag: Any, what: str, first=None, compute: str = "compute_gae(last_value, gamma, gae_lambda)") -> None:
-    """Refuse an eager read of a rollout's advantages before `compute_gae`: unless every entry of `flag`
-    (`has_advantages`, `()` or `[S]`) is True, `first()` raises the call's own errors, then RuntimeError naming `what`
-    and `compute`. A traced flag, or one over several processes, is not read (the read gives NaN)."""
+    """Unless every entry of the concrete, addressable `flag` (`has_advantages`, `()` or `[S]`) is True, `first()`
+    raises the call's own errors, then RuntimeError naming `what` and `compute`."""
     if isinstance(flag, jax.core.Tracer) or not flag.is_fully_addressable:
         return
     if _compiled.host_int(flag) if flag.ndim == 0 else np.all(np.asarray(flag)):
@@ -95,8 +94,8 @@ def advantages_required(flag: Any, what: str, first=None, compute: str = "comput
 
 
 def add_row(buf: Any, step: Any, fields: dict) -> Any:
-    """`buf._add(step, **fields)`: one row of a rollout (compressed or not). Eagerly, a full buffer refuses the
-    arguments (their own errors first) with `BufferFullError`, and the cursor the add advances is remembered."""
+    """`buf._add(step, **fields)`: one row of a rollout (compressed or not); eagerly, BufferFullError on a full buffer
+    (after the arguments' own errors)."""
     if isinstance(buf.step_index, jax.core.Tracer):
         return buf._add(step, **fields)
     at = _compiled.host_int(buf.step_index)  # remembered by the last eager add: no wait for its write
@@ -132,7 +131,7 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     num_envs: int = struct.field(pytree_node=False)  # N
 
     def _cursor_ranges(self) -> dict:
-        """`(lo, hi)`, inclusive, of the cursor fields' documented ranges (`_checkpoint_describe._checked_cursors`)."""
+        """`(lo, hi)`, inclusive, of the cursor fields' documented ranges."""
         return {"step_index": (0, self.num_steps)}
 
     @classmethod
@@ -197,9 +196,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
     def add(self, step: Any, *, reward: jax.Array, value: jax.Array, terminated: jax.Array,
             truncated: jax.Array | None = None, final_value: jax.Array | None = None,
             trainable: jax.Array | None = None) -> "RolloutBuffer":
-        """Write one step of every env at row `step_index` and advance it (O(N x step bytes), in place when donated);
-        `has_advantages` becomes False. On a full buffer under a transformation nothing is written and `overflowed`
-        becomes True.
+        """Write one step of every env at row `step_index` and advance it (in place when donated); `has_advantages`
+        becomes False. On a full buffer under a transformation nothing is written and `overflowed` becomes True.
 
         Args:
           step: pytree like `example_step`, leading axis `num_envs` on every leaf, stored dtypes.
@@ -340,9 +338,8 @@ class RolloutBuffer(EnvSteps, struct.PyTreeNode):
         return RolloutMinibatch(step=jax.tree.map(take, self.step), **fields, mask=mask, index=index)
 
     def minibatches(self, key: jax.Array, num_minibatches: int) -> RolloutMinibatch:
-        """All `T * N` steps, shuffled, as `num_minibatches` minibatches for `lax.scan`:
-        `gather(minibatch_indices(key, num_minibatches))`, leaves `[num_minibatches, T * N / num_minibatches, ...]`,
-        through a shuffled copy of the buffer (scan over `minibatch_indices` and `gather` to avoid it).
+        """`gather(minibatch_indices(key, num_minibatches))`: all `T * N` steps, shuffled, leaves `[num_minibatches,
+        T * N / num_minibatches, ...]` for `lax.scan` (a shuffled copy of the buffer: scan `gather` to avoid it).
 
         Raises:
           ValueError: as `minibatch_indices` (checked first).

@@ -20,8 +20,8 @@ __all__ = ["TrainableDiagnostics", "RolloutMemoryEstimate", "trainable_diagnosti
 
 
 class TrainableDiagnostics(NamedTuple):
-    """Counts over the filled steps (written since the last reset) of a rollout (`trainable_diagnostics`): trainable
-    ones were marked `trainable` at `add`, frozen ones not (in GAE, not in the loss). Device scalars unless noted."""
+    """Counts over the filled steps of a rollout (`trainable_diagnostics`): trainable ones were marked `trainable` at
+    `add`, frozen ones not (in GAE, not in the loss). Device scalars unless noted."""
 
     total_steps: int  # Python int: T * N, the capacity
     filled_steps: jax.Array  # shape=(), int32
@@ -117,8 +117,8 @@ def _device(device: Any) -> jax.Device | None:
 
 
 def _torch_device(device: Any, buf: Any) -> Any:
-    """``device`` if it is a ``torch.device`` that torch can use and whose tensors can hold every leaf of ``buf``'s
-    minibatches (else ValueError / TypeError), None if it is not a torch device (torch left unimported)."""
+    """``device`` if it is a ``torch.device`` torch can use for every leaf of ``buf``'s minibatches (else ValueError /
+    TypeError), None if it is not a torch device."""
     torch = sys.modules.get("torch")  # a torch.device exists only once torch is imported
     if torch is None or not isinstance(device, torch.device):
         return None
@@ -144,11 +144,9 @@ def get_minibatches(buf: Any, key: jax.Array, batch_size: int, device: Any = Non
       buf: a `RolloutBuffer` or `CompressedRolloutBuffer` (after `compute_gae`).
       key: a JAX PRNG key.
       batch_size: steps per minibatch, dividing ``total_size(buf)``.
-      device: a ``torch.device`` (every leaf a ``torch.Tensor`` on it, through
-        `jaxbuffers.interop.torch.to_torch`: zero copy from a JAX array on that device, else one copy; the tensors
-        are the minibatch's own, safe to write in place); a `jax.Device` or a platform name (``"cpu"``, ``"gpu"``,
-        ``"cuda"``, ``"cuda:0"``): JAX arrays on that device (on the platform's first device for a name); None:
-        JAX arrays where the rollout is.
+      device: a ``torch.device`` (every leaf a ``torch.Tensor`` on it, through `jaxbuffers.interop.torch.to_torch`;
+        the tensors are the minibatch's own); a `jax.Device` or a platform name (``"cpu"``, ``"gpu"``, ``"cuda"``,
+        ``"cuda:0"``: the platform's first device): JAX arrays on that device; None: JAX arrays where the rollout is.
 
     Yields:
       `RolloutMinibatch` with leaves ``[batch_size, ...]``: ``jax.Array``, or ``torch.Tensor`` for a torch device.

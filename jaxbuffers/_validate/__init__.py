@@ -577,13 +577,6 @@ def one_each(name: str, value: Any, n: int, what: str) -> tuple:
     return tuple(value)
 
 
-def filled(what: str, filled: int, size: int, unit: str, hint: str) -> None:
-    """RuntimeError naming `what` unless all `size` `unit` are filled (`filled` of them are): a call that needs a full
-    buffer, such as SB3's rollout `get`."""
-    if filled != size:
-        raise RuntimeError(f"{what}: the buffer holds {filled} of buffer_size={size} {unit}; {hint}")
-
-
 def advantages_missing(what: str, compute: str) -> RuntimeError:
     """The RuntimeError of `what`, a read of a rollout's advantages (eager: its `has_advantages` concrete) while they
     were not computed since its last add or reset; `compute` names the call that computes them."""

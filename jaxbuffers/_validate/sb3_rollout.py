@@ -78,8 +78,10 @@ def _obs_leaf(name: str, x: Any, shape: tuple[int, ...], discrete: bool) -> None
 
 def filled_for_get(buf: Any) -> None:
     """RuntimeError unless an SB3 rollout buffer holds every step of the rollout, as its ``get`` needs."""
-    _validate.filled("get", buf.buffer_size if buf.full else buf.pos, buf.buffer_size, "steps per env",
-                     "add the rest of the rollout (and call compute_returns_and_advantage) before get()")
+    filled = buf.buffer_size if buf.full else buf.pos
+    if filled != buf.buffer_size:
+        raise RuntimeError(f"get: the buffer holds {filled} of buffer_size={buf.buffer_size} steps per env; add the rest "
+                           f"of the rollout (and call compute_returns_and_advantage) before get()")
 
 
 def check(buf: Any, name: str, *args: Any, **kwargs: Any) -> None:

@@ -77,8 +77,7 @@ def _jax_leaf_to_torch(path, x: jax.Array, host: bool = False) -> torch.Tensor:
                              f"{len(x.sharding.device_set)} devices; gather it first (jax.device_get or a replicated "
                              f"sharding) or convert its shards: [to_torch(s.data) for s in x.addressable_shards]")
         x = x.addressable_data(0)  # every local shard holds the whole array: use the first, no copy
-    if host:  # a CPU tensor: numpy's view of a CPU array (no copy; it holds the buffer as DLPack does), a
-        # fraction of the cost of JAX's DLPack export of a just-computed array; one copy from another device
+    if host:  # a CPU tensor through numpy's view (cheaper than JAX's DLPack export); one copy from another device
         return _numpy_leaf_to_torch(path, np.asarray(x))
     return torch.from_dlpack(x)
 
