@@ -134,8 +134,9 @@ def _layout(signature: inspect.Signature, n_args: int, keys: tuple[str, ...], st
 def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = None) -> Callable:
     """Decorate a pure buffer method (or function) to run as one cached compiled program (`functools.wraps`; the plain
     function is its `uncompiled` attribute). `static`: the names of the static arguments (batch sizes, lengths, flags;
-    each value compiles its own program, a numpy int or bool the program of the equal Python one); `scalars`: `{name: (lo, hi)}` of traced scalar hyperparameters whose
-    concrete values are range-checked first."""
+    each value compiles its own program, a numpy int or bool the program of the equal Python one); `scalars`:
+    `{name: (lo, hi)}` of traced scalar hyperparameters whose concrete values are range-checked first (the
+    decorated function's `scalars` attribute, for callers that jit it themselves)."""
     scalars = dict(scalars or {})
 
     def wrap(fn: Callable) -> Callable:
@@ -196,6 +197,7 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
             return fn(*args, **kwargs)  # its own checks name what is wrong
 
         call.uncompiled = fn
+        call.scalars = scalars
         return call
 
     return wrap

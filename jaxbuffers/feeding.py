@@ -22,6 +22,7 @@ Example:
   writer = jb.Writer(server, flush_size=64)
   # actor threads: writer.append(item)              (numpy pytree like `item`)
   # learner thread: out = server.sample(None, 256)  (None: the server's own key stream)
+  #                 server.set_priorities(out.indices, new_priorities, out.generations)  (a prioritised buffer)
   server.close()                                    # blocked callers raise BufferClosed
   ```
 """
@@ -93,6 +94,9 @@ class BufferServer:
         self._add = jax.jit(self._add_fn, donate_argnums=0)
         self._add_kept = jax.jit(self._add_fn)  # buffers whose store may refuse a batch when the add runs (`_added`)
         self._sample = jax.jit(sample or type(buffer).sample, static_argnums=2)
+        self._sample_scalars = getattr(sample or type(buffer).sample, "scalars", {})  # range-checked when concrete
+        setter = getattr(type(buffer), "set_priorities", None)
+        self._set_priorities = None if setter is None else jax.jit(setter, donate_argnums=0)
         self._limiter = rate_limiter
         self._key = jax.random.key(seed)
         self._lock = threading.Lock()
@@ -196,26 +200,51 @@ class BufferServer:
             if not _compiled.passable(x):
                 _validate.not_narrowed(_validate.leaf_path("batch", path), x)
 
-    def sample(self, key: jax.Array | None, batch_size: int, timeout: float | None = None) -> Any:
+    def sample(self, key: jax.Array | None, batch_size: int, timeout: float | None = None, **kwargs) -> Any:
         """A sample of `batch_size` items drawn with `key` (`None`: the next key of the server's own stream).
 
         Waits for the rate limiter's room for `batch_size` samples first. The result is computed and ready before
-        any later add runs.
+        any later add runs. `kwargs` go to the buffer's `sample` as traced arguments (a prioritised buffer's
+        `beta`, annealed from call to call without a new compilation).
 
         Raises:
-          BufferClosed, jaxbuffers.RateLimiterTimeout: as `add`; TypeError / ValueError for `timeout` as `add`.
+          BufferClosed, jaxbuffers.RateLimiterTimeout: as `add`; TypeError / ValueError for `timeout` as `add`,
+            and what the buffer's `sample` raises for `kwargs` (before the limiter counts anything).
         """
         batch_size = _validate.static_int("batch_size", batch_size)
         if key is not None:
             _validate.key("key", key)
+        for name, (lo, hi) in self._sample_scalars.items():  # traced in the jitted sample: checked here, as given
+            if kwargs.get(name) is not None:
+                _validate.scalar_parameter(name, kwargs[name], lo, hi)
         self._check_open("sample")
-        self._sample.eval_shape(self._buffer, self._key if key is None else key, batch_size)  # checked before counting
+        self._sample.eval_shape(self._buffer, self._key if key is None else key, batch_size, **kwargs)  # before counting
         self._admit("sample", batch_size, timeout)
         with self._lock:
             self._check_open("sample")
             if key is None:
                 self._key, key = jax.random.split(self._key)
-            return jax.block_until_ready(self._sample(self._buffer, key, batch_size))
+            return jax.block_until_ready(self._sample(self._buffer, key, batch_size, **kwargs))
+
+    def set_priorities(self, indices: Any, priorities: Any, generations: Any) -> None:
+        """The served prioritised buffer's `set_priorities`, run under the server's lock with the buffer donated:
+        priorities computed from a sample (its `indices` and `generations`) change what the server samples next.
+        Entries whose generation is stale (their slot was overwritten since the sample) are skipped, as the
+        buffer's method skips them. Not rate-limited (neither an insert nor a sample).
+
+        Raises:
+          BufferClosed: the server was closed.
+          TypeError: the served buffer has no `set_priorities` (a uniform buffer).
+          TypeError / ValueError: what the buffer's `set_priorities` raises; the buffer is unchanged.
+        """
+        if self._set_priorities is None:
+            raise TypeError(f"set_priorities: the served {type(self._buffer).__name__} has no priorities (serve a "
+                            f"prioritised buffer)")
+        self._check_open("set_priorities")
+        self._set_priorities.eval_shape(self._buffer, indices, priorities, generations)  # refused before it runs
+        with self._lock:
+            self._check_open("set_priorities")
+            self._buffer = self._set_priorities(self._buffer, indices, priorities, generations)
 
     def close(self) -> None:
         """Shut down: blocked and later calls raise `BufferClosed`. Idempotent."""
@@ -378,7 +407,7 @@ def ray_server(buffer: Any, *, rate_limit: dict | None = None, max_concurrency: 
             limiter = None if rate_limit is None else BlockingRateLimiter(**rate_limit)
             super().__init__(buffer, rate_limiter=limiter, **kwargs)
 
-        def sample(self, key, batch_size, timeout=None):  # numpy leaves, for transport
-            return jax.tree.map(np.asarray, super().sample(key, batch_size, timeout))
+        def sample(self, key, batch_size, timeout=None, **kwargs):  # numpy leaves, for transport
+            return jax.tree.map(np.asarray, super().sample(key, batch_size, timeout, **kwargs))
 
     return ray.remote(max_concurrency=max_concurrency)(_Remote).remote(buffer, rate_limit, **kwargs)

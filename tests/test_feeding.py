@@ -269,3 +269,42 @@ def test_server_adds_to_a_compressed_buffer_equal_direct_adds_and_a_moved_store_
     server.sample(jax.random.key(0), 8)
     direct.close()
     server.buffer().close()
+
+
+def test_server_serves_a_prioritised_buffer_with_beta_and_priority_updates():
+    """A learner anneals `beta` through `sample` and writes priorities back through `set_priorities`: the served
+    buffer then samples by the new priorities, equal to the same calls on the buffer itself; a stale generation is
+    skipped; a uniform buffer's server refuses `set_priorities`, a bad call changes nothing."""
+    item = {"obs": np.zeros(3, np.float32)}
+    batch = {"obs": np.arange(48, dtype=np.float32).reshape(16, 3)}
+    direct = jb.PrioritisedReplayBuffer.create(item, capacity=16).add(batch)
+    server = jb.BufferServer(jb.PrioritisedReplayBuffer.create(item, capacity=16), seed=0)
+    server.add(batch)
+    key = jax.random.key(3)
+    s = server.sample(key, 8, beta=0.4)
+    want = direct.sample(key, 8, beta=0.4)
+    np.testing.assert_array_equal(s.importance_weights, want.importance_weights)
+    assert not np.array_equal(s.importance_weights, server.sample(key, 8, beta=1.0).importance_weights) or \
+        np.all(s.importance_weights == 1)
+    new = np.where(np.arange(8) == 0, 1000.0, 1e-3).astype(np.float32)
+    server.set_priorities(s.indices, new, s.generations)
+    direct = direct.set_priorities(s.indices, new, s.generations)
+    np.testing.assert_array_equal(server.buffer().priorities(np.arange(16)), direct.priorities(np.arange(16)))
+    assert int(np.asarray(server.buffer().priorities(s.indices[:1]))[0]) == 1000
+    drawn = server.sample(jax.random.key(4), 256).indices  # the update reached what the server samples
+    np.testing.assert_array_equal(drawn, direct.sample(jax.random.key(4), 256).indices)
+    assert np.mean(np.asarray(drawn) == int(s.indices[0])) > 0.5
+    before = server.buffer().priorities(np.arange(16))
+    server.set_priorities(s.indices, np.full(8, 5.0, np.float32), np.asarray(s.generations) + 1)  # stale: skipped
+    np.testing.assert_array_equal(server.buffer().priorities(np.arange(16)), before)
+    with pytest.raises(TypeError, match="priorities"):
+        server.set_priorities(s.indices, np.ones(8, np.int32), s.generations)
+    with pytest.raises(ValueError, match="beta"):
+        server.sample(key, 8, beta=-1.0)
+    np.testing.assert_array_equal(server.buffer().priorities(np.arange(16)), before)
+    uniform = jb.BufferServer(jb.ReplayBuffer.create(item, capacity=16))
+    with pytest.raises(TypeError, match="set_priorities: the served ReplayBuffer has no priorities"):
+        uniform.set_priorities(s.indices, new, s.generations)
+    server.close()
+    with pytest.raises(jb.BufferClosed):
+        server.set_priorities(s.indices, new, s.generations)
