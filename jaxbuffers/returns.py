@@ -79,13 +79,19 @@ def _check(fn: str, method, reward, value, terminated, truncated, final_value, l
 
 @functools.partial(jax.jit, static_argnames="method")  # eager calls: one cached program, not a scan traced anew
 def _solve(a: jax.Array, b: jax.Array, init: jax.Array, method: str) -> jax.Array:
-    r"""$x_t = a_t x_{t+1} + b_t$ for $t = T-1, \dots, 0$ with $x_T$ = `init`; returns `x[0:T]`."""
+    r"""$x_t = a_t x_{t+1} + b_t$ for $t = T-1, \dots, 0$ with $x_T$ = `init`; returns `x[0:T]`. Where $a_t = 0$
+    (an episode end) $x_t = b_t$ exactly: a non-finite $x_{t+1}$ of the next episode is not read (no `0 * inf`)."""
     if method == "scan":
-        return lax.scan(lambda x, ab: (ab[0] * x + ab[1],) * 2, init, (a, b), reverse=True)[1]
+        return lax.scan(lambda x, ab: (_affine(ab[0], x, ab[1]),) * 2, init, (a, b), reverse=True)[1]
     # Fold x_T into the last step, then compose f_t(x) = a_t x + b_t from the end (reverse: combine(later, earlier)).
-    b = b.at[-1].add(a[-1] * init)
-    combine = lambda later, earlier: (earlier[0] * later[0], earlier[0] * later[1] + earlier[1])  # noqa: E731
+    b = b.at[-1].set(_affine(a[-1], init, b[-1]))
+    combine = lambda later, earlier: (earlier[0] * later[0], _affine(earlier[0], later[1], earlier[1]))  # noqa: E731
     return lax.associative_scan(combine, (a, b), reverse=True, axis=0)[1]
+
+
+def _affine(a: jax.Array, x: jax.Array, b: jax.Array) -> jax.Array:
+    """`a * x + b`, and `b` where `a == 0` whatever `x` is."""
+    return jnp.where(a == 0, b, a * x + b)
 
 
 def gae(reward: jax.Array, value: jax.Array, terminated: jax.Array, truncated: jax.Array | None = None,

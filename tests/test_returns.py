@@ -346,8 +346,12 @@ def test_n_step_matches_reference(ro, gamma, n):
 @pytest.mark.parametrize("method", METHODS)
 @HYP
 @given(seed=st.integers(0, 2**31 - 1), T=st.sampled_from([2, 9, 33]), end_frac=st.floats(0.0, 0.95),
-       kind=st.sampled_from(["terminated", "truncated", "both"]), gamma=gammas, lam=lambdas)
-def test_nothing_leaks_across_an_episode_end(method, seed, T, end_frac, kind, gamma, lam):
+       kind=st.sampled_from(["terminated", "truncated", "both"]), gamma=gammas, lam=lambdas,
+       poison=st.sampled_from([None, np.inf, -np.inf, np.nan]))
+@example(seed=0, T=9, end_frac=0.95, kind="terminated", gamma=0.9, lam=0.95, poison=np.nan)
+def test_nothing_leaks_across_an_episode_end(method, seed, T, end_frac, kind, gamma, lam, poison):
+    """Outputs up to an episode end do not depend on anything after it, non-finite values included (a diverging
+    critic's `inf` or `NaN` in the next episode's values or in `last_value`)."""
     r, v, term, trunc, fv, lv = make_rollout(seed, T, (3,), p_term=0.0, p_trunc=0.0, nan_final=False)
     e = min(int(end_frac * T), T - 2)  # the episode ends after step e; steps > e are the next episode
     term[e] = kind in ("terminated", "both")
@@ -358,6 +362,8 @@ def test_nothing_leaks_across_an_episode_end(method, seed, T, end_frac, kind, ga
     v2[e + 1:] += rng.normal(size=v2[e + 1:].shape).astype(np.float32) * 10
     fv2[e + 1:] += 5
     lv2 = lv + 3
+    if poison is not None:
+        v2[e + 1], lv2 = poison, np.full_like(lv, poison)
     g, lam = f32(gamma), f32(lam)
     f = functools.partial(JIT["gae"], gamma=g, gae_lambda=lam, method=method)
     adv1, ret1 = f(r, v, term, trunc, fv, lv)
