@@ -617,7 +617,8 @@ def main() -> None:
         if args.rollout_only:
             return
         kinds = tuple(args.compressed_kinds.split(","))
-        if not (args.compressed_only or args.compressed_traced_only or args.compressed_timing_only or args.compressed_dict_only):
+        if not (args.compressed_only or args.compressed_traced_only or args.compressed_timing_only or args.compressed_dict_only
+                or args.keyframe_only):
             return
         if args.keyframe_only:
             keyframe_rows(quick)

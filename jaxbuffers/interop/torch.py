@@ -64,11 +64,12 @@ def _jax_leaf_to_torch(path, x: jax.Array, host: bool = False) -> torch.Tensor:
     if isinstance(x, jax.core.Tracer):
         raise TypeError(f"{_where('to_torch', path)}: got a traced value ({type(x).__name__}); to_torch converts "
                         f"concrete arrays, so call it outside jit/vmap/scan, on the function's outputs")
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # numpy has no dtype for typed keys
-        raise TypeError(f"{_where('to_torch', path)}: dtype {x.dtype} (a PRNG key) is not supported (supported: "
-                        f"{_SUPPORTED_NAMES}); convert its raw bits with jax.random.key_data first")
-    dtype = np.dtype(x.dtype)
-    _check_dtype("to_torch", path, dtype)
+    dtype = x.dtype
+    if dtype not in SUPPORTED_DTYPES:
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # numpy has no dtype for typed keys
+            raise TypeError(f"{_where('to_torch', path)}: dtype {dtype} (a PRNG key) is not supported (supported: "
+                            f"{_SUPPORTED_NAMES}); convert its raw bits with jax.random.key_data first")
+        _check_dtype("to_torch", path, np.dtype(dtype))
     if x.is_deleted():
         raise ValueError(f"{_where('to_torch', path)}: the JAX array has been deleted or donated")
     if len(x.sharding.device_set) > 1:
@@ -77,8 +78,9 @@ def _jax_leaf_to_torch(path, x: jax.Array, host: bool = False) -> torch.Tensor:
                              f"{len(x.sharding.device_set)} devices; gather it first (jax.device_get or a replicated "
                              f"sharding) or convert its shards: [to_torch(s.data) for s in x.addressable_shards]")
         x = x.addressable_data(0)  # every local shard holds the whole array: use the first, no copy
-    if host:  # a CPU tensor through numpy's view (cheaper than JAX's DLPack export); one copy from another device
-        return _numpy_leaf_to_torch(path, np.asarray(x))
+    if host:  # a CPU tensor through numpy's view (cheaper than JAX's DLPack export); one copy from another device.
+        a = np.asarray(x)  # C-contiguous, native byte order: only bfloat16 needs `_numpy_leaf_to_torch`
+        return _numpy_leaf_to_torch(path, a) if dtype == _BF16 else torch.from_dlpack(a)
     return torch.from_dlpack(x)
 
 
@@ -131,7 +133,10 @@ def to_torch(tree: Any, device: torch.device | str | int | None = None, *, copy:
                 moved = moved.clone(memory_format=torch.contiguous_format)
         return moved
 
-    return jax.tree_util.tree_map_with_path(convert, tree)
+    try:  # leaf paths name a leaf in an error only: the conversion that fails is made again with them
+        return jax.tree.map(lambda leaf: convert(None, leaf), tree)
+    except (TypeError, ValueError):
+        return jax.tree_util.tree_map_with_path(convert, tree)
 
 
 def _dense_up_to_permutation(t: torch.Tensor) -> bool:

@@ -316,6 +316,27 @@ def test_compressed_rows_staged_on_the_host_survive_reused_caller_arrays():
     assert_samples_equal(_sb3_at(sb3, rows, rows % n_envs), jb.samples_at(rows, rows % n_envs))
 
 
+@pytest.mark.parametrize(("size", "steps", "read_every"), [(12, 600, 0), (12, 300, 7), (700, 700, 300)],
+                         ids=["more-staged-than-rows", "small-reads", "queue-fills"])
+def test_compressed_staged_rows_of_any_number_land_as_sb3_rows(size, steps, read_every):
+    """The staged rows go to the device in one add whatever their number: more rows than the buffer holds (only the
+    newest count, the ring wrapping many times), a few between reads, a full queue: every read equals SB3's."""
+    n_envs = 2
+    sb3 = ReplayBuffer(size, PIX, DISC_A, device="cpu", n_envs=n_envs)
+    jb = JaxReplayBuffer(size, PIX, DISC_A, device="cpu", n_envs=n_envs, compress=dict(codec="zstd:-1"))
+    rng = np.random.default_rng(5)
+    obs = random_obs(PIX, n_envs, rng)
+    for i in range(steps):
+        _, nxt, a, r, d, infos = random_step(PIX, DISC_A, n_envs, rng)
+        sb3.add(obs, nxt, a, r, d, infos)
+        jb.add(obs, nxt, a, r, d, infos)
+        obs = nxt
+        if (read_every and i % read_every == read_every - 1) or i == steps - 1:
+            rows = np.arange(sb3.buffer_size if sb3.full else sb3.pos)
+            assert_samples_equal(_sb3_at(sb3, rows, rows % n_envs), jb.samples_at(rows, rows % n_envs))
+    assert (jb.pos, jb.full, int(jb.jax_buffer.head)) == (sb3.pos, sb3.full, sb3.pos)
+
+
 @pytest.mark.parametrize("read_every_add", [False, True], ids=["staged", "flushed"])
 def test_compressed_keeps_a_next_obs_that_is_not_the_next_rows_obs(read_every_add):
     """Independent transitions (each ``next_obs`` unrelated to the next ``obs``, ``done`` mostly False): every sample

@@ -215,13 +215,20 @@ class Rows:
         spec = lambda sp, shape, what: jax.ShapeDtypeStruct((n_envs, *shape), storage_dtype(sp.dtype, sp, what))  # noqa: E731
         self.obs = per_key(spec, observation_space, get_obs_shape(observation_space), what="observation_space")
         self.obs_dtypes = per_key(lambda sp, what: np.dtype(sp.dtype), observation_space)
+        self._kind: tuple | None = None  # (obs spec, Dict space, Discrete space): `observation`'s, found once per spec
         self.action_dtype = np.dtype(action_dtype)
         stored = storage_dtype(sb3_float32(action_dtype), action_space, "action_space")
         self.action = jax.ShapeDtypeStruct((n_envs, get_action_dim(action_space)), stored)
 
     def observation(self, obs: Any, what: str) -> Any:
         """One step's observation in the stored shapes and dtypes (`as_row`'s errors)."""
-        return per_key(_obs_leaf, self.space, self.obs, self.obs_dtypes, obs, what=what)
+        kind = self._kind
+        if kind is None or kind[0] is not self.obs:  # (an isinstance of a space is an ABC check: made once)
+            kind = self._kind = (self.obs, isinstance(self.space, spaces.Dict), isinstance(self.space, spaces.Discrete))
+        spec, is_dict, discrete = kind
+        if is_dict:
+            return per_key(_obs_leaf, self.space, self.obs, self.obs_dtypes, obs, what=what)
+        return as_row(obs, spec.shape, spec.dtype, what, reshape=discrete, exact=spec.dtype != self.obs_dtypes)
 
     def action_row(self, action: Any) -> np.ndarray:
         """One step's actions (anything reshapeable to ``[n_envs, action_dim]``) in the stored dtype."""

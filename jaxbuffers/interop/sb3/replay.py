@@ -36,7 +36,19 @@ def _add_row(state: _replay.ReplayBuffer, row: Any, next_obs: Any, next_in_obs: 
     return state
 
 
-_add_rows = jax.jit(lambda state, rows: state.add(rows), donate_argnums=0)
+# The compressed adapter's staged rows, added by one compiled program whatever their number: of the queue's rows
+# `[Q, ...]` the first `count` are written as `count` one-row adds would write them (the newest `capacity` of them),
+# the others dropped. One program per number of rows would compile up to log2(Q) + 1 of them, each paying a compile
+# and the resident memory of its code.
+@functools.partial(jax.jit, donate_argnums=0)
+def _add_staged(state: _replay.ReplayBuffer, rows: dict, count: jax.Array) -> _replay.ReplayBuffer:
+    q, cap = jax.tree.leaves(rows)[0].shape[0], state.capacity
+    i = jnp.arange(q, dtype=jnp.int32)
+    slots = jnp.where((i < count) & (i >= count - cap), (state.head + i) % cap, cap)  # cap: out of range, dropped
+    storage = jax.tree.map(lambda s, x: s.at[slots].set(x, mode="drop"), state.storage, rows)
+    head, num_valid = _ring.advance(state.head, state.num_valid, count, cap)
+    return state.replace(storage=storage, head=head, num_valid=num_valid, added=_ring.counter_add(state.added, count),
+                         metrics=state.metrics.written_at(slots))
 
 
 # Reads at (row, env) pairs: `ReplayBuffer.get` reads whole rows (every env).
@@ -114,7 +126,7 @@ class FieldView:
 
 # Attributes that __setstate__ rebuilds from the checkpoint bytes instead of unpickling them.
 _REBUILT = ("_rows_state", "_row_queue", "_writer", "_pending", "_pending_bytes", "_rows", "_step_ends")
-_ROW_QUEUE = 1024  # compressed adapter: SB3 rows staged on the host before one device add
+_ROW_QUEUE = 256  # compressed adapter: SB3 rows staged on the host before one device add (`_add_staged`)
 _MAX_PENDING = 128  # compressed adapter: the default `max_pending`
 _COMPRESS_OPTIONS = {"codec", "delta_codec", "keyframe_interval", "frame_stack", "stack_axis", "padding", "chunk_bytes",
                      "max_pending", "keys"}
@@ -185,14 +197,9 @@ class _JaxReplayImpl:
     def _state(self) -> _replay.ReplayBuffer:
         queue = self.__dict__.get("_row_queue")
         if queue is not None and queue[1]:
-            from jaxbuffers.compressed.staging import _pow2_pieces
-
-            (rows, filled), state, at = queue, self.__dict__["_rows_state"], 0
-            self._row_queue = None  # the next add stages into new arrays: the device adds may still read these
-            for size in _pow2_pieces(filled, cap=min(_ROW_QUEUE, self.buffer_size)):
-                state = _add_rows(state, {k: x[at : at + size] for k, x in rows.items()})
-                at += size
-            self.__dict__["_rows_state"] = state
+            (rows, filled), state = queue, self.__dict__["_rows_state"]
+            self._row_queue = None  # the next add stages into new arrays: the device add may still read these
+            self.__dict__["_rows_state"] = _add_staged(state, rows, np.int32(filled))
         return self.__dict__["_rows_state"]
 
     @_state.setter
@@ -203,7 +210,7 @@ class _JaxReplayImpl:
         """Stage one checked row for the next device add (``_row_queue``: ``(arrays [_ROW_QUEUE, ...], filled)``)."""
         queue = self._row_queue
         if queue is None:
-            queue = ({k: np.empty((_ROW_QUEUE, *x.shape), x.dtype) for k, x in row.items()}, 0)
+            queue = ({k: np.zeros((_ROW_QUEUE, *x.shape), x.dtype) for k, x in row.items()}, 0)  # zeros: rows past the count
         rows, k = queue
         for dst, x in zip(rows.values(), row.values()):  # one order: every row is made by `add`
             dst[k] = x  # a copy: the row may be a view of the caller's arrays
