@@ -40,7 +40,7 @@ saturating increments at masked indices (one operation more, as many instruction
 instead. On a loaded machine one thread runs everything and the orders cost the same; rows measured there are the
 metrics' own cost.
 
-Run: python benchmarks/bench_replay.py [--quick] [--repeats N] [--metrics]
+Run: python benchmarks/bench_replay.py [--quick] [--repeats N] [--metrics] [--items vector atari]
 """
 
 from __future__ import annotations
@@ -105,14 +105,17 @@ class FlashbaxFlat(Flashbax):
 
 
 def main():
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--items", nargs="+", choices=list(ITEMS), default=list(ITEMS), help="item kinds to run (default: all)")
+    args = p.parse_args()
+    items = {k: v for k, v in ITEMS.items() if k in args.items}
     repeats = args.repeats or (3 if args.quick else 301 if args.metrics else 9)  # --metrics: short runs, ratios of a few %
     shrink = 20 if args.quick else 1
     header(BENCH, args.quick)
     if args.metrics:
-        metrics_cases(BENCH, jb.ReplayBuffer.create, lambda s, k: s.sample(k, SAMPLE), ITEMS, repeats, args.quick, full=("vector",))
+        metrics_cases(BENCH, jb.ReplayBuffer.create, lambda s, k: s.sample(k, SAMPLE), items, repeats, args.quick, full=("vector",))
         return
-    for item_name, (item, capacity) in ITEMS.items():
+    for item_name, (item, capacity) in items.items():
         capacity //= shrink
         for b in (1, 8, 256):
             batch = batch_of(item, b)
