@@ -26,14 +26,15 @@ the process CPU times (``_common._metrics_compare``). ``--items vector`` runs th
 Where the metrics' cost goes (callgrind, the quarter-full vector step, instructions per step outside the thread
 pool's idle spinning, three runs; steadier than timings, which differ by a few percent between two identical steps
 compiled apart): 175k to 180k without metrics, about 53k of them in the compiled kernels and the rest in XLA's
-runtime and memory allocation. ``counters`` adds 4 to 5% (7k to 9k), three quarters of it in its kernels: a
+runtime and memory allocation. ``counters`` adds 4 to 5% (7k to 9k), most of it in its kernels: a
 scatter-add of the 256 draws' held flags at their age bins (9 instructions a draw), one reduction over the batch,
 the bins' index and updates, the counter words' pass, and a copy of the 46 words into the loop carry. ``per-slot``
-adds 3 to 5% more (5k to 9k): a second scatter, of saturating increments at random positions of the int32
-``[capacity]`` counts (13 instructions a draw; XLA:CPU splits it into two tasks on the thread pool, as it writes into
-a large array, which is about half of the rest), the index it needs, its placeholder updates, and the add's reset of
-the positions it writes. ``control`` adds under 1%. Both scatters are O(batch); a step that also trains a network
-hides them (the Atari rows).
+adds 3 to 5% more (5k to 9k): about 4k in kernels (a second scatter, of saturating increments at random positions
+of the int32 ``[capacity]`` counts, 13 instructions a draw; its index and placeholder updates; the add's reset of
+the positions it writes) and about 2k in memory allocation. XLA:CPU also splits that scatter into two tasks on the
+thread pool, as it writes into a large array; that shows in the pool's traffic, left out of these counts.
+``control`` adds under 1%. Both scatters are O(batch); a step that also trains a network hides them (the Atari
+rows).
 
 The compiled step has no other difference: ``record`` reads the sample's indices only, never its items, so nothing
 orders the add or the gathers after it; the buffer is donated and updated in place in every variant (of the state,
