@@ -280,14 +280,15 @@ def _metrics_compare(bench: str, case: str, runs: dict, repeats: int, n: int, it
             cpu_us=round(1e6 * float(np.median(cpu[impl])) / n, 3), **extra)
 
 
-def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: bool, full: tuple = ()) -> None:
+def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: bool, full: tuple = (),
+                  control: tuple = ()) -> None:
     """Rows ``metrics/add/<item>/B=<b>/scan`` and ``metrics/add+sample+record/<item>/batch=<k>/scan`` (a training
     step: add one item, sample a batch, record it): the buffer without metrics (``metrics=False``, nothing recorded;
     the anchor), with the O(1) counters only (``metrics=False``, every sample recorded) and with per-slot counts too
-    (``metrics=True``, the default, recorded). The training step also has a ``control``: no metrics, the sum of each
-    sample's indices carried out of the loop, one cheap reduction and output that any step may add: how much the
-    step's time moves with its compiled schedule rather than with the work added. Each row also carries
-    ``ratio_spread`` (``_metrics_compare``).
+    (``metrics=True``, the default, recorded); for the items named in ``control``, the training step also has a
+    ``control``: no metrics, the sum of each sample's indices carried out of the loop, one cheap reduction and output
+    that any step may add: how much the step's time moves with its compiled schedule rather than with the work added.
+    Each row also carries ``ratio_spread`` (``_metrics_compare``).
 
     The training step runs on new buffers, every variant filled alike: a quarter of the capacity, and for the items
     named in ``full`` also the whole capacity (``.../batch=<k>/full/scan``; a full buffer's gathers and counts spread
@@ -298,20 +299,20 @@ def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: 
     kinds = (("off", False, False, False), ("control", False, False, True), ("counters", False, True, False),
              ("per-slot", True, True, False))
 
-    def made(item, capacity):
+    def made(item, capacity, names):
         return [_Metrics(name, lambda metrics: create(item, capacity, metrics=metrics), per, rec, sample, extra)
-                for name, per, rec, extra in kinds]
+                for name, per, rec, extra in kinds if name in names]
 
     for item_name, (item, capacity) in items.items():
         capacity //= 20 if quick else 1
-        adders = [i for i in made(item, capacity) if i.name in ("off", "per-slot")]  # an add touches per-slot counts only
+        adders = made(item, capacity, ("off", "per-slot"))  # an add touches the per-slot counts only
         for b in (1, 256):
             n = max(4, min(200, capacity // b // 4) // (5 if quick else 1))
             _metrics_compare(bench, f"metrics/add/{item_name}/B={b}/scan",
                              {i.name: add_runner(i, batch_of(item, b), "scan", n) for i in adders}, repeats, n, b)
         del adders
         for part, fill in (("", capacity // 4), ("full/", capacity))[:2 if item_name in full else 1]:
-            impls = made(item, capacity)
+            impls = made(item, capacity, ("off", "counters", "per-slot") + (("control",) if item_name in control else ()))
             for impl in impls:  # every variant holds the same items, so its gathers read the same spread of storage
                 add_runner(impl, batch_of(item, 256), "scan", max(1, fill // 256))()
             n = 5 if quick else 50

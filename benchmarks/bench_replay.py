@@ -18,7 +18,7 @@ anchor is flashbax's item buffer (flashbax's flat buffer is an extra row for b >
 ``--metrics`` runs only the cost of usage metrics instead (``_common.metrics_cases``): adds, and a training step of
 one add, one sample of 256 and its ``record``, in a scan, without metrics (``off``, the anchor), with the scalar
 counters (``counters``) and with per-slot counts too (``per-slot``, the default); the vector step also on a full
-buffer. The step also has a ``control``: no metrics, the sum of each sample's indices carried out of the loop.
+buffer, and with a ``control``: no metrics, the sum of each sample's indices carried out of the loop.
 Every variant compiles the same add, sample and checksum and donates its state; the recorded step updates every
 metric in place. Each row's ratio is that of the medians, with the quartiles of the per-round ratio and the same of
 the process CPU times (``_common._metrics_compare``). ``--items vector`` runs the vector items only.
@@ -123,7 +123,8 @@ def main():
     shrink = 20 if args.quick else 1
     header(BENCH, args.quick)
     if args.metrics:
-        metrics_cases(BENCH, jb.ReplayBuffer.create, lambda s, k: s.sample(k, SAMPLE), items, repeats, args.quick, full=("vector",))
+        metrics_cases(BENCH, jb.ReplayBuffer.create, lambda s, k: s.sample(k, SAMPLE), items, repeats, args.quick,
+                      full=("vector",), control=("vector",))
         return
     for item_name, (item, capacity) in items.items():
         capacity //= shrink
