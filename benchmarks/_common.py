@@ -223,10 +223,12 @@ def data_file(name: str):
 
 
 class _Metrics:
-    """A buffer made by ``create(metrics=...)``; ``record`` says whether each sample is recorded into it."""
+    """A buffer made by ``create(metrics=...)``; ``record`` says whether each sample is recorded into it, ``extra``
+    whether the step carries out one cheap scalar of each sample instead (the ``control`` variant)."""
 
-    def __init__(self, name: str, create, per_slot: bool, record: bool, sample):
+    def __init__(self, name: str, create, per_slot: bool, record: bool, sample, extra: bool = False):
         self.name, self.state, self.record, self.sample = name, create(metrics=per_slot), record, sample
+        self.extra = extra
 
     def add_fn(self):
         return lambda s, batch: s.add(batch)
@@ -234,21 +236,23 @@ class _Metrics:
 
 def _sample_record_runner(impl, n: int, item):
     """``n`` training steps inside one jitted, donated scan: add one item, sample, and record the sample into the
-    state when ``impl.record``. The add makes the buffer a real loop carry in every variant, as in training (a scan
-    that never changes the buffer lets XLA hoist it out of the loop, which only the variant without metrics gets)."""
+    state when ``impl.record`` (when ``impl.extra``, add the sum of its indices to an int32 carried out of the loop
+    instead). The add makes the buffer a real loop carry in every variant, as in training (a scan that never changes
+    the buffer lets XLA hoist it out of the loop, which only the variant without metrics gets)."""
     keys = jax.random.split(jax.random.key(0), n)
     one = batch_of(item, 1)
 
     def body(carry, k):
-        s, acc = carry
+        s, acc, extra = carry
         s = s.add(one)
         out = impl.sample(s, k)
-        return ((s.record(out) if impl.record else s), acc + checksum(out)), None
+        extra = extra + jnp.sum(out.indices) if impl.extra else extra
+        return ((s.record(out) if impl.record else s), acc + checksum(out), extra), None
 
-    f = jax.jit(lambda s, ks: jax.lax.scan(body, (s, jnp.float32(0)), ks)[0], donate_argnums=0)
+    f = jax.jit(lambda s, ks: jax.lax.scan(body, (s, jnp.float32(0), jnp.int32(0)), ks)[0], donate_argnums=0)
 
     def run():
-        impl.state, acc = jax.block_until_ready(f(impl.state, keys))
+        impl.state, acc, extra = jax.block_until_ready(f(impl.state, keys))
 
     return run
 
@@ -276,11 +280,15 @@ def _metrics_compare(bench: str, case: str, runs: dict, repeats: int, n: int, it
             cpu_us=round(1e6 * float(np.median(cpu[impl])) / n, 3), **extra)
 
 
-def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: bool, full: tuple = ()) -> None:
+def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: bool, full: tuple = (),
+                  control: tuple = ()) -> None:
     """Rows ``metrics/add/<item>/B=<b>/scan`` and ``metrics/add+sample+record/<item>/batch=<k>/scan`` (a training
     step: add one item, sample a batch, record it): the buffer without metrics (``metrics=False``, nothing recorded;
     the anchor), with the O(1) counters only (``metrics=False``, every sample recorded) and with per-slot counts too
-    (``metrics=True``, the default, recorded). Each row also carries ``ratio_spread`` (``_metrics_compare``).
+    (``metrics=True``, the default, recorded); for the items named in ``control``, the training step also has a
+    ``control``: no metrics, the sum of each sample's indices carried out of the loop, one cheap reduction and output
+    that any step may add: how much the step's time moves with its compiled schedule rather than with the work added.
+    Each row also carries ``ratio_spread`` (``_metrics_compare``).
 
     The training step runs on new buffers, every variant filled alike: a quarter of the capacity, and for the items
     named in ``full`` also the whole capacity (``.../batch=<k>/full/scan``; a full buffer's gathers and counts spread
@@ -288,22 +296,23 @@ def metrics_cases(bench: str, create, sample, items: dict, repeats: int, quick: 
 
     ``create(item, capacity, metrics=...)`` builds the buffer, ``sample(state, key)`` draws a batch of 256.
     """
-    kinds = (("off", False, False), ("counters", False, True), ("per-slot", True, True))
+    kinds = (("off", False, False, False), ("control", False, False, True), ("counters", False, True, False),
+             ("per-slot", True, True, False))
 
-    def made(item, capacity):
-        return [_Metrics(name, lambda metrics: create(item, capacity, metrics=metrics), per, rec, sample)
-                for name, per, rec in kinds]
+    def made(item, capacity, names):
+        return [_Metrics(name, lambda metrics: create(item, capacity, metrics=metrics), per, rec, sample, extra)
+                for name, per, rec, extra in kinds if name in names]
 
     for item_name, (item, capacity) in items.items():
         capacity //= 20 if quick else 1
-        adders = [i for i in made(item, capacity) if i.name != "counters"]  # an add does not touch the O(1) counters
+        adders = made(item, capacity, ("off", "per-slot"))  # an add touches the per-slot counts only
         for b in (1, 256):
             n = max(4, min(200, capacity // b // 4) // (5 if quick else 1))
             _metrics_compare(bench, f"metrics/add/{item_name}/B={b}/scan",
                              {i.name: add_runner(i, batch_of(item, b), "scan", n) for i in adders}, repeats, n, b)
         del adders
         for part, fill in (("", capacity // 4), ("full/", capacity))[:2 if item_name in full else 1]:
-            impls = made(item, capacity)
+            impls = made(item, capacity, ("off", "counters", "per-slot") + (("control",) if item_name in control else ()))
             for impl in impls:  # every variant holds the same items, so its gathers read the same spread of storage
                 add_runner(impl, batch_of(item, 256), "scan", max(1, fill // 256))()
             n = 5 if quick else 50

@@ -18,29 +18,39 @@ anchor is flashbax's item buffer (flashbax's flat buffer is an extra row for b >
 ``--metrics`` runs only the cost of usage metrics instead (``_common.metrics_cases``): adds, and a training step of
 one add, one sample of 256 and its ``record``, in a scan, without metrics (``off``, the anchor), with the scalar
 counters (``counters``) and with per-slot counts too (``per-slot``, the default); the vector step also on a full
-buffer. Every variant compiles the same add, sample and checksum and donates its state; the recorded step updates
-every metric in place. Each row's ratio is that of the medians, with the quartiles of the per-round ratio and the
-same of the process CPU times (``_common._metrics_compare``).
+buffer, and with a ``control``: no metrics, the sum of each sample's indices carried out of the loop.
+Every variant compiles the same add, sample and checksum and donates its state; the recorded step updates every
+metric in place. Each row's ratio is that of the medians, with the quartiles of the per-round ratio and the same of
+the process CPU times (``_common._metrics_compare``). ``--items vector`` runs the vector items only.
 
 Where the metrics' cost goes (callgrind, the quarter-full vector step, instructions per step outside the thread
-pool's idle spinning; steadier than timings, which differ by a few percent between two identical steps compiled
-apart): about 175k without metrics, 53k in the compiled kernels, 79k in XLA's runtime and 42k in memory allocation.
-``counters`` adds about 5% (9k): a scatter-add of the 256 draws' held flags at their age bins (9 instructions a
-draw), one reduction over the batch, one elementwise pass over the 46 counter words and six operations launched.
-``per-slot`` adds about 4% more (7k): a second scatter, of saturating increments at random positions of the int32
-``[capacity]`` counts (13 instructions a draw), the index it needs, and the add's reset of the positions it writes.
-Both scatters are O(batch): a step that only samples pays them in full, a step that also trains a network hides them.
+pool's idle spinning, three runs; steadier than timings, which differ by a few percent between two identical steps
+compiled apart): 175k to 180k without metrics, about 53k of them in the compiled kernels and the rest in XLA's
+runtime and memory allocation. ``counters`` adds 4 to 5% (7k to 9k), most of it in its kernels: a
+scatter-add of the 256 draws' held flags at their age bins (9 instructions a draw), one reduction over the batch,
+the bins' index and updates, the counter words' pass, and a copy of the 46 words into the loop carry. ``per-slot``
+adds 3 to 5% more (5k to 9k): about 4k in kernels (a second scatter, of saturating increments at random positions
+of the int32 ``[capacity]`` counts, 13 instructions a draw; its index and placeholder updates; the add's reset of
+the positions it writes) and about 2k in memory allocation. XLA:CPU also splits that scatter into two tasks on the
+thread pool, as it writes into a large array; that shows in the pool's traffic, left out of these counts.
+``control`` adds under 1%. Both scatters are O(batch); a step that also trains a network hides them (the Atari
+rows).
 
-With both cores free, XLA runs a step's independent operations on two threads, and the step's time then depends
-more on the order its compiled schedule gives the sample's four gathers than on the metrics' work: a step whose
-schedule starts with the ``[256, 6]`` action gather ran about 12 us (40%) slower than one starting with another
-gather, whichever variant it was. Which variant gets that order follows from the whole graph, not from its cost:
-with the age bins counted as they are, ``counters`` gets it and ``per-slot`` does not; counting them with
-saturating increments at masked indices (one operation more, as many instructions) gives it to ``per-slot``
-instead. On a loaded machine one thread runs everything and the orders cost the same; rows measured there are the
-metrics' own cost.
+The compiled step has no other difference: ``record`` reads the sample's indices only, never its items, so nothing
+orders the add or the gathers after it; the buffer is donated and updated in place in every variant (of the state,
+only the 46 counter words and the 2-word ``added`` are copied in the loop, the latter in ``off`` too). With both
+cores free, XLA runs a step's independent operations on two threads, and the step's time then depends more on the
+order its compiled schedule gives the sample's four gathers than on the work added: a step whose schedule starts
+with the ``[256, 6]`` action gather ran about 12 us (40%) slower than one starting with another gather, whichever
+variant it was. Which variant gets that order follows from the whole graph, not from its cost: ``counters`` gets it,
+and so does ``control`` (the sum, or the largest, of the indices gives the same schedule), while ``off`` and
+``per-slot`` do not (``jax.jit(f).lower(...).compile().as_text()``, the ops after the indices). A quiet run's
+``counters`` wall ratio of 0.77 beside a CPU-time ratio of 0.95 comes from that order, not from the counters' work;
+``control`` measures the order apart from any metric. On a loaded machine, or pinned to one core, one thread runs
+everything and the orders cost the same: the CPU ratio then reads the metrics' own cost, and the wall ratios spread
+widely (the rows at ``e59477e`` were measured at a load average of 9 to 11 on two cores).
 
-Run: python benchmarks/bench_replay.py [--quick] [--repeats N] [--metrics]
+Run: python benchmarks/bench_replay.py [--quick] [--repeats N] [--metrics] [--items vector atari]
 """
 
 from __future__ import annotations
@@ -105,14 +115,18 @@ class FlashbaxFlat(Flashbax):
 
 
 def main():
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--items", nargs="+", choices=list(ITEMS), default=list(ITEMS), help="item kinds to run (default: all)")
+    args = p.parse_args()
+    items = {k: v for k, v in ITEMS.items() if k in args.items}
     repeats = args.repeats or (3 if args.quick else 301 if args.metrics else 9)  # --metrics: short runs, ratios of a few %
     shrink = 20 if args.quick else 1
     header(BENCH, args.quick)
     if args.metrics:
-        metrics_cases(BENCH, jb.ReplayBuffer.create, lambda s, k: s.sample(k, SAMPLE), ITEMS, repeats, args.quick, full=("vector",))
+        metrics_cases(BENCH, jb.ReplayBuffer.create, lambda s, k: s.sample(k, SAMPLE), items, repeats, args.quick,
+                      full=("vector",), control=("vector",))
         return
-    for item_name, (item, capacity) in ITEMS.items():
+    for item_name, (item, capacity) in items.items():
         capacity //= shrink
         for b in (1, 8, 256):
             batch = batch_of(item, b)

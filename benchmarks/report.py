@@ -39,7 +39,9 @@ NOTES = {
               "per operation from Python; `scan`: the operations inside one jitted `lax.scan`, as in a training "
               "step. Items/s; target: `scan` rows >= 1.0, `call` rows >= 0.8. `metrics/...` rows: the buffer with "
               "its scalar counters (`counters`) and with per-slot counts too (`per-slot`, the default) against none "
-              "(`off`); `add+sample+record` is a training step on a quarter-full buffer, `full/` on a full one.",
+              "(`off`); `add+sample+record` is a training step on a quarter-full buffer, `full/` on a full one; its "
+              "`control` has no metrics but carries out the sum of each sample's indices, which moves the step's "
+              "time by changing its compiled schedule as much as any other cheap output (benchmark docstring).",
     "prioritised": "Anchor: flashbax's prioritised item buffer with the sum-tree update it uses on CPU; "
                    "`flashbax-bincount` is the update it uses on GPU/TPU, run on the same CPU. `call` / `scan` as "
                    "for uniform replay; `sample+set_priorities/.../scan` is the pair a prioritised training step "
