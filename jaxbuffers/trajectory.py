@@ -132,7 +132,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     num_valid: jax.Array  # shape=(), dtype=int32: steps stored per lane, in [0, length]
     added: jax.Array  # shape=[2], dtype=int32: steps ever added per lane, two-word counter (_ring.counter_*)
     final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-obs ring slot per lane, in [0, final_obs_capacity)
-    final_owner: jax.Array  # shape=[num_envs, K] ([num_envs, 0] if K = length), dtype=int32: physical slot of each final-obs slot's step while stored, else -1
+    final_owner: jax.Array  # shape=[num_envs, K] ([num_envs, 0] if K = length), dtype=int32: physical slot of each ring slot's stored step, or -1
     lost_prefix: jax.Array  # shape=[num_envs], dtype=int32: oldest steps of a lane through its newest with a lost final obs (no window starts there)
     metrics: Metrics  # usage counters; sample_count [num_envs, length] by window start (jaxbuffers._metrics)
     num_envs: int = struct.field(pytree_node=False)
@@ -250,7 +250,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
             step before any auto-reset. Read where `truncated & ~terminated`.
 
         Returns:
-          The new buffer. Cost O(num_envs * t); in place when donated.
+          The new buffer. Cost O(num_envs * t), plus O(num_envs * K) when $K$ < `length`; in place when donated.
 
         Raises:
           TypeError: `step` not a dict, wrong structure or dtype (flags must be bool), `final_obs` missing with
