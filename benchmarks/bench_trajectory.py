@@ -22,7 +22,10 @@ implementations of a case run in one process, interleaved; the anchor is flashba
 ``--quick`` shrinks lengths and repetition counts for a smoke run (and skips Atari sequences of
 32).
 
-Run: python benchmarks/bench_trajectory.py [--quick] [--repeats N] [--steps vector,atari]
+``--cases`` runs only the cases whose names start with one of its comma-separated prefixes
+(``--cases add/,prioritised/add/``: the add rows).
+
+Run: python benchmarks/bench_trajectory.py [--quick] [--repeats N] [--steps vector,atari] [--cases PREFIXES]
 """
 
 from __future__ import annotations
@@ -150,7 +153,7 @@ def sample_set_scan_runner(impl, n):
     return run
 
 
-def run_step(name, step, length, repeats, quick, prioritised):
+def run_step(name, step, length, repeats, quick, prioritised, wanted=lambda case: True):
     pre = "prioritised/" if prioritised else ""
     n_add = max(4, min(length, 500) // (10 if quick else 1))
     n_sample = 5 if quick else 50
@@ -159,12 +162,16 @@ def run_step(name, step, length, repeats, quick, prioritised):
         impls = [Ours(step, length, seq_len, prioritised), Flashbax(step, length, seq_len, prioritised)]
         suffix = f"/seq={seq_len}" if prioritised else ""
         for mode in ("call", "scan", f"chunk{CHUNK}"):
+            if not wanted(f"{pre}add/{name}/{mode}{suffix}"):
+                continue
             t = CHUNK if mode.startswith("chunk") else None
             m = "scan" if t else mode
             n = max(4, n_add // CHUNK) if t else n_add
             times = interleaved({i.name: add_runner(i, i.batch(step, t), m, n) for i in impls}, repeats, n)
             compare(BENCH, f"{pre}add/{name}/{mode}{suffix}", times, "flashbax", n=n, repeats=repeats,
                     items=NUM_ENVS * (t or 1), unit="env steps/s")
+        if not any(wanted(f"{pre}{kind}/{name}") for kind in ("sample", "set_priorities", "sample+set_priorities")):
+            continue
         for impl in impls:  # fill every lane past its length (wrapped)
             add_runner(impl, impl.batch(step, CHUNK), "scan", length // CHUNK + 2)()
         lens = (seq_len,) if prioritised else seq_lens
@@ -195,14 +202,18 @@ def run_step(name, step, length, repeats, quick, prioritised):
 def main():
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--steps", default="vector,atari", help="comma-separated step kinds to run (vector, atari)")
+    p.add_argument("--cases", default="", help="comma-separated case-name prefixes to run (default: every case)")
     args = p.parse_args()
+    prefixes = tuple(c for c in args.cases.split(",") if c)
+    wanted = lambda case: not prefixes or any(case.startswith(c) or c.startswith(case) for c in prefixes)  # noqa: E731 (a group too)
     repeats = args.repeats or (3 if args.quick else 9)
     header(BENCH, args.quick)
     for name, (step, length) in STEPS.items():
         if name in args.steps.split(","):
             length //= 20 if args.quick else 1
             for prioritised in (False, True):
-                run_step(name, step, length, repeats, args.quick, prioritised)
+                if any(wanted(f"{'prioritised/' if prioritised else ''}{kind}/{name}") for kind in ("add", "sample", "set_priorities", "sample+set_priorities")):
+                    run_step(name, step, length, repeats, args.quick, prioritised, wanted)
 
 
 if __name__ == "__main__":

@@ -43,15 +43,43 @@ def advance(head: jax.Array, num_valid: jax.Array, batch_size: int, capacity: in
 
 def write(storage, batch, head: jax.Array, axis: int = 0):
     """`storage` (an array `[..., capacity, ...]` with the ring along `axis`, or a pytree of them) with `batch` (the
-    same structure, `batch_size <= capacity` along `axis`) written at slots `head, head+1, ...` (`head` an int32
-    scalar) with wrap-around: one scatter of distinct in-bounds slots, in place when `storage` is donated. `axis`: 0
-    for item buffers, 1 for per-lane `[num_envs, length, ...]` storage."""
+    same structure, `t = batch_size <= capacity` along `axis`) written at slots `head, head+1, ...` (`head` an int32
+    scalar in `[0, capacity)`) with wrap-around, in place when `storage` is donated. `axis`: 0 for item buffers, 1 for
+    per-lane `[num_envs, length, ...]` storage (every lane writes the same slots).
+
+    Along axis 0 (a batch of items, each a contiguous row): one scatter of distinct in-bounds slots. Along a later
+    axis each lane's slots are one or two contiguous blocks, written as dynamic-update-slices (a scatter there writes
+    each slot's rows across the lanes). One step (`t = 1`) never wraps (`head < capacity`): one update at `head`.
+    Else, with `w = max(head + t - capacity, 0)` steps wrapping to the front and the batch rotated by `w` (`y[i] =
+    batch[(i - w) mod t]`): the `t` slots from `head - w` take `y[i]` where `i >= w` (the steps up to the end of the
+    ring), then the `t - 1` slots from slot 0 (when the batch wraps; else from `head - w`, rewriting what the first
+    update left) take `y[i]` where `i < w`; each update keeps the other slots of its block as they were."""
     leaves, treedef = jax.tree.flatten(storage)
     rows = treedef.flatten_up_to(batch)
-    idx = write_indices(head, rows[0].shape[axis], leaves[0].shape[axis])
-    at = (slice(None),) * axis + (idx,)
-    out = [s.at[at].set(x, unique_indices=True, mode="promise_in_bounds") for s, x in zip(leaves, rows)]
-    return jax.tree.unflatten(treedef, out)
+    t, capacity = rows[0].shape[axis], leaves[0].shape[axis]
+    head = jnp.asarray(head, jnp.int32)
+    if axis == 0:
+        idx = write_indices(head, t, capacity)
+        out = [s.at[idx].set(x, unique_indices=True, mode="promise_in_bounds") for s, x in zip(leaves, rows)]
+        return jax.tree.unflatten(treedef, out)
+    if t == 1:
+        out = [jax.lax.dynamic_update_slice_in_dim(s, x.astype(s.dtype), head, axis) for s, x in zip(leaves, rows)]
+        return jax.tree.unflatten(treedef, out)
+    wrap = jnp.maximum(head + t - capacity, 0)  # in [0, t - 1]
+    start = head - wrap  # min(head, capacity - t)
+    front = jnp.where(wrap > 0, 0, start)  # the second block's slots: reading and writing the same ones keeps it in place
+    pos = jnp.arange(t, dtype=jnp.int32)
+    rotated = (pos - wrap) % t  # y[i] = batch[rotated[i]]
+
+    def put(s, x):
+        along = lambda m: m.reshape((1,) * axis + m.shape + (1,) * (s.ndim - axis - 1))  # noqa: E731
+        block = lambda n: jnp.take(x, rotated[:n], axis=axis, mode="clip").astype(s.dtype)  # noqa: E731
+        old = jax.lax.dynamic_slice_in_dim(s, start, t, axis)
+        s = jax.lax.dynamic_update_slice_in_dim(s, jnp.where(along(pos >= wrap), block(t), old), start, axis)
+        old = jax.lax.dynamic_slice_in_dim(s, front, t - 1, axis)
+        return jax.lax.dynamic_update_slice_in_dim(s, jnp.where(along(pos[:t - 1] < wrap), block(t - 1), old), front, axis)
+
+    return jax.tree.unflatten(treedef, [put(s, x) for s, x in zip(leaves, rows)])
 
 
 def checked_cursors(ring: int, lead: tuple = (), prefix: str = "", *, head=None, num_valid=None, added=None) -> dict:

@@ -132,7 +132,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
     num_valid: jax.Array  # shape=(), dtype=int32: steps stored per lane, in [0, length]
     added: jax.Array  # shape=[2], dtype=int32: steps ever added per lane, two-word counter (_ring.counter_*)
     final_head: jax.Array  # shape=[num_envs], dtype=int32: next final-obs ring slot per lane, in [0, final_obs_capacity)
-    final_owner: jax.Array  # shape=[num_envs, K] ([num_envs, 0] if K = length), dtype=int32: physical slot of each final-obs slot's step
+    final_owner: jax.Array  # shape=[num_envs, K] ([num_envs, 0] if K = length), dtype=int32: physical slot of each ring slot's stored step, or -1
     lost_prefix: jax.Array  # shape=[num_envs], dtype=int32: oldest steps of a lane through its newest with a lost final obs (no window starts there)
     metrics: Metrics  # usage counters; sample_count [num_envs, length] by window start (jaxbuffers._metrics)
     num_envs: int = struct.field(pytree_node=False)
@@ -182,7 +182,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
             final_slot=jnp.zeros((num_envs, length), jnp.int32),
             final_obs=jax.tree.map(lambda s: zeros(s, k), spec[obs_key]), head=jnp.int32(0),
             num_valid=jnp.int32(0), added=_ring.counter_zero(), final_head=jnp.zeros((num_envs,), jnp.int32),
-            final_owner=jnp.zeros((num_envs, k if k < length else 0), jnp.int32), lost_prefix=jnp.zeros((num_envs,), jnp.int32),
+            final_owner=jnp.full((num_envs, k if k < length else 0), -1, jnp.int32), lost_prefix=jnp.zeros((num_envs,), jnp.int32),
             metrics=Metrics.create((num_envs, length), metrics),
             num_envs=num_envs, length=length, final_obs_capacity=k, obs_key=obs_key, action_key=action_key,
             reward_key=reward_key,
@@ -190,7 +190,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
 
     def _cursor_ranges(self) -> dict:
         """`(lo, hi)`, inclusive, of the cursor fields' documented ranges (`_checkpoint_describe._checked_cursors`)."""
-        return {"final_head": (0, self.final_obs_capacity - 1), "final_owner": (0, self.length - 1),
+        return {"final_head": (0, self.final_obs_capacity - 1), "final_owner": (-1, self.length - 1),
                 "lost_prefix": (0, self.length)}
 
     def _metrics_ring(self):
@@ -250,7 +250,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
             step before any auto-reset. Read where `truncated & ~terminated`.
 
         Returns:
-          The new buffer. Cost O(num_envs * t); in place when donated.
+          The new buffer. Cost O(num_envs * t), plus O(num_envs * K) when $K$ < `length`; in place when donated.
 
         Raises:
           TypeError: `step` not a dict, wrong structure or dtype (flags must be bool), `final_obs` missing with
@@ -275,7 +275,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         )
         store = self.final_obs if final_obs is None else _ring.write_lanes(self.final_obs, final_obs, slot, keep)
         head, num_valid = _ring.advance(self.head, self.num_valid, t, self.length)
-        owner, lost = self._track_lost(boot, slot, keep, _ring.write_indices(self.head, t, self.length), t, (term, trunc, fslot))
+        owner, lost = self._track_lost(boot, slot, keep, _ring.write_indices(self.head, t, self.length), t)
         return self.replace(
             storage=storage, terminated=term, truncated=trunc, final_slot=fslot, final_obs=store,
             head=head, num_valid=num_valid, added=_ring.counter_add(self.added, t), final_head=final_head,
@@ -287,30 +287,28 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """Static: whether a stored step's final observation can be overwritten ($K$ < `length`)."""
         return self.final_obs_capacity < self.length
 
-    def _track_lost(self, boot, slot, keep, steps, written: int, flags) -> tuple[jax.Array, jax.Array]:
+    def _track_lost(self, boot, slot, keep, steps, written: int) -> tuple[jax.Array, jax.Array]:
         """(`final_owner`, `lost_prefix`) after writing the final observations of steps `boot` bool `[E, t]` (at
         physical slots `steps` int32 `[t]`) to the ring slots `slot` where `keep` (`jaxbuffers._ring.final_slots`),
-        and `written` (static: `t` for an add, 0 for `truncate_last`) steps to the lanes; `flags`: `(terminated,
-        truncated, final_slot)` after the add's writes (read there, not copied: the steps they changed were not
-        stored or leave the lanes), before `truncate_last`'s. The ring is FIFO, so what it overwrites is its oldest:
-        the newest step losing its final observation is the one that held the last slot overwritten (if still stored
-        and still its owner), or a step of this chunk that `keep` drops. `O(E * t)`; nothing unless $K$ < `length`."""
+        and `written` (static: `t` for an add, 0 for `truncate_last`) steps to the lanes. An owner is a stored step
+        (-1 once its slot is overwritten, so no step's flags are read). The ring is FIFO, so what it overwrites is its
+        oldest: the newest step losing its final observation is the owner of the last slot overwritten, or a step of
+        this chunk that `keep` drops. `O(E * (t + K))`; nothing unless $K$ < `length`."""
         if not self._lossy:
             return self.final_owner, self.lost_prefix
         n, k, lanes = self.length, self.final_obs_capacity, jnp.arange(self.num_envs, dtype=jnp.int32)
-        head, num_valid = _ring.advance(self.head, self.num_valid, written, n)
+        num_valid = jnp.minimum(self.num_valid + written, n)
         evicted = self.num_valid + written - num_valid  # oldest steps overwritten by this write
+        owner = jnp.where((self.final_owner - self.head) % n < written, -1, self.final_owner)  # owners overwritten
         m = jnp.minimum(jnp.sum(boot, axis=1, dtype=jnp.int32), k)  # ring slots overwritten per lane
-        last = (self.final_head + m - 1) % k
-        p = self.final_owner[lanes, last]
+        p = owner[lanes, (self.final_head + m - 1) % k]  # the newest of their owners
         old = _ring.physical_to_logical(p, self.head, self.num_valid, n)
-        term, trunc, fslot = flags
-        owned = (m > 0) & (old < self.num_valid) & trunc[lanes, p] & ~term[lanes, p] & (fslot[lanes, p] == last)
         lost = jnp.maximum(self.lost_prefix - evicted, 0)
-        lost = jnp.where(owned, jnp.maximum(lost, old - evicted + 1), lost)
-        fresh = _ring.physical_to_logical(steps, head, num_valid, n) + 1  # [t]: a lost step of the chunk and those before it
+        lost = jnp.where((m > 0) & (p >= 0), jnp.maximum(lost, old - evicted + 1), lost)
+        t = boot.shape[1]  # the newest t steps: logical num_valid - t + j after the write
+        fresh = num_valid - t + jnp.arange(1, t + 1, dtype=jnp.int32)  # [t]: a lost step of the chunk and those before it
         lost = jnp.maximum(lost, jnp.max(jnp.where(boot & ~keep, fresh, 0), axis=1))
-        owner = _ring.write_lanes(self.final_owner, jnp.broadcast_to(steps, boot.shape), slot, keep)
+        owner = _ring.write_lanes(owner, jnp.broadcast_to(steps, boot.shape), slot, keep)
         return owner, lost.astype(jnp.int32)
 
     @_compiled.method()
@@ -336,7 +334,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         boot = (jnp.asarray(truncated) & ~ended & (self.num_valid > 0))[:, None]
         fslot, keep, final_head = _ring.final_slots(self.final_head, boot, self.final_obs_capacity)
         store = _ring.write_lanes(self.final_obs, jax.tree.map(lambda x: jnp.asarray(x)[:, None], final_obs), fslot, keep)
-        owner, lost = self._track_lost(boot, fslot, keep, slot[None], 0, (self.terminated, self.truncated, self.final_slot))
+        owner, lost = self._track_lost(boot, fslot, keep, slot[None], 0)
         return self.replace(
             truncated=self.truncated.at[:, slot].set(self.truncated[:, slot] | boot[:, 0]),
             final_slot=self.final_slot.at[:, slot].set(jnp.where(boot[:, 0], fslot[:, 0], self.final_slot[:, slot])),
@@ -357,7 +355,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         """This buffer with `final_owner` and `lost_prefix` computed from the flags and `final_slot`, `O(num_envs *
         length)`, as the adds keep them (checkpoints saved before these fields): a step's final observation is lost
         iff $K$ or more truncated (not terminated) steps follow it in its lane; a ring slot's owner is the newest
-        stored step holding it."""
+        stored step holding it (-1 if none)."""
         if not self._lossy:
             return self
         n, pos = self.length, jnp.arange(self.length, dtype=jnp.int32)
@@ -367,7 +365,7 @@ class TrajectoryBuffer(Recorded, EnvSteps, struct.PyTreeNode):
         lost = jnp.max(jnp.where(needs & (later >= self.final_obs_capacity), pos + 1, 0), axis=1)
         lanes = jnp.arange(self.num_envs, dtype=jnp.int32)[:, None]
         newest = jnp.full(self.final_owner.shape, -1, jnp.int32).at[lanes, self._logical_order(self.final_slot)].max(jnp.where(needs, pos, -1))
-        owner = jnp.where(newest >= 0, _ring.logical_to_physical(newest, self.head, self.num_valid, n), 0)
+        owner = jnp.where(newest >= 0, _ring.logical_to_physical(newest, self.head, self.num_valid, n), -1)
         return self.replace(final_owner=owner.astype(jnp.int32), lost_prefix=lost.astype(jnp.int32))
 
     def _sequence_length(self, sequence_length) -> int:

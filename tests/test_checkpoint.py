@@ -823,7 +823,7 @@ _STACKED = jax.vmap(lambda _: jb.ReplayBuffer.create(ITEM, capacity=8))(jnp.aran
     (jb.CompressedTrajectoryBuffer.create(PIXELS, num_envs=E, length=L), ".buffer.final_head", [0, L],
      f"buffer.final_head: expected a value in [0, {L - 1}], got [0, {L}]"),
     (jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, final_obs_capacity=3), ".final_owner", L,
-     f"final_owner: expected a value in [0, {L - 1}], got [[{L}, {L}, {L}], [{L}, {L}, {L}]]"),
+     f"final_owner: expected a value in [-1, {L - 1}], got [[{L}, {L}, {L}], [{L}, {L}, {L}]]"),
     (jb.TrajectoryBuffer.create(STEP, num_envs=E, length=L, final_obs_capacity=3), ".lost_prefix", [0, L + 1],
      f"lost_prefix: expected a value in [0, {L}], got [0, {L + 1}]"),
 ], ids=["num_valid", "head", "added", "prioritised", "stacked", "trajectory", "prioritised-trajectory", "episode", "compressed",
@@ -853,7 +853,7 @@ def test_a_large_cursor_out_of_range_is_named_by_its_first_bad_entry(tmp_path):
     _edit_leaf(root, ".final_owner", lambda v: np.where(np.arange(v.size) == 47, 64, v))
     with pytest.raises(jb.CheckpointError) as e:
         jb.restore(root)
-    assert str(e.value) == (f"{root}: array final_owner: expected a value in [0, 63], got 64 at [1, 7] "
+    assert str(e.value) == (f"{root}: array final_owner: expected a value in [-1, 63], got 64 at [1, 7] "
                             f"(1 of {E * 40} values out of range)")
 
 
@@ -1413,7 +1413,7 @@ def test_a_trajectory_checkpoint_without_the_lost_final_obs_fields_restores(tmp_
     jb.save(tmp_path / "c", old)
     assert not any(leaf["path"].endswith("lost_prefix") for leaf in json.loads((tmp_path / "c" / "buffer.json").read_text())["leaves"])
     for j, back in enumerate((jb.restore(tmp_path / "c"), jb.restore(tmp_path / "c", buf))):
-        plain = lambda b: trajectory_in(b.replace(host=None) if compressed else b, lambda t: t.replace(final_owner=None))  # noqa: E731
+        plain = lambda b: b.replace(host=None) if compressed else b  # noqa: E731
         for a, b in zip(jax.tree.leaves(plain(back)), jax.tree.leaves(plain(buf)), strict=True):
             np.testing.assert_array_equal(a, b)
         if kind == "stacked" or j == 1:  # `buf` is added to once (a compressed state is used once)
@@ -1476,9 +1476,8 @@ def test_an_older_prioritised_trajectory_checkpoint_restores_with_its_lost_windo
     if stacked:
         buf, older = (jax.tree.map(lambda x: jnp.stack([x] * 2), b) for b in (buf, older))
     jb.save(tmp_path / "c", older)
-    no_owner = lambda b: trajectory_in(b, lambda t: t.replace(final_owner=None))  # noqa: E731 (rebuilt: only stored owners)
     for back in (jb.restore(tmp_path / "c"), jb.restore(tmp_path / "c", buf)):
-        for a, b in zip(jax.tree.leaves(no_owner(back)), jax.tree.leaves(no_owner(buf)), strict=True):
+        for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(buf), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-6)
 
 

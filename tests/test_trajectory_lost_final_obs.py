@@ -105,7 +105,9 @@ def _check_state(buf, model):
     want = [model.first_start(e) - model.lo for e in range(model.e)]
     np.testing.assert_array_equal(traj.lost_prefix, want)
     assert bool(buf.final_obs_lost()) == any(want)
-    np.testing.assert_array_equal(traj._with_lost_rebuilt().lost_prefix, want)
+    rebuilt = traj._with_lost_rebuilt()
+    np.testing.assert_array_equal(rebuilt.lost_prefix, want)
+    np.testing.assert_array_equal(rebuilt.final_owner, traj.final_owner)  # the stored owners, -1 where none
 
 
 def _check_transitions(buf, model, n_step, batch=2048, prioritised_window=None):
@@ -358,6 +360,7 @@ def test_random_adds_keep_the_boundary_of_the_reference_model(data):
             buf, pri, restored = buf.truncate_last(which, fin), pri.truncate_last(which, fin), restored.truncate_last(which, fin)
             model.truncate_last(which, fin)
         np.testing.assert_array_equal(restored.lost_prefix, buf.lost_prefix)
+        np.testing.assert_array_equal(restored.final_owner, buf.final_owner)
         _check_state(buf, model)
         _check_state(pri, model)
         rebuilt = buf._with_lost_rebuilt()
