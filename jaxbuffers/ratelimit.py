@@ -76,9 +76,12 @@ class _Band(struct.PyTreeNode):
 
     @classmethod
     def create(cls, samples_per_insert, min_size, error_buffer) -> "_Band":
-        rho = _validate.static_float("samples_per_insert", samples_per_insert, 0.0, 1e6)
+        try:
+            rho = _validate.static_float("samples_per_insert", samples_per_insert, 0.0, 1e6)
+        except ValueError:
+            rho = 0.0  # NaN or out of range: the message below, one for every refused value
         if rho <= 0:
-            raise ValueError(f"samples_per_insert: expected a number > 0, got {samples_per_insert}")
+            raise ValueError(f"samples_per_insert: expected a number in (0, 1e6], got {samples_per_insert}")
         frac = fractions.Fraction(rho).limit_denominator(_MAX_DENOMINATOR)
         if abs(float(frac) - rho) > 1e-9 * rho:
             raise ValueError(

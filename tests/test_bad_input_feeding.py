@@ -41,6 +41,14 @@ SERVER = jb.BufferServer(jb.ReplayBuffer.create(ITEM, 16), rate_limiter=jb.Block
 SERVER.add(rows(2))
 
 
+def test_samples_per_insert_refusals_state_one_range():
+    """Zero, negatives, NaN, inf and values above 1e6 all get the one message stating the accepted range."""
+    for rate in (0, 0.0, -1.0, float("nan"), float("inf"), 2e6):
+        for make in (jb.RateLimiter.create, jb.BlockingRateLimiter):
+            with pytest.raises(ValueError, match=r"^samples_per_insert: expected a number in \(0, 1e6\], got "):
+                make(rate)
+
+
 @SETTINGS
 @given(rate=BAD_RATES, min_size=st.sampled_from([-1, 1.5, "1", None, True, 2**40]),
        error_buffer=BAD_RATES.filter(lambda v: not (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0))
