@@ -892,6 +892,19 @@ def test_bfloat16_fields_have_statistics_and_images(tmp_path, capsys):
     assert _jsonable(np.asarray([1 / 3], jnp.bfloat16)) == [0.333984]
 
 
+def test_non_finite_float_pixels_are_drawn_without_a_warning():
+    """NaN draws as 0, +inf as 255 and -inf as 0, with no numpy cast warning (warnings are errors here)."""
+    import warnings
+
+    from jaxbuffers.cli._images import ImageField
+
+    field = ImageField("img", (2, 2), np.dtype(np.float32), None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = field.picture(np.array([[np.nan, 1.0], [np.inf, -np.inf]], np.float32))
+    assert got.tolist() == [[0, 255], [255, 0]]
+
+
 def test_nested_compressed_observation_view():
     from jaxbuffers.cli._images import find_image
 

@@ -35,11 +35,11 @@ class ImageField:
         return f"ImageField({self.name!r}, shape={self.shape}, stack_axis={self.stack_axis}, layout={self.layout!r})"
 
     def picture(self, x: np.ndarray) -> np.ndarray:
-        """One step's value (`self.shape`) -> uint8 picture."""
+        """One step's value (`self.shape`) -> uint8 picture (floats in [0, 1] scaled by 255; NaN drawn as 0)."""
         x = np.asarray(x)
         if x.dtype != np.uint8:
-            x = np.clip(np.rint(x.astype(np.float64) * 255.0), 0, 255).astype(np.uint8) if is_floating(x.dtype) \
-                else np.clip(x, 0, 255).astype(np.uint8)
+            x = np.clip(np.rint(np.nan_to_num(x.astype(np.float64) * 255.0, nan=0.0)), 0, 255).astype(np.uint8) \
+                if is_floating(x.dtype) else np.clip(x, 0, 255).astype(np.uint8)
         if self.stack_axis is not None:
             frames = np.moveaxis(x, self.stack_axis, 0)
             x = frames[-1] if self.layout == "newest" else np.concatenate(list(frames), axis=1)
