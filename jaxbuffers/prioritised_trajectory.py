@@ -91,7 +91,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
     @classmethod
     @_validate.keyword_sizes
     def create(
-        cls, example_step: Mapping, *, num_envs: int, length: int, window_length: int, period: int = 1,
+        cls, example_step: Mapping, *, num_envs: int, length: int, window_length: int = 2, period: int = 1,
         priority_exponent: float = 0.6, epsilon: float = 1e-6, final_obs_capacity: int | None = None,
         obs_key: str = "obs", action_key: str = "action", reward_key: str = "reward", metrics: bool = True,
     ) -> "PrioritisedTrajectoryBuffer":
@@ -101,7 +101,8 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
           example_step: as `jaxbuffers.TrajectoryBuffer.create`, like `num_envs`, `length`,
             `final_obs_capacity`, `obs_key`, `action_key`, `reward_key` and `metrics` (not repeated here).
           window_length: static window of a position: sequences of up to this length, or n-step
-            transitions with `n_step <= window_length - 1`.
+            transitions with `n_step <= window_length - 1`. The default 2 holds one-step transitions (what
+            `TrajectoryBuffer.sample_transitions` draws by default), so swapping the class is one token.
           period: window starts every `period` steps (absolute alignment, "Period" in `docs/api/trajectory.md`).
           priority_exponent: $\alpha$ in `[0, 1]`.
           epsilon: smallest priority kept, in `[1e-30, 1]`.
@@ -147,7 +148,7 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         return jnp.any(self._in_episode_leaves(sequence_length) > 0)
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
-    def can_sample_transitions(self, batch_size: int, *, n_step: int | None = None, gamma=None, beta=1.0) -> jax.Array:
+    def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None, beta=1.0) -> jax.Array:
         """Whether `sample_transitions` with these arguments returns only valid data (bool scalar).
         `sample_transitions`' arguments without the key (`gamma` optional here); same errors."""
         _validate.static_int("batch_size", batch_size)
@@ -311,8 +312,6 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
                 "sample_transitions: needs window_length >= 2 (an n-step transition spans n_step + 1 steps); "
                 f"this buffer was created with window_length={self.window_length}"
             )
-        if n_step is None:
-            return self.window_length - 1
         n_step = _validate.static_int("n_step", n_step)
         if n_step > self.window_length - 1:
             raise ValueError(f"n_step: expected 1 <= n_step <= window_length - 1 = {self.window_length - 1}, got {n_step}")
@@ -358,12 +357,12 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         return PrioritisedSequenceSample(*self.buffer.sequences_at(idx, sequence_length), *extra)
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
-    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int | None = None, gamma, beta=1.0) -> PrioritisedTransitionSample:
+    def sample_transitions(self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma, beta=1.0) -> PrioritisedTransitionSample:
         """A `PrioritisedTransitionSample` of n-step transitions (`jaxbuffers.TrajectoryBuffer.sample_transitions`)
         drawn by priority; `key`, `batch_size` and `gamma` (required) as there.
 
         Args:
-          n_step: static int in `[1, window_length - 1]` (default `window_length - 1`).
+          n_step: static int in `[1, window_length - 1]` (default 1, as `TrajectoryBuffer`'s).
           beta: importance exponent >= 0 (may be traced; a traced negative one counts as 0).
 
         Raises:
@@ -381,10 +380,10 @@ class PrioritisedTrajectoryBuffer(Recorded, Wrapper, struct.PyTreeNode):
         return self.buffer.sequences_at(indices, self.window_length if sequence_length is None else sequence_length)
 
     @_compiled.method("n_step", scalars=_GAMMA)
-    def transitions_at(self, indices, *, n_step: int | None = None, gamma) -> TransitionSample:
-        """`jaxbuffers.TrajectoryBuffer.transitions_at` (a `jaxbuffers.TransitionSample`; same errors); `n_step`
-        None: `window_length - 1`, as `sample_transitions`."""
-        return self.buffer.transitions_at(indices, n_step=self._n_step(None) if n_step is None else n_step, gamma=gamma)
+    def transitions_at(self, indices, *, n_step: int = 1, gamma) -> TransitionSample:
+        """`jaxbuffers.TrajectoryBuffer.transitions_at` (a `jaxbuffers.TransitionSample`; same arguments, defaults
+        and errors)."""
+        return self.buffer.transitions_at(indices, n_step=n_step, gamma=gamma)
 
     @_compiled.method("sequence_length")
     def final_obs_at(self, indices, sequence_length: int) -> Any:

@@ -143,7 +143,7 @@ def test_prioritised_transitions_and_new_max_priority():
     assert float(buf.max_priority) == 9.0
     out = host(PTRANS(buf, jax.random.key(1), 16, 1.0, 0.9))
     assert out.n_step_return.shape == (16,) and set(np.asarray(out.indices).tolist()) <= {0, 1, 2}
-    np.testing.assert_array_equal(out.num_steps, 5)  # n_step defaults to window_length - 1
+    np.testing.assert_array_equal(out.num_steps, 1)  # n_step defaults to 1, as the uniform buffer's
     # a new step completes the window at slot 3 with the running max priority (9 ** alpha)
     rng = np.random.default_rng(5)
     c = make_chunk(rng, 1, 1, 8, p_term=0, p_trunc=0)
@@ -272,8 +272,10 @@ def test_prioritised_alpha_zero_losing_duplicate_does_not_raise_max():
 def test_prioritised_create_arguments():
     buf = PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8, window_length=2, final_obs_capacity=3)
     assert buf.buffer.final_obs_capacity == 3
-    with pytest.raises(TypeError, match="window_length"):
-        PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8)
+    assert PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8).window_length == 2  # one-step transitions
+    with pytest.raises(ValueError, match=r"n_step: expected 1 <= n_step <= window_length - 1 = 1, got 2"):
+        PrioritisedTrajectoryBuffer.create(EXAMPLE, num_envs=1, length=8).sample_transitions(jax.random.key(0), 2, n_step=2,
+                                                                                            gamma=0.9)
     with pytest.raises(TypeError, match="positional"):
         PrioritisedTrajectoryBuffer.create(EXAMPLE, 1, 8, window_length=2)  # sizes are keywords
     with pytest.raises(ValueError, match="window_length: expected at most length=8"):
@@ -417,7 +419,7 @@ def test_reads_at_positions_and_static_fields_are_the_wrapped_buffers():
     jax.tree.map(np.testing.assert_array_equal, host(pri.sequences_at(idx, 2)), host(uni.sequences_at(idx, 2)))
     jax.tree.map(np.testing.assert_array_equal, host(pri.sequences_at(idx)), host(uni.sequences_at(idx, 3)))  # window_length
     jax.tree.map(np.testing.assert_array_equal, host(pri.transitions_at(idx, gamma=0.9)),
-                 host(uni.transitions_at(idx, n_step=2, gamma=0.9)))  # window_length - 1
+                 host(uni.transitions_at(idx, gamma=0.9)))  # n_step 1 by default, as the uniform buffer's
     assert pri.step_spec == uni.step_spec
     for name in ("length", "final_obs_capacity", "obs_key", "action_key", "reward_key", "num_envs"):
         assert getattr(pri, name) == getattr(uni, name), name
@@ -483,12 +485,6 @@ def test_sample_sequences_takes_period_and_cross_episodes():
 # The ways PrioritisedTrajectoryBuffer takes TrajectoryBuffer's calls differently, each a consequence of the tree
 # indexing one kind of window fixed at create (guide, section 1: the drop-in paragraph).
 _WINDOW_FIXED_AT_CREATE = {
-    # the tree has one leaf per window of window_length steps: create must know it
-    ("create", "window_length", "required"),
-    # n_step defaults to window_length - 1 (the longest transition a window holds), not 1
-    ("sample_transitions", "n_step", "default None for 1"),
-    ("can_sample_transitions", "n_step", "default None for 1"),
-    ("transitions_at", "n_step", "default None for 1"),
     # period defaults to create's (None); another period is refused by the samplers (the tree holds create's windows)
     ("sample_sequences", "period", "default None for 1"),
     ("can_sample", "period", "default None for 1"),

@@ -408,9 +408,9 @@ class StagingWriter:
                 for i, info in enumerate(self._buf.leaves)]
         return jax.tree.unflatten(self._obs_treedef, leaves), rows
 
-    def sample_transitions(self, key: jax.Array, batch_size: int, *, gamma, n_step: int | None = None, beta=None) -> Any:
+    def sample_transitions(self, key: jax.Array, batch_size: int, *, gamma, n_step: int = 1, beta=None) -> Any:
         """Flush, then sample: same arguments and result as the buffer's `sample_transitions`
-        (`n_step` and, for the prioritised buffer, `beta`: the buffer's defaults when None).
+        (for the prioritised buffer, `beta`: the buffer's default when None).
 
         Runs one cached compiled sample per `batch_size` and `n_step` that does not return the
         observations twice (`gamma` and `beta` may change between calls without a recompile).
@@ -432,8 +432,6 @@ class StagingWriter:
             _validate.scalar_parameter("beta", beta, 0.0)
         elif prioritised:
             beta = 1.0
-        if n_step is None and not prioritised:
-            n_step = 1
         extra = {"beta": beta} if prioritised else {}
         self._check_sample(
             key, ("transitions", batch_size, n_step),

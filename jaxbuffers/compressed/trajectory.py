@@ -503,7 +503,7 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
     @classmethod
     @_validate.keyword_sizes
     def create(  # type: ignore[override]
-        cls, example_step: Mapping, *, num_envs: int, length: int, window_length: int, period: int = 1,
+        cls, example_step: Mapping, *, num_envs: int, length: int, window_length: int = 2, period: int = 1,
         priority_exponent: float = 0.6, epsilon: float = 1e-6, **options,
     ) -> "CompressedPrioritisedTrajectoryBuffer":
         """An empty prioritised compressed buffer.
@@ -526,7 +526,7 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
         return self.buffer.can_sample(batch_size, sequence_length, period=period, cross_episodes=cross_episodes, beta=beta)
 
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
-    def can_sample_transitions(self, batch_size: int, *, n_step: int | None = None, gamma=None, beta=1.0) -> jax.Array:  # type: ignore[override]
+    def can_sample_transitions(self, batch_size: int, *, n_step: int = 1, gamma=None, beta=1.0) -> jax.Array:  # type: ignore[override]
         """`jaxbuffers.PrioritisedTrajectoryBuffer.can_sample_transitions`."""
         return self.buffer.can_sample_transitions(batch_size, n_step=n_step, gamma=gamma, beta=beta)
 
@@ -542,7 +542,7 @@ class CompressedPrioritisedTrajectoryBuffer(CompressedTrajectoryBuffer):
     @_common.checked_before_dispatch()
     @_compiled.method("batch_size", "n_step", scalars=_GAMMA_BETA)
     def sample_transitions(  # type: ignore[override]
-        self, key: jax.Array, batch_size: int, *, n_step: int | None = None, gamma, beta=1.0
+        self, key: jax.Array, batch_size: int, *, n_step: int = 1, gamma, beta=1.0
     ) -> PrioritisedTransitionSample:
         """`jaxbuffers.PrioritisedTrajectoryBuffer.sample_transitions`, `obs` / `next_obs` decoded."""
         return self._decode_transitions(self.buffer.sample_transitions(key, batch_size, n_step=n_step, gamma=gamma, beta=beta))
