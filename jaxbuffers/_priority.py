@@ -27,6 +27,14 @@ def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon:
     return jnp.clip(p, jnp.float32(epsilon), jnp.float32(PRIORITY_MAX))
 
 
+def raised_max(max_priority: jax.Array, p: jax.Array, where: jax.Array | None = None) -> jax.Array:
+    """The running max priority after writing sanitised priorities `p` (where `where`): values at the cap
+    `PRIORITY_MAX` (`+inf`, overflow) are stored as the cap but do not raise it, so one diverged TD error does not
+    give every later item the cap (and every other item a probability near 0) for good."""
+    kept = p < jnp.float32(PRIORITY_MAX) if where is None else where & (p < jnp.float32(PRIORITY_MAX))
+    return jnp.maximum(max_priority, jnp.max(jnp.where(kept, p, 0), initial=0.0))
+
+
 def priorities_at(tree: SumMinTree, indices, alpha: float) -> jax.Array:
     """Priorities `leaf ** (1 / alpha)` (float32) at `indices` (any shape); empty or outside `[0, capacity)`: 0."""
     i = _validate.integer_indices("indices", indices)
@@ -50,7 +58,7 @@ def set_priorities(buf, indices, priorities, generations, applies):
     p = sanitise_priorities(priorities, buf.max_priority, buf.epsilon)
     won = last_write_mask(slots, ok, cap)
     tree = buf.tree.set(slots, priority_leaf(p, buf.priority_exponent), where=won, distinct=True)
-    return buf.replace(tree=tree, max_priority=jnp.maximum(buf.max_priority, jnp.max(jnp.where(won, p, 0))))
+    return buf.replace(tree=tree, max_priority=raised_max(buf.max_priority, p, won))
 
 
 def draw(tree: SumMinTree, key: jax.Array, batch_size: int, beta) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -155,7 +155,7 @@ class PrioritisedReplayBuffer(Recorded, struct.PyTreeNode):
             priorities = _validate.vector("priorities", priorities, b, "floating")
             p = _priority.sanitise_priorities(priorities, self.max_priority, self.epsilon)
         tree = self.tree.set_run(self.replay.head, _priority.priority_leaf(p, self.priority_exponent))
-        return self.replace(replay=replay, tree=tree, max_priority=jnp.maximum(self.max_priority, jnp.max(p)))
+        return self.replace(replay=replay, tree=tree, max_priority=_priority.raised_max(self.max_priority, p))
 
     @_compiled.method("batch_size", scalars={"beta": (0.0, math.inf)})
     def sample(self, key: jax.Array, batch_size: int, *, beta=1.0) -> PrioritisedSample:

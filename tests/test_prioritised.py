@@ -182,7 +182,7 @@ def test_priority_policy_nan_inf_negative_zero(use_jit):
     buf = f["set"](buf, jnp.arange(6, dtype=jnp.int32), bad, buf.generations_at(jnp.arange(6)))
     leaves = np.asarray(buf.tree.leaves())
     np.testing.assert_allclose(leaves[:6], [3.0, eps, eps, PRIORITY_MAX, eps, 2.5], rtol=1e-6)
-    assert float(buf.max_priority) == np.float32(PRIORITY_MAX)
+    assert float(buf.max_priority) == 3.0  # +inf is stored as the cap, and does not raise the running max
     _assert_tree_valid(buf)
     out = f["sample"](buf, jax.random.key(0), jnp.float32(1.0))
     assert np.all(np.isfinite(np.asarray(out.probabilities)))
@@ -190,8 +190,25 @@ def test_priority_policy_nan_inf_negative_zero(use_jit):
     assert np.all(np.asarray(out.indices) < 6)
     # Add-time priorities follow the same policy (NaN -> current max).
     buf = f["add"](buf, _batch([6, 7]), jnp.array([np.nan, -1.0]))
-    np.testing.assert_allclose(np.asarray(buf.tree.leaves())[6:], [PRIORITY_MAX, eps], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(buf.tree.leaves())[6:], [3.0, eps], rtol=1e-6)
     _assert_tree_valid(buf)
+
+
+@JIT
+def test_a_corrected_inf_priority_leaves_the_running_max_at_the_finite_ones(use_jit):
+    """One diverged TD error (`+inf`), corrected by the next update, leaves new items at the max of the finite
+    priorities: old items keep being drawn and importance weights stay of order 1."""
+    f = FNS[use_jit]
+    buf = PRB.create(ITEM, 8, priority_exponent=1.0)
+    buf = f["add"](buf, _batch(range(4)), jnp.array([1.0, 2.0, 3.0, 4.0]))
+    g = buf.generations_at(jnp.array([0]))
+    buf = f["set"](buf, jnp.array([0]), jnp.array([np.inf], jnp.float32), g)
+    assert float(buf.priorities(jnp.array([0]))[0]) == np.float32(PRIORITY_MAX) and float(buf.max_priority) == 4.0
+    buf = f["set"](buf, jnp.array([0]), jnp.array([0.5], jnp.float32), g)
+    buf = f["add"](buf, _batch(range(4, 8)))
+    np.testing.assert_allclose(np.asarray(buf.priorities(jnp.arange(8))), [0.5, 2, 3, 4, 4, 4, 4, 4], rtol=1e-6)
+    out = f["sample"](buf, jax.random.key(0), jnp.float32(1.0))
+    assert float(np.min(np.asarray(out.importance_weights))) > 0.05
 
 
 @JIT
@@ -429,7 +446,11 @@ class _Model:
             self.gen[s] = self.count
             self.count += 1
             self.head, self.n = (s + 1) % self.c, min(self.n + 1, self.c)
-        self.max_p = max([self.max_p] + ps)
+        self.max_p = self.raised(ps)
+
+    def raised(self, ps):
+        """The running max after writing `ps`: a value at the cap does not raise it."""
+        return max([self.max_p] + [p for p in ps if p < float(np.float32(PRIORITY_MAX))])
 
     def set(self, idx, pri, gens):
         written = {}  # slot -> value; later entries overwrite earlier ones
@@ -438,7 +459,7 @@ class _Model:
                 written[i] = self.sanitise(p)  # NaN maps to the max before this call
         for i, p in written.items():
             self.pri[i] = p
-        self.max_p = max([self.max_p] + list(written.values()))
+        self.max_p = self.raised(list(written.values()))
 
     def leaves(self):
         return np.array([self.pri[s] ** self.alpha if s < self.n else 0.0 for s in range(self.c)])
