@@ -485,6 +485,19 @@ def test_sheet_larger_than_the_pixel_bound_is_refused_before_drawing(saved, caps
     assert code == 0 and (tmp_path / "s.png").exists()
 
 
+def test_sheet_cells_are_wide_enough_for_their_labels():
+    """Labels of small frames are not cut to the picture's width: the cell is as wide as the widest label, and its
+    text reaches past the picture."""
+    from jaxbuffers.cli._images import contact_sheet, label_width
+
+    pics, labels = [np.full((4, 4), 255, np.uint8)] * 2, ["ep 12 t 345", "ep 3 t 7"]
+    sheet = contact_sheet(pics, labels, columns=2)
+    width = label_width(labels)
+    assert width > 4 and sheet.shape[1] == 2 * (width + 4) + 4
+    band = sheet[4 + 4 :, 4 + 4 : 4 + width]  # the first cell's band, right of the picture's 4 columns
+    assert band.max() > 128  # the label's text is drawn there
+
+
 def test_sheet_writes_the_format_its_extension_names(saved, capsys, tmp_path):
     magic = {"s.png": b"\x89PNG", "s.jpg": b"\xff\xd8\xff", "s.JPEG": b"\xff\xd8\xff", "s.gif": b"GIF8", "s.bmp": b"BM"}
     for name, head in magic.items():

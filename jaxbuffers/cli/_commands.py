@@ -13,8 +13,8 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxbuffers.cli._images import (IMAGE_RULE, MAX_SHEET_PIXELS, ImageField, check_scale, contact_sheet, find_image, overlay,
-                                    scaled, sheet_shape)
+from jaxbuffers.cli._images import (IMAGE_RULE, MAX_SHEET_PIXELS, ImageField, check_scale, contact_sheet, find_image,
+                                    label_width, overlay, scaled, sheet_shape)
 from jaxbuffers.cli._view import SUPPORTED_NAMES, BufferView, ViewError, is_floating, is_numeric
 from jaxbuffers.compressed import ShardedHostStores
 
@@ -610,17 +610,17 @@ def write_sheet(view: BufferView, out: str | Path, *, count: int = 16, columns: 
         print(f"jaxbuffers sheet: --count {count} is more than the {len(pool)} steps {where}: drew all {len(pool)}",
               file=sys.stderr)
     n = min(count, len(pool))
-    cell = overlay(field.picture(np.zeros(field.shape, field.dtype)), ["ep 0 t 0"], scale).shape[:2]
+    rng = np.random.default_rng(seed)
+    picks = np.sort(rng.choice(pool, size=n, replace=False))
+    eps, ts = view.step_labels()
+    labels = [f"ep {eps[p]} t {ts[p]}" if eps[p] >= 0 else f"step {p}" for p in picks]
+    blank = field.picture(np.zeros(field.shape, field.dtype))
+    cell = overlay(blank, labels[:1], scale, label_width(labels, scale)).shape[:2]
     height, width, used = sheet_shape(cell, n, columns)
     if height * width > MAX_SHEET_PIXELS:
         raise CliError(f"--count/--columns/--scale: expected a sheet of at most {MAX_SHEET_PIXELS} pixels, got {n} frames of "
                        f"{cell[0]}x{cell[1]} in {used} columns ({height}x{width} pixels): draw fewer frames or pass a smaller --scale")
-    rng = np.random.default_rng(seed)
-    picks = np.sort(rng.choice(pool, size=n, replace=False))
-    eps, ts = view.step_labels()
-    raw = view.column(field.name, picks)
-    pics = [field.picture(x) for x in raw]
-    labels = [f"ep {eps[p]} t {ts[p]}" if eps[p] >= 0 else f"step {p}" for p in picks]
+    pics = [field.picture(x) for x in view.column(field.name, picks)]
     with _writing(out):
         Image.fromarray(contact_sheet(pics, labels, columns, scale)).save(out, format=fmt)
     return out

@@ -152,12 +152,25 @@ def scaled(p: np.ndarray, scale: int) -> np.ndarray:
     return p if scale == 1 else np.repeat(np.repeat(p, scale, axis=0), scale, axis=1)
 
 
-def overlay(p: np.ndarray, lines: list[str], scale: int = 1) -> np.ndarray:
-    """Picture `p` upscaled by `scale` with a text band below it holding `lines` (the pixels are not covered)."""
+def _text_size(scale: int) -> int:
+    return max(10, 5 * scale + 2)
+
+
+def label_width(lines: list[str], scale: int = 1) -> int:
+    """Pixels the widest of `lines` takes in `overlay`'s band (with its margins)."""
+    font = _font(_text_size(scale))
+    return max((int(np.ceil(font.getlength(line))) for line in lines), default=0) + 6
+
+
+def overlay(p: np.ndarray, lines: list[str], scale: int = 1, width: int = 0) -> np.ndarray:
+    """Picture `p` upscaled by `scale` with a text band below it holding `lines` (the pixels are not covered), the
+    whole at least `width` pixels wide (the picture padded on the right, so a label is not cut)."""
     from PIL import Image, ImageDraw
 
     img = _rgb(scaled(p, scale))
-    size = max(10, 5 * scale + 2)
+    if width > img.shape[1]:
+        img = np.concatenate([img, np.zeros((img.shape[0], width - img.shape[1], 3), np.uint8)], axis=1)
+    size = _text_size(scale)
     band = np.zeros(((size + 2) * len(lines) + 4, img.shape[1], 3), np.uint8)
     band_img = Image.fromarray(band)
     draw = ImageDraw.Draw(band_img)
@@ -180,7 +193,8 @@ def contact_sheet(pictures: list[np.ndarray], labels: list[str], columns: int, s
 
     if not pictures:
         raise ViewError("sheet: no frames to show (the buffer holds no steps)")
-    cells = [overlay(p, [lab], scale) for p, lab in zip(pictures, labels)]
+    width = label_width(labels, scale)
+    cells = [overlay(p, [lab], scale, width) for p, lab in zip(pictures, labels)]
     h, w = cells[0].shape[:2]
     height, width, columns = sheet_shape((h, w), len(cells), columns)
     sheet = np.full((height, width, 3), 40, np.uint8)
