@@ -175,12 +175,10 @@ def _prioritised_trajectory_of(buffer: Any) -> PrioritisedTrajectoryBuffer | Non
 
 def _upgraded_state(buffer: Any, meta: dict) -> tuple[Any, dict | None]:
     """(buffer, host metadata) of a restored checkpoint described by `meta` (buffer.json) in this layout: a
-    trajectory buffer saved before its lost-final-observation fields given them (`with_lost_rebuilt`); a prioritised
+    trajectory buffer's lost-final-observation fields rebuilt from its flags (`with_lost_rebuilt`); a prioritised
     trajectory tree saved in the earlier leaf order (no `tree_order`) rebuilt in `TREE_ORDER` (the same leaf values;
     every sum recomputed from its children, as an add does), then its windows in the rebuilt lost prefixes given
     priority 0 (`with_lost_dropped`), then `_upgraded_host`."""
-    inner = _prioritised_trajectory_of(buffer)
-    lost_rebuilt = inner is not None and inner.buffer.lost_prefix is None
     buffer = trajectory_in(buffer, with_lost_rebuilt) or buffer
     inner = _prioritised_trajectory_of(buffer)
     if inner is not None and meta.get("tree_order") != TREE_ORDER:
@@ -188,9 +186,8 @@ def _upgraded_state(buffer: Any, meta: dict) -> tuple[Any, dict | None]:
         for _ in _validate.member_axes(inner):  # a stacked buffer: each member
             rebuild = jax.vmap(rebuild)
         inner = jax.tree.map(lambda x, like: jax.device_put(x, like.sharding), jax.jit(rebuild)(inner), inner)
-    if lost_rebuilt:
-        inner = with_lost_dropped(inner)
     if inner is not None:
+        inner = with_lost_dropped(inner)
         buffer = inner if isinstance(buffer, PrioritisedTrajectoryBuffer) else buffer.replace(buffer=inner)
     return _upgraded_host(buffer, meta.get("host"))
 

@@ -43,10 +43,10 @@ def saved_without_lost(meta: dict, abstract: Any) -> Any:
 
 
 def with_lost_rebuilt(traj: TrajectoryBuffer) -> TrajectoryBuffer:
-    """A trajectory buffer read without `LOST_FIELDS` (`saved_without_lost`) with them computed from its flags (on
-    every member of a stacked one), placed like its `final_head`."""
-    if traj.lost_prefix is not None:
-        return traj
+    """A restored trajectory buffer with `LOST_FIELDS` computed from its flags (on every member of a stacked one),
+    placed like its `final_head`: read without them (`saved_without_lost`), or with them as saved, which a
+    checkpoint of an earlier development layout may hold with owners this version reads differently (an owner
+    whose step was overwritten was kept, where this version keeps -1). The rebuilt fields equal what the adds keep."""
     lead, e = _validate.member_axes(traj), traj.num_envs
     k = traj.final_obs_capacity if traj.final_obs_capacity < traj.length else 0
     full = traj.replace(final_owner=jnp.zeros((*lead, e, k), jnp.int32), lost_prefix=jnp.zeros((*lead, e), jnp.int32))

@@ -1455,6 +1455,26 @@ def test_a_trajectory_checkpoint_without_the_lost_final_obs_fields_restores_unif
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_checkpoint_holding_an_overwritten_final_owner_restores_the_boundary_the_adds_keep(tmp_path):
+    """An earlier development layout kept the owner of a final observation after its step was overwritten (this
+    version keeps -1 there): restored, the owners and the lost boundary are rebuilt from the flags, so the next
+    truncated add moves the boundary as in a buffer filled by this version, and the same windows can be drawn."""
+    step = {"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    one = lambda b, trunc: b.add({"obs": jnp.ones((1, 2)), "action": jnp.zeros(1, jnp.int32), "reward": jnp.ones(1)},  # noqa: E731
+                                 terminated=jnp.zeros(1, bool), truncated=jnp.array([trunc]), final_obs=jnp.full((1, 2), 7.0))
+    buf = jb.TrajectoryBuffer.create(step, num_envs=1, length=4, final_obs_capacity=1)
+    for trunc in (True, False, False, False, False):  # the truncated step 0 is overwritten by the fifth add
+        buf = one(buf, trunc)
+    assert buf.final_owner.tolist() == [[-1]]
+    jb.save(tmp_path / "c", buf.replace(final_owner=jnp.zeros((1, 1), jnp.int32)))  # the stale owner of slot 0
+    for back in (jb.restore(tmp_path / "c"), jb.restore(tmp_path / "c", jb.TrajectoryBuffer.create(step, num_envs=1, length=4,
+                                                                                                 final_obs_capacity=1))):
+        assert back.final_owner.tolist() == [[-1]]
+        back, fresh = one(back, True), one(buf, True)
+        np.testing.assert_array_equal(back.lost_prefix, fresh.lost_prefix)
+        assert bool(back.can_sample_transitions(1)) == bool(fresh.can_sample_transitions(1)) is True
+
+
 @pytest.mark.parametrize("stacked", [False, True])
 def test_an_older_prioritised_trajectory_checkpoint_restores_with_its_lost_windows_at_priority_0(tmp_path, stacked):
     """Before `lost_prefix`, the adds gave every whole window a priority, those before a lane's newest lost final
