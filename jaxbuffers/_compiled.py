@@ -136,7 +136,7 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
     function is its `uncompiled` attribute). `static`: the names of the static arguments (batch sizes, lengths, flags;
     each value compiles its own program, a numpy int or bool the program of the equal Python one); `scalars`:
     `{name: (lo, hi)}` of traced scalar hyperparameters whose concrete values are range-checked first (the
-    decorated function's `scalars` attribute, for callers that jit it themselves)."""
+    decorated function's `static` and `scalars` attributes, for callers that jit it themselves)."""
     scalars = dict(scalars or {})
 
     def wrap(fn: Callable) -> Callable:
@@ -197,7 +197,7 @@ def method(*static: str, scalars: Mapping[str, tuple[float, float]] | None = Non
             return fn(*args, **kwargs)  # its own checks name what is wrong
 
         call.uncompiled = fn
-        call.scalars = scalars
+        call.static, call.scalars = static, scalars
         return call
 
     return wrap

@@ -79,8 +79,8 @@ class BufferServer:
       buffer: any jaxbuffers buffer (the initial state). It is donated: the server's first add reuses its arrays,
         so do not use `buffer` (or arrays it holds) after passing it; read the state through `buffer()`.
       add: `(buffer, batch) -> buffer`; default `type(buffer).add`. Jitted here with the buffer donated.
-      sample: `(buffer, key, batch_size) -> sample`; default `type(buffer).sample`. Jitted with `batch_size`
-        static.
+      sample: `(buffer, key, batch_size, **kwargs) -> sample`; default `type(buffer).sample`. Jitted with
+        `batch_size` static (and a buffer method's static keywords, `sample` below).
       rate_limiter: optional `jaxbuffers.BlockingRateLimiter`; an add of `B` items is `B` inserts, a sample of
         `batch_size` items `batch_size` samples. `close` closes it.
       seed: seed of the server's own key stream, used by `sample(None, ...)`.
@@ -93,8 +93,10 @@ class BufferServer:
         self._add_fn = add or type(buffer).add
         self._add = jax.jit(self._add_fn, donate_argnums=0)
         self._add_kept = jax.jit(self._add_fn)  # buffers whose store may refuse a batch when the add runs (`_added`)
-        self._sample = jax.jit(sample or type(buffer).sample, static_argnums=2)
-        self._sample_scalars = getattr(sample or type(buffer).sample, "scalars", {})  # range-checked when concrete
+        sample = sample or type(buffer).sample
+        static = tuple(n for n in getattr(sample, "static", ()) if n != "batch_size")  # a buffer method's static keywords
+        self._sample = jax.jit(sample, static_argnums=2, static_argnames=static)
+        self._sample_scalars = getattr(sample, "scalars", {})  # range-checked when concrete
         setter = getattr(type(buffer), "set_priorities", None)
         self._set_priorities = None if setter is None else jax.jit(setter, donate_argnums=0)
         self._limiter = rate_limiter
@@ -204,8 +206,11 @@ class BufferServer:
         """A sample of `batch_size` items drawn with `key` (`None`: the next key of the server's own stream).
 
         Waits for the rate limiter's room for `batch_size` samples first. The result is computed and ready before
-        any later add runs. `kwargs` go to the buffer's `sample` as traced arguments (a prioritised buffer's
-        `beta`, annealed from call to call without a new compilation).
+        any later add runs. `kwargs` go to the sample function: for a buffer method (the default `sample`, or e.g.
+        `sample=jb.PrioritisedTrajectoryBuffer.sample_transitions`) its static keywords (`n_step`, ...) as static
+        values and the others traced (a prioritised buffer's `beta`, annealed from call to call without a new
+        compilation), range-checked when concrete as the method checks them; for another function, all traced and
+        checked only by it.
 
         Raises:
           BufferClosed, jaxbuffers.RateLimiterTimeout: as `add`; TypeError / ValueError for `timeout` as `add`,

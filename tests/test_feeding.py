@@ -6,6 +6,7 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -277,15 +278,16 @@ def test_server_serves_a_prioritised_buffer_with_beta_and_priority_updates():
     skipped; a uniform buffer's server refuses `set_priorities`, a bad call changes nothing."""
     item = {"obs": np.zeros(3, np.float32)}
     batch = {"obs": np.arange(48, dtype=np.float32).reshape(16, 3)}
-    direct = jb.PrioritisedReplayBuffer.create(item, capacity=16).add(batch)
-    server = jb.BufferServer(jb.PrioritisedReplayBuffer.create(item, capacity=16), seed=0)
+    ranks = np.arange(1.0, 17.0, dtype=np.float32)  # unequal priorities: the weights depend on beta
+    direct = jb.PrioritisedReplayBuffer.create(item, capacity=16).add(batch, ranks)
+    server = jb.BufferServer(jb.PrioritisedReplayBuffer.create(item, capacity=16), seed=0,
+                             add=lambda b, x: b.add(x, jnp.arange(1.0, 17.0, dtype=jnp.float32)))
     server.add(batch)
     key = jax.random.key(3)
     s = server.sample(key, 8, beta=0.4)
     want = direct.sample(key, 8, beta=0.4)
     np.testing.assert_array_equal(s.importance_weights, want.importance_weights)
-    assert not np.array_equal(s.importance_weights, server.sample(key, 8, beta=1.0).importance_weights) or \
-        np.all(s.importance_weights == 1)
+    assert not np.allclose(s.importance_weights, server.sample(key, 8, beta=1.0).importance_weights)  # beta arrived
     new = np.where(np.arange(8) == 0, 1000.0, 1e-3).astype(np.float32)
     server.set_priorities(s.indices, new, s.generations)
     direct = direct.set_priorities(s.indices, new, s.generations)
@@ -302,6 +304,15 @@ def test_server_serves_a_prioritised_buffer_with_beta_and_priority_updates():
     with pytest.raises(ValueError, match="beta"):
         server.sample(key, 8, beta=-1.0)
     np.testing.assert_array_equal(server.buffer().priorities(np.arange(16)), before)
+    step = {"obs": jnp.zeros(2), "action": jnp.int32(0), "reward": jnp.float32(0)}
+    traj = jb.BufferServer(jb.PrioritisedTrajectoryBuffer.create(step, num_envs=1, length=8, window_length=4),
+                           add=lambda b, x: b.add(x, terminated=jnp.zeros(1, bool)),
+                           sample=jb.PrioritisedTrajectoryBuffer.sample_transitions)  # n_step static, beta traced
+    for _ in range(8):
+        traj.add({"obs": np.ones((1, 2), np.float32), "action": np.zeros(1, np.int32), "reward": np.ones(1, np.float32)})
+    assert np.asarray(traj.sample(key, 4, n_step=3, gamma=0.5, beta=0.4).num_steps).tolist() == [3] * 4
+    with pytest.raises(ValueError, match="beta"):
+        traj.sample(key, 4, gamma=0.5, beta=-1.0)
     uniform = jb.BufferServer(jb.ReplayBuffer.create(item, capacity=16))
     with pytest.raises(TypeError, match="set_priorities: the served ReplayBuffer has no priorities"):
         uniform.set_priorities(s.indices, new, s.generations)
