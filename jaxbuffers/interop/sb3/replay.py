@@ -44,7 +44,7 @@ def _add_row(state: _replay.ReplayBuffer, row: Any, next_obs: Any, next_in_obs: 
 def _add_staged(state: _replay.ReplayBuffer, rows: dict, count: jax.Array) -> _replay.ReplayBuffer:
     q, cap = jax.tree.leaves(rows)[0].shape[0], state.capacity
     i = jnp.arange(q, dtype=jnp.int32)
-    slots = jnp.where((i < count) & (i >= count - cap), (state.head + i) % cap, cap)  # cap: out of range, dropped
+    slots = jnp.where((i < count) & (i >= count - cap), (state.head + i) % cap, cap + i)  # out of range (dropped), distinct
     storage = jax.tree.map(lambda s, x: s.at[slots].set(x, mode="drop"), state.storage, rows)
     head, num_valid = _ring.advance(state.head, state.num_valid, count, cap)
     return state.replace(storage=storage, head=head, num_valid=num_valid, added=_ring.counter_add(state.added, count),
