@@ -180,10 +180,9 @@ def _creates():
     from jaxbuffers import PrioritisedTrajectoryBuffer, RolloutBuffer, TrajectoryBuffer
     from jaxbuffers.compressed import CompressedPrioritisedTrajectoryBuffer, CompressedRolloutBuffer, CompressedTrajectoryBuffer
 
-    trajectory, rollout = ("num_envs", "length"), ("num_envs", "num_steps")
-    prioritised = (*trajectory, "window_length")
-    return [(TrajectoryBuffer, trajectory), (PrioritisedTrajectoryBuffer, prioritised), (RolloutBuffer, rollout),
-            (CompressedTrajectoryBuffer, trajectory), (CompressedPrioritisedTrajectoryBuffer, prioritised),
+    trajectory, rollout = ("num_envs", "length"), ("num_envs", "num_steps")  # window_length has a default
+    return [(TrajectoryBuffer, trajectory), (PrioritisedTrajectoryBuffer, trajectory), (RolloutBuffer, rollout),
+            (CompressedTrajectoryBuffer, trajectory), (CompressedPrioritisedTrajectoryBuffer, trajectory),
             (CompressedRolloutBuffer, rollout)]
 
 
