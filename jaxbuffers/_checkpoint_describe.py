@@ -179,6 +179,8 @@ def _upgraded_state(buffer: Any, meta: dict) -> tuple[Any, dict | None]:
     trajectory tree saved in the earlier leaf order (no `tree_order`) rebuilt in `TREE_ORDER` (the same leaf values;
     every sum recomputed from its children, as an add does), then its windows in the rebuilt lost prefixes given
     priority 0 (`with_lost_dropped`), then `_upgraded_host`."""
+    inner = _prioritised_trajectory_of(buffer)
+    rebuilt = inner is not None and (inner.buffer.lost_prefix is None or not _validate.member_axes(inner.buffer))
     buffer = trajectory_in(buffer, with_lost_rebuilt) or buffer
     inner = _prioritised_trajectory_of(buffer)
     if inner is not None and meta.get("tree_order") != TREE_ORDER:
@@ -186,8 +188,9 @@ def _upgraded_state(buffer: Any, meta: dict) -> tuple[Any, dict | None]:
         for _ in _validate.member_axes(inner):  # a stacked buffer: each member
             rebuild = jax.vmap(rebuild)
         inner = jax.tree.map(lambda x, like: jax.device_put(x, like.sharding), jax.jit(rebuild)(inner), inner)
-    if inner is not None:
+    if rebuilt:
         inner = with_lost_dropped(inner)
+    if inner is not None:
         buffer = inner if isinstance(buffer, PrioritisedTrajectoryBuffer) else buffer.replace(buffer=inner)
     return _upgraded_host(buffer, meta.get("host"))
 

@@ -46,10 +46,14 @@ def with_lost_rebuilt(traj: TrajectoryBuffer) -> TrajectoryBuffer:
     """A restored trajectory buffer with `LOST_FIELDS` computed from its flags (on every member of a stacked one),
     placed like its `final_head`: read without them (`saved_without_lost`), or with them as saved, which a
     checkpoint of an earlier development layout may hold with owners this version reads differently (an owner
-    whose step was overwritten was kept, where this version keeps -1). The rebuilt fields equal what the adds keep."""
+    whose step was overwritten was kept, where this version keeps -1). The rebuilt fields equal what the adds keep.
+    A stacked (sharded) buffer saved with the fields keeps them as saved."""
     lead, e = _validate.member_axes(traj), traj.num_envs
+    if lead and traj.lost_prefix is not None:
+        return traj
     k = traj.final_obs_capacity if traj.final_obs_capacity < traj.length else 0
-    full = traj.replace(final_owner=jnp.zeros((*lead, e, k), jnp.int32), lost_prefix=jnp.zeros((*lead, e), jnp.int32))
+    full = traj if traj.lost_prefix is not None else traj.replace(  # read as saved: placed like the rest
+        final_owner=jnp.zeros((*lead, e, k), jnp.int32), lost_prefix=jnp.zeros((*lead, e), jnp.int32))
     rebuild = lambda t: (lambda r: (r.final_owner, r.lost_prefix))(t._with_lost_rebuilt())  # noqa: E731 (no copy of the rest)
     for _ in lead:
         rebuild = jax.vmap(rebuild)
