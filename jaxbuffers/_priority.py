@@ -28,10 +28,13 @@ def sanitise_priorities(priorities: jax.Array, max_priority: jax.Array, epsilon:
 
 
 def raised_max(max_priority: jax.Array, p: jax.Array, where: jax.Array | None = None) -> jax.Array:
-    """The running max priority after writing sanitised priorities `p` (where `where`): values at the cap
-    `PRIORITY_MAX` (`+inf`, overflow) are stored as the cap but do not raise it, so one diverged TD error does not
-    give every later item the cap (and every other item a probability near 0) for good."""
-    kept = p < jnp.float32(PRIORITY_MAX) if where is None else where & (p < jnp.float32(PRIORITY_MAX))
+    """The running max priority (float32 scalar) after writing sanitised priorities `p` (float32 `[B]`) where
+    `where` (bool `[B]`, None: all): values at the cap `PRIORITY_MAX` (`+inf`, overflow) are stored as the cap but do
+    not raise it, so one diverged TD error does not give every later item the cap (and every other item a
+    probability near 0) for good. Raises nothing (traced)."""
+    kept = p < jnp.float32(PRIORITY_MAX)
+    if where is not None:
+        kept = kept & where
     return jnp.maximum(max_priority, jnp.max(jnp.where(kept, p, 0), initial=0.0))
 
 
